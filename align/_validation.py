@@ -1,0 +1,107 @@
+"""The one place where input arrays are checked and converted.
+
+Public functions call these helpers once; private ``_guts`` functions assume valid input
+(float32, C-contiguous, 2-D, finite).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .exceptions import (
+    DegenerateInputError,
+    DimensionMismatchError,
+    EmptyInputError,
+    InputError,
+    NonFiniteError,
+    PairCountError,
+    ShapeError,
+    TooFewRowsError,
+)
+
+__all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate"]
+
+
+def as_matrix(
+    X,
+    *,
+    name: str = "X",
+    dim: int | None = None,
+    min_rows: int = 1,
+    what: str = "rows",
+) -> np.ndarray:
+    """Return ``X`` as a finite, 2-D, C-contiguous float32 array.
+
+    Parameters
+    ----------
+    X : array-like, shape (n, d)
+    name : str
+        Used in error messages.
+    dim : int, optional
+        Required number of columns ``d``.
+    min_rows : int
+        Required minimum number of rows ``n``.
+    what : str
+        What the rows are needed for, for the TooFewRowsError message.
+
+    Raises
+    ------
+    ShapeError, EmptyInputError, DimensionMismatchError, TooFewRowsError, NonFiniteError, InputError
+    """
+    try:
+        arr = np.asarray(X)
+    except Exception as exc:  # ragged lists and the like
+        raise InputError(f"{name}: cannot be read as a numeric array ({exc})") from None
+    if arr.dtype == object or not (
+        np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_
+    ):
+        raise InputError(f"{name}: expected a numeric array, got dtype {arr.dtype}")
+    if np.iscomplexobj(arr):
+        raise InputError(f"{name}: complex values are not supported")
+    if arr.ndim != 2:
+        raise ShapeError(
+            f"{name}: expected a 2-D array of shape (n_rows, dim), got {arr.ndim}-D shape {arr.shape}"
+        )
+    n, d = arr.shape
+    if n == 0 or d == 0:
+        raise EmptyInputError(f"{name}: expected at least one row and one column, got shape {arr.shape}")
+    if dim is not None and d != dim:
+        raise DimensionMismatchError(f"{name}: expected {dim} columns, got {d}")
+    if n < min_rows:
+        raise TooFewRowsError(f"{name}: {what} needs at least {min_rows} rows, got {n}")
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(arr).all():
+        bad = int((~np.isfinite(arr)).any(axis=1).sum())
+        raise NonFiniteError(f"{name}: {bad} row(s) contain NaN or Inf")
+    return arr
+
+
+def check_paired(X, Y, *, names=("X", "Y"), min_rows: int = 1):
+    """Validate two arrays whose rows are paired (same row count)."""
+    X = as_matrix(X, name=names[0], min_rows=min_rows, what="a paired fit")
+    Y = as_matrix(Y, name=names[1], min_rows=min_rows, what="a paired fit")
+    if X.shape[0] != Y.shape[0]:
+        raise PairCountError(
+            f"{names[0]} and {names[1]} must have the same number of rows (paired), "
+            f"got {X.shape[0]} and {Y.shape[0]}"
+        )
+    return X, Y
+
+
+def check_not_degenerate(X: np.ndarray, *, name: str = "X", tol: float = 1e-6) -> None:
+    """Raise DegenerateInputError when all rows of ``X`` are (numerically) identical."""
+    if X.shape[0] < 2:
+        return
+    spread = float(np.abs(X - X[:1]).max())
+    scale = float(np.abs(X).max()) or 1.0
+    if spread <= tol * scale:
+        raise DegenerateInputError(f"{name}: all {X.shape[0]} rows are identical; nothing to align")
+
+
+def check_random_state(random_state) -> np.random.Generator:
+    """Turn ``None`` / int / Generator into a numpy Generator."""
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if random_state is None or isinstance(random_state, (int, np.integer)):
+        return np.random.default_rng(random_state)
+    raise InputError(f"random_state must be None, an int or a numpy Generator, got {type(random_state).__name__}")

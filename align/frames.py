@@ -1,0 +1,111 @@
+"""Per-side frames: the preprocessing every map is fitted and applied in.
+
+A frame is fitted on one side's training rows ``X`` (shape ``(n, d)``) and applies
+
+.. math::  f(x) = \\mathrm{unit}(\\mathrm{unit}(x) - \\mu), \\qquad \\mu = \\tfrac1n \\sum_i \\mathrm{unit}(x_i)
+
+("unit → centre → unit", the robust variant from the cross-lingual literature). Each step can
+be switched off. ``to_raw`` goes the other way for search: add the mean back and renormalise,
+so a mapped query can be compared with raw (uncentred, unit) vectors stored in an index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._validation import as_matrix
+
+__all__ = ["Frame", "unit_rows"]
+
+_EPS = 1e-12
+
+
+def unit_rows(X: np.ndarray) -> np.ndarray:
+    """Scale rows of ``X`` (n, d) to unit L2 norm; zero rows stay zero."""
+    norms = np.linalg.norm(X, axis=1, keepdims=True)
+    np.maximum(norms, _EPS, out=norms)
+    return (X / norms).astype(np.float32, copy=False)
+
+
+@dataclass
+class Frame:
+    """One side's preprocessing: ``unit -> centre -> unit``.
+
+    Attributes
+    ----------
+    dim : int
+        Number of columns the frame accepts.
+    mean : ndarray of shape (dim,) or None
+        Training mean of the unit-normalised rows (``None``: no centring).
+    unit_in, unit_out : bool
+        Normalise rows before centring / after centring.
+    """
+
+    dim: int
+    mean: np.ndarray | None = None
+    unit_in: bool = True
+    unit_out: bool = True
+    n_fit: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def fit(cls, X, *, center: bool = True, unit_in: bool = True, unit_out: bool = True, name: str = "X") -> "Frame":
+        """Fit a frame on training rows ``X`` of shape (n, d)."""
+        X = as_matrix(X, name=name)
+        return cls._fit(X, center=center, unit_in=unit_in, unit_out=unit_out)
+
+    @classmethod
+    def _fit(cls, X: np.ndarray, *, center=True, unit_in=True, unit_out=True, block: int = 65536) -> "Frame":
+        mean = None
+        if center:
+            acc = np.zeros(X.shape[1], dtype=np.float64)
+            for s in range(0, X.shape[0], block):
+                part = X[s : s + block]
+                acc += (unit_rows(part) if unit_in else part).sum(axis=0, dtype=np.float64)
+            mean = (acc / X.shape[0]).astype(np.float32)
+        return cls(dim=X.shape[1], mean=mean, unit_in=unit_in, unit_out=unit_out, n_fit=X.shape[0])
+
+    @classmethod
+    def identity(cls, dim: int) -> "Frame":
+        """A frame that leaves rows untouched."""
+        return cls(dim=dim, mean=None, unit_in=False, unit_out=False)
+
+    def apply(self, X, *, name: str = "X") -> np.ndarray:
+        """Map raw rows (n, dim) into this frame; returns float32 (n, dim)."""
+        return self._apply(as_matrix(X, name=name, dim=self.dim))
+
+    def _apply(self, X: np.ndarray) -> np.ndarray:
+        out = unit_rows(X) if self.unit_in else X.astype(np.float32, copy=True)
+        if self.mean is not None:
+            out = out - self.mean
+        if self.unit_out:
+            out = unit_rows(out)
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def to_raw(self, Y: np.ndarray) -> np.ndarray:
+        """Approximate inverse for search: add the mean back and renormalise (n, dim)."""
+        out = unit_rows(Y) if self.unit_out else np.asarray(Y, dtype=np.float32)
+        if self.mean is not None:
+            out = out + self.mean
+        return unit_rows(out) if self.unit_in else np.ascontiguousarray(out, dtype=np.float32)
+
+    def same_as(self, other: "Frame", atol: float = 1e-5) -> bool:
+        """True when both frames transform rows identically."""
+        if (self.dim, self.unit_in, self.unit_out) != (other.dim, other.unit_in, other.unit_out):
+            return False
+        if (self.mean is None) != (other.mean is None):
+            return False
+        return self.mean is None or bool(np.allclose(self.mean, other.mean, atol=atol))
+
+    # --- (de)serialisation helpers used by LinearMap -------------------------------------
+    def to_meta(self) -> dict:
+        """JSON-safe description (the mean travels separately as an array)."""
+        return {"dim": self.dim, "centered": self.mean is not None, "unit_in": self.unit_in,
+                "unit_out": self.unit_out, "n_fit": self.n_fit}
+
+    @classmethod
+    def from_meta(cls, meta: dict, mean: np.ndarray | None) -> "Frame":
+        return cls(dim=int(meta["dim"]), mean=None if mean is None else np.asarray(mean, np.float32),
+                   unit_in=bool(meta["unit_in"]), unit_out=bool(meta["unit_out"]), n_fit=int(meta.get("n_fit", 0)))

@@ -1,0 +1,132 @@
+"""Blocked nearest-neighbour search by inner product; never an n × n matrix.
+
+Queries ``Q`` (n, d) and database ``D`` (m, d) are float32 rows (unit rows make inner product
+= cosine). Results follow FAISS naming: ``S`` (n, k) scores, ``I`` (n, k) indices, best first.
+Uses ``faiss.IndexFlatIP`` when FAISS is importable (exact), else numpy blocks of
+``block_size × m`` scores — the largest block held is ``block_size * m * 4`` bytes.
+
+CSLS (Conneau et al. 2018):
+
+.. math::  \\mathrm{CSLS}(q, d) = 2\\cos(q, d) - r_D(q) - r_Q(d)
+
+with ``r_D(q)`` the mean cosine of ``q`` to its ``k`` nearest rows of ``D`` (and vice versa).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._validation import as_matrix
+from .exceptions import DimensionMismatchError, InputError
+
+__all__ = ["knn", "mean_topk", "csls_knn", "mutual_nn", "faiss_available", "DEFAULT_BLOCK"]
+
+DEFAULT_BLOCK = 2048
+
+try:  # optional accelerator
+    import faiss  # type: ignore
+
+    _HAVE_FAISS = True
+except Exception:  # pragma: no cover - depends on the environment
+    faiss = None
+    _HAVE_FAISS = False
+
+
+def faiss_available() -> bool:
+    return _HAVE_FAISS
+
+
+def _check(Q, D, k):
+    Q = as_matrix(Q, name="queries")
+    D = as_matrix(D, name="database")
+    if Q.shape[1] != D.shape[1]:
+        raise DimensionMismatchError(f"queries have {Q.shape[1]} columns, database {D.shape[1]}")
+    if not 1 <= k:
+        raise InputError(f"k must be >= 1, got {k}")
+    return Q, D, min(int(k), D.shape[0])
+
+
+def _topk_block(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of each row of a score block, sorted descending (ties: lower index first)."""
+    if k >= S.shape[1]:
+        idx = np.argsort(-S, axis=1, kind="stable")[:, :k]
+    else:
+        part = np.argpartition(-S, k - 1, axis=1)[:, :k]
+        vals = np.take_along_axis(S, part, axis=1)
+        order = np.lexsort((part, -vals), axis=1)
+        idx = np.take_along_axis(part, order, axis=1)
+    return np.take_along_axis(S, idx, axis=1), idx
+
+
+def _knn(Q: np.ndarray, D: np.ndarray, k: int, *, block_size: int = DEFAULT_BLOCK,
+         use_faiss: bool | None = None, bias_d: np.ndarray | None = None):
+    """Guts of :func:`knn` for valid float32 input. ``bias_d`` (m,) is added to every score."""
+    use_faiss = _HAVE_FAISS if use_faiss is None else (use_faiss and _HAVE_FAISS)
+    n = Q.shape[0]
+    S_out = np.empty((n, k), dtype=np.float32)
+    I_out = np.empty((n, k), dtype=np.int64)
+    if use_faiss and bias_d is None:
+        index = faiss.IndexFlatIP(D.shape[1])
+        index.add(D)
+        for s in range(0, n, block_size * 8):
+            S_out[s : s + block_size * 8], I_out[s : s + block_size * 8] = index.search(Q[s : s + block_size * 8], k)
+        return S_out, I_out
+    for s in range(0, n, block_size):
+        S = Q[s : s + block_size] @ D.T
+        if bias_d is not None:
+            S += bias_d
+        S_out[s : s + block_size], I_out[s : s + block_size] = _topk_block(S, k)
+    return S_out, I_out
+
+
+def knn(Q, D, k: int = 10, *, block_size: int = DEFAULT_BLOCK, use_faiss: bool | None = None):
+    """Exact top-``k`` inner-product neighbours of each query row in ``D``.
+
+    Returns
+    -------
+    S : ndarray (n, k) float32, scores best first
+    I : ndarray (n, k) int64, row indices into ``D``
+    """
+    Q, D, k = _check(Q, D, k)
+    return _knn(Q, D, k, block_size=block_size, use_faiss=use_faiss)
+
+
+def mean_topk(Q: np.ndarray, D: np.ndarray, k: int = 10, **kw) -> np.ndarray:
+    """``r_D(q)``: mean of the ``k`` largest inner products of each query with ``D``; shape (n,)."""
+    k = min(k, D.shape[0])
+    return _knn(Q, D, k, **kw)[0].mean(axis=1)
+
+
+def csls_knn(Q, D, k: int = 1, *, csls_k: int = 10, r_q: np.ndarray | None = None, r_d: np.ndarray | None = None,
+             block_size: int = DEFAULT_BLOCK):
+    """Top-``k`` neighbours by CSLS score; returns ``(S, I)`` with CSLS scores.
+
+    ``r_q`` (n,) / ``r_d`` (m,) may be passed when already known (they are the mean top-``csls_k``
+    similarities of each row to the other set).
+    """
+    Q, D, k = _check(Q, D, k)
+    if r_d is None:
+        r_d = mean_topk(D, Q, csls_k, block_size=block_size)
+    if r_q is None:
+        r_q = mean_topk(Q, D, csls_k, block_size=block_size)
+    S, I = _knn(Q * 2.0, D, k, block_size=block_size, bias_d=-np.asarray(r_d, np.float32))
+    return S - np.asarray(r_q, np.float32)[:, None], I
+
+
+def mutual_nn(Q: np.ndarray, D: np.ndarray, *, csls_k: int = 0, block_size: int = DEFAULT_BLOCK):
+    """Mutual nearest neighbours between rows of ``Q`` and ``D``.
+
+    Returns ``(iq, id, score)``: index arrays of the mutual pairs and their scores (cosine, or
+    CSLS when ``csls_k > 0``).
+    """
+    if csls_k > 0:
+        r_q = mean_topk(Q, D, csls_k, block_size=block_size)
+        r_d = mean_topk(D, Q, csls_k, block_size=block_size)
+        s_f, fwd = csls_knn(Q, D, 1, r_q=r_q, r_d=r_d, block_size=block_size)
+        _, bwd = csls_knn(D, Q, 1, r_q=r_d, r_d=r_q, block_size=block_size)
+    else:
+        s_f, fwd = _knn(Q, D, 1, block_size=block_size)
+        _, bwd = _knn(D, Q, 1, block_size=block_size)
+    fwd, bwd = fwd[:, 0], bwd[:, 0]
+    iq = np.nonzero(bwd[fwd] == np.arange(Q.shape[0]))[0]
+    return iq, fwd[iq], s_f[iq, 0]
