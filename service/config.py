@@ -1,0 +1,51 @@
+"""Settings: one object, read from ``VECBRIDGE_*`` environment variables, injected everywhere.
+
+No other module reads the environment. Tests build ``Settings(...)`` directly and override
+the FastAPI dependency ``get_settings``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    """Service, CLI and registry settings (environment prefix ``VECBRIDGE_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="VECBRIDGE_", extra="ignore")
+
+    data_dir: Path = Field(Path("./var"), description="Registry database, artifacts, indexes and reports live here.")
+    registry_url: str | None = Field(
+        None, description="sqlite:///path or postgresql://...; default: SQLite under data_dir.")
+    artifact_dir: Path | None = Field(None, description="Artifact folder; default data_dir/artifacts.")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # {"key": ["read", "write"], ...}; empty and auth_disabled=False means every request is refused.
+    api_keys: dict[str, list[str]] = Field(default_factory=dict)
+    auth_disabled: bool = Field(False, description="Turn API keys off (local use only; must be explicit).")
+    cors_origins: list[str] = Field(default_factory=list)
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_batch: int = 65536
+    max_queued_jobs: int = 8
+    job_workers: int = 1
+    demo_on_empty: bool = True
+    log_level: str = "INFO"
+
+    def resolved_registry_url(self) -> str:
+        if self.registry_url:
+            return self.registry_url
+        return f"sqlite:///{(self.data_dir / 'registry.sqlite').resolve()}"
+
+    def resolved_artifact_dir(self) -> Path:
+        return (self.artifact_dir or self.data_dir / "artifacts").resolve()
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
