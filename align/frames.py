@@ -85,11 +85,23 @@ class Frame:
         return np.ascontiguousarray(out, dtype=np.float32)
 
     def to_raw(self, Y: np.ndarray) -> np.ndarray:
-        """Approximate inverse for search: add the mean back and renormalise (n, dim)."""
+        """Inverse of the frame, for search against raw (unit) vectors; (n, dim) float32.
+
+        With ``unit_in`` and centring, a framed row ``f`` comes from the unit vector
+        ``u = mu + t f`` with ``t > 0`` solving ``|mu + t f| = 1``, i.e.
+        ``t = -(mu·f) + sqrt((mu·f)^2 + 1 - |mu|^2)`` (``|f| = 1``, ``|mu| < 1``), so
+        ``apply(to_raw(f)) == f`` exactly up to rounding.
+        """
         out = unit_rows(Y) if self.unit_out else np.asarray(Y, dtype=np.float32)
-        if self.mean is not None:
-            out = out + self.mean
-        return unit_rows(out) if self.unit_in else np.ascontiguousarray(out, dtype=np.float32)
+        if self.mean is None:
+            return np.ascontiguousarray(out, dtype=np.float32)
+        mu = self.mean.astype(np.float64)
+        if not self.unit_in:
+            return np.ascontiguousarray(out + self.mean, dtype=np.float32)
+        f = unit_rows(out).astype(np.float64)
+        b = f @ mu
+        t = -b + np.sqrt(np.maximum(b * b + 1.0 - mu @ mu, 0.0))
+        return unit_rows((mu + t[:, None] * f).astype(np.float32))
 
     def same_as(self, other: "Frame", atol: float = 1e-5) -> bool:
         """True when both frames transform rows identically."""

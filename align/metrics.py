@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validation import check_paired
+from .exceptions import DimensionMismatchError
 from .frames import unit_rows
 from .knn import DEFAULT_BLOCK, mean_topk
 from .maps import LinearMap
@@ -52,8 +53,6 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
     ``csls_top1`` / ``csls_mean_rank``.
     """
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
-    from .exceptions import DimensionMismatchError
-
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
         raise DimensionMismatchError(
             f"map is {map_.source_dim}->{map_.target_dim}, held-out pairs are {X.shape[1]}->{Y.shape[1]}")

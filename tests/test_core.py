@@ -1,0 +1,306 @@
+"""Core numerics: frames, LinearMap, supervised fits, sufficient statistics, blocked kNN, metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import align
+from align.exceptions import (
+    DegenerateInputError,
+    DimensionMismatchError,
+    EmptyInputError,
+    InputError,
+    NonFiniteError,
+    PairCountError,
+    SerializationError,
+    ShapeError,
+)
+from align.metrics import ranks
+from align.procrustes import PairStats, procrustes_from_stats
+
+
+def random_orthogonal(rng, d):
+    q, r = np.linalg.qr(rng.normal(size=(d, d)))
+    return q * np.sign(np.diag(r))
+
+
+# --- Procrustes: planted rotation, optimality, scale -----------------------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.integers(2, 24), n_extra=st.integers(0, 50), seed=st.integers(0, 2**31 - 1))
+def test_procrustes_recovers_planted_rotation(d, n_extra, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(d + 5 + n_extra, d))
+    Q = random_orthogonal(rng, d)
+    m = align.fit_procrustes(X, X @ Q, center=False, normalize=False)
+    np.testing.assert_allclose(m.W, Q, atol=2e-4)
+    assert m.is_orthogonal()
+
+
+@settings(max_examples=25, deadline=None)
+@given(d_s=st.integers(1, 16), d_t=st.integers(1, 16), seed=st.integers(0, 2**31 - 1))
+def test_procrustes_is_orthogonal_any_dims(d_s, d_t, seed):
+    rng = np.random.default_rng(seed)
+    X, Y = rng.normal(size=(40, d_s)), rng.normal(size=(40, d_t))
+    W = align.fit_procrustes(X, Y, center=False, normalize=False).W.astype(np.float64)
+    G = W.T @ W if d_s >= d_t else W @ W.T
+    np.testing.assert_allclose(G, np.eye(G.shape[0]), atol=1e-4)
+
+
+def test_procrustes_beats_naive_map_on_noisy_input(rng):
+    X = rng.normal(size=(300, 10))
+    Q = random_orthogonal(rng, 10)
+    Y = X @ Q + 0.3 * rng.normal(size=X.shape)
+    W = align.fit_procrustes(X, Y, center=False, normalize=False).W
+    err_fit = np.linalg.norm(X @ W - Y)
+    for _ in range(20):  # any other orthogonal matrix does worse
+        R = random_orthogonal(rng, 10)
+        assert err_fit <= np.linalg.norm(X @ R - Y) + 1e-6
+    assert err_fit < np.linalg.norm(X - Y)
+
+
+def test_procrustes_scale_recovers_global_scale(rng):
+    X = rng.normal(size=(100, 6))
+    Q = random_orthogonal(rng, 6)
+    m = align.fit_procrustes(X, 2.5 * X @ Q, scale=True, center=False, normalize=False)
+    np.testing.assert_allclose(m.W, 2.5 * Q, atol=1e-3)
+
+
+def test_ridge_recovers_affine_map_across_dims(rng):
+    X = rng.normal(size=(500, 7))
+    A, b = rng.normal(size=(7, 4)), rng.normal(size=4)
+    m = align.fit_ridge(X, X @ A + b, alpha=1e-8, center=False, normalize=False)
+    np.testing.assert_allclose(m.W, A, atol=1e-3)
+    np.testing.assert_allclose(m.bias, b, atol=1e-3)
+    np.testing.assert_allclose(m.apply(X[:5], output="linear"), X[:5] @ A + b, atol=1e-3)
+
+
+def test_lowrank_has_requested_rank_and_fits_low_rank_truth(rng):
+    X = rng.normal(size=(400, 12))
+    A = rng.normal(size=(12, 2)) @ rng.normal(size=(2, 9))
+    m = align.fit_lowrank(X, X @ A, rank=2, alpha=1e-8, center=False, normalize=False)
+    assert np.linalg.matrix_rank(m.W.astype(np.float64), tol=1e-3) == 2
+    np.testing.assert_allclose(m.W, A, atol=1e-2)
+
+
+# --- sufficient statistics stream and merge exactly --------------------------------------------
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(12, 80), cut=st.floats(0.05, 0.95), seed=st.integers(0, 2**31 - 1))
+def test_pair_stats_merge_equals_whole(n, cut, seed):
+    rng = np.random.default_rng(seed)
+    X, Y = rng.normal(size=(n, 5)), rng.normal(size=(n, 3))
+    k = max(1, min(n - 1, int(cut * n)))
+    whole = PairStats.from_arrays(X, Y)
+    merged = PairStats.from_arrays(X[:k], Y[:k]) + PairStats.from_arrays(X[k:], Y[k:])
+    for a, b in [(whole.xty, merged.xty), (whole.xtx, merged.xtx), (whole.sum_x, merged.sum_x), (whole.sum_y, merged.sum_y)]:
+        np.testing.assert_allclose(a, b, atol=1e-10)
+    assert whole.n == merged.n
+    # full-rank XᵀY (n >= 12 > dims): the SVD solution is unique, so the maps agree
+    np.testing.assert_allclose(procrustes_from_stats(whole)[0], procrustes_from_stats(merged)[0], atol=1e-6)
+
+
+def test_chunked_fit_equals_single_chunk(rng):
+    X, Y = rng.normal(size=(1000, 8)), rng.normal(size=(1000, 8))
+    a = align.fit_procrustes(X, Y, chunk_size=97)
+    b = align.fit_procrustes(X, Y, chunk_size=10_000)
+    np.testing.assert_allclose(a.W, b.W, atol=1e-5)
+
+
+# --- LinearMap: apply, compose, inverse, round-trips -------------------------------------------
+
+@settings(max_examples=15, deadline=None)
+@given(d=st.integers(2, 12), seed=st.integers(0, 2**31 - 1), fmt=st.sampled_from(["npz", "safetensors"]))
+def test_linear_map_bytes_round_trip(d, seed, fmt):
+    rng = np.random.default_rng(seed)
+    X, Y = rng.normal(size=(30, d)), rng.normal(size=(30, d + 1))
+    m = align.fit_ridge(X, Y, alpha=0.5)
+    m.metadata["note"] = {"seed": seed, "text": "ünïcode"}
+    back = align.LinearMap.from_bytes(m.to_bytes(fmt))
+    np.testing.assert_array_equal(back.W, m.W)
+    np.testing.assert_array_equal(back.bias, m.bias)
+    np.testing.assert_array_equal(back.source_frame.mean, m.source_frame.mean)
+    assert back.metadata == m.metadata
+    np.testing.assert_array_equal(back.apply(X), m.apply(X))
+
+
+def test_save_load_files(tmp_path, rng):
+    m = align.fit_procrustes(rng.normal(size=(50, 4)), rng.normal(size=(50, 4)))
+    for name in ("m.npz", "m.safetensors"):
+        p = m.save(tmp_path / name)
+        back = align.LinearMap.load(p)
+        np.testing.assert_array_equal(back.W, m.W)
+    with pytest.raises(SerializationError):
+        align.LinearMap.from_bytes(b"not an artifact at all")
+    with pytest.raises(SerializationError):
+        align.LinearMap.load(tmp_path / "missing.npz")
+
+
+def test_npz_artifact_is_loadable_without_pickle(tmp_path, rng):
+    m = align.fit_procrustes(rng.normal(size=(20, 3)), rng.normal(size=(20, 3)))
+    p = m.save(tmp_path / "m.npz")
+    with np.load(p, allow_pickle=False) as z:
+        assert "W" in z.files
+
+
+@settings(max_examples=15, deadline=None)
+@given(d=st.integers(2, 10), seed=st.integers(0, 2**31 - 1))
+def test_orthogonal_inverse_round_trip(d, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(60, d))
+    Q = random_orthogonal(rng, d)
+    m = align.fit_procrustes(X, X @ Q + 0.01 * rng.normal(size=X.shape))
+    inv = m.inverse()
+    Z = rng.normal(size=(7, d))
+    framed = m.source_frame.apply(Z)
+    back = inv.apply(m.apply(Z, output="raw"))
+    np.testing.assert_allclose(back, framed, atol=1e-4)
+
+
+def test_pseudo_inverse_for_non_orthogonal(rng):
+    X = rng.normal(size=(200, 6))
+    A = rng.normal(size=(6, 9))
+    m = align.fit_ridge(X, X @ A, alpha=1e-8, fit_intercept=False, center=False, normalize=False)
+    inv = m.inverse()
+    assert inv.metadata["exact"] is False
+    np.testing.assert_allclose(inv.apply(m.apply(X[:5], output="linear"), output="linear"), X[:5], atol=1e-3)
+
+
+def test_compose_orthogonal_maps_is_exact(rng):
+    d = 8
+    A = rng.normal(size=(500, d))
+    Q1, Q2 = random_orthogonal(rng, d), random_orthogonal(rng, d)
+    B, C = A @ Q1, A @ Q1 @ Q2
+    ab, bc = align.fit_procrustes(A, B), align.fit_procrustes(B, C)
+    ac = ab.compose(bc)
+    assert ac.metadata["exact"]
+    Z = rng.normal(size=(10, d))
+    np.testing.assert_allclose(ac.apply(Z), bc.apply(ab.apply(Z, output="raw")), atol=1e-4)
+
+
+def test_compose_dimension_mismatch(rng):
+    a = align.fit_ridge(rng.normal(size=(20, 3)), rng.normal(size=(20, 4)))
+    b = align.fit_ridge(rng.normal(size=(20, 5)), rng.normal(size=(20, 2)))
+    with pytest.raises(DimensionMismatchError):
+        a.compose(b)
+
+
+def test_apply_output_is_contiguous_float32_and_batched(rng):
+    m = align.fit_procrustes(rng.normal(size=(50, 6)), rng.normal(size=(50, 6)))
+    X = rng.normal(size=(103, 6))
+    full = m.apply(X)
+    assert full.dtype == np.float32 and full.flags["C_CONTIGUOUS"]
+    np.testing.assert_allclose(m.apply(X, batch_size=10), full, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(full, axis=1), 1.0, atol=1e-5)
+
+
+# --- blocked kNN vs brute force -----------------------------------------------------------------
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 60), m=st.integers(1, 60), k=st.integers(1, 8), block=st.integers(1, 17),
+       seed=st.integers(0, 2**31 - 1), use_faiss=st.booleans())
+def test_blocked_knn_matches_brute_force(n, m, k, block, seed, use_faiss):
+    rng = np.random.default_rng(seed)
+    Q, D = rng.normal(size=(n, 5)).astype(np.float32), rng.normal(size=(m, 5)).astype(np.float32)
+    S, I = align.knn(Q, D, k, block_size=block, use_faiss=use_faiss)
+    full = Q @ D.T
+    kk = min(k, m)
+    ref = -np.sort(-full, axis=1)[:, :kk]
+    np.testing.assert_allclose(S, ref, atol=1e-5)
+    np.testing.assert_allclose(np.take_along_axis(full, I, axis=1), ref, atol=1e-5)
+
+
+def test_csls_matches_brute_force(rng):
+    Q, D = rng.normal(size=(40, 6)).astype(np.float32), rng.normal(size=(55, 6)).astype(np.float32)
+    S, I = align.csls_knn(Q, D, 3, csls_k=5, block_size=7)
+    full = Q @ D.T
+    r_q = -np.sort(-full, axis=1)[:, :5].mean(1)
+    r_d = -np.sort(-full.T, axis=1)[:, :5].mean(1)
+    csls = 2 * full - r_q[:, None] - r_d[None, :]
+    np.testing.assert_allclose(S, -np.sort(-csls, axis=1)[:, :3], atol=1e-4)
+
+
+def test_mutual_nn_brute_force(rng):
+    Q, D = rng.normal(size=(30, 4)).astype(np.float32), rng.normal(size=(25, 4)).astype(np.float32)
+    iq, idd, _ = align.mutual_nn(Q, D)
+    full = Q @ D.T
+    fwd, bwd = full.argmax(1), full.argmax(0)
+    ref = [i for i in range(30) if bwd[fwd[i]] == i]
+    assert list(iq) == ref and list(idd) == [fwd[i] for i in ref]
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+def test_ranks_take_true_score_from_same_product():
+    D = np.eye(4, dtype=np.float32)
+    assert list(ranks(D.copy(), D, block_size=3)) == [1, 1, 1, 1]
+    Q = np.roll(D, 1, axis=0)
+    assert list(ranks(Q, D)) == [2, 2, 2, 2]
+
+
+def test_evaluate_perfect_and_identity(rng):
+    X = rng.normal(size=(200, 16))
+    Q = random_orthogonal(rng, 16)
+    m = align.fit_procrustes(X, X @ Q)
+    res = align.evaluate(m, X, X @ Q)
+    assert res["top1"] == 1.0 and res["mean_rank"] == 1.0 and res["n_candidates"] == 200
+    assert res["cos"] > 0.999 and res["csls_top1"] == 1.0
+    bad = align.evaluate(align.LinearMap(np.eye(16)), X, X @ Q)
+    assert bad["top1"] < 0.5
+
+
+def test_evaluate_on_wordnet_matches_supervised_ceiling(wordnet):
+    A, B = np.asarray(wordnet["minilm"][:4000], np.float32), np.asarray(wordnet["e5"][:4000], np.float32)
+    m = align.fit_procrustes(A[:3000], B[:3000])
+    res = align.evaluate(m, A[3000:], B[3000:])
+    assert res["top1"] > 0.9  # 1,000 candidates; identity is ~0.001
+    ident = align.evaluate(align.LinearMap(np.eye(384)), A[3000:], B[3000:])
+    assert ident["top1"] < 0.05
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+BAD = [
+    (np.full((5, 3), np.nan), NonFiniteError),
+    (np.array([[1.0, np.inf, 0.0]] * 5), NonFiniteError),
+    (np.ones(3), ShapeError),
+    (np.ones((2, 3, 4)), ShapeError),
+    (np.zeros((0, 3)), EmptyInputError),
+    (np.zeros((3, 0)), EmptyInputError),
+    ([["a", "b"], ["c", "d"]], InputError),
+    ([[1.0, 2.0], [3.0]], InputError),
+]
+
+
+@pytest.mark.parametrize("bad,err", BAD)
+def test_bad_input_raises_typed_errors(bad, err, rng):
+    good = rng.normal(size=(5, 3))
+    for fn in (lambda a, b: align.fit_procrustes(a, b), lambda a, b: align.fit_ridge(a, b)):
+        with pytest.raises(err):
+            fn(bad, good)
+    m = align.fit_procrustes(good, good)
+    with pytest.raises(err):
+        m.apply(bad)
+
+
+def test_pair_count_and_dimension_errors(rng):
+    with pytest.raises(PairCountError):
+        align.fit_procrustes(rng.normal(size=(5, 3)), rng.normal(size=(6, 3)))
+    m = align.fit_procrustes(rng.normal(size=(5, 3)), rng.normal(size=(5, 3)))
+    with pytest.raises(DimensionMismatchError):
+        m.apply(rng.normal(size=(2, 4)))
+    with pytest.raises(DimensionMismatchError):
+        align.evaluate(m, rng.normal(size=(4, 4)), rng.normal(size=(4, 3)))
+
+
+def test_degenerate_pairs_raise(rng):
+    X = np.ones((10, 4))
+    with pytest.raises(DegenerateInputError):
+        align.fit_procrustes(X, X)
+
+
+def test_errors_are_value_errors_for_callers():
+    assert issubclass(NonFiniteError, ValueError) and issubclass(NonFiniteError, align.VecbridgeError)
