@@ -1,0 +1,29 @@
+"""Registry of linear maps: named spaces, maps with immutable numbered versions, aliases, tags, lineage.
+
+>>> from service.registry import open_registry          # doctest: +SKIP
+>>> reg = open_registry("sqlite:////tmp/reg.sqlite", "/tmp/artifacts")
+>>> v = reg.register_version("minilm->e5", m, source_space="minilm", target_space="e5",
+...                          method="procrustes", params={}, alias="prod")
+>>> reg.load_map("minilm->e5@prod")
+
+Storage: SQL (SQLite in WAL mode by default, PostgreSQL by URL) for records, a content-addressed
+folder for artifacts (safetensors or npz + JSON header; never pickle). See :mod:`.core` for the
+crash-safe write path and :mod:`.errors` for the error tree.
+"""
+
+from .core import Registry, open_registry, package_version
+from .errors import (
+    ConflictError,
+    DeletedVersionError,
+    IntegrityError,
+    InvalidNameError,
+    NotFoundError,
+    RegistryError,
+)
+from .models import SpaceInfo, VersionInfo
+from .names import parse_ref
+
+__all__ = [
+    "Registry", "open_registry", "VersionInfo", "SpaceInfo", "RegistryError", "NotFoundError",
+    "DeletedVersionError", "ConflictError", "InvalidNameError", "IntegrityError", "parse_ref", "package_version",
+]

@@ -1,0 +1,193 @@
+"""SQL backends: SQLite (WAL, ``BEGIN IMMEDIATE``) and PostgreSQL (psycopg 3, row locks).
+
+Both expose the same tiny interface: ``with db.tx(write=True) as t: t.q(sql, params)``. SQL is
+written once with ``?`` placeholders; the PostgreSQL backend rewrites them to ``%s``. Write
+transactions are serialised per map by the database: SQLite takes its single write lock at
+``BEGIN IMMEDIATE``; PostgreSQL locks the map's row (``SELECT ... FOR UPDATE``), and a unique
+key on ``(name, version)`` backs both up. Transient conflicts are retried by the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import RegistryError
+
+__all__ = ["open_db", "SQLiteDB", "PostgresDB", "SCHEMA"]
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS vb_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS spaces (
+        name TEXT PRIMARY KEY, dim INTEGER NOT NULL, encoder TEXT,
+        query_prefix TEXT NOT NULL DEFAULT '', passage_prefix TEXT NOT NULL DEFAULT '',
+        description TEXT NOT NULL DEFAULT '', created_at TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS maps (
+        name TEXT PRIMARY KEY, source_space TEXT NOT NULL, target_space TEXT NOT NULL,
+        source_dim INTEGER NOT NULL, target_dim INTEGER NOT NULL,
+        created_at TEXT NOT NULL, last_version INTEGER NOT NULL DEFAULT 0)""",
+    """CREATE TABLE IF NOT EXISTS versions (
+        name TEXT NOT NULL REFERENCES maps(name), version INTEGER NOT NULL,
+        source_space TEXT NOT NULL, target_space TEXT NOT NULL,
+        source_dim INTEGER NOT NULL, target_dim INTEGER NOT NULL, method TEXT NOT NULL,
+        params TEXT NOT NULL, random_state BIGINT, data_hashes TEXT NOT NULL, package_version TEXT NOT NULL,
+        created_at TEXT NOT NULL, metrics TEXT NOT NULL, artifact_sha256 TEXT NOT NULL,
+        artifact_path TEXT NOT NULL, artifact_format TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0,
+        description TEXT NOT NULL DEFAULT '', report_path TEXT, inputs TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (name, version))""",
+    """CREATE TABLE IF NOT EXISTS aliases (
+        name TEXT NOT NULL, alias TEXT NOT NULL, version INTEGER NOT NULL,
+        PRIMARY KEY (name, alias), FOREIGN KEY (name, version) REFERENCES versions(name, version))""",
+    """CREATE TABLE IF NOT EXISTS tags (
+        name TEXT NOT NULL, version INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+        PRIMARY KEY (name, version, key), FOREIGN KEY (name, version) REFERENCES versions(name, version))""",
+]
+
+
+class _Tx:
+    def __init__(self, cur, convert):
+        self._cur = cur
+        self._convert = convert
+
+    def q(self, sql: str, params=()) -> list[tuple]:
+        self._cur.execute(self._convert(sql), tuple(params))
+        if self._cur.description is None:
+            return []
+        return [tuple(r) for r in self._cur.fetchall()]
+
+    def one(self, sql: str, params=()):
+        rows = self.q(sql, params)
+        return rows[0] if rows else None
+
+
+class _Base:
+    kind = "base"
+    for_update = ""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _conn(self):
+        c = getattr(self._local, "conn", None)
+        if c is None or getattr(self._local, "pid", None) != os.getpid():
+            c = self._connect()
+            self._local.conn, self._local.pid = c, os.getpid()
+        return c
+
+    def close(self):
+        c = getattr(self._local, "conn", None)
+        if c is not None:
+            try:
+                c.close()
+            finally:
+                self._local.conn = None
+
+
+class SQLiteDB(_Base):
+    """SQLite in WAL mode; one connection per thread; writers serialise on ``BEGIN IMMEDIATE``."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: Path, timeout: float = 60.0):
+        super().__init__()
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.timeout = timeout
+        with self.tx(write=True) as t:
+            for stmt in SCHEMA:
+                t.q(stmt)
+
+    def _connect(self):
+        c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        c.execute("PRAGMA journal_mode=WAL")
+        c.execute("PRAGMA synchronous=FULL")
+        c.execute("PRAGMA foreign_keys=ON")
+        c.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+        return c
+
+    @contextmanager
+    def tx(self, write: bool = False):
+        c = self._conn()
+        cur = c.cursor()
+        cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        try:
+            yield _Tx(cur, lambda s: s)
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+        cur.execute("COMMIT")
+
+    @staticmethod
+    def is_retryable(exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+    @staticmethod
+    def is_unique_violation(exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
+
+
+class PostgresDB(_Base):
+    """PostgreSQL through psycopg 3; one connection per thread; map rows locked ``FOR UPDATE``."""
+
+    kind = "postgresql"
+    for_update = " FOR UPDATE"
+
+    def __init__(self, url: str):
+        super().__init__()
+        try:
+            import psycopg  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise RegistryError("PostgreSQL registry needs psycopg: pip install 'psycopg[binary]'") from exc
+        self.url = url
+        with self.tx(write=True) as t:
+            t.q("SELECT pg_advisory_xact_lock(74207312)")  # serialise concurrent schema creation
+            for stmt in SCHEMA:
+                t.q(stmt)
+
+    def _connect(self):
+        import psycopg
+
+        try:
+            return psycopg.connect(self.url, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise RegistryError(f"cannot connect to PostgreSQL registry: {str(exc).strip().splitlines()[0]}") from None
+
+    @contextmanager
+    def tx(self, write: bool = False):
+        import psycopg
+
+        c = self._conn()
+        if c.closed or c.broken:
+            self._local.conn = None
+            c = self._conn()
+        with c.transaction():
+            with c.cursor() as cur:
+                yield _Tx(cur, lambda s: s.replace("?", "%s"))
+        _ = psycopg  # keep the import local
+
+    @staticmethod
+    def is_retryable(exc: BaseException) -> bool:
+        import psycopg.errors as e
+
+        return isinstance(exc, (e.SerializationFailure, e.DeadlockDetected, e.UniqueViolation))
+
+    @staticmethod
+    def is_unique_violation(exc: BaseException) -> bool:
+        import psycopg.errors as e
+
+        return isinstance(exc, e.UniqueViolation)
+
+
+def open_db(url: str):
+    """``sqlite:///abs/path.sqlite`` or ``postgresql://user@host:port/db``."""
+    if url.startswith("sqlite:///"):
+        return SQLiteDB(Path(url[len("sqlite:///"):]))
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresDB(url)
+    raise RegistryError(f"unsupported registry URL {url[:30]!r}: use sqlite:///path or postgresql://...")

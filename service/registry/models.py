@@ -1,0 +1,63 @@
+"""Records returned by the registry: :class:`SpaceInfo` and :class:`VersionInfo`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["SpaceInfo", "VersionInfo"]
+
+
+@dataclass(frozen=True)
+class SpaceInfo:
+    """A named embedding space: its dimension and, optionally, the encoder that produces it."""
+
+    name: str
+    dim: int
+    encoder: str | None = None
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    description: str = ""
+    created_at: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class VersionInfo:
+    """One immutable version of a map with its lineage.
+
+    ``aliases`` and ``tags`` are the mutable annotations current at read time; ``deleted`` marks a
+    soft-deleted version. ``artifact_path`` is relative to the registry's artifact folder.
+    """
+
+    name: str
+    version: int
+    source_space: str
+    target_space: str
+    source_dim: int
+    target_dim: int
+    method: str
+    params: dict = field(default_factory=dict)
+    random_state: int | None = None
+    data_hashes: dict = field(default_factory=dict)
+    package_version: str = ""
+    created_at: str = ""
+    metrics: dict = field(default_factory=dict)
+    artifact_sha256: str = ""
+    artifact_path: str = ""
+    aliases: list[str] = field(default_factory=list)
+    tags: dict = field(default_factory=dict)
+    deleted: bool = False
+    description: str = ""
+    report_path: str | None = None
+    inputs: dict = field(default_factory=dict)
+    artifact_format: str = ""
+
+    @property
+    def ref(self) -> str:
+        """``name:version``: a reference that always resolves to this version."""
+        return f"{self.name}:{self.version}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,71 @@
+"""Name rules and reference parsing.
+
+Map, space and alias names use ``[A-Za-z0-9._-]`` plus the arrow ``->`` (``minilm->e5``), at most
+128 characters, not starting with ``.`` or ``-`` (no ``..``, no path separators, no NUL). A
+reference to a version is ``name`` (latest live version), ``name@alias`` or ``name:3``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import InvalidNameError
+
+__all__ = ["check_name", "check_alias", "check_tag_key", "parse_ref", "fs_safe", "MAX_NAME"]
+
+MAX_NAME = 128
+_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]|->)*")
+_ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9._-]*")
+
+
+def check_name(name, what: str = "name") -> str:
+    """Return ``name`` if it is a valid map/space name, else raise InvalidNameError."""
+    if not isinstance(name, str) or not name:
+        raise InvalidNameError(f"{what} must be a non-empty string")
+    if len(name) > MAX_NAME:
+        raise InvalidNameError(f"{what} is longer than {MAX_NAME} characters")
+    if ".." in name or not _NAME.fullmatch(name):
+        raise InvalidNameError(
+            f"{what} {name[:40]!r} is not allowed: use letters, digits, '.', '_', '-' and '->' "
+            "(no path separators, no '..', not starting with '.' or '-')")
+    return name
+
+
+def check_alias(alias) -> str:
+    """Aliases: a letter or '_' first, then ``[A-Za-z0-9._-]``; purely numeric aliases are refused."""
+    if not isinstance(alias, str) or not alias or len(alias) > 64 or ".." in alias or not _ALIAS.fullmatch(alias):
+        raise InvalidNameError(f"alias {str(alias)[:40]!r} is not allowed: letters, digits, '.', '_', '-'; "
+                               "must start with a letter")
+    return alias
+
+
+def check_tag_key(key) -> str:
+    if not isinstance(key, str) or not key or len(key) > 128 or "\x00" in key:
+        raise InvalidNameError(f"tag key {str(key)[:40]!r} is not allowed")
+    return key
+
+
+def parse_ref(ref) -> tuple[str, str | None, int | None]:
+    """Split a reference into ``(name, alias, version)`` (at most one of the last two set).
+
+    >>> parse_ref("minilm->e5@prod")
+    ('minilm->e5', 'prod', None)
+    >>> parse_ref("minilm->e5:3")
+    ('minilm->e5', None, 3)
+    """
+    if not isinstance(ref, str) or not ref:
+        raise InvalidNameError("map reference must be a non-empty string")
+    if "@" in ref:
+        name, alias = ref.rsplit("@", 1)
+        return check_name(name, "map name"), check_alias(alias), None
+    if ":" in ref:
+        name, ver = ref.rsplit(":", 1)
+        if not ver.isdigit() or int(ver) < 1:
+            raise InvalidNameError(f"version in {ref[:60]!r} must be a positive integer")
+        return check_name(name, "map name"), None, int(ver)
+    return check_name(ref, "map name"), None, None
+
+
+def fs_safe(name: str) -> str:
+    """A file-system friendly form of a (valid) name: ``->`` becomes ``_to_``."""
+    return check_name(name).replace("->", "_to_")

@@ -1,0 +1,106 @@
+"""Content-addressed artifact folder.
+
+An artifact is written to ``tmp/`` first, flushed and fsync'ed, then renamed to
+``<sha[:2]>/<sha>.<ext>`` (rename is atomic on POSIX) and the directory fsync'ed. A crash leaves
+at worst a stray temporary file (swept by :meth:`ArtifactStore.sweep_tmp`) or an artifact that no
+database row references yet (harmless: content-addressed, reused by the next identical write).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from .errors import IntegrityError
+
+__all__ = ["ArtifactStore", "sha256_bytes"]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ArtifactStore:
+    """Files under ``root`` named by their sha256."""
+
+    def __init__(self, root, hook: Callable[[str], None] | None = None):
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "tmp").mkdir(exist_ok=True)
+        self._hook = hook or (lambda point: None)
+
+    def relpath_for(self, sha: str, ext: str) -> str:
+        return f"{sha[:2]}/{sha}.{ext}"
+
+    def put(self, data: bytes, ext: str) -> tuple[str, str]:
+        """Store ``data``; return ``(sha256, relative path)``. Idempotent for identical bytes."""
+        sha = sha256_bytes(data)
+        rel = self.relpath_for(sha, ext)
+        final = self.root / rel
+        if final.exists() and sha256_bytes(final.read_bytes()) == sha:
+            return sha, rel
+        tmp = self.root / "tmp" / f"{sha}.{uuid.uuid4().hex}.part"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._hook("artifact_tmp_written")
+        final.parent.mkdir(exist_ok=True)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+        self._hook("artifact_renamed")
+        return sha, rel
+
+    def path(self, rel: str) -> Path:
+        """Absolute path of a stored artifact; refuses paths that leave the store."""
+        p = (self.root / rel).resolve()
+        if self.root not in p.parents:
+            raise IntegrityError(f"artifact path {rel!r} leaves the artifact folder")
+        return p
+
+    def get(self, rel: str, sha: str) -> bytes:
+        """Read an artifact and verify its sha256."""
+        p = self.path(rel)
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise IntegrityError(f"artifact {rel} is missing or unreadable: {exc.strerror}") from None
+        got = sha256_bytes(data)
+        if got != sha:
+            raise IntegrityError(f"artifact {rel} is corrupt: sha256 {got[:12]}… != recorded {sha[:12]}…")
+        return data
+
+    def all_relpaths(self) -> set[str]:
+        out = set()
+        for sub in self.root.iterdir():
+            if sub.is_dir() and len(sub.name) == 2:
+                out.update(f"{sub.name}/{f.name}" for f in sub.iterdir() if f.is_file())
+        return out
+
+    def tmp_files(self) -> list[Path]:
+        return sorted((self.root / "tmp").glob("*.part"))
+
+    def sweep_tmp(self) -> int:
+        """Remove leftover temporary files (from crashed writers); returns how many."""
+        n = 0
+        for f in self.tmp_files():
+            try:
+                f.unlink()
+                n += 1
+            except OSError:  # pragma: no cover - raced with another sweeper
+                pass
+        return n
