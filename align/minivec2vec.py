@@ -1,0 +1,354 @@
+"""MiniVec2Vec: unsupervised (or seeded) linear alignment of two embedding spaces.
+
+Pipeline (ALGORITHMS.md §3), on each side's own frame (unit → centre → unit):
+
+1. **Initial map** — pluggable (``init``). ``"anchors"``: k-means anchors matched by QAP
+   (:mod:`align.anchors`), relative representations, soft top-``soft_k`` pseudo-pairs,
+   Procrustes. ``"identity"``: ``W = I`` (padded), for spaces that already share coordinates.
+   With ``seed_pairs`` (≥ 2 known pairs) the start comes from the seeds instead
+   (:func:`align.refine.seed_relative_init`). New starts plug in with :func:`register_init`.
+2. **Refinement** — the stages named in ``refine``, in order: ``"icp"`` (Refine-1, ICP-average),
+   ``"clusters"`` (Refine-2), ``"self_learning"`` (mutual-NN CSLS Procrustes rounds over the full
+   sets, then an exact Procrustes on confident pairs; :func:`align.refine.self_learning`).
+3. **Selection** — ``n_restarts`` independent runs of 1–2; the one with the highest
+   **unsupervised** criterion (:func:`align.refine.map_criterion`: share of mutual CSLS
+   neighbours × their mean cosine on random samples of both sides; no labels) is kept.
+
+``MiniVec2Vec.published()`` is the faithful published procedure (30 anchor runs of k=20 on
+10,000-row samples, scipy 2-opt best of 30, soft top-50, Refine-1 100 × 1,000, Refine-2 k=500,
+smoothing α=0.5, one run): the peer the benchmark compares against. Its smoothed ``W`` is only
+approximately orthogonal, as published; the other refinements end with an exact Procrustes, so
+``W`` is orthogonal (semi-orthogonal when ``d_s != d_t``).
+
+Memory: O((n + m) · d) plus (n, 600) relative representations; all neighbour searches run
+through :func:`align.knn` in blocks (FAISS when installed) — never an n × m matrix.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from ._validation import as_matrix, check_not_degenerate, check_random_state
+from .anchors import QAP_METHODS, kmeans_anchors
+from .exceptions import InputError, NotFittedError, PairCountError, TooFewRowsError
+from .frames import Frame
+from .maps import LinearMap
+from .refine import (map_criterion, procrustes_map, refine_clusters, refine_icp, relative_representation,
+                     seed_relative_init, self_learning, soft_pseudo_targets)
+
+__all__ = ["MiniVec2Vec", "register_init", "INITIALIZERS", "REFINE_STAGES"]
+
+REFINE_STAGES = ("icp", "clusters", "self_learning")
+
+#: name -> callable(est, Xs, Yt, rng, progress) -> (W (d_s, d_t), info dict); Xs, Yt are framed rows.
+INITIALIZERS: dict[str, Callable] = {}
+
+
+def register_init(name: str, fn: Callable | None = None):
+    """Register an initial-map strategy under ``name`` (usable as ``MiniVec2Vec(init=name)``).
+
+    ``fn(est, Xs, Yt, rng, progress)`` receives the estimator (for its parameters), the framed
+    source (n, d_s) and target (m, d_t) training rows, a numpy Generator and a
+    ``progress(fraction)`` callable; it returns ``(W, info)`` with ``W`` (d_s, d_t) and a
+    JSON-safe ``info`` dict. Usable as a decorator.
+    """
+    def deco(f):
+        INITIALIZERS[name] = f
+        return f
+    return deco(fn) if fn is not None else deco
+
+
+@register_init("anchors")
+def _init_anchors(est, Xs, Yt, rng, progress):
+    anchors = kmeans_anchors(Xs, Yt, n_runs=est.n_anchor_runs, sample=est.anchor_sample, n_clusters=est.n_clusters,
+                             qap_method=est.qap_method, qap_restarts=est.qap_restarts, random_state=rng,
+                             progress=progress)
+    Rs = relative_representation(Xs, anchors.source)
+    Rt = relative_representation(Yt, anchors.target)
+    pseudo = soft_pseudo_targets(Rs, Rt, Yt, k=est.soft_k)
+    W = procrustes_map(Xs, pseudo)
+    return W, {"n_anchors": int(anchors.source.shape[0]), "anchor_runs": anchors.runs}
+
+
+@register_init("identity")
+def _init_identity(est, Xs, Yt, rng, progress):
+    W = np.eye(Xs.shape[1], Yt.shape[1])
+    return W, {}
+
+
+class MiniVec2Vec:
+    """Unsupervised linear alignment ``x ↦ f_s(x) W`` between two sets of unpaired embeddings.
+
+    Parameters
+    ----------
+    init : str
+        Initial-map strategy, a key of :data:`INITIALIZERS` (``"anchors"``, ``"identity"``, ...).
+    n_restarts : int
+        Independent runs (init + refinement); the best by the unsupervised criterion is kept.
+    n_anchor_runs, anchor_sample, n_clusters : int
+        Anchor stage: runs, rows sampled per side per run, k-means clusters (published 30, 10000, 20).
+    qap_restarts : int; qap_method : {"2opt", "faq", "faq+2opt"}
+        QAP solver restarts per run (published 30, "2opt").
+    soft_k : int
+        Neighbours averaged for each soft pseudo-target (published 50).
+    refine : tuple of str
+        Refinement stages in order, from :data:`REFINE_STAGES`.
+    refine1_iters, refine1_sample, refine1_k : int
+        Refine-1 iterations, rows per iteration, neighbours averaged (published 100, 1000, 50).
+    alpha : float
+        Smoothing of Refine-1/2 (published 0.5).
+    refine2_clusters : int
+        Refine-2 k-means clusters (published 500).
+    self_learning_rounds : int; self_learning_sample : int or None
+        Rounds of mutual-NN CSLS Procrustes; rows per side per round (None: all).
+    csls_k : int
+        Neighbourhood of CSLS (10).
+    confident : float
+        Share of mutual pairs (by CSLS score) kept for the final exact Procrustes.
+    criterion_sample : int
+        Rows per side for the unsupervised criterion.
+    seed_weight : float
+        Weight of each known seed pair in the Procrustes fits (semi-supervised mode).
+    random_state : None, int or numpy Generator
+        Seeds every random step (same seed → same map).
+
+    Attributes
+    ----------
+    map_ : LinearMap          the fitted map, frames included; ``metadata["diagnostics"]``, ``["params"]``
+    criterion_ : float        unsupervised criterion of the chosen run (higher is better)
+    criteria_ : list[float]   criterion of every restart
+    best_restart_ : int
+    n_iter_ : int             refinement iterations of the chosen run
+    diagnostics_ : dict
+    """
+
+    def __init__(self, *, init: str = "anchors", n_restarts: int = 1, n_anchor_runs: int = 30,
+                 anchor_sample: int = 10000, n_clusters: int = 20, qap_restarts: int = 30, qap_method: str = "2opt",
+                 soft_k: int = 50, refine: tuple = ("icp", "self_learning"), refine1_iters: int = 100,
+                 refine1_sample: int = 1000, refine1_k: int = 50, alpha: float = 0.5, refine2_clusters: int = 500,
+                 self_learning_rounds: int = 10, self_learning_sample: int | None = None, csls_k: int = 10,
+                 confident: float = 0.8, criterion_sample: int = 4096, seed_weight: float = 1.0,
+                 random_state=None):
+        self.init = init
+        self.n_restarts = n_restarts
+        self.n_anchor_runs = n_anchor_runs
+        self.anchor_sample = anchor_sample
+        self.n_clusters = n_clusters
+        self.qap_restarts = qap_restarts
+        self.qap_method = qap_method
+        self.soft_k = soft_k
+        self.refine = tuple(refine)
+        self.refine1_iters = refine1_iters
+        self.refine1_sample = refine1_sample
+        self.refine1_k = refine1_k
+        self.alpha = alpha
+        self.refine2_clusters = refine2_clusters
+        self.self_learning_rounds = self_learning_rounds
+        self.self_learning_sample = self_learning_sample
+        self.csls_k = csls_k
+        self.confident = confident
+        self.criterion_sample = criterion_sample
+        self.seed_weight = seed_weight
+        self.random_state = random_state
+
+    _PARAMS = ("init", "n_restarts", "n_anchor_runs", "anchor_sample", "n_clusters", "qap_restarts", "qap_method",
+               "soft_k", "refine", "refine1_iters", "refine1_sample", "refine1_k", "alpha", "refine2_clusters",
+               "self_learning_rounds", "self_learning_sample", "csls_k", "confident", "criterion_sample",
+               "seed_weight", "random_state")
+
+    # --- presets ------------------------------------------------------------------------------
+    @classmethod
+    def published(cls, random_state=None, **overrides) -> "MiniVec2Vec":
+        """The published mini-vec2vec procedure with its defaults (the benchmark's peer).
+
+        sklearn k-means, scipy 2-opt best of 30, 30 anchor runs × k=20 on 10,000-row samples,
+        soft top-50 pseudo-pairs, Procrustes, Refine-1 100 × 1,000 (k=50, α=0.5), Refine-2 k=500,
+        one run, no selection, no self-learning.
+        """
+        params = dict(init="anchors", n_restarts=1, n_anchor_runs=30, anchor_sample=10000, n_clusters=20,
+                      qap_restarts=30, qap_method="2opt", soft_k=50, refine=("icp", "clusters"), refine1_iters=100,
+                      refine1_sample=1000, refine1_k=50, alpha=0.5, refine2_clusters=500)
+        params.update(overrides)
+        return cls(random_state=random_state, **params)
+
+    def get_params(self) -> dict:
+        return {p: getattr(self, p) for p in self._PARAMS}
+
+    # --- validation ----------------------------------------------------------------------------
+    def _check_params(self):
+        if self.init not in INITIALIZERS:
+            raise InputError(f"init must be one of {sorted(INITIALIZERS)}, got {self.init!r}")
+        if self.qap_method not in QAP_METHODS:
+            raise InputError(f"qap_method must be one of {QAP_METHODS}, got {self.qap_method!r}")
+        bad = [s for s in self.refine if s not in REFINE_STAGES]
+        if bad:
+            raise InputError(f"unknown refinement stage(s) {bad}; choose from {REFINE_STAGES}")
+        for name in ("n_restarts", "n_anchor_runs", "anchor_sample", "qap_restarts", "soft_k", "refine1_sample",
+                     "refine1_k", "csls_k", "criterion_sample"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise InputError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("refine1_iters", "self_learning_rounds"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 0:
+                raise InputError(f"{name} must be a non-negative integer, got {v!r}")
+        if self.n_clusters < 2 or self.refine2_clusters < 2:
+            raise InputError("n_clusters and refine2_clusters must be >= 2")
+        if not 0.0 < self.alpha <= 1.0:
+            raise InputError(f"alpha must be in (0, 1], got {self.alpha}")
+        if not 0.0 < self.confident <= 1.0:
+            raise InputError(f"confident must be in (0, 1], got {self.confident}")
+        check_random_state(self.random_state)
+
+    def _min_rows(self, seeded: bool) -> tuple[int, str]:
+        need, why = 2, "alignment"
+        if self.init == "anchors" and not seeded and self.n_clusters > need:
+            need, why = self.n_clusters, f"k-means anchors with n_clusters={self.n_clusters}"
+        if "clusters" in self.refine and self.refine2_clusters > need:
+            need, why = self.refine2_clusters, f"Refine-2 with refine2_clusters={self.refine2_clusters}"
+        return need, why
+
+    @staticmethod
+    def _check_seeds(seed_pairs, n, m):
+        if seed_pairs is None:
+            return None
+        try:
+            i_s, i_t = seed_pairs
+        except (TypeError, ValueError):
+            raise InputError("seed_pairs must be a pair (i_src, i_tgt) of index arrays") from None
+        i_s, i_t = np.asarray(i_s).reshape(-1), np.asarray(i_t).reshape(-1)
+        if i_s.size != i_t.size:
+            raise PairCountError(f"seed_pairs: {i_s.size} source indices but {i_t.size} target indices")
+        if i_s.size and not (np.issubdtype(i_s.dtype, np.integer) and np.issubdtype(i_t.dtype, np.integer)):
+            raise InputError("seed_pairs must hold integer row indices")
+        if i_s.size and (i_s.min() < 0 or i_s.max() >= n or i_t.min() < 0 or i_t.max() >= m):
+            raise InputError(f"seed_pairs indices out of range (source rows {n}, target rows {m})")
+        return i_s.astype(np.int64), i_t.astype(np.int64)
+
+    # --- fitting ---------------------------------------------------------------------------------
+    def fit(self, X_src, X_tgt, progress: Callable[[str, float], None] | None = None, seed_pairs=None):
+        """Fit the map from unpaired source rows ``X_src`` (n, d_s) and target rows ``X_tgt`` (m, d_t).
+
+        Parameters
+        ----------
+        X_src, X_tgt : array-like, raw embeddings (any dims)
+        progress : callable(stage: str, fraction: float), optional
+        seed_pairs : (i_src, i_tgt), optional
+            Known pairs, row indices into ``X_src`` / ``X_tgt`` (semi-supervised mode; with ≥ 2
+            pairs the initial map comes from the seeds, and they weigh in every Procrustes fit).
+
+        Raises
+        ------
+        InputError (and subclasses): bad arrays or parameters; TooFewRowsError when a side has
+        fewer rows than the clusters asked for.
+        """
+        self._check_params()
+        t_start = time.perf_counter()
+        X = as_matrix(X_src, name="X_src")
+        Y = as_matrix(X_tgt, name="X_tgt")
+        seeds = self._check_seeds(seed_pairs, X.shape[0], Y.shape[0])
+        seeded = seeds is not None and seeds[0].size >= 2
+        need, why = self._min_rows(seeded)
+        for name, A in (("X_src", X), ("X_tgt", Y)):
+            if A.shape[0] < need:
+                raise TooFewRowsError(f"{name}: {why} needs at least {need} rows, got {A.shape[0]}")
+            check_not_degenerate(A, name=name)
+        report = progress if progress is not None else (lambda stage, frac: None)
+        rng = check_random_state(self.random_state)
+        timings: dict = {}
+
+        t0 = time.perf_counter()
+        fs, ft = Frame._fit(X), Frame._fit(Y)
+        Xs, Yt = fs._apply(X), ft._apply(Y)
+        seed_rows = (Xs[seeds[0]], Yt[seeds[1]]) if seeded else None
+        timings["frames"] = time.perf_counter() - t0
+
+        runs = []
+        for r in range(self.n_restarts):
+            run_rng = np.random.default_rng(rng.integers(0, 2**63 - 1))
+            runs.append(self._one_run(r, Xs, Yt, seed_rows, run_rng, report))
+        crits = [run["criterion"]["criterion"] for run in runs]
+        best = int(np.argmax(crits))
+        chosen = runs[best]
+        W = chosen.pop("W")
+        for run in runs:
+            run.pop("W", None)
+        timings["restarts"] = [run["timings"] for run in runs]
+        timings["total"] = time.perf_counter() - t_start
+
+        self.criteria_ = [float(c) for c in crits]
+        self.best_restart_ = best
+        self.criterion_ = float(crits[best])
+        self.criterion_details_ = chosen["criterion"]
+        self.n_iter_ = int(chosen["n_iter"])
+        self.diagnostics_ = {
+            "timings": timings, "runs": runs, "chosen_restart": best, "criteria": self.criteria_,
+            "seeded": bool(seeded), "n_seed_pairs": 0 if seeds is None else int(seeds[0].size),
+            "n_src": int(X.shape[0]), "n_tgt": int(Y.shape[0]),
+        }
+        params = self.get_params()
+        params["refine"] = list(params["refine"])
+        if not isinstance(params["random_state"], (int, type(None))):
+            params["random_state"] = repr(params["random_state"])
+        self.map_ = LinearMap(W.astype(np.float32), None, fs, ft, {
+            "method": "minivec2vec", "params": params, "diagnostics": self.diagnostics_,
+            "criterion": self.criterion_,
+        })
+        report("done", 1.0)
+        return self
+
+    def _one_run(self, r: int, Xs, Yt, seed_rows, rng, report) -> dict:
+        timings, history = {}, {}
+        t0 = time.perf_counter()
+        prefix = f"restart {r}: " if self.n_restarts > 1 else ""
+        if seed_rows is not None:
+            init_name = "seeds"
+            W = seed_relative_init(Xs, Yt, *seed_rows, csls_k=self.csls_k)
+            info = {"n_seed_pairs": int(seed_rows[0].shape[0])}
+        else:
+            init_name = self.init
+            W, info = INITIALIZERS[self.init](self, Xs, Yt, rng, lambda f: report(prefix + "init", f))
+        timings["init"] = time.perf_counter() - t0
+        history["init"] = {"name": init_name, **info}
+        n_iter = 0
+        for stage in self.refine:
+            t0 = time.perf_counter()
+            if stage == "icp" and self.refine1_iters > 0:
+                W, h = refine_icp(W, Xs, Yt, iters=self.refine1_iters, sample=self.refine1_sample, k=self.refine1_k,
+                                  alpha=self.alpha, random_state=rng,
+                                  progress=lambda f: report(prefix + "refine1", f))
+                n_iter += len(h)
+            elif stage == "clusters":
+                report(prefix + "refine2", 0.0)
+                W, h = refine_clusters(W, Xs, Yt, n_clusters=self.refine2_clusters, alpha=self.alpha,
+                                       random_state=rng)
+                n_iter += 1
+                report(prefix + "refine2", 1.0)
+            elif stage == "self_learning":
+                W, h = self_learning(W, Xs, Yt, rounds=self.self_learning_rounds, csls_k=self.csls_k,
+                                     sample=self.self_learning_sample, confident=self.confident,
+                                     seed_pairs=seed_rows, seed_weight=self.seed_weight, random_state=rng,
+                                     progress=lambda f: report(prefix + "self_learning", f))
+                n_iter += len(h)
+            else:
+                continue
+            timings[stage] = time.perf_counter() - t0
+            history[stage] = h
+        t0 = time.perf_counter()
+        crit = map_criterion(W, Xs, Yt, sample=self.criterion_sample, csls_k=self.csls_k, random_state=rng)
+        timings["criterion"] = time.perf_counter() - t0
+        report(prefix + "criterion", 1.0)
+        return {"W": W, "criterion": crit, "history": history, "timings": timings, "n_iter": n_iter}
+
+    # --- applying ----------------------------------------------------------------------------------
+    def transform(self, X) -> np.ndarray:
+        """Map raw source rows (n, d_s) into the target frame (n, d_t) float32."""
+        if not hasattr(self, "map_"):
+            raise NotFittedError("MiniVec2Vec is not fitted yet; call fit(X_src, X_tgt) first")
+        return self.map_.apply(X)
+
+    def fit_transform(self, X_src, X_tgt, **kw) -> np.ndarray:
+        return self.fit(X_src, X_tgt, **kw).transform(X_src)

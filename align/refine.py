@@ -1,0 +1,304 @@
+"""From matched anchors to a map, and from a rough map to an exact one (ALGORITHMS.md §3, steps 2-5; §5).
+
+All inputs are **framed** rows (unit → centre → unit): source ``Xs`` (n, d_s), target ``Yt``
+(m, d_t). A map is ``W`` (d_s, d_t); ``x W`` lives in the target frame. Neighbour search always
+goes through :func:`align.knn` (FAISS when installed, numpy blocks otherwise): no function here
+holds an n × m score matrix.
+
+Stages
+------
+- :func:`relative_representation` — ``R = unit(unit(X) A^T)``: cosines to one's own side's anchors.
+- :func:`soft_pseudo_targets` — for each source row, the mean of the real target rows of its
+  ``k`` nearest target rows in relative-representation space (published soft top-50 matching).
+- :func:`procrustes_map` — :math:`W = UV^\\top`, :math:`U\\Sigma V^\\top = \\mathrm{svd}(X^\\top Y)`.
+- :func:`refine_icp` — *Refine-1*, ICP-average: sample rows, map, average the ``k`` nearest
+  target rows, Procrustes, smooth :math:`W \\leftarrow (1-\\alpha) W + \\alpha W_{new}`.
+- :func:`refine_clusters` — *Refine-2*: k-means on source, k-means on target initialised at the
+  mapped source centroids, Procrustes between centroid sets, smooth.
+- :func:`self_learning` — the shared strong stage: rounds of mutual nearest neighbours under CSLS
+  between all mapped source rows and all target rows, exact Procrustes on the mutual pairs (plus
+  known seed pairs), until the pair set stops changing; then a final exact Procrustes on the
+  most confident mutual pairs.
+- :func:`map_criterion` — an unsupervised quality score of a map (no labels).
+
+CSLS through a plain inner-product index: with ``r_D`` the mean top-``k`` similarity of each
+target row to the mapped sources,
+``2 q·d - r_D(d) = [2q, 1]·[d, -r_D(d)]``, so an exact inner-product search over the
+augmented rows returns CSLS neighbours (the per-query term ``r_Q(q)`` does not change the order).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ._validation import check_random_state
+from .exceptions import InputError, TooFewRowsError
+from .frames import unit_rows
+from .knn import knn, mean_topk
+from .procrustes import procrustes_W
+
+__all__ = [
+    "relative_representation", "soft_pseudo_targets", "procrustes_map", "refine_icp", "refine_clusters",
+    "csls_nn", "mutual_csls_pairs", "self_learning", "map_criterion", "seed_relative_init",
+]
+
+
+def _seed(rng: np.random.Generator) -> int:
+    return int(rng.integers(0, 2**31 - 1))
+
+
+# --- anchors -> pseudo-pairs -> initial map --------------------------------------------------
+
+def relative_representation(X: np.ndarray, anchors: np.ndarray, *, block: int = 8192) -> np.ndarray:
+    """Unit rows of cosines to the anchors: ``unit(unit(X) unit(A)ᵀ)``, shape (n, r) float32.
+
+    ``X`` (n, d), ``anchors`` (r, d) from the same space. Memory: the (n, r) result.
+    """
+    A = unit_rows(np.asarray(anchors, dtype=np.float32))
+    out = np.empty((X.shape[0], A.shape[0]), dtype=np.float32)
+    for s in range(0, X.shape[0], block):
+        out[s : s + block] = unit_rows(X[s : s + block]) @ A.T
+    return unit_rows(out)
+
+
+def soft_pseudo_targets(Rs: np.ndarray, Rt: np.ndarray, Yt: np.ndarray, *, k: int = 50,
+                        block: int = 4096) -> np.ndarray:
+    """Mean of the real target rows of each source row's ``k`` nearest targets in relative space.
+
+    Rs (n, r), Rt (m, r): relative representations; Yt (m, d_t). Returns (n, d_t) float32.
+    """
+    if Rt.shape[0] < 1:
+        raise TooFewRowsError("no target rows")
+    k = min(int(k), Rt.shape[0])
+    out = np.empty((Rs.shape[0], Yt.shape[1]), dtype=np.float32)
+    for s in range(0, Rs.shape[0], block):
+        _, I = knn(Rs[s : s + block], Rt, k)
+        out[s : s + block] = Yt[I].mean(axis=1)
+    return out
+
+
+def procrustes_map(X: np.ndarray, Y: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Orthogonal (semi-orthogonal) ``W`` (d_s, d_t) maximising ``Σ w_i ⟨x_i W, y_i⟩``; float64."""
+    X = np.asarray(X, dtype=np.float64)
+    if weights is not None:
+        X = X * np.asarray(weights, dtype=np.float64)[:, None]
+    return procrustes_W(X.T @ np.asarray(Y, dtype=np.float64))
+
+
+# --- published refinements ------------------------------------------------------------------
+
+def refine_icp(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, iters: int = 100, sample: int = 1000,
+               k: int = 50, alpha: float = 0.5, random_state=None, progress=None) -> tuple[np.ndarray, list]:
+    """Refine-1 (ICP-average), as published.
+
+    Each iteration: draw ``sample`` source rows, map them, average each one's ``k`` nearest
+    target rows (cosine), fit Procrustes ``W_new`` on (rows, averages) and smooth
+    ``W ← (1-α) W + α W_new`` (not re-orthogonalised, as published).
+
+    Returns ``(W, history)`` with the mean cosine of mapped rows to their averages per iteration.
+    """
+    rng = check_random_state(random_state)
+    W = np.asarray(W, dtype=np.float64)
+    history = []
+    k = min(int(k), Yt.shape[0])
+    for it in range(iters):
+        idx = rng.permutation(Xs.shape[0])[: min(sample, Xs.shape[0])]
+        P = Xs[idx]
+        Q = unit_rows((P @ W).astype(np.float32))
+        _, I = knn(Q, Yt, k)
+        M = Yt[I].mean(axis=1)
+        W_new = procrustes_map(P, M)
+        W = (1.0 - alpha) * W + alpha * W_new
+        history.append(float(np.einsum("ij,ij->i", Q, unit_rows(M)).mean()))
+        if progress is not None:
+            progress((it + 1) / iters)
+    return W, history
+
+
+def refine_clusters(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, n_clusters: int = 500, alpha: float = 0.5,
+                    random_state=None) -> tuple[np.ndarray, dict]:
+    """Refine-2 (clusters), as published: k-means on the source, k-means on the target started at the
+    mapped source centroids, Procrustes between the centroid sets, smooth with ``α``.
+
+    Returns ``(W, info)``; ``info["self_consistency"]`` is the mean cosine between mapped source
+    centroids and their target centroids.
+    """
+    from sklearn.cluster import KMeans
+
+    if min(Xs.shape[0], Yt.shape[0]) < n_clusters:
+        raise TooFewRowsError(f"Refine-2 with {n_clusters} clusters needs at least {n_clusters} rows per side, "
+                              f"got {Xs.shape[0]} and {Yt.shape[0]}")
+    rng = check_random_state(random_state)
+    W = np.asarray(W, dtype=np.float64)
+    C1 = KMeans(n_clusters=n_clusters, random_state=_seed(rng)).fit(Xs).cluster_centers_
+    init = (C1 @ W).astype(Yt.dtype)
+    C2 = KMeans(n_clusters=n_clusters, init=init, n_init=1, random_state=_seed(rng)).fit(Yt).cluster_centers_
+    consistency = float(np.einsum("ij,ij->i", unit_rows((C1 @ W).astype(np.float32)),
+                                  unit_rows(C2.astype(np.float32))).mean())
+    W = (1.0 - alpha) * W + alpha * procrustes_map(C1, C2)
+    return W, {"self_consistency": consistency}
+
+
+# --- CSLS neighbours, mutual pairs ----------------------------------------------------------
+
+def csls_nn(Q: np.ndarray, D: np.ndarray, *, k: int = 1, csls_k: int = 10, r_q: np.ndarray | None = None,
+            r_d: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` CSLS neighbours of unit rows ``Q`` (n, d) in unit rows ``D`` (m, d) via :func:`align.knn`.
+
+    Returns ``(S, I)``: CSLS scores ``2 q·d - r_Q(q) - r_D(d)`` (n, k) and indices (n, k).
+    """
+    if r_q is None:
+        r_q = mean_topk(Q, D, csls_k)
+    if r_d is None:
+        r_d = mean_topk(D, Q, csls_k)
+    Qa = np.empty((Q.shape[0], Q.shape[1] + 1), dtype=np.float32)
+    Qa[:, :-1] = 2.0 * Q
+    Qa[:, -1] = 1.0
+    Da = np.empty((D.shape[0], D.shape[1] + 1), dtype=np.float32)
+    Da[:, :-1] = D
+    Da[:, -1] = -np.asarray(r_d, dtype=np.float32)
+    S, I = knn(Qa, Da, k)
+    return S - np.asarray(r_q, dtype=np.float32)[:, None], I
+
+
+def mutual_csls_pairs(Q: np.ndarray, D: np.ndarray, *, csls_k: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mutual CSLS nearest neighbours of unit rows ``Q`` (n, d) and ``D`` (m, d).
+
+    Returns ``(iq, id, score)`` with the CSLS score of each mutual pair.
+    """
+    if csls_k <= 0:
+        S, fwd = knn(Q, D, 1)
+        _, bwd = knn(D, Q, 1)
+    else:
+        r_q = mean_topk(Q, D, csls_k)
+        r_d = mean_topk(D, Q, csls_k)
+        S, fwd = csls_nn(Q, D, csls_k=csls_k, r_q=r_q, r_d=r_d)
+        _, bwd = csls_nn(D, Q, csls_k=csls_k, r_q=r_d, r_d=r_q)
+    fwd, bwd = fwd[:, 0], bwd[:, 0]
+    iq = np.nonzero(bwd[fwd] == np.arange(Q.shape[0]))[0]
+    return iq, fwd[iq], S[iq, 0]
+
+
+def _map_unit(Xs: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return unit_rows((Xs @ W.astype(np.float32)).astype(np.float32))
+
+
+def self_learning(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int = 10, csls_k: int = 10,
+                  sample: int | None = None, confident: float = 0.8, seed_pairs=None, seed_weight: float = 1.0,
+                  tol: float = 0.995, random_state=None, progress=None) -> tuple[np.ndarray, list]:
+    """Mutual-NN CSLS Procrustes self-learning, then a final exact Procrustes on confident pairs.
+
+    Each round maps the source rows (all, or a fresh random ``sample`` per side), finds the mutual
+    CSLS nearest neighbours with the target rows, and refits exact Procrustes on those pairs
+    (together with ``seed_pairs`` = (X_seed (p, d_s), Y_seed (p, d_t)) framed rows, weight
+    ``seed_weight`` each). Stops early when the pair set overlaps the previous one by ``tol``
+    (Jaccard). The final fit uses all rows and keeps the top ``confident`` share of mutual
+    pairs by CSLS score.
+
+    Returns ``(W, history)``: per round the number of mutual pairs, mean CSLS score, Jaccard
+    overlap with the previous round and seconds.
+    """
+    rng = check_random_state(random_state)
+    W = np.asarray(W, dtype=np.float64)
+    history = []
+    prev = None
+    Xseed = Yseed = None
+    if seed_pairs is not None:
+        Xseed, Yseed = seed_pairs
+
+    def fit(xi, yi, w=None):
+        M = (Xs[xi].astype(np.float64) * (1.0 if w is None else w[:, None])).T @ Yt[yi].astype(np.float64)
+        if Xseed is not None and len(Xseed):
+            M += seed_weight * Xseed.astype(np.float64).T @ Yseed.astype(np.float64)
+        return procrustes_W(M)
+
+    total = rounds + 1
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        if sample is not None and sample < max(Xs.shape[0], Yt.shape[0]):
+            ia = np.sort(rng.permutation(Xs.shape[0])[: min(sample, Xs.shape[0])])
+            ib = np.sort(rng.permutation(Yt.shape[0])[: min(sample, Yt.shape[0])])
+        else:
+            ia, ib = np.arange(Xs.shape[0]), np.arange(Yt.shape[0])
+        iq, idd, sc = mutual_csls_pairs(_map_unit(Xs[ia], W), Yt[ib], csls_k=csls_k)
+        xi, yi = ia[iq], ib[idd]
+        if xi.size < 2 and (Xseed is None or len(Xseed) < 2):
+            history.append({"round": r, "pairs": int(xi.size), "stopped": "too few mutual pairs"})
+            break
+        W = fit(xi, yi)
+        cur = set(zip(xi.tolist(), yi.tolist()))
+        jac = len(cur & prev) / max(1, len(cur | prev)) if prev is not None else 0.0
+        history.append({"round": r, "pairs": int(xi.size), "mean_csls": float(sc.mean()) if sc.size else 0.0,
+                        "jaccard": float(jac), "seconds": time.perf_counter() - t0})
+        if progress is not None:
+            progress((r + 1) / total)
+        if jac >= tol and ia.size == Xs.shape[0]:
+            break
+        prev = cur
+    # final exact Procrustes on the confident mutual pairs over all rows
+    t0 = time.perf_counter()
+    iq, idd, sc = mutual_csls_pairs(_map_unit(Xs, W), Yt, csls_k=csls_k)
+    if iq.size >= 2:
+        keep = np.argsort(-sc, kind="stable")[: max(2, int(round(confident * iq.size)))]
+        W = fit(iq[keep], idd[keep])
+        history.append({"round": "final", "pairs": int(keep.size), "mutual": int(iq.size),
+                        "mean_csls": float(sc[keep].mean()), "seconds": time.perf_counter() - t0})
+    if progress is not None:
+        progress(1.0)
+    return W, history
+
+
+# --- unsupervised criterion ------------------------------------------------------------------
+
+def map_criterion(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, sample: int = 4096, csls_k: int = 10,
+                  random_state=None) -> dict:
+    """Unsupervised quality of a map (no labels), on random samples of each side.
+
+    Maps ``sample`` source rows, finds mutual CSLS nearest neighbours with ``sample`` target rows.
+
+    Returns
+    -------
+    dict with
+    ``mutual_frac``: share of sampled source rows with a mutual CSLS neighbour;
+    ``mutual_cos``: mean cosine of the mutual pairs;
+    ``nn_cos``: mean cosine of each mapped source row to its nearest target row;
+    ``criterion``: ``mutual_frac * mutual_cos`` (the selection score, higher is better: a wrong map
+    has few mutual neighbours, and the ones it has are far apart).
+    """
+    rng = check_random_state(random_state)
+    ia = np.sort(rng.permutation(Xs.shape[0])[: min(sample, Xs.shape[0])])
+    ib = np.sort(rng.permutation(Yt.shape[0])[: min(sample, Yt.shape[0])])
+    Q = _map_unit(Xs[ia], np.asarray(W))
+    D = Yt[ib]
+    iq, idd, _ = mutual_csls_pairs(Q, D, csls_k=csls_k)
+    cos = np.einsum("ij,ij->i", Q[iq], D[idd]) if iq.size else np.zeros(0, np.float32)
+    S, _ = knn(Q, D, 1)
+    frac = iq.size / Q.shape[0]
+    mcos = float(cos.mean()) if cos.size else 0.0
+    return {"mutual_frac": float(frac), "mutual_cos": mcos, "nn_cos": float(S[:, 0].mean()),
+            "criterion": float(frac * mcos)}
+
+
+# --- semi-supervised initial map -------------------------------------------------------------
+
+def seed_relative_init(Xs: np.ndarray, Yt: np.ndarray, Xseed: np.ndarray, Yseed: np.ndarray, *,
+                       k: int = 1, csls_k: int = 10) -> np.ndarray:
+    """Initial map from a few known pairs, through relative representations to the seeds.
+
+    Each row is described by its cosines to its own side's seed rows (comparable across spaces,
+    because seed ``i`` is the same text on both sides); mutual CSLS neighbours in that space are
+    pseudo-pairs, and Procrustes on pseudo-pairs plus the seeds gives ``W`` (d_s, d_t).
+    """
+    if Xseed.shape[0] < 2:
+        raise TooFewRowsError(f"a seeded start needs at least 2 seed pairs, got {Xseed.shape[0]}")
+    if Xseed.shape[0] != Yseed.shape[0]:
+        raise InputError("seed pairs must have the same count on both sides")
+    Rs = relative_representation(Xs, Xseed)
+    Rt = relative_representation(Yt, Yseed)
+    iq, idd, _ = mutual_csls_pairs(Rs, Rt, csls_k=csls_k)
+    M = Xseed.astype(np.float64).T @ Yseed.astype(np.float64)
+    if iq.size:
+        M += Xs[iq].astype(np.float64).T @ Yt[idd].astype(np.float64)
+    return procrustes_W(M)

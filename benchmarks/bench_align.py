@@ -1,0 +1,270 @@
+"""Alignment benchmark on the shared WordNet embeddings (ALGORITHMS.md §4, CONTEXT split).
+
+Split (fixed): source training rows [0, 16384) of the SOURCE file, target training rows
+[16384, 32768) of the TARGET file (different texts: no true pairs in training), held-out pairs
+[32768, 40960) of both files (8,192 pairs, the candidate pool).
+
+Methods, side by side, per pair and seed:
+  identity      W = I in each side's own frame (only when dims match)
+  supervised    orthogonal Procrustes on the 16,384 TRUE pairs [0, 16384) of both files (ceiling)
+  published     MiniVec2Vec.published(): the faithful published procedure (the peer). ~10 min a
+                run: only run with --peer; results are stored as JSON under benchmarks/results/
+                and read back into every later table.
+  vecbridge     MiniVec2Vec(random_state=seed) with vecbridge's defaults (or --params JSON)
+
+Columns: top-1, mean rank, mean cosine, CSLS top-1 (k=10), the unsupervised criterion (computed
+without labels), fit seconds, peak-memory increase of the fitting process (ru_maxrss delta; each
+fit runs in a fresh process). Summaries: mean ± std and the worst seed.
+
+Usage::
+
+    python benchmarks/bench_align.py                       # all pairs, seeds 0..4, vecbridge + baselines
+    python benchmarks/bench_align.py --pairs minilm:e5 --seeds 0 1
+    python benchmarks/bench_align.py --peer --pairs minilm:e5 --seeds 0 1   # run + store the peer
+    python benchmarks/bench_align.py --semi --pairs minilm:e5 --seeds 0     # seed-pair sweep
+
+Environment: OMP_NUM_THREADS / MKL / OPENBLAS default to 1 (shared machine).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+DATA = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", HERE.parents[1] / "shared" / "data" / "wordnet"))
+N_TRAIN, N_TOTAL = 16384, 40960
+SRC_TRAIN = slice(0, N_TRAIN)
+TGT_TRAIN = slice(N_TRAIN, 2 * N_TRAIN)
+HELDOUT = slice(2 * N_TRAIN, N_TOTAL)
+DEFAULT_PAIRS = ("minilm:e5", "e5:minilm", "glove:minilm", "minilm:paraphrase_l3")
+SEMI_KS = (0, 10, 30, 100, 300, 1000)
+
+
+def load(name: str) -> np.ndarray:
+    return np.load(DATA / f"{name}.npy", mmap_mode="r")
+
+
+def split(src: str, tgt: str):
+    """Return (X_train (16384, d_s), Y_train (16384, d_t), X_held (8192, d_s), Y_held (8192, d_t)) float32."""
+    A, B = load(src), load(tgt)
+    f = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
+    return f(A[SRC_TRAIN]), f(B[TGT_TRAIN]), f(A[HELDOUT]), f(B[HELDOUT])
+
+
+def _maxrss_mb() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / 1024.0 if sys.platform != "darwin" else r / 2**20
+
+
+# --- one fit, in a fresh process ------------------------------------------------------------------
+
+def _run_one(job: dict) -> dict:
+    """Fit one method on one pair/seed and evaluate it (runs in a child process)."""
+    import align
+    from align.maps import LinearMap
+    from align.minivec2vec import MiniVec2Vec
+    from align.procrustes import fit_frames
+
+    warnings.simplefilter("ignore")
+    src, tgt, seed, method = job["src"], job["tgt"], job["seed"], job["method"]
+    X, Y, Xh, Yh = split(src, tgt)
+    base_rss = _maxrss_mb()
+    t0 = time.perf_counter()
+    criterion, extra = None, {}
+    if method == "identity":
+        fs, ft = fit_frames(X, Y)
+        m = LinearMap(np.eye(X.shape[1], dtype=np.float32), None, fs, ft, {"method": "identity"})
+    elif method == "supervised":
+        A, B = load(src), load(tgt)
+        m = align.fit_procrustes(np.asarray(A[SRC_TRAIN], np.float32), np.asarray(B[SRC_TRAIN], np.float32))
+    elif method in ("published", "vecbridge", "semi"):
+        est = (MiniVec2Vec.published(random_state=seed) if method == "published"
+               else MiniVec2Vec(random_state=seed, **job.get("params", {})))
+        seed_pairs = None
+        k = int(job.get("k", 0))
+        if method == "semi" and k > 0:
+            # CONTEXT convention: k target-training texts, embedded by the source encoder too
+            rng = np.random.default_rng(10_000 + seed)
+            j = np.sort(rng.choice(Y.shape[0], size=k, replace=False))
+            extra_rows = np.asarray(load(src)[TGT_TRAIN][j], np.float32)
+            X = np.concatenate([X, extra_rows])
+            seed_pairs = (N_TRAIN + np.arange(k), j)
+        est.fit(X, Y, seed_pairs=seed_pairs)
+        m = est.map_
+        criterion = est.criterion_
+        extra = {"criteria": est.criteria_, "chosen_restart": est.best_restart_,
+                 "criterion_details": est.criterion_details_, "timings": est.diagnostics_["timings"]}
+    else:
+        raise ValueError(method)
+    seconds = time.perf_counter() - t0
+    peak = _maxrss_mb() - base_rss
+    ev = align.evaluate(m, Xh, Yh)
+    out = {"pair": f"{src}:{tgt}", "method": method, "seed": seed, "top1": ev["top1"], "mean_rank": ev["mean_rank"],
+           "cos": ev["cos"], "csls_top1": ev["csls_top1"], "csls_mean_rank": ev["csls_mean_rank"],
+           "n_candidates": ev["n_candidates"], "criterion": criterion, "seconds": seconds,
+           "peak_rss_delta_mb": peak, **extra}
+    if method == "semi":
+        out["k"] = int(job.get("k", 0))
+    return out
+
+
+def run_isolated(job: dict) -> dict:
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(_run_one, (job,))
+
+
+# --- peer results on disk -------------------------------------------------------------------------
+
+def _peer_path(pair: str, seed: int) -> Path:
+    src, tgt = pair.split(":")
+    return RESULTS / f"published_{src}_to_{tgt}_seed{seed}.json"
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def _env() -> dict:
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "host_cpus": os.cpu_count(), "python": platform.python_version(),
+            "omp_threads": os.environ.get("OMP_NUM_THREADS"), "git": _git_commit(),
+            "load_avg_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
+def store_peer(res: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    p = _peer_path(res["pair"], res["seed"])
+    p.write_text(json.dumps({**res, "env": _env()}, indent=1, default=float))
+    return p
+
+
+def load_peer(pair: str) -> list[dict]:
+    src, tgt = pair.split(":")
+    return [json.loads(p.read_text()) for p in sorted(RESULTS.glob(f"published_{src}_to_{tgt}_seed*.json"))]
+
+
+# --- table ----------------------------------------------------------------------------------------
+
+COLS = (("top1", "top-1", "{:.3f}", max), ("mean_rank", "mean rank", "{:.1f}", min), ("cos", "cos", "{:.3f}", max),
+        ("csls_top1", "CSLS top-1", "{:.3f}", max), ("criterion", "criterion", "{:.3f}", min),
+        ("seconds", "fit s", "{:.1f}", min), ("peak_rss_delta_mb", "peak MB", "{:.0f}", min))
+
+
+def _summ(rows: list[dict], key: str, fmt: str, best) -> str:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    if not vals:
+        return "-"
+    if len(vals) == 1:
+        return fmt.format(vals[0])
+    worst = min if best is max else max
+    return f"{fmt.format(np.mean(vals))}±{fmt.format(np.std(vals))} (w {fmt.format(worst(vals))})"
+
+
+def print_table(pair: str, groups: dict[str, list[dict]]) -> None:
+    print(f"\n== {pair}  (candidates: 8192 held-out pairs; mean±std (worst seed) over seeds) ==")
+    head = ["method", "seeds"] + [c[1] for c in COLS]
+    lines = [head]
+    for name, rows in groups.items():
+        if not rows:
+            continue
+        seeds = ",".join(str(r["seed"]) for r in rows)
+        lines.append([name, seeds] + [_summ(rows, k, f, b) for k, _, f, b in COLS])
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
+    for l in lines:
+        print("  ".join(str(c).ljust(w) for c, w in zip(l, widths)))
+    for name, rows in groups.items():
+        if name in ("vecbridge", "published") and rows and rows[0].get("criterion") is not None:
+            print(f"  {name} per seed: " + "; ".join(
+                f"seed {r['seed']}: top1 {r['top1']:.3f} crit {r['criterion']:.3f}" for r in rows))
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", nargs="+", default=list(DEFAULT_PAIRS), help="src:tgt names of files in the data dir")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    ap.add_argument("--peer", action="store_true", help="run the published procedure and store its results")
+    ap.add_argument("--semi", action="store_true", help="semi-supervised sweep over seed-pair counts")
+    ap.add_argument("--ks", nargs="+", type=int, default=list(SEMI_KS), help="seed-pair counts for --semi")
+    ap.add_argument("--params", default="{}", help="JSON dict of MiniVec2Vec parameters for the vecbridge runs")
+    ap.add_argument("--skip-baselines", action="store_true")
+    ap.add_argument("--out", default=None, help="write all rows of this run to this JSON file")
+    args = ap.parse_args(argv)
+
+    if not (DATA / "minilm.npy").exists():
+        print(f"SKIP: WordNet embeddings not found under {DATA} (set VECBRIDGE_WORDNET_DIR)")
+        return 0
+    params = json.loads(args.params)
+    all_rows = []
+    for pair in args.pairs:
+        src, tgt = pair.split(":")
+        if not (DATA / f"{src}.npy").exists() or not (DATA / f"{tgt}.npy").exists():
+            print(f"SKIP {pair}: file missing")
+            continue
+        if args.peer:
+            for seed in args.seeds:
+                res = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "published"})
+                print(f"peer {pair} seed {seed}: top1 {res['top1']:.4f} mean rank {res['mean_rank']:.1f} "
+                      f"{res['seconds']:.0f}s -> {store_peer(res)}", flush=True)
+                all_rows.append(res)
+            continue
+        if args.semi:
+            rows = []
+            for k in args.ks:
+                for seed in args.seeds:
+                    r = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "semi", "k": k, "params": params})
+                    rows.append(r)
+                    print(f"semi {pair} k={k} seed {seed}: top1 {r['top1']:.3f} csls {r['csls_top1']:.3f} "
+                          f"crit {r['criterion']:.3f} {r['seconds']:.1f}s", flush=True)
+            all_rows += rows
+            print_table(pair + " semi-supervised", {f"k={k}": [r for r in rows if r["k"] == k] for k in args.ks})
+            continue
+        groups: dict[str, list[dict]] = {}
+        if not args.skip_baselines:
+            d_s, d_t = load(src).shape[1], load(tgt).shape[1]
+            if d_s == d_t:
+                groups["identity"] = [run_isolated({"src": src, "tgt": tgt, "seed": 0, "method": "identity"})]
+            groups["supervised"] = [run_isolated({"src": src, "tgt": tgt, "seed": 0, "method": "supervised"})]
+        groups["published"] = [r for r in load_peer(pair) if r["seed"] in args.seeds] or load_peer(pair)
+        groups["vecbridge"] = []
+        for seed in args.seeds:
+            r = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "vecbridge", "params": params})
+            groups["vecbridge"].append(r)
+            print(f"vecbridge {pair} seed {seed}: top1 {r['top1']:.3f} crit {r['criterion']:.3f} "
+                  f"{r['seconds']:.1f}s", flush=True)
+        for rows in groups.values():
+            all_rows += rows
+        print_table(pair, groups)
+        if not groups["published"]:
+            print("  (published: no stored results; run with --peer)")
+    print("\nlargest blocks: knn via FAISS IndexFlatIP (exact) over all training rows, queries in blocks of 16,384;"
+          " relative representations (n, 600) float32 = 39 MB at n=16,384; no n x n matrix.")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"env": _env(), "rows": all_rows}, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
