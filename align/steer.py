@@ -1,0 +1,641 @@
+"""LM-Steer style transforms in embedding space (Han et al., ACL 2024; ``ALGORITHMS.md`` §6).
+
+A steer is a low-rank matrix :math:`W = P_1 P_2^\\top` (``P1, P2`` of shape ``(d, r)``) acting on
+query rows ``q`` (shape ``(d,)``) as
+
+.. math::  q' = (I + \\varepsilon W)^\\top q, \\qquad
+           \\langle q', c\\rangle = q^\\top c + \\varepsilon\\, q^\\top W c ,
+
+so retrieval scores keep the bilinear form of a language model's logits ``h E^T`` that LM-Steer
+edits. ``eps = 0`` is exactly the identity, ``eps = 1`` the trained strength, negative values
+reverse the attribute, and several steers compose by summing :math:`\\sum_i \\varepsilon_i W_i`.
+
+Fitting (:func:`fit_steer`) replaces the language model's vocabulary by a set of candidate
+items ``C`` (rows of ``X``) and its contexts by queries drawn near each labelled item. For a
+labelled item ``t`` with steer value ``s_t = labels[t]`` in ``{+1, -1}`` and a context ``q_t``
+(one of the ``n_neighbors`` nearest context rows of ``t``), the objective is
+
+.. math::  L(P_1, P_2) = -\\frac1B \\sum_t \\log
+           \\frac{\\exp(q_t^\\top (I + s_t W) x_t / \\tau)}{\\sum_{c \\in C} \\exp(q_t^\\top (I + s_t W) c / \\tau)}
+           + \\frac{\\lambda}{2} \\left(\\lVert P_1\\rVert_F^2 + \\lVert P_2\\rVert_F^2\\right)
+
+(LM loss → softmax over candidates; weight decay λ as in LM-Steer's regulariser), minimised with
+L-BFGS on the flattened factors and a hand-written gradient. Rows labelled ``0`` are neutral
+contexts: they serve as queries and as distractor candidates, never as targets.
+
+A linear query transform can only add ``eps (q.u_i) sigma_i v_i``: it steers every query the same
+way when queries share a common component along ``u_i`` — true of sentence embeddings (they are
+not centred; random texts have positive cosine) and of LM hidden states, but not of centred data.
+
+Transfer (:func:`transfer_steer`) follows the paper's ``H^T W H`` form with
+``H = pinv(M)^T`` for a map ``x_B = x_A M``; for an orthogonal square ``M`` this is ``M^T W M``,
+i.e. map back → steer → map. The lens (:meth:`Steer.lens`) is the SVD of ``W`` with the corpus
+rows at both ends of each singular direction. :class:`MeanShift` is the simple baseline
+``q' = q + eps * |q| * (mean(X+) - mean(X-))``.
+
+Artifacts are ``.npz`` with a JSON header (``allow_pickle=False``), like :class:`~align.LinearMap`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from ._validation import as_matrix, check_random_state
+from .exceptions import (
+    ConvergenceWarning,
+    DegenerateInputError,
+    DimensionMismatchError,
+    InputError,
+    NonFiniteError,
+    PairCountError,
+    SerializationError,
+    ShapeError,
+)
+
+__all__ = [
+    "Steer",
+    "MeanShift",
+    "fit_steer",
+    "fit_mean_shift",
+    "compose_steers",
+    "apply_steers",
+    "transfer_steer",
+    "steer_objective",
+    "STEER_FORMAT_VERSION",
+]
+
+STEER_FORMAT_VERSION = 1
+_META_KEY = "__meta__"
+
+
+# --------------------------------------------------------------------------------------------
+# validation helpers (one place)
+# --------------------------------------------------------------------------------------------
+def _check_eps(eps) -> float:
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        raise InputError(f"eps must be a real number, got {eps!r}") from None
+    if not np.isfinite(value):
+        raise NonFiniteError(f"eps must be finite, got {value}")
+    return value
+
+
+def _check_labels(labels, n: int) -> np.ndarray:
+    """Labels as an int8 array of shape (n,) with values in {-1, 0, +1}."""
+    try:
+        arr = np.asarray(labels)
+    except Exception as exc:
+        raise InputError(f"labels: cannot be read as an array ({exc})") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise InputError(f"labels: expected numbers in {{-1, 0, 1}}, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ShapeError(f"labels: expected a 1-D array of shape (n,), got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise PairCountError(f"labels has {arr.shape[0]} entries but X has {n} rows")
+    arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise NonFiniteError("labels contain NaN or Inf")
+    bad = ~np.isin(arr, (-1.0, 0.0, 1.0))
+    if bad.any():
+        raise InputError(f"labels must be -1, 0 or +1; found {np.unique(arr[bad])[:5].tolist()}")
+    out = arr.astype(np.int8)
+    if not (out == 1).any() or not (out == -1).any():
+        raise DegenerateInputError(
+            f"a steer needs both +1 and -1 examples; got {int((out == 1).sum())} positive, "
+            f"{int((out == -1).sum())} negative")
+    return out
+
+
+def _check_int(value, name: str, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InputError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        raise InputError(f"{name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {value}")
+    return value
+
+
+def _check_pos_float(value, name: str, *, allow_zero: bool = False) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number, got {value!r}") from None
+    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise InputError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# the fitted object
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Steer:
+    """A low-rank steer ``W = P1 P2^T`` in one embedding space.
+
+    Parameters
+    ----------
+    P1, P2 : ndarray (d, r)
+        Factors; ``W = P1 @ P2.T`` has shape (d, d) and rank <= r.
+    metadata : dict
+        JSON-serialisable facts (method, space, parameters, training loss, lineage...).
+    """
+
+    P1: np.ndarray
+    P2: np.ndarray
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        P1, P2 = np.asarray(self.P1), np.asarray(self.P2)
+        if P1.ndim != 2 or P2.ndim != 2 or 0 in P1.shape or P1.shape != P2.shape:
+            raise ShapeError(f"P1 and P2 must be non-empty 2-D arrays of one shape (d, r), got {P1.shape}, {P2.shape}")
+        self.P1 = np.ascontiguousarray(P1, dtype=np.float32)
+        self.P2 = np.ascontiguousarray(P2, dtype=np.float32)
+        if not (np.isfinite(self.P1).all() and np.isfinite(self.P2).all()):
+            raise NonFiniteError("steer factors contain NaN or Inf")
+
+    # --- shape facts ----------------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        return int(self.P1.shape[0])
+
+    @property
+    def rank(self) -> int:
+        return int(self.P1.shape[1])
+
+    @property
+    def W(self) -> np.ndarray:
+        """The dense (d, d) matrix ``P1 P2^T`` (float64)."""
+        return self.P1.astype(np.float64) @ self.P2.astype(np.float64).T
+
+    # --- applying -------------------------------------------------------------------------
+    def apply(self, Q, eps: float = 1.0, *, batch_size: int = 65536) -> np.ndarray:
+        """Steered queries ``Q (I + eps W)`` (rows), i.e. ``q' = (I + eps W)^T q``.
+
+        Parameters
+        ----------
+        Q : array-like (n, d)
+        eps : float
+            Steer strength; 0 returns ``Q`` unchanged (bit for bit), 1 is the trained strength,
+            negative values reverse the attribute.
+
+        Returns
+        -------
+        ndarray (n, d) float32; not renormalised (the scale of a query does not change its ranking).
+        """
+        Q = as_matrix(Q, name="Q", dim=self.dim)
+        eps = _check_eps(eps)
+        return self._apply(Q, eps, batch_size=batch_size)
+
+    def _apply(self, Q: np.ndarray, eps: float, *, batch_size: int = 65536) -> np.ndarray:
+        out = Q.copy()
+        if eps == 0.0:
+            return out
+        for s in range(0, Q.shape[0], batch_size):
+            part = Q[s : s + batch_size]
+            out[s : s + batch_size] += (eps * ((part @ self.P1) @ self.P2.T)).astype(np.float32)
+        return out
+
+    __call__ = apply
+
+    def bilinear(self, Q, C) -> np.ndarray:
+        """The steer term ``q^T W c`` for every pair: (n, m). Only for small ``n x m``."""
+        Q = as_matrix(Q, name="Q", dim=self.dim)
+        C = as_matrix(C, name="C", dim=self.dim)
+        return (Q.astype(np.float64) @ self.P1) @ (C.astype(np.float64) @ self.P2).T
+
+    def scaled(self, eps: float) -> "Steer":
+        """The steer ``eps W`` as a new object (``apply(Q, 1)`` then equals ``apply(Q, eps)``)."""
+        eps = _check_eps(eps)
+        return Steer(self.P1 * eps, self.P2.copy(), {**self.metadata, "scaled_by": eps})
+
+    def transfer(self, linear_map, **kw) -> "Steer":
+        """Shortcut for :func:`transfer_steer`."""
+        return transfer_steer(self, linear_map, **kw)
+
+    # --- lens -----------------------------------------------------------------------------
+    def svd(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Thin SVD of ``W`` from the factors: ``U (d, r)``, ``sigma (r,)``, ``V (d, r)``.
+
+        ``W = U diag(sigma) V^T``; computed via QR of both factors (never a d x d SVD). Signs are
+        fixed so that ``u_i . v_i >= 0``.
+        """
+        Q1, R1 = np.linalg.qr(self.P1.astype(np.float64))
+        Q2, R2 = np.linalg.qr(self.P2.astype(np.float64))
+        u, s, vt = np.linalg.svd(R1 @ R2.T)
+        U, V = Q1 @ u, Q2 @ vt.T
+        sign = np.where(np.einsum("ij,ij->j", U, V) < 0, -1.0, 1.0)
+        return U * sign, s, V * sign
+
+    def lens(self, X, texts: Sequence[str] | None = None, *, k: int = 5, n_directions: int | None = None,
+             side: str = "output") -> list[dict]:
+        """Singular directions of ``W`` with the corpus rows at each extreme.
+
+        For direction ``i`` (``W = sum_i sigma_i u_i v_i^T``) a query's score against a row ``c``
+        moves by ``eps sigma_i (q.u_i)(v_i.c)``: ``side="output"`` ranks rows ``c`` of ``X`` by
+        ``c.v_i`` (what the direction promotes for queries on the ``+u_i`` side and demotes on the
+        ``-u_i`` side); ``side="input"`` ranks them by ``c.u_i`` (which queries trigger it).
+
+        Parameters
+        ----------
+        X : array-like (n, d)
+            Corpus rows.
+        texts : sequence of str, optional
+            ``texts[i]`` describes row i; included in the output when given.
+        k : int
+            Rows reported at each extreme.
+        n_directions : int, optional
+            Directions reported (largest singular values first); default all ``r``.
+
+        Returns
+        -------
+        list of dict ``{"direction", "sigma", "positive": [...], "negative": [...]}``; each item
+        ``{"index", "score"[, "text"]}``, most extreme first.
+        """
+        X = as_matrix(X, name="X", dim=self.dim)
+        if texts is not None and len(texts) != X.shape[0]:
+            raise PairCountError(f"texts has {len(texts)} entries but X has {X.shape[0]} rows")
+        if side not in ("output", "input"):
+            raise InputError(f"side must be 'output' or 'input', got {side!r}")
+        k = _check_int(k, "k", 1)
+        nd = self.rank if n_directions is None else _check_int(n_directions, "n_directions", 1, self.rank)
+        U, s, V = self.svd()
+        D = (V if side == "output" else U)[:, :nd].astype(np.float32)
+        proj = X @ D  # (n, nd): one column per direction, never n x n
+        k = min(k, X.shape[0])
+        out = []
+        for i in range(nd):
+            col = proj[:, i]
+            order = np.argsort(-col, kind="stable")
+            ends = {"positive": order[:k], "negative": order[::-1][:k]}
+            entry = {"direction": i, "sigma": float(s[i])}
+            for name, idx in ends.items():
+                entry[name] = [
+                    {"index": int(j), "score": float(col[j]), **({"text": texts[j]} if texts is not None else {})}
+                    for j in idx
+                ]
+            out.append(entry)
+        return out
+
+    # --- (de)serialisation ----------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """Serialise to ``.npz`` bytes (arrays + JSON header; no pickle)."""
+        return _to_npz({"P1": self.P1, "P2": self.P2},
+                       {"format": "vecbridge.Steer", "format_version": STEER_FORMAT_VERSION,
+                        "metadata": self.metadata})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Steer":
+        arrays, header = _from_npz(data, "vecbridge.Steer")
+        try:
+            return cls(arrays["P1"], arrays["P2"], header.get("metadata", {}))
+        except KeyError as exc:
+            raise SerializationError(f"steer artifact is missing {exc}") from None
+
+    def save(self, path) -> Path:
+        return _save_atomic(path, self.to_bytes())
+
+    @classmethod
+    def load(cls, path) -> "Steer":
+        return cls.from_bytes(_read(path))
+
+
+@dataclass
+class MeanShift:
+    """Baseline: ``q' = q + eps * |q| * v`` with ``v = mean(X[+1]) - mean(X[-1])``.
+
+    Parameters
+    ----------
+    v : ndarray (d,)
+    metadata : dict
+    """
+
+    v: np.ndarray
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        v = np.asarray(self.v, dtype=np.float32).reshape(-1)
+        if v.size == 0 or not np.isfinite(v).all():
+            raise InputError("mean-shift vector must be non-empty and finite")
+        self.v = v
+
+    @property
+    def dim(self) -> int:
+        return int(self.v.shape[0])
+
+    def apply(self, Q, eps: float = 1.0) -> np.ndarray:
+        """Shifted queries (n, d) float32; ``eps = 0`` returns ``Q`` unchanged."""
+        Q = as_matrix(Q, name="Q", dim=self.dim)
+        eps = _check_eps(eps)
+        if eps == 0.0:
+            return Q.copy()
+        norms = np.linalg.norm(Q, axis=1, keepdims=True)
+        return (Q + eps * norms * self.v).astype(np.float32)
+
+    __call__ = apply
+
+    def to_bytes(self) -> bytes:
+        return _to_npz({"v": self.v}, {"format": "vecbridge.MeanShift", "format_version": STEER_FORMAT_VERSION,
+                                       "metadata": self.metadata})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "MeanShift":
+        arrays, header = _from_npz(data, "vecbridge.MeanShift")
+        if "v" not in arrays:
+            raise SerializationError("mean-shift artifact is missing 'v'")
+        return cls(arrays["v"], header.get("metadata", {}))
+
+
+# --------------------------------------------------------------------------------------------
+# algebra
+# --------------------------------------------------------------------------------------------
+def compose_steers(steers: Iterable[tuple[Steer, float]]) -> Steer:
+    """One steer equal to ``sum_i eps_i W_i`` (exact: the factors are stacked, rank ``sum r_i``).
+
+    Parameters
+    ----------
+    steers : iterable of (Steer, eps) pairs
+
+    Returns
+    -------
+    Steer whose ``apply(Q, 1)`` equals ``Q + sum_i eps_i Q W_i``.
+    """
+    pairs = list(steers)
+    if not pairs or not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], Steer) for p in pairs):
+        raise InputError("compose_steers needs a non-empty list of (Steer, eps) pairs")
+    dims = {s.dim for s, _ in pairs}
+    if len(dims) != 1:
+        raise DimensionMismatchError(f"steers live in spaces of different dimension: {sorted(dims)}")
+    eps = [_check_eps(e) for _, e in pairs]
+    P1 = np.concatenate([s.P1 * e for (s, _), e in zip(pairs, eps)], axis=1)
+    P2 = np.concatenate([s.P2 for s, _ in pairs], axis=1)
+    meta = {"method": "compose", "parts": [{"eps": e, "metadata": s.metadata} for (s, _), e in zip(pairs, eps)]}
+    return Steer(P1, P2, meta)
+
+
+def apply_steers(Q, steers: Iterable[tuple[Steer, float]]) -> np.ndarray:
+    """``Q (I + sum_i eps_i W_i)``: several steers at once (n, d) float32."""
+    pairs = list(steers)
+    if not pairs:
+        return as_matrix(Q, name="Q").copy()
+    return compose_steers(pairs).apply(Q, 1.0)
+
+
+def transfer_steer(steer: Steer, linear_map, *, rcond: float = 1e-6) -> Steer:
+    """Carry a steer from space A to space B through a map ``x_B ≈ x_A M`` (``M = map.W``, (d_A, d_B)).
+
+    .. math::  W_B = H^\\top W_A H, \\qquad H = (M^{+})^\\top \\in \\mathbb R^{d_A \\times d_B}
+
+    so ``P1_B = M^+ P1``, ``P2_B = M^+ P2`` and the rank is kept. When ``x_B = x_A M`` holds
+    exactly and ``M`` has full row rank (``d_A <= d_B``), ``q_B^T W_B c_B = q_A^T W_A c_A`` for
+    every pair (equal bilinear scores). For an orthogonal square ``M``, ``M^+ = M^T`` and
+    ``q_B (I + eps W_B) = (q_B M^T)(I + eps W_A) M``: map back, steer, map. For ``d_A > d_B``
+    it is the least-squares version.
+
+    Notes
+    -----
+    Uses the map's linear part only; its frames (centring, normalisation) and bias are not folded
+    in, so with a centring map the transfer is approximate (recorded in the metadata).
+    """
+    M = np.asarray(linear_map.W, dtype=np.float64)
+    if M.shape[0] != steer.dim:
+        raise DimensionMismatchError(
+            f"map expects {M.shape[0]}-d source rows, the steer lives in {steer.dim}-d")
+    Mp = np.linalg.pinv(M, rcond=rcond)  # (d_B, d_A)
+    P1 = Mp @ steer.P1.astype(np.float64)
+    P2 = Mp @ steer.P2.astype(np.float64)
+    frames = [getattr(linear_map, "source_frame", None), getattr(linear_map, "target_frame", None)]
+    centred = any(f is not None and getattr(f, "mean", None) is not None for f in frames)
+    has_bias = getattr(linear_map, "bias", None) is not None
+    meta = {"method": "transfer", "form": "H^T W H, H = pinv(M)^T", "source_dim": int(M.shape[0]),
+            "target_dim": int(M.shape[1]), "approximate": bool(centred or has_bias),
+            "of": steer.metadata, "map": getattr(linear_map, "metadata", {})}
+    return Steer(P1, P2, meta)
+
+
+# --------------------------------------------------------------------------------------------
+# fitting
+# --------------------------------------------------------------------------------------------
+def steer_objective(theta: np.ndarray, base: np.ndarray, Qp: np.ndarray, C: np.ndarray, target: np.ndarray,
+                    s: np.ndarray, rank: int, temperature: float, weight_decay: float) -> tuple[float, np.ndarray]:
+    """Loss and gradient of the LM-Steer objective for flattened factors ``theta = [P1, P2]``.
+
+    Parameters
+    ----------
+    theta : (2 d r,) float64
+    base : (B, m) float64, ``Qp C^T / tau`` (constant)
+    Qp : (B, d) contexts; C : (m, d) candidates; target : (B,) int candidate index of each pair;
+    s : (B,) steer value of each pair (+1 / -1)
+
+    Returns
+    -------
+    loss : float, grad : (2 d r,) float64
+    """
+    d = Qp.shape[1]
+    P1 = theta[: d * rank].reshape(d, rank)
+    P2 = theta[d * rank :].reshape(d, rank)
+    A = Qp @ P1                      # (B, r)
+    Bc = C @ P2                      # (m, r)
+    logits = base + (s[:, None] / temperature) * (A @ Bc.T)
+    logits -= logits.max(axis=1, keepdims=True)
+    np.exp(logits, out=logits)
+    Z = logits.sum(axis=1)
+    rows = np.arange(Qp.shape[0])
+    p_t = logits[rows, target] / Z
+    loss = float(-np.mean(np.log(np.maximum(p_t, 1e-300))))
+    G = logits / Z[:, None]          # softmax
+    G[rows, target] -= 1.0
+    G *= (s / (temperature * Qp.shape[0]))[:, None]
+    dP1 = Qp.T @ (G @ Bc)
+    dP2 = C.T @ (G.T @ A)
+    loss += 0.5 * weight_decay * float(theta @ theta)
+    grad = np.concatenate([dP1.ravel(), dP2.ravel()]) + weight_decay * theta
+    return loss, grad
+
+
+def _training_pairs(X: np.ndarray, labels: np.ndarray, *, max_pairs: int, n_candidates: int, n_neighbors: int,
+                    rng: np.random.Generator):
+    """Contexts, candidates, targets and steer values for :func:`fit_steer` (see module docstring)."""
+    from .knn import _knn
+
+    pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == -1)
+    neu = np.flatnonzero(labels == 0)
+    half = max(1, max_pairs // 2)
+    pos = rng.permutation(pos)[:half]
+    neg = rng.permutation(neg)[:half]
+    targets = np.concatenate([pos, neg])
+    s = np.concatenate([np.ones(len(pos)), -np.ones(len(neg))])
+    contexts = neu if len(neu) >= n_neighbors + 1 else np.arange(X.shape[0])
+    kk = min(n_neighbors + 1, len(contexts))
+    _, I = _knn(X[targets], np.ascontiguousarray(X[contexts]), kk)
+    ctx_rows = contexts[I]                                   # (B, kk) row ids
+    ok = ctx_rows != targets[:, None]                         # never the item itself
+    pick = np.empty(len(targets), dtype=np.int64)
+    for i in range(len(targets)):
+        choices = ctx_rows[i][ok[i]][:n_neighbors]
+        pick[i] = choices[rng.integers(len(choices))] if len(choices) else targets[i]
+    others = np.setdiff1d(np.arange(X.shape[0]), targets, assume_unique=False)
+    n_extra = max(0, min(len(others), n_candidates - len(targets)))
+    cand = np.concatenate([targets, rng.choice(others, size=n_extra, replace=False)]) if n_extra else targets
+    target_pos = np.arange(len(targets))                      # targets come first in ``cand``
+    return X[pick].astype(np.float64), X[cand].astype(np.float64), target_pos, s
+
+
+def fit_steer(X, labels, *, rank: int = 16, temperature: float = 0.05, weight_decay: float = 1e-3,
+              max_iter: int = 200, max_pairs: int = 2048, n_candidates: int = 4096, n_neighbors: int = 10,
+              init_scale: float = 1e-2, tol: float = 1e-6, random_state=None,
+              callback: Callable[[int, float], None] | None = None) -> Steer:
+    """Fit an LM-Steer style query transform from labelled rows.
+
+    Parameters
+    ----------
+    X : array-like (n, d)
+        Item embeddings (typically unit rows).
+    labels : array-like (n,)
+        ``+1`` wanted attribute, ``-1`` opposite, ``0`` neutral context.
+    rank : int
+        ``r``, the rank of ``W = P1 P2^T``.
+    temperature : float
+        Softmax temperature ``tau`` over candidate scores.
+    weight_decay : float
+        ``lambda`` on ``|P1|^2 + |P2|^2``.
+    max_iter : int
+        L-BFGS iterations.
+    max_pairs : int
+        At most ``max_pairs // 2`` positive and as many negative targets are used.
+    n_candidates : int
+        Size of the candidate set (all targets plus random other rows).
+    n_neighbors : int
+        Each target's context is drawn from its ``n_neighbors`` nearest context rows.
+    init_scale : float
+        Standard deviation of the random initial factors.
+    random_state : None, int or numpy Generator
+    callback : callable ``(iteration, loss)``, optional
+        Called after every L-BFGS iteration (progress reporting).
+
+    Returns
+    -------
+    Steer
+
+    Raises
+    ------
+    NonFiniteError, ShapeError, PairCountError, InputError, DegenerateInputError
+    """
+    from scipy.optimize import minimize
+
+    X = as_matrix(X, name="X", min_rows=2)
+    labels = _check_labels(labels, X.shape[0])
+    n, d = X.shape
+    rank = _check_int(rank, "rank", 1, d)
+    temperature = _check_pos_float(temperature, "temperature")
+    weight_decay = _check_pos_float(weight_decay, "weight_decay", allow_zero=True)
+    max_iter = _check_int(max_iter, "max_iter", 1)
+    max_pairs = _check_int(max_pairs, "max_pairs", 2)
+    n_candidates = _check_int(n_candidates, "n_candidates", 2)
+    n_neighbors = _check_int(n_neighbors, "n_neighbors", 1)
+    init_scale = _check_pos_float(init_scale, "init_scale")
+    rng = check_random_state(random_state)
+
+    Qp, C, target, s = _training_pairs(X, labels, max_pairs=max_pairs, n_candidates=n_candidates,
+                                       n_neighbors=n_neighbors, rng=rng)
+    base = (Qp @ C.T) / temperature
+    theta0 = rng.normal(scale=init_scale, size=2 * d * rank)
+    args = (base, Qp, C, target, s, rank, temperature, weight_decay)
+    loss0 = steer_objective(theta0, *args)[0]
+    state = {"it": 0, "last": loss0}
+
+    def fun(theta):
+        val, grad = steer_objective(theta, *args)
+        state["last"] = val
+        return val, grad
+
+    def cb(xk):
+        state["it"] += 1
+        if callback is not None:
+            callback(state["it"], float(state["last"]))
+
+    res = minimize(fun, theta0, jac=True, method="L-BFGS-B", callback=cb,
+                   options={"maxiter": max_iter, "gtol": tol, "maxcor": 20})
+    if res.status == 2 or not np.isfinite(res.fun):
+        warnings.warn(f"fit_steer: L-BFGS stopped abnormally ({res.message})", ConvergenceWarning, stacklevel=2)
+    P1 = res.x[: d * rank].reshape(d, rank)
+    P2 = res.x[d * rank :].reshape(d, rank)
+    meta = {
+        "method": "lm-steer-embedding",
+        "params": {"rank": rank, "temperature": temperature, "weight_decay": weight_decay, "max_iter": max_iter,
+                   "max_pairs": max_pairs, "n_candidates": n_candidates, "n_neighbors": n_neighbors,
+                   "init_scale": init_scale,
+                   "random_state": random_state if isinstance(random_state, (int, type(None))) else "generator"},
+        "n_pos": int((labels == 1).sum()), "n_neg": int((labels == -1).sum()), "n_neutral": int((labels == 0).sum()),
+        "n_pairs": int(len(target)), "n_candidates_used": int(C.shape[0]), "dim": d,
+        "loss_initial": float(loss0), "loss_final": float(res.fun), "n_iter": int(res.nit),
+        "converged": bool(res.status == 0),
+    }
+    return Steer(P1, P2, meta)
+
+
+def fit_mean_shift(X, labels) -> MeanShift:
+    """Baseline steer: ``v = mean(X[labels == +1]) - mean(X[labels == -1])`` (d,)."""
+    X = as_matrix(X, name="X", min_rows=2)
+    labels = _check_labels(labels, X.shape[0])
+    v = X[labels == 1].mean(axis=0, dtype=np.float64) - X[labels == -1].mean(axis=0, dtype=np.float64)
+    return MeanShift(v, {"method": "mean-shift", "n_pos": int((labels == 1).sum()),
+                         "n_neg": int((labels == -1).sum()), "dim": int(X.shape[1])})
+
+
+# --------------------------------------------------------------------------------------------
+# artifact I/O (npz + JSON header, no pickle)
+# --------------------------------------------------------------------------------------------
+def _json_default(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _to_npz(arrays: dict, header: dict) -> bytes:
+    text = json.dumps(header, sort_keys=True, default=_json_default)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays, **{_META_KEY: np.frombuffer(text.encode("utf-8"), dtype=np.uint8)})
+    return buf.getvalue()
+
+
+def _from_npz(data: bytes, fmt: str) -> tuple[dict, dict]:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        header = json.loads(arrays.pop(_META_KEY).tobytes().decode("utf-8"))
+    except Exception as exc:
+        raise SerializationError(f"cannot read {fmt} artifact: {exc}") from None
+    if header.get("format") != fmt:
+        raise SerializationError(f"not a {fmt} artifact (format {header.get('format')!r})")
+    if int(header.get("format_version", 0)) > STEER_FORMAT_VERSION:
+        raise SerializationError(f"artifact format {header['format_version']} is newer than this vecbridge reads")
+    return arrays, header
+
+
+def _save_atomic(path, data: bytes) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def _read(path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise SerializationError(f"cannot read {path}: {exc}") from None
