@@ -1,0 +1,258 @@
+"""align.steer: invariants of apply / compose / transfer, fitting on a planted attribute, errors, I/O."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from align import LinearMap
+from align.exceptions import (
+    DegenerateInputError,
+    DimensionMismatchError,
+    InputError,
+    NonFiniteError,
+    PairCountError,
+    SerializationError,
+    ShapeError,
+)
+from align.knn import knn
+from align.steer import (
+    MeanShift,
+    Steer,
+    apply_steers,
+    compose_steers,
+    fit_mean_shift,
+    fit_steer,
+    steer_objective,
+    transfer_steer,
+)
+
+
+def random_steer(d=8, r=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return Steer(rng.normal(size=(d, r)), rng.normal(size=(d, r)), {"space": "test"})
+
+
+def planted(n=1200, d=24, offset=3.0, seed=0):
+    """Unit rows with a common offset (like sentence embeddings); attribute = sign of coordinate 0."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    labels = np.zeros(n, dtype=int)
+    labels[X[:, 0] > 1.0] = 1
+    labels[X[:, 0] < -1.0] = -1
+    X[:, 1] += offset
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    Q = rng.normal(size=(150, d))
+    Q[:, 1] += offset
+    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
+    return X.astype(np.float32), labels, Q.astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, labels, Q = planted()
+    return X, labels, Q, fit_steer(X, labels, rank=4, max_iter=60, max_pairs=600, n_candidates=1200, random_state=0)
+
+
+# --- apply -------------------------------------------------------------------------------
+def test_eps_zero_is_exact_identity():
+    s = random_steer()
+    Q = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
+    assert np.array_equal(s.apply(Q, 0.0), Q)
+
+
+def test_apply_matches_dense_formula():
+    s = random_steer()
+    Q = np.random.default_rng(1).normal(size=(5, 8))
+    expect = ((np.eye(8) + 0.7 * s.W).T @ Q.T).T  # q' = (I + eps W)^T q
+    np.testing.assert_allclose(s.apply(Q, 0.7), expect, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(e1=st.floats(-3, 3), e2=st.floats(-3, 3), seed=st.integers(0, 1000))
+def test_apply_is_affine_in_eps_and_compose_is_additive(e1, e2, seed):
+    a, b = random_steer(seed=seed), random_steer(r=2, seed=seed + 1)
+    Q = np.random.default_rng(seed).normal(size=(4, 8)).astype(np.float32)
+    # affine in eps: Q(e1) + Q(e2) - Q(0) == Q(e1 + e2)
+    np.testing.assert_allclose(a.apply(Q, e1) + a.apply(Q, e2) - Q, a.apply(Q, e1 + e2), atol=1e-3, rtol=1e-4)
+    # composition: Q (I + e1 Wa + e2 Wb)
+    both = compose_steers([(a, e1), (b, e2)])
+    assert both.rank == a.rank + b.rank
+    expect = Q.astype(np.float64) @ (np.eye(8) + e1 * a.W + e2 * b.W)
+    np.testing.assert_allclose(both.apply(Q, 1.0), expect, atol=1e-3, rtol=1e-4)
+    np.testing.assert_allclose(apply_steers(Q, [(a, e1), (b, e2)]), expect, atol=1e-3, rtol=1e-4)
+
+
+def test_compose_rejects_mixed_dims_and_garbage():
+    with pytest.raises(DimensionMismatchError):
+        compose_steers([(random_steer(d=8), 1.0), (random_steer(d=6), 1.0)])
+    with pytest.raises(InputError):
+        compose_steers([])
+    with pytest.raises(InputError):
+        compose_steers([("not a steer", 1.0)])
+
+
+# --- transfer ----------------------------------------------------------------------------
+def test_transfer_orthogonal_equals_map_steer_map_back():
+    rng = np.random.default_rng(3)
+    s = random_steer(d=8)
+    M = np.linalg.qr(rng.normal(size=(8, 8)))[0]
+    t = transfer_steer(s, LinearMap(M))
+    np.testing.assert_allclose(t.W, M.T @ s.W @ M, atol=1e-4)
+    QB = rng.normal(size=(6, 8))
+    roundtrip = s.apply(QB @ M.T, 0.9).astype(np.float64) @ M  # map back, steer, map
+    np.testing.assert_allclose(t.apply(QB, 0.9), roundtrip, atol=1e-4)
+
+
+@settings(max_examples=20, deadline=None)
+@given(dA=st.integers(2, 6), extra=st.integers(0, 5), seed=st.integers(0, 1000))
+def test_transfer_with_exact_map_keeps_bilinear_scores(dA, extra, seed):
+    rng = np.random.default_rng(seed)
+    dB = dA + extra
+    M = rng.normal(size=(dA, dB)) + 2 * np.eye(dA, dB)  # full row rank
+    s = random_steer(d=dA, r=2, seed=seed)
+    QA, CA = rng.normal(size=(5, dA)), rng.normal(size=(7, dA))
+    t = transfer_steer(s, LinearMap(M))
+    assert t.dim == dB and t.rank == s.rank
+    np.testing.assert_allclose(t.bilinear(QA @ M, CA @ M), s.bilinear(QA, CA), atol=1e-3, rtol=1e-3)
+
+
+def test_transfer_to_smaller_space_and_dim_check():
+    rng = np.random.default_rng(0)
+    s = random_steer(d=8)
+    t = transfer_steer(s, LinearMap(rng.normal(size=(8, 5))))
+    assert t.dim == 5 and np.isfinite(t.P1).all()
+    with pytest.raises(DimensionMismatchError):
+        transfer_steer(s, LinearMap(rng.normal(size=(6, 5))))
+
+
+# --- fitting -----------------------------------------------------------------------------
+def test_gradient_matches_finite_differences():
+    rng = np.random.default_rng(0)
+    d, r, B, m, tau, wd = 6, 2, 5, 9, 0.5, 0.01
+    Qp, C = rng.normal(size=(B, d)), rng.normal(size=(m, d))
+    t, s = rng.integers(0, m, B), rng.choice([-1.0, 1.0], B)
+    args = (Qp @ C.T / tau, Qp, C, t, s, r, tau, wd)
+    theta = rng.normal(size=2 * d * r) * 0.3
+    _, g = steer_objective(theta, *args)
+    h = 1e-6
+    num = np.array([(steer_objective(theta + e, *args)[0] - steer_objective(theta - e, *args)[0]) / (2 * h)
+                    for e in np.eye(theta.size) * h])
+    np.testing.assert_allclose(g, num, atol=1e-6)
+
+
+def _precision(Q, X, labels, cls, k=10):
+    _, I = knn(Q, X, k)
+    return float((labels[I] == cls).mean())
+
+
+def test_fit_raises_the_attribute_monotonically(fitted):
+    X, labels, Q, s = fitted
+    assert s.metadata["loss_final"] < s.metadata["loss_initial"]
+    prec = [_precision(s.apply(Q, e), X, labels, 1) for e in (0.0, 0.5, 1.0, 2.0)]
+    assert all(b >= a for a, b in zip(prec, prec[1:])), prec
+    assert prec[2] > prec[0] + 0.3
+    # negative eps reverses: the opposite attribute rises
+    assert _precision(s.apply(Q, -1.0), X, labels, -1) > _precision(Q, X, labels, -1) + 0.3
+
+
+def test_fit_is_deterministic_with_random_state():
+    X, labels, _ = planted(n=300, d=8)
+    a = fit_steer(X, labels, rank=2, max_iter=15, random_state=7)
+    b = fit_steer(X, labels, rank=2, max_iter=15, random_state=7)
+    np.testing.assert_array_equal(a.P1, b.P1)
+    np.testing.assert_array_equal(a.P2, b.P2)
+
+
+def test_fit_reports_progress():
+    X, labels, _ = planted(n=200, d=8)
+    seen = []
+    fit_steer(X, labels, rank=2, max_iter=5, random_state=0, callback=lambda i, loss: seen.append((i, loss)))
+    assert seen and seen[0][0] == 1 and all(np.isfinite(v) for _, v in seen)
+
+
+def test_mean_shift_baseline(fitted):
+    X, labels, Q, _ = fitted
+    ms = fit_mean_shift(X, labels)
+    assert np.array_equal(ms.apply(Q, 0.0), Q)
+    assert _precision(ms.apply(Q, 2.0), X, labels, 1) > _precision(Q, X, labels, 1)
+    back = MeanShift.from_bytes(ms.to_bytes())
+    np.testing.assert_array_equal(back.v, ms.v)
+
+
+# --- errors ------------------------------------------------------------------------------
+@pytest.mark.parametrize("labels, err", [
+    ([1, -1, 2, 0], InputError),
+    ([1, 1, 0, 0], DegenerateInputError),
+    ([-1, -1, -1, 0], DegenerateInputError),
+    ([1, -1, 0], PairCountError),
+    ([[1, -1, 0, 0]], ShapeError),
+    ([1, -1, np.nan, 0], NonFiniteError),
+    (["a", "b", "c", "d"], InputError),
+])
+def test_bad_labels(labels, err):
+    X = np.random.default_rng(0).normal(size=(4, 3))
+    with pytest.raises(err):
+        fit_steer(X, labels, rank=1)
+
+
+def test_bad_arrays_and_params():
+    X = np.random.default_rng(0).normal(size=(6, 3))
+    y = [1, -1, 0, 0, 1, -1]
+    bad = X.copy()
+    bad[2, 1] = np.nan
+    with pytest.raises(NonFiniteError):
+        fit_steer(bad, y)
+    with pytest.raises(ShapeError):
+        fit_steer(X[0], y)
+    with pytest.raises(InputError):
+        fit_steer(X, y, rank=4)  # rank > d
+    with pytest.raises(InputError):
+        fit_steer(X, y, rank=1, temperature=0)
+    s = random_steer(d=3, r=1)
+    with pytest.raises(DimensionMismatchError):
+        s.apply(np.zeros((2, 4)))
+    with pytest.raises(NonFiniteError):
+        s.apply(np.zeros((2, 3)), eps=float("inf"))
+    with pytest.raises(ShapeError):
+        Steer(np.zeros((3, 2)), np.zeros((3, 1)))
+
+
+# --- lens and I/O ------------------------------------------------------------------------
+def test_svd_and_lens(fitted):
+    X, labels, _, s = fitted
+    U, sig, V = s.svd()
+    np.testing.assert_allclose((U * sig) @ V.T, s.W, atol=1e-4)
+    assert np.all(np.diff(sig) <= 1e-9)
+    texts = [f"item {i}" for i in range(X.shape[0])]
+    lens = s.lens(X, texts, k=5, n_directions=2)
+    assert len(lens) == 2 and lens[0]["sigma"] >= lens[1]["sigma"]
+    top = lens[0]
+    scores = [it["score"] for it in top["positive"]]
+    assert scores == sorted(scores, reverse=True)
+    assert top["positive"][0]["text"] == texts[top["positive"][0]["index"]]
+    assert top["positive"][0]["score"] >= top["negative"][0]["score"]
+    # the leading direction separates the planted attribute: its ends are mostly +1 on one side, -1 on the other
+    pos_end = np.array([labels[it["index"]] for it in top["positive"]])
+    neg_end = np.array([labels[it["index"]] for it in top["negative"]])
+    assert abs(pos_end.mean() - neg_end.mean()) >= 1.0
+    with pytest.raises(PairCountError):
+        s.lens(X, texts[:3])
+
+
+def test_bytes_roundtrip_and_corrupt(tmp_path):
+    s = random_steer()
+    back = Steer.from_bytes(s.to_bytes())
+    np.testing.assert_array_equal(back.P1, s.P1)
+    np.testing.assert_array_equal(back.P2, s.P2)
+    assert back.metadata == s.metadata
+    path = s.save(tmp_path / "s.npz")
+    np.testing.assert_array_equal(Steer.load(path).W, s.W)
+    with pytest.raises(SerializationError):
+        Steer.from_bytes(b"not an artifact")
+    with pytest.raises(SerializationError):
+        Steer.from_bytes(MeanShift(np.ones(3)).to_bytes())
+    with pytest.raises(SerializationError):
+        Steer.load(tmp_path / "missing.npz")
