@@ -114,16 +114,18 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
         counts = {"imported": 0, "skipped": 0, "renumbered": 0, "aliases": 0}
         for m in manifest["maps"]:
             name = check_name(m["name"], "map name")
+            local = {}
             for d in m["versions"]:
                 data = r.read(d["bundle_artifact"])
                 if sha256_bytes(data) != d["artifact_sha256"]:
                     raise IntegrityError(f"bundle artifact of {name}:{d['version']} does not match its sha256")
                 report = r.read(d["bundle_report"]) if d.get("bundle_report") else None
-                counts[_import_version(reg, d, data, report, on_conflict)] += 1
+                status, local[int(d["version"])] = _import_version(reg, d, data, report, on_conflict)
+                counts[status] += 1
             for alias, version in m.get("aliases", {}).items():
                 check_alias(alias)
 
-                def add_alias(t, name=name, alias=alias, version=int(version)):
+                def add_alias(t, name=name, alias=alias, version=local.get(int(version), int(version))):
                     reg._get_version(t, name, version)
                     if t.one("SELECT 1 FROM aliases WHERE name = ? AND alias = ?", (name, alias)) is None:
                         t.q("INSERT INTO aliases (name, alias, version) VALUES (?, ?, ?)", (name, alias, version))
@@ -136,7 +138,8 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
         r.close()
 
 
-def _import_version(reg, d: dict, data: bytes, report: bytes | None, on_conflict: str) -> str:
+def _import_version(reg, d: dict, data: bytes, report: bytes | None, on_conflict: str) -> tuple[str, int]:
+    """Import one version; returns (what happened, its version number here)."""
     info = VersionInfo(**{k: v for k, v in d.items() if k in VersionInfo.__dataclass_fields__})
     name, version = info.name, int(info.version)
     try:
@@ -145,21 +148,23 @@ def _import_version(reg, d: dict, data: bytes, report: bytes | None, on_conflict
         have = None
     if have is not None:
         if have.artifact_sha256 == info.artifact_sha256:
-            return "skipped"
+            return "skipped", version
         if on_conflict == "error":
             raise ConflictError(f"{name}:{version} exists here with another artifact "
                                 "(use on_conflict='renumber' to add it as a new version)")
         from align import LinearMap
 
         report_rel = _store_report(reg, name, None, report) if report is not None else None
-        reg.register_version(name, LinearMap.from_bytes(data), source_space=info.source_space,
+        new = reg.register_version(name, LinearMap.from_bytes(data), source_space=info.source_space,
                                    target_space=info.target_space, method=info.method, params=info.params,
                                    random_state=info.random_state, data_hashes=info.data_hashes,
                                    metrics=info.metrics, description=info.description,
                                    tags={**info.tags, "imported_from": f"{name}:{version}"},
                                    inputs=info.inputs, artifact_format=info.artifact_format or None,
                                    report_path=report_rel)
-        return "renumbered"
+        if info.deleted:
+            reg.delete_version(name, new.version)
+        return "renumbered", new.version
     ext = info.artifact_path.rsplit(".", 1)[-1]
     sha, rel = reg.store.put(data, ext)
     report_rel = _store_report(reg, name, version, report) if report is not None else None
@@ -187,7 +192,7 @@ def _import_version(reg, d: dict, data: bytes, report: bytes | None, on_conflict
             t.q("INSERT INTO tags (name, version, key, value) VALUES (?, ?, ?, ?)", (name, version, k, str(v)))
 
     reg._write(fn)
-    return "imported"
+    return "imported", version
 
 
 def _store_report(reg, name: str, version, data: bytes) -> str:

@@ -1,0 +1,331 @@
+"""Registry behaviour, run against SQLite and (when VECBRIDGE_TEST_POSTGRES_URL is set) PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import align
+from service.registry import (
+    ConflictError,
+    DeletedVersionError,
+    IntegrityError,
+    InvalidNameError,
+    NotFoundError,
+    Registry,
+    open_registry,
+    parse_ref,
+)
+
+PG_URL = os.environ.get("VECBRIDGE_TEST_POSTGRES_URL")
+
+
+def make_pg_database(base_url: str) -> tuple[str, callable]:
+    """Create a fresh database on the test server; return its URL and a dropper."""
+    import psycopg
+
+    name = f"vb_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(base_url, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    url = base_url.rsplit("/", 1)[0] + "/" + name
+
+    def drop():
+        with psycopg.connect(base_url, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return url, drop
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def registry_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/registry.sqlite"
+        return
+    if not PG_URL:
+        pytest.skip("VECBRIDGE_TEST_POSTGRES_URL is not set (run .ci/start_postgres.sh)")
+    url, drop = make_pg_database(PG_URL)
+    yield url
+    drop()
+
+
+@pytest.fixture
+def reg(registry_url, tmp_path):
+    r = open_registry(registry_url, tmp_path / "artifacts")
+    yield r
+    r.close()
+
+
+def rotation_map(d_s=8, d_t=8, seed=0, bias=False) -> align.LinearMap:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(64, d_s))
+    Y = X @ rng.normal(size=(d_s, d_t))
+    m = align.fit_ridge(X, Y, alpha=0.1) if bias else align.fit_procrustes(X, Y)
+    m.metadata["diagnostics"] = {"criterion": [0.1, 0.5], "seed": seed}
+    return m
+
+
+def register(reg, name="a->b", seed=0, src="a", tgt="b", **kw):
+    return reg.register_version(name, rotation_map(seed=seed), source_space=src, target_space=tgt,
+                                method="procrustes", params={"scale": False}, **kw)
+
+
+def assert_same_map(a: align.LinearMap, b: align.LinearMap):
+    np.testing.assert_array_equal(a.W, b.W)
+    assert (a.bias is None) == (b.bias is None)
+    if a.bias is not None:
+        np.testing.assert_array_equal(a.bias, b.bias)
+    assert a.source_frame.same_as(b.source_frame, atol=0) and a.target_frame.same_as(b.target_frame, atol=0)
+    assert a.metadata == b.metadata
+
+
+# --- numbering, lineage, resolving -----------------------------------------------------------
+
+def test_versions_are_numbered_and_carry_lineage(reg):
+    v1 = reg.register_version("minilm->e5", rotation_map(seed=1), source_space="minilm", target_space="e5",
+                              method="procrustes", params={"scale": False}, random_state=7,
+                              data_hashes={"source": "ab" * 32}, metrics={"top1": 0.9}, description="first",
+                              tags={"team": "search"}, alias="prod", inputs={"source": {"path": "x.npy"}})
+    v2 = register(reg, "minilm->e5", seed=2, src="minilm", tgt="e5")
+    assert (v1.version, v2.version) == (1, 2)
+    assert v1.random_state == 7 and v1.metrics == {"top1": 0.9} and v1.tags == {"team": "search"}
+    assert v1.data_hashes == {"source": "ab" * 32} and v1.inputs == {"source": {"path": "x.npy"}}
+    assert v1.aliases == ["prod"] and v1.package_version and v1.created_at < v2.created_at
+    assert len(v1.artifact_sha256) == 64 and v1.artifact_sha256 in v1.artifact_path
+    assert (v1.source_dim, v1.target_dim) == (8, 8)
+    assert reg.resolve("minilm->e5").version == 2
+    assert reg.resolve("minilm->e5@prod").version == 1
+    assert reg.resolve("minilm->e5:1").to_dict() == reg.get_version("minilm->e5", 1).to_dict()
+    assert [v.version for v in reg.list_versions("minilm->e5")] == [1, 2]
+    (row,) = reg.list_maps()
+    assert row["latest_version"] == 2 and row["aliases"] == {"prod": 1}
+    assert (row["source_space"], row["target_space"], row["source_dim"]) == ("minilm", "e5", 8)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_artifact_round_trip_every_format(reg, fmt, bias):
+    m = rotation_map(d_s=6, d_t=9, seed=3, bias=bias)
+    v = reg.register_version("x->y", m, source_space="x", target_space="y", method="ridge" if bias else "procrustes",
+                             params={}, artifact_format=fmt)
+    assert v.artifact_format == fmt and v.artifact_path.endswith("." + fmt)
+    fresh = Registry(reg.url, reg.store.root)  # no cache
+    assert_same_map(fresh.load_map("x->y:1"), m)
+    X = np.random.default_rng(0).normal(size=(5, 6))
+    np.testing.assert_allclose(fresh.load_map("x->y").apply(X), m.apply(X), atol=1e-6)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(d_s=st.integers(1, 12), d_t=st.integers(1, 12), fmt=st.sampled_from(["npz", "safetensors"]),
+       seed=st.integers(0, 2**31 - 1), bias=st.booleans())
+def test_round_trip_property(tmp_path, d_s, d_t, fmt, seed, bias):
+    rng = np.random.default_rng(seed)
+    m = align.LinearMap(rng.normal(size=(d_s, d_t)), rng.normal(size=d_t) if bias else None,
+                        metadata={"seed": seed, "nested": {"xs": [1.5, None, "s"]}})
+    reg = open_registry(f"sqlite:///{tmp_path}/prop.sqlite", tmp_path / "prop-artifacts")
+    v = reg.register_version(f"m-{uuid.uuid4().hex[:8]}", m, source_space=f"s{d_s}", target_space=f"t{d_t}", method="custom",
+                             params={}, artifact_format=fmt)
+    assert_same_map(Registry(reg.url, reg.store.root).load_map(v.ref), m)
+
+
+def test_corrupt_artifact_is_detected(reg):
+    v = register(reg)
+    path = reg.artifact_file(v)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="corrupt"):
+        Registry(reg.url, reg.store.root).load_map("a->b")
+    assert not reg.verify()["ok"]
+    path.unlink()
+    with pytest.raises(IntegrityError, match="missing"):
+        Registry(reg.url, reg.store.root).load_map("a->b:1")
+
+
+def test_unknown_refs(reg):
+    register(reg)
+    for ref, msg in [("nope", "unknown map"), ("a->b:9", "no version 9"), ("a->b@prod", "no alias")]:
+        with pytest.raises(NotFoundError, match=msg):
+            reg.resolve(ref)
+    with pytest.raises(NotFoundError):
+        reg.get_space("zzz")
+
+
+@pytest.mark.parametrize("bad", ["", "../etc", "a/b", "a\\b", "a\x00b", "x" * 200, ".hidden", "a..b", "a b",
+                                 "-x", "a@b@", "é"])
+def test_bad_names_are_refused(reg, bad):
+    with pytest.raises(InvalidNameError):
+        register(reg, name=bad)
+    with pytest.raises(InvalidNameError):
+        reg.register_space(bad, 3)
+
+
+def test_ref_parsing():
+    assert parse_ref("minilm->e5") == ("minilm->e5", None, None)
+    assert parse_ref("a.b_c-1@candidate") == ("a.b_c-1", "candidate", None)
+    assert parse_ref("a:12") == ("a", None, 12)
+    for bad in ["a:0", "a:-1", "a:x", "a@", "a@1", "@prod", "../a:1"]:
+        with pytest.raises(InvalidNameError):
+            parse_ref(bad)
+
+
+# --- aliases, tags, deletion -------------------------------------------------------------------
+
+def test_aliases_move_and_delete(reg):
+    register(reg, seed=1, alias="prod")
+    register(reg, seed=2)
+    assert reg.set_alias("a->b", "prod", 2).aliases == ["prod"]
+    reg.set_alias("a->b", "candidate", 1)
+    assert reg.resolve("a->b@prod").version == 2 and reg.resolve("a->b@candidate").version == 1
+    reg.delete_alias("a->b", "candidate")
+    with pytest.raises(NotFoundError):
+        reg.resolve("a->b@candidate")
+    with pytest.raises(NotFoundError):
+        reg.delete_alias("a->b", "candidate")
+    with pytest.raises(NotFoundError):
+        reg.set_alias("a->b", "prod", 7)
+
+
+def test_tags(reg):
+    register(reg)
+    reg.set_tag("a->b", 1, "reviewed", "yes")
+    assert reg.set_tag("a->b", 1, "reviewed", "no").tags == {"reviewed": "no"}
+    reg.delete_tag("a->b", 1, "reviewed")
+    assert reg.get_version("a->b", 1).tags == {}
+    with pytest.raises(NotFoundError):
+        reg.set_tag("a->b", 2, "k", "v")
+
+
+def test_soft_delete(reg):
+    register(reg, seed=1)
+    register(reg, seed=2, alias="prod")
+    v = reg.delete_version("a->b", 2)
+    assert v.deleted and reg.artifact_file(v).exists()  # lineage and artifact stay
+    assert reg.resolve("a->b").version == 1  # latest live
+    with pytest.raises(DeletedVersionError, match="deleted"):
+        reg.resolve("a->b@prod")
+    with pytest.raises(DeletedVersionError):
+        reg.resolve("a->b:2")
+    with pytest.raises(ConflictError):
+        reg.set_alias("a->b", "candidate", 2)
+    assert [x.deleted for x in reg.list_versions("a->b")] == [False, True]
+    assert [x.version for x in reg.list_versions("a->b", include_deleted=False)] == [1]
+    assert register(reg, seed=3).version == 3  # numbers are never reused
+    reg.delete_version("a->b", 1)
+    reg.delete_version("a->b", 3)
+    with pytest.raises(NotFoundError, match="no live versions"):
+        reg.resolve("a->b")
+    assert reg.list_maps()[0]["latest_version"] is None
+
+
+# --- spaces and paths -------------------------------------------------------------------------
+
+def test_spaces(reg):
+    s = reg.register_space("minilm", 384, encoder="all-MiniLM-L6-v2", description="MiniLM")
+    assert reg.register_space("minilm", 384) == s  # idempotent
+    with pytest.raises(ConflictError):
+        reg.register_space("minilm", 768)
+    with pytest.raises(InvalidNameError):
+        reg.register_space("bad", 0)
+    register(reg)  # creates spaces a and b, 8-d
+    assert [x.name for x in reg.list_spaces()] == ["a", "b", "minilm"]
+    assert reg.get_space("a").dim == 8
+    with pytest.raises(ConflictError, match="8-d"):
+        reg.register_version("a->c", rotation_map(d_s=4, d_t=4), source_space="a", target_space="c",
+                             method="procrustes", params={})
+    with pytest.raises(ConflictError, match="connects"):
+        register(reg, name="a->b", src="b", tgt="a")
+
+
+def test_find_path_and_compose(reg):
+    ab = register(reg, "a->b", seed=1)
+    register(reg, "b->c", seed=2, src="b", tgt="c")
+    prod_bc = register(reg, "b->c", seed=3, src="b", tgt="c", alias="prod")
+    register(reg, "b->c", seed=4, src="b", tgt="c")  # latest, but prod wins
+    register(reg, "a->c-direct-then-deleted", seed=5, src="a", tgt="c")
+    reg.delete_version("a->c-direct-then-deleted", 1)
+    chain = reg.find_path("a", "c")
+    assert [v.ref for v in chain] == [ab.ref, prod_bc.ref]
+    assert reg.find_path("a", "a") == []
+    with pytest.raises(NotFoundError):
+        reg.find_path("c", "a")
+    composed = reg.compose_path("a", "c")
+    m1, m2 = reg.load_map(ab.ref), reg.load_map(prod_bc.ref)
+    np.testing.assert_allclose(composed.W, m1.W.astype(np.float64) @ m2.W, atol=1e-5)
+    assert composed.source_frame.same_as(m1.source_frame) and composed.target_frame.same_as(m2.target_frame)
+    register(reg, "a->c", seed=6, src="a", tgt="c")
+    assert [v.name for v in reg.find_path("a", "c")] == ["a->c"]
+
+
+# --- bundles ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", [".zip", ""])
+def test_export_import_round_trip(reg, tmp_path, suffix):
+    reg.register_space("a", 8, encoder="enc", passage_prefix="passage: ")
+    register(reg, seed=1, tags={"k": "v"})
+    register(reg, seed=2, alias="prod")
+    reg.delete_version("a->b", 1)
+    bundle = reg.export(tmp_path / f"bundle{suffix}")
+    if suffix == ".zip":
+        assert "manifest.json" in zipfile.ZipFile(bundle).namelist()
+    other = open_registry(f"sqlite:///{tmp_path}/other.sqlite", tmp_path / "other-artifacts")
+    assert other.import_(bundle) == {"imported": 2, "skipped": 0, "renumbered": 0, "aliases": 1}
+    assert other.import_(bundle)["skipped"] == 2  # idempotent
+    for v_old, v_new in zip(reg.list_versions("a->b"), other.list_versions("a->b")):
+        a, b = v_old.to_dict(), v_new.to_dict()
+        assert a == b
+    assert other.get_space("a").passage_prefix == "passage: "
+    assert_same_map(other.load_map("a->b@prod"), reg.load_map("a->b@prod"))
+    # a registry with a different version 1 of the same map: conflict, or renumber on request
+    third = open_registry(f"sqlite:///{tmp_path}/third.sqlite", tmp_path / "third-artifacts")
+    register(third, seed=99)
+    with pytest.raises(ConflictError):
+        third.import_(bundle)
+    third = open_registry(f"sqlite:///{tmp_path}/third2.sqlite", tmp_path / "third2-artifacts")
+    register(third, seed=99)
+    counts = third.import_(bundle, on_conflict="renumber")
+    assert counts == {"imported": 0, "skipped": 0, "renumbered": 2, "aliases": 1}  # both collide with v1/v2 here
+    assert [(v.version, v.deleted, v.tags.get("imported_from")) for v in third.list_versions("a->b")] == [
+        (1, False, None), (2, True, "a->b:1"), (3, False, "a->b:2")]
+    assert third.resolve("a->b@prod").version == 3  # the alias follows its version to its new number
+
+
+def test_import_rejects_tampered_bundle(reg, tmp_path):
+    register(reg)
+    folder = reg.export(tmp_path / "bundle")
+    art = next((folder / "artifacts").rglob("*.safetensors"))
+    art.write_bytes(art.read_bytes()[:-1] + b"\x00")
+    other = open_registry(f"sqlite:///{tmp_path}/o.sqlite", tmp_path / "o-art")
+    with pytest.raises(IntegrityError):
+        other.import_(folder)
+    with pytest.raises(NotFoundError):
+        other.import_(tmp_path / "missing.zip")
+
+
+# --- concurrency inside one process ------------------------------------------------------------
+
+def test_threads_share_one_registry(reg):
+    errors, got = [], []
+
+    def work(seed):
+        try:
+            for i in range(4):
+                got.append(register(reg, seed=seed * 10 + i).version)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(got) == list(range(1, 17))
+    assert reg.verify()["ok"]
