@@ -1,0 +1,100 @@
+"""The app factory: ``create_app(settings) -> FastAPI`` and ``serve(settings)``.
+
+Heavy resources (registry connection, FAISS indexes, job workers) are opened in the lifespan,
+not at import. Settings: an explicit ``Settings`` passed here wins (it becomes the override of
+the ``get_settings`` dependency); otherwise ``VECBRIDGE_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware.cors import CORSMiddleware
+
+import align
+
+from ..config import Settings, get_settings
+from ..logging import configure_logging, get_logger
+from ..metrics import ServiceMetrics
+from .errors import install_error_handlers
+from .middleware import BodyLimitMiddleware, ObserveMiddleware
+from .responses import FastJSONResponse
+from .routers import embeddings, fits, indexes, maps, ops
+from .state import AppState
+
+__all__ = ["create_app", "serve", "API_DESCRIPTION"]
+
+_log = get_logger("app")
+
+API_DESCRIPTION = """Linear maps between embedding spaces, over HTTP.
+
+* **Spaces and maps** — `/v1/spaces`, `/v1/maps`: registered spaces, map versions, aliases.
+* **Transform** — `POST /v1/maps/{ref}/transform`. **Fast path: binary bodies**
+  (`application/octet-stream` raw float32 or `application/x-npy`), or `vectors_b64` inside JSON;
+  JSON number lists are convenient but parsing them dominates at large batches.
+* **Indexes** — `/v1/indexes`: FAISS per space; `POST /v1/indexes/{name}/search` takes queries from
+  any space and maps them through the registry's maps.
+* **Fits** — `POST /v1/fits` returns a job id at once; `GET /v1/jobs/{id}`.
+* **Embeddings** — OpenAI-shaped `POST /v1/embeddings` (+ `target_space`).
+* **Ops** — `/healthz`, `/readyz`, `/metrics`, `/v1/info`.
+
+Auth: `Authorization: Bearer <key>`; keys carry `read` and/or `write` scopes (401 without a
+valid key, 403 without the scope). Errors are `{"error": {"type", "status", "message"}}`.
+"""
+
+
+def _resolve_settings(app: FastAPI) -> Settings:
+    return app.dependency_overrides.get(get_settings, get_settings)()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the vecbridge FastAPI app (resources open when the app starts)."""
+    metrics = ServiceMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        s = _resolve_settings(app)
+        configure_logging(s.log_level)
+        state = AppState(s, metrics=metrics)
+        await run_in_threadpool(state.open)
+        app.state.vb = state
+        _log.info("service started", extra={"fields": {
+            "data_dir": str(s.data_dir), "registry": state.registry.backend, "indexes": len(state.indexes.list()),
+            "auth": "disabled" if s.auth_disabled else f"{len(s.api_keys)} key(s)"}})
+        if s.demo_on_empty:
+            from ..demo import maybe_start_demo
+
+            state.demo_job_id = maybe_start_demo(state)
+        try:
+            yield
+        finally:
+            state.close()
+            app.state.vb = None
+
+    app = FastAPI(title="vecbridge", version=align.__version__, description=API_DESCRIPTION, lifespan=lifespan,
+                  default_response_class=FastJSONResponse)
+    if settings is not None:
+        app.dependency_overrides[get_settings] = lambda: settings
+    s = _resolve_settings(app)
+    app.state.vb = None
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    for r in (ops.router, maps.router, indexes.router, fits.router, embeddings.router):
+        app.include_router(r)  # each router carries its own prefix (route templates label metrics)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_body_bytes)
+    if s.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=s.cors_origins, allow_methods=["*"],
+                           allow_headers=["*"])
+    app.add_middleware(ObserveMiddleware, metrics=metrics)
+    return app
+
+
+def serve(settings: Settings | None = None) -> None:
+    """Run the service with uvicorn on ``settings.host:settings.port`` (blocks)."""
+    import uvicorn
+
+    s = settings or get_settings()
+    configure_logging(s.log_level)
+    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=s.log_level.lower(), access_log=False)

@@ -1,0 +1,150 @@
+"""Vector wire formats: JSON lists, base64 float32, raw ``application/octet-stream``, ``.npy``.
+
+Reading
+-------
+``application/json`` body, one of
+    ``"vectors": [[...], ...]``                       (n, d) numbers
+    ``"vectors_b64": "...", "dim": d``                little-endian float32, row-major, base64
+``application/octet-stream`` body
+    raw little-endian float32, row-major; ``d`` from the ``dim`` query parameter or the
+    ``X-Vector-Dim`` header (rows = bytes / 4d)
+``application/x-npy`` (or ``application/npy``) body
+    a ``.npy`` file, float16/32/64, 2-D; read with ``allow_pickle=False``
+
+Every path ends in :func:`align._validation.as_matrix` (dtype, finiteness, shape, ``dim``),
+so errors are the same typed errors whatever the format, and the batch limit
+(``Settings.max_batch`` rows) raises :class:`PayloadTooLargeError` (413).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from typing import Any
+
+import numpy as np
+
+from align._validation import as_matrix
+from align.exceptions import InputError, ShapeError
+
+from .errors import PayloadTooLargeError, UnsupportedMediaTypeError
+from .responses import loads
+
+__all__ = [
+    "JSON", "OCTET", "NPY", "media_type", "parse_json", "vectors_from_json", "vectors_from_binary", "b64_encode",
+    "npy_bytes", "check_batch", "validate",
+]
+
+JSON = "application/json"
+OCTET = "application/octet-stream"
+NPY = "application/x-npy"
+_NPY_TYPES = ("application/x-npy", "application/npy", "application/vnd.numpy")
+
+
+def media_type(content_type: str | None) -> str:
+    """Normalised media type of a ``Content-Type`` header (default JSON)."""
+    mt = (content_type or JSON).split(";")[0].strip().lower()
+    if mt in _NPY_TYPES:
+        return NPY
+    if mt in (JSON, OCTET):
+        return mt
+    raise UnsupportedMediaTypeError(
+        f"Content-Type {mt!r} is not supported; use application/json, application/octet-stream or application/x-npy")
+
+
+def parse_json(body: bytes) -> dict:
+    try:
+        obj = loads(body) if body else {}
+    except Exception as exc:
+        raise InputError(f"body is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"body must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def check_batch(n: int, max_batch: int) -> None:
+    if n > max_batch:
+        raise PayloadTooLargeError(
+            f"batch of {n} rows exceeds the limit of {max_batch} rows per request; split it into smaller batches")
+
+
+def _b64_matrix(text: Any, dim: Any, *, name: str) -> np.ndarray:
+    if not isinstance(text, str):
+        raise InputError(f"{name}_b64 must be a base64 string of little-endian float32")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InputError(f"{name}_b64 is not valid base64: {exc}") from None
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+        raise InputError(f"{name}_b64 needs \"dim\": the number of float32 columns per row (a positive integer)")
+    if len(raw) % (4 * dim):
+        raise ShapeError(f"{name}_b64 holds {len(raw)} bytes, not a whole number of rows of {dim} float32")
+    return np.frombuffer(raw, dtype="<f4").reshape(-1, dim)
+
+
+def vectors_from_json(obj: dict, *, dim: int | None, max_batch: int, name: str = "vectors",
+                      required: bool = True) -> np.ndarray | None:
+    """Read ``obj[name]`` or ``obj[name + "_b64"]`` (+ ``obj["dim"]``) as float32 (n, d)."""
+    has_list, has_b64 = name in obj and obj[name] is not None, f"{name}_b64" in obj and obj[f"{name}_b64"] is not None
+    if has_list and has_b64:
+        raise InputError(f"give either {name!r} or '{name}_b64', not both")
+    if not (has_list or has_b64):
+        if required:
+            raise InputError(f"missing {name!r} (list of rows) or '{name}_b64' (base64 float32 with \"dim\")")
+        return None
+    if has_b64:
+        arr = _b64_matrix(obj[f"{name}_b64"], obj.get("dim", dim), name=name)
+    else:
+        arr = obj[name]
+        if not isinstance(arr, list):
+            raise InputError(f"{name} must be a list of rows (lists of numbers)")
+        check_batch(len(arr), max_batch)
+        if arr and not isinstance(arr[0], list):
+            raise ShapeError(f"{name}: expected a 2-D list of rows, got a flat list; wrap a single row as [[...]]")
+    X = as_matrix(arr, name=name, dim=dim)
+    check_batch(X.shape[0], max_batch)
+    return X
+
+
+def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int) -> np.ndarray:
+    """Read an octet-stream (needs ``dim``) or ``.npy`` body as float32 (n, d)."""
+    if mt == NPY:
+        try:
+            arr = np.load(io.BytesIO(body), allow_pickle=False)
+        except Exception as exc:
+            raise InputError(f"body is not a readable .npy array: {exc}") from None
+        if arr.ndim == 1 and dim is not None and arr.size % dim == 0:
+            arr = arr.reshape(-1, dim)
+    else:
+        if dim is None:
+            raise InputError("application/octet-stream needs the row width: ?dim=D or header X-Vector-Dim: D")
+        if dim < 1:
+            raise InputError(f"dim must be positive, got {dim}")
+        if len(body) % (4 * dim):
+            raise ShapeError(f"body holds {len(body)} bytes, not a whole number of rows of {dim} float32 (4 bytes each)")
+        arr = np.frombuffer(body, dtype="<f4").reshape(-1, dim)
+    X = as_matrix(arr, name="vectors", dim=dim)
+    check_batch(X.shape[0], max_batch)
+    return X
+
+
+def b64_encode(X: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(X, dtype="<f4").tobytes()).decode("ascii")
+
+
+def npy_bytes(X: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(X, dtype="<f4"), allow_pickle=False)
+    return buf.getvalue()
+
+
+def validate(model, obj: dict):
+    """``model.model_validate(obj)`` with pydantic's errors turned into one InputError (422)."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise InputError(f"invalid request: {problems}") from None

@@ -1,0 +1,84 @@
+"""FastAPI dependencies: settings, app state, API-key auth with ``read`` / ``write`` scopes.
+
+Settings come from :func:`service.config.get_settings` through ``Depends`` (tests override it
+with ``app.dependency_overrides[get_settings]``, which :func:`create_app` does for an explicit
+``Settings``).
+
+Auth: ``Authorization: Bearer <key>``; keys and their scopes come from ``Settings.api_keys``
+(``{"key": ["read", "write"]}``). Scopes are explicit: a ``write``-only key cannot read.
+Every configured key is compared in constant time (``hmac.compare_digest`` on SHA-256 digests,
+so neither the content nor the length of a key leaks through timing), keys are never logged,
+and an empty key table refuses everything unless ``auth_disabled=True`` was set on purpose.
+Missing or unknown key: 401; known key without the route's scope: 403.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ..config import Settings, get_settings
+from .errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
+from .state import AppState
+
+__all__ = ["SettingsDep", "StateDep", "require_scope", "ReadScope", "WriteScope", "SCOPES"]
+
+SCOPES = ("read", "write")
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+_bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
+
+
+def get_state(request: Request) -> AppState:
+    state = getattr(request.app.state, "vb", None)
+    if state is None or state.registry is None:
+        raise ServiceUnavailableError("the service is starting or its registry is unavailable; see /readyz")
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def _digest(s: str) -> bytes:
+    return hashlib.sha256(s.encode("utf-8")).digest()
+
+
+def scopes_for_token(token: str, keys: dict[str, list[str]]) -> list[str] | None:
+    """Scopes of the key equal to ``token``, or None; compares against every key in constant time."""
+    probe = _digest(token)
+    found: list[str] | None = None
+    for key, scopes in keys.items():
+        if hmac.compare_digest(probe, _digest(key)) and found is None:
+            found = list(scopes)
+    return found
+
+
+def require_scope(scope: str):
+    """Dependency factory: the request must carry a key with ``scope`` (unless auth is disabled)."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    def check(request: Request, settings: SettingsDep,
+              creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str | None:
+        if settings.auth_disabled:
+            return None
+        if creds is None or not creds.credentials:
+            if request.headers.get("authorization"):
+                raise AuthenticationError("unsupported Authorization header; use 'Authorization: Bearer <key>'")
+            raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
+        scopes = scopes_for_token(creds.credentials, settings.api_keys)
+        if scopes is None:
+            raise AuthenticationError("invalid API key")
+        if scope not in scopes:
+            raise PermissionDeniedError(f"this API key lacks the {scope!r} scope needed here (it has {sorted(scopes)})")
+        return scope
+
+    check.__name__ = f"require_{scope}"
+    return check
+
+
+ReadScope = Depends(require_scope("read"))
+WriteScope = Depends(require_scope("write"))

@@ -1,0 +1,1 @@
+"""One router per resource, mounted by :func:`service.api.create_app`."""

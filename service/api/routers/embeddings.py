@@ -1,0 +1,100 @@
+"""OpenAI-shaped ``POST /v1/embeddings`` (plus ``target_space``) and ``GET /v1/models``."""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+
+from align.exceptions import InputError
+
+from ..codec import b64_encode, check_batch
+from ..deps import ReadScope, SettingsDep, StateDep
+from ..errors import UnknownEncoderError
+from ..responses import FastJSONResponse
+from ..schemas import EmbeddingsRequest
+
+router = APIRouter(prefix="/v1", tags=["embeddings"])
+
+EMB_DOC = """OpenAI-compatible embeddings with the installed encoders (`GET /v1/models`).
+
+`encoding_format`: `float` (JSON numbers) or `base64` (little-endian float32, as OpenAI's
+clients expect). `dimensions` is accepted only when it equals the model's dimension: these
+models cannot be truncated without losing their geometry, so any other value is a 422.
+
+Extensions: `target_space` returns the vectors translated into another registered space
+through the registry's maps (the embedding model's space must be registered; its raw form,
+comparable with raw vectors of that space); `input_type` = `passage` (default) or `query`.
+`usage.prompt_tokens` counts whitespace-separated words (an approximation: the encoders'
+tokenizers are not consulted).
+"""
+
+
+def _list_models() -> list[dict]:
+    try:
+        from ...encoders import list_encoders
+    except ImportError:
+        return []
+    out = []
+    for e in list_encoders():
+        if isinstance(e, str):
+            out.append({"id": e, "object": "model", "owned_by": "vecbridge"})
+        elif isinstance(e, dict):
+            out.append({"id": e.get("name"), "object": "model", "owned_by": "vecbridge",
+                        **{k: v for k, v in e.items() if k != "name"}})
+        else:
+            out.append({"id": getattr(e, "name", str(e)), "object": "model", "owned_by": "vecbridge",
+                        "dim": getattr(e, "dim", None)})
+    return out
+
+
+@router.get("/models", dependencies=[ReadScope], summary="Installed encoders (OpenAI-shaped)")
+async def list_models():
+    return FastJSONResponse({"object": "list", "data": await run_in_threadpool(_list_models)})
+
+
+@router.post("/embeddings", dependencies=[ReadScope], summary="Create embeddings (OpenAI-shaped)",
+             description=EMB_DOC)
+async def embeddings(body: EmbeddingsRequest, state: StateDep, settings: SettingsDep):
+    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    if not texts:
+        raise InputError("input must be a non-empty string or list of strings")
+    if any(not t for t in texts):
+        raise InputError("input contains an empty string; every input must have text")
+    check_batch(len(texts), settings.max_batch)
+
+    def work():
+        enc = state.encoder(body.model)
+        if body.dimensions is not None and body.dimensions != enc.dim and body.target_space is None:
+            raise InputError(f"dimensions={body.dimensions} is not supported: {body.model} produces {enc.dim}-d "
+                             f"vectors and cannot be truncated; omit `dimensions` or pass {enc.dim}")
+        X = np.asarray(enc.encode(texts, kind=body.input_type), dtype=np.float32)
+        tr = None
+        if body.target_space:
+            space = state.space_for_encoder(body.model)
+            if space is None:
+                raise UnknownEncoderError(
+                    f"no registered space is produced by {body.model!r}; register it (POST /v1/spaces) to translate")
+            tr = state.translation(space, body.target_space)
+            if tr.map is not None:
+                X = tr.map._apply(X, output="raw")
+            if body.dimensions is not None and body.dimensions != X.shape[1]:
+                raise InputError(f"dimensions={body.dimensions} is not supported: space {body.target_space!r} is "
+                                 f"{X.shape[1]}-d; omit `dimensions` or pass {X.shape[1]}")
+        return X, tr
+
+    X, tr = await run_in_threadpool(work)
+    state.metrics.batch_rows.labels("embeddings").observe(len(texts))
+    if tr is not None:
+        for v in tr.versions:
+            state.metrics.observe_map(v.name, v.version, len(texts))
+    data = [{"object": "embedding", "index": i,
+             "embedding": b64_encode(X[i : i + 1]) if body.encoding_format == "base64" else X[i]}
+            for i in range(X.shape[0])]
+    words = sum(len(t.split()) for t in texts)
+    out = {"object": "list", "data": data, "model": body.model,
+           "usage": {"prompt_tokens": words, "total_tokens": words}}
+    if tr is not None:
+        out["target_space"] = body.target_space
+        out["maps"] = tr.describe()
+    return FastJSONResponse(out)

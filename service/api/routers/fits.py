@@ -1,0 +1,144 @@
+"""Fit jobs: ``POST /v1/fits`` queues a fit and answers at once; ``/v1/jobs/{id}`` follows it."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from fastapi import APIRouter, Header, Request
+from starlette.concurrency import run_in_threadpool
+
+from align._validation import as_matrix
+from align.exceptions import DimensionMismatchError, InputError
+
+from ...registry import NotFoundError
+from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
+from ..deps import ReadScope, SettingsDep, StateDep, WriteScope
+from ..responses import FastJSONResponse
+from ..schemas import FitRequest
+from ..state import AppState
+
+router = APIRouter(prefix="/v1", tags=["fits and jobs"])
+
+FIT_DOC = """Queue a fit; the answer (202) carries the job id at once. Follow it with
+`GET /v1/jobs/{id}` (state, progress stage/fraction, timings, and on success the registered
+version), cancel it with `DELETE /v1/jobs/{id}`.
+
+Each side (`source`, `target`) is `vectors` (JSON rows), `vectors_b64` + `dim` (base64
+float32), or `texts` embedded in the job with `encoder` (default: the space's encoder).
+Unknown spaces are registered from the data (dimension of the vectors or of the encoder).
+`paired=true` means row i of source and target are the same item (supervised methods:
+procrustes, ridge, lowrank); otherwise the sets are unpaired (`minivec2vec`), optionally
+seeded with `seed_pairs`.
+
+Send an `Idempotency-Key` header to make retries safe: the same key and body return the
+first job (200 instead of 202); the same key with another body is a 409. A full queue is a
+429 with `Retry-After`.
+"""
+
+
+def _side(state: AppState, side: dict, space: str, label: str, max_batch: int) -> dict:
+    if not isinstance(side, dict):
+        raise InputError(f"{label} must be an object with vectors, vectors_b64 + dim, or texts")
+    unknown = set(side) - {"vectors", "vectors_b64", "dim", "texts", "encoder"}
+    if unknown:
+        raise InputError(f"{label}: unknown field(s) {sorted(unknown)}")
+    try:
+        info = state.registry.get_space(space)
+    except NotFoundError:
+        info = None
+    if side.get("texts") is not None:
+        texts = side["texts"]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InputError(f"{label}.texts must be a non-empty list of strings")
+        encoder = side.get("encoder") or (info.encoder if info else None)
+        if not encoder:
+            raise InputError(f"{label}: give an `encoder` for the texts (space {space!r} has none registered)")
+        state.encoder(encoder)  # 404 now for an unknown encoder, rather than a failed job later
+        return {"texts": texts, "encoder": encoder, "info": info}
+    X = vectors_from_json(side, dim=side.get("dim") if side.get("vectors_b64") else None, max_batch=max_batch,
+                          name="vectors")
+    if info is not None and X.shape[1] != info.dim:
+        raise DimensionMismatchError(f"{label}: space {space!r} is {info.dim}-d, the vectors have {X.shape[1]} columns")
+    return {"X": X, "info": info}
+
+
+def _materialise(state: AppState, ctx, side: dict, space: str, label: str, frac: tuple[float, float]) -> np.ndarray:
+    if "X" in side:
+        X = side["X"]
+    else:
+        enc = state.encoder(side["encoder"])
+        texts = side["texts"]
+        parts, step = [], 256
+        for s in range(0, len(texts), step):
+            ctx.progress(f"encode_{label}", frac[0] + (frac[1] - frac[0]) * s / len(texts))
+            parts.append(np.asarray(enc.encode(texts[s : s + step], kind="passage"), dtype=np.float32))
+        X = as_matrix(np.vstack(parts), name=f"{label} embeddings")
+    if side["info"] is None:
+        try:
+            state.registry.get_space(space)
+        except NotFoundError:
+            state.registry.register_space(space, int(X.shape[1]), encoder=side.get("encoder"))
+    return X
+
+
+@router.post("/fits", dependencies=[WriteScope], status_code=202, summary="Queue a fit job", description=FIT_DOC,
+             openapi_extra={"requestBody": {"required": True,
+                                            "content": {JSON: {"schema": FitRequest.model_json_schema()}}}})
+async def create_fit(request: Request, state: StateDep, settings: SettingsDep,
+                     idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=200)):
+    body = await request.body()
+
+    def prepare():
+        obj = parse_json(body)
+        sides = {k: obj.get(k) for k in ("source", "target")}
+        opts = validate(FitRequest, {**obj, "source": {}, "target": {}})
+        src = _side(state, sides["source"], opts.source_space, "source", settings.max_batch)
+        tgt = _side(state, sides["target"], opts.target_space, "target", settings.max_batch)
+        if opts.paired and "X" in src and "X" in tgt and src["X"].shape[0] != tgt["X"].shape[0]:
+            from align.exceptions import PairCountError
+
+            raise PairCountError(f"paired fit: source has {src['X'].shape[0]} rows, target {tgt['X'].shape[0]}")
+        if opts.paired and "texts" in src and "texts" in tgt and len(src["texts"]) != len(tgt["texts"]):
+            from align.exceptions import PairCountError
+
+            raise PairCountError(f"paired fit: {len(src['texts'])} source texts, {len(tgt['texts'])} target texts")
+        return opts, src, tgt
+
+    opts, src, tgt = await run_in_threadpool(prepare)
+    n_rows = sum(s["X"].shape[0] if "X" in s else len(s["texts"]) for s in (src, tgt))
+    check_batch(max(s["X"].shape[0] if "X" in s else len(s["texts"]) for s in (src, tgt)), settings.max_batch)
+    state.metrics.batch_rows.labels("fit").observe(n_rows)
+
+    def job(ctx):
+        from ...fitting import run_fit
+
+        Xs = _materialise(state, ctx, src, opts.source_space, "source", (0.0, 0.15))
+        Xt = _materialise(state, ctx, tgt, opts.target_space, "target", (0.15, 0.3))
+        seed = np.asarray(opts.seed_pairs, dtype=np.int64) if opts.seed_pairs else None
+        v = run_fit(state.registry, name=opts.name, source=Xs, target=Xt, method=opts.method, params=opts.params,
+                    source_space=opts.source_space, target_space=opts.target_space, paired=opts.paired,
+                    seed_pairs=seed, random_state=opts.random_state, alias=opts.alias, progress=ctx.progress,
+                    report_dir=state.registry.report_dir, should_cancel=ctx.should_cancel)
+        return {"ref": v.ref, "version": v.to_dict()}
+
+    digest = hashlib.sha256(body).hexdigest()
+    job_, created = state.jobs.submit(job, kind="fit", description=f"fit {opts.name} ({opts.method})",
+                                      idempotency_key=idempotency_key, request_hash=digest)
+    return FastJSONResponse(job_.to_dict(), status_code=202 if created else 200,
+                            headers={"Location": f"/v1/jobs/{job_.id}"})
+
+
+@router.get("/jobs", dependencies=[ReadScope], summary="List jobs (this process)")
+async def list_jobs(state: StateDep):
+    return FastJSONResponse({"data": [j.to_dict() for j in state.jobs.list()], "counts": state.jobs.counts()})
+
+
+@router.get("/jobs/{job_id}", dependencies=[ReadScope], summary="Job state, progress, timings, result")
+async def get_job(job_id: str, state: StateDep):
+    return FastJSONResponse(state.jobs.get(job_id).to_dict())
+
+
+@router.delete("/jobs/{job_id}", dependencies=[WriteScope], status_code=202, summary="Cancel a job")
+async def cancel_job(job_id: str, state: StateDep):
+    return FastJSONResponse(state.jobs.cancel(job_id).to_dict(), status_code=202)

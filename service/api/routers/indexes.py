@@ -1,0 +1,194 @@
+"""FAISS indexes per space: create (vectors or texts), add, delete ids, search from any space."""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from align.exceptions import DimensionMismatchError, InputError
+
+from ...indexes import SpaceIndex
+from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
+from ..deps import ReadScope, SettingsDep, StateDep, WriteScope
+from ..responses import FastJSONResponse
+from ..schemas import (IndexAdd, IndexAddOptions, IndexCreate, IndexCreateOptions, IndexDelete, SearchOptions,
+                       SearchRequest, SearchResponse)
+from ..state import AppState
+
+router = APIRouter(prefix="/v1", tags=["indexes"])
+
+SEARCH_DOC = """Search the index with queries from **any** registered space.
+
+Queries are `vectors` (JSON rows), `vectors_b64` + `dim` (base64 float32: the fast path), or
+`texts` (embedded with the query space's encoder in its query form). `space` names the
+queries' space (default: the index's). When it differs from the index's space the service
+finds the chain of maps in the registry (each map's `prod` alias, else its latest version;
+composed when the chain is longer than one), maps the queries into the index's raw space
+(`output="raw"`), and searches; `maps` in the response lists the versions used. `map` pins a
+specific map instead.
+
+Per-request options (never shared state): `k`; `exact` (scan every row); `ef_search` (HNSW);
+`nprobe` (IVF); `csls` with `csls_k` (re-rank by CSLS to reduce hubness; scores are then CSLS
+scores, `scoring="csls"`).
+"""
+
+
+def _body_schema(model) -> dict:
+    return {"requestBody": {"required": True, "content": {JSON: {"schema": model.model_json_schema()}}}}
+
+
+def _split(obj: dict) -> dict:
+    return {k: v for k, v in obj.items() if k not in ("vectors", "vectors_b64")}
+
+
+def _info(idx: SpaceIndex) -> dict:
+    return idx.info().to_dict()
+
+
+def _embed_passages(state: AppState, space: str, texts: list[str], max_batch: int) -> np.ndarray:
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise InputError("texts must be a non-empty list of strings")
+    check_batch(len(texts), max_batch)
+    enc, _ = state.encoder_for_space(space)
+    return np.asarray(enc.encode(texts, kind="passage"), dtype=np.float32)
+
+
+@router.get("/indexes", dependencies=[ReadScope], summary="List indexes")
+async def list_indexes(state: StateDep):
+    return FastJSONResponse({"data": [_info(i) for i in state.indexes.list()]})
+
+
+@router.get("/indexes/{name}", dependencies=[ReadScope], summary="Get an index")
+async def get_index(name: str, state: StateDep):
+    return FastJSONResponse(_info(state.indexes.get(name)))
+
+
+@router.post("/indexes", dependencies=[WriteScope], status_code=201, summary="Create an index in a space",
+             openapi_extra=_body_schema(IndexCreate))
+async def create_index(request: Request, state: StateDep, settings: SettingsDep):
+    body = await request.body()
+
+    def work():
+        obj = parse_json(body)
+        opts = validate(IndexCreateOptions, _split(obj))
+        space = state.registry.get_space(opts.space)
+        payloads = opts.payloads
+        if opts.texts is not None:
+            if "vectors" in obj or "vectors_b64" in obj:
+                raise InputError("give either vectors or texts, not both")
+            X = _embed_passages(state, opts.space, opts.texts, settings.max_batch)
+            if payloads is None and opts.store_texts:
+                payloads = [{"text": t} for t in opts.texts]
+        else:
+            X = vectors_from_json(obj, dim=space.dim, max_batch=settings.max_batch, required=False)
+        if X is not None and X.shape[1] != space.dim:
+            raise DimensionMismatchError(f"space {space.name!r} is {space.dim}-d, vectors have {X.shape[1]} columns")
+        return state.indexes.create(opts.name, opts.space, X, ids=opts.ids, payloads=payloads, kind=opts.kind,
+                                    metric=opts.metric, params=opts.params, random_state=opts.random_state,
+                                    description=opts.description, dim=space.dim)
+
+    idx = await run_in_threadpool(work)
+    state.metrics.index_vectors.labels(idx.name).set(idx.count)
+    return FastJSONResponse(_info(idx), status_code=201)
+
+
+@router.delete("/indexes/{name}", dependencies=[WriteScope], status_code=204, summary="Drop an index")
+async def drop_index(name: str, state: StateDep):
+    await run_in_threadpool(state.indexes.delete, name)
+    try:
+        state.metrics.index_vectors.remove(name)
+    except KeyError:
+        pass
+    return Response(status_code=204)
+
+
+@router.post("/indexes/{name}/vectors", dependencies=[WriteScope], summary="Add rows (vectors or texts)",
+             openapi_extra=_body_schema(IndexAdd))
+async def add_vectors(name: str, request: Request, state: StateDep, settings: SettingsDep):
+    body = await request.body()
+    idx = state.indexes.get(name)
+
+    def work():
+        obj = parse_json(body)
+        opts = validate(IndexAddOptions, _split(obj))
+        payloads = opts.payloads
+        if opts.texts is not None:
+            X = _embed_passages(state, idx.space, opts.texts, settings.max_batch)
+            if payloads is None and opts.store_texts:
+                payloads = [{"text": t} for t in opts.texts]
+        else:
+            X = vectors_from_json(obj, dim=idx.dim, max_batch=settings.max_batch)
+        return idx.add(X, ids=opts.ids, payloads=payloads)
+
+    ids = await run_in_threadpool(work)
+    state.metrics.batch_rows.labels("index_add").observe(len(ids))
+    state.metrics.index_vectors.labels(name).set(idx.count)
+    return FastJSONResponse({"index": name, "ids": ids, "count": idx.count})
+
+
+@router.post("/indexes/{name}/delete", dependencies=[WriteScope], summary="Delete rows by id")
+async def delete_vectors(name: str, body: IndexDelete, state: StateDep):
+    idx = state.indexes.get(name)
+    n = await run_in_threadpool(idx.delete, body.ids)
+    state.metrics.index_vectors.labels(name).set(idx.count)
+    return FastJSONResponse({"index": name, "deleted": n, "count": idx.count})
+
+
+@router.post("/indexes/{name}/search", dependencies=[ReadScope], summary="Search, from any space",
+             description=SEARCH_DOC, openapi_extra=_body_schema(SearchRequest), response_model=SearchResponse)
+async def search(name: str, request: Request, state: StateDep, settings: SettingsDep):
+    body = await request.body()
+    idx = state.indexes.get(name)
+
+    def work():
+        obj = parse_json(body)
+        opts = validate(SearchOptions, _split(obj))
+        qspace = opts.space or idx.space
+        if opts.texts is not None:
+            if "vectors" in obj or "vectors_b64" in obj:
+                raise InputError("give either vectors or texts, not both")
+            if not opts.texts:
+                raise InputError("texts must not be empty")
+            check_batch(len(opts.texts), settings.max_batch)
+            enc, _ = state.encoder_for_space(qspace)
+            Q = np.asarray(enc.encode(opts.texts, kind="query"), dtype=np.float32)
+        else:
+            qdim = state.registry.get_space(qspace).dim if qspace != idx.space else idx.dim
+            Q = vectors_from_json(obj, dim=qdim, max_batch=settings.max_batch)
+        tr = state.translation(qspace, idx.space, opts.map) if (qspace != idx.space or opts.map) else None
+        if tr is not None and tr.map is not None:
+            Q = tr.map._apply(np.ascontiguousarray(Q, dtype=np.float32), output="raw")
+        S, I = idx.search(Q, opts.k, exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
+                          csls_k=opts.csls_k if opts.csls else 0)
+        return opts, qspace, tr, S, I
+
+    opts, qspace, tr, S, I = await run_in_threadpool(work)
+    state.metrics.batch_rows.labels("search").observe(S.shape[0])
+    if tr is not None:
+        for v in tr.versions:
+            state.metrics.observe_map(v.name, v.version, S.shape[0])
+    results = _hits(idx, S, I, opts.include_payloads)
+    return FastJSONResponse({
+        "index": name, "space": idx.space, "query_space": qspace, "k": opts.k,
+        "scoring": "csls" if opts.csls else idx.metric,
+        "maps": tr.describe() if tr is not None else [],
+        "results": results})
+
+
+def _hits(idx: SpaceIndex, S: np.ndarray, I: np.ndarray, with_payloads: bool) -> list[list[dict]]:
+    ids = I.tolist()
+    scores = S.tolist()
+    out = []
+    for row_i, row_s in zip(ids, scores):
+        hits = []
+        for i, s in zip(row_i, row_s):
+            if i < 0:
+                continue
+            h = {"id": i, "score": s}
+            if with_payloads:
+                h["payload"] = idx.payloads.get(i)
+            hits.append(h)
+        out.append(hits)
+    return out

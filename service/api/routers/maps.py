@@ -1,0 +1,198 @@
+"""Spaces, maps, versions, aliases, tags, soft delete, artifacts, and the transform route."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_json, validate,
+                     vectors_from_binary, vectors_from_json)
+from ..deps import ReadScope, SettingsDep, StateDep, WriteScope
+from ..responses import FastJSONResponse
+from ..schemas import AliasSet, SpaceCreate, TagSet, TransformJSON, TransformOptions, TransformResponse
+
+router = APIRouter(prefix="/v1", tags=["spaces and maps"])
+
+TRANSFORM_DOC = """Map vectors from the map's source space into its target space.
+
+`ref` is `name` (latest live version), `name@alias` or `name:N`.
+
+**Request formats** (pick by `Content-Type`):
+
+| Content-Type | body | notes |
+|---|---|---|
+| `application/json` | `{"vectors": [[...], ...]}` | simplest; parsing JSON numbers dominates at large batches |
+| `application/json` | `{"vectors_b64": "<base64 float32>", "dim": 384}` | JSON envelope, binary payload |
+| `application/octet-stream` | raw little-endian float32, row-major | **fast path**; width from `?dim=` or `X-Vector-Dim` (default: the map's source dim) |
+| `application/x-npy` | a `.npy` file (float16/32/64, 2-D) | as fast; self-describing |
+
+**Responses** follow the request: JSON in → JSON out (`encoding_format=float|base64`);
+octet-stream in → raw float32 out (`X-Shape: n,d`); `.npy` in → `.npy` out. Send
+`Accept: application/json` to get JSON back for a binary request. Every response names the
+version used (`map`, `version` fields or `X-Map` / `X-Map-Version` headers).
+
+`output`: `raw` (default; comparable with raw target vectors, e.g. to search an index or a
+vector database of target embeddings), `frame` (the centred target frame used for
+evaluation) or `linear` (`f_s(x) W + b` without output normalisation).
+
+Errors: unknown map 404; wrong width, NaN/Inf, empty or ragged input 422; more rows than
+`max_batch` or a body over `max_body_bytes` 413.
+"""
+
+_TRANSFORM_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            JSON: {"schema": TransformJSON.model_json_schema()},
+            OCTET: {"schema": {"type": "string", "format": "binary",
+                               "description": "little-endian float32, row-major (n*d*4 bytes)"}},
+            NPY: {"schema": {"type": "string", "format": "binary", "description": "a .npy array (n, d)"}},
+        },
+    }
+}
+
+
+# --- spaces -------------------------------------------------------------------------------------
+@router.get("/spaces", dependencies=[ReadScope], summary="List spaces")
+async def list_spaces(state: StateDep):
+    spaces = await run_in_threadpool(state.registry.list_spaces)
+    return FastJSONResponse({"data": [s.to_dict() for s in spaces]})
+
+
+@router.get("/spaces/{name}", dependencies=[ReadScope], summary="Get a space")
+async def get_space(name: str, state: StateDep):
+    return FastJSONResponse((await run_in_threadpool(state.registry.get_space, name)).to_dict())
+
+
+@router.post("/spaces", dependencies=[WriteScope], status_code=201, summary="Register a space")
+async def create_space(body: SpaceCreate, state: StateDep):
+    def work():
+        dim = body.dim
+        if body.encoder:
+            enc = state.encoder(body.encoder)
+            if dim is not None and dim != enc.dim:
+                from align.exceptions import DimensionMismatchError
+
+                raise DimensionMismatchError(f"encoder {body.encoder!r} produces {enc.dim}-d vectors, not {dim}")
+            dim = enc.dim
+        if dim is None:
+            from align.exceptions import InputError
+
+            raise InputError("give `dim`, or an `encoder` to take it from")
+        return state.registry.register_space(body.name, dim, encoder=body.encoder, query_prefix=body.query_prefix,
+                                             passage_prefix=body.passage_prefix, description=body.description)
+
+    info = await run_in_threadpool(work)
+    return FastJSONResponse(info.to_dict(), status_code=201)
+
+
+# --- maps ---------------------------------------------------------------------------------------
+@router.get("/maps", dependencies=[ReadScope], summary="List maps")
+async def list_maps(state: StateDep):
+    return FastJSONResponse({"data": await run_in_threadpool(state.registry.list_maps)})
+
+
+@router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)")
+async def get_map(ref: str, state: StateDep):
+    def work():
+        v = state.registry.resolve(ref)
+        summary = next((m for m in state.registry.list_maps() if m["name"] == v.name), {})
+        return {**summary, "resolved": v.to_dict()}
+
+    return FastJSONResponse(await run_in_threadpool(work))
+
+
+@router.get("/maps/{name}/versions", dependencies=[ReadScope], summary="List a map's versions")
+async def list_versions(name: str, state: StateDep, include_deleted: bool = True):
+    vs = await run_in_threadpool(state.registry.list_versions, name, include_deleted)
+    return FastJSONResponse({"data": [v.to_dict() for v in vs]})
+
+
+@router.get("/maps/{name}/versions/{version}", dependencies=[ReadScope], summary="Get one version")
+async def get_version(name: str, version: int, state: StateDep):
+    return FastJSONResponse((await run_in_threadpool(state.registry.get_version, name, version)).to_dict())
+
+
+@router.delete("/maps/{name}/versions/{version}", dependencies=[WriteScope],
+               summary="Delete a version (soft: kept for lineage, no longer resolvable)")
+async def delete_version(name: str, version: int, state: StateDep):
+    return FastJSONResponse((await run_in_threadpool(state.registry.delete_version, name, version)).to_dict())
+
+
+@router.put("/maps/{name}/aliases/{alias}", dependencies=[WriteScope], summary="Point an alias at a version")
+async def set_alias(name: str, alias: str, body: AliasSet, state: StateDep):
+    return FastJSONResponse((await run_in_threadpool(state.registry.set_alias, name, alias, body.version)).to_dict())
+
+
+@router.delete("/maps/{name}/aliases/{alias}", dependencies=[WriteScope], status_code=204, summary="Remove an alias")
+async def delete_alias(name: str, alias: str, state: StateDep):
+    await run_in_threadpool(state.registry.delete_alias, name, alias)
+    return Response(status_code=204)
+
+
+@router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope], summary="Set a tag")
+async def set_tag(name: str, version: int, key: str, body: TagSet, state: StateDep):
+    return FastJSONResponse((await run_in_threadpool(state.registry.set_tag, name, version, key, body.value)).to_dict())
+
+
+@router.get("/maps/{ref}/artifact", dependencies=[ReadScope], summary="Download the map artifact",
+            response_class=Response, responses={200: {"content": {"application/octet-stream": {}}}})
+async def get_artifact(ref: str, state: StateDep, format: str = Query("safetensors", pattern="^(npz|safetensors)$")):
+    def work():
+        v, m = state.resolve_map(ref)
+        return v, m.to_bytes(format)
+
+    v, data = await run_in_threadpool(work)
+    return Response(data, media_type="application/octet-stream", headers={
+        "Content-Disposition": f'attachment; filename="{v.name}-{v.version}.{format}"',
+        "X-Map": v.name, "X-Map-Version": str(v.version)})
+
+
+# --- transform ----------------------------------------------------------------------------------
+@router.post("/maps/{ref}/transform", dependencies=[ReadScope], summary="Transform vectors (JSON or binary)",
+             description=TRANSFORM_DOC, openapi_extra=_TRANSFORM_BODY, response_model=TransformResponse,
+             responses={200: {"content": {OCTET: {}, NPY: {}}}})
+async def transform(ref: str, request: Request, state: StateDep, settings: SettingsDep,
+                    output: str | None = Query(None, description="raw | frame | linear (binary requests)"),
+                    encoding_format: str | None = Query(None, description="float | base64 (JSON responses)"),
+                    dim: int | None = Query(None, ge=1, description="row width of an octet-stream body")):
+    mt = media_type(request.headers.get("content-type"))
+    body = await request.body()
+    header_dim = request.headers.get("x-vector-dim")
+    query_opts = {k: v for k, v in (("output", output), ("encoding_format", encoding_format)) if v is not None}
+
+    def work():
+        v, m = state.resolve_map(ref)
+        if mt == JSON:
+            obj = parse_json(body)
+            rest = {k: val for k, val in obj.items() if k not in ("vectors", "vectors_b64")}
+            opts = validate(TransformOptions, {**query_opts, **rest})
+            X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch)
+        else:
+            d = dim or (int(header_dim) if header_dim and header_dim.isdigit() else None) or m.source_dim
+            opts = validate(TransformOptions, {**query_opts, "dim": d})
+            X = vectors_from_binary(body, mt, dim=d, max_batch=settings.max_batch)
+            if d != m.source_dim:
+                from align.exceptions import DimensionMismatchError
+
+                raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
+        Y = m._apply(X, output=opts.output)
+        return v, opts, Y
+
+    v, opts, Y = await run_in_threadpool(work)
+    state.metrics.batch_rows.labels("transform").observe(Y.shape[0])
+    state.metrics.observe_map(v.name, v.version, Y.shape[0])
+    headers = {"X-Map": v.name, "X-Map-Version": str(v.version), "X-Shape": f"{Y.shape[0]},{Y.shape[1]}"}
+    wants_json = mt == JSON or "application/json" in request.headers.get("accept", "")
+    if not wants_json:
+        if mt == NPY:
+            return Response(npy_bytes(Y), media_type=NPY, headers=headers)
+        return Response(Y.astype("<f4", copy=False).tobytes(), media_type=OCTET, headers=headers)
+    out = {"map": v.name, "version": v.version, "source_space": v.source_space, "target_space": v.target_space,
+           "shape": list(Y.shape)}
+    if opts.encoding_format == "base64":
+        out["vectors_b64"] = b64_encode(Y)
+    else:
+        out["vectors"] = Y
+    return FastJSONResponse(out, headers=headers)

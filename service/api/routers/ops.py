@@ -1,0 +1,71 @@
+"""Operations: liveness, readiness, Prometheus metrics, service info."""
+
+from __future__ import annotations
+
+import platform
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from ...metrics import CONTENT_TYPE_LATEST
+from ..deps import ReadScope, StateDep
+from ..responses import FastJSONResponse
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/healthz", summary="Liveness: the process answers")
+async def healthz():
+    return FastJSONResponse({"status": "ok"})
+
+
+@router.get("/readyz", summary="Readiness: registry reachable and indexes loaded")
+async def readyz(request: Request):
+    state = getattr(request.app.state, "vb", None)
+    checks: dict = {"registry": "missing", "indexes": "not loaded"}
+    ok = False
+    if state is not None:
+        if state.registry is not None:
+            try:
+                await run_in_threadpool(state.registry.list_spaces)
+                checks["registry"] = "ok"
+            except Exception as exc:  # noqa: BLE001 - reported, not raised
+                checks["registry"] = f"error: {type(exc).__name__}: {exc}"
+        elif state.registry_error:
+            checks["registry"] = f"error: {state.registry_error}"
+        if state.indexes.loaded:
+            checks["indexes"] = {"loaded": len(state.indexes.list()), "errors": state.indexes.load_errors}
+        if state.demo_job_id:
+            try:
+                checks["demo"] = state.jobs.get(state.demo_job_id).state
+            except LookupError:
+                checks["demo"] = "forgotten"
+        ok = checks["registry"] == "ok" and state.indexes.loaded
+    return FastJSONResponse({"status": "ready" if ok else "not ready", "checks": checks},
+                            status_code=200 if ok else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(request: Request):
+    state = request.app.state.vb
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/info", dependencies=[ReadScope], summary="Service facts", tags=["ops"])
+async def info(state: StateDep):
+    import faiss
+
+    import align
+
+    s = state.settings
+    return FastJSONResponse({
+        "service": "vecbridge", "version": align.__version__, "python": platform.python_version(),
+        "faiss": getattr(faiss, "__version__", "?"), "registry_backend": state.registry.backend,
+        "uptime_seconds": round(time.time() - state.started_at, 3),
+        "limits": {"max_body_bytes": s.max_body_bytes, "max_batch": s.max_batch,
+                   "max_queued_jobs": s.max_queued_jobs, "job_workers": s.job_workers},
+        "auth": "disabled" if s.auth_disabled else "api-keys",
+        "counts": {"indexes": len(state.indexes.list()), "jobs": state.jobs.counts()},
+    })

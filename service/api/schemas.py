@@ -1,0 +1,200 @@
+"""Request and response schemas (pydantic), kept apart from the routes.
+
+Vector fields are read by :mod:`.codec` straight from the body (JSON lists, base64 float32
+or binary bodies) — pydantic would validate a 1024×384 list element by element, ~100× slower
+than ``orjson`` + numpy. The models below still describe them for OpenAPI, and validate
+every other field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ErrorBody", "SpaceCreate", "AliasSet", "TagSet", "TransformOptions", "TransformJSON", "TransformResponse",
+    "IndexCreate", "IndexAdd", "IndexDelete", "SearchRequest", "SearchResponse", "FitSide", "FitRequest",
+    "EmbeddingsRequest", "vectors_schema",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    status: int
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+# --- spaces and maps ----------------------------------------------------------------------------
+class SpaceCreate(_Strict):
+    name: str
+    dim: int | None = Field(None, ge=1, description="Columns; taken from the encoder when omitted.")
+    encoder: str | None = Field(None, description="Installed encoder that produces this space (GET /v1/models).")
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    description: str = ""
+
+
+class AliasSet(_Strict):
+    version: int = Field(..., ge=1)
+
+
+class TagSet(_Strict):
+    value: Any
+
+
+# --- vectors ------------------------------------------------------------------------------------
+class _Vectors(BaseModel):
+    vectors: list[list[float]] | None = Field(
+        None, description="Rows as JSON numbers, shape (n, d). Simple but slow for large batches.")
+    vectors_b64: str | None = Field(
+        None, description="Fast path in JSON: base64 of little-endian float32, row-major; needs `dim`.")
+    dim: int | None = Field(None, ge=1, description="Columns per row for `vectors_b64`.")
+
+
+def vectors_schema() -> dict:
+    return _Vectors.model_json_schema()
+
+
+class TransformOptions(_Strict):
+    output: Literal["frame", "raw", "linear"] = Field(
+        "raw", description="`raw`: comparable with raw target vectors (search an index of them); "
+                           "`frame`: the centred target frame (evaluation); `linear`: x W + b as is.")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="Response vectors as JSON numbers or base64 float32 (`vectors_b64`).")
+    dim: int | None = Field(None, ge=1)
+
+
+class TransformJSON(_Vectors):
+    output: Literal["frame", "raw", "linear"] = "raw"
+    encoding_format: Literal["float", "base64"] = "float"
+
+
+class TransformResponse(BaseModel):
+    map: str
+    version: int
+    source_space: str
+    target_space: str
+    shape: list[int]
+    vectors: list[list[float]] | None = None
+    vectors_b64: str | None = None
+
+
+# --- indexes ------------------------------------------------------------------------------------
+class IndexCreateOptions(_Strict):
+    name: str = Field(..., description="Index name: 1-128 of [A-Za-z0-9._-].")
+    space: str = Field(..., description="Registered space whose vectors the index stores.")
+    kind: Literal["auto", "flat", "hnsw", "ivf"] = Field(
+        "auto", description="`auto`: exact flat below 50k rows, HNSW below 1M, IVF above.")
+    metric: Literal["cosine", "ip"] = "cosine"
+    params: dict[str, Any] = Field(default_factory=dict,
+                                   description="HNSW: M, ef_construction, ef_search; IVF: nlist, nprobe.")
+    random_state: int = 0
+    description: str = ""
+    ids: list[int] | None = None
+    payloads: list[Any] | None = Field(None, description="One JSON value per row, returned with search hits.")
+    texts: list[str] | None = Field(None, description="Embed these with the space's encoder (passage form) "
+                                                      "instead of sending vectors.")
+    store_texts: bool = Field(True, description="With `texts`: keep each text as its payload unless payloads given.")
+    dim: int | None = None
+
+
+class IndexCreate(IndexCreateOptions, _Vectors):
+    pass
+
+
+class IndexAddOptions(_Strict):
+    ids: list[int] | None = None
+    payloads: list[Any] | None = None
+    texts: list[str] | None = None
+    store_texts: bool = True
+    dim: int | None = None
+
+
+class IndexAdd(IndexAddOptions, _Vectors):
+    pass
+
+
+class IndexDelete(_Strict):
+    ids: list[int] = Field(..., min_length=1)
+
+
+class SearchOptions(_Strict):
+    texts: list[str] | None = Field(None, description="Queries as texts, embedded with `space`'s encoder (query form).")
+    space: str | None = Field(None, description="Space of the queries (default: the index's). Any registered space "
+                                                "with a path of maps to the index's space works.")
+    map: str | None = Field(None, description="Use this map (`name`, `name@alias`, `name:N`) instead of the "
+                                              "registry's path.")
+    k: int = Field(10, ge=1, le=10_000)
+    csls: bool = Field(False, description="Re-rank candidates by CSLS (reduces hubness of mapped queries).")
+    csls_k: int = Field(10, ge=1, le=1000)
+    exact: bool = Field(False, description="Scan every row (ignores the approximate structure).")
+    ef_search: int | None = Field(None, ge=1, le=100_000, description="HNSW breadth for this request.")
+    nprobe: int | None = Field(None, ge=1, description="IVF lists probed for this request.")
+    include_payloads: bool = True
+    dim: int | None = None
+
+
+class SearchRequest(SearchOptions, _Vectors):
+    pass
+
+
+class Hit(BaseModel):
+    id: int
+    score: float
+    payload: Any = None
+
+
+class SearchResponse(BaseModel):
+    index: str
+    space: str
+    query_space: str
+    k: int
+    scoring: Literal["cosine", "ip", "csls"]
+    maps: list[dict]
+    results: list[list[Hit]]
+
+
+# --- fits ---------------------------------------------------------------------------------------
+class FitSide(_Vectors):
+    model_config = ConfigDict(extra="forbid")
+    texts: list[str] | None = Field(None, description="Texts embedded with `encoder` (or the space's encoder).")
+    encoder: str | None = None
+
+
+class FitRequest(_Strict):
+    name: str = Field(..., description="Map name; the fit registers its next version.")
+    source_space: str
+    target_space: str
+    source: FitSide
+    target: FitSide
+    method: str = Field("minivec2vec", description="As in the CLI: minivec2vec (unsupervised), procrustes, "
+                                                   "ridge, lowrank, ...")
+    params: dict[str, Any] = Field(default_factory=dict)
+    paired: bool = Field(False, description="Rows of source and target are pairs (supervised methods).")
+    seed_pairs: list[tuple[int, int]] | None = Field(None, description="Known (source row, target row) pairs "
+                                                                       "seeding an unsupervised fit.")
+    random_state: int = 0
+    alias: str | None = None
+    description: str = ""
+
+
+# --- embeddings ---------------------------------------------------------------------------------
+class EmbeddingsRequest(_Strict):
+    input: str | list[str] = Field(..., description="Text or list of texts.")
+    model: str = Field(..., description="Installed encoder name (GET /v1/models).")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, description="Accepted only when equal to the output dimension "
+                                                     "(these models cannot truncate).")
+    user: str | None = None
+    target_space: str | None = Field(None, description="Translate the embeddings into this space through the "
+                                                       "registry's maps (vecbridge extension).")
+    input_type: Literal["passage", "query"] = Field("passage", description="Encoder form (vecbridge extension).")

@@ -1,0 +1,176 @@
+"""What one running app holds: registry, indexes, jobs, metrics, and a cache of loaded maps.
+
+Built in the app's lifespan and reached from routes through ``deps.StateDep``. Maps are
+immutable per ``name:version`` (the artifact's sha256 is part of the cache key), so caching
+them — and the compositions along a path of maps — is safe; references (``name``,
+``name@alias``) are resolved against the registry on every request, so alias moves and
+deletions show up at once, also across replicas.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from align import LinearMap
+
+from ..config import Settings
+from ..indexes import IndexStore
+from ..jobs import JobManager
+from ..metrics import ServiceMetrics
+from ..registry import Registry, VersionInfo, open_registry
+from .errors import UnknownEncoderError
+
+__all__ = ["AppState", "Translation"]
+
+
+@dataclass
+class Translation:
+    """A map (possibly composed) from one space to another, and the versions it is made of."""
+
+    map: LinearMap | None  # None: same space, nothing to do
+    versions: list[VersionInfo] = field(default_factory=list)
+
+    def describe(self) -> list[dict]:
+        return [{"name": v.name, "version": v.version, "source_space": v.source_space,
+                 "target_space": v.target_space} for v in self.versions]
+
+
+class AppState:
+    """Long-lived resources of one app instance."""
+
+    def __init__(self, settings: Settings, *, metrics: ServiceMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or ServiceMetrics()
+        self.started_at = time.time()
+        self.registry: Registry | None = None
+        self.registry_error: str | None = None
+        self.indexes = IndexStore(Path(settings.data_dir) / "indexes")
+        self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics)
+        self.demo_job_id: str | None = None
+        self._maps: OrderedDict[tuple, LinearMap] = OrderedDict()
+        self._maps_lock = threading.Lock()
+        self._encoders: dict[str, object] = {}
+        self._enc_lock = threading.Lock()
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def open(self) -> None:
+        Path(self.settings.data_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            self.registry = open_registry(self.settings.resolved_registry_url(), self.settings.resolved_artifact_dir())
+        except Exception as exc:  # readyz reports it; the process stays up for /healthz and logs
+            self.registry_error = f"{type(exc).__name__}: {exc}"
+            raise
+        self.indexes.load_all()
+        for idx in self.indexes.list():
+            self.metrics.index_vectors.labels(idx.name).set(idx.count)
+
+    def close(self) -> None:
+        self.jobs.shutdown(wait=False)
+        if self.registry is not None:
+            self.registry.close()
+
+    # --- maps -------------------------------------------------------------------------------
+    def load_version(self, v: VersionInfo) -> LinearMap:
+        key = ((v.name, v.version, v.artifact_sha256),)
+        return self._cached(key, lambda: self.registry.load_map(v))
+
+    def _cached(self, key: tuple, make) -> LinearMap:
+        with self._maps_lock:
+            m = self._maps.get(key)
+            if m is not None:
+                self._maps.move_to_end(key)
+                return m
+        m = make()
+        with self._maps_lock:
+            self._maps[key] = m
+            while len(self._maps) > 64:
+                self._maps.popitem(last=False)
+        return m
+
+    def resolve_map(self, ref: str) -> tuple[VersionInfo, LinearMap]:
+        v = self.registry.resolve(ref)
+        return v, self.load_version(v)
+
+    def translation(self, source_space: str, target_space: str, map_ref: str | None = None) -> Translation:
+        """The map from ``source_space`` to ``target_space``: ``map_ref`` if given, else the registry's path.
+
+        Raises NotFoundError when no chain of maps exists, ConflictError-free for the same space.
+        """
+        if map_ref:
+            v = self.registry.resolve(map_ref)
+            from align.exceptions import InputError
+
+            if v.source_space != source_space or v.target_space != target_space:
+                raise InputError(
+                    f"map {v.ref} goes {v.source_space} -> {v.target_space}, but the request needs "
+                    f"{source_space} -> {target_space}")
+            return Translation(self.load_version(v), [v])
+        chain = self.registry.find_path(source_space, target_space)
+        if not chain:
+            return Translation(None, [])
+        key = tuple((v.name, v.version, v.artifact_sha256) for v in chain)
+
+        def make():
+            m = self.load_version(chain[0])
+            for v in chain[1:]:
+                m = m.compose(self.load_version(v))
+            return m
+
+        return Translation(self._cached(key, make), chain)
+
+    # --- encoders ---------------------------------------------------------------------------
+    def encoder(self, name: str):
+        """The installed encoder ``name`` (loaded once per process)."""
+        with self._enc_lock:
+            enc = self._encoders.get(name)
+        if enc is not None:
+            return enc
+        try:
+            from ..encoders import get_encoder, list_encoders
+        except ImportError as exc:  # encoders extra not installed
+            raise UnknownEncoderError(f"encoders are not available in this installation: {exc}") from None
+        try:
+            enc = get_encoder(name)
+        except (KeyError, LookupError, ValueError) as exc:
+            try:
+                known = ", ".join(sorted(_encoder_names(list_encoders())))
+            except Exception:  # noqa: BLE001
+                known = "?"
+            raise UnknownEncoderError(f"unknown encoder {name!r} ({exc}); installed: {known}") from None
+        with self._enc_lock:
+            self._encoders.setdefault(name, enc)
+            return self._encoders[name]
+
+    def encoder_for_space(self, space: str):
+        info = self.registry.get_space(space)
+        if not info.encoder:
+            raise UnknownEncoderError(
+                f"space {space!r} has no encoder registered, so texts cannot be embedded in it; send vectors")
+        return self.encoder(info.encoder), info
+
+    def space_for_encoder(self, encoder: str) -> str | None:
+        """Name of the space produced by ``encoder`` (a space named like it, else the first with it)."""
+        spaces = self.registry.list_spaces()
+        for s in spaces:
+            if s.name == encoder:
+                return s.name
+        for s in spaces:
+            if s.encoder == encoder:
+                return s.name
+        return None
+
+
+def _encoder_names(items) -> list[str]:
+    out = []
+    for e in items:
+        if isinstance(e, str):
+            out.append(e)
+        elif isinstance(e, dict):
+            out.append(str(e.get("name")))
+        else:
+            out.append(str(getattr(e, "name", e)))
+    return out

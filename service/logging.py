@@ -1,0 +1,64 @@
+"""Structured JSON logs for the service.
+
+One line per record on stderr::
+
+    {"ts": "2025-01-01T12:00:00.123Z", "level": "INFO", "logger": "vecbridge.access",
+     "msg": "request", "method": "POST", "route": "/v1/maps/{ref}/transform", "status": 200,
+     "duration_ms": 1.92, "request_id": "..."}
+
+Extra fields come from ``logger.info("msg", extra={"fields": {...}})``. Secrets never reach a
+record: the access log is written from the route template and status only (no headers, no
+query strings), and :func:`redact` masks anything that looks like a credential in a mapping.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+__all__ = ["JsonFormatter", "configure_logging", "get_logger", "redact"]
+
+_SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
+
+
+def redact(fields: dict[str, Any]) -> dict[str, Any]:
+    """Copy of ``fields`` with values of credential-like keys replaced by ``"***"``."""
+    return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in fields.items()}
+
+
+class JsonFormatter(logging.Formatter):
+    """Format a record as one JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            out.update(redact(fields))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Send the ``vecbridge`` logger tree to stderr as JSON lines (idempotent)."""
+    root = logging.getLogger("vecbridge")
+    root.setLevel(level.upper())
+    if not any(getattr(h, "_vecbridge", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        handler._vecbridge = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.propagate = False
+
+
+def get_logger(name: str) -> logging.Logger:
+    """A child of the ``vecbridge`` logger (``get_logger("jobs")`` -> ``vecbridge.jobs``)."""
+    return logging.getLogger(f"vecbridge.{name}")
