@@ -1,0 +1,145 @@
+"""Crash safety and multi-process concurrency of registry writes (SQLite and PostgreSQL).
+
+A writer subprocess is stopped with SIGKILL at each step of the write path (the registry calls
+``service.registry.core.FAULT_HOOK`` with the step's name); the registry must then hold either
+the old state or the new one, and accept new writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import align
+from service.registry import NotFoundError, open_registry
+
+PG_URL = os.environ.get("VECBRIDGE_TEST_POSTGRES_URL")
+
+WRITER = textwrap.dedent("""
+    import json, os, sys, time
+    import numpy as np
+    import align
+    from service.registry import core, open_registry
+
+    url, art, stop_at, marker, seed, count, go = sys.argv[1:8]
+
+    def hook(point):
+        if point == stop_at:
+            open(marker, "w").write(point)
+            time.sleep(600)  # killed here
+
+    core.FAULT_HOOK = hook
+    reg = open_registry(url, art)
+    while go != "-" and not os.path.exists(go):
+        time.sleep(0.005)
+    got = []
+    for i in range(int(count)):
+        rng = np.random.default_rng(int(seed) * 1000 + i)
+        m = align.LinearMap(rng.normal(size=(8, 8)))
+        v = reg.register_version("a->b", m, source_space="a", target_space="b", method="custom",
+                                 params={"i": i}, random_state=int(seed), alias="prod")
+        got.append(v.version)
+    print(json.dumps(got))
+""")
+
+POINTS_BEFORE_COMMIT = ["artifact_tmp_written", "artifact_renamed", "version_allocated", "version_inserted"]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def registry_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/registry.sqlite"
+        return
+    if not PG_URL:
+        pytest.skip("VECBRIDGE_TEST_POSTGRES_URL is not set (run .ci/start_postgres.sh)")
+    import psycopg
+
+    name = f"vb_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    yield PG_URL.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def start_writer(url, art, stop_at="-", marker="-", seed=1, count=1, go="-"):
+    return subprocess.Popen([sys.executable, "-c", WRITER, url, str(art), stop_at, str(marker), str(seed),
+                             str(count), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def assert_consistent(reg):
+    report = reg.verify()
+    assert report["ok"], report
+    for v in reg.list_versions("a->b"):
+        reg.load_map(v.ref)  # every recorded version loads and matches its sha256
+
+
+@pytest.mark.parametrize("point", [*POINTS_BEFORE_COMMIT, "committed"])
+def test_kill_9_during_register_leaves_old_or_new_state(registry_url, tmp_path, point):
+    art = tmp_path / "artifacts"
+    reg = open_registry(registry_url, art)
+    v1 = reg.register_version("a->b", align.LinearMap(np.eye(8)), source_space="a", target_space="b",
+                              method="identity", params={}, alias="prod")
+    marker = tmp_path / "reached"
+    proc = start_writer(registry_url, art, stop_at=point, marker=marker)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "writer never reached the kill point"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    fresh = open_registry(registry_url, art)  # a new process would see exactly this
+    versions = [v.version for v in fresh.list_versions("a->b")]
+    if point in POINTS_BEFORE_COMMIT:
+        assert versions == [1]
+        assert fresh.resolve("a->b@prod").artifact_sha256 == v1.artifact_sha256
+    else:
+        assert versions == [1, 2]
+        assert fresh.resolve("a->b@prod").version == 2
+    assert_consistent(fresh)
+    # no lock is left behind: the next writer proceeds and gets the next number
+    nxt = fresh.register_version("a->b", align.LinearMap(2 * np.eye(8)), source_space="a", target_space="b",
+                                 method="identity", params={})
+    assert nxt.version == versions[-1] + 1
+    fresh.verify(sweep=True)
+    assert fresh.verify()["tmp_files"] == 0
+
+
+def test_concurrent_writers_get_distinct_numbers(registry_url, tmp_path):
+    art = tmp_path / "artifacts"
+    open_registry(registry_url, art)  # create the schema once
+    go = tmp_path / "go"
+    n_proc, per_proc = 3, 6
+    procs = [start_writer(registry_url, art, seed=s + 1, count=per_proc, go=go) for s in range(n_proc)]
+    time.sleep(0.5)
+    go.write_text("go")
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    all_numbers = [n for r in results for n in r]
+    assert sorted(all_numbers) == list(range(1, n_proc * per_proc + 1))  # distinct, none lost
+    for r in results:
+        assert r == sorted(r)  # each writer sees increasing numbers
+    reg = open_registry(registry_url, art)
+    versions = reg.list_versions("a->b")
+    assert [v.version for v in versions] == list(range(1, n_proc * per_proc + 1))
+    assert {(v.random_state, v.params["i"]) for v in versions} == {
+        (s + 1, i) for s in range(n_proc) for i in range(per_proc)}
+    assert reg.resolve("a->b@prod").version in all_numbers
+    assert_consistent(reg)
+    with pytest.raises(NotFoundError):
+        reg.resolve("a->b:99")
