@@ -1,0 +1,331 @@
+"""LM-Steer on a causal LM: steered logits, fitting, generation, perplexity and the lens.
+
+A causal LM computes ``logits = h E^T`` from the final hidden state ``h`` (after the last norm)
+and the output embeddings ``E`` (vocab, d). With steers ``(W_i, eps_i)``
+
+.. math::  \\mathrm{logits} = h\\,(I + \\textstyle\\sum_i \\varepsilon_i W_i)\\,E^\\top,
+           \\qquad W_i = P_{1,i} P_{2,i}^\\top ,
+
+applied by a forward pre-hook on the output-embedding module (so ``generate`` and the KV cache
+work unchanged). Steers are :class:`align.Steer` objects of dimension ``d`` (the hidden size).
+
+Fitting (:func:`fit_lm_steer`) follows LM-Steer (Han et al., 2024): the body is frozen, each
+training text carries a steer value ``s`` in {+1, -1}, the loss is the ordinary next-token
+cross-entropy of ``h (I + eps0 (s W + W_dummy)) E^T`` where ``eps0`` is a small fixed scale and the
+optional *dummy steer* ``W_dummy`` (value 1 on every text, dropped afterwards) absorbs what all
+training texts share (domain, register), leaving ``W`` the difference between the two labels.
+Because the steer sits after the body, the hidden states are computed once (no gradient through
+the body) and training touches only the ``2 d r`` steer parameters. The returned steer has
+``eps0`` folded in, so ``eps = 1`` is the trained strength.
+
+Lens: :func:`word_dimensions` (SVD of ``W``; vocabulary items at both ends of each singular
+direction) and :func:`token_evidence` (``log p_+(x_t) - log p_-(x_t)`` per token).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from align.exceptions import DimensionMismatchError, InputError
+from align.steer import Steer, _check_eps, _check_labels, compose_steers
+
+__all__ = [
+    "output_embeddings", "steered", "steered_logits", "fit_lm_steer", "fit_lm_steer_ids", "generate",
+    "perplexity", "token_evidence", "evidence_spans", "word_dimensions",
+]
+
+SteerSpec = Sequence[tuple[Steer, float]]
+
+
+# --------------------------------------------------------------------------------------------
+# the hook
+# --------------------------------------------------------------------------------------------
+def output_embeddings(model) -> torch.Tensor:
+    """``E`` (vocab, d): the weight of the model's output-embedding layer (detached)."""
+    head = model.get_output_embeddings()
+    if head is None or getattr(head, "bias", None) is not None:
+        raise InputError("model needs a bias-free output-embedding layer (logits = h E^T)")
+    return head.weight.detach()
+
+
+def _hidden_size(model) -> int:
+    return int(output_embeddings(model).shape[1])
+
+
+def _composed(model, steers: SteerSpec) -> tuple[torch.Tensor, torch.Tensor] | None:
+    pairs = [(s, _check_eps(e)) for s, e in steers]
+    pairs = [(s, e) for s, e in pairs if e != 0.0]
+    if not pairs:
+        return None
+    d = _hidden_size(model)
+    comp = compose_steers(pairs)
+    if comp.dim != d:
+        raise DimensionMismatchError(f"steer is {comp.dim}-d, the model's hidden size is {d}")
+    dtype = output_embeddings(model).dtype
+    return torch.from_numpy(comp.P1).to(dtype), torch.from_numpy(comp.P2).to(dtype)
+
+
+def _steer_hidden(h: torch.Tensor, P1: torch.Tensor, P2: torch.Tensor) -> torch.Tensor:
+    return h + (h @ P1) @ P2.T
+
+
+@contextlib.contextmanager
+def steered(model, steers: SteerSpec = ()):
+    """Context manager: inside it every forward pass of ``model`` uses ``h (I + sum eps_i W_i) E^T``.
+
+    ``steers`` is a sequence of ``(Steer, eps)``; all-zero ``eps`` leaves the model untouched.
+    """
+    factors = _composed(model, list(steers))
+    if factors is None:
+        yield model
+        return
+    P1, P2 = factors
+
+    def hook(module, args):
+        return (_steer_hidden(args[0], P1, P2), *args[1:])
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
+    try:
+        yield model
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
+def _capture_hidden(model, store: list):
+    """Record the input of the output-embedding layer (the final hidden states ``h``)."""
+    handle = model.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: store.append(args[0].detach()))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@torch.no_grad()
+def steered_logits(model, input_ids, steers: SteerSpec = (), attention_mask=None) -> torch.Tensor:
+    """Logits (batch, seq, vocab) of ``input_ids`` (batch, seq) under the given steers."""
+    ids = torch.as_tensor(input_ids)
+    if ids.ndim == 1:
+        ids = ids[None]
+    with steered(model, steers):
+        return model(input_ids=ids, attention_mask=attention_mask).logits
+
+
+# --------------------------------------------------------------------------------------------
+# fitting
+# --------------------------------------------------------------------------------------------
+def _encode(tokenizer, texts: Iterable[str], max_length: int) -> list[list[int]]:
+    out = []
+    for t in texts:
+        if not isinstance(t, str) or not t.strip():
+            raise InputError("every text must be a non-empty string")
+        out.append(list(tokenizer(t, truncation=True, max_length=max_length)["input_ids"]))
+    return out
+
+
+@torch.no_grad()
+def _hidden_states(model, ids_list: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Final hidden states (len, d) of each sequence (one forward pass each; no padding)."""
+    out = []
+    for ids in ids_list:
+        store: list = []
+        with _capture_hidden(model, store):
+            model(input_ids=torch.as_tensor([list(ids)]))
+        out.append(store[-1][0])
+    return out
+
+
+def fit_lm_steer(model, tokenizer, texts: Sequence[str], labels, *, max_length: int = 64, **kw) -> Steer:
+    """Train an LM-Steer steer on labelled texts (``labels`` +1 wanted style, -1 opposite, 0 ignored).
+
+    Tokenises with ``tokenizer`` then calls :func:`fit_lm_steer_ids`; keyword arguments go there.
+    """
+    texts = list(texts)
+    ids = _encode(tokenizer, texts, max_length)
+    steer = fit_lm_steer_ids(model, ids, labels, **kw)
+    steer.metadata["n_texts"] = len(texts)
+    return steer
+
+
+def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: int = 32, epsilon: float = 1e-3,
+                     init_var: float = 1e-2, lr: float = 1e-2, n_steps: int = 200, batch_tokens: int = 256,
+                     regularization: float = 0.0, dummy_steer: bool = True, random_state: int = 0,
+                     progress: Callable[[int, float], None] | None = None) -> Steer:
+    """Train ``W = P1 P2^T`` with the LM loss on token sequences, body frozen (``ALGORITHMS.md`` §6).
+
+    Parameters
+    ----------
+    model : a transformers causal LM whose logits are ``h E^T``
+    ids_list : sequences of token ids, one per text
+    labels : (n_texts,) steer values in {-1, 0, +1} (0: not used for training)
+    rank : int
+        ``r``; the steer has ``2 d r`` parameters.
+    epsilon : float
+        Fixed scale ``eps0`` of the steer during training (LM-Steer's ``epsilon``), folded into
+        ``P1`` on return.
+    init_var : float
+        Standard deviation of the random initial factors.
+    lr, n_steps, batch_tokens : Adam learning rate, steps, tokens per step (sampled with replacement).
+    regularization : float
+        Weight of ``|P1|^2 + |P2|^2`` in the loss.
+    dummy_steer : bool
+        Train a second steer with value 1 on every text and drop it (absorbs the shared domain).
+    random_state : int
+    progress : callable ``(step, loss)``, optional
+
+    Returns
+    -------
+    align.Steer of dimension ``d``; ``metadata`` holds the loss curve summary.
+    """
+    labels = _check_labels(labels, len(ids_list))
+    E = output_embeddings(model)
+    d = int(E.shape[1])
+    if not 1 <= int(rank) <= d:
+        raise InputError(f"rank must be in [1, {d}], got {rank}")
+    keep = [i for i in range(len(ids_list)) if labels[i] != 0 and len(ids_list[i]) >= 2]
+    if not keep:
+        raise InputError("no labelled text has two or more tokens")
+    hs = _hidden_states(model, [ids_list[i] for i in keep])
+    H = torch.cat([h[:-1] for h in hs])                                         # (N, d) contexts
+    Y = torch.cat([torch.as_tensor(list(ids_list[i][1:])) for i in keep])        # (N,) next tokens
+    S = torch.cat([torch.full((len(ids_list[i]) - 1,), float(labels[i])) for i in keep])  # (N,)
+
+    gen = torch.Generator().manual_seed(int(random_state))
+    n_slots = 2 if dummy_steer else 1
+    P1 = (torch.randn(n_slots, d, rank, generator=gen) * init_var).requires_grad_(True)
+    P2 = (torch.randn(n_slots, d, rank, generator=gen) * init_var).requires_grad_(True)
+    opt = torch.optim.Adam([P1, P2], lr=lr)
+    losses = []
+    for step in range(int(n_steps)):
+        idx = torch.randint(0, H.shape[0], (min(batch_tokens, H.shape[0]),), generator=gen)
+        h, y, s = H[idx], Y[idx], S[idx]
+        values = torch.stack([s, torch.ones_like(s)], 1)[:, :n_slots]          # (b, slots)
+        A = torch.einsum("bd,kdr->bkr", h, P1)                                   # (b, slots, r)
+        delta = torch.einsum("bk,bkr,kdr->bd", values, A, P2)
+        logits = (h + epsilon * delta) @ E.T
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        total = loss + regularization * (P1.pow(2).sum() + P2.pow(2).sum())
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if progress is not None:
+            progress(step + 1, losses[-1])
+    with torch.no_grad():
+        base = float(torch.nn.functional.cross_entropy(H @ E.T, Y))
+    meta = {
+        "method": "lm-steer", "model": getattr(model.config, "name_or_path", "") or type(model).__name__,
+        "hidden_size": d, "params": {"rank": int(rank), "epsilon": epsilon, "init_var": init_var, "lr": lr,
+                                     "n_steps": int(n_steps), "batch_tokens": int(batch_tokens),
+                                     "regularization": regularization, "dummy_steer": bool(dummy_steer),
+                                     "random_state": int(random_state)},
+        "n_tokens": int(H.shape[0]), "n_pos": int((labels == 1).sum()), "n_neg": int((labels == -1).sum()),
+        "loss_base": base, "loss_first": losses[0], "loss_last10": float(np.mean(losses[-10:])),
+    }
+    return Steer(epsilon * P1[0].detach().numpy(), P2[0].detach().numpy(), meta)
+
+
+# --------------------------------------------------------------------------------------------
+# using a steer
+# --------------------------------------------------------------------------------------------
+@torch.no_grad()
+def generate(model, tokenizer, prompt: str, steers: SteerSpec = (), *, max_new_tokens: int = 30,
+             do_sample: bool = True, top_p: float = 0.9, temperature: float = 1.0, seed: int = 0) -> str:
+    """Continue ``prompt`` under the given steers; returns the continuation text only."""
+    ids = tokenizer(prompt, return_tensors="pt")
+    torch.manual_seed(int(seed))
+    kw = {"do_sample": do_sample, "max_new_tokens": int(max_new_tokens)}
+    if do_sample:
+        kw.update(top_p=top_p, temperature=temperature)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with steered(model, steers):
+        out = model.generate(**ids, pad_token_id=pad, **kw)
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def perplexity(model, tokenizer, texts: Sequence[str], steers: SteerSpec = (), *,
+               prompts: Sequence[str] | None = None, max_length: int = 128) -> float:
+    """``exp`` of the mean next-token NLL over ``texts`` under the steers.
+
+    With ``prompts`` (same length as ``texts``), each text is scored as the continuation of its
+    prompt and only the continuation tokens count.
+    """
+    texts = list(texts)
+    if prompts is not None and len(prompts) != len(texts):
+        raise InputError("prompts and texts must have the same length")
+    nll, count = 0.0, 0
+    with steered(model, steers):
+        for i, t in enumerate(texts):
+            p_ids = _encode(tokenizer, [prompts[i]], max_length)[0] if prompts is not None else []
+            t_ids = list(tokenizer(t, add_special_tokens=prompts is None)["input_ids"])
+            ids = (p_ids + t_ids)[:max_length]
+            start = max(len(p_ids), 1)
+            if len(ids) <= start:
+                continue
+            logp = torch.log_softmax(model(input_ids=torch.as_tensor([ids])).logits[0, :-1], -1)
+            tgt = torch.as_tensor(ids[1:])
+            lp = logp[torch.arange(len(tgt)), tgt][start - 1:]
+            nll -= float(lp.sum())
+            count += int(lp.numel())
+    if count == 0:
+        raise InputError("no tokens to score")
+    return math.exp(nll / count)
+
+
+@torch.no_grad()
+def token_evidence(model, tokenizer, steer: Steer, text: str, *, eps: float = 1.0) -> list[tuple[str, float]]:
+    """Per-token evidence ``log p_{+eps}(x_t | x_<t) - log p_{-eps}(x_t | x_<t)`` for ``t >= 1``.
+
+    Positive values mark tokens the steer's wanted style makes more likely.
+    """
+    eps = _check_eps(eps)
+    ids = _encode(tokenizer, [text], 10_000)[0]
+    if len(ids) < 2:
+        raise InputError("text needs at least two tokens")
+    h = _hidden_states(model, [ids])[0][:-1]
+    E = output_embeddings(model)
+    P1, P2 = torch.from_numpy(steer.P1), torch.from_numpy(steer.P2)
+    tgt = torch.as_tensor(ids[1:])
+    rows = torch.arange(len(tgt))
+    lp = [torch.log_softmax(_steer_hidden(h, sign * eps * P1, P2) @ E.T, -1)[rows, tgt] for sign in (1.0, -1.0)]
+    ev = (lp[0] - lp[1]).tolist()
+    return [(tokenizer.decode([i]), float(v)) for i, v in zip(ids[1:], ev)]
+
+
+def evidence_spans(evidence: Sequence[tuple[str, float]], *, threshold: float = 0.5) -> list[dict]:
+    """Group consecutive tokens whose evidence has one sign and ``|value| >= threshold`` into spans.
+
+    Returns ``[{"text", "start", "end", "sign", "score"}]`` (token positions, end exclusive, score = sum).
+    """
+    spans, cur = [], None
+    for i, (tok, v) in enumerate(evidence):
+        sign = 1 if v >= threshold else (-1 if v <= -threshold else 0)
+        if sign and cur is not None and cur["sign"] == sign:
+            cur["text"] += tok
+            cur["end"] = i + 1
+            cur["score"] += v
+            continue
+        if cur is not None:
+            spans.append(cur)
+            cur = None
+        if sign:
+            cur = {"text": tok, "start": i, "end": i + 1, "sign": sign, "score": v}
+    if cur is not None:
+        spans.append(cur)
+    return spans
+
+
+def word_dimensions(model, tokenizer, steer: Steer, *, k: int = 10, n_directions: int = 4) -> list[dict]:
+    """The lens: singular directions of ``W`` with the vocabulary items at each end (see :meth:`Steer.lens`)."""
+    E = output_embeddings(model).numpy()
+    if E.shape[1] != steer.dim:
+        raise DimensionMismatchError(f"steer is {steer.dim}-d, the model's hidden size is {E.shape[1]}")
+    vocab = [tokenizer.decode([i]) for i in range(E.shape[0])]
+    return steer.lens(E, vocab, k=k, n_directions=min(n_directions, steer.rank))
