@@ -47,12 +47,27 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at emit time (test capture, redirected streams)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def configure_logging(level: str = "INFO") -> None:
     """Send the ``vecbridge`` logger tree to stderr as JSON lines (idempotent)."""
     root = logging.getLogger("vecbridge")
     root.setLevel(level.upper())
     if not any(getattr(h, "_vecbridge", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(JsonFormatter())
         handler._vecbridge = True  # type: ignore[attr-defined]
         root.addHandler(handler)

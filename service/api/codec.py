@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from align._validation import as_matrix
-from align.exceptions import InputError, ShapeError
+from align.exceptions import EmptyInputError, InputError, ShapeError
 
 from .errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from .responses import loads
@@ -100,7 +100,9 @@ def vectors_from_json(obj: dict, *, dim: int | None, max_batch: int, name: str =
         if not isinstance(arr, list):
             raise InputError(f"{name} must be a list of rows (lists of numbers)")
         check_batch(len(arr), max_batch)
-        if arr and not isinstance(arr[0], list):
+        if not arr:
+            raise EmptyInputError(f"{name}: expected at least one row, got an empty list")
+        if not isinstance(arr[0], list):
             raise ShapeError(f"{name}: expected a 2-D list of rows, got a flat list; wrap a single row as [[...]]")
     X = as_matrix(arr, name=name, dim=dim)
     check_batch(X.shape[0], max_batch)

@@ -1,0 +1,279 @@
+"""Service over HTTP (TestClient): maps, transform in every wire format, auth, limits, errors, ops."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from service.api import create_app
+from service.config import get_settings
+from test_api_support import KEYS, R, W, WONLY, populate, settings_for
+
+OCT = {"content-type": "application/octet-stream"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("api")
+    app = create_app(settings_for(tmp, max_batch=1000, max_body_bytes=2_000_000))
+    with TestClient(app) as client:
+        data = populate(app.state.vb.registry)
+        yield client, app, data
+
+
+# --- maps and spaces ----------------------------------------------------------------------------
+def test_list_maps_contract(world):
+    c, _, _ = world
+    r = c.get("/v1/maps", headers=R)
+    assert r.status_code == 200
+    by_name = {m["name"]: m for m in r.json()["data"]}
+    assert by_name["a2b"]["source_dim"] == 16 and by_name["a2b"]["target_dim"] == 16
+    assert by_name["b2c"]["source_dim"] == 16 and by_name["b2c"]["target_dim"] == 12
+    one = c.get("/v1/maps/b2c", headers=R).json()
+    assert (one["source_dim"], one["target_dim"]) == (16, 12)
+    assert one["resolved"]["version"] == 1 and one["resolved"]["method"] == "ridge"
+
+
+def test_spaces_and_versions(world):
+    c, _, _ = world
+    names = {s["name"]: s["dim"] for s in c.get("/v1/spaces", headers=R).json()["data"]}
+    assert names["a"] == 16 and names["c"] == 12
+    assert c.get("/v1/spaces/nope", headers=R).status_code == 404
+    r = c.post("/v1/spaces", json={"name": "d", "dim": 8}, headers=W)
+    assert r.status_code == 201 and r.json()["dim"] == 8
+    assert c.post("/v1/spaces", json={"name": "d2"}, headers=W).status_code == 422  # no dim, no encoder
+    vs = c.get("/v1/maps/a2b/versions", headers=R).json()["data"]
+    assert [v["version"] for v in vs] == [1] and "prod" in vs[0]["aliases"]
+
+
+# --- transform ----------------------------------------------------------------------------------
+def test_transform_json_matches_in_process(world):
+    c, _, d = world
+    X = d["X"][:5]
+    r = c.post("/v1/maps/a2b/transform", json={"vectors": X.tolist()}, headers=R)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["map"] == "a2b" and body["version"] == 1 and body["shape"] == [5, 16]
+    np.testing.assert_allclose(np.array(body["vectors"], np.float32), d["a2b"].apply(X, output="raw"), atol=1e-6)
+    r = c.post("/v1/maps/a2b@prod/transform", json={"vectors": X.tolist(), "output": "frame"}, headers=R)
+    np.testing.assert_allclose(np.array(r.json()["vectors"]), d["a2b"].apply(X, output="frame"), atol=1e-6)
+
+
+def test_transform_binary_forms_agree(world):
+    c, _, d = world
+    X = d["Y"][:7]
+    ref = d["b2c"].apply(X, output="raw")
+    # base64 in a JSON envelope, base64 out
+    r = c.post("/v1/maps/b2c:1/transform", headers=R, json={
+        "vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": 16, "encoding_format": "base64"})
+    got = np.frombuffer(base64.b64decode(r.json()["vectors_b64"]), "<f4").reshape(7, 12)
+    np.testing.assert_allclose(got, ref, atol=1e-6)
+    # raw octet-stream (width defaults to the map's source dim)
+    r = c.post("/v1/maps/b2c/transform", content=X.tobytes(), headers={**R, **OCT})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+    assert r.headers["x-shape"] == "7,12" and r.headers["x-map-version"] == "1"
+    np.testing.assert_allclose(np.frombuffer(r.content, "<f4").reshape(7, 12), ref, atol=1e-6)
+    # .npy in, .npy out
+    buf = io.BytesIO()
+    np.save(buf, X.astype(np.float64))
+    r = c.post("/v1/maps/b2c/transform", content=buf.getvalue(), headers={**R, "content-type": "application/x-npy"})
+    np.testing.assert_allclose(np.load(io.BytesIO(r.content), allow_pickle=False), ref, atol=1e-5)
+    # binary in, JSON out on request
+    r = c.post("/v1/maps/b2c/transform?dim=16&output=frame", content=X.tobytes(),
+               headers={**R, **OCT, "accept": "application/json"})
+    np.testing.assert_allclose(np.array(r.json()["vectors"]), d["b2c"].apply(X, output="frame"), atol=1e-6)
+
+
+@hsettings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 40), seed=st.integers(0, 2**31 - 1), scale=st.floats(1e-3, 1e3))
+def test_transform_http_equals_apply_property(world, n, seed, scale):
+    c, _, d = world
+    X = (np.random.default_rng(seed).standard_normal((n, 16)) * scale).astype(np.float32)
+    r = c.post("/v1/maps/a2b/transform", content=X.tobytes(), headers={**R, **OCT})
+    assert r.status_code == 200
+    np.testing.assert_allclose(np.frombuffer(r.content, "<f4").reshape(n, 16), d["a2b"].apply(X, output="raw"),
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    ({"vectors": [[1.0, 2.0]]}, 422, "expected 16 columns, got 2"),
+    ({"vectors": []}, 422, "at least one row"),
+    ({"vectors": [1.0, 2.0]}, 422, "2-D"),
+    ({"vectors": [[1.0] * 16, [1.0] * 15]}, 422, "vectors"),
+    ({"vectors": [["x"] * 16]}, 422, "numeric"),
+    ({}, 422, "missing 'vectors'"),
+    ({"vectors": [[0.0] * 16], "output": "weird"}, 422, "output"),
+    ({"vectors": [[0.0] * 16], "bogus": 1}, 422, "bogus"),
+    ({"vectors_b64": "!!!", "dim": 16}, 422, "base64"),
+    ({"vectors_b64": base64.b64encode(b"\0" * 12).decode(), "dim": 16}, 422, "whole number of rows"),
+])
+def test_transform_bad_input(world, body, status, needle):
+    c, _, _ = world
+    r = c.post("/v1/maps/a2b/transform", json=body, headers=R)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["status"] == status and needle in err["message"]
+
+
+def test_transform_non_finite_binary(world):
+    c, _, _ = world
+    X = np.zeros((3, 16), np.float32)
+    X[1, 4] = np.nan
+    r = c.post("/v1/maps/a2b/transform", content=X.tobytes(), headers={**R, **OCT})
+    assert r.status_code == 422 and r.json()["error"]["type"] == "NonFiniteError"
+    r = c.post("/v1/maps/a2b/transform?dim=15", content=np.zeros((2, 15), np.float32).tobytes(), headers={**R, **OCT})
+    assert r.status_code == 422 and "expects 16 columns, got 15" in r.json()["error"]["message"]
+    r = c.post("/v1/maps/a2b/transform", content=b"\0" * 10, headers={**R, **OCT})
+    assert r.status_code == 422
+
+
+def test_transform_unknown_refs(world):
+    c, _, _ = world
+    for ref in ("nope", "a2b@staging", "a2b:9"):
+        r = c.post(f"/v1/maps/{ref}/transform", json={"vectors": [[0.0] * 16]}, headers=R)
+        assert r.status_code == 404, ref
+        assert r.json()["error"]["type"] == "NotFoundError"
+
+
+def test_unsupported_media_type(world):
+    c, _, _ = world
+    r = c.post("/v1/maps/a2b/transform", content=b"x", headers={**R, "content-type": "text/csv"})
+    assert r.status_code == 415
+
+
+def test_limits_413(world):
+    c, _, _ = world
+    too_many = np.zeros((1001, 16), np.float32)  # max_batch=1000
+    r = c.post("/v1/maps/a2b/transform", content=too_many.tobytes(), headers={**R, **OCT})
+    assert r.status_code == 413 and "1001 rows exceeds the limit of 1000" in r.json()["error"]["message"]
+    huge = np.zeros((40_000, 16), np.float32)  # 2.56 MB > max_body_bytes=2 MB
+    r = c.post("/v1/maps/a2b/transform", content=huge.tobytes(), headers={**R, **OCT})
+    assert r.status_code == 413 and "max_body_bytes" in r.json()["error"]["message"]
+
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for _ in range(5):
+            yield b"\0" * 500_000
+
+    r = c.post("/v1/maps/a2b/transform", content=chunks(), headers={**R, **OCT})
+    assert r.status_code == 413
+
+
+# --- aliases and soft delete --------------------------------------------------------------------
+def test_alias_and_soft_delete(tmp_path):
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        d = populate(app.state.vb.registry)
+        reg = app.state.vb.registry
+        reg.register_version("a2b", d["a2b"], source_space="a", target_space="b", method="procrustes", params={})
+        assert c.put("/v1/maps/a2b/aliases/canary", json={"version": 2}, headers=W).status_code == 200
+        r = c.post("/v1/maps/a2b@canary/transform", json={"vectors": [[0.5] * 16]}, headers=R)
+        assert r.json()["version"] == 2
+        assert c.put("/v1/maps/a2b/aliases/canary", json={"version": 7}, headers=W).status_code == 404
+        assert c.delete("/v1/maps/a2b/versions/2", headers=R).status_code == 403
+        r = c.delete("/v1/maps/a2b/versions/2", headers=W)
+        assert r.status_code == 200 and r.json()["deleted"] is True
+        assert c.post("/v1/maps/a2b:2/transform", json={"vectors": [[0.5] * 16]}, headers=R).status_code == 404
+        assert c.post("/v1/maps/a2b/transform", json={"vectors": [[0.5] * 16]}, headers=R).json()["version"] == 1
+        assert c.delete("/v1/maps/a2b/aliases/prod", headers=W).status_code == 204
+        assert c.post("/v1/maps/a2b@prod/transform", json={"vectors": [[0.5] * 16]}, headers=R).status_code == 404
+        assert c.put("/v1/maps/a2b/versions/1/tags/owner", json={"value": "search"}, headers=W).json()["tags"] == {
+            "owner": "search"}
+        r = c.get("/v1/maps/a2b:1/artifact?format=npz", headers=R)
+        from align import LinearMap
+
+        np.testing.assert_allclose(LinearMap.from_bytes(r.content).W, d["a2b"].W)
+
+
+# --- auth ---------------------------------------------------------------------------------------
+def test_auth_scopes(world):
+    c, _, _ = world
+    body = {"vectors": [[0.0] * 16]}
+    r = c.post("/v1/maps/a2b/transform", json=body)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert c.post("/v1/maps/a2b/transform", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert c.post("/v1/maps/a2b/transform", json=body, headers={"Authorization": "Basic cmtleQ=="}).status_code == 401
+    assert c.post("/v1/maps/a2b/transform", json=body, headers={"Authorization": "Bearer rkey-12"}).status_code == 401
+    assert c.post("/v1/maps/a2b/transform", json=body, headers=WONLY).status_code == 403  # write-only key
+    assert c.post("/v1/spaces", json={"name": "zz", "dim": 3}, headers=R).status_code == 403
+    assert c.post("/v1/spaces", json={"name": "zz", "dim": 3}, headers=WONLY).status_code == 201
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"):
+        assert c.get(path).status_code == 200, path
+    assert c.get("/v1/info").status_code == 401
+
+
+def test_auth_disabled_only_when_explicit(tmp_path):
+    app = create_app(settings_for(tmp_path, api_keys={}))
+    with TestClient(app) as c:
+        assert c.get("/v1/maps").status_code == 401  # no keys and auth on: everything refused
+        assert c.get("/v1/maps", headers={"Authorization": "Bearer "}).status_code == 401
+    app = create_app(settings_for(tmp_path, api_keys={}, auth_disabled=True))
+    with TestClient(app) as c:
+        assert c.get("/v1/maps").status_code == 200
+
+
+def test_settings_dependency_override(tmp_path):
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: settings_for(tmp_path, api_keys={"other": ["read"]})
+    with TestClient(app) as c:
+        assert c.get("/v1/maps", headers={"Authorization": "Bearer other"}).status_code == 200
+        assert c.get("/v1/maps", headers=R).status_code == 401
+        assert (tmp_path / "data" / "registry.sqlite").exists()
+
+
+# --- ops ----------------------------------------------------------------------------------------
+def test_ops_endpoints(world):
+    c, _, _ = world
+    assert c.get("/healthz").json() == {"status": "ok"}
+    ready = c.get("/readyz").json()
+    assert ready["status"] == "ready" and ready["checks"]["registry"] == "ok"
+    info = c.get("/v1/info", headers=R).json()
+    assert info["registry_backend"] == "sqlite" and info["limits"]["max_batch"] == 1000
+    c.post("/v1/maps/a2b/transform", json={"vectors": [[0.0] * 16] * 3}, headers=R)
+    text = c.get("/metrics").text
+    assert 'vecbridge_request_duration_seconds_bucket{le="0.005",method="POST",route="/v1/maps/{ref}/transform"' in text
+    assert 'vecbridge_map_use_total{map="a2b",version="1"}' in text
+    assert "vecbridge_batch_rows_bucket" in text and "vecbridge_jobs_queued" in text
+    assert "rkey-123" not in text
+
+
+def test_openapi_documents_binary_fast_path(world):
+    c, _, _ = world
+    spec = c.get("/openapi.json").json()
+    op = spec["paths"]["/v1/maps/{ref}/transform"]["post"]
+    content = op["requestBody"]["content"]
+    assert {"application/json", "application/octet-stream", "application/x-npy"} <= set(content)
+    assert "fast path" in op["description"]
+    assert "bearer" in str(spec["components"]["securitySchemes"]).lower()
+    for path in ("/v1/embeddings", "/v1/fits", "/v1/jobs/{job_id}", "/v1/indexes", "/v1/indexes/{name}/search"):
+        assert path in spec["paths"], path
+
+
+def test_unknown_route_and_method(world):
+    c, _, _ = world
+    r = c.get("/v1/nothing", headers=R)
+    assert r.status_code == 404 and r.json()["error"]["status"] == 404
+    assert c.get("/v1/maps/a2b/transform", headers=R).status_code == 405
+
+
+def test_registry_name_errors_are_422(world):
+    c, _, _ = world
+    r = c.post("/v1/spaces", json={"name": "bad name!", "dim": 3}, headers=W)
+    assert r.status_code == 422 and r.json()["error"]["type"] == "InvalidNameError"
+    r = c.post("/v1/spaces", json={"name": "a", "dim": 99}, headers=W)
+    assert r.status_code == 409, r.text
+
+
+def test_keys_never_in_logs(tmp_path, capfd):
+    app = create_app(settings_for(tmp_path, log_level="INFO"))
+    with TestClient(app) as c:
+        c.get("/v1/maps", headers=R)
+        c.get("/v1/maps", headers={"Authorization": "Bearer not-a-key-secret"})
+    err = capfd.readouterr().err
+    assert '"route": "/v1/maps"' in err  # the access log is on
+    for k in (*KEYS, "not-a-key-secret"):
+        assert k not in err

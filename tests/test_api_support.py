@@ -1,0 +1,49 @@
+"""Helpers shared by the service tests (no tests here): a small world of spaces, maps and keys.
+
+Spaces ``a`` (16-d), ``b`` (16-d), ``c`` (12-d); maps ``a2b`` (Procrustes on a planted rotation)
+and ``b2c`` (ridge, 16 -> 12), so ``a -> c`` needs a composed path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from align import fit_procrustes, fit_ridge
+from service.config import Settings
+
+KEYS = {"rkey-123": ["read"], "wkey-456": ["read", "write"], "wonly-789": ["write"]}
+R = {"Authorization": "Bearer rkey-123"}
+W = {"Authorization": "Bearer wkey-456"}
+WONLY = {"Authorization": "Bearer wonly-789"}
+
+
+def settings_for(tmp_path, **kw) -> Settings:
+    base = dict(data_dir=tmp_path / "data", api_keys=KEYS, demo_on_empty=False, log_level="WARNING")
+    base.update(kw)
+    return Settings(**base)
+
+
+def planted(n: int = 600, seed: int = 0):
+    """X (n, 16) in space a; Y = X Q (space b, planted rotation); Z = Y M (space c, 12-d)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 16)).astype(np.float32)
+    Q, _ = np.linalg.qr(rng.standard_normal((16, 16)))
+    Y = (X @ Q).astype(np.float32)
+    M = rng.standard_normal((16, 12)).astype(np.float32)
+    Z = (Y @ M).astype(np.float32)
+    return X, Y, Z
+
+
+def populate(registry, n: int = 600, seed: int = 0):
+    """Register spaces a, b, c and maps a2b, b2c; return the data and fitted maps."""
+    X, Y, Z = planted(n, seed)
+    registry.register_space("a", 16)
+    registry.register_space("b", 16)
+    registry.register_space("c", 12)
+    m_ab = fit_procrustes(X, Y)
+    m_bc = fit_ridge(Y, Z, alpha=1e-3)
+    registry.register_version("a2b", m_ab, source_space="a", target_space="b", method="procrustes", params={},
+                              alias="prod")
+    registry.register_version("b2c", m_bc, source_space="b", target_space="c", method="ridge",
+                              params={"alpha": 1e-3})
+    return {"X": X, "Y": Y, "Z": Z, "a2b": m_ab, "b2c": m_bc}

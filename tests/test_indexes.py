@@ -1,0 +1,318 @@
+"""FAISS indexes: brute-force references, deletes, persistence, concurrency, and the HTTP surface."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import given, settings as hsettings, strategies as st
+
+from align.exceptions import DimensionMismatchError, InputError
+from align.frames import unit_rows
+from service.api import create_app
+from service.indexes import IndexConflictError, IndexNotFoundError, IndexStore, RWLock, SpaceIndex, choose_kind
+from test_api_support import R, W, populate, settings_for
+
+
+def brute(D_ids, D, Q, k):
+    """Reference: exact cosine top-k by full sort (small sizes only)."""
+    S = unit_rows(Q) @ unit_rows(D).T
+    order = np.argsort(-S, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(S, order, axis=1), D_ids[order]
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((2000, 24)).astype(np.float32)
+    return X, rng.standard_normal((30, 24)).astype(np.float32)
+
+
+def test_choose_kind():
+    assert choose_kind(10) == "flat" and choose_kind(49_999) == "flat"
+    assert choose_kind(50_000) == "hnsw" and choose_kind(999_999) == "hnsw"
+    assert choose_kind(1_000_000) == "ivf"
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_exact_search_matches_brute_force(kind, data):
+    X, Q = data
+    ids = np.arange(1000, 1000 + len(X))
+    idx = SpaceIndex.build("t", "s", X, ids=ids, kind=kind)
+    S, I = idx.search(Q, 5, exact=True)
+    S_ref, I_ref = brute(ids, X, Q, 5)
+    np.testing.assert_array_equal(I, I_ref)
+    np.testing.assert_allclose(S, S_ref, atol=1e-5)
+    # approximate search with generous parameters finds the true neighbour
+    S2, I2 = idx.search(Q, 5, ef_search=256, nprobe=idx.params.get("nlist"))
+    assert (I2[:, 0] == I_ref[:, 0]).mean() >= 0.95
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_delete_add_and_reload(kind, data, tmp_path):
+    X, Q = data
+    store = IndexStore(tmp_path)
+    idx = store.create("del", "s", X, kind=kind, payloads=[{"row": i} for i in range(len(X))])
+    _, I = idx.search(Q, 1, exact=True)
+    gone = np.unique(I[:, 0])
+    assert idx.delete(gone.tolist() + [10**9]) == len(gone)  # unknown ids ignored
+    assert idx.count == len(X) - len(gone)
+    _, I2 = idx.search(Q, 10, exact=True)
+    assert not np.isin(I2, gone).any()
+    _, I3 = idx.search(Q, 10)
+    assert not np.isin(I3, gone).any()
+    with pytest.raises(IndexConflictError):
+        idx.add(X[:2], ids=[int(I2[0, 0]), 5_000_000])
+    with pytest.raises(IndexConflictError):
+        idx.add(X[:2], ids=[7_000_000, 7_000_000])
+    back = idx.add(X[gone], ids=gone, payloads=[{"back": int(g)} for g in gone])
+    np.testing.assert_array_equal(back, gone)
+    _, I4 = idx.search(Q, 1, exact=True)
+    np.testing.assert_array_equal(I4, I)
+    # reload from disk: same answers, payloads, counters
+    again = IndexStore(tmp_path)
+    assert again.load_all() == 1
+    re = again.get("del")
+    assert re.count == len(X) and re.kind == kind
+    _, I5 = re.search(Q, 1, exact=True)
+    np.testing.assert_array_equal(I5, I)
+    assert re.payloads[int(gone[0])] == {"back": int(gone[0])}
+    assert re.payloads[int(np.setdiff1d(np.arange(len(X)), gone)[0])]["row"] >= 0
+    new = re.add(X[:1])
+    assert new[0] == re.next_id - 1 >= len(X)
+
+
+def test_hnsw_tombstones_fold_in_on_rebuild(data):
+    X, Q = data
+    idx = SpaceIndex.build("h", "s", X, kind="hnsw")
+    idx.delete(list(range(150)))  # 7.5 %: tombstones
+    assert len(idx.tombstones) == 150 and idx.index.ntotal == len(X)
+    idx.delete(list(range(150, 260)))  # past 10 %: rebuilt
+    assert not idx.tombstones and idx.index.ntotal == len(X) - 260 == idx.count
+    _, I = idx.search(Q, 10, exact=True)
+    assert (I >= 260).all()
+
+
+def test_bad_input(data):
+    X, Q = data
+    idx = SpaceIndex.build("b", "s", X[:50])
+    with pytest.raises(DimensionMismatchError):
+        idx.search(Q[:, :10], 3)
+    with pytest.raises(InputError):
+        idx.search(Q, 0)
+    with pytest.raises(InputError):
+        SpaceIndex.build("bad name", "s", X)
+    with pytest.raises(InputError):
+        SpaceIndex.build("x", "s", X, kind="lsh")
+    with pytest.raises(InputError):
+        idx.add(X[:3], payloads=[1])
+    Xn = X[:3].copy()
+    Xn[0, 0] = np.inf
+    with pytest.raises(InputError):
+        idx.add(Xn)
+    with pytest.raises(IndexNotFoundError):
+        IndexStore(__import__("pathlib").Path("/tmp/nonexistent-vb")).get("x")
+
+
+def test_fewer_rows_than_k(data):
+    X, Q = data
+    idx = SpaceIndex.build("few", "s", X[:3])
+    S, I = idx.search(Q[:2], 5)
+    assert (I[:, :3] >= 0).all() and (I[:, 3:] == -1).all()
+    S, I = idx.search(Q[:2], 5, csls_k=2)
+    assert (I[:, 3:] == -1).all()
+    empty = SpaceIndex.build("e", "s", None, dim=24)
+    assert (empty.search(Q[:1], 2)[1] == -1).all()
+
+
+def test_csls_matches_formula(data):
+    X, Q = data
+    D = X[:300]
+    idx = SpaceIndex.build("c", "s", D)
+    k, ck = 5, 7
+    S, I = idx.search(Q, k, csls_k=ck)
+    Qn, Dn = unit_rows(Q), unit_rows(D)
+    C = Qn @ Dn.T
+    r_q = np.sort(C, axis=1)[:, ::-1][:, :ck].mean(1)
+    DD = Dn @ Dn.T
+    np.fill_diagonal(DD, -np.inf)
+    r_d = np.sort(DD, axis=1)[:, ::-1][:, :ck].mean(1)
+    full = 2 * C - r_q[:, None] - r_d[None, :]
+    # the re-ranking sees the top max(4k, k+csls_k) cosine candidates; compare within them
+    cand = np.argsort(-C, axis=1)[:, : max(4 * k, k + ck)]
+    ref_I = np.take_along_axis(cand, np.argsort(-np.take_along_axis(full, cand, 1), axis=1)[:, :k], 1)
+    np.testing.assert_array_equal(I, ref_I)
+    np.testing.assert_allclose(S, np.take_along_axis(full, ref_I, 1), atol=1e-5)
+
+
+@hsettings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 60), k=st.integers(1, 8), seed=st.integers(0, 10_000))
+def test_flat_is_exact_property(n, k, seed):
+    rng = np.random.default_rng(seed)
+    D = rng.standard_normal((n, 8)).astype(np.float32)
+    Q = rng.standard_normal((4, 8)).astype(np.float32)
+    idx = SpaceIndex.build("p", "s", D)
+    S, I = idx.search(Q, k)
+    kk = min(k, n)
+    S_ref, _ = brute(np.arange(n), D, Q, kk)
+    np.testing.assert_allclose(S[:, :kk], S_ref, atol=1e-5)  # scores (ids may swap on exact ties)
+
+
+def test_rwlock_writer_excludes_readers():
+    lock = RWLock()
+    inside = {"r": 0, "w": 0, "bad": 0}
+    guard = threading.Lock()
+
+    def reader():
+        for _ in range(200):
+            with lock.read():
+                with guard:
+                    inside["r"] += 1
+                    inside["bad"] += inside["w"] > 0
+                with guard:
+                    inside["r"] -= 1
+
+    def writer():
+        for _ in range(100):
+            with lock.write():
+                with guard:
+                    inside["w"] += 1
+                    inside["bad"] += inside["r"] > 0 or inside["w"] > 1
+                with guard:
+                    inside["w"] -= 1
+
+    ts = [threading.Thread(target=reader) for _ in range(4)] + [threading.Thread(target=writer) for _ in range(2)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert inside["bad"] == 0
+
+
+def test_concurrent_search_during_writes(data):
+    X, Q = data
+    idx = SpaceIndex.build("cc", "s", X[:1000])
+    ref = idx.search(Q, 3)[1]
+    errors = []
+
+    def searcher():
+        try:
+            for _ in range(30):
+                S, I = idx.search(Q, 3)
+                # rows added later (ids >= 1000) may outrank, never a torn or invalid answer
+                assert (I >= 0).all() and np.isfinite(S).all()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def writer():
+        for s in range(1000, 2000, 100):
+            idx.add(X[s : s + 100], ids=np.arange(s, s + 100))
+            idx.delete(list(range(s, s + 10)))
+
+    ts = [threading.Thread(target=searcher) for _ in range(3)] + [threading.Thread(target=writer)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert not errors
+    assert idx.count == 2000 - 100
+    S, I = idx.search(Q, 3, exact=True)
+    S_ref, I_ref = brute(idx._live_ids(), np.vstack([X[:1000]] + [X[s + 10 : s + 100] for s in range(1000, 2000, 100)]),
+                         Q, 3)
+    np.testing.assert_array_equal(I, I_ref)
+    assert ref.shape == I.shape
+
+
+# --- HTTP ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("idx")
+    app = create_app(settings_for(tmp))
+    with TestClient(app) as c:
+        d = populate(app.state.vb.registry)
+        yield c, app, d, tmp
+
+
+def test_http_index_lifecycle_and_cross_model_search(api):
+    c, app, d, _ = api
+    Z = d["Z"]
+    r = c.post("/v1/indexes", headers=W, json={"name": "zc", "space": "c", "vectors": Z.tolist(),
+                                               "ids": list(range(100, 100 + len(Z))),
+                                               "payloads": [{"row": i} for i in range(len(Z))]})
+    assert r.status_code == 201 and r.json()["count"] == len(Z) and r.json()["kind"] == "flat"
+    assert c.post("/v1/indexes", headers=W, json={"name": "zc", "space": "c", "vectors": Z.tolist()}).status_code == 409
+    assert c.get("/v1/indexes", headers=R).json()["data"][0]["name"] == "zc"
+    # native search in c
+    r = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": Z[:4].tolist(), "k": 3})
+    body = r.json()
+    assert body["maps"] == [] and [h[0]["id"] for h in body["results"]] == [100, 101, 102, 103]
+    assert body["results"][0][0]["payload"] == {"row": 0}
+    # from space a: path a2b (prod) then b2c, composed
+    X = d["X"][:20]
+    r = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": X.tolist(), "space": "a", "k": 5})
+    body = r.json()
+    assert [(m["name"], m["version"]) for m in body["maps"]] == [("a2b", 1), ("b2c", 1)]
+    composed = d["a2b"].compose(d["b2c"])
+    _, I_ref = brute(np.arange(100, 100 + len(Z)), Z, composed.apply(X, output="raw"), 5)
+    assert [[h["id"] for h in row] for row in body["results"]] == I_ref.tolist()
+    assert np.mean([row[0]["id"] == 100 + i for i, row in enumerate(body["results"])]) >= 0.9
+    # pinned map with the wrong endpoints
+    r = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": X.tolist(), "space": "a", "map": "a2b"})
+    assert r.status_code == 422 and "goes a -> b" in r.json()["error"]["message"]
+    # space without a path, dims from the query space
+    c.post("/v1/spaces", headers=W, json={"name": "island", "dim": 12})
+    r = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": [[0.1] * 12], "space": "island"})
+    assert r.status_code == 404 and "no chain" in r.json()["error"]["message"]
+    r = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": [[0.1] * 12], "space": "a"})
+    assert r.status_code == 422
+    # base64 queries, CSLS, exact
+    import base64
+
+    r = c.post("/v1/indexes/zc/search", headers=R, json={
+        "vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": 16, "space": "a", "k": 2, "csls": True,
+        "exact": True, "include_payloads": False})
+    body = r.json()
+    assert body["scoring"] == "csls" and "payload" not in body["results"][0][0]
+    # add, delete, search again
+    r = c.post("/v1/indexes/zc/vectors", headers=W, json={"vectors": Z[:2].tolist(), "payloads": ["x", "y"]})
+    new_ids = r.json()["ids"]
+    assert new_ids == [100 + len(Z), 101 + len(Z)]
+    r = c.post("/v1/indexes/zc/delete", headers=W, json={"ids": [100, 101]})
+    assert r.json()["deleted"] == 2 and r.json()["count"] == len(Z)
+    hits = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": Z[:1].tolist(), "k": 1}).json()["results"]
+    assert hits[0][0]["id"] == new_ids[0] and hits[0][0]["payload"] == "x"
+    assert c.post("/v1/indexes/zc/delete", headers=R, json={"ids": [1]}).status_code == 403
+    assert c.post("/v1/indexes/nope/search", headers=R, json={"vectors": [[0.0] * 12]}).status_code == 404
+    assert 'vecbridge_index_vectors{index="zc"}' in c.get("/metrics").text
+
+
+def test_http_index_reload_on_start(tmp_path):
+    s = settings_for(tmp_path)
+    app = create_app(s)
+    with TestClient(app) as c:
+        d = populate(app.state.vb.registry)
+        c.post("/v1/indexes", headers=W, json={"name": "yb", "space": "b", "vectors": d["Y"].tolist(),
+                                               "kind": "hnsw", "params": {"M": 16}})
+        before = c.post("/v1/indexes/yb/search", headers=R, json={"vectors": d["X"][:5].tolist(), "space": "a"}).json()
+    app2 = create_app(s)
+    with TestClient(app2) as c:
+        info = c.get("/v1/indexes/yb", headers=R).json()
+        assert info["kind"] == "hnsw" and info["params"]["M"] == 16 and info["count"] == len(d["Y"])
+        after = c.post("/v1/indexes/yb/search", headers=R, json={"vectors": d["X"][:5].tolist(), "space": "a"}).json()
+        assert after["results"] == before["results"]
+        assert c.get("/readyz").json()["checks"]["indexes"]["loaded"] == 1
+        assert c.delete("/v1/indexes/yb", headers=W).status_code == 204
+        assert c.get("/v1/indexes/yb", headers=R).status_code == 404
+        assert not (tmp_path / "data" / "indexes" / "yb").exists()
+
+
+def test_http_index_validation(api):
+    c, _, d, _ = api
+    r = c.post("/v1/indexes", headers=W, json={"name": "v1", "space": "c", "vectors": d["X"][:3].tolist()})
+    assert r.status_code == 422 and "expected 12 columns" in r.json()["error"]["message"]
+    r = c.post("/v1/indexes", headers=W, json={"name": "v2", "space": "nowhere", "vectors": [[0.0]]})
+    assert r.status_code == 404
+    r = c.post("/v1/indexes", headers=W, json={"name": "v3", "space": "c", "texts": ["hello"]})
+    assert r.status_code == 404 and "no encoder" in r.json()["error"]["message"]
+    r = c.post("/v1/indexes", headers=W, json={"name": "v 4", "space": "c", "vectors": [[0.0] * 12]})
+    assert r.status_code == 422
+    r = c.post("/v1/indexes", headers=W, json={"name": "v5", "space": "c", "vectors": [[0.0] * 12], "k": 3})
+    assert r.status_code == 422 and "k" in r.json()["error"]["message"]
