@@ -1,0 +1,219 @@
+"""HTML report of one fit: what people look at instead of logs.
+
+Sections: summary (name, spaces, method, parameters, lineage, metrics), stage timings, the
+selection criterion across restarts and the per-iteration histories found in
+``map_.metadata["diagnostics"]``, a histogram of cosines of mapped pairs (true pairs when
+paired; mutual nearest neighbours after mapping otherwise), and a 2-D PCA projection of both
+clouds before and after mapping. Plots are matplotlib (Agg) PNGs embedded as base64, so the
+report is one self-contained file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["render_report", "write_report", "pca_2d"]
+
+
+def _mpl():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    _mpl().close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def pca_2d(A: np.ndarray, basis_from: np.ndarray | None = None) -> np.ndarray:
+    """Project rows of ``A`` (n, d) on the top-2 principal axes of ``basis_from`` (default ``A``) → (n, 2)."""
+    B = np.asarray(A if basis_from is None else basis_from, dtype=np.float64)
+    mu = B.mean(axis=0)
+    _, _, Vt = np.linalg.svd(B - mu, full_matrices=False)
+    return (np.asarray(A, np.float64) - mu) @ Vt[:2].T
+
+
+def _pad(A: np.ndarray, d: int) -> np.ndarray:
+    return A if A.shape[1] == d else np.hstack([A, np.zeros((A.shape[0], d - A.shape[1]), A.dtype)])
+
+
+def _timings_plot(timings: dict) -> str:
+    plt = _mpl()
+    names, vals = list(timings), [float(v) for v in timings.values()]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.0))
+    ax.barh(names[::-1], vals[::-1], color="#4c72b0")
+    for i, v in enumerate(vals[::-1]):
+        ax.text(v, i, f" {v:.2f}s", va="center", fontsize=8)
+    ax.set_xlabel("seconds")
+    ax.set_title("stage timings")
+    return _png(fig)
+
+
+def _series_from_diagnostics(diag: dict) -> list[tuple[str, list[float]]]:
+    """Numeric series worth plotting: lists of numbers, and numeric fields of lists of dicts."""
+    out = []
+
+    def walk(prefix, obj, depth):
+        if depth > 4:
+            return
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}{k}" if not prefix else f"{prefix}.{k}", v, depth + 1)
+        elif isinstance(obj, list) and len(obj) >= 2:
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in obj):
+                out.append((prefix, [float(v) for v in obj]))
+            elif all(isinstance(v, dict) for v in obj):
+                rows = [v for v in obj if not isinstance(v.get("round"), str)]
+                keys = [k for k in rows[0] if k != "round" and all(
+                    isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in rows)] if rows else []
+                for k in keys:
+                    if len(rows) >= 2:
+                        out.append((f"{prefix}.{k}", [float(r[k]) for r in rows]))
+                for i, v in enumerate(obj[:8]):
+                    walk(f"{prefix}[{i}]", v, depth + 1)
+
+    walk("", diag, 0)
+    return [(n, s) for n, s in out if "timings" not in n][:12]
+
+
+def _criterion_plots(diag: dict) -> list[tuple[str, str]]:
+    plt = _mpl()
+    plots = []
+    crits = diag.get("criteria")
+    if isinstance(crits, list) and crits:
+        chosen = diag.get("chosen_restart")
+        fig, ax = plt.subplots(figsize=(7, 3))
+        colors = ["#dd8452" if i == chosen else "#4c72b0" for i in range(len(crits))]
+        ax.bar(range(len(crits)), crits, color=colors)
+        ax.set_xlabel("restart")
+        ax.set_ylabel("unsupervised criterion")
+        ax.set_title("selection criterion across restarts (orange: chosen)")
+        plots.append(("Selection criterion across restarts", _png(fig)))
+    series = _series_from_diagnostics({k: v for k, v in diag.items() if k != "criteria"})
+    if series:
+        n = len(series)
+        cols = 2
+        rows = (n + cols - 1) // cols
+        fig, axes = plt.subplots(rows, cols, figsize=(10, 2.6 * rows), squeeze=False)
+        for ax, (name, s) in zip(axes.ravel(), series):
+            ax.plot(range(1, len(s) + 1), s, marker="." if len(s) < 40 else None)
+            ax.set_title(name, fontsize=9)
+            ax.set_xlabel("iteration", fontsize=8)
+        for ax in axes.ravel()[n:]:
+            ax.axis("off")
+        fig.tight_layout()
+        plots.append(("Refinement iterations", _png(fig)))
+    return plots
+
+
+def _hist_plot(cosines: dict[str, np.ndarray]) -> str:
+    plt = _mpl()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for label, c in cosines.items():
+        if c is not None and len(c):
+            ax.hist(np.asarray(c), bins=50, range=(-0.2, 1.0), alpha=0.6,
+                    label=f"{label} (n={len(c)}, mean {np.mean(c):.3f})")
+    ax.set_xlabel("cosine in the target frame")
+    ax.set_ylabel("count")
+    ax.legend(fontsize=8)
+    ax.set_title("cosines of mapped pairs")
+    return _png(fig)
+
+
+def _pca_plot(src_before, tgt_before, src_after, tgt_after, paired: bool) -> str:
+    plt = _mpl()
+    d = max(src_before.shape[1], tgt_before.shape[1])
+    sb, tb = _pad(src_before, d), _pad(tgt_before, d)
+    both = np.vstack([sb, tb])
+    P_sb, P_tb = pca_2d(sb, both), pca_2d(tb, both)
+    P_sa, P_ta = pca_2d(src_after, tgt_after), pca_2d(tgt_after)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    for ax, (ps, pt), title in ((axes[0], (P_sb, P_tb), "before mapping (own frames, shared PCA)"),
+                                (axes[1], (P_sa, P_ta), "after mapping (target frame, target PCA)")):
+        if paired:
+            m = min(60, ps.shape[0])
+            for i in range(m):
+                ax.plot([ps[i, 0], pt[i, 0]], [ps[i, 1], pt[i, 1]], color="grey", lw=0.4, alpha=0.5)
+        ax.scatter(pt[:, 0], pt[:, 1], s=4, alpha=0.45, label="target", color="#dd8452")
+        ax.scatter(ps[:, 0], ps[:, 1], s=4, alpha=0.45, label="source", color="#4c72b0")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8, markerscale=3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _table(d: dict) -> str:
+    rows = []
+    for k, v in d.items():
+        if isinstance(v, float):
+            v = f"{v:.4g}"
+        elif isinstance(v, (dict, list)):
+            v = json.dumps(v, sort_keys=True, default=str)
+            if len(v) > 400:
+                v = v[:400] + "…"
+        rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
+h1{font-size:1.5em}h2{font-size:1.15em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;font-size:.85em}th{text-align:left;padding:2px 12px 2px 0;color:#555;vertical-align:top}
+td{padding:2px 0;font-family:ui-monospace,monospace;word-break:break-all}img{max-width:100%}
+.metric{display:inline-block;margin:0 1.5em .6em 0}.metric b{font-size:1.4em;display:block}"""
+
+
+def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, diagnostics: dict | None,
+                  cosines: dict[str, np.ndarray], clouds: tuple | None, paired: bool) -> str:
+    """Build the report HTML.
+
+    Parameters
+    ----------
+    summary : dict            lineage facts shown as a table
+    metrics : dict            numbers shown prominently
+    timings : dict            stage name -> seconds
+    diagnostics : dict        ``map_.metadata["diagnostics"]`` (criterion across restarts/iterations)
+    cosines : dict            label -> cosines (k,) of mapped pairs, for the histogram
+    clouds : (src_before (n, d_s), tgt_before (m, d_t), src_after (n, d_t), tgt_after (m, d_t)) or None
+    """
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    headline = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    parts.append("<div>" + "".join(
+        f"<span class='metric'>{html.escape(k)}<b>{v:.4g}</b></span>" for k, v in list(headline.items())[:8]) + "</div>")
+    parts.append("<h2>Summary and lineage</h2>" + _table(summary))
+    parts.append("<h2>Metrics</h2>" + _table(metrics))
+    if timings:
+        parts.append(f"<h2>Stage timings</h2><img alt='stage timings' src='data:image/png;base64,{_timings_plot(timings)}'>")
+    for heading, png in _criterion_plots(diagnostics or {}):
+        parts.append(f"<h2>{html.escape(heading)}</h2><img alt='{html.escape(heading)}' src='data:image/png;base64,{png}'>")
+    if any(c is not None and len(c) for c in cosines.values()):
+        parts.append(f"<h2>Cosines of mapped pairs</h2><img alt='cosine histogram' "
+                     f"src='data:image/png;base64,{_hist_plot(cosines)}'>")
+    if clouds is not None:
+        parts.append(f"<h2>2-D projection of both clouds</h2><img alt='PCA projection' "
+                     f"src='data:image/png;base64,{_pca_plot(*clouds, paired=paired)}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(path, text: str) -> Path:
+    """Write ``text`` atomically to ``path`` (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
