@@ -1,0 +1,171 @@
+"""Vector file I/O: every format round-trips, row ranges, streaming chunks, typed errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from align.exceptions import InputError, NonFiniteError, ShapeError
+from service.encoders import UnknownEncoderError, get_encoder, list_encoders
+from service.io import (
+    ChunkWriter,
+    FormatError,
+    count_rows,
+    iter_chunks,
+    parse_rows,
+    read_texts,
+    read_vectors,
+    sha256_array,
+    write_vectors,
+)
+
+FORMATS = [".npy", ".npz", ".fvecs", ".parquet"]
+
+
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_round_trip_every_vector_format(tmp_path, suffix):
+    X = np.random.default_rng(0).normal(size=(103, 7)).astype(np.float32)
+    p = write_vectors(tmp_path / f"x{suffix}", X)
+    np.testing.assert_array_equal(read_vectors(p), X)
+    np.testing.assert_array_equal(read_vectors(p, rows="10:20"), X[10:20])
+    np.testing.assert_array_equal(read_vectors(p, rows=(-3, None)), X[-3:])
+    assert count_rows(p) == 103
+    chunks = list(iter_chunks(p, chunk_rows=10, rows="5:98"))
+    assert all(c.shape[0] <= 10 and c.dtype == np.float32 for c in chunks)
+    np.testing.assert_array_equal(np.vstack(chunks), X[5:98])
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 40), d=st.integers(1, 9), chunk=st.integers(1, 17), suffix=st.sampled_from(FORMATS),
+       seed=st.integers(0, 1000))
+def test_streaming_write_then_read_is_lossless(tmp_path, n, d, chunk, suffix, seed):
+    X = np.random.default_rng(seed).normal(size=(n, d)).astype(np.float32)
+    out = tmp_path / f"s{seed}-{n}-{d}-{chunk}{suffix}"
+    if suffix == ".npz":
+        write_vectors(out, X)
+    else:
+        with ChunkWriter(out, dim=d, n_rows=n) as w:
+            for s in range(0, n, chunk):
+                w.write(X[s : s + chunk])
+    np.testing.assert_array_equal(np.vstack(list(iter_chunks(out, chunk_rows=chunk))), X)
+
+
+def test_float16_input_is_upcast(tmp_path):
+    X = np.random.default_rng(1).normal(size=(5, 3)).astype(np.float16)
+    np.save(tmp_path / "h.npy", X)
+    Y = read_vectors(tmp_path / "h.npy")
+    assert Y.dtype == np.float32 and Y.flags.c_contiguous
+    np.testing.assert_array_equal(Y, X.astype(np.float32))
+
+
+def test_npz_key_and_parquet_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    a, b = np.ones((4, 2), np.float32), np.zeros((3, 5), np.float32)
+    np.savez(tmp_path / "two.npz", a=a, b=b)
+    assert read_vectors(tmp_path / "two.npz").shape == (4, 2)
+    assert read_vectors(tmp_path / "two.npz", key="b").shape == (3, 5)
+    with pytest.raises(FormatError, match="no array"):
+        read_vectors(tmp_path / "two.npz", key="c")
+    table = pa.table({"id": [1, 2, 3], "emb": [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], "other": [[0.0], [1.0], [2.0]]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    np.testing.assert_array_equal(read_vectors(tmp_path / "t.parquet"), [[1, 2], [3, 4], [5, 6]])
+    assert read_vectors(tmp_path / "t.parquet", column="other").shape == (3, 1)
+    with pytest.raises(FormatError, match="no column"):
+        read_vectors(tmp_path / "t.parquet", column="nope")
+    pq.write_table(pa.table({"id": [1, 2]}), tmp_path / "nolist.parquet")
+    with pytest.raises(FormatError, match="no list column"):
+        read_vectors(tmp_path / "nolist.parquet")
+    pq.write_table(pa.table({"v": [[1.0, 2.0], [3.0]]}), tmp_path / "ragged.parquet")
+    with pytest.raises(FormatError, match="different lengths"):
+        read_vectors(tmp_path / "ragged.parquet")
+
+
+def test_bad_files_raise_typed_errors(tmp_path):
+    with pytest.raises(FormatError, match="no such file"):
+        read_vectors(tmp_path / "missing.npy")
+    (tmp_path / "x.csv").write_text("1,2\n")
+    with pytest.raises(FormatError, match="unsupported format"):
+        read_vectors(tmp_path / "x.csv")
+    (tmp_path / "bad.fvecs").write_bytes(np.array([3, 1, 2], dtype="<i4").tobytes())
+    with pytest.raises(FormatError, match="fvecs"):
+        read_vectors(tmp_path / "bad.fvecs")
+    np.save(tmp_path / "nan.npy", np.array([[1.0, np.nan]], np.float32))
+    with pytest.raises(NonFiniteError):
+        read_vectors(tmp_path / "nan.npy")
+    np.save(tmp_path / "one_d.npy", np.arange(3.0))
+    with pytest.raises(ShapeError):
+        read_vectors(tmp_path / "one_d.npy")
+    write_vectors(tmp_path / "ok.npy", np.ones((4, 2)))
+    for rows in ["5:9", "3:2", "0:0", "a:b", "1:2:3"]:
+        with pytest.raises(InputError):
+            read_vectors(tmp_path / "ok.npy", rows=rows)
+    with pytest.raises(InputError, match="already holds vectors"):
+        read_vectors(tmp_path / "ok.npy", encoder="all-MiniLM-L6-v2")
+
+
+def test_parse_rows():
+    assert parse_rows("0:16384") == (0, 16384)
+    assert parse_rows(":5") == (None, 5) and parse_rows("-10:") == (-10, None)
+    assert parse_rows(None) is None
+
+
+def test_text_files(tmp_path):
+    (tmp_path / "a.txt").write_text("first line\n\nsecond line\nthird\n")
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate("xyz")))
+    (tmp_path / "a.json").write_text(json.dumps(["p", "q"]))
+    assert read_texts(tmp_path / "a.txt") == ["first line", "second line", "third"]
+    assert read_texts(tmp_path / "a.txt", rows=(1, 3)) == ["second line", "third"]
+    assert read_texts(tmp_path / "a.jsonl") == ["x", "y", "z"]
+    assert read_texts(tmp_path / "a.json") == ["p", "q"]
+    assert count_rows(tmp_path / "a.jsonl") == 3
+    with pytest.raises(FormatError, match="field"):
+        read_texts(tmp_path / "a.jsonl", text_field="body")
+    with pytest.raises(InputError, match="encoder"):
+        read_vectors(tmp_path / "a.txt")
+    with pytest.raises(UnknownEncoderError):
+        read_vectors(tmp_path / "a.txt", encoder="no-such-model")
+
+
+def test_chunk_writer_is_atomic(tmp_path):
+    out = tmp_path / "o.npy"
+    with pytest.raises(RuntimeError):
+        with ChunkWriter(out, dim=3, n_rows=10) as w:
+            w.write(np.ones((4, 3)))
+            raise RuntimeError("crash mid-way")
+    assert not out.exists() and not list(tmp_path.iterdir())
+    with pytest.raises(InputError):
+        ChunkWriter(tmp_path / "o.npz", dim=3, n_rows=1)
+    w = ChunkWriter(tmp_path / "o.fvecs", dim=3)
+    with pytest.raises(InputError, match="does not match"):
+        w.write(np.ones((2, 4)))
+    w.abort()
+
+
+def test_sha256_of_float32_bytes():
+    X = np.arange(12, dtype=np.float64).reshape(4, 3)
+    assert sha256_array(X) == sha256_array(X.astype(np.float32))
+    assert sha256_array(X) != sha256_array(X[::-1])
+
+
+def test_encoder_registry():
+    names = {e["name"] for e in list_encoders()}
+    assert {"all-MiniLM-L6-v2", "multilingual-e5-small"} <= names
+    with pytest.raises(UnknownEncoderError, match="unknown encoder"):
+        get_encoder("gpt-17")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, column", [("all-MiniLM-L6-v2", "minilm"), ("multilingual-e5-small", "e5")])
+def test_encoders_reproduce_the_shared_embeddings(tmp_path, name, column, wordnet):
+    texts = json.load(open(__import__("tests.conftest", fromlist=["WORDNET"]).WORDNET / "texts.json"))[:4]
+    (tmp_path / "t.json").write_text(json.dumps(texts))
+    X = read_vectors(tmp_path / "t.json", encoder=name)
+    ref = np.asarray(wordnet[column][:4], np.float32)
+    assert X.shape == (4, 384)
+    np.testing.assert_allclose((X * ref).sum(1), 1.0, atol=2e-3)
