@@ -102,8 +102,9 @@ class MiniVec2Vec:
         Smoothing of Refine-1/2 (published 0.5).
     refine2_clusters : int
         Refine-2 k-means clusters (published 500).
-    self_learning_rounds : int; self_learning_sample : int or None
-        Rounds of mutual-NN CSLS Procrustes; rows per side per round (None: all).
+    self_learning_rounds, self_learning_sample, self_learning_final_rounds : int
+        Rounds of mutual-NN CSLS Procrustes on fresh random samples of ``self_learning_sample``
+        rows per side (None: all rows), then rounds over all rows (the last on confident pairs).
     csls_k : int
         Neighbourhood of CSLS (10).
     confident : float
@@ -129,7 +130,8 @@ class MiniVec2Vec:
                  anchor_sample: int = 10000, n_clusters: int = 20, qap_restarts: int = 30, qap_method: str = "2opt",
                  soft_k: int = 50, refine: tuple = ("icp", "self_learning"), refine1_iters: int = 100,
                  refine1_sample: int = 1000, refine1_k: int = 50, alpha: float = 0.5, refine2_clusters: int = 500,
-                 self_learning_rounds: int = 10, self_learning_sample: int | None = None, csls_k: int = 10,
+                 self_learning_rounds: int = 30, self_learning_sample: int | None = 4096,
+                 self_learning_final_rounds: int = 2, csls_k: int = 10,
                  confident: float = 0.8, criterion_sample: int = 4096, seed_weight: float = 1.0,
                  random_state=None):
         self.init = init
@@ -148,6 +150,7 @@ class MiniVec2Vec:
         self.refine2_clusters = refine2_clusters
         self.self_learning_rounds = self_learning_rounds
         self.self_learning_sample = self_learning_sample
+        self.self_learning_final_rounds = self_learning_final_rounds
         self.csls_k = csls_k
         self.confident = confident
         self.criterion_sample = criterion_sample
@@ -156,7 +159,7 @@ class MiniVec2Vec:
 
     _PARAMS = ("init", "n_restarts", "n_anchor_runs", "anchor_sample", "n_clusters", "qap_restarts", "qap_method",
                "soft_k", "refine", "refine1_iters", "refine1_sample", "refine1_k", "alpha", "refine2_clusters",
-               "self_learning_rounds", "self_learning_sample", "csls_k", "confident", "criterion_sample",
+               "self_learning_rounds", "self_learning_sample", "self_learning_final_rounds", "csls_k", "confident", "criterion_sample",
                "seed_weight", "random_state")
 
     # --- presets ------------------------------------------------------------------------------
@@ -191,7 +194,7 @@ class MiniVec2Vec:
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"{name} must be a positive integer, got {v!r}")
-        for name in ("refine1_iters", "self_learning_rounds"):
+        for name in ("refine1_iters", "self_learning_rounds", "self_learning_final_rounds"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 0:
                 raise InputError(f"{name} must be a non-negative integer, got {v!r}")
@@ -329,7 +332,8 @@ class MiniVec2Vec:
                 report(prefix + "refine2", 1.0)
             elif stage == "self_learning":
                 W, h = self_learning(W, Xs, Yt, rounds=self.self_learning_rounds, csls_k=self.csls_k,
-                                     sample=self.self_learning_sample, confident=self.confident,
+                                     sample=self.self_learning_sample,
+                                     final_rounds=self.self_learning_final_rounds, confident=self.confident,
                                      seed_pairs=seed_rows, seed_weight=self.seed_weight, random_state=rng,
                                      progress=lambda f: report(prefix + "self_learning", f))
                 n_iter += len(h)
