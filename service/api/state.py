@@ -153,15 +153,28 @@ class AppState:
         return self.encoder(info.encoder), info
 
     def space_for_encoder(self, encoder: str) -> str | None:
-        """Name of the space produced by ``encoder`` (a space named like it, else the first with it)."""
+        """Name of the space produced by ``encoder`` (a space named like it, else the first with it).
+
+        Encoder names are compared in canonical form (``minilm`` == ``all-MiniLM-L6-v2``).
+        """
         spaces = self.registry.list_spaces()
         for s in spaces:
             if s.name == encoder:
                 return s.name
+        want = {encoder, getattr(self.encoder(encoder), "name", encoder)}
         for s in spaces:
-            if s.encoder == encoder:
+            if s.encoder and (s.encoder in want or _canonical(s.encoder) in want):
                 return s.name
         return None
+
+
+def _canonical(name: str) -> str:
+    try:
+        from ..encoders import canonical_name
+
+        return canonical_name(name)
+    except Exception:  # noqa: BLE001 - unknown names compare as given
+        return name
 
 
 def _encoder_names(items) -> list[str]:

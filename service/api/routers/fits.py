@@ -63,7 +63,7 @@ def _side(state: AppState, side: dict, space: str, label: str, max_batch: int) -
     return {"X": X, "info": info}
 
 
-def _materialise(state: AppState, ctx, side: dict, space: str, label: str, frac: tuple[float, float]) -> np.ndarray:
+def _materialise(state: AppState, ctx, side: dict, space: str, label: str) -> np.ndarray:
     if "X" in side:
         X = side["X"]
     else:
@@ -71,7 +71,7 @@ def _materialise(state: AppState, ctx, side: dict, space: str, label: str, frac:
         texts = side["texts"]
         parts, step = [], 256
         for s in range(0, len(texts), step):
-            ctx.progress(f"encode_{label}", frac[0] + (frac[1] - frac[0]) * s / len(texts))
+            ctx.progress(f"encode {label}", s / len(texts))
             parts.append(np.asarray(enc.encode(texts[s : s + step], kind="passage"), dtype=np.float32))
         X = as_matrix(np.vstack(parts), name=f"{label} embeddings")
     if side["info"] is None:
@@ -80,6 +80,10 @@ def _materialise(state: AppState, ctx, side: dict, space: str, label: str, frac:
         except NotFoundError:
             state.registry.register_space(space, int(X.shape[1]), encoder=side.get("encoder"))
     return X
+
+
+def _what(side: dict) -> str:
+    return f"{len(side['texts'])} texts via {side['encoder']}" if "texts" in side else f"{side['X'].shape[0]} vectors"
 
 
 @router.post("/fits", dependencies=[WriteScope], status_code=202, summary="Queue a fit job", description=FIT_DOC,
@@ -93,6 +97,13 @@ async def create_fit(request: Request, state: StateDep, settings: SettingsDep,
         obj = parse_json(body)
         sides = {k: obj.get(k) for k in ("source", "target")}
         opts = validate(FitRequest, {**obj, "source": {}, "target": {}})
+        from ...fitting import METHODS, SUPERVISED
+
+        if opts.method not in METHODS:
+            raise InputError(f"unknown method {opts.method!r}; choose from {', '.join(METHODS)}")
+        if opts.method in SUPERVISED and not opts.paired:
+            raise InputError(f"method {opts.method!r} needs paired rows (\"paired\": true); "
+                             f"use minivec2vec for unpaired sets")
         src = _side(state, sides["source"], opts.source_space, "source", settings.max_batch)
         tgt = _side(state, sides["target"], opts.target_space, "target", settings.max_batch)
         if opts.paired and "X" in src and "X" in tgt and src["X"].shape[0] != tgt["X"].shape[0]:
@@ -113,13 +124,17 @@ async def create_fit(request: Request, state: StateDep, settings: SettingsDep,
     def job(ctx):
         from ...fitting import run_fit
 
-        Xs = _materialise(state, ctx, src, opts.source_space, "source", (0.0, 0.15))
-        Xt = _materialise(state, ctx, tgt, opts.target_space, "target", (0.15, 0.3))
-        seed = np.asarray(opts.seed_pairs, dtype=np.int64) if opts.seed_pairs else None
+        Xs = _materialise(state, ctx, src, opts.source_space, "source")
+        Xt = _materialise(state, ctx, tgt, opts.target_space, "target")
+        seed = None
+        if opts.seed_pairs:
+            pairs = np.asarray(opts.seed_pairs, dtype=np.int64).reshape(-1, 2)
+            seed = (pairs[:, 0], pairs[:, 1])  # (source rows, target rows), as align.MiniVec2Vec takes them
         v = run_fit(state.registry, name=opts.name, source=Xs, target=Xt, method=opts.method, params=opts.params,
                     source_space=opts.source_space, target_space=opts.target_space, paired=opts.paired,
                     seed_pairs=seed, random_state=opts.random_state, alias=opts.alias, progress=ctx.progress,
-                    report_dir=state.registry.report_dir, should_cancel=ctx.should_cancel)
+                    report_dir=state.registry.report_dir, should_cancel=ctx.should_cancel,
+                    description=opts.description, inputs={"via": "http", "source": _what(src), "target": _what(tgt)})
         return {"ref": v.ref, "version": v.to_dict()}
 
     digest = hashlib.sha256(body).hexdigest()

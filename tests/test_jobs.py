@@ -1,0 +1,216 @@
+"""Background jobs: states, progress, cancellation, bounded queue, idempotency; fit jobs over HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import create_app
+from service.jobs import (IdempotencyConflictError, JobCancelled, JobManager, JobNotFoundError, QueueFullError,
+                          TERMINAL)
+from test_api_support import R, W, planted, populate, settings_for
+
+
+def wait(mgr_or_get, job_id, states=TERMINAL, timeout=60.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        job = mgr_or_get(job_id)
+        state = job["state"] if isinstance(job, dict) else job.state
+        if state in states:
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"job {job_id} did not reach {states}")
+
+
+def test_success_progress_and_timings():
+    mgr = JobManager(workers=1, max_queued=4)
+
+    def fn(ctx):
+        ctx.progress("load", 0.1)
+        ctx.progress("fit", 0.5)
+        return {"answer": 42}
+
+    job, created = mgr.submit(fn, kind="t")
+    assert created
+    wait(mgr.get, job.id)
+    d = mgr.get(job.id).to_dict()
+    assert d["state"] == "succeeded" and d["result"] == {"answer": 42}
+    assert d["progress"] == {"stage": "done", "fraction": 1.0}
+    assert {"load", "fit"} <= set(d["timings"]["stages"]) and d["timings"]["run_seconds"] >= 0
+    mgr.shutdown(wait=True)
+
+
+def test_failure_is_recorded():
+    mgr = JobManager()
+
+    def fn(ctx):
+        raise ValueError("bad params: alpha must be > 0")
+
+    job, _ = mgr.submit(fn, kind="t")
+    wait(mgr.get, job.id)
+    assert job.state == "failed" and job.error == {"type": "ValueError", "message": "bad params: alpha must be > 0"}
+    with pytest.raises(JobNotFoundError):
+        mgr.get("nope")
+    mgr.shutdown(wait=True)
+
+
+def test_cancel_running_and_queued_and_queue_bound():
+    mgr = JobManager(workers=1, max_queued=1)
+    started = threading.Event()
+
+    def slow(ctx):
+        started.set()
+        for i in range(10_000):
+            ctx.progress("loop", i / 10_000)
+            time.sleep(0.001)
+        return {}
+
+    running, _ = mgr.submit(slow, kind="t")
+    assert started.wait(10)
+    queued, _ = mgr.submit(lambda ctx: {}, kind="t")
+    assert queued.state == "queued"
+    with pytest.raises(QueueFullError):
+        mgr.submit(lambda ctx: {}, kind="t")
+    mgr.cancel(queued.id)
+    assert queued.state == "cancelled"
+    mgr.cancel(running.id)
+    wait(mgr.get, running.id)
+    assert running.state == "cancelled" and running.fraction < 1.0
+    assert mgr.counts()["cancelled"] == 2
+    mgr.shutdown(wait=True)
+
+
+def test_idempotency_keys():
+    mgr = JobManager()
+    a, created_a = mgr.submit(lambda ctx: {"x": 1}, kind="t", idempotency_key="k1", request_hash="h1")
+    b, created_b = mgr.submit(lambda ctx: {"x": 2}, kind="t", idempotency_key="k1", request_hash="h1")
+    assert created_a and not created_b and a.id == b.id
+    with pytest.raises(IdempotencyConflictError):
+        mgr.submit(lambda ctx: {}, kind="t", idempotency_key="k1", request_hash="h2")
+    c, created_c = mgr.submit(lambda ctx: {}, kind="t", idempotency_key="k2", request_hash="h1")
+    assert created_c and c.id != a.id
+    mgr.shutdown(wait=True)
+
+
+def test_job_cancelled_exception_from_progress():
+    mgr = JobManager()
+    gate = threading.Event()
+
+    def fn(ctx):
+        gate.wait(10)
+        try:
+            ctx.progress("after-cancel", 0.5)
+        except JobCancelled:
+            raise
+        return {"should": "not happen"}
+
+    job, _ = mgr.submit(fn, kind="t")
+    wait(mgr.get, job.id, states=("running",))
+    mgr.cancel(job.id)
+    gate.set()
+    wait(mgr.get, job.id)
+    assert job.state == "cancelled" and job.result is None
+    mgr.shutdown(wait=True)
+
+
+# --- HTTP ---------------------------------------------------------------------------------------
+def test_http_queue_full_is_429(tmp_path):
+    app = create_app(settings_for(tmp_path, max_queued_jobs=0))
+    with TestClient(app) as c:
+        populate(app.state.vb.registry)
+        X, Y, _ = planted(50)
+        r = c.post("/v1/fits", headers=W, json={"name": "f", "source_space": "a", "target_space": "b",
+                                                "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()},
+                                                "method": "procrustes", "paired": True})
+        assert r.status_code == 429 and r.headers["retry-after"]
+        assert "queue is full" in r.json()["error"]["message"]
+
+
+def test_http_fit_validation_before_queueing(tmp_path):
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        populate(app.state.vb.registry)
+        X, Y, Z = planted(50)
+        base = {"name": "f", "source_space": "a", "target_space": "c", "method": "procrustes", "paired": True}
+        r = c.post("/v1/fits", headers=W, json={**base, "source": {"vectors": X.tolist()},
+                                                "target": {"vectors": Y.tolist()}})  # c is 12-d
+        assert r.status_code == 422 and "space 'c' is 12-d" in r.json()["error"]["message"]
+        r = c.post("/v1/fits", headers=W, json={**base, "source": {"vectors": X.tolist()},
+                                                "target": {"vectors": Z[:10].tolist()}})
+        assert r.status_code == 422 and r.json()["error"]["type"] == "PairCountError"
+        r = c.post("/v1/fits", headers=W, json={**base, "source": {"texts": ["x"]}, "target": {"vectors": [[0.0]]}})
+        assert r.status_code == 422 and "encoder" in r.json()["error"]["message"]
+        r = c.post("/v1/fits", headers=W, json={**base, "paired": False, "source": {"vectors": X.tolist()},
+                                                "target": {"vectors": X.tolist()}})
+        assert r.status_code == 422 and "needs paired rows" in r.json()["error"]["message"]
+        r = c.post("/v1/fits", headers=W, json={**base, "method": "magic", "source": {}, "target": {}})
+        assert r.status_code == 422 and "unknown method 'magic'" in r.json()["error"]["message"]
+        r = c.post("/v1/fits", headers=W, json={**base, "source": {"texts": ["x"], "encoder": "no-such-model"},
+                                                "target": {"vectors": [[0.0] * 12]}})
+        assert r.status_code == 404 and "unknown encoder" in r.json()["error"]["message"]
+        r = c.post("/v1/fits", headers=R, json={**base, "source": {}, "target": {}})
+        assert r.status_code == 403
+        assert c.get("/v1/jobs", headers=R).json()["data"] == []
+        assert c.get("/v1/jobs/nope", headers=R).status_code == 404
+
+
+def test_http_idempotency_key(tmp_path):
+    app = create_app(settings_for(tmp_path, max_queued_jobs=4))
+    with TestClient(app) as c:
+        populate(app.state.vb.registry)
+        X, Y, _ = planted(60)
+        body = {"name": "fit-idem", "source_space": "a", "target_space": "b", "method": "procrustes",
+                "paired": True, "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}}
+        r1 = c.post("/v1/fits", headers={**W, "Idempotency-Key": "abc"}, json=body)
+        r2 = c.post("/v1/fits", headers={**W, "Idempotency-Key": "abc"}, json=body)
+        assert r1.status_code == 202 and r2.status_code == 200 and r1.json()["id"] == r2.json()["id"]
+        assert r1.headers["location"] == f"/v1/jobs/{r1.json()['id']}"
+        r3 = c.post("/v1/fits", headers={**W, "Idempotency-Key": "abc"}, json={**body, "name": "other"})
+        assert r3.status_code == 409
+        assert len(c.get("/v1/jobs", headers=R).json()["data"]) == 1
+        c.delete(f"/v1/jobs/{r1.json()['id']}", headers=W)
+
+
+def test_http_fit_registers_a_version(tmp_path):
+    pytest.importorskip("service.fitting")
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        populate(app.state.vb.registry)
+        X, Y, _ = planted(200, seed=3)
+        r = c.post("/v1/fits", headers=W, json={
+            "name": "a2b-http", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
+            "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}, "alias": "prod"})
+        assert r.status_code == 202
+        job = wait(lambda i: c.get(f"/v1/jobs/{i}", headers=R).json(), r.json()["id"])
+        assert job["state"] == "succeeded", job
+        v = job["result"]["version"]
+        assert v["name"] == "a2b-http" and v["version"] == 1 and v["source_dim"] == 16
+        out = c.post("/v1/maps/a2b-http@prod/transform", headers=R, json={"vectors": X[:5].tolist(),
+                                                                         "output": "frame"}).json()
+        ref = app.state.vb.registry.load_map("a2b-http:1").apply(X[:5], output="frame")
+        np.testing.assert_allclose(np.array(out["vectors"]), ref, atol=1e-6)
+        # the planted rotation is recovered: mapped rows land on their partners
+        Yf = app.state.vb.registry.load_map("a2b-http:1").target_frame.apply(Y[:5])
+        assert np.all(np.sum(np.array(out["vectors"]) * Yf, axis=1) > 0.99)
+
+
+def test_http_cancel_job(tmp_path):
+    pytest.importorskip("service.fitting")
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        populate(app.state.vb.registry)
+        rng = np.random.default_rng(0)
+        Xs, Xt = rng.standard_normal((1000, 16)), rng.standard_normal((1000, 16))
+        r = c.post("/v1/fits", headers=W, json={
+            "name": "slow", "source_space": "a", "target_space": "b", "method": "minivec2vec",
+            "source": {"vectors": Xs.tolist()}, "target": {"vectors": Xt.tolist()}})
+        jid = r.json()["id"]
+        assert c.delete(f"/v1/jobs/{jid}", headers=R).status_code == 403
+        assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code == 202
+        job = wait(lambda i: c.get(f"/v1/jobs/{i}", headers=R).json(), jid)
+        assert job["state"] == "cancelled" and job["cancel_requested"]
+        assert c.get("/v1/maps/slow", headers=R).status_code == 404
