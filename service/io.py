@@ -261,7 +261,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     if M.ndim != 2:
         return as_matrix(M, name=path.name)  # raises the ShapeError
     sl = _resolve_rows(rows, M.shape[0], path)
-    return as_matrix(M[sl], name=path.name)
+    return as_matrix(np.array(M[sl], dtype=np.float32), name=path.name)  # a private, writable copy
 
 
 def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = None, column: str | None = None,

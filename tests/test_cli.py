@@ -1,0 +1,187 @@
+"""The `vecbridge` command: fit → eval gate → transform → registry commands, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import align
+from service.cli import main
+from service.io import read_vectors, sha256_array, write_vectors
+
+
+@pytest.fixture
+def data(tmp_path):
+    """Paired synthetic embeddings: target = rotated source + noise, 16-d → 16-d, 900 rows."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(12, 16)) * 2
+    X = centers[rng.integers(0, 12, 900)] + rng.normal(size=(900, 16))
+    Q = np.linalg.qr(rng.normal(size=(16, 16)))[0]
+    Y = X @ Q + 0.05 * rng.normal(size=X.shape)
+    write_vectors(tmp_path / "src.npy", X)
+    write_vectors(tmp_path / "tgt.fvecs", Y)
+    return tmp_path
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def fit_pairs(capsys, d, *extra):
+    return run(capsys, "--data-dir", d / "var", "fit", "--pairs", "--source", d / "src.npy", "--target",
+               d / "tgt.fvecs", "--rows", "0:600", "--method", "procrustes", "--name", "src->tgt", "--json",
+               "--quiet", *extra)
+
+
+def test_fit_eval_gate_and_lineage(capsys, data):
+    code, out, err = fit_pairs(capsys, data, "--alias", "prod", "--tag", "owner=me")
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["version"] == 1 and v["aliases"] == ["prod"] and v["tags"] == {"owner": "me"}
+    assert (v["source_space"], v["target_space"], v["method"]) == ("src", "tgt", "procrustes")
+    assert v["data_hashes"]["source"] == sha256_array(read_vectors(data / "src.npy", rows="0:600"))
+    assert v["inputs"]["source"]["rows"] == "0:600" and v["random_state"] == 0
+    assert v["metrics"]["train_top1"] > 0.95
+    report = (data / "var" / "reports").rglob("*.html")
+    html = next(report).read_text()
+    assert html.count("data:image/png;base64,") >= 3 and "src-&gt;tgt" in html
+    assert v["report_file"].endswith(".html")
+
+    gate = ["--data-dir", data / "var", "eval", "--map", "src->tgt@prod", "--source", data / "src.npy",
+            "--target", data / "tgt.fvecs", "--rows", "600:900"]
+    code, out, _ = run(capsys, *gate, "--min-top1", "0.9")
+    assert code == 0 and "PASS" in out and "top-1" in out
+    code, out, _ = run(capsys, *gate, "--min-top1", "1.01", "--json")
+    res = json.loads(out)
+    assert code == 1 and res["result"] == "FAIL" and res["n_candidates"] == 300
+    # the gate compares against the real number: an identity map fails it
+    ident = align.LinearMap(np.eye(16))
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{(data / 'var' / 'registry.sqlite').resolve()}", data / "var" / "artifacts")
+    reg.register_version("src->tgt", ident, source_space="src", target_space="tgt", method="identity", params={},
+                         alias="candidate")
+    code, out, _ = run(capsys, "--data-dir", data / "var", "eval", "--map", "src->tgt@candidate", "--source",
+                       data / "src.npy", "--target", data / "tgt.fvecs", "--rows", "600:900", "--min-top1", "0.5")
+    assert code == 1 and "FAIL" in out
+
+
+@pytest.mark.parametrize("out_name", ["out.npy", "out.fvecs", "out.parquet"])
+def test_transform_streams_in_chunks(capsys, data, out_name):
+    assert fit_pairs(capsys, data)[0] == 0
+    code, out, err = run(capsys, "--data-dir", data / "var", "transform", "--map", "src->tgt:1", data / "src.npy",
+                         data / out_name, "--chunk-rows", "7", "--quiet", "--json")
+    assert code == 0, err
+    assert json.loads(out)["rows"] == 900
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{(data / 'var' / 'registry.sqlite').resolve()}", data / "var" / "artifacts")
+    expected = reg.load_map("src->tgt:1").apply(read_vectors(data / "src.npy"))
+    np.testing.assert_allclose(read_vectors(data / out_name), expected, atol=1e-6)
+    code, _, err = run(capsys, "--data-dir", data / "var", "transform", "--map", "src->tgt", data / "src.npy",
+                       data / "o.npy", "--output", "raw", "--rows", "10:20", "--quiet")
+    assert code == 0 and read_vectors(data / "o.npy").shape == (10, 16)
+
+
+def test_registry_commands(capsys, data, tmp_path):
+    assert fit_pairs(capsys, data)[0] == 0
+    assert fit_pairs(capsys, data, "--format", "npz")[0] == 0
+    base = ["--data-dir", data / "var", "registry"]
+    code, out, _ = run(capsys, *base, "list", "--json")
+    listing = json.loads(out)
+    (m,) = listing["maps"]
+    assert m["latest_version"] == 2 and [v["version"] for v in m["versions"]] == [1, 2]
+    assert m["versions"][1]["artifact_format"] == "npz" and m["versions"][0]["data_hashes"]["target"]
+    assert {s["name"] for s in listing["spaces"]} == {"src", "tgt"}
+    assert run(capsys, *base, "alias", "src->tgt", "prod", "1")[0] == 0
+    assert run(capsys, *base, "tag", "src->tgt", "1", "reviewed", "yes")[0] == 0
+    code, out, _ = run(capsys, *base, "show", "src->tgt@prod", "--json")
+    shown = json.loads(out)
+    assert shown["version"] == 1 and shown["tags"] == {"reviewed": "yes"} and shown["aliases"] == ["prod"]
+    assert run(capsys, *base, "delete", "src->tgt", "1")[0] == 0
+    code, _, err = run(capsys, *base, "show", "src->tgt@prod")
+    assert code == 2 and "deleted" in err and len(err.strip().splitlines()) == 1
+    code, out, _ = run(capsys, *base, "list")
+    assert "latest 2" in out and "versions 1/2" in out
+    assert run(capsys, *base, "export", tmp_path / "b.zip")[0] == 0
+    code, out, _ = run(capsys, "--data-dir", tmp_path / "other", "registry", "import", tmp_path / "b.zip", "--json")
+    assert code == 0 and json.loads(out)["imported"] == 2
+    code, out, _ = run(capsys, "--data-dir", tmp_path / "other", "registry", "verify")
+    assert code == 0 and json.loads(out)["ok"]
+    code, out, _ = run(capsys, "--data-dir", data / "var", "spaces", "--json")
+    assert {s["name"]: s["dim"] for s in json.loads(out)} == {"src": 16, "tgt": 16}
+    code, out, _ = run(capsys, *base, "path", "src", "tgt")
+    assert code == 0 and "src->tgt:2" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--source", "{d}/missing.npy"], "no such file"),
+    (["--rows", "0:5000"], "outside"),
+    (["--unpaired"], "needs paired rows"),
+    (["--source-rows", "0:10", "--target-rows", "0:20"], "as many source rows"),
+    (["--name", "../etc/passwd"], "not allowed"),
+    (["--param", "bogus=1"], "bad parameter"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, data, args, message):
+    base = {"--source": str(data / "src.npy"), "--target": str(data / "tgt.fvecs"), "--method": "procrustes",
+            "--name": "m"}
+    args = [a.replace("{d}", str(data)) for a in args]
+    for k in list(base):
+        if k in args:
+            base.pop(k)
+    flat = [x for kv in base.items() for x in kv]
+    code, out, err = run(capsys, "--data-dir", data / "var", "fit", "--quiet", *flat, *args)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+
+
+def test_nan_input_and_unknown_map(capsys, data):
+    X = read_vectors(data / "src.npy")
+    X[3, 2] = np.nan
+    write_vectors(data / "nan.npy", X)
+    code, _, err = run(capsys, "--data-dir", data / "var", "fit", "--pairs", "--quiet", "--source", data / "nan.npy",
+                       "--target", data / "tgt.fvecs", "--method", "ridge", "--name", "m")
+    assert code == 2 and "NaN" in err
+    code, _, err = run(capsys, "--data-dir", data / "var", "eval", "--map", "nope", "--source", data / "src.npy",
+                       "--target", data / "tgt.fvecs")
+    assert code == 2 and "unknown map" in err
+
+
+def test_unpaired_minivec2vec_with_small_parameters(capsys, data):
+    small = ["n_anchor_runs=2", "anchor_sample=300", "qap_restarts=2", "refine1_iters=3", "refine1_sample=200",
+             "self_learning_rounds=1", "criterion_sample=300", "n_restarts=2"]
+    code, out, err = run(capsys, "--data-dir", data / "var", "fit", "--unpaired", "--source", data / "src.npy",
+                         "--rows", "0:450", "--target", data / "tgt.fvecs", "--target-rows", "450:900",
+                         "--method", "minivec2vec", "--name", "u", "--random-state", "3", "--json", "--quiet",
+                         *[x for p in small for x in ("--param", p)])
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["method"] == "minivec2vec" and v["random_state"] == 3 and v["params"]["n_restarts"] == 2
+    assert len(v["metrics"]["criteria"]) == 2 and 0 <= v["metrics"]["mnn_frac"] <= 1
+    html = open(v["report_file"]).read()
+    assert "Selection criterion across restarts" in html and "Refinement iterations" in html
+
+
+def test_seed_pairs_need_minivec2vec(capsys, data):
+    (data / "seeds.txt").write_text("0 0\n1 1\n")
+    code, _, err = run(capsys, "--data-dir", data / "var", "fit", "--pairs", "--quiet", "--source", data / "src.npy",
+                       "--target", data / "tgt.fvecs", "--method", "procrustes", "--name", "m", "--seed-pairs",
+                       data / "seeds.txt")
+    assert code == 2 and "minivec2vec" in err
+
+
+def test_console_script_exit_codes(data, tmp_path):
+    """The installed entry point, as CI calls it: no traceback, exit 2 on bad input."""
+    p = subprocess.run([sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())",
+                        "--data-dir", str(tmp_path / "v"), "eval", "--map", "x", "--source", str(data / "nope.npy"),
+                        "--target", str(data / "tgt.fvecs")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.startswith("vecbridge: error:")
+    p = subprocess.run([sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())",
+                        "fit", "--bogus-flag"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
