@@ -72,16 +72,16 @@ def _series_from_diagnostics(diag: dict) -> list[tuple[str, list[float]]]:
         if isinstance(obj, dict):
             for k, v in obj.items():
                 walk(f"{prefix}{k}" if not prefix else f"{prefix}.{k}", v, depth + 1)
-        elif isinstance(obj, list) and len(obj) >= 2:
+        elif isinstance(obj, list) and obj:
             if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in obj):
-                out.append((prefix, [float(v) for v in obj]))
+                if len(obj) >= 2:
+                    out.append((prefix, [float(v) for v in obj]))
             elif all(isinstance(v, dict) for v in obj):
                 rows = [v for v in obj if not isinstance(v.get("round"), str)]
                 keys = [k for k in rows[0] if k != "round" and all(
                     isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in rows)] if rows else []
-                for k in keys:
-                    if len(rows) >= 2:
-                        out.append((f"{prefix}.{k}", [float(r[k]) for r in rows]))
+                if len(rows) >= 2:
+                    out.extend((f"{prefix}.{k}", [float(r[k]) for r in rows]) for k in keys)
                 for i, v in enumerate(obj[:8]):
                     walk(f"{prefix}[{i}]", v, depth + 1)
 

@@ -1,0 +1,63 @@
+"""HTML fit reports: sections present, plots embedded, PCA projection, diagnostics series."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import numpy as np
+
+from service.reports import _series_from_diagnostics, pca_2d, render_report, write_report
+
+DIAG = {  # the shape MiniVec2Vec writes into map_.metadata["diagnostics"]
+    "criteria": [0.41, 0.47, 0.12], "chosen_restart": 1,
+    "timings": {"frames": 0.1, "restarts": [{"init": 1.0}], "total": 3.0},
+    "runs": [{"criterion": {"criterion": 0.41}, "history": {
+        "init": {"name": "anchors", "n_anchors": 600},
+        "icp": [0.5, 0.6, 0.65, 0.66],
+        "self_learning": [{"round": 0, "pairs": 100, "mean_csls": 0.3}, {"round": 1, "pairs": 180, "mean_csls": 0.4},
+                          {"round": "final", "pairs": 150, "mutual": 180}]}}],
+}
+
+
+def test_series_extraction_reads_restarts_and_iterations():
+    series = dict(_series_from_diagnostics(DIAG))
+    assert series["criteria"] == [0.41, 0.47, 0.12]
+    assert series["runs[0].history.icp"] == [0.5, 0.6, 0.65, 0.66]
+    assert series["runs[0].history.self_learning.pairs"] == [100.0, 180.0]  # the "final" summary row is skipped
+    assert not any("timings" in k for k in series)
+
+
+def test_report_embeds_every_plot(tmp_path):
+    rng = np.random.default_rng(0)
+    clouds = (rng.normal(size=(200, 6)), rng.normal(size=(150, 4)), rng.normal(size=(200, 4)), rng.normal(size=(150, 4)))
+    html = render_report(title="vecbridge fit: a->b <x>", summary={"params": {"k": 1}}, metrics={"top1": 0.93},
+                         timings={"fit": 2.0, "report": 0.5}, diagnostics=DIAG,
+                         cosines={"true pairs": rng.uniform(0, 1, 300)}, clouds=clouds, paired=False)
+    assert "a-&gt;b &lt;x&gt;" in html  # escaped
+    for heading in ["Stage timings", "Selection criterion across restarts", "Refinement iterations",
+                    "Cosines of mapped pairs", "2-D projection of both clouds"]:
+        assert heading in html
+    pngs = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", html)
+    assert len(pngs) == 5
+    assert all(base64.b64decode(p)[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    out = write_report(tmp_path / "sub" / "r.html", html)
+    assert out.read_text() == html and not list(out.parent.glob(".*tmp*"))
+
+
+def test_report_without_diagnostics_skips_those_sections():
+    html = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={}, clouds=None,
+                         paired=True)
+    assert "<img" not in html and "<h1>t</h1>" in html
+
+
+def test_pca_2d_finds_the_dominant_axes():
+    rng = np.random.default_rng(1)
+    A = rng.normal(size=(500, 5)) * np.array([10.0, 3.0, 0.1, 0.1, 0.1])
+    P = pca_2d(A)
+    assert P.shape == (500, 2)
+    np.testing.assert_allclose(P.mean(axis=0), 0, atol=1e-9)
+    assert abs(np.corrcoef(P[:, 0], A[:, 0])[0, 1]) > 0.99 and abs(np.corrcoef(P[:, 1], A[:, 1])[0, 1]) > 0.99
+    # projecting other rows on the same basis: a shifted copy keeps its shift along the axes
+    Q = pca_2d(A + np.array([5.0, 0, 0, 0, 0]), basis_from=A)
+    np.testing.assert_allclose(np.abs(Q.mean(axis=0)), [5.0, 0.0], atol=0.05)
