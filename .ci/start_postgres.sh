@@ -27,6 +27,10 @@ as_pg() {  # run a command as the server's user
   fi
 }
 
+if ! find_bin pg_ctl >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "start_postgres: installing Debian's postgresql" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql) >&2
+fi
 PG_CTL=$(find_bin pg_ctl)
 
 if [ "${1:-}" = stop ]; then
