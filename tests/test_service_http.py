@@ -1,0 +1,147 @@
+"""The service as a real process: uvicorn (and ``vecbridge serve``) on a free port, talked to with httpx."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from align import fit_procrustes
+from service.registry import open_registry
+from test_api_support import KEYS, R, W, planted
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def seed_registry(data_dir: Path):
+    """Register spaces a, b and map a2b before the server starts (it reads the same SQLite file)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    X, Y, _ = planted(300)
+    reg = open_registry(f"sqlite:///{(data_dir / 'registry.sqlite').resolve()}", (data_dir / "artifacts").resolve())
+    reg.register_space("a", 16)
+    reg.register_space("b", 16)
+    m = fit_procrustes(X, Y)
+    reg.register_version("a2b", m, source_space="a", target_space="b", method="procrustes", params={})
+    reg.close()
+    return X, Y, m
+
+
+def start(cmd: list[str], env: dict, port: int, log: Path) -> subprocess.Popen:
+    fh = open(log, "wb")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.terminate()
+    raise AssertionError(f"server did not come up:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def env_for(data_dir: Path, port: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
+    env.update({"VECBRIDGE_DATA_DIR": str(data_dir), "VECBRIDGE_API_KEYS": json.dumps(KEYS),
+                "VECBRIDGE_DEMO_ON_EMPTY": "false", "VECBRIDGE_PORT": str(port), "OMP_NUM_THREADS": "1",
+                "VECBRIDGE_LOG_LEVEL": "INFO"})
+    return env
+
+
+def exercise(base: str, X: np.ndarray, Y: np.ndarray, m) -> None:
+    with httpx.Client(base_url=base, timeout=30.0) as c:
+        assert c.get("/readyz").json()["status"] == "ready"
+        maps = c.get("/v1/maps", headers=R).json()["data"]
+        assert maps[0]["name"] == "a2b" and maps[0]["source_dim"] == 16 and maps[0]["target_dim"] == 16
+        # JSON contract
+        r = c.post("/v1/maps/a2b/transform", headers=R, json={"vectors": X[:3].tolist()})
+        body = r.json()
+        assert r.status_code == 200 and body["map"] == "a2b" and body["version"] == 1
+        np.testing.assert_allclose(np.array(body["vectors"]), m.apply(X[:3], output="raw"), atol=1e-6)
+        # binary fast path
+        r = c.post("/v1/maps/a2b/transform", headers={**R, "content-type": "application/octet-stream"},
+                   content=X.tobytes())
+        np.testing.assert_allclose(np.frombuffer(r.content, "<f4").reshape(X.shape), m.apply(X, output="raw"),
+                                   atol=1e-6)
+        buf = io.BytesIO()
+        np.save(buf, X[:4])
+        r = c.post("/v1/maps/a2b/transform", headers={**R, "content-type": "application/x-npy"}, content=buf.getvalue())
+        assert np.load(io.BytesIO(r.content)).shape == (4, 16)
+        # errors
+        assert c.post("/v1/maps/zzz/transform", headers=R, json={"vectors": [[0.0] * 16]}).status_code == 404
+        assert c.post("/v1/maps/a2b/transform", headers=R, json={"vectors": [[0.0] * 3]}).status_code == 422
+        assert c.post("/v1/maps/a2b/transform", json={"vectors": [[0.0] * 16]}).status_code == 401
+        # an index, cross-model search, persisted
+        r = c.post("/v1/indexes", headers=W, json={"name": "ib", "space": "b", "vectors": Y.tolist()})
+        assert r.status_code == 201
+        r = c.post("/v1/indexes/ib/search", headers=R, json={"vectors": X[:10].tolist(), "space": "a", "k": 1})
+        assert [row[0]["id"] for row in r.json()["results"]] == list(range(10))
+        assert "vecbridge_request_duration_seconds" in c.get("/metrics").text
+        assert c.get("/docs").status_code == 200
+
+
+def test_uvicorn_subprocess(tmp_path):
+    data = tmp_path / "data"
+    X, Y, m = seed_registry(data)
+    port = free_port()
+    log = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+           "--port", str(port), "--no-access-log"]
+    proc = start(cmd, env_for(data, port), port, log)
+    try:
+        exercise(f"http://127.0.0.1:{port}", X, Y, m)
+    finally:
+        stop(proc)
+    text = log.read_text()
+    assert '"route": "/v1/maps/{ref}/transform"' in text  # structured access log
+    for key in KEYS:
+        assert key not in text  # keys never logged
+    assert (data / "indexes" / "ib" / "meta.json").exists()
+    # restart on the same data dir: the index is loaded again
+    proc = start(cmd, env_for(data, port), port, log)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as c:
+            assert c.get("/v1/indexes/ib", headers=R).json()["count"] == len(Y)
+    finally:
+        stop(proc)
+
+
+@pytest.mark.skipif(shutil.which("vecbridge") is None, reason="vecbridge console script not installed")
+def test_vecbridge_serve_command(tmp_path):
+    data = tmp_path / "data"
+    X, Y, m = seed_registry(data)
+    port = free_port()
+    env = env_for(tmp_path / "elsewhere", port)  # --data-dir must win over the environment
+    cmd = ["vecbridge", "serve", "--data-dir", str(data), "--host", "127.0.0.1", "--port", str(port)]
+    proc = start(cmd, env, port, tmp_path / "serve.log")
+    try:
+        exercise(f"http://127.0.0.1:{port}", X, Y, m)
+    finally:
+        stop(proc)
