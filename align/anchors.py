@@ -161,7 +161,7 @@ def match_centroids(CA: np.ndarray, CB: np.ndarray, *, method: str = "2opt", res
 
 
 def kmeans_anchors(Xs: np.ndarray, Yt: np.ndarray, *, n_runs: int = 30, sample: int = 10000, n_clusters: int = 20,
-                   qap_method: str = "2opt", qap_restarts: int = 30, random_state=None,
+                   qap_method: str = "2opt", qap_restarts: int = 30, keep: float = 1.0, random_state=None,
                    progress=None) -> AnchorSet:
     """Stack ``n_runs`` matched centroid sets into ``n_runs * n_clusters`` anchor pairs.
 
@@ -169,6 +169,10 @@ def kmeans_anchors(Xs: np.ndarray, Yt: np.ndarray, *, n_runs: int = 30, sample: 
     ----------
     Xs : ndarray (n, d_s), framed source rows;  Yt : ndarray (m, d_t), framed target rows
     n_runs, sample, n_clusters, qap_method, qap_restarts : published defaults 30, 10000, 20, "2opt", 30
+    keep : float in (0, 1]
+        Share of runs kept, those with the highest *normalised* QAP score
+        ``tr(K_A P K_B Pᵀ) / (‖K_A‖_F ‖K_B‖_F)`` (1.0 = all runs, as published). Runs whose
+        k-means landed in a poor local optimum match worse and score lower.
     random_state : None, int or Generator (draws the subsamples, k-means seeds and QAP starts)
     progress : callable(fraction) or None
 
@@ -194,10 +198,20 @@ def kmeans_anchors(Xs: np.ndarray, Yt: np.ndarray, *, n_runs: int = 30, sample: 
         CA = kmeans_centroids(Xs[ia], n_clusters, rng=rng)
         CB = kmeans_centroids(Yt[ib], n_clusters, rng=rng)
         res = match_centroids(CA, CB, method=qap_method, restarts=qap_restarts, random_state=rng)
+        norm = float(np.linalg.norm(centered_gram(CA)) * np.linalg.norm(centered_gram(CB))) or 1.0
         src.append(CA)
         tgt.append(CB[res.col_ind])
-        runs.append({"qap_score": res.score, "qap_restart_scores": [round(h, 6) for h in res.history],
+        runs.append({"qap_score": res.score, "qap_score_normalised": res.score / norm,
+                     "qap_restart_scores": [round(h, 6) for h in res.history],
                      "best_restart": res.best_restart, "seconds": time.perf_counter() - t0})
         if progress is not None:
             progress((r + 1) / n_runs)
-    return AnchorSet(np.concatenate(src).astype(np.float32), np.concatenate(tgt).astype(np.float32), runs)
+    if not 0.0 < keep <= 1.0:
+        raise InputError(f"keep must be in (0, 1], got {keep}")
+    n_keep = max(1, int(np.ceil(keep * n_runs)))
+    order = np.argsort([-run["qap_score_normalised"] for run in runs], kind="stable")[:n_keep]
+    order = np.sort(order)
+    for i, run in enumerate(runs):
+        run["kept"] = bool(i in set(order.tolist()))
+    return AnchorSet(np.concatenate([src[i] for i in order]).astype(np.float32),
+                     np.concatenate([tgt[i] for i in order]).astype(np.float32), runs)

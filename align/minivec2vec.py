@@ -64,7 +64,7 @@ def register_init(name: str, fn: Callable | None = None):
 @register_init("anchors")
 def _init_anchors(est, Xs, Yt, rng, progress):
     anchors = kmeans_anchors(Xs, Yt, n_runs=est.n_anchor_runs, sample=est.anchor_sample, n_clusters=est.n_clusters,
-                             qap_method=est.qap_method, qap_restarts=est.qap_restarts, random_state=rng,
+                             qap_method=est.qap_method, qap_restarts=est.qap_restarts, keep=est.anchor_keep, random_state=rng,
                              progress=progress)
     Rs = relative_representation(Xs, anchors.source)
     Rt = relative_representation(Yt, anchors.target)
@@ -90,6 +90,8 @@ class MiniVec2Vec:
         Independent runs (init + refinement); the best by the unsupervised criterion is kept.
     n_anchor_runs, anchor_sample, n_clusters : int
         Anchor stage: runs, rows sampled per side per run, k-means clusters (published 30, 10000, 20).
+    anchor_keep : float
+        Share of anchor runs kept, by normalised QAP score (published: 1.0, all runs).
     qap_restarts : int; qap_method : {"2opt", "faq", "faq+2opt"}
         QAP solver restarts per run (published 30, "2opt").
     soft_k : int
@@ -127,7 +129,7 @@ class MiniVec2Vec:
     """
 
     def __init__(self, *, init: str = "anchors", n_restarts: int = 1, n_anchor_runs: int = 30,
-                 anchor_sample: int = 10000, n_clusters: int = 20, qap_restarts: int = 30, qap_method: str = "2opt",
+                 anchor_sample: int = 10000, n_clusters: int = 20, anchor_keep: float = 1.0, qap_restarts: int = 30, qap_method: str = "2opt",
                  soft_k: int = 50, refine: tuple = ("icp", "self_learning"), refine1_iters: int = 100,
                  refine1_sample: int = 1000, refine1_k: int = 50, alpha: float = 0.5, refine2_clusters: int = 500,
                  self_learning_rounds: int = 30, self_learning_sample: int | None = 4096,
@@ -139,6 +141,7 @@ class MiniVec2Vec:
         self.n_anchor_runs = n_anchor_runs
         self.anchor_sample = anchor_sample
         self.n_clusters = n_clusters
+        self.anchor_keep = anchor_keep
         self.qap_restarts = qap_restarts
         self.qap_method = qap_method
         self.soft_k = soft_k
@@ -157,7 +160,7 @@ class MiniVec2Vec:
         self.seed_weight = seed_weight
         self.random_state = random_state
 
-    _PARAMS = ("init", "n_restarts", "n_anchor_runs", "anchor_sample", "n_clusters", "qap_restarts", "qap_method",
+    _PARAMS = ("init", "n_restarts", "n_anchor_runs", "anchor_sample", "n_clusters", "anchor_keep", "qap_restarts", "qap_method",
                "soft_k", "refine", "refine1_iters", "refine1_sample", "refine1_k", "alpha", "refine2_clusters",
                "self_learning_rounds", "self_learning_sample", "self_learning_final_rounds", "csls_k", "confident", "criterion_sample",
                "seed_weight", "random_state")
@@ -171,7 +174,7 @@ class MiniVec2Vec:
         soft top-50 pseudo-pairs, Procrustes, Refine-1 100 × 1,000 (k=50, α=0.5), Refine-2 k=500,
         one run, no selection, no self-learning.
         """
-        params = dict(init="anchors", n_restarts=1, n_anchor_runs=30, anchor_sample=10000, n_clusters=20,
+        params = dict(init="anchors", n_restarts=1, n_anchor_runs=30, anchor_sample=10000, n_clusters=20, anchor_keep=1.0,
                       qap_restarts=30, qap_method="2opt", soft_k=50, refine=("icp", "clusters"), refine1_iters=100,
                       refine1_sample=1000, refine1_k=50, alpha=0.5, refine2_clusters=500)
         params.update(overrides)
@@ -202,6 +205,8 @@ class MiniVec2Vec:
             raise InputError("n_clusters and refine2_clusters must be >= 2")
         if not 0.0 < self.alpha <= 1.0:
             raise InputError(f"alpha must be in (0, 1], got {self.alpha}")
+        if not 0.0 < self.anchor_keep <= 1.0:
+            raise InputError(f"anchor_keep must be in (0, 1], got {self.anchor_keep}")
         if not 0.0 < self.confident <= 1.0:
             raise InputError(f"confident must be in (0, 1], got {self.confident}")
         check_random_state(self.random_state)

@@ -288,22 +288,25 @@ def map_criterion(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, sample: int 
     dict with
     ``mutual_frac``: share of sampled source rows with a mutual CSLS neighbour;
     ``mutual_cos``: mean cosine of the mutual pairs;
+    ``mutual_csls``: mean CSLS score ``2cos - r_T - r_S`` of the mutual pairs;
     ``nn_cos``: mean cosine of each mapped source row to its nearest target row;
-    ``criterion``: ``mutual_frac * mutual_cos`` (the selection score, higher is better: a wrong map
-    has few mutual neighbours, and the ones it has are far apart).
+    ``criterion``: ``mutual_frac * mutual_csls`` = the mean CSLS score over sampled source rows,
+    counting rows without a mutual neighbour as 0 (higher is better). CSLS rather than cosine,
+    because a map that collapses the source into a dense target region (possible when ``W`` is
+    not orthogonal, e.g. after the published smoothing) raises every cosine but not CSLS.
     """
     rng = check_random_state(random_state)
     ia = np.sort(rng.permutation(Xs.shape[0])[: min(sample, Xs.shape[0])])
     ib = np.sort(rng.permutation(Yt.shape[0])[: min(sample, Yt.shape[0])])
     Q = _map_unit(Xs[ia], np.asarray(W))
     D = Yt[ib]
-    iq, idd, _ = mutual_csls_pairs(Q, D, csls_k=csls_k)
+    iq, idd, csls = mutual_csls_pairs(Q, D, csls_k=csls_k)
     cos = np.einsum("ij,ij->i", Q[iq], D[idd]) if iq.size else np.zeros(0, np.float32)
     S, _ = knn(Q, D, 1)
     frac = iq.size / Q.shape[0]
-    mcos = float(cos.mean()) if cos.size else 0.0
-    return {"mutual_frac": float(frac), "mutual_cos": mcos, "nn_cos": float(S[:, 0].mean()),
-            "criterion": float(frac * mcos)}
+    mcsls = float(csls.mean()) if csls.size else 0.0
+    return {"mutual_frac": float(frac), "mutual_cos": float(cos.mean()) if cos.size else 0.0,
+            "mutual_csls": mcsls, "nn_cos": float(S[:, 0].mean()), "criterion": float(frac * mcsls)}
 
 
 # --- semi-supervised initial map -------------------------------------------------------------

@@ -1,0 +1,44 @@
+"""Synthetic clustered data with a planted orthogonal map (shared by the alignment tests).
+
+A Gaussian mixture with distinct cluster sizes, centres and anisotropic spreads in ``d``
+dimensions; the target side draws *different* samples from the same mixture and maps them by
+``Q`` (d, d_t) with orthonormal rows, plus small noise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def mixture(d: int = 16, k: int = 12, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, d)) * 2.5
+    shapes = [rng.normal(size=(d, d)) * (0.15 + 0.05 * i) / np.sqrt(d) for i in range(k)]
+    weights = np.arange(1, k + 1, dtype=float)
+    weights /= weights.sum()
+    return centres, shapes, weights
+
+
+def draw(mix, n: int, seed: int) -> np.ndarray:
+    centres, shapes, weights = mix
+    rng = np.random.default_rng(seed)
+    lab = rng.choice(len(weights), size=n, p=weights)
+    Z = rng.normal(size=(n, centres.shape[1]))
+    out = centres[lab].copy()
+    for c in range(len(weights)):
+        m = lab == c
+        out[m] += Z[m] @ shapes[c]
+    return out.astype(np.float32)
+
+
+def planted(d: int = 16, d_t: int | None = None, n: int = 1500, noise: float = 0.01, seed: int = 0):
+    """Return ``X (n, d), Y (n, d_t), Q (d, d_t), Xh, Yh`` with Y = X' Q + noise (X' other samples)."""
+    d_t = d if d_t is None else d_t
+    mix = mixture(d, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    Q = np.linalg.qr(rng.normal(size=(d_t, d_t)))[0][:d, :]  # (d, d_t), orthonormal rows
+    X = draw(mix, n, seed + 1)
+    Y = draw(mix, n, seed + 2) @ Q + noise * rng.normal(size=(n, d_t))
+    Xh = draw(mix, 400, seed + 3)
+    Yh = Xh @ Q
+    return X, Y.astype(np.float32), Q, Xh, Yh.astype(np.float32)

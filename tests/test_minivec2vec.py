@@ -1,0 +1,136 @@
+"""MiniVec2Vec: planted-rotation recovery (unsupervised and seeded), determinism, dims, presets, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import align
+from align.exceptions import (DimensionMismatchError, InputError, NonFiniteError, NotFittedError, PairCountError,
+                              ShapeError, TooFewRowsError)
+from align.maps import LinearMap
+from align.minivec2vec import INITIALIZERS, MiniVec2Vec, register_init
+
+from _synthetic import planted
+
+FAST = dict(n_anchor_runs=4, anchor_sample=1000, n_clusters=12, anchor_keep=0.25, qap_restarts=5, refine1_iters=10,
+            self_learning_rounds=5, self_learning_sample=512, self_learning_final_rounds=2, criterion_sample=512)
+
+
+@pytest.mark.parametrize("d, d_t, restarts", [(16, 16, 2), (32, 32, 3), (16, 24, 2)])
+def test_unsupervised_recovers_planted_map(d, d_t, restarts):
+    X, Y, Q, Xh, Yh = planted(d, d_t, n=1500)
+    est = MiniVec2Vec(random_state=0, n_restarts=restarts, **FAST).fit(X, Y)
+    W = est.map_.W
+    assert W.shape == (d, d_t)
+    assert est.map_.is_orthogonal(atol=1e-4)  # (semi-)orthogonal, exact Procrustes at the end
+    ev = align.evaluate(est.map_, Xh, Yh)
+    assert ev["top1"] > 0.95 and ev["cos"] > 0.99
+    assert len(est.criteria_) == restarts and est.criterion_ == max(est.criteria_)
+    np.testing.assert_allclose(est.transform(Xh), est.map_.apply(Xh))
+
+
+def test_same_seed_same_map_and_diagnostics_serialise():
+    X, Y, _, _, _ = planted(16, n=600)
+    p = dict(FAST, n_anchor_runs=2, refine1_iters=3, self_learning_rounds=2)
+    a = MiniVec2Vec(random_state=7, **p).fit(X, Y)
+    b = MiniVec2Vec(random_state=7, **p).fit(X, Y)
+    np.testing.assert_array_equal(a.map_.W, b.map_.W)
+    assert a.criterion_ == b.criterion_
+    diag = a.map_.metadata["diagnostics"]
+    assert {"timings", "runs", "chosen_restart", "criteria"} <= set(diag)
+    assert diag["runs"][0]["history"]["init"]["name"] == "anchors"
+    assert len(diag["runs"][0]["history"]["icp"]) == 3
+    assert a.map_.metadata["params"]["n_anchor_runs"] == 2
+    back = LinearMap.from_bytes(a.map_.to_bytes())  # metadata is JSON, no pickle
+    np.testing.assert_array_equal(back.W, a.map_.W)
+    json.dumps(back.metadata)
+
+
+def test_seeded_mode_recovers_where_the_init_alone_cannot():
+    X, Y, Q, Xh, Yh = planted(16, n=1200)
+    extra = X[:20]  # source-side rows of 20 target texts, appended (CONTEXT convention)
+    Y2 = np.concatenate([Y, (extra @ Q).astype(np.float32)])
+    seeds = (np.arange(20), Y.shape[0] + np.arange(20))
+    p = dict(FAST, init="identity", refine=("self_learning",))
+    bad = MiniVec2Vec(random_state=0, **p).fit(X, Y2)
+    good = MiniVec2Vec(random_state=0, **p).fit(X, Y2, seed_pairs=seeds)
+    assert good.diagnostics_["runs"][0]["history"]["init"]["name"] == "seeds"
+    assert align.evaluate(good.map_, Xh, Yh)["top1"] > 0.95
+    assert align.evaluate(bad.map_, Xh, Yh)["top1"] < 0.5
+    assert good.criterion_ > bad.criterion_  # the unsupervised criterion tells them apart
+
+
+def test_published_preset_and_progress():
+    est = MiniVec2Vec.published(random_state=3)
+    p = est.get_params()
+    assert (p["n_anchor_runs"], p["anchor_sample"], p["n_clusters"], p["qap_restarts"], p["qap_method"]) == (
+        30, 10000, 20, 30, "2opt")
+    assert (p["soft_k"], p["refine1_iters"], p["refine1_sample"], p["refine1_k"], p["alpha"], p["refine2_clusters"]) == (
+        50, 100, 1000, 50, 0.5, 500)
+    assert p["refine"] == ("icp", "clusters") and p["anchor_keep"] == 1.0 and p["n_restarts"] == 1
+    X, Y, _, _, _ = planted(16, n=600)
+    seen = []
+    small = MiniVec2Vec.published(random_state=0, n_anchor_runs=2, anchor_sample=500, n_clusters=8, qap_restarts=2,
+                                  refine1_iters=2, refine2_clusters=20)
+    small.fit(X, Y, progress=lambda stage, f: seen.append((stage, f)))
+    stages = {s for s, _ in seen}
+    assert {"init", "refine1", "refine2", "done"} <= stages
+    assert all(0.0 <= f <= 1.0 for _, f in seen) and seen[-1] == ("done", 1.0)
+    assert small.n_iter_ == 3
+
+
+def test_pluggable_init():
+    calls = []
+
+    @register_init("test-oracle")
+    def _oracle(est, Xs, Yt, rng, progress):
+        calls.append(Xs.shape)
+        progress(1.0)
+        return np.eye(Xs.shape[1], Yt.shape[1]), {"note": "identity for the test"}
+
+    try:
+        X, _, _, _, _ = planted(16, n=500)
+        est = MiniVec2Vec(init="test-oracle", refine=(), random_state=0, criterion_sample=200).fit(X, X)
+        assert calls == [(500, 16)]
+        np.testing.assert_allclose(est.map_.W, np.eye(16))
+        assert est.diagnostics_["runs"][0]["history"]["init"]["note"] == "identity for the test"
+    finally:
+        INITIALIZERS.pop("test-oracle", None)
+
+
+def test_bad_inputs():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(100, 8)).astype(np.float32)
+    est = MiniVec2Vec(random_state=0, **FAST)
+    with pytest.raises(NotFittedError):
+        est.transform(X)
+    bad = X.copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(NonFiniteError):
+        est.fit(bad, X)
+    with pytest.raises(ShapeError):
+        est.fit(X[0], X)
+    with pytest.raises(TooFewRowsError):
+        est.fit(X[:10], X)  # 12 clusters
+    with pytest.raises(TooFewRowsError):
+        MiniVec2Vec.published().fit(X, X)  # Refine-2 needs 500 rows
+    with pytest.raises(InputError):
+        MiniVec2Vec(init="nope").fit(X, X)
+    with pytest.raises(InputError):
+        MiniVec2Vec(qap_method="simplex").fit(X, X)
+    with pytest.raises(InputError):
+        MiniVec2Vec(refine=("icp", "magic")).fit(X, X)
+    with pytest.raises(InputError):
+        MiniVec2Vec(alpha=0.0).fit(X, X)
+    with pytest.raises(PairCountError):
+        est.fit(X, X, seed_pairs=([0, 1, 2], [0, 1]))
+    with pytest.raises(InputError):
+        est.fit(X, X, seed_pairs=([0, 500], [0, 1]))
+    with pytest.raises(align.exceptions.DegenerateInputError):
+        est.fit(np.ones((100, 8), np.float32), X)
+    fitted = MiniVec2Vec(init="identity", refine=(), criterion_sample=50, random_state=0).fit(X, X)
+    with pytest.raises(DimensionMismatchError):
+        fitted.transform(X[:, :5])
