@@ -1,0 +1,67 @@
+"""Vector-database adapters: migrate stored vectors through a map, translate queries, verify.
+
+>>> from service.vectordb import MilvusStore, migrate, FileCheckpoint, verify_migration   # doctest: +SKIP
+>>> store = MilvusStore("http://127.0.0.1:19530")
+>>> rep = migrate(store, "docs_minilm", "docs_e5", "minilm->e5@prod", registry=reg, alias="docs",
+...               checkpoint=FileCheckpoint("docs.ckpt.json"), progress=print)
+>>> verify_migration(store, "docs", embed=e5.passage)
+
+Engines (optional extras; imported lazily): :class:`MilvusStore` (``pymilvus``, ``milvus-lite``),
+:class:`PgVectorStore` (``psycopg``, ``pgvector``), :class:`QdrantStore` (``qdrant-client``).
+"""
+
+from __future__ import annotations
+
+from .base import (
+    Batch,
+    BadNameError,
+    CheckpointMismatchError,
+    CollectionExistsError,
+    CollectionNotFoundError,
+    VectorDBError,
+    VectorStore,
+)
+from .checkpoint import Checkpoint, FileCheckpoint, MemoryCheckpoint, PgCheckpoint
+from .migrate import MigrationProgress, MigrationReport, map_fingerprint, migrate, resolve_map
+from .query import TranslatingSearcher
+from .verify import compare_to_reference, verify_migration
+
+__all__ = [
+    "VectorStore", "Batch", "MilvusStore", "PgVectorStore", "QdrantStore", "open_store",
+    "migrate", "resolve_map", "map_fingerprint", "MigrationProgress", "MigrationReport",
+    "Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint",
+    "TranslatingSearcher", "verify_migration", "compare_to_reference",
+    "VectorDBError", "CollectionNotFoundError", "CollectionExistsError", "CheckpointMismatchError", "BadNameError",
+]
+
+_LAZY = {"MilvusStore": ".milvus", "PgVectorStore": ".pgvector", "QdrantStore": ".qdrant"}
+
+
+def __getattr__(name):  # engine modules import their client libraries only when used
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(name)
+
+
+def open_store(url: str, **kw) -> VectorStore:
+    """Open a store from a URL: ``milvus://host:port`` / ``milvus:///path.db``, ``postgresql://...``,
+    ``qdrant://host:port`` / ``qdrant:///local/path``."""
+    from .base import VectorDBError as _E
+
+    if url.startswith(("postgresql://", "postgres://")):
+        from .pgvector import PgVectorStore
+
+        return PgVectorStore(url, **kw)
+    if url.startswith("milvus://"):
+        from .milvus import MilvusStore
+
+        rest = url[len("milvus://"):]
+        return MilvusStore(rest if rest.startswith("/") else f"http://{rest}", **kw)
+    if url.startswith("qdrant://"):
+        from .qdrant import QdrantStore
+
+        rest = url[len("qdrant://"):]
+        return QdrantStore(path=rest, **kw) if rest.startswith("/") else QdrantStore(url=f"http://{rest}", **kw)
+    raise _E(f"unknown vector-database URL {url!r} (milvus://, postgresql://, qdrant://)")

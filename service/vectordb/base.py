@@ -1,0 +1,201 @@
+"""The small interface every vector-database adapter implements, and the adapters' errors.
+
+A *store* holds named collections of rows ``(id: int64, vector: float32[d], text: str | None)``.
+The migration engine only needs what is below; each engine maps it onto its own API:
+
+========================  ==================  ======================  ==========================
+operation                 Milvus (Lite)       PostgreSQL + pgvector   Qdrant
+========================  ==================  ======================  ==========================
+collection                collection          table                   collection
+``scan`` (ascending id)   query iterator      ``ORDER BY id LIMIT``   ``scroll`` from an offset
+``upsert`` (idempotent)   ``upsert``          ``ON CONFLICT DO ..``   ``upsert``
+alias                     alias               view                    alias
+========================  ==================  ======================  ==========================
+
+``upsert`` must be idempotent (writing a batch twice leaves one row per id): a migration killed
+between writing a batch and recording its checkpoint rewrites that batch on resume.
+
+Errors::
+
+    VecbridgeError
+    └── VectorDBError                   a vector-database operation failed or was refused
+        ├── CollectionNotFoundError     (also LookupError) no such collection / table / alias
+        ├── CollectionExistsError       the target of a fresh migration already exists
+        ├── CheckpointMismatchError     a checkpoint belongs to another migration (map, source, target)
+        └── BadNameError (ValueError)   a collection or alias name the adapter refuses
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from align._validation import as_matrix
+from align.exceptions import InputError, PairCountError, VecbridgeError
+
+__all__ = [
+    "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
+    "CheckpointMismatchError", "BadNameError", "check_name", "as_ids", "METRICS",
+]
+
+METRICS = ("cosine", "ip")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class VectorDBError(VecbridgeError):
+    """A vector-database operation failed or was refused."""
+
+
+class CollectionNotFoundError(VectorDBError, LookupError):
+    """No collection, table or alias of that name."""
+
+
+class CollectionExistsError(VectorDBError):
+    """A fresh migration would write into a collection that already exists."""
+
+
+class CheckpointMismatchError(VectorDBError):
+    """The checkpoint on file belongs to a different migration (source, target or map differ)."""
+
+
+class BadNameError(VectorDBError, ValueError):
+    """A collection or alias name outside ``[A-Za-z_][A-Za-z0-9_]{0,62}``."""
+
+
+def check_name(name: str, what: str = "collection") -> str:
+    """Return ``name`` when it is a safe identifier for every engine, else raise BadNameError."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise BadNameError(f"{what} name must match [A-Za-z_][A-Za-z0-9_]{{0,62}}, got {name!r}")
+    return name
+
+
+def as_ids(ids, n: int | None = None) -> np.ndarray:
+    """Ids as a 1-D int64 array (checked against ``n`` rows when given)."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise InputError(f"ids must be a 1-D integer array, got dtype {arr.dtype} shape {arr.shape}")
+    arr = arr.astype(np.int64, copy=False)
+    if n is not None and arr.shape[0] != n:
+        raise PairCountError(f"{arr.shape[0]} ids for {n} vectors")
+    return arr
+
+
+@dataclass
+class Batch:
+    """Rows read from a store: ``ids`` (n,) int64, ``vectors`` (n, d) float32, ``texts`` list or None."""
+
+    ids: np.ndarray
+    vectors: np.ndarray
+    texts: list | None = None
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+
+class VectorStore(ABC):
+    """One connection to one vector database (see the module docstring for the mapping)."""
+
+    engine: str = "abstract"
+    #: True when ``set_alias`` is a native, atomic alias switch of the engine.
+    native_aliases: bool = False
+
+    # --- collections --------------------------------------------------------------------
+    @abstractmethod
+    def exists(self, name: str) -> bool:
+        """True when a collection (not an alias) called ``name`` exists."""
+
+    @abstractmethod
+    def create(self, name: str, dim: int, *, metric: str = "cosine") -> None:
+        """Create an empty collection of ``dim``-dimensional vectors (``metric``: cosine or ip)."""
+
+    @abstractmethod
+    def drop(self, name: str) -> None:
+        """Drop a collection if it exists."""
+
+    @abstractmethod
+    def dim(self, name: str) -> int:
+        """Vector dimension of a collection (or alias)."""
+
+    @abstractmethod
+    def count(self, name: str) -> int:
+        """Number of rows (exact)."""
+
+    # --- rows ---------------------------------------------------------------------------
+    @abstractmethod
+    def _upsert(self, name: str, ids: np.ndarray, vectors: np.ndarray, texts: list | None) -> None:
+        ...
+
+    def upsert(self, name: str, ids, vectors, texts=None) -> None:
+        """Insert or replace rows ``ids`` (n,) with ``vectors`` (n, d) and optional ``texts`` (n)."""
+        V = as_matrix(vectors, name="vectors")
+        ids = as_ids(ids, V.shape[0])
+        if texts is not None and len(texts) != V.shape[0]:
+            raise PairCountError(f"{len(texts)} texts for {V.shape[0]} vectors")
+        if np.unique(ids).shape[0] != ids.shape[0]:
+            raise InputError("ids within one upsert must be distinct")
+        self._upsert(name, ids, V, None if texts is None else [str(t) for t in texts])
+
+    @abstractmethod
+    def scan(self, name: str, *, after_id: int | None = None, batch_size: int = 1000,
+             with_texts: bool = True) -> Iterator[Batch]:
+        """Yield every row with ``id > after_id`` in ascending id order, ``batch_size`` at a time."""
+
+    def ids(self, name: str, *, batch_size: int = 10000) -> np.ndarray:
+        """All ids of a collection, ascending (reads ids in batches)."""
+        parts = [b.ids for b in self.scan(name, batch_size=batch_size, with_texts=False)]
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    @abstractmethod
+    def fetch(self, name: str, ids) -> Batch:
+        """Rows for ``ids``, in the order given; CollectionNotFoundError / InputError if any is missing."""
+
+    @abstractmethod
+    def _search(self, name: str, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        ...
+
+    def search(self, name: str, Q, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` rows for each query row of ``Q`` (nq, d): scores ``S`` (nq, k), ids ``I`` (nq, k).
+
+        Scores are cosine similarities (metric cosine) or inner products; missing slots are
+        ``-inf`` / ``-1``.
+        """
+        Q = as_matrix(Q, name="queries", dim=self.dim(name))
+        if int(k) < 1:
+            raise InputError(f"k must be >= 1, got {k}")
+        return self._search(name, Q, int(k))
+
+    def finalize(self, name: str) -> None:
+        """Make a freshly written collection durable and searchable (flush, index, load)."""
+
+    # --- aliases ------------------------------------------------------------------------
+    @abstractmethod
+    def set_alias(self, alias: str, name: str) -> None:
+        """Point ``alias`` at collection ``name`` (create or switch)."""
+
+    @abstractmethod
+    def resolve_alias(self, alias: str) -> str | None:
+        """The collection ``alias`` points at, or None."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _pad_results(rows: list[list[tuple[int, float]]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Turn per-query ``[(id, score), ...]`` lists into padded ``S`` (nq, k) float32, ``I`` (nq, k) int64."""
+    S = np.full((len(rows), k), -np.inf, dtype=np.float32)
+    I = np.full((len(rows), k), -1, dtype=np.int64)
+    for r, hits in enumerate(rows):
+        for c, (i, s) in enumerate(hits[:k]):
+            I[r, c] = i
+            S[r, c] = s
+    return S, I

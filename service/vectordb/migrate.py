@@ -1,0 +1,203 @@
+"""Migrate a stored collection from space A to space B through a linear map, resumably.
+
+For every stored row ``x`` (raw A vector) the new collection gets
+
+.. math::  y = \\mathrm{raw}_B\\big(f_A(x)\\, W + b\\big)
+
+i.e. ``map_.apply(X, output="raw")``: comparable with raw B vectors, so new-model queries search
+it directly. Rows are read in ascending id order, ``batch_size`` at a time, transformed, and
+upserted into ``target`` under the same ids (texts copied); after each batch the checkpoint
+records the id range done. A resumed run continues after ``last_id``; a batch written but not
+yet recorded is rewritten, and the idempotent upsert keeps one row per id. At the end the target
+is finalised (flush / index / load) and, when ``alias`` is given, the alias is switched to it
+(natively in Milvus and Qdrant; a view in PostgreSQL).
+
+Memory: one batch of ``batch_size × (d_A + d_B)`` floats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from align.exceptions import DimensionMismatchError, InputError
+from align.maps import LinearMap
+
+from .base import CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError, VectorStore, check_name
+from .checkpoint import Checkpoint, MemoryCheckpoint
+
+__all__ = ["migrate", "resolve_map", "map_fingerprint", "MigrationProgress", "MigrationReport"]
+
+
+def resolve_map(map_or_ref, registry=None) -> LinearMap:
+    """A :class:`LinearMap` from a map, an artifact path (``.npz`` / ``.safetensors``) or a registry ref.
+
+    ``registry`` is anything with ``load_map(ref)`` (``service.registry.open_registry(...)``).
+    """
+    if isinstance(map_or_ref, LinearMap):
+        return map_or_ref
+    if isinstance(map_or_ref, (str, Path)):
+        p = Path(map_or_ref)
+        if p.suffix in (".npz", ".safetensors") and p.exists():
+            return LinearMap.load(p)
+        if registry is not None:
+            return registry.load_map(str(map_or_ref))
+        raise InputError(f"{map_or_ref!r} is neither a map artifact on disk nor resolvable without a registry")
+    raise InputError(f"expected a LinearMap, an artifact path or a registry ref, got {type(map_or_ref).__name__}")
+
+
+def map_fingerprint(map_: LinearMap) -> str:
+    """sha256 of everything that changes the map's output (W, bias, both frames)."""
+    h = hashlib.sha256()
+    for arr in (map_.W, map_.bias, map_.source_frame.mean, map_.target_frame.mean):
+        h.update(b"-" if arr is None else np.ascontiguousarray(arr, np.float32).tobytes())
+    h.update(json.dumps([map_.source_frame.to_meta(), map_.target_frame.to_meta()], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+@dataclass
+class MigrationProgress:
+    """Handed to the progress callback after each batch."""
+
+    source: str
+    target: str
+    done: int            # rows written so far (all runs together)
+    total: int           # rows in the source at the start of this run
+    batches: int
+    last_id: int | None
+    elapsed_s: float     # this run
+    rows_per_s: float    # this run
+
+    @property
+    def fraction(self) -> float:
+        return self.done / self.total if self.total else 1.0
+
+
+@dataclass
+class MigrationReport:
+    """What a call to :func:`migrate` did."""
+
+    engine: str
+    source: str
+    target: str
+    alias: str | None
+    rows: int                 # rows in the target after the run
+    rows_this_run: int
+    resumed_from: int | None  # last_id found in the checkpoint, None for a fresh start
+    batches: int
+    seconds: float
+    map_fingerprint: str
+    already_finished: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fresh_state(source, target, fp, total) -> dict:
+    return {"source": source, "target": target, "map_fingerprint": fp, "first_id": None, "last_id": None,
+            "done": 0, "batches": 0, "total": int(total), "finished": False, "started_at": time.time()}
+
+
+def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | None = None,
+            batch_size: int = 2000, checkpoint: Checkpoint | None = None,
+            progress: Callable[[MigrationProgress], None] | None = None, metric: str = "cosine",
+            overwrite: bool = False, registry=None) -> MigrationReport:
+    """Write ``map_(source)`` into a new collection ``target`` (same ids and texts), then switch ``alias``.
+
+    Parameters
+    ----------
+    store : VectorStore
+        An engine adapter (Milvus, pgvector, Qdrant).
+    source, target : str
+        Collection names; ``source`` holds raw A vectors (d_A = ``map_.source_dim``).
+    map_ : LinearMap or str
+        The A→B map, an artifact path, or a registry ref (with ``registry``).
+    alias : str, optional
+        Switched to ``target`` once every row is written and the target is finalised.
+    batch_size : int
+        Rows per read/transform/upsert step (and per checkpoint).
+    checkpoint : Checkpoint, optional
+        Where progress is recorded (:class:`FileCheckpoint`, :class:`PgCheckpoint`); without one
+        the migration cannot resume after a crash.
+    progress : callable, optional
+        Called with a :class:`MigrationProgress` after every batch.
+    overwrite : bool
+        Drop an existing ``target`` before a fresh start (never when resuming).
+
+    Raises
+    ------
+    CollectionNotFoundError, CollectionExistsError, CheckpointMismatchError, DimensionMismatchError
+    """
+    map_ = resolve_map(map_, registry)
+    check_name(source), check_name(target)
+    if source == target:
+        raise InputError("source and target must differ")
+    if int(batch_size) < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    if not store.exists(source) and store.resolve_alias(source) is None:
+        raise CollectionNotFoundError(f"{store.engine}: no source collection {source!r}")
+    d_src = store.dim(source)
+    if d_src != map_.source_dim:
+        raise DimensionMismatchError(f"{source!r} holds {d_src}-d vectors, the map expects {map_.source_dim}-d")
+    fp = map_fingerprint(map_)
+    checkpoint = checkpoint if checkpoint is not None else MemoryCheckpoint()
+    state = checkpoint.load()
+    t0 = time.perf_counter()
+
+    if state is not None:
+        for key, want in (("source", source), ("target", target), ("map_fingerprint", fp)):
+            if state.get(key) != want:
+                raise CheckpointMismatchError(
+                    f"checkpoint is for {key}={state.get(key)!r}, this migration has {want!r}; clear it or use another")
+        if not store.exists(target):
+            raise CheckpointMismatchError(f"checkpoint records progress into {target!r}, which does not exist")
+        resumed_from = state["last_id"]
+    else:
+        if store.exists(target):
+            if not overwrite:
+                raise CollectionExistsError(f"{store.engine}: target {target!r} exists (overwrite=True drops it)")
+            store.drop(target)
+        store.create(target, map_.target_dim, metric=metric)
+        state = _fresh_state(source, target, fp, store.count(source))
+        checkpoint.save(state)
+        resumed_from = None
+
+    if state["finished"]:
+        if alias:
+            store.set_alias(alias, target)
+        return MigrationReport(store.engine, source, target, alias, store.count(target), 0, resumed_from,
+                               int(state["batches"]), time.perf_counter() - t0, fp, already_finished=True)
+
+    total = store.count(source)
+    rows_run = 0
+    for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size):
+        Y = map_.apply(batch.vectors, output="raw")
+        store.upsert(target, batch.ids, Y, batch.texts)
+        rows_run += len(batch)
+        if state["first_id"] is None:
+            state["first_id"] = int(batch.ids[0])
+        state["last_id"] = int(batch.ids[-1])
+        state["done"] += len(batch)
+        state["batches"] += 1
+        state["updated_at"] = time.time()
+        checkpoint.save(state)
+        if progress is not None:
+            el = time.perf_counter() - t0
+            progress(MigrationProgress(source, target, int(state["done"]), int(total), int(state["batches"]),
+                                       state["last_id"], el, rows_run / el if el > 0 else 0.0))
+
+    store.finalize(target)
+    state["finished"] = True
+    state["finished_at"] = time.time()
+    checkpoint.save(state)
+    if alias:
+        store.set_alias(alias, target)
+    return MigrationReport(store.engine, source, target, alias, store.count(target), rows_run, resumed_from,
+                           int(state["batches"]), time.perf_counter() - t0, fp)
