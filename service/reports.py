@@ -86,7 +86,8 @@ def _series_from_diagnostics(diag: dict) -> list[tuple[str, list[float]]]:
                     walk(f"{prefix}[{i}]", v, depth + 1)
 
     walk("", diag, 0)
-    return [(n, s) for n, s in out if "timings" not in n][:12]
+    skip = ("timings", "seconds", "n_iter", "time")
+    return [(n, s) for n, s in out if not any(w in n for w in skip)][:12]
 
 
 def _criterion_plots(diag: dict) -> list[tuple[str, str]]:
@@ -98,6 +99,7 @@ def _criterion_plots(diag: dict) -> list[tuple[str, str]]:
         fig, ax = plt.subplots(figsize=(7, 3))
         colors = ["#dd8452" if i == chosen else "#4c72b0" for i in range(len(crits))]
         ax.bar(range(len(crits)), crits, color=colors)
+        ax.set_xticks(range(len(crits)))
         ax.set_xlabel("restart")
         ax.set_ylabel("unsupervised criterion")
         ax.set_title("selection criterion across restarts (orange: chosen)")
