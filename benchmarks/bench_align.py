@@ -10,7 +10,7 @@ Methods, side by side, per pair and seed:
   published     MiniVec2Vec.published(): the faithful published procedure (the peer). ~10 min a
                 run: only run with --peer; results are stored as JSON under benchmarks/results/
                 and read back into every later table.
-  vecbridge     MiniVec2Vec(random_state=seed) with vecbridge's defaults (or --params JSON)
+  vecbridge     MiniVec2Vec.fast(random_state=seed) (or --preset NAME, --params JSON overrides)
 
 Columns: top-1, mean rank, mean cosine, CSLS top-1 (k=10), the unsupervised criterion (computed
 without labels), fit seconds, peak-memory increase of the fitting process (ru_maxrss delta; each
@@ -95,8 +95,8 @@ def _run_one(job: dict) -> dict:
         A, B = load(src), load(tgt)
         m = align.fit_procrustes(np.asarray(A[SRC_TRAIN], np.float32), np.asarray(B[SRC_TRAIN], np.float32))
     elif method in ("published", "vecbridge", "semi"):
-        est = (MiniVec2Vec.published(random_state=seed) if method == "published"
-               else MiniVec2Vec(random_state=seed, **job.get("params", {})))
+        preset = MiniVec2Vec.published if method == "published" else getattr(MiniVec2Vec, job.get("preset", "fast"))
+        est = preset(random_state=seed, **job.get("params", {}))
         seed_pairs = None
         k = int(job.get("k", 0))
         if method == "semi" and k > 0:
@@ -120,6 +120,10 @@ def _run_one(job: dict) -> dict:
            "cos": ev["cos"], "csls_top1": ev["csls_top1"], "csls_mean_rank": ev["csls_mean_rank"],
            "n_candidates": ev["n_candidates"], "criterion": criterion, "seconds": seconds,
            "peak_rss_delta_mb": peak, **extra}
+    if criterion is not None:
+        # v1 (before commit 943aa23): mutual_frac * mutual_cos; v2: mutual_frac * mutual_csls
+        out["criterion_def"] = "v2: mutual_frac * mutual_csls" if "mutual_csls" in extra["criterion_details"] \
+            else "v1: mutual_frac * mutual_cos"
     if method == "semi":
         out["k"] = int(job.get("k", 0))
     return out
@@ -209,6 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--semi", action="store_true", help="semi-supervised sweep over seed-pair counts")
     ap.add_argument("--ks", nargs="+", type=int, default=list(SEMI_KS), help="seed-pair counts for --semi")
     ap.add_argument("--params", default="{}", help="JSON dict of MiniVec2Vec parameters for the vecbridge runs")
+    ap.add_argument("--preset", default="fast", help="MiniVec2Vec classmethod giving the vecbridge configuration")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--out", default=None, help="write all rows of this run to this JSON file")
     args = ap.parse_args(argv)
@@ -234,7 +239,8 @@ def main(argv=None) -> int:
             rows = []
             for k in args.ks:
                 for seed in args.seeds:
-                    r = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "semi", "k": k, "params": params})
+                    r = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "semi", "k": k, "params": params,
+                                      "preset": args.preset})
                     rows.append(r)
                     print(f"semi {pair} k={k} seed {seed}: top1 {r['top1']:.3f} csls {r['csls_top1']:.3f} "
                           f"crit {r['criterion']:.3f} {r['seconds']:.1f}s", flush=True)
@@ -250,7 +256,8 @@ def main(argv=None) -> int:
         groups["published"] = [r for r in load_peer(pair) if r["seed"] in args.seeds] or load_peer(pair)
         groups["vecbridge"] = []
         for seed in args.seeds:
-            r = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "vecbridge", "params": params})
+            r = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "vecbridge", "params": params,
+                              "preset": args.preset})
             groups["vecbridge"].append(r)
             print(f"vecbridge {pair} seed {seed}: top1 {r['top1']:.3f} crit {r['criterion']:.3f} "
                   f"{r['seconds']:.1f}s", flush=True)
