@@ -1,0 +1,183 @@
+"""Ray jobs equal their single-machine counterparts (one local Ray session, 2 CPUs, for the module)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import align
+from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, PairCountError
+from align.refine import refine_icp
+from service import distributed as D
+
+from conftest import WORDNET, wordnet_available
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _planted(n=3000, d_s=32, d_t=24, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d_s)).astype(np.float32)
+    Q = np.linalg.qr(rng.normal(size=(d_s, d_s)))[0][:, :d_t]
+    Y = (X @ Q + 0.1 * rng.normal(size=(n, d_t))).astype(np.float32)
+    return X, Y
+
+
+def _split(n, cuts):
+    edges = [0, *sorted(set(cuts)), n]
+    return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+# --- supervised: map-reduce of sufficient statistics ---------------------------------------------
+
+def _sharded_files(tmp_path, X, Y, cuts):
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", Y)
+    return [D.Shard(str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), a, b) for a, b in _split(X.shape[0], cuts)]
+
+
+def test_ray_fit_equals_single_machine_fit_on_sharded_files(ray_local, tmp_path):
+    """Full-rank 384-d pairs: W is unique, so the Ray map-reduce must reproduce it to < 1e-5."""
+    X, Y = _planted(12000, 384, 384, seed=1)
+    shards = _sharded_files(tmp_path, X, Y, [1000, 4500, 4501, 9000])  # uneven, one shard of a single row
+    ref = align.fit_procrustes(X, Y)
+    got = D.fit_stats_ray(shards)
+    diff = float(np.abs(got.W - ref.W).max())
+    print(f"\nRay ({len(shards)} shards, 384-d) vs single machine: max|dW| = {diff:.2e}")
+    assert diff < 1e-5
+    np.testing.assert_allclose(got.source_frame.mean, ref.source_frame.mean, atol=1e-6)
+    np.testing.assert_allclose(got.target_frame.mean, ref.target_frame.mean, atol=1e-6)
+    assert got.metadata["n_pairs"] == X.shape[0] and got.metadata["distributed"]["n_shards"] == len(shards)
+    assert got.metadata["distributed"]["ray_cpus"] == 2
+
+
+def test_ray_fit_on_wordnet_maps_like_single_machine(ray_local, tmp_path):
+    """MiniLM->E5 (WordNet): XᵀY has 3 zero singular values, so W is not unique in those directions
+    (even a row permutation moves the single-machine W by ~0.7); the maps must agree on the data."""
+    if not wordnet_available():
+        pytest.skip("shared WordNet embeddings not present")
+    X = np.asarray(np.load(WORDNET / "minilm.npy", mmap_mode="r")[:12000], np.float32)
+    Y = np.asarray(np.load(WORDNET / "e5.npy", mmap_mode="r")[:12000], np.float32)
+    shards = _sharded_files(tmp_path, X, Y, [1000, 4500, 9000])
+    ref = align.fit_procrustes(X, Y)
+    got = D.fit_stats_ray(shards)
+    Xh = np.asarray(np.load(WORDNET / "minilm.npy", mmap_mode="r")[32768:34768], np.float32)
+    diff = float(np.abs(got.apply(Xh) - ref.apply(Xh)).max())
+    print(f"\nRay vs single machine on WordNet minilm->e5: max|d mapped held-out rows| = {diff:.2e}")
+    assert diff < 1e-5
+
+
+def test_ray_ridge_lowrank_scale_and_in_memory_and_callable_shards(ray_local):
+    X, Y = _planted(4000, 20, 12, seed=3)
+    parts = [(X[a:b], Y[a:b]) for a, b in _split(4000, [700, 2500])]
+    gens = [lambda a=a, b=b: (X[a:b], Y[a:b]) for a, b in _split(4000, [1999])]
+    for shards in (parts, gens):
+        r = D.fit_stats_ray(shards, method="ridge", alpha=0.5)
+        ref = align.fit_ridge(X, Y, alpha=0.5)
+        assert np.abs(r.W - ref.W).max() < 1e-5 and np.abs(r.bias - ref.bias).max() < 1e-5
+    lr = D.fit_stats_ray(parts, method="lowrank", rank=5)
+    ref = align.fit_lowrank(X, Y, rank=5)
+    assert np.abs(lr.W - ref.W).max() < 1e-5
+    sc = D.fit_stats_ray(parts, scale=True, center=False, normalize=False)
+    ref = align.fit_procrustes(X, Y, scale=True, center=False, normalize=False)
+    assert np.abs(sc.W - ref.W).max() < 1e-5 and abs(sc.metadata["scale"] - ref.metadata["scale"]) < 1e-6
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(8, 300), cuts=st.lists(st.integers(1, 299), max_size=5), seed=st.integers(0, 2**16))
+def test_sharded_stats_equal_one_pass_for_any_split(n, cuts, seed):
+    X, Y = _planted(n, 6, 5, seed=seed)
+    shards = [(X[a:b], Y[a:b]) for a, b in _split(n, [c for c in cuts if c < n])]
+    got = D.fit_stats_local(shards)
+    ref = align.fit_procrustes(X, Y)
+    assert np.abs(got.W - ref.W).max() < 1e-4
+    (fs, ft), stats = D.pair_stats_local(shards)
+    assert stats.n == n and fs.n_fit == n
+
+
+def test_bad_shards_raise_typed_errors(ray_local):
+    X, Y = _planted(100, 6, 5)
+    with pytest.raises(EmptyInputError):
+        D.fit_stats_local([])
+    with pytest.raises(PairCountError):
+        D.fit_stats_local([(X, Y[:50])])
+    with pytest.raises(DimensionMismatchError):
+        D.fit_stats_local([(X, Y), (X[:, :4], Y)])
+    with pytest.raises(DimensionMismatchError):  # raised inside a Ray task, re-raised with its type
+        D.fit_stats_ray([(X, Y), (X, Y[:, :3])])
+    with pytest.raises(InputError):
+        D.fit_stats_local([(X, Y)], method="nope")
+    with pytest.raises(InputError):
+        D.fit_stats_local(["not-a-shard-type", 3])
+
+
+# --- unsupervised heavy steps --------------------------------------------------------------------
+
+def test_kmeans_ray_equals_local_lloyd_and_sklearn(ray_local):
+    from sklearn.cluster import KMeans
+
+    rng = np.random.default_rng(5)
+    centers = rng.normal(scale=4.0, size=(6, 8))
+    X = (centers[rng.integers(0, 6, 3000)] + rng.normal(size=(3000, 8))).astype(np.float32)
+    shards = [X[a:b] for a, b in _split(3000, [800, 1700])]
+    init = X[rng.choice(3000, 6, replace=False)]
+    C_ray, inertia_ray, it_ray = D.kmeans_ray(shards, 6, init=init, n_iter=30)
+    C_loc, inertia_loc, it_loc = D.kmeans_local(shards, 6, init=init, n_iter=30)
+    np.testing.assert_array_equal(C_ray, C_loc)
+    assert it_ray == it_loc and inertia_ray == inertia_loc
+    km = KMeans(6, init=init, n_init=1, algorithm="lloyd", max_iter=30, tol=0.0).fit(X)
+    np.testing.assert_allclose(C_ray, km.cluster_centers_, atol=1e-3)
+    assert abs(inertia_ray - km.inertia_) / km.inertia_ < 1e-3
+
+
+def test_knn_ray_equals_one_search(ray_local):
+    rng = np.random.default_rng(6)
+    Db = align.frames.unit_rows(rng.normal(size=(2500, 16)).astype(np.float32))
+    Q = align.frames.unit_rows(rng.normal(size=(40, 16)).astype(np.float32))
+    S, I = D.knn_ray(Q, [Db[a:b] for a, b in _split(2500, [3, 900, 2000])], 7)
+    S_ref, I_ref = align.knn(Q, Db, 7)
+    np.testing.assert_array_equal(I, I_ref)
+    np.testing.assert_allclose(S, S_ref, atol=1e-6)
+
+
+def test_refine_icp_ray_equals_refine_icp(ray_local):
+    X, Y = _planted(1500, 16, 16, seed=7)
+    Xs = align.frames.unit_rows(X)
+    Yt = align.frames.unit_rows(Y)
+    W0 = np.linalg.qr(np.random.default_rng(8).normal(size=(16, 16)))[0] * 0.3 + np.eye(16) * 0.7
+    W_ref, h_ref = refine_icp(W0, Xs, Yt, iters=4, sample=300, k=10, random_state=11)
+    W_ray, h_ray = D.refine_icp_ray(W0, Xs, [Yt[a:b] for a, b in _split(1500, [500, 1100])], iters=4, sample=300, k=10,
+                                    random_state=11)
+    assert np.abs(W_ray - W_ref).max() < 1e-5
+    np.testing.assert_allclose(h_ray, h_ref, atol=1e-5)
+
+
+# --- batch transform of sharded files ------------------------------------------------------------
+
+def test_transform_files_ray(ray_local, tmp_path):
+    X, Y = _planted(900, 12, 10, seed=9)
+    m = align.fit_procrustes(X, Y)
+    files = []
+    for i, (a, b) in enumerate(_split(900, [300, 310])):
+        files.append(tmp_path / f"part{i}.npy")
+        np.save(files[-1], X[a:b])
+    m.save(tmp_path / "m.npz")
+    out = D.transform_files_ray(str(tmp_path / "m.npz"), files, tmp_path / "out", batch_size=64)
+    assert [r["rows"] for r in out] == [300, 10, 590]
+    got = np.concatenate([np.load(r["output"]) for r in out])
+    np.testing.assert_allclose(got, m.apply(X, output="raw"), atol=1e-6)
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temporary leftovers
+    local = D.transform_files_ray(m, files[:1], tmp_path / "out2", output="frame", use_ray=False)
+    np.testing.assert_allclose(np.load(local[0]["output"]), m.apply(X[:300]), atol=1e-6)
+    with pytest.raises(DimensionMismatchError):
+        D.transform_files_ray(m.inverse(), files[:1], tmp_path / "out3", use_ray=False)
+    with pytest.raises(InputError):
+        D.transform_files_ray(m, [tmp_path / "missing.npy"], tmp_path / "out4")
