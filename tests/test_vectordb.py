@@ -1,0 +1,233 @@
+"""Migration engine, checkpoints, query translation and verification on Qdrant's local engine (in memory).
+
+Fast and engine-agnostic; the real Milvus Lite and PostgreSQL+pgvector runs live in
+``test_vectordb_engines.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import align
+from align.exceptions import DimensionMismatchError, InputError
+from service.vectordb import (
+    BadNameError,
+    CheckpointMismatchError,
+    CollectionExistsError,
+    CollectionNotFoundError,
+    FileCheckpoint,
+    MemoryCheckpoint,
+    TranslatingSearcher,
+    compare_to_reference,
+    map_fingerprint,
+    migrate,
+    open_store,
+    resolve_map,
+    verify_migration,
+)
+
+pytest.importorskip("qdrant_client")
+
+
+def _pairs(n=1200, d_a=24, d_b=16, seed=0, noise=0.05):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d_a)).astype(np.float32)
+    Q = np.linalg.qr(rng.normal(size=(d_a, d_a)))[0][:, :d_b]
+    Y = X @ Q + noise * rng.normal(size=(n, d_b))
+    return align.frames.unit_rows(X), align.frames.unit_rows(Y.astype(np.float32))
+
+
+@pytest.fixture
+def store():
+    from service.vectordb import QdrantStore
+
+    s = QdrantStore(path=":memory:")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def data():
+    X, Y = _pairs()
+    m = align.fit_procrustes(X[600:], Y[600:])  # fitted on rows that are not stored
+    return X[:600], Y[:600], m
+
+
+def _fill(store, X, ids=None, texts=True, name="src"):
+    ids = np.arange(X.shape[0]) * 2 + 1 if ids is None else ids
+    store.create(name, X.shape[1])
+    store.upsert(name, ids, X, [f"t{i}" for i in ids] if texts else None)
+    return ids
+
+
+def test_migrate_writes_mapped_rows_same_ids_and_switches_alias(store, data):
+    X, Y, m = data
+    ids = _fill(store, X)
+    seen = []
+    rep = migrate(store, "src", "dst", m, alias="live", batch_size=128, progress=seen.append)
+    assert rep.rows == rep.rows_this_run == 600 and rep.batches == 5 and rep.resumed_from is None
+    assert [p.done for p in seen] == [128, 256, 384, 512, 600] and seen[-1].fraction == 1.0
+    np.testing.assert_array_equal(store.ids("dst"), ids)
+    b = store.fetch("dst", ids[::7])
+    np.testing.assert_allclose(b.vectors, m.apply(X[::7], output="raw"), atol=1e-5)
+    assert b.texts == [f"t{i}" for i in ids[::7]]
+    assert store.resolve_alias("live") == "dst" and store.dim("live") == 16
+    # a second migration (new map version) and the alias moves
+    migrate(store, "src", "dst2", m, alias="live")
+    assert store.resolve_alias("live") == "dst2"
+
+
+def test_resume_after_a_crash_rewrites_nothing_twice(store, data, tmp_path):
+    X, Y, m = data
+    ids = _fill(store, X)
+    ck = FileCheckpoint(tmp_path / "ck.json")
+
+    def crash(p):
+        if p.done >= 300:
+            raise KeyboardInterrupt  # dies after the checkpoint of the 3rd batch
+    with pytest.raises(KeyboardInterrupt):
+        migrate(store, "src", "dst", m, batch_size=100, checkpoint=ck, progress=crash)
+    state = json.loads((tmp_path / "ck.json").read_text())
+    assert state["done"] == 300 and state["last_id"] == int(ids[299]) and not state["finished"]
+    rep = migrate(store, "src", "dst", m, batch_size=100, checkpoint=ck)
+    assert rep.resumed_from == int(ids[299]) and rep.rows_this_run == 300 and rep.rows == 600
+    np.testing.assert_array_equal(store.ids("dst"), ids)
+    again = migrate(store, "src", "dst", m, batch_size=100, checkpoint=ck, alias="al")
+    assert again.already_finished and again.rows_this_run == 0 and store.resolve_alias("al") == "dst"
+
+
+def test_checkpoint_mismatch_and_existing_target_are_refused(store, data):
+    X, Y, m = data
+    _fill(store, X)
+    ck = MemoryCheckpoint()
+    migrate(store, "src", "dst", m, checkpoint=ck)
+    other = align.fit_procrustes(X[:300], Y[:300])
+    assert map_fingerprint(other) != map_fingerprint(m)
+    with pytest.raises(CheckpointMismatchError):
+        migrate(store, "src", "dst", other, checkpoint=ck)  # another map must not continue this one
+    with pytest.raises(CollectionExistsError):
+        migrate(store, "src", "dst", m)
+    rep = migrate(store, "src", "dst", m, overwrite=True)
+    assert rep.rows == 600
+    store.drop("dst")
+    with pytest.raises(CheckpointMismatchError):
+        migrate(store, "src", "dst", m, checkpoint=ck)  # progress recorded into a table that is gone
+
+
+def test_bad_input_raises_typed_errors(store, data):
+    X, Y, m = data
+    _fill(store, X)
+    with pytest.raises(CollectionNotFoundError):
+        migrate(store, "nope", "dst", m)
+    with pytest.raises(DimensionMismatchError):
+        migrate(store, "src", "dst", m.inverse())  # 16-d map input, 24-d stored rows
+    with pytest.raises(BadNameError):
+        migrate(store, "src", "dst; drop table x", m)
+    with pytest.raises(InputError):
+        migrate(store, "src", "src", m)
+    with pytest.raises(InputError):
+        migrate(store, "src", "dst", m, batch_size=0)
+    with pytest.raises(InputError):
+        resolve_map(3)
+    with pytest.raises(InputError):
+        resolve_map("minilm->e5@prod")  # a ref without a registry
+    with pytest.raises(InputError):
+        store.upsert("src", [1, 1], X[:2])
+    with pytest.raises(InputError):
+        store.upsert("src", [-5], X[:1])  # qdrant ids are unsigned
+    with pytest.raises(DimensionMismatchError):
+        store.search("src", Y[:2], 3)
+    with pytest.raises(InputError):
+        store.fetch("src", [999999])
+    with pytest.raises(Exception):
+        open_store("redis://localhost")
+
+
+def test_map_from_artifact_path_and_registry(store, data, tmp_path):
+    X, Y, m = data
+    _fill(store, X)
+    m.save(tmp_path / "m.npz")
+    r1 = migrate(store, "src", "a1", str(tmp_path / "m.npz"))
+
+    class FakeRegistry:  # anything with load_map(ref)
+        def load_map(self, ref):
+            assert ref == "x->y@prod"
+            return m
+
+    r2 = migrate(store, "src", "a2", "x->y@prod", registry=FakeRegistry())
+    assert r1.map_fingerprint == r2.map_fingerprint == map_fingerprint(m)
+
+
+def test_query_side_translation_finds_partners(store, data):
+    X, Y, m = data
+    ids = _fill(store, X)
+    ts = TranslatingSearcher(store, "src", m.inverse())  # new-model (B) queries into the old A collection
+    S, I = ts.search(Y[:50], 5)
+    hit = (I[:, 0] == ids[:50]).mean()
+    assert hit > 0.95
+    assert np.all(np.diff(S, axis=1) <= 1e-6)  # best first
+    with pytest.raises(DimensionMismatchError):
+        TranslatingSearcher(store, "src", m)
+
+
+def test_verify_modes(store, data):
+    X, Y, m = data
+    ids = _fill(store, X)
+    migrate(store, "src", "dst", m)
+    lookup = dict(zip([f"t{i}" for i in ids], range(600)))
+    v = verify_migration(store, "dst", embed=lambda ts: Y[[lookup[t] for t in ts]], n_sample=400, n_queries=50,
+                         db_queries=50, k=5)
+    assert v["mode"] == "reembed" and v["n_sample"] == 400 and v["db_candidates"] == 600
+    assert v["partner_top1"] > 0.95 and v["db_partner_recall@5"] > 0.95
+    h = verify_migration(store, "dst", heldout=(X, Y), map_=m, n_sample=300, n_queries=50)
+    assert h["mode"] == "heldout" and h["partner_top1"] > 0.95
+    # a wrong map is caught: identity-like map from a shuffled pairing
+    bad = align.fit_procrustes(X, Y[np.random.default_rng(0).permutation(600)])
+    hb = verify_migration(store, "dst", heldout=(X, Y), map_=bad, n_sample=300, n_queries=50)
+    assert hb["partner_top1"] < 0.2 and hb["recall@10"] < h["recall@10"]
+    store.create("bare", 24)
+    store.upsert("bare", ids[:10], X[:10])
+    with pytest.raises(InputError):  # no texts stored: must use the held-out mode
+        verify_migration(store, "bare", embed=lambda ts: None)
+    with pytest.raises(InputError):
+        verify_migration(store, "dst")
+
+
+def test_compare_to_reference_bounds():
+    _, Y = _pairs(300, 8, 8, seed=4)
+    same = compare_to_reference(Y, Y, n_queries=40, k=10)
+    assert same["recall@10"] == 1.0 and same["partner_top1"] == 1.0 and abs(same["cos"] - 1) < 1e-5
+    rnd = compare_to_reference(Y, _pairs(300, 8, 8, seed=5)[1], n_queries=40, k=10)
+    assert rnd["recall@10"] < 0.3 and rnd["partner_top1"] < 0.1
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.sets(st.integers(0, 10**6), min_size=1, max_size=60), batch=st.integers(1, 25),
+       crash_at=st.integers(0, 5))
+def test_any_ids_any_batch_any_crash_point_gives_each_id_once(ids, batch, crash_at):
+    from service.vectordb import QdrantStore
+
+    X, Y = _pairs(len(ids) + 40, 6, 4, seed=len(ids))
+    m = align.fit_procrustes(X[len(ids):], Y[len(ids):])
+    ids = np.array(sorted(ids), dtype=np.int64)[np.random.default_rng(batch).permutation(len(ids))]  # unsorted writes
+    s = QdrantStore(path=":memory:")
+    s.create("src", 6)
+    s.upsert("src", ids, X[: len(ids)])
+    ck = MemoryCheckpoint()
+
+    def crash(p):
+        if p.batches == crash_at:
+            raise RuntimeError("boom")
+    try:
+        migrate(s, "src", "dst", m, batch_size=batch, checkpoint=ck, progress=crash)
+    except RuntimeError:
+        migrate(s, "src", "dst", m, batch_size=batch, checkpoint=ck)
+    got = s.ids("dst")
+    np.testing.assert_array_equal(got, np.sort(ids))
+    assert s.count("dst") == len(ids) and ck.load()["finished"]
+    s.close()
