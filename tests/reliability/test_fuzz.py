@@ -1,0 +1,98 @@
+"""Fuzzing: schemathesis against the service's own OpenAPI document, every operation, a valid key.
+
+Bounded: ``MAX_EXAMPLES`` generated requests per operation (positive and negative data), no
+shrinking, so the whole module runs in well under two minutes. Every response: no 5xx and
+no traceback. Conformance to the document (``content_type_conformance``,
+``response_schema_conformance``) is collected per operation and status and asserted once at the end (it currently fails: see
+``test_fuzzed_responses_match_their_documented_schema``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from schemathesis.specs.openapi.checks import (content_type_conformance,  # noqa: E402
+                                               response_schema_conformance)
+
+from service.api import create_app  # noqa: E402
+
+from .helpers import W, planted, populate, settings_for  # noqa: E402
+
+MAX_EXAMPLES = 20
+CHECKS = [content_type_conformance, response_schema_conformance]
+# (operation, status) -> first schema violation seen; filled by test_fuzz_operation, read by the last test.
+SCHEMA_MISMATCHES: dict[tuple[str, int], str] = {}
+FUZZED: list[str] = []
+STATUS_COUNTS: dict[int, int] = {}
+
+
+def _first_problem(exc: BaseException) -> str:
+    subs = getattr(exc, "exceptions", None) or [exc]
+    return "; ".join(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120]}" for e in subs)
+
+
+def _operations() -> list[tuple[str, str]]:
+    from service.config import Settings
+
+    spec = create_app(Settings(demo_on_empty=False)).openapi()
+    return [(path, method) for path, ops in spec["paths"].items() for method in ops]
+
+
+OPERATIONS = _operations()
+
+
+@pytest.fixture(scope="module")
+def schema(tmp_path_factory):
+    app = create_app(settings_for(tmp_path_factory.mktemp("fuzz"), max_batch=256, max_body_bytes=1_000_000,
+                                  max_queued_jobs=2))
+    s = schemathesis.openapi.from_asgi("/openapi.json", app)  # starts the app's lifespan (kept for the process)
+    state = app.state.vb
+    populate(state.registry)
+    _, Y, _ = planted()
+    state.indexes.create("ix", "b", Y[:50], dim=16)
+    return s
+
+
+@pytest.mark.parametrize("path,method", OPERATIONS, ids=[f"{m.upper()} {p}" for p, m in OPERATIONS])
+def test_fuzz_operation(schema, path, method):
+    op = schema[path][method]
+    label = f"{method.upper()} {path}"
+    statuses: dict[int, int] = {}
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=op.as_strategy())
+    def run(case):
+        r = case.call(headers=W)
+        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+        assert r.status_code < 500, f"{label}: {r.status_code} {r.text[:300]}"
+        assert "Traceback" not in r.text
+        if (label, r.status_code) not in SCHEMA_MISMATCHES:
+            try:
+                case.validate_response(r, checks=CHECKS)
+            except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - recorded, asserted at the end
+                SCHEMA_MISMATCHES[(label, r.status_code)] = _first_problem(exc)
+
+    run()
+    FUZZED.append(label)
+    for st, n in statuses.items():
+        STATUS_COUNTS[st] = STATUS_COUNTS.get(st, 0) + n
+    assert sum(statuses.values()) > 0
+    assert not any(s >= 500 for s in statuses), statuses
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "OpenAPI responses do not describe the bodies: routes return FastJSONResponse (not a JSONResponse subclass), "
+    "so FastAPI documents every 200/201 body as {'type': 'string'}, and 422 is documented as FastAPI's "
+    "HTTPValidationError {'detail': [...]} while the service answers {'error': {...}} (service/api/app.py "
+    "default_response_class, routers without response_model / responses={4xx: ErrorBody})"))
+def test_fuzzed_responses_match_their_documented_schema():
+    if not FUZZED:
+        pytest.skip("run together with test_fuzz_operation")
+    print(f"\nfuzzed {len(FUZZED)} operations, {sum(STATUS_COUNTS.values())} requests, statuses "
+          f"{dict(sorted(STATUS_COUNTS.items()))}; schema mismatches: {len(SCHEMA_MISMATCHES)}")
+    for (op, st), msg in sorted(SCHEMA_MISMATCHES.items()):
+        print(f"  {op} -> {st}: {msg}")
+    assert not SCHEMA_MISMATCHES, "\n".join(f"{op} -> {st}: {msg}" for (op, st), msg in sorted(SCHEMA_MISMATCHES.items()))
