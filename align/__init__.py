@@ -7,6 +7,7 @@ Public surface::
     PairStats                                additive sufficient statistics (streaming / merging)
     MiniVec2Vec                              unsupervised (and seeded) alignment
     evaluate                                 held-out metrics
+    fit_steer, Steer, transfer_steer         LM-Steer style query transforms
     knn, csls_knn, mutual_nn                 blocked neighbour search
     exceptions                               the typed error tree
 """
@@ -17,11 +18,14 @@ from .frames import Frame
 from .knn import csls_knn, knn, mutual_nn
 from .maps import LinearMap
 from .metrics import evaluate, retention
+from .minivec2vec import MiniVec2Vec
 from .procrustes import PairStats, fit_lowrank, fit_procrustes, fit_ridge
+from .steer import MeanShift, Steer, apply_steers, compose_steers, fit_mean_shift, fit_steer, transfer_steer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LinearMap", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
-    "knn", "csls_knn", "mutual_nn", "exceptions", *exceptions.__all__,
+    "MiniVec2Vec", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
+    "transfer_steer", "knn", "csls_knn", "mutual_nn", "exceptions", *exceptions.__all__,
 ]

@@ -92,16 +92,19 @@ class Frame:
         ``t = -(mu·f) + sqrt((mu·f)^2 + 1 - |mu|^2)`` (``|f| = 1``, ``|mu| < 1``), so
         ``apply(to_raw(f)) == f`` exactly up to rounding.
         """
-        out = unit_rows(Y) if self.unit_out else np.asarray(Y, dtype=np.float32)
+        f = unit_rows(Y) if self.unit_out else np.asarray(Y, dtype=np.float32)
         if self.mean is None:
-            return np.ascontiguousarray(out, dtype=np.float32)
-        mu = self.mean.astype(np.float64)
+            return np.ascontiguousarray(f, dtype=np.float32)
         if not self.unit_in:
-            return np.ascontiguousarray(out + self.mean, dtype=np.float32)
-        f = unit_rows(out).astype(np.float64)
-        b = f @ mu
-        t = -b + np.sqrt(np.maximum(b * b + 1.0 - mu @ mu, 0.0))
-        return unit_rows((mu + t[:, None] * f).astype(np.float32))
+            return np.ascontiguousarray(f + self.mean, dtype=np.float32)
+        if not self.unit_out:
+            f = unit_rows(f)
+        mu = self.mean
+        b = f @ mu  # (n,)
+        t = np.sqrt(np.maximum(b * b + np.float32(1.0 - float(mu @ mu)), 0.0)) - b
+        out = f * t[:, None]
+        out += mu  # |mu + t f| = 1 by construction: no renormalisation pass
+        return out
 
     def same_as(self, other: "Frame", atol: float = 1e-5) -> bool:
         """True when both frames transform rows identically."""
