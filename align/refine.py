@@ -75,8 +75,16 @@ def soft_pseudo_targets(Rs: np.ndarray, Rt: np.ndarray, Yt: np.ndarray, *, k: in
     out = np.empty((Rs.shape[0], Yt.shape[1]), dtype=np.float32)
     for s in range(0, Rs.shape[0], block):
         _, I = knn(Rs[s : s + block], Rt, k)
-        out[s : s + block] = Yt[I].mean(axis=1)
+        out[s : s + block] = _mean_rows(Yt, I)
     return out
+
+
+def _mean_rows(Y: np.ndarray, I: np.ndarray) -> np.ndarray:
+    """``Y[I].mean(axis=1)`` for I (b, k) without the (b, k, d) temporary; float32 (b, d)."""
+    acc = np.zeros((I.shape[0], Y.shape[1]), dtype=np.float64)
+    for j in range(I.shape[1]):
+        acc += Y[I[:, j]]
+    return (acc / I.shape[1]).astype(np.float32)
 
 
 def procrustes_map(X: np.ndarray, Y: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
@@ -108,7 +116,7 @@ def refine_icp(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, iters: int = 10
         P = Xs[idx]
         Q = unit_rows((P @ W).astype(np.float32))
         _, I = knn(Q, Yt, k)
-        M = Yt[I].mean(axis=1)
+        M = _mean_rows(Yt, I)
         W_new = procrustes_map(P, M)
         W = (1.0 - alpha) * W + alpha * W_new
         history.append(float(np.einsum("ij,ij->i", Q, unit_rows(M)).mean()))
