@@ -1,6 +1,7 @@
 """Real engines: Milvus Lite (as its own gRPC server process) and PostgreSQL + pgvector (pgserver wheel).
 
-Per engine, one module-scoped source collection of 20,000 stored vectors (MiniLM rows of the
+Per engine, one module-scoped source collection of stored vectors (4,000 by default; the 20,000-row
+runs are opt-in: ``pytest -m slow`` or ``VECBRIDGE_RUN_SLOW=1``, several minutes on a busy 2-core box) (MiniLM rows of the
 shared WordNet set, with their texts; generated data when the set is absent) and one migration
 into the E5 space through a Procrustes map fitted on other rows. The migration runs as a
 subprocess (``python -m service.vectordb migrate``), is killed with SIGKILL half-way, and is
@@ -132,29 +133,41 @@ def _open(engine: str, request):
     return PgVectorStore(url, index="ivfflat"), url
 
 
-@pytest.fixture(scope="module", params=["milvus", "pgvector"])
+_SLOW = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=[pytest.param(("milvus", 4000), id="milvus-4k"), pytest.param(("pgvector", 4000), id="pgvector-4k"),
+                                        pytest.param(("milvus", N), marks=_SLOW, id="milvus-20k"),
+                                        pytest.param(("pgvector", N), marks=_SLOW, id="pgvector-20k")])
 def engine(request, corpus):
-    """(store, cli url, engine name) with collection ``src_minilm`` holding the N stored rows."""
-    store, url = _open(request.param, request)
+    """(store, cli url, engine name, ids, n) with collection ``src_minilm`` holding the first n stored rows."""
+    kind, n = request.param
+    if n > 4000 and "slow" not in (request.config.getoption("-m") or "") and not os.environ.get("VECBRIDGE_RUN_SLOW"):
+        pytest.skip("opt-in: pytest -m slow (20k rows per engine)")
+    store, url = _open(kind, request)
     for name in ("src_minilm", "dst_e5"):
         store.drop(name)
     store.create("src_minilm", corpus["X"].shape[1])
-    ids = np.arange(N, dtype=np.int64) * 3 + 7  # sparse, non-zero-based ids
-    for s in range(0, N, 2000):
-        store.upsert("src_minilm", ids[s : s + 2000], corpus["X"][s : s + 2000], corpus["texts"][s : s + 2000])
+    ids = np.arange(n, dtype=np.int64) * 3 + 7  # sparse, non-zero-based ids
+    for s in range(0, n, 2000):
+        store.upsert("src_minilm", ids[s : min(s + 2000, n)], corpus["X"][s : min(s + 2000, n)],
+                     corpus["texts"][s : min(s + 2000, n)])
     store.finalize("src_minilm")
-    yield store, url, request.param, ids
+    yield store, url, kind, ids, n
+    for name in ("src_minilm", "dst_e5"):
+        store.drop(name)
     store.close()
 
 
 # --- the test --------------------------------------------------------------------------------
 
 def test_migration_killed_halfway_resumes_then_cross_model_search(engine, corpus, tmp_path):
-    store, url, name, ids = engine
+    store, url, name, ids, N = engine
     assert store.count("src_minilm") == N
+    batch = str(N // 8)
     ckpt = tmp_path / "ckpt.json"
     cmd = [sys.executable, "-m", "service.vectordb", "migrate", "--store", url, "--source", "src_minilm",
-           "--target", "dst_e5", "--map", str(corpus["map_path"]), "--checkpoint", str(ckpt), "--batch-size", "1000",
+           "--target", "dst_e5", "--map", str(corpus["map_path"]), "--checkpoint", str(ckpt), "--batch-size", batch,
            "--pause", "0.05", "--index", "ivfflat"]
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     done_seen = 0
@@ -172,7 +185,7 @@ def test_migration_killed_halfway_resumes_then_cross_model_search(engine, corpus
     assert 0 < store.count("dst_e5") < N
 
     seen = []
-    rep = migrate(store, "src_minilm", "dst_e5", corpus["map"], alias="live_e5", batch_size=1000,
+    rep = migrate(store, "src_minilm", "dst_e5", corpus["map"], alias="live_e5", batch_size=int(batch),
                   checkpoint=FileCheckpoint(ckpt), progress=lambda p: seen.append(p.done))
     assert rep.resumed_from == state["last_id"]
     assert rep.rows_this_run == N - state["done"]
@@ -190,13 +203,13 @@ def test_migration_killed_halfway_resumes_then_cross_model_search(engine, corpus
     assert store.resolve_alias("live_e5") == "dst_e5"
 
     # verification: migrated vectors vs re-embedded texts (new model)
-    v = verify_migration(store, "live_e5", embed=corpus["embed"], n_sample=2000, n_queries=200, db_queries=100,
+    v = verify_migration(store, "live_e5", embed=corpus["embed"], n_sample=min(2000, N // 2), n_queries=200, db_queries=100,
                          random_state=0)
     # query across models, query side: old collection, new-model queries through the inverse map
     q = np.random.default_rng(2).choice(N, 100, replace=False)
     _, I_old = TranslatingSearcher(store, "src_minilm", corpus["map"].inverse()).search(corpus["Y"][q], 10)
     # native baseline: new-model queries against new-model vectors of the same rows (exact, numpy)
-    _, I_nat = align.knn(corpus["Y"][q], corpus["Y"], 10)
+    _, I_nat = align.knn(corpus["Y"][q], corpus["Y"][:N], 10)
     native_partner = float((I_nat == q[:, None]).any(1).mean())
     query_side = float((I_old == ids[q][:, None]).any(1).mean())
     print(f"\n[{name}] {corpus['source']}, {N} rows: resumed after {state['done']} rows; "
