@@ -27,13 +27,14 @@ through :func:`align.knn` in blocks (FAISS when installed) — never an n × m m
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable
 
 import numpy as np
 
 from ._validation import as_matrix, check_not_degenerate, check_random_state
 from .anchors import QAP_METHODS, kmeans_anchors
-from .exceptions import InputError, NotFittedError, PairCountError, TooFewRowsError
+from .exceptions import ConvergenceWarning, InputError, NotFittedError, PairCountError, TooFewRowsError
 from .frames import Frame
 from .maps import LinearMap
 from .refine import (map_criterion, procrustes_map, refine_clusters, refine_icp, relative_representation,
@@ -115,6 +116,10 @@ class MiniVec2Vec:
         Rows per side for the unsupervised criterion.
     seed_weight : float
         Weight of each known seed pair in the Procrustes fits (semi-supervised mode).
+    reliability_ratio : float
+        The fit is flagged unreliable (``reliable_ = False`` and a ConvergenceWarning) when its
+        criterion is below this multiple of the criterion of random orthogonal maps on the same
+        data (``null_criterion_``).
     random_state : None, int or numpy Generator
         Seeds every random step (same seed → same map).
 
@@ -125,6 +130,8 @@ class MiniVec2Vec:
     criteria_ : list[float]   criterion of every restart
     best_restart_ : int
     n_iter_ : int             refinement iterations of the chosen run
+    null_criterion_ : float   mean criterion of 2 random orthogonal maps (what failure looks like)
+    reliable_ : bool          ``criterion_ >= reliability_ratio * null_criterion_``
     diagnostics_ : dict
     """
 
@@ -135,7 +142,7 @@ class MiniVec2Vec:
                  self_learning_rounds: int = 30, self_learning_sample: int | None = 4096,
                  self_learning_final_rounds: int = 2, csls_k: int = 10,
                  confident: float = 0.8, criterion_sample: int = 4096, seed_weight: float = 1.0,
-                 random_state=None):
+                 reliability_ratio: float = 1.5, random_state=None):
         self.init = init
         self.n_restarts = n_restarts
         self.n_anchor_runs = n_anchor_runs
@@ -158,12 +165,13 @@ class MiniVec2Vec:
         self.confident = confident
         self.criterion_sample = criterion_sample
         self.seed_weight = seed_weight
+        self.reliability_ratio = reliability_ratio
         self.random_state = random_state
 
     _PARAMS = ("init", "n_restarts", "n_anchor_runs", "anchor_sample", "n_clusters", "anchor_keep", "qap_restarts", "qap_method",
                "soft_k", "refine", "refine1_iters", "refine1_sample", "refine1_k", "alpha", "refine2_clusters",
                "self_learning_rounds", "self_learning_sample", "self_learning_final_rounds", "csls_k", "confident", "criterion_sample",
-               "seed_weight", "random_state")
+               "seed_weight", "reliability_ratio", "random_state")
 
     # --- presets ------------------------------------------------------------------------------
     @classmethod
@@ -300,7 +308,20 @@ class MiniVec2Vec:
         for run in runs:
             run.pop("W", None)
         timings["restarts"] = [run["timings"] for run in runs]
+        t0 = time.perf_counter()
+        null = []
+        for _ in range(2):
+            R = np.linalg.qr(rng.normal(size=(max(Xs.shape[1], Yt.shape[1]),) * 2))[0][: Xs.shape[1], : Yt.shape[1]]
+            null.append(map_criterion(R, Xs, Yt, sample=self.criterion_sample, csls_k=self.csls_k,
+                                      random_state=rng)["criterion"])
+        timings["null_criterion"] = time.perf_counter() - t0
         timings["total"] = time.perf_counter() - t_start
+        self.null_criterion_ = float(np.mean(null))
+        self.reliable_ = bool(crits[best] >= self.reliability_ratio * self.null_criterion_)
+        if not self.reliable_:
+            warnings.warn(f"MiniVec2Vec: criterion {crits[best]:.4f} is below {self.reliability_ratio} x the criterion "
+                          f"of random maps ({self.null_criterion_:.4f}); the map is probably wrong", ConvergenceWarning,
+                          stacklevel=2)
 
         self.criteria_ = [float(c) for c in crits]
         self.best_restart_ = best
@@ -309,7 +330,7 @@ class MiniVec2Vec:
         self.n_iter_ = int(chosen["n_iter"])
         self.diagnostics_ = {
             "timings": timings, "runs": runs, "chosen_restart": best, "criteria": self.criteria_,
-            "seeded": bool(seeded), "n_seed_pairs": 0 if seeds is None else int(seeds[0].size),
+            "null_criterion": self.null_criterion_, "reliable": self.reliable_, "seeded": bool(seeded), "n_seed_pairs": 0 if seeds is None else int(seeds[0].size),
             "n_src": int(X.shape[0]), "n_tgt": int(Y.shape[0]),
         }
         params = self.get_params()
