@@ -110,7 +110,8 @@ def _run_one(job: dict) -> dict:
         m = est.map_
         criterion = est.criterion_
         extra = {"criteria": est.criteria_, "chosen_restart": est.best_restart_,
-                 "criterion_details": est.criterion_details_, "timings": est.diagnostics_["timings"]}
+                 "criterion_details": est.criterion_details_, "timings": est.diagnostics_["timings"],
+                 "null_criterion": getattr(est, "null_criterion_", None), "reliable": getattr(est, "reliable_", None)}
     else:
         raise ValueError(method)
     seconds = time.perf_counter() - t0
@@ -200,7 +201,9 @@ def print_table(pair: str, groups: dict[str, list[dict]]) -> None:
     for name, rows in groups.items():
         if name in ("vecbridge", "published") and rows and rows[0].get("criterion") is not None:
             print(f"  {name} per seed: " + "; ".join(
-                f"seed {r['seed']}: top1 {r['top1']:.3f} crit {r['criterion']:.3f}" for r in rows))
+                f"seed {r['seed']}: top1 {r['top1']:.3f} crit {r['criterion']:.3f}"
+                + (f" (random maps {r['null_criterion']:.3f}, reliable={r['reliable']})"
+                   if r.get("null_criterion") is not None else "") for r in rows))
 
 
 # --- main -----------------------------------------------------------------------------------------
