@@ -221,3 +221,37 @@ def test_migration_killed_halfway_resumes_then_cross_model_search(engine, corpus
     assert v["partner_recall@10"] > 0.9
     assert v["db_partner_recall@10"] > 0.8
     assert query_side > 0.8
+
+
+def test_pgvector_checkpoint_table_alias_view_and_exact_search(pg_url, corpus):
+    """Checkpoint kept in a PostgreSQL table; alias as a view; exact search (no index) matches numpy."""
+    from service.vectordb import PgCheckpoint, PgVectorStore
+
+    store = PgVectorStore(pg_url, index=None)
+    for t in ("ck_src", "ck_dst"):
+        store.drop(t)
+    X = corpus["X"][:500]
+    store.create("ck_src", X.shape[1])
+    store.upsert("ck_src", np.arange(500), X)
+    ck = PgCheckpoint(pg_url, "ck_src->ck_dst")
+    ck.clear()
+
+    def crash(p):
+        if p.done >= 200:
+            raise RuntimeError("crash after the checkpoint of row 199")
+    with pytest.raises(RuntimeError):
+        migrate(store, "ck_src", "ck_dst", corpus["map"], batch_size=100, checkpoint=ck, progress=crash)
+    assert ck.load()["last_id"] == 199
+    rep = migrate(store, "ck_src", "ck_dst", corpus["map"], batch_size=100, checkpoint=ck, alias="ck_live")
+    assert rep.resumed_from == 199 and rep.rows == 500 and ck.load()["finished"]
+    assert store.resolve_alias("ck_live") == "ck_dst" and store.dim("ck_live") == corpus["map"].target_dim
+    Yhat = corpus["map"].apply(X, output="raw")
+    S, I = store.search("ck_live", Yhat[:20], 5)
+    S_ref, I_ref = align.knn(Yhat[:20], Yhat, 5)
+    np.testing.assert_array_equal(I[:, 0], I_ref[:, 0])
+    np.testing.assert_allclose(S, S_ref, atol=1e-5)
+    ck.clear()
+    ck.close()
+    for t in ("ck_src", "ck_dst"):
+        store.drop(t)
+    store.close()
