@@ -171,3 +171,23 @@ def test_two_workers_sqlite(tmp_path):
 def test_two_workers_postgres(tmp_path, pg_url):
     (tmp_path / "data").mkdir()
     _check(*_run(tmp_path, pg_url))
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "service/indexes.py IndexStore is per process: with uvicorn --workers 2 on one data dir, each worker keeps its "
+    "own copy of an index and saves it under the same generation numbers, so rows acknowledged by one worker are "
+    "overwritten by the other's next save. Not strict: the kernel decides which worker takes each connection"))
+def test_two_workers_keep_every_acknowledged_index_row(tmp_path):
+    data = tmp_path / "data"
+    _prepare(data, f"sqlite:///{data / 'registry.sqlite'}")
+    acked = BATCH * 4
+    rng = np.random.default_rng(3)
+    with Server(data, workers=2, log_path=tmp_path / "server.log") as server:
+        for _ in range(12):  # a fresh connection each time, so both workers take writes
+            r = httpx.post(server.url + "/v1/indexes/cx/vectors", headers=W, timeout=30,
+                           json={"vectors": rng.standard_normal((BATCH, DIM)).astype(np.float32).tolist()})
+            assert r.status_code == 200, r.text
+            acked += BATCH
+    with Server(data, log_path=tmp_path / "server2.log") as server:
+        count = httpx.get(server.url + "/v1/indexes/cx", headers=R, timeout=30).json()["count"]
+    assert count == acked, f"{acked - count} acknowledged rows lost"
