@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import math
 import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor

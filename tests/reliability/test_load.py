@@ -9,7 +9,6 @@ timeout, never a 5xx — and the accepted ones finish.
 from __future__ import annotations
 
 import importlib.util
-import time
 from pathlib import Path
 
 import httpx
