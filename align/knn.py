@@ -119,6 +119,7 @@ def mutual_nn(Q: np.ndarray, D: np.ndarray, *, csls_k: int = 0, block_size: int 
     Returns ``(iq, id, score)``: index arrays of the mutual pairs and their scores (cosine, or
     CSLS when ``csls_k > 0``).
     """
+    Q, D, _ = _check(Q, D, 1)
     if csls_k > 0:
         r_q = mean_topk(Q, D, csls_k, block_size=block_size)
         r_d = mean_topk(D, Q, csls_k, block_size=block_size)
