@@ -205,37 +205,47 @@ def cli(ctx, data_dir, registry_url):
 def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target_space, alias, random_state,
         description, tags, artifact_format, report_copy, as_json, quiet, **io_opts):
     """Fit a map from --source to --target and register it as a new version."""
-    from align.exceptions import InputError
+    import warnings
+
+    from align.exceptions import InputError, VecbridgeWarning
 
     from .fitting import SUPERVISED, run_fit
 
     if paired is None:
         paired = method in SUPERVISED
     progress, close = _progress_bar(not quiet)
-    try:
-        X, Y, inputs = _read_pair(io_opts, progress)
-        if seed_pairs is not None:
-            if method != "minivec2vec":
-                raise InputError("--seed-pairs applies to --method minivec2vec only")
-            seeds = _read_seed_pairs(seed_pairs)
-            inputs["seed_pairs"] = {"path": str(Path(seed_pairs).resolve()), "n": int(seeds[0].size)}
-        else:
-            seeds = None
-        v = run_fit(obj.registry, name=name, source=X, target=Y, method=method, params=_parse_kv(params),
-                    source_space=_space_name(io_opts["source"], io_opts["source_encoder"], source_space),
-                    target_space=_space_name(io_opts["target"], io_opts["target_encoder"], target_space),
-                    paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias, progress=progress,
-                    description=description, tags=_parse_kv(tags, "tag"), inputs=inputs,
-                    artifact_format=artifact_format, report_copy=report_copy)
-    finally:
-        close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", VecbridgeWarning)
+        try:
+            X, Y, inputs = _read_pair(io_opts, progress)
+            if seed_pairs is not None:
+                if method != "minivec2vec":
+                    raise InputError("--seed-pairs applies to --method minivec2vec only")
+                seeds = _read_seed_pairs(seed_pairs)
+                inputs["seed_pairs"] = {"path": str(Path(seed_pairs).resolve()), "n": int(seeds[0].size)}
+            else:
+                seeds = None
+            v = run_fit(obj.registry, name=name, source=X, target=Y, method=method, params=_parse_kv(params),
+                        source_space=_space_name(io_opts["source"], io_opts["source_encoder"], source_space),
+                        target_space=_space_name(io_opts["target"], io_opts["target_encoder"], target_space),
+                        paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias, progress=progress,
+                        description=description, tags=_parse_kv(tags, "tag"), inputs=inputs,
+                        artifact_format=artifact_format, report_copy=report_copy)
+        finally:
+            close()
+    for w in caught:  # soft numerical trouble (e.g. an unreliable unsupervised fit): one line each
+        if issubclass(w.category, VecbridgeWarning):
+            click.echo(f"vecbridge: warning: {str(w.message).splitlines()[0]}", err=True)
     report = obj.registry.report_file(v)
     d = v.to_dict()
     d["report_file"] = str(report) if report else None
     d["artifact_file"] = str(obj.registry.artifact_file(v))
     m = v.metrics
-    headline = ", ".join(f"{k}={m[k]:.4f}" for k in ("train_top1", "train_cos", "criterion", "mnn_frac",
-                                                      "mnn_mean_cos") if isinstance(m.get(k), (int, float)))
+    headline = ", ".join(f"{k}={m[k]:.4f}" for k in ("train_top1", "train_cos", "criterion", "null_criterion",
+                                                      "mnn_frac", "mnn_mean_cos")
+                         if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool))
+    if m.get("reliable") is False:
+        headline += ", UNRELIABLE (criterion close to random maps)"
     _emit(d, as_json, f"registered {v.ref} ({v.source_space} {v.source_dim}-d -> {v.target_space} "
                       f"{v.target_dim}-d, {v.method}, fit {m.get('timings', {}).get('fit', 0):.1f}s)"
                       f"{'; ' + headline if headline else ''}\nreport: {report}")

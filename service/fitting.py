@@ -180,6 +180,12 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         metrics["criterion"] = float(map_.metadata["criterion"])
     if isinstance(diag.get("criteria"), list):
         metrics["criteria"] = [float(c) for c in diag["criteria"]]
+    for key in ("null_criterion", "reliable"):  # label-free failure flag of MiniVec2Vec
+        if key in diag:
+            metrics[key] = diag[key] if isinstance(diag[key], bool) else float(diag[key])
+    effective = dict(map_.metadata.get("params") or {})  # every parameter, defaults included
+    effective.update(params)
+    effective.pop("random_state", None)  # recorded on its own
     inner = (diag.get("timings") or {})
     timings["diagnostics"] = time.perf_counter() - t0
     tick("diagnostics", 1.0)
@@ -198,7 +204,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     n_src, n_tgt = X.shape[0], Y.shape[0]
     summary = {"map": name, "spaces": f"{source_space} ({X.shape[1]}-d) -> {target_space} ({Y.shape[1]}-d)",
                "method": method, "paired": paired, "rows": f"source {n_src}, target {n_tgt}",
-               "params": params, "random_state": random_state, "data sha256": hashes, "inputs": inputs or {},
+               "params": effective, "random_state": random_state, "data sha256": hashes, "inputs": inputs or {},
                "alias": alias or "", "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     html_text = render_report(title=f"vecbridge fit: {name}", summary=summary, metrics=metrics,
                               timings=stage_times, diagnostics=diag, cosines=cosines, clouds=clouds, paired=paired)
@@ -217,7 +223,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     tick("register", 0.0)
     metrics["timings"] = {k: round(v, 4) for k, v in timings.items()}
     version = registry.register_version(
-        name, map_, source_space=source_space, target_space=target_space, method=method, params=params,
+        name, map_, source_space=source_space, target_space=target_space, method=method, params=effective,
         random_state=random_state, data_hashes=hashes, metrics=metrics, description=description, tags=tags,
         alias=alias, report_path=report_rel, inputs={**(inputs or {}), "n_source": n_src, "n_target": n_tgt,
                                                      "paired": paired}, artifact_format=artifact_format)

@@ -192,7 +192,7 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-    headline = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    headline = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     parts.append("<div>" + "".join(
         f"<span class='metric'>{html.escape(k)}<b>{v:.4g}</b></span>" for k, v in list(headline.items())[:8]) + "</div>")
     parts.append("<h2>Summary and lineage</h2>" + _table(summary))

@@ -163,6 +163,7 @@ def test_unpaired_minivec2vec_with_small_parameters(capsys, data):
     assert code == 0, err
     v = json.loads(out)
     assert v["method"] == "minivec2vec" and v["random_state"] == 3 and v["params"]["n_restarts"] == 2
+    assert v["params"]["qap_method"] == "2opt"  # defaults are recorded too (lineage: every parameter)
     assert len(v["metrics"]["criteria"]) == 2 and 0 <= v["metrics"]["mnn_frac"] <= 1
     html = open(v["report_file"]).read()
     assert "Selection criterion across restarts" in html and "Refinement iterations" in html
