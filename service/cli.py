@@ -323,6 +323,10 @@ def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, en
 
         sl = _resolve_rows(r, total, inp)
         total = sl.stop - sl.start
+    if total == 0:
+        from align.exceptions import EmptyInputError
+
+        raise EmptyInputError(f"{Path(inp).name}: no rows to transform")
     from tqdm import tqdm
 
     bar = tqdm(total=total, unit="rows", file=sys.stderr, disable=quiet, desc="transform")

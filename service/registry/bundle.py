@@ -47,7 +47,10 @@ class _Reader:
     def __init__(self, path: Path):
         if not path.exists():
             raise NotFoundError(f"bundle {path} does not exist")
-        self.zip = zipfile.ZipFile(path) if path.is_file() else None
+        try:
+            self.zip = zipfile.ZipFile(path) if path.is_file() else None
+        except zipfile.BadZipFile:
+            raise IntegrityError(f"{path.name} is neither a zip bundle nor a bundle folder") from None
         self.root = path
 
     def read(self, rel: str) -> bytes:

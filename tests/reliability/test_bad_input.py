@@ -72,10 +72,8 @@ ALIGN_ERRORS = [
     ("knn-nan", lambda: align.knn(NAN, X16, 3), NonFiniteError),
     ("knn-empty-db", lambda: align.knn(X16, X16[:0], 3), EmptyInputError),
     ("csls-inf", lambda: align.csls_knn(INF, X16, 1), NonFiniteError),
-    pytest.param("mutual-nn-1d", lambda: align.mutual_nn(X16[0], X16), ShapeError, marks=pytest.mark.xfail(
-        strict=True, reason="align/knn.py mutual_nn skips _check(): a 1-D query reaches FAISS (raw ValueError)")),
-    pytest.param("mutual-nn-nan", lambda: align.mutual_nn(NAN, X16), NonFiniteError, marks=pytest.mark.xfail(
-        strict=True, reason="align/knn.py mutual_nn skips _check(): NaN queries are searched silently")),
+    ("mutual-nn-1d", lambda: align.mutual_nn(X16[0], X16), ShapeError),
+    ("mutual-nn-nan", lambda: align.mutual_nn(NAN, X16), NonFiniteError),
     ("evaluate-pair-count", lambda: align.evaluate(MAP, X16, Y16[:10]), PairCountError),
     ("evaluate-wrong-dim", lambda: align.evaluate(MAP, X16[:, :4], Y16), DimensionMismatchError),
     ("minivec2vec-nan", lambda: MiniVec2Vec(random_state=0).fit(NAN, Y16), NonFiniteError),
@@ -528,14 +526,7 @@ def cli_results(cli_world):
     return results, snap, after
 
 
-KNOWN_CLI_BUGS = {
-    "fit-strings": "service/io.py read_vectors (.npy): a string array is cast to float before validation -> "
-                   "ValueError, exit 3 'internal error' instead of a typed InputError (exit 2)",
-    "transform-empty": "service/cli.py transform: an input with 0 rows exits 0 and writes an empty file "
-                       "(the HTTP route answers 422 EmptyInputError for the same input)",
-    "import-garbage-bundle": "service/registry/bundle.py import_bundle: a file that is not a zip raises "
-                             "zipfile.BadZipFile -> exit 3 'internal error' instead of a typed error (exit 2)",
-}
+KNOWN_CLI_BUGS: dict[str, str] = {}  # fixed: fit-strings, transform-empty, import-garbage-bundle
 CLI_IDS = [pytest.param(c[0], id=c[0], marks=[pytest.mark.xfail(strict=True, reason=KNOWN_CLI_BUGS[c[0]])]
                         if c[0] in KNOWN_CLI_BUGS else [])
            for c in _cli_cases(Path("/x"))]
