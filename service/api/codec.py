@@ -32,8 +32,8 @@ from .errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from .responses import loads
 
 __all__ = [
-    "JSON", "OCTET", "NPY", "media_type", "parse_json", "vectors_from_json", "vectors_from_binary", "b64_encode",
-    "npy_bytes", "check_batch", "validate",
+    "JSON", "OCTET", "NPY", "media_type", "require_json", "parse_json", "vectors_from_json", "vectors_from_binary",
+    "b64_encode", "npy_bytes", "check_batch", "validate",
 ]
 
 JSON = "application/json"
@@ -51,6 +51,17 @@ def media_type(content_type: str | None) -> str:
         return mt
     raise UnsupportedMediaTypeError(
         f"Content-Type {mt!r} is not supported; use application/json, application/octet-stream or application/x-npy")
+
+
+def require_json(content_type: str | None) -> None:
+    """Refuse (415) a body that is not ``application/json`` (a missing header counts as JSON).
+
+    The one check shared by every route that reads a JSON body itself (transform reads binary
+    bodies too and uses :func:`media_type`).
+    """
+    mt = (content_type or JSON).split(";")[0].strip().lower()
+    if mt != JSON:
+        raise UnsupportedMediaTypeError(f"Content-Type {mt!r} is not supported here; send application/json")
 
 
 def parse_json(body: bytes) -> dict:

@@ -22,10 +22,11 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..config import Settings, get_settings
+from .codec import require_json
 from .errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
 from .state import AppState
 
-__all__ = ["SettingsDep", "StateDep", "require_scope", "ReadScope", "WriteScope", "SCOPES"]
+__all__ = ["SettingsDep", "StateDep", "require_scope", "ReadScope", "WriteScope", "JSONOnly", "SCOPES"]
 
 SCOPES = ("read", "write")
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -82,3 +83,12 @@ def require_scope(scope: str):
 
 ReadScope = Depends(require_scope("read"))
 WriteScope = Depends(require_scope("write"))
+
+
+def _json_only(request: Request) -> None:
+    require_json(request.headers.get("content-type"))
+
+
+# Routes whose body is JSON only (everything but transform): another Content-Type is a 415.
+# List it after the scope dependency, so an unauthenticated request is a 401 first.
+JSONOnly = Depends(_json_only)

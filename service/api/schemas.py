@@ -13,10 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "ErrorBody", "SpaceCreate", "AliasSet", "TagSet", "TransformOptions", "TransformJSON", "TransformResponse",
+    "MAX_VERSION", "ErrorBody",
+    "SpaceCreate", "AliasSet", "TagSet", "TransformOptions", "TransformJSON", "TransformResponse",
     "IndexCreate", "IndexAdd", "IndexDelete", "SearchRequest", "SearchResponse", "FitSide", "FitRequest",
     "EmbeddingsRequest", "vectors_schema",
 ]
+
+
+MAX_VERSION = 2**31 - 1  # the largest version number every registry backend stores (PostgreSQL INTEGER)
 
 
 class _Strict(BaseModel):
@@ -44,7 +48,7 @@ class SpaceCreate(_Strict):
 
 
 class AliasSet(_Strict):
-    version: int = Field(..., ge=1)
+    version: int = Field(..., ge=1, le=MAX_VERSION)
 
 
 class TagSet(_Strict):

@@ -21,7 +21,7 @@ from ..config import Settings
 from ..indexes import IndexStore
 from ..jobs import JobManager
 from ..metrics import ServiceMetrics
-from ..registry import Registry, VersionInfo, open_registry
+from ..registry import InvalidNameError, Registry, VersionInfo, open_registry, parse_ref
 from .errors import UnknownEncoderError
 
 __all__ = ["AppState", "Translation"]
@@ -91,8 +91,17 @@ class AppState:
                 self._maps.popitem(last=False)
         return m
 
+    def resolve(self, ref: str) -> VersionInfo:
+        """``registry.resolve(ref)`` after refusing version numbers no backend can store (422, not 500)."""
+        from .schemas import MAX_VERSION
+
+        _, _, version = parse_ref(ref)
+        if version is not None and version > MAX_VERSION:
+            raise InvalidNameError(f"version in {ref[:60]!r} is out of range (1 .. {MAX_VERSION})")
+        return self.registry.resolve(ref)
+
     def resolve_map(self, ref: str) -> tuple[VersionInfo, LinearMap]:
-        v = self.registry.resolve(ref)
+        v = self.resolve(ref)
         return v, self.load_version(v)
 
     def translation(self, source_space: str, target_space: str, map_ref: str | None = None) -> Translation:
@@ -101,7 +110,7 @@ class AppState:
         Raises NotFoundError when no chain of maps exists, ConflictError-free for the same space.
         """
         if map_ref:
-            v = self.registry.resolve(map_ref)
+            v = self.resolve(map_ref)
             from align.exceptions import InputError
 
             if v.source_space != source_space or v.target_space != target_space:

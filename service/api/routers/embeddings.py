@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from align.exceptions import InputError
 
 from ..codec import b64_encode, check_batch
-from ..deps import ReadScope, SettingsDep, StateDep
+from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..errors import UnknownEncoderError
 from ..responses import FastJSONResponse
 from ..schemas import EmbeddingsRequest
@@ -53,7 +53,7 @@ async def list_models():
     return FastJSONResponse({"object": "list", "data": await run_in_threadpool(_list_models)})
 
 
-@router.post("/embeddings", dependencies=[ReadScope], summary="Create embeddings (OpenAI-shaped)",
+@router.post("/embeddings", dependencies=[ReadScope, JSONOnly], summary="Create embeddings (OpenAI-shaped)",
              description=EMB_DOC)
 async def embeddings(body: EmbeddingsRequest, state: StateDep, settings: SettingsDep):
     texts = [body.input] if isinstance(body.input, str) else list(body.input)

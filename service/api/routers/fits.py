@@ -11,9 +11,10 @@ from starlette.concurrency import run_in_threadpool
 from align._validation import as_matrix
 from align.exceptions import DimensionMismatchError, InputError
 
-from ...registry import NotFoundError
+from ...registry import ConflictError, NotFoundError
+from ...registry.names import check_alias, check_name
 from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
-from ..deps import ReadScope, SettingsDep, StateDep, WriteScope
+from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..responses import FastJSONResponse
 from ..schemas import FitRequest
 from ..state import AppState
@@ -63,6 +64,32 @@ def _side(state: AppState, side: dict, space: str, label: str, max_batch: int) -
     return {"X": X, "info": info}
 
 
+def _check_names(state: AppState, opts: FitRequest) -> None:
+    """Refuse at request time what the registry would refuse inside the job (422 / 409, not a failed job).
+
+    Names and alias go through the registry's own validators; a map name already bound to other
+    spaces is the ConflictError ``register_version`` would raise.
+    """
+    check_name(opts.name, "map name")
+    check_name(opts.source_space, "source space")
+    check_name(opts.target_space, "target space")
+    if opts.alias is not None:
+        check_alias(opts.alias)
+    try:
+        v = state.registry.get_version(opts.name, 1)  # one row; every version of a map shares its spaces
+    except NotFoundError:
+        try:  # an unknown map, or one whose numbering does not start at 1 (imported)
+            vs = state.registry.list_versions(opts.name, True)
+        except NotFoundError:
+            return
+        if not vs:
+            return
+        v = vs[0]
+    if (v.source_space, v.target_space) != (opts.source_space, opts.target_space):
+        raise ConflictError(f"map {opts.name!r} connects {v.source_space} -> {v.target_space}, not "
+                            f"{opts.source_space} -> {opts.target_space}; choose another map name")
+
+
 def _materialise(state: AppState, ctx, side: dict, space: str, label: str) -> np.ndarray:
     if "X" in side:
         X = side["X"]
@@ -86,7 +113,8 @@ def _what(side: dict) -> str:
     return f"{len(side['texts'])} texts via {side['encoder']}" if "texts" in side else f"{side['X'].shape[0]} vectors"
 
 
-@router.post("/fits", dependencies=[WriteScope], status_code=202, summary="Queue a fit job", description=FIT_DOC,
+@router.post("/fits", dependencies=[WriteScope, JSONOnly], status_code=202, summary="Queue a fit job",
+             description=FIT_DOC,
              openapi_extra={"requestBody": {"required": True,
                                             "content": {JSON: {"schema": FitRequest.model_json_schema()}}}})
 async def create_fit(request: Request, state: StateDep, settings: SettingsDep,
@@ -97,6 +125,7 @@ async def create_fit(request: Request, state: StateDep, settings: SettingsDep,
         obj = parse_json(body)
         sides = {k: obj.get(k) for k in ("source", "target")}
         opts = validate(FitRequest, {**obj, "source": {}, "target": {}})
+        _check_names(state, opts)
         from ...fitting import METHODS, SUPERVISED
 
         if opts.method not in METHODS:

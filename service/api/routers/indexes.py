@@ -11,7 +11,7 @@ from align.exceptions import DimensionMismatchError, InputError
 
 from ...indexes import SpaceIndex
 from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
-from ..deps import ReadScope, SettingsDep, StateDep, WriteScope
+from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..responses import FastJSONResponse
 from ..schemas import (IndexAdd, IndexAddOptions, IndexCreate, IndexCreateOptions, IndexDelete, SearchOptions,
                        SearchRequest, SearchResponse)
@@ -65,7 +65,8 @@ async def get_index(name: str, state: StateDep):
     return FastJSONResponse(_info(state.indexes.get(name)))
 
 
-@router.post("/indexes", dependencies=[WriteScope], status_code=201, summary="Create an index in a space",
+@router.post("/indexes", dependencies=[WriteScope, JSONOnly], status_code=201,
+             summary="Create an index in a space",
              openapi_extra=_body_schema(IndexCreate))
 async def create_index(request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
@@ -104,7 +105,8 @@ async def drop_index(name: str, state: StateDep):
     return Response(status_code=204)
 
 
-@router.post("/indexes/{name}/vectors", dependencies=[WriteScope], summary="Add rows (vectors or texts)",
+@router.post("/indexes/{name}/vectors", dependencies=[WriteScope, JSONOnly],
+             summary="Add rows (vectors or texts)",
              openapi_extra=_body_schema(IndexAdd))
 async def add_vectors(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
@@ -128,7 +130,7 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
     return FastJSONResponse({"index": name, "ids": ids, "count": idx.count})
 
 
-@router.post("/indexes/{name}/delete", dependencies=[WriteScope], summary="Delete rows by id")
+@router.post("/indexes/{name}/delete", dependencies=[WriteScope, JSONOnly], summary="Delete rows by id")
 async def delete_vectors(name: str, body: IndexDelete, state: StateDep):
     idx = state.indexes.get(name)
     n = await run_in_threadpool(idx.delete, body.ids)
@@ -136,7 +138,7 @@ async def delete_vectors(name: str, body: IndexDelete, state: StateDep):
     return FastJSONResponse({"index": name, "deleted": n, "count": idx.count})
 
 
-@router.post("/indexes/{name}/search", dependencies=[ReadScope], summary="Search, from any space",
+@router.post("/indexes/{name}/search", dependencies=[ReadScope, JSONOnly], summary="Search, from any space",
              description=SEARCH_DOC, openapi_extra=_body_schema(SearchRequest), response_model=SearchResponse)
 async def search(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_json, validate,
                      vectors_from_binary, vectors_from_json)
-from ..deps import ReadScope, SettingsDep, StateDep, WriteScope
+from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..responses import FastJSONResponse
-from ..schemas import AliasSet, SpaceCreate, TagSet, TransformJSON, TransformOptions, TransformResponse
+from ..schemas import (MAX_VERSION, AliasSet, SpaceCreate, TagSet, TransformJSON, TransformOptions,
+                       TransformResponse)
 
 router = APIRouter(prefix="/v1", tags=["spaces and maps"])
+
+# Version numbers are positive and fit the registry's INTEGER column (SQLite raises OverflowError on
+# anything past 64 bits, PostgreSQL on anything past 32): out of range is a 422, never a 500.
+Version = Annotated[int, Path(ge=1, le=MAX_VERSION, description="Version number (1 .. 2**31-1).")]
 
 TRANSFORM_DOC = """Map vectors from the map's source space into its target space.
 
@@ -65,7 +72,7 @@ async def get_space(name: str, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.get_space, name)).to_dict())
 
 
-@router.post("/spaces", dependencies=[WriteScope], status_code=201, summary="Register a space")
+@router.post("/spaces", dependencies=[WriteScope, JSONOnly], status_code=201, summary="Register a space")
 async def create_space(body: SpaceCreate, state: StateDep):
     def work():
         dim = body.dim
@@ -96,7 +103,7 @@ async def list_maps(state: StateDep):
 @router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)")
 async def get_map(ref: str, state: StateDep):
     def work():
-        v = state.registry.resolve(ref)
+        v = state.resolve(ref)
         summary = next((m for m in state.registry.list_maps() if m["name"] == v.name), {})
         return {**summary, "resolved": v.to_dict()}
 
@@ -110,17 +117,18 @@ async def list_versions(name: str, state: StateDep, include_deleted: bool = True
 
 
 @router.get("/maps/{name}/versions/{version}", dependencies=[ReadScope], summary="Get one version")
-async def get_version(name: str, version: int, state: StateDep):
+async def get_version(name: str, version: Version, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.get_version, name, version)).to_dict())
 
 
 @router.delete("/maps/{name}/versions/{version}", dependencies=[WriteScope],
                summary="Delete a version (soft: kept for lineage, no longer resolvable)")
-async def delete_version(name: str, version: int, state: StateDep):
+async def delete_version(name: str, version: Version, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.delete_version, name, version)).to_dict())
 
 
-@router.put("/maps/{name}/aliases/{alias}", dependencies=[WriteScope], summary="Point an alias at a version")
+@router.put("/maps/{name}/aliases/{alias}", dependencies=[WriteScope, JSONOnly],
+            summary="Point an alias at a version")
 async def set_alias(name: str, alias: str, body: AliasSet, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.set_alias, name, alias, body.version)).to_dict())
 
@@ -131,8 +139,9 @@ async def delete_alias(name: str, alias: str, state: StateDep):
     return Response(status_code=204)
 
 
-@router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope], summary="Set a tag")
-async def set_tag(name: str, version: int, key: str, body: TagSet, state: StateDep):
+@router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],
+            summary="Set a tag")
+async def set_tag(name: str, version: Version, key: str, body: TagSet, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.set_tag, name, version, key, body.value)).to_dict())
 
 
