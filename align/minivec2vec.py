@@ -142,7 +142,7 @@ class MiniVec2Vec:
                  self_learning_rounds: int = 30, self_learning_sample: int | None = 4096,
                  self_learning_final_rounds: int = 2, csls_k: int = 10,
                  confident: float = 0.8, criterion_sample: int = 4096, seed_weight: float = 1.0,
-                 reliability_ratio: float = 1.5, random_state=None):
+                 reliability_ratio: float = 2.0, random_state=None):
         self.init = init
         self.n_restarts = n_restarts
         self.n_anchor_runs = n_anchor_runs

@@ -29,7 +29,7 @@ def test_unsupervised_recovers_planted_map(d, d_t, restarts):
     ev = align.evaluate(est.map_, Xh, Yh)
     assert ev["top1"] > 0.95 and ev["cos"] > 0.99
     assert len(est.criteria_) == restarts and est.criterion_ == max(est.criteria_)
-    assert est.reliable_ and est.criterion_ > 1.5 * est.null_criterion_
+    assert est.reliable_ and est.criterion_ > 2.0 * est.null_criterion_
     np.testing.assert_allclose(est.transform(Xh), est.map_.apply(Xh))
 
 
@@ -106,6 +106,7 @@ def test_pluggable_init():
         INITIALIZERS.pop("test-oracle", None)
 
 
+@pytest.mark.filterwarnings("ignore::align.exceptions.ConvergenceWarning")
 def test_bad_inputs():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(100, 8)).astype(np.float32)
