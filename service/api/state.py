@@ -19,7 +19,7 @@ from align import LinearMap
 
 from ..config import Settings
 from ..indexes import IndexStore
-from ..jobs import JobManager
+from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
 from ..registry import InvalidNameError, Registry, VersionInfo, open_registry, parse_ref
 from .errors import UnknownEncoderError
@@ -49,7 +49,8 @@ class AppState:
         self.registry: Registry | None = None
         self.registry_error: str | None = None
         self.indexes = IndexStore(Path(settings.data_dir) / "indexes")
-        self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics)
+        self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
+                               store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None
         self._maps: OrderedDict[tuple, LinearMap] = OrderedDict()
         self._maps_lock = threading.Lock()
@@ -64,6 +65,7 @@ class AppState:
         except Exception as exc:  # readyz reports it; the process stays up for /healthz and logs
             self.registry_error = f"{type(exc).__name__}: {exc}"
             raise
+        self.jobs.open()  # jobs of a killed predecessor are reported failed ("interrupted by restart")
         self.indexes.load_all()
         for idx in self.indexes.list():
             self.metrics.index_vectors.labels(idx.name).set(idx.count)

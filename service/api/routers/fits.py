@@ -173,7 +173,7 @@ async def create_fit(request: Request, state: StateDep, settings: SettingsDep,
                             headers={"Location": f"/v1/jobs/{job_.id}"})
 
 
-@router.get("/jobs", dependencies=[ReadScope], summary="List jobs (this process)")
+@router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)")
 async def list_jobs(state: StateDep):
     return FastJSONResponse({"data": [j.to_dict() for j in state.jobs.list()], "counts": state.jobs.counts()})
 

@@ -1,0 +1,182 @@
+"""Durable job records (service.jobs.JobStore): survive the process, dead owners' jobs fail, keys persist.
+
+A "dead process" is simulated by a child process that claims an owner, writes rows and is
+killed with SIGKILL (its flock is dropped by the kernel, exactly as for a killed server).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from service.jobs import (INTERRUPTED, TERMINAL, IdempotencyConflictError, JobManager, JobNotFoundError,
+                          JobStore)
+
+
+def wait(mgr, job_id, states=TERMINAL, timeout=30.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        job = mgr.get(job_id)
+        if job.state in states:
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"job {job_id} did not reach {states}")
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    from service.jobs import JobManager, JobStore
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(sys.argv[1], progress_interval=0.0))
+    mgr.open()
+    gate = time.time() + 600
+    def slow(ctx):
+        while time.time() < gate:
+            ctx.progress("fit", 0.25)
+            time.sleep(0.01)
+    running, _ = mgr.submit(slow, kind="fit", idempotency_key="key-running", request_hash="h1")
+    queued, _ = mgr.submit(lambda ctx: {}, kind="fit", idempotency_key="key-queued", request_hash="h2")
+    while mgr.get(running.id).stage != "fit":
+        time.sleep(0.01)
+    print(running.id, queued.id, flush=True)
+    time.sleep(600)
+""")
+
+
+def _killed_child(db) -> tuple[str, str]:
+    """Run a process that holds one running and one queued job, then SIGKILL it; returns their ids."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        line = proc.stdout.readline().split()
+        assert len(line) == 2, "child did not start its jobs"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    return line[0], line[1]
+
+
+def test_killed_process_jobs_are_failed_on_restart(tmp_path):
+    db = tmp_path / "jobs.sqlite"
+    running_id, queued_id = _killed_child(db)
+    store = JobStore(db)
+    before = {j.id: j.state for j in store.list()}
+    assert before == {running_id: "running", queued_id: "queued"}  # what the killed process last wrote
+    mgr = JobManager(store=store)
+    assert mgr.open() == 2
+    for jid in (running_id, queued_id):
+        j = mgr.get(jid).to_dict()
+        assert j["state"] == "failed" and j["error"] == INTERRUPTED and "interrupted by restart" in j["error"]["message"]
+    run = mgr.get(running_id)
+    assert run.stage == "interrupted" and run.started_at is not None and run.finished_at >= run.started_at
+    assert run.stage_seconds == {"starting": pytest.approx(run.stage_seconds["starting"])}  # timings kept
+    # idempotency keys outlive the process: same key + same body -> that job; another body -> conflict
+    again, created = mgr.submit(lambda ctx: {}, kind="fit", idempotency_key="key-running", request_hash="h1")
+    assert not created and again.id == running_id and again.state == "failed"
+    with pytest.raises(IdempotencyConflictError):
+        mgr.submit(lambda ctx: {}, kind="fit", idempotency_key="key-queued", request_hash="other")
+    assert mgr.open() == 0  # nothing left to recover
+    mgr.shutdown(wait=True)
+
+
+def test_finished_jobs_answer_after_restart(tmp_path):
+    db = tmp_path / "jobs.sqlite"
+    mgr = JobManager(store=JobStore(db))
+    mgr.open()
+
+    def fn(ctx):
+        ctx.progress("load", 0.3)
+        ctx.progress("fit", 0.6)
+        return {"ref": "m:1"}
+
+    ok, _ = mgr.submit(fn, kind="fit", description="fit m")
+    bad, _ = mgr.submit(lambda ctx: 1 / 0, kind="fit")
+    wait(mgr, ok.id)
+    wait(mgr, bad.id)
+    want_ok, want_bad = mgr.get(ok.id).to_dict(), mgr.get(bad.id).to_dict()
+    mgr.shutdown(wait=True)
+
+    fresh = JobManager(store=JobStore(db))  # a new process reading the same file
+    assert fresh.open() == 0
+    got_ok, got_bad = fresh.get(ok.id).to_dict(), fresh.get(bad.id).to_dict()
+    assert got_ok["state"] == "succeeded" and got_ok["result"] == {"ref": "m:1"}
+    assert got_ok["progress"] == want_ok["progress"] and got_ok["timings"] == want_ok["timings"]
+    assert got_bad["state"] == "failed" and got_bad["error"] == want_bad["error"]
+    assert [j.id for j in fresh.list()] == [ok.id, bad.id]
+    with pytest.raises(JobNotFoundError):
+        fresh.get("nope")
+    fresh.shutdown(wait=True)
+
+
+def test_live_sibling_jobs_are_not_failed_and_can_be_cancelled(tmp_path):
+    """Two managers on one file (as two uvicorn workers): each sees the other's live job, none fails it."""
+    db = tmp_path / "jobs.sqlite"
+    a = JobManager(store=JobStore(db, progress_interval=0.0))
+    a.open()
+    started = threading.Event()
+
+    def slow(ctx):
+        started.set()
+        for i in range(20_000):
+            ctx.progress("loop", i / 20_000)
+            time.sleep(0.001)
+        return {}
+
+    job, _ = a.submit(slow, kind="t", idempotency_key="k", request_hash="h")
+    assert started.wait(10)
+    b = JobManager(store=JobStore(db))
+    assert b.open() == 0  # a's owner lock is held: its job is alive
+    seen = b.get(job.id)
+    assert seen.state == "running"
+    same, created = b.submit(lambda ctx: {}, kind="t", idempotency_key="k", request_hash="h")
+    assert not created and same.id == job.id  # the key is shared across processes
+    b.cancel(job.id)  # through the store; a notices at its next progress write
+    assert wait(a, job.id).state == "cancelled"
+    assert wait(b, job.id).state == "cancelled"
+    a.shutdown(wait=True)
+    b.shutdown(wait=True)
+
+
+def test_memory_only_manager_still_works_without_a_store():
+    mgr = JobManager()
+    assert mgr.open() == 0
+    job, _ = mgr.submit(lambda ctx: {"x": 1}, kind="t")
+    assert wait(mgr, job.id).result == {"x": 1}
+    mgr.shutdown(wait=True)
+
+
+def test_http_job_answers_after_app_restart(tmp_path):
+    """A fit job over HTTP, then a fresh app on the same data dir: GET /v1/jobs/{id} still answers."""
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+    from test_api_support import R, W, planted, populate, settings_for
+
+    X, Y, _ = planted(80)
+    body = {"name": "f", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
+            "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}}
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        populate(app.state.vb.registry)
+        r = c.post("/v1/fits", headers={**W, "Idempotency-Key": "fit-f-1"}, json=body)
+        assert r.status_code == 202, r.text
+        jid = r.json()["id"]
+        while c.get(f"/v1/jobs/{jid}", headers=R).json()["state"] not in TERMINAL:
+            time.sleep(0.05)
+        first = c.get(f"/v1/jobs/{jid}", headers=R).json()
+    assert first["state"] == "succeeded", first
+    app2 = create_app(settings_for(tmp_path))
+    with TestClient(app2) as c:
+        again = c.get(f"/v1/jobs/{jid}", headers=R)
+        assert again.status_code == 200 and again.json() == first
+        assert jid in [j["id"] for j in c.get("/v1/jobs", headers=R).json()["data"]]
+        replay = c.post("/v1/fits", headers={**W, "Idempotency-Key": "fit-f-1"}, json=body)
+        assert replay.status_code == 200 and replay.json()["id"] == jid  # no second fit after a restart
+        other = c.post("/v1/fits", headers={**W, "Idempotency-Key": "fit-f-1"}, json={**body, "name": "g"})
+        assert other.status_code == 409
