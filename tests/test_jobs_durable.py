@@ -72,7 +72,8 @@ def test_killed_process_jobs_are_failed_on_restart(tmp_path):
     assert mgr.open() == 2
     for jid in (running_id, queued_id):
         j = mgr.get(jid).to_dict()
-        assert j["state"] == "failed" and j["error"] == INTERRUPTED and "interrupted by restart" in j["error"]["message"]
+        assert j["state"] == "failed" and j["error"] == INTERRUPTED
+        assert "interrupted by restart" in j["error"]["message"]
     run = mgr.get(running_id)
     assert run.stage == "interrupted" and run.started_at is not None and run.finished_at >= run.started_at
     assert run.stage_seconds == {"starting": pytest.approx(run.stage_seconds["starting"])}  # timings kept

@@ -16,7 +16,9 @@ __all__ = [
     "MAX_VERSION", "ErrorBody",
     "SpaceCreate", "AliasSet", "TagSet", "TransformOptions", "TransformJSON", "TransformResponse",
     "IndexCreate", "IndexAdd", "IndexDelete", "SearchRequest", "SearchResponse", "FitSide", "FitRequest",
-    "EmbeddingsRequest", "vectors_schema",
+    "EmbeddingsRequest", "vectors_schema", "error_responses", "Health", "Ready", "ServiceInfo", "SpaceOut", "SpaceList",
+    "VersionOut", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList", "IndexAddResponse",
+    "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
 ]
 
 
@@ -28,13 +30,39 @@ class _Strict(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    type: str
-    status: int
-    message: str
+    type: str = Field(..., description="Exception class, e.g. `DimensionMismatchError`.")
+    status: int = Field(..., description="The HTTP status, repeated.")
+    message: str = Field(..., description="What went wrong and how to fix it (no stack trace).")
+    details: list[dict[str, Any]] | None = Field(None, description="Request validation only: one entry per problem "
+                                                                   "(`loc`, `msg`, `type`).")
 
 
 class ErrorBody(BaseModel):
+    """Every 4xx/5xx body: ``{"error": {"type", "status", "message"}}``."""
+
     error: ErrorDetail
+
+
+_ERROR_TEXT = {
+    401: "Missing or unknown API key (`WWW-Authenticate: Bearer`).",
+    403: "The API key lacks the scope this route needs.",
+    404: "Unknown space, map, version, alias, index, job or encoder.",
+    409: "Conflict with what is stored (deleted version, taken name, idempotency key reused with another body).",
+    413: "Body over `max_body_bytes` or more rows than `max_batch`.",
+    415: "Unsupported `Content-Type`.",
+    422: "Invalid input: shape, dimension, NaN/Inf, empty, bad name, failed request validation.",
+    429: "Job queue full (`Retry-After`).",
+    503: "Registry not ready.",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries documenting :class:`ErrorBody` for ``codes``.
+
+    Listing 422 also replaces FastAPI's default ``HTTPValidationError`` entry (the service
+    answers validation errors with an ErrorBody too).
+    """
+    return {c: {"model": ErrorBody, "description": _ERROR_TEXT[c]} for c in codes}
 
 
 # --- spaces and maps ----------------------------------------------------------------------------
@@ -202,3 +230,181 @@ class EmbeddingsRequest(_Strict):
     target_space: str | None = Field(None, description="Translate the embeddings into this space through the "
                                                        "registry's maps (vecbridge extension).")
     input_type: Literal["passage", "query"] = Field("passage", description="Encoder form (vecbridge extension).")
+
+
+# --- response bodies ----------------------------------------------------------------------------
+# Responses are written by FastJSONResponse (orjson, numpy-native); these models document them
+# (``response_model``) without FastAPI re-validating each body.
+class Health(BaseModel):
+    status: str
+
+
+class Ready(BaseModel):
+    status: Literal["ready", "not ready"]
+    checks: dict[str, Any] = Field(..., description="`registry`, `indexes` (and `demo` while it builds).")
+
+
+class ServiceInfo(BaseModel):
+    service: str
+    version: str
+    python: str
+    faiss: str
+    registry_backend: str
+    uptime_seconds: float
+    limits: dict[str, int]
+    auth: Literal["disabled", "api-keys"]
+    counts: dict[str, Any]
+
+
+class SpaceOut(BaseModel):
+    name: str
+    dim: int
+    encoder: str | None = None
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    description: str = ""
+    created_at: str = ""
+
+
+class SpaceList(BaseModel):
+    data: list[SpaceOut]
+
+
+class VersionOut(BaseModel):
+    name: str
+    version: int
+    source_space: str
+    target_space: str
+    source_dim: int
+    target_dim: int
+    method: str
+    params: dict[str, Any]
+    random_state: int | None = None
+    data_hashes: dict[str, Any]
+    package_version: str
+    created_at: str
+    metrics: dict[str, Any]
+    artifact_sha256: str
+    artifact_path: str
+    aliases: list[str]
+    tags: dict[str, Any]
+    deleted: bool
+    description: str
+    report_path: str | None = None
+    inputs: dict[str, Any]
+    artifact_format: str
+
+
+class VersionList(BaseModel):
+    data: list[VersionOut]
+
+
+class MapSummary(BaseModel):
+    name: str
+    source_space: str
+    target_space: str
+    source_dim: int
+    target_dim: int
+    latest_version: int | None = Field(None, description="Latest live (not deleted) version; null when none.")
+    aliases: dict[str, int]
+    n_versions: int
+    n_live_versions: int
+    created_at: str
+
+
+class MapList(BaseModel):
+    data: list[MapSummary]
+
+
+class MapDetail(BaseModel):
+    name: str | None = None
+    source_space: str | None = None
+    target_space: str | None = None
+    source_dim: int | None = None
+    target_dim: int | None = None
+    latest_version: int | None = None
+    aliases: dict[str, int] | None = None
+    n_versions: int | None = None
+    n_live_versions: int | None = None
+    created_at: str | None = None
+    resolved: VersionOut = Field(..., description="The version the reference resolves to.")
+
+
+class IndexOut(BaseModel):
+    name: str
+    space: str
+    dim: int
+    kind: str
+    metric: str
+    count: int
+    params: dict[str, Any]
+    created_at: float
+    updated_at: float
+    description: str = ""
+
+
+class IndexList(BaseModel):
+    data: list[IndexOut]
+
+
+class IndexAddResponse(BaseModel):
+    index: str
+    ids: list[int]
+    count: int
+
+
+class IndexDeleteResponse(BaseModel):
+    index: str
+    deleted: int
+    count: int
+
+
+class JobProgress(BaseModel):
+    stage: str
+    fraction: float
+
+
+class JobTimings(BaseModel):
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    queued_seconds: float
+    run_seconds: float | None = None
+    stages: dict[str, float]
+
+
+class JobOut(BaseModel):
+    id: str
+    kind: str
+    description: str
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    progress: JobProgress
+    timings: JobTimings
+    result: dict[str, Any] | None = Field(None, description="On success; fits: `ref` and the registered `version`.")
+    error: dict[str, Any] | None = Field(None, description="On failure or cancel: `type`, `message`.")
+    cancel_requested: bool
+
+
+class JobList(BaseModel):
+    data: list[JobOut]
+    counts: dict[str, int] = Field(..., description="Jobs of the answering process by state.")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(..., description="Numbers, or base64 float32 with encoding_format=base64.")
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[EmbeddingItem]
+    model: str
+    usage: dict[str, int]
+    target_space: str | None = None
+    maps: list[dict[str, Any]] | None = None

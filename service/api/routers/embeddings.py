@@ -12,9 +12,9 @@ from ..codec import b64_encode, check_batch
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..errors import UnknownEncoderError
 from ..responses import FastJSONResponse
-from ..schemas import EmbeddingsRequest
+from ..schemas import EmbeddingsRequest, EmbeddingsResponse, ModelList, error_responses
 
-router = APIRouter(prefix="/v1", tags=["embeddings"])
+router = APIRouter(prefix="/v1", tags=["embeddings"], responses=error_responses(401, 403, 422, 503))
 
 EMB_DOC = """OpenAI-compatible embeddings with the installed encoders (`GET /v1/models`).
 
@@ -48,13 +48,14 @@ def _list_models() -> list[dict]:
     return out
 
 
-@router.get("/models", dependencies=[ReadScope], summary="Installed encoders (OpenAI-shaped)")
+@router.get("/models", dependencies=[ReadScope], summary="Installed encoders (OpenAI-shaped)",
+            response_model=ModelList)
 async def list_models():
     return FastJSONResponse({"object": "list", "data": await run_in_threadpool(_list_models)})
 
 
 @router.post("/embeddings", dependencies=[ReadScope, JSONOnly], summary="Create embeddings (OpenAI-shaped)",
-             description=EMB_DOC)
+             description=EMB_DOC, response_model=EmbeddingsResponse, responses=error_responses(404, 413, 415))
 async def embeddings(body: EmbeddingsRequest, state: StateDep, settings: SettingsDep):
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     if not texts:

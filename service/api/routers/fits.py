@@ -16,10 +16,10 @@ from ...registry.names import check_alias, check_name
 from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..responses import FastJSONResponse
-from ..schemas import FitRequest
+from ..schemas import FitRequest, JobList, JobOut, error_responses
 from ..state import AppState
 
-router = APIRouter(prefix="/v1", tags=["fits and jobs"])
+router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 503))
 
 FIT_DOC = """Queue a fit; the answer (202) carries the job id at once. Follow it with
 `GET /v1/jobs/{id}` (state, progress stage/fraction, timings, and on success the registered
@@ -114,7 +114,9 @@ def _what(side: dict) -> str:
 
 
 @router.post("/fits", dependencies=[WriteScope, JSONOnly], status_code=202, summary="Queue a fit job",
-             description=FIT_DOC,
+             description=FIT_DOC, response_model=JobOut,
+             responses={200: {"model": JobOut, "description": "Idempotent replay: the job this key first created."},
+                        **error_responses(409, 413, 415, 429)},
              openapi_extra={"requestBody": {"required": True,
                                             "content": {JSON: {"schema": FitRequest.model_json_schema()}}}})
 async def create_fit(request: Request, state: StateDep, settings: SettingsDep,
@@ -173,16 +175,19 @@ async def create_fit(request: Request, state: StateDep, settings: SettingsDep,
                             headers={"Location": f"/v1/jobs/{job_.id}"})
 
 
-@router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)")
+@router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)",
+            response_model=JobList)
 async def list_jobs(state: StateDep):
     return FastJSONResponse({"data": [j.to_dict() for j in state.jobs.list()], "counts": state.jobs.counts()})
 
 
-@router.get("/jobs/{job_id}", dependencies=[ReadScope], summary="Job state, progress, timings, result")
+@router.get("/jobs/{job_id}", dependencies=[ReadScope], summary="Job state, progress, timings, result",
+            response_model=JobOut)
 async def get_job(job_id: str, state: StateDep):
     return FastJSONResponse(state.jobs.get(job_id).to_dict())
 
 
-@router.delete("/jobs/{job_id}", dependencies=[WriteScope], status_code=202, summary="Cancel a job")
+@router.delete("/jobs/{job_id}", dependencies=[WriteScope], status_code=202, summary="Cancel a job",
+               response_model=JobOut)
 async def cancel_job(job_id: str, state: StateDep):
     return FastJSONResponse(state.jobs.cancel(job_id).to_dict(), status_code=202)

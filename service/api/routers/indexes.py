@@ -13,11 +13,12 @@ from ...indexes import SpaceIndex
 from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..responses import FastJSONResponse
-from ..schemas import (IndexAdd, IndexAddOptions, IndexCreate, IndexCreateOptions, IndexDelete, SearchOptions,
-                       SearchRequest, SearchResponse)
+from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate, IndexCreateOptions, IndexDelete,
+                       IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
+                       error_responses)
 from ..state import AppState
 
-router = APIRouter(prefix="/v1", tags=["indexes"])
+router = APIRouter(prefix="/v1", tags=["indexes"], responses=error_responses(401, 403, 404, 422, 503))
 
 SEARCH_DOC = """Search the index with queries from **any** registered space.
 
@@ -55,19 +56,19 @@ def _embed_passages(state: AppState, space: str, texts: list[str], max_batch: in
     return np.asarray(enc.encode(texts, kind="passage"), dtype=np.float32)
 
 
-@router.get("/indexes", dependencies=[ReadScope], summary="List indexes")
+@router.get("/indexes", dependencies=[ReadScope], summary="List indexes", response_model=IndexList)
 async def list_indexes(state: StateDep):
     return FastJSONResponse({"data": [_info(i) for i in state.indexes.list()]})
 
 
-@router.get("/indexes/{name}", dependencies=[ReadScope], summary="Get an index")
+@router.get("/indexes/{name}", dependencies=[ReadScope], summary="Get an index", response_model=IndexOut)
 async def get_index(name: str, state: StateDep):
     return FastJSONResponse(_info(state.indexes.get(name)))
 
 
 @router.post("/indexes", dependencies=[WriteScope, JSONOnly], status_code=201,
-             summary="Create an index in a space",
-             openapi_extra=_body_schema(IndexCreate))
+             summary="Create an index in a space", openapi_extra=_body_schema(IndexCreate), response_model=IndexOut,
+             responses=error_responses(409, 413, 415))
 async def create_index(request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 
@@ -106,8 +107,8 @@ async def drop_index(name: str, state: StateDep):
 
 
 @router.post("/indexes/{name}/vectors", dependencies=[WriteScope, JSONOnly],
-             summary="Add rows (vectors or texts)",
-             openapi_extra=_body_schema(IndexAdd))
+             summary="Add rows (vectors or texts)", openapi_extra=_body_schema(IndexAdd),
+             response_model=IndexAddResponse, responses=error_responses(409, 413, 415))
 async def add_vectors(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
     idx = state.indexes.get(name)
@@ -130,7 +131,8 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
     return FastJSONResponse({"index": name, "ids": ids, "count": idx.count})
 
 
-@router.post("/indexes/{name}/delete", dependencies=[WriteScope, JSONOnly], summary="Delete rows by id")
+@router.post("/indexes/{name}/delete", dependencies=[WriteScope, JSONOnly], summary="Delete rows by id",
+             response_model=IndexDeleteResponse, responses=error_responses(415))
 async def delete_vectors(name: str, body: IndexDelete, state: StateDep):
     idx = state.indexes.get(name)
     n = await run_in_threadpool(idx.delete, body.ids)
@@ -139,7 +141,8 @@ async def delete_vectors(name: str, body: IndexDelete, state: StateDep):
 
 
 @router.post("/indexes/{name}/search", dependencies=[ReadScope, JSONOnly], summary="Search, from any space",
-             description=SEARCH_DOC, openapi_extra=_body_schema(SearchRequest), response_model=SearchResponse)
+             description=SEARCH_DOC, openapi_extra=_body_schema(SearchRequest), response_model=SearchResponse,
+             responses=error_responses(413, 415))
 async def search(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
     idx = state.indexes.get(name)

@@ -12,10 +12,10 @@ from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_
                      vectors_from_binary, vectors_from_json)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..responses import FastJSONResponse
-from ..schemas import (MAX_VERSION, AliasSet, SpaceCreate, TagSet, TransformJSON, TransformOptions,
-                       TransformResponse)
+from ..schemas import (MAX_VERSION, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
+                       TransformJSON, TransformOptions, TransformResponse, VersionList, VersionOut, error_responses)
 
-router = APIRouter(prefix="/v1", tags=["spaces and maps"])
+router = APIRouter(prefix="/v1", tags=["spaces and maps"], responses=error_responses(401, 403, 404, 422, 503))
 
 # Version numbers are positive and fit the registry's INTEGER column (SQLite raises OverflowError on
 # anything past 64 bits, PostgreSQL on anything past 32): out of range is a 422, never a 500.
@@ -61,18 +61,19 @@ _TRANSFORM_BODY = {
 
 
 # --- spaces -------------------------------------------------------------------------------------
-@router.get("/spaces", dependencies=[ReadScope], summary="List spaces")
+@router.get("/spaces", dependencies=[ReadScope], summary="List spaces", response_model=SpaceList)
 async def list_spaces(state: StateDep):
     spaces = await run_in_threadpool(state.registry.list_spaces)
     return FastJSONResponse({"data": [s.to_dict() for s in spaces]})
 
 
-@router.get("/spaces/{name}", dependencies=[ReadScope], summary="Get a space")
+@router.get("/spaces/{name}", dependencies=[ReadScope], summary="Get a space", response_model=SpaceOut)
 async def get_space(name: str, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.get_space, name)).to_dict())
 
 
-@router.post("/spaces", dependencies=[WriteScope, JSONOnly], status_code=201, summary="Register a space")
+@router.post("/spaces", dependencies=[WriteScope, JSONOnly], status_code=201, summary="Register a space",
+             response_model=SpaceOut, responses=error_responses(409, 415))
 async def create_space(body: SpaceCreate, state: StateDep):
     def work():
         dim = body.dim
@@ -95,12 +96,13 @@ async def create_space(body: SpaceCreate, state: StateDep):
 
 
 # --- maps ---------------------------------------------------------------------------------------
-@router.get("/maps", dependencies=[ReadScope], summary="List maps")
+@router.get("/maps", dependencies=[ReadScope], summary="List maps", response_model=MapList)
 async def list_maps(state: StateDep):
     return FastJSONResponse({"data": await run_in_threadpool(state.registry.list_maps)})
 
 
-@router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)")
+@router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)",
+            response_model=MapDetail)
 async def get_map(ref: str, state: StateDep):
     def work():
         v = state.resolve(ref)
@@ -110,25 +112,27 @@ async def get_map(ref: str, state: StateDep):
     return FastJSONResponse(await run_in_threadpool(work))
 
 
-@router.get("/maps/{name}/versions", dependencies=[ReadScope], summary="List a map's versions")
+@router.get("/maps/{name}/versions", dependencies=[ReadScope], summary="List a map's versions",
+            response_model=VersionList)
 async def list_versions(name: str, state: StateDep, include_deleted: bool = True):
     vs = await run_in_threadpool(state.registry.list_versions, name, include_deleted)
     return FastJSONResponse({"data": [v.to_dict() for v in vs]})
 
 
-@router.get("/maps/{name}/versions/{version}", dependencies=[ReadScope], summary="Get one version")
+@router.get("/maps/{name}/versions/{version}", dependencies=[ReadScope], summary="Get one version",
+            response_model=VersionOut)
 async def get_version(name: str, version: Version, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.get_version, name, version)).to_dict())
 
 
 @router.delete("/maps/{name}/versions/{version}", dependencies=[WriteScope],
-               summary="Delete a version (soft: kept for lineage, no longer resolvable)")
+               summary="Delete a version (soft: kept for lineage, no longer resolvable)", response_model=VersionOut)
 async def delete_version(name: str, version: Version, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.delete_version, name, version)).to_dict())
 
 
 @router.put("/maps/{name}/aliases/{alias}", dependencies=[WriteScope, JSONOnly],
-            summary="Point an alias at a version")
+            summary="Point an alias at a version", response_model=VersionOut, responses=error_responses(409, 415))
 async def set_alias(name: str, alias: str, body: AliasSet, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.set_alias, name, alias, body.version)).to_dict())
 
@@ -140,7 +144,7 @@ async def delete_alias(name: str, alias: str, state: StateDep):
 
 
 @router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],
-            summary="Set a tag")
+            summary="Set a tag", response_model=VersionOut, responses=error_responses(415))
 async def set_tag(name: str, version: Version, key: str, body: TagSet, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.set_tag, name, version, key, body.value)).to_dict())
 
@@ -161,7 +165,7 @@ async def get_artifact(ref: str, state: StateDep, format: str = Query("safetenso
 # --- transform ----------------------------------------------------------------------------------
 @router.post("/maps/{ref}/transform", dependencies=[ReadScope], summary="Transform vectors (JSON or binary)",
              description=TRANSFORM_DOC, openapi_extra=_TRANSFORM_BODY, response_model=TransformResponse,
-             responses={200: {"content": {OCTET: {}, NPY: {}}}})
+             responses={200: {"content": {OCTET: {}, NPY: {}}}, **error_responses(413, 415)})
 async def transform(ref: str, request: Request, state: StateDep, settings: SettingsDep,
                     output: str | None = Query(None, description="raw | frame | linear (binary requests)"),
                     encoding_format: str | None = Query(None, description="float | base64 (JSON responses)"),

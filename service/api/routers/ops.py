@@ -12,16 +12,18 @@ from starlette.concurrency import run_in_threadpool
 from ...metrics import CONTENT_TYPE_LATEST
 from ..deps import ReadScope, StateDep
 from ..responses import FastJSONResponse
+from ..schemas import Health, Ready, ServiceInfo, error_responses
 
 router = APIRouter(tags=["ops"])
 
 
-@router.get("/healthz", summary="Liveness: the process answers")
+@router.get("/healthz", summary="Liveness: the process answers", response_model=Health)
 async def healthz():
     return FastJSONResponse({"status": "ok"})
 
 
-@router.get("/readyz", summary="Readiness: registry reachable and indexes loaded")
+@router.get("/readyz", summary="Readiness: registry reachable and indexes loaded", response_model=Ready,
+            responses={503: {"model": Ready, "description": "Not ready: `checks` says which part."}})
 async def readyz(request: Request):
     state = getattr(request.app.state, "vb", None)
     checks: dict = {"registry": "missing", "indexes": "not loaded"}
@@ -47,13 +49,16 @@ async def readyz(request: Request):
                             status_code=200 if ok else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+                             "description": "Prometheus text exposition format."}})
 async def metrics(request: Request):
     state = request.app.state.vb
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/info", dependencies=[ReadScope], summary="Service facts", tags=["ops"])
+@router.get("/v1/info", dependencies=[ReadScope], summary="Service facts", tags=["ops"], response_model=ServiceInfo,
+            responses=error_responses(401, 403, 503))
 async def info(state: StateDep):
     import faiss
 
