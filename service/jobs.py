@@ -247,7 +247,10 @@ class JobStore:
         """Mark unfinished rows of dead owners (all, or those in ``owners``) failed; returns how many."""
         with self._tx() as c:
             rows = c.execute("SELECT DISTINCT owner FROM jobs WHERE state IN ('queued', 'running')").fetchall()
-        dead = [o for (o,) in rows if (owners is None or o in owners) and not self.owner_alive(o)]
+        candidates = {o for (o,) in rows if owners is None or o in owners}
+        if owners is None and self.owners_dir.is_dir():  # also sweep lock files of finished processes
+            candidates |= {p.stem for p in self.owners_dir.glob("*.lock")}
+        dead = [o for o in sorted(candidates) if not self.owner_alive(o)]
         n = 0
         now = time.time()
         for o in dead:

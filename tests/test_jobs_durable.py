@@ -70,6 +70,7 @@ def test_killed_process_jobs_are_failed_on_restart(tmp_path):
     assert before == {running_id: "running", queued_id: "queued"}  # what the killed process last wrote
     mgr = JobManager(store=store)
     assert mgr.open() == 2
+    assert [p.stem for p in store.owners_dir.glob("*.lock")] == [store.owner]  # the dead owner's lock is swept
     for jid in (running_id, queued_id):
         j = mgr.get(jid).to_dict()
         assert j["state"] == "failed" and j["error"] == INTERRUPTED
