@@ -7,6 +7,7 @@ the ``get_settings`` dependency); otherwise ``VECBRIDGE_*`` environment variable
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -97,4 +98,11 @@ def serve(settings: Settings | None = None) -> None:
 
     s = settings or get_settings()
     configure_logging(s.log_level)
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=s.log_level.lower(), access_log=False)
+    # uvicorn's own lines (start-up, shutdown, errors) as the same JSON lines; its access log stays off
+    # (ObserveMiddleware writes one line per request, without headers or query strings).
+    uv = logging.getLogger("uvicorn")
+    uv.handlers = list(logging.getLogger("vecbridge").handlers)
+    uv.setLevel(s.log_level.upper())
+    uv.propagate = False
+    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=s.log_level.lower(), access_log=False,
+                log_config=None)
