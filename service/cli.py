@@ -523,21 +523,20 @@ def encoders(as_json):
 
 
 @cli.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Registry, artifacts, indexes and job records live here (wins over the group option and "
+                   "VECBRIDGE_DATA_DIR).")
+@click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... (shared by replicas).")
 @click.option("--host", default=None)
 @click.option("--port", type=int, default=None)
 @click.pass_obj
-def serve(obj: Ctx, host, port):
-    """Start the HTTP service (uvicorn)."""
-    import uvicorn
+def serve(obj: Ctx, data_dir, registry_url, host, port):
+    """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""
+    from .api import serve as serve_api
 
-    from .api import create_app
-
-    s = obj.settings
-    if host:
-        s.host = host
-    if port:
-        s.port = port
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=s.log_level.lower())
+    update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
+                                ("port", port)) if v is not None}
+    serve_api(obj.settings.model_copy(update=update))
 
 
 # --- entry point ----------------------------------------------------------------------------------
