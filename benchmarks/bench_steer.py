@@ -214,7 +214,7 @@ def lm_bench(seed: int = 0, samples: int = 2, max_new_tokens: int = 20) -> dict:
     load_s = time.time() - t0
     t0 = time.time()
     steer = S.fit_lm_steer(model, tok, POS_TRAIN + NEG_TRAIN, [1] * len(POS_TRAIN) + [-1] * len(NEG_TRAIN),
-                           rank=32, epsilon=1e-3, lr=1e-2, n_steps=150, batch_tokens=256, random_state=seed)
+                           rank=32, epsilon=1e-3, lr=1e-2, n_steps=120, batch_tokens=128, random_state=seed)
     fit_s = time.time() - t0
     rows = []
     for e in LM_EPS:
