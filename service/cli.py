@@ -201,9 +201,12 @@ def cli(ctx, data_dir, registry_url):
               help="Also write the HTML report here.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Supervised fits as a Ray map-reduce of sufficient statistics: a local Ray, or the cluster at "
+                   "ADDRESS (e.g. ray://head:10001).")
 @click.pass_obj
 def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target_space, alias, random_state,
-        description, tags, artifact_format, report_copy, as_json, quiet, **io_opts):
+        description, tags, artifact_format, report_copy, as_json, quiet, ray_address, **io_opts):
     """Fit a map from --source to --target and register it as a new version."""
     import warnings
 
@@ -230,7 +233,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                         target_space=_space_name(io_opts["target"], io_opts["target_encoder"], target_space),
                         paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias, progress=progress,
                         description=description, tags=_parse_kv(tags, "tag"), inputs=inputs,
-                        artifact_format=artifact_format, report_copy=report_copy)
+                        artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address)
         finally:
             close()
     for w in caught:  # soft numerical trouble (e.g. an unreliable unsupervised fit): one line each

@@ -46,8 +46,13 @@ def _minivec2vec_cls():
 
 
 def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: bool, seed_pairs=None,
-            random_state=0, progress: Callable[[str, float], None] | None = None) -> align.LinearMap:
-    """Fit a :class:`align.LinearMap` with ``method``; typed InputError for bad combinations."""
+            random_state=0, progress: Callable[[str, float], None] | None = None,
+            ray_address: str | None = None, ray_shard_rows: int = 262144) -> align.LinearMap:
+    """Fit a :class:`align.LinearMap` with ``method``; typed InputError for bad combinations.
+
+    ``ray_address`` (``"local"`` or a cluster address) runs a supervised fit as a Ray map-reduce of
+    sufficient statistics over row shards of ``ray_shard_rows`` (equal to the in-process fit).
+    """
     params = dict(params or {})
     if method not in METHODS:
         raise InputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -60,9 +65,18 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
         if method == "lowrank" and "rank" not in params:
             raise InputError("lowrank needs a rank parameter (--param rank=N)")
         try:
+            if ray_address is not None:
+                from .distributed import fit_stats_ray
+
+                shards = [(X[a : a + ray_shard_rows], Y[a : a + ray_shard_rows])
+                          for a in range(0, X.shape[0], ray_shard_rows)]
+                return fit_stats_ray(shards, method=method, address=None if ray_address == "local" else ray_address,
+                                     **params)
             return fn(X, Y, **params)
         except TypeError as exc:
             raise InputError(f"bad parameter for {method}: {exc}") from None
+    if ray_address is not None:
+        raise InputError("--ray runs supervised fits (procrustes, ridge, lowrank); minivec2vec runs in-process")
     if "refine" in params and isinstance(params["refine"], list):
         params["refine"] = tuple(params["refine"])
     try:
@@ -114,7 +128,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
             alias: str | None = None, progress: Callable[[str, float], None] | None = None, report_dir=None,
             should_cancel: Callable[[], bool] | None = None, description: str = "", tags: dict | None = None,
             inputs: dict | None = None, artifact_format: str | None = None,
-            report_copy=None) -> VersionInfo:
+            report_copy=None, ray_address: str | None = None) -> VersionInfo:
     """Fit, diagnose, report and register one map version.
 
     Parameters
@@ -131,6 +145,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     should_cancel : callable() -> bool, optional; checked at every progress tick → FitCancelled
     inputs : dict, optional      descriptions of the inputs (files, rows, encoders) kept in lineage
     report_copy : path, optional an extra copy of the HTML report
+    ray_address : str, optional  ``"local"`` or a Ray address: supervised fits as a map-reduce (see fit_map)
 
     Returns
     -------
@@ -167,7 +182,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     t0 = time.perf_counter()
     tick("fit", 0.0)
     map_ = fit_map(X, Y, method=method, params=params, paired=paired, seed_pairs=seed_pairs,
-                   random_state=random_state, progress=lambda stage, f: tick(f"fit: {stage}", f))
+                   random_state=random_state, progress=lambda stage, f: tick(f"fit: {stage}", f),
+                   ray_address=ray_address)
     timings["fit"] = time.perf_counter() - t0
     tick("fit", 1.0)
 
