@@ -13,7 +13,7 @@ install:
 	$(PIP) install -q -e '.[service,encoders]'
 
 install-dev: install
-	$(PIP) install -q -e '.[service,encoders,vectordb,ray,dev]'
+	$(PIP) install -q -e '.[service,encoders,vectordb,ray,lm,dev]'
 
 run: install
 	vecbridge serve --data-dir $(DATA_DIR)

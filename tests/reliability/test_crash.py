@@ -210,11 +210,6 @@ def test_index_reloads_last_persisted_state(crashed):
         assert r.status_code == 200 and len(r.json()["results"][0]) == 3
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "service/jobs.py keeps job records in process memory only (JobManager._jobs): after kill -9 and restart an "
-    "interrupted job id answers 404 JobNotFoundError instead of state 'failed' (or being resumed). Needed: a durable "
-    "jobs table (registry DB) written at submit/start/finish, and on startup mark 'queued'/'running' rows of dead "
-    "processes as failed with error 'interrupted by restart'"))
 def test_interrupted_jobs_are_marked_failed(crashed):
     server, rec, _ = crashed
     with server.client(W) as c:
