@@ -32,17 +32,42 @@ candidates) and ``r(d)`` is the mean cosine of ``d`` to its ``csls_k`` nearest *
 (a density proxy for hubness: the population of mapped queries is not known to the index).
 ``r(d)`` is computed on demand and cached until the next write.
 
-Concurrency: a writer-preferring readers–writer lock per index. Searches share the read
-side (FAISS releases the GIL, so they run in parallel); add / delete / rebuild / save take
-the write side, so each index has one writer at a time.
+Concurrency, one process: a writer-preferring readers–writer lock per index. Searches share
+the read side (FAISS releases the GIL, so they run in parallel); the in-memory change and the
+save of an add / delete take the write side, so a search never sees a half-applied batch.
+
+Concurrency, several processes on one data dir (``uvicorn --workers N``): every process keeps
+its own in-memory copy, and the files are the truth.
+
+* Writers: an add / delete / create / drop holds an exclusive ``fcntl.flock`` on
+  ``root/<name>/.lock`` for its whole read-modify-persist. Inside the lock it first reloads the
+  persisted generation when that is newer than the in-memory one (so ids, ``next_id`` and
+  conflicts are checked against every acknowledged row), applies the change and persists
+  generation ``g + 1``. Writers of one process also queue on a thread lock, so a process holds
+  one descriptor per index.
+* Readers: before a search (and on every :meth:`IndexStore.get`) one ``stat`` of ``meta.json``
+  (inode, size, mtime) tells whether another process persisted since; only then is the meta
+  read and, if its generation is newer, that generation loaded — without any writer lock,
+  which is safe because generation files are immutable once a meta names them — and swapped
+  in under the write side. A reader never waits for another process's writer.
+* Create builds the index in ``root/.create-*`` and renames the folder into place under
+  ``root/.store.lock``; drop renames the folder away (``root/.trash-*``) under both locks and
+  then removes it, so other processes see an index appear or vanish atomically. Each index has
+  a ``uid`` in its meta: a process holding a copy of a dropped (or dropped and re-created) index
+  answers :class:`IndexNotFoundError` instead of writing into the new one.
+* ``flock`` needs a local file system (not NFS).
 
 Persistence: ``root/<name>/meta.json`` names the current generation; ``index.<gen>.faiss``
-and ``payloads.<gen>.json`` are written first and ``meta.json`` is replaced atomically last,
-so a crash leaves the previous generation readable. Nothing is pickled.
+and ``payloads.<gen>.json`` are written to temporary names, fsynced and renamed first, and
+``meta.json`` is replaced atomically last (then the folder is fsynced), so a crash leaves the
+previous generation readable. The two generations before the current one are kept for
+readers that read an older meta and are still loading; older ones are removed by the next
+writer. Nothing is pickled.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -50,7 +75,8 @@ import re
 import shutil
 import threading
 import time
-from contextlib import contextmanager
+import uuid
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -73,6 +99,11 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _KINDS = ("flat", "hnsw", "ivf")
 _METRICS = ("cosine", "ip")
 _TOMBSTONE_REBUILD = 0.10
+_KEEP_OLD_GENERATIONS = 2  # kept for readers that read an older meta and are still loading
+_LOAD_ATTEMPTS = 8
+_LOCK_FILE = ".lock"
+_STORE_LOCK = ".store.lock"
+_STALE_CREATE_S = 24 * 3600
 
 
 class IndexNotFoundError(LookupError):
@@ -95,6 +126,83 @@ def check_name(name: str) -> str:
         raise InputError(
             f"index name {name!r} is invalid: expected 1-128 characters from [A-Za-z0-9._-], starting alphanumeric")
     return name
+
+
+def _gone(name: str, why: str = "dropped") -> IndexNotFoundError:
+    return IndexNotFoundError(f"index {name!r} not found ({why}); GET /v1/indexes lists the existing ones")
+
+
+@contextmanager
+def _flock(lock_path: Path, *, create_dir: bool = False) -> Iterator[int]:
+    """Exclusive ``flock`` on ``lock_path`` (created if missing) for the ``with`` body.
+
+    Raises ``FileNotFoundError`` when the folder does not exist (and ``create_dir`` is false).
+    The kernel releases the lock when the descriptor closes, also when the process dies.
+    """
+    if create_dir:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _still_linked(fd: int, lock_path: Path) -> bool:
+    """Whether the locked file is still the one at ``lock_path`` (false once its folder was renamed away)."""
+    try:
+        st = os.stat(lock_path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _stat_sig(path: Path) -> tuple[int, int, int, int] | None:
+    """Cheap change token of a file (device, inode, size, mtime ns); ``None`` when missing.
+
+    ``meta.json`` is always replaced by a rename, so a new meta has a new inode.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _uid_of(meta: dict) -> str:
+    """Identity of one index's life (a dropped and re-created index has another); older metas lack ``uid``."""
+    return str(meta.get("uid") or f"created:{meta['created_at']!r}")
+
+
+def _read_meta(path: Path) -> dict:
+    meta = json.loads((path / "meta.json").read_text())
+    if meta.get("format") != "vecbridge.SpaceIndex":
+        raise InputError(f"{path} is not a vecbridge index")
+    return meta
+
+
+def _read_generation(path: Path, meta: dict) -> tuple[Any, dict[int, Any]]:
+    """The FAISS index and payloads of the generation ``meta`` names.
+
+    Raises ``FileNotFoundError`` when the generation was already garbage-collected (a newer
+    meta exists: read it again). Both files are opened before either is read, so a removal
+    during the read does not matter.
+    """
+    gen = int(meta["generation"])
+    with open(path / f"index.{gen}.faiss", "rb") as fi, open(path / f"payloads.{gen}.json", "rb") as fp:
+        index = faiss.read_index(faiss.PyCallbackIOReader(fi.read))
+        payloads = {int(i): p for i, p in json.loads(fp.read())}
+    return index, payloads
 
 
 class RWLock:
@@ -191,11 +299,17 @@ class SpaceIndex:
     description: str = ""
     path: Path | None = None
     generation: int = 0
+    uid: str = ""
 
     def __post_init__(self) -> None:
         self.lock = RWLock()
         self._hub_cache: dict[tuple[int, int], float] = {}
         self._hub_lock = threading.Lock()
+        self._writer = threading.Lock()  # writers of this process queue here, then on the flock
+        self._refresh_lock = threading.Lock()  # one loader of a newer generation at a time
+        self._meta_sig: tuple | None = None  # _stat_sig of the meta.json the in-memory copy matches
+        if not self.uid:
+            self.uid = uuid.uuid4().hex
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -306,32 +420,38 @@ class SpaceIndex:
         return ids_arr
 
     def add(self, vectors, *, ids=None, payloads=None) -> np.ndarray:
-        """Add rows ``vectors`` (n, dim) under ``ids`` (default: the next free ids); returns the ids."""
+        """Add rows ``vectors`` (n, dim) under ``ids`` (default: the next free ids); returns the ids.
+
+        Persisted before it returns; with a ``path``, checked and applied against the newest
+        persisted generation under the cross-process writer lock.
+        """
         X = as_matrix(vectors, name="vectors", dim=self.dim)
-        with self.lock.write():
-            out = self._add(X, ids, payloads)
-            self._save()
+        with self._writing():
+            with self.lock.write(), self._undo_on_failure():
+                out = self._add(X, ids, payloads)
+                self._save()
         return out
 
     def delete(self, ids) -> int:
         """Delete ``ids``; returns how many were present. Unknown ids are ignored."""
         ids_arr = _ids_array(ids)
-        with self.lock.write():
-            present = ids_arr[self.has_ids(ids_arr)]
-            if present.size == 0:
-                return 0
-            if self.kind == "hnsw":
-                self.tombstones.update(present.tolist())
-                if len(self.tombstones) > _TOMBSTONE_REBUILD * max(1, self.index.ntotal):
-                    self._rebuild()
-            else:
-                removed = self.index.remove_ids(present)
-                assert removed == present.size, (removed, present.size)
-            for i in present.tolist():
-                self.payloads.pop(i, None)
-            self._changed()
-            self._save()
-            return int(present.size)
+        with self._writing():
+            with self.lock.write(), self._undo_on_failure():
+                present = ids_arr[self.has_ids(ids_arr)]
+                if present.size == 0:
+                    return 0
+                if self.kind == "hnsw":
+                    self.tombstones.update(present.tolist())
+                    if len(self.tombstones) > _TOMBSTONE_REBUILD * max(1, self.index.ntotal):
+                        self._rebuild()
+                else:
+                    removed = self.index.remove_ids(present)
+                    assert removed == present.size, (removed, present.size)
+                for i in present.tolist():
+                    self.payloads.pop(i, None)
+                self._changed()
+                self._save()
+                return int(present.size)
 
     def _rebuild(self) -> None:
         """HNSW only: rebuild the graph from live rows, dropping tombstones."""
@@ -370,6 +490,7 @@ class SpaceIndex:
         if csls_k < 0 or csls_k > 1000:
             raise InputError(f"csls_k must be between 0 and 1000, got {csls_k}")
         Q = np.ascontiguousarray(self._prep(Q))
+        self.refresh()
         with self.lock.read():
             if csls_k > 0:
                 return self._search_csls(Q, int(k), int(csls_k), exact, ef_search, nprobe)
@@ -454,44 +575,168 @@ class SpaceIndex:
     def get_payloads(self, ids: np.ndarray) -> list:
         return [self.payloads.get(int(i)) for i in ids]
 
-    # --- persistence ------------------------------------------------------------------------
+    # --- persistence and other processes -------------------------------------------------
     def save(self) -> None:
-        with self.lock.write():
-            self._save()
+        """Persist the in-memory state as a new generation (under the cross-process writer lock)."""
+        with self._writing():
+            with self.lock.write():
+                self._save()
 
-    def _save(self) -> None:
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One writer at a time across threads and processes, starting from the newest generation.
+
+        Raises :class:`IndexNotFoundError` when another process dropped the index meanwhile.
+        """
+        with self._writer, ExitStack() as stack:
+            if self.path is None:
+                yield
+                return
+            fresh = self.generation == 0  # built here, never persisted: may create its folder
+            lock_path = self.path / _LOCK_FILE
+            try:
+                fd = stack.enter_context(_flock(lock_path, create_dir=fresh))
+            except FileNotFoundError:  # the folder is gone
+                raise _gone(self.name) from None
+            if not _still_linked(fd, lock_path):  # the folder was renamed away while we waited
+                raise _gone(self.name)
+            with self._refresh_lock:
+                if not (fresh and _stat_sig(self.path / "meta.json") is None):
+                    self._sync()
+                yield
+
+    @contextmanager
+    def _undo_on_failure(self) -> Iterator[None]:
+        """If a change fails after touching the in-memory index, go back to the persisted state.
+
+        Input and conflict errors are raised before anything changes, so they keep the copy.
+        """
+        try:
+            yield
+        except (InputError, IndexConflictError):
+            raise
+        except BaseException:
+            if self.path is not None:
+                try:
+                    meta = _read_meta(self.path)
+                    if _uid_of(meta) == self.uid:
+                        index, payloads = _read_generation(self.path, meta)
+                        self._adopt(meta, index, payloads, _stat_sig(self.path / "meta.json"))
+                except Exception:  # noqa: BLE001 - keep the first error; force a reload on next access
+                    self._meta_sig = None
+                    self.generation = -1
+            raise
+
+    def refresh(self) -> bool:
+        """Catch up with a generation another process persisted; ``True`` if one was loaded.
+
+        Costs one ``stat`` when nothing changed. Raises :class:`IndexNotFoundError` when the
+        index was dropped (or dropped and re-created) by another process.
+        """
         if self.path is None:
-            return
-        self.path.mkdir(parents=True, exist_ok=True)
-        gen = self.generation + 1
-        faiss.write_index(self.index, str(self.path / f"index.{gen}.faiss"))
-        _write_json(self.path / f"payloads.{gen}.json", [[i, p] for i, p in self.payloads.items()])
-        meta = {
-            "format": "vecbridge.SpaceIndex", "format_version": 1, "generation": gen,
+            return False
+        sig = _stat_sig(self.path / "meta.json")
+        if sig is not None and sig == self._meta_sig:
+            return False
+        with self._refresh_lock:
+            return self._sync()
+
+    def _sync(self) -> bool:
+        """Caller holds ``_refresh_lock``: load the persisted generation if it is newer."""
+        assert self.path is not None
+        for _ in range(_LOAD_ATTEMPTS):
+            sig = _stat_sig(self.path / "meta.json")  # before reading: at worst one extra read later
+            if sig is None:
+                raise _gone(self.name)
+            if sig == self._meta_sig:
+                return False
+            try:
+                meta = _read_meta(self.path)
+            except FileNotFoundError:
+                continue
+            if _uid_of(meta) != self.uid:
+                raise _gone(self.name, "dropped and re-created by another process")
+            if int(meta["generation"]) <= self.generation:
+                self._meta_sig = sig
+                return False
+            try:
+                index, payloads = _read_generation(self.path, meta)
+            except FileNotFoundError:  # collected after newer generations: read the meta again
+                continue
+            with self.lock.write():
+                self._adopt(meta, index, payloads, sig)
+            return True
+        raise RuntimeError(f"index {self.name!r}: generations changed faster than they could be read")
+
+    def _adopt(self, meta: dict, index, payloads: dict[int, Any], sig) -> None:
+        """Replace the in-memory state by a persisted generation (caller holds the write side)."""
+        self.index = index
+        self.payloads = payloads
+        self.tombstones = set(int(t) for t in meta.get("tombstones", []))
+        self.next_id = int(meta.get("next_id", 0))
+        self.kind = meta["kind"]
+        self.params = meta["params"]
+        self.updated_at = meta["updated_at"]
+        self.description = meta.get("description", "")
+        self.generation = int(meta["generation"])
+        self._meta_sig = sig
+        with self._hub_lock:
+            self._hub_cache.clear()
+
+    def _meta(self, gen: int) -> dict:
+        return {
+            "format": "vecbridge.SpaceIndex", "format_version": 1, "generation": gen, "uid": self.uid,
             "name": self.name, "space": self.space, "dim": self.dim, "kind": self.kind, "metric": self.metric,
             "params": self.params, "tombstones": sorted(self.tombstones), "next_id": self.next_id,
             "created_at": self.created_at, "updated_at": self.updated_at, "description": self.description,
         }
-        _write_json(self.path / "meta.json", meta)
+
+    def _save(self) -> None:
+        """Write generation ``g + 1`` (caller holds the writer lock and the write side)."""
+        if self.path is None:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        gen = self.generation + 1
+        for stale in self.path.glob(".*.tmp-*"):  # left by a writer that died; we hold the writer lock
+            stale.unlink(missing_ok=True)
+        tmp = self.path / f".index.{gen}.faiss.tmp-{os.getpid()}-{threading.get_ident()}"
+        faiss.write_index(self.index, str(tmp))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path / f"index.{gen}.faiss")
+        _write_json(self.path / f"payloads.{gen}.json", [[i, p] for i, p in self.payloads.items()])
+        _write_json(self.path / "meta.json", self._meta(gen))  # the commit point
+        _fsync_dir(self.path)
         self.generation = gen
+        self._meta_sig = _stat_sig(self.path / "meta.json")
         for old in self.path.glob("*.*.*"):
             parts = old.name.split(".")
-            if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) != gen:
+            if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) < gen - _KEEP_OLD_GENERATIONS:
                 old.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: Path) -> "SpaceIndex":
-        meta = json.loads((path / "meta.json").read_text())
-        if meta.get("format") != "vecbridge.SpaceIndex":
-            raise InputError(f"{path} is not a vecbridge index")
-        gen = int(meta["generation"])
-        index = faiss.read_index(str(path / f"index.{gen}.faiss"))
-        payloads = {int(i): p for i, p in json.loads((path / f"payloads.{gen}.json").read_text())}
-        return cls(name=meta["name"], space=meta["space"], dim=int(meta["dim"]), kind=meta["kind"],
-                   metric=meta["metric"], params=meta["params"], index=index, payloads=payloads,
-                   tombstones=set(meta.get("tombstones", [])), next_id=int(meta.get("next_id", 0)),
-                   created_at=meta["created_at"], updated_at=meta["updated_at"],
-                   description=meta.get("description", ""), path=path, generation=gen)
+        """Read the generation ``path/meta.json`` names (retrying when a writer moves on meanwhile)."""
+        path = Path(path)
+        for _ in range(_LOAD_ATTEMPTS):
+            sig = _stat_sig(path / "meta.json")
+            meta = _read_meta(path)
+            try:
+                index, payloads = _read_generation(path, meta)
+            except FileNotFoundError:
+                continue
+            obj = cls(name=meta["name"], space=meta["space"], dim=int(meta["dim"]), kind=meta["kind"],
+                      metric=meta["metric"], params=meta["params"], index=index, payloads=payloads,
+                      tombstones=set(int(t) for t in meta.get("tombstones", [])),
+                      next_id=int(meta.get("next_id", 0)), created_at=meta["created_at"],
+                      updated_at=meta["updated_at"], description=meta.get("description", ""), path=path,
+                      generation=int(meta["generation"]), uid=_uid_of(meta))
+            obj._meta_sig = sig
+            return obj
+        raise RuntimeError(f"index at {path}: generations changed faster than they could be read")
 
 
 def _write_json(path: Path, obj) -> None:
@@ -504,65 +749,166 @@ def _write_json(path: Path, obj) -> None:
 
 
 class IndexStore:
-    """All indexes of one service, persisted under ``root`` (``data_dir/indexes``)."""
+    """All indexes of one service, persisted under ``root`` (``data_dir/indexes``).
+
+    Several stores (processes) may share ``root``: :meth:`get` and :meth:`list` see indexes
+    created, changed and dropped by the others (see the module notes).
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self._indexes: dict[str, SpaceIndex] = {}
         self._lock = threading.Lock()
+        self._creating: set[str] = set()
+        self._load_locks: dict[str, threading.Lock] = {}
+        self._failed: dict[str, tuple | None] = {}  # name -> meta sig that failed to load
         self.loaded = False
         self.load_errors: dict[str, str] = {}
 
     def load_all(self) -> int:
-        """Read every persisted index; returns how many loaded (failures go to ``load_errors``)."""
+        """Read every persisted index; returns how many loaded (failures go to ``load_errors``).
+
+        Also removes what a dead process left behind: dropped folders still being removed and
+        index folders being created more than a day ago.
+        """
         self.root.mkdir(parents=True, exist_ok=True)
-        n = 0
-        for sub in sorted(self.root.iterdir()):
-            if not (sub / "meta.json").exists():
-                continue
-            try:
-                idx = SpaceIndex.load(sub)
-            except Exception as exc:  # keep serving the others; readyz reports it
-                self.load_errors[sub.name] = f"{type(exc).__name__}: {exc}"
-                continue
-            with self._lock:
-                self._indexes[idx.name] = idx
-            n += 1
+        now = time.time()
+        for sub in self.root.iterdir():
+            if sub.name.startswith(".trash-"):
+                shutil.rmtree(sub, ignore_errors=True)
+            elif sub.name.startswith(".create-"):
+                try:
+                    if now - sub.stat().st_mtime > _STALE_CREATE_S:
+                        shutil.rmtree(sub, ignore_errors=True)
+                except FileNotFoundError:
+                    pass
+        n = len(self.list())
         self.loaded = True
         return n
 
-    def create(self, name: str, space: str, vectors, **kw) -> SpaceIndex:
-        check_name(name)
-        with self._lock:
-            if name in self._indexes:
-                raise IndexConflictError(f"index {name!r} already exists")
-            self._indexes[name] = None  # type: ignore[assignment]  # reserve the name while building
+    def _names_on_disk(self) -> list[str]:
         try:
-            idx = SpaceIndex.build(name, space, vectors, path=self.root / name, **kw)
-            idx.save()
-        except BaseException:
+            subs = sorted(self.root.iterdir())
+        except FileNotFoundError:
+            return []
+        return [d.name for d in subs if _NAME_RE.match(d.name) and (d / "meta.json").exists()]
+
+    def create(self, name: str, space: str, vectors, **kw) -> SpaceIndex:
+        """Build and persist a new index; :class:`IndexConflictError` if the name exists (in any process)."""
+        check_name(name)
+        final = self.root / name
+        with self._lock:
+            if name in self._creating or (final / "meta.json").exists():
+                raise IndexConflictError(f"index {name!r} already exists")
+            self._creating.add(name)  # reserve the name in this process while building
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f".create-{name}-{uuid.uuid4().hex}"
+            try:
+                idx = SpaceIndex.build(name, space, vectors, path=tmp, **kw)
+                idx.save()  # generation 1 in the private folder
+                sig = idx._meta_sig  # renaming the folder keeps the file's inode and mtime
+                with _flock(self.root / _STORE_LOCK):
+                    if (final / "meta.json").exists():
+                        raise IndexConflictError(f"index {name!r} already exists")
+                    if final.exists():  # a folder without meta: left by a crash before this format
+                        os.rename(final, self.root / f".trash-{name}-{uuid.uuid4().hex}")
+                    os.rename(tmp, final)
+                    _fsync_dir(self.root)
+                idx.path, idx._meta_sig = final, sig
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        finally:
             with self._lock:
-                self._indexes.pop(name, None)
-            raise
+                self._creating.discard(name)
         with self._lock:
             self._indexes[name] = idx
+            self._failed.pop(name, None)
+            self.load_errors.pop(name, None)
         return idx
 
     def get(self, name: str) -> SpaceIndex:
+        """The index ``name``, caught up with what other processes persisted."""
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise _gone(name, "no such index")
         with self._lock:
             idx = self._indexes.get(name)
-        if idx is None:
-            raise IndexNotFoundError(f"index {name!r} not found; GET /v1/indexes lists the existing ones")
-        return idx
+        if idx is not None:
+            try:
+                idx.refresh()
+                return idx
+            except IndexNotFoundError:
+                self._forget(name, idx)
+        return self._load(name)
+
+    def _forget(self, name: str, idx: SpaceIndex) -> None:
+        with self._lock:
+            if self._indexes.get(name) is idx:
+                del self._indexes[name]
+
+    def _load(self, name: str) -> SpaceIndex:
+        path = self.root / name
+        with self._lock:
+            load_lock = self._load_locks.setdefault(name, threading.Lock())
+        with load_lock:  # one loader per name; other names load in parallel
+            with self._lock:
+                idx = self._indexes.get(name)
+            if idx is not None:  # another thread loaded it meanwhile
+                return idx
+            sig = _stat_sig(path / "meta.json")
+            if sig is None:
+                raise _gone(name, "no such index")
+            if name in self._failed and self._failed[name] == sig:
+                raise _gone(name, f"it could not be loaded: {self.load_errors.get(name)}")
+            try:
+                idx = SpaceIndex.load(path)
+            except FileNotFoundError:  # dropped while loading
+                raise _gone(name) from None
+            except Exception as exc:  # keep serving the others; readyz reports it
+                with self._lock:
+                    self._failed[name] = sig
+                    self.load_errors[name] = f"{type(exc).__name__}: {exc}"
+                raise _gone(name, f"it could not be loaded: {type(exc).__name__}: {exc}") from exc
+            with self._lock:
+                self._indexes[name] = idx
+                self._failed.pop(name, None)
+                self.load_errors.pop(name, None)
+            return idx
 
     def list(self) -> list[SpaceIndex]:
+        """Every index on disk (loaded or caught up as needed), by name."""
+        names = self._names_on_disk()
+        out = []
+        for name in names:
+            try:
+                out.append(self.get(name))
+            except IndexNotFoundError:
+                pass
+        keep = set(names)
         with self._lock:
-            return [i for i in self._indexes.values() if i is not None]
+            for name in [n for n in self._indexes if n not in keep]:
+                del self._indexes[name]
+            for name in [n for n in self.load_errors if n not in keep]:
+                del self.load_errors[name]
+                self._failed.pop(name, None)
+        return out
 
     def delete(self, name: str) -> None:
-        idx = self.get(name)
-        with idx.lock.write():
+        """Drop ``name``: atomically invisible to every process, then removed from disk."""
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise _gone(name, "no such index")
+        final = self.root / name
+        trash = self.root / f".trash-{name}-{uuid.uuid4().hex}"
+        try:
+            with _flock(self.root / _STORE_LOCK, create_dir=True):
+                if not (final / "meta.json").exists():
+                    raise _gone(name, "no such index")
+                with _flock(final / _LOCK_FILE):  # let a writer in flight finish
+                    os.rename(final, trash)
+                _fsync_dir(self.root)
+        finally:
             with self._lock:
                 self._indexes.pop(name, None)
-            if idx.path is not None and idx.path.exists():
-                shutil.rmtree(idx.path)
+                self._failed.pop(name, None)
+                self.load_errors.pop(name, None)
+        shutil.rmtree(trash, ignore_errors=True)
