@@ -20,10 +20,10 @@ from .errors import (
     NotFoundError,
     RegistryError,
 )
-from .models import SpaceInfo, VersionInfo
+from .models import SpaceInfo, SteerInfo, VersionInfo
 from .names import parse_ref
 
 __all__ = [
-    "Registry", "open_registry", "VersionInfo", "SpaceInfo", "RegistryError", "NotFoundError",
+    "Registry", "open_registry", "VersionInfo", "SpaceInfo", "SteerInfo", "RegistryError", "NotFoundError",
     "DeletedVersionError", "ConflictError", "InvalidNameError", "IntegrityError", "parse_ref", "package_version",
 ]

@@ -28,6 +28,7 @@ from .db import open_db
 from .errors import ConflictError, DeletedVersionError, IntegrityError, InvalidNameError, NotFoundError
 from .models import SpaceInfo, VersionInfo
 from .names import check_alias, check_name, check_tag_key, parse_ref
+from .steers import SteerRegistryMixin
 from .store import ArtifactStore
 
 __all__ = ["Registry", "open_registry", "FAULT_HOOK", "package_version"]
@@ -74,7 +75,7 @@ def _json_default(obj):
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
-class Registry:
+class Registry(SteerRegistryMixin):
     """Versions of linear maps stored in SQL (SQLite or PostgreSQL) plus a content-addressed folder.
 
     Parameters
@@ -206,13 +207,10 @@ class Registry:
             t.q("INSERT INTO maps (name, source_space, target_space, source_dim, target_dim, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
                 (name, source_space, target_space, map_.source_dim, map_.target_dim, created))
-            m = t.one("SELECT source_space, target_space, last_version FROM maps WHERE name = ?" + self.db.for_update,
-                      (name,))
+            m = t.one("SELECT source_space, target_space FROM maps WHERE name = ?" + self.db.for_update, (name,))
             if (m[0], m[1]) != (source_space, target_space):
                 raise ConflictError(f"map {name!r} connects {m[0]} -> {m[1]}, not {source_space} -> {target_space}")
-            version = int(m[2]) + 1
-            t.q("UPDATE maps SET last_version = ? WHERE name = ?", (version, name))
-            _hook("version_allocated")
+            version = self._allocate_version(t, "maps", name)
             self._insert_version(t, name, version, row)
             for k, v in tags.items():
                 t.q("INSERT INTO tags (name, version, key, value) VALUES (?, ?, ?, ?)", (name, version, k, v))
@@ -224,6 +222,18 @@ class Registry:
         version = self._write(fn)
         _hook("committed")
         return self.get_version(name, version)
+
+    def _allocate_version(self, t, table: str, name: str) -> int:
+        """``last_version + 1`` of row ``name`` in ``table`` (``maps`` or ``steer_names``), row-locked, stored.
+
+        Call inside the write transaction that inserts the version row: the lock (SQLite's write
+        lock, PostgreSQL's ``FOR UPDATE``) serialises writers of one name, so numbers never repeat.
+        """
+        r = t.one(f"SELECT last_version FROM {table} WHERE name = ?" + self.db.for_update, (name,))
+        version = int(r[0]) + 1
+        t.q(f"UPDATE {table} SET last_version = ? WHERE name = ?", (version, name))
+        _hook("version_allocated")
+        return version
 
     @staticmethod
     def _insert_version(t, name, version, row):
@@ -468,6 +478,7 @@ class Registry:
         bad, dangling, used = [], [], set()
         with self.db.tx() as t:
             rows = t.q("SELECT name, version, artifact_path, artifact_sha256 FROM versions")
+            steer_rows = t.q("SELECT name, version, artifact_path, artifact_sha256 FROM steers")
             for name, alias, version in t.q("SELECT name, alias, version FROM aliases"):
                 if t.one("SELECT 1 FROM versions WHERE name = ? AND version = ?", (name, version)) is None:
                     dangling.append(f"{name}@{alias}")
@@ -476,7 +487,7 @@ class Registry:
                 have = {int(r[0]) for r in t.q("SELECT version FROM versions WHERE name = ?", (name,))}
                 if have != set(range(1, int(last) + 1)):
                     gaps.append(name)
-        for name, version, rel, sha in rows:
+        for name, version, rel, sha in [*rows, *steer_rows]:
             used.add(rel)
             try:
                 self.store.get(rel, sha)

@@ -44,6 +44,21 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS tags (
         name TEXT NOT NULL, version INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
         PRIMARY KEY (name, version, key), FOREIGN KEY (name, version) REFERENCES versions(name, version))""",
+    # steers (LM-Steer style transforms in one space): names, immutable numbered versions, aliases
+    """CREATE TABLE IF NOT EXISTS steer_names (
+        name TEXT PRIMARY KEY, space TEXT NOT NULL, dim INTEGER NOT NULL,
+        created_at TEXT NOT NULL, last_version INTEGER NOT NULL DEFAULT 0)""",
+    """CREATE TABLE IF NOT EXISTS steers (
+        name TEXT NOT NULL REFERENCES steer_names(name), version INTEGER NOT NULL,
+        space TEXT NOT NULL, dim INTEGER NOT NULL, rank INTEGER NOT NULL, method TEXT NOT NULL,
+        params TEXT NOT NULL, random_state BIGINT, data_hashes TEXT NOT NULL, package_version TEXT NOT NULL,
+        created_at TEXT NOT NULL, metrics TEXT NOT NULL, artifact_sha256 TEXT NOT NULL,
+        artifact_path TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, description TEXT NOT NULL DEFAULT '',
+        lens TEXT NOT NULL DEFAULT '[]', inputs TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (name, version))""",
+    """CREATE TABLE IF NOT EXISTS steer_aliases (
+        name TEXT NOT NULL, alias TEXT NOT NULL, version INTEGER NOT NULL,
+        PRIMARY KEY (name, alias), FOREIGN KEY (name, version) REFERENCES steers(name, version))""",
 ]
 
 

@@ -1,10 +1,10 @@
-"""Records returned by the registry: :class:`SpaceInfo` and :class:`VersionInfo`."""
+"""Records returned by the registry: :class:`SpaceInfo`, :class:`VersionInfo` and :class:`SteerInfo`."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["SpaceInfo", "VersionInfo"]
+__all__ = ["SpaceInfo", "VersionInfo", "SteerInfo"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,42 @@ class VersionInfo:
     @property
     def ref(self) -> str:
         """``name:version``: a reference that always resolves to this version."""
+        return f"{self.name}:{self.version}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SteerInfo:
+    """One immutable version of a steer (``align.Steer`` or ``align.MeanShift``) with its lineage.
+
+    ``rank`` is 0 for a mean-shift baseline. ``lens`` holds the lens computed at fit time over
+    the fitting items (directions with their extreme items), or ``[]`` when there were none to name.
+    """
+
+    name: str
+    version: int
+    space: str
+    dim: int
+    rank: int
+    method: str
+    params: dict = field(default_factory=dict)
+    random_state: int | None = None
+    data_hashes: dict = field(default_factory=dict)
+    package_version: str = ""
+    created_at: str = ""
+    metrics: dict = field(default_factory=dict)
+    artifact_sha256: str = ""
+    artifact_path: str = ""
+    aliases: list[str] = field(default_factory=list)
+    deleted: bool = False
+    description: str = ""
+    lens: list = field(default_factory=list)
+    inputs: dict = field(default_factory=dict)
+
+    @property
+    def ref(self) -> str:
         return f"{self.name}:{self.version}"
 
     def to_dict(self) -> dict:

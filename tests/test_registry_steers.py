@@ -1,0 +1,154 @@
+"""Steers in the registry: versions, lineage, aliases, integrity; SQLite and (when
+VECBRIDGE_TEST_POSTGRES_URL is set) PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from align.steer import MeanShift, Steer, fit_mean_shift
+from service.registry import (
+    ConflictError,
+    DeletedVersionError,
+    IntegrityError,
+    InvalidNameError,
+    NotFoundError,
+    SteerInfo,
+    open_registry,
+)
+from tests.test_registry import registry_url  # noqa: F401 - the sqlite / postgresql fixture
+
+
+@pytest.fixture
+def reg(registry_url, tmp_path):  # noqa: F811
+    r = open_registry(registry_url, tmp_path / "artifacts")
+    yield r
+    r.close()
+
+
+def _steer(seed: int, d: int = 12, r: int = 3) -> Steer:
+    rng = np.random.default_rng(seed)
+    return Steer(rng.normal(size=(d, r)), rng.normal(size=(d, r)), {"method": "lm-steer", "seed": seed})
+
+
+def test_register_resolve_load_roundtrip(reg):
+    s1, s2 = _steer(1), _steer(2)
+    v1 = reg.register_steer("pos", s1, space="sp", params={"rank": 3}, random_state=7,
+                            data_hashes={"X": "abc"}, metrics={"loss": 0.5}, alias="prod")
+    v2 = reg.register_steer("pos", s2, space="sp", params={"rank": 3}, random_state=8)
+    assert isinstance(v1, SteerInfo) and (v1.version, v2.version) == (1, 2)
+    assert (v1.space, v1.dim, v1.rank, v1.method) == ("sp", 12, 3, "lm-steer")
+    assert v1.params == {"rank": 3} and v1.random_state == 7 and v1.data_hashes == {"X": "abc"}
+    assert v1.metrics == {"loss": 0.5} and len(v1.artifact_sha256) == 64 and v1.aliases == ["prod"]
+    assert reg.get_space("sp").dim == 12  # space created from the steer
+    assert reg.resolve_steer("pos").version == 2
+    assert reg.resolve_steer("pos@prod").version == 1
+    assert reg.resolve_steer("pos:2").version == 2
+    got = reg.load_steer("pos@prod")
+    np.testing.assert_array_equal(got.P1, s1.P1)
+    np.testing.assert_array_equal(got.P2, s1.P2)
+    assert got.metadata["seed"] == 1
+    listed = reg.list_steers()
+    assert [x["name"] for x in listed] == ["pos"]
+    assert listed[0]["latest_version"] == 2 and listed[0]["aliases"] == {"prod": 1}
+
+
+def test_mean_shift_is_stored_with_rank_zero(reg):
+    X = np.random.default_rng(0).normal(size=(20, 6))
+    labels = np.array([1] * 10 + [-1] * 10)
+    ms = fit_mean_shift(X, labels)
+    info = reg.register_steer("shift", ms, space="six", params={"method": "mean-shift"})
+    assert info.rank == 0 and info.method == "mean-shift"
+    back = reg.load_steer("shift")
+    assert isinstance(back, MeanShift)
+    np.testing.assert_array_equal(back.v, ms.v)
+
+
+def test_errors(reg):
+    reg.register_steer("a", _steer(0), space="sp")
+    with pytest.raises(NotFoundError):
+        reg.resolve_steer("nope")
+    with pytest.raises(NotFoundError):
+        reg.resolve_steer("a:9")
+    with pytest.raises(NotFoundError):
+        reg.resolve_steer("a@missing")
+    with pytest.raises(InvalidNameError):
+        reg.register_steer("../evil", _steer(0), space="sp")
+    with pytest.raises(InvalidNameError):
+        reg.register_steer("ok", _steer(0), space="sp", alias="1")
+    with pytest.raises(InvalidNameError):
+        reg.register_steer("ok", np.eye(3), space="sp")
+    with pytest.raises(ConflictError):  # a space's dim is fixed
+        reg.register_steer("b", _steer(0, d=5), space="sp")
+    reg.register_steer("c", _steer(0, d=5), space="five")
+    with pytest.raises(ConflictError):  # a steer name is bound to its space
+        reg.register_steer("a", _steer(0, d=5), space="five")
+    reg.delete_steer_version("a", 1)
+    with pytest.raises(DeletedVersionError):
+        reg.resolve_steer("a:1")
+    with pytest.raises(NotFoundError):
+        reg.resolve_steer("a")  # no live versions
+    with pytest.raises(ConflictError):
+        reg.set_steer_alias("a", "prod", 1)
+
+
+def test_alias_moves(reg):
+    for seed in range(3):
+        reg.register_steer("m", _steer(seed), space="sp")
+    reg.set_steer_alias("m", "prod", 2)
+    assert reg.resolve_steer("m@prod").version == 2
+    reg.set_steer_alias("m", "prod", 3)
+    assert reg.resolve_steer("m@prod").version == 3
+    assert reg.get_steer("m", 2).aliases == []
+
+
+def test_tampered_artifact_is_an_integrity_error(reg):
+    info = reg.register_steer("t", _steer(0), space="sp")
+    path = reg.store.path(info.artifact_path)
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes()[:-7] + b"garbage")
+    with pytest.raises(IntegrityError):
+        reg.load_steer("t")
+    assert reg.verify()["ok"] is False
+
+
+def test_verify_counts_steer_artifacts_as_used(reg):
+    reg.register_steer("v", _steer(0), space="sp")
+    out = reg.verify()
+    assert out["ok"] and out["orphan_artifacts"] == []
+
+
+def test_concurrent_writers_get_distinct_versions(reg, registry_url, tmp_path):  # noqa: F811
+    errors, versions = [], []
+
+    def writer(seed):
+        r = open_registry(registry_url, tmp_path / "artifacts")
+        try:
+            for j in range(4):
+                versions.append(r.register_steer("race", _steer(100 * seed + j), space="sp").version)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            r.close()
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(versions) == list(range(1, 13))
+    assert [s.version for s in reg.list_steer_versions("race")] == list(range(1, 13))
+
+
+def test_maps_still_number_their_versions(reg):
+    import align
+
+    m = align.LinearMap(np.eye(4, dtype=np.float32))
+    a = reg.register_version("x->y", m, source_space="x", target_space="y", method="procrustes", params={})
+    b = reg.register_version("x->y", m, source_space="x", target_space="y", method="procrustes", params={})
+    assert (a.version, b.version) == (1, 2)
+    reg.register_steer("x-steer", _steer(0, d=4), space="x")
+    assert reg.resolve("x->y").version == 2
