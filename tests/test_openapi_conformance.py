@@ -87,6 +87,27 @@ def test_success_bodies_match_their_schema(world):
     call(s, "get", "/v1/jobs", expect=200)
     call(s, "delete", "/v1/jobs/{job_id}", expect=202, path_parameters={"job_id": jid})
     call(s, "delete", "/v1/maps/{name}/versions/{version}", expect=200, path_parameters={"name": "f", "version": 1})
+    # steers: fit job, list, get, apply, lens, steered search
+    labels = np.where(Y[:, 0] > 0.5, 1, np.where(Y[:, 0] < -0.5, -1, 0)).tolist()
+    steer_body = {"name": "st", "space": "b", "vectors": Y.tolist(), "labels": labels,
+                  "items": [f"r{i}" for i in range(len(labels))], "params": {"rank": 2, "max_iter": 5}}
+    jid = call(s, "post", "/v1/steers", expect=202, body=steer_body).json()["id"]
+    for _ in range(600):
+        r = call(s, "get", "/v1/jobs/{job_id}", expect=200, path_parameters={"job_id": jid})
+        if r.json()["state"] not in ("queued", "running"):
+            break
+        time.sleep(0.05)
+    assert r.json()["state"] == "succeeded", r.json()
+    call(s, "get", "/v1/steers", expect=200)
+    call(s, "get", "/v1/steers/{ref}", expect=200, path_parameters={"ref": "st:1"})
+    call(s, "post", "/v1/steers/{ref}/apply", expect=200, path_parameters={"ref": "st"},
+         body={"vectors": Y[:2].tolist(), "eps": 0.5})
+    call(s, "get", "/v1/steers/{ref}/lens", expect=200, path_parameters={"ref": "st"}, query={"k": 2})
+    call(s, "post", "/v1/indexes/{name}/search", expect=200, path_parameters={"name": "ix"},
+         body={"vectors": X[:2].tolist(), "space": "a", "k": 3, "steers": {"st": 1.0}})
+    call(s, "get", "/v1/steers/{ref}", expect=404, path_parameters={"ref": "nope"})
+    call(s, "post", "/v1/steers/{ref}/apply", expect=422, path_parameters={"ref": "st"},
+         body={"vectors": np.ones((1, 3)).tolist()})
 
 
 def test_error_bodies_match_their_schema(world):

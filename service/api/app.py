@@ -22,7 +22,7 @@ from ..metrics import ServiceMetrics
 from .errors import install_error_handlers
 from .middleware import BodyLimitMiddleware, ObserveMiddleware
 from .responses import FastJSONResponse
-from .routers import embeddings, fits, indexes, maps, ops
+from .routers import embeddings, fits, indexes, maps, ops, steers
 from .state import AppState
 
 __all__ = ["create_app", "serve", "API_DESCRIPTION"]
@@ -38,6 +38,8 @@ API_DESCRIPTION = """Linear maps between embedding spaces, over HTTP.
 * **Indexes** — `/v1/indexes`: FAISS per space; `POST /v1/indexes/{name}/search` takes queries from
   any space and maps them through the registry's maps.
 * **Fits** — `POST /v1/fits` returns a job id at once; `GET /v1/jobs/{id}`.
+* **Steers** — `/v1/steers`: LM-Steer style transforms `q' = (I + eps W)^T q` per space (fit jobs,
+  apply, lens); `"steers": {"name": eps}` in an index search steers its queries.
 * **Embeddings** — OpenAI-shaped `POST /v1/embeddings` (+ `target_space`).
 * **Ops** — `/healthz`, `/readyz`, `/metrics`, `/v1/info`.
 
@@ -82,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.vb = None
     app.state.metrics = metrics
     install_error_handlers(app)
-    for r in (ops.router, maps.router, indexes.router, fits.router, embeddings.router):
+    for r in (ops.router, maps.router, indexes.router, fits.router, embeddings.router, steers.router):
         app.include_router(r)  # each router carries its own prefix (route templates label metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_body_bytes)
     if s.cors_origins:

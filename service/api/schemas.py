@@ -19,6 +19,8 @@ __all__ = [
     "EmbeddingsRequest", "vectors_schema", "error_responses", "Health", "Ready", "ServiceInfo", "SpaceOut", "SpaceList",
     "VersionOut", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList", "IndexAddResponse",
     "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
+    "SteerFitRequest", "SteerFitOptions", "SteerApplyRequest", "SteerApplyOptions", "SteerApplyResponse", "SteerOut",
+    "SteerList", "SteerLens",
 ]
 
 
@@ -172,6 +174,9 @@ class SearchOptions(_Strict):
     ef_search: int | None = Field(None, ge=1, le=100_000, description="HNSW breadth for this request.")
     nprobe: int | None = Field(None, ge=1, description="IVF lists probed for this request.")
     include_payloads: bool = True
+    steers: dict[str, float] | None = Field(
+        None, description="Steered search: `{steer ref: eps}` applied to the queries in the index's space (after "
+                          "translation), composed by summing `sum eps_i W_i`.")
     dim: int | None = None
 
 
@@ -192,6 +197,7 @@ class SearchResponse(BaseModel):
     k: int
     scoring: Literal["cosine", "ip", "csls"]
     maps: list[dict]
+    steers: list[dict] = Field(default_factory=list, description="Steers applied to the queries: name, version, eps.")
     results: list[list[Hit]]
 
 
@@ -408,3 +414,85 @@ class EmbeddingsResponse(BaseModel):
     usage: dict[str, int]
     target_space: str | None = None
     maps: list[dict[str, Any]] | None = None
+
+
+# --- steers -------------------------------------------------------------------------------------
+class SteerFitOptions(_Strict):
+    name: str = Field(..., description="Steer name; the fit registers its next version.")
+    space: str = Field(..., description="Embedding space of the steer (created from the data when new).")
+    labels: list[int] = Field(..., description="One per row: +1 wanted attribute, -1 opposite, 0 neutral context.")
+    texts: list[str] | None = Field(None, description="Rows as texts, embedded with `encoder` (default: the "
+                                                      "space's encoder); they also name the items of the lens.")
+    encoder: str | None = None
+    items: list[str] | None = Field(None, description="With vectors: a name per row, shown in the lens.")
+    params: dict[str, Any] = Field(default_factory=dict, description="`method` (lm-steer | mean-shift), `rank`, "
+                                                                     "`temperature`, `weight_decay`, `max_iter`, ...")
+    random_state: int = 0
+    alias: str | None = None
+    description: str = ""
+    dim: int | None = None
+
+
+class SteerFitRequest(SteerFitOptions, _Vectors):
+    pass
+
+
+class SteerApplyOptions(_Strict):
+    eps: float = Field(1.0, description="Strength: 0 is the identity, 1 the trained strength, negative reverses.")
+    dim: int | None = None
+
+
+class SteerApplyRequest(SteerApplyOptions, _Vectors):
+    pass
+
+
+class SteerApplyResponse(BaseModel):
+    steer: str = Field(..., description="`name:version` applied.")
+    eps: float
+    vectors: list[list[float]]
+
+
+class SteerOut(BaseModel):
+    name: str
+    version: int
+    space: str
+    dim: int
+    rank: int = Field(..., description="0 for a mean-shift baseline.")
+    method: str
+    params: dict[str, Any]
+    random_state: int | None = None
+    data_hashes: dict[str, Any]
+    package_version: str
+    created_at: str
+    metrics: dict[str, Any]
+    artifact_sha256: str
+    artifact_path: str
+    aliases: list[str]
+    deleted: bool
+    description: str
+    lens: list[dict[str, Any]]
+    inputs: dict[str, Any]
+
+
+class SteerSummary(BaseModel):
+    name: str
+    space: str
+    dim: int
+    latest_version: int | None = None
+    aliases: dict[str, int]
+    n_versions: int
+    n_live_versions: int
+    created_at: str
+
+
+class SteerList(BaseModel):
+    data: list[SteerSummary]
+
+
+class SteerLens(BaseModel):
+    steer: str
+    space: str
+    sigma: list[float] = Field(..., description="Singular values of W (largest first).")
+    directions: list[dict[str, Any]] = Field(..., description="Per direction: `sigma`, `positive` / `negative` "
+                                                              "extreme items of the fitting corpus; empty when the "
+                                                              "items had no names.")

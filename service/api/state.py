@@ -102,6 +102,16 @@ class AppState:
             raise InvalidNameError(f"version in {ref[:60]!r} is out of range (1 .. {MAX_VERSION})")
         return self.registry.resolve(ref)
 
+    def resolve_steer(self, ref: str):
+        """``(SteerInfo, Steer | MeanShift)`` for ``ref``; artifacts cached by sha256 (immutable), refs resolved per call."""
+        from .schemas import MAX_VERSION
+
+        _, _, version = parse_ref(ref)
+        if version is not None and version > MAX_VERSION:
+            raise InvalidNameError(f"version in {ref[:60]!r} is out of range (1 .. {MAX_VERSION})")
+        info = self.registry.resolve_steer(ref)
+        return info, self._cached(("steer", info.artifact_sha256), lambda: self.registry.load_steer(info))
+
     def resolve_map(self, ref: str) -> tuple[VersionInfo, LinearMap]:
         v = self.resolve(ref)
         return v, self.load_version(v)

@@ -17,6 +17,7 @@ from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate,
                        IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
                        error_responses)
 from ..state import AppState
+from .steers import steer_queries
 
 router = APIRouter(prefix="/v1", tags=["indexes"], responses=error_responses(401, 403, 404, 422, 503))
 
@@ -32,7 +33,8 @@ specific map instead.
 
 Per-request options (never shared state): `k`; `exact` (scan every row); `ef_search` (HNSW);
 `nprobe` (IVF); `csls` with `csls_k` (re-rank by CSLS to reduce hubness; scores are then CSLS
-scores, `scoring="csls"`).
+scores, `scoring="csls"`); `steers` (`{"name@alias": eps, ...}`: steers of the index's space applied
+to the queries after translation, composed by summation; `steers` in the response lists them).
 """
 
 
@@ -165,11 +167,12 @@ async def search(name: str, request: Request, state: StateDep, settings: Setting
         tr = state.translation(qspace, idx.space, opts.map) if (qspace != idx.space or opts.map) else None
         if tr is not None and tr.map is not None:
             Q = tr.map._apply(np.ascontiguousarray(Q, dtype=np.float32), output="raw")
+        Q, used_steers = steer_queries(state, Q, opts.steers or {}, idx.space)
         S, I = idx.search(Q, opts.k, exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
                           csls_k=opts.csls_k if opts.csls else 0)
-        return opts, qspace, tr, S, I
+        return opts, qspace, tr, S, I, used_steers
 
-    opts, qspace, tr, S, I = await run_in_threadpool(work)
+    opts, qspace, tr, S, I, used_steers = await run_in_threadpool(work)
     state.metrics.batch_rows.labels("search").observe(S.shape[0])
     if tr is not None:
         for v in tr.versions:
@@ -179,6 +182,7 @@ async def search(name: str, request: Request, state: StateDep, settings: Setting
         "index": name, "space": idx.space, "query_space": qspace, "k": opts.k,
         "scoring": "csls" if opts.csls else idx.metric,
         "maps": tr.describe() if tr is not None else [],
+        "steers": used_steers,
         "results": results})
 
 

@@ -1,0 +1,193 @@
+"""HTTP wiring of steers: fit job -> registered version, apply, lens, steered search, errors, auth."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from align import LinearMap
+from service.api import create_app
+from test_api_support import R, W, WONLY, settings_for
+
+D = 16
+FIT_PARAMS = {"rank": 4, "max_iter": 40, "max_pairs": 400, "n_candidates": 800}
+
+
+def planted(n=800, d=D, offset=3.0, seed=0):
+    """Unit rows with a common offset (like sentence embeddings); attribute = sign of coordinate 0."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    labels = np.zeros(n, dtype=int)
+    labels[X[:, 0] > 1.0] = 1
+    labels[X[:, 0] < -1.0] = -1
+    X[:, 1] += offset
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    Q = rng.normal(size=(60, d))
+    Q[:, 1] += offset
+    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
+    return X.astype(np.float32), labels, Q.astype(np.float32)
+
+
+def wait(client, jid, timeout=60.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        j = client.get(f"/v1/jobs/{jid}", headers=R).json()
+        if j["state"] not in ("queued", "running"):
+            return j
+        time.sleep(0.05)
+    raise AssertionError("job did not finish")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    app = create_app(settings_for(tmp_path_factory.mktemp("steer_api")))
+    X, labels, Q = planted()
+    rot = np.linalg.qr(np.random.default_rng(5).normal(size=(D, D)))[0].astype(np.float32)
+    with TestClient(app) as c:
+        reg = app.state.vb.registry
+        reg.register_space("tb", D)
+        reg.register_space("ta", D)
+        # ta -> tb: x_b = x_a @ rot; queries of ta are the tb queries mapped back
+        reg.register_version("ta2tb", LinearMap(rot), source_space="ta", target_space="tb", method="procrustes",
+                             params={}, alias="prod")
+        r = c.post("/v1/indexes", headers=W, json={"name": "corpus", "space": "tb", "vectors": X.tolist(),
+                                                    "kind": "flat"})
+        assert r.status_code == 201, r.text
+        names = [f"item{i}{'+' if y > 0 else '-' if y < 0 else ''}" for i, y in enumerate(labels)]
+        r = c.post("/v1/steers", headers=W, json={"name": "attr", "space": "tb", "vectors": X.tolist(),
+                                                   "labels": labels.tolist(), "items": names,
+                                                   "params": FIT_PARAMS, "random_state": 0, "alias": "prod"})
+        assert r.status_code == 202, r.text
+        job = wait(c, r.json()["id"])
+        yield {"c": c, "X": X, "labels": labels, "Q": Q, "Qa": Q @ rot.T, "job": job, "reg": reg}
+
+
+def share(results, labels):
+    ids = [h["id"] for row in results for h in row]
+    return float(np.mean(labels[ids] == 1))
+
+
+def test_fit_job_registers_a_version_with_lineage(world):
+    job = world["job"]
+    assert job["state"] == "succeeded", job
+    assert job["result"]["ref"] == "attr:1"
+    s = job["result"]["steer"]
+    assert (s["space"], s["dim"], s["rank"]) == ("tb", D, 4)
+    assert s["params"]["max_iter"] == 40 and s["random_state"] == 0 and len(s["data_hashes"]["X"]) == 64
+    c = world["c"]
+    got = c.get("/v1/steers/attr@prod", headers=R)
+    assert got.status_code == 200 and got.json()["version"] == 1 and got.json()["aliases"] == ["prod"]
+    listed = c.get("/v1/steers", headers=R).json()["data"]
+    assert [x["name"] for x in listed] == ["attr"] and listed[0]["latest_version"] == 1
+
+
+def test_apply_eps_zero_is_identity_and_matches_the_library(world):
+    c, Q = world["c"], world["Q"][:5]
+    r = c.post("/v1/steers/attr:1/apply", headers=R, json={"vectors": Q.tolist(), "eps": 0.0})
+    assert r.status_code == 200, r.text
+    np.testing.assert_array_equal(np.asarray(r.json()["vectors"], dtype=np.float32), Q)
+    steer = world["reg"].load_steer("attr:1")
+    r = c.post("/v1/steers/attr/apply", headers=R, json={"vectors": Q.tolist(), "eps": 0.7})
+    np.testing.assert_allclose(np.asarray(r.json()["vectors"]), steer.apply(Q, 0.7), atol=1e-5)
+    assert r.json()["steer"] == "attr:1"
+
+
+def test_steered_search_raises_the_attribute_share(world):
+    c, labels = world["c"], world["labels"]
+    body = {"vectors": world["Q"].tolist(), "k": 10}
+    plain = c.post("/v1/indexes/corpus/search", headers=R, json=body).json()
+    up = c.post("/v1/indexes/corpus/search", headers=R, json={**body, "steers": {"attr@prod": 2.0}}).json()
+    down = c.post("/v1/indexes/corpus/search", headers=R, json={**body, "steers": {"attr": -2.0}}).json()
+    s0, s_up, s_down = share(plain["results"], labels), share(up["results"], labels), share(down["results"], labels)
+    assert s_up > s0 + 0.15 and s_down < s0, (s0, s_up, s_down)
+    assert up["steers"] == [{"name": "attr", "version": 1, "eps": 2.0}] and plain["steers"] == []
+    zero = c.post("/v1/indexes/corpus/search", headers=R, json={**body, "steers": {"attr": 0.0}}).json()
+    assert [[h["id"] for h in row] for row in zero["results"]] == [[h["id"] for h in row] for row in plain["results"]]
+
+
+def test_steered_search_after_translation_and_composition(world):
+    c, labels = world["c"], world["labels"]
+    native = c.post("/v1/indexes/corpus/search", headers=R,
+                    json={"vectors": world["Q"].tolist(), "k": 10, "steers": {"attr": 2.0}}).json()
+    mapped = c.post("/v1/indexes/corpus/search", headers=R,
+                    json={"vectors": world["Qa"].tolist(), "space": "ta", "k": 10, "steers": {"attr": 2.0}}).json()
+    assert mapped["maps"][0]["name"] == "ta2tb"
+    assert share(mapped["results"], labels) == pytest.approx(share(native["results"], labels), abs=0.02)
+    # two steers of one space compose by summation: attr@prod (+1.0) and attr:1 (+1.0) == attr at 2.0
+    both = c.post("/v1/indexes/corpus/search", headers=R,
+                  json={"vectors": world["Q"].tolist(), "k": 10, "steers": {"attr@prod": 1.0, "attr:1": 1.0}}).json()
+    assert [[h["id"] for h in r] for r in both["results"]] == [[h["id"] for h in r] for r in native["results"]]
+
+
+def test_lens_names_the_items(world):
+    c = world["c"]
+    r = c.get("/v1/steers/attr/lens", headers=R, params={"k": 3, "n_directions": 2})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert len(out["sigma"]) == 4 and out["sigma"] == sorted(out["sigma"], reverse=True)
+    assert len(out["directions"]) == 2 and len(out["directions"][0]["positive"]) == 3
+    assert all("text" in it for it in out["directions"][0]["positive"])
+
+
+def test_lens_without_items_has_singular_values_only(world):
+    c = world["c"]
+    X, labels = world["X"], world["labels"]
+    r = c.post("/v1/steers", headers=W, json={"name": "bare", "space": "tb", "vectors": X[:300].tolist(),
+                                               "labels": labels[:300].tolist(),
+                                               "params": {**FIT_PARAMS, "rank": 2, "max_iter": 5}})
+    assert wait(c, r.json()["id"])["state"] == "succeeded"
+    out = c.get("/v1/steers/bare/lens", headers=R).json()
+    assert len(out["sigma"]) == 2 and out["directions"] == []
+
+
+def test_mean_shift_baseline_through_http(world):
+    c, X, labels = world["c"], world["X"], world["labels"]
+    r = c.post("/v1/steers", headers=W, json={"name": "shift", "space": "tb", "vectors": X.tolist(),
+                                               "labels": labels.tolist(), "params": {"method": "mean-shift"}})
+    job = wait(c, r.json()["id"])
+    assert job["state"] == "succeeded" and job["result"]["steer"]["rank"] == 0
+    r = c.post("/v1/steers/shift/apply", headers=R, json={"vectors": world["Q"][:2].tolist(), "eps": 0.0})
+    np.testing.assert_array_equal(np.asarray(r.json()["vectors"], dtype=np.float32), world["Q"][:2])
+
+
+def test_errors(world):
+    c, X = world["c"], world["X"]
+    q = {"vectors": X[:2].tolist(), "eps": 1.0}
+    assert c.post("/v1/steers/nope/apply", headers=R, json=q).status_code == 404
+    assert c.get("/v1/steers/nope", headers=R).status_code == 404
+    assert c.get("/v1/steers/attr:99/lens", headers=R).status_code == 404
+    assert c.get("/v1/steers/attr@nope", headers=R).status_code == 404
+    assert c.post("/v1/steers/attr/apply", headers=R, json={"vectors": np.ones((1, 5)).tolist()}).status_code == 422
+    assert c.post("/v1/steers/attr/apply", headers=R, json={"vectors": X[:1].tolist(), "eps": "x"}).status_code == 422
+    assert c.get("/v1/steers/attr:0", headers=R).status_code == 422
+    r = c.post("/v1/indexes/corpus/search", headers=R, json={"vectors": X[:1].tolist(), "steers": {"nope": 1.0}})
+    assert r.status_code == 404 and r.json()["error"]["status"] == 404
+    base = {"name": "e", "space": "tb", "vectors": X[:10].tolist(), "labels": [1] * 10}
+    assert c.post("/v1/steers", headers=W, json={**base, "labels": [1] * 9}).status_code == 422
+    assert c.post("/v1/steers", headers=W, json={**base, "params": {"rnak": 2}}).status_code == 422
+    assert c.post("/v1/steers", headers=W, json={**base, "name": "../x"}).status_code == 422
+    assert c.post("/v1/steers", headers=W, json={**base, "vectors": np.ones((10, 5)).tolist()}).status_code == 422
+    assert c.post("/v1/steers", headers=W, json={**base, "space": "ta", "name": "attr"}).status_code == 409
+    assert c.post("/v1/steers", headers={**W, "Content-Type": "text/plain"}, content=b"x").status_code == 415
+    # a steer of another space than the index's
+    reg = world["reg"]
+    reg.register_space("other", D)
+    from align.steer import Steer
+
+    reg.register_steer("elsewhere", Steer(np.ones((D, 1)), np.ones((D, 1))), space="other")
+    r = c.post("/v1/indexes/corpus/search", headers=R, json={"vectors": X[:1].tolist(), "steers": {"elsewhere": 1}})
+    assert r.status_code == 422 and "space" in r.json()["error"]["message"]
+
+
+def test_auth(world):
+    c, X = world["c"], world["X"]
+    assert c.get("/v1/steers").status_code == 401
+    assert c.get("/v1/steers", headers=WONLY).status_code == 403
+    fit = {"name": "z", "space": "tb", "vectors": X[:10].tolist(), "labels": [1] * 10}
+    assert c.post("/v1/steers", headers=R, json=fit).status_code == 403
+    assert c.post("/v1/steers", json=fit).status_code == 401
+    assert c.post("/v1/steers/attr/apply", headers=WONLY, json={"vectors": X[:1].tolist()}).status_code == 403
+    assert c.get("/v1/steers/attr/lens", headers=WONLY).status_code == 403
