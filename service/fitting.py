@@ -79,11 +79,19 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
         raise InputError("--ray runs supervised fits (procrustes, ridge, lowrank); minivec2vec runs in-process")
     if "refine" in params and isinstance(params["refine"], list):
         params["refine"] = tuple(params["refine"])
+    preset = params.pop("preset", "fast")
+    cls = _minivec2vec_cls()
+    if preset not in ("fast", "published", "none"):
+        raise InputError(f"preset must be 'fast' (vecbridge's configuration), 'published' (the paper's defaults) "
+                         f"or 'none' (constructor defaults), got {preset!r}")
     try:
-        est = _minivec2vec_cls()(random_state=random_state, **params)
+        make = {"fast": cls.fast, "published": cls.published}.get(preset, cls)
+        est = make(random_state=random_state, **params)
     except TypeError as exc:
         raise InputError(f"bad parameter for minivec2vec: {exc}") from None
-    return est.fit(X, Y, progress=progress, seed_pairs=seed_pairs).map_
+    map_ = est.fit(X, Y, progress=progress, seed_pairs=seed_pairs).map_
+    map_.metadata.setdefault("params", {})["preset"] = preset  # lineage: which configuration the defaults came from
+    return map_
 
 
 def _subsample(n: int, k: int, rng: np.random.Generator) -> np.ndarray:

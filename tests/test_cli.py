@@ -153,6 +153,22 @@ def test_nan_input_and_unknown_map(capsys, data):
     assert code == 2 and "unknown map" in err
 
 
+def test_published_preset_is_selectable(capsys, data):
+    small = ["preset=\"published\"", "n_anchor_runs=2", "anchor_sample=300", "qap_restarts=2", "refine1_iters=3",
+             "refine1_sample=200", "refine2_clusters=20", "criterion_sample=300"]
+    code, out, err = run(capsys, "--data-dir", data / "var", "fit", "--unpaired", "--source", data / "src.npy",
+                         "--rows", "0:450", "--target", data / "tgt.fvecs", "--target-rows", "450:900",
+                         "--method", "minivec2vec", "--name", "p", "--json", "--quiet",
+                         *[x for p in small for x in ("--param", p)])
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["params"]["preset"] == "published" and v["params"]["qap_method"] == "2opt"
+    code, _, err = run(capsys, "--data-dir", data / "var", "fit", "--unpaired", "--source", data / "src.npy",
+                       "--target", data / "tgt.fvecs", "--method", "minivec2vec", "--name", "q",
+                       "--param", "preset=\"bogus\"", "--quiet")
+    assert code == 2 and "preset must be" in err
+
+
 def test_unpaired_minivec2vec_with_small_parameters(capsys, data):
     small = ["n_anchor_runs=2", "anchor_sample=300", "qap_restarts=2", "refine1_iters=3", "refine1_sample=200",
              "self_learning_rounds=1", "criterion_sample=300", "n_restarts=2"]
@@ -163,7 +179,8 @@ def test_unpaired_minivec2vec_with_small_parameters(capsys, data):
     assert code == 0, err
     v = json.loads(out)
     assert v["method"] == "minivec2vec" and v["random_state"] == 3 and v["params"]["n_restarts"] == 2
-    assert v["params"]["qap_method"] == "2opt"  # defaults are recorded too (lineage: every parameter)
+    # the fast preset's settings are recorded too (lineage: every parameter, defaults included)
+    assert v["params"]["qap_method"] == "faq+2opt" and v["params"]["preset"] == "fast"
     assert len(v["metrics"]["criteria"]) == 2 and 0 <= v["metrics"]["mnn_frac"] <= 1
     html = open(v["report_file"]).read()
     assert "Selection criterion across restarts" in html and "Refinement iterations" in html

@@ -173,10 +173,6 @@ def test_two_workers_postgres(tmp_path, pg_url):
     _check(*_run(tmp_path, pg_url))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "service/indexes.py IndexStore is per process: with uvicorn --workers 2 on one data dir, each worker keeps its "
-    "own copy of an index and saves it under the same generation numbers, so rows acknowledged by one worker are "
-    "overwritten by the other's next save. Not strict: the kernel decides which worker takes each connection"))
 def test_two_workers_keep_every_acknowledged_index_row(tmp_path):
     data = tmp_path / "data"
     _prepare(data, f"sqlite:///{data / 'registry.sqlite'}")
