@@ -542,6 +542,173 @@ def serve(obj: Ctx, data_dir, registry_url, host, port):
     serve_api(obj.settings.model_copy(update=update))
 
 
+# --- steers -------------------------------------------------------------------------------------
+
+@cli.group()
+def steer():
+    """LM-Steer style transforms of one embedding space: fit, apply, lens."""
+
+
+def _read_labels(path: str, n: int):
+    """Labels file: ``.npy`` (n,) ints, or text with one of -1 / 0 / +1 per line."""
+    import numpy as np
+
+    from align.exceptions import InputError, PairCountError
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"no such file: {p}")
+    try:
+        y = np.load(p, allow_pickle=False) if p.suffix == ".npy" else np.loadtxt(p, dtype=np.float64, ndmin=1)
+    except ValueError as exc:
+        raise InputError(f"{p.name}: cannot read labels ({exc})") from None
+    y = np.asarray(y).reshape(-1)
+    if not np.issubdtype(y.dtype, np.number) or not np.all(np.isin(y, (-1, 0, 1))):
+        raise InputError(f"{p.name}: labels must be -1, 0 or +1")
+    if y.shape[0] != n:
+        raise PairCountError(f"{p.name} has {y.shape[0]} labels for {n} rows")
+    return y.astype(np.int64)
+
+
+@steer.command("fit")
+@click.option("--space", required=True, help="Space of the steer (created from the data when new).")
+@click.option("--vectors", "vectors", type=click.Path(dir_okay=False), default=None, help="Rows (.npy, .fvecs, ...).")
+@click.option("--texts", "texts", type=click.Path(dir_okay=False), default=None,
+              help="Texts (.txt / .jsonl): embedded with --encoder unless --vectors are given; name the lens items.")
+@click.option("--encoder", default=None, help="Encoder for --texts (default: the space's).")
+@click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per row.")
+@click.option("--name", required=True)
+@click.option("--rank", type=int, default=None, help="Rank of W (default 16).")
+@click.option("--method", type=click.Choice(["lm-steer", "mean-shift"]), default="lm-steer", show_default=True)
+@click.option("--param", "params", multiple=True, help="KEY=VALUE fit parameter (JSON values), repeatable.")
+@click.option("--random-state", type=int, default=0, show_default=True)
+@click.option("--alias", default=None)
+@click.option("--description", default="")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--quiet", is_flag=True)
+@click.pass_obj
+def steer_fit(obj: Ctx, space, vectors, texts, encoder, labels, name, rank, method, params, random_state, alias,
+              description, as_json, quiet):
+    """Fit a steer and register it as the next version of NAME."""
+    from align.exceptions import InputError, PairCountError
+
+    from .io import read_texts, read_vectors
+    from .registry import NotFoundError
+    from .steer_wiring import fit_and_register
+
+    reg = obj.registry
+    try:
+        info = reg.get_space(space)
+    except NotFoundError:
+        info = None
+    p = {**_parse_kv(params), "method": method, **({"rank": rank} if rank is not None else {})}
+    items = read_texts(texts) if texts else None
+    progress, close = _progress_bar(not quiet)
+    if vectors:
+        X = read_vectors(vectors)
+    elif texts:
+        encoder = encoder or (info.encoder if info else None)
+        if not encoder:
+            raise InputError(f"--texts need --encoder (space {space!r} has none registered)")
+        X = read_vectors(texts, encoder=encoder, progress=lambda f: progress("embed", f))
+    else:
+        raise click.UsageError("give --vectors or --texts")
+    if items is not None and len(items) != X.shape[0]:
+        raise PairCountError(f"{len(items)} texts for {X.shape[0]} vectors")
+    y = _read_labels(labels, X.shape[0])
+    if info is None:
+        reg.register_space(space, int(X.shape[1]), encoder=encoder if not vectors else None)
+    try:
+        v = fit_and_register(reg, name=name, space=space, X=X, labels=y, params=p, random_state=random_state,
+                             alias=alias, items=items, description=description, progress=progress,
+                             inputs={"via": "cli", "vectors": vectors and str(Path(vectors).resolve()),
+                                     "texts": texts and str(Path(texts).resolve()), "encoder": encoder,
+                                     "labels": str(Path(labels).resolve())})
+    finally:
+        close()
+    _emit(v.to_dict(), as_json, f"registered steer {v.ref} ({v.method}, rank {v.rank}, space {v.space})"
+                                f"{' as @' + alias if alias else ''}")
+
+
+@steer.command("apply")
+@click.option("--steer", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
+@click.option("--eps", type=float, default=1.0, show_default=True, help="Strength (0 = identity, negative reverses).")
+@click.argument("inp", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--encoder", default=None, help="Embed a text input first.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, as_json):
+    """Steer the rows of IN with Q (I + eps W) and write OUT (.npy, .fvecs, .parquet)."""
+    from .io import read_vectors, write_vectors
+    from .steering import apply_steer_job
+
+    reg = obj.registry
+    info = reg.resolve_steer(ref)
+    s = reg.load_steer(info)
+    Q = read_vectors(inp, encoder=encoder, kind="query")
+    if Q.shape[1] != info.dim:
+        from align.exceptions import DimensionMismatchError
+
+        raise DimensionMismatchError(f"{Path(inp).name} has {Q.shape[1]}-d rows; steer {info.ref} is {info.dim}-d")
+    write_vectors(out, apply_steer_job(Q, [(s, eps)]))
+    _emit({"steer": info.ref, "eps": eps, "rows": int(Q.shape[0]), "out": str(out)}, as_json,
+          f"wrote {Q.shape[0]} rows steered by {info.ref} (eps {eps:g}) to {out}")
+
+
+@steer.command("lens")
+@click.option("--steer", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
+@click.option("--texts", type=click.Path(dir_okay=False), default=None,
+              help="Rank these texts along each direction (embedded with --encoder or the space's).")
+@click.option("--vectors", type=click.Path(dir_okay=False), default=None, help="Embeddings of --texts, if at hand.")
+@click.option("--encoder", default=None)
+@click.option("-k", "k", type=int, default=5, show_default=True, help="Items at each extreme.")
+@click.option("--directions", type=int, default=4, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_json):
+    """Singular directions of a steer with the extreme items (stored at fit time, or over --texts)."""
+    from align.steer import Steer
+
+    from .io import read_texts, read_vectors
+    from .steer_wiring import steer_lens
+
+    reg = obj.registry
+    info = reg.resolve_steer(ref)
+    s = reg.load_steer(info)
+    if not isinstance(s, Steer):
+        import numpy as np
+
+        out = {"steer": info.ref, "sigma": [float(np.linalg.norm(s.v))], "directions": []}
+    else:
+        sigma = s.svd()[1].tolist()
+        if texts:
+            items = read_texts(texts)
+            if vectors:
+                X = read_vectors(vectors)
+            else:
+                enc = encoder or reg.get_space(info.space).encoder
+                if not enc:
+                    from align.exceptions import InputError
+
+                    raise InputError(f"--texts need --encoder or --vectors (space {info.space!r} has no encoder)")
+                X = read_vectors(texts, encoder=enc)
+            dirs = steer_lens(s, X, items, k=k, n_directions=min(directions, s.rank))
+        else:
+            dirs = [{**d, "positive": d["positive"][:k], "negative": d["negative"][:k]}
+                    for d in info.lens[:directions]]
+        out = {"steer": info.ref, "sigma": sigma, "directions": dirs}
+    lines = [f"steer {info.ref}: sigma " + " ".join(f"{x:.3g}" for x in out["sigma"])]
+    for d in out["directions"]:
+        name = lambda it: it.get("text", str(it["index"]))  # noqa: E731
+        lines.append(f"  direction {d['direction']} (sigma {d['sigma']:.3g})")
+        lines.append("    + " + " | ".join(name(it) for it in d["positive"]))
+        lines.append("    - " + " | ".join(name(it) for it in d["negative"]))
+    if not out["directions"]:
+        lines.append("  (no named items: fit with --texts, or pass --texts here)")
+    _emit(out, as_json, "\n".join(lines))
+
+
 # --- entry point ----------------------------------------------------------------------------------
 
 def _one_line(exc: BaseException) -> str:

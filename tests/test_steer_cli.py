@@ -1,0 +1,99 @@
+"""`vecbridge steer fit|apply|lens` as a user runs them (subprocesses), with exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def vb(*args, check_code: int | None = 0):
+    p = subprocess.run([sys.executable, "-m", "service.cli", *map(str, args)], capture_output=True, text=True,
+                       env=ENV, timeout=120)
+    if check_code is not None:
+        assert p.returncode == check_code, (args, p.returncode, p.stdout[-500:], p.stderr[-800:])
+    return p
+
+
+def planted(n=500, d=12, offset=3.0, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.where(X[:, 0] > 1.0, 1, np.where(X[:, 0] < -1.0, -1, 0))
+    X[:, 1] += offset
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    return X.astype(np.float32), y
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    d = tmp_path_factory.mktemp("steer_cli")
+    X, y = planted()
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", y)
+    (d / "y.txt").write_text("\n".join(str(int(v)) for v in y) + "\n")
+    (d / "names.txt").write_text("\n".join(f"row{i}{'+' if v > 0 else '-' if v < 0 else ''}"
+                                           for i, v in enumerate(y)) + "\n")
+    out = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--texts",
+             d / "names.txt", "--labels", d / "y.txt", "--name", "attr", "--rank", 3, "--param", "max_iter=20",
+             "--param", "n_candidates=500", "--random-state", 0, "--alias", "prod", "--json", "--quiet")
+    return d, X, y, json.loads(out.stdout)
+
+
+def test_fit_registers_with_lineage(fitted):
+    d, X, y, info = fitted
+    assert (info["name"], info["version"], info["rank"], info["space"]) == ("attr", 1, 3, "toy")
+    assert info["aliases"] == ["prod"] and info["random_state"] == 0 and info["params"]["max_iter"] == 20
+    assert info["data_hashes"]["n"] == len(y) and info["lens"]
+    again = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
+               d / "y.npy", "--name", "attr", "--method", "mean-shift", "--json", "--quiet")
+    assert json.loads(again.stdout)["version"] == 2 and json.loads(again.stdout)["rank"] == 0
+
+
+def test_apply_eps_zero_identity_and_positive(fitted):
+    d, X, _, _ = fitted
+    vb("--data-dir", d / "var", "steer", "apply", "--steer", "attr@prod", "--eps", 0, d / "X.npy", d / "same.npy")
+    np.testing.assert_array_equal(np.load(d / "same.npy"), X)
+    p = vb("--data-dir", d / "var", "steer", "apply", "--steer", "attr:1", "--eps", 0.5, d / "X.npy", d / "s.npy",
+           "--json")
+    assert json.loads(p.stdout)["steer"] == "attr:1"
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{d / 'var' / 'registry.sqlite'}", d / "var" / "artifacts")
+    try:
+        np.testing.assert_allclose(np.load(d / "s.npy"), reg.load_steer("attr:1").apply(X, 0.5), atol=1e-6)
+    finally:
+        reg.close()
+
+
+def test_lens_stored_and_over_texts(fitted):
+    d, _, _, _ = fitted
+    p = vb("--data-dir", d / "var", "steer", "lens", "--steer", "attr@prod", "-k", 2, "--json")
+    out = json.loads(p.stdout)
+    assert len(out["sigma"]) == 3 and len(out["directions"][0]["positive"]) == 2
+    assert out["directions"][0]["positive"][0]["text"].startswith("row")
+    p = vb("--data-dir", d / "var", "steer", "lens", "--steer", "attr:1", "--texts", d / "names.txt", "--vectors",
+           d / "X.npy", "--directions", 1)
+    assert "direction 0" in p.stdout and "row" in p.stdout
+
+
+def test_exit_codes(fitted):
+    d, _, _, _ = fitted
+    base = ["--data-dir", d / "var", "steer"]
+    p = vb(*base, "apply", "--steer", "nope", d / "X.npy", d / "o.npy", check_code=2)
+    assert p.stderr.startswith("vecbridge: error:") and "Traceback" not in p.stderr
+    vb(*base, "apply", "--steer", "attr:7", d / "X.npy", d / "o.npy", check_code=2)
+    np.save(d / "wide.npy", np.ones((3, 5), dtype=np.float32))
+    vb(*base, "apply", "--steer", "attr", d / "wide.npy", d / "o.npy", check_code=2)
+    (d / "bad.txt").write_text("1\n2\n")
+    vb(*base, "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels", d / "bad.txt", "--name", "b",
+       "--quiet", check_code=2)
+    vb(*base, "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels", d / "y.npy", "--name", "../x",
+       "--quiet", check_code=2)
+    vb(*base, "fit", "--space", "toy", "--labels", d / "y.npy", "--name", "c", "--quiet", check_code=2)
+    vb(*base, "lens", "--steer", "missing", check_code=2)
