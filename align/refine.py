@@ -328,7 +328,7 @@ def _inv_sqrt_cov(Y: np.ndarray, power: float) -> np.ndarray:
 def bidirectional_polish(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int = 3, csls_k: int = 10,
                          whiten: float = 0.5, seed_pairs=None, seed_share: float = 0.5,
                          progress=None) -> tuple[np.ndarray, list]:
-    """Polish a map with bidirectional CSLS dictionaries over all rows, in a whitened metric.
+    r"""Polish a map with bidirectional CSLS dictionaries over all rows, in a whitened metric.
 
     Each round maps every source row, finds for **every** source row its CSLS-best target row and
     for every target row its CSLS-best mapped source row (not only the mutual pairs: with
