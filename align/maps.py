@@ -15,14 +15,13 @@ or ``.safetensors`` (arrays + the JSON header in its string metadata). Never pic
 
 from __future__ import annotations
 
-import io
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ._artifacts import META_KEY, header_text, pack_npz, read_bytes, save_atomic, unpack_npz
 from ._validation import as_matrix
 from .exceptions import DimensionMismatchError, InputError, SerializationError
 from .frames import Frame, unit_rows
@@ -30,7 +29,6 @@ from .frames import Frame, unit_rows
 __all__ = ["LinearMap", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
-_META_KEY = "__meta__"
 
 
 @dataclass
@@ -193,15 +191,13 @@ class LinearMap:
     def to_bytes(self, format: str = "npz") -> bytes:
         """Serialise to bytes: ``"npz"`` or ``"safetensors"``."""
         arrays, header = self._arrays_and_header()
-        text = json.dumps(header, sort_keys=True, default=_json_default)
         if format == "npz":
-            buf = io.BytesIO()
-            np.savez(buf, **arrays, **{_META_KEY: np.frombuffer(text.encode("utf-8"), dtype=np.uint8)})
-            return buf.getvalue()
+            return pack_npz(arrays, header)
         if format == "safetensors":
             from safetensors.numpy import save
 
-            return save({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata={_META_KEY: text})
+            return save({k: np.ascontiguousarray(v) for k, v in arrays.items()},
+                        metadata={META_KEY: header_text(header)})
         raise SerializationError(f"unknown format {format!r}; use 'npz' or 'safetensors'")
 
     @classmethod
@@ -209,16 +205,14 @@ class LinearMap:
         """Read what :meth:`to_bytes` wrote (format detected from the bytes)."""
         try:
             if data[:2] == b"PK":  # zip container: npz
-                with np.load(io.BytesIO(data), allow_pickle=False) as z:
-                    arrays = {k: z[k] for k in z.files}
-                header = json.loads(arrays.pop(_META_KEY).tobytes().decode("utf-8"))
+                arrays, header = unpack_npz(data)
             else:
                 from safetensors import safe_open  # noqa: F401  (import check)
                 from safetensors.numpy import load
 
                 n = int.from_bytes(data[:8], "little")
                 header_blob = json.loads(data[8 : 8 + n].decode("utf-8"))
-                header = json.loads(header_blob["__metadata__"][_META_KEY])
+                header = json.loads(header_blob["__metadata__"][META_KEY])
                 arrays = load(data)
         except SerializationError:
             raise
@@ -230,28 +224,10 @@ class LinearMap:
         """Write atomically to ``path`` (format from the suffix unless given)."""
         path = Path(path)
         fmt = format or ("safetensors" if path.suffix == ".safetensors" else "npz")
-        data = self.to_bytes(fmt)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        return path
+        return save_atomic(path, self.to_bytes(fmt))
 
     @classmethod
     def load(cls, path) -> "LinearMap":
         """Read a map written by :meth:`save`."""
-        try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            raise SerializationError(f"cannot read {path}: {exc}") from None
-        return cls.from_bytes(data)
+        return cls.from_bytes(read_bytes(path))
 
-
-def _json_default(obj):
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -38,9 +38,6 @@ Artifacts are ``.npz`` with a JSON header (``allow_pickle=False``), like :class:
 
 from __future__ import annotations
 
-import io
-import json
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +45,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ._artifacts import pack_npz, read_bytes, save_atomic, unpack_npz
 from ._validation import as_matrix, check_random_state
 from .exceptions import (
     ConvergenceWarning,
@@ -73,7 +71,6 @@ __all__ = [
 ]
 
 STEER_FORMAT_VERSION = 1
-_META_KEY = "__meta__"
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,7 +285,7 @@ class Steer:
     # --- (de)serialisation ----------------------------------------------------------------
     def to_bytes(self) -> bytes:
         """Serialise to ``.npz`` bytes (arrays + JSON header; no pickle)."""
-        return _to_npz({"P1": self.P1, "P2": self.P2},
+        return pack_npz({"P1": self.P1, "P2": self.P2},
                        {"format": "vecbridge.Steer", "format_version": STEER_FORMAT_VERSION,
                         "metadata": self.metadata})
 
@@ -301,11 +298,11 @@ class Steer:
             raise SerializationError(f"steer artifact is missing {exc}") from None
 
     def save(self, path) -> Path:
-        return _save_atomic(path, self.to_bytes())
+        return save_atomic(path, self.to_bytes())
 
     @classmethod
     def load(cls, path) -> "Steer":
-        return cls.from_bytes(_read(path))
+        return cls.from_bytes(read_bytes(path))
 
 
 @dataclass
@@ -343,7 +340,7 @@ class MeanShift:
     __call__ = apply
 
     def to_bytes(self) -> bytes:
-        return _to_npz({"v": self.v}, {"format": "vecbridge.MeanShift", "format_version": STEER_FORMAT_VERSION,
+        return pack_npz({"v": self.v}, {"format": "vecbridge.MeanShift", "format_version": STEER_FORMAT_VERSION,
                                        "metadata": self.metadata})
 
     @classmethod
@@ -594,48 +591,11 @@ def fit_mean_shift(X, labels) -> MeanShift:
 # --------------------------------------------------------------------------------------------
 # artifact I/O (npz + JSON header, no pickle)
 # --------------------------------------------------------------------------------------------
-def _json_default(obj):
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def _to_npz(arrays: dict, header: dict) -> bytes:
-    text = json.dumps(header, sort_keys=True, default=_json_default)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays, **{_META_KEY: np.frombuffer(text.encode("utf-8"), dtype=np.uint8)})
-    return buf.getvalue()
-
-
 def _from_npz(data: bytes, fmt: str) -> tuple[dict, dict]:
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        header = json.loads(arrays.pop(_META_KEY).tobytes().decode("utf-8"))
-    except Exception as exc:
-        raise SerializationError(f"cannot read {fmt} artifact: {exc}") from None
+    """Read a steer artifact of kind ``fmt`` (shared npz + JSON layout of :mod:`align._artifacts`)."""
+    arrays, header = unpack_npz(data)
     if header.get("format") != fmt:
         raise SerializationError(f"not a {fmt} artifact (format {header.get('format')!r})")
     if int(header.get("format_version", 0)) > STEER_FORMAT_VERSION:
         raise SerializationError(f"artifact format {header['format_version']} is newer than this vecbridge reads")
     return arrays, header
-
-
-def _save_atomic(path, data: bytes) -> Path:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
-
-
-def _read(path) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise SerializationError(f"cannot read {path}: {exc}") from None

@@ -1,0 +1,71 @@
+"""Artifact bytes shared by every stored object of :mod:`align` (maps, steers).
+
+An ``.npz`` artifact is a zip of float arrays plus one ``uint8`` array ``__meta__`` holding a
+UTF-8 JSON header; it is read with ``allow_pickle=False``. Files are written atomically
+(temporary file, fsync, rename). No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .exceptions import SerializationError
+
+__all__ = ["META_KEY", "json_default", "pack_npz", "unpack_npz", "save_atomic", "read_bytes"]
+
+META_KEY = "__meta__"
+
+
+def json_default(obj):
+    """``json.dumps`` hook for numpy scalars and arrays."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def header_text(header: dict) -> str:
+    return json.dumps(header, sort_keys=True, default=json_default)
+
+
+def pack_npz(arrays: dict, header: dict) -> bytes:
+    """Arrays plus a JSON header as ``.npz`` bytes."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays, **{META_KEY: np.frombuffer(header_text(header).encode("utf-8"), dtype=np.uint8)})
+    return buf.getvalue()
+
+
+def unpack_npz(data: bytes) -> tuple[dict, dict]:
+    """Inverse of :func:`pack_npz`: ``(arrays, header)``; SerializationError on anything else."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        header = json.loads(arrays.pop(META_KEY).tobytes().decode("utf-8"))
+    except Exception as exc:
+        raise SerializationError(f"cannot read npz artifact: {exc}") from None
+    return arrays, header
+
+
+def save_atomic(path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (a reader sees the old file or the new one)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_bytes(path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise SerializationError(f"cannot read {path}: {exc}") from None
