@@ -103,16 +103,48 @@ class LinearMap:
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
         out = np.empty((X.shape[0], self.target_dim), dtype=np.float32)
         for s in range(0, X.shape[0], batch_size):
-            part = self.source_frame._apply(X[s : s + batch_size])
-            y = part @ self.W
-            if self.bias is not None:
-                y += self.bias
+            y = self._linear(X[s : s + batch_size], direction_only=output == "frame")
             if output == "frame" and self.target_frame.unit_out:
                 y = unit_rows(y)
             elif output == "raw":
                 y = self.target_frame.to_raw(y)
             out[s : s + batch_size] = y
         return out
+
+    def _linear(self, x: np.ndarray, *, direction_only: bool = False) -> np.ndarray:
+        """``f_s(x) W + b`` for one batch (n, d_s) → (n, d_t), folded into one GEMM.
+
+        For the standard frame ``f_s(x) = (x/|x| - mu) / s(x)`` with
+        ``s(x) = |x/|x| - mu| = sqrt(1 - 2 (x·mu)/|x| + |mu|^2)``, so
+
+        .. math::  f_s(x) W = \\big(x W / |x| - mu W\\big) / s(x)
+
+        needs ``x W`` (the GEMM), ``|x|`` and ``x·mu`` — no normalised copy of ``x``. With
+        ``direction_only`` (the caller renormalises, no bias) the positive row scale is skipped:
+        ``x W - |x| (mu W)``.
+        """
+        fs = self.source_frame
+        if not (fs.unit_in and fs.unit_out and fs.mean is not None):
+            y = fs._apply(x) @ self.W
+            if self.bias is not None:
+                y += self.bias
+            return y
+        if getattr(self, "_mu_W", None) is None:
+            self._mu_W = (fs.mean @ self.W).astype(np.float32)
+            self._mu_sq = float(fs.mean.astype(np.float64) @ fs.mean)
+        z = x @ self.W
+        n1 = np.sqrt(np.einsum("ij,ij->i", x, x))
+        np.maximum(n1, 1e-12, out=n1)
+        if direction_only and self.bias is None:
+            z -= n1[:, None] * self._mu_W
+            return z
+        xm = (x @ fs.mean) / n1
+        scale = 1.0 / np.sqrt(np.maximum(1.0 - 2.0 * xm + self._mu_sq, 1e-24))
+        z *= (scale / n1)[:, None]
+        z -= scale[:, None] * self._mu_W
+        if self.bias is not None:
+            z += self.bias
+        return z
 
     __call__ = apply
 

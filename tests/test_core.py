@@ -304,3 +304,20 @@ def test_degenerate_pairs_raise(rng):
 
 def test_errors_are_value_errors_for_callers():
     assert issubclass(NonFiniteError, ValueError) and issubclass(NonFiniteError, align.VecbridgeError)
+
+
+@settings(max_examples=20, deadline=None)
+@given(d_s=st.integers(2, 12), d_t=st.integers(2, 12), seed=st.integers(0, 2**31 - 1), ridge=st.booleans())
+def test_folded_apply_equals_stage_by_stage(d_s, d_t, seed, ridge):
+    """apply() folds the source frame into one GEMM; it must equal frame → W → (+b) → output."""
+    from align.frames import unit_rows
+
+    rng = np.random.default_rng(seed)
+    X = (rng.normal(size=(60, d_s)) + rng.normal(size=d_s)).astype(np.float32)
+    Y = (rng.normal(size=(60, d_t)) + rng.normal(size=d_t)).astype(np.float32)
+    m = align.fit_ridge(X, Y, alpha=0.1) if ridge else align.fit_procrustes(X, Y)
+    Z = (rng.normal(size=(17, d_s)) * 3).astype(np.float32)
+    lin = m.source_frame.apply(Z).astype(np.float64) @ m.W + (0 if m.bias is None else m.bias)
+    np.testing.assert_allclose(m.apply(Z, output="linear"), lin, atol=2e-5)
+    np.testing.assert_allclose(m.apply(Z), unit_rows(lin.astype(np.float32)), atol=2e-5)
+    np.testing.assert_allclose(m.apply(Z, output="raw"), m.target_frame.to_raw(lin.astype(np.float32)), atol=2e-5)
