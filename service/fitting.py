@@ -38,13 +38,6 @@ class FitCancelled(Exception):
     """``should_cancel()`` returned True; nothing was registered."""
 
 
-def _minivec2vec_cls():
-    est = getattr(align, "MiniVec2Vec", None)
-    if est is None:
-        from align.minivec2vec import MiniVec2Vec as est
-    return est
-
-
 def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: bool, seed_pairs=None,
             random_state=0, progress: Callable[[str, float], None] | None = None,
             ray_address: str | None = None, ray_shard_rows: int = 262144) -> align.LinearMap:
@@ -80,7 +73,7 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
     if "refine" in params and isinstance(params["refine"], list):
         params["refine"] = tuple(params["refine"])
     preset = params.pop("preset", "fast")
-    cls = _minivec2vec_cls()
+    cls = align.MiniVec2Vec
     if preset not in ("fast", "published", "none"):
         raise InputError(f"preset must be 'fast' (vecbridge's configuration), 'published' (the paper's defaults) "
                          f"or 'none' (constructor defaults), got {preset!r}")
