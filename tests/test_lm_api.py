@@ -15,35 +15,15 @@ from align.steer import Steer  # noqa: E402
 from service.api import create_app  # noqa: E402
 from service.lm import steering as S  # noqa: E402
 from service.lm.model import LMUnavailableError  # noqa: E402
+from _tiny_lm import tiny_lm  # noqa: E402
 from test_api_support import R, W, settings_for  # noqa: E402
 
-WORDS = ("[PAD] [UNK] the a film movie was is and it good great lovely happy fine bad awful sad poor dull "
-         "story plot actors music ending very really quite").split()
 POS = ["the film was good", "a great movie and lovely music", "the story was happy and fine",
        "really great actors", "the ending was lovely", "a very good plot"]
 NEG = ["the film was bad", "an awful movie and sad music", "the story was poor and dull",
        "really awful actors", "the ending was sad", "a very dull plot"]
 SPACE = "lm.tiny-llama"
 
-
-def tiny_lm():
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(WORDS), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=True)
-    model = LlamaForCausalLM(cfg).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    model.config.name_or_path = "tiny-llama"
-    tk = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tk.pre_tokenizer = Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]")
-    return model, tok
 
 
 def wait(client, jid, timeout=60.0):

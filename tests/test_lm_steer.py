@@ -14,29 +14,11 @@ from align import LinearMap  # noqa: E402
 from align.exceptions import DimensionMismatchError, InputError  # noqa: E402
 from align.steer import Steer, transfer_steer  # noqa: E402
 from service.lm import steering as S  # noqa: E402
-
-WORDS = ("[PAD] [UNK] the a film movie was is and it good great lovely happy fine bad awful sad poor dull "
-         "story plot actors music ending very really quite").split()
-
+from _tiny_lm import tiny_lm  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tiny():
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(WORDS), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=True)
-    model = LlamaForCausalLM(cfg).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    tk = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tk.pre_tokenizer = Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]")
-    return model, tok
+    return tiny_lm()
 
 
 def steer_for(model, r=2, seed=0, scale=0.3):

@@ -18,6 +18,8 @@ from schemathesis.specs.openapi.checks import (content_type_conformance,  # noqa
 
 from service.api import create_app  # noqa: E402
 
+from _tiny_lm import tiny_lm  # noqa: E402
+
 from .helpers import W, planted, populate, settings_for  # noqa: E402
 
 MAX_EXAMPLES = 20
@@ -47,6 +49,8 @@ OPERATIONS = _operations()
 def schema(tmp_path_factory):
     app = create_app(settings_for(tmp_path_factory.mktemp("fuzz"), max_batch=256, max_body_bytes=1_000_000,
                                   max_queued_jobs=2))
+    model_tok = tiny_lm()  # the LM routes run for real on a tiny random Llama (seconds), not SmolLM2 (minutes)
+    app.state.lm_provider = lambda: model_tok
     s = schemathesis.openapi.from_asgi("/openapi.json", app)  # starts the app's lifespan (kept for the process)
     state = app.state.vb
     populate(state.registry)
