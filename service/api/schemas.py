@@ -241,6 +241,12 @@ class EmbeddingsRequest(_Strict):
 # --- response bodies ----------------------------------------------------------------------------
 # Responses are written by FastJSONResponse (orjson, numpy-native); these models document them
 # (``response_model``) without FastAPI re-validating each body.
+class _Page(BaseModel):
+    """A list route's answer: ``data`` (one page) and ``next`` (see :mod:`.pagination`)."""
+
+    next: str | None = Field(None, description="Cursor of the next page (`?cursor=`); null on the last page.")
+
+
 class Health(BaseModel):
     status: str
 
@@ -272,7 +278,7 @@ class SpaceOut(BaseModel):
     created_at: str = ""
 
 
-class SpaceList(BaseModel):
+class SpaceList(_Page):
     data: list[SpaceOut]
 
 
@@ -301,7 +307,7 @@ class VersionOut(BaseModel):
     artifact_format: str
 
 
-class VersionList(BaseModel):
+class VersionList(_Page):
     data: list[VersionOut]
 
 
@@ -318,7 +324,7 @@ class MapSummary(BaseModel):
     created_at: str
 
 
-class MapList(BaseModel):
+class MapList(_Page):
     data: list[MapSummary]
 
 
@@ -349,7 +355,7 @@ class IndexOut(BaseModel):
     description: str = ""
 
 
-class IndexList(BaseModel):
+class IndexList(_Page):
     data: list[IndexOut]
 
 
@@ -391,9 +397,10 @@ class JobOut(BaseModel):
     cancel_requested: bool
 
 
-class JobList(BaseModel):
+class JobList(_Page):
     data: list[JobOut]
-    counts: dict[str, int] = Field(..., description="Jobs of the answering process by state.")
+    counts: dict[str, int] = Field(..., description="Jobs by state, counted in the durable job store shared by "
+                                                    "every process of the data dir (not just the answering one).")
 
 
 class ModelList(BaseModel):
@@ -485,7 +492,7 @@ class SteerSummary(BaseModel):
     created_at: str
 
 
-class SteerList(BaseModel):
+class SteerList(_Page):
     data: list[SteerSummary]
 
 

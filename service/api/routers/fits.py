@@ -15,6 +15,7 @@ from ...registry import ConflictError, NotFoundError
 from ...registry.names import check_alias, check_name
 from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
 from ..schemas import FitRequest, JobList, JobOut, error_responses
 from ..state import AppState
@@ -177,8 +178,11 @@ async def create_fit(request: Request, state: StateDep, settings: SettingsDep,
 
 @router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)",
             response_model=JobList)
-async def list_jobs(state: StateDep):
-    return FastJSONResponse({"data": [j.to_dict() for j in state.jobs.list()], "counts": state.jobs.counts()})
+async def list_jobs(state: StateDep, page: Page):
+    jobs = [j.to_dict() for j in await run_in_threadpool(state.jobs.list)]
+    counts = await run_in_threadpool(state.jobs.counts)
+    return FastJSONResponse({**paginate(jobs, lambda d: (d["timings"]["created_at"], d["id"]), page),
+                             "counts": counts})
 
 
 @router.get("/jobs/{job_id}", dependencies=[ReadScope], summary="Job state, progress, timings, result",

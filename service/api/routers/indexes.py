@@ -12,6 +12,7 @@ from align.exceptions import DimensionMismatchError, InputError
 from ...indexes import SpaceIndex
 from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
 from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate, IndexCreateOptions, IndexDelete,
                        IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
@@ -59,8 +60,8 @@ def _embed_passages(state: AppState, space: str, texts: list[str], max_batch: in
 
 
 @router.get("/indexes", dependencies=[ReadScope], summary="List indexes", response_model=IndexList)
-async def list_indexes(state: StateDep):
-    return FastJSONResponse({"data": [_info(i) for i in state.indexes.list()]})
+async def list_indexes(state: StateDep, page: Page):
+    return FastJSONResponse(paginate([_info(i) for i in state.indexes.list()], lambda d: d["name"], page))
 
 
 @router.get("/indexes/{name}", dependencies=[ReadScope], summary="Get an index", response_model=IndexOut)

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_json, validate,
                      vectors_from_binary, vectors_from_json)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
 from ..schemas import (MAX_VERSION, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
                        TransformJSON, TransformOptions, TransformResponse, VersionList, VersionOut, error_responses)
@@ -62,9 +63,9 @@ _TRANSFORM_BODY = {
 
 # --- spaces -------------------------------------------------------------------------------------
 @router.get("/spaces", dependencies=[ReadScope], summary="List spaces", response_model=SpaceList)
-async def list_spaces(state: StateDep):
+async def list_spaces(state: StateDep, page: Page):
     spaces = await run_in_threadpool(state.registry.list_spaces)
-    return FastJSONResponse({"data": [s.to_dict() for s in spaces]})
+    return FastJSONResponse(paginate([s.to_dict() for s in spaces], lambda d: d["name"], page))
 
 
 @router.get("/spaces/{name}", dependencies=[ReadScope], summary="Get a space", response_model=SpaceOut)
@@ -97,8 +98,8 @@ async def create_space(body: SpaceCreate, state: StateDep):
 
 # --- maps ---------------------------------------------------------------------------------------
 @router.get("/maps", dependencies=[ReadScope], summary="List maps", response_model=MapList)
-async def list_maps(state: StateDep):
-    return FastJSONResponse({"data": await run_in_threadpool(state.registry.list_maps)})
+async def list_maps(state: StateDep, page: Page):
+    return FastJSONResponse(paginate(await run_in_threadpool(state.registry.list_maps), lambda d: d["name"], page))
 
 
 @router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)",
@@ -114,9 +115,9 @@ async def get_map(ref: str, state: StateDep):
 
 @router.get("/maps/{name}/versions", dependencies=[ReadScope], summary="List a map's versions",
             response_model=VersionList)
-async def list_versions(name: str, state: StateDep, include_deleted: bool = True):
+async def list_versions(name: str, state: StateDep, page: Page, include_deleted: bool = True):
     vs = await run_in_threadpool(state.registry.list_versions, name, include_deleted)
-    return FastJSONResponse({"data": [v.to_dict() for v in vs]})
+    return FastJSONResponse(paginate([v.to_dict() for v in vs], lambda d: d["version"], page))
 
 
 @router.get("/maps/{name}/versions/{version}", dependencies=[ReadScope], summary="Get one version",

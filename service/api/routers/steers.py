@@ -19,6 +19,7 @@ from ...steer_wiring import check_steer_params, fit_and_register
 from ...steering import apply_steer_job
 from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
 from ..schemas import (JobOut, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
                        SteerFitRequest, SteerList, SteerLens, SteerOut, error_responses)
@@ -127,8 +128,8 @@ async def create_steer(request: Request, state: StateDep, settings: SettingsDep,
 
 
 @router.get("/steers", dependencies=[ReadScope], summary="List steers", response_model=SteerList)
-async def list_steers(state: StateDep):
-    return FastJSONResponse({"data": await run_in_threadpool(state.registry.list_steers)})
+async def list_steers(state: StateDep, page: Page):
+    return FastJSONResponse(paginate(await run_in_threadpool(state.registry.list_steers), lambda d: d["name"], page))
 
 
 @router.get("/steers/{ref}", dependencies=[ReadScope], summary="Get a steer version (name, name@alias, name:N)",

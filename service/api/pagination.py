@@ -1,0 +1,77 @@
+"""Keyset pagination for the list routes: ``?limit=N&cursor=C`` in, ``{"data": [...], "next": C'}`` out.
+
+A list route sorts its items by a key that is unique and never changes for an item (a name, a
+version number, a job's ``(created_at, id)``); the cursor is that key of the last item sent,
+packed as opaque URL-safe base64 JSON. The next page holds the items whose key is greater, so
+items created or deleted between two requests never shift the others: no item is sent twice
+or skipped (unlike ``offset``), and ``next`` is ``null`` on the last page.
+
+Without ``limit`` a route answers every item in one page (``next`` null), as before pagination
+existed, so older clients keep working.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, Query
+
+from align.exceptions import InputError
+
+__all__ = ["PageParams", "Page", "paginate", "encode_cursor", "decode_cursor", "MAX_LIMIT"]
+
+MAX_LIMIT = 10_000
+
+
+def encode_cursor(key: Any) -> str:
+    """The opaque cursor for a sort key (a JSON value: str, int, float or a list of them)."""
+    return base64.urlsafe_b64encode(orjson.dumps(key)).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str) -> Any:
+    """The sort key packed in ``cursor``; :class:`~align.exceptions.InputError` (422) when it is not one."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        key = orjson.loads(raw)
+    except (binascii.Error, ValueError, orjson.JSONDecodeError):
+        raise InputError(f"cursor {cursor[:40]!r} is not a cursor this service issued; "
+                         f"send the `next` value of the previous page") from None
+    return tuple(key) if isinstance(key, list) else key
+
+
+class PageParams:
+    """The ``limit`` / ``cursor`` query parameters shared by every list route."""
+
+    def __init__(self, limit: int | None = Query(None, ge=1, le=MAX_LIMIT,
+                                                 description="Items per page; omit for every item in one page."),
+                 cursor: str | None = Query(None, max_length=2048,
+                                            description="The `next` value of the previous page.")):
+        self.limit = limit
+        self.cursor = cursor
+
+
+Page = Annotated[PageParams, Depends()]
+
+
+def paginate(items: Sequence[Any], key: Callable[[Any], Any], page: PageParams) -> dict:
+    """One page of ``items`` (any order; sorted here by ``key``) as ``{"data": [...], "next": cursor | None}``.
+
+    ``key(item)`` must be unique per item and comparable with the keys of the other items
+    (and with the decoded cursor: a str, int, float or a tuple of them).
+    """
+    ordered = sorted(items, key=key)
+    if page.cursor is not None:
+        after = decode_cursor(page.cursor)
+        try:
+            ordered = [it for it in ordered if key(it) > after]
+        except TypeError:
+            raise InputError("cursor does not belong to this list; send the `next` value of the previous page") \
+                from None
+    if page.limit is None or len(ordered) <= page.limit:
+        return {"data": ordered, "next": None}
+    data = ordered[: page.limit]
+    return {"data": data, "next": encode_cursor(key(data[-1]))}
