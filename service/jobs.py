@@ -333,6 +333,11 @@ class JobStore:
                                     (int(limit),)).fetchall()
         return [self._job(r) for r in reversed(rows)]
 
+    def counts(self) -> dict[str, int]:
+        """Stored jobs by state (every process of the data dir, every record not yet trimmed)."""
+        rows = self._conn().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        return {state: int(n) for state, n in rows}
+
     def close(self) -> None:
         c = getattr(self._local, "conn", None)
         if c is not None:
@@ -396,7 +401,20 @@ class JobManager:
         return out + list(mine.values())
 
     def counts(self) -> dict[str, int]:
-        """Jobs of this process by state."""
+        """Jobs by state, as :meth:`list` sees them: the durable store's records (every process of the
+        data dir), else this process's jobs."""
+        out = {s: 0 for s in ("queued", "running", *TERMINAL)}
+        if self.store is not None:
+            try:
+                for state, n in self.store.counts().items():
+                    out[state] = out.get(state, 0) + n
+                return out
+            except sqlite3.Error as exc:  # the store is unreadable: say what this process knows
+                _log.warning("job counts from this process only", extra={"fields": {"error": repr(exc)}})
+        return {**out, **self.local_counts()}
+
+    def local_counts(self) -> dict[str, int]:
+        """Jobs of this process by state (the queue gauges of this process's metrics)."""
         out = {s: 0 for s in ("queued", "running", *TERMINAL)}
         with self._lock:
             jobs = list(self._jobs.values())
@@ -552,6 +570,6 @@ class JobManager:
 
     def _gauges(self) -> None:
         if self._metrics is not None:
-            c = self.counts()
+            c = self.local_counts()
             self._metrics.jobs_queued.set(c["queued"])
             self._metrics.jobs_running.set(c["running"])

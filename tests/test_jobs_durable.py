@@ -182,3 +182,24 @@ def test_http_job_answers_after_app_restart(tmp_path):
         assert replay.status_code == 200 and replay.json()["id"] == jid  # no second fit after a restart
         other = c.post("/v1/fits", headers={**W, "Idempotency-Key": "fit-f-1"}, json={**body, "name": "g"})
         assert other.status_code == 409
+
+
+def test_counts_come_from_the_store_not_the_process(tmp_path):
+    """A restarted process (or another replica) lists the stored jobs and counts them too."""
+    db = tmp_path / "jobs.sqlite"
+    first = JobManager(workers=1, max_queued=4, store=JobStore(db))
+    first.open()
+    done = [first.submit(lambda ctx: {"ok": True}, kind="fit")[0] for _ in range(2)]
+    for j in done:
+        wait(first, j.id)
+    failed, _ = first.submit(lambda ctx: 1 / 0, kind="fit")
+    wait(first, failed.id)
+    first.shutdown(wait=True)
+    second = JobManager(workers=1, max_queued=4, store=JobStore(db))
+    second.open()
+    listed = second.list()
+    counts = second.counts()
+    assert len(listed) == 3 and counts["succeeded"] == 2 and counts["failed"] == 1
+    assert counts == {s: sum(j.state == s for j in listed) for s in counts}
+    assert second.local_counts()["succeeded"] == 0  # this process ran none: its own gauges stay 0
+    second.shutdown(wait=True)
