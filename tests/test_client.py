@@ -1,0 +1,169 @@
+"""``service.client.Client`` against the real service: uvicorn on loopback, a temp data dir holding
+spaces ``a``, ``b`` (16-d) and the map ``a2b`` (Procrustes on a planted rotation)."""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from service.client import (APIError, AuthenticationError, Client, ConflictError, JobCancelledError, NotFoundError,
+                            PermissionDeniedError, QueueFullError, ServerError, ServiceUnavailableError,
+                            ValidationError, error_from_response)
+from test_api_support import planted
+from test_service_http import env_for, free_port, seed_registry, start, stop
+
+WKEY, RKEY = "wkey-456", "rkey-123"  # test_api_support.KEYS
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("client")
+    data = tmp / "data"
+    X, Y, m = seed_registry(data)
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+           "--port", str(port), "--no-access-log"]
+    proc = start(cmd, env_for(data, port), port, tmp / "server.log")
+    try:
+        yield f"http://127.0.0.1:{port}", X, Y, m
+    finally:
+        stop(proc)
+
+
+@pytest.fixture
+def vb(server):
+    with Client(server[0], api_key=WKEY, page_size=2) as c:
+        yield c
+
+
+# --- maps and transform -------------------------------------------------------------------------
+def test_maps_versions_aliases(vb):
+    assert [m["name"] for m in vb.list_maps()] == ["a2b"]
+    assert {s["name"] for s in vb.list_spaces()} >= {"a", "b"}
+    assert vb.get_map("a2b")["resolved"]["version"] == 1
+    assert [v["version"] for v in vb.list_versions("a2b")] == [1]
+    assert vb.set_alias("a2b", "prod", 1)["aliases"] == ["prod"]
+    assert vb.get_map("a2b@prod")["resolved"]["version"] == 1
+    vb.delete_alias("a2b", "prod")
+    with pytest.raises(NotFoundError):
+        vb.get_map("a2b@prod")
+
+
+def test_transform_binary_json_npy_agree_with_the_map(vb, server):
+    _, X, _, m = server
+    want = m.apply(X, output="raw")
+    fast = vb.transform("a2b", X)
+    assert fast.dtype == np.float32 and fast.shape == want.shape
+    np.testing.assert_allclose(fast, want, atol=1e-5)
+    np.testing.assert_allclose(vb.transform("a2b", X[:7], binary=False), want[:7], atol=1e-5)
+    np.testing.assert_allclose(vb.transform_npy("a2b", X[:5].astype(np.float64)), want[:5], atol=1e-5)
+    np.testing.assert_allclose(vb.transform("a2b", X[0]), want[:1], atol=1e-5)  # one row as 1-D
+    frame = vb.transform("a2b", X[:5], output="frame")
+    np.testing.assert_allclose(frame, m.apply(X[:5], output="frame"), atol=1e-5)
+
+
+# --- typed errors -------------------------------------------------------------------------------
+def test_errors_are_typed_with_message_and_request_id(vb, server):
+    with pytest.raises(NotFoundError) as e:
+        vb.transform("nope", np.zeros((2, 16)))
+    assert e.value.status == 404 and "nope" in e.value.message and e.value.request_id
+    with pytest.raises(ValidationError) as e:
+        vb.transform("a2b", np.zeros((2, 3)))  # 3 columns for a 16-d map
+    assert e.value.type == "DimensionMismatchError" and "16" in e.value.message
+    with pytest.raises(ValidationError):
+        vb.transform("a2b", np.full((2, 16), np.nan), binary=False)
+    with pytest.raises(ConflictError):
+        vb.create_space("a", 8)  # space a is 16-d
+    with Client(server[0]) as anon, pytest.raises(AuthenticationError):
+        anon.list_maps()
+    with Client(server[0], api_key=RKEY) as reader, pytest.raises(PermissionDeniedError):
+        reader.create_space("zz", 4)
+    assert isinstance(e.value, APIError) and str(e.value).startswith("422 ")
+
+
+@pytest.mark.parametrize("status,cls", [(404, NotFoundError), (422, ValidationError), (429, QueueFullError),
+                                        (503, ServiceUnavailableError), (500, ServerError), (418, APIError)])
+def test_error_class_per_status(status, cls):
+    r = httpx.Response(status, json={"error": {"type": "X", "status": status, "message": "m"}},
+                       headers={"x-request-id": "rid", "retry-after": "5"})
+    err = error_from_response(r)
+    assert type(err) is cls and (err.message, err.type, err.request_id) == ("m", "X", "rid")
+    assert err.retry_after == 5.0
+    plain = error_from_response(httpx.Response(status, text="not json"))
+    assert type(plain) is cls and plain.message == "not json"
+
+
+# --- indexes ------------------------------------------------------------------------------------
+def test_index_create_add_search_delete(vb, server):
+    _, X, Y, _ = server
+    info = vb.create_index("ib", "b", Y[:200], payloads=[{"row": i} for i in range(200)])
+    assert info["count"] == 200 and info["space"] == "b"
+    added = vb.add("ib", Y[200:], ids=range(200, len(Y)))
+    assert added["count"] == len(Y) and added["ids"][0] == 200
+    hits = vb.search("ib", X[:20], space="a", k=3)  # queries from space a, through a2b
+    assert [row[0]["id"] for row in hits["results"]] == list(range(20))
+    assert hits["maps"][0]["name"] == "a2b" and hits["results"][0][0]["payload"] == {"row": 0}
+    assert vb.delete_ids("ib", [0, 1])["count"] == len(Y) - 2
+    top = [row[0]["id"] for row in vb.search("ib", Y[:2], k=1)["results"]]
+    assert 0 not in top and 1 not in top
+    assert "ib" in {i["name"] for i in vb.list_indexes()}
+    vb.drop_index("ib")
+    with pytest.raises(NotFoundError):
+        vb.get_index("ib")
+
+
+# --- fits and jobs ------------------------------------------------------------------------------
+def test_fit_wait_progress_cancel_and_counts(vb, server):
+    _, X, Y, m = server
+    slow = vb.fit("a2b-unsup", "a", "b", X, Y, method="minivec2vec", random_state=0)
+    queued = vb.fit("a2b-sup", "a", "b", X, Y, method="procrustes", paired=True)  # waits: one worker
+    cancelled = vb.cancel(queued["id"])
+    assert cancelled["cancel_requested"]
+    with pytest.raises(JobCancelledError) as e:
+        vb.wait(queued["id"], timeout=60)
+    assert e.value.job["state"] == "cancelled"
+    seen = []
+    done = vb.wait(slow["id"], timeout=300, progress=seen.append)
+    assert done["state"] == "succeeded" and seen[-1]["state"] == "succeeded"
+    assert len({(j["progress"]["stage"], j["progress"]["fraction"]) for j in seen}) == len(seen)  # changes only
+    sup = vb.wait(vb.fit("a2b-sup", "a", "b", X, Y, method="procrustes", paired=True)["id"], timeout=120)
+    assert sup["result"]["ref"] == "a2b-sup:1"
+    np.testing.assert_allclose(vb.transform("a2b-sup", X[:4]), m.apply(X[:4], output="raw"), atol=1e-4)
+    jobs = vb.list_jobs()  # page_size 2: three pages, in creation order
+    assert [j["id"] for j in jobs] == [slow["id"], queued["id"], sup["id"]]
+    counts = vb.job_counts()
+    for state in ("succeeded", "cancelled"):
+        assert counts[state] == sum(j["state"] == state for j in jobs) > 0
+
+
+# --- steers -------------------------------------------------------------------------------------
+def test_steer_fit_and_apply(vb):
+    rng = np.random.default_rng(0)
+    V = rng.standard_normal((120, 16)).astype(np.float32)
+    labels = np.where(V[:, 0] > 0, 1, -1)
+    job = vb.wait(vb.fit_steer("up", "b", labels, V, params={"rank": 2, "max_iter": 50})["id"], timeout=120)
+    assert job["result"]["ref"] == "up:1" and vb.get_steer("up")["space"] == "b"
+    Q = V[:5]
+    np.testing.assert_allclose(vb.apply_steer("up", Q, eps=0.0), Q, atol=1e-6)
+    d1 = vb.apply_steer("up", Q, eps=1.0) - Q
+    d2 = vb.apply_steer("up", Q, eps=2.0) - Q
+    assert np.abs(d1).max() > 1e-4
+    np.testing.assert_allclose(d2, 2 * d1, atol=1e-4)  # Q (I + eps W) is linear in eps
+    assert [s["name"] for s in vb.list_steers()] == ["up"]
+
+
+# --- pagination through the client and raw ------------------------------------------------------
+def test_list_pages_follow_next(vb, server):
+    for name in ("p1", "p2", "p3"):
+        vb.create_space(name, 4)
+    with Client(server[0], api_key=WKEY, page_size=500) as big:
+        assert vb.list_spaces() == big.list_spaces()  # pages of 2 == one page of 500
+    first = vb.request("GET", "/v1/spaces", params={"limit": 2}).json()
+    assert len(first["data"]) == 2 and first["next"]
+    unpaged = vb.request("GET", "/v1/spaces").json()
+    assert unpaged["next"] is None and len(unpaged["data"]) == len(vb.list_spaces())
+    with pytest.raises(ValidationError):
+        vb.request("GET", "/v1/spaces", params={"cursor": "%%%"})
