@@ -7,6 +7,9 @@ Public surface::
     PairStats                                additive sufficient statistics (streaming / merging)
     MiniVec2Vec                              unsupervised (and seeded) alignment
     evaluate                                 held-out metrics
+    fit_migration, score_map                 migration maps chosen on held-out pairs (families × objectives)
+    select_rows_to_embed, knn_overlap,       which rows to re-embed, alignability,
+    plan_migration                           expected retention vs K before the fit
     fit_steer, Steer, transfer_steer         LM-Steer style query transforms
     knn, csls_knn, mutual_nn                 blocked neighbour search
     exceptions                               the typed error tree
@@ -18,7 +21,9 @@ from .frames import Frame
 from .knn import csls_knn, knn, mutual_nn
 from .maps import LinearMap
 from .metrics import evaluate, retention
+from .migration import fit_migration, score_map
 from .minivec2vec import MiniVec2Vec
+from .plan import knn_overlap, select_rows_to_embed
 from .procrustes import PairStats, fit_lowrank, fit_procrustes, fit_ridge
 from .steer import MeanShift, Steer, apply_steers, compose_steers, fit_mean_shift, fit_steer, transfer_steer
 
@@ -26,6 +31,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LinearMap", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
-    "MiniVec2Vec", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
+    "MiniVec2Vec", "fit_migration", "score_map", "select_rows_to_embed", "knn_overlap", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
     "transfer_steer", "knn", "csls_knn", "mutual_nn", "exceptions", *exceptions.__all__,
 ]

@@ -1,0 +1,314 @@
+r"""Fit a migration map from paired rows: several families and objectives, chosen on held-out pairs.
+
+A team re-embedding a corpus with a new model has ``K`` texts embedded by both models: ``X_src``
+(K, d_s) old, ``Y_tgt`` (K, d_t) new, row ``i`` ↔ row ``i``. :func:`fit_migration` returns an
+:class:`align.LinearMap` whose ``apply(X, output="raw")`` gives (n, d_t) unit rows comparable by
+cosine with the new model's native (unit) embeddings. Both migration modes use it:
+
+- corpus-side: ``fit_migration(X_old_pairs, Y_new_pairs)``, map the old corpus, search it with
+  native new-model queries;
+- query-side (Drift-Adapter): ``fit_migration(Y_new_pairs, X_old_pairs)``, map new-model queries
+  and search the untouched old index. Dimensions may differ either way.
+
+Families (``method``), all fitted on the same pairs, source rows in the source frame
+(unit → centre → unit, fitted on the pairs plus ``unpaired_source``):
+
+- ``"procrustes"``: ``W = U Vᵀ`` of ``svd(X_fᵀ Y_f)`` in both centred frames (orthogonal; a global
+  scale does not change cosines, so it is not a separate candidate).
+- ``"ridge"``: affine ``unit(x_f W + b)`` onto unit target rows, ``W = (X_cᵀX_c + αI)⁻¹ X_cᵀ T_c``;
+  ``α`` chosen on the held-out pairs from ``alphas`` (× K).
+- ``"lowrank"``: Procrustes plus a rank-``r`` ridge residual, ``W = c Q + W_r``, ``b = μ_t + b_r``.
+- ``"contrastive"``: the linear ``W, b`` trained for retrieval with symmetric InfoNCE and hard
+  negatives from the unpaired sets (:mod:`align.contrastive`), warm-started from the better of
+  Procrustes and ridge and regularised toward it; the number of epochs is chosen on the
+  held-out pairs.
+- ``"auto"``: fits each of ``candidates`` on a training split, scores each on the held-out split
+  with :func:`align.retrieval.pair_retrieval_scores` (``score`` = mean of corpus-side MRR,
+  query-side MRR and neighbourhood overlap@10), refits the best on all pairs with the chosen
+  hyper-parameters. Every candidate's scores travel in ``map.metadata["selection"]``.
+
+``semi_supervised="sinkhorn"`` then refines an orthogonal map with the unpaired rows
+(:func:`align.semisup.sinkhorn_refine`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ._validation import as_matrix, check_paired, check_random_state
+from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
+from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
+from .frames import Frame, unit_rows
+from .maps import LinearMap
+from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
+from .retrieval import pair_retrieval_scores
+
+__all__ = ["fit_migration", "MIGRATION_METHODS", "AUTO_CANDIDATES", "score_map"]
+
+MIGRATION_METHODS = ("auto", "procrustes", "ridge", "lowrank", "contrastive")
+AUTO_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive")
+DEFAULT_ALPHAS = (1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3)  # ridge α / K
+_N_DISTRACTORS = 8192
+_OPTIONS = {"holdout", "candidates", "alphas", "alpha", "rank", "contrastive", "semi_supervised", "epochs",
+            "temperature", "reg", "hard_negatives", "batch_size", "lr", "max_holdout", "sinkhorn"}
+
+
+def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10) -> dict:
+    """Held-out retrieval scores of ``map_`` on pairs ``X_src`` (n, d_s) → ``Y_tgt`` (n, d_t) (see :mod:`align.retrieval`)."""
+    X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=2)
+    if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
+        raise DimensionMismatchError(
+            f"map is {map_.source_dim}->{map_.target_dim}, pairs are {X.shape[1]}->{Y.shape[1]}")
+    return pair_retrieval_scores(map_._apply(X, output="raw"), unit_rows(Y), k=k)
+
+
+class _Problem:
+    """Framed views of the pairs and unpaired rows, shared by every candidate fit.
+
+    Every family maps into the target's centred frame (unit → centre → unit), where shrinkage
+    (ridge) only changes norms, not directions; ``apply(output="raw")`` adds the mean back.
+    """
+
+    def __init__(self, X, Y, Us, Ut):
+        self.fs = Frame._fit(X if Us is None else np.concatenate([X, Us]))
+        self.ft = Frame._fit(Y if Ut is None else np.concatenate([Y, Ut]))
+        self.X, self.Y, self.Us, self.Ut = X, Y, Us, Ut
+        self.Xf = self.fs._apply(X)
+        self.Yc = self.ft._apply(Y)
+        self.T = unit_rows(Y)
+        self.Uf = None if Us is None else self.fs._apply(Us)
+        self.Uc = None if Ut is None else self.ft._apply(Ut)
+        self.Us_sample = self.Ut_sample = None
+
+    def distractors(self, rng, n: int = _N_DISTRACTORS) -> None:
+        """Sample up to ``n`` unpaired rows per side to compete in held-out rankings."""
+        if self.Us is not None:
+            self.Us_sample = self.Us[np.sort(rng.permutation(self.Us.shape[0])[:n])]
+        if self.Ut is not None:
+            self.Ut_sample = unit_rows(self.Ut[np.sort(rng.permutation(self.Ut.shape[0])[:n])])
+
+    def linear(self, W, b, meta: dict) -> LinearMap:
+        return LinearMap(np.asarray(W, np.float32), None if b is None else np.asarray(b, np.float32),
+                         self.fs, self.ft, meta)
+
+    @staticmethod
+    def affine(map_: LinearMap) -> tuple[np.ndarray, np.ndarray]:
+        """``(W, b)`` float64 of a map (zero bias when it has none), for warm starts."""
+        W = map_.W.astype(np.float64)
+        return W, (np.zeros(W.shape[1]) if map_.bias is None else map_.bias.astype(np.float64))
+
+
+def _stats(A, B, idx) -> PairStats:
+    return PairStats.from_arrays(A[idx], B[idx])
+
+
+def _fit_procrustes(P: _Problem, idx, opts) -> LinearMap:
+    W, _ = procrustes_from_stats(_stats(P.Xf, P.Yc, idx))
+    return P.linear(W, None, {"method": "procrustes", "family": "orthogonal", "objective": "least squares",
+                              "params": {}})
+
+
+def _ridge(P: _Problem, idx, alpha_rel: float) -> LinearMap:
+    W, b = ridge_from_stats(_stats(P.Xf, P.Yc, idx), alpha=alpha_rel * len(idx), fit_intercept=True)
+    return P.linear(W, b, {"method": "ridge", "family": "affine", "objective": "least squares",
+                           "params": {"alpha": alpha_rel}})
+
+
+def _lowrank(P: _Problem, idx, rank: int, alpha_rel: float, base: LinearMap) -> LinearMap:
+    W0, b0 = P.affine(base)
+    R = P.Yc[idx] - (P.Xf[idx] @ W0 + b0)
+    stats = PairStats.from_arrays(P.Xf[idx], R)
+    rank = int(min(rank, *stats.xty.shape))
+    Wr, br = lowrank_from_stats(stats, rank=rank, alpha=alpha_rel * len(idx), fit_intercept=True)
+    return P.linear(W0 + Wr, b0 + br, {"method": "lowrank", "family": "orthogonal + low-rank residual",
+                          "objective": "least squares", "params": {"rank": rank, "alpha": alpha_rel}})
+
+
+def _contrastive_config(opts: dict) -> ContrastiveConfig:
+    cfg = dict(opts.get("contrastive") or {})
+    for key in ("epochs", "temperature", "reg", "hard_negatives", "batch_size", "lr"):
+        if key in opts:
+            cfg[key] = opts[key]
+    try:
+        return ContrastiveConfig(**cfg)
+    except TypeError as exc:
+        raise InputError(f"bad contrastive option: {exc}") from None
+
+
+def _hard_negatives(P: _Problem, idx, h: int):
+    """Hard negatives for the pairs ``idx``: near target rows (row term) and near source rows (column term).
+
+    Pools are the unpaired rows when given, else the training pairs themselves (own row excluded).
+    """
+    if h <= 0:
+        return None, None, None, None
+    pool_t, self_t = (P.Uc, False) if P.Uc is not None else (P.Yc[idx], True)
+    pool_x, self_x = (P.Uf, False) if P.Uf is not None else (P.Xf[idx], True)
+    hard_t = mine_hard_negatives(P.Yc[idx], pool_t, h, self_pool=self_t)
+    hard_x = mine_hard_negatives(P.Xf[idx], pool_x, h, self_pool=self_x)
+    return hard_x, pool_x, hard_t, pool_t
+
+
+def _contrastive(P: _Problem, idx, cfg: ContrastiveConfig, warm: LinearMap, rng, callback=None) -> LinearMap:
+    W0, b0 = P.affine(warm)
+    hard_x, pool_x, hard_t, pool_t = _hard_negatives(P, idx, cfg.hard_negatives)
+    W, b, hist = fit_contrastive_W(P.Xf[idx], P.Yc[idx], W0, b0, config=cfg, hard_x=hard_x, pool_x=pool_x,
+                                   hard_t=hard_t, pool_t=pool_t, rng=rng, callback=callback)
+    params = {"temperature": cfg.temperature, "epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
+              "reg": cfg.resolved_reg(len(idx)), "hard_negatives": cfg.hard_negatives,
+              "warm_start": warm.metadata.get("method")}
+    return P.linear(W, b, {"method": "contrastive", "family": "affine", "objective": "symmetric InfoNCE",
+                          "params": params, "loss": [h["loss"] for h in hist]})
+
+
+def _split(n: int, holdout: float, max_holdout: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    n_val = int(min(max_holdout, max(2, round(holdout * n))))
+    if n - n_val < 2:
+        raise TooFewRowsError(f"auto selection needs at least 4 pairs (2 to fit, 2 held out), got {n}")
+    perm = rng.permutation(n)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def _score(P: _Problem, m: LinearMap, val) -> dict:
+    """Held-out scores; the unpaired rows (a sample) compete as the rest of the corpus / index."""
+    extra_M = None if P.Us_sample is None else m._apply(P.Us_sample, output="raw")
+    return pair_retrieval_scores(m._apply(P.X[val], output="raw"), P.T[val], extra_M=extra_M, extra_T=P.Ut_sample)
+
+
+def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dict]:
+    """Fit every candidate on ``tr``, score on ``val``; returns (best name, its settings, all scores)."""
+    scores: dict = {}
+    settings: dict = {}
+    t0 = time.perf_counter()
+    proc = _fit_procrustes(P, tr, opts)
+    scores["procrustes"] = {**_score(P, proc, val), "seconds": time.perf_counter() - t0}
+    settings["procrustes"] = {}
+    t0 = time.perf_counter()
+    alphas = [opts["alpha"]] if "alpha" in opts else list(opts.get("alphas", DEFAULT_ALPHAS))
+    best_r = None
+    for a in alphas:
+        m = _ridge(P, tr, float(a))
+        s = _score(P, m, val)
+        if best_r is None or s["score"] > best_r[1]["score"]:
+            best_r = (m, s, float(a))
+    ridge, s_r, alpha = best_r
+    if "ridge" in candidates:
+        scores["ridge"] = {**s_r, "alpha": alpha, "seconds": time.perf_counter() - t0}
+        settings["ridge"] = {"alpha": alpha}
+    if "lowrank" in candidates:
+        t0 = time.perf_counter()
+        rank = int(opts.get("rank", 32))
+        m = _lowrank(P, tr, rank, alpha, proc)
+        scores["lowrank"] = {**_score(P, m, val), "rank": rank, "seconds": time.perf_counter() - t0}
+        settings["lowrank"] = {"rank": rank, "alpha": alpha}
+    if "contrastive" in candidates:
+        t0 = time.perf_counter()
+        warm_name = "ridge" if s_r["score"] >= scores["procrustes"]["score"] else "procrustes"
+        warm = ridge if warm_name == "ridge" else proc
+        cfg = _contrastive_config(opts)
+        per_epoch: list = []
+
+        def cb(epoch, W, b):
+            m = P.linear(W, b, {})
+            per_epoch.append(_score(P, m, val))
+
+        _contrastive(P, tr, cfg, warm, rng, callback=cb)
+        best_e = int(np.argmax([s["score"] for s in per_epoch]))
+        scores["contrastive"] = {**per_epoch[best_e], "epochs": best_e + 1, "warm_start": warm_name,
+                                 "score_per_epoch": [round(s["score"], 4) for s in per_epoch],
+                                 "seconds": time.perf_counter() - t0}
+        settings["contrastive"] = {"epochs": best_e + 1, "warm_start": warm_name, "alpha": alpha}
+    if "procrustes" not in candidates:
+        scores.pop("procrustes")
+    best = max(scores, key=lambda k: scores[k]["score"])
+    return best, settings[best], scores
+
+
+def _fit_final(P: _Problem, name: str, setting: dict, opts: dict, rng) -> LinearMap:
+    idx = np.arange(P.X.shape[0])
+    if name == "procrustes":
+        return _fit_procrustes(P, idx, opts)
+    alpha = float(setting.get("alpha", opts.get("alpha", 1e-2)))
+    if name == "ridge":
+        return _ridge(P, idx, alpha)
+    if name == "lowrank":
+        return _lowrank(P, idx, int(setting.get("rank", opts.get("rank", 32))), alpha, _fit_procrustes(P, idx, opts))
+    cfg = _contrastive_config(opts)
+    if "epochs" in setting:
+        cfg.epochs = int(setting["epochs"])
+    warm = _ridge(P, idx, alpha) if setting.get("warm_start", "ridge") == "ridge" else _fit_procrustes(P, idx, opts)
+    return _contrastive(P, idx, cfg, warm, rng)
+
+
+def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, unpaired_target=None,
+                  random_state=0, **options) -> LinearMap:
+    """Fit a map from old-model rows to new-model rows for retrieval (see the module docstring).
+
+    Parameters
+    ----------
+    X_src : array (K, d_s)      old-model embeddings of K texts (raw; any norm)
+    Y_tgt : array (K, d_t)      new-model embeddings of the same texts, row i ↔ row i
+    method : {"auto", "procrustes", "ridge", "lowrank", "contrastive"}
+    unpaired_source : array (n, d_s), optional   more old-model rows (e.g. the whole old corpus):
+        the source frame and hard negatives come from them
+    unpaired_target : array (m, d_t), optional   more new-model rows (e.g. queries): target frame
+        and hard negatives
+    random_state : int or Generator   split, batch order (same seed → same map)
+    **options : holdout (0.2), max_holdout (4096), candidates (auto), alphas / alpha (ridge α / K),
+        rank (32), contrastive options (epochs, temperature, reg, hard_negatives, batch_size, lr),
+        semi_supervised (None or "sinkhorn").
+
+    Returns
+    -------
+    LinearMap with ``metadata["method"]`` the chosen family and ``metadata["selection"]`` the
+    held-out scores of every candidate (``auto``) or of the one method (when K ≥ 20).
+
+    Raises
+    ------
+    TooFewRowsError (K < 2; auto with K < 4), PairCountError, NonFiniteError, DimensionMismatchError,
+    InputError (unknown method or option).
+    """
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise InputError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    if method not in MIGRATION_METHODS:
+        raise InputError(f"unknown method {method!r}; choose from {', '.join(MIGRATION_METHODS)}")
+    X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=2)
+    Us = None if unpaired_source is None else as_matrix(unpaired_source, name="unpaired_source", dim=X.shape[1])
+    Ut = None if unpaired_target is None else as_matrix(unpaired_target, name="unpaired_target", dim=Y.shape[1])
+    rng = check_random_state(random_state)
+    t_start = time.perf_counter()
+    P = _Problem(X, Y, Us, Ut)
+    n = X.shape[0]
+    candidates = tuple(options.get("candidates", AUTO_CANDIDATES))
+    bad = [c for c in candidates if c not in AUTO_CANDIDATES]
+    if bad or not candidates:
+        raise InputError(f"candidates must be a non-empty subset of {AUTO_CANDIDATES}, got {list(candidates)}")
+    selection: dict = {}
+    if method == "auto" or n >= 20:
+        tr, val = _split(n, float(options.get("holdout", 0.2)), int(options.get("max_holdout", 4096)), rng)
+        cands = candidates if method == "auto" else (method,)
+        P.distractors(rng)
+        name, setting, scores = _select(P, tr, val, cands, options, rng)
+        if method != "auto":
+            name, setting = method, {k: v for k, v in scores[method].items()
+                                     if k in ("alpha", "rank", "epochs", "warm_start")}
+        selection = {"metric": "score = mean(corpus_mrr, query_mrr, overlap@10) on held-out pairs",
+                     "n_train": int(tr.size), "n_holdout": int(val.size), "chosen": name,
+                     "candidates": {k: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+                                    for k, v in scores.items()}}
+    else:
+        name, setting = method, {}
+    map_ = _fit_final(P, name, setting, options, rng)
+    if options.get("semi_supervised"):
+        from .semisup import sinkhorn_refine_map
+
+        map_ = sinkhorn_refine_map(P, map_, **dict(options.get("sinkhorn") or {}))
+    map_.metadata.update({"n_pairs": int(n), "requested_method": method, "selection": selection,
+                          "n_unpaired_source": 0 if Us is None else int(Us.shape[0]),
+                          "n_unpaired_target": 0 if Ut is None else int(Ut.shape[0]),
+                          "random_state": random_state if isinstance(random_state, (int, type(None))) else None,
+                          "fit_seconds": round(time.perf_counter() - t_start, 3)})
+    return map_

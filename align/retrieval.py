@@ -1,0 +1,88 @@
+r"""Retrieval scores of a migration map on held-out pairs (what a migrated index feels).
+
+Held-out pair ``i`` is ``(x_i, y_i)``: the same text under the old and the new model. ``M`` (n, d)
+are the mapped old rows, ``T`` (n, d) the native new rows, both unit, in the new model's raw
+space (``map.apply(X, output="raw")`` and ``unit(Y)``). Three views, all blocked (FAISS or
+numpy blocks through :func:`align.knn` / :func:`align.metrics.ranks`, never n × n):
+
+- **corpus-side** (the migrated index): native query ``t_i`` ranks the mapped rows ``M``; the hit
+  is ``m_i``. ``corpus_recall@k``, ``corpus_mrr``.
+- **query-side** (Drift-Adapter): mapped query ``m_i`` ranks the native rows ``T``; the hit is ``t_i``.
+  ``query_recall@k``, ``query_mrr``.
+- **neighbourhood overlap@k** (does not saturate on identical texts): for native query ``t_i``,
+  the share of its native top-``k`` among ``T \ {t_i}`` that the mapped index ``M \ {m_i}``
+  also returns in its top-``k`` (indices compared; the proxy of labelled retention: a
+  relevant document that is near the query natively should stay near after the migration).
+
+``score`` (used by ``fit_migration(method="auto")``) is the mean of ``corpus_mrr``,
+``query_mrr`` and ``overlap@k``: the MRRs separate maps while recall@10 is saturated, the
+overlap tracks what a user sees in the top-10.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .knn import knn
+from .metrics import ranks
+
+__all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self"]
+
+
+def overlap_without_self(Ia: np.ndarray, Ib: np.ndarray, k: int) -> float:
+    """Mean ``|top-k(a) ∩ top-k(b)| / k`` of two (n, ≥ k+1) neighbour lists, row ``i`` dropped from row ``i``'s lists."""
+    total = 0.0
+    for i in range(Ia.shape[0]):
+        a = Ia[i][Ia[i] != i][:k]
+        b = Ib[i][Ib[i] != i][:k]
+        total += np.intersect1d(a, b).size / k
+    return float(total / Ia.shape[0])
+
+
+def neighbour_overlap(Q: np.ndarray, A: np.ndarray, B: np.ndarray, k: int = 10) -> float:
+    """Mean share of the top-``k`` of query ``Q[i]`` in ``B`` (row ``i`` excluded) also in its top-``k`` in ``A`` (row ``i`` excluded).
+
+    Q (n, d), A (n, d), B (n, d) unit rows; ``B`` is the reference (native) set.
+    """
+    k = min(k, Q.shape[0] - 1)
+    if k < 1:
+        return float("nan")
+    return overlap_without_self(knn(Q, A, k + 1)[1], knn(Q, B, k + 1)[1], k)
+
+
+def _beaten_by(Q: np.ndarray, true: np.ndarray, E: np.ndarray, block: int = 1024) -> np.ndarray:
+    """For each query ``Q[i]`` (n, d), how many rows of ``E`` (m, d) score strictly above ``true[i]``; blocked."""
+    out = np.zeros(Q.shape[0], dtype=np.int64)
+    for s in range(0, Q.shape[0], block):
+        out[s : s + block] = (Q[s : s + block] @ E.T > true[s : s + block, None]).sum(axis=1)
+    return out
+
+
+def pair_retrieval_scores(M: np.ndarray, T: np.ndarray, *, k: int = 10, extra_M: np.ndarray | None = None,
+                          extra_T: np.ndarray | None = None) -> dict:
+    """Corpus-side and query-side recall@1/@k and MRR, neighbourhood overlap@k and ``score``.
+
+    ``M`` (n, d) mapped old rows and ``T`` (n, d) native new rows, unit, paired by row.
+    ``extra_M`` (p, d): more mapped old rows (the rest of a migrated corpus) that compete in the
+    corpus-side ranking; ``extra_T`` (q, d): more native rows competing in the query-side ranking.
+    A distractor scoring exactly as high as the partner (a duplicate text) does not count.
+    """
+    M = np.ascontiguousarray(M, dtype=np.float32)
+    T = np.ascontiguousarray(T, dtype=np.float32)
+    rc = ranks(T, M)
+    rq = ranks(M, T)
+    true = np.einsum("ij,ij->i", M, T)
+    if extra_M is not None and len(extra_M):
+        rc = rc + _beaten_by(T, true, np.ascontiguousarray(extra_M, dtype=np.float32))
+    if extra_T is not None and len(extra_T):
+        rq = rq + _beaten_by(M, true, np.ascontiguousarray(extra_T, dtype=np.float32))
+    out = {"n_pairs": int(M.shape[0]), "n_distractors": [0 if extra_M is None else int(len(extra_M)),
+                                                          0 if extra_T is None else int(len(extra_T))],
+           "corpus_recall@1": float((rc == 1).mean()), f"corpus_recall@{k}": float((rc <= k).mean()),
+           "corpus_mrr": float((1.0 / rc).mean()),
+           "query_recall@1": float((rq == 1).mean()), f"query_recall@{k}": float((rq <= k).mean()),
+           "query_mrr": float((1.0 / rq).mean()),
+           f"overlap@{k}": neighbour_overlap(T, M, T, k),
+           "cos": float(np.einsum("ij,ij->i", M, T).mean())}
+    out["score"] = float((out["corpus_mrr"] + out["query_mrr"] + out[f"overlap@{k}"]) / 3.0)
+    return out

@@ -1,0 +1,149 @@
+"""align.fit_migration, select_rows_to_embed, knn_overlap: planted recovery, round trips, seeds, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import align
+from align.exceptions import (DimensionMismatchError, InputError, NonFiniteError, PairCountError,
+                              TooFewRowsError)
+from align.frames import unit_rows
+
+
+def _planted(n=600, d_s=12, d_t=12, noise=0.0, seed=0, kind="orthogonal"):
+    """Clustered source rows and targets ``Y = X A (+ noise)`` with A orthogonal or general."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(8, d_s)) * 2.0
+    X = centres[rng.integers(0, 8, n)] + rng.normal(size=(n, d_s))
+    if kind == "orthogonal":
+        A = np.linalg.qr(rng.normal(size=(max(d_s, d_t),) * 2))[0][:d_s, :d_t]
+    else:
+        A = rng.normal(size=(d_s, d_t))
+    Y = X @ A + noise * rng.normal(size=(n, d_t))
+    return X.astype(np.float32), Y.astype(np.float32)
+
+
+def _top1(m, X, Y):
+    M = m.apply(X, output="raw")
+    return float((np.argmax(M @ unit_rows(Y).T, axis=1) == np.arange(len(X))).mean())
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), method=st.sampled_from(["procrustes", "ridge", "lowrank"]))
+def test_planted_orthogonal_map_is_recovered_by_every_linear_family(seed, method):
+    X, Y = _planted(seed=seed)
+    m = align.fit_migration(X[:400], Y[:400], method=method, random_state=seed)
+    assert isinstance(m, align.LinearMap) and m.metadata["method"] == method
+    assert _top1(m, X[400:], Y[400:]) >= 0.99
+    cos = np.einsum("ij,ij->i", m.apply(X[400:], output="raw"), unit_rows(Y[400:]))
+    assert cos.mean() > 0.995
+
+
+def test_affine_planted_map_ridge_beats_procrustes_and_auto_picks_an_affine_family():
+    X, Y = _planted(n=800, d_s=10, d_t=14, kind="general", seed=3)
+    proc = align.fit_migration(X[:600], Y[:600], method="procrustes")
+    ridge = align.fit_migration(X[:600], Y[:600], method="ridge")
+    s_p, s_r = align.score_map(proc, X[600:], Y[600:]), align.score_map(ridge, X[600:], Y[600:])
+    assert s_r["cos"] > s_p["cos"] and s_r["cos"] > 0.99
+    auto = align.fit_migration(X[:600], Y[:600], method="auto", candidates=("procrustes", "ridge"))
+    assert auto.metadata["method"] == "ridge"
+    sel = auto.metadata["selection"]
+    assert set(sel["candidates"]) == {"procrustes", "ridge"}
+    assert sel["candidates"]["ridge"]["score"] >= sel["candidates"]["procrustes"]["score"]
+
+
+def test_contrastive_starts_from_its_warm_start_and_does_not_get_worse_on_the_planted_map():
+    X, Y = _planted(n=700, d_s=12, d_t=8, noise=0.05, seed=5)
+    m = align.fit_migration(X[:500], Y[:500], method="contrastive", epochs=3, batch_size=128, random_state=0)
+    assert m.metadata["method"] == "contrastive" and m.metadata["params"]["warm_start"] in ("ridge", "procrustes")
+    assert m.target_dim == 8
+    assert _top1(m, X[500:], Y[500:]) >= 0.95
+
+
+def test_both_directions_with_different_dims():
+    X, Y = _planted(n=500, d_s=16, d_t=9, kind="general", seed=7)
+    fwd = align.fit_migration(X, Y, method="auto", candidates=("procrustes", "ridge"))
+    back = align.fit_migration(Y, X, method="auto", candidates=("procrustes", "ridge"))
+    assert fwd.apply(X[:5], output="raw").shape == (5, 9)
+    assert back.apply(Y[:5], output="raw").shape == (5, 16)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+def test_save_load_round_trip_keeps_apply_and_selection(tmp_path, fmt):
+    X, Y = _planted(n=300, seed=2)
+    m = align.fit_migration(X, Y, method="auto", candidates=("procrustes", "ridge", "lowrank"))
+    path = m.save(tmp_path / f"m.{fmt}")
+    back = align.LinearMap.load(path)
+    np.testing.assert_array_equal(back.apply(X, output="raw"), m.apply(X, output="raw"))
+    assert back.metadata["selection"]["chosen"] == m.metadata["method"]
+
+
+def test_same_seed_same_map_other_seed_other_split():
+    X, Y = _planted(n=300, noise=0.1, seed=4)
+    a = align.fit_migration(X, Y, method="auto", random_state=1, epochs=2, candidates=("ridge", "contrastive"))
+    b = align.fit_migration(X, Y, method="auto", random_state=1, epochs=2, candidates=("ridge", "contrastive"))
+    np.testing.assert_array_equal(a.W, b.W)
+    def scores(m):
+        return {c: {k: v for k, v in s.items() if k != "seconds"} for c, s in m.metadata["selection"]["candidates"].items()}
+
+    assert scores(a) == scores(b)
+
+
+def test_unpaired_rows_enter_frames_and_distractors():
+    X, Y = _planted(n=900, seed=6)
+    m = align.fit_migration(X[:200], Y[:200], method="ridge", unpaired_source=X[200:], unpaired_target=Y[300:])
+    assert m.metadata["n_unpaired_source"] == 700 and m.metadata["n_unpaired_target"] == 600
+    assert m.metadata["selection"]["candidates"]["ridge"]["n_distractors"] == [700, 600]
+    assert m.source_frame.n_fit == 900
+
+
+@pytest.mark.parametrize("make, err", [
+    (lambda X, Y: align.fit_migration(X[:1], Y[:1]), TooFewRowsError),
+    (lambda X, Y: align.fit_migration(X[:3], Y[:3], method="auto"), TooFewRowsError),
+    (lambda X, Y: align.fit_migration(X[:10], Y[:11]), PairCountError),
+    (lambda X, Y: align.fit_migration(np.where(np.arange(12) == 3, np.nan, X[:50]), Y[:50]), NonFiniteError),
+    (lambda X, Y: align.fit_migration(X, Y, unpaired_source=Y[:, :5]), DimensionMismatchError),
+    (lambda X, Y: align.fit_migration(X, Y, method="mlp"), InputError),
+    (lambda X, Y: align.fit_migration(X, Y, bogus=1), InputError),
+    (lambda X, Y: align.fit_migration(X, Y, candidates=("ridge", "nope")), InputError),
+    (lambda X, Y: align.select_rows_to_embed(X, 0), TooFewRowsError),
+    (lambda X, Y: align.select_rows_to_embed(X, 10, method="greedy"), InputError),
+    (lambda X, Y: align.knn_overlap(X[:5], Y[:5]), TooFewRowsError),
+])
+def test_bad_input_raises_typed_errors(make, err):
+    X, Y = _planted(n=100, seed=1)
+    with pytest.raises(err):
+        make(X, Y)
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(1, 60))
+def test_select_rows_distinct_sorted_reproducible(seed, k):
+    X, _ = _planted(n=200, seed=seed % 7)
+    a = align.select_rows_to_embed(X, k, random_state=seed)
+    assert a.shape == (k,) and np.all(np.diff(a) > 0) and a.min() >= 0 and a.max() < 200
+    np.testing.assert_array_equal(a, align.select_rows_to_embed(X, k, random_state=seed))
+    r = align.select_rows_to_embed(X, k, method="random", random_state=seed)
+    assert r.shape == (k,) and np.unique(r).size == k
+
+
+def test_kmeanspp_covers_small_clusters_better_than_random():
+    rng = np.random.default_rng(0)
+    e = np.eye(8) * 5.0
+    big = rng.normal(size=(2000, 8)) + e[0]
+    small = rng.normal(size=(20, 8)) * 0.3 + e[1]  # a rare region in another direction
+    X = np.concatenate([big, small]).astype(np.float32)
+    hits_pp = sum(int((align.select_rows_to_embed(X, 20, random_state=s) >= 2000).any()) for s in range(5))
+    hits_rand = sum(int((align.select_rows_to_embed(X, 20, method="random", random_state=s) >= 2000).any())
+                    for s in range(5))
+    assert hits_pp == 5 and hits_rand < hits_pp
+
+
+def test_knn_overlap_is_one_for_a_rotation_and_low_for_unrelated_spaces():
+    X, Y = _planted(n=300, seed=8)
+    assert align.knn_overlap(X, Y) == pytest.approx(1.0, abs=1e-6)
+    Z = np.random.default_rng(0).normal(size=X.shape).astype(np.float32)
+    assert align.knn_overlap(X, Z) < 0.2
