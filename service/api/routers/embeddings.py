@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Body
 from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import InputError
@@ -11,6 +13,7 @@ from align.exceptions import InputError
 from ..codec import b64_encode, check_batch
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..errors import UnknownEncoderError
+from ..openapi import examples
 from ..responses import FastJSONResponse
 from ..schemas import EmbeddingsRequest, EmbeddingsResponse, ModelList, error_responses
 
@@ -56,7 +59,8 @@ async def list_models():
 
 @router.post("/embeddings", dependencies=[ReadScope, JSONOnly], summary="Create embeddings (OpenAI-shaped)",
              description=EMB_DOC, response_model=EmbeddingsResponse, responses=error_responses(404, 413, 415))
-async def embeddings(body: EmbeddingsRequest, state: StateDep, settings: SettingsDep):
+async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=examples("embeddings"))], state: StateDep,
+                     settings: SettingsDep):
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     if not texts:
         raise InputError("input must be a non-empty string or list of strings")

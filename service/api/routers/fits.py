@@ -13,8 +13,9 @@ from align.exceptions import DimensionMismatchError, InputError
 
 from ...registry import ConflictError, NotFoundError
 from ...registry.names import check_alias, check_name
-from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
+from ..codec import check_batch, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..openapi import json_body
 from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
 from ..schemas import FitRequest, JobList, JobOut, error_responses
@@ -118,8 +119,7 @@ def _what(side: dict) -> str:
              description=FIT_DOC, response_model=JobOut,
              responses={200: {"model": JobOut, "description": "Idempotent replay: the job this key first created."},
                         **error_responses(409, 413, 415, 429)},
-             openapi_extra={"requestBody": {"required": True,
-                                            "content": {JSON: {"schema": FitRequest.model_json_schema()}}}})
+             openapi_extra=json_body(FitRequest, "create_fit"))
 async def create_fit(request: Request, state: StateDep, settings: SettingsDep,
                      idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=200)):
     body = await request.body()

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import DimensionMismatchError, InputError
 
 from ...indexes import SpaceIndex
-from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
+from ..codec import check_batch, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..openapi import examples, json_body
 from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
 from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate, IndexCreateOptions, IndexDelete,
@@ -37,10 +40,6 @@ Per-request options (never shared state): `k`; `exact` (scan every row); `ef_sea
 scores, `scoring="csls"`); `steers` (`{"name@alias": eps, ...}`: steers of the index's space applied
 to the queries after translation, composed by summation; `steers` in the response lists them).
 """
-
-
-def _body_schema(model) -> dict:
-    return {"requestBody": {"required": True, "content": {JSON: {"schema": model.model_json_schema()}}}}
 
 
 def _split(obj: dict) -> dict:
@@ -70,7 +69,7 @@ async def get_index(name: str, state: StateDep):
 
 
 @router.post("/indexes", dependencies=[WriteScope, JSONOnly], status_code=201,
-             summary="Create an index in a space", openapi_extra=_body_schema(IndexCreate), response_model=IndexOut,
+             summary="Create an index in a space", openapi_extra=json_body(IndexCreate, "create_index"), response_model=IndexOut,
              responses=error_responses(409, 413, 415))
 async def create_index(request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
@@ -110,7 +109,7 @@ async def drop_index(name: str, state: StateDep):
 
 
 @router.post("/indexes/{name}/vectors", dependencies=[WriteScope, JSONOnly],
-             summary="Add rows (vectors or texts)", openapi_extra=_body_schema(IndexAdd),
+             summary="Add rows (vectors or texts)", openapi_extra=json_body(IndexAdd, "add_vectors"),
              response_model=IndexAddResponse, responses=error_responses(409, 413, 415))
 async def add_vectors(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
@@ -136,7 +135,8 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
 
 @router.post("/indexes/{name}/delete", dependencies=[WriteScope, JSONOnly], summary="Delete rows by id",
              response_model=IndexDeleteResponse, responses=error_responses(415))
-async def delete_vectors(name: str, body: IndexDelete, state: StateDep):
+async def delete_vectors(name: str, body: Annotated[IndexDelete, Body(openapi_examples=examples("delete_vectors"))],
+                         state: StateDep):
     idx = state.indexes.get(name)
     n = await run_in_threadpool(idx.delete, body.ids)
     state.metrics.index_vectors.labels(name).set(idx.count)
@@ -144,7 +144,7 @@ async def delete_vectors(name: str, body: IndexDelete, state: StateDep):
 
 
 @router.post("/indexes/{name}/search", dependencies=[ReadScope, JSONOnly], summary="Search, from any space",
-             description=SEARCH_DOC, openapi_extra=_body_schema(SearchRequest), response_model=SearchResponse,
+             description=SEARCH_DOC, openapi_extra=json_body(SearchRequest, "search"), response_model=SearchResponse,
              responses=error_responses(413, 415))
 async def search(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()

@@ -30,9 +30,10 @@ from align.steer import Steer
 
 from ...registry import ConflictError, NotFoundError
 from ...registry.names import check_alias, check_name
-from ..codec import JSON, check_batch, parse_json, validate
+from ..codec import check_batch, parse_json, validate
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..errors import ServiceUnavailableError
+from ..openapi import json_body
 from ..responses import FastJSONResponse
 from ..schemas import JobOut, _Strict, error_responses
 from ..state import AppState
@@ -139,10 +140,6 @@ def _resolve_lm_steer(state: AppState, ref: str, space: str):
     return info, steer
 
 
-def _body_schema(model) -> dict:
-    return {"requestBody": {"required": True, "content": {JSON: {"schema": model.model_json_schema()}}}}
-
-
 # --- routes -------------------------------------------------------------------------------------
 FIT_DOC = """Queue an LM-Steer fit on the service's language model (body frozen): `texts` with `labels`
 (+1 / -1 / 0). The answer (202) carries the job id; on success the job's `result` holds `ref` and the
@@ -151,7 +148,7 @@ registered `steer` (space `lm.<model>`, lens = vocabulary words at the ends of W
 
 
 @router.post("/steers", dependencies=[WriteScope, JSONOnly], status_code=202, summary="Queue an LM steer fit job",
-             description=FIT_DOC, response_model=JobOut, openapi_extra=_body_schema(LMFitRequest),
+             description=FIT_DOC, response_model=JobOut, openapi_extra=json_body(LMFitRequest, "lm_fit"),
              responses={200: {"model": JobOut, "description": "Idempotent replay: the job this key first created."},
                         **error_responses(409, 413, 415, 429)})
 async def create_lm_steer(request: Request, state: StateDep, settings: SettingsDep,
@@ -210,7 +207,7 @@ async def create_lm_steer(request: Request, state: StateDep, settings: SettingsD
 
 
 @router.post("/generate", dependencies=[ReadScope, JSONOnly], summary="Continue a prompt under steers",
-             response_model=LMGenerateResponse, openapi_extra=_body_schema(LMGenerateRequest),
+             response_model=LMGenerateResponse, openapi_extra=json_body(LMGenerateRequest, "lm_generate"),
              responses=error_responses(413, 415))
 async def lm_generate(request: Request, state: StateDep):
     body = await request.body()
@@ -240,7 +237,7 @@ async def lm_generate(request: Request, state: StateDep):
 
 
 @router.post("/analyze", dependencies=[ReadScope, JSONOnly], summary="Per-token evidence of a steer in a text",
-             response_model=LMAnalyzeResponse, openapi_extra=_body_schema(LMAnalyzeRequest),
+             response_model=LMAnalyzeResponse, openapi_extra=json_body(LMAnalyzeRequest, "lm_analyze"),
              responses=error_responses(413, 415))
 async def lm_analyze(request: Request, state: StateDep):
     body = await request.body()

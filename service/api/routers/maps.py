@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Body, Path, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_json, validate,
                      vectors_from_binary, vectors_from_json)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..openapi import examples, json_body
 from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
 from ..schemas import (MAX_VERSION, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
@@ -48,17 +49,11 @@ Errors: unknown map 404; wrong width, NaN/Inf, empty or ragged input 422; more r
 `max_batch` or a body over `max_body_bytes` 413.
 """
 
-_TRANSFORM_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            JSON: {"schema": TransformJSON.model_json_schema()},
-            OCTET: {"schema": {"type": "string", "format": "binary",
-                               "description": "little-endian float32, row-major (n*d*4 bytes)"}},
-            NPY: {"schema": {"type": "string", "format": "binary", "description": "a .npy array (n, d)"}},
-        },
-    }
-}
+_TRANSFORM_BODY = json_body(TransformJSON, "transform", extra_content={
+    OCTET: {"schema": {"type": "string", "format": "binary",
+                       "description": "little-endian float32, row-major (n*d*4 bytes)"}},
+    NPY: {"schema": {"type": "string", "format": "binary", "description": "a .npy array (n, d)"}},
+})
 
 
 # --- spaces -------------------------------------------------------------------------------------
@@ -75,7 +70,7 @@ async def get_space(name: str, state: StateDep):
 
 @router.post("/spaces", dependencies=[WriteScope, JSONOnly], status_code=201, summary="Register a space",
              response_model=SpaceOut, responses=error_responses(409, 415))
-async def create_space(body: SpaceCreate, state: StateDep):
+async def create_space(body: Annotated[SpaceCreate, Body(openapi_examples=examples("create_space"))], state: StateDep):
     def work():
         dim = body.dim
         if body.encoder:
@@ -134,7 +129,8 @@ async def delete_version(name: str, version: Version, state: StateDep):
 
 @router.put("/maps/{name}/aliases/{alias}", dependencies=[WriteScope, JSONOnly],
             summary="Point an alias at a version", response_model=VersionOut, responses=error_responses(409, 415))
-async def set_alias(name: str, alias: str, body: AliasSet, state: StateDep):
+async def set_alias(name: str, alias: str, body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))],
+                    state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.set_alias, name, alias, body.version)).to_dict())
 
 
@@ -146,7 +142,8 @@ async def delete_alias(name: str, alias: str, state: StateDep):
 
 @router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],
             summary="Set a tag", response_model=VersionOut, responses=error_responses(415))
-async def set_tag(name: str, version: Version, key: str, body: TagSet, state: StateDep):
+async def set_tag(name: str, version: Version, key: str,
+                  body: Annotated[TagSet, Body(openapi_examples=examples("set_tag"))], state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.set_tag, name, version, key, body.value)).to_dict())
 
 

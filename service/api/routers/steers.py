@@ -17,8 +17,9 @@ from ...registry import ConflictError, NotFoundError
 from ...registry.names import check_alias, check_name
 from ...steer_wiring import check_steer_params, fit_and_register
 from ...steering import apply_steer_job
-from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
+from ..codec import check_batch, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..openapi import json_body
 from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
 from ..schemas import (JobOut, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
@@ -36,10 +37,6 @@ registered `steer` version. Rows are `vectors`, `vectors_b64` + `dim`, or `texts
 The lens is stored with the version when the rows have names (`texts`, or `items` with vectors).
 `Idempotency-Key` works as for map fits.
 """
-
-
-def _body_schema(model) -> dict:
-    return {"requestBody": {"required": True, "content": {JSON: {"schema": model.model_json_schema()}}}}
 
 
 def _split(obj: dict) -> dict:
@@ -61,7 +58,7 @@ def _check_fit(state: AppState, opts: SteerFitOptions) -> None:
 
 
 @router.post("/steers", dependencies=[WriteScope, JSONOnly], status_code=202, summary="Queue a steer fit job",
-             description=FIT_DOC, response_model=JobOut, openapi_extra=_body_schema(SteerFitRequest),
+             description=FIT_DOC, response_model=JobOut, openapi_extra=json_body(SteerFitRequest, "create_steer"),
              responses={200: {"model": JobOut, "description": "Idempotent replay: the job this key first created."},
                         **error_responses(409, 413, 415, 429)})
 async def create_steer(request: Request, state: StateDep, settings: SettingsDep,
@@ -140,7 +137,7 @@ async def get_steer(ref: str, state: StateDep):
 
 
 @router.post("/steers/{ref}/apply", dependencies=[ReadScope, JSONOnly], summary="Steer vectors: Q (I + eps W)",
-             response_model=SteerApplyResponse, openapi_extra=_body_schema(SteerApplyRequest),
+             response_model=SteerApplyResponse, openapi_extra=json_body(SteerApplyRequest, "apply_steer"),
              responses=error_responses(413, 415))
 async def apply_steer(ref: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()

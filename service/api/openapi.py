@@ -1,0 +1,103 @@
+"""Request bodies in the OpenAPI document: their schema and runnable examples (``/docs`` → "Try it out").
+
+The examples build one small world in order, so a reader can run them top to bottom in
+``/docs`` on an empty service (``tests/test_openapi_examples.py`` does exactly that):
+
+1. ``POST /v1/spaces`` ``toy-a`` (4-d);
+2. ``POST /v1/fits`` ``toy-a2b``: paired Procrustes from ``toy-a`` to ``toy-b`` (registered from the
+   data), the target being the source with its coordinates swapped pairwise (a rotation);
+3. ``PUT /v1/maps/toy-a2b/aliases/prod``, ``PUT /v1/maps/toy-a2b/versions/1/tags/owner``;
+4. ``POST /v1/maps/toy-a2b/transform``;
+5. ``POST /v1/indexes`` ``toy-b-docs`` in ``toy-b``, ``POST .../vectors``, ``POST .../search`` with
+   ``toy-a`` queries (mapped through ``toy-a2b@prod``), ``POST .../delete``;
+6. ``POST /v1/steers`` ``toy-up`` in ``toy-b``, ``POST /v1/steers/toy-up/apply``.
+
+The embeddings and LM examples need the encoders / language model installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["EXAMPLES", "json_body", "examples"]
+
+_A = [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0],
+      [0.6, 0.8, 0.0, 0.0], [0.0, 0.0, 0.8, 0.6], [0.5, 0.5, 0.5, 0.5], [0.9, 0.0, 0.1, 0.4]]
+_B = [[r[1], r[0], r[3], r[2]] for r in _A]  # toy-b = toy-a with coordinates swapped pairwise
+
+
+def _ex(summary: str, value: Any) -> dict:
+    return {"summary": summary, "value": value}
+
+
+EXAMPLES: dict[str, dict[str, dict]] = {
+    "create_space": {
+        "toy": _ex("A 4-d space (step 1 of the toy walk-through)", {"name": "toy-a", "dim": 4,
+                                                                      "description": "toy source space"}),
+        "encoder": _ex("A space produced by an installed encoder (dim taken from it)",
+                       {"name": "minilm", "encoder": "all-MiniLM-L6-v2"}),
+    },
+    "create_fit": {
+        "toy": _ex("Paired Procrustes fit toy-a -> toy-b (toy-b is registered from the data)", {
+            "name": "toy-a2b", "source_space": "toy-a", "target_space": "toy-b", "method": "procrustes",
+            "paired": True, "source": {"vectors": _A}, "target": {"vectors": _B}, "random_state": 0}),
+        "texts": _ex("Unsupervised fit from texts, embedded in the job by each space's encoder", {
+            "name": "minilm-e5", "source_space": "minilm", "target_space": "e5", "method": "minivec2vec",
+            "source": {"texts": ["a cat sits on the mat", "stocks fell sharply"], "encoder": "all-MiniLM-L6-v2"},
+            "target": {"texts": ["the weather is mild", "a dog chases a ball"], "encoder": "multilingual-e5-small"}}),
+    },
+    "set_alias": {"prod": _ex("Point `prod` at version 1", {"version": 1})},
+    "set_tag": {"owner": _ex("Any JSON value", {"value": "search-team"})},
+    "transform": {
+        "toy": _ex("Two rows of toy-a as JSON numbers", {"vectors": [[1.0, 0.0, 0.0, 0.0], [0.6, 0.8, 0.0, 0.0]]}),
+        "base64": _ex("The same rows as base64 float32 (fast path inside JSON), answered in base64", {
+            "vectors_b64": "AACAPwAAAAAAAAAAAAAAAJqZGT/NzEw/AAAAAAAAAAA=", "dim": 4, "encoding_format": "base64"}),
+    },
+    "create_index": {
+        "toy": _ex("An exact index of four toy-b rows with payloads", {
+            "name": "toy-b-docs", "space": "toy-b", "vectors": _B[:4], "ids": [1, 2, 3, 4],
+            "payloads": [{"title": t} for t in ("one", "two", "three", "four")]}),
+        "texts": _ex("Rows as texts, embedded with the space's encoder", {
+            "name": "minilm-docs", "space": "minilm", "texts": ["a cat sits on the mat", "stocks fell sharply"]}),
+    },
+    "add_vectors": {"toy": _ex("Add one row with its id", {"vectors": [_B[6]], "ids": [100],
+                                                          "payloads": [{"title": "mixed"}]})},
+    "delete_vectors": {"toy": _ex("Delete rows by id", {"ids": [100]})},
+    "search": {
+        "toy": _ex("Queries from toy-a, mapped into toy-b through the registry's map", {
+            "vectors": [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]], "space": "toy-a", "k": 2}),
+        "texts": _ex("Text queries in another space, re-ranked by CSLS", {
+            "texts": ["a kitten on a rug"], "space": "minilm", "k": 5, "csls": True}),
+    },
+    "create_steer": {"toy": _ex("A rank-1 steer in toy-b: +1 rows lean on the first coordinate", {
+        "name": "toy-up", "space": "toy-b", "vectors": _B, "labels": [-1, 1, -1, -1, 1, -1, 1, -1],
+        "params": {"rank": 1, "max_iter": 50}, "random_state": 0})},
+    "apply_steer": {"toy": _ex("Steer two toy-b rows at half strength", {
+        "vectors": [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]], "eps": 0.5})},
+    "embeddings": {
+        "plain": _ex("OpenAI-shaped", {"input": ["a cat sits on the mat"], "model": "all-MiniLM-L6-v2"}),
+        "translated": _ex("Translated into another registered space", {
+            "input": "a cat sits on the mat", "model": "all-MiniLM-L6-v2", "target_space": "e5"}),
+    },
+    "lm_fit": {"polite": _ex("A small style steer on the language model", {
+        "name": "polite", "texts": ["Thank you so much, that is very kind.", "Could you please help me?",
+                                    "Shut up and do it.", "This is useless, go away."],
+        "labels": [1, 1, -1, -1], "rank": 4, "steps": 50})},
+    "lm_generate": {"steered": _ex("Continue a prompt under a steer", {
+        "prompt": "The meeting today was", "steers": {"polite": 1.0}, "max_new_tokens": 20})},
+    "lm_analyze": {"evidence": _ex("Which tokens carry the steer's style", {
+        "text": "Thank you, that was very kind of you.", "steer": "polite"})},
+}
+
+
+def examples(route: str) -> dict[str, dict]:
+    """The named OpenAPI examples of ``route`` (for ``Body(openapi_examples=...)``)."""
+    return EXAMPLES[route]
+
+
+def json_body(model, route: str | None = None, *, extra_content: dict | None = None) -> dict:
+    """``openapi_extra`` for a route that reads its JSON body itself: ``model``'s schema, the
+    route's examples, and any other media types (``extra_content``)."""
+    content = {"application/json": {"schema": model.model_json_schema(),
+                                    **({"examples": EXAMPLES[route]} if route else {})}}
+    return {"requestBody": {"required": True, "content": {**content, **(extra_content or {})}}}
