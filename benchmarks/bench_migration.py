@@ -1,0 +1,365 @@
+"""Migration benchmark on labelled retrieval: how much of native re-embedding quality a map keeps.
+
+Sets and embeddings come from ``benchmarks/build_retrieval_sets.py`` (cached outside git). For a
+set and an encoder pair old → new (e.g. ``wordnet:minilm:e5``), with ``K`` corpus rows embedded
+by both models (the fit pairs, drawn from the set's fit pool, never the evaluation documents):
+
+- **native-new**: new-model queries over the new-model corpus (full re-embedding; the reference);
+  native-old: old queries over the old corpus (for context).
+- **corpus-side**: a map fitted old → new on the K pairs maps the whole old corpus into the new
+  space; native new-model queries search it. (All rows are mapped, also the K re-embedded ones,
+  so the figure measures the map alone.)
+- **query-side** (Drift-Adapter): a map fitted new → old on the same pairs maps new-model queries
+  into the untouched old index.
+
+Metrics per query (one relevant document, rank ``r`` among FAISS top-100, exact inner product on
+unit rows): R@1, R@10, nDCG@10 = ``1/log2(1 + r)`` for ``r ≤ 10``, MRR@100 = ``1/r`` for
+``r ≤ 100``; averaged over queries. **retention = migrated / native-new** (of R@10 unless said).
+``µs/row`` is the wall time of ``map.apply(·, output="raw")`` per row on the evaluation queries
+(the per-query cost in query-side mode; corpus-side pays it once per document, offline), beside a
+plain ``Q @ W`` GEMM on the same rows.
+
+Methods: ``procrustes`` (``align.fit_procrustes``), ``ridge`` (``align.fit_ridge``, λ chosen on
+20 % held-out pairs by mean cosine), and each ``align.fit_migration`` method (``fm:<name>``),
+when align has it. Row choice: ``random`` or ``kmeans++`` (``align.select_rows_to_embed`` on the
+old corpus's fit pool). ``align.plan_migration`` (when present) predicts the retention from a
+probe; its prediction is recorded next to the measured figure.
+
+Results: printed tables, ``benchmarks/results/migration_<date>.md`` and ``.json`` (a rerun with
+the same date resumes: finished cells are read back, not refitted).
+
+Usage::
+
+    python benchmarks/bench_migration.py                                   # all sets/pairs available
+    python benchmarks/bench_migration.py --pairs wordnet:minilm:e5 --ks 300 1000 --methods procrustes ridge
+"""
+
+from __future__ import annotations
+
+import os
+
+for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_v, "2")
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import align  # noqa: E402
+from build_retrieval_sets import DEFAULT_CACHE, load_embeddings, load_set  # noqa: E402
+
+RESULTS = HERE / "results"
+DEFAULT_PAIRS = ("wordnet:minilm:e5", "bible:minilm:e5", "wordnet:minilm:mpnet", "bible:minilm:mpnet")
+DEFAULT_KS = (50, 100, 300, 1000, 3000, 10000)
+MODES = ("corpus", "query")
+TOPK = 100
+RIDGE_ALPHAS = (0.01, 0.1, 1.0, 10.0)
+
+
+# --- metrics --------------------------------------------------------------------------------------------
+
+def unit(X: np.ndarray) -> np.ndarray:
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    return X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
+
+
+def search(Q: np.ndarray, D: np.ndarray, k: int = TOPK) -> np.ndarray:
+    """Indices (q, k) of the ``k`` highest inner products of unit rows, exact (FAISS flat index)."""
+    import faiss
+
+    index = faiss.IndexFlatIP(D.shape[1])
+    index.add(unit(D))
+    _, I = index.search(unit(Q), min(k, D.shape[0]))
+    return I
+
+
+def ranks_from_topk(I: np.ndarray, relevant: np.ndarray) -> np.ndarray:
+    """1-based rank of ``relevant[i]`` in row ``I[i]``; ``inf`` when it is not among the retrieved."""
+    hit = I == np.asarray(relevant).reshape(-1, 1)
+    r = np.full(I.shape[0], np.inf)
+    rows, cols = np.nonzero(hit)
+    r[rows] = cols + 1
+    return r
+
+
+def retrieval_metrics(I: np.ndarray, relevant: np.ndarray) -> dict:
+    """R@1, R@10, nDCG@10, MRR@k (k = I.shape[1]) with one relevant document per query."""
+    r = ranks_from_topk(I, relevant)
+    return {"R@1": float(np.mean(r <= 1)), "R@10": float(np.mean(r <= 10)),
+            "nDCG@10": float(np.mean(np.where(r <= 10, 1.0 / np.log2(1.0 + np.minimum(r, 1e9)), 0.0))),
+            "MRR": float(np.mean(np.where(np.isfinite(r), 1.0 / np.minimum(r, 1e18), 0.0)))}
+
+
+def retention(migrated: dict, native: dict) -> dict:
+    return {f"ret_{k}": (migrated[k] / native[k] if native[k] > 0 else float("nan"))
+            for k in ("R@1", "R@10", "nDCG@10", "MRR")}
+
+
+# --- data -----------------------------------------------------------------------------------------------
+
+def pair_data(set_name: str, old: str, new: str, cache: Path) -> dict | None:
+    """Corpus, queries and fit pool restricted to what both encoders embedded."""
+    spec = load_set(set_name, cache)
+    eo, en = load_embeddings(set_name, old, cache), load_embeddings(set_name, new, cache)
+    if eo is None or en is None:
+        return None
+    rows_o, Do, qi_o, Qo = eo
+    rows_n, Dn, qi_n, Qn = en
+    common = np.intersect1d(rows_o, rows_n)
+    pos_o = {int(r): i for i, r in enumerate(rows_o)}
+    pos_n = {int(r): i for i, r in enumerate(rows_n)}
+    Do = Do[[pos_o[int(r)] for r in common]]
+    Dn = Dn[[pos_n[int(r)] for r in common]]
+    doc_pos = {int(r): i for i, r in enumerate(common)}
+    qdoc = np.asarray(spec["query_doc"])
+    qo_pos = {int(q): i for i, q in enumerate(qi_o)}
+    qn_pos = {int(q): i for i, q in enumerate(qi_n)}
+    qs = [int(q) for q in qi_n if int(q) in qo_pos and int(qdoc[q]) in doc_pos]
+    pool = np.asarray([doc_pos[int(r)] for r in spec["fit_pool"] if int(r) in doc_pos])
+    return {"D_old": Do, "D_new": Dn, "Q_old": Qo[[qo_pos[q] for q in qs]], "Q_new": Qn[[qn_pos[q] for q in qs]],
+            "relevant": np.asarray([doc_pos[int(qdoc[q])] for q in qs]), "pool": pool,
+            "n_docs": int(len(common)), "n_queries": len(qs), "n_pool": int(len(pool))}
+
+
+# --- fitting --------------------------------------------------------------------------------------------
+
+def fit_ridge_cv(X: np.ndarray, Y: np.ndarray, random_state: int = 0):
+    """``align.fit_ridge`` with λ from ``RIDGE_ALPHAS`` chosen by mean held-out cosine (20 % of pairs)."""
+    rng = np.random.default_rng(random_state)
+    perm = rng.permutation(X.shape[0])
+    n_val = max(2, X.shape[0] // 5)
+    val, tr = perm[:n_val], perm[n_val:]
+    best, best_cos = RIDGE_ALPHAS[0], -np.inf
+    if len(tr) >= 2:
+        for a in RIDGE_ALPHAS:
+            m = align.fit_ridge(X[tr], Y[tr], alpha=a)
+            c = float(np.mean(np.sum(m.apply(X[val], output="raw") * unit(Y[val]), axis=1)))
+            if c > best_cos:
+                best, best_cos = a, c
+    m = align.fit_ridge(X, Y, alpha=best)
+    m.metadata["alpha_chosen"] = best
+    return m
+
+
+def fit_one(method: str, X: np.ndarray, Y: np.ndarray, unpaired_source, unpaired_target, seed: int):
+    if method == "procrustes":
+        return align.fit_procrustes(X, Y)
+    if method == "ridge":
+        return fit_ridge_cv(X, Y, seed)
+    if method.startswith("fm:"):
+        return align.fit_migration(X, Y, method=method[3:], unpaired_source=unpaired_source,
+                                   unpaired_target=unpaired_target, random_state=seed)
+    raise SystemExit(f"unknown method {method!r}")
+
+
+def available_methods() -> list[str]:
+    out = ["procrustes", "ridge"]
+    if hasattr(align, "fit_migration"):
+        from align.migration import MIGRATION_METHODS
+
+        out += [f"fm:{m}" for m in MIGRATION_METHODS]
+    return out
+
+
+def choose_rows(X_pool: np.ndarray, k: int, sampling: str, seed: int) -> np.ndarray:
+    """Positions (k,) in the pool: uniform, or coverage (``align.select_rows_to_embed``)."""
+    if sampling == "random":
+        return np.sort(np.random.default_rng(seed).choice(X_pool.shape[0], size=k, replace=False))
+    if not hasattr(align, "select_rows_to_embed"):
+        raise SystemExit("coverage sampling needs align.select_rows_to_embed")
+    return np.asarray(align.select_rows_to_embed(X_pool, k, method=sampling, random_state=seed))
+
+
+def time_apply(m, Q: np.ndarray, repeats: int = 3) -> tuple[float, float]:
+    """(µs per row of ``m.apply(Q, output="raw")``, µs per row of a plain ``Q @ W``), best of ``repeats``."""
+    Q = np.ascontiguousarray(Q, dtype=np.float32)
+    W = np.ascontiguousarray(m.W, dtype=np.float32)
+    best_m = best_g = np.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        m.apply(Q, output="raw")
+        best_m = min(best_m, time.perf_counter() - t)
+        t = time.perf_counter()
+        Q @ W
+        best_g = min(best_g, time.perf_counter() - t)
+    return 1e6 * best_m / len(Q), 1e6 * best_g / len(Q)
+
+
+# --- one pair ---------------------------------------------------------------------------------------------
+
+def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: dict, save, log=print) -> dict:
+    """Evaluate every (sampling, K, mode, method) cell of one pair; ``done`` holds finished cells."""
+    Do, Dn, Qo, Qn, rel = data["D_old"], data["D_new"], data["Q_old"], data["Q_new"], data["relevant"]
+    native_new = retrieval_metrics(search(Qn, Dn), rel)
+    native_old = retrieval_metrics(search(Qo, Do), rel)
+    cells = done.setdefault("cells", {})
+    done.update({"native_new": native_new, "native_old": native_old, "n_docs": data["n_docs"],
+                 "n_queries": data["n_queries"], "n_pool": data["n_pool"]})
+    log(f"\n{key}: {data['n_docs']} docs, {data['n_queries']} queries, pool {data['n_pool']}; native-new "
+        f"R@10 {native_new['R@10']:.3f} MRR {native_new['MRR']:.3f}; native-old R@10 {native_old['R@10']:.3f}")
+    pool = data["pool"]
+    for sampling in samplings:
+        for k in ks:
+            if k > len(pool):
+                continue
+            idx = None
+            for mode in MODES:
+                for method in methods:
+                    cell = f"{sampling}|{k}|{mode}|{method}"
+                    if cell in cells:
+                        continue
+                    if idx is None:
+                        t = time.perf_counter()
+                        idx = pool[choose_rows(Do[pool], k, sampling, seed)]
+                        t_select = time.perf_counter() - t
+                    if mode == "corpus":
+                        X, Y, up_s, up_t = Do[idx], Dn[idx], Do, None
+                    else:
+                        X, Y, up_s, up_t = Dn[idx], Do[idx], None, Do
+                    t = time.perf_counter()
+                    try:
+                        m = fit_one(method, X, Y, up_s, up_t, seed)
+                    except Exception as exc:  # a method may refuse tiny K: record, go on
+                        cells[cell] = {"error": f"{type(exc).__name__}: {exc}"}
+                        log(f"  {cell}: {cells[cell]['error']}")
+                        save()
+                        continue
+                    fit_s = time.perf_counter() - t
+                    if mode == "corpus":
+                        I = search(Qn, m.apply(Do, output="raw"))
+                    else:
+                        I = search(m.apply(Qn, output="raw"), Do)
+                    met = retrieval_metrics(I, rel)
+                    us, us_gemm = time_apply(m, Qn if mode == "query" else Do[: len(Qn)])
+                    cells[cell] = {**met, **retention(met, native_new), "fit_s": fit_s, "select_s": t_select,
+                                   "us_per_row": us, "us_per_row_gemm": us_gemm,
+                                   "chosen": m.metadata.get("method"), "alpha": m.metadata.get("alpha_chosen")}
+                    log(f"  {sampling:8s} K={k:<5d} {mode:6s} {method:16s} R@10 {met['R@10']:.3f} "
+                        f"ret {cells[cell]['ret_R@10']:.3f}  fit {fit_s:6.1f}s  {us:5.2f} µs/row "
+                        f"[{cells[cell]['chosen']}]")
+                    save()
+    return done
+
+
+# --- plan vs measured ---------------------------------------------------------------------------------------
+
+def plan_prediction(data: dict, k_probe: int, seed: int) -> dict | None:
+    """``align.plan_migration`` on the old fit pool plus a ``k_probe``-pair probe (when align has it)."""
+    if not hasattr(align, "plan_migration"):
+        return None
+    import inspect
+
+    pool = data["pool"]
+    probe = pool[np.random.default_rng(seed + 1).choice(len(pool), size=min(k_probe, len(pool)), replace=False)]
+    params = inspect.signature(align.plan_migration).parameters
+    kw = {"random_state": seed} if "random_state" in params else {}
+    plan = align.plan_migration(data["D_old"][pool], data["D_old"][probe], data["D_new"][probe], **kw)
+    return plan if isinstance(plan, dict) else getattr(plan, "to_dict", lambda: vars(plan))()
+
+
+# --- tables ---------------------------------------------------------------------------------------------------
+
+def fmt(x, nd=3) -> str:
+    return "—" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{nd}f}"
+
+
+def tables(results: dict) -> str:
+    out = []
+    for key, res in results["pairs"].items():
+        nn, no = res["native_new"], res["native_old"]
+        out.append(f"\n### {key}  ({res['n_docs']} docs, {res['n_queries']} queries, fit pool {res['n_pool']})\n")
+        out.append("| reference | R@1 | R@10 | nDCG@10 | MRR@100 |\n|---|---|---|---|---|")
+        out.append(f"| native new | {fmt(nn['R@1'])} | {fmt(nn['R@10'])} | {fmt(nn['nDCG@10'])} | {fmt(nn['MRR'])} |")
+        out.append(f"| native old | {fmt(no['R@1'])} | {fmt(no['R@10'])} | {fmt(no['nDCG@10'])} | {fmt(no['MRR'])} |")
+        cells = res["cells"]
+        ks = sorted({int(c.split("|")[1]) for c in cells})
+        combos = []
+        for c in cells:
+            s, _, mode, meth = c.split("|")
+            if (mode, meth, s) not in combos:
+                combos.append((mode, meth, s))
+        combos.sort()
+        out.append(f"\nRetention of R@10 (migrated / native-new) by K pairs:\n")
+        out.append("| mode | method | rows | " + " | ".join(f"K={k}" for k in ks) + " |")
+        out.append("|---|---|---|" + "---|" * len(ks))
+        for mode, meth, s in combos:
+            vals = [cells.get(f"{s}|{k}|{mode}|{meth}", {}).get("ret_R@10") for k in ks]
+            out.append(f"| {mode} | {meth} | {s} | " + " | ".join(fmt(v) for v in vals) + " |")
+        out.append(f"\nAll metrics (retention = of native-new; µs/row: map.apply raw vs plain GEMM):\n")
+        out.append("| mode | method | rows | K | R@1 | R@10 | nDCG@10 | MRR | ret R@10 | ret nDCG | ret MRR | fit s |"
+                   " µs/row | GEMM µs/row | chosen |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for mode, meth, s in combos:
+            for k in ks:
+                c = cells.get(f"{s}|{k}|{mode}|{meth}")
+                if not c:
+                    continue
+                if "error" in c:
+                    out.append(f"| {mode} | {meth} | {s} | {k} | error: {c['error'][:60]} |" + " |" * 10)
+                    continue
+                out.append(f"| {mode} | {meth} | {s} | {k} | {fmt(c['R@1'])} | {fmt(c['R@10'])} | {fmt(c['nDCG@10'])} | "
+                           f"{fmt(c['MRR'])} | {fmt(c['ret_R@10'])} | {fmt(c['ret_nDCG@10'])} | {fmt(c['ret_MRR'])} | "
+                           f"{fmt(c['fit_s'], 1)} | {fmt(c['us_per_row'], 2)} | {fmt(c['us_per_row_gemm'], 2)} | "
+                           f"{c.get('chosen') or ''} |")
+        if res.get("plan"):
+            out.append(f"\nPlan (probe {res['plan'].get('probe_pairs')} pairs): `{json.dumps(res['plan'], default=str)[:600]}`\n")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", nargs="+", default=list(DEFAULT_PAIRS), help="set:old:new")
+    ap.add_argument("--ks", nargs="+", type=int, default=list(DEFAULT_KS))
+    ap.add_argument("--methods", nargs="+", default=None, help=f"default: all available")
+    ap.add_argument("--samplings", nargs="+", default=["random", "kmeans++"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument("--probe", type=int, default=500, help="pairs in the plan probe")
+    ap.add_argument("--out", type=str, default=None, help="result stem (default migration_<date>)")
+    a = ap.parse_args(argv)
+    methods = a.methods or available_methods()
+    stem = a.out or f"migration_{_dt.date.today().isoformat()}"
+    RESULTS.mkdir(exist_ok=True)
+    jpath, mpath = RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
+    results = json.loads(jpath.read_text()) if jpath.is_file() else {"pairs": {}}
+    results["env"] = {"python": platform.python_version(), "machine": platform.machine(), "seed": a.seed,
+                      "threads": os.environ.get("OMP_NUM_THREADS"), "cache": str(a.cache)}
+
+    def save():
+        tmp = jpath.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=1, default=float))
+        os.replace(tmp, jpath)
+
+    for key in a.pairs:
+        set_name, old, new = key.split(":")
+        data = pair_data(set_name, old, new, a.cache)
+        if data is None:
+            print(f"{key}: embeddings missing (run build_retrieval_sets.py --encoders {old} {new}); skipped")
+            continue
+        res = results["pairs"].setdefault(key, {})
+        run_pair(key, data, ks=a.ks, methods=methods, samplings=a.samplings, seed=a.seed, done=res, save=save)
+        plan = plan_prediction(data, a.probe, a.seed)
+        if plan is not None:
+            res["plan"] = {"probe_pairs": a.probe, **plan}
+        save()
+    text = ("# Migration benchmark: labelled retrieval retention\n\nMade by `benchmarks/bench_migration.py` "
+            f"({_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC); sets from "
+            "`benchmarks/build_retrieval_sets.py`. See the script docstring for definitions.\n" + tables(results))
+    mpath.write_text(text + "\n")
+    print(tables(results))
+    print(f"\nwrote {mpath} and {jpath}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
