@@ -14,7 +14,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY pyproject.toml ./
+COPY pyproject.toml README.md ./
 COPY align ./align
 COPY service ./service
 # torch first from the CPU index, so the encoders extra never pulls a CUDA build.
@@ -27,8 +27,13 @@ RUN if [ "$WITH_ENCODERS" = "1" ]; then \
  && if [ "$FAISS" != "faiss-cpu" ]; then pip uninstall -y faiss-cpu && pip install "$FAISS"; fi
 
 FROM python:${PYTHON_VERSION}-slim
+COPY docker/entrypoint.sh /usr/local/bin/vecbridge-entrypoint
+# Every folder the service may write (the data dir, and /artifacts for docker-compose.yml's shared
+# volume) exists in the image owned by uid 10001: a new named volume starts with that owner.
 RUN useradd --create-home --uid 10001 vecbridge \
- && mkdir -p /data && chown vecbridge:vecbridge /data
+ && mkdir -p /data /artifacts \
+ && chown vecbridge:vecbridge /data /artifacts \
+ && chmod 0755 /usr/local/bin/vecbridge-entrypoint
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -44,4 +49,5 @@ VOLUME ["/data"]
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=3s --start-period=30s \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"]
+ENTRYPOINT ["/usr/local/bin/vecbridge-entrypoint"]
 CMD ["python", "-c", "from service.api import serve; serve()"]

@@ -24,6 +24,9 @@ class Settings(BaseSettings):
     registry_url: str | None = Field(
         None, description="sqlite:///path or postgresql://...; default: SQLite under data_dir.")
     artifact_dir: Path | None = Field(None, description="Artifact folder; default data_dir/artifacts.")
+    vectordb_url: str | None = Field(
+        None, description="The vector database beside the service (qdrant://host:port, milvus://..., "
+                          "postgresql://...): the default store of migrations and query-side translation.")
     host: str = "127.0.0.1"
     port: int = 8000
     # {"key": ["read", "write"], ...}; empty and auth_disabled=False means every request is refused.

@@ -25,7 +25,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m service.vectordb")
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("migrate", help="transform every stored vector through a map into a new collection")
-    m.add_argument("--store", required=True, help="milvus://host:port | postgresql://... | qdrant://host:port")
+    m.add_argument("--store", default=None,
+                   help="milvus://host:port | postgresql://... | qdrant://host:port (default: VECBRIDGE_VECTORDB_URL)")
     m.add_argument("--source", required=True)
     m.add_argument("--target", required=True)
     m.add_argument("--map", required=True, help="artifact path or registry ref")
@@ -37,6 +38,12 @@ def main(argv=None) -> int:
     m.add_argument("--pause", type=float, default=0.0, help="seconds to pause after each batch (spare a busy database)")
     m.add_argument("--index", default=None, help="pgvector only: hnsw | ivfflat | none")
     args = ap.parse_args(argv)
+    if args.store is None:
+        from service.config import get_settings
+
+        args.store = get_settings().vectordb_url
+        if not args.store:
+            ap.error("give --store, or set VECBRIDGE_VECTORDB_URL")
 
     registry = None
     if args.registry:
