@@ -23,7 +23,7 @@ from .maps import LinearMap
 from .metrics import evaluate, retention
 from .migration import fit_migration, score_map
 from .minivec2vec import MiniVec2Vec
-from .plan import knn_overlap, select_rows_to_embed
+from .plan import knn_overlap, plan_migration, select_rows_to_embed
 from .procrustes import PairStats, fit_lowrank, fit_procrustes, fit_ridge
 from .steer import MeanShift, Steer, apply_steers, compose_steers, fit_mean_shift, fit_steer, transfer_steer
 
@@ -31,6 +31,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LinearMap", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
-    "MiniVec2Vec", "fit_migration", "score_map", "select_rows_to_embed", "knn_overlap", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
+    "MiniVec2Vec", "fit_migration", "score_map", "select_rows_to_embed", "knn_overlap", "plan_migration", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
     "transfer_steer", "knn", "csls_knn", "mutual_nn", "exceptions", *exceptions.__all__,
 ]

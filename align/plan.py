@@ -59,10 +59,22 @@ def _d2_sample(Z: np.ndarray, k: int, rng: np.random.Generator, *, rounds: int =
     return np.asarray(chosen[:k], dtype=np.int64)
 
 
+def _reduce(Z: np.ndarray, rng: np.random.Generator, dims: int = 64, sample: int = 8192) -> np.ndarray:
+    """Project centred rows on their top ``dims`` principal axes (from a row sample) when wider:
+    distances keep most of their variance and D² sampling costs ``dims / d`` as much."""
+    if Z.shape[1] <= dims:
+        return Z
+    S = Z[rng.permutation(Z.shape[0])[:sample]]
+    mu = S.mean(axis=0)
+    _, _, Vt = np.linalg.svd(S - mu, full_matrices=False)
+    return np.ascontiguousarray((Z - mu) @ Vt[:dims].T, dtype=np.float32)
+
+
 def select_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_state=0) -> np.ndarray:
     """Indices (k,) of the rows of ``X_old`` (n, d) to re-embed with the new model, sorted.
 
-    ``method="kmeans++"``: D² sampling on the unit rows (cosine geometry; coverage of the corpus);
+    ``method="kmeans++"``: D² sampling on the unit rows (cosine geometry; coverage of the corpus),
+    projected on their top 64 principal axes when wider;
     ``"random"``: uniform without replacement. Same ``random_state`` → same rows.
     """
     X = as_matrix(X_old, name="X_old")
@@ -73,7 +85,7 @@ def select_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_stat
         return np.sort(rng.choice(X.shape[0], size=int(k), replace=False))
     if method != "kmeans++":
         raise InputError(f"method must be 'kmeans++' or 'random', got {method!r}")
-    return np.sort(_d2_sample(unit_rows(X), int(k), rng))
+    return np.sort(_d2_sample(_reduce(unit_rows(X), rng), int(k), rng))
 
 
 def knn_overlap(A, B, *, k: int = 10) -> float:
@@ -85,3 +97,118 @@ def knn_overlap(A, B, *, k: int = 10) -> float:
     A, B = check_paired(A, B, names=("probe_src", "probe_tgt"), min_rows=k + 2)
     Za, Zb = Frame._fit(A)._apply(A), Frame._fit(B)._apply(B)
     return overlap_without_self(knn(Za, Za, k + 1)[1], knn(Zb, Zb, k + 1)[1], k)
+
+
+DEFAULT_TARGET_KS = (100, 300, 1000, 3000, 10000)
+
+
+def _curve_fit(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, float, float]:
+    """Least-squares saturating curve ``r(K) = r_inf - c K^(-beta)`` (``beta`` on a grid, ``r_inf ≤ 1``).
+
+    Returns ``(r_inf, c, beta, residual std)``.
+    """
+    best = None
+    for beta in np.linspace(0.1, 1.5, 29):
+        A = np.stack([np.ones_like(ks, dtype=float), -ks ** (-beta)], axis=1)
+        coef, *_ = np.linalg.lstsq(A, vals, rcond=None)
+        coef[0] = min(coef[0], 1.0)
+        res = vals - A @ coef
+        sse = float((res**2).sum())
+        if best is None or sse < best[0]:
+            best = (sse, float(coef[0]), float(coef[1]), float(beta))
+    sse, r_inf, c, beta = best
+    return r_inf, c, beta, float(np.sqrt(sse / max(1, len(vals) - 3)))
+
+
+def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retention: float = 0.95,
+                   target_ks=DEFAULT_TARGET_KS, repeats: int = 3, methods=("procrustes", "ridge")) -> dict:
+    r"""A plan before the fit, from the old corpus and a small paired probe.
+
+    Parameters
+    ----------
+    X_old : (n, d_s) the old corpus (all rows to be migrated).
+    probe_src : (p, d_s), probe_tgt : (p, d_t) the same p texts under the old and the new model
+        (p ≥ 50; 200–1,000 recommended).
+    target_retention : the retention the recommended K should reach.
+    target_ks : the K values to predict for.
+
+    Method
+    ------
+    1. Alignability: :func:`knn_overlap` of the probe (unsupervised alignment has only worked
+       above ~0.4).
+    2. Learning curve: half the probe is held out; for K in a geometric grid up to the other half,
+       ``repeats`` random K-subsets fit each of ``methods`` (the closed-form families: seconds)
+       and score ``nn_retention@10`` (:func:`align.retrieval.nn_retention`: native query,
+       relevant = its native nearest neighbour, recall@10 in the mapped rows) on the held-out
+       half. ``r(K) = r_inf - c K^(-beta)`` is fitted to the best method's means and extrapolated, with
+       an interval of ± 2 × (residual std + spread across repeats), clipped to [0, 1].
+    3. Recommendation: the smallest K of ``target_ks`` whose prediction reaches
+       ``target_retention`` (else the largest), the best method at the largest probe K (and
+       ``"contrastive"``-capable ``"auto"`` when K ≥ 1,000), and ``select_rows_to_embed``
+       (k-means++) rows of ``X_old`` for that K (capped at the corpus size).
+
+    Returns a JSON-safe dict: ``alignability``, ``unsupervised_feasible``, ``curve`` (per K and
+    method the mean and spread), ``predicted`` (per target K: retention, low, high),
+    ``recommended`` (``method``, ``k``), ``rows_to_embed`` (indices), ``notes``.
+    """
+    from .migration import _Problem, _fit_procrustes, _ridge
+
+    Xo = as_matrix(X_old, name="X_old")
+    A, B = check_paired(probe_src, probe_tgt, names=("probe_src", "probe_tgt"), min_rows=1)
+    if A.shape[0] < MIN_PROBE:
+        raise TooFewRowsError(f"the probe needs at least {MIN_PROBE} pairs (200-1,000 recommended), got {A.shape[0]}")
+    if A.shape[1] != Xo.shape[1]:
+        from .exceptions import DimensionMismatchError
+
+        raise DimensionMismatchError(f"probe_src has {A.shape[1]} columns, X_old {Xo.shape[1]}")
+    unknown = [m for m in methods if m not in ("procrustes", "ridge")]
+    if unknown:
+        raise InputError(f"plan methods must be among 'procrustes', 'ridge', got {unknown}")
+    rng = check_random_state(random_state)
+    p = A.shape[0]
+    perm = rng.permutation(p)
+    val, pool = np.sort(perm[: p // 2]), perm[p // 2 :]
+    P = _Problem(A, B, Xo, None)
+    T_val = unit_rows(B[val])
+    top = pool.size
+    ks = sorted({int(k) for k in np.unique(np.geomspace(min(20, top), top, num=5).astype(int)) if k >= 4})
+    from .retrieval import nn_retention
+
+    curve: dict = {m: [] for m in methods}
+    for k in ks:
+        for m in methods:
+            vals = []
+            for r in range(repeats if k < top else 1):
+                idx = np.sort(rng.permutation(pool)[:k]) if k < top else np.sort(pool)
+                fitted = _fit_procrustes(P, idx, {}) if m == "procrustes" else _ridge(P, idx, 1e-2)
+                vals.append(nn_retention(T_val, fitted._apply(A[val], output="raw")))
+            curve[m].append({"k": k, "mean": float(np.mean(vals)), "spread": float(np.std(vals))})
+    best = max(methods, key=lambda m: curve[m][-1]["mean"])
+    kk = np.array([c["k"] for c in curve[best]], dtype=float)
+    vv = np.array([c["mean"] for c in curve[best]])
+    r_inf, c, beta, sd = _curve_fit(kk, vv)
+    spread = float(np.mean([c["spread"] for c in curve[best]]))
+    width = 2.0 * (sd + spread)
+    predicted = []
+    for K in target_ks:
+        r_k = float(np.clip(r_inf - c * float(K) ** (-beta), 0.0, 1.0))
+        predicted.append({"k": int(K), "retention": r_k, "low": float(np.clip(r_k - width, 0, 1)),
+                          "high": float(np.clip(r_k + width, 0, 1)), "extrapolated": bool(K > top)})
+    reach = [q["k"] for q in predicted if q["retention"] >= target_retention]
+    k_rec = int(min(reach) if reach else max(q["k"] for q in predicted))
+    k_rows = int(min(k_rec, Xo.shape[0]))
+    overlap = knn_overlap(A, B)
+    notes = []
+    if not reach:
+        notes.append(f"no K in {list(target_ks)} is predicted to reach retention {target_retention}; "
+                     f"the largest is recommended")
+    if overlap < 0.4:
+        notes.append(f"alignability {overlap:.3f} < 0.4: unsupervised alignment is not expected to work; use pairs")
+    return {
+        "alignability": overlap, "unsupervised_feasible": bool(overlap >= 0.4), "n_probe": int(p),
+        "n_probe_holdout": int(val.size), "metric": "nn_retention@10 (simulated labelled retention) on held-out probe",
+        "curve": curve, "best_method": best, "fit": {"r_inf": r_inf, "c": c, "beta": beta, "residual_std": sd, "spread": spread},
+        "predicted": predicted, "target_retention": float(target_retention),
+        "recommended": {"method": "auto" if k_rec >= 1000 else best, "k": k_rec},
+        "rows_to_embed": select_rows_to_embed(Xo, k_rows, random_state=rng).tolist(), "notes": notes,
+    }

@@ -9,6 +9,8 @@ numpy blocks through :func:`align.knn` / :func:`align.metrics.ranks`, never n ×
   is ``m_i``. ``corpus_recall@k``, ``corpus_mrr``.
 - **query-side** (Drift-Adapter): mapped query ``m_i`` ranks the native rows ``T``; the hit is ``t_i``.
   ``query_recall@k``, ``query_mrr``.
+- **nn_retention@k**: native query ``t_i``, relevant = its native nearest other row ``t_j``;
+  recall@k of ``m_j`` in the mapped rows — simulated labelled retention (native recall is 1).
 - **neighbourhood overlap@k** (does not saturate on identical texts): for native query ``t_i``,
   the share of its native top-``k`` among ``T \ {t_i}`` that the mapped index ``M \ {m_i}``
   also returns in its top-``k`` (indices compared; the proxy of labelled retention: a
@@ -26,7 +28,7 @@ import numpy as np
 from .knn import knn
 from .metrics import ranks
 
-__all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self"]
+__all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention"]
 
 
 def overlap_without_self(Ia: np.ndarray, Ib: np.ndarray, k: int) -> float:
@@ -37,6 +39,27 @@ def overlap_without_self(Ia: np.ndarray, Ib: np.ndarray, k: int) -> float:
         b = Ib[i][Ib[i] != i][:k]
         total += np.intersect1d(a, b).size / k
     return float(total / Ia.shape[0])
+
+
+def nn_retention(T: np.ndarray, M: np.ndarray, k: int = 10) -> float:
+    """Share of native queries ``T[i]`` whose native nearest other row ``j`` stays in the mapped top-``k``.
+
+    Simulated labelled retrieval: the relevant document of query ``t_i`` is its native nearest
+    neighbour ``t_j`` (rank 1 natively, so native recall@k is 1); the score is recall@k of ``m_j``
+    among ``M \\ {m_i}`` — a retention estimate.
+    """
+    n = T.shape[0]
+    k = min(k, n - 2)
+    if k < 1:
+        return float("nan")
+    _, In = knn(T, T, 2)
+    rel = np.where(In[:, 0] == np.arange(n), In[:, 1], In[:, 0])
+    _, Im = knn(T, M, k + 1)
+    hit = 0
+    for i in range(n):
+        row = Im[i][Im[i] != i][:k]
+        hit += int(rel[i] in row)
+    return float(hit / n)
 
 
 def neighbour_overlap(Q: np.ndarray, A: np.ndarray, B: np.ndarray, k: int = 10) -> float:
@@ -83,6 +106,7 @@ def pair_retrieval_scores(M: np.ndarray, T: np.ndarray, *, k: int = 10, extra_M:
            "query_recall@1": float((rq == 1).mean()), f"query_recall@{k}": float((rq <= k).mean()),
            "query_mrr": float((1.0 / rq).mean()),
            f"overlap@{k}": neighbour_overlap(T, M, T, k),
+           f"nn_retention@{k}": nn_retention(T, M, k),
            "cos": float(np.einsum("ij,ij->i", M, T).mean())}
     out["score"] = float((out["corpus_mrr"] + out["query_mrr"] + out[f"overlap@{k}"]) / 3.0)
     return out
