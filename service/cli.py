@@ -188,7 +188,8 @@ def cli(ctx, data_dir, registry_url):
 @click.option("--pairs/--unpaired", "paired", default=None, help="Rows are paired (row i ↔ row i) or not.")
 @click.option("--seed-pairs", type=click.Path(dir_okay=False), default=None,
               help="Known pairs (k, 2) of row indices: .npy, .json or text; minivec2vec only.")
-@click.option("--method", type=click.Choice(["minivec2vec", "procrustes", "ridge", "lowrank"]), required=True)
+@click.option("--method", type=click.Choice(["minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive"]),
+              required=True, help="auto: every paired family fitted and chosen on held-out pairs (align.fit_migration).")
 @click.option("--param", "params", multiple=True, help="KEY=VALUE fitter parameter (JSON values), repeatable.")
 @click.option("--name", required=True, help="Map name, e.g. minilm->e5.")
 @click.option("--source-space", default=None, help="Source space name (default: encoder or file stem).")
@@ -261,13 +262,18 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
 @click.option("--map", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
 @_input_opts
 @click.option("--min-top1", type=float, default=None, help="PASS/FAIL gate: exit 1 when top-1 is below.")
+@click.option("--min-retention", type=click.FloatRange(0, 1), default=None,
+              help="PASS/FAIL gate on retention (nn_retention@10: each native target row's nearest native row must stay "
+                   "in the top 10 of the mapped source rows; share kept): exit 1 when below.")
 @click.option("--csls/--no-csls", default=False, help="Also rank by CSLS.")
 @click.option("--record", is_flag=True, help="Store the results as tags eval.* on the version.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def eval_cmd(obj: Ctx, ref, min_top1, csls, record, as_json, **io_opts):
-    """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10."""
+def eval_cmd(obj: Ctx, ref, min_top1, min_retention, csls, record, as_json, **io_opts):
+    """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention."""
     import align
+
+    from .ops.migration import retention_gate
 
     progress, close = _progress_bar(False)
     reg = obj.registry
@@ -275,24 +281,82 @@ def eval_cmd(obj: Ctx, ref, min_top1, csls, record, as_json, **io_opts):
     m = reg.load_map(v)
     X, Y, _ = _read_pair(io_opts, progress)
     res = align.evaluate(m, X, Y, csls=csls)
+    res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention)
+    res["retention"] = res["retrieval"]["retention"]
     res["map"] = v.ref
     passed = None
     if min_top1 is not None:
         passed = res["top1"] >= min_top1
         res["min_top1"] = min_top1
+    if min_retention is not None:
+        passed = (passed is not False) and res["retrieval"]["passed"]
+        res["min_retention"] = min_retention
+    if passed is not None:
         res["result"] = "PASS" if passed else "FAIL"
     if record:
         for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates"):
             reg.set_tag(v.name, v.version, f"eval.{k}", res[k])
+    r = res["retrieval"]
     text = (f"{v.ref}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f}  "
-            f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})")
+            f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})\n"
+            f"  retrieval: retention {r['retention']:.4f}  corpus-side MRR {r['corpus_mrr']:.4f}  "
+            f"query-side MRR {r['query_mrr']:.4f}  overlap@10 {r['overlap@10']:.4f}")
     if csls:
         text += f"\n  CSLS: top-1 {res['csls_top1']:.4f}  mean rank {res['csls_mean_rank']:.2f}"
-    if passed is not None:
-        text += f"\n{res['result']}: top-1 {res['top1']:.4f} {'>=' if passed else '<'} {min_top1}"
+    if min_top1 is not None:
+        text += f"\n{'PASS' if res['top1'] >= min_top1 else 'FAIL'}: top-1 {res['top1']:.4f} vs {min_top1}"
+    if min_retention is not None:
+        text += f"\n{r['result']}: retention {r['retention']:.4f} vs {min_retention}"
     _emit(res, as_json, text)
     if passed is False:
         sys.exit(1)
+
+
+# --- plan -----------------------------------------------------------------------------------------
+
+@cli.command("plan")
+@click.option("--old", "old", required=True, type=click.Path(dir_okay=False), help="Old-model corpus vectors.")
+@click.option("--old-rows", default=None, help="START:STOP rows of --old.")
+@click.option("--probe-source", required=True, type=click.Path(dir_okay=False),
+              help="Old-model vectors of the probe texts (200-1,000 rows).")
+@click.option("--probe-target", required=True, type=click.Path(dir_okay=False),
+              help="New-model vectors of the same texts, row i <-> row i.")
+@click.option("--probe-rows", default=None, help="START:STOP rows of both probe files.")
+@click.option("--target-retention", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True)
+@click.option("--random-state", type=int, default=0, show_default=True)
+@click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
+              help="Write the recommended rows to re-embed (.npy int64 indices into --old).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, target_retention, random_state,
+             rows_out, as_json):
+    """Before a migration: alignability, expected retention vs K, recommended method and K, rows to re-embed."""
+    import numpy as np
+
+    from .io import read_vectors
+    from .ops.migration import plan
+
+    X_old = read_vectors(old, rows=old_rows)
+    A = read_vectors(probe_source, rows=probe_rows)
+    B = read_vectors(probe_target, rows=probe_rows)
+    res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention)
+    if rows_out is not None:
+        np.save(rows_out, np.asarray(res["rows_to_embed"], dtype=np.int64))
+        res["rows_out"] = str(Path(rows_out).resolve())
+    lines = [f"alignability (kNN@10 overlap on {res['n_probe']} probe pairs): {res['alignability']:.3f}"
+             f"  -> unsupervised {'possible' if res['unsupervised_feasible'] else 'not expected to work'}",
+             f"expected retention ({res['metric']}), method {res['best_method']}:",
+             f"  {'K':>7}  {'retention':>9}  {'interval':>15}"]
+    for q in res["predicted"]:
+        lines.append(f"  {q['k']:>7}  {q['retention']:>9.3f}  [{q['low']:.3f}, {q['high']:.3f}]"
+                     f"{'  (extrapolated)' if q['extrapolated'] else ''}")
+    rec = res["recommended"]
+    lines.append(f"recommended: method {rec['method']}, K = {rec['k']} rows to re-embed"
+                 + (f" (written to {res['rows_out']})" if rows_out else ""))
+    lines += [f"note: {n}" for n in res["notes"]]
+    if as_json:
+        res = {**res, "rows_to_embed": res["rows_to_embed"] if rows_out is None else len(res["rows_to_embed"])}
+    _emit(res, as_json, "\n".join(lines))
 
 
 # --- transform ------------------------------------------------------------------------------------

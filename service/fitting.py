@@ -22,14 +22,15 @@ from align.exceptions import InputError
 from align.frames import unit_rows
 
 from .io import sha256_array
+from .ops.migration import MIGRATION_METHODS, fit_migration_map
 from .registry import Registry, VersionInfo
 from .registry.names import check_alias, check_name, fs_safe
 from .reports import render_report, write_report
 
 __all__ = ["run_fit", "fit_map", "FitCancelled", "METHODS", "SUPERVISED"]
 
-METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank")
-SUPERVISED = ("procrustes", "ridge", "lowrank")
+METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive")
+SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive")
 _DIAG_SAMPLE = 4096
 _PLOT_SAMPLE = 1500
 
@@ -54,6 +55,10 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
             raise InputError(f"method {method!r} needs paired rows (--pairs); use minivec2vec for unpaired data")
         if seed_pairs is not None:
             raise InputError("seed pairs apply to minivec2vec only")
+        if method in MIGRATION_METHODS:  # align.fit_migration: families chosen on held-out pairs
+            if ray_address is not None:
+                raise InputError(f"--ray runs procrustes, ridge and lowrank fits; {method} runs in-process")
+            return fit_migration_map(X, Y, method=method, params=params, random_state=random_state)
         fn = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}[method]
         if method == "lowrank" and "rank" not in params:
             raise InputError("lowrank needs a rank parameter (--param rank=N)")
@@ -193,6 +198,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     rng = np.random.default_rng(0 if random_state is None else random_state)
     metrics, cosines, clouds = _diagnose(map_, X, Y, paired, rng)
     diag = map_.metadata.get("diagnostics") or {}
+    if map_.metadata.get("selection"):  # fit_migration: held-out scores of every candidate family
+        metrics["selection"] = map_.metadata["selection"]
     if "criterion" in map_.metadata:
         metrics["criterion"] = float(map_.metadata["criterion"])
     if isinstance(diag.get("criteria"), list):

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from service.api import create_app
 from service.api.routers.lm import LMAnalyzeRequest, LMFitRequest, LMGenerateRequest
 from service.api.schemas import (AliasSet, EmbeddingsRequest, FitRequest, IndexAdd, IndexCreate, IndexDelete,
-                                 SearchRequest, SpaceCreate, SteerApplyRequest, SteerFitRequest, TagSet,
+                                 PlanRequest, SearchRequest, SpaceCreate, SteerApplyRequest, SteerFitRequest, TagSet,
                                  TransformJSON)
 from test_api_support import W, settings_for
 
@@ -24,7 +24,7 @@ MODELS = {
     ("post", "/v1/indexes/{name}/search"): SearchRequest, ("post", "/v1/fits"): FitRequest,
     ("post", "/v1/embeddings"): EmbeddingsRequest, ("post", "/v1/steers"): SteerFitRequest,
     ("post", "/v1/steers/{ref}/apply"): SteerApplyRequest, ("post", "/v1/lm/steers"): LMFitRequest,
-    ("post", "/v1/lm/generate"): LMGenerateRequest, ("post", "/v1/lm/analyze"): LMAnalyzeRequest,
+    ("post", "/v1/plans"): PlanRequest, ("post", "/v1/lm/generate"): LMGenerateRequest, ("post", "/v1/lm/analyze"): LMAnalyzeRequest,
 }
 
 # The toy walk-through, in order: (method, route template, path filled in, example name).

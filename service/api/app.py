@@ -22,7 +22,7 @@ from ..metrics import ServiceMetrics
 from .errors import install_error_handlers
 from .middleware import BodyLimitMiddleware, ObserveMiddleware
 from .responses import FastJSONResponse
-from .routers import embeddings, fits, indexes, lm, maps, ops, steers
+from .routers import embeddings, fits, indexes, lm, maps, ops, plans, steers
 from .state import AppState
 
 __all__ = ["create_app", "serve", "API_DESCRIPTION"]
@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     install_error_handlers(app)
     for r in (ops.router, maps.router, indexes.router, fits.router, embeddings.router, steers.router,
-              lm.router):
+              lm.router, plans.router):
         app.include_router(r)  # each router carries its own prefix (route templates label metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_body_bytes)
     if s.cors_origins:

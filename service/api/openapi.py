@@ -46,6 +46,10 @@ EXAMPLES: dict[str, dict[str, dict]] = {
             "source": {"texts": ["a cat sits on the mat", "stocks fell sharply"], "encoder": "all-MiniLM-L6-v2"},
             "target": {"texts": ["the weather is mild", "a dog chases a ball"], "encoder": "multilingual-e5-small"}}),
     },
+    "create_plan": {"b64": _ex("Old corpus and a paired probe as base64 float32 (shapes abbreviated here)", {
+        "old": {"vectors_b64": "AACAPwAAAAAAAAAAAAAAAJqZGT/NzEw/AAAAAAAAAAA=", "dim": 4},
+        "probe_source": {"vectors": _A}, "probe_target": {"vectors": _B}, "target_retention": 0.95,
+        "random_state": 0})},
     "set_alias": {"prod": _ex("Point `prod` at version 1", {"version": 1})},
     "set_tag": {"owner": _ex("Any JSON value", {"value": "search-team"})},
     "transform": {

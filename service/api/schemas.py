@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "MAX_VERSION", "ErrorBody",
     "SpaceCreate", "AliasSet", "TagSet", "TransformOptions", "TransformJSON", "TransformResponse",
-    "IndexCreate", "IndexAdd", "IndexDelete", "SearchRequest", "SearchResponse", "FitSide", "FitRequest",
+    "IndexCreate", "IndexAdd", "IndexDelete", "SearchRequest", "SearchResponse", "FitSide", "FitRequest", "PlanRequest",
     "EmbeddingsRequest", "vectors_schema", "error_responses", "Health", "Ready", "ServiceInfo", "SpaceOut", "SpaceList",
     "VersionOut", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList", "IndexAddResponse",
     "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
@@ -223,6 +223,14 @@ class FitRequest(_Strict):
     random_state: int = 0
     alias: str | None = None
     description: str = ""
+
+
+class PlanRequest(_Strict):
+    old: _Vectors = Field(..., description="The old corpus (old-model vectors of every row to migrate).")
+    probe_source: _Vectors = Field(..., description="Old-model vectors of the probe texts (50+; 200-1,000 recommended).")
+    probe_target: _Vectors = Field(..., description="New-model vectors of the same texts, row i <-> row i.")
+    target_retention: float = Field(0.95, gt=0, le=1, description="Retention the recommended K should reach.")
+    random_state: int = 0
 
 
 # --- embeddings ---------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Use cases written once, called by every face (CLI, HTTP)."""

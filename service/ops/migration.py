@@ -1,0 +1,55 @@
+"""Migration use cases shared by the CLI and HTTP: fit a migration map, plan before the fit, gate a map.
+
+- :func:`fit_migration_map` — :func:`align.fit_migration` with service parameters (``params`` dict
+  from ``--param`` / the JSON body); used by :func:`service.fitting.fit_map` for the methods
+  ``auto`` and ``contrastive``.
+- :func:`plan` — :func:`align.plan_migration` on the old corpus and a paired probe.
+- :func:`retention_gate` — held-out pairs → retrieval scores of a map and PASS/FAIL against a
+  minimum retention. **Retention** here is ``nn_retention@10`` (:func:`align.retrieval.nn_retention`):
+  each native new-model row of the held-out pairs is a query whose relevant document is its
+  native nearest other row; retention is the share of queries whose relevant document is still
+  in the top 10 of the mapped old rows (native recall is 1 by construction, so this is the
+  ratio migrated / native). The same quantity ``plan`` predicts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import align
+from align.exceptions import InputError
+
+__all__ = ["MIGRATION_METHODS", "fit_migration_map", "plan", "retention_gate", "RETENTION_KEY"]
+
+MIGRATION_METHODS = ("auto", "contrastive")
+RETENTION_KEY = "nn_retention@10"
+
+
+def fit_migration_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict | None, random_state=0,
+                      unpaired_source=None, unpaired_target=None) -> align.LinearMap:
+    """Fit a migration map from paired rows ``X`` (K, d_s) → ``Y`` (K, d_t); typed errors on bad input."""
+    try:
+        return align.fit_migration(X, Y, method=method, random_state=random_state, unpaired_source=unpaired_source,
+                                   unpaired_target=unpaired_target, **dict(params or {}))
+    except TypeError as exc:
+        raise InputError(f"bad parameter for {method}: {exc}") from None
+
+
+def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, random_state=0,
+         target_retention: float = 0.95) -> dict:
+    """The plan of :func:`align.plan_migration` (JSON-safe dict)."""
+    if not 0.0 < float(target_retention) <= 1.0:
+        raise InputError(f"target_retention must be in (0, 1], got {target_retention}")
+    return align.plan_migration(X_old, probe_src, probe_tgt, random_state=random_state,
+                                target_retention=float(target_retention))
+
+
+def retention_gate(map_: align.LinearMap, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None) -> dict:
+    """Scores of ``map_`` on held-out pairs and, with ``min_retention``, ``passed`` / ``result``."""
+    res = align.score_map(map_, X, Y)
+    res["retention"] = res[RETENTION_KEY]
+    if min_retention is not None:
+        res["min_retention"] = float(min_retention)
+        res["passed"] = bool(res["retention"] >= min_retention)
+        res["result"] = "PASS" if res["passed"] else "FAIL"
+    return res

@@ -1,0 +1,122 @@
+"""Migration through the faces: `vecbridge fit --method auto`, `vecbridge plan`, `eval --min-retention`, POST /v1/plans."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import create_app
+from service.cli import main
+from service.io import write_vectors
+from test_api_support import R, settings_for
+
+
+def _pairs(n=900, d_s=16, d_t=12, noise=0.05, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(12, d_s)) * 2
+    X = centres[rng.integers(0, 12, n)] + rng.normal(size=(n, d_s))
+    A = rng.normal(size=(d_s, d_t))
+    Y = X @ A + noise * rng.normal(size=(n, d_t))
+    return X.astype(np.float32), Y.astype(np.float32)
+
+
+@pytest.fixture
+def data(tmp_path):
+    X, Y = _pairs()
+    write_vectors(tmp_path / "old.npy", X)
+    write_vectors(tmp_path / "new.npy", Y)
+    write_vectors(tmp_path / "bad.npy", np.where(np.arange(12) == 0, np.nan, Y))
+    return tmp_path
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_fit_auto_registers_chosen_family_then_retention_gate(capsys, data):
+    d = data
+    code, out, err = run(capsys, "--data-dir", d / "var", "fit", "--pairs", "--source", d / "old.npy", "--target",
+                         d / "new.npy", "--rows", "0:600", "--method", "auto", "--name", "old->new", "--json",
+                         "--quiet", "--param", "candidates=[\"procrustes\", \"ridge\"]")
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["method"] == "auto" and v["metrics"]["selection"]["chosen"] == "ridge"  # the planted map is affine
+    assert set(v["metrics"]["selection"]["candidates"]) == {"procrustes", "ridge"}
+    common = ["--data-dir", d / "var", "eval", "--map", "old->new", "--source", d / "old.npy", "--target",
+              d / "new.npy", "--rows", "600:900", "--json"]
+    code, out, err = run(capsys, *common, "--min-retention", "0.5")
+    res = json.loads(out)
+    assert code == 0 and res["result"] == "PASS" and res["retention"] >= 0.5, err
+    code, out, _ = run(capsys, *common, "--min-retention", "1.0")
+    res = json.loads(out)
+    assert (code == 1) == (res["retention"] < 1.0) and res["result"] == ("PASS" if code == 0 else "FAIL")
+
+
+def test_plan_cli_table_json_and_rows_file(capsys, data):
+    d = data
+    args = ["--data-dir", d / "var", "plan", "--old", d / "old.npy", "--probe-source", d / "old.npy",
+            "--probe-target", d / "new.npy", "--probe-rows", "0:300", "--random-state", "3"]
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    assert "alignability" in out and "recommended: method" in out
+    code, out, err = run(capsys, *args, "--json", "--rows-out", d / "rows.npy")
+    assert code == 0, err
+    plan = json.loads(out)
+    rows = np.load(d / "rows.npy")
+    assert rows.size == min(plan["recommended"]["k"], 900) == plan["rows_to_embed"]
+    assert 0.0 <= plan["alignability"] <= 1.0
+    assert all(q["low"] <= q["retention"] <= q["high"] for q in plan["predicted"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "--old", "old.npy", "--probe-source", "old.npy", "--probe-target", "new.npy", "--probe-rows", "0:20"],
+     "at least 50"),
+    (["plan", "--old", "old.npy", "--probe-source", "old.npy", "--probe-target", "new.npy", "--probe-rows", "0:200",
+      "--old-rows", "0:10"], None),
+    (["plan", "--old", "new.npy", "--probe-source", "old.npy", "--probe-target", "new.npy", "--probe-rows", "0:200"],
+     "columns"),
+    (["fit", "--pairs", "--source", "old.npy", "--target", "bad.npy", "--rows", "0:100", "--method", "auto",
+      "--name", "x", "--quiet"], "NaN"),
+    (["fit", "--pairs", "--source", "old.npy", "--target", "new.npy", "--source-rows", "0:1", "--target-rows", "0:1",
+      "--method", "auto", "--name", "x", "--quiet"], "at least"),
+    (["fit", "--pairs", "--source", "old.npy", "--target", "new.npy", "--source-rows", "0:100",
+      "--target-rows", "0:90", "--method", "auto", "--name", "x", "--quiet"], "rows"),
+])
+def test_bad_input_exit_2_one_line(capsys, data, args, message):
+    code, out, err = run(capsys, "--data-dir", data / "var", *[data / a if str(a).endswith(".npy") else a
+                                                               for a in args])
+    if message is None:  # a small old corpus is fine: rows are capped by its size
+        assert code == 0, err
+        return
+    assert code == 2, (out, err)
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def _b64(a):
+    import base64
+
+    return {"vectors_b64": base64.b64encode(np.ascontiguousarray(a, np.float32).tobytes()).decode(), "dim": a.shape[1]}
+
+
+def test_http_plan_and_bad_probe(tmp_path):
+    X, Y = _pairs(n=400)
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": {"vectors": X[:200].tolist()},
+                                      "probe_target": _b64(Y[:200]), "random_state": 1}, headers=R)
+        assert r.status_code == 200, r.text
+        p = r.json()
+        assert p["n_probe"] == 200 and p["recommended"]["k"] >= 1 and len(p["rows_to_embed"]) <= 400
+        r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:10]), "probe_target": _b64(Y[:10])},
+                   headers=R)
+        assert r.status_code == 422 and "at least 50" in r.text
+        r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:100]), "probe_target": _b64(Y[:90])},
+                   headers=R)
+        assert r.status_code == 422
+        r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:100]), "probe_target": _b64(Y[:100]),
+                                      "target_retention": 2}, headers=R)
+        assert r.status_code == 422
