@@ -29,6 +29,12 @@ from .frames import Frame, unit_rows
 __all__ = ["LinearMap", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
+_BLOCK_ROWS = 1024  # rows per fused block: output block (1024 x d_t float32) stays in L2/L3
+
+
+def _raw_t(mf: np.ndarray, mu_sq: float) -> np.ndarray:
+    """``t > 0`` with ``|mu + t f| = 1`` for unit ``f`` and ``mf = mu·f``: ``sqrt(mf^2 + 1 - |mu|^2) - mf``."""
+    return np.maximum(np.sqrt(np.maximum(mf * mf + 1.0 - mu_sq, 0.0)) - mf, 1e-12)
 
 
 @dataclass
@@ -99,52 +105,111 @@ class LinearMap:
         return self._apply(X, output=output, batch_size=batch_size)
 
     def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = 65536) -> np.ndarray:
+        """Fused apply on validated ``X`` (n, d_s) float32: one GEMM per block of rows, output scaled in place.
+
+        Every output is a positive row scale of one affine form (constants in :meth:`_plan`)
+
+        .. math::  u = x W + \\beta\\,(\\mu_s W) + \\gamma\\, b, \\qquad
+                   \\text{linear} = \\alpha u,\\quad \\text{frame} = u/|u|,\\quad
+                   \\text{raw} = \\mu_t + t\\, u/|u|
+
+        with per-row ``alpha, beta, gamma, t`` from ``|x|`` and ``x·q`` for a few fixed vectors ``q``
+        (a thin GEMM on the input). The input block, its row scale and the low-rank coefficients
+        are written side by side into one buffer ``[r x | r beta | r gamma | r shift]`` and multiplied
+        by ``[W; mu_s W; b; mu_t]`` in **one** GEMM, which leaves the finished output when the rows of
+        ``W`` are orthonormal (``|u|`` is then known from the input side); otherwise the output is
+        read once to measure ``|u|`` and scaled in place. Rows go in blocks of
+        ``min(batch_size, 1024)`` that stay in cache.
+        """
         if output not in ("frame", "raw", "linear"):
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
         out = np.empty((X.shape[0], self.target_dim), dtype=np.float32)
-        for s in range(0, X.shape[0], batch_size):
-            y = self._linear(X[s : s + batch_size], direction_only=output == "frame")
-            if output == "frame" and self.target_frame.unit_out:
-                y = unit_rows(y)
-            elif output == "raw":
-                y = self.target_frame.to_raw(y)
-            out[s : s + batch_size] = y
+        block = max(1, min(int(batch_size), _BLOCK_ROWS))
+        for s in range(0, X.shape[0], block):
+            self._apply_block(X[s : s + block], out[s : s + block], output)
         return out
 
-    def _linear(self, x: np.ndarray, *, direction_only: bool = False) -> np.ndarray:
-        """``f_s(x) W + b`` for one batch (n, d_s) → (n, d_t), folded into one GEMM.
+    def _plan(self) -> dict:
+        """Per-map constants of the fused apply, computed once (a fitted map is not modified).
 
-        For the standard frame ``f_s(x) = (x/|x| - mu) / s(x)`` with
-        ``s(x) = |x/|x| - mu| = sqrt(1 - 2 (x·mu)/|x| + |mu|^2)``, so
-
-        .. math::  f_s(x) W = \\big(x W / |x| - mu W\\big) / s(x)
-
-        needs ``x W`` (the GEMM), ``|x|`` and ``x·mu`` — no normalised copy of ``x``. With
-        ``direction_only`` (the caller renormalises, no bias) the positive row scale is skipped:
-        ``x W - |x| (mu W)``.
+        Standard source frame ``f_s(x) = (x/|x| - mu_s)/s(x)``, ``s(x) = sqrt(1 - 2 (x·mu_s)/|x| + |mu_s|^2)``:
+        ``f_s(x) W + b = alpha u`` with ``alpha = 1/(|x| s)``, ``beta = -|x|``, ``gamma = |x| s``.
+        Other source frames are applied to a copy first (``alpha = gamma = 1``, ``beta = 0``).
+        ``Q`` (d_s, 4) = ``[mu_s, W mu_t, W (mu_s W), W b]`` gives the input-side products; with
+        orthonormal rows of ``W`` (``W Wᵀ = I``) ``|x W| = |x|``, so ``|u|`` needs no pass over the output.
         """
-        fs = self.source_frame
-        if not (fs.unit_in and fs.unit_out and fs.mean is not None):
-            y = fs._apply(x) @ self.W
-            if self.bias is not None:
-                y += self.bias
-            return y
-        if getattr(self, "_mu_W", None) is None:
-            self._mu_W = (fs.mean @ self.W).astype(np.float32)
-            self._mu_sq = float(fs.mean.astype(np.float64) @ fs.mean)
-        z = x @ self.W
-        n1 = np.sqrt(np.einsum("ij,ij->i", x, x))
-        np.maximum(n1, 1e-12, out=n1)
-        if direction_only and self.bias is None:
-            z -= n1[:, None] * self._mu_W
-            return z
-        xm = (x @ fs.mean) / n1
-        scale = 1.0 / np.sqrt(np.maximum(1.0 - 2.0 * xm + self._mu_sq, 1e-24))
-        z *= (scale / n1)[:, None]
-        z -= scale[:, None] * self._mu_W
-        if self.bias is not None:
-            z += self.bias
-        return z
+        plan = getattr(self, "_fused", None)
+        if plan is not None:
+            return plan
+        fs, ft = self.source_frame, self.target_frame
+        W64 = self.W.astype(np.float64)
+        d_s, d_t = W64.shape
+        folded = bool(fs.unit_in and fs.unit_out and fs.mean is not None)
+        mu_s = fs.mean.astype(np.float64) if folded else np.zeros(d_s)
+        mu_t = ft.mean.astype(np.float64) if ft.mean is not None else np.zeros(d_t)
+        b = self.bias.astype(np.float64) if self.bias is not None else np.zeros(d_t)
+        muW = mu_s @ W64
+        plan = {
+            "folded": folded,
+            "copy_frame": not folded and (fs.unit_in or fs.unit_out or fs.mean is not None),
+            "orth": d_s <= d_t and float(np.abs(W64 @ W64.T - np.eye(d_s)).max()) <= 1e-5,
+            "has_bias": self.bias is not None,
+            "raw_closed": bool(ft.unit_in and ft.unit_out and ft.mean is not None),
+            # [W; mu_s W; b; mu_t; 0]: one GEMM adds the low-rank terms (row count padded to 4)
+            "Wa": np.ascontiguousarray(np.vstack([W64, muW, b, mu_t, np.zeros(d_t)]), np.float32),
+            "Q": np.ascontiguousarray(np.stack([mu_s, W64 @ mu_t, W64 @ muW, W64 @ b], axis=1), np.float32),
+            "mu_sq": float(mu_s @ mu_s), "muW_sq": float(muW @ muW), "b_sq": float(b @ b), "muW_b": float(muW @ b),
+            "muW_mut": float(muW @ mu_t), "b_mut": float(b @ mu_t), "mut_sq": float(mu_t @ mu_t),
+        }
+        self._fused = plan
+        return plan
+
+    def _apply_block(self, x: np.ndarray, y: np.ndarray, output: str) -> None:
+        """Write ``output`` for rows ``x`` (m, d_s) into ``y`` (m, d_t), both C-contiguous float32."""
+        p, ft = self._plan(), self.target_frame
+        if p["copy_frame"]:
+            x = self.source_frame._apply(x)
+        m = x.shape[0]
+        n1 = np.sqrt(np.einsum("ij,ij->i", x, x).astype(np.float64))
+        K = (x @ p["Q"]).astype(np.float64)  # x·mu_s, x·(W mu_t), (xW)·(mu_s W), (xW)·b
+        if p["folded"]:
+            np.maximum(n1, 1e-12, out=n1)
+            s = np.sqrt(np.maximum(1.0 - 2.0 * K[:, 0] / n1 + p["mu_sq"], 1e-24))
+            alpha, beta, gamma = 1.0 / (n1 * s), -n1, n1 * s
+        else:
+            alpha, beta, gamma = np.ones(m), np.zeros(m), np.ones(m)
+        if not p["has_bias"]:
+            gamma = np.zeros(m)
+        u_mut = K[:, 1] + beta * p["muW_mut"] + gamma * p["b_mut"]  # u·mu_t
+        unit = output == "frame" and ft.unit_out
+        closed_raw = output == "raw" and p["raw_closed"]
+        shift, scale = np.zeros(m), None  # shift: coefficient of mu_t (before the row scale)
+        if output == "linear" or (output == "frame" and not ft.unit_out):
+            scale = alpha
+        elif p["orth"] and (unit or closed_raw):
+            nu = np.sqrt(np.maximum(n1 * n1 + 2 * beta * K[:, 2] + 2 * gamma * K[:, 3] + beta * beta * p["muW_sq"]
+                                    + 2 * beta * gamma * p["muW_b"] + gamma * gamma * p["b_sq"], 1e-24))
+            if unit:
+                scale = 1.0 / nu
+            else:
+                t = _raw_t(u_mut / nu, p["mut_sq"])
+                scale, shift = t / nu, nu / t
+        d_s = x.shape[1]
+        xa = np.empty((m, d_s + 4), dtype=np.float32)  # [r x | r beta | r gamma | r shift | 0]
+        r = np.ones(m) if scale is None else scale
+        np.multiply(x, r.astype(np.float32)[:, None], out=xa[:, :d_s])
+        xa[:, d_s:] = np.stack([beta * r, gamma * r, shift * r, np.zeros(m)], axis=1)
+        np.matmul(xa, p["Wa"], out=y)
+        if scale is not None:
+            return
+        if unit or closed_raw:  # W without orthonormal rows: measure |u| on the output, scale in place
+            nu = np.sqrt(np.maximum(np.einsum("ij,ij->i", y, y), 1e-24).astype(np.float64))
+            y *= ((1.0 / nu) if unit else _raw_t(u_mut / nu, p["mut_sq"]) / nu).astype(np.float32)[:, None]
+            if closed_raw:
+                y += ft.mean
+            return
+        y *= alpha.astype(np.float32)[:, None]  # raw output through any other target frame
+        y[...] = ft.to_raw(y)
 
     __call__ = apply
 

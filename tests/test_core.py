@@ -321,3 +321,32 @@ def test_folded_apply_equals_stage_by_stage(d_s, d_t, seed, ridge):
     np.testing.assert_allclose(m.apply(Z, output="linear"), lin, atol=2e-5)
     np.testing.assert_allclose(m.apply(Z), unit_rows(lin.astype(np.float32)), atol=2e-5)
     np.testing.assert_allclose(m.apply(Z, output="raw"), m.target_frame.to_raw(lin.astype(np.float32)), atol=2e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(d_s=st.integers(1, 10), d_t=st.integers(1, 10), seed=st.integers(0, 2**31 - 1),
+       orth=st.booleans(), bias=st.booleans(), fs_kind=st.sampled_from(["std", "identity", "unit", "centre"]),
+       ft_kind=st.sampled_from(["std", "identity", "unit", "centre"]), n=st.integers(1, 2100))
+def test_fused_apply_any_frames_equals_stage_by_stage(d_s, d_t, seed, orth, bias, fs_kind, ft_kind, n):
+    """The fused blocked apply equals frame → W → (+b) → output for every frame kind, W and batch size."""
+    from align import LinearMap
+    from align.frames import Frame, unit_rows
+
+    rng = np.random.default_rng(seed)
+
+    def frame(kind, d):
+        mean = (rng.normal(size=d) * 0.6 / np.sqrt(d)).astype(np.float32)
+        return {"std": Frame(d, mean), "identity": Frame.identity(d), "unit": Frame(d, None, True, True),
+                "centre": Frame(d, mean, unit_in=False, unit_out=False)}[kind]
+
+    if orth and d_s <= d_t:
+        W = np.linalg.qr(rng.normal(size=(d_t, d_s)))[0].T  # orthonormal rows
+    else:
+        W = rng.normal(size=(d_s, d_t)) / np.sqrt(d_s)
+    b = rng.normal(size=d_t) * 0.3 if bias else None
+    m = LinearMap(W, b, frame(fs_kind, d_s), frame(ft_kind, d_t))
+    Z = (rng.normal(size=(n, d_s)) * 2 + rng.normal(size=d_s)).astype(np.float32)
+    lin = (m.source_frame.apply(Z).astype(np.float64) @ m.W + (0 if m.bias is None else m.bias)).astype(np.float32)
+    np.testing.assert_allclose(m.apply(Z, output="linear"), lin, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(m.apply(Z), unit_rows(lin) if m.target_frame.unit_out else lin, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(m.apply(Z, output="raw"), m.target_frame.to_raw(lin), atol=2e-5, rtol=1e-5)
