@@ -129,12 +129,28 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
     return metrics, cosines, clouds
 
 
+def _write_report(registry, name, report_dir, report_copy, summary, metrics, stage_times, diag, cosines, clouds,
+                  paired) -> str:
+    """Render and write the HTML report of one fit; its path relative to the registry's report dir."""
+    html_text = render_report(title=f"vecbridge fit: {name}", summary=summary, metrics=metrics,
+                              timings=stage_times, diagnostics=diag, cosines=cosines, clouds=clouds, paired=paired)
+    rdir = Path(report_dir) if report_dir is not None else registry.report_dir
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    report_file = write_report(rdir / fs_safe(name) / f"{stamp}-{uuid.uuid4().hex[:8]}.html", html_text)
+    if report_copy is not None:
+        write_report(report_copy, html_text)
+    try:
+        return str(report_file.resolve().relative_to(registry.report_dir))
+    except ValueError:
+        return str(report_file.resolve())
+
+
 def run_fit(registry: Registry, *, name: str, source, target, method: str, params: dict | None = None,
             source_space: str, target_space: str, paired: bool, seed_pairs=None, random_state: int | None = 0,
             alias: str | None = None, progress: Callable[[str, float], None] | None = None, report_dir=None,
             should_cancel: Callable[[], bool] | None = None, description: str = "", tags: dict | None = None,
             inputs: dict | None = None, artifact_format: str | None = None,
-            report_copy=None, ray_address: str | None = None) -> VersionInfo:
+            report_copy=None, ray_address: str | None = None, report: bool = True) -> VersionInfo:
     """Fit, diagnose, report and register one map version.
 
     Parameters
@@ -152,6 +168,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     inputs : dict, optional      descriptions of the inputs (files, rows, encoders) kept in lineage
     report_copy : path, optional an extra copy of the HTML report
     ray_address : str, optional  ``"local"`` or a Ray address: supervised fits as a map-reduce (see fit_map)
+    report : bool                write the HTML report (default); ``False`` skips it (``report_path`` None)
 
     Returns
     -------
@@ -230,17 +247,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                "method": method, "paired": paired, "rows": f"source {n_src}, target {n_tgt}",
                "params": effective, "random_state": random_state, "data sha256": hashes, "inputs": inputs or {},
                "alias": alias or "", "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    html_text = render_report(title=f"vecbridge fit: {name}", summary=summary, metrics=metrics,
-                              timings=stage_times, diagnostics=diag, cosines=cosines, clouds=clouds, paired=paired)
-    rdir = Path(report_dir) if report_dir is not None else registry.report_dir
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    report_file = write_report(rdir / fs_safe(name) / f"{stamp}-{uuid.uuid4().hex[:8]}.html", html_text)
-    if report_copy is not None:
-        write_report(report_copy, html_text)
-    try:
-        report_rel = str(report_file.resolve().relative_to(registry.report_dir))
-    except ValueError:
-        report_rel = str(report_file.resolve())
+    report_rel = _write_report(registry, name, report_dir, report_copy, summary, metrics, stage_times, diag,
+                               cosines, clouds, paired) if report else None
     timings["report"] = time.perf_counter() - t0
     tick("report", 1.0)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -12,17 +13,36 @@ from service.api import create_app
 from test_api_support import R, populate, settings_for
 
 
-def test_generated_corpus_is_seeded_and_distinct():
-    a, b = demo.generated_corpus(300, 1), demo.generated_corpus(300, 1)
-    assert a == b and len(set(a)) == 300
-    assert demo.generated_corpus(300, 2) != a
+def test_packaged_demo_data_is_unit_paired_and_distinct():
+    texts, Xs, Xt, meta = demo.load_demo_data()
+    assert len(texts) == len(set(texts)) == Xs.shape[0] == Xt.shape[0] == meta["n_texts"] >= 500
+    assert Xs.shape[1] == Xt.shape[1] == 384
+    np.testing.assert_allclose(np.linalg.norm(Xs, axis=1), 1, atol=2e-3)
+    np.testing.assert_allclose(np.linalg.norm(Xt, axis=1), 1, atol=2e-3)
+    # two different spaces: the same text is far apart across them (cosine ~ 0), close to itself within
+    assert abs(float(np.mean(np.sum(Xs * Xt, axis=1)))) < 0.2
 
 
-def test_load_corpus_picks_a_source():
-    texts, origin = demo.load_corpus(200, 0)
-    assert len(texts) == 200 and len(set(texts)) == 200
-    assert origin in ("wordnet-base", "shared texts.json", "generated")
-    assert all(isinstance(t, str) and len(t.split()) >= 3 for t in texts)
+def test_demo_is_ready_fast_and_searchable_without_encoders(tmp_path):
+    """The packaged demo: ready within seconds, reported as such, a good (held-out) map under prod."""
+    app = create_app(settings_for(tmp_path, demo_on_empty=True))
+    with TestClient(app) as c:
+        assert c.get("/readyz").json()["checks"]["demo"] in ("preparing", "ready")
+        t0 = time.time()
+        while demo.demo_status(app.state.vb) == "preparing" and time.time() - t0 < 120:
+            time.sleep(0.1)
+        assert c.get("/readyz").json()["checks"]["demo"] == "ready"
+        assert c.get("/v1/info", headers=R).json()["demo"] == "ready"
+        m = c.get(f"/v1/maps/{demo.DEMO_MAP}@prod", headers=R).json()
+        assert m["resolved"]["method"] == "procrustes"
+        assert float(m["resolved"]["tags"]["demo_top1"]) > 0.9  # held-out pairs; chance is 1/200
+        texts, Xs, _, _ = demo.load_demo_data()
+        q = Xs[:20]
+        r = c.post(f"/v1/indexes/{demo.DEMO_INDEX}/search", headers=R, json={
+            "vectors": q.tolist(), "space": "minilm", "k": 1})
+        assert r.status_code == 200, r.text
+        hits = [row[0]["payload"]["text"] for row in r.json()["results"]]
+        assert np.mean([h == t for h, t in zip(hits, texts[:20])]) >= 0.9
 
 
 def test_demo_off_by_setting_and_skipped_when_not_empty(tmp_path):

@@ -261,7 +261,8 @@ class Health(BaseModel):
 
 class Ready(BaseModel):
     status: Literal["ready", "not ready"]
-    checks: dict[str, Any] = Field(..., description="`registry`, `indexes` (and `demo` while it builds).")
+    checks: dict[str, Any] = Field(..., description="`registry`, `indexes`, and `demo` (`preparing` / `ready` / `failed`) when this run "
+                                                     "registers the start-up demo; the demo never gates readiness.")
 
 
 class ServiceInfo(BaseModel):
@@ -274,6 +275,8 @@ class ServiceInfo(BaseModel):
     limits: dict[str, int]
     auth: Literal["disabled", "api-keys"]
     counts: dict[str, Any]
+    demo: Literal["preparing", "ready", "failed"] | None = Field(
+        None, description="The start-up demo on an empty data dir: `preparing`, `ready`, `failed`; null: none.")
 
 
 class SpaceOut(BaseModel):

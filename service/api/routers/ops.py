@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from ...demo import demo_status
 from ...metrics import CONTENT_TYPE_LATEST
 from ..deps import ReadScope, StateDep
 from ..responses import FastJSONResponse
@@ -39,11 +40,8 @@ async def readyz(request: Request):
             checks["registry"] = f"error: {state.registry_error}"
         if state.indexes.loaded:
             checks["indexes"] = {"loaded": len(state.indexes.list()), "errors": state.indexes.load_errors}
-        if state.demo_job_id:
-            try:
-                checks["demo"] = state.jobs.get(state.demo_job_id).state
-            except LookupError:
-                checks["demo"] = "forgotten"
+        if (demo := demo_status(state)) is not None:
+            checks["demo"] = demo  # preparing | ready | failed; informs, never gates readiness
         ok = checks["registry"] == "ok" and state.indexes.loaded
     return FastJSONResponse({"status": "ready" if ok else "not ready", "checks": checks},
                             status_code=200 if ok else 503)
@@ -73,4 +71,5 @@ async def info(state: StateDep):
                    "max_queued_jobs": s.max_queued_jobs, "job_workers": s.job_workers},
         "auth": "disabled" if s.auth_disabled else "api-keys",
         "counts": {"indexes": len(state.indexes.list()), "jobs": state.jobs.counts()},
+        "demo": demo_status(state),
     })
