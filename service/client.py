@@ -306,6 +306,17 @@ class Client:
     def delete_alias(self, name: str, alias: str) -> None:
         self._json("DELETE", f"/v1/maps/{name}/aliases/{alias}")
 
+    def set_tag(self, name: str, version: int, key: str, value: Any) -> dict:
+        return self._json("PUT", f"/v1/maps/{name}/versions/{int(version)}/tags/{key}", json={"value": value})
+
+    def delete_version(self, name: str, version: int) -> dict:
+        """Soft delete: the version stays for lineage but no reference resolves to it any more."""
+        return self._json("DELETE", f"/v1/maps/{name}/versions/{int(version)}")
+
+    def download_artifact(self, ref: str, *, format: str = "safetensors") -> bytes:
+        """The map artifact's bytes (``safetensors`` or ``npz``; ``align.LinearMap`` reads both)."""
+        return self.request("GET", f"/v1/maps/{ref}/artifact", params={"format": format}).content
+
     def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True) -> np.ndarray:
         """Map rows ``X`` (n, d_source) through ``ref``; returns float32 (n, d_target).
 
@@ -463,7 +474,34 @@ class Client:
     def steer_lens(self, ref: str, *, k: int = 5, n_directions: int = 4) -> dict:
         return self._json("GET", f"/v1/steers/{ref}/lens", params={"k": k, "n_directions": n_directions})
 
+    # --- language model (LM-Steer) --------------------------------------------------------------
+    def lm_fit_steer(self, name: str, texts: Sequence[str], labels: Sequence[int], *, rank: int = 8,
+                     eps: float = 1e-3, steps: int = 200, lr: float = 1e-2, random_state: int = 0,
+                     alias: str | None = None, description: str = "", idempotency_key: str | None = None) -> dict:
+        """Queue an LM-Steer fit on the service's language model; returns the job."""
+        body = _clean({"name": name, "texts": list(texts), "labels": [int(v) for v in labels], "rank": rank,
+                       "eps": eps, "steps": steps, "lr": lr, "random_state": random_state, "alias": alias,
+                       "description": description})
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._json("POST", "/v1/lm/steers", json=body, headers=headers)
+
+    def lm_generate(self, prompt: str, steers: dict[str, float] | None = None, *, max_new_tokens: int = 30,
+                    temperature: float = 0.0, top_p: float = 0.9, random_state: int = 0) -> dict:
+        """Continue ``prompt`` under ``{steer ref: eps}``; ``text`` is the continuation only."""
+        return self._json("POST", "/v1/lm/generate", json={
+            "prompt": prompt, "steers": steers or {}, "max_new_tokens": max_new_tokens,
+            "temperature": temperature, "top_p": top_p, "random_state": random_state})
+
+    def lm_analyze(self, text: str, steer: str, *, eps: float = 1.0, threshold: float = 0.5) -> dict:
+        """Per-token evidence of ``steer`` in ``text`` (``tokens`` and ``spans``)."""
+        return self._json("POST", "/v1/lm/analyze", json={"text": text, "steer": steer, "eps": eps,
+                                                          "threshold": threshold})
+
     # --- embeddings -----------------------------------------------------------------------------
+    def list_models(self) -> list[dict]:
+        """Installed encoders (``GET /v1/models``)."""
+        return self._json("GET", "/v1/models")["data"]
+
     def embed(self, texts: Sequence[str], model: str, *, target_space: str | None = None,
               input_type: str = "passage") -> np.ndarray:
         """Embed ``texts`` with an installed encoder (optionally translated into ``target_space``)."""
