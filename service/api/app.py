@@ -19,6 +19,7 @@ import align
 from ..config import Settings, get_settings
 from ..logging import configure_logging, get_logger
 from ..metrics import ServiceMetrics
+from ..ui import mount_console
 from .errors import install_error_handlers
 from .middleware import BodyLimitMiddleware, ObserveMiddleware
 from .responses import FastJSONResponse
@@ -42,6 +43,7 @@ API_DESCRIPTION = """Linear maps between embedding spaces, over HTTP.
   apply, lens); `"steers": {"name": eps}` in an index search steers its queries.
 * **Embeddings** — OpenAI-shaped `POST /v1/embeddings` (+ `target_space`).
 * **Ops** — `/healthz`, `/readyz`, `/metrics`, `/v1/info`.
+* **Console** — `/ui` in a browser (same keys, entered once per browser session).
 
 Examples: every request body has them ("Try it out"); the `toy` ones run top to bottom on an empty
 service: create space, fit, alias, tag, transform, index, add, search, delete, steer, apply.
@@ -83,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.vb = None
 
     app = FastAPI(title="vecbridge", version=align.__version__, description=API_DESCRIPTION, lifespan=lifespan,
-                  default_response_class=FastJSONResponse)
+                  default_response_class=FastJSONResponse, docs_url=None, redoc_url=None)
     if settings is not None:
         app.dependency_overrides[get_settings] = lambda: settings
     s = _resolve_settings(app)
@@ -93,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for r in (ops.router, maps.router, indexes.router, fits.router, embeddings.router, steers.router,
               lm.router, plans.router):
         app.include_router(r)  # each router carries its own prefix (route templates label metrics)
+    mount_console(app)  # /ui console and /docs, from vendored assets (no CDN)
     app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_body_bytes)
     if s.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=s.cors_origins, allow_methods=["*"],

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from ...registry import NotFoundError
 from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_json, validate,
                      vectors_from_binary, vectors_from_json)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
@@ -138,6 +139,24 @@ async def set_alias(name: str, alias: str, body: Annotated[AliasSet, Body(openap
 async def delete_alias(name: str, alias: str, state: StateDep):
     await run_in_threadpool(state.registry.delete_alias, name, alias)
     return Response(status_code=204)
+
+
+@router.get("/maps/{name}/versions/{version}/report", dependencies=[ReadScope], summary="The version's HTML fit report",
+            response_class=HTMLResponse, responses={200: {"content": {"text/html": {}}}})
+async def get_report(name: str, version: Version, state: StateDep):
+    """The self-contained HTML report written by the fit (charts inline), read from the data dir; 404 when the
+    version has none (registered without a report, or the file is gone)."""
+    def work():
+        v = state.registry.get_version(name, version)
+        path = state.registry.report_file(v)
+        if path is None:
+            raise NotFoundError(f"map {v.ref} has no fit report (registered without one)")
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise NotFoundError(f"the fit report of map {v.ref} is missing from the data dir") from None
+
+    return HTMLResponse(await run_in_threadpool(work))
 
 
 @router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],

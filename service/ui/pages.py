@@ -1,0 +1,73 @@
+"""Console routes: one Jinja2 shell per page under ``/ui``, the vendored assets under ``/ui/static``,
+and Swagger UI at ``/docs`` from those assets (FastAPI's default page loads it from a CDN)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import align
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from ..config import Settings, get_settings
+
+__all__ = ["mount_console", "STATIC_DIR", "PAGES"]
+
+HERE = Path(__file__).parent
+STATIC_DIR = HERE / "static"
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+
+# (path under /ui, template, title in the navigation)
+PAGES = (
+    ("/registry", "registry.html", "Registry"),
+    ("/jobs", "jobs.html", "Jobs"),
+    ("/search", "search.html", "Search"),
+    ("/steer", "steer.html", "Steer"),
+    ("/migrations", "migrations.html", "Migrations"),
+)
+
+router = APIRouter(include_in_schema=False)
+
+
+def _settings(request: Request) -> Settings:
+    state = getattr(request.app.state, "vb", None)
+    if state is not None:
+        return state.settings
+    return request.app.dependency_overrides.get(get_settings, get_settings)()
+
+
+def _page(template: str, title: str):
+    async def page(request: Request) -> HTMLResponse:
+        return templates.TemplateResponse(request, template, {
+            "title": title, "pages": PAGES, "version": align.__version__, "current": title,
+            "auth_required": not _settings(request).auth_disabled})
+
+    page.__name__ = f"ui_{template.split('.')[0]}"
+    return page
+
+
+for _path, _template, _title in PAGES:
+    router.add_api_route("/ui" + _path, _page(_template, _title), methods=["GET"], response_class=HTMLResponse)
+
+
+@router.get("/ui")
+@router.get("/ui/")
+async def ui_home() -> RedirectResponse:
+    return RedirectResponse("/ui/registry", status_code=307)
+
+
+@router.get("/docs")
+async def swagger_ui() -> HTMLResponse:
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="vecbridge - Swagger UI",
+                               swagger_js_url="/ui/static/swagger/swagger-ui-bundle.js",
+                               swagger_css_url="/ui/static/swagger/swagger-ui.css",
+                               swagger_favicon_url="/ui/static/swagger/favicon-32x32.png")
+
+
+def mount_console(app: FastAPI) -> None:
+    """Add ``/ui``, ``/ui/static`` and a local ``/docs`` to ``app`` (built with ``docs_url=None``)."""
+    app.include_router(router)
+    app.mount("/ui/static", StaticFiles(directory=str(STATIC_DIR)), name="ui-static")

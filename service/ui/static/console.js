@@ -1,0 +1,360 @@
+/* vecbridge console: talks to the public /v1 API only, with the key typed once per browser session.
+ *
+ * The key lives in sessionStorage (cleared when the tab/browser session ends), goes out only as
+ * `Authorization: Bearer <key>`, and is never put in a URL, a cookie or the console log.
+ * Each page is an Alpine component (registryPage, jobsPage, ...) defined below.
+ */
+"use strict";
+
+const KEY_SLOT = "vecbridge.key";
+
+const VB = {
+  key() { return sessionStorage.getItem(KEY_SLOT) || ""; },
+  setKey(k) { sessionStorage.setItem(KEY_SLOT, k); window.dispatchEvent(new CustomEvent("vb-key")); },
+  forgetKey() { sessionStorage.removeItem(KEY_SLOT); window.dispatchEvent(new CustomEvent("vb-key")); },
+
+  /* Call the API; resolves to the parsed JSON (or text), rejects with {status, type, message}. */
+  async api(path, { method = "GET", body = undefined, text = false } = {}) {
+    const headers = { Accept: text ? "text/html" : "application/json" };
+    const k = VB.key();
+    if (k) headers.Authorization = "Bearer " + k;
+    else if (document.body.dataset.authRequired === "true") {
+      // Without a key the API can only answer 401: say so without sending the request.
+      const err = { status: 401, type: "AuthenticationError",
+                    message: "no API key in this browser session: enter one above" };
+      window.dispatchEvent(new CustomEvent("vb-401", { detail: err }));
+      throw err;
+    }
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    let r;
+    try {
+      r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    } catch (e) {
+      throw { status: 0, type: "NetworkError", message: "the service did not answer (" + e.message + ")" };
+    }
+    if (r.status === 204) return null;
+    if (!r.ok) {
+      let err = { status: r.status, type: "HTTPError", message: r.statusText };
+      try { const j = await r.json(); if (j && j.error) err = j.error; } catch (_) { /* not JSON */ }
+      if (err.status === 401 || r.status === 401) window.dispatchEvent(new CustomEvent("vb-401", { detail: err }));
+      throw err;
+    }
+    return text ? r.text() : r.json();
+  },
+
+  /* An API error in words: what happened and what to do. */
+  say(e) {
+    if (!e || typeof e !== "object") return String(e);
+    const hint = {
+      401: "enter a valid API key above",
+      403: "this key lacks the scope; use a key with the 'write' scope",
+      404: "not found",
+      409: "conflicts with what is stored",
+      422: "the request was refused as invalid",
+      429: "the job queue is full; try again shortly",
+      503: "the service cannot do this now",
+    }[e.status];
+    return `${e.status || ""} ${e.type || "Error"}: ${e.message || ""}${hint ? " (" + hint + ")" : ""}`.trim();
+  },
+
+  secs(s) {
+    if (s === null || s === undefined || !isFinite(s)) return "–";
+    if (s < 60) return s.toFixed(1) + " s";
+    const m = Math.floor(s / 60);
+    return m + " min " + Math.round(s - 60 * m) + " s";
+  },
+  num(x, d = 4) { return typeof x === "number" ? (Number.isInteger(x) ? String(x) : x.toFixed(d)) : (x ?? "–"); },
+  pct(x) { return typeof x === "number" ? (100 * x).toFixed(0) + " %" : "–"; },
+
+  /* Reliability verdict of a map version, from its metrics (MiniVec2Vec's label-free check). */
+  verdict(v) {
+    const m = (v && v.metrics) || {};
+    const r = v && "reliable" in v ? v.reliable : m.reliable;
+    if (r === true) return "reliable";
+    if (r === false) return "UNRELIABLE";
+    return "not checked";
+  },
+
+  /* Recall/top-k curve from a metrics dict: [[k...], [value...]] (retention vs K). */
+  curve(metrics) {
+    const pts = [];
+    for (const [k, v] of Object.entries(metrics || {})) {
+      const m = /^(?:train_)?(?:recall@|top)(\d+)$/.exec(k);
+      if (m && typeof v === "number") pts.push([Number(m[1]), v]);
+    }
+    pts.sort((a, b) => a[0] - b[0]);
+    const seen = new Set();
+    const u = pts.filter(p => !seen.has(p[0]) && seen.add(p[0]));
+    return [u.map(p => p[0]), u.map(p => p[1])];
+  },
+
+  /* Draw (or redraw) a line chart into `el`: xs, list of {label, values}. */
+  chart(el, xs, series, { xlabel = "", ylabel = "", width = null, yrange = null } = {}) {
+    if (!el) return;
+    if (el._plot) { el._plot.destroy(); el._plot = null; }
+    if (!xs.length) return;
+    const colours = ["#1f5fbf", "#c0392b", "#2e8b57", "#8e44ad"];
+    const w = width || Math.max(260, Math.min(560, el.clientWidth || 480));
+    el._plot = new uPlot({
+      width: w, height: 220,
+      scales: { x: { time: false }, y: yrange ? { range: yrange } : {} },
+      axes: [{ label: xlabel }, { label: ylabel }],
+      series: [{ label: xlabel }, ...series.map((s, i) => ({
+        label: s.label, stroke: colours[i % colours.length], width: 2, points: { show: true, size: 6 } }))],
+    }, [xs, ...series.map(s => s.values)], el);
+  },
+};
+
+/* The key bar in the header (every page) and the 401 panel. */
+function keyBar() {
+  return {
+    draft: "", has: !!VB.key(), unauth: null,
+    init() {
+      window.addEventListener("vb-key", () => { this.has = !!VB.key(); this.unauth = null; });
+      window.addEventListener("vb-401", (e) => { this.unauth = e.detail; });
+    },
+    use() { const k = this.draft.trim(); if (!k) return; this.draft = ""; VB.setKey(k); },
+    forget() { VB.forgetKey(); },
+  };
+}
+
+/* Shared page behaviour: load() on start and whenever the key changes; `error` in words. */
+function page(extra) {
+  return Object.assign({
+    error: "", busy: false,
+    init() {
+      window.addEventListener("vb-key", () => this.reload());
+      this.reload();
+    },
+    async reload() {
+      this.error = "";
+      this.busy = true;
+      try { await this.load(); } catch (e) { this.error = VB.say(e); } finally { this.busy = false; }
+    },
+  }, extra);
+}
+
+function registryPage() {
+  return page({
+    spaces: [], maps: [], steers: [], selected: null, versions: [], version: null,
+    report: "", reportNote: "", aliasName: "prod", aliasVersion: "", aliasMsg: "",
+    async load() {
+      const [s, m, t] = await Promise.all([VB.api("/v1/spaces"), VB.api("/v1/maps"), VB.api("/v1/steers")]);
+      this.spaces = s.data; this.maps = m.data; this.steers = t.data;
+      const want = this.selected || (this.maps[0] && this.maps[0].name);
+      if (want) await this.pick(want);
+    },
+    async pick(name) {
+      this.selected = name;
+      this.versions = (await VB.api(`/v1/maps/${encodeURIComponent(name)}/versions`)).data;
+      const live = this.versions.filter(v => !v.deleted);
+      const last = live.length ? live[live.length - 1] : this.versions[this.versions.length - 1];
+      if (last) await this.show(last.version);
+    },
+    async show(n) {
+      this.version = this.versions.find(v => v.version === n) || null;
+      this.aliasVersion = String(n);
+      this.report = ""; this.reportNote = "loading the fit report…";
+      this.$nextTick(() => this.draw());
+      try {
+        this.report = await VB.api(`/v1/maps/${encodeURIComponent(this.selected)}/versions/${n}/report`, { text: true });
+        this.reportNote = "";
+      } catch (e) { this.reportNote = VB.say(e); }
+    },
+    draw() {
+      const v = this.version; if (!v) return;
+      const [ks, vals] = VB.curve(v.metrics);
+      VB.chart(this.$refs.retention, ks, [{ label: "retention", values: vals }], { xlabel: "K", ylabel: "recall@K", yrange: [0, 1] });
+      const c = (v.metrics && v.metrics.criteria) || [];
+      VB.chart(this.$refs.criteria, c.map((_, i) => i), [{ label: "criterion", values: c }],
+        { xlabel: "restart", ylabel: "criterion" });
+    },
+    aliasesOf(m) { return Object.entries(m.aliases || {}).map(([a, v]) => `${a}→${v}`).join(", ") || "–"; },
+    metricRows(v) {
+      return Object.entries((v && v.metrics) || {}).filter(([, x]) => typeof x === "number" || typeof x === "boolean");
+    },
+    async moveAlias() {
+      this.aliasMsg = "";
+      const n = Number(this.aliasVersion);
+      try {
+        const v = await VB.api(`/v1/maps/${encodeURIComponent(this.selected)}/aliases/${encodeURIComponent(this.aliasName)}`,
+          { method: "PUT", body: { version: n } });
+        this.aliasMsg = `alias ${this.aliasName} now points at version ${v.version}`;
+        const keep = this.selected;
+        this.maps = (await VB.api("/v1/maps")).data;
+        await this.pick(keep); await this.show(n);
+      } catch (e) { this.aliasMsg = VB.say(e); }
+    },
+  });
+}
+
+function jobsPage() {
+  return page({
+    jobs: [], counts: {}, timer: null, cancelMsg: "",
+    async load() {
+      const j = await VB.api("/v1/jobs");
+      this.jobs = (j.data || []).slice().sort((a, b) => b.timings.created_at - a.timings.created_at);
+      this.counts = j.counts || {};
+      if (!this.timer) this.timer = setInterval(() => this.poll(), 1000);
+    },
+    async poll() {
+      if (!VB.key() || document.hidden) return;
+      try { await this.load(); this.error = ""; } catch (e) { this.error = VB.say(e); }
+    },
+    live(j) { return j.state === "queued" || j.state === "running"; },
+    eta(j) {
+      const f = j.progress.fraction, t = j.timings.run_seconds;
+      if (!this.live(j) || !t || !(f > 0.02) || f >= 1) return null;
+      return t * (1 - f) / f;
+    },
+    errorWords(j) {
+      if (!j.error) return "";
+      return `${j.error.type || "error"}: ${j.error.message || ""}`;
+    },
+    async cancel(j) {
+      this.cancelMsg = "";
+      try { await VB.api(`/v1/jobs/${j.id}`, { method: "DELETE" }); this.cancelMsg = `cancel requested for ${j.id}`; await this.load(); }
+      catch (e) { this.cancelMsg = VB.say(e); }
+    },
+  });
+}
+
+function searchPage() {
+  return page({
+    indexes: [], spaces: [], index: "", space: "", query: "", k: 10, csls: false,
+    native: null, mapped: null, overlap: null, searchMsg: "",
+    async load() {
+      const [i, s] = await Promise.all([VB.api("/v1/indexes"), VB.api("/v1/spaces")]);
+      this.indexes = i.data; this.spaces = s.data;
+      if (!this.index && this.indexes.length) this.index = this.indexes[0].name;
+      this.pickDefaultSpace();
+    },
+    indexSpace() { const i = this.indexes.find(x => x.name === this.index); return i ? i.space : ""; },
+    pickDefaultSpace() {
+      const own = this.indexSpace();
+      const other = this.spaces.find(s => s.encoder && s.name !== own);
+      if (!this.space || this.space === own) this.space = other ? other.name : own;
+    },
+    async run() {
+      this.searchMsg = ""; this.native = this.mapped = null; this.overlap = null;
+      if (!this.query.trim()) { this.searchMsg = "type a query first"; return; }
+      const base = { texts: [this.query], k: Number(this.k), csls: this.csls, include_payloads: true };
+      const url = `/v1/indexes/${encodeURIComponent(this.index)}/search`;
+      this.busy = true;
+      try {
+        const [a, b] = await Promise.allSettled([
+          VB.api(url, { method: "POST", body: { ...base, space: this.indexSpace() } }),
+          VB.api(url, { method: "POST", body: { ...base, space: this.space } })]);
+        if (a.status === "fulfilled") this.native = a.value; else this.searchMsg = "native: " + VB.say(a.reason);
+        if (b.status === "fulfilled") this.mapped = b.value;
+        else this.searchMsg = (this.searchMsg ? this.searchMsg + "; " : "") + "through the map: " + VB.say(b.reason);
+        if (this.native && this.mapped) {
+          const top = (r) => new Set(r.results[0].slice(0, 10).map(h => h.id));
+          const A = top(this.native), B = top(this.mapped);
+          let n = 0; A.forEach(x => { if (B.has(x)) n++; });
+          this.overlap = { shared: n, of: Math.min(10, A.size) };
+        }
+      } finally { this.busy = false; }
+    },
+    hits(r) { return r ? r.results[0] : []; },
+    label(h) { const p = h.payload || {}; return p.text || p.title || JSON.stringify(p) || String(h.id); },
+    path(r) {
+      if (!r) return "";
+      if (!r.maps || !r.maps.length) return "none (same space)";
+      return r.maps.map(m => typeof m === "string" ? m : (m.ref || `${m.name}:${m.version}`)).join(" → ");
+    },
+  });
+}
+
+function steerPage() {
+  return page({
+    steers: [], indexes: [], steer: "", index: "", query: "", eps: 0, k: 10,
+    base: null, steered: null, share: null, sweep: [], steerMsg: "",
+    prompt: "The movie was", genText: "", tokens: [], lmMsg: "",
+    async load() {
+      const [s, i] = await Promise.all([VB.api("/v1/steers"), VB.api("/v1/indexes")]);
+      this.steers = s.data; this.indexes = i.data;
+      if (!this.steer && this.steers.length) this.steer = this.steers[0].name;
+      this.pickIndex();
+    },
+    current() { return this.steers.find(s => s.name === this.steer) || null; },
+    isLM() { const s = this.current(); return !!s && String(s.space || "").startsWith("lm."); },
+    pickIndex() {
+      const s = this.current();
+      const same = s ? this.indexes.filter(i => i.space === s.space) : [];
+      if (!same.find(i => i.name === this.index)) this.index = same.length ? same[0].name : "";
+    },
+    indexesForSteer() { const s = this.current(); return s ? this.indexes.filter(i => i.space === s.space) : []; },
+    async search(eps) {
+      const body = { texts: [this.query], k: Number(this.k), include_payloads: true };
+      if (eps) body.steers = { [this.steer]: Number(eps) };
+      return VB.api(`/v1/indexes/${encodeURIComponent(this.index)}/search`, { method: "POST", body });
+    },
+    /* Share of the results carrying the attribute: payload `label` > 0 (null when payloads have no label). */
+    shareOf(r) {
+      const hs = r ? r.results[0] : [];
+      const labelled = hs.filter(h => h.payload && typeof h.payload.label === "number");
+      if (!labelled.length) return null;
+      return labelled.filter(h => h.payload.label > 0).length / labelled.length;
+    },
+    async run() {
+      this.steerMsg = "";
+      if (!this.index) { this.steerMsg = "no index lives in this steer's space"; return; }
+      if (!this.query.trim()) { this.steerMsg = "type a query first"; return; }
+      this.busy = true;
+      try {
+        [this.base, this.steered] = await Promise.all([this.search(0), this.search(this.eps)]);
+        this.share = { before: this.shareOf(this.base), after: this.shareOf(this.steered) };
+      } catch (e) { this.steerMsg = VB.say(e); } finally { this.busy = false; }
+    },
+    async runSweep() {
+      this.steerMsg = "";
+      if (!this.index || !this.query.trim()) { this.steerMsg = "pick an index and type a query first"; return; }
+      const grid = [-2, -1, -0.5, 0, 0.5, 1, 2];
+      this.busy = true;
+      try {
+        const rs = await Promise.all(grid.map(e => this.search(e)));
+        this.sweep = grid.map((e, i) => [e, this.shareOf(rs[i])]);
+        if (this.sweep.some(p => p[1] === null)) { this.steerMsg = "the index's payloads carry no numeric `label`, so the attribute share is unknown"; return; }
+        this.$nextTick(() => VB.chart(this.$refs.sweep, grid, [{ label: "attribute share", values: this.sweep.map(p => p[1]) }],
+          { xlabel: "ε", ylabel: "share of top-k with the attribute", yrange: [0, 1] }));
+      } catch (e) { this.steerMsg = VB.say(e); } finally { this.busy = false; }
+    },
+    changed() {
+      if (!this.base || !this.steered) return null;
+      const A = new Set(this.base.results[0].map(h => h.id));
+      return this.steered.results[0].filter(h => !A.has(h.id)).length;
+    },
+    hits(r) { return r ? r.results[0] : []; },
+    label(h) { const p = h.payload || {}; return p.text || JSON.stringify(p) || String(h.id); },
+    async generate() {
+      this.lmMsg = ""; this.genText = ""; this.tokens = [];
+      this.busy = true;
+      try {
+        const g = await VB.api("/v1/lm/generate", { method: "POST",
+          body: { prompt: this.prompt, steers: { [this.steer]: Number(this.eps) }, max_new_tokens: 24 } });
+        this.genText = g.text;
+        const a = await VB.api("/v1/lm/analyze", { method: "POST",
+          body: { steer: this.steer, text: g.text, eps: Number(this.eps) || 1.0 } });
+        this.tokens = a.tokens;
+      } catch (e) { this.lmMsg = VB.say(e); } finally { this.busy = false; }
+    },
+    tokenStyle(t) {
+      const s = Math.max(-1, Math.min(1, t.score));
+      const c = s >= 0 ? `rgba(46,139,87,${Math.abs(s)})` : `rgba(192,57,43,${Math.abs(s)})`;
+      return `background:${c}`;
+    },
+  });
+}
+
+function migrationsPage() {
+  return page({
+    jobs: [], indexes: [],
+    async load() {
+      const [j, i] = await Promise.all([VB.api("/v1/jobs"), VB.api("/v1/indexes")]);
+      this.jobs = (j.data || []).filter(x => /migrat|verify/i.test(x.kind));
+      this.indexes = i.data;
+    },
+  });
+}
+window.VB = VB;

