@@ -194,6 +194,8 @@ def test_registry_shows_versions_metrics_and_report(server, browser):
     assert frame.locator("img").count() >= 1  # the report's charts, inline
     t.page.locator("[x-ref=retention] canvas").first.wait_for()
     t.shot("registry")
+    t.page.locator("#report-h").evaluate("e => e.scrollIntoView({block: 'start'})")
+    t.shot("report")
     t.close()
 
 
@@ -259,9 +261,24 @@ def test_jobs_page_follows_a_fit_to_succeeded(server, browser):
         job = r.json()["id"]
     row = t.page.locator(f"tr[data-job='{job}']")
     row.wait_for()  # appeared without a reload
+    t.shot("jobs")
     row.locator(".state", has_text="succeeded").wait_for(timeout=240_000)
     assert "registered minilm-e5:" in row.inner_text()
-    t.shot("jobs")
+    t.close()
+
+
+def test_jobs_page_cancels_a_running_fit(server, browser):
+    t = Page(browser, server["base"])
+    t.goto("/ui/jobs")
+    t.login(WRITE_KEY)
+    with httpx.Client(base_url=server["base"], timeout=120.0) as c:  # an unsupervised fit: long enough to cancel
+        body = fit_body(server["minilm"], server["e5"], slice(0, 8000), method="minivec2vec", paired=False,
+                        name="slow-fit")
+        job = c.post("/v1/fits", headers=W, json=body).json()["id"]
+    row = t.page.locator(f"tr[data-job='{job}']")
+    row.get_by_role("button", name=f"cancel job {job[:8]}").click()
+    row.locator(".state", has_text="cancelled").wait_for(timeout=120_000)
+    assert "cancel requested" in t.page.locator("#cancel-msg").inner_text()
     t.close()
 
 
@@ -303,6 +320,7 @@ def test_narrow_window_and_keyboard(server, browser):
     t.login(READ_KEY)
     t.page.locator("#versions tbody tr").first.wait_for()
     assert t.page.evaluate("document.documentElement.scrollWidth") <= 420 + 1  # no sideways scrolling
+    t.shot("narrow")
     t.close()
 
 
@@ -316,16 +334,21 @@ def test_render_times(server, browser, record_property):
              "/ui/steer": "#st-steer option", "/ui/migrations": "#mig-indexes tbody tr",
              "/docs": ".swagger-ui .opblock"}
     for path, sel in ready.items():
-        t.goto(path)
-        t.page.wait_for_load_state("load")
-        t.page.locator(sel).first.wait_for(state="attached")  # the API's data is on the page
-        nav = t.page.evaluate("""() => { const n = performance.getEntriesByType('navigation')[0];
-            return {ttfb: n.responseStart - n.startTime, dcl: n.domContentLoadedEventEnd - n.startTime,
-                    load: n.loadEventEnd - n.startTime, data: performance.now()}; }""")
-        assert nav["load"] > 0 and nav["data"] >= nav["dcl"]
+        runs = []
+        for _ in range(5 if path != "/docs" else 2):
+            t.goto(path)
+            t.page.wait_for_load_state("load")
+            t.page.locator(sel).first.wait_for(state="attached")  # the API's data is on the page
+            nav = t.page.evaluate("""() => { const n = performance.getEntriesByType('navigation')[0];
+                return {ttfb: n.responseStart - n.startTime, dcl: n.domContentLoadedEventEnd - n.startTime,
+                        load: n.loadEventEnd - n.startTime,
+                        data: (performance.getEntriesByName('vb-data')[0] || {startTime: performance.now()}).startTime}; }""")
+            assert nav["load"] > 0 and nav["data"] >= nav["dcl"]
+            runs.append(nav)
+        nav = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}  # median of the loads
         rows.append((path, nav))
         record_property(path, json.dumps(nav))
     out = os.environ.get("VECBRIDGE_CONSOLE_TIMINGS")
     if out:
-        Path(out).write_text(json.dumps(dict(rows), indent=1))
+        Path(out).write_text(json.dumps({"loadavg": os.getloadavg(), "ms": dict(rows)}, indent=1))
     t.close()

@@ -142,7 +142,8 @@ async def delete_alias(name: str, alias: str, state: StateDep):
 
 
 @router.get("/maps/{name}/versions/{version}/report", dependencies=[ReadScope], summary="The version's HTML fit report",
-            response_class=HTMLResponse, responses={200: {"content": {"text/html": {}}}})
+            response_class=Response,
+            responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}, "description": "The report."}})
 async def get_report(name: str, version: Version, state: StateDep):
     """The self-contained HTML report written by the fit (charts inline), read from the data dir; 404 when the
     version has none (registered without a report, or the file is gone)."""

@@ -1,0 +1,111 @@
+"""The console's server side without a browser: the fit-report route, the offline /docs, the /ui shells
+(no data in them: everything comes from the public API with the user's key) and the package data."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import create_app
+from service.fitting import run_fit
+from service.ui import STATIC_DIR
+from service.ui.pages import PAGES
+from test_api_support import R, W, planted, settings_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Map a2b: version 1 fitted with its HTML report, version 2 registered without one."""
+    app = create_app(settings_for(tmp_path_factory.mktemp("console")))
+    with TestClient(app) as c:
+        reg = app.state.vb.registry
+        X, Y, _ = planted(300)
+        reg.register_space("a", 16)
+        reg.register_space("b", 16)
+        v1 = run_fit(reg, name="a2b", source=X, target=Y, method="procrustes", paired=True, source_space="a",
+                     target_space="b")
+        m = app.state.vb.resolve_map("a2b:1")[1]
+        reg.register_version("a2b", m, source_space="a", target_space="b", method="procrustes", params={})
+        yield c, reg, v1
+
+
+def test_report_route_serves_the_fit_report(world):
+    c, reg, v1 = world
+    r = c.get("/v1/maps/a2b/versions/1/report", headers=R)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert r.content == reg.report_file(v1).read_bytes()
+    assert "<h1>vecbridge fit: a2b</h1>" in r.text and "data:image/png;base64," in r.text
+
+
+def test_report_route_errors(world):
+    c, reg, v1 = world
+    assert c.get("/v1/maps/a2b/versions/1/report").status_code == 401
+    r = c.get("/v1/maps/a2b/versions/2/report", headers=R)
+    assert r.status_code == 404 and "has no fit report" in r.json()["error"]["message"]
+    assert c.get("/v1/maps/a2b/versions/9/report", headers=R).status_code == 404
+    assert c.get("/v1/maps/nope/versions/1/report", headers=R).status_code == 404
+    assert c.get("/v1/maps/a2b/versions/0/report", headers=R).status_code == 422
+    path = reg.report_file(v1)
+    moved = path.with_suffix(".bak")
+    path.rename(moved)
+    try:
+        r = c.get("/v1/maps/a2b/versions/1/report", headers=R)
+        assert r.status_code == 404 and "missing from the data dir" in r.json()["error"]["message"]
+    finally:
+        moved.rename(path)
+
+
+def _local_assets(html: str) -> list[str]:
+    return re.findall(r'(?:src|href)="([^"#]+)"', html)
+
+
+def test_docs_is_offline(world):
+    c, _, _ = world
+    r = c.get("/docs")
+    assert r.status_code == 200
+    assert "cdn" not in r.text.lower() and "https://" not in r.text
+    refs = [u for u in _local_assets(r.text) if u.startswith("/")]
+    assert {"/ui/static/swagger/swagger-ui-bundle.js", "/ui/static/swagger/swagger-ui.css"} <= set(refs)
+    for u in refs:
+        assert c.get(u).status_code == 200, u
+    assert c.get("/redoc").status_code == 404  # redoc would need a CDN: not offered
+
+
+def test_ui_pages_are_shells_over_the_public_api(world):
+    c, _, _ = world
+    r = c.get("/ui", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/ui/registry"
+    for path, _, title in PAGES:
+        r = c.get("/ui" + path)  # no key: a shell without data, the browser asks the API with the key
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert f"<h1>{title}</h1>" in r.text and "a2b" not in r.text
+        assert 'data-auth-required="true"' in r.text
+        for u in _local_assets(r.text):
+            assert u.startswith("/") or u.startswith("data:"), f"{path}: non-local asset {u}"
+            if u.startswith("/ui/static/"):
+                assert c.get(u).status_code == 200, u
+    js = c.get("/ui/static/console.js").text
+    assert "sessionStorage" in js and "localStorage" not in js and "document.cookie" not in js
+    assert "/v1/" in js and "console.log" not in js  # the key is never logged
+
+
+def test_ui_says_when_auth_is_off(tmp_path):
+    with TestClient(create_app(settings_for(tmp_path, api_keys={}, auth_disabled=True))) as c:
+        assert 'data-auth-required="false"' in c.get("/ui/jobs").text
+
+
+def test_console_files_are_package_data():
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["service.ui"]
+    ui = STATIC_DIR.parent
+    files = [p.relative_to(ui).as_posix() for p in ui.rglob("*") if p.is_file() and p.suffix != ".py"
+             and "__pycache__" not in p.parts]
+    assert files and all(any(fnmatch(f, g) and f.count("/") == g.count("/") for g in globs) for f in files), files
+    for lic in ("vendor/LICENSE.alpinejs.txt", "vendor/LICENSE.uPlot.txt", "swagger/LICENSE"):
+        assert (STATIC_DIR / lic).is_file()
