@@ -305,7 +305,7 @@ def test_migrations_page_and_offline_docs(server, browser):
     t.goto("/ui/migrations")
     t.login(READ_KEY)
     t.page.locator("#mig-indexes tbody tr").first.wait_for()
-    assert "no migration route" in t.page.locator("#mig-note").inner_text()
+    assert "no route for a migration's progress" in t.page.locator("#mig-note").inner_text()
     t.shot("migrations")
     t.goto("/docs")
     t.page.locator(".swagger-ui .info .title").wait_for()  # rendered from the vendored assets, no CDN
