@@ -227,7 +227,9 @@ def test_search_native_vs_through_the_map(server, browser):
 
 def test_move_alias_needs_write_key(server, browser):
     with httpx.Client(base_url=server["base"], timeout=120.0) as c:  # a second version to move the alias to
-        r = c.post("/v1/fits", headers=W, json=fit_body(server["minilm"], server["e5"], slice(N_FIT, 2 * N_FIT)))
+        r = c.post("/v1/fits", headers=W, json=fit_body(server["minilm"], server["e5"], slice(N_FIT, 2 * N_FIT),
+                                                        method="auto",
+                                                        params={"candidates": ["procrustes", "ridge", "lowrank"]}))
         assert _wait_job(c, r.json()["id"])["state"] == "succeeded"
     t = Page(browser, server["base"])
     t.goto("/ui/registry")
@@ -248,7 +250,34 @@ def test_move_alias_needs_write_key(server, browser):
     with httpx.Client(base_url=server["base"]) as c:
         assert c.get("/v1/maps/minilm-e5@prod", headers=W).json()["resolved"]["version"] == 2
     assert "prod→2" in t.page.locator("#maps").inner_text()
+    sel = t.page.locator("#selection")  # version 2 was fitted with method auto: its candidates' held-out scores
+    sel.wait_for()
+    assert {"procrustes", "ridge", "lowrank"} <= {r.split()[0] for r in sel.locator("tbody th").all_inner_texts()}
+    assert sel.locator("tbody th", has_text="✓").count() == 1
     t.close(expect_errors=("status of 403",))
+
+
+def test_demo_map_on_a_fresh_data_dir(browser, tmp_path):
+    """`make run` on an empty data dir: the demo map appears in the console (registered without a report: the
+    console says so in words)."""
+    port = free_port()
+    env = {**env_for(tmp_path / "data", port), "VECBRIDGE_DEMO_ON_EMPTY": "true"}
+    proc = start([sys.executable, "-c", "from service.api.app import serve; serve()"], env, port, tmp_path / "log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        t = Page(browser, base)
+        t.goto("/ui/registry")
+        t.login(READ_KEY)
+        t.page.locator("#maps", has_text="demo-minilm-e5").wait_for(timeout=120_000)
+        if not t.page.locator("#versions tbody tr").count():
+            t.page.get_by_role("button", name="demo-minilm-e5").click()
+        row = t.page.locator("#versions tbody tr").first
+        row.wait_for()
+        assert "prod" in row.inner_text() and "demo_top1=" in row.inner_text()
+        t.page.locator("#report-note", has_text="has no fit report").wait_for()
+        t.close()
+    finally:
+        stop(proc)
 
 
 def test_jobs_page_follows_a_fit_to_succeeded(server, browser):

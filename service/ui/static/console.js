@@ -160,6 +160,10 @@ function registryPage() {
       this.aliasVersion = String(n);
       this.report = ""; this.reportNote = "loading the fit report…";
       this.$nextTick(() => this.draw());
+      if (this.version && !this.version.report_path) {  // nothing to fetch: say so instead of asking for a 404
+        this.reportNote = `version ${n} has no fit report (registered without one)`;
+        return;
+      }
       this.loadReport(this.selected, n);  // not awaited: the tables show while the report (charts inline) loads
     },
     async loadReport(name, n) {
@@ -175,6 +179,16 @@ function registryPage() {
       const c = (v.metrics && v.metrics.criteria) || [];
       VB.chart(this.$refs.criteria, c.map((_, i) => i), [{ label: "criterion", values: c }],
         { xlabel: "restart", ylabel: "criterion" });
+    },
+    /* Held-out scores of every candidate family (fits with method auto): {metric, chosen, cols, rows}. */
+    selection() {
+      const sel = this.version && this.version.metrics && this.version.metrics.selection;
+      if (!sel || !sel.candidates) return null;
+      const names = Object.keys(sel.candidates);
+      const want = ["score", "corpus_mrr", "query_mrr", "corpus_recall@1", "query_recall@1", "overlap@10", "seconds"];
+      const cols = want.filter(c => names.some(n => typeof sel.candidates[n][c] === "number"));
+      return { metric: sel.metric, chosen: sel.chosen, n_train: sel.n_train, n_holdout: sel.n_holdout, cols,
+               rows: names.map(n => ({ name: n, values: cols.map(c => sel.candidates[n][c]) })) };
     },
     aliasesOf(m) { return Object.entries(m.aliases || {}).map(([a, v]) => `${a}→${v}`).join(", ") || "–"; },
     metricRows(v) {
