@@ -1,10 +1,10 @@
 r"""A linear map fitted for retrieval: symmetric InfoNCE with hard negatives (numpy, hand gradient).
 
-Rows: framed source ``X`` (n, d_s) (unit → centre → unit), unit target rows ``T`` (n, d_t)
-(raw target vectors scaled to unit length: the space a native index searches). Pair ``i`` is
-``(x_i, t_i)``. The map is ``q(x) = unit(x W + b)`` with ``W`` (d_s, d_t), ``b`` (d_t,).
+Rows: framed source ``X`` (n, d_s) and framed target ``T`` (n, d_t) (each side unit → centre →
+unit in its own frame; ``LinearMap.apply(output="raw")`` later adds the target mean back). Pair
+``i`` is ``(x_i, t_i)``. The map is ``q(x) = unit(x W + b)`` with ``W`` (d_s, d_t), ``b`` (d_t,).
 
-For a batch ``B`` of pairs, with hard negatives ``H_t`` (unit target rows near the batch's targets)
+For a batch ``B`` of pairs, with hard negatives ``H_t`` (framed target rows near the batch's targets)
 and ``H_x`` (framed source rows near the batch's sources), let ``Q = [q(x_B); q(H_x)]`` and
 ``C = [t_B; H_t]`` and ``S = Q Cᵀ / τ``. The loss is
 
@@ -111,10 +111,10 @@ def fit_contrastive_W(X: np.ndarray, T: np.ndarray, W0: np.ndarray, b0: np.ndarr
 
     Parameters
     ----------
-    X : (n, d_s) framed source rows; T : (n, d_t) unit target rows (paired by row).
+    X : (n, d_s) framed source rows; T : (n, d_t) framed target rows (paired by row).
     W0 : (d_s, d_t), b0 : (d_t,) warm start (also the anchor of the regulariser).
     hard_x : (n, h) indices into ``pool_x`` (framed source rows) of hard negatives for the column
-        term; hard_t : (n, h) indices into ``pool_t`` (unit target rows) for the row term; ``-1`` = none.
+        term; hard_t : (n, h) indices into ``pool_t`` (framed target rows) for the row term; ``-1`` = none.
     rng : numpy Generator (batch order).
     callback : callable(epoch, W, b) -> None, optional (e.g. held-out scoring per epoch).
 

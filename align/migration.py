@@ -10,25 +10,32 @@ cosine with the new model's native (unit) embeddings. Both migration modes use i
 - query-side (Drift-Adapter): ``fit_migration(Y_new_pairs, X_old_pairs)``, map new-model queries
   and search the untouched old index. Dimensions may differ either way.
 
-Families (``method``), all fitted on the same pairs, source rows in the source frame
-(unit → centre → unit, fitted on the pairs plus ``unpaired_source``):
+Families (``method``), all fitted on the same pairs, each side in its own frame (unit → centre →
+unit, fitted on the pairs plus ``unpaired_source`` / ``unpaired_target``); every map predicts
+framed target rows ``Y_f``, where shrinkage only changes norms, and ``apply(output="raw")`` adds
+the target mean back:
 
 - ``"procrustes"``: ``W = U Vᵀ`` of ``svd(X_fᵀ Y_f)`` in both centred frames (orthogonal; a global
   scale does not change cosines, so it is not a separate candidate).
-- ``"ridge"``: affine ``unit(x_f W + b)`` onto unit target rows, ``W = (X_cᵀX_c + αI)⁻¹ X_cᵀ T_c``;
-  ``α`` chosen on the held-out pairs from ``alphas`` (× K).
-- ``"lowrank"``: Procrustes plus a rank-``r`` ridge residual, ``W = c Q + W_r``, ``b = μ_t + b_r``.
+- ``"ridge"``: affine ``unit(x_f W + b)``, ``W = (X_cᵀX_c + αI)⁻¹ X_cᵀ Y_c`` (about the pair
+  means); ``α`` chosen on the held-out pairs from ``alphas`` (× K).
+- ``"lowrank"``: Procrustes ``Q`` plus a rank-``r`` ridge fit of the residual ``Y_f - X_f Q``:
+  ``W = Q + W_r``, ``b = b_r``.
 - ``"contrastive"``: the linear ``W, b`` trained for retrieval with symmetric InfoNCE and hard
   negatives from the unpaired sets (:mod:`align.contrastive`), warm-started from the better of
   Procrustes and ridge and regularised toward it; the number of epochs is chosen on the
   held-out pairs.
 - ``"auto"``: fits each of ``candidates`` on a training split, scores each on the held-out split
   with :func:`align.retrieval.pair_retrieval_scores` (``score`` = mean of corpus-side MRR,
-  query-side MRR and neighbourhood overlap@10), refits the best on all pairs with the chosen
+  query-side MRR and neighbourhood overlap@10; the unpaired rows, up to 8,192 per side, compete
+  as the rest of the corpus / index), refits the best on all pairs with the chosen
   hyper-parameters. Every candidate's scores travel in ``map.metadata["selection"]``.
 
 ``semi_supervised="sinkhorn"`` then refines an orthogonal map with the unpaired rows
-(:func:`align.semisup.sinkhorn_refine`).
+(:func:`align.semisup.sinkhorn_refine_map`; needs both unpaired sets).
+
+Per-cluster local maps are not a family here: a blended per-cluster map is not a
+:class:`~align.LinearMap`, so the registry, transform and index paths could not serve it.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ MIGRATION_METHODS = ("auto", "procrustes", "ridge", "lowrank", "contrastive")
 AUTO_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive")
 DEFAULT_ALPHAS = (1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3)  # ridge α / K
 _N_DISTRACTORS = 8192
+_REFIT_CONTRASTIVE_BELOW = 4000  # pairs; above, the selection run's best epoch is kept (half the fit time)
 _OPTIONS = {"holdout", "candidates", "alphas", "alpha", "rank", "contrastive", "semi_supervised", "epochs",
             "temperature", "reg", "hard_negatives", "batch_size", "lr", "max_holdout", "sinkhorn"}
 
@@ -210,16 +218,23 @@ def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dic
         cfg = _contrastive_config(opts)
         per_epoch: list = []
 
+        kept: dict = {}
+
         def cb(epoch, W, b):
             m = P.linear(W, b, {})
             per_epoch.append(_score(P, m, val))
+            if per_epoch[-1]["score"] >= max(s["score"] for s in per_epoch):
+                kept["Wb"] = (W.astype(np.float64), b.astype(np.float64))
 
-        _contrastive(P, tr, cfg, warm, rng, callback=cb)
+        fitted = _contrastive(P, tr, cfg, warm, rng, callback=cb)
         best_e = int(np.argmax([s["score"] for s in per_epoch]))
+        fitted.W, fitted.bias = (np.asarray(a, np.float32) for a in kept["Wb"])
+        fitted.metadata["params"]["epochs"] = best_e + 1
         scores["contrastive"] = {**per_epoch[best_e], "epochs": best_e + 1, "warm_start": warm_name,
                                  "score_per_epoch": [round(s["score"], 4) for s in per_epoch],
                                  "seconds": time.perf_counter() - t0}
-        settings["contrastive"] = {"epochs": best_e + 1, "warm_start": warm_name, "alpha": alpha}
+        settings["contrastive"] = {"epochs": best_e + 1, "warm_start": warm_name, "alpha": alpha,
+                                   "trained": fitted if len(tr) + len(val) >= _REFIT_CONTRASTIVE_BELOW else None}
     if "procrustes" not in candidates:
         scores.pop("procrustes")
     best = max(scores, key=lambda k: scores[k]["score"])
@@ -235,6 +250,10 @@ def _fit_final(P: _Problem, name: str, setting: dict, opts: dict, rng) -> Linear
         return _ridge(P, idx, alpha)
     if name == "lowrank":
         return _lowrank(P, idx, int(setting.get("rank", opts.get("rank", 32))), alpha, _fit_procrustes(P, idx, opts))
+    if setting.get("trained") is not None:  # many pairs: keep the best epoch of the selection run (80 % of the pairs)
+        m = setting["trained"]
+        m.metadata["params"]["refit_on_all_pairs"] = False
+        return m
     cfg = _contrastive_config(opts)
     if "epochs" in setting:
         cfg.epochs = int(setting["epochs"])
@@ -291,12 +310,10 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         tr, val = _split(n, float(options.get("holdout", 0.2)), int(options.get("max_holdout", 4096)), rng)
         cands = candidates if method == "auto" else (method,)
         P.distractors(rng)
-        name, setting, scores = _select(P, tr, val, cands, options, rng)
-        if method != "auto":
-            name, setting = method, {k: v for k, v in scores[method].items()
-                                     if k in ("alpha", "rank", "epochs", "warm_start")}
+        name, setting, scores = _select(P, tr, val, cands, options, rng)  # one candidate unless auto
         selection = {"metric": "score = mean(corpus_mrr, query_mrr, overlap@10) on held-out pairs",
                      "n_train": int(tr.size), "n_holdout": int(val.size), "chosen": name,
+                     "refit_on_all_pairs": setting.get("trained") is None,
                      "candidates": {k: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                     for k, v in scores.items()}}
     else:

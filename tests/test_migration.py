@@ -147,3 +147,32 @@ def test_knn_overlap_is_one_for_a_rotation_and_low_for_unrelated_spaces():
     assert align.knn_overlap(X, Y) == pytest.approx(1.0, abs=1e-6)
     Z = np.random.default_rng(0).normal(size=X.shape).astype(np.float32)
     assert align.knn_overlap(X, Z) < 0.2
+
+
+def test_sparse_sinkhorn_marginals_are_uniform():
+    from align.semisup import sparse_sinkhorn
+
+    rng = np.random.default_rng(0)
+    n, m, k = 40, 30, 6
+    rows = np.repeat(np.arange(n), k)
+    cols = np.concatenate([rng.permutation(m)[:k] for _ in range(n)])
+    key, first = np.unique(rows * m + cols, return_index=True)
+    rows, cols = rows[first], cols[first]
+    P = sparse_sinkhorn(rows, cols, rng.uniform(-1, 1, rows.size), n, m, eps=0.2, iters=2000, tol=1e-12)
+    np.testing.assert_allclose(np.bincount(rows, P, minlength=n), 1 / n, rtol=1e-4)
+    np.testing.assert_allclose(np.bincount(cols, P, minlength=m), 1 / m, rtol=1e-4)
+
+
+def test_sinkhorn_semi_supervised_improves_a_few_pair_map_with_unpaired_rows():
+    X, Y = _planted(n=3000, d_s=16, d_t=16, seed=11)
+    rng = np.random.default_rng(1)
+    Xu, Yu = X[:1500], Y[1500:2800]  # unpaired: different rows on each side
+    pairs = rng.choice(np.arange(2800, 3000), 12, replace=False)
+    test = np.setdiff1d(np.arange(2800, 3000), pairs)
+    base = align.fit_migration(X[pairs], Y[pairs], method="procrustes", unpaired_source=Xu, unpaired_target=Yu)
+    semi = align.fit_migration(X[pairs], Y[pairs], method="procrustes", unpaired_source=Xu, unpaired_target=Yu,
+                               semi_supervised="sinkhorn", sinkhorn={"rounds": 10})
+    assert semi.metadata["semi_supervised"]["applied"] is True
+    assert semi.is_orthogonal()
+    assert _top1(base, X[test], Y[test]) < 0.8  # 12 pairs in 16-d: the paired fit alone is poor
+    assert _top1(semi, X[test], Y[test]) >= 0.9
