@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .exceptions import (
+    NotRepresentableError,
     DegenerateInputError,
     DimensionMismatchError,
     EmptyInputError,
@@ -19,7 +20,20 @@ from .exceptions import (
     TooFewRowsError,
 )
 
-__all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate"]
+__all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate", "check_representable"]
+
+
+def check_representable(Y: np.ndarray, what: str) -> np.ndarray:
+    """Return ``Y`` if every value is finite; else :class:`NotRepresentableError`.
+
+    For results computed from finite input: an Inf/NaN there means float32 overflowed, and
+    returning it would give JSON ``null``, Inf in binary answers, or scores of 0 with arbitrary ids.
+    """
+    if not np.isfinite(Y).all():
+        bad = int((~np.isfinite(Y)).any(axis=1).sum()) if Y.ndim == 2 else int((~np.isfinite(Y)).sum())
+        raise NotRepresentableError(
+            f"{what}: {bad} row(s) overflow float32 (values beyond ±3.4e38); scale the input or the strength down")
+    return Y
 
 
 def as_matrix(

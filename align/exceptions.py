@@ -5,6 +5,7 @@ One small tree, so callers can catch as broadly or as narrowly as they like::
     VecbridgeError
     ├── InputError (also ValueError)          bad arrays handed to a public function
     │   ├── NonFiniteError                    NaN or Inf in the data
+    │   │   └── NotRepresentableError         finite input whose result float32 cannot hold
     │   ├── ShapeError                        wrong ndim (1-D, 3-D, ...)
     │   ├── DimensionMismatchError            columns differ from what the map/frame expects
     │   ├── EmptyInputError                   zero rows or zero columns
@@ -24,6 +25,7 @@ __all__ = [
     "VecbridgeError",
     "InputError",
     "NonFiniteError",
+    "NotRepresentableError",
     "ShapeError",
     "DimensionMismatchError",
     "EmptyInputError",
@@ -47,6 +49,13 @@ class InputError(VecbridgeError, ValueError):
 
 class NonFiniteError(InputError):
     """The input contains NaN or Inf."""
+
+
+class NotRepresentableError(NonFiniteError):
+    """Finite input whose result (or an intermediate, e.g. an inner product) overflows float32.
+
+    Raised instead of returning Inf/NaN or silently zeroed scores; scale the input down.
+    """
 
 
 class ShapeError(InputError):

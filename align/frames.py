@@ -17,16 +17,71 @@ import numpy as np
 
 from ._validation import as_matrix
 
-__all__ = ["Frame", "unit_rows"]
+__all__ = ["Frame", "unit_rows", "row_norms", "tame_rows"]
 
 _EPS = 1e-12
+# Squared norms a float32 sum of squares holds exactly enough: below, squares underflow (rows of
+# 1e-25 would read as 0); above, they overflow (rows of 1e20 would read as inf).
+_SQ_LO, _SQ_HI = 1e-30, 1e36
+
+
+def _sq_norms(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(|x_i|^2 as float64, mask of rows outside the safe float32 range)``; exact for those rows."""
+    with np.errstate(over="ignore", under="ignore"):
+        sq = np.einsum("ij,ij->i", X, X)
+    bad = ~((sq > _SQ_LO) & (sq < _SQ_HI))
+    sq = sq.astype(np.float64)
+    if bad.any():
+        Xb = X[bad].astype(np.float64)
+        sq[bad] = np.einsum("ij,ij->i", Xb, Xb)
+    return sq, bad
+
+
+def row_norms(X: np.ndarray) -> np.ndarray:
+    """L2 norm of each row of ``X`` (n, d) as float64 (n,), without overflow or underflow.
+
+    The sum of squares runs in float32 (fast path) and again in float64 for the rows whose
+    float32 sum leaves ``(1e-30, 1e36)``: any finite float32 row gets its true norm
+    (``d · (3.4e38)^2`` and ``(1e-45)^2`` are both inside float64's range).
+    """
+    return np.sqrt(_sq_norms(np.asarray(X))[0])
 
 
 def unit_rows(X: np.ndarray) -> np.ndarray:
-    """Scale rows of ``X`` (n, d) to unit L2 norm; zero rows stay zero."""
-    norms = np.linalg.norm(X, axis=1, keepdims=True)
-    np.maximum(norms, _EPS, out=norms)
-    return (X / norms).astype(np.float32, copy=False)
+    """Scale rows of ``X`` (n, d) to unit L2 norm at any finite scale; zero rows stay zero.
+
+    ``x / |x|`` with ``|x|`` from :func:`row_norms`; rows whose ``1/|x|`` float32 cannot hold
+    (below ~1e-37 or above ~1e37) are divided in float64, so rows of 1e-25 or 1e20 come out as
+    unit rows, never as zeros or NaN.
+    """
+    X = np.asarray(X)
+    sq, bad = _sq_norms(X)
+    norms = np.sqrt(sq)
+    inv = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+    out = (X * np.where(bad, 0.0, inv).astype(np.float32)[:, None]).astype(np.float32, copy=False)
+    if bad.any():
+        out[bad] = (X[bad].astype(np.float64) * inv[bad, None]).astype(np.float32)
+    return out
+
+
+def tame_rows(X: np.ndarray) -> np.ndarray:
+    """``X`` with every row whose squared norm leaves float32's safe range scaled to unit length.
+
+    For scale-invariant consumers (a frame that normalises its input first) this changes
+    nothing but keeps ``x W`` and ``|x|`` finite and non-zero. Returns ``X`` itself when no row
+    needs it (the common case costs one pass of ``einsum``).
+    """
+    with np.errstate(over="ignore", under="ignore"):
+        sq = np.einsum("ij,ij->i", X, X)
+    bad = ~((sq > _SQ_LO) & (sq < _SQ_HI)) & (sq != 0)
+    zero = sq == 0
+    if zero.any():  # a float32 zero can hide tiny non-zero rows (squares underflowed)
+        bad |= zero & np.any(X != 0, axis=1)
+    if not bad.any():
+        return X
+    out = X.copy()
+    out[bad] = unit_rows(X[bad])
+    return out
 
 
 @dataclass

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from ._artifacts import META_KEY, header_text, pack_npz, read_bytes, save_atomic, unpack_npz
-from ._validation import as_matrix
+from ._validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError
-from .frames import Frame, unit_rows
+from .frames import Frame, tame_rows, unit_rows
 
 __all__ = ["LinearMap", "FORMAT_VERSION"]
 
@@ -125,9 +125,11 @@ class LinearMap:
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
         out = np.empty((X.shape[0], self.target_dim), dtype=np.float32)
         block = max(1, min(int(batch_size), _BLOCK_ROWS))
+        scale_free = self.source_frame.unit_in  # f_s(c x) = f_s(x): extreme rows can be brought to unit length
         for s in range(0, X.shape[0], block):
-            self._apply_block(X[s : s + block], out[s : s + block], output)
-        return out
+            x = X[s : s + block]
+            self._apply_block(tame_rows(x) if scale_free else x, out[s : s + block], output)
+        return check_representable(out, "transform")
 
     def _plan(self) -> dict:
         """Per-map constants of the fused apply, computed once (a fitted map is not modified).

@@ -46,7 +46,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ._artifacts import pack_npz, read_bytes, save_atomic, unpack_npz
-from ._validation import as_matrix, check_random_state
+from ._validation import as_matrix, check_random_state, check_representable
+from .frames import row_norms
 from .exceptions import (
     ConvergenceWarning,
     DegenerateInputError,
@@ -198,8 +199,9 @@ class Steer:
             return out
         for s in range(0, Q.shape[0], batch_size):
             part = Q[s : s + batch_size]
-            out[s : s + batch_size] += (eps * ((part @ self.P1) @ self.P2.T)).astype(np.float32)
-        return out
+            with np.errstate(over="ignore", invalid="ignore"):
+                out[s : s + batch_size] += (eps * ((part @ self.P1) @ self.P2.T)).astype(np.float32)
+        return check_representable(out, "steered queries")
 
     __call__ = apply
 
@@ -334,8 +336,10 @@ class MeanShift:
         eps = _check_eps(eps)
         if eps == 0.0:
             return Q.copy()
-        norms = np.linalg.norm(Q, axis=1, keepdims=True)
-        return (Q + eps * norms * self.v).astype(np.float32)
+        norms = row_norms(Q)[:, None]
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = (Q + eps * norms * self.v).astype(np.float32)
+        return check_representable(out, "shifted queries")
 
     __call__ = apply
 

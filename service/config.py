@@ -9,8 +9,12 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .limits import Limits
 
 __all__ = ["Settings", "get_settings"]
 
@@ -18,7 +22,7 @@ __all__ = ["Settings", "get_settings"]
 class Settings(BaseSettings):
     """Service, CLI and registry settings (environment prefix ``VECBRIDGE_``)."""
 
-    model_config = SettingsConfigDict(env_prefix="VECBRIDGE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="VECBRIDGE_", env_nested_delimiter="__", extra="ignore")
 
     data_dir: Path = Field(Path("./var"), description="Registry database, artifacts, indexes and reports live here.")
     registry_url: str | None = Field(
@@ -35,6 +39,10 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list)
     max_body_bytes: int = 64 * 1024 * 1024
     max_batch: int = 65536
+    limits: Limits = Field(default_factory=Limits, description="Every other size limit (service/limits.py); "
+                                                               "e.g. VECBRIDGE_LIMITS__MAX_K=500.")
+    metrics_access: Literal["open", "key", "off"] = Field(
+        "key", description="/metrics: open to anyone, a key with the read scope, or off (404).")
     max_queued_jobs: int = 8
     job_workers: int = 1
     demo_on_empty: bool = True

@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
 import re
 import shutil
@@ -85,8 +84,10 @@ import faiss
 import numpy as np
 
 from align._validation import as_matrix
-from align.exceptions import InputError
-from align.frames import unit_rows
+from align.exceptions import InputError, NotRepresentableError
+from align.frames import row_norms, unit_rows
+
+from .limits import MAX_ID, check_dim, check_index_params, default_nlist
 
 __all__ = [
     "IndexStore", "SpaceIndex", "RWLock", "IndexNotFoundError", "IndexConflictError", "choose_kind",
@@ -95,7 +96,9 @@ __all__ = [
 
 FLAT_MAX = 50_000
 HNSW_MAX = 1_000_000
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # always fullmatch: no trailing newline
+_IP_MAX_NORM = 1e19  # metric="ip": |x|, |q| below sqrt(float32 max) so q·x cannot overflow
+_LOAD_LOCK_STRIPES = 64
 _KINDS = ("flat", "hnsw", "ivf")
 _METRICS = ("cosine", "ip")
 _TOMBSTONE_REBUILD = 0.10
@@ -122,7 +125,7 @@ def choose_kind(n: int) -> str:
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise InputError(
             f"index name {name!r} is invalid: expected 1-128 characters from [A-Za-z0-9._-], starting alphanumeric")
     return name
@@ -268,13 +271,15 @@ def _ids_array(ids, n: int | None = None, *, name: str = "ids") -> np.ndarray:
         arr = np.asarray(ids)
     except Exception:
         raise InputError(f"{name}: expected a list of integers") from None
+    if arr.dtype == np.uint64 or arr.dtype == object:  # past int64: json gives Python ints numpy cannot hold
+        raise InputError(f"{name}: ids must be integers between 0 and 2**62 - 1")
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise InputError(f"{name}: expected a flat list of integers, got dtype {arr.dtype} shape {arr.shape}")
     arr = arr.astype(np.int64)
     if n is not None and arr.shape[0] != n:
         raise InputError(f"{name}: expected {n} ids (one per vector), got {arr.shape[0]}")
-    if arr.size and arr.min() < 0:
-        raise InputError(f"{name}: ids must be non-negative")
+    if arr.size and (arr.min() < 0 or arr.max() >= MAX_ID):
+        raise InputError(f"{name}: ids must be between 0 and 2**62 - 1")
     if np.unique(arr).shape[0] != arr.shape[0]:
         raise IndexConflictError(f"{name}: the same id appears more than once in the request")
     return arr
@@ -324,16 +329,19 @@ class SpaceIndex:
         check_name(name)
         if metric not in _METRICS:
             raise InputError(f"metric must be one of {_METRICS}, got {metric!r}")
+        if dim is not None:
+            dim = check_dim(dim)
         if vectors is None or (hasattr(vectors, "__len__") and len(vectors) == 0 and dim is not None):
             X = np.zeros((0, int(dim)), np.float32)
         else:
             X = as_matrix(vectors, name="vectors", dim=dim)
         n, d = X.shape
+        check_dim(d, "vectors: columns")
         if kind == "auto":
             kind = choose_kind(n)
         if kind not in _KINDS:
             raise InputError(f"kind must be 'auto' or one of {_KINDS}, got {kind!r}")
-        params = dict(params or {})
+        params = check_index_params(kind, params, n_rows=n, dim=d, random_state=random_state)
         if kind == "flat":
             index = faiss.IndexIDMap2(faiss.IndexFlatIP(d))
         elif kind == "hnsw":
@@ -346,9 +354,11 @@ class SpaceIndex:
         else:
             if n == 0:
                 raise InputError("an IVF index needs training vectors at creation")
-            nlist = int(params.get("nlist") or max(1, min(int(4 * math.sqrt(n)), n // 39 or 1)))
+            nlist = int(params.get("nlist") or default_nlist(n))
             params["nlist"] = nlist
             params.setdefault("nprobe", min(16, nlist))
+            if params["nprobe"] > nlist:
+                raise InputError(f"index parameter nprobe={params['nprobe']} exceeds nlist={nlist}")
             quantizer = faiss.IndexFlatIP(d)
             index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
             index.cp.seed = int(random_state)
@@ -375,8 +385,20 @@ class SpaceIndex:
         return IndexInfo(self.name, self.space, self.dim, self.kind, self.metric, self.count,
                          {k: v for k, v in self.params.items()}, self.created_at, self.updated_at, self.description)
 
-    def _prep(self, X: np.ndarray) -> np.ndarray:
-        return unit_rows(X) if self.metric == "cosine" else X
+    def _prep(self, X: np.ndarray, what: str = "vectors") -> np.ndarray:
+        """Rows as stored / searched: unit rows (cosine; exact at any finite scale) or as is (ip).
+
+        ``metric="ip"`` refuses rows with ``|x| > 1e19``: a score ``q·x`` of two of them would
+        overflow float32 and the row could never be found again.
+        """
+        if self.metric == "cosine":
+            return unit_rows(X)
+        big = row_norms(X) > _IP_MAX_NORM
+        if big.any():
+            raise NotRepresentableError(
+                f"{what}: {int(big.sum())} row(s) have a norm above {_IP_MAX_NORM:g}; inner products of such rows "
+                f"overflow float32 (scale them down, or use metric='cosine')")
+        return X
 
     def _live_ids(self) -> np.ndarray:
         if self.kind == "ivf":
@@ -397,6 +419,8 @@ class SpaceIndex:
     def _add(self, X: np.ndarray, ids, payloads) -> np.ndarray:
         n = X.shape[0]
         if ids is None:
+            if self.next_id + n > MAX_ID:
+                raise InputError(f"index {self.name!r}: automatic ids would pass 2**62; give explicit ids")
             ids_arr = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
         else:
             ids_arr = _ids_array(ids, n)
@@ -489,7 +513,7 @@ class SpaceIndex:
             raise InputError(f"k must be between 1 and 10000, got {k}")
         if csls_k < 0 or csls_k > 1000:
             raise InputError(f"csls_k must be between 0 and 1000, got {csls_k}")
-        Q = np.ascontiguousarray(self._prep(Q))
+        Q = np.ascontiguousarray(self._prep(Q, "queries"))
         self.refresh()
         with self.lock.read():
             if csls_k > 0:
@@ -728,6 +752,7 @@ class SpaceIndex:
                 index, payloads = _read_generation(path, meta)
             except FileNotFoundError:
                 continue
+            _check_meta(path, meta, index)
             obj = cls(name=meta["name"], space=meta["space"], dim=int(meta["dim"]), kind=meta["kind"],
                       metric=meta["metric"], params=meta["params"], index=index, payloads=payloads,
                       tombstones=set(int(t) for t in meta.get("tombstones", [])),
@@ -737,6 +762,27 @@ class SpaceIndex:
             obj._meta_sig = sig
             return obj
         raise RuntimeError(f"index at {path}: generations changed faster than they could be read")
+
+
+def _check_meta(path: Path, meta: dict, index) -> None:
+    """Refuse a persisted index whose parameters FAISS would crash on (written by an older version, or edited).
+
+    The same rules as at creation (:func:`service.limits.check_index_params`); raises InputError.
+    """
+    try:
+        check_name(meta["name"])
+        if meta["metric"] not in _METRICS:
+            raise InputError(f"metric {meta['metric']!r} is not one of {_METRICS}")
+        dim = check_dim(meta["dim"])
+        params = dict(meta["params"])
+        check_index_params(meta["kind"], params, dim=dim, random_state=params.pop("random_state", 0))
+        if int(index.d) != dim:
+            raise InputError(f"the FAISS file holds {index.d}-d rows, the meta says {dim}")
+        next_id = int(meta.get("next_id", 0))
+        if not 0 <= next_id <= MAX_ID:
+            raise InputError(f"next_id {next_id} is outside 0..2**62")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"index at {path} refused: {exc}") from None
 
 
 def _write_json(path: Path, obj) -> None:
@@ -760,7 +806,8 @@ class IndexStore:
         self._indexes: dict[str, SpaceIndex] = {}
         self._lock = threading.Lock()
         self._creating: set[str] = set()
-        self._load_locks: dict[str, threading.Lock] = {}
+        # one loader per name without a lock per name ever looked up (unknown names would leak): striped
+        self._load_locks = [threading.Lock() for _ in range(_LOAD_LOCK_STRIPES)]
         self._failed: dict[str, tuple | None] = {}  # name -> meta sig that failed to load
         self.loaded = False
         self.load_errors: dict[str, str] = {}
@@ -791,7 +838,7 @@ class IndexStore:
             subs = sorted(self.root.iterdir())
         except FileNotFoundError:
             return []
-        return [d.name for d in subs if _NAME_RE.match(d.name) and (d / "meta.json").exists()]
+        return [d.name for d in subs if _NAME_RE.fullmatch(d.name) and (d / "meta.json").exists()]
 
     def create(self, name: str, space: str, vectors, **kw) -> SpaceIndex:
         """Build and persist a new index; :class:`IndexConflictError` if the name exists (in any process)."""
@@ -829,7 +876,7 @@ class IndexStore:
 
     def get(self, name: str) -> SpaceIndex:
         """The index ``name``, caught up with what other processes persisted."""
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise _gone(name, "no such index")
         with self._lock:
             idx = self._indexes.get(name)
@@ -848,8 +895,7 @@ class IndexStore:
 
     def _load(self, name: str) -> SpaceIndex:
         path = self.root / name
-        with self._lock:
-            load_lock = self._load_locks.setdefault(name, threading.Lock())
+        load_lock = self._load_locks[hash(name) % _LOAD_LOCK_STRIPES]
         with load_lock:  # one loader per name; other names load in parallel
             with self._lock:
                 idx = self._indexes.get(name)
@@ -895,7 +941,7 @@ class IndexStore:
 
     def delete(self, name: str) -> None:
         """Drop ``name``: atomically invisible to every process, then removed from disk."""
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise _gone(name, "no such index")
         final = self.root / name
         trash = self.root / f".trash-{name}-{uuid.uuid4().hex}"

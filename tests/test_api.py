@@ -201,7 +201,8 @@ def test_auth_scopes(world):
     assert c.post("/v1/maps/a2b/transform", json=body, headers=WONLY).status_code == 403  # write-only key
     assert c.post("/v1/spaces", json={"name": "zz", "dim": 3}, headers=R).status_code == 403
     assert c.post("/v1/spaces", json={"name": "zz", "dim": 3}, headers=WONLY).status_code == 201
-    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"):
+    assert c.get("/metrics").status_code == 401 and c.get("/metrics", headers=R).status_code == 200  # metrics_access=key
+    for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
         assert c.get(path).status_code == 200, path
     assert c.get("/v1/info").status_code == 401
 
@@ -234,7 +235,7 @@ def test_ops_endpoints(world):
     info = c.get("/v1/info", headers=R).json()
     assert info["registry_backend"] == "sqlite" and info["limits"]["max_batch"] == 1000
     c.post("/v1/maps/a2b/transform", json={"vectors": [[0.0] * 16] * 3}, headers=R)
-    text = c.get("/metrics").text
+    text = c.get("/metrics", headers=R).text
     assert 'vecbridge_request_duration_seconds_bucket{le="0.005",method="POST",route="/v1/maps/{ref}/transform"' in text
     assert 'vecbridge_map_use_total{map="a2b",version="1"}' in text
     assert "vecbridge_batch_rows_bucket" in text and "vecbridge_jobs_queued" in text

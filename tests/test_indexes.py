@@ -281,7 +281,7 @@ def test_http_index_lifecycle_and_cross_model_search(api):
     assert hits[0][0]["id"] == new_ids[0] and hits[0][0]["payload"] == "x"
     assert c.post("/v1/indexes/zc/delete", headers=R, json={"ids": [1]}).status_code == 403
     assert c.post("/v1/indexes/nope/search", headers=R, json={"vectors": [[0.0] * 12]}).status_code == 404
-    assert 'vecbridge_index_vectors{index="zc"}' in c.get("/metrics").text
+    assert 'vecbridge_index_vectors{index="zc"}' in c.get("/metrics", headers=R).text
 
 
 def test_http_index_reload_on_start(tmp_path):

@@ -103,7 +103,7 @@ def exercise(base: str, X: np.ndarray, Y: np.ndarray, m) -> None:
         assert r.status_code == 201
         r = c.post("/v1/indexes/ib/search", headers=R, json={"vectors": X[:10].tolist(), "space": "a", "k": 1})
         assert [row[0]["id"] for row in r.json()["results"]] == list(range(10))
-        assert "vecbridge_request_duration_seconds" in c.get("/metrics").text
+        assert "vecbridge_request_duration_seconds" in c.get("/metrics", headers=R).text
         assert c.get("/docs").status_code == 200
 
 

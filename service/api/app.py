@@ -21,7 +21,7 @@ from ..logging import configure_logging, get_logger
 from ..metrics import ServiceMetrics
 from ..ui import mount_console
 from .errors import install_error_handlers
-from .middleware import BodyLimitMiddleware, ObserveMiddleware
+from .middleware import GuardMiddleware, ObserveMiddleware, body_limit
 from .responses import FastJSONResponse
 from .routers import embeddings, fits, indexes, lm, maps, ops, plans, steers
 from .state import AppState
@@ -92,16 +92,41 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.vb = None
     app.state.metrics = metrics
     install_error_handlers(app)
-    for r in (ops.router, maps.router, indexes.router, fits.router, embeddings.router, steers.router,
-              lm.router, plans.router):
+    routers = (ops.router, maps.router, indexes.router, fits.router, embeddings.router, steers.router, lm.router,
+               plans.router)
+    for r in routers:
         app.include_router(r)  # each router carries its own prefix (route templates label metrics)
     mount_console(app)  # /ui console and /docs, from vendored assets (no CDN)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_body_bytes)
+    _document_limits(app, s)
+    app.add_middleware(GuardMiddleware, routes=[route for r in routers for route in r.routes],
+                       settings=lambda: _resolve_settings(app))  # per request: tests override get_settings later
     if s.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=s.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
     app.add_middleware(ObserveMiddleware, metrics=metrics)
     return app
+
+
+def _document_limits(app: FastAPI, s: Settings) -> None:
+    """The limits table in the API description, and each route's body limit in its operation's description."""
+    from ..limits import limits_markdown
+
+    app.description = (API_DESCRIPTION + "\n**Limits** (settings; 413 for bodies and rows, 422 for the rest):\n\n"
+                       + limits_markdown(s.limits, s.max_batch, s.max_body_bytes))
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            spec = build()
+            for path, ops in spec.get("paths", {}).items():
+                for method, op in ops.items():
+                    if method.upper() not in ("GET", "DELETE", "HEAD") and isinstance(op, dict):
+                        n, setting = body_limit(s, method.upper(), path)
+                        op["description"] = (op.get("description") or "") + f"\n\nBody limit: {n} bytes (`{setting}`)."
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def serve(settings: Settings | None = None) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 from align._validation import as_matrix
 from align.exceptions import EmptyInputError, InputError, ShapeError
 
+from ..limits import MAX_DIM, MAX_JSON_DEPTH, check_json_depth
 from .errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from .responses import loads
 
@@ -71,7 +72,23 @@ def parse_json(body: bytes) -> dict:
         raise InputError(f"body is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise InputError(f"body must be a JSON object, got {type(obj).__name__}")
+    _check_depth(obj)
     return obj
+
+
+def _check_depth(obj: dict) -> None:
+    """Refuse bodies nested deeper than ``MAX_JSON_DEPTH`` (payloads, params; storing them would recurse).
+
+    ``vectors`` of the body or of a fit side are skipped (numpy reads them as a 2-D array or refuses);
+    walking 25 M numbers in Python would cost a second.
+    """
+    for key, value in obj.items():
+        if key == "vectors":
+            continue
+        if isinstance(value, dict) and key in ("source", "target"):
+            _check_depth(value)
+        else:
+            check_json_depth(value, MAX_JSON_DEPTH - 1, f"body field {key!r}")
 
 
 def check_batch(n: int, max_batch: int) -> None:
@@ -87,8 +104,8 @@ def _b64_matrix(text: Any, dim: Any, *, name: str) -> np.ndarray:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise InputError(f"{name}_b64 is not valid base64: {exc}") from None
-    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
-        raise InputError(f"{name}_b64 needs \"dim\": the number of float32 columns per row (a positive integer)")
+    if not isinstance(dim, int) or isinstance(dim, bool) or not 1 <= dim <= MAX_DIM:
+        raise InputError(f"{name}_b64 needs \"dim\": the number of float32 columns per row (1 .. {MAX_DIM})")
     if len(raw) % (4 * dim):
         raise ShapeError(f"{name}_b64 holds {len(raw)} bytes, not a whole number of rows of {dim} float32")
     return np.frombuffer(raw, dtype="<f4").reshape(-1, dim)
@@ -132,8 +149,10 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
     else:
         if dim is None:
             raise InputError("application/octet-stream needs the row width: ?dim=D or header X-Vector-Dim: D")
-        if dim < 1:
-            raise InputError(f"dim must be positive, got {dim}")
+        if not 1 <= dim <= MAX_DIM:
+            raise InputError(f"dim must be between 1 and {MAX_DIM}, got {dim}")
+        if not body:
+            raise EmptyInputError("vectors: the body is empty; send n*dim*4 bytes of float32")
         if len(body) % (4 * dim):
             raise ShapeError(f"body holds {len(body)} bytes, not a whole number of rows of {dim} float32 (4 bytes each)")
         arr = np.frombuffer(body, dtype="<f4").reshape(-1, dim)

@@ -26,7 +26,8 @@ from .codec import require_json
 from .errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
 from .state import AppState
 
-__all__ = ["SettingsDep", "StateDep", "require_scope", "ReadScope", "WriteScope", "JSONOnly", "SCOPES"]
+__all__ = ["SettingsDep", "StateDep", "require_scope", "authorize", "ReadScope", "WriteScope", "JSONOnly", "SCOPES",
+           "MetricsAccess"]
 
 SCOPES = ("read", "write")
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -64,21 +65,46 @@ def require_scope(scope: str):
 
     def check(request: Request, settings: SettingsDep,
               creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str | None:
-        if settings.auth_disabled:
-            return None
-        if creds is None or not creds.credentials:
-            if request.headers.get("authorization"):
-                raise AuthenticationError("unsupported Authorization header; use 'Authorization: Bearer <key>'")
-            raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
-        scopes = scopes_for_token(creds.credentials, settings.api_keys)
-        if scopes is None:
-            raise AuthenticationError("invalid API key")
-        if scope not in scopes:
-            raise PermissionDeniedError(f"this API key lacks the {scope!r} scope needed here (it has {sorted(scopes)})")
-        return scope
+        return authorize(request.headers.get("authorization"), scope, settings)
 
     check.__name__ = f"require_{scope}"
+    check.vb_scope = scope  # read by the guard middleware, which checks the key before the body is read
     return check
+
+
+def authorize(authorization: str | None, scope: str, settings: Settings) -> str | None:
+    """The one key check: raises AuthenticationError (401) or PermissionDeniedError (403).
+
+    ``authorization`` is the raw ``Authorization`` header. Called by the route dependency and,
+    before any body byte is read, by :class:`service.api.middleware.GuardMiddleware`.
+    """
+    if settings.auth_disabled:
+        return None
+    kind, _, token = (authorization or "").strip().partition(" ")
+    token = token.strip()
+    if kind.lower() != "bearer" or not token:
+        if authorization:
+            raise AuthenticationError("unsupported Authorization header; use 'Authorization: Bearer <key>'")
+        raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
+    scopes = scopes_for_token(token, settings.api_keys)
+    if scopes is None:
+        raise AuthenticationError("invalid API key")
+    if scope not in scopes:
+        raise PermissionDeniedError(f"this API key lacks the {scope!r} scope needed here (it has {sorted(scopes)})")
+    return scope
+
+
+def _metrics_access(request: Request, settings: SettingsDep) -> None:
+    """``/metrics`` per ``Settings.metrics_access``: open, a key with ``read``, or off (404)."""
+    if settings.metrics_access == "off":
+        from starlette.exceptions import HTTPException
+
+        raise HTTPException(404, "metrics are turned off (metrics_access=off)")
+    if settings.metrics_access == "key":
+        authorize(request.headers.get("authorization"), "read", settings)
+
+
+MetricsAccess = Depends(_metrics_access)
 
 
 ReadScope = Depends(require_scope("read"))

@@ -1,4 +1,5 @@
-"""Pure-ASGI middleware: request size limit, and request id + latency metrics + access log.
+"""Pure-ASGI middleware: key check and body limit before the body is read, and request id + latency
+metrics + access log (every answer carries ``x-request-id``; a 5xx also ``Connection: close``).
 
 Pure ASGI (not ``BaseHTTPMiddleware``) keeps the per-request overhead to a few microseconds,
 which matters for the binary transform fast path.
@@ -14,9 +15,10 @@ from ..metrics import ServiceMetrics
 from .errors import PayloadTooLargeError
 from .responses import dumps
 
-__all__ = ["BodyLimitMiddleware", "ObserveMiddleware"]
+__all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit"]
 
 _access = get_logger("access")
+_errors = get_logger("errors")
 _QUIET = ("/healthz", "/readyz", "/metrics")
 _FIXED = ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
 
@@ -26,27 +28,97 @@ def _fixed_route(path: str) -> str:
     return path if path in _FIXED else "unmatched"
 
 
-class BodyLimitMiddleware:
-    """Refuse bodies over ``max_bytes`` with 413: early from ``Content-Length``, else while reading."""
+# Body class per route (method, template); every other route with a body is "bulk", every route
+# without one (GET, DELETE, unmatched paths) gets the small limit. Limits: Settings / service.limits.
+BODY_CLASS: dict[tuple[str, str], str] = {
+    ("POST", "/v1/spaces"): "small",
+    ("PUT", "/v1/maps/{name}/aliases/{alias}"): "small",
+    ("PUT", "/v1/maps/{name}/versions/{version}/tags/{key}"): "small",
+    ("POST", "/v1/indexes/{name}/delete"): "texts",
+    ("POST", "/v1/embeddings"): "texts",
+    ("POST", "/v1/lm/generate"): "texts",
+    ("POST", "/v1/lm/analyze"): "texts",
+}
+_BODYLESS = ("GET", "HEAD", "DELETE", "OPTIONS")
 
-    def __init__(self, app, max_bytes: int) -> None:
+
+def body_limit(settings, method: str, template: str | None) -> tuple[int, str]:
+    """``(bytes, setting name)`` a request to ``method template`` may send (``template=None``: no route)."""
+    lim = settings.limits
+    cls = BODY_CLASS.get((method, template or ""))
+    if cls is None:
+        cls = "small" if template is None or method in _BODYLESS else "bulk"
+    if cls == "bulk":
+        return settings.max_body_bytes, "max_body_bytes"
+    if cls == "texts":
+        return min(lim.body_bytes_texts, settings.max_body_bytes), "limits.body_bytes_texts"
+    return min(lim.body_bytes_small, settings.max_body_bytes), "limits.body_bytes_small"
+
+
+def _route_scope(route) -> str | None:
+    """The key scope a route's dependencies require (``require_scope`` marks its checks), or None."""
+    stack = list(getattr(getattr(route, "dependant", None), "dependencies", []))
+    while stack:
+        dep = stack.pop()
+        scope = getattr(dep.call, "vb_scope", None)
+        if scope:
+            return scope
+        stack.extend(dep.dependencies)
+    return None
+
+
+class GuardMiddleware:
+    """Before the route reads one body byte: the API key (401/403) and the route's body limit (413).
+
+    FastAPI reads and parses a typed body before it runs the route's dependencies, so a key check
+    in a dependency alone lets anyone make the server read and parse a large body. This
+    middleware finds the route (the same matching Starlette does), checks the key against the
+    scope the route's dependencies declare (:func:`service.api.deps.authorize`, the one key check)
+    and enforces the route's body limit from ``Content-Length`` and while streaming. The route's
+    own dependency still runs (and documents the scope in OpenAPI).
+    """
+
+    def __init__(self, app, routes, settings) -> None:
         self.app = app
-        self.max_bytes = int(max_bytes)
+        self.settings = settings  # a callable returning the current Settings
+        # (regex, methods, template, scope) of every API route (APIRoute: path already prefixed)
+        self._table = [(r.path_regex, r.methods or set(), r.path, _route_scope(r)) for r in routes
+                       if hasattr(r, "path_regex")]
+
+    def _match(self, scope) -> tuple[str | None, str | None]:
+        path, method = scope.get("path", ""), scope["method"]
+        for regex, methods, template, need in self._table:
+            if method in methods and regex.match(path):
+                return template, need
+        return None, None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        for k, v in scope.get("headers", ()):
-            if k == b"content-length":
-                try:
-                    n = int(v)
-                except ValueError:
-                    n = 0
-                if n > self.max_bytes:
-                    return await _send_413(send, n, self.max_bytes)
-                break
+        from .deps import authorize
+        from .errors import AuthenticationError, PermissionDeniedError
+
+        template, need = self._match(scope)
+        settings = self.settings()
+        headers = dict(scope.get("headers", ()))
+        if need is not None:
+            try:
+                auth = headers.get(b"authorization")
+                authorize(auth.decode("latin-1") if auth is not None else None, need, settings)
+            except (AuthenticationError, PermissionDeniedError) as exc:
+                status = 401 if isinstance(exc, AuthenticationError) else 403
+                return await _send_error(send, status, type(exc).__name__, str(exc),
+                                         [(b"www-authenticate", b"Bearer")] if status == 401 else [])
+        limit, setting = body_limit(settings, scope["method"], template)
+        cl = headers.get(b"content-length")
+        if cl is not None:
+            try:
+                n = int(cl)
+            except ValueError:
+                n = 0
+            if n > limit:
+                return await _send_413(send, n, limit, setting)
         seen = 0
-        limit = self.max_bytes
 
         async def limited_receive():
             nonlocal seen
@@ -55,20 +127,23 @@ class BodyLimitMiddleware:
                 seen += len(msg.get("body", b""))
                 if seen > limit:
                     raise PayloadTooLargeError(
-                        f"request body exceeds the limit of {limit} bytes (max_body_bytes); send smaller batches")
+                        f"request body exceeds the limit of {limit} bytes ({setting}); send smaller batches")
             return msg
 
         return await self.app(scope, limited_receive, send)
 
 
-async def _send_413(send, n: int, limit: int) -> None:
-    body = dumps({"error": {"type": "PayloadTooLargeError", "status": 413,
-                            "message": f"request body of {n} bytes exceeds the limit of {limit} bytes "
-                                       f"(max_body_bytes); send smaller batches"}})
-    await send({"type": "http.response.start", "status": 413,
+async def _send_error(send, status: int, kind: str, message: str, extra: list | None = None) -> None:
+    body = dumps({"error": {"type": kind, "status": status, "message": message}})
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            (b"connection", b"close"), *(extra or [])]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _send_413(send, n: int, limit: int, setting: str = "max_body_bytes") -> None:
+    await _send_error(send, 413, "PayloadTooLargeError",
+                      f"request body of {n} bytes exceeds the limit of {limit} bytes ({setting}); send smaller batches")
 
 
 class ObserveMiddleware:
@@ -91,17 +166,27 @@ class ObserveMiddleware:
         rid = rid or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
         status = 500
+        started = False
 
         async def send_wrapper(msg):
-            nonlocal status
+            nonlocal status, started
             if msg["type"] == "http.response.start":
-                status = msg["status"]
-                msg.setdefault("headers", [])
-                msg["headers"] = list(msg["headers"]) + [(b"x-request-id", rid.encode("latin-1"))]
+                status, started = msg["status"], True
+                extra = [(b"x-request-id", rid.encode("latin-1"))]
+                if status >= 500:  # the connection's state is unknown after a server error: do not reuse it
+                    extra.append((b"connection", b"close"))
+                msg["headers"] = [h for h in msg.get("headers", []) if not (status >= 500 and h[0] == b"connection")]
+                msg["headers"] += extra
             await send(msg)
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except Exception as exc:  # escaped every handler: answer here, so the 500 keeps the request id
+            status = 500
+            _errors.error("request failed", exc_info=exc, extra={"fields": {"request_id": rid}})
+            if not started:
+                await _send_error(send, 500, type(exc).__name__, f"internal error (request id {rid})",
+                                  [(b"x-request-id", rid.encode("latin-1"))])
         finally:
             dt = time.perf_counter() - t0
             route = getattr(scope.get("route"), "path", None) or _fixed_route(scope.get("path", ""))

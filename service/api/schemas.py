@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_ID, MAX_SEED, check_json_depth
 
 __all__ = [
     "MAX_VERSION", "ErrorBody",
@@ -25,6 +27,11 @@ __all__ = [
 
 
 MAX_VERSION = 2**31 - 1  # the largest version number every registry backend stores (PostgreSQL INTEGER)
+Description = Field("", max_length=MAX_DESCRIPTION, description=f"Free text, at most {MAX_DESCRIPTION} characters.")
+Dim = Field(None, ge=1, le=MAX_DIM, description=f"Columns per row (1 .. {MAX_DIM}).")
+Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 2**31-1).")
+Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: the next "
+                                                                  "free ids).")
 
 
 class _Strict(BaseModel):
@@ -70,11 +77,12 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 # --- spaces and maps ----------------------------------------------------------------------------
 class SpaceCreate(_Strict):
     name: str
-    dim: int | None = Field(None, ge=1, description="Columns; taken from the encoder when omitted.")
+    dim: int | None = Field(None, ge=1, le=MAX_DIM, description=f"Columns (1 .. {MAX_DIM}); taken from the encoder "
+                                                                "when omitted.")
     encoder: str | None = Field(None, description="Installed encoder that produces this space (GET /v1/models).")
-    query_prefix: str = ""
-    passage_prefix: str = ""
-    description: str = ""
+    query_prefix: str = Field("", max_length=1024)
+    passage_prefix: str = Field("", max_length=1024)
+    description: str = Description
 
 
 class AliasSet(_Strict):
@@ -82,7 +90,18 @@ class AliasSet(_Strict):
 
 
 class TagSet(_Strict):
-    value: Any
+    value: Any = Field(..., description=f"Any JSON value, at most {DEFAULT_LIMITS.max_tag_bytes} bytes as compact "
+                                        f"JSON and {DEFAULT_LIMITS.max_json_depth} levels deep.")
+
+    @field_validator("value")
+    @classmethod
+    def _bounded(cls, v):
+        from .responses import dumps
+
+        check_json_depth(v, DEFAULT_LIMITS.max_json_depth, "tag value")
+        if len(dumps(v)) > DEFAULT_LIMITS.max_tag_bytes:
+            raise ValueError(f"tag value is larger than {DEFAULT_LIMITS.max_tag_bytes} bytes as JSON")
+        return v
 
 
 # --- vectors ------------------------------------------------------------------------------------
@@ -91,7 +110,7 @@ class _Vectors(BaseModel):
         None, description="Rows as JSON numbers, shape (n, d). Simple but slow for large batches.")
     vectors_b64: str | None = Field(
         None, description="Fast path in JSON: base64 of little-endian float32, row-major; needs `dim`.")
-    dim: int | None = Field(None, ge=1, description="Columns per row for `vectors_b64`.")
+    dim: int | None = Field(None, ge=1, le=MAX_DIM, description="Columns per row for `vectors_b64`.")
 
 
 def vectors_schema() -> dict:
@@ -104,7 +123,7 @@ class TransformOptions(_Strict):
                            "`frame`: the centred target frame (evaluation); `linear`: x W + b as is.")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="Response vectors as JSON numbers or base64 float32 (`vectors_b64`).")
-    dim: int | None = Field(None, ge=1)
+    dim: int | None = Dim
 
 
 class TransformJSON(_Vectors):
@@ -130,15 +149,17 @@ class IndexCreateOptions(_Strict):
         "auto", description="`auto`: exact flat below 50k rows, HNSW below 1M, IVF above.")
     metric: Literal["cosine", "ip"] = "cosine"
     params: dict[str, Any] = Field(default_factory=dict,
-                                   description="HNSW: M, ef_construction, ef_search; IVF: nlist, nprobe.")
-    random_state: int = 0
-    description: str = ""
-    ids: list[int] | None = None
+                                   description="Integers only. HNSW: `M` 2..256, `ef_construction` 1..4096, "
+                                               "`ef_search` 1..32768; IVF: `nlist` 1..min(65536, rows), `nprobe` "
+                                               "1..nlist; flat: none. Anything else is a 422.")
+    random_state: int = Seed
+    description: str = Description
+    ids: list[int] | None = Ids
     payloads: list[Any] | None = Field(None, description="One JSON value per row, returned with search hits.")
     texts: list[str] | None = Field(None, description="Embed these with the space's encoder (passage form) "
                                                       "instead of sending vectors.")
     store_texts: bool = Field(True, description="With `texts`: keep each text as its payload unless payloads given.")
-    dim: int | None = None
+    dim: int | None = Dim
 
 
 class IndexCreate(IndexCreateOptions, _Vectors):
@@ -146,11 +167,11 @@ class IndexCreate(IndexCreateOptions, _Vectors):
 
 
 class IndexAddOptions(_Strict):
-    ids: list[int] | None = None
+    ids: list[int] | None = Ids
     payloads: list[Any] | None = None
     texts: list[str] | None = None
     store_texts: bool = True
-    dim: int | None = None
+    dim: int | None = Dim
 
 
 class IndexAdd(IndexAddOptions, _Vectors):
@@ -158,7 +179,7 @@ class IndexAdd(IndexAddOptions, _Vectors):
 
 
 class IndexDelete(_Strict):
-    ids: list[int] = Field(..., min_length=1)
+    ids: list[int] = Field(..., min_length=1, description="Ids to delete (unknown ids are ignored).")
 
 
 class SearchOptions(_Strict):
@@ -167,17 +188,19 @@ class SearchOptions(_Strict):
                                                 "with a path of maps to the index's space works.")
     map: str | None = Field(None, description="Use this map (`name`, `name@alias`, `name:N`) instead of the "
                                               "registry's path.")
-    k: int = Field(10, ge=1, le=10_000)
+    k: int = Field(10, ge=1, le=10_000, description=f"Results per query: at most `max_k` "
+                                                    f"(default {DEFAULT_LIMITS.max_k}); queries × k at most `max_hits` "
+                                                    f"(default {DEFAULT_LIMITS.max_hits}).")
     csls: bool = Field(False, description="Re-rank candidates by CSLS (reduces hubness of mapped queries).")
     csls_k: int = Field(10, ge=1, le=1000)
     exact: bool = Field(False, description="Scan every row (ignores the approximate structure).")
     ef_search: int | None = Field(None, ge=1, le=100_000, description="HNSW breadth for this request.")
-    nprobe: int | None = Field(None, ge=1, description="IVF lists probed for this request.")
+    nprobe: int | None = Field(None, ge=1, le=65_536, description="IVF lists probed for this request.")
     include_payloads: bool = True
     steers: dict[str, float] | None = Field(
         None, description="Steered search: `{steer ref: eps}` applied to the queries in the index's space (after "
                           "translation), composed by summing `sum eps_i W_i`.")
-    dim: int | None = None
+    dim: int | None = Dim
 
 
 class SearchRequest(SearchOptions, _Vectors):
@@ -220,9 +243,9 @@ class FitRequest(_Strict):
     paired: bool = Field(False, description="Rows of source and target are pairs (supervised methods).")
     seed_pairs: list[tuple[int, int]] | None = Field(None, description="Known (source row, target row) pairs "
                                                                        "seeding an unsupervised fit.")
-    random_state: int = 0
+    random_state: int = Seed
     alias: str | None = None
-    description: str = ""
+    description: str = Description
 
 
 class PlanRequest(_Strict):
@@ -445,10 +468,10 @@ class SteerFitOptions(_Strict):
     items: list[str] | None = Field(None, description="With vectors: a name per row, shown in the lens.")
     params: dict[str, Any] = Field(default_factory=dict, description="`method` (lm-steer | mean-shift), `rank`, "
                                                                      "`temperature`, `weight_decay`, `max_iter`, ...")
-    random_state: int = 0
+    random_state: int = Seed
     alias: str | None = None
-    description: str = ""
-    dim: int | None = None
+    description: str = Description
+    dim: int | None = Dim
 
 
 class SteerFitRequest(SteerFitOptions, _Vectors):
@@ -457,7 +480,7 @@ class SteerFitRequest(SteerFitOptions, _Vectors):
 
 class SteerApplyOptions(_Strict):
     eps: float = Field(1.0, description="Strength: 0 is the identity, 1 the trained strength, negative reverses.")
-    dim: int | None = None
+    dim: int | None = Dim
 
 
 class SteerApplyRequest(SteerApplyOptions, _Vectors):

@@ -14,6 +14,7 @@ from .errors import InvalidNameError
 __all__ = ["check_name", "check_alias", "check_tag_key", "parse_ref", "fs_safe", "MAX_NAME"]
 
 MAX_NAME = 128
+MAX_VERSION = 2**31 - 1  # PostgreSQL INTEGER
 _NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]|->)*")
 _ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9._-]*")
 
@@ -60,8 +61,9 @@ def parse_ref(ref) -> tuple[str, str | None, int | None]:
         return check_name(name, "map name"), check_alias(alias), None
     if ":" in ref:
         name, ver = ref.rsplit(":", 1)
-        if not ver.isdigit() or int(ver) < 1:
-            raise InvalidNameError(f"version in {ref[:60]!r} must be a positive integer")
+        # ASCII digits only: str.isdigit() also takes '²' (int() then fails) and int() reads '２' as 2
+        if not (ver.isascii() and ver.isdigit() and len(ver) <= 10) or not 1 <= int(ver) <= MAX_VERSION:
+            raise InvalidNameError(f"version in {ref[:60]!r} must be an integer 1 .. {MAX_VERSION} in ASCII digits")
         return check_name(name, "map name"), None, int(ver)
     return check_name(ref, "map name"), None, None
 

@@ -168,23 +168,33 @@ async def search(name: str, request: Request, state: StateDep, settings: Setting
         tr = state.translation(qspace, idx.space, opts.map) if (qspace != idx.space or opts.map) else None
         if tr is not None and tr.map is not None:
             Q = tr.map._apply(np.ascontiguousarray(Q, dtype=np.float32), output="raw")
+        check_hits(Q.shape[0], opts.k, settings.limits)
         Q, used_steers = steer_queries(state, Q, opts.steers or {}, idx.space)
         S, I = idx.search(Q, opts.k, exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
                           csls_k=opts.csls_k if opts.csls else 0)
-        return opts, qspace, tr, S, I, used_steers
+        response = FastJSONResponse({  # hits and JSON built here, off the event loop
+            "index": name, "space": idx.space, "query_space": qspace, "k": opts.k,
+            "scoring": "csls" if opts.csls else idx.metric,
+            "maps": tr.describe() if tr is not None else [],
+            "steers": used_steers,
+            "results": _hits(idx, S, I, opts.include_payloads)})
+        return tr, S, response
 
-    opts, qspace, tr, S, I, used_steers = await run_in_threadpool(work)
+    tr, S, response = await run_in_threadpool(work)
     state.metrics.batch_rows.labels("search").observe(S.shape[0])
     if tr is not None:
         for v in tr.versions:
             state.metrics.observe_map(v.name, v.version, S.shape[0])
-    results = _hits(idx, S, I, opts.include_payloads)
-    return FastJSONResponse({
-        "index": name, "space": idx.space, "query_space": qspace, "k": opts.k,
-        "scoring": "csls" if opts.csls else idx.metric,
-        "maps": tr.describe() if tr is not None else [],
-        "steers": used_steers,
-        "results": results})
+    return response
+
+
+def check_hits(n_queries: int, k: int, limits) -> None:
+    """Bound the answer before searching: ``k <= max_k`` and ``queries x k <= max_hits`` (422)."""
+    if k > limits.max_k:
+        raise InputError(f"k={k} exceeds the limit of {limits.max_k} results per query (limits.max_k)")
+    if n_queries * k > limits.max_hits:
+        raise InputError(f"{n_queries} queries x k={k} = {n_queries * k} hits exceed the limit of {limits.max_hits} "
+                         f"per request (limits.max_hits); send fewer queries per request or a smaller k")
 
 
 def _hits(idx: SpaceIndex, S: np.ndarray, I: np.ndarray, with_payloads: bool) -> list[list[dict]]:

@@ -8,6 +8,9 @@ from fastapi import APIRouter, Body, Path, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from align.exceptions import InputError
+
+from ...limits import MAX_DIM, parse_strict_int
 from ...registry import NotFoundError
 from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_json, validate,
                      vectors_from_binary, vectors_from_json)
@@ -187,7 +190,7 @@ async def get_artifact(ref: str, state: StateDep, format: str = Query("safetenso
 async def transform(ref: str, request: Request, state: StateDep, settings: SettingsDep,
                     output: str | None = Query(None, description="raw | frame | linear (binary requests)"),
                     encoding_format: str | None = Query(None, description="float | base64 (JSON responses)"),
-                    dim: int | None = Query(None, ge=1, description="row width of an octet-stream body")):
+                    dim: int | None = Query(None, ge=1, le=MAX_DIM, description="row width of an octet-stream body")):
     mt = media_type(request.headers.get("content-type"))
     body = await request.body()
     header_dim = request.headers.get("x-vector-dim")
@@ -201,7 +204,7 @@ async def transform(ref: str, request: Request, state: StateDep, settings: Setti
             opts = validate(TransformOptions, {**query_opts, **rest})
             X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch)
         else:
-            d = dim or (int(header_dim) if header_dim and header_dim.isdigit() else None) or m.source_dim
+            d = dim or (parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else m.source_dim)
             opts = validate(TransformOptions, {**query_opts, "dim": d})
             X = vectors_from_binary(body, mt, dim=d, max_batch=settings.max_batch)
             if d != m.source_dim:
@@ -209,6 +212,10 @@ async def transform(ref: str, request: Request, state: StateDep, settings: Setti
 
                 raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
         Y = m._apply(X, output=opts.output)
+        if mt == JSON and opts.encoding_format == "float" and Y.size > settings.limits.max_response_values:
+            raise InputError(f"{Y.shape[0]} x {Y.shape[1]} numbers exceed the JSON answer limit of "
+                             f"{settings.limits.max_response_values} (limits.max_response_values); use "
+                             f"encoding_format=base64 or a binary body, or send smaller batches")
         return v, opts, Y
 
     v, opts, Y = await run_in_threadpool(work)
@@ -226,4 +233,4 @@ async def transform(ref: str, request: Request, state: StateDep, settings: Setti
         out["vectors_b64"] = b64_encode(Y)
     else:
         out["vectors"] = Y
-    return FastJSONResponse(out, headers=headers)
+    return await run_in_threadpool(FastJSONResponse, out, headers=headers)  # serialising is O(n d): off the loop

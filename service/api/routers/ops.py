@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ...demo import demo_status
 from ...metrics import CONTENT_TYPE_LATEST
-from ..deps import ReadScope, StateDep
+from ..deps import MetricsAccess, ReadScope, StateDep
 from ..responses import FastJSONResponse
 from ..schemas import Health, Ready, ServiceInfo, error_responses
 
@@ -47,7 +47,9 @@ async def readyz(request: Request):
                             status_code=200 if ok else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response, dependencies=[MetricsAccess],
+            description="Access per `metrics_access`: `key` (default: a key with the `read` scope), `open`, or "
+                        "`off` (404). Shows map and index names.",
             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
                              "description": "Prometheus text exposition format."}})
 async def metrics(request: Request):
@@ -68,7 +70,7 @@ async def info(state: StateDep):
         "faiss": getattr(faiss, "__version__", "?"), "registry_backend": state.registry.backend,
         "uptime_seconds": round(time.time() - state.started_at, 3),
         "limits": {"max_body_bytes": s.max_body_bytes, "max_batch": s.max_batch,
-                   "max_queued_jobs": s.max_queued_jobs, "job_workers": s.job_workers},
+                   "max_queued_jobs": s.max_queued_jobs, "job_workers": s.job_workers, **s.limits.model_dump()},
         "auth": "disabled" if s.auth_disabled else "api-keys",
         "counts": {"indexes": len(state.indexes.list()), "jobs": state.jobs.counts()},
         "demo": demo_status(state),

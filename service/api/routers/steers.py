@@ -151,7 +151,7 @@ async def apply_steer(ref: str, request: Request, state: StateDep, settings: Set
 
     info, opts, out = await run_in_threadpool(work)
     state.metrics.batch_rows.labels("steer_apply").observe(out.shape[0])
-    return FastJSONResponse({"steer": info.ref, "eps": opts.eps, "vectors": out})
+    return await run_in_threadpool(FastJSONResponse, {"steer": info.ref, "eps": opts.eps, "vectors": out})
 
 
 @router.get("/steers/{ref}/lens", dependencies=[ReadScope], summary="Singular directions of a steer",

@@ -1,0 +1,165 @@
+"""The limits table: every size the service accepts, in one object, and the checks that read it.
+
+One :class:`Limits` lives in :class:`service.config.Settings` (``settings.limits``, environment
+``VECBRIDGE_LIMITS__<FIELD>``), so an operator tunes them in one place. HTTP checks them (422 beyond,
+413 for bodies and batches), the CLI and the index store use the same functions, and the app
+factory writes the table into the OpenAPI description. The schema-level bounds (pydantic
+``le=``/``max_length=``) are the defaults below: a ceiling no setting can raise.
+
+Index parameters are validated by :func:`check_index_params`, the one gate in front of FAISS
+(HTTP create, CLI ``index create``, and loading a persisted index all pass through it): FAISS
+aborts, crashes or loops forever on some illegal values (HNSW ``M < 2``, IVF ``nlist`` above the
+training rows, negative seeds), so nothing reaches it unchecked.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from align.exceptions import InputError
+
+__all__ = [
+    "Limits", "DEFAULT_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
+    "MAX_JSON_DEPTH", "INDEX_PARAM_RULES", "check_index_params", "check_dim", "check_json_depth",
+    "parse_strict_int", "limits_markdown",
+]
+
+MAX_DIM = 65_536  # columns of a space / index / vector
+MAX_ID = 2**62  # index ids are < MAX_ID, so next automatic id + any batch stays far below 2**63 - 1
+MAX_SEED = 2**31 - 1  # FAISS k-means seeds are C ints
+MAX_DESCRIPTION = 4_096  # characters
+MAX_TAG_BYTES = 16_384  # a tag value, as compact JSON
+MAX_JSON_DEPTH = 32  # nesting of any JSON body (payloads, tags, params)
+
+
+class Limits(BaseModel):
+    """Sizes the service accepts (one table; ``GET /v1/info`` and the OpenAPI description show it)."""
+
+    body_bytes_texts: int = Field(4 * 1024 * 1024, ge=1, description="Text routes (embeddings, LM): body bytes.")
+    body_bytes_small: int = Field(64 * 1024, ge=1, description="Metadata routes (spaces, aliases, tags, index "
+                                                             "deletes): body bytes.")
+    max_k: int = Field(1_000, ge=1, le=10_000, description="Search: results per query.")
+    max_hits: int = Field(100_000, ge=1, description="Search: queries × k per request (bounds the response).")
+    max_response_values: int = Field(16 * 1024 * 1024, ge=1, description="Transform / steer apply: rows × columns "
+                                                                        "returned as JSON numbers.")
+    max_dim: int = Field(MAX_DIM, ge=1, le=MAX_DIM, description="Columns of a space, index or vector.")
+    max_name: int = Field(128, description="Characters of a map, space, index or steer name (fixed).")
+    max_description: int = Field(MAX_DESCRIPTION, ge=0, le=MAX_DESCRIPTION, description="Characters of a description.")
+    max_tag_bytes: int = Field(MAX_TAG_BYTES, ge=1, le=MAX_TAG_BYTES, description="A tag value as compact JSON.")
+    max_json_depth: int = Field(MAX_JSON_DEPTH, ge=1, le=MAX_JSON_DEPTH, description="Nesting of JSON bodies.")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int) -> str:
+    """The limits table as Markdown (for the OpenAPI description)."""
+    rows = [("Bulk routes (transform, index create/add, search, fits, steers): body bytes (`max_body_bytes`)",
+             max_body_bytes, "413"), ("Rows per request (`max_batch`)", max_batch, "413")]
+    for name, field in Limits.model_fields.items():
+        rows.append((f"{field.description.rstrip('.')} (`{name}`)", getattr(limits, name),
+                     "413" if name.startswith("body_bytes") else "422"))
+    rows.append(("Index ids", "0 ≤ id < 2**62", "422"))
+    return "| limit | value | beyond |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
+
+
+# --- scalars ------------------------------------------------------------------------------------
+def parse_strict_int(text: Any, what: str, lo: int, hi: int) -> int:
+    """``text`` as an int in ``[lo, hi]``: ASCII digits only (no ``²``, no full-width, no ``1e3``)."""
+    if isinstance(text, bool):
+        raise InputError(f"{what} must be an integer, got {text!r}")
+    if isinstance(text, int):
+        value = text
+    elif isinstance(text, str) and 0 < len(text) <= 20 and text.isascii() and text.isdigit():
+        value = int(text)
+    else:
+        raise InputError(f"{what} must be an integer written with ASCII digits, got {str(text)[:40]!r}")
+    if not lo <= value <= hi:
+        raise InputError(f"{what} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def check_dim(dim: Any, what: str = "dim", max_dim: int = MAX_DIM) -> int:
+    return parse_strict_int(dim, what, 1, max_dim)
+
+
+def check_json_depth(obj: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "body") -> None:
+    """Refuse JSON nested deeper than ``max_depth`` (iterative: deep input cannot exhaust the stack)."""
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > max_depth:
+            raise InputError(f"{what} is nested deeper than {max_depth} levels")
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+
+
+# --- index parameters ---------------------------------------------------------------------------
+# kind -> {param: (lo, hi)}; hi may be a callable of the row count (IVF lists need training rows).
+INDEX_PARAM_RULES: dict[str, dict[str, tuple[int, int]]] = {
+    "flat": {},
+    "hnsw": {"M": (2, 256), "ef_construction": (1, 4_096), "ef_search": (1, 32_768)},
+    "ivf": {"nlist": (1, 65_536), "nprobe": (1, 65_536)},
+}
+
+
+def _int_param(value: Any, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise InputError(f"index parameter {name} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise InputError(f"index parameter {name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = None, dim: int | None = None,
+                       random_state: Any = 0) -> dict:
+    """Validated copy of ``params`` for an index of ``kind``; :class:`InputError` (422) otherwise.
+
+    Legal ranges: HNSW ``2 ≤ M ≤ 256``, ``1 ≤ ef_construction ≤ 4096``, ``1 ≤ ef_search ≤ 32768``;
+    IVF ``1 ≤ nlist ≤ min(65536, n_rows)`` (k-means needs a row per list), ``1 ≤ nprobe ≤ nlist``;
+    ``0 ≤ random_state ≤ 2**31 - 1``; ``1 ≤ dim ≤ 65536``. Unknown keys are refused (a typo would
+    otherwise be ignored silently). ``n_rows=None`` (loading a persisted index) skips the row check.
+    """
+    if kind not in INDEX_PARAM_RULES:
+        raise InputError(f"index kind must be one of {sorted(INDEX_PARAM_RULES)}, got {kind!r}")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise InputError(f"index params must be an object, got {type(params).__name__}")
+    rules = INDEX_PARAM_RULES[kind]
+    out: dict = {}
+    for key, value in params.items():
+        if key == "random_state":
+            out[key] = _int_param(value, key, 0, MAX_SEED)
+            continue
+        if key not in rules:
+            allowed = sorted(rules) or "none"
+            raise InputError(f"unknown parameter {key!r} for a {kind} index (allowed: {allowed})")
+        lo, hi = rules[key]
+        out[key] = _int_param(value, key, lo, hi)
+    if dim is not None:
+        check_dim(dim)
+    _int_param(random_state, "random_state", 0, MAX_SEED)
+    if kind == "ivf":
+        if n_rows is not None and "nlist" in out and out["nlist"] > n_rows:
+            raise InputError(f"index parameter nlist={out['nlist']} exceeds the {n_rows} training rows "
+                             f"(k-means needs at least one row per list); omit nlist to choose ~4·sqrt(n)")
+        if "nprobe" in out and "nlist" in out and out["nprobe"] > out["nlist"]:
+            raise InputError(f"index parameter nprobe={out['nprobe']} exceeds nlist={out['nlist']}")
+    return out
+
+
+def default_nlist(n_rows: int) -> int:
+    """IVF lists for ``n_rows`` training rows: ~4·sqrt(n), at most n/39 (FAISS wants ≥ 39 rows per list)."""
+    return max(1, min(int(4 * math.sqrt(n_rows)), n_rows // 39 or 1, INDEX_PARAM_RULES["ivf"]["nlist"][1]))
