@@ -24,6 +24,7 @@ from typing import Callable
 from align import LinearMap
 from align.exceptions import SerializationError
 
+from ..limits import MAX_DESCRIPTION, MAX_DIM
 from .db import open_db
 from .errors import ConflictError, DeletedVersionError, IntegrityError, InvalidNameError, NotFoundError
 from .models import SpaceInfo, VersionInfo
@@ -131,8 +132,12 @@ class Registry(SteerRegistryMixin):
         only when given (non-empty) and different.
         """
         check_name(name, "space name")
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
-            raise InvalidNameError(f"space dim must be a positive integer, got {dim!r}")
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 1 <= dim <= MAX_DIM:
+            raise InvalidNameError(f"space dim must be an integer 1 .. {MAX_DIM}, got {str(dim)[:40]}")
+        for what, text, cap in (("description", description, MAX_DESCRIPTION), ("query_prefix", query_prefix, 1024),
+                                ("passage_prefix", passage_prefix, 1024)):
+            if text and len(text) > cap:
+                raise InvalidNameError(f"space {what} is longer than {cap} characters")
 
         def fn(t):
             self._ensure_space(t, name, dim)

@@ -1,0 +1,431 @@
+"""Hardening round 2 (issue 15): one request must never kill, hang or balloon the server.
+
+Every test talks to a real ``vecbridge serve`` on loopback (a subprocess: a FAISS crash fails
+the test instead of killing pytest) or, for the stores, runs the risky step in a subprocess.
+One test per finding:
+
+1. FAISS index parameters: every illegal value is a 422, the process stays up, and a persisted
+   index with illegal parameters refuses to load with a clear error (no crash).
+2. The key is checked before the body is read; bodies have per-route limits.
+3. Search answers are bounded: ``k <= max_k``, ``queries x k <= max_hits`` (422 beyond).
+6. Finite numbers that overflow float32: rows at 1e-25 .. 1e30 are found again; transforms and
+   steers never return non-finite numbers (422 instead).
+7. Client input that was a 500: unicode digits in versions and X-Vector-Dim, huge dims, deep
+   nesting; after any 5xx the answer still has ``x-request-id`` and ``Connection: close``.
+8. Ids: ids past 2**62 are refused, automatic ids never overflow.
+9. No lock per unknown index name; names with a trailing newline refused; ``/metrics`` open/key/off;
+   tag and description sizes.
+
+``BAD_INPUT_COUNTS`` collects every status seen; the last test prints the matrix figures.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from service.config import Settings
+from service.registry import open_registry
+
+from .helpers import DIM, R, W, Server, populate
+
+STATUS_COUNTS: dict[int, int] = {}
+
+
+def _count(r: httpx.Response) -> httpx.Response:
+    STATUS_COUNTS[r.status_code] = STATUS_COUNTS.get(r.status_code, 0) + 1
+    return r
+
+
+def _refused(r: httpx.Response, status: int = 422) -> None:
+    _count(r)
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    assert r.json()["error"]["status"] == status
+    assert r.headers.get("x-request-id")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real ``vecbridge serve`` over a populated registry, an index ``ix`` (16-d, space b)."""
+    d = tmp_path_factory.mktemp("harden") / "data"
+    s = Settings(data_dir=d)
+    reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir())
+    data = populate(reg)
+    from align import fit_mean_shift
+
+    X = data["Y"][:40]
+    reg.register_steer("shift", fit_mean_shift(X, [1] * 20 + [-1] * 20), space="b")
+    reg.close() if hasattr(reg, "close") else None
+    srv = Server(d, env={"VECBRIDGE_MAX_BODY_BYTES": str(8 * 1024 * 1024)}).start()
+    try:
+        with srv.client(W) as c:
+            r = c.post("/v1/indexes", json={"name": "ix", "space": "b", "vectors": data["Y"][:100].tolist()})
+            assert r.status_code == 201, r.text
+        yield srv, data
+    finally:
+        srv.stop()
+
+
+def _alive(srv: Server) -> None:
+    assert srv.proc.poll() is None, f"server died with {srv.proc.returncode}: {srv.log()[-1500:]}"
+    assert httpx.get(srv.url + "/healthz", timeout=10).status_code == 200
+
+
+# --- 1. FAISS parameters ------------------------------------------------------------------------
+BAD_INDEX_BODIES = [
+    {"kind": "hnsw", "params": {"M": 1}},
+    {"kind": "hnsw", "params": {"M": 0}},
+    {"kind": "hnsw", "params": {"M": -1}},
+    {"kind": "hnsw", "params": {"M": 2**40}},
+    {"kind": "hnsw", "params": {"M": "16"}},
+    {"kind": "hnsw", "params": {"M": 16.5}},
+    {"kind": "hnsw", "params": {"M": True}},
+    {"kind": "hnsw", "params": {"M": None}},
+    {"kind": "hnsw", "params": {"ef_construction": 0}},
+    {"kind": "hnsw", "params": {"ef_search": -5}},
+    {"kind": "hnsw", "params": {"efSearch": 10}},
+    {"kind": "hnsw", "params": {"M": 1}, "vectors": None, "dim": 16},
+    {"kind": "ivf", "params": {"nlist": 1000}},
+    {"kind": "ivf", "params": {"nlist": 0}},
+    {"kind": "ivf", "params": {"nlist": 4, "nprobe": 5}},
+    {"kind": "ivf", "params": {"nprobe": 0}},
+    {"kind": "flat", "params": {"M": 16}},
+    {"kind": "flat", "random_state": -1},
+    {"kind": "ivf", "random_state": -1},
+    {"kind": "ivf", "random_state": 2**31},
+    {"kind": "ivf", "random_state": 2**70},
+    {"kind": "ivf", "params": {"random_state": -3}},
+    {"kind": "hnsw", "params": {"M": [16]}},
+    {"kind": "hnsw", "params": ["M", 16]},
+    {"kind": "annoy"},
+]
+
+
+def test_index_parameters_are_refused_before_faiss(server):
+    srv, data = server
+    Y = data["Y"][:60].tolist()
+    with srv.client(W) as c:
+        for i, extra in enumerate(BAD_INDEX_BODIES):
+            body = {"name": f"bad{i}", "space": "b", "vectors": Y, **extra}
+            if body.get("vectors") is None:
+                body.pop("vectors")
+            _refused(c.post("/v1/indexes", json=body))
+            _alive(srv)
+        # legal neighbours of the bad values work, and adding to them works
+        for i, (kind, params) in enumerate([("hnsw", {"M": 2}), ("hnsw", {"M": 256, "ef_search": 1}),
+                                             ("ivf", {"nlist": 60, "nprobe": 60})]):
+            r = _count(c.post("/v1/indexes", json={"name": f"ok{i}", "space": "b", "vectors": Y, "kind": kind,
+                                                   "params": params}))
+            assert r.status_code == 201, r.text
+            assert _count(c.post(f"/v1/indexes/ok{i}/vectors", json={"vectors": Y[:3]})).status_code == 200
+            hits = c.post(f"/v1/indexes/ok{i}/search", json={"vectors": Y[:1], "k": 1, "exact": True}).json()
+            assert hits["results"][0][0]["score"] > 0.99
+    _alive(srv)
+
+
+_LOAD_BAD_INDEX = r"""
+import json, sys
+from pathlib import Path
+from service.indexes import IndexStore, IndexNotFoundError
+store = IndexStore(Path(sys.argv[1]))
+try:
+    store.get(sys.argv[2])
+except IndexNotFoundError as exc:
+    print("REFUSED", exc)
+    sys.exit(0)
+print("LOADED")
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("params", [{"M": 1, "ef_construction": 80, "ef_search": 64},
+                                    {"M": 0, "ef_construction": 80, "ef_search": 64},
+                                    {"M": "x", "ef_construction": 80, "ef_search": 64}])
+def test_persisted_bad_index_refuses_to_load(tmp_path, params):
+    """An index whose meta names parameters FAISS would crash on is refused at load, in a subprocess."""
+    from service.indexes import IndexStore
+
+    store = IndexStore(tmp_path / "ix")
+    X = np.random.default_rng(0).standard_normal((30, 8)).astype(np.float32)
+    store.create("h", "s", X, kind="hnsw")
+    meta_path = tmp_path / "ix" / "h" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["params"] = {**params, "random_state": 0}
+    meta_path.write_text(json.dumps(meta))
+    p = subprocess.run([sys.executable, "-c", _LOAD_BAD_INDEX, str(tmp_path / "ix"), "h"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr[-2000:])
+    assert "REFUSED" in p.stdout and "index parameter M" in p.stdout
+
+
+# --- 2. key before body, per-route body limits ---------------------------------------------------
+def test_key_is_checked_before_the_body_is_read(server):
+    srv, _ = server
+    big = b'{"name": "x", "dim": 3, "description": "' + b"a" * (6 * 1024 * 1024) + b'"}'
+    routes = [("POST", "/v1/spaces"), ("POST", "/v1/embeddings"), ("POST", "/v1/indexes/ix/delete"),
+              ("PUT", "/v1/maps/a2b/aliases/x"), ("PUT", "/v1/maps/a2b/versions/1/tags/t"),
+              ("POST", "/v1/indexes/ix/search"), ("POST", "/v1/maps/a2b/transform")]
+    rss0 = srv.rss_kib()
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for method, path in routes:
+            t0 = time.perf_counter()
+            r = c.request(method, path, content=big, headers={"content-type": "application/json"})
+            _refused(r, 401)
+            assert time.perf_counter() - t0 < 5
+            # a read key on a write route: 403, also before the body
+            if path in ("/v1/spaces", "/v1/indexes/ix/delete"):
+                _refused(c.request(method, path, content=big, headers={**R, "content-type": "application/json"}), 403)
+        # with the right key, the small routes refuse a 6 MB body by size (413), not after parsing it
+        for method, path in routes[:5]:
+            _refused(c.request(method, path, content=big, headers={**W, "content-type": "application/json"}), 413)
+    assert srv.rss_kib() - rss0 < 64 * 1024, "refused bodies must not be buffered"
+    _alive(srv)
+
+
+# --- 3. bounded answers --------------------------------------------------------------------------
+def test_search_answer_is_bounded(server):
+    srv, data = server
+    Y = data["Y"]
+    with srv.client(R) as c:
+        _refused(c.post("/v1/indexes/ix/search", json={"vectors": Y[:1].tolist(), "k": 1001}))
+        _refused(c.post("/v1/indexes/ix/search", json={"vectors": Y[:10].tolist(), "k": 10_001}))
+        q = np.tile(Y[:1], (400, 1))  # 400 x 1000 = 400,000 hits > max_hits
+        _refused(c.post("/v1/indexes/ix/search", json={"vectors": q.tolist(), "k": 1000}))
+        ok = _count(c.post("/v1/indexes/ix/search", json={"vectors": q[:100].tolist(), "k": 1000}))
+        assert ok.status_code == 200 and len(ok.json()["results"]) == 100
+    _alive(srv)
+
+
+# --- 6. float32 extremes -------------------------------------------------------------------------
+@pytest.mark.parametrize("scale", [1e-25, 1e-12, 1e18, 1e20, 1e30])
+def test_extreme_rows_are_findable_or_refused(server, scale):
+    srv, data = server
+    Y = data["Y"][200:210]
+    rows = (Y * np.float32(scale)).astype(np.float32)
+    name = f"ext{int(np.log10(scale)) + 40}"
+    with srv.client(W) as c:
+        r = _count(c.post("/v1/indexes", json={"name": name, "space": "b", "vectors": data["Y"][:50].tolist()}))
+        assert r.status_code == 201
+        r = _count(c.post(f"/v1/indexes/{name}/vectors", json={"vectors": rows.tolist()}))
+        assert r.status_code == 200, r.text
+        ids = r.json()["ids"]
+        # every acknowledged row is found again, by its unscaled and its scaled self
+        for q in (Y, rows):
+            hits = _count(c.post(f"/v1/indexes/{name}/search", json={"vectors": q.tolist(), "k": 1})).json()
+            assert [h[0]["id"] for h in hits["results"]] == ids
+            assert all(0.99 < h[0]["score"] <= 1.0001 for h in hits["results"])
+        # ip metric: rows that overflow q.x are refused, not stored unfindable
+        r = _count(c.post("/v1/indexes", json={"name": name + "ip", "space": "b", "metric": "ip",
+                                               "vectors": rows.tolist()}))
+        if scale > 1e19:
+            _refused(r)
+        else:
+            assert r.status_code == 201
+
+
+def test_transform_and_steer_never_return_non_finite(server):
+    srv, data = server
+    X = data["X"][:4]
+    with srv.client(W) as c:
+        for scale in (1e-30, 1e20, 3e38):
+            rows = np.clip(X / np.abs(X).max() * scale, -3.4e38, 3.4e38).astype(np.float32)
+            r = _count(c.post("/v1/maps/a2b/transform", json={"vectors": rows.tolist()}))
+            assert r.status_code == 200, r.text
+            out = np.asarray(r.json()["vectors"], dtype=np.float64)
+            ref = np.asarray(c.post("/v1/maps/a2b/transform", json={"vectors": X.tolist()}).json()["vectors"])
+            assert np.isfinite(out).all() and np.allclose(out, ref, atol=1e-4)
+            # binary answers too
+            r = _count(c.post("/v1/maps/a2b/transform", content=rows.tobytes(),
+                              headers={"content-type": "application/octet-stream"}))
+            assert r.status_code == 200 and np.isfinite(np.frombuffer(r.content, "<f4")).all()
+        # a steer strength that overflows float32: 422, not scores of 0 with arbitrary ids
+        Y = data["Y"][:3]
+        _refused(c.post("/v1/steers/shift/apply", json={"vectors": Y.tolist(), "eps": 1e30 * 1e10}))
+        r = _count(c.post("/v1/indexes/ix/search", json={"vectors": Y.tolist(), "k": 3, "steers": {"shift": 1e30}}))
+        assert r.status_code in (200, 422), r.text
+        if r.status_code == 200:  # finite: the steered direction is searched exactly
+            assert all(len(h) == 3 and all(np.isfinite(x["score"]) for x in h) for h in r.json()["results"])
+        _refused(c.post("/v1/indexes/ix/search", json={"vectors": Y.tolist(), "k": 3, "steers": {"shift": 3e38}}))
+        # huge finite queries rank like their unit versions
+        big = (Y * np.float32(1e25)).astype(np.float32)
+        a = c.post("/v1/indexes/ix/search", json={"vectors": big.tolist(), "k": 5}).json()["results"]
+        b = c.post("/v1/indexes/ix/search", json={"vectors": Y.tolist(), "k": 5}).json()["results"]
+        assert [[h["id"] for h in row] for row in a] == [[h["id"] for h in row] for row in b]
+    _alive(srv)
+
+
+# --- 7. client input that was a 500 --------------------------------------------------------------
+def test_strict_numbers_and_shapes(server):
+    srv, _ = server
+    one = np.zeros((1, DIM), np.float32).tobytes()
+    octet = {"content-type": "application/octet-stream"}
+    with srv.client(W) as c:
+        for ref in ("a2b:²", "a2b:２", "a2b:٣", "a2b:1 ", "a2b:" + "9" * 40, "a2b:0"):
+            _refused(c.get(f"/v1/maps/{ref}"))
+            _refused(c.post(f"/v1/maps/{ref}/transform", json={"vectors": [[0.0] * DIM]}))
+        for hdr in ("²", "２", "1" * 5000, "-16", "16.0", "0", str(2**70)):
+            _refused(c.post("/v1/maps/a2b/transform", content=one, headers={**octet, "X-Vector-Dim": hdr.encode()}))
+        for q in ("1e30", str(10**30), "0", "-1", "²"):
+            _refused(c.post(f"/v1/maps/a2b/transform?dim={q}", content=b"", headers=octet))
+        _refused(c.post("/v1/maps/a2b/transform", content=b"", headers=octet))
+        _refused(c.post("/v1/spaces", json={"name": "huge", "dim": 2**70}))
+        _refused(c.post("/v1/spaces", json={"name": "huge", "dim": 2**62}))
+        _refused(c.post("/v1/indexes", json={"name": "huge", "space": "b", "dim": 2**62}))
+        _refused(c.post("/v1/indexes", json={"name": "huge", "space": "b", "vectors_b64": "AAAA", "dim": 2**62}))
+        deep = "[" * 1000 + "1" + "]" * 1000
+        row = json.dumps([[0.5] * DIM])
+        for path, body in (("/v1/indexes", f'{{"name": "deep", "space": "b", "vectors": {row}, "payloads": [{deep}]}}'),
+                           ("/v1/indexes/ix/vectors", f'{{"vectors": {row}, "payloads": [{{"a": {deep}}}]}}'),
+                           ("/v1/maps/a2b/versions/1/tags/deep", f'{{"value": {deep}}}'),
+                           ("/v1/spaces", f'{{"name": "deep", "dim": 3, "description": {deep}}}')):
+            method = "PUT" if "/tags/" in path else "POST"
+            r = _count(c.request(method, path, content=body, headers={"content-type": "application/json"}))
+            assert 400 <= r.status_code < 500, (path, r.status_code, r.text[:200])
+        nested = {"value": json.loads("[" * 40 + "]" * 40)}
+        _refused(c.put("/v1/maps/a2b/versions/1/tags/deep", json=nested))
+    _alive(srv)
+
+
+def test_5xx_keeps_request_id_and_closes_the_connection(tmp_path):
+    """An unexpected error (here: the registry's database file replaced by garbage) is a 500 with
+    ``x-request-id`` and ``Connection: close`` on real HTTP."""
+    from .helpers import free_port
+
+    d = tmp_path / "data"
+    app_code = r"""
+import sys, uvicorn
+from fastapi import APIRouter
+from service.api import create_app
+from service.config import Settings
+from pathlib import Path
+app = create_app(Settings(data_dir=Path(sys.argv[1]), auth_disabled=True, demo_on_empty=False, log_level="ERROR"))
+boom = APIRouter()
+@boom.get("/boom")
+async def _boom():
+    raise RuntimeError("unexpected")
+@boom.get("/boom-sync")
+def _boom_sync():
+    raise KeyError("unexpected")
+app.include_router(boom)
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="error")
+"""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", app_code, str(d), str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        with httpx.Client(base_url=url, timeout=10) as c:
+            for path in ("/boom", "/boom-sync"):
+                r = c.get(path, headers={"x-request-id": "rid-123"})
+                assert r.status_code == 500
+                assert r.headers["x-request-id"] == "rid-123"
+                assert r.headers["connection"] == "close"
+                assert r.json()["error"]["message"] == "internal error (request id rid-123)"
+                assert "Traceback" not in r.text
+            assert c.get("/healthz").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+# --- 8. ids --------------------------------------------------------------------------------------
+def test_ids_never_overflow(server):
+    srv, data = server
+    row = data["Y"][:1].tolist()
+    with srv.client(W) as c:
+        assert _count(c.post("/v1/indexes", json={"name": "ids", "space": "b", "vectors": row})).status_code == 201
+        for bad in (2**63 - 1, 2**63, 2**64, 2**62, -1):
+            _refused(c.post("/v1/indexes/ids/vectors", json={"vectors": row, "ids": [bad]}))
+            r = _count(c.post("/v1/indexes/ids/delete", json={"ids": [bad]}))
+            assert r.status_code == 422
+        r = _count(c.post("/v1/indexes/ids/vectors", json={"vectors": row, "ids": [2**62 - 1]}))
+        assert r.status_code == 200
+        _refused(c.post("/v1/indexes/ids/vectors", json={"vectors": row}))  # next automatic id would be 2**62
+        assert _count(c.post("/v1/indexes/ids/vectors", json={"vectors": row, "ids": [7]})).status_code == 200
+    srv.stop()
+    srv.start()
+    with srv.client(W) as c:
+        assert c.get("/v1/indexes/ids").json()["count"] == 3
+        _refused(c.post("/v1/indexes/ids/vectors", json={"vectors": row}))
+    _alive(srv)
+
+
+# --- 9. smaller ----------------------------------------------------------------------------------
+def test_unknown_index_names_hold_no_memory(tmp_path):
+    from service.indexes import IndexNotFoundError, IndexStore
+
+    store = IndexStore(tmp_path)
+    store.load_all()
+    for i in range(20_000):
+        with pytest.raises(IndexNotFoundError):
+            store.get(f"nope-{i}")
+    assert len(store._load_locks) == 64 and not store._indexes and not store._failed
+
+
+def test_names_sizes_and_metrics_access(server, tmp_path):
+    srv, data = server
+    with srv.client(W) as c:
+        _refused(c.post("/v1/indexes", json={"name": "nl\n", "space": "b", "vectors": data["Y"][:2].tolist()}))
+        _refused(c.get("/v1/indexes/ix%0A"), 404)
+        _refused(c.post("/v1/spaces", json={"name": "nl\n", "dim": 3}))
+        _refused(c.post("/v1/spaces", json={"name": "desc", "dim": 3, "description": "x" * 5000}))
+        _refused(c.put("/v1/maps/a2b/versions/1/tags/big", json={"value": "x" * 20_000}))
+        _refused(c.put("/v1/maps/a2b/versions/1/tags/big", json={"value": "x" * 5_000_000}), 413)
+        assert _count(c.put("/v1/maps/a2b/versions/1/tags/ok", json={"value": "x" * 1000})).status_code == 200
+        _refused(c.post("/v1/indexes", json={"name": "d", "space": "b", "dim": 16, "description": "x" * 5000}))
+        # metrics: a read key by default
+        assert httpx.get(srv.url + "/metrics").status_code == 401
+        assert c.get("/metrics").status_code == 200
+    for access, anonymous in (("open", 200), ("off", 404)):
+        with Server(tmp_path / access, env={"VECBRIDGE_METRICS_ACCESS": access}) as s2:
+            assert httpx.get(s2.url + "/metrics").status_code == anonymous
+            assert httpx.get(s2.url + "/metrics", headers=R).status_code == anonymous
+    _alive(srv)
+
+
+def test_healthz_answers_while_a_heavy_request_runs(server):
+    """The heaviest allowed search (max_hits, JSON built off the loop) does not stall /healthz."""
+    srv, data = server
+    Y = data["Y"]
+    q = np.tile(Y[:1], (100, 1)).tolist()
+    lat: list[float] = []
+    done = threading.Event()
+
+    def heavy():
+        with srv.client(R, timeout=60) as c:
+            for _ in range(3):
+                c.post("/v1/indexes/ix/search", json={"vectors": q, "k": 1000, "exact": True})
+        done.set()
+
+    t = threading.Thread(target=heavy)
+    t.start()
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        while not done.is_set():
+            t0 = time.perf_counter()
+            assert c.get("/healthz").status_code == 200
+            lat.append(time.perf_counter() - t0)
+            time.sleep(0.01)
+    t.join()
+    print(f"\n/healthz during heavy search: {len(lat)} probes, p50 {np.median(lat) * 1000:.1f} ms, "
+          f"max {max(lat) * 1000:.1f} ms")
+    assert lat
+
+
+def test_zz_matrix_figures(server):
+    srv, _ = server
+    _alive(srv)
+    print(f"\nhardening matrix: {sum(STATUS_COUNTS.values())} requests, statuses {dict(sorted(STATUS_COUNTS.items()))}")
+    assert STATUS_COUNTS and not any(s >= 500 for s in STATUS_COUNTS)
