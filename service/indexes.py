@@ -84,7 +84,7 @@ import faiss
 import numpy as np
 
 from align._validation import as_matrix
-from align.exceptions import InputError, NotRepresentableError
+from align.exceptions import DegenerateInputError, InputError, NotRepresentableError
 from align.frames import row_norms, unit_rows
 
 from .limits import MAX_ID, check_dim, check_index_params, default_nlist
@@ -388,11 +388,16 @@ class SpaceIndex:
     def _prep(self, X: np.ndarray, what: str = "vectors") -> np.ndarray:
         """Rows as stored / searched: unit rows (cosine; exact at any finite scale) or as is (ip).
 
-        ``metric="ip"`` refuses rows with ``|x| > 1e19``: a score ``q·x`` of two of them would
+        Cosine refuses all-zero rows (no direction); ``metric="ip"`` refuses rows with ``|x| > 1e19``: a score ``q·x`` of two of them would
         overflow float32 and the row could never be found again.
         """
         if self.metric == "cosine":
-            return unit_rows(X)
+            U = unit_rows(X)
+            zero = ~U.any(axis=1)
+            if zero.any():  # no direction: stored, it would score 0 against every query and never be found
+                raise DegenerateInputError(f"{what}: {int(zero.sum())} all-zero row(s); a cosine index needs a "
+                                           f"direction (use metric='ip' to store zero rows)")
+            return U
         big = row_norms(X) > _IP_MAX_NORM
         if big.any():
             raise NotRepresentableError(
