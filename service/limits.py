@@ -43,8 +43,10 @@ class Limits(BaseModel):
                                                              "deletes): body bytes.")
     max_k: int = Field(1_000, ge=1, le=10_000, description="Search: results per query.")
     max_hits: int = Field(100_000, ge=1, description="Search: queries × k per request (bounds the response).")
-    max_response_values: int = Field(16 * 1024 * 1024, ge=1, description="Transform / steer apply: rows × columns "
-                                                                        "returned as JSON numbers.")
+    max_response_values: int = Field(4 * 1024 * 1024, ge=1, description="Transform: rows × columns returned as "
+                                                                       "JSON numbers (base64 and binary: no cap)")
+    max_response_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Search: bytes of the JSON answer "
+                                                                       "(hits with payloads)")
     max_dim: int = Field(MAX_DIM, ge=1, le=MAX_DIM, description="Columns of a space, index or vector.")
     max_name: int = Field(128, description="Characters of a map, space, index or steer name (fixed).")
     max_description: int = Field(MAX_DESCRIPTION, ge=0, le=MAX_DESCRIPTION, description="Characters of a description.")

@@ -63,7 +63,8 @@ def server(tmp_path_factory):
     X = data["Y"][:40]
     reg.register_steer("shift", fit_mean_shift(X, [1] * 20 + [-1] * 20), space="b")
     reg.close() if hasattr(reg, "close") else None
-    srv = Server(d, env={"VECBRIDGE_MAX_BODY_BYTES": str(8 * 1024 * 1024)}).start()
+    srv = Server(d, env={"VECBRIDGE_MAX_BODY_BYTES": str(8 * 1024 * 1024),
+                         "VECBRIDGE_LIMITS__MAX_RESPONSE_BYTES": str(2_000_000)}).start()
     try:
         with srv.client(W) as c:
             r = c.post("/v1/indexes", json={"name": "ix", "space": "b", "vectors": data["Y"][:100].tolist()})
@@ -200,6 +201,14 @@ def test_search_answer_is_bounded(server):
         _refused(c.post("/v1/indexes/ix/search", json={"vectors": q.tolist(), "k": 1000}))
         ok = _count(c.post("/v1/indexes/ix/search", json={"vectors": q[:100].tolist(), "k": 1000}))
         assert ok.status_code == 200 and len(ok.json()["results"]) == 100
+    with srv.client(W) as c:  # payloads make hits large: the answer's bytes are capped too (2 MB here)
+        r = _count(c.post("/v1/indexes", json={"name": "fat", "space": "b", "vectors": Y[:100].tolist(),
+                                               "payloads": ["p" * 10_000] * 100}))
+        assert r.status_code == 201
+        _refused(c.post("/v1/indexes/fat/search", json={"vectors": Y[:20].tolist(), "k": 100}))
+        r = _count(c.post("/v1/indexes/fat/search", json={"vectors": Y[:20].tolist(), "k": 100,
+                                                           "include_payloads": False}))
+        assert r.status_code == 200 and len(r.content) < 2_000_000
     _alive(srv)
 
 

@@ -12,11 +12,11 @@ from starlette.concurrency import run_in_threadpool
 from align.exceptions import DimensionMismatchError, InputError
 
 from ...indexes import SpaceIndex
-from ..codec import check_batch, parse_json, validate, vectors_from_json
+from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
 from ..pagination import Page, paginate
-from ..responses import FastJSONResponse
+from ..responses import FastJSONResponse, dumps
 from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate, IndexCreateOptions, IndexDelete,
                        IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
                        error_responses)
@@ -172,13 +172,11 @@ async def search(name: str, request: Request, state: StateDep, settings: Setting
         Q, used_steers = steer_queries(state, Q, opts.steers or {}, idx.space)
         S, I = idx.search(Q, opts.k, exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
                           csls_k=opts.csls_k if opts.csls else 0)
-        response = FastJSONResponse({  # hits and JSON built here, off the event loop
-            "index": name, "space": idx.space, "query_space": qspace, "k": opts.k,
-            "scoring": "csls" if opts.csls else idx.metric,
-            "maps": tr.describe() if tr is not None else [],
-            "steers": used_steers,
-            "results": _hits(idx, S, I, opts.include_payloads)})
-        return tr, S, response
+        head = {"index": name, "space": idx.space, "query_space": qspace, "k": opts.k,
+                "scoring": "csls" if opts.csls else idx.metric,
+                "maps": tr.describe() if tr is not None else [], "steers": used_steers}
+        answer = _search_body(head, idx, S, I, opts.include_payloads, settings.limits.max_response_bytes)
+        return tr, S, Response(answer, media_type=JSON)  # built here, off the event loop
 
     tr, S, response = await run_in_threadpool(work)
     state.metrics.batch_rows.labels("search").observe(S.shape[0])
@@ -197,18 +195,35 @@ def check_hits(n_queries: int, k: int, limits) -> None:
                          f"per request (limits.max_hits); send fewer queries per request or a smaller k")
 
 
-def _hits(idx: SpaceIndex, S: np.ndarray, I: np.ndarray, with_payloads: bool) -> list[list[dict]]:
-    ids = I.tolist()
-    scores = S.tolist()
-    out = []
-    for row_i, row_s in zip(ids, scores):
-        hits = []
-        for i, s in zip(row_i, row_s):
-            if i < 0:
-                continue
-            h = {"id": i, "score": s}
-            if with_payloads:
-                h["payload"] = idx.payloads.get(i)
-            hits.append(h)
-        out.append(hits)
-    return out
+def _hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool) -> list[dict]:
+    hits = []
+    for i, s in zip(row_i, row_s):
+        if i < 0:
+            continue
+        h = {"id": i, "score": s}
+        if with_payloads:
+            h["payload"] = idx.payloads.get(i)
+        hits.append(h)
+    return hits
+
+
+def _search_body(head: dict, idx: SpaceIndex, S: np.ndarray, I: np.ndarray, with_payloads: bool,
+                 max_bytes: int) -> bytes:
+    """The JSON answer ``{**head, "results": [[hit, ...], ...]}``, serialised one query row at a time.
+
+    Only one row of hit dicts exists at once (not n x k), and the answer stops at ``max_bytes``
+    (``limits.max_response_bytes``; payloads can make hits large) with a 422.
+    """
+    parts = [dumps(head)[:-1], b',"results":[']
+    size = sum(map(len, parts))
+    for r, (row_i, row_s) in enumerate(zip(I.tolist(), S.tolist())):
+        chunk = dumps(_hits(idx, row_i, row_s, with_payloads))
+        size += len(chunk) + 1
+        if size > max_bytes:
+            raise InputError(f"the answer passes {max_bytes} bytes (limits.max_response_bytes) at query {r}; "
+                             f"send fewer queries, a smaller k, or include_payloads=false")
+        if r:
+            parts.append(b",")
+        parts.append(chunk)
+    parts.append(b"]}")
+    return b"".join(parts)
