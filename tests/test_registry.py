@@ -329,3 +329,31 @@ def test_threads_share_one_registry(reg):
     assert not errors
     assert sorted(got) == list(range(1, 17))
     assert reg.verify()["ok"]
+
+
+def test_generation_moves_with_every_write_and_is_shared(registry_url, tmp_path):
+    """Two handles on one registry (two workers/replicas): each write bumps the shared generation,
+    and an AppState cache stamped with it answers the new alias target at the next call."""
+    from service.api.state import AppState
+    from service.config import Settings
+
+    a = open_registry(registry_url, tmp_path / "artifacts")
+    b = open_registry(registry_url, tmp_path / "artifacts")
+    try:
+        g0 = b.generation()
+        register(a, alias="prod")
+        g1 = b.generation()
+        assert g1 > g0
+        state = AppState(Settings(data_dir=tmp_path / "state", demo_on_empty=False))
+        state.registry = b
+        assert state.resolve("a->b@prod").version == 1
+        assert state.resolve("a->b@prod").version == 1 and b.generation() == g1  # cached, nothing written
+        register(a, seed=1)
+        a.set_alias("a->b", "prod", 2)
+        assert b.generation() > g1
+        assert state.resolve("a->b@prod").version == 2 and state.resolve("a->b").version == 2
+        a.delete_version("a->b", 2)
+        assert state.resolve("a->b").version == 1
+    finally:
+        a.close()
+        b.close()

@@ -2,9 +2,11 @@
 
 Built in the app's lifespan and reached from routes through ``deps.StateDep``. Maps are
 immutable per ``name:version`` (the artifact's sha256 is part of the cache key), so caching
-them — and the compositions along a path of maps — is safe; references (``name``,
-``name@alias``) are resolved against the registry on every request, so alias moves and
-deletions show up at once, also across replicas.
+them — and the compositions along a path of maps — is safe. What references resolve to
+(``name``, ``name@alias``, a space's path of maps, a space) is cached too, stamped with the
+registry's :meth:`~service.registry.Registry.generation`, which every registry write bumps: a
+request checks that one counter instead of repeating the lookups, and an alias move or a new
+version through any worker or replica shows up at the next request.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class AppState:
         self.demo_job_id: str | None = None
         self._maps: OrderedDict[tuple, LinearMap] = OrderedDict()
         self._maps_lock = threading.Lock()
+        self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
         self._encoders: dict[str, object] = {}
         self._enc_lock = threading.Lock()
 
@@ -93,14 +96,33 @@ class AppState:
                 self._maps.popitem(last=False)
         return m
 
+    def _current(self, key: tuple, lookup):
+        """``lookup()``, remembered until the registry's generation changes (errors are not cached)."""
+        gen = self.registry.generation()
+        hit = self._resolved.get(key)
+        if hit is not None and hit[0] == gen:
+            return hit[1]
+        value = lookup()
+        if len(self._resolved) > 4096:
+            self._resolved.clear()
+        self._resolved[key] = (gen, value)
+        return value
+
+    def get_space(self, name: str):
+        """``registry.get_space(name)``, cached per registry generation."""
+        return self._current(("space", name), lambda: self.registry.get_space(name))
+
     def resolve(self, ref: str) -> VersionInfo:
-        """``registry.resolve(ref)`` after refusing version numbers no backend can store (422, not 500)."""
+        """``registry.resolve(ref)`` after refusing version numbers no backend can store (422, not 500).
+
+        Cached per registry generation (see the module docstring).
+        """
         from .schemas import MAX_VERSION
 
         _, _, version = parse_ref(ref)
         if version is not None and version > MAX_VERSION:
             raise InvalidNameError(f"version in {ref[:60]!r} is out of range (1 .. {MAX_VERSION})")
-        return self.registry.resolve(ref)
+        return self._current(("ref", ref), lambda: self.registry.resolve(ref))
 
     def resolve_steer(self, ref: str):
         """``(SteerInfo, Steer | MeanShift)`` for ``ref``; artifacts cached by sha256 (immutable), refs resolved per call."""
@@ -130,7 +152,8 @@ class AppState:
                     f"map {v.ref} goes {v.source_space} -> {v.target_space}, but the request needs "
                     f"{source_space} -> {target_space}")
             return Translation(self.load_version(v), [v])
-        chain = self.registry.find_path(source_space, target_space)
+        chain = self._current(("path", source_space, target_space),
+                              lambda: self.registry.find_path(source_space, target_space))
         if not chain:
             return Translation(None, [])
         key = tuple((v.name, v.version, v.artifact_sha256) for v in chain)

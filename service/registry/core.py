@@ -41,6 +41,10 @@ _VCOLS = ("name, version, source_space, target_space, source_dim, target_dim, me
           "deleted, description, report_path, inputs")
 
 
+_BUMP_GENERATION = ("INSERT INTO vb_meta (key, value) VALUES ('generation', '1') ON CONFLICT (key) DO UPDATE "
+                    "SET value = CAST(CAST(vb_meta.value AS BIGINT) + 1 AS TEXT)")
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
@@ -113,15 +117,29 @@ class Registry(SteerRegistryMixin):
 
     # --- retries ----------------------------------------------------------------------------
     def _write(self, fn, attempts: int = 20):
+        """Run ``fn(t)`` in a write transaction (retried on transient conflicts); bumps :meth:`generation`."""
         for i in range(attempts):
             try:
                 with self.db.tx(write=True) as t:
-                    return fn(t)
+                    out = fn(t)
+                    t.q(_BUMP_GENERATION)
+                    return out
             except Exception as exc:  # noqa: BLE001 - filtered right below
                 if i + 1 < attempts and self.db.is_retryable(exc):
                     time.sleep(min(0.01 * 2**i, 0.5))
                     continue
                 raise
+
+    def generation(self) -> int:
+        """A counter every registry write increments (in the same transaction), seen by all processes.
+
+        Readers that cache what they resolved (aliases, versions, paths, spaces) compare it on each
+        use: one primary-key read instead of the lookups it stands for; a write anywhere — another
+        worker, another replica — invalidates their caches at once.
+        """
+        with self.db.tx() as t:
+            r = t.one("SELECT value FROM vb_meta WHERE key = 'generation'")
+        return int(r[0]) if r else 0
 
     # --- spaces -----------------------------------------------------------------------------
     def register_space(self, name: str, dim: int, encoder: str | None = None, query_prefix: str = "",

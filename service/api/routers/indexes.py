@@ -163,7 +163,7 @@ async def search(name: str, request: Request, state: StateDep, settings: Setting
             enc, _ = state.encoder_for_space(qspace)
             Q = np.asarray(enc.encode(opts.texts, kind="query"), dtype=np.float32)
         else:
-            qdim = state.registry.get_space(qspace).dim if qspace != idx.space else idx.dim
+            qdim = state.get_space(qspace).dim if qspace != idx.space else idx.dim
             Q = vectors_from_json(obj, dim=qdim, max_batch=settings.max_batch)
         tr = state.translation(qspace, idx.space, opts.map) if (qspace != idx.space or opts.map) else None
         if tr is not None and tr.map is not None:
