@@ -12,8 +12,11 @@ training rows (minilm [0, 16384), e5 [16384, 32768)) and cached in
 [32768, 40960) (8,192); queries are the same texts embedded by minilm, mapped through the
 service (``output="raw"``).
 
-Goals (issue 4): in-process apply >= 90 % of numpy GEMM; binary HTTP transform >= 50 % of
-in-process at batch 1024; HTTP search <= 1.2x raw FAISS time at batch 64.
+Goals (issue 11): HTTP batch-1 transform and search <= 2x the bare-ASGI floor (``bare_asgi.py`` on
+the same uvicorn stack); binary transform at 1024 >= 0.6x in-process; search at batch 64 <= 1.15x
+raw FAISS; in-process apply >= 0.9x GEMM at 1024 and 8192; demo usable <= 10 s after launch.
+Also: throughput of ``vecbridge serve --workers 1`` vs ``2``. Results go to a dated file
+``benchmarks/results/bench_service_<date>[_quick].json``.
 Raw FAISS here = in-process ``map.apply`` + ``IndexFlatIP.search`` on the same vectors (the
 work the service does, without HTTP); the server is a real uvicorn process on localhost.
 """
@@ -105,24 +108,42 @@ def get_map(A, B, args):
     return m, f"MiniVec2Vec defaults, unsupervised on the training split, fitted in {secs:.0f} s"
 
 
-def start_server(data_dir: Path, port: int) -> subprocess.Popen:
+def start_server(data_dir: Path, port: int, *, workers: int = 1, demo: bool = False, bare: bool = False,
+                 wait_ready: bool = True) -> subprocess.Popen:
+    """A real server on localhost: ``vecbridge serve`` (``--workers``), or the bare ASGI floor app."""
     import httpx
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
     env.update({"VECBRIDGE_DATA_DIR": str(data_dir), "VECBRIDGE_API_KEYS": json.dumps({KEY: ["read", "write"]}),
-                "VECBRIDGE_DEMO_ON_EMPTY": "false", "VECBRIDGE_LOG_LEVEL": "WARNING"})
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host",
-                             "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"],
-                            cwd=ROOT, env=env)
-    for _ in range(300):
+                "VECBRIDGE_DEMO_ON_EMPTY": "true" if demo else "false", "VECBRIDGE_LOG_LEVEL": "WARNING",
+                "PYTHONPATH": str(ROOT)})
+    if bare:
+        cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "benchmarks"), "bare_asgi:app", "--host",
+               "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
+    else:
+        cmd = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())", "serve",
+               "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    if not wait_ready:
+        return proc
+    for _ in range(600):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                time.sleep(0.5 if workers > 1 else 0)  # let every worker come up
                 return proc
         except httpx.HTTPError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.1)
     proc.kill()
     raise RuntimeError("server did not start")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 # --- sections -----------------------------------------------------------------------------------
@@ -131,16 +152,145 @@ def bench_inprocess(m, X, report):
     for n in (1024, 8192):
         Xb = np.ascontiguousarray(X[:n])
         W = m.W
-        # best-of timings: on a shared machine the minimum is the least disturbed estimate
-        t_gemm = np.min(timeit(lambda: Xb @ W))
-        res = {"gemm": t_gemm}
-        for out in ("linear", "frame", "raw"):
-            res[out] = np.min(timeit(lambda: m.apply(Xb, output=out)))
-        for k in ("gemm", "linear", "frame", "raw"):
-            rows.append([n, k, f"{n / res[k]:,.0f}", f"{res['gemm'] / res[k]:.2f}"])
-        report[f"inprocess_{n}"] = {k: n / v for k, v in res.items()}
-    print(table("In-process LinearMap.apply vs numpy GEMM (vectors/s)", ["batch", "path", "vectors/s",
-                                                                        "vs GEMM"], rows))
+        fns = {"gemm": lambda: Xb @ W, **{o: (lambda o=o: m.apply(Xb, output=o)) for o in ("linear", "frame", "raw")}}
+        # interleaved, best of: on a shared machine the minimum of alternating runs is the fairest ratio
+        best = {k: np.inf for k in fns}
+        t_end = time.perf_counter() + 4.0
+        reps = 0
+        while reps < 10 or (time.perf_counter() < t_end and reps < 400):
+            for k, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                best[k] = min(best[k], time.perf_counter() - t0)
+            reps += 1
+        for k in fns:
+            rows.append([n, k, f"{n / best[k]:,.0f}", f"{best['gemm'] / best[k]:.2f}"])
+        report[f"inprocess_{n}"] = {k: n / v for k, v in best.items()}
+    print(table("In-process LinearMap.apply vs numpy GEMM (vectors/s; interleaved best of)",
+                ["batch", "path", "vectors/s", "vs GEMM"], rows))
+
+
+def p50_ms(fn, min_time=2.0) -> float:
+    return pct(timeit(fn, min_time=min_time, max_reps=5000), 50)
+
+
+def bench_floor(bare, client, m, A_held, report):
+    """Batch-1 latency of each route as a multiple of the bare ASGI app on the same server stack."""
+    x = np.ascontiguousarray(A_held[:1])
+    raw = x.tobytes()
+    octet = {**HDR, "content-type": "application/octet-stream"}
+    b64 = base64.b64encode(raw).decode()
+    cells = {
+        "bare ASGI (floor)": lambda: bare.post("/", content=raw, headers=octet),
+        "GET /healthz": lambda: client.get("/healthz"),
+        "transform octet-stream": lambda: client.post("/v1/maps/bench/transform", content=raw, headers=octet),
+        "transform JSON": lambda: client.post("/v1/maps/bench/transform", json={"vectors": x.tolist()}, headers=HDR),
+        "search (vectors_b64, k=10)": lambda: client.post("/v1/indexes/bench-e5/search", headers=HDR, json={
+            "vectors_b64": b64, "dim": 384, "space": "minilm", "k": 10, "include_payloads": False}),
+    }
+    res = {k: p50_ms(fn) for k, fn in cells.items()}
+    floor = res["bare ASGI (floor)"]
+    rows = [[k, f"{v:.3f}", f"{v / floor:.2f}x"] for k, v in res.items()]
+    report["floor_batch1"] = {k: {"p50_ms": v, "vs_floor": v / floor} for k, v in res.items()}
+    print(table("Batch-1 latency vs the bare-ASGI floor (p50 over >= 2 s, keep-alive client)",
+                ["route", "p50 ms", "vs floor"], rows))
+
+
+def _load(port: int, body_fn, seconds: float, clients: int) -> float:
+    """Requests/s of ``clients`` threads, each with its own keep-alive client, for ``seconds``."""
+    import threading
+
+    import httpx
+
+    counts = [0] * clients
+    stop_at = time.perf_counter() + seconds
+
+    def worker(i):
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+            while time.perf_counter() < stop_at:
+                r = body_fn(c)
+                assert r.status_code == 200, r.text
+                counts[i] += 1
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def bench_workers(data: Path, A_held, report, clients: int = 8, seconds: float = 6.0):
+    """Throughput (requests/s) of 1 vs 2 server processes (``vecbridge serve --workers N``)."""
+    x = np.ascontiguousarray(A_held[:1])
+    xb = np.ascontiguousarray(A_held[:64])
+    octet = {**HDR, "content-type": "application/octet-stream"}
+    loads = {
+        "transform batch 1 (octet)": lambda c: c.post("/v1/maps/bench/transform", content=x.tobytes(), headers=octet),
+        "search batch 1": lambda c: c.post("/v1/indexes/bench-e5/search", headers=HDR, json={
+            "vectors_b64": base64.b64encode(x.tobytes()).decode(), "dim": 384, "space": "minilm", "k": 10,
+            "include_payloads": False}),
+        "search batch 64": lambda c: c.post("/v1/indexes/bench-e5/search", headers=HDR, json={
+            "vectors_b64": base64.b64encode(xb.tobytes()).decode(), "dim": 384, "space": "minilm", "k": 10,
+            "include_payloads": False}),
+    }
+    res: dict = {}
+    for w in (1, 2):
+        port = free_port()
+        proc = start_server(data, port, workers=w)
+        try:
+            for name, fn in loads.items():
+                res.setdefault(name, {})[w] = _load(port, fn, seconds, clients)
+        finally:
+            stop(proc)
+    rows = [[name, f"{r[1]:,.0f}", f"{r[2]:,.0f}", f"{r[2] / r[1]:.2f}x"] for name, r in res.items()]
+    report["workers"] = {name: {"1": r[1], "2": r[2]} for name, r in res.items()}
+    report["workers_clients"] = clients
+    print(table(f"Throughput, vecbridge serve --workers 1 vs 2 ({clients} concurrent keep-alive clients, "
+                f"{seconds:.0f} s each; {os.cpu_count()} cores)", ["load", "1 worker req/s", "2 workers req/s",
+                                                                     "2 / 1"], rows))
+
+
+def bench_first_minute(report):
+    """Seconds from launching ``vecbridge serve`` on an empty data dir to a working demo search."""
+    import httpx
+
+    from service.demo import DEMO_INDEX, load_demo_data
+
+    _, Xs, _, _ = load_demo_data()
+    body = {"vectors_b64": base64.b64encode(np.ascontiguousarray(Xs[:1]).tobytes()).decode(), "dim": 384,
+            "space": "minilm", "k": 5}
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        t0 = time.perf_counter()
+        proc = start_server(Path(tmp) / "data", port, demo=True, wait_ready=False)
+        t_ready = t_usable = None
+        states = []
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as c:
+                while time.perf_counter() - t0 < 300 and t_usable is None:
+                    try:
+                        r = c.get("/readyz")
+                        if r.status_code == 200:
+                            t_ready = t_ready or time.perf_counter() - t0
+                            demo = r.json()["checks"].get("demo")
+                            if not states or states[-1][1] != demo:
+                                states.append((round(time.perf_counter() - t0, 2), demo))
+                            if demo == "ready":
+                                s = c.post(f"/v1/indexes/{DEMO_INDEX}/search", json=body, headers=HDR)
+                                if s.status_code == 200:
+                                    t_usable = time.perf_counter() - t0
+                    except httpx.HTTPError:
+                        pass
+                    time.sleep(0.05)
+        finally:
+            stop(proc)
+    report["first_minute"] = {"ready_s": t_ready, "demo_usable_s": t_usable, "demo_states": states}
+    print(table("First minute: vecbridge serve on an empty data dir (demo on)", ["event", "seconds after launch"], [
+        ["/readyz 200", f"{t_ready:.2f}" if t_ready else "never"],
+        *[[f"readyz checks.demo = {st}", f"{t:.2f}"] for t, st in states],
+        ["demo search (minilm vector -> demo-e5) 200", f"{t_usable:.2f}" if t_usable else "never"]]))
 
 
 def bench_transform(client, m, X, report):
@@ -252,6 +402,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--map", type=Path)
     ap.add_argument("--refit", action="store_true")
+    ap.add_argument("--no-workers", action="store_true", help="skip the 1 vs 2 workers throughput table")
     args = ap.parse_args(argv)
     if not (WORDNET / "minilm.npy").exists():
         print(f"no WordNet data at {WORDNET}; nothing to benchmark")
@@ -267,6 +418,7 @@ def main(argv=None) -> int:
                             "omp_threads": os.environ.get("OMP_NUM_THREADS", "default"),
                             "load_avg": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
     print(f"# vecbridge service benchmark  ({report['env']})")
+    bench_first_minute(report)
     m_speed = fit_procrustes(A[:4000], B[:4000])
     bench_inprocess(m_speed, A_held, report)
 
@@ -283,33 +435,47 @@ def main(argv=None) -> int:
         reg.register_version("minilm2e5", m, source_space="minilm", target_space="e5", method="minivec2vec",
                              params={}, alias="prod")
         reg.close()
-        port = free_port()
+        port, bare_port = free_port(), free_port()
         proc = start_server(data, port)
+        bare_proc = start_server(data, bare_port, bare=True)
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client, \
+                    httpx.Client(base_url=f"http://127.0.0.1:{bare_port}", timeout=120) as bare:
                 bench_transform(client, m_speed, A_held, report)
                 r = client.post("/v1/indexes", headers=HDR, json={
                     "name": "bench-e5", "space": "e5", "kind": "flat",
                     "vectors_b64": base64.b64encode(np.ascontiguousarray(B_held).tobytes()).decode(), "dim": 384})
                 assert r.status_code == 201, r.text
+                bench_floor(bare, client, m, A_held, report)
                 bench_search(client, m, A_held, B_held, report)
                 if not args.quick:
                     quality(client, A_held, B_held, report, label)
         finally:
-            proc.terminate()
-            proc.wait(timeout=20)
+            stop(proc)
+            stop(bare_proc)
+        if not args.no_workers:
+            bench_workers(data, A_held, report)
 
-    g1 = report["inprocess_1024"]["raw"] / report["inprocess_1024"]["gemm"]
-    g2 = report["transform_1024"]["octet-stream"] / report["transform_1024"]["in-process"]
-    g3 = report["search_64"]["ratio"]
-    print(table("Goals", ["goal", "measured", "target", "met"], [
-        ["in-process apply (raw) / GEMM, batch 1024", f"{g1:.2f}", ">= 0.90", g1 >= 0.9],
-        ["binary HTTP / in-process, batch 1024", f"{g2:.2f}", ">= 0.50", g2 >= 0.5],
-        ["HTTP search / raw FAISS time, batch 64", f"{g3:.2f}x", "<= 1.20x", g3 <= 1.2],
-    ]))
-    report["goals"] = {"inprocess_vs_gemm": g1, "binary_http_vs_inprocess": g2, "search_http_vs_raw": g3}
+    fl = report["floor_batch1"]
+    g = {
+        "HTTP batch-1 transform (octet) / floor": (fl["transform octet-stream"]["vs_floor"], "<= 2.0", lambda v: v <= 2),
+        "HTTP batch-1 search / floor": (fl["search (vectors_b64, k=10)"]["vs_floor"], "<= 2.0", lambda v: v <= 2),
+        "binary HTTP transform / in-process, batch 1024":
+            (report["transform_1024"]["octet-stream"] / report["transform_1024"]["in-process"], ">= 0.60",
+             lambda v: v >= 0.6),
+        "HTTP search / raw FAISS time, batch 64": (report["search_64"]["ratio"], "<= 1.15", lambda v: v <= 1.15),
+        "in-process apply (raw) / GEMM, batch 1024":
+            (report["inprocess_1024"]["raw"] / report["inprocess_1024"]["gemm"], ">= 0.90", lambda v: v >= 0.9),
+        "in-process apply (raw) / GEMM, batch 8192":
+            (report["inprocess_8192"]["raw"] / report["inprocess_8192"]["gemm"], ">= 0.90", lambda v: v >= 0.9),
+        "demo usable after launch (s)": (report["first_minute"]["demo_usable_s"] or float("inf"), "<= 10",
+                                         lambda v: v <= 10),
+    }
+    print(table("Goals (issue 11)", ["goal", "measured", "target", "met"],
+                [[k, f"{v:.2f}", t, ok(v)] for k, (v, t, ok) in g.items()]))
+    report["goals"] = {k: {"measured": v, "target": t, "met": bool(ok(v))} for k, (v, t, ok) in g.items()}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / ("bench_service_quick.json" if args.quick else "bench_service.json")
+    out = RESULTS / f"bench_service_{time.strftime('%Y-%m-%d')}{'_quick' if args.quick else ''}.json"
     out.write_text(json.dumps(report, indent=2, default=float))
     print(f"\nwritten {out.relative_to(ROOT)}")
     return 0

@@ -597,14 +597,16 @@ def encoders(as_json):
 @click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... (shared by replicas).")
 @click.option("--host", default=None)
 @click.option("--port", type=int, default=None)
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Server processes sharing the port (each with its own app; shared registry and data dir).")
 @click.pass_obj
-def serve(obj: Ctx, data_dir, registry_url, host, port):
+def serve(obj: Ctx, data_dir, registry_url, host, port, workers):
     """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""
     from .api import serve as serve_api
 
     update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
                                 ("port", port)) if v is not None}
-    serve_api(obj.settings.model_copy(update=update))
+    serve_api(obj.settings.model_copy(update=update), workers=workers)
 
 
 # --- steers -------------------------------------------------------------------------------------

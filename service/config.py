@@ -6,6 +6,7 @@ the FastAPI dependency ``get_settings``.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -47,6 +48,14 @@ class Settings(BaseSettings):
     job_workers: int = 1
     demo_on_empty: bool = True
     log_level: str = "INFO"
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as ``VECBRIDGE_*`` variables, so worker processes read the same :class:`Settings`."""
+        out = {}
+        for name, value in self.model_dump(mode="json").items():
+            if value is not None:
+                out[f"VECBRIDGE_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+        return out
 
     def resolved_registry_url(self) -> str:
         if self.registry_url:

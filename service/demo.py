@@ -104,23 +104,53 @@ def run_demo(state, progress: Callable[[str, float], None] = lambda s, f: None, 
     return result
 
 
-def maybe_start_demo(state) -> str | None:
-    """Queue the demo job when the registry has no maps and there are no indexes; returns the job id."""
+def _demo_lock(data_dir: Path):
+    """An exclusive lock on ``data_dir/.demo.lock`` for the process building the demo; None if taken."""
+    import fcntl
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fh = open(data_dir / ".demo.lock", "a+")
     try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        return None
+    return fh
+
+
+def maybe_start_demo(state) -> str | None:
+    """Queue the demo job when the registry has no maps and there are no indexes; returns the job id.
+
+    With several worker processes on one data dir, the first to take ``.demo.lock`` builds it and
+    holds the lock until done; the others skip it (and report no demo).
+    """
+    lock = None
+    try:
+        lock = _demo_lock(Path(state.settings.data_dir))
+        if lock is None:
+            return None
         if state.registry.list_maps() or state.indexes.list():
+            lock.close()
             return None
         if not DEMO_DATA.exists():
             _log.warning("demo skipped: package data missing", extra={"fields": {"path": str(DEMO_DATA)}})
+            lock.close()
             return None
     except Exception as exc:  # noqa: BLE001 - the demo must never stop the service
         _log.warning("demo skipped", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
+        if lock is not None:
+            lock.close()
         return None
+
     def work(ctx):
         # one BLAS thread: the demo's small SVDs run ~30x slower when OpenBLAS threads fight a busy machine
         from threadpoolctl import threadpool_limits
 
-        with threadpool_limits(limits=1, user_api="blas"):
-            return run_demo(state, ctx.progress)
+        try:
+            with threadpool_limits(limits=1, user_api="blas"):
+                return run_demo(state, ctx.progress)
+        finally:
+            lock.close()
 
     job, _ = state.jobs.submit(work, kind="demo",
                                description="register the demo spaces, map and index (packaged vectors)")

@@ -129,8 +129,13 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
     app.openapi = openapi
 
 
-def serve(settings: Settings | None = None) -> None:
-    """Run the service with uvicorn on ``settings.host:settings.port`` (blocks)."""
+def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
+    """Run the service with uvicorn on ``settings.host:settings.port`` (blocks).
+
+    ``workers > 1``: that many processes share the socket (uvicorn's supervisor); each builds its
+    own app from the same settings (passed on as ``VECBRIDGE_*`` variables). They share the
+    registry, indexes (single writer, reloaded on change) and job records through ``data_dir``.
+    """
     import uvicorn
 
     s = settings or get_settings()
@@ -141,5 +146,13 @@ def serve(settings: Settings | None = None) -> None:
     uv.handlers = list(logging.getLogger("vecbridge").handlers)
     uv.setLevel(s.log_level.upper())
     uv.propagate = False
+    if workers > 1:
+        import os
+
+        os.environ.update(s.to_env())
+        get_settings.cache_clear()
+        uvicorn.run("service.api.app:create_app", factory=True, workers=workers, host=s.host, port=s.port,
+                    log_level=s.log_level.lower(), access_log=False, log_config=None)
+        return
     uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=s.log_level.lower(), access_log=False,
                 log_config=None)
