@@ -219,3 +219,12 @@ def test_cli_without_the_lm_exits_2(cli_env, monkeypatch, capsys):
     monkeypatch.setattr(C, "LM_PROVIDER", missing)
     assert C.main([*base, "lm", "generate", "--prompt", "the film"]) == 2
     assert "SmolLM2 GGUF not found" in capsys.readouterr().err
+
+
+def test_tiny_sampling_temperature_is_a_422_not_a_crash(world):
+    """logits / 1e-300 overflow to inf and the sampler fails: the service says so instead of a 500."""
+    c = world["c"]
+    r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "temperature": 1e-300, "max_new_tokens": 2})
+    assert r.status_code == 422 and "temperature" in r.json()["error"]["message"]
+    ok = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "temperature": 0.01, "max_new_tokens": 2})
+    assert ok.status_code == 200

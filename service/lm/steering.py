@@ -234,10 +234,21 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
 # --------------------------------------------------------------------------------------------
 # using a steer
 # --------------------------------------------------------------------------------------------
+MIN_TEMPERATURE = 1e-2
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompt: str, steers: SteerSpec = (), *, max_new_tokens: int = 30,
              do_sample: bool = True, top_p: float = 0.9, temperature: float = 1.0, seed: int = 0) -> str:
-    """Continue ``prompt`` under the given steers; returns the continuation text only."""
+    """Continue ``prompt`` under the given steers; returns the continuation text only.
+
+    Sampling divides the logits by ``temperature``; below :data:`MIN_TEMPERATURE` they overflow to
+    inf (the sampler then fails), so such a temperature is an :class:`~align.exceptions.InputError`:
+    ask for greedy decoding (``do_sample=False``) instead.
+    """
+    if do_sample and not MIN_TEMPERATURE <= temperature:
+        raise InputError(f"temperature {temperature:g} is too small to sample with (logits overflow); use "
+                         f"0 for greedy decoding or at least {MIN_TEMPERATURE:g}")
     ids = tokenizer(prompt, return_tensors="pt")
     torch.manual_seed(int(seed))
     kw = {"do_sample": do_sample, "max_new_tokens": int(max_new_tokens)}
