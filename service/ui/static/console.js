@@ -64,6 +64,8 @@ const VB = {
     return m + " min " + Math.round(s - 60 * m) + " s";
   },
   num(x, d = 4) { return typeof x === "number" ? (Number.isInteger(x) ? String(x) : x.toFixed(d)) : (x ?? "–"); },
+  /* Prompt + continuation as one text (a space between them unless one side already has it). */
+  join(a, b) { return /\s$/.test(a) || /^\s/.test(b) || !b ? a + b : a + " " + b; },
   pct(x) { return typeof x === "number" ? (100 * x).toFixed(0) + " %" : "–"; },
 
   /* Reliability verdict of a map version, from its metrics (MiniVec2Vec's label-free check). */
@@ -291,7 +293,7 @@ function steerPage() {
   return page({
     steers: [], indexes: [], steer: "", index: "", query: "", eps: 0, k: 10,
     base: null, steered: null, share: null, sweep: [], steerMsg: "",
-    prompt: "The movie was", genText: "", tokens: [], lmMsg: "",
+    prompt: "The movie was", genText: "", tokens: [], lmMsg: "", lmModel: "",
     async load() {
       const [s, i] = await Promise.all([VB.api("/v1/steers"), VB.api("/v1/indexes")]);
       this.steers = s.data; this.indexes = i.data;
@@ -354,9 +356,9 @@ function steerPage() {
       try {
         const g = await VB.api("/v1/lm/generate", { method: "POST",
           body: { prompt: this.prompt, steers: { [this.steer]: Number(this.eps) }, max_new_tokens: 24 } });
-        this.genText = g.text;
+        this.genText = g.text; this.lmModel = g.model;
         const a = await VB.api("/v1/lm/analyze", { method: "POST",
-          body: { steer: this.steer, text: g.text, eps: Number(this.eps) || 1.0 } });
+          body: { steer: this.steer, text: VB.join(this.prompt, g.text), eps: Math.abs(Number(this.eps)) || 1.0 } });
         this.tokens = a.tokens;
       } catch (e) { this.lmMsg = VB.say(e); } finally { this.busy = false; }
     },
