@@ -2,7 +2,7 @@
 
 Queries ``Q`` (n, d) and database ``D`` (m, d) are float32 rows (unit rows make inner product
 = cosine). Results follow FAISS naming: ``S`` (n, k) scores, ``I`` (n, k) indices, best first.
-Uses ``faiss.IndexFlatIP`` when FAISS is importable (exact), else numpy blocks of
+Uses ``faiss.knn`` (exact, inner product) when FAISS is importable, else numpy blocks of
 ``block_size × m`` scores — the largest block held is ``block_size * m * 4`` bytes.
 
 CSLS (Conneau et al. 2018):
@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validation import as_matrix
+from .blocks import run_blocks
 from .exceptions import DimensionMismatchError, InputError
 
 __all__ = ["knn", "mean_topk", "csls_knn", "mutual_nn", "faiss_available", "DEFAULT_BLOCK"]
@@ -58,28 +59,37 @@ def _topk_block(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(S, idx, axis=1), idx
 
 
+def _knn_block(Q: np.ndarray, D: np.ndarray, k: int, bias_d: np.ndarray | None, use_faiss: bool):
+    """Top-``k`` of one block of queries ``Q`` (b, d) against all of ``D`` (m, d): ``(S, I)`` (b, k)."""
+    if use_faiss and bias_d is None:
+        S, I = faiss.knn(np.ascontiguousarray(Q), np.ascontiguousarray(D), k, metric=faiss.METRIC_INNER_PRODUCT)
+        return S, I.astype(np.int64, copy=False)
+    S = Q @ D.T
+    if bias_d is not None:
+        S += bias_d
+    return _topk_block(S, k)
+
+
 def _knn(Q: np.ndarray, D: np.ndarray, k: int, *, block_size: int = DEFAULT_BLOCK,
-         use_faiss: bool | None = None, bias_d: np.ndarray | None = None):
-    """Guts of :func:`knn` for valid float32 input. ``bias_d`` (m,) is added to every score."""
+         use_faiss: bool | None = None, bias_d: np.ndarray | None = None, executor=None):
+    """Guts of :func:`knn` for valid float32 input. ``bias_d`` (m,) is added to every score.
+
+    Queries go in fixed blocks (``8 * block_size`` rows with FAISS, ``block_size`` without), one
+    :func:`_knn_block` call each, through ``executor`` (:mod:`align.blocks`; default serial).
+    """
     use_faiss = _HAVE_FAISS if use_faiss is None else (use_faiss and _HAVE_FAISS)
     n = Q.shape[0]
-    S_out = np.empty((n, k), dtype=np.float32)
-    I_out = np.empty((n, k), dtype=np.int64)
-    if use_faiss and bias_d is None:
-        index = faiss.IndexFlatIP(D.shape[1])
-        index.add(D)
-        for s in range(0, n, block_size * 8):
-            S_out[s : s + block_size * 8], I_out[s : s + block_size * 8] = index.search(Q[s : s + block_size * 8], k)
-        return S_out, I_out
-    for s in range(0, n, block_size):
-        S = Q[s : s + block_size] @ D.T
-        if bias_d is not None:
-            S += bias_d
-        S_out[s : s + block_size], I_out[s : s + block_size] = _topk_block(S, k)
-    return S_out, I_out
+    step = block_size * 8 if (use_faiss and bias_d is None) else block_size
+    starts = range(0, n, step)
+    parts = run_blocks(_knn_block, [(Q[s : s + step], D, k, bias_d, use_faiss) for s in starts], executor)
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return np.empty((0, k), np.float32), np.empty((0, k), np.int64)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def knn(Q, D, k: int = 10, *, block_size: int = DEFAULT_BLOCK, use_faiss: bool | None = None):
+def knn(Q, D, k: int = 10, *, block_size: int = DEFAULT_BLOCK, use_faiss: bool | None = None, executor=None):
     """Exact top-``k`` inner-product neighbours of each query row in ``D``.
 
     Returns
@@ -88,7 +98,7 @@ def knn(Q, D, k: int = 10, *, block_size: int = DEFAULT_BLOCK, use_faiss: bool |
     I : ndarray (n, k) int64, row indices into ``D``
     """
     Q, D, k = _check(Q, D, k)
-    return _knn(Q, D, k, block_size=block_size, use_faiss=use_faiss)
+    return _knn(Q, D, k, block_size=block_size, use_faiss=use_faiss, executor=executor)
 
 
 def mean_topk(Q: np.ndarray, D: np.ndarray, k: int = 10, **kw) -> np.ndarray:

@@ -34,6 +34,7 @@ import numpy as np
 
 from ._validation import as_matrix, check_not_degenerate, check_random_state
 from .anchors import QAP_METHODS, kmeans_anchors
+from .blocks import executing
 from .exceptions import ConvergenceWarning, InputError, NotFittedError, PairCountError, TooFewRowsError
 from .frames import Frame
 from .maps import LinearMap
@@ -268,7 +269,8 @@ class MiniVec2Vec:
         return i_s.astype(np.int64), i_t.astype(np.int64)
 
     # --- fitting ---------------------------------------------------------------------------------
-    def fit(self, X_src, X_tgt, progress: Callable[[str, float], None] | None = None, seed_pairs=None):
+    def fit(self, X_src, X_tgt, progress: Callable[[str, float], None] | None = None, seed_pairs=None,
+            executor=None):
         """Fit the map from unpaired source rows ``X_src`` (n, d_s) and target rows ``X_tgt`` (m, d_t).
 
         Parameters
@@ -278,12 +280,20 @@ class MiniVec2Vec:
         seed_pairs : (i_src, i_tgt), optional
             Known pairs, row indices into ``X_src`` / ``X_tgt`` (semi-supervised mode; with ≥ 2
             pairs the initial map comes from the seeds, and they weigh in every Procrustes fit).
+        executor : callable, optional
+            Where the row-block kernels run (kNN / CSLS rounds, pseudo-targets; see
+            :mod:`align.blocks`): default in this process; e.g. Ray tasks
+            (``service.distributed.ray_executor``). The map is bit-for-bit the same either way.
 
         Raises
         ------
         InputError (and subclasses): bad arrays or parameters; TooFewRowsError when a side has
         fewer rows than the clusters asked for.
         """
+        with executing(executor):
+            return self._fit(X_src, X_tgt, progress, seed_pairs)
+
+    def _fit(self, X_src, X_tgt, progress, seed_pairs):
         self._check_params()
         t_start = time.perf_counter()
         X = as_matrix(X_src, name="X_src")
@@ -329,7 +339,7 @@ class MiniVec2Vec:
         if not self.reliable_:
             warnings.warn(f"MiniVec2Vec: criterion {crits[best]:.4f} is below {self.reliability_ratio} x the criterion "
                           f"of random maps ({self.null_criterion_:.4f}); the map is probably wrong", ConvergenceWarning,
-                          stacklevel=2)
+                          stacklevel=3)
 
         self.criteria_ = [float(c) for c in crits]
         self.best_restart_ = best

@@ -36,6 +36,7 @@ import numpy as np
 from ._validation import check_random_state
 from .exceptions import InputError, TooFewRowsError
 from .frames import unit_rows
+from .blocks import run_blocks, serial
 from .knn import knn, mean_topk
 from .procrustes import procrustes_W
 
@@ -68,15 +69,21 @@ def soft_pseudo_targets(Rs: np.ndarray, Rt: np.ndarray, Yt: np.ndarray, *, k: in
     """Mean of the real target rows of each source row's ``k`` nearest targets in relative space.
 
     Rs (n, r), Rt (m, r): relative representations; Yt (m, d_t). Returns (n, d_t) float32.
+    Blocks of ``block`` source rows run through the current block executor (:mod:`align.blocks`).
     """
     if Rt.shape[0] < 1:
         raise TooFewRowsError("no target rows")
     k = min(int(k), Rt.shape[0])
-    out = np.empty((Rs.shape[0], Yt.shape[1]), dtype=np.float32)
-    for s in range(0, Rs.shape[0], block):
-        _, I = knn(Rs[s : s + block], Rt, k)
-        out[s : s + block] = _mean_rows(Yt, I)
-    return out
+    parts = run_blocks(_pseudo_block, [(Rs[s : s + block], Rt, Yt, k) for s in range(0, Rs.shape[0], block)])
+    if not parts:
+        return np.empty((0, Yt.shape[1]), dtype=np.float32)
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _pseudo_block(Rs: np.ndarray, Rt: np.ndarray, Yt: np.ndarray, k: int) -> np.ndarray:
+    """One block of :func:`soft_pseudo_targets` (a task of the block executor)."""
+    _, I = knn(Rs, Rt, k, executor=serial)
+    return _mean_rows(Yt, I)
 
 
 def _mean_rows(Y: np.ndarray, I: np.ndarray) -> np.ndarray:
@@ -98,7 +105,8 @@ def procrustes_map(X: np.ndarray, Y: np.ndarray, weights: np.ndarray | None = No
 # --- published refinements ------------------------------------------------------------------
 
 def refine_icp(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, iters: int = 100, sample: int = 1000,
-               k: int = 50, alpha: float = 0.5, random_state=None, progress=None) -> tuple[np.ndarray, list]:
+               k: int = 50, alpha: float = 0.5, random_state=None, progress=None,
+               executor=None) -> tuple[np.ndarray, list]:
     """Refine-1 (ICP-average), as published.
 
     Each iteration: draw ``sample`` source rows, map them, average each one's ``k`` nearest
@@ -106,6 +114,7 @@ def refine_icp(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, iters: int = 10
     ``W ← (1-α) W + α W_new`` (not re-orthogonalised, as published).
 
     Returns ``(W, history)`` with the mean cosine of mapped rows to their averages per iteration.
+    ``executor``: where the kNN blocks run (:mod:`align.blocks`; default: the current one).
     """
     rng = check_random_state(random_state)
     W = np.asarray(W, dtype=np.float64)
@@ -115,7 +124,7 @@ def refine_icp(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, iters: int = 10
         idx = rng.permutation(Xs.shape[0])[: min(sample, Xs.shape[0])]
         P = Xs[idx]
         Q = unit_rows((P @ W).astype(np.float32))
-        _, I = knn(Q, Yt, k)
+        _, I = knn(Q, Yt, k, executor=executor)
         M = _mean_rows(Yt, I)
         W_new = procrustes_map(P, M)
         W = (1.0 - alpha) * W + alpha * W_new

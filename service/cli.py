@@ -204,8 +204,9 @@ def cli(ctx, data_dir, registry_url):
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
-              help="Supervised fits as a Ray map-reduce of sufficient statistics: a local Ray, or the cluster at "
-                   "ADDRESS (e.g. ray://head:10001).")
+              help="Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://head:10001): supervised fits "
+                   "as a map-reduce of sufficient statistics, minivec2vec with its kNN/CSLS rounds as tasks over "
+                   "row blocks (the same map as in-process).")
 @click.pass_obj
 def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target_space, alias, random_state,
         description, tags, artifact_format, report_copy, as_json, quiet, ray_address, **io_opts):

@@ -45,9 +45,11 @@ import numpy as np
 from align._validation import as_matrix, check_random_state
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, PairCountError, TooFewRowsError
 from align.frames import Frame, unit_rows
+from align.kmeans import assign_block, lloyd
 from align.knn import knn
 from align.maps import LinearMap
-from align.procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, procrustes_W, ridge_from_stats
+from align.refine import refine_icp
+from align.procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
 
 __all__ = [
     "Shard", "ray_session", "pair_stats_local", "pair_stats_ray", "fit_stats_local", "fit_stats_ray",
@@ -211,6 +213,33 @@ def _run(fn, arg_lists: Iterable[tuple], *, ray=None, num_cpus: float = 1) -> li
     return ray.get([task.remote(*a) for a in arg_lists])
 
 
+def ray_executor(ray, *, num_cpus: float = 1, put_bytes: int = 1 << 20):
+    """A block executor (:mod:`align.blocks`) that runs every block as a Ray task.
+
+    Arrays of ``put_bytes`` or more are put in the object store once per call and shared by the
+    tasks (the whole database of a kNN round goes to each worker once, not once per block).
+    Results come back in block order, so align's kernels give the same bits as in-process.
+    """
+    remotes: dict = {}
+
+    def run(fn, arg_lists):
+        task = remotes.get(fn)
+        if task is None:
+            task = remotes[fn] = ray.remote(num_cpus=num_cpus)(fn)
+        refs: dict[int, object] = {}
+
+        def share(a):
+            if isinstance(a, np.ndarray) and a.nbytes >= put_bytes:
+                if id(a) not in refs:
+                    refs[id(a)] = ray.put(a)
+                return refs[id(a)]
+            return a
+
+        return ray.get([task.remote(*[share(a) for a in args]) for args in arg_lists])
+
+    return run
+
+
 # --- supervised fits -----------------------------------------------------------------------------
 
 def _pair_stats(shards, center, normalize, chunk_size, ray) -> tuple[tuple[Frame, Frame], PairStats, dict]:
@@ -289,23 +318,9 @@ def fit_stats_ray(shards: Sequence, *, method: str = "procrustes", center: bool 
 
 # --- unsupervised heavy steps --------------------------------------------------------------------
 
-def _assign_partial(shard, C: np.ndarray, block: int = 8192) -> tuple[np.ndarray, np.ndarray, float]:
-    """Lloyd map step: nearest centroid (squared Euclidean) of every row; per-centroid sums/counts, inertia."""
-    X = _open_single(shard)
-    k, d = C.shape
-    Cd = C.astype(np.float64)
-    c2 = (Cd * Cd).sum(1)
-    sums = np.zeros((k, d))
-    counts = np.zeros(k, dtype=np.int64)
-    inertia = 0.0
-    for s in range(0, X.shape[0], block):
-        xb = X[s : s + block].astype(np.float64)
-        D = c2[None, :] - 2.0 * (xb @ Cd.T)  # |x - c|² - |x|²
-        lab = D.argmin(axis=1)
-        inertia += float(D[np.arange(lab.shape[0]), lab].sum() + (xb * xb).sum())
-        np.add.at(sums, lab, xb)
-        counts += np.bincount(lab, minlength=k)
-    return sums, counts, inertia
+def _assign_shard(shard, C: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Open a shard where the task runs and hand it to align's Lloyd step (:func:`align.kmeans.assign_block`)."""
+    return assign_block(_open_single(shard), C)
 
 
 def _kmeans(shards, k, init, n_iter, tol, random_state, ray):
@@ -323,21 +338,8 @@ def _kmeans(shards, k, init, n_iter, tol, random_state, ray):
         C = np.asarray(init, dtype=np.float64)
         if C.ndim != 2 or C.shape[0] != k:
             raise InputError(f"init must have shape ({k}, d), got {C.shape}")
-    inertia = np.inf
-    it = 0
-    for it in range(1, int(n_iter) + 1):
-        parts = _run(_assign_partial, [(s, C.astype(np.float32)) for s in shards], ray=ray)
-        sums = sum(p[0] for p in parts)
-        counts = sum(p[1] for p in parts)
-        inertia = sum(p[2] for p in parts)
-        C_new = C.copy()
-        nz = counts > 0
-        C_new[nz] = sums[nz] / counts[nz, None]  # empty clusters keep their centroid
-        shift = float(((C_new - C) ** 2).sum())
-        C = C_new
-        if shift <= tol:
-            break
-    return C.astype(np.float32), float(inertia), it
+    return lloyd(shards, C, n_iter=n_iter, tol=tol, block_fn=_assign_shard,
+                 executor=None if ray is None else ray_executor(ray))
 
 
 def kmeans_local(shards: Sequence, k: int, *, init=None, n_iter: int = 50, tol: float = 0.0,
@@ -409,50 +411,20 @@ def knn_ray(Q, db_shards: Sequence, k: int = 10, *, address: str | None = None,
         return _knn(Q, shards, int(k), ray)
 
 
-def _shard_neighbour_sums(shard, I: np.ndarray, offset: int) -> np.ndarray:
-    """Sum over each query's neighbours that live in this shard: (nq, d) float64."""
-    Y = _open_single(shard)
-    loc = I - offset
-    mask = (loc >= 0) & (loc < Y.shape[0])
-    rows = Y[np.where(mask, loc, 0)].astype(np.float64)
-    return (rows * mask[..., None]).sum(axis=1)
-
-
 def refine_icp_ray(W, Xs, target_shards: Sequence, *, iters: int = 100, sample: int = 1000, k: int = 50,
                    alpha: float = 0.5, random_state=None, address: str | None = None,
                    num_cpus: int | None = None) -> tuple[np.ndarray, list]:
-    """The published ICP-average refinement (:func:`align.refine.refine_icp`) with the target side sharded.
+    """The published ICP-average refinement, :func:`align.refine.refine_icp`, with its kNN blocks as Ray tasks.
 
-    Each iteration: draw ``sample`` framed source rows ``P`` (same random sequence as
-    ``refine_icp``), map them, find each one's ``k`` nearest target rows over all shards
-    (:func:`knn_ray`), average those rows (per-shard partial sums), fit
-    :math:`W_{new} = UV^\\top` of :math:`P^\\top M`, smooth :math:`W \\leftarrow (1-\\alpha) W + \\alpha W_{new}`.
-
-    ``Xs`` (n, d_s) framed source rows (held by the driver); ``target_shards``: framed target rows.
-    Returns ``(W, history)`` as ``refine_icp`` (mean cosine of mapped rows to their averages).
+    ``Xs`` (n, d_s) framed source rows; ``target_shards``: framed target rows (arrays, files or
+    ``Shard``s), read into one array here and shared with the workers through the object store
+    once. Returns ``(W, history)``, bit-for-bit those of ``refine_icp`` with the same seed.
     """
-    rng = check_random_state(random_state)
-    W = np.asarray(W, dtype=np.float64)
-    Xs = as_matrix(Xs, name="Xs", dim=W.shape[0])
-    shards = [_as_shard(s) for s in target_shards]
-    history = []
+    Xs = as_matrix(Xs, name="Xs")
+    Yt = np.concatenate([_open_single(_as_shard(s)) for s in target_shards])
     with ray_session(address, num_cpus=num_cpus) as ray:
-        shards = [Shard(ray.put(s.x), None, s.start, s.stop) if isinstance(s, Shard) and isinstance(s.x, np.ndarray)
-                  else s for s in shards]
-        lengths = _shard_lengths(shards, ray)
-        k = min(int(k), int(sum(lengths)))
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
-        for _ in range(int(iters)):
-            idx = rng.permutation(Xs.shape[0])[: min(sample, Xs.shape[0])]
-            P = Xs[idx]
-            Q = unit_rows((P @ W).astype(np.float32))
-            _, I = _knn(Q, shards, k, ray, lengths)
-            Iref = ray.put(I)
-            M = sum(_run(_shard_neighbour_sums, [(s, Iref, int(o)) for s, o in zip(shards, offsets)], ray=ray)) / k
-            W_new = procrustes_W(P.astype(np.float64).T @ M)
-            W = (1.0 - alpha) * W + alpha * W_new
-            history.append(float(np.einsum("ij,ij->i", Q, unit_rows(M.astype(np.float32))).mean()))
-    return W, history
+        return refine_icp(W, Xs, Yt, iters=iters, sample=sample, k=k, alpha=alpha, random_state=random_state,
+                          executor=ray_executor(ray))
 
 
 # --- batch transform of sharded files --------------------------------------------------------------

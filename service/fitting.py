@@ -45,7 +45,8 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
     """Fit a :class:`align.LinearMap` with ``method``; typed InputError for bad combinations.
 
     ``ray_address`` (``"local"`` or a cluster address) runs a supervised fit as a Ray map-reduce of
-    sufficient statistics over row shards of ``ray_shard_rows`` (equal to the in-process fit).
+    sufficient statistics over row shards of ``ray_shard_rows`` (equal to the in-process fit), and
+    an unsupervised / seeded minivec2vec fit with its row-block kernels as Ray tasks (the same map).
     """
     params = dict(params or {})
     if method not in METHODS:
@@ -73,8 +74,6 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
             return fn(X, Y, **params)
         except TypeError as exc:
             raise InputError(f"bad parameter for {method}: {exc}") from None
-    if ray_address is not None:
-        raise InputError("--ray runs supervised fits (procrustes, ridge, lowrank); minivec2vec runs in-process")
     if "refine" in params and isinstance(params["refine"], list):
         params["refine"] = tuple(params["refine"])
     preset = params.pop("preset", "fast")
@@ -87,7 +86,14 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
         est = make(random_state=random_state, **params)
     except TypeError as exc:
         raise InputError(f"bad parameter for minivec2vec: {exc}") from None
-    map_ = est.fit(X, Y, progress=progress, seed_pairs=seed_pairs).map_
+    if ray_address is None:
+        map_ = est.fit(X, Y, progress=progress, seed_pairs=seed_pairs).map_
+    else:  # the kNN / CSLS rounds as Ray tasks over row blocks: the same map, bit for bit
+        from .distributed import ray_executor, ray_session
+
+        with ray_session(None if ray_address == "local" else ray_address) as ray:
+            map_ = est.fit(X, Y, progress=progress, seed_pairs=seed_pairs, executor=ray_executor(ray)).map_
+        map_.metadata.setdefault("diagnostics", {})["executor"] = "ray"
     map_.metadata.setdefault("params", {})["preset"] = preset  # lineage: which configuration the defaults came from
     return map_
 

@@ -41,11 +41,23 @@ def test_fit_with_ray_equals_in_process_fit(tmp_path):
     assert json.loads(distributed.stdout)
 
 
-def test_ray_flag_refused_for_unsupervised(tmp_path):
+def test_minivec2vec_with_ray_registers_the_in_process_map(tmp_path):
     rng = np.random.default_rng(1)
-    np.save(tmp_path / "x.npy", rng.normal(size=(200, 8)).astype(np.float32))
-    p = _vecbridge(tmp_path / "var", "fit", "--unpaired", "--source", str(tmp_path / "x.npy"), "--target",
-                   str(tmp_path / "x.npy"), "--method", "minivec2vec", "--name", "u", "--ray", "--quiet")
-    assert p.returncode == 2
-    assert "--ray runs supervised fits" in p.stderr
-    assert "Traceback" not in p.stderr
+    X = rng.normal(size=(700, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", X[rng.permutation(700)] @ np.linalg.qr(rng.normal(size=(8, 8)))[0].astype(np.float32))
+    common = ["fit", "--unpaired", "--source", str(tmp_path / "x.npy"), "--target", str(tmp_path / "y.npy"),
+              "--method", "minivec2vec", "--param", "n_anchor_runs=2", "--param", "refine1_iters=3",
+              "--param", "n_clusters=8", "--quiet"]
+    local = _vecbridge(tmp_path / "var", *common, "--name", "plain")
+    assert local.returncode == 0, local.stderr
+    distributed = _vecbridge(tmp_path / "var", *common, "--name", "viaray", "--ray")
+    assert distributed.returncode == 0, distributed.stderr
+    assert "Traceback" not in distributed.stderr
+
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    a, b = reg.load_map("plain"), reg.load_map("viaray")
+    np.testing.assert_array_equal(a.W, b.W)
+    assert b.metadata["diagnostics"]["executor"] == "ray"

@@ -1,0 +1,55 @@
+"""Block executors: how align's row-block kernels run (in this process, or on a cluster).
+
+The heavy kernels (:func:`align.knn` and everything built on it — CSLS, mutual neighbours, the
+pseudo-targets, ICP and self-learning rounds of :class:`align.MiniVec2Vec` — and
+:func:`align.kmeans.lloyd`) split their rows into **fixed blocks** and compute each block with a
+module-level function. An *executor* decides only where those calls run::
+
+    executor(fn, arg_lists) -> [fn(*args) for args in arg_lists]   # same order
+
+The block split never depends on the executor and the per-block results are combined in the
+same order, so every executor — :func:`serial` (the default), a thread pool, Ray tasks
+(``service.distributed.ray_executor``) — gives bit-for-bit the same result. align never imports
+an execution engine: the caller passes one in, explicitly (``executor=``) or for a whole fit
+(:func:`executing`, which kernels called inside read as their default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Callable, Iterable, Sequence
+
+__all__ = ["Executor", "serial", "executing", "current", "run_blocks"]
+
+Executor = Callable[[Callable, Sequence[tuple]], list]
+
+_CURRENT: contextvars.ContextVar[Executor | None] = contextvars.ContextVar("align_executor", default=None)
+
+
+def serial(fn: Callable, arg_lists: Sequence[tuple]) -> list:
+    """Run the blocks one after the other in this process."""
+    return [fn(*a) for a in arg_lists]
+
+
+def current() -> Executor:
+    """The executor set by :func:`executing` in this context, else :func:`serial`."""
+    return _CURRENT.get() or serial
+
+
+@contextlib.contextmanager
+def executing(executor: Executor | None):
+    """Within the block, kernels without an explicit ``executor=`` use ``executor`` (None: no change)."""
+    if executor is None:
+        yield
+        return
+    token = _CURRENT.set(executor)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def run_blocks(fn: Callable, arg_lists: Iterable[tuple], executor: Executor | None = None) -> list:
+    """``fn(*args)`` for every args tuple, through ``executor`` (default: :func:`current`)."""
+    return list((executor or current())(fn, list(arg_lists)))
