@@ -121,7 +121,8 @@ def _curve_fit(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, float, f
 
 
 def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retention: float = 0.95,
-                   target_ks=DEFAULT_TARGET_KS, repeats: int = 3, methods=("procrustes", "ridge")) -> dict:
+                   target_ks=DEFAULT_TARGET_KS, repeats: int = 2, methods=("procrustes", "ridge"),
+                   distractors: int = 8192) -> dict:
     r"""A plan before the fit, from the old corpus and a small paired probe.
 
     Parameters
@@ -139,7 +140,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     2. Learning curve: half the probe is held out; for K in a geometric grid up to the other half,
        ``repeats`` random K-subsets fit each of ``methods`` (the closed-form families: seconds)
        and score ``nn_retention@10`` (:func:`align.retrieval.nn_retention`: native query,
-       relevant = its native nearest neighbour, recall@10 in the mapped rows) on the held-out
+       relevant = its native nearest neighbour, recall@10 among the mapped rows over the native
+       recall, with up to ``distractors`` mapped rows of ``X_old`` competing) on the held-out
        half. ``r(K) = r_inf - c K^(-beta)`` is fitted to the best method's means and extrapolated, with
        an interval of ± 2 × (residual std + spread across repeats), clipped to [0, 1].
     3. Recommendation: the smallest K of ``target_ks`` whose prediction reaches
@@ -170,6 +172,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     val, pool = np.sort(perm[: p // 2]), perm[p // 2 :]
     P = _Problem(A, B, Xo, None)
     T_val = unit_rows(B[val])
+    extra = unit_rows(Xo[np.sort(rng.permutation(Xo.shape[0])[:distractors])])
+    S_dup, _ = knn(extra, unit_rows(A[val]), 1)  # the probe's own texts inside the corpus are not distractors
+    extra = extra[S_dup[:, 0] < 0.9999]
     top = pool.size
     ks = sorted({int(k) for k in np.unique(np.geomspace(min(20, top), top, num=5).astype(int)) if k >= 4})
     from .retrieval import nn_retention
@@ -181,7 +186,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
             for r in range(repeats if k < top else 1):
                 idx = np.sort(rng.permutation(pool)[:k]) if k < top else np.sort(pool)
                 fitted = _fit_procrustes(P, idx, {}) if m == "procrustes" else _ridge(P, idx, 1e-2)
-                vals.append(nn_retention(T_val, fitted._apply(A[val], output="raw")))
+                vals.append(nn_retention(T_val, fitted._apply(A[val], output="raw"),
+                                         extra_M=fitted._apply(extra, output="raw")))
             curve[m].append({"k": k, "mean": float(np.mean(vals)), "spread": float(np.std(vals))})
     best = max(methods, key=lambda m: curve[m][-1]["mean"])
     kk = np.array([c["k"] for c in curve[best]], dtype=float)

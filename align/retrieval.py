@@ -10,7 +10,8 @@ numpy blocks through :func:`align.knn` / :func:`align.metrics.ranks`, never n ×
 - **query-side** (Drift-Adapter): mapped query ``m_i`` ranks the native rows ``T``; the hit is ``t_i``.
   ``query_recall@k``, ``query_mrr``.
 - **nn_retention@k**: native query ``t_i``, relevant = its native nearest other row ``t_j``;
-  recall@k of ``m_j`` in the mapped rows — simulated labelled retention (native recall is 1).
+  recall@k of ``m_j`` among the mapped rows (plus the mapped distractors) over the native recall
+  — simulated labelled retention (:func:`nn_retention`).
 - **neighbourhood overlap@k** (does not saturate on identical texts): for native query ``t_i``,
   the share of its native top-``k`` among ``T \ {t_i}`` that the mapped index ``M \ {m_i}``
   also returns in its top-``k`` (indices compared; the proxy of labelled retention: a
@@ -41,12 +42,23 @@ def overlap_without_self(Ia: np.ndarray, Ib: np.ndarray, k: int) -> float:
     return float(total / Ia.shape[0])
 
 
-def nn_retention(T: np.ndarray, M: np.ndarray, k: int = 10) -> float:
-    """Share of native queries ``T[i]`` whose native nearest other row ``j`` stays in the mapped top-``k``.
+def _hits(T: np.ndarray, C: np.ndarray, rel: np.ndarray, k: int) -> np.ndarray:
+    """Whether ``rel[i]`` is among the top-``k`` rows of ``C`` for query ``T[i]``, row ``i`` itself skipped; (n,) bool."""
+    _, I = knn(T, C, k + 1)
+    return np.array([rel[i] in I[i][I[i] != i][:k] for i in range(T.shape[0])])
 
-    Simulated labelled retrieval: the relevant document of query ``t_i`` is its native nearest
-    neighbour ``t_j`` (rank 1 natively, so native recall@k is 1); the score is recall@k of ``m_j``
-    among ``M \\ {m_i}`` — a retention estimate.
+
+def nn_retention(T: np.ndarray, M: np.ndarray, k: int = 10, *, extra_M: np.ndarray | None = None) -> float:
+    r"""Simulated labelled retention: recall@k of a mapped index over recall@k of the native one.
+
+    Native query ``t_i`` (row of ``T`` (n, d)), relevant document: its native nearest other row
+    ``t_j``. Mapped index: ``M \ {m_i}`` plus ``extra_M`` (p, d), the rest of the mapped corpus;
+    native index: ``T \ {t_i}`` plus the same ``extra_M`` standing in for the rest of the native
+    corpus (its native vectors are not known). Returns hits(mapped) / hits(native). Without
+    ``extra_M`` the native recall is 1 and this is the mapped recall alone; distractors make the
+    figure depend on corpus size as labelled retrieval does (measured on the WordNet reverse
+    dictionary, minilm→e5 ridge: 8,192 distractors give 0.32 / 0.62 for a labelled 0.28 / 0.51
+    at K = 300 / 2,000; without distractors 0.55 / 0.72).
     """
     n = T.shape[0]
     k = min(k, n - 2)
@@ -54,12 +66,12 @@ def nn_retention(T: np.ndarray, M: np.ndarray, k: int = 10) -> float:
         return float("nan")
     _, In = knn(T, T, 2)
     rel = np.where(In[:, 0] == np.arange(n), In[:, 1], In[:, 0])
-    _, Im = knn(T, M, k + 1)
-    hit = 0
-    for i in range(n):
-        row = Im[i][Im[i] != i][:k]
-        hit += int(rel[i] in row)
-    return float(hit / n)
+    if extra_M is None or not len(extra_M):
+        return float(_hits(T, M, rel, k).mean())
+    E = np.ascontiguousarray(extra_M, dtype=np.float32)
+    mapped = _hits(T, np.concatenate([M, E]), rel, k).sum()
+    native = _hits(T, np.concatenate([T, E]), rel, k).sum()
+    return float(mapped / max(native, 1))
 
 
 def neighbour_overlap(Q: np.ndarray, A: np.ndarray, B: np.ndarray, k: int = 10) -> float:
@@ -106,7 +118,7 @@ def pair_retrieval_scores(M: np.ndarray, T: np.ndarray, *, k: int = 10, extra_M:
            "query_recall@1": float((rq == 1).mean()), f"query_recall@{k}": float((rq <= k).mean()),
            "query_mrr": float((1.0 / rq).mean()),
            f"overlap@{k}": neighbour_overlap(T, M, T, k),
-           f"nn_retention@{k}": nn_retention(T, M, k),
+           f"nn_retention@{k}": nn_retention(T, M, k, extra_M=extra_M),
            "cos": float(np.einsum("ij,ij->i", M, T).mean())}
     out["score"] = float((out["corpus_mrr"] + out["query_mrr"] + out[f"overlap@{k}"]) / 3.0)
     return out
