@@ -38,6 +38,8 @@ MAX_JSON_DEPTH = 32  # nesting of any JSON body (payloads, tags, params)
 class Limits(BaseModel):
     """Sizes the service accepts (one table; ``GET /v1/info`` and the OpenAPI description show it)."""
 
+    body_bytes_json: int = Field(16 * 1024 * 1024, ge=1, description="JSON bodies on bulk routes (parsing holds "
+                                                                     "the GIL); binary bodies up to max_body_bytes")
     body_bytes_texts: int = Field(4 * 1024 * 1024, ge=1, description="Text routes (embeddings, LM): body bytes.")
     body_bytes_small: int = Field(64 * 1024, ge=1, description="Metadata routes (spaces, aliases, tags, index "
                                                              "deletes): body bytes.")
@@ -59,8 +61,8 @@ DEFAULT_LIMITS = Limits()
 
 def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int) -> str:
     """The limits table as Markdown (for the OpenAPI description)."""
-    rows = [("Bulk routes (transform, index create/add, search, fits, steers): body bytes (`max_body_bytes`)",
-             max_body_bytes, "413"), ("Rows per request (`max_batch`)", max_batch, "413")]
+    rows = [("Bulk routes (transform, index create/add, search, fits, steers): binary body bytes "
+             "(`max_body_bytes`)", max_body_bytes, "413"), ("Rows per request (`max_batch`)", max_batch, "413")]
     for name, field in Limits.model_fields.items():
         rows.append((f"{field.description.rstrip('.')} (`{name}`)", getattr(limits, name),
                      "413" if name.startswith("body_bytes") else "422"))

@@ -122,7 +122,11 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
                 for method, op in ops.items():
                     if method.upper() not in ("GET", "DELETE", "HEAD") and isinstance(op, dict):
                         n, setting = body_limit(s, method.upper(), path)
-                        op["description"] = (op.get("description") or "") + f"\n\nBody limit: {n} bytes (`{setting}`)."
+                        nb, setting_b = body_limit(s, method.upper(), path, "application/octet-stream")
+                        text = f"\n\nBody limit: {n} bytes (`{setting.split(';')[0]}`)"
+                        if nb != n:
+                            text += f"; binary bodies {nb} bytes (`{setting_b}`)"
+                        op["description"] = (op.get("description") or "") + text + "."
             app.openapi_schema = spec
         return app.openapi_schema
 

@@ -101,7 +101,7 @@ def _b64_matrix(text: Any, dim: Any, *, name: str) -> np.ndarray:
     if not isinstance(text, str):
         raise InputError(f"{name}_b64 must be a base64 string of little-endian float32")
     try:
-        raw = base64.b64decode(text, validate=True)
+        raw = _b64decode_blocks(text)
     except (binascii.Error, ValueError) as exc:
         raise InputError(f"{name}_b64 is not valid base64: {exc}") from None
     if not isinstance(dim, int) or isinstance(dim, bool) or not 1 <= dim <= MAX_DIM:
@@ -132,9 +132,32 @@ def vectors_from_json(obj: dict, *, dim: int | None, max_batch: int, name: str =
             raise EmptyInputError(f"{name}: expected at least one row, got an empty list")
         if not isinstance(arr[0], list):
             raise ShapeError(f"{name}: expected a 2-D list of rows, got a flat list; wrap a single row as [[...]]")
+        arr = _rows_in_blocks(arr, name)
     X = as_matrix(arr, name=name, dim=dim)
     check_batch(X.shape[0], max_batch)
     return X
+
+
+def _rows_in_blocks(rows: list, name: str, block: int = 4096):
+    """A JSON list of rows as one float32 array, converted a block of rows at a time.
+
+    ``np.asarray`` of a 3 M-number list holds the GIL for its whole run; block by block, other
+    threads (the event loop) run in between. Anything that is not a list of equal-length number
+    rows is handed back as is, for :func:`as_matrix` to explain.
+    """
+    if len(rows) <= block or not all(isinstance(r, list) for r in rows[:1]):
+        return rows
+    width = len(rows[0])
+    out = np.empty((len(rows), width), np.float32)
+    try:
+        for s in range(0, len(rows), block):
+            part = np.asarray(rows[s : s + block])  # dtype inferred: strings or objects are not numbers
+            if part.shape != (min(block, len(rows) - s), width) or part.dtype.kind not in "fiub":
+                return rows
+            out[s : s + block] = part
+    except (TypeError, ValueError):
+        return rows
+    return out
 
 
 def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int) -> np.ndarray:
@@ -161,8 +184,24 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
     return X
 
 
+_B64_BLOCK = 4 << 20  # characters (a multiple of 4) / 3 << 20 bytes per call: a few ms holding the GIL
+
+
+def _b64decode_blocks(text: str) -> bytes:
+    """``base64.b64decode(text, validate=True)`` a block at a time (other threads run in between)."""
+    if len(text) <= _B64_BLOCK:
+        return base64.b64decode(text, validate=True)
+    if len(text) % 4:
+        raise ValueError("base64 text length is not a multiple of 4")
+    return b"".join(base64.b64decode(text[i : i + _B64_BLOCK], validate=True)
+                    for i in range(0, len(text), _B64_BLOCK))
+
+
 def b64_encode(X: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(X, dtype="<f4").tobytes()).decode("ascii")
+    """Base64 of little-endian float32, row-major; encoded a block at a time (other threads run in between)."""
+    raw = memoryview(np.ascontiguousarray(X, dtype="<f4")).cast("B")
+    step = _B64_BLOCK // 4 * 3
+    return "".join(base64.b64encode(raw[i : i + step]).decode("ascii") for i in range(0, len(raw), step))
 
 
 def npy_bytes(X: np.ndarray) -> bytes:

@@ -42,13 +42,21 @@ BODY_CLASS: dict[tuple[str, str], str] = {
 _BODYLESS = ("GET", "HEAD", "DELETE", "OPTIONS")
 
 
-def body_limit(settings, method: str, template: str | None) -> tuple[int, str]:
-    """``(bytes, setting name)`` a request to ``method template`` may send (``template=None``: no route)."""
+def body_limit(settings, method: str, template: str | None, content_type: str | None = None) -> tuple[int, str]:
+    """``(bytes, setting name)`` a request to ``method template`` may send (``template=None``: no route).
+
+    Bulk routes take binary bodies (octet-stream, .npy) up to ``max_body_bytes`` and JSON up to
+    ``limits.body_bytes_json``: one JSON parse holds the GIL (the event loop waits) for its whole
+    run, about 3 ms per MB.
+    """
     lim = settings.limits
     cls = BODY_CLASS.get((method, template or ""))
     if cls is None:
         cls = "small" if template is None or method in _BODYLESS else "bulk"
     if cls == "bulk":
+        mt = (content_type or "application/json").split(";")[0].strip().lower()
+        if mt == "application/json" and lim.body_bytes_json < settings.max_body_bytes:
+            return lim.body_bytes_json, "limits.body_bytes_json; binary bodies or vectors_b64 batches"
         return settings.max_body_bytes, "max_body_bytes"
     if cls == "texts":
         return min(lim.body_bytes_texts, settings.max_body_bytes), "limits.body_bytes_texts"
@@ -109,7 +117,8 @@ class GuardMiddleware:
                 status = 401 if isinstance(exc, AuthenticationError) else 403
                 return await _send_error(send, status, type(exc).__name__, str(exc),
                                          [(b"www-authenticate", b"Bearer")] if status == 401 else [])
-        limit, setting = body_limit(settings, scope["method"], template)
+        ct = headers.get(b"content-type")
+        limit, setting = body_limit(settings, scope["method"], template, ct.decode("latin-1") if ct else None)
         cl = headers.get(b"content-length")
         if cl is not None:
             try:

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - orjson is in the service extra
 
     loads = json.loads
 
-__all__ = ["FastJSONResponse", "dumps", "loads"]
+__all__ = ["FastJSONResponse", "dumps", "dumps_blocks", "loads"]
 
 
 def _default(obj):
@@ -45,4 +45,28 @@ class FastJSONResponse(JSONResponse):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
+        if isinstance(content, dict) and any(isinstance(v, np.ndarray) and v.size > _BLOCK_VALUES
+                                             for v in content.values()):
+            return dumps_blocks(content)
         return dumps(content)
+
+
+_BLOCK_VALUES = 1 << 18  # numbers per serialised block: a few ms each, so other threads get the GIL between
+
+
+def dumps_blocks(content: dict) -> bytes:
+    """:func:`dumps` of a dict whose large 2-D arrays are written a block of rows at a time.
+
+    Same bytes as ``dumps(content)``; orjson holds the GIL for a whole call, so one 40 MB array
+    would stall the event loop (``/healthz``) for the whole serialisation — block by block, the
+    interpreter can switch threads between blocks.
+    """
+    parts = []
+    for key, value in content.items():
+        if isinstance(value, np.ndarray) and value.ndim == 2 and value.size > _BLOCK_VALUES:
+            rows = max(1, _BLOCK_VALUES // max(1, value.shape[1]))
+            blocks = [dumps(value[s : s + rows])[1:-1] for s in range(0, value.shape[0], rows)]
+            parts.append(dumps(str(key)) + b":[" + b",".join(blocks) + b"]")
+        else:
+            parts.append(dumps(str(key)) + b":" + dumps(value))
+    return b"{" + b",".join(parts) + b"}"

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_ID, MAX_SEED, check_json_depth
+from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_SEED, check_json_depth
 
 __all__ = [
     "MAX_VERSION", "ErrorBody",

@@ -21,6 +21,7 @@ One test per finding:
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -64,7 +65,9 @@ def server(tmp_path_factory):
     reg.register_steer("shift", fit_mean_shift(X, [1] * 20 + [-1] * 20), space="b")
     reg.close() if hasattr(reg, "close") else None
     srv = Server(d, env={"VECBRIDGE_MAX_BODY_BYTES": str(8 * 1024 * 1024),
-                         "VECBRIDGE_LIMITS__MAX_RESPONSE_BYTES": str(2_000_000)}).start()
+                         "VECBRIDGE_LIMITS__MAX_RESPONSE_BYTES": str(2_000_000),
+                         "VECBRIDGE_LIMITS__BODY_BYTES_JSON": str(4 * 1024 * 1024),
+                         "VECBRIDGE_MAX_BATCH": "100000"}).start()
     try:
         with srv.client(W) as c:
             r = c.post("/v1/indexes", json={"name": "ix", "space": "b", "vectors": data["Y"][:100].tolist()})
@@ -187,7 +190,36 @@ def test_key_is_checked_before_the_body_is_read(server):
         for method, path in routes[:5]:
             _refused(c.request(method, path, content=big, headers={**W, "content-type": "application/json"}), 413)
     assert srv.rss_kib() - rss0 < 64 * 1024, "refused bodies must not be buffered"
+    # bulk routes: JSON up to limits.body_bytes_json (4 MB here), binary bodies up to max_body_bytes (8 MB)
+    X = np.ones((80_000, DIM), np.float32)  # 5.1 MB
+    with srv.client(R) as c:
+        _refused(c.post("/v1/maps/a2b/transform", json={"vectors_b64": base64.b64encode(X.tobytes()).decode(),
+                                                        "dim": DIM}), 413)
+        r = _count(c.post("/v1/maps/a2b/transform?encoding_format=base64", content=X.tobytes(),
+                          headers={"content-type": "application/octet-stream"}))
+        assert r.status_code == 200 and len(r.content) == X.nbytes
     _alive(srv)
+
+
+def test_large_bodies_are_decoded_and_encoded_in_blocks():
+    """Blocked base64 / JSON helpers (they let the event loop run) give the same bytes and the same refusals."""
+    from service.api import codec
+    from service.api.responses import dumps, dumps_blocks
+
+    X = np.random.default_rng(0).standard_normal((20_000, 64)).astype(np.float32)
+    text = codec.b64_encode(X)
+    assert text == base64.b64encode(X.tobytes()).decode()
+    assert np.array_equal(codec._b64_matrix(text, 64, name="vectors"), X)
+    content = {"map": "m", "vectors": X, "shape": [20_000, 64]}
+    assert dumps_blocks(content) == dumps(content)
+    rows = X.tolist()
+    assert np.array_equal(codec.vectors_from_json({"vectors": rows}, dim=64, max_batch=10**6), X)
+    rows[9000] = ["1.5"] * 64  # strings stay refused, also past the first block
+    with pytest.raises(Exception, match="numeric"):
+        codec.vectors_from_json({"vectors": rows}, dim=64, max_batch=10**6)
+    rows[9000] = [1.0] * 63
+    with pytest.raises(Exception):
+        codec.vectors_from_json({"vectors": rows}, dim=64, max_batch=10**6)
 
 
 # --- 3. bounded answers --------------------------------------------------------------------------

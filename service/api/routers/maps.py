@@ -225,8 +225,9 @@ async def transform(ref: str, request: Request, state: StateDep, settings: Setti
     wants_json = mt == JSON or "application/json" in request.headers.get("accept", "")
     if not wants_json:
         if mt == NPY:
-            return Response(npy_bytes(Y), media_type=NPY, headers=headers)
-        return Response(Y.astype("<f4", copy=False).tobytes(), media_type=OCTET, headers=headers)
+            return Response(await run_in_threadpool(npy_bytes, Y), media_type=NPY, headers=headers)
+        data = await run_in_threadpool(Y.astype("<f4", copy=False).tobytes)  # a copy of n d floats: off the loop
+        return Response(data, media_type=OCTET, headers=headers)
     out = {"map": v.name, "version": v.version, "source_space": v.source_space, "target_space": v.target_space,
            "shape": list(Y.shape)}
     if opts.encoding_format == "base64":
