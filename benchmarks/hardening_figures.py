@@ -66,7 +66,6 @@ def measure(url: str, pid: int, name: str, method: str, path: str, *, content, h
     body_mb = (len(content) if isinstance(content, (bytes, bytearray)) else content.size) / 2**20
     before = rss_mib(pid)
     peak = [before]
-    lat: list[float] = []
     done = threading.Event()
 
     def sample():
