@@ -90,14 +90,17 @@ class GuardMiddleware:
         self.app = app
         self.settings = settings  # a callable returning the current Settings
         # (regex, methods, template, scope) of every API route (APIRoute: path already prefixed)
-        self._table = [(r.path_regex, r.methods or set(), r.path, _route_scope(r)) for r in routes
+        self._table = [(r.path_regex, r.methods or set(), r, _route_scope(r)) for r in routes
                        if hasattr(r, "path_regex")]
 
-    def _match(self, scope) -> tuple[str | None, str | None]:
+    def _match(self, scope) -> tuple[object | None, str | None]:
         path, method = scope.get("path", ""), scope["method"]
-        for regex, methods, template, need in self._table:
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):  # behind a proxy prefix (uvicorn --root-path): match as the router does
+            path = path[len(root):]
+        for regex, methods, route, need in self._table:
             if method in methods and regex.match(path):
-                return template, need
+                return route, need
         return None, None
 
     async def __call__(self, scope, receive, send):
@@ -106,7 +109,8 @@ class GuardMiddleware:
         from .deps import authorize
         from .errors import AuthenticationError, PermissionDeniedError
 
-        template, need = self._match(scope)
+        route, need = self._match(scope)
+        template = getattr(route, "path", None)
         settings = self.settings()
         headers = dict(scope.get("headers", ()))
         if need is not None:
@@ -114,6 +118,7 @@ class GuardMiddleware:
                 auth = headers.get(b"authorization")
                 authorize(auth.decode("latin-1") if auth is not None else None, need, settings)
             except (AuthenticationError, PermissionDeniedError) as exc:
+                scope["route"] = route  # the access log and metrics name the route, not "unmatched"
                 status = 401 if isinstance(exc, AuthenticationError) else 403
                 return await _send_error(send, status, type(exc).__name__, str(exc),
                                          [(b"www-authenticate", b"Bearer")] if status == 401 else [])
@@ -126,6 +131,7 @@ class GuardMiddleware:
             except ValueError:
                 n = 0
             if n > limit:
+                scope["route"] = route
                 return await _send_413(send, n, limit, setting)
         seen = 0
 
