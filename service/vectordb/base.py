@@ -68,7 +68,7 @@ class BadNameError(VectorDBError, ValueError):
 
 def check_name(name: str, what: str = "collection") -> str:
     """Return ``name`` when it is a safe identifier for every engine, else raise BadNameError."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):  # fullmatch: "$" would let a trailing newline in
         raise BadNameError(f"{what} name must match [A-Za-z_][A-Za-z0-9_]{{0,62}}, got {name!r}")
     return name
 

@@ -486,3 +486,15 @@ def test_guard_matches_routes_behind_a_root_path(tmp_path):
         r = c.post("/api/v1/maps/nope/transform", content=b"\0" * 200_000,
                    headers={**R, "content-type": "application/octet-stream"})
         assert r.status_code == 404, r.text  # the bulk limit applied: the map lookup answered
+
+
+@pytest.mark.parametrize("bad", ["ix\n", "ix\n\n", "\nix", "ix\r", "ix\x00"])
+def test_every_name_check_refuses_trailing_newlines(bad):
+    """Each face's name rule is a full match (a ``$`` anchor lets ``"name\\n"`` through)."""
+    from service.indexes import check_name as index_name
+    from service.registry.names import check_alias, check_name
+    from service.vectordb.base import check_name as collection_name
+
+    for check in (index_name, check_name, check_alias, collection_name):
+        with pytest.raises(ValueError):
+            check(bad)
