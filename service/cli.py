@@ -153,17 +153,18 @@ def _read_seed_pairs(path: str):
 
     from align.exceptions import InputError
 
+    from .io import check_file, load_npy
+
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"no such file: {p}")
+    check_file(p)
     try:
         if p.suffix == ".npy":
-            arr = np.load(p, allow_pickle=False)
+            arr = np.asarray(load_npy(p))
         elif p.suffix == ".json":
             arr = np.asarray(json.loads(p.read_text()))
         else:
             arr = np.loadtxt(p, dtype=np.int64, ndmin=2, delimiter=None)
-    except (ValueError, json.JSONDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{p.name}: cannot read seed pairs ({exc})") from None
     if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
         raise InputError(f"{p.name}: seed pairs must be integer rows 'i_src i_tgt' (k, 2), got shape {arr.shape}")
@@ -623,12 +624,13 @@ def _read_labels(path: str, n: int):
 
     from align.exceptions import InputError, PairCountError
 
+    from .io import check_file, load_npy
+
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"no such file: {p}")
+    check_file(p)
     try:
-        y = np.load(p, allow_pickle=False) if p.suffix == ".npy" else np.loadtxt(p, dtype=np.float64, ndmin=1)
-    except ValueError as exc:
+        y = np.asarray(load_npy(p)) if p.suffix == ".npy" else np.loadtxt(p, dtype=np.float64, ndmin=1)
+    except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{p.name}: cannot read labels ({exc})") from None
     y = np.asarray(y).reshape(-1)
     if not np.issubdtype(y.dtype, np.number) or not np.all(np.isin(y, (-1, 0, 1))):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -29,7 +30,7 @@ import numpy as np
 from align.exceptions import InputError
 
 __all__ = [
-    "FormatError", "parse_rows", "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
+    "FormatError", "check_file", "load_npy", "parse_rows", "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
     "write_vectors", "is_text_path", "sha256_array", "VECTOR_SUFFIXES", "TEXT_SUFFIXES",
 ]
 
@@ -78,11 +79,14 @@ def _resolve_rows(rows, n: int, path) -> slice:
     return slice(start, stop)
 
 
-def _check_exists(path: Path) -> None:
+def check_file(path: Path) -> None:
+    """FormatError unless ``path`` is an existing regular file (never blocks on a FIFO or device)."""
     if not path.exists():
         raise FormatError(f"no such file: {path}")
     if path.is_dir():
         raise FormatError(f"{path} is a directory, not a file")
+    if not path.is_file():  # a FIFO, socket or device would block or never end: refuse, do not hang
+        raise FormatError(f"{path} is not a regular file (FIFO, socket or device); give a file on disk")
 
 
 def is_text_path(path) -> bool:
@@ -91,10 +95,18 @@ def is_text_path(path) -> bool:
 
 # --- raw matrices (lazy where possible) --------------------------------------------------------
 
+def load_npy(path: Path) -> np.ndarray:
+    """A read-only memory map of a ``.npy``; FormatError for a truncated file, an object dtype or a bad header."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError, SyntaxError, OverflowError) as exc:  # header, size, dtype
+        raise FormatError(f"{path.name}: cannot read .npy ({exc})") from None
+
+
 def _fvecs_matrix(path: Path) -> np.ndarray:
     size = path.stat().st_size
-    if size < 4:
-        raise FormatError(f"{path.name}: empty or truncated .fvecs file")
+    if size < 4 or size % 4:
+        raise FormatError(f"{path.name}: empty or truncated .fvecs file ({size} bytes, not a multiple of 4)")
     raw = np.memmap(path, dtype="<i4", mode="r")
     d = int(raw[0])
     if d <= 0 or size % (4 * (d + 1)):
@@ -106,17 +118,38 @@ def _fvecs_matrix(path: Path) -> np.ndarray:
 
 
 def _npz_array(path: Path, key: str | None) -> np.ndarray:
+    """One array of a ``.npz``; its header is checked against the member's size before anything is decoded,
+    so a corrupt archive, an object dtype or a shape larger than the data is a FormatError, never an allocation."""
+    import zipfile
+    import zlib
+
+    from numpy.lib import format as npf
+
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if not z.files:
+        with zipfile.ZipFile(path) as zf:
+            files = [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
+            if not files:
                 raise FormatError(f"{path.name}: the .npz holds no arrays")
-            if key is None:
-                key = z.files[0]
-            if key not in z.files:
-                raise FormatError(f"{path.name}: no array {key!r} (has {', '.join(z.files)})")
+            key = files[0] if key is None else key
+            if key not in files:
+                raise FormatError(f"{path.name}: no array {key!r} (has {', '.join(files)})")
+            info = zf.getinfo(key + ".npy")
+            with zf.open(info) as fh:
+                version = npf.read_magic(fh)
+                read_header = npf.read_array_header_1_0 if version == (1, 0) else npf.read_array_header_2_0
+                shape, _, dtype = read_header(fh)
+            if dtype.hasobject:
+                raise FormatError(f"{path.name}: array {key!r} holds Python objects; need numbers")
+            need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if need > info.file_size:
+                raise FormatError(f"{path.name}: array {key!r} claims shape {shape} ({need} bytes) "
+                                  f"but holds {info.file_size} bytes (truncated or corrupt)")
+        with np.load(path, allow_pickle=False) as z:
             return z[key]
-    except (ValueError, OSError) as exc:
-        raise FormatError(f"{path.name}: cannot read .npz ({exc})") from None
+    except FormatError:
+        raise
+    except (ValueError, OSError, EOFError, KeyError, SyntaxError, zipfile.BadZipFile, zlib.error) as exc:
+        raise FormatError(f"{path.name}: cannot read .npz ({type(exc).__name__}: {exc})") from None
 
 
 def _parquet_file(path: Path, column: str | None):
@@ -139,10 +172,24 @@ def _parquet_file(path: Path, column: str | None):
     return f, column
 
 
+@contextmanager
+def _arrow_errors(path: Path):
+    """Turn pyarrow's decode errors (a corrupt page, a truncated file) into FormatError."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:
+        raise FormatError(f"{path.name}: cannot read parquet ({exc})") from None
+
+
 def _arrow_lists_to_matrix(arr, path: Path) -> np.ndarray:
     import pyarrow as pa
 
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    vt = getattr(arr.type, "value_type", None)
+    if vt is None or not (pa.types.is_floating(vt) or pa.types.is_integer(vt)):
+        raise FormatError(f"{path.name}: the vector column is {arr.type}; need a list of numbers per row")
     if arr.null_count:
         raise FormatError(f"{path.name}: the vector column has null rows")
     n = len(arr)
@@ -163,10 +210,10 @@ def _arrow_lists_to_matrix(arr, path: Path) -> np.ndarray:
 def count_rows(path, *, key: str | None = None, column: str | None = None, text_field: str = "text") -> int:
     """Number of rows (vectors, or texts) in a file without loading its data."""
     path = Path(path)
-    _check_exists(path)
+    check_file(path)
     suf = path.suffix.lower()
     if suf == ".npy":
-        return int(np.load(path, mmap_mode="r").shape[0])
+        return int(load_npy(path).shape[0])
     if suf == ".fvecs":
         return int(_fvecs_matrix(path).shape[0])
     if suf == ".npz":
@@ -181,7 +228,7 @@ def count_rows(path, *, key: str | None = None, column: str | None = None, text_
 def read_texts(path, *, rows=None, text_field: str = "text") -> list[str]:
     """Texts from ``.txt`` (one per line), ``.jsonl`` (``text_field``) or ``.json`` (list of strings)."""
     path = Path(path)
-    _check_exists(path)
+    check_file(path)
     suf = path.suffix.lower()
     try:
         if suf == ".txt":
@@ -220,7 +267,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     from align._validation import as_matrix
 
     path = Path(path)
-    _check_exists(path)
+    check_file(path)
     if isinstance(rows, str):
         rows = parse_rows(rows)
     suf = path.suffix.lower()
@@ -241,10 +288,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     if encoder:
         raise InputError(f"{path.name} already holds vectors; --encoder applies to text files only")
     if suf == ".npy":
-        try:
-            M = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError as exc:
-            raise FormatError(f"{path.name}: cannot read .npy ({exc})") from None
+        M = load_npy(path)
     elif suf == ".npz":
         M = _npz_array(path, key)
     elif suf == ".fvecs":
@@ -253,7 +297,8 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
         f, col = _parquet_file(path, column)
         n = f.metadata.num_rows
         sl = _resolve_rows(rows, n, path)
-        table = f.read(columns=[col]).slice(sl.start, sl.stop - sl.start)
+        with _arrow_errors(path):
+            table = f.read(columns=[col]).slice(sl.start, sl.stop - sl.start)
         return as_matrix(_arrow_lists_to_matrix(table.column(col), path), name=path.name)
     else:
         raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; "
@@ -268,7 +313,7 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
                 encoder: str | None = None, kind: str = "passage", text_field: str = "text") -> Iterator[np.ndarray]:
     """Yield float32 blocks of at most ``chunk_rows`` rows; only one block is held at a time."""
     path = Path(path)
-    _check_exists(path)
+    check_file(path)
     if isinstance(rows, str):
         rows = parse_rows(rows)
     if chunk_rows < 1:
@@ -278,17 +323,20 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
         f, col = _parquet_file(path, column)
         sl = _resolve_rows(rows, f.metadata.num_rows, path)
         pos = 0
-        for batch in f.iter_batches(batch_size=chunk_rows, columns=[col]):
-            lo, hi = max(sl.start, pos), min(sl.stop, pos + batch.num_rows)
-            if lo < hi:
-                yield np.ascontiguousarray(
-                    _arrow_lists_to_matrix(batch.column(0).slice(lo - pos, hi - lo), path), np.float32)
-            pos += batch.num_rows
-            if pos >= sl.stop:
-                break
+        with _arrow_errors(path):
+            for batch in f.iter_batches(batch_size=chunk_rows, columns=[col]):
+                lo, hi = max(sl.start, pos), min(sl.stop, pos + batch.num_rows)
+                if lo < hi:
+                    yield np.ascontiguousarray(
+                        _arrow_lists_to_matrix(batch.column(0).slice(lo - pos, hi - lo), path), np.float32)
+                pos += batch.num_rows
+                if pos >= sl.stop:
+                    break
         return
     if suf in (".npy", ".fvecs") and not encoder:
-        M = np.load(path, mmap_mode="r") if suf == ".npy" else _fvecs_matrix(path)
+        M = load_npy(path) if suf == ".npy" else _fvecs_matrix(path)
+        if M.ndim != 2:
+            read_vectors(path, rows=rows)  # raises the ShapeError for a 0-d / 1-d / 3-d array
         sl = _resolve_rows(rows, M.shape[0], path)
         for s in range(sl.start, sl.stop, chunk_rows):
             yield read_vectors(path, rows=(s, min(s + chunk_rows, sl.stop)), key=key)

@@ -1,0 +1,116 @@
+"""Malformed input files on the command line (issue 15, finding 10).
+
+Each file below used to end in exit 3 ("internal error") or, for a FIFO, hang ``fit`` and
+``transform`` forever. Every one must now exit 2 with one line naming the file, for both
+commands, without touching the registry.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+from numpy.lib import format as npf
+
+import align
+from service.cli import main
+
+rng = np.random.default_rng(0)
+GOOD = rng.standard_normal((40, 8)).astype(np.float32)
+
+
+def _npy_header_only(shape) -> bytes:
+    b = io.BytesIO()
+    npf.write_array_header_1_0(b, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return b.getvalue() + b"\0" * 64
+
+
+def _make_files(d):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    np.save(d / "good.npy", GOOD)
+    np.save(d / "object.npy", np.array([[1, "a"]], dtype=object), allow_pickle=True)
+    whole = (d / "good.npy").read_bytes()
+    (d / "truncated.npy").write_bytes(whole[: len(whole) - 40])
+    (d / "huge_shape.npy").write_bytes(_npy_header_only((10**13, 8)))
+    blk = np.empty((5, 9), "<f4")
+    blk[:, 1:] = GOOD[:5]
+    blk.view("<i4")[:, 0] = 8
+    (d / "truncated.fvecs").write_bytes(blk.tobytes()[:-6])
+    (d / "ragged.fvecs").write_bytes(blk.tobytes()[:-8])  # whole words, partial last row
+    pq.write_table(pa.table({"v": pa.array([["a", "b"], ["c", "d"]])}), d / "strings.parquet")
+    pq.write_table(pa.table({"v": pa.array([[[1.0], [2.0]], [[3.0], [4.0]]])}), d / "nested.parquet")
+    np.savez(d / "good.npz", x=GOOD)
+    z = (d / "good.npz").read_bytes()
+    (d / "corrupt.npz").write_bytes(z[: len(z) // 2])
+    with zipfile.ZipFile(d / "huge_shape.npz", "w") as zf:
+        zf.writestr("x.npy", _npy_header_only((10**9, 384)))
+    with zipfile.ZipFile(d / "object.npz", "w") as zf:
+        b = io.BytesIO()
+        npf.write_array(b, np.array([1, "a"], dtype=object), allow_pickle=True)
+        zf.writestr("x.npy", b.getvalue())
+
+
+BAD = ["object.npy", "truncated.npy", "huge_shape.npy", "truncated.fvecs", "ragged.fvecs", "strings.parquet",
+       "nested.parquet", "corrupt.npz", "huge_shape.npz", "object.npz"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("files")
+    _make_files(d)
+    data = d / "var"
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    reg.register_version("p->q", align.fit_procrustes(GOOD, GOOD[:, ::-1].copy()), source_space="p",
+                         target_space="q", method="procrustes", params={})
+    reg.close()
+    return d, data
+
+
+def _run(capsys, data, *args) -> tuple[int, str]:
+    rc = main(["--data-dir", str(data), *[str(a) for a in args]])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_malformed_file_exits_2_with_one_line_naming_it(world, capsys, name):
+    d, data = world
+    for args in (["fit", "--quiet", "--pairs", "--method", "procrustes", "--name", "bad", "--source-space", "p",
+                  "--target-space", "q", "--source", d / name, "--target", d / "good.npy"],
+                 ["transform", "--quiet", "--map", "p->q", d / name, d / "out.npy"]):
+        rc, err = _run(capsys, data, *args)
+        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        assert rc == 2, f"{args[0]} {name}: exit {rc}: {err[-400:]}"
+        assert len(lines) == 1 and name in lines[0] and "internal error" not in lines[0], err
+    assert not (d / "out.npy").exists()
+
+
+def test_good_files_still_read(world, capsys):
+    d, data = world
+    for name in ("good.npy", "good.npz"):
+        rc, err = _run(capsys, data, "transform", "--quiet", "--map", "p->q", d / name, d / f"out_{name}.npy")
+        assert rc == 0, err
+        np.testing.assert_allclose(np.load(d / f"out_{name}.npy").shape, GOOD.shape)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_fifo_input_is_refused_not_waited_on(world):
+    """A real process: with the old code it blocked in open() forever (the timeout would fire)."""
+    d, data = world
+    fifo = d / "pipe.npy"
+    os.mkfifo(fifo)
+    for args in (["fit", "--quiet", "--pairs", "--method", "procrustes", "--name", "bad", "--source", fifo,
+                  "--target", d / "good.npy"],
+                 ["transform", "--quiet", "--map", "p->q", fifo, d / "out.npy"]):
+        p = subprocess.run([sys.executable, "-m", "service.cli", "--data-dir", str(data), *map(str, args)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2, p.stderr[-500:]
+        assert "not a regular file" in p.stderr and "Traceback" not in p.stderr
