@@ -1,8 +1,24 @@
 """Portable registry bundles: ``manifest.json`` + artifacts (+ reports), as a ``.zip`` or a folder.
 
-Importing keeps version numbers. A version that already exists with the same artifact sha256 is
-skipped (importing twice is a no-op); with a different artifact it is a ConflictError, or, with
-``on_conflict="renumber"``, it is added as a new version. Existing aliases are never moved.
+A bundle holds maps (every version, aliases, tags, reports) and steers (every version, aliases),
+and the spaces they use. Importing keeps version numbers. A version that already exists with the
+same artifact sha256 is skipped (importing twice is a no-op); with a different artifact it is a
+ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version. Existing
+aliases are never moved.
+
+Import is strict and all-or-nothing. A bundle comes from elsewhere, so it is checked as if it
+had come over HTTP, in three phases:
+
+1. **manifest**: names and aliases follow :mod:`.names`; dims in ``1..MAX_DIM``; version numbers
+   in ``1..MAX_VERSION``; at most ``MAX_ENTRIES`` versions; texts and JSON fields bounded;
+   aliases point at versions the bundle holds;
+2. **files**: every entry is read with a byte bound derived from its dims (so a small zip cannot
+   expand into gigabytes), from inside the bundle only (a folder entry that is a symbolic link,
+   or resolves outside the folder, is refused), its sha256 checked, and the artifact **parsed**
+   (``LinearMap`` / ``Steer`` / ``MeanShift``) and its dims compared with the manifest;
+3. **write**: artifacts go to the content-addressed store, then one database transaction inserts
+   every space, version, tag and alias. Any failure before the commit leaves the registry as it
+   was (IntegrityError / InvalidNameError / ConflictError naming the entry).
 """
 
 from __future__ import annotations
@@ -14,13 +30,19 @@ from pathlib import Path
 
 from .core import _dumps, _now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
-from .models import VersionInfo
-from .names import check_alias, check_name, fs_safe
+from .names import check_alias, check_name, check_tag_key, fs_safe
 from .store import sha256_bytes
 
-__all__ = ["export_bundle", "import_bundle", "BUNDLE_FORMAT"]
+__all__ = ["export_bundle", "import_bundle", "BUNDLE_FORMAT", "MAX_DIM", "MAX_VERSION", "MAX_ENTRIES"]
 
 BUNDLE_FORMAT = "vecbridge.registry-bundle"
+MAX_DIM = 65536                      # largest space dimension accepted from a bundle
+MAX_VERSION = 1_000_000              # largest version number accepted from a bundle
+MAX_ENTRIES = 10_000                 # versions (maps + steers) in one bundle
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_REPORT_BYTES = 32 * 1024 * 1024
+MAX_TEXT = 64 * 1024                 # description, method, package version, created_at, each JSON field
+_SLACK = 1024 * 1024                 # header / metadata room in an artifact beyond its arrays
 
 
 class _Writer:
@@ -44,24 +66,50 @@ class _Writer:
 
 
 class _Reader:
+    """Bounded reads of bundle entries from a zip or a folder (no links, nothing outside the bundle)."""
+
     def __init__(self, path: Path):
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             raise NotFoundError(f"bundle {path} does not exist")
+        if path.is_symlink():
+            raise IntegrityError(f"bundle {path} is a symbolic link; give the bundle itself")
         try:
             self.zip = zipfile.ZipFile(path) if path.is_file() else None
-        except zipfile.BadZipFile:
+        except (zipfile.BadZipFile, OSError):
             raise IntegrityError(f"{path.name} is neither a zip bundle nor a bundle folder") from None
-        self.root = path
+        if self.zip is None and not path.is_dir():
+            raise IntegrityError(f"{path} is neither a zip bundle nor a bundle folder")
+        self.root = path.resolve()
 
-    def read(self, rel: str) -> bytes:
-        if ".." in rel.split("/") or rel.startswith("/"):
-            raise InvalidNameError(f"bundle entry {rel!r} leaves the bundle")
+    def read(self, rel, limit: int) -> bytes:
+        """The bytes of entry ``rel``; IntegrityError when missing, a link, or larger than ``limit``."""
+        if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel or rel.startswith("/") \
+                or any(part in ("", ".", "..") for part in rel.split("/")):
+            raise InvalidNameError(f"bundle entry {str(rel)[:80]!r} leaves the bundle or is not a plain path")
         try:
             if self.zip is not None:
-                return self.zip.read(rel)
-            return (self.root / rel).read_bytes()
-        except (KeyError, OSError):
+                info = self.zip.getinfo(rel)
+                if info.file_size > limit:
+                    raise IntegrityError(f"bundle entry {rel} expands to {info.file_size} bytes (at most {limit})")
+                with self.zip.open(info) as fh:
+                    data = fh.read(limit + 1)
+            else:
+                p = self.root
+                for part in rel.split("/"):
+                    p = p / part
+                    if p.is_symlink():
+                        raise IntegrityError(f"bundle entry {rel} is (or passes through) a symbolic link")
+                if not p.is_file():
+                    raise IntegrityError(f"bundle is missing {rel} (or it is not a regular file)")
+                with open(p, "rb") as fh:
+                    data = fh.read(limit + 1)
+        except (KeyError, FileNotFoundError):
             raise IntegrityError(f"bundle is missing {rel}") from None
+        except (OSError, zipfile.BadZipFile, EOFError, RuntimeError) as exc:  # zlib errors, encrypted entries
+            raise IntegrityError(f"bundle entry {rel} cannot be read: {exc}") from None
+        if len(data) > limit:
+            raise IntegrityError(f"bundle entry {rel} is larger than {limit} bytes")
+        return data
 
     def close(self):
         if self.zip is not None:
@@ -69,16 +117,18 @@ class _Reader:
 
 
 def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
-    """Write every map (or only ``names``) with all versions, aliases, tags, spaces and artifacts."""
+    """Write every map and steer (or only the maps ``names``, no steers) with all versions, aliases, tags,
+    spaces and artifacts."""
     maps = [m for m in reg.list_maps() if names is None or m["name"] in names]
     if names is not None:
         missing = set(names) - {m["name"] for m in maps}
         if missing:
             raise NotFoundError(f"unknown map(s): {sorted(missing)}")
+    steers = reg.list_steers() if names is None else []
     w = _Writer(path)
     try:
         manifest = {"format": BUNDLE_FORMAT, "format_version": 1, "package_version": package_version(),
-                    "exported_at": datetime.now(timezone.utc).isoformat(), "spaces": [], "maps": []}
+                    "exported_at": datetime.now(timezone.utc).isoformat(), "spaces": [], "maps": [], "steers": []}
         used_spaces = {m["source_space"] for m in maps} | {m["target_space"] for m in maps}
         manifest["spaces"] = [s.to_dict() for s in reg.list_spaces() if names is None or s.name in used_spaces]
         for m in maps:
@@ -93,109 +143,333 @@ def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
                     w.write(d["bundle_report"], rp.read_bytes())
                 versions.append(d)
             manifest["maps"].append({**m, "versions": versions})
+        for st in steers:
+            versions = []
+            for v in reg.list_steer_versions(st["name"]):
+                d = v.to_dict()
+                d["bundle_artifact"] = f"artifacts/{v.artifact_path}"
+                w.write(d["bundle_artifact"], reg.store.get(v.artifact_path, v.artifact_sha256))
+                versions.append(d)
+            manifest["steers"].append({"name": st["name"], "space": st["space"], "dim": st["dim"],
+                                       "aliases": st["aliases"], "versions": versions})
         w.write("manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
     finally:
         w.close()
     return path
 
 
+# --- validation of a manifest (phase 1) ---------------------------------------------------------
+
+def _int(v, what: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise IntegrityError(f"bundle: {what} must be an integer in {lo}..{hi}, got {str(v)[:40]!r}")
+    return v
+
+
+def _text(v, what: str, *, optional: bool = False, limit: int = MAX_TEXT) -> str | None:
+    if v is None and optional:
+        return None
+    if not isinstance(v, str) or len(v) > limit or "\x00" in v:
+        raise IntegrityError(f"bundle: {what} must be a string of at most {limit} characters without NUL")
+    return v
+
+
+def _jsonish(v, what: str, kind=dict):
+    if not isinstance(v, kind):
+        raise IntegrityError(f"bundle: {what} must be a JSON {kind.__name__}")
+    try:
+        blob = json.dumps(v, allow_nan=False)
+    except (TypeError, ValueError):
+        raise IntegrityError(f"bundle: {what} holds values JSON cannot represent (NaN, Inf)") from None
+    if len(blob) > 16 * MAX_TEXT:
+        raise IntegrityError(f"bundle: {what} is larger than {16 * MAX_TEXT} bytes")
+    return v
+
+
+def _sha(v, what: str) -> str:
+    if not isinstance(v, str) or len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+        raise IntegrityError(f"bundle: {what} must be a lowercase hex sha256")
+    return v
+
+
+def _name(v, what: str) -> str:
+    try:
+        return check_name(v, what)
+    except InvalidNameError as exc:
+        raise InvalidNameError(f"bundle: {exc}") from None
+
+
+def _common(d: dict, what: str) -> dict:
+    """Fields shared by map and steer versions, checked and normalised."""
+    if not isinstance(d, dict):
+        raise IntegrityError(f"bundle: {what} must be an object")
+    rs = d.get("random_state")
+    return dict(
+        version=_int(d.get("version"), f"{what} version", 1, MAX_VERSION),
+        method=_text(d.get("method", ""), f"{what} method", limit=128),
+        params=_jsonish(d.get("params", {}), f"{what} params"),
+        random_state=None if rs is None else _int(rs, f"{what} random_state", -(2**63), 2**63 - 1),
+        data_hashes=_jsonish(d.get("data_hashes", {}), f"{what} data_hashes"),
+        package_version=_text(d.get("package_version", ""), f"{what} package_version", limit=128),
+        created_at=_text(d.get("created_at", "") or _now(), f"{what} created_at", limit=64),
+        metrics=_jsonish(d.get("metrics", {}), f"{what} metrics"),
+        artifact_sha256=_sha(d.get("artifact_sha256"), f"{what} artifact_sha256"),
+        deleted=bool(d.get("deleted", False)),
+        description=_text(d.get("description", "") or "", f"{what} description"),
+        inputs=_jsonish(d.get("inputs", {}) or {}, f"{what} inputs"),
+        bundle_artifact=_text(d.get("bundle_artifact"), f"{what} bundle_artifact", limit=1024),
+        ext=_ext(d.get("artifact_path", ""), what),
+    )
+
+
+def _ext(rel, what: str) -> str:
+    ext = str(rel).rsplit(".", 1)[-1] if isinstance(rel, str) and "." in rel else ""
+    if ext not in ("npz", "safetensors"):
+        raise IntegrityError(f"bundle: {what} artifact_path must end in .npz or .safetensors")
+    return ext
+
+
+def _aliases(a, versions: set[int], what: str) -> dict[str, int]:
+    if not isinstance(a, dict):
+        raise IntegrityError(f"bundle: aliases of {what} must be an object")
+    out = {}
+    for alias, v in a.items():
+        try:
+            check_alias(alias)
+        except InvalidNameError as exc:
+            raise InvalidNameError(f"bundle: {what}: {exc}") from None
+        out[alias] = _int(v, f"alias {alias!r} of {what}", 1, MAX_VERSION)
+        if out[alias] not in versions:
+            raise IntegrityError(f"bundle: alias {alias!r} of {what} points at version {v}, which the bundle lacks")
+    return out
+
+
+def _check_manifest(manifest) -> dict:
+    """Validated, normalised plan: ``{"spaces": {...}, "maps": [...], "steers": [...]}`` (no I/O)."""
+    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
+        raise IntegrityError("not a vecbridge registry bundle")
+    if manifest.get("format_version", 1) != 1:
+        raise IntegrityError(f"bundle format_version {str(manifest.get('format_version'))[:20]!r} is not supported")
+    spaces: dict[str, dict] = {}
+    raw_spaces = manifest.get("spaces", [])
+    if not isinstance(raw_spaces, list) or len(raw_spaces) > MAX_ENTRIES:
+        raise IntegrityError(f"bundle: spaces must be a list of at most {MAX_ENTRIES}")
+    for s in raw_spaces:
+        if not isinstance(s, dict):
+            raise IntegrityError("bundle: each space must be an object")
+        name = _name(s.get("name"), "space name")
+        spaces[name] = dict(name=name, dim=_int(s.get("dim"), f"dim of space {name!r}", 1, MAX_DIM),
+                            encoder=_text(s.get("encoder"), f"encoder of space {name!r}", optional=True, limit=256),
+                            **{k: _text(s.get(k, "") or "", f"{k} of space {name!r}")
+                               for k in ("query_prefix", "passage_prefix", "description")})
+
+    def space(name, dim, what):
+        name = _name(name, what)
+        dim = _int(dim, f"dim of {what} {name!r}", 1, MAX_DIM)
+        have = spaces.setdefault(name, dict(name=name, dim=dim, encoder=None, query_prefix="", passage_prefix="",
+                                            description=""))
+        if have["dim"] != dim:
+            raise IntegrityError(f"bundle: space {name!r} is {have['dim']}-d but a version says {dim}-d")
+        return name
+
+    n_entries = 0
+    maps = []
+    for kind in ("maps", "steers"):
+        items = manifest.get(kind, [])
+        if not isinstance(items, list):
+            raise IntegrityError(f"bundle: {kind} must be a list")
+        for m in items:
+            if not isinstance(m, dict) or not isinstance(m.get("versions"), list):
+                raise IntegrityError(f"bundle: each entry of {kind} must be an object with a versions list")
+            name = _name(m.get("name"), "map name" if kind == "maps" else "steer name")
+            n_entries += len(m["versions"])
+            if n_entries > MAX_ENTRIES:
+                raise IntegrityError(f"bundle holds more than {MAX_ENTRIES} versions")
+            versions, seen = [], set()
+            for d in m["versions"]:
+                what = f"{kind[:-1]} {name!r}"
+                v = _common(d, what)
+                if v["version"] in seen:
+                    raise IntegrityError(f"bundle: {what} lists version {v['version']} twice")
+                seen.add(v["version"])
+                if d.get("name", name) != name:
+                    raise IntegrityError(f"bundle: a version of {what} is named {str(d.get('name'))[:40]!r}")
+                if kind == "maps":
+                    v["source_dim"] = _int(d.get("source_dim"), f"{what} source_dim", 1, MAX_DIM)
+                    v["target_dim"] = _int(d.get("target_dim"), f"{what} target_dim", 1, MAX_DIM)
+                    v["source_space"] = space(d.get("source_space"), v["source_dim"], "source space")
+                    v["target_space"] = space(d.get("target_space"), v["target_dim"], "target space")
+                    v["artifact_format"] = v["ext"]
+                    tags = d.get("tags", {}) or {}
+                    if not isinstance(tags, dict) or len(tags) > 256:
+                        raise IntegrityError(f"bundle: tags of {what} must be an object of at most 256 entries")
+                    try:
+                        v["tags"] = {check_tag_key(k): _text(str(t), f"tag {k!r} of {what}", limit=4096)
+                                     for k, t in tags.items()}
+                    except InvalidNameError as exc:
+                        raise InvalidNameError(f"bundle: {what}: {exc}") from None
+                    v["bundle_report"] = _text(d.get("bundle_report"), f"{what} bundle_report", optional=True,
+                                               limit=1024)
+                    v["limit"] = 8 * (v["source_dim"] * v["target_dim"] + 3 * (v["source_dim"] + v["target_dim"])) \
+                        + _SLACK
+                else:
+                    v["dim"] = _int(d.get("dim"), f"{what} dim", 1, MAX_DIM)
+                    v["rank"] = _int(d.get("rank"), f"{what} rank", 0, v["dim"])
+                    v["space"] = space(d.get("space"), v["dim"], "steer space")
+                    v["lens"] = _jsonish(d.get("lens", []) or [], f"{what} lens", list)
+                    v["limit"] = 8 * v["dim"] * (2 * v["rank"] + 1) + _SLACK
+                versions.append(v)
+            pairs = {(v.get("source_space"), v.get("target_space"), v.get("space")) for v in versions}
+            if len(pairs) > 1:
+                raise IntegrityError(f"bundle: the versions of {kind[:-1]} {name!r} disagree on their spaces")
+            maps.append(dict(kind=kind, name=name, versions=versions,
+                             aliases=_aliases(m.get("aliases", {}) or {}, seen, f"{kind[:-1]} {name!r}")))
+    return {"spaces": spaces, "entries": maps}
+
+
+# --- files (phase 2) ------------------------------------------------------------------------------
+
+def _read_entries(r: _Reader, plan: dict) -> None:
+    """Read, hash and parse every artifact (and read every report); adds ``data`` / ``report`` to each version."""
+    from align import LinearMap
+    from align.exceptions import VecbridgeError
+    from align.steer import MeanShift, Steer
+
+    for e in plan["entries"]:
+        for v in e["versions"]:
+            where = f"{e['kind'][:-1]} {e['name']}:{v['version']}"
+            data = r.read(v["bundle_artifact"], v["limit"])
+            if sha256_bytes(data) != v["artifact_sha256"]:
+                raise IntegrityError(f"bundle artifact of {where} does not match its sha256")
+            try:
+                if e["kind"] == "maps":
+                    obj = LinearMap.from_bytes(data)
+                    dims = (obj.source_dim, obj.target_dim)
+                    want = (v["source_dim"], v["target_dim"])
+                else:
+                    obj = (Steer if v["rank"] > 0 else MeanShift).from_bytes(data)
+                    dims = (obj.dim, obj.rank if v["rank"] > 0 else 0)
+                    want = (v["dim"], v["rank"])
+            except (VecbridgeError, ValueError, KeyError, TypeError, OSError) as exc:
+                raise IntegrityError(f"bundle artifact of {where} cannot be read: {str(exc)[:200]}") from None
+            if dims != want:
+                raise IntegrityError(f"bundle artifact of {where} has dims {dims}, the manifest says {want}")
+            v["data"] = data
+            v["report"] = r.read(v["bundle_report"], MAX_REPORT_BYTES) if v.get("bundle_report") else None
+
+
+# --- import (phase 3) -----------------------------------------------------------------------------
+
 def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
-    """Load a bundle into ``reg``; returns counts ``{"imported", "skipped", "renumbered", "aliases"}``."""
+    """Load a bundle into ``reg``, all or nothing.
+
+    Returns counts ``{"imported", "skipped", "renumbered", "aliases"}`` over map versions, plus
+    ``"steers"`` (steer versions imported or renumbered) when the bundle holds steers.
+    """
     if on_conflict not in ("error", "renumber"):
         raise InvalidNameError("on_conflict must be 'error' or 'renumber'")
-    r = _Reader(path)
+    r = _Reader(Path(path))
     try:
+        raw = r.read("manifest.json", MAX_MANIFEST_BYTES)
         try:
-            manifest = json.loads(r.read("manifest.json"))
-        except json.JSONDecodeError as exc:
-            raise IntegrityError(f"bundle manifest is not JSON: {exc}") from None
-        if manifest.get("format") != BUNDLE_FORMAT:
-            raise IntegrityError("not a vecbridge registry bundle")
-        for s in manifest["spaces"]:
-            reg.register_space(s["name"], int(s["dim"]), s.get("encoder"), s.get("query_prefix", ""),
-                               s.get("passage_prefix", ""), s.get("description", ""))
-        counts = {"imported": 0, "skipped": 0, "renumbered": 0, "aliases": 0}
-        for m in manifest["maps"]:
-            name = check_name(m["name"], "map name")
-            local = {}
-            for d in m["versions"]:
-                data = r.read(d["bundle_artifact"])
-                if sha256_bytes(data) != d["artifact_sha256"]:
-                    raise IntegrityError(f"bundle artifact of {name}:{d['version']} does not match its sha256")
-                report = r.read(d["bundle_report"]) if d.get("bundle_report") else None
-                status, local[int(d["version"])] = _import_version(reg, d, data, report, on_conflict)
-                counts[status] += 1
-            for alias, version in m.get("aliases", {}).items():
-                check_alias(alias)
-
-                def add_alias(t, name=name, alias=alias, version=local.get(int(version), int(version))):
-                    reg._get_version(t, name, version)
-                    if t.one("SELECT 1 FROM aliases WHERE name = ? AND alias = ?", (name, alias)) is None:
-                        t.q("INSERT INTO aliases (name, alias, version) VALUES (?, ?, ?)", (name, alias, version))
-                        return 1
-                    return 0  # existing aliases are never moved
-
-                counts["aliases"] += reg._write(add_alias)
-        return counts
+            manifest = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise IntegrityError(f"bundle manifest is not JSON: {str(exc)[:200]}") from None
+        plan = _check_manifest(manifest)
+        _read_entries(r, plan)
     finally:
         r.close()
 
-
-def _import_version(reg, d: dict, data: bytes, report: bytes | None, on_conflict: str) -> tuple[str, int]:
-    """Import one version; returns (what happened, its version number here)."""
-    info = VersionInfo(**{k: v for k, v in d.items() if k in VersionInfo.__dataclass_fields__})
-    name, version = info.name, int(info.version)
+    for e in plan["entries"]:  # artifacts first (content-addressed: an aborted import leaves no record)
+        for v in e["versions"]:
+            v["sha"], v["rel"] = reg.store.put(v.pop("data"), v["ext"])
+    written_reports: list[Path] = []
     try:
-        have = reg.get_version(name, version)
-    except NotFoundError:
-        have = None
-    if have is not None:
-        if have.artifact_sha256 == info.artifact_sha256:
-            return "skipped", version
-        if on_conflict == "error":
-            raise ConflictError(f"{name}:{version} exists here with another artifact "
-                                "(use on_conflict='renumber' to add it as a new version)")
-        from align import LinearMap
+        for e in plan["entries"]:
+            for v in e["versions"]:
+                if v.get("report") is not None:
+                    v["report_rel"] = _store_report(reg, e["name"], v["version"], v.pop("report"))
+                    written_reports.append(reg.report_dir / v["report_rel"])
+        counts = reg._write(lambda t: _apply_plan(reg, t, plan, on_conflict))
+    except BaseException:
+        for p in written_reports:
+            p.unlink(missing_ok=True)
+        raise
+    return counts
 
-        report_rel = _store_report(reg, name, None, report) if report is not None else None
-        new = reg.register_version(name, LinearMap.from_bytes(data), source_space=info.source_space,
-                                   target_space=info.target_space, method=info.method, params=info.params,
-                                   random_state=info.random_state, data_hashes=info.data_hashes,
-                                   metrics=info.metrics, description=info.description,
-                                   tags={**info.tags, "imported_from": f"{name}:{version}"},
-                                   inputs=info.inputs, artifact_format=info.artifact_format or None,
-                                   report_path=report_rel)
-        if info.deleted:
-            reg.delete_version(name, new.version)
-        return "renumbered", new.version
-    ext = info.artifact_path.rsplit(".", 1)[-1]
-    sha, rel = reg.store.put(data, ext)
-    report_rel = _store_report(reg, name, version, report) if report is not None else None
 
-    def fn(t):
-        reg._ensure_space(t, info.source_space, info.source_dim)
-        reg._ensure_space(t, info.target_space, info.target_dim)
-        t.q("INSERT INTO maps (name, source_space, target_space, source_dim, target_dim, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
-            (name, info.source_space, info.target_space, info.source_dim, info.target_dim, _now()))
-        row = t.one("SELECT source_space, target_space, last_version FROM maps WHERE name = ?" + reg.db.for_update,
-                    (name,))
-        if (row[0], row[1]) != (info.source_space, info.target_space):
-            raise ConflictError(f"map {name!r} connects {row[0]} -> {row[1]} here, the bundle says "
-                                f"{info.source_space} -> {info.target_space}")
-        reg._insert_version(t, name, version, dict(
-            source_space=info.source_space, target_space=info.target_space, source_dim=info.source_dim,
-            target_dim=info.target_dim, method=info.method, params=_dumps(info.params),
-            random_state=info.random_state, data_hashes=_dumps(info.data_hashes),
-            package_version=info.package_version, created_at=info.created_at, metrics=_dumps(info.metrics),
-            artifact_sha256=sha, artifact_path=rel, artifact_format=info.artifact_format, deleted=int(info.deleted),
-            description=info.description, report_path=report_rel, inputs=_dumps(info.inputs)))
-        t.q("UPDATE maps SET last_version = ? WHERE name = ? AND last_version < ?", (version, name, version))
-        for k, v in info.tags.items():
-            t.q("INSERT INTO tags (name, version, key, value) VALUES (?, ?, ?, ?)", (name, version, k, str(v)))
-
-    reg._write(fn)
-    return "imported", version
+def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
+    """Every database write of an import, in the caller's one transaction."""
+    counts = {"imported": 0, "skipped": 0, "renumbered": 0, "aliases": 0}
+    n_steers = 0
+    for s in plan["spaces"].values():
+        reg._ensure_space(t, s["name"], s["dim"])
+        for col in ("encoder", "query_prefix", "passage_prefix", "description"):
+            if s[col]:
+                t.q(f"UPDATE spaces SET {col} = ? WHERE name = ?", (s[col], s["name"]))
+    for e in plan["entries"]:
+        name, is_map = e["name"], e["kind"] == "maps"
+        table, parent = ("versions", "maps") if is_map else ("steers", "steer_names")
+        local: dict[int, int] = {}
+        for v in e["versions"]:
+            if is_map:
+                t.q("INSERT INTO maps (name, source_space, target_space, source_dim, target_dim, created_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
+                    (name, v["source_space"], v["target_space"], v["source_dim"], v["target_dim"], _now()))
+                row = t.one("SELECT source_space, target_space FROM maps WHERE name = ?" + reg.db.for_update, (name,))
+                if (row[0], row[1]) != (v["source_space"], v["target_space"]):
+                    raise ConflictError(f"map {name!r} connects {row[0]} -> {row[1]} here, the bundle says "
+                                        f"{v['source_space']} -> {v['target_space']}")
+            else:
+                t.q("INSERT INTO steer_names (name, space, dim, created_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (name) DO NOTHING", (name, v["space"], v["dim"], _now()))
+                row = t.one("SELECT space FROM steer_names WHERE name = ?" + reg.db.for_update, (name,))
+                if row[0] != v["space"]:
+                    raise ConflictError(f"steer {name!r} lives in space {row[0]!r} here, the bundle says {v['space']!r}")
+            have = t.one(f"SELECT artifact_sha256 FROM {table} WHERE name = ? AND version = ?", (name, v["version"]))
+            tags = dict(v.get("tags", {}))
+            if have is not None and have[0] == v["artifact_sha256"]:
+                local[v["version"]] = v["version"]
+                counts["skipped"] += is_map
+                continue
+            if have is not None:
+                if on_conflict == "error":
+                    raise ConflictError(f"{name}:{v['version']} exists here with another artifact "
+                                        "(use on_conflict='renumber' to add it as a new version)")
+                number = reg._allocate_version(t, parent, name)
+                tags["imported_from"] = f"{name}:{v['version']}"
+                status = "renumbered"
+            else:
+                number = v["version"]
+                t.q(f"UPDATE {parent} SET last_version = ? WHERE name = ? AND last_version < ?", (number, name, number))
+                status = "imported"
+            local[v["version"]] = number
+            common = dict(method=v["method"], params=_dumps(v["params"]), random_state=v["random_state"],
+                          data_hashes=_dumps(v["data_hashes"]), package_version=v["package_version"],
+                          created_at=v["created_at"], metrics=_dumps(v["metrics"]),
+                          artifact_sha256=v["sha"], artifact_path=v["rel"], deleted=int(v["deleted"]),
+                          description=v["description"], inputs=_dumps(v["inputs"]))
+            if is_map:
+                reg._insert_version(t, name, number, dict(
+                    source_space=v["source_space"], target_space=v["target_space"], source_dim=v["source_dim"],
+                    target_dim=v["target_dim"], artifact_format=v["artifact_format"],
+                    report_path=v.get("report_rel"), **common))
+                for k, val in tags.items():
+                    t.q("INSERT INTO tags (name, version, key, value) VALUES (?, ?, ?, ?)", (name, number, k, val))
+                counts[status] += 1
+            else:
+                cols = dict(space=v["space"], dim=v["dim"], rank=v["rank"], lens=_dumps(v["lens"]), **common)
+                t.q(f"INSERT INTO steers (name, version, {', '.join(cols)}) VALUES ({', '.join('?' * (len(cols) + 2))})",
+                    (name, number, *cols.values()))
+                n_steers += 1
+        alias_table = "aliases" if is_map else "steer_aliases"
+        for alias, version in e["aliases"].items():
+            if t.one(f"SELECT 1 FROM {alias_table} WHERE name = ? AND alias = ?", (name, alias)) is None:
+                t.q(f"INSERT INTO {alias_table} (name, alias, version) VALUES (?, ?, ?)", (name, alias, local[version]))
+                counts["aliases"] += is_map
+    if n_steers or any(e["kind"] == "steers" for e in plan["entries"]):
+        counts["steers"] = n_steers
+    return counts
 
 
 def _store_report(reg, name: str, version, data: bytes) -> str:

@@ -506,9 +506,10 @@ class Registry(SteerRegistryMixin):
                 if t.one("SELECT 1 FROM versions WHERE name = ? AND version = ?", (name, version)) is None:
                     dangling.append(f"{name}@{alias}")
             gaps = []
-            for name, last in t.q("SELECT name, last_version FROM maps"):
-                have = {int(r[0]) for r in t.q("SELECT version FROM versions WHERE name = ?", (name,))}
-                if have != set(range(1, int(last) + 1)):
+            for name, last in t.q("SELECT name, last_version FROM maps"):  # numbers 1..last, each once
+                n, lo, hi = t.one("SELECT COUNT(DISTINCT version), MIN(version), MAX(version) FROM versions "
+                                  "WHERE name = ?", (name,))
+                if (int(n or 0), lo, hi) != (int(last), 1 if int(last) else None, int(last) if int(last) else None):
                     gaps.append(name)
         for name, version, rel, sha in [*rows, *steer_rows]:
             used.add(rel)

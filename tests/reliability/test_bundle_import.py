@@ -1,0 +1,188 @@
+"""Strict, all-or-nothing bundle import (issue 15, finding 5; steers in bundles: issue 13, item 6).
+
+A bundle is checked as if it had come over HTTP: each tampered bundle below must be refused
+with a typed registry error naming what is wrong, and leave the importing registry exactly as it
+was (snapshot before == after) — including when the bad part comes after good ones.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tracemalloc
+import zipfile
+
+import numpy as np
+import pytest
+
+import align
+from service.cli import main
+from service.registry import open_registry
+from service.registry.errors import IntegrityError, InvalidNameError, RegistryError
+from service.registry.store import sha256_bytes
+
+from .helpers import snapshot
+
+
+def _steer_snapshot(reg) -> list:
+    return [(s["name"], [v.to_dict() for v in reg.list_steer_versions(s["name"])]) for s in reg.list_steers()]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A registry with two maps (aliases, a tag) and a rank-2 steer plus a mean-shift, exported as a folder."""
+    d = tmp_path_factory.mktemp("bundle")
+    reg = open_registry(f"sqlite:///{d / 'src.sqlite'}", d / "src-art")
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 8)).astype(np.float32)
+    Q = np.linalg.qr(rng.standard_normal((8, 8)))[0]
+    reg.register_version("a->b", align.fit_procrustes(X, X @ Q), source_space="a", target_space="b",
+                         method="procrustes", params={}, alias="prod", tags={"k": "v"})
+    reg.register_version("b->a", align.fit_procrustes(X @ Q, X), source_space="b", target_space="a",
+                         method="procrustes", params={})
+    labels = np.where(X[:, 0] > 0, 1, -1)
+    reg.register_steer("pos", align.fit_steer(X, labels, rank=2, random_state=0), space="a", alias="prod")
+    reg.register_steer("pos", align.MeanShift(X[labels > 0].mean(0) - X[labels < 0].mean(0)), space="a")
+    folder = reg.export(d / "good")
+    reg.close()
+    return d, folder
+
+
+@pytest.fixture
+def target(tmp_path):
+    reg = open_registry(f"sqlite:///{tmp_path / 'dst.sqlite'}", tmp_path / "dst-art")
+    reg.register_space("other", 4)
+    yield reg
+    reg.close()
+
+
+def _copy(source, tmp_path, name="b"):
+    dst = tmp_path / name
+    shutil.copytree(source[1], dst)
+    return dst
+
+
+def _edit(folder, fn):
+    p = folder / "manifest.json"
+    m = json.loads(p.read_text())
+    fn(m)
+    p.write_text(json.dumps(m))
+    return folder
+
+
+def _refused(reg, bundle, exc=RegistryError, match=None):
+    before, steers = snapshot(reg), _steer_snapshot(reg)
+    with pytest.raises(exc, match=match):
+        reg.import_(bundle)
+    assert snapshot(reg) == before and _steer_snapshot(reg) == steers, "a refused import changed the registry"
+
+
+def test_round_trip_carries_maps_and_steers(source, target):
+    counts = target.import_(source[1])
+    assert counts == {"imported": 2, "skipped": 0, "renumbered": 0, "aliases": 1, "steers": 2}
+    src = open_registry(f"sqlite:///{source[0] / 'src.sqlite'}", source[0] / "src-art")
+    q = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
+    np.testing.assert_array_equal(target.load_steer("pos@prod").apply(q, 1.0), src.load_steer("pos@prod").apply(q, 1.0))
+    np.testing.assert_array_equal(target.load_steer("pos:2").apply(q, 1.0), src.load_steer("pos:2").apply(q, 1.0))
+    np.testing.assert_array_equal(target.load_map("a->b@prod").apply(q), src.load_map("a->b@prod").apply(q))
+    assert target.import_(source[1])["skipped"] == 2  # idempotent
+    src.close()
+
+
+BAD_MANIFESTS = [
+    ("space-dotdot", lambda m: m["spaces"][0].update(name="../x"), InvalidNameError),
+    ("space-nul", lambda m: m["spaces"][0].update(name="a\x00b"), InvalidNameError),
+    ("space-negative-dim", lambda m: m["spaces"][0].update(dim=-5), IntegrityError),
+    ("space-dim-2^70", lambda m: m["spaces"][0].update(dim=2**70), IntegrityError),
+    ("version-20M", lambda m: m["maps"][0]["versions"][0].update(version=20_000_000), IntegrityError),
+    ("version-string", lambda m: m["maps"][0]["versions"][0].update(version="1"), IntegrityError),
+    ("map-name-slash", lambda m: m["maps"][1].update(name="x/../y"), InvalidNameError),
+    ("version-dim-lies", lambda m: m["maps"][1]["versions"][0].update(source_dim=9), IntegrityError),
+    ("entry-leaves-bundle", lambda m: m["maps"][1]["versions"][0].update(bundle_artifact="../../etc/passwd"),
+     InvalidNameError),
+    ("alias-to-missing-version", lambda m: m["maps"][0].update(aliases={"prod": 7}), IntegrityError),
+    ("steer-rank-above-dim", lambda m: m["steers"][0]["versions"][0].update(rank=99), IntegrityError),
+    ("description-5MB", lambda m: m["maps"][1]["versions"][0].update(description="x" * 5_000_000), IntegrityError),
+    ("nan-metric", lambda m: m["maps"][1]["versions"][0].update(metrics={"x": float("nan")}), IntegrityError),
+    ("not-a-bundle", lambda m: m.update(format="zip"), IntegrityError),
+]
+
+
+@pytest.mark.parametrize("case,edit,exc", BAD_MANIFESTS, ids=[c[0] for c in BAD_MANIFESTS])
+def test_bad_manifest_is_refused_and_changes_nothing(source, target, tmp_path, case, edit, exc):
+    _refused(target, _edit(_copy(source, tmp_path), edit), exc)
+
+
+def test_garbage_artifact_with_matching_sha_is_refused_at_import(source, target, tmp_path):
+    b = _copy(source, tmp_path)
+    garbage = b"PK\x03\x04 not a map at all" * 10
+
+    def edit(m):
+        v = m["maps"][1]["versions"][0]
+        (b / v["bundle_artifact"]).write_bytes(garbage)
+        v["artifact_sha256"] = sha256_bytes(garbage)
+
+    _refused(target, _edit(b, edit), IntegrityError, "cannot be read")
+
+
+def test_second_map_with_bad_sha_imports_nothing(source, target, tmp_path):
+    b = _edit(_copy(source, tmp_path), lambda m: m["maps"][1]["versions"][0].update(artifact_sha256="0" * 64))
+    _refused(target, b, IntegrityError, "sha256")
+    assert not target.list_maps()
+
+
+def test_symlink_in_a_folder_bundle_is_refused(source, target, tmp_path):
+    b = _copy(source, tmp_path)
+    secret = tmp_path / "secret.safetensors"
+    rel = json.loads((b / "manifest.json").read_text())["maps"][1]["versions"][0]["bundle_artifact"]
+    shutil.copy(b / rel, secret)  # same bytes: only the link itself is wrong
+    (b / rel).unlink()
+    (b / rel).symlink_to(secret)
+    _refused(target, b, IntegrityError, "symbolic link")
+
+
+def test_zip_expansion_is_bounded(source, target, tmp_path):
+    """A 256 MB entry of zeros compresses to ~250 kB; the manifest's dims allow ~1 MB: refused before decoding."""
+    z = tmp_path / "bomb.zip"
+    m = json.loads((source[1] / "manifest.json").read_text())
+    rel = m["maps"][1]["versions"][0]["bundle_artifact"]
+    with zipfile.ZipFile(z, "w", zipfile.ZIP_DEFLATED) as zf:
+        for p in sorted(source[1].rglob("*")):
+            r = p.relative_to(source[1]).as_posix()
+            if p.is_file() and r != rel:
+                zf.write(p, r)
+        with zf.open(rel, "w", force_zip64=True) as fh:
+            block = bytes(1 << 20)
+            for _ in range(256):
+                fh.write(block)
+    assert z.stat().st_size < 5_000_000
+    tracemalloc.start()
+    try:
+        _refused(target, z, IntegrityError, "expands to")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024 * 1024, f"import allocated {peak / 2**20:.0f} MiB for a refused bomb"
+
+
+def test_verify_does_not_build_the_range_of_versions(target):
+    """A version number of 20,000,000 in the database (imported by an older vecbridge): verify reports a gap."""
+    target.register_version("a->b", align.fit_procrustes(np.eye(8, dtype=np.float32) + 1, np.eye(8, dtype=np.float32)),
+                            source_space="a", target_space="b", method="procrustes", params={})
+    target._write(lambda t: (t.q("UPDATE versions SET version = 20000000 WHERE name = 'a->b'"),
+                             t.q("UPDATE maps SET last_version = 20000000 WHERE name = 'a->b'")))
+    tracemalloc.start()
+    try:
+        rep = target.verify()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rep["version_gaps"] == ["a->b"] and not rep["ok"]
+    assert peak < 32 * 1024 * 1024, f"verify allocated {peak / 2**20:.0f} MiB"
+
+
+def test_cli_import_of_a_bad_bundle_exits_2_with_one_line(source, tmp_path, capsys):
+    b = _edit(_copy(source, tmp_path), lambda m: m["spaces"][0].update(dim=-5))
+    rc = main(["--data-dir", str(tmp_path / "var"), "registry", "import", str(b)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "dim" in err[0], err
