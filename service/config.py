@@ -46,6 +46,8 @@ class Settings(BaseSettings):
         "key", description="/metrics: open to anyone, a key with the read scope, or off (404).")
     max_queued_jobs: int = 8
     job_workers: int = 1
+    min_free_bytes: int = Field(100 * 1024 * 1024, ge=0,
+                                description="/readyz is not ready while data_dir has less free space than this.")
     demo_on_empty: bool = True
     log_level: str = "INFO"
 

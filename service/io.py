@@ -19,6 +19,7 @@ blocks of rows and :class:`ChunkWriter` writes ``.npy`` (memory-mapped, prealloc
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from contextlib import contextmanager
@@ -374,6 +375,15 @@ class ChunkWriter:
             from numpy.lib.format import open_memmap
 
             self._mm = open_memmap(self.tmp, mode="w+", dtype=np.float32, shape=(n_rows, self.dim))
+            try:  # back every page now: a full disk is an OSError here, not a SIGBUS on a mapped write later
+                if hasattr(os, "posix_fallocate"):
+                    with open(self.tmp, "r+b") as fh:
+                        os.posix_fallocate(fh.fileno(), 0, os.fstat(fh.fileno()).st_size)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # a filesystem without it
+                    del self._mm
+                    self.tmp.unlink(missing_ok=True)
+                    raise
         elif self.suffix == ".fvecs":
             self._fh = open(self.tmp, "wb")
         else:

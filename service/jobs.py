@@ -153,7 +153,7 @@ _JSON_COLS = ("stage_seconds", "result", "error")
 
 
 class JobStore:
-    """Job records in a small SQLite file (WAL), shared by the processes of one data dir.
+    """Job records in a small SQLite file (rollback journal), shared by the processes of one data dir.
 
     Parameters
     ----------
@@ -190,7 +190,8 @@ class JobStore:
         c = getattr(self._local, "conn", None)
         if c is None or getattr(self._local, "pid", None) != os.getpid():
             c = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
-            c.execute("PRAGMA journal_mode=WAL")
+            c.execute("PRAGMA journal_mode=DELETE")  # not WAL: its mapped -shm SIGBUSes on an immutable/full disk
+            c.execute("PRAGMA mmap_size=0")
             c.execute("PRAGMA synchronous=NORMAL")
             self._local.conn, self._local.pid = c, os.getpid()
         return c

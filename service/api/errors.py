@@ -23,11 +23,15 @@ empty, ...), InvalidNameError,
 request validation
 QueueFullError                                 429  (with ``Retry-After``)
 ServiceUnavailableError                        503
+a read-only / immutable / full data dir        503  (``service.storage.is_storage_error``: OSError
+                                                    EROFS/ENOSPC/EPERM..., SQLite "readonly", "disk is full")
 anything else                                  500  (logged with the request id)
 =============================================  ======
 """
 
 from __future__ import annotations
+
+import sqlite3
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +42,7 @@ from align.exceptions import InputError, NotFittedError, SerializationError
 from ..indexes import IndexConflictError, IndexNotFoundError
 from ..jobs import IdempotencyConflictError, JobNotFoundError, QueueFullError
 from ..logging import get_logger
+from ..storage import is_storage_error, storage_message
 from ..registry.errors import ConflictError, InvalidNameError, NotFoundError, RegistryError
 from .responses import FastJSONResponse
 
@@ -99,8 +104,8 @@ STATUS_TABLE: list[tuple[type[BaseException], int]] = [
 def status_for(exc: BaseException) -> int:
     for cls, status in STATUS_TABLE:
         if isinstance(exc, cls):
-            return status
-    return 500
+            return 503 if status == 500 and is_storage_error(exc) else status
+    return 503 if is_storage_error(exc) else 500
 
 
 def _body(kind: str, status: int, message: str, **extra) -> dict:
@@ -115,6 +120,11 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
     elif status == 429:
         headers["Retry-After"] = "5"
     message = str(exc) or type(exc).__name__
+    if status == 503 and is_storage_error(exc):
+        _log.warning("data dir not writable", extra={"fields": {"error": f"{type(exc).__name__}: {exc}",
+                                                                 "path_template": _route(request)}})
+        return FastJSONResponse(_body("StorageUnavailableError", 503, storage_message(exc)), status_code=503,
+                                headers={"Retry-After": "30"})
     if status >= 500:
         _log.error("request failed", exc_info=exc, extra={"fields": {
             "request_id": request.scope.get("state", {}).get("request_id"), "path_template": _route(request)}})
@@ -151,6 +161,8 @@ def _http_handler(request: Request, exc: StarletteHTTPException) -> FastJSONResp
 def install_error_handlers(app: FastAPI) -> None:
     """Register every handler on ``app``."""
     for cls, _ in STATUS_TABLE:
+        app.add_exception_handler(cls, _domain_handler)
+    for cls in (OSError, sqlite3.Error):  # storage errors: answered here (503), not re-raised by Starlette
         app.add_exception_handler(cls, _domain_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)

@@ -284,8 +284,10 @@ class Health(BaseModel):
 
 class Ready(BaseModel):
     status: Literal["ready", "not ready"]
-    checks: dict[str, Any] = Field(..., description="`registry`, `indexes`, and `demo` (`preparing` / `ready` / `failed`) when this run "
-                                                     "registers the start-up demo; the demo never gates readiness.")
+    checks: dict[str, Any] = Field(..., description="`registry`, `indexes`, `data_dir` (writable, free space above "
+                                                     "`min_free_bytes`), and `demo` (`preparing` / `ready` / `failed`) "
+                                                     "when this run registers the start-up demo; the demo never gates "
+                                                     "readiness.")
 
 
 class ServiceInfo(BaseModel):

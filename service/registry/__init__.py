@@ -6,7 +6,7 @@
 ...                          method="procrustes", params={}, alias="prod")
 >>> reg.load_map("minilm->e5@prod")
 
-Storage: SQL (SQLite in WAL mode by default, PostgreSQL by URL) for records, a content-addressed
+Storage: SQL (SQLite (rollback journal) by default, PostgreSQL by URL) for records, a content-addressed
 folder for artifacts (safetensors or npz + JSON header; never pickle). See :mod:`.core` for the
 crash-safe write path and :mod:`.errors` for the error tree.
 """

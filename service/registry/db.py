@@ -1,4 +1,4 @@
-"""SQL backends: SQLite (WAL, ``BEGIN IMMEDIATE``) and PostgreSQL (psycopg 3, row locks).
+"""SQL backends: SQLite (rollback journal, ``BEGIN IMMEDIATE``) and PostgreSQL (psycopg 3, row locks).
 
 Both expose the same tiny interface: ``with db.tx(write=True) as t: t.q(sql, params)``. SQL is
 written once with ``?`` placeholders; the PostgreSQL backend rewrites them to ``%s``. Write
@@ -102,7 +102,12 @@ class _Base:
 
 
 class SQLiteDB(_Base):
-    """SQLite in WAL mode; one connection per thread; writers serialise on ``BEGIN IMMEDIATE``."""
+    """SQLite with a rollback journal; one connection per thread; writers serialise on ``BEGIN IMMEDIATE``.
+
+    Not WAL: WAL memory-maps its ``-shm`` index, and a mapped page the disk cannot back (immutable
+    or full data dir) kills the process with SIGBUS; a rollback journal fails with an error
+    instead (see :mod:`service.storage`).
+    """
 
     kind = "sqlite"
 
@@ -117,7 +122,8 @@ class SQLiteDB(_Base):
 
     def _connect(self):
         c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
-        c.execute("PRAGMA journal_mode=WAL")
+        c.execute("PRAGMA journal_mode=DELETE")  # no memory-mapped wal-index: no SIGBUS on a bad disk
+        c.execute("PRAGMA mmap_size=0")
         c.execute("PRAGMA synchronous=FULL")
         c.execute("PRAGMA foreign_keys=ON")
         c.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")

@@ -23,7 +23,7 @@ async def healthz():
     return FastJSONResponse({"status": "ok"})
 
 
-@router.get("/readyz", summary="Readiness: registry reachable and indexes loaded", response_model=Ready,
+@router.get("/readyz", summary="Readiness: registry reachable, indexes loaded, data dir writable with free space", response_model=Ready,
             responses={503: {"model": Ready, "description": "Not ready: `checks` says which part."}})
 async def readyz(request: Request):
     state = getattr(request.app.state, "vb", None)
@@ -42,7 +42,11 @@ async def readyz(request: Request):
             checks["indexes"] = {"loaded": len(state.indexes.list()), "errors": state.indexes.load_errors}
         if (demo := demo_status(state)) is not None:
             checks["demo"] = demo  # preparing | ready | failed; informs, never gates readiness
-        ok = checks["registry"] == "ok" and state.indexes.loaded
+        from ...storage import data_dir_status
+
+        checks["data_dir"] = await run_in_threadpool(data_dir_status, state.settings.data_dir,
+                                                     state.settings.min_free_bytes)
+        ok = checks["registry"] == "ok" and state.indexes.loaded and checks["data_dir"] == "ok"
     return FastJSONResponse({"status": "ready" if ok else "not ready", "checks": checks},
                             status_code=200 if ok else 503)
 

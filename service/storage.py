@@ -1,0 +1,76 @@
+"""Is the data directory usable for writes? Readiness and error classification for a read-only or full disk.
+
+Two things go wrong when the disk under ``data_dir`` is remounted read-only, made immutable, or
+fills up:
+
+- **memory-mapped writable files crash the process.** A store page mapped ``MAP_SHARED`` whose
+  first write the kernel cannot back (immutable file: ``page_mkwrite`` refuses; full disk: no
+  block to allocate) is delivered as SIGBUS, which kills the process. SQLite's WAL mode maps its
+  ``-shm`` wal-index this way, so the service runs SQLite with a rollback journal
+  (``journal_mode=DELETE``, ``mmap_size=0``: plain ``write(2)`` calls that fail with an error),
+  FAISS indexes are read into memory, and ``.npy`` outputs are preallocated with
+  ``posix_fallocate`` before being mapped;
+- **writes fail** with ``OSError`` (EROFS, ENOSPC, EDQUOT, EPERM, EACCES, EIO) or
+  ``sqlite3.OperationalError`` ("readonly database", "database or disk is full", "disk I/O
+  error", "unable to open database file"). :func:`is_storage_error` recognises them; the API
+  answers 503 with :func:`storage_message`, the CLI exits 2 with one line.
+
+:func:`data_dir_status` is the readiness probe: create, write and remove a small file in the
+data dir, open the SQLite files for writing (without writing), and compare the free space with
+``min_free_bytes``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+
+__all__ = ["data_dir_status", "is_storage_error", "storage_message", "STORAGE_ERRNOS"]
+
+STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
+_SQLITE_MARKERS = ("readonly database", "disk is full", "disk i/o error", "unable to open database file",
+                   "database or disk is full")
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """True for the errors a read-only, immutable or full data directory produces (see module docs)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+            return True
+        if isinstance(exc, sqlite3.OperationalError) and any(m in str(exc).lower() for m in _SQLITE_MARKERS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def storage_message(exc: BaseException) -> str:
+    return ("the data directory cannot be written (read-only, immutable or full disk); nothing was changed "
+            f"— see /readyz ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+
+
+def data_dir_status(data_dir, min_free_bytes: int = 0) -> str:
+    """``"ok"``, or why the data directory cannot take writes now (not writable, or below ``min_free_bytes``)."""
+    d = Path(data_dir)
+    probe = d / f".ready-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"1")
+        finally:
+            os.close(fd)
+        probe.unlink()
+        for f in sorted(d.glob("*.sqlite")):  # a file made immutable on its own (open for write, write nothing)
+            os.close(os.open(f, os.O_WRONLY | os.O_APPEND))
+    except OSError as exc:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+        return f"not writable: {os.strerror(exc.errno) if exc.errno else exc}"
+    st = os.statvfs(d)
+    free = st.f_bavail * st.f_frsize
+    if free < int(min_free_bytes):
+        return f"nearly full: {free // 2**20} MiB free, below the {int(min_free_bytes) // 2**20} MiB threshold"
+    return "ok"

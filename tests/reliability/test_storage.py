@@ -1,0 +1,132 @@
+"""A read-only, immutable or full data dir (issue 15, finding 4).
+
+Before: with the data dir made immutable, the next ``POST /v1/fits`` killed the server with
+SIGBUS (SQLite's WAL maps its ``-shm`` file; a mapped page the disk cannot back is a SIGBUS),
+earlier writes were opaque 500s, and ``/readyz`` said ready; on a full disk, 500s and ready.
+Now: the process stays up, writes answer 503 ``StorageUnavailableError``, reads keep working,
+``/readyz`` is 503 with ``checks.data_dir`` saying why, and everything recovers once the disk does.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sqlite3
+import subprocess
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from service.storage import data_dir_status, is_storage_error
+
+from .helpers import R, W, Server, fit_body, wait_job
+
+
+def test_status_and_classification(tmp_path):
+    assert data_dir_status(tmp_path) == "ok"
+    assert data_dir_status(tmp_path, min_free_bytes=2**62).startswith("nearly full")
+    assert not list(tmp_path.iterdir()), "the probe left a file behind"
+    assert is_storage_error(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_storage_error(sqlite3.OperationalError("attempt to write a readonly database"))
+    assert not is_storage_error(OSError(errno.ENOENT, "gone")) and not is_storage_error(ValueError("x"))
+
+
+def _freeze(d: Path) -> bool:
+    """Make ``d`` unwritable for this user: ``chmod`` for a normal user, ``chattr +i`` for root. False: cannot."""
+    if os.geteuid() != 0:
+        subprocess.run(["chmod", "-R", "a-w", str(d)], check=True)
+        return True
+    if shutil.which("chattr") is None:
+        return False
+    return subprocess.run(["chattr", "-R", "+i", str(d)], capture_output=True).returncode == 0
+
+
+def _thaw(d: Path) -> None:
+    if os.geteuid() != 0:
+        subprocess.run(["chmod", "-R", "u+w", str(d)], check=True)
+    else:
+        subprocess.run(["chattr", "-R", "-i", str(d)], capture_output=True)
+
+
+def _exercise_writes(c: httpx.Client, tag: str) -> list[tuple[str, int, str]]:
+    out = []
+    for what, call in (("fit", lambda: c.post("/v1/fits", json=fit_body(f"a2b{tag}"))),
+                       ("index-add", lambda: c.post("/v1/indexes/ix/vectors", json={"vectors": [[0.3] * 16] * 4})),
+                       ("alias", lambda: c.put("/v1/maps/a2b/aliases/x", json={"version": 1})),
+                       ("space", lambda: c.post("/v1/spaces", json={"name": f"s{tag}", "dim": 4}))):
+        r = call()
+        out.append((what, r.status_code, r.json()["error"]["type"] if r.status_code >= 400 else ""))
+    return out
+
+
+def _world(s: Server) -> httpx.Client:
+    c = s.client(W)
+    r = c.post("/v1/fits", json=fit_body("a2b"))
+    assert r.status_code == 202, r.text
+    assert wait_job(c, r.json()["id"])["state"] == "succeeded"
+    r = c.post("/v1/indexes", json={"name": "ix", "space": "b", "vectors": np.eye(16, dtype=np.float32).tolist()})
+    assert r.status_code == 201, r.text
+    return c
+
+
+def test_immutable_data_dir_no_crash_503_and_not_ready(tmp_path):
+    d = tmp_path / "data"
+    with Server(d) as s:
+        c = _world(s)
+        if not _freeze(d):
+            pytest.skip("cannot make the data dir unwritable here (chattr +i refused)")
+        try:
+            ready = httpx.get(s.url + "/readyz", timeout=30)
+            assert ready.status_code == 503 and ready.json()["checks"]["data_dir"].startswith("not writable"), ready.text
+            results = [r for i in range(2) for r in _exercise_writes(c, str(i))]
+            assert s.proc.poll() is None, f"server died (exit {s.proc.returncode}): {s.log()[-1500:]}"
+            assert all(code == 503 and kind == "StorageUnavailableError" for _, code, kind in results), results
+            # reads still answer
+            assert s.client(R).get("/v1/maps").status_code == 200
+            assert s.client(R).post("/v1/indexes/ix/search", json={"vectors": [[1.0] + [0.0] * 15], "k": 1}
+                                    ).status_code == 200
+        finally:
+            _thaw(d)
+        assert httpx.get(s.url + "/readyz", timeout=30).status_code == 200
+        assert [code for _, code, _ in _exercise_writes(c, "after")] == [202, 200, 200, 201]
+        assert s.proc.poll() is None
+
+
+def _mount_tmpfs(d: Path, size: str) -> bool:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    d.mkdir(parents=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
+                          capture_output=True).returncode == 0
+
+
+def test_full_disk_no_crash_503_and_not_ready(tmp_path):
+    mnt = tmp_path / "mnt"
+    if not _mount_tmpfs(mnt, "24m"):
+        pytest.skip("needs root and mount to make a small filesystem")
+    try:
+        with Server(mnt / "data", env={"VECBRIDGE_MIN_FREE_BYTES": str(4 * 2**20)}) as s:
+            c = _world(s)
+            with open(mnt / f"fill-{uuid.uuid4().hex}", "wb") as fh:  # fill to the last byte
+                try:
+                    while True:
+                        fh.write(bytes(1 << 16))
+                        fh.flush()
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+            ready = httpx.get(s.url + "/readyz", timeout=30)
+            assert ready.status_code == 503 and ready.json()["checks"]["data_dir"] != "ok", ready.text
+            results = [r for i in range(2) for r in _exercise_writes(c, str(i))]
+            assert s.proc.poll() is None, f"server died (exit {s.proc.returncode}): {s.log()[-1500:]}"
+            assert all(code == 503 for _, code, _ in results), results
+            assert s.client(R).get("/v1/maps").status_code == 200
+            for f in mnt.glob("fill-*"):
+                f.unlink()
+            assert httpx.get(s.url + "/readyz", timeout=30).status_code == 200
+            assert [code for _, code, _ in _exercise_writes(c, "after")] == [202, 200, 200, 201]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
