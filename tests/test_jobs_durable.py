@@ -42,7 +42,7 @@ CHILD = textwrap.dedent("""
             time.sleep(0.01)
     running, _ = mgr.submit(slow, kind="fit", idempotency_key="key-running", request_hash="h1")
     queued, _ = mgr.submit(lambda ctx: {}, kind="fit", idempotency_key="key-queued", request_hash="h2")
-    while mgr.get(running.id).stage != "fit":
+    while not any(j.id == running.id and j.stage == "fit" for j in mgr.store.list()):  # committed, not just in memory
         time.sleep(0.01)
     print(running.id, queued.id, flush=True)
     time.sleep(600)
