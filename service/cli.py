@@ -936,6 +936,135 @@ def lm_analyze(obj: Ctx, text, ref, eps, as_json):
           as_json, "\n".join(f"{v:+8.3f}  {t}" for t, v in ev))
 
 
+# --- vector-database migrations -------------------------------------------------------------------
+
+def _store_opts(fn):
+    for f, default in (("text", "text"), ("vector", "vector (Milvus) / embedding (PostgreSQL)"), ("id", "id")):
+        fn = click.option(f"--{f}-field", default=None, help=f"Name of the {f} field (default: {default}).")(fn)
+    return click.option("--store", required=True, metavar="URL",
+                        help="milvus://host:port, milvus:///file.db, postgresql://..., qdrant://host:port or "
+                             "qdrant:///local/dir.")(fn)
+
+
+@cli.command()
+@_store_opts
+@click.option("--source", required=True, help="Collection (or alias) holding the old model's vectors.")
+@click.option("--target", required=True, help="New collection for the mapped vectors (same ids and fields).")
+@click.option("--map", "map_ref", required=True, help="Map: registry ref (name, name@alias, name:N) or an artifact file.")
+@click.option("--checkpoint", type=click.Path(), default=None,
+              help="Progress file (default: DATA_DIR/migrations/SOURCE-to-TARGET.json); rerun to resume.")
+@click.option("--alias", default=None, help="Switch this alias to the target when every row is written.")
+@click.option("--batch-size", type=click.IntRange(1, 1_000_000), default=2000, show_default=True)
+@click.option("--pause", type=click.FloatRange(0), default=0.0, help="Seconds to sleep after each batch.")
+@click.option("--index", type=click.Choice(["hnsw", "ivfflat", "none"]), default=None,
+              help="PostgreSQL: index built on the target (default hnsw).")
+@click.option("--overwrite", is_flag=True, help="Drop an existing target before a fresh start (never when resuming).")
+@click.option("--source-space", default=None, help="Space of the source vectors (checked against the map's).")
+@click.option("--target-space", default=None, help="Space recorded on the target (default: the map's).")
+@click.option("--status", "status_only", is_flag=True, help="Only show what the checkpoint says, then exit.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines (progress, then the report) instead of a bar.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.pass_obj
+def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target, map_ref, checkpoint, alias,
+            batch_size, pause, index, overwrite, source_space, target_space, status_only, as_json, quiet):
+    """Map every vector of a collection into a new one (ids, texts and other fields kept), resumably.
+
+    Exit codes: 0 done, 2 bad input or refused (one line), 130 interrupted (Ctrl-C: the batch in
+    flight is finished and checkpointed; run the same command again to resume).
+    """
+    from .ops.migrations import EXIT_INTERRUPTED, checkpoint_status, default_checkpoint, needs_registry, run_migration
+    from .vectordb import MigrationInterrupted
+
+    ckpt = Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)
+    if status_only:
+        st = checkpoint_status(ckpt)
+        eta = f", ETA {st['eta_s']:.0f}s at {st['rows_per_s']} rows/s" if st["eta_s"] is not None else ""
+        _emit(st, as_json, f"{st['source']} -> {st['target']}: {st['done']}/{st['total']} rows "
+                           f"({100 * st['fraction']:.1f}%), last id {st['last_id']}, "
+                           f"{'finished' if st['finished'] else 'not finished'}{eta}")
+        return
+    bar = None
+
+    def progress(p):
+        nonlocal bar
+        if as_json:
+            click.echo(json.dumps({"done": p.done, "total": p.total, "last_id": p.last_id,
+                                   "rows_per_s": round(p.rows_per_s, 1)}))
+        elif not quiet:
+            if bar is None:
+                from tqdm import tqdm
+
+                before = max(p.done - int(round(p.rows_per_s * p.elapsed_s)), 0)  # rows of earlier runs
+                bar = tqdm(total=p.total, initial=before, unit="rows", desc=f"migrate {source}->{target}",
+                           file=sys.stderr, dynamic_ncols=True)
+            bar.update(p.done - bar.n)
+
+    try:
+        rep = run_migration(store_url=store, source=source, target=target, map_ref=map_ref, checkpoint=ckpt,
+                            registry=obj.registry if needs_registry(map_ref) else None, alias=alias,
+                            batch_size=batch_size, overwrite=overwrite, pause=pause, index=index, id_field=id_field,
+                            vector_field=vector_field, text_field=text_field, source_space=source_space,
+                            target_space=target_space, progress=progress)
+    except MigrationInterrupted as exc:
+        if bar is not None:
+            bar.close()
+            bar = None
+        click.echo(f"vecbridge: interrupted: {exc} (checkpoint {ckpt})", err=True)
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    d = rep.to_dict()
+    d["checkpoint"] = str(ckpt)
+    _emit(d, as_json, f"migrated {rep.rows} rows {source} -> {target} ({rep.rows_this_run} this run"
+                      f"{', resumed after id ' + str(rep.resumed_from) if rep.resumed_from is not None else ''}) "
+                      f"in {rep.seconds:.1f}s; fields: {', '.join(rep.extra.get('fields', [])) or '(none)'}; "
+                      f"space {rep.extra.get('space_check')}"
+                      f"{'; alias ' + alias + ' -> ' + target if alias else ''}")
+
+
+@cli.command()
+@_store_opts
+@click.option("--collection", required=True, help="The migrated collection (or its alias).")
+@click.option("--encoder", default=None, help="Re-embed the stored texts with this encoder (the new model).")
+@click.option("--heldout-source", type=click.Path(dir_okay=False), default=None,
+              help="Old-model vectors of held-out items (with --heldout-target and --map).")
+@click.option("--heldout-target", type=click.Path(dir_okay=False), default=None,
+              help="New-model vectors of the same items.")
+@click.option("--map", "map_ref", default=None, help="The migration's map (held-out mode).")
+@click.option("--n-sample", type=click.IntRange(2), default=2000, show_default=True)
+@click.option("--queries", "n_queries", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--k", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--random-state", type=int, default=0, show_default=True)
+@click.option("--min-recall", type=click.FloatRange(0, 1), default=None,
+              help="PASS/FAIL gate on recall@k: exit 1 when below.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, encoder, heldout_source, heldout_target,
+           map_ref, n_sample, n_queries, k, random_state, min_recall, as_json):
+    """Check a migrated collection: does searching it find what re-embedding would?"""
+    from align.exceptions import InputError
+
+    from .ops.migrations import needs_registry, run_verify
+
+    if (heldout_source is None) != (heldout_target is None):
+        raise InputError("give both --heldout-source and --heldout-target")
+    heldout = (heldout_source, heldout_target) if heldout_source else None
+    out = run_verify(store_url=store, collection=collection, encoder=encoder, heldout=heldout, map_ref=map_ref,
+                     registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
+                     n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
+                     vector_field=vector_field, text_field=text_field)
+    recall = out[f"recall@{out['k']}"]
+    verdict = None if min_recall is None else ("PASS" if recall >= min_recall else "FAIL")
+    out["verdict"] = verdict
+    figures = ", ".join(f"{key}={val:.4f}" for key, val in out.items()
+                        if isinstance(val, float) and not isinstance(val, bool))
+    _emit(out, as_json, f"{collection} ({out['mode']}, {out['n_sample']} rows sampled): {figures}"
+                        f"{'; ' + verdict if verdict else ''}")
+    if verdict == "FAIL":
+        sys.exit(1)
+
+
 # --- entry point ----------------------------------------------------------------------------------
 
 def _one_line(exc: BaseException) -> str:

@@ -18,17 +18,28 @@ from .base import (
     CheckpointMismatchError,
     CollectionExistsError,
     CollectionNotFoundError,
+    SpaceMismatchError,
+    UnsupportedFieldError,
     VectorDBError,
     VectorStore,
 )
 from .checkpoint import Checkpoint, FileCheckpoint, MemoryCheckpoint, PgCheckpoint
-from .migrate import MigrationProgress, MigrationReport, map_fingerprint, migrate, resolve_map
+from .migrate import (
+    MigrationInterrupted,
+    MigrationProgress,
+    MigrationReport,
+    map_fingerprint,
+    map_spaces,
+    migrate,
+    resolve_map,
+)
 from .query import TranslatingSearcher
 from .verify import compare_to_reference, verify_migration
 
 __all__ = [
     "VectorStore", "Batch", "MilvusStore", "PgVectorStore", "QdrantStore", "open_store",
-    "migrate", "resolve_map", "map_fingerprint", "MigrationProgress", "MigrationReport",
+    "migrate", "resolve_map", "map_spaces", "map_fingerprint", "MigrationProgress", "MigrationReport",
+    "MigrationInterrupted", "SpaceMismatchError", "UnsupportedFieldError",
     "Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint",
     "TranslatingSearcher", "verify_migration", "compare_to_reference",
     "VectorDBError", "CollectionNotFoundError", "CollectionExistsError", "CheckpointMismatchError", "BadNameError",

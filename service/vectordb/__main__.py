@@ -1,12 +1,17 @@
 """``python -m service.vectordb migrate …``: run one resumable migration from the command line.
 
     python -m service.vectordb migrate --store milvus://127.0.0.1:19530 --source docs_a --target docs_b \\
-        --map artifacts/a_to_b.npz --checkpoint docs.ckpt.json [--alias docs] [--batch-size 2000] [--pause 0]
+        --map artifacts/a_to_b.npz --checkpoint docs.ckpt.json [--alias docs] [--batch-size 2000] [--pause 0] \\
+        [--overwrite] [--vector-field emb] [--id-field pk] [--text-field body] [--source-space minilm]
+    python -m service.vectordb status --checkpoint docs.ckpt.json
 
 ``--map`` is an artifact path, or a registry ref with ``--registry URL --artifact-dir DIR``.
-Run the same command again after a crash: it resumes after the last checkpointed id.
-Prints one JSON line per batch (progress) and one with the final report. Exit codes: 0 done,
-2 bad input / mismatch, 1 other failure.
+Run the same command again after a crash or Ctrl-C: it resumes after the last checkpointed id.
+Prints one JSON line per batch (progress) and one with the final report. ``vecbridge migrate`` is
+the same operation with a progress bar (:mod:`service.ops.migrations`).
+
+Exit codes: 0 done, 2 bad input / mismatch / refused (one JSON line on stderr), 130 interrupted
+(Ctrl-C or SIGTERM: the batch in flight is finished and checkpointed first), 1 other failure.
 """
 
 from __future__ import annotations
@@ -14,11 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 from align.exceptions import VecbridgeError
 
-from . import FileCheckpoint, migrate, open_store
+from ..ops.migrations import EXIT_INTERRUPTED, checkpoint_status, run_migration
+from . import MigrationInterrupted
+
+
+def _err(exc: BaseException) -> None:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:
@@ -37,6 +46,13 @@ def main(argv=None) -> int:
     m.add_argument("--batch-size", type=int, default=2000)
     m.add_argument("--pause", type=float, default=0.0, help="seconds to pause after each batch (spare a busy database)")
     m.add_argument("--index", default=None, help="pgvector only: hnsw | ivfflat | none")
+    m.add_argument("--overwrite", action="store_true", help="drop an existing target before a fresh start")
+    for f in ("id", "vector", "text"):
+        m.add_argument(f"--{f}-field", default=None, help=f"name of the {f} field (default: the engine's)")
+    m.add_argument("--source-space", default=None, help="the space the source vectors live in (checked)")
+    m.add_argument("--target-space", default=None, help="recorded on the target (default: the map's)")
+    st = sub.add_parser("status", help="what a checkpoint file says")
+    st.add_argument("--checkpoint", required=True)
     args = ap.parse_args(argv)
     if args.store is None:
         from service.config import get_settings
@@ -45,28 +61,37 @@ def main(argv=None) -> int:
         if not args.store:
             ap.error("give --store, or set VECBRIDGE_VECTORDB_URL")
 
-    registry = None
-    if args.registry:
-        from service.registry import open_registry
-
-        registry = open_registry(args.registry, args.artifact_dir)
-    kw = {}
-    if args.index is not None and args.store.startswith(("postgresql://", "postgres://")):
-        kw["index"] = None if args.index == "none" else args.index
-
-    def progress(p):
-        print(json.dumps({"done": p.done, "total": p.total, "last_id": p.last_id, "rows_per_s": round(p.rows_per_s, 1)}),
-              flush=True)
-        if args.pause > 0:
-            time.sleep(args.pause)
-
     try:
-        store = open_store(args.store, **kw)
-        rep = migrate(store, args.source, args.target, args.map, registry=registry, alias=args.alias,
-                      batch_size=args.batch_size, checkpoint=FileCheckpoint(args.checkpoint), progress=progress)
-    except (VecbridgeError, ValueError, LookupError) as exc:
-        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), file=sys.stderr, flush=True)
+        if args.cmd == "status":
+            print(json.dumps(checkpoint_status(args.checkpoint)), flush=True)
+            return 0
+        registry = None
+        if args.registry:
+            from service.registry import open_registry
+
+            registry = open_registry(args.registry, args.artifact_dir)
+
+        def progress(p):
+            print(json.dumps({"done": p.done, "total": p.total, "last_id": p.last_id,
+                              "rows_per_s": round(p.rows_per_s, 1)}), flush=True)
+
+        rep = run_migration(store_url=args.store, source=args.source, target=args.target, map_ref=args.map,
+                            checkpoint=args.checkpoint, registry=registry, alias=args.alias,
+                            batch_size=args.batch_size, overwrite=args.overwrite, pause=args.pause, index=args.index,
+                            id_field=args.id_field, vector_field=args.vector_field, text_field=args.text_field,
+                            source_space=args.source_space, target_space=args.target_space, progress=progress)
+    except MigrationInterrupted as exc:
+        _err(exc)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        _err(MigrationInterrupted("interrupted; run the same command again to resume", 0, 0))
+        return EXIT_INTERRUPTED
+    except (VecbridgeError, ValueError, LookupError, OSError) as exc:
+        _err(exc)
         return 2
+    except Exception as exc:  # noqa: BLE001 - a database client's own error: one line, exit 1
+        _err(exc)
+        return 1
     print(json.dumps({"report": rep.to_dict()}), flush=True)
     return 0
 

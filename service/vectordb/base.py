@@ -1,6 +1,13 @@
 """The small interface every vector-database adapter implements, and the adapters' errors.
 
-A *store* holds named collections of rows ``(id: int64, vector: float32[d], text: str | None)``.
+A *store* holds named collections of rows ``(id: int64, vector: float32[d], text: str | None,
+**fields)``: any other scalar/JSON fields a row carries (Milvus dynamic or declared fields,
+PostgreSQL columns, Qdrant payload keys) travel with it in :attr:`Batch.fields`. The names of the
+id, vector and text fields are per store (``id_field``, ``vector_field``, ``text_field``). A
+collection may record the embedding **space** its vectors live in (``get_space`` / ``set_space``:
+a Milvus collection property, a PostgreSQL table comment, Qdrant collection metadata), which a
+migration checks against the map's source space.
+
 The migration engine only needs what is below; each engine maps it onto its own API:
 
 ========================  ==================  ======================  ==========================
@@ -22,6 +29,8 @@ Errors::
         ├── CollectionNotFoundError     (also LookupError) no such collection / table / alias
         ├── CollectionExistsError       the target of a fresh migration already exists
         ├── CheckpointMismatchError     a checkpoint belongs to another migration (map, source, target)
+        ├── SpaceMismatchError          the map's source space is not the collection's recorded space
+        ├── UnsupportedFieldError       a field a migration could not carry over (named in the message)
         └── BadNameError (ValueError)   a collection or alias name the adapter refuses
 """
 
@@ -39,7 +48,8 @@ from align.exceptions import InputError, PairCountError, VecbridgeError
 
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
-    "CheckpointMismatchError", "BadNameError", "check_name", "as_ids", "METRICS",
+    "CheckpointMismatchError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError", "check_name", "as_ids",
+    "check_fields", "METRICS",
 ]
 
 METRICS = ("cosine", "ip")
@@ -60,6 +70,14 @@ class CollectionExistsError(VectorDBError):
 
 class CheckpointMismatchError(VectorDBError):
     """The checkpoint on file belongs to a different migration (source, target or map differ)."""
+
+
+class SpaceMismatchError(VectorDBError, ValueError):
+    """The collection records another embedding space than the one the map reads (e.g. a map the wrong way)."""
+
+
+class UnsupportedFieldError(VectorDBError, ValueError):
+    """A row field a migration cannot carry over (another vector field, a type without a binary copy)."""
 
 
 class BadNameError(VectorDBError, ValueError):
@@ -84,13 +102,30 @@ def as_ids(ids, n: int | None = None) -> np.ndarray:
     return arr
 
 
+def check_fields(fields, n: int) -> dict[str, list] | None:
+    """Extra fields as ``{name: list of n values}`` (or None); PairCountError on a length mismatch."""
+    if not fields:
+        return None
+    if not isinstance(fields, dict):
+        raise InputError("fields must be a mapping {name: list of values}")
+    out = {}
+    for k, v in fields.items():
+        v = list(v)
+        if len(v) != n:
+            raise PairCountError(f"field {k!r} has {len(v)} values for {n} rows")
+        out[str(k)] = v
+    return out
+
+
 @dataclass
 class Batch:
-    """Rows read from a store: ``ids`` (n,) int64, ``vectors`` (n, d) float32, ``texts`` list or None."""
+    """Rows read from a store: ``ids`` (n,) int64, ``vectors`` (n, d) float32, ``texts`` list or None,
+    ``fields`` ``{name: list of n values}`` of every other field (when the scan asked for them), or None."""
 
     ids: np.ndarray
     vectors: np.ndarray
     texts: list | None = None
+    fields: dict | None = None
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -102,6 +137,9 @@ class VectorStore(ABC):
     engine: str = "abstract"
     #: True when ``set_alias`` is a native, atomic alias switch of the engine.
     native_aliases: bool = False
+    id_field: str = "id"
+    vector_field: str | None = "vector"
+    text_field: str = "text"
 
     # --- collections --------------------------------------------------------------------
     @abstractmethod
@@ -109,8 +147,23 @@ class VectorStore(ABC):
         """True when a collection (not an alias) called ``name`` exists."""
 
     @abstractmethod
-    def create(self, name: str, dim: int, *, metric: str = "cosine") -> None:
-        """Create an empty collection of ``dim``-dimensional vectors (``metric``: cosine or ip)."""
+    def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
+        """Create an empty collection of ``dim``-dimensional vectors (``metric``: cosine or ip).
+
+        ``like``: a collection whose other fields the new one declares too (same names and types),
+        so :meth:`upsert` can carry them over.
+        """
+
+    def get_space(self, name: str) -> str | None:
+        """The embedding space recorded on a collection (or alias), or None."""
+        return None
+
+    def set_space(self, name: str, space: str) -> None:
+        """Record the embedding space of a collection's vectors."""
+
+    def unsupported_fields(self, name: str) -> list[str]:
+        """Fields of ``name`` a migration could not carry over (each with the reason); [] when all travel."""
+        return []
 
     @abstractmethod
     def drop(self, name: str) -> None:
@@ -126,23 +179,30 @@ class VectorStore(ABC):
 
     # --- rows ---------------------------------------------------------------------------
     @abstractmethod
-    def _upsert(self, name: str, ids: np.ndarray, vectors: np.ndarray, texts: list | None) -> None:
+    def _upsert(self, name: str, ids: np.ndarray, vectors: np.ndarray, texts: list | None,
+                fields: dict | None = None) -> None:
         ...
 
-    def upsert(self, name: str, ids, vectors, texts=None) -> None:
-        """Insert or replace rows ``ids`` (n,) with ``vectors`` (n, d) and optional ``texts`` (n)."""
+    def upsert(self, name: str, ids, vectors, texts=None, fields=None) -> None:
+        """Insert or replace rows ``ids`` (n,) with ``vectors`` (n, d), optional ``texts`` (n) and
+        ``fields`` ``{name: n values}`` (other fields of the rows)."""
         V = as_matrix(vectors, name="vectors")
         ids = as_ids(ids, V.shape[0])
         if texts is not None and len(texts) != V.shape[0]:
             raise PairCountError(f"{len(texts)} texts for {V.shape[0]} vectors")
         if np.unique(ids).shape[0] != ids.shape[0]:
             raise InputError("ids within one upsert must be distinct")
-        self._upsert(name, ids, V, None if texts is None else [str(t) for t in texts])
+        fields = check_fields(fields, V.shape[0])
+        clash = {self.id_field, self.vector_field, self.text_field} & set(fields or ())
+        if clash:
+            raise InputError(f"fields {sorted(clash)} are the id, vector or text field of this store")
+        self._upsert(name, ids, V, None if texts is None else [None if t is None else str(t) for t in texts], fields)
 
     @abstractmethod
     def scan(self, name: str, *, after_id: int | None = None, batch_size: int = 1000,
-             with_texts: bool = True) -> Iterator[Batch]:
-        """Yield every row with ``id > after_id`` in ascending id order, ``batch_size`` at a time."""
+             with_texts: bool = True, with_fields: bool = False) -> Iterator[Batch]:
+        """Yield every row with ``id > after_id`` in ascending id order, ``batch_size`` at a time
+        (``with_fields``: every other field of the rows in :attr:`Batch.fields`)."""
 
     def ids(self, name: str, *, batch_size: int = 10000) -> np.ndarray:
         """All ids of a collection, ascending (reads ids in batches)."""
@@ -150,7 +210,7 @@ class VectorStore(ABC):
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     @abstractmethod
-    def fetch(self, name: str, ids) -> Batch:
+    def fetch(self, name: str, ids, *, with_fields: bool = False) -> Batch:
         """Rows for ``ids``, in the order given; CollectionNotFoundError / InputError if any is missing."""
 
     @abstractmethod

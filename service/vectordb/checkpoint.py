@@ -13,7 +13,9 @@ import json
 import os
 from pathlib import Path
 
-from .base import check_name
+from align.exceptions import InputError
+
+from .base import CheckpointMismatchError, check_name
 
 __all__ = ["Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint"]
 
@@ -52,12 +54,22 @@ class FileCheckpoint(Checkpoint):
 
     def __init__(self, path):
         self.path = Path(path)
+        if self.path.is_dir():
+            raise InputError(f"checkpoint {self.path} is a directory; give a file path, e.g. {self.path / 'run.json'}")
+        if self.path.exists() and not self.path.is_file():
+            raise InputError(f"checkpoint {self.path} is not a regular file")
 
     def load(self):
         try:
-            return json.loads(self.path.read_text())
+            state = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CheckpointMismatchError(f"checkpoint {self.path} is not a migration checkpoint (not JSON); "
+                                          "move it away to start afresh") from None
+        if not isinstance(state, dict) or not {"source", "target", "map_fingerprint", "last_id"} <= set(state):
+            raise CheckpointMismatchError(f"checkpoint {self.path} is not a migration checkpoint")
+        return state
 
     def save(self, state):
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,19 @@ For every stored row ``x`` (raw A vector) the new collection gets
 
 i.e. ``map_.apply(X, output="raw")``: comparable with raw B vectors, so new-model queries search
 it directly. Rows are read in ascending id order, ``batch_size`` at a time, transformed, and
-upserted into ``target`` under the same ids (texts copied); after each batch the checkpoint
-records the id range done. A resumed run continues after ``last_id``; a batch written but not
+upserted into ``target`` under the same ids with **every other field** of the row (text and any
+extra field; a field that cannot travel — another vector field, a column type without a binary
+copy — makes the migration refuse at the start, naming it); after each batch the checkpoint
+records the id range done.
+
+Spaces: when the source collection records its embedding space, or the caller declares it
+(``source_space``), it must be the map's source space (from the registry version, or the map's
+metadata), else :class:`SpaceMismatchError` — a same-dimension map the wrong way round (e5→minilm
+on a MiniLM collection) is refused. The target records the map's target space.
+
+Stopping: ``should_stop()`` is polled after each checkpointed batch; when it answers True the
+run ends with :class:`MigrationInterrupted` (rows so far are written and recorded; run again to
+resume). A resumed run continues after ``last_id``; a batch written but not
 yet recorded is rewritten, and the idempotent upsert keeps one row per id. At the end the target
 is finalised (flush / index / load) and, when ``alias`` is given, the alias is switched to it
 (natively in Milvus and Qdrant; a view in PostgreSQL).
@@ -29,27 +40,78 @@ import numpy as np
 from align.exceptions import DimensionMismatchError, InputError
 from align.maps import LinearMap
 
-from .base import CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError, VectorStore, check_name
+from .base import (
+    CheckpointMismatchError,
+    CollectionExistsError,
+    CollectionNotFoundError,
+    SpaceMismatchError,
+    UnsupportedFieldError,
+    VectorDBError,
+    VectorStore,
+    check_name,
+)
 from .checkpoint import Checkpoint, MemoryCheckpoint
 
-__all__ = ["migrate", "resolve_map", "map_fingerprint", "MigrationProgress", "MigrationReport"]
+__all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
+           "MigrationInterrupted"]
+
+
+class MigrationInterrupted(VectorDBError):
+    """The run was asked to stop (Ctrl-C); every batch so far is written and checkpointed."""
+
+    def __init__(self, message: str, done: int, total: int):
+        super().__init__(message)
+        self.done, self.total = done, total
 
 
 def resolve_map(map_or_ref, registry=None) -> LinearMap:
     """A :class:`LinearMap` from a map, an artifact path (``.npz`` / ``.safetensors``) or a registry ref.
 
-    ``registry`` is anything with ``load_map(ref)`` (``service.registry.open_registry(...)``).
+    ``registry`` is anything with ``load_map(ref)`` (``service.registry.open_registry(...)``; its
+    ``resolve(ref)`` also gives the map's spaces, see :func:`map_spaces`).
     """
     if isinstance(map_or_ref, LinearMap):
         return map_or_ref
     if isinstance(map_or_ref, (str, Path)):
         p = Path(map_or_ref)
-        if p.suffix in (".npz", ".safetensors") and p.exists():
+        if is_artifact_path(p):
             return LinearMap.load(p)
         if registry is not None:
             return registry.load_map(str(map_or_ref))
         raise InputError(f"{map_or_ref!r} is neither a map artifact on disk nor resolvable without a registry")
     raise InputError(f"expected a LinearMap, an artifact path or a registry ref, got {type(map_or_ref).__name__}")
+
+
+def is_artifact_path(map_or_ref) -> bool:
+    return isinstance(map_or_ref, (str, Path)) and Path(map_or_ref).suffix in (".npz", ".safetensors") \
+        and Path(map_or_ref).exists()
+
+
+def map_spaces(map_or_ref, registry=None) -> tuple[str | None, str | None]:
+    """``(source space, target space)`` of a map: from its registry version, or its metadata; None when unknown."""
+    if hasattr(registry, "resolve") and isinstance(map_or_ref, str) and not is_artifact_path(map_or_ref):
+        v = registry.resolve(map_or_ref)
+        return v.source_space, v.target_space
+    if isinstance(map_or_ref, LinearMap):
+        md = map_or_ref.metadata or {}
+        return md.get("source_space"), md.get("target_space")
+    return None, None
+
+
+def _check_spaces(store: VectorStore, source: str, declared: str | None, map_src: str | None) -> str:
+    """Refuse a map whose source space is not the collection's; returns how the check went (for the report)."""
+    recorded = store.get_space(source)
+    have = [(f"{source!r} records space", recorded), ("--source-space says", declared), ("the map reads", map_src)]
+    known = [(w, v) for w, v in have if v]
+    for (w1, v1), (w2, v2) in zip(known, known[1:]):
+        if v1 != v2:
+            raise SpaceMismatchError(f"{w1} {v1!r} but {w2} {v2!r}: a map the wrong way round or for another "
+                                     "model; use the map from that space (or fix --source-space)")
+    if recorded and map_src:
+        return f"checked: {recorded}"
+    if declared and map_src:
+        return f"checked against --source-space: {declared}"
+    return "unchecked: neither the collection nor the map names its space"
 
 
 def map_fingerprint(map_: LinearMap) -> str:
@@ -108,7 +170,8 @@ def _fresh_state(source, target, fp, total) -> dict:
 def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | None = None,
             batch_size: int = 2000, checkpoint: Checkpoint | None = None,
             progress: Callable[[MigrationProgress], None] | None = None, metric: str = "cosine",
-            overwrite: bool = False, registry=None) -> MigrationReport:
+            overwrite: bool = False, registry=None, source_space: str | None = None,
+            target_space: str | None = None, should_stop: Callable[[], bool] | None = None) -> MigrationReport:
     """Write ``map_(source)`` into a new collection ``target`` (same ids and texts), then switch ``alias``.
 
     Parameters
@@ -130,12 +193,21 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         Called with a :class:`MigrationProgress` after every batch.
     overwrite : bool
         Drop an existing ``target`` before a fresh start (never when resuming).
+    source_space, target_space : str, optional
+        Declared spaces (checked against the collection's record and the map's; the target space
+        is recorded on ``target``). Default: the map's, when it comes from the registry.
+    should_stop : callable, optional
+        Polled after each checkpointed batch; True ends the run with MigrationInterrupted.
 
     Raises
     ------
-    CollectionNotFoundError, CollectionExistsError, CheckpointMismatchError, DimensionMismatchError
+    CollectionNotFoundError, CollectionExistsError, CheckpointMismatchError, DimensionMismatchError,
+    SpaceMismatchError, UnsupportedFieldError, MigrationInterrupted
     """
+    map_src, map_tgt = map_spaces(map_, registry)
     map_ = resolve_map(map_, registry)
+    map_src = map_src or (map_.metadata or {}).get("source_space")
+    map_tgt = target_space or map_tgt or (map_.metadata or {}).get("target_space")
     check_name(source), check_name(target)
     if source == target:
         raise InputError("source and target must differ")
@@ -146,6 +218,11 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     d_src = store.dim(source)
     if d_src != map_.source_dim:
         raise DimensionMismatchError(f"{source!r} holds {d_src}-d vectors, the map expects {map_.source_dim}-d")
+    space_check = _check_spaces(store, source, source_space, map_src)
+    lost = store.unsupported_fields(source)
+    if lost:
+        raise UnsupportedFieldError(f"{store.engine}: {source!r} has field(s) a migration cannot carry over: "
+                                    + "; ".join(lost))
     fp = map_fingerprint(map_)
     checkpoint = checkpoint if checkpoint is not None else MemoryCheckpoint()
     state = checkpoint.load()
@@ -162,25 +239,31 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     else:
         if store.exists(target):
             if not overwrite:
-                raise CollectionExistsError(f"{store.engine}: target {target!r} exists (overwrite=True drops it)")
+                raise CollectionExistsError(f"{store.engine}: target {target!r} exists; pass --overwrite "
+                                            "(overwrite=True) to drop it, or choose another --target")
             store.drop(target)
-        store.create(target, map_.target_dim, metric=metric)
+        store.create(target, map_.target_dim, metric=metric, like=source)
         state = _fresh_state(source, target, fp, store.count(source))
         checkpoint.save(state)
         resumed_from = None
 
+    extra = {"space_check": space_check, "fields": sorted(state.get("fields", []))}
     if state["finished"]:
         if alias:
             store.set_alias(alias, target)
         return MigrationReport(store.engine, source, target, alias, store.count(target), 0, resumed_from,
-                               int(state["batches"]), time.perf_counter() - t0, fp, already_finished=True)
+                               int(state["batches"]), time.perf_counter() - t0, fp, already_finished=True,
+                               extra=extra)
 
     total = store.count(source)
     rows_run = 0
-    for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size):
+    fields_seen = set(state.get("fields", []))
+    for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
         Y = map_.apply(batch.vectors, output="raw")
-        store.upsert(target, batch.ids, Y, batch.texts)
+        store.upsert(target, batch.ids, Y, batch.texts, batch.fields)
         rows_run += len(batch)
+        fields_seen |= set(batch.fields or ()) | ({store.text_field} if batch.texts is not None else set())
+        state["fields"] = sorted(fields_seen)
         if state["first_id"] is None:
             state["first_id"] = int(batch.ids[0])
         state["last_id"] = int(batch.ids[-1])
@@ -192,12 +275,20 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
             el = time.perf_counter() - t0
             progress(MigrationProgress(source, target, int(state["done"]), int(total), int(state["batches"]),
                                        state["last_id"], el, rows_run / el if el > 0 else 0.0))
+        if should_stop is not None and should_stop():
+            raise MigrationInterrupted(f"stopped after {state['done']} of {total} rows (checkpointed at id "
+                                       f"{state['last_id']}); run the same command again to resume",
+                                       int(state["done"]), int(total))
 
     store.finalize(target)
+    if map_tgt:
+        store.set_space(target, map_tgt)
     state["finished"] = True
     state["finished_at"] = time.time()
     checkpoint.save(state)
     if alias:
         store.set_alias(alias, target)
+    extra["fields"] = sorted(fields_seen)
+    extra["target_space"] = map_tgt
     return MigrationReport(store.engine, source, target, alias, store.count(target), rows_run, resumed_from,
-                           int(state["batches"]), time.perf_counter() - t0, fp)
+                           int(state["batches"]), time.perf_counter() - t0, fp, extra=extra)

@@ -7,8 +7,11 @@
 - ``/path/file.db`` — Milvus Lite embedded in this process (one process per data folder).
 
 Collections use the quick-setup schema: ``id`` INT64 primary key (no auto id), ``vector``
-FLOAT_VECTOR(d) with an AUTOINDEX of the chosen metric, and ``text`` in the dynamic field.
-Scans go through ``query_iterator``, which pages by primary key in ascending order.
+FLOAT_VECTOR(d) with an AUTOINDEX of the chosen metric, and ``text`` plus every other field of a
+row in the dynamic field (names configurable: ``id_field``, ``vector_field``, ``text_field``).
+Scans go through ``query_iterator``, which pages by primary key in ascending order; with
+``with_fields`` they ask for ``*`` (declared and dynamic fields). The embedding space is the
+collection property ``vecbridge.space``.
 """
 
 from __future__ import annotations
@@ -51,9 +54,13 @@ class MilvusStore(VectorStore):
     engine = "milvus"
     native_aliases = True
 
-    def __init__(self, uri: str, *, token: str | None = None, timeout: float | None = 60.0):
+    def __init__(self, uri: str, *, token: str | None = None, timeout: float | None = 60.0, id_field: str = "id",
+                 vector_field: str = "vector", text_field: str = "text"):
         from pymilvus import MilvusClient
 
+        self.id_field = check_name(id_field, "id field")
+        self.vector_field = check_name(vector_field, "vector field")
+        self.text_field = check_name(text_field, "text field")
         self.uri = str(uri)
         self._timeout = timeout
         self.client = MilvusClient(uri=self.uri, token=token or "", timeout=timeout)
@@ -69,12 +76,38 @@ class MilvusStore(VectorStore):
             raise CollectionNotFoundError(f"milvus: no collection or alias {name!r}")
         return name
 
-    def create(self, name: str, dim: int, *, metric: str = "cosine") -> None:
+    def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
+        # ``like``: other fields land in the dynamic field, which keeps any name and JSON value
         if metric not in METRICS:
             raise InputError(f"metric must be one of {METRICS}, got {metric!r}")
         self.client.create_collection(check_name(name), dimension=int(dim), metric_type=_METRIC[metric],
-                                      primary_field_name="id", vector_field_name="vector", id_type="int",
-                                      auto_id=False, consistency_level="Strong")
+                                      primary_field_name=self.id_field, vector_field_name=self.vector_field,
+                                      id_type="int", auto_id=False, consistency_level="Strong")
+
+    def _describe(self, name: str) -> dict:
+        self._require(name)
+        return self.client.describe_collection(name)
+
+    def get_space(self, name: str) -> str | None:
+        return (self._describe(name).get("properties") or {}).get("vecbridge.space") or None
+
+    def set_space(self, name: str, space: str) -> None:
+        self._require(name)
+        self.client.alter_collection_properties(self.resolve_alias(name) or name,
+                                                properties={"vecbridge.space": str(space)})
+
+    def unsupported_fields(self, name: str) -> list[str]:
+        from pymilvus import DataType
+
+        out = []
+        for f in self._describe(name)["fields"]:
+            t = f.get("type")
+            is_vector = "VECTOR" in getattr(t, "name", str(t))
+            if f["name"] != self.vector_field and is_vector:
+                out.append(f"{f['name']} (another vector field: a migration maps {self.vector_field!r} only)")
+            if f["name"] == self.id_field and t not in (DataType.INT64,):
+                out.append(f"{f['name']} (primary key of type {getattr(t, 'name', t)}; need INT64)")
+        return out
 
     def drop(self, name: str) -> None:
         if self.exists(name):
@@ -86,11 +119,13 @@ class MilvusStore(VectorStore):
             self._require(name)
             info = self.client.describe_collection(name)
             for f in info["fields"]:
-                if f["name"] == "vector":
+                if f["name"] == self.vector_field:
                     self._dims[name] = int(f["params"]["dim"])
                     break
             else:
-                raise VectorDBError(f"milvus: collection {name!r} has no 'vector' field")
+                raise VectorDBError(f"milvus: collection {name!r} has no vector field {self.vector_field!r} "
+                                    f"(fields: {', '.join(f['name'] for f in info['fields'])}); name it with "
+                                    "--vector-field")
         return self._dims[name]
 
     def count(self, name: str) -> int:
@@ -109,57 +144,77 @@ class MilvusStore(VectorStore):
             self.client.load_collection(name)
 
     # --- rows ---------------------------------------------------------------------------
-    def _upsert(self, name, ids, vectors, texts) -> None:
+    def _upsert(self, name, ids, vectors, texts, fields=None) -> None:
         self._require(name)
         rows = []
         for j in range(ids.shape[0]):
-            row = {"id": int(ids[j]), "vector": vectors[j]}
-            if texts is not None:
-                row["text"] = texts[j]
+            row = {self.id_field: int(ids[j]), self.vector_field: vectors[j]}
+            if texts is not None and texts[j] is not None:
+                row[self.text_field] = texts[j]
+            for k, v in (fields or {}).items():
+                if v[j] is not None:
+                    row[k] = v[j]
             rows.append(row)
         self.client.upsert(name, rows)
 
+    def _outputs(self, with_texts: bool, with_fields: bool) -> list[str]:
+        if with_fields:
+            return ["*"]
+        return [self.vector_field, self.text_field] if with_texts else [self.vector_field]
+
     def scan(self, name: str, *, after_id: int | None = None, batch_size: int = 1000,
-             with_texts: bool = True) -> Iterator[Batch]:
+             with_texts: bool = True, with_fields: bool = False) -> Iterator[Batch]:
         self._loaded(name)
-        fields = ["vector", "text"] if with_texts else ["vector"]
-        expr = "" if after_id is None else f"id > {int(after_id)}"
-        it = self.client.query_iterator(name, batch_size=int(batch_size), filter=expr, output_fields=fields)
+        expr = "" if after_id is None else f"{self.id_field} > {int(after_id)}"
+        it = self.client.query_iterator(name, batch_size=int(batch_size), filter=expr,
+                                        output_fields=self._outputs(with_texts, with_fields))
         try:
             while True:
                 rows = it.next()
                 if not rows:
                     return
-                yield _to_batch(rows, with_texts)
+                yield self._to_batch(rows, with_texts, with_fields)
         finally:
             it.close()
 
     def ids(self, name: str, *, batch_size: int = 10000) -> np.ndarray:
         self._loaded(name)
-        it = self.client.query_iterator(name, batch_size=int(batch_size), filter="", output_fields=["id"])
+        it = self.client.query_iterator(name, batch_size=int(batch_size), filter="", output_fields=[self.id_field])
         parts = []
         try:
             while True:
                 rows = it.next()
                 if not rows:
                     break
-                parts.append(np.fromiter((r["id"] for r in rows), dtype=np.int64, count=len(rows)))
+                parts.append(np.fromiter((r[self.id_field] for r in rows), dtype=np.int64, count=len(rows)))
         finally:
             it.close()
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
-    def fetch(self, name: str, ids) -> Batch:
+    def fetch(self, name: str, ids, *, with_fields: bool = False) -> Batch:
         self._loaded(name)
         ids = as_ids(ids)
         got: dict[int, dict] = {}
         for s in range(0, ids.shape[0], _EXPR_IDS):
             for r in self.client.get(name, ids=[int(i) for i in ids[s : s + _EXPR_IDS]],
-                                     output_fields=["vector", "text"]):
-                got[int(r["id"])] = r
+                                     output_fields=self._outputs(True, with_fields)):
+                got[int(r[self.id_field])] = r
         missing = [int(i) for i in ids if int(i) not in got]
         if missing:
             raise InputError(f"milvus: {len(missing)} ids not in {name!r} (first: {missing[:5]})")
-        return _to_batch([got[int(i)] for i in ids], True)
+        return self._to_batch([got[int(i)] for i in ids], True, with_fields)
+
+    def _to_batch(self, rows: list[dict], with_texts: bool, with_fields: bool) -> Batch:
+        ids = np.fromiter((r[self.id_field] for r in rows), dtype=np.int64, count=len(rows))
+        V = np.asarray([r[self.vector_field] for r in rows], dtype=np.float32)
+        texts = [r.get(self.text_field) for r in rows] if with_texts else None
+        if texts is not None and all(t is None for t in texts):
+            texts = None
+        fields = None
+        if with_fields:
+            names = sorted({k for r in rows for k in r} - {self.id_field, self.vector_field, self.text_field})
+            fields = {k: [r.get(k) for r in rows] for k in names} or None
+        return Batch(ids, V, texts, fields)
 
     def _search(self, name, Q, k):
         self._loaded(name)
@@ -202,11 +257,3 @@ class MilvusStore(VectorStore):
         except Exception:
             pass
 
-
-def _to_batch(rows: list[dict], with_texts: bool) -> Batch:
-    ids = np.fromiter((r["id"] for r in rows), dtype=np.int64, count=len(rows))
-    V = np.asarray([r["vector"] for r in rows], dtype=np.float32)
-    texts = [r.get("text") for r in rows] if with_texts else None
-    if texts is not None and all(t is None for t in texts):
-        texts = None
-    return Batch(ids, V, texts)

@@ -1,11 +1,15 @@
 """PostgreSQL + pgvector adapter (``psycopg`` 3 and the ``pgvector`` client package).
 
-A collection is a table ``(id bigint primary key, embedding vector(d), text text)``; its metric
-is recorded in the table comment (``vecbridge:metric=cosine``). PostgreSQL has no aliases: an
-alias is a **view** ``SELECT * FROM <table>`` replaced in one transaction (transactional DDL makes
-the switch atomic for readers), with the mapping kept in ``vecbridge_aliases``.
+A collection is a table ``(id bigint primary key, embedding vector(d), text text, ...)`` (column
+names configurable: ``id_field``, ``vector_field``, ``text_field``); any other columns are the
+rows' extra fields, and a migration target is created with the same columns and types (``like=``).
+Its metric and embedding space are recorded in the table comment
+(``vecbridge:metric=cosine vecbridge:space=e5``). PostgreSQL has no aliases: an alias is a
+**view** ``SELECT * FROM <table>`` replaced in one transaction (transactional DDL makes the switch
+atomic for readers), with the mapping kept in ``vecbridge_aliases``.
 
-Writes stage a batch with binary ``COPY`` into a temporary table, then
+Writes stage a batch with binary ``COPY`` (extra columns by their type oids) into a temporary
+table shaped like the target, then
 ``INSERT … ON CONFLICT (id) DO UPDATE`` (idempotent). ``finalize`` builds an HNSW index
 (``vector_cosine_ops`` / ``vector_ip_ops``), or an IVFFlat index (``lists`` = √n, quicker to build,
 ``probes`` lists searched), or none (``index=None``: exact sequential scan).
@@ -16,6 +20,8 @@ Any PostgreSQL with the ``vector`` extension works; the tests use the PyPI wheel
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Iterator
 
 import numpy as np
@@ -26,6 +32,7 @@ from .base import (
     Batch,
     CollectionNotFoundError,
     METRICS,
+    UnsupportedFieldError,
     VectorDBError,
     VectorStore,
     _pad_results,
@@ -57,12 +64,16 @@ class PgVectorStore(VectorStore):
     native_aliases = False
 
     def __init__(self, url: str, *, index: str | None = "hnsw", hnsw_m: int = 16, ef_construction: int = 64,
-                 ef_search: int = 100, probes: int = 10):
+                 ef_search: int = 100, probes: int = 10, id_field: str = "id", vector_field: str = "embedding",
+                 text_field: str = "text"):
         import psycopg
         from pgvector.psycopg import register_vector
 
         if index not in ("hnsw", "ivfflat", None):
             raise InputError(f"index must be 'hnsw', 'ivfflat' or None, got {index!r}")
+        self.id_field = check_name(id_field, "id field")
+        self.vector_field = check_name(vector_field, "vector field")
+        self.text_field = check_name(text_field, "text field")
         self.url = url
         self.index = index
         self._hnsw = (int(hnsw_m), int(ef_construction))
@@ -92,23 +103,82 @@ class PgVectorStore(VectorStore):
             raise CollectionNotFoundError(f"pgvector: no table or alias {name!r}")
         return name
 
-    def metric(self, name: str) -> str:
-        """The metric recorded for a table (an alias resolves to its table)."""
+    def _comment(self, name: str) -> dict[str, str]:
         table = self.resolve_alias(name) or name
         self._require(table)
         r = self.conn.execute("SELECT obj_description(%s::regclass, 'pg_class')", (table,)).fetchone()
-        comment = (r[0] or "") if r else ""
-        return comment.split("vecbridge:metric=", 1)[1] if "vecbridge:metric=" in comment else "cosine"
+        return dict(re.findall(r"vecbridge:(\w+)=(\S+)", (r[0] or "") if r else ""))
 
-    def create(self, name: str, dim: int, *, metric: str = "cosine") -> None:
+    def _set_comment(self, name: str, **kv) -> None:
+        from psycopg import sql
+
+        info = {**self._comment(name), **{k: str(v) for k, v in kv.items()}}
+        text = " ".join(f"vecbridge:{k}={v}" for k, v in sorted(info.items()))
+        self.conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(self._ident(self.resolve_alias(name) or name),
+                                                                      sql.Literal(text)))
+
+    def metric(self, name: str) -> str:
+        """The metric recorded for a table (an alias resolves to its table)."""
+        return self._comment(name).get("metric", "cosine")
+
+    def get_space(self, name: str) -> str | None:
+        return self._comment(name).get("space")
+
+    def set_space(self, name: str, space: str) -> None:
+        if not re.fullmatch(r"\S+", str(space)):
+            raise InputError(f"space name {space!r} must not contain spaces")
+        self._set_comment(name, space=space)
+
+    def _columns(self, name: str) -> list[tuple[str, str, int]]:
+        """``(column, SQL type, type oid)`` of every column of ``name`` (an alias: its table), in order."""
+        table = self.resolve_alias(name) or name
+        self._require(table)
+        return [(str(c), str(t), int(o)) for c, t, o in self.conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid FROM pg_attribute a "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (table,)).fetchall()]
+
+    def _extra(self, name: str) -> list[tuple[str, str, int]]:
+        """Columns other than id / vector / text (the rows' extra fields)."""
+        core = {self.id_field, self.vector_field, self.text_field}
+        return [c for c in self._columns(name) if c[0] not in core]
+
+    def _has_text(self, name: str) -> bool:
+        return any(c[0] == self.text_field for c in self._columns(name))
+
+    def unsupported_fields(self, name: str) -> list[str]:
+        from psycopg.pq import Format
+
+        out = []
+        cols = {c[0]: c for c in self._columns(name)}
+        for need in (self.id_field, self.vector_field):
+            if need not in cols:
+                out.append(f"{need} (no such column; columns: {', '.join(cols)}; name it with --id-field / "
+                           "--vector-field)")
+        for col, typ, oid in self._extra(name):
+            if typ.startswith(("vector", "halfvec", "sparsevec")):
+                out.append(f"{col} (another vector column: a migration maps {self.vector_field!r} only)")
+                continue
+            try:
+                self.conn.adapters.get_dumper_by_oid(oid, Format.BINARY)
+            except Exception:  # noqa: BLE001 - psycopg raises ProgrammingError for unknown oids
+                out.append(f"{col} (type {typ} has no binary copy in psycopg)")
+        return out
+
+    def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         from psycopg import sql
 
         if metric not in METRICS:
             raise InputError(f"metric must be one of {METRICS}, got {metric!r}")
         t = self._ident(name)
+        extra = self._extra(like) if like is not None else []
+        cols = [sql.SQL("{} bigint PRIMARY KEY").format(self._ident(self.id_field)),
+                sql.SQL("{} vector({}) NOT NULL").format(self._ident(self.vector_field), sql.Literal(int(dim))),
+                sql.SQL("{} text").format(self._ident(self.text_field))]
+        cols += [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(typ)) for c, typ, _ in extra
+                 if c != self.text_field]
         with self.conn.transaction():
-            self.conn.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, embedding vector({}) NOT NULL, text text)")
-                              .format(t, sql.Literal(int(dim))))
+            self.conn.execute(sql.SQL("CREATE TABLE {} ({})").format(t, sql.SQL(", ").join(cols)))
             self.conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(t, sql.Literal(f"vecbridge:metric={metric}")))
 
     def drop(self, name: str) -> None:
@@ -119,10 +189,12 @@ class PgVectorStore(VectorStore):
 
     def dim(self, name: str) -> int:
         self._require(name)
-        r = self.conn.execute("SELECT atttypmod FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'embedding'",
-                              (name,)).fetchone()
+        r = self.conn.execute("SELECT atttypmod FROM pg_attribute WHERE attrelid = %s::regclass AND attname = %s",
+                              (name, self.vector_field)).fetchone()
         if r is None or int(r[0]) <= 0:
-            raise VectorDBError(f"pgvector: {name!r} has no fixed-dimension 'embedding' column")
+            raise VectorDBError(f"pgvector: {name!r} has no fixed-dimension vector column {self.vector_field!r} "
+                                f"(columns: {', '.join(c[0] for c in self._columns(name))}); name it with "
+                                "--vector-field")
         return int(r[0])
 
     def count(self, name: str) -> int:
@@ -132,36 +204,61 @@ class PgVectorStore(VectorStore):
         return int(self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self._ident(name))).fetchone()[0])
 
     # --- rows ---------------------------------------------------------------------------
-    def _upsert(self, name, ids, vectors, texts) -> None:
+    def _upsert(self, name, ids, vectors, texts, fields=None) -> None:
         from psycopg import sql
 
         self._require(name)
+        extra = self._extra(name)
+        have = {c for c, _, _ in extra}
+        unknown = sorted(set(fields or ()) - have)
+        if unknown:
+            raise UnsupportedFieldError(f"pgvector: table {name!r} has no column(s) {unknown} for these rows' fields")
+        use = [c for c in extra if fields and c[0] in fields]
+        names = [self.id_field, self.vector_field, self.text_field] + [c for c, _, _ in use]
+        stage = sql.Identifier("_vb_stage_" + hashlib.sha1(name.encode()).hexdigest()[:16])
+        idents = sql.SQL(", ").join(sql.Identifier(c) for c in names)
+        updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in names[1:])
         with self.conn.transaction():
-            self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS _vecbridge_stage "
-                              "(id bigint, embedding vector, text text) ON COMMIT DELETE ROWS")
+            self.conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) ON COMMIT DELETE ROWS").format(
+                stage, self._ident(name)))
             with self.conn.cursor() as cur:
-                with cur.copy("COPY _vecbridge_stage (id, embedding, text) FROM STDIN WITH (FORMAT BINARY)") as cp:
-                    cp.set_types(["int8", "vector", "text"])
+                with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT BINARY)").format(stage, idents)) as cp:
+                    cp.set_types(["int8", "vector", "text", *[oid for _, _, oid in use]])
+                    cols = [fields[c] for c, _, _ in use]
                     for j in range(ids.shape[0]):
-                        cp.write_row((int(ids[j]), vectors[j], None if texts is None else texts[j]))
-            self.conn.execute(sql.SQL("INSERT INTO {} (id, embedding, text) SELECT id, embedding, text "
-                                      "FROM _vecbridge_stage ON CONFLICT (id) DO UPDATE SET "
-                                      "embedding = EXCLUDED.embedding, text = EXCLUDED.text").format(self._ident(name)))
+                        cp.write_row((int(ids[j]), vectors[j], None if texts is None else texts[j],
+                                      *[col[j] for col in cols]))
+            self.conn.execute(sql.SQL("INSERT INTO {t} ({c}) SELECT {c} FROM {s} ON CONFLICT ({i}) DO UPDATE SET {u}")
+                              .format(t=self._ident(name), c=idents, s=stage, i=sql.Identifier(self.id_field),
+                                      u=updates))
+
+    def _select(self, name: str, with_texts: bool, with_fields: bool):
+        """(SQL column list, text position or None, extra column names)."""
+        from psycopg import sql
+
+        cols = [self.id_field, self.vector_field]
+        text_at = None
+        if with_texts and self._has_text(name):
+            text_at = len(cols)
+            cols.append(self.text_field)
+        extra = [c for c, _, _ in self._extra(name)] if with_fields else []
+        return sql.SQL(", ").join(sql.Identifier(c) for c in cols + extra), text_at, extra
 
     def scan(self, name: str, *, after_id: int | None = None, batch_size: int = 1000,
-             with_texts: bool = True) -> Iterator[Batch]:
+             with_texts: bool = True, with_fields: bool = False) -> Iterator[Batch]:
         from psycopg import sql
 
         self._require(name)
-        cols = sql.SQL("id, embedding, text" if with_texts else "id, embedding")
-        q = sql.SQL("SELECT {} FROM {} WHERE id > %s ORDER BY id LIMIT %s").format(cols, self._ident(name))
+        cols, text_at, extra = self._select(name, with_texts, with_fields)
+        q = sql.SQL("SELECT {} FROM {} WHERE {i} > %s ORDER BY {i} LIMIT %s").format(
+            cols, self._ident(name), i=sql.Identifier(self.id_field))
         last = np.iinfo(np.int64).min if after_id is None else int(after_id)
         while True:
             with self.conn.cursor(binary=True) as cur:
                 rows = cur.execute(q, (last, int(batch_size))).fetchall()
             if not rows:
                 return
-            yield _to_batch(rows, with_texts)
+            yield _to_batch(rows, text_at, extra)
             last = int(rows[-1][0])
 
     def ids(self, name: str, *, batch_size: int = 100000) -> np.ndarray:
@@ -169,30 +266,33 @@ class PgVectorStore(VectorStore):
 
         self._require(name)
         with self.conn.cursor(binary=True) as cur:
-            rows = cur.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(self._ident(name))).fetchall()
+            rows = cur.execute(sql.SQL("SELECT {i} FROM {} ORDER BY {i}").format(
+                self._ident(name), i=sql.Identifier(self.id_field))).fetchall()
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
 
-    def fetch(self, name: str, ids) -> Batch:
+    def fetch(self, name: str, ids, *, with_fields: bool = False) -> Batch:
         from psycopg import sql
 
         self._require(name)
         ids = as_ids(ids)
+        cols, text_at, extra = self._select(name, True, with_fields)
         with self.conn.cursor(binary=True) as cur:
-            rows = cur.execute(sql.SQL("SELECT id, embedding, text FROM {} WHERE id = ANY(%s)").format(self._ident(name)),
-                               ([int(i) for i in ids],)).fetchall()
+            rows = cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s)").format(
+                cols, self._ident(name), sql.Identifier(self.id_field)), ([int(i) for i in ids],)).fetchall()
         got = {int(r[0]): r for r in rows}
         missing = [int(i) for i in ids if int(i) not in got]
         if missing:
             raise InputError(f"pgvector: {len(missing)} ids not in {name!r} (first: {missing[:5]})")
-        return _to_batch([got[int(i)] for i in ids], True)
+        return _to_batch([got[int(i)] for i in ids], text_at, extra)
 
     def _search(self, name, Q, k):
         from psycopg import sql
 
         op, _ = _OPS[self.metric(name)]
-        score = sql.SQL("1 - (embedding <=> %s)" if op == "<=>" else "-(embedding <#> %s)")
-        q = sql.SQL("SELECT id, {} FROM {} ORDER BY embedding {} %s LIMIT %s").format(
-            score, self._ident(name), sql.SQL(op))
+        v, i = sql.Identifier(self.vector_field), sql.Identifier(self.id_field)
+        score = sql.SQL("1 - ({} <=> %s)" if op == "<=>" else "-({} <#> %s)").format(v)
+        q = sql.SQL("SELECT {}, {} FROM {} ORDER BY {} {} %s LIMIT %s").format(
+            i, score, self._ident(name), v, sql.SQL(op))
         out = []
         with self.conn.cursor(binary=True) as cur:
             for row in Q:
@@ -207,15 +307,17 @@ class PgVectorStore(VectorStore):
         if self.index == "hnsw":
             _, ops = _OPS[self.metric(name)]
             idx = sql.Identifier(f"{name}_hnsw"[:63])
-            self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding {}) "
+            self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw ({} {}) "
                                       "WITH (m = {}, ef_construction = {})").format(
-                idx, self._ident(name), sql.SQL(ops), sql.Literal(self._hnsw[0]), sql.Literal(self._hnsw[1])))
+                idx, self._ident(name), sql.Identifier(self.vector_field), sql.SQL(ops), sql.Literal(self._hnsw[0]),
+                sql.Literal(self._hnsw[1])))
         elif self.index == "ivfflat":
             _, ops = _OPS[self.metric(name)]
             lists = max(1, int(round(self.count(name) ** 0.5)))
             idx = sql.Identifier(f"{name}_ivfflat"[:63])
-            self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING ivfflat (embedding {}) "
-                                      "WITH (lists = {})").format(idx, self._ident(name), sql.SQL(ops), sql.Literal(lists)))
+            self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING ivfflat ({} {}) "
+                                      "WITH (lists = {})").format(idx, self._ident(name), sql.Identifier(self.vector_field),
+                                                                  sql.SQL(ops), sql.Literal(lists)))
         self.conn.execute(sql.SQL("ANALYZE {}").format(self._ident(name)))
 
     # --- aliases (views) ----------------------------------------------------------------
@@ -229,7 +331,7 @@ class PgVectorStore(VectorStore):
             raise VectorDBError(f"pgvector: {alias!r} is a table, not an alias")
         with self.conn.transaction():
             self.conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(self._ident(alias)))
-            self.conn.execute(sql.SQL("CREATE VIEW {} AS SELECT id, embedding, text FROM {}").format(
+            self.conn.execute(sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(
                 self._ident(alias), self._ident(name)))
             self.conn.execute("INSERT INTO vecbridge_aliases (alias, target) VALUES (%s, %s) "
                               "ON CONFLICT (alias) DO UPDATE SET target = EXCLUDED.target", (alias, name))
@@ -250,10 +352,12 @@ def _vec(v) -> np.ndarray:
     return np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, dtype=np.float32)
 
 
-def _to_batch(rows, with_texts: bool) -> Batch:
+def _to_batch(rows, text_at: int | None, extra: list[str]) -> Batch:
     ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
     V = np.stack([_vec(r[1]) for r in rows]) if rows else np.empty((0, 0), np.float32)
-    texts = [r[2] for r in rows] if with_texts else None
+    texts = [r[text_at] for r in rows] if text_at is not None else None
     if texts is not None and all(t is None for t in texts):
         texts = None
-    return Batch(ids, V, texts)
+    off = 2 + (text_at is not None)
+    fields = {c: [r[off + j] for r in rows] for j, c in enumerate(extra)} or None
+    return Batch(ids, V, texts, fields)

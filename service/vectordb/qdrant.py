@@ -4,8 +4,9 @@ Local mode (``path=`` on disk, or ``path=":memory:"``) is the client's embedded 
 commits every point separately (~30 ms a point here), so use it for small sets and a server for
 real ones.
 
-Points have unsigned integer ids (so ids must be >= 0), one unnamed vector, and the text in the
-payload. ``scroll`` pages through integer ids in ascending order from an offset, which is what
+Points have unsigned integer ids (so ids must be >= 0), one vector (unnamed, or the named vector
+``vector_field``), the text in the payload key ``text_field``, and every other payload key as the
+row's extra fields. The embedding space is the collection metadata ``vecbridge.space``. ``scroll`` pages through integer ids in ascending order from an offset, which is what
 the resumable scan needs. Aliases are native (``update_collection_aliases``, atomic).
 """
 
@@ -21,6 +22,7 @@ from .base import (
     Batch,
     CollectionNotFoundError,
     METRICS,
+    VectorDBError,
     VectorStore,
     _pad_results,
     as_ids,
@@ -39,9 +41,14 @@ class QdrantStore(VectorStore):
     native_aliases = True
 
     def __init__(self, *, url: str | None = None, path: str | None = None, api_key: str | None = None,
-                 prefer_grpc: bool = False):
+                 prefer_grpc: bool = False, id_field: str = "id", vector_field: str | None = None,
+                 text_field: str = "text"):
         from qdrant_client import QdrantClient
 
+        if id_field != "id":
+            raise InputError("qdrant: rows are identified by their point ids; an id field does not apply")
+        self.vector_field = None if vector_field is None else check_name(vector_field, "vector field")
+        self.text_field = check_name(text_field, "text field")
         if (url is None) == (path is None):
             raise InputError("give exactly one of url= (a Qdrant server) or path= (local mode)")
         if url:
@@ -60,65 +67,125 @@ class QdrantStore(VectorStore):
             raise CollectionNotFoundError(f"qdrant: no collection or alias {name!r}")
         return name
 
-    def create(self, name: str, dim: int, *, metric: str = "cosine") -> None:
+    def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
+        # ``like``: payloads are schemaless, every key travels as it is
         from qdrant_client import models
 
         if metric not in METRICS:
             raise InputError(f"metric must be one of {METRICS}, got {metric!r}")
         dist = models.Distance.COSINE if metric == "cosine" else models.Distance.DOT
-        self.client.create_collection(check_name(name), vectors_config=models.VectorParams(size=int(dim), distance=dist))
+        params = models.VectorParams(size=int(dim), distance=dist)
+        self.client.create_collection(check_name(name), vectors_config=params if self.vector_field is None
+                                      else {self.vector_field: params})
 
     def drop(self, name: str) -> None:
         if self.exists(name):
             self.client.delete_collection(name)
 
-    def dim(self, name: str) -> int:
+    def _vectors_config(self, name: str):
         self._require(name)
-        return int(self.client.get_collection(name).config.params.vectors.size)
+        cfg = self.client.get_collection(name).config
+        return cfg.params.vectors, cfg.params.sparse_vectors
+
+    def dim(self, name: str) -> int:
+        vectors, _ = self._vectors_config(name)
+        if isinstance(vectors, dict):
+            if self.vector_field not in vectors:
+                raise VectorDBError(f"qdrant: collection {name!r} has named vectors {sorted(vectors)}; name the one "
+                                    "to migrate with --vector-field")
+            return int(vectors[self.vector_field].size)
+        if self.vector_field is not None:
+            raise VectorDBError(f"qdrant: collection {name!r} has one unnamed vector, not {self.vector_field!r}")
+        return int(vectors.size)
+
+    def unsupported_fields(self, name: str) -> list[str]:
+        vectors, sparse = self._vectors_config(name)
+        out = [f"{k} (another named vector: a migration maps {self.vector_field!r} only)"
+               for k in (vectors if isinstance(vectors, dict) else {}) if k != self.vector_field]
+        out += [f"{k} (a sparse vector: a migration maps dense vectors only)" for k in (sparse or {})]
+        return out
+
+    def get_space(self, name: str) -> str | None:
+        self._require(name)
+        meta = getattr(self.client.get_collection(self.resolve_alias(name) or name).config, "metadata", None) or {}
+        return meta.get("vecbridge.space") or None
+
+    def set_space(self, name: str, space: str) -> None:
+        self._require(name)
+        self.client.update_collection(self.resolve_alias(name) or name, metadata={"vecbridge.space": str(space)})
 
     def count(self, name: str) -> int:
         self._require(name)
         return int(self.client.count(name, exact=True).count)
 
-    def _upsert(self, name, ids, vectors, texts) -> None:
+    def _upsert(self, name, ids, vectors, texts, fields=None) -> None:
         from qdrant_client import models
 
         self._require(name)
         if ids.size and ids.min() < 0:
             raise InputError("qdrant: point ids must be >= 0")
-        payloads = None if texts is None else [{"text": t} for t in texts]
-        self.client.upsert(name, points=models.Batch(ids=[int(i) for i in ids], vectors=vectors.tolist(),
-                                                     payloads=payloads), wait=True)
+        payloads = None
+        if texts is not None or fields:
+            payloads = []
+            for j in range(ids.shape[0]):
+                p = {k: v[j] for k, v in (fields or {}).items() if v[j] is not None}
+                if texts is not None and texts[j] is not None:
+                    p[self.text_field] = texts[j]
+                payloads.append(p)
+        vecs = vectors.tolist() if self.vector_field is None else {self.vector_field: vectors.tolist()}
+        self.client.upsert(name, points=models.Batch(ids=[int(i) for i in ids], vectors=vecs, payloads=payloads),
+                           wait=True)
+
+    def _payload(self, with_texts: bool, with_fields: bool):
+        return True if with_fields else ([self.text_field] if with_texts else False)
+
+    def _vectors(self):
+        return True if self.vector_field is None else [self.vector_field]
 
     def scan(self, name: str, *, after_id: int | None = None, batch_size: int = 1000,
-             with_texts: bool = True) -> Iterator[Batch]:
+             with_texts: bool = True, with_fields: bool = False) -> Iterator[Batch]:
         self._require(name)
         offset = None if after_id is None else int(after_id) + 1
         while True:
-            points, nxt = self.client.scroll(name, limit=int(batch_size), offset=offset, with_vectors=True,
-                                             with_payload=["text"] if with_texts else False)
+            points, nxt = self.client.scroll(name, limit=int(batch_size), offset=offset, with_vectors=self._vectors(),
+                                             with_payload=self._payload(with_texts, with_fields))
             if points:
-                yield _to_batch(points, with_texts)
+                yield self._to_batch(points, with_texts, with_fields)
             if nxt is None or not points:
                 return
             offset = nxt
 
-    def fetch(self, name: str, ids) -> Batch:
+    def fetch(self, name: str, ids, *, with_fields: bool = False) -> Batch:
         self._require(name)
         ids = as_ids(ids)
-        pts = self.client.retrieve(name, ids=[int(i) for i in ids], with_vectors=True, with_payload=["text"])
+        pts = self.client.retrieve(name, ids=[int(i) for i in ids], with_vectors=self._vectors(),
+                                   with_payload=self._payload(True, with_fields))
         got = {int(p.id): p for p in pts}
         missing = [int(i) for i in ids if int(i) not in got]
         if missing:
             raise InputError(f"qdrant: {len(missing)} ids not in {name!r} (first: {missing[:5]})")
-        return _to_batch([got[int(i)] for i in ids], True)
+        return self._to_batch([got[int(i)] for i in ids], True, with_fields)
+
+    def _to_batch(self, points, with_texts: bool, with_fields: bool) -> Batch:
+        ids = np.fromiter((int(p.id) for p in points), dtype=np.int64, count=len(points))
+        vec = (lambda p: p.vector) if self.vector_field is None else (lambda p: p.vector[self.vector_field])
+        V = np.asarray([vec(p) for p in points], dtype=np.float32)
+        texts = [(p.payload or {}).get(self.text_field) for p in points] if with_texts else None
+        if texts is not None and all(t is None for t in texts):
+            texts = None
+        fields = None
+        if with_fields:
+            names = sorted({k for p in points for k in (p.payload or {})} - {self.text_field})
+            fields = {k: [(p.payload or {}).get(k) for p in points] for k in names} or None
+        return Batch(ids, V, texts, fields)
 
     def _search(self, name, Q, k):
         from qdrant_client import models
 
         out = []
         for s in range(0, Q.shape[0], _SEARCH_BATCH):
-            reqs = [models.QueryRequest(query=q.tolist(), limit=k) for q in Q[s : s + _SEARCH_BATCH]]
+            reqs = [models.QueryRequest(query=q.tolist(), limit=k, using=self.vector_field)
+                    for q in Q[s : s + _SEARCH_BATCH]]
             for res in self.client.query_batch_points(name, requests=reqs):
                 out.append([(int(p.id), float(p.score)) for p in res.points])
         return _pad_results(out, k)
@@ -148,11 +215,3 @@ class QdrantStore(VectorStore):
         except Exception:
             pass
 
-
-def _to_batch(points, with_texts: bool) -> Batch:
-    ids = np.fromiter((int(p.id) for p in points), dtype=np.int64, count=len(points))
-    V = np.asarray([p.vector for p in points], dtype=np.float32)
-    texts = [(p.payload or {}).get("text") for p in points] if with_texts else None
-    if texts is not None and all(t is None for t in texts):
-        texts = None
-    return Batch(ids, V, texts)

@@ -1,0 +1,167 @@
+"""Vector-database migrations as one operation for every face: move a stored collection through a map.
+
+(Fitting and gating the map itself is :mod:`service.ops.migration`; this module runs it over a
+Milvus / PostgreSQL / Qdrant collection.)
+
+``vecbridge migrate`` / ``vecbridge verify`` and ``python -m service.vectordb migrate`` parse their
+arguments, call :func:`run_migration` / :func:`checkpoint_status` / :func:`run_verify`, and render
+the result; the work itself is :func:`service.vectordb.migrate` and
+:func:`service.vectordb.verify_migration`.
+
+Interruption: while :func:`run_migration` runs, the first SIGINT (Ctrl-C) or SIGTERM asks the
+migration to stop after the batch in flight (written and checkpointed), which then raises
+:class:`~service.vectordb.MigrationInterrupted` (faces exit 130 with one line); a second signal
+stops at once (KeyboardInterrupt) — still safe, the resumed run rewrites at most one batch.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from align.exceptions import InputError
+
+from ..vectordb import FileCheckpoint, MigrationProgress, MigrationReport, VectorStore, migrate, open_store
+from ..vectordb.migrate import is_artifact_path
+
+__all__ = ["open_store_for", "default_checkpoint", "run_migration", "checkpoint_status", "run_verify",
+           "needs_registry", "EXIT_INTERRUPTED"]
+
+EXIT_INTERRUPTED = 130
+
+
+def open_store_for(url: str, *, index: str | None = None, id_field: str | None = None,
+                   vector_field: str | None = None, text_field: str | None = None) -> VectorStore:
+    """Open the store at ``url`` with the field names given (None: the engine's defaults).
+
+    ``index`` (PostgreSQL only): ``hnsw`` | ``ivfflat`` | ``none``, built when the target is finalised.
+    """
+    kw = {k: v for k, v in (("id_field", id_field), ("vector_field", vector_field), ("text_field", text_field))
+          if v is not None}
+    if index is not None:
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise InputError("--index applies to postgresql:// stores only")
+        if index not in ("hnsw", "ivfflat", "none"):
+            raise InputError(f"--index must be hnsw, ivfflat or none, got {index!r}")
+        kw["index"] = None if index == "none" else index
+    return open_store(url, **kw)
+
+
+def default_checkpoint(data_dir, source: str, target: str) -> Path:
+    """Where a migration records its progress unless told: ``data_dir/migrations/<source>-to-<target>.json``."""
+    return Path(data_dir) / "migrations" / f"{source}-to-{target}.json"
+
+
+def needs_registry(map_ref) -> bool:
+    """True when ``map_ref`` is a registry reference rather than an artifact file."""
+    return not is_artifact_path(map_ref)
+
+
+class _StopOnSignal:
+    """First SIGINT/SIGTERM sets ``event``; the second raises KeyboardInterrupt (main thread only)."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self._old = {}
+
+    def _handler(self, signum, frame):
+        if self.event.is_set():
+            raise KeyboardInterrupt
+        self.event.set()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self.event
+
+    def __exit__(self, *exc):
+        for sig, h in self._old.items():
+            signal.signal(sig, h)
+
+
+def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoint, registry=None,
+                  alias: str | None = None, batch_size: int = 2000, overwrite: bool = False, pause: float = 0.0,
+                  index: str | None = None, id_field: str | None = None, vector_field: str | None = None,
+                  text_field: str | None = None, source_space: str | None = None, target_space: str | None = None,
+                  progress: Callable[[MigrationProgress], None] | None = None) -> MigrationReport:
+    """Migrate ``source`` into ``target`` through ``map_ref`` (artifact path or registry ref), resumably.
+
+    ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
+    sleep after each batch (spares a busy database). Raises the typed errors of
+    :func:`service.vectordb.migrate`, and MigrationInterrupted on the first Ctrl-C / SIGTERM.
+    """
+    if pause < 0:
+        raise InputError(f"pause must be >= 0, got {pause}")
+    ckpt = FileCheckpoint(checkpoint)
+    store = open_store_for(store_url, index=index, id_field=id_field, vector_field=vector_field,
+                           text_field=text_field)
+
+    def on_batch(p: MigrationProgress) -> None:
+        if progress is not None:
+            progress(p)
+        if pause > 0:
+            time.sleep(pause)
+
+    try:
+        with _StopOnSignal() as stop:
+            return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,
+                           checkpoint=ckpt, progress=on_batch, overwrite=overwrite, source_space=source_space,
+                           target_space=target_space, should_stop=stop.is_set)
+    finally:
+        store.close()
+
+
+def checkpoint_status(checkpoint) -> dict:
+    """What a checkpoint file says: rows done of total, last id, finished, rate and ETA of the last run."""
+    state = FileCheckpoint(checkpoint).load()
+    if state is None:
+        raise InputError(f"no checkpoint at {checkpoint} (nothing started, or another --checkpoint)")
+    done, total = int(state.get("done", 0)), int(state.get("total", 0))
+    started, updated = state.get("started_at"), state.get("updated_at") or state.get("finished_at")
+    rate = done / (updated - started) if started and updated and updated > started else None
+    eta = None if state.get("finished") or not rate else max(total - done, 0) / rate
+    return {"checkpoint": str(checkpoint), "source": state.get("source"), "target": state.get("target"),
+            "done": done, "total": total, "fraction": round(done / total, 4) if total else 1.0,
+            "batches": int(state.get("batches", 0)), "last_id": state.get("last_id"),
+            "finished": bool(state.get("finished")), "fields": state.get("fields", []),
+            "rows_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
+            "updated_at": updated}
+
+
+def run_verify(*, store_url: str, collection: str, encoder: str | None = None, heldout: tuple | None = None,
+               map_ref=None, registry=None, n_sample: int = 2000, n_queries: int = 200, k: int = 10,
+               random_state: int = 0, id_field: str | None = None, vector_field: str | None = None,
+               text_field: str | None = None) -> dict:
+    """Verify a migrated collection: re-embed its stored texts with ``encoder``, or compare a held-out
+    paired sample ``heldout = (old-model vectors path, new-model vectors path)`` through ``map_ref``."""
+    from ..vectordb import verify_migration
+
+    if (encoder is None) == (heldout is None):
+        raise InputError("give either --encoder (re-embed the stored texts) or --heldout-source/--heldout-target")
+    embed = X_Y = None
+    if encoder is not None:
+        from ..encoders import get_encoder
+
+        enc = get_encoder(encoder)
+
+        def embed(texts):
+            return enc.encode(texts, kind="passage")
+    else:
+        from ..io import read_vectors
+
+        if map_ref is None:
+            raise InputError("a held-out check needs --map")
+        X_Y = (read_vectors(heldout[0]), read_vectors(heldout[1]))
+    store = open_store_for(store_url, id_field=id_field, vector_field=vector_field, text_field=text_field)
+    try:
+        out = verify_migration(store, collection, embed=embed, heldout=X_Y, map_=map_ref, registry=registry,
+                               n_sample=n_sample, n_queries=n_queries, db_queries=n_queries, k=k,
+                               random_state=random_state)
+    finally:
+        store.close()
+    out["collection"] = collection
+    return out
