@@ -1010,13 +1010,16 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
             bar.close()
             bar = None
         click.echo(f"vecbridge: interrupted: {exc} (checkpoint {ckpt})", err=True)
-        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+        sys.exit(EXIT_INTERRUPTED)
     finally:
         if bar is not None:
             bar.close()
     d = rep.to_dict()
     d["checkpoint"] = str(ckpt)
-    _emit(d, as_json, f"migrated {rep.rows} rows {source} -> {target} ({rep.rows_this_run} this run"
+    if as_json:  # JSON lines: the progress lines, then the report on one line
+        click.echo(json.dumps(d, sort_keys=True, default=str))
+        return
+    _emit(d, False, f"migrated {rep.rows} rows {source} -> {target} ({rep.rows_this_run} this run"
                       f"{', resumed after id ' + str(rep.resumed_from) if rep.resumed_from is not None else ''}) "
                       f"in {rep.seconds:.1f}s; fields: {', '.join(rep.extra.get('fields', [])) or '(none)'}; "
                       f"space {rep.extra.get('space_check')}"

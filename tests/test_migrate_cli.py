@@ -1,0 +1,165 @@
+"""`vecbridge migrate` / `vecbridge verify` on Qdrant's local engine (on disk); the Ctrl-C case as a real process.
+
+Issue 15 finding 11 and issue 14: every field of a row arrives; a same-dimension map the wrong way
+round is refused (the collection records its space); Ctrl-C ends with exit 130 and one line,
+and the rerun resumes to exactly the source's ids; a directory as --checkpoint and an existing
+target give one clear line naming the real option; --status reads the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import align
+
+pytest.importorskip("qdrant_client")
+
+N, D = 240, 16
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Done:
+    def __init__(self, rc, out, err):
+        self.returncode, self.stdout, self.stderr = rc, out, err
+
+
+@pytest.fixture
+def vb(capsys):
+    """Run `vecbridge ...` in this process (the same entry point as the script); returns rc, stdout, stderr."""
+    from service.cli import main
+
+    def run(data, *args) -> _Done:
+        capsys.readouterr()
+        rc = main(["--data-dir", str(data), *map(str, args)])
+        out = capsys.readouterr()
+        return _Done(rc, out.out, out.err)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A Qdrant collection ``docs_a`` (space ``spa``, fields text/category/lang/n) and a registry with
+    ``a2b`` (spa -> spb, alias prod) and ``b2a`` (spb -> spa, same dimension: the wrong way round)."""
+    from service.registry import open_registry
+    from service.vectordb import QdrantStore
+
+    d = tmp_path_factory.mktemp("mig")
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((N + 400, D)).astype(np.float32)
+    Q = np.linalg.qr(rng.standard_normal((D, D)))[0]
+    Y = (X @ Q + 0.05 * rng.standard_normal(X.shape)).astype(np.float32)
+    reg = open_registry(f"sqlite:///{d / 'var' / 'registry.sqlite'}", d / "var" / "artifacts")
+    reg.register_version("a2b", align.fit_procrustes(X[N:], Y[N:]), source_space="spa", target_space="spb",
+                         method="procrustes", params={}, alias="prod")
+    reg.register_version("b2a", align.fit_procrustes(Y[N:], X[N:]), source_space="spb", target_space="spa",
+                         method="procrustes", params={})
+    reg.close()
+    np.save(d / "heldout_x.npy", X[N:])
+    np.save(d / "heldout_y.npy", Y[N:])
+    s = QdrantStore(path=str(d / "qd"))
+    ids = np.arange(N) * 5 + 3
+    fields = {"category": [f"c{i % 4}" for i in range(N)], "lang": ["en" if i % 2 else "fr" for i in range(N)],
+              "n": [int(i) for i in range(N)], "tags": [["x", str(i)] for i in range(N)]}
+    s.create("docs_a", D)
+    s.upsert("docs_a", ids, X[:N], [f"text {i}" for i in range(N)], fields)
+    s.set_space("docs_a", "spa")
+    s.close()
+    return {"dir": d, "data": d / "var", "store": f"qdrant://{d / 'qd'}", "ids": ids, "fields": fields, "X": X[:N]}
+
+
+def _open(world):
+    from service.vectordb import QdrantStore
+
+    return QdrantStore(path=str(world["dir"] / "qd"))
+
+
+def test_wrong_direction_map_is_refused_naming_both_spaces(world, vb):
+    p = vb(world["data"], "migrate", "--store", world["store"], "--source", "docs_a", "--target", "wrong",
+            "--map", "b2a", "--quiet")
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "'spa'" in lines[0] and "'spb'" in lines[0], p.stderr
+
+
+def test_bad_checkpoint_paths_are_one_line(world, vb):
+    common = ["migrate", "--store", world["store"], "--source", "docs_a", "--target", "ck", "--map", "a2b@prod",
+              "--quiet"]
+    p = vb(world["data"], *common, "--checkpoint", world["dir"])
+    assert p.returncode == 2 and "is a directory" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    garbage = world["dir"] / "garbage.json"
+    garbage.write_text("{not json")
+    p = vb(world["data"], *common, "--checkpoint", garbage)
+    assert p.returncode == 2 and "not a migration checkpoint" in p.stderr, p.stderr
+
+
+def test_interrupt_then_resume_then_every_field_arrives(world, vb):
+    data, ckpt = world["data"], world["dir"] / "run.json"
+    cmd = [sys.executable, "-m", "service.cli", "--data-dir", str(data), "migrate", "--store", world["store"],
+           "--source", "docs_a", "--target", "docs_b", "--map", "a2b@prod", "--checkpoint", str(ckpt),
+           "--batch-size", "40", "--pause", "0.3", "--json"]
+    child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = json.loads(child.stdout.readline())
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "interrupted" in err, err
+    st = vb(data, "migrate", "--store", world["store"], "--source", "docs_a", "--target", "docs_b", "--map",
+             "a2b@prod", "--checkpoint", ckpt, "--status", "--json")
+    status = json.loads(st.stdout)
+    assert st.returncode == 0 and not status["finished"] and first["done"] <= status["done"] < N, status
+
+    # the target exists now: a fresh run elsewhere names the real option
+    other = vb(data, "migrate", "--store", world["store"], "--source", "docs_a", "--target", "docs_b", "--map",
+                "a2b@prod", "--checkpoint", world["dir"] / "other.json", "--quiet")
+    assert other.returncode == 2 and "--overwrite" in other.stderr, other.stderr
+
+    p = vb(data, "migrate", "--store", world["store"], "--source", "docs_a", "--target", "docs_b", "--map",
+            "a2b@prod", "--checkpoint", ckpt, "--alias", "docs", "--json")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert all("done" in json.loads(ln) for ln in lines[:-1]), "progress lines"
+    rep = json.loads(lines[-1])
+    assert rep["resumed_from"] == status["last_id"] and rep["rows"] == N
+    assert rep["extra"]["fields"] == ["category", "lang", "n", "tags", "text"]
+    assert rep["extra"]["space_check"] == "checked: spa"
+
+    s = _open(world)
+    try:
+        got = s.ids("docs_b")
+        np.testing.assert_array_equal(np.sort(got), world["ids"])
+        b = s.fetch("docs", world["ids"], with_fields=True)  # through the alias
+        assert b.texts == [f"text {i}" for i in range(N)]
+        assert b.fields == world["fields"]
+        assert s.get_space("docs_b") == "spb"
+        from service.registry import open_registry
+
+        m = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts").load_map("a2b@prod")
+        np.testing.assert_allclose(b.vectors, m.apply(world["X"], output="raw"), rtol=1e-5, atol=1e-6)
+    finally:
+        s.close()
+
+    v = vb(data, "verify", "--store", world["store"], "--collection", "docs", "--heldout-source",
+            world["dir"] / "heldout_x.npy", "--heldout-target", world["dir"] / "heldout_y.npy", "--map", "a2b@prod",
+            "--n-sample", "400", "--min-recall", "0.8", "--json")
+    assert v.returncode == 0, v.stderr
+    assert json.loads(v.stdout)["verdict"] == "PASS"
+
+
+def test_python_m_entry_point_shares_the_operation(world, tmp_path):
+    """`python -m service.vectordb` is the same operation: a field-name option that names no field is one JSON line."""
+    p = subprocess.run([sys.executable, "-m", "service.vectordb", "migrate", "--store", world["store"], "--source",
+                        "docs_a", "--target", "x", "--map", "a2b@prod", "--registry",
+                        f"sqlite:///{world['data'] / 'registry.sqlite'}", "--artifact-dir",
+                        str(world["data"] / "artifacts"), "--checkpoint", str(tmp_path / "c.json"),
+                        "--vector-field", "emb"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 2, p.stderr
+    err = json.loads(p.stderr.strip().splitlines()[-1])
+    assert "--vector-field" in err["message"] or "emb" in err["message"], err
