@@ -37,16 +37,16 @@ def open_store_for(url: str, *, index: str | None = None, id_field: str | None =
                    vector_field: str | None = None, text_field: str | None = None) -> VectorStore:
     """Open the store at ``url`` with the field names given (None: the engine's defaults).
 
-    ``index`` (PostgreSQL only): ``hnsw`` | ``ivfflat`` | ``none``, built when the target is finalised.
+    ``index``: ``hnsw`` | ``ivfflat`` | ``none``, built on a PostgreSQL target when it is finalised
+    (ignored by Milvus and Qdrant, which index collections themselves).
     """
     kw = {k: v for k, v in (("id_field", id_field), ("vector_field", vector_field), ("text_field", text_field))
           if v is not None}
     if index is not None:
-        if not url.startswith(("postgresql://", "postgres://")):
-            raise InputError("--index applies to postgresql:// stores only")
         if index not in ("hnsw", "ivfflat", "none"):
             raise InputError(f"--index must be hnsw, ivfflat or none, got {index!r}")
-        kw["index"] = None if index == "none" else index
+        if url.startswith(("postgresql://", "postgres://")):  # other engines index on their own: ignored
+            kw["index"] = None if index == "none" else index
     return open_store(url, **kw)
 
 
