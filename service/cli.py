@@ -208,9 +208,11 @@ def cli(ctx, data_dir, registry_url):
               help="Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://head:10001): supervised fits "
                    "as a map-reduce of sufficient statistics, minivec2vec with its kNN/CSLS rounds as tasks over "
                    "row blocks (the same map as in-process).")
+@click.option("--shard-rows", type=click.IntRange(1), default=262144, show_default=True,
+              help="With --ray: rows per Ray task of a supervised fit (see SCALING.md for when Ray pays off).")
 @click.pass_obj
 def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target_space, alias, random_state,
-        description, tags, artifact_format, report_copy, as_json, quiet, ray_address, **io_opts):
+        description, tags, artifact_format, report_copy, as_json, quiet, ray_address, shard_rows, **io_opts):
     """Fit a map from --source to --target and register it as a new version."""
     import warnings
 
@@ -237,7 +239,8 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                         target_space=_space_name(io_opts["target"], io_opts["target_encoder"], target_space),
                         paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias, progress=progress,
                         description=description, tags=_parse_kv(tags, "tag"), inputs=inputs,
-                        artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address)
+                        artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,
+                        ray_shard_rows=shard_rows)
         finally:
             close()
     for w in caught:  # soft numerical trouble (e.g. an unreliable unsupervised fit): one line each

@@ -187,22 +187,89 @@ def _ray():
     return ray
 
 
+# A watchdog for a local Ray this process starts: Ray's agents (DashboardAgent, RuntimeEnvAgent)
+# outlive a driver killed with -9. The watchdog records the driver's descendants every 0.2 s;
+# when the driver is gone it terminates (then kills) every recorded process still running and
+# their children, a few rounds (psutil's ``is_running`` compares start times: a reused pid is
+# never hit).
+_REAPER = """
+import os, sys, time
+import psutil
+me, parent = os.getpid(), psutil.Process(int(sys.argv[1]))
+known = {}
+while True:
+    try:
+        if not parent.is_running() or parent.status() == psutil.STATUS_ZOMBIE:
+            break
+        for c in parent.children(recursive=True):
+            if c.pid != me:
+                known[c.pid] = c
+    except psutil.Error:
+        break
+    time.sleep(0.2)
+for _ in range(5):  # the orphans, and whatever they start meanwhile
+    procs = []
+    for p in list(known.values()):
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                procs.append(p)
+                for c in p.children(recursive=True):
+                    known.setdefault(c.pid, c)
+                    procs.append(c)
+        except psutil.Error:
+            pass
+    if not procs:
+        break
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    for p in psutil.wait_procs(procs, timeout=3)[1]:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+"""
+
+
+def _start_reaper():
+    """Start the watchdog above for this process (None when psutil is missing: Ray then cleans up as before)."""
+    import subprocess
+    import sys
+
+    try:
+        import psutil  # noqa: F401
+    except ImportError:  # pragma: no cover - psutil comes with the ray extra
+        return None
+    return subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid())], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None = None, *, num_cpus: int | None = None):
     """Use the running Ray session, or connect to ``address``, or start a local one with ``num_cpus``.
 
-    A session this function started is shut down on exit; one found running is left alone.
+    A session this function started is shut down on exit; one found running is left alone. A
+    local Ray started here is watched by a small process that ends Ray's processes if this one
+    dies without shutting it down (``kill -9``).
     """
     ray = _ray()
     if ray.is_initialized():
         yield ray
         return
     kw = {"address": address} if address else {"num_cpus": num_cpus}
-    ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, **kw)
+    reaper = None if address else _start_reaper()
     try:
-        yield ray
+        ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, **kw)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
     finally:
-        ray.shutdown()
+        if reaper is not None:
+            reaper.terminate()
+            reaper.wait(timeout=30)
 
 
 def _run(fn, arg_lists: Iterable[tuple], *, ray=None, num_cpus: float = 1) -> list:

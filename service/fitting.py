@@ -49,6 +49,8 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
     an unsupervised / seeded minivec2vec fit with its row-block kernels as Ray tasks (the same map).
     """
     params = dict(params or {})
+    if isinstance(ray_shard_rows, bool) or not isinstance(ray_shard_rows, int) or ray_shard_rows < 1:
+        raise InputError(f"shard rows must be a positive integer, got {ray_shard_rows!r}")
     if method not in METHODS:
         raise InputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     if method in SUPERVISED:
@@ -156,7 +158,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
             alias: str | None = None, progress: Callable[[str, float], None] | None = None, report_dir=None,
             should_cancel: Callable[[], bool] | None = None, description: str = "", tags: dict | None = None,
             inputs: dict | None = None, artifact_format: str | None = None,
-            report_copy=None, ray_address: str | None = None, report: bool = True) -> VersionInfo:
+            report_copy=None, ray_address: str | None = None, report: bool = True,
+            ray_shard_rows: int = 262144) -> VersionInfo:
     """Fit, diagnose, report and register one map version.
 
     Parameters
@@ -175,6 +178,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     report_copy : path, optional an extra copy of the HTML report
     ray_address : str, optional  ``"local"`` or a Ray address: supervised fits as a map-reduce (see fit_map)
     report : bool                write the HTML report (default); ``False`` skips it (``report_path`` None)
+    ray_shard_rows : int         rows per Ray task (default 262,144; see SCALING.md for when Ray pays off)
 
     Returns
     -------
@@ -212,7 +216,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     tick("fit", 0.0)
     map_ = fit_map(X, Y, method=method, params=params, paired=paired, seed_pairs=seed_pairs,
                    random_state=random_state, progress=lambda stage, f: tick(f"fit: {stage}", f),
-                   ray_address=ray_address)
+                   ray_address=ray_address, ray_shard_rows=ray_shard_rows)
     timings["fit"] = time.perf_counter() - t0
     tick("fit", 1.0)
 

@@ -29,7 +29,7 @@ def test_fit_with_ray_equals_in_process_fit(tmp_path):
               "--method", "procrustes", "--quiet", "--json"]
     local = _vecbridge(tmp_path / "var", *common, "--name", "plain")
     assert local.returncode == 0, local.stderr
-    distributed = _vecbridge(tmp_path / "var", *common, "--name", "viaray", "--ray")
+    distributed = _vecbridge(tmp_path / "var", *common, "--name", "viaray", "--ray", "--shard-rows", "1000")
     assert distributed.returncode == 0, distributed.stderr
 
     from service.registry import open_registry
@@ -38,6 +38,7 @@ def test_fit_with_ray_equals_in_process_fit(tmp_path):
     a, b = reg.load_map("plain"), reg.load_map("viaray")
     assert np.abs(a.W - b.W).max() < 1e-5
     assert b.metadata.get("distributed", {}).get("engine") == "ray"
+    assert b.metadata["distributed"]["n_shards"] == 3  # --shard-rows 1000 over 3,000 rows
     assert json.loads(distributed.stdout)
 
 
@@ -61,3 +62,74 @@ def test_minivec2vec_with_ray_registers_the_in_process_map(tmp_path):
     a, b = reg.load_map("plain"), reg.load_map("viaray")
     np.testing.assert_array_equal(a.W, b.W)
     assert b.metadata["diagnostics"]["executor"] == "ray"
+
+
+def test_kill_9_of_a_ray_fit_leaves_no_ray_process(tmp_path):
+    """Issue 15 #11: ``ray::DashboardAgent`` and the RuntimeEnvAgent outlived a driver killed with -9."""
+    import os
+    import signal
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(200_000, 32)).astype(np.float32)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", X[:, ::-1].copy())
+    cmd = [sys.executable, "-m", "service.cli", "--data-dir", str(tmp_path / "var"), "fit", "--pairs", "--source",
+           str(tmp_path / "x.npy"), "--target", str(tmp_path / "y.npy"), "--method", "procrustes", "--name", "k",
+           "--quiet", "--ray", "--shard-rows", "500"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: dict[int, psutil.Process] = {}
+    names: dict[int, str] = {}
+
+    def look():
+        try:
+            for c in psutil.Process(p.pid).children(recursive=True):
+                seen[c.pid] = c
+                names[c.pid] = names.get(c.pid) or _cmd(c)
+        except psutil.Error:
+            pass
+
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and p.poll() is None:  # until Ray's agents are up
+            look()
+            every = " ".join(names.values())
+            if "raylet" in every and "agent" in every.lower():
+                time.sleep(1.0)  # let the raylet start its other agents too
+                look()
+                break
+            time.sleep(0.2)
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+    if not any("raylet" in n for n in names.values()):
+        pytest.skip(f"the fit ended before Ray's agents were seen (exit {p.returncode}, seen "
+                    f"{[n[:60] for n in names.values()]})")
+    deadline = time.time() + 30
+    while time.time() < deadline and _alive(seen.values()):
+        time.sleep(0.5)
+    left = _alive(seen.values())
+    for c in left:
+        c.kill()
+    assert not left, f"left running after kill -9: {[names.get(c.pid, '?')[:80] for c in left]}"
+
+
+def _cmd(c) -> str:
+    try:
+        return " ".join(c.cmdline())
+    except Exception:  # noqa: BLE001 - gone or a zombie
+        return ""
+
+
+def _alive(procs) -> list:
+    import psutil
+
+    out = []
+    for c in procs:
+        try:
+            if c.is_running() and c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c)
+        except psutil.Error:
+            pass
+    return out
