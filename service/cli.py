@@ -1037,6 +1037,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
               help="Old-model vectors of held-out items (with --heldout-target and --map).")
 @click.option("--heldout-target", type=click.Path(dir_okay=False), default=None,
               help="New-model vectors of the same items.")
+@click.option("--heldout-rows", default=None, metavar="START:STOP", help="Rows of both held-out files to use.")
 @click.option("--map", "map_ref", default=None, help="The migration's map (held-out mode).")
 @click.option("--n-sample", type=click.IntRange(2), default=2000, show_default=True)
 @click.option("--queries", "n_queries", type=click.IntRange(1), default=200, show_default=True)
@@ -1047,7 +1048,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, encoder, heldout_source, heldout_target,
-           map_ref, n_sample, n_queries, k, random_state, min_recall, as_json):
+           heldout_rows, map_ref, n_sample, n_queries, k, random_state, min_recall, as_json):
     """Check a migrated collection: does searching it find what re-embedding would?"""
     from align.exceptions import InputError
 
@@ -1056,7 +1057,8 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
     if (heldout_source is None) != (heldout_target is None):
         raise InputError("give both --heldout-source and --heldout-target")
     heldout = (heldout_source, heldout_target) if heldout_source else None
-    out = run_verify(store_url=store, collection=collection, encoder=encoder, heldout=heldout, map_ref=map_ref,
+    out = run_verify(store_url=store, collection=collection, encoder=encoder, heldout=heldout,
+                     heldout_rows=heldout_rows, map_ref=map_ref,
                      registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
                      n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
                      vector_field=vector_field, text_field=text_field)

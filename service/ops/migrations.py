@@ -133,11 +133,13 @@ def checkpoint_status(checkpoint) -> dict:
 
 
 def run_verify(*, store_url: str, collection: str, encoder: str | None = None, heldout: tuple | None = None,
-               map_ref=None, registry=None, n_sample: int = 2000, n_queries: int = 200, k: int = 10,
+               heldout_rows: str | None = None, map_ref=None, registry=None, n_sample: int = 2000,
+               n_queries: int = 200, k: int = 10,
                random_state: int = 0, id_field: str | None = None, vector_field: str | None = None,
                text_field: str | None = None) -> dict:
     """Verify a migrated collection: re-embed its stored texts with ``encoder``, or compare a held-out
-    paired sample ``heldout = (old-model vectors path, new-model vectors path)`` through ``map_ref``."""
+    paired sample ``heldout = (old-model vectors path, new-model vectors path)`` (rows ``heldout_rows``,
+    ``"START:STOP"``) through ``map_ref``."""
     from ..vectordb import verify_migration
 
     if (encoder is None) == (heldout is None):
@@ -155,7 +157,7 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
 
         if map_ref is None:
             raise InputError("a held-out check needs --map")
-        X_Y = (read_vectors(heldout[0]), read_vectors(heldout[1]))
+        X_Y = (read_vectors(heldout[0], rows=heldout_rows), read_vectors(heldout[1], rows=heldout_rows))
     store = open_store_for(store_url, id_field=id_field, vector_field=vector_field, text_field=text_field)
     try:
         out = verify_migration(store, collection, embed=embed, heldout=X_Y, map_=map_ref, registry=registry,

@@ -111,13 +111,17 @@ def test_full_disk_no_crash_503_and_not_ready(tmp_path):
     try:
         with Server(mnt / "data", env={"VECBRIDGE_MIN_FREE_BYTES": str(4 * 2**20)}) as s:
             c = _world(s)
-            with open(mnt / f"fill-{uuid.uuid4().hex}", "wb") as fh:  # fill to the last byte
+            with open(mnt / f"fill-{uuid.uuid4().hex}", "wb", buffering=0) as fh:  # fill to the last byte
                 try:
                     while True:
                         fh.write(bytes(1 << 16))
-                        fh.flush()
                 except OSError as exc:
                     assert exc.errno == errno.ENOSPC
+                try:
+                    while True:
+                        fh.write(b"x")
+                except OSError:
+                    pass
             ready = httpx.get(s.url + "/readyz", timeout=30)
             assert ready.status_code == 503 and ready.json()["checks"]["data_dir"] != "ok", ready.text
             results = [r for i in range(2) for r in _exercise_writes(c, str(i))]
