@@ -51,7 +51,8 @@ def _prepare(data, registry_url):
 def _run(tmp_path, registry_url):
     data = tmp_path / "data"
     X, maps = _prepare(data, registry_url)
-    env = {"VECBRIDGE_REGISTRY_URL": registry_url, "VECBRIDGE_JOB_WORKERS": "1", "VECBRIDGE_MAX_QUEUED_JOBS": "8"}
+    env = {"VECBRIDGE_REGISTRY_URL": registry_url, "VECBRIDGE_JOB_WORKERS": "1", "VECBRIDGE_MAX_QUEUED_JOBS": "8",
+           "VECBRIDGE_LIMITS__MAX_K": "10000"}  # the searcher counts every row with one k=10,000 search
     problems: list[str] = []
     submitted: dict[str, list[str]] = {}  # map name -> source sha256 of each accepted fit
     lock = threading.Lock()
