@@ -94,13 +94,14 @@ def _beaten_by(Q: np.ndarray, true: np.ndarray, E: np.ndarray, block: int = 1024
 
 
 def pair_retrieval_scores(M: np.ndarray, T: np.ndarray, *, k: int = 10, extra_M: np.ndarray | None = None,
-                          extra_T: np.ndarray | None = None) -> dict:
+                          extra_T: np.ndarray | None = None, retention: bool = True) -> dict:
     """Corpus-side and query-side recall@1/@k and MRR, neighbourhood overlap@k and ``score``.
 
     ``M`` (n, d) mapped old rows and ``T`` (n, d) native new rows, unit, paired by row.
     ``extra_M`` (p, d): more mapped old rows (the rest of a migrated corpus) that compete in the
     corpus-side ranking; ``extra_T`` (q, d): more native rows competing in the query-side ranking.
     A distractor scoring exactly as high as the partner (a duplicate text) does not count.
+    ``retention=False`` skips ``nn_retention@k`` (the costliest view; not part of ``score``).
     """
     M = np.ascontiguousarray(M, dtype=np.float32)
     T = np.ascontiguousarray(T, dtype=np.float32)
@@ -118,7 +119,8 @@ def pair_retrieval_scores(M: np.ndarray, T: np.ndarray, *, k: int = 10, extra_M:
            "query_recall@1": float((rq == 1).mean()), f"query_recall@{k}": float((rq <= k).mean()),
            "query_mrr": float((1.0 / rq).mean()),
            f"overlap@{k}": neighbour_overlap(T, M, T, k),
-           f"nn_retention@{k}": nn_retention(T, M, k, extra_M=extra_M),
            "cos": float(np.einsum("ij,ij->i", M, T).mean())}
+    if retention:
+        out[f"nn_retention@{k}"] = nn_retention(T, M, k, extra_M=extra_M)
     out["score"] = float((out["corpus_mrr"] + out["query_mrr"] + out[f"overlap@{k}"]) / 3.0)
     return out
