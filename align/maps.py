@@ -189,8 +189,11 @@ class LinearMap:
         if output == "linear" or (output == "frame" and not ft.unit_out):
             scale = alpha
         elif p["orth"] and (unit or closed_raw):
-            nu = np.sqrt(np.maximum(n1 * n1 + 2 * beta * K[:, 2] + 2 * gamma * K[:, 3] + beta * beta * p["muW_sq"]
-                                    + 2 * beta * gamma * p["muW_b"] + gamma * gamma * p["b_sq"], 1e-24))
+            if p["folded"]:  # u = |x| s (f W + b) with |f W| = |f| = 1: no difference of large terms
+                g = (K[:, 3] / n1 - p["muW_b"]) / s if p["has_bias"] else 0.0
+                nu = n1 * s * np.sqrt(np.maximum(1.0 + 2.0 * g + p["b_sq"], 1e-24))
+            else:  # u = x' W + b
+                nu = np.sqrt(np.maximum(n1 * n1 + 2.0 * gamma * K[:, 3] + gamma * gamma * p["b_sq"], 1e-24))
             if unit:
                 scale = 1.0 / nu
             else:

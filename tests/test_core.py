@@ -335,7 +335,8 @@ def test_fused_apply_any_frames_equals_stage_by_stage(d_s, d_t, seed, orth, bias
     rng = np.random.default_rng(seed)
 
     def frame(kind, d):
-        mean = (rng.normal(size=d) * 0.6 / np.sqrt(d)).astype(np.float32)
+        v = rng.normal(size=d)  # a mean of unit rows: norm below 1
+        mean = (v / np.linalg.norm(v) * rng.uniform(0.0, 0.9)).astype(np.float32)
         return {"std": Frame(d, mean), "identity": Frame.identity(d), "unit": Frame(d, None, True, True),
                 "centre": Frame(d, mean, unit_in=False, unit_out=False)}[kind]
 
@@ -347,6 +348,9 @@ def test_fused_apply_any_frames_equals_stage_by_stage(d_s, d_t, seed, orth, bias
     m = LinearMap(W, b, frame(fs_kind, d_s), frame(ft_kind, d_t))
     Z = (rng.normal(size=(n, d_s)) * 2 + rng.normal(size=d_s)).astype(np.float32)
     lin = (m.source_frame.apply(Z).astype(np.float64) @ m.W + (0 if m.bias is None else m.bias)).astype(np.float32)
-    np.testing.assert_allclose(m.apply(Z, output="linear"), lin, atol=2e-5, rtol=1e-5)
-    np.testing.assert_allclose(m.apply(Z), unit_rows(lin) if m.target_frame.unit_out else lin, atol=2e-5, rtol=1e-5)
-    np.testing.assert_allclose(m.apply(Z, output="raw"), m.target_frame.to_raw(lin), atol=2e-5, rtol=1e-5)
+    # frames here go to |mu| = 0.9 in 1-d, where float32 rounding of the folded algebra (and of the
+    # stage-by-stage reference) is amplified ~1/s(x)^2; realistic frames meet 2e-5 (test above)
+    tol = dict(atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(m.apply(Z, output="linear"), lin, **tol)
+    np.testing.assert_allclose(m.apply(Z), unit_rows(lin) if m.target_frame.unit_out else lin, **tol)
+    np.testing.assert_allclose(m.apply(Z, output="raw"), m.target_frame.to_raw(lin), **tol)
