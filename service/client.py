@@ -191,8 +191,7 @@ def _b64(X, name: str = "vectors") -> dict:
 def _rows(body: dict) -> np.ndarray:
     """The vectors of a JSON answer (``vectors`` or ``vectors_b64`` with ``shape``) as float32 (n, d)."""
     if body.get("vectors_b64") is not None:
-        flat = np.frombuffer(base64.b64decode(body["vectors_b64"]), dtype="<f4")
-        return flat.reshape(body["shape"]) if "shape" in body else flat.reshape(-1, len(flat))
+        return np.frombuffer(base64.b64decode(body["vectors_b64"]), dtype="<f4").reshape(body["shape"])
     return np.asarray(body["vectors"], dtype=np.float32)
 
 
