@@ -254,17 +254,39 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
 # --- plan vs measured ---------------------------------------------------------------------------------------
 
 def plan_prediction(data: dict, k_probe: int, seed: int) -> dict | None:
-    """``align.plan_migration`` on the old fit pool plus a ``k_probe``-pair probe (when align has it)."""
+    """``align.plan_migration`` on the old fit pool plus a ``k_probe``-pair probe (when align has it).
+
+    Kept: alignability, predicted retention per K (with its interval), the recommendation; not the
+    row indices."""
     if not hasattr(align, "plan_migration"):
         return None
-    import inspect
-
     pool = data["pool"]
     probe = pool[np.random.default_rng(seed + 1).choice(len(pool), size=min(k_probe, len(pool)), replace=False)]
-    params = inspect.signature(align.plan_migration).parameters
-    kw = {"random_state": seed} if "random_state" in params else {}
-    plan = align.plan_migration(data["D_old"][pool], data["D_old"][probe], data["D_new"][probe], **kw)
-    return plan if isinstance(plan, dict) else getattr(plan, "to_dict", lambda: vars(plan))()
+    t = time.perf_counter()
+    plan = align.plan_migration(data["D_old"][pool], data["D_old"][probe], data["D_new"][probe], random_state=seed)
+    keep = {k: v for k, v in plan.items() if k not in ("rows_to_embed", "curve")}
+    keep["plan_s"] = time.perf_counter() - t
+    return keep
+
+
+def plan_vs_measured(res: dict) -> list[str]:
+    """Rows ``K | predicted [low, high] | measured corpus-side retention of R@10`` (random rows)."""
+    pred = res["plan"].get("predicted") or {}
+    items = pred.items() if isinstance(pred, dict) else [(p.get("k"), p) for p in pred]
+    lines = ["| K | predicted | interval | measured procrustes | measured ridge | best measured (any method) | |pred − best| |",
+             "|---|---|---|---|---|---|---|"]
+    for k, p in items:
+        k = int(k)
+        cell = lambda meth: res["cells"].get(f"random|{k}|corpus|{meth}", {}).get("ret_R@10")  # noqa: E731
+        measured = [c.get("ret_R@10") for key, c in res["cells"].items()
+                    if key.startswith(f"random|{k}|corpus|") and "ret_R@10" in c]
+        best = max(measured) if measured else None
+        r = p.get("retention") if isinstance(p, dict) else p
+        lo, hi = (p.get("low"), p.get("high")) if isinstance(p, dict) else (None, None)
+        gap = abs(r - best) if (r is not None and best is not None) else None
+        lines.append(f"| {k} | {fmt(r)} | [{fmt(lo)}, {fmt(hi)}] | {fmt(cell('procrustes'))} | {fmt(cell('ridge'))} | "
+                     f"{fmt(best)} | {fmt(gap)} |")
+    return lines
 
 
 # --- tables ---------------------------------------------------------------------------------------------------
@@ -289,13 +311,13 @@ def tables(results: dict) -> str:
             if (mode, meth, s) not in combos:
                 combos.append((mode, meth, s))
         combos.sort()
-        out.append(f"\nRetention of R@10 (migrated / native-new) by K pairs:\n")
+        out.append("\nRetention of R@10 (migrated / native-new) by K pairs:\n")
         out.append("| mode | method | rows | " + " | ".join(f"K={k}" for k in ks) + " |")
         out.append("|---|---|---|" + "---|" * len(ks))
         for mode, meth, s in combos:
             vals = [cells.get(f"{s}|{k}|{mode}|{meth}", {}).get("ret_R@10") for k in ks]
             out.append(f"| {mode} | {meth} | {s} | " + " | ".join(fmt(v) for v in vals) + " |")
-        out.append(f"\nAll metrics (retention = of native-new; µs/row: map.apply raw vs plain GEMM):\n")
+        out.append("\nAll metrics (retention = of native-new; µs/row: map.apply raw vs plain GEMM):\n")
         out.append("| mode | method | rows | K | R@1 | R@10 | nDCG@10 | MRR | ret R@10 | ret nDCG | ret MRR | fit s |"
                    " µs/row | GEMM µs/row | chosen |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -312,7 +334,11 @@ def tables(results: dict) -> str:
                            f"{fmt(c['fit_s'], 1)} | {fmt(c['us_per_row'], 2)} | {fmt(c['us_per_row_gemm'], 2)} | "
                            f"{c.get('chosen') or ''} |")
         if res.get("plan"):
-            out.append(f"\nPlan (probe {res['plan'].get('probe_pairs')} pairs): `{json.dumps(res['plan'], default=str)[:600]}`\n")
+            pl = res["plan"]
+            out.append(f"\nPlan before the fit (`align.plan_migration`, probe {pl.get('probe_pairs')} pairs from the fit "
+                       f"pool): alignability {fmt(pl.get('alignability'))}, recommended {pl.get('recommended')}. "
+                       "Predicted retention vs measured corpus-side retention of R@10 (random rows):\n")
+            out.extend(plan_vs_measured(res))
     return "\n".join(out)
 
 
@@ -320,11 +346,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", nargs="+", default=list(DEFAULT_PAIRS), help="set:old:new")
     ap.add_argument("--ks", nargs="+", type=int, default=list(DEFAULT_KS))
-    ap.add_argument("--methods", nargs="+", default=None, help=f"default: all available")
+    ap.add_argument("--methods", nargs="+", default=None, help="default: all available")
     ap.add_argument("--samplings", nargs="+", default=["random", "kmeans++"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--probe", type=int, default=500, help="pairs in the plan probe")
+    ap.add_argument("--no-plan", action="store_true", help="skip align.plan_migration")
     ap.add_argument("--out", type=str, default=None, help="result stem (default migration_<date>)")
     a = ap.parse_args(argv)
     methods = a.methods or available_methods()
@@ -348,9 +375,10 @@ def main(argv=None) -> int:
             continue
         res = results["pairs"].setdefault(key, {})
         run_pair(key, data, ks=a.ks, methods=methods, samplings=a.samplings, seed=a.seed, done=res, save=save)
-        plan = plan_prediction(data, a.probe, a.seed)
-        if plan is not None:
-            res["plan"] = {"probe_pairs": a.probe, **plan}
+        if "plan" not in res and not a.no_plan:
+            plan = plan_prediction(data, a.probe, a.seed)
+            if plan is not None:
+                res["plan"] = {"probe_pairs": a.probe, **plan}
         save()
     text = ("# Migration benchmark: labelled retrieval retention\n\nMade by `benchmarks/bench_migration.py` "
             f"({_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC); sets from "

