@@ -12,16 +12,21 @@ of rows from which fit pairs are drawn, and per-encoder embeddings:
     come from corpus rows [0, 32768); evaluation queries are synsets whose gloss is in the
     held-out rows [32768, 40960) (seeded sample of ``--wordnet-queries``); retrieval always runs
     over all 40,960 glosses. all-mpnet-base-v2 is slow here (~7 sentences/s on the shared 2
-    cores when they are quiet, a fraction of that under load), so it embeds only rows [0, 2048)
-    (its fit pool) and [32768, 34816): its corpus is those 4,096 rows, its queries the evaluation
-    queries whose gloss is among them.
+    cores when they are quiet, ~1/s under load), so it embeds only rows [0, 1280) (its fit pool)
+    and [32768, 34304): its corpus is those 2,816 rows, its queries the evaluation queries whose
+    gloss is among them.
+
+``wordnet-small`` — the same task on the first 1,280 definitions (fit pool: the first 768; queries:
+    all 514 synsets whose gloss is in the other 512), for all-mpnet-base-v2, which under the
+    shared machine's load (nice 10) could not embed the held-out part of ``wordnet`` in time.
 
 ``bible`` — cross-translation from ``sword-text-web`` / ``sword-text-kjv`` through ``diatheke``:
     query = a World English Bible verse, relevant document = the same verse in the King James
     Version. Embedding all 31k verses with three encoders is far too slow on 2 shared cores, so a
     seeded sample of ``--bible-verses`` verses (default 3,000) forms the corpus: the first half
     of the sample is the fit pool, ``--bible-queries`` (default 600) WEB verses from the
-    second half are the evaluation queries.
+    second half are the evaluation queries. e5 and mpnet, slower still, embed 500 pool verses and
+    the first 1,000 held-out ones (their queries: those whose verse is among them).
 
 Layout under the cache folder (``--cache``, default ``~/.cache/vecbridge-bench``)::
 
@@ -60,7 +65,8 @@ WORDNET_DIR = Path("/usr/share/wordnet")
 SHARED_WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", HERE.parents[1] / "shared" / "data" / "wordnet"))
 WORDNET_POOL = (0, 32768)        # fit-pair rows of the shared corpus
 WORDNET_HELDOUT = (32768, 40960)  # glosses of the evaluation queries
-MPNET_WORDNET_ROWS = ((0, 2048), (32768, 34816))
+MPNET_WORDNET_ROWS = ((0, 1280), (32768, 34304))
+SMALL_ROWS, SMALL_POOL = 1280, 768  # wordnet-small: corpus rows [0, 1280), fit pool [0, 768)
 #: encoder short name -> (service encoder name, whether queries use a query form)
 ENCODERS = {"minilm": "all-MiniLM-L6-v2", "e5": "multilingual-e5-small", "mpnet": "all-mpnet-base-v2"}
 SHARED_EMBEDDINGS = {"minilm": "minilm.npy", "e5": "e5.npy"}
@@ -106,12 +112,17 @@ def wordnet_synsets(wordnet_dir: Path = WORDNET_DIR) -> list[tuple[str, list[str
     return out
 
 
-def build_wordnet(n_queries: int, seed: int = 0) -> dict:
-    """The reverse-dictionary set over the shared 40,960 definitions (see module docstring)."""
+def build_wordnet(n_queries: int, seed: int = 0, *, small: bool = False) -> dict:
+    """The reverse-dictionary set over the shared 40,960 definitions (see module docstring).
+
+    ``small=True`` builds ``wordnet-small``: corpus = the first ``SMALL_ROWS`` definitions, fit
+    pool = the first ``SMALL_POOL`` of them, queries = every synset whose gloss is in the rest."""
     docs = json.loads((SHARED_WORDNET / "texts.json").read_text())
+    if small:
+        docs = docs[:SMALL_ROWS]
     where = {t: i for i, t in enumerate(docs)}
     synsets = wordnet_synsets()
-    lo, hi = WORDNET_HELDOUT
+    lo, hi = (SMALL_POOL, SMALL_ROWS) if small else WORDNET_HELDOUT
     held = [(sid, ", ".join(lemmas), where[d]) for sid, lemmas, d in synsets
             if d in where and lo <= where[d] < hi]
     matched = sum(1 for _, _, d in synsets if d in where)
@@ -120,9 +131,10 @@ def build_wordnet(n_queries: int, seed: int = 0) -> dict:
     queries = [held[i][1] for i in pick]
     query_doc = [int(held[i][2]) for i in pick]
     rows = {"minilm": list(range(len(docs))), "e5": list(range(len(docs))),
-            "mpnet": [i for a, b in MPNET_WORDNET_ROWS for i in range(a, b)]}
-    return {"name": "wordnet", "docs": docs, "queries": queries, "query_doc": query_doc,
-            "query_ids": [held[i][0] for i in pick], "fit_pool": list(range(*WORDNET_POOL)), "rows": rows,
+            "mpnet": (list(range(len(docs))) if small else [i for a, b in MPNET_WORDNET_ROWS for i in range(a, b)])}
+    return {"name": "wordnet-small" if small else "wordnet", "docs": docs, "queries": queries, "query_doc": query_doc,
+            "query_ids": [held[i][0] for i in pick],
+            "fit_pool": list(range(SMALL_POOL if small else WORDNET_POOL[1])), "rows": rows,
             "provenance": {"synsets": len(synsets), "synsets_matched_to_corpus": matched,
                            "heldout_synsets": len(held), "seed": seed,
                            "source": "wordnet-base data.{noun,verb,adj,adv}; corpus = shared texts.json"}}
@@ -180,10 +192,12 @@ def build_bible(n_verses: int, n_queries: int, seed: int = 0) -> dict:
     q_rows = np.sort(rng.choice(np.arange(half, len(chosen)), size=min(n_queries, len(chosen) - half), replace=False))
     docs = [kjv[k] for k in chosen]
     all_rows = list(range(len(docs)))
+    # the slower encoders embed a part: 500 pool verses and the first 1,000 held-out ones
+    slow_rows = list(range(min(500, half))) + list(range(half, min(len(docs), half + 1000)))
     return {"name": "bible", "docs": docs, "queries": [web[chosen[i]] for i in q_rows],
             "query_doc": [int(i) for i in q_rows], "query_ids": [chosen[i] for i in q_rows],
             "doc_ids": chosen, "fit_pool": list(range(half)),
-            "rows": {"minilm": all_rows, "e5": all_rows, "mpnet": all_rows},
+            "rows": {"minilm": all_rows, "e5": slow_rows, "mpnet": slow_rows},
             "provenance": {"aligned_verses": len(keys), "modules": [web_mod, kjv_mod], "seed": seed,
                            "source": "diatheke -f plain, WEB = queries, KJV = documents"}}
 
@@ -240,7 +254,7 @@ def load_embeddings(name: str, encoder: str, cache: Path = DEFAULT_CACHE):
     spec = load_set(name, cache)
     rows = np.asarray(spec["rows"][encoder], dtype=np.int64)
     qpath = folder / f"{encoder}_queries.npy"
-    if name == "wordnet" and encoder in SHARED_EMBEDDINGS:
+    if name.startswith("wordnet") and encoder in SHARED_EMBEDDINGS:
         D = np.load(SHARED_WORDNET / SHARED_EMBEDDINGS[encoder], mmap_mode="r")[rows]
     else:
         dpath = folder / f"{encoder}_docs.npy"
@@ -262,8 +276,8 @@ def build(names, encoders, cache: Path, *, embed: bool, wordnet_queries: int, bi
         if spec_path.is_file():
             spec = json.loads(spec_path.read_text())
         else:
-            spec = (build_wordnet(wordnet_queries, seed) if name == "wordnet"
-                    else build_bible(bible_verses, bible_queries, seed))
+            spec = (build_bible(bible_verses, bible_queries, seed) if name == "bible"
+                    else build_wordnet(wordnet_queries, seed, small=name == "wordnet-small"))
             tmp = spec_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(spec))
             os.replace(tmp, spec_path)
@@ -274,7 +288,7 @@ def build(names, encoders, cache: Path, *, embed: bool, wordnet_queries: int, bi
         for enc in encoders:
             rows = spec["rows"][enc]
             q_keep = [spec["queries"][i] for i in query_rows(spec, enc)]
-            if not (name == "wordnet" and enc in SHARED_EMBEDDINGS):
+            if not (name.startswith("wordnet") and enc in SHARED_EMBEDDINGS):
                 embed_cached(enc, [spec["docs"][i] for i in rows], "passage", folder / f"{enc}_docs.npy",
                              folder / "parts")
             embed_cached(enc, q_keep, "query", folder / f"{enc}_queries.npy", folder / "parts")
@@ -283,7 +297,7 @@ def build(names, encoders, cache: Path, *, embed: bool, wordnet_queries: int, bi
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", nargs="+", default=["wordnet", "bible"], choices=["wordnet", "bible"])
+    ap.add_argument("--sets", nargs="+", default=["wordnet", "bible"], choices=["wordnet", "bible", "wordnet-small"])
     ap.add_argument("--encoders", nargs="+", default=["minilm", "e5"], choices=list(ENCODERS))
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--no-embed", action="store_true", help="build the texts and splits only")
