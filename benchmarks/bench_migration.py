@@ -59,6 +59,19 @@ import align  # noqa: E402
 from build_retrieval_sets import DEFAULT_CACHE, load_embeddings, load_set  # noqa: E402
 
 RESULTS = HERE / "results"
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+COMMIT = _commit()
 DEFAULT_PAIRS = ("wordnet:minilm:e5", "bible:minilm:e5", "wordnet:minilm:mpnet", "bible:minilm:mpnet")
 DEFAULT_KS = (50, 100, 300, 1000, 3000, 10000)
 MODES = ("corpus", "query")
@@ -243,7 +256,8 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
                     us, us_gemm = time_apply(m, Qn if mode == "query" else Do[: len(Qn)])
                     cells[cell] = {**met, **retention(met, native_new), "fit_s": fit_s, "select_s": t_select,
                                    "us_per_row": us, "us_per_row_gemm": us_gemm,
-                                   "chosen": m.metadata.get("method"), "alpha": m.metadata.get("alpha_chosen")}
+                                   "chosen": m.metadata.get("method"), "alpha": m.metadata.get("alpha_chosen"),
+                                   "commit": COMMIT}
                     log(f"  {sampling:8s} K={k:<5d} {mode:6s} {method:16s} R@10 {met['R@10']:.3f} "
                         f"ret {cells[cell]['ret_R@10']:.3f}  fit {fit_s:6.1f}s  {us:5.2f} µs/row "
                         f"[{cells[cell]['chosen']}]")
