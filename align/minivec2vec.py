@@ -43,7 +43,7 @@ from .refine import (map_criterion, procrustes_map, refine_clusters, refine_icp,
 
 __all__ = ["MiniVec2Vec", "register_init", "INITIALIZERS", "REFINE_STAGES"]
 
-REFINE_STAGES = ("icp", "clusters", "self_learning", "polish")
+REFINE_STAGES = ("icp", "clusters", "self_learning", "polish", "sinkhorn")
 
 #: name -> callable(est, Xs, Yt, rng, progress) -> (W (d_s, d_t), info dict); Xs, Yt are framed rows.
 INITIALIZERS: dict[str, Callable] = {}
@@ -101,7 +101,10 @@ class MiniVec2Vec:
     refine : tuple of str
         Refinement stages in order, from :data:`REFINE_STAGES`; ``"polish"`` is
         :func:`align.refine.bidirectional_polish` (all-row bidirectional CSLS dictionaries in a
-        whitened metric; ``polish_rounds`` rounds, whitening power ``polish_whiten``).
+        whitened metric; ``polish_rounds`` rounds, whitening power ``polish_whiten``); ``"sinkhorn"``
+        is :func:`align.semisup.sinkhorn_polish` (whitened sparse Sinkhorn soft matching,
+        ``sinkhorn_rounds`` rounds at ``sinkhorn_eps``; seeded minilm→e5 from 100 pairs after the
+        fast preset: top-1 0.862 → 0.880 in 3 rounds at ε 0.05).
     refine1_iters, refine1_sample, refine1_k : int
         Refine-1 iterations, rows per iteration, neighbours averaged (published 100, 1000, 50).
     alpha : float
@@ -146,9 +149,12 @@ class MiniVec2Vec:
                  self_learning_final_rounds: int = 2, csls_k: int = 10,
                  confident: float = 0.8, criterion_sample: int = 4096, seed_weight: float = 1.0,
                  reliability_ratio: float = 2.0, polish_rounds: int = 3, polish_whiten: float = 0.5,
+                 sinkhorn_rounds: int = 3, sinkhorn_eps: float = 0.05,
                  random_state=None):
         self.polish_rounds = polish_rounds
         self.polish_whiten = polish_whiten
+        self.sinkhorn_rounds = sinkhorn_rounds
+        self.sinkhorn_eps = sinkhorn_eps
         self.init = init
         self.n_restarts = n_restarts
         self.n_anchor_runs = n_anchor_runs
@@ -176,7 +182,7 @@ class MiniVec2Vec:
 
     _PARAMS = ("init", "n_restarts", "n_anchor_runs", "anchor_sample", "n_clusters", "anchor_keep", "qap_restarts", "qap_method",
                "soft_k", "refine", "refine1_iters", "refine1_sample", "refine1_k", "alpha", "refine2_clusters",
-               "self_learning_rounds", "self_learning_sample", "self_learning_final_rounds", "polish_rounds", "polish_whiten", "csls_k", "confident", "criterion_sample",
+               "self_learning_rounds", "self_learning_sample", "self_learning_final_rounds", "polish_rounds", "polish_whiten", "sinkhorn_rounds", "sinkhorn_eps", "csls_k", "confident", "criterion_sample",
                "seed_weight", "reliability_ratio", "random_state")
 
     # --- presets ------------------------------------------------------------------------------
@@ -400,6 +406,13 @@ class MiniVec2Vec:
                 W, h = bidirectional_polish(W, Xs, Yt, rounds=self.polish_rounds, csls_k=self.csls_k,
                                             whiten=self.polish_whiten, seed_pairs=seed_rows,
                                             progress=lambda f: report(prefix + "polish", f))
+                n_iter += len(h)
+            elif stage == "sinkhorn" and self.sinkhorn_rounds > 0:
+                from .semisup import sinkhorn_polish
+
+                W, h = sinkhorn_polish(W, Xs, Yt, rounds=self.sinkhorn_rounds, eps=self.sinkhorn_eps,
+                                       whiten=self.polish_whiten, seed_pairs=seed_rows, seed_share=0.1,
+                                       progress=lambda f: report(prefix + "sinkhorn", f))
                 n_iter += len(h)
             else:
                 continue

@@ -176,3 +176,13 @@ def test_sinkhorn_semi_supervised_improves_a_few_pair_map_with_unpaired_rows():
     assert semi.is_orthogonal()
     assert _top1(base, X[test], Y[test]) < 0.8  # 12 pairs in 16-d: the paired fit alone is poor
     assert _top1(semi, X[test], Y[test]) >= 0.9
+
+
+def test_minivec2vec_accepts_the_sinkhorn_stage_with_seeds():
+    X, Y = _planted(n=1200, d_s=8, d_t=8, seed=12)
+    Xs, Yt = X[:700], Y[500:]
+    seeds = (np.arange(500, 520) - 0, np.arange(0, 20))  # source rows 500..519 are target rows 0..19
+    est = align.MiniVec2Vec(init="identity", refine=("sinkhorn",), sinkhorn_rounds=2, n_restarts=1,
+                            random_state=0).fit(Xs, Yt, seed_pairs=seeds)
+    assert "sinkhorn" in est.diagnostics_["runs"][0]["history"]
+    assert len(est.diagnostics_["runs"][0]["history"]["sinkhorn"]) == 2
