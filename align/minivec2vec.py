@@ -124,8 +124,15 @@ class MiniVec2Vec:
         Weight of each known seed pair in the Procrustes fits (semi-supervised mode).
     reliability_ratio : float
         The fit is flagged unreliable (``reliable_ = False`` and a ConvergenceWarning) when its
-        criterion is below this multiple of the criterion of random orthogonal maps on the same
-        data (``null_criterion_``).
+        criterion on the held-out rows is below this multiple of the criterion of random
+        orthogonal maps on the same rows (``null_criterion_``).
+    holdout : float
+        Share of each side's rows (at most ``criterion_sample``, never seed rows) withheld from the
+        fit and used only to choose the restart and to judge the map. On the rows it was refined
+        on, a wrong map scores ~5x a random map (self-learning makes its own pseudo-pairs mutual:
+        minilm→e5, 4,000 rows, top-1 0.001, criterion 0.147 vs 0.029); on held-out rows it scores
+        1.1–1.2x and a right map 2.3x. ``0`` (or fewer than 20 held-out rows) judges on the
+        training rows, which is optimistic; ``diagnostics_["verdict_rows"]`` says which was used.
     random_state : None, int or numpy Generator
         Seeds every random step (same seed → same map).
 
@@ -136,8 +143,8 @@ class MiniVec2Vec:
     criteria_ : list[float]   criterion of every restart
     best_restart_ : int
     n_iter_ : int             refinement iterations of the chosen run
-    null_criterion_ : float   mean criterion of 2 random orthogonal maps (what failure looks like)
-    reliable_ : bool          ``criterion_ >= reliability_ratio * null_criterion_``
+    null_criterion_ : float   mean criterion of 5 random orthogonal maps on the same rows (what failure looks like)
+    reliable_ : bool          ``criterion_ >= reliability_ratio * null_criterion_`` (both on held-out rows)
     diagnostics_ : dict
     """
 
@@ -148,9 +155,10 @@ class MiniVec2Vec:
                  self_learning_rounds: int = 30, self_learning_sample: int | None = 4096,
                  self_learning_final_rounds: int = 2, csls_k: int = 10,
                  confident: float = 0.8, criterion_sample: int = 4096, seed_weight: float = 1.0,
-                 reliability_ratio: float = 2.0, polish_rounds: int = 3, polish_whiten: float = 0.5,
-                 sinkhorn_rounds: int = 3, sinkhorn_eps: float = 0.05,
+                 reliability_ratio: float = 1.6, holdout: float = 0.15, polish_rounds: int = 3,
+                 polish_whiten: float = 0.5, sinkhorn_rounds: int = 3, sinkhorn_eps: float = 0.05,
                  random_state=None):
+        self.holdout = holdout
         self.polish_rounds = polish_rounds
         self.polish_whiten = polish_whiten
         self.sinkhorn_rounds = sinkhorn_rounds
@@ -183,7 +191,7 @@ class MiniVec2Vec:
     _PARAMS = ("init", "n_restarts", "n_anchor_runs", "anchor_sample", "n_clusters", "anchor_keep", "qap_restarts", "qap_method",
                "soft_k", "refine", "refine1_iters", "refine1_sample", "refine1_k", "alpha", "refine2_clusters",
                "self_learning_rounds", "self_learning_sample", "self_learning_final_rounds", "polish_rounds", "polish_whiten", "sinkhorn_rounds", "sinkhorn_eps", "csls_k", "confident", "criterion_sample",
-               "seed_weight", "reliability_ratio", "random_state")
+               "seed_weight", "reliability_ratio", "holdout", "random_state")
 
     # --- presets ------------------------------------------------------------------------------
     @classmethod
@@ -245,6 +253,10 @@ class MiniVec2Vec:
             raise InputError(f"alpha must be in (0, 1], got {self.alpha}")
         if not 0.0 < self.anchor_keep <= 1.0:
             raise InputError(f"anchor_keep must be in (0, 1], got {self.anchor_keep}")
+        if not 0.0 <= float(self.holdout) < 0.5:
+            raise InputError(f"holdout must be in [0, 0.5), got {self.holdout!r}")
+        if not float(self.reliability_ratio) > 0.0:
+            raise InputError(f"reliability_ratio must be positive, got {self.reliability_ratio!r}")
         if not 0.0 < self.confident <= 1.0:
             raise InputError(f"confident must be in (0, 1], got {self.confident}")
         check_random_state(self.random_state)
@@ -319,12 +331,21 @@ class MiniVec2Vec:
         fs, ft = Frame._fit(X), Frame._fit(Y)
         Xs, Yt = fs._apply(X), ft._apply(Y)
         seed_rows = (Xs[seeds[0]], Yt[seeds[1]]) if seeded else None
+        fit_s, judge_s = self._split(X.shape[0], seeds[0] if seeded else None, need, rng)
+        fit_t, judge_t = self._split(Y.shape[0], seeds[1] if seeded else None, need, rng)
+        if judge_s.size == 0 or judge_t.size == 0:  # too few rows to hold out: judged on the training rows
+            fit_s, fit_t = np.arange(X.shape[0]), np.arange(Y.shape[0])
+            judge_s, judge_t = fit_s, fit_t
+        Xj, Yj = Xs[judge_s], Yt[judge_t]
+        held_out = judge_s.size != X.shape[0]
+        if held_out:
+            Xs, Yt = Xs[fit_s], Yt[fit_t]  # seed rows were computed above from the full sets
         timings["frames"] = time.perf_counter() - t0
 
         runs = []
         for r in range(self.n_restarts):
             run_rng = np.random.default_rng(rng.integers(0, 2**63 - 1))
-            runs.append(self._one_run(r, Xs, Yt, seed_rows, run_rng, report))
+            runs.append(self._one_run(r, Xs, Yt, seed_rows, run_rng, report, Xj, Yj))
         crits = [run["criterion"]["criterion"] for run in runs]
         best = int(np.argmax(crits))
         chosen = runs[best]
@@ -334,9 +355,9 @@ class MiniVec2Vec:
         timings["restarts"] = [run["timings"] for run in runs]
         t0 = time.perf_counter()
         null = []
-        for _ in range(2):
+        for _ in range(5):
             R = np.linalg.qr(rng.normal(size=(max(Xs.shape[1], Yt.shape[1]),) * 2))[0][: Xs.shape[1], : Yt.shape[1]]
-            null.append(map_criterion(R, Xs, Yt, sample=self.criterion_sample, csls_k=self.csls_k,
+            null.append(map_criterion(R, Xj, Yj, sample=self.criterion_sample, csls_k=self.csls_k,
                                       random_state=rng)["criterion"])
         timings["null_criterion"] = time.perf_counter() - t0
         timings["total"] = time.perf_counter() - t_start
@@ -354,7 +375,9 @@ class MiniVec2Vec:
         self.n_iter_ = int(chosen["n_iter"])
         self.diagnostics_ = {
             "timings": timings, "runs": runs, "chosen_restart": best, "criteria": self.criteria_,
-            "null_criterion": self.null_criterion_, "reliable": self.reliable_, "seeded": bool(seeded), "n_seed_pairs": 0 if seeds is None else int(seeds[0].size),
+            "null_criterion": self.null_criterion_, "reliable": self.reliable_,
+            "verdict_rows": {"held_out": bool(held_out), "source": int(judge_s.size), "target": int(judge_t.size)},
+            "seeded": bool(seeded), "n_seed_pairs": 0 if seeds is None else int(seeds[0].size),
             "n_src": int(X.shape[0]), "n_tgt": int(Y.shape[0]),
         }
         params = self.get_params()
@@ -368,7 +391,18 @@ class MiniVec2Vec:
         report("done", 1.0)
         return self
 
-    def _one_run(self, r: int, Xs, Yt, seed_rows, rng, report) -> dict:
+    def _split(self, n: int, keep, need: int, rng) -> tuple[np.ndarray, np.ndarray]:
+        """``(fit_rows, judge_rows)`` of ``n`` rows: ``holdout`` of them (≤ ``criterion_sample``, never a row
+        in ``keep``) held out, as long as ``need`` rows stay for the fit; ``judge_rows`` is empty when fewer
+        than 20 rows could be held out."""
+        free = np.setdiff1d(np.arange(n), keep) if keep is not None else np.arange(n)
+        k = min(int(self.holdout * n), self.criterion_sample, free.size, n - need)
+        if k < 20:
+            return np.arange(n), np.zeros(0, np.int64)
+        judge = np.sort(rng.choice(free, size=k, replace=False))
+        return np.setdiff1d(np.arange(n), judge), judge
+
+    def _one_run(self, r: int, Xs, Yt, seed_rows, rng, report, Xj, Yj) -> dict:
         timings, history = {}, {}
         t0 = time.perf_counter()
         prefix = f"restart {r}: " if self.n_restarts > 1 else ""
@@ -419,7 +453,7 @@ class MiniVec2Vec:
             timings[stage] = time.perf_counter() - t0
             history[stage] = h
         t0 = time.perf_counter()
-        crit = map_criterion(W, Xs, Yt, sample=self.criterion_sample, csls_k=self.csls_k, random_state=rng)
+        crit = map_criterion(W, Xj, Yj, sample=self.criterion_sample, csls_k=self.csls_k, random_state=rng)
         timings["criterion"] = time.perf_counter() - t0
         report(prefix + "criterion", 1.0)
         return {"W": W, "criterion": crit, "history": history, "timings": timings, "n_iter": n_iter}

@@ -31,3 +31,13 @@ def wordnet():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.slow`` tests are opt-in: ``pytest -m slow`` or ``VECBRIDGE_RUN_SLOW=1``."""
+    if "slow" in (config.getoption("-m") or "") or os.environ.get("VECBRIDGE_RUN_SLOW"):
+        return
+    skip = pytest.mark.skip(reason="opt-in: pytest -m slow (or VECBRIDGE_RUN_SLOW=1)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
