@@ -94,12 +94,13 @@ class LinearMap:
         return bool(np.allclose(G, np.eye(G.shape[0]), atol=atol))
 
     # --- applying -------------------------------------------------------------------------
-    def apply(self, X, *, output: str = "frame", batch_size: int = 65536) -> np.ndarray:
+    def apply(self, X, *, output: str = "raw", batch_size: int = 65536) -> np.ndarray:
         """Map raw source rows ``X`` (n, d_s) to (n, d_t) float32.
 
-        ``output="frame"``: the target frame (centred, unit rows when the frame normalises).
-        ``output="raw"``: target mean added back and renormalised (compare with raw target vectors).
-        ``output="linear"``: ``f_s(X) W + b`` as is, without output normalisation.
+        ``output="raw"`` (default, as in the CLI and over HTTP): target mean added back and
+        renormalised — comparable by cosine with the target model's own vectors (what a migrated
+        index needs). ``output="frame"``: the target frame (centred, unit rows when the frame
+        normalises), where evaluation happens. ``output="linear"``: ``f_s(X) W + b`` as is.
         """
         X = as_matrix(X, name="X", dim=self.source_dim)
         return self._apply(X, output=output, batch_size=batch_size)

@@ -459,11 +459,11 @@ class MiniVec2Vec:
         return {"W": W, "criterion": crit, "history": history, "timings": timings, "n_iter": n_iter}
 
     # --- applying ----------------------------------------------------------------------------------
-    def transform(self, X) -> np.ndarray:
-        """Map raw source rows (n, d_s) into the target frame (n, d_t) float32."""
+    def transform(self, X, *, output: str = "raw") -> np.ndarray:
+        """Map raw source rows (n, d_s) to (n, d_t) float32 (``output`` as in :meth:`LinearMap.apply`)."""
         if not hasattr(self, "map_"):
             raise NotFittedError("MiniVec2Vec is not fitted yet; call fit(X_src, X_tgt) first")
-        return self.map_.apply(X)
+        return self.map_.apply(X, output=output)
 
     def fit_transform(self, X_src, X_tgt, **kw) -> np.ndarray:
         return self.fit(X_src, X_tgt, **kw).transform(X_src)

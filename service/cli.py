@@ -204,6 +204,9 @@ def cli(ctx, data_dir, registry_url):
               help="Also write the HTML report here.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
+@click.option("--allow-unreliable", is_flag=True,
+              help="Exit 0 even when the fit is flagged unreliable (the version is registered either way, "
+                   "flagged, and never chosen for a path).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
               help="Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://head:10001): supervised fits "
                    "as a map-reduce of sufficient statistics, minivec2vec with its kNN/CSLS rounds as tasks over "
@@ -212,7 +215,8 @@ def cli(ctx, data_dir, registry_url):
               help="With --ray: rows per Ray task of a supervised fit (see SCALING.md for when Ray pays off).")
 @click.pass_obj
 def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target_space, alias, random_state,
-        description, tags, artifact_format, report_copy, as_json, quiet, ray_address, shard_rows, **io_opts):
+        description, tags, artifact_format, report_copy, as_json, quiet, allow_unreliable, ray_address, shard_rows,
+        **io_opts):
     """Fit a map from --source to --target and register it as a new version."""
     import warnings
 
@@ -259,6 +263,10 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
     _emit(d, as_json, f"registered {v.ref} ({v.source_space} {v.source_dim}-d -> {v.target_space} "
                       f"{v.target_dim}-d, {v.method}, fit {m.get('timings', {}).get('fit', 0):.1f}s)"
                       f"{'; ' + headline if headline else ''}\nreport: {report}")
+    if m.get("reliable") is False and not allow_unreliable:
+        click.echo(f"vecbridge: {v.ref} is flagged UNRELIABLE: it stays in the registry for inspection but is never "
+                   f"chosen for a path; exit 1 (--allow-unreliable to accept)", err=True)
+        sys.exit(1)
 
 
 # --- eval -----------------------------------------------------------------------------------------
@@ -371,8 +379,9 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 @click.argument("inp", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--chunk-rows", type=int, default=65536, show_default=True)
-@click.option("--output", "output", type=click.Choice(["frame", "raw", "linear"]), default="frame", show_default=True,
-              help="frame: centred target frame; raw: comparable with raw target vectors.")
+@click.option("--output", "output", type=click.Choice(["raw", "frame", "linear"]), default="raw", show_default=True,
+              help="raw: comparable by cosine with the target model's own vectors (what a migration needs; the "
+                   "HTTP and Python default too); frame: the target's centred unit frame; linear: x W only.")
 @click.option("--rows", default=None)
 @click.option("--key", default=None)
 @click.option("--column", default=None)
@@ -437,9 +446,11 @@ def registry_list(obj: Ctx, as_json):
         click.echo("(no maps)")
     for m in maps:
         al = " ".join(f"{k}->{v}" for k, v in m["aliases"].items())
+        bad = ",".join(str(x) for x in m.get("unreliable_versions") or [])
         click.echo(f"{m['name']}  {m['source_space']}({m['source_dim']}) -> {m['target_space']}({m['target_dim']})  "
                    f"latest {m['latest_version']}  versions {m['n_live_versions']}/{m['n_versions']}"
-                   f"{'  aliases ' + al if al else ''}")
+                   f"{'  aliases ' + al if al else ''}  path {m.get('path_version') or '-'}"
+                   f"{'  UNRELIABLE ' + bad if bad else ''}")
 
 
 @registry.command("show")
@@ -546,11 +557,28 @@ def registry_verify(obj: Ctx, sweep):
 @registry.command("path")
 @click.argument("source_space")
 @click.argument("target_space")
+@click.option("--alias", default=None, help="The alias that pins a map's version for paths [default: prod].")
+@click.option("--candidates", is_flag=True, help="Also list every direct map between the two spaces, best first.")
+@click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def registry_path(obj: Ctx, source_space, target_space):
-    """Shortest chain of maps from SOURCE_SPACE to TARGET_SPACE."""
-    chain = obj.registry.find_path(source_space, target_space)
-    click.echo(" -> ".join([source_space] + [f"[{v.ref}] {v.target_space}" for v in chain]))
+def registry_path(obj: Ctx, source_space, target_space, alias, candidates, as_json):
+    """The chain of maps that search and embeddings use from SOURCE_SPACE to TARGET_SPACE.
+
+    Per map: its prod (or --alias) version, else its newest version not flagged unreliable. Between the
+    same two spaces: the alias-pinned map first, then the best held-out top-1 (`eval --record`), then the
+    best training top-1, then the newest; never name order. Pin another map in requests with `map`.
+    """
+    reg = obj.registry
+    chain = reg.find_path(source_space, target_space, alias)
+    out = {"path": [v.ref for v in chain]}
+    text = " -> ".join([source_space] + [f"[{v.ref}] {v.target_space}" for v in chain])
+    if candidates:
+        cands = reg.path_candidates(source_space, target_space, alias)
+        out["candidates"] = [{"ref": v.ref, "aliases": v.aliases, "quality": list(reg.quality(v))} for v in cands]
+        text += "".join(f"\n  {i + 1}. {v.ref}  aliases {','.join(v.aliases) or '-'}  "
+                        f"{['no figure', 'train top-1', 'held-out top-1'][reg.quality(v)[0]]} "
+                        f"{reg.quality(v)[1]:.4f}" for i, v in enumerate(cands))
+    _emit(out, as_json, text)
 
 
 # --- spaces, encoders, serve ----------------------------------------------------------------------

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     min_free_bytes: int = Field(100 * 1024 * 1024, ge=0,
                                 description="/readyz is not ready while data_dir has less free space than this.")
     demo_on_empty: bool = True
+    path_alias: str = Field("prod", description=(
+        "Alias that pins a map's version for paths between spaces (search, embeddings); without it a map "
+        "contributes its newest reliable version, and parallel maps rank by held-out top-1."))
     log_level: str = "INFO"
 
     def to_env(self) -> dict[str, str]:

@@ -133,7 +133,7 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
     k_s = pi[_subsample(len(pi), _PLOT_SAMPLE, rng)]
     k_t = pj[_subsample(len(pj), _PLOT_SAMPLE, rng)] if not paired else k_s
     clouds = (map_.source_frame._apply(X[k_s]), map_.target_frame._apply(Y[k_t]),
-              map_.apply(X[k_s]), map_.target_frame._apply(Y[k_t]))
+              map_.apply(X[k_s], output="frame"), map_.target_frame._apply(Y[k_t]))
     return metrics, cosines, clouds
 
 

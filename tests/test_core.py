@@ -156,7 +156,7 @@ def test_orthogonal_inverse_round_trip(d, seed):
     inv = m.inverse()
     Z = rng.normal(size=(7, d))
     framed = m.source_frame.apply(Z)
-    back = inv.apply(m.apply(Z, output="raw"))
+    back = inv.apply(m.apply(Z, output="raw"), output="frame")
     np.testing.assert_allclose(back, framed, atol=1e-4)
 
 
@@ -319,7 +319,7 @@ def test_folded_apply_equals_stage_by_stage(d_s, d_t, seed, ridge):
     Z = (rng.normal(size=(17, d_s)) * 3).astype(np.float32)
     lin = m.source_frame.apply(Z).astype(np.float64) @ m.W + (0 if m.bias is None else m.bias)
     np.testing.assert_allclose(m.apply(Z, output="linear"), lin, atol=2e-5)
-    np.testing.assert_allclose(m.apply(Z), unit_rows(lin.astype(np.float32)), atol=2e-5)
+    np.testing.assert_allclose(m.apply(Z, output="frame"), unit_rows(lin.astype(np.float32)), atol=2e-5)
     np.testing.assert_allclose(m.apply(Z, output="raw"), m.target_frame.to_raw(lin.astype(np.float32)), atol=2e-5)
 
 
@@ -352,5 +352,6 @@ def test_fused_apply_any_frames_equals_stage_by_stage(d_s, d_t, seed, orth, bias
     # stage-by-stage reference) is amplified ~1/s(x)^2; realistic frames meet 2e-5 (test above)
     tol = dict(atol=1e-4, rtol=1e-5)
     np.testing.assert_allclose(m.apply(Z, output="linear"), lin, **tol)
-    np.testing.assert_allclose(m.apply(Z), unit_rows(lin) if m.target_frame.unit_out else lin, **tol)
+    np.testing.assert_allclose(m.apply(Z, output="frame"), unit_rows(lin) if m.target_frame.unit_out else lin, **tol)
     np.testing.assert_allclose(m.apply(Z, output="raw"), m.target_frame.to_raw(lin), **tol)
+    np.testing.assert_array_equal(m.apply(Z), m.apply(Z, output="raw"))  # the default: comparable with raw targets

@@ -190,7 +190,7 @@ def test_transform_files_ray(ray_local, tmp_path):
     np.testing.assert_allclose(got, m.apply(X, output="raw"), atol=1e-6)
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temporary leftovers
     local = D.transform_files_ray(m, files[:1], tmp_path / "out2", output="frame", use_ray=False)
-    np.testing.assert_allclose(np.load(local[0]["output"]), m.apply(X[:300]), atol=1e-6)
+    np.testing.assert_allclose(np.load(local[0]["output"]), m.apply(X[:300], output="frame"), atol=1e-6)
     with pytest.raises(DimensionMismatchError):
         D.transform_files_ray(m.inverse(), files[:1], tmp_path / "out3", use_ray=False)
     with pytest.raises(InputError):

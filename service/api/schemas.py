@@ -358,6 +358,12 @@ class MapSummary(BaseModel):
     n_versions: int
     n_live_versions: int
     created_at: str
+    unreliable_versions: list[int] = Field(default_factory=list, description=(
+        "Live versions whose fit flagged them unreliable (metrics.reliable false): kept for inspection, "
+        "never chosen for a path."))
+    path_version: int | None = Field(None, description=(
+        "The version this map contributes to paths between spaces: its prod alias, else its newest "
+        "reliable live version; null when none qualifies."))
 
 
 class MapList(_Page):
@@ -375,6 +381,8 @@ class MapDetail(BaseModel):
     n_versions: int | None = None
     n_live_versions: int | None = None
     created_at: str | None = None
+    unreliable_versions: list[int] | None = None
+    path_version: int | None = None
     resolved: VersionOut = Field(..., description="The version the reference resolves to.")
 
 

@@ -153,7 +153,8 @@ class AppState:
                     f"{source_space} -> {target_space}")
             return Translation(self.load_version(v), [v])
         chain = self._current(("path", source_space, target_space),
-                              lambda: self.registry.find_path(source_space, target_space))
+                              lambda: self.registry.find_path(source_space, target_space,
+                                                                self.settings.path_alias))
         if not chain:
             return Translation(None, [])
         key = tuple((v.name, v.version, v.artifact_sha256) for v in chain)

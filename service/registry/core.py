@@ -365,10 +365,16 @@ class Registry(SteerRegistryMixin):
                 latest = t.one("SELECT MAX(version) FROM versions WHERE name = ? AND deleted = 0", (name,))[0]
                 n_all, n_live = t.one("SELECT COUNT(*), SUM(1 - deleted) FROM versions WHERE name = ?", (name,))
                 aliases = dict(t.q("SELECT alias, version FROM aliases WHERE name = ? ORDER BY alias", (name,)))
+                unreliable = [int(v) for v, m in t.q("SELECT version, metrics FROM versions WHERE name = ? "
+                                                     "AND deleted = 0 ORDER BY version", (name,))
+                              if (json.loads(m) if isinstance(m, str) else (m or {})).get("reliable") is False]
+                edge = self._edge_version(t, name, self.PATH_ALIAS)
                 out.append({"name": name, "source_space": src, "target_space": tgt, "source_dim": int(sd),
                             "target_dim": int(td), "latest_version": None if latest is None else int(latest),
                             "aliases": {k: int(v) for k, v in aliases.items()}, "n_versions": int(n_all),
-                            "n_live_versions": int(n_live or 0), "created_at": created})
+                            "n_live_versions": int(n_live or 0), "created_at": created,
+                            "unreliable_versions": unreliable,
+                            "path_version": None if edge is None else edge[0].version})
         return out
 
     # --- mutable annotations ----------------------------------------------------------------
@@ -435,20 +441,65 @@ class Registry(SteerRegistryMixin):
         return self.get_version(name, int(version))
 
     # --- paths between spaces ---------------------------------------------------------------
-    def _edge_version(self, t, name: str) -> VersionInfo | None:
+    PATH_ALIAS = "prod"
+
+    @staticmethod
+    def is_reliable(v: VersionInfo) -> bool:
+        """False when the fit flagged the version unreliable (``metrics["reliable"] is False``)."""
+        return (v.metrics or {}).get("reliable") is not False
+
+    @staticmethod
+    def quality(v: VersionInfo) -> tuple[int, float]:
+        """How good a version is for path choice: ``(kind, score)``, higher first.
+
+        kind 2: a held-out top-1 (``eval.top1`` recorded by ``vecbridge eval --record``, or a fit's
+        ``heldout_top1``); kind 1: training top-1 of a paired fit; kind 0: no figure.
+        """
+        m, tags = v.metrics or {}, v.tags or {}
+        for key, src in (("eval.top1", tags), ("heldout_top1", m)):
+            try:
+                return 2, float(src[key])
+            except (KeyError, TypeError, ValueError):
+                pass
+        if isinstance(m.get("train_top1"), (int, float)):
+            return 1, float(m["train_top1"])
+        return 0, 0.0
+
+    def _edge_version(self, t, name: str, alias: str) -> tuple[VersionInfo, bool] | None:
+        """The version a map contributes to paths: its live ``alias`` version (pinned, True) if any, else
+        its newest live version that is not flagged unreliable (False); None when it has neither."""
         r = t.one("SELECT a.version FROM aliases a JOIN versions v ON v.name = a.name AND v.version = a.version "
-                  "WHERE a.name = ? AND a.alias = 'prod' AND v.deleted = 0", (name,))
-        if r is None:
-            r = t.one("SELECT MAX(version) FROM versions WHERE name = ? AND deleted = 0", (name,))
-        if r is None or r[0] is None:
-            return None
-        return self._get_version(t, name, int(r[0]))
+                  "WHERE a.name = ? AND a.alias = ? AND v.deleted = 0", (name, alias))
+        if r is not None:
+            return self._get_version(t, name, int(r[0])), True
+        rows = t.q(f"SELECT {_VCOLS} FROM versions WHERE name = ? AND deleted = 0 ORDER BY version DESC", (name,))
+        for row in rows:
+            v = self._version_from_row(t, row)
+            if self.is_reliable(v):
+                return v, False
+        return None
 
-    def find_path(self, source_space: str, target_space: str) -> list[VersionInfo]:
-        """Shortest chain of maps from ``source_space`` to ``target_space`` (breadth-first).
+    def path_candidates(self, source_space: str, target_space: str, alias: str | None = None) -> list[VersionInfo]:
+        """Every map's path version from ``source_space`` straight to ``target_space``, best first (see find_path)."""
+        alias = alias or self.PATH_ALIAS
+        with self.db.tx() as t:
+            cands = []
+            for (name,) in t.q("SELECT name FROM maps WHERE source_space = ? AND target_space = ?",
+                               (source_space, target_space)):
+                e = self._edge_version(t, name, alias)
+                if e is not None:
+                    cands.append(e)
+        cands.sort(key=lambda e: (e[1], self.quality(e[0]), e[0].created_at, e[0].name), reverse=True)
+        return [v for v, _ in cands]
 
-        Each map contributes its ``prod`` version when that alias exists and is live, else its
-        latest live version. Same space: ``[]``. No chain: NotFoundError.
+    def find_path(self, source_space: str, target_space: str, alias: str | None = None) -> list[VersionInfo]:
+        """Shortest chain of maps from ``source_space`` to ``target_space`` (breadth-first over spaces).
+
+        Each map contributes its ``alias`` (default ``prod``) version when that alias exists and is live,
+        else its newest live version not flagged unreliable; a map with neither is left out. Where several
+        maps join the same two spaces, the choice is, in order: a map pinned by the alias; the best
+        held-out top-1 (``eval.top1`` tag, ``heldout_top1`` metric); the best training top-1; the newest.
+        Never name order. Same space: ``[]``. No chain: NotFoundError.
         """
         check_name(source_space, "source space")
         check_name(target_space, "target space")
@@ -458,16 +509,17 @@ class Registry(SteerRegistryMixin):
                     raise NotFoundError(f"unknown space {s!r}")
             if source_space == target_space:
                 return []
-            edges: dict[str, list[VersionInfo]] = {}
-            for (name,) in t.q("SELECT name FROM maps ORDER BY name"):
-                v = self._edge_version(t, name)
-                if v is not None:
-                    edges.setdefault(v.source_space, []).append(v)
+            pairs = t.q("SELECT DISTINCT source_space, target_space FROM maps")
+        best: dict[str, list[VersionInfo]] = {}
+        for s, tg in pairs:
+            cands = self.path_candidates(s, tg, alias)
+            if cands:
+                best.setdefault(s, []).append(cands[0])
         prev: dict[str, VersionInfo | None] = {source_space: None}
         queue = deque([source_space])
         while queue:
             s = queue.popleft()
-            for v in edges.get(s, []):
+            for v in sorted(best.get(s, []), key=lambda v: v.target_space):
                 if v.target_space in prev:
                     continue
                 prev[v.target_space] = v
@@ -479,7 +531,8 @@ class Registry(SteerRegistryMixin):
                         node = prev[node].source_space
                     return chain[::-1]
                 queue.append(v.target_space)
-        raise NotFoundError(f"no chain of maps leads from space {source_space!r} to {target_space!r}")
+        raise NotFoundError(f"no chain of maps leads from space {source_space!r} to {target_space!r} "
+                            f"(unreliable versions are not used; pin one with a map reference)")
 
     def compose_path(self, source_space: str, target_space: str) -> LinearMap:
         """The composed map along :meth:`find_path` (identity-free: same space raises ConflictError)."""

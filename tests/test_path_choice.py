@@ -1,0 +1,150 @@
+"""Which map a path between spaces uses, and the verdict on every entry point.
+
+Registries with more than one candidate between the same two spaces; the good/bad maps are real
+fits on the shared WordNet embeddings (minilm -> e5) when present, synthetic planted data otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import align
+from service.cli import main
+from service.io import write_vectors
+from service.registry import NotFoundError, open_registry
+
+
+@pytest.fixture
+def pairs(request):
+    """(X source rows, Y target rows of the same texts), held-out split, and whether the data is real."""
+    from conftest import WORDNET, wordnet_available
+
+    if wordnet_available():
+        X = np.load(WORDNET / "minilm.npy", mmap_mode="r")[:6000].astype(np.float32)
+        Y = np.load(WORDNET / "e5.npy", mmap_mode="r")[:6000].astype(np.float32)
+        return X, Y, True
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(6000, 24)).astype(np.float32) + 0.5
+    Q = np.linalg.qr(rng.normal(size=(24, 24)))[0]
+    Y = (X @ Q + 0.05 * rng.normal(size=X.shape) + 1.0).astype(np.float32)
+    return X, Y, False
+
+
+def registry(tmp_path, X, Y):
+    reg = open_registry(f"sqlite:///{tmp_path / 'reg.sqlite'}", tmp_path / "art")
+    reg.register_space("old", X.shape[1])
+    reg.register_space("new", Y.shape[1])
+    return reg
+
+
+def good_and_bad(X, Y):
+    good = align.fit_procrustes(X[:4000], Y[:4000])
+    rng = np.random.default_rng(1)
+    bad = align.fit_procrustes(X[:4000], Y[rng.permutation(4000)])  # pairs shuffled: a map at chance
+    return good, bad
+
+
+def test_prod_alias_beats_name_order_and_newer_versions(tmp_path, pairs):
+    X, Y, _ = pairs
+    reg = registry(tmp_path, X, Y)
+    good, bad = good_and_bad(X, Y)
+    reg.register_version("aaa-bench", bad, source_space="old", target_space="new", method="procrustes", params={})
+    reg.register_version("zzz-prod", good, source_space="old", target_space="new", method="procrustes", params={}, alias="prod")
+    reg.register_version("demo", bad, source_space="old", target_space="new", method="procrustes", params={})
+    reg.register_version("demo", bad, source_space="old", target_space="new", method="procrustes", params={})
+    (v,) = reg.find_path("old", "new")
+    assert v.ref == "zzz-prod:1"
+    chosen = align.evaluate(reg.load_map(v), X[4000:5000], Y[4000:5000], csls=False)["top1"]
+    assert chosen > 0.8 > align.evaluate(bad, X[4000:5000], Y[4000:5000], csls=False)["top1"] + 0.5
+    assert [c.name for c in reg.path_candidates("old", "new")][0] == "zzz-prod"
+    reg.set_alias("demo", "live", 2)
+    (v,) = reg.find_path("old", "new", alias="live")  # a configured alias pins instead of prod
+    assert v.ref == "demo:2"
+
+
+def test_without_alias_the_best_held_out_figure_wins_not_name_order(tmp_path, pairs):
+    X, Y, _ = pairs
+    reg = registry(tmp_path, X, Y)
+    good, bad = good_and_bad(X, Y)
+    for name, m in (("b-good", good), ("a-bad", bad), ("c-bad", bad)):
+        v = reg.register_version(name, m, source_space="old", target_space="new", method="procrustes", params={})
+        top1 = align.evaluate(m, X[4000:5000], Y[4000:5000], csls=False)["top1"]
+        reg.set_tag(v.name, v.version, "eval.top1", top1)
+    (v,) = reg.find_path("old", "new")
+    assert v.name == "b-good"
+    # training top-1 ranks maps that were never evaluated; held-out figures outrank it
+    reg.register_version("d-train", bad, source_space="old", target_space="new", method="procrustes", params={},
+                         metrics={"train_top1": 0.99})
+    assert reg.find_path("old", "new")[0].name == "b-good"
+
+
+def test_unreliable_versions_are_never_chosen(tmp_path, pairs):
+    X, Y, _ = pairs
+    reg = registry(tmp_path, X, Y)
+    good, bad = good_and_bad(X, Y)
+    reg.register_version("m", good, source_space="old", target_space="new", method="procrustes", params={})
+    reg.register_version("m", bad, source_space="old", target_space="new", method="minivec2vec", params={},
+                         metrics={"reliable": False})
+    assert reg.find_path("old", "new")[0].ref == "m:1"  # newest *reliable* version
+    reg.register_version("only-bad", bad, source_space="old", target_space="new", method="minivec2vec", params={},
+                         metrics={"reliable": False, "train_top1": 1.0})
+    assert [v.ref for v in reg.path_candidates("old", "new")] == ["m:1"]
+    (summary,) = [s for s in reg.list_maps() if s["name"] == "only-bad"]
+    assert summary["unreliable_versions"] == [1] and summary["path_version"] is None
+    reg.delete_version("m", 1)
+    with pytest.raises(NotFoundError, match="unreliable"):
+        reg.find_path("old", "new")
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_transform_default_is_comparable_with_native_targets(tmp_path, capsys, pairs):
+    """The CLI's default output is the raw target frame: what a migrated index is compared against."""
+    X, Y, real = pairs
+    write_vectors(tmp_path / "x.npy", X[:4000])
+    write_vectors(tmp_path / "y.npy", Y[:4000])
+    write_vectors(tmp_path / "q.npy", X[4000:5000])
+    d = ["--data-dir", tmp_path / "var"]
+    code, _, err = run(capsys, *d, "fit", "--pairs", "--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy",
+                       "--method", "procrustes", "--name", "old2new", "--quiet", "--alias", "prod")
+    assert code == 0, err
+    code, out, err = run(capsys, *d, "transform", "--map", "old2new@prod", tmp_path / "q.npy", tmp_path / "o.npy",
+                         "--quiet", "--json")
+    assert code == 0, err and json.loads(out)["output"] == "raw"
+    Z = np.load(tmp_path / "o.npy")
+    native = Y[4000:5000] / np.linalg.norm(Y[4000:5000], axis=1, keepdims=True)
+    cos_raw = float(np.mean(np.sum(Z * native, axis=1)))
+    code, _, _ = run(capsys, *d, "transform", "--map", "old2new@prod", tmp_path / "q.npy", tmp_path / "f.npy",
+                     "--quiet", "--output", "frame")
+    cos_frame = float(np.mean(np.sum(np.load(tmp_path / "f.npy") * native, axis=1)))
+    assert cos_raw > cos_frame + (0.3 if real else 0.0) and cos_raw > 0.8
+    code, out, _ = run(capsys, *d, "registry", "path", "x", "y", "--candidates", "--json")
+    assert code == 0 and json.loads(out)["path"] == ["old2new:1"]
+
+
+def test_cli_unreliable_fit_exits_non_zero_and_is_listed(tmp_path, capsys):
+    """Unrelated point clouds: the unsupervised fit is flagged; exit 1 unless --allow-unreliable."""
+    from _synthetic import draw, mixture
+
+    write_vectors(tmp_path / "a.npy", draw(mixture(16, seed=100), 1500, seed=1))
+    write_vectors(tmp_path / "b.npy", draw(mixture(16, seed=200), 1500, seed=2))
+    d = ["--data-dir", tmp_path / "var"]
+    fit = [*d, "fit", "--unpaired", "--source", tmp_path / "a.npy", "--target", tmp_path / "b.npy",
+           "--method", "minivec2vec", "--name", "a2b", "--quiet", "--param", "n_anchor_runs=3",
+           "--param", "anchor_sample=1000", "--param", "self_learning_rounds=3", "--param", "qap_restarts=2",
+           "--param", "refine1_iters=3", "--param", "n_restarts=1", "--param", "polish_rounds=1"]
+    code, out, err = run(capsys, *fit)
+    assert code == 1 and "UNRELIABLE" in err and "registered a2b:1" in out
+    code, out, err = run(capsys, *fit, "--allow-unreliable")
+    assert code == 0 and "UNRELIABLE" in out
+    code, out, _ = run(capsys, *d, "registry", "list")
+    assert code == 0 and "UNRELIABLE 1,2" in out and "path -" in out
+    code, out, err = run(capsys, *d, "registry", "path", "a", "b")
+    assert code != 0 and "unreliable" in (out + err)
