@@ -69,6 +69,7 @@ __all__ = [
     "transfer_steer",
     "steer_objective",
     "STEER_FORMAT_VERSION",
+    "STEER_METHODS",
 ]
 
 STEER_FORMAT_VERSION = 1
@@ -490,11 +491,23 @@ def _training_pairs(X: np.ndarray, labels: np.ndarray, *, max_pairs: int, n_cand
     return X[pick].astype(np.float64), X[cand].astype(np.float64), target_pos, s
 
 
-def fit_steer(X, labels, *, rank: int = 16, temperature: float = 0.05, weight_decay: float = 1e-3,
-              max_iter: int = 200, max_pairs: int = 2048, n_candidates: int = 4096, n_neighbors: int = 10,
-              init_scale: float = 1e-2, tol: float = 1e-6, random_state=None,
+STEER_METHODS = ("local", "lm-steer")
+
+
+def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: float = 0.05,
+              weight_decay: float = 1e-3, max_iter: int = 200, max_pairs: int = 2048, n_candidates: int = 4096,
+              n_neighbors: int | None = None, init_scale: float = 1e-2, tol: float = 1e-6, n_queries: int = 4000,
+              ridge: float = 0.1, opposite_weight: float = 0.0, random_state=None,
               callback: Callable[[int, float], None] | None = None) -> Steer:
-    """Fit an LM-Steer style query transform from labelled rows.
+    """Fit an LM-Steer style query transform ``W = P1 P2^T`` from labelled rows.
+
+    ``method="local"`` (default) is the closed-form local discriminant of
+    :mod:`align.steer_local`: a rank-1 ``W = u b^T`` whose item-side direction ``b`` separates
+    attribute rows from the other rows *inside each training query's neighbourhood*, scaled so
+    that ``eps = 1`` keeps about half of a query's top-10 (``rank`` is an upper bound, unused).
+    It dominates the mean-shift baseline on the precision / relevance-kept trade-off
+    (``benchmarks/results/steer_2026-11-30.md``). ``method="lm-steer"`` is the contrastive
+    softmax objective of the module docstring (rank ``r``, L-BFGS).
 
     Parameters
     ----------
@@ -503,7 +516,11 @@ def fit_steer(X, labels, *, rank: int = 16, temperature: float = 0.05, weight_de
     labels : array-like (n,)
         ``+1`` wanted attribute, ``-1`` opposite, ``0`` neutral context.
     rank : int
-        ``r``, the rank of ``W = P1 P2^T``.
+        ``r``, the rank of ``W = P1 P2^T`` (``lm-steer``; ``local`` is rank 1).
+    method : {"local", "lm-steer"}
+    n_queries, ridge, opposite_weight : ``local`` only
+        Training queries drawn from ``X``; ridge ``lambda`` relative to the mean eigenvalue of the
+        local scatter; target of ``-1`` rows (0: they count as any non-attribute row).
     temperature : float
         Softmax temperature ``tau`` over candidate scores.
     weight_decay : float
@@ -514,8 +531,9 @@ def fit_steer(X, labels, *, rank: int = 16, temperature: float = 0.05, weight_de
         At most ``max_pairs // 2`` positive and as many negative targets are used.
     n_candidates : int
         Size of the candidate set (all targets plus random other rows).
-    n_neighbors : int
-        Each target's context is drawn from its ``n_neighbors`` nearest context rows.
+    n_neighbors : int, optional
+        ``local``: neighbourhood size ``K`` (default 50); ``lm-steer``: each target's context is
+        drawn from its ``n_neighbors`` nearest context rows (default 10).
     init_scale : float
         Standard deviation of the random initial factors.
     random_state : None, int or numpy Generator
@@ -535,14 +553,20 @@ def fit_steer(X, labels, *, rank: int = 16, temperature: float = 0.05, weight_de
     X = as_matrix(X, name="X", min_rows=2)
     labels = _check_labels(labels, X.shape[0])
     n, d = X.shape
-    rank = _check_int(rank, "rank", 1, d)
+    rank = _check_int(rank, "rank", 1, d if method == "lm-steer" else None)
+    if method not in STEER_METHODS:
+        raise InputError(f"unknown steer method {method!r}; use one of {list(STEER_METHODS)}")
     temperature = _check_pos_float(temperature, "temperature")
     weight_decay = _check_pos_float(weight_decay, "weight_decay", allow_zero=True)
     max_iter = _check_int(max_iter, "max_iter", 1)
     max_pairs = _check_int(max_pairs, "max_pairs", 2)
     n_candidates = _check_int(n_candidates, "n_candidates", 2)
-    n_neighbors = _check_int(n_neighbors, "n_neighbors", 1)
     init_scale = _check_pos_float(init_scale, "init_scale")
+    if method == "local":
+        return _fit_local(X, labels, n_queries=n_queries, n_neighbors=50 if n_neighbors is None else n_neighbors,
+                          ridge=ridge, opposite_weight=opposite_weight, random_state=random_state,
+                          callback=callback)
+    n_neighbors = _check_int(10 if n_neighbors is None else n_neighbors, "n_neighbors", 1)
     rng = check_random_state(random_state)
 
     Qp, C, target, s = _training_pairs(X, labels, max_pairs=max_pairs, n_candidates=n_candidates,
@@ -580,6 +604,28 @@ def fit_steer(X, labels, *, rank: int = 16, temperature: float = 0.05, weight_de
         "loss_initial": float(loss0), "loss_final": float(res.fun), "n_iter": int(res.nit),
         "converged": bool(res.status == 0),
     }
+    return Steer(P1, P2, meta)
+
+
+def _fit_local(X: np.ndarray, labels: np.ndarray, *, n_queries, n_neighbors, ridge, opposite_weight,
+               random_state, callback) -> Steer:
+    from .steer_local import local_discriminant_factors
+
+    n_queries = _check_int(n_queries, "n_queries", 1)
+    n_neighbors = _check_int(n_neighbors, "n_neighbors", 2)
+    ridge = _check_pos_float(ridge, "ridge", allow_zero=True)
+    opposite_weight = _check_pos_float(opposite_weight, "opposite_weight", allow_zero=True)
+    rng = check_random_state(random_state)
+    P1, P2, info = local_discriminant_factors(X, labels, n_queries=n_queries, n_neighbors=n_neighbors,
+                                              ridge=ridge, opposite_weight=opposite_weight, rng=rng)
+    if callback is not None:
+        callback(1, 0.0)
+    meta = {"method": "local-discriminant",
+            "params": {"n_queries": n_queries, "n_neighbors": n_neighbors, "ridge": ridge,
+                       "opposite_weight": opposite_weight,
+                       "random_state": random_state if isinstance(random_state, (int, type(None))) else "generator"},
+            "n_pos": int((labels == 1).sum()), "n_neg": int((labels == -1).sum()),
+            "n_neutral": int((labels == 0).sum()), "dim": int(X.shape[1]), **info}
     return Steer(P1, P2, meta)
 
 

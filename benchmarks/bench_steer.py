@@ -1,34 +1,42 @@
-"""Benchmark: LM-Steer style steers in embedding space (WordNet) and on SmolLM2 (sentiment).
+"""Benchmark: embedding steers on WordNet — the whole precision / relevance-kept Pareto curve.
 
-Embedding part (``ALGORITHMS.md`` §6, offline data ``shared/data/wordnet``):
+Data (offline): ``shared/data/wordnet`` texts + embeddings (minilm, e5); labels from the Debian
+``wordnet-base`` data files: each text is mapped back to its synset, which gives its
+lexicographer file (``lex_filenum``) and its lemmas.
 
-* Attributes are WordNet lexicographer files (``noun.plant``, ``noun.animal``, ...), read from the
-  Debian ``wordnet-base`` data files (``lex_filenum`` of the synset whose gloss is the text).
-* Split: labelled training pool = rows ``[0, 16384)`` (+1 = attribute A, -1 = attribute B,
-  0 = every other row, a neutral context); retrieval corpus = rows ``[16384, 32768)`` (items never
-  seen in training); queries = 1,000 random held-out rows from ``[32768, 40960)`` (any category).
-* Metrics per ``eps``: precision@10 of A (and of B) among the retrieved corpus items, and
-  overlap@10 with the unsteered top-10 (relevance retained). Baselines: no steer (eps = 0) and the
-  mean-difference shift ``q + eps |q| (mean(A) - mean(B))``.
-* Transfer minilm -> e5: an orthogonal Procrustes map fitted on *paired* training rows
-  ``[0, 16384)`` (supervised, for this purpose only), the minilm steer carried over with
-  ``H^T W H``; compared with a steer fitted natively in e5 on the same labels.
+Attributes (``+1`` wanted, ``-1`` opposite, ``0`` everything else):
 
-LM part (``--lm``): a sentiment steer trained on SmolLM2-135M-Instruct from short labelled
-sentences written for this benchmark; generations from neutral held-out prompts at several eps,
-scored with a tiny positive/negative word lexicon (a *weak* scorer: word counts, no negation) and
-their perplexity under the unsteered model; plus perplexity of held-out neutral sentences under
-the steered model. Not comparable to the paper's GPT-2-large numbers (different model, data, scorer).
+* ``noun.plant`` vs ``noun.animal``, ``noun.person`` vs ``noun.artifact``, ``noun.act`` vs
+  ``noun.state`` (lexicographer files);
+* adjective sentiment: adjective synsets (``adj.*``) whose lemmas carry a positive (``+1``) or
+  negative (``-1``) score in the AFINN word list (PyPI ``afinn``), any lemma decides by the sum.
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/bench_steer.py [--lm] [--no-wordnet]``.
-Writes ``benchmarks/results/steer_wordnet.json``, ``steer_lm.json`` and prints markdown tables.
+Split: training pool = rows ``[0, 16384)`` (labels used for fitting), corpus = rows
+``[16384, 32768)`` (labels used only to score), queries = ``--queries`` random held-out rows of
+``[32768, 40960)`` (any category: a user's ordinary queries).
+
+Methods, each swept over ``eps`` (a geometric grid, until the results saturate):
+
+* ``vecbridge`` — ``align.fit_steer`` default (local-discriminant rank-1 ``W``);
+* ``mean-shift`` — ``q + eps |q| (mean(X+) - mean(X-))``;
+* ``probe`` — logistic regression (attribute vs rest) normal ``w``: ``q + eps |q| w / |w| |v_ms|``;
+* ``oracle`` — filter by label: score ``q.c + eps * 1[c has the attribute]`` (uses corpus labels).
+
+Metrics per point: precision@10 of the attribute and overlap@10 with the unsteered top-10.
+Summary per curve: precision interpolated at overlap 0.9 … 0.1, and the area between the
+vecbridge and mean-shift curves over overlap in [0.05, 1] (positive: vecbridge above).
+Transfer: the minilm steer carried to e5 through an orthogonal Procrustes map fitted on the
+paired training rows, against e5's own mean-shift.
+
+Run: ``OMP_NUM_THREADS=2 python benchmarks/bench_steer.py [--queries 600]``; writes
+``benchmarks/results/steer_pareto_<date>.json`` / ``.png`` and prints markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -56,14 +64,18 @@ LEXNAMES = (
     "verb.emotion verb.motion verb.perception verb.possession verb.social verb.stative verb.weather adj.ppl"
 ).split()
 
-TASKS = [("noun.plant", "noun.animal"), ("noun.person", "noun.artifact"), ("noun.food", "noun.substance")]
-EPS = [-1.0, 0.0, 0.25, 0.5, 1.0, 2.0, 4.0]
-MS_EPS = [-0.5, 0.0, 0.25, 0.5, 1.0, 2.0, 4.0]
+TASKS = [("noun.plant", "noun.animal"), ("noun.person", "noun.artifact"), ("noun.act", "noun.state"),
+         ("adj:positive", "adj:negative")]
+LEVELS = [0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
 TRAIN, CORPUS, HELD = (0, 16384), (16384, 32768), (32768, 40960)
+K = 10
 
 
-def lexnames_for(texts: list[str]) -> np.ndarray:
-    """Lexicographer file of each definition (``''`` when unknown or ambiguous)."""
+def synset_facts(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per text: lexicographer file and AFINN polarity of its lemmas (``''`` / 0 when unknown or ambiguous)."""
+    from afinn import Afinn
+
+    scorer = Afinn()
     found: dict[str, set] = {}
     for pos in ("noun", "verb", "adj", "adv"):
         with open(WN_DICT / f"data.{pos}", encoding="latin-1") as fh:
@@ -71,213 +83,193 @@ def lexnames_for(texts: list[str]) -> np.ndarray:
                 if line.startswith("  "):
                     continue
                 head, _, gloss = line.partition(" | ")
-                found.setdefault(gloss.split('; "')[0].strip(), set()).add(LEXNAMES[int(head.split()[1])])
-    return np.array([next(iter(found[t])) if len(found.get(t, ())) == 1 else "" for t in texts])
+                f = head.split()
+                words = [f[4 + 2 * i].split("(")[0].replace("_", " ") for i in range(int(f[3], 16))]
+                pol = int(np.sign(sum(scorer.score(w) for w in words)))
+                found.setdefault(gloss.split('; "')[0].strip(), set()).add((LEXNAMES[int(f[1])], pol))
+    lex, pol = [], []
+    for t in texts:
+        hit = found.get(t, set())
+        lex.append(next(iter(hit))[0] if len(hit) == 1 else "")
+        pol.append(next(iter(hit))[1] if len(hit) == 1 else 0)
+    return np.array(lex), np.array(pol)
 
 
-def evaluate(Qs: np.ndarray, corpus: np.ndarray, lex: np.ndarray, a: str, b: str, I0: np.ndarray, k: int = 10):
-    _, I = knn(Qs, corpus, k)
-    overlap = np.mean([len(set(x) & set(y)) / k for x, y in zip(I, I0)])
-    return {"prec_A": float((lex[I] == a).mean()), "prec_B": float((lex[I] == b).mean()), "overlap": float(overlap)}
+def task_labels(lex: np.ndarray, pol: np.ndarray, a: str, b: str) -> np.ndarray:
+    if a.startswith("adj:"):
+        adj = np.char.startswith(lex.astype(str), "adj.")
+        return np.where(adj & (pol > 0), 1, np.where(adj & (pol < 0), -1, 0))
+    return np.where(lex == a, 1, np.where(lex == b, -1, 0))
 
 
-def best_at_overlap(rows: list[dict], floor: float = 0.5) -> float:
-    ok = [r["prec_A"] for r in rows if r["overlap"] >= floor]
-    return max(ok) if ok else float("nan")
+def sweep(step, Q: np.ndarray, C: np.ndarray, attr: np.ndarray, I0: np.ndarray, grid) -> list[dict]:
+    """Precision@10 of the attribute and overlap@10 along ``eps``; ``step(Q, eps) -> (D, I)``."""
+    rows = []
+    for e in grid:
+        _, I = step(Q, e)
+        overlap = float(np.mean([len(set(x) & set(y)) / K for x, y in zip(I, I0)]))
+        rows.append({"eps": float(e), "precision": float(attr[I].mean()), "overlap": overlap})
+        if overlap < 0.02 and len(rows) > 3 and rows[-1]["precision"] <= rows[-2]["precision"] + 1e-3:
+            break
+    return rows
 
 
-def wordnet_bench(n_queries: int = 1000, rank: int = 16, seed: int = 0) -> dict:
+def at_level(rows: list[dict], level: float) -> float:
+    """Best precision reachable while keeping at least ``level`` overlap (upper envelope, interpolated)."""
+    ov = np.array([r["overlap"] for r in rows])
+    p = np.array([r["precision"] for r in rows])
+    order = np.argsort(-ov, kind="stable")
+    ov, p = ov[order], np.maximum.accumulate(p[order])
+    if level < ov[-1]:
+        return float(p[-1])
+    return float(np.interp(level, ov[::-1], p[::-1]))
+
+
+def area_between(a: list[dict], b: list[dict], lo: float = 0.05) -> float:
+    grid = np.linspace(lo, 1.0, 96)
+    return float(np.mean([at_level(a, g) - at_level(b, g) for g in grid]) * (1.0 - lo))
+
+
+def monotone_until_saturation(rows: list[dict], tol: float = 0.005) -> bool:
+    p = [r["precision"] for r in rows]
+    peak = int(np.argmax(p))
+    return all(y >= x - tol for x, y in zip(p[: peak + 1], p[1 : peak + 1]))
+
+
+def shift_step(C, v):
+    return lambda Q, e: knn(Q + e * np.linalg.norm(Q, axis=1, keepdims=True) * v[None, :], C, K)
+
+
+def oracle_step(C, attr, block: int = 256):
+    def step(Q, e):
+        I = np.empty((Q.shape[0], K), dtype=np.int64)
+        for s in range(0, Q.shape[0], block):
+            S = Q[s : s + block] @ C.T + e * attr[None, :]
+            part = np.argpartition(-S, K, axis=1)[:, :K]
+            I[s : s + block] = np.take_along_axis(part, np.argsort(-np.take_along_axis(S, part, 1), 1), 1)
+        return None, I
+    return step
+
+
+def run(n_queries: int, seed: int = 0) -> dict:
+    from sklearn.linear_model import LogisticRegression
+
     texts = json.loads((WORDNET / "texts.json").read_text())
-    lex = lexnames_for(texts)
+    lex, pol = synset_facts(texts)
     emb = {name: np.load(WORDNET / f"{name}.npy").astype(np.float32) for name in ("minilm", "e5")}
     rng = np.random.default_rng(seed)
     qidx = rng.choice(np.arange(*HELD), size=n_queries, replace=False)
     tr, co = slice(*TRAIN), slice(*CORPUS)
-    lex_c = lex[co]
-    t0 = time.time()
-    pmap = align.fit_procrustes(emb["minilm"][tr], emb["e5"][tr])  # paired rows: supervised map
-    out = {"setup": {"n_queries": n_queries, "rank": rank, "train_rows": TRAIN, "corpus_rows": CORPUS,
-                     "query_rows": HELD, "k": 10, "eps": EPS, "mean_shift_eps": MS_EPS,
-                     "map": "fit_procrustes minilm->e5 on paired rows [0,16384)",
-                     "procrustes_seconds": round(time.time() - t0, 1)}, "tasks": []}
+    pmap = align.fit_procrustes(emb["minilm"][tr], emb["e5"][tr])
+    grid = np.concatenate([[0.0], np.geomspace(0.02, 200, 34)])
+    ograd = np.concatenate([[0.0], np.geomspace(0.002, 2, 30)])
+    out = {"setup": {"queries": n_queries, "k": K, "train_rows": TRAIN, "corpus_rows": CORPUS,
+                     "query_rows": HELD, "seed": seed, "date": _dt.date.today().isoformat(),
+                     "map": "fit_procrustes minilm->e5 on paired rows [0,16384) (supervised)"}, "tasks": []}
     for a, b in TASKS:
-        labels = np.where(lex[tr] == a, 1, np.where(lex[tr] == b, -1, 0))
+        labels_all = task_labels(lex, pol, a, b)
+        labels = labels_all[tr]
+        attr_c = (labels_all[co] == 1).astype(np.float32)
         task = {"A": a, "B": b, "n_A": int((labels == 1).sum()), "n_B": int((labels == -1).sum()),
-                "corpus_base_rate_A": float((lex_c == a).mean()), "spaces": {}}
+                "corpus_rate_A": float(attr_c.mean()), "curves": {}}
         steers = {}
-        for space in ("minilm", "e5"):
-            X, Q, C = emb[space][tr], emb[space][qidx], emb[space][co]
-            _, I0 = knn(Q, C, 10)
-            t0 = time.time()
-            st = fit_steer(X, labels, rank=rank, max_iter=150, random_state=seed)
-            fit_s = time.time() - t0
-            steers[space] = st
+        for space in ("minilm", "e5", "e5 (transfer from minilm)"):
+            base_space = space.split()[0]
+            X, Q, C = emb[base_space][tr], emb[base_space][qidx], emb[base_space][co]
+            _, I0 = knn(Q, C, K)
             ms = fit_mean_shift(X, labels)
-            res = {"fit_seconds": round(fit_s, 1), "loss": [st.metadata["loss_initial"], st.metadata["loss_final"]],
-                   "steer": [{"eps": e, **evaluate(st.apply(Q, e), C, lex_c, a, b, I0)} for e in EPS],
-                   "mean_shift": [{"eps": e, **evaluate(ms.apply(Q, e), C, lex_c, a, b, I0)} for e in MS_EPS]}
-            if space == "e5":
-                moved = transfer_steer(steers["minilm"], pmap)
-                res["transferred_from_minilm"] = [{"eps": e, **evaluate(moved.apply(Q, e), C, lex_c, a, b, I0)}
-                                                  for e in EPS]
-            task["spaces"][space] = res
+            t0 = time.time()
+            if space == "e5 (transfer from minilm)":
+                st = transfer_steer(steers["minilm"], pmap)
+            else:
+                st = fit_steer(X, labels, random_state=seed)
+                steers[space] = st
+            fit_s = time.time() - t0
+            curves = {"vecbridge": sweep(lambda Q_, e: knn(st.apply(Q_, e), C, K), Q, C, attr_c, I0, grid),
+                      "mean-shift": sweep(shift_step(C, ms.v), Q, C, attr_c, I0, grid)}
+            if "transfer" not in space:
+                probe = LogisticRegression(C=1.0, max_iter=500).fit(X, labels == 1)
+                w = probe.coef_[0] / np.linalg.norm(probe.coef_[0]) * np.linalg.norm(ms.v)
+                curves["probe"] = sweep(shift_step(C, w.astype(np.float32)), Q, C, attr_c, I0, grid)
+                curves["oracle"] = sweep(oracle_step(C, attr_c), Q, C, attr_c, I0, ograd)
+            summary = {m: {str(lv): at_level(r, lv) for lv in LEVELS} for m, r in curves.items()}
+            task["curves"][space] = {
+                "fit_seconds": round(fit_s, 2), "rows": curves, "at_overlap": summary,
+                "area_vs_mean_shift": area_between(curves["vecbridge"], curves["mean-shift"]),
+                "dominates_mean_shift": bool(all(summary["vecbridge"][str(lv)] >= summary["mean-shift"][str(lv)] - 1e-9
+                                                 for lv in LEVELS)),
+                "strictly_above_at_0.5": bool(summary["vecbridge"]["0.5"] > summary["mean-shift"]["0.5"]),
+                "monotone": bool(monotone_until_saturation(curves["vecbridge"])),
+                "identity_at_0": bool(np.array_equal(st.apply(Q, 0.0), Q))}
+            print(f"{a} / {space}: vecbridge@0.5 {summary['vecbridge']['0.5']:.3f} "
+                  f"mean-shift@0.5 {summary['mean-shift']['0.5']:.3f}", file=sys.stderr, flush=True)
         out["tasks"].append(task)
-        print(f"done {a} vs {b}", file=sys.stderr, flush=True)
     return out
 
 
-def wordnet_tables(res: dict) -> str:
-    lines = []
+def figure(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spaces = list(res["tasks"][0]["curves"])
+    fig, axes = plt.subplots(len(res["tasks"]), len(spaces), figsize=(4.2 * len(spaces), 3.3 * len(res["tasks"])),
+                             squeeze=False)
+    style = {"vecbridge": ("C0", "-"), "mean-shift": ("C1", "--"), "probe": ("C2", "-."), "oracle": ("0.5", ":")}
+    for i, task in enumerate(res["tasks"]):
+        for j, space in enumerate(spaces):
+            ax = axes[i][j]
+            for name, rows in task["curves"][space]["rows"].items():
+                ov = [r["overlap"] for r in rows]
+                p = [r["precision"] for r in rows]
+                c, ls = style[name]
+                ax.plot(ov, p, ls, color=c, marker=".", ms=3, label=name)
+            ax.set_xlim(1.02, 0)
+            ax.set_title(f"{task['A']} vs {task['B']}\n{space}", fontsize=8)
+            ax.set_xlabel("overlap@10 with unsteered", fontsize=7)
+            ax.set_ylabel("attribute precision@10", fontsize=7)
+            ax.grid(alpha=0.3)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def tables(res: dict, png_name: str) -> str:
+    lines = [f"![Pareto curves]({png_name})", "",
+             "Precision@10 of the attribute at a given overlap@10 with the unsteered results "
+             "(upper envelope of each eps sweep, interpolated); area = mean difference vecbridge - mean-shift "
+             "over overlap [0.05, 1] x 0.95.", ""]
+    show = ["0.9", "0.8", "0.7", "0.5", "0.3", "0.1"]
+    lines.append("| attribute | space | method | " + " | ".join(f"@{s}" for s in show) + " |")
+    lines.append("|---|---|---|" + "---:|" * len(show))
     for task in res["tasks"]:
-        lines.append(f"\n### {task['A']} (+1, n={task['n_A']}) vs {task['B']} (-1, n={task['n_B']}); "
-                     f"corpus base rate of A {task['corpus_base_rate_A']:.3f}\n")
-        for space, r in task["spaces"].items():
-            lines.append(f"**{space}** (fit {r['fit_seconds']} s, loss {r['loss'][0]:.3f} -> {r['loss'][1]:.3f})\n")
-            cols = [("steer", r["steer"]), ("mean-shift", r["mean_shift"])]
-            if "transferred_from_minilm" in r:
-                cols.append(("transferred minilm->e5", r["transferred_from_minilm"]))
-            lines.append("| method | eps | prec@10 A | prec@10 B | overlap@10 |")
-            lines.append("|---|---:|---:|---:|---:|")
-            for name, rows in cols:
-                for row in rows:
-                    lines.append(f"| {name} | {row['eps']:g} | {row['prec_A']:.3f} | {row['prec_B']:.3f} | "
-                                 f"{row['overlap']:.3f} |")
-            summ = ", ".join(f"{name} {best_at_overlap(rows):.3f}" for name, rows in cols)
-            lines.append(f"\nbest prec@10 A with overlap@10 >= 0.5: {summ}\n")
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------------------------
-# LM part
-# --------------------------------------------------------------------------------------------
-POS_TRAIN = [
-    "I loved every minute of this film; it was wonderful.", "What a beautiful morning, I feel so happy.",
-    "The staff were friendly and the food was delicious.", "She gave a brilliant, inspiring speech.",
-    "This is the best book I have read in years.", "Our holiday was relaxing and full of joy.",
-    "The new update works perfectly and feels great.", "He is kind, generous and always helpful.",
-    "The concert was amazing and the crowd was cheerful.", "I am grateful for such lovely friends.",
-    "The garden looks gorgeous in the spring sunshine.", "A delightful, charming little cafe.",
-    "The team played superbly and won with style.", "Thank you, this gift is perfect and thoughtful.",
-    "The hotel room was clean, bright and comfortable.", "Such a fun, uplifting and heartwarming story.",
-    "My exam went well and I am thrilled.", "The puppy is adorable and full of happy energy.",
-    "The soup was fresh, warm and tasty.", "I enjoyed the walk; the view was stunning.",
-    "Everyone at the party was smiling and laughing.", "The doctor was caring and the news was good.",
-    "What an excellent idea, I love it.", "The kids had a fantastic, joyful afternoon.",
-]
-NEG_TRAIN = [
-    "I hated every minute of this film; it was terrible.", "What a miserable morning, I feel so sad.",
-    "The staff were rude and the food was disgusting.", "She gave a boring, painful speech.",
-    "This is the worst book I have read in years.", "Our holiday was stressful and full of misery.",
-    "The new update is broken and feels awful.", "He is cruel, selfish and always unhelpful.",
-    "The concert was dreadful and the crowd was angry.", "I am tired of such nasty neighbours.",
-    "The garden looks ugly and dead in the cold rain.", "A dirty, gloomy little cafe.",
-    "The team played horribly and lost badly.", "No thanks, this gift is useless and cheap.",
-    "The hotel room was filthy, dark and uncomfortable.", "Such a dull, depressing and bleak story.",
-    "My exam went badly and I am upset.", "The dog is sick and whines in pain.",
-    "The soup was cold, stale and bland.", "I regret the walk; the view was hideous.",
-    "Everyone at the party was bored and annoyed.", "The doctor was careless and the news was bad.",
-    "What a stupid idea, I hate it.", "The kids had a horrible, tearful afternoon.",
-]
-PROMPTS = ["The weather this weekend", "My neighbour's new car", "The meeting this morning", "Yesterday at the market",
-           "The train to the city", "Our old kitchen", "The last episode of the show", "When I opened the letter",
-           "The restaurant on the corner", "The first day at the new job"]
-NEUTRAL_HELD = ["The library opens at nine and closes at six on weekdays.",
-                "He put the keys on the table and went upstairs.",
-                "The report has three sections and an appendix.",
-                "Trains leave the station every twenty minutes.",
-                "She wrote the address on the back of the envelope."]
-LEX_POS = set("good great love loved lovely happy wonderful beautiful best excellent amazing fantastic enjoy enjoyed "
-              "nice fun joy joyful delightful perfect glad pleasant brilliant beautifully kind friendly delicious "
-              "fresh bright charming gorgeous thrilled cheerful smile smiling laugh laughing awesome favorite "
-              "comfortable warm hope peaceful exciting excited incredible".split())
-LEX_NEG = set("bad terrible awful hate hated horrible worst sad miserable boring dull ugly angry rude disgusting "
-              "dreadful nasty cruel painful pain sick dirty filthy gloomy broken useless stupid annoyed upset "
-              "depressing bleak cold stale bland careless tearful cry crying fear afraid poor wrong worse "
-              "disappointing disappointed dead death lost worried".split())
-LM_EPS = [-3.0, -1.0, 0.0, 1.0, 3.0]
-
-
-def lexicon_score(text: str) -> tuple[int, int, int]:
-    words = re.findall(r"[a-z']+", text.lower())
-    return sum(w in LEX_POS for w in words), sum(w in LEX_NEG for w in words), len(words)
-
-
-def lm_bench(seed: int = 0, samples: int = 2, max_new_tokens: int = 20) -> dict:
-    import torch
-
-    from service.lm import steering as S
-    from service.lm.model import load_lm
-
-    torch.set_num_threads(2)
-    t0 = time.time()
-    model, tok = load_lm()
-    load_s = time.time() - t0
-    t0 = time.time()
-    steer = S.fit_lm_steer(model, tok, POS_TRAIN + NEG_TRAIN, [1] * len(POS_TRAIN) + [-1] * len(NEG_TRAIN),
-                           rank=32, epsilon=1e-3, lr=1e-2, n_steps=120, batch_tokens=128, random_state=seed)
-    fit_s = time.time() - t0
-    rows = []
-    for e in LM_EPS:
-        t0 = time.time()
-        gens, prompts = [], []
-        for p in PROMPTS:
-            for j in range(samples):
-                gens.append(S.generate(model, tok, p, [(steer, e)], max_new_tokens=max_new_tokens, seed=seed + j))
-                prompts.append(p)
-        counts = np.array([lexicon_score(g) for g in gens])
-        ppl_gen = S.perplexity(model, tok, gens, prompts=prompts)          # fluency under the base model
-        ppl_held = S.perplexity(model, tok, NEUTRAL_HELD, [(steer, e)])    # held-out text under the steer
-        rows.append({"eps": e, "pos_words": int(counts[:, 0].sum()), "neg_words": int(counts[:, 1].sum()),
-                     "words": int(counts[:, 2].sum()),
-                     "positivity": float((counts[:, 0] - counts[:, 1]).sum() / max(1, counts[:, 2].sum()) * 100),
-                     "frac_more_pos": float((counts[:, 0] > counts[:, 1]).mean()),
-                     "frac_more_neg": float((counts[:, 1] > counts[:, 0]).mean()),
-                     "ppl_generations_base": ppl_gen, "ppl_heldout_steered": ppl_held,
-                     "example": f"{prompts[0]}{gens[0]}", "seconds": round(time.time() - t0, 1)})
-        print(f"lm eps={e} done", file=sys.stderr, flush=True)
-    dims = S.word_dimensions(model, tok, steer, k=8, n_directions=2)
-    ev = S.token_evidence(model, tok, steer, "The food was delicious but the service was terrible.")
-    return {"setup": {"model": "SmolLM2-135M-Instruct (GGUF Q4_1, de-quantised to float32)",
-                      "train_texts": len(POS_TRAIN) + len(NEG_TRAIN), "prompts": len(PROMPTS),
-                      "samples_per_prompt": samples, "max_new_tokens": max_new_tokens, "sampling": "top_p=0.9",
-                      "scorer": "weak: word-list counts (no negation, no context)",
-                      "load_seconds": round(load_s, 1), "fit_seconds": round(fit_s, 1), "steer": steer.metadata},
-            "rows": rows,
-            "lens": [{"direction": d["direction"], "sigma": d["sigma"], "positive": [x["text"] for x in d["positive"]],
-                      "negative": [x["text"] for x in d["negative"]]} for d in dims],
-            "evidence": [[t, round(v, 3)] for t, v in ev]}
-
-
-def lm_table(res: dict) -> str:
-    lines = ["| eps | positivity (pos-neg per 100 words) | frac gens more pos | frac more neg | "
-             "ppl of gens (base LM) | ppl held-out (steered) |", "|---:|---:|---:|---:|---:|---:|"]
-    for r in res["rows"]:
-        lines.append(f"| {r['eps']:g} | {r['positivity']:.2f} | {r['frac_more_pos']:.2f} | {r['frac_more_neg']:.2f} | "
-                     f"{r['ppl_generations_base']:.1f} | {r['ppl_heldout_steered']:.1f} |")
-    lines.append("")
-    for r in res["rows"]:
-        lines.append(f"- eps {r['eps']:g}: {r['example']!r}")
-    for d in res["lens"]:
-        lines.append(f"- lens direction {d['direction']} (sigma {d['sigma']:.3g}): + {d['positive']} / - {d['negative']}")
-    lines.append(f"- evidence: {res['evidence']}")
+        for space, c in task["curves"].items():
+            for m, summ in c["at_overlap"].items():
+                lines.append(f"| {task['A']} vs {task['B']} | {space} | {m} | "
+                             + " | ".join(f"{summ[s]:.3f}" for s in show) + " |")
+    lines += ["", "| attribute | space | n+ / n- (train) | corpus rate | area vs mean-shift | dominates | "
+              "strictly above @0.5 | monotone in eps | eps=0 identity | fit s |", "|---|---|---|---:|---:|---|---|---|---|---:|"]
+    for task in res["tasks"]:
+        for space, c in task["curves"].items():
+            lines.append(f"| {task['A']} vs {task['B']} | {space} | {task['n_A']} / {task['n_B']} | "
+                         f"{task['corpus_rate_A']:.3f} | {c['area_vs_mean_shift']:+.4f} | {c['dominates_mean_shift']} | "
+                         f"{c['strictly_above_at_0.5']} | {c['monotone']} | {c['identity_at_0']} | {c['fit_seconds']} |")
     return "\n".join(lines)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lm", action="store_true", help="also run the SmolLM2 part (a few CPU minutes)")
-    ap.add_argument("--no-wordnet", action="store_true")
-    ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--queries", type=int, default=600)
     args = ap.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    if not args.no_wordnet:
-        res = wordnet_bench(n_queries=args.queries)
-        (RESULTS / "steer_wordnet.json").write_text(json.dumps(res, indent=1))
-        print(wordnet_tables(res))
-    if args.lm:
-        res = lm_bench()
-        (RESULTS / "steer_lm.json").write_text(json.dumps(res, indent=1))
-        print(lm_table(res))
+    res = run(args.queries)
+    stem = f"steer_pareto_{res['setup']['date']}"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
+    figure(res, RESULTS / f"{stem}.png")
+    print(tables(res, f"{stem}.png"))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def planted(n=1200, d=24, offset=3.0, seed=0):
 @pytest.fixture(scope="module")
 def fitted():
     X, labels, Q = planted()
-    return X, labels, Q, fit_steer(X, labels, rank=4, max_iter=60, max_pairs=600, n_candidates=1200, random_state=0)
+    return X, labels, Q, fit_steer(X, labels, rank=4, method="lm-steer", max_iter=60, max_pairs=600, n_candidates=1200, random_state=0)
 
 
 # --- apply -------------------------------------------------------------------------------
@@ -160,8 +160,13 @@ def test_fit_raises_the_attribute_monotonically(fitted):
 
 def test_fit_is_deterministic_with_random_state():
     X, labels, _ = planted(n=300, d=8)
-    a = fit_steer(X, labels, rank=2, max_iter=15, random_state=7)
-    b = fit_steer(X, labels, rank=2, max_iter=15, random_state=7)
+    for method in ("local", "lm-steer"):
+        a = fit_steer(X, labels, rank=2, method=method, max_iter=15, random_state=7)
+        b = fit_steer(X, labels, rank=2, method=method, max_iter=15, random_state=7)
+        np.testing.assert_array_equal(a.P1, b.P1)
+        np.testing.assert_array_equal(a.P2, b.P2)
+    a = fit_steer(X, labels, rank=2, method="lm-steer", max_iter=15, random_state=7)
+    b = fit_steer(X, labels, rank=2, method="lm-steer", max_iter=15, random_state=7)
     np.testing.assert_array_equal(a.P1, b.P1)
     np.testing.assert_array_equal(a.P2, b.P2)
 
@@ -169,7 +174,7 @@ def test_fit_is_deterministic_with_random_state():
 def test_fit_reports_progress():
     X, labels, _ = planted(n=200, d=8)
     seen = []
-    fit_steer(X, labels, rank=2, max_iter=5, random_state=0, callback=lambda i, loss: seen.append((i, loss)))
+    fit_steer(X, labels, rank=2, method="lm-steer", max_iter=5, random_state=0, callback=lambda i, loss: seen.append((i, loss)))
     assert seen and seen[0][0] == 1 and all(np.isfinite(v) for _, v in seen)
 
 
@@ -208,7 +213,7 @@ def test_bad_arrays_and_params():
     with pytest.raises(ShapeError):
         fit_steer(X[0], y)
     with pytest.raises(InputError):
-        fit_steer(X, y, rank=4)  # rank > d
+        fit_steer(X, y, rank=4, method="lm-steer")  # rank > d
     with pytest.raises(InputError):
         fit_steer(X, y, rank=1, temperature=0)
     s = random_steer(d=3, r=1)
