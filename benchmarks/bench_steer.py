@@ -161,8 +161,8 @@ def run(n_queries: int, seed: int = 0) -> dict:
     qidx = rng.choice(np.arange(*HELD), size=n_queries, replace=False)
     tr, co = slice(*TRAIN), slice(*CORPUS)
     pmap = align.fit_procrustes(emb["minilm"][tr], emb["e5"][tr])
-    grid = np.concatenate([[0.0], np.geomspace(0.02, 200, 34)])
-    ograd = np.concatenate([[0.0], np.geomspace(0.002, 2, 30)])
+    grid = np.concatenate([[0.0], np.geomspace(0.03, 100, 20)])
+    ograd = np.concatenate([[0.0], np.geomspace(0.003, 1, 16)])
     out = {"setup": {"queries": n_queries, "k": K, "train_rows": TRAIN, "corpus_rows": CORPUS,
                      "query_rows": HELD, "seed": seed, "date": _dt.date.today().isoformat(),
                      "map": "fit_procrustes minilm->e5 on paired rows [0,16384) (supervised)"}, "tasks": []}

@@ -680,7 +680,7 @@ def _read_labels(path: str, n: int):
 @click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per row.")
 @click.option("--name", required=True)
 @click.option("--rank", type=int, default=None, help="Rank of W (default 16).")
-@click.option("--method", type=click.Choice(["lm-steer", "mean-shift"]), default="lm-steer", show_default=True)
+@click.option("--method", type=click.Choice(["local", "lm-steer", "mean-shift"]), default="local", show_default=True)
 @click.option("--param", "params", multiple=True, help="KEY=VALUE fit parameter (JSON values), repeatable.")
 @click.option("--random-state", type=int, default=0, show_default=True)
 @click.option("--alias", default=None)

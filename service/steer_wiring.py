@@ -16,7 +16,7 @@ import numpy as np
 from align.exceptions import InputError, PairCountError
 from align.steer import Steer
 
-from .steering import STEER_PARAMS, fit_steer_job, lens_job
+from .steering import STEER_METHOD_NAMES, STEER_PARAMS, fit_steer_job, lens_job
 
 __all__ = ["fit_and_register", "check_steer_params", "steer_lens"]
 
@@ -27,8 +27,8 @@ def check_steer_params(params: dict | None, random_state: int | None = None) -> 
     unknown = set(params) - set(STEER_PARAMS)
     if unknown:
         raise InputError(f"unknown steer parameters: {sorted(unknown)}; known: {sorted(STEER_PARAMS)}")
-    if params.get("method", "lm-steer") not in ("lm-steer", "mean-shift"):
-        raise InputError(f"unknown steer method {params['method']!r}; use 'lm-steer' or 'mean-shift'")
+    if params.get("method", "local") not in STEER_METHOD_NAMES:
+        raise InputError(f"unknown steer method {params['method']!r}; use one of {list(STEER_METHOD_NAMES)}")
     if random_state is not None:
         params["random_state"] = int(random_state)
     return {**STEER_PARAMS, **params}

@@ -16,12 +16,13 @@ import numpy as np
 from align.exceptions import InputError, PairCountError
 from align.steer import MeanShift, Steer, apply_steers, fit_mean_shift, fit_steer, transfer_steer
 
-__all__ = ["STEER_PARAMS", "fit_steer_job", "apply_steer_job", "transfer_steer_job", "lens_job"]
+__all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "fit_steer_job", "apply_steer_job", "transfer_steer_job", "lens_job"]
 
 # Accepted fit parameters and their defaults (the API schema can mirror this).
-STEER_PARAMS: dict = {"method": "lm-steer", "rank": 16, "temperature": 0.05, "weight_decay": 1e-3, "max_iter": 200,
-                      "max_pairs": 2048, "n_candidates": 4096, "n_neighbors": 10, "init_scale": 1e-2,
-                      "random_state": 0}
+STEER_PARAMS: dict = {"method": "local", "rank": 16, "temperature": 0.05, "weight_decay": 1e-3, "max_iter": 200,
+                      "max_pairs": 2048, "n_candidates": 4096, "n_neighbors": None, "init_scale": 1e-2,
+                      "n_queries": 4000, "ridge": 0.1, "opposite_weight": 0.0, "random_state": 0}
+STEER_METHOD_NAMES = ("local", "lm-steer", "mean-shift")
 
 Progress = Callable[[float, str], None]
 
@@ -41,7 +42,7 @@ def _vectors(X, texts, encoder, progress: Progress | None):
 def fit_steer_job(X=None, labels=None, params: Mapping | None = None, progress: Progress | None = None, *,
                   texts: Sequence[str] | None = None, encoder: Callable | None = None,
                   space: str | None = None) -> Steer | MeanShift:
-    """Fit a steer (``params["method"]``: ``"lm-steer"`` default, or ``"mean-shift"``).
+    """Fit a steer (``params["method"]``: ``"local"`` default, ``"lm-steer"`` or ``"mean-shift"``).
 
     Parameters
     ----------
@@ -62,16 +63,16 @@ def fit_steer_job(X=None, labels=None, params: Mapping | None = None, progress: 
     method = p.pop("method")
     if method == "mean-shift":
         out = fit_mean_shift(X, labels)
-    elif method == "lm-steer":
-        max_iter = int(p["max_iter"])
+    elif method in ("local", "lm-steer"):
+        max_iter = 1 if method == "local" else int(p["max_iter"])
 
         def cb(it, loss):
             if progress is not None:
                 progress(min(1.0, it / max_iter), f"iteration {it}/{max_iter}, loss {loss:.4f}")
 
-        out = fit_steer(X, labels, callback=cb, **p)
+        out = fit_steer(X, labels, method=method, callback=cb, **p)
     else:
-        raise InputError(f"unknown steer method {method!r}; use 'lm-steer' or 'mean-shift'")
+        raise InputError(f"unknown steer method {method!r}; use one of {list(STEER_METHOD_NAMES)}")
     if space is not None:
         out.metadata["space"] = space
     if texts is not None:

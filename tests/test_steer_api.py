@@ -13,7 +13,7 @@ from service.api import create_app
 from test_api_support import R, W, WONLY, settings_for
 
 D = 16
-FIT_PARAMS = {"rank": 4, "max_iter": 40, "max_pairs": 400, "n_candidates": 800}
+FIT_PARAMS = {"method": "lm-steer", "rank": 4, "max_iter": 40, "max_pairs": 400, "n_candidates": 800}
 
 
 def planted(n=800, d=D, offset=3.0, seed=0):
@@ -191,3 +191,43 @@ def test_auth(world):
     assert c.post("/v1/steers", json=fit).status_code == 401
     assert c.post("/v1/steers/attr/apply", headers=WONLY, json={"vectors": X[:1].tolist()}).status_code == 403
     assert c.get("/v1/steers/attr/lens", headers=WONLY).status_code == 403
+
+
+def test_alias_delete_and_transfer_routes(world):
+    c, X, Q = world["c"], world["X"], world["Q"][:6]
+    reg = world["reg"]
+    rot = np.linalg.qr(np.random.default_rng(5).normal(size=(D, D)))[0].astype(np.float32)
+    reg.register_version("tb2ta", LinearMap(rot.T.copy()), source_space="tb", target_space="ta",
+                         method="procrustes", params={})
+    # transfer: registered in the map's target space; scores agree with map-back / steer / map
+    r = c.post("/v1/steers/attr:1/transfer", headers=W, json={"map": "tb2ta", "name": "attr_ta", "alias": "prod"})
+    assert r.status_code == 201, r.text
+    out = r.json()
+    assert (out["name"], out["version"], out["space"]) == ("attr_ta", 1, "ta") and out["aliases"] == ["prod"]
+    assert out["inputs"]["steer"] == "attr:1" and out["inputs"]["map"].startswith("tb2ta")
+    moved = c.post("/v1/steers/attr_ta@prod/apply", headers=R, json={"vectors": (Q @ rot.T).tolist(), "eps": 1.5})
+    native = c.post("/v1/steers/attr:1/apply", headers=R, json={"vectors": Q.tolist(), "eps": 1.5})
+    np.testing.assert_allclose(np.asarray(moved.json()["vectors"]),
+                               np.asarray(native.json()["vectors"]) @ rot.T, atol=1e-4)
+    # wrong direction (map from ta, steer in tb), default name already in another space, unknown map
+    assert c.post("/v1/steers/attr/transfer", headers=W, json={"map": "ta2tb"}).status_code == 422
+    assert c.post("/v1/steers/attr/transfer", headers=W, json={"map": "tb2ta"}).status_code == 409
+    assert c.post("/v1/steers/attr/transfer", headers=W, json={"map": "nope"}).status_code == 404
+    assert c.post("/v1/steers/attr/transfer", headers=R, json={"map": "tb2ta"}).status_code == 403
+    # alias: move, then delete the version it points at; the alias no longer resolves
+    r = c.post("/v1/steers", headers=W, json={"name": "attr_ta", "space": "ta", "vectors": (X @ rot.T).tolist(),
+                                               "labels": world["labels"].tolist(), "random_state": 0})
+    assert wait(c, r.json()["id"])["state"] == "succeeded"
+    r = c.put("/v1/steers/attr_ta/aliases/stable", headers=W, json={"version": 2})
+    assert r.status_code == 200 and r.json()["version"] == 2 and "stable" in r.json()["aliases"]
+    assert c.get("/v1/steers/attr_ta@stable", headers=R).json()["version"] == 2
+    assert c.put("/v1/steers/attr_ta/aliases/stable", headers=W, json={"version": 9}).status_code == 404
+    assert c.put("/v1/steers/attr_ta/aliases/stable", headers=W, json={"version": 0}).status_code == 422
+    assert c.put("/v1/steers/attr_ta/aliases/stable", headers=R, json={"version": 2}).status_code == 403
+    r = c.delete("/v1/steers/attr_ta/versions/2", headers=W)
+    assert r.status_code == 200 and r.json()["deleted"] is True
+    assert c.get("/v1/steers/attr_ta:2", headers=R).status_code == 404
+    assert c.get("/v1/steers/attr_ta", headers=R).json()["version"] == 1
+    assert c.put("/v1/steers/attr_ta/aliases/stable", headers=W, json={"version": 2}).status_code == 409
+    assert c.delete("/v1/steers/attr_ta/versions/7", headers=W).status_code == 404
+    assert c.delete("/v1/steers/attr_ta/versions/1", headers=R).status_code == 403

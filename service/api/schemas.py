@@ -22,7 +22,7 @@ __all__ = [
     "VersionOut", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList", "IndexAddResponse",
     "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
     "SteerFitRequest", "SteerFitOptions", "SteerApplyRequest", "SteerApplyOptions", "SteerApplyResponse", "SteerOut",
-    "SteerList", "SteerLens",
+    "SteerList", "SteerLens", "SteerTransferRequest",
 ]
 
 
@@ -476,8 +476,9 @@ class SteerFitOptions(_Strict):
                                                       "space's encoder); they also name the items of the lens.")
     encoder: str | None = None
     items: list[str] | None = Field(None, description="With vectors: a name per row, shown in the lens.")
-    params: dict[str, Any] = Field(default_factory=dict, description="`method` (lm-steer | mean-shift), `rank`, "
-                                                                     "`temperature`, `weight_decay`, `max_iter`, ...")
+    params: dict[str, Any] = Field(default_factory=dict, description="`method` (local, the default: closed-form "
+                                 "local discriminant, rank 1, eps 1 keeps ~half the top-10 | lm-steer | mean-shift), "
+                                 "`rank`, `n_neighbors`, `ridge`, `temperature`, `max_iter`, ...")
     random_state: int = Seed
     alias: str | None = None
     description: str = Description
@@ -523,6 +524,13 @@ class SteerOut(BaseModel):
     description: str
     lens: list[dict[str, Any]]
     inputs: dict[str, Any]
+
+
+class SteerTransferRequest(_Strict):
+    map: str = Field(..., description="Map ref (NAME, NAME@alias, NAME:N) whose source space is the steer's space.")
+    name: str | None = Field(None, description="Name of the transferred steer (default: the source steer's name).")
+    alias: str | None = None
+    description: str = ""
 
 
 class SteerSummary(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from align._validation import as_matrix
@@ -14,6 +14,7 @@ from align.exceptions import DimensionMismatchError, InputError, PairCountError
 from align.steer import Steer
 
 from ...registry import ConflictError, NotFoundError
+from ...ops import steers as steer_ops
 from ...registry.names import check_alias, check_name
 from ...steer_wiring import check_steer_params, fit_and_register
 from ...steering import apply_steer_job
@@ -22,8 +23,8 @@ from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import json_body
 from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
-from ..schemas import (JobOut, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
-                       SteerFitRequest, SteerList, SteerLens, SteerOut, error_responses)
+from ..schemas import (AliasSet, JobOut, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
+                       SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferRequest, error_responses)
 from ..state import AppState
 
 __all__ = ["router", "steer_queries"]
@@ -152,6 +153,33 @@ async def apply_steer(ref: str, request: Request, state: StateDep, settings: Set
     info, opts, out = await run_in_threadpool(work)
     state.metrics.batch_rows.labels("steer_apply").observe(out.shape[0])
     return await run_in_threadpool(FastJSONResponse, {"steer": info.ref, "eps": opts.eps, "vectors": out})
+
+
+SteerVersion = Path(..., ge=1, le=2**31 - 1, description="Version number.")
+
+
+@router.put("/steers/{name}/aliases/{alias}", dependencies=[WriteScope, JSONOnly],
+            summary="Point a steer alias at a version", response_model=SteerOut, responses=error_responses(409, 415))
+async def set_steer_alias(name: str, alias: str, body: AliasSet, state: StateDep):
+    info = await run_in_threadpool(steer_ops.set_steer_alias, state.registry, name, alias, body.version)
+    return FastJSONResponse(info.to_dict())
+
+
+@router.delete("/steers/{name}/versions/{version}", dependencies=[WriteScope], response_model=SteerOut,
+               summary="Delete a steer version (soft: kept for lineage, no longer resolvable)")
+async def delete_steer_version(name: str, state: StateDep, version: int = SteerVersion):
+    info = await run_in_threadpool(steer_ops.delete_steer_version, state.registry, name, version)
+    return FastJSONResponse(info.to_dict())
+
+
+@router.post("/steers/{ref}/transfer", dependencies=[WriteScope, JSONOnly], status_code=201, response_model=SteerOut,
+             summary="Carry a steer through a map (H^T W H) and register it in the map's target space",
+             responses=error_responses(409, 415))
+async def transfer_steer(ref: str, body: SteerTransferRequest, state: StateDep):
+    info = await run_in_threadpool(steer_ops.transfer_and_register, state.registry, ref, body.map, name=body.name,
+                                   alias=body.alias, description=body.description, load_map=state.resolve_map,
+                                   load_steer=state.resolve_steer)
+    return FastJSONResponse(info.to_dict(), status_code=201)
 
 
 @router.get("/steers/{ref}/lens", dependencies=[ReadScope], summary="Singular directions of a steer",
