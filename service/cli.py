@@ -920,11 +920,13 @@ def lm_steer_fit(obj: Ctx, texts, labels, name, rank, steps, eps, lr, random_sta
 @click.option("--prompt", required=True)
 @click.option("--steer", "steers", multiple=True, help="REF=EPS, repeatable (composed by summation).")
 @click.option("--max-new-tokens", type=click.IntRange(1, 256), default=30, show_default=True)
-@click.option("--temperature", type=click.FloatRange(0, 10), default=0.0, show_default=True, help="0: greedy.")
+@click.option("--temperature", type=click.FloatRange(0, 10), default=1.0, show_default=True,
+              help="Sampling temperature (sampling with --top-p is the default); 0: greedy.")
+@click.option("--top-p", type=click.FloatRange(0.01, 1.0), default=0.9, show_default=True)
 @click.option("--random-state", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def lm_generate(obj: Ctx, prompt, steers, max_new_tokens, temperature, random_state, as_json):
+def lm_generate(obj: Ctx, prompt, steers, max_new_tokens, temperature, top_p, random_state, as_json):
     """Continue PROMPT under the given steers (prints the continuation)."""
     from .api.routers.lm import lm_space
 
@@ -942,7 +944,7 @@ def lm_generate(obj: Ctx, prompt, steers, max_new_tokens, temperature, random_st
 
     sample = temperature > 0
     text = generate(model, tok, prompt, pairs, max_new_tokens=max_new_tokens, do_sample=sample,
-                    temperature=temperature if sample else 1.0, seed=random_state)
+                    temperature=temperature if sample else 1.0, top_p=top_p, seed=random_state)
     _emit({"model": mname, "text": text, "steers": used}, as_json, text)
 
 

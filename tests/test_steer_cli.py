@@ -40,7 +40,8 @@ def fitted(tmp_path_factory):
     (d / "names.txt").write_text("\n".join(f"row{i}{'+' if v > 0 else '-' if v < 0 else ''}"
                                            for i, v in enumerate(y)) + "\n")
     out = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--texts",
-             d / "names.txt", "--labels", d / "y.txt", "--name", "attr", "--rank", 3, "--param", "max_iter=20",
+             d / "names.txt", "--labels", d / "y.txt", "--name", "attr", "--rank", 3, "--method", "lm-steer",
+             "--param", "max_iter=20",
              "--param", "n_candidates=500", "--random-state", 0, "--alias", "prod", "--json", "--quiet")
     return d, X, y, json.loads(out.stdout)
 

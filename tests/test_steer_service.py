@@ -22,9 +22,13 @@ def data(n=300, d=8, seed=0):
 def test_fit_job_vectors_with_progress():
     X, y = data()
     seen = []
-    s = fit_steer_job(X, y, {"rank": 2, "max_iter": 10}, lambda f, m: seen.append(f), space="toy")
+    s = fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10}, lambda f, m: seen.append(f),
+                      space="toy")
     assert isinstance(s, Steer) and s.rank == 2 and s.metadata["space"] == "toy"
     assert seen[-1] == 1.0 and all(0.0 <= f <= 1.0 for f in seen) and seen == sorted(seen)
+    seen.clear()
+    s = fit_steer_job(X, y, {}, lambda f, m: seen.append(f), space="toy")     # default: local discriminant
+    assert s.rank == 1 and s.metadata["method"] == "local-discriminant" and seen[-1] == 1.0
 
 
 def test_fit_job_texts_with_encoder_and_mean_shift():
@@ -49,7 +53,7 @@ def test_fit_job_errors():
 
 def test_apply_transfer_lens_jobs():
     X, y = data()
-    s = fit_steer_job(X, y, {"rank": 2, "max_iter": 10})
+    s = fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10})
     ms = fit_steer_job(X, y, {"method": "mean-shift"})
     Q = X[:5]
     np.testing.assert_allclose(apply_steer_job(Q, [(s, 1.0), (ms, 0.5)]), ms.apply(s.apply(Q, 1.0), 0.5), atol=1e-6)

@@ -35,7 +35,7 @@ from align.exceptions import DimensionMismatchError, InputError
 from align.steer import Steer, _check_eps, _check_labels, compose_steers
 
 __all__ = [
-    "output_embeddings", "steered", "steered_logits", "fit_lm_steer", "fit_lm_steer_ids", "generate",
+    "output_embeddings", "steered", "steered_logits", "fit_lm_steer", "fit_lm_steer_ids", "generate", "generate_batch",
     "perplexity", "token_evidence", "evidence_spans", "word_dimensions",
 ]
 
@@ -130,14 +130,28 @@ def _encode(tokenizer, texts: Iterable[str], max_length: int) -> list[list[int]]
 
 
 @torch.no_grad()
-def _hidden_states(model, ids_list: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """Final hidden states (len, d) of each sequence (one forward pass each; no padding)."""
-    out = []
-    for ids in ids_list:
+def _hidden_states(model, ids_list: Sequence[Sequence[int]], batch_size: int = 16) -> list[torch.Tensor]:
+    """Final hidden states (len, d) of each sequence.
+
+    Sequences are run in right-padded batches of similar length (causal attention: a token never
+    sees the padding after it, so the states equal those of one-by-one passes up to float error).
+    """
+    out: list = [None] * len(ids_list)
+    order = sorted(range(len(ids_list)), key=lambda i: len(ids_list[i]))
+    for s in range(0, len(order), batch_size):
+        part = order[s : s + batch_size]
+        L = max(len(ids_list[i]) for i in part)
+        ids = torch.zeros((len(part), L), dtype=torch.long)
+        mask = torch.zeros((len(part), L), dtype=torch.long)
+        for j, i in enumerate(part):
+            n = len(ids_list[i])
+            ids[j, :n] = torch.as_tensor(list(ids_list[i]))
+            mask[j, :n] = 1
         store: list = []
         with _capture_hidden(model, store):
-            model(input_ids=torch.as_tensor([list(ids)]))
-        out.append(store[-1][0])
+            model(input_ids=ids, attention_mask=mask)
+        for j, i in enumerate(part):
+            out[i] = store[-1][j, : len(ids_list[i])].clone()
     return out
 
 
@@ -156,6 +170,7 @@ def fit_lm_steer(model, tokenizer, texts: Sequence[str], labels, *, max_length: 
 def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: int = 32, epsilon: float = 1e-3,
                      init_var: float = 1e-2, lr: float = 1e-2, n_steps: int = 200, batch_tokens: int = 256,
                      regularization: float = 0.0, dummy_steer: bool = True, random_state: int = 0,
+                     val_fraction: float = 0.0, eval_every: int = 25, patience: int = 4, kl_weight: float = 0.0,
                      progress: Callable[[int, float], None] | None = None) -> Steer:
     """Train ``W = P1 P2^T`` with the LM loss on token sequences, body frozen (``ALGORITHMS.md`` §6).
 
@@ -177,6 +192,14 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
     dummy_steer : bool
         Train a second steer with value 1 on every text and drop it (absorbs the shared domain).
     random_state : int
+    val_fraction : float
+        Share of the labelled texts held out (stratified by label, seeded); with it the
+        held-out loss is evaluated every ``eval_every`` steps, the best factors are kept and
+        training stops after ``patience`` evaluations without improvement (early stopping).
+    kl_weight : float
+        Weight ``beta`` of ``KL(p_base || p_steer)`` averaged over the batch tokens, where ``p_steer``
+        uses ``s W`` (the dummy left out): a penalty on moving the next-token distribution more
+        than the labels ask, against steers that pile probability on one word (degenerate loops).
     progress : callable ``(step, loss)``, optional
 
     Returns
@@ -191,32 +214,80 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
     keep = [i for i in range(len(ids_list)) if labels[i] != 0 and len(ids_list[i]) >= 2]
     if not keep:
         raise InputError("no labelled text has two or more tokens")
-    hs = _hidden_states(model, [ids_list[i] for i in keep])
-    H = torch.cat([h[:-1] for h in hs])                                         # (N, d) contexts
-    Y = torch.cat([torch.as_tensor(list(ids_list[i][1:])) for i in keep])        # (N,) next tokens
-    S = torch.cat([torch.full((len(ids_list[i]) - 1,), float(labels[i])) for i in keep])  # (N,)
+    if not 0.0 <= float(val_fraction) < 1.0:
+        raise InputError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    rng = np.random.default_rng(int(random_state))
+    held: list[int] = []
+    if val_fraction > 0:
+        for lab in (1, -1):
+            grp = [i for i in keep if labels[i] == lab]
+            held += list(rng.permutation(grp)[: int(round(len(grp) * val_fraction))])
+    held_set = set(held)
+    train = [i for i in keep if i not in held_set]
+    if not train:
+        raise InputError("no training text left after the held-out split")
+    hs = dict(zip(keep, _hidden_states(model, [ids_list[i] for i in keep])))
+
+    def tokens(rows):
+        H = torch.cat([hs[i][:-1] for i in rows])                                  # (N, d) contexts
+        Y = torch.cat([torch.as_tensor(list(ids_list[i][1:])) for i in rows])      # (N,) next tokens
+        S = torch.cat([torch.full((len(ids_list[i]) - 1,), float(labels[i])) for i in rows])  # (N,)
+        return H, Y, S
+
+    H, Y, S = tokens(train)
+    Hv, Yv, Sv = tokens(held) if held else (None, None, None)
 
     gen = torch.Generator().manual_seed(int(random_state))
     n_slots = 2 if dummy_steer else 1
     P1 = (torch.randn(n_slots, d, rank, generator=gen) * init_var).requires_grad_(True)
     P2 = (torch.randn(n_slots, d, rank, generator=gen) * init_var).requires_grad_(True)
     opt = torch.optim.Adam([P1, P2], lr=lr)
-    losses = []
-    for step in range(int(n_steps)):
-        idx = torch.randint(0, H.shape[0], (min(batch_tokens, H.shape[0]),), generator=gen)
-        h, y, s = H[idx], Y[idx], S[idx]
+
+    def steered_logits_(h, s):
         values = torch.stack([s, torch.ones_like(s)], 1)[:, :n_slots]          # (b, slots)
         A = torch.einsum("bd,kdr->bkr", h, P1)                                   # (b, slots, r)
         delta = torch.einsum("bk,bkr,kdr->bd", values, A, P2)
-        logits = (h + epsilon * delta) @ E.T
+        return (h + epsilon * delta) @ E.T, A
+
+    def held_loss() -> float:
+        with torch.no_grad():
+            tot = 0.0
+            for s0 in range(0, Hv.shape[0], 2048):
+                lg, _ = steered_logits_(Hv[s0 : s0 + 2048], Sv[s0 : s0 + 2048])
+                tot += float(torch.nn.functional.cross_entropy(lg, Yv[s0 : s0 + 2048], reduction="sum"))
+            return tot / Hv.shape[0]
+
+    losses, val_curve = [], []
+    best = (float("inf"), P1.detach().clone(), P2.detach().clone(), 0)
+    bad = 0
+    for step in range(int(n_steps)):
+        idx = torch.randint(0, H.shape[0], (min(batch_tokens, H.shape[0]),), generator=gen)
+        h, y, s = H[idx], Y[idx], S[idx]
+        logits, A = steered_logits_(h, s)
         loss = torch.nn.functional.cross_entropy(logits, y)
         total = loss + regularization * (P1.pow(2).sum() + P2.pow(2).sum())
+        if kl_weight > 0:
+            base_lp = torch.log_softmax(h @ E.T, -1)
+            own = h + epsilon * s[:, None] * (A[:, 0] @ P2[0].T)
+            lp = torch.log_softmax(own @ E.T, -1)
+            total = total + kl_weight * (base_lp.exp() * (base_lp - lp)).sum(-1).mean()
         opt.zero_grad()
         total.backward()
         opt.step()
         losses.append(float(loss.detach()))
         if progress is not None:
             progress(step + 1, losses[-1])
+        if held and ((step + 1) % int(eval_every) == 0 or step + 1 == int(n_steps)):
+            v = held_loss()
+            val_curve.append([step + 1, v])
+            if v < best[0] - 1e-4:
+                best, bad = (v, P1.detach().clone(), P2.detach().clone(), step + 1), 0
+            else:
+                bad += 1
+                if bad >= int(patience):
+                    break
+    if held:
+        P1, P2 = best[1], best[2]
     with torch.no_grad():
         base = float(torch.nn.functional.cross_entropy(H @ E.T, Y))
     meta = {
@@ -224,10 +295,17 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
         "hidden_size": d, "params": {"rank": int(rank), "epsilon": epsilon, "init_var": init_var, "lr": lr,
                                      "n_steps": int(n_steps), "batch_tokens": int(batch_tokens),
                                      "regularization": regularization, "dummy_steer": bool(dummy_steer),
-                                     "random_state": int(random_state)},
+                                     "random_state": int(random_state), "val_fraction": float(val_fraction),
+                                     "eval_every": int(eval_every), "patience": int(patience),
+                                     "kl_weight": float(kl_weight)},
         "n_tokens": int(H.shape[0]), "n_pos": int((labels == 1).sum()), "n_neg": int((labels == -1).sum()),
         "loss_base": base, "loss_first": losses[0], "loss_last10": float(np.mean(losses[-10:])),
+        "steps_run": len(losses),
     }
+    if held:
+        meta.update({"n_heldout_texts": len(held), "n_heldout_tokens": int(Hv.shape[0]), "val_curve": val_curve,
+                     "best_step": best[3], "val_loss_best": best[0],
+                     "val_loss_base": float(torch.nn.functional.cross_entropy(Hv @ E.T, Yv))})
     return Steer(epsilon * P1[0].detach().numpy(), P2[0].detach().numpy(), meta)
 
 
@@ -258,6 +336,35 @@ def generate(model, tokenizer, prompt: str, steers: SteerSpec = (), *, max_new_t
     with steered(model, steers):
         out = model.generate(**ids, pad_token_id=pad, **kw)
     return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def generate_batch(model, tokenizer, prompts: Sequence[str], steers: SteerSpec = (), *, max_new_tokens: int = 30,
+                   do_sample: bool = True, top_p: float = 0.9, temperature: float = 1.0, seed: int = 0,
+                   batch_size: int = 32) -> list[str]:
+    """Continue each prompt under the given steers, ``batch_size`` prompts per forward (left padding).
+
+    Sampling is seeded once per batch (``seed + batch index``), so a run is reproducible for a
+    fixed ``batch_size``; continuations only, special tokens dropped.
+    """
+    prompts = list(prompts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    side = tokenizer.padding_side
+    out: list[str] = []
+    try:
+        tokenizer.padding_side = "left"
+        with steered(model, steers):
+            for b, s in enumerate(range(0, len(prompts), batch_size)):
+                enc = tokenizer(prompts[s : s + batch_size], return_tensors="pt", padding=True)
+                torch.manual_seed(int(seed) + b)
+                kw = {"do_sample": do_sample, "max_new_tokens": int(max_new_tokens)}
+                if do_sample:
+                    kw.update(top_p=top_p, temperature=temperature)
+                gen = model.generate(**enc, pad_token_id=pad, **kw)
+                out += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    finally:
+        tokenizer.padding_side = side
+    return out
 
 
 @torch.no_grad()

@@ -65,8 +65,10 @@ class LMGenerateRequest(_Strict):
     prompt: str = Field(..., min_length=1)
     steers: dict[str, float] = Field(default_factory=dict, description="`{steer ref: eps}`, composed by summation.")
     max_new_tokens: int = Field(30, ge=1, le=MAX_NEW_TOKENS)
-    temperature: float = Field(0.0, ge=0, le=10, allow_inf_nan=False,
-                               description="0: greedy decoding; sampling needs at least 0.01.")
+    temperature: float = Field(1.0, ge=0, le=10, allow_inf_nan=False,
+                               description="Sampling temperature (default 1.0 with nucleus `top_p`: sampling is "
+                                           "the documented default for steered text, greedy decoding repeats); "
+                                           "0: greedy; sampling needs at least 0.01.")
     top_p: float = Field(0.9, gt=0, le=1)
     random_state: int = 0
 
