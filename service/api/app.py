@@ -133,6 +133,32 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
     app.openapi = openapi
 
 
+def ensure_local_key(s: Settings) -> tuple[Settings, "Path | None"]:
+    """With no keys configured (and auth on, ``local_key`` on): the settings with one read+write key read
+    from ``<data_dir>/local-key``, created (32 random bytes, hex, mode 0600) on the first run; else unchanged.
+
+    The key itself is never logged or printed; the caller tells the user where the file is.
+    """
+    import os
+    import secrets
+    from pathlib import Path
+
+    if s.api_keys or s.auth_disabled or not s.local_key:
+        return s, None
+    path = Path(s.data_dir) / "local-key"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    key = path.read_text().strip()
+    if len(key) < 32:
+        raise RuntimeError(f"{path} holds no usable key; delete it to make a new one")
+    return s.model_copy(update={"api_keys": {key: ["read", "write"]}}), path
+
+
 def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     """Run the service with uvicorn on ``settings.host:settings.port`` (blocks).
 
@@ -142,7 +168,14 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     """
     import uvicorn
 
-    s = settings or get_settings()
+    import sys
+
+    s, key_file = ensure_local_key(settings or get_settings())
+    if key_file is not None:
+        print(f"vecbridge: no API keys configured, so a local read+write key is in {key_file} (mode 0600, kept "
+              f"across restarts).\n  curl -H \"Authorization: Bearer $(cat {key_file})\" "
+              f"http://{s.host}:{s.port}/v1/info\n  console: http://{s.host}:{s.port}/ui (paste the key once); "
+              f"set VECBRIDGE_API_KEYS for real deployments", file=sys.stderr, flush=True)
     configure_logging(s.log_level)
     # uvicorn's own lines (start-up, shutdown, errors) as the same JSON lines; its access log stays off
     # (ObserveMiddleware writes one line per request, without headers or query strings).
