@@ -1,0 +1,59 @@
+"""`vecbridge serve` with no keys configured: a local key file, and where it is said; nothing open."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from service.api.app import ensure_local_key
+from service.config import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_local_key_is_made_once_private_and_reused(tmp_path):
+    s = Settings(data_dir=tmp_path / "var", demo_on_empty=False)
+    s1, path = ensure_local_key(s)
+    assert path == tmp_path / "var" / "local-key" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    (key, scopes), = s1.api_keys.items()
+    assert len(key) == 64 and scopes == ["read", "write"]
+    s2, _ = ensure_local_key(s)
+    assert s2.api_keys == s1.api_keys  # kept across restarts
+    for other in (s.model_copy(update={"api_keys": {"k" * 40: ["read"]}}), s.model_copy(update={"auth_disabled": True}),
+                  s.model_copy(update={"local_key": False})):
+        assert ensure_local_key(other)[1] is None
+
+
+def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
+    env.update(PYTHONPATH=str(ROOT), VECBRIDGE_DEMO_ON_EMPTY="false")
+    proc = subprocess.Popen([sys.executable, "-c", "from service.cli import main; main()", "serve", "--data-dir",
+                             str(tmp_path / "var"), "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()
+        key_file = tmp_path / "var" / "local-key"
+        assert str(key_file) in first and key_file.read_text().strip() not in first  # the path, never the key
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert httpx.get(base + "/v1/info").status_code == 401
+        r = httpx.get(base + "/v1/info", headers={"Authorization": f"Bearer {key_file.read_text().strip()}"})
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
