@@ -206,10 +206,12 @@ class AppState:
         for s in spaces:
             if s.name == encoder:
                 return s.name
-        want = {encoder, getattr(self.encoder(encoder), "name", encoder)}
-        for s in spaces:
-            if s.encoder and (s.encoder in want or _canonical(s.encoder) in want):
-                return s.name
+        for want in ({encoder, _canonical(encoder)}, None):  # by name first; loading the encoder is the slow way
+            if want is None:
+                want = {encoder, getattr(self.encoder(encoder), "name", encoder)}
+            for s in spaces:
+                if s.encoder and (s.encoder in want or _canonical(s.encoder) in want):
+                    return s.name
         return None
 
 

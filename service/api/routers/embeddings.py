@@ -69,18 +69,19 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
     check_batch(len(texts), settings.max_batch)
 
     def work():
-        enc = state.encoder(body.model)
-        if body.dimensions is not None and body.dimensions != enc.dim and body.target_space is None:
-            raise InputError(f"dimensions={body.dimensions} is not supported: {body.model} produces {enc.dim}-d "
-                             f"vectors and cannot be truncated; omit `dimensions` or pass {enc.dim}")
-        X = np.asarray(enc.encode(texts, kind=body.input_type), dtype=np.float32)
         tr = None
-        if body.target_space:
+        if body.target_space:  # resolve the path first: an unknown space or path is a 404 before any encoding
             space = state.space_for_encoder(body.model)
             if space is None:
                 raise UnknownEncoderError(
                     f"no registered space is produced by {body.model!r}; register it (POST /v1/spaces) to translate")
             tr = state.translation(space, body.target_space)
+        enc = state.encoder(body.model)
+        if body.dimensions is not None and body.dimensions != enc.dim and body.target_space is None:
+            raise InputError(f"dimensions={body.dimensions} is not supported: {body.model} produces {enc.dim}-d "
+                             f"vectors and cannot be truncated; omit `dimensions` or pass {enc.dim}")
+        X = np.asarray(enc.encode(texts, kind=body.input_type), dtype=np.float32)
+        if tr is not None:
             if tr.map is not None:
                 X = tr.map._apply(X, output="raw")
             if body.dimensions is not None and body.dimensions != X.shape[1]:
