@@ -122,6 +122,10 @@ def main(argv=None) -> int:
     ap.add_argument("--index-rows", type=int, default=20_000)
     args = ap.parse_args(argv)
     d = args.dim
+    import os
+
+    # the recommended setting for latency: JSON bodies up to 16 MiB (one JSON parse holds the GIL)
+    os.environ.setdefault("VECBRIDGE_LIMITS__BODY_BYTES_JSON", str(16 * 2**20))
     tmp = Path(tempfile.mkdtemp(prefix="vb-harden-"))
     proc, url = load_test.start_server(tmp / "data", max_batch=65536)
     try:
