@@ -62,7 +62,14 @@ def _topk_block(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 def _knn_block(Q: np.ndarray, D: np.ndarray, k: int, bias_d: np.ndarray | None, use_faiss: bool):
     """Top-``k`` of one block of queries ``Q`` (b, d) against all of ``D`` (m, d): ``(S, I)`` (b, k)."""
     if use_faiss and bias_d is None:
-        S, I = faiss.knn(np.ascontiguousarray(Q), np.ascontiguousarray(D), k, metric=faiss.METRIC_INNER_PRODUCT)
+        # FAISS's OpenMP part changes the last bits of the scores with the thread count; one OpenMP
+        # thread (BLAS stays multi-threaded, and is bit-stable) gives the same bits in any process
+        prev = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
+        try:
+            S, I = faiss.knn(np.ascontiguousarray(Q), np.ascontiguousarray(D), k, metric=faiss.METRIC_INNER_PRODUCT)
+        finally:
+            faiss.omp_set_num_threads(prev)
         return S, I.astype(np.int64, copy=False)
     S = Q @ D.T
     if bias_d is not None:

@@ -388,8 +388,10 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 @click.option("--encoder", default=None, help="Embed a text input first.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--quiet", is_flag=True)
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Stream the chunks through Ray workers (a local Ray, or the cluster at ADDRESS); same output.")
 @click.pass_obj
-def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet):
+def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet, ray_address):
     """Map vectors IN to OUT (.npy, .fvecs or .parquet) in chunks; files may exceed memory."""
     from align.exceptions import DimensionMismatchError
 
@@ -412,13 +414,24 @@ def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, en
     from tqdm import tqdm
 
     bar = tqdm(total=total, unit="rows", file=sys.stderr, disable=quiet, desc="transform")
-    with ChunkWriter(out, dim=m.target_dim, n_rows=total) as w:
+    def checked():
         for chunk in iter_chunks(inp, chunk_rows=chunk_rows, rows=r, key=key, column=column, encoder=encoder):
             if chunk.shape[1] != m.source_dim:
                 raise DimensionMismatchError(f"{Path(inp).name} has {chunk.shape[1]}-d rows; {v.ref} expects "
                                              f"{m.source_dim}-d")
-            w.write(m.apply(chunk, output=output))
-            bar.update(chunk.shape[0])
+            yield chunk
+
+    if ray_address is None:
+        mapped = (m.apply(chunk, output=output) for chunk in checked())
+    else:
+        from .distributed import apply_stream_ray
+
+        mapped = apply_stream_ray(m, checked(), output=output,
+                                  address=None if ray_address == "local" else ray_address)
+    with ChunkWriter(out, dim=m.target_dim, n_rows=total) as w:
+        for Y in mapped:
+            w.write(Y)
+            bar.update(Y.shape[0])
     bar.close()
     _emit({"map": v.ref, "rows": total, "out": str(out), "dim": m.target_dim, "output": output}, as_json,
           f"wrote {total} rows ({m.target_dim}-d, {output}) to {out} with {v.ref}")

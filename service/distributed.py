@@ -494,6 +494,31 @@ def refine_icp_ray(W, Xs, target_shards: Sequence, *, iters: int = 100, sample: 
                           executor=ray_executor(ray))
 
 
+def _apply_chunk(map_bytes: bytes, X: np.ndarray, output: str) -> np.ndarray:
+    return LinearMap.from_bytes(map_bytes).apply(X, output=output)
+
+
+def apply_stream_ray(map_: LinearMap, chunks: Iterable[np.ndarray], *, output: str = "raw",
+                     address: str | None = None, window: int = 4) -> Iterable[np.ndarray]:
+    """Stream ``chunks`` through Ray workers: yields ``map_.apply(chunk, output=output)`` in input order.
+
+    At most ``window`` chunks are in flight (memory: ``window`` chunks in and out), so a file
+    larger than memory streams through the cluster; the map goes to the object store once.
+    """
+    from collections import deque
+
+    with ray_session(address) as ray:
+        task = ray.remote(num_cpus=1)(_apply_chunk)
+        blob = ray.put(map_.to_bytes("npz"))
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(task.remote(blob, np.ascontiguousarray(chunk, dtype=np.float32), output))
+            if len(pending) >= window:
+                yield ray.get(pending.popleft())
+        while pending:
+            yield ray.get(pending.popleft())
+
+
 # --- batch transform of sharded files --------------------------------------------------------------
 
 def _transform_file(map_bytes: bytes, src: str, dst: str, output: str, batch_size: int) -> dict:

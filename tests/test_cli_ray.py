@@ -133,3 +133,19 @@ def _alive(procs) -> list:
         except psutil.Error:
             pass
     return out
+
+
+def test_transform_with_ray_streams_the_same_output(tmp_path):
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(1000, 8)).astype(np.float32)
+    Y = X @ np.linalg.qr(rng.normal(size=(8, 8)))[0].astype(np.float32)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", Y)
+    fit = _vecbridge(tmp_path / "var", "fit", "--pairs", "--source", str(tmp_path / "x.npy"), "--target",
+                     str(tmp_path / "y.npy"), "--method", "procrustes", "--name", "m", "--quiet")
+    assert fit.returncode == 0, fit.stderr
+    common = ["transform", "--map", "m", str(tmp_path / "x.npy")]
+    a = _vecbridge(tmp_path / "var", *common, str(tmp_path / "a.npy"), "--chunk-rows", "128", "--quiet")
+    b = _vecbridge(tmp_path / "var", *common, str(tmp_path / "b.npy"), "--chunk-rows", "128", "--quiet", "--ray")
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))  # 8 chunks, in order

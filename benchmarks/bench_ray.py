@@ -1,0 +1,147 @@
+"""Ray vs one process on >= 1M rows: the kNN round of the unsupervised fit, and a streamed transform.
+
+Data: the 40,960 shared WordNet minilm / e5 rows (``../shared/data/wordnet``) **repeated** 25x
+to 1,024,000 rows and **perturbed** (seeded Gaussian noise, sigma 0.01, rows renormalised) — not
+1M distinct texts; said in the output. Two workloads, each in-process and on a local Ray cluster
+started here with ``ray start --head --num-cpus N`` (N worker processes) and stopped after:
+
+1. kNN round (the kernel of MiniVec2Vec's ICP / self-learning / pseudo-target rounds): top-10 of
+   1,024,000 mapped source rows among 4,096 target rows, ``align.knn`` in fixed row blocks,
+   serial executor vs ``service.distributed.ray_executor`` — results compared bit for bit.
+2. ``vecbridge transform`` of a 1,024,000-row ``.npy`` file, in-process vs ``--ray ADDRESS``.
+
+Reports wall time, rows/s and the peak RSS of the driver process (workers hold one block each).
+
+    python benchmarks/bench_ray.py [--rows 1024000] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+WORDNET = ROOT.parent / "shared" / "data" / "wordnet"
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def big(name: str, rows: int, seed: int) -> np.ndarray:
+    base = np.load(WORDNET / f"{name}.npy").astype(np.float32)
+    rng = np.random.default_rng(seed)
+    out = np.empty((rows, base.shape[1]), np.float32)
+    for s in range(0, rows, 65536):
+        n = min(65536, rows - s)
+        blk = base[(np.arange(s, s + n)) % base.shape[0]] + rng.normal(scale=0.01, size=(n, base.shape[1]))
+        out[s : s + n] = blk / np.linalg.norm(blk, axis=1, keepdims=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_024_000)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--db", type=int, default=4096)
+    args = ap.parse_args(argv)
+    import align
+    from service.distributed import ray_executor
+
+    report = {"env": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M"),
+                      "rows": args.rows, "workers": args.workers,
+                      "data": f"WordNet minilm/e5 rows repeated to {args.rows:,} and perturbed (sigma 0.01)"}}
+    print(f"# Ray vs one process  {report['env']}")
+    X = big("minilm", args.rows, 0)
+    Y = big("e5", args.db, 1)
+    m = align.fit_procrustes(np.load(WORDNET / "minilm.npy")[:4000].astype(np.float32),
+                             np.load(WORDNET / "e5.npy")[:4000].astype(np.float32))
+    Q = m.apply(X, output="raw")
+    rows = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(["ray", "stop", "--force"], capture_output=True)
+    start = subprocess.run(["ray", "start", "--head", "--num-cpus", str(args.workers), "--include-dashboard=false",
+                            "--disable-usage-stats"], capture_output=True, text=True, env=env)
+    if start.returncode != 0:
+        print(start.stderr[-2000:])
+        return 1
+    try:
+        import ray
+
+        # 1. kNN round
+        t0 = time.perf_counter()
+        S0, I0 = align.knn(Q, Y, 10)
+        t_local = time.perf_counter() - t0
+        rss_local = rss_mb()
+        ray.init(address="auto", log_to_driver=False)
+        ex = ray_executor(ray)
+        align.knn(Q[:20000], Y, 10, executor=ex)  # warm the workers
+        t0 = time.perf_counter()
+        S1, I1 = align.knn(Q, Y, 10, executor=ex)
+        t_ray = time.perf_counter() - t0
+        same = bool(np.array_equal(I0, I1) and np.array_equal(S0, S1))
+        rows += [["kNN round, in-process", f"{t_local:.1f}", f"{args.rows / t_local:,.0f}", f"{rss_local:,.0f}", ""],
+                 [f"kNN round, Ray {args.workers} workers", f"{t_ray:.1f}", f"{args.rows / t_ray:,.0f}",
+                  f"{rss_mb():,.0f}", f"{t_local / t_ray:.2f}x, identical: {same}"]]
+        report["knn"] = {"local_s": t_local, "ray_s": t_ray, "speedup": t_local / t_ray, "identical": same}
+        ray.shutdown()
+        del S0, I0, S1, I1, Q
+        # 2. transform of a file
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            np.save(tmp / "x.npy", X)
+            from service.registry import open_registry
+
+            reg = open_registry(f"sqlite:///{tmp / 'var' / 'registry.sqlite'}", tmp / "var" / "artifacts")
+            reg.register_space("minilm", 384)
+            reg.register_space("e5", 384)
+            reg.register_version("m", m, source_space="minilm", target_space="e5", method="procrustes", params={})
+            reg.close()
+            base = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())",
+                    "--data-dir", str(tmp / "var"), "transform", "--map", "m", str(tmp / "x.npy")]
+            res = {}
+            for label, extra, out in (("in-process", [], "a.npy"), (f"Ray {args.workers} workers", ["--ray", "auto"],
+                                                                     "b.npy")):
+                t0 = time.perf_counter()
+                p = subprocess.run(["/usr/bin/time", "-f", "%M", *base, str(tmp / out), "--output", "raw", "--quiet",
+                                    "--chunk-rows", "65536", *extra], capture_output=True, text=True, env=env)
+                dt = time.perf_counter() - t0
+                if p.returncode != 0:
+                    print(p.stderr[-3000:])
+                    return 1
+                peak = float(p.stderr.strip().splitlines()[-1]) / 1024
+                res[label] = (dt, peak)
+            same_t = bool(np.array_equal(np.load(tmp / "a.npy"), np.load(tmp / "b.npy")))
+            (tl, pl), (tr, pr) = res.values()
+            rows += [["vecbridge transform, in-process", f"{tl:.1f}", f"{args.rows / tl:,.0f}", f"{pl:,.0f}", ""],
+                     [f"vecbridge transform --ray, {args.workers} workers", f"{tr:.1f}", f"{args.rows / tr:,.0f}",
+                      f"{pr:,.0f}", f"{tl / tr:.2f}x, identical: {same_t}"]]
+            report["transform"] = {"local_s": tl, "ray_s": tr, "speedup": tl / tr, "identical": same_t,
+                                   "peak_rss_mb": {"local": pl, "ray_driver": pr}}
+    finally:
+        subprocess.run(["ray", "stop", "--force"], capture_output=True)
+    hdr = ["workload", "wall s", "rows/s", "driver peak RSS MB", "speed-up vs in-process"]
+    w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
+    print("  ".join(h.rjust(x) for h, x in zip(hdr, w)))
+    for r in rows:
+        print("  ".join(c.rjust(x) for c, x in zip(r, w)))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"bench_ray_{time.strftime('%Y-%m-%d')}.json"
+    out.write_text(json.dumps(report, indent=2))
+    print(f"written {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
