@@ -116,9 +116,11 @@ def main(argv=None):
     fit_s = time.time() - t0
     print(f"fit {fit_s:.0f}s {json.dumps({k: v for k, v in steer.metadata.items() if k != 'val_curve'})}",
           file=sys.stderr, flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    steer.save(RESULTS / f"steer_lm_{_dt.date.today().isoformat()}.steer.npz")   # kept even if evaluation fails
     score = Scorers()
     prompts = PROMPTS[: args.prompts]
-    settings = [("unsteered", 0.0, "")] + [(f"steer eps={e:+g}", float(e), "") for e in args.eps.split(",")] + \
+    settings = [("unsteered", 0.0, "")] + [(f"steer eps={float(e):+g}", float(e), "") for e in args.eps.split(",")] + \
                [("prompt: positive", 0.0, PROMPT_POS), ("prompt: negative", 0.0, PROMPT_NEG)]
     rows = []
     for name, eps, prefix in settings:
