@@ -69,20 +69,22 @@ def test_seeded_mode_recovers_where_the_init_alone_cannot():
     assert good.reliable_ and not bad.reliable_
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_spaces_without_shared_structure_are_flagged_unreliable(seed):
-    """Two unrelated mixtures: whatever the refinement makes of them, the verdict is 'unreliable'."""
+@pytest.mark.parametrize("seed, d_s, d_t", [(0, 16, 16), (1, 16, 16), (2, 8, 32)])
+def test_spaces_without_shared_structure_are_flagged_unreliable(seed, d_s, d_t):
+    """Two unrelated mixtures: whatever the refinement makes of them, the verdict is 'unreliable'
+    (also into a larger space, where the map can pick the target's high-variance subspace)."""
     from _synthetic import draw, mixture
 
-    X = draw(mixture(16, seed=100 + seed), 1500, seed=1)
-    Y = draw(mixture(16, seed=200 + seed), 1500, seed=2)
+    X = draw(mixture(d_s, seed=100 + seed), 1500, seed=1)
+    Y = draw(mixture(d_t, seed=200 + seed), 1500, seed=2)
     with pytest.warns(align.exceptions.ConvergenceWarning):
         est = MiniVec2Vec(random_state=seed, n_restarts=2, **FAST).fit(X, Y)
     assert not est.reliable_ and est.map_.metadata["diagnostics"]["reliable"] is False
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pair, expect", [(("minilm", "e5"), False), (("minilm", "paraphrase_l3"), True)])
+@pytest.mark.parametrize("pair, expect", [(("minilm", "e5"), False), (("glove", "minilm"), False),
+                                          (("minilm", "paraphrase_l3"), True)])
 def test_real_pairs_verdict_on_4000_rows(wordnet, pair, expect):
     """The case that was called reliable over HTTP: 4,000 rows minilm→e5 (top-1 at chance). On the rows it
     was refined on its criterion is ~5x a random map's; on held-out rows ~1.15x (control: ~2.3x)."""
