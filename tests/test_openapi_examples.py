@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from service.api import create_app
 from service.api.routers.lm import LMAnalyzeRequest, LMFitRequest, LMGenerateRequest
 from service.api.schemas import (AliasSet, EmbeddingsRequest, FitRequest, IndexAdd, IndexCreate, IndexDelete,
-                                 PlanRequest, SearchRequest, SpaceCreate, SteerApplyRequest, SteerFitRequest, TagSet,
-                                 TransformJSON)
+                                 PlanRequest, SearchRequest, SpaceCreate, SteerApplyRequest, SteerFitRequest,
+                                 SteerTransferRequest, TagSet, TransformJSON)
 from test_api_support import W, settings_for
 
 MODELS = {
@@ -24,6 +24,7 @@ MODELS = {
     ("post", "/v1/indexes/{name}/search"): SearchRequest, ("post", "/v1/fits"): FitRequest,
     ("post", "/v1/embeddings"): EmbeddingsRequest, ("post", "/v1/steers"): SteerFitRequest,
     ("post", "/v1/steers/{ref}/apply"): SteerApplyRequest, ("post", "/v1/lm/steers"): LMFitRequest,
+    ("put", "/v1/steers/{name}/aliases/{alias}"): AliasSet, ("post", "/v1/steers/{ref}/transfer"): SteerTransferRequest,
     ("post", "/v1/plans"): PlanRequest, ("post", "/v1/lm/generate"): LMGenerateRequest, ("post", "/v1/lm/analyze"): LMAnalyzeRequest,
 }
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-from fastapi import APIRouter, Header, Path, Query, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Header, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from align._validation import as_matrix
@@ -20,7 +22,7 @@ from ...steer_wiring import check_steer_params, fit_and_register
 from ...steering import apply_steer_job
 from ..codec import check_batch, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
-from ..openapi import json_body
+from ..openapi import examples, json_body
 from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
 from ..schemas import (AliasSet, JobOut, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
@@ -160,7 +162,8 @@ SteerVersion = Path(..., ge=1, le=2**31 - 1, description="Version number.")
 
 @router.put("/steers/{name}/aliases/{alias}", dependencies=[WriteScope, JSONOnly],
             summary="Point a steer alias at a version", response_model=SteerOut, responses=error_responses(409, 415))
-async def set_steer_alias(name: str, alias: str, body: AliasSet, state: StateDep):
+async def set_steer_alias(name: str, alias: str,
+                          body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))], state: StateDep):
     info = await run_in_threadpool(steer_ops.set_steer_alias, state.registry, name, alias, body.version)
     return FastJSONResponse(info.to_dict())
 
@@ -175,7 +178,8 @@ async def delete_steer_version(name: str, state: StateDep, version: int = SteerV
 @router.post("/steers/{ref}/transfer", dependencies=[WriteScope, JSONOnly], status_code=201, response_model=SteerOut,
              summary="Carry a steer through a map (H^T W H) and register it in the map's target space",
              responses=error_responses(409, 415))
-async def transfer_steer(ref: str, body: SteerTransferRequest, state: StateDep):
+async def transfer_steer(ref: str, body: Annotated[SteerTransferRequest, Body(openapi_examples=examples("transfer_steer"))],
+                         state: StateDep):
     info = await run_in_threadpool(steer_ops.transfer_and_register, state.registry, ref, body.map, name=body.name,
                                    alias=body.alias, description=body.description, load_map=state.resolve_map,
                                    load_steer=state.resolve_steer)
