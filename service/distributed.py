@@ -188,7 +188,8 @@ def _ray():
 
 
 # A watchdog for a local Ray this process starts: Ray's agents (DashboardAgent, RuntimeEnvAgent)
-# outlive a driver killed with -9. The watchdog records the driver's descendants every 0.2 s;
+# outlive a driver killed with -9. The watchdog records the driver's descendants every 0.2 s, and at the
+# end every process carrying the driver's VECBRIDGE_RAY_OWNER variable (started after the last look);
 # when the driver is gone it terminates (then kills) every recorded process still running and
 # their children, a few rounds (psutil's ``is_running`` compares start times: a reused pid is
 # never hit).
@@ -207,6 +208,13 @@ while True:
     except psutil.Error:
         break
     time.sleep(0.2)
+owner = str(parent.pid)
+for p in psutil.process_iter():  # also those started after the last look and already re-parented:
+    try:                          # every Ray process inherits the driver's VECBRIDGE_RAY_OWNER
+        if p.pid != me and p.environ().get("VECBRIDGE_RAY_OWNER") == owner:
+            known.setdefault(p.pid, p)
+    except psutil.Error:
+        pass
 for _ in range(5):  # the orphans, and whatever they start meanwhile
     procs = []
     for p in list(known.values()):
@@ -259,6 +267,8 @@ def ray_session(address: str | None = None, *, num_cpus: int | None = None):
         yield ray
         return
     kw = {"address": address} if address else {"num_cpus": num_cpus}
+    if not address:  # inherited by the raylet and its agents: the watchdog finds them even once re-parented
+        os.environ["VECBRIDGE_RAY_OWNER"] = str(os.getpid())
     reaper = None if address else _start_reaper()
     try:
         ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, **kw)
