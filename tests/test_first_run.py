@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from reliability.helpers import free_port, wait_healthy
 from service.api.app import ensure_local_key
 from service.config import Settings
 
@@ -32,10 +31,7 @@ def test_local_key_is_made_once_private_and_reused(tmp_path):
 
 
 def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
     env.update(PYTHONPATH=str(ROOT), VECBRIDGE_DEMO_ON_EMPTY="false")
     proc = subprocess.Popen([sys.executable, "-c", "from service.cli import main; main()", "serve", "--data-dir",
@@ -45,12 +41,7 @@ def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path
         key_file = tmp_path / "var" / "local-key"
         assert str(key_file) in first and key_file.read_text().strip() not in first  # the path, never the key
         base = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_healthy(base, timeout=60, proc=proc)
         assert httpx.get(base + "/v1/info").status_code == 401
         r = httpx.get(base + "/v1/info", headers={"Authorization": f"Bearer {key_file.read_text().strip()}"})
         assert r.status_code == 200

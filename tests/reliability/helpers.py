@@ -78,6 +78,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    """Poll ``url/healthz`` until it answers 200 (RuntimeError on timeout, or when ``proc`` exits first)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before answering {url}/healthz")
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url}/healthz did not answer 200 within {timeout}s")
+
+
 def rss_kib(pid: int) -> int:
     """Resident set size of ``pid`` (and its children, e.g. uvicorn workers) in KiB."""
     total = 0

@@ -35,7 +35,7 @@ import pytest
 from service.config import Settings
 from service.registry import open_registry
 
-from .helpers import DIM, R, W, Server, populate
+from .helpers import DIM, R, W, Server, populate, wait_healthy
 
 STATUS_COUNTS: dict[int, int] = {}
 
@@ -362,12 +362,7 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="error")
                             stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_healthy(url, proc=proc)
         with httpx.Client(base_url=url, timeout=10) as c:
             for path in ("/boom", "/boom-sync"):
                 r = c.get(path, headers={"x-request-id": "rid-123"})
