@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import check_random_state
+from .validation import check_random_state
 from .exceptions import InputError, TooFewRowsError
 
 __all__ = ["AnchorSet", "QAPResult", "centered_gram", "kmeans_centroids", "solve_qap", "match_centroids",

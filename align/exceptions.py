@@ -2,7 +2,8 @@
 
 One small tree, so callers can catch as broadly or as narrowly as they like::
 
-    VecbridgeError
+    VecbridgeError                            every error raised on purpose; ``kind`` names its class of
+    │                                         failure (read by the service's HTTP-status and exit-code tables)
     ├── InputError (also ValueError)          bad arrays handed to a public function
     │   ├── NonFiniteError                    NaN or Inf in the data
     │   │   └── NotRepresentableError         finite input whose result float32 cannot hold
@@ -13,7 +14,9 @@ One small tree, so callers can catch as broadly or as narrowly as they like::
     │   ├── DegenerateInputError              rank-deficient data (e.g. all rows identical)
     │   └── PairCountError                    paired arrays with different row counts
     ├── NotFittedError (also AttributeError)  transform/map_ used before fit
-    └── SerializationError                    an artifact that cannot be read back
+    ├── SerializationError                    an artifact that cannot be read back
+    └── Cancelled                             a long computation stopped on request (a progress
+                                              callback raises it; fits and jobs stop cleanly)
 
     VecbridgeWarning (UserWarning)
     └── ConvergenceWarning                    an iterative stage stopped early or looks unreliable
@@ -34,17 +37,32 @@ __all__ = [
     "PairCountError",
     "NotFittedError",
     "SerializationError",
+    "Cancelled",
+    "KINDS",
     "VecbridgeWarning",
     "ConvergenceWarning",
 ]
 
 
+#: The classes of failure an error can belong to (``VecbridgeError.kind``). The service maps each
+#: to one HTTP status and one CLI exit code (``service.errors``); align only names them.
+KINDS = ("invalid", "not_found", "conflict", "unauthenticated", "forbidden", "too_large", "unsupported_media",
+         "busy", "unavailable", "cancelled", "integrity", "internal")
+
+
 class VecbridgeError(Exception):
-    """Base class of every error raised on purpose by vecbridge."""
+    """Base class of every error raised on purpose by vecbridge.
+
+    ``kind`` (one of :data:`KINDS`) says what sort of failure it is; subclasses set it once.
+    """
+
+    kind: str = "internal"
 
 
 class InputError(VecbridgeError, ValueError):
     """The input arrays are not usable; the message says what was expected."""
+
+    kind = "invalid"
 
 
 class NonFiniteError(InputError):
@@ -85,9 +103,19 @@ class PairCountError(InputError):
 class NotFittedError(VecbridgeError, AttributeError):
     """An estimator was used before ``fit``."""
 
+    kind = "invalid"
+
 
 class SerializationError(VecbridgeError):
     """An artifact could not be written or read back."""
+
+    kind = "integrity"
+
+
+class Cancelled(VecbridgeError):
+    """A long computation was stopped on request (job cancel, Ctrl-C, an interrupted migration)."""
+
+    kind = "cancelled"
 
 
 class VecbridgeWarning(UserWarning):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import as_matrix
+from .validation import as_matrix
 
 __all__ = ["Frame", "unit_rows", "row_norms", "tame_rows"]
 
@@ -127,9 +127,13 @@ class Frame:
         """A frame that leaves rows untouched."""
         return cls(dim=dim, mean=None, unit_in=False, unit_out=False)
 
-    def apply(self, X, *, name: str = "X") -> np.ndarray:
-        """Map raw rows (n, dim) into this frame; returns float32 (n, dim)."""
-        return self._apply(as_matrix(X, name=name, dim=self.dim))
+    def apply(self, X, *, name: str = "X", validate: bool = True) -> np.ndarray:
+        """Map raw rows (n, dim) into this frame; returns float32 (n, dim).
+
+        ``validate=False`` skips :func:`align.validation.as_matrix` for callers that already hold a
+        checked float32 C-contiguous (n, dim) array (a hot path that validated once upstream).
+        """
+        return self._apply(as_matrix(X, name=name, dim=self.dim) if validate else X)
 
     def _apply(self, X: np.ndarray) -> np.ndarray:
         out = unit_rows(X) if self.unit_in else X.astype(np.float32, copy=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import as_matrix
+from .validation import as_matrix
 from .blocks import run_blocks
 from .exceptions import DimensionMismatchError, InputError
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from ._artifacts import META_KEY, header_text, pack_npz, read_bytes, save_atomic, unpack_npz
-from ._validation import as_matrix, check_representable
+from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError
-from .frames import Frame, tame_rows, unit_rows
+from .frames import Frame, tame_rows
 
 __all__ = ["LinearMap", "FORMAT_VERSION"]
 
@@ -94,15 +94,19 @@ class LinearMap:
         return bool(np.allclose(G, np.eye(G.shape[0]), atol=atol))
 
     # --- applying -------------------------------------------------------------------------
-    def apply(self, X, *, output: str = "raw", batch_size: int = 65536) -> np.ndarray:
+    def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True) -> np.ndarray:
         """Map raw source rows ``X`` (n, d_s) to (n, d_t) float32.
 
         ``output="raw"`` (default, as in the CLI and over HTTP): target mean added back and
         renormalised — comparable by cosine with the target model's own vectors (what a migrated
         index needs). ``output="frame"``: the target frame (centred, unit rows when the frame
         normalises), where evaluation happens. ``output="linear"``: ``f_s(X) W + b`` as is.
+
+        ``validate=False`` skips the input check (:func:`align.validation.as_matrix`) for callers
+        that already hold a checked float32 C-contiguous (n, d_s) array, e.g. a request decoded once.
         """
-        X = as_matrix(X, name="X", dim=self.source_dim)
+        if validate:
+            X = as_matrix(X, name="X", dim=self.source_dim)
         return self._apply(X, output=output, batch_size=batch_size)
 
     def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = 65536) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import check_paired
+from .validation import check_paired
 from .exceptions import DimensionMismatchError
 from .frames import unit_rows
 from .knn import DEFAULT_BLOCK, mean_topk

@@ -44,7 +44,7 @@ import time
 
 import numpy as np
 
-from ._validation import as_matrix, check_paired, check_random_state
+from .validation import as_matrix, check_paired, check_random_state
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame, unit_rows

@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._validation import as_matrix, check_not_degenerate, check_random_state
+from .validation import as_matrix, check_not_degenerate, check_random_state
 from .anchors import QAP_METHODS, kmeans_anchors
 from .blocks import executing
 from .exceptions import ConvergenceWarning, InputError, NotFittedError, PairCountError, TooFewRowsError

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import as_matrix, check_paired, check_random_state
+from .validation import as_matrix, check_paired, check_random_state
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .knn import knn

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import check_paired
+from .validation import check_paired
 from .exceptions import DegenerateInputError, DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame
 from .maps import LinearMap

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from ._validation import check_random_state
+from .validation import check_random_state
 from .exceptions import InputError, TooFewRowsError
 from .frames import unit_rows
 from .blocks import run_blocks, serial

@@ -46,7 +46,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ._artifacts import pack_npz, read_bytes, save_atomic, unpack_npz
-from ._validation import as_matrix, check_random_state, check_representable
+from .validation import as_matrix, check_random_state, check_representable
 from .frames import row_norms
 from .exceptions import (
     ConvergenceWarning,

@@ -1018,7 +1018,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     Exit codes: 0 done, 2 bad input or refused (one line), 130 interrupted (Ctrl-C: the batch in
     flight is finished and checkpointed; run the same command again to resume).
     """
-    from .ops.migrations import EXIT_INTERRUPTED, checkpoint_status, default_checkpoint, needs_registry, run_migration
+    from .errors import exit_code
+    from .ops.migrations import checkpoint_status, default_checkpoint, needs_registry, run_migration
     from .vectordb import MigrationInterrupted
 
     ckpt = Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)
@@ -1056,7 +1057,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
             bar.close()
             bar = None
         click.echo(f"vecbridge: interrupted: {exc} (checkpoint {ckpt})", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(exit_code(exc))
     finally:
         if bar is not None:
             bar.close()
@@ -1124,8 +1125,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv=None) -> int:
-    """Entry point: map typed errors to one line on stderr and exit code 2."""
-    from .registry import RegistryError
+    """Entry point: any error becomes one line on stderr and the exit code of its kind (``service.errors.EXIT_CODE``)."""
+    from .errors import exit_code, kind_of
 
     try:
         cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
@@ -1142,18 +1143,13 @@ def main(argv=None) -> int:
         return int(exc.code or 0) if isinstance(exc.code, int) or exc.code is None else 2
     except KeyboardInterrupt:
         click.echo("vecbridge: interrupted", err=True)
-        return 130
-    except (VecbridgeError, RegistryError, OSError) as exc:
-        click.echo(_one_line(exc), err=True)
-        return 2
-    except Exception as exc:  # a bug, not bad input: still one line, but say what kind
-        from .fitting import FitCancelled
-
-        if isinstance(exc, FitCancelled):
+        return exit_code(KeyboardInterrupt())
+    except Exception as exc:  # noqa: BLE001 - every error: one line; a bug says what kind it is
+        if kind_of(exc) == "internal" and not isinstance(exc, VecbridgeError):
+            click.echo(f"vecbridge: internal error: {type(exc).__name__}: {exc}", err=True)
+        else:
             click.echo(_one_line(exc), err=True)
-            return 2
-        click.echo(f"vecbridge: internal error: {type(exc).__name__}: {exc}", err=True)
-        return 3
+        return exit_code(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

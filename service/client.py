@@ -17,7 +17,7 @@ Errors: a 4xx/5xx answer raises the :class:`APIError` subclass of its status, ca
 server's ``{"error": {"type", "status", "message"}}`` and the ``X-Request-ID`` to quote in a
 bug report::
 
-    APIError                    any error answer: .status, .type, .message, .request_id, .body
+    APIError (VecbridgeError)   any error answer: .status, .type, .message, .request_id, .body, .kind
      +-- BadRequestError             400
      +-- AuthenticationError         401  missing or unknown API key
      +-- PermissionDeniedError       403  the key lacks the route's scope
@@ -47,6 +47,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from align.exceptions import Cancelled, VecbridgeError
+
 __all__ = [
     "Client", "APIError", "BadRequestError", "AuthenticationError", "PermissionDeniedError", "NotFoundError",
     "ConflictError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "ValidationError", "QueueFullError",
@@ -57,8 +59,8 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 # --- errors -------------------------------------------------------------------------------------
-class APIError(Exception):
-    """An error answer of the API.
+class APIError(VecbridgeError):
+    """An error answer of the API (``kind``: the kind of the status, as in ``service.errors``).
 
     Attributes
     ----------
@@ -87,37 +89,55 @@ class APIError(Exception):
 class BadRequestError(APIError):
     """400."""
 
+    kind = "invalid"
+
 
 class AuthenticationError(APIError):
     """401: no API key, or one the service does not know."""
+
+    kind = "unauthenticated"
 
 
 class PermissionDeniedError(APIError):
     """403: the key lacks the scope (``read`` / ``write``) of the route."""
 
+    kind = "forbidden"
+
 
 class NotFoundError(APIError):
     """404: unknown space, map, version, alias, index, job, steer or encoder."""
+
+    kind = "not_found"
 
 
 class ConflictError(APIError):
     """409: conflict with what is stored."""
 
+    kind = "conflict"
+
 
 class PayloadTooLargeError(APIError):
     """413: body over ``max_body_bytes`` or more rows than ``max_batch``."""
+
+    kind = "too_large"
 
 
 class UnsupportedMediaTypeError(APIError):
     """415."""
 
+    kind = "unsupported_media"
+
 
 class ValidationError(APIError):
     """422: invalid input (shape, dimension, NaN/Inf, empty, bad name or option)."""
 
+    kind = "invalid"
+
 
 class QueueFullError(APIError):
     """429: the job queue is full; retry after :attr:`retry_after` seconds."""
+
+    kind = "busy"
 
 
 class ServerError(APIError):
@@ -127,6 +147,8 @@ class ServerError(APIError):
 class ServiceUnavailableError(ServerError):
     """503: a part the route needs (registry, language model) is not ready."""
 
+    kind = "unavailable"
+
 
 _BY_STATUS: dict[int, type[APIError]] = {
     400: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedError, 404: NotFoundError,
@@ -135,7 +157,7 @@ _BY_STATUS: dict[int, type[APIError]] = {
 }
 
 
-class JobError(Exception):
+class JobError(VecbridgeError):
     """A job ended without success; :attr:`job` is its last record (``error`` says why)."""
 
     def __init__(self, job: dict) -> None:
@@ -149,7 +171,7 @@ class JobFailedError(JobError):
     """The job failed."""
 
 
-class JobCancelledError(JobError):
+class JobCancelledError(JobError, Cancelled):
     """The job was cancelled."""
 
 

@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from align._validation import as_matrix, check_random_state
+from align.validation import as_matrix, check_random_state
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, PairCountError, TooFewRowsError
 from align.frames import Frame, unit_rows
 from align.kmeans import assign_block, lloyd
@@ -139,7 +139,7 @@ def _shard_stats(shard, fs: Frame, ft: Frame, chunk: int) -> tuple[PairStats, fl
         raise DimensionMismatchError(f"shard is {X.shape[1]}->{Y.shape[1]}, other shards {fs.dim}->{ft.dim}")
     st = PairStats.zeros(fs.dim, ft.dim)
     for s in range(0, X.shape[0], chunk):
-        st.update(fs._apply(X[s : s + chunk]), ft._apply(Y[s : s + chunk]))
+        st.update(fs.apply(X[s : s + chunk], validate=False), ft.apply(Y[s : s + chunk], validate=False))
     return st, peak_rss_mb()
 
 

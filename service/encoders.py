@@ -31,11 +31,13 @@ import numpy as np
 
 from align.exceptions import InputError
 
+from .errors import NotFoundError
+
 __all__ = ["Encoder", "UnknownEncoderError", "EncoderUnavailableError", "get_encoder", "list_encoders",
            "ENCODERS", "mpnet_folder", "MPNET_PARTS"]
 
 
-class UnknownEncoderError(InputError):
+class UnknownEncoderError(NotFoundError):
     """No encoder of that name is known."""
 
 

@@ -17,8 +17,8 @@ from typing import Callable
 import numpy as np
 
 import align
-from align._validation import as_matrix
-from align.exceptions import InputError
+from align.validation import as_matrix
+from align.exceptions import Cancelled, InputError
 from align.frames import unit_rows
 
 from .io import sha256_array
@@ -27,16 +27,12 @@ from .registry import Registry, VersionInfo
 from .registry.names import check_alias, check_name, fs_safe
 from .reports import render_report, write_report
 
-__all__ = ["run_fit", "fit_map", "FitCancelled", "METHODS", "SUPERVISED"]
+__all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED"]
 
 METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive")
 SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive")
 _DIAG_SAMPLE = 4096
 _PLOT_SAMPLE = 1500
-
-
-class FitCancelled(Exception):
-    """``should_cancel()`` returned True; nothing was registered."""
 
 
 def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: bool, seed_pairs=None,
@@ -113,15 +109,15 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
         ev = align.evaluate(map_, X[idx], Y[idx], csls=False)
         metrics.update({f"train_{k}": v for k, v in ev.items() if k != "n_candidates"})
         metrics["train_n_candidates"] = ev["n_candidates"]
-        Q = unit_rows(map_._apply(X[idx], output="linear"))
-        D = unit_rows(map_.target_frame._apply(Y[idx]))
+        Q = unit_rows(map_.apply(X[idx], output="linear", validate=False))
+        D = unit_rows(map_.target_frame.apply(Y[idx], validate=False))
         cosines["true pairs"] = np.einsum("ij,ij->i", Q, D)
         pi, pj = idx, idx
     else:
         i_s = _subsample(X.shape[0], _DIAG_SAMPLE, rng)
         i_t = _subsample(Y.shape[0], _DIAG_SAMPLE, rng)
-        Q = unit_rows(map_._apply(X[i_s], output="linear"))
-        D = unit_rows(map_.target_frame._apply(Y[i_t]))
+        Q = unit_rows(map_.apply(X[i_s], output="linear", validate=False))
+        D = unit_rows(map_.target_frame.apply(Y[i_t], validate=False))
         iq, idd, score = align.mutual_nn(Q, D)
         S, _ = align.knn(Q, D, 1)
         metrics.update({"mnn_pairs": int(iq.size), "mnn_frac": float(iq.size / Q.shape[0]),
@@ -132,8 +128,8 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
         pi, pj = i_s, i_t
     k_s = pi[_subsample(len(pi), _PLOT_SAMPLE, rng)]
     k_t = pj[_subsample(len(pj), _PLOT_SAMPLE, rng)] if not paired else k_s
-    clouds = (map_.source_frame._apply(X[k_s]), map_.target_frame._apply(Y[k_t]),
-              map_.apply(X[k_s], output="frame"), map_.target_frame._apply(Y[k_t]))
+    clouds = (map_.source_frame.apply(X[k_s], validate=False), map_.target_frame.apply(Y[k_t], validate=False),
+              map_.apply(X[k_s], output="frame"), map_.target_frame.apply(Y[k_t], validate=False))
     return metrics, cosines, clouds
 
 
@@ -173,7 +169,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     seed_pairs : (i_src, i_tgt) or None      known pairs for seeded minivec2vec
     progress : callable(stage, fraction), optional
     report_dir : path, optional  default ``registry.report_dir``
-    should_cancel : callable() -> bool, optional; checked at every progress tick → FitCancelled
+    should_cancel : callable() -> bool, optional; checked at every progress tick → align.exceptions.Cancelled (nothing registered)
     inputs : dict, optional      descriptions of the inputs (files, rows, encoders) kept in lineage
     report_copy : path, optional an extra copy of the HTML report
     ray_address : str, optional  ``"local"`` or a Ray address: supervised fits as a map-reduce (see fit_map)
@@ -195,7 +191,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
 
     def tick(stage: str, frac: float) -> None:
         if should_cancel is not None and should_cancel():
-            raise FitCancelled(f"fit of {name!r} cancelled during {stage}")
+            raise Cancelled(f"fit of {name!r} cancelled during {stage}")
         user_progress(stage, float(frac))
 
     t0 = time.perf_counter()

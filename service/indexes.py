@@ -83,10 +83,14 @@ from typing import Any, Iterator
 import faiss
 import numpy as np
 
-from align._validation import as_matrix
+from align.validation import as_matrix
 from align.exceptions import DegenerateInputError, InputError, NotRepresentableError
+
 from align.frames import row_norms, unit_rows
 
+from .errors import ConflictError, NotFoundError
+
+from .storage import atomic_write, fsync_dir
 from .limits import MAX_ID, check_dim, check_index_params, default_nlist
 
 __all__ = [
@@ -109,11 +113,11 @@ _STORE_LOCK = ".store.lock"
 _STALE_CREATE_S = 24 * 3600
 
 
-class IndexNotFoundError(LookupError):
+class IndexNotFoundError(NotFoundError):
     """No index with that name."""
 
 
-class IndexConflictError(Exception):
+class IndexConflictError(ConflictError):
     """The index or one of the ids already exists."""
 
 
@@ -172,14 +176,6 @@ def _stat_sig(path: Path) -> tuple[int, int, int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _uid_of(meta: dict) -> str:
@@ -728,17 +724,10 @@ class SpaceIndex:
         gen = self.generation + 1
         for stale in self.path.glob(".*.tmp-*"):  # left by a writer that died; we hold the writer lock
             stale.unlink(missing_ok=True)
-        tmp = self.path / f".index.{gen}.faiss.tmp-{os.getpid()}-{threading.get_ident()}"
-        faiss.write_index(self.index, str(tmp))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path / f"index.{gen}.faiss")
+        atomic_write(self.path / f"index.{gen}.faiss", lambda tmp: faiss.write_index(self.index, str(tmp)))
         _write_json(self.path / f"payloads.{gen}.json", [[i, p] for i, p in self.payloads.items()])
         _write_json(self.path / "meta.json", self._meta(gen))  # the commit point
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         self.generation = gen
         self._meta_sig = _stat_sig(self.path / "meta.json")
         for old in self.path.glob("*.*.*"):
@@ -791,12 +780,7 @@ def _check_meta(path: Path, meta: dict, index) -> None:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj))
 
 
 class IndexStore:
@@ -866,7 +850,7 @@ class IndexStore:
                     if final.exists():  # a folder without meta: left by a crash before this format
                         os.rename(final, self.root / f".trash-{name}-{uuid.uuid4().hex}")
                     os.rename(tmp, final)
-                    _fsync_dir(self.root)
+                    fsync_dir(self.root)
                 idx.path, idx._meta_sig = final, sig
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -956,7 +940,7 @@ class IndexStore:
                     raise _gone(name, "no such index")
                 with _flock(final / _LOCK_FILE):  # let a writer in flight finish
                     os.rename(final, trash)
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
         finally:
             with self._lock:
                 self._indexes.pop(name, None)

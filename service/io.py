@@ -265,7 +265,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
 
     Returns float32 ``(n, d)``, C-contiguous. Raises FormatError / InputError on bad input.
     """
-    from align._validation import as_matrix
+    from align.validation import as_matrix
 
     path = Path(path)
     check_file(path)

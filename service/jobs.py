@@ -2,7 +2,7 @@
 
 A job is a function ``fn(ctx) -> dict`` run on a worker thread (numpy, FAISS and the encoders
 release the GIL, so request handling keeps going). ``ctx.progress(stage, fraction)`` records
-progress and raises :class:`JobCancelled` once a cancel was asked for, so any long loop that
+progress and raises :class:`align.exceptions.Cancelled` once a cancel was asked for, so any long loop that
 reports progress is also a cancellation point; ``ctx.should_cancel()`` can be polled too.
 
 States::
@@ -40,11 +40,14 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
+from align.exceptions import Cancelled
+
+from .errors import BusyError, ConflictError, NotFoundError
 from .logging import get_logger
 
-__all__ = ["Job", "JobContext", "JobManager", "JobStore", "JobCancelled", "QueueFullError", "JobNotFoundError",
+__all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFullError", "JobNotFoundError",
            "IdempotencyConflictError", "TERMINAL", "INTERRUPTED"]
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -55,20 +58,16 @@ INTERRUPTED = {"type": "Interrupted",
 _log = get_logger("jobs")
 
 
-class QueueFullError(Exception):
+class QueueFullError(BusyError):
     """Too many jobs wait for a worker; retry later."""
 
 
-class JobNotFoundError(LookupError):
+class JobNotFoundError(NotFoundError):
     """No job with that id (never submitted, or trimmed from the kept history)."""
 
 
-class IdempotencyConflictError(Exception):
+class IdempotencyConflictError(ConflictError):
     """The idempotency key was already used for a different request."""
-
-
-class JobCancelled(Exception):
-    """Raised inside a job when a cancel was requested."""
 
 
 @dataclass
@@ -124,7 +123,7 @@ class JobContext:
         return self._job.cancel_requested
 
     def progress(self, stage: str, fraction: float | None = None) -> None:
-        """Record ``stage`` and overall ``fraction`` in [0, 1]; raise JobCancelled when asked to stop."""
+        """Record ``stage`` and overall ``fraction`` in [0, 1]; raise Cancelled when asked to stop."""
         with self._lock:
             now = time.time()
             changed = stage != self._job.stage
@@ -139,7 +138,7 @@ class JobContext:
             self._persisted_at = now
             self._persist(self._job)  # also picks up a cancel asked through another process
         if self._job.cancel_requested:
-            raise JobCancelled(f"job {self._job.id} cancelled during {stage}")
+            raise Cancelled(f"job {self._job.id} cancelled during {stage}")
 
     def _close_stage(self) -> None:
         with self._lock:
@@ -522,7 +521,7 @@ class JobManager:
             ctx._close_stage()
             with self._lock:
                 job.finished_at = time.time()
-                if job.cancel_requested or isinstance(exc, JobCancelled):
+                if job.cancel_requested or isinstance(exc, Cancelled):
                     job.state = "cancelled"
                     job.error = {"type": "JobCancelled", "message": str(exc) or "cancelled"}
                 else:

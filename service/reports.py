@@ -14,10 +14,11 @@ import base64
 import html
 import io
 import json
-import os
 from pathlib import Path
 
 import numpy as np
+
+from .storage import atomic_write
 
 __all__ = ["render_report", "write_report", "pca_2d"]
 
@@ -212,10 +213,5 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
 
 
 def write_report(path, text: str) -> Path:
-    """Write ``text`` atomically to ``path`` (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    """Write ``text`` atomically to ``path`` (:func:`service.storage.atomic_write`: temp file, fsync, rename)."""
+    return atomic_write(path, text)

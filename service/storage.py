@@ -25,9 +25,12 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import threading
+import uuid
 from pathlib import Path
+from typing import Callable
 
-__all__ = ["data_dir_status", "is_storage_error", "storage_message", "STORAGE_ERRNOS"]
+__all__ = ["atomic_write", "fsync_dir", "data_dir_status", "is_storage_error", "storage_message", "STORAGE_ERRNOS"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _SQLITE_MARKERS = ("readonly database", "disk is full", "disk i/o error", "unable to open database file",
@@ -74,3 +77,53 @@ def data_dir_status(data_dir, min_free_bytes: int = 0) -> str:
     if free < int(min_free_bytes):
         return f"nearly full: {free // 2**20} MiB free, below the {int(min_free_bytes) // 2**20} MiB threshold"
     return "ok"
+
+
+def fsync_dir(path) -> None:
+    """fsync a directory so a rename inside it survives a crash (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=None,
+                 before_replace: Callable[[], None] | None = None) -> Path:
+    """Write ``path`` so readers see the old file or the whole new one, never a part, even after a crash.
+
+    ``data`` is bytes, text (UTF-8), or a callable that writes a given temporary path (e.g.
+    ``lambda p: faiss.write_index(index, str(p))``). The temporary file is named
+    ``.<name>.tmp-<pid>-<thread>-<uuid>`` in ``tmp_dir`` (default: beside ``path``; it must be on
+    the same file system), fsync'ed, renamed over ``path`` (atomic on POSIX), and the directory
+    fsync'ed. ``before_replace`` runs between the fsync and the rename (crash-test hook). On any
+    error the temporary file is removed and the old ``path`` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    where = Path(tmp_dir) if tmp_dir is not None else path.parent
+    tmp = where / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}"
+    try:
+        if callable(data):
+            data(tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            with open(tmp, "wb") as fh:
+                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path

@@ -10,7 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from service.jobs import (IdempotencyConflictError, JobCancelled, JobManager, JobNotFoundError, QueueFullError,
+from align.exceptions import Cancelled
+from service.jobs import (IdempotencyConflictError, JobManager, JobNotFoundError, QueueFullError,
                           TERMINAL)
 from test_api_support import R, W, planted, populate, settings_for
 
@@ -104,7 +105,7 @@ def test_job_cancelled_exception_from_progress():
         gate.wait(10)
         try:
             ctx.progress("after-cancel", 0.5)
-        except JobCancelled:
+        except Cancelled:
             raise
         return {"should": "not happen"}
 

@@ -11,7 +11,7 @@ Reading
 ``application/x-npy`` (or ``application/npy``) body
     a ``.npy`` file, float16/32/64, 2-D; read with ``allow_pickle=False``
 
-Every path ends in :func:`align._validation.as_matrix` (dtype, finiteness, shape, ``dim``),
+Every path ends in :func:`align.validation.as_matrix` (dtype, finiteness, shape, ``dim``),
 so errors are the same typed errors whatever the format, and the batch limit
 (``Settings.max_batch`` rows) raises :class:`PayloadTooLargeError` (413).
 """
@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from align._validation import as_matrix
+from align.validation import as_matrix
 from align.exceptions import EmptyInputError, InputError, ShapeError
 
 from ..limits import MAX_DIM, MAX_JSON_DEPTH, check_json_depth
-from .errors import PayloadTooLargeError, UnsupportedMediaTypeError
+from ..errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from .responses import loads
 
 __all__ = [

@@ -23,7 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..config import Settings, get_settings
 from .codec import require_json
-from .errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
+from ..errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
 from .state import AppState
 
 __all__ = ["SettingsDep", "StateDep", "require_scope", "authorize", "ReadScope", "WriteScope", "JSONOnly", "SCOPES",

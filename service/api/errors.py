@@ -1,32 +1,16 @@
 """The one place where exceptions become HTTP status codes.
 
-Domain code raises typed errors (``align.exceptions``, ``service.registry.errors``,
-``service.indexes``, ``service.jobs``, and the few API-level errors defined here); the
-handlers below turn them into::
+Domain code raises errors of the one tree rooted at :class:`align.exceptions.VecbridgeError`;
+each carries a ``kind`` and :data:`service.errors.HTTP_STATUS` gives its status. The handlers
+below turn them into::
 
     {"error": {"type": "DimensionMismatchError", "status": 422,
                "message": "vectors: expected 384 columns, got 768"}}
 
-=============================================  ======
-exception                                      status
-=============================================  ======
-AuthenticationError                            401  (with ``WWW-Authenticate: Bearer``)
-PermissionDeniedError                          403
-NotFoundError, IndexNotFoundError,             404
-JobNotFoundError, UnknownEncoderError
-ConflictError, IndexConflictError,             409
-IdempotencyConflictError
-PayloadTooLargeError                           413
-UnsupportedMediaTypeError                      415
-align InputError (NaN, shape, dimension,       422
-empty, ...), InvalidNameError,
-request validation
-QueueFullError                                 429  (with ``Retry-After``)
-ServiceUnavailableError                        503
-a read-only / immutable / full data dir        503  (``service.storage.is_storage_error``: OSError
-                                                    EROFS/ENOSPC/EPERM..., SQLite "readonly", "disk is full")
-anything else                                  500  (logged with the request id)
-=============================================  ======
+Extras: 401 answers carry ``WWW-Authenticate: Bearer``, 429 ``Retry-After``; an OS or SQLite
+error from a read-only / immutable / full data dir (``service.storage.is_storage_error``) is 503
+with ``Retry-After``; any exception that is not ours is 500 with the request id, its text kept
+out of the answer and written to the log.
 """
 
 from __future__ import annotations
@@ -37,75 +21,22 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from align.exceptions import InputError, NotFittedError, SerializationError
+from align.exceptions import VecbridgeError
 
-from ..indexes import IndexConflictError, IndexNotFoundError
-from ..jobs import IdempotencyConflictError, JobNotFoundError, QueueFullError
+from ..errors import HTTP_STATUS, kind_of
 from ..logging import get_logger
 from ..storage import is_storage_error, storage_message
-from ..registry.errors import ConflictError, InvalidNameError, NotFoundError, RegistryError
 from .responses import FastJSONResponse
 
-__all__ = [
-    "AuthenticationError", "PermissionDeniedError", "PayloadTooLargeError", "UnsupportedMediaTypeError",
-    "UnknownEncoderError", "ServiceUnavailableError", "install_error_handlers", "status_for", "STATUS_TABLE",
-]
+__all__ = ["install_error_handlers", "status_for"]
 
 _log = get_logger("errors")
 
 
-class AuthenticationError(Exception):
-    """No credentials, or credentials that match no key."""
-
-
-class PermissionDeniedError(Exception):
-    """A valid key without the scope the route needs."""
-
-
-class PayloadTooLargeError(Exception):
-    """Request body or batch beyond the configured limits."""
-
-
-class UnsupportedMediaTypeError(Exception):
-    """A Content-Type the route does not read."""
-
-
-class UnknownEncoderError(LookupError):
-    """No installed encoder by that name."""
-
-
-class ServiceUnavailableError(Exception):
-    """A needed part (registry, indexes) is not ready."""
-
-
-# Order matters: the first matching class wins (subclasses before their bases).
-STATUS_TABLE: list[tuple[type[BaseException], int]] = [
-    (AuthenticationError, 401),
-    (PermissionDeniedError, 403),
-    (NotFoundError, 404),
-    (IndexNotFoundError, 404),
-    (JobNotFoundError, 404),
-    (UnknownEncoderError, 404),
-    (ConflictError, 409),
-    (IndexConflictError, 409),
-    (IdempotencyConflictError, 409),
-    (PayloadTooLargeError, 413),
-    (UnsupportedMediaTypeError, 415),
-    (InvalidNameError, 422),
-    (InputError, 422),
-    (NotFittedError, 422),
-    (QueueFullError, 429),
-    (ServiceUnavailableError, 503),
-    (SerializationError, 500),
-    (RegistryError, 500),
-]
-
-
 def status_for(exc: BaseException) -> int:
-    for cls, status in STATUS_TABLE:
-        if isinstance(exc, cls):
-            return 503 if status == 500 and is_storage_error(exc) else status
-    return 503 if is_storage_error(exc) else 500
+    """HTTP status of ``exc``: its kind's status, or 503 for a storage failure behind a 500."""
+    status = HTTP_STATUS[kind_of(exc)]
+    return 503 if status == 500 and is_storage_error(exc) else status
 
 
 def _body(kind: str, status: int, message: str, **extra) -> dict:
@@ -128,7 +59,7 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
     if status >= 500:
         _log.error("request failed", exc_info=exc, extra={"fields": {
             "request_id": request.scope.get("state", {}).get("request_id"), "path_template": _route(request)}})
-        if not isinstance(exc, (SerializationError, RegistryError, ServiceUnavailableError)):
+        if not isinstance(exc, VecbridgeError):
             message = f"internal error (request id {request.scope.get('state', {}).get('request_id')})"
     return FastJSONResponse(_body(type(exc).__name__, status, message), status_code=status, headers=headers)
 
@@ -160,9 +91,7 @@ def _http_handler(request: Request, exc: StarletteHTTPException) -> FastJSONResp
 
 def install_error_handlers(app: FastAPI) -> None:
     """Register every handler on ``app``."""
-    for cls, _ in STATUS_TABLE:
-        app.add_exception_handler(cls, _domain_handler)
-    for cls in (OSError, sqlite3.Error):  # storage errors: answered here (503), not re-raised by Starlette
+    for cls in (VecbridgeError, OSError, sqlite3.Error):  # storage errors: answered here (503), not re-raised by Starlette
         app.add_exception_handler(cls, _domain_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)

@@ -12,7 +12,7 @@ import uuid
 
 from ..logging import get_logger
 from ..metrics import ServiceMetrics
-from .errors import PayloadTooLargeError
+from ..errors import PayloadTooLargeError
 from .responses import dumps
 
 __all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit"]
@@ -107,7 +107,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         from .deps import authorize
-        from .errors import AuthenticationError, PermissionDeniedError
+        from ..errors import AuthenticationError, PermissionDeniedError
 
         route, need = self._match(scope)
         template = getattr(route, "path", None)

@@ -24,7 +24,7 @@ from ..indexes import IndexStore
 from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
 from ..registry import InvalidNameError, Registry, VersionInfo, open_registry, parse_ref
-from .errors import UnknownEncoderError
+from ..encoders import UnknownEncoderError
 
 __all__ = ["AppState", "Translation"]
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
-from align.exceptions import VecbridgeError
+from ..errors import ServiceUnavailableError
 
 __all__ = ["smollm2_gguf_path", "load_lm", "LMUnavailableError", "SMOLLM2_NAME"]
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 
 
-class LMUnavailableError(VecbridgeError):
+class LMUnavailableError(ServiceUnavailableError):
     """The language model or its runtime (torch, transformers, gguf) is not installed."""
 
 

@@ -28,9 +28,7 @@ from ..vectordb import FileCheckpoint, MigrationProgress, MigrationReport, Vecto
 from ..vectordb.migrate import is_artifact_path
 
 __all__ = ["open_store_for", "default_checkpoint", "run_migration", "checkpoint_status", "run_verify",
-           "needs_registry", "EXIT_INTERRUPTED"]
-
-EXIT_INTERRUPTED = 130
+           "needs_registry"]
 
 
 def open_store_for(url: str, *, index: str | None = None, id_field: str | None = None,

@@ -31,6 +31,7 @@ from pathlib import Path
 from .core import _dumps, _now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .names import check_alias, check_name, check_tag_key, fs_safe
+from ..storage import atomic_write
 from .store import sha256_bytes
 
 __all__ = ["export_bundle", "import_bundle", "BUNDLE_FORMAT", "MAX_DIM", "MAX_VERSION", "MAX_ENTRIES"]
@@ -474,7 +475,5 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
 
 def _store_report(reg, name: str, version, data: bytes) -> str:
     rel = f"{fs_safe(name)}/imported-{version or 'new'}-{sha256_bytes(data)[:12]}.html"
-    p = reg.report_dir / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(data)
+    atomic_write(reg.report_dir / rel, data)
     return rel

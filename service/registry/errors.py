@@ -2,15 +2,22 @@
 
 ::
 
-    RegistryError                      base of every registry error
-    ├── NotFoundError                  unknown map, version, alias or space   (HTTP 404)
+    RegistryError (VecbridgeError)     base of every registry error                     kind
+    ├── NotFoundError                  unknown map, version, alias or space           not_found
     │   └── DeletedVersionError        the version (or the alias's target) was deleted
-    ├── ConflictError                  the request contradicts stored state    (HTTP 409)
-    ├── InvalidNameError (ValueError)  a name or reference that is not allowed (HTTP 422)
-    └── IntegrityError                 an artifact is missing or its sha256 does not match
+    ├── ConflictError                  the request contradicts stored state            conflict
+    ├── InvalidNameError (ValueError)  a name or reference that is not allowed         invalid
+    └── IntegrityError                 an artifact is missing or its sha256 differs    integrity
+
+Each is also the service-wide class of its kind (``service.errors``), so a caller may catch
+``service.errors.NotFoundError`` for any unknown thing, registry or not.
 """
 
 from __future__ import annotations
+
+from align.exceptions import InputError, VecbridgeError
+
+from .. import errors as _errors
 
 __all__ = [
     "RegistryError",
@@ -22,11 +29,11 @@ __all__ = [
 ]
 
 
-class RegistryError(Exception):
-    """Base class of registry errors."""
+class RegistryError(VecbridgeError):
+    """Base class of registry errors (kind ``internal`` unless a subclass says otherwise)."""
 
 
-class NotFoundError(RegistryError, LookupError):
+class NotFoundError(RegistryError, _errors.NotFoundError):
     """An unknown map, version, alias or space."""
 
 
@@ -34,13 +41,15 @@ class DeletedVersionError(NotFoundError):
     """The referenced version exists but was (soft-)deleted."""
 
 
-class ConflictError(RegistryError):
+class ConflictError(RegistryError, _errors.ConflictError):
     """The operation contradicts stored state (dims differ, alias on a deleted version, ...)."""
 
 
-class InvalidNameError(RegistryError, ValueError):
+class InvalidNameError(RegistryError, InputError):
     """A name, alias, tag key or reference that is not allowed."""
 
 
 class IntegrityError(RegistryError):
     """A stored artifact is missing, unreadable, or does not match its recorded sha256."""
+
+    kind = "integrity"

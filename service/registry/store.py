@@ -9,11 +9,10 @@ database row references yet (harmless: content-addressed, reused by the next ide
 from __future__ import annotations
 
 import hashlib
-import os
-import uuid
 from pathlib import Path
 from typing import Callable
 
+from ..storage import atomic_write
 from .errors import IntegrityError
 
 __all__ = ["ArtifactStore", "sha256_bytes"]
@@ -21,17 +20,6 @@ __all__ = ["ArtifactStore", "sha256_bytes"]
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ArtifactStore:
@@ -53,15 +41,7 @@ class ArtifactStore:
         final = self.root / rel
         if final.exists() and sha256_bytes(final.read_bytes()) == sha:
             return sha, rel
-        tmp = self.root / "tmp" / f"{sha}.{uuid.uuid4().hex}.part"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        self._hook("artifact_tmp_written")
-        final.parent.mkdir(exist_ok=True)
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        atomic_write(final, data, tmp_dir=self.root / "tmp", before_replace=lambda: self._hook("artifact_tmp_written"))
         self._hook("artifact_renamed")
         return sha, rel
 

@@ -20,9 +20,9 @@ import argparse
 import json
 import sys
 
-from align.exceptions import VecbridgeError
+from ..errors import exit_code
 
-from ..ops.migrations import EXIT_INTERRUPTED, checkpoint_status, run_migration
+from ..ops.migrations import checkpoint_status, run_migration
 from . import MigrationInterrupted
 
 
@@ -80,18 +80,13 @@ def main(argv=None) -> int:
                             batch_size=args.batch_size, overwrite=args.overwrite, pause=args.pause, index=args.index,
                             id_field=args.id_field, vector_field=args.vector_field, text_field=args.text_field,
                             source_space=args.source_space, target_space=args.target_space, progress=progress)
-    except MigrationInterrupted as exc:
-        _err(exc)
-        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
-        _err(MigrationInterrupted("interrupted; run the same command again to resume", 0, 0))
-        return EXIT_INTERRUPTED
-    except (VecbridgeError, ValueError, LookupError, OSError) as exc:
+        exc = MigrationInterrupted("interrupted; run the same command again to resume", 0, 0)
         _err(exc)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - a database client's own error: one line, exit 1
+        return exit_code(exc)
+    except Exception as exc:  # noqa: BLE001 - one line, the exit code of its kind (service.errors.EXIT_CODE)
         _err(exc)
-        return 1
+        return exit_code(exc)
     print(json.dumps({"report": rep.to_dict()}), flush=True)
     return 0
 

@@ -43,8 +43,10 @@ from typing import Iterator
 
 import numpy as np
 
-from align._validation import as_matrix
+from align.validation import as_matrix
 from align.exceptions import InputError, PairCountError, VecbridgeError
+
+from ..errors import ConflictError, NotFoundError
 
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
@@ -59,28 +61,30 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 class VectorDBError(VecbridgeError):
     """A vector-database operation failed or was refused."""
 
+    kind = "unavailable"
 
-class CollectionNotFoundError(VectorDBError, LookupError):
+
+class CollectionNotFoundError(NotFoundError, VectorDBError):
     """No collection, table or alias of that name."""
 
 
-class CollectionExistsError(VectorDBError):
+class CollectionExistsError(ConflictError, VectorDBError):
     """A fresh migration would write into a collection that already exists."""
 
 
-class CheckpointMismatchError(VectorDBError):
+class CheckpointMismatchError(ConflictError, VectorDBError):
     """The checkpoint on file belongs to a different migration (source, target or map differ)."""
 
 
-class SpaceMismatchError(VectorDBError, ValueError):
+class SpaceMismatchError(InputError, VectorDBError):
     """The collection records another embedding space than the one the map reads (e.g. a map the wrong way)."""
 
 
-class UnsupportedFieldError(VectorDBError, ValueError):
+class UnsupportedFieldError(InputError, VectorDBError):
     """A row field a migration cannot carry over (another vector field, a type without a binary copy)."""
 
 
-class BadNameError(VectorDBError, ValueError):
+class BadNameError(InputError, VectorDBError):
     """A collection or alias name outside ``[A-Za-z_][A-Za-z0-9_]{0,62}``."""
 
 

@@ -10,11 +10,11 @@ resumed run rewrites that batch, and the idempotent upsert keeps one row per id.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from align.exceptions import InputError
 
+from ..storage import atomic_write
 from .base import CheckpointMismatchError, check_name
 
 __all__ = ["Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint"]
@@ -72,13 +72,7 @@ class FileCheckpoint(Checkpoint):
         return state
 
     def save(self, state):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w") as fh:
-            json.dump(state, fh, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(state, sort_keys=True))
 
     def clear(self):
         self.path.unlink(missing_ok=True)

@@ -37,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-from align.exceptions import DimensionMismatchError, InputError
+from align.exceptions import Cancelled, DimensionMismatchError, InputError
 from align.maps import LinearMap
 
 from .base import (
@@ -56,7 +56,7 @@ __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fing
            "MigrationInterrupted"]
 
 
-class MigrationInterrupted(VectorDBError):
+class MigrationInterrupted(Cancelled, VectorDBError):
     """The run was asked to stop (Ctrl-C); every batch so far is written and checkpointed."""
 
     def __init__(self, message: str, done: int, total: int):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from align._validation import as_matrix
+from align.validation import as_matrix
 from align.exceptions import DimensionMismatchError
 
 from .base import VectorStore

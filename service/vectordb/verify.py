@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from align._validation import as_matrix, check_paired, check_random_state
+from align.validation import as_matrix, check_paired, check_random_state
 from align.exceptions import InputError
 from align.frames import unit_rows
 from align.knn import knn

@@ -12,7 +12,7 @@ from align.exceptions import InputError
 
 from ..codec import b64_encode, check_batch
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
-from ..errors import UnknownEncoderError
+from ...encoders import UnknownEncoderError
 from ..openapi import examples
 from ..responses import FastJSONResponse
 from ..schemas import EmbeddingsRequest, EmbeddingsResponse, ModelList, error_responses
@@ -83,7 +83,7 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
         X = np.asarray(enc.encode(texts, kind=body.input_type), dtype=np.float32)
         if tr is not None:
             if tr.map is not None:
-                X = tr.map._apply(X, output="raw")
+                X = tr.map.apply(X, output="raw", validate=False)
             if body.dimensions is not None and body.dimensions != X.shape[1]:
                 raise InputError(f"dimensions={body.dimensions} is not supported: space {body.target_space!r} is "
                                  f"{X.shape[1]}-d; omit `dimensions` or pass {X.shape[1]}")

@@ -8,7 +8,7 @@ import numpy as np
 from fastapi import APIRouter, Header, Request
 from starlette.concurrency import run_in_threadpool
 
-from align._validation import as_matrix
+from align.validation import as_matrix
 from align.exceptions import DimensionMismatchError, InputError
 
 from ...registry import ConflictError, NotFoundError

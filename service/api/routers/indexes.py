@@ -167,7 +167,7 @@ async def search(name: str, request: Request, state: StateDep, settings: Setting
             Q = vectors_from_json(obj, dim=qdim, max_batch=settings.max_batch)
         tr = state.translation(qspace, idx.space, opts.map) if (qspace != idx.space or opts.map) else None
         if tr is not None and tr.map is not None:
-            Q = tr.map._apply(np.ascontiguousarray(Q, dtype=np.float32), output="raw")
+            Q = tr.map.apply(np.ascontiguousarray(Q, dtype=np.float32), output="raw", validate=False)
         check_hits(Q.shape[0], opts.k, settings.limits)
         Q, used_steers = steer_queries(state, Q, opts.steers or {}, idx.space)
         S, I = idx.search(Q, opts.k, exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,

@@ -32,7 +32,7 @@ from ...registry import ConflictError, NotFoundError
 from ...registry.names import check_alias, check_name
 from ..codec import check_batch, parse_json, validate
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
-from ..errors import ServiceUnavailableError
+from ...errors import ServiceUnavailableError
 from ..openapi import json_body
 from ..responses import FastJSONResponse
 from ..schemas import JobOut, _Strict, error_responses

@@ -211,7 +211,7 @@ async def transform(ref: str, request: Request, state: StateDep, settings: Setti
                 from align.exceptions import DimensionMismatchError
 
                 raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
-        Y = m._apply(X, output=opts.output)
+        Y = m.apply(X, output=opts.output, validate=False)
         if mt == JSON and opts.encoding_format == "float" and Y.size > settings.limits.max_response_values:
             raise InputError(f"{Y.shape[0]} x {Y.shape[1]} numbers exceed the JSON answer limit of "
                              f"{settings.limits.max_response_values} (limits.max_response_values); use "

@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Header, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from align._validation import as_matrix
+from align.validation import as_matrix
 from align.exceptions import DimensionMismatchError, InputError, PairCountError
 from align.steer import Steer
 

@@ -1,0 +1,116 @@
+"""The one error root of the service, and the two tables that read it.
+
+Every error raised on purpose derives from :class:`align.exceptions.VecbridgeError` and carries a
+``kind`` (see :data:`align.exceptions.KINDS`). The faces never list exception classes: HTTP reads
+:data:`HTTP_STATUS`, the CLIs read :data:`EXIT_CODE`, both through :func:`kind_of`.
+
+::
+
+    VecbridgeError (align)                         kind
+    ├── InputError, NotFittedError (align)         invalid
+    ├── Cancelled (align)                          cancelled
+    ├── NotFoundError (also LookupError)           not_found   registry refs, indexes, jobs, encoders
+    ├── ConflictError                              conflict    stored state contradicts the request
+    ├── AuthenticationError                        unauthenticated
+    ├── PermissionDeniedError                      forbidden
+    ├── PayloadTooLargeError                       too_large
+    ├── UnsupportedMediaTypeError                  unsupported_media
+    ├── BusyError                                  busy        a full queue: retry later
+    ├── ServiceUnavailableError                           unavailable a part (registry, LM) is not ready
+    └── IntegrityError-like, SerializationError    integrity / internal
+
+Any other exception is ``internal`` (HTTP 500, exit 3), except an ``OSError`` (``io``: exit 2, and
+HTTP 503 when it is a read-only or full data dir).
+"""
+
+from __future__ import annotations
+
+from align.exceptions import Cancelled, VecbridgeError
+
+__all__ = [
+    "VecbridgeError", "Cancelled", "NotFoundError", "ConflictError", "AuthenticationError", "PermissionDeniedError",
+    "PayloadTooLargeError", "UnsupportedMediaTypeError", "BusyError", "ServiceUnavailableError",
+    "HTTP_STATUS", "EXIT_CODE", "kind_of", "http_status", "exit_code",
+]
+
+
+class NotFoundError(VecbridgeError, LookupError):
+    """An unknown name, id or reference."""
+
+    kind = "not_found"
+
+
+class ConflictError(VecbridgeError):
+    """The request contradicts stored state."""
+
+    kind = "conflict"
+
+
+class AuthenticationError(VecbridgeError):
+    """No credentials, or credentials that match no key."""
+
+    kind = "unauthenticated"
+
+
+class PermissionDeniedError(VecbridgeError):
+    """A valid key without the scope the route needs."""
+
+    kind = "forbidden"
+
+
+class PayloadTooLargeError(VecbridgeError):
+    """Request body or batch beyond the configured limits."""
+
+    kind = "too_large"
+
+
+class UnsupportedMediaTypeError(VecbridgeError):
+    """A Content-Type the route does not read."""
+
+    kind = "unsupported_media"
+
+
+class BusyError(VecbridgeError):
+    """Too much work queued: retry later."""
+
+    kind = "busy"
+
+
+class ServiceUnavailableError(VecbridgeError):
+    """A needed part (registry, indexes, a language model) is not ready or not installed."""
+
+    kind = "unavailable"
+
+
+#: kind -> HTTP status (``io`` is decided by :func:`service.storage.is_storage_error`: 503 or 500).
+HTTP_STATUS: dict[str, int] = {
+    "invalid": 422, "not_found": 404, "conflict": 409, "unauthenticated": 401, "forbidden": 403,
+    "too_large": 413, "unsupported_media": 415, "busy": 429, "unavailable": 503, "cancelled": 409,
+    "integrity": 500, "internal": 500, "io": 500,
+}
+
+#: kind -> process exit code of the CLIs: 2 for anything the user can act on, 130 when stopped on
+#: request (as for Ctrl-C), 3 for a bug.
+EXIT_CODE: dict[str, int] = {**{k: 2 for k in HTTP_STATUS}, "cancelled": 130, "internal": 3}
+EXIT_CODE["integrity"] = 2  # a broken artifact or registry: the message says which; not a bug of ours
+
+
+def kind_of(exc: BaseException) -> str:
+    """The kind of any exception: ``exc.kind`` for ours, ``io`` for OS errors, else ``internal``."""
+    if isinstance(exc, VecbridgeError):
+        return exc.kind
+    if isinstance(exc, KeyboardInterrupt):
+        return "cancelled"
+    if isinstance(exc, OSError):
+        return "io"
+    return "internal"
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status for ``exc`` by :data:`HTTP_STATUS` (storage errors are refined by the API layer)."""
+    return HTTP_STATUS[kind_of(exc)]
+
+
+def exit_code(exc: BaseException) -> int:
+    """The CLI exit code for ``exc`` by :data:`EXIT_CODE`."""
+    return EXIT_CODE[kind_of(exc)]

@@ -1,0 +1,76 @@
+"""One error root: every exception class vecbridge defines derives from VecbridgeError and has a kind
+that both faces' tables know."""
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import align
+import service
+from align.exceptions import KINDS, Cancelled, VecbridgeError
+from service.errors import EXIT_CODE, HTTP_STATUS, exit_code, http_status, kind_of
+
+
+def _modules():
+    for pkg in (align, service):
+        yield pkg
+        for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            if info.name.endswith("__main__") or ".ui." in info.name:
+                continue
+            try:
+                yield importlib.import_module(info.name)
+            except ImportError:  # an optional extra (ray, pymilvus, ...) absent here
+                continue
+
+
+def _defined_errors():
+    seen = {}
+    for mod in _modules():
+        for _, obj in inspect.getmembers(mod, inspect.isclass):
+            if issubclass(obj, Exception) and not issubclass(obj, Warning) and obj.__module__ == mod.__name__:
+                seen[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return seen
+
+
+def test_every_error_class_is_under_the_one_root_with_a_known_kind():
+    errors = _defined_errors()
+    assert len(errors) > 30, sorted(errors)  # the walk really found the tree
+    outside = [n for n, c in errors.items() if not issubclass(c, VecbridgeError)]
+    assert outside == []
+    bad_kind = {n: c.kind for n, c in errors.items() if c.kind not in KINDS}
+    assert bad_kind == {}
+
+
+def test_both_tables_cover_every_kind():
+    assert set(KINDS) <= set(HTTP_STATUS) and set(KINDS) <= set(EXIT_CODE)
+    assert all(400 <= s < 600 for s in HTTP_STATUS.values())
+    assert all(0 < c < 256 for c in EXIT_CODE.values())
+
+
+def test_one_cancelled():
+    names = [n for n, c in _defined_errors().items() if "ancel" in n.rsplit(".", 1)[-1]]
+    assert all(issubclass(_defined_errors()[n], Cancelled) for n in names), names
+    assert kind_of(Cancelled("x")) == "cancelled" and exit_code(Cancelled("x")) == 130
+
+
+@pytest.mark.parametrize("exc, status, code", [
+    (align.exceptions.NonFiniteError("nan"), 422, 2),
+    (ValueError("a bug"), 500, 3),
+    (OSError(5, "io"), 500, 2),
+    (KeyboardInterrupt(), 409, 130),
+])
+def test_kind_lookup(exc, status, code):
+    assert http_status(exc) == status and exit_code(exc) == code
+
+
+def test_same_idea_same_kind_across_stores():
+    from service.encoders import UnknownEncoderError
+    from service.indexes import IndexNotFoundError
+    from service.jobs import JobNotFoundError
+    from service.registry.errors import NotFoundError
+    from service.vectordb.base import CollectionNotFoundError
+
+    assert {c.kind for c in (UnknownEncoderError, IndexNotFoundError, JobNotFoundError, NotFoundError,
+                             CollectionNotFoundError)} == {"not_found"}
