@@ -46,11 +46,10 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ._artifacts import pack_npz, read_bytes, save_atomic, unpack_npz
-from .validation import as_matrix, check_random_state, check_representable
+from .validation import as_matrix, check_eps, check_labels, check_random_state, check_representable
 from .frames import row_norms
 from .exceptions import (
     ConvergenceWarning,
-    DegenerateInputError,
     DimensionMismatchError,
     InputError,
     NonFiniteError,
@@ -78,42 +77,6 @@ STEER_FORMAT_VERSION = 1
 # --------------------------------------------------------------------------------------------
 # validation helpers (one place)
 # --------------------------------------------------------------------------------------------
-def _check_eps(eps) -> float:
-    try:
-        value = float(eps)
-    except (TypeError, ValueError):
-        raise InputError(f"eps must be a real number, got {eps!r}") from None
-    if not np.isfinite(value):
-        raise NonFiniteError(f"eps must be finite, got {value}")
-    return value
-
-
-def _check_labels(labels, n: int) -> np.ndarray:
-    """Labels as an int8 array of shape (n,) with values in {-1, 0, +1}."""
-    try:
-        arr = np.asarray(labels)
-    except Exception as exc:
-        raise InputError(f"labels: cannot be read as an array ({exc})") from None
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-        raise InputError(f"labels: expected numbers in {{-1, 0, 1}}, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise ShapeError(f"labels: expected a 1-D array of shape (n,), got shape {arr.shape}")
-    if arr.shape[0] != n:
-        raise PairCountError(f"labels has {arr.shape[0]} entries but X has {n} rows")
-    arr = arr.astype(np.float64)
-    if not np.isfinite(arr).all():
-        raise NonFiniteError("labels contain NaN or Inf")
-    bad = ~np.isin(arr, (-1.0, 0.0, 1.0))
-    if bad.any():
-        raise InputError(f"labels must be -1, 0 or +1; found {np.unique(arr[bad])[:5].tolist()}")
-    out = arr.astype(np.int8)
-    if not (out == 1).any() or not (out == -1).any():
-        raise DegenerateInputError(
-            f"a steer needs both +1 and -1 examples; got {int((out == 1).sum())} positive, "
-            f"{int((out == -1).sum())} negative")
-    return out
-
-
 def _check_int(value, name: str, lo: int, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InputError(f"{name} must be an integer, got {value!r}")
@@ -191,7 +154,7 @@ class Steer:
         ndarray (n, d) float32; not renormalised (the scale of a query does not change its ranking).
         """
         Q = as_matrix(Q, name="Q", dim=self.dim)
-        eps = _check_eps(eps)
+        eps = check_eps(eps)
         return self._apply(Q, eps, batch_size=batch_size)
 
     def _apply(self, Q: np.ndarray, eps: float, *, batch_size: int = 65536) -> np.ndarray:
@@ -214,7 +177,7 @@ class Steer:
 
     def scaled(self, eps: float) -> "Steer":
         """The steer ``eps W`` as a new object (``apply(Q, 1)`` then equals ``apply(Q, eps)``)."""
-        eps = _check_eps(eps)
+        eps = check_eps(eps)
         return Steer(self.P1 * eps, self.P2.copy(), {**self.metadata, "scaled_by": eps})
 
     def transfer(self, linear_map, **kw) -> "Steer":
@@ -334,7 +297,7 @@ class MeanShift:
     def apply(self, Q, eps: float = 1.0) -> np.ndarray:
         """Shifted queries (n, d) float32; ``eps = 0`` returns ``Q`` unchanged."""
         Q = as_matrix(Q, name="Q", dim=self.dim)
-        eps = _check_eps(eps)
+        eps = check_eps(eps)
         if eps == 0.0:
             return Q.copy()
         norms = row_norms(Q)[:, None]
@@ -376,7 +339,7 @@ def compose_steers(steers: Iterable[tuple[Steer, float]]) -> Steer:
     dims = {s.dim for s, _ in pairs}
     if len(dims) != 1:
         raise DimensionMismatchError(f"steers live in spaces of different dimension: {sorted(dims)}")
-    eps = [_check_eps(e) for _, e in pairs]
+    eps = [check_eps(e) for _, e in pairs]
     P1 = np.concatenate([s.P1 * e for (s, _), e in zip(pairs, eps)], axis=1)
     P2 = np.concatenate([s.P2 for s, _ in pairs], axis=1)
     meta = {"method": "compose", "parts": [{"eps": e, "metadata": s.metadata} for (s, _), e in zip(pairs, eps)]}
@@ -551,7 +514,7 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
     from scipy.optimize import minimize
 
     X = as_matrix(X, name="X", min_rows=2)
-    labels = _check_labels(labels, X.shape[0])
+    labels = check_labels(labels, X.shape[0])
     n, d = X.shape
     rank = _check_int(rank, "rank", 1, d if method == "lm-steer" else None)
     if method not in STEER_METHODS:
@@ -632,7 +595,7 @@ def _fit_local(X: np.ndarray, labels: np.ndarray, *, n_queries, n_neighbors, rid
 def fit_mean_shift(X, labels) -> MeanShift:
     """Baseline steer: ``v = mean(X[labels == +1]) - mean(X[labels == -1])`` (d,)."""
     X = as_matrix(X, name="X", min_rows=2)
-    labels = _check_labels(labels, X.shape[0])
+    labels = check_labels(labels, X.shape[0])
     v = X[labels == 1].mean(axis=0, dtype=np.float64) - X[labels == -1].mean(axis=0, dtype=np.float64)
     return MeanShift(v, {"method": "mean-shift", "n_pos": int((labels == 1).sum()),
                          "n_neg": int((labels == -1).sum()), "dim": int(X.shape[1])})

@@ -20,7 +20,8 @@ from .exceptions import (
     TooFewRowsError,
 )
 
-__all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate", "check_representable"]
+__all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate", "check_representable",
+           "check_eps", "check_labels"]
 
 
 def check_representable(Y: np.ndarray, what: str) -> np.ndarray:
@@ -119,3 +120,40 @@ def check_random_state(random_state) -> np.random.Generator:
     if random_state is None or isinstance(random_state, (int, np.integer)):
         return np.random.default_rng(random_state)
     raise InputError(f"random_state must be None, an int or a numpy Generator, got {type(random_state).__name__}")
+
+
+def check_eps(eps) -> float:
+    """The steering strength ``eps`` as a finite float (InputError / NonFiniteError otherwise)."""
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        raise InputError(f"eps must be a real number, got {eps!r}") from None
+    if not np.isfinite(value):
+        raise NonFiniteError(f"eps must be finite, got {value}")
+    return value
+
+
+def check_labels(labels, n: int) -> np.ndarray:
+    """Labels as an int8 array of shape (n,) with values in {-1, 0, +1}."""
+    try:
+        arr = np.asarray(labels)
+    except Exception as exc:
+        raise InputError(f"labels: cannot be read as an array ({exc})") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise InputError(f"labels: expected numbers in {{-1, 0, 1}}, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ShapeError(f"labels: expected a 1-D array of shape (n,), got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise PairCountError(f"labels has {arr.shape[0]} entries but X has {n} rows")
+    arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise NonFiniteError("labels contain NaN or Inf")
+    bad = ~np.isin(arr, (-1.0, 0.0, 1.0))
+    if bad.any():
+        raise InputError(f"labels must be -1, 0 or +1; found {np.unique(arr[bad])[:5].tolist()}")
+    out = arr.astype(np.int8)
+    if not (out == 1).any() or not (out == -1).any():
+        raise DegenerateInputError(
+            f"a steer needs both +1 and -1 examples; got {int((out == 1).sum())} positive, "
+            f"{int((out == -1).sum())} negative")
+    return out

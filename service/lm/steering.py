@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from align.exceptions import DimensionMismatchError, InputError
-from align.steer import Steer, _check_eps, _check_labels, compose_steers
+from align.steer import Steer, compose_steers
+from align.validation import check_eps, check_labels
 
 __all__ = [
     "output_embeddings", "steered", "steered_logits", "fit_lm_steer", "fit_lm_steer_ids", "generate", "generate_batch",
@@ -58,7 +59,7 @@ def _hidden_size(model) -> int:
 
 
 def _composed(model, steers: SteerSpec) -> tuple[torch.Tensor, torch.Tensor] | None:
-    pairs = [(s, _check_eps(e)) for s, e in steers]
+    pairs = [(s, check_eps(e)) for s, e in steers]
     pairs = [(s, e) for s, e in pairs if e != 0.0]
     if not pairs:
         return None
@@ -206,7 +207,7 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
     -------
     align.Steer of dimension ``d``; ``metadata`` holds the loss curve summary.
     """
-    labels = _check_labels(labels, len(ids_list))
+    labels = check_labels(labels, len(ids_list))
     E = output_embeddings(model)
     d = int(E.shape[1])
     if not 1 <= int(rank) <= d:
@@ -403,7 +404,7 @@ def token_evidence(model, tokenizer, steer: Steer, text: str, *, eps: float = 1.
 
     Positive values mark tokens the steer's wanted style makes more likely.
     """
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     ids = _encode(tokenizer, [text], 10_000)[0]
     if len(ids) < 2:
         raise InputError("text needs at least two tokens")
