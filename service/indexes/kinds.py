@@ -1,0 +1,208 @@
+"""FAISS structures per index kind: construction, row preparation per metric, live ids, search.
+
+Kinds (``kind="auto"`` picks by the number of rows at creation, :func:`choose_kind`):
+
+=========  ===================  =============================================================
+kind       chosen when          structure
+=========  ===================  =============================================================
+flat       n < 50,000           ``IndexIDMap2(IndexFlatIP)``: exact; delete compacts
+hnsw       50,000 ≤ n < 10⁶     ``IndexIDMap2(IndexHNSWFlat)``: approximate, ``ef_search``
+                                per request; deletes are tombstones filtered with an
+                                ``IDSelector`` and folded in by a rebuild past 10 %
+ivf        n ≥ 10⁶              ``IndexIVFFlat`` with native ids (``IndexIDMap2`` cannot
+                                compact IVF lists), ``nprobe`` per request; k-means seeded
+=========  ===================  =============================================================
+
+With ``metric="cosine"`` rows and queries are scaled to unit length and scored by inner
+product, so scores are cosines; ``metric="ip"`` keeps them as they are.
+
+Search parameters travel with each call as ``faiss.SearchParameters*`` objects, never set
+on the shared index, so concurrent searches with different settings do not interfere.
+``exact=True`` scans every live row (for IVF: ``nprobe = nlist``; for HNSW: the flat
+storage under the graph). These functions hold no locks: the caller does.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import faiss
+import numpy as np
+
+from align.exceptions import DegenerateInputError, InputError, NotRepresentableError
+from align.frames import row_norms, unit_rows
+
+from ..limits import MAX_ID, default_nlist
+from .errors import IndexConflictError
+
+__all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "choose_kind", "check_name",
+           "ids_array", "make_index", "prep_rows", "live_ids", "rebuild_hnsw", "search_kind"]
+
+FLAT_MAX = 50_000
+HNSW_MAX = 1_000_000
+KINDS = ("flat", "hnsw", "ivf")
+METRICS = ("cosine", "ip")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # always fullmatch: no trailing newline
+TOMBSTONE_REBUILD = 0.10  # HNSW: rebuild once tombstones pass this share of the stored rows
+_IP_MAX_NORM = 1e19  # metric="ip": |x|, |q| below sqrt(float32 max) so q·x cannot overflow
+
+
+def choose_kind(n: int) -> str:
+    """Index kind for ``n`` rows: flat below 50k, HNSW below 1M, IVF above."""
+    if n < FLAT_MAX:
+        return "flat"
+    return "hnsw" if n < HNSW_MAX else "ivf"
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise InputError(
+            f"index name {name!r} is invalid: expected 1-128 characters from [A-Za-z0-9._-], starting alphanumeric")
+    return name
+
+
+def ids_array(ids, n: int | None = None, *, name: str = "ids") -> np.ndarray:
+    """``ids`` as a flat int64 array in ``0 .. 2**62 - 1`` without repeats (``n`` of them when given)."""
+    try:
+        arr = np.asarray(ids)
+    except Exception:
+        raise InputError(f"{name}: expected a list of integers") from None
+    if arr.dtype == np.uint64 or arr.dtype == object:  # past int64: json gives Python ints numpy cannot hold
+        raise InputError(f"{name}: ids must be integers between 0 and 2**62 - 1")
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise InputError(f"{name}: expected a flat list of integers, got dtype {arr.dtype} shape {arr.shape}")
+    arr = arr.astype(np.int64)
+    if n is not None and arr.shape[0] != n:
+        raise InputError(f"{name}: expected {n} ids (one per vector), got {arr.shape[0]}")
+    if arr.size and (arr.min() < 0 or arr.max() >= MAX_ID):
+        raise InputError(f"{name}: ids must be between 0 and 2**62 - 1")
+    if np.unique(arr).shape[0] != arr.shape[0]:
+        raise IndexConflictError(f"{name}: the same id appears more than once in the request")
+    return arr
+
+
+def _hnsw(d: int, params: dict):
+    inner = faiss.IndexHNSWFlat(d, int(params["M"]), faiss.METRIC_INNER_PRODUCT)
+    inner.hnsw.efConstruction = int(params["ef_construction"])
+    return faiss.IndexIDMap2(inner)
+
+
+def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state: int):
+    """An empty FAISS index of ``kind`` for rows like ``X`` (n, d); IVF is trained on ``X`` here.
+
+    Fills ``params`` (checked by :func:`service.limits.check_index_params`) with the defaults
+    used: ``M=32, ef_construction=80, ef_search=64`` (HNSW), ``nlist``, ``nprobe=min(16, nlist)``
+    (IVF). IVF trains on at most ``256 * nlist`` rows drawn with ``random_state``.
+    """
+    n, d = X.shape
+    if kind == "flat":
+        return faiss.IndexIDMap2(faiss.IndexFlatIP(d))
+    if kind == "hnsw":
+        params.setdefault("M", 32)
+        params.setdefault("ef_construction", 80)
+        params.setdefault("ef_search", 64)
+        return _hnsw(d, params)
+    if n == 0:
+        raise InputError("an IVF index needs training vectors at creation")
+    nlist = int(params.get("nlist") or default_nlist(n))
+    params["nlist"] = nlist
+    params.setdefault("nprobe", min(16, nlist))
+    if params["nprobe"] > nlist:
+        raise InputError(f"index parameter nprobe={params['nprobe']} exceeds nlist={nlist}")
+    quantizer = faiss.IndexFlatIP(d)
+    index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.cp.seed = int(random_state)
+    train = X if metric == "ip" else unit_rows(X)
+    rng = np.random.default_rng(random_state)
+    cap = 256 * nlist
+    if train.shape[0] > cap:
+        train = train[np.sort(rng.choice(train.shape[0], cap, replace=False))]
+    index.train(np.ascontiguousarray(train))
+    index.set_direct_map_type(faiss.DirectMap.Hashtable)
+    return index
+
+
+def prep_rows(X: np.ndarray, metric: str, what: str = "vectors") -> np.ndarray:
+    """Rows as stored / searched: unit rows (cosine; exact at any finite scale) or as is (ip).
+
+    Cosine refuses all-zero rows (no direction); ``metric="ip"`` refuses rows with ``|x| > 1e19``: a score ``q·x`` of two of them would
+    overflow float32 and the row could never be found again.
+    """
+    if metric == "cosine":
+        U = unit_rows(X)
+        zero = ~U.any(axis=1)
+        if zero.any():  # no direction: stored, it would score 0 against every query and never be found
+            raise DegenerateInputError(f"{what}: {int(zero.sum())} all-zero row(s); a cosine index needs a "
+                                       f"direction (use metric='ip' to store zero rows)")
+        return U
+    big = row_norms(X) > _IP_MAX_NORM
+    if big.any():
+        raise NotRepresentableError(
+            f"{what}: {int(big.sum())} row(s) have a norm above {_IP_MAX_NORM:g}; inner products of such rows "
+            f"overflow float32 (scale them down, or use metric='cosine')")
+    return X
+
+
+def live_ids(index, kind: str, tombstones: set[int]) -> np.ndarray:
+    """Ids stored in ``index`` and not deleted (int64, unordered)."""
+    if kind == "ivf":
+        inv = index.invlists
+        parts = [faiss.rev_swig_ptr(inv.get_ids(i), inv.list_size(i)).copy()
+                 for i in range(index.nlist) if inv.list_size(i)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    ids = faiss.vector_to_array(index.id_map).astype(np.int64)
+    if tombstones:
+        ids = ids[~np.isin(ids, np.fromiter(tombstones, np.int64))]
+    return ids
+
+
+def rebuild_hnsw(index, dim: int, params: dict, tombstones: set[int]):
+    """A new HNSW index (``IndexIDMap2``) holding the live rows of ``index``: tombstones dropped."""
+    inner = faiss.downcast_index(index.index)
+    storage = faiss.downcast_index(inner.storage)
+    xb = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * dim).reshape(-1, dim)
+    ids = faiss.vector_to_array(index.id_map).astype(np.int64)
+    keep = ~np.isin(ids, np.fromiter(tombstones, np.int64)) if tombstones else np.ones(ids.shape, bool)
+    X, ids = np.ascontiguousarray(xb[keep]), ids[keep]
+    fresh = _hnsw(dim, params)
+    if ids.size:
+        fresh.add_with_ids(X, ids)
+    return fresh
+
+
+def search_kind(index, kind: str, params: dict, tombstones: set[int], Q: np.ndarray, k: int, exact: bool,
+                ef_search: int | None, nprobe: int | None) -> tuple[Any, Any]:
+    """Top-``k`` of prepared queries ``Q`` (n, d): ``S`` (n, k) float32 scores, ``I`` (n, k) int64 ids (-1: none).
+
+    Tombstoned rows never appear. ``nprobe`` / ``ef_search`` default to the index's params.
+    """
+    if index.ntotal == 0:
+        return np.full((Q.shape[0], k), -np.inf, np.float32), np.full((Q.shape[0], k), -1, np.int64)
+    if kind == "flat":
+        return index.search(Q, k)
+    if kind == "ivf":
+        nlist = int(index.nlist)
+        probe = nlist if exact else int(nprobe or params.get("nprobe", 16))
+        if not 1 <= probe <= nlist:
+            raise InputError(f"nprobe must be between 1 and nlist={nlist}, got {probe}")
+        return index.search(Q, k, params=faiss.SearchParametersIVF(nprobe=probe))
+    # hnsw
+    sel = None
+    if tombstones:
+        sel = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.fromiter(tombstones, np.int64)))
+    if exact:
+        inner = faiss.downcast_index(index.index)
+        storage = faiss.downcast_index(inner.storage)
+        id_map = faiss.vector_to_array(index.id_map).astype(np.int64)
+        sp = None
+        if tombstones:
+            dead = np.nonzero(np.isin(id_map, np.fromiter(tombstones, np.int64)))[0].astype(np.int64)
+            inner_sel = faiss.IDSelectorNot(faiss.IDSelectorBatch(dead))
+            sp = faiss.SearchParameters(sel=inner_sel)
+        S, I = storage.search(Q, k, params=sp)
+        return S, np.where(I >= 0, id_map[np.maximum(I, 0)], -1)
+    ef = int(ef_search or params.get("ef_search", 64))
+    if not 1 <= ef <= 100_000:
+        raise InputError(f"ef_search must be between 1 and 100000, got {ef}")
+    return index.search(Q, k, params=faiss.SearchParametersHNSW(efSearch=max(ef, k), sel=sel))

@@ -1,0 +1,102 @@
+"""Locks of the index store: a readers–writer lock per index (threads of one process) and
+exclusive ``fcntl.flock`` files (processes sharing one data dir).
+
+One process: searches share the read side of :class:`RWLock` (FAISS releases the GIL, so they
+run in parallel); the in-memory change and the save of an add / delete take the write side, so
+a search never sees a half-applied batch. The lock prefers writers.
+
+Several processes: a writer holds :func:`flock` on ``root/<name>/.lock`` for its whole
+read-modify-persist; create and drop hold ``root/.store.lock``. :func:`stat_sig` is the cheap
+change token readers compare before a search. ``flock`` needs a local file system (not NFS).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["RWLock", "flock", "still_linked", "stat_sig"]
+
+
+class RWLock:
+    """Writer-preferring readers–writer lock (``with lock.read(): ...`` / ``with lock.write(): ...``)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting_writers = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._waiting_writers:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting_writers += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._waiting_writers -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+@contextmanager
+def flock(lock_path: Path, *, create_dir: bool = False) -> Iterator[int]:
+    """Exclusive ``flock`` on ``lock_path`` (created if missing) for the ``with`` body.
+
+    Raises ``FileNotFoundError`` when the folder does not exist (and ``create_dir`` is false).
+    The kernel releases the lock when the descriptor closes, also when the process dies.
+    """
+    if create_dir:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def still_linked(fd: int, lock_path: Path) -> bool:
+    """Whether the locked file is still the one at ``lock_path`` (false once its folder was renamed away)."""
+    try:
+        st = os.stat(lock_path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def stat_sig(path: Path) -> tuple[int, int, int, int] | None:
+    """Cheap change token of a file (device, inode, size, mtime ns); ``None`` when missing.
+
+    ``meta.json`` is always replaced by a rename, so a new meta has a new inode.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns

@@ -1,0 +1,405 @@
+"""One FAISS index of one space (:class:`SpaceIndex`): build, add, delete, search, stay current.
+
+An index holds rows of one space (``dim`` columns) under int64 ids, with an optional JSON
+payload per id. The FAISS structure per kind is in :mod:`.kinds`, CSLS in :mod:`.csls`, the
+files in :mod:`.persist`, the locks in :mod:`.locking`.
+
+Writers (add / delete / save): one at a time per index across threads (a thread lock) and
+processes (``flock`` on ``<path>/.lock``) for the whole read-modify-persist. Inside the lock the
+writer first reloads the persisted generation when it is newer than the in-memory one (so ids,
+``next_id`` and conflicts are checked against every acknowledged row), applies the change under
+the write side of the :class:`~.locking.RWLock`, and persists generation ``g + 1``. A change
+that fails after touching the in-memory index is undone by reloading the persisted state.
+
+Readers: before a search one ``stat`` of ``meta.json`` (inode, size, mtime) tells whether
+another process persisted since; only then is the meta read and, if its generation is newer,
+that generation loaded — without any writer lock (generation files are immutable once a meta
+names them) — and swapped in under the write side. A reader never waits for another process's
+writer. Each index has a ``uid``: a copy of a dropped (or dropped and re-created) index answers
+:class:`IndexNotFoundError` instead of writing into the new one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from align.exceptions import InputError
+from align.validation import as_matrix
+
+from ..limits import MAX_ID, check_dim, check_index_params
+from .csls import HubCache, csls_search
+from .errors import IndexConflictError, gone
+from .kinds import (
+    KINDS,
+    METRICS,
+    TOMBSTONE_REBUILD,
+    check_name,
+    choose_kind,
+    ids_array,
+    live_ids,
+    make_index,
+    prep_rows,
+    rebuild_hnsw,
+    search_kind,
+)
+from .locking import RWLock, flock, stat_sig, still_linked
+from .persist import (
+    FORMAT,
+    LOAD_ATTEMPTS,
+    LOCK_FILE,
+    collect_generations,
+    read_current,
+    read_generation,
+    read_meta,
+    uid_of,
+    write_generation,
+)
+
+__all__ = ["SpaceIndex", "IndexInfo"]
+
+
+@dataclass
+class IndexInfo:
+    name: str
+    space: str
+    dim: int
+    kind: str
+    metric: str
+    count: int
+    params: dict
+    created_at: float
+    updated_at: float
+    description: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class SpaceIndex:
+    """One FAISS index of one space, with ids, payloads and its own lock. Build with :meth:`build`."""
+
+    name: str
+    space: str
+    dim: int
+    kind: str
+    metric: str
+    params: dict
+    index: Any
+    payloads: dict[int, Any] = field(default_factory=dict)
+    tombstones: set[int] = field(default_factory=set)
+    next_id: int = 0
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    description: str = ""
+    path: Path | None = None
+    generation: int = 0
+    uid: str = ""
+
+    def __post_init__(self) -> None:
+        self.lock = RWLock()
+        self._hubs = HubCache()
+        self._writer = threading.Lock()  # writers of this process queue here, then on the flock
+        self._refresh_lock = threading.Lock()  # one loader of a newer generation at a time
+        self._meta_sig: tuple | None = None  # stat_sig of the meta.json the in-memory copy matches
+        if not self.uid:
+            self.uid = uuid.uuid4().hex
+
+    # --- construction -----------------------------------------------------------------------
+    @classmethod
+    def build(cls, name: str, space: str, vectors, *, ids=None, payloads=None, kind: str = "auto",
+              metric: str = "cosine", params: dict | None = None, random_state: int = 0,
+              description: str = "", path: Path | None = None, dim: int | None = None) -> SpaceIndex:
+        """Create an index from ``vectors`` (n, d); ``kind="auto"`` chooses by ``n``.
+
+        ``params``: ``{"M": 32, "ef_construction": 80, "ef_search": 64}`` for HNSW,
+        ``{"nlist": .., "nprobe": 16}`` for IVF. ``dim`` allows an empty index (no vectors).
+        """
+        check_name(name)
+        if metric not in METRICS:
+            raise InputError(f"metric must be one of {METRICS}, got {metric!r}")
+        if dim is not None:
+            dim = check_dim(dim)
+        if vectors is None or (hasattr(vectors, "__len__") and len(vectors) == 0 and dim is not None):
+            X = np.zeros((0, int(dim)), np.float32)
+        else:
+            X = as_matrix(vectors, name="vectors", dim=dim)
+        n, d = X.shape
+        check_dim(d, "vectors: columns")
+        if kind == "auto":
+            kind = choose_kind(n)
+        if kind not in KINDS:
+            raise InputError(f"kind must be 'auto' or one of {KINDS}, got {kind!r}")
+        params = check_index_params(kind, params, n_rows=n, dim=d, random_state=random_state)
+        index = make_index(kind, X, metric, params, random_state)
+        params["random_state"] = int(random_state)
+        obj = cls(name=name, space=space, dim=d, kind=kind, metric=metric, params=params, index=index,
+                  description=description, path=path)
+        if n:
+            obj._add(X, ids, payloads)
+        return obj
+
+    @classmethod
+    def load(cls, path: Path) -> SpaceIndex:
+        """Read the generation ``path/meta.json`` names (retrying when a writer moves on meanwhile)."""
+        path = Path(path)
+        meta, index, payloads, sig = read_current(path)
+        obj = cls(name=meta["name"], space=meta["space"], dim=int(meta["dim"]), kind=meta["kind"],
+                  metric=meta["metric"], params=meta["params"], index=index, payloads=payloads,
+                  tombstones=set(int(t) for t in meta.get("tombstones", [])),
+                  next_id=int(meta.get("next_id", 0)), created_at=meta["created_at"],
+                  updated_at=meta["updated_at"], description=meta.get("description", ""), path=path,
+                  generation=int(meta["generation"]), uid=uid_of(meta))
+        obj._meta_sig = sig
+        return obj
+
+    # --- facts ------------------------------------------------------------------------------
+    @property
+    def count(self) -> int:
+        return int(self.index.ntotal) - len(self.tombstones)
+
+    def info(self) -> IndexInfo:
+        return IndexInfo(self.name, self.space, self.dim, self.kind, self.metric, self.count,
+                         {k: v for k, v in self.params.items()}, self.created_at, self.updated_at, self.description)
+
+    def _live_ids(self) -> np.ndarray:
+        return live_ids(self.index, self.kind, self.tombstones)
+
+    def has_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of ``ids`` are stored (and not deleted)."""
+        return np.isin(ids, self._live_ids())
+
+    def get_payloads(self, ids: np.ndarray) -> list:
+        return [self.payloads.get(int(i)) for i in ids]
+
+    # --- writes (caller holds the write lock, or the object is not shared yet) ----------------
+    def _add(self, X: np.ndarray, ids, payloads) -> np.ndarray:
+        n = X.shape[0]
+        if ids is None:
+            if self.next_id + n > MAX_ID:
+                raise InputError(f"index {self.name!r}: automatic ids would pass 2**62; give explicit ids")
+            ids_arr = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        else:
+            ids_arr = ids_array(ids, n)
+            clash = ids_arr[np.isin(ids_arr, self._live_ids())]
+            if clash.size:
+                raise IndexConflictError(
+                    f"{clash.size} id(s) already in index {self.name!r} (first: {int(clash[0])}); delete them first")
+        if payloads is not None:
+            if not isinstance(payloads, list) or len(payloads) != n:
+                raise InputError(f"payloads: expected a list of {n} JSON values (one per vector)")
+        if self.kind == "hnsw" and self.tombstones and np.isin(ids_arr, np.fromiter(self.tombstones, np.int64)).any():
+            self._rebuild()
+        self.index.add_with_ids(np.ascontiguousarray(prep_rows(X, self.metric)), ids_arr)
+        if payloads is not None:
+            for i, p in zip(ids_arr.tolist(), payloads):
+                if p is not None:
+                    self.payloads[i] = p
+        self.next_id = max(self.next_id, int(ids_arr.max()) + 1) if n else self.next_id
+        self._changed()
+        return ids_arr
+
+    def add(self, vectors, *, ids=None, payloads=None) -> np.ndarray:
+        """Add rows ``vectors`` (n, dim) under ``ids`` (default: the next free ids); returns the ids.
+
+        Persisted before it returns; with a ``path``, checked and applied against the newest
+        persisted generation under the cross-process writer lock.
+        """
+        X = as_matrix(vectors, name="vectors", dim=self.dim)
+        with self._writing():
+            with self.lock.write(), self._undo_on_failure():
+                out = self._add(X, ids, payloads)
+                self._save()
+        return out
+
+    def delete(self, ids) -> int:
+        """Delete ``ids``; returns how many were present. Unknown ids are ignored."""
+        ids_arr = ids_array(ids)
+        with self._writing():
+            with self.lock.write(), self._undo_on_failure():
+                present = ids_arr[self.has_ids(ids_arr)]
+                if present.size == 0:
+                    return 0
+                if self.kind == "hnsw":
+                    self.tombstones.update(present.tolist())
+                    if len(self.tombstones) > TOMBSTONE_REBUILD * max(1, self.index.ntotal):
+                        self._rebuild()
+                else:
+                    removed = self.index.remove_ids(present)
+                    assert removed == present.size, (removed, present.size)
+                for i in present.tolist():
+                    self.payloads.pop(i, None)
+                self._changed()
+                self._save()
+                return int(present.size)
+
+    def _rebuild(self) -> None:
+        """HNSW only: rebuild the graph from live rows, dropping tombstones."""
+        self.index = rebuild_hnsw(self.index, self.dim, self.params, self.tombstones)
+        self.tombstones = set()
+
+    def _changed(self) -> None:
+        self.updated_at = time.time()
+        self._hubs.clear()
+
+    # --- search -----------------------------------------------------------------------------
+    def search(self, Q, k: int = 10, *, exact: bool = False, ef_search: int | None = None,
+               nprobe: int | None = None, csls_k: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` rows for each query row of ``Q`` (n, dim).
+
+        Returns
+        -------
+        S : ndarray (n, k) float32 — cosine (or inner product), or CSLS score when ``csls_k > 0``
+        I : ndarray (n, k) int64 — ids, ``-1`` where fewer than ``k`` rows exist
+        """
+        Q = as_matrix(Q, name="queries", dim=self.dim)
+        if not 1 <= int(k) <= 10_000:
+            raise InputError(f"k must be between 1 and 10000, got {k}")
+        if csls_k < 0 or csls_k > 1000:
+            raise InputError(f"csls_k must be between 0 and 1000, got {csls_k}")
+        Q = np.ascontiguousarray(prep_rows(Q, self.metric, "queries"))
+        self.refresh()
+        with self.lock.read():
+            if csls_k > 0:
+                def search(X, kk):
+                    return self._search(X, kk, exact, ef_search, nprobe)
+
+                return csls_search(Q, int(k), int(csls_k), self.count, search, self.index.reconstruct, self._hubs)
+            return self._search(Q, int(k), exact, ef_search, nprobe)
+
+    def _search(self, Q, k, exact, ef_search, nprobe):
+        return search_kind(self.index, self.kind, self.params, self.tombstones, Q, k, exact, ef_search, nprobe)
+
+    # --- persistence and other processes -------------------------------------------------
+    def save(self) -> None:
+        """Persist the in-memory state as a new generation (under the cross-process writer lock)."""
+        with self._writing():
+            with self.lock.write():
+                self._save()
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One writer at a time across threads and processes, starting from the newest generation.
+
+        Raises :class:`IndexNotFoundError` when another process dropped the index meanwhile.
+        """
+        with self._writer, ExitStack() as stack:
+            if self.path is None:
+                yield
+                return
+            fresh = self.generation == 0  # built here, never persisted: may create its folder
+            lock_path = self.path / LOCK_FILE
+            try:
+                fd = stack.enter_context(flock(lock_path, create_dir=fresh))
+            except FileNotFoundError:  # the folder is gone
+                raise gone(self.name) from None
+            if not still_linked(fd, lock_path):  # the folder was renamed away while we waited
+                raise gone(self.name)
+            with self._refresh_lock:
+                if not (fresh and stat_sig(self.path / "meta.json") is None):
+                    self._sync()
+                yield
+
+    @contextmanager
+    def _undo_on_failure(self) -> Iterator[None]:
+        """If a change fails after touching the in-memory index, go back to the persisted state.
+
+        Input and conflict errors are raised before anything changes, so they keep the copy.
+        """
+        try:
+            yield
+        except (InputError, IndexConflictError):
+            raise
+        except BaseException:
+            if self.path is not None:
+                try:
+                    meta = read_meta(self.path)
+                    if uid_of(meta) == self.uid:
+                        index, payloads = read_generation(self.path, meta)
+                        self._adopt(meta, index, payloads, stat_sig(self.path / "meta.json"))
+                except Exception:  # noqa: BLE001 - keep the first error; force a reload on next access
+                    self._meta_sig = None
+                    self.generation = -1
+            raise
+
+    def refresh(self) -> bool:
+        """Catch up with a generation another process persisted; ``True`` if one was loaded.
+
+        Costs one ``stat`` when nothing changed. Raises :class:`IndexNotFoundError` when the
+        index was dropped (or dropped and re-created) by another process.
+        """
+        if self.path is None:
+            return False
+        sig = stat_sig(self.path / "meta.json")
+        if sig is not None and sig == self._meta_sig:
+            return False
+        with self._refresh_lock:
+            return self._sync()
+
+    def _sync(self) -> bool:
+        """Caller holds ``_refresh_lock``: load the persisted generation if it is newer."""
+        assert self.path is not None
+        for _ in range(LOAD_ATTEMPTS):
+            sig = stat_sig(self.path / "meta.json")  # before reading: at worst one extra read later
+            if sig is None:
+                raise gone(self.name)
+            if sig == self._meta_sig:
+                return False
+            try:
+                meta = read_meta(self.path)
+            except FileNotFoundError:
+                continue
+            if uid_of(meta) != self.uid:
+                raise gone(self.name, "dropped and re-created by another process")
+            if int(meta["generation"]) <= self.generation:
+                self._meta_sig = sig
+                return False
+            try:
+                index, payloads = read_generation(self.path, meta)
+            except FileNotFoundError:  # collected after newer generations: read the meta again
+                continue
+            with self.lock.write():
+                self._adopt(meta, index, payloads, sig)
+            return True
+        raise RuntimeError(f"index {self.name!r}: generations changed faster than they could be read")
+
+    def _adopt(self, meta: dict, index, payloads: dict[int, Any], sig) -> None:
+        """Replace the in-memory state by a persisted generation (caller holds the write side)."""
+        self.index = index
+        self.payloads = payloads
+        self.tombstones = set(int(t) for t in meta.get("tombstones", []))
+        self.next_id = int(meta.get("next_id", 0))
+        self.kind = meta["kind"]
+        self.params = meta["params"]
+        self.updated_at = meta["updated_at"]
+        self.description = meta.get("description", "")
+        self.generation = int(meta["generation"])
+        self._meta_sig = sig
+        self._hubs.clear()
+
+    def _meta(self, gen: int) -> dict:
+        return {
+            "format": FORMAT, "format_version": 1, "generation": gen, "uid": self.uid,
+            "name": self.name, "space": self.space, "dim": self.dim, "kind": self.kind, "metric": self.metric,
+            "params": self.params, "tombstones": sorted(self.tombstones), "next_id": self.next_id,
+            "created_at": self.created_at, "updated_at": self.updated_at, "description": self.description,
+        }
+
+    def _save(self) -> None:
+        """Write generation ``g + 1`` (caller holds the writer lock and the write side)."""
+        if self.path is None:
+            return
+        gen = self.generation + 1
+        sig = write_generation(self.path, self.index, self.payloads, self._meta(gen))
+        self.generation = gen
+        self._meta_sig = sig
+        collect_generations(self.path, gen)

@@ -1,0 +1,196 @@
+"""All indexes of one service (:class:`IndexStore`), persisted under ``data_dir/indexes``.
+
+Several processes (``uvicorn --workers N``) may share the folder: every process keeps its own
+in-memory copies and the files are the truth. Create builds the index in ``root/.create-*``
+and renames the folder into place under ``root/.store.lock``; drop renames the folder away
+(``root/.trash-*``) under both that lock and the index's writer lock, then removes it, so other
+processes see an index appear or vanish atomically. :meth:`IndexStore.get` catches a copy up
+with what other processes persisted (one ``stat`` when nothing changed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from ..storage import fsync_dir
+from .errors import IndexConflictError, IndexNotFoundError, gone
+from .kinds import NAME_RE, check_name
+from .locking import flock, stat_sig
+from .persist import LOCK_FILE, STORE_LOCK
+from .space import SpaceIndex
+
+__all__ = ["IndexStore"]
+
+_LOAD_LOCK_STRIPES = 64
+_STALE_CREATE_S = 24 * 3600
+
+
+class IndexStore:
+    """All indexes of one service, persisted under ``root`` (``data_dir/indexes``).
+
+    Several stores (processes) may share ``root``: :meth:`get` and :meth:`list` see indexes
+    created, changed and dropped by the others (see the module notes).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._indexes: dict[str, SpaceIndex] = {}
+        self._lock = threading.Lock()
+        self._creating: set[str] = set()
+        # one loader per name without a lock per name ever looked up (unknown names would leak): striped
+        self._load_locks = [threading.Lock() for _ in range(_LOAD_LOCK_STRIPES)]
+        self._failed: dict[str, tuple | None] = {}  # name -> meta sig that failed to load
+        self.loaded = False
+        self.load_errors: dict[str, str] = {}
+
+    def load_all(self) -> int:
+        """Read every persisted index; returns how many loaded (failures go to ``load_errors``).
+
+        Also removes what a dead process left behind: dropped folders still being removed and
+        index folders being created more than a day ago.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        for sub in self.root.iterdir():
+            if sub.name.startswith(".trash-"):
+                shutil.rmtree(sub, ignore_errors=True)
+            elif sub.name.startswith(".create-"):
+                try:
+                    if now - sub.stat().st_mtime > _STALE_CREATE_S:
+                        shutil.rmtree(sub, ignore_errors=True)
+                except FileNotFoundError:
+                    pass
+        n = len(self.list())
+        self.loaded = True
+        return n
+
+    def _names_on_disk(self) -> list[str]:
+        try:
+            subs = sorted(self.root.iterdir())
+        except FileNotFoundError:
+            return []
+        return [d.name for d in subs if NAME_RE.fullmatch(d.name) and (d / "meta.json").exists()]
+
+    def create(self, name: str, space: str, vectors, **kw) -> SpaceIndex:
+        """Build and persist a new index; :class:`IndexConflictError` if the name exists (in any process)."""
+        check_name(name)
+        final = self.root / name
+        with self._lock:
+            if name in self._creating or (final / "meta.json").exists():
+                raise IndexConflictError(f"index {name!r} already exists")
+            self._creating.add(name)  # reserve the name in this process while building
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f".create-{name}-{uuid.uuid4().hex}"
+            try:
+                idx = SpaceIndex.build(name, space, vectors, path=tmp, **kw)
+                idx.save()  # generation 1 in the private folder
+                sig = idx._meta_sig  # renaming the folder keeps the file's inode and mtime
+                with flock(self.root / STORE_LOCK):
+                    if (final / "meta.json").exists():
+                        raise IndexConflictError(f"index {name!r} already exists")
+                    if final.exists():  # a folder without meta: left by a crash before this format
+                        os.rename(final, self.root / f".trash-{name}-{uuid.uuid4().hex}")
+                    os.rename(tmp, final)
+                    fsync_dir(self.root)
+                idx.path, idx._meta_sig = final, sig
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            with self._lock:
+                self._creating.discard(name)
+        with self._lock:
+            self._indexes[name] = idx
+            self._failed.pop(name, None)
+            self.load_errors.pop(name, None)
+        return idx
+
+    def get(self, name: str) -> SpaceIndex:
+        """The index ``name``, caught up with what other processes persisted."""
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise gone(name, "no such index")
+        with self._lock:
+            idx = self._indexes.get(name)
+        if idx is not None:
+            try:
+                idx.refresh()
+                return idx
+            except IndexNotFoundError:
+                self._forget(name, idx)
+        return self._load(name)
+
+    def _forget(self, name: str, idx: SpaceIndex) -> None:
+        with self._lock:
+            if self._indexes.get(name) is idx:
+                del self._indexes[name]
+
+    def _load(self, name: str) -> SpaceIndex:
+        path = self.root / name
+        load_lock = self._load_locks[hash(name) % _LOAD_LOCK_STRIPES]
+        with load_lock:  # one loader per name; other names load in parallel
+            with self._lock:
+                idx = self._indexes.get(name)
+            if idx is not None:  # another thread loaded it meanwhile
+                return idx
+            sig = stat_sig(path / "meta.json")
+            if sig is None:
+                raise gone(name, "no such index")
+            if name in self._failed and self._failed[name] == sig:
+                raise gone(name, f"it could not be loaded: {self.load_errors.get(name)}")
+            try:
+                idx = SpaceIndex.load(path)
+            except FileNotFoundError:  # dropped while loading
+                raise gone(name) from None
+            except Exception as exc:  # keep serving the others; readyz reports it
+                with self._lock:
+                    self._failed[name] = sig
+                    self.load_errors[name] = f"{type(exc).__name__}: {exc}"
+                raise gone(name, f"it could not be loaded: {type(exc).__name__}: {exc}") from exc
+            with self._lock:
+                self._indexes[name] = idx
+                self._failed.pop(name, None)
+                self.load_errors.pop(name, None)
+            return idx
+
+    def list(self) -> list[SpaceIndex]:
+        """Every index on disk (loaded or caught up as needed), by name."""
+        names = self._names_on_disk()
+        out = []
+        for name in names:
+            try:
+                out.append(self.get(name))
+            except IndexNotFoundError:
+                pass
+        keep = set(names)
+        with self._lock:
+            for name in [n for n in self._indexes if n not in keep]:
+                del self._indexes[name]
+            for name in [n for n in self.load_errors if n not in keep]:
+                del self.load_errors[name]
+                self._failed.pop(name, None)
+        return out
+
+    def delete(self, name: str) -> None:
+        """Drop ``name``: atomically invisible to every process, then removed from disk."""
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise gone(name, "no such index")
+        final = self.root / name
+        trash = self.root / f".trash-{name}-{uuid.uuid4().hex}"
+        try:
+            with flock(self.root / STORE_LOCK, create_dir=True):
+                if not (final / "meta.json").exists():
+                    raise gone(name, "no such index")
+                with flock(final / LOCK_FILE):  # let a writer in flight finish
+                    os.rename(final, trash)
+                fsync_dir(self.root)
+        finally:
+            with self._lock:
+                self._indexes.pop(name, None)
+                self._failed.pop(name, None)
+                self.load_errors.pop(name, None)
+        shutil.rmtree(trash, ignore_errors=True)
