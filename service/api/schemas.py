@@ -8,11 +8,15 @@ every other field.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_SEED, check_json_depth
+from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
+from ..registry.names import MAX_VERSION
 
 __all__ = [
     "MAX_VERSION", "ErrorBody",
@@ -26,7 +30,6 @@ __all__ = [
 ]
 
 
-MAX_VERSION = 2**31 - 1  # the largest version number every registry backend stores (PostgreSQL INTEGER)
 Description = Field("", max_length=MAX_DESCRIPTION, description=f"Free text, at most {MAX_DESCRIPTION} characters.")
 Dim = Field(None, ge=1, le=MAX_DIM, description=f"Columns per row (1 .. {MAX_DIM}).")
 Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 2**31-1).")
@@ -304,43 +307,32 @@ class ServiceInfo(BaseModel):
         None, description="The start-up demo on an empty data dir: `preparing`, `ready`, `failed`; null: none.")
 
 
-class SpaceOut(BaseModel):
-    name: str
-    dim: int
-    encoder: str | None = None
-    query_prefix: str = ""
-    passage_prefix: str = ""
-    description: str = ""
-    created_at: str = ""
+def record_model(name: str, record) -> type[BaseModel]:
+    """The response schema of a registry record, derived from its dataclass (:mod:`service.registry.models`).
+
+    Same fields in the same order as the record's ``to_dict()``, same types; a field is required
+    unless the dataclass gives it a default; ``metadata["doc"]`` becomes the field's description.
+    """
+    hints = typing.get_type_hints(record)
+    by_name = {f.name: f for f in dataclasses.fields(record)}
+    spec = {}
+    for n in display_fields(record):
+        f = by_name[n]
+        default = ... if f.default is dataclasses.MISSING else f.default
+        if f.default_factory is not dataclasses.MISSING:
+            default = Field(default_factory=f.default_factory)
+        spec[n] = (hints[n], Field(default, description=f.metadata["doc"]) if "doc" in f.metadata else default)
+    return create_model(name, __doc__=record.__doc__, **spec)
+
+
+SpaceOut = record_model("SpaceOut", SpaceInfo)
 
 
 class SpaceList(_Page):
     data: list[SpaceOut]
 
 
-class VersionOut(BaseModel):
-    name: str
-    version: int
-    source_space: str
-    target_space: str
-    source_dim: int
-    target_dim: int
-    method: str
-    params: dict[str, Any]
-    random_state: int | None = None
-    data_hashes: dict[str, Any]
-    package_version: str
-    created_at: str
-    metrics: dict[str, Any]
-    artifact_sha256: str
-    artifact_path: str
-    aliases: list[str]
-    tags: dict[str, Any]
-    deleted: bool
-    description: str
-    report_path: str | None = None
-    inputs: dict[str, Any]
-    artifact_format: str
+VersionOut = record_model("VersionOut", VersionInfo)
 
 
 class VersionList(_Page):
@@ -504,26 +496,7 @@ class SteerApplyResponse(BaseModel):
     vectors: list[list[float]]
 
 
-class SteerOut(BaseModel):
-    name: str
-    version: int
-    space: str
-    dim: int
-    rank: int = Field(..., description="0 for a mean-shift baseline.")
-    method: str
-    params: dict[str, Any]
-    random_state: int | None = None
-    data_hashes: dict[str, Any]
-    package_version: str
-    created_at: str
-    metrics: dict[str, Any]
-    artifact_sha256: str
-    artifact_path: str
-    aliases: list[str]
-    deleted: bool
-    description: str
-    lens: list[dict[str, Any]]
-    inputs: dict[str, Any]
+SteerOut = record_model("SteerOut", SteerInfo)
 
 
 class SteerTransferRequest(_Strict):

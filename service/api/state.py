@@ -1,8 +1,9 @@
-"""What one running app holds: registry, indexes, jobs, metrics, and a cache of loaded maps.
+"""What one running app holds: registry, indexes, jobs, metrics, and what references resolve to.
 
-Built in the app's lifespan and reached from routes through ``deps.StateDep``. Maps are
-immutable per ``name:version`` (the artifact's sha256 is part of the cache key), so caching
-them — and the compositions along a path of maps — is safe. What references resolve to
+Built in the app's lifespan and reached from routes through ``deps.StateDep``. Loaded maps,
+steers and the compositions along a path of maps are cached by the registry itself (keyed by
+artifact sha256: immutable, never stale; see :meth:`~service.registry.Registry.compose`), with
+room for :data:`MAP_CACHE_SIZE` of them. What references resolve to
 (``name``, ``name@alias``, a space's path of maps, a space) is cached too, stamped with the
 registry's :meth:`~service.registry.Registry.generation`, which every registry write bumps: a
 request checks that one counter instead of repeating the lookups, and an alias move or a new
@@ -13,20 +14,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from align import LinearMap
 
 from ..config import Settings
+from ..encoders import UnknownEncoderError
 from ..indexes import IndexStore
 from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
-from ..registry import InvalidNameError, Registry, VersionInfo, open_registry, parse_ref
-from ..encoders import UnknownEncoderError
+from ..registry import Registry, VersionInfo, open_registry
 
-__all__ = ["AppState", "Translation"]
+__all__ = ["AppState", "Translation", "MAP_CACHE_SIZE"]
+
+MAP_CACHE_SIZE = 64  # loaded maps / steers / composed paths one app keeps in memory
 
 
 @dataclass
@@ -54,8 +56,6 @@ class AppState:
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None
-        self._maps: OrderedDict[tuple, LinearMap] = OrderedDict()
-        self._maps_lock = threading.Lock()
         self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
         self._encoders: dict[str, object] = {}
         self._enc_lock = threading.Lock()
@@ -64,7 +64,8 @@ class AppState:
     def open(self) -> None:
         Path(self.settings.data_dir).mkdir(parents=True, exist_ok=True)
         try:
-            self.registry = open_registry(self.settings.resolved_registry_url(), self.settings.resolved_artifact_dir())
+            self.registry = open_registry(self.settings.resolved_registry_url(), self.settings.resolved_artifact_dir(),
+                                          cache_size=MAP_CACHE_SIZE)
         except Exception as exc:  # readyz reports it; the process stays up for /healthz and logs
             self.registry_error = f"{type(exc).__name__}: {exc}"
             raise
@@ -80,21 +81,7 @@ class AppState:
 
     # --- maps -------------------------------------------------------------------------------
     def load_version(self, v: VersionInfo) -> LinearMap:
-        key = ((v.name, v.version, v.artifact_sha256),)
-        return self._cached(key, lambda: self.registry.load_map(v))
-
-    def _cached(self, key: tuple, make) -> LinearMap:
-        with self._maps_lock:
-            m = self._maps.get(key)
-            if m is not None:
-                self._maps.move_to_end(key)
-                return m
-        m = make()
-        with self._maps_lock:
-            self._maps[key] = m
-            while len(self._maps) > 64:
-                self._maps.popitem(last=False)
-        return m
+        return self.registry.load_map(v)
 
     def _current(self, key: tuple, lookup):
         """``lookup()``, remembered until the registry's generation changes (errors are not cached)."""
@@ -113,26 +100,16 @@ class AppState:
         return self._current(("space", name), lambda: self.registry.get_space(name))
 
     def resolve(self, ref: str) -> VersionInfo:
-        """``registry.resolve(ref)`` after refusing version numbers no backend can store (422, not 500).
+        """``registry.resolve(ref)``, cached per registry generation (see the module docstring).
 
-        Cached per registry generation (see the module docstring).
+        Version numbers no backend can store are refused by :func:`~service.registry.parse_ref` (422, not 500).
         """
-        from .schemas import MAX_VERSION
-
-        _, _, version = parse_ref(ref)
-        if version is not None and version > MAX_VERSION:
-            raise InvalidNameError(f"version in {ref[:60]!r} is out of range (1 .. {MAX_VERSION})")
         return self._current(("ref", ref), lambda: self.registry.resolve(ref))
 
     def resolve_steer(self, ref: str):
         """``(SteerInfo, Steer | MeanShift)`` for ``ref``; artifacts cached by sha256 (immutable), refs resolved per call."""
-        from .schemas import MAX_VERSION
-
-        _, _, version = parse_ref(ref)
-        if version is not None and version > MAX_VERSION:
-            raise InvalidNameError(f"version in {ref[:60]!r} is out of range (1 .. {MAX_VERSION})")
         info = self.registry.resolve_steer(ref)
-        return info, self._cached(("steer", info.artifact_sha256), lambda: self.registry.load_steer(info))
+        return info, self.registry.load_steer(info)
 
     def resolve_map(self, ref: str) -> tuple[VersionInfo, LinearMap]:
         v = self.resolve(ref)
@@ -155,17 +132,7 @@ class AppState:
         chain = self._current(("path", source_space, target_space),
                               lambda: self.registry.find_path(source_space, target_space,
                                                                 self.settings.path_alias))
-        if not chain:
-            return Translation(None, [])
-        key = tuple((v.name, v.version, v.artifact_sha256) for v in chain)
-
-        def make():
-            m = self.load_version(chain[0])
-            for v in chain[1:]:
-                m = m.compose(self.load_version(v))
-            return m
-
-        return Translation(self._cached(key, make), chain)
+        return Translation(self.registry.compose(chain) if chain else None, chain)
 
     # --- encoders ---------------------------------------------------------------------------
     def encoder(self, name: str):

@@ -28,7 +28,7 @@ import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .core import _dumps, _now, package_version
+from .entity import now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .names import check_alias, check_name, check_tag_key, fs_safe
 from ..storage import atomic_write
@@ -120,39 +120,31 @@ class _Reader:
 def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
     """Write every map and steer (or only the maps ``names``, no steers) with all versions, aliases, tags,
     spaces and artifacts."""
-    maps = [m for m in reg.list_maps() if names is None or m["name"] in names]
+    chosen = {"maps": [m for m in reg.list_maps() if names is None or m["name"] in names],
+              "steers": reg.list_steers() if names is None else []}
     if names is not None:
-        missing = set(names) - {m["name"] for m in maps}
+        missing = set(names) - {m["name"] for m in chosen["maps"]}
         if missing:
             raise NotFoundError(f"unknown map(s): {sorted(missing)}")
-    steers = reg.list_steers() if names is None else []
     w = _Writer(path)
     try:
         manifest = {"format": BUNDLE_FORMAT, "format_version": 1, "package_version": package_version(),
                     "exported_at": datetime.now(timezone.utc).isoformat(), "spaces": [], "maps": [], "steers": []}
-        used_spaces = {m["source_space"] for m in maps} | {m["target_space"] for m in maps}
+        used_spaces = {m[c] for m in chosen["maps"] for c in ("source_space", "target_space")}
         manifest["spaces"] = [s.to_dict() for s in reg.list_spaces() if names is None or s.name in used_spaces]
-        for m in maps:
-            versions = []
-            for v in reg.list_versions(m["name"]):
-                d = v.to_dict()
-                d["bundle_artifact"] = f"artifacts/{v.artifact_path}"
-                w.write(d["bundle_artifact"], reg.store.get(v.artifact_path, v.artifact_sha256))
-                rp = reg.report_file(v)
-                if rp is not None and rp.exists():
-                    d["bundle_report"] = f"reports/{fs_safe(v.name)}/v{v.version}-{rp.name}"
-                    w.write(d["bundle_report"], rp.read_bytes())
-                versions.append(d)
-            manifest["maps"].append({**m, "versions": versions})
-        for st in steers:
-            versions = []
-            for v in reg.list_steer_versions(st["name"]):
-                d = v.to_dict()
-                d["bundle_artifact"] = f"artifacts/{v.artifact_path}"
-                w.write(d["bundle_artifact"], reg.store.get(v.artifact_path, v.artifact_sha256))
-                versions.append(d)
-            manifest["steers"].append({"name": st["name"], "space": st["space"], "dim": st["dim"],
-                                       "aliases": st["aliases"], "versions": versions})
+        for key, summaries in chosen.items():
+            for summary in summaries:
+                versions = []
+                for v in reg.entities[key].list(summary["name"]):
+                    d = v.to_dict()
+                    d["bundle_artifact"] = f"artifacts/{v.artifact_path}"
+                    w.write(d["bundle_artifact"], reg.store.get(v.artifact_path, v.artifact_sha256))
+                    rp = reg.report_file(v) if getattr(v, "report_path", None) else None
+                    if rp is not None and rp.exists():
+                        d["bundle_report"] = f"reports/{fs_safe(v.name)}/v{v.version}-{rp.name}"
+                        w.write(d["bundle_report"], rp.read_bytes())
+                    versions.append(d)
+                manifest[key].append({**summary, "versions": versions})
         w.write("manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
     finally:
         w.close()
@@ -212,7 +204,7 @@ def _common(d: dict, what: str) -> dict:
         random_state=None if rs is None else _int(rs, f"{what} random_state", -(2**63), 2**63 - 1),
         data_hashes=_jsonish(d.get("data_hashes", {}), f"{what} data_hashes"),
         package_version=_text(d.get("package_version", ""), f"{what} package_version", limit=128),
-        created_at=_text(d.get("created_at", "") or _now(), f"{what} created_at", limit=64),
+        created_at=_text(d.get("created_at", "") or now(), f"{what} created_at", limit=64),
         metrics=_jsonish(d.get("metrics", {}), f"{what} metrics"),
         artifact_sha256=_sha(d.get("artifact_sha256"), f"{what} artifact_sha256"),
         deleted=bool(d.get("deleted", False)),
@@ -404,32 +396,15 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
     counts = {"imported": 0, "skipped": 0, "renumbered": 0, "aliases": 0}
     n_steers = 0
     for s in plan["spaces"].values():
-        reg._ensure_space(t, s["name"], s["dim"])
-        for col in ("encoder", "query_prefix", "passage_prefix", "description"):
-            if s[col]:
-                t.q(f"UPDATE spaces SET {col} = ? WHERE name = ?", (s[col], s["name"]))
+        reg._put_space(t, s)
     for e in plan["entries"]:
-        name, is_map = e["name"], e["kind"] == "maps"
-        table, parent = ("versions", "maps") if is_map else ("steers", "steer_names")
+        name, is_map, store = e["name"], e["kind"] == "maps", reg.entities[e["kind"]]
         local: dict[int, int] = {}
         for v in e["versions"]:
-            if is_map:
-                t.q("INSERT INTO maps (name, source_space, target_space, source_dim, target_dim, created_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
-                    (name, v["source_space"], v["target_space"], v["source_dim"], v["target_dim"], _now()))
-                row = t.one("SELECT source_space, target_space FROM maps WHERE name = ?" + reg.db.for_update, (name,))
-                if (row[0], row[1]) != (v["source_space"], v["target_space"]):
-                    raise ConflictError(f"map {name!r} connects {row[0]} -> {row[1]} here, the bundle says "
-                                        f"{v['source_space']} -> {v['target_space']}")
-            else:
-                t.q("INSERT INTO steer_names (name, space, dim, created_at) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (name) DO NOTHING", (name, v["space"], v["dim"], _now()))
-                row = t.one("SELECT space FROM steer_names WHERE name = ?" + reg.db.for_update, (name,))
-                if row[0] != v["space"]:
-                    raise ConflictError(f"steer {name!r} lives in space {row[0]!r} here, the bundle says {v['space']!r}")
-            have = t.one(f"SELECT artifact_sha256 FROM {table} WHERE name = ? AND version = ?", (name, v["version"]))
+            store.bind(t, name, v, created=now(), here=" here, the bundle says")
+            have = store.sha_of(t, name, v["version"])
             tags = dict(v.get("tags", {}))
-            if have is not None and have[0] == v["artifact_sha256"]:
+            if have == v["artifact_sha256"]:
                 local[v["version"]] = v["version"]
                 counts["skipped"] += is_map
                 continue
@@ -437,36 +412,22 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
                 if on_conflict == "error":
                     raise ConflictError(f"{name}:{v['version']} exists here with another artifact "
                                         "(use on_conflict='renumber' to add it as a new version)")
-                number = reg._allocate_version(t, parent, name)
+                number = store.allocate(t, name)
                 tags["imported_from"] = f"{name}:{v['version']}"
                 status = "renumbered"
             else:
                 number = v["version"]
-                t.q(f"UPDATE {parent} SET last_version = ? WHERE name = ? AND last_version < ?", (number, name, number))
+                store.claim(t, name, number)
                 status = "imported"
             local[v["version"]] = number
-            common = dict(method=v["method"], params=_dumps(v["params"]), random_state=v["random_state"],
-                          data_hashes=_dumps(v["data_hashes"]), package_version=v["package_version"],
-                          created_at=v["created_at"], metrics=_dumps(v["metrics"]),
-                          artifact_sha256=v["sha"], artifact_path=v["rel"], deleted=int(v["deleted"]),
-                          description=v["description"], inputs=_dumps(v["inputs"]))
+            store.insert(t, name, number, {**v, "artifact_sha256": v["sha"], "artifact_path": v["rel"],
+                                           "report_path": v.get("report_rel")}, tags if is_map else None)
             if is_map:
-                reg._insert_version(t, name, number, dict(
-                    source_space=v["source_space"], target_space=v["target_space"], source_dim=v["source_dim"],
-                    target_dim=v["target_dim"], artifact_format=v["artifact_format"],
-                    report_path=v.get("report_rel"), **common))
-                for k, val in tags.items():
-                    t.q("INSERT INTO tags (name, version, key, value) VALUES (?, ?, ?, ?)", (name, number, k, val))
                 counts[status] += 1
             else:
-                cols = dict(space=v["space"], dim=v["dim"], rank=v["rank"], lens=_dumps(v["lens"]), **common)
-                t.q(f"INSERT INTO steers (name, version, {', '.join(cols)}) VALUES ({', '.join('?' * (len(cols) + 2))})",
-                    (name, number, *cols.values()))
                 n_steers += 1
-        alias_table = "aliases" if is_map else "steer_aliases"
         for alias, version in e["aliases"].items():
-            if t.one(f"SELECT 1 FROM {alias_table} WHERE name = ? AND alias = ?", (name, alias)) is None:
-                t.q(f"INSERT INTO {alias_table} (name, alias, version) VALUES (?, ?, ?)", (name, alias, local[version]))
+            if store.put_alias(t, name, alias, local[version], move=False):
                 counts["aliases"] += is_map
     if n_steers or any(e["kind"] == "steers" for e in plan["entries"]):
         counts["steers"] = n_steers

@@ -1,6 +1,8 @@
 """The registry: spaces, maps, immutable numbered versions, aliases, tags, lineage.
 
-Write path of :meth:`Registry.register_version` (crash-safe at every step):
+Maps and steers share one version lifecycle (:mod:`.entity`); this module adds what is special
+to maps (spaces, paths between spaces, verification, bundles). Write path of
+:meth:`Registry.register_version` (crash-safe at every step):
 
 1. serialise the map; write the artifact to ``tmp/``, fsync, rename to its content address;
 2. one database transaction: create the map row if new, lock it, allocate ``last_version + 1``,
@@ -10,25 +12,27 @@ A crash before the commit leaves the old state (plus, at worst, an unreferenced 
 temporary file); after the commit, the new state. ``FAULT_HOOK`` is called with the name of each
 step (``artifact_tmp_written``, ``artifact_renamed``, ``version_allocated``, ``version_inserted``,
 ``committed``) so tests can stop a writer exactly there.
+
+Imports point one way: ``core`` -> ``steers``, ``bundle`` -> ``entity`` -> ``models``, ``names``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict, deque
-from datetime import datetime, timezone
+from collections import deque
 from pathlib import Path
 from typing import Callable
 
 from align import LinearMap
-from align.exceptions import SerializationError
 
 from ..limits import MAX_DESCRIPTION, MAX_DIM
+from .bundle import export_bundle, import_bundle
 from .db import open_db
-from .errors import ConflictError, DeletedVersionError, IntegrityError, InvalidNameError, NotFoundError
+from .entity import MAPS, STEERS, LRUCache, VersionedStore, now, package_version
+from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .models import SpaceInfo, VersionInfo
-from .names import check_alias, check_name, check_tag_key, parse_ref
+from .names import check_alias, check_name, check_tag_key
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
 
@@ -36,17 +40,9 @@ __all__ = ["Registry", "open_registry", "FAULT_HOOK", "package_version"]
 
 FAULT_HOOK: Callable[[str], None] | None = None
 ARTIFACT_FORMATS = {"npz": "npz", "safetensors": "safetensors"}
-_VCOLS = ("name, version, source_space, target_space, source_dim, target_dim, method, params, random_state, "
-          "data_hashes, package_version, created_at, metrics, artifact_sha256, artifact_path, artifact_format, "
-          "deleted, description, report_path, inputs")
-
 
 _BUMP_GENERATION = ("INSERT INTO vb_meta (key, value) VALUES ('generation', '1') ON CONFLICT (key) DO UPDATE "
                     "SET value = CAST(CAST(vb_meta.value AS BIGINT) + 1 AS TEXT)")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
 def _hook(point: str) -> None:
@@ -54,34 +50,8 @@ def _hook(point: str) -> None:
         FAULT_HOOK(point)
 
 
-def package_version() -> str:
-    """Installed vecbridge version (``importlib.metadata``), or ``"unknown"``."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("vecbridge")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "unknown"
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, sort_keys=True, default=_json_default)
-
-
-def _json_default(obj):
-    import numpy as np
-
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
 class Registry(SteerRegistryMixin):
-    """Versions of linear maps stored in SQL (SQLite or PostgreSQL) plus a content-addressed folder.
+    """Versions of linear maps (and steers) stored in SQL (SQLite or PostgreSQL) plus a content-addressed folder.
 
     Parameters
     ----------
@@ -94,6 +64,9 @@ class Registry(SteerRegistryMixin):
         ``report_path`` values are resolved against it.
     artifact_format : {"safetensors", "npz"}
         Format of newly written artifacts; both are always readable.
+    cache_size : int
+        Loaded artifacts (maps, steers, maps composed along a path) kept in memory, least
+        recently used dropped first. They are immutable (keyed by sha256), so never stale.
     """
 
     def __init__(self, url: str, artifact_dir, *, artifact_format: str = "safetensors", cache_size: int = 16,
@@ -105,8 +78,10 @@ class Registry(SteerRegistryMixin):
         self.store = ArtifactStore(artifact_dir, hook=_hook)
         self.artifact_format = artifact_format
         self.report_dir = Path(report_dir).resolve() if report_dir else self.store.root.parent / "reports"
-        self._cache: OrderedDict[str, LinearMap] = OrderedDict()
-        self._cache_size = cache_size
+        self.cache = LRUCache(cache_size)
+        self.entities = {key: VersionedStore(kind, self.db, self.store, self.cache, self._write, _hook)
+                         for key, kind in (("maps", MAPS), ("steers", STEERS))}
+        self._maps = self.entities["maps"]
 
     @property
     def backend(self) -> str:
@@ -139,7 +114,7 @@ class Registry(SteerRegistryMixin):
         """
         with self.db.tx() as t:
             r = t.one("SELECT value FROM vb_meta WHERE key = 'generation'")
-        return int(r[0]) if r else 0
+        return int(r["value"]) if r else 0
 
     # --- spaces -----------------------------------------------------------------------------
     def register_space(self, name: str, dim: int, encoder: str | None = None, query_prefix: str = "",
@@ -158,28 +133,32 @@ class Registry(SteerRegistryMixin):
                 raise InvalidNameError(f"space {what} is longer than {cap} characters")
 
         def fn(t):
-            self._ensure_space(t, name, dim)
-            for col, val in (("encoder", encoder), ("query_prefix", query_prefix),
-                             ("passage_prefix", passage_prefix), ("description", description)):
-                if val:
-                    t.q(f"UPDATE spaces SET {col} = ? WHERE name = ?", (val, name))
+            self._put_space(t, dict(name=name, dim=dim, encoder=encoder, query_prefix=query_prefix,
+                                    passage_prefix=passage_prefix, description=description))
             return self._space_row(t, name)
 
         return self._write(fn)
 
     def _ensure_space(self, t, name: str, dim: int) -> None:
         t.q("INSERT INTO spaces (name, dim, created_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
-            (name, dim, _now()))
-        have = t.one("SELECT dim FROM spaces WHERE name = ?", (name,))[0]
+            (name, dim, now()))
+        have = t.one("SELECT dim FROM spaces WHERE name = ?", (name,))["dim"]
         if int(have) != int(dim):
             raise ConflictError(f"space {name!r} is {have}-d, not {dim}-d")
+
+    def _put_space(self, t, s: dict) -> None:
+        """Ensure space ``s["name"]`` (``s["dim"]``) and set the descriptive fields ``s`` gives (non-empty)."""
+        self._ensure_space(t, s["name"], s["dim"])
+        for col in ("encoder", "query_prefix", "passage_prefix", "description"):
+            if s.get(col):
+                t.q(f"UPDATE spaces SET {col} = ? WHERE name = ?", (s[col], s["name"]))
 
     def _space_row(self, t, name: str) -> SpaceInfo:
         r = t.one("SELECT name, dim, encoder, query_prefix, passage_prefix, description, created_at "
                   "FROM spaces WHERE name = ?", (name,))
         if r is None:
             raise NotFoundError(f"unknown space {name!r}")
-        return SpaceInfo(r[0], int(r[1]), r[2], r[3], r[4], r[5], r[6])
+        return SpaceInfo(**{**dict(r), "dim": int(r["dim"])})
 
     def get_space(self, name: str) -> SpaceInfo:
         check_name(name, "space name")
@@ -188,7 +167,7 @@ class Registry(SteerRegistryMixin):
 
     def list_spaces(self) -> list[SpaceInfo]:
         with self.db.tx() as t:
-            names = [r[0] for r in t.q("SELECT name FROM spaces ORDER BY name")]
+            names = [r["name"] for r in t.q("SELECT name FROM spaces ORDER BY name")]
             return [self._space_row(t, n) for n in names]
 
     # --- versions ---------------------------------------------------------------------------
@@ -213,92 +192,26 @@ class Registry(SteerRegistryMixin):
             raise InvalidNameError(f"artifact_format must be one of {sorted(ARTIFACT_FORMATS)}")
         if not isinstance(map_, LinearMap):
             raise InvalidNameError("map_ must be an align.LinearMap")
-        data = map_.to_bytes(fmt)
-        sha, rel = self.store.put(data, ARTIFACT_FORMATS[fmt])
-        created = _now()
-        row = dict(source_space=source_space, target_space=target_space, source_dim=map_.source_dim,
-                   target_dim=map_.target_dim, method=str(method), params=_dumps(params or {}),
-                   random_state=None if random_state is None else int(random_state),
-                   data_hashes=_dumps(data_hashes or {}), package_version=package_version(), created_at=created,
-                   metrics=_dumps(metrics or {}), artifact_sha256=sha, artifact_path=rel, artifact_format=fmt,
-                   deleted=0, description=description or "", report_path=report_path,
-                   inputs=_dumps(inputs or {}))
+        sha, rel = self.store.put(map_.to_bytes(fmt), ARTIFACT_FORMATS[fmt])
+        values = dict(source_space=source_space, target_space=target_space, source_dim=map_.source_dim,
+                      target_dim=map_.target_dim, method=str(method), params=params or {},
+                      random_state=None if random_state is None else int(random_state),
+                      data_hashes=data_hashes or {}, package_version=package_version(), created_at=now(),
+                      metrics=metrics or {}, artifact_sha256=sha, artifact_path=rel, artifact_format=fmt,
+                      deleted=False, description=description or "", report_path=report_path, inputs=inputs or {})
 
-        def fn(t):
+        def spaces(t):
             self._ensure_space(t, source_space, map_.source_dim)
             self._ensure_space(t, target_space, map_.target_dim)
-            t.q("INSERT INTO maps (name, source_space, target_space, source_dim, target_dim, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
-                (name, source_space, target_space, map_.source_dim, map_.target_dim, created))
-            m = t.one("SELECT source_space, target_space FROM maps WHERE name = ?" + self.db.for_update, (name,))
-            if (m[0], m[1]) != (source_space, target_space):
-                raise ConflictError(f"map {name!r} connects {m[0]} -> {m[1]}, not {source_space} -> {target_space}")
-            version = self._allocate_version(t, "maps", name)
-            self._insert_version(t, name, version, row)
-            for k, v in tags.items():
-                t.q("INSERT INTO tags (name, version, key, value) VALUES (?, ?, ?, ?)", (name, version, k, v))
-            if alias is not None:
-                self._upsert_alias(t, name, alias, version)
-            _hook("version_inserted")
-            return version
 
-        version = self._write(fn)
-        _hook("committed")
-        return self.get_version(name, version)
-
-    def _allocate_version(self, t, table: str, name: str) -> int:
-        """``last_version + 1`` of row ``name`` in ``table`` (``maps`` or ``steer_names``), row-locked, stored.
-
-        Call inside the write transaction that inserts the version row: the lock (SQLite's write
-        lock, PostgreSQL's ``FOR UPDATE``) serialises writers of one name, so numbers never repeat.
-        """
-        r = t.one(f"SELECT last_version FROM {table} WHERE name = ?" + self.db.for_update, (name,))
-        version = int(r[0]) + 1
-        t.q(f"UPDATE {table} SET last_version = ? WHERE name = ?", (version, name))
-        _hook("version_allocated")
-        return version
-
-    @staticmethod
-    def _insert_version(t, name, version, row):
-        cols = ["name", "version", *row.keys()]
-        t.q(f"INSERT INTO versions ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-            (name, version, *row.values()))
-
-    def _version_from_row(self, t, r) -> VersionInfo:
-        name, version = r[0], int(r[1])
-        aliases = [a[0] for a in t.q("SELECT alias FROM aliases WHERE name = ? AND version = ? ORDER BY alias",
-                                     (name, version))]
-        tags = dict(t.q("SELECT key, value FROM tags WHERE name = ? AND version = ? ORDER BY key", (name, version)))
-        return VersionInfo(
-            name=name, version=version, source_space=r[2], target_space=r[3], source_dim=int(r[4]),
-            target_dim=int(r[5]), method=r[6], params=json.loads(r[7]),
-            random_state=None if r[8] is None else int(r[8]), data_hashes=json.loads(r[9]),
-            package_version=r[10], created_at=r[11], metrics=json.loads(r[12]), artifact_sha256=r[13],
-            artifact_path=r[14], artifact_format=r[15], deleted=bool(r[16]), description=r[17], report_path=r[18],
-            inputs=json.loads(r[19]), aliases=aliases, tags=tags)
-
-    def _get_version(self, t, name: str, version: int) -> VersionInfo:
-        r = t.one(f"SELECT {_VCOLS} FROM versions WHERE name = ? AND version = ?", (name, int(version)))
-        if r is None:
-            if t.one("SELECT 1 FROM maps WHERE name = ?", (name,)) is None:
-                raise NotFoundError(f"unknown map {name!r}")
-            raise NotFoundError(f"map {name!r} has no version {version}")
-        return self._version_from_row(t, r)
+        return self._maps.register(name, values, alias=alias, tags=tags, before=spaces)
 
     def get_version(self, name: str, version: int) -> VersionInfo:
         """The version record (deleted ones included, flagged)."""
-        check_name(name, "map name")
-        with self.db.tx() as t:
-            return self._get_version(t, name, version)
+        return self._maps.get(name, version)
 
     def list_versions(self, name: str, include_deleted: bool = True) -> list[VersionInfo]:
-        check_name(name, "map name")
-        with self.db.tx() as t:
-            if t.one("SELECT 1 FROM maps WHERE name = ?", (name,)) is None:
-                raise NotFoundError(f"unknown map {name!r}")
-            rows = t.q(f"SELECT {_VCOLS} FROM versions WHERE name = ? ORDER BY version", (name,))
-            out = [self._version_from_row(t, r) for r in rows]
-        return [v for v in out if include_deleted or not v.deleted]
+        return self._maps.list(name, include_deleted)
 
     def resolve(self, ref: str) -> VersionInfo:
         """``name`` → latest live version; ``name@alias`` → the alias's version; ``name:N`` → version N.
@@ -306,43 +219,24 @@ class Registry(SteerRegistryMixin):
         Raises NotFoundError for unknown names/aliases/versions and DeletedVersionError (a
         NotFoundError) when the version, or the alias's version, was deleted.
         """
-        name, alias, version = parse_ref(ref)
-        with self.db.tx() as t:
-            if t.one("SELECT 1 FROM maps WHERE name = ?", (name,)) is None:
-                raise NotFoundError(f"unknown map {name!r}")
-            if alias is not None:
-                r = t.one("SELECT version FROM aliases WHERE name = ? AND alias = ?", (name, alias))
-                if r is None:
-                    raise NotFoundError(f"map {name!r} has no alias {alias!r}")
-                v = self._get_version(t, name, int(r[0]))
-                if v.deleted:
-                    raise DeletedVersionError(f"alias {name}@{alias} points at version {v.version}, which was deleted")
-                return v
-            if version is None:
-                r = t.one("SELECT MAX(version) FROM versions WHERE name = ? AND deleted = 0", (name,))
-                if r is None or r[0] is None:
-                    raise NotFoundError(f"map {name!r} has no live versions")
-                version = int(r[0])
-            v = self._get_version(t, name, version)
-            if v.deleted:
-                raise DeletedVersionError(f"version {version} of map {name!r} was deleted")
-            return v
+        return self._maps.resolve(ref)
 
     def load_map(self, ref) -> LinearMap:
-        """Resolve ``ref`` (or take a VersionInfo) and read its artifact, verifying the sha256."""
-        v = ref if isinstance(ref, VersionInfo) else self.resolve(ref)
-        if v.artifact_sha256 in self._cache:
-            self._cache.move_to_end(v.artifact_sha256)
-            return self._cache[v.artifact_sha256]
-        data = self.store.get(v.artifact_path, v.artifact_sha256)
-        try:
-            m = LinearMap.from_bytes(data)
-        except SerializationError as exc:
-            raise IntegrityError(f"artifact of {v.ref} cannot be read: {exc}") from None
-        self._cache[v.artifact_sha256] = m
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return m
+        """Resolve ``ref`` (or take a VersionInfo) and read its artifact, verifying the sha256 (cached)."""
+        return self._maps.load(ref)
+
+    def compose(self, chain: list[VersionInfo]) -> LinearMap:
+        """The map ``chain[0]`` then ``chain[1]`` ... composed (one non-empty chain; cached by the shas)."""
+
+        def make():
+            m = self.load_map(chain[0])
+            for v in chain[1:]:
+                m = m.compose(self.load_map(v))
+            return m
+
+        if len(chain) == 1:
+            return self.load_map(chain[0])
+        return self.cache.get(("chain", *(v.artifact_sha256 for v in chain)), make)
 
     def artifact_file(self, ref) -> Path:
         v = ref if isinstance(ref, VersionInfo) else self.resolve(ref)
@@ -357,88 +251,34 @@ class Registry(SteerRegistryMixin):
         return p if p.is_absolute() else (self.report_dir / p).resolve()
 
     def list_maps(self) -> list[dict]:
-        """One dict per map name: spaces, dims, latest live version, ``aliases`` {alias: version}, counts."""
-        out = []
+        """One dict per map name: spaces, dims, latest live version, ``aliases`` {alias: version}, counts,
+        ``unreliable_versions`` and the ``path_version`` (see :meth:`find_path`)."""
         with self.db.tx() as t:
-            for name, src, tgt, sd, td, created in t.q(
-                    "SELECT name, source_space, target_space, source_dim, target_dim, created_at FROM maps ORDER BY name"):
-                latest = t.one("SELECT MAX(version) FROM versions WHERE name = ? AND deleted = 0", (name,))[0]
-                n_all, n_live = t.one("SELECT COUNT(*), SUM(1 - deleted) FROM versions WHERE name = ?", (name,))
-                aliases = dict(t.q("SELECT alias, version FROM aliases WHERE name = ? ORDER BY alias", (name,)))
-                unreliable = [int(v) for v, m in t.q("SELECT version, metrics FROM versions WHERE name = ? "
-                                                     "AND deleted = 0 ORDER BY version", (name,))
-                              if (json.loads(m) if isinstance(m, str) else (m or {})).get("reliable") is False]
-                edge = self._edge_version(t, name, self.PATH_ALIAS)
-                out.append({"name": name, "source_space": src, "target_space": tgt, "source_dim": int(sd),
-                            "target_dim": int(td), "latest_version": None if latest is None else int(latest),
-                            "aliases": {k: int(v) for k, v in aliases.items()}, "n_versions": int(n_all),
-                            "n_live_versions": int(n_live or 0), "created_at": created,
-                            "unreliable_versions": unreliable,
-                            "path_version": None if edge is None else edge[0].version})
+            out = self._maps.summaries(t)
+            for m in out:
+                m["unreliable_versions"] = [int(r["version"]) for r in self._maps.rows(t, m["name"], live=True)
+                                            if json.loads(r["metrics"] or "{}").get("reliable") is False]
+                edge = self._edge_version(t, m["name"], self.PATH_ALIAS)
+                m["path_version"] = None if edge is None else edge[0].version
         return out
 
     # --- mutable annotations ----------------------------------------------------------------
-    def _upsert_alias(self, t, name, alias, version):
-        t.q("INSERT INTO aliases (name, alias, version) VALUES (?, ?, ?) "
-            "ON CONFLICT (name, alias) DO UPDATE SET version = excluded.version", (name, alias, int(version)))
-
     def set_alias(self, name: str, alias: str, version: int) -> VersionInfo:
         """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError."""
-        check_name(name, "map name")
-        check_alias(alias)
-
-        def fn(t):
-            v = self._get_version(t, name, int(version))
-            if v.deleted:
-                raise ConflictError(f"cannot point alias {alias!r} at deleted version {version} of {name!r}")
-            self._upsert_alias(t, name, alias, int(version))
-
-        self._write(fn)
-        return self.get_version(name, int(version))
+        return self._maps.set_alias(name, alias, version)
 
     def delete_alias(self, name: str, alias: str) -> None:
-        check_name(name, "map name")
-        check_alias(alias)
-
-        def fn(t):
-            if t.one("SELECT 1 FROM aliases WHERE name = ? AND alias = ?", (name, alias)) is None:
-                raise NotFoundError(f"map {name!r} has no alias {alias!r}")
-            t.q("DELETE FROM aliases WHERE name = ? AND alias = ?", (name, alias))
-
-        self._write(fn)
+        self._maps.delete_alias(name, alias)
 
     def set_tag(self, name: str, version: int, key: str, value) -> VersionInfo:
-        check_name(name, "map name")
-        check_tag_key(key)
-
-        def fn(t):
-            self._get_version(t, name, int(version))
-            t.q("INSERT INTO tags (name, version, key, value) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (name, version, key) DO UPDATE SET value = excluded.value",
-                (name, int(version), key, str(value)))
-
-        self._write(fn)
-        return self.get_version(name, int(version))
+        return self._maps.set_tag(name, version, key, value)
 
     def delete_tag(self, name: str, version: int, key: str) -> None:
-        check_name(name, "map name")
-
-        def fn(t):
-            self._get_version(t, name, int(version))
-            t.q("DELETE FROM tags WHERE name = ? AND version = ? AND key = ?", (name, int(version), key))
-
-        self._write(fn)
+        self._maps.delete_tag(name, version, key)
 
     def delete_version(self, name: str, version: int) -> VersionInfo:
         """Soft delete: the row and artifact stay (lineage), but the version no longer resolves."""
-        check_name(name, "map name")
-
-        def fn(t):
-            self._get_version(t, name, int(version))
-            t.q("UPDATE versions SET deleted = 1 WHERE name = ? AND version = ?", (name, int(version)))
-
-        self._write(fn)
-        return self.get_version(name, int(version))
+        return self._maps.delete(name, version)
 
     # --- paths between spaces ---------------------------------------------------------------
     PATH_ALIAS = "prod"
@@ -468,13 +308,11 @@ class Registry(SteerRegistryMixin):
     def _edge_version(self, t, name: str, alias: str) -> tuple[VersionInfo, bool] | None:
         """The version a map contributes to paths: its live ``alias`` version (pinned, True) if any, else
         its newest live version that is not flagged unreliable (False); None when it has neither."""
-        r = t.one("SELECT a.version FROM aliases a JOIN versions v ON v.name = a.name AND v.version = a.version "
-                  "WHERE a.name = ? AND a.alias = ? AND v.deleted = 0", (name, alias))
-        if r is not None:
-            return self._get_version(t, name, int(r[0])), True
-        rows = t.q(f"SELECT {_VCOLS} FROM versions WHERE name = ? AND deleted = 0 ORDER BY version DESC", (name,))
-        for row in rows:
-            v = self._version_from_row(t, row)
+        pinned = self._maps.live_alias(t, name, alias)
+        if pinned is not None:
+            return self._maps.get_in(t, name, pinned), True
+        for row in self._maps.rows(t, name, live=True, newest_first=True):
+            v = self._maps.decode(t, row)
             if self.is_reliable(v):
                 return v, False
         return None
@@ -539,10 +377,7 @@ class Registry(SteerRegistryMixin):
         chain = self.find_path(source_space, target_space)
         if not chain:
             raise ConflictError("source and target space are the same; no map needed")
-        m = self.load_map(chain[0])
-        for v in chain[1:]:
-            m = m.compose(self.load_map(v))
-        return m
+        return self.compose(chain)
 
     # --- maintenance ------------------------------------------------------------------------
     def verify(self, sweep: bool = False) -> dict:
@@ -551,41 +386,39 @@ class Registry(SteerRegistryMixin):
         Returns ``{"ok": bool, "bad_artifacts": [...], "dangling_aliases": [...],
         "orphan_artifacts": [...], "tmp_files": n}``; ``sweep=True`` deletes temporary files.
         """
-        bad, dangling, used = [], [], set()
+        bad, dangling, gaps, used, artifacts, counts = [], [], [], set(), [], {}
         with self.db.tx() as t:
-            rows = t.q("SELECT name, version, artifact_path, artifact_sha256 FROM versions")
-            steer_rows = t.q("SELECT name, version, artifact_path, artifact_sha256 FROM steers")
-            for name, alias, version in t.q("SELECT name, alias, version FROM aliases"):
-                if t.one("SELECT 1 FROM versions WHERE name = ? AND version = ?", (name, version)) is None:
-                    dangling.append(f"{name}@{alias}")
-            gaps = []
-            for name, last in t.q("SELECT name, last_version FROM maps"):  # numbers 1..last, each once
-                n, lo, hi = t.one("SELECT COUNT(DISTINCT version), MIN(version), MAX(version) FROM versions "
-                                  "WHERE name = ?", (name,))
-                if (int(n or 0), lo, hi) != (int(last), 1 if int(last) else None, int(last) if int(last) else None):
-                    gaps.append(name)
-        for name, version, rel, sha in [*rows, *steer_rows]:
-            used.add(rel)
+            for key, k in ((key, e.kind) for key, e in self.entities.items()):
+                rows = t.q(f"SELECT name, version, artifact_path, artifact_sha256 FROM {k.table}")
+                artifacts += rows
+                counts[key] = len(rows)
+                dangling += [f"{a['name']}@{a['alias']}" for a in t.q(
+                    f"SELECT a.name, a.alias FROM {k.aliases} a LEFT JOIN {k.table} v "
+                    "ON v.name = a.name AND v.version = a.version WHERE v.version IS NULL")]
+                for r in t.q(f"SELECT name, last_version FROM {k.names}"):  # numbers 1..last, each once
+                    last = int(r["last_version"])
+                    c = t.one(f"SELECT COUNT(DISTINCT version) AS n, MIN(version) AS lo, MAX(version) AS hi "
+                              f"FROM {k.table} WHERE name = ?", (r["name"],))
+                    if (int(c["n"] or 0), c["lo"], c["hi"]) != (last, 1 if last else None, last if last else None):
+                        gaps.append(r["name"])
+        for r in artifacts:
+            used.add(r["artifact_path"])
             try:
-                self.store.get(rel, sha)
+                self.store.get(r["artifact_path"], r["artifact_sha256"])
             except IntegrityError as exc:
-                bad.append(f"{name}:{version}: {exc}")
+                bad.append(f"{r['name']}:{r['version']}: {exc}")
         tmp = len(self.store.tmp_files())
         if sweep:
             self.store.sweep_tmp()
         orphans = sorted(self.store.all_relpaths() - used)
         return {"ok": not bad and not dangling and not gaps, "bad_artifacts": bad, "dangling_aliases": dangling,
-                "version_gaps": gaps, "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": len(rows)}
+                "version_gaps": gaps, "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": counts["maps"]}
 
     # --- bundles ----------------------------------------------------------------------------
     def export(self, path, names: list[str] | None = None) -> Path:
-        from .bundle import export_bundle
-
         return export_bundle(self, Path(path), names)
 
     def import_(self, path, *, on_conflict: str = "error") -> dict:
-        from .bundle import import_bundle
-
         return import_bundle(self, Path(path), on_conflict=on_conflict)
 
 

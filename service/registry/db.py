@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .errors import RegistryError
 
-__all__ = ["open_db", "SQLiteDB", "PostgresDB", "SCHEMA"]
+__all__ = ["open_db", "SQLiteDB", "PostgresDB", "SCHEMA", "Row"]
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS vb_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -62,16 +62,33 @@ SCHEMA = [
 ]
 
 
+class Row(tuple):
+    """A result row, the same on both backends: by column name (``r["version"]``, ``dict(r)``) or by
+    position (``r[0]``, unpacking)."""
+
+    def __new__(cls, values, index: dict[str, int]):
+        r = super().__new__(cls, values)
+        r._index = index
+        return r
+
+    def __getitem__(self, key):
+        return tuple.__getitem__(self, self._index[key] if isinstance(key, str) else key)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
 class _Tx:
     def __init__(self, cur, convert):
         self._cur = cur
         self._convert = convert
 
-    def q(self, sql: str, params=()) -> list[tuple]:
+    def q(self, sql: str, params=()) -> list[Row]:
         self._cur.execute(self._convert(sql), tuple(params))
         if self._cur.description is None:
             return []
-        return [tuple(r) for r in self._cur.fetchall()]
+        index = {d[0]: i for i, d in enumerate(self._cur.description)}
+        return [Row(r, index) for r in self._cur.fetchall()]
 
     def one(self, sql: str, params=()):
         rows = self.q(sql, params)

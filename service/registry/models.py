@@ -1,10 +1,25 @@
-"""Records returned by the registry: :class:`SpaceInfo`, :class:`VersionInfo` and :class:`SteerInfo`."""
+"""Records returned by the registry: :class:`SpaceInfo`, and the version records :class:`VersionInfo` (maps)
+and :class:`SteerInfo` (steers), both built on :class:`Record`.
+
+These dataclasses are the single definition of what a record holds: the registry decodes database
+rows into them by column name (:func:`from_row`), encodes them back into columns (:func:`to_columns`),
+and the HTTP API derives its response schemas from them (``service.api.schemas``). A field without
+a default is required in the API schema; JSON-typed fields (``dict`` / ``list``) are stored as JSON
+text; ``aliases`` and ``tags`` live in their own tables.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import json
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from typing import Any
 
-__all__ = ["SpaceInfo", "VersionInfo", "SteerInfo"]
+__all__ = ["SpaceInfo", "Record", "VersionInfo", "SteerInfo", "display_fields", "columns", "from_row", "to_columns",
+           "dumps"]
+
+_NOT_COLUMNS = ("aliases", "tags")  # annotations kept in tables of their own
 
 
 @dataclass(frozen=True)
@@ -23,36 +38,30 @@ class SpaceInfo:
         return asdict(self)
 
 
-@dataclass
-class VersionInfo:
-    """One immutable version of a map with its lineage.
+@dataclass(kw_only=True)
+class Record:
+    """What every immutable, numbered version in the registry holds, whatever its artifact.
 
-    ``aliases`` and ``tags`` are the mutable annotations current at read time; ``deleted`` marks a
-    soft-deleted version. ``artifact_path`` is relative to the registry's artifact folder.
+    ``aliases`` (and, for maps, ``tags``) are the mutable annotations current at read time;
+    ``deleted`` marks a soft-deleted version. ``artifact_path`` is relative to the registry's
+    artifact folder; ``artifact_sha256`` is verified on every read.
     """
 
     name: str
     version: int
-    source_space: str
-    target_space: str
-    source_dim: int
-    target_dim: int
     method: str
-    params: dict = field(default_factory=dict)
+    params: dict[str, Any]
     random_state: int | None = None
-    data_hashes: dict = field(default_factory=dict)
-    package_version: str = ""
-    created_at: str = ""
-    metrics: dict = field(default_factory=dict)
-    artifact_sha256: str = ""
-    artifact_path: str = ""
-    aliases: list[str] = field(default_factory=list)
-    tags: dict = field(default_factory=dict)
-    deleted: bool = False
-    description: str = ""
-    report_path: str | None = None
-    inputs: dict = field(default_factory=dict)
-    artifact_format: str = ""
+    data_hashes: dict[str, Any]
+    package_version: str
+    created_at: str
+    metrics: dict[str, Any]
+    artifact_sha256: str
+    artifact_path: str
+    aliases: list[str]
+    deleted: bool
+    description: str
+    inputs: dict[str, Any]
 
     @property
     def ref(self) -> str:
@@ -60,40 +69,107 @@ class VersionInfo:
         return f"{self.name}:{self.version}"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The record as JSON-ready values, keys in :func:`display_fields` order."""
+        d = asdict(self)
+        return {k: d[k] for k in display_fields(type(self))}
 
 
-@dataclass
-class SteerInfo:
-    """One immutable version of a steer (``align.Steer`` or ``align.MeanShift``) with its lineage.
+@dataclass(kw_only=True)
+class VersionInfo(Record):
+    """One immutable version of a linear map (``source_space`` -> ``target_space``) with its lineage."""
 
-    ``rank`` is 0 for a mean-shift baseline. ``lens`` holds the lens computed at fit time over
-    the fitting items (directions with their extreme items), or ``[]`` when there were none to name.
+    source_space: str
+    target_space: str
+    source_dim: int
+    target_dim: int
+    tags: dict[str, Any]
+    report_path: str | None = None
+    artifact_format: str
+
+
+@dataclass(kw_only=True)
+class SteerInfo(Record):
+    """One immutable version of a steer (``align.Steer`` or ``align.MeanShift``) in one space.
+
+    ``lens`` holds the lens computed at fit time over the fitting items (directions with their
+    extreme items), or ``[]`` when there were none to name.
     """
 
-    name: str
-    version: int
     space: str
     dim: int
-    rank: int
-    method: str
-    params: dict = field(default_factory=dict)
-    random_state: int | None = None
-    data_hashes: dict = field(default_factory=dict)
-    package_version: str = ""
-    created_at: str = ""
-    metrics: dict = field(default_factory=dict)
-    artifact_sha256: str = ""
-    artifact_path: str = ""
-    aliases: list[str] = field(default_factory=list)
-    deleted: bool = False
-    description: str = ""
-    lens: list = field(default_factory=list)
-    inputs: dict = field(default_factory=dict)
+    rank: int = field(metadata={"doc": "0 for a mean-shift baseline."})
+    lens: list[dict[str, Any]]
 
-    @property
-    def ref(self) -> str:
-        return f"{self.name}:{self.version}"
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+@lru_cache(maxsize=None)
+def display_fields(cls) -> tuple[str, ...]:
+    """Field names in the order records are shown: ``name``, ``version``, the kind's own fields, the rest."""
+    own = [f.name for f in fields(cls)]
+    base = [f.name for f in fields(Record)] if issubclass(cls, Record) else own
+    return (*base[:2], *(n for n in own if n not in base), *base[2:])
+
+
+@lru_cache(maxsize=None)
+def _codecs(cls) -> tuple[tuple[str, str], ...]:
+    """``(column, how)`` per stored field: ``json`` text, ``int``, ``bool`` or as is."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        if f.name in _NOT_COLUMNS:
+            continue
+        t = hints[f.name]
+        origin = typing.get_origin(t) or t
+        how = ("json" if origin in (dict, list) else "bool" if t is bool else "int" if t is int
+               else "optint" if t == (int | None) else "")
+        out.append((f.name, how))
+    return tuple(out)
+
+
+def columns(cls) -> tuple[str, ...]:
+    """The database columns of ``cls``'s table that hold its fields."""
+    return tuple(c for c, _ in _codecs(cls))
+
+
+def from_row(cls, row, **annotations):
+    """Decode a database row (any mapping of column name -> value) into a ``cls`` record."""
+    kw = {}
+    for col, how in _codecs(cls):
+        v = row[col]
+        if how == "json":
+            v = json.loads(v) if isinstance(v, (str, bytes)) else v
+        elif how == "bool":
+            v = bool(v)
+        elif how == "int" or (how == "optint" and v is not None):
+            v = int(v)
+        kw[col] = v
+    return cls(**kw, **annotations)
+
+
+def to_columns(cls, values: dict) -> dict:
+    """Column values of ``cls``'s table from field values (JSON fields dumped, booleans as 0/1)."""
+    out = {}
+    for col, how in _codecs(cls):
+        if col not in values:
+            continue
+        v = values[col]
+        out[col] = dumps(v) if how == "json" else int(v) if how == "bool" else v
+    return out
+
+
+def dumps(obj) -> str:
+    """Canonical JSON text (sorted keys; numpy scalars/arrays and paths converted)."""
+    return json.dumps(obj, sort_keys=True, default=_json_default)
+
+
+def _json_default(obj):
+    import numpy as np
+    from pathlib import Path
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+

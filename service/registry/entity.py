@@ -1,0 +1,367 @@
+"""The version lifecycle, written once for every kind of versioned entity (maps, steers).
+
+A *kind* (:class:`Kind`) names its tables and its record class and says what is special about it:
+the columns a name is bound to (a map's two spaces, a steer's space), whether versions carry
+tags, and how its artifact bytes are parsed. :class:`VersionedStore` does the rest, the same for
+every kind:
+
+- **register**: one write transaction creates the name row if new, locks it (SQLite's write lock,
+  PostgreSQL's ``FOR UPDATE``), checks the binding, allocates ``last_version + 1``, inserts the
+  version row, its tags and alias (the artifact was stored content-addressed before);
+- **resolve** ``name`` (latest live version), ``name@alias``, ``name:N``; soft-deleted versions do
+  not resolve (DeletedVersionError);
+- **aliases** (set / move / delete), **tags** (maps), **soft delete**, **list**, **summaries**;
+- **load**: the artifact read through one LRU cache keyed by its sha256 (immutable), verified.
+
+Rows are decoded by column name into the records of :mod:`.models`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable
+
+from align.exceptions import SerializationError
+
+from .errors import ConflictError, DeletedVersionError, IntegrityError, NotFoundError
+from .models import Record, SteerInfo, VersionInfo, columns, from_row, to_columns
+from .names import check_alias, check_name, check_tag_key, parse_ref
+
+__all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "now", "package_version"]
+
+
+def now() -> str:
+    """The current UTC time as ISO 8601 with microseconds (the registry's timestamps)."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def package_version() -> str:
+    """Installed vecbridge version (``importlib.metadata``), or ``"unknown"``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vecbridge")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown"
+
+
+def _parse_map(data: bytes, rec: VersionInfo):
+    from align import LinearMap
+
+    return LinearMap.from_bytes(data)
+
+
+def _parse_steer(data: bytes, rec: SteerInfo):
+    from align.steer import MeanShift, Steer
+
+    return (Steer if rec.rank > 0 else MeanShift).from_bytes(data)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What distinguishes one kind of versioned entity; see the module docstring."""
+
+    noun: str                           # "map", "steer": used in messages
+    names: str                          # table with one row per name (binding, last_version)
+    table: str                          # table of versions
+    aliases: str                        # table of aliases
+    tags: str | None                    # table of tags, None when the kind has none
+    record: type                        # the record class (a models.Record)
+    binding: tuple[str, ...]            # name-row columns every version of a name shares
+    name_cols: tuple[str, ...]          # columns copied into the name row on first use
+    verb: str                           # how a binding reads: "map 'x' connects a -> b"
+    show: Callable[[dict], str]         # the binding's values as text
+    parse: Callable[[bytes, Record], object]  # artifact bytes -> object
+
+
+MAPS = Kind("map", "maps", "versions", "aliases", "tags", VersionInfo, ("source_space", "target_space"),
+            ("source_space", "target_space", "source_dim", "target_dim"), "connects",
+            lambda b: f"{b['source_space']} -> {b['target_space']}", _parse_map)
+STEERS = Kind("steer", "steer_names", "steers", "steer_aliases", None, SteerInfo, ("space",), ("space", "dim"),
+              "lives in space", lambda b: repr(b["space"]), _parse_steer)
+KINDS = {"maps": MAPS, "steers": STEERS}
+
+
+class LRUCache:
+    """A thread-safe least-recently-used cache of loaded artifacts (immutable: keyed by sha256)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key, make: Callable[[], object]):
+        """The value cached under ``key``, else ``make()`` (computed outside the lock) remembered."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = make()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+
+class VersionedStore:
+    """The lifecycle of one kind's versions over a registry's database, writer and artifact store.
+
+    ``write(fn)`` runs ``fn(t)`` in a retried write transaction; ``hook(point)`` is the crash-test
+    hook called at each step of the write path.
+    """
+
+    def __init__(self, kind: Kind, db, store, cache: LRUCache, write: Callable, hook: Callable[[str], None]):
+        self.kind, self.db, self.store, self.cache = kind, db, store, cache
+        self._write, self._hook = write, hook
+        self._cols = ", ".join(columns(kind.record))
+
+    def check(self, name: str) -> str:
+        return check_name(name, f"{self.kind.noun} name")
+
+    # --- inside a transaction (also used by bundle import) ------------------------------------
+    def bind(self, t, name: str, values: dict, *, created: str, here: str = "") -> None:
+        """Create ``name``'s row if new and lock it; ConflictError when it is bound elsewhere.
+
+        ``values`` holds at least the kind's ``name_cols``; ``here`` words the conflict message
+        (`` here, the bundle says`` for imports).
+        """
+        k = self.kind
+        cols = ("name", *k.name_cols, "created_at")
+        t.q(f"INSERT INTO {k.names} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+            "ON CONFLICT (name) DO NOTHING", (name, *(values[c] for c in k.name_cols), created))
+        have = t.one(f"SELECT {', '.join(k.binding)} FROM {k.names} WHERE name = ?" + self.db.for_update, (name,))
+        if any(have[c] != values[c] for c in k.binding):
+            raise ConflictError(f"{k.noun} {name!r} {k.verb} {k.show(have)}{here or ', not'} {k.show(values)}")
+
+    def allocate(self, t, name: str) -> int:
+        """``last_version + 1`` of ``name`` (row-locked by :meth:`bind`), stored.
+
+        Call inside the write transaction that inserts the version row: the lock serialises
+        writers of one name, so numbers never repeat.
+        """
+        r = t.one(f"SELECT last_version FROM {self.kind.names} WHERE name = ?" + self.db.for_update, (name,))
+        version = int(r["last_version"]) + 1
+        t.q(f"UPDATE {self.kind.names} SET last_version = ? WHERE name = ?", (version, name))
+        self._hook("version_allocated")
+        return version
+
+    def claim(self, t, name: str, version: int) -> None:
+        """Raise ``last_version`` to at least ``version`` (an imported version keeps its number)."""
+        t.q(f"UPDATE {self.kind.names} SET last_version = ? WHERE name = ? AND last_version < ?",
+            (version, name, version))
+
+    def insert(self, t, name: str, version: int, values: dict, tags: dict | None = None) -> None:
+        """Insert version row ``name:version`` from field values (encoded per :func:`.models.to_columns`)."""
+        row = {**to_columns(self.kind.record, values), "name": name, "version": int(version)}
+        t.q(f"INSERT INTO {self.kind.table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+            tuple(row.values()))
+        for key, value in (tags or {}).items():
+            t.q(f"INSERT INTO {self.kind.tags} (name, version, key, value) VALUES (?, ?, ?, ?)",
+                (name, int(version), key, value))
+
+    def sha_of(self, t, name: str, version: int) -> str | None:
+        r = t.one(f"SELECT artifact_sha256 FROM {self.kind.table} WHERE name = ? AND version = ?", (name, version))
+        return None if r is None else r["artifact_sha256"]
+
+    def put_alias(self, t, name: str, alias: str, version: int, *, move: bool = True) -> bool:
+        """Point ``name@alias`` at ``version``; with ``move=False`` an existing alias is kept. True if written."""
+        a = self.kind.aliases
+        if not move and t.one(f"SELECT 1 FROM {a} WHERE name = ? AND alias = ?", (name, alias)) is not None:
+            return False
+        t.q(f"INSERT INTO {a} (name, alias, version) VALUES (?, ?, ?) "
+            "ON CONFLICT (name, alias) DO UPDATE SET version = excluded.version", (name, alias, int(version)))
+        return True
+
+    def decode(self, t, row) -> Record:
+        """The record of a version row, with its current aliases (and tags)."""
+        k, name, version = self.kind, row["name"], int(row["version"])
+        extra = {"aliases": [a["alias"] for a in t.q(f"SELECT alias FROM {k.aliases} WHERE name = ? AND version = ? "
+                                                     "ORDER BY alias", (name, version))]}
+        if k.tags:
+            extra["tags"] = {r["key"]: r["value"] for r in t.q(
+                f"SELECT key, value FROM {k.tags} WHERE name = ? AND version = ? ORDER BY key", (name, version))}
+        return from_row(k.record, row, **extra)
+
+    def exists(self, t, name: str) -> bool:
+        return t.one(f"SELECT 1 FROM {self.kind.names} WHERE name = ?", (name,)) is not None
+
+    def _require(self, t, name: str) -> None:
+        if not self.exists(t, name):
+            raise NotFoundError(f"unknown {self.kind.noun} {name!r}")
+
+    def get_in(self, t, name: str, version: int) -> Record:
+        r = t.one(f"SELECT {self._cols} FROM {self.kind.table} WHERE name = ? AND version = ?", (name, int(version)))
+        if r is None:
+            self._require(t, name)
+            raise NotFoundError(f"{self.kind.noun} {name!r} has no version {version}")
+        return self.decode(t, r)
+
+    def rows(self, t, name: str, *, live: bool = False, newest_first: bool = False) -> list:
+        return t.q(f"SELECT {self._cols} FROM {self.kind.table} WHERE name = ?{' AND deleted = 0' if live else ''} "
+                   f"ORDER BY version{' DESC' if newest_first else ''}", (name,))
+
+    def live_alias(self, t, name: str, alias: str) -> int | None:
+        """The version ``name@alias`` points at when that version is live, else None."""
+        k = self.kind
+        r = t.one(f"SELECT a.version FROM {k.aliases} a JOIN {k.table} v ON v.name = a.name AND v.version = a.version "
+                  "WHERE a.name = ? AND a.alias = ? AND v.deleted = 0", (name, alias))
+        return None if r is None else int(r["version"])
+
+    # --- register -----------------------------------------------------------------------------
+    def register(self, name: str, values: dict, *, alias: str | None = None, tags: dict | None = None,
+                 before: Callable | None = None) -> Record:
+        """Store the next version of ``name`` from field ``values`` (artifact already stored); atomic.
+
+        ``before(t)`` runs first in the same transaction (e.g. creating the spaces).
+        """
+        created = values["created_at"]
+
+        def fn(t):
+            if before is not None:
+                before(t)
+            self.bind(t, name, values, created=created)
+            version = self.allocate(t, name)
+            self.insert(t, name, version, values, tags)
+            if alias is not None:
+                self.put_alias(t, name, alias, version)
+            self._hook("version_inserted")
+            return version
+
+        version = self._write(fn)
+        self._hook("committed")
+        return self.get(name, version)
+
+    # --- read ---------------------------------------------------------------------------------
+    def get(self, name: str, version: int) -> Record:
+        """The version record (deleted ones included, flagged)."""
+        self.check(name)
+        with self.db.tx() as t:
+            return self.get_in(t, name, version)
+
+    def list(self, name: str, include_deleted: bool = True) -> list[Record]:
+        self.check(name)
+        with self.db.tx() as t:
+            self._require(t, name)
+            out = [self.decode(t, r) for r in self.rows(t, name)]
+        return [v for v in out if include_deleted or not v.deleted]
+
+    def resolve(self, ref: str) -> Record:
+        """``name`` → latest live version; ``name@alias`` → the alias's version; ``name:N`` → version N.
+
+        NotFoundError for unknown names/aliases/versions; DeletedVersionError (a NotFoundError)
+        when the version, or the alias's version, was deleted.
+        """
+        noun = self.kind.noun
+        name, alias, version = parse_ref(ref)
+        with self.db.tx() as t:
+            self._require(t, name)
+            if alias is not None:
+                r = t.one(f"SELECT version FROM {self.kind.aliases} WHERE name = ? AND alias = ?", (name, alias))
+                if r is None:
+                    raise NotFoundError(f"{noun} {name!r} has no alias {alias!r}")
+                v = self.get_in(t, name, int(r["version"]))
+                if v.deleted:
+                    raise DeletedVersionError(f"alias {name}@{alias} points at version {v.version}, which was deleted")
+                return v
+            if version is None:
+                r = t.one(f"SELECT MAX(version) AS latest FROM {self.kind.table} WHERE name = ? AND deleted = 0",
+                          (name,))
+                if r is None or r["latest"] is None:
+                    raise NotFoundError(f"{noun} {name!r} has no live versions")
+                version = int(r["latest"])
+            v = self.get_in(t, name, version)
+        if v.deleted:
+            raise DeletedVersionError(f"version {version} of {noun} {name!r} was deleted")
+        return v
+
+    def load(self, ref):
+        """Resolve ``ref`` (or take a record) and return its artifact, read once per sha256 and verified."""
+        v = ref if isinstance(ref, self.kind.record) else self.resolve(ref)
+
+        def make():
+            data = self.store.get(v.artifact_path, v.artifact_sha256)
+            try:
+                return self.kind.parse(data, v)
+            except SerializationError as exc:
+                raise IntegrityError(f"artifact of {self.kind.noun} {v.ref} cannot be read: {exc}") from None
+
+        return self.cache.get((self.kind.noun, v.artifact_sha256), make)
+
+    def summaries(self, t) -> list[dict]:
+        """One dict per name: its name-row columns, latest live version, ``aliases`` {alias: version}, counts."""
+        k, out = self.kind, []
+        for r in t.q(f"SELECT name, {', '.join(k.name_cols)}, created_at FROM {k.names} ORDER BY name"):
+            name = r["name"]
+            latest = t.one(f"SELECT MAX(version) AS v FROM {k.table} WHERE name = ? AND deleted = 0", (name,))["v"]
+            n = t.one(f"SELECT COUNT(*) AS n_all, SUM(1 - deleted) AS n_live FROM {k.table} WHERE name = ?", (name,))
+            aliases = {a["alias"]: int(a["version"])
+                       for a in t.q(f"SELECT alias, version FROM {k.aliases} WHERE name = ? ORDER BY alias", (name,))}
+            out.append({"name": name, **{c: r[c] for c in k.name_cols},
+                        "latest_version": None if latest is None else int(latest), "aliases": aliases,
+                        "n_versions": int(n["n_all"]), "n_live_versions": int(n["n_live"] or 0),
+                        "created_at": r["created_at"]})
+        return out
+
+    # --- mutable annotations ------------------------------------------------------------------
+    def set_alias(self, name: str, alias: str, version: int) -> Record:
+        """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError."""
+        self.check(name)
+        check_alias(alias)
+
+        def fn(t):
+            if self.get_in(t, name, int(version)).deleted:
+                raise ConflictError(f"cannot point alias {alias!r} at deleted version {version} of "
+                                    f"{self.kind.noun} {name!r}")
+            self.put_alias(t, name, alias, int(version))
+
+        self._write(fn)
+        return self.get(name, int(version))
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self.check(name)
+        check_alias(alias)
+        a = self.kind.aliases
+
+        def fn(t):
+            if t.one(f"SELECT 1 FROM {a} WHERE name = ? AND alias = ?", (name, alias)) is None:
+                raise NotFoundError(f"{self.kind.noun} {name!r} has no alias {alias!r}")
+            t.q(f"DELETE FROM {a} WHERE name = ? AND alias = ?", (name, alias))
+
+        self._write(fn)
+
+    def set_tag(self, name: str, version: int, key: str, value) -> Record:
+        self.check(name)
+        check_tag_key(key)
+
+        def fn(t):
+            self.get_in(t, name, int(version))
+            t.q(f"INSERT INTO {self.kind.tags} (name, version, key, value) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (name, version, key) DO UPDATE SET value = excluded.value",
+                (name, int(version), key, str(value)))
+
+        self._write(fn)
+        return self.get(name, int(version))
+
+    def delete_tag(self, name: str, version: int, key: str) -> None:
+        self.check(name)
+
+        def fn(t):
+            self.get_in(t, name, int(version))
+            t.q(f"DELETE FROM {self.kind.tags} WHERE name = ? AND version = ? AND key = ?", (name, int(version), key))
+
+        self._write(fn)
+
+    def delete(self, name: str, version: int) -> Record:
+        """Soft delete: the row and artifact stay (lineage), but the version no longer resolves."""
+        self.check(name)
+
+        def fn(t):
+            self.get_in(t, name, int(version))
+            t.q(f"UPDATE {self.kind.table} SET deleted = 1 WHERE name = ? AND version = ?", (name, int(version)))
+
+        self._write(fn)
+        return self.get(name, int(version))
