@@ -28,10 +28,10 @@ import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..storage import atomic_write
 from .entity import now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .names import check_alias, check_name, check_tag_key, fs_safe
-from ..storage import atomic_write
 from .store import sha256_bytes
 
 __all__ = ["export_bundle", "import_bundle", "BUNDLE_FORMAT", "MAX_DIM", "MAX_VERSION", "MAX_ENTRIES"]
@@ -47,8 +47,10 @@ _SLACK = 1024 * 1024                 # header / metadata room in an artifact bey
 
 
 class _Writer:
-    def __init__(self, path: Path):
-        self.zip = zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) if path.suffix == ".zip" else None
+    """Entries into a zip file (``as_zip``) or a folder (each file written atomically)."""
+
+    def __init__(self, path: Path, as_zip: bool):
+        self.zip = zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) if as_zip else None
         self.root = path
         if self.zip is None:
             path.mkdir(parents=True, exist_ok=True)
@@ -57,9 +59,7 @@ class _Writer:
         if self.zip is not None:
             self.zip.writestr(rel, data)
         else:
-            p = self.root / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(data)
+            atomic_write(self.root / rel, data)
 
     def close(self):
         if self.zip is not None:
@@ -119,14 +119,21 @@ class _Reader:
 
 def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
     """Write every map and steer (or only the maps ``names``, no steers) with all versions, aliases, tags,
-    spaces and artifacts."""
+    spaces and artifacts. A ``.zip`` appears whole or not at all (written aside, then renamed)."""
     chosen = {"maps": [m for m in reg.list_maps() if names is None or m["name"] in names],
               "steers": reg.list_steers() if names is None else []}
     if names is not None:
         missing = set(names) - {m["name"] for m in chosen["maps"]}
         if missing:
             raise NotFoundError(f"unknown map(s): {sorted(missing)}")
-    w = _Writer(path)
+    if path.suffix == ".zip":
+        atomic_write(path, lambda tmp: _export(reg, _Writer(tmp, True), chosen, names))
+    else:
+        _export(reg, _Writer(path, False), chosen, names)
+    return path
+
+
+def _export(reg, w: _Writer, chosen: dict, names: list[str] | None) -> None:
     try:
         manifest = {"format": BUNDLE_FORMAT, "format_version": 1, "package_version": package_version(),
                     "exported_at": datetime.now(timezone.utc).isoformat(), "spaces": [], "maps": [], "steers": []}
@@ -148,7 +155,6 @@ def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
         w.write("manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
     finally:
         w.close()
-    return path
 
 
 # --- validation of a manifest (phase 1) ---------------------------------------------------------

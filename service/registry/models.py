@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import typing
 from dataclasses import asdict, dataclass, field, fields
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 __all__ = ["SpaceInfo", "Record", "VersionInfo", "SteerInfo", "display_fields", "columns", "from_row", "to_columns",
@@ -101,7 +101,7 @@ class SteerInfo(Record):
     lens: list[dict[str, Any]]
 
 
-@lru_cache(maxsize=None)
+@cache
 def display_fields(cls) -> tuple[str, ...]:
     """Field names in the order records are shown: ``name``, ``version``, the kind's own fields, the rest."""
     own = [f.name for f in fields(cls)]
@@ -109,7 +109,7 @@ def display_fields(cls) -> tuple[str, ...]:
     return (*base[:2], *(n for n in own if n not in base), *base[2:])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _codecs(cls) -> tuple[tuple[str, str], ...]:
     """``(column, how)`` per stored field: ``json`` text, ``int``, ``bool`` or as is."""
     hints = typing.get_type_hints(cls)
@@ -162,8 +162,9 @@ def dumps(obj) -> str:
 
 
 def _json_default(obj):
-    import numpy as np
     from pathlib import Path
+
+    import numpy as np
 
     if isinstance(obj, np.generic):
         return obj.item()
