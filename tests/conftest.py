@@ -1,8 +1,10 @@
-"""Shared fixtures: the WordNet benchmark data when present, a small fallback otherwise."""
+"""Shared fixtures: the WordNet benchmark data when present, a small fallback otherwise; a fresh
+PostgreSQL database (``pg_url``) and a registry URL on each backend (``registry_url``)."""
 
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,33 @@ def wordnet():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+PG_URL = os.environ.get("VECBRIDGE_TEST_POSTGRES_URL")
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh database on the test PostgreSQL server (dropped afterwards), or skip without
+    ``VECBRIDGE_TEST_POSTGRES_URL`` (``eval "$(bash .ci/start_postgres.sh)"``)."""
+    if not PG_URL:
+        pytest.skip("VECBRIDGE_TEST_POSTGRES_URL is not set (eval \"$(bash .ci/start_postgres.sh)\")")
+    import psycopg
+
+    name = f"vb_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    yield PG_URL.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def registry_url(request, tmp_path):
+    """A registry database URL: SQLite in ``tmp_path``, then a fresh PostgreSQL database (see ``pg_url``)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/registry.sqlite"
+    return request.getfixturevalue("pg_url")
 
 
 def pytest_collection_modifyitems(config, items):

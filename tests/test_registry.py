@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,37 +22,6 @@ from service.registry import (
     open_registry,
     parse_ref,
 )
-
-PG_URL = os.environ.get("VECBRIDGE_TEST_POSTGRES_URL")
-
-
-def make_pg_database(base_url: str) -> tuple[str, callable]:
-    """Create a fresh database on the test server; return its URL and a dropper."""
-    import psycopg
-
-    name = f"vb_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base_url, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    url = base_url.rsplit("/", 1)[0] + "/" + name
-
-    def drop():
-        with psycopg.connect(base_url, autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return url, drop
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def registry_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/registry.sqlite"
-        return
-    if not PG_URL:
-        pytest.skip("VECBRIDGE_TEST_POSTGRES_URL is not set (run .ci/start_postgres.sh)")
-    url, drop = make_pg_database(PG_URL)
-    yield url
-    drop()
-
 
 @pytest.fixture
 def reg(registry_url, tmp_path):

@@ -8,22 +8,17 @@ the old state or the new one, and accept new writes.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import align
 from service.registry import NotFoundError, open_registry
-
-PG_URL = os.environ.get("VECBRIDGE_TEST_POSTGRES_URL")
 
 WRITER = textwrap.dedent("""
     import json, os, sys, time
@@ -53,23 +48,6 @@ WRITER = textwrap.dedent("""
 """)
 
 POINTS_BEFORE_COMMIT = ["artifact_tmp_written", "artifact_renamed", "version_allocated", "version_inserted"]
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def registry_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/registry.sqlite"
-        return
-    if not PG_URL:
-        pytest.skip("VECBRIDGE_TEST_POSTGRES_URL is not set (run .ci/start_postgres.sh)")
-    import psycopg
-
-    name = f"vb_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    yield PG_URL.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(PG_URL, autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def start_writer(url, art, stop_at="-", marker="-", seed=1, count=1, go="-"):

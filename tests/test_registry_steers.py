@@ -18,7 +18,6 @@ from service.registry import (
     SteerInfo,
     open_registry,
 )
-from tests.test_registry import registry_url  # noqa: F401 - the sqlite / postgresql fixture
 
 
 @pytest.fixture

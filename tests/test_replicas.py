@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import httpx
@@ -34,18 +33,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def pg_url():
-    import psycopg
-
-    name = f"vb_replicas_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_URL, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    yield PG_URL.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(PG_URL, autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 class Replica:

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 from starlette.responses import JSONResponse
 
+from ..registry.models import json_default as _default
+
 try:  # orjson turns float32 arrays into JSON ~10x faster than json + tolist()
     import orjson
 
@@ -26,16 +28,6 @@ except ImportError:  # pragma: no cover - orjson is in the service extra
     loads = json.loads
 
 __all__ = ["FastJSONResponse", "dumps", "dumps_blocks", "loads"]
-
-
-def _default(obj):
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, set):
-        return sorted(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
 class FastJSONResponse(JSONResponse):

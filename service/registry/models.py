@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any
 
 __all__ = ["SpaceInfo", "Record", "VersionInfo", "SteerInfo", "display_fields", "columns", "from_row", "to_columns",
-           "dumps"]
+           "dumps", "json_default"]
 
 _NOT_COLUMNS = ("aliases", "tags")  # annotations kept in tables of their own
 
@@ -158,10 +158,11 @@ def to_columns(cls, values: dict) -> dict:
 
 def dumps(obj) -> str:
     """Canonical JSON text (sorted keys; numpy scalars/arrays and paths converted)."""
-    return json.dumps(obj, sort_keys=True, default=_json_default)
+    return json.dumps(obj, sort_keys=True, default=json_default)
 
 
-def _json_default(obj):
+def json_default(obj):
+    """``default=`` for JSON encoders: numpy scalars and arrays, paths and sets (sorted) as plain JSON."""
     from pathlib import Path
 
     import numpy as np
@@ -172,5 +173,7 @@ def _json_default(obj):
         return obj.tolist()
     if isinstance(obj, Path):
         return str(obj)
+    if isinstance(obj, set):
+        return sorted(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 
 import pytest
 from fastapi.testclient import TestClient
@@ -11,9 +9,6 @@ from fastapi.testclient import TestClient
 from service.api import create_app
 
 from .helpers import W, planted, populate, settings_for
-
-PG_URL = os.environ.get("VECBRIDGE_TEST_POSTGRES_URL")
-
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
@@ -26,18 +21,3 @@ def world(tmp_path_factory):
         r = client.post("/v1/indexes", headers=W, json={"name": "ix", "space": "b", "vectors": Y[:100].tolist()})
         assert r.status_code == 201, r.text
         yield client, app, data
-
-
-@pytest.fixture
-def pg_url():
-    """A fresh PostgreSQL database (dropped afterwards), or skip without VECBRIDGE_TEST_POSTGRES_URL."""
-    if not PG_URL:
-        pytest.skip("VECBRIDGE_TEST_POSTGRES_URL is not set (source .ci/start_postgres.sh)")
-    import psycopg
-
-    name = f"vbrel_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    yield PG_URL.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(PG_URL, autocommit=True) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
