@@ -34,7 +34,7 @@ from .responses import loads
 
 __all__ = [
     "JSON", "OCTET", "NPY", "media_type", "require_json", "parse_json", "vectors_from_json", "vectors_from_binary",
-    "b64_encode", "npy_bytes", "check_batch", "validate",
+    "b64_encode", "npy_bytes", "check_batch", "texts_instead", "validate",
 ]
 
 JSON = "application/json"
@@ -95,6 +95,19 @@ def check_batch(n: int, max_batch: int) -> None:
     if n > max_batch:
         raise PayloadTooLargeError(
             f"batch of {n} rows exceeds the limit of {max_batch} rows per request; split it into smaller batches")
+
+
+def texts_instead(obj: dict, texts: list[str] | None, max_batch: int) -> bool:
+    """Whether the body ``obj`` sends ``texts`` instead of vectors; refuses both at once, an empty
+    list (422) and more than ``max_batch`` texts (413)."""
+    if texts is None:
+        return False
+    if "vectors" in obj or "vectors_b64" in obj:
+        raise InputError("give either vectors or texts, not both")
+    if not texts:
+        raise InputError("texts must not be empty")
+    check_batch(len(texts), max_batch)
+    return True
 
 
 def _b64_matrix(text: Any, dim: Any, *, name: str) -> np.ndarray:

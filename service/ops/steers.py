@@ -11,9 +11,9 @@ from align.exceptions import InputError
 from align.steer import Steer
 
 from ..registry.names import check_alias, check_name
-from ..steering import transfer_steer_job
+from ..steering import apply_steer_job, transfer_steer_job
 
-__all__ = ["set_steer_alias", "delete_steer_version", "transfer_and_register"]
+__all__ = ["set_steer_alias", "delete_steer_version", "transfer_and_register", "steer_queries"]
 
 
 def set_steer_alias(registry, name: str, alias: str, version: int):
@@ -62,3 +62,22 @@ def _steer(registry, ref):
 def _map(registry, ref):
     v = registry.resolve(ref)
     return v, registry.load_map(v)
+
+
+def steer_queries(Q, steers: dict[str, float], space: str, *, load_steer) -> tuple:
+    """Queries ``Q`` (n, d) of ``space`` steered by ``{ref: eps}``: ``Q (I + sum_i eps_i W_i)`` (composed by summation).
+
+    ``load_steer(ref) -> (SteerInfo, Steer | MeanShift)`` (a face's cache). Returns the steered
+    queries and the versions used (``[{"name", "version", "eps"}]``); a steer of another space
+    is an InputError. No steers: ``Q`` unchanged.
+    """
+    if not steers:
+        return Q, []
+    pairs, used = [], []
+    for ref, eps in steers.items():
+        info, steer = load_steer(ref)
+        if info.space != space:
+            raise InputError(f"steer {info.ref} lives in space {info.space!r}, but the index's space is {space!r}")
+        pairs.append((steer, float(eps)))
+        used.append({"name": info.name, "version": info.version, "eps": float(eps)})
+    return apply_steer_job(Q, pairs), used

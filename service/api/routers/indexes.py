@@ -12,7 +12,8 @@ from starlette.concurrency import run_in_threadpool
 from align.exceptions import DimensionMismatchError, InputError
 
 from ...indexes import SpaceIndex
-from ..codec import JSON, check_batch, parse_json, validate, vectors_from_json
+from ...ops import indexes as index_ops
+from ..codec import JSON, check_batch, parse_json, texts_instead, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
 from ..pagination import Page, paginate
@@ -21,7 +22,6 @@ from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate,
                        IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
                        error_responses)
 from ..state import AppState
-from .steers import steer_queries
 
 router = APIRouter(prefix="/v1", tags=["indexes"], responses=error_responses(401, 403, 404, 422, 503))
 
@@ -42,8 +42,10 @@ to the queries after translation, composed by summation; `steers` in the respons
 """
 
 
-def _split(obj: dict) -> dict:
-    return {k: v for k, v in obj.items() if k not in ("vectors", "vectors_b64")}
+def _options(body: bytes, model):
+    """``(obj, opts)``: the JSON body and its options validated by ``model`` (vectors left to the codec)."""
+    obj = parse_json(body)
+    return obj, validate(model, {k: v for k, v in obj.items() if k not in ("vectors", "vectors_b64")})
 
 
 def _info(idx: SpaceIndex) -> dict:
@@ -54,8 +56,7 @@ def _embed_passages(state: AppState, space: str, texts: list[str], max_batch: in
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise InputError("texts must be a non-empty list of strings")
     check_batch(len(texts), max_batch)
-    enc, _ = state.encoder_for_space(space)
-    return np.asarray(enc.encode(texts, kind="passage"), dtype=np.float32)
+    return index_ops.embed_texts(state, space, texts, "passage")
 
 
 @router.get("/indexes", dependencies=[ReadScope], summary="List indexes", response_model=IndexList)
@@ -75,8 +76,7 @@ async def create_index(request: Request, state: StateDep, settings: SettingsDep)
     body = await request.body()
 
     def work():
-        obj = parse_json(body)
-        opts = validate(IndexCreateOptions, _split(obj))
+        obj, opts = _options(body, IndexCreateOptions)
         space = state.registry.get_space(opts.space)
         payloads = opts.payloads
         if opts.texts is not None:
@@ -116,8 +116,7 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
     idx = state.indexes.get(name)
 
     def work():
-        obj = parse_json(body)
-        opts = validate(IndexAddOptions, _split(obj))
+        obj, opts = _options(body, IndexAddOptions)
         payloads = opts.payloads
         if opts.texts is not None:
             X = _embed_passages(state, idx.space, opts.texts, settings.max_batch)
@@ -151,48 +150,22 @@ async def search(name: str, request: Request, state: StateDep, settings: Setting
     idx = state.indexes.get(name)
 
     def work():
-        obj = parse_json(body)
-        opts = validate(SearchOptions, _split(obj))
-        qspace = opts.space or idx.space
-        if opts.texts is not None:
-            if "vectors" in obj or "vectors_b64" in obj:
-                raise InputError("give either vectors or texts, not both")
-            if not opts.texts:
-                raise InputError("texts must not be empty")
-            check_batch(len(opts.texts), settings.max_batch)
-            enc, _ = state.encoder_for_space(qspace)
-            Q = np.asarray(enc.encode(opts.texts, kind="query"), dtype=np.float32)
-        else:
-            qdim = state.get_space(qspace).dim if qspace != idx.space else idx.dim
-            Q = vectors_from_json(obj, dim=qdim, max_batch=settings.max_batch)
-        tr = state.translation(qspace, idx.space, opts.map) if (qspace != idx.space or opts.map) else None
-        if tr is not None and tr.map is not None:
-            Q = tr.map.apply(np.ascontiguousarray(Q, dtype=np.float32), output="raw", validate=False)
-        check_hits(Q.shape[0], opts.k, settings.limits)
-        Q, used_steers = steer_queries(state, Q, opts.steers or {}, idx.space)
-        S, I = idx.search(Q, opts.k, exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
-                          csls_k=opts.csls_k if opts.csls else 0)
-        head = {"index": name, "space": idx.space, "query_space": qspace, "k": opts.k,
-                "scoring": "csls" if opts.csls else idx.metric,
-                "maps": tr.describe() if tr is not None else [], "steers": used_steers}
-        answer = _search_body(head, idx, S, I, opts.include_payloads, settings.limits.max_response_bytes)
-        return tr, S, Response(answer, media_type=JSON)  # built here, off the event loop
+        obj, opts = _options(body, SearchOptions)
+        Q = None if texts_instead(obj, opts.texts, settings.max_batch) else vectors_from_json(
+            obj, dim=index_ops.query_dim(state, idx, opts.space), max_batch=settings.max_batch)
+        found = index_ops.search(state, idx, Q, texts=opts.texts, space=opts.space, map_ref=opts.map, k=opts.k,
+                                 exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
+                                 csls_k=opts.csls_k if opts.csls else 0, steers=opts.steers, limits=settings.limits)
+        answer = _search_body(found.describe(), idx, found.S, found.I, opts.include_payloads,
+                              settings.limits.max_response_bytes)
+        return found, Response(answer, media_type=JSON)  # built here, off the event loop
 
-    tr, S, response = await run_in_threadpool(work)
-    state.metrics.batch_rows.labels("search").observe(S.shape[0])
-    if tr is not None:
-        for v in tr.versions:
-            state.metrics.observe_map(v.name, v.version, S.shape[0])
+    found, response = await run_in_threadpool(work)
+    state.metrics.batch_rows.labels("search").observe(found.S.shape[0])
+    if found.translation is not None:
+        for v in found.translation.versions:
+            state.metrics.observe_map(v.name, v.version, found.S.shape[0])
     return response
-
-
-def check_hits(n_queries: int, k: int, limits) -> None:
-    """Bound the answer before searching: ``k <= max_k`` and ``queries x k <= max_hits`` (422)."""
-    if k > limits.max_k:
-        raise InputError(f"k={k} exceeds the limit of {limits.max_k} results per query (limits.max_k)")
-    if n_queries * k > limits.max_hits:
-        raise InputError(f"{n_queries} queries x k={k} = {n_queries * k} hits exceed the limit of {limits.max_hits} "
-                         f"per request (limits.max_hits); send fewer queries per request or a smaller k")
 
 
 def _hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool) -> list[dict]:

@@ -1,5 +1,5 @@
 """Steers: fit jobs, listing, apply, lens (``/v1/steers``); steered search lives in the indexes router
-and calls :func:`steer_queries` here."""
+and calls :func:`service.ops.steers.steer_queries`."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from ..schemas import (AliasSet, JobOut, SteerApplyOptions, SteerApplyRequest, S
                        SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferRequest, error_responses)
 from ..state import AppState
 
-__all__ = ["router", "steer_queries"]
+__all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["steers"], responses=error_responses(401, 403, 404, 422, 503))
 
@@ -199,17 +199,3 @@ async def steer_lens(ref: str, state: StateDep, k: int = Query(5, ge=1, le=100),
 
     return FastJSONResponse(await run_in_threadpool(work))
 
-
-def steer_queries(state: AppState, Q: np.ndarray, steers: dict[str, float], space: str) -> tuple[np.ndarray, list]:
-    """Apply ``{ref: eps}`` to queries ``Q`` (already in ``space``), composed by summation; returns the
-    steered queries and a description of the versions used. A steer of another space is a 422."""
-    if not steers:
-        return Q, []
-    pairs, used = [], []
-    for ref, eps in steers.items():
-        info, steer = state.resolve_steer(ref)
-        if info.space != space:
-            raise InputError(f"steer {info.ref} lives in space {info.space!r}, but the index's space is {space!r}")
-        pairs.append((steer, float(eps)))
-        used.append({"name": info.name, "version": info.version, "eps": float(eps)})
-    return apply_steer_job(Q, pairs), used

@@ -1,0 +1,102 @@
+"""Index use cases for every face: embed rows for an index, and search an index from any space.
+
+Search, for queries ``Q`` (n, d_q) in space ``s_q`` against an index of space ``s`` (rows d):
+
+1. ``texts`` instead of vectors: ``Q = encoder(s_q).encode(texts, kind="query")``;
+2. ``s_q != s`` (or a pinned ``map_ref``): ``Q <- Q H`` with ``H`` the registry's chain of maps
+   ``s_q -> s`` composed (raw output, (n, d));
+3. the answer's size is bounded before any search: ``k <= max_k``, ``n k <= max_hits``;
+4. steers ``{W_i: eps_i}`` of ``s``: ``Q <- Q (I + sum_i eps_i W_i)``;
+5. one FAISS search, top ``k`` by cosine (or inner product), CSLS re-ranking when ``csls_k > 0``.
+
+Everything is looked up through ``resolver`` (the service's app state: spaces, map chains,
+steers and encoders cached per registry generation), so a search costs no registry or
+file-system round trip beyond the index's one ``stat`` (:meth:`service.indexes.SpaceIndex.refresh`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from align.exceptions import InputError
+
+from ..indexes import SpaceIndex
+from .steers import steer_queries
+
+__all__ = ["Resolver", "SearchResult", "embed_texts", "query_dim", "check_hits", "search"]
+
+
+class Resolver(Protocol):
+    """What search needs from the service (``service.api.state.AppState`` is one)."""
+
+    def get_space(self, name: str) -> Any: ...
+
+    def translation(self, source_space: str, target_space: str, map_ref: str | None = None) -> Any: ...
+
+    def resolve_steer(self, ref: str) -> tuple[Any, Any]: ...
+
+    def encoder_for_space(self, space: str) -> tuple[Any, Any]: ...
+
+
+@dataclass
+class SearchResult:
+    """Scores ``S`` (n, k) and ids ``I`` (n, k; -1 where fewer rows), and how they were obtained."""
+
+    S: np.ndarray
+    I: np.ndarray
+    index: SpaceIndex
+    query_space: str
+    k: int
+    csls: bool
+    translation: Any = None  # the map chain used (``.versions``, ``.describe()``), None for the same space
+    steers: list[dict] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        """The answer's head: index, spaces, k, scoring, the map versions and steers used."""
+        return {"index": self.index.name, "space": self.index.space, "query_space": self.query_space, "k": self.k,
+                "scoring": "csls" if self.csls else self.index.metric,
+                "maps": self.translation.describe() if self.translation is not None else [], "steers": self.steers}
+
+
+def embed_texts(resolver: Resolver, space: str, texts: list[str], kind: str) -> np.ndarray:
+    """``texts`` embedded with ``space``'s encoder (``kind``: ``"query"`` or ``"passage"``): (n, d) float32."""
+    enc, _ = resolver.encoder_for_space(space)
+    return np.asarray(enc.encode(texts, kind=kind), dtype=np.float32)
+
+
+def query_dim(resolver: Resolver, idx: SpaceIndex, space: str | None) -> int:
+    """Width of query vectors from ``space`` (default: the index's own)."""
+    return resolver.get_space(space).dim if space and space != idx.space else idx.dim
+
+
+def check_hits(n_queries: int, k: int, limits) -> None:
+    """Bound the answer before searching: ``k <= max_k`` and ``queries x k <= max_hits`` (422)."""
+    if k > limits.max_k:
+        raise InputError(f"k={k} exceeds the limit of {limits.max_k} results per query (limits.max_k)")
+    if n_queries * k > limits.max_hits:
+        raise InputError(f"{n_queries} queries x k={k} = {n_queries * k} hits exceed the limit of {limits.max_hits} "
+                         f"per request (limits.max_hits); send fewer queries per request or a smaller k")
+
+
+def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, texts: list[str] | None = None,
+           space: str | None = None, map_ref: str | None = None, k: int = 10, exact: bool = False,
+           ef_search: int | None = None, nprobe: int | None = None, csls_k: int = 0,
+           steers: dict[str, float] | None = None, limits) -> SearchResult:
+    """Search ``idx`` with queries ``Q`` (n, d_q) — or ``texts`` — from ``space`` (steps in the module notes).
+
+    ``csls_k > 0`` re-ranks by CSLS; ``limits`` (``max_k``, ``max_hits``) bound the answer.
+    Unknown spaces, maps or steers raise NotFoundError; no path of maps, InputError / NotFoundError.
+    """
+    qspace = space or idx.space
+    if texts is not None:
+        Q = embed_texts(resolver, qspace, texts, "query")
+    tr = resolver.translation(qspace, idx.space, map_ref) if (qspace != idx.space or map_ref) else None
+    if tr is not None and tr.map is not None:
+        Q = tr.map.apply(np.ascontiguousarray(Q, dtype=np.float32), output="raw", validate=False)
+    check_hits(Q.shape[0], k, limits)
+    Q, used_steers = steer_queries(Q, steers or {}, idx.space, load_steer=resolver.resolve_steer)
+    S, I = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k)
+    return SearchResult(S, I, idx, qspace, k, csls_k > 0, tr, used_steers)
