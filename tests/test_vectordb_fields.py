@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import align
-from service.ops.migrations import open_store_for, run_migration
+from service.ops.vectordb import open_store_for, run_migration
 from service.vectordb import UnsupportedFieldError
 
 from test_vectordb_engines import milvus_url, pg_url  # noqa: F401  (module-scoped server fixtures)

@@ -8,7 +8,7 @@
 ``--map`` is an artifact path, or a registry ref with ``--registry URL --artifact-dir DIR``.
 Run the same command again after a crash or Ctrl-C: it resumes after the last checkpointed id.
 Prints one JSON line per batch (progress) and one with the final report. ``vecbridge migrate`` is
-the same operation with a progress bar (:mod:`service.ops.migrations`).
+the same operation with a progress bar (:mod:`service.ops.vectordb`).
 
 Exit codes: 0 done, 2 bad input / mismatch / refused (one JSON line on stderr), 130 interrupted
 (Ctrl-C or SIGTERM: the batch in flight is finished and checkpointed first), 1 other failure.
@@ -22,7 +22,7 @@ import sys
 
 from ..errors import exit_code
 
-from ..ops.migrations import checkpoint_status, run_migration
+from ..ops.vectordb import checkpoint_status, run_migration
 from . import MigrationInterrupted
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from ...ops.migration import plan
+from ...ops.plans import plan
 from ..codec import parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep
 from ..openapi import json_body

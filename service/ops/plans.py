@@ -1,7 +1,7 @@
-"""Migration use cases shared by the CLI and HTTP: fit a migration map, plan before the fit, gate a map.
+"""Migration planning shared by the CLI and HTTP: fit a migration map, plan before the fit, gate a map.
 
 - :func:`fit_migration_map` — :func:`align.fit_migration` with service parameters (``params`` dict
-  from ``--param`` / the JSON body); used by :func:`service.fitting.fit_map` for the methods
+  from ``--param`` / the JSON body); used by :func:`service.ops.maps.fit_map` for the methods
   ``auto`` and ``contrastive``.
 - :func:`plan` — :func:`align.plan_migration` on the old corpus and a paired probe.
 - :func:`retention_gate` — held-out pairs → retrieval scores of a map and PASS/FAIL against a

@@ -1,6 +1,6 @@
 """Vector-database migrations as one operation for every face: move a stored collection through a map.
 
-(Fitting and gating the map itself is :mod:`service.ops.migration`; this module runs it over a
+(Fitting and gating the map itself is :mod:`service.ops.plans`; this module runs it over a
 Milvus / PostgreSQL / Qdrant collection.)
 
 ``vecbridge migrate`` / ``vecbridge verify`` and ``python -m service.vectordb migrate`` parse their
