@@ -71,7 +71,7 @@ def run_demo(state, progress: Callable[[str, float], None] = lambda s, f: None, 
     from align import evaluate
 
     from .encoders import list_encoders
-    from .fitting import run_fit
+    from .ops.maps import run_fit
     from .registry import NotFoundError
 
     reg = state.registry

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from service.fitting import run_fit
+from service.ops.maps import run_fit
 from service.ui import STATIC_DIR
 from service.ui.pages import PAGES
 from test_api_support import R, W, planted, settings_for

@@ -177,7 +177,7 @@ def test_http_idempotency_key(tmp_path):
 
 
 def test_http_fit_registers_a_version(tmp_path):
-    pytest.importorskip("service.fitting")
+    pytest.importorskip("service.ops.maps")
     app = create_app(settings_for(tmp_path))
     with TestClient(app) as c:
         populate(app.state.vb.registry)
@@ -200,7 +200,7 @@ def test_http_fit_registers_a_version(tmp_path):
 
 
 def test_http_cancel_job(tmp_path):
-    pytest.importorskip("service.fitting")
+    pytest.importorskip("service.ops.maps")
     app = create_app(settings_for(tmp_path))
     with TestClient(app) as c:
         populate(app.state.vb.registry)

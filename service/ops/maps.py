@@ -1,0 +1,471 @@
+"""Map use cases for every face: fit (validate → fit → diagnostics → report → register), spaces,
+map summaries and reports, and embeddings translated through the registry's maps.
+
+``run_fit`` fits with :mod:`align`, measures the map (paired: top-1 / mean rank / cosine on the
+training pairs; unpaired: mutual nearest neighbours after mapping, the label-free signal), renders
+the HTML report (:mod:`service.reports`) and registers the version with its lineage: sha256 of
+the float32 bytes of every input, method and parameters, ``random_state``, package version. The
+report file is written only once the version is registered (its path recorded in the version),
+so a refused registration (a conflict) leaves no report behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import align
+from align.validation import as_matrix
+from align.exceptions import DimensionMismatchError, InputError
+from align.frames import unit_rows
+
+from ..encoders import UnknownEncoderError
+from ..io import sha256_array
+from ..progress import Progress, Stages, silent
+from ..registry import ConflictError, NotFoundError, Registry, VersionInfo
+from ..registry.names import check_alias, check_name, fs_safe
+from ..reports import render_report, write_report
+from .plans import MIGRATION_METHODS, fit_migration_map
+
+__all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_request", "fit_side", "check_pairs",
+           "embed_side", "fit_sides", "create_space", "describe_map", "report_html", "embed"]
+
+METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive")
+SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive")
+_DIAG_SAMPLE = 4096
+_PLOT_SAMPLE = 1500
+log = logging.getLogger(__name__)
+
+
+def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: bool, seed_pairs=None,
+            random_state=0, progress: Progress | None = None,
+            ray_address: str | None = None, ray_shard_rows: int = 262144) -> align.LinearMap:
+    """Fit a :class:`align.LinearMap` with ``method``; typed InputError for bad combinations.
+
+    ``ray_address`` (``"local"`` or a cluster address) runs a supervised fit as a Ray map-reduce of
+    sufficient statistics over row shards of ``ray_shard_rows`` (equal to the in-process fit), and
+    an unsupervised / seeded minivec2vec fit with its row-block kernels as Ray tasks (the same map).
+    """
+    params = dict(params or {})
+    if isinstance(ray_shard_rows, bool) or not isinstance(ray_shard_rows, int) or ray_shard_rows < 1:
+        raise InputError(f"shard rows must be a positive integer, got {ray_shard_rows!r}")
+    if method not in METHODS:
+        raise InputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if method in SUPERVISED:
+        if not paired:
+            raise InputError(f"method {method!r} needs paired rows (--pairs); use minivec2vec for unpaired data")
+        if seed_pairs is not None:
+            raise InputError("seed pairs apply to minivec2vec only")
+        if method in MIGRATION_METHODS:  # align.fit_migration: families chosen on held-out pairs
+            if ray_address is not None:
+                raise InputError(f"--ray runs procrustes, ridge and lowrank fits; {method} runs in-process")
+            return fit_migration_map(X, Y, method=method, params=params, random_state=random_state)
+        fn = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}[method]
+        if method == "lowrank" and "rank" not in params:
+            raise InputError("lowrank needs a rank parameter (--param rank=N)")
+        try:
+            if ray_address is not None:
+                from ..distributed import fit_stats_ray
+
+                shards = [(X[a : a + ray_shard_rows], Y[a : a + ray_shard_rows])
+                          for a in range(0, X.shape[0], ray_shard_rows)]
+                return fit_stats_ray(shards, method=method, address=None if ray_address == "local" else ray_address,
+                                     **params)
+            return fn(X, Y, **params)
+        except TypeError as exc:
+            raise InputError(f"bad parameter for {method}: {exc}") from None
+    if "refine" in params and isinstance(params["refine"], list):
+        params["refine"] = tuple(params["refine"])
+    preset = params.pop("preset", "fast")
+    cls = align.MiniVec2Vec
+    if preset not in ("fast", "published", "none"):
+        raise InputError(f"preset must be 'fast' (vecbridge's configuration), 'published' (the paper's defaults) "
+                         f"or 'none' (constructor defaults), got {preset!r}")
+    try:
+        make = {"fast": cls.fast, "published": cls.published}.get(preset, cls)
+        est = make(random_state=random_state, **params)
+    except TypeError as exc:
+        raise InputError(f"bad parameter for minivec2vec: {exc}") from None
+    if ray_address is None:
+        map_ = est.fit(X, Y, progress=progress, seed_pairs=seed_pairs).map_
+    else:  # the kNN / CSLS rounds as Ray tasks over row blocks: the same map, bit for bit
+        from ..distributed import ray_executor, ray_session
+
+        with ray_session(None if ray_address == "local" else ray_address) as ray:
+            map_ = est.fit(X, Y, progress=progress, seed_pairs=seed_pairs, executor=ray_executor(ray)).map_
+        map_.metadata.setdefault("diagnostics", {})["executor"] = "ray"
+    map_.metadata.setdefault("params", {})["preset"] = preset  # lineage: which configuration the defaults came from
+    return map_
+
+
+def _subsample(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    return np.arange(n) if n <= k else np.sort(rng.choice(n, size=k, replace=False))
+
+
+def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dict, tuple]:
+    """Metrics, cosine samples for the histogram, and PCA clouds."""
+    metrics: dict = {}
+    cosines: dict = {}
+    if paired:
+        idx = _subsample(X.shape[0], _DIAG_SAMPLE, rng)
+        ev = align.evaluate(map_, X[idx], Y[idx], csls=False)
+        metrics.update({f"train_{k}": v for k, v in ev.items() if k != "n_candidates"})
+        metrics["train_n_candidates"] = ev["n_candidates"]
+        Q = unit_rows(map_.apply(X[idx], output="linear", validate=False))
+        D = unit_rows(map_.target_frame.apply(Y[idx], validate=False))
+        cosines["true pairs"] = np.einsum("ij,ij->i", Q, D)
+        pi, pj = idx, idx
+    else:
+        i_s = _subsample(X.shape[0], _DIAG_SAMPLE, rng)
+        i_t = _subsample(Y.shape[0], _DIAG_SAMPLE, rng)
+        Q = unit_rows(map_.apply(X[i_s], output="linear", validate=False))
+        D = unit_rows(map_.target_frame.apply(Y[i_t], validate=False))
+        iq, idd, score = align.mutual_nn(Q, D)
+        S, _ = align.knn(Q, D, 1)
+        metrics.update({"mnn_pairs": int(iq.size), "mnn_frac": float(iq.size / Q.shape[0]),
+                        "mnn_mean_cos": float(score.mean()) if iq.size else 0.0,
+                        "nn_mean_cos": float(S[:, 0].mean()), "diag_sample": int(Q.shape[0])})
+        cosines["mutual nearest neighbours"] = score
+        cosines["nearest neighbour of every mapped row"] = S[:, 0]
+        pi, pj = i_s, i_t
+    k_s = pi[_subsample(len(pi), _PLOT_SAMPLE, rng)]
+    k_t = pj[_subsample(len(pj), _PLOT_SAMPLE, rng)] if not paired else k_s
+    clouds = (map_.source_frame.apply(X[k_s], validate=False), map_.target_frame.apply(Y[k_t], validate=False),
+              map_.apply(X[k_s], output="frame"), map_.target_frame.apply(Y[k_t], validate=False))
+    return metrics, cosines, clouds
+
+
+def _report_paths(registry, name: str, report_dir) -> tuple[Path, str]:
+    """Where this fit's HTML report goes, and the path the registry records (relative to its report dir)."""
+    rdir = Path(report_dir) if report_dir is not None else registry.report_dir
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    path = (rdir / fs_safe(name) / f"{stamp}-{uuid.uuid4().hex[:8]}.html").resolve()
+    try:
+        return path, str(path.relative_to(registry.report_dir))
+    except ValueError:
+        return path, str(path)
+
+
+def run_fit(registry: Registry, *, name: str, source, target, method: str, params: dict | None = None,
+            source_space: str, target_space: str, paired: bool, seed_pairs=None, random_state: int | None = 0,
+            alias: str | None = None, progress: Progress | None = None, report_dir=None,
+            should_cancel: Callable[[], bool] | None = None, description: str = "", tags: dict | None = None,
+            inputs: dict | None = None, artifact_format: str | None = None,
+            report_copy=None, ray_address: str | None = None, report: bool = True,
+            ray_shard_rows: int = 262144) -> VersionInfo:
+    """Fit, diagnose, report and register one map version.
+
+    Parameters
+    ----------
+    registry : Registry
+    name : str                   map name (``minilm->e5``)
+    source : array (n, d_s); target : array (m, d_t)   raw embeddings (paired: n == m, row i ↔ row i)
+    method : {"minivec2vec", "procrustes", "ridge", "lowrank"}
+    params : dict                keyword arguments of the align fitter / estimator
+    paired : bool                rows are paired (supervised methods need it)
+    seed_pairs : (i_src, i_tgt) or None      known pairs for seeded minivec2vec
+    progress : Progress, optional  ``(stage, fraction)``: validate, fit (and "fit: <stage>"), diagnostics, report, register
+    report_dir : path, optional  default ``registry.report_dir``
+    should_cancel : callable() -> bool, optional; checked at every progress tick → align.exceptions.Cancelled (nothing registered)
+    inputs : dict, optional      descriptions of the inputs (files, rows, encoders) kept in lineage
+    report_copy : path, optional an extra copy of the HTML report
+    ray_address : str, optional  ``"local"`` or a Ray address: supervised fits as a map-reduce (see fit_map)
+    report : bool                write the HTML report (default); ``False`` skips it (``report_path`` None)
+    ray_shard_rows : int         rows per Ray task (default 262,144; see SCALING.md for when Ray pays off)
+
+    Returns
+    -------
+    VersionInfo of the new version (``report_path`` set when ``report``; the file is written after registration).
+    """
+    check_name(name, "map name")
+    check_name(source_space, "source space")
+    check_name(target_space, "target space")
+    if alias is not None:
+        check_alias(alias)
+    params = dict(params or {})
+    st = Stages(progress, should_cancel, what=f"fit of {name!r}")
+
+    with st.stage("validate", timing="validate + hash"):
+        X = as_matrix(source, name="source")
+        Y = as_matrix(target, name="target")
+        if paired and X.shape[0] != Y.shape[0]:
+            raise align.PairCountError(f"paired fit needs as many source rows as target rows, got {X.shape[0]} "
+                                       f"and {Y.shape[0]}")
+        hashes = {"source": sha256_array(X), "target": sha256_array(Y)}
+        if seed_pairs is not None:
+            i_s, i_t = (np.asarray(a).reshape(-1) for a in seed_pairs)
+            hashes["seed_pairs"] = sha256_array(np.stack([i_s, i_t], axis=1).astype(np.float32))
+
+    with st.stage("fit"):
+        map_ = fit_map(X, Y, method=method, params=params, paired=paired, seed_pairs=seed_pairs,
+                       random_state=random_state, progress=st.sub("fit"), ray_address=ray_address,
+                       ray_shard_rows=ray_shard_rows)
+
+    with st.stage("diagnostics"):
+        rng = np.random.default_rng(0 if random_state is None else random_state)
+        metrics, cosines, clouds = _diagnose(map_, X, Y, paired, rng)
+        diag = map_.metadata.get("diagnostics") or {}
+        metrics.update(_fit_signals(map_.metadata, diag))
+        effective = dict(map_.metadata.get("params") or {})  # every parameter, defaults included
+        effective.update(params)
+        effective.pop("random_state", None)  # recorded on its own
+
+    html_text = report_file = report_rel = None
+    with st.stage("report"):  # rendered now, written once the version is registered (no orphan on a conflict)
+        if report:
+            n_src, n_tgt = X.shape[0], Y.shape[0]
+            summary = {"map": name,
+                       "spaces": f"{source_space} ({X.shape[1]}-d) -> {target_space} ({Y.shape[1]}-d)",
+                       "method": method, "paired": paired, "rows": f"source {n_src}, target {n_tgt}",
+                       "params": effective, "random_state": random_state, "data sha256": hashes,
+                       "inputs": inputs or {}, "alias": alias or "",
+                       "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            html_text = render_report(title=f"vecbridge fit: {name}", summary=summary, metrics=metrics,
+                                      timings={**st.timings, **_inner_timings(diag)}, diagnostics=diag,
+                                      cosines=cosines, clouds=clouds, paired=paired)
+            report_file, report_rel = _report_paths(registry, name, report_dir)
+
+    st.tick("register", 0.0)  # the last cancellation point: once registered, the fit has happened
+    metrics["timings"] = {k: round(v, 4) for k, v in st.timings.items()}
+    version = registry.register_version(
+        name, map_, source_space=source_space, target_space=target_space, method=method, params=effective,
+        random_state=random_state, data_hashes=hashes, metrics=metrics, description=description, tags=tags,
+        alias=alias, report_path=report_rel, artifact_format=artifact_format,
+        inputs={**(inputs or {}), "n_source": X.shape[0], "n_target": Y.shape[0], "paired": paired})
+    if html_text is not None:
+        _write_report(version, report_file, report_copy, html_text)
+    return version
+
+
+def _fit_signals(meta: dict, diag: dict) -> dict:
+    """The fit's own quality signals worth keeping with the metrics (selection, criterion, reliability)."""
+    out: dict = {}
+    if meta.get("selection"):  # fit_migration: held-out scores of every candidate family
+        out["selection"] = meta["selection"]
+    if "criterion" in meta:
+        out["criterion"] = float(meta["criterion"])
+    if isinstance(diag.get("criteria"), list):
+        out["criteria"] = [float(c) for c in diag["criteria"]]
+    for key in ("null_criterion", "reliable"):  # label-free failure flag of MiniVec2Vec
+        if key in diag:
+            out[key] = diag[key] if isinstance(diag[key], bool) else float(diag[key])
+    return out
+
+
+def _inner_timings(diag: dict) -> dict[str, float]:
+    """The fitter's own stage seconds (``diagnostics.timings``), named ``fit: <stage>`` for the report."""
+    inner = diag.get("timings") or {}
+    out = {f"fit: {k}": float(v) for k, v in inner.items() if isinstance(v, (int, float)) and k != "total"}
+    for r, rt in enumerate(inner.get("restarts") or []):
+        if isinstance(rt, dict):
+            out.update({f"fit: restart {r} {k}": float(v) for k, v in rt.items() if isinstance(v, (int, float))})
+    return out
+
+
+def _write_report(version: VersionInfo, path: Path, copy, html_text: str) -> None:
+    """Write a registered version's report (atomic, fsynced) and the optional extra copy.
+
+    The version already records ``path``: a crash or a full disk here leaves a version whose report
+    route answers 404 ("missing from the data dir"), never a report without a version.
+    """
+    try:
+        write_report(path, html_text)
+    except OSError as exc:
+        log.warning("map %s is registered but its fit report could not be written to %s: %s", version.ref, path, exc)
+    if copy is not None:
+        write_report(copy, html_text)
+
+
+# --- fit requests (a face's body → checked sides → a fit job) ------------------------------------
+@dataclass
+class FitSide:
+    """One side of a fit request: vectors ``X`` (n, d), or ``texts`` embedded with ``encoder`` in the job.
+
+    ``known``: the space is registered already; otherwise the job registers it from the data.
+    """
+
+    space: str
+    label: str
+    X: np.ndarray | None = None
+    texts: list[str] | None = None
+    encoder: str | None = None
+    known: bool = False
+
+    @property
+    def rows(self) -> int:
+        return int(self.X.shape[0]) if self.X is not None else len(self.texts)
+
+    def describe(self) -> str:
+        return f"{len(self.texts)} texts via {self.encoder}" if self.texts is not None else f"{self.rows} vectors"
+
+
+def check_fit_request(registry, *, name: str, method: str, paired: bool, source_space: str, target_space: str,
+                      alias: str | None) -> None:
+    """Refuse at request time what the fit job would refuse later (422 / 409, not a failed job).
+
+    Names and alias go through the registry's own validators; a map name already bound to other
+    spaces is the ConflictError ``register_version`` would raise.
+    """
+    check_name(name, "map name")
+    check_name(source_space, "source space")
+    check_name(target_space, "target space")
+    if alias is not None:
+        check_alias(alias)
+    try:
+        v = registry.get_version(name, 1)  # one row; every version of a map shares its spaces
+    except NotFoundError:
+        try:  # an unknown map, or one whose numbering does not start at 1 (imported)
+            vs = registry.list_versions(name, True)
+        except NotFoundError:
+            vs = []
+        v = vs[0] if vs else None
+    if v is not None and (v.source_space, v.target_space) != (source_space, target_space):
+        raise ConflictError(f"map {name!r} connects {v.source_space} -> {v.target_space}, not "
+                            f"{source_space} -> {target_space}; choose another map name")
+    _check_method(method, paired)
+
+
+def _check_method(method: str, paired: bool) -> None:
+    if method not in METHODS:
+        raise InputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if method in SUPERVISED and not paired:
+        raise InputError(f"method {method!r} needs paired rows (\"paired\": true); use minivec2vec for unpaired sets")
+
+
+def fit_side(registry, load_encoder: Callable, *, space: str, label: str, X: np.ndarray | None = None,
+             texts: list[str] | None = None, encoder: str | None = None) -> FitSide:
+    """Check one side against its space: vectors of the space's width, or texts with a known encoder
+    (default: the space's; an unknown one raises UnknownEncoderError now rather than in the job)."""
+    try:
+        info = registry.get_space(space)
+    except NotFoundError:
+        info = None
+    if texts is not None:
+        encoder = encoder or (info.encoder if info else None)
+        if not encoder:
+            raise InputError(f"{label}: give an `encoder` for the texts (space {space!r} has none registered)")
+        load_encoder(encoder)
+        return FitSide(space, label, texts=list(texts), encoder=encoder, known=info is not None)
+    if info is not None and X.shape[1] != info.dim:
+        raise DimensionMismatchError(f"{label}: space {space!r} is {info.dim}-d, the vectors have {X.shape[1]} columns")
+    return FitSide(space, label, X=X, known=info is not None)
+
+
+def check_pairs(src: FitSide, tgt: FitSide, paired: bool) -> None:
+    """A paired fit needs as many source rows as target rows (known now when both sides are one kind)."""
+    if not paired or (src.X is None) != (tgt.X is None) or src.rows == tgt.rows:
+        return
+    if src.X is not None:
+        raise align.PairCountError(f"paired fit: source has {src.rows} rows, target {tgt.rows}")
+    raise align.PairCountError(f"paired fit: {src.rows} source texts, {tgt.rows} target texts")
+
+
+def embed_side(registry, load_encoder: Callable, side: FitSide, progress: Progress | None = None,
+               block: int = 256) -> np.ndarray:
+    """The side's rows (n, d): its vectors, or its texts embedded in blocks of ``block``; registers the
+    space from the data when it is new."""
+    X = side.X
+    if X is None:
+        enc, say = load_encoder(side.encoder), progress or silent
+        parts = []
+        for s in range(0, len(side.texts), block):
+            say(f"encode {side.label}", s / len(side.texts))
+            parts.append(np.asarray(enc.encode(side.texts[s : s + block], kind="passage"), dtype=np.float32))
+        X = as_matrix(np.vstack(parts), name=f"{side.label} embeddings")
+    if not side.known:
+        try:
+            registry.get_space(side.space)
+        except NotFoundError:
+            registry.register_space(side.space, int(X.shape[1]), encoder=side.encoder)
+    return X
+
+
+def fit_sides(registry, load_encoder: Callable, src: FitSide, tgt: FitSide, *, progress: Progress | None = None,
+              seed_pairs=None, inputs: dict | None = None, **fit) -> VersionInfo:
+    """Embed what needs embedding, then :func:`run_fit` (``fit``: its other keyword arguments).
+
+    ``seed_pairs``: ``[[i_src, i_tgt], ...]`` rows known to match (seeded minivec2vec).
+    """
+    Xs = embed_side(registry, load_encoder, src, progress)
+    Xt = embed_side(registry, load_encoder, tgt, progress)
+    seed = None
+    if seed_pairs:
+        pairs = np.asarray(seed_pairs, dtype=np.int64).reshape(-1, 2)
+        seed = (pairs[:, 0], pairs[:, 1])  # (source rows, target rows), as align.MiniVec2Vec takes them
+    return run_fit(registry, source=Xs, target=Xt, source_space=src.space, target_space=tgt.space, seed_pairs=seed,
+                   progress=progress, inputs={**(inputs or {}), "source": src.describe(), "target": tgt.describe()},
+                   **fit)
+
+
+# --- spaces, maps, reports -----------------------------------------------------------------------
+def create_space(registry, load_encoder: Callable, *, name: str, dim: int | None = None, encoder: str | None = None,
+                 **details):
+    """Register space ``name``: ``dim`` given, or taken from ``encoder`` (both given: they must agree).
+
+    ``details``: ``query_prefix``, ``passage_prefix``, ``description``. Returns the SpaceInfo.
+    """
+    if encoder:
+        enc = load_encoder(encoder)
+        if dim is not None and dim != enc.dim:
+            raise DimensionMismatchError(f"encoder {encoder!r} produces {enc.dim}-d vectors, not {dim}")
+        dim = enc.dim
+    if dim is None:
+        raise InputError("give `dim`, or an `encoder` to take it from")
+    return registry.register_space(name, dim, encoder=encoder, **details)
+
+
+def describe_map(registry, resolve: Callable, ref: str) -> dict:
+    """The map's summary (as in ``list_maps``) and the version ``ref`` resolves to (``resolved``)."""
+    v = resolve(ref)
+    summary = next((m for m in registry.list_maps() if m["name"] == v.name), {})
+    return {**summary, "resolved": v.to_dict()}
+
+
+def report_html(registry, name: str, version: int) -> bytes:
+    """The HTML fit report of ``name:version``; NotFoundError when it has none or the file is gone."""
+    v = registry.get_version(name, version)
+    path = registry.report_file(v)
+    if path is None:
+        raise NotFoundError(f"map {v.ref} has no fit report (registered without one)")
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise NotFoundError(f"the fit report of map {v.ref} is missing from the data dir") from None
+
+
+# --- embeddings, translated ------------------------------------------------------------------------
+def embed(services, model: str, texts: list[str], *, kind: str = "passage", target_space: str | None = None,
+          dimensions: int | None = None):
+    """Embed ``texts`` with encoder ``model``, optionally translated into ``target_space``.
+
+    ``services``: the service's encoder and map caches (``encoder(name)``, ``space_for_encoder(name)``,
+    ``translation(source_space, target_space)``, as :class:`service.api.state.AppState` has them).
+    The path is resolved before any encoding (an unknown space or missing path is a 404 at once).
+    ``dimensions`` is accepted only when it equals the output width (these models do not truncate).
+    Returns ``(X (n, d) float32, translation or None)``.
+    """
+    tr = None
+    if target_space:
+        space = services.space_for_encoder(model)
+        if space is None:
+            raise UnknownEncoderError(
+                f"no registered space is produced by {model!r}; register it (POST /v1/spaces) to translate")
+        tr = services.translation(space, target_space)
+    enc = services.encoder(model)
+    if dimensions is not None and dimensions != enc.dim and target_space is None:
+        raise InputError(f"dimensions={dimensions} is not supported: {model} produces {enc.dim}-d "
+                         f"vectors and cannot be truncated; omit `dimensions` or pass {enc.dim}")
+    X = np.asarray(enc.encode(texts, kind=kind), dtype=np.float32)
+    if tr is not None:
+        if tr.map is not None:
+            X = tr.map.apply(X, output="raw", validate=False)
+        if dimensions is not None and dimensions != X.shape[1]:
+            raise InputError(f"dimensions={dimensions} is not supported: space {target_space!r} is "
+                             f"{X.shape[1]}-d; omit `dimensions` or pass {X.shape[1]}")
+    return X, tr

@@ -1,0 +1,86 @@
+"""One progress convention for the service: ``progress(stage, fraction)``.
+
+``stage`` names the step in plain words (``"fit"``, ``"fit: refine1"``, ``"encode source"``);
+``fraction`` in [0, 1] is how far that step has got. Every long operation of the service takes a
+:data:`Progress`: a job's :meth:`service.jobs.JobContext.progress` is one (it records the stage
+and raises :class:`align.exceptions.Cancelled` when the job is cancelled), the CLI's progress bar
+is one, and :meth:`align.MiniVec2Vec.fit` takes one. align's inner kernels report a bare
+``progress(fraction)``; :meth:`Stages.fraction` adapts a :data:`Progress` to them.
+
+A vector-database migration is the one exception: its callback takes a per-batch record
+(:class:`service.vectordb.MigrationProgress`: rows done of total, rate, last id) because its faces
+draw a row counter and print resumable checkpoints; ``record.fraction`` is the same fraction.
+
+:class:`Stages` runs the named stages of one operation: it reports ``(stage, 0.0)`` on entry and
+``(stage, 1.0)`` on exit, times each stage, and checks ``should_cancel`` at every report.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from align.exceptions import Cancelled
+
+__all__ = ["Progress", "silent", "Stages"]
+
+#: ``progress(stage, fraction)``: ``stage`` a short name, ``fraction`` in [0, 1] of that stage.
+Progress = Callable[[str, float], None]
+
+
+def silent(stage: str, fraction: float) -> None:
+    """The :data:`Progress` that reports nowhere."""
+
+
+class Stages:
+    """The stages of one operation: progress at entry and exit, a timer, cancellation checks.
+
+    Parameters
+    ----------
+    progress : Progress, optional      where reports go
+    should_cancel : callable() -> bool, optional   polled at every report; True raises Cancelled
+    what : str                         names the operation in the Cancelled message
+
+    ``timings`` maps each stage's timing key to its seconds (in the order the stages ran).
+
+    >>> seen = []
+    >>> st = Stages(lambda s, f: seen.append((s, f)))
+    >>> with st.stage("fit"):
+    ...     st.sub("fit")("restart 0", 0.5)
+    >>> seen
+    [('fit', 0.0), ('fit: restart 0', 0.5), ('fit', 1.0)]
+    >>> list(st.timings)
+    ['fit']
+    """
+
+    def __init__(self, progress: Progress | None = None, should_cancel: Callable[[], bool] | None = None,
+                 what: str = "operation") -> None:
+        self._progress = progress or silent
+        self._should_cancel = should_cancel
+        self._what = what
+        self.timings: dict[str, float] = {}
+
+    def tick(self, stage: str, fraction: float) -> None:
+        """Report ``(stage, fraction)``; raise Cancelled first when a cancel was asked for."""
+        if self._should_cancel is not None and self._should_cancel():
+            raise Cancelled(f"{self._what} cancelled during {stage}")
+        self._progress(stage, float(fraction))
+
+    @contextmanager
+    def stage(self, name: str, timing: str | None = None) -> Iterator[None]:
+        """Run the ``with`` body as stage ``name``; its seconds go to ``timings[timing or name]``."""
+        self.tick(name, 0.0)
+        t0 = time.perf_counter()
+        yield
+        self.timings[timing or name] = time.perf_counter() - t0
+        self.tick(name, 1.0)
+
+    def sub(self, prefix: str) -> Progress:
+        """A :data:`Progress` for an inner step whose stages read ``"<prefix>: <stage>"``."""
+        return lambda stage, fraction: self.tick(f"{prefix}: {stage}", fraction)
+
+    def fraction(self, stage: str) -> Callable[[float], None]:
+        """A bare ``progress(fraction)`` (align's inner kernels) reporting as ``stage``."""
+        return lambda fraction: self.tick(stage, fraction)
+

@@ -1,0 +1,84 @@
+"""service.ops.maps.run_fit: its stages, cancellation, and the report written only for a registered version."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from align.exceptions import Cancelled
+from service.ops.maps import run_fit
+from service.progress import Stages
+from service.registry import ConflictError, open_registry
+from test_api_support import planted
+
+
+@pytest.fixture
+def reg(tmp_path):
+    return open_registry(f"sqlite:///{tmp_path}/reg.sqlite", tmp_path / "artifacts")
+
+
+def _reports(reg) -> list:
+    return sorted(p for p in reg.report_dir.rglob("*") if p.is_file()) if reg.report_dir.exists() else []
+
+
+def _fit(reg, **kw):
+    X, Y, _ = planted(200)
+    args = dict(name="a2b", source=X, target=Y, method="procrustes", paired=True, source_space="a",
+                target_space="b")
+    return run_fit(reg, **{**args, **kw})
+
+
+def test_stages_are_reported_in_order_and_timed(reg):
+    seen = []
+    v = _fit(reg, progress=lambda stage, f: seen.append((stage, f)))
+    top = [s for s, _ in seen if not s.startswith("fit: ")]
+    assert top == ["validate", "validate", "fit", "fit", "diagnostics", "diagnostics", "report", "report", "register"]
+    assert all(0.0 <= f <= 1.0 for _, f in seen)
+    assert set(v.metrics["timings"]) == {"validate + hash", "fit", "diagnostics", "report"}
+    assert reg.report_file(v).read_text().startswith("<!doctype html>")
+    assert _reports(reg) == [reg.report_file(v)]
+
+
+def test_a_conflicting_registration_leaves_no_report(reg, tmp_path):
+    _fit(reg, report=False)  # a2b now connects a -> b
+    copy = tmp_path / "copy.html"
+    with pytest.raises(ConflictError):
+        _fit(reg, source_space="c", target_space="d", report_copy=copy)
+    assert _reports(reg) == [] and not copy.exists()
+    assert [v.version for v in reg.list_versions("a2b", True)] == [1]
+
+
+@pytest.mark.parametrize("stage", ["validate", "fit", "diagnostics", "report"])
+def test_a_cancel_before_registration_registers_and_writes_nothing(reg, stage):
+    asked = {"now": False}
+
+    def progress(s, f):
+        if s == stage:
+            asked["now"] = True
+
+    with pytest.raises(Cancelled, match=stage):
+        _fit(reg, progress=progress, should_cancel=lambda: asked["now"])
+    assert _reports(reg) == []
+    assert reg.list_maps() == []
+
+
+def test_a_cancel_asked_once_registration_began_is_too_late(reg):
+    """After the last cancellation point the fit completes: a version and its report, never half of one."""
+    asked = {"now": False}
+    v = _fit(reg, progress=lambda s, f: asked.update(now=asked["now"] or s == "register"),
+             should_cancel=lambda: asked["now"])
+    assert asked["now"] and _reports(reg) == [reg.report_file(v)]
+
+
+def test_stages_helper_checks_cancel_at_every_report():
+    calls = iter([False, True])
+    st = Stages(lambda s, f: None, should_cancel=lambda: next(calls), what="job 7")
+    with pytest.raises(Cancelled, match="job 7 cancelled during b"):
+        with st.stage("a"):
+            st.tick("b", 0.5)
+    assert st.timings == {}  # the stage did not finish
+    inner = []
+    st = Stages(lambda s, f: inner.append((s, f)))
+    st.fraction("refine")(0.25)
+    st.sub("fit")("init", np.float32(0.5))
+    assert inner == [("refine", 0.25), ("fit: init", 0.5)] and all(type(f) is float for _, f in inner)
