@@ -23,7 +23,7 @@ from ..ui import mount_console
 from .errors import install_error_handlers
 from .middleware import GuardMiddleware, ObserveMiddleware, body_limit
 from .responses import FastJSONResponse
-from .routers import embeddings, fits, indexes, lm, maps, ops, plans, steers
+from .routers import embeddings, fits, indexes, jobs, lm, maps, ops, plans, steers
 from .state import AppState
 
 __all__ = ["create_app", "serve", "API_DESCRIPTION"]
@@ -92,8 +92,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.vb = None
     app.state.metrics = metrics
     install_error_handlers(app)
-    routers = (ops.router, maps.router, indexes.router, fits.router, embeddings.router, steers.router, lm.router,
-               plans.router)
+    routers = (ops.router, maps.router, indexes.router, fits.router, jobs.router, embeddings.router, steers.router,
+               lm.router, plans.router)
     for r in routers:
         app.include_router(r)  # each router carries its own prefix (route templates label metrics)
     mount_console(app)  # /ui console and /docs, from vendored assets (no CDN)

@@ -1,0 +1,33 @@
+"""Jobs: ``/v1/jobs`` lists, follows and cancels the background jobs (fits, steer fits, demo setup)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+
+from ...ops import jobs as job_ops
+from ..deps import ReadScope, StateDep, WriteScope
+from ..pagination import Page, paginate
+from ..responses import FastJSONResponse
+from ..schemas import JobList, JobOut, error_responses
+
+router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 503))
+
+
+@router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)",
+            response_model=JobList)
+async def list_jobs(state: StateDep, page: Page):
+    jobs, counts = await run_in_threadpool(job_ops.list_jobs, state.jobs)
+    return FastJSONResponse({**paginate(jobs, lambda d: (d["timings"]["created_at"], d["id"]), page), "counts": counts})
+
+
+@router.get("/jobs/{job_id}", dependencies=[ReadScope], summary="Job state, progress, timings, result",
+            response_model=JobOut)
+async def get_job(job_id: str, state: StateDep):
+    return FastJSONResponse(job_ops.get_job(state.jobs, job_id))
+
+
+@router.delete("/jobs/{job_id}", dependencies=[WriteScope], status_code=202, summary="Cancel a job",
+               response_model=JobOut)
+async def cancel_job(job_id: str, state: StateDep):
+    return FastJSONResponse(job_ops.cancel_job(state.jobs, job_id), status_code=202)

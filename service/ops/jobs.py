@@ -1,0 +1,42 @@
+"""Job use cases for every face: submit a background job (idempotently), list, follow, cancel.
+
+A face turns a request into a job function ``fn(ctx)`` (``ctx.progress(stage, fraction)`` is a
+:data:`service.progress.Progress` that also raises Cancelled) and calls :func:`submit`; the job
+itself runs in :class:`service.jobs.JobManager`'s pool (HTTP answers 202 with the job record:
+:mod:`service.api.job_routes`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable
+
+from ..jobs import Job, JobContext, JobManager
+
+__all__ = ["submit", "list_jobs", "get_job", "cancel_job"]
+
+
+def submit(jobs: JobManager, fn: Callable[[JobContext], dict | None], *, kind: str, description: str,
+           request: bytes, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Queue ``fn`` as a job of ``kind``; ``(job, created)``.
+
+    ``request`` (the raw request body) is hashed: the same ``idempotency_key`` with the same body
+    returns the first job (``created`` False), with another body it is an IdempotencyConflictError.
+    """
+    return jobs.submit(fn, kind=kind, description=description, idempotency_key=idempotency_key,
+                       request_hash=hashlib.sha256(request).hexdigest())
+
+
+def list_jobs(jobs: JobManager) -> tuple[list[dict], dict]:
+    """Every job this data dir knows (``to_dict`` records) and the count per state."""
+    return [j.to_dict() for j in jobs.list()], jobs.counts()
+
+
+def get_job(jobs: JobManager, job_id: str) -> dict:
+    """One job's record; JobNotFoundError (404) when unknown."""
+    return jobs.get(job_id).to_dict()
+
+
+def cancel_job(jobs: JobManager, job_id: str) -> dict:
+    """Ask a job to stop (queued: at once; running: at its next progress report); its record."""
+    return jobs.cancel(job_id).to_dict()
