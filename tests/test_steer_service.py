@@ -1,4 +1,4 @@
-"""service.steering: the thin job functions the registry / API / CLI call."""
+"""service.ops.steers: the steer use cases the API and the CLI call (fit, apply, lens, transfer)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from align import LinearMap
-from align.exceptions import InputError
+from align.exceptions import InputError, PairCountError
 from align.steer import MeanShift, Steer
-from service.steering import apply_steer_job, fit_steer_job, lens_job, transfer_steer_job
+from service.ops.steers import apply_steer_job, fit_steer_job, steer_lens, transfer_and_register
+from service.registry import open_registry
 
 
 def data(n=300, d=8, seed=0):
@@ -22,12 +23,13 @@ def data(n=300, d=8, seed=0):
 def test_fit_job_vectors_with_progress():
     X, y = data()
     seen = []
-    s = fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10}, lambda f, m: seen.append(f),
+    s = fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10}, lambda st, f: seen.append((st, f)),
                       space="toy")
     assert isinstance(s, Steer) and s.rank == 2 and s.metadata["space"] == "toy"
-    assert seen[-1] == 1.0 and all(0.0 <= f <= 1.0 for f in seen) and seen == sorted(seen)
+    fr = [f for _, f in seen]
+    assert {st for st, _ in seen} == {"fit"} and fr[-1] == 1.0 and all(0.0 <= f <= 1.0 for f in fr) and fr == sorted(fr)
     seen.clear()
-    s = fit_steer_job(X, y, {}, lambda f, m: seen.append(f), space="toy")     # default: local discriminant
+    s = fit_steer_job(X, y, {}, lambda st, f: seen.append(f), space="toy")     # default: local discriminant
     assert s.rank == 1 and s.metadata["method"] == "local-discriminant" and seen[-1] == 1.0
 
 
@@ -35,8 +37,10 @@ def test_fit_job_texts_with_encoder_and_mean_shift():
     X, y = data()
     texts = [f"t{i}" for i in range(len(X))]
     lookup = dict(zip(texts, X))
-    s = fit_steer_job(None, y, {"method": "mean-shift"}, texts=texts, encoder=lambda ts: np.stack([lookup[t] for t in ts]))
-    assert isinstance(s, MeanShift) and s.metadata["n_texts"] == len(texts)
+    seen = []
+    s = fit_steer_job(None, y, {"method": "mean-shift"}, lambda st, f: seen.append(st), texts=texts,
+                      encoder=lambda ts: np.stack([lookup[t] for t in ts]))
+    assert isinstance(s, MeanShift) and s.metadata["n_texts"] == len(texts) and seen == ["encode", "fit"]
 
 
 def test_fit_job_errors():
@@ -51,15 +55,34 @@ def test_fit_job_errors():
         fit_steer_job(X, None)
 
 
-def test_apply_transfer_lens_jobs():
+def test_apply_and_lens():
     X, y = data()
     s = fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10})
     ms = fit_steer_job(X, y, {"method": "mean-shift"})
     Q = X[:5]
     np.testing.assert_allclose(apply_steer_job(Q, [(s, 1.0), (ms, 0.5)]), ms.apply(s.apply(Q, 1.0), 0.5), atol=1e-6)
     assert np.array_equal(apply_steer_job(Q, [(s, 0.0)]), Q)
-    R = np.linalg.qr(np.random.default_rng(0).normal(size=(8, 8)))[0]
-    t = transfer_steer_job(s, LinearMap(R), target_space="other")
-    assert t.metadata["space"] == "other" and t.metadata["method"] == "transfer"
-    lens = lens_job(s, X, [str(i) for i in range(len(X))], k=3)
+    names = [str(i) for i in range(len(X))]
+    lens = steer_lens(s, X, names, k=3)  # n_directions 4 capped at the rank
     assert len(lens) == 2 and len(lens[0]["positive"]) == 3
+    assert steer_lens(ms, X, names) == [] and steer_lens(s, X, None) == []
+    with pytest.raises(PairCountError):
+        steer_lens(s, X, names[:-1])
+
+
+def test_transfer_registers_in_the_maps_target_space(tmp_path):
+    X, y = data()
+    reg = open_registry(f"sqlite:///{tmp_path}/r.sqlite", tmp_path / "artifacts")
+    s = fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10})
+    src = reg.register_steer("pos", s, space="a", params={}, lens=[])
+    R = np.linalg.qr(np.random.default_rng(0).normal(size=(8, 8)))[0].astype(np.float32)
+    reg.register_version("a2b", LinearMap(R), source_space="a", target_space="b", method="procrustes", params={})
+    moved = transfer_and_register(reg, src.ref, "a2b", name="pos-b")
+    t = reg.load_steer(moved)
+    assert moved.space == "b" and t.metadata["space"] == "b" and t.metadata["method"] == "transfer"
+    assert moved.inputs == {"via": "transfer", "steer": src.ref, "map": "a2b:1"}
+    with pytest.raises(InputError, match="goes from"):
+        transfer_and_register(reg, moved.ref, "a2b")  # the steer lives in b, the map starts in a
+    ms = reg.register_steer("shift", fit_steer_job(X, y, {"method": "mean-shift"}), space="a", params={}, lens=[])
+    with pytest.raises(InputError, match="mean-shift"):
+        transfer_and_register(reg, ms.ref, "a2b")

@@ -1,21 +1,212 @@
-"""Steer registry use cases shared by the HTTP routes and the CLI: alias, delete, transfer.
+"""Steer use cases for every face: fit and register, apply, lens, alias, delete, transfer, steered queries.
+
+The numerics are :mod:`align.steer` (``W = P1 P2^T`` steers, mean-shift baselines, transfer
+through a map ``H^T W H``); the storage is :meth:`service.registry.Registry.register_steer`.
+Here request-shaped inputs (rows or texts, labels, a params dict, a
+:data:`service.progress.Progress`) become calls of both, parameters are checked once (typed
+errors the faces map to status codes / exit codes), and lineage is recorded: sha256 of the rows
+and labels, every effective parameter, and for a transfer the source steer and map versions.
 
 Transfer carries a registered steer through a registered map ``x_B ≈ x_A M`` (``H^T W H`` with
 ``H = pinv(M)^T``, :func:`align.transfer_steer`) and registers the result as the next version of
-a steer in the map's target space, with lineage (source steer and map versions) in its inputs.
+a steer in the map's target space.
 """
 
 from __future__ import annotations
 
-from align.exceptions import InputError
-from align.steer import Steer
+import hashlib
+from typing import Callable, Mapping, Sequence
 
+import numpy as np
+
+from align.exceptions import DimensionMismatchError, InputError, PairCountError
+from align.steer import MeanShift, Steer, apply_steers, fit_mean_shift, fit_steer, transfer_steer
+from align.validation import as_matrix
+
+from ..progress import Progress, silent
+from ..registry import ConflictError, NotFoundError
 from ..registry.names import check_alias, check_name
-from ..steering import apply_steer_job, transfer_steer_job
 
-__all__ = ["set_steer_alias", "delete_steer_version", "transfer_and_register", "steer_queries"]
+__all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
+           "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "steer_lens", "describe_lens",
+           "set_steer_alias", "delete_steer_version", "transfer_and_register", "steer_queries"]
+
+# Accepted fit parameters and their defaults (the API schema can mirror this).
+STEER_PARAMS: dict = {"method": "local", "rank": 16, "temperature": 0.05, "weight_decay": 1e-3, "max_iter": 200,
+                      "max_pairs": 2048, "n_candidates": 4096, "n_neighbors": None, "init_scale": 1e-2,
+                      "n_queries": 4000, "ridge": 0.1, "opposite_weight": 0.0, "random_state": 0}
+STEER_METHOD_NAMES = ("local", "lm-steer", "mean-shift")
+_METRICS = ("loss_initial", "loss_final", "n_iter", "converged", "n_pos", "n_neg", "n_neutral", "n_pairs")
 
 
+# --- fit ------------------------------------------------------------------------------------------
+def check_steer_params(params: Mapping | None, random_state: int | None = None) -> dict:
+    """Effective parameters (defaults filled, ``random_state`` folded in); unknown keys or method raise InputError."""
+    params = dict(params or {})
+    unknown = set(params) - set(STEER_PARAMS)
+    if unknown:
+        raise InputError(f"unknown steer parameters: {sorted(unknown)}; known: {sorted(STEER_PARAMS)}")
+    if params.get("method", "local") not in STEER_METHOD_NAMES:
+        raise InputError(f"unknown steer method {params['method']!r}; use one of {list(STEER_METHOD_NAMES)}")
+    if random_state is not None:
+        params["random_state"] = int(random_state)
+    return {**STEER_PARAMS, **params}
+
+
+def check_steer_fit(registry, *, name: str, space: str, alias: str | None, params: Mapping | None,
+                    random_state: int | None) -> None:
+    """Refuse at request time what the fit would refuse later: bad names or parameters (422), a steer
+    name that already lives in another space (409)."""
+    check_name(name, "steer name")
+    check_name(space, "space")
+    if alias is not None:
+        check_alias(alias)
+    check_steer_params(params, random_state)
+    try:
+        have = registry.list_steer_versions(name)
+    except NotFoundError:
+        return
+    if have and have[0].space != space:
+        raise ConflictError(f"steer {name!r} lives in space {have[0].space!r}, not {space!r}")
+
+
+def space_for_rows(registry, load_encoder: Callable, space: str, *, texts: bool,
+                   encoder: str | None = None) -> tuple[int | None, str | None]:
+    """``(dim, encoder)`` for a fit's rows in ``space``: the space's width (None while it is new) and,
+    for texts, the encoder that embeds them (``encoder``, default the space's; loaded now so an
+    unknown one is refused before any job starts)."""
+    try:
+        info = registry.get_space(space)
+    except NotFoundError:
+        info = None
+    if texts:
+        encoder = encoder or (info.encoder if info else None)
+        if not encoder:
+            raise InputError(f"give an `encoder` for the texts (space {space!r} has none registered)")
+        load_encoder(encoder)
+    return (info.dim if info else None), (encoder if texts else None)
+
+
+def fit_steer_job(X=None, labels=None, params: Mapping | None = None, progress: Progress | None = None, *,
+                  texts: Sequence[str] | None = None, encoder: Callable | None = None,
+                  space: str | None = None) -> Steer | MeanShift:
+    """Fit a steer (``params["method"]``: ``"local"`` default, ``"lm-steer"`` or ``"mean-shift"``).
+
+    Parameters
+    ----------
+    X : array-like (n, d), optional — or ``texts`` with ``encoder`` (callable: list[str] -> (n, d))
+    labels : (n,) in {-1, 0, +1}
+    params : dict, keys of :data:`STEER_PARAMS` (unknown keys raise InputError)
+    progress : Progress, optional   stages ``encode`` and ``fit``
+    space : name of the embedding space, recorded in the metadata
+    """
+    p = check_steer_params(params)
+    say = progress or silent
+    if labels is None:
+        raise InputError("labels are required")
+    if (X is None) == (texts is None):
+        raise InputError("give exactly one of X (vectors) or texts (+ encoder)")
+    if texts is not None:
+        if encoder is None:
+            raise InputError("texts need an encoder (callable: list[str] -> (n, d) array)")
+        say("encode", 0.0)
+        X = np.asarray(encoder(list(texts)), dtype=np.float32)
+    method = p.pop("method")
+    if method == "mean-shift":
+        out = fit_mean_shift(X, labels)
+    else:
+        max_iter = 1 if method == "local" else int(p["max_iter"])
+        out = fit_steer(X, labels, method=method, callback=lambda it, loss: say("fit", min(1.0, it / max_iter)), **p)
+    if space is not None:
+        out.metadata["space"] = space
+    if texts is not None:
+        out.metadata["n_texts"] = len(texts)
+    say("fit", 1.0)
+    return out
+
+
+def _sha(arr: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, params: dict | None = None,
+                     random_state: int | None = None, alias: str | None = None, items: Sequence[str] | None = None,
+                     description: str = "", inputs: dict | None = None, lens_k: int = 5,
+                     progress: Progress | None = None):
+    """Fit a steer on ``X`` (n, d) with ``labels`` (n,) in {-1, 0, +1} and register it in ``space``.
+
+    ``items`` (n strings: the texts, or any names of the rows) make the stored lens name the
+    extreme items of each direction. Returns the :class:`~service.registry.SteerInfo`.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.shape[0] != X.shape[0]:
+        raise PairCountError(f"labels has shape {labels.shape}, but there are {X.shape[0]} rows")
+    if items is not None and len(items) != X.shape[0]:
+        raise PairCountError(f"{len(items)} items for {X.shape[0]} rows")
+    p = check_steer_params(params, random_state)
+    steer = fit_steer_job(X, labels, p, progress, space=space)
+    (progress or silent)("register", 1.0)
+    return registry.register_steer(
+        name, steer, space=space, params=p, random_state=p["random_state"],
+        data_hashes={"X": _sha(X.astype(np.float32)), "labels": _sha(labels.astype(np.int64)), "n": int(X.shape[0])},
+        metrics={k: v for k, v in steer.metadata.items() if k in _METRICS}, alias=alias, description=description,
+        inputs=inputs or {}, lens=steer_lens(steer, X, items, k=lens_k))
+
+
+def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.ndarray | None = None,
+                       texts: Sequence[str] | None = None, encoder: str | None = None, items=None,
+                       inputs: dict | None = None, progress: Progress | None = None, **fit):
+    """:func:`fit_and_register` on ``X``, or on ``texts`` embedded with ``encoder`` (passages); registers
+    ``space`` from the data when it is new, and refuses rows of another width than a known space's."""
+    if X is None:
+        (progress or silent)("encode", 0.0)
+        enc = load_encoder(encoder)
+        X = as_matrix(np.asarray(enc.encode(list(texts), kind="passage"), dtype=np.float32), name="embeddings")
+        items = texts
+    try:
+        info = registry.get_space(space)
+    except NotFoundError:
+        registry.register_space(space, int(X.shape[1]), encoder=encoder)
+    else:
+        if X.shape[1] != info.dim:
+            raise DimensionMismatchError(f"space {space!r} is {info.dim}-d, the rows have {X.shape[1]}")
+    inputs = {**(inputs or {}), "rows": int(X.shape[0]), **({"encoder": encoder} if encoder else {})}
+    return fit_and_register(registry, space=space, X=X, items=items, inputs=inputs, progress=progress, **fit)
+
+
+# --- apply, lens ----------------------------------------------------------------------------------
+def apply_steer_job(Q, steers: Sequence[tuple[Steer | MeanShift, float]]) -> np.ndarray:
+    """Steer queries ``Q`` (n, d) with several ``(steer, eps)`` pairs (linear steers composed exactly;
+    mean-shift baselines added afterwards)."""
+    linear = [(s, e) for s, e in steers if isinstance(s, Steer)]
+    shifts = [(s, e) for s, e in steers if isinstance(s, MeanShift)]
+    if len(linear) + len(shifts) != len(steers):
+        raise InputError("steers must be (Steer or MeanShift, eps) pairs")
+    out = apply_steers(Q, linear) if linear else np.array(Q, dtype=np.float32)
+    for s, e in shifts:
+        out = s.apply(out, e)
+    return out
+
+
+def steer_lens(steer, X: np.ndarray, items: Sequence[str] | None, *, k: int = 5, n_directions: int = 4) -> list:
+    """Lens of ``steer`` over rows ``X`` (n, d) named by ``items``: the items at both ends of each of the
+    first ``n_directions`` singular directions; ``[]`` for a mean shift or unnamed rows."""
+    if not isinstance(steer, Steer) or items is None:
+        return []
+    if len(items) != np.shape(X)[0]:
+        raise PairCountError("texts and X must have the same number of rows")
+    return steer.lens(X, list(items), k=k, n_directions=min(int(n_directions), steer.rank))
+
+
+def describe_lens(info, steer, *, k: int = 5, n_directions: int = 4) -> dict:
+    """A registered steer's singular values and its stored lens (``k`` items per end, ``n_directions``)."""
+    sigma = steer.svd()[1].tolist() if isinstance(steer, Steer) else [float(np.linalg.norm(steer.v))]
+    dirs = [{**d, "positive": d.get("positive", [])[:k], "negative": d.get("negative", [])[:k]}
+            for d in info.lens[:n_directions]]
+    return {"steer": info.ref, "space": info.space, "sigma": sigma, "directions": dirs}
+
+
+# --- registry: alias, delete, transfer ------------------------------------------------------------
 def set_steer_alias(registry, name: str, alias: str, version: int):
     """Point ``name@alias`` at ``version``; returns the SteerInfo of that version."""
     return registry.set_steer_alias(name, alias, int(version))
@@ -46,7 +237,8 @@ def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str |
     check_name(name, "steer name")
     if alias is not None:
         check_alias(alias)
-    moved = transfer_steer_job(steer, lmap, target_space=target)
+    moved = transfer_steer(steer, lmap)
+    moved.metadata["space"] = target
     return registry.register_steer(
         name, moved, space=target, params={"method": "transfer", "steer": s_info.ref, "map": m_info.ref},
         metrics={"approximate": bool(moved.metadata.get("approximate"))}, alias=alias, description=description,

@@ -3,31 +3,22 @@ and calls :func:`service.ops.steers.steer_queries`."""
 
 from __future__ import annotations
 
-import hashlib
-
-import numpy as np
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Header, Path, Query, Request
+from fastapi import APIRouter, Body, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from align.validation import as_matrix
-from align.exceptions import DimensionMismatchError, InputError, PairCountError
-from align.steer import Steer
+from align.exceptions import PairCountError
 
-from ...registry import ConflictError, NotFoundError
 from ...ops import steers as steer_ops
-from ...registry.names import check_alias, check_name
-from ...steer_wiring import check_steer_params, fit_and_register
-from ...steering import apply_steer_job
-from ..codec import check_batch, parse_json, validate, vectors_from_json
+from ..codec import parse_json, texts_instead, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..job_routes import IdempotencyKey, accept, job_route
 from ..openapi import examples, json_body
-from ..pagination import Page, paginate
+from ..pagination import Page, paged
 from ..responses import FastJSONResponse
-from ..schemas import (AliasSet, JobOut, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
+from ..schemas import (AliasSet, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
                        SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferRequest, error_responses)
-from ..state import AppState
 
 __all__ = ["router"]
 
@@ -46,90 +37,44 @@ def _split(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k not in ("vectors", "vectors_b64")}
 
 
-def _check_fit(state: AppState, opts: SteerFitOptions) -> None:
-    check_name(opts.name, "steer name")
-    check_name(opts.space, "space")
-    if opts.alias is not None:
-        check_alias(opts.alias)
-    check_steer_params(opts.params, opts.random_state)
-    try:
-        have = state.registry.list_steer_versions(opts.name)
-    except NotFoundError:
-        return
-    if have and have[0].space != opts.space:
-        raise ConflictError(f"steer {opts.name!r} lives in space {have[0].space!r}, not {opts.space!r}")
-
-
-@router.post("/steers", dependencies=[WriteScope, JSONOnly], status_code=202, summary="Queue a steer fit job",
-             description=FIT_DOC, response_model=JobOut, openapi_extra=json_body(SteerFitRequest, "create_steer"),
-             responses={200: {"model": JobOut, "description": "Idempotent replay: the job this key first created."},
-                        **error_responses(409, 413, 415, 429)})
+@job_route(router, "/steers", summary="Queue a steer fit job", description=FIT_DOC, body_model=SteerFitRequest,
+           example="create_steer")
 async def create_steer(request: Request, state: StateDep, settings: SettingsDep,
-                       idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=200)):
+                       idempotency_key: IdempotencyKey = None):
     body = await request.body()
 
     def prepare():
         obj = parse_json(body)
         opts = validate(SteerFitOptions, _split(obj))
-        _check_fit(state, opts)
-        try:
-            info = state.registry.get_space(opts.space)
-        except NotFoundError:
-            info = None
-        if opts.texts is not None:
-            if "vectors" in obj or "vectors_b64" in obj:
-                raise InputError("give either vectors or texts, not both")
-            if not opts.texts:
-                raise InputError("texts must not be empty")
-            check_batch(len(opts.texts), settings.max_batch)
-            encoder = opts.encoder or (info.encoder if info else None)
-            if not encoder:
-                raise InputError(f"give an `encoder` for the texts (space {opts.space!r} has none registered)")
-            state.encoder(encoder)  # 404 now for an unknown encoder
-            n, X = len(opts.texts), None
-        else:
-            encoder = None
-            X = vectors_from_json(obj, dim=info.dim if info else obj.get("dim"), max_batch=settings.max_batch)
-            n = X.shape[0]
+        steer_ops.check_steer_fit(state.registry, name=opts.name, space=opts.space, alias=opts.alias,
+                                  params=opts.params, random_state=opts.random_state)
+        texts = texts_instead(obj, opts.texts, settings.max_batch)
+        dim, encoder = steer_ops.space_for_rows(state.registry, state.encoder, opts.space, texts=texts,
+                                                encoder=opts.encoder)
+        X = None if texts else vectors_from_json(obj, dim=dim or obj.get("dim"), max_batch=settings.max_batch)
+        n = len(opts.texts) if texts else X.shape[0]
         if len(opts.labels) != n:
             raise PairCountError(f"{len(opts.labels)} labels for {n} rows")
         if opts.items is not None and len(opts.items) != n:
             raise PairCountError(f"{len(opts.items)} items for {n} rows")
-        return opts, X, encoder, info
+        return opts, X, encoder
 
-    opts, X, encoder, info = await run_in_threadpool(prepare)
+    opts, X, encoder = await run_in_threadpool(prepare)
 
     def job(ctx):
-        Xj = X
-        if Xj is None:
-            enc = state.encoder(encoder)
-            ctx.progress("encode", 0.0)
-            Xj = as_matrix(np.asarray(enc.encode(opts.texts, kind="passage"), dtype=np.float32), name="embeddings")
-        if info is None:
-            try:
-                state.registry.get_space(opts.space)
-            except NotFoundError:
-                state.registry.register_space(opts.space, int(Xj.shape[1]), encoder=encoder)
-        elif Xj.shape[1] != info.dim:
-            raise DimensionMismatchError(f"space {opts.space!r} is {info.dim}-d, the rows have {Xj.shape[1]}")
-        v = fit_and_register(state.registry, name=opts.name, space=opts.space, X=Xj, labels=opts.labels,
-                             params=opts.params, random_state=opts.random_state, alias=opts.alias,
-                             items=opts.texts if opts.texts is not None else opts.items,
-                             description=opts.description, progress=ctx.progress,
-                             inputs={"via": "http", "rows": int(Xj.shape[0]),
-                                     **({"encoder": encoder} if encoder else {})})
+        v = steer_ops.embed_and_register(
+            state.registry, state.encoder, space=opts.space, X=X, texts=opts.texts, encoder=encoder,
+            items=opts.items, inputs={"via": "http"}, progress=ctx.progress, name=opts.name, labels=opts.labels,
+            params=opts.params, random_state=opts.random_state, alias=opts.alias, description=opts.description)
         return {"ref": v.ref, "steer": v.to_dict()}
 
-    digest = hashlib.sha256(body).hexdigest()
-    job_, created = state.jobs.submit(job, kind="steer-fit", description=f"steer fit {opts.name}",
-                                      idempotency_key=idempotency_key, request_hash=digest)
-    return FastJSONResponse(job_.to_dict(), status_code=202 if created else 200,
-                            headers={"Location": f"/v1/jobs/{job_.id}"})
+    return accept(state, job, kind="steer-fit", description=f"steer fit {opts.name}", request=body,
+                  idempotency_key=idempotency_key)
 
 
 @router.get("/steers", dependencies=[ReadScope], summary="List steers", response_model=SteerList)
 async def list_steers(state: StateDep, page: Page):
-    return FastJSONResponse(paginate(await run_in_threadpool(state.registry.list_steers), lambda d: d["name"], page))
+    return await paged(state.registry.list_steers, page)
 
 
 @router.get("/steers/{ref}", dependencies=[ReadScope], summary="Get a steer version (name, name@alias, name:N)",
@@ -150,7 +95,7 @@ async def apply_steer(ref: str, request: Request, state: StateDep, settings: Set
         opts = validate(SteerApplyOptions, _split(obj))
         info, steer = state.resolve_steer(ref)
         Q = vectors_from_json(obj, dim=info.dim, max_batch=settings.max_batch)
-        return info, opts, apply_steer_job(Q, [(steer, opts.eps)])
+        return info, opts, steer_ops.apply_steer_job(Q, [(steer, opts.eps)])
 
     info, opts, out = await run_in_threadpool(work)
     state.metrics.batch_rows.labels("steer_apply").observe(out.shape[0])
@@ -190,12 +135,6 @@ async def transfer_steer(ref: str, body: Annotated[SteerTransferRequest, Body(op
             response_model=SteerLens)
 async def steer_lens(ref: str, state: StateDep, k: int = Query(5, ge=1, le=100),
                      n_directions: int = Query(4, ge=1, le=1024)):
-    def work():
-        info, steer = state.resolve_steer(ref)
-        sigma = steer.svd()[1].tolist() if isinstance(steer, Steer) else [float(np.linalg.norm(steer.v))]
-        dirs = [{**d, "positive": d.get("positive", [])[:k], "negative": d.get("negative", [])[:k]}
-                for d in info.lens[:n_directions]]
-        return {"steer": info.ref, "space": info.space, "sigma": sigma, "directions": dirs}
-
-    return FastJSONResponse(await run_in_threadpool(work))
+    info, steer = await run_in_threadpool(state.resolve_steer, ref)
+    return FastJSONResponse(steer_ops.describe_lens(info, steer, k=k, n_directions=n_directions))
 
