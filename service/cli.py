@@ -222,7 +222,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
 
     from align.exceptions import InputError, VecbridgeWarning
 
-    from .fitting import SUPERVISED, run_fit
+    from .ops.maps import SUPERVISED, run_fit
 
     if paired is None:
         paired = method in SUPERVISED
@@ -286,7 +286,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, csls, record, as_json, **io
     """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention."""
     import align
 
-    from .ops.migration import retention_gate
+    from .ops.plans import retention_gate
 
     progress, close = _progress_bar(False)
     reg = obj.registry
@@ -347,7 +347,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     import numpy as np
 
     from .io import read_vectors
-    from .ops.migration import plan
+    from .ops.plans import plan
 
     X_old = read_vectors(old, rows=old_rows)
     A = read_vectors(probe_source, rows=probe_rows)
@@ -708,7 +708,7 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, labels, name, rank, meth
 
     from .io import read_texts, read_vectors
     from .registry import NotFoundError
-    from .steer_wiring import fit_and_register
+    from .ops.steers import fit_and_register
 
     reg = obj.registry
     try:
@@ -755,7 +755,7 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, labels, name, rank, meth
 def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, as_json):
     """Steer the rows of IN with Q (I + eps W) and write OUT (.npy, .fvecs, .parquet)."""
     from .io import read_vectors, write_vectors
-    from .steering import apply_steer_job
+    from .ops.steers import apply_steer_job
 
     reg = obj.registry
     info = reg.resolve_steer(ref)
@@ -785,7 +785,7 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
     from align.steer import Steer
 
     from .io import read_texts, read_vectors
-    from .steer_wiring import steer_lens
+    from .ops.steers import steer_lens
 
     reg = obj.registry
     info = reg.resolve_steer(ref)
@@ -1019,7 +1019,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     flight is finished and checkpointed; run the same command again to resume).
     """
     from .errors import exit_code
-    from .ops.migrations import checkpoint_status, default_checkpoint, needs_registry, run_migration
+    from .ops.vectordb import checkpoint_status, default_checkpoint, needs_registry, run_migration
     from .vectordb import MigrationInterrupted
 
     ckpt = Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)
@@ -1096,7 +1096,7 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
     """Check a migrated collection: does searching it find what re-embedding would?"""
     from align.exceptions import InputError
 
-    from .ops.migrations import needs_registry, run_verify
+    from .ops.vectordb import needs_registry, run_verify
 
     if (heldout_source is None) != (heldout_target is None):
         raise InputError("give both --heldout-source and --heldout-target")

@@ -19,10 +19,13 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import Depends, Query
+from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import InputError
 
-__all__ = ["PageParams", "Page", "paginate", "encode_cursor", "decode_cursor", "MAX_LIMIT"]
+from .responses import FastJSONResponse
+
+__all__ = ["PageParams", "Page", "paginate", "paged", "encode_cursor", "decode_cursor", "MAX_LIMIT"]
 
 MAX_LIMIT = 10_000
 
@@ -75,3 +78,9 @@ def paginate(items: Sequence[Any], key: Callable[[Any], Any], page: PageParams) 
         return {"data": ordered, "next": None}
     data = ordered[: page.limit]
     return {"data": data, "next": encode_cursor(key(data[-1]))}
+
+
+async def paged(load: Callable[[], Sequence[dict]], page: PageParams, key: Callable[[Any], Any] | None = None):
+    """The JSON answer of a list route: ``load()`` (run off the event loop), one page of it by ``key``
+    (default: the item's ``name``)."""
+    return FastJSONResponse(paginate(await run_in_threadpool(load), key or (lambda d: d["name"]), page))

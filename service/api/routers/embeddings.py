@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 from typing import Annotated
 
 from fastapi import APIRouter, Body
@@ -12,7 +11,7 @@ from align.exceptions import InputError
 
 from ..codec import b64_encode, check_batch
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
-from ...encoders import UnknownEncoderError
+from ...ops import maps as map_ops
 from ..openapi import examples
 from ..responses import FastJSONResponse
 from ..schemas import EmbeddingsRequest, EmbeddingsResponse, ModelList, error_responses
@@ -68,28 +67,9 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
         raise InputError("input contains an empty string; every input must have text")
     check_batch(len(texts), settings.max_batch)
 
-    def work():
-        tr = None
-        if body.target_space:  # resolve the path first: an unknown space or path is a 404 before any encoding
-            space = state.space_for_encoder(body.model)
-            if space is None:
-                raise UnknownEncoderError(
-                    f"no registered space is produced by {body.model!r}; register it (POST /v1/spaces) to translate")
-            tr = state.translation(space, body.target_space)
-        enc = state.encoder(body.model)
-        if body.dimensions is not None and body.dimensions != enc.dim and body.target_space is None:
-            raise InputError(f"dimensions={body.dimensions} is not supported: {body.model} produces {enc.dim}-d "
-                             f"vectors and cannot be truncated; omit `dimensions` or pass {enc.dim}")
-        X = np.asarray(enc.encode(texts, kind=body.input_type), dtype=np.float32)
-        if tr is not None:
-            if tr.map is not None:
-                X = tr.map.apply(X, output="raw", validate=False)
-            if body.dimensions is not None and body.dimensions != X.shape[1]:
-                raise InputError(f"dimensions={body.dimensions} is not supported: space {body.target_space!r} is "
-                                 f"{X.shape[1]}-d; omit `dimensions` or pass {X.shape[1]}")
-        return X, tr
-
-    X, tr = await run_in_threadpool(work)
+    X, tr = await run_in_threadpool(lambda: map_ops.embed(state, body.model, texts, kind=body.input_type,
+                                                           target_space=body.target_space,
+                                                           dimensions=body.dimensions))
     state.metrics.batch_rows.labels("embeddings").observe(len(texts))
     if tr is not None:
         for v in tr.versions:

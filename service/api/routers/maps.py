@@ -11,12 +11,12 @@ from starlette.concurrency import run_in_threadpool
 from align.exceptions import InputError
 
 from ...limits import MAX_DIM, parse_strict_int
-from ...registry import NotFoundError
+from ...ops import maps as map_ops
 from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_json, validate,
                      vectors_from_binary, vectors_from_json)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
-from ..pagination import Page, paginate
+from ..pagination import Page, paged, paginate
 from ..responses import FastJSONResponse
 from ..schemas import (MAX_VERSION, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
                        TransformJSON, TransformOptions, TransformResponse, VersionList, VersionOut, error_responses)
@@ -63,8 +63,7 @@ _TRANSFORM_BODY = json_body(TransformJSON, "transform", extra_content={
 # --- spaces -------------------------------------------------------------------------------------
 @router.get("/spaces", dependencies=[ReadScope], summary="List spaces", response_model=SpaceList)
 async def list_spaces(state: StateDep, page: Page):
-    spaces = await run_in_threadpool(state.registry.list_spaces)
-    return FastJSONResponse(paginate([s.to_dict() for s in spaces], lambda d: d["name"], page))
+    return await paged(lambda: [s.to_dict() for s in state.registry.list_spaces()], page)
 
 
 @router.get("/spaces/{name}", dependencies=[ReadScope], summary="Get a space", response_model=SpaceOut)
@@ -75,41 +74,23 @@ async def get_space(name: str, state: StateDep):
 @router.post("/spaces", dependencies=[WriteScope, JSONOnly], status_code=201, summary="Register a space",
              response_model=SpaceOut, responses=error_responses(409, 415))
 async def create_space(body: Annotated[SpaceCreate, Body(openapi_examples=examples("create_space"))], state: StateDep):
-    def work():
-        dim = body.dim
-        if body.encoder:
-            enc = state.encoder(body.encoder)
-            if dim is not None and dim != enc.dim:
-                from align.exceptions import DimensionMismatchError
-
-                raise DimensionMismatchError(f"encoder {body.encoder!r} produces {enc.dim}-d vectors, not {dim}")
-            dim = enc.dim
-        if dim is None:
-            from align.exceptions import InputError
-
-            raise InputError("give `dim`, or an `encoder` to take it from")
-        return state.registry.register_space(body.name, dim, encoder=body.encoder, query_prefix=body.query_prefix,
-                                             passage_prefix=body.passage_prefix, description=body.description)
-
-    info = await run_in_threadpool(work)
+    info = await run_in_threadpool(
+        lambda: map_ops.create_space(state.registry, state.encoder, name=body.name, dim=body.dim, encoder=body.encoder,
+                                     query_prefix=body.query_prefix, passage_prefix=body.passage_prefix,
+                                     description=body.description))
     return FastJSONResponse(info.to_dict(), status_code=201)
 
 
 # --- maps ---------------------------------------------------------------------------------------
 @router.get("/maps", dependencies=[ReadScope], summary="List maps", response_model=MapList)
 async def list_maps(state: StateDep, page: Page):
-    return FastJSONResponse(paginate(await run_in_threadpool(state.registry.list_maps), lambda d: d["name"], page))
+    return await paged(state.registry.list_maps, page)
 
 
 @router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)",
             response_model=MapDetail)
 async def get_map(ref: str, state: StateDep):
-    def work():
-        v = state.resolve(ref)
-        summary = next((m for m in state.registry.list_maps() if m["name"] == v.name), {})
-        return {**summary, "resolved": v.to_dict()}
-
-    return FastJSONResponse(await run_in_threadpool(work))
+    return FastJSONResponse(await run_in_threadpool(map_ops.describe_map, state.registry, state.resolve, ref))
 
 
 @router.get("/maps/{name}/versions", dependencies=[ReadScope], summary="List a map's versions",
@@ -150,17 +131,7 @@ async def delete_alias(name: str, alias: str, state: StateDep):
 async def get_report(name: str, version: Version, state: StateDep):
     """The self-contained HTML report written by the fit (charts inline), read from the data dir; 404 when the
     version has none (registered without a report, or the file is gone)."""
-    def work():
-        v = state.registry.get_version(name, version)
-        path = state.registry.report_file(v)
-        if path is None:
-            raise NotFoundError(f"map {v.ref} has no fit report (registered without one)")
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:
-            raise NotFoundError(f"the fit report of map {v.ref} is missing from the data dir") from None
-
-    return HTMLResponse(await run_in_threadpool(work))
+    return HTMLResponse(await run_in_threadpool(map_ops.report_html, state.registry, name, version))
 
 
 @router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],
