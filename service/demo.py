@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from .logging import get_logger
+from .progress import Progress, silent
 
 __all__ = ["maybe_start_demo", "run_demo", "load_demo_data", "demo_status", "DEMO_MAP", "DEMO_INDEX",
            "DEMO_DATA"]
@@ -66,7 +66,7 @@ def demo_status(state) -> str | None:
         return "failed"
 
 
-def run_demo(state, progress: Callable[[str, float], None] = lambda s, f: None, *, random_state: int = 0) -> dict:
+def run_demo(state, progress: Progress = silent, *, random_state: int = 0) -> dict:
     """Register the demo spaces, map and index in ``state`` (an :class:`service.api.state.AppState`)."""
     from align import evaluate
 
