@@ -42,3 +42,19 @@ def planted(d: int = 16, d_t: int | None = None, n: int = 1500, noise: float = 0
     Xh = draw(mix, 400, seed + 3)
     Yh = Xh @ Q
     return X, Y.astype(np.float32), Q, Xh, Yh.astype(np.float32)
+
+
+def planted_attribute(n: int, d: int, *, n_queries: int, offset: float = 3.0, seed: int = 0):
+    """Steer data: unit rows (n, d) with a common offset on coordinate 1 (like sentence embeddings),
+    labels +1 / -1 where coordinate 0 is above 1 / below -1 (0 between), and unit queries (n_queries, d)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    labels = np.zeros(n, dtype=int)
+    labels[X[:, 0] > 1.0] = 1
+    labels[X[:, 0] < -1.0] = -1
+    X[:, 1] += offset
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    Q = rng.normal(size=(n_queries, d))
+    Q[:, 1] += offset
+    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
+    return X.astype(np.float32), labels, Q.astype(np.float32)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -11,20 +10,9 @@ from fastapi.testclient import TestClient
 
 from service.api import create_app
 from align.exceptions import Cancelled
-from service.jobs import (IdempotencyConflictError, JobManager, JobNotFoundError, QueueFullError,
-                          TERMINAL)
+from service.jobs import IdempotencyConflictError, JobManager, JobNotFoundError, QueueFullError
+from _jobs_support import http_job, slow_job, wait_job as wait
 from test_api_support import R, W, planted, populate, settings_for
-
-
-def wait(mgr_or_get, job_id, states=TERMINAL, timeout=60.0):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        job = mgr_or_get(job_id)
-        state = job["state"] if isinstance(job, dict) else job.state
-        if state in states:
-            return job
-        time.sleep(0.02)
-    raise AssertionError(f"job {job_id} did not reach {states}")
 
 
 def test_success_progress_and_timings():
@@ -61,15 +49,7 @@ def test_failure_is_recorded():
 
 def test_cancel_running_and_queued_and_queue_bound():
     mgr = JobManager(workers=1, max_queued=1)
-    started = threading.Event()
-
-    def slow(ctx):
-        started.set()
-        for i in range(10_000):
-            ctx.progress("loop", i / 10_000)
-            time.sleep(0.001)
-        return {}
-
+    slow, started = slow_job(10_000)
     running, _ = mgr.submit(slow, kind="t")
     assert started.wait(10)
     queued, _ = mgr.submit(lambda ctx: {}, kind="t")
@@ -186,7 +166,7 @@ def test_http_fit_registers_a_version(tmp_path):
             "name": "a2b-http", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
             "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}, "alias": "prod"})
         assert r.status_code == 202
-        job = wait(lambda i: c.get(f"/v1/jobs/{i}", headers=R).json(), r.json()["id"])
+        job = wait(http_job(c, R), r.json()["id"])
         assert job["state"] == "succeeded", job
         v = job["result"]["version"]
         assert v["name"] == "a2b-http" and v["version"] == 1 and v["source_dim"] == 16
@@ -212,6 +192,6 @@ def test_http_cancel_job(tmp_path):
         jid = r.json()["id"]
         assert c.delete(f"/v1/jobs/{jid}", headers=R).status_code == 403
         assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code == 202
-        job = wait(lambda i: c.get(f"/v1/jobs/{i}", headers=R).json(), jid)
+        job = wait(http_job(c, R), jid)
         assert job["state"] == "cancelled" and job["cancel_requested"]
         assert c.get("/v1/maps/slow", headers=R).status_code == 404

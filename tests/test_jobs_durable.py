@@ -11,23 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
 
+from _jobs_support import slow_job, wait_job as wait
 from service.jobs import (INTERRUPTED, TERMINAL, IdempotencyConflictError, JobManager, JobNotFoundError,
                           JobStore)
-
-
-def wait(mgr, job_id, states=TERMINAL, timeout=30.0):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        job = mgr.get(job_id)
-        if job.state in states:
-            return job
-        time.sleep(0.02)
-    raise AssertionError(f"job {job_id} did not reach {states}")
 
 
 CHILD = textwrap.dedent("""
@@ -99,8 +89,8 @@ def test_finished_jobs_answer_after_restart(tmp_path):
 
     ok, _ = mgr.submit(fn, kind="fit", description="fit m")
     bad, _ = mgr.submit(lambda ctx: 1 / 0, kind="fit")
-    wait(mgr, ok.id)
-    wait(mgr, bad.id)
+    wait(mgr.get, ok.id)
+    wait(mgr.get, bad.id)
     want_ok, want_bad = mgr.get(ok.id).to_dict(), mgr.get(bad.id).to_dict()
     mgr.shutdown(wait=True)
 
@@ -121,15 +111,7 @@ def test_live_sibling_jobs_are_not_failed_and_can_be_cancelled(tmp_path):
     db = tmp_path / "jobs.sqlite"
     a = JobManager(store=JobStore(db, progress_interval=0.0))
     a.open()
-    started = threading.Event()
-
-    def slow(ctx):
-        started.set()
-        for i in range(20_000):
-            ctx.progress("loop", i / 20_000)
-            time.sleep(0.001)
-        return {}
-
+    slow, started = slow_job(20_000)
     job, _ = a.submit(slow, kind="t", idempotency_key="k", request_hash="h")
     assert started.wait(10)
     b = JobManager(store=JobStore(db))
@@ -139,8 +121,8 @@ def test_live_sibling_jobs_are_not_failed_and_can_be_cancelled(tmp_path):
     same, created = b.submit(lambda ctx: {}, kind="t", idempotency_key="k", request_hash="h")
     assert not created and same.id == job.id  # the key is shared across processes
     b.cancel(job.id)  # through the store; a notices at its next progress write
-    assert wait(a, job.id).state == "cancelled"
-    assert wait(b, job.id).state == "cancelled"
+    assert wait(a.get, job.id).state == "cancelled"
+    assert wait(b.get, job.id).state == "cancelled"
     a.shutdown(wait=True)
     b.shutdown(wait=True)
 
@@ -149,7 +131,7 @@ def test_memory_only_manager_still_works_without_a_store():
     mgr = JobManager()
     assert mgr.open() == 0
     job, _ = mgr.submit(lambda ctx: {"x": 1}, kind="t")
-    assert wait(mgr, job.id).result == {"x": 1}
+    assert wait(mgr.get, job.id).result == {"x": 1}
     mgr.shutdown(wait=True)
 
 
@@ -191,9 +173,9 @@ def test_counts_come_from_the_store_not_the_process(tmp_path):
     first.open()
     done = [first.submit(lambda ctx: {"ok": True}, kind="fit")[0] for _ in range(2)]
     for j in done:
-        wait(first, j.id)
+        wait(first.get, j.id)
     failed, _ = first.submit(lambda ctx: 1 / 0, kind="fit")
-    wait(first, failed.id)
+    wait(first.get, failed.id)
     first.shutdown(wait=True)
     second = JobManager(workers=1, max_queued=4, store=JobStore(db))
     second.open()

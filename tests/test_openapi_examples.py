@@ -3,7 +3,6 @@ toy examples run top to bottom on an empty service, as a reader of /docs would r
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from service.api.routers.lm import LMAnalyzeRequest, LMFitRequest, LMGenerateReq
 from service.api.schemas import (AliasSet, EmbeddingsRequest, FitRequest, IndexAdd, IndexCreate, IndexDelete,
                                  PlanRequest, SearchRequest, SpaceCreate, SteerApplyRequest, SteerFitRequest,
                                  SteerTransferRequest, TagSet, TransformJSON)
+from _jobs_support import http_job, wait_job
 from test_api_support import W, settings_for
 
 MODELS = {
@@ -68,15 +68,6 @@ def test_every_body_has_valid_examples(app_client):
             model.model_validate(e["value"])  # raises on an invalid example
 
 
-def _wait(c, job_id):
-    for _ in range(600):
-        j = c.get(f"/v1/jobs/{job_id}", headers=W).json()
-        if j["state"] in ("succeeded", "failed", "cancelled"):
-            return j
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish")
-
-
 def test_toy_examples_run_in_order(app_client):
     c, doc = app_client
     answers = {}
@@ -85,7 +76,7 @@ def test_toy_examples_run_in_order(app_client):
         r = c.request(method.upper(), path, json=body, headers=W)
         assert r.status_code < 300, f"{method.upper()} {path} ({name}): {r.status_code} {r.text[:300]}"
         if r.status_code == 202:
-            job = _wait(c, r.json()["id"])
+            job = wait_job(http_job(c, W), r.json()["id"], timeout=30.0)
             assert job["state"] == "succeeded", job
         answers[(route, name)] = r.json() if r.content else None
     # the toy map recovers the planted pairwise swap, so the answers are the swapped rows

@@ -29,6 +29,8 @@ from align.steer import (
     transfer_steer,
 )
 
+from _synthetic import planted_attribute
+
 
 def random_steer(d=8, r=3, seed=0):
     rng = np.random.default_rng(seed)
@@ -36,18 +38,7 @@ def random_steer(d=8, r=3, seed=0):
 
 
 def planted(n=1200, d=24, offset=3.0, seed=0):
-    """Unit rows with a common offset (like sentence embeddings); attribute = sign of coordinate 0."""
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, d))
-    labels = np.zeros(n, dtype=int)
-    labels[X[:, 0] > 1.0] = 1
-    labels[X[:, 0] < -1.0] = -1
-    X[:, 1] += offset
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    Q = rng.normal(size=(150, d))
-    Q[:, 1] += offset
-    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
-    return X.astype(np.float32), labels, Q.astype(np.float32)
+    return planted_attribute(n, d, n_queries=150, offset=offset, seed=seed)
 
 
 @pytest.fixture(scope="module")

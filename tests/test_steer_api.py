@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -10,6 +9,8 @@ from fastapi.testclient import TestClient
 
 from align import LinearMap
 from service.api import create_app
+from _jobs_support import http_job, wait_job
+from _synthetic import planted_attribute
 from test_api_support import R, W, WONLY, settings_for
 
 D = 16
@@ -17,28 +18,7 @@ FIT_PARAMS = {"method": "lm-steer", "rank": 4, "max_iter": 40, "max_pairs": 400,
 
 
 def planted(n=800, d=D, offset=3.0, seed=0):
-    """Unit rows with a common offset (like sentence embeddings); attribute = sign of coordinate 0."""
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, d))
-    labels = np.zeros(n, dtype=int)
-    labels[X[:, 0] > 1.0] = 1
-    labels[X[:, 0] < -1.0] = -1
-    X[:, 1] += offset
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    Q = rng.normal(size=(60, d))
-    Q[:, 1] += offset
-    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
-    return X.astype(np.float32), labels, Q.astype(np.float32)
-
-
-def wait(client, jid, timeout=60.0):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        j = client.get(f"/v1/jobs/{jid}", headers=R).json()
-        if j["state"] not in ("queued", "running"):
-            return j
-        time.sleep(0.05)
-    raise AssertionError("job did not finish")
+    return planted_attribute(n, d, n_queries=60, offset=offset, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +41,7 @@ def world(tmp_path_factory):
                                                    "labels": labels.tolist(), "items": names,
                                                    "params": FIT_PARAMS, "random_state": 0, "alias": "prod"})
         assert r.status_code == 202, r.text
-        job = wait(c, r.json()["id"])
+        job = wait_job(http_job(c, R), r.json()["id"])
         yield {"c": c, "X": X, "labels": labels, "Q": Q, "Qa": Q @ rot.T, "job": job, "reg": reg}
 
 
@@ -138,7 +118,7 @@ def test_lens_without_items_has_singular_values_only(world):
     r = c.post("/v1/steers", headers=W, json={"name": "bare", "space": "tb", "vectors": X[:300].tolist(),
                                                "labels": labels[:300].tolist(),
                                                "params": {**FIT_PARAMS, "rank": 2, "max_iter": 5}})
-    assert wait(c, r.json()["id"])["state"] == "succeeded"
+    assert wait_job(http_job(c, R), r.json()["id"])["state"] == "succeeded"
     out = c.get("/v1/steers/bare/lens", headers=R).json()
     assert len(out["sigma"]) == 2 and out["directions"] == []
 
@@ -147,7 +127,7 @@ def test_mean_shift_baseline_through_http(world):
     c, X, labels = world["c"], world["X"], world["labels"]
     r = c.post("/v1/steers", headers=W, json={"name": "shift", "space": "tb", "vectors": X.tolist(),
                                                "labels": labels.tolist(), "params": {"method": "mean-shift"}})
-    job = wait(c, r.json()["id"])
+    job = wait_job(http_job(c, R), r.json()["id"])
     assert job["state"] == "succeeded" and job["result"]["steer"]["rank"] == 0
     r = c.post("/v1/steers/shift/apply", headers=R, json={"vectors": world["Q"][:2].tolist(), "eps": 0.0})
     np.testing.assert_array_equal(np.asarray(r.json()["vectors"], dtype=np.float32), world["Q"][:2])
@@ -217,7 +197,7 @@ def test_alias_delete_and_transfer_routes(world):
     # alias: move, then delete the version it points at; the alias no longer resolves
     r = c.post("/v1/steers", headers=W, json={"name": "attr_ta", "space": "ta", "vectors": (X @ rot.T).tolist(),
                                                "labels": world["labels"].tolist(), "random_state": 0})
-    assert wait(c, r.json()["id"])["state"] == "succeeded"
+    assert wait_job(http_job(c, R), r.json()["id"])["state"] == "succeeded"
     r = c.put("/v1/steers/attr_ta/aliases/stable", headers=W, json={"version": 2})
     assert r.status_code == 200 and r.json()["version"] == 2 and "stable" in r.json()["aliases"]
     assert c.get("/v1/steers/attr_ta@stable", headers=R).json()["version"] == 2
