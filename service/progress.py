@@ -4,8 +4,8 @@
 ``fraction`` in [0, 1] is how far that step has got. Every long operation of the service takes a
 :data:`Progress`: a job's :meth:`service.jobs.JobContext.progress` is one (it records the stage
 and raises :class:`align.exceptions.Cancelled` when the job is cancelled), the CLI's progress bar
-is one, and :meth:`align.MiniVec2Vec.fit` takes one. align's inner kernels report a bare
-``progress(fraction)``; :meth:`Stages.fraction` adapts a :data:`Progress` to them.
+is one, and :meth:`align.MiniVec2Vec.fit` takes one (align's inner kernels report a bare
+``progress(fraction)``, which MiniVec2Vec names by stage).
 
 A vector-database migration is the one exception: its callback takes a per-batch record
 (:class:`service.vectordb.MigrationProgress`: rows done of total, rate, last id) because its faces
@@ -79,8 +79,3 @@ class Stages:
     def sub(self, prefix: str) -> Progress:
         """A :data:`Progress` for an inner step whose stages read ``"<prefix>: <stage>"``."""
         return lambda stage, fraction: self.tick(f"{prefix}: {stage}", fraction)
-
-    def fraction(self, stage: str) -> Callable[[float], None]:
-        """A bare ``progress(fraction)`` (align's inner kernels) reporting as ``stage``."""
-        return lambda fraction: self.tick(stage, fraction)
-
