@@ -362,20 +362,10 @@ class MapList(_Page):
     data: list[MapSummary]
 
 
-class MapDetail(BaseModel):
-    name: str | None = None
-    source_space: str | None = None
-    target_space: str | None = None
-    source_dim: int | None = None
-    target_dim: int | None = None
-    latest_version: int | None = None
-    aliases: dict[str, int] | None = None
-    n_versions: int | None = None
-    n_live_versions: int | None = None
-    created_at: str | None = None
-    unreliable_versions: list[int] | None = None
-    path_version: int | None = None
-    resolved: VersionOut = Field(..., description="The version the reference resolves to.")
+MapDetail = create_model(
+    "MapDetail", __doc__="A map's summary and the version a reference to it resolves to.",
+    **{n: (f.annotation | None, Field(None, description=f.description)) for n, f in MapSummary.model_fields.items()},
+    resolved=(VersionOut, Field(..., description="The version the reference resolves to.")))
 
 
 class IndexOut(BaseModel):

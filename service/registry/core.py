@@ -322,9 +322,9 @@ class Registry(SteerRegistryMixin):
         alias = alias or self.PATH_ALIAS
         with self.db.tx() as t:
             cands = []
-            for (name,) in t.q("SELECT name FROM maps WHERE source_space = ? AND target_space = ?",
-                               (source_space, target_space)):
-                e = self._edge_version(t, name, alias)
+            for r in t.q("SELECT name FROM maps WHERE source_space = ? AND target_space = ?",
+                         (source_space, target_space)):
+                e = self._edge_version(t, r["name"], alias)
                 if e is not None:
                     cands.append(e)
         cands.sort(key=lambda e: (e[1], self.quality(e[0]), e[0].created_at, e[0].name), reverse=True)
@@ -349,10 +349,10 @@ class Registry(SteerRegistryMixin):
                 return []
             pairs = t.q("SELECT DISTINCT source_space, target_space FROM maps")
         best: dict[str, list[VersionInfo]] = {}
-        for s, tg in pairs:
-            cands = self.path_candidates(s, tg, alias)
+        for p in pairs:
+            cands = self.path_candidates(p["source_space"], p["target_space"], alias)
             if cands:
-                best.setdefault(s, []).append(cands[0])
+                best.setdefault(p["source_space"], []).append(cands[0])
         prev: dict[str, VersionInfo | None] = {source_space: None}
         queue = deque([source_space])
         while queue:
