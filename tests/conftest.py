@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,27 @@ def registry_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/registry.sqlite"
     return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def reg(registry_url, tmp_path):
+    """An open registry on each backend (see ``registry_url``), artifacts under ``tmp_path``."""
+    from service.registry import open_registry
+
+    r = open_registry(registry_url, tmp_path / "artifacts")
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def run_threads():
+    """``run(fn, n)``: ``fn(0) .. fn(n-1)`` in ``n`` threads at once; their results in order (first error re-raised)."""
+
+    def run(fn, n: int) -> list:
+        with ThreadPoolExecutor(n) as ex:
+            return list(ex.map(fn, range(n)))
+
+    return run
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 import zipfile
 
@@ -22,13 +21,6 @@ from service.registry import (
     open_registry,
     parse_ref,
 )
-
-@pytest.fixture
-def reg(registry_url, tmp_path):
-    r = open_registry(registry_url, tmp_path / "artifacts")
-    yield r
-    r.close()
-
 
 def rotation_map(d_s=8, d_t=8, seed=0, bias=False) -> align.LinearMap:
     rng = np.random.default_rng(seed)
@@ -278,23 +270,9 @@ def test_import_rejects_tampered_bundle(reg, tmp_path):
 
 # --- concurrency inside one process ------------------------------------------------------------
 
-def test_threads_share_one_registry(reg):
-    errors, got = [], []
-
-    def work(seed):
-        try:
-            for i in range(4):
-                got.append(register(reg, seed=seed * 10 + i).version)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-    assert sorted(got) == list(range(1, 17))
+def test_threads_share_one_registry(reg, run_threads):
+    got = run_threads(lambda seed: [register(reg, seed=seed * 10 + i).version for i in range(4)], 4)
+    assert sorted(v for vs in got for v in vs) == list(range(1, 17))
     assert reg.verify()["ok"]
 
 

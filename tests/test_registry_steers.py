@@ -3,7 +3,6 @@ VECBRIDGE_TEST_POSTGRES_URL is set) PostgreSQL."""
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -18,13 +17,6 @@ from service.registry import (
     SteerInfo,
     open_registry,
 )
-
-
-@pytest.fixture
-def reg(registry_url, tmp_path):  # noqa: F811
-    r = open_registry(registry_url, tmp_path / "artifacts")
-    yield r
-    r.close()
 
 
 def _steer(seed: int, d: int = 12, r: int = 3) -> Steer:
@@ -119,25 +111,15 @@ def test_verify_counts_steer_artifacts_as_used(reg):
     assert out["ok"] and out["orphan_artifacts"] == []
 
 
-def test_concurrent_writers_get_distinct_versions(reg, registry_url, tmp_path):  # noqa: F811
-    errors, versions = [], []
-
-    def writer(seed):
+def test_concurrent_writers_get_distinct_versions(reg, registry_url, tmp_path, run_threads):
+    def writer(seed):  # each thread its own Registry (own connections) on the same database
         r = open_registry(registry_url, tmp_path / "artifacts")
         try:
-            for j in range(4):
-                versions.append(r.register_steer("race", _steer(100 * seed + j), space="sp").version)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+            return [r.register_steer("race", _steer(100 * seed + j), space="sp").version for j in range(4)]
         finally:
             r.close()
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    versions = [v for vs in run_threads(writer, 3) for v in vs]
     assert sorted(versions) == list(range(1, 13))
     assert [s.version for s in reg.list_steer_versions("race")] == list(range(1, 13))
 

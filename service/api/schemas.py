@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from ..indexes import IndexInfo
 from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_SEED, check_json_depth
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
 from ..registry.names import MAX_VERSION
@@ -307,11 +308,12 @@ class ServiceInfo(BaseModel):
         None, description="The start-up demo on an empty data dir: `preparing`, `ready`, `failed`; null: none.")
 
 
-def record_model(name: str, record) -> type[BaseModel]:
+def record_model(name: str, record, doc: str | None = None) -> type[BaseModel]:
     """The response schema of a registry record, derived from its dataclass (:mod:`service.registry.models`).
 
     Same fields in the same order as the record's ``to_dict()``, same types; a field is required
-    unless the dataclass gives it a default; ``metadata["doc"]`` becomes the field's description.
+    unless the dataclass gives it a default; ``metadata["doc"]`` becomes the field's description;
+    the record's docstring (or ``doc``) the schema's.
     """
     hints = typing.get_type_hints(record)
     by_name = {f.name: f for f in dataclasses.fields(record)}
@@ -322,7 +324,9 @@ def record_model(name: str, record) -> type[BaseModel]:
         if f.default_factory is not dataclasses.MISSING:
             default = Field(default_factory=f.default_factory)
         spec[n] = (hints[n], Field(default, description=f.metadata["doc"]) if "doc" in f.metadata else default)
-    return create_model(name, __doc__=record.__doc__, **spec)
+    auto = f"{record.__name__}("  # the docstring dataclasses write when there is none
+    return create_model(name, __doc__=doc or (None if (record.__doc__ or auto).startswith(auto) else record.__doc__),
+                        **spec)
 
 
 SpaceOut = record_model("SpaceOut", SpaceInfo)
@@ -368,17 +372,7 @@ MapDetail = create_model(
     resolved=(VersionOut, Field(..., description="The version the reference resolves to.")))
 
 
-class IndexOut(BaseModel):
-    name: str
-    space: str
-    dim: int
-    kind: str
-    metric: str
-    count: int
-    params: dict[str, Any]
-    created_at: float
-    updated_at: float
-    description: str = ""
+IndexOut = record_model("IndexOut", IndexInfo, "An index: its space, FAISS kind, metric, rows and parameters.")
 
 
 class IndexList(_Page):
