@@ -316,3 +316,25 @@ def test_http_index_validation(api):
     assert r.status_code == 422
     r = c.post("/v1/indexes", headers=W, json={"name": "v5", "space": "c", "vectors": [[0.0] * 12], "k": 3})
     assert r.status_code == 422 and "k" in r.json()["error"]["message"]
+
+
+def test_http_rows_and_queries_as_texts(tmp_path):
+    """Texts in, through the space's real encoder: passages stored with their text, queries embedded in query form."""
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        app.state.vb.registry.register_space("minilm", 384, encoder="all-MiniLM-L6-v2")
+        docs = ["a cat sleeps on the sofa", "stock markets fell sharply today"]
+        r = c.post("/v1/indexes", headers=W, json={"name": "tx", "space": "minilm", "texts": docs})
+        assert r.status_code == 201 and r.json()["count"] == 2, r.text
+        r = c.post("/v1/indexes/tx/vectors", headers=W, json={"texts": ["the dog barked at the mailman"],
+                                                              "store_texts": False})
+        assert r.status_code == 200 and r.json()["ids"] == [2], r.text
+        for path, body in (("/v1/indexes", {"name": "tx2", "space": "minilm", "texts": []}),
+                           ("/v1/indexes/tx/vectors", {"texts": ["x"], "vectors": [[1.0] * 384]}),
+                           ("/v1/indexes/tx/search", {"texts": ["x"], "vectors": [[1.0] * 384]})):
+            assert c.post(path, headers=W, json=body).status_code == 422, path
+        r = c.post("/v1/indexes/tx/search", headers=R, json={"texts": ["a kitten napping on a couch",
+                                                                     "shares dropped on wall street"], "k": 3})
+        hits = r.json()["results"]
+        assert [h[0]["id"] for h in hits] == [0, 1], hits
+        assert hits[0][0]["payload"] == {"text": docs[0]} and all(h["id"] != 2 or h["payload"] is None for h in hits[0])

@@ -69,13 +69,18 @@ __all__ = ["SpaceIndex", "IndexInfo"]
 
 @dataclass
 class IndexInfo:
+    """An index: its space, row width, kind, metric, live rows, FAISS parameters, times (epoch s), description.
+
+    The API's ``IndexOut`` schema is derived from these fields.
+    """
+
     name: str
     space: str
     dim: int
     kind: str
     metric: str
     count: int
-    params: dict
+    params: dict[str, Any]
     created_at: float
     updated_at: float
     description: str = ""

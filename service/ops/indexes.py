@@ -1,4 +1,7 @@
-"""Index use cases for every face: embed rows for an index, and search an index from any space.
+"""Index use cases for every face: create an index or add rows (vectors or texts), and search from any space.
+
+Rows given as ``texts`` are embedded with the space's encoder in its passage form and, unless
+told otherwise, stored as payloads ``{"text": ...}``.
 
 Search, for queries ``Q`` (n, d_q) in space ``s_q`` against an index of space ``s`` (rows d):
 
@@ -21,12 +24,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from align.exceptions import InputError
+from align.exceptions import DimensionMismatchError, InputError
 
-from ..indexes import SpaceIndex
+from ..indexes import IndexStore, SpaceIndex
 from .steers import steer_queries
 
-__all__ = ["Resolver", "SearchResult", "embed_texts", "query_dim", "check_hits", "search"]
+__all__ = ["Resolver", "SearchResult", "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search"]
 
 
 class Resolver(Protocol):
@@ -65,6 +68,37 @@ def embed_texts(resolver: Resolver, space: str, texts: list[str], kind: str) -> 
     """``texts`` embedded with ``space``'s encoder (``kind``: ``"query"`` or ``"passage"``): (n, d) float32."""
     enc, _ = resolver.encoder_for_space(space)
     return np.asarray(enc.encode(texts, kind=kind), dtype=np.float32)
+
+
+def _passages(resolver: Resolver, space: str, texts: list[str], payloads: list | None,
+              store_texts: bool) -> tuple[np.ndarray, list | None]:
+    X = embed_texts(resolver, space, texts, "passage")
+    if payloads is None and store_texts:
+        payloads = [{"text": t} for t in texts]
+    return X, payloads
+
+
+def create_index(resolver: Resolver, store: IndexStore, name: str, space, X: np.ndarray | None = None, *,
+                 texts: list[str] | None = None, store_texts: bool = True, payloads: list | None = None,
+                 **build) -> SpaceIndex:
+    """Create index ``name`` in ``space`` (a SpaceInfo: ``name``, ``dim``) from rows ``X`` (n, dim), ``texts``
+    or nothing (empty); ``build``: ``ids``, ``kind``, ``metric``, ``params``, ``random_state``, ``description``.
+
+    Rows of another width are a DimensionMismatchError; an existing name an IndexConflictError.
+    """
+    if texts is not None:
+        X, payloads = _passages(resolver, space.name, texts, payloads, store_texts)
+    if X is not None and X.shape[1] != space.dim:
+        raise DimensionMismatchError(f"space {space.name!r} is {space.dim}-d, vectors have {X.shape[1]} columns")
+    return store.create(name, space.name, X, payloads=payloads, dim=space.dim, **build)
+
+
+def add_rows(resolver: Resolver, idx: SpaceIndex, X: np.ndarray | None = None, *, texts: list[str] | None = None,
+             store_texts: bool = True, ids=None, payloads: list | None = None) -> np.ndarray:
+    """Add rows ``X`` (n, dim) or ``texts`` to ``idx`` under ``ids`` (default: the next free ones); returns the ids."""
+    if texts is not None:
+        X, payloads = _passages(resolver, idx.space, texts, payloads, store_texts)
+    return idx.add(X, ids=ids, payloads=payloads)
 
 
 def query_dim(resolver: Resolver, idx: SpaceIndex, space: str | None) -> int:

@@ -9,11 +9,11 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from align.exceptions import DimensionMismatchError, InputError
+from align.exceptions import InputError
 
 from ...indexes import SpaceIndex
 from ...ops import indexes as index_ops
-from ..codec import JSON, check_batch, parse_json, texts_instead, validate, vectors_from_json
+from ..codec import JSON, parse_json, texts_instead, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
 from ..pagination import Page, paginate
@@ -21,7 +21,6 @@ from ..responses import FastJSONResponse, dumps
 from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate, IndexCreateOptions, IndexDelete,
                        IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
                        error_responses)
-from ..state import AppState
 
 router = APIRouter(prefix="/v1", tags=["indexes"], responses=error_responses(401, 403, 404, 422, 503))
 
@@ -52,13 +51,6 @@ def _info(idx: SpaceIndex) -> dict:
     return idx.info().to_dict()
 
 
-def _embed_passages(state: AppState, space: str, texts: list[str], max_batch: int) -> np.ndarray:
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise InputError("texts must be a non-empty list of strings")
-    check_batch(len(texts), max_batch)
-    return index_ops.embed_texts(state, space, texts, "passage")
-
-
 @router.get("/indexes", dependencies=[ReadScope], summary="List indexes", response_model=IndexList)
 async def list_indexes(state: StateDep, page: Page):
     return FastJSONResponse(paginate([_info(i) for i in state.indexes.list()], lambda d: d["name"], page))
@@ -78,20 +70,12 @@ async def create_index(request: Request, state: StateDep, settings: SettingsDep)
     def work():
         obj, opts = _options(body, IndexCreateOptions)
         space = state.registry.get_space(opts.space)
-        payloads = opts.payloads
-        if opts.texts is not None:
-            if "vectors" in obj or "vectors_b64" in obj:
-                raise InputError("give either vectors or texts, not both")
-            X = _embed_passages(state, opts.space, opts.texts, settings.max_batch)
-            if payloads is None and opts.store_texts:
-                payloads = [{"text": t} for t in opts.texts]
-        else:
-            X = vectors_from_json(obj, dim=space.dim, max_batch=settings.max_batch, required=False)
-        if X is not None and X.shape[1] != space.dim:
-            raise DimensionMismatchError(f"space {space.name!r} is {space.dim}-d, vectors have {X.shape[1]} columns")
-        return state.indexes.create(opts.name, opts.space, X, ids=opts.ids, payloads=payloads, kind=opts.kind,
-                                    metric=opts.metric, params=opts.params, random_state=opts.random_state,
-                                    description=opts.description, dim=space.dim)
+        X = None if texts_instead(obj, opts.texts, settings.max_batch) else vectors_from_json(
+            obj, dim=space.dim, max_batch=settings.max_batch, required=False)
+        return index_ops.create_index(state, state.indexes, opts.name, space, X, texts=opts.texts,
+                                      store_texts=opts.store_texts, payloads=opts.payloads, ids=opts.ids,
+                                      kind=opts.kind, metric=opts.metric, params=opts.params,
+                                      random_state=opts.random_state, description=opts.description)
 
     idx = await run_in_threadpool(work)
     state.metrics.index_vectors.labels(idx.name).set(idx.count)
@@ -117,14 +101,10 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
 
     def work():
         obj, opts = _options(body, IndexAddOptions)
-        payloads = opts.payloads
-        if opts.texts is not None:
-            X = _embed_passages(state, idx.space, opts.texts, settings.max_batch)
-            if payloads is None and opts.store_texts:
-                payloads = [{"text": t} for t in opts.texts]
-        else:
-            X = vectors_from_json(obj, dim=idx.dim, max_batch=settings.max_batch)
-        return idx.add(X, ids=opts.ids, payloads=payloads)
+        X = None if texts_instead(obj, opts.texts, settings.max_batch) else vectors_from_json(
+            obj, dim=idx.dim, max_batch=settings.max_batch)
+        return index_ops.add_rows(state, idx, X, texts=opts.texts, store_texts=opts.store_texts, ids=opts.ids,
+                                  payloads=opts.payloads)
 
     ids = await run_in_threadpool(work)
     state.metrics.batch_rows.labels("index_add").observe(len(ids))
