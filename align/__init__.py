@@ -8,6 +8,7 @@ Public surface::
     MiniVec2Vec                              unsupervised (and seeded) alignment
     evaluate                                 held-out metrics
     fit_migration, score_map                 migration maps chosen on held-out pairs (families × objectives)
+    ClusterMap                               blended per-cluster local maps (fit_migration(method="cluster"))
     select_rows_to_embed, knn_overlap,       which rows to re-embed, alignability,
     plan_migration                           expected retention vs K before the fit
     fit_steer, Steer, transfer_steer         LM-Steer style query transforms
@@ -17,6 +18,7 @@ Public surface::
 
 from . import exceptions
 from .exceptions import *  # noqa: F401,F403
+from .cluster import ClusterMap
 from .frames import Frame
 from .knn import csls_knn, knn, mutual_nn
 from .maps import LinearMap
@@ -30,7 +32,7 @@ from .steer import MeanShift, Steer, apply_steers, compose_steers, fit_mean_shif
 __version__ = "0.1.0"
 
 __all__ = [
-    "LinearMap", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
+    "LinearMap", "ClusterMap", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
     "MiniVec2Vec", "fit_migration", "score_map", "select_rows_to_embed", "knn_overlap", "plan_migration", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
     "transfer_steer", "knn", "csls_knn", "mutual_nn", "exceptions", *exceptions.__all__,
 ]

@@ -34,8 +34,14 @@ the target mean back:
 ``semi_supervised="sinkhorn"`` then refines an orthogonal map with the unpaired rows
 (:func:`align.semisup.sinkhorn_refine_map`; needs both unpaired sets).
 
-Per-cluster local maps are not a family here: a blended per-cluster map is not a
-:class:`~align.LinearMap`, so the registry, transform and index paths could not serve it.
+- ``"cluster"``: per-cluster local maps (:mod:`align.cluster`): k-means routing on the framed
+  source rows (pairs + unpaired, ``random_state``), one affine map per cluster fitted as a ridge
+  on the global ridge map's residuals there (shrinkage ``λ`` toward the global map, strong for
+  clusters with few pairs), the ``blend`` nearest clusters mixed by a softmax of centroid cosine.
+  Returns an :class:`align.ClusterMap` (same ``apply``/``save``/``load`` surface, not a
+  ``LinearMap``: no ``compose``/``inverse``). ``n_clusters``, ``λ``, ``blend`` and ``τ`` are chosen
+  on the held-out pairs. In ``auto`` it wins only when its held-out score beats the best linear
+  family by ``cluster_margin`` (0.01): a linear map is simpler, faster and composable.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import time
 import numpy as np
 
 from .validation import as_matrix, check_paired, check_random_state
+from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame, unit_rows
@@ -52,15 +59,20 @@ from .maps import LinearMap
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
 from .retrieval import pair_retrieval_scores
 
-__all__ = ["fit_migration", "MIGRATION_METHODS", "AUTO_CANDIDATES", "score_map"]
+__all__ = ["fit_migration", "MIGRATION_METHODS", "AUTO_CANDIDATES", "LINEAR_CANDIDATES", "score_map"]
 
-MIGRATION_METHODS = ("auto", "procrustes", "ridge", "lowrank", "contrastive")
-AUTO_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive")
+MIGRATION_METHODS = ("auto", "procrustes", "ridge", "lowrank", "contrastive", "cluster")
+AUTO_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive", "cluster")
+LINEAR_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive")  # those returning a LinearMap
+CLUSTER_COUNTS = (4, 8, 16, 32)  # tried when at least 8 training pairs per cluster
+CLUSTER_SHRINKS = (1.0, 3.0, 10.0, 30.0)  # λ of the residual ridge (absolute)
+CLUSTER_BLENDS = ((3, 0.05), (1, 0.05), (3, 0.02), (3, 0.2))  # (blend, temperature); the first is tried with every (k, λ)
 DEFAULT_ALPHAS = (1e-3, 1e-2, 0.1, 0.3)  # ridge α / K
 _N_DISTRACTORS = 4096
 _REFIT_CONTRASTIVE_BELOW = 4000  # pairs; above, the selection run's best epoch is kept (half the fit time)
 _OPTIONS = {"holdout", "candidates", "alphas", "alpha", "rank", "contrastive", "semi_supervised", "epochs",
-            "temperature", "reg", "hard_negatives", "batch_size", "lr", "max_holdout", "sinkhorn"}
+            "temperature", "reg", "hard_negatives", "batch_size", "lr", "max_holdout", "sinkhorn",
+            "n_clusters", "shrink", "blend", "cluster_temperature", "cluster_margin"}
 
 
 def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10) -> dict:
@@ -171,6 +183,71 @@ def _contrastive(P: _Problem, idx, cfg: ContrastiveConfig, warm: LinearMap, rng,
                           "params": params, "loss": [h["loss"] for h in hist]})
 
 
+def _cluster_grid(opts: dict, n_fit: int, *, strict: bool = False) -> tuple[tuple, tuple, tuple]:
+    """(cluster counts, shrinkages λ, (blend, τ) pairs) to try; an option given fixes its axis.
+
+    ``strict``: more clusters than ``n_fit`` pairs is an error (else the count is capped, e.g. on
+    the training split)."""
+    if "n_clusters" in opts:
+        k = opts["n_clusters"]
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise InputError(f"n_clusters must be an integer >= 1, got {k!r}")
+        if strict and k > n_fit:
+            raise TooFewRowsError(f"n_clusters={k} needs at least {k} pairs, got {n_fit}")
+        counts = (int(min(k, n_fit)),)
+    else:
+        counts = tuple(k for k in CLUSTER_COUNTS if 8 * k <= n_fit) or (min(2, n_fit),)
+    shrinks = (float(opts["shrink"]),) if "shrink" in opts else CLUSTER_SHRINKS
+    if "blend" in opts or "cluster_temperature" in opts:
+        blends = ((int(opts.get("blend", 3)), float(opts.get("cluster_temperature", 0.05))),)
+    else:
+        blends = CLUSTER_BLENDS
+    if any(not lam > 0 for lam in shrinks) or any(b < 1 or not t > 0 for b, t in blends):
+        raise InputError(f"shrink and cluster_temperature must be > 0 and blend >= 1, got {shrinks}, {blends}")
+    return counts, shrinks, blends
+
+
+def _cluster_parts(P: _Problem, idx, k: int, base: LinearMap, rng) -> tuple[np.ndarray, ClusterResiduals]:
+    """Routing centroids (on the pairs ``idx`` plus the unpaired source rows) and the residual equations."""
+    F = P.Xf[idx] if P.Uf is None else np.concatenate([P.Xf[idx], P.Uf])
+    C = route_centroids(F, k, rng)
+    labels = (P.Xf[idx] @ C.T).argmax(axis=1)
+    return C, ClusterResiduals(P.Xf[idx], P.Yc[idx], labels, k, *P.affine(base))
+
+
+def _cluster_map(P: _Problem, C, res: ClusterResiduals, lam: float, blend: int, tau: float, alpha: float) -> ClusterMap:
+    W, b = res.solve(lam)
+    params = {"n_clusters": int(C.shape[0]), "shrink": lam, "blend": int(blend), "temperature": tau,
+              "alpha": alpha, "pairs_per_cluster": res.counts.tolist()}
+    return ClusterMap(C, W, b, P.fs, P.ft, blend=blend, temperature=tau,
+                      metadata={"method": "cluster", "family": "per-cluster affine (blended)",
+                                "objective": "least squares, shrunk toward the global ridge map", "params": params})
+
+
+def _select_cluster(P: _Problem, tr, val, ridge: LinearMap, alpha: float, opts: dict, rng) -> tuple[dict, dict]:
+    """Best (n_clusters, λ) on the held-out pairs at the first (blend, τ), then the best (blend, τ) for it.
+
+    Returns (its scores, its settings). Two stages keep the held-out scorings to
+    ``|counts| |λ| + |blends| - 1`` rather than the product."""
+    counts, shrinks, blends = _cluster_grid(opts, len(tr))
+    best = None
+    for k in counts:
+        C, res = _cluster_parts(P, tr, k, ridge, rng)
+        for lam in shrinks:
+            m = _cluster_map(P, C, res, lam, *blends[0], alpha)
+            s = _score(P, m, val)
+            if best is None or s["score"] > best[0]["score"]:
+                best = (s, m, C, res, {"n_clusters": k, "shrink": lam, "blend": blends[0][0],
+                                       "temperature": blends[0][1], "alpha": alpha})
+    s, m, C, res, setting = best
+    for blend, tau in blends[1:]:
+        m2 = _cluster_map(P, C, res, setting["shrink"], blend, tau, alpha)
+        s2 = _score(P, m2, val)
+        if s2["score"] > s["score"]:
+            s, m, setting = s2, m2, {**setting, "blend": blend, "temperature": tau}
+    return {**_score(P, m, val, retention=True), **{k: v for k, v in setting.items() if k != "alpha"}}, setting
+
+
 def _split(n: int, holdout: float, max_holdout: int, rng) -> tuple[np.ndarray, np.ndarray]:
     n_val = int(min(max_holdout, max(2, round(holdout * n))))
     if n - n_val < 2:
@@ -238,9 +315,18 @@ def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dic
                                  "seconds": time.perf_counter() - t0}
         settings["contrastive"] = {"epochs": best_e + 1, "warm_start": warm_name, "alpha": alpha,
                                    "trained": fitted if len(tr) + len(val) >= _REFIT_CONTRASTIVE_BELOW else None}
+    if "cluster" in candidates:
+        t0 = time.perf_counter()
+        scores["cluster"], settings["cluster"] = _select_cluster(P, tr, val, ridge, alpha, opts, rng)
+        scores["cluster"]["seconds"] = time.perf_counter() - t0
     if "procrustes" not in candidates:
         scores.pop("procrustes")
     best = max(scores, key=lambda k: scores[k]["score"])
+    linear = [k for k in scores if k != "cluster"]
+    if best == "cluster" and linear:  # a linear map unless the local maps are clearly better
+        best_lin = max(linear, key=lambda k: scores[k]["score"])
+        if scores["cluster"]["score"] < scores[best_lin]["score"] + float(opts.get("cluster_margin", 0.01)):
+            best = best_lin
     return best, settings[best], scores
 
 
@@ -253,6 +339,13 @@ def _fit_final(P: _Problem, name: str, setting: dict, opts: dict, rng) -> Linear
         return _ridge(P, idx, alpha)
     if name == "lowrank":
         return _lowrank(P, idx, int(setting.get("rank", opts.get("rank", 32))), alpha, _fit_procrustes(P, idx, opts))
+    if name == "cluster":
+        if not setting:  # no selection (fewer than 20 pairs): fewest clusters, strong shrinkage, first blend
+            counts, shrinks, blends = _cluster_grid(opts, len(idx))
+            setting = {"n_clusters": counts[0], "shrink": shrinks[-1], "blend": blends[0][0], "temperature": blends[0][1]}
+        C, res = _cluster_parts(P, idx, int(setting["n_clusters"]), _ridge(P, idx, alpha), rng)
+        return _cluster_map(P, C, res, float(setting["shrink"]), int(setting["blend"]), float(setting["temperature"]),
+                            alpha)
     if setting.get("trained") is not None:  # many pairs: keep the best epoch of the selection run (80 % of the pairs)
         m = setting["trained"]
         m.metadata["params"]["refit_on_all_pairs"] = False
@@ -265,14 +358,14 @@ def _fit_final(P: _Problem, name: str, setting: dict, opts: dict, rng) -> Linear
 
 
 def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, unpaired_target=None,
-                  random_state=0, **options) -> LinearMap:
+                  random_state=0, **options) -> LinearMap | ClusterMap:
     """Fit a map from old-model rows to new-model rows for retrieval (see the module docstring).
 
     Parameters
     ----------
     X_src : array (K, d_s)      old-model embeddings of K texts (raw; any norm)
     Y_tgt : array (K, d_t)      new-model embeddings of the same texts, row i ↔ row i
-    method : {"auto", "procrustes", "ridge", "lowrank", "contrastive"}
+    method : {"auto", "procrustes", "ridge", "lowrank", "contrastive", "cluster"}
     unpaired_source : array (n, d_s), optional   more old-model rows (e.g. the whole old corpus):
         the source frame and hard negatives come from them
     unpaired_target : array (m, d_t), optional   more new-model rows (e.g. queries): target frame
@@ -280,16 +373,17 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     random_state : int or Generator   split, batch order (same seed → same map)
     **options : holdout (0.2), max_holdout (1000), candidates (auto), alphas / alpha (ridge α / K),
         rank (32), contrastive options (epochs, temperature, reg, hard_negatives, batch_size, lr),
-        semi_supervised (None or "sinkhorn").
+        semi_supervised (None or "sinkhorn"); cluster: n_clusters, shrink (λ), blend, cluster_temperature
+        (each fixes its axis of the held-out grid), cluster_margin (0.01, auto only).
 
     Returns
     -------
-    LinearMap with ``metadata["method"]`` the chosen family and ``metadata["selection"]`` the
+    LinearMap (ClusterMap for ``"cluster"``) with ``metadata["method"]`` the chosen family and ``metadata["selection"]`` the
     held-out scores of every candidate (``auto``) or of the one method (when K ≥ 20).
 
     Raises
     ------
-    TooFewRowsError (K < 2; auto with K < 4), PairCountError, NonFiniteError, DimensionMismatchError,
+    TooFewRowsError (K < 2; auto with K < 4; n_clusters > K), PairCountError, NonFiniteError, DimensionMismatchError,
     InputError (unknown method or option).
     """
     unknown = set(options) - _OPTIONS
@@ -308,6 +402,12 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     bad = [c for c in candidates if c not in AUTO_CANDIDATES]
     if bad or not candidates:
         raise InputError(f"candidates must be a non-empty subset of {AUTO_CANDIDATES}, got {list(candidates)}")
+    if "cluster" in candidates or method == "cluster":
+        _cluster_grid(options, n, strict=True)  # bad cluster options fail before any fit
+    if options.get("semi_supervised"):  # the Sinkhorn refinement polishes a linear map
+        if method == "cluster":
+            raise InputError("semi_supervised refinement needs a linear map; it cannot follow method='cluster'")
+        candidates = tuple(c for c in candidates if c != "cluster") or ("procrustes",)
     selection: dict = {}
     if method == "auto" or n >= 20:
         tr, val = _split(n, float(options.get("holdout", 0.2)), int(options.get("max_holdout", 1000)), rng)

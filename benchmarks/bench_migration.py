@@ -21,7 +21,9 @@ plain ``Q @ W`` GEMM on the same rows.
 
 Methods: ``procrustes`` (``align.fit_procrustes``), ``ridge`` (``align.fit_ridge``, λ chosen on
 20 % held-out pairs by mean cosine), and each ``align.fit_migration`` method (``fm:<name>``),
-when align has it. Row choice: ``random`` or ``kmeans++`` (``align.select_rows_to_embed`` on the
+when align has it (``fm:cluster``: per-cluster local maps, an ``align.ClusterMap``; its GEMM
+reference is one cluster's (d_s, d_t) matrix). ``--apply-speed K`` adds a table of apply time
+against a plain GEMM for the ridge map and the cluster map at blend 1–3. Row choice: ``random`` or ``kmeans++`` (``align.select_rows_to_embed`` on the
 old corpus's fit pool). ``align.plan_migration`` (when present) predicts the retention from a
 probe; its prediction is recorded next to the measured figure.
 
@@ -193,10 +195,16 @@ def choose_rows(X_pool: np.ndarray, k: int, sampling: str, seed: int) -> np.ndar
     return np.asarray(align.select_rows_to_embed(X_pool, k, method=sampling, random_state=seed))
 
 
+def plain_W(m) -> np.ndarray:
+    """The (d_s, d_t) matrix of a plain GEMM of the same shape as the map (one cluster's map for a ClusterMap)."""
+    W = np.asarray(m.W, dtype=np.float32)
+    return np.ascontiguousarray(W if W.ndim == 2 else W[0])
+
+
 def time_apply(m, Q: np.ndarray, repeats: int = 3) -> tuple[float, float]:
     """(µs per row of ``m.apply(Q, output="raw")``, µs per row of a plain ``Q @ W``), best of ``repeats``."""
     Q = np.ascontiguousarray(Q, dtype=np.float32)
-    W = np.ascontiguousarray(m.W, dtype=np.float32)
+    W = plain_W(m)
     best_m = best_g = np.inf
     for _ in range(repeats):
         t = time.perf_counter()
@@ -263,6 +271,35 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
                         f"[{cells[cell]['chosen']}]")
                     save()
     return done
+
+
+def apply_speed(data: dict, k: int, seed: int, rows: int = 8192, repeats: int = 7) -> dict:
+    """µs per row of ``apply(output="raw")`` on ``rows`` old-corpus rows, best of ``repeats`` (interleaved):
+    the ridge LinearMap and ``fm:cluster`` fitted on ``k`` random pairs (corpus-side) at blend 1, 2, 3,
+    each beside a plain ``X @ W`` GEMM of the same shape; ratio = GEMM time / apply time (1 = as fast)."""
+    Do, Dn, pool = data["D_old"], data["D_new"], data["pool"]
+    idx = pool[choose_rows(Do[pool], k, "random", seed)]
+    lin = fit_one("fm:ridge", Do[idx], Dn[idx], Do, None, seed)
+    cm = fit_one("fm:cluster", Do[idx], Dn[idx], Do, None, seed)
+    maps = {"ridge LinearMap": lin}
+    for b in (1, 2, 3):
+        maps[f"cluster blend={b}"] = align.ClusterMap(cm.centroids, cm.W, cm.bias, cm.source_frame, cm.target_frame,
+                                                      blend=b, temperature=cm.temperature)
+    X = np.ascontiguousarray(Do[:rows], dtype=np.float32)
+    W = plain_W(lin)
+    best = {name: np.inf for name in maps}
+    best_g = np.inf
+    for _ in range(repeats):
+        for name, m in maps.items():
+            t = time.perf_counter()
+            m.apply(X, output="raw")
+            best[name] = min(best[name], time.perf_counter() - t)
+        t = time.perf_counter()
+        X @ W
+        best_g = min(best_g, time.perf_counter() - t)
+    return {"k": k, "rows": rows, "n_clusters": cm.n_clusters, "chosen_blend": cm.blend,
+            "gemm_us": 1e6 * best_g / rows,
+            "maps": {name: {"us": 1e6 * t / rows, "ratio": best_g / t} for name, t in best.items()}}
 
 
 # --- plan vs measured ---------------------------------------------------------------------------------------
@@ -347,6 +384,14 @@ def tables(results: dict) -> str:
                            f"{fmt(c['MRR'])} | {fmt(c['ret_R@10'])} | {fmt(c['ret_nDCG@10'])} | {fmt(c['ret_MRR'])} | "
                            f"{fmt(c['fit_s'], 1)} | {fmt(c['us_per_row'], 2)} | {fmt(c['us_per_row_gemm'], 2)} | "
                            f"{c.get('chosen') or ''} |")
+        if res.get("apply_speed"):
+            sp = res["apply_speed"]
+            out.append(f"\nApply speed (`output=\"raw\"`, {sp['rows']} rows, best of 7, interleaved; maps fitted on "
+                       f"K={sp['k']} corpus-side pairs, {sp['n_clusters']} clusters, chosen blend {sp['chosen_blend']}); "
+                       f"plain GEMM {fmt(sp['gemm_us'], 2)} µs/row:\n")
+            out.append("| map | µs/row | GEMM time / apply time |\n|---|---|---|")
+            for name, v in sp["maps"].items():
+                out.append(f"| {name} | {fmt(v['us'], 2)} | {fmt(v['ratio'], 2)} |")
         if res.get("plan"):
             pl = res["plan"]
             out.append(f"\nPlan before the fit (`align.plan_migration`, probe {pl.get('probe_pairs')} pairs from the fit "
@@ -366,6 +411,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--probe", type=int, default=500, help="pairs in the plan probe")
     ap.add_argument("--no-plan", action="store_true", help="skip align.plan_migration")
+    ap.add_argument("--apply-speed", type=int, default=0, metavar="K",
+                    help="also time apply of the ridge and cluster maps fitted on K pairs against a plain GEMM")
     ap.add_argument("--out", type=str, default=None, help="result stem (default migration_<date>)")
     a = ap.parse_args(argv)
     methods = a.methods or available_methods()
@@ -389,6 +436,9 @@ def main(argv=None) -> int:
             continue
         res = results["pairs"].setdefault(key, {})
         run_pair(key, data, ks=a.ks, methods=methods, samplings=a.samplings, seed=a.seed, done=res, save=save)
+        if a.apply_speed and "apply_speed" not in res and hasattr(align, "ClusterMap"):
+            res["apply_speed"] = apply_speed(data, min(a.apply_speed, data["n_pool"]), a.seed)
+            save()
         if "plan" not in res and not a.no_plan:
             plan = plan_prediction(data, a.probe, a.seed)
             if plan is not None:

@@ -186,3 +186,101 @@ def test_minivec2vec_accepts_the_sinkhorn_stage_with_seeds():
                             random_state=0).fit(Xs, Yt, seed_pairs=seeds)
     assert "sinkhorn" in est.diagnostics_["runs"][0]["history"]
     assert len(est.diagnostics_["runs"][0]["history"]["sinkhorn"]) == 2
+
+
+# --- per-cluster local maps (method="cluster") ---------------------------------------------------
+
+def _piecewise(n=2400, d=16, k=6, seed=0, noise=0.02):
+    """Well-separated source clusters, each with its own random orthogonal map: ``Y = X A_c(x) + noise``."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, d)) * 3.0
+    lab = rng.integers(0, k, n)
+    X = centres[lab] + rng.normal(size=(n, d))
+    A = np.stack([np.linalg.qr(rng.normal(size=(d, d)))[0] for _ in range(k)])
+    Y = np.einsum("nd,nde->ne", X, A[lab]) + noise * rng.normal(size=(n, d))
+    return X.astype(np.float32), Y.astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_cluster_recovers_planted_piecewise_linear_map_better_than_one_global_map(seed):
+    X, Y = _piecewise(n=1800, seed=seed)
+    tr, te = slice(0, 1300), slice(1300, None)
+    ridge = align.fit_migration(X[tr], Y[tr], method="ridge", random_state=seed)
+    local = align.fit_migration(X[tr], Y[tr], method="cluster", random_state=seed)
+    assert isinstance(local, align.ClusterMap) and local.metadata["method"] == "cluster"
+    cos = lambda m: float(np.einsum("ij,ij->i", m.apply(X[te]), unit_rows(Y[te])).mean())  # noqa: E731
+    assert cos(local) > 0.99 and 1 - cos(local) < 0.25 * (1 - cos(ridge))  # residual error cut by 4x or more
+    assert _top1(local, X[te], Y[te]) > _top1(ridge, X[te], Y[te]) + 0.1
+    auto = align.fit_migration(X[tr], Y[tr], method="auto", candidates=("procrustes", "ridge", "cluster"),
+                               random_state=seed)
+    assert auto.metadata["method"] == "cluster" and "cluster" in auto.metadata["selection"]["candidates"]
+
+
+def test_auto_keeps_a_linear_map_when_local_maps_are_not_clearly_better():
+    X, Y = _planted(n=800, d_s=10, d_t=14, kind="general", seed=3)
+    auto = align.fit_migration(X[:600], Y[:600], method="auto", candidates=("procrustes", "ridge", "cluster"))
+    assert isinstance(auto, align.LinearMap) and auto.metadata["method"] == "ridge"
+    assert "cluster" in auto.metadata["selection"]["candidates"]
+
+
+def test_cluster_map_save_load_round_trip_is_exact_and_pickle_free(tmp_path):
+    X, Y = _piecewise(n=900, seed=4)
+    m = align.fit_migration(X[:600], Y[:600], method="cluster", unpaired_source=X[600:], random_state=4)
+    path = m.save(tmp_path / "local.npz")
+    with np.load(path, allow_pickle=False) as z:  # arrays + JSON header only
+        assert {"centroids", "W", "bias"} <= set(z.files)
+    back = align.ClusterMap.load(path)
+    np.testing.assert_array_equal(back.apply(X[600:]), m.apply(X[600:]))
+    for out in ("frame", "linear"):
+        np.testing.assert_array_equal(back.apply(X[:50], output=out), m.apply(X[:50], output=out))
+    assert back.metadata == m.metadata and (back.blend, back.temperature) == (m.blend, m.temperature)
+    with pytest.raises(align.SerializationError):
+        align.LinearMap.load(path)
+    lin = align.fit_migration(X[:600], Y[:600], method="ridge")
+    with pytest.raises(align.SerializationError):
+        align.ClusterMap.from_bytes(lin.to_bytes())
+
+
+def test_cluster_same_seed_same_map():
+    X, Y = _piecewise(n=1200, seed=5)
+    a, b = (align.fit_migration(X[:900], Y[:900], method="cluster", unpaired_source=X[900:], random_state=7)
+            for _ in range(2))
+    for name in ("centroids", "W", "bias"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    assert a.metadata["params"] == b.metadata["params"]
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), blend=st.integers(1, 4), tau=st.floats(0.01, 1.0))
+def test_cluster_map_with_every_cluster_on_the_global_map_is_that_linear_map(seed, blend, tau):
+    """Blending convex weights of one affine map gives that map back, whatever the routing."""
+    X, Y = _planted(n=300, d_s=9, d_t=7, kind="general", seed=seed)
+    lin = align.fit_migration(X, Y, method="ridge", random_state=seed)
+    rng = np.random.default_rng(seed)
+    k = 5
+    cm = align.ClusterMap(unit_rows(rng.normal(size=(k, 9))), np.repeat(lin.W[None], k, axis=0),
+                          np.repeat(lin.bias[None], k, axis=0), lin.source_frame, lin.target_frame,
+                          blend=blend, temperature=tau)
+    Z = rng.normal(size=(40, 9)).astype(np.float32) * 3
+    np.testing.assert_allclose(cm.apply(Z), lin.apply(Z), atol=2e-5)
+    np.testing.assert_allclose(np.linalg.norm(cm.apply(Z), axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("make, err", [
+    (lambda X, Y: align.fit_migration(X[:1], Y[:1], method="cluster"), TooFewRowsError),
+    (lambda X, Y: align.fit_migration(X[:30], Y[:30], method="cluster", n_clusters=31), TooFewRowsError),
+    (lambda X, Y: align.fit_migration(X, Y, method="cluster", n_clusters=0), InputError),
+    (lambda X, Y: align.fit_migration(X, Y, method="cluster", shrink=-1.0), InputError),
+    (lambda X, Y: align.fit_migration(X, Y, method="cluster", blend=0), InputError),
+    (lambda X, Y: align.fit_migration(X[:40], Y[:41], method="cluster"), PairCountError),
+    (lambda X, Y: align.fit_migration(np.where(np.arange(12) == 3, np.nan, X[:50]), Y[:50], method="cluster"),
+     NonFiniteError),
+    (lambda X, Y: align.fit_migration(X, Y, method="cluster", semi_supervised="sinkhorn"), InputError),
+    (lambda X, Y: align.fit_migration(X, Y, method="cluster", n_clusters=2).apply(X[:, :5]), DimensionMismatchError),
+    (lambda X, Y: align.fit_migration(X, Y, method="cluster", n_clusters=2).apply(np.full((2, X.shape[1]), np.inf)),
+     NonFiniteError),
+])
+def test_cluster_bad_input_raises_typed_errors(make, err):
+    X, Y = _planted(n=100, seed=1)
+    with pytest.raises(err):
+        make(X, Y)

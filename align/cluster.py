@@ -1,0 +1,246 @@
+r"""Per-cluster local maps: k-means routing on the source side, one affine map per cluster, blended.
+
+Rows live in the fitted frames of a migration (:mod:`align.migration`): framed source
+``f = f_s(x)`` (unit → centre → unit, d_s) and framed target ``y`` (d_t). With ``k`` unit centroids
+``c_j`` (d_s,) found by k-means on framed source rows (the pairs plus the unpaired old rows), and a
+global affine map ``(W_g, b_g)`` (ridge on all pairs), each cluster gets its own map
+
+.. math::  (W_j, b_j) = (W_g, b_g) + (\Delta W_j, \Delta b_j), \qquad
+           [\Delta W_j; \Delta b_j] = (A_j^\top A_j + \lambda I)^{-1} A_j^\top R_j
+
+where ``A_j = [F_j, 1]`` are the cluster's framed source pairs with a constant column and
+``R_j = Y_j - (F_j W_g + b_g)`` the global map's residuals there: a ridge fit of the residual, so
+a cluster with few pairs (``A_jᵀA_j`` small against ``λ``) stays near the global map and one with
+many pairs gets its own. Applying blends the ``m`` nearest clusters by a softmax of the centroid
+cosine at temperature ``τ``:
+
+.. math::  \hat y(x) = \sum_{j \in \mathrm{top}_m(f)} w_j(f)\,(f W_j + b_j), \qquad
+           w_j \propto \exp(f\cdot c_j / \tau)
+
+then ``output="frame"`` is ``unit(ŷ)`` and ``output="raw"`` adds the target mean back
+(:meth:`Frame.to_raw`), as for :class:`~align.LinearMap`. Cost per row: one routing product
+``f Cᵀ`` (k d_s) plus ``m`` GEMM rows (m d_s d_t): about ``m`` times a plain GEMM (``m = 1``, hard
+routing, is one). Shapes: ``centroids`` (k, d_s), ``W`` (k, d_s, d_t), ``bias`` (k, d_t).
+
+Artifacts: ``.npz`` with a JSON header (``format = "vecbridge.ClusterMap"``), never pickle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ._artifacts import pack_npz, read_bytes, save_atomic, unpack_npz
+from .validation import as_matrix, check_representable
+from .exceptions import DimensionMismatchError, InputError, SerializationError, TooFewRowsError
+from .frames import Frame, unit_rows
+from .kmeans import lloyd
+
+__all__ = ["ClusterMap", "route_centroids", "ClusterResiduals", "FORMAT"]
+
+FORMAT = "vecbridge.ClusterMap"
+FORMAT_VERSION = 1
+_BLOCK_ROWS = 4096
+
+
+@dataclass
+class ClusterMap:
+    """Blended per-cluster affine maps (see the module docstring for the math).
+
+    Parameters
+    ----------
+    centroids : (k, d_s) unit rows in the source frame (routing by cosine)
+    W : (k, d_s, d_t) per-cluster maps; bias : (k, d_t)
+    source_frame, target_frame : Frame
+    blend : int, clusters blended per row (1 = hard routing); temperature : float, softmax τ
+    metadata : JSON-safe facts (method, parameters, selection)
+    """
+
+    centroids: np.ndarray
+    W: np.ndarray
+    bias: np.ndarray
+    source_frame: Frame
+    target_frame: Frame
+    blend: int = 2
+    temperature: float = 0.05
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        C = np.ascontiguousarray(self.centroids, dtype=np.float32)
+        W = np.ascontiguousarray(self.W, dtype=np.float32)
+        b = np.ascontiguousarray(self.bias, dtype=np.float32)
+        if C.ndim != 2 or W.ndim != 3 or b.ndim != 2:
+            raise InputError(f"centroids (k, d_s), W (k, d_s, d_t), bias (k, d_t) expected, got {C.shape}, "
+                             f"{W.shape}, {b.shape}")
+        k, d_s, d_t = W.shape
+        if C.shape != (k, d_s) or b.shape != (k, d_t) or k < 1:
+            raise DimensionMismatchError(f"centroids {C.shape}, W {W.shape} and bias {b.shape} disagree")
+        if not (np.isfinite(C).all() and np.isfinite(W).all() and np.isfinite(b).all()):
+            raise InputError("ClusterMap arrays contain NaN or Inf")
+        if self.source_frame.dim != d_s or self.target_frame.dim != d_t:
+            raise DimensionMismatchError(
+                f"frames ({self.source_frame.dim}, {self.target_frame.dim}) do not match W {W.shape}")
+        if not 1 <= int(self.blend) or not float(self.temperature) > 0:
+            raise InputError(f"blend must be >= 1 and temperature > 0, got {self.blend}, {self.temperature}")
+        self.centroids, self.W, self.bias = C, W, b
+        self.blend = int(min(int(self.blend), k))
+        self.temperature = float(self.temperature)
+
+    @property
+    def source_dim(self) -> int:
+        return int(self.W.shape[1])
+
+    @property
+    def target_dim(self) -> int:
+        return int(self.W.shape[2])
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.W.shape[0])
+
+    # --- applying -------------------------------------------------------------------------
+    def route(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For framed rows ``F`` (n, d_s): the ``blend`` nearest clusters (n, m) int and their weights (n, m)."""
+        S = F @ self.centroids.T
+        m = self.blend
+        if m == 1:
+            return S.argmax(axis=1)[:, None], np.ones((F.shape[0], 1), dtype=np.float32)
+        top = np.argpartition(-S, m - 1, axis=1)[:, :m]
+        s = np.take_along_axis(S, top, axis=1) / self.temperature
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+        return top, w.astype(np.float32)
+
+    def apply(self, X, *, output: str = "raw", batch_size: int = _BLOCK_ROWS, validate: bool = True) -> np.ndarray:
+        """Map raw source rows ``X`` (n, d_s) to (n, d_t) float32 (``output`` and ``validate`` as in
+        :meth:`LinearMap.apply`; ``validate=False`` expects a C-contiguous float32 (n, d_s) array already checked)."""
+        if validate:
+            X = as_matrix(X, name="X", dim=self.source_dim)
+        return self._apply(X, output=output, batch_size=batch_size)
+
+    def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = _BLOCK_ROWS) -> np.ndarray:
+        """Apply on validated rows: route, one GEMM per (slot, cluster) group of rows, blend, then the output frame."""
+        if output not in ("frame", "raw", "linear"):
+            raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
+        out = np.empty((X.shape[0], self.target_dim), dtype=np.float32)
+        step = max(1, int(batch_size))
+        for s in range(0, X.shape[0], step):
+            F = self.source_frame._apply(X[s : s + step])
+            top, w = self.route(F)
+            Y = np.empty((F.shape[0], self.target_dim), dtype=np.float32)
+            for slot in range(top.shape[1]):
+                lab = top[:, slot]
+                order = np.argsort(lab, kind="stable")
+                bounds = np.searchsorted(lab[order], np.arange(self.n_clusters + 1))
+                for j in range(self.n_clusters):
+                    rows = order[bounds[j] : bounds[j + 1]]
+                    if rows.size == 0:
+                        continue
+                    part = F[rows] @ self.W[j]
+                    part += self.bias[j]
+                    if top.shape[1] > 1:
+                        part *= w[rows, slot][:, None]
+                    if slot == 0:  # every row has exactly one cluster per slot: the first slot writes
+                        Y[rows] = part
+                    else:
+                        Y[rows] += part
+            if output == "frame":
+                Y = unit_rows(Y) if self.target_frame.unit_out else Y
+            elif output == "raw":
+                Y = self.target_frame.to_raw(Y)
+            out[s : s + step] = Y
+        return check_representable(out, "transform")
+
+    __call__ = apply
+
+    # --- (de)serialisation ----------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """``.npz`` bytes: arrays plus a JSON header (no pickle)."""
+        arrays = {"centroids": self.centroids, "W": self.W, "bias": self.bias}
+        for side, fr in (("source", self.source_frame), ("target", self.target_frame)):
+            if fr.mean is not None:
+                arrays[f"{side}_mean"] = fr.mean
+        header = {"format": FORMAT, "format_version": FORMAT_VERSION, "blend": self.blend,
+                  "temperature": self.temperature, "source_frame": self.source_frame.to_meta(),
+                  "target_frame": self.target_frame.to_meta(), "metadata": self.metadata}
+        return pack_npz(arrays, header)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "ClusterMap":
+        """Read what :meth:`to_bytes` wrote; SerializationError on anything else."""
+        arrays, header = unpack_npz(data)
+        if header.get("format") != FORMAT:
+            raise SerializationError("not a vecbridge ClusterMap artifact")
+        if int(header.get("format_version", 0)) > FORMAT_VERSION:
+            raise SerializationError(f"artifact format {header['format_version']} is newer than this vecbridge reads")
+        try:
+            return cls(centroids=arrays["centroids"], W=arrays["W"], bias=arrays["bias"],
+                       source_frame=Frame.from_meta(header["source_frame"], arrays.get("source_mean")),
+                       target_frame=Frame.from_meta(header["target_frame"], arrays.get("target_mean")),
+                       blend=int(header["blend"]), temperature=float(header["temperature"]),
+                       metadata=header.get("metadata", {}))
+        except (KeyError, TypeError) as exc:
+            raise SerializationError(f"artifact is missing a field: {exc}") from None
+
+    def save(self, path) -> Path:
+        """Write atomically to ``path`` (npz)."""
+        return save_atomic(Path(path), self.to_bytes())
+
+    @classmethod
+    def load(cls, path) -> "ClusterMap":
+        return cls.from_bytes(read_bytes(path))
+
+
+def route_centroids(F: np.ndarray, k: int, rng: np.random.Generator, *, n_iter: int = 25,
+                    sample: int = 20000) -> np.ndarray:
+    """``k`` unit centroids (k, d) of framed rows ``F`` (n, d): k-means++ seeding then Lloyd, on at most ``sample`` rows.
+
+    Same ``rng`` state → same centroids. TooFewRowsError when ``k`` exceeds the rows.
+    """
+    from .plan import _d2_sample
+
+    if k < 1 or k > F.shape[0]:
+        raise TooFewRowsError(f"{k} clusters need at least {k} rows, got {F.shape[0]}")
+    Z = F if F.shape[0] <= sample else F[np.sort(rng.permutation(F.shape[0])[:sample])]
+    init = Z[_d2_sample(Z, k, rng)]
+    C, _, _ = lloyd([Z], init, n_iter=n_iter)
+    return unit_rows(C)
+
+
+class ClusterResiduals:
+    """Per-cluster normal equations of the residual fit, so several ``λ`` cost ``k`` solves each.
+
+    ``F`` (n, d_s) framed source pairs, ``Y`` (n, d_t) framed target pairs, ``labels`` (n,) nearest
+    centroid, global map ``(W_g, b_g)``. Holds ``A_jᵀA_j`` and ``A_jᵀR_j`` per cluster (d_s + 1 square).
+    """
+
+    def __init__(self, F: np.ndarray, Y: np.ndarray, labels: np.ndarray, k: int, W_g: np.ndarray, b_g: np.ndarray):
+        self.W_g, self.b_g = np.asarray(W_g, np.float64), np.asarray(b_g, np.float64)
+        self.k = int(k)
+        F64 = np.asarray(F, np.float64)
+        R = np.asarray(Y, np.float64) - (F64 @ self.W_g + self.b_g)
+        A = np.concatenate([F64, np.ones((F64.shape[0], 1))], axis=1)
+        self.counts = np.bincount(labels, minlength=k)
+        self.AtA = np.zeros((k, A.shape[1], A.shape[1]))
+        self.AtR = np.zeros((k, A.shape[1], R.shape[1]))
+        for j in range(k):
+            sel = labels == j
+            if sel.any():
+                self.AtA[j] = A[sel].T @ A[sel]
+                self.AtR[j] = A[sel].T @ R[sel]
+
+    def solve(self, lam: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(W (k, d_s, d_t), bias (k, d_t))`` float32 for shrinkage ``λ`` (> 0) toward the global map."""
+        if not lam > 0:
+            raise InputError(f"shrinkage must be > 0, got {lam}")
+        d1 = self.AtA.shape[1]
+        W = np.empty((self.k, d1 - 1, self.W_g.shape[1]), np.float32)
+        b = np.empty((self.k, self.W_g.shape[1]), np.float32)
+        eye = lam * np.eye(d1)
+        for j in range(self.k):
+            T = np.linalg.solve(self.AtA[j] + eye, self.AtR[j]) if self.counts[j] else np.zeros_like(self.AtR[j])
+            W[j] = self.W_g + T[:-1]
+            b[j] = self.b_g + T[-1]
+        return W, b
