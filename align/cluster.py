@@ -121,7 +121,11 @@ class ClusterMap:
         return self._apply(X, output=output, batch_size=batch_size)
 
     def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = _BLOCK_ROWS) -> np.ndarray:
-        """Apply on validated rows: route, one GEMM per (slot, cluster) group of rows, blend, then the output frame."""
+        """Apply on validated rows: route, one GEMM per cluster on its (row, slot) entries, blend, output frame.
+
+        Per block the ``n m`` (row, cluster) entries are sorted by cluster, their framed rows gathered
+        once into a contiguous buffer, each cluster's slice multiplied by its ``W_j`` (one GEMM per
+        cluster), and the weighted results summed back per row."""
         if output not in ("frame", "raw", "linear"):
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
         out = np.empty((X.shape[0], self.target_dim), dtype=np.float32)
@@ -129,23 +133,25 @@ class ClusterMap:
         for s in range(0, X.shape[0], step):
             F = self.source_frame._apply(X[s : s + step])
             top, w = self.route(F)
-            Y = np.empty((F.shape[0], self.target_dim), dtype=np.float32)
-            for slot in range(top.shape[1]):
-                lab = top[:, slot]
-                order = np.argsort(lab, kind="stable")
-                bounds = np.searchsorted(lab[order], np.arange(self.n_clusters + 1))
-                for j in range(self.n_clusters):
-                    rows = order[bounds[j] : bounds[j + 1]]
-                    if rows.size == 0:
-                        continue
-                    part = F[rows] @ self.W[j]
-                    part += self.bias[j]
-                    if top.shape[1] > 1:
-                        part *= w[rows, slot][:, None]
-                    if slot == 0:  # every row has exactly one cluster per slot: the first slot writes
-                        Y[rows] = part
-                    else:
-                        Y[rows] += part
+            n, m = top.shape
+            lab = top.reshape(-1)
+            order = np.argsort(lab, kind="stable")
+            bounds = np.searchsorted(lab[order], np.arange(self.n_clusters + 1))
+            G = F[order // m]
+            P = np.empty((n * m, self.target_dim), dtype=np.float32)
+            for j in range(self.n_clusters):
+                a, b = bounds[j], bounds[j + 1]
+                if b > a:
+                    np.matmul(G[a:b], self.W[j], out=P[a:b])
+                    P[a:b] += self.bias[j]
+            if m == 1:
+                Y = np.empty_like(P)
+                Y[order] = P
+            else:
+                P *= w.reshape(-1)[order][:, None]
+                Y = np.empty_like(P)
+                Y[order] = P
+                Y = Y.reshape(n, m, self.target_dim).sum(axis=1)
             if output == "frame":
                 Y = unit_rows(Y) if self.target_frame.unit_out else Y
             elif output == "raw":
@@ -193,8 +199,8 @@ class ClusterMap:
         return cls.from_bytes(read_bytes(path))
 
 
-def route_centroids(F: np.ndarray, k: int, rng: np.random.Generator, *, n_iter: int = 25,
-                    sample: int = 20000) -> np.ndarray:
+def route_centroids(F: np.ndarray, k: int, rng: np.random.Generator, *, n_iter: int = 15,
+                    sample: int = 8192) -> np.ndarray:
     """``k`` unit centroids (k, d) of framed rows ``F`` (n, d): k-means++ seeding then Lloyd, on at most ``sample`` rows.
 
     Same ``rng`` state → same centroids. TooFewRowsError when ``k`` exceeds the rows.
@@ -209,11 +215,27 @@ def route_centroids(F: np.ndarray, k: int, rng: np.random.Generator, *, n_iter: 
     return unit_rows(C)
 
 
+def _thin_svd_parts(A: np.ndarray, R: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(V, s, Uᵀ R)`` of the thin SVD ``A = U diag(s) Vᵀ`` (n, p), from the eigen-decomposition of the
+    smaller Gram matrix (``A Aᵀ`` when n ≤ p, else ``Aᵀ A``); directions with ``s² ≤ 1e-10 max s²`` are dropped."""
+    if A.shape[0] <= A.shape[1]:
+        e, U = np.linalg.eigh(A @ A.T)
+        keep = e > 1e-10 * max(float(e.max()), 1e-300)
+        sv, U = np.sqrt(e[keep]), U[:, keep]
+        return (A.T @ U) / sv, sv, U.T @ R
+    e, V = np.linalg.eigh(A.T @ A)
+    keep = e > 1e-10 * max(float(e.max()), 1e-300)
+    sv, V = np.sqrt(e[keep]), V[:, keep]
+    return V, sv, (V.T @ (A.T @ R)) / sv[:, None]
+
+
 class ClusterResiduals:
-    """Per-cluster normal equations of the residual fit, so several ``λ`` cost ``k`` solves each.
+    """Per-cluster thin SVDs of the residual fit, so every ``λ`` costs one small product per cluster.
 
     ``F`` (n, d_s) framed source pairs, ``Y`` (n, d_t) framed target pairs, ``labels`` (n,) nearest
-    centroid, global map ``(W_g, b_g)``. Holds ``A_jᵀA_j`` and ``A_jᵀR_j`` per cluster (d_s + 1 square).
+    centroid, global map ``(W_g, b_g)``. With ``A_j = [F_j, 1] = U S Vᵀ`` (thin, rank ``r ≤ n_j``)
+    the residual ridge is ``V diag(s / (s² + λ)) Uᵀ R_j``: kept are ``V`` and ``Uᵀ R_j``, so a
+    cluster with ``n_j`` pairs costs ``O(n_j d)`` per ``λ``-solve rather than a (d_s + 1)² system.
     """
 
     def __init__(self, F: np.ndarray, Y: np.ndarray, labels: np.ndarray, k: int, W_g: np.ndarray, b_g: np.ndarray):
@@ -223,24 +245,28 @@ class ClusterResiduals:
         R = np.asarray(Y, np.float64) - (F64 @ self.W_g + self.b_g)
         A = np.concatenate([F64, np.ones((F64.shape[0], 1))], axis=1)
         self.counts = np.bincount(labels, minlength=k)
-        self.AtA = np.zeros((k, A.shape[1], A.shape[1]))
-        self.AtR = np.zeros((k, A.shape[1], R.shape[1]))
+        order = np.argsort(labels, kind="stable")
+        bounds = np.searchsorted(labels[order], np.arange(k + 1))
+        self.parts = []
         for j in range(k):
-            sel = labels == j
-            if sel.any():
-                self.AtA[j] = A[sel].T @ A[sel]
-                self.AtR[j] = A[sel].T @ R[sel]
+            rows = order[bounds[j] : bounds[j + 1]]
+            if rows.size == 0:
+                self.parts.append(None)
+                continue
+            self.parts.append(_thin_svd_parts(A[rows], R[rows]))
 
     def solve(self, lam: float) -> tuple[np.ndarray, np.ndarray]:
         """``(W (k, d_s, d_t), bias (k, d_t))`` float32 for shrinkage ``λ`` (> 0) toward the global map."""
         if not lam > 0:
             raise InputError(f"shrinkage must be > 0, got {lam}")
-        d1 = self.AtA.shape[1]
-        W = np.empty((self.k, d1 - 1, self.W_g.shape[1]), np.float32)
-        b = np.empty((self.k, self.W_g.shape[1]), np.float32)
-        eye = lam * np.eye(d1)
-        for j in range(self.k):
-            T = np.linalg.solve(self.AtA[j] + eye, self.AtR[j]) if self.counts[j] else np.zeros_like(self.AtR[j])
-            W[j] = self.W_g + T[:-1]
-            b[j] = self.b_g + T[-1]
+        d_s, d_t = self.W_g.shape
+        W = np.empty((self.k, d_s, d_t), np.float32)
+        b = np.empty((self.k, d_t), np.float32)
+        for j, part in enumerate(self.parts):
+            W[j], b[j] = self.W_g, self.b_g
+            if part is not None:
+                V, sv, UtR = part
+                T = V @ ((sv / (sv * sv + lam))[:, None] * UtR)
+                W[j] += T[:-1]
+                b[j] += T[-1]
         return W, b

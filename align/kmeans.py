@@ -37,8 +37,12 @@ def assign_block(X: np.ndarray, C: np.ndarray, block: int = 8192) -> tuple[np.nd
         D = c2[None, :] - 2.0 * (xb @ Cd.T)  # |x - c|² - |x|²
         lab = D.argmin(axis=1)
         inertia += float(D[np.arange(lab.shape[0]), lab].sum() + (xb * xb).sum())
-        np.add.at(sums, lab, xb)
-        counts += np.bincount(lab, minlength=k)
+        cnt = np.bincount(lab, minlength=k)
+        order = np.argsort(lab, kind="stable")  # rows grouped by centroid: one reduceat instead of np.add.at
+        nz = np.flatnonzero(cnt)
+        starts = np.concatenate([[0], np.cumsum(cnt)[:-1]])[nz]
+        sums[nz] += np.add.reduceat(xb[order], starts, axis=0)
+        counts += cnt
     return sums, counts, inertia
 
 

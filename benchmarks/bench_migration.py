@@ -11,6 +11,9 @@ by both models (the fit pairs, drawn from the set's fit pool, never the evaluati
   so the figure measures the map alone.)
 - **query-side** (Drift-Adapter): a map fitted new → old on the same pairs maps new-model queries
   into the untouched old index.
+- **both** (score fusion, no new fit): the corpus-side and query-side maps of the same K, method
+  and rows; a document's score is ``½ cos(q_new, f(d_old)) + ½ cos(g(q_new), d_old)`` (the old index
+  is kept beside the mapped corpus; two searches per query, here one exact fused ranking).
 
 Metrics per query (one relevant document, rank ``r`` among FAISS top-100, exact inner product on
 unit rows): R@1, R@10, nDCG@10 = ``1/log2(1 + r)`` for ``r ≤ 10``, MRR@100 = ``1/r`` for
@@ -76,7 +79,7 @@ def _commit() -> str | None:
 COMMIT = _commit()
 DEFAULT_PAIRS = ("wordnet:minilm:e5", "bible:minilm:e5", "wordnet:minilm:mpnet", "bible:minilm:mpnet")
 DEFAULT_KS = (50, 100, 300, 1000, 3000, 10000)
-MODES = ("corpus", "query")
+MODES = ("corpus", "query")  # fitted modes; "both" fuses their two maps
 TOPK = 100
 RIDGE_ALPHAS = (0.01, 0.1, 1.0, 10.0)
 
@@ -96,6 +99,22 @@ def search(Q: np.ndarray, D: np.ndarray, k: int = TOPK) -> np.ndarray:
     index.add(unit(D))
     _, I = index.search(unit(Q), min(k, D.shape[0]))
     return I
+
+
+def fused_search(Q1: np.ndarray, D1: np.ndarray, Q2: np.ndarray, D2: np.ndarray, k: int = TOPK,
+                 weight: float = 0.5, block: int = 256) -> np.ndarray:
+    """Top ``k`` (q, k) by ``w cos(Q1_i, D1_j) + (1 - w) cos(Q2_i, D2_j)``, exact, in blocks of ``block`` queries
+    (row ``j`` of D1 and D2 is the same document; never a full q × n score matrix)."""
+    Q1, D1, Q2, D2 = unit(Q1), unit(D1), unit(Q2), unit(D2)
+    k = min(k, D1.shape[0])
+    out = np.empty((Q1.shape[0], k), dtype=np.int64)
+    for s in range(0, Q1.shape[0], block):
+        S = weight * (Q1[s : s + block] @ D1.T)
+        S += (1.0 - weight) * (Q2[s : s + block] @ D2.T)
+        top = np.argpartition(-S, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(S, top, axis=1), axis=1, kind="stable")
+        out[s : s + block] = np.take_along_axis(top, order, axis=1)
+    return out
 
 
 def ranks_from_topk(I: np.ndarray, relevant: np.ndarray) -> np.ndarray:
@@ -234,6 +253,7 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
             if k > len(pool):
                 continue
             idx = None
+            mapped: dict = {}  # method -> {"corpus": mapped old corpus, "query": mapped new queries}
             for mode in MODES:
                 for method in methods:
                     cell = f"{sampling}|{k}|{mode}|{method}"
@@ -257,9 +277,11 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
                         continue
                     fit_s = time.perf_counter() - t
                     if mode == "corpus":
-                        I = search(Qn, m.apply(Do, output="raw"))
+                        mapped[method] = {"corpus": m.apply(Do, output="raw")}
+                        I = search(Qn, mapped[method]["corpus"])
                     else:
-                        I = search(m.apply(Qn, output="raw"), Do)
+                        mapped.setdefault(method, {})["query"] = m.apply(Qn, output="raw")
+                        I = search(mapped[method]["query"], Do)
                     met = retrieval_metrics(I, rel)
                     us, us_gemm = time_apply(m, Qn if mode == "query" else Do[: len(Qn)])
                     cells[cell] = {**met, **retention(met, native_new), "fit_s": fit_s, "select_s": t_select,
@@ -270,6 +292,18 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
                         f"ret {cells[cell]['ret_R@10']:.3f}  fit {fit_s:6.1f}s  {us:5.2f} µs/row "
                         f"[{cells[cell]['chosen']}]")
                     save()
+            for method, mp in mapped.items():  # both sides: the two maps of this K, scores fused
+                cell = f"{sampling}|{k}|both|{method}"
+                if cell in cells or len(mp) < 2:
+                    continue
+                met = retrieval_metrics(fused_search(Qn, mp["corpus"], mp["query"], Do), rel)
+                q, c = cells[f"{sampling}|{k}|query|{method}"], cells[f"{sampling}|{k}|corpus|{method}"]
+                cells[cell] = {**met, **retention(met, native_new), "fit_s": q["fit_s"] + c["fit_s"],
+                               "select_s": c["select_s"], "us_per_row": q["us_per_row"],
+                               "us_per_row_gemm": q["us_per_row_gemm"], "chosen": f"{c['chosen']}+{q['chosen']}",
+                               "alpha": None, "commit": COMMIT}
+                log(f"  {sampling:8s} K={k:<5d} both   {method:16s} R@10 {met['R@10']:.3f} ret {cells[cell]['ret_R@10']:.3f}")
+                save()
     return done
 
 
@@ -286,6 +320,7 @@ def apply_speed(data: dict, k: int, seed: int, rows: int = 8192, repeats: int = 
         maps[f"cluster blend={b}"] = align.ClusterMap(cm.centroids, cm.W, cm.bias, cm.source_frame, cm.target_frame,
                                                       blend=b, temperature=cm.temperature)
     X = np.ascontiguousarray(Do[:rows], dtype=np.float32)
+    rows = X.shape[0]
     W = plain_W(lin)
     best = {name: np.inf for name in maps}
     best_g = np.inf

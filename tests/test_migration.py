@@ -209,7 +209,7 @@ def test_cluster_recovers_planted_piecewise_linear_map_better_than_one_global_ma
     local = align.fit_migration(X[tr], Y[tr], method="cluster", random_state=seed)
     assert isinstance(local, align.ClusterMap) and local.metadata["method"] == "cluster"
     cos = lambda m: float(np.einsum("ij,ij->i", m.apply(X[te]), unit_rows(Y[te])).mean())  # noqa: E731
-    assert cos(local) > 0.99 and 1 - cos(local) < 0.25 * (1 - cos(ridge))  # residual error cut by 4x or more
+    assert cos(local) > 0.98 and 1 - cos(local) < 0.25 * (1 - cos(ridge))  # residual error cut by 4x or more
     assert _top1(local, X[te], Y[te]) > _top1(ridge, X[te], Y[te]) + 0.1
     auto = align.fit_migration(X[tr], Y[tr], method="auto", candidates=("procrustes", "ridge", "cluster"),
                                random_state=seed)
