@@ -284,3 +284,23 @@ def test_cluster_bad_input_raises_typed_errors(make, err):
     X, Y = _planted(n=100, seed=1)
     with pytest.raises(err):
         make(X, Y)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 60), lam=st.floats(0.01, 100.0))
+def test_cluster_residual_solve_equals_the_shrunk_normal_equations(seed, n, lam):
+    """Thin-SVD solve == ``W_g + (AᵀA + λI)⁻¹ AᵀR`` with ``A = [F, 1]``, for clusters smaller and larger than d."""
+    from align.cluster import ClusterResiduals
+
+    rng = np.random.default_rng(seed)
+    d_s, d_t = 20, 7
+    F, Y = rng.normal(size=(n, d_s)), rng.normal(size=(n, d_t))
+    W_g, b_g = rng.normal(size=(d_s, d_t)), rng.normal(size=d_t)
+    labels = np.zeros(n, dtype=np.int64)
+    W, b = ClusterResiduals(F, Y, labels, 2, W_g, b_g).solve(lam)  # cluster 1 has no pairs: the global map
+    A = np.concatenate([F, np.ones((n, 1))], axis=1)
+    T = np.linalg.solve(A.T @ A + lam * np.eye(d_s + 1), A.T @ (Y - F @ W_g - b_g))
+    np.testing.assert_allclose(W[0], W_g + T[:-1], atol=1e-4)
+    np.testing.assert_allclose(b[0], b_g + T[-1], atol=1e-4)
+    np.testing.assert_allclose(W[1], W_g, atol=1e-6)
+    np.testing.assert_allclose(b[1], b_g, atol=1e-6)
