@@ -178,7 +178,8 @@ def test_run_pair_measures_retention_of_both_modes(shuffle_pairs):
     res = bench.run_pair("toy", data, ks=[100, 1000], methods=["procrustes", "ridge"], samplings=["random"],
                          seed=0, done={}, save=lambda: None, log=lambda *a: None)
     cells = res["cells"]
-    assert set(cells) == {f"random|100|{m}|{f}" for m in bench.MODES for f in ("procrustes", "ridge")}  # K ≤ pool
+    modes = (*bench.MODES, "both")  # both: the two fitted maps' scores fused
+    assert set(cells) == {f"random|100|{m}|{f}" for m in modes for f in ("procrustes", "ridge")}  # K ≤ pool
     for c in cells.values():
         if shuffle_pairs:
             assert c["ret_R@10"] < 0.5
