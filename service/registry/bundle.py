@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..storage import atomic_write
-from .entity import now, package_version
+from .entity import KINDS, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .names import check_alias, check_name, check_tag_key, fs_safe
 from .store import sha256_bytes
@@ -330,25 +330,18 @@ def _check_manifest(manifest) -> dict:
 
 def _read_entries(r: _Reader, plan: dict) -> None:
     """Read, hash and parse every artifact (and read every report); adds ``data`` / ``report`` to each version."""
-    from align import LinearMap
     from align.exceptions import VecbridgeError
-    from align.steer import MeanShift, Steer
 
     for e in plan["entries"]:
+        kind = KINDS[e["kind"]]
         for v in e["versions"]:
-            where = f"{e['kind'][:-1]} {e['name']}:{v['version']}"
+            where = f"{kind.noun} {e['name']}:{v['version']}"
             data = r.read(v["bundle_artifact"], v["limit"])
             if sha256_bytes(data) != v["artifact_sha256"]:
                 raise IntegrityError(f"bundle artifact of {where} does not match its sha256")
+            want = tuple(v[f] for f in kind.dims)
             try:
-                if e["kind"] == "maps":
-                    obj = LinearMap.from_bytes(data)
-                    dims = (obj.source_dim, obj.target_dim)
-                    want = (v["source_dim"], v["target_dim"])
-                else:
-                    obj = (Steer if v["rank"] > 0 else MeanShift).from_bytes(data)
-                    dims = (obj.dim, obj.rank if v["rank"] > 0 else 0)
-                    want = (v["dim"], v["rank"])
+                dims = tuple(getattr(kind.parse(data, v.get("rank", 0)), f, 0) for f in kind.dims)
             except (VecbridgeError, ValueError, KeyError, TypeError, OSError) as exc:
                 raise IntegrityError(f"bundle artifact of {where} cannot be read: {str(exc)[:200]}") from None
             if dims != want:

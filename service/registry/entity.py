@@ -48,16 +48,16 @@ def package_version() -> str:
         return "unknown"
 
 
-def _parse_map(data: bytes, rec: VersionInfo):
+def _parse_map(data: bytes, rank: int):
     from align import LinearMap
 
     return LinearMap.from_bytes(data)
 
 
-def _parse_steer(data: bytes, rec: SteerInfo):
+def _parse_steer(data: bytes, rank: int):
     from align.steer import MeanShift, Steer
 
-    return (Steer if rec.rank > 0 else MeanShift).from_bytes(data)
+    return (Steer if rank > 0 else MeanShift).from_bytes(data)
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,15 @@ class Kind:
     name_cols: tuple[str, ...]          # columns copied into the name row on first use
     verb: str                           # how a binding reads: "map 'x' connects a -> b"
     show: Callable[[dict], str]         # the binding's values as text
-    parse: Callable[[bytes, Record], object]  # artifact bytes -> object
+    parse: Callable[[bytes, int], object]  # artifact bytes (and the recorded rank) -> object
+    dims: tuple[str, ...]               # record fields the parsed artifact must match (attributes; absent = 0)
 
 
 MAPS = Kind("map", "maps", "versions", "aliases", "tags", VersionInfo, ("source_space", "target_space"),
             ("source_space", "target_space", "source_dim", "target_dim"), "connects",
-            lambda b: f"{b['source_space']} -> {b['target_space']}", _parse_map)
+            lambda b: f"{b['source_space']} -> {b['target_space']}", _parse_map, ("source_dim", "target_dim"))
 STEERS = Kind("steer", "steer_names", "steers", "steer_aliases", None, SteerInfo, ("space",), ("space", "dim"),
-              "lives in space", lambda b: repr(b["space"]), _parse_steer)
+              "lives in space", lambda b: repr(b["space"]), _parse_steer, ("dim", "rank"))
 KINDS = {"maps": MAPS, "steers": STEERS}
 
 
@@ -285,7 +286,7 @@ class VersionedStore:
         def make():
             data = self.store.get(v.artifact_path, v.artifact_sha256)
             try:
-                return self.kind.parse(data, v)
+                return self.kind.parse(data, getattr(v, "rank", 0))
             except SerializationError as exc:
                 raise IntegrityError(f"artifact of {self.kind.noun} {v.ref} cannot be read: {exc}") from None
 
