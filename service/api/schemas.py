@@ -308,12 +308,12 @@ class ServiceInfo(BaseModel):
         None, description="The start-up demo on an empty data dir: `preparing`, `ready`, `failed`; null: none.")
 
 
-def record_model(name: str, record, doc: str | None = None) -> type[BaseModel]:
+def record_model(name: str, record) -> type[BaseModel]:
     """The response schema of a registry record, derived from its dataclass (:mod:`service.registry.models`).
 
     Same fields in the same order as the record's ``to_dict()``, same types; a field is required
     unless the dataclass gives it a default; ``metadata["doc"]`` becomes the field's description;
-    the record's docstring (or ``doc``) the schema's.
+    the record's docstring the schema's.
     """
     hints = typing.get_type_hints(record)
     by_name = {f.name: f for f in dataclasses.fields(record)}
@@ -324,9 +324,7 @@ def record_model(name: str, record, doc: str | None = None) -> type[BaseModel]:
         if f.default_factory is not dataclasses.MISSING:
             default = Field(default_factory=f.default_factory)
         spec[n] = (hints[n], Field(default, description=f.metadata["doc"]) if "doc" in f.metadata else default)
-    auto = f"{record.__name__}("  # the docstring dataclasses write when there is none
-    return create_model(name, __doc__=doc or (None if (record.__doc__ or auto).startswith(auto) else record.__doc__),
-                        **spec)
+    return create_model(name, __doc__=record.__doc__, **spec)
 
 
 SpaceOut = record_model("SpaceOut", SpaceInfo)
@@ -372,7 +370,7 @@ MapDetail = create_model(
     resolved=(VersionOut, Field(..., description="The version the reference resolves to.")))
 
 
-IndexOut = record_model("IndexOut", IndexInfo, "An index: its space, FAISS kind, metric, rows and parameters.")
+IndexOut = record_model("IndexOut", IndexInfo)
 
 
 class IndexList(_Page):
