@@ -6,6 +6,10 @@
 Each iteration maps :func:`assign_block` over the blocks (through an executor, see
 :mod:`align.blocks`) and adds the per-block sums and counts in block order, so the iterates are
 the same whether the blocks run here or on a cluster. Empty clusters keep their centroid.
+
+A *block* is an array of rows (n_b, d), or anything an ``open_block(block) -> (n_b, d)`` callable
+turns into one where the block's task runs (a file name, a row range of a memory-mapped file):
+then only the small block descriptor travels to a worker, not the rows.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .validation import check_random_state
 from .blocks import run_blocks
-from .exceptions import InputError
+from .exceptions import EmptyInputError, InputError, TooFewRowsError
 
-__all__ = ["assign_block", "lloyd", "row_blocks"]
+__all__ = ["assign_block", "kmeans", "lloyd", "init_rows", "row_blocks"]
 
 
 def assign_block(X: np.ndarray, C: np.ndarray, block: int = 8192) -> tuple[np.ndarray, np.ndarray, float]:
@@ -51,20 +56,63 @@ def row_blocks(X: np.ndarray, rows: int = 65536) -> list[np.ndarray]:
     return [X[s : s + rows] for s in range(0, X.shape[0], int(rows))]
 
 
+def _assign_opened(block, C: np.ndarray, open_block: Callable | None) -> tuple[np.ndarray, np.ndarray, float]:
+    """One block's Lloyd step (a task of the block executor): open the block where it runs, assign."""
+    return assign_block(np.asarray(block) if open_block is None else open_block(block), C)
+
+
+def init_rows(blocks: Sequence, k: int, *, random_state=None, open_block: Callable | None = None,
+              pool_blocks: int = 4) -> np.ndarray:
+    """``k`` distinct rows drawn uniformly (seeded) from the first ``pool_blocks`` blocks; (k, d) float64.
+
+    Raises :class:`TooFewRowsError` when those blocks hold fewer than ``k`` rows.
+    """
+    rng = check_random_state(random_state)
+    opened = [np.asarray(b) if open_block is None else open_block(b) for b in list(blocks)[: max(1, int(pool_blocks))]]
+    if not opened:
+        raise EmptyInputError("k-means over no blocks")
+    pool = np.concatenate(opened)
+    if pool.shape[0] < k:
+        raise TooFewRowsError(f"k-means with {k} clusters needs at least {k} rows to initialise")
+    return pool[rng.choice(pool.shape[0], k, replace=False)].astype(np.float64)
+
+
+def kmeans(blocks: Sequence, k: int, *, init=None, n_iter: int = 50, tol: float = 0.0, random_state=None,
+           open_block: Callable | None = None, executor=None) -> tuple[np.ndarray, float, int]:
+    """Lloyd k-means over row ``blocks``: ``(centroids (k, d) float32, inertia, iterations)``.
+
+    ``init`` (k, d) starting centroids, or None: :func:`init_rows` with ``random_state``.
+    ``open_block`` / ``executor``: how a block becomes rows and where its tasks run (module
+    docstring); the result is the same bits for every executor.
+    """
+    k = int(k)
+    if k < 1:
+        raise InputError(f"k must be >= 1, got {k}")
+    if init is None:
+        C = init_rows(blocks, k, random_state=random_state, open_block=open_block)
+    else:
+        C = np.asarray(init, dtype=np.float64)
+        if C.ndim != 2 or C.shape[0] != k:
+            raise InputError(f"init must have shape ({k}, d), got {C.shape}")
+    return lloyd(blocks, C, n_iter=n_iter, tol=tol, open_block=open_block, executor=executor)
+
+
 def lloyd(blocks: Sequence, init, *, n_iter: int = 50, tol: float = 0.0,
-          block_fn: Callable = assign_block, executor=None) -> tuple[np.ndarray, float, int]:
+          open_block: Callable | None = None, executor=None) -> tuple[np.ndarray, float, int]:
     """Lloyd iterations from ``init`` (k, d) over ``blocks``; returns ``(centroids (k, d) float32, inertia, iterations)``.
 
-    ``blocks``: row blocks (arrays), or anything ``block_fn(block, C)`` turns into
-    :func:`assign_block`'s result (e.g. a file shard opened where the task runs). Stops after
-    ``n_iter`` iterations or when the squared centroid shift is ``<= tol``.
+    ``blocks``: row blocks (arrays), or descriptors that ``open_block`` opens where the task
+    runs. Stops after ``n_iter`` iterations or when the squared centroid shift is ``<= tol``.
     """
     C = np.asarray(init, dtype=np.float64)
     if C.ndim != 2 or C.shape[0] < 1:
         raise InputError(f"init must be a (k, d) array of centroids, got shape {C.shape}")
+    blocks = list(blocks)
+    if not blocks:
+        raise EmptyInputError("k-means over no blocks")
     inertia, it = np.inf, 0
     for it in range(1, int(n_iter) + 1):
-        parts = run_blocks(block_fn, [(b, C.astype(np.float32)) for b in blocks], executor)
+        parts = run_blocks(_assign_opened, [(b, C.astype(np.float32), open_block) for b in blocks], executor)
         sums = sum(p[0] for p in parts)
         counts = sum(p[1] for p in parts)
         inertia = sum(p[2] for p in parts)

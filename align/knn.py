@@ -10,17 +10,23 @@ CSLS (Conneau et al. 2018):
 .. math::  \\mathrm{CSLS}(q, d) = 2\\cos(q, d) - r_D(q) - r_Q(d)
 
 with ``r_D(q)`` the mean cosine of ``q`` to its ``k`` nearest rows of ``D`` (and vice versa).
+
+A database too big for one place is searched in row blocks (:func:`knn_blocks`): each block's
+top-``k`` (global ids = local id + the rows of the blocks before it), merged to the best ``k`` of
+the ``k × n_blocks`` candidates — the same set as one search over the concatenation.
 """
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import numpy as np
 
 from .validation import as_matrix
-from .blocks import run_blocks
+from .blocks import run_blocks, serial
 from .exceptions import DimensionMismatchError, InputError
 
-__all__ = ["knn", "mean_topk", "csls_knn", "mutual_nn", "faiss_available", "DEFAULT_BLOCK"]
+__all__ = ["knn", "knn_blocks", "merge_topk", "mean_topk", "csls_knn", "mutual_nn", "faiss_available", "DEFAULT_BLOCK"]
 
 DEFAULT_BLOCK = 2048
 
@@ -106,6 +112,41 @@ def knn(Q, D, k: int = 10, *, block_size: int = DEFAULT_BLOCK, use_faiss: bool |
     """
     Q, D, k = _check(Q, D, k)
     return _knn(Q, D, k, block_size=block_size, use_faiss=use_faiss, executor=executor)
+
+
+def _db_block_topk(Q: np.ndarray, block, k: int, open_block: Callable | None):
+    """Top-``k`` of ``Q`` in one database block (a task of the block executor): ``(S, I local, rows)``."""
+    D = as_matrix(block if open_block is None else open_block(block), name="database block")
+    if D.shape[1] != Q.shape[1]:
+        raise DimensionMismatchError(f"queries have {Q.shape[1]} columns, a database block {D.shape[1]}")
+    S, I = _knn(Q, D, min(k, D.shape[0]), executor=serial)
+    return S, I, int(D.shape[0])
+
+
+def merge_topk(parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best ``k`` of per-block candidates ``(S_b, I_b)`` (n, k_b) with global ids; ties: lower id first."""
+    S = np.concatenate([p[0] for p in parts], axis=1)
+    I = np.concatenate([p[1] for p in parts], axis=1)
+    order = np.lexsort((I, -S), axis=1)[:, :k]
+    return np.take_along_axis(S, order, axis=1), np.take_along_axis(I, order, axis=1)
+
+
+def knn_blocks(Q, db_blocks: Sequence, k: int = 10, *, open_block: Callable | None = None, executor=None):
+    """Exact top-``k`` of ``Q`` (n, d) over a database given as row blocks, one task per block.
+
+    ``db_blocks``: arrays (m_b, d), or descriptors that ``open_block`` opens where the task runs
+    (a file, a row range); ``executor``: where the tasks run (:mod:`align.blocks`). Returns
+    ``(S, I)`` (n, min(k, m)) with ``I`` global row ids in the concatenation of the blocks — the
+    same as :func:`knn` over the concatenation (ties towards the lower global id).
+    """
+    Q = as_matrix(Q, name="queries")
+    if int(k) < 1:
+        raise InputError(f"k must be >= 1, got {k}")
+    parts = run_blocks(_db_block_topk, [(Q, b, int(k), open_block) for b in db_blocks], executor)
+    if not parts:
+        raise InputError("knn_blocks needs at least one database block")
+    offsets = np.cumsum([0] + [p[2] for p in parts[:-1]])
+    return merge_topk([(S, I + off) for (S, I, _), off in zip(parts, offsets)], int(k))
 
 
 def mean_topk(Q: np.ndarray, D: np.ndarray, k: int = 10, **kw) -> np.ndarray:

@@ -13,9 +13,12 @@ Supervised fits
     concatenated rows up to float summation order (max |ΔW| ~1e-7 measured).
 
 Unsupervised heavy steps
-    :func:`kmeans_ray` (Lloyd iterations: per-shard assignment + partial sums/counts),
-    :func:`knn_ray` (per-shard exact top-k merged), :func:`refine_icp_ray` (the published
-    ICP-average refinement with its neighbour search and neighbour averaging over target shards).
+    align's kernels with :func:`ray_executor` as their block executor (:mod:`align.blocks`); this
+    module only supplies execution — Ray tasks over row blocks, shared arrays as object refs — and
+    copies no numerics: :func:`kmeans_ray` (:func:`align.kmeans.kmeans`, one task per shard and
+    iteration), :func:`knn_ray` (:func:`align.knn.knn_blocks`, one task per database shard),
+    :func:`refine_icp_ray` (:func:`align.refine.refine_icp`, its kNN blocks as tasks), and
+    ``MiniVec2Vec.fit(executor=ray_executor(ray))``. Same seed, same bits as in-process.
 
 Batch transform
     :func:`transform_files_ray`: one task per ``.npy`` file, streamed in row blocks, written
@@ -42,11 +45,12 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from align.validation import as_matrix, check_random_state
+from align.validation import as_matrix
+from align.blocks import run_blocks, serial
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, PairCountError, TooFewRowsError
 from align.frames import Frame, unit_rows
-from align.kmeans import assign_block, lloyd
-from align.knn import knn
+from align.kmeans import kmeans
+from align.knn import knn_blocks
 from align.maps import LinearMap
 from align.refine import refine_icp
 from align.procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
@@ -282,12 +286,21 @@ def ray_session(address: str | None = None, *, num_cpus: int | None = None):
             reaper.wait(timeout=30)
 
 
-def _run(fn, arg_lists: Iterable[tuple], *, ray=None, num_cpus: float = 1) -> list:
-    """Run ``fn(*args)`` for every args tuple, as Ray tasks when ``ray`` is given, else in a loop."""
+def _executor(ray):
+    """The block executor for ``ray`` (:func:`ray_executor`), or in-process when None."""
+    return serial if ray is None else ray_executor(ray)
+
+
+def _shared(shards, ray) -> list:
+    """``shards`` as :class:`Shard`/callables, their in-memory arrays put in Ray's object store once."""
+    shards = [_as_shard(s) for s in shards]
     if ray is None:
-        return [fn(*a) for a in arg_lists]
-    task = ray.remote(num_cpus=num_cpus)(fn)
-    return ray.get([task.remote(*a) for a in arg_lists])
+        return shards
+
+    def put(a):
+        return ray.put(a) if isinstance(a, np.ndarray) else a
+
+    return [Shard(put(s.x), put(s.y), s.start, s.stop) if isinstance(s, Shard) else s for s in shards]
 
 
 def ray_executor(ray, *, num_cpus: float = 1, put_bytes: int = 1 << 20):
@@ -320,22 +333,19 @@ def ray_executor(ray, *, num_cpus: float = 1, put_bytes: int = 1 << 20):
 # --- supervised fits -----------------------------------------------------------------------------
 
 def _pair_stats(shards, center, normalize, chunk_size, ray) -> tuple[tuple[Frame, Frame], PairStats, dict]:
-    shards = [_as_shard(s) for s in shards]
+    shards = _shared(shards, ray)  # arrays go to the object store once, not once per pass
     if not shards:
         raise EmptyInputError("no shards")
-    if ray is not None:  # arrays go to the object store once, not once per pass
-        shards = [Shard(ray.put(s.x) if isinstance(s.x, np.ndarray) else s.x,
-                        ray.put(s.y) if isinstance(s.y, np.ndarray) else s.y, s.start, s.stop)
-                  if isinstance(s, Shard) else s for s in shards]
+    run = _executor(ray)
     sums = []
     if center:
-        sums = _run(_frame_sums, [(s, normalize, chunk_size) for s in shards], ray=ray)
+        sums = run_blocks(_frame_sums, [(s, normalize, chunk_size) for s in shards], run)
         frames = _frames_from_sums(sums, True, normalize)
     else:  # only the dimensions are needed
-        d_s, d_t = _run(_pair_dims, [(shards[0],)], ray=ray)[0]
+        d_s, d_t = run_blocks(_pair_dims, [(shards[0],)], run)[0]
         frames = (Frame(d_s, None, unit_in=normalize, unit_out=normalize),
                   Frame(d_t, None, unit_in=normalize, unit_out=normalize))
-    parts = _run(_shard_stats, [(s, frames[0], frames[1], chunk_size) for s in shards], ray=ray)
+    parts = run_blocks(_shard_stats, [(s, frames[0], frames[1], chunk_size) for s in shards], run)
     stats = PairStats.zeros(frames[0].dim, frames[1].dim)
     for st, _ in parts:
         stats = stats + st
@@ -393,99 +403,40 @@ def fit_stats_ray(shards: Sequence, *, method: str = "procrustes", center: bool 
                            {"distributed": info})
 
 
-# --- unsupervised heavy steps --------------------------------------------------------------------
-
-def _assign_shard(shard, C: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """Open a shard where the task runs and hand it to align's Lloyd step (:func:`align.kmeans.assign_block`)."""
-    return assign_block(_open_single(shard), C)
-
-
-def _kmeans(shards, k, init, n_iter, tol, random_state, ray):
-    shards = [_as_shard(s) for s in shards]
-    if ray is not None:
-        shards = [Shard(ray.put(s.x) if isinstance(s.x, np.ndarray) else s.x, None, s.start, s.stop)
-                  if isinstance(s, Shard) else s for s in shards]
-    if init is None:  # k distinct rows drawn from the first shard(s), seeded
-        rng = check_random_state(random_state)
-        pool = np.concatenate([_open_single(s) for s in shards[: max(1, min(len(shards), 4))]])
-        if pool.shape[0] < k:
-            raise TooFewRowsError(f"k-means with {k} clusters needs at least {k} rows to initialise")
-        C = pool[rng.choice(pool.shape[0], k, replace=False)].astype(np.float64)
-    else:
-        C = np.asarray(init, dtype=np.float64)
-        if C.ndim != 2 or C.shape[0] != k:
-            raise InputError(f"init must have shape ({k}, d), got {C.shape}")
-    return lloyd(shards, C, n_iter=n_iter, tol=tol, block_fn=_assign_shard,
-                 executor=None if ray is None else ray_executor(ray))
-
+# --- unsupervised heavy steps: align's kernels, with shards as their blocks -------------------------
 
 def kmeans_local(shards: Sequence, k: int, *, init=None, n_iter: int = 50, tol: float = 0.0,
                  random_state=None) -> tuple[np.ndarray, float, int]:
     """Lloyd k-means over sharded rows in this process: ``(centroids (k, d), inertia, iterations)``."""
-    return _kmeans(shards, k, init, n_iter, tol, random_state, None)
+    return kmeans(_shared(shards, None), k, init=init, n_iter=n_iter, tol=tol, random_state=random_state,
+                  open_block=_open_single)
 
 
 def kmeans_ray(shards: Sequence, k: int, *, init=None, n_iter: int = 50, tol: float = 0.0, random_state=None,
                address: str | None = None, num_cpus: int | None = None) -> tuple[np.ndarray, float, int]:
-    """Lloyd k-means with each iteration's assignment step as one Ray task per shard.
+    """:func:`align.kmeans.kmeans` with each iteration's assignment step as one Ray task per shard.
 
     .. math::  c_j \\leftarrow \\frac{\\sum_{x \\in S_j} x}{|S_j|},\\quad S_j = \\{x : j = \\arg\\min_l \\|x - c_l\\|^2\\}
 
-    The per-shard partial sums and counts add up exactly, so the iterates equal single-machine
-    Lloyd from the same ``init`` (rows drawn with ``random_state`` when not given).
-    Stops after ``n_iter`` iterations or when the squared centroid shift is ``<= tol``.
+    The per-shard partial sums and counts are added in shard order, so the result is the same
+    bits as :func:`kmeans_local` from the same ``init`` (rows drawn with ``random_state`` when
+    not given). Stops after ``n_iter`` iterations or when the squared centroid shift is ``<= tol``.
     """
     with ray_session(address, num_cpus=num_cpus) as ray:
-        return _kmeans(shards, k, init, n_iter, tol, random_state, ray)
-
-
-def _shard_knn(Q: np.ndarray, shard, k: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
-    D = _open_single(shard)
-    S, I = knn(Q, D, min(k, D.shape[0]))
-    return S, I.astype(np.int64) + offset
-
-
-def _merge_topk(parts, k: int) -> tuple[np.ndarray, np.ndarray]:
-    S = np.concatenate([p[0] for p in parts], axis=1)
-    I = np.concatenate([p[1] for p in parts], axis=1)
-    order = np.lexsort((I, -S), axis=1)[:, :k]  # score descending, lower global index first on ties
-    return np.take_along_axis(S, order, axis=1), np.take_along_axis(I, order, axis=1)
-
-
-def _shard_lengths(shards, ray) -> list[int]:
-    def n_rows(s):
-        if isinstance(s, Shard) and isinstance(s.x, (str, Path)):
-            n = np.load(s.x, mmap_mode="r").shape[0]
-            return len(range(n)[s.start : s.stop])
-        return _open_single(s).shape[0]
-
-    return _run(n_rows, [(s,) for s in shards], ray=ray)
-
-
-def _knn(Q, shards, k, ray, lengths=None):
-    lengths = lengths or _shard_lengths(shards, ray)
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
-    Qref = ray.put(Q) if ray is not None else Q
-    parts = _run(_shard_knn, [(Qref, s, k, int(o)) for s, o in zip(shards, offsets)], ray=ray)
-    return _merge_topk(parts, k)
+        return kmeans(_shared(shards, ray), k, init=init, n_iter=n_iter, tol=tol, random_state=random_state,
+                      open_block=_open_single, executor=ray_executor(ray))
 
 
 def knn_ray(Q, db_shards: Sequence, k: int = 10, *, address: str | None = None,
             num_cpus: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-``k`` of ``Q`` (nq, d) over a database split in shards (global row ids).
 
-    Each shard runs :func:`align.knn` (FAISS when installed) and returns its own top-``k``; the
-    merge keeps the best ``k`` of the ``k × n_shards`` candidates — the same set as one search
-    over the concatenation (ties broken towards the lower global index).
+    :func:`align.knn.knn_blocks` with one Ray task per shard (each runs :func:`align.knn`, FAISS
+    when installed); the merge keeps the best ``k`` of the ``k × n_shards`` candidates — the same
+    set as one search over the concatenation (ties broken towards the lower global index).
     """
-    Q = as_matrix(Q, name="queries")
-    if int(k) < 1:
-        raise InputError(f"k must be >= 1, got {k}")
-    shards = [_as_shard(s) for s in db_shards]
     with ray_session(address, num_cpus=num_cpus) as ray:
-        shards = [Shard(ray.put(s.x), None, s.start, s.stop) if isinstance(s, Shard) and isinstance(s.x, np.ndarray)
-                  else s for s in shards]
-        return _knn(Q, shards, int(k), ray)
+        return knn_blocks(Q, _shared(db_shards, ray), k, open_block=_open_single, executor=ray_executor(ray))
 
 
 def refine_icp_ray(W, Xs, target_shards: Sequence, *, iters: int = 100, sample: int = 1000, k: int = 50,
@@ -571,7 +522,8 @@ def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw",
              + suffix) for p in paths]
     blob = m.to_bytes("npz")
     if not use_ray:
-        return _run(_transform_file, [(blob, a, b, output, int(batch_size)) for a, b in jobs])
+        return run_blocks(_transform_file, [(blob, a, b, output, int(batch_size)) for a, b in jobs], serial)
     with ray_session(address, num_cpus=num_cpus) as ray:
         ref = ray.put(blob)
-        return _run(_transform_file, [(ref, a, b, output, int(batch_size)) for a, b in jobs], ray=ray)
+        return run_blocks(_transform_file, [(ref, a, b, output, int(batch_size)) for a, b in jobs],
+                          ray_executor(ray))

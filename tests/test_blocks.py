@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import numpy as np
 import pytest
 
 import align
 from align.blocks import executing, serial
 from align.frames import unit_rows
-from align.kmeans import lloyd, row_blocks
+from align.exceptions import EmptyInputError, InputError, TooFewRowsError
+from align.kmeans import init_rows, kmeans, lloyd, row_blocks
+from align.knn import knn_blocks
 
 CALLS: list[int] = []
 
@@ -43,6 +48,57 @@ def test_lloyd_blocks_any_executor():
     b = lloyd(row_blocks(X, 300), init, n_iter=20, executor=reversed_threads)
     np.testing.assert_array_equal(a[0], b[0])
     assert a[1:] == b[1:]
+
+
+def test_kmeans_seeded_init_through_any_executor_gives_the_same_bits():
+    rng = np.random.default_rng(4)
+    X = (rng.normal(scale=3.0, size=(5, 6))[rng.integers(0, 5, 1500)] + rng.normal(size=(1500, 6))).astype(np.float32)
+    blocks = row_blocks(X, 400)
+    CALLS.clear()
+    a = kmeans(blocks, 5, random_state=9, n_iter=15)
+    b = kmeans(blocks, 5, random_state=9, n_iter=15, executor=reversed_threads)
+    assert CALLS and all(n == 4 for n in CALLS)  # one task per block and iteration
+    np.testing.assert_array_equal(a[0], b[0])
+    assert a[1:] == b[1:]
+    # the seeded start is k distinct data rows; the same seed draws the same rows, another seed others
+    C0 = init_rows(blocks, 5, random_state=9)
+    assert all(any((row == x).all() for x in X.astype(np.float64)) for row in C0)
+    np.testing.assert_array_equal(C0, init_rows(blocks, 5, random_state=9))
+    assert not np.array_equal(C0, init_rows(blocks, 5, random_state=10))
+    np.testing.assert_array_equal(a[0], lloyd(blocks, C0, n_iter=15)[0])
+    # blocks opened where the task runs: descriptors (row ranges) in, the same bits out
+    ranges = [(s, min(s + 400, 1500)) for s in range(0, 1500, 400)]
+    c = kmeans(ranges, 5, random_state=9, n_iter=15, open_block=lambda r: X[r[0]:r[1]], executor=reversed_threads)
+    np.testing.assert_array_equal(a[0], c[0])
+
+
+def test_kmeans_bad_input_raises_typed_errors():
+    X = np.zeros((10, 3), np.float32)
+    with pytest.raises(TooFewRowsError):
+        kmeans([X], 11)
+    with pytest.raises(EmptyInputError):
+        kmeans([], 2)
+    with pytest.raises(InputError):
+        kmeans([X], 2, init=np.zeros((3, 3)))
+    with pytest.raises(InputError):
+        kmeans([X], 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(1, 200), k=st.integers(1, 12), cuts=st.lists(st.integers(1, 199), max_size=4),
+       seed=st.integers(0, 2**16))
+def test_knn_over_database_blocks_equals_one_search(m, k, cuts, seed):
+    rng = np.random.default_rng(seed)
+    D = unit_rows(rng.normal(size=(m, 5)).astype(np.float32))
+    Q = unit_rows(rng.normal(size=(17, 5)).astype(np.float32))
+    edges = [0, *sorted({c for c in cuts if c < m}), m]
+    blocks = [D[a:b] for a, b in zip(edges[:-1], edges[1:])]
+    S, I = knn_blocks(Q, blocks, k, executor=reversed_threads)
+    S_ref, I_ref = align.knn(Q, D, k)
+    assert I.shape == I_ref.shape == (17, min(k, m))
+    np.testing.assert_allclose(S, S_ref, atol=1e-6)
+    # the same neighbours up to ties: every returned id scores what the reference's k-th best allows
+    np.testing.assert_allclose(np.take_along_axis(Q @ D.T, I, axis=1), S_ref, atol=1e-5)
 
 
 @pytest.mark.filterwarnings("ignore::align.exceptions.ConvergenceWarning")  # noise data: equality is the point

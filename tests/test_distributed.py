@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 import align
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, PairCountError
+from align.kmeans import kmeans
+from align.knn import knn_blocks
 from align.refine import refine_icp
 from service import distributed as D
 
@@ -138,14 +140,35 @@ def test_kmeans_ray_equals_local_lloyd_and_sklearn(ray_local):
     assert abs(inertia_ray - km.inertia_) / km.inertia_ < 1e-3
 
 
+def test_kmeans_ray_seeded_on_file_shards_is_bit_for_bit_in_process(ray_local, tmp_path):
+    """No init: both draw the start from the seed; shards are row ranges of one .npy opened in the tasks."""
+    rng = np.random.default_rng(14)
+    X = (rng.normal(scale=4.0, size=(8, 10))[rng.integers(0, 8, 4000)] + rng.normal(size=(4000, 10))).astype(np.float32)
+    np.save(tmp_path / "x.npy", X)
+    shards = [D.Shard(str(tmp_path / "x.npy"), None, a, b) for a, b in _split(4000, [1000, 2600])]
+    got = D.kmeans_ray(shards, 8, n_iter=25, random_state=3)
+    ref = D.kmeans_local(shards, 8, n_iter=25, random_state=3)
+    np.testing.assert_array_equal(got[0], ref[0])
+    assert got[1:] == ref[1:]
+    in_memory = kmeans([X[a:b] for a, b in _split(4000, [1000, 2600])], 8, n_iter=25, random_state=3)
+    np.testing.assert_array_equal(got[0], in_memory[0])  # files or arrays: the same kernel, the same bits
+    assert not np.array_equal(got[0], D.kmeans_local(shards, 8, n_iter=25, random_state=4)[0])
+
+
 def test_knn_ray_equals_one_search(ray_local):
     rng = np.random.default_rng(6)
     Db = align.frames.unit_rows(rng.normal(size=(2500, 16)).astype(np.float32))
     Q = align.frames.unit_rows(rng.normal(size=(40, 16)).astype(np.float32))
-    S, I = D.knn_ray(Q, [Db[a:b] for a, b in _split(2500, [3, 900, 2000])], 7)
+    shards = [Db[a:b] for a, b in _split(2500, [3, 900, 2000])]
+    S, I = D.knn_ray(Q, shards, 7)
     S_ref, I_ref = align.knn(Q, Db, 7)
     np.testing.assert_array_equal(I, I_ref)
     np.testing.assert_allclose(S, S_ref, atol=1e-6)
+    S_loc, I_loc = knn_blocks(Q, shards, 7)  # align's kernel in-process: the same bits as on Ray
+    np.testing.assert_array_equal(I, I_loc)
+    np.testing.assert_array_equal(S, S_loc)
+    with pytest.raises(DimensionMismatchError):  # raised in a task, re-raised with its type
+        D.knn_ray(Q, [Db, Db[:, :8]], 3)
 
 
 def test_refine_icp_ray_equals_refine_icp(ray_local):
