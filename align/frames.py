@@ -17,7 +17,7 @@ import numpy as np
 
 from .validation import as_matrix
 
-__all__ = ["Frame", "unit_rows", "row_norms", "tame_rows"]
+__all__ = ["Frame", "frame_sum", "unit_rows", "row_norms", "tame_rows"]
 
 _EPS = 1e-12
 # Squared norms a float32 sum of squares holds exactly enough: below, squares underflow (rows of
@@ -84,6 +84,15 @@ def tame_rows(X: np.ndarray) -> np.ndarray:
     return out
 
 
+def frame_sum(X: np.ndarray, *, unit_in: bool = True, block: int = 65536) -> np.ndarray:
+    """``Σ_i unit(x_i)`` (or ``Σ_i x_i`` without ``unit_in``) of rows ``X`` (n, d), in float64 (d,), by blocks."""
+    acc = np.zeros(X.shape[1], dtype=np.float64)
+    for s in range(0, X.shape[0], block):
+        part = X[s : s + block]
+        acc += (unit_rows(part) if unit_in else part).sum(axis=0, dtype=np.float64)
+    return acc
+
+
 @dataclass
 class Frame:
     """One side's preprocessing: ``unit -> centre -> unit``.
@@ -113,14 +122,18 @@ class Frame:
 
     @classmethod
     def _fit(cls, X: np.ndarray, *, center=True, unit_in=True, unit_out=True, block: int = 65536) -> "Frame":
-        mean = None
-        if center:
-            acc = np.zeros(X.shape[1], dtype=np.float64)
-            for s in range(0, X.shape[0], block):
-                part = X[s : s + block]
-                acc += (unit_rows(part) if unit_in else part).sum(axis=0, dtype=np.float64)
-            mean = (acc / X.shape[0]).astype(np.float32)
-        return cls(dim=X.shape[1], mean=mean, unit_in=unit_in, unit_out=unit_out, n_fit=X.shape[0])
+        total = frame_sum(X, unit_in=unit_in, block=block) if center else None
+        return cls.from_sum(X.shape[1], X.shape[0], total, unit_in=unit_in, unit_out=unit_out)
+
+    @classmethod
+    def from_sum(cls, dim: int, n: int, total: np.ndarray | None, *, unit_in: bool = True,
+                 unit_out: bool = True) -> "Frame":
+        """The frame of ``n`` rows whose :func:`frame_sum` is ``total`` (d,) (None: no centring).
+
+        Sums of row blocks add up, so a frame over shards is ``from_sum(d, Σ n_b, Σ total_b)``.
+        """
+        mean = None if total is None else (np.asarray(total, dtype=np.float64) / n).astype(np.float32)
+        return cls(dim=int(dim), mean=mean, unit_in=unit_in, unit_out=unit_out, n_fit=int(n))
 
     @classmethod
     def identity(cls, dim: int) -> "Frame":

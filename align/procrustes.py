@@ -18,6 +18,7 @@ statistics from many workers merge exactly (:meth:`PairStats.merge`, ``+``).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,8 @@ __all__ = [
     "fit_ridge",
     "fit_lowrank",
     "fit_frames",
+    "pair_stats",
+    "map_from_stats",
 ]
 
 
@@ -175,12 +178,62 @@ def fit_frames(X, Y, *, center: bool = True, normalize: bool = True) -> tuple[Fr
             Frame._fit(Y, center=center, unit_in=normalize, unit_out=normalize))
 
 
-def _paired_stats(X, Y, frames, chunk_size):
+def pair_stats(X: np.ndarray, Y: np.ndarray, frames: tuple[Frame, Frame], *, chunk_size: int = 65536) -> PairStats:
+    """:class:`PairStats` of raw rows ``X`` (n, d_s), ``Y`` (n, d_t) put in ``frames``, ``chunk_size`` rows at a time.
+
+    Statistics of row blocks (shards) merge exactly with ``+``.
+    """
     fs, ft = frames
-    stats = PairStats.zeros(X.shape[1], Y.shape[1])
+    if X.shape[1] != fs.dim or Y.shape[1] != ft.dim:
+        raise DimensionMismatchError(f"rows are {X.shape[1]}->{Y.shape[1]}, the frames {fs.dim}->{ft.dim}")
+    stats = PairStats.zeros(fs.dim, ft.dim)
     for s in range(0, X.shape[0], chunk_size):
         stats.update(fs._apply(X[s : s + chunk_size]), ft._apply(Y[s : s + chunk_size]))
     return stats
+
+
+def _solve_procrustes(stats, scale: bool = False):
+    W, s = procrustes_from_stats(stats, scale=scale)
+    return W * s, None, {"scale": scale}, {"scale": s}
+
+
+def _solve_ridge(stats, alpha: float = 1.0, fit_intercept: bool = True):
+    W, bias = ridge_from_stats(stats, alpha=alpha, fit_intercept=fit_intercept)
+    return W, bias, {"alpha": alpha, "fit_intercept": fit_intercept}, {}
+
+
+def _solve_lowrank(stats, rank: int, alpha: float = 1.0, fit_intercept: bool = True):
+    W, bias = lowrank_from_stats(stats, rank=rank, alpha=alpha, fit_intercept=fit_intercept)
+    return W, bias, {"rank": rank, "alpha": alpha, "fit_intercept": fit_intercept}, {}
+
+
+_SOLVERS = {"procrustes": _solve_procrustes, "ridge": _solve_ridge, "lowrank": _solve_lowrank}
+
+
+def map_from_stats(stats: PairStats, frames: tuple[Frame, Frame], method: str = "procrustes", *,
+                   center: bool = True, normalize: bool = True, **params) -> LinearMap:
+    """The :class:`LinearMap` of ``method`` from merged statistics of framed pairs.
+
+    ``method``: ``procrustes`` (``scale``), ``ridge`` (``alpha``, ``fit_intercept``) or ``lowrank``
+    (``rank``, ``alpha``, ``fit_intercept``); ``center`` / ``normalize`` only record how ``frames``
+    were fitted. :func:`fit_procrustes` & co. are this on one machine's rows; a sharded fit calls it on
+    the sum of its shards' :func:`pair_stats`.
+    """
+    solve = _SOLVERS.get(method)
+    if solve is None:
+        raise InputError(f"method must be procrustes, ridge or lowrank, got {method!r}")
+    if method == "lowrank" and params.get("rank") is None:
+        raise InputError("method='lowrank' needs rank=")
+    if stats.n < 2:
+        raise TooFewRowsError(f"a fit needs at least 2 pairs, got {stats.n}")
+    try:
+        inspect.signature(solve).bind(stats, **params)
+    except TypeError as exc:
+        raise InputError(f"bad parameter for {method}: {exc}") from None
+    W, bias, used, extra = solve(stats, **params)
+    meta = {"method": method, "params": {**used, "center": center, "normalize": normalize},
+            "n_pairs": int(stats.n), **extra}
+    return LinearMap(W, bias, frames[0], frames[1], meta)
 
 
 def _prepare(X, Y, center, normalize, min_rows=2):
@@ -203,32 +256,21 @@ def fit_procrustes(X, Y, *, scale: bool = False, center: bool = True, normalize:
     True
     """
     X, Y, frames = _prepare(X, Y, center, normalize)
-    stats = _paired_stats(X, Y, frames, chunk_size)
-    W, s = procrustes_from_stats(stats, scale=scale)
-    meta = {"method": "procrustes", "params": {"scale": scale, "center": center, "normalize": normalize},
-            "n_pairs": int(X.shape[0]), "scale": s}
-    return LinearMap(W * s, None, frames[0], frames[1], meta)
+    return map_from_stats(pair_stats(X, Y, frames, chunk_size=chunk_size), frames, "procrustes", center=center,
+                          normalize=normalize, scale=scale)
 
 
 def fit_ridge(X, Y, *, alpha: float = 1.0, fit_intercept: bool = True, center: bool = True,
               normalize: bool = True, chunk_size: int = 65536) -> LinearMap:
     """Ridge / affine map from paired raw rows (any dimensions)."""
     X, Y, frames = _prepare(X, Y, center, normalize)
-    stats = _paired_stats(X, Y, frames, chunk_size)
-    W, bias = ridge_from_stats(stats, alpha=alpha, fit_intercept=fit_intercept)
-    meta = {"method": "ridge", "params": {"alpha": alpha, "fit_intercept": fit_intercept, "center": center,
-                                          "normalize": normalize}, "n_pairs": int(X.shape[0])}
-    return LinearMap(W, bias, frames[0], frames[1], meta)
+    return map_from_stats(pair_stats(X, Y, frames, chunk_size=chunk_size), frames, "ridge", center=center,
+                          normalize=normalize, alpha=alpha, fit_intercept=fit_intercept)
 
 
 def fit_lowrank(X, Y, *, rank: int, alpha: float = 1.0, fit_intercept: bool = True, center: bool = True,
                 normalize: bool = True, chunk_size: int = 65536) -> LinearMap:
     """Reduced-rank ridge map of rank ``rank`` from paired raw rows."""
     X, Y, frames = _prepare(X, Y, center, normalize)
-    stats = _paired_stats(X, Y, frames, chunk_size)
-    W, bias = lowrank_from_stats(stats, rank=rank, alpha=alpha, fit_intercept=fit_intercept)
-    meta = {"method": "lowrank", "params": {"rank": rank, "alpha": alpha, "fit_intercept": fit_intercept,
-                                            "center": center, "normalize": normalize}, "n_pairs": int(X.shape[0])}
-    return LinearMap(W, bias, frames[0], frames[1], meta)
-
-
+    return map_from_stats(pair_stats(X, Y, frames, chunk_size=chunk_size), frames, "lowrank", center=center,
+                          normalize=normalize, rank=rank, alpha=alpha, fit_intercept=fit_intercept)

@@ -47,13 +47,13 @@ import numpy as np
 
 from align.validation import as_matrix
 from align.blocks import run_blocks, serial
-from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, PairCountError, TooFewRowsError
-from align.frames import Frame, unit_rows
+from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, PairCountError
+from align.frames import Frame, frame_sum
 from align.kmeans import kmeans
 from align.knn import knn_blocks
 from align.maps import LinearMap
 from align.refine import refine_icp
-from align.procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
+from align.procrustes import PairStats, map_from_stats, pair_stats
 
 __all__ = [
     "Shard", "ray_session", "pair_stats_local", "pair_stats_ray", "fit_stats_local", "fit_stats_ray",
@@ -123,13 +123,8 @@ def peak_rss_mb() -> float:
 
 def _frame_sums(shard, unit_in: bool, chunk: int) -> tuple[int, np.ndarray, np.ndarray, float]:
     X, Y = _open_pair(shard)
-    sx = np.zeros(X.shape[1])
-    sy = np.zeros(Y.shape[1])
-    for s in range(0, X.shape[0], chunk):
-        xs, ys = X[s : s + chunk], Y[s : s + chunk]
-        sx += (unit_rows(xs) if unit_in else xs).sum(axis=0, dtype=np.float64)
-        sy += (unit_rows(ys) if unit_in else ys).sum(axis=0, dtype=np.float64)
-    return int(X.shape[0]), sx, sy, peak_rss_mb()
+    return (int(X.shape[0]), frame_sum(X, unit_in=unit_in, block=chunk), frame_sum(Y, unit_in=unit_in, block=chunk),
+            peak_rss_mb())
 
 
 def _pair_dims(shard) -> tuple[int, int]:
@@ -137,48 +132,21 @@ def _pair_dims(shard) -> tuple[int, int]:
     return int(X.shape[1]), int(Y.shape[1])
 
 
-def _shard_stats(shard, fs: Frame, ft: Frame, chunk: int) -> tuple[PairStats, float]:
+def _shard_stats(shard, frames: tuple[Frame, Frame], chunk: int) -> tuple[PairStats, float]:
     X, Y = _open_pair(shard)
-    if X.shape[1] != fs.dim or Y.shape[1] != ft.dim:
-        raise DimensionMismatchError(f"shard is {X.shape[1]}->{Y.shape[1]}, other shards {fs.dim}->{ft.dim}")
-    st = PairStats.zeros(fs.dim, ft.dim)
-    for s in range(0, X.shape[0], chunk):
-        st.update(fs.apply(X[s : s + chunk], validate=False), ft.apply(Y[s : s + chunk], validate=False))
-    return st, peak_rss_mb()
+    return pair_stats(X, Y, frames, chunk_size=chunk), peak_rss_mb()
 
 
-def _frames_from_sums(parts, center: bool, normalize: bool) -> tuple[Frame, Frame]:
+def _frames_from_sums(parts, normalize: bool) -> tuple[Frame, Frame]:
+    """Each side's frame from the shards' ``(n, Σ unit x, Σ unit y)``: the sums add up exactly."""
     n = sum(p[0] for p in parts)
     if n == 0:
         raise EmptyInputError("the shards hold no rows")
     d_s, d_t = parts[0][1].shape[0], parts[0][2].shape[0]
     if any(p[1].shape[0] != d_s or p[2].shape[0] != d_t for p in parts):
         raise DimensionMismatchError("shards disagree on dimensions")
-    mx = (sum(p[1] for p in parts) / n).astype(np.float32) if center else None
-    my = (sum(p[2] for p in parts) / n).astype(np.float32) if center else None
-    return (Frame(d_s, mx, unit_in=normalize, unit_out=normalize, n_fit=n),
-            Frame(d_t, my, unit_in=normalize, unit_out=normalize, n_fit=n))
-
-
-def _map_from_stats(frames, stats: PairStats, method: str, params: dict, meta_extra: dict) -> LinearMap:
-    if stats.n < 2:
-        raise TooFewRowsError(f"a fit needs at least 2 pairs, got {stats.n}")
-    if method == "procrustes":
-        W, s = procrustes_from_stats(stats, scale=params.get("scale", False))
-        W, bias, extra = W * s, None, {"scale": s}
-    elif method == "ridge":
-        W, bias = ridge_from_stats(stats, alpha=params.get("alpha", 1.0), fit_intercept=params.get("fit_intercept", True))
-        extra = {}
-    elif method == "lowrank":
-        if params.get("rank") is None:
-            raise InputError("method='lowrank' needs rank=")
-        W, bias = lowrank_from_stats(stats, rank=params["rank"], alpha=params.get("alpha", 1.0),
-                                     fit_intercept=params.get("fit_intercept", True))
-        extra = {}
-    else:
-        raise InputError(f"method must be procrustes, ridge or lowrank, got {method!r}")
-    meta = {"method": method, "params": params, "n_pairs": int(stats.n), **extra, **meta_extra}
-    return LinearMap(W, bias, frames[0], frames[1], meta)
+    return (Frame.from_sum(d_s, n, sum(p[1] for p in parts), unit_in=normalize, unit_out=normalize),
+            Frame.from_sum(d_t, n, sum(p[2] for p in parts), unit_in=normalize, unit_out=normalize))
 
 
 # --- Ray plumbing ------------------------------------------------------------------------------
@@ -340,12 +308,12 @@ def _pair_stats(shards, center, normalize, chunk_size, ray) -> tuple[tuple[Frame
     sums = []
     if center:
         sums = run_blocks(_frame_sums, [(s, normalize, chunk_size) for s in shards], run)
-        frames = _frames_from_sums(sums, True, normalize)
+        frames = _frames_from_sums(sums, normalize)
     else:  # only the dimensions are needed
         d_s, d_t = run_blocks(_pair_dims, [(shards[0],)], run)[0]
         frames = (Frame(d_s, None, unit_in=normalize, unit_out=normalize),
                   Frame(d_t, None, unit_in=normalize, unit_out=normalize))
-    parts = run_blocks(_shard_stats, [(s, frames[0], frames[1], chunk_size) for s in shards], run)
+    parts = run_blocks(_shard_stats, [(s, frames, chunk_size) for s in shards], run)
     stats = PairStats.zeros(frames[0].dim, frames[1].dim)
     for st, _ in parts:
         stats = stats + st
@@ -373,8 +341,9 @@ def fit_stats_local(shards: Sequence, *, method: str = "procrustes", center: boo
                     chunk_size: int = 65536, **params) -> LinearMap:
     """A supervised map from sharded pairs, in this process (reference for :func:`fit_stats_ray`)."""
     frames, stats, info = _pair_stats(shards, center, normalize, chunk_size, None)
-    return _map_from_stats(frames, stats, method, {"center": center, "normalize": normalize, **params},
-                           {"distributed": {"engine": "local", **info}})
+    m = map_from_stats(stats, frames, method, center=center, normalize=normalize, **params)
+    m.metadata["distributed"] = {"engine": "local", **info}
+    return m
 
 
 def fit_stats_ray(shards: Sequence, *, method: str = "procrustes", center: bool = True, normalize: bool = True,
@@ -399,8 +368,9 @@ def fit_stats_ray(shards: Sequence, *, method: str = "procrustes", center: bool 
         frames, stats, info = _pair_stats(shards, center, normalize, chunk_size, ray)
         info["engine"] = "ray"
         info["ray_cpus"] = float(ray.cluster_resources().get("CPU", 0))
-    return _map_from_stats(frames, stats, method, {"center": center, "normalize": normalize, **params},
-                           {"distributed": info})
+    m = map_from_stats(stats, frames, method, center=center, normalize=normalize, **params)
+    m.metadata["distributed"] = info
+    return m
 
 
 # --- unsupervised heavy steps: align's kernels, with shards as their blocks -------------------------

@@ -85,6 +85,7 @@ def test_ray_ridge_lowrank_scale_and_in_memory_and_callable_shards(ray_local):
         r = D.fit_stats_ray(shards, method="ridge", alpha=0.5)
         ref = align.fit_ridge(X, Y, alpha=0.5)
         assert np.abs(r.W - ref.W).max() < 1e-5 and np.abs(r.bias - ref.bias).max() < 1e-5
+        assert r.metadata["params"] == ref.metadata["params"]  # one solver (align.map_from_stats) for both
     lr = D.fit_stats_ray(parts, method="lowrank", rank=5)
     ref = align.fit_lowrank(X, Y, rank=5)
     assert np.abs(lr.W - ref.W).max() < 1e-5
@@ -117,6 +118,10 @@ def test_bad_shards_raise_typed_errors(ray_local):
         D.fit_stats_ray([(X, Y), (X, Y[:, :3])])
     with pytest.raises(InputError):
         D.fit_stats_local([(X, Y)], method="nope")
+    with pytest.raises(InputError):  # the in-process fitters refuse unknown parameters, and so do shards
+        D.fit_stats_local([(X, Y)], method="ridge", scale=True)
+    with pytest.raises(InputError):
+        D.fit_stats_local([(X, Y)], method="lowrank")
     with pytest.raises(InputError):
         D.fit_stats_local(["not-a-shard-type", 3])
 
