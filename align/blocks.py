@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from typing import Callable, Iterable, Sequence
 
-__all__ = ["Executor", "serial", "executing", "current", "run_blocks"]
+__all__ = ["Executor", "serial", "executing", "current", "run_blocks", "takes_executor"]
 
 Executor = Callable[[Callable, Sequence[tuple]], list]
 
@@ -53,3 +54,14 @@ def executing(executor: Executor | None):
 def run_blocks(fn: Callable, arg_lists: Iterable[tuple], executor: Executor | None = None) -> list:
     """``fn(*args)`` for every args tuple, through ``executor`` (default: :func:`current`)."""
     return list((executor or current())(fn, list(arg_lists)))
+
+
+def takes_executor(fn: Callable) -> Callable:
+    """Decorator for a kernel with an ``executor=None`` keyword: its whole body runs under :func:`executing`,
+    so every block kernel it calls (kNN, CSLS, pseudo-targets) uses that executor."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kw):
+        with executing(kw.get("executor")):
+            return fn(*args, **kw)
+
+    return wrapper

@@ -36,7 +36,7 @@ import numpy as np
 from .validation import check_random_state
 from .exceptions import InputError, TooFewRowsError
 from .frames import unit_rows
-from .blocks import run_blocks, serial
+from .blocks import run_blocks, serial, takes_executor
 from .knn import knn, mean_topk
 from .procrustes import procrustes_W
 
@@ -65,16 +65,16 @@ def relative_representation(X: np.ndarray, anchors: np.ndarray, *, block: int = 
 
 
 def soft_pseudo_targets(Rs: np.ndarray, Rt: np.ndarray, Yt: np.ndarray, *, k: int = 50,
-                        block: int = 4096) -> np.ndarray:
+                        block: int = 4096, executor=None) -> np.ndarray:
     """Mean of the real target rows of each source row's ``k`` nearest targets in relative space.
 
     Rs (n, r), Rt (m, r): relative representations; Yt (m, d_t). Returns (n, d_t) float32.
-    Blocks of ``block`` source rows run through the current block executor (:mod:`align.blocks`).
+    Blocks of ``block`` source rows run through ``executor`` (:mod:`align.blocks`; default: the current one).
     """
     if Rt.shape[0] < 1:
         raise TooFewRowsError("no target rows")
     k = min(int(k), Rt.shape[0])
-    parts = run_blocks(_pseudo_block, [(Rs[s : s + block], Rt, Yt, k) for s in range(0, Rs.shape[0], block)])
+    parts = run_blocks(_pseudo_block, [(Rs[s : s + block], Rt, Yt, k) for s in range(0, Rs.shape[0], block)], executor)
     if not parts:
         return np.empty((0, Yt.shape[1]), dtype=np.float32)
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
@@ -140,7 +140,8 @@ def refine_clusters(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, n_clusters
     mapped source centroids, Procrustes between the centroid sets, smooth with ``α``.
 
     Returns ``(W, info)``; ``info["self_consistency"]`` is the mean cosine between mapped source
-    centroids and their target centroids.
+    centroids and their target centroids. The k-means is scikit-learn's (k-means++ starts, as
+    published) and runs in this process; :func:`align.kmeans.kmeans` is the executor-aware one.
     """
     from sklearn.cluster import KMeans
 
@@ -218,10 +219,11 @@ def _map_unit(Xs: np.ndarray, W: np.ndarray) -> np.ndarray:
     return unit_rows((Xs @ W.astype(np.float32)).astype(np.float32))
 
 
+@takes_executor
 def self_learning(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int = 10, sample: int | None = 4096,
                   final_rounds: int = 2, csls_k: int = 10, confident: float = 0.8, seed_pairs=None,
                   seed_weight: float = 1.0, tol: float = 1e-3, random_state=None,
-                  progress=None) -> tuple[np.ndarray, list]:
+                  progress=None, executor=None) -> tuple[np.ndarray, list]:
     """Mutual-NN CSLS Procrustes self-learning, ending with an exact Procrustes on confident pairs.
 
     Each of ``rounds`` rounds maps a fresh random ``sample`` of rows per side (all rows when
@@ -234,6 +236,8 @@ def self_learning(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int 
 
     Cost per round: two top-``csls_k`` searches (blocked, FAISS) of the sample against the other
     side's sample.
+
+    ``executor``: where the search blocks run (:mod:`align.blocks`; default: the current one).
 
     Returns ``(W, history)``: per round the number of mutual pairs, mean CSLS score, the change
     of ``W`` and seconds.
@@ -334,9 +338,10 @@ def _inv_sqrt_cov(Y: np.ndarray, power: float) -> np.ndarray:
     return ((V * e ** (-power / 2)) @ V.T).astype(np.float32)
 
 
+@takes_executor
 def bidirectional_polish(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int = 3, csls_k: int = 10,
                          whiten: float = 0.5, seed_pairs=None, seed_share: float = 0.5,
-                         progress=None) -> tuple[np.ndarray, list]:
+                         progress=None, executor=None) -> tuple[np.ndarray, list]:
     r"""Polish a map with bidirectional CSLS dictionaries over all rows, in a whitened metric.
 
     Each round maps every source row, finds for **every** source row its CSLS-best target row and
@@ -351,7 +356,8 @@ def bidirectional_polish(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, round
     ``unit(x W C_t^{-whiten/2})`` against ``unit(y C_t^{-whiten/2})``: nearest-neighbour pseudo-pairs
     are pulled toward dense target regions along high-variance directions, and whitening removes
     most of that pull (measured on minilm→e5 from 100 seed pairs: 0.824 → 0.874 top-1).
-    ``Xs`` (n, d_s), ``Yt`` (m, d_t) framed rows; two blocked top-``csls_k`` searches per round.
+    ``Xs`` (n, d_s), ``Yt`` (m, d_t) framed rows; two blocked top-``csls_k`` searches per round,
+    their blocks through ``executor`` (:mod:`align.blocks`; default: the current one).
 
     Returns ``(W, history)`` with per round the number of pairs, the mean CSLS score and the
     change of ``W``.

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -274,25 +275,29 @@ def _shared(shards, ray) -> list:
 def ray_executor(ray, *, num_cpus: float = 1, put_bytes: int = 1 << 20):
     """A block executor (:mod:`align.blocks`) that runs every block as a Ray task.
 
-    Arrays of ``put_bytes`` or more are put in the object store once per call and shared by the
-    tasks (the whole database of a kNN round goes to each worker once, not once per block).
-    Results come back in block order, so align's kernels give the same bits as in-process.
+    Arrays of ``put_bytes`` or more are put in the object store once and shared by the tasks as
+    object refs: the whole database of a kNN round goes to each worker once, not once per block,
+    and an array passed again in a later call (the target rows of every ICP iteration) is not put
+    again. A ref is dropped when its array is garbage-collected, so rows that change every round
+    do not pile up in the store. Results come back in block order, so align's kernels give the
+    same bits as in-process.
     """
     remotes: dict = {}
+    refs: dict[int, object] = {}  # id(array) -> ObjectRef, for arrays still alive
+
+    def share(a):
+        if not (isinstance(a, np.ndarray) and a.nbytes >= put_bytes):
+            return a
+        ref = refs.get(id(a))
+        if ref is None:
+            ref = refs[id(a)] = ray.put(a)
+            weakref.finalize(a, refs.pop, id(a), None)  # the id may be reused once a is gone
+        return ref
 
     def run(fn, arg_lists):
         task = remotes.get(fn)
         if task is None:
             task = remotes[fn] = ray.remote(num_cpus=num_cpus)(fn)
-        refs: dict[int, object] = {}
-
-        def share(a):
-            if isinstance(a, np.ndarray) and a.nbytes >= put_bytes:
-                if id(a) not in refs:
-                    refs[id(a)] = ray.put(a)
-                return refs[id(a)]
-            return a
-
         return ray.get([task.remote(*[share(a) for a in args]) for args in arg_lists])
 
     return run

@@ -101,6 +101,28 @@ def test_knn_over_database_blocks_equals_one_search(m, k, cuts, seed):
     np.testing.assert_allclose(np.take_along_axis(Q @ D.T, I, axis=1), S_ref, atol=1e-5)
 
 
+def test_refinements_take_an_executor_and_give_the_serial_bits():
+    from align.refine import bidirectional_polish, refine_icp, self_learning
+
+    rng = np.random.default_rng(5)
+    X = unit_rows(rng.normal(size=(1200, 10)).astype(np.float32))
+    R = np.linalg.qr(rng.normal(size=(10, 10)))[0]
+    Y = unit_rows((X @ R + 0.1 * rng.normal(size=X.shape)).astype(np.float32))[rng.permutation(1200)]
+    W0 = np.eye(10)
+    runs = [(refine_icp, dict(iters=3, sample=300, k=5, random_state=1)),
+            (self_learning, dict(rounds=2, sample=500, final_rounds=1, random_state=1)),
+            (bidirectional_polish, dict(rounds=2))]
+    for fn, kw in runs:
+        CALLS.clear()
+        W_a, h_a = fn(W0, X, Y, **kw)
+        assert not CALLS
+        W_b, h_b = fn(W0, X, Y, executor=reversed_threads, **kw)
+        assert CALLS, fn.__name__  # the kernel's blocks went through the executor
+        np.testing.assert_array_equal(W_a, W_b)
+        assert [{k: v for k, v in h.items() if k != "seconds"} if isinstance(h, dict) else h for h in h_a] == \
+               [{k: v for k, v in h.items() if k != "seconds"} if isinstance(h, dict) else h for h in h_b]
+
+
 @pytest.mark.filterwarnings("ignore::align.exceptions.ConvergenceWarning")  # noise data: equality is the point
 def test_minivec2vec_with_an_executor_is_bit_for_bit_the_serial_fit():
     rng = np.random.default_rng(2)
