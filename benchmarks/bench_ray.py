@@ -1,18 +1,27 @@
-"""Ray vs one process on >= 1M rows: the kNN round of the unsupervised fit, and a streamed transform.
+"""Ray vs one process on >= 1M rows: the kernels of the unsupervised fit, and a streamed transform.
 
 Data: the 40,960 shared WordNet minilm / e5 rows (``../shared/data/wordnet``) **repeated** 25x
 to 1,024,000 rows and **perturbed** (seeded Gaussian noise, sigma 0.01, rows renormalised) — not
-1M distinct texts; said in the output. Two workloads, each in-process and on a local Ray cluster
-started here with ``ray start --head --num-cpus N`` (N worker processes) and stopped after:
+1M distinct texts; said in the output. Each workload runs in-process and on Ray: a local Ray
+instance with N CPUs started by this script (``service.distributed.ray_session``, watched and shut
+down after), or with ``--address`` a cluster you started (``ray start --head --num-cpus N``; it is
+left running — this script never stops Ray processes it did not start). Every Ray result is
+compared bit for bit with the in-process one (align's kernels, Ray only supplies execution):
 
 1. kNN round (the kernel of MiniVec2Vec's ICP / self-learning / pseudo-target rounds): top-10 of
-   1,024,000 mapped source rows among 4,096 target rows, ``align.knn`` in fixed row blocks,
-   serial executor vs ``service.distributed.ray_executor`` — results compared bit for bit.
-2. ``vecbridge transform`` of a 1,024,000-row ``.npy`` file, in-process vs ``--ray ADDRESS``.
+   all mapped source rows among 4,096 target rows, ``align.knn`` in fixed row blocks,
+   serial executor vs ``service.distributed.ray_executor``.
+2. k-means over 4 row shards (``align.kmeans.kmeans``; ``kmeans_local`` vs ``kmeans_ray``), k=64,
+   5 Lloyd iterations from a seeded start.
+3. ICP-average refinement (``align.refine.refine_icp`` vs ``refine_icp_ray``), 1,000 sampled
+   rows per iteration against the 40,960 real e5 rows: one kNN block per iteration, so Ray adds
+   only overhead here — measured to say how much.
+4. ``vecbridge transform`` of the ``.npy`` file of all rows, in-process vs ``--ray [ADDRESS]`` (without
+   ``--address`` the command starts its own local Ray: its start-up is in the time).
 
 Reports wall time, rows/s and the peak RSS of the driver process (workers hold one block each).
 
-    python benchmarks/bench_ray.py [--rows 1024000] [--workers 2]
+    python benchmarks/bench_ray.py [--rows 1024000] [--workers 2] [--address HOST:PORT] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -55,6 +64,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=1_024_000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--db", type=int, default=4096)
+    ap.add_argument("--icp-iters", type=int, default=10)
+    ap.add_argument("--address", help="a running Ray cluster (default: a local Ray with --workers CPUs)")
+    ap.add_argument("--out", help="JSON report path (default benchmarks/results/bench_ray_DATE.json)")
     args = ap.parse_args(argv)
     import align
     from service.distributed import ray_executor
@@ -70,21 +82,16 @@ def main(argv=None) -> int:
     Q = m.apply(X, output="raw")
     rows = []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(["ray", "stop", "--force"], capture_output=True)
-    start = subprocess.run(["ray", "start", "--head", "--num-cpus", str(args.workers), "--include-dashboard=false",
-                            "--disable-usage-stats"], capture_output=True, text=True, env=env)
-    if start.returncode != 0:
-        print(start.stderr[-2000:])
-        return 1
-    try:
-        import ray
+    os.environ["PYTHONPATH"] = str(ROOT)  # a local Ray's workers import this tree
+    from service.distributed import ray_session
+
+    with ray_session(args.address, num_cpus=args.workers) as ray:
 
         # 1. kNN round
         t0 = time.perf_counter()
         S0, I0 = align.knn(Q, Y, 10)
         t_local = time.perf_counter() - t0
         rss_local = rss_mb()
-        ray.init(address="auto", log_to_driver=False)
         ex = ray_executor(ray)
         align.knn(Q[:20000], Y, 10, executor=ex)  # warm the workers
         t0 = time.perf_counter()
@@ -95,51 +102,74 @@ def main(argv=None) -> int:
                  [f"kNN round, Ray {args.workers} workers", f"{t_ray:.1f}", f"{args.rows / t_ray:,.0f}",
                   f"{rss_mb():,.0f}", f"{t_local / t_ray:.2f}x, identical: {same}"]]
         report["knn"] = {"local_s": t_local, "ray_s": t_ray, "speedup": t_local / t_ray, "identical": same}
-        ray.shutdown()
         del S0, I0, S1, I1, Q
-        # 2. transform of a file
-        with tempfile.TemporaryDirectory() as tmp:
-            tmp = Path(tmp)
-            np.save(tmp / "x.npy", X)
-            from service.registry import open_registry
+        # 2. k-means over row shards; 3. ICP refinement
+        from align.refine import refine_icp
+        from service import distributed as D
 
-            reg = open_registry(f"sqlite:///{tmp / 'var' / 'registry.sqlite'}", tmp / "var" / "artifacts")
-            reg.register_space("minilm", 384)
-            reg.register_space("e5", 384)
-            reg.register_version("m", m, source_space="minilm", target_space="e5", method="procrustes", params={})
-            reg.close()
-            base = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())",
-                    "--data-dir", str(tmp / "var"), "transform", "--map", "m", str(tmp / "x.npy")]
-            res = {}
-            for label, extra, out in (("in-process", [], "a.npy"), (f"Ray {args.workers} workers", ["--ray", "auto"],
-                                                                     "b.npy")):
-                t0 = time.perf_counter()
-                p = subprocess.run(["/usr/bin/time", "-f", "%M", *base, str(tmp / out), "--output", "raw", "--quiet",
-                                    "--chunk-rows", "65536", *extra], capture_output=True, text=True, env=env)
-                dt = time.perf_counter() - t0
-                if p.returncode != 0:
-                    print(p.stderr[-3000:])
-                    return 1
-                peak = float(p.stderr.strip().splitlines()[-1]) / 1024
-                res[label] = (dt, peak)
-            same_t = bool(np.array_equal(np.load(tmp / "a.npy"), np.load(tmp / "b.npy")))
-            (tl, pl), (tr, pr) = res.values()
-            rows += [["vecbridge transform, in-process", f"{tl:.1f}", f"{args.rows / tl:,.0f}", f"{pl:,.0f}", ""],
-                     [f"vecbridge transform --ray, {args.workers} workers", f"{tr:.1f}", f"{args.rows / tr:,.0f}",
-                      f"{pr:,.0f}", f"{tl / tr:.2f}x, identical: {same_t}"]]
-            report["transform"] = {"local_s": tl, "ray_s": tr, "speedup": tl / tr, "identical": same_t,
-                                   "peak_rss_mb": {"local": pl, "ray_driver": pr}}
-    finally:
-        subprocess.run(["ray", "stop", "--force"], capture_output=True)
+        shards = [X[a : a + -(-args.rows // 4)] for a in range(0, args.rows, -(-args.rows // 4))]
+        Xs = m.source_frame.apply(X[: min(args.rows, 200_000)])
+        Yt = m.target_frame.apply(np.load(WORDNET / "e5.npy").astype(np.float32))
+        W0 = np.asarray(m.W, dtype=np.float64)
+        kernels = [("k-means k=64, 5 iterations, 4 shards", args.rows,
+                    lambda: D.kmeans_local(shards, 64, n_iter=5, random_state=0),
+                    lambda: D.kmeans_ray(shards, 64, n_iter=5, random_state=0)),
+                   (f"ICP refinement, {args.icp_iters} x 1,000 rows vs 40,960", args.icp_iters * 1000,
+                    lambda: refine_icp(W0, Xs, Yt, iters=args.icp_iters, sample=1000, k=50, random_state=0),
+                    lambda: D.refine_icp_ray(W0, Xs, [Yt], iters=args.icp_iters, sample=1000, k=50, random_state=0))]
+        for label, n, local, remote in kernels:
+            t0 = time.perf_counter()
+            a = local()
+            tl = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            b = remote()
+            tr = time.perf_counter() - t0
+            same = bool(np.array_equal(a[0], b[0]) and np.array_equal(np.asarray(a[1]), np.asarray(b[1])))
+            rows += [[f"{label}, in-process", f"{tl:.1f}", f"{n / tl:,.0f}", f"{rss_mb():,.0f}", ""],
+                     [f"{label}, Ray {args.workers} workers", f"{tr:.1f}", f"{n / tr:,.0f}", f"{rss_mb():,.0f}",
+                      f"{tl / tr:.2f}x, identical: {same}"]]
+            report[label] = {"local_s": tl, "ray_s": tr, "speedup": tl / tr, "identical": same}
+    # 4. transform of a file, each command in its own process
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        np.save(tmp / "x.npy", X)
+        from service.registry import open_registry
+
+        reg = open_registry(f"sqlite:///{tmp / 'var' / 'registry.sqlite'}", tmp / "var" / "artifacts")
+        reg.register_space("minilm", 384)
+        reg.register_space("e5", 384)
+        reg.register_version("m", m, source_space="minilm", target_space="e5", method="procrustes", params={})
+        reg.close()
+        base = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())",
+                "--data-dir", str(tmp / "var"), "transform", "--map", "m", str(tmp / "x.npy")]
+        res = {}
+        ray_opt = ["--ray", args.address] if args.address else ["--ray"]
+        for label, extra, out in (("in-process", [], "a.npy"), (f"Ray {args.workers} workers", ray_opt, "b.npy")):
+            t0 = time.perf_counter()
+            p = subprocess.run(["/usr/bin/time", "-f", "%M", *base, str(tmp / out), "--output", "raw", "--quiet",
+                                "--chunk-rows", "65536", *extra], capture_output=True, text=True, env=env)
+            dt = time.perf_counter() - t0
+            if p.returncode != 0:
+                print(p.stderr[-3000:])
+                return 1
+            peak = float(p.stderr.strip().splitlines()[-1]) / 1024
+            res[label] = (dt, peak)
+        same_t = bool(np.array_equal(np.load(tmp / "a.npy"), np.load(tmp / "b.npy")))
+        (tl, pl), (tr, pr) = res.values()
+        rows += [["vecbridge transform, in-process", f"{tl:.1f}", f"{args.rows / tl:,.0f}", f"{pl:,.0f}", ""],
+                 [f"vecbridge transform --ray, {args.workers} workers", f"{tr:.1f}", f"{args.rows / tr:,.0f}",
+                  f"{pr:,.0f}", f"{tl / tr:.2f}x, identical: {same_t}"]]
+        report["transform"] = {"local_s": tl, "ray_s": tr, "speedup": tl / tr, "identical": same_t,
+                               "peak_rss_mb": {"local": pl, "ray_driver": pr}}
     hdr = ["workload", "wall s", "rows/s", "driver peak RSS MB", "speed-up vs in-process"]
     w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
     print("  ".join(h.rjust(x) for h, x in zip(hdr, w)))
     for r in rows:
         print("  ".join(c.rjust(x) for c, x in zip(r, w)))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"bench_ray_{time.strftime('%Y-%m-%d')}.json"
+    out = Path(args.out) if args.out else RESULTS / f"bench_ray_{time.strftime('%Y-%m-%d')}.json"
     out.write_text(json.dumps(report, indent=2))
-    print(f"written {out.relative_to(ROOT)}")
+    print(f"written {out}")
     return 0
 
 
