@@ -256,7 +256,8 @@ class Registry(SteerRegistryMixin):
         with self.db.tx() as t:
             out = self._maps.summaries(t)
             for m in out:
-                m["unreliable_versions"] = [int(r["version"]) for r in self._maps.rows(t, m["name"], live=True)
+                live = self._maps.rows(t, m["name"], live=True, cols="version, metrics")
+                m["unreliable_versions"] = [int(r["version"]) for r in live
                                             if json.loads(r["metrics"] or "{}").get("reliable") is False]
                 edge = self._edge_version(t, m["name"], self.PATH_ALIAS)
                 m["path_version"] = None if edge is None else edge[0].version

@@ -63,8 +63,8 @@ SCHEMA = [
 
 
 class Row(tuple):
-    """A result row, the same on both backends: by column name (``r["version"]``, ``dict(r)``) or by
-    position (``r[0]``, unpacking)."""
+    """A PostgreSQL result row that reads like SQLite's ``sqlite3.Row`` (what the SQLite backend returns):
+    by column name (``r["version"]``, ``dict(r)``, ``keys()``) or by position (``r[0]``, unpacking)."""
 
     def __new__(cls, values, index: dict[str, int]):
         r = super().__new__(cls, values)
@@ -74,19 +74,24 @@ class Row(tuple):
     def __getitem__(self, key):
         return tuple.__getitem__(self, self._index[key] if isinstance(key, str) else key)
 
-    def keys(self) -> list[str]:
-        return list(self._index)
+    def keys(self):
+        return self._index.keys()
 
 
 class _Tx:
-    def __init__(self, cur, convert):
+    """One transaction's queries; rows come back readable by column name on both backends."""
+
+    def __init__(self, cur, convert, named: bool):
         self._cur = cur
         self._convert = convert
+        self._named = named  # the cursor already returns rows by name (sqlite3.Row)
 
-    def q(self, sql: str, params=()) -> list[Row]:
+    def q(self, sql: str, params=()) -> list:
         self._cur.execute(self._convert(sql), tuple(params))
         if self._cur.description is None:
             return []
+        if self._named:
+            return self._cur.fetchall()
         index = {d[0]: i for i, d in enumerate(self._cur.description)}
         return [Row(r, index) for r in self._cur.fetchall()]
 
@@ -144,6 +149,7 @@ class SQLiteDB(_Base):
         c.execute("PRAGMA synchronous=FULL")
         c.execute("PRAGMA foreign_keys=ON")
         c.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+        c.row_factory = sqlite3.Row
         return c
 
     @contextmanager
@@ -152,7 +158,7 @@ class SQLiteDB(_Base):
         cur = c.cursor()
         cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
-            yield _Tx(cur, lambda s: s)
+            yield _Tx(cur, lambda s: s, named=True)
         except BaseException:
             try:
                 cur.execute("ROLLBACK")
@@ -206,7 +212,7 @@ class PostgresDB(_Base):
             c = self._conn()
         with c.transaction():
             with c.cursor() as cur:
-                yield _Tx(cur, lambda s: s.replace("?", "%s"))
+                yield _Tx(cur, lambda s: s.replace("?", "%s"), named=False)
         _ = psycopg  # keep the import local
 
     @staticmethod

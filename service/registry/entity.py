@@ -201,8 +201,9 @@ class VersionedStore:
             raise NotFoundError(f"{self.kind.noun} {name!r} has no version {version}")
         return self.decode(t, r)
 
-    def rows(self, t, name: str, *, live: bool = False, newest_first: bool = False) -> list:
-        return t.q(f"SELECT {self._cols} FROM {self.kind.table} WHERE name = ?{' AND deleted = 0' if live else ''} "
+    def rows(self, t, name: str, *, live: bool = False, newest_first: bool = False, cols: str | None = None) -> list:
+        """``name``'s version rows (every column, or ``cols``), oldest first unless ``newest_first``."""
+        return t.q(f"SELECT {cols or self._cols} FROM {self.kind.table} WHERE name = ?{' AND deleted = 0' if live else ''} "
                    f"ORDER BY version{' DESC' if newest_first else ''}", (name,))
 
     def live_alias(self, t, name: str, alias: str) -> int | None:

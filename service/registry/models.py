@@ -109,9 +109,17 @@ def display_fields(cls) -> tuple[str, ...]:
     return (*base[:2], *(n for n in own if n not in base), *base[2:])
 
 
+def _json_in(v):
+    return json.loads(v) if isinstance(v, (str, bytes)) else v
+
+
+def _optint(v):
+    return None if v is None else int(v)
+
+
 @cache
-def _codecs(cls) -> tuple[tuple[str, str], ...]:
-    """``(column, how)`` per stored field: ``json`` text, ``int``, ``bool`` or as is."""
+def _codecs(cls) -> tuple[tuple[str, str, object], ...]:
+    """``(column, how, decode)`` per stored field: ``json`` text, ``int``, ``bool`` or as is (decode None)."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in fields(cls):
@@ -121,34 +129,26 @@ def _codecs(cls) -> tuple[tuple[str, str], ...]:
         origin = typing.get_origin(t) or t
         how = ("json" if origin in (dict, list) else "bool" if t is bool else "int" if t is int
                else "optint" if t == (int | None) else "")
-        out.append((f.name, how))
+        out.append((f.name, how, {"json": _json_in, "bool": bool, "int": int, "optint": _optint}.get(how)))
     return tuple(out)
 
 
 def columns(cls) -> tuple[str, ...]:
     """The database columns of ``cls``'s table that hold its fields."""
-    return tuple(c for c, _ in _codecs(cls))
+    return tuple(c for c, _, _ in _codecs(cls))
 
 
 def from_row(cls, row, **annotations):
-    """Decode a database row (any mapping of column name -> value) into a ``cls`` record."""
-    kw = {}
-    for col, how in _codecs(cls):
-        v = row[col]
-        if how == "json":
-            v = json.loads(v) if isinstance(v, (str, bytes)) else v
-        elif how == "bool":
-            v = bool(v)
-        elif how == "int" or (how == "optint" and v is not None):
-            v = int(v)
-        kw[col] = v
+    """Decode a database row (``keys()`` and values in that order, like ``sqlite3.Row``) into a ``cls`` record."""
+    values = dict(zip(row.keys(), row))
+    kw = {col: values[col] if decode is None else decode(values[col]) for col, _, decode in _codecs(cls)}
     return cls(**kw, **annotations)
 
 
 def to_columns(cls, values: dict) -> dict:
     """Column values of ``cls``'s table from field values (JSON fields dumped, booleans as 0/1)."""
     out = {}
-    for col, how in _codecs(cls):
+    for col, how, _ in _codecs(cls):
         if col not in values:
             continue
         v = values[col]
