@@ -96,6 +96,13 @@ def _check_pos_float(value, name: str, *, allow_zero: bool = False) -> float:
     return value
 
 
+def _check_prior(value):
+    """``"auto"``, ``inf`` or a number >= 0 (the mean-shift prior weight of the local steer)."""
+    if isinstance(value, str) and value == "auto" or isinstance(value, float) and value == float("inf"):
+        return value
+    return _check_pos_float(value, "prior_weight", allow_zero=True)
+
+
 # --------------------------------------------------------------------------------------------
 # the fitted object
 # --------------------------------------------------------------------------------------------
@@ -460,16 +467,17 @@ STEER_METHODS = ("local", "lm-steer")
 def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: float = 0.05,
               weight_decay: float = 1e-3, max_iter: int = 200, max_pairs: int = 2048, n_candidates: int = 4096,
               n_neighbors: int | None = None, init_scale: float = 1e-2, tol: float = 1e-6, n_queries: int = 4000,
-              ridge: float = 0.1, opposite_weight: float = 0.0, random_state=None,
+              ridge: float = 0.1, opposite_weight: float = 0.0, prior_weight="auto", n_folds: int = 2,
+              random_state=None,
               callback: Callable[[int, float], None] | None = None) -> Steer:
     """Fit an LM-Steer style query transform ``W = P1 P2^T`` from labelled rows.
 
     ``method="local"`` (default) is the closed-form local discriminant of
     :mod:`align.steer_local`: a rank-1 ``W = u b^T`` whose item-side direction ``b`` separates
-    attribute rows from the other rows *inside each training query's neighbourhood*, scaled so
-    that ``eps = 1`` keeps about half of a query's top-10 (``rank`` is an upper bound, unused).
-    It dominates the mean-shift baseline on the precision / relevance-kept trade-off
-    (``benchmarks/results/steer_2026-11-30.md``). ``method="lm-steer"`` is the contrastive
+    attribute rows from the other rows *inside each training query's neighbourhood*, shrunk toward
+    the mean-shift line by a weight chosen on held-out rows, scaled so that ``eps = 1`` keeps about
+    half of a query's top-10 (``rank`` is an upper bound, unused). It is at or above the mean-shift
+    baseline on the precision / relevance-kept trade-off (``benchmarks/results/steer_pareto_*.md``). ``method="lm-steer"`` is the contrastive
     softmax objective of the module docstring (rank ``r``, L-BFGS).
 
     Parameters
@@ -481,9 +489,11 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
     rank : int
         ``r``, the rank of ``W = P1 P2^T`` (``lm-steer``; ``local`` is rank 1).
     method : {"local", "lm-steer"}
-    n_queries, ridge, opposite_weight : ``local`` only
+    n_queries, ridge, opposite_weight, prior_weight, n_folds : ``local`` only
         Training queries drawn from ``X``; ridge ``lambda`` relative to the mean eigenvalue of the
-        local scatter; target of ``-1`` rows (0: they count as any non-attribute row).
+        local scatter; target of ``-1`` rows (0: they count as any non-attribute row); weight ``t``
+        of the mean-shift prior (``"auto"``: by ``n_folds``-fold cross-validation of the local loss;
+        ``0`` pure local; ``float("inf")`` the mean-shift line).
     temperature : float
         Softmax temperature ``tau`` over candidate scores.
     weight_decay : float
@@ -526,9 +536,15 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
     n_candidates = _check_int(n_candidates, "n_candidates", 2)
     init_scale = _check_pos_float(init_scale, "init_scale")
     if method == "local":
-        return _fit_local(X, labels, n_queries=n_queries, n_neighbors=50 if n_neighbors is None else n_neighbors,
-                          ridge=ridge, opposite_weight=opposite_weight, random_state=random_state,
-                          callback=callback)
+        from .steer_local import fit_local
+
+        return fit_local(X, labels, n_queries=_check_int(n_queries, "n_queries", 1),
+                         n_neighbors=_check_int(50 if n_neighbors is None else n_neighbors, "n_neighbors", 2),
+                         ridge=_check_pos_float(ridge, "ridge", allow_zero=True),
+                         opposite_weight=_check_pos_float(opposite_weight, "opposite_weight", allow_zero=True),
+                         prior_weight=_check_prior(prior_weight),
+                         n_folds=_check_int(n_folds, "n_folds", 0), rng=check_random_state(random_state),
+                         random_state=random_state, callback=callback)
     n_neighbors = _check_int(10 if n_neighbors is None else n_neighbors, "n_neighbors", 1)
     rng = check_random_state(random_state)
 
@@ -563,32 +579,8 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
                    "init_scale": init_scale,
                    "random_state": random_state if isinstance(random_state, (int, type(None))) else "generator"},
         "n_pos": int((labels == 1).sum()), "n_neg": int((labels == -1).sum()), "n_neutral": int((labels == 0).sum()),
-        "n_pairs": int(len(target)), "n_candidates_used": int(C.shape[0]), "dim": d,
-        "loss_initial": float(loss0), "loss_final": float(res.fun), "n_iter": int(res.nit),
-        "converged": bool(res.status == 0),
-    }
-    return Steer(P1, P2, meta)
-
-
-def _fit_local(X: np.ndarray, labels: np.ndarray, *, n_queries, n_neighbors, ridge, opposite_weight,
-               random_state, callback) -> Steer:
-    from .steer_local import local_discriminant_factors
-
-    n_queries = _check_int(n_queries, "n_queries", 1)
-    n_neighbors = _check_int(n_neighbors, "n_neighbors", 2)
-    ridge = _check_pos_float(ridge, "ridge", allow_zero=True)
-    opposite_weight = _check_pos_float(opposite_weight, "opposite_weight", allow_zero=True)
-    rng = check_random_state(random_state)
-    P1, P2, info = local_discriminant_factors(X, labels, n_queries=n_queries, n_neighbors=n_neighbors,
-                                              ridge=ridge, opposite_weight=opposite_weight, rng=rng)
-    if callback is not None:
-        callback(1, 0.0)
-    meta = {"method": "local-discriminant",
-            "params": {"n_queries": n_queries, "n_neighbors": n_neighbors, "ridge": ridge,
-                       "opposite_weight": opposite_weight,
-                       "random_state": random_state if isinstance(random_state, (int, type(None))) else "generator"},
-            "n_pos": int((labels == 1).sum()), "n_neg": int((labels == -1).sum()),
-            "n_neutral": int((labels == 0).sum()), "dim": int(X.shape[1]), **info}
+        "n_pairs": int(len(target)), "n_candidates_used": int(C.shape[0]), "dim": d, "loss_initial": float(loss0),
+        "loss_final": float(res.fun), "n_iter": int(res.nit), "converged": bool(res.status == 0)}
     return Steer(P1, P2, meta)
 
 

@@ -27,6 +27,26 @@ embeddings (they share a common component), so the boost is nearly query-indepen
 mean shift, while keeping ``q' = (I + eps W)^T q`` linear (composable, transferable with
 ``H^T W H``, viewable with the lens).
 
+Shrinkage toward mean-shift, chosen on held-out rows: the local estimate is noisy where the
+attribute is rare or the neighbourhoods are small, and at large ``eps`` (the results saturate with
+the items of largest ``b.c`` over the whole corpus) the global class-mean difference
+``v = mean(X+) - mean(X-)`` can be the better direction. The fit therefore solves the ridge
+problem with a *prior* ``b_0`` on the mean-shift line instead of zero,
+
+.. math::  b(t) = \\arg\\min_b \\lVert \\tilde N b - \\tilde y\\rVert^2 + \\lambda \\bar s \\lVert b\\rVert^2
+                  + t\\, \\bar s\\, \\lVert b - b_0\\rVert^2
+             = (S + (\\lambda + t) \\bar s I)^{-1} (r + t \\bar s\\, b_0), \\qquad
+           b_0 = v\\, \\frac{v^\\top r}{v^\\top S v}, \\quad \\bar s = \\operatorname{tr} S / d,
+
+(``b_0`` is the best fit of the local problem restricted to the mean-shift line), a path from the
+local direction (``t = 0``) to mean-shift's (``t -> inf``). ``t`` is chosen by ``n_folds``-fold
+cross-validation of the same local loss: statistics ``(S_f, r_f)`` are gathered inside each fold
+(its own queries and neighbourhoods), ``b(t)`` fitted on the other folds is scored on fold ``f`` by
+``b^T S_f b - 2 b^T r_f + sum ytilde^2`` (closed form, one eigendecomposition per fold for every
+``t``), and the ``t`` with the lowest total held-out loss is refitted on all rows. Rare attributes
+(few attribute rows in any neighbourhood: a noisy ``r``) get pulled toward mean-shift; common ones
+keep their local direction.
+
 Scale (the ``eps`` schedule): ``b`` is rescaled so that ``eps = 1`` keeps on average half of each
 training query's top-``k`` (``k = 10``) among its ``K`` neighbours; ``eps`` then reads as
 "how much of the original result list to trade for the attribute". ``eps = 0`` is the identity.
@@ -38,7 +58,10 @@ import numpy as np
 
 from .exceptions import DegenerateInputError
 
-__all__ = ["local_discriminant_factors"]
+__all__ = ["local_discriminant_factors", "fit_local", "PRIOR_WEIGHTS"]
+
+#: candidate prior weights ``t`` (relative to ``tr S / d``); ``inf`` is the mean-shift line itself
+PRIOR_WEIGHTS = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, float("inf"))
 
 
 def _neighbourhood_stats(X: np.ndarray, y: np.ndarray, I: np.ndarray, block: int = 256):
@@ -82,8 +105,81 @@ def _calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float =
     return float(np.sqrt(lo * hi))
 
 
+def _fold_stats(X: np.ndarray, y: np.ndarray, rows: np.ndarray, *, n_queries: int, n_neighbors: int,
+                rng: np.random.Generator):
+    """Local statistics on ``X[rows]`` (queries and neighbours inside ``rows``): ``S`` (d, d), ``r`` (d,),
+    ``c = sum ytilde^2``, the query ids, their neighbour ids ``I`` (nq, K) and scores ``D`` (ids into ``X``)."""
+    from .knn import _knn
+
+    n = len(rows)
+    Xr = np.ascontiguousarray(X[rows])
+    nq = min(n_queries, n)
+    qi = rng.choice(n, size=nq, replace=False)
+    kk = min(n_neighbors + 1, n)
+    D, I = _knn(np.ascontiguousarray(Xr[qi]), Xr, kk)
+    own = I == qi[:, None]                                     # drop the query itself when present
+    keep = np.where(own.any(axis=1, keepdims=True), ~own, np.arange(kk)[None, :] < kk - 1)
+    I = I[keep].reshape(nq, kk - 1)
+    D = D[keep].reshape(nq, kk - 1).astype(np.float64)
+    yr = y[rows]
+    S, r = _neighbourhood_stats(Xr, yr, I)
+    yt = yr[I] - yr[I].mean(axis=1, keepdims=True)
+    return S, r, float((yt * yt).sum()), rows[qi], rows[I], D
+
+
+def _solver(S: np.ndarray, r: np.ndarray, v: np.ndarray, ridge: float, d: int):
+    """``t -> b(t) = (S + (lambda + t) sbar I)^{-1} (r + t sbar b0)`` with ``b0`` on the mean-shift line."""
+    sbar = max(float(np.trace(S)) / d, 1e-300)
+    vSv = float(v @ S @ v)
+    b0 = v * (float(v @ r) / vSv) if vSv > 0 else np.zeros(d)
+    w, V = np.linalg.eigh(S)                                   # one factorisation for every t
+
+    def solve(t: float) -> np.ndarray:
+        if np.isinf(t):
+            return b0
+        return V @ ((V.T @ (r + t * sbar * b0)) / (w + (ridge + t) * sbar))
+
+    return solve
+
+
+def _choose_prior(X, y, v, rng, *, n_folds, n_queries, n_neighbors, ridge) -> tuple[float, dict]:
+    """Pick ``t`` from :data:`PRIOR_WEIGHTS` by ``n_folds``-fold cross-validation of the local loss.
+
+    The rows are split into folds; each fold's statistics ``(S_f, r_f, c_f)`` come from its own
+    queries and neighbourhoods (inside the fold). ``b_{-f}(t)`` is fitted on the other folds and
+    scored on fold ``f`` by its held-out local loss ``b^T S_f b - 2 b^T r_f + c_f`` (closed form), so
+    the chosen shrinkage is the one that best predicts which neighbours carry the attribute in
+    neighbourhoods it has not seen. Returns ``(t, report)``.
+    """
+    n = X.shape[0]
+    if n_folds < 2 or n // n_folds < n_neighbors + 2:
+        return 0.0, {"skipped": "fewer than 2 folds, or too few rows per fold"}
+    folds = np.array_split(rng.permutation(n), n_folds)
+    stats = []
+    for f in folds:
+        rows = np.sort(f)
+        S, r, c, *_ = _fold_stats(X, y, rows, n_queries=max(1, n_queries // n_folds), n_neighbors=n_neighbors,
+                                  rng=rng)
+        stats.append((S, r, c))
+    d = X.shape[1]
+    loss = {t: 0.0 for t in PRIOR_WEIGHTS}
+    for f, (Sf, rf, cf) in enumerate(stats):
+        S = sum(st[0] for g, st in enumerate(stats) if g != f)
+        r = sum(st[1] for g, st in enumerate(stats) if g != f)
+        solve = _solver(S, r, v, ridge, d)
+        for t in PRIOR_WEIGHTS:
+            b = solve(t)
+            loss[t] += float(b @ Sf @ b - 2.0 * b @ rf + cf)
+    base = sum(st[2] for st in stats)                       # loss of b = 0 (no steer)
+    best = min(loss, key=lambda t: (loss[t], t))
+    return best, {"folds": int(n_folds), "heldout_loss_ratio": {("inf" if np.isinf(t) else f"{t:g}"):
+                                                                  loss[t] / base if base > 0 else 1.0
+                                                                  for t in PRIOR_WEIGHTS}}
+
+
 def local_discriminant_factors(X: np.ndarray, labels: np.ndarray, *, n_queries: int, n_neighbors: int,
                                ridge: float, opposite_weight: float, rng: np.random.Generator,
+                               prior_weight: float | str = "auto", n_folds: int = 2,
                                k: int = 10) -> tuple[np.ndarray, np.ndarray, dict]:
     """Factors ``P1 = u`` (d, 1) and ``P2 = b`` (d, 1) of the local-discriminant steer (module docstring).
 
@@ -95,40 +191,62 @@ def local_discriminant_factors(X: np.ndarray, labels: np.ndarray, *, n_queries: 
     ridge : ``lambda`` (relative to the mean eigenvalue ``tr S / d``)
     opposite_weight : ``beta``, target of ``-1`` rows (0: they count as any other non-attribute row)
     rng : numpy Generator
+    prior_weight : ``t`` >= 0 (``inf``: the mean-shift line) or ``"auto"`` (cross-validated)
+    n_folds : folds of the cross-validation of ``t`` (``"auto"`` only)
     k : result-list length used for the ``eps = 1`` calibration
 
     Returns
     -------
     P1, P2 : (d, 1) float64; info : dict of fit facts
     """
-    from .knn import _knn
-
-    n, d = X.shape
+    n = X.shape[0]
     y = (labels == 1).astype(np.float64) - opposite_weight * (labels == -1)
-    nq = min(n_queries, n)
-    qi = rng.choice(n, size=nq, replace=False)
-    kk = min(n_neighbors + 1, n)
-    D, I = _knn(np.ascontiguousarray(X[qi]), X, kk)
-    own = I == qi[:, None]                                     # drop the query itself when present
-    keep = np.where(own.any(axis=1, keepdims=True), ~own, np.arange(kk)[None, :] < kk - 1)
-    I = I[keep].reshape(nq, kk - 1)
-    D = D[keep].reshape(nq, kk - 1).astype(np.float64)
-    S, r = _neighbourhood_stats(X, y, I)
-    lam = ridge * np.trace(S) / d
-    b = np.linalg.solve(S + lam * np.eye(d), r)
     m = X.mean(axis=0, dtype=np.float64)
     mm = float(m @ m)
-    if mm <= 1e-12 * max(1.0, float(np.mean(np.einsum("ij,ij->i", X[qi], X[qi])))):
+    if mm <= 1e-12 * max(1.0, float(np.mean(np.einsum("ij,ij->i", X, X)))):
         raise DegenerateInputError("the rows have no common component (centred data): a linear query steer "
                                    "cannot move every query the same way; use method='mean-shift'")
     u = m / mm
+    v = X[labels == 1].mean(axis=0, dtype=np.float64) - X[labels == -1].mean(axis=0, dtype=np.float64)
+    report: dict = {}
+    if prior_weight == "auto":
+        t, report = _choose_prior(X, y, v, rng, n_folds=n_folds, n_queries=n_queries, n_neighbors=n_neighbors,
+                                  ridge=ridge)
+    else:
+        t = float(prior_weight)
+    S, r, _, qi, I, D = _fold_stats(X, y, np.arange(n), n_queries=n_queries, n_neighbors=n_neighbors, rng=rng)
+    solve = _solver(S, r, v, ridge, X.shape[1])
+    b = solve(t)
+    if not np.any(b):
+        b = solve(0.0)
     gate = X[qi].astype(np.float64) @ u
     boost = gate[:, None] * (X[I].astype(np.float64) @ b)       # (nq, K)
     nb = float(np.linalg.norm(b))
     scale = _calibrate(D, boost, k=min(k, I.shape[1])) if nb > 0 else 1.0
-    info = {"n_queries": int(nq), "n_neighbors": int(I.shape[1]), "ridge": float(ridge),
-            "opposite_weight": float(opposite_weight), "calibration": {"k": int(min(k, I.shape[1])),
-                                                                        "overlap_at_eps_1": 0.5,
-                                                                        "scale": scale},
+    info = {"n_queries": int(len(qi)), "n_neighbors": int(I.shape[1]), "ridge": float(ridge),
+            "opposite_weight": float(opposite_weight),
+            "prior_weight": "inf" if np.isinf(t) else float(t), "prior_selection": report,
+            "calibration": {"k": int(min(k, I.shape[1])), "overlap_at_eps_1": 0.5, "scale": scale},
             "gate_mean": float(gate.mean()), "gate_std": float(gate.std())}
     return u[:, None], (b * scale)[:, None], info
+
+
+def fit_local(X: np.ndarray, labels: np.ndarray, *, n_queries: int, n_neighbors: int, ridge: float,
+              opposite_weight: float, prior_weight, n_folds: int, rng: np.random.Generator,
+              random_state, callback):
+    """:func:`align.fit_steer` ``method="local"`` on validated arguments: a rank-1 :class:`~align.Steer`."""
+    from .steer import Steer
+
+    P1, P2, info = local_discriminant_factors(X, labels, n_queries=n_queries, n_neighbors=n_neighbors, ridge=ridge,
+                                              opposite_weight=opposite_weight, rng=rng, prior_weight=prior_weight,
+                                              n_folds=n_folds)
+    if callback is not None:
+        callback(1, 0.0)
+    meta = {"method": "local-discriminant",
+            "params": {"n_queries": n_queries, "n_neighbors": n_neighbors, "ridge": ridge,
+                       "opposite_weight": opposite_weight, "n_folds": n_folds,
+                       "prior_weight": "inf" if prior_weight == float("inf") else prior_weight,
+                       "random_state": random_state if isinstance(random_state, (int, type(None))) else "generator"},
+            "n_pos": int((labels == 1).sum()), "n_neg": int((labels == -1).sum()),
+            "n_neutral": int((labels == 0).sum()), "dim": int(X.shape[1]), **info}
+    return Steer(P1, P2, meta)

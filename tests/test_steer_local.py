@@ -120,3 +120,55 @@ def test_apply_is_linear_in_eps(seed, eps):
     Q = X[:5].astype(np.float64)
     step = s.apply(Q, 1.0) - Q
     np.testing.assert_allclose(s.apply(Q, eps) - Q, eps * step, atol=1e-5 * (1 + np.abs(step).max() * 4))
+
+
+# --- shrinkage toward the mean-shift line, chosen on held-out rows ---------------------------------
+
+def test_auto_prior_is_recorded_and_at_least_as_good_as_either_end(split, local):
+    X, labels, C, lab_c = split
+    sel = local.metadata["prior_selection"]
+    assert local.metadata["params"]["prior_weight"] == "auto" and sel["folds"] == 2
+    ratios = sel["heldout_loss_ratio"]
+    assert set(ratios) >= {"0", "inf"} and all(np.isfinite(list(ratios.values())))
+    chosen = local.metadata["prior_weight"]
+    assert ratios["inf" if chosen == "inf" else f"{chosen:g}"] == min(ratios.values())
+    assert min(ratios.values()) < 1.0                      # the steer predicts held-out neighbourhoods
+    Q = C[:300]
+    grid = np.concatenate([[0], np.geomspace(0.02, 50, 24)])
+    ends = [fit_steer(X, labels, prior_weight=t, random_state=0) for t in (0.0, float("inf"))]
+    auto = curve(local.apply, Q, C, lab_c, grid)
+    for level in (0.8, 0.5):
+        best_end = max(prec_at(curve(s.apply, Q, C, lab_c, grid), level) for s in ends)
+        assert prec_at(auto, level) >= best_end - 0.02, level
+
+
+def test_infinite_prior_weight_is_the_mean_shift_line(split):
+    X, labels, _, _ = split
+    s = fit_steer(X, labels, prior_weight=float("inf"), random_state=0)
+    v = X[labels == 1].mean(0, dtype=np.float64) - X[labels == -1].mean(0, dtype=np.float64)
+    b = s.P2[:, 0].astype(np.float64)
+    assert abs(b @ v) / (np.linalg.norm(b) * np.linalg.norm(v)) > 1 - 1e-5
+    assert s.metadata["prior_weight"] == "inf" and s.metadata["prior_selection"] == {}
+
+
+@pytest.mark.parametrize("bad", [{"prior_weight": -1.0}, {"prior_weight": "big"}, {"prior_weight": float("nan")},
+                                 {"n_folds": -1}, {"n_folds": 2.5}])
+def test_bad_prior_arguments_are_input_errors(split, bad):
+    from align.exceptions import InputError
+
+    X, labels, _, _ = split
+    with pytest.raises(InputError):
+        fit_steer(X[:300], labels[:300], random_state=0, **bad)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), prior=st.sampled_from(["auto", 0.0, 1.0, 30.0, float("inf")]),
+       folds=st.integers(0, 4))
+def test_eps_zero_is_the_exact_identity_for_every_prior(seed, prior, folds):
+    X, labels = topical(n=300, d=8, n_topics=3, seed=seed % 50)
+    if not ((labels == 1).any() and (labels == -1).any()):
+        return
+    s = fit_steer(X, labels, n_queries=100, n_neighbors=15, prior_weight=prior, n_folds=folds, random_state=seed)
+    Q = np.random.default_rng(seed).normal(size=(7, 8)).astype(np.float32)
+    assert np.array_equal(s.apply(Q, 0.0), Q) and np.array_equal(s.apply(Q, -0.0), Q)
+    assert np.isfinite(s.P2).all() and s.rank == 1
