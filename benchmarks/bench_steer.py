@@ -23,6 +23,13 @@ Methods, each swept over ``eps`` (a geometric grid, until the results saturate):
 * ``oracle`` — filter by label: score ``q.c + eps * 1[c has the attribute]`` (uses corpus labels).
 
 Metrics per point: precision@10 of the attribute and overlap@10 with the unsteered top-10.
+Relevance against a known answer (when ``benchmarks/build_retrieval_sets.py`` has built its
+``wordnet`` reverse-dictionary set in ``~/.cache/vecbridge-bench``): a second query set of
+``--queries`` synset lemma queries (e.g. ``"domestic dog, Canis familiaris"``) whose gloss lies in
+the held-out rows, corpus = rows ``[16384, 40960)``; nDCG@10 of the query's own gloss (one relevant
+document: ``1 / log2(rank + 1)`` when it is in the top 10) and precision@10 of the attribute along
+the same eps sweeps; summary: precision at nDCG@10 kept >= 90 / 80 / 70 / 50 % of the unsteered
+nDCG, and the area between the vecbridge and mean-shift curves on that axis.
 Summary per curve: precision interpolated at overlap 0.9 … 0.1, and the area between the
 vecbridge and mean-shift curves over overlap in [0.05, 1] (positive: vecbridge above).
 Transfer: the minilm steer carried to e5 through an orthogonal Procrustes map fitted on the
@@ -67,6 +74,7 @@ LEXNAMES = (
 TASKS = [("noun.plant", "noun.animal"), ("noun.person", "noun.artifact"), ("noun.act", "noun.state"),
          ("adj:positive", "adj:negative")]
 LEVELS = [0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
+NDCG_LEVELS = [0.95, 0.9, 0.8, 0.7, 0.5, 0.3]
 TRAIN, CORPUS, HELD = (0, 16384), (16384, 32768), (32768, 40960)
 K = 10
 
@@ -102,21 +110,41 @@ def task_labels(lex: np.ndarray, pol: np.ndarray, a: str, b: str) -> np.ndarray:
     return np.where(lex == a, 1, np.where(lex == b, -1, 0))
 
 
-def sweep(step, Q: np.ndarray, C: np.ndarray, attr: np.ndarray, I0: np.ndarray, grid) -> list[dict]:
-    """Precision@10 of the attribute and overlap@10 along ``eps``; ``step(Q, eps) -> (D, I)``."""
+def sweep(step, Q: np.ndarray, C: np.ndarray, attr: np.ndarray, I0: np.ndarray, grid,
+          rel: np.ndarray | None = None) -> list[dict]:
+    """Precision@10 of the attribute, overlap@10 (and nDCG@10 of ``rel``, the relevant corpus row of each
+    query, when given) along ``eps``; ``step(Q, eps) -> (D, I)``."""
     rows = []
     for e in grid:
         _, I = step(Q, e)
         overlap = float(np.mean([len(set(x) & set(y)) / K for x, y in zip(I, I0)]))
         rows.append({"eps": float(e), "precision": float(attr[I].mean()), "overlap": overlap})
+        if rel is not None:
+            hit = I == rel[:, None]
+            rows[-1]["ndcg"] = float(np.mean(np.where(hit.any(1), 1.0 / np.log2(hit.argmax(1) + 2.0), 0.0)))
         if overlap < 0.02 and len(rows) > 3 and rows[-1]["precision"] <= rows[-2]["precision"] + 1e-3:
             break
+    if rel is not None:
+        for r in rows:
+            r["ndcg_kept"] = r["ndcg"] / max(rows[0]["ndcg"], 1e-12)
     return rows
 
 
-def at_level(rows: list[dict], level: float) -> float:
-    """Best precision reachable while keeping at least ``level`` overlap (upper envelope, interpolated)."""
-    ov = np.array([r["overlap"] for r in rows])
+def reverse_dictionary(n_queries: int, rng: np.random.Generator):
+    """Lemma queries with their own gloss (``build_retrieval_sets.py``'s ``wordnet`` set) or None."""
+    folder = Path.home() / ".cache" / "vecbridge-bench" / "wordnet"
+    if not (folder / "set.json").is_file():
+        return None
+    meta = json.loads((folder / "set.json").read_text())
+    pick = np.sort(rng.choice(len(meta["queries"]), size=min(n_queries, len(meta["queries"])), replace=False))
+    return {"texts": [meta["queries"][i] for i in pick], "doc": np.array(meta["query_doc"])[pick],
+            **{name: np.load(folder / f"{name}_queries.npy")[pick].astype(np.float32) for name in ("minilm", "e5")}}
+
+
+def at_level(rows: list[dict], level: float, axis: str = "overlap") -> float:
+    """Best precision reachable while keeping at least ``level`` of ``axis`` (overlap, or nDCG kept;
+    upper envelope, interpolated)."""
+    ov = np.array([r[axis] for r in rows])
     p = np.array([r["precision"] for r in rows])
     order = np.argsort(-ov, kind="stable")
     ov, p = ov[order], np.maximum.accumulate(p[order])
@@ -125,9 +153,9 @@ def at_level(rows: list[dict], level: float) -> float:
     return float(np.interp(level, ov[::-1], p[::-1]))
 
 
-def area_between(a: list[dict], b: list[dict], lo: float = 0.05) -> float:
+def area_between(a: list[dict], b: list[dict], lo: float = 0.05, axis: str = "overlap") -> float:
     grid = np.linspace(lo, 1.0, 96)
-    return float(np.mean([at_level(a, g) - at_level(b, g) for g in grid]) * (1.0 - lo))
+    return float(np.mean([at_level(a, g, axis) - at_level(b, g, axis) for g in grid]) * (1.0 - lo))
 
 
 def monotone_until_saturation(rows: list[dict], tol: float = 0.005) -> bool:
@@ -151,6 +179,22 @@ def oracle_step(C, attr, block: int = 256):
     return step
 
 
+def curves_for(steps: dict, Q: np.ndarray, C: np.ndarray, attr: np.ndarray, grid, ograd,
+               rel: np.ndarray | None = None) -> dict:
+    """One eps sweep per method; ``steps[name](C, attr) -> step`` (see :func:`sweep`)."""
+    _, I0 = knn(Q, C, K)
+    return {m: sweep(make(C, attr), Q, C, attr, I0, ograd if m == "oracle" else grid, rel) for m, make in steps.items()}
+
+
+def compare(curves: dict, levels, axis: str) -> dict:
+    """Summary of one set of curves on one relevance axis (``overlap`` or ``ndcg_kept``)."""
+    summary = {m: {str(lv): at_level(r, lv, axis) for lv in levels} for m, r in curves.items()}
+    return {"at": summary, "area_vs_mean_shift": area_between(curves["vecbridge"], curves["mean-shift"], axis=axis),
+            "dominates_mean_shift": bool(all(summary["vecbridge"][str(lv)] >= summary["mean-shift"][str(lv)] - 1e-9
+                                             for lv in levels)),
+            "worst_gap": float(min(summary["vecbridge"][str(lv)] - summary["mean-shift"][str(lv)] for lv in levels))}
+
+
 def run(n_queries: int, seed: int = 0) -> dict:
     from sklearn.linear_model import LogisticRegression
 
@@ -159,13 +203,16 @@ def run(n_queries: int, seed: int = 0) -> dict:
     emb = {name: np.load(WORDNET / f"{name}.npy").astype(np.float32) for name in ("minilm", "e5")}
     rng = np.random.default_rng(seed)
     qidx = rng.choice(np.arange(*HELD), size=n_queries, replace=False)
-    tr, co = slice(*TRAIN), slice(*CORPUS)
+    rd = reverse_dictionary(n_queries, rng)
+    tr, co, nco = slice(*TRAIN), slice(*CORPUS), slice(CORPUS[0], HELD[1])
     pmap = align.fit_procrustes(emb["minilm"][tr], emb["e5"][tr])
     grid = np.concatenate([[0.0], np.geomspace(0.03, 100, 20)])
     ograd = np.concatenate([[0.0], np.geomspace(0.003, 1, 16)])
     out = {"setup": {"queries": n_queries, "k": K, "train_rows": TRAIN, "corpus_rows": CORPUS,
                      "query_rows": HELD, "seed": seed, "date": _dt.date.today().isoformat(),
-                     "map": "fit_procrustes minilm->e5 on paired rows [0,16384) (supervised)"}, "tasks": []}
+                     "map": "fit_procrustes minilm->e5 on paired rows [0,16384) (supervised)",
+                     "ndcg_queries": None if rd is None else len(rd["doc"]),
+                     "ndcg_corpus_rows": [CORPUS[0], HELD[1]]}, "tasks": []}
     for a, b in TASKS:
         labels_all = task_labels(lex, pol, a, b)
         labels = labels_all[tr]
@@ -176,7 +223,6 @@ def run(n_queries: int, seed: int = 0) -> dict:
         for space in ("minilm", "e5", "e5 (transfer from minilm)"):
             base_space = space.split()[0]
             X, Q, C = emb[base_space][tr], emb[base_space][qidx], emb[base_space][co]
-            _, I0 = knn(Q, C, K)
             ms = fit_mean_shift(X, labels)
             t0 = time.time()
             if space == "e5 (transfer from minilm)":
@@ -185,29 +231,37 @@ def run(n_queries: int, seed: int = 0) -> dict:
                 st = fit_steer(X, labels, random_state=seed)
                 steers[space] = st
             fit_s = time.time() - t0
-            curves = {"vecbridge": sweep(lambda Q_, e: knn(st.apply(Q_, e), C, K), Q, C, attr_c, I0, grid),
-                      "mean-shift": sweep(shift_step(C, ms.v), Q, C, attr_c, I0, grid)}
+            steps = {"vecbridge": lambda C_, a_, st=st: (lambda Q_, e: knn(st.apply(Q_, e), C_, K)),
+                     "mean-shift": lambda C_, a_, ms=ms: shift_step(C_, ms.v)}
             if "transfer" not in space:
                 probe = LogisticRegression(C=1.0, max_iter=500).fit(X, labels == 1)
-                w = probe.coef_[0] / np.linalg.norm(probe.coef_[0]) * np.linalg.norm(ms.v)
-                curves["probe"] = sweep(shift_step(C, w.astype(np.float32)), Q, C, attr_c, I0, grid)
-                curves["oracle"] = sweep(oracle_step(C, attr_c), Q, C, attr_c, I0, ograd)
-            summary = {m: {str(lv): at_level(r, lv) for lv in LEVELS} for m, r in curves.items()}
-            task["curves"][space] = {
-                "fit_seconds": round(fit_s, 2), "rows": curves, "at_overlap": summary,
-                "area_vs_mean_shift": area_between(curves["vecbridge"], curves["mean-shift"]),
-                "dominates_mean_shift": bool(all(summary["vecbridge"][str(lv)] >= summary["mean-shift"][str(lv)] - 1e-9
-                                                 for lv in LEVELS)),
-                "strictly_above_at_0.5": bool(summary["vecbridge"]["0.5"] > summary["mean-shift"]["0.5"]),
+                w = (probe.coef_[0] / np.linalg.norm(probe.coef_[0]) * np.linalg.norm(ms.v)).astype(np.float32)
+                steps["probe"] = lambda C_, a_, w=w: shift_step(C_, w)
+                steps["oracle"] = oracle_step
+            curves = curves_for(steps, Q, C, attr_c, grid, ograd)
+            summ = compare(curves, LEVELS, "overlap")
+            entry = task["curves"][space] = {
+                "fit_seconds": round(fit_s, 2), "rows": curves, "at_overlap": summ["at"],
+                "area_vs_mean_shift": summ["area_vs_mean_shift"], "dominates_mean_shift": summ["dominates_mean_shift"],
+                "worst_gap": summ["worst_gap"],
+                "strictly_above_at_0.5": bool(summ["at"]["vecbridge"]["0.5"] > summ["at"]["mean-shift"]["0.5"]),
                 "monotone": bool(monotone_until_saturation(curves["vecbridge"])),
-                "identity_at_0": bool(np.array_equal(st.apply(Q, 0.0), Q))}
-            print(f"{a} / {space}: vecbridge@0.5 {summary['vecbridge']['0.5']:.3f} "
-                  f"mean-shift@0.5 {summary['mean-shift']['0.5']:.3f}", file=sys.stderr, flush=True)
+                "identity_at_0": bool(np.array_equal(st.apply(Q, 0.0), Q)),
+                "prior_weight": st.metadata.get("prior_weight", st.metadata.get("of", {}).get("prior_weight"))}
+            if rd is not None:
+                attr_n = (labels_all[nco] == 1).astype(np.float32)
+                nc = curves_for(steps, rd[base_space], emb[base_space][nco], attr_n, grid, ograd,
+                                rel=rd["doc"] - CORPUS[0])
+                entry["ndcg"] = {"unsteered": nc["vecbridge"][0]["ndcg"], "rows": nc, **compare(nc, NDCG_LEVELS, "ndcg_kept")}
+            print(f"{a} / {space}: vecbridge@0.5 {summ['at']['vecbridge']['0.5']:.3f} "
+                  f"mean-shift@0.5 {summ['at']['mean-shift']['0.5']:.3f} worst gap {summ['worst_gap']:+.4f} "
+                  f"t={entry['prior_weight']}", file=sys.stderr, flush=True)
         out["tasks"].append(task)
     return out
 
 
-def figure(res: dict, path: Path) -> None:
+def figure(res: dict, path: Path, axis: str = "overlap") -> None:
+    """Grid of Pareto curves (rows: attributes, columns: spaces); ``axis`` overlap or ndcg_kept."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -220,14 +274,17 @@ def figure(res: dict, path: Path) -> None:
     for i, task in enumerate(res["tasks"]):
         for j, space in enumerate(spaces):
             ax = axes[i][j]
-            for name, rows in task["curves"][space]["rows"].items():
-                ov = [r["overlap"] for r in rows]
+            c = task["curves"][space]
+            for name, rows in (c["rows"] if axis == "overlap" else c.get("ndcg", {}).get("rows", {})).items():
+                ov = [r[axis] for r in rows]
                 p = [r["precision"] for r in rows]
                 c, ls = style[name]
                 ax.plot(ov, p, ls, color=c, marker=".", ms=3, label=name)
             ax.set_xlim(1.02, 0)
-            ax.set_title(f"{task['A']} vs {task['B']}\n{space}", fontsize=8)
-            ax.set_xlabel("overlap@10 with unsteered", fontsize=7)
+            area = c["area_vs_mean_shift"] if axis == "overlap" else c.get("ndcg", {}).get("area_vs_mean_shift", 0.0)
+            ax.set_title(f"{task['A']} vs {task['B']}\n{space} (area {area:+.3f})", fontsize=8)
+            ax.set_xlabel("overlap@10 with unsteered" if axis == "overlap" else "nDCG@10 kept (share of unsteered)",
+                          fontsize=7)
             ax.set_ylabel("attribute precision@10", fontsize=7)
             ax.grid(alpha=0.3)
             if i == 0 and j == 0:
@@ -237,12 +294,12 @@ def figure(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def tables(res: dict, png_name: str) -> str:
+def tables(res: dict, png_name: str, ndcg_png: str) -> str:
     lines = [f"![Pareto curves]({png_name})", "",
              "Precision@10 of the attribute at a given overlap@10 with the unsteered results "
              "(upper envelope of each eps sweep, interpolated); area = mean difference vecbridge - mean-shift "
-             "over overlap [0.05, 1] x 0.95.", ""]
-    show = ["0.9", "0.8", "0.7", "0.5", "0.3", "0.1"]
+             "over overlap [0.05, 1] x 0.95; worst gap = min over overlap 0.95 ... 0.1 of vecbridge - mean-shift.", ""]
+    show = ["0.9", "0.8", "0.7", "0.5", "0.3", "0.2", "0.1"]
     lines.append("| attribute | space | method | " + " | ".join(f"@{s}" for s in show) + " |")
     lines.append("|---|---|---|" + "---:|" * len(show))
     for task in res["tasks"]:
@@ -250,13 +307,34 @@ def tables(res: dict, png_name: str) -> str:
             for m, summ in c["at_overlap"].items():
                 lines.append(f"| {task['A']} vs {task['B']} | {space} | {m} | "
                              + " | ".join(f"{summ[s]:.3f}" for s in show) + " |")
-    lines += ["", "| attribute | space | n+ / n- (train) | corpus rate | area vs mean-shift | dominates | "
-              "strictly above @0.5 | monotone in eps | eps=0 identity | fit s |", "|---|---|---|---:|---:|---|---|---|---|---:|"]
+    lines += ["", "| attribute | space | n+ / n- (train) | corpus rate | prior t | area vs mean-shift | worst gap | "
+              "dominates | strictly above @0.5 | monotone in eps | eps=0 identity | fit s |",
+              "|---|---|---|---:|---:|---:|---:|---|---|---|---|---:|"]
     for task in res["tasks"]:
         for space, c in task["curves"].items():
             lines.append(f"| {task['A']} vs {task['B']} | {space} | {task['n_A']} / {task['n_B']} | "
-                         f"{task['corpus_rate_A']:.3f} | {c['area_vs_mean_shift']:+.4f} | {c['dominates_mean_shift']} | "
+                         f"{task['corpus_rate_A']:.3f} | {c['prior_weight']} | {c['area_vs_mean_shift']:+.4f} | "
+                         f"{c['worst_gap']:+.4f} | {c['dominates_mean_shift']} | "
                          f"{c['strictly_above_at_0.5']} | {c['monotone']} | {c['identity_at_0']} | {c['fit_seconds']} |")
+    nd = [(t, sp, c["ndcg"]) for t in res["tasks"] for sp, c in t["curves"].items() if "ndcg" in c]
+    if not nd:
+        return "\n".join(lines + ["", "nDCG: the reverse-dictionary set was not built (benchmarks/build_retrieval_sets.py)."])
+    kept = ["0.95", "0.9", "0.8", "0.7", "0.5", "0.3"]
+    lines += ["", "### Relevance against the query's own document (nDCG@10)", "", f"![nDCG Pareto curves]({ndcg_png})", "",
+              f"{res['setup']['ndcg_queries']} reverse-dictionary queries (a synset's lemmas; relevant document = its "
+              f"gloss, one per query) over corpus rows {res['setup']['ndcg_corpus_rows']}. Precision@10 of the attribute "
+              "reachable while nDCG@10 stays at or above the given share of the unsteered nDCG@10 (upper envelope); "
+              "area and worst gap as above on this axis.", "",
+              "| attribute | space | unsteered nDCG@10 | method | " + " | ".join(f"kept {k}" for k in kept) + " |",
+              "|---|---|---:|---|" + "---:|" * len(kept)]
+    for task, space, n in nd:
+        for m, summ in n["at"].items():
+            lines.append(f"| {task['A']} vs {task['B']} | {space} | {n['unsteered']:.3f} | {m} | "
+                         + " | ".join(f"{summ[k]:.3f}" for k in kept) + " |")
+    lines += ["", "| attribute | space | area vs mean-shift (nDCG axis) | worst gap | dominates |", "|---|---|---:|---:|---|"]
+    for task, space, n in nd:
+        lines.append(f"| {task['A']} vs {task['B']} | {space} | {n['area_vs_mean_shift']:+.4f} | {n['worst_gap']:+.4f} | "
+                     f"{n['dominates_mean_shift']} |")
     return "\n".join(lines)
 
 
@@ -269,7 +347,8 @@ def main(argv=None):
     stem = f"steer_pareto_{res['setup']['date']}"
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
     figure(res, RESULTS / f"{stem}.png")
-    print(tables(res, f"{stem}.png"))
+    figure(res, RESULTS / f"{stem}_ndcg.png", axis="ndcg_kept")
+    print(tables(res, f"{stem}.png", f"{stem}_ndcg.png"))
 
 
 if __name__ == "__main__":
