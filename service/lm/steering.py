@@ -36,7 +36,8 @@ from align.steer import Steer, compose_steers
 from align.validation import check_eps, check_labels
 
 __all__ = [
-    "output_embeddings", "steered", "steered_logits", "fit_lm_steer", "fit_lm_steer_ids", "generate", "generate_batch",
+    "output_embeddings", "steered", "steered_logits", "fit_lm_steer", "fit_lm_steer_ids", "final_hidden_states",
+    "generate", "generate_batch",
     "perplexity", "token_evidence", "evidence_spans", "word_dimensions",
 ]
 
@@ -156,6 +157,12 @@ def _hidden_states(model, ids_list: Sequence[Sequence[int]], batch_size: int = 1
     return out
 
 
+def final_hidden_states(model, ids_list: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Final hidden states ``h`` (len_i, d) of each token sequence (what :func:`fit_lm_steer_ids` trains on;
+    callers that fit several steers on one corpus compute them once and pass ``hidden_states``)."""
+    return _hidden_states(model, ids_list)
+
+
 def fit_lm_steer(model, tokenizer, texts: Sequence[str], labels, *, max_length: int = 64, **kw) -> Steer:
     """Train an LM-Steer steer on labelled texts (``labels`` +1 wanted style, -1 opposite, 0 ignored).
 
@@ -172,6 +179,7 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
                      init_var: float = 1e-2, lr: float = 1e-2, n_steps: int = 200, batch_tokens: int = 256,
                      regularization: float = 0.0, dummy_steer: bool = True, random_state: int = 0,
                      val_fraction: float = 0.0, eval_every: int = 25, patience: int = 4, kl_weight: float = 0.0,
+                     hidden_states: Sequence[torch.Tensor] | None = None,
                      progress: Callable[[int, float], None] | None = None) -> Steer:
     """Train ``W = P1 P2^T`` with the LM loss on token sequences, body frozen (``ALGORITHMS.md`` §6).
 
@@ -201,6 +209,8 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
         Weight ``beta`` of ``KL(p_base || p_steer)`` averaged over the batch tokens, where ``p_steer``
         uses ``s W`` (the dummy left out): a penalty on moving the next-token distribution more
         than the labels ask, against steers that pile probability on one word (degenerate loops).
+    hidden_states : optional, one (len_i, d) tensor per sequence from :func:`final_hidden_states`
+        (computed here when omitted; the body's forward pass is most of a short fit's cost).
     progress : callable ``(step, loss)``, optional
 
     Returns
@@ -227,7 +237,13 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
     train = [i for i in keep if i not in held_set]
     if not train:
         raise InputError("no training text left after the held-out split")
-    hs = dict(zip(keep, _hidden_states(model, [ids_list[i] for i in keep])))
+    if hidden_states is not None:
+        if len(hidden_states) != len(ids_list) or any(
+                tuple(hidden_states[i].shape) != (len(ids_list[i]), d) for i in keep):
+            raise InputError("hidden_states must hold one (len_i, d) tensor per sequence of ids_list")
+        hs = {i: hidden_states[i] for i in keep}
+    else:
+        hs = dict(zip(keep, _hidden_states(model, [ids_list[i] for i in keep])))
 
     def tokens(rows):
         H = torch.cat([hs[i][:-1] for i in rows])                                  # (N, d) contexts
