@@ -141,6 +141,7 @@ def main(argv=None):
     ap.add_argument("--eps", default="2,4,6,8,12,16", help="eps magnitudes, tried outward on both signs")
     ap.add_argument("--full-sweep", action="store_true", help="evaluate every eps even past the quality bounds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on an oversubscribed CPU)")
     ap.add_argument("--max-length", type=int, default=32, help="training sentences truncated to this many tokens")
     args = ap.parse_args(argv)
 
@@ -150,7 +151,7 @@ def main(argv=None):
     from service.lm.corpus import fetch_vader_sdist, sentiment_sentences
     from service.lm.model import load_lm
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     t_all = time.time()
     texts, labels, _ = sentiment_sentences(fetch_vader_sdist(args.cache),
                                            sources=("movieReviewSnippets", "amazonReviewSnippets", "tweets"))

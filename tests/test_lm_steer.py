@@ -138,6 +138,21 @@ def test_fit_is_deterministic(tiny):
     np.testing.assert_array_equal(a.P1, b.P1)
 
 
+def test_precomputed_hidden_states_give_the_same_fit_and_bad_ones_are_refused(tiny):
+    model, tok = tiny
+    ids = [list(tok(t)["input_ids"]) for t in POS + NEG]
+    kw = dict(rank=2, n_steps=5, batch_tokens=16, random_state=3, val_fraction=0.2, eval_every=2)
+    a = S.fit_lm_steer_ids(model, ids, [1] * 6 + [-1] * 6, **kw)
+    hs = S.final_hidden_states(model, ids)
+    b = S.fit_lm_steer_ids(model, ids, [1] * 6 + [-1] * 6, hidden_states=hs, **kw)
+    np.testing.assert_array_equal(a.P1, b.P1)
+    np.testing.assert_array_equal(a.P2, b.P2)
+    with pytest.raises(InputError):
+        S.fit_lm_steer_ids(model, ids, [1] * 6 + [-1] * 6, hidden_states=hs[:-1], **kw)
+    with pytest.raises(InputError):
+        S.fit_lm_steer_ids(model, ids, [1] * 6 + [-1] * 6, hidden_states=[h[:-1] for h in hs], **kw)
+
+
 def test_lens_and_evidence(trained):
     model, tok, s = trained
     dims = S.word_dimensions(model, tok, s, k=3, n_directions=2)
