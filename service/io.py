@@ -31,7 +31,7 @@ import numpy as np
 from align.exceptions import InputError
 
 __all__ = [
-    "FormatError", "check_file", "load_npy", "parse_rows", "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
+    "FormatError", "check_file", "load_npy", "parse_rows", "resolve_rows", "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
     "write_vectors", "is_text_path", "sha256_array", "VECTOR_SUFFIXES", "TEXT_SUFFIXES",
 ]
 
@@ -68,7 +68,8 @@ def parse_rows(spec: str | None) -> tuple[int | None, int | None] | None:
     return start, stop
 
 
-def _resolve_rows(rows, n: int, path) -> slice:
+def resolve_rows(rows, n: int, path) -> slice:
+    """The slice of ``(start, stop)`` (None ends, negatives from the end) in ``n`` rows; InputError when empty."""
     if rows is None:
         return slice(0, n)
     start, stop = rows
@@ -254,7 +255,7 @@ def read_texts(path, *, rows=None, text_field: str = "text") -> list[str]:
             raise FormatError(f"{path.name}: not a text file ({', '.join(TEXT_SUFFIXES)})")
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{path.name}: cannot parse ({exc})") from None
-    sl = _resolve_rows(rows, len(texts), path)
+    sl = resolve_rows(rows, len(texts), path)
     return texts[sl]
 
 
@@ -297,7 +298,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     elif suf == ".parquet":
         f, col = _parquet_file(path, column)
         n = f.metadata.num_rows
-        sl = _resolve_rows(rows, n, path)
+        sl = resolve_rows(rows, n, path)
         with _arrow_errors(path):
             table = f.read(columns=[col]).slice(sl.start, sl.stop - sl.start)
         return as_matrix(_arrow_lists_to_matrix(table.column(col), path), name=path.name)
@@ -306,7 +307,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
                           f"use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
     if M.ndim != 2 or not np.issubdtype(M.dtype, np.number):
         return as_matrix(M, name=path.name)  # raises the ShapeError / InputError (non-numeric dtype)
-    sl = _resolve_rows(rows, M.shape[0], path)
+    sl = resolve_rows(rows, M.shape[0], path)
     return as_matrix(np.array(M[sl], dtype=np.float32), name=path.name)  # a private, writable copy
 
 
@@ -322,7 +323,7 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
     suf = path.suffix.lower()
     if suf == ".parquet" and not encoder:
         f, col = _parquet_file(path, column)
-        sl = _resolve_rows(rows, f.metadata.num_rows, path)
+        sl = resolve_rows(rows, f.metadata.num_rows, path)
         pos = 0
         with _arrow_errors(path):
             for batch in f.iter_batches(batch_size=chunk_rows, columns=[col]):
@@ -338,13 +339,13 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
         M = load_npy(path) if suf == ".npy" else _fvecs_matrix(path)
         if M.ndim != 2:
             read_vectors(path, rows=rows)  # raises the ShapeError for a 0-d / 1-d / 3-d array
-        sl = _resolve_rows(rows, M.shape[0], path)
+        sl = resolve_rows(rows, M.shape[0], path)
         for s in range(sl.start, sl.stop, chunk_rows):
             yield read_vectors(path, rows=(s, min(s + chunk_rows, sl.stop)), key=key)
         return
     if suf in TEXT_SUFFIXES:
         n = count_rows(path, text_field=text_field)
-        sl = _resolve_rows(rows, n, path)
+        sl = resolve_rows(rows, n, path)
         for s in range(sl.start, sl.stop, chunk_rows):
             yield read_vectors(path, rows=(s, min(s + chunk_rows, sl.stop)), encoder=encoder, kind=kind,
                                text_field=text_field)

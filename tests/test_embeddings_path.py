@@ -8,7 +8,11 @@ from service.api import create_app
 from test_api_support import R, settings_for
 
 
-def test_unknown_target_space_or_path_is_a_404_before_the_encoder_loads(tmp_path):
+def test_unknown_target_space_or_path_is_a_404_before_the_encoder_loads(tmp_path, monkeypatch):
+    import service.encoders
+
+    asked = []
+    monkeypatch.setattr(service.encoders, "get_encoder", lambda name: asked.append(name))  # the one encoder loader
     app = create_app(settings_for(tmp_path))
     with TestClient(app) as c:
         state = app.state.vb
@@ -17,4 +21,4 @@ def test_unknown_target_space_or_path_is_a_404_before_the_encoder_loads(tmp_path
         for target, why in (("nowhere", "unknown space"), ("e5", "no chain of maps")):
             r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": ["a dog"], "target_space": target})
             assert r.status_code == 404 and why in r.json()["error"]["message"], r.text
-        assert not state._encoders  # nothing was loaded or encoded
+        assert asked == []  # no encoder was asked for, so nothing was loaded or encoded

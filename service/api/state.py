@@ -57,8 +57,6 @@ class AppState:
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None
         self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
-        self._encoders: dict[str, object] = {}
-        self._enc_lock = threading.Lock()
 
     # --- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
@@ -136,26 +134,20 @@ class AppState:
 
     # --- encoders ---------------------------------------------------------------------------
     def encoder(self, name: str):
-        """The installed encoder ``name`` (loaded once per process)."""
-        with self._enc_lock:
-            enc = self._encoders.get(name)
-        if enc is not None:
-            return enc
+        """The installed encoder ``name``: :func:`service.encoders.get_encoder` (one cache per process, the
+        CLI's too); UnknownEncoderError (404) naming the installed ones otherwise."""
         try:
             from ..encoders import get_encoder, list_encoders
         except ImportError as exc:  # encoders extra not installed
             raise UnknownEncoderError(f"encoders are not available in this installation: {exc}") from None
         try:
-            enc = get_encoder(name)
+            return get_encoder(name)
         except (KeyError, LookupError, ValueError) as exc:
             try:
                 known = ", ".join(sorted(_encoder_names(list_encoders())))
             except Exception:  # noqa: BLE001
                 known = "?"
             raise UnknownEncoderError(f"unknown encoder {name!r} ({exc}); installed: {known}") from None
-        with self._enc_lock:
-            self._encoders.setdefault(name, enc)
-            return self._encoders[name]
 
     def encoder_for_space(self, space: str):
         info = self.registry.get_space(space)

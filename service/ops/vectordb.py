@@ -28,7 +28,7 @@ from ..vectordb import FileCheckpoint, MigrationProgress, MigrationReport, Vecto
 from ..vectordb.migrate import is_artifact_path
 
 __all__ = ["open_store_for", "default_checkpoint", "run_migration", "checkpoint_status", "run_verify",
-           "needs_registry"]
+           "needs_registry", "progress_record"]
 
 
 def open_store_for(url: str, *, index: str | None = None, id_field: str | None = None,
@@ -165,3 +165,8 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
         store.close()
     out["collection"] = collection
     return out
+
+
+def progress_record(p: MigrationProgress) -> dict:
+    """The JSON line both faces print per batch: ``done``, ``total``, ``last_id``, ``rows_per_s``."""
+    return {"done": p.done, "total": p.total, "last_id": p.last_id, "rows_per_s": round(p.rows_per_s, 1)}

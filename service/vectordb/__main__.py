@@ -20,9 +20,10 @@ import argparse
 import json
 import sys
 
+from ..config import get_settings
 from ..errors import exit_code
-
-from ..ops.vectordb import checkpoint_status, run_migration
+from ..ops.vectordb import checkpoint_status, progress_record, run_migration
+from ..registry import open_registry
 from . import MigrationInterrupted
 
 
@@ -55,8 +56,6 @@ def main(argv=None) -> int:
     st.add_argument("--checkpoint", required=True)
     args = ap.parse_args(argv)
     if args.store is None:
-        from service.config import get_settings
-
         args.store = get_settings().vectordb_url
         if not args.store:
             ap.error("give --store, or set VECBRIDGE_VECTORDB_URL")
@@ -67,13 +66,10 @@ def main(argv=None) -> int:
             return 0
         registry = None
         if args.registry:
-            from service.registry import open_registry
-
             registry = open_registry(args.registry, args.artifact_dir)
 
         def progress(p):
-            print(json.dumps({"done": p.done, "total": p.total, "last_id": p.last_id,
-                              "rows_per_s": round(p.rows_per_s, 1)}), flush=True)
+            print(json.dumps(progress_record(p)), flush=True)
 
         rep = run_migration(store_url=args.store, source=args.source, target=args.target, map_ref=args.map,
                             checkpoint=args.checkpoint, registry=registry, alias=args.alias,

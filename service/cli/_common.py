@@ -1,0 +1,205 @@
+"""What every command group of ``vecbridge`` shares: the context, output, progress bars, input options.
+
+- :class:`Ctx` — settings and a lazily opened registry (``click`` passes it as ``obj``).
+- :func:`emit` — JSON (``--json``) or one text block.
+- :func:`progress_bar` — the ``progress(stage, fraction)`` callable of the operations, drawn with tqdm.
+- option stacks: :func:`input_opts` (a source/target pair of files), :func:`store_opts` (a vector
+  database), :func:`register_opts` (random state, alias, description, json, quiet), :data:`json_opt`,
+  :data:`quiet_opt`, :data:`description_opt`, :data:`random_state_opt`.
+- small file readers the options name: :func:`read_pair`, :func:`read_seed_pairs`, :func:`read_labels`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from align.exceptions import InputError, PairCountError
+
+from ..config import Settings
+from ..encoders import canonical_name
+from ..io import check_file, load_npy, read_vectors
+from ..registry import open_registry
+
+__all__ = ["Ctx", "emit", "progress_bar", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs",
+           "read_labels", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
+           "register_opts"]
+
+
+class Ctx:
+    """Settings (group options over the environment) and the registry, opened on first use."""
+
+    def __init__(self, data_dir: Path | None, registry_url: str | None):
+        kw = {}
+        if data_dir is not None:
+            kw["data_dir"] = data_dir
+        if registry_url is not None:
+            kw["registry_url"] = registry_url
+        self.settings = Settings(**kw)
+        self._reg = None
+        self.lm = None  # the language model, loaded on first use (service.ops.lm.get_lm)
+
+    @property
+    def registry(self):
+        if self._reg is None:
+            s = self.settings
+            s.data_dir.mkdir(parents=True, exist_ok=True)
+            self._reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir(),
+                                      report_dir=(s.data_dir / "reports").resolve())
+        return self._reg
+
+
+def emit(obj, as_json: bool, text: str | None = None) -> None:
+    """Print ``obj`` as indented JSON with ``--json``, else ``text`` (nothing when None)."""
+    if as_json:
+        click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    elif text is not None:
+        click.echo(text)
+
+
+def progress_bar(enabled: bool):
+    """``(progress, close)``: ``progress(stage, fraction)`` draws one tqdm bar per stage on stderr."""
+    if not enabled:
+        return (lambda stage, frac: None), (lambda: None)
+    from tqdm import tqdm
+
+    state = {"stage": None, "bar": None}
+
+    def progress(stage: str, frac: float) -> None:
+        if stage != state["stage"]:
+            if state["bar"] is not None:
+                state["bar"].close()
+            state["stage"] = stage
+            state["bar"] = tqdm(total=100, desc=stage[:40].ljust(24), file=sys.stderr, leave=False,
+                                bar_format="{desc} {bar} {percentage:3.0f}% {elapsed}")
+        bar = state["bar"]
+        bar.n = int(round(100 * min(max(frac, 0.0), 1.0)))
+        bar.refresh()
+
+    def close():
+        if state["bar"] is not None:
+            state["bar"].close()
+
+    return progress, close
+
+
+def parse_kv(items, what="parameter") -> dict:
+    """``("KEY=VALUE", ...)`` -> dict; values are JSON when they parse, else strings."""
+    out = {}
+    for item in items or ():
+        if "=" not in item:
+            raise click.UsageError(f"{what} {item!r} must look like KEY=VALUE")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def space_name(path: str, encoder: str | None, given: str | None) -> str:
+    """The space of an input: as given, else the encoder's canonical name, else the file stem."""
+    if given:
+        return given
+    if encoder:
+        return canonical_name(encoder)
+    return re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem).lstrip(".-") or "space"
+
+
+def _stack(*opts):
+    """One decorator applying ``opts`` in the order written (top option first in ``--help``)."""
+    def deco(fn):
+        for o in reversed(opts):
+            fn = o(fn)
+        return fn
+
+    return deco
+
+
+json_opt = click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
+quiet_opt = click.option("--quiet", is_flag=True, help="No progress bars.")
+description_opt = click.option("--description", default="")
+random_state_opt = click.option("--random-state", type=int, default=0, show_default=True)
+#: the tail of every command that fits and registers a steer
+register_opts = _stack(
+    random_state_opt, click.option("--alias", default=None, help="Point this alias at the new version."),
+    description_opt, json_opt, quiet_opt)
+
+input_opts = _stack(
+    click.option("--source", "source", required=True, type=click.Path(dir_okay=False), help="Source vectors or texts."),
+    click.option("--target", "target", required=True, type=click.Path(dir_okay=False), help="Target vectors or texts."),
+    click.option("--rows", default=None, help="START:STOP rows of both inputs (unless overridden)."),
+    click.option("--source-rows", default=None, help="START:STOP rows of the source."),
+    click.option("--target-rows", default=None, help="START:STOP rows of the target."),
+    click.option("--source-key", default=None, help=".npz array name of the source."),
+    click.option("--target-key", default=None, help=".npz array name of the target."),
+    click.option("--source-column", default=None, help="Parquet list column of the source."),
+    click.option("--target-column", default=None, help="Parquet list column of the target."),
+    click.option("--source-encoder", default=None, help="Encoder for a text source (see `vecbridge encoders`)."),
+    click.option("--target-encoder", default=None, help="Encoder for a text target."),
+    click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text."),
+)
+
+store_opts = _stack(
+    click.option("--store", required=True, metavar="URL",
+                 help="milvus://host:port, milvus:///file.db, postgresql://..., qdrant://host:port or "
+                      "qdrant:///local/dir."),
+    *(click.option(f"--{f}-field", default=None, help=f"Name of the {f} field (default: {default}).")
+      for f, default in (("id", "id"), ("vector", "vector (Milvus) / embedding (PostgreSQL)"), ("text", "text"))),
+)
+
+
+def read_pair(o: dict, progress):
+    """``(X, Y, inputs)`` from the :func:`input_opts` values; ``inputs`` records paths, rows, encoders, shapes."""
+    src_rows = o["source_rows"] or o["rows"]
+    tgt_rows = o["target_rows"] or o["rows"]
+    X = read_vectors(o["source"], rows=src_rows, key=o["source_key"], column=o["source_column"],
+                     encoder=o["source_encoder"], text_field=o["text_field"],
+                     progress=lambda f: progress("embed source", f))
+    Y = read_vectors(o["target"], rows=tgt_rows, key=o["target_key"], column=o["target_column"],
+                     encoder=o["target_encoder"], text_field=o["text_field"],
+                     progress=lambda f: progress("embed target", f))
+    inputs = {"source": {"path": str(Path(o["source"]).resolve()), "rows": src_rows, "encoder": o["source_encoder"],
+                         "shape": list(X.shape)},
+              "target": {"path": str(Path(o["target"]).resolve()), "rows": tgt_rows, "encoder": o["target_encoder"],
+                         "shape": list(Y.shape)}}
+    return X, Y, inputs
+
+
+def read_seed_pairs(path: str):
+    """Seed pairs file: ``.npy`` (k, 2) int, ``.json`` [[i, j], ...], or text lines ``i j``."""
+    p = Path(path)
+    check_file(p)
+    try:
+        if p.suffix == ".npy":
+            arr = np.asarray(load_npy(p))
+        elif p.suffix == ".json":
+            arr = np.asarray(json.loads(p.read_text()))
+        else:
+            arr = np.loadtxt(p, dtype=np.int64, ndmin=2, delimiter=None)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{p.name}: cannot read seed pairs ({exc})") from None
+    if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
+        raise InputError(f"{p.name}: seed pairs must be integer rows 'i_src i_tgt' (k, 2), got shape {arr.shape}")
+    return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
+
+
+def read_labels(path: str, n: int) -> np.ndarray:
+    """Labels file: ``.npy`` (n,) ints, or text with one of -1 / 0 / +1 per line."""
+    p = Path(path)
+    check_file(p)
+    try:
+        y = np.asarray(load_npy(p)) if p.suffix == ".npy" else np.loadtxt(p, dtype=np.float64, ndmin=1)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{p.name}: cannot read labels ({exc})") from None
+    y = np.asarray(y).reshape(-1)
+    if not np.issubdtype(y.dtype, np.number) or not np.all(np.isin(y, (-1, 0, 1))):
+        raise InputError(f"{p.name}: labels must be -1, 0 or +1")
+    if y.shape[0] != n:
+        raise PairCountError(f"{p.name} has {y.shape[0]} labels for {n} rows")
+    return y.astype(np.int64)

@@ -1,0 +1,103 @@
+"""``vecbridge lm steer-fit | generate | analyze``: LM-Steer on the causal language model.
+
+Each command parses its options and calls one operation of :mod:`service.ops.lm` with a loader of
+the LM (``service.cli.LM_PROVIDER`` when set, else SmolLM2 from its wheel), so an unknown steer or
+bad labels exit 2 before the slow model load.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import click
+
+from align.exceptions import InputError
+
+from ..io import read_texts
+from ..ops import lm as ops
+from ._common import Ctx, emit, json_opt, progress_bar, random_state_opt, read_labels, register_opts
+
+__all__ = ["lm"]
+
+
+@click.group()
+def lm():
+    """LM-Steer on the causal language model (SmolLM2 from its wheel): fit, generate, analyze."""
+
+
+def _lm_of(obj: Ctx):
+    """The loader of the context's LM (``service.cli.LM_PROVIDER`` read when it is called)."""
+    from . import LM_PROVIDER  # the package attribute, so that tests can replace it
+
+    return lambda: ops.get_lm(obj, LM_PROVIDER)
+
+
+def _steer_eps(items) -> dict:
+    """``("REF=EPS", ...)`` -> ``{REF: EPS}``; InputError for a missing ``=`` or a non-finite EPS."""
+    out = {}
+    for it in items:
+        ref, sep, eps = it.rpartition("=")
+        try:
+            value = float(eps)
+        except ValueError:
+            value = math.nan
+        if not sep or not ref or not math.isfinite(value):
+            raise InputError(f"--steer wants REF=EPS with a finite EPS, got {it!r}")
+        out[ref] = value
+    return out
+
+
+@lm.command("steer-fit")
+@click.option("--texts", required=True, type=click.Path(dir_okay=False), help="Texts (.txt one per line, .jsonl).")
+@click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per text.")
+@click.option("--name", required=True)
+@click.option("--rank", type=int, default=8, show_default=True)
+@click.option("--steps", type=int, default=200, show_default=True)
+@click.option("--eps", type=float, default=1e-3, show_default=True, help="Training scale eps0.")
+@click.option("--lr", type=float, default=1e-2, show_default=True)
+@register_opts
+@click.pass_obj
+def lm_steer_fit(obj: Ctx, texts, labels, name, rank, steps, eps, lr, random_state, alias, description, as_json,
+                 quiet):
+    """Train an LM steer on labelled texts (model body frozen) and register it in space ``lm.<model>``."""
+    items = read_texts(texts)
+    spec = ops.LMFit(name=name, texts=items, labels=read_labels(labels, len(items)).tolist(), rank=rank, eps=eps,
+                     steps=steps, lr=lr, random_state=random_state, alias=alias, description=description,
+                     inputs={"via": "cli", "texts": str(Path(texts).resolve()), "labels": str(Path(labels).resolve())})
+    progress, close = progress_bar(not quiet)
+    try:
+        v = ops.fit_steer(obj.registry, _lm_of(obj), spec, progress)
+    finally:
+        close()
+    emit(v.to_dict(), as_json, f"registered LM steer {v.ref} (rank {v.rank}, space {v.space})"
+                               f"{' as @' + alias if alias else ''}")
+
+
+@lm.command("generate")
+@click.option("--prompt", required=True)
+@click.option("--steer", "steers", multiple=True, help="REF=EPS, repeatable (composed by summation).")
+@click.option("--max-new-tokens", type=click.IntRange(1, 256), default=30, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0, 10), default=1.0, show_default=True,
+              help="Sampling temperature (sampling with --top-p is the default); 0: greedy.")
+@click.option("--top-p", type=click.FloatRange(0.01, 1.0), default=0.9, show_default=True)
+@random_state_opt
+@json_opt
+@click.pass_obj
+def lm_generate(obj: Ctx, prompt, steers, max_new_tokens, temperature, top_p, random_state, as_json):
+    """Continue PROMPT under the given steers (prints the continuation)."""
+    out = ops.generate(obj.registry, _lm_of(obj), prompt, _steer_eps(steers), max_new_tokens=max_new_tokens,
+                       temperature=temperature, top_p=top_p, random_state=random_state)
+    emit(out, as_json, out["text"])
+
+
+@lm.command("analyze")
+@click.option("--text", required=True)
+@click.option("--steer", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
+@click.option("--eps", type=float, default=1.0, show_default=True)
+@json_opt
+@click.pass_obj
+def lm_analyze(obj: Ctx, text, ref, eps, as_json):
+    """Per-token evidence of a steer in TEXT: log p(+eps) - log p(-eps) of each token."""
+    out = ops.analyze(obj.registry, _lm_of(obj), text, ref, eps=eps)
+    emit(out, as_json, "\n".join(f"{t['score']:+8.3f}  {t['token']}" for t in out["tokens"]))

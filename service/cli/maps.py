@@ -1,0 +1,255 @@
+"""``vecbridge fit | eval | plan | transform``: maps between two spaces, from files.
+
+Each command parses its options, calls one operation (:func:`service.ops.maps.run_fit`,
+:func:`align.evaluate` with :func:`service.ops.plans.retention_gate`, :func:`service.ops.plans.plan`,
+:meth:`align.LinearMap.apply` over file chunks) and renders the result as text or ``--json``.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import click
+import numpy as np
+from tqdm import tqdm
+
+import align
+from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, VecbridgeWarning
+
+from ..ops.maps import SUPERVISED, run_fit
+from ..io import ChunkWriter, count_rows, iter_chunks, parse_rows, read_vectors, resolve_rows
+from ..ops.plans import plan, retention_gate
+from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt,
+                      random_state_opt, read_pair, read_seed_pairs, space_name)
+
+__all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
+
+_ref_opt = click.option("--map", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
+_ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://head:10001): supervised fits as a "
+             "map-reduce of sufficient statistics, minivec2vec with its kNN/CSLS rounds as tasks over row blocks "
+             "(the same map as in-process).")
+
+
+@click.command()
+@input_opts
+@click.option("--pairs/--unpaired", "paired", default=None, help="Rows are paired (row i ↔ row i) or not.")
+@click.option("--seed-pairs", type=click.Path(dir_okay=False), default=None,
+              help="Known pairs (k, 2) of row indices: .npy, .json or text; minivec2vec only.")
+@click.option("--method", type=click.Choice(["minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive"]),
+              required=True, help="auto: every paired family fitted and chosen on held-out pairs (align.fit_migration).")
+@click.option("--param", "params", multiple=True, help="KEY=VALUE fitter parameter (JSON values), repeatable.")
+@click.option("--name", required=True, help="Map name, e.g. minilm->e5.")
+@click.option("--source-space", default=None, help="Source space name (default: encoder or file stem).")
+@click.option("--target-space", default=None, help="Target space name (default: encoder or file stem).")
+@click.option("--alias", default=None, help="Point this alias (e.g. prod) at the new version.")
+@random_state_opt
+@description_opt
+@click.option("--tag", "tags", multiple=True, help="KEY=VALUE tag, repeatable.")
+@click.option("--format", "artifact_format", type=click.Choice(["safetensors", "npz"]), default=None)
+@click.option("--report", "report_copy", type=click.Path(dir_okay=False), default=None,
+              help="Also write the HTML report here.")
+@json_opt
+@quiet_opt
+@click.option("--allow-unreliable", is_flag=True,
+              help="Exit 0 even when the fit is flagged unreliable (the version is registered either way, "
+                   "flagged, and never chosen for a path).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help=_ray_help)
+@click.option("--shard-rows", type=click.IntRange(1), default=262144, show_default=True,
+              help="With --ray: rows per Ray task of a supervised fit (see SCALING.md for when Ray pays off).")
+@click.pass_obj
+def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target_space, alias, random_state,
+        description, tags, artifact_format, report_copy, as_json, quiet, allow_unreliable, ray_address, shard_rows,
+        **io_opts):
+    """Fit a map from --source to --target and register it as a new version."""
+    if paired is None:
+        paired = method in SUPERVISED
+    progress, close = progress_bar(not quiet)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", VecbridgeWarning)
+        try:
+            X, Y, inputs = read_pair(io_opts, progress)
+            seeds = None
+            if seed_pairs is not None:
+                if method != "minivec2vec":
+                    raise InputError("--seed-pairs applies to --method minivec2vec only")
+                seeds = read_seed_pairs(seed_pairs)
+                inputs["seed_pairs"] = {"path": str(Path(seed_pairs).resolve()), "n": int(seeds[0].size)}
+            v = run_fit(obj.registry, name=name, source=X, target=Y, method=method, params=parse_kv(params),
+                        source_space=space_name(io_opts["source"], io_opts["source_encoder"], source_space),
+                        target_space=space_name(io_opts["target"], io_opts["target_encoder"], target_space),
+                        paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias, progress=progress,
+                        description=description, tags=parse_kv(tags, "tag"), inputs=inputs,
+                        artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,
+                        ray_shard_rows=shard_rows)
+        finally:
+            close()
+    for w in caught:  # soft numerical trouble (e.g. an unreliable unsupervised fit): one line each
+        if issubclass(w.category, VecbridgeWarning):
+            click.echo(f"vecbridge: warning: {str(w.message).splitlines()[0]}", err=True)
+    _render_fit(obj.registry, v, as_json)
+    if v.metrics.get("reliable") is False and not allow_unreliable:
+        click.echo(f"vecbridge: {v.ref} is flagged UNRELIABLE: it stays in the registry for inspection but is never "
+                   f"chosen for a path; exit 1 (--allow-unreliable to accept)", err=True)
+        sys.exit(1)
+
+
+def _render_fit(reg, v, as_json: bool) -> None:
+    report = reg.report_file(v)
+    d = v.to_dict()
+    d["report_file"] = str(report) if report else None
+    d["artifact_file"] = str(reg.artifact_file(v))
+    m = v.metrics
+    headline = ", ".join(f"{k}={m[k]:.4f}" for k in ("train_top1", "train_cos", "criterion", "null_criterion",
+                                                      "mnn_frac", "mnn_mean_cos")
+                         if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool))
+    if m.get("reliable") is False:
+        headline += ", UNRELIABLE (criterion close to random maps)"
+    emit(d, as_json, f"registered {v.ref} ({v.source_space} {v.source_dim}-d -> {v.target_space} "
+                     f"{v.target_dim}-d, {v.method}, fit {m.get('timings', {}).get('fit', 0):.1f}s)"
+                     f"{'; ' + headline if headline else ''}\nreport: {report}")
+
+
+@click.command("eval")
+@_ref_opt
+@input_opts
+@click.option("--min-top1", type=float, default=None, help="PASS/FAIL gate: exit 1 when top-1 is below.")
+@click.option("--min-retention", type=click.FloatRange(0, 1), default=None,
+              help="PASS/FAIL gate on retention (nn_retention@10: each native target row's nearest native row must stay "
+                   "in the top 10 of the mapped source rows; share kept): exit 1 when below.")
+@click.option("--csls/--no-csls", default=False, help="Also rank by CSLS.")
+@click.option("--record", is_flag=True, help="Store the results as tags eval.* on the version.")
+@json_opt
+@click.pass_obj
+def eval_cmd(obj: Ctx, ref, min_top1, min_retention, csls, record, as_json, **io_opts):
+    """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention."""
+    reg = obj.registry
+    v = reg.resolve(ref)
+    m = reg.load_map(v)
+    X, Y, _ = read_pair(io_opts, lambda stage, frac: None)
+    res = align.evaluate(m, X, Y, csls=csls)
+    res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention)
+    res["retention"] = res["retrieval"]["retention"]
+    res["map"] = v.ref
+    passed = None
+    if min_top1 is not None:
+        passed = res["top1"] >= min_top1
+        res["min_top1"] = min_top1
+    if min_retention is not None:
+        passed = (passed is not False) and res["retrieval"]["passed"]
+        res["min_retention"] = min_retention
+    if passed is not None:
+        res["result"] = "PASS" if passed else "FAIL"
+    if record:
+        for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates"):
+            reg.set_tag(v.name, v.version, f"eval.{k}", res[k])
+    r = res["retrieval"]
+    text = (f"{v.ref}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f}  "
+            f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})\n"
+            f"  retrieval: retention {r['retention']:.4f}  corpus-side MRR {r['corpus_mrr']:.4f}  "
+            f"query-side MRR {r['query_mrr']:.4f}  overlap@10 {r['overlap@10']:.4f}")
+    if csls:
+        text += f"\n  CSLS: top-1 {res['csls_top1']:.4f}  mean rank {res['csls_mean_rank']:.2f}"
+    if min_top1 is not None:
+        text += f"\n{'PASS' if res['top1'] >= min_top1 else 'FAIL'}: top-1 {res['top1']:.4f} vs {min_top1}"
+    if min_retention is not None:
+        text += f"\n{r['result']}: retention {r['retention']:.4f} vs {min_retention}"
+    emit(res, as_json, text)
+    if passed is False:
+        sys.exit(1)
+
+
+@click.command("plan")
+@click.option("--old", "old", required=True, type=click.Path(dir_okay=False), help="Old-model corpus vectors.")
+@click.option("--old-rows", default=None, help="START:STOP rows of --old.")
+@click.option("--probe-source", required=True, type=click.Path(dir_okay=False),
+              help="Old-model vectors of the probe texts (200-1,000 rows).")
+@click.option("--probe-target", required=True, type=click.Path(dir_okay=False),
+              help="New-model vectors of the same texts, row i <-> row i.")
+@click.option("--probe-rows", default=None, help="START:STOP rows of both probe files.")
+@click.option("--target-retention", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True)
+@random_state_opt
+@click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
+              help="Write the recommended rows to re-embed (.npy int64 indices into --old).")
+@json_opt
+@click.pass_obj
+def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, target_retention, random_state,
+             rows_out, as_json):
+    """Before a migration: alignability, expected retention vs K, recommended method and K, rows to re-embed."""
+    X_old = read_vectors(old, rows=old_rows)
+    A = read_vectors(probe_source, rows=probe_rows)
+    B = read_vectors(probe_target, rows=probe_rows)
+    res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention)
+    if rows_out is not None:
+        np.save(rows_out, np.asarray(res["rows_to_embed"], dtype=np.int64))
+        res["rows_out"] = str(Path(rows_out).resolve())
+    lines = [f"alignability (kNN@10 overlap on {res['n_probe']} probe pairs): {res['alignability']:.3f}"
+             f"  -> unsupervised {'possible' if res['unsupervised_feasible'] else 'not expected to work'}",
+             f"expected retention ({res['metric']}), method {res['best_method']}:",
+             f"  {'K':>7}  {'retention':>9}  {'interval':>15}"]
+    for q in res["predicted"]:
+        lines.append(f"  {q['k']:>7}  {q['retention']:>9.3f}  [{q['low']:.3f}, {q['high']:.3f}]"
+                     f"{'  (extrapolated)' if q['extrapolated'] else ''}")
+    rec = res["recommended"]
+    lines.append(f"recommended: method {rec['method']}, K = {rec['k']} rows to re-embed"
+                 + (f" (written to {res['rows_out']})" if rows_out else ""))
+    lines += [f"note: {n}" for n in res["notes"]]
+    if as_json:
+        res = {**res, "rows_to_embed": res["rows_to_embed"] if rows_out is None else len(res["rows_to_embed"])}
+    emit(res, as_json, "\n".join(lines))
+
+
+@click.command()
+@_ref_opt
+@click.argument("inp", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--chunk-rows", type=int, default=65536, show_default=True)
+@click.option("--output", "output", type=click.Choice(["raw", "frame", "linear"]), default="raw", show_default=True,
+              help="raw: comparable by cosine with the target model's own vectors (what a migration needs; the "
+                   "HTTP and Python default too); frame: the target's centred unit frame; linear: x W only.")
+@click.option("--rows", default=None)
+@click.option("--key", default=None)
+@click.option("--column", default=None)
+@click.option("--encoder", default=None, help="Embed a text input first.")
+@json_opt
+@quiet_opt
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Stream the chunks through Ray workers (a local Ray, or the cluster at ADDRESS); same output.")
+@click.pass_obj
+def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet, ray_address):
+    """Map vectors IN to OUT (.npy, .fvecs or .parquet) in chunks; files may exceed memory."""
+    reg = obj.registry
+    v = reg.resolve(ref)
+    m = reg.load_map(v)
+    total = count_rows(inp, key=key, column=column)
+    r = parse_rows(rows)
+    if r is not None:
+        sl = resolve_rows(r, total, inp)
+        total = sl.stop - sl.start
+    if total == 0:
+        raise EmptyInputError(f"{Path(inp).name}: no rows to transform")
+    bar = tqdm(total=total, unit="rows", file=sys.stderr, disable=quiet, desc="transform")
+
+    def checked():
+        for chunk in iter_chunks(inp, chunk_rows=chunk_rows, rows=r, key=key, column=column, encoder=encoder):
+            if chunk.shape[1] != m.source_dim:
+                raise DimensionMismatchError(f"{Path(inp).name} has {chunk.shape[1]}-d rows; {v.ref} expects "
+                                             f"{m.source_dim}-d")
+            yield chunk
+
+    if ray_address is None:
+        mapped = (m.apply(chunk, output=output) for chunk in checked())
+    else:
+        from ..distributed import apply_stream_ray  # Ray: imported only when asked for
+
+        mapped = apply_stream_ray(m, checked(), output=output,
+                                  address=None if ray_address == "local" else ray_address)
+    with ChunkWriter(out, dim=m.target_dim, n_rows=total) as w:
+        for Y in mapped:
+            w.write(Y)
+            bar.update(Y.shape[0])
+    bar.close()
+    emit({"map": v.ref, "rows": total, "out": str(out), "dim": m.target_dim, "output": output}, as_json,
+         f"wrote {total} rows ({m.target_dim}-d, {output}) to {out} with {v.ref}")

@@ -1,0 +1,144 @@
+"""``vecbridge migrate | verify``: move a vector-database collection through a map, and check the result.
+
+Both call one operation of :mod:`service.ops.vectordb` (shared with ``python -m service.vectordb``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from align.exceptions import InputError
+
+from ..errors import exit_code
+from ..ops.vectordb import (checkpoint_status, default_checkpoint, needs_registry, progress_record,
+                              run_migration, run_verify)
+from ..vectordb import MigrationInterrupted
+from ._common import Ctx, emit, json_opt, random_state_opt, store_opts
+
+__all__ = ["migrate", "verify"]
+
+
+@click.command()
+@store_opts
+@click.option("--source", required=True, help="Collection (or alias) holding the old model's vectors.")
+@click.option("--target", required=True, help="New collection for the mapped vectors (same ids and fields).")
+@click.option("--map", "map_ref", required=True, help="Map: registry ref (name, name@alias, name:N) or an artifact file.")
+@click.option("--checkpoint", type=click.Path(), default=None,
+              help="Progress file (default: DATA_DIR/migrations/SOURCE-to-TARGET.json); rerun to resume.")
+@click.option("--alias", default=None, help="Switch this alias to the target when every row is written.")
+@click.option("--batch-size", type=click.IntRange(1, 1_000_000), default=2000, show_default=True)
+@click.option("--pause", type=click.FloatRange(0), default=0.0, help="Seconds to sleep after each batch.")
+@click.option("--index", type=click.Choice(["hnsw", "ivfflat", "none"]), default=None,
+              help="PostgreSQL: index built on the target (default hnsw).")
+@click.option("--overwrite", is_flag=True, help="Drop an existing target before a fresh start (never when resuming).")
+@click.option("--source-space", default=None, help="Space of the source vectors (checked against the map's).")
+@click.option("--target-space", default=None, help="Space recorded on the target (default: the map's).")
+@click.option("--status", "status_only", is_flag=True, help="Only show what the checkpoint says, then exit.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines (progress, then the report) instead of a bar.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.pass_obj
+def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target, map_ref, checkpoint, alias,
+            batch_size, pause, index, overwrite, source_space, target_space, status_only, as_json, quiet):
+    """Map every vector of a collection into a new one (ids, texts and other fields kept), resumably.
+
+    Exit codes: 0 done, 2 bad input or refused (one line), 130 interrupted (Ctrl-C: the batch in
+    flight is finished and checkpointed; run the same command again to resume).
+    """
+    ckpt = Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)
+    if status_only:
+        st = checkpoint_status(ckpt)
+        eta = f", ETA {st['eta_s']:.0f}s at {st['rows_per_s']} rows/s" if st["eta_s"] is not None else ""
+        emit(st, as_json, f"{st['source']} -> {st['target']}: {st['done']}/{st['total']} rows "
+                          f"({100 * st['fraction']:.1f}%), last id {st['last_id']}, "
+                          f"{'finished' if st['finished'] else 'not finished'}{eta}")
+        return
+    progress = _MigrationProgress(f"migrate {source}->{target}", as_json, quiet)
+    try:
+        rep = run_migration(store_url=store, source=source, target=target, map_ref=map_ref, checkpoint=ckpt,
+                            registry=obj.registry if needs_registry(map_ref) else None, alias=alias,
+                            batch_size=batch_size, overwrite=overwrite, pause=pause, index=index, id_field=id_field,
+                            vector_field=vector_field, text_field=text_field, source_space=source_space,
+                            target_space=target_space, progress=progress)
+    except MigrationInterrupted as exc:
+        progress.close()
+        click.echo(f"vecbridge: interrupted: {exc} (checkpoint {ckpt})", err=True)
+        sys.exit(exit_code(exc))
+    finally:
+        progress.close()
+    d = rep.to_dict()
+    d["checkpoint"] = str(ckpt)
+    if as_json:  # JSON lines: the progress lines, then the report on one line
+        click.echo(json.dumps(d, sort_keys=True, default=str))
+        return
+    emit(d, False, f"migrated {rep.rows} rows {source} -> {target} ({rep.rows_this_run} this run"
+                   f"{', resumed after id ' + str(rep.resumed_from) if rep.resumed_from is not None else ''}) "
+                   f"in {rep.seconds:.1f}s; fields: {', '.join(rep.extra.get('fields', [])) or '(none)'}; "
+                   f"space {rep.extra.get('space_check')}"
+                   f"{'; alias ' + alias + ' -> ' + target if alias else ''}")
+
+
+class _MigrationProgress:
+    """Renders :class:`~service.vectordb.MigrationProgress`: a JSON line each (``--json``), else one tqdm bar."""
+
+    def __init__(self, desc: str, as_json: bool, quiet: bool):
+        self.desc, self.as_json, self.quiet, self.bar = desc, as_json, quiet, None
+
+    def __call__(self, p) -> None:
+        if self.as_json:
+            click.echo(json.dumps(progress_record(p)))
+        elif not self.quiet:
+            if self.bar is None:
+                before = max(p.done - int(round(p.rows_per_s * p.elapsed_s)), 0)  # rows of earlier runs
+                self.bar = tqdm(total=p.total, initial=before, unit="rows", desc=self.desc, file=sys.stderr,
+                                dynamic_ncols=True)
+            self.bar.update(p.done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+@click.command()
+@store_opts
+@click.option("--collection", required=True, help="The migrated collection (or its alias).")
+@click.option("--encoder", default=None, help="Re-embed the stored texts with this encoder (the new model).")
+@click.option("--heldout-source", type=click.Path(dir_okay=False), default=None,
+              help="Old-model vectors of held-out items (with --heldout-target and --map).")
+@click.option("--heldout-target", type=click.Path(dir_okay=False), default=None,
+              help="New-model vectors of the same items.")
+@click.option("--heldout-rows", default=None, metavar="START:STOP", help="Rows of both held-out files to use.")
+@click.option("--map", "map_ref", default=None, help="The migration's map (held-out mode).")
+@click.option("--n-sample", type=click.IntRange(2), default=2000, show_default=True)
+@click.option("--queries", "n_queries", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--k", type=click.IntRange(1, 1000), default=10, show_default=True)
+@random_state_opt
+@click.option("--min-recall", type=click.FloatRange(0, 1), default=None,
+              help="PASS/FAIL gate on recall@k: exit 1 when below.")
+@json_opt
+@click.pass_obj
+def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, encoder, heldout_source, heldout_target,
+           heldout_rows, map_ref, n_sample, n_queries, k, random_state, min_recall, as_json):
+    """Check a migrated collection: does searching it find what re-embedding would?"""
+    if (heldout_source is None) != (heldout_target is None):
+        raise InputError("give both --heldout-source and --heldout-target")
+    heldout = (heldout_source, heldout_target) if heldout_source else None
+    out = run_verify(store_url=store, collection=collection, encoder=encoder, heldout=heldout,
+                     heldout_rows=heldout_rows, map_ref=map_ref,
+                     registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
+                     n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
+                     vector_field=vector_field, text_field=text_field)
+    recall = out[f"recall@{out['k']}"]
+    verdict = None if min_recall is None else ("PASS" if recall >= min_recall else "FAIL")
+    out["verdict"] = verdict
+    figures = ", ".join(f"{key}={val:.4f}" for key, val in out.items()
+                        if isinstance(val, float) and not isinstance(val, bool))
+    emit(out, as_json, f"{collection} ({out['mode']}, {out['n_sample']} rows sampled): {figures}"
+                       f"{'; ' + verdict if verdict else ''}")
+    if verdict == "FAIL":
+        sys.exit(1)

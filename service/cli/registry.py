@@ -1,0 +1,196 @@
+"""``vecbridge registry ...`` and ``vecbridge spaces``: inspect and edit the registry."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..registry.names import parse_ref
+from ._common import Ctx, emit, json_opt
+
+__all__ = ["registry", "spaces"]
+
+
+@click.group()
+def registry():
+    """Inspect and edit the registry."""
+
+
+@registry.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Every map with every version and its lineage.")
+@click.pass_obj
+def registry_list(obj: Ctx, as_json):
+    reg = obj.registry
+    maps = reg.list_maps()
+    if as_json:
+        for m in maps:
+            m["versions"] = [v.to_dict() for v in reg.list_versions(m["name"])]
+        emit({"maps": maps, "spaces": [s.to_dict() for s in reg.list_spaces()]}, True)
+        return
+    if not maps:
+        click.echo("(no maps)")
+    for m in maps:
+        al = " ".join(f"{k}->{v}" for k, v in m["aliases"].items())
+        bad = ",".join(str(x) for x in m.get("unreliable_versions") or [])
+        click.echo(f"{m['name']}  {m['source_space']}({m['source_dim']}) -> {m['target_space']}({m['target_dim']})  "
+                   f"latest {m['latest_version']}  versions {m['n_live_versions']}/{m['n_versions']}"
+                   f"{'  aliases ' + al if al else ''}  path {m.get('path_version') or '-'}"
+                   f"{'  UNRELIABLE ' + bad if bad else ''}")
+
+
+@registry.command("show")
+@click.argument("ref")
+@json_opt
+@click.pass_obj
+def registry_show(obj: Ctx, ref, as_json):
+    """Show one version (NAME, NAME@alias, NAME:version)."""
+    reg = obj.registry
+    name, _alias, version = parse_ref(ref)
+    v = reg.get_version(name, version) if version is not None else reg.resolve(ref)
+    d = v.to_dict()
+    rp = reg.report_file(v)
+    d["report_file"] = str(rp) if rp else None
+    d["artifact_file"] = str(reg.artifact_file(v))
+    if as_json:
+        emit(d, True)
+        return
+    for k, val in d.items():
+        click.echo(f"{k:16} {json.dumps(val, sort_keys=True, default=str) if isinstance(val, (dict, list)) else val}")
+
+
+@registry.command("alias")
+@click.argument("name")
+@click.argument("alias")
+@click.argument("version", type=int, required=False)
+@click.option("--delete", is_flag=True, help="Remove the alias instead.")
+@click.pass_obj
+def registry_alias(obj: Ctx, name, alias, version, delete):
+    """Point NAME@ALIAS at VERSION (or --delete it)."""
+    if delete:
+        obj.registry.delete_alias(name, alias)
+        click.echo(f"deleted alias {name}@{alias}")
+        return
+    if version is None:
+        raise click.UsageError("give a VERSION (or --delete)")
+    obj.registry.set_alias(name, alias, version)
+    click.echo(f"{name}@{alias} -> {version}")
+
+
+@registry.command("tag")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.argument("key")
+@click.argument("value", required=False)
+@click.option("--delete", is_flag=True)
+@click.pass_obj
+def registry_tag(obj: Ctx, name, version, key, value, delete):
+    """Set (or --delete) tag KEY on NAME:VERSION."""
+    if delete:
+        obj.registry.delete_tag(name, version, key)
+        click.echo(f"deleted tag {key} of {name}:{version}")
+        return
+    if value is None:
+        raise click.UsageError("give a VALUE (or --delete)")
+    obj.registry.set_tag(name, version, key, value)
+    click.echo(f"{name}:{version} {key}={value}")
+
+
+@registry.command("delete")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.pass_obj
+def registry_delete(obj: Ctx, name, version):
+    """Soft-delete NAME:VERSION (kept for lineage; no longer resolves)."""
+    obj.registry.delete_version(name, version)
+    click.echo(f"deleted {name}:{version}")
+
+
+@registry.command("export")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--name", "names", multiple=True, help="Only these maps (repeatable).")
+@click.pass_obj
+def registry_export(obj: Ctx, path, names):
+    """Write a bundle (PATH.zip, or a folder) with records, artifacts and reports."""
+    obj.registry.export(path, list(names) or None)
+    click.echo(f"exported to {path}")
+
+
+@registry.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--renumber", is_flag=True, help="Add colliding versions as new versions instead of failing.")
+@json_opt
+@click.pass_obj
+def registry_import(obj: Ctx, path, renumber, as_json):
+    """Load a bundle written by `registry export`."""
+    counts = obj.registry.import_(path, on_conflict="renumber" if renumber else "error")
+    emit(counts, as_json, " ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+@registry.command("verify")
+@click.option("--sweep", is_flag=True, help="Delete temporary files left by crashed writers.")
+@click.pass_obj
+def registry_verify(obj: Ctx, sweep):
+    """Check every artifact's sha256 and every alias; exit 2 when something is wrong."""
+    res = obj.registry.verify(sweep=sweep)
+    emit(res, True)
+    if not res["ok"]:
+        sys.exit(2)
+
+
+@registry.command("path")
+@click.argument("source_space")
+@click.argument("target_space")
+@click.option("--alias", default=None, help="The alias that pins a map's version for paths [default: prod].")
+@click.option("--candidates", is_flag=True, help="Also list every direct map between the two spaces, best first.")
+@json_opt
+@click.pass_obj
+def registry_path(obj: Ctx, source_space, target_space, alias, candidates, as_json):
+    """The chain of maps that search and embeddings use from SOURCE_SPACE to TARGET_SPACE.
+
+    Per map: its prod (or --alias) version, else its newest version not flagged unreliable. Between the
+    same two spaces: the alias-pinned map first, then the best held-out top-1 (`eval --record`), then the
+    best training top-1, then the newest; never name order. Pin another map in requests with `map`.
+    """
+    reg = obj.registry
+    chain = reg.find_path(source_space, target_space, alias)
+    out = {"path": [v.ref for v in chain]}
+    text = " -> ".join([source_space] + [f"[{v.ref}] {v.target_space}" for v in chain])
+    if candidates:
+        cands = reg.path_candidates(source_space, target_space, alias)
+        out["candidates"] = [{"ref": v.ref, "aliases": v.aliases, "quality": list(reg.quality(v))} for v in cands]
+        text += "".join(f"\n  {i + 1}. {v.ref}  aliases {','.join(v.aliases) or '-'}  "
+                        f"{['no figure', 'train top-1', 'held-out top-1'][reg.quality(v)[0]]} "
+                        f"{reg.quality(v)[1]:.4f}" for i, v in enumerate(cands))
+    emit(out, as_json, text)
+
+
+@click.group(invoke_without_command=True)
+@json_opt
+@click.pass_context
+def spaces(ctx, as_json):
+    """List spaces (or `spaces add`)."""
+    if ctx.invoked_subcommand is None:
+        items = [s.to_dict() for s in ctx.obj.registry.list_spaces()]
+        if as_json:
+            emit(items, True)
+        else:
+            for s in items:
+                click.echo(f"{s['name']}  {s['dim']}-d  encoder={s['encoder'] or '-'}")
+            if not items:
+                click.echo("(no spaces)")
+
+
+@spaces.command("add")
+@click.argument("name")
+@click.option("--dim", type=int, required=True)
+@click.option("--encoder", default=None)
+@click.option("--query-prefix", default="")
+@click.option("--passage-prefix", default="")
+@click.option("--description", default="")
+@click.pass_obj
+def spaces_add(obj: Ctx, name, dim, encoder, query_prefix, passage_prefix, description):
+    s = obj.registry.register_space(name, dim, encoder, query_prefix, passage_prefix, description)
+    click.echo(f"space {s.name} ({s.dim}-d)")

