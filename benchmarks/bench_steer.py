@@ -278,8 +278,8 @@ def figure(res: dict, path: Path, axis: str = "overlap") -> None:
             for name, rows in (c["rows"] if axis == "overlap" else c.get("ndcg", {}).get("rows", {})).items():
                 ov = [r[axis] for r in rows]
                 p = [r["precision"] for r in rows]
-                c, ls = style[name]
-                ax.plot(ov, p, ls, color=c, marker=".", ms=3, label=name)
+                colour, ls = style[name]
+                ax.plot(ov, p, ls, color=colour, marker=".", ms=3, label=name)
             ax.set_xlim(1.02, 0)
             area = c["area_vs_mean_shift"] if axis == "overlap" else c.get("ndcg", {}).get("area_vs_mean_shift", 0.0)
             ax.set_title(f"{task['A']} vs {task['B']}\n{space} (area {area:+.3f})", fontsize=8)
@@ -341,10 +341,12 @@ def tables(res: dict, png_name: str, ndcg_png: str) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--queries", type=int, default=600)
+    ap.add_argument("--stem", help="result file stem (default steer_pareto_<date>)")
+    ap.add_argument("--from-json", help="redraw the figures and tables of an earlier run's JSON")
     args = ap.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    res = run(args.queries)
-    stem = f"steer_pareto_{res['setup']['date']}"
+    res = json.loads(Path(args.from_json).read_text()) if args.from_json else run(args.queries)
+    stem = args.stem or f"steer_pareto_{res['setup']['date']}"
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
     figure(res, RESULTS / f"{stem}.png")
     figure(res, RESULTS / f"{stem}_ndcg.png", axis="ndcg_kept")
