@@ -49,6 +49,8 @@ import numpy as np
 
 from align.exceptions import Cancelled, VecbridgeError
 
+from .errors import HTTP_STATUS
+
 __all__ = [
     "Client", "APIError", "BadRequestError", "AuthenticationError", "PermissionDeniedError", "NotFoundError",
     "ConflictError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "ValidationError", "QueueFullError",
@@ -89,55 +91,37 @@ class APIError(VecbridgeError):
 class BadRequestError(APIError):
     """400."""
 
-    kind = "invalid"
-
 
 class AuthenticationError(APIError):
     """401: no API key, or one the service does not know."""
-
-    kind = "unauthenticated"
 
 
 class PermissionDeniedError(APIError):
     """403: the key lacks the scope (``read`` / ``write``) of the route."""
 
-    kind = "forbidden"
-
 
 class NotFoundError(APIError):
     """404: unknown space, map, version, alias, index, job, steer or encoder."""
-
-    kind = "not_found"
 
 
 class ConflictError(APIError):
     """409: conflict with what is stored."""
 
-    kind = "conflict"
-
 
 class PayloadTooLargeError(APIError):
     """413: body over ``max_body_bytes`` or more rows than ``max_batch``."""
-
-    kind = "too_large"
 
 
 class UnsupportedMediaTypeError(APIError):
     """415."""
 
-    kind = "unsupported_media"
-
 
 class ValidationError(APIError):
     """422: invalid input (shape, dimension, NaN/Inf, empty, bad name or option)."""
 
-    kind = "invalid"
-
 
 class QueueFullError(APIError):
     """429: the job queue is full; retry after :attr:`retry_after` seconds."""
-
-    kind = "busy"
 
 
 class ServerError(APIError):
@@ -147,14 +131,15 @@ class ServerError(APIError):
 class ServiceUnavailableError(ServerError):
     """503: a part the route needs (registry, language model) is not ready."""
 
-    kind = "unavailable"
-
 
 _BY_STATUS: dict[int, type[APIError]] = {
     400: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedError, 404: NotFoundError,
     409: ConflictError, 413: PayloadTooLargeError, 415: UnsupportedMediaTypeError, 422: ValidationError,
     429: QueueFullError, 503: ServiceUnavailableError,
 }
+_KIND_OF_STATUS = {status: kind for kind, status in reversed(HTTP_STATUS.items())} | {400: "invalid", 500: "internal"}
+for _status, _cls in _BY_STATUS.items():  # each class's kind, as the service's one table says
+    _cls.kind = _KIND_OF_STATUS[_status]
 
 
 class JobError(VecbridgeError):
