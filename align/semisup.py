@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from .blocks import takes_executor
 from .frames import unit_rows
 from .knn import knn
 from .procrustes import procrustes_W
@@ -60,14 +61,16 @@ def sparse_sinkhorn(rows: np.ndarray, cols: np.ndarray, scores: np.ndarray, n: i
     return u[rows] * Kv * v[cols]
 
 
+@takes_executor
 def sinkhorn_polish(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int = 3, eps: float = 0.15, k: int = 20,
                     whiten: float = 0.5, seed_pairs=None, seed_share: float = 0.5, iters: int = 100,
-                    progress=None) -> tuple[np.ndarray, list]:
+                    progress=None, executor=None) -> tuple[np.ndarray, list]:
     """Orthogonal refinement of ``W`` (d_s, d_t) by whitened sparse Sinkhorn soft matching (module docstring).
 
     ``Xs`` (n, d_s), ``Yt`` (m, d_t) framed rows; ``seed_pairs`` = (X_p (p, d_s), Y_p (p, d_t))
     framed known pairs. Cost per round: two blocked top-``k`` searches and ``iters`` sparse
-    scalings over ≤ (n + m) k edges. Returns ``(W float64, history)``.
+    scalings over ≤ (n + m) k edges; the search blocks run through ``executor`` (:mod:`align.blocks`;
+    default: the current one). Returns ``(W float64, history)``.
     """
     W = np.asarray(W, dtype=np.float64)
     T = _inv_sqrt_cov(Yt, whiten) if whiten > 0 else np.eye(Yt.shape[1], dtype=np.float32)

@@ -103,6 +103,7 @@ def test_knn_over_database_blocks_equals_one_search(m, k, cuts, seed):
 
 def test_refinements_take_an_executor_and_give_the_serial_bits():
     from align.refine import bidirectional_polish, refine_icp, self_learning
+    from align.semisup import sinkhorn_polish
 
     rng = np.random.default_rng(5)
     X = unit_rows(rng.normal(size=(1200, 10)).astype(np.float32))
@@ -111,7 +112,7 @@ def test_refinements_take_an_executor_and_give_the_serial_bits():
     W0 = np.eye(10)
     runs = [(refine_icp, dict(iters=3, sample=300, k=5, random_state=1)),
             (self_learning, dict(rounds=2, sample=500, final_rounds=1, random_state=1)),
-            (bidirectional_polish, dict(rounds=2))]
+            (bidirectional_polish, dict(rounds=2)), (sinkhorn_polish, dict(rounds=2))]
     for fn, kw in runs:
         CALLS.clear()
         W_a, h_a = fn(W0, X, Y, **kw)
