@@ -1,8 +1,8 @@
 """``vecbridge fit | eval | plan | transform``: maps between two spaces, from files.
 
 Each command parses its options, calls one operation (:func:`service.ops.maps.run_fit`,
-:func:`align.evaluate` with :func:`service.ops.plans.retention_gate`, :func:`service.ops.plans.plan`,
-:meth:`align.LinearMap.apply` over file chunks) and renders the result as text or ``--json``.
+:func:`service.ops.plans.evaluate_map`, :func:`service.ops.plans.plan`,
+:func:`service.ops.maps.transform_file`) and renders the result as text or ``--json``.
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ from pathlib import Path
 
 import click
 import numpy as np
-from tqdm import tqdm
 
-import align
-from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, VecbridgeWarning
+from align.exceptions import InputError, VecbridgeWarning
 
-from ..ops.maps import SUPERVISED, run_fit
-from ..io import ChunkWriter, count_rows, iter_chunks, parse_rows, read_vectors, resolve_rows
-from ..ops.plans import plan, retention_gate
+from ..io import read_vectors
+from ..ops.maps import SUPERVISED, run_fit, transform_file
+from ..ops.plans import evaluate_map, plan
 from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt,
                       random_state_opt, read_pair, read_seed_pairs, space_name)
 
@@ -125,28 +123,11 @@ def _render_fit(reg, v, as_json: bool) -> None:
 @click.pass_obj
 def eval_cmd(obj: Ctx, ref, min_top1, min_retention, csls, record, as_json, **io_opts):
     """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention."""
-    reg = obj.registry
-    v = reg.resolve(ref)
-    m = reg.load_map(v)
     X, Y, _ = read_pair(io_opts, lambda stage, frac: None)
-    res = align.evaluate(m, X, Y, csls=csls)
-    res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention)
-    res["retention"] = res["retrieval"]["retention"]
-    res["map"] = v.ref
-    passed = None
-    if min_top1 is not None:
-        passed = res["top1"] >= min_top1
-        res["min_top1"] = min_top1
-    if min_retention is not None:
-        passed = (passed is not False) and res["retrieval"]["passed"]
-        res["min_retention"] = min_retention
-    if passed is not None:
-        res["result"] = "PASS" if passed else "FAIL"
-    if record:
-        for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates"):
-            reg.set_tag(v.name, v.version, f"eval.{k}", res[k])
+    res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
+                       record=record)
     r = res["retrieval"]
-    text = (f"{v.ref}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f}  "
+    text = (f"{res['map']}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f}  "
             f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})\n"
             f"  retrieval: retention {r['retention']:.4f}  corpus-side MRR {r['corpus_mrr']:.4f}  "
             f"query-side MRR {r['query_mrr']:.4f}  overlap@10 {r['overlap@10']:.4f}")
@@ -157,7 +138,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, csls, record, as_json, **io
     if min_retention is not None:
         text += f"\n{r['result']}: retention {r['retention']:.4f} vs {min_retention}"
     emit(res, as_json, text)
-    if passed is False:
+    if res.get("result") == "FAIL":
         sys.exit(1)
 
 
@@ -220,36 +201,10 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 @click.pass_obj
 def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet, ray_address):
     """Map vectors IN to OUT (.npy, .fvecs or .parquet) in chunks; files may exceed memory."""
-    reg = obj.registry
-    v = reg.resolve(ref)
-    m = reg.load_map(v)
-    total = count_rows(inp, key=key, column=column)
-    r = parse_rows(rows)
-    if r is not None:
-        sl = resolve_rows(r, total, inp)
-        total = sl.stop - sl.start
-    if total == 0:
-        raise EmptyInputError(f"{Path(inp).name}: no rows to transform")
-    bar = tqdm(total=total, unit="rows", file=sys.stderr, disable=quiet, desc="transform")
-
-    def checked():
-        for chunk in iter_chunks(inp, chunk_rows=chunk_rows, rows=r, key=key, column=column, encoder=encoder):
-            if chunk.shape[1] != m.source_dim:
-                raise DimensionMismatchError(f"{Path(inp).name} has {chunk.shape[1]}-d rows; {v.ref} expects "
-                                             f"{m.source_dim}-d")
-            yield chunk
-
-    if ray_address is None:
-        mapped = (m.apply(chunk, output=output) for chunk in checked())
-    else:
-        from ..distributed import apply_stream_ray  # Ray: imported only when asked for
-
-        mapped = apply_stream_ray(m, checked(), output=output,
-                                  address=None if ray_address == "local" else ray_address)
-    with ChunkWriter(out, dim=m.target_dim, n_rows=total) as w:
-        for Y in mapped:
-            w.write(Y)
-            bar.update(Y.shape[0])
-    bar.close()
-    emit({"map": v.ref, "rows": total, "out": str(out), "dim": m.target_dim, "output": output}, as_json,
-         f"wrote {total} rows ({m.target_dim}-d, {output}) to {out} with {v.ref}")
+    progress, close = progress_bar(not quiet)
+    try:
+        res = transform_file(obj.registry, ref, inp, out, chunk_rows=chunk_rows, output=output, rows=rows, key=key,
+                             column=column, encoder=encoder, ray_address=ray_address, progress=progress)
+    finally:
+        close()
+    emit(res, as_json, f"wrote {res['rows']} rows ({res['dim']}-d, {output}) to {out} with {res['map']}")

@@ -22,11 +22,11 @@ import numpy as np
 
 import align
 from align.validation import as_matrix
-from align.exceptions import DimensionMismatchError, InputError
+from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 from align.frames import unit_rows
 
 from ..encoders import UnknownEncoderError
-from ..io import sha256_array
+from ..io import ChunkWriter, count_rows, iter_chunks, parse_rows, resolve_rows, sha256_array
 from ..progress import Progress, Stages, silent
 from ..registry import ConflictError, NotFoundError, Registry, VersionInfo
 from ..registry.names import check_alias, check_name, fs_safe
@@ -34,7 +34,7 @@ from ..reports import render_report, write_report
 from .plans import MIGRATION_METHODS, fit_migration_map
 
 __all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_request", "fit_side", "check_pairs",
-           "embed_side", "fit_sides", "create_space", "describe_map", "report_html", "embed"]
+           "embed_side", "fit_sides", "create_space", "describe_map", "report_html", "embed", "transform_file"]
 
 METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive")
 SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive")
@@ -469,3 +469,48 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
             raise InputError(f"dimensions={dimensions} is not supported: space {target_space!r} is "
                              f"{X.shape[1]}-d; omit `dimensions` or pass {X.shape[1]}")
     return X, tr
+
+
+# --- files, transformed -----------------------------------------------------------------------------
+def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, output: str = "raw", rows=None,
+                   key: str | None = None, column: str | None = None, encoder: str | None = None,
+                   ray_address: str | None = None, progress: Progress | None = None) -> dict:
+    """Map the rows of file ``inp`` with map ``ref`` into file ``out`` chunk by chunk (files may exceed memory).
+
+    ``rows`` ``"START:STOP"``; ``key`` / ``column`` name the .npz array / Parquet column; ``encoder``
+    embeds a text file first; ``output`` as :meth:`align.LinearMap.apply`; ``ray_address``
+    (``"local"`` or a cluster) streams the chunks through Ray workers, same output. ``progress``
+    reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output"}``.
+    """
+    v = registry.resolve(ref)
+    m = registry.load_map(v)
+    total = count_rows(inp, key=key, column=column)
+    r = parse_rows(rows)
+    if r is not None:
+        sl = resolve_rows(r, total, inp)
+        total = sl.stop - sl.start
+    if total == 0:
+        raise EmptyInputError(f"{Path(inp).name}: no rows to transform")
+    say = progress or silent
+
+    def checked():
+        for chunk in iter_chunks(inp, chunk_rows=chunk_rows, rows=r, key=key, column=column, encoder=encoder):
+            if chunk.shape[1] != m.source_dim:
+                raise DimensionMismatchError(f"{Path(inp).name} has {chunk.shape[1]}-d rows; {v.ref} expects "
+                                             f"{m.source_dim}-d")
+            yield chunk
+
+    if ray_address is None:
+        mapped = (m.apply(chunk, output=output) for chunk in checked())
+    else:
+        from ..distributed import apply_stream_ray  # Ray: imported only when asked for
+
+        mapped = apply_stream_ray(m, checked(), output=output, address=None if ray_address == "local" else ray_address)
+    done = 0
+    say("transform", 0.0)
+    with ChunkWriter(out, dim=m.target_dim, n_rows=total) as w:
+        for Y in mapped:
+            w.write(Y)
+            done += Y.shape[0]
+            say("transform", done / total)
+    return {"map": v.ref, "rows": total, "out": str(out), "dim": m.target_dim, "output": output}

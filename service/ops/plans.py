@@ -10,6 +10,9 @@
   native nearest other row; retention is the share of queries whose relevant document is still
   in the top 10 of the mapped old rows (native recall is 1 by construction, so this is the
   ratio migrated / native). The same quantity ``plan`` predicts.
+- :func:`evaluate_map` — a registered map on held-out pairs: :func:`align.evaluate` (top-1, mean
+  rank, cosine, recall@10, optional CSLS), the retention gate, PASS/FAIL against ``min_top1`` /
+  ``min_retention``, optionally recorded as ``eval.*`` tags on the version.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 import align
 from align.exceptions import InputError
 
-__all__ = ["MIGRATION_METHODS", "fit_migration_map", "plan", "retention_gate", "RETENTION_KEY"]
+__all__ = ["MIGRATION_METHODS", "fit_migration_map", "plan", "retention_gate", "evaluate_map", "RETENTION_KEY"]
 
 MIGRATION_METHODS = ("auto", "contrastive")
 RETENTION_KEY = "nn_retention@10"
@@ -52,4 +55,34 @@ def retention_gate(map_: align.LinearMap, X: np.ndarray, Y: np.ndarray, *, min_r
         res["min_retention"] = float(min_retention)
         res["passed"] = bool(res["retention"] >= min_retention)
         res["result"] = "PASS" if res["passed"] else "FAIL"
+    return res
+
+
+def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool = False,
+                 min_top1: float | None = None, min_retention: float | None = None, record: bool = False) -> dict:
+    """Scores of the registered map ``ref`` on held-out pairs ``X`` (n, d_s) <-> ``Y`` (n, d_t).
+
+    Keys: those of :func:`align.evaluate`, ``retrieval`` (:func:`retention_gate`), ``retention``,
+    ``map`` (the resolved ref) and, when a gate is given, ``min_top1`` / ``min_retention`` and
+    ``result`` (``"PASS"`` only when every given gate passes). ``record`` stores top-1, mean rank,
+    cosine, recall@10 and the candidate count as tags ``eval.*`` on the version (they rank paths).
+    """
+    v = registry.resolve(ref)
+    m = registry.load_map(v)
+    res = align.evaluate(m, X, Y, csls=csls)
+    res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention)
+    res["retention"] = res["retrieval"]["retention"]
+    res["map"] = v.ref
+    passed = None
+    if min_top1 is not None:
+        passed = res["top1"] >= min_top1
+        res["min_top1"] = min_top1
+    if min_retention is not None:
+        passed = (passed is not False) and res["retrieval"]["passed"]
+        res["min_retention"] = min_retention
+    if passed is not None:
+        res["result"] = "PASS" if passed else "FAIL"
+    if record:
+        for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates"):
+            registry.set_tag(v.name, v.version, f"eval.{k}", res[k])
     return res

@@ -1,0 +1,39 @@
+"""The CLI package (service/cli/): every command in the table resolves, and a command loads only its own module.
+
+``service.cli.COMMANDS`` maps each command to ``module:attribute``; the group imports a module when
+its command runs, so a registry command never pays for torch (the LM) or FastAPI (the server).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from service.cli import COMMANDS, cli, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_command_in_the_table_resolves_and_is_listed(capsys):
+    ctx = click.Context(cli)
+    for name in COMMANDS:
+        cmd = cli.get_command(ctx, name)
+        assert isinstance(cmd, click.Command) and cmd.name == name, name
+    assert main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"  {name} " in listed for name in COMMANDS), listed
+
+
+def test_a_registry_command_imports_neither_torch_nor_fastapi(tmp_path):
+    probe = ("import json, sys; from service.cli import main; rc = main(sys.argv[1:]); "
+             "print(json.dumps({'rc': rc, 'loaded': sorted(m for m in ('torch', 'fastapi', 'service.api', "
+             "'service.cli.lm', 'service.cli.maps') if m in sys.modules)}))")
+    p = subprocess.run([sys.executable, "-c", probe, "--data-dir", str(tmp_path / "var"), "registry", "list"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out == {"rc": 0, "loaded": []}, out
