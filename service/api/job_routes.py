@@ -1,40 +1,50 @@
 """The shape every job-creating route shares: ``POST`` → 202 with the job (200 on an idempotent replay).
 
-:func:`job_route` is the route decorator (scopes, status, response model, documented answers,
-request-body schema and examples); :func:`accept` submits the job through
-:func:`service.ops.jobs.submit` and renders the answer. A route then only parses its body and
-builds the job function.
+A job route is one plain function ``plan(body, request, state, settings) -> (job_fn, description)``
+that parses and checks the request body (run off the event loop; a bad request is a 4xx before any
+job exists) and returns the job function ``job_fn(ctx)`` and a one-line description.
+:func:`job_route` registers it: the route's declaration (scopes, status, response model,
+documented answers, body schema and examples), the ``Idempotency-Key`` header, and the answer
+(:func:`service.ops.jobs.submit`, then the job record with ``Location: /v1/jobs/{id}``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Callable
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
+from starlette.concurrency import run_in_threadpool
 
 from ..ops import jobs as job_ops
-from .deps import JSONOnly, WriteScope
+from .deps import JSONOnly, SettingsDep, StateDep, WriteScope
 from .openapi import json_body
 from .responses import FastJSONResponse
 from .schemas import JobOut, error_responses
 
-__all__ = ["job_route", "accept", "IdempotencyKey"]
+__all__ = ["job_route"]
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)]
 
 
-def job_route(router: APIRouter, path: str, *, summary: str, description: str, body_model, example: str):
-    """``@router.post(path, ...)`` for a route that queues a job (JSON body of ``body_model``)."""
-    return router.post(path, dependencies=[WriteScope, JSONOnly], status_code=202, summary=summary,
-                       description=description, response_model=JobOut, openapi_extra=json_body(body_model, example),
-                       responses={200: {"model": JobOut, "description": "Idempotent replay: the job this key first created."},
-                                  **error_responses(409, 413, 415, 429)})
+def job_route(router: APIRouter, path: str, *, kind: str, summary: str, description: str, body_model, example: str):
+    """Register ``plan`` as ``POST path`` queueing a job of ``kind`` (JSON body of ``body_model``)."""
 
+    def register(plan: Callable):
+        async def endpoint(request: Request, state: StateDep, settings: SettingsDep,
+                           idempotency_key: IdempotencyKey = None):
+            body = await request.body()
+            fn, what = await run_in_threadpool(plan, body, request, state, settings)
+            job, created = job_ops.submit(state.jobs, fn, kind=kind, description=what, request=body,
+                                          idempotency_key=idempotency_key)
+            return FastJSONResponse(job.to_dict(), status_code=202 if created else 200,
+                                    headers={"Location": f"/v1/jobs/{job.id}"})
 
-def accept(state, fn: Callable, *, kind: str, description: str, request: bytes,
-           idempotency_key: str | None) -> FastJSONResponse:
-    """Queue ``fn`` in ``state.jobs`` and answer 202 (200 for a replay) with ``Location: /v1/jobs/{id}``."""
-    job, created = job_ops.submit(state.jobs, fn, kind=kind, description=description, request=request,
-                                  idempotency_key=idempotency_key)
-    return FastJSONResponse(job.to_dict(), status_code=202 if created else 200,
-                            headers={"Location": f"/v1/jobs/{job.id}"})
+        endpoint.__name__ = endpoint.__qualname__ = plan.__name__  # the OpenAPI operationId
+        router.post(path, dependencies=[WriteScope, JSONOnly], status_code=202, summary=summary,
+                    description=description, response_model=JobOut, openapi_extra=json_body(body_model, example),
+                    responses={200: {"model": JobOut,
+                                     "description": "Idempotent replay: the job this key first created."},
+                               **error_responses(409, 413, 415, 429)})(endpoint)
+        return plan
+
+    return register

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter
 
 from align.exceptions import InputError
 
 from ...ops import maps as map_ops
 from ..codec import check_batch, parse_json, validate, vectors_from_json
-from ..deps import SettingsDep, StateDep
-from ..job_routes import IdempotencyKey, accept, job_route
+from ..job_routes import job_route
 from ..schemas import FitRequest, error_responses
 
 router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 503))
@@ -50,22 +48,16 @@ def _side(state, side, space: str, label: str, max_batch: int) -> map_ops.FitSid
     return map_ops.fit_side(state.registry, state.encoder, space=space, label=label, X=X)
 
 
-@job_route(router, "/fits", summary="Queue a fit job", description=FIT_DOC, body_model=FitRequest,
+@job_route(router, "/fits", kind="fit", summary="Queue a fit job", description=FIT_DOC, body_model=FitRequest,
            example="create_fit")
-async def create_fit(request: Request, state: StateDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None):
-    body = await request.body()
-
-    def prepare():
-        obj = parse_json(body)
-        opts = validate(FitRequest, {**obj, "source": {}, "target": {}})
-        map_ops.check_fit_request(state.registry, name=opts.name, method=opts.method, paired=opts.paired,
-                                  source_space=opts.source_space, target_space=opts.target_space, alias=opts.alias)
-        src = _side(state, obj.get("source"), opts.source_space, "source", settings.max_batch)
-        tgt = _side(state, obj.get("target"), opts.target_space, "target", settings.max_batch)
-        map_ops.check_pairs(src, tgt, opts.paired)
-        return opts, src, tgt
-
-    opts, src, tgt = await run_in_threadpool(prepare)
+def create_fit(body: bytes, request, state, settings):
+    obj = parse_json(body)
+    opts = validate(FitRequest, {**obj, "source": {}, "target": {}})
+    map_ops.check_fit_request(state.registry, name=opts.name, method=opts.method, paired=opts.paired,
+                              source_space=opts.source_space, target_space=opts.target_space, alias=opts.alias)
+    src = _side(state, obj.get("source"), opts.source_space, "source", settings.max_batch)
+    tgt = _side(state, obj.get("target"), opts.target_space, "target", settings.max_batch)
+    map_ops.check_pairs(src, tgt, opts.paired)
     check_batch(max(src.rows, tgt.rows), settings.max_batch)
     state.metrics.batch_rows.labels("fit").observe(src.rows + tgt.rows)
 
@@ -76,5 +68,4 @@ async def create_fit(request: Request, state: StateDep, settings: SettingsDep, i
                               random_state=opts.random_state, alias=opts.alias, description=opts.description)
         return {"ref": v.ref, "version": v.to_dict()}
 
-    return accept(state, job, kind="fit", description=f"fit {opts.name} ({opts.method})", request=body,
-                  idempotency_key=idempotency_key)
+    return job, f"fit {opts.name} ({opts.method})"

@@ -22,8 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from ...ops import lm as ops
 from ...ops.lm import LM, lm_space
 from ..codec import check_batch, parse_json, validate
-from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
-from ..job_routes import IdempotencyKey, accept, job_route
+from ..deps import JSONOnly, ReadScope, StateDep
+from ..job_routes import job_route
 from ..openapi import json_body
 from ..responses import FastJSONResponse
 from ..schemas import _Strict, error_responses
@@ -102,27 +102,20 @@ registered `steer` (space `lm.<model>`, lens = vocabulary words at the ends of W
 """
 
 
-@job_route(router, "/steers", summary="Queue an LM steer fit job", description=FIT_DOC, body_model=LMFitRequest,
-           example="lm_fit")
-async def create_lm_steer(request: Request, state: StateDep, settings: SettingsDep,
-                          idempotency_key: IdempotencyKey = None):
-    body = await request.body()
-
-    def prepare():
-        opts = validate(LMFitRequest, parse_json(body))
-        spec = ops.check_fit(ops.LMFit(**opts.model_dump(), inputs={"via": "http", "n_texts": len(opts.texts)}))
-        check_batch(len(opts.texts), settings.max_batch)
-        lm = get_lm(request)
-        return ops.prepare_fit(state.registry, lm, spec), lm
-
-    spec, lm = await run_in_threadpool(prepare)
+@job_route(router, "/steers", kind="lm-steer-fit", summary="Queue an LM steer fit job", description=FIT_DOC,
+           body_model=LMFitRequest, example="lm_fit")
+def create_lm_steer(body: bytes, request, state, settings):
+    opts = validate(LMFitRequest, parse_json(body))
+    spec = ops.check_fit(ops.LMFit(**opts.model_dump(), inputs={"via": "http", "n_texts": len(opts.texts)}))
+    check_batch(len(opts.texts), settings.max_batch)
+    lm = get_lm(request)
+    spec = ops.prepare_fit(state.registry, lm, spec)
 
     def job(ctx):
         v = ops.run_fit(state.registry, lm, spec, progress=ctx.progress)
         return {"ref": v.ref, "steer": v.to_dict()}
 
-    return accept(state, job, kind="lm-steer-fit", description=f"LM steer fit {spec.name}", request=body,
-                  idempotency_key=idempotency_key)
+    return job, f"LM steer fit {spec.name}"
 
 
 @router.post("/generate", dependencies=[ReadScope, JSONOnly], summary="Continue a prompt under steers",

@@ -13,7 +13,7 @@ from align.exceptions import PairCountError
 from ...ops import steers as steer_ops
 from ..codec import parse_json, texts_instead, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
-from ..job_routes import IdempotencyKey, accept, job_route
+from ..job_routes import job_route
 from ..openapi import examples, json_body
 from ..pagination import Page, paged
 from ..responses import FastJSONResponse
@@ -37,29 +37,22 @@ def _split(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k not in ("vectors", "vectors_b64")}
 
 
-@job_route(router, "/steers", summary="Queue a steer fit job", description=FIT_DOC, body_model=SteerFitRequest,
-           example="create_steer")
-async def create_steer(request: Request, state: StateDep, settings: SettingsDep,
-                       idempotency_key: IdempotencyKey = None):
-    body = await request.body()
-
-    def prepare():
-        obj = parse_json(body)
-        opts = validate(SteerFitOptions, _split(obj))
-        steer_ops.check_steer_fit(state.registry, name=opts.name, space=opts.space, alias=opts.alias,
-                                  params=opts.params, random_state=opts.random_state)
-        texts = texts_instead(obj, opts.texts, settings.max_batch)
-        dim, encoder = steer_ops.space_for_rows(state.registry, state.encoder, opts.space, texts=texts,
-                                                encoder=opts.encoder)
-        X = None if texts else vectors_from_json(obj, dim=dim or obj.get("dim"), max_batch=settings.max_batch)
-        n = len(opts.texts) if texts else X.shape[0]
-        if len(opts.labels) != n:
-            raise PairCountError(f"{len(opts.labels)} labels for {n} rows")
-        if opts.items is not None and len(opts.items) != n:
-            raise PairCountError(f"{len(opts.items)} items for {n} rows")
-        return opts, X, encoder
-
-    opts, X, encoder = await run_in_threadpool(prepare)
+@job_route(router, "/steers", kind="steer-fit", summary="Queue a steer fit job", description=FIT_DOC,
+           body_model=SteerFitRequest, example="create_steer")
+def create_steer(body: bytes, request, state, settings):
+    obj = parse_json(body)
+    opts = validate(SteerFitOptions, _split(obj))
+    steer_ops.check_steer_fit(state.registry, name=opts.name, space=opts.space, alias=opts.alias,
+                              params=opts.params, random_state=opts.random_state)
+    texts = texts_instead(obj, opts.texts, settings.max_batch)
+    dim, encoder = steer_ops.space_for_rows(state.registry, state.encoder, opts.space, texts=texts,
+                                            encoder=opts.encoder)
+    X = None if texts else vectors_from_json(obj, dim=dim or obj.get("dim"), max_batch=settings.max_batch)
+    n = len(opts.texts) if texts else X.shape[0]
+    if len(opts.labels) != n:
+        raise PairCountError(f"{len(opts.labels)} labels for {n} rows")
+    if opts.items is not None and len(opts.items) != n:
+        raise PairCountError(f"{len(opts.items)} items for {n} rows")
 
     def job(ctx):
         v = steer_ops.embed_and_register(
@@ -68,8 +61,7 @@ async def create_steer(request: Request, state: StateDep, settings: SettingsDep,
             params=opts.params, random_state=opts.random_state, alias=opts.alias, description=opts.description)
         return {"ref": v.ref, "steer": v.to_dict()}
 
-    return accept(state, job, kind="steer-fit", description=f"steer fit {opts.name}", request=body,
-                  idempotency_key=idempotency_key)
+    return job, f"steer fit {opts.name}"
 
 
 @router.get("/steers", dependencies=[ReadScope], summary="List steers", response_model=SteerList)
