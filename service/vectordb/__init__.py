@@ -12,17 +12,8 @@ Engines (optional extras; imported lazily): :class:`MilvusStore` (``pymilvus``, 
 
 from __future__ import annotations
 
-from .base import (
-    Batch,
-    BadNameError,
-    CheckpointMismatchError,
-    CollectionExistsError,
-    CollectionNotFoundError,
-    SpaceMismatchError,
-    UnsupportedFieldError,
-    VectorDBError,
-    VectorStore,
-)
+from .base import (Batch, BadNameError, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
+                   SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore)
 from .checkpoint import Checkpoint, FileCheckpoint, MemoryCheckpoint, PgCheckpoint
 from .migrate import (
     MigrationInterrupted,

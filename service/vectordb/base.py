@@ -51,7 +51,7 @@ from ..errors import ConflictError, NotFoundError
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
     "CheckpointMismatchError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError", "check_name", "as_ids",
-    "check_fields", "METRICS",
+    "check_fields", "check_metric", "METRICS",
 ]
 
 METRICS = ("cosine", "ip")
@@ -121,6 +121,34 @@ def check_fields(fields, n: int) -> dict[str, list] | None:
     return out
 
 
+def check_metric(metric: str) -> str:
+    """Return ``metric`` when it is one of :data:`METRICS`, else raise InputError."""
+    if metric not in METRICS:
+        raise InputError(f"metric must be one of {METRICS}, got {metric!r}")
+    return metric
+
+
+def none_if_all_none(values: list | None) -> list | None:
+    """``values``, or None when there are none or every one is None (a column nobody filled)."""
+    return None if values is None or all(v is None for v in values) else values
+
+
+def rows_in_order(engine: str, name: str, ids: np.ndarray, got: dict) -> list:
+    """The rows ``got[i]`` for each id of ``ids`` in that order; InputError naming the missing ids."""
+    missing = [int(i) for i in ids if int(i) not in got]
+    if missing:
+        raise InputError(f"{engine}: {len(missing)} ids not in {name!r} (first: {missing[:5]})")
+    return [got[int(i)] for i in ids]
+
+
+def close_quietly(conn) -> None:
+    """Close a client or connection, ignoring errors (it may already be closed)."""
+    try:
+        conn.close()
+    except Exception:
+        pass
+
+
 @dataclass
 class Batch:
     """Rows read from a store: ``ids`` (n,) int64, ``vectors`` (n, d) float32, ``texts`` list or None,
@@ -157,6 +185,18 @@ class VectorStore(ABC):
         ``like``: a collection whose other fields the new one declares too (same names and types),
         so :meth:`upsert` can carry them over.
         """
+
+    def _require(self, name: str) -> str:
+        """``name`` when a collection or alias of that name exists, else CollectionNotFoundError."""
+        if not self.exists(name) and self.resolve_alias(name) is None:
+            raise CollectionNotFoundError(f"{self.engine}: no collection or alias {name!r}")
+        return name
+
+    def _require_collection(self, name: str) -> str:
+        """``name`` when a collection (not an alias) of that name exists, else CollectionNotFoundError."""
+        if not self.exists(name):
+            raise CollectionNotFoundError(f"{self.engine}: no collection {name!r}")
+        return name
 
     def get_space(self, name: str) -> str | None:
         """The embedding space recorded on a collection (or alias), or None."""

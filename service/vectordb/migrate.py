@@ -40,16 +40,8 @@ import numpy as np
 from align.exceptions import Cancelled, DimensionMismatchError, InputError
 from align.maps import LinearMap
 
-from .base import (
-    CheckpointMismatchError,
-    CollectionExistsError,
-    CollectionNotFoundError,
-    SpaceMismatchError,
-    UnsupportedFieldError,
-    VectorDBError,
-    VectorStore,
-    check_name,
-)
+from .base import (CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError, SpaceMismatchError,
+                   UnsupportedFieldError, VectorDBError, VectorStore, check_name)
 from .checkpoint import Checkpoint, MemoryCheckpoint
 
 __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",

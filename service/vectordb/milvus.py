@@ -20,18 +20,8 @@ from typing import Iterator
 
 import numpy as np
 
-from align.exceptions import InputError
-
-from .base import (
-    Batch,
-    CollectionNotFoundError,
-    METRICS,
-    VectorDBError,
-    VectorStore,
-    _pad_results,
-    as_ids,
-    check_name,
-)
+from .base import (Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
+                   none_if_all_none, rows_in_order)
 
 __all__ = ["MilvusStore"]
 
@@ -70,16 +60,9 @@ class MilvusStore(VectorStore):
     def exists(self, name: str) -> bool:
         return bool(self.client.has_collection(check_name(name)))
 
-    def _require(self, name: str) -> str:
-        check_name(name)
-        if not self.client.has_collection(name) and self.resolve_alias(name) is None:
-            raise CollectionNotFoundError(f"milvus: no collection or alias {name!r}")
-        return name
-
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         # ``like``: other fields land in the dynamic field, which keeps any name and JSON value
-        if metric not in METRICS:
-            raise InputError(f"metric must be one of {METRICS}, got {metric!r}")
+        check_metric(metric)
         self.client.create_collection(check_name(name), dimension=int(dim), metric_type=_METRIC[metric],
                                       primary_field_name=self.id_field, vector_field_name=self.vector_field,
                                       id_type="int", auto_id=False, consistency_level="Strong")
@@ -199,17 +182,12 @@ class MilvusStore(VectorStore):
             for r in self.client.get(name, ids=[int(i) for i in ids[s : s + _EXPR_IDS]],
                                      output_fields=self._outputs(True, with_fields)):
                 got[int(r[self.id_field])] = r
-        missing = [int(i) for i in ids if int(i) not in got]
-        if missing:
-            raise InputError(f"milvus: {len(missing)} ids not in {name!r} (first: {missing[:5]})")
-        return self._to_batch([got[int(i)] for i in ids], True, with_fields)
+        return self._to_batch(rows_in_order(self.engine, name, ids, got), True, with_fields)
 
     def _to_batch(self, rows: list[dict], with_texts: bool, with_fields: bool) -> Batch:
         ids = np.fromiter((r[self.id_field] for r in rows), dtype=np.int64, count=len(rows))
         V = np.asarray([r[self.vector_field] for r in rows], dtype=np.float32)
-        texts = [r.get(self.text_field) for r in rows] if with_texts else None
-        if texts is not None and all(t is None for t in texts):
-            texts = None
+        texts = none_if_all_none([r.get(self.text_field) for r in rows]) if with_texts else None
         fields = None
         if with_fields:
             names = sorted({k for r in rows for k in r} - {self.id_field, self.vector_field, self.text_field})
@@ -236,8 +214,7 @@ class MilvusStore(VectorStore):
     # --- aliases ------------------------------------------------------------------------
     def set_alias(self, alias: str, name: str) -> None:
         check_name(alias, "alias")
-        if not self.exists(name):
-            raise CollectionNotFoundError(f"milvus: no collection {name!r}")
+        self._require_collection(name)
         if self.resolve_alias(alias) is None:
             self.client.create_alias(name, alias)
         else:
@@ -252,8 +229,5 @@ class MilvusStore(VectorStore):
         return None
 
     def close(self) -> None:
-        try:
-            self.client.close()
-        except Exception:
-            pass
+        close_quietly(self.client)
 

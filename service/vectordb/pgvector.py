@@ -28,17 +28,8 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (
-    Batch,
-    CollectionNotFoundError,
-    METRICS,
-    UnsupportedFieldError,
-    VectorDBError,
-    VectorStore,
-    _pad_results,
-    as_ids,
-    check_name,
-)
+from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results,
+                   as_ids, check_metric, check_name, close_quietly, rows_in_order)
 
 __all__ = ["PgVectorStore"]
 
@@ -168,8 +159,7 @@ class PgVectorStore(VectorStore):
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         from psycopg import sql
 
-        if metric not in METRICS:
-            raise InputError(f"metric must be one of {METRICS}, got {metric!r}")
+        check_metric(metric)
         t = self._ident(name)
         extra = self._extra(like) if like is not None else []
         cols = [sql.SQL("{} bigint PRIMARY KEY").format(self._ident(self.id_field)),
@@ -280,10 +270,7 @@ class PgVectorStore(VectorStore):
             rows = cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s)").format(
                 cols, self._ident(name), sql.Identifier(self.id_field)), ([int(i) for i in ids],)).fetchall()
         got = {int(r[0]): r for r in rows}
-        missing = [int(i) for i in ids if int(i) not in got]
-        if missing:
-            raise InputError(f"pgvector: {len(missing)} ids not in {name!r} (first: {missing[:5]})")
-        return _to_batch([got[int(i)] for i in ids], text_at, extra)
+        return _to_batch(rows_in_order(self.engine, name, ids, got), text_at, extra)
 
     def _search(self, name, Q, k):
         from psycopg import sql
@@ -342,10 +329,7 @@ class PgVectorStore(VectorStore):
         return None if r is None or self._relkind(alias) != "v" else str(r[0])
 
     def close(self) -> None:
-        try:
-            self.conn.close()
-        except Exception:
-            pass
+        close_quietly(self.conn)
 
 
 def _vec(v) -> np.ndarray:

@@ -18,16 +18,8 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (
-    Batch,
-    CollectionNotFoundError,
-    METRICS,
-    VectorDBError,
-    VectorStore,
-    _pad_results,
-    as_ids,
-    check_name,
-)
+from .base import (Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
+                   none_if_all_none, rows_in_order)
 
 __all__ = ["QdrantStore"]
 
@@ -61,18 +53,11 @@ class QdrantStore(VectorStore):
     def exists(self, name: str) -> bool:
         return bool(self.client.collection_exists(check_name(name)))
 
-    def _require(self, name: str) -> str:
-        check_name(name)
-        if not self.client.collection_exists(name) and self.resolve_alias(name) is None:
-            raise CollectionNotFoundError(f"qdrant: no collection or alias {name!r}")
-        return name
-
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         # ``like``: payloads are schemaless, every key travels as it is
         from qdrant_client import models
 
-        if metric not in METRICS:
-            raise InputError(f"metric must be one of {METRICS}, got {metric!r}")
+        check_metric(metric)
         dist = models.Distance.COSINE if metric == "cosine" else models.Distance.DOT
         params = models.VectorParams(size=int(dim), distance=dist)
         self.client.create_collection(check_name(name), vectors_config=params if self.vector_field is None
@@ -161,18 +146,13 @@ class QdrantStore(VectorStore):
         pts = self.client.retrieve(name, ids=[int(i) for i in ids], with_vectors=self._vectors(),
                                    with_payload=self._payload(True, with_fields))
         got = {int(p.id): p for p in pts}
-        missing = [int(i) for i in ids if int(i) not in got]
-        if missing:
-            raise InputError(f"qdrant: {len(missing)} ids not in {name!r} (first: {missing[:5]})")
-        return self._to_batch([got[int(i)] for i in ids], True, with_fields)
+        return self._to_batch(rows_in_order(self.engine, name, ids, got), True, with_fields)
 
     def _to_batch(self, points, with_texts: bool, with_fields: bool) -> Batch:
         ids = np.fromiter((int(p.id) for p in points), dtype=np.int64, count=len(points))
         vec = (lambda p: p.vector) if self.vector_field is None else (lambda p: p.vector[self.vector_field])
         V = np.asarray([vec(p) for p in points], dtype=np.float32)
-        texts = [(p.payload or {}).get(self.text_field) for p in points] if with_texts else None
-        if texts is not None and all(t is None for t in texts):
-            texts = None
+        texts = none_if_all_none([(p.payload or {}).get(self.text_field) for p in points]) if with_texts else None
         fields = None
         if with_fields:
             names = sorted({k for p in points for k in (p.payload or {})} - {self.text_field})
@@ -194,8 +174,7 @@ class QdrantStore(VectorStore):
         from qdrant_client import models
 
         check_name(alias, "alias")
-        if not self.exists(name):
-            raise CollectionNotFoundError(f"qdrant: no collection {name!r}")
+        self._require_collection(name)
         ops = []
         if self.resolve_alias(alias) is not None:
             ops.append(models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias)))
@@ -210,8 +189,5 @@ class QdrantStore(VectorStore):
         return None
 
     def close(self) -> None:
-        try:
-            self.client.close()
-        except Exception:
-            pass
+        close_quietly(self.client)
 
