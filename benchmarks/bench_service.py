@@ -256,7 +256,7 @@ def bench_first_minute(report):
     """Seconds from launching ``vecbridge serve`` on an empty data dir to a working demo search."""
     import httpx
 
-    from service.demo import DEMO_INDEX, load_demo_data
+    from service.ops.demo import DEMO_INDEX, load_demo_data
 
     _, Xs, _, _ = load_demo_data()
     body = {"vectors_b64": base64.b64encode(np.ascontiguousarray(Xs[:1]).tobytes()).decode(), "dim": 384,

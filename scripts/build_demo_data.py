@@ -1,6 +1,6 @@
 """Build ``service/data/demo_wordnet.npz``: the demo's texts and their vectors in both spaces.
 
-The demo (``service/demo.py``) must be usable seconds after the service starts, so it ships its
+The demo (``service/ops/demo.py``) must be usable seconds after the service starts, so it ships its
 vectors instead of embedding texts with two encoders at start-up. This script makes that file:
 ``n`` WordNet definitions (distinct, >= 4 words) and their embeddings by ``all-MiniLM-L6-v2``
 (space ``minilm``) and ``multilingual-e5-small`` (space ``e5``, ``passage:`` form), unit rows,

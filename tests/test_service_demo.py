@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service import demo
+from service.ops import demo
 from service.api import create_app
 from test_api_support import R, populate, settings_for
 

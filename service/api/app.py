@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "data_dir": str(s.data_dir), "registry": state.registry.backend, "indexes": len(state.indexes.list()),
             "auth": "disabled" if s.auth_disabled else f"{len(s.api_keys)} key(s)"}})
         if s.demo_on_empty:
-            from ..demo import maybe_start_demo
+            from ..ops.demo import maybe_start_demo
 
             state.demo_job_id = maybe_start_demo(state)
         try:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from ...demo import demo_status
+from ...ops.demo import demo_status
 from ...metrics import CONTENT_TYPE_LATEST
 from ..deps import MetricsAccess, ReadScope, StateDep
 from ..responses import FastJSONResponse

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .logging import get_logger
-from .progress import Progress, silent
+from ..logging import get_logger
+from ..progress import Progress, silent
 
 __all__ = ["maybe_start_demo", "run_demo", "load_demo_data", "demo_status", "DEMO_MAP", "DEMO_INDEX",
            "DEMO_DATA"]
@@ -38,7 +38,7 @@ _log = get_logger("demo")
 
 DEMO_MAP = "demo-minilm-e5"
 DEMO_INDEX = "demo-e5"
-DEMO_DATA = Path(__file__).resolve().parent / "data" / "demo_wordnet.npz"
+DEMO_DATA = Path(__file__).resolve().parents[1] / "data" / "demo_wordnet.npz"
 SOURCE = ("minilm", "all-MiniLM-L6-v2")
 TARGET = ("e5", "multilingual-e5-small")
 N_HELD_OUT = 200
@@ -70,9 +70,9 @@ def run_demo(state, progress: Progress = silent, *, random_state: int = 0) -> di
     """Register the demo spaces, map and index in ``state`` (an :class:`service.api.state.AppState`)."""
     from align import evaluate
 
-    from .encoders import list_encoders
-    from .ops.maps import run_fit
-    from .registry import NotFoundError
+    from ..encoders import list_encoders
+    from .maps import run_fit
+    from ..registry import NotFoundError
 
     reg = state.registry
     progress("load demo data", 0.0)
