@@ -66,7 +66,7 @@ class _LazyGroup(click.Group):
 @click.pass_context
 def cli(ctx, data_dir, registry_url):
     """Linear maps between embedding spaces: fit, evaluate, apply, and keep them in a registry."""
-    from ._common import Ctx
+    from ._common import Ctx  # settings and registry modules: not needed for --help / --version
 
     ctx.obj = Ctx(data_dir, registry_url)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 import numpy as np
+from tqdm import tqdm
 
 from align.exceptions import InputError, PairCountError
 
@@ -66,8 +67,6 @@ def progress_bar(enabled: bool):
     """``(progress, close)``: ``progress(stage, fraction)`` draws one tqdm bar per stage on stderr."""
     if not enabled:
         return (lambda stage, frac: None), (lambda: None)
-    from tqdm import tqdm
-
     state = {"stage": None, "bar": None}
 
     def progress(stage: str, frac: float) -> None:

