@@ -14,7 +14,8 @@ from service.registry.models import (SpaceInfo, SteerInfo, VersionInfo, columns,
                                      to_columns)
 
 _json = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                   max_size=3),
                      max_leaves=8)
 _obj = st.dictionaries(st.text(max_size=6), _json, max_size=4)
 _common = dict(name=st.text(min_size=1, max_size=10), version=st.integers(1, 2**31 - 1), method=st.text(max_size=10),
@@ -24,7 +25,8 @@ _common = dict(name=st.text(min_size=1, max_size=10), version=st.integers(1, 2**
                deleted=st.booleans(), description=st.text(max_size=20), inputs=_obj)
 versions = st.builds(VersionInfo, **_common, source_space=st.text(max_size=8), target_space=st.text(max_size=8),
                      source_dim=st.integers(1, 4096), target_dim=st.integers(1, 4096), tags=st.just({}),
-                     report_path=st.none() | st.text(max_size=12), artifact_format=st.sampled_from(["npz", "safetensors"]))
+                     report_path=st.none() | st.text(max_size=12),
+                     artifact_format=st.sampled_from(["npz", "safetensors"]))
 steers = st.builds(SteerInfo, **_common, space=st.text(max_size=8), dim=st.integers(1, 4096), rank=st.integers(0, 64),
                    lens=st.lists(_obj, max_size=3))
 

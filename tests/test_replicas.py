@@ -1,8 +1,9 @@
 """Replicas (issue 7): two service processes sharing one PostgreSQL registry and one artifact store.
 
 Versions registered and aliases moved through one replica are served by the other at once, with
-the same answers: references are resolved against the database on every request, and loaded
-maps are cached only under ``(name, version, artifact sha256)``, which never changes.
+the same answers: what references resolve to is re-read whenever the registry's generation moves
+(every write bumps it), and loaded maps are cached only under their artifact sha256, which never
+changes.
 
 Needs ``VECBRIDGE_TEST_POSTGRES_URL`` (``eval "$(bash .ci/start_postgres.sh)"``); skipped without.
 """

@@ -7,8 +7,10 @@
 >>> reg.load_map("minilm->e5@prod")
 
 Storage: SQL (SQLite (rollback journal) by default, PostgreSQL by URL) for records, a content-addressed
-folder for artifacts (safetensors or npz + JSON header; never pickle). See :mod:`.core` for the
-crash-safe write path and :mod:`.errors` for the error tree.
+folder for artifacts (safetensors or npz + JSON header; never pickle). Maps and steers share one
+version lifecycle (:mod:`.entity`) and one record definition (:mod:`.models`); see :mod:`.core` for
+the crash-safe write path and :mod:`.errors` for the error tree. Modules import one way:
+``core`` -> ``steers``, ``bundle`` -> ``entity`` -> ``models``, ``names``, ``errors``.
 """
 
 from .core import Registry, open_registry, package_version
@@ -20,10 +22,10 @@ from .errors import (
     NotFoundError,
     RegistryError,
 )
-from .models import SpaceInfo, SteerInfo, VersionInfo
+from .models import Record, SpaceInfo, SteerInfo, VersionInfo
 from .names import parse_ref
 
 __all__ = [
-    "Registry", "open_registry", "VersionInfo", "SpaceInfo", "SteerInfo", "RegistryError", "NotFoundError",
+    "Registry", "open_registry", "Record", "VersionInfo", "SpaceInfo", "SteerInfo", "RegistryError", "NotFoundError",
     "DeletedVersionError", "ConflictError", "InvalidNameError", "IntegrityError", "parse_ref", "package_version",
 ]

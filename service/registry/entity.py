@@ -203,7 +203,8 @@ class VersionedStore:
 
     def rows(self, t, name: str, *, live: bool = False, newest_first: bool = False, cols: str | None = None) -> list:
         """``name``'s version rows (every column, or ``cols``), oldest first unless ``newest_first``."""
-        return t.q(f"SELECT {cols or self._cols} FROM {self.kind.table} WHERE name = ?{' AND deleted = 0' if live else ''} "
+        live_only = " AND deleted = 0" if live else ""
+        return t.q(f"SELECT {cols or self._cols} FROM {self.kind.table} WHERE name = ?{live_only} "
                    f"ORDER BY version{' DESC' if newest_first else ''}", (name,))
 
     def live_alias(self, t, name: str, alias: str) -> int | None:
