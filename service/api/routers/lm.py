@@ -118,30 +118,33 @@ def create_lm_steer(body: bytes, request, state, settings):
     return job, f"LM steer fit {spec.name}"
 
 
-@router.post("/generate", dependencies=[ReadScope, JSONOnly], summary="Continue a prompt under steers",
-             response_model=LMGenerateResponse, openapi_extra=json_body(LMGenerateRequest, "lm_generate"),
-             responses=error_responses(413, 415))
-async def lm_generate(request: Request, state: StateDep):
-    body = await request.body()
+def _model_route(path: str, *, summary: str, body_model, response_model, example: str):
+    """``POST /v1/lm{path}`` (read scope, JSON body of ``body_model``) answering ``fn(opts, request, state)``,
+    run off the event loop: the model is slow and holds its lock."""
+    def register(fn):
+        async def endpoint(request: Request, state: StateDep):
+            body = await request.body()
+            return FastJSONResponse(await run_in_threadpool(
+                lambda: fn(validate(body_model, parse_json(body)), request, state)))
 
-    def work():
-        opts = validate(LMGenerateRequest, parse_json(body))
-        return ops.generate(state.registry, get_lm(request), opts.prompt, opts.steers,
-                            max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p,
-                            random_state=opts.random_state, load_steer=state.resolve_steer)
+        endpoint.__name__ = endpoint.__qualname__ = fn.__name__  # the OpenAPI operationId
+        router.post(path, dependencies=[ReadScope, JSONOnly], summary=summary, response_model=response_model,
+                    openapi_extra=json_body(body_model, example), responses=error_responses(413, 415))(endpoint)
+        return fn
 
-    return FastJSONResponse(await run_in_threadpool(work))
+    return register
 
 
-@router.post("/analyze", dependencies=[ReadScope, JSONOnly], summary="Per-token evidence of a steer in a text",
-             response_model=LMAnalyzeResponse, openapi_extra=json_body(LMAnalyzeRequest, "lm_analyze"),
-             responses=error_responses(413, 415))
-async def lm_analyze(request: Request, state: StateDep):
-    body = await request.body()
+@_model_route("/generate", summary="Continue a prompt under steers", body_model=LMGenerateRequest,
+              response_model=LMGenerateResponse, example="lm_generate")
+def lm_generate(opts: LMGenerateRequest, request: Request, state) -> dict:
+    return ops.generate(state.registry, get_lm(request), opts.prompt, opts.steers, max_new_tokens=opts.max_new_tokens,
+                        temperature=opts.temperature, top_p=opts.top_p, random_state=opts.random_state,
+                        load_steer=state.resolve_steer)
 
-    def work():
-        opts = validate(LMAnalyzeRequest, parse_json(body))
-        return ops.analyze(state.registry, get_lm(request), opts.text, opts.steer, eps=opts.eps,
-                           threshold=opts.threshold, load_steer=state.resolve_steer)
 
-    return FastJSONResponse(await run_in_threadpool(work))
+@_model_route("/analyze", summary="Per-token evidence of a steer in a text", body_model=LMAnalyzeRequest,
+              response_model=LMAnalyzeResponse, example="lm_analyze")
+def lm_analyze(opts: LMAnalyzeRequest, request: Request, state) -> dict:
+    return ops.analyze(state.registry, get_lm(request), opts.text, opts.steer, eps=opts.eps,
+                       threshold=opts.threshold, load_steer=state.resolve_steer)
