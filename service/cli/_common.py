@@ -27,7 +27,7 @@ from ..encoders import canonical_name
 from ..io import check_file, load_npy, read_vectors
 from ..registry import open_registry
 
-__all__ = ["Ctx", "emit", "progress_bar", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs",
+__all__ = ["Ctx", "emit", "version_record", "progress_bar", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs",
            "read_labels", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
            "register_opts"]
 
@@ -61,6 +61,15 @@ def emit(obj, as_json: bool, text: str | None = None) -> None:
         click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
     elif text is not None:
         click.echo(text)
+
+
+def version_record(reg, v) -> dict:
+    """A map version as printed: its record plus ``report_file`` (None without one) and ``artifact_file``."""
+    d = v.to_dict()
+    report = reg.report_file(v)
+    d["report_file"] = str(report) if report else None
+    d["artifact_file"] = str(reg.artifact_file(v))
+    return d
 
 
 def progress_bar(enabled: bool):

@@ -20,7 +20,7 @@ from ..io import read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import evaluate_map, plan
 from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt,
-                      random_state_opt, read_pair, read_seed_pairs, space_name)
+                      random_state_opt, read_pair, read_seed_pairs, space_name, version_record)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
@@ -95,10 +95,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
 
 
 def _render_fit(reg, v, as_json: bool) -> None:
-    report = reg.report_file(v)
-    d = v.to_dict()
-    d["report_file"] = str(report) if report else None
-    d["artifact_file"] = str(reg.artifact_file(v))
+    d = version_record(reg, v)
     m = v.metrics
     headline = ", ".join(f"{k}={m[k]:.4f}" for k in ("train_top1", "train_cos", "criterion", "null_criterion",
                                                       "mnn_frac", "mnn_mean_cos")
@@ -107,7 +104,7 @@ def _render_fit(reg, v, as_json: bool) -> None:
         headline += ", UNRELIABLE (criterion close to random maps)"
     emit(d, as_json, f"registered {v.ref} ({v.source_space} {v.source_dim}-d -> {v.target_space} "
                      f"{v.target_dim}-d, {v.method}, fit {m.get('timings', {}).get('fit', 0):.1f}s)"
-                     f"{'; ' + headline if headline else ''}\nreport: {report}")
+                     f"{'; ' + headline if headline else ''}\nreport: {d['report_file']}")
 
 
 @click.command("eval")

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import click
 
+from ..encoders import get_encoder
+from ..ops.maps import create_space
 from ..registry.names import parse_ref
-from ._common import Ctx, emit, json_opt
+from ._common import Ctx, emit, json_opt, version_record
 
 __all__ = ["registry", "spaces"]
 
@@ -49,11 +51,7 @@ def registry_show(obj: Ctx, ref, as_json):
     """Show one version (NAME, NAME@alias, NAME:version)."""
     reg = obj.registry
     name, _alias, version = parse_ref(ref)
-    v = reg.get_version(name, version) if version is not None else reg.resolve(ref)
-    d = v.to_dict()
-    rp = reg.report_file(v)
-    d["report_file"] = str(rp) if rp else None
-    d["artifact_file"] = str(reg.artifact_file(v))
+    d = version_record(reg, reg.get_version(name, version) if version is not None else reg.resolve(ref))
     if as_json:
         emit(d, True)
         return
@@ -185,12 +183,14 @@ def spaces(ctx, as_json):
 
 @spaces.command("add")
 @click.argument("name")
-@click.option("--dim", type=int, required=True)
-@click.option("--encoder", default=None)
+@click.option("--dim", type=int, default=None, help="Width of the vectors (default: the encoder's).")
+@click.option("--encoder", default=None, help="Encoder that embeds texts into this space (checked against --dim).")
 @click.option("--query-prefix", default="")
 @click.option("--passage-prefix", default="")
 @click.option("--description", default="")
 @click.pass_obj
 def spaces_add(obj: Ctx, name, dim, encoder, query_prefix, passage_prefix, description):
-    s = obj.registry.register_space(name, dim, encoder, query_prefix, passage_prefix, description)
+    """Register space NAME (the same operation as POST /v1/spaces)."""
+    s = create_space(obj.registry, get_encoder, name=name, dim=dim, encoder=encoder, query_prefix=query_prefix,
+                     passage_prefix=passage_prefix, description=description)
     click.echo(f"space {s.name} ({s.dim}-d)")
