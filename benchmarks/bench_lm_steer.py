@@ -141,12 +141,18 @@ def main(argv=None):
     ap.add_argument("--eps", default="2,4,6,8,12,16", help="eps magnitudes, tried outward on both signs")
     ap.add_argument("--full-sweep", action="store_true", help="evaluate every eps even past the quality bounds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steer", help="evaluate this saved steer (.npz) instead of fitting one")
+    ap.add_argument("--keep-rank", type=int, help="keep only the top singular directions of W (the lens's first ones)")
+    ap.add_argument("--baselines-from", help="reuse the unsteered / prompting rows of an earlier run's JSON "
+                    "(same prompts, samples, tokens and seeds give the same generations)")
+    ap.add_argument("--stem", help="result file stem (default steer_lm_<date>)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on an oversubscribed CPU)")
     ap.add_argument("--max-length", type=int, default=32, help="training sentences truncated to this many tokens")
     args = ap.parse_args(argv)
 
     import torch
 
+    from align.steer import Steer
     from service.lm import steering as S
     from service.lm.corpus import fetch_vader_sdist, sentiment_sentences
     from service.lm.model import load_lm
@@ -161,23 +167,34 @@ def main(argv=None):
     texts, labels = [texts[i] for i in pick], lab[pick].tolist()
     model, tok = load_lm()
     t0 = time.time()
-    ids = [list(tok(t, truncation=True, max_length=args.max_length)["input_ids"]) for t in texts]
-    hidden = cached_hidden_states(model, ids, Path(args.cache))
-    hidden_s = time.time() - t0
-    steer = S.fit_lm_steer_ids(model, ids, labels, rank=args.rank, epsilon=1e-3, lr=args.lr, n_steps=args.steps,
-                               batch_tokens=args.batch_tokens, val_fraction=0.1, eval_every=args.eval_every,
-                               patience=args.patience, kl_weight=args.kl, random_state=args.seed, hidden_states=hidden,
-                               progress=lambda i, l: print(f"step {i} loss {l:.3f}", file=sys.stderr, flush=True)
-                               if i % 25 == 0 else None)
-    fit_s = time.time() - t0
-    print(f"fit {fit_s:.0f}s {json.dumps({k: v for k, v in steer.metadata.items() if k != 'val_curve'})}",
-          file=sys.stderr, flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    steer.save(RESULTS / f"steer_lm_{_dt.date.today().isoformat()}.steer.npz")   # kept even if evaluation fails
+    hidden_s = fit_s = 0.0
+    if args.steer:
+        steer = Steer.load(args.steer)
+    else:
+        ids = [list(tok(t, truncation=True, max_length=args.max_length)["input_ids"]) for t in texts]
+        hidden = cached_hidden_states(model, ids, Path(args.cache))
+        hidden_s = time.time() - t0
+        steer = S.fit_lm_steer_ids(model, ids, labels, rank=args.rank, epsilon=1e-3, lr=args.lr, n_steps=args.steps,
+                                   batch_tokens=args.batch_tokens, val_fraction=0.1, eval_every=args.eval_every,
+                                   patience=args.patience, kl_weight=args.kl, random_state=args.seed, hidden_states=hidden,
+                                   progress=lambda i, l: print(f"step {i} loss {l:.3f}", file=sys.stderr, flush=True)
+                                   if i % 25 == 0 else None)
+        fit_s = time.time() - t0
+        print(f"fit {fit_s:.0f}s {json.dumps({k: v for k, v in steer.metadata.items() if k != 'val_curve'})}",
+              file=sys.stderr, flush=True)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        steer.save(RESULTS / f"steer_lm_{_dt.date.today().isoformat()}.steer.npz")   # kept even if evaluation fails
+    if args.keep_rank:
+        U, sig, V = steer.svd()
+        r = min(args.keep_rank, steer.rank)
+        steer = Steer(U[:, :r] * sig[:r], V[:, :r], {**steer.metadata, "kept_rank": r})
     score = Scorers()
     prompts = PROMPTS[: args.prompts]
     run = lambda name, eps, prefix="": evaluate(S, model, tok, score, prompts, args, name, eps, prefix, steer)  # noqa: E731
-    rows = [run("unsteered", 0.0), run("prompt: positive", 0.0, PROMPT_POS), run("prompt: negative", 0.0, PROMPT_NEG)]
+    if args.baselines_from:
+        rows = [r for r in json.loads(Path(args.baselines_from).read_text())["rows"] if not r["eps"]]
+    else:
+        rows = [run("unsteered", 0.0), run("prompt: positive", 0.0, PROMPT_POS), run("prompt: negative", 0.0, PROMPT_NEG)]
     base_ppl = rows[0]["ppl"]
     for sign in (1.0, -1.0):
         for mag in (float(e) for e in args.eps.split(",")):
@@ -197,7 +214,7 @@ def main(argv=None):
            "rows": rows,
            "lens": [{"direction": d["direction"], "sigma": d["sigma"], "positive": [x["text"] for x in d["positive"]],
                      "negative": [x["text"] for x in d["negative"]]} for d in lens]}
-    stem = f"steer_lm_{res['setup']['date']}"
+    stem = args.stem or f"steer_lm_{res['setup']['date']}"
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
     md = table(res)
     (RESULTS / f"{stem}.md").write_text(md)
@@ -213,7 +230,11 @@ def table(res: dict) -> str:
              f"{s['steer']['params']['lr']}, {s['steer']['params']['batch_tokens']} tokens per step, KL weight "
              f"{s['steer']['params']['kl_weight']}). Evaluation: {s['prompts']} neutral prompts x "
              f"{s['samples_per_prompt']} samples, {s['new_tokens']} new tokens, {s['decoding']}. "
-             f"Total {s['total_seconds']} s on the shared 2-core CPU.", "",
+             f"Total {s['total_seconds']} s on the shared 2-core CPU."
+             + (f" Steer loaded from `{Path(s['args']['steer']).name}` (not refitted)" if s.get("args", {}).get("steer")
+                else "")
+             + (f"; only its top {s['args']['keep_rank']} singular direction(s) kept." if s.get("args", {}).get("keep_rank")
+                else ""), "",
              "| setting | VADER pos | VADER neg | AFINN pos | AFINN neg | ppl (unsteered LM) | dist-1 | dist-2 | "
              "dist-3 | repetition |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
