@@ -28,7 +28,6 @@ import base64
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+from _servers import free_port, stop  # noqa: E402  (tests/_servers.py: the tests' server helpers)
 
 WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", ROOT.parent / "shared" / "data" / "wordnet"))
 RESULTS = ROOT / "benchmarks" / "results"
@@ -72,11 +73,6 @@ def table(title: str, header: list[str], rows: list[list]) -> str:
     out += ["  ".join(f"{c}".rjust(w) for c, w in zip(r, widths)) for r in rows]
     return "\n".join(out)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def load_data():
@@ -136,14 +132,6 @@ def start_server(data_dir: Path, port: int, *, workers: int = 1, demo: bool = Fa
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError("server did not start")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 # --- sections -----------------------------------------------------------------------------------
@@ -243,7 +231,7 @@ def bench_workers(data: Path, A_held, report, clients: int = 8, seconds: float =
             for name, fn in loads.items():
                 res.setdefault(name, {})[w] = _load(port, fn, seconds, clients)
         finally:
-            stop(proc)
+            stop(proc, timeout=30)
     rows = [[name, f"{r[1]:,.0f}", f"{r[2]:,.0f}", f"{r[2] / r[1]:.2f}x"] for name, r in res.items()]
     report["workers"] = {name: {"1": r[1], "2": r[2]} for name, r in res.items()}
     report["workers_clients"] = clients
@@ -285,7 +273,7 @@ def bench_first_minute(report):
                         pass
                     time.sleep(0.05)
         finally:
-            stop(proc)
+            stop(proc, timeout=30)
     report["first_minute"] = {"ready_s": t_ready, "demo_usable_s": t_usable, "demo_states": states}
     print(table("First minute: vecbridge serve on an empty data dir (demo on)", ["event", "seconds after launch"], [
         ["/readyz 200", f"{t_ready:.2f}" if t_ready else "never"],
@@ -451,7 +439,7 @@ def main(argv=None) -> int:
                 if not args.quick:
                     quality(client, A_held, B_held, report, label)
         finally:
-            stop(proc)
+            stop(proc, timeout=30)
             stop(bare_proc)
         if not args.no_workers:
             bench_workers(data, A_held, report)

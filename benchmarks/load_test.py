@@ -19,7 +19,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,10 @@ from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _jobs_support import wait_http_job as wait_job  # noqa: E402  (tests/: the tests' job and server helpers)
+from _servers import free_port, rss_kib, wait_ready  # noqa: E402
 
 HARD_MAX_REQUESTS = 100_000
 HARD_MAX_SECONDS = 300.0
@@ -47,29 +50,8 @@ def check_loopback(url: str) -> None:
         raise SystemExit(f"load_test: refusing to load {host!r}: loopback only")
 
 
-def rss_kib(pid: int) -> int:
-    """RSS of ``pid`` plus its direct children, KiB (Linux /proc)."""
-    pids = [pid]
-    try:
-        pids += [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
-                                                text=True).stdout.split()]
-    except FileNotFoundError:
-        pass
-    total = 0
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
-
-
 def start_server(data_dir: Path, *, max_queued_jobs: int = 2, max_batch: int = 4096) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "VECBRIDGE_DATA_DIR": str(data_dir), "VECBRIDGE_API_KEYS": json.dumps({KEY: ["read", "write"]}),
            "VECBRIDGE_DEMO_ON_EMPTY": "false", "VECBRIDGE_LOG_LEVEL": "WARNING", "VECBRIDGE_JOB_WORKERS": "1",
            "VECBRIDGE_MAX_QUEUED_JOBS": str(max_queued_jobs), "VECBRIDGE_MAX_BATCH": str(max_batch),
@@ -78,28 +60,12 @@ def start_server(data_dir: Path, *, max_queued_jobs: int = 2, max_batch: int = 4
                              str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not become ready")
-
-
-def wait_job(c: httpx.Client, job_id: str, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        j = c.get(f"/v1/jobs/{job_id}").json()
-        if j["state"] in ("succeeded", "failed", "cancelled"):
-            return j
-        time.sleep(0.1)
-    raise TimeoutError(job_id)
+    try:
+        wait_ready(url, proc=proc, timeout=120)
+    except AssertionError:
+        proc.kill()
+        raise
+    return proc, url
 
 
 def planted(n: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -122,7 +88,7 @@ def prepare(url: str, *, dim: int, index_rows: int, fit_rows: int = 2000, seed: 
                                      "source": {"vectors_b64": _b64(X), "dim": dim},
                                      "target": {"vectors_b64": _b64(Y), "dim": dim}})
         assert r.status_code in (200, 202), r.text
-        j = wait_job(c, r.json()["id"])
+        j = wait_job(c, r.json()["id"], timeout=300)
         assert j["state"] == "succeeded", j
         rng = np.random.default_rng(seed + 1)
         D = rng.standard_normal((index_rows, dim)).astype(np.float32)

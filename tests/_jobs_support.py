@@ -25,6 +25,12 @@ def http_job(client, headers: dict) -> Callable[[str], dict]:
     return lambda job_id: client.get(f"/v1/jobs/{job_id}", headers=headers).json()
 
 
+def wait_http_job(client, job_id: str, timeout: float = 120.0, headers: dict | None = None) -> dict:
+    """Poll ``GET /v1/jobs/{job_id}`` with ``client`` (an httpx/TestClient carrying its key) until the job
+    ends; its JSON."""
+    return wait_job(http_job(client, headers or {}), job_id, timeout=timeout)
+
+
 def slow_job(steps: int = 10_000):
     """``(fn, started)``: a job that reports progress every millisecond for ``steps`` steps (a
     cancellation point each time); ``started`` is set once it runs."""

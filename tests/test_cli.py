@@ -153,13 +153,18 @@ def test_nan_input_and_unknown_map(capsys, data):
     assert code == 2 and "unknown map" in err
 
 
+def fit_unpaired_small(capsys, data, name: str, params: list[str], *extra):
+    """``vecbridge fit --unpaired --method minivec2vec`` on rows 0:450 -> 450:900 with ``params`` (``--param`` each),
+    ``--json --quiet --allow-unreliable``: a tiny configuration, so the plumbing is tested, not the map."""
+    return run(capsys, "--data-dir", data / "var", "fit", "--unpaired", "--source", data / "src.npy", "--rows", "0:450",
+               "--target", data / "tgt.fvecs", "--target-rows", "450:900", "--method", "minivec2vec", "--name", name,
+               *extra, "--json", "--quiet", "--allow-unreliable", *[x for p in params for x in ("--param", p)])
+
+
 def test_published_preset_is_selectable(capsys, data):
     small = ["preset=\"published\"", "n_anchor_runs=2", "anchor_sample=300", "qap_restarts=2", "refine1_iters=3",
              "refine1_sample=200", "refine2_clusters=20", "criterion_sample=300"]
-    code, out, err = run(capsys, "--data-dir", data / "var", "fit", "--unpaired", "--source", data / "src.npy",
-                         "--rows", "0:450", "--target", data / "tgt.fvecs", "--target-rows", "450:900",
-                         "--method", "minivec2vec", "--name", "p", "--json", "--quiet", "--allow-unreliable",
-                         *[x for p in small for x in ("--param", p)])
+    code, out, err = fit_unpaired_small(capsys, data, "p", small)
     assert code == 0, err
     v = json.loads(out)
     assert v["params"]["preset"] == "published" and v["params"]["qap_method"] == "2opt"
@@ -172,11 +177,7 @@ def test_published_preset_is_selectable(capsys, data):
 def test_unpaired_minivec2vec_with_small_parameters(capsys, data):
     small = ["n_anchor_runs=2", "anchor_sample=300", "qap_restarts=2", "refine1_iters=3", "refine1_sample=200",
              "self_learning_rounds=1", "criterion_sample=300", "n_restarts=2"]
-    code, out, err = run(capsys, "--data-dir", data / "var", "fit", "--unpaired", "--source", data / "src.npy",
-                         "--rows", "0:450", "--target", data / "tgt.fvecs", "--target-rows", "450:900",
-                         "--method", "minivec2vec", "--name", "u", "--random-state", "3", "--json", "--quiet",
-                         "--allow-unreliable",  # a tiny configuration: the plumbing is tested, not the map
-                         *[x for p in small for x in ("--param", p)])
+    code, out, err = fit_unpaired_small(capsys, data, "u", small, "--random-state", "3")
     assert code == 0, err
     v = json.loads(out)
     assert v["method"] == "minivec2vec" and v["random_state"] == 3 and v["params"]["n_restarts"] == 2

@@ -13,7 +13,8 @@ from service.client import (APIError, AuthenticationError, Client, ConflictError
                             PermissionDeniedError, QueueFullError, ServerError, ServiceUnavailableError,
                             ValidationError, error_from_response)
 from test_api_support import planted
-from test_service_http import env_for, free_port, seed_registry, start, stop
+from _servers import free_port, serve_in_thread, stop, tiny_lm_app
+from test_service_http import env_for, seed_registry, start
 
 WKEY, RKEY = "wkey-456", "rkey-123"  # test_api_support.KEYS
 
@@ -189,31 +190,8 @@ def test_list_pages_follow_next(vb, server):
 def lm_server(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import threading
-
-    import uvicorn
-
-    from _tiny_lm import tiny_lm
-    from service.api import create_app
-    from test_api_support import settings_for
-
-    model, tok = tiny_lm()
-    app = create_app(settings_for(tmp_path_factory.mktemp("client-lm")))
-    app.state.lm_provider = lambda: (model, tok)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(300):
-        if srv.started:
-            break
-        t.join(0.05)
-    assert srv.started, "in-process uvicorn did not start"
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        t.join(30)
+    with serve_in_thread(tiny_lm_app(tmp_path_factory.mktemp("client-lm"))) as base:
+        yield base
 
 
 def test_lm_steer_generate_analyze(lm_server):

@@ -23,7 +23,8 @@ import pytest
 
 from conftest import WORDNET, wordnet_available
 from test_api_support import KEYS, W
-from test_service_http import env_for, free_port, start, stop
+from _servers import free_port, serve_in_thread, stop, tiny_lm_app
+from test_service_http import env_for, start
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
@@ -136,6 +137,14 @@ class Page:
         if not (req.url.startswith(self.base) or req.url.startswith("data:") or req.url.startswith("about:")):
             self.offsite.append(req.url)
 
+    @classmethod
+    def open(cls, browser, base: str, path: str, key: str) -> "Page":
+        """A new tab on ``base + path``, logged in with ``key``."""
+        t = cls(browser, base)
+        t.goto(path)
+        t.login(key)
+        return t
+
     def goto(self, path: str) -> None:
         self.page.goto(self.base + path)
 
@@ -180,9 +189,7 @@ def test_401_without_a_key_then_login(server, browser):
 
 
 def test_registry_shows_versions_metrics_and_report(server, browser):
-    t = Page(browser, server["base"])
-    t.goto("/ui/registry")
-    t.login(READ_KEY)
+    t = Page.open(browser, server["base"], "/ui/registry", READ_KEY)
     rows = t.page.locator("#versions tbody tr")
     rows.first.wait_for()
     assert "procrustes" in rows.first.inner_text() and "prod" in rows.first.inner_text()
@@ -200,9 +207,7 @@ def test_registry_shows_versions_metrics_and_report(server, browser):
 
 
 def test_search_native_vs_through_the_map(server, browser):
-    t = Page(browser, server["base"])
-    t.goto("/ui/search")
-    t.login(READ_KEY)
+    t = Page.open(browser, server["base"], "/ui/search", READ_KEY)
     t.page.get_by_label("index", exact=True).select_option("wordnet-e5")
     t.page.get_by_label("query's model (space)", exact=True).select_option("minilm")
     t.page.get_by_label("query", exact=True).fill("a flowering plant with yellow petals")
@@ -231,9 +236,7 @@ def test_move_alias_needs_write_key(server, browser):
                                                         method="auto",
                                                         params={"candidates": ["procrustes", "ridge", "lowrank"]}))
         assert _wait_job(c, r.json()["id"])["state"] == "succeeded"
-    t = Page(browser, server["base"])
-    t.goto("/ui/registry")
-    t.login(READ_KEY)
+    t = Page.open(browser, server["base"], "/ui/registry", READ_KEY)
     t.page.locator("#versions tbody tr").nth(1).wait_for()
     t.page.get_by_label("alias", exact=True).fill("prod")
     t.page.get_by_label("to version", exact=True).select_option("2")
@@ -265,9 +268,7 @@ def test_demo_map_on_a_fresh_data_dir(browser, tmp_path):
     proc = start([sys.executable, "-c", "from service.api.app import serve; serve()"], env, port, tmp_path / "log")
     base = f"http://127.0.0.1:{port}"
     try:
-        t = Page(browser, base)
-        t.goto("/ui/registry")
-        t.login(READ_KEY)
+        t = Page.open(browser, base, "/ui/registry", READ_KEY)
         t.page.locator("#maps", has_text="demo-minilm-e5").wait_for(timeout=120_000)
         if not t.page.locator("#versions tbody tr").count():
             t.page.get_by_role("button", name="demo-minilm-e5").click()
@@ -281,9 +282,7 @@ def test_demo_map_on_a_fresh_data_dir(browser, tmp_path):
 
 
 def test_jobs_page_follows_a_fit_to_succeeded(server, browser):
-    t = Page(browser, server["base"])
-    t.goto("/ui/jobs")
-    t.login(READ_KEY)
+    t = Page.open(browser, server["base"], "/ui/jobs", READ_KEY)
     t.page.locator("#jobs tbody tr").first.wait_for()
     with httpx.Client(base_url=server["base"], timeout=120.0) as c:  # submitted while the page is open
         r = c.post("/v1/fits", headers=W, json=fit_body(server["minilm"], server["e5"], slice(0, 3 * N_FIT)))
@@ -297,9 +296,7 @@ def test_jobs_page_follows_a_fit_to_succeeded(server, browser):
 
 
 def test_jobs_page_cancels_a_running_fit(server, browser):
-    t = Page(browser, server["base"])
-    t.goto("/ui/jobs")
-    t.login(WRITE_KEY)
+    t = Page.open(browser, server["base"], "/ui/jobs", WRITE_KEY)
     with httpx.Client(base_url=server["base"], timeout=120.0) as c:  # an unsupervised fit: long enough to cancel
         body = fit_body(server["minilm"], server["e5"], slice(0, 8000), method="minivec2vec", paired=False,
                         name="slow-fit")
@@ -312,9 +309,7 @@ def test_jobs_page_cancels_a_running_fit(server, browser):
 
 
 def test_steer_playground_changes_results(server, browser):
-    t = Page(browser, server["base"])
-    t.goto("/ui/steer")
-    t.login(READ_KEY)
+    t = Page.open(browser, server["base"], "/ui/steer", READ_KEY)
     t.page.get_by_label("steer", exact=True).select_option("plants")
     t.page.get_by_label("query", exact=True).fill("a small animal")
     t.page.locator("#st-eps").fill("2")
@@ -333,28 +328,8 @@ def test_steer_playground_changes_results(server, browser):
 def lm_server(tmp_path_factory):
     """In-process uvicorn whose LM is the tiny random Llama of the LM tests, with an LM steer `tone`."""
     pytest.importorskip("transformers")
-    import threading
-
-    import uvicorn
-
-    from _tiny_lm import tiny_lm
-    from service.api import create_app
-    from test_api_support import settings_for
-
-    model, tok = tiny_lm()
-    app = create_app(settings_for(tmp_path_factory.mktemp("console-lm")))
-    app.state.lm_provider = lambda: (model, tok)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    for _ in range(300):
-        if srv.started:
-            break
-        th.join(0.05)
-    assert srv.started, "in-process uvicorn did not start"
-    base = f"http://127.0.0.1:{port}"
-    try:
+    app = tiny_lm_app(tmp_path_factory.mktemp("console-lm"))
+    with serve_in_thread(app) as base:
         pos = ["the film was good", "a great movie", "really great actors", "a very good plot"]
         neg = ["the film was bad", "an awful movie", "really awful actors", "a very dull plot"]
         with httpx.Client(base_url=base, timeout=60.0) as c:
@@ -362,16 +337,11 @@ def lm_server(tmp_path_factory):
                                                          "rank": 2, "eps": 1.0, "steps": 20, "lr": 0.05})
             assert _wait_job(c, r.json()["id"])["state"] == "succeeded"
         yield base, app
-    finally:
-        srv.should_exit = True
-        th.join(30)
 
 
 def test_lm_steer_generates_with_token_evidence_then_says_503(lm_server, browser):
     base, app = lm_server
-    t = Page(browser, base)
-    t.goto("/ui/steer")
-    t.login(READ_KEY)
+    t = Page.open(browser, base, "/ui/steer", READ_KEY)
     t.page.get_by_label("steer", exact=True).select_option("tone")
     t.page.get_by_label("prompt", exact=True).fill("the film")
     t.page.locator("#st-eps").fill("2")
@@ -396,9 +366,7 @@ def test_lm_steer_generates_with_token_evidence_then_says_503(lm_server, browser
 
 
 def test_migrations_page_and_offline_docs(server, browser):
-    t = Page(browser, server["base"])
-    t.goto("/ui/migrations")
-    t.login(READ_KEY)
+    t = Page.open(browser, server["base"], "/ui/migrations", READ_KEY)
     t.page.locator("#mig-indexes tbody tr").first.wait_for()
     assert "no route for a migration's progress" in t.page.locator("#mig-note").inner_text()
     t.shot("migrations")
@@ -421,9 +389,7 @@ def test_narrow_window_and_keyboard(server, browser):
 
 def test_render_times(server, browser, record_property):
     """Navigation Timing of every page (a figure for the report, not an assertion on speed)."""
-    t = Page(browser, server["base"])
-    t.goto("/ui/registry")
-    t.login(READ_KEY)
+    t = Page.open(browser, server["base"], "/ui/registry", READ_KEY)
     rows = []
     ready = {"/ui/registry": "#versions tbody tr", "/ui/jobs": "#jobs tbody tr", "/ui/search": "#s-index option",
              "/ui/steer": "#st-steer option", "/ui/migrations": "#mig-indexes tbody tr",

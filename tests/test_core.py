@@ -8,16 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import align
-from align.exceptions import (
-    DegenerateInputError,
-    DimensionMismatchError,
-    EmptyInputError,
-    InputError,
-    NonFiniteError,
-    PairCountError,
-    SerializationError,
-    ShapeError,
-)
+from align.exceptions import (DegenerateInputError, DimensionMismatchError, EmptyInputError, InputError,
+                              NonFiniteError, PairCountError, SerializationError, ShapeError)
 from align.metrics import ranks
 from align.procrustes import PairStats, procrustes_from_stats
 

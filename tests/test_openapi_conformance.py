@@ -7,7 +7,6 @@ and the body is checked by schemathesis against the documented schema for its st
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance,  # noqa
                                                response_schema_conformance)
 
 from service.api import create_app  # noqa: E402
+from _jobs_support import wait_job  # noqa: E402
 from test_api_support import W, planted, populate, settings_for  # noqa: E402
 
 CHECKS = [content_type_conformance, response_schema_conformance]
@@ -31,6 +31,13 @@ def world(tmp_path_factory):
     _, Y, _ = planted(100)
     state.indexes.create("ix", "b", Y, dim=16)
     return schema
+
+
+def assert_job_succeeds(schema, job_id: str) -> None:
+    """Poll ``GET /v1/jobs/{job_id}`` (each answer checked against the schema) until the job ends; it must succeed."""
+    job = wait_job(lambda jid: call(schema, "get", "/v1/jobs/{job_id}", expect=200,
+                                    path_parameters={"job_id": jid}).json(), job_id)
+    assert job["state"] == "succeeded", job
 
 
 def call(schema, method: str, path: str, *, expect: int, path_parameters=None, query=None, body=None,
@@ -78,12 +85,7 @@ def test_success_bodies_match_their_schema(world):
             "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}}
     jid = call(s, "post", "/v1/fits", expect=202, body=body, headers={"Idempotency-Key": "k1"}).json()["id"]
     call(s, "post", "/v1/fits", expect=200, body=body, headers={"Idempotency-Key": "k1"})  # replay
-    for _ in range(600):
-        r = call(s, "get", "/v1/jobs/{job_id}", expect=200, path_parameters={"job_id": jid})
-        if r.json()["state"] not in ("queued", "running"):
-            break
-        time.sleep(0.05)
-    assert r.json()["state"] == "succeeded", r.json()
+    assert_job_succeeds(s, jid)
     call(s, "get", "/v1/jobs", expect=200)
     call(s, "delete", "/v1/jobs/{job_id}", expect=202, path_parameters={"job_id": jid})
     call(s, "delete", "/v1/maps/{name}/versions/{version}", expect=200, path_parameters={"name": "f", "version": 1})
@@ -92,12 +94,7 @@ def test_success_bodies_match_their_schema(world):
     steer_body = {"name": "st", "space": "b", "vectors": Y.tolist(), "labels": labels,
                   "items": [f"r{i}" for i in range(len(labels))], "params": {"rank": 2, "max_iter": 5}}
     jid = call(s, "post", "/v1/steers", expect=202, body=steer_body).json()["id"]
-    for _ in range(600):
-        r = call(s, "get", "/v1/jobs/{job_id}", expect=200, path_parameters={"job_id": jid})
-        if r.json()["state"] not in ("queued", "running"):
-            break
-        time.sleep(0.05)
-    assert r.json()["state"] == "succeeded", r.json()
+    assert_job_succeeds(s, jid)
     call(s, "get", "/v1/steers", expect=200)
     call(s, "get", "/v1/steers/{ref}", expect=200, path_parameters={"ref": "st:1"})
     call(s, "post", "/v1/steers/{ref}/apply", expect=200, path_parameters={"ref": "st"},

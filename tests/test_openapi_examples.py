@@ -3,6 +3,7 @@ toy examples run top to bottom on an empty service, as a reader of /docs would r
 
 from __future__ import annotations
 
+import re
 
 import numpy as np
 import pytest
@@ -28,21 +29,34 @@ MODELS = {
     ("post", "/v1/plans"): PlanRequest, ("post", "/v1/lm/generate"): LMGenerateRequest, ("post", "/v1/lm/analyze"): LMAnalyzeRequest,
 }
 
-# The toy walk-through, in order: (method, route template, path filled in, example name).
-WALK = [
-    ("post", "/v1/spaces", "/v1/spaces", "toy"),
-    ("post", "/v1/fits", "/v1/fits", "toy"),
-    ("put", "/v1/maps/{name}/aliases/{alias}", "/v1/maps/toy-a2b/aliases/prod", "prod"),
-    ("put", "/v1/maps/{name}/versions/{version}/tags/{key}", "/v1/maps/toy-a2b/versions/1/tags/owner", "owner"),
-    ("post", "/v1/maps/{ref}/transform", "/v1/maps/toy-a2b@prod/transform", "toy"),
-    ("post", "/v1/maps/{ref}/transform", "/v1/maps/toy-a2b@prod/transform", "base64"),
-    ("post", "/v1/indexes", "/v1/indexes", "toy"),
-    ("post", "/v1/indexes/{name}/vectors", "/v1/indexes/toy-b-docs/vectors", "toy"),
-    ("post", "/v1/indexes/{name}/search", "/v1/indexes/toy-b-docs/search", "toy"),
-    ("post", "/v1/indexes/{name}/delete", "/v1/indexes/toy-b-docs/delete", "toy"),
-    ("post", "/v1/steers", "/v1/steers", "toy"),
-    ("post", "/v1/steers/{ref}/apply", "/v1/steers/toy-up/apply", "toy"),
-]
+# The toy walk-through, in order: method, path, example name (the route template is the OpenAPI path the
+# path matches, so the walk also checks that every path it sends is one the document declares).
+WALK = """
+POST /v1/spaces                             toy
+POST /v1/fits                               toy
+PUT /v1/maps/toy-a2b/aliases/prod           prod
+PUT /v1/maps/toy-a2b/versions/1/tags/owner  owner
+POST /v1/maps/toy-a2b@prod/transform        toy
+POST /v1/maps/toy-a2b@prod/transform        base64
+POST /v1/indexes                            toy
+POST /v1/indexes/toy-b-docs/vectors         toy
+POST /v1/indexes/toy-b-docs/search          toy
+POST /v1/indexes/toy-b-docs/delete          toy
+POST /v1/steers                             toy
+POST /v1/steers/toy-up/apply                toy
+"""
+
+
+def walk_steps(doc) -> list[tuple[str, str, str, str]]:
+    """``(method, route template, path, example name)`` for each line of :data:`WALK`."""
+    routes = {re.compile("^" + re.sub(r"\\{[^/]+\\}", "[^/]+", re.escape(r)) + "$"): r for r in doc["paths"]}
+    steps = []
+    for line in WALK.strip().splitlines():
+        method, path, name = line.split()
+        matched = [r for rx, r in routes.items() if rx.match(path)]
+        assert len(matched) == 1, f"{path} matches {matched} in the OpenAPI document"
+        steps.append((method.lower(), matched[0], path, name))
+    return steps
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +85,7 @@ def test_every_body_has_valid_examples(app_client):
 def test_toy_examples_run_in_order(app_client):
     c, doc = app_client
     answers = {}
-    for method, route, path, name in WALK:
+    for method, route, path, name in walk_steps(doc):
         body = _examples(doc, method, route)[name]["value"]
         r = c.request(method.upper(), path, json=body, headers=W)
         assert r.status_code < 300, f"{method.upper()} {path} ({name}): {r.status_code} {r.text[:300]}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
+from _servers import free_port, stop, wait_ready
 from test_api_support import KEYS, W, planted
 
 PG_URL = os.environ.get("VECBRIDGE_TEST_POSTGRES_URL")
@@ -30,17 +30,11 @@ pytestmark = pytest.mark.skipif(not PG_URL, reason="VECBRIDGE_TEST_POSTGRES_URL 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Replica:
     """``uvicorn service.api:create_app --factory`` on a free port; own data dir, shared registry/artifacts."""
 
     def __init__(self, tmp: Path, label: str, registry_url: str, artifact_dir: Path):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"{label}.log"
         env = {**os.environ, "VECBRIDGE_DATA_DIR": str(tmp / label), "VECBRIDGE_REGISTRY_URL": registry_url,
@@ -53,25 +47,10 @@ class Replica:
             stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"replica exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"replica not ready: {self.log.read_text()[-2000:]}")
+        wait_ready(self.url, proc=self.proc, timeout=timeout, log=self.log)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc, timeout=20)
         self._fh.close()
 
 

@@ -6,10 +6,8 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,15 +16,10 @@ import pytest
 
 from align import fit_procrustes
 from service.registry import open_registry
+from _servers import free_port, stop, wait_ready
 from test_api_support import KEYS, R, W, planted
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def seed_registry(data_dir: Path):
@@ -43,28 +36,14 @@ def seed_registry(data_dir: Path):
 
 
 def start(cmd: list[str], env: dict, port: int, log: Path) -> subprocess.Popen:
-    fh = open(log, "wb")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.terminate()
-    raise AssertionError(f"server did not come up:\n{log.read_text()[-3000:]}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
+    """Run ``cmd`` (a server on ``port``) with its output in ``log``; return once ``/healthz`` answers 200."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        wait_ready(f"http://127.0.0.1:{port}", proc=proc, path="/healthz", timeout=60, log=log)
+    except AssertionError:
+        stop(proc)
+        raise
+    return proc
 
 
 def env_for(data_dir: Path, port: int) -> dict:

@@ -8,15 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from align import LinearMap
-from align.exceptions import (
-    DegenerateInputError,
-    DimensionMismatchError,
-    InputError,
-    NonFiniteError,
-    PairCountError,
-    SerializationError,
-    ShapeError,
-)
+from align.exceptions import (DegenerateInputError, DimensionMismatchError, InputError, NonFiniteError,
+                              PairCountError, SerializationError, ShapeError)
 from align.knn import knn
 from align.steer import (
     MeanShift,

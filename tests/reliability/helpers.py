@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from _jobs_support import wait_http_job as wait_job  # noqa: F401  (the reliability tests import it from here)
+from _servers import free_port, rss_kib, wait_ready
 from align import fit_procrustes, fit_ridge
 from service.config import Settings
 
@@ -65,6 +66,22 @@ def populate(registry, seed: int = 0) -> dict:
     return {"X": X, "Y": Y, "Z": Z, "a2b": m_ab}
 
 
+def populate_data_dir(data_dir: Path) -> dict:
+    """:func:`populate` the registry of a service data folder, plus a mean-shift steer ``shift`` (space b, fitted
+    on 40 rows of Y), before a server starts on it; the registry is closed again. Returns the data."""
+    from align import fit_mean_shift
+    from service.registry import open_registry
+
+    s = Settings(data_dir=data_dir)
+    reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir())
+    try:
+        data = populate(reg)
+        reg.register_steer("shift", fit_mean_shift(data["Y"][:40], [1] * 20 + [-1] * 20), space="b")
+    finally:
+        reg.close()
+    return data
+
+
 def snapshot(registry) -> dict:
     """Everything the registry holds (spaces, maps, every version with aliases and tags)."""
     maps = registry.list_maps()
@@ -72,44 +89,9 @@ def snapshot(registry) -> dict:
             "versions": {m["name"]: [v.to_dict() for v in registry.list_versions(m["name"])] for m in maps}}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_healthy(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    """Poll ``url/healthz`` until it answers 200 (RuntimeError on timeout, or when ``proc`` exits first)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before answering {url}/healthz")
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url}/healthz did not answer 200 within {timeout}s")
-
-
-def rss_kib(pid: int) -> int:
-    """Resident set size of ``pid`` (and its children, e.g. uvicorn workers) in KiB."""
-    total = 0
-    pids = [pid]
-    try:
-        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-        pids += [int(p) for p in out]
-    except FileNotFoundError:  # pragma: no cover
-        pass
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
+    """Poll ``url/healthz`` until it answers 200 (AssertionError on timeout, or when ``proc`` exits first)."""
+    wait_ready(url, proc=proc, path="/healthz", timeout=timeout)
 
 
 class Server:
@@ -206,16 +188,6 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def wait_job(client: httpx.Client, job_id: str, timeout: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        j = client.get(f"/v1/jobs/{job_id}").json()
-        if j["state"] in ("succeeded", "failed", "cancelled"):
-            return j
-        time.sleep(0.1)
-    raise TimeoutError(f"job {job_id} still {j['state']} after {timeout}s")
 
 
 def fit_body(name: str, n: int = 64, seed: int = 0, dim: int = DIM, *, src="a", tgt="b", **kw) -> dict:

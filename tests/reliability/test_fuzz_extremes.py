@@ -21,10 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.config import Settings
-from service.registry import open_registry
 
-from .helpers import DIM, W, Server, populate
+from .helpers import DIM, W, Server, populate_data_dir
 
 EXAMPLES = 60
 STATUS: dict[int, int] = {}
@@ -36,12 +34,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzzx") / "data"
-    s = Settings(data_dir=d)
-    reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir())
-    data = populate(reg)
-    from align import fit_mean_shift
-
-    reg.register_steer("shift", fit_mean_shift(data["Y"][:40], [1] * 20 + [-1] * 20), space="b")
+    data = populate_data_dir(d)
     server = Server(d).start()
     client = server.client(W, timeout=60)
     try:

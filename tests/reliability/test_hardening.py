@@ -32,10 +32,8 @@ import httpx
 import numpy as np
 import pytest
 
-from service.config import Settings
-from service.registry import open_registry
 
-from .helpers import DIM, R, W, Server, populate, wait_healthy
+from .helpers import DIM, R, W, Server, populate_data_dir, wait_healthy
 
 STATUS_COUNTS: dict[int, int] = {}
 
@@ -56,14 +54,7 @@ def _refused(r: httpx.Response, status: int = 422) -> None:
 def server(tmp_path_factory):
     """A real ``vecbridge serve`` over a populated registry, an index ``ix`` (16-d, space b)."""
     d = tmp_path_factory.mktemp("harden") / "data"
-    s = Settings(data_dir=d)
-    reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir())
-    data = populate(reg)
-    from align import fit_mean_shift
-
-    X = data["Y"][:40]
-    reg.register_steer("shift", fit_mean_shift(X, [1] * 20 + [-1] * 20), space="b")
-    reg.close() if hasattr(reg, "close") else None
+    data = populate_data_dir(d)
     srv = Server(d, env={"VECBRIDGE_MAX_BODY_BYTES": str(8 * 1024 * 1024),
                          "VECBRIDGE_LIMITS__MAX_RESPONSE_BYTES": str(2_000_000),
                          "VECBRIDGE_LIMITS__BODY_BYTES_JSON": str(4 * 1024 * 1024),

@@ -1,0 +1,111 @@
+"""Real servers for the tests (and the service benchmarks; no tests here): a free loopback port, waiting
+for a server process to answer, stopping it, its resident memory, and an app served by uvicorn in a
+thread of this process."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, *, proc: subprocess.Popen | None = None, path: str = "/readyz", timeout: float = 60.0,
+               log: Path | None = None) -> None:
+    """Poll ``url + path`` until it answers 200; AssertionError (with the tail of ``log``) when ``proc`` exits
+    first or ``timeout`` seconds pass."""
+
+    def tail() -> str:
+        try:
+            return Path(log).read_text(errors="replace")[-2000:] if log else ""
+        except OSError:
+            return ""
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode} before answering {url}{path}: {tail()}")
+        try:
+            if httpx.get(url + path, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url}{path} did not answer 200 within {timeout}s: {tail()}")
+
+
+def stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM ``proc``, wait up to ``timeout`` s for it to exit, else SIGKILL it (and reap it)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of ``pid`` plus its direct children (e.g. uvicorn workers), KiB (Linux /proc)."""
+    pids = [pid]
+    try:
+        pids += [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                                                text=True).stdout.split()]
+    except FileNotFoundError:  # pragma: no cover
+        pass
+    total = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+@contextmanager
+def serve_in_thread(app) -> Iterator[str]:
+    """Serve the ASGI ``app`` with uvicorn on a free loopback port in a daemon thread; yield its base URL.
+
+    In process, so the test can reach into ``app.state`` (e.g. swap the LM provider) before serving.
+    """
+    import uvicorn
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    for _ in range(300):
+        if srv.started:
+            break
+        th.join(0.05)
+    assert srv.started, "in-process uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        th.join(30)
+
+
+def tiny_lm_app(data_dir: Path):
+    """The service app over ``data_dir`` whose LM is the tiny random Llama of the LM tests."""
+    from _tiny_lm import tiny_lm
+    from service.api import create_app
+    from test_api_support import settings_for
+
+    model, tok = tiny_lm()
+    app = create_app(settings_for(data_dir))
+    app.state.lm_provider = lambda: (model, tok)
+    return app
