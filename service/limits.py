@@ -24,7 +24,7 @@ from align.exceptions import InputError
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
     "MAX_JSON_DEPTH", "INDEX_PARAM_RULES", "check_index_params", "check_dim", "check_json_depth",
-    "parse_strict_int", "limits_markdown",
+    "parse_strict_int", "check_range", "limits_markdown",
 ]
 
 MAX_DIM = 65_536  # columns of a space / index / vector
@@ -76,12 +76,15 @@ def parse_strict_int(text: Any, what: str, lo: int, hi: int) -> int:
     """``text`` as an int in ``[lo, hi]``: ASCII digits only (no ``²``, no full-width, no ``1e3``)."""
     if isinstance(text, bool):
         raise InputError(f"{what} must be an integer, got {text!r}")
-    if isinstance(text, int):
-        value = text
-    elif isinstance(text, str) and 0 < len(text) <= 20 and text.isascii() and text.isdigit():
-        value = int(text)
-    else:
+    if isinstance(text, str) and 0 < len(text) <= 20 and text.isascii() and text.isdigit():
+        text = int(text)
+    elif not isinstance(text, int):
         raise InputError(f"{what} must be an integer written with ASCII digits, got {str(text)[:40]!r}")
+    return check_range(text, what, lo, hi)
+
+
+def check_range(value: int, what: str, lo: int, hi: int) -> int:
+    """``value`` when ``lo <= value <= hi``, else InputError naming ``what`` and the range."""
     if not lo <= value <= hi:
         raise InputError(f"{what} must be between {lo} and {hi}, got {value}")
     return value
@@ -117,14 +120,12 @@ INDEX_PARAM_RULES: dict[str, dict[str, tuple[int, int]]] = {
 
 
 def _int_param(value: Any, name: str, lo: int, hi: int) -> int:
+    """An integer index parameter (a float with no fraction counts) in ``[lo, hi]``."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise InputError(f"index parameter {name} must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise InputError(f"index parameter {name} must be between {lo} and {hi}, got {value}")
-    return value
+        raise InputError(f"index parameter {name} must be an integer, got {value!r}")
+    return check_range(value, f"index parameter {name}", lo, hi)
 
 
 def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = None, dim: int | None = None,
