@@ -23,9 +23,10 @@ from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import InputError
 
+from .deps import ReadScope, StateDep
 from .responses import FastJSONResponse
 
-__all__ = ["PageParams", "Page", "paginate", "paged", "encode_cursor", "decode_cursor", "MAX_LIMIT"]
+__all__ = ["PageParams", "Page", "paginate", "paged", "list_route", "encode_cursor", "decode_cursor", "MAX_LIMIT"]
 
 MAX_LIMIT = 10_000
 
@@ -84,3 +85,14 @@ async def paged(load: Callable[[], Sequence[dict]], page: PageParams, key: Calla
     """The JSON answer of a list route: ``load()`` (run off the event loop), one page of it by ``key``
     (default: the item's ``name``)."""
     return FastJSONResponse(paginate(await run_in_threadpool(load), key or (lambda d: d["name"]), page))
+
+
+def list_route(router, path: str, *, name: str, summary: str, response_model, load: Callable[[Any], Sequence[dict]]):
+    """Register ``GET path`` (read scope) answering one page, by name, of ``load(state)`` (the app state; run off
+    the event loop). ``name`` is the endpoint's name, hence its OpenAPI operationId."""
+
+    async def endpoint(state: StateDep, page: Page):
+        return await paged(lambda: load(state), page)
+
+    endpoint.__name__ = endpoint.__qualname__ = name
+    router.get(path, dependencies=[ReadScope], summary=summary, response_model=response_model)(endpoint)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from typing import Annotated
+from typing import Annotated, Any, Callable
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response
@@ -16,7 +16,7 @@ from ...ops import indexes as index_ops
 from ..codec import JSON, parse_json, texts_instead, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
-from ..pagination import Page, paginate
+from ..pagination import list_route
 from ..responses import FastJSONResponse, dumps
 from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate, IndexCreateOptions, IndexDelete,
                        IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
@@ -47,13 +47,21 @@ def _options(body: bytes, model):
     return obj, validate(model, {k: v for k, v in obj.items() if k not in ("vectors", "vectors_b64")})
 
 
+def _rows(body: bytes, model, max_batch: int, dim: Callable[[Any], int]):
+    """``(opts, X)``: the body's options validated by ``model`` and its vectors (n, ``dim(opts)``), or X None
+    when the body sends ``texts`` instead (``dim`` is then not called)."""
+    obj, opts = _options(body, model)
+    if texts_instead(obj, opts.texts, max_batch):
+        return opts, None
+    return opts, vectors_from_json(obj, dim=dim(opts), max_batch=max_batch)
+
+
 def _info(idx: SpaceIndex) -> dict:
     return idx.info().to_dict()
 
 
-@router.get("/indexes", dependencies=[ReadScope], summary="List indexes", response_model=IndexList)
-async def list_indexes(state: StateDep, page: Page):
-    return FastJSONResponse(paginate([_info(i) for i in state.indexes.list()], lambda d: d["name"], page))
+list_route(router, "/indexes", name="list_indexes", summary="List indexes", response_model=IndexList,
+           load=lambda state: [_info(i) for i in state.indexes.list()])
 
 
 @router.get("/indexes/{name}", dependencies=[ReadScope], summary="Get an index", response_model=IndexOut)
@@ -100,9 +108,7 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
     idx = state.indexes.get(name)
 
     def work():
-        obj, opts = _options(body, IndexAddOptions)
-        X = None if texts_instead(obj, opts.texts, settings.max_batch) else vectors_from_json(
-            obj, dim=idx.dim, max_batch=settings.max_batch)
+        opts, X = _rows(body, IndexAddOptions, settings.max_batch, lambda _: idx.dim)
         return index_ops.add_rows(state, idx, X, texts=opts.texts, store_texts=opts.store_texts, ids=opts.ids,
                                   payloads=opts.payloads)
 
@@ -130,9 +136,7 @@ async def search(name: str, request: Request, state: StateDep, settings: Setting
     idx = state.indexes.get(name)
 
     def work():
-        obj, opts = _options(body, SearchOptions)
-        Q = None if texts_instead(obj, opts.texts, settings.max_batch) else vectors_from_json(
-            obj, dim=index_ops.query_dim(state, idx, opts.space), max_batch=settings.max_batch)
+        opts, Q = _rows(body, SearchOptions, settings.max_batch, lambda o: index_ops.query_dim(state, idx, o.space))
         found = index_ops.search(state, idx, Q, texts=opts.texts, space=opts.space, map_ref=opts.map, k=opts.k,
                                  exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
                                  csls_k=opts.csls_k if opts.csls else 0, steers=opts.steers, limits=settings.limits)

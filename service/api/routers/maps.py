@@ -16,7 +16,7 @@ from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_
                      vectors_from_binary, vectors_from_json)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
-from ..pagination import Page, paged, paginate
+from ..pagination import Page, list_route, paginate
 from ..responses import FastJSONResponse
 from ..schemas import (MAX_VERSION, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
                        TransformJSON, TransformOptions, TransformResponse, VersionList, VersionOut, error_responses)
@@ -61,9 +61,8 @@ _TRANSFORM_BODY = json_body(TransformJSON, "transform", extra_content={
 
 
 # --- spaces -------------------------------------------------------------------------------------
-@router.get("/spaces", dependencies=[ReadScope], summary="List spaces", response_model=SpaceList)
-async def list_spaces(state: StateDep, page: Page):
-    return await paged(lambda: [s.to_dict() for s in state.registry.list_spaces()], page)
+list_route(router, "/spaces", name="list_spaces", summary="List spaces", response_model=SpaceList,
+           load=lambda state: [s.to_dict() for s in state.registry.list_spaces()])
 
 
 @router.get("/spaces/{name}", dependencies=[ReadScope], summary="Get a space", response_model=SpaceOut)
@@ -82,9 +81,8 @@ async def create_space(body: Annotated[SpaceCreate, Body(openapi_examples=exampl
 
 
 # --- maps ---------------------------------------------------------------------------------------
-@router.get("/maps", dependencies=[ReadScope], summary="List maps", response_model=MapList)
-async def list_maps(state: StateDep, page: Page):
-    return await paged(state.registry.list_maps, page)
+list_route(router, "/maps", name="list_maps", summary="List maps", response_model=MapList,
+           load=lambda state: state.registry.list_maps())
 
 
 @router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)",

@@ -15,7 +15,7 @@ from ..codec import parse_json, texts_instead, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..job_routes import job_route
 from ..openapi import examples, json_body
-from ..pagination import Page, paged
+from ..pagination import list_route
 from ..responses import FastJSONResponse
 from ..schemas import (AliasSet, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
                        SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferRequest, error_responses)
@@ -64,9 +64,8 @@ def create_steer(body: bytes, request, state, settings):
     return job, f"steer fit {opts.name}"
 
 
-@router.get("/steers", dependencies=[ReadScope], summary="List steers", response_model=SteerList)
-async def list_steers(state: StateDep, page: Page):
-    return await paged(state.registry.list_steers, page)
+list_route(router, "/steers", name="list_steers", summary="List steers", response_model=SteerList,
+           load=lambda state: state.registry.list_steers())
 
 
 @router.get("/steers/{ref}", dependencies=[ReadScope], summary="Get a steer version (name, name@alias, name:N)",
