@@ -205,6 +205,13 @@ class Steer:
         sign = np.where(np.einsum("ij,ij->j", U, V) < 0, -1.0, 1.0)
         return U * sign, s, V * sign
 
+    def top(self, r: int) -> "Steer":
+        """The best rank-``r`` steer: ``W_r = sum_{i<r} sigma_i u_i v_i^T`` (Eckart-Young:
+        ``|W - W_r|_2 = sigma_r``), e.g. only the lens's first, attribute direction of an LM steer."""
+        r = _check_int(r, "r", 1, self.rank)
+        U, s, V = self.svd()
+        return Steer(U[:, :r] * s[:r], V[:, :r], {**self.metadata, "kept_rank": r})
+
     def lens(self, X, texts: Sequence[str] | None = None, *, k: int = 5, n_directions: int | None = None,
              side: str = "output") -> list[dict]:
         """Singular directions of ``W`` with the corpus rows at each extreme.

@@ -185,9 +185,7 @@ def main(argv=None):
         RESULTS.mkdir(parents=True, exist_ok=True)
         steer.save(RESULTS / f"steer_lm_{_dt.date.today().isoformat()}.steer.npz")   # kept even if evaluation fails
     if args.keep_rank:
-        U, sig, V = steer.svd()
-        r = min(args.keep_rank, steer.rank)
-        steer = Steer(U[:, :r] * sig[:r], V[:, :r], {**steer.metadata, "kept_rank": r})
+        steer = steer.top(min(args.keep_rank, steer.rank))
     score = Scorers()
     prompts = PROMPTS[: args.prompts]
     run = lambda name, eps, prefix="": evaluate(S, model, tok, score, prompts, args, name, eps, prefix, steer)  # noqa: E731

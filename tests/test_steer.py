@@ -245,3 +245,29 @@ def test_bytes_roundtrip_and_corrupt(tmp_path):
         Steer.from_bytes(MeanShift(np.ones(3)).to_bytes())
     with pytest.raises(SerializationError):
         Steer.load(tmp_path / "missing.npz")
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), d=st.integers(2, 12), rank=st.integers(1, 5), data=st.data())
+def test_top_r_is_the_best_rank_r_steer(seed, d, rank, data):
+    """Steer.top(r): W_r from the SVD; |W - W_r|_2 = sigma_r (Eckart-Young), top(rank) is W itself, eps 0 still exact."""
+    rank = min(rank, d)
+    r = data.draw(st.integers(1, rank))
+    rng = np.random.default_rng(seed)
+    s = Steer(rng.normal(size=(d, rank)), rng.normal(size=(d, rank)))
+    t = s.top(r)
+    sig = np.linalg.svd(s.W, compute_uv=False)
+    assert t.rank == r and t.metadata["kept_rank"] == r
+    gap = np.linalg.norm(s.W - t.W, 2)
+    expected = sig[r] if r < len(sig) else 0.0
+    assert abs(gap - expected) <= 1e-4 * (1 + sig[0])
+    np.testing.assert_allclose(s.top(rank).W, s.W, atol=1e-4 * (1 + sig[0]))
+    Q = rng.normal(size=(3, d)).astype(np.float32)
+    assert np.array_equal(t.apply(Q, 0.0), Q)
+
+
+def test_top_refuses_bad_ranks():
+    s = Steer(np.ones((4, 2)), np.ones((4, 2)))
+    for bad in (0, 3, 1.5):
+        with pytest.raises(InputError):
+            s.top(bad)
