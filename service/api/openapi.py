@@ -1,7 +1,7 @@
 """Request bodies in the OpenAPI document: their schema and runnable examples (``/docs`` → "Try it out").
 
 The examples build one small world in order, so a reader can run them top to bottom in
-``/docs`` on an empty service (``tests/test_openapi_examples.py`` does exactly that):
+``/docs`` on an empty service (``tests/service/api/test_openapi_examples.py`` does exactly that):
 
 1. ``POST /v1/spaces`` ``toy-a`` (4-d);
 2. ``POST /v1/fits`` ``toy-a2b``: paired Procrustes from ``toy-a`` to ``toy-b`` (registered from the

@@ -23,7 +23,7 @@ import align
 pytest.importorskip("qdrant_client")
 
 N, D = 240, 16
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class _Done:

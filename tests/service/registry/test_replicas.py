@@ -27,7 +27,7 @@ from test_api_support import KEYS, W, planted
 PG_URL = os.environ.get("VECBRIDGE_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="VECBRIDGE_TEST_POSTGRES_URL is not set "
                                                    "(eval \"$(bash .ci/start_postgres.sh)\")")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Replica:

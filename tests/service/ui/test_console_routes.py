@@ -17,7 +17,7 @@ from service.ui import STATIC_DIR
 from service.ui.pages import PAGES
 from test_api_support import R, W, planted, settings_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

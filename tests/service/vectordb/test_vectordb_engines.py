@@ -31,7 +31,7 @@ from service.vectordb import FileCheckpoint, TranslatingSearcher, migrate, verif
 
 from conftest import WORDNET, wordnet_available
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 N = 20000
 
 

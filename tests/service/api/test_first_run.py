@@ -14,7 +14,7 @@ from reliability.helpers import free_port, wait_healthy
 from service.api.app import ensure_local_key
 from service.config import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_local_key_is_made_once_private_and_reused(tmp_path):

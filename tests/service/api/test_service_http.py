@@ -19,7 +19,7 @@ from service.registry import open_registry
 from _servers import free_port, stop, wait_ready
 from test_api_support import KEYS, R, W, planted
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def seed_registry(data_dir: Path):

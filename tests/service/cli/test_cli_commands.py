@@ -15,7 +15,7 @@ import click
 
 from service.cli import COMMANDS, cli, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_command_in_the_table_resolves_and_is_listed(capsys):
