@@ -16,7 +16,7 @@ import numpy as np
 
 from .exceptions import SerializationError
 
-__all__ = ["META_KEY", "json_default", "pack_npz", "unpack_npz", "save_atomic", "read_bytes"]
+__all__ = ["META_KEY", "json_default", "pack_npz", "unpack_npz", "pack", "unpack", "save_atomic", "read_bytes"]
 
 META_KEY = "__meta__"
 
@@ -50,6 +50,33 @@ def unpack_npz(data: bytes) -> tuple[dict, dict]:
     except Exception as exc:
         raise SerializationError(f"cannot read npz artifact: {exc}") from None
     return arrays, header
+
+
+def pack(arrays: dict, header: dict, format: str = "npz") -> bytes:
+    """Arrays plus a JSON header as ``"npz"`` or ``"safetensors"`` bytes (header in its string metadata)."""
+    if format == "npz":
+        return pack_npz(arrays, header)
+    if format == "safetensors":
+        from safetensors.numpy import save
+
+        return save({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata={META_KEY: header_text(header)})
+    raise SerializationError(f"unknown format {format!r}; use 'npz' or 'safetensors'")
+
+
+def unpack(data: bytes, what: str = "artifact") -> tuple[dict, dict]:
+    """Inverse of :func:`pack` (format detected from the bytes): ``(arrays, header)``; SerializationError otherwise."""
+    try:
+        if data[:2] == b"PK":  # zip container: npz
+            return unpack_npz(data)
+        from safetensors.numpy import load
+
+        n = int.from_bytes(data[:8], "little")
+        header_blob = json.loads(data[8 : 8 + n].decode("utf-8"))
+        return load(data), json.loads(header_blob["__metadata__"][META_KEY])
+    except SerializationError:
+        raise
+    except Exception as exc:
+        raise SerializationError(f"cannot read {what}: {exc}") from None
 
 
 def save_atomic(path, data: bytes) -> Path:

@@ -22,7 +22,8 @@ then ``output="frame"`` is ``unit(ŷ)`` and ``output="raw"`` adds the target mea
 ``f Cᵀ`` (k d_s) plus ``m`` GEMM rows (m d_s d_t): about ``m`` times a plain GEMM (``m = 1``, hard
 routing, is one). Shapes: ``centroids`` (k, d_s), ``W`` (k, d_s, d_t), ``bias`` (k, d_t).
 
-Artifacts: ``.npz`` with a JSON header (``format = "vecbridge.ClusterMap"``), never pickle.
+Artifacts: ``.npz`` or ``.safetensors`` with a JSON header (``format = "vecbridge.ClusterMap"``),
+never pickle; :func:`align.load_map` / :func:`align.map_from_bytes` read either kind of map.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._artifacts import pack_npz, read_bytes, save_atomic, unpack_npz
+from ._artifacts import pack, read_bytes, save_atomic, unpack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError, TooFewRowsError
 from .frames import Frame, unit_rows
@@ -162,8 +163,8 @@ class ClusterMap:
     __call__ = apply
 
     # --- (de)serialisation ----------------------------------------------------------------
-    def to_bytes(self) -> bytes:
-        """``.npz`` bytes: arrays plus a JSON header (no pickle)."""
+    def to_bytes(self, format: str = "npz") -> bytes:
+        """``"npz"`` or ``"safetensors"`` bytes: arrays plus a JSON header (no pickle)."""
         arrays = {"centroids": self.centroids, "W": self.W, "bias": self.bias}
         for side, fr in (("source", self.source_frame), ("target", self.target_frame)):
             if fr.mean is not None:
@@ -171,12 +172,15 @@ class ClusterMap:
         header = {"format": FORMAT, "format_version": FORMAT_VERSION, "blend": self.blend,
                   "temperature": self.temperature, "source_frame": self.source_frame.to_meta(),
                   "target_frame": self.target_frame.to_meta(), "metadata": self.metadata}
-        return pack_npz(arrays, header)
+        return pack(arrays, header, format)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "ClusterMap":
         """Read what :meth:`to_bytes` wrote; SerializationError on anything else."""
-        arrays, header = unpack_npz(data)
+        return cls._from_arrays(*unpack(data, "ClusterMap artifact"))
+
+    @classmethod
+    def _from_arrays(cls, arrays: dict, header: dict) -> "ClusterMap":
         if header.get("format") != FORMAT:
             raise SerializationError("not a vecbridge ClusterMap artifact")
         if int(header.get("format_version", 0)) > FORMAT_VERSION:
@@ -190,9 +194,10 @@ class ClusterMap:
         except (KeyError, TypeError) as exc:
             raise SerializationError(f"artifact is missing a field: {exc}") from None
 
-    def save(self, path) -> Path:
-        """Write atomically to ``path`` (npz)."""
-        return save_atomic(Path(path), self.to_bytes())
+    def save(self, path, format: str | None = None) -> Path:
+        """Write atomically to ``path`` (format from the suffix unless given, as for :meth:`LinearMap.save`)."""
+        path = Path(path)
+        return save_atomic(path, self.to_bytes(format or ("safetensors" if path.suffix == ".safetensors" else "npz")))
 
     @classmethod
     def load(cls, path) -> "ClusterMap":

@@ -15,18 +15,17 @@ or ``.safetensors`` (arrays + the JSON header in its string metadata). Never pic
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ._artifacts import META_KEY, header_text, pack_npz, read_bytes, save_atomic, unpack_npz
+from ._artifacts import pack, read_bytes, save_atomic, unpack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError
 from .frames import Frame, tame_rows
 
-__all__ = ["LinearMap", "FORMAT_VERSION"]
+__all__ = ["LinearMap", "FORMAT_VERSION", "map_from_bytes", "load_map"]
 
 FORMAT_VERSION = 1
 _BLOCK_ROWS = 1024  # rows per fused block: output block (1024 x d_t float32) stays in L2/L3
@@ -297,35 +296,12 @@ class LinearMap:
 
     def to_bytes(self, format: str = "npz") -> bytes:
         """Serialise to bytes: ``"npz"`` or ``"safetensors"``."""
-        arrays, header = self._arrays_and_header()
-        if format == "npz":
-            return pack_npz(arrays, header)
-        if format == "safetensors":
-            from safetensors.numpy import save
-
-            return save({k: np.ascontiguousarray(v) for k, v in arrays.items()},
-                        metadata={META_KEY: header_text(header)})
-        raise SerializationError(f"unknown format {format!r}; use 'npz' or 'safetensors'")
+        return pack(*self._arrays_and_header(), format)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "LinearMap":
         """Read what :meth:`to_bytes` wrote (format detected from the bytes)."""
-        try:
-            if data[:2] == b"PK":  # zip container: npz
-                arrays, header = unpack_npz(data)
-            else:
-                from safetensors import safe_open  # noqa: F401  (import check)
-                from safetensors.numpy import load
-
-                n = int.from_bytes(data[:8], "little")
-                header_blob = json.loads(data[8 : 8 + n].decode("utf-8"))
-                header = json.loads(header_blob["__metadata__"][META_KEY])
-                arrays = load(data)
-        except SerializationError:
-            raise
-        except Exception as exc:
-            raise SerializationError(f"cannot read LinearMap artifact: {exc}") from None
-        return cls._from_arrays(arrays, header)
+        return cls._from_arrays(*unpack(data, "LinearMap artifact"))
 
     def save(self, path, format: str | None = None) -> Path:
         """Write atomically to ``path`` (format from the suffix unless given)."""
@@ -338,3 +314,18 @@ class LinearMap:
         """Read a map written by :meth:`save`."""
         return cls.from_bytes(read_bytes(path))
 
+
+
+def map_from_bytes(data: bytes):
+    """A stored map of any kind: :class:`LinearMap` or :class:`align.ClusterMap`, by the artifact's header."""
+    from .cluster import FORMAT as CLUSTER_FORMAT, ClusterMap
+
+    arrays, header = unpack(data, "map artifact")
+    if header.get("format") == CLUSTER_FORMAT:
+        return ClusterMap._from_arrays(arrays, header)
+    return LinearMap._from_arrays(arrays, header)
+
+
+def load_map(path):
+    """:func:`map_from_bytes` of the file at ``path``."""
+    return map_from_bytes(read_bytes(path))

@@ -239,6 +239,14 @@ def test_cluster_map_save_load_round_trip_is_exact_and_pickle_free(tmp_path):
     lin = align.fit_migration(X[:600], Y[:600], method="ridge")
     with pytest.raises(align.SerializationError):
         align.ClusterMap.from_bytes(lin.to_bytes())
+    st = align.ClusterMap.load(m.save(tmp_path / "local.safetensors"))
+    np.testing.assert_array_equal(st.apply(X[600:]), m.apply(X[600:]))
+    for blob, kind in ((m.to_bytes(), align.ClusterMap), (m.to_bytes("safetensors"), align.ClusterMap),
+                       (lin.to_bytes(), align.LinearMap), (lin.to_bytes("safetensors"), align.LinearMap)):
+        assert type(align.map_from_bytes(blob)) is kind  # one reader for the registry, by the header
+    assert type(align.load_map(path)) is align.ClusterMap
+    with pytest.raises(align.SerializationError):
+        align.map_from_bytes(b"not an artifact")
 
 
 def test_cluster_same_seed_same_map():
