@@ -36,7 +36,8 @@ import numpy as np
 from ._artifacts import pack, read_bytes, save_atomic, unpack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError, TooFewRowsError
-from .frames import Frame, unit_rows
+from .frames import Frame, tame_rows, unit_rows
+from .maps import _raw_t
 from .kmeans import lloyd
 
 __all__ = ["ClusterMap", "route_centroids", "ClusterResiduals", "FORMAT"]
@@ -104,10 +105,13 @@ class ClusterMap:
     # --- applying -------------------------------------------------------------------------
     def route(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For framed rows ``F`` (n, d_s): the ``blend`` nearest clusters (n, m) int and their weights (n, m)."""
-        S = F @ self.centroids.T
+        return self._route_scores(F @ self.centroids.T)
+
+    def _route_scores(self, S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``blend`` clusters and softmax weights from centroid cosines ``S`` (n, k)."""
         m = self.blend
         if m == 1:
-            return S.argmax(axis=1)[:, None], np.ones((F.shape[0], 1), dtype=np.float32)
+            return S.argmax(axis=1)[:, None], np.ones((S.shape[0], 1), dtype=np.float32)
         top = np.argpartition(-S, m - 1, axis=1)[:, :m]
         s = np.take_along_axis(S, top, axis=1) / self.temperature
         w = np.exp(s - s.max(axis=1, keepdims=True))
@@ -121,44 +125,93 @@ class ClusterMap:
             X = as_matrix(X, name="X", dim=self.source_dim)
         return self._apply(X, output=output, batch_size=batch_size)
 
+    def _plan(self) -> dict:
+        """Constants of the fused apply, computed once: ``Wa_j = [W_j; mu_s W_j; b_j]`` (k, d_s + 2, d_t),
+        ``[mu_s, Cᵀ]`` for the input-side products and ``mu_s·c_j`` (``mu_s = 0`` without centring)."""
+        plan = self.__dict__.get("_fused")
+        if plan is None:
+            fs = self.source_frame
+            k, d_s, d_t = self.W.shape
+            mu = fs.mean.astype(np.float64) if fs.mean is not None else np.zeros(d_s)
+            Wa = np.empty((k, d_s + 2, d_t), dtype=np.float32)
+            Wa[:, :d_s] = self.W
+            Wa[:, d_s] = np.einsum("d,kde->ke", mu, self.W.astype(np.float64))
+            Wa[:, d_s + 1] = self.bias
+            plan = {"folded": bool(fs.unit_in and fs.unit_out and fs.mean is not None), "Wa": Wa,
+                    "Q": np.ascontiguousarray(np.concatenate([mu[:, None], self.centroids.T.astype(np.float64)], 1),
+                                              dtype=np.float32),
+                    "mu_sq": float(mu @ mu), "mu_c": self.centroids.astype(np.float64) @ mu}
+            self.__dict__["_fused"] = plan
+        return plan
+
     def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = _BLOCK_ROWS) -> np.ndarray:
         """Apply on validated rows: route, one GEMM per cluster on its (row, slot) entries, blend, output frame.
 
-        Per block the ``n m`` (row, cluster) entries are sorted by cluster, their framed rows gathered
-        once into a contiguous buffer, each cluster's slice multiplied by its ``W_j`` (one GEMM per
-        cluster), and the weighted results summed back per row."""
+        The standard source frame ``f = (x/|x| - mu_s)/s(x)``, ``s(x) = sqrt(1 - 2 x·mu_s/|x| + |mu_s|²)``,
+        is folded in: ``f·c_j = (x·c_j/|x| - mu_s·c_j)/s`` (routing from one thin product on the raw
+        rows) and ``f W_j + b_j = [x/(|x| s), -1/s, 1] Wa_j``. Per block the ``n m`` (row, cluster)
+        entries are sorted by cluster, their rows gathered once into ``[r x | -1/s | 1]``, each
+        cluster's slice multiplied by its ``Wa_j`` (one GEMM per cluster), and the weighted results
+        summed back per row. Other source frames are applied to a copy first."""
         if output not in ("frame", "raw", "linear"):
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
-        out = np.empty((X.shape[0], self.target_dim), dtype=np.float32)
+        p = self._plan()
+        d_s, d_t = self.source_dim, self.target_dim
+        out = np.empty((X.shape[0], d_t), dtype=np.float32)
         step = max(1, int(batch_size))
         for s in range(0, X.shape[0], step):
-            F = self.source_frame._apply(X[s : s + step])
-            top, w = self.route(F)
+            if p["folded"]:
+                x = tame_rows(X[s : s + step])
+                n1 = np.maximum(np.sqrt(np.einsum("ij,ij->i", x, x).astype(np.float64)), 1e-12)
+                K = (x @ p["Q"]).astype(np.float64)  # x·mu_s, x·c_j
+                sc = np.sqrt(np.maximum(1.0 - 2.0 * K[:, 0] / n1 + p["mu_sq"], 1e-24))
+                top, w = self._route_scores((K[:, 1:] / n1[:, None] - p["mu_c"]) / sc[:, None])
+                r, shift = 1.0 / (n1 * sc), -1.0 / sc
+            else:
+                x = self.source_frame._apply(X[s : s + step])
+                top, w = self.route(x)
+                r, shift = np.ones(x.shape[0]), np.zeros(x.shape[0])
             n, m = top.shape
             lab = top.reshape(-1)
             order = np.argsort(lab, kind="stable")
             bounds = np.searchsorted(lab[order], np.arange(self.n_clusters + 1))
-            G = F[order // m]
-            P = np.empty((n * m, self.target_dim), dtype=np.float32)
+            rows = order // m
+            G = np.empty((n * m, d_s + 2), dtype=np.float32)
+            np.take(x, rows, axis=0, out=G[:, :d_s])
+            G[:, :d_s] *= r[rows].astype(np.float32)[:, None]
+            G[:, d_s] = shift[rows]
+            G[:, d_s + 1] = 1.0
+            P = np.empty((n * m, d_t), dtype=np.float32)
             for j in range(self.n_clusters):
                 a, b = bounds[j], bounds[j + 1]
                 if b > a:
-                    np.matmul(G[a:b], self.W[j], out=P[a:b])
-                    P[a:b] += self.bias[j]
-            if m == 1:
-                Y = np.empty_like(P)
-                Y[order] = P
-            else:
+                    np.matmul(G[a:b], p["Wa"][j], out=P[a:b])
+            if m > 1:
                 P *= w.reshape(-1)[order][:, None]
-                Y = np.empty_like(P)
-                Y[order] = P
-                Y = Y.reshape(n, m, self.target_dim).sum(axis=1)
-            if output == "frame":
-                Y = unit_rows(Y) if self.target_frame.unit_out else Y
-            elif output == "raw":
-                Y = self.target_frame.to_raw(Y)
-            out[s : s + step] = Y
+            Y = np.empty_like(P)
+            Y[order] = P
+            if m > 1:
+                Y = Y.reshape(n, m, d_t).sum(axis=1)
+            self._finish(Y, out[s : s + step], output)
         return check_representable(out, "transform")
+
+    def _finish(self, Y: np.ndarray, dest: np.ndarray, output: str) -> None:
+        """Write ``Y`` (the blended ``f W + b``) into ``dest`` as ``output``: ``raw`` in closed form for the
+        standard target frame (``mu_t + t y/|y|``, :meth:`Frame.to_raw`), else through the frame."""
+        ft = self.target_frame
+        if output == "linear" or (output == "frame" and not ft.unit_out):
+            dest[...] = Y
+            return
+        nu = np.maximum(np.sqrt(np.einsum("ij,ij->i", Y, Y).astype(np.float64)), 1e-12)
+        if output == "frame":
+            np.multiply(Y, (1.0 / nu).astype(np.float32)[:, None], out=dest)
+        elif ft.unit_in and ft.unit_out and ft.mean is not None:
+            mf = (Y @ ft.mean).astype(np.float64) / nu
+            t = _raw_t(mf, float(ft.mean.astype(np.float64) @ ft.mean))
+            np.multiply(Y, (t / nu).astype(np.float32)[:, None], out=dest)
+            dest += ft.mean
+        else:
+            dest[...] = ft.to_raw(Y)
 
     __call__ = apply
 

@@ -312,3 +312,24 @@ def test_cluster_residual_solve_equals_the_shrunk_normal_equations(seed, n, lam)
     np.testing.assert_allclose(b[0], b_g + T[-1], atol=1e-4)
     np.testing.assert_allclose(W[1], W_g, atol=1e-6)
     np.testing.assert_allclose(b[1], b_g, atol=1e-6)
+
+
+@pytest.mark.parametrize("framed", [True, False])
+def test_cluster_map_apply_is_the_blend_of_its_clusters_maps(framed):
+    """Fused apply == the definition: softmax-weighted ``f W_j + b_j`` over the ``blend`` nearest centroids."""
+    rng = np.random.default_rng(11)
+    k, d_s, d_t = 6, 10, 7
+    X = rng.normal(size=(300, d_s)).astype(np.float32) + 0.5
+    fs = align.Frame.fit(X) if framed else align.Frame.identity(d_s)
+    ft = align.Frame.fit(rng.normal(size=(200, d_t)).astype(np.float32) + 0.3) if framed else align.Frame.identity(d_t)
+    C = unit_rows(rng.normal(size=(k, d_s)))
+    W, b = rng.normal(size=(k, d_s, d_t)), rng.normal(size=(k, d_t))
+    cm = align.ClusterMap(C, W, b, fs, ft, blend=3, temperature=0.3)
+    F = fs.apply(X).astype(np.float64)
+    S = F @ C.T
+    top = np.argsort(-S, axis=1)[:, :3]
+    w = np.exp(np.take_along_axis(S, top, 1) / 0.3)
+    w /= w.sum(1, keepdims=True)
+    want = sum(w[:, i, None] * (np.einsum("nd,nde->ne", F, W[top[:, i]]) + b[top[:, i]]) for i in range(3))
+    np.testing.assert_allclose(cm.apply(X, output="linear"), want, atol=2e-4)
+    np.testing.assert_allclose(cm.apply(X, output="raw"), ft.to_raw(want.astype(np.float32)), atol=2e-4)
