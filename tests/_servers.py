@@ -4,6 +4,8 @@ thread of this process."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import threading
@@ -13,6 +15,8 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -103,9 +107,48 @@ def tiny_lm_app(data_dir: Path):
     """The service app over ``data_dir`` whose LM is the tiny random Llama of the LM tests."""
     from _tiny_lm import tiny_lm
     from service.api import create_app
-    from test_api_support import settings_for
+    from _api_support import settings_for
 
     model, tok = tiny_lm()
     app = create_app(settings_for(data_dir))
     app.state.lm_provider = lambda: (model, tok)
     return app
+
+
+def seed_registry(data_dir: Path):
+    """Register spaces a, b and map a2b before the server starts (it reads the same SQLite file)."""
+    from align import fit_procrustes
+    from service.registry import open_registry
+    from _api_support import planted
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    X, Y, _ = planted(300)
+    reg = open_registry(f"sqlite:///{(data_dir / 'registry.sqlite').resolve()}", (data_dir / "artifacts").resolve())
+    reg.register_space("a", 16)
+    reg.register_space("b", 16)
+    m = fit_procrustes(X, Y)
+    reg.register_version("a2b", m, source_space="a", target_space="b", method="procrustes", params={})
+    reg.close()
+    return X, Y, m
+
+
+def start(cmd: list[str], env: dict, port: int, log: Path) -> subprocess.Popen:
+    """Run ``cmd`` (a server on ``port``) with its output in ``log``; return once ``/healthz`` answers 200."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc=proc, path="/healthz", timeout=60, log=log)
+    except AssertionError:
+        stop(proc)
+        raise
+    return proc
+
+
+def env_for(data_dir: Path, port: int) -> dict:
+    """The environment of a server process on ``data_dir`` and ``port`` with the test keys (no demo)."""
+    from _api_support import KEYS
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
+    env.update({"VECBRIDGE_DATA_DIR": str(data_dir), "VECBRIDGE_API_KEYS": json.dumps(KEYS),
+                "VECBRIDGE_DEMO_ON_EMPTY": "false", "VECBRIDGE_PORT": str(port), "OMP_NUM_THREADS": "1",
+                "VECBRIDGE_LOG_LEVEL": "INFO"})
+    return env

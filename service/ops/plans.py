@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 import align
+from align.migration import LINEAR_CANDIDATES
 from align.exceptions import InputError
 
 __all__ = ["MIGRATION_METHODS", "fit_migration_map", "plan", "retention_gate", "evaluate_map", "RETENTION_KEY"]
@@ -30,10 +31,20 @@ RETENTION_KEY = "nn_retention@10"
 
 def fit_migration_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict | None, random_state=0,
                       unpaired_source=None, unpaired_target=None) -> align.LinearMap:
-    """Fit a migration map from paired rows ``X`` (K, d_s) → ``Y`` (K, d_t); typed errors on bad input."""
+    """Fit a migration map from paired rows ``X`` (K, d_s) → ``Y`` (K, d_t); typed errors on bad input.
+
+    ``auto`` chooses among the linear families only (:data:`align.migration.LINEAR_CANDIDATES`):
+    the registry, path composition and the vector-database migration store :class:`align.LinearMap`
+    artifacts, so a per-cluster :class:`align.ClusterMap` is available from Python but not yet here.
+    """
+    params = dict(params or {})
+    candidates = tuple(params.pop("candidates", LINEAR_CANDIDATES))
+    if "cluster" in candidates:
+        raise InputError("the service stores linear maps; candidate 'cluster' is available from Python "
+                         "(align.fit_migration) only")
     try:
         return align.fit_migration(X, Y, method=method, random_state=random_state, unpaired_source=unpaired_source,
-                                   unpaired_target=unpaired_target, **dict(params or {}))
+                                   unpaired_target=unpaired_target, candidates=candidates, **params)
     except TypeError as exc:
         raise InputError(f"bad parameter for {method}: {exc}") from None
 

@@ -12,9 +12,9 @@ import pytest
 from service.client import (APIError, AuthenticationError, Client, ConflictError, JobCancelledError, NotFoundError,
                             PermissionDeniedError, QueueFullError, ServerError, ServiceUnavailableError,
                             ValidationError, error_from_response)
-from test_api_support import planted
+from _api_support import planted
 from _servers import free_port, serve_in_thread, stop, tiny_lm_app
-from test_service_http import env_for, seed_registry, start
+from _servers import env_for, seed_registry, start
 
 WKEY, RKEY = "wkey-456", "rkey-123"  # test_api_support.KEYS
 

@@ -12,7 +12,7 @@ from service.api import create_app
 from align.exceptions import Cancelled
 from service.jobs import IdempotencyConflictError, JobManager, JobNotFoundError, QueueFullError
 from _jobs_support import http_job, slow_job, wait_job as wait
-from test_api_support import R, W, planted, populate, settings_for
+from _api_support import R, W, planted, populate, settings_for
 
 
 def test_success_progress_and_timings():

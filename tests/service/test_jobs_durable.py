@@ -140,7 +140,7 @@ def test_http_job_answers_after_app_restart(tmp_path):
     from fastapi.testclient import TestClient
 
     from service.api import create_app
-    from test_api_support import R, W, planted, populate, settings_for
+    from _api_support import R, W, planted, populate, settings_for
 
     X, Y, _ = planted(80)
     body = {"name": "f", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,

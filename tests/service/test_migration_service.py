@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from service.api import create_app
 from service.cli import main
 from service.io import write_vectors
-from test_api_support import R, settings_for
+from _api_support import R, settings_for
 
 
 def _pairs(n=900, d_s=16, d_t=12, noise=0.05, seed=0):
@@ -120,3 +120,29 @@ def test_http_plan_and_bad_probe(tmp_path):
         r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:100]), "probe_target": _b64(Y[:100]),
                                       "target_retention": 2}, headers=R)
         assert r.status_code == 422
+
+
+def test_service_auto_registers_a_linear_map_even_where_cluster_maps_would_win(tmp_path):
+    """Piecewise-linear pairs (a map per source cluster) make align's `cluster` family win `auto`; the
+    service chooses among the linear families it can store, and the registered version loads back."""
+    from align import LinearMap
+    from service.ops.plans import fit_migration_map
+    from align.exceptions import InputError
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(6, 16)) * 3.0
+    lab = rng.integers(0, 6, 1400)
+    X = (centres[lab] + rng.normal(size=(1400, 16))).astype(np.float32)
+    A = np.stack([np.linalg.qr(rng.normal(size=(16, 16)))[0] for _ in range(6)])
+    Y = np.einsum("nd,nde->ne", X, A[lab]).astype(np.float32)
+    m = fit_migration_map(X, Y, method="auto", params={}, random_state=0)
+    assert isinstance(m, LinearMap) and "cluster" not in m.metadata["selection"]["candidates"]
+    with pytest.raises(InputError, match="cluster"):
+        fit_migration_map(X, Y, method="auto", params={"candidates": ["ridge", "cluster"]})
+    write_vectors(tmp_path / "a.npy", X)
+    write_vectors(tmp_path / "b.npy", Y)
+    d = tmp_path / "data"
+    assert main(["--data-dir", str(d), "fit", "--source", str(tmp_path / "a.npy"), "--target", str(tmp_path / "b.npy"),
+                 "--pairs", "--method", "auto", "--name", "pw", "--quiet"]) == 0
+    assert main(["--data-dir", str(d), "transform", "--map", "pw", str(tmp_path / "a.npy"),
+                 str(tmp_path / "out.npy"), "--quiet"]) == 0

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from service.api import create_app
 from service.config import get_settings
-from test_api_support import KEYS, R, W, WONLY, populate, settings_for
+from _api_support import KEYS, R, W, WONLY, populate, settings_for
 
 OCT = {"content-type": "application/octet-stream"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from test_api_support import R, settings_for
+from _api_support import R, settings_for
 
 
 def test_unknown_target_space_or_path_is_a_404_before_the_encoder_loads(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from service.api import create_app  # noqa: E402
 from service.lm import steering as S  # noqa: E402
 from service.lm.model import LMUnavailableError  # noqa: E402
 from _tiny_lm import tiny_lm  # noqa: E402
-from test_api_support import R, W, settings_for  # noqa: E402
+from _api_support import R, W, settings_for  # noqa: E402
 
 POS = ["the film was good", "a great movie and lovely music", "the story was happy and fine",
        "really great actors", "the ending was lovely", "a very good plot"]

@@ -20,9 +20,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 vader = pytest.importorskip("vaderSentiment.vaderSentiment")
 
-from test_api_support import R, W  # noqa: E402
+from _api_support import R, W  # noqa: E402
 from _servers import free_port, stop  # noqa: E402
-from test_service_http import env_for, start  # noqa: E402
+from _servers import env_for, start  # noqa: E402
 
 PROMPTS = ["The book", "The city", "The movie", "The pizza", "The road", "The lake", "The last time", "The horse"]
 

@@ -17,7 +17,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance,  # noqa
 
 from service.api import create_app  # noqa: E402
 from _jobs_support import wait_job  # noqa: E402
-from test_api_support import W, planted, populate, settings_for  # noqa: E402
+from _api_support import W, planted, populate, settings_for  # noqa: E402
 
 CHECKS = [content_type_conformance, response_schema_conformance]
 

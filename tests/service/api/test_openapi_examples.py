@@ -15,7 +15,7 @@ from service.api.schemas import (AliasSet, EmbeddingsRequest, FitRequest, IndexA
                                  PlanRequest, SearchRequest, SpaceCreate, SteerApplyRequest, SteerFitRequest,
                                  SteerTransferRequest, TagSet, TransformJSON)
 from _jobs_support import http_job, wait_job
-from test_api_support import W, settings_for
+from _api_support import W, settings_for
 
 MODELS = {
     ("post", "/v1/spaces"): SpaceCreate, ("put", "/v1/maps/{name}/aliases/{alias}"): AliasSet,

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from service.ops import demo
 from service.api import create_app
-from test_api_support import R, populate, settings_for
+from _api_support import R, populate, settings_for
 
 
 def test_packaged_demo_data_is_unit_paired_and_distinct():

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import io
-import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,44 +11,10 @@ import httpx
 import numpy as np
 import pytest
 
-from align import fit_procrustes
-from service.registry import open_registry
-from _servers import free_port, stop, wait_ready
-from test_api_support import KEYS, R, W, planted
+from _servers import env_for, free_port, seed_registry, start, stop
+from _api_support import KEYS, R, W
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def seed_registry(data_dir: Path):
-    """Register spaces a, b and map a2b before the server starts (it reads the same SQLite file)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    X, Y, _ = planted(300)
-    reg = open_registry(f"sqlite:///{(data_dir / 'registry.sqlite').resolve()}", (data_dir / "artifacts").resolve())
-    reg.register_space("a", 16)
-    reg.register_space("b", 16)
-    m = fit_procrustes(X, Y)
-    reg.register_version("a2b", m, source_space="a", target_space="b", method="procrustes", params={})
-    reg.close()
-    return X, Y, m
-
-
-def start(cmd: list[str], env: dict, port: int, log: Path) -> subprocess.Popen:
-    """Run ``cmd`` (a server on ``port``) with its output in ``log``; return once ``/healthz`` answers 200."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", proc=proc, path="/healthz", timeout=60, log=log)
-    except AssertionError:
-        stop(proc)
-        raise
-    return proc
-
-
-def env_for(data_dir: Path, port: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
-    env.update({"VECBRIDGE_DATA_DIR": str(data_dir), "VECBRIDGE_API_KEYS": json.dumps(KEYS),
-                "VECBRIDGE_DEMO_ON_EMPTY": "false", "VECBRIDGE_PORT": str(port), "OMP_NUM_THREADS": "1",
-                "VECBRIDGE_LOG_LEVEL": "INFO"})
-    return env
 
 
 def exercise(base: str, X: np.ndarray, Y: np.ndarray, m) -> None:

@@ -11,7 +11,7 @@ from align import LinearMap
 from service.api import create_app
 from _jobs_support import http_job, wait_job
 from _synthetic import planted_attribute
-from test_api_support import R, W, WONLY, settings_for
+from _api_support import R, W, WONLY, settings_for
 
 D = 16
 FIT_PARAMS = {"method": "lm-steer", "rank": 4, "max_iter": 40, "max_pairs": 400, "n_candidates": 800}

@@ -13,7 +13,7 @@ from align.exceptions import DimensionMismatchError, InputError
 from align.frames import unit_rows
 from service.api import create_app
 from service.indexes import IndexConflictError, IndexNotFoundError, IndexStore, RWLock, SpaceIndex, choose_kind
-from test_api_support import R, W, populate, settings_for
+from _api_support import R, W, populate, settings_for
 
 
 def brute(D_ids, D, Q, k):

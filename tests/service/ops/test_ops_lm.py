@@ -20,7 +20,7 @@ from service.errors import exit_code, http_status  # noqa: E402
 from service.lm.model import LMUnavailableError  # noqa: E402
 from service.ops import lm as ops  # noqa: E402
 from _tiny_lm import tiny_lm  # noqa: E402
-from test_api_support import W, settings_for  # noqa: E402
+from _api_support import W, settings_for  # noqa: E402
 
 POS = ["the film was good", "a great movie and lovely music", "really great actors", "a very good plot"]
 NEG = ["the film was bad", "an awful movie and sad music", "really awful actors", "a very dull plot"]

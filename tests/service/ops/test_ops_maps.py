@@ -9,7 +9,7 @@ from align.exceptions import Cancelled
 from service.ops.maps import run_fit
 from service.progress import Stages
 from service.registry import ConflictError, open_registry
-from test_api_support import planted
+from _api_support import planted
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from _servers import free_port, stop, wait_ready
-from test_api_support import KEYS, W, planted
+from _api_support import KEYS, W, planted
 
 PG_URL = os.environ.get("VECBRIDGE_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="VECBRIDGE_TEST_POSTGRES_URL is not set "

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from conftest import WORDNET, wordnet_available
-from test_api_support import KEYS, W
+from _api_support import KEYS, W
 from _servers import free_port, serve_in_thread, stop, tiny_lm_app
-from test_service_http import env_for, start
+from _servers import env_for, start
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",

