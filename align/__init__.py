@@ -9,7 +9,8 @@ Public surface::
     evaluate                                 held-out metrics
     fit_migration, score_map                 migration maps chosen on held-out pairs (families × objectives)
     ClusterMap                               blended per-cluster local maps (fit_migration(method="cluster"))
-    load_map, map_from_bytes                 read a stored LinearMap or ClusterMap by its header
+    MapChain, require_linear                 maps of any kind applied in sequence; the check for matrix-only uses
+    load_map, map_from_bytes                 read a stored LinearMap, ClusterMap or MapChain by its header
     select_rows_to_embed, knn_overlap,       which rows to re-embed, alignability,
     plan_migration                           expected retention vs K before the fit
     fit_steer, Steer, transfer_steer         LM-Steer style query transforms
@@ -19,6 +20,7 @@ Public surface::
 
 from . import exceptions
 from .exceptions import *  # noqa: F401,F403
+from .chain import MapChain, map_kind, require_linear
 from .cluster import ClusterMap
 from .frames import Frame
 from .knn import csls_knn, knn, mutual_nn
@@ -33,7 +35,7 @@ from .steer import MeanShift, Steer, apply_steers, compose_steers, fit_mean_shif
 __version__ = "0.1.0"
 
 __all__ = [
-    "LinearMap", "ClusterMap", "load_map", "map_from_bytes", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
+    "LinearMap", "ClusterMap", "MapChain", "map_kind", "require_linear", "load_map", "map_from_bytes", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
     "MiniVec2Vec", "fit_migration", "score_map", "select_rows_to_embed", "knn_overlap", "plan_migration", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
     "transfer_steer", "knn", "csls_knn", "mutual_nn", "exceptions", *exceptions.__all__,
 ]

@@ -69,6 +69,8 @@ class ClusterMap:
     temperature: float = 0.05
     metadata: dict = field(default_factory=dict)
 
+    map_kind = "cluster"  # class attribute (not a field); see align.chain.map_kind
+
     def __post_init__(self):
         C = np.ascontiguousarray(self.centroids, dtype=np.float32)
         W = np.ascontiguousarray(self.W, dtype=np.float32)

@@ -56,6 +56,8 @@ class LinearMap:
     target_frame: Frame | None = None
     metadata: dict = field(default_factory=dict)
 
+    map_kind = "linear"  # class attribute (not a field): the registry records it; see align.chain.map_kind
+
     def __post_init__(self):
         W = np.asarray(self.W)
         if W.ndim != 2 or 0 in W.shape:
@@ -317,12 +319,16 @@ class LinearMap:
 
 
 def map_from_bytes(data: bytes):
-    """A stored map of any kind: :class:`LinearMap` or :class:`align.ClusterMap`, by the artifact's header."""
+    """A stored map of any kind by the artifact's header: :class:`LinearMap`, :class:`align.ClusterMap` or
+    :class:`align.MapChain`."""
+    from .chain import FORMAT as CHAIN_FORMAT, MapChain
     from .cluster import FORMAT as CLUSTER_FORMAT, ClusterMap
 
     arrays, header = unpack(data, "map artifact")
     if header.get("format") == CLUSTER_FORMAT:
         return ClusterMap._from_arrays(arrays, header)
+    if header.get("format") == CHAIN_FORMAT:
+        return MapChain._from_arrays(arrays, header)
     return LinearMap._from_arrays(arrays, header)
 
 

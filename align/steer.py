@@ -384,7 +384,9 @@ def transfer_steer(steer: Steer, linear_map, *, rcond: float = 1e-6) -> Steer:
     Uses the map's linear part only; its frames (centring, normalisation) and bias are not folded
     in, so with a centring map the transfer is approximate (recorded in the metadata).
     """
-    M = np.asarray(linear_map.W, dtype=np.float64)
+    from .chain import require_linear
+
+    M = np.asarray(require_linear(linear_map, "carrying a steer through a map (W_B = H^T W_A H)").W, dtype=np.float64)
     if M.shape[0] != steer.dim:
         raise DimensionMismatchError(
             f"map expects {M.shape[0]}-d source rows, the steer lives in {steer.dim}-d")

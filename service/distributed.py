@@ -52,7 +52,7 @@ from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 from align.frames import Frame, frame_sum
 from align.kmeans import kmeans
 from align.knn import knn_blocks
-from align.maps import LinearMap
+from align.maps import LinearMap, map_from_bytes
 from align.refine import refine_icp
 from align.procrustes import PairStats, map_from_stats, pair_stats
 
@@ -431,10 +431,10 @@ def refine_icp_ray(W, Xs, target_shards: Sequence, *, iters: int = 100, sample: 
 
 
 def _apply_chunk(map_bytes: bytes, X: np.ndarray, output: str) -> np.ndarray:
-    return LinearMap.from_bytes(map_bytes).apply(X, output=output)
+    return map_from_bytes(map_bytes).apply(X, output=output)
 
 
-def apply_stream_ray(map_: LinearMap, chunks: Iterable[np.ndarray], *, output: str = "raw",
+def apply_stream_ray(map_, chunks: Iterable[np.ndarray], *, output: str = "raw",
                      address: str | None = None, window: int = 4) -> Iterable[np.ndarray]:
     """Stream ``chunks`` through Ray workers: yields ``map_.apply(chunk, output=output)`` in input order.
 
@@ -458,7 +458,7 @@ def apply_stream_ray(map_: LinearMap, chunks: Iterable[np.ndarray], *, output: s
 # --- batch transform of sharded files --------------------------------------------------------------
 
 def _transform_file(map_bytes: bytes, src: str, dst: str, output: str, batch_size: int) -> dict:
-    m = LinearMap.from_bytes(map_bytes)
+    m = map_from_bytes(map_bytes)
     X = np.load(src, mmap_mode="r", allow_pickle=False)
     if X.ndim != 2 or X.shape[1] != m.source_dim:
         raise DimensionMismatchError(f"{src}: expected (n, {m.source_dim}), got {X.shape}")
@@ -477,7 +477,7 @@ def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw",
                         num_cpus: int | None = None, use_ray: bool = True) -> list[dict]:
     """Apply ``map_`` to every ``.npy`` file in ``inputs`` (one task per file), writing ``out_dir/<stem><suffix>``.
 
-    ``map_``: LinearMap, artifact path or registry ref. Each task streams its file in blocks of
+    ``map_``: a map of any kind (LinearMap, ClusterMap, MapChain), artifact path or registry ref. Each task streams its file in blocks of
     ``batch_size`` rows (memory: one block in, one block out) and renames a finished temporary
     file into place, so a crashed job leaves no half-written output. ``use_ray=False`` runs the
     same tasks in this process. Returns one dict per file (input, output, rows).

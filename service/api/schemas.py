@@ -242,7 +242,8 @@ class FitRequest(_Strict):
     source: FitSide
     target: FitSide
     method: str = Field("minivec2vec", description="As in the CLI: minivec2vec (unsupervised), procrustes, "
-                                                   "ridge, lowrank, ...")
+                                                   "ridge, lowrank, auto, contrastive, cluster (per-cluster "
+                                                   "maps, align.ClusterMap).")
     params: dict[str, Any] = Field(default_factory=dict)
     paired: bool = Field(False, description="Rows of source and target are pairs (supervised methods).")
     seed_pairs: list[tuple[int, int]] | None = Field(None, description="Known (source row, target row) pairs "

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from align import LinearMap
+from align import ClusterMap, LinearMap, MapChain
 
 from ..config import Settings
 from ..encoders import UnknownEncoderError
@@ -35,7 +35,7 @@ MAP_CACHE_SIZE = 64  # loaded maps / steers / composed paths one app keeps in me
 class Translation:
     """A map (possibly composed) from one space to another, and the versions it is made of."""
 
-    map: LinearMap | None  # None: same space, nothing to do
+    map: LinearMap | ClusterMap | MapChain | None  # None: same space, nothing to do
     versions: list[VersionInfo] = field(default_factory=list)
 
     def describe(self) -> list[dict]:
@@ -78,7 +78,7 @@ class AppState:
             self.registry.close()
 
     # --- maps -------------------------------------------------------------------------------
-    def load_version(self, v: VersionInfo) -> LinearMap:
+    def load_version(self, v: VersionInfo) -> LinearMap | ClusterMap:
         return self.registry.load_map(v)
 
     def _current(self, key: tuple, lookup):
@@ -109,7 +109,7 @@ class AppState:
         info = self.registry.resolve_steer(ref)
         return info, self.registry.load_steer(info)
 
-    def resolve_map(self, ref: str) -> tuple[VersionInfo, LinearMap]:
+    def resolve_map(self, ref: str) -> tuple[VersionInfo, LinearMap | ClusterMap]:
         v = self.resolve(ref)
         return v, self.load_version(v)
 

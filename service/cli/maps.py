@@ -35,8 +35,10 @@ _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://
 @click.option("--pairs/--unpaired", "paired", default=None, help="Rows are paired (row i ↔ row i) or not.")
 @click.option("--seed-pairs", type=click.Path(dir_okay=False), default=None,
               help="Known pairs (k, 2) of row indices: .npy, .json or text; minivec2vec only.")
-@click.option("--method", type=click.Choice(["minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive"]),
-              required=True, help="auto: every paired family fitted and chosen on held-out pairs (align.fit_migration).")
+@click.option("--method", type=click.Choice(["minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive",
+                                            "cluster"]), required=True,
+              help="auto: every paired family fitted and chosen on held-out pairs (align.fit_migration), the "
+                   "per-cluster family included; cluster: per-cluster local maps (align.ClusterMap).")
 @click.option("--param", "params", multiple=True, help="KEY=VALUE fitter parameter (JSON values), repeatable.")
 @click.option("--name", required=True, help="Map name, e.g. minilm->e5.")
 @click.option("--source-space", default=None, help="Source space name (default: encoder or file stem).")

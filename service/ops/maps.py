@@ -36,8 +36,8 @@ from .plans import MIGRATION_METHODS, fit_migration_map
 __all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_request", "fit_side", "check_pairs",
            "embed_side", "fit_sides", "create_space", "describe_map", "report_html", "embed", "transform_file"]
 
-METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive")
-SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive")
+METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
+SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 _DIAG_SAMPLE = 4096
 _PLOT_SAMPLE = 1500
 log = logging.getLogger(__name__)
@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 
 def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: bool, seed_pairs=None,
             random_state=0, progress: Progress | None = None,
-            ray_address: str | None = None, ray_shard_rows: int = 262144) -> align.LinearMap:
-    """Fit a :class:`align.LinearMap` with ``method``; typed InputError for bad combinations.
+            ray_address: str | None = None, ray_shard_rows: int = 262144) -> align.LinearMap | align.ClusterMap:
+    """Fit a map with ``method``: an :class:`align.LinearMap`, or an :class:`align.ClusterMap` from ``cluster``
+    (or ``auto`` when the per-cluster family wins on held-out pairs); typed InputError for bad combinations.
 
     ``ray_address`` (``"local"`` or a cluster address) runs a supervised fit as a Ray map-reduce of
     sufficient statistics over row shards of ``ray_shard_rows`` (equal to the in-process fit), and
@@ -478,7 +479,7 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     """Map the rows of file ``inp`` with map ``ref`` into file ``out`` chunk by chunk (files may exceed memory).
 
     ``rows`` ``"START:STOP"``; ``key`` / ``column`` name the .npz array / Parquet column; ``encoder``
-    embeds a text file first; ``output`` as :meth:`align.LinearMap.apply`; ``ray_address``
+    embeds a text file first; ``output`` as :meth:`align.LinearMap.apply` (any kind of map); ``ray_address``
     (``"local"`` or a cluster) streams the chunks through Ray workers, same output. ``progress``
     reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output"}``.
     """

@@ -2,7 +2,7 @@
 
 - :func:`fit_migration_map` — :func:`align.fit_migration` with service parameters (``params`` dict
   from ``--param`` / the JSON body); used by :func:`service.ops.maps.fit_map` for the methods
-  ``auto`` and ``contrastive``.
+  ``auto``, ``contrastive`` and ``cluster``.
 - :func:`plan` — :func:`align.plan_migration` on the old corpus and a paired probe.
 - :func:`retention_gate` — held-out pairs → retrieval scores of a map and PASS/FAIL against a
   minimum retention. **Retention** here is ``nn_retention@10`` (:func:`align.retrieval.nn_retention`):
@@ -20,31 +20,26 @@ from __future__ import annotations
 import numpy as np
 
 import align
-from align.migration import LINEAR_CANDIDATES
 from align.exceptions import InputError
 
 __all__ = ["MIGRATION_METHODS", "fit_migration_map", "plan", "retention_gate", "evaluate_map", "RETENTION_KEY"]
 
-MIGRATION_METHODS = ("auto", "contrastive")
+MIGRATION_METHODS = ("auto", "contrastive", "cluster")
 RETENTION_KEY = "nn_retention@10"
 
 
 def fit_migration_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict | None, random_state=0,
-                      unpaired_source=None, unpaired_target=None) -> align.LinearMap:
+                      unpaired_source=None, unpaired_target=None) -> align.LinearMap | align.ClusterMap:
     """Fit a migration map from paired rows ``X`` (K, d_s) → ``Y`` (K, d_t); typed errors on bad input.
 
-    ``auto`` chooses among the linear families only (:data:`align.migration.LINEAR_CANDIDATES`):
-    the registry, path composition and the vector-database migration store :class:`align.LinearMap`
-    artifacts, so a per-cluster :class:`align.ClusterMap` is available from Python but not yet here.
+    ``auto`` chooses among align's default candidates (:data:`align.migration.AUTO_CANDIDATES`, the
+    per-cluster family included) unless ``params["candidates"]`` narrows them; ``cluster`` fits an
+    :class:`align.ClusterMap`. The registry, paths, transforms and migrations take either kind.
     """
     params = dict(params or {})
-    candidates = tuple(params.pop("candidates", LINEAR_CANDIDATES))
-    if "cluster" in candidates:
-        raise InputError("the service stores linear maps; candidate 'cluster' is available from Python "
-                         "(align.fit_migration) only")
     try:
         return align.fit_migration(X, Y, method=method, random_state=random_state, unpaired_source=unpaired_source,
-                                   unpaired_target=unpaired_target, candidates=candidates, **params)
+                                   unpaired_target=unpaired_target, **params)
     except TypeError as exc:
         raise InputError(f"bad parameter for {method}: {exc}") from None
 
@@ -58,7 +53,7 @@ def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, ran
                                 target_retention=float(target_retention))
 
 
-def retention_gate(map_: align.LinearMap, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None) -> dict:
+def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None) -> dict:
     """Scores of ``map_`` on held-out pairs and, with ``min_retention``, ``passed`` / ``result``."""
     res = align.score_map(map_, X, Y)
     res["retention"] = res[RETENTION_KEY]

@@ -15,7 +15,8 @@ had come over HTTP, in three phases:
 2. **files**: every entry is read with a byte bound derived from its dims (so a small zip cannot
    expand into gigabytes), from inside the bundle only (a folder entry that is a symbolic link,
    or resolves outside the folder, is refused), its sha256 checked, and the artifact **parsed**
-   (``LinearMap`` / ``Steer`` / ``MeanShift``) and its dims compared with the manifest;
+   (``LinearMap`` / ``ClusterMap`` / ``Steer`` / ``MeanShift``) and its dims (for a map also its
+   ``map_kind`` and ``n_clusters``) compared with the manifest;
 3. **write**: artifacts go to the content-addressed store, then one database transaction inserts
    every space, version, tag and alias. Any failure before the commit leaves the registry as it
    was (IntegrityError / InvalidNameError / ConflictError naming the entry).
@@ -40,6 +41,7 @@ BUNDLE_FORMAT = "vecbridge.registry-bundle"
 MAX_DIM = 65536                      # largest space dimension accepted from a bundle
 MAX_VERSION = 1_000_000              # largest version number accepted from a bundle
 MAX_ENTRIES = 10_000                 # versions (maps + steers) in one bundle
+MAX_CLUSTERS = 4096                  # clusters of one cluster map (bounds its artifact's size with the dims)
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_REPORT_BYTES = 32 * 1024 * 1024
 MAX_TEXT = 64 * 1024                 # description, method, package version, created_at, each JSON field
@@ -309,8 +311,14 @@ def _check_manifest(manifest) -> dict:
                         raise InvalidNameError(f"bundle: {what}: {exc}") from None
                     v["bundle_report"] = _text(d.get("bundle_report"), f"{what} bundle_report", optional=True,
                                                limit=1024)
-                    v["limit"] = 8 * (v["source_dim"] * v["target_dim"] + 3 * (v["source_dim"] + v["target_dim"])) \
-                        + _SLACK
+                    v["map_kind"] = d.get("map_kind", "linear")
+                    if v["map_kind"] not in ("linear", "cluster"):
+                        raise IntegrityError(f"bundle: {what} map_kind must be 'linear' or 'cluster', "
+                                             f"got {str(v['map_kind'])[:40]!r}")
+                    v["n_clusters"] = _int(d.get("n_clusters", 0), f"{what} n_clusters",
+                                           *((1, MAX_CLUSTERS) if v["map_kind"] == "cluster" else (0, 0)))
+                    v["limit"] = 8 * max(1, v["n_clusters"]) * (v["source_dim"] * v["target_dim"]
+                                                                + 3 * (v["source_dim"] + v["target_dim"])) + _SLACK
                 else:
                     v["dim"] = _int(d.get("dim"), f"{what} dim", 1, MAX_DIM)
                     v["rank"] = _int(d.get("rank"), f"{what} rank", 0, v["dim"])

@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from align import LinearMap
+from align import ClusterMap, LinearMap, MapChain
 
 from ..limits import MAX_DESCRIPTION, MAX_DIM
 from .bundle import export_bundle, import_bundle
@@ -171,7 +171,7 @@ class Registry(SteerRegistryMixin):
             return [self._space_row(t, n) for n in names]
 
     # --- versions ---------------------------------------------------------------------------
-    def register_version(self, name: str, map_: LinearMap, *, source_space: str, target_space: str, method: str,
+    def register_version(self, name: str, map_: LinearMap | ClusterMap, *, source_space: str, target_space: str, method: str,
                          params: dict, random_state=None, data_hashes: dict | None = None,
                          metrics: dict | None = None, description: str = "", tags: dict | None = None,
                          alias: str | None = None, report_path: str | None = None, inputs: dict | None = None,
@@ -179,7 +179,8 @@ class Registry(SteerRegistryMixin):
         """Store ``map_`` as the next version of ``name`` (auto-numbered, atomic).
 
         Spaces are created on first use (dims from the map); an existing space with another dim,
-        or a map name already bound to other spaces, raises ConflictError.
+        or a map name already bound to other spaces, raises ConflictError. ``map_`` is an
+        :class:`align.LinearMap` or an :class:`align.ClusterMap` (recorded as ``map_kind``).
         """
         check_name(name, "map name")
         check_name(source_space, "source space")
@@ -190,15 +191,17 @@ class Registry(SteerRegistryMixin):
         fmt = artifact_format or self.artifact_format
         if fmt not in ARTIFACT_FORMATS:
             raise InvalidNameError(f"artifact_format must be one of {sorted(ARTIFACT_FORMATS)}")
-        if not isinstance(map_, LinearMap):
-            raise InvalidNameError("map_ must be an align.LinearMap")
+        if not isinstance(map_, (LinearMap, ClusterMap)):
+            raise InvalidNameError(f"map_ must be an align.LinearMap or align.ClusterMap, got {type(map_).__name__}"
+                                   + (" (register the maps of a chain one by one)" if isinstance(map_, MapChain) else ""))
         sha, rel = self.store.put(map_.to_bytes(fmt), ARTIFACT_FORMATS[fmt])
         values = dict(source_space=source_space, target_space=target_space, source_dim=map_.source_dim,
                       target_dim=map_.target_dim, method=str(method), params=params or {},
                       random_state=None if random_state is None else int(random_state),
                       data_hashes=data_hashes or {}, package_version=package_version(), created_at=now(),
                       metrics=metrics or {}, artifact_sha256=sha, artifact_path=rel, artifact_format=fmt,
-                      deleted=False, description=description or "", report_path=report_path, inputs=inputs or {})
+                      deleted=False, description=description or "", report_path=report_path, inputs=inputs or {},
+                      map_kind=map_.map_kind, n_clusters=int(getattr(map_, "n_clusters", 0)))
 
         def spaces(t):
             self._ensure_space(t, source_space, map_.source_dim)
@@ -221,17 +224,24 @@ class Registry(SteerRegistryMixin):
         """
         return self._maps.resolve(ref)
 
-    def load_map(self, ref) -> LinearMap:
+    def load_map(self, ref) -> LinearMap | ClusterMap:
         """Resolve ``ref`` (or take a VersionInfo) and read its artifact, verifying the sha256 (cached)."""
         return self._maps.load(ref)
 
-    def compose(self, chain: list[VersionInfo]) -> LinearMap:
-        """The map ``chain[0]`` then ``chain[1]`` ... composed (one non-empty chain; cached by the shas)."""
+    def compose(self, chain: list[VersionInfo]) -> LinearMap | ClusterMap | MapChain:
+        """The map ``chain[0]`` then ``chain[1]`` ... composed (one non-empty chain; cached by the shas).
+
+        Linear maps only: one :class:`align.LinearMap` (:meth:`align.LinearMap.compose`). A chain with a
+        cluster map: an :class:`align.MapChain` that applies the maps in sequence.
+        """
 
         def make():
-            m = self.load_map(chain[0])
-            for v in chain[1:]:
-                m = m.compose(self.load_map(v))
+            maps = [self.load_map(v) for v in chain]
+            if not all(isinstance(m, LinearMap) for m in maps):
+                return MapChain(maps)
+            m = maps[0]
+            for nxt in maps[1:]:
+                m = m.compose(nxt)
             return m
 
         if len(chain) == 1:
@@ -373,7 +383,7 @@ class Registry(SteerRegistryMixin):
         raise NotFoundError(f"no chain of maps leads from space {source_space!r} to {target_space!r} "
                             f"(unreliable versions are not used; pin one with a map reference)")
 
-    def compose_path(self, source_space: str, target_space: str) -> LinearMap:
+    def compose_path(self, source_space: str, target_space: str) -> LinearMap | MapChain:
         """The composed map along :meth:`find_path` (identity-free: same space raises ConflictError)."""
         chain = self.find_path(source_space, target_space)
         if not chain:

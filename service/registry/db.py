@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .errors import RegistryError
 
-__all__ = ["open_db", "SQLiteDB", "PostgresDB", "SCHEMA", "Row"]
+__all__ = ["open_db", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row"]
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS vb_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -37,6 +37,7 @@ SCHEMA = [
         created_at TEXT NOT NULL, metrics TEXT NOT NULL, artifact_sha256 TEXT NOT NULL,
         artifact_path TEXT NOT NULL, artifact_format TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0,
         description TEXT NOT NULL DEFAULT '', report_path TEXT, inputs TEXT NOT NULL DEFAULT '{}',
+        map_kind TEXT NOT NULL DEFAULT 'linear', n_clusters INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (name, version))""",
     """CREATE TABLE IF NOT EXISTS aliases (
         name TEXT NOT NULL, alias TEXT NOT NULL, version INTEGER NOT NULL,
@@ -59,6 +60,12 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS steer_aliases (
         name TEXT NOT NULL, alias TEXT NOT NULL, version INTEGER NOT NULL,
         PRIMARY KEY (name, alias), FOREIGN KEY (name, version) REFERENCES steers(name, version))""",
+]
+
+# columns added after the first release: (table, column, declaration), added to an older database on open
+UPGRADES = [
+    ("versions", "map_kind", "TEXT NOT NULL DEFAULT 'linear'"),
+    ("versions", "n_clusters", "INTEGER NOT NULL DEFAULT 0"),
 ]
 
 
@@ -141,6 +148,9 @@ class SQLiteDB(_Base):
         with self.tx(write=True) as t:
             for stmt in SCHEMA:
                 t.q(stmt)
+            for table, col, decl in UPGRADES:
+                if col not in {r["name"] for r in t.q(f"PRAGMA table_info({table})")}:
+                    t.q(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
 
     def _connect(self):
         c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
@@ -193,6 +203,8 @@ class PostgresDB(_Base):
             t.q("SELECT pg_advisory_xact_lock(74207312)")  # serialise concurrent schema creation
             for stmt in SCHEMA:
                 t.q(stmt)
+            for table, col, decl in UPGRADES:
+                t.q(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {decl}")
 
     def _connect(self):
         import psycopg

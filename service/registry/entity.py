@@ -49,9 +49,10 @@ def package_version() -> str:
 
 
 def _parse_map(data: bytes, rank: int):
-    from align import LinearMap
+    """A LinearMap or a ClusterMap, by the artifact's header (:func:`align.map_from_bytes`)."""
+    from align import map_from_bytes
 
-    return LinearMap.from_bytes(data)
+    return map_from_bytes(data)
 
 
 def _parse_steer(data: bytes, rank: int):
@@ -76,11 +77,13 @@ class Kind:
     show: Callable[[dict], str]         # the binding's values as text
     parse: Callable[[bytes, int], object]  # artifact bytes (and the recorded rank) -> object
     dims: tuple[str, ...]               # record fields the parsed artifact must match (attributes; absent = 0)
+    #                                     (for maps also its kind and cluster count: a bundle cannot relabel them)
 
 
 MAPS = Kind("map", "maps", "versions", "aliases", "tags", VersionInfo, ("source_space", "target_space"),
             ("source_space", "target_space", "source_dim", "target_dim"), "connects",
-            lambda b: f"{b['source_space']} -> {b['target_space']}", _parse_map, ("source_dim", "target_dim"))
+            lambda b: f"{b['source_space']} -> {b['target_space']}", _parse_map,
+            ("source_dim", "target_dim", "map_kind", "n_clusters"))
 STEERS = Kind("steer", "steer_names", "steers", "steer_aliases", None, SteerInfo, ("space",), ("space", "dim"),
               "lives in space", lambda b: repr(b["space"]), _parse_steer, ("dim", "rank"))
 KINDS = {"maps": MAPS, "steers": STEERS}

@@ -76,7 +76,11 @@ class Record:
 
 @dataclass(kw_only=True)
 class VersionInfo(Record):
-    """One immutable version of a linear map (``source_space`` -> ``target_space``) with its lineage."""
+    """One immutable version of a map (``source_space`` -> ``target_space``) with its lineage.
+
+    ``map_kind`` says which family the artifact holds: ``"linear"`` (:class:`align.LinearMap`, one
+    affine map) or ``"cluster"`` (:class:`align.ClusterMap`, ``n_clusters`` blended local maps).
+    """
 
     source_space: str
     target_space: str
@@ -85,6 +89,10 @@ class VersionInfo(Record):
     tags: dict[str, Any]
     report_path: str | None = None
     artifact_format: str
+    map_kind: str = field(default="linear", metadata={
+        "doc": "linear (align.LinearMap: one affine map) or cluster (align.ClusterMap: per-cluster maps blended "
+               "per row; operations that need one matrix, such as steer transfer, refuse it)."})
+    n_clusters: int = field(default=0, metadata={"doc": "Clusters of a cluster map; 0 for a linear map."})
 
 
 @dataclass(kw_only=True)

@@ -38,7 +38,11 @@ from typing import Callable
 import numpy as np
 
 from align.exceptions import Cancelled, DimensionMismatchError, InputError
-from align.maps import LinearMap
+from align.chain import MapChain
+from align.cluster import ClusterMap
+from align.maps import LinearMap, load_map
+
+MAP_TYPES = (LinearMap, ClusterMap, MapChain)  # anything with apply(X, output=...), source_dim, target_dim
 
 from .base import (CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError, SpaceMismatchError,
                    UnsupportedFieldError, VectorDBError, VectorStore, check_name)
@@ -56,22 +60,24 @@ class MigrationInterrupted(Cancelled, VectorDBError):
         self.done, self.total = done, total
 
 
-def resolve_map(map_or_ref, registry=None) -> LinearMap:
-    """A :class:`LinearMap` from a map, an artifact path (``.npz`` / ``.safetensors``) or a registry ref.
+def resolve_map(map_or_ref, registry=None) -> LinearMap | ClusterMap | MapChain:
+    """A map (LinearMap, ClusterMap or MapChain) from a map, an artifact path (``.npz`` / ``.safetensors``,
+    read by its header: :func:`align.load_map`) or a registry ref.
 
     ``registry`` is anything with ``load_map(ref)`` (``service.registry.open_registry(...)``; its
     ``resolve(ref)`` also gives the map's spaces, see :func:`map_spaces`).
     """
-    if isinstance(map_or_ref, LinearMap):
+    if isinstance(map_or_ref, MAP_TYPES):
         return map_or_ref
     if isinstance(map_or_ref, (str, Path)):
         p = Path(map_or_ref)
         if is_artifact_path(p):
-            return LinearMap.load(p)
+            return load_map(p)
         if registry is not None:
             return registry.load_map(str(map_or_ref))
         raise InputError(f"{map_or_ref!r} is neither a map artifact on disk nor resolvable without a registry")
-    raise InputError(f"expected a LinearMap, an artifact path or a registry ref, got {type(map_or_ref).__name__}")
+    raise InputError(f"expected a map (LinearMap, ClusterMap, MapChain), an artifact path or a registry ref, "
+                     f"got {type(map_or_ref).__name__}")
 
 
 def is_artifact_path(map_or_ref) -> bool:
@@ -84,7 +90,7 @@ def map_spaces(map_or_ref, registry=None) -> tuple[str | None, str | None]:
     if hasattr(registry, "resolve") and isinstance(map_or_ref, str) and not is_artifact_path(map_or_ref):
         v = registry.resolve(map_or_ref)
         return v.source_space, v.target_space
-    if isinstance(map_or_ref, LinearMap):
+    if isinstance(map_or_ref, MAP_TYPES):
         md = map_or_ref.metadata or {}
         return md.get("source_space"), md.get("target_space")
     return None, None
@@ -106,12 +112,21 @@ def _check_spaces(store: VectorStore, source: str, declared: str | None, map_src
     return "unchecked: neither the collection nor the map names its space"
 
 
-def map_fingerprint(map_: LinearMap) -> str:
-    """sha256 of everything that changes the map's output (W, bias, both frames)."""
+def map_fingerprint(map_) -> str:
+    """sha256 of everything that changes the map's output: W, bias, both frames (a LinearMap; unchanged for
+    checkpoints written before other kinds existed), plus centroids, blend and temperature (a ClusterMap);
+    for a MapChain, the sequence of its steps' fingerprints."""
+    if isinstance(map_, MapChain):
+        return hashlib.sha256(("chain:" + ",".join(map_fingerprint(s) for s in map_.steps)).encode()).hexdigest()
+    if not isinstance(map_, (LinearMap, ClusterMap)):
+        raise InputError(f"cannot fingerprint a {type(map_).__name__}")
     h = hashlib.sha256()
     for arr in (map_.W, map_.bias, map_.source_frame.mean, map_.target_frame.mean):
         h.update(b"-" if arr is None else np.ascontiguousarray(arr, np.float32).tobytes())
     h.update(json.dumps([map_.source_frame.to_meta(), map_.target_frame.to_meta()], sort_keys=True).encode())
+    if isinstance(map_, ClusterMap):
+        h.update(np.ascontiguousarray(map_.centroids, np.float32).tobytes())
+        h.update(json.dumps({"kind": "cluster", "blend": map_.blend, "temperature": map_.temperature}).encode())
     return h.hexdigest()
 
 
@@ -172,7 +187,7 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         An engine adapter (Milvus, pgvector, Qdrant).
     source, target : str
         Collection names; ``source`` holds raw A vectors (d_A = ``map_.source_dim``).
-    map_ : LinearMap or str
+    map_ : LinearMap, ClusterMap, MapChain or str
         The A→B map, an artifact path, or a registry ref (with ``registry``).
     alias : str, optional
         Switched to ``target`` once every row is written and the target is finalised.

@@ -29,7 +29,7 @@ class TranslatingSearcher:
     store : VectorStore
     collection : str
         Collection or alias holding raw A vectors (d_A = ``map_.target_dim``).
-    map_ : LinearMap or str
+    map_ : LinearMap, ClusterMap, MapChain or str
         The B→A map, an artifact path, or a registry ref (with ``registry``).
     """
 

@@ -65,7 +65,7 @@ def verify_migration(store: VectorStore, target: str, *, embed: Callable | None 
     embed : callable ``list[str] -> array (m, d_B)``, optional
         The new model. Used when given; the sampled rows must carry texts.
     heldout : tuple ``(X (m, d_A), Y (m, d_B))``, optional
-        Old- and new-model vectors of the same items, with ``map_`` (LinearMap, path or ref).
+        Old- and new-model vectors of the same items, with ``map_`` (a map of any kind, path or ref).
     n_sample, n_queries, db_queries, k : sizes (see module docs).
     random_state : seed for the id sample.
 

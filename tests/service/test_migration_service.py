@@ -122,12 +122,11 @@ def test_http_plan_and_bad_probe(tmp_path):
         assert r.status_code == 422
 
 
-def test_service_auto_registers_a_linear_map_even_where_cluster_maps_would_win(tmp_path):
-    """Piecewise-linear pairs (a map per source cluster) make align's `cluster` family win `auto`; the
-    service chooses among the linear families it can store, and the registered version loads back."""
-    from align import LinearMap
-    from service.ops.plans import fit_migration_map
-    from align.exceptions import InputError
+def test_service_auto_picks_cluster_on_piecewise_pairs_and_the_cli_applies_it(tmp_path, capsys):
+    """Piecewise-linear pairs (a map per source cluster): the service's `auto` chooses among align's default
+    candidates, picks the per-cluster family, registers it, and `vecbridge transform` applies exactly it."""
+    from align import ClusterMap
+    from service.registry import open_registry
 
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(6, 16)) * 3.0
@@ -135,14 +134,29 @@ def test_service_auto_registers_a_linear_map_even_where_cluster_maps_would_win(t
     X = (centres[lab] + rng.normal(size=(1400, 16))).astype(np.float32)
     A = np.stack([np.linalg.qr(rng.normal(size=(16, 16)))[0] for _ in range(6)])
     Y = np.einsum("nd,nde->ne", X, A[lab]).astype(np.float32)
-    m = fit_migration_map(X, Y, method="auto", params={}, random_state=0)
-    assert isinstance(m, LinearMap) and "cluster" not in m.metadata["selection"]["candidates"]
-    with pytest.raises(InputError, match="cluster"):
-        fit_migration_map(X, Y, method="auto", params={"candidates": ["ridge", "cluster"]})
     write_vectors(tmp_path / "a.npy", X)
     write_vectors(tmp_path / "b.npy", Y)
     d = tmp_path / "data"
-    assert main(["--data-dir", str(d), "fit", "--source", str(tmp_path / "a.npy"), "--target", str(tmp_path / "b.npy"),
-                 "--pairs", "--method", "auto", "--name", "pw", "--quiet"]) == 0
-    assert main(["--data-dir", str(d), "transform", "--map", "pw", str(tmp_path / "a.npy"),
-                 str(tmp_path / "out.npy"), "--quiet"]) == 0
+    code, out, err = run(capsys, "--data-dir", d, "fit", "--source", tmp_path / "a.npy", "--target",
+                         tmp_path / "b.npy", "--rows", "0:1100", "--pairs", "--method", "auto", "--name", "pw",
+                         "--json", "--quiet")
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["map_kind"] == "cluster" and v["n_clusters"] > 1
+    assert v["metrics"]["selection"]["chosen"] == "cluster" and "ridge" in v["metrics"]["selection"]["candidates"]
+    code, _, err = run(capsys, "--data-dir", d, "transform", "--map", "pw", tmp_path / "a.npy", tmp_path / "out.npy",
+                       "--quiet")
+    assert code == 0, err
+    reg = open_registry(f"sqlite:///{d / 'registry.sqlite'}", d / "artifacts")
+    try:
+        m = reg.load_map("pw")
+    finally:
+        reg.close()
+    assert isinstance(m, ClusterMap)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), m.apply(X), atol=1e-6)
+    code, out, err = run(capsys, "--data-dir", d, "eval", "--map", "pw", "--source", tmp_path / "a.npy", "--target",
+                         tmp_path / "b.npy", "--rows", "1100:1400", "--min-retention", "0.5", "--json")
+    assert code == 0 and json.loads(out)["result"] == "PASS", err
+    code, out, err = run(capsys, "--data-dir", d, "fit", "--source", tmp_path / "a.npy", "--target",
+                         tmp_path / "b.npy", "--pairs", "--method", "cluster", "--name", "pw", "--json", "--quiet")
+    assert code == 0 and json.loads(out)["version"] == 2 and json.loads(out)["map_kind"] == "cluster", err

@@ -1,0 +1,137 @@
+"""MapChain: maps applied one after another (A→B, B→C, ... as one A→…→Z map), for any kind of map.
+
+Two :class:`~align.LinearMap` s fold into one matrix (:meth:`LinearMap.compose`); a
+:class:`~align.ClusterMap` does not (its routing depends on the row), so a path through one is
+applied step by step: every step but the last writes ``output="raw"`` — vectors like the middle
+model's own, which is what the next map was fitted on — and the last writes the requested
+``output``. As for a composed linear map, ``"frame"`` is the last map's target frame, ``"raw"``
+its raw target space and ``"linear"`` its affine output before normalisation; the source frame is
+the first map's.
+
+:func:`require_linear` is the one check for operations that need a matrix (``W``, a bias, a
+pseudo-inverse): they raise InputError for a ClusterMap or a chain rather than misreading its arrays.
+
+Artifacts: ``.npz`` / ``.safetensors`` holding every step's own artifact bytes (``uint8`` arrays) and a
+JSON header (``format = "vecbridge.MapChain"``); :func:`align.map_from_bytes` reads them. No pickle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ._artifacts import pack, read_bytes, save_atomic, unpack
+from .exceptions import DimensionMismatchError, InputError, SerializationError
+from .validation import as_matrix
+
+__all__ = ["MapChain", "require_linear", "map_kind", "FORMAT"]
+
+FORMAT = "vecbridge.MapChain"
+FORMAT_VERSION = 1
+
+
+def map_kind(map_) -> str:
+    """``"linear"``, ``"cluster"`` or ``"chain"``: what kind of map ``map_`` is (``map_kind`` attribute)."""
+    return str(getattr(map_, "map_kind", "linear"))
+
+
+def require_linear(map_, purpose: str):
+    """``map_`` itself when it is a single linear map (one matrix ``W``), else InputError naming ``purpose``."""
+    kind = map_kind(map_)
+    if kind != "linear" or np.asarray(getattr(map_, "W", np.empty((0, 0)))).ndim != 2:
+        what = {"cluster": "a per-cluster map (ClusterMap: one matrix per cluster, blended per row)",
+                "chain": "a chain of maps applied in sequence"}.get(kind, f"a {kind} map")
+        raise InputError(f"{purpose} needs a single linear map (one matrix W); this is {what}. "
+                         "Fit a linear map (method procrustes, ridge or lowrank) for this")
+    return map_
+
+
+class MapChain:
+    """The maps ``steps[0]``, ``steps[1]``, ... applied in sequence (each step's target dim is the next's source).
+
+    Parameters
+    ----------
+    steps : sequence of maps with ``apply(X, output=, validate=)``, ``source_dim``, ``target_dim``
+        (LinearMap, ClusterMap, MapChain — nested chains are flattened); at least one.
+    metadata : dict, optional
+    """
+
+    map_kind = "chain"
+
+    def __init__(self, steps, metadata: dict | None = None):
+        flat = []
+        for s in steps:
+            flat.extend(s.steps if isinstance(s, MapChain) else [s])
+        if not flat:
+            raise InputError("a chain needs at least one map")
+        for a, b in zip(flat, flat[1:]):
+            if a.target_dim != b.source_dim:
+                raise DimensionMismatchError(
+                    f"cannot chain: a map outputs {a.target_dim}-d, the next expects {b.source_dim}-d")
+        self.steps = tuple(flat)
+        self.metadata = dict(metadata) if metadata is not None else {
+            "method": "chain", "kinds": [map_kind(s) for s in flat], "parts": [getattr(s, "metadata", {}) for s in flat]}
+
+    @property
+    def source_dim(self) -> int:
+        return int(self.steps[0].source_dim)
+
+    @property
+    def target_dim(self) -> int:
+        return int(self.steps[-1].target_dim)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __repr__(self) -> str:
+        return f"MapChain({' -> '.join(f'{map_kind(s)}({s.source_dim}->{s.target_dim})' for s in self.steps)})"
+
+    def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True) -> np.ndarray:
+        """Map raw source rows ``X`` (n, d_s) to (n, d_t) float32: raw vectors between steps, ``output`` at the end
+        (``output`` and ``validate`` as in :meth:`LinearMap.apply`)."""
+        if output not in ("frame", "raw", "linear"):
+            raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
+        if validate:
+            X = as_matrix(X, name="X", dim=self.source_dim)
+        last = len(self.steps) - 1
+        for i, step in enumerate(self.steps):
+            X = step.apply(X, output=output if i == last else "raw", batch_size=batch_size, validate=False)
+        return X
+
+    __call__ = apply
+
+    # --- (de)serialisation ----------------------------------------------------------------
+    def to_bytes(self, format: str = "npz") -> bytes:
+        """``"npz"`` or ``"safetensors"`` bytes: each step's artifact (same format) as a ``uint8`` array."""
+        arrays = {f"step{i}": np.frombuffer(s.to_bytes(format), dtype=np.uint8) for i, s in enumerate(self.steps)}
+        header = {"format": FORMAT, "format_version": FORMAT_VERSION, "n_steps": len(self.steps),
+                  "metadata": self.metadata}
+        return pack(arrays, header, format)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "MapChain":
+        return cls._from_arrays(*unpack(data, "MapChain artifact"))
+
+    @classmethod
+    def _from_arrays(cls, arrays: dict, header: dict) -> "MapChain":
+        from .maps import map_from_bytes
+
+        if header.get("format") != FORMAT:
+            raise SerializationError("not a vecbridge MapChain artifact")
+        if int(header.get("format_version", 0)) > FORMAT_VERSION:
+            raise SerializationError(f"artifact format {header['format_version']} is newer than this vecbridge reads")
+        try:
+            n = int(header["n_steps"])
+            steps = [map_from_bytes(np.asarray(arrays[f"step{i}"], dtype=np.uint8).tobytes()) for i in range(n)]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SerializationError(f"chain artifact is missing a step: {exc}") from None
+        return cls(steps, header.get("metadata"))
+
+    def save(self, path, format: str | None = None) -> Path:
+        path = Path(path)
+        return save_atomic(path, self.to_bytes(format or ("safetensors" if path.suffix == ".safetensors" else "npz")))
+
+    @classmethod
+    def load(cls, path) -> "MapChain":
+        return cls.from_bytes(read_bytes(path))
