@@ -320,7 +320,7 @@ class Client:
         return self._json("DELETE", f"/v1/maps/{name}/versions/{int(version)}")
 
     def download_artifact(self, ref: str, *, format: str = "safetensors") -> bytes:
-        """The map artifact's bytes (``safetensors`` or ``npz``; ``align.LinearMap`` reads both)."""
+        """The map artifact's bytes (``safetensors`` or ``npz``; ``align.map_from_bytes`` reads any kind of map)."""
         return self.request("GET", f"/v1/maps/{ref}/artifact", params={"format": format}).content
 
     def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True) -> np.ndarray:

@@ -50,8 +50,9 @@ def _fill(reg, maps):
 
 
 @pytest.fixture
-def reg(tmp_path, maps):
-    r = open_registry(f"sqlite:///{tmp_path / 'reg.sqlite'}", tmp_path / "artifacts")
+def reg(registry_url, tmp_path, maps):
+    """The world's registry on each backend (SQLite; PostgreSQL when the test server is set, see conftest)."""
+    r = open_registry(registry_url, tmp_path / "artifacts")
     _fill(r, maps)
     yield r
     r.close()
@@ -76,18 +77,25 @@ def test_registry_round_trip_records_the_kind_and_applies_the_same(reg, maps, tm
                              method="x", params={})
 
 
-def test_an_older_database_gains_the_kind_columns(tmp_path, maps):
+def test_an_older_database_gains_the_kind_columns(registry_url, tmp_path, maps):
     from service.registry.db import SCHEMA
 
-    path = tmp_path / "old.sqlite"
-    con = sqlite3.connect(path)
-    for stmt in SCHEMA:  # the schema as it was: without map_kind / n_clusters
-        con.execute(stmt.replace("\n        map_kind TEXT NOT NULL DEFAULT 'linear', n_clusters INTEGER NOT NULL "
-                                 "DEFAULT 0,", ""))
-    con.commit()
-    assert "map_kind" not in {r[1] for r in con.execute("PRAGMA table_info(versions)")}
-    con.close()
-    r = open_registry(f"sqlite:///{path}", tmp_path / "artifacts")
+    old = [s.replace("\n        map_kind TEXT NOT NULL DEFAULT 'linear', n_clusters INTEGER NOT NULL DEFAULT 0,", "")
+           for s in SCHEMA]  # the schema as it was: without map_kind / n_clusters
+    assert sum("map_kind" in s for s in old) == 0
+    if registry_url.startswith("sqlite:///"):
+        con = sqlite3.connect(registry_url[len("sqlite:///"):])
+        for stmt in old:
+            con.execute(stmt)
+        con.commit()
+        con.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(registry_url, autocommit=True) as con:
+            for stmt in old:
+                con.execute(stmt)
+    r = open_registry(registry_url, tmp_path / "artifacts")
     try:
         _fill(r, maps)
         assert r.resolve("a2b").map_kind == "cluster" and r.resolve("b2c").map_kind == "linear"

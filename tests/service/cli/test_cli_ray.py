@@ -136,15 +136,17 @@ def _alive(procs) -> list:
     return out
 
 
-def test_transform_with_ray_streams_the_same_output(tmp_path):
+@pytest.mark.parametrize("method", ["procrustes", "cluster"])  # a LinearMap and an align.ClusterMap
+def test_transform_with_ray_streams_the_same_output(tmp_path, method):
     rng = np.random.default_rng(2)
     X = rng.normal(size=(1000, 8)).astype(np.float32)
     Y = X @ np.linalg.qr(rng.normal(size=(8, 8)))[0].astype(np.float32)
     np.save(tmp_path / "x.npy", X)
     np.save(tmp_path / "y.npy", Y)
     fit = _vecbridge(tmp_path / "var", "fit", "--pairs", "--source", str(tmp_path / "x.npy"), "--target",
-                     str(tmp_path / "y.npy"), "--method", "procrustes", "--name", "m", "--quiet")
+                     str(tmp_path / "y.npy"), "--method", method, "--name", "m", "--quiet", "--json")
     assert fit.returncode == 0, fit.stderr
+    assert json.loads(fit.stdout)["map_kind"] == ("cluster" if method == "cluster" else "linear")
     common = ["transform", "--map", "m", str(tmp_path / "x.npy")]
     a = _vecbridge(tmp_path / "var", *common, str(tmp_path / "a.npy"), "--chunk-rows", "128", "--quiet")
     b = _vecbridge(tmp_path / "var", *common, str(tmp_path / "b.npy"), "--chunk-rows", "128", "--quiet", "--ray")
