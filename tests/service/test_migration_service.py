@@ -111,6 +111,7 @@ def test_http_plan_and_bad_probe(tmp_path):
         assert r.status_code == 200, r.text
         p = r.json()
         assert p["n_probe"] == 200 and p["recommended"]["k"] >= 1 and len(p["rows_to_embed"]) <= 400
+        assert any("floor" in n for n in p["notes"])  # the user is told how to read the prediction
         r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:10]), "probe_target": _b64(Y[:10])},
                    headers=R)
         assert r.status_code == 422 and "at least 50" in r.text
