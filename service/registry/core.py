@@ -105,6 +105,26 @@ class Registry(SteerRegistryMixin):
                     continue
                 raise
 
+    def change_token(self) -> int | None:
+        """A value that changes whenever a write committed (SQLite: the file change counter), read without a
+        query or a lock; None when the backend cannot tell (PostgreSQL: only :meth:`generation` tells).
+
+        Compare it with the token of :meth:`generation_token`: equal means that generation still holds.
+        """
+        return self.db.change_counter()
+
+    def generation_token(self) -> tuple[int, int | None]:
+        """``(generation, change token)`` read in one transaction: the token is read while the read lock holds
+        the file still, so it belongs to exactly that generation (never to a commit half written)."""
+        with self.db.tx() as t:
+            r = t.one("SELECT value FROM vb_meta WHERE key = 'generation'")
+            token = self.db.change_counter()
+        return (int(r["value"]) if r else 0), token
+
+    def cached_map(self, v: VersionInfo) -> LinearMap | None:
+        """The loaded artifact of version ``v`` when it is in memory, else None (reads nothing)."""
+        return self._maps.cached(v)
+
     def generation(self) -> int:
         """A counter every registry write increments (in the same transaction), seen by all processes.
 

@@ -121,6 +121,11 @@ class _Base:
             self._local.conn, self._local.pid = c, os.getpid()
         return c
 
+    def change_counter(self) -> int | None:
+        """A number that changes whenever a commit changed the database, read without a query, or None when
+        the backend has none (then only a query tells)."""
+        return None
+
     def close(self):
         c = getattr(self._local, "conn", None)
         if c is not None:
@@ -128,6 +133,29 @@ class _Base:
                 c.close()
             finally:
                 self._local.conn = None
+
+
+_HEADER_FDS: dict[tuple[str, int], tuple[int, int, int]] = {}  # (path, pid) -> (fd, st_dev, st_ino)
+_HEADER_LOCK = threading.Lock()
+
+
+def _header_fd(path: Path) -> int:
+    """A read-only descriptor of the database file now at ``path``, one per file and process, never closed.
+
+    Never closed on purpose: SQLite's locks are POSIX record locks, which belong to the process, and
+    closing *any* descriptor of the file drops all of them — including those of a transaction running
+    in another thread. A file replaced at the same path (another inode) gets a new descriptor.
+    """
+    st = os.stat(path)
+    key = (str(path), os.getpid())
+    hit = _HEADER_FDS.get(key)
+    if hit is not None and hit[1:] == (st.st_dev, st.st_ino):
+        return hit[0]
+    with _HEADER_LOCK:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fs = os.fstat(fd)
+        _HEADER_FDS[key] = (fd, fs.st_dev, fs.st_ino)
+    return fd
 
 
 class SQLiteDB(_Base):
@@ -151,6 +179,22 @@ class SQLiteDB(_Base):
             for table, col, decl in UPGRADES:
                 if col not in {r["name"] for r in t.q(f"PRAGMA table_info({table})")}:
                     t.q(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
+
+    def change_counter(self) -> int | None:
+        """The file change counter of the database header (bytes 24-27), read with one ``pread``: no lock, no query.
+
+        SQLite increments it whenever the file is unlocked after a transaction modified it (rollback
+        journal; the documented way for several processes to notice each other's changes), so an
+        unchanged counter means no commit happened since it was read. None in WAL mode (bytes 18-19
+        are 2; the counter is not kept there) or when the header cannot be read.
+        """
+        try:
+            head = os.pread(_header_fd(self.path), 28, 0)
+        except OSError:
+            return None
+        if len(head) < 28 or head[18] != 1 or head[19] != 1:
+            return None
+        return int.from_bytes(head[24:28], "big")
 
     def _connect(self):
         c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)

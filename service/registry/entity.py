@@ -97,6 +97,14 @@ class LRUCache:
         self._items: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
+    def peek(self, key):
+        """The value cached under ``key`` (now the most recently used), or None; never computes one."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        return None
+
     def get(self, key, make: Callable[[], object]):
         """The value cached under ``key``, else ``make()`` (computed outside the lock) remembered."""
         with self._lock:
@@ -296,6 +304,10 @@ class VersionedStore:
                 raise IntegrityError(f"artifact of {self.kind.noun} {v.ref} cannot be read: {exc}") from None
 
         return self.cache.get((self.kind.noun, v.artifact_sha256), make)
+
+    def cached(self, v):
+        """The artifact of record ``v`` if it is in memory (see :meth:`load`), else None; reads nothing."""
+        return self.cache.peek((self.kind.noun, v.artifact_sha256))
 
     def summaries(self, t) -> list[dict]:
         """One dict per name: its name-row columns, latest live version, ``aliases`` {alias: version}, counts."""
