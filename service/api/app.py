@@ -1,8 +1,9 @@
 """The app factory: ``create_app(settings) -> FastAPI`` and ``serve(settings)``.
 
 Heavy resources (registry connection, FAISS indexes, job workers) are opened in the lifespan,
-not at import. Settings: an explicit ``Settings`` passed here wins (it becomes the override of
-the ``get_settings`` dependency); otherwise ``VECBRIDGE_*`` environment variables.
+not at import. Settings: an override of the ``get_settings`` dependency wins (tests), then an
+explicit ``Settings`` passed here, then ``VECBRIDGE_*`` environment variables
+(:func:`service.api.deps.current_settings`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from ..logging import configure_logging, get_logger
 from ..metrics import ServiceMetrics
 from ..ui import mount_console
 from .errors import install_error_handlers
+from .deps import current_settings
+from .fastpath import FastPathMiddleware
 from .middleware import GuardMiddleware, ObserveMiddleware, body_limit
 from .responses import FastJSONResponse
 from .routers import embeddings, fits, indexes, jobs, lm, maps, ops, plans, steers
@@ -56,9 +59,6 @@ valid key, 403 without the scope). Errors are `{"error": {"type", "status", "mes
 """
 
 
-def _resolve_settings(app: FastAPI) -> Settings:
-    return app.dependency_overrides.get(get_settings, get_settings)()
-
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the vecbridge FastAPI app (resources open when the app starts)."""
@@ -66,7 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        s = _resolve_settings(app)
+        s = current_settings(app)
         configure_logging(s.log_level)
         state = AppState(s, metrics=metrics)
         await run_in_threadpool(state.open)
@@ -86,9 +86,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="vecbridge", version=align.__version__, description=API_DESCRIPTION, lifespan=lifespan,
                   default_response_class=FastJSONResponse, docs_url=None, redoc_url=None)
-    if settings is not None:
-        app.dependency_overrides[get_settings] = lambda: settings
-    s = _resolve_settings(app)
+    app.state.vb_settings = settings  # not a dependency override: see service.api.deps
+    s = current_settings(app)
     app.state.vb = None
     app.state.metrics = metrics
     install_error_handlers(app)
@@ -98,8 +97,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(r)  # each router carries its own prefix (route templates label metrics)
     mount_console(app)  # /ui console and /docs, from vendored assets (no CDN)
     _document_limits(app, s)
+    app.add_middleware(FastPathMiddleware)  # inside the guard: small transform / search requests, see fastpath.py
     app.add_middleware(GuardMiddleware, routes=[route for r in routers for route in r.routes],
-                       settings=lambda: _resolve_settings(app))  # per request: tests override get_settings later
+                       settings=lambda: current_settings(app))  # per request: tests override get_settings later
     if s.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=s.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])

@@ -99,7 +99,8 @@ class GuardMiddleware:
         if root and path.startswith(root):  # behind a proxy prefix (uvicorn --root-path): match as the router does
             path = path[len(root):]
         for regex, methods, route, need in self._table:
-            if method in methods and regex.match(path):
+            if method in methods and (m := regex.match(path)):
+                scope["vb_route"], scope["vb_path_params"] = route, m.groupdict()  # for the fast path
                 return route, need
         return None, None
 

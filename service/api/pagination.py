@@ -50,15 +50,20 @@ def decode_cursor(cursor: str) -> Any:
 class PageParams:
     """The ``limit`` / ``cursor`` query parameters shared by every list route."""
 
-    def __init__(self, limit: int | None = Query(None, ge=1, le=MAX_LIMIT,
-                                                 description="Items per page; omit for every item in one page."),
-                 cursor: str | None = Query(None, max_length=2048,
-                                            description="The `next` value of the previous page.")):
+    def __init__(self, limit: int | None = None, cursor: str | None = None):
         self.limit = limit
         self.cursor = cursor
 
 
-Page = Annotated[PageParams, Depends()]
+async def page_params(limit: int | None = Query(None, ge=1, le=MAX_LIMIT,
+                                                description="Items per page; omit for every item in one page."),
+                      cursor: str | None = Query(None, max_length=2048,
+                                                 description="The `next` value of the previous page.")) -> PageParams:
+    """The dependency (``async``: a class dependency would cost a thread-pool hop per request)."""
+    return PageParams(limit, cursor)
+
+
+Page = Annotated[PageParams, Depends(page_params)]
 
 
 def paginate(items: Sequence[Any], key: Callable[[Any], Any], page: PageParams) -> dict:

@@ -57,6 +57,7 @@ class AppState:
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None
         self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
+        self._seen: tuple[int, int] | None = None  # (registry change token, generation) last read together
 
     # --- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
@@ -81,9 +82,20 @@ class AppState:
     def load_version(self, v: VersionInfo) -> LinearMap | ClusterMap:
         return self.registry.load_map(v)
 
+    def _generation(self) -> int:
+        """The registry's generation; without a query while its change token says nothing was committed since."""
+        token = self.registry.change_token()
+        seen = self._seen
+        if token is not None and seen is not None and seen[0] == token:
+            return seen[1]
+        gen, token = self.registry.generation_token()
+        if token is not None:
+            self._seen = (token, gen)  # one tuple: threads never pair one read's token with another's generation
+        return gen
+
     def _current(self, key: tuple, lookup):
         """``lookup()``, remembered until the registry's generation changes (errors are not cached)."""
-        gen = self.registry.generation()
+        gen = self._generation()
         hit = self._resolved.get(key)
         if hit is not None and hit[0] == gen:
             return hit[1]
@@ -108,6 +120,19 @@ class AppState:
         """``(SteerInfo, Steer | MeanShift)`` for ``ref``; artifacts cached by sha256 (immutable), refs resolved per call."""
         info = self.registry.resolve_steer(ref)
         return info, self.registry.load_steer(info)
+
+    def resolve_map_cached(self, ref: str) -> tuple[VersionInfo, LinearMap | ClusterMap] | None:
+        """:meth:`resolve_map` when it needs no I/O at all — the registry's change token is unchanged since
+        ``ref`` was resolved and the artifact is in memory — else None. Safe on the event loop."""
+        token = self.registry.change_token()
+        seen = self._seen
+        if token is None or seen is None or seen[0] != token:
+            return None
+        hit = self._resolved.get(("ref", ref))
+        if hit is None or hit[0] != seen[1]:
+            return None
+        m = self.registry.cached_map(hit[1])
+        return None if m is None else (hit[1], m)
 
     def resolve_map(self, ref: str) -> tuple[VersionInfo, LinearMap | ClusterMap]:
         v = self.resolve(ref)

@@ -121,7 +121,7 @@ class Registry(SteerRegistryMixin):
             token = self.db.change_counter()
         return (int(r["value"]) if r else 0), token
 
-    def cached_map(self, v: VersionInfo) -> LinearMap | None:
+    def cached_map(self, v: VersionInfo) -> LinearMap | ClusterMap | None:
         """The loaded artifact of version ``v`` when it is in memory, else None (reads nothing)."""
         return self._maps.cached(v)
 

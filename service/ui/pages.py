@@ -36,7 +36,11 @@ def _settings(request: Request) -> Settings:
     state = getattr(request.app.state, "vb", None)
     if state is not None:
         return state.settings
-    return request.app.dependency_overrides.get(get_settings, get_settings)()
+    override = request.app.dependency_overrides.get(get_settings)
+    if override is not None:
+        return override()
+    explicit = getattr(request.app.state, "vb_settings", None)
+    return explicit if explicit is not None else get_settings()
 
 
 def _page(template: str, title: str):

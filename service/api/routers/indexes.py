@@ -134,22 +134,31 @@ async def delete_vectors(name: str, body: Annotated[IndexDelete, Body(openapi_ex
 async def search(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
     idx = state.indexes.get(name)
+    found, response = await run_in_threadpool(search_call, state, settings, idx, body)
+    search_observe(state, found)
+    return response
 
-    def work():
-        opts, Q = _rows(body, SearchOptions, settings.max_batch, lambda o: index_ops.query_dim(state, idx, o.space))
-        found = index_ops.search(state, idx, Q, texts=opts.texts, space=opts.space, map_ref=opts.map, k=opts.k,
-                                 exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
-                                 csls_k=opts.csls_k if opts.csls else 0, steers=opts.steers, limits=settings.limits)
-        answer = _search_body(found.describe(), idx, found.S, found.I, opts.include_payloads,
-                              settings.limits.max_response_bytes)
-        return found, Response(answer, media_type=JSON)  # built here, off the event loop
 
-    found, response = await run_in_threadpool(work)
+def search_call(state, settings, idx: SpaceIndex, body: bytes) -> tuple:
+    """``(found, response)``: the whole search of one request, in one call (one thread-pool hop).
+
+    Shared by the route and the batch-1 fast path (:mod:`service.api.fastpath`), so both answer alike.
+    """
+    opts, Q = _rows(body, SearchOptions, settings.max_batch, lambda o: index_ops.query_dim(state, idx, o.space))
+    found = index_ops.search(state, idx, Q, texts=opts.texts, space=opts.space, map_ref=opts.map, k=opts.k,
+                             exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
+                             csls_k=opts.csls_k if opts.csls else 0, steers=opts.steers, limits=settings.limits)
+    answer = _search_body(found.describe(), idx, found.S, found.I, opts.include_payloads,
+                          settings.limits.max_response_bytes)
+    return found, Response(answer, media_type=JSON)
+
+
+def search_observe(state, found) -> None:
+    """The metrics of one answered search (route and fast path)."""
     state.metrics.batch_rows.labels("search").observe(found.S.shape[0])
     if found.translation is not None:
         for v in found.translation.versions:
             state.metrics.observe_map(v.name, v.version, found.S.shape[0])
-    return response
 
 
 def _hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool) -> list[dict]:

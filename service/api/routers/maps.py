@@ -162,45 +162,56 @@ async def transform(ref: str, request: Request, state: StateDep, settings: Setti
                     dim: int | None = Query(None, ge=1, le=MAX_DIM, description="row width of an octet-stream body")):
     mt = media_type(request.headers.get("content-type"))
     body = await request.body()
-    header_dim = request.headers.get("x-vector-dim")
     query_opts = {k: v for k, v in (("output", output), ("encoding_format", encoding_format)) if v is not None}
+    v, Y, response = await run_in_threadpool(
+        transform_call, state, settings, ref, mt, body, query_opts=query_opts, dim=dim,
+        header_dim=request.headers.get("x-vector-dim"), accept=request.headers.get("accept", ""))
+    transform_observe(state, v, Y)
+    return response
 
-    def work():
-        v, m = state.resolve_map(ref)
-        if mt == JSON:
-            obj = parse_json(body)
-            rest = {k: val for k, val in obj.items() if k not in ("vectors", "vectors_b64")}
-            opts = validate(TransformOptions, {**query_opts, **rest})
-            X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch)
-        else:
-            d = dim or (parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else m.source_dim)
-            opts = validate(TransformOptions, {**query_opts, "dim": d})
-            X = vectors_from_binary(body, mt, dim=d, max_batch=settings.max_batch)
-            if d != m.source_dim:
-                from align.exceptions import DimensionMismatchError
 
-                raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
-        Y = m.apply(X, output=opts.output, validate=False)
-        if mt == JSON and opts.encoding_format == "float" and Y.size > settings.limits.max_response_values:
-            raise InputError(f"{Y.shape[0]} x {Y.shape[1]} numbers exceed the JSON answer limit of "
-                             f"{settings.limits.max_response_values} (limits.max_response_values); use "
-                             f"encoding_format=base64 or a binary body, or send smaller batches")
-        return v, opts, Y
+def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opts: dict, dim: int | None,
+                   header_dim: str | None, accept: str, resolve=None) -> tuple:
+    """``(version, Y, response)``: the whole transform of one request, in one call (one thread-pool hop).
 
-    v, opts, Y = await run_in_threadpool(work)
-    state.metrics.batch_rows.labels("transform").observe(Y.shape[0])
-    state.metrics.observe_map(v.name, v.version, Y.shape[0])
+    Shared by the route and the batch-1 fast path (:mod:`service.api.fastpath`), so both answer alike.
+    Every check that guards the numerics is here: width, NaN/Inf, batch and answer limits.
+    ``resolve(ref) -> (version, map)`` defaults to ``state.resolve_map``.
+    """
+    v, m = (resolve or state.resolve_map)(ref)
+    if mt == JSON:
+        obj = parse_json(body)
+        rest = {k: val for k, val in obj.items() if k not in ("vectors", "vectors_b64")}
+        opts = validate(TransformOptions, {**query_opts, **rest})
+        X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch)
+    else:
+        d = dim or (parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else m.source_dim)
+        opts = validate(TransformOptions, {**query_opts, "dim": d})
+        X = vectors_from_binary(body, mt, dim=d, max_batch=settings.max_batch)
+        if d != m.source_dim:
+            from align.exceptions import DimensionMismatchError
+
+            raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
+    Y = m.apply(X, output=opts.output, validate=False)
+    if mt == JSON and opts.encoding_format == "float" and Y.size > settings.limits.max_response_values:
+        raise InputError(f"{Y.shape[0]} x {Y.shape[1]} numbers exceed the JSON answer limit of "
+                         f"{settings.limits.max_response_values} (limits.max_response_values); use "
+                         f"encoding_format=base64 or a binary body, or send smaller batches")
     headers = {"X-Map": v.name, "X-Map-Version": str(v.version), "X-Shape": f"{Y.shape[0]},{Y.shape[1]}"}
-    wants_json = mt == JSON or "application/json" in request.headers.get("accept", "")
-    if not wants_json:
+    if not (mt == JSON or "application/json" in accept):
         if mt == NPY:
-            return Response(await run_in_threadpool(npy_bytes, Y), media_type=NPY, headers=headers)
-        data = await run_in_threadpool(Y.astype("<f4", copy=False).tobytes)  # a copy of n d floats: off the loop
-        return Response(data, media_type=OCTET, headers=headers)
+            return v, Y, Response(npy_bytes(Y), media_type=NPY, headers=headers)
+        return v, Y, Response(Y.astype("<f4", copy=False).tobytes(), media_type=OCTET, headers=headers)
     out = {"map": v.name, "version": v.version, "source_space": v.source_space, "target_space": v.target_space,
            "shape": list(Y.shape)}
     if opts.encoding_format == "base64":
         out["vectors_b64"] = b64_encode(Y)
     else:
         out["vectors"] = Y
-    return await run_in_threadpool(FastJSONResponse, out, headers=headers)  # serialising is O(n d): off the loop
+    return v, Y, FastJSONResponse(out, headers=headers)
+
+
+def transform_observe(state, v, Y) -> None:
+    """The metrics of one answered transform (route and fast path)."""
+    state.metrics.batch_rows.labels("transform").observe(Y.shape[0])
+    state.metrics.observe_map(v.name, v.version, Y.shape[0])

@@ -1,0 +1,143 @@
+"""A pure-ASGI shortcut for small transform and search requests (the per-request floor, issue 11).
+
+A batch-1 transform does ~0.1 ms of work; FastAPI around it (dependency solving, routing again,
+the exception and exit-stack layers) cost several times that. Requests that the guard middleware
+has already let through (key checked, body within its limit) and whose body is small are
+answered here by the same functions the routes call (:func:`~service.api.routers.maps.transform_call`,
+:func:`~service.api.routers.indexes.search_call`: every input check, limit and NaN/Inf guard is
+theirs), in one thread-pool hop, with the same ``Response`` object the route would return.
+
+Anything else goes to the app unchanged: a large or chunked body, a query parameter this module does
+not read exactly as FastAPI would, and **every failure** — the request is then replayed through the
+app with the body already read, so errors (status, message, headers, logs) come from the one place
+that makes them (:mod:`service.api.errors`). Failing requests thus run twice, bounded by
+:data:`FAST_MAX_BYTES`. The OpenAPI document still comes from the routes.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qsl
+
+from starlette.concurrency import run_in_threadpool
+
+from ..limits import MAX_DIM
+from .codec import JSON, media_type
+from .deps import current_settings
+from .routers import indexes as index_routes
+from .routers import maps as map_routes
+
+__all__ = ["FastPathMiddleware", "FAST_MAX_BYTES", "INLINE_MAX_BYTES", "TRANSFORM", "SEARCH"]
+
+FAST_MAX_BYTES = 256 * 1024  # bodies up to this size take the shortcut (octet batch <= ~170 at d=384)
+INLINE_MAX_BYTES = 16 * 1024  # transforms up to this size run on the event loop when the map is in memory
+TRANSFORM = "/v1/maps/{ref}/transform"
+SEARCH = "/v1/indexes/{name}/search"
+_DIM = re.compile(r"[1-9][0-9]{0,5}")
+
+
+def _transform_query(qs: bytes) -> tuple[dict, int | None] | None:
+    """``(options, dim)`` from the query string; None unless read exactly as the route would."""
+    opts: dict = {}
+    dim = None
+    for key, value in parse_qsl(qs.decode("latin-1"), keep_blank_values=True):
+        if key in ("output", "encoding_format"):
+            if not value:
+                return None
+            opts[key] = value
+        elif key == "dim":
+            if not _DIM.fullmatch(value) or int(value) > MAX_DIM:
+                return None
+            dim = int(value)
+    return opts, dim
+
+
+async def _transform(state, settings, params: dict, headers: dict, body: bytes, qs: bytes):
+    query = _transform_query(qs)
+    if query is None:
+        return None
+    opts, dim = query
+    mt = media_type(_text(headers.get(b"content-type")))
+    args = (state, settings, params["ref"], mt, body)
+    kw = {"query_opts": opts, "dim": dim, "header_dim": _text(headers.get(b"x-vector-dim")),
+          "accept": _text(headers.get(b"accept")) or ""}
+    hit = state.resolve_map_cached(params["ref"]) if len(body) <= INLINE_MAX_BYTES else None
+    if hit is not None:  # on the event loop: pure CPU for a few rows, no lock, no query, no file read
+        v, Y, response = map_routes.transform_call(*args, resolve=lambda _ref: hit, **kw)
+    else:
+        v, Y, response = await run_in_threadpool(lambda: map_routes.transform_call(*args, **kw))
+    return response, lambda: map_routes.transform_observe(state, v, Y)
+
+
+async def _search(state, settings, params: dict, headers: dict, body: bytes, qs: bytes):
+    ct = _text(headers.get(b"content-type"))
+    if (ct or JSON).split(";")[0].strip().lower() != JSON:
+        return None  # the route's 415
+
+    def call():
+        return index_routes.search_call(state, settings, state.indexes.get(params["name"]), body)
+
+    found, response = await run_in_threadpool(call)
+    return response, lambda: index_routes.search_observe(state, found)
+
+
+_HANDLERS = {TRANSFORM: _transform, SEARCH: _search}
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value is not None else None
+
+
+class FastPathMiddleware:
+    """Answer small ``POST`` transform / search requests directly (see the module notes); sits just inside
+    :class:`~service.api.middleware.GuardMiddleware`, which leaves the matched route and its path parameters in
+    ``scope["vb_route"]`` and ``scope["vb_path_params"]``."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        route = scope.get("vb_route") if scope["type"] == "http" else None
+        handler = _HANDLERS.get(getattr(route, "path", None)) if scope.get("method") == "POST" else None
+        if handler is None:
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers", ()))
+        app = scope.get("app")
+        state = getattr(getattr(app, "state", None), "vb", None)
+        cl = headers.get(b"content-length")
+        if state is None or state.registry is None or cl is None or not cl.isdigit() or int(cl) > FAST_MAX_BYTES:
+            return await self.app(scope, receive, send)
+        chunks = []
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client went away: nothing to answer
+                return
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        try:
+            answer = await handler(state, current_settings(app), scope["vb_path_params"], headers, body,
+                                   scope.get("query_string", b""))
+        except Exception:  # noqa: BLE001 - every failure is answered by the app itself, from the same body
+            answer = None
+        if answer is None:  # a request the route answers (odd parameters, or any error)
+            return await self.app(scope, _replay(body, receive), send)
+        response, observe = answer
+        scope["route"] = route  # metrics and the access log name the route template
+        observe()
+        await response(scope, receive, send)
+
+
+def _replay(body: bytes, receive):
+    """A ``receive`` that hands the app the already-read body once, then the client's own messages."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

@@ -1,0 +1,230 @@
+"""The batch-1 fast path (service/api/fastpath.py) answers exactly as the routes do, and sees registry changes.
+
+Every request is sent twice to the same app: once as is (small bodies take the fast path) and once with
+the fast path switched off (``FAST_MAX_BYTES = -1``: the FastAPI route answers); status, body and the
+headers that describe the answer must be equal, for successes and for errors alike.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from align import fit_procrustes
+from service.api import create_app, fastpath
+from service.registry import open_registry
+from _api_support import R, W, planted, populate, settings_for
+
+SAME_HEADERS = ("content-type", "content-length", "x-map", "x-map-version", "x-shape", "www-authenticate")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fast")
+    app = create_app(settings_for(tmp, max_batch=1000, max_body_bytes=2_000_000))
+    with TestClient(app) as client:
+        data = populate(app.state.vb.registry)
+        app.state.vb.indexes.create("ix", "b", data["Y"][:200], dim=16)
+        yield client, app, data
+
+
+def both(c, monkeypatch, method: str, url: str, **kw):
+    """(fast-path answer, route answer) of the same request."""
+    fast = c.request(method, url, **kw)
+    with monkeypatch.context() as m:
+        m.setattr(fastpath, "FAST_MAX_BYTES", -1)
+        slow = c.request(method, url, **kw)
+    return fast, slow
+
+
+def assert_same(fast, slow):
+    assert fast.status_code == slow.status_code, (fast.text[:300], slow.text[:300])
+    assert fast.content == slow.content
+    for h in SAME_HEADERS:
+        assert fast.headers.get(h) == slow.headers.get(h), h
+
+
+def octet(X, **headers):
+    return {"content": np.ascontiguousarray(X, np.float32).tobytes(),
+            "headers": {**R, "content-type": "application/octet-stream", **headers}}
+
+
+def npy(X):
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(X, np.float32))
+    return {"content": buf.getvalue(), "headers": {**R, "content-type": "application/x-npy"}}
+
+
+def js(obj):
+    return {"content": json.dumps(obj).encode(), "headers": {**R, "content-type": "application/json"}}
+
+
+def test_transform_answers_match_the_route(world, monkeypatch):
+    c, _, data = world
+    X = data["X"][:3]
+    b64 = base64.b64encode(np.ascontiguousarray(X).tobytes()).decode()
+    cases = [
+        ("/v1/maps/a2b/transform", octet(X)),
+        ("/v1/maps/a2b/transform", octet(X, accept="application/json")),
+        ("/v1/maps/a2b/transform?output=frame", octet(X)),
+        ("/v1/maps/a2b/transform?dim=16&output=linear", octet(X)),
+        ("/v1/maps/a2b/transform", octet(X, **{"x-vector-dim": "16"})),
+        ("/v1/maps/a2b/transform", npy(X)),
+        ("/v1/maps/a2b@prod/transform", js({"vectors": X.tolist()})),
+        ("/v1/maps/a2b:1/transform", js({"vectors": X.tolist(), "output": "frame"})),
+        ("/v1/maps/a2b/transform?encoding_format=base64", js({"vectors_b64": b64, "dim": 16})),
+        ("/v1/maps/b2c/transform", js({"vectors": X.tolist(), "encoding_format": "base64"})),
+    ]
+    for url, kw in cases:
+        fast, slow = both(c, monkeypatch, "POST", url, **kw)
+        assert fast.status_code == 200, (url, fast.text)
+        assert_same(fast, slow)
+
+
+def test_transform_errors_match_the_route(world, monkeypatch):
+    c, _, data = world
+    X = data["X"][:2]
+    bad = X.copy()
+    bad[1, 3] = np.nan
+    cases = [
+        ("/v1/maps/a2b/transform", octet(bad)),  # NaN: 422 before any numerics
+        ("/v1/maps/a2b/transform", octet(np.full((1, 16), np.inf))),
+        ("/v1/maps/a2b/transform", octet(X[:, :12])),  # 48 bytes: not whole rows of 16
+        ("/v1/maps/a2b/transform?dim=12", octet(X[:, :12])),  # wrong width for the map
+        ("/v1/maps/a2b/transform?dim=0", octet(X)),  # the route's query validation
+        ("/v1/maps/a2b/transform?dim=", octet(X)),
+        ("/v1/maps/a2b/transform?dim=99999999", octet(X)),
+        ("/v1/maps/a2b/transform?output=sideways", octet(X)),
+        ("/v1/maps/a2b/transform", octet(X, **{"x-vector-dim": "abc"})),
+        ("/v1/maps/a2b/transform", {"content": b"", "headers": {**R, "content-type": "application/octet-stream"}}),
+        ("/v1/maps/a2b/transform", {"content": b"x", "headers": {**R, "content-type": "text/plain"}}),
+        ("/v1/maps/nope/transform", octet(X)),
+        ("/v1/maps/a2b:99/transform", js({"vectors": X.tolist()})),
+        ("/v1/maps/a2b/transform", js({"vectors": [[1.0, 2.0], [3.0]]})),
+        ("/v1/maps/a2b/transform", js({"vectors": X.tolist(), "vectors_b64": "AAAA"})),
+        ("/v1/maps/a2b/transform", {"content": b"{not json", "headers": {**R, "content-type": "application/json"}}),
+        ("/v1/maps/a2b/transform", js({"vectors": [[1e39] * 16]})),
+    ]
+    for url, kw in cases:
+        fast, slow = both(c, monkeypatch, "POST", url, **kw)
+        assert 400 <= fast.status_code < 500, (url, fast.status_code, fast.text)
+        assert_same(fast, slow)
+
+
+def test_search_answers_and_errors_match_the_route(world, monkeypatch):
+    c, _, data = world
+    X = data["X"][:2]
+    b64 = base64.b64encode(np.ascontiguousarray(X).tobytes()).decode()
+    url = "/v1/indexes/ix/search"
+    cases = [
+        (url, js({"vectors_b64": b64, "dim": 16, "space": "a", "k": 5}), 200),
+        (url, js({"vectors": X.tolist(), "space": "a", "k": 3, "include_payloads": False}), 200),
+        (url, js({"vectors": data["Y"][:1].tolist(), "k": 4, "csls": True, "csls_k": 3}), 200),
+        (url, js({"vectors": X.tolist(), "space": "a", "k": 0}), 422),
+        (url, js({"vectors": X.tolist(), "space": "a", "k": 10**9}), 422),
+        (url, js({"vectors": [[float("nan")] * 16], "space": "a"}), 422),
+        (url, js({"vectors": X[:, :8].tolist(), "space": "a"}), 422),
+        (url, js({"vectors": X.tolist(), "space": "nowhere"}), 404),
+        ("/v1/indexes/none/search", js({"vectors": X.tolist()}), 404),
+        (url, {"content": b"{}", "headers": {**R, "content-type": "application/octet-stream"}}, 415),
+    ]
+    for u, kw, status in cases:
+        fast, slow = both(c, monkeypatch, "POST", u, **kw)
+        assert fast.status_code == status, (kw, fast.text)
+        assert_same(fast, slow)
+
+
+def test_guard_still_runs_before_the_fast_path(world):
+    c, _, data = world
+    body = octet(data["X"][:1])
+    assert c.post("/v1/maps/a2b/transform", content=body["content"],
+                  headers={"content-type": "application/octet-stream"}).status_code == 401
+    r = c.post("/v1/maps/a2b/transform", content=body["content"],
+               headers={"content-type": "application/octet-stream", "Authorization": "Bearer wonly-789"})
+    assert r.status_code == 403
+
+
+def test_small_transform_runs_on_the_loop_without_io_and_sees_every_registry_change(world, monkeypatch, tmp_path):
+    c, app, data = world
+    state = app.state.vb
+    X = data["X"][:1]
+    hops, replays = [], []
+    real_hop = fastpath.run_in_threadpool
+
+    async def counting_hop(fn, *a, **k):
+        hops.append(fn)
+        return await real_hop(fn, *a, **k)
+
+    monkeypatch.setattr(fastpath, "run_in_threadpool", counting_hop)
+    monkeypatch.setattr(fastpath, "_replay", lambda body, receive: replays.append(1) or receive)
+    url = "/v1/maps/a2b@prod/transform"
+    first = c.post(url, **octet(X))
+    assert first.status_code == 200
+    hops.clear()
+    queries = []
+    monkeypatch.setattr(state.registry, "generation_token",
+                        lambda real=state.registry.generation_token: queries.append(1) or real())
+    again = c.post(url, **octet(X))
+    assert again.status_code == 200 and again.content == first.content
+    assert hops == [] and queries == [] and replays == []  # answered on the loop: no thread, no query
+
+    # another process (another Registry on the same file) moves the alias: the very next request sees it
+    m2 = fit_procrustes(data["X"][:300] * 2.0, data["Y"][:300])
+    other = open_registry(state.settings.resolved_registry_url(), state.settings.resolved_artifact_dir())
+    try:
+        v2 = other.register_version("a2b", m2, source_space="a", target_space="b", method="procrustes", params={},
+                                    alias="prod")
+    finally:
+        other.close()
+    moved = c.post(url, **octet(X))
+    assert moved.status_code == 200 and moved.headers["x-map-version"] == str(v2.version)
+    assert queries and replays == []  # the change token moved, so the registry was asked again
+    back = c.put("/v1/maps/a2b/aliases/prod", json={"version": 1}, headers=W)
+    assert back.status_code == 200
+    assert c.post(url, **octet(X)).headers["x-map-version"] == "1"
+
+
+def test_change_token_moves_with_every_commit_and_only_then(tmp_path):
+    reg = open_registry(f"sqlite:///{(tmp_path / 'r.sqlite').resolve()}", tmp_path / "art")
+    other = open_registry(f"sqlite:///{(tmp_path / 'r.sqlite').resolve()}", tmp_path / "art")
+    try:
+        t0 = reg.change_token()
+        assert t0 is not None and reg.generation_token() == (reg.generation(), t0)
+        reg.list_spaces()
+        reg.generation()
+        assert reg.change_token() == t0  # reads change nothing
+        other.register_space("a", 16)  # a write through another connection
+        t1 = reg.change_token()
+        assert t1 != t0 and reg.generation_token()[1] == t1
+        X, Y, _ = planted(100)
+        other.register_version("m", fit_procrustes(X, Y), source_space="a", target_space="a", method="p", params={})
+        assert reg.change_token() != t1
+    finally:
+        reg.close()
+        other.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 40), output=st.sampled_from([None, "raw", "frame", "linear"]),
+       fmt=st.sampled_from(["octet", "npy", "json", "b64"]), seed=st.integers(0, 2**16))
+def test_fast_path_equals_route_for_any_batch(world, monkeypatch, n, output, fmt, seed):
+    c, _, _ = world
+    X = np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)
+    url = "/v1/maps/a2b/transform" + (f"?output={output}" if output else "")
+    if fmt == "octet":
+        kw = octet(X)
+    elif fmt == "npy":
+        kw = npy(X)
+    elif fmt == "json":
+        kw = js({"vectors": X.tolist()})
+    else:
+        kw = js({"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": 16, "encoding_format": "base64"})
+    fast, slow = both(c, monkeypatch, "POST", url, **kw)
+    assert fast.status_code == 200, fast.text
+    assert_same(fast, slow)
