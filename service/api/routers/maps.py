@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import numpy as np
 from fastapi import APIRouter, Body, Path, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
@@ -201,7 +202,8 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
     if not (mt == JSON or "application/json" in accept):
         if mt == NPY:
             return v, Y, Response(npy_bytes(Y), media_type=NPY, headers=headers)
-        return v, Y, Response(Y.astype("<f4", copy=False).tobytes(), media_type=OCTET, headers=headers)
+        # the array's own buffer (no copy of n d floats): Y is a fresh C-contiguous float32 array
+        return v, Y, Response(memoryview(np.ascontiguousarray(Y, dtype="<f4")), media_type=OCTET, headers=headers)
     out = {"map": v.name, "version": v.version, "source_space": v.source_space, "target_space": v.target_space,
            "shape": list(Y.shape)}
     if opts.encoding_format == "base64":
