@@ -4,6 +4,8 @@ and cross-model retrieval quality on the shared WordNet set — side by side, in
     python benchmarks/bench_service.py                 # everything (fits the unsupervised map once, cached)
     python benchmarks/bench_service.py --quick         # speed sections only, Procrustes map, no quality
     python benchmarks/bench_service.py --map FILE.npz  # use a saved LinearMap for the quality section
+    python benchmarks/bench_service.py --quick --floor-only --baseline-tree ../old-checkout
+        # the per-request floor only, this tree and another checkout served side by side (before/after)
 
 Data: ``../shared/data/wordnet/{minilm,e5,texts}`` (ALGORITHMS.md §4 split). The unsupervised map
 minilm -> e5 is fitted with ``align.MiniVec2Vec`` (defaults, random_state=0) on the unpaired
@@ -105,21 +107,23 @@ def get_map(A, B, args):
 
 
 def start_server(data_dir: Path, port: int, *, workers: int = 1, demo: bool = False, bare: bool = False,
-                 wait_ready: bool = True) -> subprocess.Popen:
-    """A real server on localhost: ``vecbridge serve`` (``--workers``), or the bare ASGI floor app."""
+                 wait_ready: bool = True, root: Path = ROOT) -> subprocess.Popen:
+    """A real server on localhost: ``vecbridge serve`` (``--workers``), or the bare ASGI floor app.
+
+    ``root``: the source tree the server runs from (another checkout: the before of a before/after)."""
     import httpx
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
     env.update({"VECBRIDGE_DATA_DIR": str(data_dir), "VECBRIDGE_API_KEYS": json.dumps({KEY: ["read", "write"]}),
                 "VECBRIDGE_DEMO_ON_EMPTY": "true" if demo else "false", "VECBRIDGE_LOG_LEVEL": "WARNING",
-                "PYTHONPATH": str(ROOT)})
+                "PYTHONPATH": str(root)})
     if bare:
         cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "benchmarks"), "bare_asgi:app", "--host",
                "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
     else:
         cmd = [sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())", "serve",
                "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, cwd=root, env=env)
     if not wait_ready:
         return proc
     for _ in range(600):
@@ -162,26 +166,111 @@ def p50_ms(fn, min_time=2.0) -> float:
     return pct(timeit(fn, min_time=min_time, max_reps=5000), 50)
 
 
-def bench_floor(bare, client, m, A_held, report):
-    """Batch-1 latency of each route as a multiple of the bare ASGI app on the same server stack."""
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``, all threads (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_floor(bare, servers: dict, A_held, report, *, rounds: int = 8, per: int = 60):
+    """Batch-1 latency of each route as a multiple of the bare ASGI app on the same server stack.
+
+    ``servers``: label -> (httpx client, pid), e.g. this tree and a baseline checkout. Cells are
+    interleaved (``rounds`` rounds of ``per`` calls each), so machine load hits every cell alike; p50
+    over all calls, and the server's CPU time per request (waiting on a busy machine is not CPU).
+    """
     x = np.ascontiguousarray(A_held[:1])
     raw = x.tobytes()
     octet = {**HDR, "content-type": "application/octet-stream"}
+    js = {**HDR, "content-type": "application/json"}
     b64 = base64.b64encode(raw).decode()
-    cells = {
-        "bare ASGI (floor)": lambda: bare.post("/", content=raw, headers=octet),
-        "GET /healthz": lambda: client.get("/healthz"),
-        "transform octet-stream": lambda: client.post("/v1/maps/bench/transform", content=raw, headers=octet),
-        "transform JSON": lambda: client.post("/v1/maps/bench/transform", json={"vectors": x.tolist()}, headers=HDR),
-        "search (vectors_b64, k=10)": lambda: client.post("/v1/indexes/bench-e5/search", headers=HDR, json={
-            "vectors_b64": b64, "dim": 384, "space": "minilm", "k": 10, "include_payloads": False}),
+    # JSON bodies encoded once, like the octet body: the client's own json.dumps of 384 floats per call is
+    # not a cost of the server
+    t_json = json.dumps({"vectors": x.tolist()}).encode()
+    s_b64 = json.dumps({"vectors_b64": b64, "dim": 384, "space": "minilm", "k": 10, "include_payloads": False}).encode()
+    s_json = json.dumps({"vectors": x.tolist(), "space": "minilm", "k": 10, "include_payloads": False}).encode()
+    routes = {
+        "GET /healthz": lambda c: c.get("/healthz"),
+        "transform octet-stream": lambda c: c.post("/v1/maps/bench/transform", content=raw, headers=octet),
+        "transform JSON": lambda c: c.post("/v1/maps/bench/transform", content=t_json, headers=js),
+        "search (vectors_b64, k=10)": lambda c: c.post("/v1/indexes/bench-e5/search", content=s_b64, headers=js),
+        "search (JSON vectors, k=10)": lambda c: c.post("/v1/indexes/bench-e5/search", content=s_json, headers=js),
     }
-    res = {k: p50_ms(fn) for k, fn in cells.items()}
-    floor = res["bare ASGI (floor)"]
-    rows = [[k, f"{v:.3f}", f"{v / floor:.2f}x"] for k, v in res.items()]
-    report["floor_batch1"] = {k: {"p50_ms": v, "vs_floor": v / floor} for k, v in res.items()}
-    print(table("Batch-1 latency vs the bare-ASGI floor (p50 over >= 2 s, keep-alive client)",
-                ["route", "p50 ms", "vs floor"], rows))
+    cells = {("bare ASGI (floor)", ""): (bare[0], bare[1], lambda c: c.post("/", content=raw, headers=octet))}
+    for label, (client, pid) in servers.items():
+        for name, fn in routes.items():
+            cells[(name, label)] = (client, pid, fn)
+    times = {k: [] for k in cells}
+    cpu = {k: [] for k in cells}
+    for _ in range(rounds):
+        for key, (client, pid, fn) in cells.items():
+            r = fn(client)
+            assert r.status_code == 200, (key, r.text[:200])
+            c0 = _cpu_seconds(pid)
+            for _ in range(per):
+                t0 = time.perf_counter()
+                fn(client)
+                times[key].append(time.perf_counter() - t0)
+            cpu[key].append((_cpu_seconds(pid) - c0) / per)
+    res = {k: (float(np.median(v) * 1000), float(np.mean(cpu[k]) * 1000)) for k, v in times.items()}
+    floor = res[("bare ASGI (floor)", "")][0]
+    rows = [[name, label, f"{p50:.3f}", f"{p50 / floor:.2f}x", f"{c:.3f}"] for (name, label), (p50, c) in res.items()]
+    report["floor_batch1"] = {f"{name} [{label}]" if label else name: {"p50_ms": p50, "vs_floor": p50 / floor,
+                                                                       "server_cpu_ms": c}
+                              for (name, label), (p50, c) in res.items()}
+    report["floor_batch1"]["_meta"] = {"rounds": rounds, "per": per, "load_avg": os.getloadavg()}
+    print(table(f"Batch-1 latency vs the bare-ASGI floor (p50 of {rounds} interleaved rounds x {per} calls, keep-alive "
+                f"httpx client; server CPU per request from /proc; load avg {os.getloadavg()[0]:.1f})",
+                ["route", "server", "p50 ms", "vs floor", "server CPU ms"], rows))
+
+
+def bench_floor_work(m_transform, m_search, A_held, B_held, report):
+    """The work inside the batch-1 cells, in process (p50): what no server can save. Search's is most of it."""
+    import faiss
+
+    from align.frames import unit_rows
+
+    index = faiss.IndexFlatIP(B_held.shape[1])
+    index.add(unit_rows(B_held))
+    x = np.ascontiguousarray(A_held[:1])
+    work = {"transform: map.apply, batch 1": p50_ms(lambda: m_transform.apply(x, output="raw"), 1.0),
+            "search: map.apply + FAISS flat k=10, batch 1": p50_ms(
+                lambda: index.search(m_search.apply(x, output="raw"), 10), 1.0)}
+    fl = report["floor_batch1"]
+    floor = fl["bare ASGI (floor)"]["p50_ms"]
+    cell = {"transform: map.apply, batch 1": "transform octet-stream [new]",
+            "search: map.apply + FAISS flat k=10, batch 1": "search (vectors_b64, k=10) [new]"}
+    rows = [[k, f"{v:.3f}", f"{(fl[cell[k]]['p50_ms'] - v) / floor:.2f}x"] for k, v in work.items()]
+    report["floor_work"] = {k: {"p50_ms": v, "route_minus_work_vs_floor": (fl[cell[k]]["p50_ms"] - v) / floor}
+                            for k, v in work.items()}
+    print(table(f"Work inside the batch-1 cells (in process, p50; {B_held.shape[0]:,}-row flat index)",
+                ["work", "p50 ms", "(route - work) / floor"], rows))
+
+
+def bench_octet_1024(servers: dict, m, X, report, *, rounds: int = 6, per: int = 10):
+    """Binary transform of 1,024 rows per server vs in-process ``apply``, interleaved best-of."""
+    Xb = np.ascontiguousarray(X[:1024])
+    raw = Xb.tobytes()
+    octet = {**HDR, "content-type": "application/octet-stream"}
+    fns = {"in-process": lambda: m.apply(Xb, output="raw")}
+    for label, (client, _) in servers.items():
+        fns[label] = lambda c=client: np.frombuffer(
+            c.post("/v1/maps/bench/transform", content=raw, headers=octet).content, "<f4")
+    best = {k: np.inf for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            fn()
+            for _ in range(per):
+                t0 = time.perf_counter()
+                fn()
+                best[k] = min(best[k], time.perf_counter() - t0)
+    rows = [[k, f"{v * 1000:.3f}", f"{1024 / v:,.0f}", f"{best['in-process'] / v:.2f}"] for k, v in best.items()]
+    report["octet_1024"] = {k: {"best_ms": v * 1000, "vs_inprocess": best["in-process"] / v} for k, v in best.items()}
+    print(table("Binary transform, batch 1,024: HTTP octet-stream vs in-process apply (interleaved, best of)",
+                ["path", "ms", "vectors/s", "vs in-process"], rows))
 
 
 def _load(port: int, body_fn, seconds: float, clients: int) -> float:
@@ -391,6 +480,13 @@ def main(argv=None) -> int:
     ap.add_argument("--map", type=Path)
     ap.add_argument("--refit", action="store_true")
     ap.add_argument("--no-workers", action="store_true", help="skip the 1 vs 2 workers throughput table")
+    ap.add_argument("--floor-only", action="store_true",
+                    help="only the per-request floor: batch-1 routes vs the bare app, and octet batch 1024")
+    ap.add_argument("--baseline-tree", type=Path,
+                    help="another checkout (e.g. the commit before a change) served beside this one, same data, "
+                         "cells interleaved: before/after in one run")
+    ap.add_argument("--rounds", type=int, default=8, help="interleaved rounds of the floor table")
+    ap.add_argument("--out", help="results file name (default bench_service_<date>[_quick].json)")
     args = ap.parse_args(argv)
     if not (WORDNET / "minilm.npy").exists():
         print(f"no WordNet data at {WORDNET}; nothing to benchmark")
@@ -406,9 +502,11 @@ def main(argv=None) -> int:
                             "omp_threads": os.environ.get("OMP_NUM_THREADS", "default"),
                             "load_avg": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
     print(f"# vecbridge service benchmark  ({report['env']})")
-    bench_first_minute(report)
+    if not args.floor_only:
+        bench_first_minute(report)
     m_speed = fit_procrustes(A[:4000], B[:4000])
-    bench_inprocess(m_speed, A_held, report)
+    if not args.floor_only:
+        bench_inprocess(m_speed, A_held, report)
 
     m, label = get_map(A, B, args)
     report["map"] = label
@@ -423,47 +521,65 @@ def main(argv=None) -> int:
         reg.register_version("minilm2e5", m, source_space="minilm", target_space="e5", method="minivec2vec",
                              params={}, alias="prod")
         reg.close()
-        port, bare_port = free_port(), free_port()
+        port, bare_port, base_port = free_port(), free_port(), free_port()
         proc = start_server(data, port)
         bare_proc = start_server(data, bare_port, bare=True)
+        base_proc = None
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client, \
-                    httpx.Client(base_url=f"http://127.0.0.1:{bare_port}", timeout=120) as bare:
-                bench_transform(client, m_speed, A_held, report)
+                    httpx.Client(base_url=f"http://127.0.0.1:{bare_port}", timeout=120) as bare, \
+                    httpx.Client(base_url=f"http://127.0.0.1:{base_port}", timeout=120) as base:
+                if not args.floor_only:
+                    bench_transform(client, m_speed, A_held, report)
                 r = client.post("/v1/indexes", headers=HDR, json={
                     "name": "bench-e5", "space": "e5", "kind": "flat",
                     "vectors_b64": base64.b64encode(np.ascontiguousarray(B_held).tobytes()).decode(), "dim": 384})
                 assert r.status_code == 201, r.text
-                bench_floor(bare, client, m, A_held, report)
-                bench_search(client, m, A_held, B_held, report)
-                if not args.quick:
-                    quality(client, A_held, B_held, report, label)
+                servers = {"new": (client, proc.pid)}
+                if args.baseline_tree:
+                    base_proc = start_server(data, base_port, root=args.baseline_tree.resolve())
+                    servers["baseline"] = (base, base_proc.pid)
+                    report["baseline_tree"] = str(args.baseline_tree)
+                bench_floor((bare, bare_proc.pid), servers, A_held, report, rounds=args.rounds)
+                bench_floor_work(m_speed, m, A_held, B_held, report)
+                bench_octet_1024(servers, m_speed, A_held, report)
+                if not args.floor_only:
+                    bench_search(client, m, A_held, B_held, report)
+                    if not args.quick:
+                        quality(client, A_held, B_held, report, label)
         finally:
             stop(proc, timeout=30)
             stop(bare_proc)
-        if not args.no_workers:
+            if base_proc is not None:
+                stop(base_proc, timeout=30)
+        if not args.no_workers and not args.floor_only:
             bench_workers(data, A_held, report)
 
     fl = report["floor_batch1"]
+    o1k = report["octet_1024"]
     g = {
-        "HTTP batch-1 transform (octet) / floor": (fl["transform octet-stream"]["vs_floor"], "<= 2.0", lambda v: v <= 2),
-        "HTTP batch-1 search / floor": (fl["search (vectors_b64, k=10)"]["vs_floor"], "<= 2.0", lambda v: v <= 2),
-        "binary HTTP transform / in-process, batch 1024":
-            (report["transform_1024"]["octet-stream"] / report["transform_1024"]["in-process"], ">= 0.60",
-             lambda v: v >= 0.6),
-        "HTTP search / raw FAISS time, batch 64": (report["search_64"]["ratio"], "<= 1.15", lambda v: v <= 1.15),
-        "in-process apply (raw) / GEMM, batch 1024":
-            (report["inprocess_1024"]["raw"] / report["inprocess_1024"]["gemm"], ">= 0.90", lambda v: v >= 0.9),
-        "in-process apply (raw) / GEMM, batch 8192":
-            (report["inprocess_8192"]["raw"] / report["inprocess_8192"]["gemm"], ">= 0.90", lambda v: v >= 0.9),
-        "demo usable after launch (s)": (report["first_minute"]["demo_usable_s"] or float("inf"), "<= 10",
-                                         lambda v: v <= 10),
+        "HTTP batch-1 transform (octet) / floor": (fl["transform octet-stream [new]"]["vs_floor"], "<= 2.0",
+                                                   lambda v: v <= 2),
+        "HTTP batch-1 transform (JSON) / floor": (fl["transform JSON [new]"]["vs_floor"], "<= 2.0", lambda v: v <= 2),
+        "HTTP batch-1 search (vectors_b64) / floor": (fl["search (vectors_b64, k=10) [new]"]["vs_floor"], "<= 2.0",
+                                                      lambda v: v <= 2),
+        "binary HTTP transform / in-process, batch 1024": (o1k["new"]["vs_inprocess"], ">= 0.60", lambda v: v >= 0.6),
     }
+    if not args.floor_only:
+        g.update({
+            "HTTP search / raw FAISS time, batch 64": (report["search_64"]["ratio"], "<= 1.15", lambda v: v <= 1.15),
+            "in-process apply (raw) / GEMM, batch 1024":
+                (report["inprocess_1024"]["raw"] / report["inprocess_1024"]["gemm"], ">= 0.90", lambda v: v >= 0.9),
+            "in-process apply (raw) / GEMM, batch 8192":
+                (report["inprocess_8192"]["raw"] / report["inprocess_8192"]["gemm"], ">= 0.90", lambda v: v >= 0.9),
+            "demo usable after launch (s)": (report["first_minute"]["demo_usable_s"] or float("inf"), "<= 10",
+                                             lambda v: v <= 10),
+        })
     print(table("Goals (issue 11)", ["goal", "measured", "target", "met"],
                 [[k, f"{v:.2f}", t, ok(v)] for k, (v, t, ok) in g.items()]))
     report["goals"] = {k: {"measured": v, "target": t, "met": bool(ok(v))} for k, (v, t, ok) in g.items()}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"bench_service_{time.strftime('%Y-%m-%d')}{'_quick' if args.quick else ''}.json"
+    out = RESULTS / (args.out or f"bench_service_{time.strftime('%Y-%m-%d')}{'_quick' if args.quick else ''}.json")
     out.write_text(json.dumps(report, indent=2, default=float))
     print(f"\nwritten {out.relative_to(ROOT)}")
     return 0
