@@ -581,7 +581,7 @@ def main(argv=None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / (args.out or f"bench_service_{time.strftime('%Y-%m-%d')}{'_quick' if args.quick else ''}.json")
     out.write_text(json.dumps(report, indent=2, default=float))
-    print(f"\nwritten {out.relative_to(ROOT)}")
+    print(f"\nwritten {out}")
     return 0
 
 
