@@ -175,11 +175,30 @@ def fit_lm_steer(model, tokenizer, texts: Sequence[str], labels, *, max_length: 
     return steer
 
 
+@torch.no_grad()
+def _base_logits(H: torch.Tensor, E: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
+    """``H E^T`` in float16, computed ``chunk`` rows at a time (no float32 copy of the whole)."""
+    out = torch.empty((H.shape[0], E.shape[0]), dtype=torch.float16)
+    for s in range(0, H.shape[0], chunk):
+        out[s : s + chunk] = H[s : s + chunk] @ E.T
+    return out
+
+
+@torch.no_grad()
+def _chunked_ce(H, Y, E, cached=None, chunk: int = 2048) -> float:
+    """Mean unsteered cross-entropy of next tokens ``Y`` from states ``H`` (cached base logits if given)."""
+    tot = 0.0
+    for s in range(0, H.shape[0], chunk):
+        lg = cached[s : s + chunk].float() if cached is not None else H[s : s + chunk] @ E.T
+        tot += float(torch.nn.functional.cross_entropy(lg, Y[s : s + chunk], reduction="sum"))
+    return tot / H.shape[0]
+
+
 def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: int = 32, epsilon: float = 1e-3,
                      init_var: float = 1e-2, lr: float = 1e-2, n_steps: int = 200, batch_tokens: int = 256,
                      regularization: float = 0.0, dummy_steer: bool = True, random_state: int = 0,
                      val_fraction: float = 0.0, eval_every: int = 25, patience: int = 4, kl_weight: float = 0.0,
-                     hidden_states: Sequence[torch.Tensor] | None = None,
+                     hidden_states: Sequence[torch.Tensor] | None = None, cache_logits: bool = False,
                      progress: Callable[[int, float], None] | None = None) -> Steer:
     """Train ``W = P1 P2^T`` with the LM loss on token sequences, body frozen (``ALGORITHMS.md`` §6).
 
@@ -211,6 +230,12 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
         than the labels ask, against steers that pile probability on one word (degenerate loops).
     hidden_states : optional, one (len_i, d) tensor per sequence from :func:`final_hidden_states`
         (computed here when omitted; the body's forward pass is most of a short fit's cost).
+    cache_logits : bool
+        Compute the unsteered logits ``h E^T`` of every training and held-out token once (float16,
+        ``2 * n_tokens * vocab`` bytes) instead of at every step. The steered logits are evaluated
+        as ``h E^T + eps0 (s h P1)(E P2)^T`` either way (exact; the gradient never touches the
+        ``d x vocab`` product), so with the cache a step costs ``O(batch * rank * vocab)``: long
+        fits to convergence become cheap, at the price of float16 rounding of the base logits.
     progress : callable ``(step, loss)``, optional
 
     Returns
@@ -253,6 +278,9 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
 
     H, Y, S = tokens(train)
     Hv, Yv, Sv = tokens(held) if held else (None, None, None)
+    with torch.no_grad():
+        B0 = _base_logits(H, E) if cache_logits else None                         # (N, vocab) float16
+        Bv = _base_logits(Hv, E) if cache_logits and held else None
 
     gen = torch.Generator().manual_seed(int(random_state))
     n_slots = 2 if dummy_steer else 1
@@ -260,18 +288,24 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
     P2 = (torch.randn(n_slots, d, rank, generator=gen) * init_var).requires_grad_(True)
     opt = torch.optim.Adam([P1, P2], lr=lr)
 
-    def steered_logits_(h, s):
+    def steered_logits_(h, s, base):
+        # (h + eps0 sum_k v_k (h P1_k) P2_k^T) E^T  ==  h E^T + eps0 sum_k v_k (h P1_k) (E P2_k)^T
         values = torch.stack([s, torch.ones_like(s)], 1)[:, :n_slots]          # (b, slots)
         A = torch.einsum("bd,kdr->bkr", h, P1)                                   # (b, slots, r)
-        delta = torch.einsum("bk,bkr,kdr->bd", values, A, P2)
-        return (h + epsilon * delta) @ E.T, A
+        EP2 = torch.einsum("vd,kdr->vkr", E, P2).reshape(E.shape[0], -1)         # (vocab, slots * r)
+        U = (values[:, :, None] * A).reshape(h.shape[0], -1)                     # (b, slots * r)
+        if base is None:
+            with torch.no_grad():
+                base = h @ E.T
+        return base.float() + epsilon * (U @ EP2.T), A, EP2
 
     def held_loss() -> float:
         with torch.no_grad():
             tot = 0.0
             for s0 in range(0, Hv.shape[0], 2048):
-                lg, _ = steered_logits_(Hv[s0 : s0 + 2048], Sv[s0 : s0 + 2048])
-                tot += float(torch.nn.functional.cross_entropy(lg, Yv[s0 : s0 + 2048], reduction="sum"))
+                sl = slice(s0, s0 + 2048)
+                lg, _, _ = steered_logits_(Hv[sl], Sv[sl], Bv[sl] if Bv is not None else None)
+                tot += float(torch.nn.functional.cross_entropy(lg, Yv[sl], reduction="sum"))
             return tot / Hv.shape[0]
 
     losses, val_curve = [], []
@@ -280,13 +314,13 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
     for step in range(int(n_steps)):
         idx = torch.randint(0, H.shape[0], (min(batch_tokens, H.shape[0]),), generator=gen)
         h, y, s = H[idx], Y[idx], S[idx]
-        logits, A = steered_logits_(h, s)
+        base = B0[idx].float() if B0 is not None else (h @ E.T).detach()
+        logits, A, EP2 = steered_logits_(h, s, base)
         loss = torch.nn.functional.cross_entropy(logits, y)
         total = loss + regularization * (P1.pow(2).sum() + P2.pow(2).sum())
         if kl_weight > 0:
-            base_lp = torch.log_softmax(h @ E.T, -1)
-            own = h + epsilon * s[:, None] * (A[:, 0] @ P2[0].T)
-            lp = torch.log_softmax(own @ E.T, -1)
+            base_lp = torch.log_softmax(base, -1)
+            lp = torch.log_softmax(base + epsilon * (s[:, None] * A[:, 0]) @ EP2[:, :rank].T, -1)
             total = total + kl_weight * (base_lp.exp() * (base_lp - lp)).sum(-1).mean()
         opt.zero_grad()
         total.backward()
@@ -306,7 +340,7 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
     if held:
         P1, P2 = best[1], best[2]
     with torch.no_grad():
-        base = float(torch.nn.functional.cross_entropy(H @ E.T, Y))
+        base = _chunked_ce(H, Y, E, B0)
     meta = {
         "method": "lm-steer", "model": getattr(model.config, "name_or_path", "") or type(model).__name__,
         "hidden_size": d, "params": {"rank": int(rank), "epsilon": epsilon, "init_var": init_var, "lr": lr,
@@ -314,7 +348,7 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
                                      "regularization": regularization, "dummy_steer": bool(dummy_steer),
                                      "random_state": int(random_state), "val_fraction": float(val_fraction),
                                      "eval_every": int(eval_every), "patience": int(patience),
-                                     "kl_weight": float(kl_weight)},
+                                     "kl_weight": float(kl_weight), "cache_logits": bool(cache_logits)},
         "n_tokens": int(H.shape[0]), "n_pos": int((labels == 1).sum()), "n_neg": int((labels == -1).sum()),
         "loss_base": base, "loss_first": losses[0], "loss_last10": float(np.mean(losses[-10:])),
         "steps_run": len(losses),
@@ -322,7 +356,7 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
     if held:
         meta.update({"n_heldout_texts": len(held), "n_heldout_tokens": int(Hv.shape[0]), "val_curve": val_curve,
                      "best_step": best[3], "val_loss_best": best[0],
-                     "val_loss_base": float(torch.nn.functional.cross_entropy(Hv @ E.T, Yv))})
+                     "val_loss_base": _chunked_ce(Hv, Yv, E, Bv)})
     return Steer(epsilon * P1[0].detach().numpy(), P2[0].detach().numpy(), meta)
 
 

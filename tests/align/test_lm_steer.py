@@ -153,6 +153,39 @@ def test_precomputed_hidden_states_give_the_same_fit_and_bad_ones_are_refused(ti
         S.fit_lm_steer_ids(model, ids, [1] * 6 + [-1] * 6, hidden_states=[h[:-1] for h in hs], **kw)
 
 
+def test_cached_base_logits_give_the_same_fit_up_to_float16(tiny):
+    model, tok = tiny
+    ids = [list(tok(t)["input_ids"]) for t in POS * 2 + NEG * 2]
+    kw = dict(rank=2, epsilon=1.0, init_var=0.1, lr=0.05, n_steps=30, batch_tokens=32, random_state=1,
+              val_fraction=0.25, eval_every=5, patience=100, kl_weight=0.1)
+    a = S.fit_lm_steer_ids(model, ids, [1] * 12 + [-1] * 12, **kw)
+    b = S.fit_lm_steer_ids(model, ids, [1] * 12 + [-1] * 12, cache_logits=True, **kw)
+    assert a.metadata["params"]["cache_logits"] is False and b.metadata["params"]["cache_logits"] is True
+    for key in ("loss_base", "loss_first", "val_loss_base", "val_loss_best"):
+        assert abs(a.metadata[key] - b.metadata[key]) < 5e-3, key
+    assert np.linalg.norm(a.W - b.W) < 0.02 * np.linalg.norm(a.W)
+    assert b.metadata["val_loss_best"] < b.metadata["val_loss_base"]   # the steer explains held-out texts
+
+
+def test_fit_loss_is_the_cross_entropy_of_the_steered_logits(tiny):
+    """The factorised training logits (base + eps0 (s h P1)(E P2)^T) equal h (I + eps0 s W) E^T. Copies of
+    one positive and one negative text, half held out: whichever copies are held out, the held-out loss
+    after one step at lr 0 is the exact cross-entropy of both texts under :func:`steered_logits`."""
+    model, tok = tiny
+    pos, neg = list(tok(POS[1])["input_ids"]), list(tok(NEG[3])["input_ids"])
+    for cache in (False, True):
+        s = S.fit_lm_steer_ids(model, [pos] * 4 + [neg] * 4, [1] * 4 + [-1] * 4, rank=2, epsilon=1.0,
+                               init_var=0.3, lr=0.0, n_steps=1, batch_tokens=8, val_fraction=0.5, eval_every=1,
+                               dummy_steer=False, random_state=0, cache_logits=cache)
+        ce, n = 0.0, 0
+        for x, lab in ((pos, 1.0), (neg, -1.0)):
+            lg = S.steered_logits(model, [x], [(s, lab)])[0, :-1]
+            ce += float(torch.nn.functional.cross_entropy(lg, torch.as_tensor(x[1:]), reduction="sum"))
+            n += len(x) - 1
+        assert s.metadata["val_curve"][0][1] == pytest.approx(ce / n, abs=1e-3 if cache else 1e-5)
+        assert abs(s.metadata["val_curve"][0][1] - s.metadata["val_loss_base"]) > 1e-3   # the steer matters
+
+
 def test_lens_and_evidence(trained):
     model, tok, s = trained
     dims = S.word_dimensions(model, tok, s, k=3, n_directions=2)
