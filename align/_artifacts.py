@@ -79,6 +79,14 @@ def unpack(data: bytes, what: str = "artifact") -> tuple[dict, dict]:
         raise SerializationError(f"cannot read {what}: {exc}") from None
 
 
+def check_header(header: dict, fmt: str, version: int, kind: str) -> None:
+    """SerializationError unless ``header`` names format ``fmt`` at a version this code reads (≤ ``version``)."""
+    if header.get("format") != fmt:
+        raise SerializationError(f"not a vecbridge {kind} artifact (format {header.get('format')!r})")
+    if int(header.get("format_version", 0)) > version:
+        raise SerializationError(f"artifact format {header['format_version']} is newer than this vecbridge reads")
+
+
 def save_atomic(path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (a reader sees the old file or the new one)."""
     path = Path(path)

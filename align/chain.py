@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._artifacts import pack, read_bytes, save_atomic, unpack
+from ._artifacts import check_header, pack, read_bytes, save_atomic, unpack
 from .exceptions import DimensionMismatchError, InputError, SerializationError
 from .validation import as_matrix
 
@@ -117,10 +117,7 @@ class MapChain:
     def _from_arrays(cls, arrays: dict, header: dict) -> "MapChain":
         from .maps import map_from_bytes
 
-        if header.get("format") != FORMAT:
-            raise SerializationError("not a vecbridge MapChain artifact")
-        if int(header.get("format_version", 0)) > FORMAT_VERSION:
-            raise SerializationError(f"artifact format {header['format_version']} is newer than this vecbridge reads")
+        check_header(header, FORMAT, FORMAT_VERSION, "MapChain")
         try:
             n = int(header["n_steps"])
             steps = [map_from_bytes(np.asarray(arrays[f"step{i}"], dtype=np.uint8).tobytes()) for i in range(n)]

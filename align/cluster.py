@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._artifacts import pack, read_bytes, save_atomic, unpack
+from ._artifacts import check_header, pack, read_bytes, save_atomic, unpack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError, TooFewRowsError
 from .frames import Frame, tame_rows, unit_rows
@@ -236,10 +236,7 @@ class ClusterMap:
 
     @classmethod
     def _from_arrays(cls, arrays: dict, header: dict) -> "ClusterMap":
-        if header.get("format") != FORMAT:
-            raise SerializationError("not a vecbridge ClusterMap artifact")
-        if int(header.get("format_version", 0)) > FORMAT_VERSION:
-            raise SerializationError(f"artifact format {header['format_version']} is newer than this vecbridge reads")
+        check_header(header, FORMAT, FORMAT_VERSION, "ClusterMap")
         try:
             return cls(centroids=arrays["centroids"], W=arrays["W"], bias=arrays["bias"],
                        source_frame=Frame.from_meta(header["source_frame"], arrays.get("source_mean")),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._artifacts import pack, read_bytes, save_atomic, unpack
+from ._artifacts import check_header, pack, read_bytes, save_atomic, unpack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError
 from .frames import Frame, tame_rows
@@ -281,10 +281,7 @@ class LinearMap:
 
     @classmethod
     def _from_arrays(cls, arrays: dict, header: dict) -> "LinearMap":
-        if header.get("format") != "vecbridge.LinearMap":
-            raise SerializationError("not a vecbridge LinearMap artifact")
-        if int(header.get("format_version", 0)) > FORMAT_VERSION:
-            raise SerializationError(f"artifact format {header['format_version']} is newer than this vecbridge reads")
+        check_header(header, "vecbridge.LinearMap", FORMAT_VERSION, "LinearMap")
         try:
             return cls(
                 W=arrays["W"],

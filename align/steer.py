@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ._artifacts import pack_npz, read_bytes, save_atomic, unpack_npz
+from ._artifacts import check_header, pack_npz, read_bytes, save_atomic, unpack_npz
 from .validation import as_matrix, check_eps, check_labels, check_random_state, check_representable
 from .frames import row_norms
 from .exceptions import (
@@ -608,8 +608,5 @@ def fit_mean_shift(X, labels) -> MeanShift:
 def _from_npz(data: bytes, fmt: str) -> tuple[dict, dict]:
     """Read a steer artifact of kind ``fmt`` (shared npz + JSON layout of :mod:`align._artifacts`)."""
     arrays, header = unpack_npz(data)
-    if header.get("format") != fmt:
-        raise SerializationError(f"not a {fmt} artifact (format {header.get('format')!r})")
-    if int(header.get("format_version", 0)) > STEER_FORMAT_VERSION:
-        raise SerializationError(f"artifact format {header['format_version']} is newer than this vecbridge reads")
+    check_header(header, fmt, STEER_FORMAT_VERSION, fmt.rsplit(".", 1)[-1])
     return arrays, header

@@ -6,6 +6,8 @@ and ``b2c`` (ridge, 16 -> 12), so ``a -> c`` needs a composed path.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from align import fit_procrustes, fit_ridge
@@ -32,6 +34,18 @@ def planted(n: int = 600, seed: int = 0):
     M = rng.standard_normal((16, 12)).astype(np.float32)
     Z = (Y @ M).astype(np.float32)
     return X, Y, Z
+
+
+@contextmanager
+def served_world(tmp_path, **kw):
+    """``(client, app, populate(...))`` of an app on ``tmp_path`` with room for batch-1000 requests, open."""
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    app = create_app(settings_for(tmp_path, **{"max_batch": 1000, "max_body_bytes": 2_000_000, **kw}))
+    with TestClient(app) as client:
+        yield client, app, populate(app.state.vb.registry)
 
 
 def populate(registry, n: int = 600, seed: int = 0):

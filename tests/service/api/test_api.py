@@ -12,18 +12,15 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from service.api import create_app
 from service.config import get_settings
-from _api_support import KEYS, R, W, WONLY, populate, settings_for
+from _api_support import KEYS, R, W, WONLY, populate, served_world, settings_for
 
 OCT = {"content-type": "application/octet-stream"}
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("api")
-    app = create_app(settings_for(tmp, max_batch=1000, max_body_bytes=2_000_000))
-    with TestClient(app) as client:
-        data = populate(app.state.vb.registry)
-        yield client, app, data
+    with served_world(tmp_path_factory.mktemp("api")) as world:
+        yield world
 
 
 # --- maps and spaces ----------------------------------------------------------------------------

@@ -13,23 +13,19 @@ import json
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from align import fit_procrustes
-from service.api import create_app, fastpath
+from service.api import fastpath
 from service.registry import open_registry
-from _api_support import R, W, planted, populate, settings_for
+from _api_support import R, W, planted, served_world
 
 SAME_HEADERS = ("content-type", "content-length", "x-map", "x-map-version", "x-shape", "www-authenticate")
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fast")
-    app = create_app(settings_for(tmp, max_batch=1000, max_body_bytes=2_000_000))
-    with TestClient(app) as client:
-        data = populate(app.state.vb.registry)
+    with served_world(tmp_path_factory.mktemp("fast")) as (client, app, data):
         app.state.vb.indexes.create("ix", "b", data["Y"][:200], dim=16)
         yield client, app, data
 
