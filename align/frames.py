@@ -73,6 +73,8 @@ def tame_rows(X: np.ndarray) -> np.ndarray:
     """
     with np.errstate(over="ignore", under="ignore"):
         sq = np.einsum("ij,ij->i", X, X)
+    if sq.size and _SQ_LO < sq.min() and sq.max() < _SQ_HI:  # the common case in two reductions
+        return X
     bad = ~((sq > _SQ_LO) & (sq < _SQ_HI)) & (sq != 0)
     zero = sq == 0
     if zero.any():  # a float32 zero can hide tiny non-zero rows (squares underflowed)

@@ -209,7 +209,10 @@ class LinearMap:
         xa = np.empty((m, d_s + 4), dtype=np.float32)  # [r x | r beta | r gamma | r shift | 0]
         r = np.ones(m) if scale is None else scale
         np.multiply(x, r.astype(np.float32)[:, None], out=xa[:, :d_s])
-        xa[:, d_s:] = np.stack([beta * r, gamma * r, shift * r, np.zeros(m)], axis=1)
+        xa[:, d_s] = beta * r  # column by column: a stack of four tiny arrays cost ~20 µs per batch-1 call
+        xa[:, d_s + 1] = gamma * r
+        xa[:, d_s + 2] = shift * r
+        xa[:, d_s + 3] = 0.0
         np.matmul(xa, p["Wa"], out=y)
         if scale is not None:
             return
