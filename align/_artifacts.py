@@ -16,7 +16,8 @@ import numpy as np
 
 from .exceptions import SerializationError
 
-__all__ = ["META_KEY", "json_default", "pack_npz", "unpack_npz", "pack", "unpack", "save_atomic", "read_bytes"]
+__all__ = ["META_KEY", "json_default", "pack_npz", "unpack_npz", "pack", "unpack", "save_atomic", "read_bytes", "check_header",
+           "StoredMap"]
 
 META_KEY = "__meta__"
 
@@ -104,3 +105,23 @@ def read_bytes(path) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise SerializationError(f"cannot read {path}: {exc}") from None
+
+
+class StoredMap:
+    """``from_bytes`` / ``save`` / ``load`` for a map class with ``to_bytes(format)`` and
+    ``_from_arrays(arrays, header)`` (LinearMap, ClusterMap, MapChain: one implementation for all)."""
+
+    @classmethod
+    def from_bytes(cls, data: bytes):
+        """Read what :meth:`to_bytes` wrote (npz or safetensors, told apart by the bytes); SerializationError otherwise."""
+        return cls._from_arrays(*unpack(data, f"{cls.__name__} artifact"))
+
+    def save(self, path, format: str | None = None) -> Path:
+        """Write atomically to ``path`` (format from the suffix unless given)."""
+        path = Path(path)
+        return save_atomic(path, self.to_bytes(format or ("safetensors" if path.suffix == ".safetensors" else "npz")))
+
+    @classmethod
+    def load(cls, path):
+        """Read a map written by :meth:`save`."""
+        return cls.from_bytes(read_bytes(path))

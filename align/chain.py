@@ -17,11 +17,10 @@ JSON header (``format = "vecbridge.MapChain"``); :func:`align.map_from_bytes` re
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
-from ._artifacts import check_header, pack, read_bytes, save_atomic, unpack
+from ._artifacts import StoredMap, check_header, pack
 from .exceptions import DimensionMismatchError, InputError, SerializationError
 from .validation import as_matrix
 
@@ -47,7 +46,7 @@ def require_linear(map_, purpose: str):
     return map_
 
 
-class MapChain:
+class MapChain(StoredMap):
     """The maps ``steps[0]``, ``steps[1]``, ... applied in sequence (each step's target dim is the next's source).
 
     Parameters
@@ -110,10 +109,6 @@ class MapChain:
         return pack(arrays, header, format)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "MapChain":
-        return cls._from_arrays(*unpack(data, "MapChain artifact"))
-
-    @classmethod
     def _from_arrays(cls, arrays: dict, header: dict) -> "MapChain":
         from .maps import map_from_bytes
 
@@ -124,11 +119,3 @@ class MapChain:
         except (KeyError, TypeError, ValueError) as exc:
             raise SerializationError(f"chain artifact is missing a step: {exc}") from None
         return cls(steps, header.get("metadata"))
-
-    def save(self, path, format: str | None = None) -> Path:
-        path = Path(path)
-        return save_atomic(path, self.to_bytes(format or ("safetensors" if path.suffix == ".safetensors" else "npz")))
-
-    @classmethod
-    def load(cls, path) -> "MapChain":
-        return cls.from_bytes(read_bytes(path))

@@ -29,11 +29,10 @@ never pickle; :func:`align.load_map` / :func:`align.map_from_bytes` read either 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from ._artifacts import check_header, pack, read_bytes, save_atomic, unpack
+from ._artifacts import StoredMap, check_header, pack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError, TooFewRowsError
 from .frames import Frame, tame_rows, unit_rows
@@ -48,7 +47,7 @@ _BLOCK_ROWS = 4096
 
 
 @dataclass
-class ClusterMap:
+class ClusterMap(StoredMap):
     """Blended per-cluster affine maps (see the module docstring for the math).
 
     Parameters
@@ -230,11 +229,6 @@ class ClusterMap:
         return pack(arrays, header, format)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "ClusterMap":
-        """Read what :meth:`to_bytes` wrote; SerializationError on anything else."""
-        return cls._from_arrays(*unpack(data, "ClusterMap artifact"))
-
-    @classmethod
     def _from_arrays(cls, arrays: dict, header: dict) -> "ClusterMap":
         check_header(header, FORMAT, FORMAT_VERSION, "ClusterMap")
         try:
@@ -245,15 +239,6 @@ class ClusterMap:
                        metadata=header.get("metadata", {}))
         except (KeyError, TypeError) as exc:
             raise SerializationError(f"artifact is missing a field: {exc}") from None
-
-    def save(self, path, format: str | None = None) -> Path:
-        """Write atomically to ``path`` (format from the suffix unless given, as for :meth:`LinearMap.save`)."""
-        path = Path(path)
-        return save_atomic(path, self.to_bytes(format or ("safetensors" if path.suffix == ".safetensors" else "npz")))
-
-    @classmethod
-    def load(cls, path) -> "ClusterMap":
-        return cls.from_bytes(read_bytes(path))
 
 
 def route_centroids(F: np.ndarray, k: int, rng: np.random.Generator, *, n_iter: int = 15,

@@ -16,11 +16,10 @@ or ``.safetensors`` (arrays + the JSON header in its string metadata). Never pic
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from ._artifacts import check_header, pack, read_bytes, save_atomic, unpack
+from ._artifacts import StoredMap, check_header, pack, read_bytes, unpack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError
 from .frames import Frame, tame_rows
@@ -37,7 +36,7 @@ def _raw_t(mf: np.ndarray, mu_sq: float) -> np.ndarray:
 
 
 @dataclass
-class LinearMap:
+class LinearMap(StoredMap):
     """A linear (affine) map ``x -> f_s(x) W + b`` between two spaces.
 
     Parameters
@@ -300,21 +299,6 @@ class LinearMap:
         """Serialise to bytes: ``"npz"`` or ``"safetensors"``."""
         return pack(*self._arrays_and_header(), format)
 
-    @classmethod
-    def from_bytes(cls, data: bytes) -> "LinearMap":
-        """Read what :meth:`to_bytes` wrote (format detected from the bytes)."""
-        return cls._from_arrays(*unpack(data, "LinearMap artifact"))
-
-    def save(self, path, format: str | None = None) -> Path:
-        """Write atomically to ``path`` (format from the suffix unless given)."""
-        path = Path(path)
-        fmt = format or ("safetensors" if path.suffix == ".safetensors" else "npz")
-        return save_atomic(path, self.to_bytes(fmt))
-
-    @classmethod
-    def load(cls, path) -> "LinearMap":
-        """Read a map written by :meth:`save`."""
-        return cls.from_bytes(read_bytes(path))
 
 
 
