@@ -77,3 +77,14 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+def app_settings(app) -> Settings:
+    """The settings of a vecbridge app: an override of :func:`get_settings` in ``app.dependency_overrides``
+    (tests), else the ``Settings`` given to ``create_app`` (``app.state.vb_settings``), else the environment's.
+    One resolver for the API (``service.api.deps``) and the console pages."""
+    override = app.dependency_overrides.get(get_settings)
+    if override is not None:
+        return override()
+    explicit = getattr(app.state, "vb_settings", None)
+    return explicit if explicit is not None else get_settings()

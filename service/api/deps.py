@@ -1,6 +1,6 @@
 """FastAPI dependencies: settings, app state, API-key auth with ``read`` / ``write`` scopes.
 
-Settings: :func:`current_settings` — an override of :func:`service.config.get_settings` in
+Settings: :func:`current_settings` (:func:`service.config.app_settings`, shared with the console) — an override of :func:`service.config.get_settings` in
 ``app.dependency_overrides`` (tests), else the ``Settings`` given to :func:`create_app`, else
 ``VECBRIDGE_*`` variables. ``create_app`` keeps explicit settings on ``app.state`` rather than as a
 dependency override: with any override present FastAPI re-analyses every dependency's signature
@@ -27,7 +27,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ..config import Settings, get_settings
+from ..config import Settings, app_settings as current_settings
 from .codec import require_json
 from ..errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
 from .state import AppState
@@ -37,15 +37,6 @@ __all__ = ["current_settings", "SettingsDep", "StateDep", "require_scope", "auth
 
 SCOPES = ("read", "write")
 _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
-
-
-def current_settings(app) -> Settings:
-    """The settings of ``app``: a ``get_settings`` override, else ``create_app``'s, else the environment's."""
-    override = app.dependency_overrides.get(get_settings)
-    if override is not None:
-        return override()
-    explicit = getattr(app.state, "vb_settings", None)
-    return explicit if explicit is not None else get_settings()
 
 
 async def app_settings(request: Request) -> Settings:

@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from ..config import Settings, get_settings
+from ..config import Settings, app_settings
 
 __all__ = ["mount_console", "STATIC_DIR", "PAGES"]
 
@@ -36,11 +36,7 @@ def _settings(request: Request) -> Settings:
     state = getattr(request.app.state, "vb", None)
     if state is not None:
         return state.settings
-    override = request.app.dependency_overrides.get(get_settings)
-    if override is not None:
-        return override()
-    explicit = getattr(request.app.state, "vb_settings", None)
-    return explicit if explicit is not None else get_settings()
+    return app_settings(request.app)
 
 
 def _page(template: str, title: str):
