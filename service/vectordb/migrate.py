@@ -42,14 +42,14 @@ from align.chain import MapChain
 from align.cluster import ClusterMap
 from align.maps import LinearMap, load_map
 
-MAP_TYPES = (LinearMap, ClusterMap, MapChain)  # anything with apply(X, output=...), source_dim, target_dim
-
 from .base import (CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError, SpaceMismatchError,
                    UnsupportedFieldError, VectorDBError, VectorStore, check_name)
 from .checkpoint import Checkpoint, MemoryCheckpoint
 
 __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
            "MigrationInterrupted"]
+
+MAP_TYPES = (LinearMap, ClusterMap, MapChain)  # anything with apply(X, output=...), source_dim, target_dim
 
 
 class MigrationInterrupted(Cancelled, VectorDBError):
