@@ -22,7 +22,7 @@ import numpy as np
 from ._artifacts import StoredMap, check_header, pack, read_bytes, unpack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError
-from .frames import Frame, tame_rows
+from .frames import _SQ_HI, _SQ_LO, Frame, tame_rows
 
 __all__ = ["LinearMap", "FORMAT_VERSION", "map_from_bytes", "load_map"]
 
@@ -105,12 +105,13 @@ class LinearMap(StoredMap):
         ``validate=False`` skips the input check (:func:`align.validation.as_matrix`) for callers
         that already hold a checked float32 C-contiguous (n, d_s) array, e.g. a request decoded once.
         """
-        if validate:
-            X = as_matrix(X, name="X", dim=self.source_dim)
-        return self._apply(X, output=output, batch_size=batch_size)
+        if validate:  # finiteness is checked on the fly, from the row norms the apply computes anyway
+            X = as_matrix(X, name="X", dim=self.source_dim, finite=False)
+        return self._apply(X, output=output, batch_size=batch_size, checked=not validate)
 
-    def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = 65536) -> np.ndarray:
-        """Fused apply on validated ``X`` (n, d_s) float32: one GEMM per block of rows, output scaled in place.
+    def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = 65536,
+               checked: bool = True) -> np.ndarray:
+        """Fused apply on ``X`` (n, d_s) float32 C-contiguous: one GEMM per block of rows, output scaled in place.
 
         Every output is a positive row scale of one affine form (constants in :meth:`_plan`)
 
@@ -125,16 +126,33 @@ class LinearMap(StoredMap):
         ``W`` are orthonormal (``|u|`` is then known from the input side); otherwise the output is
         read once to measure ``|u|`` and scaled in place. Rows go in blocks of
         ``min(batch_size, 1024)`` that stay in cache.
+
+        Passes over the data are the cost beside the GEMM, so each is made to serve twice: the
+        squared row norms ``|x|²`` (needed for the frame) also tell whether a block holds NaN/Inf
+        (``checked=False``: raise :class:`~align.exceptions.NonFiniteError` then) or rows whose
+        squares leave float32's range (brought to unit length when the source frame is
+        scale-free); the output is checked for overflow only where it is not bounded by
+        construction (``linear`` output, non-unit target frames) or from the norms read anyway.
         """
         if output not in ("frame", "raw", "linear"):
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
         out = np.empty((X.shape[0], self.target_dim), dtype=np.float32)
         block = max(1, min(int(batch_size), _BLOCK_ROWS))
         scale_free = self.source_frame.unit_in  # f_s(c x) = f_s(x): extreme rows can be brought to unit length
+        verified = True
         for s in range(0, X.shape[0], block):
             x = X[s : s + block]
-            self._apply_block(tame_rows(x) if scale_free else x, out[s : s + block], output)
-        return check_representable(out, "transform")
+            with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+                sq = np.einsum("ij,ij->i", x, x)
+            if not (_SQ_LO < sq.min() and sq.max() < _SQ_HI):  # NaN fails both comparisons
+                if not checked:
+                    as_matrix(X, name="X")  # raises NonFiniteError naming the bad row count
+                    checked = True
+                tamed = tame_rows(x) if scale_free else x
+                if tamed is not x:
+                    x, sq = tamed, np.einsum("ij,ij->i", tamed, tamed)
+            verified &= self._apply_block(x, out[s : s + block], output, sq)
+        return out if verified else check_representable(out, "transform")
 
     def _plan(self) -> dict:
         """Per-map constants of the fused apply, computed once (a fitted map is not modified).
@@ -171,13 +189,19 @@ class LinearMap(StoredMap):
         self._fused = plan
         return plan
 
-    def _apply_block(self, x: np.ndarray, y: np.ndarray, output: str) -> None:
-        """Write ``output`` for rows ``x`` (m, d_s) into ``y`` (m, d_t), both C-contiguous float32."""
+    def _apply_block(self, x: np.ndarray, y: np.ndarray, output: str, sq: np.ndarray) -> bool:
+        """Write ``output`` for finite rows ``x`` (m, d_s) into ``y`` (m, d_t), both C-contiguous float32.
+
+        ``sq`` (m,): the squared row norms of ``x``. Returns True when ``y`` is known to be finite
+        (bounded by construction, or its norms were read and found finite); False leaves the check
+        to the caller.
+        """
         p, ft = self._plan(), self.target_frame
         if p["copy_frame"]:
             x = self.source_frame._apply(x)
+            sq = np.einsum("ij,ij->i", x, x)
         m = x.shape[0]
-        n1 = np.sqrt(np.einsum("ij,ij->i", x, x).astype(np.float64))
+        n1 = np.sqrt(sq.astype(np.float64))
         K = (x @ p["Q"]).astype(np.float64)  # x·mu_s, x·(W mu_t), (xW)·(mu_s W), (xW)·b
         if p["folded"]:
             np.maximum(n1, 1e-12, out=n1)
@@ -206,23 +230,32 @@ class LinearMap(StoredMap):
                 scale, shift = t / nu, nu / t
         d_s = x.shape[1]
         xa = np.empty((m, d_s + 4), dtype=np.float32)  # [r x | r beta | r gamma | r shift | 0]
-        r = np.ones(m) if scale is None else scale
-        np.multiply(x, r.astype(np.float32)[:, None], out=xa[:, :d_s])
+        if scale is None:  # scaled after the GEMM: a plain copy
+            r = np.ones(m)
+            np.copyto(xa[:, :d_s], x)
+        else:
+            r = scale
+            np.multiply(x, r.astype(np.float32)[:, None], out=xa[:, :d_s])
         xa[:, d_s] = beta * r  # column by column: a stack of four tiny arrays cost ~20 µs per batch-1 call
         xa[:, d_s + 1] = gamma * r
         xa[:, d_s + 2] = shift * r
         xa[:, d_s + 3] = 0.0
         np.matmul(xa, p["Wa"], out=y)
-        if scale is not None:
-            return
+        if scale is not None:  # unit/raw rows of a closed form are bounded when their factors are finite
+            return bool((unit or closed_raw) and np.isfinite(r.sum() + xa[:, d_s:].sum()))
         if unit or closed_raw:  # W without orthonormal rows: measure |u| on the output, scale in place
-            nu = np.sqrt(np.maximum(np.einsum("ij,ij->i", y, y), 1e-24).astype(np.float64))
+            with np.errstate(over="ignore", invalid="ignore"):
+                nu2 = np.einsum("ij,ij->i", y, y).astype(np.float64)
+            if not np.isfinite(nu2.sum()):
+                return False
+            nu = np.sqrt(np.maximum(nu2, 1e-24))
             y *= ((1.0 / nu) if unit else _raw_t(u_mut / nu, p["mut_sq"]) / nu).astype(np.float32)[:, None]
             if closed_raw:
                 y += ft.mean
-            return
+            return True
         y *= alpha.astype(np.float32)[:, None]  # raw output through any other target frame
         y[...] = ft.to_raw(y)
+        return False
 
     __call__ = apply
 

@@ -44,6 +44,7 @@ def as_matrix(
     dim: int | None = None,
     min_rows: int = 1,
     what: str = "rows",
+    finite: bool = True,
 ) -> np.ndarray:
     """Return ``X`` as a finite, 2-D, C-contiguous float32 array.
 
@@ -58,6 +59,9 @@ def as_matrix(
         Required minimum number of rows ``n``.
     what : str
         What the rows are needed for, for the TooFewRowsError message.
+    finite : bool
+        Check that every value is finite (one pass). ``False`` is for callers that check it
+        themselves on the way, from a reduction they compute anyway (e.g. row norms).
 
     Raises
     ------
@@ -85,7 +89,7 @@ def as_matrix(
     if n < min_rows:
         raise TooFewRowsError(f"{name}: {what} needs at least {min_rows} rows, got {n}")
     arr = np.ascontiguousarray(arr, dtype=np.float32)
-    if not np.isfinite(arr).all():
+    if finite and not np.isfinite(arr).all():
         bad = int((~np.isfinite(arr)).any(axis=1).sum())
         raise NonFiniteError(f"{name}: {bad} row(s) contain NaN or Inf")
     return arr

@@ -347,3 +347,41 @@ def test_fused_apply_any_frames_equals_stage_by_stage(d_s, d_t, seed, orth, bias
     np.testing.assert_allclose(m.apply(Z, output="frame"), unit_rows(lin) if m.target_frame.unit_out else lin, **tol)
     np.testing.assert_allclose(m.apply(Z, output="raw"), m.target_frame.to_raw(lin), **tol)
     np.testing.assert_array_equal(m.apply(Z), m.apply(Z, output="raw"))  # the default: comparable with raw targets
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 2600), bad=st.sampled_from([np.nan, np.inf, -np.inf]),
+       orth=st.booleans(), fs_kind=st.sampled_from(["std", "identity", "unit"]),
+       output=st.sampled_from(["raw", "frame", "linear"]))
+def test_apply_finds_non_finite_input_in_any_block(seed, n, bad, orth, fs_kind, output):
+    """apply() checks finiteness on the way (from the row norms it needs anyway), not in a separate
+    pass: one NaN/Inf anywhere in a multi-block batch still raises NonFiniteError, never a result."""
+    from align import LinearMap
+    from align.frames import Frame
+
+    rng = np.random.default_rng(seed)
+    d = 6
+    W = np.linalg.qr(rng.normal(size=(d, d)))[0] if orth else rng.normal(size=(d, d))
+    mean = (rng.normal(size=d) * 0.1).astype(np.float32)
+    fs = {"std": Frame(d, mean), "identity": Frame.identity(d), "unit": Frame(d, None, True, True)}[fs_kind]
+    m = LinearMap(W, rng.normal(size=d) * 0.1, fs, Frame(d, mean))
+    Z = rng.normal(size=(n, d)).astype(np.float32)
+    Z[rng.integers(n), rng.integers(d)] = bad
+    with pytest.raises(NonFiniteError, match="1 row"):
+        m.apply(Z, output=output)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from([1e-25, 1e-19, 1e19, 1e30]))
+def test_scale_free_apply_ignores_extreme_row_magnitudes(seed, scale):
+    """A source frame that normalises rows makes apply scale-free: rows whose squares leave float32's
+    range give the same output as the same rows at unit length (no Inf, no 0/0)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(300, 8)).astype(np.float32)
+    m = align.fit_ridge(X, X @ rng.normal(size=(8, 5)).astype(np.float32), alpha=0.1)
+    Z = rng.normal(size=(1500, 8)).astype(np.float32)
+    Z /= np.linalg.norm(Z, axis=1, keepdims=True)
+    big = Z.copy()
+    big[::7] *= np.float32(scale)
+    for output in ("raw", "frame", "linear"):
+        np.testing.assert_allclose(m.apply(big, output=output), m.apply(Z, output=output), atol=1e-5)
