@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import linalg
 from ._artifacts import StoredMap, check_header, pack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError, TooFewRowsError
@@ -261,11 +262,11 @@ def _thin_svd_parts(A: np.ndarray, R: np.ndarray) -> tuple[np.ndarray, np.ndarra
     """``(V, s, Uᵀ R)`` of the thin SVD ``A = U diag(s) Vᵀ`` (n, p), from the eigen-decomposition of the
     smaller Gram matrix (``A Aᵀ`` when n ≤ p, else ``Aᵀ A``); directions with ``s² ≤ 1e-10 max s²`` are dropped."""
     if A.shape[0] <= A.shape[1]:
-        e, U = np.linalg.eigh(A @ A.T)
+        e, U = linalg.eigh(A @ A.T)
         keep = e > 1e-10 * max(float(e.max()), 1e-300)
         sv, U = np.sqrt(e[keep]), U[:, keep]
         return (A.T @ U) / sv, sv, U.T @ R
-    e, V = np.linalg.eigh(A.T @ A)
+    e, V = linalg.eigh(A.T @ A)
     keep = e > 1e-10 * max(float(e.max()), 1e-300)
     sv, V = np.sqrt(e[keep]), V[:, keep]
     return V, sv, (V.T @ (A.T @ R)) / sv[:, None]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import linalg
 from ._artifacts import StoredMap, check_header, pack, read_bytes, unpack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError
@@ -291,7 +292,7 @@ class LinearMap(StoredMap):
             bias = None
             meta = {"method": "inverse", "of": self.metadata, "exact": True}
         else:
-            W_inv = np.linalg.pinv(self.W.astype(np.float64))
+            W_inv = linalg.pinv(self.W.astype(np.float64))
             bias = None if self.bias is None else -(self.bias.astype(np.float64) @ W_inv)
             meta = {"method": "inverse", "of": self.metadata, "exact": False, "kind": "pseudo-inverse"}
         return LinearMap(W_inv, bias, self.target_frame, self.source_frame, meta)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import linalg
 from .validation import as_matrix, check_paired, check_random_state
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
@@ -66,7 +67,7 @@ def _reduce(Z: np.ndarray, rng: np.random.Generator, dims: int = 64, sample: int
         return Z
     S = Z[rng.permutation(Z.shape[0])[:sample]]
     mu = S.mean(axis=0)
-    _, _, Vt = np.linalg.svd(S - mu, full_matrices=False)
+    _, _, Vt = linalg.svd(S - mu)
     return np.ascontiguousarray((Z - mu) @ Vt[:dims].T, dtype=np.float32)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import linalg
 from .validation import check_paired
 from .exceptions import DegenerateInputError, DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame
@@ -110,7 +111,7 @@ class PairStats:
 
 def procrustes_W(M: np.ndarray) -> np.ndarray:
     """The orthogonal (semi-orthogonal) maximiser of ``tr(Wᵀ M)``: ``U Vᵀ`` of ``svd(M)``. M: (d_s, d_t)."""
-    U, _, Vt = np.linalg.svd(np.asarray(M, dtype=np.float64), full_matrices=False)
+    U, _, Vt = linalg.svd(np.asarray(M, dtype=np.float64))
     return U @ Vt
 
 
@@ -125,7 +126,7 @@ def procrustes_from_stats(stats: PairStats, *, scale: bool = False, center: bool
     M = stats.centered()[0] if center else stats.xty
     if not np.isfinite(M).all() or np.abs(M).max() == 0:
         raise DegenerateInputError("the cross-covariance XᵀY is zero: the pairs carry no signal")
-    U, S, Vt = np.linalg.svd(M, full_matrices=False)
+    U, S, Vt = linalg.svd(M)
     W = U @ Vt
     s = 1.0
     if scale:
@@ -144,9 +145,9 @@ def ridge_from_stats(stats: PairStats, *, alpha: float = 1.0, fit_intercept: boo
         xty, xtx = stats.xty, stats.xtx
     A = xtx + alpha * np.eye(xtx.shape[0])
     try:
-        W = np.linalg.solve(A, xty)
+        W = linalg.solve(A, xty)
     except np.linalg.LinAlgError:
-        W = np.linalg.lstsq(A, xty, rcond=None)[0]
+        W = linalg.lstsq(A, xty)
     bias = None
     if fit_intercept:
         bias = stats.sum_y / stats.n - (stats.sum_x / stats.n) @ W
@@ -160,7 +161,7 @@ def lowrank_from_stats(stats: PairStats, *, rank: int, alpha: float = 1.0, fit_i
     W, bias = ridge_from_stats(stats, alpha=alpha, fit_intercept=fit_intercept)
     xtx = stats.centered()[1] if fit_intercept else stats.xtx
     C = W.T @ xtx @ W
-    evals, evecs = np.linalg.eigh((C + C.T) / 2)
+    evals, evecs = linalg.eigh((C + C.T) / 2)
     V = evecs[:, np.argsort(evals)[::-1][:rank]]
     P = V @ V.T
     W_r = W @ P

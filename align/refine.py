@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from . import linalg
 from .validation import check_random_state
 from .exceptions import InputError, TooFewRowsError
 from .frames import unit_rows
@@ -333,7 +334,7 @@ def map_criterion(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, sample: int 
 def _inv_sqrt_cov(Y: np.ndarray, power: float) -> np.ndarray:
     """``C^{-power/2}`` of the covariance ``C`` (d, d) of rows ``Y`` (eigenvalues floored at 1e-8 · max)."""
     C = np.cov(Y.astype(np.float64), rowvar=False)
-    e, V = np.linalg.eigh((C + C.T) / 2)
+    e, V = linalg.eigh((C + C.T) / 2)
     e = np.maximum(e, 1e-8 * max(float(e.max()), 1e-30))
     return ((V * e ** (-power / 2)) @ V.T).astype(np.float32)
 

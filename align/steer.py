@@ -45,6 +45,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from . import linalg
 from ._artifacts import check_header, pack_npz, read_bytes, save_atomic, unpack_npz
 from .validation import as_matrix, check_eps, check_labels, check_random_state, check_representable
 from .frames import row_norms
@@ -198,9 +199,9 @@ class Steer:
         ``W = U diag(sigma) V^T``; computed via QR of both factors (never a d x d SVD). Signs are
         fixed so that ``u_i . v_i >= 0``.
         """
-        Q1, R1 = np.linalg.qr(self.P1.astype(np.float64))
-        Q2, R2 = np.linalg.qr(self.P2.astype(np.float64))
-        u, s, vt = np.linalg.svd(R1 @ R2.T)
+        Q1, R1 = linalg.qr(self.P1.astype(np.float64))
+        Q2, R2 = linalg.qr(self.P2.astype(np.float64))
+        u, s, vt = linalg.svd(R1 @ R2.T)
         U, V = Q1 @ u, Q2 @ vt.T
         sign = np.where(np.einsum("ij,ij->j", U, V) < 0, -1.0, 1.0)
         return U * sign, s, V * sign
@@ -390,7 +391,7 @@ def transfer_steer(steer: Steer, linear_map, *, rcond: float = 1e-6) -> Steer:
     if M.shape[0] != steer.dim:
         raise DimensionMismatchError(
             f"map expects {M.shape[0]}-d source rows, the steer lives in {steer.dim}-d")
-    Mp = np.linalg.pinv(M, rcond=rcond)  # (d_B, d_A)
+    Mp = linalg.pinv(M, rcond=rcond)  # (d_B, d_A)
     P1 = Mp @ steer.P1.astype(np.float64)
     P2 = Mp @ steer.P2.astype(np.float64)
     frames = [getattr(linear_map, "source_frame", None), getattr(linear_map, "target_frame", None)]

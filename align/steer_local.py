@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import linalg
 from .exceptions import DegenerateInputError
 
 __all__ = ["local_discriminant_factors", "fit_local", "PRIOR_WEIGHTS"]
@@ -132,7 +133,7 @@ def _solver(S: np.ndarray, r: np.ndarray, v: np.ndarray, ridge: float, d: int):
     sbar = max(float(np.trace(S)) / d, 1e-300)
     vSv = float(v @ S @ v)
     b0 = v * (float(v @ r) / vSv) if vSv > 0 else np.zeros(d)
-    w, V = np.linalg.eigh(S)                                   # one factorisation for every t
+    w, V = linalg.eigh(S)                                   # one factorisation for every t
 
     def solve(t: float) -> np.ndarray:
         if np.isinf(t):

@@ -1,0 +1,67 @@
+"""align.linalg: decompositions with the BLAS held to one thread, and the limit always restored."""
+
+import threading
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+from align import linalg
+
+
+def _blas_threads():
+    return sorted(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+
+def test_serial_blas_limits_inside_and_restores_after():
+    before = _blas_threads()
+    if not before:
+        pytest.skip("no BLAS library visible to threadpoolctl")
+    with linalg.serial_blas():
+        assert all(n == 1 for n in _blas_threads())
+        with linalg.serial_blas():  # nested
+            assert all(n == 1 for n in _blas_threads())
+        assert all(n == 1 for n in _blas_threads())  # still inside the outer block
+    assert _blas_threads() == before
+
+
+def test_concurrent_callers_cannot_leave_the_process_serial():
+    """Overlapping entries and exits from many threads: the last exit restores the original limit."""
+    before = _blas_threads()
+    errors = []
+    start = threading.Barrier(8)
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        S = rng.normal(size=(40, 40))
+        S = S @ S.T
+        try:
+            start.wait()
+            for _ in range(30):
+                w, V = linalg.eigh(S)
+                np.testing.assert_allclose((V * w) @ V.T, S, atol=1e-8)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert _blas_threads() == before
+
+
+def test_wrappers_give_numpys_answers():
+    rng = np.random.default_rng(0)
+    M = rng.normal(size=(30, 20))
+    S = M.T @ M
+    U, s, Vt = linalg.svd(M)
+    np.testing.assert_allclose((U * s) @ Vt, M, atol=1e-10)
+    np.testing.assert_allclose(linalg.eigh(S)[0], np.linalg.eigh(S)[0], atol=1e-10)
+    B = rng.normal(size=(20, 3))
+    np.testing.assert_allclose(S @ linalg.solve(S, B), B, atol=1e-8)
+    np.testing.assert_allclose(linalg.lstsq(M, M @ B), B, atol=1e-8)
+    np.testing.assert_allclose(linalg.pinv(M) @ M, np.eye(20), atol=1e-8)
+    Q, R = linalg.qr(M)
+    np.testing.assert_allclose(Q @ R, M, atol=1e-10)
