@@ -49,6 +49,10 @@ class Settings(BaseSettings):
         "key", description="/metrics: open to anyone, a key with the read scope, or off (404).")
     max_queued_jobs: int = 8
     job_workers: int = 1
+    blas_threads: int = Field(1, ge=0, description=(
+        "Threads of the BLAS and of FAISS's OpenMP in a serving process (service/threads.py): 1 keeps small "
+        "requests from stalling on spinning thread teams when the host is busy; 0 leaves the libraries' "
+        "defaults (every core, faster fits over HTTP on an idle host)."))
     min_free_bytes: int = Field(100 * 1024 * 1024, ge=0,
                                 description="/readyz is not ready while data_dir has less free space than this.")
     demo_on_empty: bool = True

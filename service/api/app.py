@@ -20,6 +20,7 @@ import align
 from ..config import Settings, get_settings
 from ..logging import configure_logging, get_logger
 from ..metrics import ServiceMetrics
+from ..threads import limit_native_threads, release_native_threads
 from ..ui import mount_console
 from .errors import install_error_handlers
 from .deps import current_settings
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         s = current_settings(app)
         configure_logging(s.log_level)
+        limit_native_threads(s.blas_threads)
         state = AppState(s, metrics=metrics)
         await run_in_threadpool(state.open)
         app.state.vb = state
@@ -83,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             state.close()
             app.state.vb = None
+            release_native_threads(s.blas_threads)
 
     app = FastAPI(title="vecbridge", version=align.__version__, description=API_DESCRIPTION, lifespan=lifespan,
                   default_response_class=FastJSONResponse, docs_url=None, redoc_url=None)

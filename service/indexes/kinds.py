@@ -34,6 +34,7 @@ from align.exceptions import DegenerateInputError, InputError, NotRepresentableE
 from align.frames import row_norms, unit_rows
 
 from ..limits import MAX_ID, default_nlist
+from ..threads import pin_thread
 from .errors import IndexConflictError
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "choose_kind", "check_name",
@@ -179,6 +180,7 @@ def search_kind(index, kind: str, params: dict, tombstones: set[int], Q: np.ndar
     """
     if index.ntotal == 0:
         return np.full((Q.shape[0], k), -np.inf, np.float32), np.full((Q.shape[0], k), -1, np.int64)
+    pin_thread()  # OpenMP's thread count is per calling thread: set it in the request's worker thread
     if kind == "flat":
         return index.search(Q, k)
     if kind == "ivf":

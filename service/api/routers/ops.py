@@ -67,6 +67,7 @@ async def info(state: StateDep):
     import faiss
 
     import align
+    from ...threads import native_threads
 
     s = state.settings
     return FastJSONResponse({
@@ -76,6 +77,7 @@ async def info(state: StateDep):
         "limits": {"max_body_bytes": s.max_body_bytes, "max_batch": s.max_batch,
                    "max_queued_jobs": s.max_queued_jobs, "job_workers": s.job_workers, **s.limits.model_dump()},
         "auth": "disabled" if s.auth_disabled else "api-keys",
+        "native_threads": {"setting": s.blas_threads, **native_threads()},
         "counts": {"indexes": len(state.indexes.list()), "jobs": state.jobs.counts()},
         "demo": demo_status(state),
     })

@@ -1,0 +1,94 @@
+"""A serving process runs the BLAS and FAISS's OpenMP at ``blas_threads`` (default 1), and gives it back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import httpx
+from fastapi.testclient import TestClient
+
+from _api_support import R
+from _servers import ROOT, env_for, free_port, start, stop
+from service.api.app import create_app
+from service.config import Settings
+from service.threads import limit_native_threads, native_threads, pin_thread, release_native_threads
+
+_DEFAULTS = ("import json, numpy, faiss; from service.threads import limit_native_threads, native_threads, pin_thread, release_native_threads; "
+             "print(json.dumps(native_threads()))")
+
+
+def _serve_info(tmp_path, setting: str | None) -> dict:
+    port = free_port()
+    env = env_for(tmp_path / "data", port)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.pop(var, None)  # the libraries' own defaults, as a plain `vecbridge serve` gets them
+    if setting is not None:
+        env["VECBRIDGE_BLAS_THREADS"] = setting
+    proc = start([sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port)],
+                 env, port, tmp_path / f"serve-{setting}.log")
+    try:
+        info = httpx.get(f"http://127.0.0.1:{port}/v1/info", headers=R, timeout=30).json()
+    finally:
+        stop(proc)
+    defaults = json.loads(subprocess.run([sys.executable, "-c", _DEFAULTS], env=env, cwd=ROOT, check=True,
+                                         capture_output=True, text=True).stdout)
+    return info["native_threads"], defaults
+
+
+def test_serve_runs_native_thread_pools_at_one_by_default(tmp_path):
+    threads, _ = _serve_info(tmp_path, None)
+    assert threads["setting"] == 1
+    assert threads["blas"] and all(n == 1 for n in threads["blas"])  # numpy's OpenBLAS and FAISS's
+    assert threads["faiss_omp"] == 1
+
+
+def test_blas_threads_zero_leaves_the_library_defaults(tmp_path):
+    threads, defaults = _serve_info(tmp_path, "0")
+    assert threads["setting"] == 0
+    assert max(threads["blas"]) == max(defaults["blas"]) and threads["faiss_omp"] == defaults["faiss_omp"]
+
+
+def _process_wide():
+    """Thread counts of the BLAS libraries whose limit is process-wide (pthreads builds)."""
+    from threadpoolctl import threadpool_info
+
+    return [i["num_threads"] for i in threadpool_info()
+            if i["user_api"] == "blas" and i.get("threading_layer") != "openmp"]
+
+
+def test_in_process_apps_restore_the_limits_when_the_last_one_stops(tmp_path):
+    before = _process_wide()
+    s = Settings(data_dir=tmp_path / "d", demo_on_empty=False, auth_disabled=True, blas_threads=1)
+    with TestClient(create_app(s)) as c1:
+        assert c1.get("/healthz").status_code == 200
+        with TestClient(create_app(s.model_copy(update={"data_dir": tmp_path / "e"}))) as c2:
+            assert c2.get("/healthz").status_code == 200
+            assert all(n == 1 for n in _process_wide())
+        assert all(n == 1 for n in _process_wide())  # the first app still runs
+    assert _process_wide() == before
+
+
+def test_openmp_limit_reaches_worker_threads_through_pin_thread():
+    """OpenMP keeps its thread count per thread: a worker thread sees the limit only once pinned
+    (what index searches do first), and unpinned threads keep the library default."""
+    seen = {}
+
+    def probe(name, pin):
+        if pin:
+            pin_thread()
+        seen[name] = native_threads()
+
+    default = native_threads()["faiss_omp"]
+    limit_native_threads(1)
+    try:
+        for name, pin in (("pinned", True), ("unpinned", False)):
+            t = threading.Thread(target=probe, args=(name, pin))
+            t.start()
+            t.join()
+    finally:
+        release_native_threads(1)
+    assert seen["pinned"]["faiss_omp"] == 1 and all(n == 1 for n in seen["pinned"]["blas"])
+    assert seen["unpinned"]["faiss_omp"] == default
