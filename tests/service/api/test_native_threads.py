@@ -92,3 +92,15 @@ def test_openmp_limit_reaches_worker_threads_through_pin_thread():
         release_native_threads(1)
     assert seen["pinned"]["faiss_omp"] == 1 and all(n == 1 for n in seen["pinned"]["blas"])
     assert seen["unpinned"]["faiss_omp"] == default
+
+
+def test_start_up_objects_are_frozen_out_of_the_collector(tmp_path):
+    """After start-up the long-lived objects sit in the permanent generation (a full collection then
+    walks only what requests create); stopping the app gives them back."""
+    import gc
+
+    s = Settings(data_dir=tmp_path / "d", demo_on_empty=False, auth_disabled=True)
+    with TestClient(create_app(s)) as c:
+        assert c.get("/healthz").status_code == 200
+        assert gc.get_freeze_count() > 10_000
+    assert gc.get_freeze_count() == 0
