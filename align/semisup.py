@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import scipy.sparse as sp
 
 from .blocks import takes_executor
 from .frames import unit_rows
@@ -64,13 +65,15 @@ def sparse_sinkhorn(rows: np.ndarray, cols: np.ndarray, scores: np.ndarray, n: i
 @takes_executor
 def sinkhorn_polish(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int = 3, eps: float = 0.15, k: int = 20,
                     whiten: float = 0.5, seed_pairs=None, seed_share: float = 0.5, iters: int = 100,
-                    progress=None, executor=None) -> tuple[np.ndarray, list]:
+                    tol: float = 0.0, progress=None, executor=None) -> tuple[np.ndarray, list]:
     """Orthogonal refinement of ``W`` (d_s, d_t) by whitened sparse Sinkhorn soft matching (module docstring).
 
     ``Xs`` (n, d_s), ``Yt`` (m, d_t) framed rows; ``seed_pairs`` = (X_p (p, d_s), Y_p (p, d_t))
-    framed known pairs. Cost per round: two blocked top-``k`` searches and ``iters`` sparse
-    scalings over ≤ (n + m) k edges; the search blocks run through ``executor`` (:mod:`align.blocks`;
-    default: the current one). Returns ``(W float64, history)``.
+    framed known pairs. Stops after ``rounds`` rounds, or earlier once a round changes ``W`` by
+    less than ``tol`` (``‖W_new - W‖_F / √d_s``; a label-free rule, 0 = never). Cost per round:
+    two blocked top-``k`` searches, ``iters`` sparse scalings over ≤ (n + m) k edges and one
+    sparse (n × m, ≤ (n + m) k entries) times dense (m, d_t) product; the search blocks run
+    through ``executor`` (:mod:`align.blocks`; default: the current one). Returns ``(W float64, history)``.
     """
     W = np.asarray(W, dtype=np.float64)
     T = _inv_sqrt_cov(Yt, whiten) if whiten > 0 else np.eye(Yt.shape[1], dtype=np.float32)
@@ -93,9 +96,8 @@ def sinkhorn_polish(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: in
         key, first = np.unique(rows.astype(np.int64) * m + cols, return_index=True)
         rows, cols, sc = rows[first], cols[first], sc[first]
         P = sparse_sinkhorn(rows, cols, sc, n, m, eps=eps, iters=iters)
-        # Xsᵀ P Yt without a dense P: accumulate P_e y_{col(e)} into row(e)
-        PY = np.zeros((n, Yt.shape[1]))
-        np.add.at(PY, rows, P[:, None] * Yt[cols].astype(np.float64))
+        # Xsᵀ P Yt with P as a sparse matrix (never dense)
+        PY = sp.csr_matrix((P, (rows, cols)), shape=(n, m)) @ Yt.astype(np.float64)
         M = Xs.astype(np.float64).T @ PY  # total transported mass is 1
         if seed_M is not None:
             M = (1.0 - seed_share) * M + seed_share * seed_M
@@ -106,6 +108,10 @@ def sinkhorn_polish(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: in
                         "change": change, "seconds": time.perf_counter() - t0})
         if progress is not None:
             progress((r + 1) / rounds)
+        if change < tol:
+            break
+    if progress is not None:
+        progress(1.0)
     return W, history
 
 
