@@ -333,3 +333,34 @@ def test_cluster_map_apply_is_the_blend_of_its_clusters_maps(framed):
     want = sum(w[:, i, None] * (np.einsum("nd,nde->ne", F, W[top[:, i]]) + b[top[:, i]]) for i in range(3))
     np.testing.assert_allclose(cm.apply(X, output="linear"), want, atol=2e-4)
     np.testing.assert_allclose(cm.apply(X, output="raw"), ft.to_raw(want.astype(np.float32)), atol=2e-4)
+
+
+def test_sinkhorn_polish_sparse_product_and_early_stop():
+    from align.frames import unit_rows as unit
+    from align.knn import knn
+    from align.procrustes import procrustes_W
+    from align.semisup import sinkhorn_polish, sparse_sinkhorn
+
+    X, Y = _planted(n=900, d_s=8, d_t=8, seed=13, noise=0.3)
+    Xs, Yt = unit(X[:400]), unit(Y[400:])
+    W0 = np.linalg.qr(np.random.default_rng(2).normal(size=(8, 8)))[0] * 0.3 + np.eye(8) * 0.7
+    W1, hist = sinkhorn_polish(W0, Xs, Yt, rounds=1, eps=0.1, k=5, whiten=0.0)
+    # the same round by hand (no whitening), accumulating Xsᵀ P Yt edge by edge
+    D = unit(Yt)
+    Q = unit((Xs @ W0.astype(np.float32)).astype(np.float32))
+    S_f, I_f = knn(Q, D, 5)
+    S_b, I_b = knn(D, Q, 5)
+    rows = np.concatenate([np.repeat(np.arange(400), 5), I_b.reshape(-1)])
+    cols = np.concatenate([I_f.reshape(-1), np.repeat(np.arange(500), 5)])
+    sc = np.concatenate([S_f.reshape(-1), S_b.reshape(-1)]).astype(np.float64)
+    _, first = np.unique(rows.astype(np.int64) * 500 + cols, return_index=True)
+    rows, cols, sc = rows[first], cols[first], sc[first]
+    P = sparse_sinkhorn(rows, cols, sc, 400, 500, eps=0.1)
+    M = np.zeros((8, 8))
+    for e in range(rows.size):
+        M += P[e] * np.outer(Xs[rows[e]], Yt[cols[e]])
+    np.testing.assert_allclose(W1, procrustes_W(M), atol=1e-6)
+    assert hist[0]["edges"] == rows.size
+    _, h_all = sinkhorn_polish(W0, Xs, Yt, rounds=4, eps=0.1, k=5)
+    _, h_tol = sinkhorn_polish(W0, Xs, Yt, rounds=4, eps=0.1, k=5, tol=np.inf)
+    assert len(h_all) == 4 and len(h_tol) == 1

@@ -169,3 +169,44 @@ def test_bad_inputs():
     fitted = MiniVec2Vec(init="identity", refine=(), criterion_sample=50, random_state=0).fit(X, X)
     with pytest.raises(DimensionMismatchError):
         fitted.transform(X[:, :5])
+
+
+def _seeded_planted(d, k, noise, seed=0):
+    """Planted rotation, different rows per side, plus ``k`` target rows whose source rows are known."""
+    X, Y, Q, Xh, Yh = planted(d, n=1500, noise=noise, seed=seed)
+    Y2 = np.concatenate([Y, (X[:k] @ Q).astype(np.float32)])
+    return X, Y2, (np.arange(k), Y.shape[0] + np.arange(k)), Xh, Yh
+
+
+@pytest.mark.filterwarnings("ignore::align.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("d, k, noise, before, after", [(64, 8, 0.05, 0.7, 0.8), (32, 6, 0.2, 0.9, 0.93)])
+def test_seeded_finish_moves_a_few_seed_map_with_the_unpaired_rows(d, k, noise, before, after):
+    X, Y, seeds, Xh, Yh = _seeded_planted(d, k, noise)
+    p = dict(init="identity", refine=(), criterion_sample=512, random_state=0)
+    plain = MiniVec2Vec(seeded_finish=False, **p).fit(X, Y, seed_pairs=seeds)
+    done = MiniVec2Vec(**p).fit(X, Y, seed_pairs=seeds)
+    assert plain.diagnostics_["seeded_finish"] is None
+    info = done.diagnostics_["seeded_finish"]
+    assert 1 <= info["rounds"] <= done.sinkhorn_rounds and info["eps"] == done.sinkhorn_eps
+    assert info["history"][-1]["change"] < done.sinkhorn_tol or info["rounds"] == done.sinkhorn_rounds
+    assert done.map_.is_orthogonal(atol=1e-4) and done.map_.bias is None
+    assert align.evaluate(plain.map_, Xh, Yh)["top1"] < before  # the seeds' start alone
+    assert align.evaluate(done.map_, Xh, Yh)["top1"] > after
+    assert done.criterion_ == done.criterion_details_["criterion"]  # criterion and verdict of the final map
+    json.dumps(done.map_.metadata)
+
+
+def test_seeded_fit_same_seed_same_map():
+    X, Y, seeds, _, _ = _seeded_planted(32, 6, 0.2)
+    p = dict(FAST, n_restarts=2, refine=("icp", "self_learning", "polish"))
+    a = MiniVec2Vec(random_state=3, **p).fit(X, Y, seed_pairs=seeds)
+    b = MiniVec2Vec(random_state=3, **p).fit(X, Y, seed_pairs=seeds)
+    np.testing.assert_array_equal(a.map_.W, b.map_.W)
+    assert a.criterion_ == b.criterion_ and a.diagnostics_["seeded_finish"]["rounds"] >= 1
+
+
+def test_seeded_finish_parameters_are_checked():
+    X, Y, seeds, _, _ = _seeded_planted(16, 4, 0.05)
+    for bad in (dict(sinkhorn_eps=0.0), dict(sinkhorn_tol=-1.0), dict(sinkhorn_rounds=-1)):
+        with pytest.raises(InputError):
+            MiniVec2Vec(init="identity", refine=(), **bad).fit(X, Y, seed_pairs=seeds)
