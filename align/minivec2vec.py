@@ -368,15 +368,15 @@ class MiniVec2Vec:
         crits = [run["criterion"]["criterion"] for run in runs]
         best = int(np.argmax(crits))
         chosen = runs[best]
-        final_crit = crits[best]
+        final_crit, final_details = crits[best], chosen["criterion"]
         W = chosen.pop("W")
         for run in runs:
             run.pop("W", None)
         timings["restarts"] = [run["timings"] for run in runs]
         finish = None
         if seeded and self.seeded_finish and "sinkhorn" not in self.refine and self.sinkhorn_rounds > 0:
-            W, finish, chosen["criterion"] = self._seeded_finish(W, Xs, Yt, seed_rows, Xj, Yj, rng, report, timings)
-            final_crit = chosen["criterion"]["criterion"]
+            W, finish, final_details = self._seeded_finish(W, Xs, Yt, seed_rows, Xj, Yj, rng, report, timings)
+            finish["criterion_before"], final_crit = float(final_crit), final_details["criterion"]
         t0 = time.perf_counter()
         null = []
         for _ in range(5):  # the chosen map after a random rotation of the source: same target subspace, random
@@ -395,7 +395,7 @@ class MiniVec2Vec:
         self.criteria_ = [float(c) for c in crits]
         self.best_restart_ = best
         self.criterion_ = float(final_crit)
-        self.criterion_details_ = chosen["criterion"]
+        self.criterion_details_ = final_details
         self.n_iter_ = int(chosen["n_iter"])
         self.diagnostics_ = {
             "timings": timings, "runs": runs, "chosen_restart": best, "criteria": self.criteria_,

@@ -193,6 +193,8 @@ def test_seeded_finish_moves_a_few_seed_map_with_the_unpaired_rows(d, k, noise, 
     assert align.evaluate(plain.map_, Xh, Yh)["top1"] < before  # the seeds' start alone
     assert align.evaluate(done.map_, Xh, Yh)["top1"] > after
     assert done.criterion_ == done.criterion_details_["criterion"]  # criterion and verdict of the final map
+    assert info["criterion_before"] == done.criteria_[done.best_restart_]  # the restart's own, kept apart
+    assert done.diagnostics_["runs"][done.best_restart_]["criterion"]["criterion"] == info["criterion_before"]
     json.dumps(done.map_.metadata)
 
 
