@@ -10,7 +10,8 @@ compared bit for bit with the in-process one (align's kernels, Ray only supplies
 
 1. kNN round (the kernel of MiniVec2Vec's ICP / self-learning / pseudo-target rounds): top-10 of
    all mapped source rows among 4,096 target rows, ``align.knn`` in fixed row blocks,
-   serial executor vs ``service.distributed.ray_executor``.
+   serial executor vs ``service.distributed.ray_executor``; also in-process held to one thread (BLAS
+   and FAISS's OpenMP, as one Ray worker runs), the per-process baseline for "2 workers vs 1".
 2. k-means over 4 row shards (``align.kmeans.kmeans``; ``kmeans_local`` vs ``kmeans_ray``), k=64,
    5 Lloyd iterations from a seeded start.
 3. ICP-average refinement (``align.refine.refine_icp`` vs ``refine_icp_ray``), 1,000 sampled
@@ -92,6 +93,17 @@ def main(argv=None) -> int:
         S0, I0 = align.knn(Q, Y, 10)
         t_local = time.perf_counter() - t0
         rss_local = rss_mb()
+        # the same in one process held to one thread (BLAS and FAISS's OpenMP), as one Ray worker runs
+        from service.threads import limit_native_threads, pin_thread, release_native_threads
+
+        limit_native_threads(1)
+        pin_thread()
+        try:
+            t0 = time.perf_counter()
+            align.knn(Q, Y, 10)
+            t_one = time.perf_counter() - t0
+        finally:
+            release_native_threads(1)
         ex = ray_executor(ray)
         align.knn(Q[:20000], Y, 10, executor=ex)  # warm the workers
         t0 = time.perf_counter()
@@ -99,9 +111,12 @@ def main(argv=None) -> int:
         t_ray = time.perf_counter() - t0
         same = bool(np.array_equal(I0, I1) and np.array_equal(S0, S1))
         rows += [["kNN round, in-process", f"{t_local:.1f}", f"{args.rows / t_local:,.0f}", f"{rss_local:,.0f}", ""],
+                 ["kNN round, in-process at 1 thread", f"{t_one:.1f}", f"{args.rows / t_one:,.0f}", "", ""],
                  [f"kNN round, Ray {args.workers} workers", f"{t_ray:.1f}", f"{args.rows / t_ray:,.0f}",
                   f"{rss_mb():,.0f}", f"{t_local / t_ray:.2f}x, identical: {same}"]]
-        report["knn"] = {"local_s": t_local, "ray_s": t_ray, "speedup": t_local / t_ray, "identical": same}
+        report["knn"] = {"local_s": t_local, "local_one_thread_s": t_one, "ray_s": t_ray, "speedup": t_local / t_ray,
+                         "speedup_vs_one_thread": t_one / t_ray, "identical": same}
+        rows[-1][-1] += f"; {t_one / t_ray:.2f}x vs 1 thread"
         del S0, I0, S1, I1, Q
         # 2. k-means over row shards; 3. ICP refinement
         from align.refine import refine_icp
