@@ -8,7 +8,9 @@ at these sizes. The GEMMs over many rows keep every thread; only the decompositi
 
 :func:`serial_blas` is reference-counted under a lock, so concurrent callers (fit jobs in
 threads) cannot leave the process at one thread: the first entry lowers the limit, the last
-exit restores what was there.
+exit restores what was there. The limit reaches the BLAS builds with their own thread pool
+(numpy's and scipy's OpenBLAS: these run the decompositions); an OpenMP-built BLAS (FAISS's)
+follows the calling thread's OpenMP setting instead.
 """
 
 from __future__ import annotations
@@ -21,18 +23,15 @@ import numpy as np
 _lock = threading.Lock()
 _depth = 0
 _saved = None
-_controller = None
 
 
 def _blas_controller():
-    global _controller
-    if _controller is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
-            return None
-        _controller = ThreadpoolController()
-    return _controller
+    """A controller of the libraries loaded *now* (~1 ms: a library loaded later, e.g. with torch, is seen)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        return None
+    return ThreadpoolController()
 
 
 @contextmanager

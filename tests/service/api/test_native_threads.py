@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-import threading
 
 import httpx
 from fastapi.testclient import TestClient
@@ -14,9 +14,8 @@ from _api_support import R
 from _servers import ROOT, env_for, free_port, start, stop
 from service.api.app import create_app
 from service.config import Settings
-from service.threads import limit_native_threads, native_threads, pin_thread, release_native_threads
 
-_DEFAULTS = ("import json, numpy, faiss; from service.threads import limit_native_threads, native_threads, pin_thread, release_native_threads; "
+_DEFAULTS = ("import json, numpy, faiss; from service.threads import native_threads; "
              "print(json.dumps(native_threads()))")
 
 
@@ -51,47 +50,66 @@ def test_blas_threads_zero_leaves_the_library_defaults(tmp_path):
     assert max(threads["blas"]) == max(defaults["blas"]) and threads["faiss_omp"] == defaults["faiss_omp"]
 
 
-def _process_wide():
-    """Thread counts of the BLAS libraries whose limit is process-wide (pthreads builds)."""
-    from threadpoolctl import threadpool_info
+# The two checks below run in a fresh interpreter: earlier tests in this process load other native
+# libraries (torch, transformers) whose thread settings the limits would otherwise be judged beside.
+_IN_PROCESS_APPS = """
+import json, sys, threading
+from pathlib import Path
+from threadpoolctl import threadpool_info
+from fastapi.testclient import TestClient
+from service.api.app import create_app
+from service.config import Settings
+from service.threads import limit_native_threads, native_threads, pin_thread, release_native_threads
 
+def process_wide():  # BLAS builds with their own pool; an OpenMP-built one follows the calling thread
     return [i["num_threads"] for i in threadpool_info()
             if i["user_api"] == "blas" and i.get("threading_layer") != "openmp"]
 
+out = {"before": process_wide()}
+s = Settings(data_dir=Path(sys.argv[1]) / "d", demo_on_empty=False, auth_disabled=True, blas_threads=1)
+with TestClient(create_app(s)) as c1:
+    c1.get("/healthz")
+    with TestClient(create_app(s.model_copy(update={"data_dir": Path(sys.argv[1]) / "e"}))) as c2:
+        c2.get("/healthz")
+        out["both"] = process_wide()
+    out["first"] = process_wide()
+out["after"] = process_wide()
 
-def test_in_process_apps_restore_the_limits_when_the_last_one_stops(tmp_path):
-    before = _process_wide()
-    s = Settings(data_dir=tmp_path / "d", demo_on_empty=False, auth_disabled=True, blas_threads=1)
-    with TestClient(create_app(s)) as c1:
-        assert c1.get("/healthz").status_code == 200
-        with TestClient(create_app(s.model_copy(update={"data_dir": tmp_path / "e"}))) as c2:
-            assert c2.get("/healthz").status_code == 200
-            assert all(n == 1 for n in _process_wide())
-        assert all(n == 1 for n in _process_wide())  # the first app still runs
-    assert _process_wide() == before
+seen = {}
+def probe(name, pin):
+    if pin:
+        pin_thread()
+    seen[name] = native_threads()
+out["default_omp"] = native_threads()["faiss_omp"]
+limit_native_threads(1)
+for name, pin in (("pinned", True), ("unpinned", False)):
+    t = threading.Thread(target=probe, args=(name, pin))
+    t.start()
+    t.join()
+release_native_threads(1)
+out["seen"] = seen
+print(json.dumps(out))
+"""
 
 
-def test_openmp_limit_reaches_worker_threads_through_pin_thread():
-    """OpenMP keeps its thread count per thread: a worker thread sees the limit only once pinned
-    (what index searches do first), and unpinned threads keep the library default."""
-    seen = {}
+def _fresh_process(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run([sys.executable, "-c", _IN_PROCESS_APPS, str(tmp_path)], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
-    def probe(name, pin):
-        if pin:
-            pin_thread()
-        seen[name] = native_threads()
 
-    default = native_threads()["faiss_omp"]
-    limit_native_threads(1)
-    try:
-        for name, pin in (("pinned", True), ("unpinned", False)):
-            t = threading.Thread(target=probe, args=(name, pin))
-            t.start()
-            t.join()
-    finally:
-        release_native_threads(1)
-    assert seen["pinned"]["faiss_omp"] == 1 and all(n == 1 for n in seen["pinned"]["blas"])
-    assert seen["unpinned"]["faiss_omp"] == default
+def test_in_process_apps_limit_while_running_and_restore_when_the_last_one_stops(tmp_path):
+    out = _fresh_process(tmp_path)
+    assert out["both"] and all(n == 1 for n in out["both"])
+    assert all(n == 1 for n in out["first"])  # the first app still runs
+    assert out["after"] == out["before"]
+    # OpenMP keeps its thread count per thread: a worker thread sees the limit once pinned (what index
+    # searches do first); an unpinned thread keeps the library default
+    assert out["seen"]["pinned"]["faiss_omp"] == 1 and all(n == 1 for n in out["seen"]["pinned"]["blas"])
+    assert out["seen"]["unpinned"]["faiss_omp"] == out["default_omp"]
 
 
 def test_start_up_objects_are_frozen_out_of_the_collector(tmp_path):
