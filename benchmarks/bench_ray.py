@@ -12,6 +12,8 @@ compared bit for bit with the in-process one (align's kernels, Ray only supplies
    all mapped source rows among 4,096 target rows, ``align.knn`` in fixed row blocks,
    serial executor vs ``service.distributed.ray_executor``; also in-process held to one thread (BLAS
    and FAISS's OpenMP, as one Ray worker runs), the per-process baseline for "2 workers vs 1".
+   (``align.knn`` already runs FAISS at one OpenMP thread for bit-stable scores, so both in-process
+   rows are one-thread runs: their difference is run-to-run noise.)
 2. k-means over 4 row shards (``align.kmeans.kmeans``; ``kmeans_local`` vs ``kmeans_ray``), k=64,
    5 Lloyd iterations from a seeded start.
 3. ICP-average refinement (``align.refine.refine_icp`` vs ``refine_icp_ray``), 1,000 sampled
