@@ -45,15 +45,20 @@ log = logging.getLogger(__name__)
 
 def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: bool, seed_pairs=None,
             random_state=0, progress: Progress | None = None,
-            ray_address: str | None = None, ray_shard_rows: int = 262144) -> align.LinearMap | align.ClusterMap:
+            ray_address: str | None = None, ray_shard_rows: int = 262144,
+            threads: int = 1) -> align.LinearMap | align.ClusterMap:
     """Fit a map with ``method``: an :class:`align.LinearMap`, or an :class:`align.ClusterMap` from ``cluster``
     (or ``auto`` when the per-cluster family wins on held-out pairs); typed InputError for bad combinations.
 
     ``ray_address`` (``"local"`` or a cluster address) runs a supervised fit as a Ray map-reduce of
     sufficient statistics over row shards of ``ray_shard_rows`` (equal to the in-process fit), and
     an unsupervised / seeded minivec2vec fit with its row-block kernels as Ray tasks (the same map).
+    ``threads`` > 1 runs those row-block kernels on that many threads of this process instead
+    (:func:`align.blocks.thread_pool`; the same map, bit for bit).
     """
     params = dict(params or {})
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InputError(f"threads must be a positive integer, got {threads!r}")
     if isinstance(ray_shard_rows, bool) or not isinstance(ray_shard_rows, int) or ray_shard_rows < 1:
         raise InputError(f"shard rows must be a positive integer, got {ray_shard_rows!r}")
     if method not in METHODS:
@@ -94,7 +99,12 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
     except TypeError as exc:
         raise InputError(f"bad parameter for minivec2vec: {exc}") from None
     if ray_address is None:
-        map_ = est.fit(X, Y, progress=progress, seed_pairs=seed_pairs).map_
+        from align.blocks import thread_pool
+
+        executor = thread_pool(threads) if threads > 1 else None
+        map_ = est.fit(X, Y, progress=progress, seed_pairs=seed_pairs, executor=executor).map_
+        if executor is not None:
+            map_.metadata.setdefault("diagnostics", {})["executor"] = f"threads:{threads}"
     else:  # the kNN / CSLS rounds as Ray tasks over row blocks: the same map, bit for bit
         from ..distributed import ray_executor, ray_session
 
@@ -158,7 +168,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
             alias: str | None = None, progress: Progress | None = None, report_dir=None,
             should_cancel: Callable[[], bool] | None = None, description: str = "", tags: dict | None = None,
             inputs: dict | None = None, artifact_format: str | None = None,
-            report_copy=None, ray_address: str | None = None, report: bool = True,
+            report_copy=None, ray_address: str | None = None, report: bool = True, threads: int = 1,
             ray_shard_rows: int = 262144) -> VersionInfo:
     """Fit, diagnose, report and register one map version.
 
@@ -177,6 +187,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     inputs : dict, optional      descriptions of the inputs (files, rows, encoders) kept in lineage
     report_copy : path, optional an extra copy of the HTML report
     ray_address : str, optional  ``"local"`` or a Ray address: supervised fits as a map-reduce (see fit_map)
+    threads : int  threads for an unpaired / seeded minivec2vec fit's row-block kernels (see fit_map)
     report : bool                write the HTML report (default); ``False`` skips it (``report_path`` None)
     ray_shard_rows : int         rows per Ray task (default 262,144; see SCALING.md for when Ray pays off)
 
@@ -205,7 +216,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
 
     with st.stage("fit"):
         map_ = fit_map(X, Y, method=method, params=params, paired=paired, seed_pairs=seed_pairs,
-                       random_state=random_state, progress=st.sub("fit"), ray_address=ray_address,
+                       random_state=random_state, progress=st.sub("fit"), ray_address=ray_address, threads=threads,
                        ray_shard_rows=ray_shard_rows)
 
     with st.stage("diagnostics"):

@@ -142,3 +142,28 @@ def test_minivec2vec_with_an_executor_is_bit_for_bit_the_serial_fit():
     with executing(serial):
         c = align.MiniVec2Vec(**kw).fit(X, Y)
     np.testing.assert_array_equal(a.map_.W, c.map_.W)
+
+
+@pytest.mark.filterwarnings("ignore::align.exceptions.ConvergenceWarning")  # noise data: equality is the point
+def test_thread_pool_executor_gives_the_serial_bits_and_checks_its_size():
+    from align.blocks import thread_pool
+
+    rng = np.random.default_rng(4)
+    Q, D = unit_rows(rng.normal(size=(900, 12)).astype(np.float32)), unit_rows(rng.normal(size=(400, 12)).astype(np.float32))
+    for workers in (1, 2, 3):
+        ex = thread_pool(workers)
+        for use_faiss in (True, False):
+            S0, I0 = align.knn(Q, D, 7, block_size=16, use_faiss=use_faiss)
+            S1, I1 = align.knn(Q, D, 7, block_size=16, use_faiss=use_faiss, executor=ex)
+            np.testing.assert_array_equal(I0, I1)
+            np.testing.assert_array_equal(S0, S1)
+    X = rng.normal(size=(600, 10)).astype(np.float32)
+    Y = (X @ np.linalg.qr(rng.normal(size=(10, 10)))[0]).astype(np.float32)[rng.permutation(600)]
+    kw = dict(random_state=1, n_anchor_runs=2, qap_restarts=2, refine1_iters=3, self_learning_rounds=2,
+              n_clusters=8, anchor_sample=600)
+    a = align.MiniVec2Vec(**kw).fit(X, Y)
+    b = align.MiniVec2Vec(**kw).fit(X, Y, executor=thread_pool(2))
+    np.testing.assert_array_equal(a.map_.W, b.map_.W)
+    for bad in (0, -1):
+        with pytest.raises(InputError):
+            thread_pool(bad)

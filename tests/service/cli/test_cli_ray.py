@@ -63,6 +63,13 @@ def test_minivec2vec_with_ray_registers_the_in_process_map(tmp_path):
     a, b = reg.load_map("plain"), reg.load_map("viaray")
     np.testing.assert_array_equal(a.W, b.W)
     assert b.metadata["diagnostics"]["executor"] == "ray"
+    threaded = _vecbridge(tmp_path / "var", *common, "--name", "threads", "--threads", "2")
+    assert threaded.returncode == 0, threaded.stderr
+    c = reg.load_map("threads")
+    np.testing.assert_array_equal(a.W, c.W)  # the kNN / CSLS blocks on two threads: the same map
+    assert c.metadata["diagnostics"]["executor"] == "threads:2"
+    bad = _vecbridge(tmp_path / "var", *common, "--name", "nothreads", "--threads", "0")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
 
 def test_kill_9_of_a_ray_fit_leaves_no_ray_process(tmp_path):
