@@ -6,9 +6,11 @@ server, CI), a 385 × 385 ``eigh`` then took 0.8–2.4 s with two BLAS threads a
 with one (measured on the 2-core development machine at load 3); quiet, one thread is as fast
 at these sizes. The GEMMs over many rows keep every thread; only the decompositions go serial.
 
-:func:`serial_blas` is reference-counted under a lock, so concurrent callers (fit jobs in
-threads) cannot leave the process at one thread: the first entry lowers the limit, the last
-exit restores what was there. The limit reaches the BLAS builds with their own thread pool
+:func:`limit_blas` / :func:`release_blas` are the one place the process's BLAS thread count is
+changed: every holder (:func:`serial_blas` here, a serving process's ``blas_threads`` in
+``service.threads``) registers its limit under a lock, the smallest active one applies, and the
+original counts come back when the last holder leaves, so concurrent callers (fit jobs in
+threads, a server) cannot leave the process at another holder's count. The limit reaches the BLAS builds with their own thread pool
 (numpy's and scipy's OpenBLAS: these run the decompositions); an OpenMP-built BLAS (FAISS's)
 follows the calling thread's OpenMP setting instead.
 """
@@ -21,8 +23,10 @@ from contextlib import contextmanager
 import numpy as np
 
 _lock = threading.Lock()
-_depth = 0
-_saved = None
+_limits: dict[int, int] = {}  # token -> thread count asked for; the BLAS runs at the smallest
+_next_token = 0
+_effective = 0  # the limit in force (0: none)
+_saved = None  # threadpoolctl's record of the limits before the first one
 
 
 def _blas_controller():
@@ -34,23 +38,55 @@ def _blas_controller():
     return ThreadpoolController()
 
 
+def _apply_locked() -> None:
+    """Make the BLAS run at ``min`` of the active limits, or restore the original counts when none is left."""
+    global _effective, _saved
+    want = min(_limits.values()) if _limits else 0
+    if want == _effective:
+        return
+    if want == 0:
+        if _saved is not None:
+            _saved.restore_original_limits()
+        _saved = None
+    else:
+        ctl = _blas_controller()
+        if ctl is not None:
+            limited = ctl.limit(limits=want, user_api="blas")
+            if _saved is None:  # the first limit remembers the original counts
+                _saved = limited
+    _effective = want
+
+
+def limit_blas(n: int) -> int:
+    """Hold the BLAS (the builds with their own thread pool) to at most ``n`` threads until
+    :func:`release_blas` of the returned token. Process-wide: several holders may overlap (a serving
+    process's limit, a decomposition's one thread); the smallest active limit applies, and the
+    original counts come back when the last one is released."""
+    global _next_token
+    if int(n) < 1:
+        raise ValueError(f"a BLAS thread limit must be >= 1, got {n}")
+    with _lock:
+        _next_token += 1
+        _limits[_next_token] = int(n)
+        _apply_locked()
+        return _next_token
+
+
+def release_blas(token: int) -> None:
+    """Give back the limit :func:`limit_blas` returned ``token`` for (unknown tokens: nothing)."""
+    with _lock:
+        if _limits.pop(token, None) is not None:
+            _apply_locked()
+
+
 @contextmanager
 def serial_blas():
-    """Run the block with the BLAS limited to one thread (process-wide, reference-counted)."""
-    global _depth, _saved
-    with _lock:
-        if _depth == 0:
-            ctl = _blas_controller()
-            _saved = None if ctl is None else ctl.limit(limits=1, user_api="blas")
-        _depth += 1
+    """Run the block with the BLAS limited to one thread (process-wide; overlapping holders: see :func:`limit_blas`)."""
+    token = limit_blas(1)
     try:
         yield
     finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0 and _saved is not None:
-                _saved.restore_original_limits()
-                _saved = None
+        release_blas(token)
 
 
 def eigh(S: np.ndarray):

@@ -17,7 +17,8 @@ Pipeline (ALGORITHMS.md §3), on each side's own frame (unit → centre → unit
    by whitened sparse Sinkhorn soft matching over the training rows (the verdict rows stay out;
    :func:`align.semisup.sinkhorn_polish`), the seeds counting as ordinary pairs. Mutual-NN
    self-learning and the CSLS polish stop at a biased fixed point between different texts; the
-   soft matching moves past it (minilm→e5, 100 seeds: top-1 0.856 → 0.892, CSLS top-1 0.930 → 0.949).
+   soft matching moves past it (minilm→e5, 100 seeds, 3 seeds of the benchmark: top-1 0.855 → 0.887,
+   CSLS top-1 0.928 → 0.945; ``benchmarks/results/align_seeded_2026-12-01.md``).
 
 ``MiniVec2Vec.published()`` is the faithful published procedure (30 anchor runs of k=20 on
 10,000-row samples, scipy 2-opt best of 30, soft top-50, Refine-1 100 × 1,000, Refine-2 k=500,

@@ -8,13 +8,17 @@ with two BLAS threads and 0.16 ms with one, and a 1-query FAISS search through B
 6 ms; over HTTP at load 1-2, batch-64 transforms 6.7x and 1-query searches 4.0x slower at the p50. So ``vecbridge serve`` runs them at ``Settings.blas_threads`` (default 1; 0 leaves the
 libraries' defaults). ``benchmarks/bench_blas_threads.py`` measures both side by side.
 
-:func:`limit_native_threads` is reference-counted like :func:`align.linalg.serial_blas`: apps
-started and stopped in one process (tests) restore the original limits when the last one stops.
+:func:`limit_native_threads` is reference-counted: apps started and stopped in one process (tests)
+restore the original limits when the last one stops. The BLAS count itself is held through
+:func:`align.linalg.limit_blas`, the one place that changes it (so a decomposition's one-thread
+limit and this one overlap correctly).
 """
 
 from __future__ import annotations
 
 import threading
+
+from align import linalg
 
 _lock = threading.Lock()
 _depth = 0
@@ -42,9 +46,7 @@ def limit_native_threads(n: int) -> None:
             return
         faiss = _faiss_omp()  # loaded first, so threadpoolctl also sees the OpenBLAS FAISS brings
         before = faiss.omp_get_max_threads() if faiss is not None else None
-        from threadpoolctl import threadpool_limits
-
-        limits = threadpool_limits(limits=n, user_api="blas")
+        limits = linalg.limit_blas(n)  # the one holder of the process's BLAS count (align.linalg)
         if faiss is not None:
             faiss.omp_set_num_threads(n)
         _restore = (limits, before)
@@ -76,7 +78,7 @@ def release_native_threads(n: int) -> None:
             return
         limits, before = _restore
         _restore, _active = None, 0
-        limits.restore_original_limits()
+        linalg.release_blas(limits)
         faiss = _faiss_omp()
         if faiss is not None and before is not None:
             faiss.omp_set_num_threads(before)

@@ -68,3 +68,25 @@ def test_wrappers_give_numpys_answers():
     np.testing.assert_allclose(linalg.pinv(M) @ M, np.eye(20), atol=1e-8)
     Q, R = linalg.qr(M)
     np.testing.assert_allclose(Q @ R, M, atol=1e-10)
+
+
+def test_overlapping_holders_apply_the_smallest_limit_and_release_in_any_order():
+    """One mechanism holds the process's BLAS count (a server's limit and a decomposition's one thread
+    overlap): the smallest active limit applies; releasing in any order ends at the original counts."""
+    before = _blas_threads()
+    if not before:
+        pytest.skip("no BLAS library visible to threadpoolctl")
+    a = linalg.limit_blas(2)
+    under_a = _blas_threads()
+    assert all(n <= 2 for n in under_a)
+    with linalg.serial_blas():
+        assert all(n == 1 for n in _blas_threads())
+    assert _blas_threads() == under_a  # the decomposition's exit gives back the server's limit, not the original
+    b = linalg.limit_blas(1)
+    linalg.release_blas(a)  # the older, larger holder leaves first
+    assert all(n == 1 for n in _blas_threads())
+    linalg.release_blas(b)
+    linalg.release_blas(b)  # a second release of a token changes nothing
+    assert _blas_threads() == before
+    with pytest.raises(ValueError):
+        linalg.limit_blas(0)
