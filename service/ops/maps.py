@@ -57,10 +57,9 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
     (:func:`align.blocks.thread_pool`; the same map, bit for bit).
     """
     params = dict(params or {})
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise InputError(f"threads must be a positive integer, got {threads!r}")
-    if isinstance(ray_shard_rows, bool) or not isinstance(ray_shard_rows, int) or ray_shard_rows < 1:
-        raise InputError(f"shard rows must be a positive integer, got {ray_shard_rows!r}")
+    for what, value in (("threads", threads), ("shard rows", ray_shard_rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{what} must be a positive integer, got {value!r}")
     if method not in METHODS:
         raise InputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     if method in SUPERVISED:
