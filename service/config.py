@@ -53,6 +53,10 @@ class Settings(BaseSettings):
         "Threads of the BLAS and of FAISS's OpenMP in a serving process (service/threads.py): 1 keeps small "
         "requests from stalling on spinning thread teams when the host is busy; 0 leaves the libraries' "
         "defaults (every core, faster fits over HTTP on an idle host)."))
+    malloc_keep_mb: int = Field(64, ge=0, le=1024, description=(
+        "Freed C heap a serving process keeps per malloc arena instead of returning it to the kernel after "
+        "each request (glibc's trim threshold, service/memory.py): large binary requests then reuse their "
+        "pages instead of faulting them in again. 0 leaves glibc's defaults."))
     min_free_bytes: int = Field(100 * 1024 * 1024, ge=0,
                                 description="/readyz is not ready while data_dir has less free space than this.")
     demo_on_empty: bool = True

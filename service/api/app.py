@@ -21,6 +21,7 @@ import align
 from ..config import Settings, get_settings
 from ..logging import configure_logging, get_logger
 from ..metrics import ServiceMetrics
+from ..memory import keep_heap
 from ..threads import limit_native_threads, release_native_threads
 from ..ui import mount_console
 from .errors import install_error_handlers
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         s = current_settings(app)
         configure_logging(s.log_level)
         limit_native_threads(s.blas_threads)
+        keep_heap(s.malloc_keep_mb)
         state = AppState(s, metrics=metrics)
         await run_in_threadpool(state.open)
         app.state.vb = state

@@ -304,6 +304,11 @@ class ServiceInfo(BaseModel):
     uptime_seconds: float
     limits: dict[str, int]
     auth: Literal["disabled", "api-keys"]
+    native_threads: dict[str, Any] = Field(default_factory=dict, description=(
+        "`setting` (Settings.blas_threads) and the BLAS / FAISS OpenMP thread counts in force (service/threads.py)."))
+    heap: dict[str, Any] = Field(default_factory=dict, description=(
+        "`setting_mb` (Settings.malloc_keep_mb) and the glibc thresholds `applied` in bytes, null where not "
+        "set (service/memory.py)."))
     counts: dict[str, Any]
     demo: Literal["preparing", "ready", "failed"] | None = Field(
         None, description="The start-up demo on an empty data dir: `preparing`, `ready`, `failed`; null: none.")

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from ...ops.demo import demo_status
+from ...memory import heap_settings
 from ...metrics import CONTENT_TYPE_LATEST
 from ..deps import MetricsAccess, ReadScope, StateDep
 from ..responses import FastJSONResponse
@@ -78,6 +79,7 @@ async def info(state: StateDep):
                    "max_queued_jobs": s.max_queued_jobs, "job_workers": s.job_workers, **s.limits.model_dump()},
         "auth": "disabled" if s.auth_disabled else "api-keys",
         "native_threads": {"setting": s.blas_threads, **native_threads()},
+        "heap": {"setting_mb": s.malloc_keep_mb, "applied": heap_settings()},
         "counts": {"indexes": len(state.indexes.list()), "jobs": state.jobs.counts()},
         "demo": demo_status(state),
     })

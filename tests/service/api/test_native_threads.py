@@ -19,13 +19,14 @@ _DEFAULTS = ("import json, numpy, faiss; from service.threads import native_thre
              "print(json.dumps(native_threads()))")
 
 
-def _serve_info(tmp_path, setting: str | None) -> dict:
+def _serve_info(tmp_path, setting: str | None, extra_env: dict | None = None) -> tuple[dict, dict, dict]:
     port = free_port()
     env = env_for(tmp_path / "data", port)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.pop(var, None)  # the libraries' own defaults, as a plain `vecbridge serve` gets them
     if setting is not None:
         env["VECBRIDGE_BLAS_THREADS"] = setting
+    env.update(extra_env or {})
     proc = start([sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port)],
                  env, port, tmp_path / f"serve-{setting}.log")
     try:
@@ -34,18 +35,21 @@ def _serve_info(tmp_path, setting: str | None) -> dict:
         stop(proc)
     defaults = json.loads(subprocess.run([sys.executable, "-c", _DEFAULTS], env=env, cwd=ROOT, check=True,
                                          capture_output=True, text=True).stdout)
-    return info["native_threads"], defaults
+    return info["native_threads"], defaults, info
 
 
 def test_serve_runs_native_thread_pools_at_one_by_default(tmp_path):
-    threads, _ = _serve_info(tmp_path, None)
+    threads, _, info = _serve_info(tmp_path, None)
     assert threads["setting"] == 1
+    if sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION"):  # glibc: freed request heap kept
+        assert info["heap"] == {"setting_mb": 64, "applied": {"trim_threshold": 64 << 20, "mmap_threshold": 32 << 20}}
     assert threads["blas"] and all(n == 1 for n in threads["blas"])  # numpy's OpenBLAS and FAISS's
     assert threads["faiss_omp"] == 1
 
 
 def test_blas_threads_zero_leaves_the_library_defaults(tmp_path):
-    threads, defaults = _serve_info(tmp_path, "0")
+    threads, defaults, info = _serve_info(tmp_path, "0", {"VECBRIDGE_MALLOC_KEEP_MB": "0"})
+    assert info["heap"] == {"setting_mb": 0, "applied": None}  # and glibc's own heap thresholds
     assert threads["setting"] == 0
     assert max(threads["blas"]) == max(defaults["blas"]) and threads["faiss_omp"] == defaults["faiss_omp"]
 
