@@ -5,7 +5,12 @@ the exception and exit-stack layers) cost several times that. Requests that the 
 has already let through (key checked, body within its limit) and whose body is small are
 answered here by the same functions the routes call (:func:`~service.api.routers.maps.transform_call`,
 :func:`~service.api.routers.indexes.search_call`: every input check, limit and NaN/Inf guard is
-theirs), in one thread-pool hop, with the same ``Response`` object the route would return.
+theirs), in one thread-pool hop, with the same ``Response`` object the route would return. Some need
+no hop at all and run on the event loop: a transform of at most :data:`INLINE_MAX_BYTES` whose map is in
+memory, and a search of at most that size that is small (``SpaceIndex.small_search``: ~0.2 ms of work
+at most) of an index in memory at its newest generation, no writer on its lock, its path of maps or
+``map`` already resolved and loaded (:class:`~service.api.state.InMemory`; anything else raises
+``WouldBlock`` before the search and takes the hop).
 
 Anything else goes to the app unchanged: a large or chunked body, a query parameter this module does
 not read exactly as FastAPI would, and **every failure** — the request is then replayed through the
@@ -21,16 +26,18 @@ from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
 
+from ..indexes.locking import WouldBlock
 from ..limits import MAX_DIM
 from .codec import JSON, media_type
 from .deps import current_settings
 from .routers import indexes as index_routes
 from .routers import maps as map_routes
+from .state import InMemory
 
 __all__ = ["FastPathMiddleware", "FAST_MAX_BYTES", "INLINE_MAX_BYTES", "TRANSFORM", "SEARCH"]
 
 FAST_MAX_BYTES = 256 * 1024  # bodies up to this size take the shortcut (octet batch <= ~170 at d=384)
-INLINE_MAX_BYTES = 16 * 1024  # transforms up to this size run on the event loop when the map is in memory
+INLINE_MAX_BYTES = 16 * 1024  # transforms / small searches up to this size run on the event loop (in memory)
 TRANSFORM = "/v1/maps/{ref}/transform"
 SEARCH = "/v1/indexes/{name}/search"
 _DIM = re.compile(r"[1-9][0-9]{0,5}")
@@ -73,6 +80,14 @@ async def _search(state, settings, params: dict, headers: dict, body: bytes, qs:
     ct = _text(headers.get(b"content-type"))
     if (ct or JSON).split(";")[0].strip().lower() != JSON:
         return None  # the route's 415
+    idx = state.indexes.in_memory(params["name"]) if len(body) <= INLINE_MAX_BYTES else None
+    if idx is not None:  # on the event loop when small and all in memory: no lock wait, no load, no query
+        try:
+            found, response = index_routes.search_call(state, settings, idx, body, resolver=InMemory(state),
+                                                       wait=False)
+            return response, lambda: index_routes.search_observe(state, found)
+        except WouldBlock:
+            pass
 
     def call():
         return index_routes.search_call(state, settings, state.indexes.get(params["name"]), body)

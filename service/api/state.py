@@ -22,11 +22,12 @@ from align import ClusterMap, LinearMap, MapChain
 from ..config import Settings
 from ..encoders import UnknownEncoderError
 from ..indexes import IndexStore
+from ..indexes.locking import WouldBlock
 from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
 from ..registry import Registry, VersionInfo, open_registry
 
-__all__ = ["AppState", "Translation", "MAP_CACHE_SIZE"]
+__all__ = ["AppState", "InMemory", "Translation", "MAP_CACHE_SIZE"]
 
 MAP_CACHE_SIZE = 64  # loaded maps / steers / composed paths one app keeps in memory
 
@@ -121,18 +122,27 @@ class AppState:
         info = self.registry.resolve_steer(ref)
         return info, self.registry.load_steer(info)
 
-    def resolve_map_cached(self, ref: str) -> tuple[VersionInfo, LinearMap | ClusterMap] | None:
-        """:meth:`resolve_map` when it needs no I/O at all — the registry's change token is unchanged since
-        ``ref`` was resolved and the artifact is in memory — else None. Safe on the event loop."""
+    def memo(self, key: tuple):
+        """What ``key`` resolved to (see :meth:`_current`) when the registry's change token is unchanged since;
+        else :class:`~service.indexes.locking.WouldBlock`. No query, no lock wait: safe on the event loop."""
         token = self.registry.change_token()
         seen = self._seen
         if token is None or seen is None or seen[0] != token:
-            return None
-        hit = self._resolved.get(("ref", ref))
+            raise WouldBlock("the registry changed since the last lookup")
+        hit = self._resolved.get(key)
         if hit is None or hit[0] != seen[1]:
+            raise WouldBlock(f"{key[0]} not resolved yet")
+        return hit[1]
+
+    def resolve_map_cached(self, ref: str) -> tuple[VersionInfo, LinearMap | ClusterMap] | None:
+        """:meth:`resolve_map` when it needs no I/O at all — the registry's change token is unchanged since
+        ``ref`` was resolved and the artifact is in memory — else None. Safe on the event loop."""
+        try:
+            v = self.memo(("ref", ref))
+        except WouldBlock:
             return None
-        m = self.registry.cached_map(hit[1])
-        return None if m is None else (hit[1], m)
+        m = self.registry.cached_map(v)
+        return None if m is None else (v, m)
 
     def resolve_map(self, ref: str) -> tuple[VersionInfo, LinearMap | ClusterMap]:
         v = self.resolve(ref)
@@ -218,3 +228,40 @@ def _encoder_names(items) -> list[str]:
         else:
             out.append(str(getattr(e, "name", e)))
     return out
+
+
+class InMemory:
+    """A search :class:`~service.ops.indexes.Resolver` for the event loop: what ``state`` holds in memory.
+
+    Answers as :class:`AppState` would from its caches (spaces, paths and aliases resolved at the current
+    registry generation, maps and compositions already loaded) and raises
+    :class:`~service.indexes.locking.WouldBlock` for anything else — a lookup, a load, an encoder, a steer,
+    or an error to report (the waiting path then makes the same error the route would).
+    """
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    def get_space(self, name: str):
+        return self.state.memo(("space", name))
+
+    def translation(self, source_space: str, target_space: str, map_ref: str | None = None) -> Translation:
+        st = self.state
+        if map_ref:
+            hit = st.resolve_map_cached(map_ref)
+            if hit is None or (hit[0].source_space, hit[0].target_space) != (source_space, target_space):
+                raise WouldBlock("map not in memory (or not this path: the waiting path reports it)")
+            return Translation(hit[1], [hit[0]])
+        chain = st.memo(("path", source_space, target_space))
+        if not chain:
+            return Translation(None, chain)
+        m = st.registry.cached_compose(chain)
+        if m is None:
+            raise WouldBlock("path of maps not in memory")
+        return Translation(m, chain)
+
+    def resolve_steer(self, ref: str):
+        raise WouldBlock("steers are resolved per request")
+
+    def encoder_for_space(self, space: str):
+        raise WouldBlock("texts are embedded off the event loop")

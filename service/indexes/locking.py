@@ -19,7 +19,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["RWLock", "flock", "still_linked", "stat_sig"]
+__all__ = ["RWLock", "WouldBlock", "flock", "still_linked", "stat_sig"]
+
+
+class WouldBlock(Exception):
+    """A call made with ``wait=False`` would have to wait (a lock, a load, a query): run it where waiting is fine.
+
+    A control-flow signal, not an error: the event-loop fast path (:mod:`service.api.fastpath`) tries
+    a small search in memory and hands it to the thread pool when this is raised. Raised before any
+    side effect."""
 
 
 class RWLock:
@@ -32,9 +40,12 @@ class RWLock:
         self._waiting_writers = 0
 
     @contextmanager
-    def read(self) -> Iterator[None]:
+    def read(self, *, blocking: bool = True) -> Iterator[None]:
+        """The read side; ``blocking=False`` raises :class:`WouldBlock` instead of waiting for a writer."""
         with self._cond:
             while self._writer or self._waiting_writers:
+                if not blocking:
+                    raise WouldBlock("the index is being written")
                 self._cond.wait()
             self._readers += 1
         try:

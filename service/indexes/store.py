@@ -124,6 +124,13 @@ class IndexStore:
                 self._forget(name, idx)
         return self._load(name)
 
+    def in_memory(self, name: str) -> SpaceIndex | None:
+        """The index ``name`` when it is in memory (any generation), else None; never loads or waits."""
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            return None
+        with self._lock:
+            return self._indexes.get(name)
+
     def _forget(self, name: str, idx: SpaceIndex) -> None:
         with self._lock:
             if self._indexes.get(name) is idx:

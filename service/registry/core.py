@@ -268,6 +268,12 @@ class Registry(SteerRegistryMixin):
             return self.load_map(chain[0])
         return self.cache.get(("chain", *(v.artifact_sha256 for v in chain)), make)
 
+    def cached_compose(self, chain: list[VersionInfo]) -> LinearMap | ClusterMap | MapChain | None:
+        """:meth:`compose` of ``chain`` when it is in memory, else None (reads nothing, computes nothing)."""
+        if len(chain) == 1:
+            return self.cached_map(chain[0])
+        return self.cache.peek(("chain", *(v.artifact_sha256 for v in chain)))
+
     def artifact_file(self, ref) -> Path:
         v = ref if isinstance(ref, VersionInfo) else self.resolve(ref)
         return self.store.path(v.artifact_path)

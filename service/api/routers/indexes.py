@@ -139,15 +139,19 @@ async def search(name: str, request: Request, state: StateDep, settings: Setting
     return response
 
 
-def search_call(state, settings, idx: SpaceIndex, body: bytes) -> tuple:
+def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None, wait: bool = True) -> tuple:
     """``(found, response)``: the whole search of one request, in one call (one thread-pool hop).
 
     Shared by the route and the batch-1 fast path (:mod:`service.api.fastpath`), so both answer alike.
+    The fast path's event-loop try passes ``resolver=InMemory(state), wait=False``: anything that would
+    wait raises :class:`~service.indexes.locking.WouldBlock` before the search.
     """
-    opts, Q = _rows(body, SearchOptions, settings.max_batch, lambda o: index_ops.query_dim(state, idx, o.space))
-    found = index_ops.search(state, idx, Q, texts=opts.texts, space=opts.space, map_ref=opts.map, k=opts.k,
+    res = resolver or state
+    opts, Q = _rows(body, SearchOptions, settings.max_batch, lambda o: index_ops.query_dim(res, idx, o.space))
+    found = index_ops.search(res, idx, Q, texts=opts.texts, space=opts.space, map_ref=opts.map, k=opts.k,
                              exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
-                             csls_k=opts.csls_k if opts.csls else 0, steers=opts.steers, limits=settings.limits)
+                             csls_k=opts.csls_k if opts.csls else 0, steers=opts.steers, limits=settings.limits,
+                             wait=wait)
     answer = _search_body(found.describe(), idx, found.S, found.I, opts.include_payloads,
                           settings.limits.max_response_bytes)
     return found, Response(answer, media_type=JSON)

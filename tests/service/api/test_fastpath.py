@@ -224,3 +224,101 @@ def test_fast_path_equals_route_for_any_batch(world, monkeypatch, n, output, fmt
     fast, slow = both(c, monkeypatch, "POST", url, **kw)
     assert fast.status_code == 200, fast.text
     assert_same(fast, slow)
+
+
+# --- small searches on the event loop ------------------------------------------------------------
+def _count_hops(monkeypatch) -> tuple[list, list]:
+    hops, replays = [], []
+    real_hop = fastpath.run_in_threadpool
+
+    async def counting_hop(fn, *a, **k):
+        hops.append(fn)
+        return await real_hop(fn, *a, **k)
+
+    monkeypatch.setattr(fastpath, "run_in_threadpool", counting_hop)
+    monkeypatch.setattr(fastpath, "_replay", lambda body, receive: replays.append(1) or receive)
+    return hops, replays
+
+
+@pytest.fixture(scope="module")
+def loop_index(world):
+    c, app, data = world
+    app.state.vb.indexes.create("loop", "b", data["Y"][:300], dim=16)
+    return "/v1/indexes/loop/search"
+
+
+def test_small_search_runs_on_the_loop_without_io(world, loop_index, monkeypatch):
+    c, app, data = world
+    state = app.state.vb
+    X = data["X"][:1]
+    bodies = [js({"vectors": X.tolist(), "space": "a", "k": 5}),  # through the path of maps a -> b
+              js({"vectors": X.tolist(), "space": "a", "map": "a2b@prod", "k": 5}),  # a named map
+              js({"vectors": data["Y"][:2].tolist(), "k": 3})]  # the index's own space
+    firsts = [c.post(loop_index, **b) for b in bodies]  # resolve and load once
+    assert all(r.status_code == 200 for r in firsts)
+    hops, replays = _count_hops(monkeypatch)
+    queries = []
+    monkeypatch.setattr(state.registry, "generation_token",
+                        lambda real=state.registry.generation_token: queries.append(1) or real())
+    for body, first in zip(bodies, firsts):
+        again = c.post(loop_index, **body)
+        assert again.status_code == 200 and again.content == first.content
+        fast, slow = both(c, monkeypatch, "POST", loop_index, **body)
+        assert_same(fast, slow)
+    assert hops == [] and queries == [] and replays == []  # on the loop: no thread, no query, no replay
+
+
+@pytest.mark.parametrize("extra", [{"csls": True, "csls_k": 3}, {"exact": True}, {"k": 300}])
+def test_searches_that_are_not_small_take_the_thread_pool(world, loop_index, monkeypatch, extra):
+    c, _, data = world
+    body = js({"vectors": data["X"][:1].tolist(), "space": "a", "k": 5, **extra})
+    c.post(loop_index, **body)
+    hops, replays = _count_hops(monkeypatch)
+    if "csls" not in extra:  # exact / larger k are small on 300 rows: shrink the budget instead
+        monkeypatch.setattr("service.indexes.space.SMALL_SEARCH_WORK", 300 * 16 - 1)
+    fast, slow = both(c, monkeypatch, "POST", loop_index, **body)
+    assert fast.status_code == 200, fast.text
+    assert_same(fast, slow)
+    assert len(hops) == 1 and replays == []
+
+
+def test_a_search_waits_for_a_writer_in_the_pool_never_on_the_loop(world, loop_index, monkeypatch):
+    import threading
+    import time
+
+    c, app, data = world
+    idx = app.state.vb.indexes.get("loop")
+    body = js({"vectors": data["Y"][:1].tolist(), "k": 3})
+    expected = c.post(loop_index, **body)
+    hops, _ = _count_hops(monkeypatch)
+    answer = {}
+    with idx.lock.write():  # a writer holds the index
+        t = threading.Thread(target=lambda: answer.setdefault("r", c.post(loop_index, **body)))
+        t.start()
+        deadline = time.monotonic() + 10
+        while not hops and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(hops) == 1  # handed to the pool instead of waiting on the loop ...
+        assert c.get("/healthz").status_code == 200  # ... which keeps answering meanwhile
+        assert "r" not in answer  # the search itself waits for the writer
+    t.join(10)
+    assert answer["r"].status_code == 200 and answer["r"].content == expected.content
+
+
+def test_search_sees_rows_another_process_added(world, loop_index, monkeypatch):
+    from service.indexes import IndexStore
+
+    c, app, data = world
+    new = np.zeros((1, 16), np.float32)
+    new[0, 7] = 1.0  # unlike any planted row
+    body = js({"vectors": new.tolist(), "k": 1})
+    before = c.post(loop_index, **body).json()["results"][0][0]["id"]
+    other = IndexStore(app.state.vb.indexes.root)  # another process's view of the same data dir
+    (added,) = other.get("loop").add(new).tolist()
+    assert added != before
+    hops, _ = _count_hops(monkeypatch)
+    after = c.post(loop_index, **body).json()["results"][0][0]
+    assert after["id"] == added and after["score"] == pytest.approx(1.0, abs=1e-6)
+    assert len(hops) == 1  # a newer generation on disk: loaded in the pool, not on the loop
+    hops.clear()
+    assert c.post(loop_index, **body).json()["results"][0][0]["id"] == added and hops == []

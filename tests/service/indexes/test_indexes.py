@@ -338,3 +338,34 @@ def test_http_rows_and_queries_as_texts(tmp_path):
         hits = r.json()["results"]
         assert [h[0]["id"] for h in hits] == [0, 1], hits
         assert hits[0][0]["payload"] == {"text": docs[0]} and all(h["id"] != 2 or h["payload"] is None for h in hits[0])
+
+
+def test_small_search_counts_the_work_of_each_kind():
+    from service.indexes import space as sp
+    from service.indexes.locking import RWLock, WouldBlock
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((400, 16)).astype(np.float32)
+    flat = SpaceIndex.build("f", "s", X, kind="flat")
+    hnsw = SpaceIndex.build("h", "s", X, kind="hnsw", params={"M": 8, "ef_search": 64})
+    ivf = SpaceIndex.build("i", "s", X, kind="ivf", params={"nlist": 4, "nprobe": 2})
+    budget = sp.SMALL_SEARCH_WORK
+    assert flat.small_search(budget // (400 * 16), 10) and not flat.small_search(budget // (400 * 16) + 1, 10)
+    assert hnsw.small_search(budget // (64 * 32 * 16), 10)
+    assert not hnsw.small_search(1, 10, ef_search=budget)  # a huge ef is not small
+    assert not hnsw.small_search(budget // (400 * 16) + 1, 10, exact=True)  # exact counts as flat
+    per_query = 2 * 100 * 16  # nprobe x rows per list x dim
+    assert ivf.small_search(budget // per_query, 10) and not ivf.small_search(budget // per_query + 1, 10)
+    assert not flat.small_search(1, 10, csls_k=5) and not flat.small_search(0, 10)
+    # wait=False: a search that is not small, or a writer on the lock, raises before searching
+    with pytest.raises(WouldBlock):
+        flat.search(np.repeat(X[:1], budget // (400 * 16) + 1, axis=0), 3, wait=False)
+    S, I = flat.search(X[:2], 3, wait=False)
+    assert I[:, 0].tolist() == [0, 1]
+    lock = RWLock()
+    with lock.write():
+        with pytest.raises(WouldBlock):
+            with lock.read(blocking=False):
+                pass
+    with lock.read(blocking=False):  # free again: no wait, no error
+        pass
