@@ -146,10 +146,7 @@ def test_guard_still_runs_before_the_fast_path(world):
     assert r.status_code == 403
 
 
-def test_small_transform_runs_on_the_loop_without_io_and_sees_every_registry_change(world, monkeypatch, tmp_path):
-    c, app, data = world
-    state = app.state.vb
-    X = data["X"][:1]
+def _count_hops(monkeypatch) -> tuple[list, list]:
     hops, replays = [], []
     real_hop = fastpath.run_in_threadpool
 
@@ -159,6 +156,14 @@ def test_small_transform_runs_on_the_loop_without_io_and_sees_every_registry_cha
 
     monkeypatch.setattr(fastpath, "run_in_threadpool", counting_hop)
     monkeypatch.setattr(fastpath, "_replay", lambda body, receive: replays.append(1) or receive)
+    return hops, replays
+
+
+def test_small_transform_runs_on_the_loop_without_io_and_sees_every_registry_change(world, monkeypatch, tmp_path):
+    c, app, data = world
+    state = app.state.vb
+    X = data["X"][:1]
+    hops, replays = _count_hops(monkeypatch)
     url = "/v1/maps/a2b@prod/transform"
     first = c.post(url, **octet(X))
     assert first.status_code == 200
@@ -227,19 +232,6 @@ def test_fast_path_equals_route_for_any_batch(world, monkeypatch, n, output, fmt
 
 
 # --- small searches on the event loop ------------------------------------------------------------
-def _count_hops(monkeypatch) -> tuple[list, list]:
-    hops, replays = [], []
-    real_hop = fastpath.run_in_threadpool
-
-    async def counting_hop(fn, *a, **k):
-        hops.append(fn)
-        return await real_hop(fn, *a, **k)
-
-    monkeypatch.setattr(fastpath, "run_in_threadpool", counting_hop)
-    monkeypatch.setattr(fastpath, "_replay", lambda body, receive: replays.append(1) or receive)
-    return hops, replays
-
-
 @pytest.fixture(scope="module")
 def loop_index(world):
     c, app, data = world
