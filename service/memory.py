@@ -21,6 +21,8 @@ import ctypes
 import ctypes.util
 import threading
 
+from align.exceptions import InputError
+
 __all__ = ["keep_heap", "heap_settings", "MAX_KEEP_MB", "MMAP_MAX_BYTES"]
 
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
@@ -54,7 +56,7 @@ def keep_heap(keep_mb: int) -> dict | None:
     if keep_mb <= 0:
         return None
     if keep_mb > MAX_KEEP_MB:
-        raise ValueError(f"keep_mb must be at most {MAX_KEEP_MB} (mallopt takes a C int), got {keep_mb}")
+        raise InputError(f"keep_mb must be at most {MAX_KEEP_MB} (mallopt takes a C int), got {keep_mb}")
     keep = int(keep_mb) * 1024 * 1024
     with _lock:
         if _applied is not None and _applied["trim_threshold"] == keep:

@@ -19,15 +19,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from align.exceptions import VecbridgeError
+
 __all__ = ["RWLock", "WouldBlock", "flock", "still_linked", "stat_sig"]
 
 
-class WouldBlock(Exception):
+class WouldBlock(VecbridgeError):
     """A call made with ``wait=False`` would have to wait (a lock, a load, a query): run it where waiting is fine.
 
     A control-flow signal, not an error: the event-loop fast path (:mod:`service.api.fastpath`) tries
     a small search in memory and hands it to the thread pool when this is raised. Raised before any
-    side effect."""
+    side effect. Kind ``busy``, should one ever escape to a client."""
+
+    kind = "busy"
 
 
 class RWLock:
