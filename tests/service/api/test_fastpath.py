@@ -314,3 +314,19 @@ def test_search_sees_rows_another_process_added(world, loop_index, monkeypatch):
     assert len(hops) == 1  # a newer generation on disk: loaded in the pool, not on the loop
     hops.clear()
     assert c.post(loop_index, **body).json()["results"][0][0]["id"] == added and hops == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(k=st.integers(-3, 400), exact=st.booleans(), csls=st.booleans(),
+       ef=st.one_of(st.none(), st.integers(-5, 200_000)), nprobe=st.one_of(st.none(), st.integers(-5, 70_000)),
+       scale=st.sampled_from([1.0, 1e-30, 1e30, 0.0]), n=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_search_on_the_loop_equals_the_route_for_any_parameters(world, loop_index, monkeypatch, k, exact, csls, ef,
+                                                                 nprobe, scale, n, seed):
+    c, _, data = world
+    X = np.random.default_rng(seed).standard_normal((n, 16)) * scale
+    body = {"vectors": X.tolist(), "space": "a", "k": k, "exact": exact, "csls": csls}
+    body.update({key: v for key, v in (("ef_search", ef), ("nprobe", nprobe)) if v is not None})
+    c.post(loop_index, **js(body))  # resolved and loaded: the next try is on the loop where it is small
+    fast, slow = both(c, monkeypatch, "POST", loop_index, **js(body))
+    assert fast.status_code in (200, 422), fast.text
+    assert_same(fast, slow)
