@@ -38,7 +38,7 @@ from ..threads import pin_thread
 from .errors import IndexConflictError
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "choose_kind", "check_name",
-           "ids_array", "make_index", "prep_rows", "live_ids", "rebuild_hnsw", "search_kind"]
+           "ids_array", "make_index", "prep_rows", "live_ids", "rebuild_hnsw", "search_kind", "search_work"]
 
 FLAT_MAX = 50_000
 HNSW_MAX = 1_000_000
@@ -172,6 +172,32 @@ def rebuild_hnsw(index, dim: int, params: dict, tombstones: set[int]):
     return fresh
 
 
+def _nprobe(params: dict, nprobe: int | None) -> int:
+    """IVF lists probed: the request's ``nprobe``, else the index's (default 16)."""
+    return int(nprobe or params.get("nprobe", 16))
+
+
+def _ef(params: dict, ef_search: int | None) -> int:
+    """HNSW search breadth: the request's ``ef_search``, else the index's (default 64)."""
+    return int(ef_search or params.get("ef_search", 64))
+
+
+def search_work(index, kind: str, params: dict, dim: int, n: int, k: int, exact: bool, ef_search: int | None,
+                nprobe: int | None) -> int:
+    """Estimated multiply-adds of :func:`search_kind` for ``n`` queries of width ``dim``.
+
+    Flat: ``n x rows x dim``; IVF: ``n x nprobe x rows/nlist x dim``; HNSW: ``n x max(ef, k) x 32 x dim``
+    (about 32 distances per visited node). Exact HNSW / IVF searches count as flat.
+    """
+    rows = max(int(index.ntotal), 1)
+    if kind == "flat" or exact:
+        return n * rows * dim
+    if kind == "ivf":
+        nlist = max(int(index.nlist), 1)
+        return n * min(_nprobe(params, nprobe), nlist) * -(-rows // nlist) * dim
+    return n * max(_ef(params, ef_search), k) * 32 * dim
+
+
 def search_kind(index, kind: str, params: dict, tombstones: set[int], Q: np.ndarray, k: int, exact: bool,
                 ef_search: int | None, nprobe: int | None) -> tuple[Any, Any]:
     """Top-``k`` of prepared queries ``Q`` (n, d): ``S`` (n, k) float32 scores, ``I`` (n, k) int64 ids (-1: none).
@@ -185,7 +211,7 @@ def search_kind(index, kind: str, params: dict, tombstones: set[int], Q: np.ndar
         return index.search(Q, k)
     if kind == "ivf":
         nlist = int(index.nlist)
-        probe = nlist if exact else int(nprobe or params.get("nprobe", 16))
+        probe = nlist if exact else _nprobe(params, nprobe)
         if not 1 <= probe <= nlist:
             raise InputError(f"nprobe must be between 1 and nlist={nlist}, got {probe}")
         return index.search(Q, k, params=faiss.SearchParametersIVF(nprobe=probe))
@@ -204,7 +230,7 @@ def search_kind(index, kind: str, params: dict, tombstones: set[int], Q: np.ndar
             sp = faiss.SearchParameters(sel=inner_sel)
         S, I = storage.search(Q, k, params=sp)
         return S, np.where(I >= 0, id_map[np.maximum(I, 0)], -1)
-    ef = int(ef_search or params.get("ef_search", 64))
+    ef = _ef(params, ef_search)
     if not 1 <= ef <= 100_000:
         raise InputError(f"ef_search must be between 1 and 100000, got {ef}")
     return index.search(Q, k, params=faiss.SearchParametersHNSW(efSearch=max(ef, k), sel=sel))

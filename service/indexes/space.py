@@ -50,6 +50,7 @@ from .kinds import (
     prep_rows,
     rebuild_hnsw,
     search_kind,
+    search_work,
 )
 from .locking import RWLock, WouldBlock, flock, stat_sig, still_linked
 from .persist import (
@@ -295,22 +296,11 @@ class SpaceIndex:
 
     def small_search(self, n: int, k: int, *, exact: bool = False, ef_search: int | None = None,
                      nprobe: int | None = None, csls_k: int = 0) -> bool:
-        """Whether ``n`` queries cost at most :data:`SMALL_SEARCH_WORK` multiply-adds (~0.2 ms on one core).
-
-        Flat: ``n x rows x dim``; IVF: ``n x nprobe x rows/nlist x dim``; HNSW: ``n x max(ef, k) x 32 x dim``
-        (about 32 distances per visited node). Exact HNSW / IVF searches count as flat; CSLS is never small.
-        """
+        """Whether ``n`` queries cost at most :data:`SMALL_SEARCH_WORK` multiply-adds (~0.2 ms on one core;
+        the estimate per kind: :func:`~service.indexes.kinds.search_work`). CSLS is never small."""
         if csls_k > 0 or n < 1:
             return False
-        rows = max(int(self.index.ntotal), 1)
-        if self.kind == "flat" or exact:
-            work = n * rows * self.dim
-        elif self.kind == "ivf":
-            nlist = max(int(getattr(self.index, "nlist", 0) or self.params.get("nlist", 1)), 1)
-            probe = int(nprobe or self.params.get("nprobe", 16))
-            work = n * min(probe, nlist) * -(-rows // nlist) * self.dim
-        else:
-            work = n * max(int(ef_search or self.params.get("ef_search", 64)), k) * 32 * self.dim
+        work = search_work(self.index, self.kind, self.params, self.dim, n, k, exact, ef_search, nprobe)
         return work <= SMALL_SEARCH_WORK
 
     def is_current(self) -> bool:
