@@ -263,8 +263,7 @@ def bench_octet_1024(servers: dict, m, X, report, *, rounds: int = 6, per: int =
     octet = {**HDR, "content-type": "application/octet-stream"}
     fns, pids = {"in-process": lambda: m.apply(Xb, output="raw")}, {}
     for label, (client, pid) in servers.items():
-        port = int(str(client.base_url).rstrip("/").rsplit(":", 1)[1])
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn = http.client.HTTPConnection("127.0.0.1", client.base_url.port, timeout=120)
 
         def via_http_client(conn=conn):
             conn.request("POST", "/v1/maps/bench/transform", body=raw, headers=octet)

@@ -266,13 +266,13 @@ class Registry(SteerRegistryMixin):
 
         if len(chain) == 1:
             return self.load_map(chain[0])
-        return self.cache.get(("chain", *(v.artifact_sha256 for v in chain)), make)
+        return self.cache.get(_chain_key(chain), make)
 
     def cached_compose(self, chain: list[VersionInfo]) -> LinearMap | ClusterMap | MapChain | None:
         """:meth:`compose` of ``chain`` when it is in memory, else None (reads nothing, computes nothing)."""
         if len(chain) == 1:
             return self.cached_map(chain[0])
-        return self.cache.peek(("chain", *(v.artifact_sha256 for v in chain)))
+        return self.cache.peek(_chain_key(chain))
 
     def artifact_file(self, ref) -> Path:
         v = ref if isinstance(ref, VersionInfo) else self.resolve(ref)
@@ -462,3 +462,8 @@ class Registry(SteerRegistryMixin):
 def open_registry(url: str, artifact_dir, **kw) -> Registry:
     """Open (creating if needed) the registry at ``url`` with artifacts under ``artifact_dir``."""
     return Registry(url, artifact_dir, **kw)
+
+
+def _chain_key(chain: list[VersionInfo]) -> tuple:
+    """The artifact cache key of a composed chain of maps (immutable: by the versions' sha256)."""
+    return ("chain", *(v.artifact_sha256 for v in chain))
