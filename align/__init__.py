@@ -8,6 +8,7 @@ Public surface::
     MiniVec2Vec                              unsupervised (and seeded) alignment
     evaluate                                 held-out metrics
     fit_migration, score_map                 migration maps chosen on held-out pairs (families × objectives)
+    labelled_retention                       retention of labelled retrieval (queries + relevant rows) for a CI gate
     ClusterMap                               blended per-cluster local maps (fit_migration(method="cluster"))
     MapChain, require_linear                 maps of any kind applied in sequence; the check for matrix-only uses
     load_map, map_from_bytes                 read a stored LinearMap, ClusterMap or MapChain by its header
@@ -26,7 +27,7 @@ from .frames import Frame
 from .knn import csls_knn, knn, mutual_nn
 from .maps import LinearMap, load_map, map_from_bytes
 from .metrics import evaluate, retention
-from .migration import fit_migration, score_map
+from .migration import fit_migration, labelled_retention, score_map
 from .minivec2vec import MiniVec2Vec
 from .plan import knn_overlap, plan_migration, select_rows_to_embed
 from .procrustes import PairStats, fit_lowrank, fit_procrustes, fit_ridge
@@ -36,6 +37,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LinearMap", "ClusterMap", "MapChain", "map_kind", "require_linear", "load_map", "map_from_bytes", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
-    "MiniVec2Vec", "fit_migration", "score_map", "select_rows_to_embed", "knn_overlap", "plan_migration", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
+    "MiniVec2Vec", "fit_migration", "score_map", "labelled_retention", "select_rows_to_embed", "knn_overlap", "plan_migration", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
     "transfer_steer", "knn", "csls_knn", "mutual_nn", "exceptions", *exceptions.__all__,
 ]

@@ -53,13 +53,13 @@ import numpy as np
 from .validation import as_matrix, check_paired, check_random_state
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
-from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
+from .exceptions import DimensionMismatchError, InputError, PairCountError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .maps import LinearMap
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
-from .retrieval import pair_retrieval_scores
+from .retrieval import labelled_retrieval, pair_retrieval_scores
 
-__all__ = ["fit_migration", "MIGRATION_METHODS", "AUTO_CANDIDATES", "LINEAR_CANDIDATES", "score_map"]
+__all__ = ["fit_migration", "MIGRATION_METHODS", "AUTO_CANDIDATES", "LINEAR_CANDIDATES", "score_map", "labelled_retention"]
 
 MIGRATION_METHODS = ("auto", "procrustes", "ridge", "lowrank", "contrastive", "cluster")
 AUTO_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive", "cluster")
@@ -82,6 +82,47 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10) -> dict:
         raise DimensionMismatchError(
             f"map is {map_.source_dim}->{map_.target_dim}, pairs are {X.shape[1]}->{Y.shape[1]}")
     return pair_retrieval_scores(map_._apply(X, output="raw"), unit_rows(Y), k=k)
+
+
+def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "target", k: int = 10) -> dict:
+    r"""Retention of labelled retrieval on a held-out corpus embedded by both models (a CI gate's figure).
+
+    ``X_src`` (n, d_s) / ``Y_tgt`` (n, d_t): n documents under the map's source and target model, row
+    by row; ``relevant`` (q,) int: the row of each query's one relevant document.
+
+    - ``side="target"`` (corpus-side migration: an old index mapped into the new space): ``queries``
+      (q, d_t) are new-model queries; migrated index = ``map(X_src)``, native index = ``Y_tgt``.
+    - ``side="source"`` (query-side, Drift-Adapter: a map fitted new → old serves new-model queries
+      from the untouched old index): ``queries`` (q, d_s) are source-model queries; migrated =
+      ``map(queries)`` against ``Y_tgt``, native = ``queries`` against ``X_src``.
+
+    Returns :func:`align.retrieval.labelled_retrieval`'s dict plus ``side``; ``retention["R@{k}"]``
+    is the figure ``bench_migration.py`` reports. Typed errors: mismatched rows or dimensions,
+    NaN/Inf, ``relevant`` not integers in ``[0, n)`` or not one per query, an unknown ``side``.
+    """
+    X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=1)
+    if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
+        raise DimensionMismatchError(
+            f"map is {map_.source_dim}->{map_.target_dim}, documents are {X.shape[1]}->{Y.shape[1]}")
+    if side not in ("target", "source"):
+        raise InputError(f"side must be 'target' (corpus-side) or 'source' (query-side), got {side!r}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise InputError(f"k must be a positive integer, got {k!r}")
+    Q = as_matrix(queries, name="queries", dim=map_.target_dim if side == "target" else map_.source_dim)
+    rel = np.asarray(relevant)
+    if rel.ndim != 1 or rel.size != Q.shape[0]:
+        raise PairCountError(f"relevant must hold one document row per query ({Q.shape[0]}), got shape {rel.shape}")
+    if rel.dtype == np.bool_ or not np.issubdtype(rel.dtype, np.integer):
+        raise InputError(f"relevant must be integer document rows, got dtype {rel.dtype}")
+    if rel.min() < 0 or rel.max() >= X.shape[0]:
+        raise InputError(f"relevant rows must be in [0, {X.shape[0]}), got [{int(rel.min())}, {int(rel.max())}]")
+    if side == "target":
+        Qn = unit_rows(Q)
+        out = labelled_retrieval(Qn, unit_rows(map_.apply(X, output="raw")), Qn, unit_rows(Y), rel, k=int(k))
+    else:
+        out = labelled_retrieval(unit_rows(map_.apply(Q, output="raw")), unit_rows(Y), unit_rows(Q), unit_rows(X),
+                                 rel, k=int(k))
+    return {**out, "side": side}
 
 
 class _Problem:

@@ -17,6 +17,11 @@ numpy blocks through :func:`align.knn` / :func:`align.metrics.ranks`, never n ×
   also returns in its top-``k`` (indices compared; the proxy of labelled retention: a
   relevant document that is near the query natively should stay near after the migration).
 
+**Labelled retrieval** (:func:`labelled_retrieval`): real queries with one known relevant document
+each, ranked in a migrated and in a native index of the same documents; R@1, R@k, nDCG@k, MRR and
+their **retention** = migrated / native (what ``benchmarks/bench_migration.py`` reports and
+``vecbridge eval --queries --relevant --min-retention`` gates on).
+
 ``score`` (used by ``fit_migration(method="auto")``) is the mean of ``corpus_mrr``,
 ``query_mrr`` and ``overlap@k``: the MRRs separate maps while recall@10 is saturated, the
 overlap tracks what a user sees in the top-10.
@@ -29,7 +34,8 @@ import numpy as np
 from .knn import knn
 from .metrics import ranks
 
-__all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention"]
+__all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention", "relevant_ranks",
+           "labelled_retrieval"]
 
 
 def overlap_without_self(Ia: np.ndarray, Ib: np.ndarray, k: int) -> float:
@@ -124,3 +130,43 @@ def pair_retrieval_scores(M: np.ndarray, T: np.ndarray, *, k: int = 10, extra_M:
         out[f"nn_retention@{k}"] = nn_retention(T, M, k, extra_M=extra_M)
     out["score"] = float((out["corpus_mrr"] + out["query_mrr"] + out[f"overlap@{k}"]) / 3.0)
     return out
+
+
+def relevant_ranks(Q: np.ndarray, D: np.ndarray, relevant: np.ndarray, *, block: int = 1024) -> np.ndarray:
+    """1-based rank (q,) of ``D[relevant[i]]`` among all rows of ``D`` (n, d) for query ``Q[i]`` (q, d).
+
+    Inner products (cosine on unit rows), computed in blocks of ``block`` queries (never q × n at once);
+    a document tied with the relevant one does not push it down (rank = 1 + rows scoring strictly higher).
+    """
+    out = np.empty(Q.shape[0], dtype=np.int64)
+    for s in range(0, Q.shape[0], block):
+        S = Q[s : s + block] @ D.T
+        true = S[np.arange(S.shape[0]), relevant[s : s + block]]
+        out[s : s + block] = 1 + (S > true[:, None]).sum(axis=1)
+    return out
+
+
+def _labelled_metrics(r: np.ndarray, k: int) -> dict:
+    """R@1, R@k, nDCG@k (one relevant document: ``1 / log2(1 + r)`` for ``r <= k``) and MRR of ranks ``r``."""
+    return {"R@1": float((r == 1).mean()), f"R@{k}": float((r <= k).mean()),
+            f"nDCG@{k}": float(np.where(r <= k, 1.0 / np.log2(1.0 + r), 0.0).mean()), "MRR": float((1.0 / r).mean())}
+
+
+def labelled_retrieval(Q_migrated: np.ndarray, D_migrated: np.ndarray, Q_native: np.ndarray, D_native: np.ndarray,
+                       relevant: np.ndarray, *, k: int = 10) -> dict:
+    """Labelled retrieval in a migrated and a native index, and the retention of each metric.
+
+    ``D_migrated`` / ``D_native`` (n, ·): the same n documents, row by row, as the migrated index
+    holds them and as the new model embeds them natively; ``Q_migrated`` / ``Q_native`` (q, ·): the
+    same q queries as each index is searched with (corpus-side migration: the native queries both
+    times; query-side: the mapped queries against the old index, the native ones against the
+    new-model documents). ``relevant`` (q,) int: the row of each query's one relevant document.
+    All rows unit. Returns ``{"migrated": {...}, "native": {...}, "retention": {...}, "n_queries",
+    "n_documents", "k"}``; a retention whose native figure is 0 is ``None``.
+    """
+    rel = np.asarray(relevant, dtype=np.int64)
+    mig = _labelled_metrics(relevant_ranks(Q_migrated, D_migrated, rel), k)
+    nat = _labelled_metrics(relevant_ranks(Q_native, D_native, rel), k)
+    return {"migrated": mig, "native": nat,
+            "retention": {m: (mig[m] / nat[m] if nat[m] > 0 else None) for m in mig},
+            "n_queries": int(rel.size), "n_documents": int(D_native.shape[0]), "k": int(k)}

@@ -197,6 +197,27 @@ def read_seed_pairs(path: str):
     return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
 
 
+def read_relevant(path: str, n: int) -> np.ndarray:
+    """Relevant-document file of labelled queries: ``.npy`` (n,) ints, ``.json`` [i, ...], or one row index per line."""
+    p = Path(path)
+    check_file(p)
+    try:
+        if p.suffix == ".npy":
+            rel = np.asarray(load_npy(p))
+        elif p.suffix == ".json":
+            rel = np.asarray(json.loads(p.read_text()))
+        else:
+            rel = np.loadtxt(p, dtype=np.int64, ndmin=1)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{p.name}: cannot read relevant rows ({exc})") from None
+    if rel.ndim != 1 or rel.dtype == np.bool_ or not np.issubdtype(rel.dtype, np.integer):
+        raise InputError(f"{p.name}: relevant rows must be one integer per query, got shape {rel.shape} "
+                         f"dtype {rel.dtype}")
+    if rel.shape[0] != n:
+        raise PairCountError(f"{p.name} has {rel.shape[0]} relevant rows for {n} queries")
+    return rel.astype(np.int64)
+
+
 def read_labels(path: str, n: int) -> np.ndarray:
     """Labels file: ``.npy`` (n,) ints, or text with one of -1 / 0 / +1 per line."""
     p = Path(path)

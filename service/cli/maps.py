@@ -20,7 +20,7 @@ from ..io import read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import evaluate_map, plan
 from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt,
-                      random_state_opt, read_pair, read_seed_pairs, space_name, version_record)
+                      random_state_opt, read_pair, read_relevant, read_seed_pairs, space_name, version_record)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
@@ -117,28 +117,53 @@ def _render_fit(reg, v, as_json: bool) -> None:
 @input_opts
 @click.option("--min-top1", type=float, default=None, help="PASS/FAIL gate: exit 1 when top-1 is below.")
 @click.option("--min-retention", type=click.FloatRange(0, 1), default=None,
-              help="PASS/FAIL gate on retention (nn_retention@10: each native target row's nearest native row must stay "
-                   "in the top 10 of the mapped source rows; share kept): exit 1 when below.")
+              help="PASS/FAIL gate on retention: exit 1 when below. With --queries/--relevant, the retention of "
+                   "labelled retrieval (R@10 migrated / native over the held-out documents); otherwise the proxy "
+                   "nn_retention@10 (each native target row's nearest native row must stay in the top 10 of the "
+                   "mapped source rows; share kept).")
+@click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
+              help="Labelled queries (.npy/.npz/.safetensors/.parquet/...): new-model query vectors (--side target) or "
+                   "source-model ones (--side source).")
+@click.option("--queries-rows", default=None, help="START:STOP rows of --queries.")
+@click.option("--relevant", "relevant_path", type=click.Path(dir_okay=False), default=None,
+              help="Each query's relevant document: its row in the held-out pairs (.npy ints, .json list, or one "
+                   "index per line).")
+@click.option("--side", type=click.Choice(["target", "source"]), default="target", show_default=True,
+              help="target: corpus-side migration (the map moves the documents; queries are target vectors); "
+                   "source: query-side (the map moves the queries into the target index).")
 @click.option("--csls/--no-csls", default=False, help="Also rank by CSLS.")
 @click.option("--record", is_flag=True, help="Store the results as tags eval.* on the version.")
 @json_opt
 @click.pass_obj
-def eval_cmd(obj: Ctx, ref, min_top1, min_retention, csls, record, as_json, **io_opts):
-    """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention."""
+def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows, relevant_path, side, csls, record,
+             as_json, **io_opts):
+    """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention
+    (of labelled queries when given)."""
+    if (queries_path is None) != (relevant_path is None):
+        raise InputError("--queries and --relevant go together (labelled queries and their relevant rows)")
     X, Y, _ = read_pair(io_opts, lambda stage, frac: None)
+    Q = rel = None
+    if queries_path is not None:
+        Q = read_vectors(queries_path, rows=queries_rows)
+        rel = read_relevant(relevant_path, Q.shape[0])
     res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
-                       record=record)
+                       record=record, queries=Q, relevant=rel, side=side)
     r = res["retrieval"]
     text = (f"{res['map']}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f}  "
             f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})\n"
-            f"  retrieval: retention {r['retention']:.4f}  corpus-side MRR {r['corpus_mrr']:.4f}  "
+            f"  retrieval: nn_retention@10 {r['nn_retention@10']:.4f}  corpus-side MRR {r['corpus_mrr']:.4f}  "
             f"query-side MRR {r['query_mrr']:.4f}  overlap@10 {r['overlap@10']:.4f}")
+    if "labelled" in r:
+        lab = r["labelled"]
+        text += (f"\n  labelled ({lab['n_queries']} queries, {lab['n_documents']} documents, {side}-side): "
+                 + "  ".join(f"{m} {lab['migrated'][m]:.4f}/{lab['native'][m]:.4f}" for m in lab["migrated"])
+                 + f"  (migrated/native)  retention R@10 {r['retention']:.4f}")
     if csls:
         text += f"\n  CSLS: top-1 {res['csls_top1']:.4f}  mean rank {res['csls_mean_rank']:.2f}"
     if min_top1 is not None:
         text += f"\n{'PASS' if res['top1'] >= min_top1 else 'FAIL'}: top-1 {res['top1']:.4f} vs {min_top1}"
     if min_retention is not None:
-        text += f"\n{r['result']}: retention {r['retention']:.4f} vs {min_retention}"
+        text += f"\n{r['result']}: {r['retention_metric']} {r['retention']:.4f} vs {min_retention}"
     emit(res, as_json, text)
     if res.get("result") == "FAIL":
         sys.exit(1)

@@ -5,11 +5,17 @@
   ``auto``, ``contrastive`` and ``cluster``.
 - :func:`plan` — :func:`align.plan_migration` on the old corpus and a paired probe.
 - :func:`retention_gate` — held-out pairs → retrieval scores of a map and PASS/FAIL against a
-  minimum retention. **Retention** here is ``nn_retention@10`` (:func:`align.retrieval.nn_retention`):
+  minimum retention. With labelled queries (``queries`` and the row of each one's ``relevant``
+  document among the held-out pairs), **retention** is that of labelled retrieval,
+  ``R@10(migrated) / R@10(native)`` over the held-out documents (:func:`align.labelled_retention`;
+  corpus-side, or query-side with ``side="source"``): the figure a migration is judged by.
+  Without queries it is the proxy ``nn_retention@10`` (:func:`align.retrieval.nn_retention`):
   each native new-model row of the held-out pairs is a query whose relevant document is its
   native nearest other row; retention is the share of queries whose relevant document is still
   in the top 10 of the mapped old rows (native recall is 1 by construction, so this is the
-  ratio migrated / native). The same quantity ``plan`` predicts.
+  ratio migrated / native). The same quantity ``plan`` predicts; on labelled benchmarks it
+  neither bounds nor tracks labelled retention across data sets
+  (``benchmarks/results/plan_proxies_2026-12-01.md``), so gate on labelled queries when you have them.
 - :func:`evaluate_map` — a registered map on held-out pairs: :func:`align.evaluate` (top-1, mean
   rank, cosine, recall@10, optional CSLS), the retention gate, PASS/FAIL against ``min_top1`` /
   ``min_retention``, optionally recorded as ``eval.*`` tags on the version.
@@ -22,10 +28,12 @@ import numpy as np
 import align
 from align.exceptions import InputError
 
-__all__ = ["MIGRATION_METHODS", "fit_migration_map", "plan", "retention_gate", "evaluate_map", "RETENTION_KEY"]
+__all__ = ["MIGRATION_METHODS", "fit_migration_map", "plan", "retention_gate", "evaluate_map", "RETENTION_KEY",
+           "LABELLED_KEY"]
 
 MIGRATION_METHODS = ("auto", "contrastive", "cluster")
 RETENTION_KEY = "nn_retention@10"
+LABELLED_KEY = "labelled R@10 retention"
 
 
 def fit_migration_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict | None, random_state=0,
@@ -53,10 +61,25 @@ def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, ran
                                 target_retention=float(target_retention))
 
 
-def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None) -> dict:
-    """Scores of ``map_`` on held-out pairs and, with ``min_retention``, ``passed`` / ``result``."""
+def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None, queries=None,
+                   relevant=None, side: str = "target") -> dict:
+    """Scores of ``map_`` on held-out pairs and, with ``min_retention``, ``passed`` / ``result``.
+
+    ``queries`` (q, d) with ``relevant`` (q,) rows of ``X``/``Y``: ``labelled`` holds
+    :func:`align.labelled_retention` and ``retention`` / ``retention_metric`` its R@10 retention;
+    otherwise they are the ``nn_retention@10`` proxy.
+    """
+    if (queries is None) != (relevant is None):
+        raise InputError("labelled queries need both the queries and the row of each one's relevant document")
     res = align.score_map(map_, X, Y)
-    res["retention"] = res[RETENTION_KEY]
+    if queries is not None:
+        lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side)
+        res["labelled"] = lab
+        res["retention"] = lab["retention"]["R@10"] if lab["retention"]["R@10"] is not None else 0.0
+        res["retention_metric"] = LABELLED_KEY + (" (query-side)" if side == "source" else " (corpus-side)")
+    else:
+        res["retention"] = res[RETENTION_KEY]
+        res["retention_metric"] = RETENTION_KEY
     if min_retention is not None:
         res["min_retention"] = float(min_retention)
         res["passed"] = bool(res["retention"] >= min_retention)
@@ -65,18 +88,22 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
 
 
 def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool = False,
-                 min_top1: float | None = None, min_retention: float | None = None, record: bool = False) -> dict:
+                 min_top1: float | None = None, min_retention: float | None = None, record: bool = False,
+                 queries=None, relevant=None, side: str = "target") -> dict:
     """Scores of the registered map ``ref`` on held-out pairs ``X`` (n, d_s) <-> ``Y`` (n, d_t).
 
     Keys: those of :func:`align.evaluate`, ``retrieval`` (:func:`retention_gate`), ``retention``,
     ``map`` (the resolved ref) and, when a gate is given, ``min_top1`` / ``min_retention`` and
     ``result`` (``"PASS"`` only when every given gate passes). ``record`` stores top-1, mean rank,
-    cosine, recall@10 and the candidate count as tags ``eval.*`` on the version (they rank paths).
+    cosine, recall@10 and the candidate count as tags ``eval.*`` on the version (they rank paths),
+    and with labelled ``queries`` / ``relevant`` (see :func:`retention_gate`) the labelled
+    retention as ``eval.labelled_retention``.
     """
     v = registry.resolve(ref)
     m = registry.load_map(v)
     res = align.evaluate(m, X, Y, csls=csls)
-    res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention)
+    res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention, queries=queries, relevant=relevant,
+                                      side=side)
     res["retention"] = res["retrieval"]["retention"]
     res["map"] = v.ref
     passed = None
@@ -91,4 +118,6 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     if record:
         for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates"):
             registry.set_tag(v.name, v.version, f"eval.{k}", res[k])
+        if "labelled" in res["retrieval"]:
+            registry.set_tag(v.name, v.version, "eval.labelled_retention", res["retention"])
     return res

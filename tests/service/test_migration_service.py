@@ -161,3 +161,73 @@ def test_service_auto_picks_cluster_on_piecewise_pairs_and_the_cli_applies_it(tm
     code, out, err = run(capsys, "--data-dir", d, "fit", "--source", tmp_path / "a.npy", "--target",
                          tmp_path / "b.npy", "--pairs", "--method", "cluster", "--name", "pw", "--json", "--quiet")
     assert code == 0 and json.loads(out)["version"] == 2 and json.loads(out)["map_kind"] == "cluster", err
+
+
+def _queries(Y, rows, noise=0.5, seed=1):
+    """Target-model queries near their relevant documents ``Y[rows]``."""
+    rng = np.random.default_rng(seed)
+    return (Y[rows] + noise * rng.normal(size=(len(rows), Y.shape[1]))).astype(np.float32)
+
+
+def test_eval_gates_on_labelled_queries_and_agrees_with_align(capsys, data):
+    import align
+    from service.registry import open_registry
+
+    d = data
+    X, Y = _pairs()
+    rel = np.random.default_rng(2).integers(0, 300, 200)          # rows of the held-out pairs 600:900
+    write_vectors(d / "q.npy", _queries(Y[600:900], rel))
+    np.save(d / "rel.npy", rel)
+    (d / "rel.txt").write_text("\n".join(map(str, rel)))
+    code, _, err = run(capsys, "--data-dir", d / "var", "fit", "--pairs", "--source", d / "old.npy", "--target",
+                       d / "new.npy", "--rows", "0:40", "--method", "procrustes", "--name", "few", "--quiet")
+    assert code == 0, err
+    common = ["--data-dir", d / "var", "eval", "--map", "few", "--source", d / "old.npy", "--target", d / "new.npy",
+              "--rows", "600:900", "--queries", d / "q.npy"]
+    code, out, err = run(capsys, *common, "--relevant", d / "rel.npy", "--json", "--min-retention", "0.01")
+    assert code == 0, err
+    res = json.loads(out)
+    lab = res["retrieval"]["labelled"]
+    reg = open_registry(f"sqlite:///{d / 'var' / 'registry.sqlite'}", d / "var" / "artifacts")
+    try:
+        m = reg.load_map("few")
+    finally:
+        reg.close()
+    ref = align.labelled_retention(m, X[600:900], Y[600:900], _queries(Y[600:900], rel), rel)
+    assert lab["migrated"] == ref["migrated"] and lab["native"] == ref["native"]
+    assert res["retention"] == ref["retention"]["R@10"] < 1.0          # a Procrustes map of an affine pair loses some
+    assert res["retrieval"]["retention_metric"].startswith("labelled R@10 retention")
+    assert res["result"] == "PASS"
+    # the text form and a gate just above the measured figure: exit 1, FAIL with the figure
+    code, out, _ = run(capsys, *common, "--relevant", d / "rel.txt", "--min-retention", f"{res['retention'] + 0.01:.4f}")
+    assert code == 1 and "FAIL: labelled R@10 retention (corpus-side)" in out and "labelled (200 queries" in out
+
+
+def test_eval_labelled_query_side_and_bad_input(capsys, data):
+    d = data
+    X, Y = _pairs()
+    rel = np.arange(0, 300, 3)
+    write_vectors(d / "qs.npy", _queries(Y[600:900], rel))   # new-model queries, for a map new -> old
+    np.save(d / "rel.npy", rel)
+    code, _, err = run(capsys, "--data-dir", d / "var", "fit", "--pairs", "--source", d / "new.npy", "--target",
+                       d / "old.npy", "--rows", "0:600", "--method", "ridge", "--name", "back", "--quiet")
+    assert code == 0, err
+    common = ["--data-dir", d / "var", "eval", "--map", "back", "--source", d / "new.npy", "--target", d / "old.npy",
+              "--rows", "600:900"]
+    code, out, err = run(capsys, *common, "--queries", d / "qs.npy", "--relevant", d / "rel.npy", "--side", "source",
+                         "--json")
+    assert code == 0, err
+    lab = json.loads(out)["retrieval"]["labelled"]
+    assert lab["side"] == "source" and lab["n_queries"] == 100 and lab["retention"]["R@10"] > 0.5
+    # bad input: a clear message and a non-zero exit, nothing registered or changed
+    np.save(d / "short.npy", rel[:10])
+    np.save(d / "far.npy", rel + 1000)
+    np.save(d / "float.npy", rel.astype(np.float32))
+    for extra, msg in ((["--queries", d / "qs.npy"], "go together"),
+                       (["--queries", d / "qs.npy", "--relevant", d / "short.npy", "--side", "source"], "10 relevant rows"),
+                       (["--queries", d / "qs.npy", "--relevant", d / "far.npy", "--side", "source"], "must be in [0, 300)"),
+                       (["--queries", d / "qs.npy", "--relevant", d / "float.npy", "--side", "source"], "integer"),
+                       (["--queries", d / "qs.npy", "--relevant", d / "rel.npy", "--side", "target"], "columns"),
+                       (["--queries", d / "bad.npy", "--relevant", d / "rel.npy", "--side", "source"], "NaN")):
+        code, out, err = run(capsys, *common, *extra)
+        assert code not in (0, 1) and msg in err, (extra, code, out, err)

@@ -1,0 +1,121 @@
+"""align.labelled_retention: labelled retrieval in a migrated vs a native index (the figure a CI gate reads)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import align
+from align.exceptions import DimensionMismatchError, InputError, NonFiniteError, PairCountError
+from align.frames import unit_rows
+from align.retrieval import labelled_retrieval, relevant_ranks
+
+
+def _corpus(n=400, d=16, q=120, seed=0, query_noise=0.6):
+    """Clustered documents X (source model), Y = X R (target model, a planted rotation), and target-model
+    queries near their relevant document (noise ``query_noise`` relative to the row norm)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(10, d)) * 2.0
+    X = centres[rng.integers(0, 10, n)] + rng.normal(size=(n, d))
+    R = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    Y = X @ R
+    rel = rng.integers(0, n, q)
+    Q = Y[rel] + query_noise * np.linalg.norm(Y[rel], axis=1, keepdims=True) * rng.normal(size=(q, d)) / np.sqrt(d)
+    return X.astype(np.float32), Y.astype(np.float32), Q.astype(np.float32), rel, R
+
+
+def _brute_ranks(Q, D, rel):
+    """Independent reference: the full (q, n) cosine matrix, rank = 1 + documents strictly above the relevant one."""
+    S = unit_rows(Q).astype(np.float64) @ unit_rows(D).astype(np.float64).T
+    true = S[np.arange(len(rel)), rel]
+    return 1 + (S > true[:, None] + 1e-6).sum(axis=1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), noise=st.floats(0.05, 2.0))
+def test_an_exact_map_keeps_every_metric_on_both_sides(seed, noise):
+    X, Y, Q, rel, R = _corpus(seed=seed, query_noise=noise)
+    fwd = align.LinearMap(R.astype(np.float32))          # x -> x R: exact source -> target
+    res = align.labelled_retention(fwd, X, Y, Q, rel)
+    assert res["side"] == "target" and res["n_queries"] == len(rel) and res["n_documents"] == len(X)
+    # Y = X R in float64, the map's X R in float32: a near-tie may flip once in a while, nothing more
+    tol = 2.0 / len(rel)
+    for m, v in res["migrated"].items():
+        assert v == pytest.approx(res["native"][m], abs=tol)
+    back = align.LinearMap(R.T.astype(np.float32))       # query-side: target-model queries into the source index
+    res = align.labelled_retention(back, Y, X, Q, rel, side="source")
+    assert res["side"] == "source"
+    assert res["migrated"] == pytest.approx(res["native"], abs=tol)
+    assert res["retention"]["R@10"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_ranks_and_metrics_match_a_brute_force_reference():
+    X, Y, Q, rel, _ = _corpus(seed=3)
+    wrong = align.fit_procrustes(X[:30], Y[:30] + np.random.default_rng(1).normal(size=(30, 16)).astype(np.float32))
+    res = align.labelled_retention(wrong, X, Y, Q, rel)
+    for name, D in (("migrated", wrong.apply(X, output="raw")), ("native", Y)):
+        r = _brute_ranks(Q, D, rel)
+        np.testing.assert_array_equal(relevant_ranks(unit_rows(Q), unit_rows(D), rel, block=7), r)
+        assert res[name]["R@1"] == pytest.approx(np.mean(r == 1))
+        assert res[name]["R@10"] == pytest.approx(np.mean(r <= 10))
+        assert res[name]["MRR"] == pytest.approx(np.mean(1.0 / r))
+        assert res[name]["nDCG@10"] == pytest.approx(np.mean(np.where(r <= 10, 1 / np.log2(1 + r), 0.0)))
+    assert res["retention"]["R@10"] == pytest.approx(res["migrated"]["R@10"] / res["native"]["R@10"])
+    # query-side: a map source -> target moves source-model queries into the target index; native = source index
+    Qs = X[rel] + 0.6 * np.random.default_rng(2).normal(size=(len(rel), 16)).astype(np.float32)
+    res = align.labelled_retention(wrong, X, Y, Qs, rel, side="source")
+    assert res["migrated"]["MRR"] == pytest.approx(np.mean(1.0 / _brute_ranks(wrong.apply(Qs, output="raw"), Y, rel)))
+    assert res["native"]["MRR"] == pytest.approx(np.mean(1.0 / _brute_ranks(Qs, X, rel)))
+
+
+def test_a_poor_map_loses_retention_and_more_pairs_win_it_back():
+    X, Y, Q, rel, _ = _corpus(n=1500, d=32, q=400, seed=5, query_noise=0.8)
+    rng = np.random.default_rng(0)
+    Yn = Y + 0.8 * rng.normal(size=Y.shape).astype(np.float32)   # the models disagree row by row
+    few = align.labelled_retention(align.fit_ridge(X[:20], Yn[:20], alpha=1.0), X, Y, Q, rel)["retention"]["R@10"]
+    many = align.labelled_retention(align.fit_ridge(X, Yn, alpha=1.0), X, Y, Q, rel)["retention"]["R@10"]
+    assert few < 0.75 and many > 0.95
+
+
+def test_ties_with_the_relevant_document_do_not_push_it_down():
+    D = np.array([[1, 0], [1, 0], [0, 1]], np.float32)   # rows 0 and 1 are the same document twice
+    Q = np.array([[1, 0.01]], np.float32)
+    for rel in (0, 1):
+        out = labelled_retrieval(unit_rows(Q), D, unit_rows(Q), D, np.array([rel]), k=1)
+        assert out["native"]["R@1"] == 1.0
+
+
+@pytest.mark.parametrize("kw, err", [
+    (dict(relevant=np.arange(5)), PairCountError),                          # not one per query
+    (dict(relevant=np.full(120, 400)), InputError),                         # out of range
+    (dict(relevant=np.full(120, -1)), InputError),
+    (dict(relevant=np.zeros(120, np.float32)), InputError),                 # not integers
+    (dict(relevant=np.zeros((120, 1), np.int64)), PairCountError),
+    (dict(queries=np.full((120, 16), np.nan, np.float32)), NonFiniteError),
+    (dict(queries=np.zeros((120, 9), np.float32)), DimensionMismatchError),  # not the target's dimension
+    (dict(side="both"), InputError),
+    (dict(k=0), InputError),
+    (dict(k=True), InputError),
+    (dict(Y_tgt=np.zeros((399, 16), np.float32)), PairCountError),
+])
+def test_bad_input_raises_typed_errors(kw, err):
+    X, Y, Q, rel, R = _corpus()
+    args = dict(X_src=X, Y_tgt=Y, queries=Q, relevant=rel)
+    args.update(kw)
+    with pytest.raises(err):
+        align.labelled_retention(align.LinearMap(R.astype(np.float32)), **args)
+
+
+def test_dimensions_of_each_side_are_checked_against_the_map():
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(200, 12)).astype(np.float32), rng.normal(size=(200, 8)).astype(np.float32)
+    m = align.fit_ridge(X, Y, alpha=1.0)
+    rel = np.arange(50)
+    assert align.labelled_retention(m, X, Y, Y[:50], rel)["n_queries"] == 50
+    assert align.labelled_retention(m, X, Y, X[:50], rel, side="source")["n_queries"] == 50
+    with pytest.raises(DimensionMismatchError):
+        align.labelled_retention(m, X, Y, X[:50], rel)             # source-model queries on the target side
+    with pytest.raises(DimensionMismatchError):
+        align.labelled_retention(m, Y, X, Y[:50], rel)             # documents the other way round
