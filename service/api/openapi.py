@@ -50,6 +50,10 @@ EXAMPLES: dict[str, dict[str, dict]] = {
         "old": {"vectors_b64": "AACAPwAAAAAAAAAAAAAAAJqZGT/NzEw/AAAAAAAAAAA=", "dim": 4},
         "probe_source": {"vectors": _A}, "probe_target": {"vectors": _B}, "target_retention": 0.95,
         "random_state": 0})},
+    "evaluate_map": {"labelled": _ex("Held-out pairs, two labelled queries and a gate", {
+        "source": {"vectors": _A}, "target": {"vectors": _B},
+        "queries": {"vectors": [[0.1, 0.9, 0.0, 0.0], [0.0, 0.0, 0.2, 0.9]]}, "relevant": [0, 2], "side": "target",
+        "min_retention": 0.9})},
     "set_alias": {"prod": _ex("Point `prod` at version 1", {"version": 1})},
     "set_tag": {"owner": _ex("Any JSON value", {"value": "search-team"})},
     "transform": {

@@ -261,6 +261,20 @@ class PlanRequest(_Strict):
     random_state: int = 0
 
 
+class EvaluateRequest(_Strict):
+    source: _Vectors = Field(..., description="Held-out documents under the map's source model (n rows).")
+    target: _Vectors = Field(..., description="The same documents under its target model, row i <-> row i.")
+    queries: _Vectors | None = Field(None, description="Labelled queries: target-model vectors (`side` target) or "
+                                                       "source-model ones (`side` source).")
+    relevant: list[int] | None = Field(None, description="Each query's relevant document: its row in `source`/`target`.")
+    side: Literal["target", "source"] = Field("target", description="`target`: corpus-side migration (the map moves "
+                                              "the documents); `source`: query-side (the map moves the queries).")
+    min_retention: float | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on retention (labelled R@10 "
+                                        "retention with queries, else nn_retention@10).")
+    min_top1: float | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on top-1 of the pairs.")
+    csls: bool = False
+
+
 # --- embeddings ---------------------------------------------------------------------------------
 class EmbeddingsRequest(_Strict):
     input: str | list[str] = Field(..., description="Text or list of texts.")

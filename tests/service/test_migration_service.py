@@ -231,3 +231,50 @@ def test_eval_labelled_query_side_and_bad_input(capsys, data):
                        (["--queries", d / "bad.npy", "--relevant", d / "rel.npy", "--side", "source"], "NaN")):
         code, out, err = run(capsys, *common, *extra)
         assert code not in (0, 1) and msg in err, (extra, code, out, err)
+
+
+def test_http_evaluate_labelled_gate_over_real_http_agrees_with_the_cli(tmp_path, capsys):
+    """POST /v1/maps/{ref}/evaluate on a uvicorn server: the same figures as `vecbridge eval --json`, a verdict in
+    the body, and 4xx with a message for every bad part of the request (the server keeps answering)."""
+    import httpx
+
+    from _servers import serve_in_thread
+
+    X, Y = _pairs()
+    rel = np.random.default_rng(4).integers(0, 300, 150)
+    Q = _queries(Y[600:900], rel)
+    write_vectors(tmp_path / "old.npy", X)
+    write_vectors(tmp_path / "new.npy", Y)
+    write_vectors(tmp_path / "q.npy", Q)
+    np.save(tmp_path / "rel.npy", rel)
+    settings = settings_for(tmp_path / "svc")
+    code, _, err = run(capsys, "--data-dir", settings.data_dir, "fit", "--pairs", "--source", tmp_path / "old.npy",
+                       "--target", tmp_path / "new.npy", "--rows", "0:20", "--method", "procrustes", "--name", "m",
+                       "--quiet")
+    assert code == 0, err
+    code, out, err = run(capsys, "--data-dir", settings.data_dir, "eval", "--map", "m", "--source",
+                         tmp_path / "old.npy", "--target", tmp_path / "new.npy", "--rows", "600:900", "--queries",
+                         tmp_path / "q.npy", "--relevant", tmp_path / "rel.npy", "--json")
+    assert code == 0, err
+    cli = json.loads(out)
+    body = {"source": _b64(X[600:900]), "target": {"vectors": Y[600:900].tolist()}, "queries": _b64(Q),
+            "relevant": rel.tolist(), "min_retention": round(cli["retention"] + 0.01, 4)}
+    assert cli["retention"] < 0.98  # a Procrustes map of 20 pairs of an affine pair: the gate above it fails
+    with serve_in_thread(create_app(settings)) as url, httpx.Client(base_url=url, headers=R, timeout=60) as c:
+        r = c.post("/v1/maps/m/evaluate", json=body)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["retrieval"]["labelled"]["migrated"] == pytest.approx(cli["retrieval"]["labelled"]["migrated"])
+        assert got["retention"] == pytest.approx(cli["retention"]) and got["result"] == "FAIL"
+        ok = c.post("/v1/maps/m/evaluate", json={**body, "min_retention": 0.0})
+        assert ok.status_code == 200 and ok.json()["result"] == "PASS"
+        bad = [({"relevant": rel[:5].tolist()}, "relevant"), ({"relevant": (rel + 300).tolist()}, "[0, 300)"),
+               ({"relevant": [10**30] * len(rel)}, "relevant"), ({"relevant": None}, "both"),
+               ({"queries": _b64(np.full((len(rel), 12), np.nan, np.float32))}, "NaN"),
+               ({"queries": _b64(X[:150])}, "columns"), ({"side": "sideways"}, "side"),
+               ({"min_retention": 1.5}, "min_retention"), ({"target": _b64(Y[600:890])}, "rows")]
+        for change, msg in bad:
+            r = c.post("/v1/maps/m/evaluate", json={**body, **change})
+            assert 400 <= r.status_code < 500 and msg in r.text, (change, r.status_code, r.text[:300])
+        assert c.post("/v1/maps/nope/evaluate", json=body).status_code == 404
+        assert c.get("/healthz").status_code == 200

@@ -1,16 +1,17 @@
-"""``POST /v1/plans``: a migration plan before the fit (alignability, expected retention vs K, rows to re-embed)."""
+"""``POST /v1/plans``: a migration plan before the fit (alignability, expected retention vs K, rows to re-embed);
+``POST /v1/maps/{ref}/evaluate``: a fitted map on held-out pairs and labelled queries, with PASS/FAIL gates."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from ...ops.plans import plan
+from ...ops.plans import evaluate_map, plan
 from ..codec import parse_json, validate, vectors_from_json
-from ..deps import JSONOnly, ReadScope, SettingsDep
+from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..openapi import json_body
 from ..responses import FastJSONResponse
-from ..schemas import PlanRequest, error_responses
+from ..schemas import EvaluateRequest, PlanRequest, error_responses
 
 router = APIRouter(prefix="/v1", tags=["migration"], responses=error_responses(401, 403, 413, 415, 422, 503))
 
@@ -37,5 +38,37 @@ async def create_plan(request: Request, settings: SettingsDep):
         old, a, b = (vectors_from_json(raw[k], dim=raw[k].get("dim"), max_batch=settings.max_batch)
                      for k in ("old", "probe_source", "probe_target"))
         return plan(old, a, b, random_state=opts.random_state, target_retention=opts.target_retention)
+
+    return FastJSONResponse(await run_in_threadpool(work))
+
+
+EVALUATE_DOC = """Evaluate the map `ref` (name, name@alias or name:version) on held-out documents embedded by
+both models (`source`, `target`: row i is the same text) — what `vecbridge eval` prints with `--json`:
+top-1, mean rank, cosine and recall@10 of the pairs, and `retrieval` (corpus- and query-side MRR,
+overlap@10, the proxy `nn_retention@10`). With labelled `queries` and each one's `relevant` row,
+`retrieval.labelled` holds R@1, R@10, nDCG@10 and MRR of those queries over the mapped and over the
+native documents and their retention, and `retention` is the labelled R@10 retention (`side`
+`target`: corpus-side, the queries are target-model vectors; `source`: query-side, the queries are
+source-model vectors the map moves into the target index). `min_retention` / `min_top1` add
+`result`: `PASS` or `FAIL` (still 200: the gate's verdict is data). Each vector set is `vectors` or
+`vectors_b64` + `dim`.
+"""
+
+
+@router.post("/maps/{ref}/evaluate", dependencies=[ReadScope, JSONOnly], summary="Evaluate a map (labelled gate)",
+             description=EVALUATE_DOC, openapi_extra=json_body(EvaluateRequest, "evaluate_map"))
+async def evaluate(ref: str, request: Request, state: StateDep, settings: SettingsDep):
+    body = await request.body()
+
+    def work():
+        raw = parse_json(body)
+        opts = validate(EvaluateRequest, raw)
+        X, Y = (vectors_from_json(raw[k], dim=raw[k].get("dim"), max_batch=settings.max_batch)
+                for k in ("source", "target"))
+        Q = None
+        if raw.get("queries") is not None:
+            Q = vectors_from_json(raw["queries"], dim=raw["queries"].get("dim"), max_batch=settings.max_batch)
+        return evaluate_map(state.registry, ref, X, Y, csls=opts.csls, min_top1=opts.min_top1,
+                            min_retention=opts.min_retention, queries=Q, relevant=opts.relevant, side=opts.side)
 
     return FastJSONResponse(await run_in_threadpool(work))

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 
 from service.api import create_app
 from service.api.routers.lm import LMAnalyzeRequest, LMFitRequest, LMGenerateRequest
-from service.api.schemas import (AliasSet, EmbeddingsRequest, FitRequest, IndexAdd, IndexCreate, IndexDelete,
-                                 PlanRequest, SearchRequest, SpaceCreate, SteerApplyRequest, SteerFitRequest,
+from service.api.schemas import (AliasSet, EmbeddingsRequest, EvaluateRequest, FitRequest, IndexAdd, IndexCreate,
+                                 IndexDelete, PlanRequest, SearchRequest, SpaceCreate, SteerApplyRequest, SteerFitRequest,
                                  SteerTransferRequest, TagSet, TransformJSON)
 from _jobs_support import http_job, wait_job
 from _api_support import W, settings_for
@@ -26,7 +26,7 @@ MODELS = {
     ("post", "/v1/embeddings"): EmbeddingsRequest, ("post", "/v1/steers"): SteerFitRequest,
     ("post", "/v1/steers/{ref}/apply"): SteerApplyRequest, ("post", "/v1/lm/steers"): LMFitRequest,
     ("put", "/v1/steers/{name}/aliases/{alias}"): AliasSet, ("post", "/v1/steers/{ref}/transfer"): SteerTransferRequest,
-    ("post", "/v1/plans"): PlanRequest, ("post", "/v1/lm/generate"): LMGenerateRequest, ("post", "/v1/lm/analyze"): LMAnalyzeRequest,
+    ("post", "/v1/plans"): PlanRequest, ("post", "/v1/maps/{ref}/evaluate"): EvaluateRequest, ("post", "/v1/lm/generate"): LMGenerateRequest, ("post", "/v1/lm/analyze"): LMAnalyzeRequest,
 }
 
 # The toy walk-through, in order: method, path, example name (the route template is the OpenAPI path the
@@ -38,6 +38,7 @@ PUT /v1/maps/toy-a2b/aliases/prod           prod
 PUT /v1/maps/toy-a2b/versions/1/tags/owner  owner
 POST /v1/maps/toy-a2b@prod/transform        toy
 POST /v1/maps/toy-a2b@prod/transform        base64
+POST /v1/maps/toy-a2b@prod/evaluate         labelled
 POST /v1/indexes                            toy
 POST /v1/indexes/toy-b-docs/vectors         toy
 POST /v1/indexes/toy-b-docs/search          toy
@@ -96,5 +97,7 @@ def test_toy_examples_run_in_order(app_client):
     # the toy map recovers the planted pairwise swap, so the answers are the swapped rows
     got = np.array(answers[("/v1/maps/{ref}/transform", "toy")]["vectors"])
     np.testing.assert_allclose(got, [[0, 1, 0, 0], [0.8, 0.6, 0, 0]], atol=1e-4)
+    ev = answers[("/v1/maps/{ref}/evaluate", "labelled")]
+    assert ev["result"] == "PASS" and ev["retrieval"]["labelled"]["retention"]["R@1"] == 1.0  # the swap is exact
     hits = answers[("/v1/indexes/{name}/search", "toy")]["results"]
     assert [row[0]["id"] for row in hits] == [1, 3]  # toy-a e1 -> toy-b row 1, e3 -> row 3
