@@ -84,7 +84,8 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10) -> dict:
     return pair_retrieval_scores(map_._apply(X, output="raw"), unit_rows(Y), k=k)
 
 
-def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "target", k: int = 10) -> dict:
+def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "target", k: int = 10,
+                       old_queries=None) -> dict:
     r"""Retention of labelled retrieval on a held-out corpus embedded by both models (a CI gate's figure).
 
     ``X_src`` (n, d_s) / ``Y_tgt`` (n, d_t): n documents under the map's source and target model, row
@@ -95,6 +96,11 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
     - ``side="source"`` (query-side, Drift-Adapter: a map fitted new → old serves new-model queries
       from the untouched old index): ``queries`` (q, d_s) are source-model queries; migrated =
       ``map(queries)`` against ``Y_tgt``, native = ``queries`` against ``X_src``.
+
+    ``old_queries`` (q, ·): the same queries under the old model (the source model for
+    ``side="target"``, the target model for ``side="source"``) adds the baseline a migration has to
+    beat, keeping the old model: ``old`` (its metrics over the old documents), ``old_retention``
+    (old / native-new per metric) and ``beats_old`` (migrated R@k >= old R@k).
 
     Returns :func:`align.retrieval.labelled_retrieval`'s dict plus ``side``; ``retention["R@{k}"]``
     is the figure ``bench_migration.py`` reports. Typed errors: mismatched rows or dimensions,
@@ -122,7 +128,20 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
     else:
         out = labelled_retrieval(unit_rows(map_.apply(Q, output="raw")), unit_rows(Y), unit_rows(Q), unit_rows(X),
                                  rel, k=int(k))
-    return {**out, "side": side}
+    out["side"] = side
+    if old_queries is not None:
+        old_docs = X if side == "target" else Y
+        Qo = as_matrix(old_queries, name="old_queries", dim=old_docs.shape[1])
+        if Qo.shape[0] != Q.shape[0]:
+            raise PairCountError(f"old_queries must be the same {Q.shape[0]} queries under the old model, "
+                                 f"got {Qo.shape[0]} rows")
+        old = labelled_retrieval(unit_rows(Qo), unit_rows(old_docs), unit_rows(Qo), unit_rows(old_docs), rel,
+                                 k=int(k))["native"]
+        nat = out["native"]
+        out["old"] = old
+        out["old_retention"] = {m: (old[m] / nat[m] if nat[m] > 0 else None) for m in old}
+        out["beats_old"] = bool(out["migrated"][f"R@{int(k)}"] >= old[f"R@{int(k)}"])
+    return out
 
 
 class _Problem:

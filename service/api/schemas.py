@@ -267,6 +267,8 @@ class EvaluateRequest(_Strict):
     queries: _Vectors | None = Field(None, description="Labelled queries: target-model vectors (`side` target) or "
                                                        "source-model ones (`side` source).")
     relevant: list[int] | None = Field(None, description="Each query's relevant document: its row in `source`/`target`.")
+    old_queries: _Vectors | None = Field(None, description="The same queries under the old model: adds the baseline "
+                                                           "of keeping it (`retrieval.labelled.old`, `beats_old`).")
     side: Literal["target", "source"] = Field("target", description="`target`: corpus-side migration (the map moves "
                                               "the documents); `source`: query-side (the map moves the queries).")
     min_retention: float | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on retention (labelled R@10 "

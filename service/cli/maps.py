@@ -124,7 +124,10 @@ def _render_fit(reg, v, as_json: bool) -> None:
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
               help="Labelled queries (.npy/.npz/.safetensors/.parquet/...): new-model query vectors (--side target) or "
                    "source-model ones (--side source).")
-@click.option("--queries-rows", default=None, help="START:STOP rows of --queries.")
+@click.option("--queries-rows", default=None, help="START:STOP rows of --queries (and --old-queries).")
+@click.option("--old-queries", "old_queries_path", type=click.Path(dir_okay=False), default=None,
+              help="The same queries under the old model: adds the baseline of keeping the old model (its R@10 over "
+                   "the old documents) and whether the migration beats it.")
 @click.option("--relevant", "relevant_path", type=click.Path(dir_okay=False), default=None,
               help="Each query's relevant document: its row in the held-out pairs (.npy ints, .json list, or one "
                    "index per line).")
@@ -135,19 +138,23 @@ def _render_fit(reg, v, as_json: bool) -> None:
 @click.option("--record", is_flag=True, help="Store the results as tags eval.* on the version.")
 @json_opt
 @click.pass_obj
-def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows, relevant_path, side, csls, record,
-             as_json, **io_opts):
+def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows, old_queries_path, relevant_path, side,
+             csls, record, as_json, **io_opts):
     """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention
     (of labelled queries when given)."""
     if (queries_path is None) != (relevant_path is None):
         raise InputError("--queries and --relevant go together (labelled queries and their relevant rows)")
     X, Y, _ = read_pair(io_opts, lambda stage, frac: None)
-    Q = rel = None
+    Q = rel = Qo = None
     if queries_path is not None:
         Q = read_vectors(queries_path, rows=queries_rows)
         rel = read_relevant(relevant_path, Q.shape[0])
+    if old_queries_path is not None:
+        if Q is None:
+            raise InputError("--old-queries is the baseline of labelled queries: give --queries and --relevant too")
+        Qo = read_vectors(old_queries_path, rows=queries_rows)
     res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
-                       record=record, queries=Q, relevant=rel, side=side)
+                       record=record, queries=Q, relevant=rel, side=side, old_queries=Qo)
     r = res["retrieval"]
     text = (f"{res['map']}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f}  "
             f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})\n"
@@ -158,6 +165,10 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         text += (f"\n  labelled ({lab['n_queries']} queries, {lab['n_documents']} documents, {side}-side): "
                  + "  ".join(f"{m} {lab['migrated'][m]:.4f}/{lab['native'][m]:.4f}" for m in lab["migrated"])
                  + f"  (migrated/native)  retention R@10 {r['retention']:.4f}")
+        if "old" in lab:
+            text += (f"\n  keeping the old model: R@10 {lab['old']['R@10']:.4f} (retention "
+                     f"{lab['old_retention']['R@10'] or 0:.4f}); the migration "
+                     + ("beats it" if lab["beats_old"] else "does NOT beat it: keep the old model or re-embed"))
     if csls:
         text += f"\n  CSLS: top-1 {res['csls_top1']:.4f}  mean rank {res['csls_mean_rank']:.2f}"
     if min_top1 is not None:

@@ -62,18 +62,21 @@ def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, ran
 
 
 def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None, queries=None,
-                   relevant=None, side: str = "target") -> dict:
+                   relevant=None, side: str = "target", old_queries=None) -> dict:
     """Scores of ``map_`` on held-out pairs and, with ``min_retention``, ``passed`` / ``result``.
 
     ``queries`` (q, d) with ``relevant`` (q,) rows of ``X``/``Y``: ``labelled`` holds
     :func:`align.labelled_retention` and ``retention`` / ``retention_metric`` its R@10 retention;
-    otherwise they are the ``nn_retention@10`` proxy.
+    otherwise they are the ``nn_retention@10`` proxy. ``old_queries`` (the same queries under the old
+    model) adds the keep-the-old-model baseline (``labelled["old"]``, ``["beats_old"]``).
     """
     if (queries is None) != (relevant is None):
         raise InputError("labelled queries need both the queries and the row of each one's relevant document")
+    if old_queries is not None and queries is None:
+        raise InputError("old-model queries are the baseline of labelled queries: give the queries and relevant rows too")
     res = align.score_map(map_, X, Y)
     if queries is not None:
-        lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side)
+        lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side, old_queries=old_queries)
         res["labelled"] = lab
         res["retention"] = lab["retention"]["R@10"] if lab["retention"]["R@10"] is not None else 0.0
         res["retention_metric"] = LABELLED_KEY + (" (query-side)" if side == "source" else " (corpus-side)")
@@ -89,7 +92,7 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
 
 def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool = False,
                  min_top1: float | None = None, min_retention: float | None = None, record: bool = False,
-                 queries=None, relevant=None, side: str = "target") -> dict:
+                 queries=None, relevant=None, side: str = "target", old_queries=None) -> dict:
     """Scores of the registered map ``ref`` on held-out pairs ``X`` (n, d_s) <-> ``Y`` (n, d_t).
 
     Keys: those of :func:`align.evaluate`, ``retrieval`` (:func:`retention_gate`), ``retention``,
@@ -103,7 +106,7 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     m = registry.load_map(v)
     res = align.evaluate(m, X, Y, csls=csls)
     res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention, queries=queries, relevant=relevant,
-                                      side=side)
+                                      side=side, old_queries=old_queries)
     res["retention"] = res["retrieval"]["retention"]
     res["map"] = v.ref
     passed = None

@@ -119,3 +119,26 @@ def test_dimensions_of_each_side_are_checked_against_the_map():
         align.labelled_retention(m, X, Y, X[:50], rel)             # source-model queries on the target side
     with pytest.raises(DimensionMismatchError):
         align.labelled_retention(m, Y, X, Y[:50], rel)             # documents the other way round
+
+
+def test_old_queries_give_the_keep_the_old_model_baseline_on_each_side():
+    X, Y, Q, rel, R = _corpus(seed=7)
+    Qold = Q @ R.T                                   # the same queries under the source (old) model
+    fwd = align.LinearMap(R.astype(np.float32))
+    res = align.labelled_retention(fwd, X, Y, Q, rel, old_queries=Qold)
+    # the old model is the new one rotated: keeping it is as good as native, the exact map as good as both
+    assert res["old"] == pytest.approx(res["native"], abs=2.0 / len(rel))
+    assert res["old_retention"]["R@10"] == pytest.approx(1.0, abs=0.05) and res["beats_old"] in (True, False)
+    poor = align.fit_procrustes(X[:20], Y[:20] + np.random.default_rng(0).normal(size=(20, 16)).astype(np.float32))
+    res = align.labelled_retention(poor, X, Y, Q, rel, old_queries=Qold)
+    assert res["beats_old"] is False and res["migrated"]["R@10"] < res["old"]["R@10"]
+    # query-side: map target -> source, queries in the target model, old model = the map's target (X here)
+    back = align.LinearMap(R.T.astype(np.float32))
+    res = align.labelled_retention(back, Y, X, Q, rel, side="source", old_queries=Qold)
+    assert res["old"]["MRR"] == pytest.approx(np.mean(1.0 / _brute_ranks(Qold, X, rel)))
+    with pytest.raises(PairCountError):
+        align.labelled_retention(fwd, X, Y, Q, rel, old_queries=Qold[:5])
+    with pytest.raises(DimensionMismatchError):
+        align.labelled_retention(fwd, X, Y, Q, rel, old_queries=np.zeros((len(rel), 9), np.float32))
+    with pytest.raises(NonFiniteError):
+        align.labelled_retention(fwd, X, Y, Q, rel, old_queries=np.full_like(Qold, np.inf))

@@ -224,6 +224,7 @@ def test_eval_labelled_query_side_and_bad_input(capsys, data):
     np.save(d / "far.npy", rel + 1000)
     np.save(d / "float.npy", rel.astype(np.float32))
     for extra, msg in ((["--queries", d / "qs.npy"], "go together"),
+                       (["--old-queries", d / "qs.npy"], "baseline"),
                        (["--queries", d / "qs.npy", "--relevant", d / "short.npy", "--side", "source"], "10 relevant rows"),
                        (["--queries", d / "qs.npy", "--relevant", d / "far.npy", "--side", "source"], "must be in [0, 300)"),
                        (["--queries", d / "qs.npy", "--relevant", d / "float.npy", "--side", "source"], "integer"),
@@ -268,6 +269,12 @@ def test_http_evaluate_labelled_gate_over_real_http_agrees_with_the_cli(tmp_path
         assert got["retention"] == pytest.approx(cli["retention"]) and got["result"] == "FAIL"
         ok = c.post("/v1/maps/m/evaluate", json={**body, "min_retention": 0.0})
         assert ok.status_code == 200 and ok.json()["result"] == "PASS"
+        # the old model's view of the same queries: X-side vectors near the relevant rows' old embeddings
+        Qo = X[600:900][rel] + 0.1 * np.random.default_rng(5).normal(size=(len(rel), 16)).astype(np.float32)
+        lab = c.post("/v1/maps/m/evaluate", json={**body, "old_queries": _b64(Qo)}).json()["retrieval"]["labelled"]
+        assert lab["beats_old"] is (lab["migrated"]["R@10"] >= lab["old"]["R@10"]) and lab["old"]["R@10"] > 0.5
+        r = c.post("/v1/maps/m/evaluate", json={**body, "queries": None, "relevant": None, "old_queries": _b64(Qo)})
+        assert r.status_code == 422 and "baseline" in r.text
         bad = [({"relevant": rel[:5].tolist()}, "relevant"), ({"relevant": (rel + 300).tolist()}, "[0, 300)"),
                ({"relevant": [10**30] * len(rel)}, "relevant"), ({"relevant": None}, "both"),
                ({"queries": _b64(np.full((len(rel), 12), np.nan, np.float32))}, "NaN"),

@@ -47,7 +47,8 @@ both models (`source`, `target`: row i is the same text) — what `vecbridge eva
 top-1, mean rank, cosine and recall@10 of the pairs, and `retrieval` (corpus- and query-side MRR,
 overlap@10, the proxy `nn_retention@10`). With labelled `queries` and each one's `relevant` row,
 `retrieval.labelled` holds R@1, R@10, nDCG@10 and MRR of those queries over the mapped and over the
-native documents and their retention, and `retention` is the labelled R@10 retention (`side`
+native documents and their retention (with `old_queries`, the same queries under the old model, also
+`old`: keeping the old model, and `beats_old`), and `retention` is the labelled R@10 retention (`side`
 `target`: corpus-side, the queries are target-model vectors; `source`: query-side, the queries are
 source-model vectors the map moves into the target index). `min_retention` / `min_top1` add
 `result`: `PASS` or `FAIL` (still 200: the gate's verdict is data). Each vector set is `vectors` or
@@ -65,10 +66,11 @@ async def evaluate(ref: str, request: Request, state: StateDep, settings: Settin
         opts = validate(EvaluateRequest, raw)
         X, Y = (vectors_from_json(raw[k], dim=raw[k].get("dim"), max_batch=settings.max_batch)
                 for k in ("source", "target"))
-        Q = None
-        if raw.get("queries") is not None:
-            Q = vectors_from_json(raw["queries"], dim=raw["queries"].get("dim"), max_batch=settings.max_batch)
+        Q, Qo = (None if raw.get(k) is None else
+                 vectors_from_json(raw[k], dim=raw[k].get("dim"), max_batch=settings.max_batch)
+                 for k in ("queries", "old_queries"))
         return evaluate_map(state.registry, ref, X, Y, csls=opts.csls, min_top1=opts.min_top1,
-                            min_retention=opts.min_retention, queries=Q, relevant=opts.relevant, side=opts.side)
+                            min_retention=opts.min_retention, queries=Q, relevant=opts.relevant, side=opts.side,
+                            old_queries=Qo)
 
     return FastJSONResponse(await run_in_threadpool(work))
