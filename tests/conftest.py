@@ -18,6 +18,22 @@ def wordnet_available() -> bool:
     return (WORDNET / "minilm.npy").exists() and (WORDNET / "e5.npy").exists()
 
 
+def load_benchmark(name: str):
+    """The module ``benchmarks/<name>.py`` (benchmarks are scripts, not a package; their siblings import by name)."""
+    import importlib.util
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(bench))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(bench))
+    return mod
+
+
 @pytest.fixture(scope="session")
 def wordnet():
     """dict name -> float32 array (40960, d) of the shared WordNet embeddings, or skip."""

@@ -179,8 +179,8 @@ def read_pair(o: dict, progress):
     return X, Y, inputs
 
 
-def read_seed_pairs(path: str):
-    """Seed pairs file: ``.npy`` (k, 2) int, ``.json`` [[i, j], ...], or text lines ``i j``."""
+def _read_ints(path: str, what: str, ndmin: int) -> tuple[Path, np.ndarray]:
+    """``(path, array)`` of an integer file: ``.npy``, ``.json`` (nested lists), or whitespace-separated text."""
     p = Path(path)
     check_file(p)
     try:
@@ -189,9 +189,15 @@ def read_seed_pairs(path: str):
         elif p.suffix == ".json":
             arr = np.asarray(json.loads(p.read_text()))
         else:
-            arr = np.loadtxt(p, dtype=np.int64, ndmin=2, delimiter=None)
+            arr = np.loadtxt(p, dtype=np.int64, ndmin=ndmin, delimiter=None)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{p.name}: cannot read seed pairs ({exc})") from None
+        raise InputError(f"{p.name}: cannot read {what} ({exc})") from None
+    return p, arr
+
+
+def read_seed_pairs(path: str):
+    """Seed pairs file: ``.npy`` (k, 2) int, ``.json`` [[i, j], ...], or text lines ``i j``."""
+    p, arr = _read_ints(path, "seed pairs", 2)
     if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
         raise InputError(f"{p.name}: seed pairs must be integer rows 'i_src i_tgt' (k, 2), got shape {arr.shape}")
     return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
@@ -199,17 +205,7 @@ def read_seed_pairs(path: str):
 
 def read_relevant(path: str, n: int) -> np.ndarray:
     """Relevant-document file of labelled queries: ``.npy`` (n,) ints, ``.json`` [i, ...], or one row index per line."""
-    p = Path(path)
-    check_file(p)
-    try:
-        if p.suffix == ".npy":
-            rel = np.asarray(load_npy(p))
-        elif p.suffix == ".json":
-            rel = np.asarray(json.loads(p.read_text()))
-        else:
-            rel = np.loadtxt(p, dtype=np.int64, ndmin=1)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{p.name}: cannot read relevant rows ({exc})") from None
+    p, rel = _read_ints(path, "relevant rows", 1)
     if rel.ndim != 1 or rel.dtype == np.bool_ or not np.issubdtype(rel.dtype, np.integer):
         raise InputError(f"{p.name}: relevant rows must be one integer per query, got shape {rel.shape} "
                          f"dtype {rel.dtype}")

@@ -3,33 +3,18 @@ against a brute-force reference, and the all-mpnet-base-v2 re-assembly from spli
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[2]
+from conftest import load_benchmark
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return mod
-
-
-builder = _load("build_retrieval_sets")
-bench = _load("bench_migration")
+builder = load_benchmark("build_retrieval_sets")
+bench = load_benchmark("bench_migration")
 
 WORDNET_LINES = [
     "  1 This software and database is being provided to you, the LICENSEE, by  \n",

@@ -6,40 +6,25 @@ migration is worse than keeping the old model (on this task MiniLM alone beats a
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import WORDNET, wordnet_available
+from conftest import WORDNET, load_benchmark, wordnet_available
 from service.cli import main
 from service.io import write_vectors
 
-ROOT = Path(__file__).resolve().parents[2]
-
 pytestmark = pytest.mark.skipif(not (wordnet_available() and Path("/usr/share/wordnet/data.noun").is_file()),
                                 reason="needs the shared WordNet embeddings and Debian's wordnet-base")
-
-
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return mod
 
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
     from service.encoders import get_encoder
 
-    builder = _bench("build_retrieval_sets")
+    builder = load_benchmark("build_retrieval_sets")
     spec = builder.build_wordnet(300, seed=0)                       # queries whose gloss is in rows [32768, 40960)
     rng = np.random.default_rng(0)
     gloss = np.asarray(spec["query_doc"])
@@ -77,7 +62,7 @@ def test_gate_on_real_queries_matches_the_benchmark_and_flags_a_migration_worse_
     assert code == 0, err
     lab = json.loads(out)["retrieval"]["labelled"]
     # the benchmark's own metric code (FAISS top-100, exact) on the same vectors gives the same native figures
-    bench = _bench("bench_migration")
+    bench = load_benchmark("bench_migration")
     rel = np.load(d / "relevant.npy")
     native = bench.retrieval_metrics(bench.search(np.load(d / "q_new.npy"), np.load(d / "new_docs.npy")), rel)
     assert lab["native"]["R@10"] == pytest.approx(native["R@10"]) and lab["native"]["R@1"] == pytest.approx(native["R@1"])
