@@ -53,7 +53,7 @@ import numpy as np
 from .validation import as_matrix, check_paired, check_random_state
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
-from .exceptions import DimensionMismatchError, InputError, PairCountError, TooFewRowsError
+from .exceptions import DegenerateInputError, DimensionMismatchError, InputError, PairCountError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .maps import LinearMap
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
@@ -84,6 +84,15 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10) -> dict:
     return pair_retrieval_scores(map_._apply(X, output="raw"), unit_rows(Y), k=k)
 
 
+def _nonzero_rows(Q: np.ndarray, name: str) -> np.ndarray:
+    """``Q`` unchanged, or DegenerateInputError when a row is all zeros (it would tie with every document and
+    count as a hit)."""
+    zero = ~np.any(Q != 0, axis=1)
+    if zero.any():
+        raise DegenerateInputError(f"{name}: {int(zero.sum())} row(s) are all zeros (no direction to rank by)")
+    return Q
+
+
 def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "target", k: int = 10,
                        old_queries=None) -> dict:
     r"""Retention of labelled retrieval on a held-out corpus embedded by both models (a CI gate's figure).
@@ -104,7 +113,8 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
 
     Returns :func:`align.retrieval.labelled_retrieval`'s dict plus ``side``; ``retention["R@{k}"]``
     is the figure ``bench_migration.py`` reports. Typed errors: mismatched rows or dimensions,
-    NaN/Inf, ``relevant`` not integers in ``[0, n)`` or not one per query, an unknown ``side``.
+    NaN/Inf, an all-zero query, ``relevant`` not integers in ``[0, n)`` or not one per query, an
+    unknown ``side``.
     """
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=1)
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
@@ -114,7 +124,8 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
         raise InputError(f"side must be 'target' (corpus-side) or 'source' (query-side), got {side!r}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise InputError(f"k must be a positive integer, got {k!r}")
-    Q = as_matrix(queries, name="queries", dim=map_.target_dim if side == "target" else map_.source_dim)
+    Q = _nonzero_rows(as_matrix(queries, name="queries", dim=map_.target_dim if side == "target" else map_.source_dim),
+                      "queries")
     rel = np.asarray(relevant)
     if rel.ndim != 1 or rel.size != Q.shape[0]:
         raise PairCountError(f"relevant must hold one document row per query ({Q.shape[0]}), got shape {rel.shape}")
@@ -131,7 +142,7 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
     out["side"] = side
     if old_queries is not None:
         old_docs = X if side == "target" else Y
-        Qo = as_matrix(old_queries, name="old_queries", dim=old_docs.shape[1])
+        Qo = _nonzero_rows(as_matrix(old_queries, name="old_queries", dim=old_docs.shape[1]), "old_queries")
         if Qo.shape[0] != Q.shape[0]:
             raise PairCountError(f"old_queries must be the same {Q.shape[0]} queries under the old model, "
                                  f"got {Qo.shape[0]} rows")

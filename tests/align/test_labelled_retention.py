@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import align
-from align.exceptions import DimensionMismatchError, InputError, NonFiniteError, PairCountError
+from align.exceptions import (DegenerateInputError, DimensionMismatchError, InputError, NonFiniteError,
+                              PairCountError)
 from align.frames import unit_rows
 from align.retrieval import labelled_retrieval, relevant_ranks
 
@@ -96,6 +97,7 @@ def test_ties_with_the_relevant_document_do_not_push_it_down():
     (dict(queries=np.full((120, 16), np.nan, np.float32)), NonFiniteError),
     (dict(queries=np.zeros((120, 9), np.float32)), DimensionMismatchError),  # not the target's dimension
     (dict(side="both"), InputError),
+    (dict(queries=np.zeros((120, 16), np.float32)), DegenerateInputError),   # would tie with everything: a "hit"
     (dict(k=0), InputError),
     (dict(k=True), InputError),
     (dict(Y_tgt=np.zeros((399, 16), np.float32)), PairCountError),
@@ -142,3 +144,17 @@ def test_old_queries_give_the_keep_the_old_model_baseline_on_each_side():
         align.labelled_retention(fwd, X, Y, Q, rel, old_queries=np.zeros((len(rel), 9), np.float32))
     with pytest.raises(NonFiniteError):
         align.labelled_retention(fwd, X, Y, Q, rel, old_queries=np.full_like(Qold, np.inf))
+    with pytest.raises(DegenerateInputError):
+        align.labelled_retention(fwd, X, Y, Q, rel, old_queries=np.where(np.arange(16) < 99, 0.0, Qold))
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-20, 1.0, 1e20, 1e30, 3e38])
+def test_numeric_extremes_of_queries_and_documents_rank_like_unit_rows(scale):
+    X, Y, Q, rel, R = _corpus(seed=11)
+    m = align.LinearMap(R.astype(np.float32))
+    ref = align.labelled_retention(m, X, Y, Q, rel, old_queries=Q @ R.T)
+    big = np.float32(scale)
+    Qs = (Q / np.abs(Q).max() * big).astype(np.float32)            # every entry within float32 range
+    got = align.labelled_retention(m, X, Y, Qs, rel, old_queries=(Q @ R.T / np.abs(Q @ R.T).max() * big))
+    for part in ("native", "migrated", "old"):
+        assert got[part] == pytest.approx(ref[part], abs=2.0 / len(rel)), (scale, part)
