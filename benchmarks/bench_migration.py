@@ -397,7 +397,9 @@ def tables(results: dict) -> str:
             if (mode, meth, s) not in combos:
                 combos.append((mode, meth, s))
         combos.sort()
-        out.append("\nRetention of R@10 (migrated / native-new) by K pairs:\n")
+        keep = fmt(no["R@10"] / nn["R@10"] if nn["R@10"] > 0 else None)
+        out.append(f"\nRetention of R@10 (migrated / native-new) by K pairs (keeping the old model: {keep}; a "
+                   f"migration below that is worse than not migrating):\n")
         out.append("| mode | method | rows | " + " | ".join(f"K={k}" for k in ks) + " |")
         out.append("|---|---|---|" + "---|" * len(ks))
         for mode, meth, s in combos:
