@@ -119,13 +119,17 @@ FLOOR_NOTE = ("predicted retention is nn_retention@10 on the probe, a proxy with
 def _curve_fit(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, float, float]:
     """Least-squares saturating curve ``r(K) = r_inf - c K^(-beta)`` (``beta`` on a grid, ``r_inf ≤ 1``).
 
+    Where the free fit puts ``r_inf`` above 1 the constrained optimum has ``r_inf = 1`` and
+    ``c = Σ (1 - v) K^-β / Σ K^-2β`` (``c`` refitted, not kept from the free fit).
     Returns ``(r_inf, c, beta, residual std)``.
     """
     best = None
     for beta in np.linspace(0.1, 1.5, 29):
         A = np.stack([np.ones_like(ks, dtype=float), -ks ** (-beta)], axis=1)
         coef, *_ = np.linalg.lstsq(A, vals, rcond=None)
-        coef[0] = min(coef[0], 1.0)
+        if coef[0] > 1.0:
+            kb = ks ** (-beta)
+            coef = np.array([1.0, float(((1.0 - vals) * kb).sum() / (kb * kb).sum())])
         res = vals - A @ coef
         sse = float((res**2).sum())
         if best is None or sse < best[0]:
@@ -136,7 +140,7 @@ def _curve_fit(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, float, f
 
 def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retention: float = 0.95,
                    target_ks=DEFAULT_TARGET_KS, repeats: int = 2, methods=("procrustes", "ridge"),
-                   distractors: int = 8192) -> dict:
+                   distractors: int = 8192, select_rows: bool = True) -> dict:
     r"""A plan before the fit, from the old corpus and a small paired probe.
 
     Parameters
@@ -165,7 +169,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
 
     Returns a JSON-safe dict: ``alignability``, ``unsupervised_feasible``, ``curve`` (per K and
     method the mean and spread), ``predicted`` (per target K: retention, low, high),
-    ``recommended`` (``method``, ``k``), ``rows_to_embed`` (indices), ``notes``.
+    ``recommended`` (``method``, ``k``), ``rows_to_embed`` (indices; empty with
+    ``select_rows=False``, for callers such as a fit report that only want the forecast), ``notes``.
     """
     from .migration import _Problem, _fit_procrustes, _ridge
 
@@ -230,5 +235,6 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         "curve": curve, "best_method": best, "fit": {"r_inf": r_inf, "c": c, "beta": beta, "residual_std": sd, "spread": spread},
         "predicted": predicted, "target_retention": float(target_retention),
         "recommended": {"method": "auto" if k_rec >= 1000 else best, "k": k_rec},
-        "rows_to_embed": select_rows_to_embed(Xo, k_rows, random_state=rng).tolist(), "notes": notes,
+        "rows_to_embed": select_rows_to_embed(Xo, k_rows, random_state=rng).tolist() if select_rows else [],
+        "notes": notes,
     }

@@ -364,3 +364,24 @@ def test_sinkhorn_polish_sparse_product_and_early_stop():
     _, h_all = sinkhorn_polish(W0, Xs, Yt, rounds=4, eps=0.1, k=5)
     _, h_tol = sinkhorn_polish(W0, Xs, Yt, rounds=4, eps=0.1, k=5, tol=np.inf)
     assert len(h_all) == 4 and len(h_tol) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(r_inf=st.floats(0.3, 1.6), c=st.floats(0.05, 3.0), beta=st.sampled_from([0.2, 0.5, 0.8, 1.2]))
+def test_plan_curve_fit_is_the_constrained_least_squares_optimum(r_inf, c, beta):
+    """r(K) = r_inf - c K^-beta with r_inf <= 1: exact recovery when feasible; when the data want r_inf > 1, the
+    fit sits on r_inf = 1 with c refitted, so no (r_inf <= 1, c) on the chosen beta does better."""
+    from align.plan import _curve_fit
+
+    ks = np.array([20, 40, 80, 160, 320], dtype=float)
+    vals = r_inf - c * ks ** (-beta)
+    r, cc, b, _ = _curve_fit(ks, vals)
+    assert r <= 1.0
+    fit = r - cc * ks ** (-b)
+    sse = float(((vals - fit) ** 2).sum())
+    if r_inf <= 1.0:
+        assert sse < 1e-8
+    kb = ks ** (-b)
+    for r2 in np.linspace(r - 0.3, min(1.0, r + 0.3), 13):   # any r_inf <= 1 with its best c: not better
+        c2 = float(((r2 - vals) * kb).sum() / (kb * kb).sum())
+        assert sse <= float(((vals - (r2 - c2 * kb)) ** 2).sum()) + 1e-9
