@@ -3,8 +3,10 @@
 Sections: summary (name, spaces, method, parameters, lineage, metrics), stage timings, the
 selection criterion across restarts and the per-iteration histories found in
 ``map_.metadata["diagnostics"]``, a histogram of cosines of mapped pairs (true pairs when
-paired; mutual nearest neighbours after mapping otherwise), and a 2-D PCA projection of both
-clouds before and after mapping. Plots are matplotlib (Agg) PNGs embedded as base64, so the
+paired; mutual nearest neighbours after mapping otherwise), a 2-D PCA projection of both
+clouds before and after mapping, and for paired fits the migration plan of
+:func:`align.plan_migration` computed from a probe of the fit's own pairs (alignability, the
+retention proxy's learning curve, its forecast per K, this fit's K marked). Plots are matplotlib (Agg) PNGs embedded as base64, so the
 report is one self-contained file.
 """
 
@@ -122,6 +124,54 @@ def _criterion_plots(diag: dict) -> list[tuple[str, str]]:
     return plots
 
 
+def _plan_plot(plan: dict, k_fit: int | None) -> str:
+    """The plan's measured proxy per method and K (error bars: spread over subsets) and its fitted forecast
+    ``r(K) = r_inf - c K^-beta`` with the interval, on a log K axis; ``k_fit`` marked."""
+    plt = _mpl()
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for method, pts in plan["curve"].items():
+        ks = [q["k"] for q in pts]
+        ax.errorbar(ks, [q["mean"] for q in pts], yerr=[q["spread"] for q in pts], marker="o", ms=4, capsize=2,
+                    lw=1, label=f"measured on the probe: {method}")
+    f = plan["fit"]
+    pred = plan["predicted"]
+    k_max = max([q["k"] for q in pred] + [k_fit or 1])
+    k_min = min(min(q["k"] for q in pts) for pts in plan["curve"].values())
+    grid = np.geomspace(max(2, k_min), k_max, 60)
+    r = np.clip(f["r_inf"] - f["c"] * grid ** (-f["beta"]), 0.0, 1.0)
+    half = (pred[0]["high"] - pred[0]["low"]) / 2.0 if pred else 0.0
+    ax.plot(grid, r, color="#444", lw=1.2, label=f"forecast ({plan['best_method']})")
+    ax.fill_between(grid, np.clip(r - half, 0, 1), np.clip(r + half, 0, 1), color="#999", alpha=0.25,
+                    label="interval")
+    if k_fit:
+        ax.axvline(k_fit, color="#dd8452", lw=1, ls="--", label=f"this fit: K = {k_fit}")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("pairs K")
+    ax.set_ylabel("nn_retention@10 (proxy)")
+    ax.set_title("retention proxy vs pairs (a rough floor; labelled queries decide)", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    return _png(fig)
+
+
+def _plan_section(plan: dict, k_fit: int | None) -> str:
+    rows = "".join(
+        f"<tr><td>{q['k']}</td><td>{q['retention']:.3f}</td><td>[{q['low']:.3f}, {q['high']:.3f}]</td>"
+        f"<td>{'extrapolated' if q['extrapolated'] else ''}{' (this fit)' if q['k'] == k_fit else ''}</td></tr>"
+        for q in plan["predicted"])
+    rec = plan["recommended"]
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in plan["notes"])
+    return (f"<h2>Migration plan (from a probe of these pairs)</h2>"
+            f"<p>alignability (kNN@10 overlap of the two spaces on {plan['n_probe']} probe pairs): "
+            f"<b>{plan['alignability']:.3f}</b> — unsupervised alignment "
+            f"{'possible' if plan['unsupervised_feasible'] else 'not expected to work (below ~0.4)'}; "
+            f"recommended: method {html.escape(str(rec['method']))}, K = {rec['k']} "
+            f"for a proxy retention of {plan['target_retention']:g}.</p>"
+            f"<table><tr><th>K</th><th>proxy retention</th><th>interval</th><th></th></tr>{rows}</table>"
+            f"<img alt='retention proxy vs pairs' src='data:image/png;base64,{_plan_plot(plan, k_fit)}'>"
+            f"<ul>{notes}</ul>")
+
+
 def _hist_plot(cosines: dict[str, np.ndarray]) -> str:
     plt = _mpl()
     fig, ax = plt.subplots(figsize=(7, 3.2))
@@ -179,7 +229,8 @@ td{padding:2px 0;font-family:ui-monospace,monospace;word-break:break-all}img{max
 
 
 def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, diagnostics: dict | None,
-                  cosines: dict[str, np.ndarray], clouds: tuple | None, paired: bool) -> str:
+                  cosines: dict[str, np.ndarray], clouds: tuple | None, paired: bool, plan: dict | None = None,
+                  k_fit: int | None = None, plan_note: str | None = None) -> str:
     """Build the report HTML.
 
     Parameters
@@ -190,6 +241,8 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
     diagnostics : dict        ``map_.metadata["diagnostics"]`` (criterion across restarts/iterations)
     cosines : dict            label -> cosines (k,) of mapped pairs, for the histogram
     clouds : (src_before (n, d_s), tgt_before (m, d_t), src_after (n, d_t), tgt_after (m, d_t)) or None
+    plan : dict               :func:`align.plan_migration`'s answer (paired fits), with ``k_fit`` the fit's pairs
+    plan_note : str           why there is no plan section (shown instead), e.g. too few pairs
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
@@ -208,6 +261,10 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
     if clouds is not None:
         parts.append(f"<h2>2-D projection of both clouds</h2><img alt='PCA projection' "
                      f"src='data:image/png;base64,{_pca_plot(*clouds, paired=paired)}'>")
+    if plan is not None:
+        parts.append(_plan_section(plan, k_fit))
+    elif plan_note:
+        parts.append(f"<h2>Migration plan</h2><p>{html.escape(plan_note)}</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -151,6 +151,31 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
     return metrics, cosines, clouds
 
 
+_PLAN_PROBE, _PLAN_DISTRACTORS = 500, 4096
+
+
+def _report_plan(X: np.ndarray, Y: np.ndarray, rng) -> tuple[dict | None, str | None]:
+    """The fit report's migration plan: :func:`align.plan_migration` with a probe of up to 500 of the fit's pairs
+    and up to 4,096 of its source rows as the old corpus (~2-4 s on 384-d rows), forecast up to the fit's K.
+
+    Returns ``(plan, None)``, or ``(None, why)`` when the pairs are too few or degenerate for a probe.
+    """
+    from align.plan import DEFAULT_TARGET_KS, MIN_PROBE
+
+    n = X.shape[0]
+    if n < 2 * MIN_PROBE:
+        return None, f"not computed: {n} pairs; the plan needs a probe of at least {MIN_PROBE} pairs beside them"
+    probe = np.sort(rng.permutation(n)[: min(_PLAN_PROBE, n)])
+    old = np.sort(rng.permutation(n)[: min(_PLAN_DISTRACTORS, n)])
+    try:
+        plan = align.plan_migration(X[old], X[probe], Y[probe], random_state=rng,
+                                    target_ks=sorted({*DEFAULT_TARGET_KS, n}), distractors=_PLAN_DISTRACTORS,
+                                    select_rows=False)
+    except align.exceptions.InputError as exc:
+        return None, f"not computed: {exc}"
+    return plan, None
+
+
 def _report_paths(registry, name: str, report_dir) -> tuple[Path, str]:
     """Where this fit's HTML report goes, and the path the registry records (relative to its report dir)."""
     rdir = Path(report_dir) if report_dir is not None else registry.report_dir
@@ -237,9 +262,11 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                        "params": effective, "random_state": random_state, "data sha256": hashes,
                        "inputs": inputs or {}, "alias": alias or "",
                        "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            plan, plan_note = _report_plan(X, Y, rng) if paired else (None, None)
             html_text = render_report(title=f"vecbridge fit: {name}", summary=summary, metrics=metrics,
                                       timings={**st.timings, **_inner_timings(diag)}, diagnostics=diag,
-                                      cosines=cosines, clouds=clouds, paired=paired)
+                                      cosines=cosines, clouds=clouds, paired=paired, plan=plan, k_fit=n_src,
+                                      plan_note=plan_note)
             report_file, report_rel = _report_paths(registry, name, report_dir)
 
     st.tick("register", 0.0)  # the last cancellation point: once registered, the fit has happened

@@ -61,3 +61,40 @@ def test_pca_2d_finds_the_dominant_axes():
     # projecting other rows on the same basis: a shifted copy keeps its shift along the axes
     Q = pca_2d(A + np.array([5.0, 0, 0, 0, 0]), basis_from=A)
     np.testing.assert_allclose(np.abs(Q.mean(axis=0)), [5.0, 0.0], atol=0.05)
+
+
+def _planted_pairs(n, d_s=16, d_t=12, noise=0.3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d_s)) + rng.normal(size=(12, d_s))[rng.integers(0, 12, n)] * 2
+    Y = X @ rng.normal(size=(d_s, d_t)) + noise * rng.normal(size=(n, d_t))
+    return X.astype(np.float32), Y.astype(np.float32)
+
+
+def test_paired_fit_report_has_the_migration_plan_section_with_this_fit_marked(tmp_path):
+    from service.ops.maps import run_fit
+    from service.registry import open_registry
+
+    X, Y = _planted_pairs(1200)
+    reg = open_registry(f"sqlite:///{tmp_path / 'r.sqlite'}", tmp_path / "art")
+    try:
+        v = run_fit(reg, name="a->b", source=X, target=Y, method="ridge", source_space="a", target_space="b",
+                    paired=True, random_state=3)
+        html = (reg.report_dir / v.report_path).read_text()
+        few = run_fit(reg, name="few", source=X[:60], target=Y[:60], method="procrustes", source_space="a",
+                      target_space="b", paired=True)
+        html_few = (reg.report_dir / few.report_path).read_text()
+    finally:
+        reg.close()
+    section = html[html.index("Migration plan (from a probe of these pairs)"):]
+    m = re.search(r"alignability \(kNN@10 overlap of the two spaces on (\d+) probe pairs\): <b>([0-9.]+)</b>", section)
+    assert m and int(m.group(1)) == 500 and 0.0 <= float(m.group(2)) <= 1.0
+    assert "<td>1200</td>" in section and "(this fit)" in section           # the fit's own K is forecast and marked
+    assert "rough floor" in section                                         # the reader is told how to read it
+    assert re.search(r"alt='retention proxy vs pairs' src='data:image/png;base64,", section)
+    assert "Migration plan</h2><p>not computed: 60 pairs" in html_few       # too few pairs: said, not faked
+
+
+def test_unpaired_reports_have_no_plan_section():
+    html = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={}, clouds=None,
+                         paired=False)
+    assert "Migration plan" not in html
