@@ -151,20 +151,25 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
     return metrics, cosines, clouds
 
 
-_PLAN_PROBE, _PLAN_DISTRACTORS = 500, 4096
+_PLAN_PROBE, _PLAN_DISTRACTORS, _PLAN_MAX_DIM = 500, 4096, 1024
 
 
 def _report_plan(X: np.ndarray, Y: np.ndarray, rng) -> tuple[dict | None, str | None]:
     """The fit report's migration plan: :func:`align.plan_migration` with a probe of up to 500 of the fit's pairs
     and up to 4,096 of its source rows as the old corpus (~2-4 s on 384-d rows), forecast up to the fit's K.
 
-    Returns ``(plan, None)``, or ``(None, why)`` when the pairs are too few or degenerate for a probe.
+    Returns ``(plan, None)``, or ``(None, why)`` when the pairs are too few or degenerate for a probe, or the
+    rows wider than 1,024 (the plan's ~20 closed-form fits cost O(d^3) each: ~30 s at 1,536-d here, more
+    than most fits themselves; ``vecbridge plan`` computes it on demand).
     """
     from align.plan import DEFAULT_TARGET_KS, MIN_PROBE
 
-    n = X.shape[0]
+    n, d = X.shape[0], max(X.shape[1], Y.shape[1])
     if n < 2 * MIN_PROBE:
         return None, f"not computed: {n} pairs; the plan needs a probe of at least {MIN_PROBE} pairs beside them"
+    if d > _PLAN_MAX_DIM:
+        return None, (f"not computed: {d}-d rows (the plan's closed-form fits would cost more than this fit above "
+                      f"{_PLAN_MAX_DIM}-d); run vecbridge plan with a probe to see it")
     probe = np.sort(rng.permutation(n)[: min(_PLAN_PROBE, n)])
     old = np.sort(rng.permutation(n)[: min(_PLAN_DISTRACTORS, n)])
     try:

@@ -94,6 +94,14 @@ def test_paired_fit_report_has_the_migration_plan_section_with_this_fit_marked(t
     assert "Migration plan</h2><p>not computed: 60 pairs" in html_few       # too few pairs: said, not faked
 
 
+def test_wide_rows_skip_the_report_plan_with_the_reason():
+    from service.ops.maps import _report_plan
+
+    rng = np.random.default_rng(0)
+    plan, why = _report_plan(np.ones((300, 1100), np.float32), np.ones((300, 8), np.float32), rng)
+    assert plan is None and why.startswith("not computed: 1100-d rows")
+
+
 def test_unpaired_reports_have_no_plan_section():
     html = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={}, clouds=None,
                          paired=False)
