@@ -22,7 +22,7 @@ from .frames import Frame, unit_rows
 from .knn import knn
 from .retrieval import overlap_without_self
 
-__all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "MIN_PROBE"]
+__all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "MIN_PROBE"]
 
 MIN_PROBE = 50
 
@@ -116,7 +116,7 @@ FLOOR_NOTE = ("predicted retention is nn_retention@10 on the probe, a proxy with
               "(vecbridge eval --queries --relevant --min-retention)")
 
 
-def _curve_fit(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, float, float]:
+def fit_learning_curve(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, float, float]:
     """Least-squares saturating curve ``r(K) = r_inf - c K^(-beta)`` (``beta`` on a grid, ``r_inf ≤ 1``).
 
     Where the free fit puts ``r_inf`` above 1 the constrained optimum has ``r_inf = 1`` and
@@ -211,7 +211,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     best = max(methods, key=lambda m: curve[m][-1]["mean"])
     kk = np.array([c["k"] for c in curve[best]], dtype=float)
     vv = np.array([c["mean"] for c in curve[best]])
-    r_inf, c, beta, sd = _curve_fit(kk, vv)
+    r_inf, c, beta, sd = fit_learning_curve(kk, vv)
     spread = float(np.mean([c["spread"] for c in curve[best]]))
     width = 2.0 * (sd + spread)
     predicted = []

@@ -371,11 +371,11 @@ def test_sinkhorn_polish_sparse_product_and_early_stop():
 def test_plan_curve_fit_is_the_constrained_least_squares_optimum(r_inf, c, beta):
     """r(K) = r_inf - c K^-beta with r_inf <= 1: exact recovery when feasible; when the data want r_inf > 1, the
     fit sits on r_inf = 1 with c refitted, so no (r_inf <= 1, c) on the chosen beta does better."""
-    from align.plan import _curve_fit
+    from align.plan import fit_learning_curve
 
     ks = np.array([20, 40, 80, 160, 320], dtype=float)
     vals = r_inf - c * ks ** (-beta)
-    r, cc, b, _ = _curve_fit(ks, vals)
+    r, cc, b, _ = fit_learning_curve(ks, vals)
     assert r <= 1.0
     fit = r - cc * ks ** (-b)
     sse = float(((vals - fit) ** 2).sum())
