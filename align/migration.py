@@ -57,7 +57,7 @@ from .exceptions import DegenerateInputError, DimensionMismatchError, InputError
 from .frames import Frame, unit_rows
 from .maps import LinearMap
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
-from .retrieval import labelled_retrieval, pair_retrieval_scores
+from .retrieval import labelled_metrics, labelled_retrieval, pair_retrieval_scores, ratios
 
 __all__ = ["fit_migration", "MIGRATION_METHODS", "AUTO_CANDIDATES", "LINEAR_CANDIDATES", "score_map", "labelled_retention"]
 
@@ -146,11 +146,9 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
         if Qo.shape[0] != Q.shape[0]:
             raise PairCountError(f"old_queries must be the same {Q.shape[0]} queries under the old model, "
                                  f"got {Qo.shape[0]} rows")
-        old = labelled_retrieval(unit_rows(Qo), unit_rows(old_docs), unit_rows(Qo), unit_rows(old_docs), rel,
-                                 k=int(k))["native"]
-        nat = out["native"]
+        old = labelled_metrics(unit_rows(Qo), unit_rows(old_docs), rel, k=int(k))
         out["old"] = old
-        out["old_retention"] = {m: (old[m] / nat[m] if nat[m] > 0 else None) for m in old}
+        out["old_retention"] = ratios(old, out["native"])
         out["beats_old"] = bool(out["migrated"][f"R@{int(k)}"] >= old[f"R@{int(k)}"])
     return out
 

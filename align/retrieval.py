@@ -35,7 +35,7 @@ from .knn import knn
 from .metrics import ranks
 
 __all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention", "relevant_ranks",
-           "labelled_retrieval"]
+           "labelled_metrics", "labelled_retrieval"]
 
 
 def overlap_without_self(Ia: np.ndarray, Ib: np.ndarray, k: int) -> float:
@@ -146,8 +146,10 @@ def relevant_ranks(Q: np.ndarray, D: np.ndarray, relevant: np.ndarray, *, block:
     return out
 
 
-def _labelled_metrics(r: np.ndarray, k: int) -> dict:
-    """R@1, R@k, nDCG@k (one relevant document: ``1 / log2(1 + r)`` for ``r <= k``) and MRR of ranks ``r``."""
+def labelled_metrics(Q: np.ndarray, D: np.ndarray, relevant: np.ndarray, *, k: int = 10) -> dict:
+    """R@1, R@k, nDCG@k (one relevant document: ``1 / log2(1 + r)`` for ``r <= k``) and MRR of queries ``Q``
+    (q, d) over documents ``D`` (n, d), unit rows, ``relevant`` (q,) int; ranks by :func:`relevant_ranks`."""
+    r = relevant_ranks(Q, D, np.asarray(relevant, dtype=np.int64))
     return {"R@1": float((r == 1).mean()), f"R@{k}": float((r <= k).mean()),
             f"nDCG@{k}": float(np.where(r <= k, 1.0 / np.log2(1.0 + r), 0.0).mean()), "MRR": float((1.0 / r).mean())}
 
@@ -164,9 +166,12 @@ def labelled_retrieval(Q_migrated: np.ndarray, D_migrated: np.ndarray, Q_native:
     All rows unit. Returns ``{"migrated": {...}, "native": {...}, "retention": {...}, "n_queries",
     "n_documents", "k"}``; a retention whose native figure is 0 is ``None``.
     """
-    rel = np.asarray(relevant, dtype=np.int64)
-    mig = _labelled_metrics(relevant_ranks(Q_migrated, D_migrated, rel), k)
-    nat = _labelled_metrics(relevant_ranks(Q_native, D_native, rel), k)
-    return {"migrated": mig, "native": nat,
-            "retention": {m: (mig[m] / nat[m] if nat[m] > 0 else None) for m in mig},
-            "n_queries": int(rel.size), "n_documents": int(D_native.shape[0]), "k": int(k)}
+    mig = labelled_metrics(Q_migrated, D_migrated, relevant, k=k)
+    nat = labelled_metrics(Q_native, D_native, relevant, k=k)
+    return {"migrated": mig, "native": nat, "retention": ratios(mig, nat),
+            "n_queries": int(np.size(relevant)), "n_documents": int(D_native.shape[0]), "k": int(k)}
+
+
+def ratios(part: dict, whole: dict) -> dict:
+    """``part[m] / whole[m]`` per metric; ``None`` where ``whole[m]`` is 0."""
+    return {m: (part[m] / whole[m] if whole[m] > 0 else None) for m in part}
