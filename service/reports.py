@@ -139,7 +139,7 @@ def _plan_plot(plan: dict, k_fit: int | None) -> str:
     k_min = min(min(q["k"] for q in pts) for pts in plan["curve"].values())
     grid = np.geomspace(max(2, k_min), k_max, 60)
     r = np.clip(f["r_inf"] - f["c"] * grid ** (-f["beta"]), 0.0, 1.0)
-    half = (pred[0]["high"] - pred[0]["low"]) / 2.0 if pred else 0.0
+    half = 2.0 * (f["residual_std"] + f["spread"])  # the plan's interval half-width (before its clipping to [0, 1])
     ax.plot(grid, r, color="#444", lw=1.2, label=f"forecast ({plan['best_method']})")
     ax.fill_between(grid, np.clip(r - half, 0, 1), np.clip(r + half, 0, 1), color="#999", alpha=0.25,
                     label="interval")

@@ -176,7 +176,7 @@ def _report_plan(X: np.ndarray, Y: np.ndarray, rng) -> tuple[dict | None, str | 
         plan = align.plan_migration(X[old], X[probe], Y[probe], random_state=rng,
                                     target_ks=sorted({*DEFAULT_TARGET_KS, n}), distractors=_PLAN_DISTRACTORS,
                                     select_rows=False)
-    except align.exceptions.InputError as exc:
+    except InputError as exc:
         return None, f"not computed: {exc}"
     return plan, None
 

@@ -15,6 +15,13 @@ from ..schemas import EvaluateRequest, PlanRequest, error_responses
 
 router = APIRouter(prefix="/v1", tags=["migration"], responses=error_responses(401, 403, 413, 415, 422, 503))
 
+def _vectors(raw: dict, key: str, settings):
+    """The vector set ``raw[key]`` (``vectors`` or ``vectors_b64`` + ``dim``) as float32 rows; None when absent
+    (the request model has already said which sets are required)."""
+    obj = raw.get(key)
+    return None if obj is None else vectors_from_json(obj, dim=obj.get("dim"), max_batch=settings.max_batch)
+
+
 PLAN_DOC = """Plan a migration from the old corpus (`old`) and a small paired probe (`probe_source`,
 `probe_target`: the same texts under the old and the new model, 50+ pairs, 200–1,000 recommended).
 
@@ -35,8 +42,7 @@ async def create_plan(request: Request, settings: SettingsDep):
     def work():
         raw = parse_json(body)
         opts = validate(PlanRequest, raw)
-        old, a, b = (vectors_from_json(raw[k], dim=raw[k].get("dim"), max_batch=settings.max_batch)
-                     for k in ("old", "probe_source", "probe_target"))
+        old, a, b = (_vectors(raw, k, settings) for k in ("old", "probe_source", "probe_target"))
         return plan(old, a, b, random_state=opts.random_state, target_retention=opts.target_retention)
 
     return FastJSONResponse(await run_in_threadpool(work))
@@ -64,11 +70,7 @@ async def evaluate(ref: str, request: Request, state: StateDep, settings: Settin
     def work():
         raw = parse_json(body)
         opts = validate(EvaluateRequest, raw)
-        X, Y = (vectors_from_json(raw[k], dim=raw[k].get("dim"), max_batch=settings.max_batch)
-                for k in ("source", "target"))
-        Q, Qo = (None if raw.get(k) is None else
-                 vectors_from_json(raw[k], dim=raw[k].get("dim"), max_batch=settings.max_batch)
-                 for k in ("queries", "old_queries"))
+        X, Y, Q, Qo = (_vectors(raw, k, settings) for k in ("source", "target", "queries", "old_queries"))
         return evaluate_map(state.registry, ref, X, Y, csls=opts.csls, min_top1=opts.min_top1,
                             min_retention=opts.min_retention, queries=Q, relevant=opts.relevant, side=opts.side,
                             old_queries=Qo)
