@@ -212,3 +212,32 @@ def test_seeded_finish_parameters_are_checked():
     for bad in (dict(sinkhorn_eps=0.0), dict(sinkhorn_tol=-1.0), dict(sinkhorn_rounds=-1)):
         with pytest.raises(InputError):
             MiniVec2Vec(init="identity", refine=(), **bad).fit(X, Y, seed_pairs=seeds)
+
+
+@pytest.mark.filterwarnings("ignore::align.exceptions.ConvergenceWarning")  # the uncapped tiny-config fit may be flagged
+def test_fit_sample_caps_the_rows_the_fit_works_on():
+    """Large sets are subsampled once per side (seeded): the all-row rounds see ``fit_sample`` rows,
+    the map is still recovered, and a cap at or above the set size changes nothing, bit for bit."""
+    X, Y, _, Xh, Yh = planted(16, n=3000)
+    p = dict(FAST, refine=("icp", "self_learning", "polish"), polish_rounds=2)
+    capped = MiniVec2Vec(random_state=3, fit_sample=1000, **p).fit(X, Y)
+    diag = capped.diagnostics_
+    assert diag["fit_rows"] == {"source": 1000, "target": 1000}
+    assert diag["n_src"] == 3000 and diag["verdict_rows"]["source"] == 450  # held-out rows drawn from all 3,000
+    assert [h["pairs"] for h in diag["runs"][0]["history"]["polish"]] == [2000, 2000]  # 1,000 per side per direction
+    assert align.evaluate(capped.map_, Xh, Yh)["top1"] > 0.95
+    again = MiniVec2Vec(random_state=3, fit_sample=1000, **p).fit(X, Y)
+    np.testing.assert_array_equal(capped.map_.W, again.map_.W)
+    assert capped.map_.metadata["params"]["fit_sample"] == 1000
+    whole = MiniVec2Vec(random_state=3, fit_sample=None, **p).fit(X, Y)
+    at_size = MiniVec2Vec(random_state=3, fit_sample=3000, **p).fit(X, Y)
+    np.testing.assert_array_equal(whole.map_.W, at_size.map_.W)
+    assert whole.diagnostics_["fit_rows"] == {"source": 2550, "target": 2550}
+    assert not np.array_equal(whole.map_.W, capped.map_.W)
+
+
+@pytest.mark.parametrize("bad", [0, 999, 1.5, True, "50000", -1])
+def test_fit_sample_is_checked(bad):
+    X = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
+    with pytest.raises(InputError, match="fit_sample"):
+        MiniVec2Vec(fit_sample=bad, **FAST).fit(X, X)
