@@ -87,6 +87,12 @@ def _init_identity(est, Xs, Yt, rng, progress):
     return W, {}
 
 
+def _framed(frame: Frame, A: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``frame`` applied to the rows ``rows`` (sorted, unique) of ``A``; a frame works row by row, so
+    framing the needed rows of a million is the same as framing all and keeping them, at their cost."""
+    return frame._apply(A if rows.size == A.shape[0] else A[rows])
+
+
 class MiniVec2Vec:
     """Unsupervised linear alignment ``x ↦ f_s(x) W`` between two sets of unpaired embeddings.
 
@@ -364,23 +370,22 @@ class MiniVec2Vec:
         timings: dict = {}
 
         t0 = time.perf_counter()
-        fs, ft = Frame._fit(X), Frame._fit(Y)
-        Xs, Yt = fs._apply(X), ft._apply(Y)
-        seed_rows = (Xs[seeds[0]], Yt[seeds[1]]) if seeded else None
+        fs, ft = Frame._fit(X), Frame._fit(Y)  # on all rows; below, only the rows the fit uses are framed
         fit_s, judge_s = self._split(X.shape[0], seeds[0] if seeded else None, need, rng)
         fit_t, judge_t = self._split(Y.shape[0], seeds[1] if seeded else None, need, rng)
         if judge_s.size == 0 or judge_t.size == 0:  # too few rows to hold out: judged on the training rows
             fit_s, fit_t = np.arange(X.shape[0]), np.arange(Y.shape[0])
             judge_s, judge_t = fit_s, fit_t
-        Xj, Yj = Xs[judge_s], Yt[judge_t]
         held_out = judge_s.size != X.shape[0]
         cap = self.fit_sample
         if cap is not None and fit_s.size > cap:  # the all-row stages cost n * m: a seeded sample per side
             fit_s = np.sort(rng.choice(fit_s, size=cap, replace=False))
         if cap is not None and fit_t.size > cap:
             fit_t = np.sort(rng.choice(fit_t, size=cap, replace=False))
-        if fit_s.size != X.shape[0] or fit_t.size != Y.shape[0]:
-            Xs, Yt = Xs[fit_s], Yt[fit_t]  # seed rows were computed above from the full sets
+        Xs, Yt = _framed(fs, X, fit_s), _framed(ft, Y, fit_t)
+        Xj = Xs if judge_s is fit_s else _framed(fs, X, judge_s)
+        Yj = Yt if judge_t is fit_t else _framed(ft, Y, judge_t)
+        seed_rows = (fs._apply(X[seeds[0]]), ft._apply(Y[seeds[1]])) if seeded else None
         timings["frames"] = time.perf_counter() - t0
 
         runs = []

@@ -20,7 +20,10 @@ compared bit for bit with the in-process one (align's kernels, Ray only supplies
    rows per iteration against the 40,960 real e5 rows: one kNN block per iteration, so Ray adds
    only overhead here — measured to say how much.
 4. ``vecbridge transform`` of the ``.npy`` file of all rows, in-process vs ``--ray [ADDRESS]`` (without
-   ``--address`` the command starts its own local Ray: its start-up is in the time).
+   ``--address`` the command starts its own local Ray: its start-up is in the time). The outputs
+   agree to float32 rounding, bit for bit only when both sides run OpenBLAS with the same number
+   of threads (a Ray worker runs one; run with ``OMP_NUM_THREADS=1`` to compare bits): OpenBLAS's
+   GEMM rounds differently with its thread count.
 5. A whole unsupervised fit, end to end: ``MiniVec2Vec.fast`` (the CLI's default preset) from the
    1M MiniLM rows to 1M paraphrase-MiniLM-L3 rows (the pair where unsupervised alignment works;
    target rows shuffled, so no row order is shared), in-process vs ``fit(executor=ray_executor)``;
@@ -216,12 +219,16 @@ def main(argv=None) -> int:
                     return 1
                 peak = float(p.stderr.strip().splitlines()[-1]) / 1024
                 res[label] = (dt, peak)
-            same_t = bool(np.array_equal(np.load(tmp / "a.npy"), np.load(tmp / "b.npy")))
+            a_out, b_out = np.load(tmp / "a.npy"), np.load(tmp / "b.npy")
+            same_t = bool(np.array_equal(a_out, b_out))
+            diff_t = float(np.abs(a_out - b_out).max())  # GEMM bits follow OpenBLAS's thread count (see below)
+            del a_out, b_out
             (tl, pl), (tr, pr) = res.values()
             rows += [["vecbridge transform, in-process", f"{tl:.1f}", f"{args.rows / tl:,.0f}", f"{pl:,.0f}", ""],
                      [f"vecbridge transform --ray, {args.workers} workers", f"{tr:.1f}", f"{args.rows / tr:,.0f}",
-                      f"{pr:,.0f}", f"{tl / tr:.2f}x, identical: {same_t}"]]
+                      f"{pr:,.0f}", f"{tl / tr:.2f}x, identical: {same_t}" + ("" if same_t else f" (max |diff| {diff_t:.1e})")]]
             report["transform"] = {"local_s": tl, "ray_s": tr, "speedup": tl / tr, "identical": same_t,
+                                   "max_abs_diff": diff_t,
                                    "peak_rss_mb": {"local": pl, "ray_driver": pr}}
     hdr = ["workload", "wall s", "rows/s", "driver peak RSS MB", "speed-up vs in-process"]
     w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
