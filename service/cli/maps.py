@@ -235,7 +235,8 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 @json_opt
 @quiet_opt
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
-              help="Stream the chunks through Ray workers (a local Ray, or the cluster at ADDRESS); same output.")
+              help="Stream the chunks through Ray workers (a local Ray, or the cluster at ADDRESS); the same output to "
+                   "float32 rounding.")
 @click.pass_obj
 def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet, ray_address):
     """Map vectors IN to OUT (.npy, .fvecs or .parquet) in chunks; files may exceed memory."""

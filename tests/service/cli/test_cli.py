@@ -188,6 +188,20 @@ def test_unpaired_minivec2vec_with_small_parameters(capsys, data):
     assert "Selection criterion across restarts" in html and "Refinement iterations" in html
 
 
+def test_fit_sample_reaches_the_fit_and_is_checked(capsys, data):
+    """``--param fit_sample=N`` caps the rows per side the unpaired fit works on (the lineage records it);
+    a value the estimator refuses is exit 2 with its message, nothing registered."""
+    small = ["n_anchor_runs=2", "anchor_sample=300", "qap_restarts=2", "refine1_iters=3", "refine1_sample=200",
+             "self_learning_rounds=1", "criterion_sample=300", "n_restarts=1"]
+    code, out, err = fit_unpaired_small(capsys, data, "capped", small + ["fit_sample=1000"])
+    assert code == 0, err
+    assert json.loads(out)["params"]["fit_sample"] == 1000
+    code, out, err = fit_unpaired_small(capsys, data, "bad-cap", small + ["fit_sample=10"])
+    assert code == 2 and "fit_sample must be None or an integer >= 1000" in err
+    code, out, err = run(capsys, "--data-dir", data / "var", "registry", "list", "--json")
+    assert code == 0 and [m["name"] for m in json.loads(out)["maps"]] == ["capped"]
+
+
 def test_seed_pairs_need_minivec2vec(capsys, data):
     (data / "seeds.txt").write_text("0 0\n1 1\n")
     code, _, err = run(capsys, "--data-dir", data / "var", "fit", "--pairs", "--quiet", "--source", data / "src.npy",
