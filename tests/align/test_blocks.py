@@ -15,7 +15,7 @@ from align.blocks import executing, serial
 from align.frames import unit_rows
 from align.exceptions import EmptyInputError, InputError, TooFewRowsError
 from align.kmeans import init_rows, kmeans, lloyd, row_blocks
-from align.knn import knn_blocks
+from align.knn import faiss_available, knn_blocks
 
 CALLS: list[int] = []
 
@@ -38,6 +38,29 @@ def test_knn_blocks_through_any_executor_give_the_same_bits():
         np.testing.assert_array_equal(I0, I1)
         np.testing.assert_array_equal(S0, S1)
     assert CALLS and all(n > 1 for n in CALLS)  # really split into several blocks
+
+
+@pytest.mark.parametrize("n, block, use_faiss", [(300, 16, False), (300, 16, True), (1000, 64, True), (129, 64, False),
+                                                 (64, 64, False), (5, 64, True)])
+def test_knn_query_blocks_are_of_equal_size(n, block, use_faiss):
+    """Query blocks are all one size (the last a few rows shorter), never over the block size (8x with FAISS),
+    and cover every query once in order: a parallel executor is not left waiting on one long block beside a
+    short one (50,000 rows went as 3 x 16,384 + 848)."""
+    sizes: list[list[int]] = []
+
+    def recording(fn, arg_lists):
+        sizes.append([a[0].shape[0] for a in arg_lists])
+        return serial(fn, arg_lists)
+
+    rng = np.random.default_rng(n)
+    Q, D = rng.normal(size=(n, 8)).astype(np.float32), rng.normal(size=(40, 8)).astype(np.float32)
+    S, I = align.knn(Q, D, 3, block_size=block, use_faiss=use_faiss, executor=recording)
+    (got,) = sizes
+    step = block * 8 if (use_faiss and faiss_available()) else block
+    n_blocks = -(-n // step)  # as few blocks as the size allows ...
+    assert len(got) == n_blocks and sum(got) == n and max(got) <= step
+    assert len(set(got[:-1])) <= 1 and got[0] - n_blocks < got[-1] <= got[0]  # ... all one size, the last a few short
+    np.testing.assert_array_equal(I, align.knn(Q, D, 3, use_faiss=use_faiss)[1])
 
 
 def test_lloyd_blocks_any_executor():
