@@ -50,10 +50,10 @@ import time
 
 import numpy as np
 
-from .validation import as_matrix, check_paired, check_random_state
+from .validation import as_matrix, check_no_zero_rows, check_paired, check_random_state
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
-from .exceptions import DegenerateInputError, DimensionMismatchError, InputError, PairCountError, TooFewRowsError
+from .exceptions import DimensionMismatchError, InputError, PairCountError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .maps import LinearMap
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
@@ -84,13 +84,7 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10) -> dict:
     return pair_retrieval_scores(map_._apply(X, output="raw"), unit_rows(Y), k=k)
 
 
-def _nonzero_rows(Q: np.ndarray, name: str) -> np.ndarray:
-    """``Q`` unchanged, or DegenerateInputError when a row is all zeros (it would tie with every document and
-    count as a hit)."""
-    zero = ~np.any(Q != 0, axis=1)
-    if zero.any():
-        raise DegenerateInputError(f"{name}: {int(zero.sum())} row(s) are all zeros (no direction to rank by)")
-    return Q
+_ZERO_QUERY = "no direction to rank by (it would tie with every document and count as a hit)"
 
 
 def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "target", k: int = 10,
@@ -124,8 +118,8 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
         raise InputError(f"side must be 'target' (corpus-side) or 'source' (query-side), got {side!r}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise InputError(f"k must be a positive integer, got {k!r}")
-    Q = _nonzero_rows(as_matrix(queries, name="queries", dim=map_.target_dim if side == "target" else map_.source_dim),
-                      "queries")
+    Q = as_matrix(queries, name="queries", dim=map_.target_dim if side == "target" else map_.source_dim)
+    check_no_zero_rows(Q, name="queries", why=_ZERO_QUERY)
     rel = np.asarray(relevant)
     if rel.ndim != 1 or rel.size != Q.shape[0]:
         raise PairCountError(f"relevant must hold one document row per query ({Q.shape[0]}), got shape {rel.shape}")
@@ -142,7 +136,8 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
     out["side"] = side
     if old_queries is not None:
         old_docs = X if side == "target" else Y
-        Qo = _nonzero_rows(as_matrix(old_queries, name="old_queries", dim=old_docs.shape[1]), "old_queries")
+        Qo = as_matrix(old_queries, name="old_queries", dim=old_docs.shape[1])
+        check_no_zero_rows(Qo, name="old_queries", why=_ZERO_QUERY)
         if Qo.shape[0] != Q.shape[0]:
             raise PairCountError(f"old_queries must be the same {Q.shape[0]} queries under the old model, "
                                  f"got {Qo.shape[0]} rows")

@@ -20,7 +20,7 @@ from .exceptions import (
     TooFewRowsError,
 )
 
-__all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate", "check_representable",
+__all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate", "check_no_zero_rows", "check_representable",
            "check_eps", "check_labels"]
 
 
@@ -115,6 +115,15 @@ def check_not_degenerate(X: np.ndarray, *, name: str = "X", tol: float = 1e-6) -
     scale = float(np.abs(X).max()) or 1.0
     if spread <= tol * scale:
         raise DegenerateInputError(f"{name}: all {X.shape[0]} rows are identical; nothing to align")
+
+
+def check_no_zero_rows(X: np.ndarray, *, name: str = "X", why: str = "no direction") -> np.ndarray:
+    """``X`` unchanged, or DegenerateInputError when a row is all zeros (``why`` says what it would break:
+    a zero row ties with every document, or scores 0 against every query)."""
+    zero = ~np.any(X != 0, axis=1)
+    if zero.any():
+        raise DegenerateInputError(f"{name}: {int(zero.sum())} all-zero row(s); {why}")
+    return X
 
 
 def check_random_state(random_state) -> np.random.Generator:

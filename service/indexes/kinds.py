@@ -30,8 +30,9 @@ from typing import Any
 import faiss
 import numpy as np
 
-from align.exceptions import DegenerateInputError, InputError, NotRepresentableError
+from align.exceptions import InputError, NotRepresentableError
 from align.frames import row_norms, unit_rows
+from align.validation import check_no_zero_rows
 
 from ..limits import MAX_ID, default_nlist
 from ..threads import pin_thread
@@ -131,12 +132,9 @@ def prep_rows(X: np.ndarray, metric: str, what: str = "vectors") -> np.ndarray:
     overflow float32 and the row could never be found again.
     """
     if metric == "cosine":
-        U = unit_rows(X)
-        zero = ~U.any(axis=1)
-        if zero.any():  # no direction: stored, it would score 0 against every query and never be found
-            raise DegenerateInputError(f"{what}: {int(zero.sum())} all-zero row(s); a cosine index needs a "
-                                       f"direction (use metric='ip' to store zero rows)")
-        return U
+        # no direction: stored, it would score 0 against every query and never be found
+        return check_no_zero_rows(unit_rows(X), name=what,
+                                  why="a cosine index needs a direction (use metric='ip' to store zero rows)")
     big = row_norms(X) > _IP_MAX_NORM
     if big.any():
         raise NotRepresentableError(
