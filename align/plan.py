@@ -22,7 +22,7 @@ from .frames import Frame, unit_rows
 from .knn import knn
 from .retrieval import overlap_without_self
 
-__all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "MIN_PROBE"]
+__all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "forecast", "MIN_PROBE"]
 
 MIN_PROBE = 50
 
@@ -138,6 +138,18 @@ def fit_learning_curve(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, 
     return r_inf, c, beta, float(np.sqrt(sse / max(1, len(vals) - 3)))
 
 
+def forecast(fit: dict, ks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The plan's forecast at pair counts ``ks``: ``(retention, low, high)`` arrays, all clipped to [0, 1].
+
+    ``fit`` is a plan's ``"fit"``: ``retention = r_inf - c K^-beta`` and the interval
+    ``retention ± 2 (residual_std + spread)``.
+    """
+    k = np.asarray(ks, dtype=float)
+    r = np.clip(fit["r_inf"] - fit["c"] * k ** (-fit["beta"]), 0.0, 1.0)
+    half = 2.0 * (fit["residual_std"] + fit["spread"])
+    return r, np.clip(r - half, 0.0, 1.0), np.clip(r + half, 0.0, 1.0)
+
+
 def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retention: float = 0.95,
                    target_ks=DEFAULT_TARGET_KS, repeats: int = 2, methods=("procrustes", "ridge"),
                    distractors: int = 8192, select_rows: bool = True) -> dict:
@@ -213,12 +225,10 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     vv = np.array([c["mean"] for c in curve[best]])
     r_inf, c, beta, sd = fit_learning_curve(kk, vv)
     spread = float(np.mean([c["spread"] for c in curve[best]]))
-    width = 2.0 * (sd + spread)
-    predicted = []
-    for K in target_ks:
-        r_k = float(np.clip(r_inf - c * float(K) ** (-beta), 0.0, 1.0))
-        predicted.append({"k": int(K), "retention": r_k, "low": float(np.clip(r_k - width, 0, 1)),
-                          "high": float(np.clip(r_k + width, 0, 1)), "extrapolated": bool(K > top)})
+    fit = {"r_inf": r_inf, "c": c, "beta": beta, "residual_std": sd, "spread": spread}
+    r, low, high = forecast(fit, target_ks)
+    predicted = [{"k": int(K), "retention": float(r[i]), "low": float(low[i]), "high": float(high[i]),
+                  "extrapolated": bool(K > top)} for i, K in enumerate(target_ks)]
     reach = [q["k"] for q in predicted if q["retention"] >= target_retention]
     k_rec = int(min(reach) if reach else max(q["k"] for q in predicted))
     k_rows = int(min(k_rec, Xo.shape[0]))
@@ -232,7 +242,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     return {
         "alignability": overlap, "unsupervised_feasible": bool(overlap >= 0.4), "n_probe": int(p),
         "n_probe_holdout": int(val.size), "metric": "nn_retention@10 (simulated labelled retention) on held-out probe",
-        "curve": curve, "best_method": best, "fit": {"r_inf": r_inf, "c": c, "beta": beta, "residual_std": sd, "spread": spread},
+        "curve": curve, "best_method": best, "fit": fit,
         "predicted": predicted, "target_retention": float(target_retention),
         "recommended": {"method": "auto" if k_rec >= 1000 else best, "k": k_rec},
         "rows_to_embed": select_rows_to_embed(Xo, k_rows, random_state=rng).tolist() if select_rows else [],

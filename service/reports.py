@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from align.plan import forecast
+
 from .storage import atomic_write
 
 __all__ = ["render_report", "write_report", "pca_2d"]
@@ -138,11 +140,9 @@ def _plan_plot(plan: dict, k_fit: int | None) -> str:
     k_max = max([q["k"] for q in pred] + [k_fit or 1])
     k_min = min(min(q["k"] for q in pts) for pts in plan["curve"].values())
     grid = np.geomspace(max(2, k_min), k_max, 60)
-    r = np.clip(f["r_inf"] - f["c"] * grid ** (-f["beta"]), 0.0, 1.0)
-    half = 2.0 * (f["residual_std"] + f["spread"])  # the plan's interval half-width (before its clipping to [0, 1])
+    r, low, high = forecast(f, grid)
     ax.plot(grid, r, color="#444", lw=1.2, label=f"forecast ({plan['best_method']})")
-    ax.fill_between(grid, np.clip(r - half, 0, 1), np.clip(r + half, 0, 1), color="#999", alpha=0.25,
-                    label="interval")
+    ax.fill_between(grid, low, high, color="#999", alpha=0.25, label="interval")
     if k_fit:
         ax.axvline(k_fit, color="#dd8452", lw=1, ls="--", label=f"this fit: K = {k_fit}")
     ax.set_xscale("log")
