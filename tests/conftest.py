@@ -18,6 +18,15 @@ def wordnet_available() -> bool:
     return (WORDNET / "minilm.npy").exists() and (WORDNET / "e5.npy").exists()
 
 
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """``vecbridge ARGS`` in this process (``service.cli.main``): ``(exit code, stdout, stderr)``."""
+    from service.cli import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def load_benchmark(name: str):
     """The module ``benchmarks/<name>.py`` (benchmarks are scripts, not a package; their siblings import by name)."""
     import importlib.util

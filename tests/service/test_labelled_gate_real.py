@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import WORDNET, load_benchmark, wordnet_available
-from service.cli import main
+from conftest import WORDNET, load_benchmark, wordnet_available, run_cli as _run
 from service.io import write_vectors
 
 pytestmark = pytest.mark.skipif(not (wordnet_available() and Path("/usr/share/wordnet/data.noun").is_file()),
@@ -42,12 +41,6 @@ def task(tmp_path_factory):
     write_vectors(d / "q_old.npy", get_encoder("minilm").encode(spec["queries"], "query").astype(np.float32))
     np.save(d / "relevant.npy", relevant)
     return d
-
-
-def _run(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_gate_on_real_queries_matches_the_benchmark_and_flags_a_migration_worse_than_staying(task, capsys):

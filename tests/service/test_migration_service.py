@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from service.cli import main
 from service.io import write_vectors
 from _api_support import R, settings_for
+from conftest import run_cli as run
 
 
 def _pairs(n=900, d_s=16, d_t=12, noise=0.05, seed=0):
@@ -30,12 +30,6 @@ def data(tmp_path):
     write_vectors(tmp_path / "new.npy", Y)
     write_vectors(tmp_path / "bad.npy", np.where(np.arange(12) == 0, np.nan, Y))
     return tmp_path
-
-
-def run(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_fit_auto_registers_chosen_family_then_retention_gate(capsys, data):

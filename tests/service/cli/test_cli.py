@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import align
-from service.cli import main
 from service.io import read_vectors, sha256_array, write_vectors
+from conftest import run_cli as run
 
 
 @pytest.fixture
@@ -25,12 +25,6 @@ def data(tmp_path):
     write_vectors(tmp_path / "src.npy", X)
     write_vectors(tmp_path / "tgt.fvecs", Y)
     return tmp_path
-
-
-def run(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def fit_pairs(capsys, d, *extra):

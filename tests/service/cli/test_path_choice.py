@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import align
-from service.cli import main
 from service.io import write_vectors
 from service.registry import NotFoundError, open_registry
+from conftest import run_cli as run
 
 
 @pytest.fixture
@@ -97,12 +97,6 @@ def test_unreliable_versions_are_never_chosen(tmp_path, pairs):
     reg.delete_version("m", 1)
     with pytest.raises(NotFoundError, match="unreliable"):
         reg.find_path("old", "new")
-
-
-def run(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_transform_default_is_comparable_with_native_targets(tmp_path, capsys, pairs):
