@@ -397,7 +397,7 @@ def tables(results: dict) -> str:
             if (mode, meth, s) not in combos:
                 combos.append((mode, meth, s))
         combos.sort()
-        keep = fmt(no["R@10"] / nn["R@10"] if nn["R@10"] > 0 else None)
+        keep = fmt(retention(no, nn)["ret_R@10"])
         out.append(f"\nRetention of R@10 (migrated / native-new) by K pairs (keeping the old model: {keep}; a "
                    f"migration below that is worse than not migrating):\n")
         out.append("| mode | method | rows | " + " | ".join(f"K={k}" for k in ks) + " |")
