@@ -1,7 +1,7 @@
 """The batch-1 fast path (service/api/fastpath.py) answers exactly as the routes do, and sees registry changes.
 
 Every request is sent twice to the same app: once as is (small bodies take the fast path) and once with
-the fast path switched off (``FAST_MAX_BYTES = -1``: the FastAPI route answers); status, body and the
+the fast path switched off (``FAST_MAX_BYTES = FAST_BINARY_MAX_BYTES = -1``: the FastAPI route answers); status, body and the
 headers that describe the answer must be equal, for successes and for errors alike.
 """
 
@@ -35,6 +35,7 @@ def both(c, monkeypatch, method: str, url: str, **kw):
     fast = c.request(method, url, **kw)
     with monkeypatch.context() as m:
         m.setattr(fastpath, "FAST_MAX_BYTES", -1)
+        m.setattr(fastpath, "FAST_BINARY_MAX_BYTES", -1)
         slow = c.request(method, url, **kw)
     return fast, slow
 
@@ -155,8 +156,36 @@ def _count_hops(monkeypatch) -> tuple[list, list]:
         return await real_hop(fn, *a, **k)
 
     monkeypatch.setattr(fastpath, "run_in_threadpool", counting_hop)
-    monkeypatch.setattr(fastpath, "_replay", lambda body, receive: replays.append(1) or receive)
+    real_replay = fastpath._replay  # counted, and still replayed: a request the app must answer never hangs
+    monkeypatch.setattr(fastpath, "_replay", lambda body, receive: replays.append(1) or real_replay(body, receive))
     return hops, replays
+
+
+def test_binary_transforms_of_any_size_take_the_shortcut_json_only_when_small(world, monkeypatch):
+    """Binary bodies above FAST_MAX_BYTES still skip FastAPI (one hop) and answer as the route does, errors too;
+    a JSON body above it goes to the route."""
+    c, _, data = world
+    monkeypatch.setattr(fastpath, "FAST_MAX_BYTES", 1024)  # 1,000 rows of 16 floats (the world's max_batch) fit
+    X = np.random.default_rng(3).standard_normal((900, 16)).astype(np.float32)
+    bad = X.copy()
+    bad[-1, -1] = np.inf  # the last value of a 57.6 kB body
+    url = "/v1/maps/a2b/transform"
+    cases = [(octet(X), 200), (npy(X), 200), (octet(X, accept="application/json"), 200), (octet(bad), 422),
+             (octet(np.vstack([X, X])), 413), (octet(X[:, :15]), 422)]
+    for kw, status in cases:
+        hops, replays = _count_hops(monkeypatch)
+        fast = c.post(url, **kw)
+        assert fast.status_code == status, fast.text[:200]
+        assert len(hops) == 1 and len(replays) == (status != 200)  # the shortcut ran; failures replayed
+        monkeypatch.undo()
+        monkeypatch.setattr(fastpath, "FAST_MAX_BYTES", 1024)
+        _, slow = both(c, monkeypatch, "POST", url, **kw)
+        assert_same(fast, slow)
+    hops, replays = _count_hops(monkeypatch)
+    r = c.post(url, **js({"vectors": X.tolist()}))
+    assert r.status_code == 200 and hops == [] and replays == []  # a large JSON body: the route answered
+    np.testing.assert_array_equal(np.asarray(r.json()["vectors"], np.float32),
+                                  np.frombuffer(c.post(url, **octet(X)).content, "<f4").reshape(900, 16))
 
 
 def test_small_transform_runs_on_the_loop_without_io_and_sees_every_registry_change(world, monkeypatch, tmp_path):
