@@ -118,6 +118,9 @@ def start_server(data_dir: Path, port: int, *, workers: int = 1, demo: bool = Fa
                 "VECBRIDGE_DEMO_ON_EMPTY": "true" if demo else "false", "VECBRIDGE_LOG_LEVEL": "WARNING",
                 "PYTHONPATH": str(root)})
     if bare:
+        # the C heap kept as `vecbridge serve` keeps it (service/memory.py, default 64 MiB): otherwise every
+        # 1.5 MB echo would fault its buffers in anew and the floor would sit above the server it bounds
+        env.update({"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)})
         cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "benchmarks"), "bare_asgi:app", "--host",
                "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
     else:
@@ -250,30 +253,34 @@ def bench_floor_work(m_transform, m_search, A_held, B_held, report):
                 ["work", "p50 ms", "(route - work) / floor"], rows))
 
 
-def bench_octet_1024(servers: dict, m, X, report, *, rounds: int = 6, per: int = 10):
+def bench_octet_1024(servers: dict, m, X, report, *, rounds: int = 6, per: int = 10, bare=None):
     """Binary transform of 1,024 rows per server vs in-process ``apply``, interleaved best-of.
 
     Two clients per server: ``httpx`` (the headline, what most Python callers use) and the standard
     library's ``http.client`` (the least client-side cost: what the server itself allows); plus the
-    server's CPU per request (user + system, /proc)."""
+    server's CPU per request (user + system, /proc). ``bare`` (client, pid): the bare app's ``/echo``,
+    which sends the same bytes back with no work — the floor of each client, and with it the best
+    ratio any server could reach with that client: ``in-process / (in-process + echo)``."""
     import http.client
 
     Xb = np.ascontiguousarray(X[:1024])
     raw = Xb.tobytes()
     octet = {**HDR, "content-type": "application/octet-stream"}
     fns, pids = {"in-process": lambda: m.apply(Xb, output="raw")}, {}
-    for label, (client, pid) in servers.items():
+    targets = [(label, client, pid, "/v1/maps/bench/transform") for label, (client, pid) in servers.items()]
+    if bare is not None:
+        targets.append(("bare echo (floor)", bare[0], bare[1], "/echo"))
+    for label, client, pid, path in targets:
         conn = http.client.HTTPConnection("127.0.0.1", client.base_url.port, timeout=120)
 
-        def via_http_client(conn=conn):
-            conn.request("POST", "/v1/maps/bench/transform", body=raw, headers=octet)
+        def via_http_client(conn=conn, path=path):
+            conn.request("POST", path, body=raw, headers=octet)
             r = conn.getresponse()
             data = r.read()
-            assert r.status == 200, (r.status, data[:200])
+            assert r.status == 200 and len(data) == len(raw), (r.status, data[:200])
             return np.frombuffer(data, "<f4")
 
-        fns[label] = lambda c=client: np.frombuffer(
-            c.post("/v1/maps/bench/transform", content=raw, headers=octet).content, "<f4")
+        fns[label] = lambda c=client, path=path: np.frombuffer(c.post(path, content=raw, headers=octet).content, "<f4")
         fns[f"{label} (http.client)"] = via_http_client
         pids[label] = pids[f"{label} (http.client)"] = pid
     best = {k: np.inf for k in fns}
@@ -295,6 +302,12 @@ def bench_octet_1024(servers: dict, m, X, report, *, rounds: int = 6, per: int =
                                 "server_cpu_ms": cpu_ms.get(k)} for k, v in best.items()}
     print(table("Binary transform, batch 1,024: HTTP octet-stream vs in-process apply (interleaved, best of)",
                 ["path", "ms", "vectors/s", "vs in-process", "server CPU ms"], rows))
+    if bare is not None:
+        t = best["in-process"]
+        bound = {c: t / (t + best[f"bare echo (floor){s}"]) for c, s in (("httpx", ""), ("http.client", " (http.client)"))}
+        report["octet_1024"]["_best_possible"] = bound
+        print("best ratio any server could reach (in-process / (in-process + echo)): "
+              + ", ".join(f"{c} {v:.2f}" for c, v in bound.items()))
 
 
 def _load(port: int, body_fn, seconds: float, clients: int) -> float:
@@ -566,7 +579,7 @@ def main(argv=None) -> int:
                     report["baseline_tree"] = str(args.baseline_tree)
                 bench_floor((bare, bare_proc.pid), servers, A_held, report, rounds=args.rounds)
                 bench_floor_work(m_speed, m, A_held, B_held, report)
-                bench_octet_1024(servers, m_speed, A_held, report)
+                bench_octet_1024(servers, m_speed, A_held, report, bare=(bare, bare_proc.pid))
                 if not args.floor_only:
                     bench_search(client, m, A_held, B_held, report)
                     if not args.quick:
