@@ -8,7 +8,8 @@ errors the faces map to status codes / exit codes), and lineage is recorded: sha
 and labels, every effective parameter, and for a transfer the source steer and map versions.
 
 Transfer carries a registered steer through a registered map ``x_B ≈ x_A M`` (``H^T W H`` with
-``H = pinv(M)^T``, :func:`align.transfer_steer`) and registers the result as the next version of
+``H = pinv(M)^T``, the map's centring frames folded in so that ``eps`` moves results as far in the new
+space as in the old, :func:`align.transfer_steer`) and registers the result as the next version of
 a steer in the map's target space.
 """
 
@@ -241,7 +242,8 @@ def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str |
     moved.metadata["space"] = target
     return registry.register_steer(
         name, moved, space=target, params={"method": "transfer", "steer": s_info.ref, "map": m_info.ref},
-        metrics={"approximate": bool(moved.metadata.get("approximate"))}, alias=alias, description=description,
+        metrics={"approximate": bool(moved.metadata.get("approximate")),
+                 "eps_scale": float(moved.metadata.get("eps_scale", 1.0))}, alias=alias, description=description,
         inputs={"via": "transfer", "steer": s_info.ref, "map": m_info.ref},
         lens=[])
 

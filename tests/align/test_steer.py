@@ -271,3 +271,51 @@ def test_top_refuses_bad_ranks():
     for bad in (0, 3, 1.5):
         with pytest.raises(InputError):
             s.top(bad)
+
+
+def _spread_space(G: np.ndarray, mean_dir: np.ndarray, a: float) -> np.ndarray:
+    """Unit rows ``unit(a * mean_dir + unit(g))``: a larger ``a`` crowds every row around the common direction."""
+    X = a * mean_dir + G / np.linalg.norm(G, axis=1, keepdims=True)
+    return (X / np.linalg.norm(X, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize("spread_a,spread_b", [(0.3, 2.0), (2.0, 0.3)])
+def test_transfer_keeps_the_meaning_of_eps_between_spaces_of_different_spread(spread_a, spread_b):
+    """Between a space whose rows spread out (|mu| ~ 0.3) and one where they crowd around their mean (|mu| ~ 0.9,
+    as e5's do), either way, the transferred steer moves each query's top-10 as far at a given eps as the
+    original does; the same map without its frames (the bare H^T W H) does not. The two corrections are
+    scalars on W: the ranking over an eps sweep is the bare one's."""
+    from align import fit_procrustes
+    from align.knn import knn
+
+    rng = np.random.default_rng(7)
+    d, n = 24, 4000
+    G = rng.normal(size=(n, d)) * np.linspace(2.0, 0.5, d)
+    labels = np.where(G[:, 0] > 1.5, 1, np.where(G[:, 0] < -1.5, -1, 0))
+    R = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    XA = _spread_space(G, np.eye(d)[d - 1], spread_a)
+    XB = _spread_space(G @ R, R[d - 1], spread_b)
+    m = fit_procrustes(XA[:2000], XB[:2000])
+    steer = fit_steer(XA[:2000], labels[:2000], random_state=0)
+    moved = transfer_steer(steer, m)
+    bare = transfer_steer(steer, LinearMap(m.W))
+    mu_a, mu_b = m.source_frame.mean.astype(np.float64), m.target_frame.mean.astype(np.float64)
+    assert sorted([np.linalg.norm(mu_a), np.linalg.norm(mu_b)])[0] < 0.5 < 0.85 < max(np.linalg.norm(mu_a),
+                                                                                      np.linalg.norm(mu_b))
+    meta = moved.metadata
+    assert meta["spread_ratio"] == pytest.approx(np.sqrt((1 - mu_a @ mu_a) / (1 - mu_b @ mu_b)), rel=1e-6)
+    assert meta["gate_scale"] == pytest.approx(
+        np.linalg.norm(mu_a @ steer.P1) / np.linalg.norm(mu_b @ bare.P1), rel=1e-4)
+    assert bare.metadata["eps_scale"] == 1.0 and moved.rank == steer.rank == 1
+    np.testing.assert_allclose(moved.W, bare.W * meta["eps_scale"], rtol=1e-4, atol=1e-7)  # one scalar on W
+
+    def overlap(s, X, eps):
+        Q, C = X[2000:2300], X[2300:]
+        _, I0 = knn(Q, C, 10)
+        _, I1 = knn(s.apply(Q, eps), C, 10)
+        return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(I0.tolist(), I1.tolist())]))
+
+    for eps in (0.25, 0.5, 1.0):
+        a, b, c = overlap(steer, XA, eps), overlap(moved, XB, eps), overlap(bare, XB, eps)
+        assert abs(b - a) < 0.05, (eps, a, b)
+        assert abs(c - a) > 0.1, (eps, a, c)
