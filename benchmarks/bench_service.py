@@ -304,7 +304,8 @@ def bench_octet_1024(servers: dict, m, X, report, *, rounds: int = 6, per: int =
                 ["path", "ms", "vectors/s", "vs in-process", "server CPU ms"], rows))
     if bare is not None:
         t = best["in-process"]
-        bound = {c: t / (t + best[f"bare echo (floor){s}"]) for c, s in (("httpx", ""), ("http.client", " (http.client)"))}
+        bound = {c: t / (t + best[f"bare echo (floor){s}"])
+                 for c, s in (("httpx", ""), ("http.client", " (http.client)"))}
         report["octet_1024"]["_best_possible"] = bound
         print("best ratio any server could reach (in-process / (in-process + echo)): "
               + ", ".join(f"{c} {v:.2f}" for c, v in bound.items()))

@@ -22,7 +22,8 @@ Anything else goes to the app unchanged: a large JSON or chunked body, a query p
 not read exactly as FastAPI would, and **every failure** — the request is then replayed through the
 app with the body already read, so errors (status, message, headers, logs) come from the one place
 that makes them (:mod:`service.api.errors`). Failing requests thus run twice: JSON ones up to
-:data:`FAST_MAX_BYTES`, binary ones as far as their checks (a pass over the bytes). The OpenAPI document still comes from the routes.
+:data:`FAST_MAX_BYTES`, binary ones as far as their checks (a pass over the bytes). The OpenAPI
+document still comes from the routes.
 """
 
 from __future__ import annotations
