@@ -153,6 +153,7 @@ class FastPathMiddleware:
             if not msg.get("more_body", False):
                 break
         body = b"".join(chunks)
+        del chunks  # a binary body may be up to max_body_bytes: hold it once, not twice, while it is served
         try:
             answer = await handler(state, current_settings(app), scope["vb_path_params"], headers, body,
                                    scope.get("query_string", b""))
