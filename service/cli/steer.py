@@ -1,7 +1,7 @@
-"""``vecbridge steer fit | apply | lens``: LM-Steer style transforms of one embedding space.
+"""``vecbridge steer fit | apply | lens | transfer``: LM-Steer style transforms of one embedding space.
 
 Each command parses, calls one operation of :mod:`service.ops.steers` (``embed_and_register``,
-``apply_steer_job``, ``describe_lens`` / ``steer_lens``) and renders.
+``apply_steer_job``, ``describe_lens`` / ``steer_lens``, ``transfer_and_register``) and renders.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from align.steer import Steer
 
 from ..encoders import get_encoder
 from ..io import read_texts, read_vectors, write_vectors
-from ..ops.steers import apply_steer_job, describe_lens, embed_and_register, space_for_rows, steer_lens
+from ..ops.steers import (apply_steer_job, describe_lens, embed_and_register, space_for_rows, steer_lens,
+                          transfer_and_register)
 from ._common import Ctx, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
 
 __all__ = ["steer"]
@@ -25,7 +26,7 @@ _ref_opt = click.option("--steer", "ref", required=True, help="NAME, NAME@alias 
 
 @click.group()
 def steer():
-    """LM-Steer style transforms of one embedding space: fit, apply, lens."""
+    """LM-Steer style transforms of one embedding space: fit, apply, lens, transfer."""
 
 
 @steer.command("fit")
@@ -88,6 +89,25 @@ def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, as_json):
     write_vectors(out, apply_steer_job(Q, [(s, eps)]))
     emit({"steer": info.ref, "eps": eps, "rows": int(Q.shape[0]), "out": str(out)}, as_json,
          f"wrote {Q.shape[0]} rows steered by {info.ref} (eps {eps:g}) to {out}")
+
+
+@steer.command("transfer")
+@_ref_opt
+@click.option("--map", "map_ref", required=True, help="Map from the steer's space: NAME, NAME@alias or NAME:version.")
+@click.option("--name", default=None, help="Name in the map's target space (default: the steer's own).")
+@click.option("--alias", default=None, help="Point this alias at the new version.")
+@click.option("--description", default="", help="Free text kept with the version.")
+@json_opt
+@click.pass_obj
+def steer_transfer(obj: Ctx, ref, map_ref, name, alias, description, as_json):
+    """Carry a steer through a map into the map's target space and register it there.
+
+    W_B = H^T W_A H (H = pinv(M)^T), with the map's frames folded in so that eps moves results about
+    as far in the new space as in the old (align.transfer_steer)."""
+    v = transfer_and_register(obj.registry, ref, map_ref, name=name, alias=alias, description=description)
+    emit(v.to_dict(), as_json, f"registered steer {v.ref} in space {v.space} (carried from {ref} through "
+                               f"{map_ref}; eps scale {v.metrics.get('eps_scale', 1.0):.3g})"
+                               f"{' as @' + alias if alias else ''}")
 
 
 @steer.command("lens")

@@ -1,4 +1,4 @@
-"""`vecbridge steer fit|apply|lens` as a user runs them (subprocesses), with exit codes."""
+"""`vecbridge steer fit|apply|lens|transfer` as a user runs them (subprocesses), with exit codes."""
 
 from __future__ import annotations
 
@@ -98,3 +98,40 @@ def test_exit_codes(fitted):
        "--quiet", check_code=2)
     vb(*base, "fit", "--space", "toy", "--labels", d / "y.npy", "--name", "c", "--quiet", check_code=2)
     vb(*base, "lens", "--steer", "missing", check_code=2)
+
+
+def test_transfer_through_a_map_registers_in_the_target_space(fitted):
+    """The steer carried through a registered map lands in the map's target space as the library carries it
+    (frames folded in: eps scale recorded), and bad references exit 2 with a message."""
+    from align import fit_procrustes, transfer_steer
+    from service.registry import open_registry
+
+    d, X, _, _ = fitted
+    base = ["--data-dir", d / "var"]
+    R = np.linalg.qr(np.random.default_rng(5).normal(size=(X.shape[1], X.shape[1])))[0]
+    Y = (X @ R + 0.4).astype(np.float32)  # another space: rotated, and crowded around a common direction
+    Y /= np.linalg.norm(Y, axis=1, keepdims=True)
+    np.save(d / "Y.npy", Y)
+    vb(*base, "fit", "--pairs", "--source", d / "X.npy", "--target", d / "Y.npy", "--source-space", "toy",
+       "--target-space", "toy2", "--method", "procrustes", "--name", "toy2toy2", "--quiet")
+    p = vb(*base, "steer", "transfer", "--steer", "attr:1", "--map", "toy2toy2", "--name", "attr2", "--alias", "moved",
+           "--json")
+    info = json.loads(p.stdout)
+    assert (info["name"], info["space"], info["rank"], info["aliases"]) == ("attr2", "toy2", 3, ["moved"])
+    assert info["params"] == {"method": "transfer", "steer": "attr:1", "map": "toy2toy2:1"}
+    reg = open_registry(f"sqlite:///{d / 'var' / 'registry.sqlite'}", d / "var" / "artifacts")
+    try:
+        want = transfer_steer(reg.load_steer("attr:1"), reg.load_map(reg.resolve("toy2toy2")))
+        got = reg.load_steer("attr2@moved")
+        assert info["metrics"]["eps_scale"] == pytest.approx(want.metadata["eps_scale"]) != 1.0
+    finally:
+        reg.close()
+    np.testing.assert_allclose(got.W, want.W, atol=1e-6)
+    text = vb(*base, "steer", "transfer", "--steer", "attr:1", "--map", "toy2toy2", "--name", "attr2").stdout
+    assert "registered steer attr2:2 in space toy2" in text
+    for bad in (["--steer", "nope", "--map", "toy2toy2", "--name", "x"], ["--steer", "attr:1", "--map", "nope"],
+                ["--steer", "attr:2", "--map", "toy2toy2", "--name", "x"],  # a mean-shift baseline does not transfer
+                ["--steer", "attr2@moved", "--map", "toy2toy2", "--name", "x"],  # the map does not start in toy2
+                ["--steer", "attr:1", "--map", "toy2toy2"]):  # the name "attr" lives in toy, not toy2
+        p = vb(*base, "steer", "transfer", *bad, check_code=2)
+        assert p.stderr.startswith("vecbridge: error:") and "Traceback" not in p.stderr
