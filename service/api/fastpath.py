@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
 
+from ..errors import UnsupportedMediaTypeError
 from ..indexes.locking import WouldBlock
 from ..limits import MAX_DIM
 from .codec import JSON, media_type
@@ -41,7 +42,8 @@ from .routers import indexes as index_routes
 from .routers import maps as map_routes
 from .state import InMemory
 
-__all__ = ["FastPathMiddleware", "FAST_MAX_BYTES", "FAST_BINARY_MAX_BYTES", "INLINE_MAX_BYTES", "TRANSFORM", "SEARCH"]
+__all__ = ["FastPathMiddleware", "FAST_MAX_BYTES", "FAST_BINARY_MAX_BYTES", "INLINE_MAX_BYTES", "TRANSFORM",
+           "SEARCH"]
 
 FAST_MAX_BYTES = 256 * 1024  # JSON bodies up to this size take the shortcut
 FAST_BINARY_MAX_BYTES: int | None = None  # binary transform bodies: no bound of its own (the guard's applies)
@@ -112,7 +114,7 @@ def _body_cap(template: str, content_type: bytes | None) -> int | None:
     if template == TRANSFORM and content_type is not None:
         try:
             binary = media_type(content_type.decode("latin-1")) != JSON
-        except Exception:  # noqa: BLE001 - an unsupported type is the route's 415
+        except UnsupportedMediaTypeError:  # the route's 415
             return FAST_MAX_BYTES
         if binary:
             return FAST_BINARY_MAX_BYTES

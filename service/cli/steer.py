@@ -105,9 +105,9 @@ def steer_transfer(obj: Ctx, ref, map_ref, name, alias, description, as_json):
     W_B = H^T W_A H (H = pinv(M)^T), with the map's frames folded in so that eps moves results about
     as far in the new space as in the old (align.transfer_steer)."""
     v = transfer_and_register(obj.registry, ref, map_ref, name=name, alias=alias, description=description)
-    emit(v.to_dict(), as_json, f"registered steer {v.ref} in space {v.space} (carried from {ref} through "
-                               f"{map_ref}; eps scale {v.metrics.get('eps_scale', 1.0):.3g})"
-                               f"{' as @' + alias if alias else ''}")
+    emit(v.to_dict(), as_json, f"registered steer {v.ref} in space {v.space} (carried from "
+                               f"{v.params.get('steer', ref)} through {v.params.get('map', map_ref)}; eps scale "
+                               f"{v.metrics.get('eps_scale', 1.0):.3g}){' as @' + alias if alias else ''}")
 
 
 @steer.command("lens")

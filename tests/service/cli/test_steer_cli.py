@@ -128,7 +128,7 @@ def test_transfer_through_a_map_registers_in_the_target_space(fitted):
         reg.close()
     np.testing.assert_allclose(got.W, want.W, atol=1e-6)
     text = vb(*base, "steer", "transfer", "--steer", "attr:1", "--map", "toy2toy2", "--name", "attr2").stdout
-    assert "registered steer attr2:2 in space toy2" in text
+    assert "registered steer attr2:2 in space toy2 (carried from attr:1 through toy2toy2:1" in text
     for bad in (["--steer", "nope", "--map", "toy2toy2", "--name", "x"], ["--steer", "attr:1", "--map", "nope"],
                 ["--steer", "attr:2", "--map", "toy2toy2", "--name", "x"],  # a mean-shift baseline does not transfer
                 ["--steer", "attr2@moved", "--map", "toy2toy2", "--name", "x"],  # the map does not start in toy2
