@@ -319,3 +319,28 @@ def test_transfer_keeps_the_meaning_of_eps_between_spaces_of_different_spread(sp
         a, b, c = overlap(steer, XA, eps), overlap(moved, XB, eps), overlap(bare, XB, eps)
         assert abs(b - a) < 0.05, (eps, a, b)
         assert abs(c - a) > 0.1, (eps, a, c)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), na=st.floats(0.0, 0.999), nb=st.floats(0.0, 0.999), r=st.integers(1, 4),
+       extra=st.integers(0, 3))
+def test_transfer_through_centring_frames_is_finite_and_only_rescales(seed, na, nb, r, extra):
+    """Any centring frames (|mu| from 0 to 0.999) give finite factors, and the transfer is the bare one times a
+    positive scalar: the ranking over an eps sweep cannot change, only the eps it takes."""
+    from align.frames import Frame
+
+    rng = np.random.default_rng(seed)
+    dA = 6
+    dB = dA + extra
+    s = random_steer(d=dA, r=r, seed=seed)
+    M = rng.normal(size=(dA, dB)) + 2 * np.eye(dA, dB)
+
+    def frame(d, norm):
+        v = rng.normal(size=d)
+        return Frame(d, (v / np.linalg.norm(v) * norm).astype(np.float32))
+
+    moved = transfer_steer(s, LinearMap(M, None, frame(dA, na), frame(dB, nb)))
+    bare = transfer_steer(s, LinearMap(M))
+    k = moved.metadata["eps_scale"]
+    assert np.isfinite(k) and k > 0 and np.isfinite(moved.P1).all() and np.isfinite(moved.P2).all()
+    np.testing.assert_allclose(moved.W, k * bare.W, rtol=1e-4, atol=1e-6 * max(1.0, k) * np.abs(bare.W).max())
