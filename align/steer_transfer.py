@@ -29,6 +29,12 @@ def _spread(mu: np.ndarray | None) -> float:
     return 1.0 if mu is None else float(np.sqrt(max(1.0 - float(mu @ mu), 1e-12)))
 
 
+def _rms_gate(mu: np.ndarray, P1: np.ndarray) -> float:
+    """RMS of the query side ``q P1`` (r,) over a space's typical rows ``q = mu + rho f``, ``f`` a unit
+    direction taken as isotropic (``E[f fᵀ] = I / d``): ``sqrt(|mu P1|^2 + rho^2 |P1|_F^2 / d)``."""
+    return float(np.sqrt(float(np.sum((mu @ P1) ** 2)) + _spread(mu) ** 2 * float(np.sum(P1 * P1)) / mu.size))
+
+
 def transfer_steer(steer, linear_map, *, rcond: float = 1e-6):
     """Carry a steer from space A to space B through a map ``x_B ≈ x_A M`` (``M = map.W``, (d_A, d_B)).
 
@@ -49,9 +55,11 @@ def transfer_steer(steer, linear_map, *, rcond: float = 1e-6):
       ``x_B - mu_B ≈ (x_A - mu_A) M / lam`` with ``lam = rho_A / rho_B`` and ``rho = sqrt(1 - |mu|^2)`` the
       typical ``|x - mu|`` of a space; within one query's results the candidates' score differences shrink
       by ``lam^2`` (two centred factors, ``q`` and ``c``) and the boost's by ``lam`` (one, ``P2·c``);
-    * query side, ``P1_B = gamma M^+ P1`` with ``gamma = |mu_A P1| / |mu_B M^+ P1|``: the mean query of B
-      (``mu_B``) gets the gate ``q P1`` of the mean query of A (``M`` is fitted on the centred parts, so
-      where it sends the mean direction, and with it the gate, is arbitrary).
+    * query side, ``P1_B = gamma M^+ P1`` with ``gamma = g_A(P1) / g_B(M^+ P1)``, ``g`` the RMS of the
+      query factor ``q P1`` over a space's typical rows ``q = mu + rho f`` (``f`` taken as isotropic):
+      ``g(P) = sqrt(|mu P|^2 + rho^2 |P|_F^2 / d)``. ``M`` is fitted on the centred parts, so where it sends
+      the mean direction, and with it the mean part of the gate, is arbitrary; for the default rank-1 steer the
+      mean part dominates (``q·u ≈ 1``), for an ``lm-steer`` rank-16 steer the centred part does.
 
     Measured on WordNet (rank-1 steer for plant vs animal, 500 queries;
     ``benchmarks/results/steer_transfer_2026-12-01.md``), overlap@10 with the unsteered results at
@@ -85,8 +93,8 @@ def transfer_steer(steer, linear_map, *, rcond: float = 1e-6):
     lam, gamma = 1.0, 1.0
     if mu_a is not None and mu_b is not None:
         lam = _spread(mu_a) / _spread(mu_b)  # rho_A / rho_B
-        g_a = float(np.linalg.norm(mu_a @ steer.P1.astype(np.float64)))  # |mu_A P1|: the mean A query's gate
-        g_b = float(np.linalg.norm(mu_b @ P1))
+        g_a = _rms_gate(mu_a, steer.P1.astype(np.float64))
+        g_b = _rms_gate(mu_b, P1)
         if g_a > 0 and g_b > 1e-6 * g_a:
             gamma = g_a / g_b
     P1 = P1 * gamma

@@ -3,12 +3,13 @@
 Data as ``bench_steer.py`` (WordNet, labels from the lexicographer files; training rows ``[0, 16384)``,
 corpus ``[16384, 32768)``, ``--queries`` held-out queries from ``[32768, 40960)``); map: ``fit_procrustes``
 on the paired training rows, in both directions (MiniLM -> e5 and e5 -> MiniLM). For each attribute the
-default steer (``align.fit_steer``) is fitted in the source space and carried to the target space.
+default steer (``align.fit_steer``, rank-1 local discriminant) and an ``lm-steer`` steer of rank 16 are fitted
+in the source space and carried to the target space.
 
 Table 1 (the meaning of ``eps``): mean overlap@10 with the unsteered top-10 at ``eps`` = 0.25 / 0.5 / 1 for
 the steer in its own space, the transfer, and the bare formula ``H^T W H`` (the same map without its frames).
 
-Table 2 (the trade-off curve, MiniLM -> e5 only): area between the steer's and e5's own mean-shift's
+Table 2 (the trade-off curve, MiniLM -> e5 only, the default steer): area between the steer's and e5's own mean-shift's
 precision@10 curves, and the worst gap at overlap 0.95 ... 0.1 (``bench_steer.compare``), on the overlap
 axis and on the nDCG@10 axis (reverse-dictionary queries; needs ``build_retrieval_sets.py``), for the bare
 formula, the default transfer (two scalars on ``W``) and the exact first-order query side (the constant
@@ -39,6 +40,7 @@ from align.knn import knn  # noqa: E402
 from align.steer import Steer, fit_mean_shift, fit_steer, transfer_steer  # noqa: E402
 
 EPS = (0.25, 0.5, 1.0)
+METHODS = ("local", "lm-steer")
 
 
 def overlap(steer, Q, C, eps: float) -> float:
@@ -72,14 +74,19 @@ def run(n_queries: int, seed: int = 0) -> dict:
     for a, b in bs.TASKS:
         lab = bs.task_labels(lex, pol, a, b)
         for (s, t), m in maps.items():
-            steer = fit_steer(emb[s][tr], lab[tr], random_state=seed)
-            moved, bare = transfer_steer(steer, m), transfer_steer(steer, LinearMap(m.W))
-            row = {"attribute": a, "from": s, "to": t, **{k: moved.metadata[k] for k in
-                                                          ("spread_ratio", "gate_scale", "eps_scale")}}
-            for name, st, space in (("own", steer, s), ("transfer", moved, t), ("bare", bare, t)):
-                row[name] = [overlap(st, emb[space][qidx], emb[space][co], e) for e in EPS]
-            out["meaning"].append(row)
-            print(f"{a} {s}->{t}: own {row['own']} transfer {row['transfer']} bare {row['bare']}", file=sys.stderr)
+            for method in METHODS:
+                kw = {"method": "lm-steer", "rank": 16} if method == "lm-steer" else {}
+                st_m = fit_steer(emb[s][tr], lab[tr], random_state=seed, **kw)
+                moved_m, bare_m = transfer_steer(st_m, m), transfer_steer(st_m, LinearMap(m.W))
+                row = {"attribute": a, "method": method, "from": s, "to": t,
+                       **{k: moved_m.metadata[k] for k in ("spread_ratio", "gate_scale", "eps_scale")}}
+                for name, st, space in (("own", st_m, s), ("transfer", moved_m, t), ("bare", bare_m, t)):
+                    row[name] = [overlap(st, emb[space][qidx], emb[space][co], e) for e in EPS]
+                out["meaning"].append(row)
+                print(f"{a} {method} {s}->{t}: own {row['own']} transfer {row['transfer']} bare {row['bare']}",
+                      file=sys.stderr, flush=True)
+                if method == "local":
+                    steer, moved, bare = st_m, moved_m, bare_m
             if s != "minilm":
                 continue
             ms = fit_mean_shift(emb[t][tr], lab[tr])
@@ -103,10 +110,11 @@ def tables(res: dict) -> str:
     f = lambda v: " / ".join(f"{x:.2f}" for x in v)  # noqa: E731
     lines = [f"Overlap@10 with the unsteered results at eps = {' / '.join(map(str, EPS))} "
              f"({res['setup']['queries']} queries)", "",
-             "| attribute | map | own space | transfer | bare H^T W H | lam | gamma |",
-             "|---|---|---|---|---|---:|---:|"]
+             "| attribute | steer | map | own space | transfer | bare H^T W H | lam | gamma |",
+             "|---|---|---|---|---|---|---:|---:|"]
     for r in res["meaning"]:
-        lines.append(f"| {r['attribute']} | {r['from']} -> {r['to']} | {f(r['own'])} | {f(r['transfer'])} | "
+        lines.append(f"| {r['attribute']} | {r.get('method', 'local')} | {r['from']} -> {r['to']} | {f(r['own'])} | "
+                     f"{f(r['transfer'])} | "
                      f"{f(r['bare'])} | {r['spread_ratio']:.2f} | {r['gate_scale']:.2f} |")
     lines += ["", "Trade-off curve vs e5's own mean-shift (MiniLM -> e5): area / worst gap", "",
               "| attribute | variant | overlap axis | nDCG axis |", "|---|---|---|---|"]

@@ -304,8 +304,10 @@ def test_transfer_keeps_the_meaning_of_eps_between_spaces_of_different_spread(sp
                                                                                       np.linalg.norm(mu_b))
     meta = moved.metadata
     assert meta["spread_ratio"] == pytest.approx(np.sqrt((1 - mu_a @ mu_a) / (1 - mu_b @ mu_b)), rel=1e-6)
-    assert meta["gate_scale"] == pytest.approx(
-        np.linalg.norm(mu_a @ steer.P1) / np.linalg.norm(mu_b @ bare.P1), rel=1e-4)
+    def rms_gate(mu, P):  # RMS of q P over rows mu + rho f, f isotropic
+        return np.sqrt(np.sum((mu @ P) ** 2) + (1 - mu @ mu) * np.sum(P * P) / mu.size)
+
+    assert meta["gate_scale"] == pytest.approx(rms_gate(mu_a, steer.P1) / rms_gate(mu_b, bare.P1), rel=1e-4)
     assert bare.metadata["eps_scale"] == 1.0 and moved.rank == steer.rank == 1
     np.testing.assert_allclose(moved.W, bare.W * meta["eps_scale"], rtol=1e-4, atol=1e-7)  # one scalar on W
 
@@ -317,8 +319,8 @@ def test_transfer_keeps_the_meaning_of_eps_between_spaces_of_different_spread(sp
 
     for eps in (0.25, 0.5, 1.0):
         a, b, c = overlap(steer, XA, eps), overlap(moved, XB, eps), overlap(bare, XB, eps)
-        assert abs(b - a) < 0.05, (eps, a, b)
-        assert abs(c - a) > 0.1, (eps, a, c)
+        # the rows here are anisotropic, the rms gate assumes isotropic ones: close, not exact
+        assert abs(b - a) < 0.1 and abs(c - a) > abs(b - a) + 0.04, (eps, a, b, c)
 
 
 @settings(max_examples=40, deadline=None)
