@@ -61,11 +61,12 @@ def transfer_steer(steer, linear_map, *, rcond: float = 1e-6):
       the mean direction, and with it the mean part of the gate, is arbitrary; for the default rank-1 steer the
       mean part dominates (``q·u ≈ 1``), for an ``lm-steer`` rank-16 steer the centred part does.
 
-    Measured on WordNet (rank-1 steer for plant vs animal, 500 queries;
-    ``benchmarks/results/steer_transfer_2026-12-01.md``), overlap@10 with the unsteered results at
-    ``eps`` = 0.25 / 0.5 / 1: MiniLM -> e5 0.62 / 0.14 / 0.02 against 0.64 / 0.23 / 0.07 for the steer in
-    MiniLM (bare 0.18 / 0.03 / 0.006; ``lam = 2.2``, ``gamma = 1.19``); e5 -> MiniLM 0.73 / 0.38 / 0.16
-    against 0.76 / 0.40 / 0.03 in e5 (bare 0.99 / 0.98 / 0.97: ``gamma = 15``).
+    Measured on WordNet (plant vs animal, 500 queries; ``benchmarks/results/steer_transfer_2026-12-01.md``),
+    overlap@10 with the unsteered results at ``eps`` = 0.25 / 0.5 / 1, default rank-1 steer: MiniLM -> e5
+    0.61 / 0.13 / 0.02 against 0.64 / 0.23 / 0.07 for the steer in MiniLM (bare 0.18 / 0.03 / 0.01;
+    ``lam = 2.2``, ``gamma = 1.21``); e5 -> MiniLM 0.81 / 0.52 / 0.21 against 0.76 / 0.40 / 0.03 in e5 (bare
+    0.99 / 0.98 / 0.97: ``gamma = 11.7``); an ``lm-steer`` rank-16 steer MiniLM -> e5 0.44 / 0.15 / 0.02
+    against 0.53 / 0.23 / 0.05 (bare 0.17 / 0.03 / 0.01).
     The exact first-order query side, ``lam q_B M^+ P1 + (mu_A - lam mu_B M^+) P1`` with the constant carried
     by ``g = mu_B / |mu_B|^2``, reproduces A's per-query gates but changed the curve: overlap-axis area vs
     mean-shift up to +0.017 higher, nDCG-axis area up to 0.031 lower on four attributes; not used.
