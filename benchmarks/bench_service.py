@@ -118,9 +118,12 @@ def start_server(data_dir: Path, port: int, *, workers: int = 1, demo: bool = Fa
                 "VECBRIDGE_DEMO_ON_EMPTY": "true" if demo else "false", "VECBRIDGE_LOG_LEVEL": "WARNING",
                 "PYTHONPATH": str(root)})
     if bare:
-        # the C heap kept as `vecbridge serve` keeps it (service/memory.py, default 64 MiB): otherwise every
-        # 1.5 MB echo would fault its buffers in anew and the floor would sit above the server it bounds
-        env.update({"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)})
+        from service.config import Settings
+        from service.memory import heap_env
+
+        # the C heap kept as `vecbridge serve` keeps it (its default malloc_keep_mb): otherwise every 1.5 MB
+        # echo would fault its buffers in anew and the floor would sit above the server it bounds
+        env.update(heap_env(Settings.model_fields["malloc_keep_mb"].default))
         cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "benchmarks"), "bare_asgi:app", "--host",
                "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
     else:

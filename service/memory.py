@@ -23,7 +23,7 @@ import threading
 
 from align.exceptions import InputError
 
-__all__ = ["keep_heap", "heap_settings", "MAX_KEEP_MB", "MMAP_MAX_BYTES"]
+__all__ = ["keep_heap", "heap_settings", "heap_env", "MAX_KEEP_MB", "MMAP_MAX_BYTES"]
 
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 M_MMAP_THRESHOLD = -3
@@ -45,6 +45,21 @@ def _mallopt():
     return fn
 
 
+def _thresholds(keep_mb: int) -> tuple[int, int]:
+    """``(trim threshold, mmap threshold)`` in bytes for ``keep_mb`` MiB kept."""
+    keep = int(keep_mb) * 1024 * 1024
+    return keep, min(keep, MMAP_MAX_BYTES)
+
+
+def heap_env(keep_mb: int) -> dict[str, str]:
+    """The same settings as glibc environment variables, for a process started from here (read at its start):
+    ``{"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"}``; empty for ``0``."""
+    if keep_mb <= 0:
+        return {}
+    keep, mmap = _thresholds(keep_mb)
+    return {"MALLOC_TRIM_THRESHOLD_": str(keep), "MALLOC_MMAP_THRESHOLD_": str(mmap)}
+
+
 def keep_heap(keep_mb: int) -> dict | None:
     """Keep up to ``keep_mb`` MiB of freed heap per arena (``0``: leave glibc's defaults).
 
@@ -57,14 +72,13 @@ def keep_heap(keep_mb: int) -> dict | None:
         return None
     if keep_mb > MAX_KEEP_MB:
         raise InputError(f"keep_mb must be at most {MAX_KEEP_MB} (mallopt takes a C int), got {keep_mb}")
-    keep = int(keep_mb) * 1024 * 1024
+    keep, mmap = _thresholds(keep_mb)
     with _lock:
         if _applied is not None and _applied["trim_threshold"] == keep:
             return dict(_applied)
         fn = _mallopt()
         if fn is None:
             return None
-        mmap = min(keep, MMAP_MAX_BYTES)
         if not (fn(M_TRIM_THRESHOLD, keep) and fn(M_MMAP_THRESHOLD, mmap)):
             return None
         _applied = {"trim_threshold": keep, "mmap_threshold": mmap}

@@ -78,3 +78,19 @@ def test_settings_bound_the_kept_heap():
     for bad in (-1, 1025):
         with pytest.raises(ValidationError):
             Settings(malloc_keep_mb=bad)
+
+
+@glibc
+def test_heap_env_names_what_keep_heap_sets():
+    """For a process started from here (the benchmark's bare server): the same two thresholds as environment
+    variables glibc reads at start-up."""
+    from service.memory import heap_env
+
+    code = ("import json; from service.memory import keep_heap, heap_env; "
+            "print(json.dumps([keep_heap(64), heap_env(64), heap_env(1024)]))")
+    applied, env, big = json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
+                                                  capture_output=True, text=True).stdout)
+    assert env == {"MALLOC_TRIM_THRESHOLD_": str(applied["trim_threshold"]),
+                   "MALLOC_MMAP_THRESHOLD_": str(applied["mmap_threshold"])}
+    assert big == {"MALLOC_TRIM_THRESHOLD_": str(1024 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
+    assert heap_env(0) == {}
