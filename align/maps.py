@@ -15,6 +15,7 @@ or ``.safetensors`` (arrays + the JSON header in its string metadata). Never pic
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,9 +32,30 @@ FORMAT_VERSION = 1
 _BLOCK_ROWS = 1024  # rows per fused block: output block (1024 x d_t float32) stays in L2/L3
 
 
-def _raw_t(mf: np.ndarray, mu_sq: float) -> np.ndarray:
+def _raw_t(mf, mu_sq: float, xp=np):
     """``t > 0`` with ``|mu + t f| = 1`` for unit ``f`` and ``mf = mu·f``: ``sqrt(mf^2 + 1 - |mu|^2) - mf``."""
-    return np.maximum(np.sqrt(np.maximum(mf * mf + 1.0 - mu_sq, 0.0)) - mf, 1e-12)
+    return xp.maximum(xp.sqrt(xp.maximum(mf * mf + 1.0 - mu_sq, 0.0)) - mf, 1e-12)
+
+
+class _Scalars:
+    """The few functions :meth:`LinearMap._terms` needs, on Python floats: a single row's factors cost
+    ~0.1 µs per operation this way against ~1-3 µs per numpy call on one-element arrays."""
+
+    sqrt = staticmethod(math.sqrt)
+    maximum = staticmethod(max)  # finite arguments only (the caller has checked the row)
+
+    @staticmethod
+    def full(m: int, value: float) -> float:
+        return value
+
+
+class _Arrays:
+    sqrt = staticmethod(np.sqrt)
+    maximum = staticmethod(np.maximum)
+
+    @staticmethod
+    def full(m: int, value: float) -> np.ndarray:
+        return np.full(m, value)
 
 
 @dataclass
@@ -138,6 +160,8 @@ class LinearMap(StoredMap):
         if output not in ("frame", "raw", "linear"):
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
         out = np.empty((X.shape[0], self.target_dim), dtype=np.float32)
+        if X.shape[0] == 1 and self._apply_row(X[0], out, output):
+            return out
         block = max(1, min(int(batch_size), _BLOCK_ROWS))
         scale_free = self.source_frame.unit_in  # f_s(c x) = f_s(x): extreme rows can be brought to unit length
         verified = True
@@ -193,6 +217,44 @@ class LinearMap(StoredMap):
         self._fused = plan
         return plan
 
+    def _terms(self, n1, dot, m: int, output: str, xp) -> tuple:
+        """Per-row factors of the fused form, on arrays of ``m`` rows (``xp=_Arrays``) or one row's floats
+        (``_Scalars``): ``(r, beta, gamma, shift, alpha, u_mut)``; ``r`` is None when the output is scaled
+        after the GEMM (then ``alpha``/``u_mut`` finish it), else the row scale applied before it.
+
+        ``n1`` = ``|x|``; ``dot(q)`` = ``x·q`` for a plan vector ``q`` (float64). The maths is
+        :meth:`_apply`'s docstring; :meth:`_plan` holds the constants.
+        """
+        p, ft = self._plan(), self.target_frame
+        if p["folded"]:
+            n1 = xp.maximum(n1, 1e-12)
+            s = xp.sqrt(xp.maximum(1.0 - 2.0 * dot(p["q_mu"]) / n1 + p["mu_sq"], 1e-24))
+            alpha, beta, gamma = 1.0 / (n1 * s), -n1, n1 * s
+        else:
+            alpha, beta, gamma = xp.full(m, 1.0), xp.full(m, 0.0), xp.full(m, 1.0)
+        if not p["has_bias"]:
+            gamma = xp.full(m, 0.0)
+        # u·mu_t = x·(W mu_t) + beta (mu_s W)·mu_t + gamma b·mu_t, needed by raw outputs only
+        u_mut = dot(p["q_mut"]) + beta * p["muW_mut"] + gamma * p["b_mut"] if output == "raw" else None
+        unit = output == "frame" and ft.unit_out
+        closed_raw = output == "raw" and p["raw_closed"]
+        r, shift = None, xp.full(m, 0.0)  # shift: coefficient of mu_t (before the row scale)
+        if output == "linear" or (output == "frame" and not ft.unit_out):
+            r = alpha
+        elif p["orth"] and (unit or closed_raw):
+            if p["folded"]:  # u = |x| s (f W + b) with |f W| = |f| = 1: no difference of large terms
+                g = (dot(p["q_b"]) / n1 - p["muW_b"]) / s if p["has_bias"] else 0.0
+                nu = n1 * s * xp.sqrt(xp.maximum(1.0 + 2.0 * g + p["b_sq"], 1e-24))
+            else:  # u = x' W + b
+                xb = dot(p["q_b"]) if p["has_bias"] else 0.0  # (xW)·b
+                nu = xp.sqrt(xp.maximum(n1 * n1 + 2.0 * gamma * xb + gamma * gamma * p["b_sq"], 1e-24))
+            if unit:
+                r = 1.0 / nu
+            else:
+                t = _raw_t(u_mut / nu, p["mut_sq"], xp)
+                r, shift = t / nu, nu / t
+        return r, beta, gamma, shift, alpha, u_mut
+
     def _apply_block(self, x: np.ndarray, y: np.ndarray, output: str, sq: np.ndarray) -> bool:
         """Write ``output`` for finite rows ``x`` (m, d_s) into ``y`` (m, d_t), both C-contiguous float32.
 
@@ -205,36 +267,10 @@ class LinearMap(StoredMap):
             x = self.source_frame._apply(x)
             sq = np.einsum("ij,ij->i", x, x)
         m = x.shape[0]
-        n1 = np.sqrt(sq.astype(np.float64))
-        if p["folded"]:
-            np.maximum(n1, 1e-12, out=n1)
-            x_mu = (x @ p["q_mu"]).astype(np.float64)  # x·mu_s
-            s = np.sqrt(np.maximum(1.0 - 2.0 * x_mu / n1 + p["mu_sq"], 1e-24))
-            alpha, beta, gamma = 1.0 / (n1 * s), -n1, n1 * s
-        else:
-            alpha, beta, gamma = np.ones(m), np.zeros(m), np.ones(m)
-        if not p["has_bias"]:
-            gamma = np.zeros(m)
-        # u·mu_t = x·(W mu_t) + beta (mu_s W)·mu_t + gamma b·mu_t, needed by raw outputs only
-        u_mut = ((x @ p["q_mut"]).astype(np.float64) + beta * p["muW_mut"] + gamma * p["b_mut"]
-                 if output == "raw" else None)
+        scale, beta, gamma, shift, alpha, u_mut = self._terms(
+            np.sqrt(sq.astype(np.float64)), lambda q: (x @ q).astype(np.float64), m, output, _Arrays)
         unit = output == "frame" and ft.unit_out
         closed_raw = output == "raw" and p["raw_closed"]
-        shift, scale = np.zeros(m), None  # shift: coefficient of mu_t (before the row scale)
-        if output == "linear" or (output == "frame" and not ft.unit_out):
-            scale = alpha
-        elif p["orth"] and (unit or closed_raw):
-            if p["folded"]:  # u = |x| s (f W + b) with |f W| = |f| = 1: no difference of large terms
-                g = ((x @ p["q_b"]).astype(np.float64) / n1 - p["muW_b"]) / s if p["has_bias"] else 0.0
-                nu = n1 * s * np.sqrt(np.maximum(1.0 + 2.0 * g + p["b_sq"], 1e-24))
-            else:  # u = x' W + b
-                xb = (x @ p["q_b"]).astype(np.float64) if p["has_bias"] else 0.0  # (xW)·b
-                nu = np.sqrt(np.maximum(n1 * n1 + 2.0 * gamma * xb + gamma * gamma * p["b_sq"], 1e-24))
-            if unit:
-                scale = 1.0 / nu
-            else:
-                t = _raw_t(u_mut / nu, p["mut_sq"])
-                scale, shift = t / nu, nu / t
         d_s = x.shape[1]
         xa = np.empty((m, d_s + 4), dtype=np.float32)  # [r x | r beta | r gamma | r shift | 0]
         if scale is None:  # scaled after the GEMM: a plain copy
@@ -253,8 +289,10 @@ class LinearMap(StoredMap):
         if unit or closed_raw:  # W without orthonormal rows: measure |u| on the output, scale in place
             with np.errstate(over="ignore", invalid="ignore"):
                 nu2 = np.einsum("ij,ij->i", y, y).astype(np.float64)
-            if not np.isfinite(nu2.sum()):
-                return False
+            if not np.isfinite(nu2.sum()):  # squares past float32's range (rows ~1e19), or y itself not finite
+                nu2 = np.einsum("ij,ij->i", y, y, dtype=np.float64)  # never overflows for finite float32 y
+                if not np.isfinite(nu2.sum()):
+                    return False
             nu = np.sqrt(np.maximum(nu2, 1e-24))
             y *= ((1.0 / nu) if unit else _raw_t(u_mut / nu, p["mut_sq"]) / nu).astype(np.float32)[:, None]
             if closed_raw:
@@ -263,6 +301,45 @@ class LinearMap(StoredMap):
         y *= alpha.astype(np.float32)[:, None]  # raw output through any other target frame
         y[...] = ft.to_raw(y)
         return False
+
+    def _apply_row(self, x: np.ndarray, y: np.ndarray, output: str) -> bool:
+        """:meth:`_apply_block` for one row ``x`` (d_s,) into ``y`` (1, d_t), its factors as Python floats.
+
+        A batch-1 call (a query) is a GEMV beside ~25 tiny numpy operations in the block form, which
+        cost several times the GEMV; here the same factors take ~0.1 µs each. Returns False for rows
+        the block form handles (a norm outside the safe range, NaN/Inf, non-standard frames, outputs
+        that are not unit or closed raw rows, squares past float32's range); the caller then computes
+        ``y`` again by that form.
+        """
+        p, ft = self._plan(), self.target_frame
+        unit = output == "frame" and ft.unit_out
+        closed_raw = output == "raw" and p["raw_closed"]
+        if p["copy_frame"] or not (unit or closed_raw):
+            return False
+        sq = float(np.vdot(x, x))  # float32 like the block's einsum; Inf/NaN fail the range test (vdot: no FP warning)
+        if not _SQ_LO < sq < _SQ_HI:
+            return False
+        scale, beta, gamma, shift, _, u_mut = self._terms(
+            math.sqrt(sq), lambda q: float(x @ q), 1, output, _Scalars)
+        d_s = x.shape[0]
+        xa = np.empty((1, d_s + 4), dtype=np.float32)
+        r = 1.0 if scale is None else scale
+        if scale is None:
+            np.copyto(xa[0, :d_s], x)
+        else:
+            np.multiply(x, np.float32(r), out=xa[0, :d_s])
+        xa[0, d_s:] = (beta * r, gamma * r, shift * r, 0.0)
+        np.matmul(xa, p["Wa"], out=y)
+        if scale is not None:
+            return math.isfinite(r + beta * r + gamma * r + shift * r)
+        nu2 = float(np.vdot(y[0], y[0]))
+        if not math.isfinite(nu2):  # squares past float32's range, or an overflowed GEMM: the block form decides
+            return False
+        nu = math.sqrt(max(nu2, 1e-24))
+        y *= np.float32(1.0 / nu if unit else _raw_t(u_mut / nu, p["mut_sq"], _Scalars) / nu)
+        if closed_raw:
+            y += ft.mean
+        return True
 
     __call__ = apply
 

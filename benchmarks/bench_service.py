@@ -146,8 +146,9 @@ def start_server(data_dir: Path, port: int, *, workers: int = 1, demo: bool = Fa
 
 # --- sections -----------------------------------------------------------------------------------
 def bench_inprocess(m, X, report):
+    """Batch 1 (a query: GEMV vs the one-row path of ``apply``), 1,024 and 8,192 rows."""
     rows = []
-    for n in (1024, 8192):
+    for n in (1, 1024, 8192):
         Xb = np.ascontiguousarray(X[:n])
         W = m.W
         fns = {"gemm": lambda: Xb @ W, **{o: (lambda o=o: m.apply(Xb, output=o)) for o in ("linear", "frame", "raw")}}
@@ -155,7 +156,7 @@ def bench_inprocess(m, X, report):
         best = {k: np.inf for k in fns}
         t_end = time.perf_counter() + 4.0
         reps = 0
-        while reps < 10 or (time.perf_counter() < t_end and reps < 400):
+        while reps < 10 or (time.perf_counter() < t_end and reps < (4000 if n == 1 else 400)):
             for k, fn in fns.items():
                 t0 = time.perf_counter()
                 fn()

@@ -385,3 +385,50 @@ def test_scale_free_apply_ignores_extreme_row_magnitudes(seed, scale):
     big[::7] *= np.float32(scale)
     for output in ("raw", "frame", "linear"):
         np.testing.assert_allclose(m.apply(big, output=output), m.apply(Z, output=output), atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(d_s=st.integers(2, 10), d_t=st.integers(2, 10), seed=st.integers(0, 2**31 - 1),
+       orth=st.booleans(), bias=st.booleans(), fs_kind=st.sampled_from(["std", "identity", "unit", "centre"]),
+       ft_kind=st.sampled_from(["std", "identity", "unit", "centre"]), output=st.sampled_from(["raw", "frame", "linear"]),
+       scale=st.sampled_from([1.0, 1e-20, 1e15, 1e19]))
+def test_single_row_apply_equals_its_row_of_a_batch(d_s, d_t, seed, orth, bias, fs_kind, ft_kind, output, scale):
+    """A batch of one (a query) takes its own path (factors as Python floats); each row must come out as
+    it does inside a batch, for every frame kind, W, bias, output and row magnitude."""
+    from align import LinearMap
+    from align.frames import Frame
+
+    rng = np.random.default_rng(seed)
+    mean = lambda d: (rng.normal(size=d) / np.sqrt(d) * 0.5).astype(np.float32)  # noqa: E731
+    frames = {"std": lambda d: Frame(d, mean(d)), "identity": Frame.identity, "unit": lambda d: Frame(d, None, True, True),
+              "centre": lambda d: Frame(d, mean(d), unit_in=False, unit_out=False)}
+    W = (np.linalg.qr(rng.normal(size=(d_t, d_s)))[0].T if orth and d_s <= d_t
+         else rng.normal(size=(d_s, d_t)) / np.sqrt(d_s))
+    m = LinearMap(W, rng.normal(size=d_t) * 0.3 if bias else None, frames[fs_kind](d_s), frames[ft_kind](d_t))
+    Z = (rng.normal(size=(9, d_s)) + rng.normal(size=d_s)).astype(np.float32)
+    if m.source_frame.unit_in:  # magnitudes matter only where the frame normalises them away
+        Z *= np.float32(scale)
+    batch = m.apply(Z, output=output)
+    rows = np.vstack([m.apply(Z[i : i + 1], output=output) for i in range(len(Z))])
+    np.testing.assert_allclose(rows, batch, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(batch).max())))
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_unit_outputs_stay_unit_when_squares_pass_float32(n, rng):
+    """A map with large W (|f W + b| ~ 1e3) on rows of norm ~1e17 (inside the range the frame handles
+    without taming them): the output's squared norms pass float32's range before it is scaled. They were
+    left unscaled (entries ~1e19, no error); the norms are now summed in float64 and the rows come out
+    as the same rows at unit length do."""
+    from align import LinearMap
+    from align.frames import Frame
+
+    d = 8
+    X = rng.normal(size=(200, d)).astype(np.float32)
+    m0 = align.fit_ridge(X, X @ rng.normal(size=(d, d)).astype(np.float32), alpha=0.1)
+    m = LinearMap(m0.W * 1000, m0.bias * 1000, m0.source_frame, Frame(d, m0.target_frame.mean))
+    Z = rng.normal(size=(n, d)).astype(np.float32)
+    Z /= np.linalg.norm(Z, axis=1, keepdims=True)
+    for output in ("raw", "frame"):
+        big = m.apply(Z * np.float32(5e17), output=output)
+        np.testing.assert_allclose(big, m.apply(Z, output=output), atol=1e-5)
+        np.testing.assert_allclose(np.linalg.norm(big, axis=1), 1.0, atol=1e-5)
