@@ -335,6 +335,25 @@ def test_cluster_map_apply_is_the_blend_of_its_clusters_maps(framed):
     np.testing.assert_allclose(cm.apply(X, output="raw"), ft.to_raw(want.astype(np.float32)), atol=2e-4)
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), blend=st.integers(1, 4), framed=st.booleans(),
+       output=st.sampled_from(["raw", "frame", "linear"]), scale=st.sampled_from([1.0, 1e-20, 1e15, 1e25]))
+def test_cluster_map_single_row_equals_its_row_of_a_batch(seed, blend, framed, output, scale):
+    """A batch of one takes its own path (Python-float factors, one GEMV per blended cluster); each row must
+    come out as inside a batch: same route, weights and output, at any row magnitude."""
+    rng = np.random.default_rng(seed)
+    k, d_s, d_t = 6, 10, 7
+    X = rng.normal(size=(300, d_s)).astype(np.float32) + 0.5
+    fs = align.Frame.fit(X) if framed else align.Frame.identity(d_s)
+    ft = align.Frame.fit(rng.normal(size=(200, d_t)).astype(np.float32) + 0.3) if framed else align.Frame.identity(d_t)
+    cm = align.ClusterMap(unit_rows(rng.normal(size=(k, d_s))), rng.normal(size=(k, d_s, d_t)),
+                          rng.normal(size=(k, d_t)), fs, ft, blend=blend, temperature=0.3)
+    Z = X[:12] * np.float32(scale if framed else 1.0)
+    batch = cm.apply(Z, output=output)
+    rows = np.vstack([cm.apply(Z[i : i + 1], output=output) for i in range(len(Z))])
+    np.testing.assert_allclose(rows, batch, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(batch).max())))
+
+
 def test_sinkhorn_polish_sparse_product_and_early_stop():
     from align.frames import unit_rows as unit
     from align.knn import knn
