@@ -432,3 +432,24 @@ def test_unit_outputs_stay_unit_when_squares_pass_float32(n, rng):
         big = m.apply(Z * np.float32(5e17), output=output)
         np.testing.assert_allclose(big, m.apply(Z, output=output), atol=1e-5)
         np.testing.assert_allclose(np.linalg.norm(big, axis=1), 1.0, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), d=st.integers(1, 40), scale=st.sampled_from([1.0, 1e-25, 1e-19, 1e18, 1e30]),
+       special=st.sampled_from([None, "zero", "nan"]))
+def test_unit_rows_of_one_row_equals_its_row_of_a_batch(seed, d, scale, special):
+    """``unit_rows`` of a single float32 row (a query) takes a shortcut; it must give what the batch gives:
+    unit rows at any finite scale, zero rows kept zero, NaN rows NaN."""
+    from align.frames import unit_rows
+
+    rng = np.random.default_rng(seed)
+    X = (rng.normal(size=(4, d)) * scale).astype(np.float32)
+    if special == "zero":
+        X[1] = 0.0
+    elif special == "nan":
+        X[2, 0] = np.nan
+    batch = unit_rows(X)
+    rows = np.vstack([unit_rows(X[i : i + 1]) for i in range(4)])
+    np.testing.assert_allclose(rows, batch, atol=1e-6)  # NaN in the same places (assert_allclose: equal_nan)
+    finite = np.isfinite(X).all(axis=1) & (np.abs(X).max(axis=1) > 0)
+    np.testing.assert_allclose(np.linalg.norm(rows[finite], axis=1), 1.0, atol=1e-5)
