@@ -26,8 +26,11 @@ of rows from which fit pairs are drawn, and per-encoder embeddings:
     Version. Embedding all 31k verses with three encoders is far too slow on 2 shared cores, so a
     seeded sample of ``--bible-verses`` verses (default 3,000) forms the corpus: the first half
     of the sample is the fit pool, ``--bible-queries`` (default 600) WEB verses from the
-    second half are the evaluation queries. e5 and mpnet, slower still, embed 500 pool verses and
-    the first 1,000 held-out ones (their queries: those whose verse is among them).
+    second half are the evaluation queries. e5, slower still, embeds 500 pool verses and the first
+    1,000 held-out ones (its queries: those whose verse is among them). mpnet (the second encoder
+    pair, whose goal is read at K = 1,000) embeds every verse, so its fit pool holds 1,500 rows; a
+    cache made before 2026-12-01b that lists it on the e5 rows takes all rows while it has no mpnet
+    vectors yet.
 
 Layout under the cache folder (``--cache``, default ``~/.cache/vecbridge-bench``)::
 
@@ -193,12 +196,12 @@ def build_bible(n_verses: int, n_queries: int, seed: int = 0) -> dict:
     q_rows = np.sort(rng.choice(np.arange(half, len(chosen)), size=min(n_queries, len(chosen) - half), replace=False))
     docs = [kjv[k] for k in chosen]
     all_rows = list(range(len(docs)))
-    # the slower encoders embed a part: 500 pool verses and the first 1,000 held-out ones
+    # e5 embeds a part: 500 pool verses and the first 1,000 held-out ones; mpnet all (module docstring)
     slow_rows = list(range(min(500, half))) + list(range(half, min(len(docs), half + 1000)))
     return {"name": "bible", "docs": docs, "queries": [web[chosen[i]] for i in q_rows],
             "query_doc": [int(i) for i in q_rows], "query_ids": [chosen[i] for i in q_rows],
             "doc_ids": chosen, "fit_pool": list(range(half)),
-            "rows": {"minilm": all_rows, "e5": slow_rows, "mpnet": slow_rows},
+            "rows": {"minilm": all_rows, "e5": slow_rows, "mpnet": all_rows},
             "provenance": {"aligned_verses": len(keys), "modules": [web_mod, kjv_mod], "seed": seed,
                            "source": "diatheke -f plain, WEB = queries, KJV = documents"}}
 
@@ -286,6 +289,11 @@ def build(names, encoders, cache: Path, *, embed: bool, wordnet_queries: int, bi
               f" {spec['provenance']}", flush=True)
         if not embed:
             continue
+        if name == "bible" and "mpnet" in encoders and not (folder / "mpnet_docs.npy").is_file():
+            spec["rows"]["mpnet"] = list(range(len(spec["docs"])))  # older caches listed the e5 rows
+            tmp = spec_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(spec))
+            os.replace(tmp, spec_path)
         for enc in encoders:
             rows = spec["rows"][enc]
             q_keep = [spec["queries"][i] for i in query_rows(spec, enc)]
