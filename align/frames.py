@@ -11,9 +11,8 @@ so a mapped query can be compared with raw (uncentred, unit) vectors stored in a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
