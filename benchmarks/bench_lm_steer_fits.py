@@ -86,14 +86,15 @@ def main(argv=None):
         print(json.dumps({k: v for k, v in row.items() if k not in ("val_curve", "params")}), file=sys.stderr, flush=True)
         RESULTS.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps({"rows": rows}, indent=1))
-        (RESULTS / f"{args.stem}.md").write_text(table(rows))
-    print(table(rows))
+        (RESULTS / f"{args.stem}.md").write_text(table(rows, args.per_class))
+    print(table(rows, args.per_class))
 
 
-def table(rows) -> str:
-    lines = ["# LM-Steer fit settings on SmolLM2-135M: held-out loss (2026-12-01)", "",
-             "2,000 human-rated sentences (vaderSentiment sdist), 1,000 per polarity, 10% held out (same split as "
-             "`bench_lm_steer.py`); early stopping on the held-out loss; base logits cached (float16).", "",
+def table(rows, per_class: int) -> str:
+    lines = [f"# LM-Steer fit settings on SmolLM2-135M: held-out loss ({time.strftime('%Y-%m-%d')})", "",
+             f"{2 * per_class:,} human-rated sentences (vaderSentiment sdist), {per_class:,} per polarity, 10% held "
+             "out (same selection and split as `bench_lm_steer.py --per-class`); early stopping on the held-out loss; "
+             "base logits cached (float16).", "",
              "| # | setting | held-out loss unsteered | best | best step | steps run | sigma 1/2/3 | seconds |",
              "|---|---|---:|---:|---:|---:|---|---:|"]
     for i, r in enumerate(rows):
