@@ -87,8 +87,9 @@ def main(argv=None) -> int:
             runs[label].append(json.loads(out.strip().splitlines()[-1]))
     res = {t: {k: min(r[k] for r in rs) for k in rs[0]} for t, rs in runs.items()}
     head = ["case", "this tree µs"] + (["baseline µs", "baseline / this"] if a.baseline_tree else [])
-    lines = [f"Single-row apply, p50 per call, best of {a.rounds} interleaved rounds ({data()[2]}, 384 -> 384, "
-             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, load {os.getloadavg()[0]:.1f})", "",
+    title = (f"Single-row apply, p50 per call, best of {a.rounds} interleaved rounds ({data()[2]}, 384 -> 384, "
+             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, load {os.getloadavg()[0]:.1f})")
+    lines = [title, "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k, v in res["this tree"].items():
         row = [k, f"{v:.1f}"]

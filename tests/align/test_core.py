@@ -399,7 +399,9 @@ def test_single_row_apply_equals_its_row_of_a_batch(d_s, d_t, seed, orth, bias, 
     from align.frames import Frame
 
     rng = np.random.default_rng(seed)
-    mean = lambda d: (rng.normal(size=d) / np.sqrt(d) * 0.5).astype(np.float32)  # noqa: E731
+    def mean(d):
+        return (rng.normal(size=d) / np.sqrt(d) * 0.5).astype(np.float32)
+
     frames = {"std": lambda d: Frame(d, mean(d)), "identity": Frame.identity, "unit": lambda d: Frame(d, None, True, True),
               "centre": lambda d: Frame(d, mean(d), unit_in=False, unit_out=False)}
     W = (np.linalg.qr(rng.normal(size=(d_t, d_s)))[0].T if orth and d_s <= d_t
