@@ -257,7 +257,11 @@ class ClusterMap(StoredMap):
         if output == "linear" or (output == "frame" and not ft.unit_out):
             dest[...] = Y
             return
-        nu = np.maximum(np.sqrt(np.einsum("ij,ij->i", Y, Y).astype(np.float64)), 1e-12)
+        with np.errstate(over="ignore", invalid="ignore"):
+            sq = np.einsum("ij,ij->i", Y, Y).astype(np.float64)
+        if not np.isfinite(sq.sum()):  # squares past float32's range (rows ~1e19 through an identity frame)
+            sq = np.einsum("ij,ij->i", Y, Y, dtype=np.float64)  # Inf/NaN left in Y fail check_representable
+        nu = np.maximum(np.sqrt(sq), 1e-12)
         if output == "frame":
             np.multiply(Y, (1.0 / nu).astype(np.float32)[:, None], out=dest)
         elif ft.unit_in and ft.unit_out and ft.mean is not None:

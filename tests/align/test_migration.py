@@ -354,6 +354,31 @@ def test_cluster_map_single_row_equals_its_row_of_a_batch(seed, blend, framed, o
     np.testing.assert_allclose(rows, batch, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(batch).max())))
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_cluster_map_unit_outputs_stay_unit_when_squares_pass_float32(n):
+    """Through an identity source frame, rows of norm 1e20 give blended rows whose float32 squared norms
+    overflow: the output came back as zeros (frame) or the target mean (raw) with no error; the norms are
+    now summed in float64: unit rows, the frame output equal to the definition computed in float64."""
+    rng = np.random.default_rng(0)
+    k, d_s, d_t = 4, 8, 6
+    ft = align.Frame.fit(rng.normal(size=(200, d_t)).astype(np.float32) + 0.3)
+    C, W, b = unit_rows(rng.normal(size=(k, d_s))), rng.normal(size=(k, d_s, d_t)), rng.normal(size=(k, d_t))
+    cm = align.ClusterMap(C, W, b, align.Frame.identity(d_s), ft, blend=2, temperature=0.3)
+    Z = (rng.normal(size=(n, d_s)) * 1e20).astype(np.float32)
+    Z64 = Z.astype(np.float64)
+    S = Z64 @ C.T.astype(np.float64)
+    top = np.argsort(-S, axis=1)[:, :2]
+    s = np.take_along_axis(S, top, 1) / 0.3
+    w = np.exp(s - s.max(1, keepdims=True))
+    w /= w.sum(1, keepdims=True)
+    want = sum(w[:, i, None] * (np.einsum("nd,nde->ne", Z64, W[top[:, i]]) + b[top[:, i]]) for i in range(2))
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    np.testing.assert_allclose(cm.apply(Z, output="frame"), want, atol=1e-5)
+    raw = cm.apply(Z, output="raw")
+    assert np.isfinite(raw).all()
+    np.testing.assert_allclose(np.linalg.norm(raw, axis=1), 1.0, atol=1e-5)
+
+
 def test_sinkhorn_polish_sparse_product_and_early_stop():
     from align.frames import unit_rows as unit
     from align.knn import knn
