@@ -88,6 +88,12 @@ def as_matrix(
         raise DimensionMismatchError(f"{name}: expected {dim} columns, got {d}")
     if n < min_rows:
         raise TooFewRowsError(f"{name}: {what} needs at least {min_rows} rows, got {n}")
+    if arr.dtype.kind == "f" and arr.dtype.itemsize > 4:  # finite values float32 cannot hold would become Inf
+        with np.errstate(invalid="ignore"):
+            huge = np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max)
+        if huge.any():
+            raise NonFiniteError(f"{name}: {int(huge.any(axis=1).sum())} row(s) hold values beyond float32's range "
+                                 f"(±3.4e38); scale them down")
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     if finite and not np.isfinite(arr).all():
         bad = int((~np.isfinite(arr)).any(axis=1).sum())

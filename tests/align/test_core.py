@@ -455,3 +455,25 @@ def test_unit_rows_of_one_row_equals_its_row_of_a_batch(seed, d, scale, special)
     np.testing.assert_allclose(rows, batch, atol=1e-6)  # NaN in the same places (assert_allclose: equal_nan)
     finite = np.isfinite(X).all(axis=1) & (np.abs(X).max(axis=1) > 0)
     np.testing.assert_allclose(np.linalg.norm(rows[finite], axis=1), 1.0, atol=1e-5)
+
+
+def test_finite_values_beyond_float32_are_named_not_turned_into_inf(rng):
+    """A float64 value float32 cannot hold (1e39) used to become Inf in the cast (with a RuntimeWarning) and be
+    reported as "NaN or Inf"; it is now refused before the cast with a message that says what is wrong."""
+    import warnings
+
+    from align.validation import as_matrix
+
+    X = rng.normal(size=(6, 4))
+    X[2, 1] = 1e39
+    m = align.fit_procrustes(rng.normal(size=(50, 4)).astype(np.float32), rng.normal(size=(50, 4)).astype(np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for call in (lambda: as_matrix(X), lambda: as_matrix(X, finite=False), lambda: m.apply(X),
+                     lambda: m.apply(X[2:3])):
+            with pytest.raises(NonFiniteError, match="1 row.*beyond float32's range"):
+                call()
+    Y = X.copy()
+    Y[2, 1] = np.inf  # a true Inf keeps its own message
+    with pytest.raises(NonFiniteError, match="NaN or Inf"):
+        as_matrix(Y)
