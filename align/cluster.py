@@ -37,8 +37,8 @@ from . import linalg
 from ._artifacts import StoredMap, check_header, pack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError, TooFewRowsError
-from .frames import _SQ_HI, _SQ_LO, Frame, tame_rows, unit_rows
-from .maps import _raw_t, _Scalars
+from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows, unit_rows
+from .maps import _NU2_MIN, _raw_t, _Scalars
 from .kmeans import lloyd
 
 __all__ = ["ClusterMap", "route_centroids", "ClusterResiduals", "FORMAT"]
@@ -169,7 +169,7 @@ class ClusterMap(StoredMap):
         for s in range(0, X.shape[0], step):
             if p["folded"]:
                 x = tame_rows(X[s : s + step])
-                n1 = np.maximum(np.sqrt(np.einsum("ij,ij->i", x, x).astype(np.float64)), 1e-12)
+                n1 = np.maximum(np.sqrt(np.einsum("ij,ij->i", x, x).astype(np.float64)), _NORM_LO)  # zero rows only
                 K = (x @ p["Q"]).astype(np.float64)  # x·mu_s, x·c_j
                 sc = np.sqrt(np.maximum(1.0 - 2.0 * K[:, 0] / n1 + p["mu_sq"], 1e-24))
                 top, w = self._route_scores((K[:, 1:] / n1[:, None] - p["mu_c"]) / sc[:, None])
@@ -237,9 +237,9 @@ class ClusterMap(StoredMap):
             dest[0] = Y
             return True
         nu2 = float(np.vdot(Y, Y))
-        if not math.isfinite(nu2):
+        if not _SQ_LO < nu2 < math.inf:  # squares past float32's range, or a zero row: _finish decides
             return False
-        nu = max(math.sqrt(nu2), 1e-12)
+        nu = math.sqrt(nu2)
         if output == "frame":
             np.multiply(Y, np.float32(1.0 / nu), out=dest[0])
         elif ft.unit_in and ft.unit_out and ft.mean is not None:
@@ -257,11 +257,11 @@ class ClusterMap(StoredMap):
         if output == "linear" or (output == "frame" and not ft.unit_out):
             dest[...] = Y
             return
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             sq = np.einsum("ij,ij->i", Y, Y).astype(np.float64)
-        if not np.isfinite(sq.sum()):  # squares past float32's range (rows ~1e19 through an identity frame)
+        if not (np.isfinite(sq.sum()) and sq.min() > _SQ_LO):  # squares past float32's range (rows ~1e19 or ~1e-16)
             sq = np.einsum("ij,ij->i", Y, Y, dtype=np.float64)  # Inf/NaN left in Y fail check_representable
-        nu = np.maximum(np.sqrt(sq), 1e-12)
+        nu = np.sqrt(np.maximum(sq, _NU2_MIN))
         if output == "frame":
             np.multiply(Y, (1.0 / nu).astype(np.float32)[:, None], out=dest)
         elif ft.unit_in and ft.unit_out and ft.mean is not None:

@@ -24,6 +24,7 @@ _EPS = 1e-12
 # Squared norms a float32 sum of squares holds exactly enough: below, squares underflow (rows of
 # 1e-25 would read as 0); above, they overflow (rows of 1e20 would read as inf).
 _SQ_LO, _SQ_HI = 1e-30, 1e36
+_NORM_LO = 1e-15  # sqrt(_SQ_LO): the smallest norm of a non-zero row that a scale-free frame does not tame
 
 
 def _sq_norms(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -24,12 +24,13 @@ from . import linalg
 from ._artifacts import StoredMap, check_header, pack, read_bytes, unpack
 from .validation import as_matrix, check_representable
 from .exceptions import DimensionMismatchError, InputError, SerializationError
-from .frames import _SQ_HI, _SQ_LO, Frame, tame_rows
+from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows
 
 __all__ = ["LinearMap", "FORMAT_VERSION", "map_from_bytes", "load_map"]
 
 FORMAT_VERSION = 1
 _BLOCK_ROWS = 1024  # rows per fused block: output block (1024 x d_t float32) stays in L2/L3
+_NU2_MIN = 1e-60  # floor of an output's squared norm (zero rows only): its 1/|u| stays finite in float32
 
 
 def _raw_t(mf, mu_sq: float, xp=np):
@@ -227,7 +228,7 @@ class LinearMap(StoredMap):
         """
         p, ft = self._plan(), self.target_frame
         if p["folded"]:
-            n1 = xp.maximum(n1, 1e-12)
+            n1 = xp.maximum(n1, _NORM_LO)  # only zero rows are below it (smaller ones were tamed)
             s = xp.sqrt(xp.maximum(1.0 - 2.0 * dot(p["q_mu"]) / n1 + p["mu_sq"], 1e-24))
             alpha, beta, gamma = 1.0 / (n1 * s), -n1, n1 * s
         else:
@@ -247,7 +248,7 @@ class LinearMap(StoredMap):
                 nu = n1 * s * xp.sqrt(xp.maximum(1.0 + 2.0 * g + p["b_sq"], 1e-24))
             else:  # u = x' W + b
                 xb = dot(p["q_b"]) if p["has_bias"] else 0.0  # (xW)·b
-                nu = xp.sqrt(xp.maximum(n1 * n1 + 2.0 * gamma * xb + gamma * gamma * p["b_sq"], 1e-24))
+                nu = xp.sqrt(xp.maximum(n1 * n1 + 2.0 * gamma * xb + gamma * gamma * p["b_sq"], _NU2_MIN))
             if unit:
                 r = 1.0 / nu
             else:
@@ -287,13 +288,13 @@ class LinearMap(StoredMap):
         if scale is not None:  # unit/raw rows of a closed form are bounded when their factors are finite
             return bool((unit or closed_raw) and np.isfinite(r.sum() + xa[:, d_s:].sum()))
         if unit or closed_raw:  # W without orthonormal rows: measure |u| on the output, scale in place
-            with np.errstate(over="ignore", invalid="ignore"):
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
                 nu2 = np.einsum("ij,ij->i", y, y).astype(np.float64)
-            if not np.isfinite(nu2.sum()):  # squares past float32's range (rows ~1e19), or y itself not finite
-                nu2 = np.einsum("ij,ij->i", y, y, dtype=np.float64)  # never overflows for finite float32 y
-                if not np.isfinite(nu2.sum()):
+            if not (np.isfinite(nu2.sum()) and nu2.min() > _SQ_LO):  # squares past float32's range either way
+                nu2 = np.einsum("ij,ij->i", y, y, dtype=np.float64)  # exact for any finite float32 y
+                if not np.isfinite(nu2.sum()):  # y itself not finite
                     return False
-            nu = np.sqrt(np.maximum(nu2, 1e-24))
+            nu = np.sqrt(np.maximum(nu2, _NU2_MIN))
             y *= ((1.0 / nu) if unit else _raw_t(u_mut / nu, p["mut_sq"]) / nu).astype(np.float32)[:, None]
             if closed_raw:
                 y += ft.mean
@@ -333,9 +334,9 @@ class LinearMap(StoredMap):
         if scale is not None:
             return math.isfinite(r + beta * r + gamma * r + shift * r)
         nu2 = float(np.vdot(y[0], y[0]))
-        if not math.isfinite(nu2):  # squares past float32's range, or an overflowed GEMM: the block form decides
+        if not _SQ_LO < nu2 < math.inf:  # squares past float32's range, a zero or overflowed row: the block form decides
             return False
-        nu = math.sqrt(max(nu2, 1e-24))
+        nu = math.sqrt(nu2)
         y *= np.float32(1.0 / nu if unit else _raw_t(u_mut / nu, p["mut_sq"], _Scalars) / nu)
         if closed_raw:
             y += ft.mean

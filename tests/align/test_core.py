@@ -477,3 +477,41 @@ def test_finite_values_beyond_float32_are_named_not_turned_into_inf(rng):
     Y[2, 1] = np.inf  # a true Inf keeps its own message
     with pytest.raises(NonFiniteError, match="NaN or Inf"):
         as_matrix(Y)
+
+
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("kind", ["linear", "cluster"])
+def test_rows_of_tiny_norm_map_like_unit_rows(n, kind, rng):
+    """A scale-free (standard) source frame gives rows of norm 1e-13 the same image as the same rows at unit
+    norm. Norms below 1e-12 were clamped to 1e-12 in the folded algebra (the row's scale then no longer
+    cancelled: outputs off by up to ~1 at 1e-13); only zero rows need a floor, since rows with squares under
+    1e-30 are brought to unit length first."""
+    X = rng.normal(size=(300, 6)).astype(np.float32)
+    Y = (X @ rng.normal(size=(6, 5)) + 0.3).astype(np.float32)
+    m = align.fit_migration(X, Y, method="ridge" if kind == "linear" else "cluster", random_state=0,
+                            **({} if kind == "linear" else {"n_clusters": 3}))
+    Z = rng.normal(size=(n, 6)).astype(np.float32)
+    Z /= np.linalg.norm(Z, axis=1, keepdims=True)
+    for output in ("raw", "frame", "linear"):
+        np.testing.assert_allclose(m.apply(Z * np.float32(1e-13), output=output), m.apply(Z, output=output),
+                                   atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("orth", [True, False])
+def test_tiny_outputs_still_come_out_as_unit_rows(n, orth, rng):
+    """Through an identity source frame (no scaling on the way in), rows of norm 1e-14 give outputs of norm
+    ~1e-14; their normalisation floored |u| at 1e-12, so frame rows came out with norm ~0.01 and raw rows
+    short of the unit sphere. The floor now only catches zero rows."""
+    from align import LinearMap
+    from align.frames import Frame
+
+    d = 6
+    W = np.linalg.qr(rng.normal(size=(d, d)))[0] if orth else rng.normal(size=(d, d))
+    mean = (rng.normal(size=d) * 0.1).astype(np.float32)
+    m = LinearMap(W, None, Frame.identity(d), Frame(d, mean))
+    Z = rng.normal(size=(n, d)).astype(np.float32)
+    for output in ("frame", "raw"):
+        tiny, ref = m.apply(Z * np.float32(1e-14), output=output), m.apply(Z, output=output)
+        np.testing.assert_allclose(np.linalg.norm(tiny, axis=1), 1.0, atol=1e-5)
+        np.testing.assert_allclose(tiny, ref, atol=1e-4)  # linear in x: the direction does not change
