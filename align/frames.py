@@ -20,7 +20,6 @@ from .validation import as_matrix
 
 __all__ = ["Frame", "frame_sum", "unit_rows", "row_norms", "tame_rows"]
 
-_EPS = 1e-12
 # Squared norms a float32 sum of squares holds exactly enough: below, squares underflow (rows of
 # 1e-25 would read as 0); above, they overflow (rows of 1e20 would read as inf).
 _SQ_LO, _SQ_HI = 1e-30, 1e36
