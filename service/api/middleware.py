@@ -133,6 +133,11 @@ class GuardMiddleware:
                 n = 0
             if n > limit:
                 scope["route"] = route
+                if route is None:  # most often a mistyped path: say so, not only "send smaller batches"
+                    return await _send_error(
+                        send, 413, "PayloadTooLargeError",
+                        f"no route matches {scope['method']} {scope.get('path', '')}; a request body to a path no "
+                        f"route matches may hold at most {limit} bytes ({setting}), this one has {n}")
                 return await _send_413(send, n, limit, setting)
         seen = 0
 

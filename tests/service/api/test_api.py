@@ -158,6 +158,11 @@ def test_limits_413(world):
 
     r = c.post("/v1/maps/a2b/transform", content=chunks(), headers={**R, **OCT})
     assert r.status_code == 413
+    # a large body to a mistyped path: still refused unread, but the message names the path, not the batch
+    r = c.post("/v1/maps/a2b/transfrom", content=huge.tobytes(), headers={**R, **OCT})
+    assert r.status_code == 413 and "no route matches POST /v1/maps/a2b/transfrom" in r.json()["error"]["message"]
+    r = c.post("/v1/maps/a2b/transfrom", content=b"\0" * 64, headers={**R, **OCT})  # a small one: 404 as before
+    assert r.status_code == 404
 
 
 # --- aliases and soft delete --------------------------------------------------------------------
