@@ -218,6 +218,11 @@ class LinearMap(StoredMap):
         self._fused = plan
         return plan
 
+    def _closed(self, output: str) -> tuple[bool, bool]:
+        """``(unit, closed_raw)``: whether ``output`` is unit rows of the target frame, or raw rows in the closed
+        form ``mu_t + t u/|u|`` (standard target frame); both are normalised from ``|u|``."""
+        return output == "frame" and self.target_frame.unit_out, output == "raw" and self._plan()["raw_closed"]
+
     def _terms(self, n1, dot, m: int, output: str, xp) -> tuple:
         """Per-row factors of the fused form, on arrays of ``m`` rows (``xp=_Arrays``) or one row's floats
         (``_Scalars``): ``(r, beta, gamma, shift, alpha, u_mut)``; ``r`` is None when the output is scaled
@@ -237,8 +242,7 @@ class LinearMap(StoredMap):
             gamma = xp.full(m, 0.0)
         # u·mu_t = x·(W mu_t) + beta (mu_s W)·mu_t + gamma b·mu_t, needed by raw outputs only
         u_mut = dot(p["q_mut"]) + beta * p["muW_mut"] + gamma * p["b_mut"] if output == "raw" else None
-        unit = output == "frame" and ft.unit_out
-        closed_raw = output == "raw" and p["raw_closed"]
+        unit, closed_raw = self._closed(output)
         r, shift = None, xp.full(m, 0.0)  # shift: coefficient of mu_t (before the row scale)
         if output == "linear" or (output == "frame" and not ft.unit_out):
             r = alpha
@@ -270,8 +274,7 @@ class LinearMap(StoredMap):
         m = x.shape[0]
         scale, beta, gamma, shift, alpha, u_mut = self._terms(
             np.sqrt(sq.astype(np.float64)), lambda q: (x @ q).astype(np.float64), m, output, _Arrays)
-        unit = output == "frame" and ft.unit_out
-        closed_raw = output == "raw" and p["raw_closed"]
+        unit, closed_raw = self._closed(output)
         d_s = x.shape[1]
         xa = np.empty((m, d_s + 4), dtype=np.float32)  # [r x | r beta | r gamma | r shift | 0]
         if scale is None:  # scaled after the GEMM: a plain copy
@@ -313,8 +316,7 @@ class LinearMap(StoredMap):
         ``y`` again by that form.
         """
         p, ft = self._plan(), self.target_frame
-        unit = output == "frame" and ft.unit_out
-        closed_raw = output == "raw" and p["raw_closed"]
+        unit, closed_raw = self._closed(output)
         if p["copy_frame"] or not (unit or closed_raw):
             return False
         sq = float(np.vdot(x, x))  # float32 like the block's einsum; Inf/NaN fail the range test (vdot: no FP warning)
