@@ -225,9 +225,10 @@ class ClusterMap(StoredMap):
         xa[d_s:] = (-1.0 / sc, 1.0)
         Y = xa @ p["Wa"][top[0]]
         if m > 1:
-            Y *= np.float32(e[0] / sum(e))
+            total = sum(e)
+            Y *= np.float32(e[0] / total)
             for j, ej in zip(top[1:], e[1:]):
-                Y += (xa @ p["Wa"][j]) * np.float32(ej / sum(e))
+                Y += (xa @ p["Wa"][j]) * np.float32(ej / total)
         return self._finish_row(Y, y, output)
 
     def _finish_row(self, Y: np.ndarray, dest: np.ndarray, output: str) -> bool:
@@ -266,7 +267,7 @@ class ClusterMap(StoredMap):
             np.multiply(Y, (1.0 / nu).astype(np.float32)[:, None], out=dest)
         elif ft.unit_in and ft.unit_out and ft.mean is not None:
             mf = (Y @ ft.mean).astype(np.float64) / nu
-            t = _raw_t(mf, float(ft.mean.astype(np.float64) @ ft.mean))
+            t = _raw_t(mf, self._plan()["mut_sq"])
             np.multiply(Y, (t / nu).astype(np.float32)[:, None], out=dest)
             dest += ft.mean
         else:
