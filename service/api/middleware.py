@@ -133,12 +133,9 @@ class GuardMiddleware:
                 n = 0
             if n > limit:
                 scope["route"] = route
-                if route is None:  # most often a mistyped path: say so, not only "send smaller batches"
-                    return await _send_error(
-                        send, 413, "PayloadTooLargeError",
-                        f"no route matches {scope['method']} {scope.get('path', '')}; a request body to a path no "
-                        f"route matches may hold at most {limit} bytes ({setting}), this one has {n}")
-                return await _send_413(send, n, limit, setting)
+                # no route: most often a mistyped path, so the message says so, not only "send smaller batches"
+                return await _send_413(send, n, limit, setting,
+                                       unmatched=None if route else f"{scope['method']} {scope.get('path', '')}")
         seen = 0
 
         async def limited_receive():
@@ -162,9 +159,14 @@ async def _send_error(send, status: int, kind: str, message: str, extra: list | 
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_413(send, n: int, limit: int, setting: str = "max_body_bytes") -> None:
-    await _send_error(send, 413, "PayloadTooLargeError",
-                      f"request body of {n} bytes exceeds the limit of {limit} bytes ({setting}); send smaller batches")
+async def _send_413(send, n: int, limit: int, setting: str = "max_body_bytes", unmatched: str | None = None) -> None:
+    """413 for a body of ``n`` bytes over ``limit``; ``unmatched``: the ``METHOD path`` no route matched."""
+    if unmatched:
+        msg = (f"no route matches {unmatched}; a request body to a path no route matches may hold at most {limit} "
+               f"bytes ({setting}), this one has {n}")
+    else:
+        msg = f"request body of {n} bytes exceeds the limit of {limit} bytes ({setting}); send smaller batches"
+    await _send_error(send, 413, "PayloadTooLargeError", msg)
 
 
 class ObserveMiddleware:
