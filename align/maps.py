@@ -336,7 +336,7 @@ class LinearMap(StoredMap):
         if scale is not None:
             return math.isfinite(r + beta * r + gamma * r + shift * r)
         nu2 = float(np.vdot(y[0], y[0]))
-        if not _SQ_LO < nu2 < math.inf:  # squares past float32's range, a zero or overflowed row: the block form decides
+        if not _SQ_LO < nu2 < math.inf:  # squares past float32's range, a zero or overflowed row: the block decides
             return False
         nu = math.sqrt(nu2)
         y *= np.float32(1.0 / nu if unit else _raw_t(u_mut / nu, p["mut_sq"], _Scalars) / nu)

@@ -29,15 +29,20 @@ WORDNET = ROOT.parent / "shared" / "data" / "wordnet"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def data() -> tuple[np.ndarray, np.ndarray, str]:
-    if (WORDNET / "minilm.npy").is_file():
+def have_wordnet() -> bool:
+    return (WORDNET / "minilm.npy").is_file()
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    """``(A, B)`` (3,200, 384) float32: WordNet MiniLM / e5 rows, or a synthetic planted rotation without them."""
+    if have_wordnet():
         A = np.load(WORDNET / "minilm.npy", mmap_mode="r")[:3200].astype(np.float32)
         B = np.load(WORDNET / "e5.npy", mmap_mode="r")[:3200].astype(np.float32)
-        return A, B, "WordNet MiniLM -> e5"
+        return A, B
     rng = np.random.default_rng(0)
     A = rng.normal(size=(3200, 384)).astype(np.float32) + 0.3
     Q = np.linalg.qr(rng.normal(size=(384, 384)))[0]
-    return A, (A @ Q + 0.2 * rng.normal(size=A.shape)).astype(np.float32), "synthetic planted rotation"
+    return A, (A @ Q + 0.2 * rng.normal(size=A.shape)).astype(np.float32)
 
 
 def measure(rounds: int) -> dict:
@@ -45,7 +50,7 @@ def measure(rounds: int) -> dict:
     import align
     from align.frames import unit_rows
 
-    A, B, _ = data()
+    A, B = data()
     maps = {k: align.fit_migration(A[:3000], B[:3000], method=k, random_state=0)
             for k in ("procrustes", "ridge", "cluster")}
     X = np.ascontiguousarray(A[3000:3200])
@@ -87,7 +92,8 @@ def main(argv=None) -> int:
             runs[label].append(json.loads(out.strip().splitlines()[-1]))
     res = {t: {k: min(r[k] for r in rs) for k in rs[0]} for t, rs in runs.items()}
     head = ["case", "this tree µs"] + (["baseline µs", "baseline / this"] if a.baseline_tree else [])
-    title = (f"Single-row apply, p50 per call, best of {a.rounds} interleaved rounds ({data()[2]}, 384 -> 384, "
+    source = "WordNet MiniLM -> e5" if have_wordnet() else "synthetic planted rotation"
+    title = (f"Single-row apply, p50 per call, best of {a.rounds} interleaved rounds ({source}, 384 -> 384, "
              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, load {os.getloadavg()[0]:.1f})")
     lines = [title, "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
