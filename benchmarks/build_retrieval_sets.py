@@ -29,7 +29,7 @@ of rows from which fit pairs are drawn, and per-encoder embeddings:
     second half are the evaluation queries. e5, slower still, embeds 500 pool verses and the first
     1,000 held-out ones (its queries: those whose verse is among them). mpnet (the second encoder
     pair, whose goal is read at K = 1,000) embeds every verse, so its fit pool holds 1,500 rows; a
-    cache made before 2026-12-01b that lists it on the e5 rows takes all rows while it has no mpnet
+    cache made before 2026-12-01 (session 10) that lists it on the e5 rows takes all rows while it has no mpnet
     vectors yet.
 
 Layout under the cache folder (``--cache``, default ``~/.cache/vecbridge-bench``)::
@@ -271,6 +271,13 @@ def load_embeddings(name: str, encoder: str, cache: Path = DEFAULT_CACHE):
             np.load(qpath).astype(np.float32))
 
 
+def _write_spec(path: Path, spec: dict) -> None:
+    """``set.json``, atomically (a reader never sees half a file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(spec))
+    os.replace(tmp, path)
+
+
 def build(names, encoders, cache: Path, *, embed: bool, wordnet_queries: int, bible_verses: int,
           bible_queries: int, seed: int) -> None:
     for name in names:
@@ -282,18 +289,14 @@ def build(names, encoders, cache: Path, *, embed: bool, wordnet_queries: int, bi
         else:
             spec = (build_bible(bible_verses, bible_queries, seed) if name == "bible"
                     else build_wordnet(wordnet_queries, seed, small=name == "wordnet-small"))
-            tmp = spec_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(spec))
-            os.replace(tmp, spec_path)
+            _write_spec(spec_path, spec)
         print(f"{name}: {len(spec['docs'])} docs, {len(spec['queries'])} queries, fit pool {len(spec['fit_pool'])};"
               f" {spec['provenance']}", flush=True)
         if not embed:
             continue
         if name == "bible" and "mpnet" in encoders and not (folder / "mpnet_docs.npy").is_file():
             spec["rows"]["mpnet"] = list(range(len(spec["docs"])))  # older caches listed the e5 rows
-            tmp = spec_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(spec))
-            os.replace(tmp, spec_path)
+            _write_spec(spec_path, spec)
         for enc in encoders:
             rows = spec["rows"][enc]
             q_keep = [spec["queries"][i] for i in query_rows(spec, enc)]
