@@ -20,7 +20,9 @@ numpy blocks through :func:`align.knn` / :func:`align.metrics.ranks`, never n ×
 **Labelled retrieval** (:func:`labelled_retrieval`): real queries with one known relevant document
 each, ranked in a migrated and in a native index of the same documents; R@1, R@k, nDCG@k, MRR and
 their **retention** = migrated / native (what ``benchmarks/bench_migration.py`` reports and
-``vecbridge eval --queries --relevant --min-retention`` gates on).
+``vecbridge eval --queries --relevant --min-retention`` gates on), with a paired bootstrap interval of
+the R@k retention over the queries (:func:`retention_interval`: a few hundred labelled queries leave
+it a few points wide, so a gate or goal inside it is not decided by them).
 
 ``score`` (used by ``fit_migration(method="auto")``) is the mean of ``corpus_mrr``,
 ``query_mrr`` and ``overlap@k``: the MRRs separate maps while recall@10 is saturated, the
@@ -31,11 +33,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from .exceptions import InputError, PairCountError
 from .knn import knn
 from .metrics import ranks
+from .validation import check_random_state
 
 __all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention", "relevant_ranks",
-           "labelled_metrics", "labelled_retrieval"]
+           "labelled_metrics", "labelled_retrieval", "retention_interval"]
+
+INTERVAL_LEVEL = 0.95  # the retention interval's coverage
+INTERVAL_RESAMPLES = 2000  # bootstrap resamples behind it
 
 
 def overlap_without_self(Ia: np.ndarray, Ib: np.ndarray, k: int) -> float:
@@ -149,13 +156,50 @@ def relevant_ranks(Q: np.ndarray, D: np.ndarray, relevant: np.ndarray, *, block:
 def labelled_metrics(Q: np.ndarray, D: np.ndarray, relevant: np.ndarray, *, k: int = 10) -> dict:
     """R@1, R@k, nDCG@k (one relevant document: ``1 / log2(1 + r)`` for ``r <= k``) and MRR of queries ``Q``
     (q, d) over documents ``D`` (n, d), unit rows, ``relevant`` (q,) int; ranks by :func:`relevant_ranks`."""
-    r = relevant_ranks(Q, D, np.asarray(relevant, dtype=np.int64))
+    return _rank_metrics(relevant_ranks(Q, D, np.asarray(relevant, dtype=np.int64)), k)
+
+
+def _rank_metrics(r: np.ndarray, k: int) -> dict:
+    """The metrics of :func:`labelled_metrics` from the relevant documents' ranks ``r`` (q,), 1 = first."""
     return {"R@1": float((r == 1).mean()), f"R@{k}": float((r <= k).mean()),
             f"nDCG@{k}": float(np.where(r <= k, 1.0 / np.log2(1.0 + r), 0.0).mean()), "MRR": float((1.0 / r).mean())}
 
 
+def retention_interval(hits_migrated, hits_native, *, level: float = INTERVAL_LEVEL,
+                       n_resamples: int = INTERVAL_RESAMPLES, random_state=0) -> list[float] | None:
+    r"""Paired bootstrap interval of a recall retention ``sum(hits_migrated) / sum(hits_native)``.
+
+    ``hits_migrated`` / ``hits_native`` (q,) bool: whether query ``i`` finds its relevant document in
+    the migrated / the native index. Resampling the q queries with replacement only moves the counts
+    of the four kinds of query (hit in both, only migrated, only native, neither), so each resample is
+    one multinomial draw of those four counts with the observed shares, and the retention of a
+    resample is ``(n_both + n_mig) / (n_both + n_nat)``; the interval is the ``(1 ± level) / 2``
+    percentiles of ``n_resamples`` of them (resamples with no native hit are left out). ``None`` when
+    no query hits natively (the retention is undefined). Cost: O(q + n_resamples), no q × n_resamples
+    index array. Seeded by ``random_state``: the same hits give the same interval.
+    """
+    m = np.asarray(hits_migrated, dtype=bool).ravel()
+    n = np.asarray(hits_native, dtype=bool).ravel()
+    if m.shape != n.shape or m.size == 0:
+        raise PairCountError(f"hits must be two non-empty arrays of one flag per query, got {m.shape} and {n.shape}")
+    if not 0.0 < float(level) < 1.0:
+        raise InputError(f"level must be in (0, 1), got {level!r}")
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 100:
+        raise InputError(f"n_resamples must be an integer >= 100, got {n_resamples!r}")
+    if not n.any():
+        return None
+    counts = np.array([(m & n).sum(), (m & ~n).sum(), (~m & n).sum(), (~m & ~n).sum()], dtype=np.float64)
+    draws = check_random_state(random_state).multinomial(m.size, counts / m.size, size=int(n_resamples))
+    den = draws[:, 0] + draws[:, 2]
+    ok = den > 0
+    ratio = (draws[ok, 0] + draws[ok, 1]) / den[ok]
+    tail = 50.0 * (1.0 - float(level))
+    lo, hi = np.percentile(ratio, [tail, 100.0 - tail])
+    return [float(lo), float(hi)]
+
+
 def labelled_retrieval(Q_migrated: np.ndarray, D_migrated: np.ndarray, Q_native: np.ndarray, D_native: np.ndarray,
-                       relevant: np.ndarray, *, k: int = 10) -> dict:
+                       relevant: np.ndarray, *, k: int = 10, random_state=0) -> dict:
     """Labelled retrieval in a migrated and a native index, and the retention of each metric.
 
     ``D_migrated`` / ``D_native`` (n, ·): the same n documents, row by row, as the migrated index
@@ -163,12 +207,18 @@ def labelled_retrieval(Q_migrated: np.ndarray, D_migrated: np.ndarray, Q_native:
     same q queries as each index is searched with (corpus-side migration: the native queries both
     times; query-side: the mapped queries against the old index, the native ones against the
     new-model documents). ``relevant`` (q,) int: the row of each query's one relevant document.
-    All rows unit. Returns ``{"migrated": {...}, "native": {...}, "retention": {...}, "n_queries",
-    "n_documents", "k"}``; a retention whose native figure is 0 is ``None``.
+    All rows unit. Returns ``{"migrated": {...}, "native": {...}, "retention": {...},
+    "retention_interval": {"R@k": [lo, hi] or None}, "interval_level", "n_queries", "n_documents", "k"}``;
+    a retention whose native figure is 0 is ``None``. The interval (:func:`retention_interval`, seeded by
+    ``random_state``) says how far the R@k retention could move on another sample of as many queries.
     """
-    mig = labelled_metrics(Q_migrated, D_migrated, relevant, k=k)
-    nat = labelled_metrics(Q_native, D_native, relevant, k=k)
+    rel = np.asarray(relevant, dtype=np.int64)
+    r_mig = relevant_ranks(Q_migrated, D_migrated, rel)
+    r_nat = relevant_ranks(Q_native, D_native, rel)
+    mig, nat = _rank_metrics(r_mig, k), _rank_metrics(r_nat, k)
+    interval = retention_interval(r_mig <= k, r_nat <= k, random_state=random_state)
     return {"migrated": mig, "native": nat, "retention": ratios(mig, nat),
+            "retention_interval": {f"R@{k}": interval}, "interval_level": INTERVAL_LEVEL,
             "n_queries": int(np.size(relevant)), "n_documents": int(D_native.shape[0]), "k": int(k)}
 
 

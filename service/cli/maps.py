@@ -164,7 +164,9 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         lab = r["labelled"]
         text += (f"\n  labelled ({lab['n_queries']} queries, {lab['n_documents']} documents, {side}-side): "
                  + "  ".join(f"{m} {lab['migrated'][m]:.4f}/{lab['native'][m]:.4f}" for m in lab["migrated"])
-                 + f"  (migrated/native)  retention R@10 {r['retention']:.4f}")
+                 + f"  (migrated/native)  retention R@10 {r['retention']:.4f}"
+                 + (f" (95% interval {r['retention_interval'][0]:.4f}-{r['retention_interval'][1]:.4f})"
+                    if r.get("retention_interval") else ""))
         if "old" in lab:
             text += (f"\n  keeping the old model: R@10 {lab['old']['R@10']:.4f} (retention "
                      f"{lab['old_retention']['R@10'] or 0:.4f}); the migration "
@@ -174,7 +176,12 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     if min_top1 is not None:
         text += f"\n{'PASS' if res['top1'] >= min_top1 else 'FAIL'}: top-1 {res['top1']:.4f} vs {min_top1}"
     if min_retention is not None:
-        text += f"\n{r['result']}: {r['retention_metric']} {r['retention']:.4f} vs {min_retention}"
+        iv = r.get("retention_interval")
+        text += f"\n{r['result']}: {r['retention_metric']} {r['retention']:.4f}"
+        text += (f" (95% interval {iv[0]:.4f}-{iv[1]:.4f} over {r['labelled']['n_queries']} queries)"
+                 if iv is not None else "") + f" vs {min_retention}"
+        if r.get("gate_within_interval"):
+            text += "\n  the gate lies inside the interval: these queries cannot decide it; more labelled queries can"
     emit(res, as_json, text)
     if res.get("result") == "FAIL":
         sys.exit(1)

@@ -68,7 +68,10 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     ``queries`` (q, d) with ``relevant`` (q,) rows of ``X``/``Y``: ``labelled`` holds
     :func:`align.labelled_retention` and ``retention`` / ``retention_metric`` its R@10 retention;
     otherwise they are the ``nn_retention@10`` proxy. ``old_queries`` (the same queries under the old
-    model) adds the keep-the-old-model baseline (``labelled["old"]``, ``["beats_old"]``).
+    model) adds the keep-the-old-model baseline (``labelled["old"]``, ``["beats_old"]``). Labelled
+    retention also gives ``retention_interval`` (its 95 % bootstrap interval over the queries) and, with a
+    gate, ``gate_within_interval``: the verdict follows the measured retention, but when the gate lies
+    inside the interval these queries cannot tell the two apart (more labelled queries would).
     """
     if (queries is None) != (relevant is None):
         raise InputError("labelled queries need both the queries and the row of each one's relevant document")
@@ -80,6 +83,7 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
         res["labelled"] = lab
         res["retention"] = lab["retention"]["R@10"] if lab["retention"]["R@10"] is not None else 0.0
         res["retention_metric"] = LABELLED_KEY + (" (query-side)" if side == "source" else " (corpus-side)")
+        res["retention_interval"] = lab["retention_interval"]["R@10"]
     else:
         res["retention"] = res[RETENTION_KEY]
         res["retention_metric"] = RETENTION_KEY
@@ -87,6 +91,9 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
         res["min_retention"] = float(min_retention)
         res["passed"] = bool(res["retention"] >= min_retention)
         res["result"] = "PASS" if res["passed"] else "FAIL"
+        iv = res.get("retention_interval")
+        if iv is not None:
+            res["gate_within_interval"] = bool(iv[0] <= min_retention <= iv[1])
     return res
 
 

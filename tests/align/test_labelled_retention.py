@@ -11,7 +11,7 @@ import align
 from align.exceptions import (DegenerateInputError, DimensionMismatchError, InputError, NonFiniteError,
                               PairCountError)
 from align.frames import unit_rows
-from align.retrieval import labelled_retrieval, relevant_ranks
+from align.retrieval import labelled_retrieval, relevant_ranks, retention_interval
 
 
 def _corpus(n=400, d=16, q=120, seed=0, query_noise=0.6):
@@ -158,3 +158,80 @@ def test_numeric_extremes_of_queries_and_documents_rank_like_unit_rows(scale):
     got = align.labelled_retention(m, X, Y, Qs, rel, old_queries=(Q @ R.T / np.abs(Q @ R.T).max() * big))
     for part in ("native", "migrated", "old"):
         assert got[part] == pytest.approx(ref[part], abs=2.0 / len(rel)), (scale, part)
+
+
+# --- the retention interval -------------------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), q=st.integers(20, 2_000), p_nat=st.floats(0.3, 1.0), keep=st.floats(0.3, 1.0))
+def test_retention_interval_holds_the_observed_retention_and_repeats_with_its_seed(seed, q, p_nat, keep):
+    rng = np.random.default_rng(seed)
+    nat = rng.random(q) < p_nat
+    mig = nat & (rng.random(q) < keep) | (~nat & (rng.random(q) < 0.1))
+    if not nat.any():
+        assert retention_interval(mig, nat) is None
+        return
+    lo, hi = retention_interval(mig, nat, random_state=seed)
+    point = mig.sum() / nat.sum()
+    assert lo <= point + 1e-12 and point - 1e-12 <= hi
+    assert retention_interval(mig, nat, random_state=seed) == [lo, hi]
+    lo50, hi50 = retention_interval(mig, nat, level=0.5, random_state=seed)
+    assert lo <= lo50 + 1e-12 and hi50 <= hi + 1e-12                  # a lower level is a narrower interval
+
+
+def test_retention_interval_is_a_point_when_both_indexes_hit_the_same_queries():
+    hits = np.arange(300) % 3 > 0
+    assert retention_interval(hits, hits) == [1.0, 1.0]
+
+
+def test_retention_interval_covers_the_true_retention_about_as_often_as_its_level():
+    """400 samples of 600 queries from a population whose retention is 0.95 (native hits 0.9 of queries,
+    the migrated index keeps 0.95 of those): a 95 % interval should hold 0.95 in about 95 % of them."""
+    rng = np.random.default_rng(7)
+    covered, widths = 0, []
+    for _ in range(400):
+        nat = rng.random(600) < 0.9
+        mig = nat & (rng.random(600) < 0.95)
+        lo, hi = retention_interval(mig, nat, random_state=int(rng.integers(1 << 30)))
+        covered += lo <= 0.95 <= hi
+        widths.append(hi - lo)
+    assert 0.90 <= covered / 400 <= 0.99
+    assert 0.02 < float(np.median(widths)) < 0.06                       # ~±2 points at 600 queries
+
+
+def test_retention_interval_narrows_with_more_queries():
+    rng = np.random.default_rng(3)
+    width = {}
+    for q in (200, 20_000):
+        nat = rng.random(q) < 0.8
+        mig = nat & (rng.random(q) < 0.9)
+        lo, hi = retention_interval(mig, nat)
+        width[q] = hi - lo
+    assert width[20_000] < width[200] / 5
+
+
+@pytest.mark.parametrize("kw, err", [
+    ({"hits_migrated": np.ones(3, bool), "hits_native": np.ones(4, bool)}, PairCountError),
+    ({"hits_migrated": np.ones(0, bool), "hits_native": np.ones(0, bool)}, PairCountError),
+    ({"level": 1.0}, InputError), ({"level": 0.0}, InputError), ({"level": float("nan")}, InputError),
+    ({"n_resamples": 10}, InputError), ({"n_resamples": True}, InputError), ({"n_resamples": 1000.0}, InputError),
+    ({"random_state": "seed"}, InputError),
+])
+def test_retention_interval_bad_input_raises_typed_errors(kw, err):
+    args = {"hits_migrated": np.ones(5, bool), "hits_native": np.ones(5, bool), **kw}
+    with pytest.raises(err):
+        retention_interval(args.pop("hits_migrated"), args.pop("hits_native"), **args)
+
+
+def test_labelled_retention_reports_the_interval_of_its_recall_retention():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((400, 16))
+    Y = X @ np.linalg.qr(rng.standard_normal((16, 16)))[0] + 0.8 * rng.standard_normal((400, 16))
+    m = align.fit_procrustes(X[:200], Y[:200])
+    rel = np.arange(200, 400)
+    Q = Y[rel] + 0.5 * rng.standard_normal((200, 16))
+    out = align.labelled_retention(m, X, Y, Q, rel)
+    lo, hi = out["retention_interval"]["R@10"]
+    assert out["interval_level"] == 0.95
+    assert lo <= out["retention"]["R@10"] <= hi and hi - lo > 0.01
+    assert align.labelled_retention(m, X, Y, Q, rel, random_state=1)["retention_interval"]["R@10"] != [lo, hi]

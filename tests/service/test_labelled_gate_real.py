@@ -53,7 +53,8 @@ def test_gate_on_real_queries_matches_the_benchmark_and_flags_a_migration_worse_
               "--relevant", d / "relevant.npy"]
     code, out, err = _run(capsys, *common, "--json")
     assert code == 0, err
-    lab = json.loads(out)["retrieval"]["labelled"]
+    retrieval = json.loads(out)["retrieval"]
+    lab = retrieval["labelled"]
     # the benchmark's own metric code (FAISS top-100, exact) on the same vectors gives the same native figures
     bench = load_benchmark("bench_migration")
     rel = np.load(d / "relevant.npy")
@@ -65,3 +66,12 @@ def test_gate_on_real_queries_matches_the_benchmark_and_flags_a_migration_worse_
     assert lab["beats_old"] is False        # measured: MiniLM alone beats a 2,000-pair ridge map into e5 here
     code, out, _ = _run(capsys, *common, "--min-retention", "0.95")
     assert code == 1 and "does NOT beat it" in out and "FAIL: labelled R@10 retention (corpus-side)" in out
+    # 300 queries leave the retention a few points uncertain: the interval says so, and says when a gate is inside it
+    lo, hi = retrieval["retention_interval"]
+    assert retrieval["retention_interval"] == lab["retention_interval"]["R@10"]
+    assert lo < lab["retention"]["R@10"] < hi and 0.02 < hi - lo < 0.25
+    assert "95% interval" in out and "cannot decide it" not in out                     # 0.95 is above the interval
+    gate = round((lo + lab["retention"]["R@10"]) / 2, 4)                               # below the figure, inside
+    code, out, _ = _run(capsys, *common, "--min-retention", str(gate))
+    assert code == 0 and f"PASS: labelled R@10 retention (corpus-side) {lab['retention']['R@10']:.4f}" in out
+    assert "the gate lies inside the interval: these queries cannot decide it" in out

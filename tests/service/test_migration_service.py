@@ -261,6 +261,10 @@ def test_http_evaluate_labelled_gate_over_real_http_agrees_with_the_cli(tmp_path
         got = r.json()
         assert got["retrieval"]["labelled"]["migrated"] == pytest.approx(cli["retrieval"]["labelled"]["migrated"])
         assert got["retention"] == pytest.approx(cli["retention"]) and got["result"] == "FAIL"
+        assert got["retrieval"]["retention_interval"] == pytest.approx(cli["retrieval"]["retention_interval"])
+        lo, hi = got["retrieval"]["retention_interval"]
+        assert lo <= got["retention"] <= hi
+        assert got["retrieval"]["gate_within_interval"] is (lo <= body["min_retention"] <= hi)
         ok = c.post("/v1/maps/m/evaluate", json={**body, "min_retention": 0.0})
         assert ok.status_code == 200 and ok.json()["result"] == "PASS"
         # the old model's view of the same queries: X-side vectors near the relevant rows' old embeddings

@@ -53,7 +53,8 @@ both models (`source`, `target`: row i is the same text) — what `vecbridge eva
 top-1, mean rank, cosine and recall@10 of the pairs, and `retrieval` (corpus- and query-side MRR,
 overlap@10, the proxy `nn_retention@10`). With labelled `queries` and each one's `relevant` row,
 `retrieval.labelled` holds R@1, R@10, nDCG@10 and MRR of those queries over the mapped and over the
-native documents and their retention (with `old_queries`, the same queries under the old model, also
+native documents and their retention (`retention_interval`: the 95 % bootstrap interval of the R@10
+retention over the queries; with a gate, `gate_within_interval` says the queries cannot decide it) (with `old_queries`, the same queries under the old model, also
 `old`: keeping the old model, and `beats_old`), and `retention` is the labelled R@10 retention (`side`
 `target`: corpus-side, the queries are target-model vectors; `source`: query-side, the queries are
 source-model vectors the map moves into the target index). `min_retention` / `min_top1` add
