@@ -388,7 +388,7 @@ class Client:
 
         Returns the route's answer: ``results`` (n lists of ``{"id", "score", "payload"}``) and
         ``maps`` (the map versions that carried the queries into the index's space). ``options``:
-        ``csls``, ``csls_k``, ``exact``, ``ef_search``, ``nprobe``, ``include_payloads``.
+        ``csls``, ``csls_k``, ``csls_weight``, ``exact``, ``ef_search``, ``nprobe``, ``include_payloads``.
         """
         body = _clean({"texts": _list(texts), "space": space, "k": k, "map": map, "steers": steers, **options})
         if queries is not None:

@@ -263,8 +263,10 @@ class SpaceIndex:
 
     # --- search -----------------------------------------------------------------------------
     def search(self, Q, k: int = 10, *, exact: bool = False, ef_search: int | None = None,
-               nprobe: int | None = None, csls_k: int = 0, wait: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` rows for each query row of ``Q`` (n, dim).
+               nprobe: int | None = None, csls_k: int = 0, csls_weight: float = 1.0, wait: bool = True
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` rows for each query row of ``Q`` (n, dim); ``csls_k > 0`` re-ranks by CSLS with the
+        document term scaled by ``csls_weight`` in ``[0, 2]`` (:mod:`.csls`).
 
         ``wait=False`` (the event loop's fast path): raise :class:`~service.indexes.locking.WouldBlock`,
         before searching, unless the search is small (:meth:`small_search`), the index in memory is the
@@ -280,6 +282,9 @@ class SpaceIndex:
             raise InputError(f"k must be between 1 and 10000, got {k}")
         if csls_k < 0 or csls_k > 1000:
             raise InputError(f"csls_k must be between 0 and 1000, got {csls_k}")
+        if isinstance(csls_weight, bool) or not isinstance(csls_weight, (int, float, np.floating, np.integer)) \
+                or not 0.0 <= float(csls_weight) <= 2.0:
+            raise InputError(f"csls_weight must be a number between 0 and 2, got {csls_weight!r}")
         Q = np.ascontiguousarray(prep_rows(Q, self.metric, "queries"))
         if wait:
             self.refresh()
@@ -291,7 +296,8 @@ class SpaceIndex:
                 def search(X, kk):
                     return self._search(X, kk, exact, ef_search, nprobe)
 
-                return csls_search(Q, int(k), int(csls_k), self.count, search, self.index.reconstruct, self._hubs)
+                return csls_search(Q, int(k), int(csls_k), self.count, search, self.index.reconstruct, self._hubs,
+                                   weight=float(csls_weight))
             return self._search(Q, int(k), exact, ef_search, nprobe)
 
     def small_search(self, n: int, k: int, *, exact: bool = False, ef_search: int | None = None,

@@ -117,11 +117,11 @@ def check_hits(n_queries: int, k: int, limits) -> None:
 
 def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, texts: list[str] | None = None,
            space: str | None = None, map_ref: str | None = None, k: int = 10, exact: bool = False,
-           ef_search: int | None = None, nprobe: int | None = None, csls_k: int = 0,
+           ef_search: int | None = None, nprobe: int | None = None, csls_k: int = 0, csls_weight: float = 1.0,
            steers: dict[str, float] | None = None, limits, wait: bool = True) -> SearchResult:
     """Search ``idx`` with queries ``Q`` (n, d_q) — or ``texts`` — from ``space`` (steps in the module notes).
 
-    ``csls_k > 0`` re-ranks by CSLS; ``limits`` (``max_k``, ``max_hits``) bound the answer.
+    ``csls_k > 0`` re-ranks by CSLS (document term scaled by ``csls_weight``); ``limits`` (``max_k``, ``max_hits``) bound the answer.
     Unknown spaces, maps or steers raise NotFoundError; no path of maps, InputError / NotFoundError.
     ``wait=False``: the index's :class:`~service.indexes.locking.WouldBlock` rule (see ``SpaceIndex.search``).
     """
@@ -133,5 +133,6 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
         Q = tr.map.apply(np.ascontiguousarray(Q, dtype=np.float32), output="raw", validate=False)
     check_hits(Q.shape[0], k, limits)
     Q, used_steers = steer_queries(Q, steers or {}, idx.space, load_steer=resolver.resolve_steer)
-    S, I = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k, wait=wait)
+    S, I = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k, csls_weight=csls_weight,
+                      wait=wait)
     return SearchResult(S, I, idx, qspace, k, csls_k > 0, tr, used_steers)

@@ -35,8 +35,8 @@ composed when the chain is longer than one), maps the queries into the index's r
 specific map instead.
 
 Per-request options (never shared state): `k`; `exact` (scan every row); `ef_search` (HNSW);
-`nprobe` (IVF); `csls` with `csls_k` (re-rank by CSLS to reduce hubness; scores are then CSLS
-scores, `scoring="csls"`); `steers` (`{"name@alias": eps, ...}`: steers of the index's space applied
+`nprobe` (IVF); `csls` with `csls_k` and `csls_weight` (re-rank by CSLS to reduce hubness; scores are then
+CSLS scores `2 cos(q, d) - r(q) - csls_weight r(d)`, `scoring="csls"`); `steers` (`{"name@alias": eps, ...}`: steers of the index's space applied
 to the queries after translation, composed by summation; `steers` in the response lists them).
 """
 
@@ -150,7 +150,8 @@ def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None,
     opts, Q = _rows(body, SearchOptions, settings.max_batch, lambda o: index_ops.query_dim(res, idx, o.space))
     found = index_ops.search(res, idx, Q, texts=opts.texts, space=opts.space, map_ref=opts.map, k=opts.k,
                              exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
-                             csls_k=opts.csls_k if opts.csls else 0, steers=opts.steers, limits=settings.limits,
+                             csls_k=opts.csls_k if opts.csls else 0, csls_weight=opts.csls_weight,
+                             steers=opts.steers, limits=settings.limits,
                              wait=wait)
     answer = _search_body(found.describe(), idx, found.S, found.I, opts.include_payloads,
                           settings.limits.max_response_bytes)

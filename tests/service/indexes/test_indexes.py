@@ -127,24 +127,37 @@ def test_fewer_rows_than_k(data):
     assert (empty.search(Q[:1], 2)[1] == -1).all()
 
 
-def test_csls_matches_formula(data):
+@pytest.mark.parametrize("weight", [1.0, 0.5, 0.0, 2.0])
+def test_csls_matches_formula(data, weight):
     X, Q = data
     D = X[:300]
     idx = SpaceIndex.build("c", "s", D)
     k, ck = 5, 7
-    S, I = idx.search(Q, k, csls_k=ck)
+    S, I = idx.search(Q, k, csls_k=ck) if weight == 1.0 else idx.search(Q, k, csls_k=ck, csls_weight=weight)
     Qn, Dn = unit_rows(Q), unit_rows(D)
     C = Qn @ Dn.T
     r_q = np.sort(C, axis=1)[:, ::-1][:, :ck].mean(1)
     DD = Dn @ Dn.T
     np.fill_diagonal(DD, -np.inf)
     r_d = np.sort(DD, axis=1)[:, ::-1][:, :ck].mean(1)
-    full = 2 * C - r_q[:, None] - r_d[None, :]
+    full = 2 * C - r_q[:, None] - weight * r_d[None, :]
     # the re-ranking sees the top max(4k, k+csls_k) cosine candidates; compare within them
     cand = np.argsort(-C, axis=1)[:, : max(4 * k, k + ck)]
     ref_I = np.take_along_axis(cand, np.argsort(-np.take_along_axis(full, cand, 1), axis=1)[:, :k], 1)
     np.testing.assert_array_equal(I, ref_I)
     np.testing.assert_allclose(S, np.take_along_axis(full, ref_I, 1), atol=1e-5)
+    if weight == 0.0:  # no document term: the cosine order
+        np.testing.assert_array_equal(I, idx.search(Q, k, exact=True)[1])
+    else:              # the document term moves some rows (this data has hubs)
+        assert (I != idx.search(Q, k, exact=True)[1]).any()
+
+
+@pytest.mark.parametrize("bad", [-0.1, 2.5, float("nan"), float("inf"), True, "1", None])
+def test_csls_weight_out_of_range_is_refused(data, bad):
+    X, Q = data
+    idx = SpaceIndex.build("cw", "s", X[:50])
+    with pytest.raises(InputError, match="csls_weight"):
+        idx.search(Q[:2], 3, csls_k=4, csls_weight=bad)
 
 
 @hsettings(max_examples=10, deadline=None)
@@ -271,6 +284,13 @@ def test_http_index_lifecycle_and_cross_model_search(api):
         "exact": True, "include_payloads": False})
     body = r.json()
     assert body["scoring"] == "csls" and "payload" not in body["results"][0][0]
+    for bad in (2.5, -1, "NaN", "x"):  # the document term's weight reaches the scoring: bounded, finite
+        r = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": X[:1].tolist(), "space": "a", "csls": True,
+                                                              "csls_weight": bad})
+        assert r.status_code == 422 and "csls_weight" in r.text, (bad, r.text)
+    half = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": X.tolist(), "space": "a", "k": 3, "csls": True,
+                                                             "csls_weight": 0.5}).json()
+    assert half["scoring"] == "csls" and len(half["results"]) == len(X)
     # add, delete, search again
     r = c.post("/v1/indexes/zc/vectors", headers=W, json={"vectors": Z[:2].tolist(), "payloads": ["x", "y"]})
     new_ids = r.json()["ids"]
