@@ -15,9 +15,15 @@ by both models (the fit pairs, drawn from the set's fit pool, never the evaluati
   and rows; a document's score is ``½ cos(q_new, f(d_old)) + ½ cos(g(q_new), d_old)`` (the old index
   is kept beside the mapped corpus; two searches per query, here one exact fused ranking).
 
+- **+csls<w>** (``--csls-weights``): the corpus-side or query-side migrated index searched as the service's
+  ``csls`` search answers (``csls_weight`` w, csls_k 10, top 10 re-ranked among the top 40 by cosine); MRR
+  is then MRR@10. Retention stays of plain native-new search.
+
 Metrics per query (one relevant document, rank ``r`` among FAISS top-100, exact inner product on
 unit rows): R@1, R@10, nDCG@10 = ``1/log2(1 + r)`` for ``r ≤ 10``, MRR@100 = ``1/r`` for
-``r ≤ 100``; averaged over queries. **retention = migrated / native-new** (of R@10 unless said).
+``r ≤ 100``; averaged over queries. **retention = migrated / native-new** (of R@10 unless said), with the
+95 % paired bootstrap interval of the R@10 retention over the queries (``align.retrieval.retention_interval``:
+how far the figure could move on another sample of as many queries; 600 queries leave it about ±0.01-0.02).
 ``µs/row`` is the wall time of ``map.apply(·, output="raw")`` per row on the evaluation queries
 (the per-query cost in query-side mode; corpus-side pays it once per document, offline), beside a
 plain ``Q @ W`` GEMM on the same rows.
@@ -117,6 +123,22 @@ def fused_search(Q1: np.ndarray, D1: np.ndarray, Q2: np.ndarray, D2: np.ndarray,
     return out
 
 
+def csls_search_service(Q: np.ndarray, D, weight: float, k: int = 10, csls_k: int = 10) -> np.ndarray:
+    """Top ``k`` ids (q, k) as the service's ``csls`` search answers them: an exact cosine index of ``D``
+    (``service.indexes.SpaceIndex``, kind flat) re-ranked by ``2 cos - r(q) - weight r(d)`` among its top
+    ``max(4k, k + csls_k)`` candidates (``service.indexes.csls``). ``D`` may be such an index already
+    (:func:`flat_index`), which keeps its cache of ``r(d)`` across calls."""
+    idx = D if not isinstance(D, np.ndarray) else flat_index(D)
+    return idx.search(np.ascontiguousarray(Q, dtype=np.float32), k, csls_k=csls_k, csls_weight=weight)[1]
+
+
+def flat_index(D: np.ndarray):
+    """``service.indexes.SpaceIndex`` of ``D`` (n, d), exact cosine (kind flat)."""
+    from service.indexes import SpaceIndex
+
+    return SpaceIndex.build("bench", "bench", np.ascontiguousarray(D, dtype=np.float32), kind="flat")
+
+
 def ranks_from_topk(I: np.ndarray, relevant: np.ndarray) -> np.ndarray:
     """1-based rank of ``relevant[i]`` in row ``I[i]``; ``inf`` when it is not among the retrieved."""
     hit = I == np.asarray(relevant).reshape(-1, 1)
@@ -137,6 +159,14 @@ def retrieval_metrics(I: np.ndarray, relevant: np.ndarray) -> dict:
 def retention(migrated: dict, native: dict) -> dict:
     return {f"ret_{k}": (migrated[k] / native[k] if native[k] > 0 else float("nan"))
             for k in ("R@1", "R@10", "nDCG@10", "MRR")}
+
+
+def retention_ci(I: np.ndarray, I_native: np.ndarray, relevant: np.ndarray) -> list[float] | None:
+    """95 % paired bootstrap interval of the R@10 retention over the queries
+    (``align.retrieval.retention_interval``) from the migrated and native top-k lists."""
+    from align.retrieval import retention_interval
+
+    return retention_interval(ranks_from_topk(I, relevant) <= 10, ranks_from_topk(I_native, relevant) <= 10)
 
 
 # --- data -----------------------------------------------------------------------------------------------
@@ -237,14 +267,25 @@ def time_apply(m, Q: np.ndarray, repeats: int = 3) -> tuple[float, float]:
 
 # --- one pair ---------------------------------------------------------------------------------------------
 
-def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: dict, save, log=print) -> dict:
-    """Evaluate every (sampling, K, mode, method) cell of one pair; ``done`` holds finished cells."""
+def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: dict, save, log=print,
+             csls_weights=()) -> dict:
+    """Evaluate every (sampling, K, mode, method) cell of one pair; ``done`` holds finished cells.
+
+    ``csls_weights``: also search each migrated index (corpus-side: the mapped corpus with native
+    queries; query-side: the old corpus with mapped queries) as the service's ``csls`` search does
+    with each ``csls_weight`` (:func:`csls_search_service`, top 10), as modes ``corpus+csls<w>`` /
+    ``query+csls<w>``; their retention is still of plain native-new search (re-embedding), and
+    ``native_new_csls`` records native-new searched the same way."""
     Do, Dn, Qo, Qn, rel = data["D_old"], data["D_new"], data["Q_old"], data["Q_new"], data["relevant"]
-    native_new = retrieval_metrics(search(Qn, Dn), rel)
+    I_native = search(Qn, Dn)
+    native_new = retrieval_metrics(I_native, rel)
     native_old = retrieval_metrics(search(Qo, Do), rel)
     cells = done.setdefault("cells", {})
     done.update({"native_new": native_new, "native_old": native_old, "n_docs": data["n_docs"],
                  "n_queries": data["n_queries"], "n_pool": data["n_pool"]})
+    old_index = flat_index(Do) if csls_weights else None  # query-side: one old index (and its r(d)) for every cell
+    for w in csls_weights:
+        done.setdefault("native_new_csls", {})[f"{w:g}"] = retrieval_metrics(csls_search_service(Qn, Dn, w), rel)
     log(f"\n{key}: {data['n_docs']} docs, {data['n_queries']} queries, pool {data['n_pool']}; native-new "
         f"R@10 {native_new['R@10']:.3f} MRR {native_new['MRR']:.3f}; native-old R@10 {native_old['R@10']:.3f}")
     pool = data["pool"]
@@ -284,7 +325,8 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
                         I = search(mapped[method]["query"], Do)
                     met = retrieval_metrics(I, rel)
                     us, us_gemm = time_apply(m, Qn if mode == "query" else Do[: len(Qn)])
-                    cells[cell] = {**met, **retention(met, native_new), "fit_s": fit_s, "select_s": t_select,
+                    cells[cell] = {**met, **retention(met, native_new), "ret_R@10_ci": retention_ci(I, I_native, rel),
+                                   "fit_s": fit_s, "select_s": t_select,
                                    "us_per_row": us, "us_per_row_gemm": us_gemm,
                                    "chosen": m.metadata.get("method"), "alpha": m.metadata.get("alpha_chosen"),
                                    "commit": COMMIT}
@@ -292,13 +334,33 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
                         f"ret {cells[cell]['ret_R@10']:.3f}  fit {fit_s:6.1f}s  {us:5.2f} µs/row "
                         f"[{cells[cell]['chosen']}]")
                     save()
+            for method, mp in mapped.items():  # each migrated index searched as the service's csls search does
+                for mode, (Qs, Ds) in (("corpus", (Qn, mp.get("corpus"))), ("query", (mp.get("query"), old_index))):
+                    todo = [w for w in csls_weights if f"{sampling}|{k}|{mode}+csls{w:g}|{method}" not in cells]
+                    if not todo or Qs is None or Ds is None:
+                        continue
+                    Ds = flat_index(Ds) if isinstance(Ds, np.ndarray) else Ds  # one index (and r(d)) per weight
+                    for w in todo:
+                        cell = f"{sampling}|{k}|{mode}+csls{w:g}|{method}"
+                        I = csls_search_service(Qs, Ds, w)
+                        met = retrieval_metrics(I, rel)
+                        plain = cells[f"{sampling}|{k}|{mode}|{method}"]
+                        cells[cell] = {**met, **retention(met, native_new), "ret_R@10_ci": retention_ci(I, I_native, rel),
+                                       "fit_s": plain["fit_s"], "select_s": plain["select_s"],
+                                       "us_per_row": None, "us_per_row_gemm": None, "chosen": plain["chosen"],
+                                       "alpha": plain.get("alpha"), "commit": COMMIT}
+                        log(f"  {sampling:8s} K={k:<5d} {mode}+csls{w:g} {method:16s} R@10 {met['R@10']:.3f} "
+                            f"ret {cells[cell]['ret_R@10']:.3f}")
+                        save()
             for method, mp in mapped.items():  # both sides: the two maps of this K, scores fused
                 cell = f"{sampling}|{k}|both|{method}"
                 if cell in cells or len(mp) < 2:
                     continue
-                met = retrieval_metrics(fused_search(Qn, mp["corpus"], mp["query"], Do), rel)
+                I = fused_search(Qn, mp["corpus"], mp["query"], Do)
+                met = retrieval_metrics(I, rel)
                 q, c = cells[f"{sampling}|{k}|query|{method}"], cells[f"{sampling}|{k}|corpus|{method}"]
-                cells[cell] = {**met, **retention(met, native_new), "fit_s": q["fit_s"] + c["fit_s"],
+                cells[cell] = {**met, **retention(met, native_new), "ret_R@10_ci": retention_ci(I, I_native, rel),
+                               "fit_s": q["fit_s"] + c["fit_s"],
                                "select_s": c["select_s"], "us_per_row": q["us_per_row"],
                                "us_per_row_gemm": q["us_per_row_gemm"], "chosen": f"{c['chosen']}+{q['chosen']}",
                                "alpha": None, "commit": COMMIT}
@@ -381,6 +443,11 @@ def fmt(x, nd=3) -> str:
     return "—" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{nd}f}"
 
 
+def fmt_interval(iv) -> str:
+    """``[lo, hi]`` to 3 decimals; ``—`` for cells measured before intervals were recorded (or undefined)."""
+    return "—" if not iv else f"[{iv[0]:.3f}, {iv[1]:.3f}]"
+
+
 def tables(results: dict) -> str:
     out = []
     for key, res in results["pairs"].items():
@@ -389,6 +456,9 @@ def tables(results: dict) -> str:
         out.append("| reference | R@1 | R@10 | nDCG@10 | MRR@100 |\n|---|---|---|---|---|")
         out.append(f"| native new | {fmt(nn['R@1'])} | {fmt(nn['R@10'])} | {fmt(nn['nDCG@10'])} | {fmt(nn['MRR'])} |")
         out.append(f"| native old | {fmt(no['R@1'])} | {fmt(no['R@10'])} | {fmt(no['nDCG@10'])} | {fmt(no['MRR'])} |")
+        for w, m in (res.get("native_new_csls") or {}).items():
+            out.append(f"| native new, csls_weight {w} (top 10) | {fmt(m['R@1'])} | {fmt(m['R@10'])} | "
+                       f"{fmt(m['nDCG@10'])} | {fmt(m['MRR'])} |")
         cells = res["cells"]
         ks = sorted({int(c.split("|")[1]) for c in cells})
         combos = []
@@ -406,19 +476,20 @@ def tables(results: dict) -> str:
             vals = [cells.get(f"{s}|{k}|{mode}|{meth}", {}).get("ret_R@10") for k in ks]
             out.append(f"| {mode} | {meth} | {s} | " + " | ".join(fmt(v) for v in vals) + " |")
         out.append("\nAll metrics (retention = of native-new; µs/row: map.apply raw vs plain GEMM):\n")
-        out.append("| mode | method | rows | K | R@1 | R@10 | nDCG@10 | MRR | ret R@10 | ret nDCG | ret MRR | fit s |"
-                   " µs/row | GEMM µs/row | chosen |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        out.append("| mode | method | rows | K | R@1 | R@10 | nDCG@10 | MRR | ret R@10 | 95% interval | ret nDCG | ret MRR |"
+                   " fit s | µs/row | GEMM µs/row | chosen |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for mode, meth, s in combos:
             for k in ks:
                 c = cells.get(f"{s}|{k}|{mode}|{meth}")
                 if not c:
                     continue
                 if "error" in c:
-                    out.append(f"| {mode} | {meth} | {s} | {k} | error: {c['error'][:60]} |" + " |" * 10)
+                    out.append(f"| {mode} | {meth} | {s} | {k} | error: {c['error'][:60]} |" + " |" * 11)
                     continue
                 out.append(f"| {mode} | {meth} | {s} | {k} | {fmt(c['R@1'])} | {fmt(c['R@10'])} | {fmt(c['nDCG@10'])} | "
-                           f"{fmt(c['MRR'])} | {fmt(c['ret_R@10'])} | {fmt(c['ret_nDCG@10'])} | {fmt(c['ret_MRR'])} | "
+                           f"{fmt(c['MRR'])} | {fmt(c['ret_R@10'])} | {fmt_interval(c.get('ret_R@10_ci'))} | "
+                           f"{fmt(c['ret_nDCG@10'])} | {fmt(c['ret_MRR'])} | "
                            f"{fmt(c['fit_s'], 1)} | {fmt(c['us_per_row'], 2)} | {fmt(c['us_per_row_gemm'], 2)} | "
                            f"{c.get('chosen') or ''} |")
         if res.get("apply_speed"):
@@ -451,6 +522,8 @@ def main(argv=None) -> int:
     ap.add_argument("--apply-speed", type=int, default=0, metavar="K",
                     help="also time apply of the ridge and cluster maps fitted on K pairs against a plain GEMM")
     ap.add_argument("--out", type=str, default=None, help="result stem (default migration_<date>)")
+    ap.add_argument("--csls-weights", nargs="*", type=float, default=[],
+                    help="also search the migrated indexes as the service's csls search does, with these csls_weight")
     a = ap.parse_args(argv)
     methods = a.methods or available_methods()
     stem = a.out or f"migration_{_dt.date.today().isoformat()}"
@@ -472,7 +545,8 @@ def main(argv=None) -> int:
             print(f"{key}: embeddings missing (run build_retrieval_sets.py --encoders {old} {new}); skipped")
             continue
         res = results["pairs"].setdefault(key, {})
-        run_pair(key, data, ks=a.ks, methods=methods, samplings=a.samplings, seed=a.seed, done=res, save=save)
+        run_pair(key, data, ks=a.ks, methods=methods, samplings=a.samplings, seed=a.seed, done=res, save=save,
+                 csls_weights=a.csls_weights)
         if a.apply_speed and "apply_speed" not in res and hasattr(align, "ClusterMap"):
             res["apply_speed"] = apply_speed(data, min(a.apply_speed, data["n_pool"]), a.seed)
             save()

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from ..indexes import IndexInfo
+from ..indexes.csls import CSLS_WEIGHT
 from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_SEED, check_json_depth
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
 from ..registry.names import MAX_VERSION
@@ -197,11 +198,11 @@ class SearchOptions(_Strict):
                                                     f"(default {DEFAULT_LIMITS.max_hits}).")
     csls: bool = Field(False, description="Re-rank candidates by CSLS (reduces hubness of mapped queries).")
     csls_k: int = Field(10, ge=1, le=1000)
-    csls_weight: float = Field(1.0, ge=0, le=2, allow_inf_nan=False,
+    csls_weight: float = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
                                description="Weight w of the document's hubness in the CSLS score 2 cos(q, d) - r(q) - "
-                                           "w r(d): 1 is classic CSLS, 0 the cosine order. On labelled retrieval in "
-                                           "migrated indexes 0.5 kept more of the native recall than 1 "
-                                           "(benchmarks/results/migration_2026-12-01_csls.md).")
+                                           "w r(d): 1 is classic CSLS, 0 the cosine order. The default 0.5 kept more "
+                                           "of the native recall than 1 on labelled retrieval in migrated indexes "
+                                           "(benchmarks/results/migration_2026-12-01_csls*.md).")
     exact: bool = Field(False, description="Scan every row (ignores the approximate structure).")
     ef_search: int | None = Field(None, ge=1, le=100_000, description="HNSW breadth for this request.")
     nprobe: int | None = Field(None, ge=1, le=65_536, description="IVF lists probed for this request.")

@@ -11,9 +11,12 @@ candidates) and ``r(d)`` is the mean cosine of ``d`` to its ``csls_k`` nearest *
 
 ``weight`` ``w`` scales the document term: ``2 cos(q, d) - r(q) - w r(d)`` (``w = 1``: classic CSLS; ``w = 0``:
 the cosine order of the candidates). For a query, ranking by it is ranking by ``cos(q, d) - (w / 2) r(d)``.
-Measured on labelled retrieval in migrated indexes (``benchmarks/bench_migration.py --csls-weights``), a
-half weight kept more of the native recall than the classic one on the WordNet reverse dictionary, where
-the classic penalty demotes the right documents along with the hubs.
+The default is :data:`CSLS_WEIGHT` = 0.5, from labelled retrieval in migrated indexes
+(``benchmarks/results/migration_2026-12-01_csls*.md``, 4 encoder pairs x K x map family, corpus- and
+query-side, 220 cells): against plain cosine search, half the classic weight kept more of the native
+recall in 204 cells and less in 12 (at most -0.025); the classic weight lost in 44 (down to -0.074),
+mostly corpus-side, where it demotes right documents along with the hubs. Native indexes: 0.5 was
+within ±0.01 of plain search on all four, the classic weight never above it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["HubCache", "csls_search"]
+__all__ = ["HubCache", "csls_search", "CSLS_WEIGHT"]
+
+CSLS_WEIGHT = 0.5  # default weight of the document's hubness r(d) (see the module notes)
 
 Search = Callable[[np.ndarray, int], "tuple[np.ndarray, np.ndarray]"]
 
@@ -72,7 +77,7 @@ class HubCache:
 
 
 def csls_search(Q: np.ndarray, k: int, csls_k: int, n_live: int, search: Search,
-                reconstruct: Callable[[int], np.ndarray], hubs: HubCache, weight: float = 1.0
+                reconstruct: Callable[[int], np.ndarray], hubs: HubCache, weight: float = CSLS_WEIGHT
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` by CSLS (document term scaled by ``weight``) for prepared queries ``Q`` (n, d) over an index
     of ``n_live`` rows.

@@ -36,7 +36,7 @@ from align.exceptions import InputError
 from align.validation import as_matrix
 
 from ..limits import MAX_ID, check_dim, check_index_params
-from .csls import HubCache, csls_search
+from .csls import CSLS_WEIGHT, HubCache, csls_search
 from .errors import IndexConflictError, gone
 from .kinds import (
     KINDS,
@@ -263,10 +263,10 @@ class SpaceIndex:
 
     # --- search -----------------------------------------------------------------------------
     def search(self, Q, k: int = 10, *, exact: bool = False, ef_search: int | None = None,
-               nprobe: int | None = None, csls_k: int = 0, csls_weight: float = 1.0, wait: bool = True
+               nprobe: int | None = None, csls_k: int = 0, csls_weight: float = CSLS_WEIGHT, wait: bool = True
                ) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` rows for each query row of ``Q`` (n, dim); ``csls_k > 0`` re-ranks by CSLS with the
-        document term scaled by ``csls_weight`` in ``[0, 2]`` (:mod:`.csls`).
+        document term scaled by ``csls_weight`` in ``[0, 2]`` (default 0.5; :mod:`.csls`).
 
         ``wait=False`` (the event loop's fast path): raise :class:`~service.indexes.locking.WouldBlock`,
         before searching, unless the search is small (:meth:`small_search`), the index in memory is the

@@ -27,6 +27,7 @@ import numpy as np
 from align.exceptions import DimensionMismatchError, InputError
 
 from ..indexes import IndexStore, SpaceIndex
+from ..indexes.csls import CSLS_WEIGHT
 from .steers import steer_queries
 
 __all__ = ["Resolver", "SearchResult", "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search"]
@@ -117,7 +118,7 @@ def check_hits(n_queries: int, k: int, limits) -> None:
 
 def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, texts: list[str] | None = None,
            space: str | None = None, map_ref: str | None = None, k: int = 10, exact: bool = False,
-           ef_search: int | None = None, nprobe: int | None = None, csls_k: int = 0, csls_weight: float = 1.0,
+           ef_search: int | None = None, nprobe: int | None = None, csls_k: int = 0, csls_weight: float = CSLS_WEIGHT,
            steers: dict[str, float] | None = None, limits, wait: bool = True) -> SearchResult:
     """Search ``idx`` with queries ``Q`` (n, d_q) — or ``texts`` — from ``space`` (steps in the module notes).
 

@@ -166,10 +166,14 @@ def test_run_pair_measures_retention_of_both_modes(shuffle_pairs):
     modes = (*bench.MODES, "both")  # both: the two fitted maps' scores fused
     assert set(cells) == {f"random|100|{m}|{f}" for m in modes for f in ("procrustes", "ridge")}  # K ≤ pool
     for c in cells.values():
+        lo, hi = c["ret_R@10_ci"]
+        assert lo <= c["ret_R@10"] <= hi
         if shuffle_pairs:
-            assert c["ret_R@10"] < 0.5
+            assert c["ret_R@10"] < 0.5 and hi - lo > 0.05   # 60 queries: a wide interval
         else:
             assert c["ret_R@10"] == pytest.approx(1.0, abs=0.02)
+    table = bench.tables({"pairs": {"toy": res}})
+    assert "95% interval" in table and f"[{lo:.3f}, {hi:.3f}]" in table
 
 
 @pytest.mark.slow
@@ -181,3 +185,18 @@ def test_mpnet_encoder_loads_from_the_wheels():
     E = get_encoder("mpnet").encode(["a dog barks", "the puppy is barking", "stock prices fell sharply"])
     assert E.shape == (3, 768)
     assert E[0] @ E[1] > E[0] @ E[2] + 0.2
+
+
+def test_csls_modes_search_as_the_service_does_and_keep_plain_native_as_reference():
+    data = _toy_pair(np.random.default_rng(1), False)
+    res = bench.run_pair("toy", data, ks=[100], methods=["ridge"], samplings=["random"], seed=0, done={},
+                         save=lambda: None, log=lambda *a: None, csls_weights=[0.0, 1.0])
+    cells = res["cells"]
+    assert {"random|100|corpus+csls0|ridge", "random|100|query+csls1|ridge"} <= set(cells)
+    # weight 0 re-ranks nothing: the top 10 by cosine, so R@10 as the plain search
+    assert cells["random|100|corpus+csls0|ridge"]["R@10"] == pytest.approx(cells["random|100|corpus|ridge"]["R@10"])
+    assert set(res["native_new_csls"]) == {"0", "1"}
+    I = bench.csls_search_service(data["Q_new"], data["D_new"], 1.0)
+    assert I.shape == (60, 10)
+    table = bench.tables({"pairs": {"toy": res}})
+    assert "corpus+csls1" in table and "native new, csls_weight 1 (top 10)" in table

@@ -127,13 +127,17 @@ def test_fewer_rows_than_k(data):
     assert (empty.search(Q[:1], 2)[1] == -1).all()
 
 
-@pytest.mark.parametrize("weight", [1.0, 0.5, 0.0, 2.0])
+@pytest.mark.parametrize("weight", [None, 1.0, 0.0, 2.0])
 def test_csls_matches_formula(data, weight):
     X, Q = data
     D = X[:300]
     idx = SpaceIndex.build("c", "s", D)
     k, ck = 5, 7
-    S, I = idx.search(Q, k, csls_k=ck) if weight == 1.0 else idx.search(Q, k, csls_k=ck, csls_weight=weight)
+    if weight is None:  # the default: half the classic weight of r(d)
+        S, I = idx.search(Q, k, csls_k=ck)
+        weight = 0.5
+    else:
+        S, I = idx.search(Q, k, csls_k=ck, csls_weight=weight)
     Qn, Dn = unit_rows(Q), unit_rows(D)
     C = Qn @ Dn.T
     r_q = np.sort(C, axis=1)[:, ::-1][:, :ck].mean(1)
@@ -288,9 +292,14 @@ def test_http_index_lifecycle_and_cross_model_search(api):
         r = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": X[:1].tolist(), "space": "a", "csls": True,
                                                               "csls_weight": bad})
         assert r.status_code == 422 and "csls_weight" in r.text, (bad, r.text)
-    half = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": X.tolist(), "space": "a", "k": 3, "csls": True,
-                                                             "csls_weight": 0.5}).json()
-    assert half["scoring"] == "csls" and len(half["results"]) == len(X)
+    scores = {}
+    for w in (None, 0.5, 1.0):
+        extra = {} if w is None else {"csls_weight": w}
+        got = c.post("/v1/indexes/zc/search", headers=R, json={"vectors": X.tolist(), "space": "a", "k": 3,
+                                                                "csls": True, "exact": True, **extra}).json()
+        assert got["scoring"] == "csls" and len(got["results"]) == len(X)
+        scores[w] = [[h["score"] for h in row] for row in got["results"]]
+    assert scores[None] == scores[0.5] != scores[1.0]      # the default is the half weight
     # add, delete, search again
     r = c.post("/v1/indexes/zc/vectors", headers=W, json={"vectors": Z[:2].tolist(), "payloads": ["x", "y"]})
     new_ids = r.json()["ids"]
