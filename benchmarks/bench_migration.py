@@ -345,7 +345,8 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
                         I = csls_search_service(Qs, Ds, w)
                         met = retrieval_metrics(I, rel)
                         plain = cells[f"{sampling}|{k}|{mode}|{method}"]
-                        cells[cell] = {**met, **retention(met, native_new), "ret_R@10_ci": retention_ci(I, I_native, rel),
+                        cells[cell] = {**met, **retention(met, native_new),
+                                       "ret_R@10_ci": retention_ci(I, I_native, rel),
                                        "fit_s": plain["fit_s"], "select_s": plain["select_s"],
                                        "us_per_row": None, "us_per_row_gemm": None, "chosen": plain["chosen"],
                                        "alpha": plain.get("alpha"), "commit": COMMIT}
@@ -401,15 +402,30 @@ def apply_speed(data: dict, k: int, seed: int, rows: int = 8192, repeats: int = 
 
 # --- plan vs measured ---------------------------------------------------------------------------------------
 
-def plan_prediction(data: dict, k_probe: int, seed: int) -> dict | None:
+def plan_prediction(data: dict, k_probe: int, seed: int, n_queries: int = 0) -> dict | None:
     """``align.plan_migration`` on the old fit pool plus a ``k_probe``-pair probe (when align has it).
 
-    Kept: alignability, predicted retention per K (with its interval), the recommendation; not the
-    row indices."""
+    ``n_queries > 0``: the plan gets that many labelled queries (new and old model) drawn from the set's, the
+    probe holds their relevant documents plus pool rows up to ``k_probe``, and the corpus is every document
+    (the labelled prediction is for the whole corpus the benchmark measures). Kept: alignability, predicted
+    retention per K (with its interval), the recommendation; not the row indices."""
     if not hasattr(align, "plan_migration"):
         return None
     pool = data["pool"]
-    probe = pool[np.random.default_rng(seed + 1).choice(len(pool), size=min(k_probe, len(pool)), replace=False)]
+    rng = np.random.default_rng(seed + 1)
+    if n_queries:
+        qi = rng.choice(data["n_queries"], size=min(n_queries, data["n_queries"]), replace=False)
+        need = np.unique(data["relevant"][qi])
+        fill = rng.choice(np.setdiff1d(pool, need), size=max(0, min(k_probe, len(pool)) - need.size), replace=False)
+        probe = np.sort(np.concatenate([need, fill]))
+        t = time.perf_counter()
+        plan = align.plan_migration(data["D_old"], data["D_old"][probe], data["D_new"][probe], random_state=seed,
+                                    queries=data["Q_new"][qi], old_queries=data["Q_old"][qi],
+                                    relevant=np.searchsorted(probe, data["relevant"][qi]))
+        keep = {k: v for k, v in plan.items() if k not in ("rows_to_embed",)}
+        keep["plan_s"] = time.perf_counter() - t
+        return keep
+    probe = pool[rng.choice(len(pool), size=min(k_probe, len(pool)), replace=False)]
     t = time.perf_counter()
     plan = align.plan_migration(data["D_old"][pool], data["D_old"][probe], data["D_new"][probe], random_state=seed)
     keep = {k: v for k, v in plan.items() if k not in ("rows_to_embed", "curve")}
@@ -418,11 +434,14 @@ def plan_prediction(data: dict, k_probe: int, seed: int) -> dict | None:
 
 
 def plan_vs_measured(res: dict) -> list[str]:
-    """Rows ``K | predicted [low, high] | measured corpus-side retention of R@10`` (random rows)."""
+    """Rows ``K | predicted [low, high] | measured corpus-side retention of R@10`` (random rows), with the gap to
+    the plan's own method (the one its curve and forecast are of) and to the best measured method."""
     pred = res["plan"].get("predicted") or {}
+    own = res["plan"].get("best_method")
     items = pred.items() if isinstance(pred, dict) else [(p.get("k"), p) for p in pred]
-    lines = ["| K | predicted | interval | measured procrustes | measured ridge | best measured (any method) | |pred − best| |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| K | predicted | interval | measured procrustes | measured ridge | |pred − plan's method| | "
+             "best measured (any method) | |pred − best| |",
+             "|---|---|---|---|---|---|---|---|"]
     for k, p in items:
         k = int(k)
         cell = lambda meth: res["cells"].get(f"random|{k}|corpus|{meth}", {}).get("ret_R@10")  # noqa: E731
@@ -432,8 +451,10 @@ def plan_vs_measured(res: dict) -> list[str]:
         r = p.get("retention") if isinstance(p, dict) else p
         lo, hi = (p.get("low"), p.get("high")) if isinstance(p, dict) else (None, None)
         gap = abs(r - best) if (r is not None and best is not None) else None
+        mine = cell(own) if own else None
+        gap_own = abs(r - mine) if (r is not None and mine is not None) else None
         lines.append(f"| {k} | {fmt(r)} | [{fmt(lo)}, {fmt(hi)}] | {fmt(cell('procrustes'))} | {fmt(cell('ridge'))} | "
-                     f"{fmt(best)} | {fmt(gap)} |")
+                     f"{fmt(gap_own)} ({own or '—'}) | {fmt(best)} | {fmt(gap)} |")
     return lines
 
 
@@ -502,8 +523,9 @@ def tables(results: dict) -> str:
                 out.append(f"| {name} | {fmt(v['us'], 2)} | {fmt(v['ratio'], 2)} |")
         if res.get("plan"):
             pl = res["plan"]
+            lab = f", {pl['plan_queries']} labelled queries ({pl.get('metric')})" if pl.get("plan_queries") else ""
             out.append(f"\nPlan before the fit (`align.plan_migration`, probe {pl.get('probe_pairs')} pairs from the fit "
-                       f"pool): alignability {fmt(pl.get('alignability'))}, recommended {pl.get('recommended')}. "
+                       f"pool{lab}): alignability {fmt(pl.get('alignability'))}, recommended {pl.get('recommended')}. "
                        "Predicted retention vs measured corpus-side retention of R@10 (random rows):\n")
             out.extend(plan_vs_measured(res))
     return "\n".join(out)
@@ -519,6 +541,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--probe", type=int, default=500, help="pairs in the plan probe")
     ap.add_argument("--no-plan", action="store_true", help="skip align.plan_migration")
+    ap.add_argument("--plan-queries", type=int, default=0, metavar="N",
+                    help="give the plan N labelled queries (its probe then holds their relevant documents)")
     ap.add_argument("--apply-speed", type=int, default=0, metavar="K",
                     help="also time apply of the ridge and cluster maps fitted on K pairs against a plain GEMM")
     ap.add_argument("--out", type=str, default=None, help="result stem (default migration_<date>)")
@@ -551,9 +575,9 @@ def main(argv=None) -> int:
             res["apply_speed"] = apply_speed(data, min(a.apply_speed, data["n_pool"]), a.seed)
             save()
         if "plan" not in res and not a.no_plan:
-            plan = plan_prediction(data, a.probe, a.seed)
+            plan = plan_prediction(data, a.probe, a.seed, a.plan_queries)
             if plan is not None:
-                res["plan"] = {"probe_pairs": a.probe, **plan}
+                res["plan"] = {"probe_pairs": a.probe, "plan_queries": a.plan_queries, **plan}
         save()
     text = ("# Migration benchmark: labelled retrieval retention\n\nMade by `benchmarks/bench_migration.py` "
             f"({_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC); sets from "

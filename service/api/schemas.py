@@ -265,6 +265,11 @@ class PlanRequest(_Strict):
     probe_target: _Vectors = Field(..., description="New-model vectors of the same texts, row i <-> row i.")
     target_retention: float = Field(0.95, gt=0, le=1, description="Retention the recommended K should reach.")
     random_state: int = 0
+    queries: _Vectors | None = Field(None, description="Labelled queries (new-model vectors): the plan predicts their "
+                                                       "labelled R@10 retention over the whole `old` corpus. Needs "
+                                                       "`old_queries` and `relevant`.")
+    old_queries: _Vectors | None = Field(None, description="The same queries under the old model.")
+    relevant: list[int] | None = Field(None, description="Each query's relevant document: its row in the probe.")
 
 
 class EvaluateRequest(_Strict):

@@ -199,21 +199,39 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
 @random_state_opt
 @click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
               help="Write the recommended rows to re-embed (.npy int64 indices into --old).")
+@click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
+              help="Labelled queries, new-model vectors: the plan then predicts their labelled R@10 retention over "
+                   "the whole --old corpus (the figure `eval --queries` measures) instead of a proxy. Needs "
+                   "--old-queries and --relevant.")
+@click.option("--old-queries", "old_queries_path", type=click.Path(dir_okay=False), default=None,
+              help="The same queries under the old model (they scale native recall from the probe to the corpus).")
+@click.option("--relevant", "relevant_path", type=click.Path(dir_okay=False), default=None,
+              help="Each query's relevant document: its row in the probe (.npy ints, .json list, or one per line).")
 @json_opt
 @click.pass_obj
 def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, target_retention, random_state,
-             rows_out, as_json):
+             rows_out, queries_path, old_queries_path, relevant_path, as_json):
     """Before a migration: alignability, expected retention vs K, recommended method and K, rows to re-embed."""
+    given = [x is not None for x in (queries_path, old_queries_path, relevant_path)]
+    if any(given) and not all(given):
+        raise InputError("--queries, --old-queries and --relevant go together (labelled queries over the probe)")
     X_old = read_vectors(old, rows=old_rows)
     A = read_vectors(probe_source, rows=probe_rows)
     B = read_vectors(probe_target, rows=probe_rows)
-    res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention)
+    Q = Qo = rel = None
+    if all(given):
+        Q, Qo = read_vectors(queries_path), read_vectors(old_queries_path)
+        rel = read_relevant(relevant_path, Q.shape[0])
+    res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q, old_queries=Qo,
+               relevant=rel)
     if rows_out is not None:
         np.save(rows_out, np.asarray(res["rows_to_embed"], dtype=np.int64))
         res["rows_out"] = str(Path(rows_out).resolve())
     lines = [f"alignability (kNN@10 overlap on {res['n_probe']} probe pairs): {res['alignability']:.3f}"
              f"  -> unsupervised {'possible' if res['unsupervised_feasible'] else 'not expected to work'}",
-             f"expected retention ({res['metric']}), method {res['best_method']}:",
+             f"expected retention ({res['metric']}"
+             + (f"; {res['n_queries']} queries over {res['n_corpus']} documents" if "n_queries" in res else "")
+             + f"), method {res['best_method']}:",
              f"  {'K':>7}  {'retention':>9}  {'interval':>15}"]
     for q in res["predicted"]:
         lines.append(f"  {q['k']:>7}  {q['retention']:>9.3f}  [{q['low']:.3f}, {q['high']:.3f}]"

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["HubCache", "csls_search", "CSLS_WEIGHT"]
+__all__ = ["CSLS_WEIGHT", "HubCache", "csls_search"]
 
 CSLS_WEIGHT = 0.5  # default weight of the document's hubness r(d) (see the module notes)
 

@@ -122,7 +122,8 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
            steers: dict[str, float] | None = None, limits, wait: bool = True) -> SearchResult:
     """Search ``idx`` with queries ``Q`` (n, d_q) — or ``texts`` — from ``space`` (steps in the module notes).
 
-    ``csls_k > 0`` re-ranks by CSLS (document term scaled by ``csls_weight``); ``limits`` (``max_k``, ``max_hits``) bound the answer.
+    ``csls_k > 0`` re-ranks by CSLS (document term scaled by ``csls_weight``); ``limits`` (``max_k``,
+    ``max_hits``) bound the answer.
     Unknown spaces, maps or steers raise NotFoundError; no path of maps, InputError / NotFoundError.
     ``wait=False``: the index's :class:`~service.indexes.locking.WouldBlock` rule (see ``SpaceIndex.search``).
     """

@@ -67,6 +67,36 @@ def test_plan_cli_table_json_and_rows_file(capsys, data):
     assert all(q["low"] <= q["retention"] <= q["high"] for q in plan["predicted"])
 
 
+def _labelled(d, X, Y, rows, q=80, seed=0):
+    """Queries near ``q`` of the probe rows ``rows`` in each model; their probe rows as relevant documents."""
+    rng = np.random.default_rng(seed)
+    rel = rng.choice(len(rows), q, replace=False)
+    write_vectors(d / "q_new.npy", Y[rows][rel] + 0.5 * rng.normal(size=(q, Y.shape[1])).astype(np.float32))
+    write_vectors(d / "q_old.npy", X[rows][rel] + 0.5 * rng.normal(size=(q, X.shape[1])).astype(np.float32))
+    np.save(d / "relevant.npy", rel)
+    return rel
+
+
+def test_plan_cli_with_labelled_queries_predicts_their_retention_over_the_corpus(capsys, data):
+    d = data
+    X, Y = np.load(d / "old.npy"), np.load(d / "new.npy")
+    _labelled(d, X, Y, np.arange(300))
+    args = ["--data-dir", d / "var", "plan", "--old", d / "old.npy", "--probe-source", d / "old.npy",
+            "--probe-target", d / "new.npy", "--probe-rows", "0:300", "--queries", d / "q_new.npy",
+            "--old-queries", d / "q_old.npy", "--relevant", d / "relevant.npy"]
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    assert "labelled R@10 retention of the given queries" in out and "80 queries over 900 documents" in out
+    code, out, err = run(capsys, *args, "--json")
+    plan = json.loads(out)
+    assert plan["n_queries"] == 80 and plan["metric"].startswith("labelled")
+    assert all(q["low"] <= q["retention"] <= q["high"] for q in plan["predicted"])
+    code, out, err = run(capsys, *args[:-4])  # --queries without --old-queries / --relevant
+    assert code == 2 and "go together" in err
+    code, out, err = run(capsys, *args[:-1], d / "q_new.npy")  # floats are not rows
+    assert code == 2 and "relevant" in err
+
+
 @pytest.mark.parametrize("args, message", [
     (["plan", "--old", "old.npy", "--probe-source", "old.npy", "--probe-target", "new.npy", "--probe-rows", "0:20"],
      "at least 50"),
@@ -106,6 +136,20 @@ def test_http_plan_and_bad_probe(tmp_path):
         p = r.json()
         assert p["n_probe"] == 200 and p["recommended"]["k"] >= 1 and len(p["rows_to_embed"]) <= 400
         assert any("floor" in n for n in p["notes"])  # the user is told how to read the prediction
+        # labelled queries over the probe: the prediction is of their retention; incomplete or bad ones are 422
+        rng = np.random.default_rng(2)
+        rel = rng.choice(200, 60, replace=False)
+        lab = {"queries": _b64(Y[rel] + 0.5 * rng.normal(size=(60, Y.shape[1]))),
+               "old_queries": _b64(X[rel] + 0.5 * rng.normal(size=(60, X.shape[1]))), "relevant": rel.tolist()}
+        base = {"old": _b64(X), "probe_source": _b64(X[:200]), "probe_target": _b64(Y[:200])}
+        r = c.post("/v1/plans", json={**base, **lab}, headers=R)
+        assert r.status_code == 200, r.text
+        assert r.json()["metric"].startswith("labelled") and r.json()["n_queries"] == 60
+        for bad, msg in (({"old_queries": None}, "all three"), ({"relevant": [500] * 60}, "must be in"),
+                         ({"relevant": rel[:-1].tolist()}, "one probe row per query"),
+                         ({"queries": _b64(Y[:60, :5])}, "queries")):
+            r = c.post("/v1/plans", json={**base, **lab, **bad}, headers=R)
+            assert r.status_code == 422 and msg in r.text, (bad, r.text)
         r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:10]), "probe_target": _b64(Y[:10])},
                    headers=R)
         assert r.status_code == 422 and "at least 50" in r.text

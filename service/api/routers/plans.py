@@ -28,8 +28,11 @@ PLAN_DOC = """Plan a migration from the old corpus (`old`) and a small paired pr
 Answers: `alignability` (kNN@10 overlap of the two spaces on the probe; unsupervised alignment has
 only worked above ~0.4), `curve` (simulated retention of closed-form fits on probe subsamples),
 `predicted` (retention per K with an interval; `extrapolated` beyond the probe), `recommended`
-(method and K), `rows_to_embed` (k-means++ coverage rows of `old` for that K). Synchronous: seconds
-for a probe of 1,000 pairs and an old corpus of 40,000 rows. Each side is `vectors` or
+(method and K), `rows_to_embed` (k-means++ coverage rows of `old` for that K). With labelled `queries`
+(new model), `old_queries` (the same queries, old model) and each one's `relevant` probe row, the curve and
+the prediction are of their labelled R@10 retention over the whole `old` corpus (`metric` says which).
+Synchronous: seconds for a probe of 1,000 pairs and an old corpus of 40,000 rows (~40 s with labelled
+queries, which map and search the whole corpus per curve point). Each side is `vectors` or
 `vectors_b64` + `dim`.
 """
 
@@ -42,8 +45,10 @@ async def create_plan(request: Request, settings: SettingsDep):
     def work():
         raw = parse_json(body)
         opts = validate(PlanRequest, raw)
-        old, a, b = (_vectors(raw, k, settings) for k in ("old", "probe_source", "probe_target"))
-        return plan(old, a, b, random_state=opts.random_state, target_retention=opts.target_retention)
+        old, a, b, q, qo = (_vectors(raw, k, settings) for k in ("old", "probe_source", "probe_target", "queries",
+                                                                 "old_queries"))
+        return plan(old, a, b, random_state=opts.random_state, target_retention=opts.target_retention, queries=q,
+                    old_queries=qo, relevant=opts.relevant)
 
     return FastJSONResponse(await run_in_threadpool(work))
 
@@ -54,7 +59,8 @@ top-1, mean rank, cosine and recall@10 of the pairs, and `retrieval` (corpus- an
 overlap@10, the proxy `nn_retention@10`). With labelled `queries` and each one's `relevant` row,
 `retrieval.labelled` holds R@1, R@10, nDCG@10 and MRR of those queries over the mapped and over the
 native documents and their retention (`retention_interval`: the 95 % bootstrap interval of the R@10
-retention over the queries; with a gate, `gate_within_interval` says the queries cannot decide it) (with `old_queries`, the same queries under the old model, also
+retention over the queries; with a gate, `gate_within_interval` says the queries cannot decide it)
+(with `old_queries`, the same queries under the old model, also
 `old`: keeping the old model, and `beats_old`), and `retention` is the labelled R@10 retention (`side`
 `target`: corpus-side, the queries are target-model vectors; `source`: query-side, the queries are
 source-model vectors the map moves into the target index). `min_retention` / `min_top1` add
