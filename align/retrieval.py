@@ -182,7 +182,7 @@ def retention_interval(hits_migrated, hits_native, *, level: float = INTERVAL_LE
     n = np.asarray(hits_native, dtype=bool).ravel()
     if m.shape != n.shape or m.size == 0:
         raise PairCountError(f"hits must be two non-empty arrays of one flag per query, got {m.shape} and {n.shape}")
-    if not 0.0 < float(level) < 1.0:
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < float(level) < 1.0:
         raise InputError(f"level must be in (0, 1), got {level!r}")
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 100:
         raise InputError(f"n_resamples must be an integer >= 100, got {n_resamples!r}")

@@ -214,6 +214,7 @@ def test_retention_interval_narrows_with_more_queries():
     ({"hits_migrated": np.ones(3, bool), "hits_native": np.ones(4, bool)}, PairCountError),
     ({"hits_migrated": np.ones(0, bool), "hits_native": np.ones(0, bool)}, PairCountError),
     ({"level": 1.0}, InputError), ({"level": 0.0}, InputError), ({"level": float("nan")}, InputError),
+    ({"level": "0.9"}, InputError), ({"level": True}, InputError),
     ({"n_resamples": 10}, InputError), ({"n_resamples": True}, InputError), ({"n_resamples": 1000.0}, InputError),
     ({"random_state": "seed"}, InputError),
 ])
