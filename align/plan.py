@@ -156,7 +156,8 @@ LABELLED_NOTE = ("predicted retention is of your labelled queries, estimated for
                  "the whole mapped corpus (exact) over native R@10 over the probe documents scaled by how the old "
                  "model's R@10 of the same queries falls from the probe to the whole corpus; on the labelled "
                  "benchmarks this estimate was within 0.03 of the measured retention of the same queries (4 encoder "
-                 "pairs, K 100-3,000); the interval adds the query sample's own uncertainty")
+                 "pairs, K 100-3,000), and runs high when the new model holds up better than the old one as the "
+                 "corpus grows; the interval adds the query sample's own uncertainty")
 
 
 class LabelledProbe:
