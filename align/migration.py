@@ -57,7 +57,7 @@ from .exceptions import DimensionMismatchError, InputError, PairCountError, TooF
 from .frames import Frame, unit_rows
 from .maps import LinearMap
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
-from .retrieval import labelled_metrics, labelled_retrieval, pair_retrieval_scores, ratios
+from .retrieval import hubness, labelled_metrics, labelled_retrieval, pair_retrieval_scores, ratios
 
 __all__ = ["fit_migration", "MIGRATION_METHODS", "AUTO_CANDIDATES", "LINEAR_CANDIDATES", "score_map", "labelled_retention"]
 
@@ -88,7 +88,7 @@ _ZERO_QUERY = "no direction to rank by (it would tie with every document and cou
 
 
 def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "target", k: int = 10,
-                       old_queries=None, random_state=0) -> dict:
+                       old_queries=None, random_state=0, csls_weight=None, csls_k: int = 10) -> dict:
     r"""Retention of labelled retrieval on a held-out corpus embedded by both models (a CI gate's figure).
 
     ``X_src`` (n, d_s) / ``Y_tgt`` (n, d_t): n documents under the map's source and target model, row
@@ -107,9 +107,16 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
 
     Returns :func:`align.retrieval.labelled_retrieval`'s dict plus ``side``; ``retention["R@{k}"]``
     is the figure ``bench_migration.py`` reports, ``retention_interval["R@{k}"]`` its 95 % bootstrap
-    interval over the queries (seeded by ``random_state``). Typed errors: mismatched rows or dimensions,
-    NaN/Inf, an all-zero query, ``relevant`` not integers in ``[0, n)`` or not one per query, an
-    unknown ``side``.
+    interval over the queries (seeded by ``random_state``).
+
+    ``csls_weight`` w (in [0, 2]): the migrated index is searched by CSLS as the service's ``csls`` search
+    ranks, ``cos(q, d) - (w / 2) r(d)`` with ``r(d)`` the mean cosine of ``d`` to its ``csls_k`` nearest
+    other documents of that index (:func:`align.retrieval.hubness`), here exactly over all documents (the
+    service re-ranks its top ``max(4k, k + csls_k)`` by cosine; on the migration benchmark the two gave R@10
+    within ±0.005); the native index stays plain cosine (the re-embedding it is compared with).
+
+    Typed errors: mismatched rows or dimensions, NaN/Inf, an all-zero query, ``relevant`` not integers in
+    ``[0, n)`` or not one per query, an unknown ``side``, ``csls_weight`` / ``csls_k`` out of range.
     """
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=1)
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
@@ -128,14 +135,20 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
         raise InputError(f"relevant must be integer document rows, got dtype {rel.dtype}")
     if rel.min() < 0 or rel.max() >= X.shape[0]:
         raise InputError(f"relevant rows must be in [0, {X.shape[0]}), got [{int(rel.min())}, {int(rel.max())}]")
+    if csls_weight is not None and (isinstance(csls_weight, bool) or not isinstance(csls_weight, (int, float))
+                                    or not 0.0 <= float(csls_weight) <= 2.0):
+        raise InputError(f"csls_weight must be a number between 0 and 2, got {csls_weight!r}")
+    if isinstance(csls_k, bool) or not isinstance(csls_k, (int, np.integer)) or not 1 <= csls_k <= 1000:
+        raise InputError(f"csls_k must be an integer between 1 and 1000, got {csls_k!r}")
     if side == "target":
-        Qn = unit_rows(Q)
-        out = labelled_retrieval(Qn, unit_rows(map_.apply(X, output="raw")), Qn, unit_rows(Y), rel, k=int(k),
-                                 random_state=random_state)
+        Qm = Qn = unit_rows(Q)
+        Dm, Dn = unit_rows(map_.apply(X, output="raw")), unit_rows(Y)
     else:
-        out = labelled_retrieval(unit_rows(map_.apply(Q, output="raw")), unit_rows(Y), unit_rows(Q), unit_rows(X),
-                                 rel, k=int(k), random_state=random_state)
+        Qm, Dm, Qn, Dn = unit_rows(map_.apply(Q, output="raw")), unit_rows(Y), unit_rows(Q), unit_rows(X)
+    pen = None if csls_weight is None else 0.5 * float(csls_weight) * hubness(Dm, int(csls_k))
+    out = labelled_retrieval(Qm, Dm, Qn, Dn, rel, k=int(k), random_state=random_state, doc_penalty=pen)
     out["side"] = side
+    out["csls_weight"] = None if csls_weight is None else float(csls_weight)
     if old_queries is not None:
         old_docs = X if side == "target" else Y
         Qo = as_matrix(old_queries, name="old_queries", dim=old_docs.shape[1])

@@ -39,7 +39,7 @@ from .metrics import ranks
 from .validation import check_random_state
 
 __all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention", "relevant_ranks",
-           "labelled_metrics", "labelled_retrieval", "retention_interval"]
+           "labelled_metrics", "labelled_retrieval", "retention_interval", "hubness"]
 
 INTERVAL_LEVEL = 0.95  # the retention interval's coverage
 INTERVAL_RESAMPLES = 2000  # bootstrap resamples behind it
@@ -153,6 +153,19 @@ def relevant_ranks(Q: np.ndarray, D: np.ndarray, relevant: np.ndarray, *, block:
     return out
 
 
+def hubness(D: np.ndarray, k: int = 10) -> np.ndarray:
+    """``r(d)`` (n,): mean inner product of each row of ``D`` (n, d), unit, with its ``k`` nearest *other* rows
+    (exact, blocked :func:`align.knn`); the document term of CSLS. Zeros when ``D`` has a single row."""
+    n = D.shape[0]
+    kk = min(int(k), n - 1)
+    if kk < 1:
+        return np.zeros(n, dtype=np.float32)
+    S, I = knn(D, D, kk + 1)
+    drop = I == np.arange(n)[:, None]
+    drop[~drop.any(axis=1), -1] = True  # a row tied with its duplicate: leave out the last instead of itself
+    return np.where(drop, 0.0, S).sum(axis=1).astype(np.float32) / kk
+
+
 def labelled_metrics(Q: np.ndarray, D: np.ndarray, relevant: np.ndarray, *, k: int = 10) -> dict:
     """R@1, R@k, nDCG@k (one relevant document: ``1 / log2(1 + r)`` for ``r <= k``) and MRR of queries ``Q``
     (q, d) over documents ``D`` (n, d), unit rows, ``relevant`` (q,) int; ranks by :func:`relevant_ranks`."""
@@ -199,7 +212,7 @@ def retention_interval(hits_migrated, hits_native, *, level: float = INTERVAL_LE
 
 
 def labelled_retrieval(Q_migrated: np.ndarray, D_migrated: np.ndarray, Q_native: np.ndarray, D_native: np.ndarray,
-                       relevant: np.ndarray, *, k: int = 10, random_state=0) -> dict:
+                       relevant: np.ndarray, *, k: int = 10, random_state=0, doc_penalty=None) -> dict:
     """Labelled retrieval in a migrated and a native index, and the retention of each metric.
 
     ``D_migrated`` / ``D_native`` (n, ·): the same n documents, row by row, as the migrated index
@@ -211,8 +224,13 @@ def labelled_retrieval(Q_migrated: np.ndarray, D_migrated: np.ndarray, Q_native:
     "retention_interval": {"R@k": [lo, hi] or None}, "interval_level", "n_queries", "n_documents", "k"}``;
     a retention whose native figure is 0 is ``None``. The interval (:func:`retention_interval`, seeded by
     ``random_state``) says how far the R@k retention could move on another sample of as many queries.
+    ``doc_penalty`` (n,): the migrated index ranks by ``q·d - doc_penalty[d]`` (CSLS search:
+    ``(w / 2) r(d)``, :func:`hubness`), exactly over all documents; the native one by ``q·d``.
     """
     rel = np.asarray(relevant, dtype=np.int64)
+    if doc_penalty is not None:  # q·d - p(d) as one inner product: [q, 1] · [d, -p(d)]
+        Q_migrated = np.hstack([Q_migrated, np.ones((Q_migrated.shape[0], 1), Q_migrated.dtype)])
+        D_migrated = np.hstack([D_migrated, -np.asarray(doc_penalty, D_migrated.dtype).reshape(-1, 1)])
     r_mig = relevant_ranks(Q_migrated, D_migrated, rel)
     r_nat = relevant_ranks(Q_native, D_native, rel)
     mig, nat = _rank_metrics(r_mig, k), _rank_metrics(r_nat, k)

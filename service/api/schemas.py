@@ -285,7 +285,11 @@ class EvaluateRequest(_Strict):
     min_retention: float | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on retention (labelled R@10 "
                                         "retention with queries, else nn_retention@10).")
     min_top1: float | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on top-1 of the pairs.")
-    csls: bool = False
+    csls: bool = Field(False, description="Also rank by CSLS: top-1 of the pairs, and with `queries` the labelled "
+                                          "retention (and the gate) of CSLS search "
+                                          "(`retrieval.labelled_plain`: plain).")
+    csls_weight: float = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
+                               description="Weight of the document's hubness in that CSLS search.")
 
 
 # --- embeddings ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import numpy as np
 
 from align.exceptions import InputError, VecbridgeWarning
 
+from ..indexes.csls import CSLS_WEIGHT
 from ..io import read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import evaluate_map, plan
@@ -134,12 +135,16 @@ def _render_fit(reg, v, as_json: bool) -> None:
 @click.option("--side", type=click.Choice(["target", "source"]), default="target", show_default=True,
               help="target: corpus-side migration (the map moves the documents; queries are target vectors); "
                    "source: query-side (the map moves the queries into the target index).")
-@click.option("--csls/--no-csls", default=False, help="Also rank by CSLS.")
+@click.option("--csls/--no-csls", default=False,
+              help="Also rank by CSLS: top-1 of the pairs, and with --queries the labelled retention (and the gate) of "
+                   "the migrated index searched as the service's csls search does (plain cosine kept beside it).")
+@click.option("--csls-weight", type=click.FloatRange(0, 2), default=CSLS_WEIGHT, show_default=True,
+              help="Weight of the document's hubness in labelled CSLS search (the search route's csls_weight).")
 @click.option("--record", is_flag=True, help="Store the results as tags eval.* on the version.")
 @json_opt
 @click.pass_obj
 def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows, old_queries_path, relevant_path, side,
-             csls, record, as_json, **io_opts):
+             csls, csls_weight, record, as_json, **io_opts):
     """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention
     (of labelled queries when given)."""
     if (queries_path is None) != (relevant_path is None):
@@ -154,7 +159,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
             raise InputError("--old-queries is the baseline of labelled queries: give --queries and --relevant too")
         Qo = read_vectors(old_queries_path, rows=queries_rows)
     res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
-                       record=record, queries=Q, relevant=rel, side=side, old_queries=Qo)
+                       record=record, queries=Q, relevant=rel, side=side, old_queries=Qo, csls_weight=csls_weight)
     r = res["retrieval"]
     text = (f"{res['map']}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f}  "
             f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})\n"
@@ -167,6 +172,10 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                  + f"  (migrated/native)  retention R@10 {r['retention']:.4f}"
                  + (f" (95% interval {r['retention_interval'][0]:.4f}-{r['retention_interval'][1]:.4f})"
                     if r.get("retention_interval") else ""))
+        if "labelled_plain" in r:
+            plain = r["labelled_plain"]
+            text += (f"\n  with CSLS search (w {lab['csls_weight']:g}); plain cosine search: R@10 "
+                     f"{plain['migrated']['R@10']:.4f}, retention {plain['retention']['R@10'] or 0:.4f}")
         if "old" in lab:
             text += (f"\n  keeping the old model: R@10 {lab['old']['R@10']:.4f} (retention "
                      f"{lab['old_retention']['R@10'] or 0:.4f}); the migration "

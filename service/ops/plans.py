@@ -28,6 +28,8 @@ import numpy as np
 import align
 from align.exceptions import InputError
 
+from ..indexes.csls import CSLS_WEIGHT
+
 __all__ = ["MIGRATION_METHODS", "fit_migration_map", "plan", "retention_gate", "evaluate_map", "RETENTION_KEY",
            "LABELLED_KEY"]
 
@@ -64,7 +66,7 @@ def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, ran
 
 
 def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None, queries=None,
-                   relevant=None, side: str = "target", old_queries=None) -> dict:
+                   relevant=None, side: str = "target", old_queries=None, csls_weight: float | None = None) -> dict:
     """Scores of ``map_`` on held-out pairs and, with ``min_retention``, ``passed`` / ``result``.
 
     ``queries`` (q, d) with ``relevant`` (q,) rows of ``X``/``Y``: ``labelled`` holds
@@ -74,6 +76,8 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     retention also gives ``retention_interval`` (its 95 % bootstrap interval over the queries) and, with a
     gate, ``gate_within_interval``: the verdict follows the measured retention, but when the gate lies
     inside the interval these queries cannot tell the two apart (more labelled queries would).
+    ``csls_weight``: the migrated index is searched by CSLS with that weight (as the service's ``csls``
+    search); ``labelled`` and the gate are then of that search, ``labelled_plain`` keeps plain cosine search.
     """
     if (queries is None) != (relevant is None):
         raise InputError("labelled queries need both the queries and the row of each one's relevant document")
@@ -82,9 +86,14 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     res = align.score_map(map_, X, Y)
     if queries is not None:
         lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side, old_queries=old_queries)
+        if csls_weight is not None:
+            res["labelled_plain"] = lab
+            lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side, old_queries=old_queries,
+                                           csls_weight=csls_weight)
         res["labelled"] = lab
         res["retention"] = lab["retention"]["R@10"] if lab["retention"]["R@10"] is not None else 0.0
-        res["retention_metric"] = LABELLED_KEY + (" (query-side)" if side == "source" else " (corpus-side)")
+        res["retention_metric"] = (LABELLED_KEY + (" (query-side" if side == "source" else " (corpus-side")
+                                   + (f", CSLS search w {csls_weight:g})" if csls_weight is not None else ")"))
         res["retention_interval"] = lab["retention_interval"]["R@10"]
     else:
         res["retention"] = res[RETENTION_KEY]
@@ -101,7 +110,8 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
 
 def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool = False,
                  min_top1: float | None = None, min_retention: float | None = None, record: bool = False,
-                 queries=None, relevant=None, side: str = "target", old_queries=None) -> dict:
+                 queries=None, relevant=None, side: str = "target", old_queries=None,
+                 csls_weight: float = CSLS_WEIGHT) -> dict:
     """Scores of the registered map ``ref`` on held-out pairs ``X`` (n, d_s) <-> ``Y`` (n, d_t).
 
     Keys: those of :func:`align.evaluate`, ``retrieval`` (:func:`retention_gate`), ``retention``,
@@ -109,13 +119,14 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     ``result`` (``"PASS"`` only when every given gate passes). ``record`` stores top-1, mean rank,
     cosine, recall@10 and the candidate count as tags ``eval.*`` on the version (they rank paths),
     and with labelled ``queries`` / ``relevant`` (see :func:`retention_gate`) the labelled
-    retention as ``eval.labelled_retention``.
+    retention as ``eval.labelled_retention``. With ``csls``, labelled retention is of CSLS search with
+    ``csls_weight`` (the service's default 0.5) and the plain one is kept as ``retrieval.labelled_plain``.
     """
     v = registry.resolve(ref)
     m = registry.load_map(v)
     res = align.evaluate(m, X, Y, csls=csls)
     res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention, queries=queries, relevant=relevant,
-                                      side=side, old_queries=old_queries)
+                                      side=side, old_queries=old_queries, csls_weight=csls_weight if csls else None)
     res["retention"] = res["retrieval"]["retention"]
     res["map"] = v.ref
     passed = None

@@ -11,7 +11,7 @@ import align
 from align.exceptions import (DegenerateInputError, DimensionMismatchError, InputError, NonFiniteError,
                               PairCountError)
 from align.frames import unit_rows
-from align.retrieval import labelled_retrieval, relevant_ranks, retention_interval
+from align.retrieval import hubness, labelled_retrieval, relevant_ranks, retention_interval
 
 
 def _corpus(n=400, d=16, q=120, seed=0, query_noise=0.6):
@@ -236,3 +236,57 @@ def test_labelled_retention_reports_the_interval_of_its_recall_retention():
     assert out["interval_level"] == 0.95
     assert lo <= out["retention"]["R@10"] <= hi and hi - lo > 0.01
     assert align.labelled_retention(m, X, Y, Q, rel, random_state=1)["retention_interval"]["R@10"] != [lo, hi]
+
+
+# --- labelled retention under CSLS search -----------------------------------------------------------------
+
+def test_hubness_is_the_mean_of_the_k_nearest_other_rows():
+    rng = np.random.default_rng(4)
+    D = unit_rows(rng.standard_normal((60, 8)))
+    S = D @ D.T
+    np.fill_diagonal(S, -np.inf)
+    ref = np.sort(S, axis=1)[:, ::-1][:, :5].mean(axis=1)
+    np.testing.assert_allclose(hubness(D, 5), ref, atol=1e-5)
+    D2 = np.vstack([D, D[:1]])                   # a duplicate row: its twin counts, itself does not
+    assert hubness(D2, 3)[0] == pytest.approx(np.sort(D2[1:] @ D2[0])[::-1][:3].mean(), abs=1e-5)
+    assert hubness(D[:1], 5).tolist() == [0.0]
+
+
+@pytest.mark.parametrize("side", ["target", "source"])
+def test_csls_labelled_retention_ranks_by_the_csls_score_and_weight_zero_is_plain(side):
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((300, 12))
+    Y = np.tanh(X) @ np.linalg.qr(rng.standard_normal((12, 12)))[0] + 0.3 * rng.standard_normal((300, 12))
+    m = align.fit_ridge(X[:150], Y[:150], alpha=1e-2) if side == "target" else align.fit_ridge(Y[:150], X[:150],
+                                                                                                  alpha=1e-2)
+    rel = rng.choice(300, 80, replace=False)
+    Q = (Y if side == "target" else X)[rel] + 0.6 * rng.standard_normal((80, 12))
+    Xs, Yt = (X, Y) if side == "target" else (Y, X)
+    plain = align.labelled_retention(m, Xs, Yt, Q, rel, side=side)
+    zero = align.labelled_retention(m, Xs, Yt, Q, rel, side=side, csls_weight=0.0)
+    assert zero["retention"] == plain["retention"] and zero["csls_weight"] == 0.0 and plain["csls_weight"] is None
+    got = align.labelled_retention(m, Xs, Yt, Q, rel, side=side, csls_weight=1.0, csls_k=5)
+    # brute force: the migrated index ranked by cos(q, d) - r(d) / 2, r(d) over the migrated documents
+    if side == "target":
+        Qm, Dm = unit_rows(Q), unit_rows(m.apply(Xs, output="raw"))
+    else:
+        Qm, Dm = unit_rows(m.apply(Q, output="raw")), unit_rows(Yt)
+    DD = Dm @ Dm.T
+    np.fill_diagonal(DD, -np.inf)
+    r_d = np.sort(DD, axis=1)[:, ::-1][:, :5].mean(axis=1)
+    C = Qm @ Dm.T - 0.5 * r_d[None, :]
+    ranks_ref = 1 + (C > C[np.arange(80), rel][:, None]).sum(axis=1)
+    assert got["migrated"]["R@10"] == pytest.approx(float((ranks_ref <= 10).mean()))
+    assert got["migrated"]["MRR"] == pytest.approx(float((1.0 / ranks_ref).mean()), rel=1e-5)
+    assert got["native"] == plain["native"]                      # the reference stays plain re-embedding
+
+
+@pytest.mark.parametrize("bad", [{"csls_weight": -0.1}, {"csls_weight": 2.5}, {"csls_weight": float("nan")},
+                                 {"csls_weight": True}, {"csls_weight": "0.5"}, {"csls_k": 0}, {"csls_k": 1001},
+                                 {"csls_k": 2.5}])
+def test_csls_labelled_retention_bad_parameters(bad):
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((50, 6))
+    m = align.fit_procrustes(X, X)
+    with pytest.raises(InputError, match="csls"):
+        align.labelled_retention(m, X, X, X[:5], np.arange(5), **{"csls_weight": 0.5, **bad})

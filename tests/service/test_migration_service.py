@@ -239,6 +239,18 @@ def test_eval_gates_on_labelled_queries_and_agrees_with_align(capsys, data):
     # the text form and a gate just above the measured figure: exit 1, FAIL with the figure
     code, out, _ = run(capsys, *common, "--relevant", d / "rel.txt", "--min-retention", f"{res['retention'] + 0.01:.4f}")
     assert code == 1 and "FAIL: labelled R@10 retention (corpus-side)" in out and "labelled (200 queries" in out
+    # --csls: the labelled retention and the gate are of the service's CSLS search (default weight 0.5)
+    code, out, err = run(capsys, *common, "--relevant", d / "rel.npy", "--json", "--csls", "--min-retention", "0.01")
+    assert code == 0, err
+    got = json.loads(out)["retrieval"]
+    want = align.labelled_retention(m, X[600:900], Y[600:900], _queries(Y[600:900], rel), rel, csls_weight=0.5)
+    assert got["labelled"]["migrated"] == want["migrated"] and got["labelled"]["csls_weight"] == 0.5
+    assert got["labelled_plain"]["migrated"] == ref["migrated"]
+    assert got["retention"] == want["retention"]["R@10"] and "CSLS search w 0.5" in got["retention_metric"]
+    code, out, err = run(capsys, *common, "--relevant", d / "rel.npy", "--csls", "--csls-weight", "1")
+    assert code == 0 and "with CSLS search (w 1); plain cosine search" in out, err
+    code, out, err = run(capsys, *common, "--relevant", d / "rel.npy", "--csls", "--csls-weight", "3")
+    assert code == 2 and "csls-weight" in err
 
 
 def test_eval_labelled_query_side_and_bad_input(capsys, data):
@@ -309,6 +321,12 @@ def test_http_evaluate_labelled_gate_over_real_http_agrees_with_the_cli(tmp_path
         lo, hi = got["retrieval"]["retention_interval"]
         assert lo <= got["retention"] <= hi
         assert got["retrieval"]["gate_within_interval"] is (lo <= body["min_retention"] <= hi)
+        cs = c.post("/v1/maps/m/evaluate", json={**body, "csls": True}).json()["retrieval"]
+        assert cs["labelled"]["csls_weight"] == 0.5 and cs["labelled_plain"]["migrated"] == \
+            got["retrieval"]["labelled"]["migrated"]
+        for bad in (2.5, "NaN", -1):
+            r = c.post("/v1/maps/m/evaluate", json={**body, "csls": True, "csls_weight": bad})
+            assert r.status_code == 422 and "csls_weight" in r.text
         ok = c.post("/v1/maps/m/evaluate", json={**body, "min_retention": 0.0})
         assert ok.status_code == 200 and ok.json()["result"] == "PASS"
         # the old model's view of the same queries: X-side vectors near the relevant rows' old embeddings

@@ -80,6 +80,6 @@ async def evaluate(ref: str, request: Request, state: StateDep, settings: Settin
         X, Y, Q, Qo = (_vectors(raw, k, settings) for k in ("source", "target", "queries", "old_queries"))
         return evaluate_map(state.registry, ref, X, Y, csls=opts.csls, min_top1=opts.min_top1,
                             min_retention=opts.min_retention, queries=Q, relevant=opts.relevant, side=opts.side,
-                            old_queries=Qo)
+                            old_queries=Qo, csls_weight=opts.csls_weight)
 
     return FastJSONResponse(await run_in_threadpool(work))
