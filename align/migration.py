@@ -112,8 +112,9 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
     ``csls_weight`` w (in [0, 2]): the migrated index is searched by CSLS as the service's ``csls`` search
     ranks, ``cos(q, d) - (w / 2) r(d)`` with ``r(d)`` the mean cosine of ``d`` to its ``csls_k`` nearest
     other documents of that index (:func:`align.retrieval.hubness`), here exactly over all documents (the
-    service re-ranks its top ``max(4k, k + csls_k)`` by cosine; on the migration benchmark the two gave R@10
-    within ±0.005); the native index stays plain cosine (the re-embedding it is compared with).
+    service re-ranks its top ``max(4k, k + csls_k)`` by cosine; measured on Bible and WordNet minilm→mpnet maps
+    from 1,000 pairs the two R@10 retentions were within ±0.002 at w = 0.5, up to 0.012 apart at w = 1); the
+    native index stays plain cosine (the re-embedding it is compared with).
 
     Typed errors: mismatched rows or dimensions, NaN/Inf, an all-zero query, ``relevant`` not integers in
     ``[0, n)`` or not one per query, an unknown ``side``, ``csls_weight`` / ``csls_k`` out of range.
