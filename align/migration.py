@@ -50,10 +50,11 @@ import time
 
 import numpy as np
 
-from .validation import as_matrix, check_no_zero_rows, check_paired, check_random_state
+from .validation import (as_matrix, check_csls_weight, check_labelled_queries, check_paired, check_random_state,
+                         check_same_queries)
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
-from .exceptions import DimensionMismatchError, InputError, PairCountError, TooFewRowsError
+from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .maps import LinearMap
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
@@ -84,7 +85,6 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10) -> dict:
     return pair_retrieval_scores(map_._apply(X, output="raw"), unit_rows(Y), k=k)
 
 
-_ZERO_QUERY = "no direction to rank by (it would tie with every document and count as a hit)"
 
 
 def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "target", k: int = 10,
@@ -127,18 +127,10 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
         raise InputError(f"side must be 'target' (corpus-side) or 'source' (query-side), got {side!r}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise InputError(f"k must be a positive integer, got {k!r}")
-    Q = as_matrix(queries, name="queries", dim=map_.target_dim if side == "target" else map_.source_dim)
-    check_no_zero_rows(Q, name="queries", why=_ZERO_QUERY)
-    rel = np.asarray(relevant)
-    if rel.ndim != 1 or rel.size != Q.shape[0]:
-        raise PairCountError(f"relevant must hold one document row per query ({Q.shape[0]}), got shape {rel.shape}")
-    if rel.dtype == np.bool_ or not np.issubdtype(rel.dtype, np.integer):
-        raise InputError(f"relevant must be integer document rows, got dtype {rel.dtype}")
-    if rel.min() < 0 or rel.max() >= X.shape[0]:
-        raise InputError(f"relevant rows must be in [0, {X.shape[0]}), got [{int(rel.min())}, {int(rel.max())}]")
-    if csls_weight is not None and (isinstance(csls_weight, bool) or not isinstance(csls_weight, (int, float))
-                                    or not 0.0 <= float(csls_weight) <= 2.0):
-        raise InputError(f"csls_weight must be a number between 0 and 2, got {csls_weight!r}")
+    Q, rel = check_labelled_queries(queries, relevant, X.shape[0],
+                                    dim=map_.target_dim if side == "target" else map_.source_dim)
+    if csls_weight is not None:
+        csls_weight = check_csls_weight(csls_weight)
     if isinstance(csls_k, bool) or not isinstance(csls_k, (int, np.integer)) or not 1 <= csls_k <= 1000:
         raise InputError(f"csls_k must be an integer between 1 and 1000, got {csls_k!r}")
     if side == "target":
@@ -146,17 +138,13 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
         Dm, Dn = unit_rows(map_.apply(X, output="raw")), unit_rows(Y)
     else:
         Qm, Dm, Qn, Dn = unit_rows(map_.apply(Q, output="raw")), unit_rows(Y), unit_rows(Q), unit_rows(X)
-    pen = None if csls_weight is None else 0.5 * float(csls_weight) * hubness(Dm, int(csls_k))
+    pen = None if csls_weight is None else 0.5 * csls_weight * hubness(Dm, int(csls_k))
     out = labelled_retrieval(Qm, Dm, Qn, Dn, rel, k=int(k), random_state=random_state, doc_penalty=pen)
     out["side"] = side
-    out["csls_weight"] = None if csls_weight is None else float(csls_weight)
+    out["csls_weight"] = csls_weight
     if old_queries is not None:
         old_docs = X if side == "target" else Y
-        Qo = as_matrix(old_queries, name="old_queries", dim=old_docs.shape[1])
-        check_no_zero_rows(Qo, name="old_queries", why=_ZERO_QUERY)
-        if Qo.shape[0] != Q.shape[0]:
-            raise PairCountError(f"old_queries must be the same {Q.shape[0]} queries under the old model, "
-                                 f"got {Qo.shape[0]} rows")
+        Qo = check_same_queries(old_queries, Q.shape[0], dim=old_docs.shape[1])
         old = labelled_metrics(unit_rows(Qo), unit_rows(old_docs), rel, k=int(k))
         out["old"] = old
         out["old_retention"] = ratios(old, out["native"])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import linalg
-from .validation import as_matrix, check_paired, check_random_state
+from .validation import as_matrix, check_labelled_queries, check_paired, check_random_state, check_same_queries
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .knn import knn
@@ -177,25 +177,9 @@ class LabelledProbe:
     """
 
     def __init__(self, queries, old_queries, relevant, A: np.ndarray, B: np.ndarray):
-        from .exceptions import PairCountError
-        from .validation import check_no_zero_rows
-
-        p = A.shape[0]
-        self.Q = unit_rows(check_no_zero_rows(as_matrix(queries, name="queries", dim=B.shape[1]), name="queries"))
-        self.Qo = unit_rows(check_no_zero_rows(as_matrix(old_queries, name="old_queries", dim=A.shape[1]),
-                                               name="old_queries"))
-        if self.Qo.shape[0] != self.Q.shape[0]:
-            raise PairCountError(f"old_queries must be the same {self.Q.shape[0]} queries under the old model, "
-                                 f"got {self.Qo.shape[0]} rows")
-        rel = np.asarray(relevant)
-        if rel.ndim != 1 or rel.size != self.Q.shape[0]:
-            raise PairCountError(f"relevant must hold one probe row per query ({self.Q.shape[0]}), "
-                                 f"got shape {rel.shape}")
-        if rel.dtype == np.bool_ or not np.issubdtype(rel.dtype, np.integer):
-            raise InputError(f"relevant must be integer probe rows, got dtype {rel.dtype}")
-        if rel.min() < 0 or rel.max() >= p:
-            raise InputError(f"relevant rows must be in [0, {p}), got [{int(rel.min())}, {int(rel.max())}]")
-        self.rel = rel.astype(np.int64)
+        Q, self.rel = check_labelled_queries(queries, relevant, A.shape[0], dim=B.shape[1], rows="probe")
+        self.Q = unit_rows(Q)
+        self.Qo = unit_rows(check_same_queries(old_queries, Q.shape[0], dim=A.shape[1]))
         self.A, self.B = A, B
 
     def split(self, rng: np.random.Generator, p: int) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,9 @@ from .exceptions import (
 )
 
 __all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate", "check_no_zero_rows", "check_representable",
-           "check_eps", "check_labels"]
+           "check_eps", "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight"]
+
+_ZERO_QUERY = "no direction to rank by (it would tie with every document and count as a hit)"
 
 
 def check_representable(Y: np.ndarray, what: str) -> np.ndarray:
@@ -130,6 +132,39 @@ def check_no_zero_rows(X: np.ndarray, *, name: str = "X", why: str = "no directi
     if zero.any():
         raise DegenerateInputError(f"{name}: {int(zero.sum())} all-zero row(s); {why}")
     return X
+
+
+def check_labelled_queries(queries, relevant, n_docs: int, *, dim: int, rows: str = "document"
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """Labelled queries: ``(Q (q, dim) float32, rel (q,) int64)``, each ``rel[i]`` the row in ``[0, n_docs)`` of
+    query ``i``'s relevant document (``rows`` names those rows in messages); typed errors otherwise, an
+    all-zero query included (it would tie with every document)."""
+    Q = check_no_zero_rows(as_matrix(queries, name="queries", dim=dim), name="queries", why=_ZERO_QUERY)
+    rel = np.asarray(relevant)
+    if rel.ndim != 1 or rel.size != Q.shape[0]:
+        raise PairCountError(f"relevant must hold one {rows} row per query ({Q.shape[0]}), got shape {rel.shape}")
+    if rel.dtype == np.bool_ or not np.issubdtype(rel.dtype, np.integer):
+        raise InputError(f"relevant must be integer {rows} rows, got dtype {rel.dtype}")
+    if rel.min() < 0 or rel.max() >= n_docs:
+        raise InputError(f"relevant rows must be in [0, {n_docs}), got [{int(rel.min())}, {int(rel.max())}]")
+    return Q, rel.astype(np.int64)
+
+
+def check_same_queries(old_queries, n_queries: int, *, dim: int) -> np.ndarray:
+    """The labelled queries under the old model: (n_queries, dim) float32, no all-zero row; typed errors otherwise."""
+    Qo = check_no_zero_rows(as_matrix(old_queries, name="old_queries", dim=dim), name="old_queries", why=_ZERO_QUERY)
+    if Qo.shape[0] != n_queries:
+        raise PairCountError(f"old_queries must be the same {n_queries} queries under the old model, "
+                             f"got {Qo.shape[0]} rows")
+    return Qo
+
+
+def check_csls_weight(weight) -> float:
+    """The CSLS weight of the document term, a number in [0, 2] (NaN and bools refused), as a float."""
+    if isinstance(weight, bool) or not isinstance(weight, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= float(weight) <= 2.0:
+        raise InputError(f"csls_weight must be a number between 0 and 2, got {weight!r}")
+    return float(weight)
 
 
 def check_random_state(random_state) -> np.random.Generator:

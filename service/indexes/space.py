@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from align.exceptions import InputError
-from align.validation import as_matrix
+from align.validation import as_matrix, check_csls_weight
 
 from ..limits import MAX_ID, check_dim, check_index_params
 from .csls import CSLS_WEIGHT, HubCache, csls_search
@@ -282,9 +282,7 @@ class SpaceIndex:
             raise InputError(f"k must be between 1 and 10000, got {k}")
         if csls_k < 0 or csls_k > 1000:
             raise InputError(f"csls_k must be between 0 and 1000, got {csls_k}")
-        if isinstance(csls_weight, bool) or not isinstance(csls_weight, (int, float, np.floating, np.integer)) \
-                or not 0.0 <= float(csls_weight) <= 2.0:
-            raise InputError(f"csls_weight must be a number between 0 and 2, got {csls_weight!r}")
+        csls_weight = check_csls_weight(csls_weight)
         Q = np.ascontiguousarray(prep_rows(Q, self.metric, "queries"))
         if wait:
             self.refresh()
@@ -297,7 +295,7 @@ class SpaceIndex:
                     return self._search(X, kk, exact, ef_search, nprobe)
 
                 return csls_search(Q, int(k), int(csls_k), self.count, search, self.index.reconstruct, self._hubs,
-                                   weight=float(csls_weight))
+                                   weight=csls_weight)
             return self._search(Q, int(k), exact, ef_search, nprobe)
 
     def small_search(self, n: int, k: int, *, exact: bool = False, ef_search: int | None = None,
