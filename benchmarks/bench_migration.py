@@ -284,8 +284,10 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
     done.update({"native_new": native_new, "native_old": native_old, "n_docs": data["n_docs"],
                  "n_queries": data["n_queries"], "n_pool": data["n_pool"]})
     old_index = flat_index(Do) if csls_weights else None  # query-side: one old index (and its r(d)) for every cell
+    new_index = flat_index(Dn) if csls_weights else None  # native: one index, its r(d) shared by the weights
     for w in csls_weights:
-        done.setdefault("native_new_csls", {})[f"{w:g}"] = retrieval_metrics(csls_search_service(Qn, Dn, w), rel)
+        done.setdefault("native_new_csls", {})[f"{w:g}"] = retrieval_metrics(csls_search_service(Qn, new_index, w),
+                                                                             rel)
     log(f"\n{key}: {data['n_docs']} docs, {data['n_queries']} queries, pool {data['n_pool']}; native-new "
         f"R@10 {native_new['R@10']:.3f} MRR {native_new['MRR']:.3f}; native-old R@10 {native_old['R@10']:.3f}")
     pool = data["pool"]
@@ -418,17 +420,15 @@ def plan_prediction(data: dict, k_probe: int, seed: int, n_queries: int = 0) -> 
         need = np.unique(data["relevant"][qi])
         fill = rng.choice(np.setdiff1d(pool, need), size=max(0, min(k_probe, len(pool)) - need.size), replace=False)
         probe = np.sort(np.concatenate([need, fill]))
-        t = time.perf_counter()
-        plan = align.plan_migration(data["D_old"], data["D_old"][probe], data["D_new"][probe], random_state=seed,
-                                    queries=data["Q_new"][qi], old_queries=data["Q_old"][qi],
-                                    relevant=np.searchsorted(probe, data["relevant"][qi]))
-        keep = {k: v for k, v in plan.items() if k not in ("rows_to_embed",)}
-        keep["plan_s"] = time.perf_counter() - t
-        return keep
-    probe = pool[rng.choice(len(pool), size=min(k_probe, len(pool)), replace=False)]
+        corpus, drop = data["D_old"], ("rows_to_embed",)  # the labelled curve is kept: its points are measurements
+        labels = {"queries": data["Q_new"][qi], "old_queries": data["Q_old"][qi],
+                  "relevant": np.searchsorted(probe, data["relevant"][qi])}
+    else:
+        probe = pool[rng.choice(len(pool), size=min(k_probe, len(pool)), replace=False)]
+        corpus, drop, labels = data["D_old"][pool], ("rows_to_embed", "curve"), {}
     t = time.perf_counter()
-    plan = align.plan_migration(data["D_old"][pool], data["D_old"][probe], data["D_new"][probe], random_state=seed)
-    keep = {k: v for k, v in plan.items() if k not in ("rows_to_embed", "curve")}
+    plan = align.plan_migration(corpus, data["D_old"][probe], data["D_new"][probe], random_state=seed, **labels)
+    keep = {k: v for k, v in plan.items() if k not in drop}
     keep["plan_s"] = time.perf_counter() - t
     return keep
 
