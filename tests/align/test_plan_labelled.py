@@ -86,3 +86,41 @@ def test_labelled_plan_bad_input_raises_typed_errors(change, err, msg):
         kw = {"queries": np.repeat(Qn, 3, 0), "old_queries": np.repeat(Qo, 3, 0), "relevant": np.arange(120)}
     with pytest.raises(err, match=msg):
         align.plan_migration(X, X[rows], Y[rows], select_rows=False, **kw)
+
+
+def _prepared(X, Y, Qn, Qo, rows, prel, seed=0):
+    from align.frames import unit_rows
+    from align.plan import LabelledProbe
+
+    lab = LabelledProbe(Qn, Qo, prel, X[rows], Y[rows])
+    rng = np.random.default_rng(seed)
+    val, _ = lab.split(rng, len(rows))
+    lab.prepare(val, unit_rows(X[np.setdiff1d(np.arange(X.shape[0]), rows)]), rng)
+    return lab
+
+
+def _top10_hits(Q, D, rel):
+    from align.frames import unit_rows
+    from align.knn import knn
+
+    _, I = knn(unit_rows(Q), unit_rows(D), 10)
+    return (I == rel[:, None]).any(axis=1)
+
+
+def test_fall_curves_end_at_the_probe_hits_and_rise_as_fewer_distractors_compete():
+    X, Y, Qn, Qo, _, rows, prel = _task(seed=5, n=3000, q=80, probe=400)
+    lab = _prepared(X, Y, Qn, Qo, rows, prel)
+    for P, Q, D in ((lab.nat_fall, Qn, Y[rows]), (lab.old_fall, Qo, X[rows])):
+        assert P.shape == (80, 4) and ((P >= 0) & (P <= 1)).all()
+        assert np.array_equal(P[:, -1] == 1.0, _top10_hits(Q, D, prel))   # fraction 1: the probe's own hits
+        assert (np.diff(P, axis=1) <= 1e-12).all()                         # more distractors, never a better chance
+    assert 0.25 <= lab.slope_ratio <= 4.0 and 0.0 <= lab.shrink <= 1.0
+
+
+def test_native_estimate_is_exact_when_the_new_model_is_the_old_one():
+    # same vectors on both sides: equal falls, slope ratio 1, and the scaled probe recall is the old model's
+    # own whole-corpus R@10, which is measured
+    X, _, _, Qo, rel, rows, prel = _task(seed=6, n=5000, q=120, probe=500)
+    lab = _prepared(X, X, Qo, Qo, rows, prel)
+    assert lab.slope_ratio == pytest.approx(1.0)
+    assert lab.native_estimate() == pytest.approx(_top10_hits(Qo, X, rel).mean())

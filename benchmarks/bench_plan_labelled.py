@@ -1,0 +1,120 @@
+"""The labelled plan's forecast against the retention measured after the fit, over several plan seeds (issue 16).
+
+For each encoder pair, ``align.plan_migration`` gets a seeded sample of the set's labelled queries (new- and
+old-model vectors) and a 1,000-pair probe holding their relevant documents, exactly as
+``bench_migration.py --plan-queries`` builds it (``bench_migration.plan_prediction``); each seed draws another
+query sample and probe. Its forecast at K = 100 / 300 / 1,000 / 3,000 is compared with the corpus-side R@10
+retention that ``bench_migration.py`` measured for the plan's own method (random rows, all of the set's queries),
+read from that run's JSON (``--measured``, default: the committed ``migration_2026-12-01_plan_labelled*.json``).
+
+``--baseline-tree DIR`` runs the same plans with another checkout's ``align`` (a subprocess per tree), so an
+estimator change is judged on the same cells. Sets come from ``build_retrieval_sets.py`` (``--cache``).
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_plan_labelled.py --seeds 0 1 2 [--baseline-tree ../old] [--out stem]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PAIRS = {"wordnet:minilm:e5": 300, "wordnet:minilm:mpnet": 300, "bible:minilm:mpnet": 200, "bible:minilm:e5": 200}
+MEASURED = ("migration_2026-12-01_plan_labelled.json", "migration_2026-12-01_plan_labelled_wordnet.json")
+KS = (100, 300, 1000, 3000)
+
+
+def predict(tree: Path, seeds: list[int], cache: Path, probe: int) -> dict:
+    """``{"pair|seed": {"method", "predicted": {K: retention}}}`` with the ``align`` and ``bench_migration`` of
+    checkout ``tree``."""
+    sys.path.insert(0, str(tree / "benchmarks"))
+    import bench_migration as bm  # puts ``tree`` first on sys.path: its align
+
+    assert Path(bm.align.__file__).resolve().is_relative_to(tree.resolve()), bm.align.__file__
+
+    out = {}
+    for pair, n_queries in PAIRS.items():
+        data = bm.pair_data(*pair.split(":"), cache)
+        if data is None:
+            continue
+        for seed in seeds:
+            plan = bm.plan_prediction(data, probe, seed, n_queries)
+            out[f"{pair}|{seed}"] = {"method": plan["best_method"],
+                                     "predicted": {str(p["k"]): p["retention"] for p in plan["predicted"]}}
+    return out
+
+
+def measured(files: list[Path]) -> dict:
+    """``{"pair|method|K": corpus-side R@10 retention, random rows}`` from bench_migration JSON files."""
+    out = {}
+    for f in files:
+        for pair, res in json.loads(f.read_text())["pairs"].items():
+            for key, cell in res["cells"].items():
+                rows, k, mode, method = key.split("|")
+                if rows == "random" and mode == "corpus":
+                    out[f"{pair}|{method}|{k}"] = cell["ret_R@10"]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--probe", type=int, default=1000)
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "vecbridge-bench")
+    ap.add_argument("--measured", type=Path, nargs="+", default=[RESULTS / m for m in MEASURED])
+    ap.add_argument("--baseline-tree", type=Path, help="another checkout: its align makes the same plans")
+    ap.add_argument("--out", help="results stem under benchmarks/results (default: print only)")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(predict(a.child, a.seeds, a.cache, a.probe)))
+        return 0
+    trees = {"this tree": ROOT, **({"baseline": a.baseline_tree.resolve()} if a.baseline_tree else {})}
+    plans = {}
+    for label, tree in trees.items():
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        cmd = [sys.executable, __file__, "--child", str(tree), "--probe", str(a.probe), "--cache", str(a.cache), "--seeds",
+               *map(str, a.seeds)]
+        out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True).stdout
+        plans[label] = json.loads(out.strip().splitlines()[-1])
+    truth = measured(a.measured)
+    head = ["pair", "seed", "K", "measured (plan's method)"] + [f"{t} forecast (error)" for t in trees]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    errors: dict = {t: [] for t in trees}
+    for key in plans["this tree"]:
+        pair, seed = key.split("|")
+        for k in KS:
+            cells = []
+            for t in trees:
+                p = plans[t].get(key)
+                m = truth.get(f"{pair}|{p['method']}|{k}") if p else None
+                if m is None or str(k) not in p["predicted"]:
+                    cells = None
+                    break
+                err = p["predicted"][str(k)] - m
+                errors[t].append(abs(err))
+                cells.append((m, p["method"], p["predicted"][str(k)], err))
+            if cells:
+                m, method = cells[0][0], cells[0][1]
+                lines.append(f"| {pair} | {seed} | {k:,} | {m:.3f} ({method}) | "
+                             + " | ".join(f"{c[2]:.3f} ({c[3]:+.3f})" for c in cells) + " |")
+    lines.append("")
+    for t, e in errors.items():
+        if e:
+            lines.append(f"- {t}: {len(e)} cells, within ±0.05 in {sum(x <= 0.05 for x in e)}, mean |error| "
+                         f"{sum(e) / len(e):.3f}, largest {max(e):.3f}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        (RESULTS / f"{a.out}.json").write_text(json.dumps({"plans": plans, "measured": truth}, indent=1))
+        (RESULTS / f"{a.out}.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
