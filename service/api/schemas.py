@@ -264,7 +264,7 @@ class PlanRequest(_Strict):
     probe_source: _Vectors = Field(..., description="Old-model vectors of the probe texts (50+; 200-1,000 recommended).")
     probe_target: _Vectors = Field(..., description="New-model vectors of the same texts, row i <-> row i.")
     target_retention: float = Field(0.95, gt=0, le=1, description="Retention the recommended K should reach.")
-    random_state: int = 0
+    random_state: int = Seed
     queries: _Vectors | None = Field(None, description="Labelled queries (new-model vectors): the plan predicts their "
                                                        "labelled R@10 retention over the whole `old` corpus. Needs "
                                                        "`old_queries` and `relevant`.")

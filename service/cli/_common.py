@@ -25,6 +25,7 @@ from align.exceptions import InputError, PairCountError
 from ..config import Settings
 from ..encoders import canonical_name
 from ..io import check_file, load_npy, read_vectors
+from ..limits import MAX_SEED
 from ..registry import open_registry
 
 __all__ = ["Ctx", "emit", "version_record", "progress_bar", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs",
@@ -132,7 +133,8 @@ def _stack(*opts):
 json_opt = click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
 quiet_opt = click.option("--quiet", is_flag=True, help="No progress bars.")
 description_opt = click.option("--description", default="")
-random_state_opt = click.option("--random-state", type=int, default=0, show_default=True)
+random_state_opt = click.option("--random-state", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+                                help="Seed of every random step.")
 #: the tail of every command that fits and registers a steer
 register_opts = _stack(
     random_state_opt, click.option("--alias", default=None, help="Point this alias at the new version."),

@@ -515,3 +515,13 @@ def test_tiny_outputs_still_come_out_as_unit_rows(n, orth, rng):
         tiny, ref = m.apply(Z * np.float32(1e-14), output=output), m.apply(Z, output=output)
         np.testing.assert_allclose(np.linalg.norm(tiny, axis=1), 1.0, atol=1e-5)
         np.testing.assert_allclose(tiny, ref, atol=1e-4)  # linear in x: the direction does not change
+
+
+@pytest.mark.parametrize("bad", [-1, np.int64(-5), True, 1.5, "0"])
+def test_random_state_rejects_negative_bool_and_non_int_seeds(bad):
+    # numpy raises a bare ValueError for a negative seed; callers (HTTP, CLI) need the typed error
+    X = np.random.default_rng(0).normal(size=(60, 4))
+    with pytest.raises(InputError, match="random_state"):
+        align.plan_migration(X, X, X, random_state=bad, select_rows=False)
+    a = align.plan_migration(X, X, X, random_state=np.uint8(3), select_rows=False)
+    assert a["predicted"] == align.plan_migration(X, X, X, random_state=3, select_rows=False)["predicted"]

@@ -104,6 +104,7 @@ def test_plan_cli_with_labelled_queries_predicts_their_retention_over_the_corpus
       "--old-rows", "0:10"], None),
     (["plan", "--old", "new.npy", "--probe-source", "old.npy", "--probe-target", "new.npy", "--probe-rows", "0:200"],
      "columns"),
+
     (["fit", "--pairs", "--source", "old.npy", "--target", "bad.npy", "--rows", "0:100", "--method", "auto",
       "--name", "x", "--quiet"], "NaN"),
     (["fit", "--pairs", "--source", "old.npy", "--target", "new.npy", "--source-rows", "0:1", "--target-rows", "0:1",
@@ -119,6 +120,15 @@ def test_bad_input_exit_2_one_line(capsys, data, args, message):
         return
     assert code == 2, (out, err)
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("seed", ["-1", "2147483648"])
+def test_cli_seed_out_of_range_is_a_usage_error(capsys, data, seed):
+    # numpy refuses negative seeds with a bare ValueError and FAISS takes C ints: click's range check says so first
+    code, _, err = run(capsys, "--data-dir", data / "var", "plan", "--old", data / "old.npy", "--probe-source",
+                       data / "old.npy", "--probe-target", data / "new.npy", "--probe-rows", "0:200",
+                       "--random-state", seed)
+    assert code == 2 and f"'--random-state': {seed} is not in the range" in err and "internal error" not in err
 
 
 def _b64(a):
@@ -159,6 +169,9 @@ def test_http_plan_and_bad_probe(tmp_path):
         r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:100]), "probe_target": _b64(Y[:100]),
                                       "target_retention": 2}, headers=R)
         assert r.status_code == 422
+        for seed in (-1, 2**31):  # reaches numpy's / FAISS's seeding: a 422 naming it, not a 500
+            r = c.post("/v1/plans", json={**base, "random_state": seed}, headers=R)
+            assert r.status_code == 422 and "random_state" in r.text, r.text
 
 
 def test_service_auto_picks_cluster_on_piecewise_pairs_and_the_cli_applies_it(tmp_path, capsys):

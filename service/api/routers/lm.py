@@ -26,7 +26,7 @@ from ..deps import JSONOnly, ReadScope, StateDep
 from ..job_routes import job_route
 from ..openapi import json_body
 from ..responses import FastJSONResponse
-from ..schemas import _Strict, error_responses
+from ..schemas import Seed, _Strict, error_responses
 
 __all__ = ["router", "get_lm", "lm_space", "LMFitRequest", "LMGenerateRequest", "LMAnalyzeRequest",
            "MAX_NEW_TOKENS"]
@@ -45,7 +45,7 @@ class LMFitRequest(_Strict):
     eps: float = Field(1e-3, gt=0, allow_inf_nan=False, description="Training scale eps0 (folded into P1).")
     steps: int = Field(200, ge=1, le=20_000, description="Adam steps.")
     lr: float = Field(1e-2, gt=0, allow_inf_nan=False)
-    random_state: int = 0
+    random_state: int = Seed
     alias: str | None = None
     description: str = ""
 
@@ -59,7 +59,7 @@ class LMGenerateRequest(_Strict):
                                            "the documented default for steered text, greedy decoding repeats); "
                                            "0: greedy; sampling needs at least 0.01.")
     top_p: float = Field(0.9, gt=0, le=1)
-    random_state: int = 0
+    random_state: int = Seed
 
 
 class LMGenerateResponse(BaseModel):

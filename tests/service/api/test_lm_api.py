@@ -121,6 +121,7 @@ def test_unknown_steer_is_404(world):
     ("/v1/lm/generate", {"prompt": ""}),
     ("/v1/lm/generate", {"prompt": "the film", "temperature": -1}),
     ("/v1/lm/generate", {"prompt": "the film", "unknown": 1}),
+    ("/v1/lm/generate", {"prompt": "the film", "random_state": -1}),  # numpy / torch seeds: a 422, not a 500
     ("/v1/lm/analyze", {"text": "the", "steer": "tone"}),  # one token: no evidence
     ("/v1/lm/analyze", {"text": "the film"}),
     ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [1] * 6}),
@@ -128,6 +129,7 @@ def test_unknown_steer_is_404(world):
     ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [2] * 12}),
     ("/v1/lm/steers", {"name": "bad name!", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6}),
     ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6, "rank": 0}),
+    ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6, "random_state": -1}),
 ])
 def test_bad_input_is_422(world, path, body):
     r = world["c"].post(path, headers=W if path.endswith("steers") else R, json=body)
