@@ -169,6 +169,7 @@ class _Problem:
         self.Uf = None if Us is None else self.fs._apply(Us)
         self.Uc = None if Ut is None else self.ft._apply(Ut)
         self.Us_sample = self.Ut_sample = None
+        self.report = lambda stage, fraction: None  # fit_migration's progress(stage, fraction)
 
     def distractors(self, rng, n: int = _N_DISTRACTORS) -> None:
         """Sample up to ``n`` unpaired rows per side to compete in held-out rankings."""
@@ -220,9 +221,24 @@ def _contrastive_config(opts: dict) -> ContrastiveConfig:
         if key in opts:
             cfg[key] = opts[key]
     try:
-        return ContrastiveConfig(**cfg)
+        config = ContrastiveConfig(**cfg)
     except TypeError as exc:
         raise InputError(f"bad contrastive option: {exc}") from None
+    for key, (lo, hi) in _CONTRASTIVE_RANGES.items():
+        value = getattr(config, key)
+        if key == "reg" and value is None:
+            continue
+        whole = key in ("epochs", "batch_size", "hard_negatives")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or (
+                whole and float(value) != int(value)) or not lo <= float(value) <= hi:
+            raise InputError(f"contrastive option {key} must be {'an integer' if whole else 'a number'} in "
+                             f"[{lo:g}, {hi:g}], got {value!r}")
+    return config
+
+
+#: Legal ranges of the contrastive options (the temperature's floor keeps exp(S / tau) finite in float32).
+_CONTRASTIVE_RANGES = {"epochs": (1, 10_000), "temperature": (1e-3, 10.0), "batch_size": (2, 1 << 20),
+                       "lr": (1e-8, 10.0), "reg": (0.0, 1e6), "hard_negatives": (0, 64)}
 
 
 def _hard_negatives(P: _Problem, idx, h: int):
@@ -368,6 +384,7 @@ def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dic
         kept: dict = {}
 
         def cb(epoch, W, b):
+            P.report("select: contrastive", (epoch + 1) / cfg.epochs)
             m = P.linear(W, b, {})
             per_epoch.append(_score(P, m, val))
             if per_epoch[-1]["score"] >= max(s["score"] for s in per_epoch):
@@ -422,11 +439,12 @@ def _fit_final(P: _Problem, name: str, setting: dict, opts: dict, rng) -> Linear
     if "epochs" in setting:
         cfg.epochs = int(setting["epochs"])
     warm = _ridge(P, idx, alpha) if setting.get("warm_start", "ridge") == "ridge" else _fit_procrustes(P, idx, opts)
-    return _contrastive(P, idx, cfg, warm, rng)
+    return _contrastive(P, idx, cfg, warm, rng,
+                        callback=lambda epoch, W, b: P.report("final fit: contrastive", (epoch + 1) / cfg.epochs))
 
 
 def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, unpaired_target=None,
-                  random_state=0, **options) -> LinearMap | ClusterMap:
+                  random_state=0, progress=None, **options) -> LinearMap | ClusterMap:
     """Fit a map from old-model rows to new-model rows for retrieval (see the module docstring).
 
     Parameters
@@ -439,6 +457,8 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     unpaired_target : array (m, d_t), optional   more new-model rows (e.g. queries): target frame
         and hard negatives
     random_state : int or Generator   split, batch order (same seed → same map)
+    progress : callable(stage: str, fraction: float), optional   called at each stage and contrastive epoch;
+        an exception it raises (e.g. :class:`~align.exceptions.Cancelled`) stops the fit
     **options : holdout (0.2), max_holdout (1000), candidates (auto), alphas / alpha (ridge α / K),
         rank (32), contrastive options (epochs, temperature, reg, hard_negatives, batch_size, lr),
         semi_supervised (None or "sinkhorn"); cluster: n_clusters, shrink (λ), blend, cluster_temperature
@@ -465,6 +485,8 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     rng = check_random_state(random_state)
     t_start = time.perf_counter()
     P = _Problem(X, Y, Us, Ut)
+    if progress is not None:
+        P.report = progress
     n = X.shape[0]
     candidates = tuple(options.get("candidates", AUTO_CANDIDATES))
     bad = [c for c in candidates if c not in AUTO_CANDIDATES]
@@ -472,6 +494,8 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         raise InputError(f"candidates must be a non-empty subset of {AUTO_CANDIDATES}, got {list(candidates)}")
     if "cluster" in candidates or method == "cluster":
         _cluster_grid(options, n, strict=True)  # bad cluster options fail before any fit
+    if (method == "auto" and "contrastive" in candidates) or method == "contrastive":
+        _contrastive_config(options)  # likewise the contrastive ones
     if options.get("semi_supervised"):  # the Sinkhorn refinement polishes a linear map
         if method == "cluster":
             raise InputError("semi_supervised refinement needs a linear map; it cannot follow method='cluster'")
@@ -481,6 +505,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         tr, val = _split(n, float(options.get("holdout", 0.2)), int(options.get("max_holdout", 1000)), rng)
         cands = candidates if method == "auto" else (method,)
         P.distractors(rng)
+        P.report("select", 0.0)
         name, setting, scores = _select(P, tr, val, cands, options, rng)  # one candidate unless auto
         selection = {"metric": "score = mean(corpus_mrr, query_mrr, overlap@10) on held-out pairs",
                      "n_train": int(tr.size), "n_holdout": int(val.size), "chosen": name,
@@ -489,6 +514,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
                                     for k, v in scores.items()}}
     else:
         name, setting = method, {}
+    P.report("final fit", 0.0)
     map_ = _fit_final(P, name, setting, options, rng)
     if options.get("semi_supervised"):
         from .semisup import sinkhorn_refine_map

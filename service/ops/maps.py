@@ -70,7 +70,8 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
         if method in MIGRATION_METHODS:  # align.fit_migration: families chosen on held-out pairs
             if ray_address is not None:
                 raise InputError(f"--ray runs procrustes, ridge and lowrank fits; {method} runs in-process")
-            return fit_migration_map(X, Y, method=method, params=params, random_state=random_state)
+            return fit_migration_map(X, Y, method=method, params=params, random_state=random_state,
+                                     progress=progress)
         fn = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}[method]
         if method == "lowrank" and "rank" not in params:
             raise InputError("lowrank needs a rank parameter (--param rank=N)")

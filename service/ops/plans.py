@@ -39,17 +39,18 @@ LABELLED_KEY = "labelled R@10 retention"
 
 
 def fit_migration_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict | None, random_state=0,
-                      unpaired_source=None, unpaired_target=None) -> align.LinearMap | align.ClusterMap:
+                      unpaired_source=None, unpaired_target=None, progress=None) -> align.LinearMap | align.ClusterMap:
     """Fit a migration map from paired rows ``X`` (K, d_s) → ``Y`` (K, d_t); typed errors on bad input.
 
     ``auto`` chooses among align's default candidates (:data:`align.migration.AUTO_CANDIDATES`, the
     per-cluster family included) unless ``params["candidates"]`` narrows them; ``cluster`` fits an
     :class:`align.ClusterMap`. The registry, paths, transforms and migrations take either kind.
+    ``progress(stage, fraction)`` is called per stage and contrastive epoch (a job's cancel raises from it).
     """
     params = dict(params or {})
     try:
         return align.fit_migration(X, Y, method=method, random_state=random_state, unpaired_source=unpaired_source,
-                                   unpaired_target=unpaired_target, **params)
+                                   unpaired_target=unpaired_target, progress=progress, **params)
     except TypeError as exc:
         raise InputError(f"bad parameter for {method}: {exc}") from None
 

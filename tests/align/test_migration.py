@@ -429,3 +429,38 @@ def test_plan_curve_fit_is_the_constrained_least_squares_optimum(r_inf, c, beta)
     for r2 in np.linspace(r - 0.3, min(1.0, r + 0.3), 13):   # any r_inf <= 1 with its best c: not better
         c2 = float(((r2 - vals) * kb).sum() / (kb * kb).sum())
         assert sse <= float(((vals - (r2 - c2 * kb)) ** 2).sum()) + 1e-9
+
+
+def test_fit_reports_progress_per_contrastive_epoch_and_stops_when_progress_raises():
+    from align.exceptions import Cancelled
+
+    X, Y = _planted(n=300, d_s=8, d_t=8, noise=0.05, seed=7)
+    seen = []
+    m = align.fit_migration(X, Y, method="contrastive", epochs=4, batch_size=64,
+                            progress=lambda s, f: seen.append((s, f)))
+    stages = [s for s, _ in seen]
+    assert stages[0] == "select" and "final fit" in stages
+    per_epoch = [f for s, f in seen if s == "select: contrastive"]
+    assert per_epoch == [0.25, 0.5, 0.75, 1.0]                       # one report per epoch of the selection run
+    assert all(0.0 <= f <= 1.0 for _, f in seen) and isinstance(m, align.LinearMap)
+
+    def stop(stage, fraction):
+        if stage == "select: contrastive" and fraction >= 0.5:
+            raise Cancelled("asked to stop")
+
+    with pytest.raises(Cancelled, match="asked to stop"):
+        align.fit_migration(X, Y, method="contrastive", epochs=1000, batch_size=64, progress=stop)
+
+
+@pytest.mark.parametrize("option, value", [
+    ("epochs", 0), ("epochs", 10**9), ("epochs", 2.5), ("temperature", 0.0), ("temperature", 1e-30),
+    ("temperature", float("nan")), ("batch_size", 1), ("hard_negatives", -1), ("lr", float("inf")), ("reg", -1.0),
+    ("epochs", True), ("temperature", "0.05"),
+])
+def test_contrastive_options_out_of_range_fail_before_any_fit(option, value):
+    X, Y = _planted(n=200, d_s=8, d_t=8, seed=8)
+    seen = []
+    for method in ("contrastive", "auto"):
+        with pytest.raises(InputError, match=f"contrastive option {option}"):
+            align.fit_migration(X, Y, method=method, progress=lambda s, f: seen.append(s), **{option: value})
+    assert seen == []                                                  # refused before the first stage
