@@ -332,8 +332,13 @@ def _select_cluster(P: _Problem, tr, val, ridge: LinearMap, alpha: float, opts: 
     return {**_score(P, m, val, retention=True), **{k: v for k, v in setting.items() if k != "alpha"}}, setting
 
 
-def _split(n: int, holdout: float, max_holdout: int, rng) -> tuple[np.ndarray, np.ndarray]:
-    n_val = int(min(max_holdout, max(2, round(holdout * n))))
+def _split(n: int, holdout, max_holdout, rng) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, held-out)`` rows: ``holdout`` (a fraction in (0, 1)) of the pairs, 2 to ``max_holdout`` of them."""
+    if isinstance(holdout, bool) or not isinstance(holdout, (int, float, np.number)) or not 0.0 < float(holdout) < 1.0:
+        raise InputError(f"holdout must be a fraction in (0, 1), got {holdout!r}")
+    if isinstance(max_holdout, bool) or not isinstance(max_holdout, (int, np.integer)) or max_holdout < 2:
+        raise InputError(f"max_holdout must be an integer >= 2, got {max_holdout!r}")
+    n_val = int(min(max_holdout, max(2, round(float(holdout) * n))))
     if n - n_val < 2:
         raise TooFewRowsError(f"auto selection needs at least 4 pairs (2 to fit, 2 held out), got {n}")
     perm = rng.permutation(n)
@@ -502,7 +507,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         candidates = tuple(c for c in candidates if c != "cluster") or ("procrustes",)
     selection: dict = {}
     if method == "auto" or n >= 20:
-        tr, val = _split(n, float(options.get("holdout", 0.2)), int(options.get("max_holdout", 1000)), rng)
+        tr, val = _split(n, options.get("holdout", 0.2), options.get("max_holdout", 1000), rng)
         cands = candidates if method == "auto" else (method,)
         P.distractors(rng)
         P.report("select", 0.0)

@@ -464,3 +464,17 @@ def test_contrastive_options_out_of_range_fail_before_any_fit(option, value):
         with pytest.raises(InputError, match=f"contrastive option {option}"):
             align.fit_migration(X, Y, method=method, progress=lambda s, f: seen.append(s), **{option: value})
     assert seen == []                                                  # refused before the first stage
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"holdout": 5}, "holdout must be a fraction"), ({"holdout": 0}, "holdout must be a fraction"),
+    ({"holdout": "0.2"}, "holdout must be a fraction"), ({"max_holdout": -1}, "max_holdout must be an integer"),
+    ({"max_holdout": 1}, "max_holdout must be an integer"), ({"max_holdout": 2.5}, "max_holdout must be an integer"),
+])
+def test_holdout_options_are_checked_instead_of_silently_splitting_oddly(options, message):
+    # max_holdout=-1 used to hold out all but one pair and select the family on a 1-pair fit
+    X, Y = _planted(n=200, d_s=8, d_t=8, seed=9)
+    with pytest.raises(InputError, match=message):
+        align.fit_migration(X, Y, method="auto", **options)
+    m = align.fit_migration(X, Y, method="auto", candidates=("procrustes", "ridge"), holdout=0.3, max_holdout=2)
+    assert m.metadata["selection"]["n_holdout"] == 2
