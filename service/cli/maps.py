@@ -107,7 +107,7 @@ def _render_fit(reg, v, as_json: bool) -> None:
                                                       "mnn_frac", "mnn_mean_cos")
                          if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool))
     if m.get("reliable") is False:
-        headline += ", UNRELIABLE (criterion close to random maps)"
+        headline += f", UNRELIABLE ({m.get('unreliable_reason') or 'criterion close to random maps'})"
     emit(d, as_json, f"registered {v.ref} ({v.source_space} {v.source_dim}-d -> {v.target_space} "
                      f"{v.target_dim}-d, {v.method}, fit {m.get('timings', {}).get('fit', 0):.1f}s)"
                      f"{'; ' + headline if headline else ''}\nreport: {d['report_file']}")

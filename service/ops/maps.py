@@ -119,6 +119,18 @@ def _subsample(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     return np.arange(n) if n <= k else np.sort(rng.choice(n, size=k, replace=False))
 
 
+def _paired_verdict(top1: float, n: int) -> dict:
+    """A paired fit that does not find its own training pairs is broken (e.g. a ridge penalty so large that the
+    map is constant): ``reliable`` is False when top-1 over the ``n`` candidates is below
+    ``min(5 / n, (1 + 1 / n) / 2)``, i.e. near chance (1 / n); the same flag as MiniVec2Vec's, so such a version
+    is kept for inspection but never chosen for a path."""
+    chance = 1.0 / max(n, 1)
+    if top1 >= min(5.0 * chance, (1.0 + chance) / 2.0):
+        return {"reliable": True}
+    return {"reliable": False, "unreliable_reason": f"top-1 on its own training pairs {top1:.4f} is near chance "
+                                                    f"({chance:.4f} among {n})"}
+
+
 def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dict, tuple]:
     """Metrics, cosine samples for the histogram, and PCA clouds."""
     metrics: dict = {}
@@ -128,6 +140,7 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
         ev = align.evaluate(map_, X[idx], Y[idx], csls=False)
         metrics.update({f"train_{k}": v for k, v in ev.items() if k != "n_candidates"})
         metrics["train_n_candidates"] = ev["n_candidates"]
+        metrics.update(_paired_verdict(float(ev["top1"]), int(ev["n_candidates"])))
         Q = unit_rows(map_.apply(X[idx], output="linear", validate=False))
         D = unit_rows(map_.target_frame.apply(Y[idx], validate=False))
         cosines["true pairs"] = np.einsum("ij,ij->i", Q, D)
