@@ -298,6 +298,11 @@ class MiniVec2Vec:
             raise InputError(f"reliability_ratio must be positive, got {self.reliability_ratio!r}")
         if not 0.0 < self.confident <= 1.0:
             raise InputError(f"confident must be in (0, 1], got {self.confident}")
+        sls = self.self_learning_sample
+        if sls is not None and (isinstance(sls, bool) or not isinstance(sls, (int, np.integer)) or sls < 1):
+            raise InputError(f"self_learning_sample must be None or a positive integer, got {sls!r}")
+        if not (np.isfinite(float(self.seed_weight)) and float(self.seed_weight) > 0.0):
+            raise InputError(f"seed_weight must be a positive finite number, got {self.seed_weight!r}")
         if self.fit_sample is not None and (isinstance(self.fit_sample, bool)
                                             or not isinstance(self.fit_sample, (int, np.integer))
                                             or self.fit_sample < 1000):

@@ -241,3 +241,13 @@ def test_fit_sample_is_checked(bad):
     X = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
     with pytest.raises(InputError, match="fit_sample"):
         MiniVec2Vec(fit_sample=bad, **FAST).fit(X, X)
+
+
+@pytest.mark.parametrize("param, bad", [("self_learning_sample", 0), ("self_learning_sample", 2.5),
+                                        ("seed_weight", float("inf")), ("seed_weight", 0.0), ("seed_weight", -1.0)])
+def test_self_learning_sample_and_seed_weight_are_checked(param, bad):
+    # self_learning_sample=0 failed deep inside with "queries: expected at least one row"; an infinite seed weight
+    # was accepted
+    X = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
+    with pytest.raises(InputError, match=param):
+        MiniVec2Vec(**{**FAST, param: bad}).fit(X, X)
