@@ -180,50 +180,54 @@ def test_http_fit_registers_a_version(tmp_path):
         assert np.all(np.sum(np.array(out["vectors"]) * Yf, axis=1) > 0.99)
 
 
-def test_http_cancel_stops_a_contrastive_fit_between_epochs(tmp_path):
+@pytest.fixture
+def fit_client(tmp_path):
+    """An HTTP client of a fresh app whose registry holds spaces ``a`` and ``b``."""
+    pytest.importorskip("service.ops.maps")
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        populate(app.state.vb.registry)
+        yield c
+
+
+def test_http_cancel_stops_a_contrastive_fit_between_epochs(fit_client):
     # the supervised migration families used to run without progress: a long contrastive fit could not be
     # cancelled (its job stayed "running" at 0 %); each epoch now reports, and a cancel stops it there
-    pytest.importorskip("service.ops.maps")
-    app = create_app(settings_for(tmp_path))
-    with TestClient(app) as c:
-        populate(app.state.vb.registry)
-        rng = np.random.default_rng(1)
-        X = rng.standard_normal((1000, 16))
-        Y = X @ np.linalg.qr(rng.standard_normal((16, 16)))[0] + 0.1 * rng.standard_normal((1000, 16))
-        body = {"name": "long", "source_space": "a", "target_space": "b", "method": "contrastive", "paired": True,
-                "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()},
-                "params": {"epochs": 10_000, "batch_size": 64}}
-        jid = c.post("/v1/fits", headers=W, json=body).json()["id"]
-        for _ in range(400):  # until it is inside the epochs
-            job = c.get(f"/v1/jobs/{jid}", headers=R).json()
-            if "contrastive" in str(job["progress"].get("stage")):
-                break
-            time.sleep(0.05)
-        assert "contrastive" in str(job["progress"].get("stage")), job
-        assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code == 202
-        job = wait(http_job(c, R), jid)
-        assert job["state"] == "cancelled" and c.get("/v1/maps/long", headers=R).status_code == 404
-        bad = c.post("/v1/fits", headers=W, json={**body, "name": "bad", "params": {"epochs": 10**9}})
-        if bad.status_code == 202:  # checked in the job: it fails with the option named
-            bad = wait(http_job(c, R), bad.json()["id"])
-            assert bad["state"] == "failed" and "contrastive option epochs" in str(bad["error"]), bad
-        else:
-            assert bad.status_code == 422 and "contrastive option epochs" in bad.text
+    c = fit_client
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((1000, 16))
+    Y = X @ np.linalg.qr(rng.standard_normal((16, 16)))[0] + 0.1 * rng.standard_normal((1000, 16))
+    body = {"name": "long", "source_space": "a", "target_space": "b", "method": "contrastive", "paired": True,
+            "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()},
+            "params": {"epochs": 10_000, "batch_size": 64}}
+    jid = c.post("/v1/fits", headers=W, json=body).json()["id"]
+    for _ in range(400):  # until it is inside the epochs
+        job = c.get(f"/v1/jobs/{jid}", headers=R).json()
+        if "contrastive" in str(job["progress"].get("stage")):
+            break
+        time.sleep(0.05)
+    assert "contrastive" in str(job["progress"].get("stage")), job
+    assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code == 202
+    job = wait(http_job(c, R), jid)
+    assert job["state"] == "cancelled" and c.get("/v1/maps/long", headers=R).status_code == 404
+    bad = c.post("/v1/fits", headers=W, json={**body, "name": "bad", "params": {"epochs": 10**9}})
+    if bad.status_code == 202:  # checked in the job: it fails with the option named
+        bad = wait(http_job(c, R), bad.json()["id"])
+        assert bad["state"] == "failed" and "contrastive option epochs" in str(bad["error"]), bad
+    else:
+        assert bad.status_code == 422 and "contrastive option epochs" in bad.text
 
 
-def test_http_cancel_job(tmp_path):
-    pytest.importorskip("service.ops.maps")
-    app = create_app(settings_for(tmp_path))
-    with TestClient(app) as c:
-        populate(app.state.vb.registry)
-        rng = np.random.default_rng(0)
-        Xs, Xt = rng.standard_normal((1000, 16)), rng.standard_normal((1000, 16))
-        r = c.post("/v1/fits", headers=W, json={
-            "name": "slow", "source_space": "a", "target_space": "b", "method": "minivec2vec",
-            "source": {"vectors": Xs.tolist()}, "target": {"vectors": Xt.tolist()}})
-        jid = r.json()["id"]
-        assert c.delete(f"/v1/jobs/{jid}", headers=R).status_code == 403
-        assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code == 202
-        job = wait(http_job(c, R), jid)
-        assert job["state"] == "cancelled" and job["cancel_requested"]
-        assert c.get("/v1/maps/slow", headers=R).status_code == 404
+def test_http_cancel_job(fit_client):
+    c = fit_client
+    rng = np.random.default_rng(0)
+    Xs, Xt = rng.standard_normal((1000, 16)), rng.standard_normal((1000, 16))
+    r = c.post("/v1/fits", headers=W, json={
+        "name": "slow", "source_space": "a", "target_space": "b", "method": "minivec2vec",
+        "source": {"vectors": Xs.tolist()}, "target": {"vectors": Xt.tolist()}})
+    jid = r.json()["id"]
+    assert c.delete(f"/v1/jobs/{jid}", headers=R).status_code == 403
+    assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code == 202
+    job = wait(http_job(c, R), jid)
+    assert job["state"] == "cancelled" and job["cancel_requested"]
+    assert c.get("/v1/maps/slow", headers=R).status_code == 404
