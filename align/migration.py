@@ -236,7 +236,8 @@ def _contrastive_config(opts: dict) -> ContrastiveConfig:
     return config
 
 
-#: Legal ranges of the contrastive options (the temperature's floor keeps exp(S / tau) finite in float32).
+#: Legal ranges of the contrastive options (below a temperature of 1e-3 the softmax is a hard arg-max and the
+#: gradient scales with 1 / tau; 0.01-0.1 is the useful range).
 _CONTRASTIVE_RANGES = {"epochs": (1, 10_000), "temperature": (1e-3, 10.0), "batch_size": (2, 1 << 20),
                        "lr": (1e-8, 10.0), "reg": (0.0, 1e6), "hard_negatives": (0, 64)}
 
