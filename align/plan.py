@@ -311,7 +311,10 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        (k-means++) rows of ``X_old`` for that K (capped at the corpus size).
 
     Returns a JSON-safe dict: ``alignability``, ``unsupervised_feasible``, ``curve`` (per K and
-    method the mean and spread), ``predicted`` (per target K: retention, low, high),
+    method the mean and spread), ``predicted`` (per target K: retention, low, high; with labelled queries
+    also ``r10``, the migrated index's predicted R@10 of them), with labelled queries ``native`` (R@10 of
+    the queries: ``new_probe``, ``old_probe``, ``old_corpus`` measured, ``new_corpus_estimate`` and the
+    ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the old model is predicted to do as well),
     ``recommended`` (``method``, ``k``), ``rows_to_embed`` (indices; empty with
     ``select_rows=False``, for callers such as a fit report that only want the forecast), ``notes``.
     """
@@ -385,6 +388,14 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     r, low, high = forecast(fit, target_ks)
     predicted = [{"k": int(K), "retention": float(r[i]), "low": float(low[i]), "high": float(high[i]),
                   "extrapolated": bool(K > top)} for i, K in enumerate(target_ks)]
+    native = None
+    if lab is not None:  # the R@10 behind the ratio: what the user's queries get natively, and by staying
+        r_new = lab.native_estimate()
+        native = {"new_probe": float(lab.nat_fall[:, -1].mean()), "old_probe": float(lab.old_fall[:, -1].mean()),
+                  "old_corpus": float(lab.old_full.mean()), "new_corpus_estimate": r_new,
+                  "slope_ratio": lab.slope_ratio, "shrink": lab.shrink}
+        for q in predicted:  # the migrated index's own R@10, to set against keeping the old model
+            q["r10"] = float(q["retention"] * r_new) if np.isfinite(r_new) else float("nan")
     reach = [q["k"] for q in predicted if q["retention"] >= target_retention]
     k_rec = int(min(reach) if reach else max(q["k"] for q in predicted))
     k_rows = int(min(k_rec, Xo.shape[0]))
@@ -395,12 +406,18 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                      f"the largest is recommended")
     if overlap < 0.4:
         notes.append(f"alignability {overlap:.3f} < 0.4: unsupervised alignment is not expected to work; use pairs")
+    if native is not None and predicted and np.isfinite(predicted[-1]["r10"]) and \
+            predicted[-1]["r10"] <= native["old_corpus"]:
+        notes.append(f"keeping the old model is predicted to be at least as good: its R@10 of these queries over the "
+                     f"corpus is {native['old_corpus']:.3f}, the migrated index's {predicted[-1]['r10']:.3f} at "
+                     f"K = {predicted[-1]['k']} (native new model: {native['new_corpus_estimate']:.3f})")
     return {
         "alignability": overlap, "unsupervised_feasible": bool(overlap >= 0.4), "n_probe": int(p),
         "n_probe_holdout": int(val.size),
         "metric": ("nn_retention@10 (simulated labelled retention) on held-out probe" if lab is None else
                    "labelled R@10 retention of the given queries, estimated for the whole corpus"),
-        **({} if lab is None else {"n_queries": int(lab.Q.shape[0]), "n_corpus": int(extra.shape[0] + val.size)}),
+        **({} if lab is None else {"n_queries": int(lab.Q.shape[0]), "n_corpus": int(extra.shape[0] + val.size),
+                                   "native": native}),
         "curve": curve, "best_method": best, "fit": fit,
         "predicted": predicted, "target_retention": float(target_retention),
         "recommended": {"method": "auto" if k_rec >= 1000 else best, "k": k_rec},

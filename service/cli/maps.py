@@ -245,6 +245,12 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     for q in res["predicted"]:
         lines.append(f"  {q['k']:>7}  {q['retention']:>9.3f}  [{q['low']:.3f}, {q['high']:.3f}]"
                      f"{'  (extrapolated)' if q['extrapolated'] else ''}")
+    nat = res.get("native")
+    if nat:
+        lines.append(f"R@10 of your queries: new model {nat['new_probe']:.3f} over the probe -> ~"
+                     f"{nat['new_corpus_estimate']:.3f} over the corpus (estimated); old model {nat['old_probe']:.3f}"
+                     f" -> {nat['old_corpus']:.3f} (measured: keeping it); migrated at K = "
+                     f"{res['predicted'][-1]['k']}: ~{res['predicted'][-1]['r10']:.3f}")
     rec = res["recommended"]
     lines.append(f"recommended: method {rec['method']}, K = {rec['k']} rows to re-embed"
                  + (f" (written to {res['rows_out']})" if rows_out else ""))

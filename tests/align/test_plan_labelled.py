@@ -32,6 +32,14 @@ def test_labelled_plan_predicts_the_retention_eval_measures_after_the_fit():
     assert plan["metric"].startswith("labelled R@10 retention") and plan["n_queries"] == 150
     assert plan["n_corpus"] == X.shape[0]                  # the whole corpus competes (probe texts counted once)
     assert any("labelled queries" in n for n in plan["notes"])
+    # the R@10 behind the ratio: the old model's over the whole corpus is measured (keeping it), the migrated
+    # index's is the retention times the native estimate, and the plan says when staying would do as well
+    nat = plan["native"]
+    assert nat["old_corpus"] == pytest.approx(_top10_hits(Qo, X, rel).mean())
+    assert nat["new_probe"] == pytest.approx(_top10_hits(Qn, Y[rows], prel).mean())
+    assert all(q["r10"] == pytest.approx(q["retention"] * nat["new_corpus_estimate"]) for q in plan["predicted"])
+    stay = any("keeping the old model" in n for n in plan["notes"])
+    assert stay == (plan["predicted"][-1]["r10"] <= nat["old_corpus"])
     proxy = align.plan_migration(X, X[rows], Y[rows], target_ks=(100, 300), select_rows=False)
     # after the fit: maps on K random pairs outside the probe, measured as `vecbridge eval --queries` does, over
     # the whole corpus with the same queries
@@ -124,3 +132,15 @@ def test_native_estimate_is_exact_when_the_new_model_is_the_old_one():
     lab = _prepared(X, X, Qo, Qo, rows, prel)
     assert lab.slope_ratio == pytest.approx(1.0)
     assert lab.native_estimate() == pytest.approx(_top10_hits(Qo, X, rel).mean())
+
+
+@pytest.mark.parametrize("old_noise, stay", [(0.8, True), (3.0, False)])
+def test_labelled_plan_says_when_keeping_the_old_model_is_predicted_to_do_as_well(old_noise, stay):
+    # the same new model and probe; only how well the old model's own queries find their documents changes
+    X, Y, Qn, _, rel, rows, prel = _task()
+    Qo = (X[rel] + old_noise * np.random.default_rng(0).normal(size=(rel.size, X.shape[1]))).astype(np.float32)
+    plan = align.plan_migration(X, X[rows], Y[rows], queries=Qn, old_queries=Qo, relevant=prel,
+                                target_ks=(100, 300), select_rows=False)
+    note = [n for n in plan["notes"] if n.startswith("keeping the old model")]
+    assert bool(note) == stay
+    assert (plan["predicted"][-1]["r10"] <= plan["native"]["old_corpus"]) == stay
