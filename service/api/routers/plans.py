@@ -30,7 +30,10 @@ only worked above ~0.4), `curve` (simulated retention of closed-form fits on pro
 `predicted` (retention per K with an interval; `extrapolated` beyond the probe), `recommended`
 (method and K), `rows_to_embed` (k-means++ coverage rows of `old` for that K). With labelled `queries`
 (new model), `old_queries` (the same queries, old model) and each one's `relevant` probe row, the curve and
-the prediction are of their labelled R@10 retention over the whole `old` corpus (`metric` says which).
+the prediction are of their labelled R@10 retention over the whole `old` corpus (`metric` says which), with
+`native` (their R@10: the new model's over the probe and estimated over the corpus, the old model's measured
+over the corpus, i.e. what keeping it gives) and `r10` per K (the migrated index's predicted R@10); a note says
+when keeping the old model is predicted to do as well.
 Synchronous: seconds for a probe of 1,000 pairs and an old corpus of 40,000 rows (~40 s with labelled
 queries, which map and search the whole corpus per curve point). Each side is `vectors` or
 `vectors_b64` + `dim`.
