@@ -21,7 +21,7 @@ from .validation import as_matrix, check_labelled_queries, check_paired, check_r
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .knn import knn
-from .retrieval import overlap_without_self
+from .retrieval import overlap_without_self, relevant_ranks
 
 __all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "forecast", "MIN_PROBE",
            "LabelledProbe"]
@@ -254,18 +254,13 @@ class LabelledProbe:
         return float(lo), float(hi)
 
 
-def _fall(Q: np.ndarray, D: np.ndarray, rel: np.ndarray, fractions: np.ndarray, k: int = 10,
-          block: int = 1024) -> np.ndarray:
+def _fall(Q: np.ndarray, D: np.ndarray, rel: np.ndarray, fractions: np.ndarray, k: int = 10) -> np.ndarray:
     """(q, len(fractions)): the probability that row ``rel[i]`` of ``D`` is in query ``i``'s top ``k`` when
     only a random fraction ``f`` of the other rows competes: ``P(Binomial(c_i, f) < k)``, with ``c_i`` the
-    rows scoring above it (counted in query blocks of ``block`` x n scores; ties do not count)."""
+    rows scoring above it (:func:`align.retrieval.relevant_ranks` - 1: blocked, ties do not count)."""
     from scipy.stats import binom
 
-    c = np.empty(Q.shape[0], dtype=np.int64)
-    for s in range(0, Q.shape[0], block):
-        S = Q[s:s + block] @ D.T
-        r = rel[s:s + block]
-        c[s:s + block] = (S > S[np.arange(r.size), r][:, None]).sum(axis=1)
+    c = relevant_ranks(Q, D, rel) - 1
     return binom.cdf(k - 1, c[:, None], fractions[None, :])
 
 
