@@ -171,13 +171,10 @@ def check_random_state(random_state) -> np.random.Generator:
     """Turn ``None`` / int ≥ 0 / Generator into a numpy Generator (InputError for anything else)."""
     if isinstance(random_state, np.random.Generator):
         return random_state
-    if isinstance(random_state, (bool, np.bool_)):
-        raise InputError(f"random_state must be None, an int >= 0 or a numpy Generator, got {random_state!r}")
-    if random_state is None or isinstance(random_state, (int, np.integer)):
-        if random_state is not None and random_state < 0:
-            raise InputError(f"random_state must be >= 0, got {random_state}")
+    if random_state is None or (isinstance(random_state, (int, np.integer))
+                                and not isinstance(random_state, (bool, np.bool_)) and random_state >= 0):
         return np.random.default_rng(random_state)
-    raise InputError(f"random_state must be None, an int or a numpy Generator, got {type(random_state).__name__}")
+    raise InputError(f"random_state must be None, an int >= 0 or a numpy Generator, got {random_state!r}")
 
 
 def check_eps(eps) -> float:
