@@ -66,11 +66,19 @@ class PairStats:
 
     @classmethod
     def from_arrays(cls, X: np.ndarray, Y: np.ndarray, weights: np.ndarray | None = None) -> "PairStats":
-        """Statistics of one chunk of framed, paired rows (optionally weighted per row)."""
-        X = np.asarray(X, dtype=np.float64)
-        Y = np.asarray(Y, dtype=np.float64)
+        """Statistics of one chunk of framed, paired rows (optionally weighted per row).
+
+        ``X`` (n, d_s) and ``Y`` (n, d_t) are checked as every paired input is (2-D, numeric, finite, same row
+        count: typed errors, so a NaN does not surface later as "no signal"); ``weights`` (n,) finite and ≥ 0.
+        Sums are accumulated in float64.
+        """
+        X, Y = check_paired(X, Y, names=("X", "Y"))
+        X, Y = X.astype(np.float64), Y.astype(np.float64)
         if weights is not None:
-            w = np.asarray(weights, dtype=np.float64).reshape(-1, 1)
+            w = np.asarray(weights, dtype=np.float64) if np.asarray(weights).dtype.kind in "biuf" else None
+            if w is None or w.shape != (X.shape[0],) or not np.isfinite(w).all() or (w < 0).any():
+                raise InputError(f"weights must be {X.shape[0]} finite non-negative numbers, one per pair")
+            w = w.reshape(-1, 1)
             Xw = X * w
             return cls(int(X.shape[0]), Xw.sum(0), (Y * w).sum(0), Xw.T @ Y, Xw.T @ X,
                        float((Xw * X).sum()), float((Y * Y * w).sum()))

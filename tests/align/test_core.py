@@ -95,6 +95,35 @@ def test_pair_stats_merge_equals_whole(n, cut, seed):
     np.testing.assert_allclose(procrustes_from_stats(whole)[0], procrustes_from_stats(merged)[0], atol=1e-6)
 
 
+@pytest.mark.parametrize("X, Y, weights, error", [
+    (np.where(np.eye(6, 4, dtype=bool), np.nan, 1.0), np.ones((6, 3)), None, NonFiniteError),  # not "no signal" later
+    (np.ones((6, 4)), np.full((6, 3), np.inf), None, NonFiniteError),
+    (np.ones((6, 4)), np.ones((5, 3)), None, PairCountError),
+    (np.ones((2, 6, 4)), np.ones((6, 3)), None, ShapeError),
+    (np.array([["a"] * 4] * 6), np.ones((6, 3)), None, InputError),
+    (np.ones((6, 4)), np.ones((6, 3)), -np.ones(6), InputError),  # a negative weight makes XᵀX indefinite
+    (np.ones((6, 4)), np.ones((6, 3)), np.ones(5), InputError),
+    (np.ones((6, 4)), np.ones((6, 3)), np.array([1, 1, 1, 1, 1, np.nan]), InputError),
+])
+def test_pair_stats_refuse_bad_chunks(X, Y, weights, error):
+    with pytest.raises(error):
+        PairStats.from_arrays(X, Y, weights)
+    stats = PairStats.zeros(4, 3)
+    if weights is None:  # the streaming form checks the same way and leaves the statistics as they were
+        with pytest.raises(error):
+            stats.update(X, Y)
+        assert stats.n == 0 and not stats.xtx.any()
+
+
+def test_pair_stats_weights_are_row_multiplicities(rng):
+    X, Y = rng.normal(size=(7, 4)), rng.normal(size=(7, 3))
+    w = np.array([0, 1, 2, 1, 3, 1, 1])
+    weighted = PairStats.from_arrays(X, Y, w)
+    repeated = PairStats.from_arrays(np.repeat(X, w, axis=0), np.repeat(Y, w, axis=0))
+    np.testing.assert_allclose(weighted.xtx, repeated.xtx, rtol=1e-6)
+    np.testing.assert_allclose(weighted.xty, repeated.xty, rtol=1e-6)
+
+
 def test_chunked_fit_equals_single_chunk(rng):
     X, Y = rng.normal(size=(1000, 8)), rng.normal(size=(1000, 8))
     a = align.fit_procrustes(X, Y, chunk_size=97)
