@@ -121,6 +121,26 @@ class Frame:
     n_fit: int = 0
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Refuse a frame no fit produces (a crafted or corrupted artifact; a hand-built frame): ``dim`` an
+        int ≥ 1; ``mean`` finite, shape (dim,), and after ``unit_in`` inside the unit ball (a mean of unit
+        rows), else :meth:`to_raw` has no solution. A NaN mean used to pass here and surface at the first
+        transform as "overflow"."""
+        from .exceptions import InputError
+
+        if isinstance(self.dim, bool) or not isinstance(self.dim, (int, np.integer)) or self.dim < 1:
+            raise InputError(f"a frame's dim must be an int >= 1, got {self.dim!r}")
+        if self.mean is None:
+            return
+        mean = np.asarray(self.mean)
+        if mean.shape != (self.dim,) or mean.dtype.kind not in "fiu" or not np.isfinite(mean).all():
+            raise InputError(f"a frame's mean must be {self.dim} finite numbers, got shape {mean.shape}, "
+                             f"dtype {mean.dtype}" + ("" if mean.dtype.kind not in "fiu" or np.isfinite(mean).all()
+                                                      else ", with NaN/Inf"))
+        if self.unit_in and float(np.linalg.norm(mean.astype(np.float64))) > 1.0 + 1e-4:
+            raise InputError("a frame that normalises its input has a mean of unit rows, norm <= 1; got "
+                             f"{float(np.linalg.norm(mean.astype(np.float64))):.4g}")
+
     @classmethod
     def fit(cls, X, *, center: bool = True, unit_in: bool = True, unit_out: bool = True, name: str = "X") -> "Frame":
         """Fit a frame on training rows ``X`` of shape (n, d)."""

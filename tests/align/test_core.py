@@ -148,6 +148,29 @@ def test_linear_map_bytes_round_trip(d, seed, fmt):
     np.testing.assert_array_equal(back.apply(X), m.apply(X))
 
 
+@pytest.mark.parametrize("dim, mean", [
+    (4, np.array([np.nan, 0, 0, 0], np.float32)), (4, np.zeros(3, np.float32)), (4, np.full(4, 0.9, np.float32)),
+    (0, None), (-2, None), (True, None), (4.0, None), (4, np.array(["a"] * 4)),
+])
+def test_frame_refuses_what_no_fit_produces(dim, mean):
+    with pytest.raises(InputError):
+        align.Frame(dim, mean)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+@pytest.mark.parametrize("corrupt", ["nan_mean", "long_mean"])
+def test_artifact_with_an_impossible_frame_is_refused_on_read(rng, fmt, corrupt):
+    """A crafted or damaged artifact fails when read (a bundle import refuses it), not at its first transform."""
+    from align._artifacts import pack
+
+    m = align.fit_procrustes(rng.normal(size=(40, 4)), rng.normal(size=(40, 3)))
+    arrays, header = m._arrays_and_header()
+    arrays["target_mean"] = (np.array([np.nan, 0, 0], np.float32) if corrupt == "nan_mean"
+                             else np.full(3, 2.0, np.float32))
+    with pytest.raises(InputError, match="frame"):
+        align.map_from_bytes(pack(arrays, header, fmt))
+
+
 def test_save_load_files(tmp_path, rng):
     m = align.fit_procrustes(rng.normal(size=(50, 4)), rng.normal(size=(50, 4)))
     for name in ("m.npz", "m.safetensors"):
@@ -554,3 +577,29 @@ def test_random_state_rejects_negative_bool_and_non_int_seeds(bad):
         align.plan_migration(X, X, X, random_state=bad, select_rows=False)
     a = align.plan_migration(X, X, X, random_state=np.uint8(3), select_rows=False)
     assert a["predicted"] == align.plan_migration(X, X, X, random_state=3, select_rows=False)["predicted"]
+
+
+@pytest.mark.parametrize("option", [
+    {"target_retention": float("nan")}, {"target_retention": 1.5}, {"target_retention": 0}, {"target_retention": "x"},
+    {"target_ks": ()}, {"target_ks": (100, -5)}, {"target_ks": (100.5,)}, {"target_ks": ("a",)},
+    {"repeats": 0}, {"repeats": 1.5}, {"distractors": 0}, {"methods": ()},
+])
+def test_plan_refuses_bad_options(option):
+    # a NaN target or zero repeats used to give a plan of NaNs; an empty target_ks a bare max() error
+    X = np.random.default_rng(0).normal(size=(60, 4))
+    with pytest.raises(InputError):
+        align.plan_migration(X, X, X, select_rows=False, **option)
+
+
+@pytest.mark.parametrize("k", [0, -3, 2.5, True])
+def test_knn_overlap_refuses_bad_k(k):  # k=0 was a ZeroDivisionError
+    X = np.random.default_rng(0).normal(size=(30, 4))
+    with pytest.raises(InputError, match="k must be"):
+        align.knn_overlap(X, X, k=k)
+
+
+def test_plan_target_ks_any_order_gives_sorted_forecasts():
+    X = np.random.default_rng(0).normal(size=(60, 4))
+    a = align.plan_migration(X, X, X, select_rows=False, target_ks=[300, 100, 300])
+    assert [p["k"] for p in a["predicted"]] == [100, 300]
+    assert all(np.isfinite(p["retention"]) for p in a["predicted"])
