@@ -97,6 +97,8 @@ def knn_overlap(A, B, *, k: int = 10) -> float:
     ``A`` (p, d_a) and ``B`` (p, d_b) embed the same p texts. 1.0: the two models order every
     neighbourhood alike; k/p: unrelated.
     """
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise InputError(f"k must be an int >= 1, got {k!r}")
     A, B = check_paired(A, B, names=("probe_src", "probe_tgt"), min_rows=k + 2)
     Za, Zb = Frame._fit(A)._apply(A), Frame._fit(B)._apply(B)
     return overlap_without_self(knn(Za, Za, k + 1)[1], knn(Zb, Zb, k + 1)[1], k)
@@ -270,6 +272,24 @@ def _hits(Q: np.ndarray, D: np.ndarray, rel: np.ndarray, k: int = 10) -> np.ndar
     return (I == rel[:, None]).any(axis=1)
 
 
+def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tuple[int, ...]:
+    """The plan's numeric options, checked (typed errors instead of a NaN forecast or a bare ``max()`` error);
+    returns ``target_ks`` as a sorted tuple of distinct ints."""
+    try:
+        ok = 0.0 < float(target_retention) <= 1.0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise InputError(f"target_retention must be in (0, 1], got {target_retention!r}")
+    ks = np.asarray(target_ks if np.ndim(target_ks) else [target_ks])
+    if ks.size == 0 or ks.dtype.kind not in "iu" or (ks < 2).any():
+        raise InputError(f"target_ks must be one or more integer pair counts >= 2, got {target_ks!r}")
+    for name, v, lo in (("repeats", repeats, 1), ("distractors", distractors, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise InputError(f"{name} must be an int >= {lo}, got {v!r}")
+    return tuple(sorted({int(k) for k in ks}))
+
+
 def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retention: float = 0.95,
                    target_ks=DEFAULT_TARGET_KS, repeats: int = 2, methods=("procrustes", "ridge"),
                    distractors: int = 8192, select_rows: bool = True, queries=None, old_queries=None,
@@ -324,8 +344,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
 
         raise DimensionMismatchError(f"probe_src has {A.shape[1]} columns, X_old {Xo.shape[1]}")
     unknown = [m for m in methods if m not in ("procrustes", "ridge")]
-    if unknown:
-        raise InputError(f"plan methods must be among 'procrustes', 'ridge', got {unknown}")
+    if unknown or not methods:
+        raise InputError(f"plan methods must be one or more of 'procrustes', 'ridge', got {list(methods)}")
+    target_ks = _check_plan_options(target_retention, target_ks, repeats, distractors)
     given = [x is not None for x in (queries, old_queries, relevant)]
     if any(given) and not all(given):
         raise InputError("labelled queries need all three: queries, old_queries (the same queries under the old "

@@ -59,10 +59,8 @@ def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, ran
          target_retention: float = 0.95, queries=None, old_queries=None, relevant=None) -> dict:
     """The plan of :func:`align.plan_migration` (JSON-safe dict); with labelled ``queries`` (new model),
     ``old_queries`` (the same, old model) and ``relevant`` (probe rows), of their labelled retention."""
-    if not 0.0 < float(target_retention) <= 1.0:
-        raise InputError(f"target_retention must be in (0, 1], got {target_retention}")
     return align.plan_migration(X_old, probe_src, probe_tgt, random_state=random_state,
-                                target_retention=float(target_retention), queries=queries, old_queries=old_queries,
+                                target_retention=target_retention, queries=queries, old_queries=old_queries,
                                 relevant=None if relevant is None else np.asarray(relevant))
 
 
