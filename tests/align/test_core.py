@@ -157,18 +157,21 @@ def test_frame_refuses_what_no_fit_produces(dim, mean):
         align.Frame(dim, mean)
 
 
-@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
 @pytest.mark.parametrize("corrupt", ["nan_mean", "long_mean"])
-def test_artifact_with_an_impossible_frame_is_refused_on_read(rng, fmt, corrupt):
+def test_artifact_with_an_impossible_frame_is_refused_on_read(rng, corrupt):
     """A crafted or damaged artifact fails when read (a bundle import refuses it), not at its first transform."""
-    from align._artifacts import pack
+    import io
 
     m = align.fit_procrustes(rng.normal(size=(40, 4)), rng.normal(size=(40, 3)))
-    arrays, header = m._arrays_and_header()
+    with np.load(io.BytesIO(m.to_bytes("npz")), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    assert "target_mean" in arrays
     arrays["target_mean"] = (np.array([np.nan, 0, 0], np.float32) if corrupt == "nan_mean"
                              else np.full(3, 2.0, np.float32))
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
     with pytest.raises(InputError, match="frame"):
-        align.map_from_bytes(pack(arrays, header, fmt))
+        align.map_from_bytes(buf.getvalue())
 
 
 def test_save_load_files(tmp_path, rng):
