@@ -57,6 +57,7 @@ from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negativ
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .maps import LinearMap
+from .options import check_migration_options, check_number
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
 from .retrieval import hubness, labelled_metrics, labelled_retrieval, pair_retrieval_scores, ratios
 
@@ -228,11 +229,7 @@ def _contrastive_config(opts: dict) -> ContrastiveConfig:
         value = getattr(config, key)
         if key == "reg" and value is None:
             continue
-        whole = key in ("epochs", "batch_size", "hard_negatives")
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or (
-                whole and float(value) != int(value)) or not lo <= float(value) <= hi:
-            raise InputError(f"contrastive option {key} must be {'an integer' if whole else 'a number'} in "
-                             f"[{lo:g}, {hi:g}], got {value!r}")
+        check_number(f"contrastive option {key}", value, lo, hi, whole=key in ("epochs", "batch_size", "hard_negatives"))
     return config
 
 
@@ -287,8 +284,6 @@ def _cluster_grid(opts: dict, n_fit: int, *, strict: bool = False) -> tuple[tupl
         blends = ((int(opts.get("blend", 3)), float(opts.get("cluster_temperature", 0.05))),)
     else:
         blends = CLUSTER_BLENDS
-    if any(not lam > 0 for lam in shrinks) or any(b < 1 or not t > 0 for b, t in blends):
-        raise InputError(f"shrink and cluster_temperature must be > 0 and blend >= 1, got {shrinks}, {blends}")
     return counts, shrinks, blends
 
 
@@ -485,6 +480,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         raise InputError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
     if method not in MIGRATION_METHODS:
         raise InputError(f"unknown method {method!r}; choose from {', '.join(MIGRATION_METHODS)}")
+    options = check_migration_options(options)
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=2)
     Us = None if unpaired_source is None else as_matrix(unpaired_source, name="unpaired_source", dim=X.shape[1])
     Ut = None if unpaired_target is None else as_matrix(unpaired_target, name="unpaired_target", dim=Y.shape[1])

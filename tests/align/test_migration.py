@@ -478,3 +478,31 @@ def test_holdout_options_are_checked_instead_of_silently_splitting_oddly(options
         align.fit_migration(X, Y, method="auto", **options)
     m = align.fit_migration(X, Y, method="auto", candidates=("procrustes", "ridge"), holdout=0.3, max_holdout=2)
     assert m.metadata["selection"]["n_holdout"] == 2
+
+
+@pytest.mark.parametrize("method, options", [
+    ("contrastive", {"epochs": float("nan")}), ("contrastive", {"batch_size": float("inf")}),  # were int(nan) errors
+    ("ridge", {"alpha": "x"}), ("ridge", {"alpha": None}), ("ridge", {"alpha": -1.0}), ("ridge", {"alpha": np.nan}),
+    ("ridge", {"alphas": 0.5}), ("ridge", {"alphas": []}), ("ridge", {"alphas": [0.1, -1]}), ("ridge", {"alphas": "x"}),
+    ("lowrank", {"rank": float("nan")}), ("lowrank", {"rank": "x"}), ("lowrank", {"rank": 0}), ("lowrank", {"rank": 2.5}),
+    ("cluster", {"shrink": "x"}), ("cluster", {"blend": float("inf")}), ("cluster", {"cluster_temperature": None}),
+    ("auto", {"cluster_margin": float("nan")}), ("auto", {"candidates": 0}), ("auto", {"candidates": [1, 2]}),
+    ("contrastive", {"contrastive": 0.5}), ("auto", {"semi_supervised": "yes"}),
+    ("procrustes", {"semi_supervised": "sinkhorn", "sinkhorn": {"rounds": 0}}),
+    ("procrustes", {"semi_supervised": "sinkhorn", "sinkhorn": {"seed_pairs": None}}),  # internal, not an option
+])
+def test_every_option_is_checked_before_any_fit(method, options):
+    # each of these reached int() / float() / iter() inside the fit and surfaced as a bare ValueError, TypeError or
+    # OverflowError: a 500 over HTTP where the service did not wrap it
+    X, Y = _planted(n=120, d_s=8, d_t=8, seed=9)
+    seen = []
+    with pytest.raises(InputError):
+        align.fit_migration(X, Y, method=method, progress=lambda s, f: seen.append(s), **options)
+    assert seen == []
+
+
+def test_candidates_as_a_comma_separated_string_narrow_auto():
+    # a CLI sends --param candidates=ridge,procrustes as one string: it used to be split into letters
+    X, Y = _planted(n=200, d_s=8, d_t=8, seed=10)
+    m = align.fit_migration(X, Y, candidates="ridge, procrustes")
+    assert set(m.metadata["selection"]["candidates"]) <= {"ridge", "procrustes"}
