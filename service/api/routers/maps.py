@@ -19,10 +19,12 @@ from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
 from ..pagination import Page, list_route, paginate
 from ..responses import FastJSONResponse
+from ..routing import CodecRoute
 from ..schemas import (MAX_VERSION, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
                        TransformJSON, TransformOptions, TransformResponse, VersionList, VersionOut, error_responses)
 
-router = APIRouter(prefix="/v1", tags=["spaces and maps"], responses=error_responses(401, 403, 404, 422, 503))
+router = APIRouter(prefix="/v1", tags=["spaces and maps"], responses=error_responses(401, 403, 404, 422, 503),
+                   route_class=CodecRoute)
 
 # Version numbers are positive and fit the registry's INTEGER column (SQLite raises OverflowError on
 # anything past 64 bits, PostgreSQL on anything past 32): out of range is a 422, never a 500.
