@@ -11,16 +11,27 @@ from orjson, the tokenizer or SQLite), and it answered a chunked body over the r
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
+
+import align
+from service.config import Settings
+from service.registry import open_registry
 
 from .helpers import Server, W, populate_data_dir
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A real server over the populated registry (maps a2b, b2c; steer ``shift`` in space b)."""
+    """A real server over the populated registry (maps a2b, b2c; steers ``shift`` and ``up`` in space b)."""
     d = tmp_path_factory.mktemp("body-models") / "data"
-    populate_data_dir(d)
+    Y = populate_data_dir(d)["Y"]
+    s = Settings(data_dir=d)
+    reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir())
+    try:  # a steer that transfers through b2c (the mean-shift ``shift`` does not)
+        reg.register_steer("up", align.fit_steer(Y[:60], np.where(Y[:60, 0] > 0, 1, -1), rank=2), space="b")
+    finally:
+        reg.close()
     srv = Server(d, env={"VECBRIDGE_LIMITS__BODY_BYTES_JSON": str(4 * 1024 * 1024)}).start()
     try:
         yield srv
@@ -45,7 +56,7 @@ NOT_JSON = [
     ("POST", "/v1/spaces", '{"name": "s", "dim": 4, "description": "\\ud800"}'),
     ("POST", "/v1/embeddings", '{"input": "\\ud800", "model": "all-MiniLM-L6-v2"}'),
     ("POST", "/v1/embeddings", '{"input": ["ok", "\\udfff"], "model": "all-MiniLM-L6-v2"}'),
-    ("POST", "/v1/steers/shift/transfer", '{"map": "b2c", "name": "shift-c", "description": "\\ud800"}'),
+    ("POST", "/v1/steers/up/transfer", '{"map": "b2c", "name": "up-c", "description": "\\ud800"}'),
     ("PUT", "/v1/maps/a2b/aliases/x", '{"version": NaN}'),
     ("POST", "/v1/indexes/none/delete", '{"ids": [Infinity]}'),
 ]
@@ -66,7 +77,7 @@ def test_body_model_routes_refuse_what_is_not_json(server, method, path, body):
 
 
 LIMITED = [("PUT", "/v1/maps/a2b/versions/1/tags/t"), ("POST", "/v1/spaces"), ("PUT", "/v1/maps/a2b/aliases/x"),
-           ("POST", "/v1/indexes/none/delete"), ("POST", "/v1/embeddings"), ("POST", "/v1/steers/shift/transfer"),
+           ("POST", "/v1/indexes/none/delete"), ("POST", "/v1/embeddings"), ("POST", "/v1/steers/up/transfer"),
            ("POST", "/v1/indexes/none/search")]
 
 
@@ -82,3 +93,15 @@ def test_chunked_body_over_the_limit_is_a_413(server, method, path):
     assert r.status_code == 413, (r.status_code, r.text[:300])
     assert r.json()["error"]["type"] == "PayloadTooLargeError"
     _alive(server)
+
+
+def test_steer_transfer_description_is_bounded(server):
+    """A steer transfer's description has the limit of every other description (4,096 characters: 422)."""
+    with server.client(W) as c:
+        before = _state(c)
+        r = c.post("/v1/steers/up/transfer", json={"map": "b2c", "name": "up-c", "description": "x" * 5000})
+        assert r.status_code == 422, (r.status_code, r.text[:300])
+        assert "description" in r.json()["error"]["message"]
+        assert _state(c) == before
+        ok = c.post("/v1/steers/up/transfer", json={"map": "b2c", "name": "up-c", "description": "x" * 4096})
+        assert ok.status_code == 201, ok.text[:300]
