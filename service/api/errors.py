@@ -9,8 +9,9 @@ below turn them into::
 
 Extras: 401 answers carry ``WWW-Authenticate: Bearer``, 429 ``Retry-After``; an OS or SQLite
 error from a read-only / immutable / full data dir (``service.storage.is_storage_error``) is 503
-with ``Retry-After``; any exception that is not ours is 500 with the request id, its text kept
-out of the answer and written to the log.
+with ``Retry-After``; a client that closed the connection before its body was complete is a 499
+(nobody reads it; no error logged); any exception that is not ours is 500 with the request id, its
+text kept out of the answer and written to the log.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sqlite3
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from align.exceptions import VecbridgeError
 
@@ -89,10 +91,18 @@ def _http_handler(request: Request, exc: StarletteHTTPException) -> FastJSONResp
                             headers=getattr(exc, "headers", None))
 
 
+def _disconnect_handler(request: Request, exc: ClientDisconnect) -> FastJSONResponse:
+    """The client closed the connection before its body was complete: nobody reads this answer; it is a 499
+    (client closed request) in the access log and metrics, not a 500 with a traceback."""
+    return FastJSONResponse(_body("ClientDisconnect", 499, "the client closed the connection before sending "
+                                  "the whole body"), status_code=499)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register every handler on ``app``."""
     for cls in (VecbridgeError, OSError, sqlite3.Error):  # storage errors: answered here (503), not re-raised by Starlette
         app.add_exception_handler(cls, _domain_handler)
+    app.add_exception_handler(ClientDisconnect, _disconnect_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(Exception, _domain_handler)

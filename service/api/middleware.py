@@ -202,8 +202,18 @@ class ObserveMiddleware:
                 msg["headers"] += extra
             await send(msg)
 
+        gone = False
+
+        async def receive_wrapper():
+            nonlocal gone
+            msg = await receive()
+            gone = gone or msg["type"] == "http.disconnect"
+            return msg
+
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
+            if not started and gone:  # the client went away before its body was complete: nobody to answer
+                status = 499
         except Exception as exc:  # escaped every handler: answer here, so the 500 keeps the request id
             status = 500
             _errors.error("request failed", exc_info=exc, extra={"fields": {"request_id": rid}})

@@ -522,7 +522,7 @@ class SteerTransferRequest(_Strict):
     map: str = Field(..., description="Map ref (NAME, NAME@alias, NAME:N) whose source space is the steer's space.")
     name: str | None = Field(None, description="Name of the transferred steer (default: the source steer's name).")
     alias: str | None = None
-    description: str = ""
+    description: str = Description
 
 
 class SteerSummary(BaseModel):

@@ -368,6 +368,30 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="error")
         proc.wait(timeout=20)
 
 
+def test_client_that_goes_away_mid_body_is_no_server_error(server):
+    """A client that closes the connection before its body is complete (fast path: small Content-Length; the
+    route: a large one, or chunked) is a 499 in the metrics and logs no error, never a 500 with a traceback."""
+    import socket
+
+    srv, _ = server
+    head = (f"POST /v1/maps/a2b/transform HTTP/1.1\r\nHost: x\r\nAuthorization: {W['Authorization']}\r\n"
+            f"Content-Type: application/octet-stream\r\n")
+    port = int(srv.url.rsplit(":", 1)[1])
+    for framing in ("Content-Length: 1536\r\n", "Content-Length: 4000000\r\n", "Transfer-Encoding: chunked\r\n"):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall((head + framing + "\r\n").encode() + (b"ff\r\n" if "chunked" in framing else b"") + b"\0" * 64)
+            time.sleep(0.3)
+    time.sleep(0.5)
+    with srv.client(R) as c:
+        metrics = c.get("/metrics").text
+    counts = [line for line in metrics.splitlines()
+              if line.startswith("vecbridge_request_duration_seconds_count") and "/transform" in line]
+    assert not [line for line in counts if 'status="500"' in line], counts
+    assert [line for line in counts if 'status="499"' in line], counts
+    assert "request failed" not in srv.log()
+    _alive(srv)
+
+
 # --- 8. ids --------------------------------------------------------------------------------------
 def test_ids_never_overflow(server):
     srv, data = server

@@ -14,9 +14,11 @@ from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ...ops import maps as map_ops
 from ..openapi import examples
 from ..responses import FastJSONResponse
+from ..routing import CodecRoute
 from ..schemas import EmbeddingsRequest, EmbeddingsResponse, ModelList, error_responses
 
-router = APIRouter(prefix="/v1", tags=["embeddings"], responses=error_responses(401, 403, 422, 503))
+router = APIRouter(prefix="/v1", tags=["embeddings"], responses=error_responses(401, 403, 422, 503),
+                   route_class=CodecRoute)
 
 EMB_DOC = """OpenAI-compatible embeddings with the installed encoders (`GET /v1/models`).
 

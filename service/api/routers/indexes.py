@@ -18,11 +18,13 @@ from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
 from ..pagination import list_route
 from ..responses import FastJSONResponse, dumps
+from ..routing import CodecRoute
 from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate, IndexCreateOptions, IndexDelete,
                        IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
                        error_responses)
 
-router = APIRouter(prefix="/v1", tags=["indexes"], responses=error_responses(401, 403, 404, 422, 503))
+router = APIRouter(prefix="/v1", tags=["indexes"], responses=error_responses(401, 403, 404, 422, 503),
+                   route_class=CodecRoute)
 
 SEARCH_DOC = """Search the index with queries from **any** registered space.
 

@@ -18,11 +18,13 @@ from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
 from ..pagination import Page, list_route, paginate
-from ..responses import FastJSONResponse
+from ..responses import FastJSONResponse, dumps
+from ..routing import CodecRoute
 from ..schemas import (MAX_VERSION, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
                        TransformJSON, TransformOptions, TransformResponse, VersionList, VersionOut, error_responses)
 
-router = APIRouter(prefix="/v1", tags=["spaces and maps"], responses=error_responses(401, 403, 404, 422, 503))
+router = APIRouter(prefix="/v1", tags=["spaces and maps"], responses=error_responses(401, 403, 404, 422, 503),
+                   route_class=CodecRoute)
 
 # Version numbers are positive and fit the registry's INTEGER column (SQLite raises OverflowError on
 # anything past 64 bits, PostgreSQL on anything past 32): out of range is a 422, never a 500.
@@ -137,7 +139,10 @@ async def get_report(name: str, version: Version, state: StateDep):
             summary="Set a tag", response_model=VersionOut, responses=error_responses(415))
 async def set_tag(name: str, version: Version, key: str,
                   body: Annotated[TagSet, Body(openapi_examples=examples("set_tag"))], state: StateDep):
-    return FastJSONResponse((await run_in_threadpool(state.registry.set_tag, name, version, key, body.value)).to_dict())
+    """Tags are text: a string is stored as sent, any other JSON value as its compact JSON (`true`, `null`,
+    `{"a":1}`, `0.5`)."""
+    value = body.value if isinstance(body.value, str) else dumps(body.value).decode()
+    return FastJSONResponse((await run_in_threadpool(state.registry.set_tag, name, version, key, value)).to_dict())
 
 
 @router.get("/maps/{ref}/artifact", dependencies=[ReadScope], summary="Download the map artifact",

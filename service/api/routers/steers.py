@@ -17,12 +17,14 @@ from ..job_routes import job_route
 from ..openapi import examples, json_body
 from ..pagination import list_route
 from ..responses import FastJSONResponse
+from ..routing import CodecRoute
 from ..schemas import (AliasSet, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
                        SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferRequest, error_responses)
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", tags=["steers"], responses=error_responses(401, 403, 404, 422, 503))
+router = APIRouter(prefix="/v1", tags=["steers"], responses=error_responses(401, 403, 404, 422, 503),
+                   route_class=CodecRoute)
 
 FIT_DOC = """Queue a steer fit (LM-Steer style `W = P1 P2^T` in one space, or the `mean-shift`
 baseline); the answer (202) carries the job id. On success the job's `result` holds `ref` and the

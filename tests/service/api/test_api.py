@@ -191,6 +191,16 @@ def test_alias_and_soft_delete(tmp_path):
         np.testing.assert_allclose(LinearMap.from_bytes(r.content).W, d["a2b"].W)
 
 
+def test_tag_values_are_stored_as_json_text(world):
+    """A tag value that is not a string comes back as its JSON text, not Python's repr (True, None, {'a': 1})."""
+    c, _, _ = world
+    for value, text in ((True, "true"), (None, "null"), ({"a": [1, None]}, '{"a":[1,null]}'), ([1.5, "x"], '[1.5,"x"]'),
+                        (7, "7"), (0.25, "0.25"), ("as sent", "as sent")):
+        r = c.put("/v1/maps/b2c/versions/1/tags/t", json={"value": value}, headers=W)
+        assert r.status_code == 200 and r.json()["tags"]["t"] == text, (value, r.text[:200])
+    assert c.get("/v1/maps/b2c/versions/1", headers=R).json()["tags"]["t"] == "as sent"
+
+
 # --- auth ---------------------------------------------------------------------------------------
 def test_auth_scopes(world):
     c, _, _ = world
