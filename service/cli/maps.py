@@ -7,6 +7,7 @@ Each command parses its options, calls one operation (:func:`service.ops.maps.ru
 
 from __future__ import annotations
 
+import io
 import sys
 import warnings
 from pathlib import Path
@@ -20,6 +21,7 @@ from ..indexes.csls import CSLS_WEIGHT
 from ..io import read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import evaluate_map, plan
+from ..storage import atomic_write
 from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt,
                       random_state_opt, read_pair, read_relevant, read_seed_pairs, space_name, version_record)
 
@@ -224,6 +226,8 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     given = [x is not None for x in (queries_path, old_queries_path, relevant_path)]
     if any(given) and not all(given):
         raise InputError("--queries, --old-queries and --relevant go together (labelled queries over the probe)")
+    if rows_out is not None and Path(rows_out).suffix.lower() != ".npy":  # np.save would write ROWS_OUT.npy
+        raise InputError(f"--rows-out {rows_out}: the rows are written as .npy (int64 indices); name a .npy file")
     X_old = read_vectors(old, rows=old_rows)
     A = read_vectors(probe_source, rows=probe_rows)
     B = read_vectors(probe_target, rows=probe_rows)
@@ -234,7 +238,9 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q, old_queries=Qo,
                relevant=rel)
     if rows_out is not None:
-        np.save(rows_out, np.asarray(res["rows_to_embed"], dtype=np.int64))
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(res["rows_to_embed"], dtype=np.int64), allow_pickle=False)
+        atomic_write(rows_out, buf.getvalue())  # a crash or a full disk never leaves half a rows file
         res["rows_out"] = str(Path(rows_out).resolve())
     lines = [f"alignability (kNN@10 overlap on {res['n_probe']} probe pairs): {res['alignability']:.3f}"
              f"  -> unsupervised {'possible' if res['unsupervised_feasible'] else 'not expected to work'}",
