@@ -305,8 +305,8 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     else:
         raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; "
                           f"use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
-    if M.ndim != 2 or not np.issubdtype(M.dtype, np.number):
-        return as_matrix(M, name=path.name)  # raises the ShapeError / InputError (non-numeric dtype)
+    if M.ndim != 2 or not np.issubdtype(M.dtype, np.number) or np.iscomplexobj(M):
+        return as_matrix(M, name=path.name)  # raises the ShapeError / InputError (non-numeric or complex dtype)
     sl = resolve_rows(rows, M.shape[0], path)
     return as_matrix(np.array(M[sl], dtype=np.float32), name=path.name)  # a private, writable copy
 

@@ -98,6 +98,13 @@ def test_bad_files_raise_typed_errors(tmp_path):
     np.save(tmp_path / "nan.npy", np.array([[1.0, np.nan]], np.float32))
     with pytest.raises(NonFiniteError):
         read_vectors(tmp_path / "nan.npy")
+    for suffix in (".npy", ".npz"):  # not cast to float32 (dropping the imaginary part) before the dtype check
+        write = np.save if suffix == ".npy" else (lambda p, a: np.savez(p, vectors=a))
+        write(tmp_path / f"complex{suffix}", np.ones((4, 2), np.complex64))
+        with pytest.raises(InputError, match="complex"):
+            read_vectors(tmp_path / f"complex{suffix}")
+    with pytest.raises(InputError, match="complex"):
+        list(iter_chunks(tmp_path / "complex.npy", chunk_rows=2))
     np.save(tmp_path / "one_d.npy", np.arange(3.0))
     with pytest.raises(ShapeError):
         read_vectors(tmp_path / "one_d.npy")
