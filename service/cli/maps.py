@@ -118,7 +118,8 @@ def _render_fit(reg, v, as_json: bool) -> None:
 @click.command("eval")
 @_ref_opt
 @input_opts
-@click.option("--min-top1", type=float, default=None, help="PASS/FAIL gate: exit 1 when top-1 is below.")
+@click.option("--min-top1", type=click.FloatRange(0, 1), default=None,
+              help="PASS/FAIL gate: exit 1 when top-1 is below.")
 @click.option("--min-retention", type=click.FloatRange(0, 1), default=None,
               help="PASS/FAIL gate on retention: exit 1 when below. With --queries/--relevant, the retention of "
                    "labelled retrieval (R@10 migrated / native over the held-out documents); otherwise the proxy "

@@ -123,6 +123,9 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     retention as ``eval.labelled_retention``. With ``csls``, labelled retention is of CSLS search with
     ``csls_weight`` (the service's default 0.5) and the plain one is kept as ``retrieval.labelled_plain``.
     """
+    for what, gate in (("min_top1", min_top1), ("min_retention", min_retention)):
+        if gate is not None and not 0.0 <= gate <= 1.0:  # NaN too: a gate no figure can pass or fail honestly
+            raise InputError(f"{what} must be a number in [0, 1], got {gate}")
     v = registry.resolve(ref)
     m = registry.load_map(v)
     res = align.evaluate(m, X, Y, csls=csls)
