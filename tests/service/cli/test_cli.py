@@ -97,6 +97,10 @@ def test_registry_commands(capsys, data, tmp_path):
     assert m["latest_version"] == 2 and [v["version"] for v in m["versions"]] == [1, 2]
     assert m["versions"][1]["artifact_format"] == "npz" and m["versions"][0]["data_hashes"]["target"]
     assert {s["name"] for s in listing["spaces"]} == {"src", "tgt"}
+    for cmd in (["alias", "src->tgt", "prod"], ["tag", "src->tgt"], ["delete", "src->tgt"]):
+        huge = ["99999999999999999999", *(["k", "v"] if cmd[0] == "tag" else [])]  # past SQLite's 64 bits
+        code, _, err = run(capsys, *base, *cmd, *huge)
+        assert code == 2 and "has no version 99999999999999999999" in err and "internal" not in err
     assert run(capsys, *base, "alias", "src->tgt", "prod", "1")[0] == 0
     assert run(capsys, *base, "tag", "src->tgt", "1", "reviewed", "yes")[0] == 0
     code, out, _ = run(capsys, *base, "show", "src->tgt@prod", "--json")
