@@ -220,9 +220,10 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
 @click.option("--relevant", "relevant_path", type=click.Path(dir_okay=False), default=None,
               help="Each query's relevant document: its row in the probe (.npy ints, .json list, or one per line).")
 @json_opt
+@quiet_opt
 @click.pass_obj
 def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, target_retention, random_state,
-             rows_out, queries_path, old_queries_path, relevant_path, as_json):
+             rows_out, queries_path, old_queries_path, relevant_path, as_json, quiet):
     """Before a migration: alignability, expected retention vs K, recommended method and K, rows to re-embed."""
     given = [x is not None for x in (queries_path, old_queries_path, relevant_path)]
     if any(given) and not all(given):
@@ -236,8 +237,12 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     if all(given):
         Q, Qo = read_vectors(queries_path), read_vectors(old_queries_path)
         rel = read_relevant(relevant_path, Q.shape[0])
-    res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q, old_queries=Qo,
-               relevant=rel)
+    progress, close = progress_bar(not quiet)
+    try:
+        res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q,
+                   old_queries=Qo, relevant=rel, progress=progress)
+    finally:
+        close()
     if rows_out is not None:
         buf = io.BytesIO()
         np.save(buf, np.asarray(res["rows_to_embed"], dtype=np.int64), allow_pickle=False)

@@ -56,14 +56,15 @@ def fit_migration_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict
 
 
 def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, random_state=0,
-         target_retention: float = 0.95, queries=None, old_queries=None, relevant=None) -> dict:
+         target_retention: float = 0.95, queries=None, old_queries=None, relevant=None, progress=None) -> dict:
     """The plan of :func:`align.plan_migration` (JSON-safe dict); with labelled ``queries`` (new model),
-    ``old_queries`` (the same, old model) and ``relevant`` (probe rows), of their labelled retention."""
+    ``old_queries`` (the same, old model) and ``relevant`` (probe rows), of their labelled retention.
+    ``progress(stage, fraction)`` follows its learning curve and row selection."""
     if not 0.0 < float(target_retention) <= 1.0:
         raise InputError(f"target_retention must be in (0, 1], got {target_retention}")
     return align.plan_migration(X_old, probe_src, probe_tgt, random_state=random_state,
                                 target_retention=float(target_retention), queries=queries, old_queries=old_queries,
-                                relevant=None if relevant is None else np.asarray(relevant))
+                                relevant=None if relevant is None else np.asarray(relevant), progress=progress)
 
 
 def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None, queries=None,
