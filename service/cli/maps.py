@@ -164,7 +164,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
                        record=record, queries=Q, relevant=rel, side=side, old_queries=Qo, csls_weight=csls_weight)
     r = res["retrieval"]
-    text = (f"{res['map']}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f}  "
+    text = (f"{res['map']}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f} "
+            f"(centred; raw {res['cos_raw']:.4f})  "
             f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})\n"
             f"  retrieval: nn_retention@10 {r['nn_retention@10']:.4f}  corpus-side MRR {r['corpus_mrr']:.4f}  "
             f"query-side MRR {r['query_mrr']:.4f}  overlap@10 {r['overlap@10']:.4f}")

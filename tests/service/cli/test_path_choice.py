@@ -145,6 +145,16 @@ def test_cli_transform_default_is_comparable_with_native_targets(tmp_path, capsy
                      "--quiet", "--output", "frame")
     cos_frame = float(np.mean(np.sum(np.load(tmp_path / "f.npy") * native, axis=1)))
     assert cos_raw > cos_frame + (0.3 if real else 0.0) and cos_raw > 0.8
+    # eval's `cos` is of the centred frame (0.54 against 0.91 for minilm -> e5): it also reports the raw one
+    write_vectors(tmp_path / "yh.npy", Y[4000:5000])
+    code, out, err = run(capsys, *d, "eval", "--map", "old2new@prod", "--source", tmp_path / "q.npy", "--target",
+                         tmp_path / "yh.npy", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert abs(res["cos_raw"] - cos_raw) < 1e-4 and (res["cos"] < cos_raw - 0.2 if real else True)
+    code, out, _ = run(capsys, *d, "eval", "--map", "old2new@prod", "--source", tmp_path / "q.npy", "--target",
+                       tmp_path / "yh.npy")
+    assert f"(centred; raw {res['cos_raw']:.4f})" in out
     code, out, _ = run(capsys, *d, "registry", "path", "x", "y", "--candidates", "--json")
     assert code == 0 and json.loads(out)["path"] == ["old2new:1"]
 
