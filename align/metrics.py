@@ -49,7 +49,8 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
     Returns
     -------
     dict with ``n_candidates`` (the pool size n), ``top1``, ``mean_rank``, ``median_rank``,
-    ``cos`` (mean cosine to the true partner), ``recall@k`` for each k, and with ``csls=True``
+    ``cos`` (mean cosine to the true partner, both in the target's centred frame: the raw output's cosine with
+    the raw target rows differs), ``recall@k`` for each k, and with ``csls=True``
     ``csls_top1`` / ``csls_mean_rank``.
     """
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))

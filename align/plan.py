@@ -293,7 +293,7 @@ def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tu
 def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retention: float = 0.95,
                    target_ks=DEFAULT_TARGET_KS, repeats: int = 2, methods=("procrustes", "ridge"),
                    distractors: int = 8192, select_rows: bool = True, queries=None, old_queries=None,
-                   relevant=None) -> dict:
+                   relevant=None, progress=None) -> dict:
     r"""A plan before the fit, from the old corpus and a small paired probe.
 
     Parameters
@@ -308,6 +308,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         relevant document. With them the curve's statistic is their labelled R@10 retention estimated
         for the whole ``X_old`` (all of it: ``distractors`` does not apply), the one
         ``vecbridge eval --queries`` measures after the fit, instead of the ``nn_retention`` proxy.
+    progress : callable(stage: str, fraction: float), optional
+        called as the learning curve's fits complete (``"learning curve"``) and around the row selection
+        (``"rows to re-embed"``); a labelled plan over a 40,960-row corpus takes tens of seconds.
 
     Method
     ------
@@ -377,6 +380,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     from .retrieval import nn_retention
 
     curve: dict = {m: [] for m in methods}
+    report = progress or (lambda stage, fraction: None)
+    n_fits, done = len(methods) * sum(repeats if k < top else 1 for k in ks), 0
+    report("learning curve", 0.0)
     for k in ks:
         for m in methods:
             vals = []
@@ -388,6 +394,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                                              extra_M=fitted._apply(extra, output="raw")))
                 else:
                     vals.append(lab.estimate(fitted._apply(A[val], output="raw"), fitted._apply(extra, output="raw")))
+                done += 1
+                report("learning curve", done / n_fits)
             curve[m].append({"k": k, "mean": float(np.mean(vals)), "spread": float(np.std(vals))})
             if lab is not None and k == top:  # the query sample's own uncertainty, at the largest K
                 lo, hi = lab.interval(rng)
@@ -427,6 +435,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         notes.append(f"keeping the old model is predicted to be at least as good: its R@10 of these queries over the "
                      f"corpus is {native['old_corpus']:.3f}, the migrated index's {predicted[-1]['r10']:.3f} at "
                      f"K = {predicted[-1]['k']} (native new model: {native['new_corpus_estimate']:.3f})")
+    report("rows to re-embed", 0.0)
+    chosen = select_rows_to_embed(Xo, k_rows, random_state=rng).tolist() if select_rows else []
+    report("rows to re-embed", 1.0)
     return {
         "alignability": overlap, "unsupervised_feasible": bool(overlap >= 0.4), "n_probe": int(p),
         "n_probe_holdout": int(val.size),
@@ -437,6 +448,6 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         "curve": curve, "best_method": best, "fit": fit,
         "predicted": predicted, "target_retention": float(target_retention),
         "recommended": {"method": "auto" if k_rec >= 1000 else best, "k": k_rec},
-        "rows_to_embed": select_rows_to_embed(Xo, k_rows, random_state=rng).tolist() if select_rows else [],
+        "rows_to_embed": chosen,
         "notes": notes,
     }

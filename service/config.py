@@ -33,7 +33,7 @@ class Settings(BaseSettings):
         None, description="The vector database beside the service (qdrant://host:port, milvus://..., "
                           "postgresql://...): the default store of migrations and query-side translation.")
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(8000, ge=1, le=65535, description="TCP port of the HTTP service.")
     # {"key": ["read", "write"], ...}; empty and auth_disabled=False means every request is refused.
     api_keys: dict[str, list[str]] = Field(default_factory=dict)
     auth_disabled: bool = Field(False, description="Turn API keys off (local use only; must be explicit).")

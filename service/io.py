@@ -30,6 +30,8 @@ import numpy as np
 
 from align.exceptions import InputError
 
+from .storage import atomic_write
+
 __all__ = [
     "FormatError", "check_file", "load_npy", "parse_rows", "resolve_rows", "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
     "write_vectors", "is_text_path", "sha256_array", "VECTOR_SUFFIXES", "TEXT_SUFFIXES",
@@ -305,8 +307,8 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     else:
         raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; "
                           f"use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
-    if M.ndim != 2 or not np.issubdtype(M.dtype, np.number):
-        return as_matrix(M, name=path.name)  # raises the ShapeError / InputError (non-numeric dtype)
+    if M.ndim != 2 or not np.issubdtype(M.dtype, np.number) or np.iscomplexobj(M):
+        return as_matrix(M, name=path.name)  # raises the ShapeError / InputError (non-numeric or complex dtype)
     sl = resolve_rows(rows, M.shape[0], path)
     return as_matrix(np.array(M[sl], dtype=np.float32), name=path.name)  # a private, writable copy
 
@@ -372,6 +374,7 @@ class ChunkWriter:
             raise InputError("writing .npy in chunks needs the row count up front")
         self.dim, self.n_rows, self.written = int(dim), n_rows, 0
         self.tmp = self.path.with_name(f".{self.path.name}.part-{os.getpid()}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # as atomic_write does; else the error names self.tmp
         if self.suffix == ".npy":
             from numpy.lib.format import open_memmap
 
@@ -454,8 +457,11 @@ def write_vectors(path, X, *, key: str = "vectors") -> Path:
     path = Path(path)
     X = np.ascontiguousarray(X, dtype=np.float32)
     if path.suffix.lower() == ".npz":
-        np.savez(path, **{key: X})
-        return path
+        def save(tmp: Path) -> None:
+            with open(tmp, "wb") as fh:  # a file object: np.savez would append .npz to the temporary name
+                np.savez(fh, **{key: X})
+
+        return atomic_write(path, save)  # never half an archive under the final name
     with ChunkWriter(path, dim=X.shape[1], n_rows=X.shape[0]) as w:
         w.write(X)
     return path

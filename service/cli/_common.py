@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 import numpy as np
+from pydantic import ValidationError
 from tqdm import tqdm
 
 from align.exceptions import InputError, PairCountError
@@ -42,7 +43,12 @@ class Ctx:
             kw["data_dir"] = data_dir
         if registry_url is not None:
             kw["registry_url"] = registry_url
-        self.settings = Settings(**kw)
+        try:
+            self.settings = Settings(**kw)
+        except ValidationError as exc:  # a bad VECBRIDGE_* variable: one line and exit 2, not an internal error
+            e = exc.errors()[0]
+            field = "__".join(str(x) for x in e["loc"])
+            raise InputError(f"setting VECBRIDGE_{field.upper()} ({field}): {e['msg']}, got {e.get('input')!r}") from None
         self._reg = None
         self.lm = None  # the language model, loaded on first use (service.ops.lm.get_lm)
 

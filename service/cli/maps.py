@@ -7,6 +7,7 @@ Each command parses its options, calls one operation (:func:`service.ops.maps.ru
 
 from __future__ import annotations
 
+import io
 import sys
 import warnings
 from pathlib import Path
@@ -20,6 +21,7 @@ from ..indexes.csls import CSLS_WEIGHT
 from ..io import read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import evaluate_map, plan
+from ..storage import atomic_write
 from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt,
                       random_state_opt, read_pair, read_relevant, read_seed_pairs, space_name, version_record)
 
@@ -116,7 +118,8 @@ def _render_fit(reg, v, as_json: bool) -> None:
 @click.command("eval")
 @_ref_opt
 @input_opts
-@click.option("--min-top1", type=float, default=None, help="PASS/FAIL gate: exit 1 when top-1 is below.")
+@click.option("--min-top1", type=click.FloatRange(0, 1), default=None,
+              help="PASS/FAIL gate: exit 1 when top-1 is below.")
 @click.option("--min-retention", type=click.FloatRange(0, 1), default=None,
               help="PASS/FAIL gate on retention: exit 1 when below. With --queries/--relevant, the retention of "
                    "labelled retrieval (R@10 migrated / native over the held-out documents); otherwise the proxy "
@@ -161,7 +164,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
                        record=record, queries=Q, relevant=rel, side=side, old_queries=Qo, csls_weight=csls_weight)
     r = res["retrieval"]
-    text = (f"{res['map']}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f}  "
+    text = (f"{res['map']}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f} "
+            f"(centred; raw {res['cos_raw']:.4f})  "
             f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})\n"
             f"  retrieval: nn_retention@10 {r['nn_retention@10']:.4f}  corpus-side MRR {r['corpus_mrr']:.4f}  "
             f"query-side MRR {r['query_mrr']:.4f}  overlap@10 {r['overlap@10']:.4f}")
@@ -217,13 +221,16 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
 @click.option("--relevant", "relevant_path", type=click.Path(dir_okay=False), default=None,
               help="Each query's relevant document: its row in the probe (.npy ints, .json list, or one per line).")
 @json_opt
+@quiet_opt
 @click.pass_obj
 def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, target_retention, random_state,
-             rows_out, queries_path, old_queries_path, relevant_path, as_json):
+             rows_out, queries_path, old_queries_path, relevant_path, as_json, quiet):
     """Before a migration: alignability, expected retention vs K, recommended method and K, rows to re-embed."""
     given = [x is not None for x in (queries_path, old_queries_path, relevant_path)]
     if any(given) and not all(given):
         raise InputError("--queries, --old-queries and --relevant go together (labelled queries over the probe)")
+    if rows_out is not None and Path(rows_out).suffix.lower() != ".npy":  # np.save would write ROWS_OUT.npy
+        raise InputError(f"--rows-out {rows_out}: the rows are written as .npy (int64 indices); name a .npy file")
     X_old = read_vectors(old, rows=old_rows)
     A = read_vectors(probe_source, rows=probe_rows)
     B = read_vectors(probe_target, rows=probe_rows)
@@ -231,10 +238,16 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     if all(given):
         Q, Qo = read_vectors(queries_path), read_vectors(old_queries_path)
         rel = read_relevant(relevant_path, Q.shape[0])
-    res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q, old_queries=Qo,
-               relevant=rel)
+    progress, close = progress_bar(not quiet)
+    try:
+        res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q,
+                   old_queries=Qo, relevant=rel, progress=progress)
+    finally:
+        close()
     if rows_out is not None:
-        np.save(rows_out, np.asarray(res["rows_to_embed"], dtype=np.int64))
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(res["rows_to_embed"], dtype=np.int64), allow_pickle=False)
+        atomic_write(rows_out, buf.getvalue())  # a crash or a full disk never leaves half a rows file
         res["rows_out"] = str(Path(rows_out).resolve())
     lines = [f"alignability (kNN@10 overlap on {res['n_probe']} probe pairs): {res['alignability']:.3f}"
              f"  -> unsupervised {'possible' if res['unsupervised_feasible'] else 'not expected to work'}",

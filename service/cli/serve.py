@@ -27,7 +27,7 @@ def encoders(as_json):
                    "VECBRIDGE_DATA_DIR).")
 @click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... (shared by replicas).")
 @click.option("--host", default=None)
-@click.option("--port", type=int, default=None)
+@click.option("--port", type=click.IntRange(1, 65535), default=None)
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Server processes sharing the port (each with its own app; shared registry and data dir).")
 @click.pass_obj

@@ -116,8 +116,8 @@ def steer_transfer(obj: Ctx, ref, map_ref, name, alias, description, as_json):
               help="Rank these texts along each direction (embedded with --encoder or the space's).")
 @click.option("--vectors", type=click.Path(dir_okay=False), default=None, help="Embeddings of --texts, if at hand.")
 @click.option("--encoder", default=None)
-@click.option("-k", "k", type=int, default=5, show_default=True, help="Items at each extreme.")
-@click.option("--directions", type=int, default=4, show_default=True)
+@click.option("-k", "k", type=click.IntRange(1, 100), default=5, show_default=True, help="Items at each extreme.")
+@click.option("--directions", type=click.IntRange(1, 1024), default=4, show_default=True)
 @json_opt
 @click.pass_obj
 def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_json):

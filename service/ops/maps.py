@@ -243,6 +243,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     check_name(target_space, "target space")
     if alias is not None:
         check_alias(alias)
+    _check_map_spaces(registry, name, source_space, target_space)  # what registration would refuse: before the fit
     params = dict(params or {})
     st = Stages(progress, should_cancel, what=f"fit of {name!r}")
 
@@ -252,6 +253,13 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         if paired and X.shape[0] != Y.shape[0]:
             raise align.PairCountError(f"paired fit needs as many source rows as target rows, got {X.shape[0]} "
                                        f"and {Y.shape[0]}")
+        for space, M in ((source_space, X), (target_space, Y)):
+            try:
+                have = registry.get_space(space).dim
+            except NotFoundError:
+                continue
+            if have != M.shape[1]:
+                raise ConflictError(f"space {space!r} is {have}-d, not {M.shape[1]}-d")
         hashes = {"source": sha256_array(X), "target": sha256_array(Y)}
         if seed_pairs is not None:
             i_s, i_t = (np.asarray(a).reshape(-1) for a in seed_pairs)
@@ -374,6 +382,12 @@ def check_fit_request(registry, *, name: str, method: str, paired: bool, source_
     check_name(target_space, "target space")
     if alias is not None:
         check_alias(alias)
+    _check_map_spaces(registry, name, source_space, target_space)
+    _check_method(method, paired)
+
+
+def _check_map_spaces(registry, name: str, source_space: str, target_space: str) -> None:
+    """A map name already bound to other spaces: the ConflictError ``register_version`` would raise after the fit."""
     try:
         v = registry.get_version(name, 1)  # one row; every version of a map shares its spaces
     except NotFoundError:
@@ -385,7 +399,6 @@ def check_fit_request(registry, *, name: str, method: str, paired: bool, source_
     if v is not None and (v.source_space, v.target_space) != (source_space, target_space):
         raise ConflictError(f"map {name!r} connects {v.source_space} -> {v.target_space}, not "
                             f"{source_space} -> {target_space}; choose another map name")
-    _check_method(method, paired)
 
 
 def _check_method(method: str, paired: bool) -> None:

@@ -56,12 +56,13 @@ def fit_migration_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict
 
 
 def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, random_state=0,
-         target_retention: float = 0.95, queries=None, old_queries=None, relevant=None) -> dict:
+         target_retention: float = 0.95, queries=None, old_queries=None, relevant=None, progress=None) -> dict:
     """The plan of :func:`align.plan_migration` (JSON-safe dict); with labelled ``queries`` (new model),
-    ``old_queries`` (the same, old model) and ``relevant`` (probe rows), of their labelled retention."""
+    ``old_queries`` (the same, old model) and ``relevant`` (probe rows), of their labelled retention.
+    ``progress(stage, fraction)`` follows its learning curve and row selection."""
     return align.plan_migration(X_old, probe_src, probe_tgt, random_state=random_state,
                                 target_retention=target_retention, queries=queries, old_queries=old_queries,
-                                relevant=None if relevant is None else np.asarray(relevant))
+                                relevant=None if relevant is None else np.asarray(relevant), progress=progress)
 
 
 def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None, queries=None,
@@ -113,17 +114,25 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
                  csls_weight: float = CSLS_WEIGHT) -> dict:
     """Scores of the registered map ``ref`` on held-out pairs ``X`` (n, d_s) <-> ``Y`` (n, d_t).
 
-    Keys: those of :func:`align.evaluate`, ``retrieval`` (:func:`retention_gate`), ``retention``,
-    ``map`` (the resolved ref) and, when a gate is given, ``min_top1`` / ``min_retention`` and
-    ``result`` (``"PASS"`` only when every given gate passes). ``record`` stores top-1, mean rank,
-    cosine, recall@10 and the candidate count as tags ``eval.*`` on the version (they rank paths),
-    and with labelled ``queries`` / ``relevant`` (see :func:`retention_gate`) the labelled
+    Keys: those of :func:`align.evaluate` (its ``cos`` is in the target's centred frame), ``cos_raw`` (the
+    mean cosine of the map's raw output, what ``transform`` writes, with the native target rows),
+    ``retrieval`` (:func:`retention_gate`), ``retention``, ``map`` (the resolved ref) and, when a gate is
+    given, ``min_top1`` / ``min_retention`` and ``result`` (``"PASS"`` only when every given gate passes).
+    ``record`` stores top-1, mean rank, cosine, recall@10 and the candidate count as tags ``eval.*`` on the
+    version (they rank paths), and with labelled ``queries`` / ``relevant`` (see :func:`retention_gate`) the labelled
     retention as ``eval.labelled_retention``. With ``csls``, labelled retention is of CSLS search with
     ``csls_weight`` (the service's default 0.5) and the plain one is kept as ``retrieval.labelled_plain``.
     """
+    for what, gate in (("min_top1", min_top1), ("min_retention", min_retention)):
+        if gate is not None and not 0.0 <= gate <= 1.0:  # NaN too: a gate no figure can pass or fail honestly
+            raise InputError(f"{what} must be a number in [0, 1], got {gate}")
     v = registry.resolve(ref)
     m = registry.load_map(v)
     res = align.evaluate(m, X, Y, csls=csls)
+    # ``cos`` is of the target's centred frame; ``cos_raw`` of what transform writes against native target rows
+    Z = m.apply(X, output="raw", validate=False)
+    res["cos_raw"] = float(np.mean(np.einsum("ij,ij->i", Z, Y) / (np.linalg.norm(Z, axis=1) * np.linalg.norm(Y, axis=1)
+                                                                  + 1e-12)))
     res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention, queries=queries, relevant=relevant,
                                       side=side, old_queries=old_queries, csls_weight=csls_weight if csls else None)
     res["retention"] = res["retrieval"]["retention"]

@@ -32,7 +32,7 @@ from .db import open_db
 from .entity import MAPS, STEERS, LRUCache, VersionedStore, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .models import SpaceInfo, VersionInfo
-from .names import check_alias, check_name, check_tag_key
+from .names import check_alias, check_name, check_tag_key, parse_ref
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
 
@@ -237,16 +237,24 @@ class Registry(SteerRegistryMixin):
         return self._maps.list(name, include_deleted)
 
     def resolve(self, ref: str) -> VersionInfo:
-        """``name`` → latest live version; ``name@alias`` → the alias's version; ``name:N`` → version N.
+        """``name`` → its newest live version not flagged unreliable (the newest live one when every live
+        version is flagged: the map was named, so it is inspected); ``name@alias`` → the alias's version;
+        ``name:N`` → version N. A bare name so never lands on a failed refit that the paths skip.
 
         Raises NotFoundError for unknown names/aliases/versions and DeletedVersionError (a
         NotFoundError) when the version, or the alias's version, was deleted.
         """
+        name, alias, version = parse_ref(ref)
+        if alias is None and version is None:
+            with self.db.tx() as t:
+                for r in self._maps.rows(t, name, live=True, newest_first=True, cols="version, metrics"):
+                    if json.loads(r["metrics"] or "{}").get("reliable") is not False:
+                        return self._maps.get_in(t, name, int(r["version"]))
         return self._maps.resolve(ref)
 
     def load_map(self, ref) -> LinearMap | ClusterMap:
         """Resolve ``ref`` (or take a VersionInfo) and read its artifact, verifying the sha256 (cached)."""
-        return self._maps.load(ref)
+        return self._maps.load(self.resolve(ref) if isinstance(ref, str) else ref)
 
     def compose(self, chain: list[VersionInfo]) -> LinearMap | ClusterMap | MapChain:
         """The map ``chain[0]`` then ``chain[1]`` ... composed (one non-empty chain; cached by the shas).

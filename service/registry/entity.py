@@ -28,7 +28,7 @@ from align.exceptions import SerializationError
 
 from .errors import ConflictError, DeletedVersionError, IntegrityError, NotFoundError
 from .models import Record, SteerInfo, VersionInfo, columns, from_row, to_columns
-from .names import check_alias, check_name, check_tag_key, parse_ref
+from .names import MAX_VERSION, check_alias, check_name, check_tag_key, parse_ref
 
 __all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "now", "package_version"]
 
@@ -206,6 +206,9 @@ class VersionedStore:
             raise NotFoundError(f"unknown {self.kind.noun} {name!r}")
 
     def get_in(self, t, name: str, version: int) -> Record:
+        if not 1 <= int(version) <= MAX_VERSION:  # past the database's INTEGER: no such version, not an overflow
+            self._require(t, name)
+            raise NotFoundError(f"{self.kind.noun} {name!r} has no version {version}")
         r = t.one(f"SELECT {self._cols} FROM {self.kind.table} WHERE name = ? AND version = ?", (name, int(version)))
         if r is None:
             self._require(t, name)

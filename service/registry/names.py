@@ -2,7 +2,8 @@
 
 Map, space and alias names use ``[A-Za-z0-9._-]`` plus the arrow ``->`` (``minilm->e5``), at most
 128 characters, not starting with ``.`` or ``-`` (no ``..``, no path separators, no NUL). A
-reference to a version is ``name`` (latest live version), ``name@alias`` or ``name:3``.
+reference to a version is ``name`` (latest live version; for maps the newest not flagged unreliable),
+``name@alias`` or ``name:3``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,6 +99,13 @@ def test_bad_files_raise_typed_errors(tmp_path):
     np.save(tmp_path / "nan.npy", np.array([[1.0, np.nan]], np.float32))
     with pytest.raises(NonFiniteError):
         read_vectors(tmp_path / "nan.npy")
+    for suffix in (".npy", ".npz"):  # not cast to float32 (dropping the imaginary part) before the dtype check
+        write = np.save if suffix == ".npy" else (lambda p, a: np.savez(p, vectors=a))
+        write(tmp_path / f"complex{suffix}", np.ones((4, 2), np.complex64))
+        with pytest.raises(InputError, match="complex"):
+            read_vectors(tmp_path / f"complex{suffix}")
+    with pytest.raises(InputError, match="complex"):
+        list(iter_chunks(tmp_path / "complex.npy", chunk_rows=2))
     np.save(tmp_path / "one_d.npy", np.arange(3.0))
     with pytest.raises(ShapeError):
         read_vectors(tmp_path / "one_d.npy")
@@ -169,3 +177,30 @@ def test_encoders_reproduce_the_shared_embeddings(tmp_path, name, column, wordne
     ref = np.asarray(wordnet[column][:4], np.float32)
     assert X.shape == (4, 384)
     np.testing.assert_allclose((X * ref).sum(1), 1.0, atol=2e-3)
+
+
+def test_outputs_create_their_folder(tmp_path):
+    """A missing output folder failed with the temporary file's name ('.o.npy.part-123'); created, as
+    atomic_write creates it."""
+    for suffix in (".npy", ".fvecs", ".parquet", ".npz"):
+        out = write_vectors(tmp_path / "new" / suffix[1:] / f"o{suffix}", np.ones((3, 2)))
+        assert out == tmp_path / "new" / suffix[1:] / f"o{suffix}" and read_vectors(out).shape == (3, 2)
+
+
+def test_an_npz_output_is_written_atomically(tmp_path, monkeypatch):
+    """An .npz went straight to its final name, so a failure mid-write left half an archive in place of the old."""
+    target = tmp_path / "keep.npz"
+    write_vectors(target, np.ones((3, 2)))
+    before = target.read_bytes()
+
+    def broken_savez(file, **arrays):
+        if hasattr(file, "write"):
+            file.write(b"PK\x03\x04 half")
+        else:
+            Path(file).write_bytes(b"PK\x03\x04 half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", broken_savez)
+    with pytest.raises(OSError, match="No space"):
+        write_vectors(target, np.zeros((3, 2)))
+    assert target.read_bytes() == before and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

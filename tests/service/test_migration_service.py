@@ -67,6 +67,39 @@ def test_plan_cli_table_json_and_rows_file(capsys, data):
     assert all(q["low"] <= q["retention"] <= q["high"] for q in plan["predicted"])
 
 
+def test_plan_shows_progress_on_stderr_unless_quiet(capsys, data):
+    """A labelled plan over a 40,960-row corpus ran ~20 s without a sign of life; its learning curve and row
+    selection now draw bars on stderr (the plan itself unchanged)."""
+    d = data
+    args = ["--data-dir", d / "var", "plan", "--old", d / "old.npy", "--probe-source", d / "old.npy",
+            "--probe-target", d / "new.npy", "--probe-rows", "0:300", "--json"]
+    code, out, err = run(capsys, *args)
+    assert code == 0 and "learning curve" in err and "rows to re-embed" in err
+    code, quiet_out, quiet_err = run(capsys, *args, "--quiet")
+    assert code == 0 and quiet_err == "" and json.loads(quiet_out) == json.loads(out)
+
+
+def test_plan_rows_out_is_written_where_it_says_or_refused_up_front(capsys, data, monkeypatch):
+    """np.save appended .npy to any other name, so the path printed was not the file written; the file is
+    now written atomically (service.storage.atomic_write), and another suffix is refused before the plan."""
+    import service.cli.maps as cli_maps
+
+    d = data
+    args = ["--data-dir", d / "var", "plan", "--old", d / "old.npy", "--probe-source", d / "old.npy",
+            "--probe-target", d / "new.npy", "--probe-rows", "0:300"]
+    for name in ("rows", "rows.txt"):
+        code, out, err = run(capsys, *args, "--rows-out", d / name)
+        assert code == 2 and "--rows-out" in err and "Traceback" not in err
+        assert not list(d.glob("rows*"))
+    written = []
+    real = cli_maps.atomic_write
+    monkeypatch.setattr(cli_maps, "atomic_write", lambda path, data: written.append(path) or real(path, data))
+    code, out, err = run(capsys, *args, "--rows-out", d / "sub" / "rows.npy")
+    assert code == 0, err
+    assert [str(p) for p in written] == [str(d / "sub" / "rows.npy")] and f"written to {d / 'sub' / 'rows.npy'}" in out
+    assert np.load(d / "sub" / "rows.npy").dtype == np.int64
+
+
 def _labelled(d, X, Y, rows, q=80, seed=0):
     """Queries near ``q`` of the probe rows ``rows`` in each model; their probe rows as relevant documents."""
     rng = np.random.default_rng(seed)

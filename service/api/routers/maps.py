@@ -32,7 +32,7 @@ Version = Annotated[int, Path(ge=1, le=MAX_VERSION, description="Version number 
 
 TRANSFORM_DOC = """Map vectors from the map's source space into its target space.
 
-`ref` is `name` (latest live version), `name@alias` or `name:N`.
+`ref` is `name` (its newest live version not flagged unreliable), `name@alias` or `name:N`.
 
 **Request formats** (pick by `Content-Type`):
 

@@ -58,7 +58,8 @@ async def create_plan(request: Request, settings: SettingsDep):
 
 EVALUATE_DOC = """Evaluate the map `ref` (name, name@alias or name:version) on held-out documents embedded by
 both models (`source`, `target`: row i is the same text) — what `vecbridge eval` prints with `--json`:
-top-1, mean rank, cosine and recall@10 of the pairs, and `retrieval` (corpus- and query-side MRR,
+top-1, mean rank, cosine (`cos`: in the target's centred frame; `cos_raw`: of the raw output, what a transform
+returns, with the native target rows) and recall@10 of the pairs, and `retrieval` (corpus- and query-side MRR,
 overlap@10, the proxy `nn_retention@10`). With labelled `queries` and each one's `relevant` row,
 `retrieval.labelled` holds R@1, R@10, nDCG@10 and MRR of those queries over the mapped and over the
 native documents and their retention (`retention_interval`: the 95 % bootstrap interval of the R@10

@@ -51,9 +51,11 @@ def test_fit_eval_gate_and_lineage(capsys, data):
             "--target", data / "tgt.fvecs", "--rows", "600:900"]
     code, out, _ = run(capsys, *gate, "--min-top1", "0.9")
     assert code == 0 and "PASS" in out and "top-1" in out
-    code, out, _ = run(capsys, *gate, "--min-top1", "1.01", "--json")
-    res = json.loads(out)
-    assert code == 1 and res["result"] == "FAIL" and res["n_candidates"] == 300
+    for bad in ("1.01", "-0.5", "nan"):  # a gate no top-1 can pass (or, NaN, fail honestly): refused, as over HTTP
+        code, out, err = run(capsys, *gate, "--min-top1", bad)
+        assert code == 2 and "PASS" not in out + err and "FAIL" not in out + err and "Traceback" not in err
+    code, out, err = run(capsys, *gate, "--min-retention", "nan")
+    assert code == 2 and "min_retention must be a number in [0, 1]" in err
     # the gate compares against the real number: an identity map fails it
     ident = align.LinearMap(np.eye(16))
     from service.registry import open_registry
@@ -62,8 +64,10 @@ def test_fit_eval_gate_and_lineage(capsys, data):
     reg.register_version("src->tgt", ident, source_space="src", target_space="tgt", method="identity", params={},
                          alias="candidate")
     code, out, _ = run(capsys, "--data-dir", data / "var", "eval", "--map", "src->tgt@candidate", "--source",
-                       data / "src.npy", "--target", data / "tgt.fvecs", "--rows", "600:900", "--min-top1", "0.5")
-    assert code == 1 and "FAIL" in out
+                       data / "src.npy", "--target", data / "tgt.fvecs", "--rows", "600:900", "--min-top1", "0.5",
+                       "--json")
+    res = json.loads(out)
+    assert code == 1 and res["result"] == "FAIL" and res["n_candidates"] == 300
 
 
 @pytest.mark.parametrize("out_name", ["out.npy", "out.fvecs", "out.parquet"])
@@ -93,6 +97,10 @@ def test_registry_commands(capsys, data, tmp_path):
     assert m["latest_version"] == 2 and [v["version"] for v in m["versions"]] == [1, 2]
     assert m["versions"][1]["artifact_format"] == "npz" and m["versions"][0]["data_hashes"]["target"]
     assert {s["name"] for s in listing["spaces"]} == {"src", "tgt"}
+    for cmd in (["alias", "src->tgt", "prod"], ["tag", "src->tgt"], ["delete", "src->tgt"]):
+        huge = ["99999999999999999999", *(["k", "v"] if cmd[0] == "tag" else [])]  # past SQLite's 64 bits
+        code, _, err = run(capsys, *base, *cmd, *huge)
+        assert code == 2 and "has no version 99999999999999999999" in err and "internal" not in err
     assert run(capsys, *base, "alias", "src->tgt", "prod", "1")[0] == 0
     assert run(capsys, *base, "tag", "src->tgt", "1", "reviewed", "yes")[0] == 0
     code, out, _ = run(capsys, *base, "show", "src->tgt@prod", "--json")

@@ -37,3 +37,19 @@ def test_a_registry_command_imports_neither_torch_nor_fastapi(tmp_path):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out == {"rc": 0, "loaded": []}, out
+
+
+def test_a_port_out_of_range_or_a_bad_setting_is_refused_before_anything_starts(tmp_path, capsys, monkeypatch):
+    """uvicorn bound --port 70000 to 70000 mod 65536 (and announced :70000); a bad VECBRIDGE_* variable was an
+    'internal error' with pydantic's multi-line report. Both: one line, exit 2, no server."""
+    d = ["--data-dir", str(tmp_path / "var")]
+    assert main([*d, "serve", "--port", "70000"]) == 2
+    assert "70000 is not in the range" in capsys.readouterr().err
+    monkeypatch.setenv("VECBRIDGE_PORT", "70000")
+    assert main([*d, "serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vecbridge: error: setting VECBRIDGE_PORT") and len(err.strip().splitlines()) == 1
+    monkeypatch.delenv("VECBRIDGE_PORT")
+    monkeypatch.setenv("VECBRIDGE_MALLOC_KEEP_MB", "-5")
+    assert main([*d, "registry", "list"]) == 2
+    assert "VECBRIDGE_MALLOC_KEEP_MB" in capsys.readouterr().err

@@ -83,6 +83,15 @@ def test_lens_stored_and_over_texts(fitted):
     assert "direction 0" in p.stdout and "row" in p.stdout
 
 
+def test_lens_counts_out_of_range_are_refused_as_over_http(fitted):
+    """``-k -3`` sliced the stored items to all but the last three (and ``--directions -1`` likewise), exit 0;
+    GET /v1/steers/{ref}/lens takes k in 1..100 and n_directions in 1..1024."""
+    d = fitted[0]
+    for opt, bad in (("-k", -3), ("-k", 0), ("-k", 101), ("--directions", -1), ("--directions", 0)):
+        p = vb("--data-dir", d / "var", "steer", "lens", "--steer", "attr@prod", opt, bad, check_code=2)
+        assert "is not in the range" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_exit_codes(fitted):
     d, _, _, _ = fitted
     base = ["--data-dir", d / "var", "steer"]

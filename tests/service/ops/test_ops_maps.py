@@ -48,6 +48,28 @@ def test_a_conflicting_registration_leaves_no_report(reg, tmp_path):
     assert [v.version for v in reg.list_versions("a2b", True)] == [1]
 
 
+@pytest.mark.parametrize("clash", [{"source_space": "c", "target_space": "d"},  # the name is bound to a -> b
+                                   {"name": "c2b", "source_space": "a", "target_space": "e"}])  # a wider than space a
+def test_what_registration_would_refuse_is_refused_before_the_fit(reg, monkeypatch, clash):
+    """A name bound to other spaces, or a space of another width: refused before minutes of fitting, and no
+    artifact lands in the store."""
+    import service.ops.maps as ops_maps
+
+    _fit(reg, report=False)
+    stored = sorted(p.name for p in reg.store.root.rglob("*") if p.is_file())
+
+    def no_fit(*a, **k):
+        raise AssertionError("the fit ran")
+
+    monkeypatch.setattr(ops_maps, "fit_map", no_fit)
+    X, Y, _ = planted(200)
+    if clash.get("name") == "c2b":
+        X = np.hstack([X, X])  # 2 x the width of space a
+    with pytest.raises(ConflictError, match="connects|-d, not"):
+        _fit(reg, **{"source": X, "target": Y, **clash})
+    assert sorted(p.name for p in reg.store.root.rglob("*") if p.is_file()) == stored
+
+
 @pytest.mark.parametrize("stage", ["validate", "fit", "diagnostics", "report"])
 def test_a_cancel_before_registration_registers_and_writes_nothing(reg, stage):
     asked = {"now": False}
