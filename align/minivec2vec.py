@@ -44,6 +44,7 @@ from .blocks import executing
 from .exceptions import ConvergenceWarning, InputError, NotFittedError, PairCountError, TooFewRowsError
 from .frames import Frame
 from .maps import LinearMap
+from .options import check_number
 from .refine import (map_criterion, procrustes_map, refine_clusters, refine_icp, relative_representation,
                      seed_relative_init, self_learning, soft_pseudo_targets, bidirectional_polish)
 
@@ -206,7 +207,7 @@ class MiniVec2Vec:
         self.qap_restarts = qap_restarts
         self.qap_method = qap_method
         self.soft_k = soft_k
-        self.refine = tuple(refine)
+        self.refine = tuple(refine) if isinstance(refine, (list, tuple)) else refine  # checked in fit
         self.refine1_iters = refine1_iters
         self.refine1_sample = refine1_sample
         self.refine1_k = refine1_k
@@ -268,45 +269,32 @@ class MiniVec2Vec:
             raise InputError(f"init must be one of {sorted(INITIALIZERS)}, got {self.init!r}")
         if self.qap_method not in QAP_METHODS:
             raise InputError(f"qap_method must be one of {QAP_METHODS}, got {self.qap_method!r}")
+        if not isinstance(self.refine, (list, tuple)) or not all(isinstance(s, str) for s in self.refine):
+            raise InputError(f"refine must be a list of stage names from {REFINE_STAGES}, got {self.refine!r}")
         bad = [s for s in self.refine if s not in REFINE_STAGES]
         if bad:
             raise InputError(f"unknown refinement stage(s) {bad}; choose from {REFINE_STAGES}")
+        big = 1 << 31
         for name in ("n_restarts", "n_anchor_runs", "anchor_sample", "qap_restarts", "soft_k", "refine1_sample",
                      "refine1_k", "csls_k", "criterion_sample"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or v < 1:
-                raise InputError(f"{name} must be a positive integer, got {v!r}")
+            check_number(name, getattr(self, name), 1, big, whole=True)
         for name in ("refine1_iters", "self_learning_rounds", "self_learning_final_rounds", "polish_rounds",
                      "sinkhorn_rounds"):
+            check_number(name, getattr(self, name), 0, big, whole=True)
+        for name in ("n_clusters", "refine2_clusters"):
+            check_number(name, getattr(self, name), 2, big, whole=True)
+        # name: (lo, hi, lo_open, hi_open)
+        for name, (lo, hi, lo_open, hi_open) in {
+                "sinkhorn_eps": (0.0, 1e3, True, False), "sinkhorn_tol": (0.0, 1e6, False, False),
+                "polish_whiten": (0.0, 1.0, False, False), "alpha": (0.0, 1.0, True, False),
+                "anchor_keep": (0.0, 1.0, True, False), "holdout": (0.0, 0.5, False, True),
+                "reliability_ratio": (0.0, 1e6, True, False), "confident": (0.0, 1.0, True, False),
+                "seed_weight": (0.0, 1e12, True, False)}.items():
+            check_number(name, getattr(self, name), lo, hi, lo_open=lo_open, hi_open=hi_open)
+        for name, lo in (("self_learning_sample", 1), ("fit_sample", 1000)):
             v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or v < 0:
-                raise InputError(f"{name} must be a non-negative integer, got {v!r}")
-        if not float(self.sinkhorn_eps) > 0.0 or not float(self.sinkhorn_tol) >= 0.0:
-            raise InputError(f"sinkhorn_eps must be positive and sinkhorn_tol >= 0, got {self.sinkhorn_eps!r}, "
-                             f"{self.sinkhorn_tol!r}")
-        if not 0.0 <= float(self.polish_whiten) <= 1.0:
-            raise InputError(f"polish_whiten must be in [0, 1], got {self.polish_whiten!r}")
-        if self.n_clusters < 2 or self.refine2_clusters < 2:
-            raise InputError("n_clusters and refine2_clusters must be >= 2")
-        if not 0.0 < self.alpha <= 1.0:
-            raise InputError(f"alpha must be in (0, 1], got {self.alpha}")
-        if not 0.0 < self.anchor_keep <= 1.0:
-            raise InputError(f"anchor_keep must be in (0, 1], got {self.anchor_keep}")
-        if not 0.0 <= float(self.holdout) < 0.5:
-            raise InputError(f"holdout must be in [0, 0.5), got {self.holdout!r}")
-        if not float(self.reliability_ratio) > 0.0:
-            raise InputError(f"reliability_ratio must be positive, got {self.reliability_ratio!r}")
-        if not 0.0 < self.confident <= 1.0:
-            raise InputError(f"confident must be in (0, 1], got {self.confident}")
-        sls = self.self_learning_sample
-        if sls is not None and (isinstance(sls, bool) or not isinstance(sls, (int, np.integer)) or sls < 1):
-            raise InputError(f"self_learning_sample must be None or a positive integer, got {sls!r}")
-        if not (np.isfinite(float(self.seed_weight)) and float(self.seed_weight) > 0.0):
-            raise InputError(f"seed_weight must be a positive finite number, got {self.seed_weight!r}")
-        if self.fit_sample is not None and (isinstance(self.fit_sample, bool)
-                                            or not isinstance(self.fit_sample, (int, np.integer))
-                                            or self.fit_sample < 1000):
-            raise InputError(f"fit_sample must be None or an integer >= 1000, got {self.fit_sample!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo):
+                raise InputError(f"{name} must be None or an integer >= {lo}, got {v!r}")
         check_random_state(self.random_state)
 
     def _min_rows(self, seeded: bool) -> tuple[int, str]:

@@ -11,19 +11,28 @@ import numpy as np
 
 from .exceptions import InputError
 
-__all__ = ["check_migration_options", "check_number"]
+__all__ = ["check_flag", "check_migration_options", "check_number"]
 
 
-def check_number(name: str, value, lo: float, hi: float, *, whole: bool = False, lo_open: bool = False):
-    """``value`` as ``int`` (``whole``) or ``float`` when it is a finite real number in ``[lo, hi]``
-    (``(lo, hi]`` with ``lo_open``), else :class:`InputError` naming ``name`` and the range."""
+def check_number(name: str, value, lo: float, hi: float, *, whole: bool = False, lo_open: bool = False,
+                 hi_open: bool = False):
+    """``value`` as ``int`` (``whole``: an int type, since counts reach ``range()``) or ``float`` when it is a
+    finite real number in ``[lo, hi]``
+    (open at ``lo`` / ``hi`` with ``lo_open`` / ``hi_open``), else :class:`InputError` naming ``name`` and the range."""
     ok = (not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
-          and bool(np.isfinite(value)) and (not whole or float(value) == int(value))
-          and (lo < value if lo_open else lo <= value) and value <= hi)
+          and bool(np.isfinite(value)) and (not whole or isinstance(value, (int, np.integer)))
+          and (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi))
     if not ok:
         raise InputError(f"{name} must be {'an integer' if whole else 'a number'} in {'(' if lo_open else '['}"
-                         f"{lo:g}, {hi:g}], got {value!r}")
+                         f"{lo:g}, {hi:g}{')' if hi_open else ']'}, got {value!r}")
     return int(value) if whole else float(value)
+
+
+def check_flag(name: str, value) -> bool:
+    """``value`` when it is a bool (numpy's too), else :class:`InputError`: ``scale="false"`` is truthy."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputError(f"{name} must be true or false, got {value!r}")
+    return bool(value)
 
 
 #: option: (lo, hi, whole, lo_open). Ridge α is per pair (× K); the cluster margin is a score difference.

@@ -28,6 +28,7 @@ from .validation import check_paired
 from .exceptions import DegenerateInputError, DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame
 from .maps import LinearMap
+from .options import check_flag, check_number
 
 __all__ = [
     "PairStats",
@@ -193,6 +194,7 @@ def pair_stats(X: np.ndarray, Y: np.ndarray, frames: tuple[Frame, Frame], *, chu
     Statistics of row blocks (shards) merge exactly with ``+``.
     """
     fs, ft = frames
+    chunk_size = check_number("chunk_size", chunk_size, 1, 1 << 31, whole=True)
     if X.shape[1] != fs.dim or Y.shape[1] != ft.dim:
         raise DimensionMismatchError(f"rows are {X.shape[1]}->{Y.shape[1]}, the frames {fs.dim}->{ft.dim}")
     stats = PairStats.zeros(fs.dim, ft.dim)
@@ -233,6 +235,13 @@ def map_from_stats(stats: PairStats, frames: tuple[Frame, Frame], method: str = 
         raise InputError(f"method must be procrustes, ridge or lowrank, got {method!r}")
     if method == "lowrank" and params.get("rank") is None:
         raise InputError("method='lowrank' needs rank=")
+    for key in ("scale", "fit_intercept"):
+        if key in params:
+            check_flag(key, params[key])
+    if "alpha" in params:
+        check_number("alpha", params["alpha"], 0.0, 1e12)
+    if "rank" in params:
+        params["rank"] = check_number("rank", params["rank"], 1, 1 << 20, whole=True)
     if stats.n < 2:
         raise TooFewRowsError(f"a fit needs at least 2 pairs, got {stats.n}")
     try:
@@ -246,6 +255,8 @@ def map_from_stats(stats: PairStats, frames: tuple[Frame, Frame], method: str = 
 
 
 def _prepare(X, Y, center, normalize, min_rows=2):
+    check_flag("center", center)
+    check_flag("normalize", normalize)
     X, Y = check_paired(X, Y, names=("X", "Y"), min_rows=min_rows)
     frames = fit_frames(X, Y, center=center, normalize=normalize)
     return X, Y, frames

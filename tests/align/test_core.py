@@ -606,3 +606,19 @@ def test_plan_target_ks_any_order_gives_sorted_forecasts():
     a = align.plan_migration(X, X, X, select_rows=False, target_ks=[300, 100, 300])
     assert [p["k"] for p in a["predicted"]] == [100, 300]
     assert all(np.isfinite(p["retention"]) for p in a["predicted"])
+
+
+@pytest.mark.parametrize("fit, options", [
+    (align.fit_procrustes, {"chunk_size": 0}), (align.fit_procrustes, {"chunk_size": 1.5}),
+    (align.fit_procrustes, {"scale": "false"}), (align.fit_procrustes, {"center": None}),
+    (align.fit_ridge, {"alpha": "x"}), (align.fit_ridge, {"alpha": None}), (align.fit_ridge, {"alpha": float("nan")}),
+    (align.fit_ridge, {"fit_intercept": 1}), (align.fit_ridge, {"normalize": "yes"}),
+    (align.fit_lowrank, {"rank": 1.5}), (align.fit_lowrank, {"rank": "x"}), (align.fit_lowrank, {"rank": 2, "alpha": np.inf}),
+])
+def test_supervised_fit_options_are_checked(fit, options):
+    # were range() / '<' / slice TypeErrors, "Eigenvalues did not converge", or (a string flag) silently truthy
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(50, 6)), rng.normal(size=(50, 4))
+    options = {"rank": 2, **options} if fit is align.fit_lowrank else options
+    with pytest.raises(InputError):
+        fit(X, Y, **options)

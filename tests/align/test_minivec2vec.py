@@ -251,3 +251,18 @@ def test_self_learning_sample_and_seed_weight_are_checked(param, bad):
     X = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
     with pytest.raises(InputError, match=param):
         MiniVec2Vec(**{**FAST, param: bad}).fit(X, X)
+
+
+@pytest.mark.parametrize("param, bad", [
+    ("n_clusters", float("nan")), ("n_clusters", "x"), ("n_clusters", None), ("refine2_clusters", "x"),
+    ("alpha", "x"), ("alpha", None), ("anchor_keep", None), ("confident", "x"), ("holdout", "x"), ("holdout", None),
+    ("reliability_ratio", "x"), ("polish_whiten", None), ("sinkhorn_eps", "x"), ("sinkhorn_tol", None),
+    ("seed_weight", "x"), ("n_restarts", 3.0), ("qap_restarts", True), ("self_learning_rounds", 2.0),
+    ("refine", 0), ("refine", None), ("refine", "icp"), ("refine", [1]),
+])
+def test_every_parameter_is_checked_with_a_typed_error(param, bad):
+    # each of these was a bare TypeError / ValueError (``'<' not supported``, ``float('x')``, ``range(3.0)``,
+    # ``tuple(0)`` in the constructor, or scikit-learn's own error for a NaN cluster count)
+    X = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
+    with pytest.raises(InputError, match=param):
+        MiniVec2Vec(**{**FAST, param: bad}).fit(X, X)
