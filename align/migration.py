@@ -229,7 +229,8 @@ def _contrastive_config(opts: dict) -> ContrastiveConfig:
         value = getattr(config, key)
         if key == "reg" and value is None:
             continue
-        check_number(f"contrastive option {key}", value, lo, hi, whole=key in ("epochs", "batch_size", "hard_negatives"))
+        whole = key in ("epochs", "batch_size", "hard_negatives")
+        check_number(f"contrastive option {key}", value, lo, hi, whole=whole)
     return config
 
 

@@ -48,7 +48,8 @@ class Ctx:
         except ValidationError as exc:  # a bad VECBRIDGE_* variable: one line and exit 2, not an internal error
             e = exc.errors()[0]
             field = "__".join(str(x) for x in e["loc"])
-            raise InputError(f"setting VECBRIDGE_{field.upper()} ({field}): {e['msg']}, got {e.get('input')!r}") from None
+            raise InputError(f"setting VECBRIDGE_{field.upper()} ({field}): {e['msg']}, "
+                             f"got {e.get('input')!r}") from None
         self._reg = None
         self.lm = None  # the language model, loaded on first use (service.ops.lm.get_lm)
 

@@ -613,7 +613,8 @@ def test_plan_target_ks_any_order_gives_sorted_forecasts():
     (align.fit_procrustes, {"scale": "false"}), (align.fit_procrustes, {"center": None}),
     (align.fit_ridge, {"alpha": "x"}), (align.fit_ridge, {"alpha": None}), (align.fit_ridge, {"alpha": float("nan")}),
     (align.fit_ridge, {"fit_intercept": 1}), (align.fit_ridge, {"normalize": "yes"}),
-    (align.fit_lowrank, {"rank": 1.5}), (align.fit_lowrank, {"rank": "x"}), (align.fit_lowrank, {"rank": 2, "alpha": np.inf}),
+    (align.fit_lowrank, {"rank": 1.5}), (align.fit_lowrank, {"rank": "x"}),
+    (align.fit_lowrank, {"rank": 2, "alpha": np.inf}),
 ])
 def test_supervised_fit_options_are_checked(fit, options):
     # were range() / '<' / slice TypeErrors, "Eigenvalues did not converge", or (a string flag) silently truthy

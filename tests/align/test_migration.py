@@ -484,7 +484,8 @@ def test_holdout_options_are_checked_instead_of_silently_splitting_oddly(options
     ("contrastive", {"epochs": float("nan")}), ("contrastive", {"batch_size": float("inf")}),  # were int(nan) errors
     ("ridge", {"alpha": "x"}), ("ridge", {"alpha": None}), ("ridge", {"alpha": -1.0}), ("ridge", {"alpha": np.nan}),
     ("ridge", {"alphas": 0.5}), ("ridge", {"alphas": []}), ("ridge", {"alphas": [0.1, -1]}), ("ridge", {"alphas": "x"}),
-    ("lowrank", {"rank": float("nan")}), ("lowrank", {"rank": "x"}), ("lowrank", {"rank": 0}), ("lowrank", {"rank": 2.5}),
+    ("lowrank", {"rank": float("nan")}), ("lowrank", {"rank": "x"}), ("lowrank", {"rank": 0}),
+    ("lowrank", {"rank": 2.5}),
     ("cluster", {"shrink": "x"}), ("cluster", {"blend": float("inf")}), ("cluster", {"cluster_temperature": None}),
     ("auto", {"cluster_margin": float("nan")}), ("auto", {"candidates": 0}), ("auto", {"candidates": [1, 2]}),
     ("contrastive", {"contrastive": 0.5}), ("auto", {"semi_supervised": "yes"}),
