@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validation import check_paired
+from .validation import check_paired, check_rankable
 from .exceptions import DimensionMismatchError
 from .frames import unit_rows
 from .knn import DEFAULT_BLOCK, mean_topk
@@ -54,6 +54,8 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
     ``csls_top1`` / ``csls_mean_rank``.
     """
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
+    check_rankable(X, name="X_src")
+    check_rankable(Y, name="Y_tgt")
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
         raise DimensionMismatchError(
             f"map is {map_.source_dim}->{map_.target_dim}, held-out pairs are {X.shape[1]}->{Y.shape[1]}")

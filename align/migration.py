@@ -51,7 +51,7 @@ import time
 import numpy as np
 
 from .validation import (as_matrix, check_csls_weight, check_labelled_queries, check_paired, check_random_state,
-                         check_same_queries)
+                         check_rankable, check_same_queries)
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
@@ -121,6 +121,8 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
     ``[0, n)`` or not one per query, an unknown ``side``, ``csls_weight`` / ``csls_k`` out of range.
     """
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=1)
+    check_rankable(X, name="X_src")
+    check_rankable(Y, name="Y_tgt")
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
         raise DimensionMismatchError(
             f"map is {map_.source_dim}->{map_.target_dim}, documents are {X.shape[1]}->{Y.shape[1]}")

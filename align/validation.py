@@ -20,8 +20,8 @@ from .exceptions import (
     TooFewRowsError,
 )
 
-__all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate", "check_no_zero_rows", "check_representable",
-           "check_eps", "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight"]
+__all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate", "check_no_zero_rows",
+           "check_rankable", "check_representable", "check_eps", "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight"]
 
 _ZERO_QUERY = "no direction to rank by (it would tie with every document and count as a hit)"
 
@@ -131,6 +131,20 @@ def check_no_zero_rows(X: np.ndarray, *, name: str = "X", why: str = "no directi
     zero = ~np.any(X != 0, axis=1)
     if zero.any():
         raise DegenerateInputError(f"{name}: {int(zero.sum())} all-zero row(s); {why}")
+    return X
+
+
+def check_rankable(X: np.ndarray, *, name: str) -> np.ndarray:
+    """``X`` unchanged, or DegenerateInputError when its rows cannot be ranked against each other: an all-zero
+    row (no direction), or every row the same. Held-out metrics count a tie with the true partner as a hit
+    (duplicate texts must not count against a map), so either would score a map perfect on data that says
+    nothing; an evaluation gate must fail instead."""
+    check_no_zero_rows(X, name=name, why="no direction to rank by (it would tie with every row and count as a hit)")
+    try:
+        check_not_degenerate(X, name=name)
+    except DegenerateInputError:
+        raise DegenerateInputError(f"{name}: all {X.shape[0]} rows are identical; nothing to rank (each would tie "
+                                   f"with its partner and count as a hit)") from None
     return X
 
 

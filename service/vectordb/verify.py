@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from align.validation import as_matrix, check_paired, check_random_state
+from align.validation import as_matrix, check_paired, check_random_state, check_rankable
 from align.exceptions import InputError
 from align.frames import unit_rows
 from align.knn import knn
@@ -41,6 +41,8 @@ __all__ = ["verify_migration", "compare_to_reference"]
 def compare_to_reference(Y_ref, Y_hat, *, n_queries: int = 200, k: int = 10) -> dict:
     """Recall@k of searching ``Y_hat`` (m, d) instead of ``Y_ref`` (m, d), rows paired; see module docs."""
     Y_ref, Y_hat = check_paired(Y_ref, Y_hat, names=("Y_ref", "Y_hat"), min_rows=2)
+    check_rankable(Y_ref, name="Y_ref")
+    check_rankable(Y_hat, name="Y_hat")
     if Y_ref.shape[1] != Y_hat.shape[1]:
         raise InputError(f"reference is {Y_ref.shape[1]}-d, migrated vectors {Y_hat.shape[1]}-d")
     R, H = unit_rows(Y_ref), unit_rows(Y_hat)

@@ -623,3 +623,19 @@ def test_supervised_fit_options_are_checked(fit, options):
     options = {"rank": 2, **options} if fit is align.fit_lowrank else options
     with pytest.raises(InputError):
         fit(X, Y, **options)
+
+
+@pytest.mark.parametrize("case", ["zero_targets", "identical_targets", "identical_both", "zero_sources"])
+def test_held_out_metrics_refuse_rows_that_cannot_be_ranked(rng, case):
+    # every row tied with its partner and counted as a hit: top-1 and labelled R@10 of 1.0 on data that says
+    # nothing, so an evaluation gate passed
+    X = rng.normal(size=(300, 8))
+    m = align.fit_procrustes(X, X @ rng.normal(size=(8, 6)))
+    A, B = X[:50], (X @ rng.normal(size=(8, 6)))[:50]
+    A, B = {"zero_targets": (A, np.zeros_like(B)), "identical_targets": (A, np.tile(B[:1], (50, 1))),
+            "identical_both": (np.tile(A[:1], (50, 1)), np.tile(B[:1], (50, 1))),
+            "zero_sources": (np.zeros_like(A), B)}[case]
+    with pytest.raises(DegenerateInputError):
+        align.evaluate(m, A, B)
+    with pytest.raises(DegenerateInputError):
+        align.labelled_retention(m, A, B, rng.normal(size=(10, 6)), np.arange(10))

@@ -385,7 +385,11 @@ def test_http_evaluate_labelled_gate_over_real_http_agrees_with_the_cli(tmp_path
                ({"relevant": [10**30] * len(rel)}, "relevant"), ({"relevant": None}, "both"),
                ({"queries": _b64(np.full((len(rel), 12), np.nan, np.float32))}, "NaN"),
                ({"queries": _b64(X[:150])}, "columns"), ({"side": "sideways"}, "side"),
-               ({"min_retention": 1.5}, "min_retention"), ({"target": _b64(Y[600:890])}, "rows")]
+               ({"min_retention": 1.5}, "min_retention"), ({"target": _b64(Y[600:890])}, "rows"),
+               # degenerate held-out rows: every row ties with its partner, which counted as a hit (a gate passed)
+               ({"target": _b64(np.tile(Y[600:601], (300, 1)))}, "identical"),
+               ({"source": _b64(np.zeros((300, 16), np.float32)), "queries": None, "relevant": None,
+                 "min_retention": None, "min_top1": 0.9}, "all-zero")]
         for change, msg in bad:
             r = c.post("/v1/maps/m/evaluate", json={**body, **change})
             assert 400 <= r.status_code < 500 and msg in r.text, (change, r.status_code, r.text[:300])
