@@ -61,7 +61,8 @@ from .options import check_migration_options, check_number
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
 from .retrieval import hubness, labelled_metrics, labelled_retrieval, pair_retrieval_scores, ratios
 
-__all__ = ["fit_migration", "MIGRATION_METHODS", "AUTO_CANDIDATES", "LINEAR_CANDIDATES", "score_map", "labelled_retention"]
+__all__ = ["fit_migration", "check_options", "MIGRATION_METHODS", "AUTO_CANDIDATES", "LINEAR_CANDIDATES", "score_map",
+           "labelled_retention"]
 
 MIGRATION_METHODS = ("auto", "procrustes", "ridge", "lowrank", "contrastive", "cluster")
 AUTO_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive", "cluster")
@@ -331,12 +332,41 @@ def _select_cluster(P: _Problem, tr, val, ridge: LinearMap, alpha: float, opts: 
     return {**_score(P, m, val, retention=True), **{k: v for k, v in setting.items() if k != "alpha"}}, setting
 
 
-def _split(n: int, holdout, max_holdout, rng) -> tuple[np.ndarray, np.ndarray]:
-    """``(train, held-out)`` rows: ``holdout`` (a fraction in (0, 1)) of the pairs, 2 to ``max_holdout`` of them."""
+def _check_holdout(holdout, max_holdout) -> None:
     if isinstance(holdout, bool) or not isinstance(holdout, (int, float, np.number)) or not 0.0 < float(holdout) < 1.0:
         raise InputError(f"holdout must be a fraction in (0, 1), got {holdout!r}")
     if isinstance(max_holdout, bool) or not isinstance(max_holdout, (int, np.integer)) or max_holdout < 2:
         raise InputError(f"max_holdout must be an integer >= 2, got {max_holdout!r}")
+
+
+def check_options(method: str, options: dict) -> dict:
+    """Every check :func:`fit_migration` makes before it reads a row: the method, unknown options, each option's
+    type and range (:func:`align.options.check_migration_options`, the contrastive and cluster ones, holdout).
+    A service calls it when a fit is requested, so a bad option is refused then, not by a failed job. Returns
+    the options with ``candidates`` as a tuple."""
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise InputError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    if method not in MIGRATION_METHODS:
+        raise InputError(f"unknown method {method!r}; choose from {', '.join(MIGRATION_METHODS)}")
+    options = check_migration_options(options)
+    candidates = tuple(options.get("candidates", AUTO_CANDIDATES))
+    bad = [c for c in candidates if c not in AUTO_CANDIDATES]
+    if bad or not candidates:
+        raise InputError(f"candidates must be a non-empty subset of {AUTO_CANDIDATES}, got {list(candidates)}")
+    if "cluster" in candidates or method == "cluster":
+        _cluster_grid(options, 1 << 62)  # types and ranges (the count against the pairs is checked with them)
+    if (method == "auto" and "contrastive" in candidates) or method == "contrastive":
+        _contrastive_config(options)
+    if options.get("semi_supervised") and method == "cluster":
+        raise InputError("semi_supervised refinement needs a linear map; it cannot follow method='cluster'")
+    _check_holdout(options.get("holdout", 0.2), options.get("max_holdout", 1000))
+    return options
+
+
+def _split(n: int, holdout, max_holdout, rng) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, held-out)`` rows: ``holdout`` (a fraction in (0, 1)) of the pairs, 2 to ``max_holdout`` of them."""
+    _check_holdout(holdout, max_holdout)
     n_val = int(min(max_holdout, max(2, round(float(holdout) * n))))
     if n - n_val < 2:
         raise TooFewRowsError(f"auto selection needs at least 4 pairs (2 to fit, 2 held out), got {n}")
@@ -478,12 +508,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     TooFewRowsError (K < 2; auto with K < 4; n_clusters > K), PairCountError, NonFiniteError, DimensionMismatchError,
     InputError (unknown method or option).
     """
-    unknown = set(options) - _OPTIONS
-    if unknown:
-        raise InputError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
-    if method not in MIGRATION_METHODS:
-        raise InputError(f"unknown method {method!r}; choose from {', '.join(MIGRATION_METHODS)}")
-    options = check_migration_options(options)
+    options = check_options(method, options)
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=2)
     Us = None if unpaired_source is None else as_matrix(unpaired_source, name="unpaired_source", dim=X.shape[1])
     Ut = None if unpaired_target is None else as_matrix(unpaired_target, name="unpaired_target", dim=Y.shape[1])
@@ -494,16 +519,9 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         P.report = progress
     n = X.shape[0]
     candidates = tuple(options.get("candidates", AUTO_CANDIDATES))
-    bad = [c for c in candidates if c not in AUTO_CANDIDATES]
-    if bad or not candidates:
-        raise InputError(f"candidates must be a non-empty subset of {AUTO_CANDIDATES}, got {list(candidates)}")
     if "cluster" in candidates or method == "cluster":
-        _cluster_grid(options, n, strict=True)  # bad cluster options fail before any fit
-    if (method == "auto" and "contrastive" in candidates) or method == "contrastive":
-        _contrastive_config(options)  # likewise the contrastive ones
+        _cluster_grid(options, n, strict=True)  # more clusters than pairs fails before any fit
     if options.get("semi_supervised"):  # the Sinkhorn refinement polishes a linear map
-        if method == "cluster":
-            raise InputError("semi_supervised refinement needs a linear map; it cannot follow method='cluster'")
         candidates = tuple(c for c in candidates if c != "cluster") or ("procrustes",)
     selection: dict = {}
     if method == "auto" or n >= 20:

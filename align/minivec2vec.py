@@ -264,7 +264,9 @@ class MiniVec2Vec:
         return {p: getattr(self, p) for p in self._PARAMS}
 
     # --- validation ----------------------------------------------------------------------------
-    def _check_params(self):
+    def check_params(self) -> None:
+        """Every parameter's type and range (typed errors): :meth:`fit` calls it first, a service when a fit
+        is requested."""
         if self.init not in INITIALIZERS:
             raise InputError(f"init must be one of {sorted(INITIALIZERS)}, got {self.init!r}")
         if self.qap_method not in QAP_METHODS:
@@ -348,7 +350,7 @@ class MiniVec2Vec:
             return self._fit(X_src, X_tgt, progress, seed_pairs)
 
     def _fit(self, X_src, X_tgt, progress, seed_pairs):
-        self._check_params()
+        self.check_params()
         t_start = time.perf_counter()
         X = as_matrix(X_src, name="X_src")
         Y = as_matrix(X_tgt, name="X_tgt")

@@ -11,6 +11,7 @@ so a refused registration (a conflict) leaves no report behind.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import uuid
 from dataclasses import dataclass
@@ -33,8 +34,9 @@ from ..registry.names import check_alias, check_name, fs_safe
 from ..reports import render_report, write_report
 from .plans import MIGRATION_METHODS, fit_migration_map
 
-__all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_request", "fit_side", "check_pairs",
-           "embed_side", "fit_sides", "create_space", "describe_map", "report_html", "embed", "transform_file"]
+__all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_request", "check_fit_params",
+           "fit_side", "check_pairs", "embed_side", "fit_sides", "create_space", "describe_map", "report_html", "embed",
+           "transform_file"]
 
 METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
@@ -86,18 +88,7 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
             return fn(X, Y, **params)
         except TypeError as exc:
             raise InputError(f"bad parameter for {method}: {exc}") from None
-    if "refine" in params and isinstance(params["refine"], list):
-        params["refine"] = tuple(params["refine"])
-    preset = params.pop("preset", "fast")
-    cls = align.MiniVec2Vec
-    if preset not in ("fast", "published", "none"):
-        raise InputError(f"preset must be 'fast' (vecbridge's configuration), 'published' (the paper's defaults) "
-                         f"or 'none' (constructor defaults), got {preset!r}")
-    try:
-        make = {"fast": cls.fast, "published": cls.published}.get(preset, cls)
-        est = make(random_state=random_state, **params)
-    except TypeError as exc:
-        raise InputError(f"bad parameter for minivec2vec: {exc}") from None
+    est = _minivec2vec(params, random_state)
     if ray_address is None:
         from align.blocks import thread_pool
 
@@ -111,7 +102,7 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
         with ray_session(None if ray_address == "local" else ray_address) as ray:
             map_ = est.fit(X, Y, progress=progress, seed_pairs=seed_pairs, executor=ray_executor(ray)).map_
         map_.metadata.setdefault("diagnostics", {})["executor"] = "ray"
-    map_.metadata.setdefault("params", {})["preset"] = preset  # lineage: which configuration the defaults came from
+    map_.metadata.setdefault("params", {})["preset"] = params.get("preset", "fast")  # lineage: which configuration the defaults came from
     return map_
 
 
@@ -371,11 +362,11 @@ class FitSide:
 
 
 def check_fit_request(registry, *, name: str, method: str, paired: bool, source_space: str, target_space: str,
-                      alias: str | None) -> None:
+                      alias: str | None, params: dict | None = None, random_state=0) -> None:
     """Refuse at request time what the fit job would refuse later (422 / 409, not a failed job).
 
     Names and alias go through the registry's own validators; a map name already bound to other
-    spaces is the ConflictError ``register_version`` would raise.
+    spaces is the ConflictError ``register_version`` would raise; ``params`` get :func:`check_fit_params`.
     """
     check_name(name, "map name")
     check_name(source_space, "source space")
@@ -384,6 +375,7 @@ def check_fit_request(registry, *, name: str, method: str, paired: bool, source_
         check_alias(alias)
     _check_map_spaces(registry, name, source_space, target_space)
     _check_method(method, paired)
+    check_fit_params(method, params, random_state)
 
 
 def _check_map_spaces(registry, name: str, source_space: str, target_space: str) -> None:
@@ -399,6 +391,46 @@ def _check_map_spaces(registry, name: str, source_space: str, target_space: str)
     if v is not None and (v.source_space, v.target_space) != (source_space, target_space):
         raise ConflictError(f"map {name!r} connects {v.source_space} -> {v.target_space}, not "
                             f"{source_space} -> {target_space}; choose another map name")
+
+
+def _minivec2vec(params: dict, random_state) -> align.MiniVec2Vec:
+    """The estimator of a minivec2vec fit: ``params["preset"]`` (``fast`` default, ``published``, ``none``) plus
+    the other params as constructor arguments; an unknown one is an InputError."""
+    params = dict(params)
+    if "refine" in params and isinstance(params["refine"], list):
+        params["refine"] = tuple(params["refine"])
+    preset = params.pop("preset", "fast")
+    cls = align.MiniVec2Vec
+    if preset not in ("fast", "published", "none"):
+        raise InputError(f"preset must be 'fast' (vecbridge's configuration), 'published' (the paper's defaults) "
+                         f"or 'none' (constructor defaults), got {preset!r}")
+    try:
+        make = {"fast": cls.fast, "published": cls.published}.get(preset, cls)
+        return make(random_state=random_state, **params)
+    except TypeError as exc:
+        raise InputError(f"bad parameter for minivec2vec: {exc}") from None
+
+
+def check_fit_params(method: str, params: dict | None, random_state=0) -> None:
+    """The parameter checks a fit makes before it reads a row, made when the fit is requested: ``align``'s
+    own for the migration methods (:func:`align.migration.check_options`) and minivec2vec
+    (:meth:`align.MiniVec2Vec.check_params`); the keyword names (and lowrank's rank) for the closed-form fits,
+    whose values are checked with the rows."""
+    params = dict(params or {})
+    if method in MIGRATION_METHODS:
+        from align.migration import check_options
+
+        check_options(method, params)
+    elif method == "minivec2vec":
+        _minivec2vec(params, random_state).check_params()
+    elif method in ("procrustes", "ridge", "lowrank"):
+        fn = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}[method]
+        if method == "lowrank" and "rank" not in params:
+            raise InputError("lowrank needs a rank parameter (--param rank=N)")
+        try:
+            inspect.signature(fn).bind(None, None, **params)
+        except TypeError as exc:
+            raise InputError(f"bad parameter for {method}: {exc}") from None
 
 
 def _check_method(method: str, paired: bool) -> None:

@@ -218,6 +218,26 @@ def test_http_cancel_stops_a_contrastive_fit_between_epochs(fit_client):
         assert bad.status_code == 422 and "contrastive option epochs" in bad.text
 
 
+@pytest.mark.parametrize("method, params, message", [
+    ("contrastive", {"epochs": 10**9}, "contrastive option epochs"), ("auto", {"alphas": 0.5}, "alphas"),
+    ("cluster", {"blend": 1.5}, "blend"), ("auto", {"candidates": "ridge,nope"}, "candidates"),
+    ("auto", {"bogus": 1}, "unknown option"), ("minivec2vec", {"n_clusters": "x"}, "n_clusters"),
+    ("minivec2vec", {"bogus": 1}, "bad parameter for minivec2vec"), ("ridge", {"bogus": 1}, "bad parameter for ridge"),
+    ("lowrank", {}, "rank"),
+])
+def test_http_fit_with_bad_params_is_refused_when_asked_not_by_a_failed_job(fit_client, method, params, message):
+    # these were a 202 and a job that failed seconds (or, after the rows were embedded, minutes) later
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((60, 16))
+    body = {"name": "badp", "source_space": "a", "target_space": "b", "method": method,
+            "paired": method != "minivec2vec", "source": {"vectors": X.tolist()}, "target": {"vectors": X.tolist()},
+            "params": params}
+    r = fit_client.post("/v1/fits", headers=W, json=body)
+    assert r.status_code == 422 and message in r.text, (r.status_code, r.text[:300])
+    ok = fit_client.post("/v1/fits", headers=W, json={**body, "params": {"rank": 4} if method == "lowrank" else {}})
+    assert ok.status_code == 202, ok.text
+
+
 def test_http_cancel_job(fit_client):
     c = fit_client
     rng = np.random.default_rng(0)

@@ -54,7 +54,8 @@ def create_fit(body: bytes, request, state, settings):
     obj = parse_json(body)
     opts = validate(FitRequest, {**obj, "source": {}, "target": {}})
     map_ops.check_fit_request(state.registry, name=opts.name, method=opts.method, paired=opts.paired,
-                              source_space=opts.source_space, target_space=opts.target_space, alias=opts.alias)
+                              source_space=opts.source_space, target_space=opts.target_space, alias=opts.alias,
+                              params=opts.params, random_state=opts.random_state)
     src = _side(state, obj.get("source"), opts.source_space, "source", settings.max_batch)
     tgt = _side(state, obj.get("target"), opts.target_space, "target", settings.max_batch)
     map_ops.check_pairs(src, tgt, opts.paired)
