@@ -99,13 +99,19 @@ def test_unreliable_versions_are_never_chosen(tmp_path, pairs):
         reg.find_path("old", "new")
 
 
-def test_a_bare_map_name_skips_a_newer_unreliable_version(tmp_path, capsys, pairs):
-    """``--map NAME`` after a refit flagged unreliable (exit 1) uses the version the paths use, not the failed one."""
-    X, Y, _ = pairs
+def _fit_files(tmp_path, X, Y) -> list:
+    """x.npy / y.npy (4,000 training pairs) and q.npy (1,000 held-out source rows) under ``tmp_path``; returns the
+    ``--data-dir`` arguments of a registry there."""
     write_vectors(tmp_path / "x.npy", X[:4000])
     write_vectors(tmp_path / "y.npy", Y[:4000])
     write_vectors(tmp_path / "q.npy", X[4000:5000])
-    d = ["--data-dir", tmp_path / "var"]
+    return ["--data-dir", tmp_path / "var"]
+
+
+def test_a_bare_map_name_skips_a_newer_unreliable_version(tmp_path, capsys, pairs):
+    """``--map NAME`` after a refit flagged unreliable (exit 1) uses the version the paths use, not the failed one."""
+    X, Y, _ = pairs
+    d = _fit_files(tmp_path, X, Y)
     fit = [*d, "fit", "--pairs", "--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy", "--name", "m",
            "--source-space", "old", "--target-space", "new", "--quiet"]
     assert run(capsys, *fit, "--method", "procrustes")[0] == 0
@@ -128,10 +134,7 @@ def test_a_bare_map_name_skips_a_newer_unreliable_version(tmp_path, capsys, pair
 def test_cli_transform_default_is_comparable_with_native_targets(tmp_path, capsys, pairs):
     """The CLI's default output is the raw target frame: what a migrated index is compared against."""
     X, Y, real = pairs
-    write_vectors(tmp_path / "x.npy", X[:4000])
-    write_vectors(tmp_path / "y.npy", Y[:4000])
-    write_vectors(tmp_path / "q.npy", X[4000:5000])
-    d = ["--data-dir", tmp_path / "var"]
+    d = _fit_files(tmp_path, X, Y)
     code, _, err = run(capsys, *d, "fit", "--pairs", "--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy",
                        "--method", "procrustes", "--name", "old2new", "--quiet", "--alias", "prod")
     assert code == 0, err
