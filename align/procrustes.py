@@ -239,7 +239,7 @@ def map_from_stats(stats: PairStats, frames: tuple[Frame, Frame], method: str = 
         if key in params:
             check_flag(key, params[key])
     if "alpha" in params:
-        check_number("alpha", params["alpha"], 0.0, 1e12)
+        check_number("alpha", params["alpha"], 0.0, float(np.finfo(np.float64).max))  # any finite penalty
     if "rank" in params:
         params["rank"] = check_number("rank", params["rank"], 1, 1 << 20, whole=True)
     if stats.n < 2:
