@@ -6,7 +6,7 @@ Public surface::
     fit_procrustes, fit_ridge, fit_lowrank   supervised fits from paired rows
     PairStats                                additive sufficient statistics (streaming / merging)
     MiniVec2Vec                              unsupervised (and seeded) alignment
-    evaluate                                 held-out metrics
+    evaluate, cross_val_top1                 held-out metrics (a map; k-fold cross-validation of a fitter)
     fit_migration, score_map                 migration maps chosen on held-out pairs (families × objectives)
     labelled_retention                       retention of labelled retrieval (queries + relevant rows) for a CI gate
     ClusterMap                               blended per-cluster local maps (fit_migration(method="cluster"))
@@ -26,7 +26,7 @@ from .cluster import ClusterMap
 from .frames import Frame
 from .knn import csls_knn, knn, mutual_nn
 from .maps import LinearMap, load_map, map_from_bytes
-from .metrics import evaluate, retention
+from .metrics import cross_val_top1, evaluate, retention
 from .migration import fit_migration, labelled_retention, score_map
 from .minivec2vec import MiniVec2Vec
 from .plan import knn_overlap, plan_migration, select_rows_to_embed
@@ -37,6 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LinearMap", "ClusterMap", "MapChain", "map_kind", "require_linear", "load_map", "map_from_bytes", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
+    "cross_val_top1",
     "MiniVec2Vec", "fit_migration", "score_map", "labelled_retention", "select_rows_to_embed", "knn_overlap", "plan_migration", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
     "transfer_steer", "knn", "csls_knn", "mutual_nn", "exceptions", *exceptions.__all__,
 ]

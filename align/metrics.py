@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validation import check_paired, check_rankable
+from .validation import check_paired, check_random_state, check_rankable
+from .exceptions import TooFewRowsError
 from .exceptions import DimensionMismatchError
 from .frames import unit_rows
 from .knn import DEFAULT_BLOCK, mean_topk
 from .maps import LinearMap
 
-__all__ = ["evaluate", "ranks", "retention"]
+__all__ = ["cross_val_top1", "evaluate", "ranks", "retention", "top1_at"]
 
 
 def ranks(Q: np.ndarray, D: np.ndarray, *, r_q=None, r_d=None, block_size: int = DEFAULT_BLOCK) -> np.ndarray:
@@ -84,3 +85,49 @@ def retention(I_mapped: np.ndarray, I_native: np.ndarray) -> float:
     """Mean overlap@k between two result lists (n, k): |mapped ∩ native| / k averaged over queries."""
     k = I_native.shape[1]
     return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(I_mapped, I_native)]))
+
+
+def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, max_rows: int = 20000,
+                   random_state=0) -> dict:
+    """Held-out top-1 of the maps ``fit(X, Y) -> map`` makes, by ``folds``-fold cross-validation.
+
+    ``X_src`` (n, d_s) / ``Y_tgt`` (n, d_t) paired rows; at most ``max_rows`` of them (a random sample) take part.
+    Each fold's rows are mapped by the map fitted on the other folds, and each mapped row ranks its partner
+    among the targets of its own fold, in chunks of at most ``max_pool`` (cosine in the map's target frame, as
+    :func:`evaluate`). So every row's pool is its 1/``folds`` share of the pairs, capped at ``max_pool``: the pool
+    of :func:`align.fit_migration`'s held-out split (a fifth of the pairs, at most 1,000), and the two figures
+    measure the same thing. Unlike the training top-1 it does not reward a map that memorises its pairs.
+
+    Returns ``{"top1", "n_candidates" (mean pool size), "folds", "n_rows"}``; TooFewRowsError below
+    ``2 * folds`` rows. Same ``random_state``, same folds.
+    """
+    X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
+    n = X.shape[0]
+    if n < 2 * folds:
+        raise TooFewRowsError(f"{folds}-fold cross-validation needs at least {2 * folds} pairs, got {n}")
+    rng = check_random_state(random_state)
+    rows = rng.permutation(n)[:max_rows]
+    hits, pools = 0, []
+    for part in np.array_split(rows, folds):
+        m = fit(X[np.setdiff1d(rows, part)], Y[np.setdiff1d(rows, part)])
+        for chunk in np.array_split(part, -(-part.size // max_pool)):
+            Q = unit_rows(m._apply(X[chunk], output="linear"))
+            D = unit_rows(m.target_frame._apply(Y[chunk]))
+            hits += int((ranks(Q, D) == 1).sum())
+            pools += [chunk.size] * chunk.size
+    return {"top1": hits / rows.size, "n_candidates": round(float(np.mean(pools))), "folds": int(folds),
+            "n_rows": int(rows.size)}
+
+
+def top1_at(top1: float, pool: int, reference: int = 1000) -> float:
+    """Top-1 measured among ``pool`` candidates, put on a pool of ``reference``: with ``p = (1 - top1) / (pool - 1)``
+    the chance that one distractor beats the partner (distractors taken as independent), ``(1 - p)^(reference - 1)``.
+
+    Held-out top-1 falls as the pool grows, so figures from pools of different sizes only compare on a common
+    one. On WordNet minilm→e5 (held out among 1,000): 0.989 among 400 → 0.973 (measured 0.972); 0.987 among 600
+    → 0.978 (0.989); 0.975 among 200 → 0.882 (0.931): the order is kept.
+    """
+    if pool <= 1:
+        return float(top1)
+    p = min(max((1.0 - float(top1)) / (pool - 1), 0.0), 1.0)
+    return float((1.0 - p) ** (reference - 1))

@@ -149,8 +149,9 @@ def registry_path(obj: Ctx, source_space, target_space, alias, candidates, as_js
     """The chain of maps that search and embeddings use from SOURCE_SPACE to TARGET_SPACE.
 
     Per map: its prod (or --alias) version, else its newest version not flagged unreliable. Between the
-    same two spaces: the alias-pinned map first, then the best held-out top-1 (`eval --record`), then the
-    best training top-1, then the newest; never name order. Pin another map in requests with `map`.
+    same two spaces: the alias-pinned map first, then the best recorded held-out top-1 (`eval --record`), then
+    the best held-out top-1 of the fit itself (its held-out split or 5-fold cross-validation, on a common pool),
+    then the best training top-1, then the newest; never name order. Pin another map in requests with `map`.
     """
     reg = obj.registry
     chain = reg.find_path(source_space, target_space, alias)
@@ -159,8 +160,9 @@ def registry_path(obj: Ctx, source_space, target_space, alias, candidates, as_js
     if candidates:
         cands = reg.path_candidates(source_space, target_space, alias)
         out["candidates"] = [{"ref": v.ref, "aliases": v.aliases, "quality": list(reg.quality(v))} for v in cands]
+        kinds = ["no figure", "train top-1", "held-out top-1 (fit, among 1,000)", "eval top-1"]
         text += "".join(f"\n  {i + 1}. {v.ref}  aliases {','.join(v.aliases) or '-'}  "
-                        f"{['no figure', 'train top-1', 'held-out top-1'][reg.quality(v)[0]]} "
+                        f"{kinds[reg.quality(v)[0]]} "
                         f"{reg.quality(v)[1]:.4f}" for i, v in enumerate(cands))
     emit(out, as_json, text)
 

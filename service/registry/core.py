@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from align import ClusterMap, LinearMap, MapChain
+from align.metrics import top1_at
 
 from ..limits import MAX_DESCRIPTION, MAX_DIM
 from .bundle import export_bundle, import_bundle
@@ -337,15 +338,20 @@ class Registry(SteerRegistryMixin):
     def quality(v: VersionInfo) -> tuple[int, float]:
         """How good a version is for path choice: ``(kind, score)``, higher first.
 
-        kind 2: a held-out top-1 (``eval.top1`` recorded by ``vecbridge eval --record``, or a fit's
-        ``heldout_top1``); kind 1: training top-1 of a paired fit; kind 0: no figure.
+        kind 3: a held-out top-1 the user recorded (``eval.top1``, ``vecbridge eval --record``); kind 2: the
+        fit's own held-out top-1 (``heldout_top1``: its held-out split or k-fold cross-validation), put on a
+        pool of 1,000 candidates by :func:`align.metrics.top1_at` so fits of different sizes compare (a fifth of
+        500 pairs is an easier pool than a fifth of 5,000); kind 1: training top-1 of a paired fit; kind 0: none.
         """
         m, tags = v.metrics or {}, v.tags or {}
-        for key, src in (("eval.top1", tags), ("heldout_top1", m)):
-            try:
-                return 2, float(src[key])
-            except (KeyError, TypeError, ValueError):
-                pass
+        try:
+            return 3, float(tags["eval.top1"])
+        except (KeyError, TypeError, ValueError):
+            pass
+        if isinstance(m.get("heldout_top1"), (int, float)):
+            pool = m.get("heldout_n_candidates")
+            top1 = float(m["heldout_top1"])
+            return 2, top1_at(top1, int(pool)) if isinstance(pool, int) and pool > 1 else top1
         if isinstance(m.get("train_top1"), (int, float)):
             return 1, float(m["train_top1"])
         return 0, 0.0
@@ -380,8 +386,9 @@ class Registry(SteerRegistryMixin):
 
         Each map contributes its ``alias`` (default ``prod``) version when that alias exists and is live,
         else its newest live version not flagged unreliable; a map with neither is left out. Where several
-        maps join the same two spaces, the choice is, in order: a map pinned by the alias; the best
-        held-out top-1 (``eval.top1`` tag, ``heldout_top1`` metric); the best training top-1; the newest.
+        maps join the same two spaces, the choice is, in order: a map pinned by the alias; then by
+        :meth:`quality`: a recorded ``eval.top1``, the fit's own held-out top-1 (on a common pool), the
+        training top-1; the newest.
         Never name order. Same space: ``[]``. No chain: NotFoundError.
         """
         check_name(source_space, "source space")

@@ -639,3 +639,35 @@ def test_held_out_metrics_refuse_rows_that_cannot_be_ranked(rng, case):
         align.evaluate(m, A, B)
     with pytest.raises(DegenerateInputError):
         align.labelled_retention(m, A, B, rng.normal(size=(10, 6)), np.arange(10))
+
+
+def test_cross_val_top1_scores_held_out_rows_not_memorised_ones(rng):
+    d = 24
+    Q = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    X = rng.normal(size=(600, d))
+    Y = X @ Q + 1.0 * rng.normal(size=X.shape)
+    def ridge(a, b):
+        return align.fit_ridge(a, b, alpha=1e-6)
+    small = align.cross_val_top1(X[:60], Y[:60], ridge)
+    assert small["n_rows"] == 60 and small["n_candidates"] == 12 and small["folds"] == 5
+    assert align.evaluate(ridge(X[:60], Y[:60]), X[:60], Y[:60], csls=False)["top1"] == 1.0  # memorised
+    assert small["top1"] < 0.9
+    planted = align.cross_val_top1(X, Y, lambda a, b: align.fit_procrustes(a, b), random_state=1)
+    assert planted["top1"] > 0.9 and planted["n_candidates"] == 120
+    assert planted == align.cross_val_top1(X, Y, lambda a, b: align.fit_procrustes(a, b), random_state=1)
+    noise = align.cross_val_top1(X, rng.normal(size=Y.shape), lambda a, b: align.fit_procrustes(a, b))
+    assert noise["top1"] < 5 / 120  # chance is 1 / 120
+    capped = align.cross_val_top1(X, Y, lambda a, b: align.fit_procrustes(a, b), max_pool=50, max_rows=400)
+    assert capped["n_rows"] == 400 and capped["n_candidates"] <= 50
+    with pytest.raises(align.exceptions.TooFewRowsError):
+        align.cross_val_top1(X[:9], Y[:9], ridge)
+
+
+def test_top1_at_puts_pools_of_any_size_on_one_scale():
+    assert align.metrics.top1_at(0.97, 1000) == pytest.approx(0.97, abs=1e-3)
+    assert align.metrics.top1_at(1.0, 50) == 1.0 and align.metrics.top1_at(0.0, 2) == 0.0
+    # the same per-distractor error: a smaller pool reads higher raw, the same on the common scale
+    p = 1e-4
+    assert align.metrics.top1_at((1 - p) ** 199, 200) == pytest.approx(align.metrics.top1_at((1 - p) ** 799, 800),
+                                                                        abs=5e-3)
+    assert align.metrics.top1_at(0.99, 400) < align.metrics.top1_at(0.99, 800)

@@ -116,3 +116,29 @@ def test_a_paired_fit_at_chance_is_flagged_unreliable_and_not_chosen_for_a_path(
     assert [v.ref for v in reg.find_path("a", "b")] == [good.ref]
     with pytest.raises(Exception, match="unreliable"):
         reg.find_path("a", "c")
+
+
+def test_path_choice_ranks_paired_fits_by_held_out_top1_not_by_memorised_training_pairs(reg):
+    # a ridge map of few pairs in many dimensions finds every one of its training pairs (train top-1 1.0) and
+    # fewer held-out ones; it used to win the path over a Procrustes map of more pairs by that training figure
+    rng = np.random.default_rng(3)
+    d = 48
+    Q = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    X = rng.normal(size=(3200, d)).astype(np.float32)
+    Y = (X @ Q + 1.2 * rng.normal(size=X.shape)).astype(np.float32)
+    good = _fit(reg, name="procrustes-2000", source=X[:2000], target=Y[:2000])
+    over = _fit(reg, name="ridge-120", method="ridge", params={"alpha": 1e-6}, source=X[2000:2120],
+                target=Y[2000:2120])
+    assert over.metrics["train_top1"] > good.metrics["train_top1"]  # the figure that used to decide
+    assert good.metrics["heldout_source"] == "5-fold cross-validation"
+    assert good.metrics["heldout_n_candidates"] == 400 and over.metrics["heldout_n_candidates"] == 24
+    truth = {}
+    for v in (good, over):  # held out among the same 1,000 rows neither map saw
+        m = reg.load_map(v.ref)
+        Z = m.apply(X[2200:3200], output="linear")
+        D = m.target_frame.apply(Y[2200:3200])
+        S = (Z / np.linalg.norm(Z, axis=1, keepdims=True)) @ (D / np.linalg.norm(D, axis=1, keepdims=True)).T
+        truth[v.ref] = float((S.argmax(axis=1) == np.arange(1000)).mean())
+    assert truth[good.ref] > truth[over.ref] + 0.05, truth
+    assert reg.quality(good) > reg.quality(over)
+    assert [v.ref for v in reg.find_path("a", "b")] == [good.ref]
