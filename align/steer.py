@@ -71,6 +71,7 @@ __all__ = [
     "steer_objective",
     "STEER_FORMAT_VERSION",
     "STEER_METHODS",
+    "check_steer_options",
 ]
 
 STEER_FORMAT_VERSION = 1
@@ -441,6 +442,29 @@ def _training_pairs(X: np.ndarray, labels: np.ndarray, *, max_pairs: int, n_cand
 STEER_METHODS = ("local", "lm-steer")
 
 
+def check_steer_options(*, rank=16, method="local", temperature=0.05, weight_decay=1e-3, max_iter=200,
+                        max_pairs=2048, n_candidates=4096, n_neighbors=None, init_scale=1e-2, n_queries=4000,
+                        ridge=0.1, opposite_weight=0.0, prior_weight="auto", n_folds=2, dim=None) -> dict:
+    """The options of :func:`fit_steer` checked and normalised (typed errors), before any row is read: a service
+    calls it when a steer fit is requested. ``dim`` (the rows' width) bounds ``lm-steer``'s rank; without it the
+    bound waits for the rows. ``n_neighbors`` None becomes the method's default (50 local, 10 lm-steer)."""
+    if method not in STEER_METHODS:
+        raise InputError(f"unknown steer method {method!r}; use one of {list(STEER_METHODS)}")
+    local = method == "local"
+    return {"rank": _check_int(rank, "rank", 1, dim if method == "lm-steer" else None),
+            "temperature": _check_pos_float(temperature, "temperature"),
+            "weight_decay": _check_pos_float(weight_decay, "weight_decay", allow_zero=True),
+            "max_iter": _check_int(max_iter, "max_iter", 1), "max_pairs": _check_int(max_pairs, "max_pairs", 2),
+            "n_candidates": _check_int(n_candidates, "n_candidates", 2),
+            "init_scale": _check_pos_float(init_scale, "init_scale"),
+            "n_neighbors": _check_int((50 if local else 10) if n_neighbors is None else n_neighbors, "n_neighbors",
+                                      2 if local else 1),
+            "n_queries": _check_int(n_queries, "n_queries", 1),
+            "ridge": _check_pos_float(ridge, "ridge", allow_zero=True),
+            "opposite_weight": _check_pos_float(opposite_weight, "opposite_weight", allow_zero=True),
+            "prior_weight": _check_prior(prior_weight), "n_folds": _check_int(n_folds, "n_folds", 0)}
+
+
 def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: float = 0.05,
               weight_decay: float = 1e-3, max_iter: int = 200, max_pairs: int = 2048, n_candidates: int = 4096,
               n_neighbors: int | None = None, init_scale: float = 1e-2, tol: float = 1e-6, n_queries: int = 4000,
@@ -503,27 +527,20 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
     X = as_matrix(X, name="X", min_rows=2)
     labels = check_labels(labels, X.shape[0])
     n, d = X.shape
-    rank = _check_int(rank, "rank", 1, d if method == "lm-steer" else None)
-    if method not in STEER_METHODS:
-        raise InputError(f"unknown steer method {method!r}; use one of {list(STEER_METHODS)}")
-    temperature = _check_pos_float(temperature, "temperature")
-    weight_decay = _check_pos_float(weight_decay, "weight_decay", allow_zero=True)
-    max_iter = _check_int(max_iter, "max_iter", 1)
-    max_pairs = _check_int(max_pairs, "max_pairs", 2)
-    n_candidates = _check_int(n_candidates, "n_candidates", 2)
-    init_scale = _check_pos_float(init_scale, "init_scale")
+    o = check_steer_options(rank=rank, method=method, temperature=temperature, weight_decay=weight_decay,
+                            max_iter=max_iter, max_pairs=max_pairs, n_candidates=n_candidates, n_neighbors=n_neighbors,
+                            init_scale=init_scale, n_queries=n_queries, ridge=ridge, opposite_weight=opposite_weight,
+                            prior_weight=prior_weight, n_folds=n_folds, dim=d)
+    rng = check_random_state(random_state)
     if method == "local":
         from .steer_local import fit_local
 
-        return fit_local(X, labels, n_queries=_check_int(n_queries, "n_queries", 1),
-                         n_neighbors=_check_int(50 if n_neighbors is None else n_neighbors, "n_neighbors", 2),
-                         ridge=_check_pos_float(ridge, "ridge", allow_zero=True),
-                         opposite_weight=_check_pos_float(opposite_weight, "opposite_weight", allow_zero=True),
-                         prior_weight=_check_prior(prior_weight),
-                         n_folds=_check_int(n_folds, "n_folds", 0), rng=check_random_state(random_state),
-                         random_state=random_state, callback=callback)
-    n_neighbors = _check_int(10 if n_neighbors is None else n_neighbors, "n_neighbors", 1)
-    rng = check_random_state(random_state)
+        return fit_local(X, labels, n_queries=o["n_queries"], n_neighbors=o["n_neighbors"], ridge=o["ridge"],
+                         opposite_weight=o["opposite_weight"], prior_weight=o["prior_weight"], n_folds=o["n_folds"],
+                         rng=rng, random_state=random_state, callback=callback)
+    rank, temperature, weight_decay, max_iter = o["rank"], o["temperature"], o["weight_decay"], o["max_iter"]
+    max_pairs, n_candidates, n_neighbors, init_scale = o["max_pairs"], o["n_candidates"], o["n_neighbors"], \
+        o["init_scale"]
 
     Qp, C, target, s = _training_pairs(X, labels, max_pairs=max_pairs, n_candidates=n_candidates,
                                        n_neighbors=n_neighbors, rng=rng)

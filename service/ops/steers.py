@@ -21,7 +21,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from align.exceptions import DimensionMismatchError, InputError, PairCountError
-from align.steer import MeanShift, Steer, apply_steers, fit_mean_shift, fit_steer, transfer_steer
+from align.steer import (MeanShift, Steer, apply_steers, check_steer_options, fit_mean_shift, fit_steer,
+                         transfer_steer)
 from align.validation import as_matrix
 
 from ..progress import Progress, silent
@@ -42,7 +43,8 @@ _METRICS = ("loss_initial", "loss_final", "n_iter", "converged", "n_pos", "n_neg
 
 # --- fit ------------------------------------------------------------------------------------------
 def check_steer_params(params: Mapping | None, random_state: int | None = None) -> dict:
-    """Effective parameters (defaults filled, ``random_state`` folded in); unknown keys or method raise InputError."""
+    """Effective parameters (defaults filled, ``random_state`` folded in); unknown keys, method or a bad value
+    (:func:`align.steer.check_steer_options`) raise InputError."""
     params = dict(params or {})
     unknown = set(params) - set(STEER_PARAMS)
     if unknown:
@@ -51,7 +53,10 @@ def check_steer_params(params: Mapping | None, random_state: int | None = None) 
         raise InputError(f"unknown steer method {params['method']!r}; use one of {list(STEER_METHOD_NAMES)}")
     if random_state is not None:
         params["random_state"] = int(random_state)
-    return {**STEER_PARAMS, **params}
+    effective = {**STEER_PARAMS, **params}
+    if effective["method"] != "mean-shift":  # the values too, as the fit will check them (a 422, not a failed job)
+        check_steer_options(**{k: v for k, v in effective.items() if k != "random_state"})
+    return effective
 
 
 def check_steer_fit(registry, *, name: str, space: str, alias: str | None, params: Mapping | None,

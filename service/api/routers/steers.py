@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import PairCountError
+from align.validation import check_labels
 
 from ...ops import steers as steer_ops
 from ..codec import parse_json, texts_instead, validate, vectors_from_json
@@ -53,6 +54,7 @@ def create_steer(body: bytes, request, state, settings):
     n = len(opts.texts) if texts else X.shape[0]
     if len(opts.labels) != n:
         raise PairCountError(f"{len(opts.labels)} labels for {n} rows")
+    check_labels(opts.labels, n)  # values in {-1, 0, +1}, both signs present: now, not in a failed job
     if opts.items is not None and len(opts.items) != n:
         raise PairCountError(f"{len(opts.items)} items for {n} rows")
 

@@ -145,9 +145,17 @@ def test_errors(world):
     assert c.get("/v1/steers/attr:0", headers=R).status_code == 422
     r = c.post("/v1/indexes/corpus/search", headers=R, json={"vectors": X[:1].tolist(), "steers": {"nope": 1.0}})
     assert r.status_code == 404 and r.json()["error"]["status"] == 404
-    base = {"name": "e", "space": "tb", "vectors": X[:10].tolist(), "labels": [1] * 10}
+    base = {"name": "e", "space": "tb", "vectors": X[:10].tolist(), "labels": [1] * 5 + [-1] * 5}
     assert c.post("/v1/steers", headers=W, json={**base, "labels": [1] * 9}).status_code == 422
+    for labels, msg in (([1] * 10, "both +1 and -1"), ([2] * 5 + [-1] * 5, "-1, 0 or +1")):  # were failed jobs
+        r = c.post("/v1/steers", headers=W, json={**base, "labels": labels})
+        assert r.status_code == 422 and msg in r.text, (labels, r.status_code, r.text[:200])
     assert c.post("/v1/steers", headers=W, json={**base, "params": {"rnak": 2}}).status_code == 422
+    # bad values are refused when the fit is asked (they were a 202 and a job that failed)
+    for bad in ({"rank": "x"}, {"temperature": -1}, {"max_iter": 2.5}, {"method": "lm-steer", "rank": 0},
+                {"n_neighbors": 1}, {"ridge": -0.5}):
+        r = c.post("/v1/steers", headers=W, json={**base, "params": bad})
+        assert r.status_code == 422 and next(iter(bad.keys() - {"method"})) in r.text, (bad, r.status_code, r.text)
     assert c.post("/v1/steers", headers=W, json={**base, "name": "../x"}).status_code == 422
     assert c.post("/v1/steers", headers=W, json={**base, "vectors": np.ones((10, 5)).tolist()}).status_code == 422
     assert c.post("/v1/steers", headers=W, json={**base, "space": "ta", "name": "attr"}).status_code == 409
