@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .exceptions import InputError
 from .validation import as_matrix
 
 __all__ = ["Frame", "frame_sum", "unit_rows", "row_norms", "tame_rows"]
@@ -125,17 +126,16 @@ class Frame:
         """Refuse a frame no transform can use (a crafted or corrupted artifact; a hand-built frame): ``dim``
         an int >= 1; ``mean`` finite, shape (dim,). A NaN mean used to pass here and surface at the first
         transform as "overflow"."""
-        from .exceptions import InputError
-
         if isinstance(self.dim, bool) or not isinstance(self.dim, (int, np.integer)) or self.dim < 1:
             raise InputError(f"a frame's dim must be an int >= 1, got {self.dim!r}")
         if self.mean is None:
             return
         mean = np.asarray(self.mean)
-        if mean.shape != (self.dim,) or mean.dtype.kind not in "fiu" or not np.isfinite(mean).all():
+        numeric = mean.dtype.kind in "fiu"
+        finite = numeric and bool(np.isfinite(mean).all())
+        if mean.shape != (self.dim,) or not finite:
             raise InputError(f"a frame's mean must be {self.dim} finite numbers, got shape {mean.shape}, "
-                             f"dtype {mean.dtype}" + ("" if mean.dtype.kind not in "fiu" or np.isfinite(mean).all()
-                                                      else ", with NaN/Inf"))
+                             f"dtype {mean.dtype}" + (", with NaN/Inf" if numeric and not finite else ""))
 
     @classmethod
     def fit(cls, X, *, center: bool = True, unit_in: bool = True, unit_out: bool = True, name: str = "X") -> "Frame":

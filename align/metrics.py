@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .validation import check_paired, check_random_state, check_rankable
-from .exceptions import TooFewRowsError
-from .exceptions import DimensionMismatchError
+from .exceptions import DimensionMismatchError, TooFewRowsError
 from .frames import unit_rows
 from .knn import DEFAULT_BLOCK, mean_topk
 from .maps import LinearMap
@@ -109,7 +108,8 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
     rows = rng.permutation(n)[:max_rows]
     hits, pools = 0, []
     for part in np.array_split(rows, folds):
-        m = fit(X[np.setdiff1d(rows, part)], Y[np.setdiff1d(rows, part)])
+        train = np.setdiff1d(rows, part)
+        m = fit(X[train], Y[train])
         for chunk in np.array_split(part, -(-part.size // max_pool)):
             Q = unit_rows(m._apply(X[chunk], output="linear"))
             D = unit_rows(m.target_frame._apply(Y[chunk]))

@@ -21,6 +21,7 @@ from .validation import as_matrix, check_labelled_queries, check_paired, check_r
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .knn import knn
+from .options import check_number
 from .retrieval import overlap_without_self, relevant_ranks
 
 __all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "forecast", "MIN_PROBE",
@@ -97,8 +98,7 @@ def knn_overlap(A, B, *, k: int = 10) -> float:
     ``A`` (p, d_a) and ``B`` (p, d_b) embed the same p texts. 1.0: the two models order every
     neighbourhood alike; k/p: unrelated.
     """
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise InputError(f"k must be an int >= 1, got {k!r}")
+    check_number("k", k, 1, 1 << 31, whole=True)
     A, B = check_paired(A, B, names=("probe_src", "probe_tgt"), min_rows=k + 2)
     Za, Zb = Frame._fit(A)._apply(A), Frame._fit(B)._apply(B)
     return overlap_without_self(knn(Za, Za, k + 1)[1], knn(Zb, Zb, k + 1)[1], k)
@@ -284,9 +284,8 @@ def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tu
     ks = np.asarray(target_ks if np.ndim(target_ks) else [target_ks])
     if ks.size == 0 or ks.dtype.kind not in "iu" or (ks < 2).any():
         raise InputError(f"target_ks must be one or more integer pair counts >= 2, got {target_ks!r}")
-    for name, v, lo in (("repeats", repeats, 1), ("distractors", distractors, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise InputError(f"{name} must be an int >= {lo}, got {v!r}")
+    check_number("repeats", repeats, 1, 1 << 31, whole=True)
+    check_number("distractors", distractors, 1, 1 << 62, whole=True)
     return tuple(sorted({int(k) for k in ks}))
 
 

@@ -76,10 +76,10 @@ class PairStats:
         X, Y = check_paired(X, Y, names=("X", "Y"))
         X, Y = X.astype(np.float64), Y.astype(np.float64)
         if weights is not None:
-            w = np.asarray(weights, dtype=np.float64) if np.asarray(weights).dtype.kind in "biuf" else None
-            if w is None or w.shape != (X.shape[0],) or not np.isfinite(w).all() or (w < 0).any():
+            w = np.asarray(weights)
+            if w.dtype.kind not in "biuf" or w.shape != (X.shape[0],) or not np.isfinite(w).all() or (w < 0).any():
                 raise InputError(f"weights must be {X.shape[0]} finite non-negative numbers, one per pair")
-            w = w.reshape(-1, 1)
+            w = w.astype(np.float64).reshape(-1, 1)
             Xw = X * w
             return cls(int(X.shape[0]), Xw.sum(0), (Y * w).sum(0), Xw.T @ Y, Xw.T @ X,
                        float((Xw * X).sum()), float((Y * Y * w).sum()))

@@ -40,6 +40,8 @@ __all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_
 
 METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
+#: the closed-form paired fits (fitted from additive statistics; cheap enough to cross-validate)
+_CLOSED_FORM = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}
 _DIAG_SAMPLE = 4096
 _PLOT_SAMPLE = 1500
 log = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
                 raise InputError(f"--ray runs procrustes, ridge and lowrank fits; {method} runs in-process")
             return fit_migration_map(X, Y, method=method, params=params, random_state=random_state,
                                      progress=progress)
-        fn = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}[method]
+        fn = _CLOSED_FORM[method]
         if method == "lowrank" and "rank" not in params:
             raise InputError("lowrank needs a rank parameter (--param rank=N)")
         try:
@@ -102,7 +104,8 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
         with ray_session(None if ray_address == "local" else ray_address) as ray:
             map_ = est.fit(X, Y, progress=progress, seed_pairs=seed_pairs, executor=ray_executor(ray)).map_
         map_.metadata.setdefault("diagnostics", {})["executor"] = "ray"
-    map_.metadata.setdefault("params", {})["preset"] = params.get("preset", "fast")  # lineage: which configuration the defaults came from
+    # lineage: which configuration the defaults came from
+    map_.metadata.setdefault("params", {})["preset"] = params.get("preset", "fast")
     return map_
 
 
@@ -134,9 +137,9 @@ def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
     if isinstance(chosen.get("query_recall@1"), (int, float)):
         return {"heldout_top1": float(chosen["query_recall@1"]), "heldout_n_candidates": int(sel["n_holdout"]),
                 "heldout_source": "held-out split of the fit"}
-    if method not in ("procrustes", "ridge", "lowrank") or X.shape[0] < 10:
+    if method not in _CLOSED_FORM or X.shape[0] < 10:
         return {}
-    fn = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}[method]
+    fn = _CLOSED_FORM[method]
     try:
         cv = align.cross_val_top1(X, Y, lambda a, b: fn(a, b, **params), random_state=random_state or 0)
     except align.exceptions.VecbridgeError:  # a fold the family cannot fit (e.g. no signal in it)
@@ -443,13 +446,11 @@ def check_fit_params(method: str, params: dict | None, random_state=0) -> None:
     whose values are checked with the rows."""
     params = dict(params or {})
     if method in MIGRATION_METHODS:
-        from align.migration import check_options
-
-        check_options(method, params)
+        align.migration.check_options(method, params)
     elif method == "minivec2vec":
         _minivec2vec(params, random_state).check_params()
-    elif method in ("procrustes", "ridge", "lowrank"):
-        fn = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}[method]
+    elif method in _CLOSED_FORM:
+        fn = _CLOSED_FORM[method]
         if method == "lowrank" and "rank" not in params:
             raise InputError("lowrank needs a rank parameter (--param rank=N)")
         try:

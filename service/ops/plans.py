@@ -27,6 +27,7 @@ import numpy as np
 
 import align
 from align.exceptions import InputError
+from align.frames import unit_rows
 
 from ..indexes.csls import CSLS_WEIGHT
 
@@ -131,8 +132,7 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     res = align.evaluate(m, X, Y, csls=csls)
     # ``cos`` is of the target's centred frame; ``cos_raw`` of what transform writes against native target rows
     Z = m.apply(X, output="raw", validate=False)
-    res["cos_raw"] = float(np.mean(np.einsum("ij,ij->i", Z, Y) / (np.linalg.norm(Z, axis=1) * np.linalg.norm(Y, axis=1)
-                                                                  + 1e-12)))
+    res["cos_raw"] = float(np.mean(np.einsum("ij,ij->i", unit_rows(Z), unit_rows(Y))))
     res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention, queries=queries, relevant=relevant,
                                       side=side, old_queries=old_queries, csls_weight=csls_weight if csls else None)
     res["retention"] = res["retrieval"]["retention"]
