@@ -145,10 +145,13 @@ function registryPage() {
     spaces: [], maps: [], steers: [], selected: null, versions: [], version: null,
     report: "", reportNote: "", aliasName: "prod", aliasVersion: "", aliasMsg: "",
     async load() {
-      const [s, m, t] = await Promise.all([VB.api("/v1/spaces"), VB.api("/v1/maps"), VB.api("/v1/steers")]);
+      const [s, m, t, info] = await Promise.all([VB.api("/v1/spaces"), VB.api("/v1/maps"), VB.api("/v1/steers"),
+                                                 VB.api("/v1/info")]);
       this.spaces = s.data; this.maps = m.data; this.steers = t.data;
       const want = this.selected || (this.maps[0] && this.maps[0].name);
       if (want) await this.pick(want);
+      // a fresh data dir registers its demo a second or so after start: look again until it is there
+      if (info.demo === "preparing") setTimeout(() => this.reload(), 1000);
     },
     async pick(name) {
       this.selected = name;
