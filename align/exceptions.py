@@ -47,7 +47,7 @@ __all__ = [
 #: The classes of failure an error can belong to (``VecbridgeError.kind``). The service maps each
 #: to one HTTP status and one CLI exit code (``service.errors``); align only names them.
 KINDS = ("invalid", "not_found", "conflict", "unauthenticated", "forbidden", "too_large", "unsupported_media",
-         "busy", "unavailable", "cancelled", "integrity", "internal")
+         "timeout", "busy", "unavailable", "cancelled", "integrity", "internal")
 
 
 class VecbridgeError(Exception):

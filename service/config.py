@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list)
     max_body_bytes: int = 64 * 1024 * 1024
     max_batch: int = 65536
+    body_timeout_s: float = Field(60.0, gt=0, le=3600, description=(
+        "Longest wait for the next bytes of a request body that has begun (as nginx's client_body_timeout): "
+        "a client that stalls mid-upload gets a 408 and its connection and buffered bytes are released."))
     limits: Limits = Field(default_factory=Limits, description="Every other size limit (service/limits.py); "
                                                                "e.g. VECBRIDGE_LIMITS__MAX_K=500.")
     metrics_access: Literal["open", "key", "off"] = Field(

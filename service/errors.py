@@ -15,6 +15,7 @@ Every error raised on purpose derives from :class:`align.exceptions.VecbridgeErr
     ├── PermissionDeniedError                      forbidden
     ├── PayloadTooLargeError                       too_large
     ├── UnsupportedMediaTypeError                  unsupported_media
+    ├── RequestTimeoutError                        timeout     a request body stalled mid-way
     ├── BusyError                                  busy        a full queue: retry later
     ├── ServiceUnavailableError                           unavailable a part (registry, LM) is not ready
     └── IntegrityError-like, SerializationError    integrity / internal
@@ -29,7 +30,8 @@ from align.exceptions import Cancelled, VecbridgeError
 
 __all__ = [
     "VecbridgeError", "Cancelled", "NotFoundError", "ConflictError", "AuthenticationError", "PermissionDeniedError",
-    "PayloadTooLargeError", "UnsupportedMediaTypeError", "BusyError", "ServiceUnavailableError",
+    "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
+    "ServiceUnavailableError",
     "HTTP_STATUS", "EXIT_CODE", "kind_of", "http_status", "exit_code",
 ]
 
@@ -70,6 +72,12 @@ class UnsupportedMediaTypeError(VecbridgeError):
     kind = "unsupported_media"
 
 
+class RequestTimeoutError(VecbridgeError):
+    """The client stopped sending its request body (no bytes for ``body_timeout_s``)."""
+
+    kind = "timeout"
+
+
 class BusyError(VecbridgeError):
     """Too much work queued: retry later."""
 
@@ -85,7 +93,7 @@ class ServiceUnavailableError(VecbridgeError):
 #: kind -> HTTP status (``io`` is decided by :func:`service.storage.is_storage_error`: 503 or 500).
 HTTP_STATUS: dict[str, int] = {
     "invalid": 422, "not_found": 404, "conflict": 409, "unauthenticated": 401, "forbidden": 403,
-    "too_large": 413, "unsupported_media": 415, "busy": 429, "unavailable": 503, "cancelled": 409,
+    "too_large": 413, "unsupported_media": 415, "timeout": 408, "busy": 429, "unavailable": 503, "cancelled": 409,
     "integrity": 500, "internal": 500, "io": 500,
 }
 

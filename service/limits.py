@@ -60,7 +60,7 @@ class Limits(BaseModel):
 DEFAULT_LIMITS = Limits()
 
 
-def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int) -> str:
+def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int, body_timeout_s: float | None = None) -> str:
     """The limits table as Markdown (for the OpenAPI description)."""
     rows = [("Bulk routes (transform, index create/add, search, fits, steers): binary body bytes "
              "(`max_body_bytes`)", max_body_bytes, "413"), ("Rows per request (`max_batch`)", max_batch, "413")]
@@ -68,6 +68,8 @@ def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int) -> str:
         rows.append((f"{field.description.rstrip('.')} (`{name}`)", getattr(limits, name),
                      "413" if name.startswith("body_bytes") else "422"))
     rows.append(("Index ids", "0 ≤ id < 2**62", "422"))
+    if body_timeout_s is not None:
+        rows.append(("Silence while a request body is being sent (`body_timeout_s`)", f"{body_timeout_s:g} s", "408"))
     return "| limit | value | beyond |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
 
 

@@ -122,8 +122,9 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
     """The limits table in the API description, and each route's body limit in its operation's description."""
     from ..limits import limits_markdown
 
-    app.description = (API_DESCRIPTION + "\n**Limits** (settings; 413 for bodies and rows, 422 for the rest):\n\n"
-                       + limits_markdown(s.limits, s.max_batch, s.max_body_bytes))
+    app.description = (API_DESCRIPTION + "\n**Limits** (settings; 413 for bodies and rows, 408 for a stalled body, "
+                                         "422 for the rest):\n\n"
+                       + limits_markdown(s.limits, s.max_batch, s.max_body_bytes, s.body_timeout_s))
     build = app.openapi
 
     def openapi() -> dict:

@@ -1,5 +1,6 @@
-"""Pure-ASGI middleware: key check and body limit before the body is read, and request id + latency
-metrics + access log (every answer carries ``x-request-id``; a 5xx also ``Connection: close``).
+"""Pure-ASGI middleware: key check, body limit and body timeout before and while the body is read, and
+request id + latency metrics + access log (every answer carries ``x-request-id``; a 5xx or a 408 also
+``Connection: close``).
 
 Pure ASGI (not ``BaseHTTPMiddleware``) keeps the per-request overhead to a few microseconds,
 which matters for the binary transform fast path.
@@ -7,12 +8,13 @@ which matters for the binary transform fast path.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
 from ..logging import get_logger
 from ..metrics import ServiceMetrics
-from ..errors import PayloadTooLargeError
+from ..errors import PayloadTooLargeError, RequestTimeoutError
 from .responses import dumps
 
 __all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit"]
@@ -76,7 +78,9 @@ def _route_scope(route) -> str | None:
 
 
 class GuardMiddleware:
-    """Before the route reads one body byte: the API key (401/403) and the route's body limit (413).
+    """Before the route reads one body byte: the API key (401/403) and the route's body limit (413); while it
+    reads: the limit again, and ``body_timeout_s`` between the body's messages (408: a client that stalls
+    mid-upload would otherwise hold its connection, and the bytes buffered so far, until it goes away).
 
     FastAPI reads and parses a typed body before it runs the route's dependencies, so a key check
     in a dependency alone lets anyone make the server read and parse a large body. This
@@ -136,19 +140,32 @@ class GuardMiddleware:
                 # no route: most often a mistyped path, so the message says so, not only "send smaller batches"
                 return await _send_413(send, n, limit, setting,
                                        unmatched=None if route else f"{scope['method']} {scope.get('path', '')}")
-        seen = 0
+        seen, done, wait = 0, False, settings.body_timeout_s
 
         async def limited_receive():
-            nonlocal seen
-            msg = await receive()
+            nonlocal seen, done
+            if done:  # the body is complete: later calls wait for a disconnect, for as long as it takes
+                return await receive()
+            try:
+                async with asyncio.timeout(wait):
+                    msg = await receive()
+            except TimeoutError:
+                raise RequestTimeoutError(
+                    f"no request body bytes for {wait:g} s after {seen} bytes (body_timeout_s); "
+                    f"send the body without pauses") from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > limit:
                     raise PayloadTooLargeError(
                         f"request body exceeds the limit of {limit} bytes ({setting}); send smaller batches")
+                done = not msg.get("more_body", False)
             return msg
 
-        return await self.app(scope, limited_receive, send)
+        try:
+            return await self.app(scope, limited_receive, send)
+        except RequestTimeoutError as exc:  # raised in a middleware's own body read (the fast path's)
+            scope["route"] = route
+            return await _send_error(send, 408, type(exc).__name__, str(exc))
 
 
 async def _send_error(send, status: int, kind: str, message: str, extra: list | None = None) -> None:
@@ -196,9 +213,10 @@ class ObserveMiddleware:
             if msg["type"] == "http.response.start":
                 status, started = msg["status"], True
                 extra = [(b"x-request-id", rid.encode("latin-1"))]
-                if status >= 500:  # the connection's state is unknown after a server error: do not reuse it
+                close = status >= 500 or status == 408  # after a server error or a stalled body the connection's
+                if close:  # state is unknown (the rest of a body may still come): do not reuse it
                     extra.append((b"connection", b"close"))
-                msg["headers"] = [h for h in msg.get("headers", []) if not (status >= 500 and h[0] == b"connection")]
+                msg["headers"] = [h for h in msg.get("headers", []) if not (close and h[0] == b"connection")]
                 msg["headers"] += extra
             await send(msg)
 

@@ -15,6 +15,7 @@ One test per finding:
 8. Ids: ids past 2**62 are refused, automatic ids never overflow.
 9. No lock per unknown index name; names with a trailing newline refused; ``/metrics`` open/key/off;
    tag and description sizes.
+10. A body that stalls mid-way is a 408 after ``body_timeout_s`` and its connection is closed.
 
 ``BAD_INPUT_COUNTS`` collects every status seen; the last test prints the matrix figures.
 """
@@ -390,6 +391,64 @@ def test_client_that_goes_away_mid_body_is_no_server_error(server):
     assert [line for line in counts if 'status="499"' in line], counts
     assert "request failed" not in srv.log()
     _alive(srv)
+
+
+def _answer(s) -> bytes:
+    """Everything the server sends on socket ``s`` until it closes the connection (10 s at most)."""
+    s.settimeout(10)
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
+def test_a_stalled_body_is_a_408_and_frees_the_connection(tmp_path):
+    """A client that stops sending its body mid-way gets a 408 after ``body_timeout_s`` of silence and the server
+    closes the connection (before: it was held, with the bytes buffered so far, until the client went away): the
+    fast path's own body read, a route's, and a chunked body. A slow but steady body (a message every 0.4 s
+    under a 1.5 s timeout, 2 s in all) is answered as usual: the bound is on silence, not on the whole upload."""
+    import socket
+
+    data = populate_data_dir(tmp_path / "data")
+    srv = Server(tmp_path / "data", env={"VECBRIDGE_BODY_TIMEOUT_S": "1.5"}).start()
+    port = int(srv.url.rsplit(":", 1)[1])
+    auth = f"Authorization: {W['Authorization']}\r\n"
+    stalls = [("POST /v1/maps/a2b/transform", "application/octet-stream", "Content-Length: 1536\r\n", b"\0" * 64),
+              ("POST /v1/indexes", "application/json", "Content-Length: 100000\r\n", b'{"name": "ix2", '),
+              ("POST /v1/maps/a2b/transform", "application/octet-stream", "Transfer-Encoding: chunked\r\n",
+               b"600\r\n" + b"\0" * 64)]
+    try:
+        for line, ctype, framing, part in stalls:
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                t0 = time.monotonic()
+                s.sendall(f"{line} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: {ctype}\r\n{framing}\r\n".encode()
+                          + part)
+                answer = _answer(s)
+                waited = time.monotonic() - t0
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), (line, framing, answer[:300])
+            assert b"connection: close" in head.lower(), head
+            err = json.loads(body)["error"]
+            assert err["type"] == "RequestTimeoutError" and err["status"] == 408, err
+            assert "body_timeout_s" in err["message"], err
+            assert 1.4 < waited < 8, (line, framing, waited)
+        x = np.ascontiguousarray(data["X"][:4], dtype="<f4").tobytes()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(f"POST /v1/maps/a2b/transform HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: "
+                      f"application/octet-stream\r\nContent-Length: {len(x)}\r\nConnection: close\r\n\r\n".encode())
+            for i in range(0, len(x), len(x) // 5 + 1):
+                time.sleep(0.4)
+                s.sendall(x[i:i + len(x) // 5 + 1])
+            head = _answer(s).partition(b"\r\n\r\n")[0]
+        assert head.startswith(b"HTTP/1.1 200"), head
+        with srv.client(R) as c:
+            metrics = c.get("/metrics").text
+        assert [m for m in metrics.splitlines() if m.startswith("vecbridge_request_duration_seconds_count")
+                and 'status="408"' in m], metrics[-2000:]
+        assert "request failed" not in srv.log()
+        _alive(srv)
+    finally:
+        srv.stop()
 
 
 # --- 8. ids --------------------------------------------------------------------------------------
