@@ -28,7 +28,14 @@ from align.exceptions import SerializationError
 
 from .errors import ConflictError, DeletedVersionError, IntegrityError, NotFoundError
 from .models import Record, SteerInfo, VersionInfo, columns, from_row, to_columns
-from .names import MAX_VERSION, check_alias, check_name, check_tag_key, parse_ref
+from .names import (
+    MAX_VERSION,
+    check_alias,
+    check_name,
+    check_tag_key,
+    check_text,
+    parse_ref,
+)
 
 __all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "now", "package_version"]
 
@@ -357,12 +364,13 @@ class VersionedStore:
     def set_tag(self, name: str, version: int, key: str, value) -> Record:
         self.check(name)
         check_tag_key(key)
+        value = check_text(str(value), f"tag {key!r}")
 
         def fn(t):
             self.get_in(t, name, int(version))
             t.q(f"INSERT INTO {self.kind.tags} (name, version, key, value) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (name, version, key) DO UPDATE SET value = excluded.value",
-                (name, int(version), key, str(value)))
+                (name, int(version), key, value))
 
         self._write(fn)
         return self.get(name, int(version))

@@ -162,6 +162,22 @@ def test_tags(reg):
         reg.set_tag("a->b", 2, "k", "v")
 
 
+
+def test_text_with_nul_is_refused_alike_on_both_backends(reg):
+    """PostgreSQL's TEXT cannot hold NUL: a tag value, description or space text with one was a psycopg
+    DataError (HTTP 500) there and stored as is on SQLite; now an InvalidNameError (422) on both, nothing written."""
+    register(reg)
+    gen = reg.generation()
+    for write in (lambda: reg.set_tag("a->b", 1, "k", "a\x00b"),
+                  lambda: register(reg, seed=1, description="d\x00"),
+                  lambda: register(reg, seed=1, tags={"k": "\x00"}),
+                  lambda: reg.register_space("s", 4, description="x\x00"),
+                  lambda: reg.register_space("s", 4, encoder="e\x00")):
+        with pytest.raises(InvalidNameError, match="NUL"):
+            write()
+    assert reg.generation() == gen and [v.version for v in reg.list_versions("a->b")] == [1]
+    assert reg.get_version("a->b", 1).tags == {} and [s.name for s in reg.list_spaces()] == ["a", "b"]
+
 def test_soft_delete(reg):
     register(reg, seed=1)
     register(reg, seed=2, alias="prod")
