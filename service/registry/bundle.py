@@ -3,8 +3,9 @@
 A bundle holds maps (every version, aliases, tags, reports) and steers (every version, aliases),
 and the spaces they use. Importing keeps version numbers. A version that already exists with the
 same artifact sha256 is skipped (importing twice is a no-op); with a different artifact it is a
-ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version. Existing
-aliases are never moved.
+ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version (once: a version
+with the same artifact and creation time is skipped, so a renumbering import repeated is a no-op too).
+Existing aliases are never moved.
 
 Import is strict and all-or-nothing. A bundle comes from elsewhere, so it is checked as if it
 had come over HTTP, in three phases:
@@ -419,6 +420,11 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
                 if on_conflict == "error":
                     raise ConflictError(f"{name}:{v['version']} exists here with another artifact "
                                         "(use on_conflict='renumber' to add it as a new version)")
+                copy = store.copy_of(t, name, v["artifact_sha256"], v["created_at"])
+                if copy is not None:  # renumbered by an earlier import of this bundle: skipped, not added again
+                    local[v["version"]] = copy
+                    counts["skipped"] += is_map
+                    continue
                 number = store.allocate(t, name)
                 tags["imported_from"] = f"{name}:{v['version']}"
                 status = "renumbered"

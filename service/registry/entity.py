@@ -186,6 +186,13 @@ class VersionedStore:
         r = t.one(f"SELECT artifact_sha256 FROM {self.kind.table} WHERE name = ? AND version = ?", (name, version))
         return None if r is None else r["artifact_sha256"]
 
+    def copy_of(self, t, name: str, sha: str, created_at: str) -> int | None:
+        """The version of ``name`` with this artifact and creation time (a version imported before under
+        another number), else None."""
+        r = t.one(f"SELECT MIN(version) AS v FROM {self.kind.table} WHERE name = ? AND artifact_sha256 = ? "
+                  "AND created_at = ?", (name, sha, created_at))
+        return None if r is None or r["v"] is None else int(r["v"])
+
     def put_alias(self, t, name: str, alias: str, version: int, *, move: bool = True) -> bool:
         """Point ``name@alias`` at ``version``; with ``move=False`` an existing alias is kept. True if written."""
         a = self.kind.aliases

@@ -270,6 +270,11 @@ def test_export_import_round_trip(reg, tmp_path, suffix):
     assert [(v.version, v.deleted, v.tags.get("imported_from")) for v in third.list_versions("a->b")] == [
         (1, False, None), (2, True, "a->b:1"), (3, False, "a->b:2")]
     assert third.resolve("a->b@prod").version == 3  # the alias follows its version to its new number
+    # importing the same bundle again (renumbering or not) adds nothing: it added v2, v3 as v4, v5 again
+    assert third.import_(bundle, on_conflict="renumber") == {"imported": 0, "skipped": 2, "renumbered": 0,
+                                                             "aliases": 0}
+    assert [v.version for v in third.list_versions("a->b")] == [1, 2, 3]
+    assert third.verify()["ok"]
 
 
 def test_import_rejects_tampered_bundle(reg, tmp_path):
