@@ -15,7 +15,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import RegistryError
+from .errors import InvalidNameError, RegistryError
 
 __all__ = ["open_db", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row"]
 
@@ -285,9 +285,14 @@ class PostgresDB(_Base):
 
 
 def open_db(url: str):
-    """``sqlite:///abs/path.sqlite`` or ``postgresql://user@host:port/db``."""
+    """``sqlite:///relative/path.sqlite``, ``sqlite:////abs/path.sqlite`` or ``postgresql://user@host:port/db``;
+    InvalidNameError for any other URL, or one that names a folder."""
     if url.startswith("sqlite:///"):
-        return SQLiteDB(Path(url[len("sqlite:///"):]))
+        path = url[len("sqlite:///"):]
+        if not path or path.endswith("/") or Path(path).is_dir():
+            raise InvalidNameError(f"registry URL {url[:60]!r} names a folder, not a database file: "
+                                   "use sqlite:///relative/registry.sqlite or sqlite:////absolute/registry.sqlite")
+        return SQLiteDB(Path(path))
     if url.startswith(("postgresql://", "postgres://")):
         return PostgresDB(url)
-    raise RegistryError(f"unsupported registry URL {url[:30]!r}: use sqlite:///path or postgresql://...")
+    raise InvalidNameError(f"unsupported registry URL {url[:30]!r}: use sqlite:///path or postgresql://...")

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import align
+from conftest import run_cli
 from service.registry import (
     ConflictError,
     DeletedVersionError,
@@ -199,6 +200,17 @@ def test_soft_delete(reg):
         reg.resolve("a->b")
     assert reg.list_maps()[0]["latest_version"] is None
 
+
+
+def test_registry_url_typos_are_clear_errors(tmp_path, capsys):
+    """A SQLite URL naming a folder (or nothing) was 'internal error: OperationalError: unable to open database
+    file', exit 3; an unknown scheme exit 3 as well: both are the user's to fix (InvalidNameError, exit 2)."""
+    for url in (f"sqlite:///{tmp_path}", f"sqlite:///{tmp_path}/", "sqlite:///", "sqlite://r.sqlite"):
+        with pytest.raises(InvalidNameError, match="folder|unsupported"):
+            open_registry(url, tmp_path / "artifacts")
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path / "d", "--registry-url", f"sqlite:///{tmp_path}",
+                           "registry", "list")
+    assert code == 2 and "names a folder, not a database file" in err
 
 # --- spaces and paths -------------------------------------------------------------------------
 
