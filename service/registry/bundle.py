@@ -389,8 +389,9 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
         for e in plan["entries"]:
             for v in e["versions"]:
                 if v.get("report") is not None:
-                    v["report_rel"] = _store_report(reg, e["name"], v["version"], v.pop("report"))
-                    written_reports.append(reg.report_dir / v["report_rel"])
+                    v["report_rel"], created = _store_report(reg, e["name"], v["version"], v.pop("report"))
+                    if created:  # a file already there belongs to a version imported before: never removed
+                        written_reports.append(reg.report_dir / v["report_rel"])
         counts = reg._write(lambda t: _apply_plan(reg, t, plan, on_conflict))
     except BaseException:
         for p in written_reports:
@@ -447,7 +448,11 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
     return counts
 
 
-def _store_report(reg, name: str, version, data: bytes) -> str:
+def _store_report(reg, name: str, version, data: bytes) -> tuple[str, bool]:
+    """``(relative path, created)``: the report written under a name from its content, unless already there."""
     rel = f"{fs_safe(name)}/imported-{version or 'new'}-{sha256_bytes(data)[:12]}.html"
-    atomic_write(reg.report_dir / rel, data)
-    return rel
+    path = reg.report_dir / rel
+    if path.is_file() and path.read_bytes() == data:
+        return rel, False
+    atomic_write(path, data)
+    return rel, True

@@ -289,6 +289,24 @@ def test_export_import_round_trip(reg, tmp_path, suffix):
     assert third.verify()["ok"]
 
 
+
+def test_failed_import_keeps_the_reports_of_earlier_imports(reg, tmp_path):
+    """A failed import removes the reports it wrote, but it also removed the one an earlier import of the same
+    version had stored (same content, same file name): a->b:1 lost its report to an unrelated conflict."""
+    src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src" / "artifacts")
+    (src.report_dir / "r").mkdir(parents=True)
+    (src.report_dir / "r" / "fit.html").write_text("<html>fit report</html>")
+    register(src, report_path="r/fit.html")
+    register(src, "c->d", seed=1, src="c", tgt="d")
+    only_ab, both = src.export(tmp_path / "ab.zip", ["a->b"]), src.export(tmp_path / "all.zip")
+    assert reg.import_(only_ab)["imported"] == 1
+    report = reg.report_file("a->b:1")
+    assert report.read_text() == "<html>fit report</html>"
+    register(reg, "c->d", seed=2, src="c", tgt="d")  # another c->d:1 here: the full bundle conflicts
+    with pytest.raises(ConflictError, match="c->d:1"):
+        reg.import_(both)
+    assert report.read_text() == "<html>fit report</html>"
+
 def test_import_rejects_tampered_bundle(reg, tmp_path):
     register(reg)
     folder = reg.export(tmp_path / "bundle")
