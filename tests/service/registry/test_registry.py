@@ -212,6 +212,18 @@ def test_registry_url_typos_are_clear_errors(tmp_path, capsys):
                            "registry", "list")
     assert code == 2 and "names a folder, not a database file" in err
 
+
+def test_a_file_that_is_no_database_is_named(tmp_path, capsys):
+    """A registry URL naming some other file was 'internal error: DatabaseError: file is not a database', exit 3."""
+    not_db = tmp_path / "notes.txt"
+    not_db.write_text("hello")
+    with pytest.raises(IntegrityError, match="is not a SQLite registry database"):
+        open_registry(f"sqlite:///{not_db}", tmp_path / "artifacts")
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path / "d", "--registry-url", f"sqlite:///{not_db}",
+                           "registry", "list")
+    assert code == 2 and "notes.txt is not a SQLite registry database" in err
+    assert not_db.read_text() == "hello"
+
 # --- spaces and paths -------------------------------------------------------------------------
 
 def test_spaces(reg):
