@@ -5,7 +5,8 @@ and the spaces they use. Importing keeps version numbers. A version that already
 same artifact sha256 is skipped (importing twice is a no-op); with a different artifact it is a
 ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version (once: a version
 with the same artifact and creation time is skipped, so a renumbering import repeated is a no-op too).
-Existing aliases are never moved.
+Existing aliases are never moved. A NaN or infinite number in a record's JSON fields (a metric
+that came out undefined) is exported as ``null``, as the HTTP API shows it: a manifest holds JSON only.
 
 Import is strict and all-or-nothing. A bundle comes from elsewhere, so it is checked as if it
 had come over HTTP, in three phases:
@@ -26,6 +27,7 @@ had come over HTTP, in three phases:
 from __future__ import annotations
 
 import json
+import math
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -155,9 +157,20 @@ def _export(reg, w: _Writer, chosen: dict, names: list[str] | None) -> None:
                         w.write(d["bundle_report"], rp.read_bytes())
                     versions.append(d)
                 manifest[key].append({**summary, "versions": versions})
-        w.write("manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+        w.write("manifest.json", json.dumps(_finite(manifest), indent=1, sort_keys=True, allow_nan=False).encode())
     finally:
         w.close()
+
+
+def _finite(obj):
+    """``obj`` with every NaN or infinite float replaced by None (JSON has no such numbers; import refuses them)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 # --- validation of a manifest (phase 1) ---------------------------------------------------------

@@ -319,6 +319,16 @@ def test_failed_import_keeps_the_reports_of_earlier_imports(reg, tmp_path):
         reg.import_(both)
     assert report.read_text() == "<html>fit report</html>"
 
+
+def test_a_nan_metric_does_not_make_the_bundle_unimportable(reg, tmp_path):
+    """A version with a NaN metric (an undefined score) was exported as 'NaN' in the manifest, which the import
+    refuses: the registry's own bundle could not be imported anywhere. NaN / Inf are exported as null."""
+    register(reg, metrics={"top1": 0.5, "r2": float("nan"), "curve": [1.0, float("inf")]})
+    bundle = reg.export(tmp_path / "nan.zip")
+    other = open_registry(f"sqlite:///{tmp_path}/other.sqlite", tmp_path / "other-artifacts")
+    assert other.import_(bundle)["imported"] == 1
+    assert other.get_version("a->b", 1).metrics == {"top1": 0.5, "r2": None, "curve": [1.0, None]}
+
 def test_import_rejects_tampered_bundle(reg, tmp_path):
     register(reg)
     folder = reg.export(tmp_path / "bundle")
