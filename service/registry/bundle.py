@@ -3,8 +3,10 @@
 A bundle holds maps (every version, aliases, tags, reports) and steers (every version, aliases),
 and the spaces they use. Importing keeps version numbers. A version that already exists with the
 same artifact sha256 is skipped (importing twice is a no-op); with a different artifact it is a
-ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version. Existing
-aliases are never moved.
+ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version (once: a version
+with the same artifact and creation time is skipped, so a renumbering import repeated is a no-op too).
+Existing aliases are never moved. A NaN or infinite number in a record's JSON fields (a metric
+that came out undefined) is exported as ``null``, as the HTTP API shows it: a manifest holds JSON only.
 
 Import is strict and all-or-nothing. A bundle comes from elsewhere, so it is checked as if it
 had come over HTTP, in three phases:
@@ -25,6 +27,7 @@ had come over HTTP, in three phases:
 from __future__ import annotations
 
 import json
+import math
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -154,9 +157,20 @@ def _export(reg, w: _Writer, chosen: dict, names: list[str] | None) -> None:
                         w.write(d["bundle_report"], rp.read_bytes())
                     versions.append(d)
                 manifest[key].append({**summary, "versions": versions})
-        w.write("manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+        w.write("manifest.json", json.dumps(_finite(manifest), indent=1, sort_keys=True, allow_nan=False).encode())
     finally:
         w.close()
+
+
+def _finite(obj):
+    """``obj`` with every NaN or infinite float replaced by None (JSON has no such numbers; import refuses them)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 # --- validation of a manifest (phase 1) ---------------------------------------------------------
@@ -388,8 +402,9 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
         for e in plan["entries"]:
             for v in e["versions"]:
                 if v.get("report") is not None:
-                    v["report_rel"] = _store_report(reg, e["name"], v["version"], v.pop("report"))
-                    written_reports.append(reg.report_dir / v["report_rel"])
+                    v["report_rel"], created = _store_report(reg, e["name"], v["version"], v.pop("report"))
+                    if created:  # a file already there belongs to a version imported before: never removed
+                        written_reports.append(reg.report_dir / v["report_rel"])
         counts = reg._write(lambda t: _apply_plan(reg, t, plan, on_conflict))
     except BaseException:
         for p in written_reports:
@@ -419,6 +434,11 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
                 if on_conflict == "error":
                     raise ConflictError(f"{name}:{v['version']} exists here with another artifact "
                                         "(use on_conflict='renumber' to add it as a new version)")
+                copy = store.copy_of(t, name, v["artifact_sha256"], v["created_at"])
+                if copy is not None:  # renumbered by an earlier import of this bundle: skipped, not added again
+                    local[v["version"]] = copy
+                    counts["skipped"] += is_map
+                    continue
                 number = store.allocate(t, name)
                 tags["imported_from"] = f"{name}:{v['version']}"
                 status = "renumbered"
@@ -441,7 +461,11 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
     return counts
 
 
-def _store_report(reg, name: str, version, data: bytes) -> str:
+def _store_report(reg, name: str, version, data: bytes) -> tuple[str, bool]:
+    """``(relative path, created)``: the report written under a name from its content, unless already there."""
     rel = f"{fs_safe(name)}/imported-{version or 'new'}-{sha256_bytes(data)[:12]}.html"
-    atomic_write(reg.report_dir / rel, data)
-    return rel
+    path = reg.report_dir / rel
+    if path.is_file() and path.read_bytes() == data:
+        return rel, False
+    atomic_write(path, data)
+    return rel, True

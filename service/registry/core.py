@@ -33,7 +33,7 @@ from .db import open_db
 from .entity import MAPS, STEERS, LRUCache, VersionedStore, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .models import SpaceInfo, VersionInfo
-from .names import check_alias, check_name, check_tag_key, parse_ref
+from .names import check_alias, check_name, check_tag_key, check_text, parse_ref
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
 
@@ -152,6 +152,8 @@ class Registry(SteerRegistryMixin):
                                 ("passage_prefix", passage_prefix, 1024)):
             if text and len(text) > cap:
                 raise InvalidNameError(f"space {what} is longer than {cap} characters")
+            check_text(text, f"space {what}")
+        check_text(encoder, "space encoder")
 
         def fn(t):
             self._put_space(t, dict(name=name, dim=dim, encoder=encoder, query_prefix=query_prefix,
@@ -208,7 +210,9 @@ class Registry(SteerRegistryMixin):
         check_name(target_space, "target space")
         if alias is not None:
             check_alias(alias)
-        tags = {check_tag_key(k): str(v) for k, v in (tags or {}).items()}
+        tags = {check_tag_key(k): check_text(str(v), f"tag {k!r}") for k, v in (tags or {}).items()}
+        for what, text in (("method", str(method)), ("description", description), ("report_path", report_path)):
+            check_text(text, what)
         fmt = artifact_format or self.artifact_format
         if fmt not in ARTIFACT_FORMATS:
             raise InvalidNameError(f"artifact_format must be one of {sorted(ARTIFACT_FORMATS)}")

@@ -15,7 +15,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import RegistryError
+from .errors import IntegrityError, InvalidNameError, RegistryError
 
 __all__ = ["open_db", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row"]
 
@@ -173,12 +173,18 @@ class SQLiteDB(_Base):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.timeout = timeout
-        with self.tx(write=True) as t:
-            for stmt in SCHEMA:
-                t.q(stmt)
-            for table, col, decl in UPGRADES:
-                if col not in {r["name"] for r in t.q(f"PRAGMA table_info({table})")}:
-                    t.q(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
+        try:
+            with self.tx(write=True) as t:
+                for stmt in SCHEMA:
+                    t.q(stmt)
+                for table, col, decl in UPGRADES:
+                    if col not in {r["name"] for r in t.q(f"PRAGMA table_info({table})")}:
+                        t.q(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):  # locked, read-only or full: service.storage says which
+                raise
+            self.close()
+            raise IntegrityError(f"{self.path} is not a SQLite registry database ({exc})") from None
 
     def change_counter(self) -> int | None:
         """The file change counter of the database header (bytes 24-27), read with one ``pread``: no lock, no query.
@@ -285,9 +291,14 @@ class PostgresDB(_Base):
 
 
 def open_db(url: str):
-    """``sqlite:///abs/path.sqlite`` or ``postgresql://user@host:port/db``."""
+    """``sqlite:///relative/path.sqlite``, ``sqlite:////abs/path.sqlite`` or ``postgresql://user@host:port/db``;
+    InvalidNameError for any other URL, or one that names a folder."""
     if url.startswith("sqlite:///"):
-        return SQLiteDB(Path(url[len("sqlite:///"):]))
+        path = url[len("sqlite:///"):]
+        if not path or path.endswith("/") or Path(path).is_dir():
+            raise InvalidNameError(f"registry URL {url[:60]!r} names a folder, not a database file: "
+                                   "use sqlite:///relative/registry.sqlite or sqlite:////absolute/registry.sqlite")
+        return SQLiteDB(Path(path))
     if url.startswith(("postgresql://", "postgres://")):
         return PostgresDB(url)
-    raise RegistryError(f"unsupported registry URL {url[:30]!r}: use sqlite:///path or postgresql://...")
+    raise InvalidNameError(f"unsupported registry URL {url[:30]!r}: use sqlite:///path or postgresql://...")

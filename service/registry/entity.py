@@ -28,7 +28,14 @@ from align.exceptions import SerializationError
 
 from .errors import ConflictError, DeletedVersionError, IntegrityError, NotFoundError
 from .models import Record, SteerInfo, VersionInfo, columns, from_row, to_columns
-from .names import MAX_VERSION, check_alias, check_name, check_tag_key, parse_ref
+from .names import (
+    MAX_VERSION,
+    check_alias,
+    check_name,
+    check_tag_key,
+    check_text,
+    parse_ref,
+)
 
 __all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "now", "package_version"]
 
@@ -178,6 +185,13 @@ class VersionedStore:
     def sha_of(self, t, name: str, version: int) -> str | None:
         r = t.one(f"SELECT artifact_sha256 FROM {self.kind.table} WHERE name = ? AND version = ?", (name, version))
         return None if r is None else r["artifact_sha256"]
+
+    def copy_of(self, t, name: str, sha: str, created_at: str) -> int | None:
+        """The version of ``name`` with this artifact and creation time (a version imported before under
+        another number), else None."""
+        r = t.one(f"SELECT MIN(version) AS v FROM {self.kind.table} WHERE name = ? AND artifact_sha256 = ? "
+                  "AND created_at = ?", (name, sha, created_at))
+        return None if r is None or r["v"] is None else int(r["v"])
 
     def put_alias(self, t, name: str, alias: str, version: int, *, move: bool = True) -> bool:
         """Point ``name@alias`` at ``version``; with ``move=False`` an existing alias is kept. True if written."""
@@ -357,12 +371,13 @@ class VersionedStore:
     def set_tag(self, name: str, version: int, key: str, value) -> Record:
         self.check(name)
         check_tag_key(key)
+        value = check_text(str(value), f"tag {key!r}")
 
         def fn(t):
             self.get_in(t, name, int(version))
             t.q(f"INSERT INTO {self.kind.tags} (name, version, key, value) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (name, version, key) DO UPDATE SET value = excluded.value",
-                (name, int(version), key, str(value)))
+                (name, int(version), key, value))
 
         self._write(fn)
         return self.get(name, int(version))

@@ -12,7 +12,7 @@ import re
 
 from .errors import InvalidNameError
 
-__all__ = ["check_name", "check_alias", "check_tag_key", "parse_ref", "fs_safe", "MAX_NAME"]
+__all__ = ["check_name", "check_alias", "check_tag_key", "check_text", "parse_ref", "fs_safe", "MAX_NAME"]
 
 MAX_NAME = 128
 MAX_VERSION = 2**31 - 1  # PostgreSQL INTEGER
@@ -45,6 +45,14 @@ def check_tag_key(key) -> str:
     if not isinstance(key, str) or not key or len(key) > 128 or "\x00" in key:
         raise InvalidNameError(f"tag key {str(key)[:40]!r} is not allowed")
     return key
+
+
+def check_text(value, what: str):
+    """Return ``value``; a string holding NUL raises InvalidNameError (PostgreSQL's TEXT cannot store it, so
+    neither backend takes it: the same input is refused alike on SQLite)."""
+    if isinstance(value, str) and "\x00" in value:
+        raise InvalidNameError(f"{what} must not contain NUL characters")
+    return value
 
 
 def parse_ref(ref) -> tuple[str, str | None, int | None]:

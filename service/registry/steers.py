@@ -14,7 +14,7 @@ from align.steer import MeanShift, Steer
 from .entity import now, package_version
 from .errors import InvalidNameError
 from .models import SteerInfo
-from .names import check_alias, check_name
+from .names import check_alias, check_name, check_text
 
 __all__ = ["SteerRegistryMixin"]
 
@@ -37,6 +37,7 @@ class SteerRegistryMixin:
             check_alias(alias)
         if not isinstance(steer, (Steer, MeanShift)):
             raise InvalidNameError("steer must be an align.Steer or align.MeanShift")
+        check_text(description, "steer description")
         rank = steer.rank if isinstance(steer, Steer) else 0
         sha, rel = self.store.put(steer.to_bytes(), "npz")
         values = dict(space=space, dim=steer.dim, rank=rank,

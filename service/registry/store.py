@@ -72,7 +72,8 @@ class ArtifactStore:
         return out
 
     def tmp_files(self) -> list[Path]:
-        return sorted((self.root / "tmp").glob("*.part"))
+        """Temporary files in ``tmp/``, named as :func:`service.storage.atomic_write` names them."""
+        return sorted((self.root / "tmp").glob(".*.tmp-*"))
 
     def sweep_tmp(self) -> int:
         """Remove leftover temporary files (from crashed writers); returns how many."""

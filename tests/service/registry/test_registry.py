@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import align
+from conftest import run_cli
 from service.registry import (
     ConflictError,
     DeletedVersionError,
@@ -162,6 +163,22 @@ def test_tags(reg):
         reg.set_tag("a->b", 2, "k", "v")
 
 
+
+def test_text_with_nul_is_refused_alike_on_both_backends(reg):
+    """PostgreSQL's TEXT cannot hold NUL: a tag value, description or space text with one was a psycopg
+    DataError (HTTP 500) there and stored as is on SQLite; now an InvalidNameError (422) on both, nothing written."""
+    register(reg)
+    gen = reg.generation()
+    for write in (lambda: reg.set_tag("a->b", 1, "k", "a\x00b"),
+                  lambda: register(reg, seed=1, description="d\x00"),
+                  lambda: register(reg, seed=1, tags={"k": "\x00"}),
+                  lambda: reg.register_space("s", 4, description="x\x00"),
+                  lambda: reg.register_space("s", 4, encoder="e\x00")):
+        with pytest.raises(InvalidNameError, match="NUL"):
+            write()
+    assert reg.generation() == gen and [v.version for v in reg.list_versions("a->b")] == [1]
+    assert reg.get_version("a->b", 1).tags == {} and [s.name for s in reg.list_spaces()] == ["a", "b"]
+
 def test_soft_delete(reg):
     register(reg, seed=1)
     register(reg, seed=2, alias="prod")
@@ -183,6 +200,29 @@ def test_soft_delete(reg):
         reg.resolve("a->b")
     assert reg.list_maps()[0]["latest_version"] is None
 
+
+
+def test_registry_url_typos_are_clear_errors(tmp_path, capsys):
+    """A SQLite URL naming a folder (or nothing) was 'internal error: OperationalError: unable to open database
+    file', exit 3; an unknown scheme exit 3 as well: both are the user's to fix (InvalidNameError, exit 2)."""
+    for url in (f"sqlite:///{tmp_path}", f"sqlite:///{tmp_path}/", "sqlite:///", "sqlite://r.sqlite"):
+        with pytest.raises(InvalidNameError, match="folder|unsupported"):
+            open_registry(url, tmp_path / "artifacts")
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path / "d", "--registry-url", f"sqlite:///{tmp_path}",
+                           "registry", "list")
+    assert code == 2 and "names a folder, not a database file" in err
+
+
+def test_a_file_that_is_no_database_is_named(tmp_path, capsys):
+    """A registry URL naming some other file was 'internal error: DatabaseError: file is not a database', exit 3."""
+    not_db = tmp_path / "notes.txt"
+    not_db.write_text("hello")
+    with pytest.raises(IntegrityError, match="is not a SQLite registry database"):
+        open_registry(f"sqlite:///{not_db}", tmp_path / "artifacts")
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path / "d", "--registry-url", f"sqlite:///{not_db}",
+                           "registry", "list")
+    assert code == 2 and "notes.txt is not a SQLite registry database" in err
+    assert not_db.read_text() == "hello"
 
 # --- spaces and paths -------------------------------------------------------------------------
 
@@ -254,7 +294,40 @@ def test_export_import_round_trip(reg, tmp_path, suffix):
     assert [(v.version, v.deleted, v.tags.get("imported_from")) for v in third.list_versions("a->b")] == [
         (1, False, None), (2, True, "a->b:1"), (3, False, "a->b:2")]
     assert third.resolve("a->b@prod").version == 3  # the alias follows its version to its new number
+    # importing the same bundle again (renumbering or not) adds nothing: it added v2, v3 as v4, v5 again
+    assert third.import_(bundle, on_conflict="renumber") == {"imported": 0, "skipped": 2, "renumbered": 0,
+                                                             "aliases": 0}
+    assert [v.version for v in third.list_versions("a->b")] == [1, 2, 3]
+    assert third.verify()["ok"]
 
+
+
+def test_failed_import_keeps_the_reports_of_earlier_imports(reg, tmp_path):
+    """A failed import removes the reports it wrote, but it also removed the one an earlier import of the same
+    version had stored (same content, same file name): a->b:1 lost its report to an unrelated conflict."""
+    src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src" / "artifacts")
+    (src.report_dir / "r").mkdir(parents=True)
+    (src.report_dir / "r" / "fit.html").write_text("<html>fit report</html>")
+    register(src, report_path="r/fit.html")
+    register(src, "c->d", seed=1, src="c", tgt="d")
+    only_ab, both = src.export(tmp_path / "ab.zip", ["a->b"]), src.export(tmp_path / "all.zip")
+    assert reg.import_(only_ab)["imported"] == 1
+    report = reg.report_file("a->b:1")
+    assert report.read_text() == "<html>fit report</html>"
+    register(reg, "c->d", seed=2, src="c", tgt="d")  # another c->d:1 here: the full bundle conflicts
+    with pytest.raises(ConflictError, match="c->d:1"):
+        reg.import_(both)
+    assert report.read_text() == "<html>fit report</html>"
+
+
+def test_a_nan_metric_does_not_make_the_bundle_unimportable(reg, tmp_path):
+    """A version with a NaN metric (an undefined score) was exported as 'NaN' in the manifest, which the import
+    refuses: the registry's own bundle could not be imported anywhere. NaN / Inf are exported as null."""
+    register(reg, metrics={"top1": 0.5, "r2": float("nan"), "curve": [1.0, float("inf")]})
+    bundle = reg.export(tmp_path / "nan.zip")
+    other = open_registry(f"sqlite:///{tmp_path}/other.sqlite", tmp_path / "other-artifacts")
+    assert other.import_(bundle)["imported"] == 1
+    assert other.get_version("a->b", 1).metrics == {"top1": 0.5, "r2": None, "curve": [1.0, None]}
 
 def test_import_rejects_tampered_bundle(reg, tmp_path):
     register(reg)

@@ -91,8 +91,11 @@ def test_kill_9_during_register_leaves_old_or_new_state(registry_url, tmp_path, 
     nxt = fresh.register_version("a->b", align.LinearMap(2 * np.eye(8)), source_space="a", target_space="b",
                                  method="identity", params={})
     assert nxt.version == versions[-1] + 1
+    # the writer killed between writing and renaming its artifact left one temporary file: verify counts it
+    # and --sweep removes it (it matched nothing before: the sweep looked for '*.part', not atomic_write's names)
+    assert fresh.verify()["tmp_files"] == (1 if point == "artifact_tmp_written" else 0)
     fresh.verify(sweep=True)
-    assert fresh.verify()["tmp_files"] == 0
+    assert fresh.verify()["tmp_files"] == 0 and list((art / "tmp").iterdir()) == []
 
 
 def test_concurrent_writers_get_distinct_numbers(registry_url, tmp_path):
