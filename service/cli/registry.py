@@ -128,7 +128,8 @@ def registry_import(obj: Ctx, path, renumber, as_json):
 
 
 @registry.command("verify")
-@click.option("--sweep", is_flag=True, help="Delete temporary files left by crashed writers.")
+@click.option("--sweep", is_flag=True,
+              help="Delete temporary files left by crashed writers (untouched for 10 minutes).")
 @click.pass_obj
 def registry_verify(obj: Ctx, sweep):
     """Check every artifact's sha256 and every alias; exit 2 when something is wrong."""

@@ -440,7 +440,8 @@ class Registry(SteerRegistryMixin):
         """Check every version's artifact (exists, sha256 matches) and every alias's target.
 
         Returns ``{"ok": bool, "bad_artifacts": [...], "dangling_aliases": [...],
-        "orphan_artifacts": [...], "tmp_files": n}``; ``sweep=True`` deletes temporary files.
+        "orphan_artifacts": [...], "tmp_files": n}``; ``sweep=True`` deletes the temporary files no writer
+        has touched for ``store.STALE_TMP_S`` (10 minutes: a younger one may be a running writer's).
         """
         bad, dangling, gaps, used, artifacts, counts = [], [], [], set(), [], {}
         with self.db.tx() as t:

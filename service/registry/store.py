@@ -9,13 +9,16 @@ database row references yet (harmless: content-addressed, reused by the next ide
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 from typing import Callable
 
 from ..storage import atomic_write
 from .errors import IntegrityError
 
-__all__ = ["ArtifactStore", "sha256_bytes"]
+__all__ = ["STALE_TMP_S", "ArtifactStore", "sha256_bytes"]
+
+STALE_TMP_S = 600.0  # a temporary artifact file untouched this long has no live writer: verify --sweep removes it
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -75,13 +78,18 @@ class ArtifactStore:
         """Temporary files in ``tmp/``, named as :func:`service.storage.atomic_write` names them."""
         return sorted((self.root / "tmp").glob(".*.tmp-*"))
 
-    def sweep_tmp(self) -> int:
-        """Remove leftover temporary files (from crashed writers); returns how many."""
-        n = 0
+    def sweep_tmp(self, min_age_s: float = STALE_TMP_S) -> int:
+        """Remove leftover temporary files (from crashed writers) untouched for ``min_age_s``; returns how many.
+
+        A younger file may belong to a writer that is still running (here, or on another host sharing the
+        folder): removing it would fail that register. Artifacts are written in seconds.
+        """
+        n, cutoff = 0, time.time() - min_age_s
         for f in self.tmp_files():
             try:
-                f.unlink()
-                n += 1
-            except OSError:  # pragma: no cover - raced with another sweeper
+                if f.stat().st_mtime <= cutoff:
+                    f.unlink()
+                    n += 1
+            except OSError:  # pragma: no cover - raced with its writer's rename or another sweeper
                 pass
         return n

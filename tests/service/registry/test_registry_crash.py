@@ -8,6 +8,7 @@ the old state or the new one, and accept new writes.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -94,8 +95,16 @@ def test_kill_9_during_register_leaves_old_or_new_state(registry_url, tmp_path, 
     # the writer killed between writing and renaming its artifact left one temporary file: verify counts it
     # and --sweep removes it (it matched nothing before: the sweep looked for '*.part', not atomic_write's names)
     assert fresh.verify()["tmp_files"] == (1 if point == "artifact_tmp_written" else 0)
+    live = art / "tmp" / ".live.npz.tmp-1-2-abcd"  # a writer still at work (young file): never swept
+    live.write_bytes(b"partial")
     fresh.verify(sweep=True)
-    assert fresh.verify()["tmp_files"] == 0 and list((art / "tmp").iterdir()) == []
+    assert fresh.verify()["tmp_files"] == (2 if point == "artifact_tmp_written" else 1)  # too young to sweep yet
+    old = time.time() - 3600
+    for f in (art / "tmp").iterdir():
+        if f != live:
+            os.utime(f, (old, old))
+    fresh.verify(sweep=True)
+    assert list((art / "tmp").iterdir()) == [live] and fresh.verify()["tmp_files"] == 1
 
 
 def test_concurrent_writers_get_distinct_numbers(registry_url, tmp_path):
