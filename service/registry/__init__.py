@@ -21,11 +21,13 @@ from .errors import (
     InvalidNameError,
     NotFoundError,
     RegistryError,
+    RegistryUnavailableError,
 )
 from .models import Record, SpaceInfo, SteerInfo, VersionInfo
 from .names import parse_ref
 
 __all__ = [
     "Registry", "open_registry", "Record", "VersionInfo", "SpaceInfo", "SteerInfo", "RegistryError", "NotFoundError",
-    "DeletedVersionError", "ConflictError", "InvalidNameError", "IntegrityError", "parse_ref", "package_version",
+    "DeletedVersionError", "ConflictError", "InvalidNameError", "IntegrityError", "RegistryUnavailableError",
+    "parse_ref", "package_version",
 ]

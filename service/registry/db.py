@@ -10,12 +10,13 @@ key on ``(name, version)`` backs both up. Transient conflicts are retried by the
 from __future__ import annotations
 
 import os
+import select
 import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import IntegrityError, InvalidNameError, RegistryError
+from .errors import IntegrityError, InvalidNameError, RegistryError, RegistryUnavailableError
 
 __all__ = ["open_db", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row"]
 
@@ -262,20 +263,26 @@ class PostgresDB(_Base):
         try:
             return psycopg.connect(self.url, autocommit=True)
         except psycopg.OperationalError as exc:
-            raise RegistryError(f"cannot connect to PostgreSQL registry: {str(exc).strip().splitlines()[0]}") from None
+            raise RegistryUnavailableError(
+                f"cannot connect to PostgreSQL registry: {str(exc).strip().splitlines()[0]}") from None
 
     @contextmanager
     def tx(self, write: bool = False):
         import psycopg
 
         c = self._conn()
-        if c.closed or c.broken:
-            self._local.conn = None
+        if c.closed or c.broken or _dropped(c):
+            self.close()
             c = self._conn()
-        with c.transaction():
-            with c.cursor() as cur:
+        try:
+            with c.transaction(), c.cursor() as cur:
                 yield _Tx(cur, lambda s: s.replace("?", "%s"), named=False)
-        _ = psycopg  # keep the import local
+        except psycopg.OperationalError as exc:
+            if not c.broken:  # e.g. a statement timeout: the connection itself is fine
+                raise
+            self.close()  # the next transaction connects afresh
+            raise RegistryUnavailableError(
+                f"lost the connection to the PostgreSQL registry: {str(exc).strip().splitlines()[0]}") from None
 
     @staticmethod
     def is_retryable(exc: BaseException) -> bool:
@@ -288,6 +295,16 @@ class PostgresDB(_Base):
         import psycopg.errors as e
 
         return isinstance(exc, e.UniqueViolation)
+
+
+def _dropped(conn) -> bool:
+    """Whether the server has spoken on an idle connection: with autocommit and no LISTEN it only does so to
+    end it (a restart, a failover, ``pg_terminate_backend``), and the next query would fail. One ``select``, no
+    round trip; reconnecting on a stray message instead is harmless."""
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def open_db(url: str):

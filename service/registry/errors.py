@@ -7,7 +7,8 @@
     │   └── DeletedVersionError        the version (or the alias's target) was deleted
     ├── ConflictError                  the request contradicts stored state            conflict
     ├── InvalidNameError (ValueError)  a name or reference that is not allowed         invalid
-    └── IntegrityError                 an artifact is missing or its sha256 differs    integrity
+    ├── IntegrityError                 an artifact is missing or its sha256 differs    integrity
+    └── RegistryUnavailableError       the registry's database server cannot be reached unavailable
 
 Each is also the service-wide class of its kind (``service.errors``), so a caller may catch
 ``service.errors.NotFoundError`` for any unknown thing, registry or not.
@@ -26,6 +27,7 @@ __all__ = [
     "ConflictError",
     "InvalidNameError",
     "IntegrityError",
+    "RegistryUnavailableError",
 ]
 
 
@@ -53,3 +55,7 @@ class IntegrityError(RegistryError):
     """A stored artifact is missing, unreadable, or does not match its recorded sha256."""
 
     kind = "integrity"
+
+
+class RegistryUnavailableError(RegistryError, _errors.ServiceUnavailableError):
+    """The registry's database server refused the connection or dropped it mid-transaction (503: retry)."""

@@ -224,6 +224,48 @@ def test_a_file_that_is_no_database_is_named(tmp_path, capsys):
     assert code == 2 and "notes.txt is not a SQLite registry database" in err
     assert not_db.read_text() == "hello"
 
+def test_postgres_connection_dropped_by_the_server_is_replaced_and_a_dead_server_is_a_503(pg_url, tmp_path, capsys):
+    """A PostgreSQL restart or failover ends every idle connection: the next read of each replica failed once
+    with a raw AdminShutdown (HTTP 500) before the broken connection was replaced. Now an idle connection the
+    server ended is replaced before use, a connection lost mid-transaction is a RegistryUnavailableError (503,
+    the next call reconnects), and a server that cannot be reached is the same error (exit 2), not an
+    internal error (exit 3)."""
+    import time
+
+    import psycopg
+
+    from service.errors import exit_code, http_status
+    from service.registry import RegistryUnavailableError
+
+    reg = open_registry(pg_url, tmp_path / "artifacts")
+    try:
+        name = f"sp{uuid.uuid4().hex[:8]}"
+        reg.register_space(name, 4)
+
+        def end_backend():
+            pid = reg.db._local.conn.info.backend_pid
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            time.sleep(0.3)  # the server's message reaches the client's socket
+            return pid
+
+        old = end_backend()
+        assert reg.get_space(name).dim == 4  # idle connection ended: replaced, no error
+        assert reg.db._local.conn.info.backend_pid != old
+        with pytest.raises(RegistryUnavailableError, match="lost the connection"), reg.db.tx() as t:
+            end_backend()
+            t.q("SELECT 1")
+        assert reg.get_space(name).dim == 4
+    finally:
+        reg.close()
+    with pytest.raises(RegistryUnavailableError, match="cannot connect") as info:
+        open_registry("postgresql://postgres@127.0.0.1:1/none", tmp_path / "a2")
+    assert http_status(info.value) == 503 and exit_code(info.value) == 2
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path / "d", "--registry-url",
+                           "postgresql://postgres@127.0.0.1:1/x", "registry", "list")
+    assert code == 2 and "cannot connect to PostgreSQL registry" in err
+
+
 # --- spaces and paths -------------------------------------------------------------------------
 
 def test_spaces(reg):
