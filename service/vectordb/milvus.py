@@ -16,6 +16,7 @@ collection property ``vecbridge.space``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -47,13 +48,19 @@ class MilvusStore(VectorStore):
     def __init__(self, uri: str, *, token: str | None = None, timeout: float | None = 60.0, id_field: str = "id",
                  vector_field: str = "vector", text_field: str = "text"):
         from pymilvus import MilvusClient
+        from pymilvus.exceptions import MilvusException
 
         self.id_field = check_name(id_field, "id field")
         self.vector_field = check_name(vector_field, "vector field")
         self.text_field = check_name(text_field, "text field")
         self.uri = str(uri)
         self._timeout = timeout
-        self.client = MilvusClient(uri=self.uri, token=token or "", timeout=timeout)
+        if self.uri.endswith(".db"):  # Milvus Lite creates the file, not its folder
+            Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.client = MilvusClient(uri=self.uri, token=token or "", timeout=timeout)
+        except MilvusException as exc:  # unreachable server: the user's to fix, not an internal error
+            raise VectorDBError(f"milvus: cannot connect: {exc.message}") from None
         self._dims: dict[str, int] = {}
 
     # --- collections --------------------------------------------------------------------

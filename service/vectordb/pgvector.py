@@ -68,7 +68,10 @@ class PgVectorStore(VectorStore):
         self.url = url
         self.index = index
         self._hnsw = (int(hnsw_m), int(ef_construction))
-        self.conn = psycopg.connect(url, autocommit=True)
+        try:
+            self.conn = psycopg.connect(url, autocommit=True)
+        except psycopg.OperationalError as exc:  # unreachable server, bad credentials: the user's to fix
+            raise VectorDBError(f"pgvector: cannot connect: {str(exc).strip().splitlines()[0]}") from None
         self.conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         register_vector(self.conn)
         self.conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")

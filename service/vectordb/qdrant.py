@@ -45,6 +45,11 @@ class QdrantStore(VectorStore):
             raise InputError("give exactly one of url= (a Qdrant server) or path= (local mode)")
         if url:
             self.client = QdrantClient(url=url, api_key=api_key, prefer_grpc=prefer_grpc)
+            try:  # the client connects lazily: ask once, so an unreachable server is one clear error here
+                self.client.get_collections()
+            except Exception as exc:  # noqa: BLE001 - httpx / grpc / qdrant errors alike
+                close_quietly(self.client)
+                raise VectorDBError(f"qdrant: cannot connect to {url}: {exc}") from None
         elif str(path) == ":memory:":
             self.client = QdrantClient(location=":memory:")
         else:
