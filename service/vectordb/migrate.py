@@ -220,6 +220,10 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         raise InputError("source and target must differ")
     if int(batch_size) < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    behind = store.resolve_alias(target)
+    if behind is not None:
+        raise CollectionExistsError(f"{store.engine}: target {target!r} is an alias (of {behind!r}); migrate into "
+                                    f"a new collection and pass --alias {target} to switch it")
     if not store.exists(source) and store.resolve_alias(source) is None:
         raise CollectionNotFoundError(f"{store.engine}: no source collection {source!r}")
     d_src = store.dim(source)

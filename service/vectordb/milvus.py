@@ -65,7 +65,8 @@ class MilvusStore(VectorStore):
 
     # --- collections --------------------------------------------------------------------
     def exists(self, name: str) -> bool:
-        return bool(self.client.has_collection(check_name(name)))
+        # not has_collection: it answers True for an alias too, and drop_collection(alias) drops its collection
+        return check_name(name) in self.client.list_collections()
 
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         # ``like``: other fields land in the dynamic field, which keeps any name and JSON value

@@ -56,7 +56,8 @@ class QdrantStore(VectorStore):
             self.client = QdrantClient(path=str(path))
 
     def exists(self, name: str) -> bool:
-        return bool(self.client.collection_exists(check_name(name)))
+        # not collection_exists: it answers True for an alias too
+        return check_name(name) in {c.name for c in self.client.get_collections().collections}
 
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         # ``like``: payloads are schemaless, every key travels as it is

@@ -13,7 +13,7 @@ from _servers import free_port
 from _vectordb_servers import milvus_url, pg_url  # noqa: F401  (module-scoped server fixtures)
 
 import align
-from service.vectordb import VectorDBError, open_store
+from service.vectordb import CollectionExistsError, VectorDBError, migrate, open_store
 from service.vectordb.__main__ import main as vectordb_main
 
 
@@ -42,3 +42,44 @@ def test_milvus_lite_file_in_a_new_folder_is_created(tmp_path):
     with open_store(f"milvus://{tmp_path}/new/docs.db") as s:  # the README's milvus:///tmp/vb-demo/docs.db
         assert not s.exists("docs")
     assert (tmp_path / "new" / "docs.db").exists()
+
+
+ENGINES = ["milvus", "pgvector", "qdrant"]
+
+
+@pytest.fixture
+def store(request, tmp_path):
+    """An open store of the engine ``request.param``, cleaned of this module's collections afterwards."""
+    kind = request.param
+    if kind == "milvus":
+        s = open_store("milvus://" + request.getfixturevalue("milvus_url").split("://", 1)[1])
+    elif kind == "pgvector":
+        s = open_store(request.getfixturevalue("pg_url"))
+    else:
+        s = open_store(f"qdrant://{tmp_path}/qdrant")
+    names = ("r_src", "r_a", "r_b", "r_live")
+    for n in names:
+        s.drop(n)
+    yield s
+    for n in names:
+        s.drop(n)
+    s.close()
+
+
+def _source(store, X, n=200):
+    store.create("r_src", X.shape[1])
+    store.upsert("r_src", np.arange(n), X[:n], [f"t{i}" for i in range(n)])
+
+
+@pytest.mark.parametrize("store", ENGINES, indirect=True)
+def test_a_target_named_like_an_alias_is_refused_and_the_live_collection_kept(store, data):
+    # Milvus' has_collection says yes for an alias, and drop_collection(alias) drops its collection:
+    # `--target docs --overwrite` with docs -> docs_e5 used to drop the live docs_e5
+    X, m = data
+    _source(store, X)
+    migrate(store, "r_src", "r_a", m, alias="r_live")
+    with pytest.raises(CollectionExistsError, match="is an alias"):
+        migrate(store, "r_src", "r_live", m, overwrite=True)
+    assert store.resolve_alias("r_live") == "r_a" and store.count("r_a") == 200
+    assert not store.exists("r_live")  # exists(): a collection, not an alias (as the interface says)
+
