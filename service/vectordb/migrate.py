@@ -224,6 +224,10 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     if behind is not None:
         raise CollectionExistsError(f"{store.engine}: target {target!r} is an alias (of {behind!r}); migrate into "
                                     f"a new collection and pass --alias {target} to switch it")
+    if alias is not None and (check_name(alias, "alias") in (source, target) or store.exists(alias)):
+        raise CollectionExistsError(f"{store.engine}: alias {alias!r} names a collection (or this migration's "
+                                    "source or target), so it cannot be switched to the target; "
+                                    "choose another --alias")
     if not store.exists(source) and store.resolve_alias(source) is None:
         raise CollectionNotFoundError(f"{store.engine}: no source collection {source!r}")
     d_src = store.dim(source)
@@ -252,6 +256,11 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
             if not overwrite:
                 raise CollectionExistsError(f"{store.engine}: target {target!r} exists; pass --overwrite "
                                             "(overwrite=True) to drop it, or choose another --target")
+            serving = store.aliases_of(target)
+            if serving:
+                raise CollectionExistsError(f"{store.engine}: target {target!r} is what alias(es) "
+                                            f"{', '.join(serving)} serve; --overwrite would drop it and them "
+                                            "with it: migrate into another --target and let --alias switch")
             store.drop(target)
         store.create(target, map_.target_dim, metric=metric, like=source)
         state = _fresh_state(source, target, fp, store.count(source))

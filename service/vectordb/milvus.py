@@ -236,6 +236,9 @@ class MilvusStore(VectorStore):
                 return coll
         return None
 
+    def aliases_of(self, name: str) -> list[str]:
+        return sorted(self.client.list_aliases(check_name(name)).get("aliases", [])) if self.exists(name) else []
+
     def close(self) -> None:
         close_quietly(self.client)
 

@@ -331,6 +331,10 @@ class PgVectorStore(VectorStore):
         r = self.conn.execute("SELECT target FROM vecbridge_aliases WHERE alias = %s", (alias,)).fetchone()
         return None if r is None or self._relkind(alias) != "v" else str(r[0])
 
+    def aliases_of(self, name: str) -> list[str]:
+        rows = self.conn.execute("SELECT alias FROM vecbridge_aliases WHERE target = %s", (check_name(name),))
+        return sorted(str(a) for (a,) in rows.fetchall() if self._relkind(a) == "v")
+
     def close(self) -> None:
         close_quietly(self.conn)
 

@@ -194,6 +194,9 @@ class QdrantStore(VectorStore):
                 return a.collection_name
         return None
 
+    def aliases_of(self, name: str) -> list[str]:
+        return sorted(a.alias_name for a in self.client.get_collection_aliases(check_name(name)).aliases)
+
     def close(self) -> None:
         close_quietly(self.client)
 

@@ -83,3 +83,25 @@ def test_a_target_named_like_an_alias_is_refused_and_the_live_collection_kept(st
     assert store.resolve_alias("r_live") == "r_a" and store.count("r_a") == 200
     assert not store.exists("r_live")  # exists(): a collection, not an alias (as the interface says)
 
+
+@pytest.mark.parametrize("store", ENGINES, indirect=True)
+def test_an_alias_that_names_a_collection_is_refused_before_any_row_is_written(store, data):
+    X, m = data  # used to write every row, then fail at the switch (pgvector, Milvus' and Qdrant's errors)
+    _source(store, X)
+    for alias in ("r_src", "r_b"):  # the source; the target itself
+        with pytest.raises(CollectionExistsError, match="choose another --alias"):
+            migrate(store, "r_src", "r_b", m, alias=alias)
+        assert not store.exists("r_b")
+
+
+@pytest.mark.parametrize("store", ENGINES, indirect=True)
+def test_overwrite_of_the_collection_an_alias_serves_is_refused(store, data):
+    X, m = data  # dropping it took the alias down with it until (and unless) the new run switched it back
+    _source(store, X)
+    migrate(store, "r_src", "r_a", m, alias="r_live")
+    with pytest.raises(CollectionExistsError, match="r_live"):
+        migrate(store, "r_src", "r_a", m, overwrite=True)
+    assert store.resolve_alias("r_live") == "r_a" and store.count("r_live") == 200
+    migrate(store, "r_src", "r_b", m, alias="r_live")  # the way to redo it: a new collection, then the switch
+    assert store.resolve_alias("r_live") == "r_b" and store.aliases_of("r_a") == []
+    migrate(store, "r_src", "r_a", m, overwrite=True)  # no alias serves it any more
