@@ -29,6 +29,7 @@ __all__ = ["MilvusStore"]
 _METRIC = {"cosine": "COSINE", "ip": "IP"}
 _SEARCH_BATCH = 256  # queries per gRPC search call
 _EXPR_IDS = 4096  # ids per `id in [...]` expression
+_ITER_BATCH = 16384  # the most rows query_iterator returns at a time (a larger batch_size is a ParamError)
 
 
 class MilvusStore(VectorStore):
@@ -157,7 +158,7 @@ class MilvusStore(VectorStore):
              with_texts: bool = True, with_fields: bool = False) -> Iterator[Batch]:
         self._loaded(name)
         expr = "" if after_id is None else f"{self.id_field} > {int(after_id)}"
-        it = self.client.query_iterator(name, batch_size=int(batch_size), filter=expr,
+        it = self.client.query_iterator(name, batch_size=min(int(batch_size), _ITER_BATCH), filter=expr,
                                         output_fields=self._outputs(with_texts, with_fields))
         try:
             while True:
@@ -170,7 +171,8 @@ class MilvusStore(VectorStore):
 
     def ids(self, name: str, *, batch_size: int = 10000) -> np.ndarray:
         self._loaded(name)
-        it = self.client.query_iterator(name, batch_size=int(batch_size), filter="", output_fields=[self.id_field])
+        it = self.client.query_iterator(name, batch_size=min(int(batch_size), _ITER_BATCH), filter="",
+                                        output_fields=[self.id_field])
         parts = []
         try:
             while True:

@@ -105,3 +105,12 @@ def test_overwrite_of_the_collection_an_alias_serves_is_refused(store, data):
     migrate(store, "r_src", "r_b", m, alias="r_live")  # the way to redo it: a new collection, then the switch
     assert store.resolve_alias("r_live") == "r_b" and store.aliases_of("r_a") == []
     migrate(store, "r_src", "r_a", m, overwrite=True)  # no alias serves it any more
+
+
+@pytest.mark.parametrize("store", ENGINES, indirect=True)
+def test_the_largest_batch_size_the_cli_takes_works_on_every_engine(store, data):
+    X, m = data  # Milvus' query_iterator refuses batch_size > 16384: was a ParamError, exit 3
+    _source(store, X)
+    rep = migrate(store, "r_src", "r_a", m, batch_size=1_000_000)
+    assert rep.rows == 200 and rep.batches == 1
+    np.testing.assert_array_equal(store.ids("r_a", batch_size=1_000_000), np.arange(200))
