@@ -18,8 +18,8 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
-                   none_if_all_none, rows_in_order)
+from .base import (Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids, check_metric,
+                   check_name, close_quietly, none_if_all_none, rows_in_order)
 
 __all__ = ["QdrantStore"]
 
@@ -155,7 +155,7 @@ class QdrantStore(VectorStore):
         return self._to_batch(rows_in_order(self.engine, name, ids, got), True, with_fields)
 
     def _to_batch(self, points, with_texts: bool, with_fields: bool) -> Batch:
-        ids = np.fromiter((int(p.id) for p in points), dtype=np.int64, count=len(points))
+        ids = np.fromiter((_int_id(p.id) for p in points), dtype=np.int64, count=len(points))
         vec = (lambda p: p.vector) if self.vector_field is None else (lambda p: p.vector[self.vector_field])
         V = np.asarray([vec(p) for p in points], dtype=np.float32)
         texts = none_if_all_none([(p.payload or {}).get(self.text_field) for p in points]) if with_texts else None
@@ -200,3 +200,10 @@ class QdrantStore(VectorStore):
     def close(self) -> None:
         close_quietly(self.client)
 
+
+def _int_id(pid) -> int:
+    """A point id as an int; UnsupportedFieldError for a UUID id (rows here are keyed by int64 ids)."""
+    if isinstance(pid, int):
+        return pid
+    raise UnsupportedFieldError(f"qdrant: point id {pid!r} is a UUID; only collections with integer point ids "
+                                "can be migrated or verified")

@@ -13,7 +13,13 @@ from _servers import free_port
 from _vectordb_servers import milvus_url, pg_url  # noqa: F401  (module-scoped server fixtures)
 
 import align
-from service.vectordb import CollectionExistsError, VectorDBError, migrate, open_store
+from service.vectordb import (
+    CollectionExistsError,
+    UnsupportedFieldError,
+    VectorDBError,
+    migrate,
+    open_store,
+)
 from service.vectordb.__main__ import main as vectordb_main
 
 
@@ -114,3 +120,19 @@ def test_the_largest_batch_size_the_cli_takes_works_on_every_engine(store, data)
     rep = migrate(store, "r_src", "r_a", m, batch_size=1_000_000)
     assert rep.rows == 200 and rep.batches == 1
     np.testing.assert_array_equal(store.ids("r_a", batch_size=1_000_000), np.arange(200))
+
+
+def test_qdrant_uuid_point_ids_are_refused_by_name(tmp_path, data):
+    from qdrant_client import models
+
+    X, m = data  # int() of a UUID string was a ValueError: 'internal error', exit 3
+    s = open_store(f"qdrant://{tmp_path}/q")
+    s.create("mixed", X.shape[1])
+    uid = "5c56c793-69f3-4fbf-87e6-c4bf54c28c26"
+    s.client.upsert("mixed", points=[models.PointStruct(id=i, vector=X[i].tolist()) for i in range(4)]
+                    + [models.PointStruct(id=uid, vector=X[4].tolist())])
+    with pytest.raises(UnsupportedFieldError, match=uid):
+        migrate(s, "mixed", "mixed_t", m, batch_size=2)
+    with pytest.raises(UnsupportedFieldError, match="UUID"):
+        s.ids("mixed")
+    s.close()
