@@ -37,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-from align.exceptions import Cancelled, DimensionMismatchError, InputError
+from align.exceptions import Cancelled, DimensionMismatchError, InputError, NonFiniteError
 from align.chain import MapChain
 from align.cluster import ClusterMap
 from align.maps import LinearMap, load_map
@@ -279,6 +279,11 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     rows_run = 0
     fields_seen = set(state.get("fields", []))
     for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
+        bad = ~np.isfinite(batch.vectors).all(axis=1)
+        if bad.any():  # the map's own check would say "X: 1 row(s)", not which rows of which collection
+            raise NonFiniteError(f"{source!r}: {int(bad.sum())} stored vector(s) with NaN or Inf, ids "
+                                 f"{batch.ids[bad][:10].tolist()}; fix or delete them, then run the same command "
+                                 "again to resume")
         Y = map_.apply(batch.vectors, output="raw")
         store.upsert(target, batch.ids, Y, batch.texts, batch.fields)
         rows_run += len(batch)

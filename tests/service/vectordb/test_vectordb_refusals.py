@@ -13,6 +13,7 @@ from _servers import free_port
 from _vectordb_servers import milvus_url, pg_url  # noqa: F401  (module-scoped server fixtures)
 
 import align
+from align.exceptions import NonFiniteError
 from service.vectordb import (
     CollectionExistsError,
     UnsupportedFieldError,
@@ -136,3 +137,22 @@ def test_qdrant_uuid_point_ids_are_refused_by_name(tmp_path, data):
     with pytest.raises(UnsupportedFieldError, match="UUID"):
         s.ids("mixed")
     s.close()
+
+
+def test_nan_vectors_stored_in_milvus_are_refused_naming_their_ids(milvus_url, data):  # noqa: F811
+    X, m = data  # pgvector and Qdrant refuse NaN on insert; Milvus stores it
+    s = open_store("milvus://" + milvus_url.split("://", 1)[1])
+    for n in ("r_nan", "r_nan_t"):
+        s.drop(n)
+    s.create("r_nan", X.shape[1])
+    V = X[:10].tolist()
+    V[7][3] = float("nan")
+    s.client.upsert("r_nan", [{"id": i, "vector": V[i]} for i in range(10)])
+    try:
+        with pytest.raises(NonFiniteError, match=r"'r_nan'.*ids \[7\]"):  # was "X: 1 row(s) contain NaN or Inf"
+            migrate(s, "r_nan", "r_nan_t", m, batch_size=4)
+        assert s.count("r_nan_t") == 4  # the batch before it is written; nothing of the bad batch
+    finally:
+        for n in ("r_nan", "r_nan_t"):
+            s.drop(n)
+        s.close()
