@@ -35,7 +35,8 @@ __all__ = ["migrate", "verify"]
 @click.option("--pause", type=click.FloatRange(0), default=0.0, help="Seconds to sleep after each batch.")
 @click.option("--index", type=click.Choice(["hnsw", "ivfflat", "none"]), default=None,
               help="PostgreSQL: index built on the target (default hnsw).")
-@click.option("--overwrite", is_flag=True, help="Drop an existing target before a fresh start (never when resuming).")
+@click.option("--overwrite", is_flag=True,
+              help="Drop an existing target before a fresh start (never when resuming, never one an alias serves).")
 @click.option("--source-space", default=None, help="Space of the source vectors (checked against the map's).")
 @click.option("--target-space", default=None, help="Space recorded on the target (default: the map's).")
 @click.option("--status", "status_only", is_flag=True, help="Only show what the checkpoint says, then exit.")

@@ -284,6 +284,10 @@ class VectorStore(ABC):
     def resolve_alias(self, alias: str) -> str | None:
         """The collection ``alias`` points at, or None."""
 
+    def aliases_of(self, name: str) -> list[str]:
+        """The aliases that point at collection ``name`` (dropping it would take them down with it)."""
+        return []
+
     def close(self) -> None:
         """Release connections."""
 

@@ -37,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-from align.exceptions import Cancelled, DimensionMismatchError, InputError
+from align.exceptions import Cancelled, DimensionMismatchError, InputError, NonFiniteError
 from align.chain import MapChain
 from align.cluster import ClusterMap
 from align.maps import LinearMap, load_map
@@ -220,6 +220,14 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         raise InputError("source and target must differ")
     if int(batch_size) < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    behind = store.resolve_alias(target)
+    if behind is not None:
+        raise CollectionExistsError(f"{store.engine}: target {target!r} is an alias (of {behind!r}); migrate into "
+                                    f"a new collection and pass --alias {target} to switch it")
+    if alias is not None and (check_name(alias, "alias") in (source, target) or store.exists(alias)):
+        raise CollectionExistsError(f"{store.engine}: alias {alias!r} names a collection (or this migration's "
+                                    "source or target), so it cannot be switched to the target; "
+                                    "choose another --alias")
     if not store.exists(source) and store.resolve_alias(source) is None:
         raise CollectionNotFoundError(f"{store.engine}: no source collection {source!r}")
     d_src = store.dim(source)
@@ -248,6 +256,11 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
             if not overwrite:
                 raise CollectionExistsError(f"{store.engine}: target {target!r} exists; pass --overwrite "
                                             "(overwrite=True) to drop it, or choose another --target")
+            serving = store.aliases_of(target)
+            if serving:
+                raise CollectionExistsError(f"{store.engine}: target {target!r} is what alias(es) "
+                                            f"{', '.join(serving)} serve; --overwrite would drop it and them "
+                                            "with it: migrate into another --target and let --alias switch")
             store.drop(target)
         store.create(target, map_.target_dim, metric=metric, like=source)
         state = _fresh_state(source, target, fp, store.count(source))
@@ -266,6 +279,11 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     rows_run = 0
     fields_seen = set(state.get("fields", []))
     for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
+        bad = ~np.isfinite(batch.vectors).all(axis=1)
+        if bad.any():  # the map's own check would say "X: 1 row(s)", not which rows of which collection
+            raise NonFiniteError(f"{source!r}: {int(bad.sum())} stored vector(s) with NaN or Inf, ids "
+                                 f"{batch.ids[bad][:10].tolist()}; fix or delete them, then run the same command "
+                                 "again to resume")
         Y = map_.apply(batch.vectors, output="raw")
         store.upsert(target, batch.ids, Y, batch.texts, batch.fields)
         rows_run += len(batch)

@@ -16,6 +16,7 @@ collection property ``vecbridge.space``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -28,6 +29,7 @@ __all__ = ["MilvusStore"]
 _METRIC = {"cosine": "COSINE", "ip": "IP"}
 _SEARCH_BATCH = 256  # queries per gRPC search call
 _EXPR_IDS = 4096  # ids per `id in [...]` expression
+_ITER_BATCH = 16384  # the most rows query_iterator returns at a time (a larger batch_size is a ParamError)
 
 
 class MilvusStore(VectorStore):
@@ -47,18 +49,25 @@ class MilvusStore(VectorStore):
     def __init__(self, uri: str, *, token: str | None = None, timeout: float | None = 60.0, id_field: str = "id",
                  vector_field: str = "vector", text_field: str = "text"):
         from pymilvus import MilvusClient
+        from pymilvus.exceptions import MilvusException
 
         self.id_field = check_name(id_field, "id field")
         self.vector_field = check_name(vector_field, "vector field")
         self.text_field = check_name(text_field, "text field")
         self.uri = str(uri)
         self._timeout = timeout
-        self.client = MilvusClient(uri=self.uri, token=token or "", timeout=timeout)
+        if self.uri.endswith(".db"):  # Milvus Lite creates the file, not its folder
+            Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.client = MilvusClient(uri=self.uri, token=token or "", timeout=timeout)
+        except MilvusException as exc:  # unreachable server: the user's to fix, not an internal error
+            raise VectorDBError(f"milvus: cannot connect: {exc.message}") from None
         self._dims: dict[str, int] = {}
 
     # --- collections --------------------------------------------------------------------
     def exists(self, name: str) -> bool:
-        return bool(self.client.has_collection(check_name(name)))
+        # not has_collection: it answers True for an alias too, and drop_collection(alias) drops its collection
+        return check_name(name) in self.client.list_collections()
 
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         # ``like``: other fields land in the dynamic field, which keeps any name and JSON value
@@ -149,7 +158,7 @@ class MilvusStore(VectorStore):
              with_texts: bool = True, with_fields: bool = False) -> Iterator[Batch]:
         self._loaded(name)
         expr = "" if after_id is None else f"{self.id_field} > {int(after_id)}"
-        it = self.client.query_iterator(name, batch_size=int(batch_size), filter=expr,
+        it = self.client.query_iterator(name, batch_size=min(int(batch_size), _ITER_BATCH), filter=expr,
                                         output_fields=self._outputs(with_texts, with_fields))
         try:
             while True:
@@ -162,7 +171,8 @@ class MilvusStore(VectorStore):
 
     def ids(self, name: str, *, batch_size: int = 10000) -> np.ndarray:
         self._loaded(name)
-        it = self.client.query_iterator(name, batch_size=int(batch_size), filter="", output_fields=[self.id_field])
+        it = self.client.query_iterator(name, batch_size=min(int(batch_size), _ITER_BATCH), filter="",
+                                        output_fields=[self.id_field])
         parts = []
         try:
             while True:
@@ -227,6 +237,9 @@ class MilvusStore(VectorStore):
             if alias in self.client.list_aliases(coll).get("aliases", []):
                 return coll
         return None
+
+    def aliases_of(self, name: str) -> list[str]:
+        return sorted(self.client.list_aliases(check_name(name)).get("aliases", [])) if self.exists(name) else []
 
     def close(self) -> None:
         close_quietly(self.client)

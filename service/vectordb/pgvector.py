@@ -68,7 +68,10 @@ class PgVectorStore(VectorStore):
         self.url = url
         self.index = index
         self._hnsw = (int(hnsw_m), int(ef_construction))
-        self.conn = psycopg.connect(url, autocommit=True)
+        try:
+            self.conn = psycopg.connect(url, autocommit=True)
+        except psycopg.OperationalError as exc:  # unreachable server, bad credentials: the user's to fix
+            raise VectorDBError(f"pgvector: cannot connect: {str(exc).strip().splitlines()[0]}") from None
         self.conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         register_vector(self.conn)
         self.conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
@@ -327,6 +330,10 @@ class PgVectorStore(VectorStore):
         check_name(alias, "alias")
         r = self.conn.execute("SELECT target FROM vecbridge_aliases WHERE alias = %s", (alias,)).fetchone()
         return None if r is None or self._relkind(alias) != "v" else str(r[0])
+
+    def aliases_of(self, name: str) -> list[str]:
+        rows = self.conn.execute("SELECT alias FROM vecbridge_aliases WHERE target = %s", (check_name(name),))
+        return sorted(str(a) for (a,) in rows.fetchall() if self._relkind(a) == "v")
 
     def close(self) -> None:
         close_quietly(self.conn)

@@ -18,8 +18,8 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
-                   none_if_all_none, rows_in_order)
+from .base import (Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids, check_metric,
+                   check_name, close_quietly, none_if_all_none, rows_in_order)
 
 __all__ = ["QdrantStore"]
 
@@ -45,13 +45,19 @@ class QdrantStore(VectorStore):
             raise InputError("give exactly one of url= (a Qdrant server) or path= (local mode)")
         if url:
             self.client = QdrantClient(url=url, api_key=api_key, prefer_grpc=prefer_grpc)
+            try:  # the client connects lazily: ask once, so an unreachable server is one clear error here
+                self.client.get_collections()
+            except Exception as exc:  # noqa: BLE001 - httpx / grpc / qdrant errors alike
+                close_quietly(self.client)
+                raise VectorDBError(f"qdrant: cannot connect to {url}: {exc}") from None
         elif str(path) == ":memory:":
             self.client = QdrantClient(location=":memory:")
         else:
             self.client = QdrantClient(path=str(path))
 
     def exists(self, name: str) -> bool:
-        return bool(self.client.collection_exists(check_name(name)))
+        # not collection_exists: it answers True for an alias too
+        return check_name(name) in {c.name for c in self.client.get_collections().collections}
 
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         # ``like``: payloads are schemaless, every key travels as it is
@@ -149,7 +155,7 @@ class QdrantStore(VectorStore):
         return self._to_batch(rows_in_order(self.engine, name, ids, got), True, with_fields)
 
     def _to_batch(self, points, with_texts: bool, with_fields: bool) -> Batch:
-        ids = np.fromiter((int(p.id) for p in points), dtype=np.int64, count=len(points))
+        ids = np.fromiter((_int_id(p.id) for p in points), dtype=np.int64, count=len(points))
         vec = (lambda p: p.vector) if self.vector_field is None else (lambda p: p.vector[self.vector_field])
         V = np.asarray([vec(p) for p in points], dtype=np.float32)
         texts = none_if_all_none([(p.payload or {}).get(self.text_field) for p in points]) if with_texts else None
@@ -188,6 +194,16 @@ class QdrantStore(VectorStore):
                 return a.collection_name
         return None
 
+    def aliases_of(self, name: str) -> list[str]:
+        return sorted(a.alias_name for a in self.client.get_collection_aliases(check_name(name)).aliases)
+
     def close(self) -> None:
         close_quietly(self.client)
 
+
+def _int_id(pid) -> int:
+    """A point id as an int; UnsupportedFieldError for a UUID id (rows here are keyed by int64 ids)."""
+    if isinstance(pid, int):
+        return pid
+    raise UnsupportedFieldError(f"qdrant: point id {pid!r} is a UUID; only collections with integer point ids "
+                                "can be migrated or verified")

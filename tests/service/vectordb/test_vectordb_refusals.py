@@ -1,0 +1,158 @@
+"""What a careful user runs into on the real engines, and the one clear error each gets.
+
+Milvus Lite (its own server process), PostgreSQL + pgvector (pgserver wheel) and Qdrant local mode;
+servers from ``tests/_vectordb_servers.py``. Small generated collections: these are refusals, not
+quality checks (that is ``test_vectordb_engines.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _servers import free_port
+from _vectordb_servers import milvus_url, pg_url  # noqa: F401  (module-scoped server fixtures)
+
+import align
+from align.exceptions import NonFiniteError
+from service.vectordb import (
+    CollectionExistsError,
+    UnsupportedFieldError,
+    VectorDBError,
+    migrate,
+    open_store,
+)
+from service.vectordb.__main__ import main as vectordb_main
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 24)).astype(np.float32)
+    Y = X @ np.linalg.qr(rng.normal(size=(24, 24)))[0][:, :16]
+    m = align.fit_procrustes(X[200:], Y[200:])
+    return X[:200], m
+
+
+@pytest.mark.parametrize("url", ["milvus://127.0.0.1:{port}", "postgresql://postgres@127.0.0.1:{port}/postgres",
+                                 "qdrant://127.0.0.1:{port}"])
+def test_an_unreachable_server_is_one_error_of_its_kind(url, tmp_path, capsys):
+    url = url.format(port=free_port())
+    with pytest.raises(VectorDBError, match="cannot connect"):
+        open_store(url)
+    rc = vectordb_main(["migrate", "--store", url, "--source", "a", "--target", "b", "--map", "m.npz",
+                        "--checkpoint", str(tmp_path / "ck.json")])
+    assert rc == 2 and "cannot connect" in capsys.readouterr().err  # exit 2 (act on it), not 3 (a bug)
+
+
+def test_milvus_lite_file_in_a_new_folder_is_created(tmp_path):
+    pytest.importorskip("milvus_lite")
+    with open_store(f"milvus://{tmp_path}/new/docs.db") as s:  # the README's milvus:///tmp/vb-demo/docs.db
+        assert not s.exists("docs")
+    assert (tmp_path / "new" / "docs.db").exists()
+
+
+ENGINES = ["milvus", "pgvector", "qdrant"]
+
+
+@pytest.fixture
+def store(request, tmp_path):
+    """An open store of the engine ``request.param``, cleaned of this module's collections afterwards."""
+    kind = request.param
+    if kind == "milvus":
+        s = open_store("milvus://" + request.getfixturevalue("milvus_url").split("://", 1)[1])
+    elif kind == "pgvector":
+        s = open_store(request.getfixturevalue("pg_url"))
+    else:
+        s = open_store(f"qdrant://{tmp_path}/qdrant")
+    names = ("r_src", "r_a", "r_b", "r_live")
+    for n in names:
+        s.drop(n)
+    yield s
+    for n in names:
+        s.drop(n)
+    s.close()
+
+
+def _source(store, X, n=200):
+    store.create("r_src", X.shape[1])
+    store.upsert("r_src", np.arange(n), X[:n], [f"t{i}" for i in range(n)])
+
+
+@pytest.mark.parametrize("store", ENGINES, indirect=True)
+def test_a_target_named_like_an_alias_is_refused_and_the_live_collection_kept(store, data):
+    # Milvus' has_collection says yes for an alias, and drop_collection(alias) drops its collection:
+    # `--target docs --overwrite` with docs -> docs_e5 used to drop the live docs_e5
+    X, m = data
+    _source(store, X)
+    migrate(store, "r_src", "r_a", m, alias="r_live")
+    with pytest.raises(CollectionExistsError, match="is an alias"):
+        migrate(store, "r_src", "r_live", m, overwrite=True)
+    assert store.resolve_alias("r_live") == "r_a" and store.count("r_a") == 200
+    assert not store.exists("r_live")  # exists(): a collection, not an alias (as the interface says)
+
+
+@pytest.mark.parametrize("store", ENGINES, indirect=True)
+def test_an_alias_that_names_a_collection_is_refused_before_any_row_is_written(store, data):
+    X, m = data  # used to write every row, then fail at the switch (pgvector, Milvus' and Qdrant's errors)
+    _source(store, X)
+    for alias in ("r_src", "r_b"):  # the source; the target itself
+        with pytest.raises(CollectionExistsError, match="choose another --alias"):
+            migrate(store, "r_src", "r_b", m, alias=alias)
+        assert not store.exists("r_b")
+
+
+@pytest.mark.parametrize("store", ENGINES, indirect=True)
+def test_overwrite_of_the_collection_an_alias_serves_is_refused(store, data):
+    X, m = data  # dropping it took the alias down with it until (and unless) the new run switched it back
+    _source(store, X)
+    migrate(store, "r_src", "r_a", m, alias="r_live")
+    with pytest.raises(CollectionExistsError, match="r_live"):
+        migrate(store, "r_src", "r_a", m, overwrite=True)
+    assert store.resolve_alias("r_live") == "r_a" and store.count("r_live") == 200
+    migrate(store, "r_src", "r_b", m, alias="r_live")  # the way to redo it: a new collection, then the switch
+    assert store.resolve_alias("r_live") == "r_b" and store.aliases_of("r_a") == []
+    migrate(store, "r_src", "r_a", m, overwrite=True)  # no alias serves it any more
+
+
+@pytest.mark.parametrize("store", ENGINES, indirect=True)
+def test_the_largest_batch_size_the_cli_takes_works_on_every_engine(store, data):
+    X, m = data  # Milvus' query_iterator refuses batch_size > 16384: was a ParamError, exit 3
+    _source(store, X)
+    rep = migrate(store, "r_src", "r_a", m, batch_size=1_000_000)
+    assert rep.rows == 200 and rep.batches == 1
+    np.testing.assert_array_equal(store.ids("r_a", batch_size=1_000_000), np.arange(200))
+
+
+def test_qdrant_uuid_point_ids_are_refused_by_name(tmp_path, data):
+    from qdrant_client import models
+
+    X, m = data  # int() of a UUID string was a ValueError: 'internal error', exit 3
+    s = open_store(f"qdrant://{tmp_path}/q")
+    s.create("mixed", X.shape[1])
+    uid = "5c56c793-69f3-4fbf-87e6-c4bf54c28c26"
+    s.client.upsert("mixed", points=[models.PointStruct(id=i, vector=X[i].tolist()) for i in range(4)]
+                    + [models.PointStruct(id=uid, vector=X[4].tolist())])
+    with pytest.raises(UnsupportedFieldError, match=uid):
+        migrate(s, "mixed", "mixed_t", m, batch_size=2)
+    with pytest.raises(UnsupportedFieldError, match="UUID"):
+        s.ids("mixed")
+    s.close()
+
+
+def test_nan_vectors_stored_in_milvus_are_refused_naming_their_ids(milvus_url, data):  # noqa: F811
+    X, m = data  # pgvector and Qdrant refuse NaN on insert; Milvus stores it
+    s = open_store("milvus://" + milvus_url.split("://", 1)[1])
+    for n in ("r_nan", "r_nan_t"):
+        s.drop(n)
+    s.create("r_nan", X.shape[1])
+    V = X[:10].tolist()
+    V[7][3] = float("nan")
+    s.client.upsert("r_nan", [{"id": i, "vector": V[i]} for i in range(10)])
+    try:
+        with pytest.raises(NonFiniteError, match=r"'r_nan'.*ids \[7\]"):  # was "X: 1 row(s) contain NaN or Inf"
+            migrate(s, "r_nan", "r_nan_t", m, batch_size=4)
+        assert s.count("r_nan_t") == 4  # the batch before it is written; nothing of the bad batch
+    finally:
+        for n in ("r_nan", "r_nan_t"):
+            s.drop(n)
+        s.close()
