@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from ..indexes import IndexInfo
 from ..indexes.csls import CSLS_WEIGHT
@@ -33,6 +33,16 @@ __all__ = [
 
 
 Description = Field("", max_length=MAX_DESCRIPTION, description=f"Free text, at most {MAX_DESCRIPTION} characters.")
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:  # the registry refuses it (PostgreSQL's TEXT cannot hold NUL): say so before a fit runs
+        raise ValueError("description must not contain NUL characters")
+    return text
+
+
+#: A description's type: refused at request time when the registry would refuse it after the work.
+DescriptionText = Annotated[str, AfterValidator(_no_nul)]
 Dim = Field(None, ge=1, le=MAX_DIM, description=f"Columns per row (1 .. {MAX_DIM}).")
 Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 2**31-1).")
 Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: the next "
@@ -87,7 +97,7 @@ class SpaceCreate(_Strict):
     encoder: str | None = Field(None, description="Installed encoder that produces this space (GET /v1/models).")
     query_prefix: str = Field("", max_length=1024)
     passage_prefix: str = Field("", max_length=1024)
-    description: str = Description
+    description: DescriptionText = Description
 
 
 class AliasSet(_Strict):
@@ -158,7 +168,7 @@ class IndexCreateOptions(_Strict):
                                                "`ef_search` 1..32768; IVF: `nlist` 1..min(65536, rows), `nprobe` "
                                                "1..nlist; flat: none. Anything else is a 422.")
     random_state: int = Seed
-    description: str = Description
+    description: DescriptionText = Description
     ids: list[int] | None = Ids
     payloads: list[Any] | None = Field(None, description="One JSON value per row, returned with search hits.")
     texts: list[str] | None = Field(None, description="Embed these with the space's encoder (passage form) "
@@ -256,7 +266,7 @@ class FitRequest(_Strict):
                                                                        "seeding an unsupervised fit.")
     random_state: int = Seed
     alias: str | None = None
-    description: str = Description
+    description: DescriptionText = Description
 
 
 class PlanRequest(_Strict):
@@ -492,7 +502,7 @@ class SteerFitOptions(_Strict):
                                  "`rank`, `n_neighbors`, `ridge`, `temperature`, `max_iter`, ...")
     random_state: int = Seed
     alias: str | None = None
-    description: str = Description
+    description: DescriptionText = Description
     dim: int | None = Dim
 
 
@@ -522,7 +532,7 @@ class SteerTransferRequest(_Strict):
     map: str = Field(..., description="Map ref (NAME, NAME@alias, NAME:N) whose source space is the steer's space.")
     name: str | None = Field(None, description="Name of the transferred steer (default: the source steer's name).")
     alias: str | None = None
-    description: str = Description
+    description: DescriptionText = Description
 
 
 class SteerSummary(BaseModel):

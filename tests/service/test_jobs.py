@@ -238,6 +238,18 @@ def test_http_fit_with_bad_params_is_refused_when_asked_not_by_a_failed_job(fit_
     assert ok.status_code == 202, ok.text
 
 
+def test_a_description_the_registry_refuses_is_refused_before_the_fit(fit_client):
+    # a NUL in a fit's description was a 202 and a job that failed after the fit, at registration
+    X = np.random.default_rng(3).standard_normal((60, 16))
+    body = {"name": "nul", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
+            "source": {"vectors": X.tolist()}, "target": {"vectors": X.tolist()}, "description": "a\u0000b"}
+    r = fit_client.post("/v1/fits", headers=W, json=body)
+    assert r.status_code == 422 and "must not contain NUL" in r.text, (r.status_code, r.text[:300])
+    r = fit_client.post("/v1/spaces", headers=W, json={"name": "nulspace", "dim": 4, "description": "x\u0000"})
+    assert r.status_code == 422 and "must not contain NUL" in r.text, (r.status_code, r.text[:300])
+    assert fit_client.post("/v1/fits", headers=W, json={**body, "description": "ab"}).status_code == 202
+
+
 def test_http_cancel_job(fit_client):
     c = fit_client
     rng = np.random.default_rng(0)
