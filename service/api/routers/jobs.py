@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
+from ...jobs import TERMINAL
 from ...ops import jobs as job_ops
 from ..deps import ReadScope, StateDep, WriteScope
 from ..pagination import Page, paginate
@@ -28,6 +29,10 @@ async def get_job(job_id: str, state: StateDep):
 
 
 @router.delete("/jobs/{job_id}", dependencies=[WriteScope], status_code=202, summary="Cancel a job",
-               response_model=JobOut)
+               description="202: the running job stops at its next progress report (follow it with GET). 200: the "
+                           "record is final: a queued job cancelled at once, or a job that had already ended (its "
+                           "state is unchanged).",
+               response_model=JobOut, responses={200: {"model": JobOut, "description": "The job's final record."}})
 async def cancel_job(job_id: str, state: StateDep):
-    return FastJSONResponse(job_ops.cancel_job(state.jobs, job_id), status_code=202)
+    record = job_ops.cancel_job(state.jobs, job_id)
+    return FastJSONResponse(record, status_code=200 if record["state"] in TERMINAL else 202)
