@@ -12,7 +12,7 @@ import dataclasses
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, create_model, field_validator
 
 from ..indexes import IndexInfo
 from ..indexes.csls import CSLS_WEIGHT
@@ -44,6 +44,8 @@ def _no_nul(text: str) -> str:
 #: A description's type: refused at request time when the registry would refuse it after the work.
 DescriptionText = Annotated[str, AfterValidator(_no_nul)]
 Dim = Field(None, ge=1, le=MAX_DIM, description=f"Columns per row (1 .. {MAX_DIM}).")
+#: A count in a JSON body (dims, k, ...): an integer as JSON writes it. Lax ints took `true` as 1 and `"4"` as 4.
+Count = Annotated[int, Strict()]
 Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 2**31-1).")
 Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: the next "
                                                                   "free ids).")
@@ -92,7 +94,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 # --- spaces and maps ----------------------------------------------------------------------------
 class SpaceCreate(_Strict):
     name: str
-    dim: int | None = Field(None, ge=1, le=MAX_DIM, description=f"Columns (1 .. {MAX_DIM}); taken from the encoder "
+    dim: Count | None = Field(None, ge=1, le=MAX_DIM, description=f"Columns (1 .. {MAX_DIM}); taken from the encoder "
                                                                 "when omitted.")
     encoder: str | None = Field(None, description="Installed encoder that produces this space (GET /v1/models).")
     query_prefix: str = Field("", max_length=1024)
@@ -125,7 +127,7 @@ class _Vectors(BaseModel):
         None, description="Rows as JSON numbers, shape (n, d). Simple but slow for large batches.")
     vectors_b64: str | None = Field(
         None, description="Fast path in JSON: base64 of little-endian float32, row-major; needs `dim`.")
-    dim: int | None = Field(None, ge=1, le=MAX_DIM, description="Columns per row for `vectors_b64`.")
+    dim: Count | None = Field(None, ge=1, le=MAX_DIM, description="Columns per row for `vectors_b64`.")
 
 
 def vectors_schema() -> dict:
@@ -138,7 +140,7 @@ class TransformOptions(_Strict):
                            "`frame`: the centred target frame (evaluation); `linear`: x W + b as is.")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="Response vectors as JSON numbers or base64 float32 (`vectors_b64`).")
-    dim: int | None = Dim
+    dim: Count | None = Dim
 
 
 class TransformJSON(_Vectors):
@@ -174,7 +176,7 @@ class IndexCreateOptions(_Strict):
     texts: list[str] | None = Field(None, description="Embed these with the space's encoder (passage form) "
                                                       "instead of sending vectors.")
     store_texts: bool = Field(True, description="With `texts`: keep each text as its payload unless payloads given.")
-    dim: int | None = Dim
+    dim: Count | None = Dim
 
 
 class IndexCreate(IndexCreateOptions, _Vectors):
@@ -186,7 +188,7 @@ class IndexAddOptions(_Strict):
     payloads: list[Any] | None = None
     texts: list[str] | None = None
     store_texts: bool = True
-    dim: int | None = Dim
+    dim: Count | None = Dim
 
 
 class IndexAdd(IndexAddOptions, _Vectors):
@@ -203,24 +205,24 @@ class SearchOptions(_Strict):
                                                 "with a path of maps to the index's space works.")
     map: str | None = Field(None, description="Use this map (`name`, `name@alias`, `name:N`) instead of the "
                                               "registry's path.")
-    k: int = Field(10, ge=1, le=10_000, description=f"Results per query: at most `max_k` "
+    k: Count = Field(10, ge=1, le=10_000, description=f"Results per query: at most `max_k` "
                                                     f"(default {DEFAULT_LIMITS.max_k}); queries × k at most `max_hits` "
                                                     f"(default {DEFAULT_LIMITS.max_hits}).")
     csls: bool = Field(False, description="Re-rank candidates by CSLS (reduces hubness of mapped queries).")
-    csls_k: int = Field(10, ge=1, le=1000)
+    csls_k: Count = Field(10, ge=1, le=1000)
     csls_weight: float = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
                                description="Weight w of the document's hubness in the CSLS score 2 cos(q, d) - r(q) - "
                                            "w r(d): 1 is classic CSLS, 0 the cosine order. The default 0.5 kept more "
                                            "of the native recall than 1 on labelled retrieval in migrated indexes "
                                            "(benchmarks/results/migration_2026-12-01_csls*.md).")
     exact: bool = Field(False, description="Scan every row (ignores the approximate structure).")
-    ef_search: int | None = Field(None, ge=1, le=100_000, description="HNSW breadth for this request.")
-    nprobe: int | None = Field(None, ge=1, le=65_536, description="IVF lists probed for this request.")
+    ef_search: Count | None = Field(None, ge=1, le=100_000, description="HNSW breadth for this request.")
+    nprobe: Count | None = Field(None, ge=1, le=65_536, description="IVF lists probed for this request.")
     include_payloads: bool = True
     steers: dict[str, float] | None = Field(
         None, description="Steered search: `{steer ref: eps}` applied to the queries in the index's space (after "
                           "translation), composed by summing `sum eps_i W_i`.")
-    dim: int | None = Dim
+    dim: Count | None = Dim
 
 
 class SearchRequest(SearchOptions, _Vectors):
@@ -503,7 +505,7 @@ class SteerFitOptions(_Strict):
     random_state: int = Seed
     alias: str | None = None
     description: DescriptionText = Description
-    dim: int | None = Dim
+    dim: Count | None = Dim
 
 
 class SteerFitRequest(SteerFitOptions, _Vectors):
@@ -512,7 +514,7 @@ class SteerFitRequest(SteerFitOptions, _Vectors):
 
 class SteerApplyOptions(_Strict):
     eps: float = Field(1.0, description="Strength: 0 is the identity, 1 the trained strength, negative reverses.")
-    dim: int | None = Dim
+    dim: Count | None = Dim
 
 
 class SteerApplyRequest(SteerApplyOptions, _Vectors):

@@ -323,6 +323,15 @@ def test_strict_numbers_and_shapes(server):
             assert 400 <= r.status_code < 500, (path, r.status_code, r.text[:200])
         nested = {"value": json.loads("[" * 40 + "]" * 40)}
         _refused(c.put("/v1/maps/a2b/versions/1/tags/deep", json=nested))
+        # counts in JSON bodies are JSON integers: `true` was read as 1 (one result, silently), "4" as 4
+        q = {"vectors": [[0.5] * DIM]}
+        for extra in ({"k": True}, {"k": "4"}, {"k": 4.0}, {"csls": True, "csls_k": True}, {"nprobe": "2"},
+                      {"ef_search": False}, {"dim": True}):
+            _refused(c.post("/v1/indexes/ix/search", json={**q, **extra}))
+        _refused(c.post("/v1/spaces", json={"name": "booldim", "dim": True}))
+        _refused(c.post("/v1/maps/a2b/transform", json={"vectors": [[0.0] * DIM], "dim": str(DIM)}))
+        r = c.post("/v1/indexes/ix/search", json={**q, "k": 4})
+        assert r.status_code == 200 and len(r.json()["results"][0]) == 4, r.text[:300]
     _alive(srv)
 
 
