@@ -52,6 +52,10 @@ class Settings(BaseSettings):
         "key", description="/metrics: open to anyone, a key with the read scope, or off (404).")
     max_queued_jobs: int = 8
     job_workers: int = 1
+    max_heavy_requests: int = Field(2, ge=1, le=256, description=(
+        "Synchronous requests that compute for seconds (POST /v1/plans, /v1/maps/{ref}/evaluate) running at once "
+        "in a serving process; more are a 429 with Retry-After at once. Unbounded, 45 concurrent plans on 2 "
+        "cores held the thread pool and starved the event loop: /healthz took 8 s."))
     blas_threads: int = Field(1, ge=0, description=(
         "Threads of the BLAS and of FAISS's OpenMP in a serving process (service/threads.py): 1 keeps small "
         "requests from stalling on spinning thread teams when the host is busy; 0 leaves the libraries' "

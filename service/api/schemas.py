@@ -77,7 +77,7 @@ _ERROR_TEXT = {
     413: "Body over `max_body_bytes` or more rows than `max_batch`.",
     415: "Unsupported `Content-Type`.",
     422: "Invalid input: shape, dimension, NaN/Inf, empty, bad name, failed request validation.",
-    429: "Job queue full (`Retry-After`).",
+    429: "Busy: the job queue is full, or `max_heavy_requests` plans / evaluations run already (`Retry-After`).",
     503: "Registry not ready.",
 }
 

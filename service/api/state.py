@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from align import ClusterMap, LinearMap, MapChain
 
 from ..config import Settings
 from ..encoders import UnknownEncoderError
+from ..errors import BusyError
 from ..indexes import IndexStore
 from ..indexes.locking import WouldBlock
 from ..jobs import JobManager, JobStore
@@ -44,6 +46,29 @@ class Translation:
                  "target_space": v.target_space} for v in self.versions]
 
 
+class HeavyGate:
+    """At most ``n`` heavy synchronous requests at once in this process; the rest are refused (429), not queued.
+
+    Each holds a thread of the pool and a core for seconds: queued or let through, many of them fill the pool
+    and keep the event loop from the GIL, so every other request (health checks too) waits behind them. Used
+    only on the event loop, so the check and the count need no lock.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n, self.busy = int(n), 0
+
+    @asynccontextmanager
+    async def slot(self, what: str):
+        if self.busy >= self.n:
+            raise BusyError(f"{what}: {self.busy} such request(s) already running (max_heavy_requests={self.n}); "
+                            "retry in a few seconds")
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+
+
 class AppState:
     """Long-lived resources of one app instance."""
 
@@ -57,6 +82,7 @@ class AppState:
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None
+        self.heavy = HeavyGate(settings.max_heavy_requests)
         self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
         self._seen: tuple[int, int] | None = None  # (registry change token, generation) last read together
 

@@ -16,6 +16,7 @@ One test per finding:
 9. No lock per unknown index name; names with a trailing newline refused; ``/metrics`` open/key/off;
    tag and description sizes.
 10. A body that stalls mid-way is a 408 after ``body_timeout_s`` and its connection is closed.
+11. Heavy synchronous requests (plans, evaluations) beyond ``max_heavy_requests`` at once are a 429.
 
 ``BAD_INPUT_COUNTS`` collects every status seen; the last test prints the matrix figures.
 """
@@ -455,6 +456,45 @@ def test_a_stalled_body_is_a_408_and_frees_the_connection(tmp_path):
         assert [m for m in metrics.splitlines() if m.startswith("vecbridge_request_duration_seconds_count")
                 and 'status="408"' in m], metrics[-2000:]
         assert "request failed" not in srv.log()
+        _alive(srv)
+    finally:
+        srv.stop()
+
+
+def test_heavy_synchronous_requests_beyond_the_limit_are_a_429_not_a_pileup(tmp_path):
+    """Plans and evaluations compute for seconds in the thread pool: unbounded, 45 concurrent plans held it and
+    starved the event loop (/healthz 8 s, measured). Beyond ``max_heavy_requests`` running at once they are a 429
+    with Retry-After; a slot is given back however its request ends (a 422 too)."""
+    populate_data_dir(tmp_path / "data")
+    srv = Server(tmp_path / "data", env={"VECBRIDGE_MAX_HEAVY_REQUESTS": "1"}).start()
+    rng = np.random.default_rng(0)
+    old = rng.standard_normal((6000, DIM)).astype(np.float32)
+    new = old @ np.linalg.qr(rng.standard_normal((DIM, DIM)))[0].astype(np.float32)
+    body = {"old": {"vectors": old.tolist()}, "probe_source": {"vectors": old[:400].tolist()},
+            "probe_target": {"vectors": new[:400].tolist()}}
+    try:
+        with srv.client(R) as c:
+            _refused(c.post("/v1/plans", json={**body, "probe_source": {"vectors": old[:400, :3].tolist()}}))
+            answers: list = []
+            raw = json.dumps(body).encode()
+            start = threading.Barrier(8)
+
+            def plan():
+                with srv.client(R) as own:
+                    start.wait()  # all at once: each plan computes for ~0.1-1 s
+                    answers.append(own.post("/v1/plans", content=raw, headers={"content-type": "application/json"}))
+
+            threads = [threading.Thread(target=plan) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            codes = sorted(r.status_code for r in answers)
+            assert codes[0] == 200 and set(codes) == {200, 429}, codes
+            busy = next(r for r in answers if r.status_code == 429)
+            _refused(busy, 429)
+            assert busy.headers.get("retry-after") and "max_heavy_requests=1" in busy.json()["error"]["message"]
+            assert c.post("/v1/plans", json=body).status_code == 200  # every slot was given back
         _alive(srv)
     finally:
         srv.stop()

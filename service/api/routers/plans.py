@@ -34,15 +34,16 @@ the prediction are of their labelled R@10 retention over the whole `old` corpus 
 `native` (their R@10: the new model's over the probe and estimated over the corpus, the old model's measured
 over the corpus, i.e. what keeping it gives) and `r10` per K (the migrated index's predicted R@10); a note says
 when keeping the old model is predicted to do as well.
-Synchronous: seconds for a probe of 1,000 pairs and an old corpus of 40,000 rows (~40 s with labelled
+Synchronous (at most `max_heavy_requests` plans and evaluations at once; more: 429 with Retry-After):
+seconds for a probe of 1,000 pairs and an old corpus of 40,000 rows (~40 s with labelled
 queries, which map and search the whole corpus per curve point). Each side is `vectors` or
 `vectors_b64` + `dim`.
 """
 
 
 @router.post("/plans", dependencies=[ReadScope, JSONOnly], summary="Plan a migration", description=PLAN_DOC,
-             openapi_extra=json_body(PlanRequest, "create_plan"))
-async def create_plan(request: Request, settings: SettingsDep):
+             openapi_extra=json_body(PlanRequest, "create_plan"), responses=error_responses(429))
+async def create_plan(request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 
     def work():
@@ -53,7 +54,8 @@ async def create_plan(request: Request, settings: SettingsDep):
         return plan(old, a, b, random_state=opts.random_state, target_retention=opts.target_retention, queries=q,
                     old_queries=qo, relevant=opts.relevant)
 
-    return FastJSONResponse(await run_in_threadpool(work))
+    async with state.heavy.slot("plan"):
+        return FastJSONResponse(await run_in_threadpool(work))
 
 
 EVALUATE_DOC = """Evaluate the map `ref` (name, name@alias or name:version) on held-out documents embedded by
@@ -74,7 +76,8 @@ source-model vectors the map moves into the target index). `min_retention` / `mi
 
 
 @router.post("/maps/{ref}/evaluate", dependencies=[ReadScope, JSONOnly], summary="Evaluate a map (labelled gate)",
-             description=EVALUATE_DOC, openapi_extra=json_body(EvaluateRequest, "evaluate_map"))
+             description=EVALUATE_DOC, openapi_extra=json_body(EvaluateRequest, "evaluate_map"),
+             responses=error_responses(429))
 async def evaluate(ref: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 
@@ -86,4 +89,5 @@ async def evaluate(ref: str, request: Request, state: StateDep, settings: Settin
                             min_retention=opts.min_retention, queries=Q, relevant=opts.relevant, side=opts.side,
                             old_queries=Qo, csls_weight=opts.csls_weight)
 
-    return FastJSONResponse(await run_in_threadpool(work))
+    async with state.heavy.slot("evaluate"):
+        return FastJSONResponse(await run_in_threadpool(work))
