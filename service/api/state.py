@@ -18,6 +18,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
+import anyio.to_thread
+
 from align import ClusterMap, LinearMap, MapChain
 
 from ..config import Settings
@@ -47,15 +50,22 @@ class Translation:
 
 
 class HeavyGate:
-    """At most ``n`` heavy synchronous requests at once in this process; the rest are refused (429), not queued.
+    """CPU-heavy request work, kept from the thread pool every other route shares.
 
-    Each holds a thread of the pool and a core for seconds: queued or let through, many of them fill the pool
-    and keep the event loop from the GIL, so every other request (health checks too) waits behind them. Used
-    only on the event loop, so the check and the count need no lock.
+    :meth:`run` runs a function on ``threads`` threads of its own (more calls wait their turn without holding a
+    thread): text embeddings, plans, evaluations. :meth:`slot` admits at most ``n`` requests of the kinds that
+    compute for seconds (plans, evaluations) and refuses the rest (429), not queued: many of them would fill the
+    pool and keep the event loop from the GIL, so every other request (health checks too) would wait behind
+    them. Used only on the event loop, so the check and the count need no lock.
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, threads: int = 2) -> None:
         self.n, self.busy = int(n), 0
+        self.limiter = anyio.CapacityLimiter(int(threads))
+
+    async def run(self, fn):
+        """``fn()`` on one of this gate's threads."""
+        return await anyio.to_thread.run_sync(fn, limiter=self.limiter)
 
     @asynccontextmanager
     async def slot(self, what: str):
@@ -82,7 +92,7 @@ class AppState:
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None
-        self.heavy = HeavyGate(settings.max_heavy_requests)
+        self.heavy = HeavyGate(settings.max_heavy_requests, settings.compute_threads)
         self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
         self._seen: tuple[int, int] | None = None  # (registry change token, generation) last read together
 

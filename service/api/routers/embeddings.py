@@ -69,9 +69,8 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
         raise InputError("input contains an empty string; every input must have text")
     check_batch(len(texts), settings.max_batch)
 
-    X, tr = await run_in_threadpool(lambda: map_ops.embed(state, body.model, texts, kind=body.input_type,
-                                                           target_space=body.target_space,
-                                                           dimensions=body.dimensions))
+    X, tr = await state.heavy.run(lambda: map_ops.embed(state, body.model, texts, kind=body.input_type,
+                                                         target_space=body.target_space, dimensions=body.dimensions))
     state.metrics.batch_rows.labels("embeddings").observe(len(texts))
     if tr is not None:
         for v in tr.versions:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
 from ...ops.plans import evaluate_map, plan
 from ..codec import parse_json, validate, vectors_from_json
@@ -55,7 +54,7 @@ async def create_plan(request: Request, state: StateDep, settings: SettingsDep):
                     old_queries=qo, relevant=opts.relevant)
 
     async with state.heavy.slot("plan"):
-        return FastJSONResponse(await run_in_threadpool(work))
+        return FastJSONResponse(await state.heavy.run(work))
 
 
 EVALUATE_DOC = """Evaluate the map `ref` (name, name@alias or name:version) on held-out documents embedded by
@@ -90,4 +89,4 @@ async def evaluate(ref: str, request: Request, state: StateDep, settings: Settin
                             old_queries=Qo, csls_weight=opts.csls_weight)
 
     async with state.heavy.slot("evaluate"):
-        return FastJSONResponse(await run_in_threadpool(work))
+        return FastJSONResponse(await state.heavy.run(work))
