@@ -7,6 +7,7 @@ the FastAPI dependency ``get_settings``.
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,10 +57,11 @@ class Settings(BaseSettings):
         "Synchronous requests that compute for seconds (POST /v1/plans, /v1/maps/{ref}/evaluate) running at once "
         "in a serving process; more are a 429 with Retry-After at once. Unbounded, 45 concurrent plans on 2 "
         "cores held the thread pool and starved the event loop: /healthz took 8 s."))
-    compute_threads: int = Field(2, ge=1, le=256, description=(
-        "Threads for the CPU-heavy work of requests (text embeddings, plans, evaluations), apart from the thread "
-        "pool of every other route: more such requests wait their turn. Sharing the pool, 45 concurrent "
-        "embedding requests held all its threads and GET /v1/maps waited 32 s."))
+    compute_threads: int = Field(default_factory=lambda: max(2, os.cpu_count() or 2), ge=1, le=256, description=(
+        "Threads for the CPU-heavy work of requests (text embeddings, plans, evaluations, and transforms, searches "
+        "and index writes whose body is over 1 MiB), apart from the thread pool of every other route: more such "
+        "requests wait their turn. Default: the CPU count (at least 2). Sharing the pool, 45 concurrent embedding "
+        "requests held all its threads and GET /v1/maps waited 32 s."))
     blas_threads: int = Field(1, ge=0, description=(
         "Threads of the BLAS and of FAISS's OpenMP in a serving process (service/threads.py): 1 keeps small "
         "requests from stalling on spinning thread teams when the host is busy; 0 leaves the libraries' "

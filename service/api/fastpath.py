@@ -15,7 +15,8 @@ at most) of an index in memory at its newest generation, no writer on its lock, 
 Binary transforms (``application/octet-stream``, ``.npy``) of any size take the same shortcut (the guard has
 already held the body to ``max_body_bytes``): FastAPI's layers cost 0.4-0.9 ms per request whatever the batch,
 ~10-15 % of a 1,024-row transform, and a failing binary body is cheap to check twice (its NaN/width checks are
-one pass over the bytes, no parsing). JSON bodies keep the :data:`FAST_MAX_BYTES` bound, since parsing a large
+one pass over the bytes, no parsing); bodies over 1 MiB take the heavy gate's threads
+(:meth:`~service.api.state.HeavyGate.hop`), not the shared pool. JSON bodies keep the :data:`FAST_MAX_BYTES` bound, since parsing a large
 one twice on failure is not.
 
 Anything else goes to the app unchanged: a large JSON or chunked body, a query parameter this module does
@@ -30,8 +31,6 @@ from __future__ import annotations
 
 import re
 from urllib.parse import parse_qsl
-
-from starlette.concurrency import run_in_threadpool
 
 from ..errors import UnsupportedMediaTypeError
 from ..indexes.locking import WouldBlock
@@ -82,7 +81,7 @@ async def _transform(state, settings, params: dict, headers: dict, body: bytes, 
     if hit is not None:  # on the event loop: pure CPU for a few rows, no lock, no query, no file read
         v, Y, response = map_routes.transform_call(*args, resolve=lambda _ref: hit, **kw)
     else:
-        v, Y, response = await run_in_threadpool(lambda: map_routes.transform_call(*args, **kw))
+        v, Y, response = await _hop(state, lambda: map_routes.transform_call(*args, **kw), len(body))
     return response, lambda: map_routes.transform_observe(state, v, Y)
 
 
@@ -102,8 +101,13 @@ async def _search(state, settings, params: dict, headers: dict, body: bytes, qs:
     def call():
         return index_routes.search_call(state, settings, state.indexes.get(params["name"]), body)
 
-    found, response = await run_in_threadpool(call)
+    found, response = await _hop(state, call, len(body))
     return response, lambda: index_routes.search_observe(state, found)
+
+
+async def _hop(state, fn, nbytes: int):
+    """The shortcut's one hop off the event loop: the shared pool, or the heavy gate's threads for a large body."""
+    return await state.heavy.hop(fn, nbytes)
 
 
 _HANDLERS = {TRANSFORM: _transform, SEARCH: _search}

@@ -49,11 +49,17 @@ class Translation:
                  "target_space": v.target_space} for v in self.versions]
 
 
+#: A transform, search or index-write body over this size takes the heavy gate's threads (1 MiB: ~700 rows of
+#: 384 float32; a search of that many queries over 40k rows is ~0.3 s of one core).
+HEAVY_BODY_BYTES = 1 << 20
+
+
 class HeavyGate:
     """CPU-heavy request work, kept from the thread pool every other route shares.
 
     :meth:`run` runs a function on ``threads`` threads of its own (more calls wait their turn without holding a
-    thread): text embeddings, plans, evaluations. :meth:`slot` admits at most ``n`` requests of the kinds that
+    thread): text embeddings, plans, evaluations, and through :meth:`hop` transforms, searches and index writes with
+    large bodies. :meth:`slot` admits at most ``n`` requests of the kinds that
     compute for seconds (plans, evaluations) and refuses the rest (429), not queued: many of them would fill the
     pool and keep the event loop from the GIL, so every other request (health checks too) would wait behind
     them. Used only on the event loop, so the check and the count need no lock.
@@ -66,6 +72,13 @@ class HeavyGate:
     async def run(self, fn):
         """``fn()`` on one of this gate's threads."""
         return await anyio.to_thread.run_sync(fn, limiter=self.limiter)
+
+    async def hop(self, fn, nbytes: int):
+        """``fn()`` for a request with a body of ``nbytes``: over :data:`HEAVY_BODY_BYTES` (its work grows with
+        its rows) on this gate's threads, else on the shared pool."""
+        if nbytes > HEAVY_BODY_BYTES:
+            return await self.run(fn)
+        return await anyio.to_thread.run_sync(fn)
 
     @asynccontextmanager
     async def slot(self, what: str):

@@ -89,7 +89,7 @@ async def create_index(request: Request, state: StateDep, settings: SettingsDep)
                                       kind=opts.kind, metric=opts.metric, params=opts.params,
                                       random_state=opts.random_state, description=opts.description)
 
-    idx = await run_in_threadpool(work)
+    idx = await state.heavy.hop(work, len(body))
     state.metrics.index_vectors.labels(idx.name).set(idx.count)
     return FastJSONResponse(_info(idx), status_code=201)
 
@@ -116,7 +116,7 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
         return index_ops.add_rows(state, idx, X, texts=opts.texts, store_texts=opts.store_texts, ids=opts.ids,
                                   payloads=opts.payloads)
 
-    ids = await run_in_threadpool(work)
+    ids = await state.heavy.hop(work, len(body))
     state.metrics.batch_rows.labels("index_add").observe(len(ids))
     state.metrics.index_vectors.labels(name).set(idx.count)
     return FastJSONResponse({"index": name, "ids": ids, "count": idx.count})
@@ -138,7 +138,7 @@ async def delete_vectors(name: str, body: Annotated[IndexDelete, Body(openapi_ex
 async def search(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
     idx = state.indexes.get(name)
-    found, response = await run_in_threadpool(search_call, state, settings, idx, body)
+    found, response = await state.heavy.hop(lambda: search_call(state, settings, idx, body), len(body))
     search_observe(state, found)
     return response
 

@@ -169,9 +169,9 @@ async def transform(ref: str, request: Request, state: StateDep, settings: Setti
     mt = media_type(request.headers.get("content-type"))
     body = await request.body()
     query_opts = {k: v for k, v in (("output", output), ("encoding_format", encoding_format)) if v is not None}
-    v, Y, response = await run_in_threadpool(
-        transform_call, state, settings, ref, mt, body, query_opts=query_opts, dim=dim,
-        header_dim=request.headers.get("x-vector-dim"), accept=request.headers.get("accept", ""))
+    v, Y, response = await state.heavy.hop(lambda: transform_call(
+        state, settings, ref, mt, body, query_opts=query_opts, dim=dim,
+        header_dim=request.headers.get("x-vector-dim"), accept=request.headers.get("accept", "")), len(body))
     transform_observe(state, v, Y)
     return response
 

@@ -149,13 +149,13 @@ def test_guard_still_runs_before_the_fast_path(world):
 
 def _count_hops(monkeypatch) -> tuple[list, list]:
     hops, replays = [], []
-    real_hop = fastpath.run_in_threadpool
+    real_hop = fastpath._hop
 
-    async def counting_hop(fn, *a, **k):
+    async def counting_hop(state, fn, nbytes):
         hops.append(fn)
-        return await real_hop(fn, *a, **k)
+        return await real_hop(state, fn, nbytes)
 
-    monkeypatch.setattr(fastpath, "run_in_threadpool", counting_hop)
+    monkeypatch.setattr(fastpath, "_hop", counting_hop)
     real_replay = fastpath._replay  # counted, and still replayed: a request the app must answer never hangs
     monkeypatch.setattr(fastpath, "_replay", lambda body, receive: replays.append(1) or real_replay(body, receive))
     return hops, replays

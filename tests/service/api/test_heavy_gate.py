@@ -69,3 +69,22 @@ def test_slots_beyond_the_limit_are_refused_and_given_back():
 
     assert anyio.run(main) == 1
     assert gate.busy == 0
+
+
+def test_large_bodies_hop_to_the_gates_threads_small_ones_to_the_shared_pool():
+    from service.api.state import HEAVY_BODY_BYTES
+
+    gate = HeavyGate(2, threads=1)
+    seen = []
+
+    async def main():
+        shared = anyio.to_thread.current_default_thread_limiter()
+
+        def probe():
+            seen.append((shared.borrowed_tokens, gate.limiter.borrowed_tokens))
+
+        await gate.hop(probe, HEAVY_BODY_BYTES)
+        await gate.hop(probe, HEAVY_BODY_BYTES + 1)
+
+    anyio.run(main)
+    assert seen == [(1, 0), (0, 1)], seen
