@@ -16,8 +16,8 @@ Binary transforms (``application/octet-stream``, ``.npy``) of any size take the 
 already held the body to ``max_body_bytes``): FastAPI's layers cost 0.4-0.9 ms per request whatever the batch,
 ~10-15 % of a 1,024-row transform, and a failing binary body is cheap to check twice (its NaN/width checks are
 one pass over the bytes, no parsing); bodies over 1 MiB take the heavy gate's threads
-(:meth:`~service.api.state.HeavyGate.hop`), not the shared pool. JSON bodies keep the :data:`FAST_MAX_BYTES` bound, since parsing a large
-one twice on failure is not.
+(:meth:`~service.api.state.HeavyGate.hop`), not the shared pool. JSON bodies keep the :data:`FAST_MAX_BYTES`
+bound, since parsing a large one twice on failure is not.
 
 Anything else goes to the app unchanged: a large JSON or chunked body, a query parameter this module does
 not read exactly as FastAPI would, and **every failure** — the request is then replayed through the
