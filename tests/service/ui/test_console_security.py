@@ -1,0 +1,116 @@
+"""The console against a hostile registry, in Debian's headless Chromium: strings anyone with a write key
+can store (tag keys and values, job error messages, search payloads, a fit report file) are shown as text on
+every page and never run; no other site can frame the console; a fit report opened on its own runs nothing.
+
+A small in-process world (uvicorn on loopback, keys on): spaces a, b (16-d) with map a2b fitted over the API
+(its report), space e5 (the e5 encoder, so the search and steer pages can embed a query) with an index of
+random vectors whose payloads are hostile, and a steer over it.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import httpx
+import numpy as np
+import pytest
+from _api_support import W, planted, settings_for
+from _browser import ARGS, CHROMIUM, Page
+from _servers import serve_in_thread
+
+READ_KEY = "rkey-123"
+# each sets window.__pwned if it ever runs as script, in the page or in a frame of it
+IMG = '<img src=x onerror="window.__pwned=1;parent.__pwned=1">'
+SCRIPT = '"><script>window.__pwned=2;parent.__pwned=2</script>'
+JS_URL = "javascript:window.__pwned=3"
+SVG = "<svg onload=window.__pwned=4>"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium not installed")
+
+
+def _b64(X: np.ndarray) -> dict:
+    X = np.ascontiguousarray(X, dtype="<f4")
+    return {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": int(X.shape[1])}
+
+
+def _done(c: httpx.Client, job: str) -> dict:
+    for _ in range(600):
+        j = c.get(f"/v1/jobs/{job}", headers=W).json()
+        if j["state"] not in ("queued", "running"):
+            return j
+        time.sleep(0.1)
+    raise AssertionError(f"job {job} did not finish: {j}")
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    from service.api import create_app
+
+    app = create_app(settings_for(tmp_path_factory.mktemp("hostile")))
+    X, Y, _ = planted(300)
+    E = np.random.default_rng(0).standard_normal((12, 384)).astype(np.float32)
+    payloads = [{"text": IMG, "label": 1}, {"title": SCRIPT, "url": JS_URL, "label": -1}, SVG,
+                {"text": {"html": IMG}, "label": 1}, {"url": JS_URL}, None] * 2
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60.0) as c:
+        for space in ({"name": "a", "dim": 16, "description": IMG}, {"name": "b", "dim": 16, "description": SCRIPT},
+                      {"name": "e5", "encoder": "multilingual-e5-small"}):
+            assert c.post("/v1/spaces", headers=W, json=space).status_code == 201
+        fit = {"name": "a2b", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
+               "source": _b64(X), "target": _b64(Y), "description": SCRIPT}
+        assert _done(c, c.post("/v1/fits", headers=W, json=fit).json()["id"])["state"] == "succeeded"
+        r = c.put(f"/v1/maps/a2b/versions/1/tags/{IMG}", headers=W, json={"value": {"s": SCRIPT, "u": JS_URL}})
+        assert r.status_code == 200, r.text
+        # a fit that fails in its job, its error message quoting the hostile parameter
+        bad = c.post("/v1/fits", headers=W, json={**fit, "params": {"center": IMG}}).json()["id"]
+        assert IMG in _done(c, bad)["error"]["message"]
+        r = c.post("/v1/indexes", headers=W, json={"name": "hostile", "space": "e5", "kind": "flat", **_b64(E),
+                                                   "payloads": payloads})
+        assert r.status_code == 201, r.text
+        r = c.post("/v1/steers", headers=W, json={"name": "tone", "space": "e5", "labels": [1, -1] * 6,
+                                                  "params": {"method": "mean-shift"}, **_b64(E)})
+        assert _done(c, r.json()["id"])["state"] == "succeeded"
+        yield base, app
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def test_no_site_can_frame_the_console(hostile, browser):
+    """Clickjacking: a page of another site puts the console (e.g. its Cancel and Move alias buttons) in an
+    invisible frame. The browser refuses to render it there."""
+    base, _ = hostile
+    t = Page(browser, base)
+    t.page.set_content(f"<iframe id=f src='{base}/ui/jobs'></iframe><iframe src='{base}/docs'></iframe>")
+    t.page.wait_for_timeout(1500)
+    framed = [f for f in t.page.frames if f != t.page.main_frame]
+    assert len(framed) == 2
+    for f in framed:  # Chromium's error page instead of the console or Swagger UI
+        assert not f.url.startswith(base) and f.evaluate("document.querySelectorAll('#main, #swagger-ui').length") == 0
+    t.close(expect_errors=("frame-ancestors",))
+
+
+def test_a_report_opened_on_its_own_runs_no_script(hostile, browser):
+    """A fit report is a file in the data dir (a fit writes it escaped; `registry import` copies other
+    registries' files). Opened at its URL, a script in it must not run on the service's origin."""
+    base, app = hostile
+    reg = app.state.vb.registry
+    path = reg.report_file(reg.get_version("a2b", 1))
+    path.write_text(f"<!doctype html><title>r</title><h1>hostile report</h1>{IMG}{SVG}"
+                    "<script>window.__pwned=5</script>")
+    try:
+        t = Page(browser, base, extra_http_headers={"Authorization": f"Bearer {READ_KEY}"})
+        t.goto("/v1/maps/a2b/versions/1/report")
+        t.page.locator("h1", has_text="hostile report").wait_for()
+        t.page.wait_for_timeout(500)
+        assert t.page.evaluate("window.__pwned") is None
+        t.close(expect_errors=("sandbox", "Content Security Policy", "CSP violation", "/x"))
+    finally:
+        path.unlink()
+
