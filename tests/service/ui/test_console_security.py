@@ -114,3 +114,50 @@ def test_a_report_opened_on_its_own_runs_no_script(hostile, browser):
     finally:
         path.unlink()
 
+
+def _inert(t: Page, where: str) -> None:
+    """Nothing hostile ran or became an element in the page (or the report's frame)."""
+    assert t.page.evaluate("window.__pwned") is None, where
+    assert t.page.locator("main img, main svg, main script, main a[href^='javascript']").count() == 0, where
+
+
+def test_hostile_strings_are_text_on_every_page(hostile, browser):
+    base, _ = hostile
+    t = Page.open(browser, base, "/ui/registry", READ_KEY)
+    row = t.page.locator("#versions tbody tr").first
+    row.wait_for()
+    assert IMG in row.inner_text() and "<script>window.__pwned=2" in row.inner_text()  # tag key and value
+    t.page.frame_locator("iframe.report").locator("h1").first.wait_for()
+    _inert(t, "registry")
+
+    t.goto("/ui/jobs")
+    failed = t.page.locator("#jobs tbody tr", has_text="failed")
+    failed.wait_for()
+    assert IMG in failed.inner_text()  # the job's error message, as text
+    _inert(t, "jobs")
+
+    t.goto("/ui/search")
+    t.page.get_by_label("index", exact=True).select_option("hostile")
+    t.page.get_by_label("query's model (space)", exact=True).select_option("e5")
+    t.page.get_by_label("query", exact=True).fill("anything")
+    t.page.get_by_label("k", exact=True).fill("12")  # every row
+    t.page.get_by_role("button", name="Search").click()
+    t.page.locator("#native-hits li").nth(11).wait_for()
+    hits = t.page.locator("#native-hits").inner_text()
+    for s in (IMG, SCRIPT, SVG, JS_URL):
+        assert s in hits, s
+    _inert(t, "search")
+
+    t.goto("/ui/steer")
+    t.page.get_by_label("steer", exact=True).select_option("tone")
+    t.page.get_by_label("query", exact=True).fill("anything")
+    t.page.locator("#st-eps").fill("1")
+    t.page.get_by_role("button", name="Search").click()
+    t.page.locator("#steered-hits li").nth(9).wait_for()
+    assert IMG in t.page.locator("#steered-hits").inner_text()
+    _inert(t, "steer")
+
+    t.goto("/ui/migrations")
+    t.page.locator("#mig-indexes tbody tr").first.wait_for()
+    _inert(t, "migrations")
+    t.close()
