@@ -102,6 +102,7 @@ def test_a_report_opened_on_its_own_runs_no_script(hostile, browser):
     base, app = hostile
     reg = app.state.vb.registry
     path = reg.report_file(reg.get_version("a2b", 1))
+    fitted = path.read_bytes()
     path.write_text(f"<!doctype html><title>r</title><h1>hostile report</h1>{IMG}{SVG}"
                     "<script>window.__pwned=5</script>")
     try:
@@ -112,7 +113,7 @@ def test_a_report_opened_on_its_own_runs_no_script(hostile, browser):
         assert t.page.evaluate("window.__pwned") is None
         t.close(expect_errors=("sandbox", "Content Security Policy", "CSP violation", "/x"))
     finally:
-        path.unlink()
+        path.write_bytes(fitted)
 
 
 def _inert(t: Page, where: str) -> None:
@@ -161,3 +162,4 @@ def test_hostile_strings_are_text_on_every_page(hostile, browser):
     t.page.locator("#mig-indexes tbody tr").first.wait_for()
     _inert(t, "migrations")
     t.close()
+
