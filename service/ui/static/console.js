@@ -57,6 +57,15 @@ const VB = {
     return `${e.status || ""} ${e.type || "Error"}: ${e.message || ""}${hint ? " (" + hint + ")" : ""}`.trim();
   },
 
+  /* A search hit in words: its payload's text (or title) when a string, else the payload as JSON, else its id. */
+  label(h) {
+    const p = h.payload;
+    if (p === null || p === undefined) return "#" + h.id;
+    if (typeof p === "string") return p;
+    for (const f of ["text", "title"]) if (typeof p[f] === "string" && p[f]) return p[f];
+    return JSON.stringify(p);
+  },
+
   secs(s) {
     if (s === null || s === undefined || !isFinite(s)) return "–";
     if (s < 60) return s.toFixed(1) + " s";
@@ -283,7 +292,7 @@ function searchPage() {
       } finally { this.busy = false; }
     },
     hits(r) { return r ? r.results[0] : []; },
-    label(h) { const p = h.payload || {}; return p.text || p.title || JSON.stringify(p) || String(h.id); },
+    label(h) { return VB.label(h); },
     path(r) {
       if (!r) return "";
       if (!r.maps || !r.maps.length) return "none (same space)";
@@ -352,7 +361,7 @@ function steerPage() {
       return this.steered.results[0].filter(h => !A.has(h.id)).length;
     },
     hits(r) { return r ? r.results[0] : []; },
-    label(h) { const p = h.payload || {}; return p.text || JSON.stringify(p) || String(h.id); },
+    label(h) { return VB.label(h); },
     async generate() {
       this.lmMsg = ""; this.genText = ""; this.tokens = [];
       this.busy = true;

@@ -10,6 +10,7 @@ random vectors whose payloads are hostile, and a steer over it.
 from __future__ import annotations
 
 import base64
+import json
 import time
 
 import httpx
@@ -161,5 +162,22 @@ def test_hostile_strings_are_text_on_every_page(hostile, browser):
     t.goto("/ui/migrations")
     t.page.locator("#mig-indexes tbody tr").first.wait_for()
     _inert(t, "migrations")
+    t.close()
+
+
+def test_search_hits_say_what_their_payload_holds(hostile, browser):
+    """A payload whose `text` is not a string, a plain-string payload and no payload at all: the hit shows the
+    payload as JSON, the string, the id; before, "[object Object]", the string in quotes and "{}"."""
+    base, _ = hostile
+    t = Page.open(browser, base, "/ui/search", READ_KEY)
+    t.page.get_by_label("index", exact=True).select_option("hostile")
+    t.page.get_by_label("query", exact=True).fill("anything")
+    t.page.get_by_label("k", exact=True).fill("12")
+    t.page.get_by_role("button", name="Search").click()
+    t.page.locator("#native-hits li").nth(11).wait_for()
+    labels = t.page.locator("#native-hits li > span:first-child").all_inner_texts()
+    assert "[object Object]" not in labels and "{}" not in labels
+    assert SVG in labels and json.dumps({"text": {"html": IMG}, "label": 1}, separators=(",", ":")) in labels
+    assert {"#5", "#11"} <= set(labels)  # rows 5 and 11 have no payload
     t.close()
 
