@@ -119,12 +119,21 @@ const VB = {
 /* The key bar in the header (every page) and the 401 panel. */
 function keyBar() {
   return {
-    draft: "", has: !!VB.key(), unauth: null,
+    draft: "", has: !!VB.key(), unauth: null, keyError: "",
     init() {
       window.addEventListener("vb-key", () => { this.has = !!VB.key(); this.unauth = null; });
       window.addEventListener("vb-401", (e) => { this.unauth = e.detail; });
     },
-    use() { const k = this.draft.trim(); if (!k) return; this.draft = ""; VB.setKey(k); },
+    use() {
+      const k = this.draft.trim(); if (!k) return;
+      // A header cannot carry other characters (fetch throws before sending, which read as "the service did
+      // not answer"), and the service never issues such keys: a dash or space a word processor put in, say so.
+      const bad = /[^\x20-\x7e]/.exec(k);
+      this.keyError = bad ? `not an API key: keys are plain ASCII, this one has ${JSON.stringify(bad[0])} (U+${
+        bad[0].codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}) at character ${bad.index + 1}` : "";
+      if (bad) return;
+      this.draft = ""; VB.setKey(k);
+    },
     forget() { VB.forgetKey(); },
   };
 }

@@ -181,3 +181,29 @@ def test_search_hits_say_what_their_payload_holds(hostile, browser):
     assert {"#5", "#11"} <= set(labels)  # rows 5 and 11 have no payload
     t.close()
 
+
+@pytest.fixture(scope="module")
+def empty(tmp_path_factory):
+    """A service with nothing in it yet (a new user's first look)."""
+    from service.api import create_app
+
+    with serve_in_thread(create_app(settings_for(tmp_path_factory.mktemp("empty")))) as base:
+        yield base
+
+
+def test_a_key_with_a_typographic_dash_is_named_not_sent(empty, browser):
+    """A key pasted from a document where the word processor made '-' a '–': the browser cannot send it in a
+    header, which the console reported as "NetworkError: the service did not answer". Now it says why."""
+    t = Page(browser, empty)
+    t.goto("/ui/registry")
+    t.page.get_by_label("API key", exact=True).fill("rkey\u2013123")
+    t.page.get_by_role("button", name="Use key").click()
+    msg = t.page.locator("#key-error")
+    msg.wait_for(timeout=5_000)
+    assert "U+2013" in msg.inner_text() and "character 5" in msg.inner_text()
+    assert "NetworkError" not in t.page.locator("main").inner_text()
+    assert t.page.evaluate("sessionStorage.getItem('vecbridge.key')") is None
+    t.login(READ_KEY)  # the right key still works, and the message goes
+    assert not msg.is_visible()
+    t.close()
+
