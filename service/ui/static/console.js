@@ -281,6 +281,7 @@ function searchPage() {
     },
     async run() {
       this.searchMsg = ""; this.native = this.mapped = null; this.overlap = null;
+      if (!this.index) { this.searchMsg = "no index to search yet: create one (POST /v1/indexes, API docs)"; return; }
       if (!this.query.trim()) { this.searchMsg = "type a query first"; return; }
       const base = { texts: [this.query], k: Number(this.k), csls: this.csls, include_payloads: true };
       const url = `/v1/indexes/${encodeURIComponent(this.index)}/search`;

@@ -207,3 +207,13 @@ def test_a_key_with_a_typographic_dash_is_named_not_sent(empty, browser):
     assert not msg.is_visible()
     t.close()
 
+
+def test_search_with_no_index_yet_says_so(empty, browser):
+    """Before, the console posted to /v1/indexes//search and showed two "404 NotFound: no route" messages."""
+    t = Page.open(browser, empty, "/ui/search", READ_KEY)
+    t.page.get_by_label("query", exact=True).fill("a query")
+    t.page.get_by_role("button", name="Search").click()
+    msg = t.page.locator("#search-msg")
+    msg.wait_for()
+    assert "no index to search yet" in msg.inner_text() and "404" not in msg.inner_text()
+    t.close()
