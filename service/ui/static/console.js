@@ -134,7 +134,8 @@ function keyBar() {
       if (bad) return;
       this.draft = ""; VB.setKey(k);
     },
-    forget() { VB.forgetKey(); },
+    // Forgetting the key signs this tab out: reloaded, the page holds nothing the key let it read
+    forget() { VB.forgetKey(); location.reload(); },
   };
 }
 

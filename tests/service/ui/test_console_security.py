@@ -182,6 +182,20 @@ def test_search_hits_say_what_their_payload_holds(hostile, browser):
     t.close()
 
 
+def test_forget_key_leaves_nothing_on_screen(hostile, browser):
+    """"Forget key" on a shared screen: before, every map, tag and the fit report stayed on the page (only an
+    error line was added) until someone reloaded it."""
+    base, _ = hostile
+    t = Page.open(browser, base, "/ui/registry", READ_KEY)
+    t.page.locator("#versions tbody tr").first.wait_for()
+    t.page.get_by_role("button", name="Forget key").click()
+    t.page.locator("#unauthorized").wait_for()
+    assert t.page.locator("#maps tbody tr, #versions tbody tr").count() == 0
+    assert "a2b" not in t.page.locator("main").inner_text() and not t.page.locator("iframe.report").is_visible()
+    assert t.page.evaluate("sessionStorage.getItem('vecbridge.key')") is None
+    t.close()
+
+
 @pytest.fixture(scope="module")
 def empty(tmp_path_factory):
     """A service with nothing in it yet (a new user's first look)."""
