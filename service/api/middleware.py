@@ -1,6 +1,6 @@
 """Pure-ASGI middleware: key check, body limit and body timeout before and while the body is read, and
-request id + latency metrics + access log (every answer carries ``x-request-id``; a 5xx or a 408 also
-``Connection: close``).
+request id + latency metrics + access log (every answer carries ``x-request-id`` and the security headers of
+``SECURITY_HEADERS``; a 5xx or a 408 also ``Connection: close``).
 
 Pure ASGI (not ``BaseHTTPMiddleware``) keeps the per-request overhead to a few microseconds,
 which matters for the binary transform fast path.
@@ -17,12 +17,19 @@ from ..metrics import ServiceMetrics
 from ..errors import PayloadTooLargeError, RequestTimeoutError
 from .responses import dumps
 
-__all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit"]
+__all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS"]
 
 _access = get_logger("access")
 _errors = get_logger("errors")
 _QUIET = ("/healthz", "/readyz", "/metrics")
 _FIXED = ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
+# On every answer: no MIME sniffing, no framing by any site (clickjacking the console's buttons), no Referer
+# from a page of the service; and, where the route set none (the console pages, /docs and fit reports set
+# their own), a Content-Security-Policy under which nothing loads or runs: JSON opened in a tab stays inert.
+SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                    (b"referrer-policy", b"no-referrer"))
+_CSP = b"content-security-policy"
+_CSP_NONE = (_CSP, b"default-src 'none'; frame-ancestors 'none'")
 
 
 def _fixed_route(path: str) -> str:
@@ -212,7 +219,9 @@ class ObserveMiddleware:
             nonlocal status, started
             if msg["type"] == "http.response.start":
                 status, started = msg["status"], True
-                extra = [(b"x-request-id", rid.encode("latin-1"))]
+                extra = [(b"x-request-id", rid.encode("latin-1")), *SECURITY_HEADERS]
+                if not any(k == _CSP for k, _ in msg.get("headers", ())):
+                    extra.append(_CSP_NONE)
                 close = status >= 500 or status == 408  # after a server error or a stalled body the connection's
                 if close:  # state is unknown (the rest of a body may still come): do not reuse it
                     extra.append((b"connection", b"close"))
@@ -237,7 +246,7 @@ class ObserveMiddleware:
             _errors.error("request failed", exc_info=exc, extra={"fields": {"request_id": rid}})
             if not started:
                 await _send_error(send, 500, type(exc).__name__, f"internal error (request id {rid})",
-                                  [(b"x-request-id", rid.encode("latin-1"))])
+                                  [(b"x-request-id", rid.encode("latin-1")), *SECURITY_HEADERS, _CSP_NONE])
         finally:
             dt = time.perf_counter() - t0
             route = getattr(scope.get("route"), "path", None) or _fixed_route(scope.get("path", ""))

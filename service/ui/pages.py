@@ -1,8 +1,14 @@
 """Console routes: one Jinja2 shell per page under ``/ui``, the vendored assets under ``/ui/static``,
-and Swagger UI at ``/docs`` from those assets (FastAPI's default page loads it from a CDN)."""
+and Swagger UI at ``/docs`` from those assets (FastAPI's default page loads it from a CDN).
+
+Both send a Content-Security-Policy (the other security headers come with every answer, see
+:data:`service.api.middleware.SECURITY_HEADERS`)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from pathlib import Path
 
 import align
@@ -14,7 +20,7 @@ from fastapi.templating import Jinja2Templates
 
 from ..config import Settings, app_settings
 
-__all__ = ["mount_console", "STATIC_DIR", "PAGES"]
+__all__ = ["mount_console", "STATIC_DIR", "PAGES", "CONSOLE_CSP", "DOCS_CSP"]
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
@@ -28,6 +34,16 @@ PAGES = (
     ("/steer", "steer.html", "Steer"),
     ("/migrations", "migrations.html", "Migrations"),
 )
+
+# Scripts only from /ui/static, never inline: markup that ever slipped into a page could not run. 'unsafe-eval'
+# because Alpine's standard build compiles the x- expressions with Function(). Inline styles for Alpine's
+# :style and the fit report's <style>, data: images for its charts (the report's srcdoc frame inherits this
+# policy); requests to this origin only; no site may frame the console.
+_POLICY = ("default-src 'self'; script-src 'self'{}; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+           "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+CONSOLE_CSP = _POLICY.format(" 'unsafe-eval'")
+# /docs: Swagger UI starts from one inline <script>, allowed by its hash (filled in per page)
+DOCS_CSP = _POLICY.format(" {}")
 
 router = APIRouter(include_in_schema=False)
 
@@ -43,7 +59,7 @@ def _page(template: str, title: str):
     async def page(request: Request) -> HTMLResponse:
         return templates.TemplateResponse(request, template, {
             "title": title, "pages": PAGES, "version": align.__version__, "current": title,
-            "auth_required": not _settings(request).auth_disabled})
+            "auth_required": not _settings(request).auth_disabled}, headers={"Content-Security-Policy": CONSOLE_CSP})
 
     page.__name__ = f"ui_{template.split('.')[0]}"
     return page
@@ -61,10 +77,14 @@ async def ui_home() -> RedirectResponse:
 
 @router.get("/docs")
 async def swagger_ui() -> HTMLResponse:
-    return get_swagger_ui_html(openapi_url="/openapi.json", title="vecbridge - Swagger UI",
+    page = get_swagger_ui_html(openapi_url="/openapi.json", title="vecbridge - Swagger UI",
                                swagger_js_url="/ui/static/swagger/swagger-ui-bundle.js",
                                swagger_css_url="/ui/static/swagger/swagger-ui.css",
                                swagger_favicon_url="/ui/static/swagger/favicon-32x32.png")
+    inline = re.findall(r"<script>(.*?)</script>", page.body.decode(), re.DOTALL)
+    hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in inline)
+    page.headers["Content-Security-Policy"] = DOCS_CSP.format(hashes)
+    return page
 
 
 def mount_console(app: FastAPI) -> None:

@@ -126,13 +126,19 @@ async def delete_alias(name: str, alias: str, state: StateDep):
     return Response(status_code=204)
 
 
+# A report opened on its own (the console shows it in a script-less sandboxed frame) is inert too: inline styles
+# and data: images only, in a sandbox (no script, opaque origin), whoever wrote the file in the data dir.
+REPORT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; frame-ancestors 'none'; sandbox"
+
+
 @router.get("/maps/{name}/versions/{version}/report", dependencies=[ReadScope], summary="The version's HTML fit report",
             response_class=Response,
             responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}, "description": "The report."}})
 async def get_report(name: str, version: Version, state: StateDep):
     """The self-contained HTML report written by the fit (charts inline), read from the data dir; 404 when the
     version has none (registered without a report, or the file is gone)."""
-    return HTMLResponse(await run_in_threadpool(map_ops.report_html, state.registry, name, version))
+    return HTMLResponse(await run_in_threadpool(map_ops.report_html, state.registry, name, version),
+                        headers={"Content-Security-Policy": REPORT_CSP})
 
 
 @router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],

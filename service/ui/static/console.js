@@ -57,6 +57,15 @@ const VB = {
     return `${e.status || ""} ${e.type || "Error"}: ${e.message || ""}${hint ? " (" + hint + ")" : ""}`.trim();
   },
 
+  /* A search hit in words: its payload's text (or title) when a string, else the payload as JSON, else its id. */
+  label(h) {
+    const p = h.payload;
+    if (p === null || p === undefined) return "#" + h.id;
+    if (typeof p === "string") return p;
+    for (const f of ["text", "title"]) if (typeof p[f] === "string" && p[f]) return p[f];
+    return JSON.stringify(p);
+  },
+
   secs(s) {
     if (s === null || s === undefined || !isFinite(s)) return "–";
     if (s < 60) return s.toFixed(1) + " s";
@@ -110,13 +119,23 @@ const VB = {
 /* The key bar in the header (every page) and the 401 panel. */
 function keyBar() {
   return {
-    draft: "", has: !!VB.key(), unauth: null,
+    draft: "", has: !!VB.key(), unauth: null, keyError: "",
     init() {
       window.addEventListener("vb-key", () => { this.has = !!VB.key(); this.unauth = null; });
       window.addEventListener("vb-401", (e) => { this.unauth = e.detail; });
     },
-    use() { const k = this.draft.trim(); if (!k) return; this.draft = ""; VB.setKey(k); },
-    forget() { VB.forgetKey(); },
+    use() {
+      const k = this.draft.trim(); if (!k) return;
+      // A header cannot carry other characters (fetch throws before sending, which read as "the service did
+      // not answer"), and the service never issues such keys: a dash or space a word processor put in, say so.
+      const bad = /[^\x20-\x7e]/.exec(k);
+      this.keyError = bad ? `not an API key: keys are plain ASCII, this one has ${JSON.stringify(bad[0])} (U+${
+        bad[0].codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}) at character ${bad.index + 1}` : "";
+      if (bad) return;
+      this.draft = ""; VB.setKey(k);
+    },
+    // Forgetting the key signs this tab out: reloaded, the page holds nothing the key let it read
+    forget() { VB.forgetKey(); location.reload(); },
   };
 }
 
@@ -263,6 +282,7 @@ function searchPage() {
     },
     async run() {
       this.searchMsg = ""; this.native = this.mapped = null; this.overlap = null;
+      if (!this.index) { this.searchMsg = "no index to search yet: create one (POST /v1/indexes, API docs)"; return; }
       if (!this.query.trim()) { this.searchMsg = "type a query first"; return; }
       const base = { texts: [this.query], k: Number(this.k), csls: this.csls, include_payloads: true };
       const url = `/v1/indexes/${encodeURIComponent(this.index)}/search`;
@@ -283,7 +303,7 @@ function searchPage() {
       } finally { this.busy = false; }
     },
     hits(r) { return r ? r.results[0] : []; },
-    label(h) { const p = h.payload || {}; return p.text || p.title || JSON.stringify(p) || String(h.id); },
+    label(h) { return VB.label(h); },
     path(r) {
       if (!r) return "";
       if (!r.maps || !r.maps.length) return "none (same space)";
@@ -352,7 +372,7 @@ function steerPage() {
       return this.steered.results[0].filter(h => !A.has(h.id)).length;
     },
     hits(r) { return r ? r.results[0] : []; },
-    label(h) { const p = h.payload || {}; return p.text || JSON.stringify(p) || String(h.id); },
+    label(h) { return VB.label(h); },
     async generate() {
       this.lmMsg = ""; this.genText = ""; this.tokens = [];
       this.busy = true;

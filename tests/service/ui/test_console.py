@@ -25,10 +25,8 @@ from conftest import WORDNET, wordnet_available
 from _api_support import KEYS, W
 from _servers import free_port, serve_in_thread, stop, tiny_lm_app
 from _servers import env_for, start
+from _browser import ARGS, CHROMIUM, Page
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 READ_KEY, WRITE_KEY = "rkey-123", "wkey-456"
 N_FIT, N_INDEX, HELD_OUT = 2000, 2000, 32768
 
@@ -115,55 +113,6 @@ def browser():
         b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
         yield b
         b.close()
-
-
-class Page:
-    """One browser tab with its console errors and off-loopback requests collected."""
-
-    def __init__(self, browser, base: str, width: int = 1280, height: int = 800):
-        self.ctx = browser.new_context(viewport={"width": width, "height": height})
-        self.page = self.ctx.new_page()
-        self.page.set_default_timeout(60_000)
-        self.base = base
-        self.errors: list[str] = []
-        self.offsite: list[str] = []
-        self.urls: list[str] = []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("request", self._request)
-
-    def _request(self, req) -> None:
-        self.urls.append(req.url)
-        if not (req.url.startswith(self.base) or req.url.startswith("data:") or req.url.startswith("about:")):
-            self.offsite.append(req.url)
-
-    @classmethod
-    def open(cls, browser, base: str, path: str, key: str) -> "Page":
-        """A new tab on ``base + path``, logged in with ``key``."""
-        t = cls(browser, base)
-        t.goto(path)
-        t.login(key)
-        return t
-
-    def goto(self, path: str) -> None:
-        self.page.goto(self.base + path)
-
-    def login(self, key: str) -> None:
-        self.page.get_by_label("API key", exact=True).fill(key)
-        self.page.get_by_role("button", name="Use key").click()
-        self.page.locator("#key-state").wait_for(state="visible")
-
-    def shot(self, name: str) -> None:
-        out = os.environ.get("VECBRIDGE_CONSOLE_SHOTS")
-        if out:
-            Path(out).mkdir(parents=True, exist_ok=True)
-            self.page.screenshot(path=str(Path(out) / f"console-{name}.png"))
-
-    def close(self, expect_errors: tuple[str, ...] = ()) -> None:
-        errs = [e for e in self.errors if not any(x in e for x in expect_errors)]
-        self.ctx.close()
-        assert self.offsite == [], f"requests left the service: {self.offsite}"
-        assert errs == [], f"browser console errors: {errs}"
 
 
 def test_401_without_a_key_then_login(server, browser):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 import tomllib
 from fnmatch import fnmatch
@@ -109,3 +111,32 @@ def test_console_files_are_package_data():
     assert files and all(any(fnmatch(f, g) and f.count("/") == g.count("/") for g in globs) for f in files), files
     for lic in ("vendor/LICENSE.alpinejs.txt", "vendor/LICENSE.uPlot.txt", "swagger/LICENSE"):
         assert (STATIC_DIR / lic).is_file()
+
+
+def _csp(r) -> dict[str, str]:
+    return {d.split()[0]: d.partition(" ")[2] for d in r.headers["content-security-policy"].split("; ")}
+
+
+def test_security_headers(world):
+    """No sniffing, framing or Referer anywhere; the console and /docs run only their own scripts (no inline
+    script but Swagger UI's own, by hash); a fit report opened on its own runs nothing; JSON loads nothing."""
+    c, _, _ = world
+    pages = {"/ui" + path: c.get("/ui" + path) for path, _, _ in PAGES}
+    docs = c.get("/docs")
+    report = c.get("/v1/maps/a2b/versions/1/report", headers=R)
+    rest = [c.get("/v1/maps", headers=R), c.get("/v1/maps"), c.get("/ui/static/console.js"), c.get("/openapi.json"),
+            c.get("/v1/nope", headers=R)]
+    for r in [*pages.values(), docs, report, *rest]:
+        assert r.headers["x-content-type-options"] == "nosniff", r.url
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["referrer-policy"] == "no-referrer", r.url
+        assert _csp(r)["frame-ancestors"] == "'none'", r.url
+    for r in pages.values():
+        assert _csp(r)["script-src"] == "'self' 'unsafe-eval'" and "<script>" not in r.text
+        assert _csp(r)["default-src"] == "'self'" and _csp(r)["object-src"] == "'none'"
+    inline = re.findall(r"<script>(.*?)</script>", docs.text, re.DOTALL)
+    assert len(inline) == 1
+    digest = base64.b64encode(hashlib.sha256(inline[0].encode()).digest()).decode()
+    assert _csp(docs)["script-src"] == f"'self' 'sha256-{digest}'"
+    assert "sandbox" in _csp(report) and "script-src" not in _csp(report) and _csp(report)["default-src"] == "'none'"
+    for r in rest:
+        assert _csp(r)["default-src"] == "'none'", r.url

@@ -1,0 +1,233 @@
+"""The console against a hostile registry, in Debian's headless Chromium: strings anyone with a write key
+can store (tag keys and values, job error messages, search payloads, a fit report file) are shown as text on
+every page and never run; no other site can frame the console; a fit report opened on its own runs nothing.
+
+A small in-process world (uvicorn on loopback, keys on): spaces a, b (16-d) with map a2b fitted over the API
+(its report), space e5 (the e5 encoder, so the search and steer pages can embed a query) with an index of
+random vectors whose payloads are hostile, and a steer over it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+from _api_support import W, planted, settings_for
+from _browser import ARGS, CHROMIUM, Page
+from _servers import serve_in_thread
+
+READ_KEY = "rkey-123"
+# each sets window.__pwned if it ever runs as script, in the page or in a frame of it
+IMG = '<img src=x onerror="window.__pwned=1;parent.__pwned=1">'
+SCRIPT = '"><script>window.__pwned=2;parent.__pwned=2</script>'
+JS_URL = "javascript:window.__pwned=3"
+SVG = "<svg onload=window.__pwned=4>"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium not installed")
+
+
+def _b64(X: np.ndarray) -> dict:
+    X = np.ascontiguousarray(X, dtype="<f4")
+    return {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": int(X.shape[1])}
+
+
+def _done(c: httpx.Client, job: str) -> dict:
+    for _ in range(600):
+        j = c.get(f"/v1/jobs/{job}", headers=W).json()
+        if j["state"] not in ("queued", "running"):
+            return j
+        time.sleep(0.1)
+    raise AssertionError(f"job {job} did not finish: {j}")
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    from service.api import create_app
+
+    app = create_app(settings_for(tmp_path_factory.mktemp("hostile")))
+    X, Y, _ = planted(300)
+    E = np.random.default_rng(0).standard_normal((12, 384)).astype(np.float32)
+    payloads = [{"text": IMG, "label": 1}, {"title": SCRIPT, "url": JS_URL, "label": -1}, SVG,
+                {"text": {"html": IMG}, "label": 1}, {"url": JS_URL}, None] * 2
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60.0) as c:
+        for space in ({"name": "a", "dim": 16, "description": IMG}, {"name": "b", "dim": 16, "description": SCRIPT},
+                      {"name": "e5", "encoder": "multilingual-e5-small"}):
+            assert c.post("/v1/spaces", headers=W, json=space).status_code == 201
+        fit = {"name": "a2b", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
+               "source": _b64(X), "target": _b64(Y), "description": SCRIPT}
+        assert _done(c, c.post("/v1/fits", headers=W, json=fit).json()["id"])["state"] == "succeeded"
+        r = c.put(f"/v1/maps/a2b/versions/1/tags/{IMG}", headers=W, json={"value": {"s": SCRIPT, "u": JS_URL}})
+        assert r.status_code == 200, r.text
+        # a fit that fails in its job, its error message quoting the hostile parameter
+        bad = c.post("/v1/fits", headers=W, json={**fit, "params": {"center": IMG}}).json()["id"]
+        assert IMG in _done(c, bad)["error"]["message"]
+        r = c.post("/v1/indexes", headers=W, json={"name": "hostile", "space": "e5", "kind": "flat", **_b64(E),
+                                                   "payloads": payloads})
+        assert r.status_code == 201, r.text
+        r = c.post("/v1/steers", headers=W, json={"name": "tone", "space": "e5", "labels": [1, -1] * 6,
+                                                  "params": {"method": "mean-shift"}, **_b64(E)})
+        assert _done(c, r.json()["id"])["state"] == "succeeded"
+        yield base, app
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def test_no_site_can_frame_the_console(hostile, browser):
+    """Clickjacking: a page of another site puts the console (e.g. its Cancel and Move alias buttons) in an
+    invisible frame. The browser refuses to render it there."""
+    base, _ = hostile
+    t = Page(browser, base)
+    t.page.set_content(f"<iframe id=f src='{base}/ui/jobs'></iframe><iframe src='{base}/docs'></iframe>")
+    t.page.wait_for_timeout(1500)
+    framed = [f for f in t.page.frames if f != t.page.main_frame]
+    assert len(framed) == 2
+    for f in framed:  # Chromium's error page instead of the console or Swagger UI
+        assert not f.url.startswith(base) and f.evaluate("document.querySelectorAll('#main, #swagger-ui').length") == 0
+    t.close(expect_errors=("frame-ancestors",))
+
+
+def test_a_report_opened_on_its_own_runs_no_script(hostile, browser):
+    """A fit report is a file in the data dir (a fit writes it escaped; `registry import` copies other
+    registries' files). Opened at its URL, a script in it must not run on the service's origin."""
+    base, app = hostile
+    reg = app.state.vb.registry
+    path = reg.report_file(reg.get_version("a2b", 1))
+    fitted = path.read_bytes()
+    path.write_text(f"<!doctype html><title>r</title><h1>hostile report</h1>{IMG}{SVG}"
+                    "<script>window.__pwned=5</script>")
+    try:
+        t = Page(browser, base, extra_http_headers={"Authorization": f"Bearer {READ_KEY}"})
+        t.goto("/v1/maps/a2b/versions/1/report")
+        t.page.locator("h1", has_text="hostile report").wait_for()
+        t.page.wait_for_timeout(500)
+        assert t.page.evaluate("window.__pwned") is None
+        t.close(expect_errors=("sandbox", "Content Security Policy", "CSP violation", "/x"))
+    finally:
+        path.write_bytes(fitted)
+
+
+def _inert(t: Page, where: str) -> None:
+    """Nothing hostile ran or became an element in the page (or the report's frame)."""
+    assert t.page.evaluate("window.__pwned") is None, where
+    assert t.page.locator("main img, main svg, main script, main a[href^='javascript']").count() == 0, where
+
+
+def test_hostile_strings_are_text_on_every_page(hostile, browser):
+    base, _ = hostile
+    t = Page.open(browser, base, "/ui/registry", READ_KEY)
+    row = t.page.locator("#versions tbody tr").first
+    row.wait_for()
+    assert IMG in row.inner_text() and "<script>window.__pwned=2" in row.inner_text()  # tag key and value
+    t.page.frame_locator("iframe.report").locator("h1").first.wait_for()
+    _inert(t, "registry")
+
+    t.goto("/ui/jobs")
+    failed = t.page.locator("#jobs tbody tr", has_text="failed")
+    failed.wait_for()
+    assert IMG in failed.inner_text()  # the job's error message, as text
+    _inert(t, "jobs")
+
+    t.goto("/ui/search")
+    t.page.get_by_label("index", exact=True).select_option("hostile")
+    t.page.get_by_label("query's model (space)", exact=True).select_option("e5")
+    t.page.get_by_label("query", exact=True).fill("anything")
+    t.page.get_by_label("k", exact=True).fill("12")  # every row
+    t.page.get_by_role("button", name="Search").click()
+    t.page.locator("#native-hits li").nth(11).wait_for()
+    hits = t.page.locator("#native-hits").inner_text()
+    for s in (IMG, SCRIPT, SVG, JS_URL):
+        assert s in hits, s
+    _inert(t, "search")
+
+    t.goto("/ui/steer")
+    t.page.get_by_label("steer", exact=True).select_option("tone")
+    t.page.get_by_label("query", exact=True).fill("anything")
+    t.page.locator("#st-eps").fill("1")
+    t.page.get_by_role("button", name="Search").click()
+    t.page.locator("#steered-hits li").nth(9).wait_for()
+    assert IMG in t.page.locator("#steered-hits").inner_text()
+    _inert(t, "steer")
+
+    t.goto("/ui/migrations")
+    t.page.locator("#mig-indexes tbody tr").first.wait_for()
+    _inert(t, "migrations")
+    t.close()
+
+
+def test_search_hits_say_what_their_payload_holds(hostile, browser):
+    """A payload whose `text` is not a string, a plain-string payload and no payload at all: the hit shows the
+    payload as JSON, the string, the id; before, "[object Object]", the string in quotes and "{}"."""
+    base, _ = hostile
+    t = Page.open(browser, base, "/ui/search", READ_KEY)
+    t.page.get_by_label("index", exact=True).select_option("hostile")
+    t.page.get_by_label("query", exact=True).fill("anything")
+    t.page.get_by_label("k", exact=True).fill("12")
+    t.page.get_by_role("button", name="Search").click()
+    t.page.locator("#native-hits li").nth(11).wait_for()
+    labels = t.page.locator("#native-hits li > span:first-child").all_inner_texts()
+    assert "[object Object]" not in labels and "{}" not in labels
+    assert SVG in labels and json.dumps({"text": {"html": IMG}, "label": 1}, separators=(",", ":")) in labels
+    assert {"#5", "#11"} <= set(labels)  # rows 5 and 11 have no payload
+    t.close()
+
+
+def test_forget_key_leaves_nothing_on_screen(hostile, browser):
+    """"Forget key" on a shared screen: before, every map, tag and the fit report stayed on the page (only an
+    error line was added) until someone reloaded it."""
+    base, _ = hostile
+    t = Page.open(browser, base, "/ui/registry", READ_KEY)
+    t.page.locator("#versions tbody tr").first.wait_for()
+    t.page.get_by_role("button", name="Forget key").click()
+    t.page.locator("#unauthorized").wait_for()
+    assert t.page.locator("#maps tbody tr, #versions tbody tr").count() == 0
+    assert "a2b" not in t.page.locator("main").inner_text() and not t.page.locator("iframe.report").is_visible()
+    assert t.page.evaluate("sessionStorage.getItem('vecbridge.key')") is None
+    t.close()
+
+
+@pytest.fixture(scope="module")
+def empty(tmp_path_factory):
+    """A service with nothing in it yet (a new user's first look)."""
+    from service.api import create_app
+
+    with serve_in_thread(create_app(settings_for(tmp_path_factory.mktemp("empty")))) as base:
+        yield base
+
+
+def test_a_key_with_a_typographic_dash_is_named_not_sent(empty, browser):
+    """A key pasted from a document where the word processor made '-' a '–': the browser cannot send it in a
+    header, which the console reported as "NetworkError: the service did not answer". Now it says why."""
+    t = Page(browser, empty)
+    t.goto("/ui/registry")
+    t.page.get_by_label("API key", exact=True).fill("rkey\u2013123")
+    t.page.get_by_role("button", name="Use key").click()
+    msg = t.page.locator("#key-error")
+    msg.wait_for(timeout=5_000)
+    assert "U+2013" in msg.inner_text() and "character 5" in msg.inner_text()
+    assert "NetworkError" not in t.page.locator("main").inner_text()
+    assert t.page.evaluate("sessionStorage.getItem('vecbridge.key')") is None
+    t.login(READ_KEY)  # the right key still works, and the message goes
+    assert not msg.is_visible()
+    t.close()
+
+
+def test_search_with_no_index_yet_says_so(empty, browser):
+    """Before, the console posted to /v1/indexes//search and showed two "404 NotFound: no route" messages."""
+    t = Page.open(browser, empty, "/ui/search", READ_KEY)
+    t.page.get_by_label("query", exact=True).fill("a query")
+    t.page.get_by_role("button", name="Search").click()
+    msg = t.page.locator("#search-msg")
+    msg.wait_for()
+    assert "no index to search yet" in msg.inner_text() and "404" not in msg.inner_text()
+    t.close()
