@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list)
     max_body_bytes: int = 64 * 1024 * 1024
     max_batch: int = 65536
+    header_timeout_s: float = Field(30.0, gt=0, le=3600, description=(
+        "Longest wait for a request's line and headers, from the connection's opening (or the first byte of the "
+        "next request on a kept-alive one): a connection that sends nothing, or its headers a byte at a time, "
+        "is closed (without it, such connections were held for ever, before any key check)."))
     body_timeout_s: float = Field(60.0, gt=0, le=3600, description=(
         "Longest wait for the next bytes of a request body that has begun (as nginx's client_body_timeout): "
         "a client that stalls mid-upload gets a 408 and its connection and buffered bytes are released."))

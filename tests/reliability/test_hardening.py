@@ -15,7 +15,8 @@ One test per finding:
 8. Ids: ids past 2**62 are refused, automatic ids never overflow.
 9. No lock per unknown index name; names with a trailing newline refused; ``/metrics`` open/key/off;
    tag and description sizes.
-10. A body that stalls mid-way is a 408 after ``body_timeout_s`` and its connection is closed.
+10. A body that stalls mid-way is a 408 after ``body_timeout_s`` and its connection is closed; a request head
+    not complete within ``header_timeout_s`` closes the connection.
 11. Heavy synchronous requests (plans, evaluations) beyond ``max_heavy_requests`` at once are a 429.
 
 ``BAD_INPUT_COUNTS`` collects every status seen; the last test prints the matrix figures.
@@ -412,7 +413,7 @@ def _answer(s) -> bytes:
     return out
 
 
-def test_a_stalled_body_is_a_408_and_frees_the_connection(tmp_path):
+def test_a_stalled_request_is_refused_and_frees_the_connection(tmp_path):
     """A client that stops sending its body mid-way gets a 408 after ``body_timeout_s`` of silence and the server
     closes the connection (before: it was held, with the bytes buffered so far, until the client went away): the
     fast path's own body read, a route's, and a chunked body. A slow but steady body (a message every 0.4 s
@@ -420,7 +421,8 @@ def test_a_stalled_body_is_a_408_and_frees_the_connection(tmp_path):
     import socket
 
     data = populate_data_dir(tmp_path / "data")
-    srv = Server(tmp_path / "data", env={"VECBRIDGE_BODY_TIMEOUT_S": "1.5"}).start()
+    srv = Server(tmp_path / "data", env={"VECBRIDGE_BODY_TIMEOUT_S": "1.5",
+                                         "VECBRIDGE_HEADER_TIMEOUT_S": "1.5"}).start()
     port = int(srv.url.rsplit(":", 1)[1])
     auth = f"Authorization: {W['Authorization']}\r\n"
     stalls = [("POST /v1/maps/a2b/transform", "application/octet-stream", "Content-Length: 1536\r\n", b"\0" * 64),
@@ -456,6 +458,25 @@ def test_a_stalled_body_is_a_408_and_frees_the_connection(tmp_path):
         assert [m for m in metrics.splitlines() if m.startswith("vecbridge_request_duration_seconds_count")
                 and 'status="408"' in m], metrics[-2000:]
         assert "request failed" not in srv.log()
+        # the request head has its own deadline (header_timeout_s, HeadTimeoutProtocol): a connection that sends
+        # nothing, a head sent a byte at a time, and the next head on a kept-alive connection; these were held
+        # for ever, before any key check
+        get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        for first, then in ((b"", b""), (b"G", b"ET /healthz HTTP/1.1\r\nHo"), (get, b"GET /hea")):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                t0 = time.monotonic()
+                s.sendall(first)
+                time.sleep(0.5)
+                s.sendall(then)
+                answer = _answer(s)
+                waited = time.monotonic() - t0
+            assert answer.count(b"HTTP/1.1 200") == (1 if first == get else 0), answer[:300]
+            assert 1.4 < waited < 8, (first, then, waited)
+        with socket.create_connection(("127.0.0.1", port)) as s:  # a head that takes a while but comes whole
+            for part in (b"GET /healthz HTTP/1.1\r\n", b"Host: x\r\n", b"Connection: close\r\n\r\n"):
+                s.sendall(part)
+                time.sleep(0.3)
+            assert _answer(s).startswith(b"HTTP/1.1 200")
         _alive(srv)
     finally:
         srv.stop()
