@@ -48,6 +48,9 @@ class Settings(BaseSettings):
         "Longest wait for a request's line and headers, from the connection's opening (or the first byte of the "
         "next request on a kept-alive one): a connection that sends nothing, or its headers a byte at a time, "
         "is closed (without it, such connections were held for ever, before any key check)."))
+    send_timeout_s: float = Field(60.0, gt=0, le=3600, description=(
+        "Longest wait for a client to read more of an answer that fills the connection's buffers (as nginx's "
+        "send_timeout): a client that stops reading has its connection dropped and the buffered answer freed."))
     body_timeout_s: float = Field(60.0, gt=0, le=3600, description=(
         "Longest wait for the next bytes of a request body that has begun (as nginx's client_body_timeout): "
         "a client that stalls mid-upload gets a 408 and its connection and buffered bytes are released."))

@@ -195,16 +195,16 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     uv.handlers = list(logging.getLogger("vecbridge").handlers)
     uv.setLevel(s.log_level.upper())
     uv.propagate = False
-    from .protocol import HeadTimeoutProtocol, set_header_timeout
+    from .protocol import SlowClientProtocol, set_timeouts
 
-    set_header_timeout(s.header_timeout_s)
+    set_timeouts(s.header_timeout_s, s.send_timeout_s)
     if workers > 1:
         import os
 
         os.environ.update(s.to_env())
         get_settings.cache_clear()
         uvicorn.run("service.api.app:create_app", factory=True, workers=workers, host=s.host, port=s.port,
-                    log_level=s.log_level.lower(), access_log=False, log_config=None, http=HeadTimeoutProtocol)
+                    log_level=s.log_level.lower(), access_log=False, log_config=None, http=SlowClientProtocol)
         return
     uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=s.log_level.lower(), access_log=False,
-                log_config=None, http=HeadTimeoutProtocol)
+                log_config=None, http=SlowClientProtocol)

@@ -1,41 +1,48 @@
-"""The HTTP protocol ``vecbridge serve`` runs: uvicorn's httptools protocol with a deadline for request heads.
+"""The HTTP protocol ``vecbridge serve`` runs: uvicorn's httptools protocol with deadlines for slow clients.
 
 uvicorn bounds the silence between a response and the next request (``timeout_keep_alive``) but not the wait for
 a request's line and headers: a connection that sends nothing, or its headers a byte at a time, was held for
 ever — before any key check, so anyone who can reach the port could hold connections (and descriptors) until
-the process runs out. :class:`HeadTimeoutProtocol` closes a connection whose request head is not complete
+the process runs out. :class:`SlowClientProtocol` closes a connection whose request head is not complete
 ``Settings.header_timeout_s`` after the connection opened, or after the first byte of the next request on a
 kept-alive one. The body has its own bound (``body_timeout_s``, :class:`~service.api.middleware.GuardMiddleware`).
+
+The other way round, a client that stops reading an answer larger than the connection's buffers held the
+request (and the unsent part of the answer, up to the largest answer the limits allow) for ever: uvicorn waits
+for the transport to drain. Once the transport says its buffer is full (``pause_writing``), the client has
+``Settings.send_timeout_s`` to read some of it (``resume_writing``), else the connection is dropped (``abort``:
+the buffered bytes are freed at once; the request sees a disconnected client).
 """
 
 from __future__ import annotations
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["HeadTimeoutProtocol", "set_header_timeout"]
+__all__ = ["SlowClientProtocol", "set_timeouts"]
 
-_timeout: float | None = None  # set by serve(); worker processes read their settings (VECBRIDGE_* variables)
-
-
-def set_header_timeout(seconds: float) -> None:
-    """The deadline of every connection's request head in this process (``serve`` calls it)."""
-    global _timeout
-    _timeout = float(seconds)
+_timeouts: dict[str, float] = {}  # set by serve(); worker processes read their settings (VECBRIDGE_* variables)
 
 
-def _header_timeout() -> float:
-    global _timeout
-    if _timeout is None:
+def set_timeouts(header_s: float, send_s: float) -> None:
+    """The deadlines of every connection in this process (``serve`` calls it)."""
+    _timeouts.update(header=float(header_s), send=float(send_s))
+
+
+def _timeout(which: str) -> float:
+    if which not in _timeouts:
         from ..config import get_settings
 
-        _timeout = float(get_settings().header_timeout_s)
-    return _timeout
+        s = get_settings()
+        set_timeouts(s.header_timeout_s, s.send_timeout_s)
+    return _timeouts[which]
 
 
-class HeadTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol; a request head must be complete within :func:`_header_timeout` seconds."""
+class SlowClientProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol; a request head must be complete within ``header_timeout_s``, and a client
+    whose reading stalls an answer for ``send_timeout_s`` is dropped."""
 
     _head_timer = None
+    _send_timer = None
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -51,11 +58,31 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm_head()
+        self._disarm_send()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(_timeout("send"), self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        self._disarm_send()
+        super().resume_writing()
+
+    def _disarm_send(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        if not self.transport.is_closing():
+            self.transport.abort()
 
     def _arm_head(self) -> None:
         if self._head_timer is None:
-            self._head_timer = self.loop.call_later(_header_timeout(), self._head_timed_out)
+            self._head_timer = self.loop.call_later(_timeout("header"), self._head_timed_out)
 
     def _disarm_head(self) -> None:
         if self._head_timer is not None:

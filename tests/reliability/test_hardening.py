@@ -16,7 +16,8 @@ One test per finding:
 9. No lock per unknown index name; names with a trailing newline refused; ``/metrics`` open/key/off;
    tag and description sizes.
 10. A body that stalls mid-way is a 408 after ``body_timeout_s`` and its connection is closed; a request head
-    not complete within ``header_timeout_s`` closes the connection.
+    not complete within ``header_timeout_s`` closes the connection, and so does a client that stops reading an
+    answer for ``send_timeout_s``.
 11. Heavy synchronous requests (plans, evaluations) beyond ``max_heavy_requests`` at once are a 429.
 
 ``BAD_INPUT_COUNTS`` collects every status seen; the last test prints the matrix figures.
@@ -421,8 +422,8 @@ def test_a_stalled_request_is_refused_and_frees_the_connection(tmp_path):
     import socket
 
     data = populate_data_dir(tmp_path / "data")
-    srv = Server(tmp_path / "data", env={"VECBRIDGE_BODY_TIMEOUT_S": "1.5",
-                                         "VECBRIDGE_HEADER_TIMEOUT_S": "1.5"}).start()
+    srv = Server(tmp_path / "data", env={"VECBRIDGE_BODY_TIMEOUT_S": "1.5", "VECBRIDGE_HEADER_TIMEOUT_S": "1.5",
+                                         "VECBRIDGE_SEND_TIMEOUT_S": "1.5"}).start()
     port = int(srv.url.rsplit(":", 1)[1])
     auth = f"Authorization: {W['Authorization']}\r\n"
     stalls = [("POST /v1/maps/a2b/transform", "application/octet-stream", "Content-Length: 1536\r\n", b"\0" * 64),
@@ -458,7 +459,7 @@ def test_a_stalled_request_is_refused_and_frees_the_connection(tmp_path):
         assert [m for m in metrics.splitlines() if m.startswith("vecbridge_request_duration_seconds_count")
                 and 'status="408"' in m], metrics[-2000:]
         assert "request failed" not in srv.log()
-        # the request head has its own deadline (header_timeout_s, HeadTimeoutProtocol): a connection that sends
+        # the request head has its own deadline (header_timeout_s, SlowClientProtocol): a connection that sends
         # nothing, a head sent a byte at a time, and the next head on a kept-alive connection; these were held
         # for ever, before any key check
         get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -477,6 +478,25 @@ def test_a_stalled_request_is_refused_and_frees_the_connection(tmp_path):
                 s.sendall(part)
                 time.sleep(0.3)
             assert _answer(s).startswith(b"HTTP/1.1 200")
+        # a client that stops reading an answer larger than the connection's buffers (12 MB of JSON) is dropped
+        # after send_timeout_s and the unsent part freed; it was waited for, for ever, the answer held in memory
+        rows = np.random.default_rng(0).standard_normal((65536, DIM)).astype("<f4").tobytes()
+        head = (f"POST /v1/maps/a2b/transform HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/octet-stream"
+                f"\r\nAccept: application/json\r\nContent-Length: {len(rows)}\r\n\r\n").encode()
+        with srv.client(R) as c:
+            whole = len(c.post("/v1/maps/a2b/transform", content=rows,
+                               headers={"content-type": "application/octet-stream", "accept": "application/json"}
+                               ).content)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.sendall(head + rows)
+            time.sleep(5)  # not reading
+            try:
+                got = len(_answer(s))
+            except ConnectionResetError:
+                got = 0
+        assert got < whole, (got, whole)
         _alive(srv)
     finally:
         srv.stop()
