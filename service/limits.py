@@ -55,9 +55,12 @@ class Limits(BaseModel):
     max_description: int = Field(MAX_DESCRIPTION, ge=0, le=MAX_DESCRIPTION, description="Characters of a description.")
     max_tag_bytes: int = Field(MAX_TAG_BYTES, ge=1, le=MAX_TAG_BYTES, description="A tag value as compact JSON.")
     max_json_depth: int = Field(MAX_JSON_DEPTH, ge=1, le=MAX_JSON_DEPTH, description="Nesting of JSON bodies.")
+    lm_max_waiting: int = Field(16, ge=0, le=10_000, description="LM generate / analyze: requests waiting for the "
+                                                                 "model while it is busy (beyond: 429)")
 
 
 DEFAULT_LIMITS = Limits()
+_BEYOND = {"lm_max_waiting": "429"}  # the status beyond a limit, when not 422
 
 
 def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int, body_timeout_s: float | None = None) -> str:
@@ -66,7 +69,7 @@ def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int, body_ti
              "(`max_body_bytes`)", max_body_bytes, "413"), ("Rows per request (`max_batch`)", max_batch, "413")]
     for name, field in Limits.model_fields.items():
         rows.append((f"{field.description.rstrip('.')} (`{name}`)", getattr(limits, name),
-                     "413" if name.startswith("body_bytes") else "422"))
+                     _BEYOND.get(name, "413" if name.startswith("body_bytes") else "422")))
     rows.append(("Index ids", "0 ≤ id < 2**62", "422"))
     if body_timeout_s is not None:
         rows.append(("Silence while a request body is being sent (`body_timeout_s`)", f"{body_timeout_s:g} s", "408"))

@@ -1,0 +1,116 @@
+"""The language model behind ``/v1/lm`` can be neither stalled nor killed by one client: requests waiting for
+the busy model hold no worker thread (other routes keep answering) and their queue is bounded (429); prompts
+and texts are bounded in tokens (the limits table and the model's context); a fit holds the model only for
+its forward pass, and is cancellable there. Served by uvicorn in this process, with the tiny random Llama
+(64-token context, hidden size 16) of the LM tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from _api_support import R, settings_for
+from _servers import serve_in_thread
+from _tiny_lm import tiny_lm
+
+from align.steer import Steer
+from service.api import create_app
+from service.limits import Limits
+
+POS = ["the film was good", "a great movie and lovely music", "the story was happy and fine"]
+NEG = ["the film was bad", "an awful movie and sad music", "the story was poor and dull"]
+FIT = {"name": "fitted", "texts": POS + NEG, "labels": [1] * 3 + [-1] * 3, "rank": 2, "eps": 1.0, "lr": 0.05}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    model, tok = tiny_lm()
+    limits = Limits(lm_max_waiting=3, lm_max_tokens=40, lm_max_new_tokens=20, lm_max_fit_texts=8)
+    app = create_app(settings_for(tmp_path_factory.mktemp("lm_limits"), limits=limits))
+    app.state.lm_provider = lambda: (model, tok)
+    rng = np.random.default_rng(0)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        app.state.vb.registry.register_steer("tone", Steer(rng.normal(size=(16, 1)), rng.normal(size=(16, 1))),
+                                             space="lm.tiny-llama")
+        assert c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2}).status_code == 200
+        yield {"c": c, "app": app, "base": base}
+
+
+def wait(c, jid, timeout=120.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        j = c.get(f"/v1/jobs/{jid}", headers=R).json()
+        if j["state"] not in ("queued", "running"):
+            return j
+        time.sleep(0.05)
+    raise AssertionError("job did not finish")
+
+
+def _generate_in_threads(base, n, out):
+    def one():
+        try:
+            r = httpx.post(base + "/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2},
+                           timeout=60)
+            out.append(r.status_code)
+        except httpx.HTTPError as exc:
+            out.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    return threads
+
+
+def test_requests_waiting_for_a_busy_model_hold_no_worker_thread(served, tmp_path):
+    """45 generate requests behind a busy model (its lock held, as a fit's forward pass holds it): before, each
+    held one of the 40 shared worker threads and /readyz, /v1/jobs... stalled until the model was free."""
+    model, tok = tiny_lm()
+    app = create_app(settings_for(tmp_path, limits=Limits(lm_max_waiting=100)))
+    app.state.lm_provider = lambda: (model, tok)
+    with serve_in_thread(app) as base:
+        assert httpx.post(base + "/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2},
+                          timeout=30).status_code == 200
+        lock = app.state.lm.lock
+        out: list = []
+        lock.acquire()
+        try:
+            threads = _generate_in_threads(base, 45, out)
+            time.sleep(1.0)
+            for path in ("/readyz", "/v1/jobs", "/v1/steers"):
+                r = httpx.get(base + path, headers=R, timeout=5)
+                assert r.status_code == 200, (path, r.text)
+        finally:
+            lock.release()
+        for t in threads:
+            t.join(60)
+        assert out == [200] * 45
+
+
+def test_a_full_model_queue_is_429(served):
+    """One request runs (waiting for the model), three wait (limits.lm_max_waiting=3): the next is refused at once."""
+    c, app = served["c"], served["app"]
+    out: list = []
+    lock = app.state.lm.lock
+    lock.acquire()
+    try:
+        threads = _generate_in_threads(served["base"], 4, out)
+        time.sleep(0.5)
+        t0 = time.time()
+        r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "nope"})
+        assert r.status_code == 429, r.text
+        assert time.time() - t0 < 5 and r.headers["Retry-After"]
+        assert "limits.lm_max_waiting" in r.json()["error"]["message"]
+    finally:
+        lock.release()
+    for t in threads:
+        t.join(60)
+    assert out == [200] * 4
+    assert c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2}).status_code == 200
