@@ -28,7 +28,10 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from align.exceptions import InputError
+
 from ...errors import BusyError
+from ...limits import MAX_NEW_TOKENS
 from ...ops import lm as ops
 from ...ops.lm import LM, lm_space
 from ..codec import check_batch, parse_json, validate
@@ -42,8 +45,6 @@ __all__ = ["router", "get_lm", "lm_space", "LMFitRequest", "LMGenerateRequest", 
            "MAX_NEW_TOKENS"]
 
 router = APIRouter(prefix="/v1/lm", tags=["lm"], responses=error_responses(401, 403, 404, 422, 503))
-
-MAX_NEW_TOKENS = 256
 
 
 # --- schemas ------------------------------------------------------------------------------------
@@ -180,13 +181,21 @@ def _model_route(path: str, *, summary: str, body_model, response_model, example
 @_model_route("/generate", summary="Continue a prompt under steers", body_model=LMGenerateRequest,
               response_model=LMGenerateResponse, example="lm_generate")
 def lm_generate(opts: LMGenerateRequest, request: Request, state) -> dict:
-    return ops.generate(state.registry, get_lm(request), opts.prompt, opts.steers, max_new_tokens=opts.max_new_tokens,
+    limits = state.settings.limits
+    new_tokens = opts.max_new_tokens
+    if "max_new_tokens" not in opts.model_fields_set:
+        new_tokens = min(new_tokens, limits.lm_max_new_tokens)  # a default never exceeds the operator's limit
+    elif new_tokens > limits.lm_max_new_tokens:
+        raise InputError(f"max_new_tokens={new_tokens} exceeds the limit of {limits.lm_max_new_tokens} "
+                         f"(limits.lm_max_new_tokens)")
+    return ops.generate(state.registry, get_lm(request), opts.prompt, opts.steers, max_new_tokens=new_tokens,
                         temperature=opts.temperature, top_p=opts.top_p, random_state=opts.random_state,
-                        load_steer=state.resolve_steer)
+                        load_steer=state.resolve_steer, max_tokens=limits.lm_max_tokens)
 
 
 @_model_route("/analyze", summary="Per-token evidence of a steer in a text", body_model=LMAnalyzeRequest,
               response_model=LMAnalyzeResponse, example="lm_analyze")
 def lm_analyze(opts: LMAnalyzeRequest, request: Request, state) -> dict:
     return ops.analyze(state.registry, get_lm(request), opts.text, opts.steer, eps=opts.eps,
-                       threshold=opts.threshold, load_steer=state.resolve_steer)
+                       threshold=opts.threshold, load_steer=state.resolve_steer,
+                       max_tokens=state.settings.limits.lm_max_tokens)

@@ -114,3 +114,38 @@ def test_a_full_model_queue_is_429(served):
         t.join(60)
     assert out == [200] * 4
     assert c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2}).status_code == 200
+
+
+@pytest.mark.parametrize("path,body,says", [
+    ("/v1/lm/generate", {"prompt": "the film " * 21, "max_new_tokens": 2}, "limits.lm_max_tokens"),  # 42 > 40
+    ("/v1/lm/generate", {"prompt": "the film", "max_new_tokens": 21}, "limits.lm_max_new_tokens"),
+    ("/v1/lm/analyze", {"text": "the film was good " * 11, "steer": "tone"}, "limits.lm_max_tokens"),  # 44
+    ("/v1/lm/generate", {"prompt": "   \n "}, "no tokens"),  # the word-level tokenizer reads no token (was a 500)
+])
+def test_prompts_and_texts_are_bounded_in_tokens(served, path, body, says):
+    r = served["c"].post(path, headers=R, json=body)
+    assert r.status_code == 422, r.text
+    assert says in r.json()["error"]["message"]
+
+
+def test_a_prompt_beyond_the_model_context_is_422(tmp_path):
+    """Past its context (64 positions for the tiny Llama) a model computes on positions it never saw, in time and
+    memory growing with the square of the length: refused, even when the token limit is higher."""
+    model, tok = tiny_lm()
+    app = create_app(settings_for(tmp_path, limits=Limits(lm_max_tokens=1000)))
+    app.state.lm_provider = lambda: (model, tok)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film " * 30, "max_new_tokens": 5})  # 65
+        assert r.status_code == 422 and "64-token context" in r.json()["error"]["message"], r.text
+        ok = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film " * 29, "max_new_tokens": 5})  # 63
+        assert ok.status_code == 200, ok.text
+        rng = np.random.default_rng(0)
+        app.state.vb.registry.register_steer("z", Steer(rng.normal(size=(16, 1)), rng.normal(size=(16, 1))),
+                                             space="lm.tiny-llama")
+        r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film " * 40, "steer": "z"})
+        assert r.status_code == 422 and "context" in r.json()["error"]["message"], r.text
+
+
+def test_the_default_max_new_tokens_follows_a_lower_limit(served):
+    r = served["c"].post("/v1/lm/generate", headers=R, json={"prompt": "the film", "temperature": 0})
+    assert r.status_code == 200 and len(r.json()["text"].split()) <= 20, r.text
