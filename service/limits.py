@@ -63,10 +63,12 @@ class Limits(BaseModel):
                                                                       "window, which counts the new tokens too)")
     lm_max_waiting: int = Field(16, ge=0, le=10_000, description="LM generate / analyze: requests waiting for the "
                                                                  "model while it is busy (beyond: 429)")
+    lm_max_fit_texts: int = Field(16_384, ge=2, le=1_048_576, description="LM steer fit: texts (64 tokens each at "
+                                                                          "most) per job")
 
 
 DEFAULT_LIMITS = Limits()
-_BEYOND = {"lm_max_waiting": "429"}  # the status beyond a limit, when not 422
+_BEYOND = {"lm_max_waiting": "429", "lm_max_fit_texts": "413"}  # the status beyond a limit, when not 422
 
 
 def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int, body_timeout_s: float | None = None) -> str:

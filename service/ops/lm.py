@@ -130,8 +130,12 @@ def check_fit(spec: LMFit) -> LMFit:
 
 
 def prepare_fit(registry, lm: LM, spec: LMFit) -> LMFit:
-    """:func:`check_fit`, and ConflictError when steer ``spec.name`` already lives in another space."""
+    """:func:`check_fit`, InputError for a rank above the model's hidden size, and ConflictError when steer
+    ``spec.name`` already lives in another space."""
     check_fit(spec)
+    d = _hidden_size(lm)
+    if d is not None and spec.rank > d:
+        raise InputError(f"rank must be in [1, {d}] (the hidden size of {lm.name}), got {spec.rank}")
     try:
         have = registry.list_steer_versions(spec.name)
     except NotFoundError:
@@ -149,12 +153,14 @@ def run_fit(registry, lm: LM, spec: LMFit, progress: Callable[[str, float], None
     from ..lm.steering import fit_lm_steer, word_dimensions
 
     tick = progress or (lambda stage, frac: None)
-    tick("train", 0.0)
-    with lm.lock:
-        steer = fit_lm_steer(lm.model, lm.tokenizer, list(spec.texts), spec.labels, rank=spec.rank,
-                             epsilon=spec.eps, lr=spec.lr, n_steps=spec.steps, random_state=spec.random_state,
-                             progress=lambda step, loss: tick("train", step / spec.steps))
-        lens = word_dimensions(lm.model, lm.tokenizer, steer, k=10, n_directions=4)
+    tick("encode", 0.0)
+    # The lock covers the tokenizer and the forward pass only: the training steps read the output
+    # embeddings and never run the model, so generate / analyze need not wait for them.
+    steer = fit_lm_steer(lm.model, lm.tokenizer, list(spec.texts), spec.labels, rank=spec.rank,
+                         epsilon=spec.eps, lr=spec.lr, n_steps=spec.steps, random_state=spec.random_state,
+                         model_lock=lm.lock, encode_progress=lambda frac: tick("encode", frac),
+                         progress=lambda step, loss: tick("train", step / spec.steps))
+    lens = word_dimensions(lm.model, lm.tokenizer, steer, k=10, n_directions=4)
     meta = steer.metadata
     data = orjson.dumps({"texts": list(spec.texts), "labels": list(spec.labels)})
     return registry.register_steer(
@@ -189,6 +195,12 @@ def _lm_steers(registry, lm, refs, load_steer):
         if info.space != lm.space or not isinstance(steer, Steer):
             raise InputError(f"steer {info.ref} lives in space {info.space!r}, not the language model's {lm.space!r}")
     return lm, found
+
+
+def _hidden_size(lm: LM) -> int | None:
+    head = lm.model.get_output_embeddings() if hasattr(lm.model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[1]) if weight is not None else None
 
 
 def check_length(lm: LM, text: str, what: str, max_tokens: int | None = None, new_tokens: int = 0) -> int:

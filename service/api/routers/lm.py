@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import InputError
 
-from ...errors import BusyError
+from ...errors import BusyError, PayloadTooLargeError
 from ...limits import MAX_NEW_TOKENS
 from ...ops import lm as ops
 from ...ops.lm import LM, lm_space
@@ -119,6 +119,9 @@ def create_lm_steer(body: bytes, request, state, settings):
     opts = validate(LMFitRequest, parse_json(body))
     spec = ops.check_fit(ops.LMFit(**opts.model_dump(), inputs={"via": "http", "n_texts": len(opts.texts)}))
     check_batch(len(opts.texts), settings.max_batch)
+    if len(opts.texts) > settings.limits.lm_max_fit_texts:
+        raise PayloadTooLargeError(f"{len(opts.texts)} texts exceed the limit of {settings.limits.lm_max_fit_texts} "
+                                   f"per LM steer fit (limits.lm_max_fit_texts)")
     lm = get_lm(request)
     spec = ops.prepare_fit(state.registry, lm, spec)
 

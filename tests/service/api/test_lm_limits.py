@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from _api_support import R, settings_for
+from _api_support import R, W, settings_for
 from _servers import serve_in_thread
 from _tiny_lm import tiny_lm
 
@@ -144,6 +144,46 @@ def test_a_prompt_beyond_the_model_context_is_422(tmp_path):
                                              space="lm.tiny-llama")
         r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film " * 40, "steer": "z"})
         assert r.status_code == 422 and "context" in r.json()["error"]["message"], r.text
+
+
+def test_lm_fit_bounds_are_checked_before_the_job(served):
+    c = served["c"]
+    r = c.post("/v1/lm/steers", headers=W, json={**FIT, "texts": POS * 3 + NEG * 3, "labels": [1] * 9 + [-1] * 9})
+    assert r.status_code == 413 and "limits.lm_max_fit_texts" in r.json()["error"]["message"], r.text
+    r = c.post("/v1/lm/steers", headers=W, json={**FIT, "rank": 17})  # the hidden size is 16
+    assert r.status_code == 422 and "hidden size" in r.json()["error"]["message"], r.text
+
+
+def test_generate_runs_while_a_fit_trains(served):
+    """The training steps never run the model: a generate answers during a long fit instead of after it."""
+    c = served["c"]
+    jid = c.post("/v1/lm/steers", headers=W, json={**FIT, "name": "long", "steps": 20_000}).json()["id"]
+    try:
+        t0 = time.time()
+        while c.get(f"/v1/jobs/{jid}", headers=R).json()["progress"]["stage"] != "train":
+            assert time.time() - t0 < 30
+            time.sleep(0.05)
+        t0 = time.time()
+        r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2}, timeout=10)
+        assert r.status_code == 200 and time.time() - t0 < 10
+        assert c.get(f"/v1/jobs/{jid}", headers=R).json()["state"] == "running"
+    finally:
+        c.delete(f"/v1/jobs/{jid}", headers=W)
+    assert wait(c, jid)["state"] == "cancelled"
+
+
+def test_a_fit_cancelled_while_waiting_for_the_model_stops_before_its_forward_pass(served):
+    c, app = served["c"], served["app"]
+    lock = app.state.lm.lock
+    lock.acquire()
+    try:
+        jid = c.post("/v1/lm/steers", headers=W, json={**FIT, "name": "cx", "steps": 5}).json()["id"]
+        time.sleep(0.5)
+        assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code == 202
+    finally:
+        lock.release()
+    job = wait(c, jid)
+    assert job["state"] == "cancelled" and "during encode" in job["error"]["message"], job
 
 
 def test_the_default_max_new_tokens_follows_a_lower_limit(served):
