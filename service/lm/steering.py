@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from align.exceptions import DimensionMismatchError, InputError
+from align.exceptions import DimensionMismatchError, InputError, NonFiniteError
 from align.steer import Steer, compose_steers
 from align.validation import check_eps, check_labels
 
@@ -461,10 +461,13 @@ def perplexity(model, tokenizer, texts: Sequence[str], steers: SteerSpec = (), *
 
 
 @torch.no_grad()
-def token_evidence(model, tokenizer, steer: Steer, text: str, *, eps: float = 1.0) -> list[tuple[str, float]]:
+def token_evidence(model, tokenizer, steer: Steer, text: str, *, eps: float = 1.0,
+                   chunk: int = 256) -> list[tuple[str, float]]:
     """Per-token evidence ``log p_{+eps}(x_t | x_<t) - log p_{-eps}(x_t | x_<t)`` for ``t >= 1``.
 
-    Positive values mark tokens the steer's wanted style makes more likely.
+    Positive values mark tokens the steer's wanted style makes more likely. The (tokens, vocab) logits
+    are computed ``chunk`` tokens at a time; an ``eps`` so large that the evidence overflows is a
+    NonFiniteError.
     """
     eps = check_eps(eps)
     ids = _encode(tokenizer, [text], 10_000)[0]
@@ -474,9 +477,14 @@ def token_evidence(model, tokenizer, steer: Steer, text: str, *, eps: float = 1.
     E = output_embeddings(model)
     P1, P2 = torch.from_numpy(steer.P1), torch.from_numpy(steer.P2)
     tgt = torch.as_tensor(ids[1:])
-    rows = torch.arange(len(tgt))
-    lp = [torch.log_softmax(_steer_hidden(h, sign * eps * P1, P2) @ E.T, -1)[rows, tgt] for sign in (1.0, -1.0)]
-    ev = (lp[0] - lp[1]).tolist()
+    ev = []
+    for s in range(0, len(tgt), chunk):
+        hs, ts = h[s : s + chunk], tgt[s : s + chunk]
+        rows = torch.arange(len(ts))
+        lp = [torch.log_softmax(_steer_hidden(hs, sign * eps * P1, P2) @ E.T, -1)[rows, ts] for sign in (1.0, -1.0)]
+        ev += (lp[0] - lp[1]).tolist()
+    if not all(math.isfinite(v) for v in ev):
+        raise NonFiniteError(f"the evidence at eps={eps:g} is not finite (float32 overflow); use a smaller eps")
     return [(tokenizer.decode([i]), float(v)) for i, v in zip(ids[1:], ev)]
 
 

@@ -154,6 +154,14 @@ def test_lm_fit_bounds_are_checked_before_the_job(served):
     assert r.status_code == 422 and "hidden size" in r.json()["error"]["message"], r.text
 
 
+def test_analyze_with_an_overflowing_eps_is_422_not_null_scores(served):
+    c = served["c"]
+    job = wait(c, c.post("/v1/lm/steers", headers=W, json={**FIT, "name": "ev", "steps": 5}).json()["id"])
+    assert job["state"] == "succeeded", job
+    r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "ev", "eps": 1e308})
+    assert r.status_code == 422 and "eps" in r.json()["error"]["message"], r.text
+
+
 def test_generate_runs_while_a_fit_trains(served):
     """The training steps never run the model: a generate answers during a long fit instead of after it."""
     c = served["c"]
