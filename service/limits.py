@@ -23,7 +23,7 @@ from align.exceptions import InputError
 
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
-    "MAX_JSON_DEPTH", "INDEX_PARAM_RULES", "check_index_params", "check_dim", "check_json_depth",
+    "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "INDEX_PARAM_RULES", "check_index_params", "check_dim", "check_json_depth",
     "parse_strict_int", "check_range", "limits_markdown",
 ]
 
@@ -33,6 +33,7 @@ MAX_SEED = 2**31 - 1  # FAISS k-means seeds are C ints
 MAX_DESCRIPTION = 4_096  # characters
 MAX_TAG_BYTES = 16_384  # a tag value, as compact JSON
 MAX_JSON_DEPTH = 32  # nesting of any JSON body (payloads, tags, params)
+MAX_NEW_TOKENS = 256  # tokens one LM generate request may ask for
 
 
 class Limits(BaseModel):
@@ -55,9 +56,19 @@ class Limits(BaseModel):
     max_description: int = Field(MAX_DESCRIPTION, ge=0, le=MAX_DESCRIPTION, description="Characters of a description.")
     max_tag_bytes: int = Field(MAX_TAG_BYTES, ge=1, le=MAX_TAG_BYTES, description="A tag value as compact JSON.")
     max_json_depth: int = Field(MAX_JSON_DEPTH, ge=1, le=MAX_JSON_DEPTH, description="Nesting of JSON bodies.")
+    lm_max_new_tokens: int = Field(MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS, description="LM generate: "
+                                                                                  "`max_new_tokens`.")
+    lm_max_tokens: int = Field(2_048, ge=2, le=1_048_576, description="LM generate / analyze: tokens of the prompt "
+                                                                      "or text (never beyond the model's context "
+                                                                      "window, which counts the new tokens too)")
+    lm_max_waiting: int = Field(16, ge=0, le=10_000, description="LM generate / analyze: requests waiting for the "
+                                                                 "model while it is busy (beyond: 429)")
+    lm_max_fit_texts: int = Field(16_384, ge=2, le=1_048_576, description="LM steer fit: texts (64 tokens each at "
+                                                                          "most) per job")
 
 
 DEFAULT_LIMITS = Limits()
+_BEYOND = {"lm_max_waiting": "429", "lm_max_fit_texts": "413"}  # the status beyond a limit, when not 422
 
 
 def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int, body_timeout_s: float | None = None) -> str:
@@ -66,7 +77,7 @@ def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int, body_ti
              "(`max_body_bytes`)", max_body_bytes, "413"), ("Rows per request (`max_batch`)", max_batch, "413")]
     for name, field in Limits.model_fields.items():
         rows.append((f"{field.description.rstrip('.')} (`{name}`)", getattr(limits, name),
-                     "413" if name.startswith("body_bytes") else "422"))
+                     _BEYOND.get(name, "413" if name.startswith("body_bytes") else "422")))
     rows.append(("Index ids", "0 ≤ id < 2**62", "422"))
     if body_timeout_s is not None:
         rows.append(("Silence while a request body is being sent (`body_timeout_s`)", f"{body_timeout_s:g} s", "408"))

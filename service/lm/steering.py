@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from align.exceptions import DimensionMismatchError, InputError
+from align.exceptions import DimensionMismatchError, InputError, NonFiniteError
 from align.steer import Steer, compose_steers
 from align.validation import check_eps, check_labels
 
@@ -132,15 +132,19 @@ def _encode(tokenizer, texts: Iterable[str], max_length: int) -> list[list[int]]
 
 
 @torch.no_grad()
-def _hidden_states(model, ids_list: Sequence[Sequence[int]], batch_size: int = 16) -> list[torch.Tensor]:
+def _hidden_states(model, ids_list: Sequence[Sequence[int]], batch_size: int = 16,
+                   progress: Callable[[float], None] | None = None) -> list[torch.Tensor]:
     """Final hidden states (len, d) of each sequence.
 
     Sequences are run in right-padded batches of similar length (causal attention: a token never
     sees the padding after it, so the states equal those of one-by-one passes up to float error).
+    ``progress(fraction)`` is called after each batch (a job's cancellation point).
     """
     out: list = [None] * len(ids_list)
     order = sorted(range(len(ids_list)), key=lambda i: len(ids_list[i]))
     for s in range(0, len(order), batch_size):
+        if progress is not None:
+            progress(s / max(len(order), 1))
         part = order[s : s + batch_size]
         L = max(len(ids_list[i]) for i in part)
         ids = torch.zeros((len(part), L), dtype=torch.long)
@@ -163,14 +167,18 @@ def final_hidden_states(model, ids_list: Sequence[Sequence[int]]) -> list[torch.
     return _hidden_states(model, ids_list)
 
 
-def fit_lm_steer(model, tokenizer, texts: Sequence[str], labels, *, max_length: int = 64, **kw) -> Steer:
+def fit_lm_steer(model, tokenizer, texts: Sequence[str], labels, *, max_length: int = 64,
+                 model_lock=None, **kw) -> Steer:
     """Train an LM-Steer steer on labelled texts (``labels`` +1 wanted style, -1 opposite, 0 ignored).
 
     Tokenises with ``tokenizer`` then calls :func:`fit_lm_steer_ids`; keyword arguments go there.
+    ``model_lock`` (a lock shared with other users of the model and tokenizer) is held while tokenising
+    and during the forward pass only.
     """
     texts = list(texts)
-    ids = _encode(tokenizer, texts, max_length)
-    steer = fit_lm_steer_ids(model, ids, labels, **kw)
+    with model_lock or contextlib.nullcontext():
+        ids = _encode(tokenizer, texts, max_length)
+    steer = fit_lm_steer_ids(model, ids, labels, model_lock=model_lock, **kw)
     steer.metadata["n_texts"] = len(texts)
     return steer
 
@@ -199,7 +207,8 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
                      regularization: float = 0.0, dummy_steer: bool = True, random_state: int = 0,
                      val_fraction: float = 0.0, eval_every: int = 25, patience: int = 4, kl_weight: float = 0.0,
                      hidden_states: Sequence[torch.Tensor] | None = None, cache_logits: bool = False,
-                     progress: Callable[[int, float], None] | None = None) -> Steer:
+                     progress: Callable[[int, float], None] | None = None, model_lock=None,
+                     encode_progress: Callable[[float], None] | None = None) -> Steer:
     """Train ``W = P1 P2^T`` with the LM loss on token sequences, body frozen (``ALGORITHMS.md`` §6).
 
     Parameters
@@ -237,6 +246,8 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
         ``d x vocab`` product), so with the cache a step costs ``O(batch * rank * vocab)``: long
         fits to convergence become cheap, at the price of float16 rounding of the base logits.
     progress : callable ``(step, loss)``, optional
+    model_lock : optional lock held during the forward pass of the body (the steps never run the model)
+    encode_progress : callable ``(fraction)`` called during that forward pass, optional
 
     Returns
     -------
@@ -268,7 +279,8 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
             raise InputError("hidden_states must hold one (len_i, d) tensor per sequence of ids_list")
         hs = {i: hidden_states[i] for i in keep}
     else:
-        hs = dict(zip(keep, _hidden_states(model, [ids_list[i] for i in keep])))
+        with model_lock or contextlib.nullcontext():
+            hs = dict(zip(keep, _hidden_states(model, [ids_list[i] for i in keep], progress=encode_progress)))
 
     def tokens(rows):
         H = torch.cat([hs[i][:-1] for i in rows])                                  # (N, d) contexts
@@ -449,10 +461,13 @@ def perplexity(model, tokenizer, texts: Sequence[str], steers: SteerSpec = (), *
 
 
 @torch.no_grad()
-def token_evidence(model, tokenizer, steer: Steer, text: str, *, eps: float = 1.0) -> list[tuple[str, float]]:
+def token_evidence(model, tokenizer, steer: Steer, text: str, *, eps: float = 1.0,
+                   chunk: int = 256) -> list[tuple[str, float]]:
     """Per-token evidence ``log p_{+eps}(x_t | x_<t) - log p_{-eps}(x_t | x_<t)`` for ``t >= 1``.
 
-    Positive values mark tokens the steer's wanted style makes more likely.
+    Positive values mark tokens the steer's wanted style makes more likely. The (tokens, vocab) logits
+    are computed ``chunk`` tokens at a time; an ``eps`` so large that the evidence overflows is a
+    NonFiniteError.
     """
     eps = check_eps(eps)
     ids = _encode(tokenizer, [text], 10_000)[0]
@@ -462,9 +477,14 @@ def token_evidence(model, tokenizer, steer: Steer, text: str, *, eps: float = 1.
     E = output_embeddings(model)
     P1, P2 = torch.from_numpy(steer.P1), torch.from_numpy(steer.P2)
     tgt = torch.as_tensor(ids[1:])
-    rows = torch.arange(len(tgt))
-    lp = [torch.log_softmax(_steer_hidden(h, sign * eps * P1, P2) @ E.T, -1)[rows, tgt] for sign in (1.0, -1.0)]
-    ev = (lp[0] - lp[1]).tolist()
+    ev = []
+    for s in range(0, len(tgt), chunk):
+        hs, ts = h[s : s + chunk], tgt[s : s + chunk]
+        rows = torch.arange(len(ts))
+        lp = [torch.log_softmax(_steer_hidden(hs, sign * eps * P1, P2) @ E.T, -1)[rows, ts] for sign in (1.0, -1.0)]
+        ev += (lp[0] - lp[1]).tolist()
+    if not all(math.isfinite(v) for v in ev):
+        raise NonFiniteError(f"the evidence at eps={eps:g} is not finite (float32 overflow); use a smaller eps")
     return [(tokenizer.decode([i]), float(v)) for i, v in zip(ids[1:], ev)]
 
 

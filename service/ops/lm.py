@@ -43,7 +43,7 @@ from ..lm.model import load_lm as load_smollm2
 from ..registry.names import check_alias, check_name
 
 __all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_fit", "prepare_fit", "run_fit", "fit_steer",
-           "generate", "analyze", "FIT_METRICS"]
+           "check_length", "generate", "analyze", "FIT_METRICS"]
 
 #: metadata of a fitted LM steer kept as the version's metrics
 FIT_METRICS = ("loss_base", "loss_first", "loss_last10", "n_tokens", "n_pos", "n_neg")
@@ -130,8 +130,12 @@ def check_fit(spec: LMFit) -> LMFit:
 
 
 def prepare_fit(registry, lm: LM, spec: LMFit) -> LMFit:
-    """:func:`check_fit`, and ConflictError when steer ``spec.name`` already lives in another space."""
+    """:func:`check_fit`, InputError for a rank above the model's hidden size, and ConflictError when steer
+    ``spec.name`` already lives in another space."""
     check_fit(spec)
+    d = _hidden_size(lm)
+    if d is not None and spec.rank > d:
+        raise InputError(f"rank must be in [1, {d}] (the hidden size of {lm.name}), got {spec.rank}")
     try:
         have = registry.list_steer_versions(spec.name)
     except NotFoundError:
@@ -149,12 +153,14 @@ def run_fit(registry, lm: LM, spec: LMFit, progress: Callable[[str, float], None
     from ..lm.steering import fit_lm_steer, word_dimensions
 
     tick = progress or (lambda stage, frac: None)
-    tick("train", 0.0)
-    with lm.lock:
-        steer = fit_lm_steer(lm.model, lm.tokenizer, list(spec.texts), spec.labels, rank=spec.rank,
-                             epsilon=spec.eps, lr=spec.lr, n_steps=spec.steps, random_state=spec.random_state,
-                             progress=lambda step, loss: tick("train", step / spec.steps))
-        lens = word_dimensions(lm.model, lm.tokenizer, steer, k=10, n_directions=4)
+    tick("encode", 0.0)
+    # The lock covers the tokenizer and the forward pass only: the training steps read the output
+    # embeddings and never run the model, so generate / analyze need not wait for them.
+    steer = fit_lm_steer(lm.model, lm.tokenizer, list(spec.texts), spec.labels, rank=spec.rank,
+                         epsilon=spec.eps, lr=spec.lr, n_steps=spec.steps, random_state=spec.random_state,
+                         model_lock=lm.lock, encode_progress=lambda frac: tick("encode", frac),
+                         progress=lambda step, loss: tick("train", step / spec.steps))
+    lens = word_dimensions(lm.model, lm.tokenizer, steer, k=10, n_directions=4)
     meta = steer.metadata
     data = orjson.dumps({"texts": list(spec.texts), "labels": list(spec.labels)})
     return registry.register_steer(
@@ -191,10 +197,35 @@ def _lm_steers(registry, lm, refs, load_steer):
     return lm, found
 
 
+def _hidden_size(lm: LM) -> int | None:
+    head = lm.model.get_output_embeddings() if hasattr(lm.model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[1]) if weight is not None else None
+
+
+def check_length(lm: LM, text: str, what: str, max_tokens: int | None = None, new_tokens: int = 0) -> int:
+    """Tokens of ``text``; InputError when there are none, more than ``max_tokens`` (``limits.lm_max_tokens``),
+    or with ``new_tokens`` more than the model's context window (``max_position_embeddings``): beyond it the
+    positions are ones the model never saw, and the time and memory of a pass grow with the square of the
+    length. Call it holding ``lm.lock`` (a fit sets the tokenizer's truncation)."""
+    n = len(lm.tokenizer(text)["input_ids"])
+    if n == 0:
+        raise InputError(f"the {what} has no tokens")
+    if max_tokens is not None and n > max_tokens:
+        raise InputError(f"the {what} has {n} tokens, more than the limit of {max_tokens} (limits.lm_max_tokens)")
+    context = getattr(getattr(lm.model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and n + new_tokens > context:
+        extra = f" + {new_tokens} new" if new_tokens else ""
+        raise InputError(f"the {what} has {n}{extra} tokens, beyond the {context}-token context of {lm.name}")
+    return n
+
+
 def generate(registry, lm: LM | Callable[[], LM], prompt: str, steers: Mapping[str, float], *,
              max_new_tokens: int = 30, temperature: float = 1.0, top_p: float = 0.9, random_state: int = 0,
-             load_steer=None) -> dict:
-    """``{"model", "text", "steers"}``: the continuation of ``prompt`` under ``{ref: eps}``; temperature 0: greedy."""
+             load_steer=None, max_tokens: int | None = None) -> dict:
+    """``{"model", "text", "steers"}``: the continuation of ``prompt`` under ``{ref: eps}``; temperature 0: greedy.
+
+    The prompt must fit :func:`check_length` (``max_tokens``, and the model's context with the new tokens)."""
     if not all(math.isfinite(float(eps)) for eps in steers.values()):
         raise InputError("steer values must be finite")
     lm, found = _lm_steers(registry, lm, list(steers), load_steer)
@@ -205,18 +236,21 @@ def generate(registry, lm: LM | Callable[[], LM], prompt: str, steers: Mapping[s
 
     sample = temperature > 0
     with lm.lock:
+        check_length(lm, prompt, "prompt", max_tokens, int(max_new_tokens))
         text = generate_text(lm.model, lm.tokenizer, prompt, pairs, max_new_tokens=max_new_tokens, do_sample=sample,
                              top_p=top_p, temperature=temperature if sample else 1.0, seed=random_state)
     return {"model": lm.name, "text": text, "steers": used}
 
 
 def analyze(registry, lm: LM | Callable[[], LM], text: str, ref: str, *, eps: float = 1.0,
-            threshold: float | None = None, load_steer=None) -> dict:
-    """``{"model", "steer", "eps", "tokens"}`` (+ ``"spans"`` of same-sign runs with |score| >= ``threshold``)."""
+            threshold: float | None = None, load_steer=None, max_tokens: int | None = None) -> dict:
+    """``{"model", "steer", "eps", "tokens"}`` (+ ``"spans"`` of same-sign runs with |score| >= ``threshold``);
+    the text must fit :func:`check_length`."""
     lm, [(info, steer)] = _lm_steers(registry, lm, [ref], load_steer)
     from ..lm.steering import evidence_spans, token_evidence
 
     with lm.lock:
+        check_length(lm, text, "text", max_tokens)
         ev = token_evidence(lm.model, lm.tokenizer, steer, text, eps=eps)
     out = {"model": lm.name, "steer": info.ref, "eps": eps, "tokens": [{"token": t, "score": s} for t, s in ev]}
     if threshold is not None:

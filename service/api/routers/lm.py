@@ -11,14 +11,27 @@ LM steers are ``align.Steer`` objects of the model's hidden size ``d``, register
 registry's steer tables in the space ``lm.<model name>`` (``:`` is not allowed in space names).
 One lock per LM serialises every use of the model: steering works through a forward hook on
 the shared model, so two requests must not interleave.
+
+Generate and analyze take their turn at the app's :class:`_ModelGate` first: one runs (in a worker
+thread, where it may still wait for a fit's forward pass) while the others wait on the event loop,
+holding no thread; beyond ``limits.lm_max_waiting`` waiting requests the answer is 429. Before, each
+waiting request held one of the shared worker threads, and a few dozen of them behind a long fit
+left none for ``/readyz``, ``/v1/jobs`` or any other route.
 """
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
+import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from align.exceptions import InputError
+
+from ...errors import BusyError, PayloadTooLargeError
+from ...limits import MAX_NEW_TOKENS
 from ...ops import lm as ops
 from ...ops.lm import LM, lm_space
 from ..codec import check_batch, parse_json, validate
@@ -32,8 +45,6 @@ __all__ = ["router", "get_lm", "lm_space", "LMFitRequest", "LMGenerateRequest", 
            "MAX_NEW_TOKENS"]
 
 router = APIRouter(prefix="/v1/lm", tags=["lm"], responses=error_responses(401, 403, 404, 422, 503))
-
-MAX_NEW_TOKENS = 256
 
 
 # --- schemas ------------------------------------------------------------------------------------
@@ -108,6 +119,9 @@ def create_lm_steer(body: bytes, request, state, settings):
     opts = validate(LMFitRequest, parse_json(body))
     spec = ops.check_fit(ops.LMFit(**opts.model_dump(), inputs={"via": "http", "n_texts": len(opts.texts)}))
     check_batch(len(opts.texts), settings.max_batch)
+    if len(opts.texts) > settings.limits.lm_max_fit_texts:
+        raise PayloadTooLargeError(f"{len(opts.texts)} texts exceed the limit of {settings.limits.lm_max_fit_texts} "
+                                   f"per LM steer fit (limits.lm_max_fit_texts)")
     lm = get_lm(request)
     spec = ops.prepare_fit(state.registry, lm, spec)
 
@@ -118,14 +132,46 @@ def create_lm_steer(body: bytes, request, state, settings):
     return job, f"LM steer fit {spec.name}"
 
 
+class _ModelGate:
+    """The queue of an app's model routes: one request at a time runs, the others wait here, on the event
+    loop and holding no worker thread; a request finding ``max_waiting`` others waiting is a BusyError (429)."""
+
+    def __init__(self) -> None:
+        self.lock = anyio.Lock()
+        self.waiting = 0
+
+    @asynccontextmanager
+    async def turn(self, max_waiting: int):
+        if self.lock.locked() and self.waiting >= max_waiting:
+            raise BusyError(f"the language model is busy and {self.waiting} requests are waiting for it "
+                            f"(limits.lm_max_waiting); retry later")
+        self.waiting += 1
+        try:
+            await self.lock.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+
+def _gate(app) -> _ModelGate:
+    gate = getattr(app.state, "lm_gate", None)
+    if gate is None:  # on the event loop: no other task runs between the check and the set
+        gate = app.state.lm_gate = _ModelGate()
+    return gate
+
+
 def _model_route(path: str, *, summary: str, body_model, response_model, example: str):
     """``POST /v1/lm{path}`` (read scope, JSON body of ``body_model``) answering ``fn(opts, request, state)``,
-    run off the event loop: the model is slow and holds its lock."""
+    run off the event loop (the model is slow and holds its lock) once :class:`_ModelGate` gives it its turn."""
     def register(fn):
         async def endpoint(request: Request, state: StateDep):
             body = await request.body()
-            return FastJSONResponse(await run_in_threadpool(
-                lambda: fn(validate(body_model, parse_json(body)), request, state)))
+            opts = await run_in_threadpool(lambda: validate(body_model, parse_json(body)))
+            async with _gate(request.app).turn(state.settings.limits.lm_max_waiting):
+                return FastJSONResponse(await run_in_threadpool(fn, opts, request, state))
 
         endpoint.__name__ = endpoint.__qualname__ = fn.__name__  # the OpenAPI operationId
         router.post(path, dependencies=[ReadScope, JSONOnly], summary=summary, response_model=response_model,
@@ -138,13 +184,21 @@ def _model_route(path: str, *, summary: str, body_model, response_model, example
 @_model_route("/generate", summary="Continue a prompt under steers", body_model=LMGenerateRequest,
               response_model=LMGenerateResponse, example="lm_generate")
 def lm_generate(opts: LMGenerateRequest, request: Request, state) -> dict:
-    return ops.generate(state.registry, get_lm(request), opts.prompt, opts.steers, max_new_tokens=opts.max_new_tokens,
+    limits = state.settings.limits
+    new_tokens = opts.max_new_tokens
+    if "max_new_tokens" not in opts.model_fields_set:
+        new_tokens = min(new_tokens, limits.lm_max_new_tokens)  # a default never exceeds the operator's limit
+    elif new_tokens > limits.lm_max_new_tokens:
+        raise InputError(f"max_new_tokens={new_tokens} exceeds the limit of {limits.lm_max_new_tokens} "
+                         f"(limits.lm_max_new_tokens)")
+    return ops.generate(state.registry, get_lm(request), opts.prompt, opts.steers, max_new_tokens=new_tokens,
                         temperature=opts.temperature, top_p=opts.top_p, random_state=opts.random_state,
-                        load_steer=state.resolve_steer)
+                        load_steer=state.resolve_steer, max_tokens=limits.lm_max_tokens)
 
 
 @_model_route("/analyze", summary="Per-token evidence of a steer in a text", body_model=LMAnalyzeRequest,
               response_model=LMAnalyzeResponse, example="lm_analyze")
 def lm_analyze(opts: LMAnalyzeRequest, request: Request, state) -> dict:
     return ops.analyze(state.registry, get_lm(request), opts.text, opts.steer, eps=opts.eps,
-                       threshold=opts.threshold, load_steer=state.resolve_steer)
+                       threshold=opts.threshold, load_steer=state.resolve_steer,
+                       max_tokens=state.settings.limits.lm_max_tokens)

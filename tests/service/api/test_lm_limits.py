@@ -1,0 +1,199 @@
+"""The language model behind ``/v1/lm`` can be neither stalled nor killed by one client: requests waiting for
+the busy model hold no worker thread (other routes keep answering) and their queue is bounded (429); prompts
+and texts are bounded in tokens (the limits table and the model's context); a fit holds the model only for
+its forward pass, and is cancellable there. Served by uvicorn in this process, with the tiny random Llama
+(64-token context, hidden size 16) of the LM tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from _api_support import R, W, settings_for
+from _servers import serve_in_thread
+from _tiny_lm import tiny_lm
+
+from align.steer import Steer
+from service.api import create_app
+from service.limits import Limits
+
+POS = ["the film was good", "a great movie and lovely music", "the story was happy and fine"]
+NEG = ["the film was bad", "an awful movie and sad music", "the story was poor and dull"]
+FIT = {"name": "fitted", "texts": POS + NEG, "labels": [1] * 3 + [-1] * 3, "rank": 2, "eps": 1.0, "lr": 0.05}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    model, tok = tiny_lm()
+    limits = Limits(lm_max_waiting=3, lm_max_tokens=40, lm_max_new_tokens=20, lm_max_fit_texts=8)
+    app = create_app(settings_for(tmp_path_factory.mktemp("lm_limits"), limits=limits))
+    app.state.lm_provider = lambda: (model, tok)
+    rng = np.random.default_rng(0)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        app.state.vb.registry.register_steer("tone", Steer(rng.normal(size=(16, 1)), rng.normal(size=(16, 1))),
+                                             space="lm.tiny-llama")
+        assert c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2}).status_code == 200
+        yield {"c": c, "app": app, "base": base}
+
+
+def wait(c, jid, timeout=120.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        j = c.get(f"/v1/jobs/{jid}", headers=R).json()
+        if j["state"] not in ("queued", "running"):
+            return j
+        time.sleep(0.05)
+    raise AssertionError("job did not finish")
+
+
+def _generate_in_threads(base, n, out):
+    def one():
+        try:
+            r = httpx.post(base + "/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2},
+                           timeout=60)
+            out.append(r.status_code)
+        except httpx.HTTPError as exc:
+            out.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    return threads
+
+
+def test_requests_waiting_for_a_busy_model_hold_no_worker_thread(served, tmp_path):
+    """45 generate requests behind a busy model (its lock held, as a fit's forward pass holds it): before, each
+    held one of the 40 shared worker threads and /readyz, /v1/jobs... stalled until the model was free."""
+    model, tok = tiny_lm()
+    app = create_app(settings_for(tmp_path, limits=Limits(lm_max_waiting=100)))
+    app.state.lm_provider = lambda: (model, tok)
+    with serve_in_thread(app) as base:
+        assert httpx.post(base + "/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2},
+                          timeout=30).status_code == 200
+        lock = app.state.lm.lock
+        out: list = []
+        lock.acquire()
+        try:
+            threads = _generate_in_threads(base, 45, out)
+            time.sleep(1.0)
+            for path in ("/readyz", "/v1/jobs", "/v1/steers"):
+                r = httpx.get(base + path, headers=R, timeout=5)
+                assert r.status_code == 200, (path, r.text)
+        finally:
+            lock.release()
+        for t in threads:
+            t.join(60)
+        assert out == [200] * 45
+
+
+def test_a_full_model_queue_is_429(served):
+    """One request runs (waiting for the model), three wait (limits.lm_max_waiting=3): the next is refused at once."""
+    c, app = served["c"], served["app"]
+    out: list = []
+    lock = app.state.lm.lock
+    lock.acquire()
+    try:
+        threads = _generate_in_threads(served["base"], 4, out)
+        time.sleep(0.5)
+        t0 = time.time()
+        r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "nope"})
+        assert r.status_code == 429, r.text
+        assert time.time() - t0 < 5 and r.headers["Retry-After"]
+        assert "limits.lm_max_waiting" in r.json()["error"]["message"]
+    finally:
+        lock.release()
+    for t in threads:
+        t.join(60)
+    assert out == [200] * 4
+    assert c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2}).status_code == 200
+
+
+@pytest.mark.parametrize("path,body,says", [
+    ("/v1/lm/generate", {"prompt": "the film " * 21, "max_new_tokens": 2}, "limits.lm_max_tokens"),  # 42 > 40
+    ("/v1/lm/generate", {"prompt": "the film", "max_new_tokens": 21}, "limits.lm_max_new_tokens"),
+    ("/v1/lm/analyze", {"text": "the film was good " * 11, "steer": "tone"}, "limits.lm_max_tokens"),  # 44
+    ("/v1/lm/generate", {"prompt": "   \n "}, "no tokens"),  # the word-level tokenizer reads no token (was a 500)
+])
+def test_prompts_and_texts_are_bounded_in_tokens(served, path, body, says):
+    r = served["c"].post(path, headers=R, json=body)
+    assert r.status_code == 422, r.text
+    assert says in r.json()["error"]["message"]
+
+
+def test_a_prompt_beyond_the_model_context_is_422(tmp_path):
+    """Past its context (64 positions for the tiny Llama) a model computes on positions it never saw, in time and
+    memory growing with the square of the length: refused, even when the token limit is higher."""
+    model, tok = tiny_lm()
+    app = create_app(settings_for(tmp_path, limits=Limits(lm_max_tokens=1000)))
+    app.state.lm_provider = lambda: (model, tok)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film " * 30, "max_new_tokens": 5})  # 65
+        assert r.status_code == 422 and "64-token context" in r.json()["error"]["message"], r.text
+        ok = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film " * 29, "max_new_tokens": 5})  # 63
+        assert ok.status_code == 200, ok.text
+        rng = np.random.default_rng(0)
+        app.state.vb.registry.register_steer("z", Steer(rng.normal(size=(16, 1)), rng.normal(size=(16, 1))),
+                                             space="lm.tiny-llama")
+        r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film " * 40, "steer": "z"})
+        assert r.status_code == 422 and "context" in r.json()["error"]["message"], r.text
+
+
+def test_lm_fit_bounds_are_checked_before_the_job(served):
+    c = served["c"]
+    r = c.post("/v1/lm/steers", headers=W, json={**FIT, "texts": POS * 3 + NEG * 3, "labels": [1] * 9 + [-1] * 9})
+    assert r.status_code == 413 and "limits.lm_max_fit_texts" in r.json()["error"]["message"], r.text
+    r = c.post("/v1/lm/steers", headers=W, json={**FIT, "rank": 17})  # the hidden size is 16
+    assert r.status_code == 422 and "hidden size" in r.json()["error"]["message"], r.text
+
+
+def test_analyze_with_an_overflowing_eps_is_422_not_null_scores(served):
+    c = served["c"]
+    job = wait(c, c.post("/v1/lm/steers", headers=W, json={**FIT, "name": "ev", "steps": 5}).json()["id"])
+    assert job["state"] == "succeeded", job
+    r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "ev", "eps": 1e308})
+    assert r.status_code == 422 and "eps" in r.json()["error"]["message"], r.text
+
+
+def test_generate_runs_while_a_fit_trains(served):
+    """The training steps never run the model: a generate answers during a long fit instead of after it."""
+    c = served["c"]
+    jid = c.post("/v1/lm/steers", headers=W, json={**FIT, "name": "long", "steps": 20_000}).json()["id"]
+    try:
+        t0 = time.time()
+        while c.get(f"/v1/jobs/{jid}", headers=R).json()["progress"]["stage"] != "train":
+            assert time.time() - t0 < 30
+            time.sleep(0.05)
+        t0 = time.time()
+        r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2}, timeout=10)
+        assert r.status_code == 200 and time.time() - t0 < 10
+        assert c.get(f"/v1/jobs/{jid}", headers=R).json()["state"] == "running"
+    finally:
+        c.delete(f"/v1/jobs/{jid}", headers=W)
+    assert wait(c, jid)["state"] == "cancelled"
+
+
+def test_a_fit_cancelled_while_waiting_for_the_model_stops_before_its_forward_pass(served):
+    c, app = served["c"], served["app"]
+    lock = app.state.lm.lock
+    lock.acquire()
+    try:
+        jid = c.post("/v1/lm/steers", headers=W, json={**FIT, "name": "cx", "steps": 5}).json()["id"]
+        time.sleep(0.5)
+        assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code == 202
+    finally:
+        lock.release()
+    job = wait(c, jid)
+    assert job["state"] == "cancelled" and "during encode" in job["error"]["message"], job
+
+
+def test_the_default_max_new_tokens_follows_a_lower_limit(served):
+    r = served["c"].post("/v1/lm/generate", headers=R, json={"prompt": "the film", "temperature": 0})
+    assert r.status_code == 200 and len(r.json()["text"].split()) <= 20, r.text
