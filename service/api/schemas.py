@@ -103,7 +103,7 @@ class SpaceCreate(_Strict):
 
 
 class AliasSet(_Strict):
-    version: int = Field(..., ge=1, le=MAX_VERSION)
+    version: Count = Field(..., ge=1, le=MAX_VERSION)
 
 
 class TagSet(_Strict):
@@ -169,7 +169,7 @@ class IndexCreateOptions(_Strict):
                                    description="Integers only. HNSW: `M` 2..256, `ef_construction` 1..4096, "
                                                "`ef_search` 1..32768; IVF: `nlist` 1..min(65536, rows), `nprobe` "
                                                "1..nlist; flat: none. Anything else is a 422.")
-    random_state: int = Seed
+    random_state: Count = Seed
     description: DescriptionText = Description
     ids: list[int] | None = Ids
     payloads: list[Any] | None = Field(None, description="One JSON value per row, returned with search hits.")
@@ -266,7 +266,7 @@ class FitRequest(_Strict):
     paired: bool = Field(False, description="Rows of source and target are pairs (supervised methods).")
     seed_pairs: list[tuple[int, int]] | None = Field(None, description="Known (source row, target row) pairs "
                                                                        "seeding an unsupervised fit.")
-    random_state: int = Seed
+    random_state: Count = Seed
     alias: str | None = None
     description: DescriptionText = Description
 
@@ -276,7 +276,7 @@ class PlanRequest(_Strict):
     probe_source: _Vectors = Field(..., description="Old-model vectors of the probe texts (50+; 200-1,000 recommended).")
     probe_target: _Vectors = Field(..., description="New-model vectors of the same texts, row i <-> row i.")
     target_retention: float = Field(0.95, gt=0, le=1, description="Retention the recommended K should reach.")
-    random_state: int = Seed
+    random_state: Count = Seed
     queries: _Vectors | None = Field(None, description="Labelled queries (new-model vectors): the plan predicts their "
                                                        "labelled R@10 retention over the whole `old` corpus. Needs "
                                                        "`old_queries` and `relevant`.")
@@ -309,7 +309,7 @@ class EmbeddingsRequest(_Strict):
     input: str | list[str] = Field(..., description="Text or list of texts.")
     model: str = Field(..., description="Installed encoder name (GET /v1/models).")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, description="Accepted only when equal to the output dimension "
+    dimensions: Count | None = Field(None, description="Accepted only when equal to the output dimension "
                                                      "(these models cannot truncate).")
     user: str | None = None
     target_space: str | None = Field(None, description="Translate the embeddings into this space through the "
@@ -502,7 +502,7 @@ class SteerFitOptions(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="`method` (local, the default: closed-form "
                                  "local discriminant, rank 1, eps 1 keeps ~half the top-10 | lm-steer | mean-shift), "
                                  "`rank`, `n_neighbors`, `ridge`, `temperature`, `max_iter`, ...")
-    random_state: int = Seed
+    random_state: Count = Seed
     alias: str | None = None
     description: DescriptionText = Description
     dim: Count | None = Dim

@@ -332,6 +332,9 @@ def test_strict_numbers_and_shapes(server):
                       {"ef_search": False}, {"dim": True}):
             _refused(c.post("/v1/indexes/ix/search", json={**q, **extra}))
         _refused(c.post("/v1/spaces", json={"name": "booldim", "dim": True}))
+        _refused(c.put("/v1/maps/a2b/aliases/boolv", json={"version": True}))
+        _refused(c.post("/v1/indexes", json={"name": "boolseed", "space": "b", "kind": "ivf", "random_state": True,
+                                             "vectors": [[0.5] * DIM] * 8}))
         _refused(c.post("/v1/maps/a2b/transform", json={"vectors": [[0.0] * DIM], "dim": str(DIM)}))
         r = c.post("/v1/indexes/ix/search", json={**q, "k": 4})
         assert r.status_code == 200 and len(r.json()["results"][0]) == 4, r.text[:300]

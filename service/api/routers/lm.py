@@ -39,7 +39,7 @@ from ..deps import JSONOnly, ReadScope, StateDep
 from ..job_routes import job_route
 from ..openapi import json_body
 from ..responses import FastJSONResponse
-from ..schemas import Seed, _Strict, error_responses
+from ..schemas import Count, Seed, _Strict, error_responses
 
 __all__ = ["router", "get_lm", "lm_space", "LMFitRequest", "LMGenerateRequest", "LMAnalyzeRequest",
            "MAX_NEW_TOKENS"]
@@ -52,11 +52,11 @@ class LMFitRequest(_Strict):
     name: str = Field(..., description="Steer name; the fit registers its next version in space `lm.<model>`.")
     texts: list[str] = Field(..., min_length=2, description="Training texts.")
     labels: list[int] = Field(..., description="One per text: +1 wanted style, -1 opposite, 0 ignored.")
-    rank: int = Field(8, ge=1, le=1024, description="Rank r of W = P1 P2^T.")
+    rank: Count = Field(8, ge=1, le=1024, description="Rank r of W = P1 P2^T.")
     eps: float = Field(1e-3, gt=0, allow_inf_nan=False, description="Training scale eps0 (folded into P1).")
-    steps: int = Field(200, ge=1, le=20_000, description="Adam steps.")
+    steps: Count = Field(200, ge=1, le=20_000, description="Adam steps.")
     lr: float = Field(1e-2, gt=0, allow_inf_nan=False)
-    random_state: int = Seed
+    random_state: Count = Seed
     alias: str | None = None
     description: str = ""
 
@@ -64,13 +64,13 @@ class LMFitRequest(_Strict):
 class LMGenerateRequest(_Strict):
     prompt: str = Field(..., min_length=1)
     steers: dict[str, float] = Field(default_factory=dict, description="`{steer ref: eps}`, composed by summation.")
-    max_new_tokens: int = Field(30, ge=1, le=MAX_NEW_TOKENS)
+    max_new_tokens: Count = Field(30, ge=1, le=MAX_NEW_TOKENS)
     temperature: float = Field(1.0, ge=0, le=10, allow_inf_nan=False,
                                description="Sampling temperature (default 1.0 with nucleus `top_p`: sampling is "
                                            "the documented default for steered text, greedy decoding repeats); "
                                            "0: greedy; sampling needs at least 0.01.")
     top_p: float = Field(0.9, gt=0, le=1)
-    random_state: int = Seed
+    random_state: Count = Seed
 
 
 class LMGenerateResponse(BaseModel):
