@@ -46,6 +46,8 @@ DescriptionText = Annotated[str, AfterValidator(_no_nul)]
 Dim = Field(None, ge=1, le=MAX_DIM, description=f"Columns per row (1 .. {MAX_DIM}).")
 #: A count in a JSON body (dims, k, ...): an integer as JSON writes it. Lax ints took `true` as 1 and `"4"` as 4.
 Count = Annotated[int, Strict()]
+#: A real number in a JSON body: an integer or a float as JSON writes it (not `true`, not "nan").
+Real = Annotated[float, Strict()]
 Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 2**31-1).")
 Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: the next "
                                                                   "free ids).")
@@ -210,7 +212,7 @@ class SearchOptions(_Strict):
                                                     f"(default {DEFAULT_LIMITS.max_hits}).")
     csls: bool = Field(False, description="Re-rank candidates by CSLS (reduces hubness of mapped queries).")
     csls_k: Count = Field(10, ge=1, le=1000)
-    csls_weight: float = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
+    csls_weight: Real = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
                                description="Weight w of the document's hubness in the CSLS score 2 cos(q, d) - r(q) - "
                                            "w r(d): 1 is classic CSLS, 0 the cosine order. The default 0.5 kept more "
                                            "of the native recall than 1 on labelled retrieval in migrated indexes "
@@ -219,7 +221,7 @@ class SearchOptions(_Strict):
     ef_search: Count | None = Field(None, ge=1, le=100_000, description="HNSW breadth for this request.")
     nprobe: Count | None = Field(None, ge=1, le=65_536, description="IVF lists probed for this request.")
     include_payloads: bool = True
-    steers: dict[str, float] | None = Field(
+    steers: dict[str, Real] | None = Field(
         None, description="Steered search: `{steer ref: eps}` applied to the queries in the index's space (after "
                           "translation), composed by summing `sum eps_i W_i`.")
     dim: Count | None = Dim
@@ -275,7 +277,7 @@ class PlanRequest(_Strict):
     old: _Vectors = Field(..., description="The old corpus (old-model vectors of every row to migrate).")
     probe_source: _Vectors = Field(..., description="Old-model vectors of the probe texts (50+; 200-1,000 recommended).")
     probe_target: _Vectors = Field(..., description="New-model vectors of the same texts, row i <-> row i.")
-    target_retention: float = Field(0.95, gt=0, le=1, description="Retention the recommended K should reach.")
+    target_retention: Real = Field(0.95, gt=0, le=1, description="Retention the recommended K should reach.")
     random_state: Count = Seed
     queries: _Vectors | None = Field(None, description="Labelled queries (new-model vectors): the plan predicts their "
                                                        "labelled R@10 retention over the whole `old` corpus. Needs "
@@ -294,13 +296,13 @@ class EvaluateRequest(_Strict):
                                                            "of keeping it (`retrieval.labelled.old`, `beats_old`).")
     side: Literal["target", "source"] = Field("target", description="`target`: corpus-side migration (the map moves "
                                               "the documents); `source`: query-side (the map moves the queries).")
-    min_retention: float | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on retention (labelled R@10 "
+    min_retention: Real | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on retention (labelled R@10 "
                                         "retention with queries, else nn_retention@10).")
-    min_top1: float | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on top-1 of the pairs.")
+    min_top1: Real | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on top-1 of the pairs.")
     csls: bool = Field(False, description="Also rank by CSLS: top-1 of the pairs, and with `queries` the labelled "
                                           "retention (and the gate) of CSLS search "
                                           "(`retrieval.labelled_plain`: plain).")
-    csls_weight: float = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
+    csls_weight: Real = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
                                description="Weight of the document's hubness in that CSLS search.")
 
 
@@ -513,7 +515,7 @@ class SteerFitRequest(SteerFitOptions, _Vectors):
 
 
 class SteerApplyOptions(_Strict):
-    eps: float = Field(1.0, description="Strength: 0 is the identity, 1 the trained strength, negative reverses.")
+    eps: Real = Field(1.0, description="Strength: 0 is the identity, 1 the trained strength, negative reverses.")
     dim: Count | None = Dim
 
 

@@ -333,6 +333,14 @@ def test_strict_numbers_and_shapes(server):
             _refused(c.post("/v1/indexes/ix/search", json={**q, **extra}))
         _refused(c.post("/v1/spaces", json={"name": "booldim", "dim": True}))
         _refused(c.put("/v1/maps/a2b/aliases/boolv", json={"version": True}))
+        # and reals are JSON numbers: "nan" and "inf" were read as NaN and Inf, true as 1.0
+        for extra in ({"csls": True, "csls_weight": "nan"}, {"csls": True, "csls_weight": True},
+                      {"steers": {"shift": "inf"}}, {"steers": {"shift": True}}):
+            _refused(c.post("/v1/indexes/ix/search", json={**q, **extra}))
+        for eps in ("nan", "-inf", True):
+            _refused(c.post("/v1/steers/shift/apply", json={"vectors": [[0.5] * DIM], "eps": eps}))
+        r = c.post("/v1/steers/shift/apply", json={"vectors": [[0.5] * DIM], "eps": 1})
+        assert r.status_code == 200, r.text[:300]  # an integer is a real number
         _refused(c.post("/v1/indexes", json={"name": "boolseed", "space": "b", "kind": "ivf", "random_state": True,
                                              "vectors": [[0.5] * DIM] * 8}))
         _refused(c.post("/v1/maps/a2b/transform", json={"vectors": [[0.0] * DIM], "dim": str(DIM)}))

@@ -39,7 +39,7 @@ from ..deps import JSONOnly, ReadScope, StateDep
 from ..job_routes import job_route
 from ..openapi import json_body
 from ..responses import FastJSONResponse
-from ..schemas import Count, Seed, _Strict, error_responses
+from ..schemas import Count, Real, Seed, _Strict, error_responses
 
 __all__ = ["router", "get_lm", "lm_space", "LMFitRequest", "LMGenerateRequest", "LMAnalyzeRequest",
            "MAX_NEW_TOKENS"]
@@ -53,9 +53,9 @@ class LMFitRequest(_Strict):
     texts: list[str] = Field(..., min_length=2, description="Training texts.")
     labels: list[int] = Field(..., description="One per text: +1 wanted style, -1 opposite, 0 ignored.")
     rank: Count = Field(8, ge=1, le=1024, description="Rank r of W = P1 P2^T.")
-    eps: float = Field(1e-3, gt=0, allow_inf_nan=False, description="Training scale eps0 (folded into P1).")
+    eps: Real = Field(1e-3, gt=0, allow_inf_nan=False, description="Training scale eps0 (folded into P1).")
     steps: Count = Field(200, ge=1, le=20_000, description="Adam steps.")
-    lr: float = Field(1e-2, gt=0, allow_inf_nan=False)
+    lr: Real = Field(1e-2, gt=0, allow_inf_nan=False)
     random_state: Count = Seed
     alias: str | None = None
     description: str = ""
@@ -63,13 +63,13 @@ class LMFitRequest(_Strict):
 
 class LMGenerateRequest(_Strict):
     prompt: str = Field(..., min_length=1)
-    steers: dict[str, float] = Field(default_factory=dict, description="`{steer ref: eps}`, composed by summation.")
+    steers: dict[str, Real] = Field(default_factory=dict, description="`{steer ref: eps}`, composed by summation.")
     max_new_tokens: Count = Field(30, ge=1, le=MAX_NEW_TOKENS)
-    temperature: float = Field(1.0, ge=0, le=10, allow_inf_nan=False,
+    temperature: Real = Field(1.0, ge=0, le=10, allow_inf_nan=False,
                                description="Sampling temperature (default 1.0 with nucleus `top_p`: sampling is "
                                            "the documented default for steered text, greedy decoding repeats); "
                                            "0: greedy; sampling needs at least 0.01.")
-    top_p: float = Field(0.9, gt=0, le=1)
+    top_p: Real = Field(0.9, gt=0, le=1)
     random_state: Count = Seed
 
 
@@ -82,8 +82,8 @@ class LMGenerateResponse(BaseModel):
 class LMAnalyzeRequest(_Strict):
     text: str = Field(..., min_length=1)
     steer: str = Field(..., description="Steer ref: name, name@alias or name:N.")
-    eps: float = Field(1.0, gt=0, allow_inf_nan=False, description="Evidence compares +eps with -eps.")
-    threshold: float = Field(0.5, ge=0, allow_inf_nan=False, description="Minimum |score| of a span token.")
+    eps: Real = Field(1.0, gt=0, allow_inf_nan=False, description="Evidence compares +eps with -eps.")
+    threshold: Real = Field(0.5, ge=0, allow_inf_nan=False, description="Minimum |score| of a span token.")
 
 
 class TokenScore(BaseModel):
