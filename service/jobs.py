@@ -38,6 +38,7 @@ import traceback
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -48,7 +49,7 @@ from .errors import BusyError, ConflictError, NotFoundError
 from .logging import get_logger
 
 __all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFullError", "JobNotFoundError",
-           "IdempotencyConflictError", "TERMINAL", "INTERRUPTED"]
+           "IdempotencyConflictError", "JobStoreBusyError", "TERMINAL", "INTERRUPTED"]
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 INTERRUPTED = {"type": "Interrupted",
@@ -60,6 +61,10 @@ _log = get_logger("jobs")
 
 class QueueFullError(BusyError):
     """Too many jobs wait for a worker; retry later."""
+
+
+class JobStoreBusyError(BusyError):
+    """The job store stayed locked by another connection (a sibling process, a backup) past its busy timeout."""
 
 
 class JobNotFoundError(NotFoundError):
@@ -164,14 +169,19 @@ class JobStore:
         become free again).
     progress_interval : float
         Least seconds between two progress writes of one job (state changes are always written).
+    busy_timeout : float
+        Seconds a read or write waits for a lock held by another connection before it gives up with
+        :class:`JobStoreBusyError` (HTTP 429 with ``Retry-After``).
     """
 
-    def __init__(self, path, *, keep_finished: int = 10_000, progress_interval: float = 0.5) -> None:
+    def __init__(self, path, *, keep_finished: int = 10_000, progress_interval: float = 0.5,
+                 busy_timeout: float = 10.0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.owners_dir = self.path.parent / f"{self.path.stem}.owners"
         self.keep_finished = int(keep_finished)
         self.progress_interval = float(progress_interval)
+        self.busy_timeout = float(busy_timeout)
         self.owner: str | None = None
         self._owner_fd: int | None = None
         self._local = threading.local()
@@ -188,7 +198,7 @@ class JobStore:
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
         if c is None or getattr(self._local, "pid", None) != os.getpid():
-            c = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+            c = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
             c.execute("PRAGMA journal_mode=DELETE")  # not WAL: its mapped -shm SIGBUSes on an immutable/full disk
             c.execute("PRAGMA mmap_size=0")
             c.execute("PRAGMA synchronous=NORMAL")
@@ -201,14 +211,36 @@ class JobStore:
         class _T:
             def __enter__(self):
                 self.c = store._conn()
-                self.c.execute("BEGIN IMMEDIATE")
+                with store._busy():
+                    self.c.execute("BEGIN IMMEDIATE")
                 return self.c
 
             def __exit__(self, et, ev, tb):
-                self.c.execute("ROLLBACK" if et else "COMMIT")
+                if et is None:
+                    try:
+                        with store._busy():
+                            self.c.execute("COMMIT")
+                        return False
+                    except BaseException:
+                        if self.c.in_transaction:  # a COMMIT that timed out leaves the transaction open
+                            self.c.execute("ROLLBACK")
+                        raise
+                if self.c.in_transaction:
+                    self.c.execute("ROLLBACK")
                 return False
 
         return _T()
+
+    @contextmanager
+    def _busy(self):
+        """Turn SQLite's "database is locked" (held past the busy timeout) into :class:`JobStoreBusyError`."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            raise JobStoreBusyError(f"the job store {self.path.name} stayed locked by another process for "
+                                    f"{self.busy_timeout:g} s ({exc}); retry shortly") from exc
 
     # --- owners -----------------------------------------------------------------------------
     def claim_owner(self) -> str:
@@ -325,17 +357,20 @@ class JobStore:
 
     def get(self, job_id: str) -> tuple[Job, str] | None:
         """``(job, owner)``, or None."""
-        r = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        with self._busy():
+            r = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if r is None else (self._job(r), r[-1])
 
     def list(self, limit: int = 1000) -> list[Job]:
-        rows = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs ORDER BY created_at DESC LIMIT ?",
-                                    (int(limit),)).fetchall()
+        with self._busy():
+            rows = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs ORDER BY created_at DESC LIMIT ?",
+                                        (int(limit),)).fetchall()
         return [self._job(r) for r in reversed(rows)]
 
     def counts(self) -> dict[str, int]:
         """Stored jobs by state (every process of the data dir, every record not yet trimmed)."""
-        rows = self._conn().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        with self._busy():
+            rows = self._conn().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
         return {state: int(n) for state, n in rows}
 
     def close(self) -> None:
@@ -409,7 +444,7 @@ class JobManager:
                 for state, n in self.store.counts().items():
                     out[state] = out.get(state, 0) + n
                 return out
-            except sqlite3.Error as exc:  # the store is unreadable: say what this process knows
+            except (sqlite3.Error, JobStoreBusyError) as exc:  # the store is unreadable: say what this process knows
                 _log.warning("job counts from this process only", extra={"fields": {"error": repr(exc)}})
         return {**out, **self.local_counts()}
 

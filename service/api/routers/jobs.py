@@ -12,7 +12,7 @@ from ..pagination import Page, paginate
 from ..responses import FastJSONResponse
 from ..schemas import JobList, JobOut, error_responses
 
-router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 503))
+router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 429, 503))
 
 
 @router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)",
@@ -25,7 +25,8 @@ async def list_jobs(state: StateDep, page: Page):
 @router.get("/jobs/{job_id}", dependencies=[ReadScope], summary="Job state, progress, timings, result",
             response_model=JobOut)
 async def get_job(job_id: str, state: StateDep):
-    return FastJSONResponse(job_ops.get_job(state.jobs, job_id))
+    # another process's job is read from the job store (which can wait for its lock): off the event loop
+    return FastJSONResponse(await run_in_threadpool(job_ops.get_job, state.jobs, job_id))
 
 
 @router.delete("/jobs/{job_id}", dependencies=[WriteScope], status_code=202, summary="Cancel a job",
@@ -34,5 +35,5 @@ async def get_job(job_id: str, state: StateDep):
                            "state is unchanged).",
                response_model=JobOut, responses={200: {"model": JobOut, "description": "The job's final record."}})
 async def cancel_job(job_id: str, state: StateDep):
-    record = job_ops.cancel_job(state.jobs, job_id)
+    record = await run_in_threadpool(job_ops.cancel_job, state.jobs, job_id)
     return FastJSONResponse(record, status_code=200 if record["state"] in TERMINAL else 202)
