@@ -361,11 +361,18 @@ class JobStore:
             r = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if r is None else (self._job(r), r[-1])
 
-    def list(self, limit: int = 1000) -> list[Job]:
+    def list(self, limit: int = 1000, after: tuple[float, str] | None = None) -> list[Job]:
+        """The newest ``limit`` records oldest first; with ``after`` (a ``(created_at, id)`` key) the first
+        ``limit`` records past it, so pages walk every record."""
+        cols = ", ".join(_COLS)
         with self._busy():
-            rows = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs ORDER BY created_at DESC LIMIT ?",
-                                        (int(limit),)).fetchall()
-        return [self._job(r) for r in reversed(rows)]
+            if after is None:
+                rows = self._conn().execute(f"SELECT {cols} FROM jobs ORDER BY created_at DESC, id DESC LIMIT ?",
+                                            (int(limit),)).fetchall()[::-1]
+            else:
+                rows = self._conn().execute(f"SELECT {cols} FROM jobs WHERE (created_at, id) > (?, ?) "
+                                            "ORDER BY created_at, id LIMIT ?", (*after, int(limit))).fetchall()
+        return [self._job(r) for r in rows]
 
     def counts(self) -> dict[str, int]:
         """Stored jobs by state (every process of the data dir, every record not yet trimmed)."""
@@ -434,6 +441,16 @@ class JobManager:
             return list(mine.values())
         out = [mine.pop(j.id, j) for j in self.store.list(self._keep)]
         return out + list(mine.values())
+
+    def page(self, limit: int, after: tuple[float, str] | None = None) -> list[Job]:
+        """The first ``limit`` jobs past ``after`` in ``(created_at, id)`` order: unlike :meth:`list` (the newest
+        ``keep_finished``), successive pages reach every stored record."""
+        with self._lock:
+            mine = dict(self._jobs)
+        if self.store is None:
+            jobs = sorted(mine.values(), key=lambda j: (j.created_at, j.id))
+            return [j for j in jobs if after is None or (j.created_at, j.id) > after][:limit]
+        return [mine.get(j.id, j) for j in self.store.list(limit, after if after is not None else (-1.0, ""))]
 
     def counts(self) -> dict[str, int]:
         """Jobs by state, as :meth:`list` sees them: the durable store's records (every process of the

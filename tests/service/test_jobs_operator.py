@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from _api_support import W, planted
+from _api_support import R, W, planted
 from _servers import env_for, free_port, seed_registry, start, stop
 
 HOLD_LOCK = textwrap.dedent("""
@@ -70,3 +70,34 @@ def test_a_locked_job_store_neither_stalls_the_server_nor_answers_500(server):
         holder.wait()
     r = httpx.post(f"{url}/v1/fits", headers=W, json=body, timeout=60)
     assert r.status_code == 202, r.text
+
+
+def test_pages_of_the_job_list_reach_every_stored_job(server):
+    # with 1,200 stored jobs, walking GET /v1/jobs?limit=100 page by page ended after the newest 1,000
+    # while `counts` said 1,200: the oldest 200 could only be reached by an id nobody could list
+    from service.jobs import Job, JobStore
+
+    url, data = server
+    store = JobStore(data / "jobs.sqlite")
+    t0 = time.time() - 10_000
+    ids = []
+    for i in range(1200):  # a long history, as earlier runs leave it
+        job = Job(id=f"{i:04d}" + "0" * 28, kind="fit", state="succeeded", stage="done", fraction=1.0,
+                  created_at=t0 + i, started_at=t0 + i, finished_at=t0 + i + 0.5, result={"i": i})
+        assert store.insert(job) is None
+        ids.append(job.id)
+    store.close()
+    seen, cursor = [], None
+    while True:
+        page = httpx.get(f"{url}/v1/jobs", headers=R, params={"limit": 100, **({"cursor": cursor} if cursor else {})},
+                         timeout=60).json()
+        seen += [j["id"] for j in page["data"]]
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert page["counts"]["succeeded"] == 1200
+    assert seen == ids  # every job once, oldest first
+    newest = httpx.get(f"{url}/v1/jobs", headers=R, timeout=60).json()
+    assert [j["id"] for j in newest["data"]] == ids[-1000:] and newest["next"] is None  # unpaged: the newest 1000
+    bad = httpx.get(f"{url}/v1/jobs", headers=R, params={"limit": 10, "cursor": "WzEsMiwzXQ"}, timeout=60)
+    assert bad.status_code == 422 and "cursor" in bad.text, bad.text
