@@ -151,6 +151,22 @@ class JobContext:
             self._job.stage_seconds[st] = self._job.stage_seconds.get(st, 0.0) + time.time() - self._stage_started
 
 
+MAX_ERROR_CHARS = 4000
+
+
+def _plain(v):
+    """JSON for what a job may put in its result beyond JSON's types: numpy numbers and arrays, else ``str``."""
+    return v.tolist() if hasattr(v, "tolist") else str(v)
+
+
+def _error(kind: str, exc: BaseException, default: str = "") -> dict:
+    """A job's ``error``: the exception's message, cut to :data:`MAX_ERROR_CHARS` (it is stored and listed)."""
+    msg = str(exc) or default
+    if len(msg) > MAX_ERROR_CHARS:
+        msg = f"{msg[:MAX_ERROR_CHARS]}… ({len(msg) - MAX_ERROR_CHARS} more characters)"
+    return {"type": kind, "message": msg}
+
+
 _COLS = ("id", "kind", "description", "state", "stage", "fraction", "created_at", "started_at", "finished_at",
          "stage_seconds", "result", "error", "idempotency_key", "request_hash", "cancel_requested", "owner")
 _JSON_COLS = ("stage_seconds", "result", "error")
@@ -310,7 +326,7 @@ class JobStore:
         for k in _COLS:
             v = owner if k == "owner" else getattr(job, k)
             if k in _JSON_COLS:
-                v = None if v is None else json.dumps(v)
+                v = None if v is None else json.dumps(v, default=_plain)
             elif k == "cancel_requested":
                 v = int(bool(v))
             vals.append(v)
@@ -575,15 +591,15 @@ class JobManager:
                 job.finished_at = time.time()
                 if job.cancel_requested or isinstance(exc, Cancelled):
                     job.state = "cancelled"
-                    job.error = {"type": "JobCancelled", "message": str(exc) or "cancelled"}
+                    job.error = _error("JobCancelled", exc, "cancelled")
                 else:
                     job.state = "failed"
-                    job.error = {"type": type(exc).__name__, "message": str(exc)}
+                    job.error = _error(type(exc).__name__, exc)
             self._persist(job)
             if job.state == "failed":
                 _log.warning("job failed", extra={"fields": {
                     "job_id": job.id, "kind": job.kind, "error": job.error,
-                    "trace": traceback.format_exc(limit=8)}})
+                    "trace": "".join(traceback.format_tb(exc.__traceback__, limit=8))}})
             self._count(job.state)
             return
         ctx._close_stage()
