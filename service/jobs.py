@@ -38,6 +38,7 @@ import traceback
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -48,7 +49,7 @@ from .errors import BusyError, ConflictError, NotFoundError
 from .logging import get_logger
 
 __all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFullError", "JobNotFoundError",
-           "IdempotencyConflictError", "TERMINAL", "INTERRUPTED"]
+           "IdempotencyConflictError", "JobStoreBusyError", "TERMINAL", "INTERRUPTED"]
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 INTERRUPTED = {"type": "Interrupted",
@@ -60,6 +61,10 @@ _log = get_logger("jobs")
 
 class QueueFullError(BusyError):
     """Too many jobs wait for a worker; retry later."""
+
+
+class JobStoreBusyError(BusyError):
+    """The job store stayed locked by another connection (a sibling process, a backup) past its busy timeout."""
 
 
 class JobNotFoundError(NotFoundError):
@@ -146,6 +151,22 @@ class JobContext:
             self._job.stage_seconds[st] = self._job.stage_seconds.get(st, 0.0) + time.time() - self._stage_started
 
 
+MAX_ERROR_CHARS = 4000
+
+
+def _plain(v):
+    """JSON for what a job may put in its result beyond JSON's types: numpy numbers and arrays, else ``str``."""
+    return v.tolist() if hasattr(v, "tolist") else str(v)
+
+
+def _error(kind: str, exc: BaseException, default: str = "") -> dict:
+    """A job's ``error``: the exception's message, cut to :data:`MAX_ERROR_CHARS` (it is stored and listed)."""
+    msg = str(exc) or default
+    if len(msg) > MAX_ERROR_CHARS:
+        msg = f"{msg[:MAX_ERROR_CHARS]}… ({len(msg) - MAX_ERROR_CHARS} more characters)"
+    return {"type": kind, "message": msg}
+
+
 _COLS = ("id", "kind", "description", "state", "stage", "fraction", "created_at", "started_at", "finished_at",
          "stage_seconds", "result", "error", "idempotency_key", "request_hash", "cancel_requested", "owner")
 _JSON_COLS = ("stage_seconds", "result", "error")
@@ -164,14 +185,19 @@ class JobStore:
         become free again).
     progress_interval : float
         Least seconds between two progress writes of one job (state changes are always written).
+    busy_timeout : float
+        Seconds a read or write waits for a lock held by another connection before it gives up with
+        :class:`JobStoreBusyError` (HTTP 429 with ``Retry-After``).
     """
 
-    def __init__(self, path, *, keep_finished: int = 10_000, progress_interval: float = 0.5) -> None:
+    def __init__(self, path, *, keep_finished: int = 10_000, progress_interval: float = 0.5,
+                 busy_timeout: float = 10.0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.owners_dir = self.path.parent / f"{self.path.stem}.owners"
         self.keep_finished = int(keep_finished)
         self.progress_interval = float(progress_interval)
+        self.busy_timeout = float(busy_timeout)
         self.owner: str | None = None
         self._owner_fd: int | None = None
         self._local = threading.local()
@@ -188,7 +214,7 @@ class JobStore:
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
         if c is None or getattr(self._local, "pid", None) != os.getpid():
-            c = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+            c = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
             c.execute("PRAGMA journal_mode=DELETE")  # not WAL: its mapped -shm SIGBUSes on an immutable/full disk
             c.execute("PRAGMA mmap_size=0")
             c.execute("PRAGMA synchronous=NORMAL")
@@ -201,14 +227,36 @@ class JobStore:
         class _T:
             def __enter__(self):
                 self.c = store._conn()
-                self.c.execute("BEGIN IMMEDIATE")
+                with store._busy():
+                    self.c.execute("BEGIN IMMEDIATE")
                 return self.c
 
             def __exit__(self, et, ev, tb):
-                self.c.execute("ROLLBACK" if et else "COMMIT")
+                if et is None:
+                    try:
+                        with store._busy():
+                            self.c.execute("COMMIT")
+                        return False
+                    except BaseException:
+                        if self.c.in_transaction:  # a COMMIT that timed out leaves the transaction open
+                            self.c.execute("ROLLBACK")
+                        raise
+                if self.c.in_transaction:
+                    self.c.execute("ROLLBACK")
                 return False
 
         return _T()
+
+    @contextmanager
+    def _busy(self):
+        """Turn SQLite's "database is locked" (held past the busy timeout) into :class:`JobStoreBusyError`."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            raise JobStoreBusyError(f"the job store {self.path.name} stayed locked by another process for "
+                                    f"{self.busy_timeout:g} s ({exc}); retry shortly") from exc
 
     # --- owners -----------------------------------------------------------------------------
     def claim_owner(self) -> str:
@@ -278,7 +326,7 @@ class JobStore:
         for k in _COLS:
             v = owner if k == "owner" else getattr(job, k)
             if k in _JSON_COLS:
-                v = None if v is None else json.dumps(v)
+                v = None if v is None else json.dumps(v, default=_plain)
             elif k == "cancel_requested":
                 v = int(bool(v))
             vals.append(v)
@@ -325,17 +373,27 @@ class JobStore:
 
     def get(self, job_id: str) -> tuple[Job, str] | None:
         """``(job, owner)``, or None."""
-        r = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        with self._busy():
+            r = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if r is None else (self._job(r), r[-1])
 
-    def list(self, limit: int = 1000) -> list[Job]:
-        rows = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs ORDER BY created_at DESC LIMIT ?",
-                                    (int(limit),)).fetchall()
-        return [self._job(r) for r in reversed(rows)]
+    def list(self, limit: int = 1000, after: tuple[float, str] | None = None) -> list[Job]:
+        """The newest ``limit`` records oldest first; with ``after`` (a ``(created_at, id)`` key) the first
+        ``limit`` records past it, so pages walk every record."""
+        cols = ", ".join(_COLS)
+        with self._busy():
+            if after is None:
+                rows = self._conn().execute(f"SELECT {cols} FROM jobs ORDER BY created_at DESC, id DESC LIMIT ?",
+                                            (int(limit),)).fetchall()[::-1]
+            else:
+                rows = self._conn().execute(f"SELECT {cols} FROM jobs WHERE (created_at, id) > (?, ?) "
+                                            "ORDER BY created_at, id LIMIT ?", (*after, int(limit))).fetchall()
+        return [self._job(r) for r in rows]
 
     def counts(self) -> dict[str, int]:
         """Stored jobs by state (every process of the data dir, every record not yet trimmed)."""
-        rows = self._conn().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        with self._busy():
+            rows = self._conn().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
         return {state: int(n) for state, n in rows}
 
     def close(self) -> None:
@@ -400,6 +458,16 @@ class JobManager:
         out = [mine.pop(j.id, j) for j in self.store.list(self._keep)]
         return out + list(mine.values())
 
+    def page(self, limit: int, after: tuple[float, str] | None = None) -> list[Job]:
+        """The first ``limit`` jobs past ``after`` in ``(created_at, id)`` order: unlike :meth:`list` (the newest
+        ``keep_finished``), successive pages reach every stored record."""
+        with self._lock:
+            mine = dict(self._jobs)
+        if self.store is None:
+            jobs = sorted(mine.values(), key=lambda j: (j.created_at, j.id))
+            return [j for j in jobs if after is None or (j.created_at, j.id) > after][:limit]
+        return [mine.get(j.id, j) for j in self.store.list(limit, after if after is not None else (-1.0, ""))]
+
     def counts(self) -> dict[str, int]:
         """Jobs by state, as :meth:`list` sees them: the durable store's records (every process of the
         data dir), else this process's jobs."""
@@ -409,7 +477,7 @@ class JobManager:
                 for state, n in self.store.counts().items():
                     out[state] = out.get(state, 0) + n
                 return out
-            except sqlite3.Error as exc:  # the store is unreadable: say what this process knows
+            except (sqlite3.Error, JobStoreBusyError) as exc:  # the store is unreadable: say what this process knows
                 _log.warning("job counts from this process only", extra={"fields": {"error": repr(exc)}})
         return {**out, **self.local_counts()}
 
@@ -523,15 +591,15 @@ class JobManager:
                 job.finished_at = time.time()
                 if job.cancel_requested or isinstance(exc, Cancelled):
                     job.state = "cancelled"
-                    job.error = {"type": "JobCancelled", "message": str(exc) or "cancelled"}
+                    job.error = _error("JobCancelled", exc, "cancelled")
                 else:
                     job.state = "failed"
-                    job.error = {"type": type(exc).__name__, "message": str(exc)}
+                    job.error = _error(type(exc).__name__, exc)
             self._persist(job)
             if job.state == "failed":
                 _log.warning("job failed", extra={"fields": {
                     "job_id": job.id, "kind": job.kind, "error": job.error,
-                    "trace": traceback.format_exc(limit=8)}})
+                    "trace": "".join(traceback.format_tb(exc.__traceback__, limit=8))}})
             self._count(job.state)
             return
         ctx._close_stage()

@@ -34,8 +34,9 @@ def job_route(router: APIRouter, path: str, *, kind: str, summary: str, descript
                            idempotency_key: IdempotencyKey = None):
             body = await request.body()
             fn, what = await run_in_threadpool(plan, body, request, state, settings)
-            job, created = job_ops.submit(state.jobs, fn, kind=kind, description=what, request=body,
-                                          idempotency_key=idempotency_key)
+            # the durable insert can wait for the job store's lock: never on the event loop
+            job, created = await run_in_threadpool(job_ops.submit, state.jobs, fn, kind=kind, description=what,
+                                                   request=body, idempotency_key=idempotency_key)
             return FastJSONResponse(job.to_dict(), status_code=202 if created else 200,
                                     headers={"Location": f"/v1/jobs/{job.id}"})
 

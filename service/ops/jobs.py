@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 from typing import Callable
 
+from align.exceptions import InputError
+
 from ..jobs import Job, JobContext, JobManager
 
 __all__ = ["submit", "list_jobs", "get_job", "cancel_job"]
@@ -27,9 +29,19 @@ def submit(jobs: JobManager, fn: Callable[[JobContext], dict | None], *, kind: s
                        request_hash=hashlib.sha256(request).hexdigest())
 
 
-def list_jobs(jobs: JobManager) -> tuple[list[dict], dict]:
-    """Every job this data dir knows (``to_dict`` records) and the count per state."""
-    return [j.to_dict() for j in jobs.list()], jobs.counts()
+def list_jobs(jobs: JobManager, limit: int | None = None, after=None) -> tuple[list[dict], dict]:
+    """Jobs this data dir knows (``to_dict`` records) and the count per state (every stored record).
+
+    Without ``limit``: the newest ones the manager keeps in view (``keep_finished``, 1000). With ``limit``:
+    the first ``limit`` jobs past ``after`` (a ``(created_at, id)`` key), so a walk of pages reaches every
+    stored job; a key of another shape is an InputError.
+    """
+    if limit is None:
+        return [j.to_dict() for j in jobs.list()], jobs.counts()
+    if after is not None and not (isinstance(after, tuple) and len(after) == 2 and isinstance(after[1], str)
+                                  and isinstance(after[0], (int, float)) and not isinstance(after[0], bool)):
+        raise InputError("cursor does not belong to this list; send the `next` value of the previous page")
+    return [j.to_dict() for j in jobs.page(limit, after)], jobs.counts()
 
 
 def get_job(jobs: JobManager, job_id: str) -> dict:

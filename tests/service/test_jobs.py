@@ -207,7 +207,8 @@ def test_http_cancel_stops_a_contrastive_fit_between_epochs(fit_client):
             break
         time.sleep(0.05)
     assert "contrastive" in str(job["progress"].get("stage")), job
-    assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code == 202
+    r = c.delete(f"/v1/jobs/{jid}", headers=W)  # 202; 200 when the job already stopped before the answer
+    assert r.status_code == (200 if r.json()["state"] == "cancelled" else 202), (r.status_code, r.text[:300])
     job = wait(http_job(c, R), jid)
     assert job["state"] == "cancelled" and c.get("/v1/maps/long", headers=R).status_code == 404
     bad = c.post("/v1/fits", headers=W, json={**body, "name": "bad", "params": {"epochs": 10**9}})

@@ -185,3 +185,30 @@ def test_counts_come_from_the_store_not_the_process(tmp_path):
     assert counts == {s: sum(j.state == s for j in listed) for s in counts}
     assert second.local_counts()["succeeded"] == 0  # this process ran none: its own gauges stay 0
     second.shutdown(wait=True)
+
+
+def test_a_numpy_result_and_a_huge_error_are_stored_as_their_process_sees_them(tmp_path):
+    # a result holding numpy numbers could not be written as JSON: the write was skipped with a warning, so
+    # the stored row said "running" for good (every sibling process answered that, and after a restart it
+    # became "interrupted" though the job had succeeded); a 1 MB error message was stored, listed and logged
+    import numpy as np
+
+    db = tmp_path / "jobs.sqlite"
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(db))
+    mgr.open()
+    ok, _ = mgr.submit(lambda ctx: {"score": np.float32(0.5), "n": np.int64(3), "row": np.arange(2.0)}, kind="t")
+
+    def boom(ctx):
+        raise ValueError("x" * 1_000_000)
+
+    bad, _ = mgr.submit(boom, kind="t")
+    wait(mgr.get, ok.id)
+    wait(mgr.get, bad.id)
+    sibling = JobStore(db)  # what another process of the data dir reads
+    stored_ok, _ = sibling.get(ok.id)
+    assert stored_ok.state == "succeeded" and stored_ok.result == {"score": 0.5, "n": 3, "row": [0.0, 1.0]}
+    stored_bad, _ = sibling.get(bad.id)
+    assert stored_bad.state == "failed" and stored_bad.error["type"] == "ValueError"
+    assert stored_bad.error["message"].startswith("xxx") and len(stored_bad.error["message"]) < 5000
+    assert "more characters" in stored_bad.error["message"]
+    mgr.shutdown(wait=True)

@@ -8,24 +8,35 @@ from starlette.concurrency import run_in_threadpool
 from ...jobs import TERMINAL
 from ...ops import jobs as job_ops
 from ..deps import ReadScope, StateDep, WriteScope
-from ..pagination import Page, paginate
+from ..pagination import Page, decode_cursor, paginate
 from ..responses import FastJSONResponse
 from ..schemas import JobList, JobOut, error_responses
 
-router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 503))
+router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 429, 503))
 
 
 @router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)",
+            description="Oldest first. Without `limit`: the newest 1000 jobs in one page. With `limit`: pages "
+                        "(follow `next`) that walk every stored job; `counts` counts every stored job.",
             response_model=JobList)
 async def list_jobs(state: StateDep, page: Page):
-    jobs, counts = await run_in_threadpool(job_ops.list_jobs, state.jobs)
-    return FastJSONResponse({**paginate(jobs, lambda d: (d["timings"]["created_at"], d["id"]), page), "counts": counts})
+    after = None if page.cursor is None else decode_cursor(page.cursor)
+    # one row past the page tells paginate whether a next page exists
+    jobs, counts = await run_in_threadpool(job_ops.list_jobs, state.jobs,
+                                           None if page.limit is None else page.limit + 1, after)
+    return FastJSONResponse({**paginate(jobs, _key, page), "counts": counts})
+
+
+def _key(record: dict) -> tuple[float, str]:
+    """A job's place in the list (and its cursor): ``(created_at, id)``, unique and never changing."""
+    return record["timings"]["created_at"], record["id"]
 
 
 @router.get("/jobs/{job_id}", dependencies=[ReadScope], summary="Job state, progress, timings, result",
             response_model=JobOut)
 async def get_job(job_id: str, state: StateDep):
-    return FastJSONResponse(job_ops.get_job(state.jobs, job_id))
+    # another process's job is read from the job store (which can wait for its lock): off the event loop
+    return FastJSONResponse(await run_in_threadpool(job_ops.get_job, state.jobs, job_id))
 
 
 @router.delete("/jobs/{job_id}", dependencies=[WriteScope], status_code=202, summary="Cancel a job",
@@ -34,5 +45,5 @@ async def get_job(job_id: str, state: StateDep):
                            "state is unchanged).",
                response_model=JobOut, responses={200: {"model": JobOut, "description": "The job's final record."}})
 async def cancel_job(job_id: str, state: StateDep):
-    record = job_ops.cancel_job(state.jobs, job_id)
+    record = await run_in_threadpool(job_ops.cancel_job, state.jobs, job_id)
     return FastJSONResponse(record, status_code=200 if record["state"] in TERMINAL else 202)

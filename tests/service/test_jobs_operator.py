@@ -1,0 +1,103 @@
+"""Background jobs as an operator meets them, against a real ``vecbridge serve`` process: a job store locked
+by another process, listing every stored job page by page, retrying an interrupted job with its key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import httpx
+import pytest
+from _api_support import R, W, planted
+from _servers import env_for, free_port, seed_registry, start, stop
+
+HOLD_LOCK = textwrap.dedent("""
+    import sqlite3, sys, time
+    c = sqlite3.connect(sys.argv[1], isolation_level=None)
+    c.execute("BEGIN IMMEDIATE")
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+    c.execute("ROLLBACK")
+""")
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real single-process server over a data dir whose registry holds spaces a and b; ``(url, data_dir)``."""
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(data, port), port, tmp_path / "server.log")
+    try:
+        yield f"http://127.0.0.1:{port}", data
+    finally:
+        stop(proc)
+
+
+def _fit_body(name: str = "f") -> dict:
+    X, Y, _ = planted(80)
+    return {"name": name, "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
+            "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}}
+
+
+def test_a_locked_job_store_neither_stalls_the_server_nor_answers_500(server):
+    # another process held jobs.sqlite's write lock (a backup, a sibling's long transaction): POST /v1/fits
+    # waited for SQLite's busy timeout on the event loop — /healthz took 9.6 s — and then answered a 500
+    # "internal error"; the wait is now off the event loop and ends in a 429 with Retry-After
+    url, data = server
+    body = _fit_body()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(data / "jobs.sqlite"), "12"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        answer = {}
+        post = threading.Thread(target=lambda: answer.update(r=httpx.post(f"{url}/v1/fits", headers=W, json=body,
+                                                                          timeout=60)))
+        post.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        assert httpx.get(f"{url}/healthz", timeout=60).status_code == 200
+        assert time.monotonic() - t0 < 3.0, "the server stalled while the job store was locked"
+        post.join(60)
+        r = answer["r"]
+        assert r.status_code == 429 and r.headers.get("Retry-After"), (r.status_code, r.text)
+        assert r.json()["error"]["type"] == "JobStoreBusyError" and "jobs.sqlite" in r.text, r.text
+    finally:
+        holder.kill()
+        holder.wait()
+    r = httpx.post(f"{url}/v1/fits", headers=W, json=body, timeout=60)
+    assert r.status_code == 202, r.text
+
+
+def test_pages_of_the_job_list_reach_every_stored_job(server):
+    # with 1,200 stored jobs, walking GET /v1/jobs?limit=100 page by page ended after the newest 1,000
+    # while `counts` said 1,200: the oldest 200 could only be reached by an id nobody could list
+    from service.jobs import Job, JobStore
+
+    url, data = server
+    store = JobStore(data / "jobs.sqlite")
+    t0 = time.time() - 10_000
+    ids = []
+    for i in range(1200):  # a long history, as earlier runs leave it
+        job = Job(id=f"{i:04d}" + "0" * 28, kind="fit", state="succeeded", stage="done", fraction=1.0,
+                  created_at=t0 + i, started_at=t0 + i, finished_at=t0 + i + 0.5, result={"i": i})
+        assert store.insert(job) is None
+        ids.append(job.id)
+    store.close()
+    seen, cursor = [], None
+    while True:
+        page = httpx.get(f"{url}/v1/jobs", headers=R, params={"limit": 100, **({"cursor": cursor} if cursor else {})},
+                         timeout=60).json()
+        seen += [j["id"] for j in page["data"]]
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert page["counts"]["succeeded"] == 1200
+    assert seen == ids  # every job once, oldest first
+    newest = httpx.get(f"{url}/v1/jobs", headers=R, timeout=60).json()
+    assert [j["id"] for j in newest["data"]] == ids[-1000:] and newest["next"] is None  # unpaged: the newest 1000
+    bad = httpx.get(f"{url}/v1/jobs", headers=R, params={"limit": 10, "cursor": "WzEsMiwzXQ"}, timeout=60)
+    assert bad.status_code == 422 and "cursor" in bad.text, bad.text
