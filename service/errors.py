@@ -21,10 +21,13 @@ Every error raised on purpose derives from :class:`align.exceptions.VecbridgeErr
     └── IntegrityError-like, SerializationError    integrity / internal
 
 Any other exception is ``internal`` (HTTP 500, exit 3), except an ``OSError`` (``io``: exit 2, and
-HTTP 503 when it is a read-only or full data dir).
+HTTP 503 when it is a read-only or full data dir) and SQLite's "database is locked" past the busy timeout
+(``unavailable``: 503, exit 2).
 """
 
 from __future__ import annotations
+
+import sqlite3
 
 from align.exceptions import Cancelled, VecbridgeError
 
@@ -104,13 +107,17 @@ EXIT_CODE["integrity"] = 2  # a broken artifact or registry: the message says wh
 
 
 def kind_of(exc: BaseException) -> str:
-    """The kind of any exception: ``exc.kind`` for ours, ``io`` for OS errors, else ``internal``."""
+    """The kind of any exception: ``exc.kind`` for ours, ``io`` for OS errors, ``unavailable`` for a SQLite
+    database another process kept locked past the busy timeout (a backup, a long writer: retry later), else
+    ``internal``."""
     if isinstance(exc, VecbridgeError):
         return exc.kind
     if isinstance(exc, KeyboardInterrupt):
         return "cancelled"
     if isinstance(exc, OSError):
         return "io"
+    if isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc):
+        return "unavailable"
     return "internal"
 
 

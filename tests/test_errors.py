@@ -4,6 +4,7 @@ that both faces' tables know."""
 import importlib
 import inspect
 import pkgutil
+import sqlite3
 
 import pytest
 
@@ -60,9 +61,41 @@ def test_one_cancelled():
     (ValueError("a bug"), 500, 3),
     (OSError(5, "io"), 500, 2),
     (KeyboardInterrupt(), 409, 130),
+    (sqlite3.OperationalError("database is locked"), 503, 2),
+    (sqlite3.OperationalError("no such table: maps"), 500, 3),
 ])
 def test_kind_lookup(exc, status, code):
     assert http_status(exc) == status and exit_code(exc) == code
+
+
+def test_a_database_another_process_keeps_locked_is_a_503_to_retry(tmp_path):
+    """SQLite's "database is locked" past the busy timeout (a backup or a long writer holding the registry or the
+    job store) was an internal error: HTTP 500 with a traceback logged, CLI exit 3. It is a 503 with Retry-After
+    (exit 2): nothing was changed and a retry will do."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from service.api.errors import install_error_handlers
+
+    db = tmp_path / "r.sqlite"
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")  # as a backup or another process's long write would
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/read")
+    def read():
+        with sqlite3.connect(db, timeout=0.1) as c:
+            return c.execute("SELECT * FROM t").fetchall()
+
+    try:
+        r = TestClient(app, raise_server_exceptions=False).get("/read")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert r.status_code == 503 and r.headers["retry-after"] == "5", (r.status_code, r.text)
+    assert r.json()["error"]["type"] == "DatabaseLockedError" and "retry" in r.json()["error"]["message"]
 
 
 def test_same_idea_same_kind_across_stores():

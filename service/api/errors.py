@@ -58,6 +58,13 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
                                                                  "path_template": _route(request)}})
         return FastJSONResponse(_body("StorageUnavailableError", 503, storage_message(exc)), status_code=503,
                                 headers={"Retry-After": "30"})
+    if status == 503 and not isinstance(exc, VecbridgeError):  # kind_of: a database kept locked by another process
+        _log.warning("database locked", extra={"fields": {"error": str(exc), "path_template": _route(request)}})
+        return FastJSONResponse(_body("DatabaseLockedError", 503, "a database of the data dir stayed locked by another "
+                                      "process (a backup, a long write) past its busy timeout; nothing was changed: "
+                                      "retry shortly"), status_code=503, headers={"Retry-After": "5"})
+    if status == 503:
+        headers["Retry-After"] = "5"
     if status >= 500:
         _log.error("request failed", exc_info=exc, extra={"fields": {
             "request_id": request.scope.get("state", {}).get("request_id"), "path_template": _route(request)}})
