@@ -58,8 +58,10 @@ class Settings(BaseSettings):
                                                                "e.g. VECBRIDGE_LIMITS__MAX_K=500.")
     metrics_access: Literal["open", "key", "off"] = Field(
         "key", description="/metrics: open to anyone, a key with the read scope, or off (404).")
-    max_queued_jobs: int = 8
-    job_workers: int = 1
+    max_queued_jobs: int = Field(8, description=(
+        "Background jobs (fits, steer fits) waiting to run, per serving process (with --workers N, up to N times "
+        "as many in the data dir); more are a 429 with Retry-After."))
+    job_workers: int = Field(1, description="Background jobs running at once, per serving process.")
     max_heavy_requests: int = Field(2, ge=1, le=256, description=(
         "Synchronous requests that compute for seconds (POST /v1/plans, /v1/maps/{ref}/evaluate) running at once "
         "in a serving process; more are a 429 with Retry-After at once. Unbounded, 45 concurrent plans on 2 "
