@@ -56,6 +56,8 @@ INTERRUPTED = {"type": "Interrupted",
                "message": "interrupted by restart: the process running this job stopped (killed, crashed or shut "
                           "down) before the job finished; a fit may still have registered its version, check the "
                           "map's versions before resubmitting"}
+_SHUT_DOWN = {**INTERRUPTED, "message": "interrupted: the process serving this job shut down before it finished; "
+                                       "check the map's versions before resubmitting"}
 _log = get_logger("jobs")
 
 
@@ -556,11 +558,16 @@ class JobManager:
         return job
 
     def shutdown(self, wait: bool = False) -> None:
+        """Stop taking jobs; ``wait=False`` (a server stopping): record this process's unfinished jobs interrupted
+        now, as the process may be gone before their next progress report (one that ends still writes its end)."""
         with self._lock:
-            jobs = list(self._jobs.values())
-        for j in jobs:
-            if j.state not in TERMINAL:
+            jobs = [j for j in self._jobs.values() if j.state not in TERMINAL]
+            for j in jobs:
                 j.cancel_requested = True
+                if not wait:
+                    j.state, j.stage, j.finished_at, j.error = "failed", "interrupted", time.time(), _SHUT_DOWN
+        for j in jobs if not wait else ():
+            self._persist(j)
         self._pool.shutdown(wait=wait, cancel_futures=True)
 
     # --- internals --------------------------------------------------------------------------

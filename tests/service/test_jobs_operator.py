@@ -101,3 +101,34 @@ def test_pages_of_the_job_list_reach_every_stored_job(server):
     assert [j["id"] for j in newest["data"]] == ids[-1000:] and newest["next"] is None  # unpaged: the newest 1000
     bad = httpx.get(f"{url}/v1/jobs", headers=R, params={"limit": 10, "cursor": "WzEsMiwzXQ"}, timeout=60)
     assert bad.status_code == 422 and "cursor" in bad.text, bad.text
+
+
+def test_a_server_stopped_mid_job_records_the_job_interrupted(tmp_path):
+    # SIGTERM with a fit running: uvicorn stops the process before the job's next progress report, so its
+    # record stayed "running" until a restart (or a sibling's GET) repaired it; shutdown now writes it
+    import sqlite3
+
+    import numpy as np
+
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(data, port), port, tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        rng = np.random.default_rng(0)
+        X = rng.standard_normal((1000, 16))
+        jid = httpx.post(f"{url}/v1/fits", headers=W, timeout=30, json={
+            "name": "long", "source_space": "a", "target_space": "b", "method": "contrastive", "paired": True,
+            "source": {"vectors": X.tolist()}, "target": {"vectors": X.tolist()},
+            "params": {"epochs": 10_000, "batch_size": 64}}).json()["id"]
+        for _ in range(400):
+            if httpx.get(f"{url}/v1/jobs/{jid}", headers=R, timeout=30).json()["state"] == "running":
+                break
+            time.sleep(0.05)
+    finally:
+        stop(proc)
+    with sqlite3.connect(data / "jobs.sqlite") as c:
+        state, error = c.execute("SELECT state, error FROM jobs WHERE id = ?", (jid,)).fetchone()
+    # failed as interrupted; or cancelled, when the job reached its next progress report before the process ended
+    assert state == "cancelled" or (state == "failed" and "Interrupted" in error), (state, error)
