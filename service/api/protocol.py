@@ -7,6 +7,10 @@ the process runs out. :class:`SlowClientProtocol` closes a connection whose requ
 ``Settings.header_timeout_s`` after the connection opened, or after the first byte of the next request on a
 kept-alive one. The body has its own bound (``body_timeout_s``, :class:`~service.api.middleware.GuardMiddleware`).
 
+A head's size is bounded too: httptools keeps a header however long it grows, so one request of 200 MB of
+headers took 200 MB of the server's memory and kept it. Past :data:`MAX_HEAD_BYTES` received while a head is
+incomplete the answer is a 431 and the connection is closed.
+
 The other way round, a client that stops reading an answer larger than the connection's buffers held the
 request (and the unsent part of the answer, up to the largest answer the limits allow) for ever: uvicorn waits
 for the transport to drain. Once the transport says its buffer is full (``pause_writing``), the client has
@@ -18,7 +22,13 @@ from __future__ import annotations
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["SlowClientProtocol", "set_timeouts"]
+__all__ = ["SlowClientProtocol", "set_timeouts", "MAX_HEAD_BYTES"]
+
+#: Bytes a connection may send while its request head is incomplete (a head of a few KB, plus the read that
+#: completes it: uvloop reads up to 256 KiB at once); nginx's default takes 4 buffers of 8 KB.
+MAX_HEAD_BYTES = 1 << 20
+_TOO_LARGE = (b'{"error": {"type": "HeaderTooLargeError", "status": 431, "message": "the request line and headers '
+              b'exceed 1048576 bytes"}}')
 
 _timeouts: dict[str, float] = {}  # set by serve(); worker processes read their settings (VECBRIDGE_* variables)
 
@@ -43,6 +53,21 @@ class SlowClientProtocol(HttpToolsProtocol):
 
     _head_timer = None
     _send_timer = None
+    _head_bytes = 0
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        if self._head_timer is not None:  # a request head is awaited or under way
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._disarm_head()
+                self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: "
+                                     b"application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+                                     % (len(_TOO_LARGE), _TOO_LARGE))
+                self.transport.close()
+                return
+        super().data_received(data)
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -82,6 +107,7 @@ class SlowClientProtocol(HttpToolsProtocol):
 
     def _arm_head(self) -> None:
         if self._head_timer is None:
+            self._head_bytes = 0
             self._head_timer = self.loop.call_later(_timeout("header"), self._head_timed_out)
 
     def _disarm_head(self) -> None:

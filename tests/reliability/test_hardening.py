@@ -489,6 +489,18 @@ def test_a_stalled_request_is_refused_and_frees_the_connection(tmp_path):
                 s.sendall(part)
                 time.sleep(0.3)
             assert _answer(s).startswith(b"HTTP/1.1 200")
+        # a head's size is bounded (httptools kept 200 MB of headers, and the memory): past 1 MiB, 431 and close
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            try:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (3 << 20) + b"\r\n\r\n")
+                answer = _answer(s)
+            except (ConnectionResetError, BrokenPipeError):  # closed while the rest was still being sent
+                answer = b""
+        assert not answer.startswith(b"HTTP/1.1 200") and (not answer or answer.startswith(b"HTTP/1.1 431")), answer
+        with socket.create_connection(("127.0.0.1", port)) as s:  # 60 KB of headers (big cookies) are fine
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nCookie: " + b"c" * 60_000 + b"\r\nConnection: close"
+                      b"\r\n\r\n")
+            assert _answer(s).startswith(b"HTTP/1.1 200")
         # a client that stops reading an answer larger than the connection's buffers (12 MB of JSON) is dropped
         # after send_timeout_s and the unsent part freed; it was waited for, for ever, the answer held in memory
         rows = np.random.default_rng(0).standard_normal((65536, DIM)).astype("<f4").tobytes()
