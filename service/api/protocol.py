@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["SlowClientProtocol", "set_timeouts", "MAX_HEAD_BYTES"]
+__all__ = ["MAX_HEAD_BYTES", "SlowClientProtocol", "set_timeouts"]
 
 #: Bytes a connection may send while its request head is incomplete (a head of a few KB, plus the read that
 #: completes it: uvloop reads up to 256 KiB at once); nginx's default takes 4 buffers of 8 KB.
