@@ -64,3 +64,11 @@ class Page:
         self.ctx.close()
         assert self.offsite == [], f"requests left the service: {self.offsite}"
         assert errs == [], f"browser console errors: {errs}"
+
+
+def launch(sync_api):
+    """A headless Chromium for a module's tests (a generator for a module-scoped fixture: yields it, then closes)."""
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        yield b
+        b.close()

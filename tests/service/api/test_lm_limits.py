@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from _api_support import R, W, settings_for
+from _jobs_support import wait_http_job
 from _servers import serve_in_thread
 from _tiny_lm import tiny_lm
 
@@ -44,13 +45,7 @@ def served(tmp_path_factory):
 
 
 def wait(c, jid, timeout=120.0):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        j = c.get(f"/v1/jobs/{jid}", headers=R).json()
-        if j["state"] not in ("queued", "running"):
-            return j
-        time.sleep(0.05)
-    raise AssertionError("job did not finish")
+    return wait_http_job(c, jid, timeout=timeout, headers=R)
 
 
 def _generate_in_threads(base, n, out):

@@ -25,7 +25,7 @@ from conftest import WORDNET, wordnet_available
 from _api_support import KEYS, W
 from _servers import free_port, serve_in_thread, stop, tiny_lm_app
 from _servers import env_for, start
-from _browser import ARGS, CHROMIUM, Page
+from _browser import CHROMIUM, Page, launch
 
 READ_KEY, WRITE_KEY = "rkey-123", "wkey-456"
 N_FIT, N_INDEX, HELD_OUT = 2000, 2000, 32768
@@ -109,10 +109,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
-        yield b
-        b.close()
+    yield from launch(sync_api)
 
 
 def test_401_without_a_key_then_login(server, browser):

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from _api_support import W, planted, settings_for
-from _browser import ARGS, CHROMIUM, Page
+from _browser import CHROMIUM, Page, launch
 from _servers import serve_in_thread
 
 READ_KEY = "rkey-123"
@@ -77,10 +77,7 @@ def hostile(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
-        yield b
-        b.close()
+    yield from launch(sync_api)
 
 
 def test_no_site_can_frame_the_console(hostile, browser):
