@@ -58,11 +58,11 @@ class HeavyGate:
     """CPU-heavy request work, kept from the thread pool every other route shares.
 
     :meth:`run` runs a function on ``threads`` threads of its own (more calls wait their turn without holding a
-    thread): text embeddings, plans, evaluations, and through :meth:`hop` transforms, searches and index writes with
-    large bodies. :meth:`slot` admits at most ``n`` requests of the kinds that
-    compute for seconds (plans, evaluations) and refuses the rest (429), not queued: many of them would fill the
-    pool and keep the event loop from the GIL, so every other request (health checks too) would wait behind
-    them. Used only on the event loop, so the check and the count need no lock.
+    thread): text embeddings, plans, evaluations; :meth:`hop` sends transforms, searches and index writes there
+    when their body is large. :meth:`slot` admits at most ``n`` of the requests that compute for seconds (plans,
+    evaluations) and refuses the rest (429) rather than queueing them: many would fill the pool and keep the
+    event loop from the GIL, so every other request, health checks too, would wait behind them. Used only on
+    the event loop, so the check and the count need no lock.
     """
 
     def __init__(self, n: int, threads: int = 2) -> None:
