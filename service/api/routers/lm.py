@@ -14,7 +14,8 @@ the shared model, so two requests must not interleave.
 
 Generate and analyze take their turn at the app's :class:`_ModelGate` first: one runs (in a worker
 thread, where it may still wait for a fit's forward pass) while the others wait on the event loop,
-holding no thread; beyond ``limits.lm_max_waiting`` waiting requests the answer is 429. Before, each
+holding no thread; beyond ``limits.lm_max_waiting`` waiting requests the answer is 429. A request whose
+client went away while it waited gives up its turn (499) instead of running the model for nobody. Before, each
 waiting request held one of the shared worker threads, and a few dozen of them behind a long fit
 left none for ``/readyz``, ``/v1/jobs`` or any other route.
 """
@@ -27,6 +28,7 @@ import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from align.exceptions import InputError
 
@@ -171,6 +173,8 @@ def _model_route(path: str, *, summary: str, body_model, response_model, example
             body = await request.body()
             opts = await run_in_threadpool(lambda: validate(body_model, parse_json(body)))
             async with _gate(request.app).turn(state.settings.limits.lm_max_waiting):
+                if await request.is_disconnected():  # gave up while it waited: its turn of the model goes to the next
+                    raise ClientDisconnect()
                 return FastJSONResponse(await run_in_threadpool(fn, opts, request, state))
 
         endpoint.__name__ = endpoint.__qualname__ = fn.__name__  # the OpenAPI operationId

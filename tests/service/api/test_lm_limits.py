@@ -89,6 +89,43 @@ def test_requests_waiting_for_a_busy_model_hold_no_worker_thread(served, tmp_pat
         assert out == [200] * 45
 
 
+def test_a_request_whose_client_left_while_it_waited_does_not_run_the_model(served):
+    """A generate queued behind a busy model whose client gave up (a timeout) still ran the model once its turn
+    came, for nobody; it now gives its turn up (499 in the metrics) and the model goes to the next request."""
+    import socket
+
+    c, app = served["c"], served["app"]
+    port = int(served["base"].rsplit(":", 1)[1])
+
+    def generates(status: str) -> int:
+        lines = c.get("/metrics", headers=R).text.splitlines()
+        return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
+            "vecbridge_request_duration_seconds_count") and "/v1/lm/generate" in m and f'status="{status}"' in m)
+
+    before_499 = generates("499")
+    body = b'{"prompt": "the film", "max_new_tokens": 2}'
+    lock = app.state.lm.lock
+    out: list = []
+    lock.acquire()
+    try:
+        first = _generate_in_threads(served["base"], 1, out)  # takes the model's turn, waits for its lock
+        time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", port)) as s:  # queued behind it, then gone
+            s.sendall(f"POST /v1/lm/generate HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(0.5)
+    finally:
+        lock.release()
+    for t in first:
+        t.join(60)
+    assert out == [200]
+    for _ in range(100):
+        if generates("499") > before_499:
+            break
+        time.sleep(0.05)
+    assert generates("499") == before_499 + 1
+
+
 def test_a_full_model_queue_is_429(served):
     """One request runs (waiting for the model), three wait (limits.lm_max_waiting=3): the next is refused at once."""
     c, app = served["c"], served["app"]
