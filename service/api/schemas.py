@@ -18,7 +18,7 @@ from ..indexes import IndexInfo
 from ..indexes.csls import CSLS_WEIGHT
 from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_SEED, check_json_depth
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
-from ..registry.names import MAX_VERSION
+from ..registry.names import MAX_VERSION, check_text
 
 __all__ = [
     "MAX_VERSION", "ErrorBody",
@@ -34,15 +34,9 @@ __all__ = [
 
 Description = Field("", max_length=MAX_DESCRIPTION, description=f"Free text, at most {MAX_DESCRIPTION} characters.")
 
-
-def _no_nul(text: str) -> str:
-    if "\x00" in text:  # the registry refuses it (PostgreSQL's TEXT cannot hold NUL): say so before a fit runs
-        raise ValueError("description must not contain NUL characters")
-    return text
-
-
-#: A description's type: refused at request time when the registry would refuse it after the work.
-DescriptionText = Annotated[str, AfterValidator(_no_nul)]
+#: A description's type: what the registry refuses (``check_text``: NUL, which PostgreSQL's TEXT cannot hold) is
+#: refused at request time, before a fit runs, not after the work.
+DescriptionText = Annotated[str, AfterValidator(lambda text: check_text(text, "description"))]
 Dim = Field(None, ge=1, le=MAX_DIM, description=f"Columns per row (1 .. {MAX_DIM}).")
 #: A count in a JSON body (dims, k, ...): an integer as JSON writes it. Lax ints took `true` as 1 and `"4"` as 4.
 Count = Annotated[int, Strict()]
