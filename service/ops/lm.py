@@ -132,9 +132,11 @@ def check_fit(spec: LMFit) -> LMFit:
 def prepare_fit(registry, lm: LM, spec: LMFit) -> LMFit:
     """:func:`check_fit`, InputError for a rank above the model's hidden size, and ConflictError when steer
     ``spec.name`` already lives in another space."""
+    from ..lm.steering import output_embeddings
+
     check_fit(spec)
-    d = _hidden_size(lm)
-    if d is not None and spec.rank > d:
+    d = int(output_embeddings(lm.model).shape[1])
+    if spec.rank > d:
         raise InputError(f"rank must be in [1, {d}] (the hidden size of {lm.name}), got {spec.rank}")
     try:
         have = registry.list_steer_versions(spec.name)
@@ -195,12 +197,6 @@ def _lm_steers(registry, lm, refs, load_steer):
         if info.space != lm.space or not isinstance(steer, Steer):
             raise InputError(f"steer {info.ref} lives in space {info.space!r}, not the language model's {lm.space!r}")
     return lm, found
-
-
-def _hidden_size(lm: LM) -> int | None:
-    head = lm.model.get_output_embeddings() if hasattr(lm.model, "get_output_embeddings") else None
-    weight = getattr(head, "weight", None)
-    return int(weight.shape[1]) if weight is not None else None
 
 
 def check_length(lm: LM, text: str, what: str, max_tokens: int | None = None, new_tokens: int = 0) -> int:
