@@ -50,7 +50,7 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
     headers = {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    elif status == 429:
+    elif status in (429, 503):
         headers["Retry-After"] = "5"
     message = str(exc) or type(exc).__name__
     if status == 503 and is_storage_error(exc):
@@ -63,8 +63,6 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
         return FastJSONResponse(_body("DatabaseLockedError", 503, "a database of the data dir stayed locked by another "
                                       "process (a backup, a long write) past its busy timeout; nothing was changed: "
                                       "retry shortly"), status_code=503, headers={"Retry-After": "5"})
-    if status == 503:
-        headers["Retry-After"] = "5"
     if status >= 500:
         _log.error("request failed", exc_info=exc, extra={"fields": {
             "request_id": request.scope.get("state", {}).get("request_id"), "path_template": _route(request)}})
