@@ -13,7 +13,7 @@ from pathlib import Path
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .limits import Limits
@@ -42,6 +42,12 @@ class Settings(BaseSettings):
         "`vecbridge serve` with no api_keys and auth on: create one read+write key in <data_dir>/local-key "
         "(mode 0600, kept across restarts) and say where it is, so a first run is usable at once."))
     cors_origins: list[str] = Field(default_factory=list)
+    allowed_hosts: list[str] = Field(default_factory=list, description=(
+        "Host header names the service answers, as Django's ALLOWED_HOSTS (e.g. [\"vecbridge\", \"10.0.0.5\", "
+        "\"*.internal.example\"]): exact names or addresses, '*.domain' for its subdomains, '*' for any; other "
+        "hosts get a 400. Empty (default): any host while API keys are on (the key guards every route); with "
+        "auth_disabled, only loopback names (localhost, 127.0.0.1, ::1) and a specific bind host, so a web page "
+        "cannot reach a key-less service through DNS rebinding. /healthz and /readyz answer any host (probes)."))
     max_body_bytes: int = 64 * 1024 * 1024
     max_batch: int = 65536
     header_timeout_s: float = Field(30.0, gt=0, le=3600, description=(
@@ -86,6 +92,20 @@ class Settings(BaseSettings):
         "Alias that pins a map's version for paths between spaces (search, embeddings); without it a map "
         "contributes its newest reliable version, and parallel maps rank by held-out top-1."))
     log_level: str = "INFO"
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, hosts: list[str]) -> list[str]:
+        out = []
+        for h in hosts:
+            h = h.strip().lower().rstrip(".")
+            if h.startswith("[") and h.endswith("]"):  # an IPv6 literal as written in a URL
+                h = h[1:-1]
+            if not h or len(h) > 255 or any(c.isspace() or c in "/@?#" for c in h) or "*" in h[1:] \
+                    or (h.startswith("*") and h != "*" and not h.startswith("*.")):
+                raise ValueError(f"allowed_hosts entry {h[:60]!r}: give a host name or address, '*.domain' or '*'")
+            out.append(h)
+        return out
 
     def to_env(self) -> dict[str, str]:
         """These settings as ``VECBRIDGE_*`` variables, so worker processes read the same :class:`Settings`."""

@@ -188,6 +188,10 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
               f"across restarts).\n  curl -H \"Authorization: Bearer $(cat {key_file})\" "
               f"http://{s.host}:{s.port}/v1/info\n  console: http://{s.host}:{s.port}/ui (paste the key once); "
               f"set VECBRIDGE_API_KEYS for real deployments", file=sys.stderr, flush=True)
+    if s.auth_disabled and not s.allowed_hosts and s.host.strip("[]") in ("0.0.0.0", "::", ""):
+        print(f"vecbridge: auth is off and the service listens on every interface ({s.host}), so it answers only "
+              f"Host names localhost, 127.0.0.1 and ::1: set VECBRIDGE_ALLOWED_HOSTS to the names other "
+              f"clients use", file=sys.stderr, flush=True)
     configure_logging(s.log_level)
     # uvicorn's own lines (start-up, shutdown, errors) as the same JSON lines; its access log stays off
     # (ObserveMiddleware writes one line per request, without headers or query strings).

@@ -1,4 +1,4 @@
-"""Pure-ASGI middleware: key check, body limit and body timeout before and while the body is read, and
+"""Pure-ASGI middleware: Host check, key check, body limit and body timeout before and while the body is read, and
 request id + latency metrics + access log (every answer carries ``x-request-id`` and the security headers of
 ``SECURITY_HEADERS``; a 5xx or a 408 also ``Connection: close``).
 
@@ -17,7 +17,8 @@ from ..metrics import ServiceMetrics
 from ..errors import PayloadTooLargeError, RequestTimeoutError
 from .responses import dumps
 
-__all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS"]
+__all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS", "accepted_hosts",
+           "host_allowed", "host_name"]
 
 _access = get_logger("access")
 _errors = get_logger("errors")
@@ -72,6 +73,36 @@ def body_limit(settings, method: str, template: str | None, content_type: str | 
     return min(lim.body_bytes_small, settings.max_body_bytes), "limits.body_bytes_small"
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+_PROBES = ("/healthz", "/readyz")
+
+
+def accepted_hosts(settings) -> tuple[str, ...] | None:
+    """The Host names ``settings`` answer (``None``: any): ``allowed_hosts`` when set; else any while keys are on,
+    and with auth off the loopback names plus a specific (not wildcard) bind host (see ``Settings.allowed_hosts``)."""
+    if settings.allowed_hosts:
+        return None if "*" in settings.allowed_hosts else tuple(settings.allowed_hosts)
+    if not settings.auth_disabled:
+        return None
+    bind = settings.host.strip("[]").lower()
+    return LOOPBACK_HOSTS + (() if bind in ("", "0.0.0.0", "::") else (bind,))
+
+
+def host_name(header: bytes | None) -> str:
+    """The name in a Host header, lower case, without port, IPv6 brackets or a final dot ("" when absent)."""
+    h = (header or b"").decode("latin-1").strip().lower()
+    if h.startswith("["):
+        h = h[1:h.find("]")] if "]" in h else h[1:]
+    elif h.count(":") == 1:
+        h = h.split(":", 1)[0]
+    return h.rstrip(".")
+
+
+def host_allowed(name: str, accepted: tuple[str, ...]) -> bool:
+    """``name`` equals an accepted entry, or ends with ``.domain`` of a ``*.domain`` entry."""
+    return any(name == a or (a.startswith("*.") and name.endswith(a[1:])) for a in accepted)
+
+
 def _route_scope(route) -> str | None:
     """The key scope a route's dependencies require (``require_scope`` marks its checks), or None."""
     stack = list(getattr(getattr(route, "dependant", None), "dependencies", []))
@@ -85,9 +116,10 @@ def _route_scope(route) -> str | None:
 
 
 class GuardMiddleware:
-    """Before the route reads one body byte: the API key (401/403) and the route's body limit (413); while it
-    reads: the limit again, and ``body_timeout_s`` between the body's messages (408: a client that stalls
-    mid-upload would otherwise hold its connection, and the bytes buffered so far, until it goes away).
+    """Before the route reads one body byte: the Host header (400, :func:`accepted_hosts`), the API key (401/403)
+    and the route's body limit (413); while it reads: the limit again, and ``body_timeout_s`` between the body's
+    messages (408: a client that stalls mid-upload would otherwise hold its connection, and the bytes buffered so
+    far, until it goes away).
 
     FastAPI reads and parses a typed body before it runs the route's dependencies, so a key check
     in a dependency alone lets anyone make the server read and parse a large body. This
@@ -100,6 +132,7 @@ class GuardMiddleware:
     def __init__(self, app, routes, settings) -> None:
         self.app = app
         self.settings = settings  # a callable returning the current Settings
+        self._hosts_of, self._hosts = None, None  # accepted_hosts() of the last Settings seen
         # (regex, methods, template, scope) of every API route (APIRoute: path already prefixed)
         self._table = [(r.path_regex, r.methods or set(), r, _route_scope(r)) for r in routes
                        if hasattr(r, "path_regex")]
@@ -125,6 +158,16 @@ class GuardMiddleware:
         template = getattr(route, "path", None)
         settings = self.settings()
         headers = dict(scope.get("headers", ()))
+        if settings is not self._hosts_of:
+            self._hosts_of, self._hosts = settings, accepted_hosts(settings)
+        if self._hosts is not None and scope.get("path") not in _PROBES:
+            name = host_name(headers.get(b"host"))
+            if not host_allowed(name, self._hosts):
+                scope["route"] = route
+                return await _send_error(send, 400, "InvalidHostError", (
+                    f"Host {name[:100]!r} is not one this service answers ({', '.join(self._hosts)[:300]}): set "
+                    f"VECBRIDGE_ALLOWED_HOSTS to the names clients use; with auth off only loopback names are "
+                    f"answered by default, so that web pages cannot reach the service through DNS rebinding"))
         if need is not None:
             try:
                 auth = headers.get(b"authorization")

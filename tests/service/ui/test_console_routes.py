@@ -99,7 +99,8 @@ def test_ui_pages_are_shells_over_the_public_api(world):
 
 
 def test_ui_says_when_auth_is_off(tmp_path):
-    with TestClient(create_app(settings_for(tmp_path, api_keys={}, auth_disabled=True))) as c:
+    app = create_app(settings_for(tmp_path, api_keys={}, auth_disabled=True))
+    with TestClient(app, base_url="http://localhost") as c:  # with auth off, only loopback Host names
         assert 'data-auth-required="false"' in c.get("/ui/jobs").text
 
 
