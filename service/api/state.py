@@ -20,6 +20,7 @@ from pathlib import Path
 
 import anyio
 import anyio.to_thread
+from starlette.requests import ClientDisconnect
 
 from align import ClusterMap, LinearMap, MapChain
 
@@ -68,16 +69,51 @@ class HeavyGate:
     def __init__(self, n: int, threads: int = 2) -> None:
         self.n, self.busy = int(n), 0
         self.limiter = anyio.CapacityLimiter(int(threads))
+        self._threads = anyio.CapacityLimiter(int(threads))  # never waits: the turn was taken from ``limiter``
 
-    async def run(self, fn):
-        """``fn()`` on one of this gate's threads."""
-        return await anyio.to_thread.run_sync(fn, limiter=self.limiter)
+    async def run(self, fn, request=None):
+        """``fn()`` on one of this gate's threads, once it is this call's turn. With the ``request`` whose work it
+        is: a client that left while the call waited gives its turn up (:class:`ClientDisconnect`, a 499)
+        instead of computing for nobody: clients that time out and retry would otherwise multiply the queue."""
+        if request is None:
+            await self.limiter.acquire()
+        else:
+            await self._acquire_unless_gone(request)
+        try:
+            return await anyio.to_thread.run_sync(fn, limiter=self._threads)
+        finally:
+            self.limiter.release()
 
-    async def hop(self, fn, nbytes: int):
+    async def _acquire_unless_gone(self, request) -> None:
+        """Take a turn of ``limiter`` while listening for the client's disconnect (its body is read by now, so
+        the next message can only be ``http.disconnect``); the client gone first: :class:`ClientDisconnect`.
+        A check when the turn comes is not enough: uvicorn notices a closed socket only once it reads again."""
+        gone = False
+        async with anyio.create_task_group() as tg:
+            async def watch():
+                nonlocal gone
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                gone = True
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            try:
+                await self.limiter.acquire()
+            finally:
+                tg.cancel_scope.cancel()
+        if gone:
+            try:
+                self.limiter.release()  # the turn may have come in the same step as the disconnect
+            except RuntimeError:
+                pass
+            raise ClientDisconnect()
+
+    async def hop(self, fn, nbytes: int, request=None):
         """``fn()`` for a request with a body of ``nbytes``: over :data:`HEAVY_BODY_BYTES` (its work grows with
-        its rows) on this gate's threads, else on the shared pool."""
+        its rows) on this gate's threads (see :meth:`run`), else on the shared pool."""
         if nbytes > HEAVY_BODY_BYTES:
-            return await self.run(fn)
+            return await self.run(fn, request)
         return await anyio.to_thread.run_sync(fn)
 
     @asynccontextmanager

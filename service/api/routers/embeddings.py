@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Request
 from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import InputError
@@ -61,7 +61,7 @@ async def list_models():
 @router.post("/embeddings", dependencies=[ReadScope, JSONOnly], summary="Create embeddings (OpenAI-shaped)",
              description=EMB_DOC, response_model=EmbeddingsResponse, responses=error_responses(404, 413, 415))
 async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=examples("embeddings"))], state: StateDep,
-                     settings: SettingsDep):
+                     settings: SettingsDep, request: Request):
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     if not texts:
         raise InputError("input must be a non-empty string or list of strings")
@@ -70,7 +70,8 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
     check_batch(len(texts), settings.max_batch)
 
     X, tr = await state.heavy.run(lambda: map_ops.embed(state, body.model, texts, kind=body.input_type,
-                                                         target_space=body.target_space, dimensions=body.dimensions))
+                                                         target_space=body.target_space, dimensions=body.dimensions),
+                                  request)
     state.metrics.batch_rows.labels("embeddings").observe(len(texts))
     if tr is not None:
         for v in tr.versions:

@@ -138,7 +138,7 @@ async def delete_vectors(name: str, body: Annotated[IndexDelete, Body(openapi_ex
 async def search(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
     idx = state.indexes.get(name)
-    found, response = await state.heavy.hop(lambda: search_call(state, settings, idx, body), len(body))
+    found, response = await state.heavy.hop(lambda: search_call(state, settings, idx, body), len(body), request)
     search_observe(state, found)
     return response
 

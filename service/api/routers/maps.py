@@ -177,7 +177,7 @@ async def transform(ref: str, request: Request, state: StateDep, settings: Setti
     query_opts = {k: v for k, v in (("output", output), ("encoding_format", encoding_format)) if v is not None}
     v, Y, response = await state.heavy.hop(lambda: transform_call(
         state, settings, ref, mt, body, query_opts=query_opts, dim=dim,
-        header_dim=request.headers.get("x-vector-dim"), accept=request.headers.get("accept", "")), len(body))
+        header_dim=request.headers.get("x-vector-dim"), accept=request.headers.get("accept", "")), len(body), request)
     transform_observe(state, v, Y)
     return response
 

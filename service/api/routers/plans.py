@@ -54,7 +54,7 @@ async def create_plan(request: Request, state: StateDep, settings: SettingsDep):
                     old_queries=qo, relevant=opts.relevant)
 
     async with state.heavy.slot("plan"):
-        return FastJSONResponse(await state.heavy.run(work))
+        return FastJSONResponse(await state.heavy.run(work, request))
 
 
 EVALUATE_DOC = """Evaluate the map `ref` (name, name@alias or name:version) on held-out documents embedded by
@@ -89,4 +89,4 @@ async def evaluate(ref: str, request: Request, state: StateDep, settings: Settin
                             old_queries=Qo, csls_weight=opts.csls_weight)
 
     async with state.heavy.slot("evaluate"):
-        return FastJSONResponse(await state.heavy.run(work))
+        return FastJSONResponse(await state.heavy.run(work, request))

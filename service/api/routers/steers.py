@@ -92,7 +92,7 @@ async def apply_steer(ref: str, request: Request, state: StateDep, settings: Set
         Q = vectors_from_json(obj, dim=info.dim, max_batch=settings.max_batch)
         return info, opts, steer_ops.apply_steer_job(Q, [(steer, opts.eps)])
 
-    info, opts, out = await state.heavy.hop(work, len(body))
+    info, opts, out = await state.heavy.hop(work, len(body), request)
     state.metrics.batch_rows.labels("steer_apply").observe(out.shape[0])
     return await run_in_threadpool(FastJSONResponse, {"steer": info.ref, "eps": opts.eps, "vectors": out})
 

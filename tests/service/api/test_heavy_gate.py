@@ -88,3 +88,51 @@ def test_large_bodies_hop_to_the_gates_threads_small_ones_to_the_shared_pool():
 
     anyio.run(main)
     assert seen == [(1, 0), (0, 1)], seen
+
+
+def test_a_plan_whose_client_left_while_it_waited_is_not_computed(tmp_path):
+    """A plan queued behind another on the gate's one thread, whose client gave up (a timeout), was computed
+    when its turn came, for nobody: a client that times out and retries multiplied the queue. It now gives its
+    turn up (499 in the metrics) and is never computed (one 200, no second one). Real server, real plans."""
+    import base64
+    import socket
+
+    import httpx
+    import numpy as np
+    from _api_support import R, settings_for
+    from _servers import serve_in_thread
+
+    from service.api import create_app
+
+    rng = np.random.default_rng(0)
+    old = rng.standard_normal((50_000, 64)).astype(np.float32)  # ~2 s of plan on one core
+    a = rng.standard_normal((600, 64)).astype(np.float32)
+    b = a @ rng.standard_normal((64, 64)).astype(np.float32)
+    vec = lambda X: {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": X.shape[1]}
+    body = httpx.Request("POST", "http://x", json={"old": vec(old), "probe_source": vec(a),
+                                                   "probe_target": vec(b)}).content
+    app = create_app(settings_for(tmp_path, compute_threads=1, max_heavy_requests=3))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
+        port = int(base.rsplit(":", 1)[1])
+
+        def plans(status: str) -> int:
+            lines = c.get("/metrics", headers=R).text.splitlines()
+            return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
+                "vecbridge_request_duration_seconds_count") and "/v1/plans" in m and f'status="{status}"' in m)
+
+        out: list = []
+        first = threading.Thread(target=lambda: out.append(c.post(
+            "/v1/plans", content=body, headers={**R, "Content-Type": "application/json"}).status_code))
+        first.start()
+        time.sleep(0.5)  # the first plan holds the gate's one thread
+        with socket.create_connection(("127.0.0.1", port)) as s:  # queued behind it, then gone
+            s.sendall(f"POST /v1/plans HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(0.5)
+        first.join(120)
+        assert out == [200]
+        for _ in range(200):
+            if plans("499"):
+                break
+            time.sleep(0.05)
+        assert plans("499") == 1 and plans("200") == 1
