@@ -28,3 +28,35 @@ def test_python_ints_past_int64_are_an_input_error(pairs, call):
     """JSON and Python ints have no bound; np.isfinite refused them with a raw TypeError."""
     with pytest.raises(InputError, match="must be"):
         call(*pairs)
+
+
+def test_evaluate_refuses_csls_k_zero_instead_of_scoring_any_map_perfect(pairs):
+    """csls_k=0 made r_q, r_d means of nothing (NaN): no score beat the partner's, csls_top1 was 1.0 for a map
+    whose top-1 is far below."""
+    X, Y = pairs
+    m = align.fit_procrustes(X[:30], Y[:30])
+    assert align.evaluate(m, X[30:], Y[30:])["csls_top1"] < 1.0
+    with pytest.raises(InputError, match="csls_k"):
+        align.evaluate(m, X[30:], Y[30:], csls_k=0)
+    assert "csls_top1" not in align.evaluate(m, X[30:], Y[30:], csls=False, csls_k=0)  # unused without CSLS
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda X, Y: align.csls_knn(X, Y, k=2, csls_k=0), "csls_k"),  # NaN scores with arbitrary ids
+    (lambda X, Y: align.csls_knn(X, Y, k=2, csls_k=-1), "csls_k"),  # FAISS: negative dimensions
+    (lambda X, Y: align.mutual_nn(X, Y, csls_k=-1), "csls_k"),
+    (lambda X, Y: align.knn(X, Y, k=2.5), "k"),  # read as 2
+    (lambda X, Y: align.knn(X, Y, k=2, block_size=0), "block_size"),  # ZeroDivisionError
+    (lambda X, Y: align.knn(X, Y, k=2, block_size=float("nan")), "block_size"),
+    (lambda X, Y: align.evaluate(align.fit_procrustes(X, Y), X, Y, block_size=0), "block_size"),
+    (lambda X, Y: align.evaluate(align.fit_procrustes(X, Y), X, Y, ks=(0,)), "ks"),  # recall@0 reported as 0.0
+    (lambda X, Y: align.evaluate(align.fit_procrustes(X, Y), X, Y, ks=5), "ks"),  # TypeError: not iterable
+    (lambda X, Y: align.cross_val_top1(X, Y, align.fit_procrustes, folds=0), "folds"),  # np.array_split ValueError
+    (lambda X, Y: align.cross_val_top1(X, Y, align.fit_procrustes, folds=1), "folds"),  # "no rows" for the fit
+    (lambda X, Y: align.retention(np.zeros(3, int), np.zeros(3, int)), "n, k"),  # IndexError
+    (lambda X, Y: align.retention(np.zeros((3, 2), int), np.zeros((3, 3), int)), "n, k"),  # scored as if k=3
+], ids=["csls_k 0", "csls_k -1", "mutual csls_k -1", "k 2.5", "block 0", "block nan", "evaluate block 0",
+        "ks 0", "ks int", "folds 0", "folds 1", "retention 1-D", "retention shapes differ"])
+def test_search_and_metric_parameters_are_checked(pairs, call, name):
+    with pytest.raises(InputError, match=name):
+        call(*pairs)
