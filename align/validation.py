@@ -97,7 +97,13 @@ def as_matrix(
         if huge.any():
             raise NonFiniteError(f"{name}: {int(huge.any(axis=1).sum())} row(s) hold values beyond float32's range "
                                  f"(±3.4e38); scale them down")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    wide, arr = arr, np.ascontiguousarray(arr, dtype=np.float32)
+    if wide.dtype.kind == "f" and wide.dtype.itemsize > 4:  # non-zero rows whose every value underflows to 0
+        zero = ~np.any(arr != 0, axis=1)
+        if zero.any() and np.any(wide[zero] != 0):
+            lost = int(np.any(wide[zero] != 0, axis=1).sum())
+            raise NotRepresentableError(f"{name}: {lost} non-zero row(s) have every value below float32's smallest "
+                                        f"(~1.4e-45) and would read as all-zero rows; scale them up")
     if finite and not np.isfinite(arr).all():
         bad = int((~np.isfinite(arr)).any(axis=1).sum())
         raise NonFiniteError(f"{name}: {bad} row(s) contain NaN or Inf")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import align
-from align.exceptions import InputError
+from align.exceptions import InputError, NotRepresentableError
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +60,24 @@ def test_evaluate_refuses_csls_k_zero_instead_of_scoring_any_map_perfect(pairs):
 def test_search_and_metric_parameters_are_checked(pairs, call, name):
     with pytest.raises(InputError, match=name):
         call(*pairs)
+
+
+@pytest.mark.parametrize("call", [
+    lambda X, Y: align.fit_procrustes(X.astype(np.float64) * 1e-300, Y),  # was "XᵀY is zero: no signal"
+    lambda X, Y: align.fit_procrustes(X, Y, center=False, normalize=False).apply(X.astype(np.float64) * 1e-300),
+    lambda X, Y: align.knn(X.astype(np.float64) * 1e-300, Y),
+], ids=["fit", "apply", "knn"])
+def test_float64_rows_that_vanish_in_float32_are_refused(pairs, call):
+    """Rows of 1e-300 are not zero, but every value underflows to 0 in float32: they were read as all-zero rows
+    (one fixed output for every such row, a fit 'without signal') instead of being refused."""
+    with pytest.raises(NotRepresentableError, match="all-zero"):
+        call(*pairs)
+
+
+def test_float64_input_that_float32_holds_maps_as_float32_does(pairs):
+    """Tiny but representable rows (subnormal float32 included) still map, and float64 input equals float32 input."""
+    X, Y = pairs
+    m = align.fit_procrustes(X, Y)
+    np.testing.assert_array_equal(m.apply(X.astype(np.float64)), m.apply(X))
+    assert np.isfinite(m.apply(X.astype(np.float64) * 1e-40)).all()
+    np.testing.assert_array_equal(align.fit_procrustes(X.astype(np.float64), Y.astype(np.float64)).W, m.W)
