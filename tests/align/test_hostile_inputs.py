@@ -81,3 +81,9 @@ def test_float64_input_that_float32_holds_maps_as_float32_does(pairs):
     np.testing.assert_array_equal(m.apply(X.astype(np.float64)), m.apply(X))
     assert np.isfinite(m.apply(X.astype(np.float64) * 1e-40)).all()
     np.testing.assert_array_equal(align.fit_procrustes(X.astype(np.float64), Y.astype(np.float64)).W, m.W)
+
+
+def test_minivec2vec_fits_one_dimensional_spaces():
+    """The polish's whitening took np.cov of one column, a 0-D array: a raw numpy LinAlgError for dim 1."""
+    X = np.random.default_rng(0).normal(size=(300, 1)).astype(np.float32)
+    np.testing.assert_allclose(align.MiniVec2Vec.fast(random_state=0).fit(X, -X).map_.W, [[-1.0]], atol=1e-5)
