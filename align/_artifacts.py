@@ -10,14 +10,15 @@ from __future__ import annotations
 import io
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from .exceptions import SerializationError
+from .exceptions import SerializationError, VecbridgeError
 
 __all__ = ["META_KEY", "json_default", "pack_npz", "unpack_npz", "pack", "unpack", "save_atomic", "read_bytes", "check_header",
-           "StoredMap"]
+           "stored_fields", "StoredMap"]
 
 META_KEY = "__meta__"
 
@@ -50,7 +51,14 @@ def unpack_npz(data: bytes) -> tuple[dict, dict]:
         header = json.loads(arrays.pop(META_KEY).tobytes().decode("utf-8"))
     except Exception as exc:
         raise SerializationError(f"cannot read npz artifact: {exc}") from None
-    return arrays, header
+    return arrays, _header_object(header)
+
+
+def _header_object(header) -> dict:
+    """``header`` itself when it is a JSON object; SerializationError otherwise (every reader calls ``.get`` on it)."""
+    if not isinstance(header, dict):
+        raise SerializationError(f"artifact header must be a JSON object, got {type(header).__name__}")
+    return header
 
 
 def pack(arrays: dict, header: dict, format: str = "npz") -> bytes:
@@ -73,7 +81,7 @@ def unpack(data: bytes, what: str = "artifact") -> tuple[dict, dict]:
 
         n = int.from_bytes(data[:8], "little")
         header_blob = json.loads(data[8 : 8 + n].decode("utf-8"))
-        return load(data), json.loads(header_blob["__metadata__"][META_KEY])
+        return load(data), _header_object(json.loads(header_blob["__metadata__"][META_KEY]))
     except SerializationError:
         raise
     except Exception as exc:
@@ -81,11 +89,32 @@ def unpack(data: bytes, what: str = "artifact") -> tuple[dict, dict]:
 
 
 def check_header(header: dict, fmt: str, version: int, kind: str) -> None:
-    """SerializationError unless ``header`` names format ``fmt`` at a version this code reads (≤ ``version``)."""
+    """SerializationError unless ``header`` names format ``fmt`` at a version this code reads (an integer
+    ≤ ``version``) and its ``metadata``, if any, is a JSON object."""
     if header.get("format") != fmt:
         raise SerializationError(f"not a vecbridge {kind} artifact (format {header.get('format')!r})")
-    if int(header.get("format_version", 0)) > version:
-        raise SerializationError(f"artifact format {header['format_version']} is newer than this vecbridge reads")
+    stored = header.get("format_version", 0)
+    if isinstance(stored, bool) or not isinstance(stored, int):
+        raise SerializationError(f"{kind} artifact: format_version must be an integer, got {stored!r}")
+    if stored > version:
+        raise SerializationError(f"artifact format {stored} is newer than this vecbridge reads")
+    if not isinstance(header.get("metadata", {}), dict):
+        raise SerializationError(f"{kind} artifact: metadata must be a JSON object, got {header['metadata']!r:.80}")
+
+
+@contextmanager
+def stored_fields(kind: str):
+    """Wrap the reading of an artifact's fields: a missing key or a value of the wrong type or form (``int("x")``,
+    a string array where numbers belong, a list where an object belongs) is :class:`SerializationError` naming
+    ``kind``, never a raw KeyError / ValueError / TypeError / AttributeError. Typed errors pass through (a
+    constructor's InputError says which array is impossible)."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, VecbridgeError):
+            raise
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else f"malformed field ({exc})"
+        raise SerializationError(f"{kind} artifact: {what}") from None
 
 
 def save_atomic(path, data: bytes) -> Path:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._artifacts import StoredMap, check_header, pack
+from ._artifacts import StoredMap, check_header, pack, stored_fields
 from .exceptions import DimensionMismatchError, InputError, SerializationError
 from .validation import as_matrix
 
@@ -113,9 +113,10 @@ class MapChain(StoredMap):
         from .maps import map_from_bytes
 
         check_header(header, FORMAT, FORMAT_VERSION, "MapChain")
-        try:
-            n = int(header["n_steps"])
-            steps = [map_from_bytes(np.asarray(arrays[f"step{i}"], dtype=np.uint8).tobytes()) for i in range(n)]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SerializationError(f"chain artifact is missing a step: {exc}") from None
-        return cls(steps, header.get("metadata"))
+        with stored_fields("MapChain"):
+            n = header["n_steps"]
+            names = [f"step{i}" for i in range(n)] if type(n) is int and 1 <= n <= len(arrays) else None
+            if names is None or set(names) != set(arrays):  # a step more or less than the header says: another map
+                raise SerializationError(f"chain artifact: n_steps={n!r} but it holds the arrays {sorted(arrays)}")
+            steps = [map_from_bytes(np.asarray(arrays[name], dtype=np.uint8).tobytes()) for name in names]
+            return cls(steps, header.get("metadata"))

@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import linalg
-from ._artifacts import StoredMap, check_header, pack
-from .validation import as_matrix, check_representable
-from .exceptions import DimensionMismatchError, InputError, SerializationError, TooFewRowsError
+from ._artifacts import StoredMap, check_header, pack, stored_fields
+from .validation import as_matrix, as_real_array, check_representable
+from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows, unit_rows
 from .maps import _NU2_MIN, _raw_t, _Scalars
 from .kmeans import lloyd
+from .options import check_number
 
 __all__ = ["ClusterMap", "route_centroids", "ClusterResiduals", "FORMAT"]
 
@@ -73,17 +74,12 @@ class ClusterMap(StoredMap):
     map_kind = "cluster"  # class attribute (not a field); see align.chain.map_kind
 
     def __post_init__(self):
-        C = np.ascontiguousarray(self.centroids, dtype=np.float32)
-        W = np.ascontiguousarray(self.W, dtype=np.float32)
-        b = np.ascontiguousarray(self.bias, dtype=np.float32)
-        if C.ndim != 2 or W.ndim != 3 or b.ndim != 2:
-            raise InputError(f"centroids (k, d_s), W (k, d_s, d_t), bias (k, d_t) expected, got {C.shape}, "
-                             f"{W.shape}, {b.shape}")
+        C = as_real_array(self.centroids, name="centroids (k, d_s)", ndim=2)
+        W = as_real_array(self.W, name="W (k, d_s, d_t)", ndim=3)
+        b = as_real_array(self.bias, name="bias (k, d_t)", ndim=2)
         k, d_s, d_t = W.shape
         if C.shape != (k, d_s) or b.shape != (k, d_t) or k < 1:
             raise DimensionMismatchError(f"centroids {C.shape}, W {W.shape} and bias {b.shape} disagree")
-        if not (np.isfinite(C).all() and np.isfinite(W).all() and np.isfinite(b).all()):
-            raise InputError("ClusterMap arrays contain NaN or Inf")
         if self.source_frame.dim != d_s or self.target_frame.dim != d_t:
             raise DimensionMismatchError(
                 f"frames ({self.source_frame.dim}, {self.target_frame.dim}) do not match W {W.shape}")
@@ -290,14 +286,13 @@ class ClusterMap(StoredMap):
     @classmethod
     def _from_arrays(cls, arrays: dict, header: dict) -> "ClusterMap":
         check_header(header, FORMAT, FORMAT_VERSION, "ClusterMap")
-        try:
+        with stored_fields("ClusterMap"):
             return cls(centroids=arrays["centroids"], W=arrays["W"], bias=arrays["bias"],
                        source_frame=Frame.from_meta(header["source_frame"], arrays.get("source_mean")),
                        target_frame=Frame.from_meta(header["target_frame"], arrays.get("target_mean")),
-                       blend=int(header["blend"]), temperature=float(header["temperature"]),
+                       blend=check_number("blend", header["blend"], 1, 1 << 20, whole=True),
+                       temperature=float(header["temperature"]),
                        metadata=header.get("metadata", {}))
-        except (KeyError, TypeError) as exc:
-            raise SerializationError(f"artifact is missing a field: {exc}") from None
 
 
 def route_centroids(F: np.ndarray, k: int, rng: np.random.Generator, *, n_iter: int = 15,

@@ -6,7 +6,7 @@ One small tree, so callers can catch as broadly or as narrowly as they like::
     │                                         failure (read by the service's HTTP-status and exit-code tables)
     ├── InputError (also ValueError)          bad arrays handed to a public function
     │   ├── NonFiniteError                    NaN or Inf in the data
-    │   │   └── NotRepresentableError         finite input whose result float32 cannot hold
+    │   │   └── NotRepresentableError         finite input (or result) float32 cannot hold
     │   ├── ShapeError                        wrong ndim (1-D, 3-D, ...)
     │   ├── DimensionMismatchError            columns differ from what the map/frame expects
     │   ├── EmptyInputError                   zero rows or zero columns
@@ -70,9 +70,10 @@ class NonFiniteError(InputError):
 
 
 class NotRepresentableError(NonFiniteError):
-    """Finite input whose result (or an intermediate, e.g. an inner product) overflows float32.
+    """Finite input whose result (or an intermediate, e.g. an inner product) overflows float32, or
+    float64 rows that would underflow to all-zero rows in float32.
 
-    Raised instead of returning Inf/NaN or silently zeroed scores; scale the input down.
+    Raised instead of returning Inf/NaN, silently zeroed scores or zero rows; scale the input.
     """
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .exceptions import InputError
+from .exceptions import InputError, SerializationError
 from .validation import as_matrix
 
 __all__ = ["Frame", "frame_sum", "unit_rows", "row_norms", "tame_rows"]
@@ -217,5 +217,25 @@ class Frame:
 
     @classmethod
     def from_meta(cls, meta: dict, mean: np.ndarray | None) -> "Frame":
-        return cls(dim=int(meta["dim"]), mean=None if mean is None else np.asarray(mean, np.float32),
-                   unit_in=bool(meta["unit_in"]), unit_out=bool(meta["unit_out"]), n_fit=int(meta.get("n_fit", 0)))
+        """The frame :meth:`to_meta` described, with its stored ``mean`` (d,) or None.
+
+        SerializationError when the description is not what :meth:`to_meta` writes: ``unit_in`` / ``unit_out``
+        not JSON booleans (``bool("false")`` is True), or ``centered`` disagreeing with the stored mean (a lost
+        ``*_mean`` array would silently give an uncentred frame: another map); a bad ``dim`` or mean is
+        the constructor's InputError.
+        """
+        if not isinstance(meta, dict):
+            raise SerializationError(f"a frame must be stored as a JSON object, got {type(meta).__name__}")
+        flags = {key: meta[key] for key in ("unit_in", "unit_out")}
+        if not all(isinstance(v, bool) for v in flags.values()):
+            raise SerializationError(f"a stored frame's unit_in / unit_out must be true or false, got {flags}")
+        if "centered" in meta and meta["centered"] is not (mean is not None):
+            raise SerializationError(f"a stored frame says centered={meta['centered']!r} but its mean is "
+                                     f"{'missing' if mean is None else 'present'}: the artifact is incomplete")
+        if mean is not None:
+            mean = np.asarray(mean)
+            if mean.dtype.kind in "fiu":  # anything else (strings, complex) is refused by the constructor
+                with np.errstate(over="ignore"):
+                    mean = mean.astype(np.float32)
+        return cls(dim=meta["dim"], mean=mean, unit_in=flags["unit_in"], unit_out=flags["unit_out"],
+                   n_fit=int(meta.get("n_fit", 0)))

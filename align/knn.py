@@ -25,8 +25,10 @@ import numpy as np
 from .validation import as_matrix
 from .blocks import run_blocks, serial
 from .exceptions import DimensionMismatchError, InputError
+from .options import check_number
 
-__all__ = ["knn", "knn_blocks", "merge_topk", "mean_topk", "csls_knn", "mutual_nn", "faiss_available", "DEFAULT_BLOCK"]
+__all__ = ["knn", "knn_blocks", "merge_topk", "mean_topk", "csls_knn", "mutual_nn", "faiss_available", "check_count",
+           "DEFAULT_BLOCK"]
 
 DEFAULT_BLOCK = 2048
 
@@ -43,14 +45,19 @@ def faiss_available() -> bool:
     return _HAVE_FAISS
 
 
-def _check(Q, D, k):
+def check_count(name: str, value, lo: int = 1) -> int:
+    """A neighbour count or block size: an int >= ``lo`` (InputError otherwise: ``k=2.5`` was read as 2, a
+    ``block_size`` of 0 divided by zero, a negative ``csls_k`` reached FAISS as a negative array size)."""
+    return check_number(name, value, lo, float("inf"), whole=True)
+
+
+def _check(Q, D, k, block_size=DEFAULT_BLOCK):
     Q = as_matrix(Q, name="queries")
     D = as_matrix(D, name="database")
     if Q.shape[1] != D.shape[1]:
         raise DimensionMismatchError(f"queries have {Q.shape[1]} columns, database {D.shape[1]}")
-    if not 1 <= k:
-        raise InputError(f"k must be >= 1, got {k}")
-    return Q, D, min(int(k), D.shape[0])
+    check_count("block_size", block_size)
+    return Q, D, min(check_count("k", k), D.shape[0])
 
 
 def _topk_block(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +121,7 @@ def knn(Q, D, k: int = 10, *, block_size: int = DEFAULT_BLOCK, use_faiss: bool |
     S : ndarray (n, k) float32, scores best first
     I : ndarray (n, k) int64, row indices into ``D``
     """
-    Q, D, k = _check(Q, D, k)
+    Q, D, k = _check(Q, D, k, block_size)
     return _knn(Q, D, k, block_size=block_size, use_faiss=use_faiss, executor=executor)
 
 
@@ -144,8 +151,7 @@ def knn_blocks(Q, db_blocks: Sequence, k: int = 10, *, open_block: Callable | No
     same as :func:`knn` over the concatenation (ties towards the lower global id).
     """
     Q = as_matrix(Q, name="queries")
-    if int(k) < 1:
-        raise InputError(f"k must be >= 1, got {k}")
+    k = check_count("k", k)
     parts = run_blocks(_db_block_topk, [(Q, b, int(k), open_block) for b in db_blocks], executor)
     if not parts:
         raise InputError("knn_blocks needs at least one database block")
@@ -166,7 +172,8 @@ def csls_knn(Q, D, k: int = 1, *, csls_k: int = 10, r_q: np.ndarray | None = Non
     ``r_q`` (n,) / ``r_d`` (m,) may be passed when already known (they are the mean top-``csls_k``
     similarities of each row to the other set).
     """
-    Q, D, k = _check(Q, D, k)
+    Q, D, k = _check(Q, D, k, block_size)
+    check_count("csls_k", csls_k)  # 0 made r_q, r_d the mean of nothing: NaN scores with arbitrary ids
     if r_d is None:
         r_d = mean_topk(D, Q, csls_k, block_size=block_size)
     if r_q is None:
@@ -181,8 +188,8 @@ def mutual_nn(Q: np.ndarray, D: np.ndarray, *, csls_k: int = 0, block_size: int 
     Returns ``(iq, id, score)``: index arrays of the mutual pairs and their scores (cosine, or
     CSLS when ``csls_k > 0``).
     """
-    Q, D, _ = _check(Q, D, 1)
-    if csls_k > 0:
+    Q, D, _ = _check(Q, D, 1, block_size)
+    if check_count("csls_k", csls_k, lo=0) > 0:
         r_q = mean_topk(Q, D, csls_k, block_size=block_size)
         r_d = mean_topk(D, Q, csls_k, block_size=block_size)
         s_f, fwd = csls_knn(Q, D, 1, r_q=r_q, r_d=r_d, block_size=block_size)

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import linalg
-from ._artifacts import StoredMap, check_header, pack, read_bytes, unpack
-from .validation import as_matrix, check_representable
-from .exceptions import DimensionMismatchError, InputError, SerializationError
+from ._artifacts import StoredMap, check_header, pack, read_bytes, stored_fields, unpack
+from .validation import as_matrix, as_real_array, check_representable
+from .exceptions import DimensionMismatchError, InputError
 from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows
 
 __all__ = ["LinearMap", "FORMAT_VERSION", "map_from_bytes", "load_map"]
@@ -82,14 +82,11 @@ class LinearMap(StoredMap):
     map_kind = "linear"  # class attribute (not a field): the registry records it; see align.chain.map_kind
 
     def __post_init__(self):
-        W = np.asarray(self.W)
-        if W.ndim != 2 or 0 in W.shape:
-            raise InputError(f"W must be a non-empty 2-D array (d_s, d_t), got shape {W.shape}")
-        self.W = np.ascontiguousarray(W, dtype=np.float32)
-        if not np.isfinite(self.W).all():
-            raise InputError("W contains NaN or Inf")
+        self.W = as_real_array(self.W, name="W", ndim=2)
+        if 0 in self.W.shape:
+            raise InputError(f"W must be a non-empty 2-D array (d_s, d_t), got shape {self.W.shape}")
         if self.bias is not None:
-            self.bias = np.ascontiguousarray(np.asarray(self.bias, dtype=np.float32).reshape(-1))
+            self.bias = as_real_array(self.bias, name="bias").reshape(-1)
             if self.bias.shape[0] != self.W.shape[1]:
                 raise DimensionMismatchError(f"bias has {self.bias.shape[0]} entries, W has {self.W.shape[1]} columns")
         if self.source_frame is None:
@@ -404,7 +401,7 @@ class LinearMap(StoredMap):
     @classmethod
     def _from_arrays(cls, arrays: dict, header: dict) -> "LinearMap":
         check_header(header, "vecbridge.LinearMap", FORMAT_VERSION, "LinearMap")
-        try:
+        with stored_fields("LinearMap"):
             return cls(
                 W=arrays["W"],
                 bias=arrays.get("bias"),
@@ -412,8 +409,6 @@ class LinearMap(StoredMap):
                 target_frame=Frame.from_meta(header["target_frame"], arrays.get("target_mean")),
                 metadata=header.get("metadata", {}),
             )
-        except (KeyError, TypeError) as exc:
-            raise SerializationError(f"artifact is missing a field: {exc}") from None
 
     def to_bytes(self, format: str = "npz") -> bytes:
         """Serialise to bytes: ``"npz"`` or ``"safetensors"``."""

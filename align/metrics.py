@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from .validation import check_paired, check_random_state, check_rankable
-from .exceptions import DimensionMismatchError, TooFewRowsError
+from .exceptions import DimensionMismatchError, InputError, ShapeError, TooFewRowsError
 from .frames import unit_rows
-from .knn import DEFAULT_BLOCK, mean_topk
+from .knn import DEFAULT_BLOCK, check_count, mean_topk
+from .options import check_flag
 from .maps import LinearMap
 
 __all__ = ["cross_val_top1", "evaluate", "ranks", "retention", "top1_at"]
@@ -56,6 +57,12 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
     check_rankable(X, name="X_src")
     check_rankable(Y, name="Y_tgt")
+    block_size = check_count("block_size", block_size)
+    if check_flag("csls", csls):
+        csls_k = check_count("csls_k", csls_k)  # 0 made every CSLS score NaN: csls_top1 1.0 for any map
+    if isinstance(ks, (str, bytes)) or not isinstance(ks, (list, tuple, np.ndarray, range)):
+        raise InputError(f"ks must be a list of cut-offs (ints >= 1), got {ks!r}")
+    ks = [check_count("each of ks", k) for k in ks]
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
         raise DimensionMismatchError(
             f"map is {map_.source_dim}->{map_.target_dim}, held-out pairs are {X.shape[1]}->{Y.shape[1]}")
@@ -82,6 +89,10 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
 
 def retention(I_mapped: np.ndarray, I_native: np.ndarray) -> float:
     """Mean overlap@k between two result lists (n, k): |mapped ∩ native| / k averaged over queries."""
+    I_mapped, I_native = np.asarray(I_mapped), np.asarray(I_native)
+    if I_mapped.ndim != 2 or I_mapped.shape != I_native.shape or I_native.shape[1] == 0:
+        raise ShapeError(f"retention compares two (n, k) id arrays of one shape, got {I_mapped.shape} and "
+                         f"{I_native.shape}")
     k = I_native.shape[1]
     return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(I_mapped, I_native)]))
 
@@ -101,6 +112,8 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
     ``2 * folds`` rows. Same ``random_state``, same folds.
     """
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
+    folds = check_count("folds", folds, lo=2)  # 1 left no rows to fit on, 0 reached np.array_split
+    max_pool, max_rows = check_count("max_pool", max_pool), check_count("max_rows", max_rows, lo=2 * folds)
     n = X.shape[0]
     if n < 2 * folds:
         raise TooFewRowsError(f"{folds}-fold cross-validation needs at least {2 * folds} pairs, got {n}")

@@ -19,8 +19,9 @@ def check_number(name: str, value, lo: float, hi: float, *, whole: bool = False,
     """``value`` as ``int`` (``whole``: an int type, since counts reach ``range()``) or ``float`` when it is a
     finite real number in ``[lo, hi]``
     (open at ``lo`` / ``hi`` with ``lo_open`` / ``hi_open``), else :class:`InputError` naming ``name`` and the range."""
-    ok = (not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
-          and bool(np.isfinite(value)) and (not whole or isinstance(value, (int, np.integer)))
+    integer = isinstance(value, (int, np.integer))  # always finite; np.isfinite refuses Python ints past int64
+    ok = (not isinstance(value, (bool, np.bool_)) and (integer or isinstance(value, (float, np.floating)))
+          and (integer or bool(np.isfinite(value))) and (not whole or integer)
           and (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi))
     if not ok:
         raise InputError(f"{name} must be {'an integer' if whole else 'a number'} in {'(' if lo_open else '['}"

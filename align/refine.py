@@ -333,7 +333,7 @@ def map_criterion(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, sample: int 
 
 def _inv_sqrt_cov(Y: np.ndarray, power: float) -> np.ndarray:
     """``C^{-power/2}`` of the covariance ``C`` (d, d) of rows ``Y`` (eigenvalues floored at 1e-8 · max)."""
-    C = np.cov(Y.astype(np.float64), rowvar=False)
+    C = np.atleast_2d(np.cov(Y.astype(np.float64), rowvar=False))  # np.cov of one column is 0-D
     e, V = linalg.eigh((C + C.T) / 2)
     e = np.maximum(e, 1e-8 * max(float(e.max()), 1e-30))
     return ((V * e ** (-power / 2)) @ V.T).astype(np.float32)

@@ -20,7 +20,7 @@ from .exceptions import (
     TooFewRowsError,
 )
 
-__all__ = ["as_matrix", "check_paired", "check_random_state", "check_not_degenerate", "check_no_zero_rows",
+__all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate", "check_no_zero_rows",
            "check_rankable", "check_representable", "check_eps", "check_labels", "check_labelled_queries",
            "check_same_queries", "check_csls_weight"]
 
@@ -97,11 +97,37 @@ def as_matrix(
         if huge.any():
             raise NonFiniteError(f"{name}: {int(huge.any(axis=1).sum())} row(s) hold values beyond float32's range "
                                  f"(±3.4e38); scale them down")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    wide, arr = arr, np.ascontiguousarray(arr, dtype=np.float32)
+    if wide.dtype.kind == "f" and wide.dtype.itemsize > 4:  # non-zero rows whose every value underflows to 0
+        zero = ~np.any(arr != 0, axis=1)
+        if zero.any() and np.any(wide[zero] != 0):
+            lost = int(np.any(wide[zero] != 0, axis=1).sum())
+            raise NotRepresentableError(f"{name}: {lost} non-zero row(s) have every value below float32's smallest "
+                                        f"(~1.4e-45) and would read as all-zero rows; scale them up")
     if finite and not np.isfinite(arr).all():
         bad = int((~np.isfinite(arr)).any(axis=1).sum())
         raise NonFiniteError(f"{name}: {bad} row(s) contain NaN or Inf")
     return arr
+
+
+def as_real_array(value, *, name: str, ndim: int | None = None) -> np.ndarray:
+    """``value`` as a C-contiguous float32 array of finite real numbers (``ndim`` dimensions unless None).
+
+    For the arrays a map is made of (``W``, a bias, centroids), handed in or read from an artifact:
+    InputError for anything but real numbers (strings, objects; complex values would lose their
+    imaginary part), ShapeError for the wrong ``ndim``, NonFiniteError for NaN/Inf or values beyond
+    float32's range (they would become Inf).
+    """
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise InputError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    if ndim is not None and arr.ndim != ndim:
+        raise ShapeError(f"{name} must be a {ndim}-D array, got shape {arr.shape}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(out).all():
+        raise NonFiniteError(f"{name} contains NaN or Inf (or values beyond float32's range)")
+    return out
 
 
 def check_paired(X, Y, *, names=("X", "Y"), min_rows: int = 1):

@@ -1,0 +1,89 @@
+"""Public numerics driven with hostile and extreme input: typed errors with clear messages, never a raw
+numpy / Python exception, never a result that looks fine but is not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import align
+from align.exceptions import InputError, NotRepresentableError
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 6)).astype(np.float32)
+    Y = (X @ np.linalg.qr(rng.normal(size=(6, 6)))[0] + 0.5 * rng.normal(size=(60, 6))).astype(np.float32)
+    return X, Y
+
+
+@pytest.mark.parametrize("call", [
+    lambda X, Y: align.fit_migration(X, Y, method="lowrank", rank=10**30),
+    lambda X, Y: align.fit_migration(X, Y, method="ridge", alpha=10**400),
+    lambda X, Y: align.fit_ridge(X, Y, chunk_size=10**30),
+    lambda X, Y: align.fit_lowrank(X, Y, rank=-10**30),
+], ids=["rank", "alpha", "chunk_size", "negative rank"])
+def test_python_ints_past_int64_are_an_input_error(pairs, call):
+    """JSON and Python ints have no bound; np.isfinite refused them with a raw TypeError."""
+    with pytest.raises(InputError, match="must be"):
+        call(*pairs)
+
+
+def test_evaluate_refuses_csls_k_zero_instead_of_scoring_any_map_perfect(pairs):
+    """csls_k=0 made r_q, r_d means of nothing (NaN): no score beat the partner's, csls_top1 was 1.0 for a map
+    whose top-1 is far below."""
+    X, Y = pairs
+    m = align.fit_procrustes(X[:30], Y[:30])
+    assert align.evaluate(m, X[30:], Y[30:])["csls_top1"] < 1.0
+    with pytest.raises(InputError, match="csls_k"):
+        align.evaluate(m, X[30:], Y[30:], csls_k=0)
+    assert "csls_top1" not in align.evaluate(m, X[30:], Y[30:], csls=False, csls_k=0)  # unused without CSLS
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda X, Y: align.csls_knn(X, Y, k=2, csls_k=0), "csls_k"),  # NaN scores with arbitrary ids
+    (lambda X, Y: align.csls_knn(X, Y, k=2, csls_k=-1), "csls_k"),  # FAISS: negative dimensions
+    (lambda X, Y: align.mutual_nn(X, Y, csls_k=-1), "csls_k"),
+    (lambda X, Y: align.knn(X, Y, k=2.5), "k"),  # read as 2
+    (lambda X, Y: align.knn(X, Y, k=2, block_size=0), "block_size"),  # ZeroDivisionError
+    (lambda X, Y: align.knn(X, Y, k=2, block_size=float("nan")), "block_size"),
+    (lambda X, Y: align.evaluate(align.fit_procrustes(X, Y), X, Y, block_size=0), "block_size"),
+    (lambda X, Y: align.evaluate(align.fit_procrustes(X, Y), X, Y, ks=(0,)), "ks"),  # recall@0 reported as 0.0
+    (lambda X, Y: align.evaluate(align.fit_procrustes(X, Y), X, Y, ks=5), "ks"),  # TypeError: not iterable
+    (lambda X, Y: align.cross_val_top1(X, Y, align.fit_procrustes, folds=0), "folds"),  # np.array_split ValueError
+    (lambda X, Y: align.cross_val_top1(X, Y, align.fit_procrustes, folds=1), "folds"),  # "no rows" for the fit
+    (lambda X, Y: align.retention(np.zeros(3, int), np.zeros(3, int)), "n, k"),  # IndexError
+    (lambda X, Y: align.retention(np.zeros((3, 2), int), np.zeros((3, 3), int)), "n, k"),  # scored as if k=3
+], ids=["csls_k 0", "csls_k -1", "mutual csls_k -1", "k 2.5", "block 0", "block nan", "evaluate block 0",
+        "ks 0", "ks int", "folds 0", "folds 1", "retention 1-D", "retention shapes differ"])
+def test_search_and_metric_parameters_are_checked(pairs, call, name):
+    with pytest.raises(InputError, match=name):
+        call(*pairs)
+
+
+@pytest.mark.parametrize("call", [
+    lambda X, Y: align.fit_procrustes(X.astype(np.float64) * 1e-300, Y),  # was "XᵀY is zero: no signal"
+    lambda X, Y: align.fit_procrustes(X, Y, center=False, normalize=False).apply(X.astype(np.float64) * 1e-300),
+    lambda X, Y: align.knn(X.astype(np.float64) * 1e-300, Y),
+], ids=["fit", "apply", "knn"])
+def test_float64_rows_that_vanish_in_float32_are_refused(pairs, call):
+    """Rows of 1e-300 are not zero, but every value underflows to 0 in float32: they were read as all-zero rows
+    (one fixed output for every such row, a fit 'without signal') instead of being refused."""
+    with pytest.raises(NotRepresentableError, match="all-zero"):
+        call(*pairs)
+
+
+def test_float64_input_that_float32_holds_maps_as_float32_does(pairs):
+    """Tiny but representable rows (subnormal float32 included) still map, and float64 input equals float32 input."""
+    X, Y = pairs
+    m = align.fit_procrustes(X, Y)
+    np.testing.assert_array_equal(m.apply(X.astype(np.float64)), m.apply(X))
+    assert np.isfinite(m.apply(X.astype(np.float64) * 1e-40)).all()
+    np.testing.assert_array_equal(align.fit_procrustes(X.astype(np.float64), Y.astype(np.float64)).W, m.W)
+
+
+def test_minivec2vec_fits_one_dimensional_spaces():
+    """The polish's whitening took np.cov of one column, a 0-D array: a raw numpy LinAlgError for dim 1."""
+    X = np.random.default_rng(0).normal(size=(300, 1)).astype(np.float32)
+    np.testing.assert_allclose(align.MiniVec2Vec.fast(random_state=0).fit(X, -X).map_.W, [[-1.0]], atol=1e-5)
