@@ -20,9 +20,9 @@ from .exceptions import (
     TooFewRowsError,
 )
 
-__all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate", "check_no_zero_rows",
-           "check_rankable", "check_representable", "check_eps", "check_labels", "check_labelled_queries",
-           "check_same_queries", "check_csls_weight"]
+__all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate",
+           "check_no_zero_rows", "check_rankable", "check_representable", "check_eps", "check_labels",
+           "check_labelled_queries", "check_same_queries", "check_csls_weight"]
 
 _ZERO_QUERY = "no direction to rank by (it would tie with every document and count as a hit)"
 
