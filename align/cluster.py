@@ -122,6 +122,8 @@ class ClusterMap(StoredMap):
         :meth:`LinearMap.apply`; ``validate=False`` expects a C-contiguous float32 (n, d_s) array already checked)."""
         if validate:
             X = as_matrix(X, name="X", dim=self.source_dim)
+        if type(batch_size) is not int or batch_size < 1:
+            check_number("batch_size", batch_size, 1, float("inf"), whole=True)
         return self._apply(X, output=output, batch_size=batch_size)
 
     def _plan(self) -> dict:

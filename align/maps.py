@@ -25,6 +25,7 @@ from ._artifacts import StoredMap, check_header, pack, read_bytes, stored_fields
 from .validation import as_matrix, as_real_array, check_representable
 from .exceptions import DimensionMismatchError, InputError
 from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows
+from .options import check_number
 
 __all__ = ["LinearMap", "FORMAT_VERSION", "map_from_bytes", "load_map"]
 
@@ -128,6 +129,8 @@ class LinearMap(StoredMap):
         """
         if validate:  # finiteness is checked on the fly, from the row norms the apply computes anyway
             X = as_matrix(X, name="X", dim=self.source_dim, finite=False)
+        if type(batch_size) is not int or batch_size < 1:  # NaN or "a" was a raw ValueError, 0 or -5 read as 1
+            check_number("batch_size", batch_size, 1, float("inf"), whole=True)
         return self._apply(X, output=output, batch_size=batch_size, checked=not validate)
 
     def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = 65536,

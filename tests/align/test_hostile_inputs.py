@@ -87,3 +87,18 @@ def test_minivec2vec_fits_one_dimensional_spaces():
     """The polish's whitening took np.cov of one column, a 0-D array: a raw numpy LinAlgError for dim 1."""
     X = np.random.default_rng(0).normal(size=(300, 1)).astype(np.float32)
     np.testing.assert_allclose(align.MiniVec2Vec.fast(random_state=0).fit(X, -X).map_.W, [[-1.0]], atol=1e-5)
+
+
+@pytest.mark.parametrize("batch_size", [float("nan"), "a", 0, -5, 2.5, True])
+@pytest.mark.parametrize("kind", ["linear", "cluster", "chain"])
+def test_apply_batch_size_is_checked(pairs, kind, batch_size):
+    """NaN or a string was a raw ValueError, 0 or -5 silently read as 1, 2.5 as 2."""
+    X, Y = pairs
+    m = align.fit_procrustes(X, Y)
+    if kind == "cluster":
+        m = align.fit_migration(X, Y, method="cluster", random_state=0)
+    elif kind == "chain":
+        m = align.MapChain([m, align.fit_procrustes(Y, X)])
+    assert np.allclose(m.apply(X, batch_size=np.int64(7)), m.apply(X), atol=1e-6)
+    with pytest.raises(InputError, match="batch_size must be an integer"):
+        m.apply(X, batch_size=batch_size)
