@@ -35,6 +35,7 @@ from typing import Callable, Mapping, Sequence
 import orjson
 
 from align.exceptions import InputError, PairCountError
+from align.options import check_number
 from align.steer import Steer
 
 from ..errors import ConflictError, NotFoundError
@@ -46,6 +47,9 @@ __all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_fit", "prepare
            "check_length", "generate", "analyze", "FIT_METRICS"]
 
 #: metadata of a fitted LM steer kept as the version's metrics
+#: Upper bounds of an LM-Steer fit's training scale eps0 (default 1e-3) and Adam learning rate (default 1e-2):
+#: far above any useful value, far below what overflows float32 in the first step.
+MAX_FIT_EPS, MAX_FIT_LR = 100.0, 10.0
 FIT_METRICS = ("loss_base", "loss_first", "loss_last10", "n_tokens", "n_pos", "n_neg")
 _LOAD_LOCK = threading.Lock()
 
@@ -116,8 +120,11 @@ def check_fit(spec: LMFit) -> LMFit:
     check_name(spec.name, "steer name")
     if spec.alias is not None:
         check_alias(spec.alias)
-    if spec.steps < 1 or spec.rank < 1 or not spec.eps > 0 or not spec.lr > 0:
-        raise InputError("steps and rank must be >= 1, eps and lr > 0")
+    if spec.steps < 1 or spec.rank < 1:
+        raise InputError("steps and rank must be >= 1")
+    # bounded above too: eps or lr of 1e308 was accepted and failed in the job (NonFiniteError), minutes later
+    check_number("eps", spec.eps, 0, MAX_FIT_EPS, lo_open=True)
+    check_number("lr", spec.lr, 0, MAX_FIT_LR, lo_open=True)
     labels = [int(y) for y in spec.labels]
     if len(labels) != len(spec.texts):
         raise PairCountError(f"{len(labels)} labels for {len(spec.texts)} texts")

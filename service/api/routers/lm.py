@@ -55,9 +55,10 @@ class LMFitRequest(_Strict):
     texts: list[str] = Field(..., min_length=2, description="Training texts.")
     labels: list[int] = Field(..., description="One per text: +1 wanted style, -1 opposite, 0 ignored.")
     rank: Count = Field(8, ge=1, le=1024, description="Rank r of W = P1 P2^T.")
-    eps: Real = Field(1e-3, gt=0, allow_inf_nan=False, description="Training scale eps0 (folded into P1).")
+    eps: Real = Field(1e-3, gt=0, le=ops.MAX_FIT_EPS, allow_inf_nan=False,
+                      description="Training scale eps0 (folded into P1).")
     steps: Count = Field(200, ge=1, le=20_000, description="Adam steps.")
-    lr: Real = Field(1e-2, gt=0, allow_inf_nan=False)
+    lr: Real = Field(1e-2, gt=0, le=ops.MAX_FIT_LR, allow_inf_nan=False, description="Adam learning rate.")
     random_state: Count = Seed
     alias: str | None = None
     description: str = ""

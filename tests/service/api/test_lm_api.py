@@ -130,6 +130,9 @@ def test_unknown_steer_is_404(world):
     ("/v1/lm/steers", {"name": "bad name!", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6}),
     ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6, "rank": 0}),
     ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6, "random_state": -1}),
+    # accepted, then a failed job (NonFiniteError) minutes later
+    ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6, "eps": 1e308}),
+    ("/v1/lm/steers", {"name": "x", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6, "lr": 1e308}),
 ])
 def test_bad_input_is_422(world, path, body):
     r = world["c"].post(path, headers=W if path.endswith("steers") else R, json=body)
@@ -205,6 +208,9 @@ def test_cli_error_paths_exit_2_before_loading_the_model(cli_env, capsys):
     assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "tone"]) == 2
     assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "tone=nan"]) == 2
     (tmp / "y3.txt").write_text("1\n-1\n1\n")
+    for opt in ("--eps", "--lr"):  # checked before the model loads, not in the fit
+        assert C.main([*base, "lm", "steer-fit", "--texts", str(tmp / "t.txt"), "--labels", str(tmp / "y.txt"),
+                       "--name", "tone", opt, "1e308"]) == 2
     assert C.main([*base, "lm", "steer-fit", "--texts", str(tmp / "t.txt"), "--labels", str(tmp / "y3.txt"),
                    "--name", "tone"]) == 2
     assert loads == []
