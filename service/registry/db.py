@@ -10,13 +10,14 @@ key on ``(name, version)`` backs both up. Transient conflicts are retried by the
 from __future__ import annotations
 
 import os
+import re
 import select
 import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import IntegrityError, InvalidNameError, RegistryError, RegistryUnavailableError
+from .errors import ConflictError, IntegrityError, InvalidNameError, RegistryError, RegistryUnavailableError
 
 __all__ = ["open_db", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row"]
 
@@ -237,8 +238,44 @@ class SQLiteDB(_Base):
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
 
 
+def _expected_columns() -> dict[str, set[str]]:
+    """Table -> the columns :data:`SCHEMA` gives it, less those :data:`UPGRADES` adds to older registries."""
+    out = {}
+    for stmt in SCHEMA:
+        table, body = re.match(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*)\)$", stmt, re.DOTALL).groups()
+        parts = re.split(r",(?![^()]*\))", body)  # commas outside parentheses
+        cols = {p.split()[0] for p in parts if p.split()[0] not in ("PRIMARY", "FOREIGN", "UNIQUE")}
+        out[table] = cols - {c for t, c, _ in UPGRADES if t == table}
+    return out
+
+
+def _pg_schema(url: str) -> tuple[str, str | None]:
+    """``(url without ?schema=, schema or None)``; InvalidNameError for a schema that is not a plain identifier."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schemas = [v for k, v in query if k == "schema"]
+    if not schemas:
+        return url, None
+    schema = schemas[-1]
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", schema):
+        raise InvalidNameError(f"registry URL: schema={schema[:70]!r} must be a lower-case identifier "
+                               f"(letters, digits, _; at most 63)")
+    if any(k == "options" for k, _ in query):
+        raise InvalidNameError("registry URL: give the schema as ?schema= or inside options, not both")
+    rest = urlencode([(k, v) for k, v in query if k != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schema
+
+
 class PostgresDB(_Base):
-    """PostgreSQL through psycopg 3; one connection per thread; map rows locked ``FOR UPDATE``."""
+    """PostgreSQL through psycopg 3; one connection per thread; map rows locked ``FOR UPDATE``.
+
+    The tables live in the connection's current schema (``public`` unless the server or the URL says
+    otherwise), or in ``?schema=NAME`` of the URL (created when missing): a database shared with other
+    applications gets a schema of its own. Tables of the same names that vecbridge did not create (other
+    columns) are refused at open instead of written to.
+    """
 
     kind = "postgresql"
     for_update = " FOR UPDATE"
@@ -249,18 +286,36 @@ class PostgresDB(_Base):
             import psycopg  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise RegistryError("PostgreSQL registry needs psycopg: pip install 'psycopg[binary]'") from exc
-        self.url = url
+        self.url, self.schema = _pg_schema(url)
         with self.tx(write=True) as t:
             t.q("SELECT pg_advisory_xact_lock(74207312)")  # serialise concurrent schema creation
+            if self.schema and not t.q("SELECT 1 FROM pg_namespace WHERE nspname = ?", (self.schema,)):
+                t.q(f'CREATE SCHEMA "{self.schema}"')
+            self._refuse_foreign_tables(t)
             for stmt in SCHEMA:
                 t.q(stmt)
             for table, col, decl in UPGRADES:
                 t.q(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {decl}")
 
+    def _refuse_foreign_tables(self, t) -> None:
+        have: dict[str, set[str]] = {}
+        for r in t.q("SELECT table_name, column_name FROM information_schema.columns "
+                     "WHERE table_schema = current_schema()"):
+            have.setdefault(r[0], set()).add(r[1])
+        foreign = [name for name, cols in _expected_columns().items() if name in have and not cols <= have[name]]
+        if foreign:
+            where = t.one("SELECT current_schema()")[0]
+            raise ConflictError(
+                f"PostgreSQL schema {where!r} already has tables named {', '.join(foreign)} that vecbridge did not "
+                f"create (other columns): give the registry a schema of its own, e.g. add ?schema=vecbridge to "
+                f"the registry URL")
+
     def _connect(self):
         import psycopg
 
         try:
+            if self.schema:
+                return psycopg.connect(self.url, autocommit=True, options=f"-c search_path={self.schema}")
             return psycopg.connect(self.url, autocommit=True)
         except psycopg.OperationalError as exc:
             raise RegistryUnavailableError(
