@@ -342,23 +342,42 @@ class Registry(SteerRegistryMixin):
     def quality(v: VersionInfo) -> tuple[int, float]:
         """How good a version is for path choice: ``(kind, score)``, higher first.
 
-        kind 3: a held-out top-1 the user recorded (``eval.top1``, ``vecbridge eval --record``); kind 2: the
-        fit's own held-out top-1 (``heldout_top1``: its held-out split or k-fold cross-validation), put on a
-        pool of 1,000 candidates by :func:`align.metrics.top1_at` so fits of different sizes compare (a fifth of
-        500 pairs is an easier pool than a fifth of 5,000); kind 1: training top-1 of a paired fit; kind 0: none.
+        kind 2: a held-out top-1 put on a pool of 1,000 candidates by :func:`align.metrics.top1_at`, so figures
+        from pools of different sizes compare (a fifth of 500 pairs is an easier pool than a fifth of 5,000; 100
+        eval rows an easier one than 2,000): the one the user recorded (``eval.top1`` among ``eval.n_candidates``,
+        ``vecbridge eval --record``) when there is one, else the fit's own (``heldout_top1``: its held-out split or
+        k-fold cross-validation). Recorded and fit figures rank together by score: recording an eval says how
+        good a map is, it does not promote it over a better one. kind 1: training top-1 of a paired fit (a map
+        of few pairs memorises them, so it ranks below any held-out figure); kind 0: none.
         """
         m, tags = v.metrics or {}, v.tags or {}
-        try:
-            return 3, float(tags["eval.top1"])
-        except (KeyError, TypeError, ValueError):
-            pass
-        if isinstance(m.get("heldout_top1"), (int, float)):
-            pool = m.get("heldout_n_candidates")
-            top1 = float(m["heldout_top1"])
-            return 2, top1_at(top1, int(pool)) if isinstance(pool, int) and pool > 1 else top1
+        for top1, pool in ((tags.get("eval.top1"), tags.get("eval.n_candidates")),
+                           (m.get("heldout_top1"), m.get("heldout_n_candidates"))):
+            try:  # tags are stored as text
+                top1 = float(top1)
+            except (TypeError, ValueError):
+                continue
+            if not 0.0 <= top1 <= 1.0:  # NaN or a hand-set tag out of range ranks nothing
+                continue
+            try:
+                pool = int(float(pool))
+            except (TypeError, ValueError, OverflowError):
+                pool = 0
+            return 2, top1_at(top1, pool) if pool > 1 else top1
         if isinstance(m.get("train_top1"), (int, float)):
             return 1, float(m["train_top1"])
         return 0, 0.0
+
+    @staticmethod
+    def quality_source(v: VersionInfo) -> str:
+        """Where :meth:`quality`'s figure comes from: ``"eval"`` (recorded), ``"fit"`` (the fit's held-out
+        top-1), ``"train"`` (training top-1) or ``"none"``."""
+        kind = Registry.quality(v)[0]
+        try:
+            recorded = 0.0 <= float((v.tags or {}).get("eval.top1")) <= 1.0
+        except (TypeError, ValueError):
+            recorded = False
+        return "eval" if kind == 2 and recorded else {2: "fit", 1: "train"}.get(kind, "none")
 
     def _edge_version(self, t, name: str, alias: str) -> tuple[VersionInfo, bool] | None:
         """The version a map contributes to paths: its live ``alias`` version (pinned, True) if any, else
@@ -391,8 +410,8 @@ class Registry(SteerRegistryMixin):
         Each map contributes its ``alias`` (default ``prod``) version when that alias exists and is live,
         else its newest live version not flagged unreliable; a map with neither is left out. Where several
         maps join the same two spaces, the choice is, in order: a map pinned by the alias; then by
-        :meth:`quality`: a recorded ``eval.top1``, the fit's own held-out top-1 (on a common pool), the
-        training top-1; the newest.
+        :meth:`quality`: the best held-out top-1 on a common pool (a recorded ``eval.top1``, else the fit's
+        own), the training top-1; the newest.
         Never name order. Same space: ``[]``. No chain: NotFoundError.
         """
         check_name(source_space, "source space")

@@ -181,3 +181,52 @@ def test_cli_unreliable_fit_exits_non_zero_and_is_listed(tmp_path, capsys):
     assert code == 0 and "UNRELIABLE 1,2" in out and "path -" in out
     code, out, err = run(capsys, *d, "registry", "path", "a", "b")
     assert code != 0 and "unreliable" in (out + err)
+
+
+@pytest.fixture
+def real_pairs():
+    """1,000 WordNet definitions embedded by minilm (X) and e5 (Y), row i <-> row i: the shared benchmark rows
+    when present, else the ones packaged for the demo (the same encoders, always installed)."""
+    from conftest import WORDNET, wordnet_available
+
+    if wordnet_available():
+        return (np.load(WORDNET / "minilm.npy", mmap_mode="r")[:1000].astype(np.float32),
+                np.load(WORDNET / "e5.npy", mmap_mode="r")[:1000].astype(np.float32))
+    from service.ops.demo import load_demo_data
+
+    _, X, Y, _ = load_demo_data()
+    return X[:1000], Y[:1000]
+
+
+def test_recording_an_eval_of_a_weaker_map_does_not_make_it_the_path(tmp_path, capsys, real_pairs):
+    """`eval --record` on the weaker of two maps between the same spaces used to promote it: any recorded figure
+    outranked every fit's own held-out figure, whatever the scores (minilm -> e5: a 60-pair map, top-1 0.38 on
+    300 held-out pairs, chosen over a 600-pair map at 0.97 once its eval was recorded)."""
+    X, Y = real_pairs
+    for name, rows in (("x_good", slice(0, 600)), ("x_weak", slice(600, 660)), ("x_eval", slice(700, 740))):
+        write_vectors(tmp_path / f"{name}.npy", X[rows])
+        write_vectors(tmp_path / f"{name.replace('x_', 'y_')}.npy", Y[rows])
+    d = ["--data-dir", tmp_path / "var"]
+    for name in ("good", "weak"):
+        code, _, err = run(capsys, *d, "fit", "--pairs", "--source", tmp_path / f"x_{name}.npy", "--target",
+                           tmp_path / f"y_{name}.npy", "--method", "procrustes", "--name", name, "--source-space",
+                           "minilm", "--target-space", "e5", "--quiet")
+        assert code == 0, err
+    truth = {}  # top-1 among 300 held-out pairs neither map saw, against the native e5 vectors
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    for name in ("good", "weak"):
+        truth[name] = align.evaluate(reg.load_map(reg.resolve(name)), X[700:1000], Y[700:1000], csls=False)["top1"]
+    reg.close()
+    assert truth["good"] > truth["weak"] + 0.3, truth
+    path = [*d, "registry", "path", "minilm", "e5", "--candidates", "--json"]
+    assert json.loads(run(capsys, *path)[1])["path"] == ["good:1"]
+    code, _, err = run(capsys, *d, "eval", "--map", "weak", "--source", tmp_path / "x_eval.npy", "--target",
+                       tmp_path / "y_eval.npy", "--record")
+    assert code == 0, err
+    out = json.loads(run(capsys, *path)[1])
+    assert out["path"] == ["good:1"], out
+    assert [(c["ref"], c["quality_source"]) for c in out["candidates"]] == [("good:1", "fit"), ("weak:1", "eval")]
+    code, _, err = run(capsys, *d, "eval", "--map", "good", "--source", tmp_path / "x_eval.npy", "--target",
+                       tmp_path / "y_eval.npy", "--record")
+    assert code == 0, err
+    assert json.loads(run(capsys, *path)[1])["path"] == ["good:1"]  # both recorded: the better figure still wins
