@@ -163,7 +163,8 @@ def _plan_section(plan: dict, k_fit: int | None) -> str:
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in plan["notes"])
     return (f"<h2>Migration plan (from a probe of these pairs)</h2>"
             f"<p>alignability (kNN@10 overlap of the two spaces on {plan['n_probe']} probe pairs): "
-            f"<b>{plan['alignability']:.3f}</b> — unsupervised alignment "
+            f"<b>{plan['alignability']:.3f}</b> beyond chance (raw {plan['knn_overlap']:.3f}) — "
+            f"unsupervised alignment "
             f"{'possible' if plan['unsupervised_feasible'] else 'not expected to work (below ~0.4)'}; "
             f"recommended: method {html.escape(str(rec['method']))}, K = {rec['k']} "
             f"for a proxy retention of {plan['target_retention']:g}.</p>"

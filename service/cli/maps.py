@@ -249,7 +249,8 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
         np.save(buf, np.asarray(res["rows_to_embed"], dtype=np.int64), allow_pickle=False)
         atomic_write(rows_out, buf.getvalue())  # a crash or a full disk never leaves half a rows file
         res["rows_out"] = str(Path(rows_out).resolve())
-    lines = [f"alignability (kNN@10 overlap on {res['n_probe']} probe pairs): {res['alignability']:.3f}"
+    lines = [f"alignability (kNN@10 overlap on {res['n_probe']} probe pairs, beyond chance): {res['alignability']:.3f}"
+             f" (raw {res['knn_overlap']:.3f})"
              f"  -> unsupervised {'possible' if res['unsupervised_feasible'] else 'not expected to work'}",
              f"expected retention ({res['metric']}"
              + (f"; {res['n_queries']} queries over {res['n_corpus']} documents" if "n_queries" in res else "")

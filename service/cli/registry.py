@@ -150,8 +150,8 @@ def registry_path(obj: Ctx, source_space, target_space, alias, candidates, as_js
     """The chain of maps that search and embeddings use from SOURCE_SPACE to TARGET_SPACE.
 
     Per map: its prod (or --alias) version, else its newest version not flagged unreliable. Between the
-    same two spaces: the alias-pinned map first, then the best recorded held-out top-1 (`eval --record`), then
-    the best held-out top-1 of the fit itself (its held-out split or 5-fold cross-validation, on a common pool),
+    same two spaces: the alias-pinned map first, then the best held-out top-1 on a common pool of 1,000 (per map
+    the one recorded by `eval --record`, else the fit's own: its held-out split or 5-fold cross-validation),
     then the best training top-1, then the newest; never name order. Pin another map in requests with `map`.
     """
     reg = obj.registry
@@ -160,10 +160,12 @@ def registry_path(obj: Ctx, source_space, target_space, alias, candidates, as_js
     text = " -> ".join([source_space] + [f"[{v.ref}] {v.target_space}" for v in chain])
     if candidates:
         cands = reg.path_candidates(source_space, target_space, alias)
-        out["candidates"] = [{"ref": v.ref, "aliases": v.aliases, "quality": list(reg.quality(v))} for v in cands]
-        kinds = ["no figure", "train top-1", "held-out top-1 (fit, among 1,000)", "eval top-1"]
+        out["candidates"] = [{"ref": v.ref, "aliases": v.aliases, "quality": list(reg.quality(v)),
+                              "quality_source": reg.quality_source(v)} for v in cands]
+        labels = {"none": "no figure", "train": "train top-1", "fit": "held-out top-1 (fit, among 1,000)",
+                  "eval": "held-out top-1 (eval --record, among 1,000)"}
         text += "".join(f"\n  {i + 1}. {v.ref}  aliases {','.join(v.aliases) or '-'}  "
-                        f"{kinds[reg.quality(v)[0]]} "
+                        f"{labels[reg.quality_source(v)]} "
                         f"{reg.quality(v)[1]:.4f}" for i, v in enumerate(cands))
     emit(out, as_json, text)
 

@@ -24,8 +24,9 @@ def _vectors(raw: dict, key: str, settings):
 PLAN_DOC = """Plan a migration from the old corpus (`old`) and a small paired probe (`probe_source`,
 `probe_target`: the same texts under the old and the new model, 50+ pairs, 200–1,000 recommended).
 
-Answers: `alignability` (kNN@10 overlap of the two spaces on the probe; unsupervised alignment has
-only worked above ~0.4), `curve` (simulated retention of closed-form fits on probe subsamples),
+Answers: `alignability` (kNN@10 overlap of the two spaces on the probe beyond the k / (p - 1) of chance, so
+probes of any size compare; unsupervised alignment has only worked above 0.4; `knn_overlap`: the raw
+overlap), `curve` (simulated retention of closed-form fits on probe subsamples),
 `predicted` (retention per K with an interval; `extrapolated` beyond the probe), `recommended`
 (method and K), `rows_to_embed` (k-means++ coverage rows of `old` for that K). With labelled `queries`
 (new model), `old_queries` (the same queries, old model) and each one's `relevant` probe row, the curve and

@@ -181,3 +181,89 @@ def test_cli_unreliable_fit_exits_non_zero_and_is_listed(tmp_path, capsys):
     assert code == 0 and "UNRELIABLE 1,2" in out and "path -" in out
     code, out, err = run(capsys, *d, "registry", "path", "a", "b")
     assert code != 0 and "unreliable" in (out + err)
+
+
+@pytest.fixture
+def real_pairs():
+    """1,000 WordNet definitions embedded by minilm (X) and e5 (Y), row i <-> row i: the shared benchmark rows
+    when present, else the ones packaged for the demo (the same encoders, always installed)."""
+    from conftest import WORDNET, wordnet_available
+
+    if wordnet_available():
+        return (np.load(WORDNET / "minilm.npy", mmap_mode="r")[:1000].astype(np.float32),
+                np.load(WORDNET / "e5.npy", mmap_mode="r")[:1000].astype(np.float32))
+    from service.ops.demo import load_demo_data
+
+    _, X, Y, _ = load_demo_data()
+    return X[:1000], Y[:1000]
+
+
+def test_recording_an_eval_of_a_weaker_map_does_not_make_it_the_path(tmp_path, capsys, real_pairs):
+    """`eval --record` on the weaker of two maps between the same spaces used to promote it: any recorded figure
+    outranked every fit's own held-out figure, whatever the scores (minilm -> e5: a 60-pair map, top-1 0.38 on
+    300 held-out pairs, chosen over a 600-pair map at 0.97 once its eval was recorded)."""
+    X, Y = real_pairs
+    for name, rows in (("x_good", slice(0, 600)), ("x_weak", slice(600, 660)), ("x_eval", slice(700, 740))):
+        write_vectors(tmp_path / f"{name}.npy", X[rows])
+        write_vectors(tmp_path / f"{name.replace('x_', 'y_')}.npy", Y[rows])
+    d = ["--data-dir", tmp_path / "var"]
+    for name in ("good", "weak"):
+        code, _, err = run(capsys, *d, "fit", "--pairs", "--source", tmp_path / f"x_{name}.npy", "--target",
+                           tmp_path / f"y_{name}.npy", "--method", "procrustes", "--name", name, "--source-space",
+                           "minilm", "--target-space", "e5", "--quiet")
+        assert code == 0, err
+    truth = {}  # top-1 among 300 held-out pairs neither map saw, against the native e5 vectors
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    for name in ("good", "weak"):
+        truth[name] = align.evaluate(reg.load_map(reg.resolve(name)), X[700:1000], Y[700:1000], csls=False)["top1"]
+    reg.close()
+    assert truth["good"] > truth["weak"] + 0.3, truth
+    path = [*d, "registry", "path", "minilm", "e5", "--candidates", "--json"]
+    assert json.loads(run(capsys, *path)[1])["path"] == ["good:1"]
+    code, _, err = run(capsys, *d, "eval", "--map", "weak", "--source", tmp_path / "x_eval.npy", "--target",
+                       tmp_path / "y_eval.npy", "--record")
+    assert code == 0, err
+    out = json.loads(run(capsys, *path)[1])
+    assert out["path"] == ["good:1"], out
+    assert [(c["ref"], c["quality_source"]) for c in out["candidates"]] == [("good:1", "fit"), ("weak:1", "eval")]
+    code, _, err = run(capsys, *d, "eval", "--map", "good", "--source", tmp_path / "x_eval.npy", "--target",
+                       tmp_path / "y_eval.npy", "--record")
+    assert code == 0, err
+    assert json.loads(run(capsys, *path)[1])["path"] == ["good:1"]  # both recorded: the better figure still wins
+
+
+def test_a_chain_one_map_longer_wins_over_a_much_weaker_direct_map(tmp_path, capsys, real_pairs):
+    """The shortest chain used to win whatever its maps' held-out figures: a direct 60-pair minilm -> e5 map (top-1
+    0.38 held out) over minilm -> copy -> e5 through a 600-pair map (0.97). A direct map the user pinned with prod
+    still wins: pinned first, as between two spaces."""
+    X, Y = real_pairs
+    for name, A, B in (("direct", X[600:660], Y[600:660]), ("copy", X[:600], X[:600]), ("hop", X[:600], Y[:600])):
+        write_vectors(tmp_path / f"{name}_x.npy", A)
+        write_vectors(tmp_path / f"{name}_y.npy", B)
+    d = ["--data-dir", tmp_path / "var"]
+    for name, src, tgt in (("direct", "minilm", "e5"), ("copy", "minilm", "copy"), ("hop", "copy", "e5")):
+        code, _, err = run(capsys, *d, "fit", "--pairs", "--source", tmp_path / f"{name}_x.npy", "--target",
+                           tmp_path / f"{name}_y.npy", "--method", "procrustes", "--name", name, "--source-space",
+                           src, "--target-space", tgt, "--quiet")
+        assert code == 0, err
+    code, out, err = run(capsys, *d, "registry", "path", "minilm", "e5", "--json")
+    assert code == 0, err
+    chosen = json.loads(out)["path"]
+    assert chosen == ["copy:1", "hop:1"], chosen
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    try:
+        truth = {}  # top-1 among 300 held-out pairs against the native e5 vectors, through each candidate
+        for refs in (["direct"], ["copy", "hop"]):
+            m = reg.compose([reg.resolve(r) for r in refs])
+            Z = m.apply(X[700:1000], output="raw")
+            S = (Z / np.linalg.norm(Z, axis=1, keepdims=True)) @ (Y[700:1000] / np.linalg.norm(
+                Y[700:1000], axis=1, keepdims=True)).T
+            truth["+".join(refs)] = float((S.argmax(axis=1) == np.arange(300)).mean())
+        assert truth["copy+hop"] > truth["direct"] + 0.3, truth
+        reg.register_version("direct-unmeasured", reg.load_map("direct"), source_space="minilm", target_space="e5",
+                             method="procrustes", params={}, alias="prod")  # pinned, no figure
+        assert [v.ref for v in reg.find_path("minilm", "e5")] == ["direct-unmeasured:1"]
+        reg.delete_alias("direct-unmeasured", "prod")  # unpinned and unmeasured: the measured chain wins
+        assert [v.ref for v in reg.find_path("minilm", "e5")] == ["copy:1", "hop:1"]
+    finally:
+        reg.close()
