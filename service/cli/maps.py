@@ -27,7 +27,8 @@ from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
-_ref_opt = click.option("--map", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
+_ref_opt = click.option("--map", "ref", required=True,
+                        help="NAME (its prod version, else its newest reliable one), NAME@alias or NAME:version.")
 _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://head:10001): supervised fits as a "
              "map-reduce of sufficient statistics, minivec2vec with its kNN/CSLS rounds as tasks over row blocks "
              "(the same map as in-process).")

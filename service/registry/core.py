@@ -243,9 +243,12 @@ class Registry(SteerRegistryMixin):
         return self._maps.list(name, include_deleted)
 
     def resolve(self, ref: str) -> VersionInfo:
-        """``name`` → its newest live version not flagged unreliable (the newest live one when every live
-        version is flagged: the map was named, so it is inspected); ``name@alias`` → the alias's version;
-        ``name:N`` → version N. A bare name so never lands on a failed refit that the paths skip.
+        """``name`` → the version the map contributes to paths: its live :attr:`PATH_ALIAS` (``prod``) version
+        when that alias is set, else its newest live version not flagged unreliable (the newest live one when
+        every live version is flagged: the map was named, so it is inspected); ``name@alias`` → the alias's
+        version; ``name:N`` → version N. A bare name so never lands on a failed refit that the paths skip, nor
+        on a refit newer than the pinned version that searches use: a client transforming by name and a
+        search through the same map get the same version.
 
         Raises NotFoundError for unknown names/aliases/versions and DeletedVersionError (a
         NotFoundError) when the version, or the alias's version, was deleted.
@@ -253,6 +256,9 @@ class Registry(SteerRegistryMixin):
         name, alias, version = parse_ref(ref)
         if alias is None and version is None:
             with self.db.tx() as t:
+                pinned = self._maps.live_alias(t, name, self.PATH_ALIAS)
+                if pinned is not None:
+                    return self._maps.get_in(t, name, pinned)
                 for r in self._maps.rows(t, name, live=True, newest_first=True, cols="version, metrics"):
                     if json.loads(r["metrics"] or "{}").get("reliable") is not False:
                         return self._maps.get_in(t, name, int(r["version"]))

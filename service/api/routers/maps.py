@@ -32,7 +32,8 @@ Version = Annotated[int, Path(ge=1, le=MAX_VERSION, description="Version number 
 
 TRANSFORM_DOC = """Map vectors from the map's source space into its target space.
 
-`ref` is `name` (its newest live version not flagged unreliable), `name@alias` or `name:N`.
+`ref` is `name` (its `prod` version when that alias is set, else its newest live version not flagged
+unreliable: the version searches use), `name@alias` or `name:N`.
 
 **Request formats** (pick by `Content-Type`):
 

@@ -267,3 +267,49 @@ def test_a_chain_one_map_longer_wins_over_a_much_weaker_direct_map(tmp_path, cap
         assert [v.ref for v in reg.find_path("minilm", "e5")] == ["copy:1", "hop:1"]
     finally:
         reg.close()
+
+
+def test_a_bare_map_name_follows_prod_as_search_does(tmp_path, capsys, pairs):
+    """With ``prod`` pinned, a refit (reliable but worse: 60 pairs) reached every client that transforms by bare
+    name at once, while searches through the same map kept the pinned version. A bare name now means the
+    version searches use: CLI, HTTP and the path agree, and the refit goes live when ``prod`` moves."""
+    import httpx
+    from _api_support import settings_for
+    from _servers import serve_in_thread
+
+    from service.api import create_app
+
+    X, Y, _ = pairs
+    d = _fit_files(tmp_path, X, Y)
+    write_vectors(tmp_path / "x60.npy", X[:60])
+    write_vectors(tmp_path / "y60.npy", Y[:60])
+    fit = [*d, "fit", "--pairs", "--method", "procrustes", "--name", "m", "--source-space", "old", "--target-space",
+           "new", "--quiet"]
+    assert run(capsys, *fit, "--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy", "--alias", "prod")[0] == 0
+    assert run(capsys, *fit, "--source", tmp_path / "x60.npy", "--target", tmp_path / "y60.npy")[0] == 0
+    native = Y[4000:5000] / np.linalg.norm(Y[4000:5000], axis=1, keepdims=True)
+
+    def cli_transform() -> tuple[str, float]:
+        code, out, err = run(capsys, *d, "transform", "--map", "m", tmp_path / "q.npy", tmp_path / "o.npy", "--quiet",
+                             "--json")
+        assert code == 0, err
+        return json.loads(out)["map"], float(np.mean(np.sum(np.load(tmp_path / "o.npy") * native, axis=1)))
+
+    ref, cos_pinned = cli_transform()
+    assert ref == "m:1"
+    code, out, _ = run(capsys, *d, "registry", "path", "old", "new", "--json")
+    assert code == 0 and json.loads(out)["path"] == ["m:1"]
+    app = create_app(settings_for(tmp_path, data_dir=tmp_path / "var"))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as c:
+        from _api_support import W
+
+        r = c.post("/v1/maps/m/transform", headers=W, json={"vectors": X[4000:4003].tolist()})
+        assert r.status_code == 200 and r.json()["version"] == 1, r.text
+        assert c.put("/v1/maps/m/aliases/prod", headers=W, json={"version": 2}).status_code == 200
+        assert c.post("/v1/maps/m/transform", headers=W, json={"vectors": X[4000:4003].tolist()}).json()["version"] == 2
+    ref, cos_refit = cli_transform()
+    assert ref == "m:2" and cos_refit < cos_pinned  # the refit of 60 pairs is the worse map: it went live on purpose
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    reg.set_alias("m", "prod", 1)
+    reg.delete_alias("m", "prod")  # no pin: the newest reliable version, as before
+    assert reg.resolve("m").ref == "m:2"

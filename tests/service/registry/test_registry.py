@@ -60,7 +60,7 @@ def test_versions_are_numbered_and_carry_lineage(reg):
     assert v1.aliases == ["prod"] and v1.package_version and v1.created_at < v2.created_at
     assert len(v1.artifact_sha256) == 64 and v1.artifact_sha256 in v1.artifact_path
     assert (v1.source_dim, v1.target_dim) == (8, 8)
-    assert reg.resolve("minilm->e5").version == 2
+    assert reg.resolve("minilm->e5").version == 1  # a bare name: the prod version, as paths use it
     assert reg.resolve("minilm->e5@prod").version == 1
     assert reg.resolve("minilm->e5:1").to_dict() == reg.get_version("minilm->e5", 1).to_dict()
     assert [v.version for v in reg.list_versions("minilm->e5")] == [1, 2]
