@@ -102,6 +102,19 @@ def _write_json(path: Path, obj) -> None:
     atomic_write(path, json.dumps(obj))
 
 
+def _write_index_file(index, tmp: Path) -> None:
+    """Serialise ``index`` into ``tmp`` through Python's file I/O.
+
+    A failed write or close is then an ``OSError`` with its errno (ENOSPC, EROFS, EFBIG: a storage
+    error, 503) like every other write of the data dir. FAISS's own path writer raises a bare
+    ``RuntimeError`` (500) when a write fails and only prints when the final flush at close fails,
+    so a file cut short by a full disk or a file-size limit would have been committed as a generation
+    that no process can read again.
+    """
+    with open(tmp, "wb") as fh:
+        faiss.write_index(index, faiss.PyCallbackIOWriter(fh.write))
+
+
 def write_generation(path: Path, index, payloads: dict[int, Any], meta: dict) -> tuple | None:
     """Persist generation ``meta["generation"]`` under ``path``; returns the new meta's :func:`stat_sig`.
 
@@ -112,7 +125,7 @@ def write_generation(path: Path, index, payloads: dict[int, Any], meta: dict) ->
     gen = int(meta["generation"])
     for stale in path.glob(".*.tmp-*"):  # left by a writer that died; the caller holds the writer lock
         stale.unlink(missing_ok=True)
-    atomic_write(path / f"index.{gen}.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
+    atomic_write(path / f"index.{gen}.faiss", lambda tmp: _write_index_file(index, tmp))
     _write_json(path / f"payloads.{gen}.json", [[i, p] for i, p in payloads.items()])
     _write_json(path / "meta.json", meta)  # the commit point
     fsync_dir(path)
