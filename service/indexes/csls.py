@@ -7,7 +7,8 @@
 where ``r(q)`` is the mean of the query's top ``csls_k`` cosines (exact: they are the first
 candidates) and ``r(d)`` is the mean cosine of ``d`` to its ``csls_k`` nearest *stored* rows
 (a density proxy for hubness: the population of mapped queries is not known to the index).
-``r(d)`` is computed on demand and cached (:class:`HubCache`) until the next write.
+``r(d)`` is computed on demand with the request's search settings (``exact``, ``nprobe``, ``ef_search``) and
+cached per those settings (:class:`HubCache`) until the next write.
 
 ``weight`` ``w`` scales the document term: ``2 cos(q, d) - r(q) - w r(d)`` (``w = 1``: classic CSLS; ``w = 0``:
 the cosine order of the candidates). For a query, ranking by it is ranking by ``cos(q, d) - (w / 2) r(d)``.
@@ -34,28 +35,33 @@ Search = Callable[[np.ndarray, int], "tuple[np.ndarray, np.ndarray]"]
 
 
 class HubCache:
-    """``r(d)`` per ``(id, csls_k)``; thread-safe; :meth:`clear` on every change of the index."""
+    """``r(d)`` per ``(id, csls_k, search settings)``; thread-safe; :meth:`clear` on every change of the index.
+
+    The settings are part of the key because an approximate search (IVF ``nprobe`` < ``nlist``, HNSW) finds
+    other neighbours, so other ``r(d)``: a value cached by one request must not serve another's settings.
+    """
 
     def __init__(self) -> None:
-        self._values: dict[tuple[int, int], float] = {}
+        self._values: dict[tuple[int, int, tuple], float] = {}
         self._lock = threading.Lock()
 
     def clear(self) -> None:
         with self._lock:
             self._values.clear()
 
-    def hubness(self, ids: np.ndarray, csls_k: int, search: Search, reconstruct: Callable[[int], np.ndarray]
-                ) -> np.ndarray:
+    def hubness(self, ids: np.ndarray, csls_k: int, search: Search, reconstruct: Callable[[int], np.ndarray],
+                settings: tuple = ()) -> np.ndarray:
         """``r(d)`` for each of ``ids`` (m,): mean score to its ``csls_k`` nearest *other* stored rows.
 
-        ``search(X, k) -> (S, I)`` searches the index, ``reconstruct(id)`` returns a stored row.
-        Missing values are computed in one batched search of the stored rows and cached.
+        ``search(X, k) -> (S, I)`` searches the index, ``reconstruct(id)`` returns a stored row, ``settings``
+        names what ``search`` runs with (:func:`~.kinds.search_key`). Missing values are computed in one
+        batched search of the stored rows and cached under ``(id, csls_k, settings)``.
         """
         out = np.empty(ids.shape[0], np.float32)
         missing = []
         with self._lock:
             for j, i in enumerate(ids.tolist()):
-                v = self._values.get((i, csls_k))
+                v = self._values.get((i, csls_k, settings))
                 if v is None:
                     missing.append(j)
                 else:
@@ -72,15 +78,15 @@ class HubCache:
             out[missing] = r
             with self._lock:
                 for i, v in zip(todo.tolist(), r.tolist()):
-                    self._values[(i, csls_k)] = v
+                    self._values[(i, csls_k, settings)] = v
         return out
 
 
 def csls_search(Q: np.ndarray, k: int, csls_k: int, n_live: int, search: Search,
-                reconstruct: Callable[[int], np.ndarray], hubs: HubCache, weight: float = CSLS_WEIGHT
-                ) -> tuple[np.ndarray, np.ndarray]:
+                reconstruct: Callable[[int], np.ndarray], hubs: HubCache, weight: float = CSLS_WEIGHT,
+                settings: tuple = ()) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` by CSLS (document term scaled by ``weight``) for prepared queries ``Q`` (n, d) over an index
-    of ``n_live`` rows.
+    of ``n_live`` rows; ``search`` runs with ``settings`` (the key of cached ``r(d)``, :meth:`HubCache.hubness`).
 
     Returns ``S`` (n, k) float32 CSLS scores (``-inf`` padding) and ``I`` (n, k) int64 ids (``-1``
     padding), best first; ties keep the cosine order.
@@ -89,7 +95,7 @@ def csls_search(Q: np.ndarray, k: int, csls_k: int, n_live: int, search: Search,
     S, I = search(Q, kc)
     r_q = np.array([s[i >= 0][:csls_k].mean() if (i >= 0).any() else 0.0 for s, i in zip(S, I)], np.float32)
     uniq = np.unique(I[I >= 0])
-    r_map = dict(zip(uniq.tolist(), hubs.hubness(uniq, csls_k, search, reconstruct).tolist()))
+    r_map = dict(zip(uniq.tolist(), hubs.hubness(uniq, csls_k, search, reconstruct, settings).tolist()))
     r_d = np.vectorize(lambda i: r_map.get(int(i), 0.0), otypes=[np.float32])(I) if I.size else I.astype(np.float32)
     C = np.where(I >= 0, 2.0 * S - r_q[:, None] - np.float32(weight) * r_d, -np.inf).astype(np.float32)
     order = np.argsort(-C, axis=1, kind="stable")[:, :k]

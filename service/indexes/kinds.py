@@ -39,7 +39,8 @@ from ..threads import pin_thread
 from .errors import IndexConflictError
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "choose_kind", "check_name",
-           "ids_array", "make_index", "prep_rows", "live_ids", "rebuild_hnsw", "search_kind", "search_work"]
+           "ids_array", "make_index", "prep_rows", "live_ids", "rebuild_hnsw", "search_key", "search_kind",
+           "search_work"]
 
 FLAT_MAX = 50_000
 HNSW_MAX = 1_000_000
@@ -178,6 +179,19 @@ def _nprobe(params: dict, nprobe: int | None) -> int:
 def _ef(params: dict, ef_search: int | None) -> int:
     """HNSW search breadth: the request's ``ef_search``, else the index's (default 64)."""
     return int(ef_search or params.get("ef_search", 64))
+
+
+def search_key(index, kind: str, params: dict, exact: bool, ef_search: int | None, nprobe: int | None) -> tuple:
+    """The settings a search of ``kind`` effectively runs with: equal keys, equal results on the same rows.
+
+    Flat: ``()`` (always exact); IVF: the lists probed (``nlist`` when exact); HNSW: ``("exact",)`` or the
+    request's ``ef_search`` (else the index's). Caches of values computed by searches (CSLS ``r(d)``) key by it.
+    """
+    if kind == "flat":
+        return ()
+    if kind == "ivf":
+        return ("nprobe", int(index.nlist) if exact else _nprobe(params, nprobe))
+    return ("exact",) if exact else ("ef_search", _ef(params, ef_search))
 
 
 def search_work(index, kind: str, params: dict, dim: int, n: int, k: int, exact: bool, ef_search: int | None,

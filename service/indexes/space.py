@@ -49,6 +49,7 @@ from .kinds import (
     make_index,
     prep_rows,
     rebuild_hnsw,
+    search_key,
     search_kind,
     search_work,
 )
@@ -294,8 +295,9 @@ class SpaceIndex:
                 def search(X, kk):
                     return self._search(X, kk, exact, ef_search, nprobe)
 
+                settings = search_key(self.index, self.kind, self.params, exact, ef_search, nprobe)
                 return csls_search(Q, int(k), int(csls_k), self.count, search, self.index.reconstruct, self._hubs,
-                                   weight=csls_weight)
+                                   weight=csls_weight, settings=settings)
             return self._search(Q, int(k), exact, ef_search, nprobe)
 
     def small_search(self, n: int, k: int, *, exact: bool = False, ef_search: int | None = None,

@@ -127,6 +127,22 @@ def test_fewer_rows_than_k(data):
     assert (empty.search(Q[:1], 2)[1] == -1).all()
 
 
+def csls_reference(D, Q, k, ck, weight):
+    """Reference CSLS top-k ``(S, I)`` (row numbers of ``D``): ``2 cos(q, d) - r(q) - weight r(d)`` with exact
+    ``r`` (mean of the ``ck`` best cosines, ``d`` itself left out), re-ranking the top ``max(4k, k + ck)``
+    cosine candidates as the index does."""
+    Qn, Dn = unit_rows(Q), unit_rows(D)
+    C = Qn @ Dn.T
+    r_q = np.sort(C, axis=1)[:, ::-1][:, :ck].mean(1)
+    DD = Dn @ Dn.T
+    np.fill_diagonal(DD, -np.inf)
+    r_d = np.sort(DD, axis=1)[:, ::-1][:, :ck].mean(1)
+    full = 2 * C - r_q[:, None] - weight * r_d[None, :]
+    cand = np.argsort(-C, axis=1)[:, : max(4 * k, k + ck)]
+    ref_I = np.take_along_axis(cand, np.argsort(-np.take_along_axis(full, cand, 1), axis=1)[:, :k], 1)
+    return np.take_along_axis(full, ref_I, 1), ref_I
+
+
 @pytest.mark.parametrize("weight", [None, 1.0, 0.0, 2.0])
 def test_csls_matches_formula(data, weight):
     X, Q = data
@@ -138,22 +154,32 @@ def test_csls_matches_formula(data, weight):
         weight = 0.5
     else:
         S, I = idx.search(Q, k, csls_k=ck, csls_weight=weight)
-    Qn, Dn = unit_rows(Q), unit_rows(D)
-    C = Qn @ Dn.T
-    r_q = np.sort(C, axis=1)[:, ::-1][:, :ck].mean(1)
-    DD = Dn @ Dn.T
-    np.fill_diagonal(DD, -np.inf)
-    r_d = np.sort(DD, axis=1)[:, ::-1][:, :ck].mean(1)
-    full = 2 * C - r_q[:, None] - weight * r_d[None, :]
-    # the re-ranking sees the top max(4k, k+csls_k) cosine candidates; compare within them
-    cand = np.argsort(-C, axis=1)[:, : max(4 * k, k + ck)]
-    ref_I = np.take_along_axis(cand, np.argsort(-np.take_along_axis(full, cand, 1), axis=1)[:, :k], 1)
-    np.testing.assert_array_equal(I, ref_I)
-    np.testing.assert_allclose(S, np.take_along_axis(full, ref_I, 1), atol=1e-5)
+    S_ref, I_ref = csls_reference(D, Q, k, ck, weight)
+    np.testing.assert_array_equal(I, I_ref)
+    np.testing.assert_allclose(S, S_ref, atol=1e-5)
     if weight == 0.0:  # no document term: the cosine order
         np.testing.assert_array_equal(I, idx.search(Q, k, exact=True)[1])
     else:              # the document term moves some rows (this data has hubs)
         assert (I != idx.search(Q, k, exact=True)[1]).any()
+
+
+@pytest.mark.parametrize("kind, approximate", [("ivf", {"nprobe": 1}), ("hnsw", {"ef_search": 1})])
+def test_exact_csls_matches_formula_after_an_approximate_one(kind, approximate, data):
+    """``r(d)`` cached by an approximate CSLS search must not serve an exact one (nor other settings).
+
+    Before: the cache kept ``r(d)`` per (id, csls_k) only, so after one ``nprobe=1`` CSLS search of an IVF
+    index an ``exact=True`` CSLS search re-ranked with the approximate ``r(d)``: other ids than the formula's,
+    depending on which request came first.
+    """
+    X, Q = data
+    params = {"nlist": 64} if kind == "ivf" else {"M": 4, "ef_construction": 8}
+    idx = SpaceIndex.build("ca", "s", X, kind=kind, params=params)
+    k, ck = 5, 10
+    idx.search(Q, k, csls_k=ck, **approximate)
+    S, I = idx.search(Q, k, csls_k=ck, exact=True)
+    S_ref, I_ref = csls_reference(X, Q, k, ck, 0.5)
+    np.testing.assert_array_equal(I, I_ref)
+    np.testing.assert_allclose(S, S_ref, atol=1e-5)
 
 
 @pytest.mark.parametrize("bad", [-0.1, 2.5, float("nan"), float("inf"), True, "1", None])
