@@ -157,6 +157,9 @@ class SpaceIndex:
                   description=description, path=path)
         if n:
             obj._add(X, ids, payloads)
+        elif (ids is not None and len(ids)) or (payloads is not None and len(payloads)):
+            raise InputError("ids / payloads were given without vectors: an empty index has no rows for them "
+                             "(send vectors or texts with them, or add them later)")
         return obj
 
     @classmethod

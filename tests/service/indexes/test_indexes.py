@@ -371,6 +371,12 @@ def test_http_index_validation(api):
     assert r.status_code == 422
     r = c.post("/v1/indexes", headers=W, json={"name": "v5", "space": "c", "vectors": [[0.0] * 12], "k": 3})
     assert r.status_code == 422 and "k" in r.json()["error"]["message"]
+    for extra in ({"ids": [1, 2]}, {"payloads": [{"a": 1}]}):  # before: 201, an empty index, the ids dropped
+        r = c.post("/v1/indexes", headers=W, json={"name": "v6", "space": "c", **extra})
+        assert r.status_code == 422 and "without vectors" in r.json()["error"]["message"], r.text
+        assert c.get("/v1/indexes/v6", headers=R).status_code == 404
+    r = c.post("/v1/indexes", headers=W, json={"name": "v6", "space": "c", "ids": []})  # nothing to name: fine
+    assert r.status_code == 201 and r.json()["count"] == 0, r.text
 
 
 def test_http_rows_and_queries_as_texts(tmp_path):
