@@ -21,7 +21,7 @@ from align.exceptions import InputError
 
 from ..limits import MAX_ID, check_dim, check_index_params
 from ..storage import atomic_write, fsync_dir
-from .kinds import METRICS, check_name
+from .kinds import METRICS, check_name, tombstone_slots
 from .locking import stat_sig
 
 __all__ = ["FORMAT", "LOCK_FILE", "STORE_LOCK", "LOAD_ATTEMPTS", "uid_of", "read_meta", "read_generation",
@@ -94,6 +94,7 @@ def check_meta(path: Path, meta: dict, index) -> None:
         next_id = int(meta.get("next_id", 0))
         if not 0 <= next_id <= MAX_ID:
             raise InputError(f"next_id {next_id} is outside 0..2**62")
+        tombstone_slots(index, meta["kind"], meta)
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"index at {path} refused: {exc}") from None
 
