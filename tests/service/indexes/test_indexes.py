@@ -268,6 +268,28 @@ def test_exact_csls_matches_formula_after_an_approximate_one(kind, approximate, 
     np.testing.assert_allclose(S, S_ref, atol=1e-5)
 
 
+def test_csls_cache_stays_bounded_by_the_index(data):
+    """Requests varying csls_k (or ef_search / nprobe) each cache r(d) of their own; the cache stays within
+    ``HUB_CACHE_PER_ROW x rows + HUB_CACHE_FLOOR`` values and answers stay those of the formula.
+
+    Before: unbounded; 40 CSLS searches (k=1000, csls_k 1..40) of a 20k-row flat index cached 160,000
+    values (+40 MiB RSS), and csls_k alone goes to 1000, every ef_search / nprobe multiplying that.
+    """
+    from service.indexes.csls import HUB_CACHE_FLOOR, HUB_CACHE_PER_ROW
+
+    X, Q = data
+    D = X[:300]
+    idx = SpaceIndex.build("hc", "s", D)
+    bound = HUB_CACHE_PER_ROW * len(D) + HUB_CACHE_FLOOR
+    for ck in range(1, 101):  # k = 75: 300 candidates, r(d) of every row for each csls_k (30,000 uncapped)
+        idx.search(Q[:1], 75, csls_k=ck)
+        assert len(idx._hubs) <= bound
+    S, I = idx.search(Q, 5, csls_k=7)
+    S_ref, I_ref = csls_reference(D, Q, 5, 7, 0.5)
+    np.testing.assert_array_equal(I, I_ref)
+    np.testing.assert_allclose(S, S_ref, atol=1e-5)
+
+
 @pytest.mark.parametrize("bad", [-0.1, 2.5, float("nan"), float("inf"), True, "1", None])
 def test_csls_weight_out_of_range_is_refused(data, bad):
     X, Q = data
