@@ -96,7 +96,8 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
     """Write ``path`` so readers see the old file or the whole new one, never a part, even after a crash.
 
     ``data`` is bytes, text (UTF-8), or a callable that writes a given temporary path (e.g.
-    ``lambda p: faiss.write_index(index, str(p))``). The temporary file is named
+    ``service.indexes.persist`` streams a FAISS index through ``open(p, 'wb')``); it must raise ``OSError``
+    when a write fails. The temporary file is named
     ``.<name>.tmp-<pid>-<thread>-<uuid>`` in ``tmp_dir`` (default: beside ``path``; it must be on
     the same file system), fsync'ed, renamed over ``path`` (atomic on POSIX), and the directory
     fsync'ed. ``before_replace`` runs between the fsync and the rename (crash-test hook). On any

@@ -167,7 +167,7 @@ class IndexCreateOptions(_Strict):
                                                "1..nlist; flat: none. Anything else is a 422.")
     random_state: Count = Seed
     description: DescriptionText = Description
-    ids: list[int] | None = Ids
+    ids: list[Count] | None = Ids
     payloads: list[Any] | None = Field(None, description="One JSON value per row, returned with search hits.")
     texts: list[str] | None = Field(None, description="Embed these with the space's encoder (passage form) "
                                                       "instead of sending vectors.")
@@ -180,7 +180,7 @@ class IndexCreate(IndexCreateOptions, _Vectors):
 
 
 class IndexAddOptions(_Strict):
-    ids: list[int] | None = Ids
+    ids: list[Count] | None = Ids
     payloads: list[Any] | None = None
     texts: list[str] | None = None
     store_texts: bool = True
@@ -192,7 +192,7 @@ class IndexAdd(IndexAddOptions, _Vectors):
 
 
 class IndexDelete(_Strict):
-    ids: list[int] = Field(..., min_length=1, description="Ids to delete (unknown ids are ignored).")
+    ids: list[Count] = Field(..., min_length=1, description="Ids to delete (unknown ids are ignored).")
 
 
 class SearchOptions(_Strict):

@@ -7,7 +7,9 @@
 where ``r(q)`` is the mean of the query's top ``csls_k`` cosines (exact: they are the first
 candidates) and ``r(d)`` is the mean cosine of ``d`` to its ``csls_k`` nearest *stored* rows
 (a density proxy for hubness: the population of mapped queries is not known to the index).
-``r(d)`` is computed on demand and cached (:class:`HubCache`) until the next write.
+``r(d)`` is computed on demand with the request's search settings (``exact``, ``nprobe``, ``ef_search``) and
+cached per those settings (:class:`HubCache`) until the next write, at most
+``HUB_CACHE_PER_ROW x rows + HUB_CACHE_FLOOR`` values (past that the cache starts over).
 
 ``weight`` ``w`` scales the document term: ``2 cos(q, d) - r(q) - w r(d)`` (``w = 1``: classic CSLS; ``w = 0``:
 the cosine order of the candidates). For a query, ranking by it is ranking by ``cos(q, d) - (w / 2) r(d)``.
@@ -26,36 +28,50 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["CSLS_WEIGHT", "HubCache", "csls_search"]
+__all__ = ["CSLS_WEIGHT", "HUB_CACHE_FLOOR", "HUB_CACHE_PER_ROW", "HubCache", "csls_search"]
 
 CSLS_WEIGHT = 0.5  # default weight of the document's hubness r(d) (see the module notes)
+# Cached r(d) values, all csls_k and search settings together: at most HUB_CACHE_PER_ROW per stored row plus
+# HUB_CACHE_FLOOR (~250 bytes each). Every csls_k (1..1000) and ef_search / nprobe is a key of its own, so
+# without a bound, requests varying them would grow the cache to many times the index.
+HUB_CACHE_PER_ROW = 2
+HUB_CACHE_FLOOR = 1 << 14
 
 Search = Callable[[np.ndarray, int], "tuple[np.ndarray, np.ndarray]"]
 
 
 class HubCache:
-    """``r(d)`` per ``(id, csls_k)``; thread-safe; :meth:`clear` on every change of the index."""
+    """``r(d)`` per ``(id, csls_k, search settings)``; thread-safe; :meth:`clear` on every change of the index.
+
+    The settings are part of the key because an approximate search (IVF ``nprobe`` < ``nlist``, HNSW) finds
+    other neighbours, so other ``r(d)``: a value cached by one request must not serve another's settings.
+    """
 
     def __init__(self) -> None:
-        self._values: dict[tuple[int, int], float] = {}
+        self._values: dict[tuple[int, int, tuple], float] = {}
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._values)
 
     def clear(self) -> None:
         with self._lock:
             self._values.clear()
 
-    def hubness(self, ids: np.ndarray, csls_k: int, search: Search, reconstruct: Callable[[int], np.ndarray]
-                ) -> np.ndarray:
+    def hubness(self, ids: np.ndarray, csls_k: int, search: Search, reconstruct: Callable[[int], np.ndarray],
+                settings: tuple = (), max_values: int | None = None) -> np.ndarray:
         """``r(d)`` for each of ``ids`` (m,): mean score to its ``csls_k`` nearest *other* stored rows.
 
-        ``search(X, k) -> (S, I)`` searches the index, ``reconstruct(id)`` returns a stored row.
-        Missing values are computed in one batched search of the stored rows and cached.
+        ``search(X, k) -> (S, I)`` searches the index, ``reconstruct(id)`` returns a stored row, ``settings``
+        names what ``search`` runs with (:func:`~.kinds.search_key`). Missing values are computed in one
+        batched search of the stored rows and cached under ``(id, csls_k, settings)``; when that would pass
+        ``max_values`` the cache is emptied first.
         """
         out = np.empty(ids.shape[0], np.float32)
         missing = []
         with self._lock:
             for j, i in enumerate(ids.tolist()):
-                v = self._values.get((i, csls_k))
+                v = self._values.get((i, csls_k, settings))
                 if v is None:
                     missing.append(j)
                 else:
@@ -71,16 +87,18 @@ class HubCache:
                 r[j] = float(s.mean()) if s.size else 0.0
             out[missing] = r
             with self._lock:
+                if max_values is not None and len(self._values) + len(todo) > max_values:
+                    self._values.clear()
                 for i, v in zip(todo.tolist(), r.tolist()):
-                    self._values[(i, csls_k)] = v
+                    self._values[(i, csls_k, settings)] = v
         return out
 
 
 def csls_search(Q: np.ndarray, k: int, csls_k: int, n_live: int, search: Search,
-                reconstruct: Callable[[int], np.ndarray], hubs: HubCache, weight: float = CSLS_WEIGHT
-                ) -> tuple[np.ndarray, np.ndarray]:
+                reconstruct: Callable[[int], np.ndarray], hubs: HubCache, weight: float = CSLS_WEIGHT,
+                settings: tuple = ()) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` by CSLS (document term scaled by ``weight``) for prepared queries ``Q`` (n, d) over an index
-    of ``n_live`` rows.
+    of ``n_live`` rows; ``search`` runs with ``settings`` (the key of cached ``r(d)``, :meth:`HubCache.hubness`).
 
     Returns ``S`` (n, k) float32 CSLS scores (``-inf`` padding) and ``I`` (n, k) int64 ids (``-1``
     padding), best first; ties keep the cosine order.
@@ -89,7 +107,8 @@ def csls_search(Q: np.ndarray, k: int, csls_k: int, n_live: int, search: Search,
     S, I = search(Q, kc)
     r_q = np.array([s[i >= 0][:csls_k].mean() if (i >= 0).any() else 0.0 for s, i in zip(S, I)], np.float32)
     uniq = np.unique(I[I >= 0])
-    r_map = dict(zip(uniq.tolist(), hubs.hubness(uniq, csls_k, search, reconstruct).tolist()))
+    limit = HUB_CACHE_PER_ROW * n_live + HUB_CACHE_FLOOR
+    r_map = dict(zip(uniq.tolist(), hubs.hubness(uniq, csls_k, search, reconstruct, settings, limit).tolist()))
     r_d = np.vectorize(lambda i: r_map.get(int(i), 0.0), otypes=[np.float32])(I) if I.size else I.astype(np.float32)
     C = np.where(I >= 0, 2.0 * S - r_q[:, None] - np.float32(weight) * r_d, -np.inf).astype(np.float32)
     order = np.argsort(-C, axis=1, kind="stable")[:, :k]

@@ -7,8 +7,9 @@ kind       chosen when          structure
 =========  ===================  =============================================================
 flat       n < 50,000           ``IndexIDMap2(IndexFlatIP)``: exact; delete compacts
 hnsw       50,000 ≤ n < 10⁶     ``IndexIDMap2(IndexHNSWFlat)``: approximate, ``ef_search``
-                                per request; deletes are tombstones filtered with an
-                                ``IDSelector`` and folded in by a rebuild past 10 %
+                                per request; deletes are tombstones (slots of the graph)
+                                filtered with an ``IDSelector`` and folded in by a rebuild
+                                past 10 %; a deleted id added again takes a new slot
 ivf        n ≥ 10⁶              ``IndexIVFFlat`` with native ids (``IndexIDMap2`` cannot
                                 compact IVF lists), ``nprobe`` per request; k-means seeded
 =========  ===================  =============================================================
@@ -39,7 +40,8 @@ from ..threads import pin_thread
 from .errors import IndexConflictError
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "choose_kind", "check_name",
-           "ids_array", "make_index", "prep_rows", "live_ids", "rebuild_hnsw", "search_kind", "search_work"]
+           "ids_array", "make_index", "prep_rows", "live_ids", "live_slots", "tombstone_slots", "rebuild_hnsw",
+           "search_key", "search_kind", "search_work"]
 
 FLAT_MAX = 50_000
 HNSW_MAX = 1_000_000
@@ -143,26 +145,61 @@ def prep_rows(X: np.ndarray, metric: str, what: str = "vectors") -> np.ndarray:
     return X
 
 
+def _id_map(index) -> np.ndarray:
+    """The external id of each slot of an ``IndexIDMap2`` (ntotal,) int64: a view, valid while the index is
+    not changed (the caller holds its lock)."""
+    n = int(index.id_map.size())
+    return faiss.rev_swig_ptr(index.id_map.data(), n) if n else np.zeros(0, np.int64)
+
+
+def _slots(tombstones: set[int]) -> np.ndarray:
+    return np.fromiter(tombstones, np.int64, len(tombstones))
+
+
 def live_ids(index, kind: str, tombstones: set[int]) -> np.ndarray:
-    """Ids stored in ``index`` and not deleted (int64, unordered)."""
+    """Ids stored in ``index`` and not deleted (int64, unordered; HNSW ``tombstones`` are slots)."""
     if kind == "ivf":
         inv = index.invlists
         parts = [faiss.rev_swig_ptr(inv.get_ids(i), inv.list_size(i)).copy()
                  for i in range(index.nlist) if inv.list_size(i)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    ids = faiss.vector_to_array(index.id_map).astype(np.int64)
-    if tombstones:
-        ids = ids[~np.isin(ids, np.fromiter(tombstones, np.int64))]
-    return ids
+    ids = _id_map(index).copy()
+    return np.delete(ids, _slots(tombstones)) if tombstones else ids
+
+
+def live_slots(index, ids: np.ndarray, tombstones: set[int]) -> np.ndarray:
+    """HNSW: the slots holding the live rows of ``ids`` (a deleted id added again also has dead slots)."""
+    id_map = _id_map(index)
+    live = np.isin(id_map, ids)
+    live[_slots(tombstones)] = False
+    return np.nonzero(live)[0]
+
+
+def tombstone_slots(index, kind: str, meta: dict) -> set[int]:
+    """The tombstones a persisted ``meta`` names, as slots of ``index``.
+
+    ``format_version`` 1 stored HNSW tombstones as ids (each stored once then, as a re-added id forced a
+    rebuild); 2 stores slots. Raises ``ValueError`` for a slot outside the index.
+    """
+    if kind != "hnsw":
+        return set()
+    if int(meta.get("format_version", 1)) < 2:
+        dead = np.nonzero(np.isin(_id_map(index), np.asarray(meta.get("tombstones", []), np.int64)))[0]
+    else:
+        dead = np.asarray(meta.get("tombstone_slots", []), np.int64)
+    if dead.size and not (0 <= dead.min() and dead.max() < index.ntotal):
+        raise ValueError(f"tombstone slots outside 0..{index.ntotal - 1}")
+    return set(dead.tolist())
 
 
 def rebuild_hnsw(index, dim: int, params: dict, tombstones: set[int]):
-    """A new HNSW index (``IndexIDMap2``) holding the live rows of ``index``: tombstones dropped."""
+    """A new HNSW index (``IndexIDMap2``) holding the live rows of ``index``: tombstoned slots dropped."""
     inner = faiss.downcast_index(index.index)
     storage = faiss.downcast_index(inner.storage)
     xb = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * dim).reshape(-1, dim)
-    ids = faiss.vector_to_array(index.id_map).astype(np.int64)
-    keep = ~np.isin(ids, np.fromiter(tombstones, np.int64)) if tombstones else np.ones(ids.shape, bool)
+    ids = _id_map(index)
+    keep = np.ones(ids.shape, bool)
+    keep[_slots(tombstones)] = False
     X, ids = np.ascontiguousarray(xb[keep]), ids[keep]
     fresh = _hnsw(dim, params)
     if ids.size:
@@ -178,6 +215,19 @@ def _nprobe(params: dict, nprobe: int | None) -> int:
 def _ef(params: dict, ef_search: int | None) -> int:
     """HNSW search breadth: the request's ``ef_search``, else the index's (default 64)."""
     return int(ef_search or params.get("ef_search", 64))
+
+
+def search_key(index, kind: str, params: dict, exact: bool, ef_search: int | None, nprobe: int | None) -> tuple:
+    """The settings a search of ``kind`` effectively runs with: equal keys, equal results on the same rows.
+
+    Flat: ``()`` (always exact); IVF: the lists probed (``nlist`` when exact); HNSW: ``("exact",)`` or the
+    request's ``ef_search`` (else the index's). Caches of values computed by searches (CSLS ``r(d)``) key by it.
+    """
+    if kind == "flat":
+        return ()
+    if kind == "ivf":
+        return ("nprobe", int(index.nlist) if exact else _nprobe(params, nprobe))
+    return ("exact",) if exact else ("ef_search", _ef(params, ef_search))
 
 
 def search_work(index, kind: str, params: dict, dim: int, n: int, k: int, exact: bool, ef_search: int | None,
@@ -200,7 +250,7 @@ def search_kind(index, kind: str, params: dict, tombstones: set[int], Q: np.ndar
                 ef_search: int | None, nprobe: int | None) -> tuple[Any, Any]:
     """Top-``k`` of prepared queries ``Q`` (n, d): ``S`` (n, k) float32 scores, ``I`` (n, k) int64 ids (-1: none).
 
-    Tombstoned rows never appear. ``nprobe`` / ``ef_search`` default to the index's params.
+    Tombstoned rows (HNSW: slots) never appear. ``nprobe`` / ``ef_search`` default to the index's params.
     """
     if index.ntotal == 0:
         return np.full((Q.shape[0], k), -np.inf, np.float32), np.full((Q.shape[0], k), -1, np.int64)
@@ -213,22 +263,15 @@ def search_kind(index, kind: str, params: dict, tombstones: set[int], Q: np.ndar
         if not 1 <= probe <= nlist:
             raise InputError(f"nprobe must be between 1 and nlist={nlist}, got {probe}")
         return index.search(Q, k, params=faiss.SearchParametersIVF(nprobe=probe))
-    # hnsw
-    sel = None
-    if tombstones:
-        sel = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.fromiter(tombstones, np.int64)))
+    # hnsw: search the graph (or, exact, its flat storage) by slot, skipping tombstoned slots; slots -> ids
+    inner = faiss.downcast_index(index.index)
+    sel = faiss.IDSelectorNot(faiss.IDSelectorBatch(_slots(tombstones))) if tombstones else None
     if exact:
-        inner = faiss.downcast_index(index.index)
-        storage = faiss.downcast_index(inner.storage)
-        id_map = faiss.vector_to_array(index.id_map).astype(np.int64)
-        sp = None
-        if tombstones:
-            dead = np.nonzero(np.isin(id_map, np.fromiter(tombstones, np.int64)))[0].astype(np.int64)
-            inner_sel = faiss.IDSelectorNot(faiss.IDSelectorBatch(dead))
-            sp = faiss.SearchParameters(sel=inner_sel)
-        S, I = storage.search(Q, k, params=sp)
-        return S, np.where(I >= 0, id_map[np.maximum(I, 0)], -1)
-    ef = _ef(params, ef_search)
-    if not 1 <= ef <= 100_000:
-        raise InputError(f"ef_search must be between 1 and 100000, got {ef}")
-    return index.search(Q, k, params=faiss.SearchParametersHNSW(efSearch=max(ef, k), sel=sel))
+        sp = faiss.SearchParameters(sel=sel) if sel is not None else None
+        S, I = faiss.downcast_index(inner.storage).search(Q, k, params=sp)
+    else:
+        ef = _ef(params, ef_search)
+        if not 1 <= ef <= 100_000:
+            raise InputError(f"ef_search must be between 1 and 100000, got {ef}")
+        S, I = inner.search(Q, k, params=faiss.SearchParametersHNSW(efSearch=max(ef, k), sel=sel))
+    return S, np.where(I >= 0, _id_map(index)[np.maximum(I, 0)], -1)

@@ -21,7 +21,7 @@ from align.exceptions import InputError
 
 from ..limits import MAX_ID, check_dim, check_index_params
 from ..storage import atomic_write, fsync_dir
-from .kinds import METRICS, check_name
+from .kinds import METRICS, check_name, tombstone_slots
 from .locking import stat_sig
 
 __all__ = ["FORMAT", "LOCK_FILE", "STORE_LOCK", "LOAD_ATTEMPTS", "uid_of", "read_meta", "read_generation",
@@ -94,12 +94,26 @@ def check_meta(path: Path, meta: dict, index) -> None:
         next_id = int(meta.get("next_id", 0))
         if not 0 <= next_id <= MAX_ID:
             raise InputError(f"next_id {next_id} is outside 0..2**62")
+        tombstone_slots(index, meta["kind"], meta)
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"index at {path} refused: {exc}") from None
 
 
 def _write_json(path: Path, obj) -> None:
     atomic_write(path, json.dumps(obj))
+
+
+def _write_index_file(index, tmp: Path) -> None:
+    """Serialise ``index`` into ``tmp`` through Python's file I/O.
+
+    A failed write or close is then an ``OSError`` with its errno (ENOSPC, EROFS, EFBIG: a storage
+    error, 503) like every other write of the data dir. FAISS's own path writer raises a bare
+    ``RuntimeError`` (500) when a write fails and only prints when the final flush at close fails,
+    so a file cut short by a full disk or a file-size limit would have been committed as a generation
+    that no process can read again.
+    """
+    with open(tmp, "wb") as fh:
+        faiss.write_index(index, faiss.PyCallbackIOWriter(fh.write))
 
 
 def write_generation(path: Path, index, payloads: dict[int, Any], meta: dict) -> tuple | None:
@@ -112,7 +126,7 @@ def write_generation(path: Path, index, payloads: dict[int, Any], meta: dict) ->
     gen = int(meta["generation"])
     for stale in path.glob(".*.tmp-*"):  # left by a writer that died; the caller holds the writer lock
         stale.unlink(missing_ok=True)
-    atomic_write(path / f"index.{gen}.faiss", lambda tmp: faiss.write_index(index, str(tmp)))
+    atomic_write(path / f"index.{gen}.faiss", lambda tmp: _write_index_file(index, tmp))
     _write_json(path / f"payloads.{gen}.json", [[i, p] for i, p in payloads.items()])
     _write_json(path / "meta.json", meta)  # the commit point
     fsync_dir(path)

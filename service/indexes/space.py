@@ -46,11 +46,14 @@ from .kinds import (
     choose_kind,
     ids_array,
     live_ids,
+    live_slots,
     make_index,
     prep_rows,
     rebuild_hnsw,
+    search_key,
     search_kind,
     search_work,
+    tombstone_slots,
 )
 from .locking import RWLock, WouldBlock, flock, stat_sig, still_linked
 from .persist import (
@@ -106,7 +109,7 @@ class SpaceIndex:
     params: dict
     index: Any
     payloads: dict[int, Any] = field(default_factory=dict)
-    tombstones: set[int] = field(default_factory=set)
+    tombstones: set[int] = field(default_factory=set)  # HNSW: deleted slots of the graph (positions, not ids)
     next_id: int = 0
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
@@ -156,6 +159,9 @@ class SpaceIndex:
                   description=description, path=path)
         if n:
             obj._add(X, ids, payloads)
+        elif (ids is not None and len(ids)) or (payloads is not None and len(payloads)):
+            raise InputError("ids / payloads were given without vectors: an empty index has no rows for them "
+                             "(send vectors or texts with them, or add them later)")
         return obj
 
     @classmethod
@@ -165,7 +171,7 @@ class SpaceIndex:
         meta, index, payloads, sig = read_current(path)
         obj = cls(name=meta["name"], space=meta["space"], dim=int(meta["dim"]), kind=meta["kind"],
                   metric=meta["metric"], params=meta["params"], index=index, payloads=payloads,
-                  tombstones=set(int(t) for t in meta.get("tombstones", [])),
+                  tombstones=tombstone_slots(index, meta["kind"], meta),
                   next_id=int(meta.get("next_id", 0)), created_at=meta["created_at"],
                   updated_at=meta["updated_at"], description=meta.get("description", ""), path=path,
                   generation=int(meta["generation"]), uid=uid_of(meta))
@@ -207,8 +213,6 @@ class SpaceIndex:
         if payloads is not None:
             if not isinstance(payloads, list) or len(payloads) != n:
                 raise InputError(f"payloads: expected a list of {n} JSON values (one per vector)")
-        if self.kind == "hnsw" and self.tombstones and np.isin(ids_arr, np.fromiter(self.tombstones, np.int64)).any():
-            self._rebuild()
         self.index.add_with_ids(np.ascontiguousarray(prep_rows(X, self.metric)), ids_arr)
         if payloads is not None:
             for i, p in zip(ids_arr.tolist(), payloads):
@@ -240,7 +244,7 @@ class SpaceIndex:
                 if present.size == 0:
                     return 0
                 if self.kind == "hnsw":
-                    self.tombstones.update(present.tolist())
+                    self.tombstones.update(live_slots(self.index, present, self.tombstones).tolist())
                     if len(self.tombstones) > TOMBSTONE_REBUILD * max(1, self.index.ntotal):
                         self._rebuild()
                 else:
@@ -253,7 +257,7 @@ class SpaceIndex:
                 return int(present.size)
 
     def _rebuild(self) -> None:
-        """HNSW only: rebuild the graph from live rows, dropping tombstones."""
+        """HNSW only: rebuild the graph from live rows, dropping tombstoned slots."""
         self.index = rebuild_hnsw(self.index, self.dim, self.params, self.tombstones)
         self.tombstones = set()
 
@@ -294,8 +298,9 @@ class SpaceIndex:
                 def search(X, kk):
                     return self._search(X, kk, exact, ef_search, nprobe)
 
+                settings = search_key(self.index, self.kind, self.params, exact, ef_search, nprobe)
                 return csls_search(Q, int(k), int(csls_k), self.count, search, self.index.reconstruct, self._hubs,
-                                   weight=csls_weight)
+                                   weight=csls_weight, settings=settings)
             return self._search(Q, int(k), exact, ef_search, nprobe)
 
     def small_search(self, n: int, k: int, *, exact: bool = False, ef_search: int | None = None,
@@ -411,7 +416,7 @@ class SpaceIndex:
         """Replace the in-memory state by a persisted generation (caller holds the write side)."""
         self.index = index
         self.payloads = payloads
-        self.tombstones = set(int(t) for t in meta.get("tombstones", []))
+        self.tombstones = tombstone_slots(index, meta["kind"], meta)
         self.next_id = int(meta.get("next_id", 0))
         self.kind = meta["kind"]
         self.params = meta["params"]
@@ -423,9 +428,9 @@ class SpaceIndex:
 
     def _meta(self, gen: int) -> dict:
         return {
-            "format": FORMAT, "format_version": 1, "generation": gen, "uid": self.uid,
+            "format": FORMAT, "format_version": 2, "generation": gen, "uid": self.uid,
             "name": self.name, "space": self.space, "dim": self.dim, "kind": self.kind, "metric": self.metric,
-            "params": self.params, "tombstones": sorted(self.tombstones), "next_id": self.next_id,
+            "params": self.params, "tombstone_slots": sorted(self.tombstones), "next_id": self.next_id,
             "created_at": self.created_at, "updated_at": self.updated_at, "description": self.description,
         }
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import shutil
 import sqlite3
 import subprocess
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
+import faiss
 import httpx
 import numpy as np
 import pytest
@@ -134,3 +137,52 @@ def test_full_disk_no_crash_503_and_not_ready(tmp_path):
             assert [code for _, code, _ in _exercise_writes(c, "after")] == [202, 200, 200, 201]
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@contextmanager
+def _file_size_limit(n_bytes: int):
+    """Lower this process's soft ``RLIMIT_FSIZE`` (a server started inside inherits it; Python ignores SIGXFSZ,
+    so a write past the limit fails with EFBIG, as a write to a full disk fails with ENOSPC)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_index_file_cut_short_is_503_and_never_committed(tmp_path):
+    """A FAISS file that cannot be written whole (full disk, file-size limit) must fail the add, never be committed.
+
+    Before: FAISS's own file writer only printed when the final flush failed, so an add whose index file
+    went a few bytes past the limit answered 200 with a truncated file committed; after a restart the index
+    (every row) could not be loaded. A write failing earlier was a bare RuntimeError: 500.
+    Now both are 503 StorageUnavailableError, the index keeps its rows, and it loads after a restart.
+    """
+    dim, n = 64, 1000
+    X = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
+    whole = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+    whole.add_with_ids(X, np.arange(n, dtype=np.int64))
+    limit = faiss.serialize_index(whole).size - 10  # n rows overrun only in the last buffered bytes
+    d = tmp_path / "data"
+    s = Server(d)
+    with _file_size_limit(limit):
+        s.start()
+    try:
+        c = s.client(W)
+        assert c.post("/v1/spaces", json={"name": "s64", "dim": dim}).status_code == 201
+        r = c.post("/v1/indexes", json={"name": "ix", "space": "s64", "kind": "flat", "vectors": X[:n - 1].tolist()})
+        assert r.status_code == 201, r.text
+        for rows in (X[n - 1:], X[:300] + 1.0):  # past the limit at the final flush; in the middle of the write
+            r = c.post("/v1/indexes/ix/vectors", json={"vectors": rows.tolist()})
+            assert r.status_code == 503 and r.json()["error"]["type"] == "StorageUnavailableError", r.text
+            assert s.proc.poll() is None
+            assert c.get("/v1/indexes/ix").json()["count"] == n - 1
+        hit = c.post("/v1/indexes/ix/search", json={"vectors": X[:1].tolist(), "k": 1}).json()["results"][0][0]
+        assert hit["id"] == 0
+    finally:
+        s.stop()
+    assert not list((d / "indexes" / "ix").glob(".*.tmp-*")), "a temporary file was left behind"
+    with Server(d) as s2:
+        r = s2.client(R).get("/v1/indexes/ix")
+        assert r.status_code == 200 and r.json()["count"] == n - 1, r.text

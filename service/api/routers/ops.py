@@ -40,7 +40,9 @@ async def readyz(request: Request):
         elif state.registry_error:
             checks["registry"] = f"error: {state.registry_error}"
         if state.indexes.loaded:
-            checks["indexes"] = {"loaded": len(state.indexes.list()), "errors": state.indexes.load_errors}
+            # off the event loop: list() loads what other processes wrote (whole FAISS files)
+            n_indexes = len(await run_in_threadpool(state.indexes.list))
+            checks["indexes"] = {"loaded": n_indexes, "errors": state.indexes.load_errors}
         if (demo := demo_status(state)) is not None:
             checks["demo"] = demo  # preparing | ready | failed; informs, never gates readiness
         from ...storage import data_dir_status
@@ -71,6 +73,7 @@ async def info(state: StateDep):
     from ...threads import native_threads
 
     s = state.settings
+    n_indexes = len(await run_in_threadpool(state.indexes.list))  # loads what other processes wrote: off the loop
     return FastJSONResponse({
         "service": "vecbridge", "version": align.__version__, "python": platform.python_version(),
         "faiss": getattr(faiss, "__version__", "?"), "registry_backend": state.registry.backend,
@@ -80,6 +83,6 @@ async def info(state: StateDep):
         "auth": "disabled" if s.auth_disabled else "api-keys",
         "native_threads": {"setting": s.blas_threads, **native_threads()},
         "heap": {"setting_mb": s.malloc_keep_mb, "applied": heap_settings()},
-        "counts": {"indexes": len(state.indexes.list()), "jobs": state.jobs.counts()},
+        "counts": {"indexes": n_indexes, "jobs": state.jobs.counts()},
         "demo": demo_status(state),
     })

@@ -95,6 +95,92 @@ def test_hnsw_tombstones_fold_in_on_rebuild(data):
     assert (I >= 260).all()
 
 
+def test_hnsw_upsert_takes_a_new_slot_instead_of_a_rebuild(data, tmp_path):
+    """Delete an id and add it again (the only way to update a row) on HNSW.
+
+    Before: tombstones were ids, so re-adding a deleted id rebuilt the whole graph under the write lock:
+    13 s for one row of a 50k x 384 index, every search of it waiting meanwhile. Now tombstones are slots:
+    the row takes a new slot, the old one stays dead until the 10 % fold-in, and every search sees the new row.
+    """
+    X, _ = data
+    store = IndexStore(tmp_path)
+    idx = store.create("up", "s", X, kind="hnsw", payloads=[{"row": i} for i in range(len(X))])
+    v = -X[5:6]  # the new row of id 5: far from the old one
+    assert idx.delete([5, 6]) == 2
+    idx.add(v, ids=[5], payloads=[{"row": "new"}])
+    assert idx.index.ntotal == len(X) + 1 and idx.count == len(X) - 1  # no rebuild
+    live = idx._live_ids()
+    assert np.unique(live).size == live.size == len(X) - 1 and 5 in live and 6 not in live
+    for reopened in (idx, IndexStore(tmp_path).get("up")):  # in memory, and read back from disk
+        for kw in ({"exact": True}, {"ef_search": 256}, {"csls_k": 5}):
+            assert reopened.search(v, 1, **kw)[1][0, 0] == 5, kw
+            I_old = reopened.search(X[5:6], 3, **kw)[1]  # the old row is gone: id 5 is far away now
+            assert 5 not in I_old[0] and 6 not in I_old[0], kw
+        np.testing.assert_allclose(reopened.search(v, 1, exact=True)[0][0, 0], 1.0, atol=1e-5)
+        assert reopened.get_payloads(np.array([5])) == [{"row": "new"}]
+    assert idx.delete([5]) == 1 and idx.count == len(X) - 2
+    _, I = idx.search(np.vstack([v, X[5:6]]), 5, exact=True)
+    assert 5 not in I
+
+
+@hsettings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_hnsw_deletes_and_re_adds_match_a_model_property(seed, tmp_path_factory):
+    """Random deletes and (re-)adds of ids, with reloads from disk: exact search equals brute force over the
+    rows a dict model holds, and every live id reconstructs to its newest row (what CSLS reads)."""
+    rng = np.random.default_rng(seed)
+    root = tmp_path_factory.mktemp("hm")
+    X0 = rng.standard_normal((60, 6)).astype(np.float32)
+    idx = IndexStore(root).create("m", "s", X0, kind="hnsw")
+    model = {i: X0[i] for i in range(60)}
+    for step in range(40):
+        free = [i for i in range(90) if i not in model]
+        if rng.integers(2) and len(model) > 8 or len(free) < 4:
+            ids = rng.choice(sorted(model), size=int(rng.integers(1, 5)), replace=False)
+            assert idx.delete(ids.tolist()) == ids.size
+            for i in ids.tolist():
+                model.pop(i)
+        else:
+            ids = rng.choice(free, size=int(rng.integers(1, 4)), replace=False)
+            V = rng.standard_normal((ids.size, 6)).astype(np.float32)
+            idx.add(V, ids=ids.tolist())
+            model.update(zip(ids.tolist(), V))
+        if step % 10 == 9:
+            idx = IndexStore(root).get("m")
+        assert idx.count == len(model)
+    ids = np.array(sorted(model))
+    D = np.stack([model[i] for i in ids.tolist()])
+    Q = rng.standard_normal((10, 6)).astype(np.float32)
+    _, I_ref = brute(ids, D, Q, 5)
+    np.testing.assert_array_equal(idx.search(Q, 5, exact=True)[1], I_ref)
+    rows = np.stack([idx.index.reconstruct(int(i)) for i in ids])
+    np.testing.assert_allclose(rows, unit_rows(D), atol=1e-5)
+
+
+def test_hnsw_tombstones_of_an_older_meta_are_ids(data, tmp_path):
+    """A meta of format 1 (tombstones as ids) loads with the same live rows; a slot outside the index is refused."""
+    import json
+
+    X, _ = data
+    store = IndexStore(tmp_path)
+    idx = store.create("old", "s", X, kind="hnsw")
+    idx.delete([3, 4, 10])
+    expected = sorted(idx._live_ids().tolist())
+    meta_path = tmp_path / "old" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["format_version"] = 1
+    meta["tombstones"] = [3, 4, 10]
+    del meta["tombstone_slots"]
+    meta_path.write_text(json.dumps(meta))
+    old = SpaceIndex.load(tmp_path / "old")
+    assert sorted(old._live_ids().tolist()) == expected and old.count == len(X) - 3
+    assert not {3, 4, 10} & set(old.search(X[[3, 4, 10]], 5, exact=True)[1].ravel().tolist())
+    meta.update(format_version=2, tombstone_slots=[len(X) + 7])
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(InputError, match="tombstone slots outside"):
+        SpaceIndex.load(tmp_path / "old")
+
+
 def test_bad_input(data):
     X, Q = data
     idx = SpaceIndex.build("b", "s", X[:50])
@@ -127,6 +213,22 @@ def test_fewer_rows_than_k(data):
     assert (empty.search(Q[:1], 2)[1] == -1).all()
 
 
+def csls_reference(D, Q, k, ck, weight):
+    """Reference CSLS top-k ``(S, I)`` (row numbers of ``D``): ``2 cos(q, d) - r(q) - weight r(d)`` with exact
+    ``r`` (mean of the ``ck`` best cosines, ``d`` itself left out), re-ranking the top ``max(4k, k + ck)``
+    cosine candidates as the index does."""
+    Qn, Dn = unit_rows(Q), unit_rows(D)
+    C = Qn @ Dn.T
+    r_q = np.sort(C, axis=1)[:, ::-1][:, :ck].mean(1)
+    DD = Dn @ Dn.T
+    np.fill_diagonal(DD, -np.inf)
+    r_d = np.sort(DD, axis=1)[:, ::-1][:, :ck].mean(1)
+    full = 2 * C - r_q[:, None] - weight * r_d[None, :]
+    cand = np.argsort(-C, axis=1)[:, : max(4 * k, k + ck)]
+    ref_I = np.take_along_axis(cand, np.argsort(-np.take_along_axis(full, cand, 1), axis=1)[:, :k], 1)
+    return np.take_along_axis(full, ref_I, 1), ref_I
+
+
 @pytest.mark.parametrize("weight", [None, 1.0, 0.0, 2.0])
 def test_csls_matches_formula(data, weight):
     X, Q = data
@@ -138,22 +240,54 @@ def test_csls_matches_formula(data, weight):
         weight = 0.5
     else:
         S, I = idx.search(Q, k, csls_k=ck, csls_weight=weight)
-    Qn, Dn = unit_rows(Q), unit_rows(D)
-    C = Qn @ Dn.T
-    r_q = np.sort(C, axis=1)[:, ::-1][:, :ck].mean(1)
-    DD = Dn @ Dn.T
-    np.fill_diagonal(DD, -np.inf)
-    r_d = np.sort(DD, axis=1)[:, ::-1][:, :ck].mean(1)
-    full = 2 * C - r_q[:, None] - weight * r_d[None, :]
-    # the re-ranking sees the top max(4k, k+csls_k) cosine candidates; compare within them
-    cand = np.argsort(-C, axis=1)[:, : max(4 * k, k + ck)]
-    ref_I = np.take_along_axis(cand, np.argsort(-np.take_along_axis(full, cand, 1), axis=1)[:, :k], 1)
-    np.testing.assert_array_equal(I, ref_I)
-    np.testing.assert_allclose(S, np.take_along_axis(full, ref_I, 1), atol=1e-5)
+    S_ref, I_ref = csls_reference(D, Q, k, ck, weight)
+    np.testing.assert_array_equal(I, I_ref)
+    np.testing.assert_allclose(S, S_ref, atol=1e-5)
     if weight == 0.0:  # no document term: the cosine order
         np.testing.assert_array_equal(I, idx.search(Q, k, exact=True)[1])
     else:              # the document term moves some rows (this data has hubs)
         assert (I != idx.search(Q, k, exact=True)[1]).any()
+
+
+@pytest.mark.parametrize("kind, approximate", [("ivf", {"nprobe": 1}), ("hnsw", {"ef_search": 1})])
+def test_exact_csls_matches_formula_after_an_approximate_one(kind, approximate, data):
+    """``r(d)`` cached by an approximate CSLS search must not serve an exact one (nor other settings).
+
+    Before: the cache kept ``r(d)`` per (id, csls_k) only, so after one ``nprobe=1`` CSLS search of an IVF
+    index an ``exact=True`` CSLS search re-ranked with the approximate ``r(d)``: other ids than the formula's,
+    depending on which request came first.
+    """
+    X, Q = data
+    params = {"nlist": 64} if kind == "ivf" else {"M": 4, "ef_construction": 8}
+    idx = SpaceIndex.build("ca", "s", X, kind=kind, params=params)
+    k, ck = 5, 10
+    idx.search(Q, k, csls_k=ck, **approximate)
+    S, I = idx.search(Q, k, csls_k=ck, exact=True)
+    S_ref, I_ref = csls_reference(X, Q, k, ck, 0.5)
+    np.testing.assert_array_equal(I, I_ref)
+    np.testing.assert_allclose(S, S_ref, atol=1e-5)
+
+
+def test_csls_cache_stays_bounded_by_the_index(data):
+    """Requests varying csls_k (or ef_search / nprobe) each cache r(d) of their own; the cache stays within
+    ``HUB_CACHE_PER_ROW x rows + HUB_CACHE_FLOOR`` values and answers stay those of the formula.
+
+    Before: unbounded; 40 CSLS searches (k=1000, csls_k 1..40) of a 20k-row flat index cached 160,000
+    values (+40 MiB RSS), and csls_k alone goes to 1000, every ef_search / nprobe multiplying that.
+    """
+    from service.indexes.csls import HUB_CACHE_FLOOR, HUB_CACHE_PER_ROW
+
+    X, Q = data
+    D = X[:300]
+    idx = SpaceIndex.build("hc", "s", D)
+    bound = HUB_CACHE_PER_ROW * len(D) + HUB_CACHE_FLOOR
+    for ck in range(1, 101):  # k = 75: 300 candidates, r(d) of every row for each csls_k (30,000 uncapped)
+        idx.search(Q[:1], 75, csls_k=ck)
+        assert len(idx._hubs) <= bound
+    S, I = idx.search(Q, 5, csls_k=7)
+    S_ref, I_ref = csls_reference(D, Q, 5, 7, 0.5)
+    np.testing.assert_array_equal(I, I_ref)
+    np.testing.assert_allclose(S, S_ref, atol=1e-5)
 
 
 @pytest.mark.parametrize("bad", [-0.1, 2.5, float("nan"), float("inf"), True, "1", None])
@@ -345,6 +479,12 @@ def test_http_index_validation(api):
     assert r.status_code == 422
     r = c.post("/v1/indexes", headers=W, json={"name": "v5", "space": "c", "vectors": [[0.0] * 12], "k": 3})
     assert r.status_code == 422 and "k" in r.json()["error"]["message"]
+    for extra in ({"ids": [1, 2]}, {"payloads": [{"a": 1}]}):  # before: 201, an empty index, the ids dropped
+        r = c.post("/v1/indexes", headers=W, json={"name": "v6", "space": "c", **extra})
+        assert r.status_code == 422 and "without vectors" in r.json()["error"]["message"], r.text
+        assert c.get("/v1/indexes/v6", headers=R).status_code == 404
+    r = c.post("/v1/indexes", headers=W, json={"name": "v6", "space": "c", "ids": []})  # nothing to name: fine
+    assert r.status_code == 201 and r.json()["count"] == 0, r.text
 
 
 def test_http_rows_and_queries_as_texts(tmp_path):
