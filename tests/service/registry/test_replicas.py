@@ -99,17 +99,19 @@ def test_two_replicas_share_versions_and_aliases(tmp_path, pg_url):
             assert va == vb == v1["version"] == 1
             np.testing.assert_array_equal(ya, yb)
 
+            assert _transform(cb, "a2b", Q)[0] == 1  # a bare name: the prod version (B resolves and caches it)
             v2 = _fit(ca, X2, Y2)  # a new version through A, no restart of B
             assert v2["version"] == 2
-            vb2, yb2 = _transform(cb, "a2b", Q)  # latest
+            vb2, yb2 = _transform(cb, "a2b:2", Q)  # served by B at once
             _, ya2 = _transform(ca, "a2b:2", Q)
             assert vb2 == 2 and not np.allclose(yb2, yb)
             np.testing.assert_array_equal(ya2, yb2)
             assert _transform(cb, "a2b@prod", Q)[0] == 1  # B has v1 cached under prod; the alias did not move
+            assert _transform(cb, "a2b", Q)[0] == 1  # nor did the bare name: the refit is not live yet
 
             assert ca.put("/v1/maps/a2b/aliases/prod", json={"version": 2}).status_code == 200  # move on A
             vb3, yb3 = _transform(cb, "a2b@prod", Q)  # seen by B at once
-            assert vb3 == 2
+            assert vb3 == 2 and _transform(cb, "a2b", Q)[0] == 2
             np.testing.assert_array_equal(yb3, ya2)
             assert cb.get("/v1/maps/a2b").json()["aliases"] == {"prod": 2}
 
