@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError, NotFoundError, ServiceUnavailableError
 
-__all__ = ["IndexNotFoundError", "IndexConflictError", "gone"]
+__all__ = ["IndexNotFoundError", "IndexConflictError", "UnreadableGenerationError", "gone"]
 
 
 class IndexNotFoundError(NotFoundError):
@@ -13,6 +13,11 @@ class IndexNotFoundError(NotFoundError):
 
 class IndexConflictError(ConflictError):
     """The index or one of the ids already exists."""
+
+
+class UnreadableGenerationError(ServiceUnavailableError):
+    """The newest generation of an index on disk cannot be read (a file cut short, a failing disk): a write
+    waits for it to be readable (503); reads keep the generation in memory (:meth:`IndexStore.get`)."""
 
 
 def gone(name: str, why: str = "dropped") -> IndexNotFoundError:

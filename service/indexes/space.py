@@ -37,7 +37,7 @@ from align.validation import as_matrix, check_csls_weight
 
 from ..limits import MAX_ID, check_dim, check_index_params
 from .csls import CSLS_WEIGHT, HubCache, csls_search
-from .errors import IndexConflictError, gone
+from .errors import IndexConflictError, UnreadableGenerationError, gone
 from .kinds import (
     KINDS,
     METRICS,
@@ -124,6 +124,7 @@ class SpaceIndex:
         self._writer = threading.Lock()  # writers of this process queue here, then on the flock
         self._refresh_lock = threading.Lock()  # one loader of a newer generation at a time
         self._meta_sig: tuple | None = None  # stat_sig of the meta.json the in-memory copy matches
+        self._unreadable_sig: tuple | None = None  # stat_sig of a meta.json whose generation could not be read
         if not self.uid:
             self.uid = uuid.uuid4().hex
 
@@ -380,10 +381,17 @@ class SpaceIndex:
         if self.path is None:
             return False
         sig = stat_sig(self.path / "meta.json")
-        if sig is not None and sig == self._meta_sig:
+        if sig is not None and sig in (self._meta_sig, self._unreadable_sig):  # the latter: said once, not re-read
             return False
         with self._refresh_lock:
             return self._sync()
+
+    def _unreadable(self, sig, exc: BaseException) -> UnreadableGenerationError:
+        """Remember that the generation ``meta.json`` (``sig``) names cannot be read; the error saying so."""
+        self._unreadable_sig = sig
+        return UnreadableGenerationError(
+            f"index {self.name!r}: its newest generation on disk could not be read ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); generation {self.generation} is served until a readable one is written")
 
     def _sync(self) -> bool:
         """Caller holds ``_refresh_lock``: load the persisted generation if it is newer."""
@@ -398,6 +406,8 @@ class SpaceIndex:
                 meta = read_meta(self.path)
             except FileNotFoundError:
                 continue
+            except Exception as exc:  # any unreadable meta: the caller decides (see _unreadable)
+                raise self._unreadable(sig, exc) from exc
             if uid_of(meta) != self.uid:
                 raise gone(self.name, "dropped and re-created by another process")
             if int(meta["generation"]) <= self.generation:
@@ -407,6 +417,8 @@ class SpaceIndex:
                 index, payloads = read_generation(self.path, meta)
             except FileNotFoundError:  # collected after newer generations: read the meta again
                 continue
+            except Exception as exc:  # a file cut short or corrupt: FAISS, JSON or check errors
+                raise self._unreadable(sig, exc) from exc
             with self.lock.write():
                 self._adopt(meta, index, payloads, sig)
             return True

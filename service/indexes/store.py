@@ -17,12 +17,20 @@ import time
 import uuid
 from pathlib import Path
 
+from ..logging import get_logger
 from ..storage import fsync_dir
-from .errors import IndexConflictError, IndexNotFoundError, gone
+from .errors import (
+    IndexConflictError,
+    IndexNotFoundError,
+    UnreadableGenerationError,
+    gone,
+)
 from .kinds import NAME_RE, check_name
 from .locking import flock, stat_sig
 from .persist import LOCK_FILE, STORE_LOCK
 from .space import SpaceIndex
+
+_log = get_logger("indexes")
 
 __all__ = ["IndexStore"]
 
@@ -119,9 +127,18 @@ class IndexStore:
         if idx is not None:
             try:
                 idx.refresh()
-                return idx
             except IndexNotFoundError:
                 self._forget(name, idx)
+                return self._load(name)
+            except UnreadableGenerationError as exc:  # keep serving the whole generation in memory; readyz says why
+                _log.warning("index generation unreadable", extra={"fields": {"index": name, "error": str(exc)}})
+                with self._lock:
+                    self.load_errors[name] = str(exc)
+                return idx
+            if name in self.load_errors and idx.is_current():
+                with self._lock:
+                    self.load_errors.pop(name, None)
+            return idx
         return self._load(name)
 
     def in_memory(self, name: str) -> SpaceIndex | None:
