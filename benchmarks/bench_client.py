@@ -52,7 +52,7 @@ def main() -> None:
     from align import fit_procrustes
     from service.client import Client
     from service.registry import open_registry
-    from test_service_http import env_for, free_port, start, stop
+    from _servers import env_for, free_port, start, stop
 
     rng = np.random.default_rng(0)
     d = args.dim

@@ -7,7 +7,7 @@
 ...               progress=lambda j: print(j["progress"]))
 >>> vb.search("docs-e5", queries, space="minilm", k=5)["results"]
 
-Every method is one request (list methods follow ``next`` cursors until the last page) and
+Every method is one request (retried as below; list methods follow ``next`` cursors until the last page) and
 returns the decoded JSON answer, or numpy arrays where the route carries vectors. Vectors go
 out as base64 float32 inside JSON (``vectors_b64`` + ``dim``), and :meth:`Client.transform`
 sends raw little-endian float32 (``application/octet-stream``) by default: no JSON numbers to
@@ -28,164 +28,105 @@ bug report::
      +-- ValidationError             422  shape, dimension, NaN/Inf, bad name or option
      +-- QueueFullError              429  .retry_after seconds
      +-- ServerError                 5xx
-          +-- ServiceUnavailableError     503  registry or language model not ready
+     |    +-- ServiceUnavailableError     503  registry or language model not ready
+     +-- UnexpectedResponseError     an answer that is not the API's (a proxy's page, a cut body)
+    APIConnectionError (VecbridgeError, httpx.TransportError)   no answer: refused, reset, server gone
+     +-- APITimeoutError         no answer within ``timeout``
     JobError                    :meth:`Client.wait` on a job that failed or was cancelled: .job
      +-- JobFailedError
      +-- JobCancelledError
+     +-- JobTimeoutError (also TimeoutError)   still running at ``wait``'s ``timeout``
 
-Network failures stay ``httpx.TransportError`` (connect, read timeout, ...), untouched.
+Arrays the client cannot send as float32 are refused before anything is sent, with
+:mod:`align.exceptions`' errors (``ShapeError``, ``NotRepresentableError``, ``InputError``; all
+``ValueError``); the service judges the rest (NaN, dimensions: 422).
+
+Retries: a request that got no answer, or a 429 / 502 / 503 / 504, is sent again up to
+``max_retries`` times (default 2; 0 turns retries off) after 0.5 s, 1 s, 2 s ... or the answer's
+``Retry-After`` (a longer one than ``max_retry_wait`` is raised at once), but only where sending it
+twice cannot do twice what was asked: GET / PUT / DELETE, the POSTs that only read (transform,
+search, embeddings, steer apply, plans, evaluate, LM generate / analyze, deleting index rows), and
+fits, which carry an ``Idempotency-Key`` (one is made per call unless given). A request that never
+reached the server (connection refused) is retried whatever it is.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import numpy as np
 
-from align.exceptions import Cancelled, VecbridgeError
+from align.exceptions import InputError, NotRepresentableError, ShapeError
 
-from .errors import HTTP_STATUS
+from .client_errors import (
+    APIConnectionError,
+    APIError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    JobCancelledError,
+    JobError,
+    JobFailedError,
+    JobTimeoutError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    QueueFullError,
+    ServerError,
+    ServiceUnavailableError,
+    UnexpectedResponseError,
+    UnsupportedMediaTypeError,
+    ValidationError,
+    error_from_response,
+    unexpected,
+)
 
 __all__ = [
-    "Client", "APIError", "BadRequestError", "AuthenticationError", "PermissionDeniedError", "NotFoundError",
-    "ConflictError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "ValidationError", "QueueFullError",
-    "ServerError", "ServiceUnavailableError", "JobError", "JobFailedError", "JobCancelledError",
+    "APIConnectionError", "APIError", "APITimeoutError", "AuthenticationError", "BadRequestError", "Client",
+    "ConflictError", "JobCancelledError", "JobError", "JobFailedError", "JobTimeoutError", "NotFoundError",
+    "PayloadTooLargeError", "PermissionDeniedError", "QueueFullError", "ServerError", "ServiceUnavailableError",
+    "UnexpectedResponseError", "UnsupportedMediaTypeError", "ValidationError", "error_from_response",
 ]
 
 TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-# --- errors -------------------------------------------------------------------------------------
-class APIError(VecbridgeError):
-    """An error answer of the API (``kind``: the kind of the status, as in ``service.errors``).
-
-    Attributes
-    ----------
-    status : int
-        The HTTP status.
-    type : str
-        The server's error kind (its exception class, e.g. ``DimensionMismatchError``).
-    message : str
-        The server's message: what went wrong and how to fix it.
-    request_id : str or None
-        ``X-Request-ID`` of the failed request (the server logs it).
-    body : dict
-        The decoded error body (``{"error": {...}}``), or ``{}`` when it was not JSON.
-    retry_after : float or None
-        ``Retry-After`` seconds, when the answer had one (429).
-    """
-
-    def __init__(self, status: int, type: str, message: str, request_id: str | None, body: dict,
-                 retry_after: float | None = None) -> None:
-        self.status, self.type, self.message, self.request_id, self.body = status, type, message, request_id, body
-        self.retry_after = retry_after
-        rid = f" [request {request_id}]" if request_id else ""
-        super().__init__(f"{status} {type}: {message}{rid}")
-
-
-class BadRequestError(APIError):
-    """400."""
-
-
-class AuthenticationError(APIError):
-    """401: no API key, or one the service does not know."""
-
-
-class PermissionDeniedError(APIError):
-    """403: the key lacks the scope (``read`` / ``write``) of the route."""
-
-
-class NotFoundError(APIError):
-    """404: unknown space, map, version, alias, index, job, steer or encoder."""
-
-
-class ConflictError(APIError):
-    """409: conflict with what is stored."""
-
-
-class PayloadTooLargeError(APIError):
-    """413: body over ``max_body_bytes`` or more rows than ``max_batch``."""
-
-
-class UnsupportedMediaTypeError(APIError):
-    """415."""
-
-
-class ValidationError(APIError):
-    """422: invalid input (shape, dimension, NaN/Inf, empty, bad name or option)."""
-
-
-class QueueFullError(APIError):
-    """429: the job queue is full; retry after :attr:`retry_after` seconds."""
-
-
-class ServerError(APIError):
-    """5xx."""
-
-
-class ServiceUnavailableError(ServerError):
-    """503: a part the route needs (registry, language model) is not ready."""
-
-
-_BY_STATUS: dict[int, type[APIError]] = {
-    400: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedError, 404: NotFoundError,
-    409: ConflictError, 413: PayloadTooLargeError, 415: UnsupportedMediaTypeError, 422: ValidationError,
-    429: QueueFullError, 503: ServiceUnavailableError,
-}
-_KIND_OF_STATUS = {status: kind for kind, status in reversed(HTTP_STATUS.items())} | {400: "invalid", 500: "internal"}
-for _status, _cls in _BY_STATUS.items():  # each class's kind, as the service's one table says
-    _cls.kind = _KIND_OF_STATUS[_status]
-
-
-class JobError(VecbridgeError):
-    """A job ended without success; :attr:`job` is its last record (``error`` says why)."""
-
-    def __init__(self, job: dict) -> None:
-        self.job = job
-        err = job.get("error") or {}
-        super().__init__(f"job {job.get('id')} {job.get('state')}: {err.get('type', '')} {err.get('message', '')}"
-                         .rstrip())
-
-
-class JobFailedError(JobError):
-    """The job failed."""
-
-
-class JobCancelledError(JobError, Cancelled):
-    """The job was cancelled."""
-
-
-def error_from_response(r: httpx.Response) -> APIError:
-    """The :class:`APIError` subclass for an error answer ``r`` (status >= 400)."""
-    try:
-        body = r.json()
-    except ValueError:
-        body = {}
-    err = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(err, dict):
-        err = {"type": "HTTPError", "message": r.text[:500] or r.reason_phrase}
-    cls = _BY_STATUS.get(r.status_code) or (ServerError if r.status_code >= 500 else APIError)
-    try:
-        retry_after = float(r.headers["retry-after"]) if "retry-after" in r.headers else None
-    except ValueError:
-        retry_after = None
-    return cls(r.status_code, str(err.get("type", "HTTPError")), str(err.get("message", "")),
-               r.headers.get("x-request-id"), body if isinstance(body, dict) else {}, retry_after)
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+_RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothing was done; try again later
 
 
 # --- vectors on the wire ------------------------------------------------------------------------
 def _matrix(X, name: str = "vectors") -> np.ndarray:
-    """``X`` as C-contiguous little-endian float32 (n, d); a 1-D row becomes (1, d)."""
-    A = np.asarray(X, dtype="<f4")
+    """``X`` as C-contiguous little-endian float32 (n, d); a 1-D row becomes (1, d).
+
+    Refused here, before a byte is sent: another ndim (:class:`ShapeError`), what is not numbers
+    (:class:`InputError`), and finite float64 values float32 cannot hold, e.g. 1e39
+    (:class:`NotRepresentableError`: the cast would send Inf, and the service would call finite input NaN/Inf).
+    NaN / Inf in ``X`` itself are the service's to refuse (422 :class:`ValidationError`).
+    """
+    try:
+        src = np.asarray(X)
+        with np.errstate(over="ignore"):
+            A = src.astype("<f4", copy=False)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{name}: not an array of numbers ({e})") from None
     if A.ndim == 1:
         A = A[None, :]
     if A.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D array (n, d), got shape {A.shape}")
+        raise ShapeError(f"{name}: expected a 2-D array (n, d), got shape {A.shape}")
+    if src.dtype.kind == "f" and src.dtype.itemsize > 4 and A.size and not np.isfinite(A.max() - A.min()):
+        lost = ~np.isfinite(A).all(axis=1) & np.isfinite(src.reshape(A.shape)).all(axis=1)
+        if lost.any():
+            raise NotRepresentableError(f"{name}: {int(lost.sum())} finite row(s) (first: row "
+                                        f"{int(np.flatnonzero(lost)[0])}) hold values beyond float32's range "
+                                        f"(|x| > 3.4e38); scale them")
     return np.ascontiguousarray(A)
 
 
@@ -195,11 +136,47 @@ def _b64(X, name: str = "vectors") -> dict:
     return {"vectors_b64": base64.b64encode(A.tobytes()).decode("ascii"), "dim": int(A.shape[1])}
 
 
+def _float32_rows(raw: bytes, shape) -> np.ndarray:
+    """Little-endian float32 bytes as a writeable (n, d) array (``frombuffer`` alone is read-only: an in-place
+    ``Y /= norms`` would fail); ValueError when the byte count does not match ``shape``."""
+    return np.frombuffer(bytearray(raw), dtype="<f4").reshape(tuple(int(v) for v in shape))
+
+
 def _rows(body: dict) -> np.ndarray:
     """The vectors of a JSON answer (``vectors`` or ``vectors_b64`` with ``shape``) as float32 (n, d)."""
     if body.get("vectors_b64") is not None:
-        return np.frombuffer(base64.b64decode(body["vectors_b64"]), dtype="<f4").reshape(body["shape"])
+        return _float32_rows(base64.b64decode(body["vectors_b64"]), body["shape"])
     return np.asarray(body["vectors"], dtype=np.float32)
+
+
+def _plain(x):
+    """``json.dumps``'s ``default``: numpy scalars and arrays as the Python numbers and lists they hold (ids
+    from ``np.arange``, a ``np.float32`` in a payload); anything else is refused as ``json`` would."""
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"{type(x).__name__} is not JSON serializable")
+
+
+def _dumps(body) -> bytes:
+    """The JSON bytes of a request body; :class:`InputError` for what JSON cannot carry (NaN, objects)."""
+    try:
+        return json.dumps(body, default=_plain, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as e:
+        raise InputError(f"request body: {e}") from None
+
+
+def _seg(part) -> str:
+    """One path segment: a name, reference or id percent-encoded, so that it cannot reach another route.
+
+    ``/`` and the dot segments ``.`` / ``..`` (which the URL resolves away) are no name the service has; they
+    raise :class:`InputError` before anything is sent.
+    """
+    s = str(part)
+    if s in ("", ".", "..") or "/" in s:
+        raise InputError(f"{s!r} is not a name, reference or id (no '/', not empty, '.' or '..')")
+    return quote(s, safe="@:")
 
 
 def _clean(d: dict) -> dict:
@@ -220,6 +197,10 @@ class Client:
         Seconds per request (fits run as jobs, so requests stay short).
     page_size : int
         ``limit`` the list methods ask for while following ``next`` cursors.
+    max_retries : int
+        Retries of a request that may be sent again (module docstring); 0 turns them off.
+    max_retry_wait : float
+        Longest ``Retry-After`` (seconds) the client waits out; a longer one raises at once.
     transport : httpx.BaseTransport, optional
         For tests (e.g. ``httpx.ASGITransport``); default: the network.
 
@@ -227,42 +208,94 @@ class Client:
     """
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 60.0, page_size: int = 500,
-                 transport: httpx.BaseTransport | None = None, headers: dict | None = None) -> None:
+                 max_retries: int = 2, max_retry_wait: float = 60.0, transport: httpx.BaseTransport | None = None,
+                 headers: dict | None = None) -> None:
         h = dict(headers or {})
         if api_key:
             h["Authorization"] = f"Bearer {api_key}"
         self.page_size = int(page_size)
+        self.max_retries, self.max_retry_wait = int(max_retries), float(max_retry_wait)
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=h, timeout=timeout, transport=transport)
 
     # --- plumbing -------------------------------------------------------------------------------
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def request(self, method: str, path: str, **kw) -> httpx.Response:
-        """Send one request; an error answer raises its :class:`APIError` subclass."""
-        r = self._http.request(method, path, **kw)
-        if r.status_code >= 400:
-            raise error_from_response(r)
-        return r
+    def request(self, method: str, path: str, *, retry: bool | None = None, ok: Sequence[int] = (),
+                **kw) -> httpx.Response:
+        """Send one request; an error answer (status >= 400 and not in ``ok``) raises its :class:`APIError`
+        subclass, no answer :class:`APIConnectionError` / :class:`APITimeoutError`.
+
+        ``json=`` bodies may hold numpy numbers and arrays. ``retry``: whether sending the request twice is
+        harmless (default: GET / HEAD / PUT / DELETE, or an ``Idempotency-Key`` header); such requests are
+        retried as the module docstring says, others only when the connection was never made.
+        """
+        if "json" in kw:
+            kw["content"] = _dumps(kw.pop("json"))
+            kw["headers"] = {"Content-Type": "application/json", **(kw.get("headers") or {})}
+        if retry is None:
+            retry = method.upper() in _IDEMPOTENT or "Idempotency-Key" in (kw.get("headers") or {})
+        attempt = 0
+        while True:
+            try:
+                r = self._http.request(method, path, **kw)
+            except httpx.RequestError as e:
+                # never sent: safe to send whatever it is; a read timeout is not retried (the server may still
+                # be computing it: a retry would queue the same work again)
+                never_sent = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
+                timed_out = isinstance(e, httpx.TimeoutException) and not never_sent
+                if (never_sent or (retry and not timed_out)) and attempt < self.max_retries:
+                    time.sleep(self._backoff(attempt))
+                    attempt += 1
+                    continue
+                cls = APITimeoutError if isinstance(e, httpx.TimeoutException) else APIConnectionError
+                raise cls(f"{method} {path}: no answer from {self._http.base_url} ({type(e).__name__}: {e})"
+                          + (f" after {attempt + 1} tries" if attempt else "")) from e
+            if r.status_code < 400 or r.status_code in ok:
+                return r
+            err = error_from_response(r)
+            wait = self._backoff(attempt, err.retry_after)
+            if not (retry and r.status_code in _RETRY_STATUS and attempt < self.max_retries and wait is not None):
+                raise err
+            time.sleep(wait)
+            attempt += 1
+
+    def _backoff(self, attempt: int, retry_after: float | None = None) -> float | None:
+        """Seconds before retry ``attempt + 1``: ``Retry-After`` when given (None when over ``max_retry_wait``:
+        do not wait that long), else 0.5 s doubling per attempt, capped at 8 s."""
+        if retry_after is not None:
+            return max(0.0, retry_after) if retry_after <= self.max_retry_wait else None
+        return min(8.0, 0.5 * 2 ** attempt)
 
     def _json(self, method: str, path: str, **kw) -> Any:
         r = self.request(method, path, **kw)
-        return None if r.status_code == 204 or not r.content else r.json()
+        if r.status_code == 204 or not r.content:
+            return None
+        try:
+            return r.json()
+        except ValueError:
+            raise unexpected(r, "an answer that is not JSON") from None
 
     def _pages(self, path: str, params: dict | None = None) -> Iterator[dict]:
         """Every item of a paginated list, page after page (``limit`` / ``cursor`` / ``next``)."""
         q = {**(params or {}), "limit": self.page_size}
         while True:
             body = self._json("GET", path, params=q)
+            if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+                raise UnexpectedResponseError(200, "UnexpectedResponse", f"GET {path}: not a page of a list", None,
+                                              {})
             yield from body["data"]
             if not body.get("next"):
                 return
+            if body["next"] == q.get("cursor"):
+                raise UnexpectedResponseError(200, "UnexpectedResponse", f"GET {path}: the page's `next` is the "
+                                              "cursor that asked for it (a list that never ends)", None, {})
             q["cursor"] = body["next"]
 
     # --- ops ------------------------------------------------------------------------------------
@@ -271,10 +304,11 @@ class Client:
 
     def ready(self) -> dict:
         """``/readyz``'s body (also when not ready: ``status`` says so, no exception)."""
-        r = self._http.get("/readyz")
-        if r.status_code not in (200, 503):
-            raise error_from_response(r)
-        return r.json()
+        r = self.request("GET", "/readyz", ok=(503,), retry=False)
+        try:
+            return r.json()
+        except ValueError:
+            raise unexpected(r, "an answer that is not JSON") from None
 
     def info(self) -> dict:
         return self._json("GET", "/v1/info")
@@ -284,7 +318,7 @@ class Client:
         return list(self._pages("/v1/spaces"))
 
     def get_space(self, name: str) -> dict:
-        return self._json("GET", f"/v1/spaces/{name}")
+        return self._json("GET", f"/v1/spaces/{_seg(name)}")
 
     def create_space(self, name: str, dim: int | None = None, *, encoder: str | None = None,
                      query_prefix: str = "", passage_prefix: str = "", description: str = "") -> dict:
@@ -298,30 +332,31 @@ class Client:
 
     def get_map(self, ref: str) -> dict:
         """The map's summary and ``resolved``: the version ``ref`` (name, name@alias, name:N) names."""
-        return self._json("GET", f"/v1/maps/{ref}")
+        return self._json("GET", f"/v1/maps/{_seg(ref)}")
 
     def list_versions(self, name: str, *, include_deleted: bool = True) -> list[dict]:
-        return list(self._pages(f"/v1/maps/{name}/versions", {"include_deleted": include_deleted}))
+        return list(self._pages(f"/v1/maps/{_seg(name)}/versions", {"include_deleted": include_deleted}))
 
     def get_version(self, name: str, version: int) -> dict:
-        return self._json("GET", f"/v1/maps/{name}/versions/{int(version)}")
+        return self._json("GET", f"/v1/maps/{_seg(name)}/versions/{int(version)}")
 
     def set_alias(self, name: str, alias: str, version: int) -> dict:
-        return self._json("PUT", f"/v1/maps/{name}/aliases/{alias}", json={"version": int(version)})
+        return self._json("PUT", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}", json={"version": int(version)})
 
     def delete_alias(self, name: str, alias: str) -> None:
-        self._json("DELETE", f"/v1/maps/{name}/aliases/{alias}")
+        self._json("DELETE", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}")
 
     def set_tag(self, name: str, version: int, key: str, value: Any) -> dict:
-        return self._json("PUT", f"/v1/maps/{name}/versions/{int(version)}/tags/{key}", json={"value": value})
+        return self._json("PUT", f"/v1/maps/{_seg(name)}/versions/{int(version)}/tags/{_seg(key)}",
+                          json={"value": value})
 
     def delete_version(self, name: str, version: int) -> dict:
         """Soft delete: the version stays for lineage but no reference resolves to it any more."""
-        return self._json("DELETE", f"/v1/maps/{name}/versions/{int(version)}")
+        return self._json("DELETE", f"/v1/maps/{_seg(name)}/versions/{int(version)}")
 
     def download_artifact(self, ref: str, *, format: str = "safetensors") -> bytes:
         """The map artifact's bytes (``safetensors`` or ``npz``; ``align.map_from_bytes`` reads any kind of map)."""
-        return self.request("GET", f"/v1/maps/{ref}/artifact", params={"format": format}).content
+        return self.request("GET", f"/v1/maps/{_seg(ref)}/artifact", params={"format": format}).content
 
     def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True) -> np.ndarray:
         """Map rows ``X`` (n, d_source) through ``ref``; returns float32 (n, d_target).
@@ -333,28 +368,61 @@ class Client:
         """
         A = _matrix(X)
         if not binary:
-            body = self._json("POST", f"/v1/maps/{ref}/transform",
+            body = self._json("POST", f"/v1/maps/{_seg(ref)}/transform", retry=True,
                               json={**_b64(A), "output": output, "encoding_format": "base64"})
             return _rows(body)
-        r = self.request("POST", f"/v1/maps/{ref}/transform", params={"output": output}, content=A.tobytes(),
-                         headers={"Content-Type": "application/octet-stream", "X-Vector-Dim": str(A.shape[1])})
-        n, d = (int(v) for v in r.headers["x-shape"].split(","))
-        return np.frombuffer(r.content, dtype="<f4").reshape(n, d)
+        r = self.request("POST", f"/v1/maps/{_seg(ref)}/transform", params={"output": output}, content=A.tobytes(),
+                         headers={"Content-Type": "application/octet-stream", "X-Vector-Dim": str(A.shape[1])},
+                         retry=True)
+        try:
+            return _float32_rows(r.content, r.headers["x-shape"].split(","))
+        except (KeyError, ValueError):
+            raise unexpected(r, f"not {A.shape[0]} rows of float32 with their X-Shape") from None
 
     def transform_npy(self, ref: str, X, *, output: str = "raw") -> np.ndarray:
         """As :meth:`transform`, with ``.npy`` bodies both ways (float16/32/64 in, dtype kept self-described)."""
         buf = io.BytesIO()
         np.save(buf, np.asarray(X))
-        r = self.request("POST", f"/v1/maps/{ref}/transform", params={"output": output}, content=buf.getvalue(),
-                         headers={"Content-Type": "application/x-npy"})
-        return np.load(io.BytesIO(r.content), allow_pickle=False)
+        r = self.request("POST", f"/v1/maps/{_seg(ref)}/transform", params={"output": output},
+                         content=buf.getvalue(), headers={"Content-Type": "application/x-npy"}, retry=True)
+        try:
+            return np.load(io.BytesIO(r.content), allow_pickle=False)
+        except (ValueError, OSError, EOFError):
+            raise unexpected(r, "not a .npy array") from None
+
+    def report(self, name: str, version: int) -> str:
+        """The version's HTML fit report (self-contained; 404 when it has none)."""
+        return self.request("GET", f"/v1/maps/{_seg(name)}/versions/{int(version)}/report").text
+
+    # --- migration: plan and gate ---------------------------------------------------------------
+    def plan(self, old, probe_source, probe_target, *, target_retention: float = 0.95, random_state: int = 0,
+             queries=None, old_queries=None, relevant: Sequence[int] | None = None) -> dict:
+        """``POST /v1/plans``: plan migrating the corpus ``old`` (n, d_old) from a paired probe (``probe_source``
+        (p, d_old), ``probe_target`` (p, d_new), row i the same text); with labelled ``queries`` (q, d_new),
+        ``old_queries`` (q, d_old) and each one's ``relevant`` probe row, their retention is predicted.
+        Synchronous: seconds to a minute; raise ``timeout`` for big corpora."""
+        body = {"old": _b64(old, "old"), "probe_source": _b64(probe_source, "probe_source"),
+                "probe_target": _b64(probe_target, "probe_target"), "target_retention": float(target_retention),
+                "random_state": int(random_state), **_labelled(queries, old_queries, relevant)}
+        return self._json("POST", "/v1/plans", json=body, retry=True)
+
+    def evaluate(self, ref: str, source, target, *, queries=None, relevant: Sequence[int] | None = None,
+                 old_queries=None, side: str = "target", min_retention: float | None = None,
+                 min_top1: float | None = None, csls: bool = False, csls_weight: float | None = None) -> dict:
+        """``POST /v1/maps/{ref}/evaluate`` (``vecbridge eval``): the map on held-out pairs ``source`` (n, d_s) /
+        ``target`` (n, d_t), and on labelled ``queries`` with each one's ``relevant`` row; ``min_retention`` /
+        ``min_top1`` add ``result`` ``PASS`` / ``FAIL`` (an answer, not an exception)."""
+        body = _clean({"source": _b64(source, "source"), "target": _b64(target, "target"), "side": side,
+                       "min_retention": min_retention, "min_top1": min_top1, "csls": bool(csls),
+                       "csls_weight": csls_weight, **_labelled(queries, old_queries, relevant)})
+        return self._json("POST", f"/v1/maps/{_seg(ref)}/evaluate", json=body, retry=True)
 
     # --- indexes --------------------------------------------------------------------------------
     def list_indexes(self) -> list[dict]:
         return list(self._pages("/v1/indexes"))
 
     def get_index(self, name: str) -> dict:
-        return self._json("GET", f"/v1/indexes/{name}")
+        return self._json("GET", f"/v1/indexes/{_seg(name)}")
 
     def create_index(self, name: str, space: str, vectors=None, *, texts: Sequence[str] | None = None,
                      ids: Sequence[int] | None = None, payloads: Sequence[Any] | None = None, kind: str = "auto",
@@ -374,13 +442,14 @@ class Client:
         body = _clean({"texts": _list(texts), "ids": _list(ids), "payloads": _list(payloads)})
         if vectors is not None:
             body.update(_b64(vectors))
-        return self._json("POST", f"/v1/indexes/{name}/vectors", json=body)
+        return self._json("POST", f"/v1/indexes/{_seg(name)}/vectors", json=body)
 
     def delete_ids(self, name: str, ids: Sequence[int]) -> dict:
-        return self._json("POST", f"/v1/indexes/{name}/delete", json={"ids": [int(i) for i in ids]})
+        return self._json("POST", f"/v1/indexes/{_seg(name)}/delete", json={"ids": [int(i) for i in ids]},
+                          retry=True)
 
     def drop_index(self, name: str) -> None:
-        self._json("DELETE", f"/v1/indexes/{name}")
+        self._json("DELETE", f"/v1/indexes/{_seg(name)}")
 
     def search(self, name: str, queries=None, *, texts: Sequence[str] | None = None, space: str | None = None,
                k: int = 10, map: str | None = None, steers: dict[str, float] | None = None, **options) -> dict:
@@ -393,7 +462,7 @@ class Client:
         body = _clean({"texts": _list(texts), "space": space, "k": k, "map": map, "steers": steers, **options})
         if queries is not None:
             body.update(_b64(queries, "queries"))
-        return self._json("POST", f"/v1/indexes/{name}/search", json=body)
+        return self._json("POST", f"/v1/indexes/{_seg(name)}/search", json=body, retry=True)
 
     # --- fits and jobs --------------------------------------------------------------------------
     def fit(self, name: str, source_space: str, target_space: str, source, target, *, method: str = "minivec2vec",
@@ -410,7 +479,7 @@ class Client:
                        "paired": paired, "params": params or {}, "random_state": random_state, "alias": alias,
                        "description": description,
                        "seed_pairs": None if seed_pairs is None else [[int(a), int(b)] for a, b in seed_pairs]})
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        headers = {"Idempotency-Key": idempotency_key or _new_key()}
         return self._json("POST", "/v1/fits", json=body, headers=headers)
 
     def list_jobs(self) -> list[dict]:
@@ -421,36 +490,46 @@ class Client:
         return self._json("GET", "/v1/jobs", params={"limit": 1})["counts"]
 
     def get_job(self, job_id: str) -> dict:
-        return self._json("GET", f"/v1/jobs/{job_id}")
+        return self._json("GET", f"/v1/jobs/{_seg(job_id)}")
 
     def cancel(self, job_id: str) -> dict:
         """Ask for the job's cancellation (it stops at its next check); returns the record."""
-        return self._json("DELETE", f"/v1/jobs/{job_id}")
+        return self._json("DELETE", f"/v1/jobs/{_seg(job_id)}")
 
     def wait(self, job_id: str, *, timeout: float = 600.0, poll: float = 0.2,
              progress: Callable[[dict], None] | None = None) -> dict:
         """Poll a job until it ends; returns its record on success.
 
-        ``progress(job)`` is called whenever the stage or fraction changed. A failed or cancelled
-        job raises :class:`JobFailedError` / :class:`JobCancelledError`; past ``timeout`` seconds,
-        :class:`TimeoutError` (the job keeps running: :meth:`cancel` stops it).
+        ``progress(job)`` is called whenever the state, stage or fraction changed. A failed job
+        (also one a server restart interrupted) raises :class:`JobFailedError`, a cancelled one
+        :class:`JobCancelledError`; past ``timeout`` seconds, :class:`JobTimeoutError` (a
+        ``TimeoutError``; the job keeps running: :meth:`cancel` stops it). The job lives on the
+        server, so polls that get no answer or a 502 / 503 / 504 (a restart, a deploy) are tried
+        again until ``timeout``; the last such error is raised then.
         """
         deadline = time.monotonic() + timeout
-        last = None
+        last = job = None
         while True:
-            job = self.get_job(job_id)
-            seen = (job["state"], job["progress"]["stage"], job["progress"]["fraction"])
+            try:
+                job = self.get_job(job_id)
+            except (APIConnectionError, APIError) as e:
+                if (isinstance(e, APIError) and e.status not in _RETRY_STATUS) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(max(poll, 1.0))
+                continue
+            p = job.get("progress") or {}
+            seen = (job.get("state"), p.get("stage"), p.get("fraction"))
             if progress is not None and seen != last:
                 progress(job)
             last = seen
-            if job["state"] == "succeeded":
+            if job.get("state") == "succeeded":
                 return job
-            if job["state"] == "failed":
+            if job.get("state") == "failed":
                 raise JobFailedError(job)
-            if job["state"] == "cancelled":
+            if job.get("state") == "cancelled":
                 raise JobCancelledError(job)
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout:g} s")
+                raise JobTimeoutError(job, timeout)
             time.sleep(poll)
 
     # --- steers ---------------------------------------------------------------------------------
@@ -458,7 +537,7 @@ class Client:
         return list(self._pages("/v1/steers"))
 
     def get_steer(self, ref: str) -> dict:
-        return self._json("GET", f"/v1/steers/{ref}")
+        return self._json("GET", f"/v1/steers/{_seg(ref)}")
 
     def fit_steer(self, name: str, space: str, labels: Sequence[int], vectors=None, *,
                   texts: Sequence[str] | None = None, items: Sequence[str] | None = None, encoder: str | None = None,
@@ -470,15 +549,29 @@ class Client:
                        "random_state": random_state, "alias": alias, "description": description})
         if vectors is not None:
             body.update(_b64(vectors))
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        headers = {"Idempotency-Key": idempotency_key or _new_key()}
         return self._json("POST", "/v1/steers", json=body, headers=headers)
 
     def apply_steer(self, ref: str, X, *, eps: float = 1.0) -> np.ndarray:
         """``X (I + eps W)`` for rows ``X`` (n, d) of the steer's space; returns float32 (n, d)."""
-        return _rows(self._json("POST", f"/v1/steers/{ref}/apply", json={**_b64(X), "eps": float(eps)}))
+        return _rows(self._json("POST", f"/v1/steers/{_seg(ref)}/apply", json={**_b64(X), "eps": float(eps)},
+                                retry=True))
+
+    def set_steer_alias(self, name: str, alias: str, version: int) -> dict:
+        return self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}", json={"version": int(version)})
+
+    def delete_steer_version(self, name: str, version: int) -> dict:
+        """Soft delete, as for map versions."""
+        return self._json("DELETE", f"/v1/steers/{_seg(name)}/versions/{int(version)}")
+
+    def transfer_steer(self, ref: str, map: str, *, name: str | None = None, alias: str | None = None,
+                       description: str = "") -> dict:
+        """Carry steer ``ref`` through ``map`` (``W_B = H^T W_A H``) and register it in the map's target space."""
+        return self._json("POST", f"/v1/steers/{_seg(ref)}/transfer", json=_clean({
+            "map": map, "name": name, "alias": alias, "description": description}))
 
     def steer_lens(self, ref: str, *, k: int = 5, n_directions: int = 4) -> dict:
-        return self._json("GET", f"/v1/steers/{ref}/lens", params={"k": k, "n_directions": n_directions})
+        return self._json("GET", f"/v1/steers/{_seg(ref)}/lens", params={"k": k, "n_directions": n_directions})
 
     # --- language model (LM-Steer) --------------------------------------------------------------
     def lm_fit_steer(self, name: str, texts: Sequence[str], labels: Sequence[int], *, rank: int = 8,
@@ -488,7 +581,7 @@ class Client:
         body = _clean({"name": name, "texts": list(texts), "labels": [int(v) for v in labels], "rank": rank,
                        "eps": eps, "steps": steps, "lr": lr, "random_state": random_state, "alias": alias,
                        "description": description})
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        headers = {"Idempotency-Key": idempotency_key or _new_key()}
         return self._json("POST", "/v1/lm/steers", json=body, headers=headers)
 
     def lm_generate(self, prompt: str, steers: dict[str, float] | None = None, *, max_new_tokens: int = 30,
@@ -496,12 +589,12 @@ class Client:
         """Continue ``prompt`` under ``{steer ref: eps}``; ``text`` is the continuation only."""
         return self._json("POST", "/v1/lm/generate", json={
             "prompt": prompt, "steers": steers or {}, "max_new_tokens": max_new_tokens,
-            "temperature": temperature, "top_p": top_p, "random_state": random_state})
+            "temperature": temperature, "top_p": top_p, "random_state": random_state}, retry=True)
 
     def lm_analyze(self, text: str, steer: str, *, eps: float = 1.0, threshold: float = 0.5) -> dict:
         """Per-token evidence of ``steer`` in ``text`` (``tokens`` and ``spans``)."""
         return self._json("POST", "/v1/lm/analyze", json={"text": text, "steer": steer, "eps": eps,
-                                                          "threshold": threshold})
+                                                          "threshold": threshold}, retry=True)
 
     # --- embeddings -----------------------------------------------------------------------------
     def list_models(self) -> list[dict]:
@@ -513,8 +606,24 @@ class Client:
         """Embed ``texts`` with an installed encoder (optionally translated into ``target_space``)."""
         body = self._json("POST", "/v1/embeddings", json=_clean({
             "input": list(texts), "model": model, "encoding_format": "base64", "target_space": target_space,
-            "input_type": input_type}))
+            "input_type": input_type}), retry=True)
         return np.stack([np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4") for e in body["data"]])
+
+
+def _new_key() -> str:
+    """A fresh ``Idempotency-Key``: a retried submission (after a reset or a 429) returns the job the first one
+    made instead of queueing a second fit."""
+    return f"vbc-{uuid.uuid4().hex}"
+
+
+def _labelled(queries, old_queries, relevant) -> dict:
+    """The optional labelled-query fields of a plan or evaluation body."""
+    out = {} if queries is None else {"queries": _b64(queries, "queries")}
+    if old_queries is not None:
+        out["old_queries"] = _b64(old_queries, "old_queries")
+    if relevant is not None:
+        out["relevant"] = [int(i) for i in relevant]
+    return out
 
 
 def _list(x) -> list | None:

@@ -9,6 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
+from align.exceptions import InputError, NotRepresentableError
 from service.client import (APIError, AuthenticationError, Client, ConflictError, JobCancelledError, NotFoundError,
                             PermissionDeniedError, QueueFullError, ServerError, ServiceUnavailableError,
                             ValidationError, error_from_response)
@@ -210,3 +211,83 @@ def test_lm_steer_generate_analyze(lm_server):
         assert ev["steer"] == "tone:1" and len(ev["tokens"]) >= 1
         with pytest.raises(NotFoundError):
             vb.lm_generate("x", {"missing": 1.0})
+
+
+# --- names are path segments, never paths -------------------------------------------------------
+def test_a_name_cannot_reach_another_route(vb, server):
+    _, X, Y, _ = server
+    vb.create_index("keep-me", "b", Y[:10])
+    vb.set_alias("a2b", "live", 1)
+    for call in (lambda: vb.delete_alias("a2b", "../../../indexes/keep-me"),  # was DELETE /v1/indexes/keep-me
+                 lambda: vb.get_map("../spaces"), lambda: vb.transform("a2b/x", X[:1]),
+                 lambda: vb.get_job(".."), lambda: vb.drop_index("")):
+        with pytest.raises(InputError):
+            call()
+    assert vb.get_index("keep-me")["count"] == 10 and vb.get_map("a2b@live")["resolved"]["version"] == 1
+    with pytest.raises(ValidationError) as e:  # '?' and '#' are part of the name the service judges
+        vb.transform("a2b?output=frame", X[:1])
+    assert "a2b?output=frame" in e.value.message
+    with pytest.raises(NotFoundError):
+        vb.get_map("x->y")
+    vb.drop_index("keep-me")
+    vb.delete_alias("a2b", "live")
+
+
+# --- numbers from numpy, arrays back ------------------------------------------------------------
+def test_numpy_ids_numbers_and_payloads_are_sent_as_json(vb, server):
+    Y = server[2]
+    vb.create_index("np-ids", "b", Y[:4], ids=np.arange(100, 104), payloads=[{"w": np.float32(0.5)}] * 4)
+    added = vb.add("np-ids", Y[4:8], ids=np.array([7, 8, 9, 10], dtype=np.int32))
+    assert added["ids"] == [7, 8, 9, 10] and added["count"] == 8
+    hits = vb.search("np-ids", Y[:1], k=np.int64(3))["results"][0]
+    assert hits[0]["id"] == 100 and type(hits[0]["id"]) is int and hits[0]["payload"] == {"w": 0.5}
+    assert vb.delete_ids("np-ids", np.array([100]))["count"] == 7
+    with pytest.raises(InputError):  # NaN is no JSON: refused here, nothing sent
+        vb.add("np-ids", Y[8:9], ids=[11], payloads=[{"w": float("nan")}])
+    assert vb.get_index("np-ids")["count"] == 7
+    vb.drop_index("np-ids")
+
+
+def test_vectors_come_back_exact_and_writeable(vb, server):
+    _, X, _, m = server
+    binary, as_json = vb.transform("a2b", X), vb.transform("a2b", X, binary=False)
+    assert np.array_equal(binary.view(np.uint32), as_json.view(np.uint32))  # the same float32 bits both ways
+    np.testing.assert_allclose(binary, m.apply(X, output="raw"), atol=1e-5)
+    for Y in (binary, as_json, vb.transform_npy("a2b", X[:3])):
+        Y /= np.linalg.norm(Y, axis=1, keepdims=True)  # in place, as users normalise
+        np.testing.assert_allclose(np.linalg.norm(Y, axis=1), 1.0, atol=1e-5)
+
+
+def test_float64_beyond_float32_is_refused_before_sending(vb, server):
+    _, X, _, _ = server
+    big = X[:3].astype(np.float64)
+    big[1, 4] = 1e39  # finite in float64, Inf once cast: the service would have called it NaN/Inf
+    with pytest.raises(NotRepresentableError, match="row 1"):
+        vb.transform("a2b", big)
+    with pytest.raises(ValidationError):  # NaN itself stays the service's to refuse
+        vb.transform("a2b", np.full((1, 16), np.nan))
+
+
+# --- every route of the README has its method ---------------------------------------------------
+def test_plan_evaluate_report_and_steer_versions(vb, server):
+    _, X, Y, _ = server
+    plan = vb.plan(X, X[:200], Y[:200], random_state=0)
+    assert plan["recommended"]["method"] and plan["alignability"] > 0.4  # a planted rotation aligns
+    ev = vb.evaluate("a2b", X[:100], Y[:100], min_top1=0.9)
+    assert ev["result"] == "PASS" and ev["top1"] > 0.9
+    assert vb.evaluate("a2b", X[:100], Y[::-1][:100], min_top1=0.9)["result"] == "FAIL"  # a verdict, not an error
+    with pytest.raises(NotFoundError):
+        vb.report("a2b", 1)  # registered without a fit: no report
+    done = vb.wait(vb.fit("a2b-rep", "a", "b", X, Y, method="procrustes", paired=True)["id"], timeout=120)
+    assert "<html" in vb.report("a2b-rep", 1).lower() and done["result"]["ref"] == "a2b-rep:1"
+    V = np.random.default_rng(1).standard_normal((80, 16)).astype(np.float32)
+    labels = np.where(V[:, 0] > 0, 1, -1)
+    for _ in range(2):
+        vb.wait(vb.fit_steer("tilt", "a", labels, V, params={"rank": 2, "max_iter": 30})["id"], timeout=120)
+    assert vb.set_steer_alias("tilt", "prod", 1)["aliases"] == ["prod"]
+    assert vb.get_steer("tilt@prod")["version"] == 1
+    moved = vb.transfer_steer("tilt@prod", "a2b", name="tilt-b")
+    assert moved["space"] == "b" and vb.get_steer("tilt-b")["version"] == 1
+    assert vb.delete_steer_version("tilt", 2)["deleted"]
+    with pytest.raises(NotFoundError):
+        vb.get_steer("tilt:2")

@@ -1,0 +1,196 @@
+"""The errors of :mod:`service.client` (its docstring draws the tree): one class per HTTP status of an error
+answer, built from the answer by :func:`error_from_response`; no answer, an answer that is not the API's, and
+a job that did not succeed.
+
+The client re-exports every name here; import them from ``service.client``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from email.utils import parsedate_to_datetime
+
+import httpx
+
+from align.exceptions import Cancelled, VecbridgeError
+
+from .errors import HTTP_STATUS
+
+__all__ = [
+    "APIConnectionError", "APIError", "APITimeoutError", "AuthenticationError", "BadRequestError", "ConflictError",
+    "JobCancelledError", "JobError", "JobFailedError", "JobTimeoutError", "NotFoundError", "PayloadTooLargeError",
+    "PermissionDeniedError", "QueueFullError", "ServerError", "ServiceUnavailableError", "UnexpectedResponseError",
+    "UnsupportedMediaTypeError", "ValidationError", "error_from_response", "unexpected",
+]
+
+
+# --- errors -------------------------------------------------------------------------------------
+class APIError(VecbridgeError):
+    """An error answer of the API (``kind``: the kind of the status, as in ``service.errors``).
+
+    Attributes
+    ----------
+    status : int
+        The HTTP status.
+    type : str
+        The server's error kind (its exception class, e.g. ``DimensionMismatchError``).
+    message : str
+        The server's message: what went wrong and how to fix it.
+    request_id : str or None
+        ``X-Request-ID`` of the failed request (the server logs it).
+    body : dict
+        The decoded error body (``{"error": {...}}``), or ``{}`` when it was not JSON.
+    retry_after : float or None
+        ``Retry-After`` seconds, when the answer had one (429).
+    """
+
+    def __init__(self, status: int, type: str, message: str, request_id: str | None, body: dict,
+                 retry_after: float | None = None) -> None:
+        self.status, self.type, self.message, self.request_id, self.body = status, type, message, request_id, body
+        self.retry_after = retry_after
+        rid = f" [request {request_id}]" if request_id else ""
+        super().__init__(f"{status} {type}: {message}{rid}")
+
+
+class BadRequestError(APIError):
+    """400."""
+
+
+class AuthenticationError(APIError):
+    """401: no API key, or one the service does not know."""
+
+
+class PermissionDeniedError(APIError):
+    """403: the key lacks the scope (``read`` / ``write``) of the route."""
+
+
+class NotFoundError(APIError):
+    """404: unknown space, map, version, alias, index, job, steer or encoder."""
+
+
+class ConflictError(APIError):
+    """409: conflict with what is stored."""
+
+
+class PayloadTooLargeError(APIError):
+    """413: body over ``max_body_bytes`` or more rows than ``max_batch``."""
+
+
+class UnsupportedMediaTypeError(APIError):
+    """415."""
+
+
+class ValidationError(APIError):
+    """422: invalid input (shape, dimension, NaN/Inf, empty, bad name or option)."""
+
+
+class QueueFullError(APIError):
+    """429: the job queue is full; retry after :attr:`retry_after` seconds."""
+
+
+class ServerError(APIError):
+    """5xx."""
+
+
+class ServiceUnavailableError(ServerError):
+    """503: a part the route needs (registry, language model) is not ready."""
+
+
+class UnexpectedResponseError(APIError):
+    """An answer the API does not give: not JSON where JSON was due (a proxy's or load balancer's page), a
+    binary body without ``X-Shape`` or of another length than it says. :attr:`status` is the answer's."""
+
+    kind = "internal"
+
+
+class APIConnectionError(VecbridgeError, httpx.TransportError):
+    """No answer: the connection was refused or reset, or the server went away mid-request.
+
+    Also an ``httpx.TransportError`` (what this client raised before), with the original as ``__cause__``.
+    """
+
+    kind = "unavailable"
+
+
+class APITimeoutError(APIConnectionError):
+    """No answer within the client's ``timeout`` (the server may still be working on the request)."""
+
+    kind = "timeout"
+
+
+_BY_STATUS: dict[int, type[APIError]] = {
+    400: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedError, 404: NotFoundError,
+    409: ConflictError, 413: PayloadTooLargeError, 415: UnsupportedMediaTypeError, 422: ValidationError,
+    429: QueueFullError, 503: ServiceUnavailableError,
+}
+_KIND_OF_STATUS = {status: kind for kind, status in reversed(HTTP_STATUS.items())} | {400: "invalid", 500: "internal"}
+for _status, _cls in _BY_STATUS.items():  # each class's kind, as the service's one table says
+    _cls.kind = _KIND_OF_STATUS[_status]
+
+
+class JobError(VecbridgeError):
+    """A job ended without success; :attr:`job` is its last record (``error`` says why)."""
+
+    def __init__(self, job: dict) -> None:
+        self.job = job
+        err = job.get("error") or {}
+        super().__init__(f"job {job.get('id')} {job.get('state')}: {err.get('type', '')} {err.get('message', '')}"
+                         .rstrip())
+
+
+class JobFailedError(JobError):
+    """The job failed."""
+
+
+class JobCancelledError(JobError, Cancelled):
+    """The job was cancelled."""
+
+
+class JobTimeoutError(JobError, TimeoutError):
+    """:meth:`Client.wait` gave up: the job was still queued or running (it keeps going; :meth:`Client.cancel`
+    stops it). :attr:`job` is its last record seen."""
+
+    kind = "timeout"
+
+    def __init__(self, job: dict, timeout: float) -> None:
+        self.job = job
+        VecbridgeError.__init__(self, f"job {job.get('id')} still {job.get('state')} after {timeout:g} s")
+
+
+def error_from_response(r: httpx.Response) -> APIError:
+    """The :class:`APIError` subclass for an error answer ``r`` (status >= 400)."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = {}
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        err = {"type": "HTTPError", "message": r.text[:500] or r.reason_phrase}
+    cls = _BY_STATUS.get(r.status_code) or (ServerError if r.status_code >= 500 else APIError)
+    return cls(r.status_code, str(err.get("type", "HTTPError")), str(err.get("message", "")),
+               r.headers.get("x-request-id"), body if isinstance(body, dict) else {},
+               _retry_after(r.headers.get("retry-after")))
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delta-seconds or an HTTP date); None when absent or unreadable."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def unexpected(r: httpx.Response, what: str) -> UnexpectedResponseError:
+    """:class:`UnexpectedResponseError` for answer ``r`` holding ``what`` (its start quoted)."""
+    head = r.text[:200] if r.content else ""
+    return UnexpectedResponseError(r.status_code, "UnexpectedResponse",
+                                   f"{r.request.method} {r.request.url.path}: {what} "
+                                   f"(Content-Type {r.headers.get('content-type')!r}): {head!r}",
+                                   r.headers.get("x-request-id"), {})

@@ -1,0 +1,207 @@
+"""``service.client.Client`` when the network or the service misbehaves: no answer, a busy or restarting
+service, answers that are not the API's. The retry policy is checked against a scripted HTTP server (each
+request gets the next answer of its script: a status with headers, a dropped connection, a hang), the
+restart against the real service killed and started again on the same data dir."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import numpy as np
+import pytest
+
+from service.client import (APIConnectionError, APITimeoutError, Client, JobFailedError, JobTimeoutError,
+                            QueueFullError, ServiceUnavailableError, UnexpectedResponseError)
+from _api_support import KEYS
+from _servers import env_for, free_port, seed_registry, start, stop
+
+WKEY = next(k for k, scopes in KEYS.items() if "write" in scopes)
+PAGE = json.dumps({"data": [{"name": "a"}], "next": None}).encode()
+JOB = json.dumps({"id": "j1", "state": "queued", "progress": {"stage": "queued", "fraction": 0.0}}).encode()
+
+
+class Scripted(ThreadingHTTPServer):
+    """Answers request i with ``script[i]`` (the last entry repeats): ``(status, headers, body)``, ``"drop"``
+    (close the connection without a word) or ``("hang", seconds)``. ``seen``: (time, method, path, headers)."""
+
+    daemon_threads = True
+
+    def __init__(self, script):
+        self.script, self.seen = list(script), []
+        super().__init__(("127.0.0.1", 0), _Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self):
+        srv = self.server
+        if int(self.headers.get("Content-Length") or 0):
+            self.rfile.read(int(self.headers["Content-Length"]))
+        srv.seen.append((time.monotonic(), self.command, self.path, dict(self.headers)))
+        step = srv.script[min(len(srv.seen), len(srv.script)) - 1]
+        if step == "drop":
+            self.close_connection = True
+            return
+        if step[0] == "hang":
+            time.sleep(step[1])
+            self.close_connection = True
+            return
+        status, headers, body = step
+        self.send_response(status)
+        for k, v in {"Content-Type": "application/json", **headers}.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+
+def busy(status: int, retry_after: str) -> tuple:
+    return status, {"Retry-After": retry_after}, json.dumps(
+        {"error": {"type": "Busy", "status": status, "message": "busy"}}).encode()
+
+
+@pytest.fixture
+def scripted():
+    servers = []
+
+    def make(*script):
+        servers.append(Scripted(script))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+# --- retries ------------------------------------------------------------------------------------
+def test_429_and_503_are_retried_after_their_retry_after(scripted):
+    srv = scripted(busy(429, "1"), busy(503, "0"), (200, {}, PAGE))
+    with Client(srv.url) as vb:
+        assert vb.list_spaces() == [{"name": "a"}]
+    assert len(srv.seen) == 3 and srv.seen[1][0] - srv.seen[0][0] >= 0.9  # waited the Retry-After it was told
+
+
+def test_retries_are_bounded_and_can_be_turned_off(scripted):
+    srv = scripted(busy(503, "0"))
+    with Client(srv.url) as vb, pytest.raises(ServiceUnavailableError) as e:
+        vb.get_map("m")
+    assert len(srv.seen) == 3 and e.value.retry_after == 0.0  # 1 + max_retries (2)
+    with Client(srv.url, max_retries=0) as vb, pytest.raises(ServiceUnavailableError):
+        vb.get_map("m")
+    assert len(srv.seen) == 4
+
+
+def test_a_retry_after_longer_than_max_retry_wait_is_raised_at_once(scripted):
+    srv = scripted(busy(429, "3600"))
+    with Client(srv.url) as vb, pytest.raises(QueueFullError) as e:
+        vb.list_jobs()
+    assert len(srv.seen) == 1 and e.value.retry_after == 3600.0
+
+
+def test_a_post_that_could_act_twice_is_not_retried(scripted):
+    srv = scripted(busy(503, "0"), "drop")
+    with Client(srv.url) as vb:
+        with pytest.raises(ServiceUnavailableError):
+            vb.create_space("s", 4)
+        with pytest.raises(APIConnectionError):
+            vb.create_index("i", "s", np.ones((2, 4)))
+    assert [m for _, m, _, _ in srv.seen] == ["POST", "POST"]
+
+
+def test_a_fit_is_retried_under_one_idempotency_key(scripted):
+    srv = scripted(busy(503, "0"), "drop", (202, {}, JOB))
+    X = np.ones((3, 4), np.float32)
+    with Client(srv.url) as vb:
+        assert vb.fit("m", "a", "b", X, X, paired=True)["id"] == "j1"
+        keys = [h.get("Idempotency-Key") for _, _, _, h in srv.seen]
+        assert len(keys) == 3 and keys[0] and len(set(keys)) == 1  # the same key: the service runs one job
+        vb.fit("m", "a", "b", X, X, paired=True)
+        assert srv.seen[-1][3]["Idempotency-Key"] != keys[0]  # a new call is a new fit
+        vb.fit("m", "a", "b", X, X, paired=True, idempotency_key="mine")
+        assert srv.seen[-1][3]["Idempotency-Key"] == "mine"
+
+
+def test_a_read_only_post_survives_a_dropped_connection(scripted):
+    rows = np.arange(8, dtype="<f4").reshape(2, 4)
+    srv = scripted("drop", (200, {"Content-Type": "application/octet-stream", "X-Shape": "2,4"}, rows.tobytes()))
+    with Client(srv.url) as vb:
+        np.testing.assert_array_equal(vb.transform("m", rows), rows)
+    assert len(srv.seen) == 2
+
+
+# --- no answer, or not the API's ----------------------------------------------------------------
+def test_no_answer_is_a_typed_error(scripted):
+    with Client(f"http://127.0.0.1:{free_port()}", max_retries=1) as vb, pytest.raises(APIConnectionError) as e:
+        vb.info()  # nothing listens there
+    assert isinstance(e.value, httpx.TransportError) and "2 tries" in str(e.value)
+    srv = scripted(("hang", 3))
+    with Client(srv.url, timeout=0.5) as vb, pytest.raises(APITimeoutError):
+        vb.search("i", np.ones((1, 4)))
+    assert len(srv.seen) == 1  # a timed-out request may still be computing: not sent again
+
+
+def test_an_answer_that_is_not_the_apis_is_a_typed_error(scripted):
+    page = (200, {"Content-Type": "text/html"}, b"<html>proxy login</html>")
+    loop = (200, {}, json.dumps({"data": [{"name": "a"}], "next": "c1"}).encode())
+    srv = scripted(page, (200, {"Content-Type": "application/octet-stream"}, b"\0" * 16), loop)
+    with Client(srv.url) as vb:
+        with pytest.raises(UnexpectedResponseError, match="proxy login"):
+            vb.list_maps()
+        with pytest.raises(UnexpectedResponseError, match="X-Shape"):
+            vb.transform("m", np.ones((1, 4)))
+        with pytest.raises(UnexpectedResponseError, match="never ends"):
+            vb.list_spaces()
+
+
+# --- the real service going away under wait() ---------------------------------------------------
+def test_wait_polls_through_a_restart_and_reports_the_interrupted_job(tmp_path):
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+           "--port", str(port), "--no-access-log"]
+    proc = start(cmd, env_for(data, port), port, tmp_path / "server.log")
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((4000, 16)), rng.standard_normal((4000, 16))
+    try:
+        with Client(f"http://127.0.0.1:{port}", api_key=WKEY) as vb:
+            job = vb.fit("slow", "a", "b", A, B, method="minivec2vec")
+            with pytest.raises(JobTimeoutError) as e:
+                vb.wait(job["id"], timeout=0.3)
+            assert e.value.job["id"] == job["id"] and isinstance(e.value, TimeoutError)
+            outcome = []
+
+            def waiting():
+                try:
+                    outcome.append(vb.wait(job["id"], timeout=120, poll=0.1))
+                except Exception as exc:  # noqa: BLE001 - the assertion below names it
+                    outcome.append(exc)
+
+            th = threading.Thread(target=waiting)
+            th.start()
+            proc.kill()  # mid-fit: the next polls find nothing listening
+            proc.wait()
+            time.sleep(1.0)
+            proc = start(cmd, env_for(data, port), port, tmp_path / "server2.log")
+            th.join(150)
+        assert len(outcome) == 1 and isinstance(outcome[0], JobFailedError), outcome
+        assert outcome[0].job["error"]["type"] == "Interrupted"
+    finally:
+        stop(proc)
