@@ -15,7 +15,7 @@ States::
 worker (HTTP 429). An idempotency key maps to the job it first created: the same key with
 the same request returns that job again; with a different request it is a conflict.
 
-Durability: with a :class:`JobStore` (the service keeps one at ``data_dir/jobs.sqlite``) every
+Durability: with a :class:`~service.job_store.JobStore` (the service keeps one at ``data_dir/jobs.sqlite``) every
 job record — state, progress, timings, result, error, idempotency key — is written at submit,
 start, finish, cancel, and at most every ``JobStore.progress_interval`` seconds of progress.
 Each process owns the rows it creates and holds an exclusive ``flock`` on
@@ -29,8 +29,6 @@ records live in memory only (tests, library use).
 
 from __future__ import annotations
 
-import json
-import os
 import sqlite3
 import threading
 import time
@@ -38,24 +36,17 @@ import traceback
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from align.exceptions import Cancelled
 
 from .errors import BusyError, ConflictError, NotFoundError
+from .job_store import INTERRUPTED, TERMINAL, Job, JobStore, JobStoreBusyError
 from .logging import get_logger
 
 __all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFullError", "JobNotFoundError",
            "IdempotencyConflictError", "JobStoreBusyError", "TERMINAL", "INTERRUPTED"]
 
-TERMINAL = ("succeeded", "failed", "cancelled")
-INTERRUPTED = {"type": "Interrupted",
-               "message": "interrupted by restart: the process running this job stopped (killed, crashed or shut "
-                          "down) before the job finished; a fit may still have registered its version, check the "
-                          "map's versions before resubmitting"}
 _SHUT_DOWN = {**INTERRUPTED, "message": "interrupted: the process serving this job shut down before it finished; "
                                        "check the map's versions before resubmitting"}
 _log = get_logger("jobs")
@@ -65,49 +56,12 @@ class QueueFullError(BusyError):
     """Too many jobs wait for a worker; retry later."""
 
 
-class JobStoreBusyError(BusyError):
-    """The job store stayed locked by another connection (a sibling process, a backup) past its busy timeout."""
-
-
 class JobNotFoundError(NotFoundError):
     """No job with that id (never submitted, or trimmed from the kept history)."""
 
 
 class IdempotencyConflictError(ConflictError):
     """The idempotency key was already used for a different request."""
-
-
-@dataclass
-class Job:
-    id: str
-    kind: str
-    description: str = ""
-    state: str = "queued"
-    stage: str = "queued"
-    fraction: float = 0.0
-    created_at: float = field(default_factory=time.time)
-    started_at: float | None = None
-    finished_at: float | None = None
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    result: dict | None = None
-    error: dict | None = None
-    idempotency_key: str | None = None
-    request_hash: str | None = None
-    cancel_requested: bool = False
-
-    def to_dict(self) -> dict:
-        now = time.time()
-        return {
-            "id": self.id, "kind": self.kind, "description": self.description, "state": self.state,
-            "progress": {"stage": self.stage, "fraction": round(float(self.fraction), 4)},
-            "timings": {
-                "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
-                "queued_seconds": ((self.started_at or now) - self.created_at),
-                "run_seconds": (((self.finished_at or now) - self.started_at) if self.started_at else None),
-                "stages": dict(self.stage_seconds),
-            },
-            "result": self.result, "error": self.error, "cancel_requested": self.cancel_requested,
-        }
 
 
 class JobContext:
@@ -156,253 +110,12 @@ class JobContext:
 MAX_ERROR_CHARS = 4000
 
 
-def _plain(v):
-    """JSON for what a job may put in its result beyond JSON's types: numpy numbers and arrays, else ``str``."""
-    return v.tolist() if hasattr(v, "tolist") else str(v)
-
-
 def _error(kind: str, exc: BaseException, default: str = "") -> dict:
     """A job's ``error``: the exception's message, cut to :data:`MAX_ERROR_CHARS` (it is stored and listed)."""
     msg = str(exc) or default
     if len(msg) > MAX_ERROR_CHARS:
         msg = f"{msg[:MAX_ERROR_CHARS]}… ({len(msg) - MAX_ERROR_CHARS} more characters)"
     return {"type": kind, "message": msg}
-
-
-_COLS = ("id", "kind", "description", "state", "stage", "fraction", "created_at", "started_at", "finished_at",
-         "stage_seconds", "result", "error", "idempotency_key", "request_hash", "cancel_requested", "owner")
-_JSON_COLS = ("stage_seconds", "result", "error")
-
-
-class JobStore:
-    """Job records in a small SQLite file (rollback journal), shared by the processes of one data dir.
-
-    Parameters
-    ----------
-    path : path
-        The database file (its folder is created); owner locks live next to it in
-        ``<stem>.owners/``.
-    keep_finished : int
-        Finished records kept; older ones are deleted at start-up (their idempotency keys
-        become free again).
-    progress_interval : float
-        Least seconds between two progress writes of one job (state changes are always written).
-    busy_timeout : float
-        Seconds a read or write waits for a lock held by another connection before it gives up with
-        :class:`JobStoreBusyError` (HTTP 429 with ``Retry-After``).
-    """
-
-    def __init__(self, path, *, keep_finished: int = 10_000, progress_interval: float = 0.5,
-                 busy_timeout: float = 10.0) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.owners_dir = self.path.parent / f"{self.path.stem}.owners"
-        self.keep_finished = int(keep_finished)
-        self.progress_interval = float(progress_interval)
-        self.busy_timeout = float(busy_timeout)
-        self.owner: str | None = None
-        self._owner_fd: int | None = None
-        self._local = threading.local()
-        with self._tx() as c:
-            c.execute("""CREATE TABLE IF NOT EXISTS jobs (
-                id TEXT PRIMARY KEY, kind TEXT NOT NULL, description TEXT NOT NULL, state TEXT NOT NULL,
-                stage TEXT NOT NULL, fraction REAL NOT NULL, created_at REAL NOT NULL, started_at REAL,
-                finished_at REAL, stage_seconds TEXT NOT NULL, result TEXT, error TEXT,
-                idempotency_key TEXT UNIQUE, request_hash TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0,
-                owner TEXT NOT NULL)""")
-            c.execute("CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, owner)")
-
-    # --- connection -------------------------------------------------------------------------
-    def _conn(self) -> sqlite3.Connection:
-        c = getattr(self._local, "conn", None)
-        if c is None or getattr(self._local, "pid", None) != os.getpid():
-            c = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
-            c.execute("PRAGMA journal_mode=DELETE")  # not WAL: its mapped -shm SIGBUSes on an immutable/full disk
-            c.execute("PRAGMA mmap_size=0")
-            c.execute("PRAGMA synchronous=NORMAL")
-            self._local.conn, self._local.pid = c, os.getpid()
-        return c
-
-    def _tx(self):
-        store = self
-
-        class _T:
-            def __enter__(self):
-                self.c = store._conn()
-                with store._busy():
-                    self.c.execute("BEGIN IMMEDIATE")
-                return self.c
-
-            def __exit__(self, et, ev, tb):
-                if et is None:
-                    try:
-                        with store._busy():
-                            self.c.execute("COMMIT")
-                        return False
-                    except BaseException:
-                        if self.c.in_transaction:  # a COMMIT that timed out leaves the transaction open
-                            self.c.execute("ROLLBACK")
-                        raise
-                if self.c.in_transaction:
-                    self.c.execute("ROLLBACK")
-                return False
-
-        return _T()
-
-    @contextmanager
-    def _busy(self):
-        """Turn SQLite's "database is locked" (held past the busy timeout) into :class:`JobStoreBusyError`."""
-        try:
-            yield
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
-            raise JobStoreBusyError(f"the job store {self.path.name} stayed locked by another process for "
-                                    f"{self.busy_timeout:g} s ({exc}); retry shortly") from exc
-
-    # --- owners -----------------------------------------------------------------------------
-    def claim_owner(self) -> str:
-        """This process's owner id, holding its lock file (call after any fork)."""
-        if self.owner is not None and getattr(self, "_owner_pid", None) == os.getpid():
-            return self.owner
-        import fcntl
-
-        self.owners_dir.mkdir(parents=True, exist_ok=True)
-        owner = uuid.uuid4().hex
-        fd = os.open(self.owners_dir / f"{owner}.lock", os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self.owner, self._owner_fd, self._owner_pid = owner, fd, os.getpid()
-        return owner
-
-    def owner_alive(self, owner: str) -> bool:
-        """Whether the process that owns ``owner``'s rows still runs (it holds the owner's lock)."""
-        if owner == self.owner:
-            return True
-        import fcntl
-
-        lock = self.owners_dir / f"{owner}.lock"
-        try:
-            fd = os.open(lock, os.O_RDWR)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)  # closing drops the lock if we took it
-        return False
-
-    def recover(self, owners: list[str] | None = None) -> int:
-        """Mark unfinished rows of dead owners (all, or those in ``owners``) failed; returns how many."""
-        with self._tx() as c:
-            rows = c.execute("SELECT DISTINCT owner FROM jobs WHERE state IN ('queued', 'running')").fetchall()
-        candidates = {o for (o,) in rows if owners is None or o in owners}
-        if owners is None and self.owners_dir.is_dir():  # also sweep lock files of finished processes
-            candidates |= {p.stem for p in self.owners_dir.glob("*.lock")}
-        dead = [o for o in sorted(candidates) if not self.owner_alive(o)]
-        n = 0
-        now = time.time()
-        for o in dead:
-            with self._tx() as c:
-                n += c.execute("UPDATE jobs SET state = 'failed', stage = 'interrupted', finished_at = ?, error = ? "
-                               "WHERE owner = ? AND state IN ('queued', 'running')",
-                               (now, json.dumps(INTERRUPTED), o)).rowcount
-            try:
-                (self.owners_dir / f"{o}.lock").unlink()
-            except OSError:
-                pass
-        if n:
-            _log.warning("jobs interrupted by a restart marked failed", extra={"fields": {"jobs": n}})
-        return n
-
-    def trim(self) -> None:
-        with self._tx() as c:
-            c.execute("DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN ('succeeded', 'failed', "
-                      "'cancelled') ORDER BY created_at DESC LIMIT -1 OFFSET ?)", (self.keep_finished,))
-
-    # --- rows -------------------------------------------------------------------------------
-    @staticmethod
-    def _row(job: Job, owner: str) -> tuple:
-        vals = []
-        for k in _COLS:
-            v = owner if k == "owner" else getattr(job, k)
-            if k in _JSON_COLS:
-                v = None if v is None else json.dumps(v, default=_plain)
-            elif k == "cancel_requested":
-                v = int(bool(v))
-            vals.append(v)
-        return tuple(vals)
-
-    @staticmethod
-    def _job(row) -> Job:
-        d = dict(zip(_COLS, row))
-        for k in _JSON_COLS:
-            d[k] = None if d[k] is None else json.loads(d[k])
-        d["stage_seconds"] = d["stage_seconds"] or {}
-        d["cancel_requested"] = bool(d["cancel_requested"])
-        d.pop("owner")
-        return Job(**d)
-
-    def insert(self, job: Job) -> Job | None:
-        """Write a new job; if its idempotency key is taken, write nothing and return that key's job."""
-        owner = self.claim_owner()
-        with self._tx() as c:
-            if job.idempotency_key is not None:
-                r = c.execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE idempotency_key = ?",
-                              (job.idempotency_key,)).fetchone()
-                if r is not None:
-                    return self._job(r)
-            c.execute(f"INSERT INTO jobs ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))})",
-                      self._row(job, owner))
-        return None
-
-    def save(self, job: Job) -> bool:
-        """Write the job's current record; returns whether a cancel was asked through another process."""
-        row = self._row(job, self.claim_owner())
-        sets = ", ".join(f"{k} = ?" for k in _COLS[1:] if k not in ("cancel_requested", "owner"))
-        vals = [v for k, v in zip(_COLS[1:], row[1:]) if k not in ("cancel_requested", "owner")]
-        with self._tx() as c:
-            c.execute(f"UPDATE jobs SET {sets}, cancel_requested = MAX(cancel_requested, ?) WHERE id = ?",
-                      (*vals, int(job.cancel_requested), job.id))
-            r = c.execute("SELECT cancel_requested FROM jobs WHERE id = ?", (job.id,)).fetchone()
-        return bool(r and r[0])
-
-    def request_cancel(self, job_id: str) -> None:
-        """Ask another process's job to stop; its owner sees the flag at the job's next write."""
-        with self._tx() as c:
-            c.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND state IN ('queued', 'running')", (job_id,))
-
-    def get(self, job_id: str) -> tuple[Job, str] | None:
-        """``(job, owner)``, or None."""
-        with self._busy():
-            r = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if r is None else (self._job(r), r[-1])
-
-    def list(self, limit: int = 1000, after: tuple[float, str] | None = None) -> list[Job]:
-        """The newest ``limit`` records oldest first; with ``after`` (a ``(created_at, id)`` key) the first
-        ``limit`` records past it, so pages walk every record."""
-        cols = ", ".join(_COLS)
-        with self._busy():
-            if after is None:
-                rows = self._conn().execute(f"SELECT {cols} FROM jobs ORDER BY created_at DESC, id DESC LIMIT ?",
-                                            (int(limit),)).fetchall()[::-1]
-            else:
-                rows = self._conn().execute(f"SELECT {cols} FROM jobs WHERE (created_at, id) > (?, ?) "
-                                            "ORDER BY created_at, id LIMIT ?", (*after, int(limit))).fetchall()
-        return [self._job(r) for r in rows]
-
-    def counts(self) -> dict[str, int]:
-        """Stored jobs by state (every process of the data dir, every record not yet trimmed)."""
-        with self._busy():
-            rows = self._conn().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
-        return {state: int(n) for state, n in rows}
-
-    def close(self) -> None:
-        c = getattr(self._local, "conn", None)
-        if c is not None:
-            c.close()
-            self._local.conn = None
 
 
 class JobManager:
