@@ -83,23 +83,26 @@ class JobStore:
         The database file (its folder is created); owner locks live next to it in
         ``<stem>.owners/``.
     keep_finished : int
-        Finished records kept; older ones are deleted at start-up (their idempotency keys
-        become free again).
+        Finished records kept; older ones are deleted at start-up and every ``trim_every`` new jobs
+        (their idempotency keys become free again).
     progress_interval : float
         Least seconds between two progress writes of one job (state changes are always written).
     busy_timeout : float
         Seconds a read or write waits for a lock held by another connection before it gives up with
         :class:`JobStoreBusyError` (HTTP 429 with ``Retry-After``).
+    trim_every : int
+        New jobs between two trims of the finished records beyond ``keep_finished``.
     """
 
     def __init__(self, path, *, keep_finished: int = 10_000, progress_interval: float = 0.5,
-                 busy_timeout: float = 10.0) -> None:
+                 busy_timeout: float = 10.0, trim_every: int = 100) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.owners_dir = self.path.parent / f"{self.path.stem}.owners"
         self.keep_finished = int(keep_finished)
         self.progress_interval = float(progress_interval)
         self.busy_timeout = float(busy_timeout)
+        self.trim_every, self._inserted = max(1, int(trim_every)), 0
         self.owner: str | None = None
         self._owner_fd: int | None = None
         self._local = threading.local()
@@ -255,6 +258,12 @@ class JobStore:
                     return self._job(r)
             c.execute(f"INSERT INTO jobs ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))})",
                       self._row(job, owner))
+        self._inserted += 1
+        if self._inserted % self.trim_every == 0:  # a server that runs for months keeps its history bounded too
+            try:
+                self.trim()
+            except (sqlite3.Error, JobStoreBusyError) as exc:  # the next turn trims; the job is written
+                _log.warning("job records not trimmed", extra={"fields": {"error": repr(exc)}})
         return None
 
     def save(self, job: Job) -> bool:

@@ -136,6 +136,7 @@ class JobManager:
         self._metrics = metrics
         self._keep = keep_finished
         self.store = store
+        self._unsaved: dict[str, Job] = {}  # finished jobs whose final record is still to be written
 
     def open(self) -> int:
         """Claim this process's owner lock, fail the unfinished jobs of dead processes, trim old records.
@@ -335,14 +336,27 @@ class JobManager:
         self._count("succeeded")
 
     def _persist(self, job: Job) -> None:
-        """Write the record (no-op without a store); a failed write is logged, the job goes on."""
+        """Write the record (no-op without a store); a failed write is logged, the job goes on. A final record
+        that could not be written (the store locked or its disk full) is written again by the next write of
+        any job of this process, else the store would say "running" for ever to every other process."""
         if self.store is None:
             return
+        for late in list(self._unsaved.values()):
+            if late is not job and self._save(late):
+                self._unsaved.pop(late.id, None)
+        if self._save(job):
+            self._unsaved.pop(job.id, None)
+        elif job.state in TERMINAL:
+            self._unsaved[job.id] = job
+
+    def _save(self, job: Job) -> bool:
         try:
             if self.store.save(job):
                 job.cancel_requested = True
+            return True
         except Exception as exc:  # noqa: BLE001 - a job record write must not kill the job
             _log.warning("job record not written", extra={"fields": {"job_id": job.id, "error": repr(exc)}})
+            return False
 
     def _trim(self) -> None:
         finished = [k for k, j in self._jobs.items() if j.state in TERMINAL]

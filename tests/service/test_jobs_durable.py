@@ -212,3 +212,50 @@ def test_a_numpy_result_and_a_huge_error_are_stored_as_their_process_sees_them(t
     assert stored_bad.error["message"].startswith("xxx") and len(stored_bad.error["message"]) < 5000
     assert "more characters" in stored_bad.error["message"]
     mgr.shutdown(wait=True)
+
+
+def test_finished_records_are_trimmed_while_the_process_runs(tmp_path):
+    """Old finished records were deleted only at start-up: a server that ran for months kept every one."""
+    store = JobStore(tmp_path / "jobs.sqlite", keep_finished=5, trim_every=10)
+    mgr = JobManager(workers=1, max_queued=100, store=store)
+    mgr.open()
+    ids = []
+    for _ in range(40):
+        job, _ = mgr.submit(lambda ctx: {"ok": 1}, kind="fit")
+        ids.append(job.id)
+        wait(mgr.get, job.id)
+    kept = [j.id for j in JobStore(tmp_path / "jobs.sqlite").list()]
+    assert 5 <= len(kept) <= 5 + 10  # at most one turn of new records past the bound
+    assert set(kept) <= set(ids[-15:])  # the newest are kept
+    mgr.shutdown(wait=True)
+
+
+def test_a_final_record_that_could_not_be_written_is_written_later(tmp_path):
+    """A job that ended while the store was locked (a backup, a sibling) or its disk full stayed "running" in
+    the store for ever: every other process, and this one after a restart, reported it running. The next
+    write of any job of the process now writes it."""
+    import sqlite3
+    import threading
+
+    db = tmp_path / "jobs.sqlite"
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(db, busy_timeout=0.2))
+    mgr.open()
+    go = threading.Event()
+    first, _ = mgr.submit(lambda ctx: go.wait(30) and {"done": 1}, kind="fit")
+    other = JobStore(db)  # what another process reads
+    while other.get(first.id)[0].state != "running":
+        time.sleep(0.01)
+    locker = sqlite3.connect(db, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")  # a backup holds the file while the job ends
+    go.set()
+    wait(mgr.get, first.id)  # done in this process; its final write failed (the store was locked)
+    time.sleep(0.3)
+    locker.execute("COMMIT")
+    locker.close()
+    assert other.get(first.id)[0].state == "running"
+    second, _ = mgr.submit(lambda ctx: {"done": 2}, kind="fit")
+    wait(mgr.get, second.id)
+    done = other.get(first.id)[0]
+    assert done.state == "succeeded" and done.result == {"done": 1}
+    assert other.get(second.id)[0].state == "succeeded"
+    mgr.shutdown(wait=True)
