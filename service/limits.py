@@ -71,8 +71,10 @@ DEFAULT_LIMITS = Limits()
 _BEYOND = {"lm_max_waiting": "429", "lm_max_fit_texts": "413"}  # the status beyond a limit, when not 422
 
 
-def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int, body_timeout_s: float | None = None) -> str:
-    """The limits table as Markdown (for the OpenAPI description)."""
+def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int, body_timeout_s: float | None = None,
+                    extra: tuple = ()) -> str:
+    """The limits table as Markdown (for the OpenAPI description); ``extra``: more ``(limit, value, beyond)`` rows
+    (the server's own: timeouts, concurrency)."""
     rows = [("Bulk routes (transform, index create/add, search, fits, steers): binary body bytes "
              "(`max_body_bytes`)", max_body_bytes, "413"), ("Rows per request (`max_batch`)", max_batch, "413")]
     for name, field in Limits.model_fields.items():
@@ -81,6 +83,7 @@ def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int, body_ti
     rows.append(("Index ids", "0 ≤ id < 2**62", "422"))
     if body_timeout_s is not None:
         rows.append(("Silence while a request body is being sent (`body_timeout_s`)", f"{body_timeout_s:g} s", "408"))
+    rows.extend(extra)
     return "| limit | value | beyond |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
 
 

@@ -27,7 +27,7 @@ from ..ui import mount_console
 from .errors import install_error_handlers
 from .deps import current_settings
 from .fastpath import FastPathMiddleware
-from .middleware import GuardMiddleware, ObserveMiddleware, body_limit
+from .middleware import GuardMiddleware, ObserveMiddleware, accepted_hosts, body_limit
 from .responses import FastJSONResponse
 from .routers import embeddings, fits, indexes, jobs, lm, maps, ops, plans, steers
 from .state import AppState
@@ -122,9 +122,21 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
     """The limits table in the API description, and each route's body limit in its operation's description."""
     from ..limits import limits_markdown
 
+    from .protocol import MAX_HEAD_BYTES
+
+    hosts = accepted_hosts(s)
+    extra = (("Request line and headers: time from the connection's opening (`header_timeout_s`)",
+              f"{s.header_timeout_s:g} s", "connection closed"),
+             ("Request line and headers: bytes", f"{MAX_HEAD_BYTES} (1 MiB)", "431, connection closed"),
+             ("A client that stops reading an answer (`send_timeout_s`)", f"{s.send_timeout_s:g} s",
+              "connection dropped"),
+             ("Plans and evaluations running at once per process (`max_heavy_requests`)", s.max_heavy_requests,
+              "429 + Retry-After"),
+             ("Background jobs waiting per process (`max_queued_jobs`)", s.max_queued_jobs, "429 + Retry-After"),
+             ("Host header (`allowed_hosts`)", "any" if hosts is None else ", ".join(hosts), "400"))
     app.description = (API_DESCRIPTION + "\n**Limits** (settings; 413 for bodies and rows, 408 for a stalled body, "
                                          "422 for the rest):\n\n"
-                       + limits_markdown(s.limits, s.max_batch, s.max_body_bytes, s.body_timeout_s))
+                       + limits_markdown(s.limits, s.max_batch, s.max_body_bytes, s.body_timeout_s, extra))
     build = app.openapi
 
     def openapi() -> dict:

@@ -266,6 +266,19 @@ def test_openapi_documents_binary_fast_path(world):
         assert path in spec["paths"], path
 
 
+def test_openapi_limits_table_names_every_bound_a_client_meets(world):
+    """The table listed the body and row limits but not the timeouts, head size, concurrency and Host bounds a
+    client can run into (they were only in RELIABILITY.md)."""
+    from service.limits import Limits
+
+    c, _, _ = world
+    text = c.get("/openapi.json").json()["info"]["description"].split("**Limits**")[1]
+    for name in ("max_body_bytes", "max_batch", "body_timeout_s", "header_timeout_s", "send_timeout_s",
+                 "max_heavy_requests", "max_queued_jobs", "allowed_hosts", *Limits.model_fields):
+        assert f"(`{name}`)" in text, name
+    assert "431" in text and "1 MiB" in text
+
+
 def test_unknown_route_and_method(world):
     c, _, _ = world
     r = c.get("/v1/nothing", headers=R)
