@@ -121,7 +121,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def _document_limits(app: FastAPI, s: Settings) -> None:
     """The limits table in the API description, and each route's body limit in its operation's description."""
     from ..limits import limits_markdown
-
     from .protocol import MAX_HEAD_BYTES
 
     hosts = accepted_hosts(s)
