@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BusyError
+from .errors import ServiceUnavailableError
 from .logging import get_logger
 
 __all__ = ["INTERRUPTED", "TERMINAL", "Job", "JobStore", "JobStoreBusyError"]
@@ -27,8 +27,10 @@ INTERRUPTED = {"type": "Interrupted",
 _log = get_logger("jobs")
 
 
-class JobStoreBusyError(BusyError):
-    """The job store stayed locked by another connection (a sibling process, a backup) past its busy timeout."""
+class JobStoreBusyError(ServiceUnavailableError):
+    """The job store stayed locked by another connection (a sibling process, a backup) past its busy timeout:
+    a 503 with ``Retry-After``, as the registry's database locked alike (not a 429: the client sent nothing
+    too many)."""
 
 
 @dataclass
@@ -89,7 +91,7 @@ class JobStore:
         Least seconds between two progress writes of one job (state changes are always written).
     busy_timeout : float
         Seconds a read or write waits for a lock held by another connection before it gives up with
-        :class:`JobStoreBusyError` (HTTP 429 with ``Retry-After``).
+        :class:`JobStoreBusyError` (HTTP 503 with ``Retry-After``).
     trim_every : int
         New jobs between two trims of the finished records beyond ``keep_finished``.
     """
