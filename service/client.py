@@ -466,13 +466,14 @@ class Client:
 
     # --- fits and jobs --------------------------------------------------------------------------
     def fit(self, name: str, source_space: str, target_space: str, source, target, *, method: str = "minivec2vec",
-            paired: bool = False, params: dict | None = None, seed_pairs: Sequence[tuple[int, int]] | None = None,
-            random_state: int = 0, alias: str | None = None, description: str = "",
-            encoder: str | None = None, idempotency_key: str | None = None) -> dict:
+            paired: bool | None = None, params: dict | None = None,
+            seed_pairs: Sequence[tuple[int, int]] | None = None, random_state: int = 0, alias: str | None = None,
+            description: str = "", encoder: str | None = None, idempotency_key: str | None = None) -> dict:
         """Queue a map fit; returns the job record at once (follow it with :meth:`wait`).
 
         ``source`` / ``target``: an array (n, d) or a list of texts (embedded in the job with
-        ``encoder``, default each space's encoder).
+        ``encoder``, default each space's encoder). ``paired`` (row i <-> row i): by default true for the
+        paired methods (procrustes, ridge, lowrank, auto, contrastive, cluster), false for minivec2vec.
         """
         body = _clean({"name": name, "source_space": source_space, "target_space": target_space,
                        "source": _side(source, encoder), "target": _side(target, encoder), "method": method,

@@ -259,7 +259,9 @@ class FitRequest(_Strict):
                                                    "ridge, lowrank, auto, contrastive, cluster (per-cluster "
                                                    "maps, align.ClusterMap).")
     params: dict[str, Any] = Field(default_factory=dict)
-    paired: bool = Field(False, description="Rows of source and target are pairs (supervised methods).")
+    paired: bool | None = Field(None, description="Rows of source and target are pairs (row i <-> row i). Default, "
+                                                  "as in the CLI: true for the paired methods (procrustes, ridge, "
+                                                  "lowrank, auto, contrastive, cluster), false for minivec2vec.")
     seed_pairs: list[tuple[int, int]] | None = Field(None, description="Known (source row, target row) pairs "
                                                                        "seeding an unsupervised fit.")
     random_state: Count = Seed

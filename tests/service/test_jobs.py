@@ -112,6 +112,25 @@ def test_http_queue_full_is_429(tmp_path):
         assert "queue is full" in r.json()["error"]["message"]
 
 
+def test_http_fit_of_a_paired_method_reads_the_rows_as_pairs_by_default(tmp_path):
+    """The CLI reads rows as pairs for the paired methods unless told otherwise; HTTP defaulted to unpaired, so
+    `{"method": "procrustes", ...}` without `"paired": true` was a 422 for every first try. Same default now."""
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        X, Y, _ = planted(400)
+        body = {"name": "p", "source_space": "a", "target_space": "b", "method": "procrustes",
+                "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}}
+        r = c.post("/v1/fits", headers=W, json=body)
+        assert r.status_code == 202, r.text
+        job = wait(http_job(c, R), r.json()["id"])
+        assert job["state"] == "succeeded", job
+        out = np.asarray(c.post("/v1/maps/p/transform", headers=R, json={"vectors": X[:50].tolist()}).json()["vectors"])
+        cos = np.sum(out * Y[:50], axis=1) / np.linalg.norm(out, axis=1) / np.linalg.norm(Y[:50], axis=1)
+        assert cos.min() > 0.99  # the planted rotation, fitted from the pairs
+        r = c.post("/v1/fits", headers=W, json={**body, "paired": False})  # said so: unpaired, and refused
+        assert r.status_code == 422 and "needs paired rows" in r.json()["error"]["message"]
+
+
 def test_http_fit_validation_before_queueing(tmp_path):
     app = create_app(settings_for(tmp_path))
     with TestClient(app) as c:

@@ -20,9 +20,9 @@ version), cancel it with `DELETE /v1/jobs/{id}`.
 Each side (`source`, `target`) is `vectors` (JSON rows), `vectors_b64` + `dim` (base64
 float32), or `texts` embedded in the job with `encoder` (default: the space's encoder).
 Unknown spaces are registered from the data (dimension of the vectors or of the encoder).
-`paired=true` means row i of source and target are the same item (supervised methods:
-procrustes, ridge, lowrank); otherwise the sets are unpaired (`minivec2vec`), optionally
-seeded with `seed_pairs`.
+`paired=true` means row i of source and target are the same item (the paired methods:
+procrustes, ridge, lowrank, auto, contrastive, cluster; the default for them, as in the CLI);
+otherwise the sets are unpaired (`minivec2vec`, its default), optionally seeded with `seed_pairs`.
 
 Send an `Idempotency-Key` header to make retries safe: the same key and body return the
 first job (200 instead of 202); the same key with another body is a 409. A full queue is a
@@ -53,19 +53,20 @@ def _side(state, side, space: str, label: str, max_batch: int) -> map_ops.FitSid
 def create_fit(body: bytes, request, state, settings):
     obj = parse_json(body)
     opts = validate(FitRequest, {**obj, "source": {}, "target": {}})
-    map_ops.check_fit_request(state.registry, name=opts.name, method=opts.method, paired=opts.paired,
+    paired = opts.paired if opts.paired is not None else opts.method in map_ops.SUPERVISED  # as the CLI decides
+    map_ops.check_fit_request(state.registry, name=opts.name, method=opts.method, paired=paired,
                               source_space=opts.source_space, target_space=opts.target_space, alias=opts.alias,
                               params=opts.params, random_state=opts.random_state)
     src = _side(state, obj.get("source"), opts.source_space, "source", settings.max_batch)
     tgt = _side(state, obj.get("target"), opts.target_space, "target", settings.max_batch)
-    map_ops.check_pairs(src, tgt, opts.paired)
+    map_ops.check_pairs(src, tgt, paired)
     check_batch(max(src.rows, tgt.rows), settings.max_batch)
     state.metrics.batch_rows.labels("fit").observe(src.rows + tgt.rows)
 
     def job(ctx):
         v = map_ops.fit_sides(state.registry, state.encoder, src, tgt, progress=ctx.progress,
                               should_cancel=ctx.should_cancel, seed_pairs=opts.seed_pairs, inputs={"via": "http"},
-                              name=opts.name, method=opts.method, params=opts.params, paired=opts.paired,
+                              name=opts.name, method=opts.method, params=opts.params, paired=paired,
                               random_state=opts.random_state, alias=opts.alias, description=opts.description)
         return {"ref": v.ref, "version": v.to_dict()}
 
