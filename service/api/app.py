@@ -8,8 +8,12 @@ explicit ``Settings`` passed here, then ``VECBRIDGE_*`` environment variables
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import os
+import signal
+import sys
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -32,7 +36,7 @@ from .responses import FastJSONResponse
 from .routers import embeddings, fits, indexes, jobs, lm, maps, ops, plans, steers
 from .state import AppState
 
-__all__ = ["create_app", "serve", "API_DESCRIPTION"]
+__all__ = ["create_app", "serve", "worker_app", "API_DESCRIPTION"]
 
 _log = get_logger("app")
 
@@ -180,8 +184,6 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     """
     import uvicorn
 
-    import sys
-
     s, key_file = ensure_local_key(settings or get_settings())
     if key_file is not None:
         print(f"vecbridge: no API keys configured, so a local read+write key is in {key_file} (mode 0600, kept "
@@ -192,23 +194,62 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
         print(f"vecbridge: auth is off and the service listens on every interface ({s.host}), so it answers only "
               f"Host names localhost, 127.0.0.1 and ::1: set VECBRIDGE_ALLOWED_HOSTS to the names other "
               f"clients use", file=sys.stderr, flush=True)
-    configure_logging(s.log_level)
-    # uvicorn's own lines (start-up, shutdown, errors) as the same JSON lines; its access log stays off
-    # (ObserveMiddleware writes one line per request, without headers or query strings).
-    uv = logging.getLogger("uvicorn")
-    uv.handlers = list(logging.getLogger("vecbridge").handlers)
-    uv.setLevel(s.log_level.upper())
-    uv.propagate = False
+    configure_logging(s.log_level, server=True)  # uvicorn's lines too, as JSON (worker_app: the same per worker)
     from .protocol import SlowClientProtocol, set_timeouts
 
     set_timeouts(s.header_timeout_s, s.send_timeout_s)
     if workers > 1:
-        import os
-
         os.environ.update(s.to_env())
         get_settings.cache_clear()
-        uvicorn.run("service.api.app:create_app", factory=True, workers=workers, host=s.host, port=s.port,
+        uvicorn.run("service.api.app:worker_app", factory=True, workers=workers, host=s.host, port=s.port,
                     log_level=s.log_level.lower(), access_log=False, log_config=None, http=SlowClientProtocol)
+        _log.info("service stopped", extra={"fields": {"workers": workers}})
         return
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=s.log_level.lower(), access_log=False,
-                log_config=None, http=SlowClientProtocol)
+    started, stop_signal = _run(uvicorn.Config(create_app(s), host=s.host, port=s.port, access_log=False,
+                                               log_level=s.log_level.lower(), log_config=None, http=SlowClientProtocol))
+    if not started:  # the lifespan failed (logged); uvicorn's start-up failure status
+        sys.exit(3)
+    _log.info("service stopped", extra={"fields": {"signal": stop_signal}})
+    if stop_signal is not None:
+        # Stopped on request, after the graceful shutdown (requests answered, running jobs recorded interrupted):
+        # end now with status 0, as a worker process ends, without waiting for job threads still computing.
+        for h in logging.getLogger("vecbridge").handlers:
+            h.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def worker_app() -> FastAPI:
+    """The app of one ``serve --workers N`` process (uvicorn's factory): JSON logs for uvicorn's lines in this
+    process too, then :func:`create_app` with the settings the parent passed on as ``VECBRIDGE_*`` variables."""
+    configure_logging(get_settings().log_level, server=True)
+    return create_app()
+
+
+def _run(config) -> tuple[bool, str | None]:
+    """Run uvicorn's server with ``config`` until it stops: ``(started, name of the stopping signal or None)``.
+
+    uvicorn raises a stopping SIGTERM / SIGINT again once it has shut down, so ``docker stop`` of a healthy
+    single-process service ended with status 143 (-15) where ``serve --workers N`` ended with 0; here the
+    signal is reported instead and :meth:`run` returns.
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stop_signal: str | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    caught = getattr(self, "_captured_signals", [])
+                    if caught:
+                        self.stop_signal = signal.Signals(caught[0]).name
+                    caught.clear()  # nothing for uvicorn to raise again
+
+    server = Server(config)
+    server.run()
+    return server.started, server.stop_signal

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from _servers import free_port, stop, wait_ready
+
 from service.config import ConfigError, Settings, load_settings, unknown_variables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +104,7 @@ def test_worker_settings_round_trip_through_the_environment(clean_env, tmp_path)
 
 
 def _serve(cmd: list[str], env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def test_vecbridge_serve_with_a_typo_exits_2_with_one_line(tmp_path):
@@ -149,7 +149,8 @@ def test_the_container_command_serves_and_its_healthcheck_passes_on_a_changed_po
     env = _clean_env(**{k: v for k, v in image_env.items() if k.startswith("VECBRIDGE_")})
     env.update(VECBRIDGE_DATA_DIR=str(tmp_path), VECBRIDGE_PORT=str(port), VECBRIDGE_HOST="127.0.0.1",
                VECBRIDGE_API_KEYS=json.dumps({SECRET: ["read"]}), VECBRIDGE_DEMO_ON_EMPTY="false")
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "log", "w"))
+    with open(tmp_path / "log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc=proc, path="/healthz", log=tmp_path / "log")
         assert httpx.get(f"http://127.0.0.1:{port}/v1/info", headers={"Authorization": f"Bearer {SECRET}"},
