@@ -8,6 +8,7 @@ explicit ``Settings`` passed here, then ``VECBRIDGE_*`` environment variables
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -81,12 +82,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await run_in_threadpool(state.open)
         app.state.vb = state
         _log.info("service started", extra={"fields": {
-            "data_dir": str(s.data_dir), "registry": state.registry.backend, "indexes": len(state.indexes.list()),
-            "auth": "disabled" if s.auth_disabled else f"{len(s.api_keys)} key(s)"}})
-        if s.demo_on_empty:
-            from ..ops.demo import maybe_start_demo
-
-            state.demo_job_id = maybe_start_demo(state)
+            "data_dir": str(s.data_dir), "registry": state.registry.backend if state.registry else "unavailable",
+            "indexes": len(state.indexes.list()), "auth": "disabled" if s.auth_disabled else f"{len(s.api_keys)} key(s)"}})
+        retry = None
+        if state.registry is None:  # its database is down: serve /healthz and a /readyz saying why, and retry
+            retry = asyncio.create_task(_reconnect(state))
+        else:
+            _registry_ready(state)
         # Everything loaded so far lives as long as the process: out of the collector's sight, a full
         # collection no longer walks ~100k start-up objects (40-75 ms pauses measured, ~0 after)
         gc.collect()
@@ -95,6 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             gc.unfreeze()
+            if retry is not None:
+                retry.cancel()
             state.close()
             app.state.vb = None
             release_native_threads(s.blas_threads)
@@ -120,6 +124,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                            allow_headers=["*"])
     app.add_middleware(ObserveMiddleware, metrics=metrics)
     return app
+
+
+def _registry_ready(state: AppState) -> None:
+    """What waits for the registry: the demo on an empty data dir."""
+    if state.settings.demo_on_empty:
+        from ..ops.demo import maybe_start_demo
+
+        state.demo_job_id = maybe_start_demo(state)
+
+
+async def _reconnect(state: AppState, first_wait: float = 0.5, longest_wait: float = 5.0) -> None:
+    """Open the registry again, waiting ``first_wait`` seconds, doubling up to ``longest_wait``, until it opens."""
+    wait = first_wait
+    _log.warning("registry unavailable, retrying", extra={"fields": {"error": state.registry_error}})
+    while True:
+        await asyncio.sleep(wait)
+        if await run_in_threadpool(state.open_registry):
+            _log.info("registry connected", extra={"fields": {"registry": state.registry.backend}})
+            _registry_ready(state)
+            return
+        wait = min(2 * wait, longest_wait)
 
 
 def _document_limits(app: FastAPI, s: Settings) -> None:

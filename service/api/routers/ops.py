@@ -37,8 +37,8 @@ async def readyz(request: Request):
                 checks["registry"] = "ok"
             except Exception as exc:  # noqa: BLE001 - reported, not raised
                 checks["registry"] = f"error: {type(exc).__name__}: {exc}"
-        elif state.registry_error:
-            checks["registry"] = f"error: {state.registry_error}"
+        elif state.registry_error:  # not open yet: its database was down at start-up, the app retries
+            checks["registry"] = f"error: {state.registry_error} (retrying)"
         if state.indexes.loaded:
             # off the event loop: list() loads what other processes wrote (whole FAISS files)
             n_indexes = len(await run_in_threadpool(state.indexes.list))
