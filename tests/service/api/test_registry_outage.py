@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 import threading
@@ -76,6 +77,12 @@ def test_a_registry_down_at_start_up_leaves_the_service_up_and_saying_why(tmp_pa
         assert proc.wait(30) == 0
     log = (tmp_path / "server.log").read_text()
     assert "registry unavailable, retrying" in log and "pw-8c1e" not in log
+    # each 503 while the registry is down was an ERROR "request failed" with a whole traceback: a flood, for an
+    # expected state; now one WARNING line with the request id
+    assert "Traceback" not in log
+    lines = [json.loads(line) for line in log.splitlines()]
+    assert [r["msg"] for r in lines if r.get("request_id") == maps.headers["x-request-id"]] == [
+        "service unavailable", "request"]
 
 
 @pytest.mark.postgres
