@@ -137,6 +137,7 @@ class AppState:
         self.started_at = time.time()
         self.registry: Registry | None = None
         self.registry_error: str | None = None
+        self.registry_probe = None  # (future, start time) of /readyz's registry query (routers/ops.py)
         self.indexes = IndexStore(Path(settings.data_dir) / "indexes")
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))

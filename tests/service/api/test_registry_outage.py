@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -23,7 +24,8 @@ pytest.importorskip("psycopg")
 
 class Forwarder:
     """A TCP port that refuses connections until :meth:`open`, then forwards them to ``target`` (host, port):
-    the registry's database as the service sees it -- down, then back -- without stopping the shared server."""
+    the registry's database as the service sees it -- down, back, cut off (``held``) -- without touching the
+    shared server."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target, self.port = target, free_port()
@@ -32,9 +34,13 @@ class Forwarder:
         self.thread.start()
         self.server = None
 
+    held = False  # True: bytes stop flowing both ways (a partition); they flow again, late, once False
+
     async def _pipe(self, reader, writer) -> None:
         with contextlib.suppress(Exception):
             while data := await reader.read(65536):
+                while self.held:
+                    await asyncio.sleep(0.05)
                 writer.write(data)
                 await writer.drain()
         writer.close()
@@ -137,3 +143,38 @@ def test_a_registry_host_that_does_not_answer_is_unavailable_after_the_connect_t
     silent.close()
     assert not th.is_alive(), "still connecting after 15 s"
     assert isinstance(outcome[0], RegistryUnavailableError) and time.monotonic() - t0 < 10, outcome
+
+
+@pytest.mark.postgres
+def test_readiness_answers_in_time_and_holds_one_thread_while_the_registry_does_not_answer(tmp_path, pg_url):
+    # each /readyz ran the registry query in a thread of the shared pool and waited for it: with the database cut
+    # off, every probe held one more thread (45 after 45 probes, the pool's 40 exhausted) and none answered
+    u = urlsplit(pg_url)
+    db = Forwarder((u.hostname, u.port))
+    db.open()
+    port = free_port()
+    env = env_for(tmp_path / "data", port)
+    env["VECBRIDGE_REGISTRY_URL"] = u._replace(netloc=f"{u.username}@127.0.0.1:{db.port}").geturl()
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    threads = f"/proc/{proc.pid}/task"
+    try:
+        assert _readyz(url).status_code == 200
+        before = len(os.listdir(threads))
+        db.held = True
+        for _ in range(8):
+            t0 = time.monotonic()
+            r = httpx.get(f"{url}/readyz", timeout=10)
+            assert r.status_code == 503 and "no answer from the registry" in r.json()["checks"]["registry"], r.text
+            assert time.monotonic() - t0 < 5
+        assert len(os.listdir(threads)) <= before + 2
+        db.held = False
+        deadline = time.monotonic() + 30
+        while _readyz(url).status_code != 200:
+            assert time.monotonic() < deadline, _readyz(url).text
+            time.sleep(0.2)
+    finally:
+        db.held = False
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        db.close()
