@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -209,7 +210,9 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     """
     import uvicorn
 
-    s, key_file = ensure_local_key(settings or get_settings())
+    s = settings or get_settings()
+    _check_data_dir(s)
+    s, key_file = ensure_local_key(s)
     if key_file is not None:
         print(f"vecbridge: no API keys configured, so a local read+write key is in {key_file} (mode 0600, kept "
               f"across restarts).\n  curl -H \"Authorization: Bearer $(cat {key_file})\" "
@@ -243,6 +246,25 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _check_data_dir(s: Settings) -> None:
+    """Refuse to serve on a data dir this user cannot create or write (ServiceUnavailableError: one line, exit 2):
+    the app's start-up failed on it later with a traceback inside a JSON line and exit 3. A nearly full disk is
+    no refusal: the service starts and /readyz says so."""
+    from ..errors import ServiceUnavailableError
+    from ..storage import data_dir_status
+
+    path = Path(s.data_dir).resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        status = data_dir_status(path)
+    except OSError as exc:
+        status = f"not writable: {exc.strerror or exc}"
+    if status.startswith("not writable"):
+        raise ServiceUnavailableError(
+            f"data dir {path} (--data-dir / VECBRIDGE_DATA_DIR) is {status} for uid {os.getuid()}: give the folder "
+            f"to that user (chown) or choose a writable one")
 
 
 def worker_app() -> FastAPI:

@@ -9,12 +9,13 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from _api_support import R
-from _servers import env_for, free_port, seed_registry, start
+from _servers import ROOT, env_for, free_port, seed_registry, start
 
 
 def _serve(tmp_path, *args) -> tuple[subprocess.Popen, int]:
@@ -99,3 +100,32 @@ def test_workers_log_uvicorn_lines_as_json_and_stop_with_0(tmp_path):
     msgs = [r["msg"] for r in records]
     assert sum(m.startswith("Started server process") for m in msgs) == 2, msgs
     assert msgs.count("Invalid HTTP request received.") == 2 and "service stopped" in msgs
+
+
+def test_a_data_dir_this_user_cannot_write_is_one_line_and_exit_2(tmp_path):
+    # the app's start-up failed on it: a traceback inside a JSON line, "Application startup failed", exit 3
+    import os
+    import shutil
+    import tempfile
+
+    as_user = []
+    if os.geteuid() == 0:  # root writes anywhere: run as the image's user (uid 10001) instead
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv")
+        as_user = ["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups"]
+    base = Path(tempfile.mkdtemp(prefix="vb-serve-"))  # world-readable (pytest's tmp is 0700)
+    try:
+        base.chmod(0o755)
+        (base / "locked").mkdir()
+        (base / "locked").chmod(0o555)
+        for data in (base / "locked", base / "locked" / "data"):  # not writable; cannot be created
+            env = env_for(data, free_port())
+            env["HOME"] = str(base)
+            r = subprocess.run([*as_user, sys.executable, "-m", "service.cli", "serve"], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=60, check=False)
+            assert r.returncode == 2, r.stderr[-2000:]
+            assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+            assert str(data) in r.stderr and "not writable" in r.stderr and "VECBRIDGE_DATA_DIR" in r.stderr
+    finally:
+        (base / "locked").chmod(0o755)
+        shutil.rmtree(base)
