@@ -47,7 +47,10 @@ USER 10001
 WORKDIR /home/vecbridge
 VOLUME ["/data"]
 EXPOSE 8000
+# /healthz on the port the service listens on (VECBRIDGE_PORT may be changed at `docker run -e`)
 HEALTHCHECK --interval=15s --timeout=3s --start-period=30s \
-    CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"]
+    CMD ["python", "-c", "import os,sys,urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('VECBRIDGE_PORT', '8000'), timeout=2).status != 200)"]
 ENTRYPOINT ["/usr/local/bin/vecbridge-entrypoint"]
-CMD ["python", "-c", "from service.api import serve; serve()"]
+# The CLI, so a bad VECBRIDGE_* variable is one line naming it (exit 2), not a traceback; exec'd by the
+# entrypoint, so it is PID 1 and gets docker stop's SIGTERM (graceful stop, exit 0).
+CMD ["vecbridge", "serve"]

@@ -2,29 +2,53 @@
 
 No other module reads the environment. Tests build ``Settings(...)`` directly and override
 the FastAPI dependency ``get_settings``.
+
+The faces read the environment through :func:`load_settings`: a ``VECBRIDGE_*`` variable that names no
+setting (``VECBRIDGE_PROT``, ``VECBRIDGE_LIMITS__MAX_KK``), a value that does not parse (``VECBRIDGE_PORT=abc``,
+``VECBRIDGE_API_KEYS`` that is not JSON) or breaks a rule (an unknown key scope, an unknown log level) is a
+:class:`ConfigError` naming the variable -- one line, never the value of a key -- instead of a default used in
+silence or a traceback. An empty variable counts as unset (``VECBRIDGE_ARTIFACT_DIR=`` from an env file or an
+unset compose variable put the artifacts in the working directory).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
-
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as _EnvParseError
+
+from align.exceptions import InputError
 
 from .limits import Limits
 
-__all__ = ["Settings", "get_settings"]
+__all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "get_settings", "load_settings"]
+
+SCOPES = ("read", "write")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: ``VECBRIDGE_*`` names that are not settings: the Ray watcher's mark (service.distributed), the test suite's
+#: and the benchmarks' own variables
+_NOT_SETTINGS = ("VECBRIDGE_RAY_OWNER", "VECBRIDGE_TEST_", "VECBRIDGE_RUN_SLOW", "VECBRIDGE_CONSOLE_",
+                 "VECBRIDGE_WORDNET_DIR")
+_SECRET_FIELDS = ("api_keys",)  # errors name the variable, never its keys or values
+
+
+class ConfigError(InputError):
+    """A ``VECBRIDGE_*`` variable (or setting) that names no setting or holds a value the setting refuses."""
 
 
 class Settings(BaseSettings):
     """Service, CLI and registry settings (environment prefix ``VECBRIDGE_``)."""
 
-    model_config = SettingsConfigDict(env_prefix="VECBRIDGE_", env_nested_delimiter="__", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="VECBRIDGE_", env_nested_delimiter="__", extra="ignore",
+                                      env_ignore_empty=True)
 
     data_dir: Path = Field(Path("./var"), description="Registry database, artifacts, indexes and reports live here.")
     registry_url: str | None = Field(
@@ -48,8 +72,8 @@ class Settings(BaseSettings):
         "hosts get a 400. Empty (default): any host while API keys are on (the key guards every route); with "
         "auth_disabled, only loopback names (localhost, 127.0.0.1, ::1) and a specific bind host, so a web page "
         "cannot reach a key-less service through DNS rebinding. /healthz and /readyz answer any host (probes)."))
-    max_body_bytes: int = 64 * 1024 * 1024
-    max_batch: int = 65536
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1)
+    max_batch: int = Field(65536, ge=1)
     header_timeout_s: float = Field(30.0, gt=0, le=3600, description=(
         "Longest wait for a request's line and headers, from the connection's opening (or the first byte of the "
         "next request on a kept-alive one): a connection that sends nothing, or its headers a byte at a time, "
@@ -64,10 +88,10 @@ class Settings(BaseSettings):
                                                                "e.g. VECBRIDGE_LIMITS__MAX_K=500.")
     metrics_access: Literal["open", "key", "off"] = Field(
         "key", description="/metrics: open to anyone, a key with the read scope, or off (404).")
-    max_queued_jobs: int = Field(8, description=(
+    max_queued_jobs: int = Field(8, ge=0, description=(
         "Background jobs (fits, steer fits) waiting to run, per serving process (with --workers N, up to N times "
         "as many in the data dir); more are a 429 with Retry-After."))
-    job_workers: int = Field(1, description="Background jobs running at once, per serving process.")
+    job_workers: int = Field(1, ge=1, le=256, description="Background jobs running at once, per serving process.")
     max_heavy_requests: int = Field(2, ge=1, le=256, description=(
         "Synchronous requests that compute for seconds (POST /v1/plans, /v1/maps/{ref}/evaluate) running at once "
         "in a serving process; more are a 429 with Retry-After at once. Unbounded, 45 concurrent plans on 2 "
@@ -91,7 +115,26 @@ class Settings(BaseSettings):
     path_alias: str = Field("prod", description=(
         "Alias that pins a map's version for paths between spaces (search, embeddings); without it a map "
         "contributes its newest reliable version, and parallel maps rank by held-out top-1."))
-    log_level: str = "INFO"
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL (any case).")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, keys: dict[str, list[str]]) -> dict[str, list[str]]:
+        for n, (key, scopes) in enumerate(keys.items(), 1):
+            if not key or key != key.strip() or any(c.isspace() for c in key):
+                raise ValueError(f"key {n} is empty or holds white space, so no Authorization header can send it")
+            unknown = sorted(set(scopes) - set(SCOPES))
+            if unknown or not scopes:
+                raise ValueError(f"key {n} has scopes {list(scopes)}: give 'read' and/or "
+                                 f"'write' (unknown: {unknown})")
+        return keys
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_level(cls, level: str) -> str:
+        if level.strip().upper() not in LOG_LEVELS:
+            raise ValueError(f"give one of {', '.join(LOG_LEVELS)}")
+        return level.strip().upper()
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -124,9 +167,75 @@ class Settings(BaseSettings):
         return (self.artifact_dir or self.data_dir / "artifacts").resolve()
 
 
+def _fields_of(model: type[BaseModel], prefix: str) -> dict[str, type[BaseModel] | None]:
+    """``{VARIABLE NAME: nested model or None}`` of every field of ``model`` (names upper case)."""
+    out = {}
+    for name, info in model.model_fields.items():
+        nested = info.annotation if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel) \
+            else None
+        out[f"{prefix}{name.upper()}"] = nested
+    return out
+
+
+def unknown_variables(environ) -> list[str]:
+    """The ``VECBRIDGE_*`` names in ``environ`` that name no setting (nor a field of a nested one, such as
+    ``VECBRIDGE_LIMITS__MAX_K``), except the non-settings of :data:`_NOT_SETTINGS`; any case, as pydantic reads."""
+    top = _fields_of(Settings, "VECBRIDGE_")
+    out = []
+    for name in environ:
+        up = name.upper()
+        if not up.startswith("VECBRIDGE_") or up.startswith(_NOT_SETTINGS):
+            continue
+        head, _, rest = up.partition("__")
+        if head not in top or (rest and (top[head] is None or f"{head}__{rest}" not in _fields_of(top[head],
+                                                                                                 f"{head}__"))):
+            out.append(name)
+    return out
+
+
+def _suggest(name: str) -> str:
+    up = name.upper()
+    known = list(_fields_of(Settings, "VECBRIDGE_")) + [n for h, m in _fields_of(Settings, "VECBRIDGE_").items()
+                                                        if m is not None for n in _fields_of(m, f"{h}__")]
+    close = difflib.get_close_matches(up, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _variable(loc: tuple) -> tuple[str, bool]:
+    """``(VECBRIDGE_NAME, secret)`` of a validation error's location; a secret field's keys are not named."""
+    head = str(loc[0]) if loc else "?"
+    secret = head in _SECRET_FIELDS
+    parts = [head] if secret else [str(x) for x in loc if not isinstance(x, int)]
+    return "VECBRIDGE_" + "__".join(parts).upper(), secret
+
+
+def load_settings(**overrides) -> Settings:
+    """:class:`Settings` from the ``VECBRIDGE_*`` environment, with ``overrides`` (e.g. command-line options) on
+    top; any refusal is a :class:`ConfigError` whose one-line message names the variable (see the module)."""
+    unknown = unknown_variables(os.environ)
+    if unknown:
+        raise ConfigError(f"unknown setting {unknown[0]}{_suggest(unknown[0])}: no setting has that name, so it "
+                          f"would be ignored; rename or unset it (settings: service/config.py)")
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        var, secret = _variable(tuple(e["loc"]))
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        got = "" if secret or "input" not in e else f", got {str(e['input'])[:80]!r}"
+        raise ConfigError(f"setting {var}: {msg}{got}") from None
+    except _EnvParseError as exc:  # a list / object setting whose value is not JSON (the value is not shown)
+        m = re.search(r'field "(\w+)"', str(exc))
+        field = m.group(1) if m else "?"
+        cause = exc.__cause__ or exc.__context__
+        shape = "an object, e.g. '{\"KEY\": [\"read\", \"write\"]}'" if field == "api_keys" else \
+            "JSON: a list such as '[\"a\", \"b\"]' or an object"
+        raise ConfigError(f"setting VECBRIDGE_{field.upper()}: not valid JSON ({cause}); give {shape}") from None
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    return load_settings()
 
 
 def app_settings(app) -> Settings:

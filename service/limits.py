@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from align.exceptions import InputError
 
@@ -38,6 +38,8 @@ MAX_NEW_TOKENS = 256  # tokens one LM generate request may ask for
 
 class Limits(BaseModel):
     """Sizes the service accepts (one table; ``GET /v1/info`` and the OpenAPI description show it)."""
+
+    model_config = ConfigDict(extra="forbid")  # VECBRIDGE_LIMITS='{"max_kk": 5}' is refused, not ignored
 
     body_bytes_json: int = Field(64 * 1024 * 1024, ge=1, description="JSON bodies on bulk routes (one parse holds "
                                                                      "the GIL, ~3 ms/MB: lower it to bound the event-loop "

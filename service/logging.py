@@ -62,8 +62,14 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """Send the ``vecbridge`` logger tree to stderr as JSON lines (idempotent)."""
+def configure_logging(level: str = "INFO", *, server: bool = False) -> None:
+    """Send the ``vecbridge`` logger tree to stderr as JSON lines (idempotent).
+
+    ``server=True`` (a serving process, each ``--workers`` process too): uvicorn's own lines (start-up, shutdown,
+    invalid requests, errors) go the same way; its access log stays off (the access logger writes one line per
+    request, without headers or query strings). A worker process left them unconfigured: its INFO lines were
+    lost and its warnings were plain text in the JSON stream.
+    """
     root = logging.getLogger("vecbridge")
     root.setLevel(level.upper())
     if not any(getattr(h, "_vecbridge", False) for h in root.handlers):
@@ -72,6 +78,14 @@ def configure_logging(level: str = "INFO") -> None:
         handler._vecbridge = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     root.propagate = False
+    if server:
+        uv = logging.getLogger("uvicorn")
+        uv.handlers = list(root.handlers)
+        uv.setLevel(level.upper())
+        uv.propagate = False
+        for name in ("uvicorn.error", "uvicorn.asgi"):  # children of "uvicorn": no handlers of their own
+            logging.getLogger(name).handlers = []
+            logging.getLogger(name).propagate = True
 
 
 def get_logger(name: str) -> logging.Logger:

@@ -8,9 +8,15 @@ explicit ``Settings`` passed here, then ``VECBRIDGE_*`` environment variables
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
+import os
+import signal
+import sys
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -32,7 +38,7 @@ from .responses import FastJSONResponse
 from .routers import embeddings, fits, indexes, jobs, lm, maps, ops, plans, steers
 from .state import AppState
 
-__all__ = ["create_app", "serve", "API_DESCRIPTION"]
+__all__ = ["create_app", "serve", "worker_app", "API_DESCRIPTION"]
 
 _log = get_logger("app")
 
@@ -77,12 +83,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await run_in_threadpool(state.open)
         app.state.vb = state
         _log.info("service started", extra={"fields": {
-            "data_dir": str(s.data_dir), "registry": state.registry.backend, "indexes": len(state.indexes.list()),
-            "auth": "disabled" if s.auth_disabled else f"{len(s.api_keys)} key(s)"}})
-        if s.demo_on_empty:
-            from ..ops.demo import maybe_start_demo
-
-            state.demo_job_id = maybe_start_demo(state)
+            "data_dir": str(s.data_dir), "registry": state.registry.backend if state.registry else "unavailable",
+            "indexes": len(state.indexes.list()), "auth": "disabled" if s.auth_disabled else f"{len(s.api_keys)} key(s)"}})
+        retry = None
+        if state.registry is None:  # its database is down: serve /healthz and a /readyz saying why, and retry
+            retry = asyncio.create_task(_reconnect(state))
+        else:
+            _registry_ready(state)
         # Everything loaded so far lives as long as the process: out of the collector's sight, a full
         # collection no longer walks ~100k start-up objects (40-75 ms pauses measured, ~0 after)
         gc.collect()
@@ -91,6 +98,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             gc.unfreeze()
+            if retry is not None:
+                retry.cancel()
             state.close()
             app.state.vb = None
             release_native_threads(s.blas_threads)
@@ -116,6 +125,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                            allow_headers=["*"])
     app.add_middleware(ObserveMiddleware, metrics=metrics)
     return app
+
+
+def _registry_ready(state: AppState) -> None:
+    """What waits for the registry: the demo on an empty data dir."""
+    if state.settings.demo_on_empty:
+        from ..ops.demo import maybe_start_demo
+
+        state.demo_job_id = maybe_start_demo(state)
+
+
+async def _reconnect(state: AppState, first_wait: float = 0.5, longest_wait: float = 5.0) -> None:
+    """Open the registry again, waiting ``first_wait`` seconds, doubling up to ``longest_wait``, until it opens."""
+    wait = first_wait
+    _log.warning("registry unavailable, retrying", extra={"fields": {"error": state.registry_error}})
+    while True:
+        await asyncio.sleep(wait)
+        if await run_in_threadpool(state.open_registry):
+            _log.info("registry connected", extra={"fields": {"registry": state.registry.backend}})
+            _registry_ready(state)
+            return
+        wait = min(2 * wait, longest_wait)
 
 
 def _document_limits(app: FastAPI, s: Settings) -> None:
@@ -191,9 +221,9 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     """
     import uvicorn
 
-    import sys
-
-    s, key_file = ensure_local_key(settings or get_settings())
+    s = settings or get_settings()
+    _check_data_dir(s)
+    s, key_file = ensure_local_key(s)
     if key_file is not None:
         print(f"vecbridge: no API keys configured, so a local read+write key is in {key_file} (mode 0600, kept "
               f"across restarts).\n  curl -H \"Authorization: Bearer $(cat {key_file})\" "
@@ -203,23 +233,81 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
         print(f"vecbridge: auth is off and the service listens on every interface ({s.host}), so it answers only "
               f"Host names localhost, 127.0.0.1 and ::1: set VECBRIDGE_ALLOWED_HOSTS to the names other "
               f"clients use", file=sys.stderr, flush=True)
-    configure_logging(s.log_level)
-    # uvicorn's own lines (start-up, shutdown, errors) as the same JSON lines; its access log stays off
-    # (ObserveMiddleware writes one line per request, without headers or query strings).
-    uv = logging.getLogger("uvicorn")
-    uv.handlers = list(logging.getLogger("vecbridge").handlers)
-    uv.setLevel(s.log_level.upper())
-    uv.propagate = False
+    configure_logging(s.log_level, server=True)  # uvicorn's lines too, as JSON (worker_app: the same per worker)
     from .protocol import SlowClientProtocol, set_timeouts
 
     set_timeouts(s.header_timeout_s, s.send_timeout_s)
     if workers > 1:
-        import os
-
         os.environ.update(s.to_env())
         get_settings.cache_clear()
-        uvicorn.run("service.api.app:create_app", factory=True, workers=workers, host=s.host, port=s.port,
+        uvicorn.run("service.api.app:worker_app", factory=True, workers=workers, host=s.host, port=s.port,
                     log_level=s.log_level.lower(), access_log=False, log_config=None, http=SlowClientProtocol)
+        _log.info("service stopped", extra={"fields": {"workers": workers}})
         return
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=s.log_level.lower(), access_log=False,
-                log_config=None, http=SlowClientProtocol)
+    started, stop_signal = _run(uvicorn.Config(create_app(s), host=s.host, port=s.port, access_log=False,
+                                               log_level=s.log_level.lower(), log_config=None, http=SlowClientProtocol))
+    if not started:  # the lifespan failed (logged); uvicorn's start-up failure status
+        sys.exit(3)
+    _log.info("service stopped", extra={"fields": {"signal": stop_signal}})
+    if stop_signal is not None:
+        # Stopped on request, after the graceful shutdown (requests answered, running jobs recorded interrupted):
+        # end now with status 0, as a worker process ends, without waiting for job threads still computing.
+        for h in logging.getLogger("vecbridge").handlers:
+            h.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _check_data_dir(s: Settings) -> None:
+    """Refuse to serve on a data dir this user cannot create or write (ServiceUnavailableError: one line, exit 2):
+    the app's start-up failed on it later with a traceback inside a JSON line and exit 3. A nearly full disk is
+    no refusal: the service starts and /readyz says so."""
+    from ..errors import ServiceUnavailableError
+    from ..storage import data_dir_status
+
+    path = Path(s.data_dir).resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        status = data_dir_status(path)
+    except OSError as exc:
+        status = f"not writable: {exc.strerror or exc}"
+    if status.startswith("not writable"):
+        raise ServiceUnavailableError(
+            f"data dir {path} (--data-dir / VECBRIDGE_DATA_DIR) is {status} for uid {os.getuid()}: give the folder "
+            f"to that user (chown) or choose a writable one")
+
+
+def worker_app() -> FastAPI:
+    """The app of one ``serve --workers N`` process (uvicorn's factory): JSON logs for uvicorn's lines in this
+    process too, then :func:`create_app` with the settings the parent passed on as ``VECBRIDGE_*`` variables."""
+    configure_logging(get_settings().log_level, server=True)
+    return create_app()
+
+
+def _run(config) -> tuple[bool, str | None]:
+    """Run uvicorn's server with ``config`` until it stops: ``(started, name of the stopping signal or None)``.
+
+    uvicorn raises a stopping SIGTERM / SIGINT again once it has shut down, so ``docker stop`` of a healthy
+    single-process service ended with status 143 (-15) where ``serve --workers N`` ended with 0; here the
+    signal is reported instead and :meth:`run` returns.
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stop_signal: str | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    caught = getattr(self, "_captured_signals", [])
+                    if caught:
+                        self.stop_signal = signal.Signals(caught[0]).name
+                    caught.clear()  # nothing for uvicorn to raise again
+
+    server = Server(config)
+    server.run()
+    return server.started, server.stop_signal

@@ -63,11 +63,15 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
         return FastJSONResponse(_body("DatabaseLockedError", 503, "a database of the data dir stayed locked by another "
                                       "process (a backup, a long write) past its busy timeout; nothing was changed: "
                                       "retry shortly"), status_code=503, headers={"Retry-After": "5"})
-    if status >= 500:
-        _log.error("request failed", exc_info=exc, extra={"fields": {
-            "request_id": request.scope.get("state", {}).get("request_id"), "path_template": _route(request)}})
+    rid = request.scope.get("state", {}).get("request_id")
+    if status == 503 and isinstance(exc, VecbridgeError):  # a part not ready (registry down, LM missing): expected
+        _log.warning("service unavailable", extra={"fields": {  # while it lasts, one line a request, no traceback
+            "request_id": rid, "path_template": _route(request), "error": f"{type(exc).__name__}: {exc}"}})
+    elif status >= 500:
+        _log.error("request failed", exc_info=exc, extra={"fields": {"request_id": rid,
+                                                                      "path_template": _route(request)}})
         if not isinstance(exc, VecbridgeError):
-            message = f"internal error (request id {request.scope.get('state', {}).get('request_id')})"
+            message = f"internal error (request id {rid})"
     return FastJSONResponse(_body(type(exc).__name__, status, message), status_code=status, headers=headers)
 
 

@@ -31,7 +31,7 @@ from ..indexes import IndexStore
 from ..indexes.locking import WouldBlock
 from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
-from ..registry import Registry, VersionInfo, open_registry
+from ..registry import Registry, RegistryUnavailableError, VersionInfo, open_registry
 
 __all__ = ["AppState", "InMemory", "Translation", "MAP_CACHE_SIZE"]
 
@@ -137,6 +137,7 @@ class AppState:
         self.started_at = time.time()
         self.registry: Registry | None = None
         self.registry_error: str | None = None
+        self.registry_probe = None  # (future, start time) of /readyz's registry query (routers/ops.py)
         self.indexes = IndexStore(Path(settings.data_dir) / "indexes")
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
@@ -147,17 +148,35 @@ class AppState:
 
     # --- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
+        """Open the data dir's stores and the registry (see :meth:`open_registry`: a registry database that is down
+        leaves ``registry`` None, and the app retries)."""
         Path(self.settings.data_dir).mkdir(parents=True, exist_ok=True)
-        try:
-            self.registry = open_registry(self.settings.resolved_registry_url(), self.settings.resolved_artifact_dir(),
-                                          cache_size=MAP_CACHE_SIZE)
-        except Exception as exc:  # readyz reports it; the process stays up for /healthz and logs
-            self.registry_error = f"{type(exc).__name__}: {exc}"
-            raise
+        self.open_registry()
         self.jobs.open()  # jobs of a killed predecessor are reported failed ("interrupted by restart")
         self.indexes.load_all()
         for idx in self.indexes.list():
             self.metrics.index_vectors.labels(idx.name).set(idx.count)
+
+    def open_registry(self) -> bool:
+        """Open the registry; True once it is open.
+
+        A database server that refuses, drops or does not answer the connection
+        (:class:`~service.registry.RegistryUnavailableError`) is recorded in ``registry_error`` and False
+        returned: the app serves ``/healthz``, ``/readyz`` says why it is not ready, routes answer 503, and the
+        app calls this again until the database is back. Any other failure (a bad URL, tables vecbridge did not
+        create) raises: start-up fails.
+        """
+        try:
+            self.registry = open_registry(self.settings.resolved_registry_url(), self.settings.resolved_artifact_dir(),
+                                          cache_size=MAP_CACHE_SIZE)
+        except RegistryUnavailableError as exc:
+            self.registry_error = f"{type(exc).__name__}: {exc}"
+            return False
+        except Exception as exc:
+            self.registry_error = f"{type(exc).__name__}: {exc}"
+            raise
+        self.registry_error = None
+        return True
 
     def close(self) -> None:
         self.jobs.shutdown(wait=False)

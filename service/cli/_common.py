@@ -18,12 +18,11 @@ from pathlib import Path
 
 import click
 import numpy as np
-from pydantic import ValidationError
 from tqdm import tqdm
 
 from align.exceptions import InputError, PairCountError
 
-from ..config import Settings
+from ..config import load_settings
 from ..encoders import canonical_name
 from ..io import check_file, load_npy, read_vectors
 from ..limits import MAX_SEED
@@ -43,13 +42,7 @@ class Ctx:
             kw["data_dir"] = data_dir
         if registry_url is not None:
             kw["registry_url"] = registry_url
-        try:
-            self.settings = Settings(**kw)
-        except ValidationError as exc:  # a bad VECBRIDGE_* variable: one line and exit 2, not an internal error
-            e = exc.errors()[0]
-            field = "__".join(str(x) for x in e["loc"])
-            raise InputError(f"setting VECBRIDGE_{field.upper()} ({field}): {e['msg']}, "
-                             f"got {e.get('input')!r}") from None
+        self.settings = load_settings(**kw)  # a bad VECBRIDGE_* variable: ConfigError, one line and exit 2
         self._reg = None
         self.lm = None  # the language model, loaded on first use (service.ops.lm.get_lm)
 

@@ -268,6 +268,12 @@ def _pg_schema(url: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(query=rest)), schema
 
 
+#: Seconds a PostgreSQL registry may take to accept a connection (the URL's own ``connect_timeout`` wins): a host
+#: that does not answer (a partition, a stopped server) is a RegistryUnavailableError after this, instead of
+#: holding a thread -- and a service's start-up, where SIGTERM could not stop it -- for the OS's ~2 min TCP timeout
+PG_CONNECT_TIMEOUT_S = 10
+
+
 class PostgresDB(_Base):
     """PostgreSQL through psycopg 3; one connection per thread; map rows locked ``FOR UPDATE``.
 
@@ -312,11 +318,15 @@ class PostgresDB(_Base):
 
     def _connect(self):
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict
 
+        kw: dict = {"autocommit": True}
+        if self.schema:
+            kw["options"] = f"-c search_path={self.schema}"
+        if "connect_timeout" not in conninfo_to_dict(self.url):
+            kw["connect_timeout"] = PG_CONNECT_TIMEOUT_S
         try:
-            if self.schema:
-                return psycopg.connect(self.url, autocommit=True, options=f"-c search_path={self.schema}")
-            return psycopg.connect(self.url, autocommit=True)
+            return psycopg.connect(self.url, **kw)
         except psycopg.OperationalError as exc:
             raise RegistryUnavailableError(
                 f"cannot connect to PostgreSQL registry: {str(exc).strip().splitlines()[0]}") from None

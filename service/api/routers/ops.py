@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import platform
 import time
 
@@ -32,13 +33,9 @@ async def readyz(request: Request):
     ok = False
     if state is not None:
         if state.registry is not None:
-            try:
-                await run_in_threadpool(state.registry.list_spaces)
-                checks["registry"] = "ok"
-            except Exception as exc:  # noqa: BLE001 - reported, not raised
-                checks["registry"] = f"error: {type(exc).__name__}: {exc}"
-        elif state.registry_error:
-            checks["registry"] = f"error: {state.registry_error}"
+            checks["registry"] = await _registry_check(state)
+        elif state.registry_error:  # not open yet: its database was down at start-up, the app retries
+            checks["registry"] = f"error: {state.registry_error} (retrying)"
         if state.indexes.loaded:
             # off the event loop: list() loads what other processes wrote (whole FAISS files)
             n_indexes = len(await run_in_threadpool(state.indexes.list))
@@ -52,6 +49,31 @@ async def readyz(request: Request):
         ok = checks["registry"] == "ok" and state.indexes.loaded and checks["data_dir"] == "ok"
     return FastJSONResponse({"status": "ready" if ok else "not ready", "checks": checks},
                             status_code=200 if ok else 503)
+
+
+#: Longest /readyz waits for the registry's answer (a healthy one answers in milliseconds)
+READY_WAIT_S = 2.0
+
+
+async def _registry_check(state) -> str:
+    """``"ok"``, or why the registry is not usable, within :data:`READY_WAIT_S`.
+
+    One query at a time, however many probes ask: a registry that stops answering (a partition, a hung database)
+    holds one thread, where each probe used to hold one more until the shared thread pool was exhausted (45 threads
+    after 45 probes) and /readyz itself never answered.
+    """
+    probe, started = state.registry_probe or (None, 0.0)
+    if probe is None or probe.done():
+        probe, started = asyncio.ensure_future(run_in_threadpool(state.registry.list_spaces)), time.monotonic()
+        probe.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even if every wait timed out
+        state.registry_probe = (probe, started)
+    try:
+        await asyncio.wait_for(asyncio.shield(probe), READY_WAIT_S)
+        return "ok"
+    except TimeoutError:
+        return f"error: no answer from the registry for {time.monotonic() - started:.1f} s"
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        return f"error: {type(exc).__name__}: {exc}"
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response, dependencies=[MetricsAccess],

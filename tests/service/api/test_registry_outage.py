@@ -1,0 +1,180 @@
+"""A PostgreSQL registry that is down when `vecbridge serve` starts, and comes back: the service stays up, says
+why it is not ready, and recovers without a restart (an orchestrator starts the service and its database at once,
+and a crash-looping service behind a rebooting database was never ready until its next restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from _api_support import R, W
+from _servers import env_for, free_port, start
+
+pytest.importorskip("psycopg")
+
+
+class Forwarder:
+    """A TCP port that refuses connections until :meth:`open`, then forwards them to ``target`` (host, port):
+    the registry's database as the service sees it -- down, back, cut off (``held``) -- without touching the
+    shared server."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target, self.port = target, free_port()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = None
+
+    held = False  # True: bytes stop flowing both ways (a partition); they flow again, late, once False
+
+    async def _pipe(self, reader, writer) -> None:
+        with contextlib.suppress(Exception):
+            while data := await reader.read(65536):
+                while self.held:
+                    await asyncio.sleep(0.05)
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def _client(self, reader, writer) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    def open(self) -> None:
+        self.server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._client, "127.0.0.1", self.port), self.loop).result(10)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _readyz(url: str) -> httpx.Response:
+    return httpx.get(f"{url}/readyz", timeout=30)
+
+
+def test_a_registry_down_at_start_up_leaves_the_service_up_and_saying_why(tmp_path):
+    # the lifespan raised: exit 3 with a traceback, no /healthz, and nothing recovered once the database was back
+    port, db_port = free_port(), free_port()  # nothing listens on db_port
+    env = env_for(tmp_path / "data", port)
+    env["VECBRIDGE_REGISTRY_URL"] = f"postgresql://vb:pw-8c1e@127.0.0.1:{db_port}/vb"
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        r = _readyz(url)
+        assert r.status_code == 503, r.text
+        registry = r.json()["checks"]["registry"]
+        assert "cannot connect" in registry and "retrying" in registry and "pw-8c1e" not in r.text
+        maps = httpx.get(f"{url}/v1/maps", headers=R, timeout=30)
+        assert maps.status_code == 503 and "readyz" in maps.json()["error"]["message"]
+        assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    log = (tmp_path / "server.log").read_text()
+    assert "registry unavailable, retrying" in log and "pw-8c1e" not in log
+    # each 503 while the registry is down was an ERROR "request failed" with a whole traceback: a flood, for an
+    # expected state; now one WARNING line with the request id
+    assert "Traceback" not in log
+    lines = [json.loads(line) for line in log.splitlines()]
+    assert [r["msg"] for r in lines if r.get("request_id") == maps.headers["x-request-id"]] == [
+        "service unavailable", "request"]
+
+
+@pytest.mark.postgres
+def test_readiness_recovers_when_the_registry_comes_back(tmp_path, pg_url):
+    u = urlsplit(pg_url)
+    db = Forwarder((u.hostname, u.port))
+    port = free_port()
+    env = env_for(tmp_path / "data", port)
+    env["VECBRIDGE_REGISTRY_URL"] = u._replace(netloc=f"{u.username}@127.0.0.1:{db.port}").geturl()
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert _readyz(url).status_code == 503
+        db.open()
+        deadline = time.monotonic() + 30
+        while _readyz(url).status_code != 200:
+            assert time.monotonic() < deadline, _readyz(url).text
+            time.sleep(0.2)
+        r = httpx.post(f"{url}/v1/spaces", headers=W, json={"name": "after", "dim": 8}, timeout=30)
+        assert r.status_code == 201, r.text
+        assert [s["name"] for s in httpx.get(f"{url}/v1/spaces", headers=R, timeout=30).json()["data"]] == ["after"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        db.close()
+    assert "registry connected" in (tmp_path / "server.log").read_text()
+
+
+def test_a_registry_host_that_does_not_answer_is_unavailable_after_the_connect_timeout(monkeypatch):
+    # a database host that accepts no answer (a partition, a stopped server behind a proxy) held the connection
+    # for the OS's TCP timeout (~2 min): start-up hung, SIGTERM could not stop it, each /readyz held a thread
+    import socket
+
+    from service.registry import RegistryUnavailableError, db
+
+    monkeypatch.setattr(db, "PG_CONNECT_TIMEOUT_S", 1, raising=False)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepted by the kernel, never answered
+    outcome = []
+
+    def connect():
+        try:
+            db.PostgresDB(f"postgresql://vb@127.0.0.1:{silent.getsockname()[1]}/vb")
+        except Exception as exc:  # noqa: BLE001 - the outcome is checked below
+            outcome.append(exc)
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=connect, daemon=True)
+    th.start()
+    th.join(15)
+    silent.close()
+    assert not th.is_alive(), "still connecting after 15 s"
+    assert isinstance(outcome[0], RegistryUnavailableError) and time.monotonic() - t0 < 10, outcome
+
+
+@pytest.mark.postgres
+def test_readiness_answers_in_time_and_holds_one_thread_while_the_registry_does_not_answer(tmp_path, pg_url):
+    # each /readyz ran the registry query in a thread of the shared pool and waited for it: with the database cut
+    # off, every probe held one more thread (45 after 45 probes, the pool's 40 exhausted) and none answered
+    u = urlsplit(pg_url)
+    db = Forwarder((u.hostname, u.port))
+    db.open()
+    port = free_port()
+    env = env_for(tmp_path / "data", port)
+    env["VECBRIDGE_REGISTRY_URL"] = u._replace(netloc=f"{u.username}@127.0.0.1:{db.port}").geturl()
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    threads = f"/proc/{proc.pid}/task"
+    try:
+        assert _readyz(url).status_code == 200
+        before = len(os.listdir(threads))
+        db.held = True
+        for _ in range(8):
+            t0 = time.monotonic()
+            r = httpx.get(f"{url}/readyz", timeout=10)
+            assert r.status_code == 503 and "no answer from the registry" in r.json()["checks"]["registry"], r.text
+            assert time.monotonic() - t0 < 5
+        assert len(os.listdir(threads)) <= before + 2
+        db.held = False
+        deadline = time.monotonic() + 30
+        while _readyz(url).status_code != 200:
+            assert time.monotonic() < deadline, _readyz(url).text
+            time.sleep(0.2)
+    finally:
+        db.held = False
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        db.close()

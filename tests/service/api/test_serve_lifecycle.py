@@ -1,0 +1,131 @@
+"""`vecbridge serve` as an orchestrator stops it: SIGTERM (docker stop, Kubernetes) or SIGINT (Ctrl-C) with a
+request in flight, one process or ``--workers 2``; and its log as a collector reads it (one JSON object a line)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from _api_support import R
+from _servers import ROOT, env_for, free_port, seed_registry, start
+
+
+def _serve(tmp_path, *args) -> tuple[subprocess.Popen, int]:
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    proc = start([sys.executable, "-m", "service.cli", "serve", *args], env_for(data, port), port,
+                 tmp_path / "server.log")
+    return proc, port
+
+
+def _records(tmp_path) -> list[dict]:
+    lines = (tmp_path / "server.log").read_text().splitlines()
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            raise AssertionError(f"not a JSON log line: {line!r}") from None
+    return out
+
+
+def _half_sent_transform(port: int) -> tuple[socket.socket, bytes]:
+    """A transform request whose headers and first half of the body are sent: in flight, not complete."""
+    X = np.random.default_rng(0).standard_normal((200, 16)).astype(np.float32)
+    body = json.dumps({"vectors": X.tolist()}).encode()
+    head = (f"POST /v1/maps/a2b/transform HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {R['Authorization']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(head + body[: len(body) // 2])
+    return s, body[len(body) // 2:]
+
+
+def _status_of_answer(s: socket.socket) -> int:
+    data = b""
+    while b"\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_answers_the_request_in_flight_and_exits_0_with_a_log_line(tmp_path, sig):
+    # uvicorn raised the signal again after its graceful shutdown: docker stop of a healthy single-process
+    # service ended with status 143 (Ctrl-C: 130), while `serve --workers 2` ended with 0; no line of ours said
+    # the service had stopped
+    proc, port = _serve(tmp_path)
+    s, rest = _half_sent_transform(port)
+    try:
+        time.sleep(0.3)
+        proc.send_signal(sig)
+        time.sleep(0.5)
+        assert proc.poll() is None  # waits for the request in flight
+        s.sendall(rest)
+        assert _status_of_answer(s) == 200
+    finally:
+        s.close()
+    assert proc.wait(30) == 0
+    with pytest.raises(httpx.ConnectError):  # new connections are refused once it has stopped
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+    stopped = [r for r in _records(tmp_path) if r["msg"] == "service stopped"]
+    assert [r["signal"] for r in stopped] == [sig.name]
+
+
+def test_workers_log_uvicorn_lines_as_json_and_stop_with_0(tmp_path):
+    # the worker processes left uvicorn's loggers unconfigured: "Started server process" and the other INFO lines
+    # were lost, and "Invalid HTTP request received." came out as plain text amid the JSON lines
+    proc, port = _serve(tmp_path, "--workers", "2")
+    try:
+        for _ in range(2):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(b"GARBAGE\r\n\r\n")
+                assert s.recv(100).startswith(b"HTTP/1.1 400")
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    assert code == 0
+    records = _records(tmp_path)  # every line is JSON
+    msgs = [r["msg"] for r in records]
+    assert sum(m.startswith("Started server process") for m in msgs) == 2, msgs
+    assert msgs.count("Invalid HTTP request received.") == 2 and "service stopped" in msgs
+
+
+def test_a_data_dir_this_user_cannot_write_is_one_line_and_exit_2(tmp_path):
+    # the app's start-up failed on it: a traceback inside a JSON line, "Application startup failed", exit 3
+    import os
+    import shutil
+    import tempfile
+
+    as_user = []
+    if os.geteuid() == 0:  # root writes anywhere: run as the image's user (uid 10001) instead
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv")
+        as_user = ["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups"]
+    base = Path(tempfile.mkdtemp(prefix="vb-serve-"))  # world-readable (pytest's tmp is 0700)
+    try:
+        base.chmod(0o755)
+        (base / "locked").mkdir()
+        (base / "locked").chmod(0o555)
+        for data in (base / "locked", base / "locked" / "data"):  # not writable; cannot be created
+            env = env_for(data, free_port())
+            env["HOME"] = str(base)
+            r = subprocess.run([*as_user, sys.executable, "-m", "service.cli", "serve"], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=60, check=False)
+            assert r.returncode == 2, r.stderr[-2000:]
+            assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+            assert str(data) in r.stderr and "not writable" in r.stderr and "VECBRIDGE_DATA_DIR" in r.stderr
+    finally:
+        (base / "locked").chmod(0o755)
+        shutil.rmtree(base)

@@ -1,0 +1,160 @@
+"""Settings as an operator writes them: ``VECBRIDGE_*`` variables, and the container's own command line.
+
+A variable that names no setting, or holds a value its setting refuses, stops start-up with one line naming
+it (exit 2) -- never a default used in silence, a traceback, or a key echoed to the logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from _servers import free_port, stop, wait_ready
+
+from service.config import ConfigError, Settings, load_settings, unknown_variables
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "sk-live-7f3e9a1c"
+
+
+def _clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("VECBRIDGE_")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for k in list(os.environ):
+        if k.upper().startswith("VECBRIDGE_"):
+            monkeypatch.delenv(k)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("VECBRIDGE_PROT", "9000", "VECBRIDGE_PORT?"),                    # a typo: the port stayed 8000
+    ("VECBRIDGE_API_KEY", "abc", "VECBRIDGE_API_KEYS?"),             # singular: auth used the local key instead
+    ("VECBRIDGE_LIMITS__MAX_KK", "5", "VECBRIDGE_LIMITS__MAX_K?"),   # nested typo
+    ("VECBRIDGE_PORT__X", "1", "unknown setting VECBRIDGE_PORT__X"),  # nested under a plain field
+    ("vecbridge_datadir", "/srv", "VECBRIDGE_DATA_DIR?"),            # any case, as pydantic reads them
+])
+def test_a_variable_that_names_no_setting_is_refused(clean_env, name, value, says):
+    clean_env.setenv(name, value)
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert name in str(err.value) and says in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("VECBRIDGE_PORT", "abc", "valid integer"),
+    ("VECBRIDGE_API_KEYS", "{" + f'"{SECRET}": ["read"],' + "}", "not valid JSON"),  # was exit 3 "internal error"
+    ("VECBRIDGE_CORS_ORIGINS", "https://app.example", "not valid JSON"),
+    ("VECBRIDGE_API_KEYS", json.dumps({SECRET: "read"}), "valid list"),  # named VECBRIDGE_API_KEYS__<the key>
+    ("VECBRIDGE_API_KEYS", json.dumps({SECRET: ["reed"]}), "'read' and/or 'write'"),  # a key that could do nothing
+    ("VECBRIDGE_API_KEYS", json.dumps({SECRET: []}), "'read' and/or 'write'"),
+    ("VECBRIDGE_API_KEYS", json.dumps({" " + SECRET: ["read"]}), "white space"),  # no header can send it
+    ("VECBRIDGE_LOG_LEVEL", "LOUD", "DEBUG, INFO"),  # was exit 3 "Unknown level" after printing the key's file
+    ("VECBRIDGE_JOB_WORKERS", "0", "greater than or equal to 1"),  # silently ran 1 worker
+    ("VECBRIDGE_MAX_QUEUED_JOBS", "-1", "greater than or equal to 0"),
+    ("VECBRIDGE_MAX_BATCH", "0", "greater than or equal to 1"),
+    ("VECBRIDGE_LIMITS", json.dumps({"max_kk": 5}), "VECBRIDGE_LIMITS__MAX_KK"),  # ignored inside the JSON too
+])
+def test_a_bad_value_is_one_line_naming_the_variable_and_never_the_key(clean_env, name, value, says):
+    clean_env.setenv(name, value)
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    msg = str(err.value)
+    assert msg.startswith(f"setting {name.split('__')[0]}") and says in msg and "\n" not in msg, msg
+    assert SECRET not in msg and SECRET.upper() not in msg
+
+
+def test_an_empty_variable_counts_as_unset(clean_env, tmp_path):
+    # VECBRIDGE_ARTIFACT_DIR= (an env file, or compose's ${UNSET}) was Path(""): artifacts went to the cwd
+    clean_env.setenv("VECBRIDGE_DATA_DIR", str(tmp_path))
+    clean_env.setenv("VECBRIDGE_ARTIFACT_DIR", "")
+    clean_env.setenv("VECBRIDGE_PORT", "")
+    s = load_settings()
+    assert s.resolved_artifact_dir() == (tmp_path / "artifacts").resolve() and s.port == 8000
+
+
+def test_good_values_and_the_non_settings_pass(clean_env):
+    clean_env.setenv("VECBRIDGE_API_KEYS", json.dumps({SECRET: ["read", "write"]}))
+    clean_env.setenv("VECBRIDGE_LIMITS__MAX_K", "500")
+    clean_env.setenv("VECBRIDGE_LOG_LEVEL", "warning")
+    clean_env.setenv("VECBRIDGE_TEST_POSTGRES_URL", "postgresql://x")  # the test suite's own variables
+    clean_env.setenv("VECBRIDGE_RAY_OWNER", "123")  # service.distributed marks its Ray processes with it
+    s = load_settings()
+    assert s.limits.max_k == 500 and s.log_level == "WARNING" and s.api_keys == {SECRET: ["read", "write"]}
+    assert unknown_variables(os.environ) == []
+
+
+def test_worker_settings_round_trip_through_the_environment(clean_env, tmp_path):
+    # serve --workers N hands its settings to the workers as variables: every one must be a known setting
+    s = Settings(data_dir=tmp_path, api_keys={SECRET: ["read"]}, log_level="debug", cors_origins=["https://a.example"],
+                 allowed_hosts=["vecbridge"], limits={"max_k": 7})
+    for k, v in s.to_env().items():
+        clean_env.setenv(k, v)
+    assert load_settings() == s
+
+
+def _serve(cmd: list[str], env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_vecbridge_serve_with_a_typo_exits_2_with_one_line(tmp_path):
+    r = _serve([sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path)],
+               _clean_env(VECBRIDGE_PROT="9000", VECBRIDGE_API_KEYS=json.dumps({SECRET: ["read"]})))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "VECBRIDGE_PROT" in r.stderr
+    assert "Traceback" not in r.stderr and SECRET not in r.stderr + r.stdout
+
+
+def _dockerfile() -> tuple[list[str], list[str], dict]:
+    """The runtime stage's ``CMD``, the ``HEALTHCHECK`` command and its ``ENV`` variables."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    runtime = text[text.rindex("FROM "):]
+    cmd = health = None
+    env: dict[str, str] = {}
+    for line in runtime.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        if word == "CMD":
+            cmd = json.loads(rest)
+        elif word == "HEALTHCHECK":
+            health = json.loads(rest[rest.index("CMD") + 3:])
+        elif word == "ENV":
+            env.update(kv.split("=", 1) for kv in shlex.split(rest))
+    return cmd, health, env
+
+
+def test_the_container_command_refuses_a_bad_variable_in_one_line(tmp_path):
+    # the image ran `python -c "from service.api import serve; serve()"`: a pydantic traceback, exit 1
+    cmd, _, image_env = _dockerfile()
+    env = _clean_env(**{k: v for k, v in image_env.items() if k.startswith("VECBRIDGE_")})
+    env.update(VECBRIDGE_DATA_DIR=str(tmp_path), VECBRIDGE_PORT="eighty")
+    r = _serve(cmd, env)
+    assert r.returncode == 2 and "VECBRIDGE_PORT" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_the_container_command_serves_and_its_healthcheck_passes_on_a_changed_port(tmp_path):
+    # the HEALTHCHECK probed port 8000 whatever VECBRIDGE_PORT said: `docker run -e VECBRIDGE_PORT=9000` was
+    # "unhealthy" for ever
+    cmd, health, image_env = _dockerfile()
+    port = free_port()
+    env = _clean_env(**{k: v for k, v in image_env.items() if k.startswith("VECBRIDGE_")})
+    env.update(VECBRIDGE_DATA_DIR=str(tmp_path), VECBRIDGE_PORT=str(port), VECBRIDGE_HOST="127.0.0.1",
+               VECBRIDGE_API_KEYS=json.dumps({SECRET: ["read"]}), VECBRIDGE_DEMO_ON_EMPTY="false")
+    with open(tmp_path / "log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc=proc, path="/healthz", log=tmp_path / "log")
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/info", headers={"Authorization": f"Bearer {SECRET}"},
+                         timeout=30).status_code == 200
+        assert _serve(health, env, timeout=30).returncode == 0
+    finally:
+        stop(proc)
