@@ -84,7 +84,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.vb = state
         _log.info("service started", extra={"fields": {
             "data_dir": str(s.data_dir), "registry": state.registry.backend if state.registry else "unavailable",
-            "indexes": len(state.indexes.list()), "auth": "disabled" if s.auth_disabled else f"{len(s.api_keys)} key(s)"}})
+            "indexes": len(state.indexes.list()),
+            "auth": "disabled" if s.auth_disabled else f"{len(s.api_keys)} key(s)"}})
         retry = None
         if state.registry is None:  # its database is down: serve /healthz and a /readyz saying why, and retry
             retry = asyncio.create_task(_reconnect(state))
