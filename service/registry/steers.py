@@ -53,12 +53,15 @@ class SteerRegistryMixin:
         return self.entities["steers"].get(name, version)
 
     def resolve_steer(self, ref: str) -> SteerInfo:
-        """``name`` → latest live version; ``name@alias``; ``name:N`` (NotFoundError / DeletedVersionError)."""
-        return self.entities["steers"].resolve(ref)
+        """``name`` → its ``prod`` version when that alias is set and live, else the latest live version (as a
+        bare map name: a refit reaches searches and applies only when ``prod`` moves); ``name@alias``;
+        ``name:N`` (NotFoundError / DeletedVersionError)."""
+        return self.entities["steers"].resolve(ref, pin=self.PATH_ALIAS)
 
     def load_steer(self, ref) -> Steer | MeanShift:
-        """Resolve ``ref`` (or take a SteerInfo) and read its artifact, verifying the sha256 (cached)."""
-        return self.entities["steers"].load(ref)
+        """Resolve ``ref`` (:meth:`resolve_steer`; or take a SteerInfo) and read its artifact, verifying the sha256
+        (cached)."""
+        return self.entities["steers"].load(self.resolve_steer(ref) if isinstance(ref, str) else ref)
 
     def list_steer_versions(self, name: str) -> list[SteerInfo]:
         return self.entities["steers"].list(name)

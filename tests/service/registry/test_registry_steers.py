@@ -34,7 +34,7 @@ def test_register_resolve_load_roundtrip(reg):
     assert v1.params == {"rank": 3} and v1.random_state == 7 and v1.data_hashes == {"X": "abc"}
     assert v1.metrics == {"loss": 0.5} and len(v1.artifact_sha256) == 64 and v1.aliases == ["prod"]
     assert reg.get_space("sp").dim == 12  # space created from the steer
-    assert reg.resolve_steer("pos").version == 2
+    assert reg.resolve_steer("pos").version == 1  # a bare name means prod while it is set (as for maps)
     assert reg.resolve_steer("pos@prod").version == 1
     assert reg.resolve_steer("pos:2").version == 2
     got = reg.load_steer("pos@prod")
@@ -93,6 +93,26 @@ def test_alias_moves(reg):
     reg.set_steer_alias("m", "prod", 3)
     assert reg.resolve_steer("m@prod").version == 3
     assert reg.get_steer("m", 2).aliases == []
+
+
+def test_a_bare_name_means_prod_while_it_is_set_as_for_maps(reg):
+    """A refit (v3) must not reach searches and applies that name the steer bare while ``prod`` pins v1 (a bare map
+    name works so); the bare name follows ``prod`` when it moves, and falls back to the newest live version when
+    ``prod`` is removed or its version deleted. Loading by the bare name reads the same version's artifact."""
+    steers = [_steer(seed) for seed in range(3)]
+    for s in steers:
+        reg.register_steer("pinned", s, space="sp")
+    reg.set_steer_alias("pinned", "prod", 1)
+    assert reg.resolve_steer("pinned").version == 1
+    np.testing.assert_array_equal(reg.load_steer("pinned").P1, steers[0].P1)
+    reg.set_steer_alias("pinned", "prod", 2)
+    assert reg.resolve_steer("pinned").version == 2
+    np.testing.assert_array_equal(reg.load_steer("pinned").P1, steers[1].P1)
+    reg.delete_steer_version("pinned", 2)
+    assert reg.resolve_steer("pinned").version == 3  # prod's version deleted: the newest live one
+    np.testing.assert_array_equal(reg.load_steer("pinned").P1, steers[2].P1)
+    with pytest.raises(DeletedVersionError):
+        reg.resolve_steer("pinned@prod")  # the alias itself still says what it points at
 
 
 def test_tampered_artifact_is_an_integrity_error(reg):
