@@ -11,6 +11,8 @@ from align.steer import MeanShift, Steer
 from service.ops.steers import apply_steer_job, fit_steer_job, steer_lens, transfer_and_register
 from service.registry import open_registry
 
+from _synthetic import planted_attribute
+
 
 def data(n=300, d=8, seed=0):
     rng = np.random.default_rng(seed)
@@ -86,3 +88,20 @@ def test_transfer_registers_in_the_maps_target_space(tmp_path):
     ms = reg.register_steer("shift", fit_steer_job(X, y, {"method": "mean-shift"}), space="a", params={}, lens=[])
     with pytest.raises(InputError, match="mean-shift"):
         transfer_and_register(reg, ms.ref, "a2b")
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_the_lens_lists_what_the_steer_promotes_on_its_positive_end(sign):
+    """The lens stored with a fitted steer names, on ``positive``, the items that ``eps > 0`` pushes up for the
+    corpus's queries. The singular pair's sign is free; signed by ``u.v >= 0`` alone, one of an attribute and its
+    reverse showed the *demoted* items as positive (a 'plant' steer of WordNet listed fish dishes)."""
+    X, labels, Q = planted_attribute(1500, 24, n_queries=200, seed=3)
+    labels = sign * labels
+    s = fit_steer_job(X, labels, {"method": "local"})
+    names = [str(i) for i in range(len(X))]
+    top = steer_lens(s, X, names, k=10)[0]
+    assert np.mean([labels[it["index"]] for it in top["positive"]]) > 0.5
+    assert np.mean([labels[it["index"]] for it in top["negative"]]) < 0.5
+    # and that end is what the steer does: steered queries' top-10 gain the positive end's attribute
+    base, steered = (np.argsort(-(q @ X.T), axis=1)[:, :10] for q in (Q, apply_steer_job(Q, [(s, 1.0)])))
+    assert (labels[steered] == 1).mean() > (labels[base] == 1).mean() + 0.2
