@@ -25,6 +25,7 @@ from align.steer import (MeanShift, Steer, apply_steers, check_steer_options, fi
                          transfer_steer)
 from align.validation import as_matrix
 
+from ..limits import MAX_SEED
 from ..progress import Progress, silent
 from ..registry import ConflictError, NotFoundError
 from ..registry.names import check_alias, check_name
@@ -42,9 +43,11 @@ _METRICS = ("loss_initial", "loss_final", "n_iter", "converged", "n_pos", "n_neg
 
 
 # --- fit ------------------------------------------------------------------------------------------
-def check_steer_params(params: Mapping | None, random_state: int | None = None) -> dict:
+def check_steer_params(params: Mapping | None, random_state: int | None = None, *, dim: int | None = None) -> dict:
     """Effective parameters (defaults filled, ``random_state`` folded in); unknown keys, method or a bad value
-    (:func:`align.steer.check_steer_options`) raise InputError."""
+    (:func:`align.steer.check_steer_options`) raise InputError. The seed comes once: ``random_state`` (the faces'
+    own field, ``--random-state``), or ``params["random_state"]`` when the caller gives none; both is an InputError
+    (one of them would be ignored). ``dim``, the rows' width when known, bounds ``lm-steer``'s rank."""
     params = dict(params or {})
     unknown = set(params) - set(STEER_PARAMS)
     if unknown:
@@ -52,10 +55,18 @@ def check_steer_params(params: Mapping | None, random_state: int | None = None) 
     if params.get("method", "local") not in STEER_METHOD_NAMES:
         raise InputError(f"unknown steer method {params['method']!r}; use one of {list(STEER_METHOD_NAMES)}")
     if random_state is not None:
-        params["random_state"] = int(random_state)
+        if "random_state" in params and params["random_state"] != random_state:
+            raise InputError(f"give the seed once: random_state {random_state!r} (--random-state) and "
+                             f"params.random_state {params['random_state']!r} disagree; drop the parameter")
+        params["random_state"] = random_state
     effective = {**STEER_PARAMS, **params}
+    seed = effective["random_state"]
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+            raise InputError(f"random_state must be an integer in 0 .. {MAX_SEED}, got {seed!r}")
+        effective["random_state"] = int(seed)
     if effective["method"] != "mean-shift":  # the values too, as the fit will check them (a 422, not a failed job)
-        check_steer_options(**{k: v for k, v in effective.items() if k != "random_state"})
+        check_steer_options(**{k: v for k, v in effective.items() if k != "random_state"}, dim=dim)
     return effective
 
 

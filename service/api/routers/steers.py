@@ -52,6 +52,8 @@ def create_steer(body: bytes, request, state, settings):
                                             encoder=opts.encoder)
     X = None if texts else vectors_from_json(obj, dim=dim or obj.get("dim"), max_batch=settings.max_batch)
     n = len(opts.texts) if texts else X.shape[0]
+    # the rows' width (the space's, or the vectors') bounds lm-steer's rank: now, not in a failed job
+    steer_ops.check_steer_params(opts.params, opts.random_state, dim=dim if X is None else X.shape[1])
     if len(opts.labels) != n:
         raise PairCountError(f"{len(opts.labels)} labels for {n} rows")
     check_labels(opts.labels, n)  # values in {-1, 0, +1}, both signs present: now, not in a failed job

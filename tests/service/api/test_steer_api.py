@@ -156,6 +156,12 @@ def test_errors(world):
                 {"n_neighbors": 1}, {"ridge": -0.5}):
         r = c.post("/v1/steers", headers=W, json={**base, "params": bad})
         assert r.status_code == 422 and next(iter(bad.keys() - {"method"})) in r.text, (bad, r.status_code, r.text)
+    # a seed in params that the request's own random_state (default 0) would silently override; a rank past the
+    # space's width (was a 202 and a failed job); nothing is registered
+    for bad, msg in (({"random_state": 7}, "seed once"), ({"method": "lm-steer", "rank": D + 1}, "rank")):
+        r = c.post("/v1/steers", headers=W, json={**base, "name": "e2", "params": bad})
+        assert r.status_code == 422 and msg in r.text, (bad, r.status_code, r.text[:200])
+    assert c.get("/v1/steers/e2", headers=R).status_code == 404
     assert c.post("/v1/steers", headers=W, json={**base, "name": "../x"}).status_code == 422
     assert c.post("/v1/steers", headers=W, json={**base, "vectors": np.ones((10, 5)).tolist()}).status_code == 422
     assert c.post("/v1/steers", headers=W, json={**base, "space": "ta", "name": "attr"}).status_code == 409
