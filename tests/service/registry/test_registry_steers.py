@@ -115,6 +115,28 @@ def test_a_bare_name_means_prod_while_it_is_set_as_for_maps(reg):
         reg.resolve_steer("pinned@prod")  # the alias itself still says what it points at
 
 
+def test_versions_sharing_an_artifact_export_it_once_and_import_bit_exact(reg, tmp_path):
+    """The same fit twice (same rows, same seed) stores one artifact for two versions; the bundle wrote it twice,
+    so `registry export` printed zipfile's 'Duplicate name' UserWarning and the zip held duplicate entries."""
+    import warnings
+    import zipfile
+
+    s = _steer(0)
+    reg.register_steer("same", s, space="sp", alias="prod")
+    reg.register_steer("same", Steer(s.P1, s.P2, dict(s.metadata)), space="sp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bundle = reg.export(tmp_path / "b.zip")
+    names = zipfile.ZipFile(bundle).namelist()
+    assert len(names) == len(set(names))
+    other = open_registry(f"sqlite:///{tmp_path}/other.sqlite", tmp_path / "other-artifacts")
+    assert other.import_(bundle)["steers"] == 2
+    for v in (1, 2):
+        a, b = reg.get_steer("same", v), other.get_steer("same", v)
+        assert a.artifact_sha256 == b.artifact_sha256 and a.aliases == b.aliases
+        assert reg.store.get(a.artifact_path, a.artifact_sha256) == other.store.get(b.artifact_path, b.artifact_sha256)
+
+
 def test_tampered_artifact_is_an_integrity_error(reg):
     info = reg.register_steer("t", _steer(0), space="sp")
     path = reg.store.path(info.artifact_path)
