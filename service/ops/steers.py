@@ -32,7 +32,8 @@ from ..registry.names import check_alias, check_name
 
 __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
            "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "steer_lens", "describe_lens",
-           "set_steer_alias", "delete_steer_version", "transfer_and_register", "steer_queries"]
+           "set_steer_alias", "delete_steer_alias", "delete_steer_version", "transfer_and_register",
+           "steer_queries"]
 
 # Accepted fit parameters and their defaults (the API schema can mirror this).
 STEER_PARAMS: dict = {"method": "local", "rank": 16, "temperature": 0.05, "weight_decay": 1e-3, "max_iter": 200,
@@ -228,6 +229,11 @@ def describe_lens(info, steer, *, k: int = 5, n_directions: int = 4) -> dict:
 def set_steer_alias(registry, name: str, alias: str, version: int):
     """Point ``name@alias`` at ``version``; returns the SteerInfo of that version."""
     return registry.set_steer_alias(name, alias, int(version))
+
+
+def delete_steer_alias(registry, name: str, alias: str) -> None:
+    """Remove ``name@alias`` (NotFoundError when it is not set)."""
+    registry.delete_steer_alias(name, alias)
 
 
 def delete_steer_version(registry, name: str, version: int):

@@ -21,7 +21,8 @@ __all__ = ["SteerRegistryMixin"]
 
 class SteerRegistryMixin:
     """``register_steer`` / ``resolve_steer`` / ``load_steer`` / ``list_steers`` / ``set_steer_alias`` /
-    ``delete_steer_version`` over the Registry's ``entities["steers"]`` store (and ``_ensure_space``)."""
+    ``delete_steer_alias`` / ``delete_steer_version`` over the Registry's ``entities["steers"]`` store (and
+    ``_ensure_space``)."""
 
     def register_steer(self, name: str, steer, *, space: str, params: dict | None = None, random_state=None,
                        data_hashes: dict | None = None, metrics: dict | None = None, alias: str | None = None,
@@ -74,6 +75,11 @@ class SteerRegistryMixin:
     def set_steer_alias(self, name: str, alias: str, version: int) -> SteerInfo:
         """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError."""
         return self.entities["steers"].set_alias(name, alias, version)
+
+    def delete_steer_alias(self, name: str, alias: str) -> None:
+        """Remove ``name@alias`` (NotFoundError when it is not set); a bare name then means the latest live version
+        if the alias was ``prod``."""
+        self.entities["steers"].delete_alias(name, alias)
 
     def delete_steer_version(self, name: str, version: int) -> SteerInfo:
         """Soft delete: the row and artifact stay (lineage), the version no longer resolves."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi import APIRouter, Body, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import PairCountError
@@ -108,6 +108,13 @@ async def set_steer_alias(name: str, alias: str,
                           body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))], state: StateDep):
     info = await run_in_threadpool(steer_ops.set_steer_alias, state.registry, name, alias, body.version)
     return FastJSONResponse(info.to_dict())
+
+
+@router.delete("/steers/{name}/aliases/{alias}", dependencies=[WriteScope], status_code=204,
+               summary="Remove a steer alias")
+async def delete_steer_alias(name: str, alias: str, state: StateDep):
+    await run_in_threadpool(steer_ops.delete_steer_alias, state.registry, name, alias)
+    return Response(status_code=204)
 
 
 @router.delete("/steers/{name}/versions/{version}", dependencies=[WriteScope], response_model=SteerOut,
