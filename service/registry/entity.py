@@ -288,7 +288,7 @@ class VersionedStore:
         when the version, or the alias's version, was deleted.
         """
         noun = self.kind.noun
-        name, alias, version = parse_ref(ref)
+        name, alias, version = parse_ref(ref, noun)
         with self.db.tx() as t:
             if pin is not None and alias is None and version is None:
                 version = self.live_alias(t, name, pin)

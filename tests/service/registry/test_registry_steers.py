@@ -85,6 +85,24 @@ def test_errors(reg):
         reg.set_steer_alias("a", "prod", 1)
 
 
+def test_a_bad_steer_reference_is_worded_as_a_steer():
+    """A bad steer reference (a search's ``steers``, /v1/steers/{ref}) was refused as a bad "map name"."""
+    from service.registry.names import parse_ref
+
+    for bad in ("a/../b", "a/../b@prod", "a/../b:1", "\x00"):
+        with pytest.raises(InvalidNameError, match="^steer name"):
+            parse_ref(bad, "steer")
+    with pytest.raises(InvalidNameError, match="^map name"):
+        parse_ref("a/../b")
+
+
+def test_bad_references_name_the_steer(reg):
+    reg.register_steer("a", _steer(0), space="sp")
+    for bad in ("a/../b", "../x@prod", "\x00:1"):
+        with pytest.raises(InvalidNameError, match="^steer name"):
+            reg.resolve_steer(bad)
+
+
 def test_alias_moves(reg):
     for seed in range(3):
         reg.register_steer("m", _steer(seed), space="sp")
