@@ -216,13 +216,17 @@ class Steer:
         return Steer(U[:, :r] * s[:r], V[:, :r], {**self.metadata, "kept_rank": r})
 
     def lens(self, X, texts: Sequence[str] | None = None, *, k: int = 5, n_directions: int | None = None,
-             side: str = "output") -> list[dict]:
+             side: str = "output", queries=None) -> list[dict]:
         """Singular directions of ``W`` with the corpus rows at each extreme.
 
         For direction ``i`` (``W = sum_i sigma_i u_i v_i^T``) a query's score against a row ``c``
         moves by ``eps sigma_i (q.u_i)(v_i.c)``: ``side="output"`` ranks rows ``c`` of ``X`` by
         ``c.v_i`` (what the direction promotes for queries on the ``+u_i`` side and demotes on the
         ``-u_i`` side); ``side="input"`` ranks them by ``c.u_i`` (which queries trigger it).
+        The sign of ``(u_i, v_i)`` is free; with ``queries`` each pair is signed so that their mean
+        gate ``mean(Q u_i) >= 0``, so ``positive`` lists what ``eps > 0`` promotes for those queries
+        (for an embedding steer, whose queries live among the corpus rows, pass ``queries=X``);
+        without, the :meth:`svd` convention ``u_i.v_i >= 0`` holds.
 
         Parameters
         ----------
@@ -234,6 +238,8 @@ class Steer:
             Rows reported at each extreme.
         n_directions : int, optional
             Directions reported (largest singular values first); default all ``r``.
+        queries : array-like (m, d), optional
+            Typical queries, which orient each direction (see above).
 
         Returns
         -------
@@ -248,6 +254,10 @@ class Steer:
         k = _check_int(k, "k", 1)
         nd = self.rank if n_directions is None else _check_int(n_directions, "n_directions", 1, self.rank)
         U, s, V = self.svd()
+        if queries is not None:
+            gate = as_matrix(queries, name="queries", dim=self.dim).mean(axis=0, dtype=np.float64) @ U
+            flip = np.where(gate < 0, -1.0, 1.0)
+            U, V = U * flip, V * flip
         D = (V if side == "output" else U)[:, :nd].astype(np.float32)
         proj = X @ D  # (n, nd): one column per direction, never n x n
         k = min(k, X.shape[0])

@@ -1,4 +1,4 @@
-"""``vecbridge steer fit | apply | lens | transfer``: LM-Steer style transforms of one embedding space.
+"""``vecbridge steer fit | apply | alias | lens | transfer``: LM-Steer style transforms of one embedding space.
 
 Each command parses, calls one operation of :mod:`service.ops.steers` (``embed_and_register``,
 ``apply_steer_job``, ``describe_lens`` / ``steer_lens``, ``transfer_and_register``) and renders.
@@ -15,8 +15,8 @@ from align.steer import Steer
 
 from ..encoders import get_encoder
 from ..io import read_texts, read_vectors, write_vectors
-from ..ops.steers import (apply_steer_job, describe_lens, embed_and_register, space_for_rows, steer_lens,
-                          transfer_and_register)
+from ..ops.steers import (apply_steer_job, delete_steer_alias, describe_lens, embed_and_register, set_steer_alias,
+                          space_for_rows, steer_lens, transfer_and_register)
 from ._common import Ctx, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
 
 __all__ = ["steer"]
@@ -26,7 +26,7 @@ _ref_opt = click.option("--steer", "ref", required=True, help="NAME, NAME@alias 
 
 @click.group()
 def steer():
-    """LM-Steer style transforms of one embedding space: fit, apply, lens, transfer."""
+    """LM-Steer style transforms of one embedding space: fit, apply, alias, lens, transfer."""
 
 
 @steer.command("fit")
@@ -108,6 +108,24 @@ def steer_transfer(obj: Ctx, ref, map_ref, name, alias, description, as_json):
     emit(v.to_dict(), as_json, f"registered steer {v.ref} in space {v.space} (carried from "
                                f"{v.params.get('steer', ref)} through {v.params.get('map', map_ref)}; eps scale "
                                f"{v.metrics.get('eps_scale', 1.0):.3g}){' as @' + alias if alias else ''}")
+
+
+@steer.command("alias")
+@click.argument("name")
+@click.argument("alias")
+@click.argument("version", type=int, required=False)
+@click.option("--delete", is_flag=True, help="Remove the alias instead.")
+@click.pass_obj
+def steer_alias(obj: Ctx, name, alias, version, delete):
+    """Point steer NAME@ALIAS at VERSION (or --delete it); a bare NAME means its prod version while prod is set."""
+    if delete:
+        delete_steer_alias(obj.registry, name, alias)
+        click.echo(f"deleted alias {name}@{alias}")
+        return
+    if version is None:
+        raise click.UsageError("give a VERSION (or --delete)")
+    set_steer_alias(obj.registry, name, alias, version)
+    click.echo(f"{name}@{alias} -> {version}")
 
 
 @steer.command("lens")

@@ -25,13 +25,15 @@ from align.steer import (MeanShift, Steer, apply_steers, check_steer_options, fi
                          transfer_steer)
 from align.validation import as_matrix
 
+from ..limits import MAX_SEED
 from ..progress import Progress, silent
 from ..registry import ConflictError, NotFoundError
 from ..registry.names import check_alias, check_name
 
 __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
            "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "steer_lens", "describe_lens",
-           "set_steer_alias", "delete_steer_version", "transfer_and_register", "steer_queries"]
+           "set_steer_alias", "delete_steer_alias", "delete_steer_version", "transfer_and_register",
+           "steer_queries"]
 
 # Accepted fit parameters and their defaults (the API schema can mirror this).
 STEER_PARAMS: dict = {"method": "local", "rank": 16, "temperature": 0.05, "weight_decay": 1e-3, "max_iter": 200,
@@ -42,9 +44,11 @@ _METRICS = ("loss_initial", "loss_final", "n_iter", "converged", "n_pos", "n_neg
 
 
 # --- fit ------------------------------------------------------------------------------------------
-def check_steer_params(params: Mapping | None, random_state: int | None = None) -> dict:
+def check_steer_params(params: Mapping | None, random_state: int | None = None, *, dim: int | None = None) -> dict:
     """Effective parameters (defaults filled, ``random_state`` folded in); unknown keys, method or a bad value
-    (:func:`align.steer.check_steer_options`) raise InputError."""
+    (:func:`align.steer.check_steer_options`) raise InputError. The seed comes once: ``random_state`` (the faces'
+    own field, ``--random-state``), or ``params["random_state"]`` when the caller gives none; both is an InputError
+    (one of them would be ignored). ``dim``, the rows' width when known, bounds ``lm-steer``'s rank."""
     params = dict(params or {})
     unknown = set(params) - set(STEER_PARAMS)
     if unknown:
@@ -52,10 +56,18 @@ def check_steer_params(params: Mapping | None, random_state: int | None = None) 
     if params.get("method", "local") not in STEER_METHOD_NAMES:
         raise InputError(f"unknown steer method {params['method']!r}; use one of {list(STEER_METHOD_NAMES)}")
     if random_state is not None:
-        params["random_state"] = int(random_state)
+        if "random_state" in params and params["random_state"] != random_state:
+            raise InputError(f"give the seed once: random_state {random_state!r} (--random-state) and "
+                             f"params.random_state {params['random_state']!r} disagree; drop the parameter")
+        params["random_state"] = random_state
     effective = {**STEER_PARAMS, **params}
+    seed = effective["random_state"]
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+            raise InputError(f"random_state must be an integer in 0 .. {MAX_SEED}, got {seed!r}")
+        effective["random_state"] = int(seed)
     if effective["method"] != "mean-shift":  # the values too, as the fit will check them (a 422, not a failed job)
-        check_steer_options(**{k: v for k, v in effective.items() if k != "random_state"})
+        check_steer_options(**{k: v for k, v in effective.items() if k != "random_state"}, dim=dim)
     return effective
 
 
@@ -196,12 +208,13 @@ def apply_steer_job(Q, steers: Sequence[tuple[Steer | MeanShift, float]]) -> np.
 
 def steer_lens(steer, X: np.ndarray, items: Sequence[str] | None, *, k: int = 5, n_directions: int = 4) -> list:
     """Lens of ``steer`` over rows ``X`` (n, d) named by ``items``: the items at both ends of each of the
-    first ``n_directions`` singular directions; ``[]`` for a mean shift or unnamed rows."""
+    first ``n_directions`` singular directions, ``positive`` the end that ``eps > 0`` promotes for queries like
+    the rows (:meth:`align.Steer.lens` with ``queries=X``); ``[]`` for a mean shift or unnamed rows."""
     if not isinstance(steer, Steer) or items is None:
         return []
     if len(items) != np.shape(X)[0]:
         raise PairCountError("texts and X must have the same number of rows")
-    return steer.lens(X, list(items), k=k, n_directions=min(int(n_directions), steer.rank))
+    return steer.lens(X, list(items), k=k, n_directions=min(int(n_directions), steer.rank), queries=X)
 
 
 def describe_lens(info, steer, *, k: int = 5, n_directions: int = 4) -> dict:
@@ -216,6 +229,11 @@ def describe_lens(info, steer, *, k: int = 5, n_directions: int = 4) -> dict:
 def set_steer_alias(registry, name: str, alias: str, version: int):
     """Point ``name@alias`` at ``version``; returns the SteerInfo of that version."""
     return registry.set_steer_alias(name, alias, int(version))
+
+
+def delete_steer_alias(registry, name: str, alias: str) -> None:
+    """Remove ``name@alias`` (NotFoundError when it is not set)."""
+    registry.delete_steer_alias(name, alias)
 
 
 def delete_steer_version(registry, name: str, version: int):

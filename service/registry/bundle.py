@@ -143,6 +143,7 @@ def _export(reg, w: _Writer, chosen: dict, names: list[str] | None) -> None:
         manifest = {"format": BUNDLE_FORMAT, "format_version": 1, "package_version": package_version(),
                     "exported_at": datetime.now(timezone.utc).isoformat(), "spaces": [], "maps": [], "steers": []}
         used_spaces = {m[c] for m in chosen["maps"] for c in ("source_space", "target_space")}
+        written = set()  # artifacts are content-addressed: versions with the same bytes share one entry
         manifest["spaces"] = [s.to_dict() for s in reg.list_spaces() if names is None or s.name in used_spaces]
         for key, summaries in chosen.items():
             for summary in summaries:
@@ -150,7 +151,9 @@ def _export(reg, w: _Writer, chosen: dict, names: list[str] | None) -> None:
                 for v in reg.entities[key].list(summary["name"]):
                     d = v.to_dict()
                     d["bundle_artifact"] = f"artifacts/{v.artifact_path}"
-                    w.write(d["bundle_artifact"], reg.store.get(v.artifact_path, v.artifact_sha256))
+                    if d["bundle_artifact"] not in written:
+                        written.add(d["bundle_artifact"])
+                        w.write(d["bundle_artifact"], reg.store.get(v.artifact_path, v.artifact_sha256))
                     rp = reg.report_file(v) if getattr(v, "report_path", None) else None
                     if rp is not None and rp.exists():
                         d["bundle_report"] = f"reports/{fs_safe(v.name)}/v{v.version}-{rp.name}"

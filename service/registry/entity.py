@@ -280,15 +280,18 @@ class VersionedStore:
             out = [self.decode(t, r) for r in self.rows(t, name)]
         return [v for v in out if include_deleted or not v.deleted]
 
-    def resolve(self, ref: str) -> Record:
-        """``name`` → latest live version; ``name@alias`` → the alias's version; ``name:N`` → version N.
+    def resolve(self, ref: str, *, pin: str | None = None) -> Record:
+        """``name`` → its live ``pin`` alias's version when ``pin`` is given and set, else the latest live
+        version; ``name@alias`` → the alias's version; ``name:N`` → version N.
 
         NotFoundError for unknown names/aliases/versions; DeletedVersionError (a NotFoundError)
         when the version, or the alias's version, was deleted.
         """
         noun = self.kind.noun
-        name, alias, version = parse_ref(ref)
+        name, alias, version = parse_ref(ref, noun)
         with self.db.tx() as t:
+            if pin is not None and alias is None and version is None:
+                version = self.live_alias(t, name, pin)
             self._require(t, name)
             if alias is not None:
                 r = t.one(f"SELECT version FROM {self.kind.aliases} WHERE name = ? AND alias = ?", (name, alias))

@@ -55,8 +55,9 @@ def check_text(value, what: str):
     return value
 
 
-def parse_ref(ref) -> tuple[str, str | None, int | None]:
-    """Split a reference into ``(name, alias, version)`` (at most one of the last two set).
+def parse_ref(ref, noun: str = "map") -> tuple[str, str | None, int | None]:
+    """Split a reference to a ``noun`` (``"map"``, ``"steer"``: words the errors) into ``(name, alias, version)``
+    (at most one of the last two set).
 
     >>> parse_ref("minilm->e5@prod")
     ('minilm->e5', 'prod', None)
@@ -64,17 +65,17 @@ def parse_ref(ref) -> tuple[str, str | None, int | None]:
     ('minilm->e5', None, 3)
     """
     if not isinstance(ref, str) or not ref:
-        raise InvalidNameError("map reference must be a non-empty string")
+        raise InvalidNameError(f"{noun} reference must be a non-empty string")
     if "@" in ref:
         name, alias = ref.rsplit("@", 1)
-        return check_name(name, "map name"), check_alias(alias), None
+        return check_name(name, f"{noun} name"), check_alias(alias), None
     if ":" in ref:
         name, ver = ref.rsplit(":", 1)
         # ASCII digits only: str.isdigit() also takes '²' (int() then fails) and int() reads '２' as 2
         if not (ver.isascii() and ver.isdigit() and len(ver) <= 10) or not 1 <= int(ver) <= MAX_VERSION:
             raise InvalidNameError(f"version in {ref[:60]!r} must be an integer 1 .. {MAX_VERSION} in ASCII digits")
-        return check_name(name, "map name"), None, int(ver)
-    return check_name(ref, "map name"), None, None
+        return check_name(name, f"{noun} name"), None, int(ver)
+    return check_name(ref, f"{noun} name"), None, None
 
 
 def fs_safe(name: str) -> str:

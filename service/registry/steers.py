@@ -21,7 +21,8 @@ __all__ = ["SteerRegistryMixin"]
 
 class SteerRegistryMixin:
     """``register_steer`` / ``resolve_steer`` / ``load_steer`` / ``list_steers`` / ``set_steer_alias`` /
-    ``delete_steer_version`` over the Registry's ``entities["steers"]`` store (and ``_ensure_space``)."""
+    ``delete_steer_alias`` / ``delete_steer_version`` over the Registry's ``entities["steers"]`` store (and
+    ``_ensure_space``)."""
 
     def register_steer(self, name: str, steer, *, space: str, params: dict | None = None, random_state=None,
                        data_hashes: dict | None = None, metrics: dict | None = None, alias: str | None = None,
@@ -53,12 +54,15 @@ class SteerRegistryMixin:
         return self.entities["steers"].get(name, version)
 
     def resolve_steer(self, ref: str) -> SteerInfo:
-        """``name`` → latest live version; ``name@alias``; ``name:N`` (NotFoundError / DeletedVersionError)."""
-        return self.entities["steers"].resolve(ref)
+        """``name`` → its ``prod`` version when that alias is set and live, else the latest live version (as a
+        bare map name: a refit reaches searches and applies only when ``prod`` moves); ``name@alias``;
+        ``name:N`` (NotFoundError / DeletedVersionError)."""
+        return self.entities["steers"].resolve(ref, pin=self.PATH_ALIAS)
 
     def load_steer(self, ref) -> Steer | MeanShift:
-        """Resolve ``ref`` (or take a SteerInfo) and read its artifact, verifying the sha256 (cached)."""
-        return self.entities["steers"].load(ref)
+        """Resolve ``ref`` (:meth:`resolve_steer`; or take a SteerInfo) and read its artifact, verifying the sha256
+        (cached)."""
+        return self.entities["steers"].load(self.resolve_steer(ref) if isinstance(ref, str) else ref)
 
     def list_steer_versions(self, name: str) -> list[SteerInfo]:
         return self.entities["steers"].list(name)
@@ -71,6 +75,11 @@ class SteerRegistryMixin:
     def set_steer_alias(self, name: str, alias: str, version: int) -> SteerInfo:
         """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError."""
         return self.entities["steers"].set_alias(name, alias, version)
+
+    def delete_steer_alias(self, name: str, alias: str) -> None:
+        """Remove ``name@alias`` (NotFoundError when it is not set); a bare name then means the latest live version
+        if the alias was ``prod``."""
+        self.entities["steers"].delete_alias(name, alias)
 
     def delete_steer_version(self, name: str, version: int) -> SteerInfo:
         """Soft delete: the row and artifact stay (lineage), the version no longer resolves."""

@@ -231,6 +231,22 @@ def test_svd_and_lens(fitted):
         s.lens(X, texts[:3])
 
 
+def test_lens_is_signed_by_its_queries():
+    """With ``queries`` the free sign of each singular pair follows their mean gate ``mean(Q u_i) >= 0``: reversed
+    queries swap the ends of every direction, and ``positive`` holds the rows whose score the steer raises most for
+    those queries (brute force: ``eps (Q W c)`` summed over the queries)."""
+    s = random_steer(d=8, r=1, seed=4)
+    rng = np.random.default_rng(5)
+    X, Q = rng.normal(size=(60, 8)), rng.normal(size=(30, 8)) + 2.0
+    for q in (Q, -Q):
+        top = s.lens(X, k=3, queries=q)[0]
+        rise = q.sum(axis=0) @ s.W @ X.T                      # how much eps > 0 raises each row, summed over q
+        assert [it["index"] for it in top["positive"]] == np.argsort(-rise)[:3].tolist()
+        assert [it["index"] for it in top["negative"]] == np.argsort(rise)[:3].tolist()
+    with pytest.raises(DimensionMismatchError):
+        s.lens(X, queries=Q[:, :5])
+
+
 def test_bytes_roundtrip_and_corrupt(tmp_path):
     s = random_steer()
     back = Steer.from_bytes(s.to_bytes())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi import APIRouter, Body, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import PairCountError
@@ -52,6 +52,8 @@ def create_steer(body: bytes, request, state, settings):
                                             encoder=opts.encoder)
     X = None if texts else vectors_from_json(obj, dim=dim or obj.get("dim"), max_batch=settings.max_batch)
     n = len(opts.texts) if texts else X.shape[0]
+    # the rows' width (the space's, or the vectors') bounds lm-steer's rank: now, not in a failed job
+    steer_ops.check_steer_params(opts.params, opts.random_state, dim=dim if X is None else X.shape[1])
     if len(opts.labels) != n:
         raise PairCountError(f"{len(opts.labels)} labels for {n} rows")
     check_labels(opts.labels, n)  # values in {-1, 0, +1}, both signs present: now, not in a failed job
@@ -106,6 +108,13 @@ async def set_steer_alias(name: str, alias: str,
                           body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))], state: StateDep):
     info = await run_in_threadpool(steer_ops.set_steer_alias, state.registry, name, alias, body.version)
     return FastJSONResponse(info.to_dict())
+
+
+@router.delete("/steers/{name}/aliases/{alias}", dependencies=[WriteScope], status_code=204,
+               summary="Remove a steer alias")
+async def delete_steer_alias(name: str, alias: str, state: StateDep):
+    await run_in_threadpool(steer_ops.delete_steer_alias, state.registry, name, alias)
+    return Response(status_code=204)
 
 
 @router.delete("/steers/{name}/versions/{version}", dependencies=[WriteScope], response_model=SteerOut,

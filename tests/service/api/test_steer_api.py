@@ -156,6 +156,12 @@ def test_errors(world):
                 {"n_neighbors": 1}, {"ridge": -0.5}):
         r = c.post("/v1/steers", headers=W, json={**base, "params": bad})
         assert r.status_code == 422 and next(iter(bad.keys() - {"method"})) in r.text, (bad, r.status_code, r.text)
+    # a seed in params that the request's own random_state (default 0) would silently override; a rank past the
+    # space's width (was a 202 and a failed job); nothing is registered
+    for bad, msg in (({"random_state": 7}, "seed once"), ({"method": "lm-steer", "rank": D + 1}, "rank")):
+        r = c.post("/v1/steers", headers=W, json={**base, "name": "e2", "params": bad})
+        assert r.status_code == 422 and msg in r.text, (bad, r.status_code, r.text[:200])
+    assert c.get("/v1/steers/e2", headers=R).status_code == 404
     assert c.post("/v1/steers", headers=W, json={**base, "name": "../x"}).status_code == 422
     assert c.post("/v1/steers", headers=W, json={**base, "vectors": np.ones((10, 5)).tolist()}).status_code == 422
     assert c.post("/v1/steers", headers=W, json={**base, "space": "ta", "name": "attr"}).status_code == 409
@@ -219,3 +225,23 @@ def test_alias_delete_and_transfer_routes(world):
     assert c.put("/v1/steers/attr_ta/aliases/stable", headers=W, json={"version": 2}).status_code == 409
     assert c.delete("/v1/steers/attr_ta/versions/7", headers=W).status_code == 404
     assert c.delete("/v1/steers/attr_ta/versions/1", headers=R).status_code == 403
+
+
+def test_a_steer_alias_can_be_removed(world):
+    """A steer alias could be set and moved but not removed (405 here, no CLI command): ``prod`` left on a deleted
+    version answered 404 for good, and a bare name could not be released from it. DELETE mirrors the maps route."""
+    c, X, labels = world["c"], world["X"], world["labels"]
+    for seed in (1, 2):
+        r = c.post("/v1/steers", headers=W, json={"name": "pinme", "space": "tb", "vectors": X.tolist(),
+                                                   "labels": labels.tolist(), "random_state": seed})
+        assert wait_job(http_job(c, R), r.json()["id"])["state"] == "succeeded"
+    assert c.put("/v1/steers/pinme/aliases/prod", headers=W, json={"version": 1}).status_code == 200
+    assert c.get("/v1/steers/pinme", headers=R).json()["version"] == 1  # a bare name follows prod
+    assert c.delete("/v1/steers/pinme/aliases/prod", headers=R).status_code == 403
+    assert c.delete("/v1/steers/pinme/aliases/prod", headers=W).status_code == 204
+    assert c.get("/v1/steers/pinme", headers=R).json()["version"] == 2  # released: the newest live version
+    assert c.get("/v1/steers/pinme@prod", headers=R).status_code == 404
+    assert c.get("/v1/steers/pinme:1", headers=R).json()["aliases"] == []
+    assert c.delete("/v1/steers/pinme/aliases/prod", headers=W).status_code == 404
+    assert c.delete("/v1/steers/nope/aliases/prod", headers=W).status_code == 404
+    assert c.delete("/v1/steers/pinme/aliases/1bad", headers=W).status_code == 422

@@ -1,4 +1,4 @@
-"""`vecbridge steer fit|apply|lens|transfer` as a user runs them (subprocesses), with exit codes."""
+"""`vecbridge steer fit|apply|alias|lens|transfer` as a user runs them (subprocesses), with exit codes."""
 
 from __future__ import annotations
 
@@ -107,6 +107,28 @@ def test_exit_codes(fitted):
        "--quiet", check_code=2)
     vb(*base, "fit", "--space", "toy", "--labels", d / "y.npy", "--name", "c", "--quiet", check_code=2)
     vb(*base, "lens", "--steer", "missing", check_code=2)
+
+
+def test_alias_set_move_and_delete(fitted):
+    """Steer aliases had no CLI command (only --alias at fit time); `steer alias` sets, moves and removes one."""
+    d, _, _, _ = fitted
+    base = ["--data-dir", d / "var", "steer"]
+    vb(*base, "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels", d / "y.npy", "--name", "al",
+       "--random-state", 1, "--quiet")
+    vb(*base, "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels", d / "y.npy", "--name", "al",
+       "--random-state", 2, "--quiet")
+    assert vb(*base, "alias", "al", "stable", 1).stdout.strip() == "al@stable -> 1"
+    np.save(d / "q1.npy", np.load(d / "X.npy")[:2])
+    assert "al:1" in vb(*base, "apply", "--steer", "al@stable", d / "q1.npy", d / "o1.npy").stdout
+    vb(*base, "alias", "al", "stable", 2)
+    assert "al:2" in vb(*base, "apply", "--steer", "al@stable", d / "q1.npy", d / "o1.npy").stdout
+    vb(*base, "alias", "al", "stable", "--delete")
+    p = vb(*base, "apply", "--steer", "al@stable", d / "q1.npy", d / "o1.npy", check_code=2)
+    assert "no alias 'stable'" in p.stderr and "Traceback" not in p.stderr
+    for bad in (["al", "stable", "--delete"], ["al", "stable", 9], ["nope", "stable", 1], ["al", "1x", 1]):
+        p = vb(*base, "alias", *bad, check_code=2)
+        assert p.stderr.startswith("vecbridge: error:") and "Traceback" not in p.stderr, bad
+    vb(*base, "alias", "al", "stable", check_code=2)  # no VERSION: a usage error
 
 
 def test_transfer_through_a_map_registers_in_the_target_space(fitted):

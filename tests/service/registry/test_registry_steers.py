@@ -34,7 +34,7 @@ def test_register_resolve_load_roundtrip(reg):
     assert v1.params == {"rank": 3} and v1.random_state == 7 and v1.data_hashes == {"X": "abc"}
     assert v1.metrics == {"loss": 0.5} and len(v1.artifact_sha256) == 64 and v1.aliases == ["prod"]
     assert reg.get_space("sp").dim == 12  # space created from the steer
-    assert reg.resolve_steer("pos").version == 2
+    assert reg.resolve_steer("pos").version == 1  # a bare name means prod while it is set (as for maps)
     assert reg.resolve_steer("pos@prod").version == 1
     assert reg.resolve_steer("pos:2").version == 2
     got = reg.load_steer("pos@prod")
@@ -85,6 +85,24 @@ def test_errors(reg):
         reg.set_steer_alias("a", "prod", 1)
 
 
+def test_a_bad_steer_reference_is_worded_as_a_steer():
+    """A bad steer reference (a search's ``steers``, /v1/steers/{ref}) was refused as a bad "map name"."""
+    from service.registry.names import parse_ref
+
+    for bad in ("a/../b", "a/../b@prod", "a/../b:1", "\x00"):
+        with pytest.raises(InvalidNameError, match="^steer name"):
+            parse_ref(bad, "steer")
+    with pytest.raises(InvalidNameError, match="^map name"):
+        parse_ref("a/../b")
+
+
+def test_bad_references_name_the_steer(reg):
+    reg.register_steer("a", _steer(0), space="sp")
+    for bad in ("a/../b", "../x@prod", "\x00:1"):
+        with pytest.raises(InvalidNameError, match="^steer name"):
+            reg.resolve_steer(bad)
+
+
 def test_alias_moves(reg):
     for seed in range(3):
         reg.register_steer("m", _steer(seed), space="sp")
@@ -93,6 +111,48 @@ def test_alias_moves(reg):
     reg.set_steer_alias("m", "prod", 3)
     assert reg.resolve_steer("m@prod").version == 3
     assert reg.get_steer("m", 2).aliases == []
+
+
+def test_a_bare_name_means_prod_while_it_is_set_as_for_maps(reg):
+    """A refit (v3) must not reach searches and applies that name the steer bare while ``prod`` pins v1 (a bare map
+    name works so); the bare name follows ``prod`` when it moves, and falls back to the newest live version when
+    ``prod`` is removed or its version deleted. Loading by the bare name reads the same version's artifact."""
+    steers = [_steer(seed) for seed in range(3)]
+    for s in steers:
+        reg.register_steer("pinned", s, space="sp")
+    reg.set_steer_alias("pinned", "prod", 1)
+    assert reg.resolve_steer("pinned").version == 1
+    np.testing.assert_array_equal(reg.load_steer("pinned").P1, steers[0].P1)
+    reg.set_steer_alias("pinned", "prod", 2)
+    assert reg.resolve_steer("pinned").version == 2
+    np.testing.assert_array_equal(reg.load_steer("pinned").P1, steers[1].P1)
+    reg.delete_steer_version("pinned", 2)
+    assert reg.resolve_steer("pinned").version == 3  # prod's version deleted: the newest live one
+    np.testing.assert_array_equal(reg.load_steer("pinned").P1, steers[2].P1)
+    with pytest.raises(DeletedVersionError):
+        reg.resolve_steer("pinned@prod")  # the alias itself still says what it points at
+
+
+def test_versions_sharing_an_artifact_export_it_once_and_import_bit_exact(reg, tmp_path):
+    """The same fit twice (same rows, same seed) stores one artifact for two versions; the bundle wrote it twice,
+    so `registry export` printed zipfile's 'Duplicate name' UserWarning and the zip held duplicate entries."""
+    import warnings
+    import zipfile
+
+    s = _steer(0)
+    reg.register_steer("same", s, space="sp", alias="prod")
+    reg.register_steer("same", Steer(s.P1, s.P2, dict(s.metadata)), space="sp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bundle = reg.export(tmp_path / "b.zip")
+    names = zipfile.ZipFile(bundle).namelist()
+    assert len(names) == len(set(names))
+    other = open_registry(f"sqlite:///{tmp_path}/other.sqlite", tmp_path / "other-artifacts")
+    assert other.import_(bundle)["steers"] == 2
+    for v in (1, 2):
+        a, b = reg.get_steer("same", v), other.get_steer("same", v)
+        assert a.artifact_sha256 == b.artifact_sha256 and a.aliases == b.aliases
+        assert reg.store.get(a.artifact_path, a.artifact_sha256) == other.store.get(b.artifact_path, b.artifact_sha256)
 
 
 def test_tampered_artifact_is_an_integrity_error(reg):
