@@ -28,8 +28,8 @@ from ..io import check_file, load_npy, read_vectors
 from ..limits import MAX_SEED
 from ..registry import open_registry
 
-__all__ = ["Ctx", "emit", "version_record", "progress_bar", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs",
-           "read_labels", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
+__all__ = ["Ctx", "alias_command", "emit", "version_record", "progress_bar", "parse_kv", "space_name", "input_opts",
+           "read_pair", "read_seed_pairs", "read_labels", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
            "register_opts"]
 
 
@@ -230,3 +230,24 @@ def read_labels(path: str, n: int) -> np.ndarray:
     if y.shape[0] != n:
         raise PairCountError(f"{p.name} has {y.shape[0]} labels for {n} rows")
     return y.astype(np.int64)
+
+
+def alias_command(group, help_text: str, set_alias, delete_alias) -> None:
+    """Register ``GROUP alias NAME ALIAS [VERSION] [--delete]`` on ``group``: ``set_alias(registry, name, alias,
+    version)`` or ``delete_alias(registry, name, alias)`` (one command shape for maps and steers)."""
+
+    @group.command("alias", help=help_text)
+    @click.argument("name")
+    @click.argument("alias")
+    @click.argument("version", type=int, required=False)
+    @click.option("--delete", is_flag=True, help="Remove the alias instead.")
+    @click.pass_obj
+    def alias_cmd(obj: Ctx, name, alias, version, delete):
+        if delete:
+            delete_alias(obj.registry, name, alias)
+            click.echo(f"deleted alias {name}@{alias}")
+            return
+        if version is None:
+            raise click.UsageError("give a VERSION (or --delete)")
+        set_alias(obj.registry, name, alias, version)
+        click.echo(f"{name}@{alias} -> {version}")

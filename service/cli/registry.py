@@ -11,7 +11,7 @@ import click
 from ..encoders import get_encoder
 from ..ops.maps import create_space
 from ..registry.names import parse_ref
-from ._common import Ctx, emit, json_opt, version_record
+from ._common import Ctx, alias_command, emit, json_opt, version_record
 
 __all__ = ["registry", "spaces"]
 
@@ -59,22 +59,8 @@ def registry_show(obj: Ctx, ref, as_json):
         click.echo(f"{k:16} {json.dumps(val, sort_keys=True, default=str) if isinstance(val, (dict, list)) else val}")
 
 
-@registry.command("alias")
-@click.argument("name")
-@click.argument("alias")
-@click.argument("version", type=int, required=False)
-@click.option("--delete", is_flag=True, help="Remove the alias instead.")
-@click.pass_obj
-def registry_alias(obj: Ctx, name, alias, version, delete):
-    """Point NAME@ALIAS at VERSION (or --delete it)."""
-    if delete:
-        obj.registry.delete_alias(name, alias)
-        click.echo(f"deleted alias {name}@{alias}")
-        return
-    if version is None:
-        raise click.UsageError("give a VERSION (or --delete)")
-    obj.registry.set_alias(name, alias, version)
-    click.echo(f"{name}@{alias} -> {version}")
+alias_command(registry, "Point NAME@ALIAS at VERSION (or --delete it); a bare NAME means its prod version while "
+                        "prod is set.", lambda reg, *a: reg.set_alias(*a), lambda reg, *a: reg.delete_alias(*a))
 
 
 @registry.command("tag")

@@ -17,7 +17,7 @@ from ..encoders import get_encoder
 from ..io import read_texts, read_vectors, write_vectors
 from ..ops.steers import (apply_steer_job, delete_steer_alias, describe_lens, embed_and_register, set_steer_alias,
                           space_for_rows, steer_lens, transfer_and_register)
-from ._common import Ctx, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
+from ._common import Ctx, alias_command, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
 
 __all__ = ["steer"]
 
@@ -110,22 +110,8 @@ def steer_transfer(obj: Ctx, ref, map_ref, name, alias, description, as_json):
                                f"{v.metrics.get('eps_scale', 1.0):.3g}){' as @' + alias if alias else ''}")
 
 
-@steer.command("alias")
-@click.argument("name")
-@click.argument("alias")
-@click.argument("version", type=int, required=False)
-@click.option("--delete", is_flag=True, help="Remove the alias instead.")
-@click.pass_obj
-def steer_alias(obj: Ctx, name, alias, version, delete):
-    """Point steer NAME@ALIAS at VERSION (or --delete it); a bare NAME means its prod version while prod is set."""
-    if delete:
-        delete_steer_alias(obj.registry, name, alias)
-        click.echo(f"deleted alias {name}@{alias}")
-        return
-    if version is None:
-        raise click.UsageError("give a VERSION (or --delete)")
-    set_steer_alias(obj.registry, name, alias, version)
-    click.echo(f"{name}@{alias} -> {version}")
+alias_command(steer, "Point steer NAME@ALIAS at VERSION (or --delete it); a bare NAME means its prod version "
+                     "while prod is set.", set_steer_alias, delete_steer_alias)
 
 
 @steer.command("lens")
