@@ -242,11 +242,13 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
         os.environ.update(s.to_env())
         get_settings.cache_clear()
         uvicorn.run("service.api.app:worker_app", factory=True, workers=workers, host=s.host, port=s.port,
-                    log_level=s.log_level.lower(), access_log=False, log_config=None, http=SlowClientProtocol)
+                    log_level=s.log_level.lower(), access_log=False, log_config=None, http=SlowClientProtocol,
+                    timeout_graceful_shutdown=s.shutdown_timeout_s)
         _log.info("service stopped", extra={"fields": {"workers": workers}})
         return
     started, stop_signal = _run(uvicorn.Config(create_app(s), host=s.host, port=s.port, access_log=False,
-                                               log_level=s.log_level.lower(), log_config=None, http=SlowClientProtocol))
+                                               log_level=s.log_level.lower(), log_config=None, http=SlowClientProtocol,
+                                               timeout_graceful_shutdown=s.shutdown_timeout_s))
     if not started:  # the lifespan failed (logged); uvicorn's start-up failure status
         sys.exit(3)
     _log.info("service stopped", extra={"fields": {"signal": stop_signal}})

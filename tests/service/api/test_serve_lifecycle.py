@@ -82,6 +82,28 @@ def test_a_stop_signal_answers_the_request_in_flight_and_exits_0_with_a_log_line
     assert [r["signal"] for r in stopped] == [sig.name]
 
 
+def test_a_request_that_keeps_going_does_not_hold_the_stop_past_shutdown_timeout_s(tmp_path):
+    # uvicorn waits for the requests in flight without a bound: a stalled upload (60 s of body_timeout_s) or a
+    # long plan held `docker stop` / a pod's termination until the SIGKILL, and the shutdown work never ran
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    env = {**env_for(data, port), "VECBRIDGE_SHUTDOWN_TIMEOUT_S": "2"}
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    s, _ = _half_sent_transform(port)  # the rest never comes
+    try:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert time.monotonic() - t0 < 10  # the 2 s bound, not the 60 s the upload could still take
+    finally:
+        s.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert [r["signal"] for r in _records(tmp_path) if r["msg"] == "service stopped"] == ["SIGTERM"]
+
+
 def test_workers_log_uvicorn_lines_as_json_and_stop_with_0(tmp_path):
     # the worker processes left uvicorn's loggers unconfigured: "Started server process" and the other INFO lines
     # were lost, and "Invalid HTTP request received." came out as plain text amid the JSON lines
