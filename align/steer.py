@@ -89,13 +89,14 @@ def _check_int(value, name: str, lo: int, hi: int | None = None) -> int:
     return value
 
 
-def _check_pos_float(value, name: str, *, allow_zero: bool = False) -> float:
+def _check_pos_float(value, name: str, *, allow_zero: bool = False, hi: float | None = None) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
         raise InputError(f"{name} must be a number, got {value!r}") from None
-    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise InputError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value}")
+    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or (hi is not None and value > hi):
+        upper = f" and at most {hi:g}" if hi is not None else ""
+        raise InputError(f"{name} must be {'>= 0' if allow_zero else '> 0'}{upper} and finite, got {value}")
     return value
 
 
@@ -466,12 +467,12 @@ def check_steer_options(*, rank=16, method="local", temperature=0.05, weight_dec
             "weight_decay": _check_pos_float(weight_decay, "weight_decay", allow_zero=True),
             "max_iter": _check_int(max_iter, "max_iter", 1), "max_pairs": _check_int(max_pairs, "max_pairs", 2),
             "n_candidates": _check_int(n_candidates, "n_candidates", 2),
-            "init_scale": _check_pos_float(init_scale, "init_scale"),
+            "init_scale": _check_pos_float(init_scale, "init_scale", hi=10.0),  # 1e308 overflowed the first step
             "n_neighbors": _check_int((50 if local else 10) if n_neighbors is None else n_neighbors, "n_neighbors",
                                       2 if local else 1),
             "n_queries": _check_int(n_queries, "n_queries", 1),
             "ridge": _check_pos_float(ridge, "ridge", allow_zero=True),
-            "opposite_weight": _check_pos_float(opposite_weight, "opposite_weight", allow_zero=True),
+            "opposite_weight": _check_pos_float(opposite_weight, "opposite_weight", allow_zero=True, hi=100.0),
             "prior_weight": _check_prior(prior_weight), "n_folds": _check_int(n_folds, "n_folds", 0)}
 
 

@@ -153,7 +153,8 @@ def test_errors(world):
     assert c.post("/v1/steers", headers=W, json={**base, "params": {"rnak": 2}}).status_code == 422
     # bad values are refused when the fit is asked (they were a 202 and a job that failed)
     for bad in ({"rank": "x"}, {"temperature": -1}, {"max_iter": 2.5}, {"method": "lm-steer", "rank": 0},
-                {"n_neighbors": 1}, {"ridge": -0.5}):
+                {"n_neighbors": 1}, {"ridge": -0.5}, {"opposite_weight": 1e308},  # these two overflowed in the job
+                {"method": "lm-steer", "init_scale": 1e308}):
         r = c.post("/v1/steers", headers=W, json={**base, "params": bad})
         assert r.status_code == 422 and next(iter(bad.keys() - {"method"})) in r.text, (bad, r.status_code, r.text)
     # a seed in params that the request's own random_state (default 0) would silently override; a rank past the
