@@ -33,7 +33,7 @@ from ..ui import mount_console
 from .errors import install_error_handlers
 from .deps import current_settings
 from .fastpath import FastPathMiddleware
-from .middleware import GuardMiddleware, ObserveMiddleware, accepted_hosts, body_limit
+from .middleware import LOOPBACK_HOSTS, GuardMiddleware, ObserveMiddleware, accepted_hosts, body_limit
 from .responses import FastJSONResponse
 from .routers import embeddings, fits, indexes, jobs, lm, maps, ops, plans, steers
 from .state import AppState
@@ -230,25 +230,23 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
               f"across restarts).\n  curl -H \"Authorization: Bearer $(cat {key_file})\" "
               f"http://{s.host}:{s.port}/v1/info\n  console: http://{s.host}:{s.port}/ui (paste the key once); "
               f"set VECBRIDGE_API_KEYS for real deployments", file=sys.stderr, flush=True)
-    if s.auth_disabled and not s.allowed_hosts and s.host.strip("[]") in ("0.0.0.0", "::", ""):
+    if accepted_hosts(s) == LOOPBACK_HOSTS:  # auth off, no allowed_hosts, a wildcard bind
         print(f"vecbridge: auth is off and the service listens on every interface ({s.host}), so it answers only "
-              f"Host names localhost, 127.0.0.1 and ::1: set VECBRIDGE_ALLOWED_HOSTS to the names other "
+              f"Host names {', '.join(LOOPBACK_HOSTS)}: set VECBRIDGE_ALLOWED_HOSTS to the names other "
               f"clients use", file=sys.stderr, flush=True)
     configure_logging(s.log_level, server=True)  # uvicorn's lines too, as JSON (worker_app: the same per worker)
     from .protocol import SlowClientProtocol, set_timeouts
 
     set_timeouts(s.header_timeout_s, s.send_timeout_s)
+    server = {"host": s.host, "port": s.port, "log_level": s.log_level.lower(), "access_log": False,  # 1 or N
+              "log_config": None, "http": SlowClientProtocol, "timeout_graceful_shutdown": s.shutdown_timeout_s}
     if workers > 1:
         os.environ.update(s.to_env())
         get_settings.cache_clear()
-        uvicorn.run("service.api.app:worker_app", factory=True, workers=workers, host=s.host, port=s.port,
-                    log_level=s.log_level.lower(), access_log=False, log_config=None, http=SlowClientProtocol,
-                    timeout_graceful_shutdown=s.shutdown_timeout_s)
+        uvicorn.run("service.api.app:worker_app", factory=True, workers=workers, **server)
         _log.info("service stopped", extra={"fields": {"workers": workers}})
         return
-    started, stop_signal = _run(uvicorn.Config(create_app(s), host=s.host, port=s.port, access_log=False,
-                                               log_level=s.log_level.lower(), log_config=None, http=SlowClientProtocol,
-                                               timeout_graceful_shutdown=s.shutdown_timeout_s))
+    started, stop_signal = _run(uvicorn.Config(create_app(s), **server))
     if not started:  # the lifespan failed (logged); uvicorn's start-up failure status
         sys.exit(3)
     _log.info("service stopped", extra={"fields": {"signal": stop_signal}})
