@@ -357,9 +357,20 @@ class Registry(SteerRegistryMixin):
         good a map is, it does not promote it over a better one. kind 1: training top-1 of a paired fit (a map
         of few pairs memorises them, so it ranks below any held-out figure); kind 0: none.
         """
+        return Registry._judged(v)[:2]
+
+    @staticmethod
+    def quality_source(v: VersionInfo) -> str:
+        """Where :meth:`quality`'s figure comes from: ``"eval"`` (recorded), ``"fit"`` (the fit's held-out
+        top-1), ``"train"`` (training top-1) or ``"none"``."""
+        return Registry._judged(v)[2]
+
+    @staticmethod
+    def _judged(v: VersionInfo) -> tuple[int, float, str]:
+        """``(kind, score, source)`` of :meth:`quality` and :meth:`quality_source`, read once."""
         m, tags = v.metrics or {}, v.tags or {}
-        for top1, pool in ((tags.get("eval.top1"), tags.get("eval.n_candidates")),
-                           (m.get("heldout_top1"), m.get("heldout_n_candidates"))):
+        for source, top1, pool in (("eval", tags.get("eval.top1"), tags.get("eval.n_candidates")),
+                                   ("fit", m.get("heldout_top1"), m.get("heldout_n_candidates"))):
             try:  # tags are stored as text
                 top1 = float(top1)
             except (TypeError, ValueError):
@@ -370,21 +381,10 @@ class Registry(SteerRegistryMixin):
                 pool = int(float(pool))
             except (TypeError, ValueError, OverflowError):
                 pool = 0
-            return 2, top1_at(top1, pool) if pool > 1 else top1
+            return 2, top1_at(top1, pool) if pool > 1 else top1, source
         if isinstance(m.get("train_top1"), (int, float)):
-            return 1, float(m["train_top1"])
-        return 0, 0.0
-
-    @staticmethod
-    def quality_source(v: VersionInfo) -> str:
-        """Where :meth:`quality`'s figure comes from: ``"eval"`` (recorded), ``"fit"`` (the fit's held-out
-        top-1), ``"train"`` (training top-1) or ``"none"``."""
-        kind = Registry.quality(v)[0]
-        try:
-            recorded = 0.0 <= float((v.tags or {}).get("eval.top1")) <= 1.0
-        except (TypeError, ValueError):
-            recorded = False
-        return "eval" if kind == 2 and recorded else {2: "fit", 1: "train"}.get(kind, "none")
+            return 1, float(m["train_top1"]), "train"
+        return 0, 0.0, "none"
 
     def _edge_version(self, t, name: str, alias: str) -> tuple[VersionInfo, bool] | None:
         """The version a map contributes to paths: its live ``alias`` version (pinned, True) if any, else
