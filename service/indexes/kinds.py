@@ -40,8 +40,8 @@ from ..threads import pin_thread
 from .errors import IndexConflictError
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "choose_kind", "check_name",
-           "ids_array", "make_index", "prep_rows", "live_ids", "live_slots", "tombstone_slots", "rebuild_hnsw",
-           "search_key", "search_kind", "search_work"]
+           "ids_array", "make_index", "prep_rows", "add_rows", "live_ids", "live_slots", "tombstone_slots",
+           "rebuild_hnsw", "search_key", "search_kind", "search_work"]
 
 FLAT_MAX = 50_000
 HNSW_MAX = 1_000_000
@@ -165,6 +165,30 @@ def live_ids(index, kind: str, tombstones: set[int]) -> np.ndarray:
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
     ids = _id_map(index).copy()
     return np.delete(ids, _slots(tombstones)) if tombstones else ids
+
+
+def add_rows(index, kind: str, rows: np.ndarray, ids: np.ndarray, seed: int | None = None) -> None:
+    """Add prepared ``rows`` (n, d) float32 under ``ids`` (n,); with ``seed``, the same call gives the same index
+    in any process.
+
+    The persisted log of an index (:mod:`.persist`) is replayed by every other process onto the same
+    snapshot, so a logged add must not depend on the history of the process that made it. Flat and IVF
+    adds are deterministic already; an HNSW add draws each row's level from the graph's random
+    generator, which FAISS does not store with the index (a loaded graph restarts it), and inserts rows
+    in parallel with OpenMP. So with ``seed`` (the generation the add becomes) the HNSW generator is
+    reseeded and the insertion runs on one OpenMP thread: a replay builds the very graph the writer built.
+    Without it (adds persisted as a whole snapshot) the insertion keeps FAISS's threads.
+    """
+    if kind != "hnsw" or seed is None:
+        index.add_with_ids(rows, ids)
+        return
+    faiss.downcast_index(index.index).hnsw.rng = faiss.RandomGenerator(int(seed) & 0x7FFFFFFF)
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        index.add_with_ids(rows, ids)
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def live_slots(index, ids: np.ndarray, tombstones: set[int]) -> np.ndarray:

@@ -1,34 +1,58 @@
 """On-disk format of one index: generations, meta, crash-safe write and read.
 
-``root/<name>/meta.json`` names the current generation; ``index.<gen>.faiss`` and
-``payloads.<gen>.json`` are written to temporary names, fsynced and renamed first, and
-``meta.json`` is replaced atomically last (then the folder is fsynced), so a crash leaves the
-previous generation readable. The two generations before the current one are kept for readers
-that read an older meta and are still loading; older ones are removed by the next writer.
-Generation files are immutable once a meta names them, so readers need no lock. Nothing is
-pickled.
+``root/<name>/meta.json`` names the current generation ``g``. A generation is a **snapshot**
+(``index.<b>.faiss`` + ``payloads.<b>.json``, the whole index at generation ``b``) followed by a
+**log** of the changes made since, one file per generation: ``delta.<g>.npz`` holds one add (ids,
+the prepared rows, their payloads) or one delete (ids). The meta names the snapshot (``base``) and
+the log (``log``: ``[[generation, rows], ...]``), so a reader loads the snapshot and replays the log
+(:func:`read_generation`), and a process that already holds generation ``g' >= base`` of the same
+snapshot replays only the deltas after ``g'`` (:func:`read_deltas`). A small add to an index of
+millions of rows therefore writes the added rows, not the index, and other processes catch up by
+reading them; a change that would make the log longer than :func:`log_fits` allows (a quarter of
+the snapshot's rows, at least 1,024 rows, at most 64 files) writes a new snapshot instead, so the
+log costs at most a constant factor per row over time.
+
+Every file is written to a temporary name, fsynced and renamed first, and ``meta.json`` is
+replaced atomically last (then the folder is fsynced), so a crash leaves the previous generation
+readable. The files the two metas before the current one name are kept for readers that read an
+older meta and are still loading (``recent_bases``); older ones are removed by the next writer.
+Files are immutable once a meta names them, so readers need no lock. Nothing is pickled.
 """
 
 from __future__ import annotations
 
+import io
+import itertools
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import faiss
+import numpy as np
 
 from align.exceptions import InputError
 
 from ..limits import MAX_ID, check_dim, check_index_params
 from ..storage import atomic_write, fsync_dir
-from .kinds import METRICS, check_name, tombstone_slots
+from .kinds import METRICS, add_rows, check_name, tombstone_slots
 from .locking import stat_sig
 
-__all__ = ["FORMAT", "LOCK_FILE", "STORE_LOCK", "LOAD_ATTEMPTS", "uid_of", "read_meta", "read_generation",
+__all__ = ["FORMAT", "FORMAT_VERSION", "LOCK_FILE", "STORE_LOCK", "LOAD_ATTEMPTS", "Delta", "uid_of", "log_of",
+           "log_fits", "snapshot_wanted", "read_meta", "read_generation", "read_deltas", "apply_delta",
            "read_current", "check_meta", "write_generation", "collect_generations"]
 
 FORMAT = "vecbridge.SpaceIndex"
-KEEP_OLD_GENERATIONS = 2  # kept for readers that read an older meta and are still loading
+FORMAT_VERSION = 3  # 3: snapshot + log (base, log, base_rows, recent_bases); 2: HNSW tombstones as slots
+KEEP_OLD_GENERATIONS = 2  # the files of this many metas before the current one stay for readers still loading
+LOG_MIN_ROWS = 1024  # the log may always hold this many rows ...
+LOG_SHARE = 0.25  # ... or this share of the snapshot's rows, whichever is more
+LOG_MAX_FILES = 64  # at most this many deltas to replay on load
+LOG_MAX_HNSW_ADD = 8192  # a logged HNSW add inserts on one thread (kinds.add_rows): larger ones write a snapshot
+_DELTA_KEYS = {"op", "ids", "rows", "payloads"}
+SNAPSHOT_WANTED = "snapshot-wanted"  # root/<name>/snapshot-wanted: a reader met a damaged file (see read_generation)
 LOAD_ATTEMPTS = 8
 LOCK_FILE = ".lock"  # root/<name>/.lock: the cross-process writer lock of one index
 STORE_LOCK = ".store.lock"  # root/.store.lock: create and drop
@@ -39,24 +63,163 @@ def uid_of(meta: dict) -> str:
     return str(meta.get("uid") or f"created:{meta['created_at']!r}")
 
 
+def log_of(meta: dict) -> tuple[int, list[tuple[int, int]]]:
+    """``(base, log)`` of a meta: the snapshot's generation and ``[(generation, rows), ...]`` after it.
+
+    Metas before format 3 name a snapshot only (``base == generation``, empty log). ``InputError`` when
+    the log does not lead from the snapshot to the meta's generation in increasing steps.
+    """
+    try:
+        gen = int(meta["generation"])
+        if "base" not in meta:
+            return gen, []
+        base, log = int(meta["base"]), [(int(g), int(n)) for g, n in meta["log"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"meta.json: bad generation, base or log ({exc})") from None
+    gens = [base] + [g for g, _ in log]
+    if any(b <= a for a, b in itertools.pairwise(gens)) or gens[-1] != gen or any(n < 0 for _, n in log):
+        raise InputError(f"meta.json: log {log} after snapshot {base} does not lead to generation {gen}")
+    return base, log
+
+
+def log_fits(log: list[tuple[int, int]], base_rows: int, kind: str, rows: int) -> bool:
+    """Whether a change of ``rows`` rows may go to the log (else the writer writes a snapshot)."""
+    if len(log) >= LOG_MAX_FILES or (kind == "hnsw" and rows > LOG_MAX_HNSW_ADD):
+        return False
+    return sum(n for _, n in log) + rows <= max(LOG_MIN_ROWS, LOG_SHARE * base_rows)
+
+
+@dataclass
+class Delta:
+    """One logged change: ``op`` "add" (``ids`` (n,) int64, ``rows`` (n, d) float32 prepared, ``payloads``
+    ``{id: JSON}``) or "delete" (``ids``); ``generation`` is the one it made."""
+
+    generation: int
+    op: str
+    ids: np.ndarray
+    rows: np.ndarray | None = None
+    payloads: dict[int, Any] | None = None
+
+
+def _write_npz(tmp: Path, arrays: dict) -> None:
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def write_delta(path: Path, delta: Delta) -> None:
+    """Write ``delta.<generation>.npz`` (plain arrays: the payloads as UTF-8 JSON bytes; nothing pickled)."""
+    arrays: dict[str, np.ndarray] = {"op": np.array(delta.op), "ids": np.asarray(delta.ids, np.int64)}
+    if delta.rows is not None:
+        arrays["rows"] = np.asarray(delta.rows, np.float32)
+    if delta.payloads:
+        blob = json.dumps([[i, p] for i, p in delta.payloads.items()]).encode("utf-8")
+        arrays["payloads"] = np.frombuffer(blob, np.uint8)
+    atomic_write(path / f"delta.{delta.generation}.npz", lambda tmp: _write_npz(tmp, arrays))
+
+
+def read_delta(path: Path, gen: int, rows: int, dim: int) -> Delta:
+    """Read and check ``delta.<gen>.npz`` (``rows`` ids, ``dim``-wide rows); ``InputError`` when it is damaged.
+
+    Raises ``FileNotFoundError`` when it was already collected (a newer snapshot exists: read the meta again).
+    """
+    with open(path / f"delta.{gen}.npz", "rb") as fh:
+        data = fh.read()
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            if not set(z.files) <= _DELTA_KEYS or not {"op", "ids"} <= set(z.files):
+                raise ValueError(f"unexpected arrays {sorted(z.files)}")
+            arrays = {k: z[k] for k in z.files}
+        op, ids = str(arrays["op"]), arrays["ids"]
+        if op not in ("add", "delete") or ids.dtype != np.int64 or ids.shape != (rows,):
+            raise ValueError(f"op {op!r}, ids {ids.dtype} {ids.shape} where the meta says {rows} rows")
+        if ids.size and not (0 <= ids.min() and ids.max() < MAX_ID):
+            raise ValueError("ids outside 0..2**62 - 1")
+        out = Delta(gen, op, ids)
+        if op == "add":
+            X = arrays.get("rows")
+            if X is None or X.dtype != np.float32 or X.shape != (rows, dim) or not np.isfinite(X).all():
+                raise ValueError(f"rows must be finite float32 ({rows}, {dim})")
+            out.rows = X
+            blob = arrays.get("payloads")
+            pairs = json.loads(blob.tobytes().decode("utf-8")) if blob is not None else []
+            out.payloads = {int(i): p for i, p in pairs}
+            if not set(out.payloads) <= set(ids.tolist()):
+                raise ValueError("payloads of ids the delta does not add")
+    except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}/delta.{gen}.npz is damaged: {exc}") from None
+    return out
+
+
+def apply_delta(index, kind: str, payloads: dict[int, Any], delta: Delta) -> None:
+    """Replay ``delta`` onto ``index`` and ``payloads`` (in place). HNSW deletes change only the tombstones,
+    which the meta lists; the other kinds remove the rows."""
+    if delta.op == "add":
+        add_rows(index, kind, np.ascontiguousarray(delta.rows), delta.ids, seed=delta.generation)
+        payloads.update(delta.payloads or {})
+        return
+    if kind != "hnsw" and delta.ids.size:
+        index.remove_ids(delta.ids)
+    for i in delta.ids.tolist():
+        payloads.pop(i, None)
+
+
+def read_deltas(path: Path, meta: dict, after: int) -> list[Delta]:
+    """The deltas ``meta``'s log holds after generation ``after``, read and checked (nothing applied yet)."""
+    _, log = log_of(meta)
+    with _reading(path):
+        return [read_delta(path, g, n, int(meta["dim"])) for g, n in log if g > after]
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Mark the index :data:`SNAPSHOT_WANTED` when a read fails on a damaged file (not a collected one).
+
+    A damaged delta (a failing disk, a copy gone wrong) would keep every later generation of the same
+    snapshot unreadable to every process but the writer, which holds the rows in memory; the marker makes
+    the next write a snapshot (:func:`snapshot_wanted`), which heals them all.
+    """
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except Exception:
+        try:
+            (path / SNAPSHOT_WANTED).touch()
+        except OSError:  # a read-only copy: nothing to ask
+            pass
+        raise
+
+
+def snapshot_wanted(path: Path) -> bool:
+    """Whether a reader asked for a snapshot (one ``stat``)."""
+    return (path / SNAPSHOT_WANTED).exists()
+
+
 def read_meta(path: Path) -> dict:
     meta = json.loads((path / "meta.json").read_text())
     if meta.get("format") != FORMAT:
         raise InputError(f"{path} is not a vecbridge index")
+    if not isinstance(meta.get("format_version", 1), int) or meta.get("format_version", 1) > FORMAT_VERSION:
+        raise InputError(f"{path} was written by a newer vecbridge (index format {meta.get('format_version')!r}; "
+                         f"this one reads up to {FORMAT_VERSION}): upgrade every process of this data dir")
     return meta
 
 
 def read_generation(path: Path, meta: dict) -> tuple[Any, dict[int, Any]]:
-    """The FAISS index and payloads of the generation ``meta`` names.
+    """The FAISS index and payloads of the generation ``meta`` names: its snapshot with its log replayed.
 
-    Raises ``FileNotFoundError`` when the generation was already garbage-collected (a newer
-    meta exists: read it again). Both files are opened before either is read, so a removal
-    during the read does not matter.
+    Raises ``FileNotFoundError`` when a file was already garbage-collected (a newer meta exists:
+    read it again). Both snapshot files are opened before either is read, so a removal during the
+    read does not matter; the deltas are read (and checked) before the snapshot.
     """
-    gen = int(meta["generation"])
-    with open(path / f"index.{gen}.faiss", "rb") as fi, open(path / f"payloads.{gen}.json", "rb") as fp:
+    base, _ = log_of(meta)
+    deltas = read_deltas(path, meta, base)
+    with _reading(path), open(path / f"index.{base}.faiss", "rb") as fi, \
+            open(path / f"payloads.{base}.json", "rb") as fp:
         index = faiss.read_index(faiss.PyCallbackIOReader(fi.read))
         payloads = {int(i): p for i, p in json.loads(fp.read())}
+    for delta in deltas:
+        apply_delta(index, meta["kind"], payloads, delta)
     return index, payloads
 
 
@@ -94,6 +257,7 @@ def check_meta(path: Path, meta: dict, index) -> None:
         next_id = int(meta.get("next_id", 0))
         if not 0 <= next_id <= MAX_ID:
             raise InputError(f"next_id {next_id} is outside 0..2**62")
+        log_of(meta)
         tombstone_slots(index, meta["kind"], meta)
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"index at {path} refused: {exc}") from None
@@ -116,26 +280,41 @@ def _write_index_file(index, tmp: Path) -> None:
         faiss.write_index(index, faiss.PyCallbackIOWriter(fh.write))
 
 
-def write_generation(path: Path, index, payloads: dict[int, Any], meta: dict) -> tuple | None:
+def write_generation(path: Path, index, payloads: dict[int, Any], meta: dict, delta: Delta | None = None
+                     ) -> tuple | None:
     """Persist generation ``meta["generation"]`` under ``path``; returns the new meta's :func:`stat_sig`.
 
-    Caller holds the index's writer lock. Data files first, ``meta.json`` last (the commit
-    point), then the folder is fsynced.
+    With ``delta`` only ``delta.<g>.npz`` is written (``meta``'s log ends with it); without, a snapshot of
+    ``index`` and ``payloads`` (``meta``'s base is ``g``). Caller holds the index's writer lock. Data files
+    first, ``meta.json`` last (the commit point), then the folder is fsynced.
     """
     path.mkdir(parents=True, exist_ok=True)
     gen = int(meta["generation"])
     for stale in path.glob(".*.tmp-*"):  # left by a writer that died; the caller holds the writer lock
         stale.unlink(missing_ok=True)
-    atomic_write(path / f"index.{gen}.faiss", lambda tmp: _write_index_file(index, tmp))
-    _write_json(path / f"payloads.{gen}.json", [[i, p] for i, p in payloads.items()])
+    if delta is not None:
+        write_delta(path, delta)
+    else:
+        atomic_write(path / f"index.{gen}.faiss", lambda tmp: _write_index_file(index, tmp))
+        _write_json(path / f"payloads.{gen}.json", [[i, p] for i, p in payloads.items()])
     _write_json(path / "meta.json", meta)  # the commit point
     fsync_dir(path)
+    if delta is None:
+        (path / SNAPSHOT_WANTED).unlink(missing_ok=True)  # asked before this snapshot: answered
     return stat_sig(path / "meta.json")
 
 
-def collect_generations(path: Path, gen: int) -> None:
-    """Remove generation files older than ``gen - KEEP_OLD_GENERATIONS``."""
+def collect_generations(path: Path, meta: dict) -> None:
+    """Remove the files no meta among ``meta`` and the :data:`KEEP_OLD_GENERATIONS` before it names.
+
+    Those metas replay logs after their snapshots, the oldest of which is ``min(meta["recent_bases"])``:
+    snapshots before it and deltas up to it are not needed.
+    """
+    oldest = min(int(b) for b in meta.get("recent_bases") or [log_of(meta)[0]])
     for old in path.glob("*.*.*"):
         parts = old.name.split(".")
-        if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) < gen - KEEP_OLD_GENERATIONS:
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        n = int(parts[1])
+        if n < oldest or (parts[0] == "delta" and n <= oldest):
             old.unlink(missing_ok=True)

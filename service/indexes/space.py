@@ -42,6 +42,7 @@ from .kinds import (
     KINDS,
     METRICS,
     TOMBSTONE_REBUILD,
+    add_rows,
     check_name,
     choose_kind,
     ids_array,
@@ -58,12 +59,20 @@ from .kinds import (
 from .locking import RWLock, WouldBlock, flock, stat_sig, still_linked
 from .persist import (
     FORMAT,
+    FORMAT_VERSION,
+    KEEP_OLD_GENERATIONS,
     LOAD_ATTEMPTS,
     LOCK_FILE,
+    Delta,
+    apply_delta,
     collect_generations,
+    log_fits,
+    log_of,
     read_current,
+    read_deltas,
     read_generation,
     read_meta,
+    snapshot_wanted,
     uid_of,
     write_generation,
 )
@@ -125,6 +134,10 @@ class SpaceIndex:
         self._refresh_lock = threading.Lock()  # one loader of a newer generation at a time
         self._meta_sig: tuple | None = None  # stat_sig of the meta.json the in-memory copy matches
         self._unreadable_sig: tuple | None = None  # stat_sig of a meta.json whose generation could not be read
+        self._base = 0  # the snapshot generation the in-memory state started from (persist: snapshot + log)
+        self._log: list[tuple[int, int]] = []  # [(generation, rows)] replayed after it
+        self._base_rows = 0  # rows of that snapshot (log_fits)
+        self._recent_bases: list[int] = []  # snapshots of the last metas (collect_generations keeps them)
         if not self.uid:
             self.uid = uuid.uuid4().hex
 
@@ -171,12 +184,9 @@ class SpaceIndex:
         path = Path(path)
         meta, index, payloads, sig = read_current(path)
         obj = cls(name=meta["name"], space=meta["space"], dim=int(meta["dim"]), kind=meta["kind"],
-                  metric=meta["metric"], params=meta["params"], index=index, payloads=payloads,
-                  tombstones=tombstone_slots(index, meta["kind"], meta),
-                  next_id=int(meta.get("next_id", 0)), created_at=meta["created_at"],
-                  updated_at=meta["updated_at"], description=meta.get("description", ""), path=path,
-                  generation=int(meta["generation"]), uid=uid_of(meta))
-        obj._meta_sig = sig
+                  metric=meta["metric"], params=meta["params"], index=index, created_at=meta["created_at"],
+                  path=path, uid=uid_of(meta))
+        obj._adopt(meta, index, payloads, sig)
         return obj
 
     # --- facts ------------------------------------------------------------------------------
@@ -199,7 +209,11 @@ class SpaceIndex:
         return [self.payloads.get(int(i)) for i in ids]
 
     # --- writes (caller holds the write lock, or the object is not shared yet) ----------------
-    def _add(self, X: np.ndarray, ids, payloads) -> np.ndarray:
+    def _add(self, X: np.ndarray, ids, payloads, seed: int | None = None) -> Delta:
+        """Add ``X`` (n, dim); returns the change as a :class:`~.persist.Delta` of generation ``seed`` (the next).
+
+        ``seed``: the add is logged, so it must be replayable (:func:`~.kinds.add_rows`).
+        """
         n = X.shape[0]
         if ids is None:
             if self.next_id + n > MAX_ID:
@@ -214,14 +228,15 @@ class SpaceIndex:
         if payloads is not None:
             if not isinstance(payloads, list) or len(payloads) != n:
                 raise InputError(f"payloads: expected a list of {n} JSON values (one per vector)")
-        self.index.add_with_ids(np.ascontiguousarray(prep_rows(X, self.metric)), ids_arr)
+        rows = np.ascontiguousarray(prep_rows(X, self.metric), dtype=np.float32)
+        add_rows(self.index, self.kind, rows, ids_arr, seed)
+        added = {}
         if payloads is not None:
-            for i, p in zip(ids_arr.tolist(), payloads):
-                if p is not None:
-                    self.payloads[i] = p
+            added = {i: p for i, p in zip(ids_arr.tolist(), payloads) if p is not None}
+            self.payloads.update(added)
         self.next_id = max(self.next_id, int(ids_arr.max()) + 1) if n else self.next_id
         self._changed()
-        return ids_arr
+        return Delta(self.generation + 1, "add", ids_arr, rows, added)
 
     def add(self, vectors, *, ids=None, payloads=None) -> np.ndarray:
         """Add rows ``vectors`` (n, dim) under ``ids`` (default: the next free ids); returns the ids.
@@ -232,9 +247,10 @@ class SpaceIndex:
         X = as_matrix(vectors, name="vectors", dim=self.dim)
         with self._writing():
             with self.lock.write(), self._undo_on_failure():
-                out = self._add(X, ids, payloads)
-                self._save()
-        return out
+                logged = self._logs(X.shape[0])
+                delta = self._add(X, ids, payloads, seed=self.generation + 1 if logged else None)
+                self._save(delta if logged else None)
+        return delta.ids
 
     def delete(self, ids) -> int:
         """Delete ``ids``; returns how many were present. Unknown ids are ignored."""
@@ -244,17 +260,19 @@ class SpaceIndex:
                 present = ids_arr[self.has_ids(ids_arr)]
                 if present.size == 0:
                     return 0
+                logged = self._logs(present.size)
                 if self.kind == "hnsw":
                     self.tombstones.update(live_slots(self.index, present, self.tombstones).tolist())
                     if len(self.tombstones) > TOMBSTONE_REBUILD * max(1, self.index.ntotal):
                         self._rebuild()
+                        logged = False  # a new graph: only a snapshot holds it
                 else:
                     removed = self.index.remove_ids(present)
                     assert removed == present.size, (removed, present.size)
                 for i in present.tolist():
                     self.payloads.pop(i, None)
                 self._changed()
-                self._save()
+                self._save(Delta(self.generation + 1, "delete", present) if logged else None)
                 return int(present.size)
 
     def _rebuild(self) -> None:
@@ -414,6 +432,11 @@ class SpaceIndex:
                 self._meta_sig = sig
                 return False
             try:
+                if self._replays(meta):  # the same snapshot: read only the deltas after our generation
+                    deltas = read_deltas(self.path, meta, self.generation)
+                    with self.lock.write():
+                        self._replay(meta, deltas, sig)
+                    return True
                 index, payloads = read_generation(self.path, meta)
             except FileNotFoundError:  # collected after newer generations: read the meta again
                 continue
@@ -424,34 +447,74 @@ class SpaceIndex:
             return True
         raise RuntimeError(f"index {self.name!r}: generations changed faster than they could be read")
 
+    def _replays(self, meta: dict) -> bool:
+        """Whether the generation ``meta`` names is ours plus deltas: same snapshot, ours not older than it."""
+        base, _ = log_of(meta)
+        return self.generation > 0 and base == self._base and self.generation >= base
+
+    def _replay(self, meta: dict, deltas: list[Delta], sig) -> None:
+        """Apply ``deltas`` (read and checked) in place, then take ``meta`` (caller holds the write side).
+
+        A failure part-way leaves a state no generation names: the next access reloads in full.
+        """
+        try:
+            for delta in deltas:
+                apply_delta(self.index, self.kind, self.payloads, delta)
+            self._take_meta(meta, sig)
+        except BaseException:
+            self._meta_sig = None
+            self.generation = -1
+            raise
+
     def _adopt(self, meta: dict, index, payloads: dict[int, Any], sig) -> None:
         """Replace the in-memory state by a persisted generation (caller holds the write side)."""
         self.index = index
         self.payloads = payloads
-        self.tombstones = tombstone_slots(index, meta["kind"], meta)
+        self._take_meta(meta, sig)
+
+    def _take_meta(self, meta: dict, sig) -> None:
+        """The facts of ``meta`` for the index in memory, which holds its generation (caller holds the write side)."""
+        self.tombstones = tombstone_slots(self.index, meta["kind"], meta)
         self.next_id = int(meta.get("next_id", 0))
         self.kind = meta["kind"]
         self.params = meta["params"]
         self.updated_at = meta["updated_at"]
         self.description = meta.get("description", "")
         self.generation = int(meta["generation"])
+        self._base, self._log = log_of(meta)
+        self._base_rows = int(meta.get("base_rows", self.index.ntotal))
+        self._recent_bases = [int(b) for b in meta.get("recent_bases") or [self._base]]
         self._meta_sig = sig
         self._hubs.clear()
 
     def _meta(self, gen: int) -> dict:
         return {
-            "format": FORMAT, "format_version": 2, "generation": gen, "uid": self.uid,
+            "format": FORMAT, "format_version": FORMAT_VERSION, "generation": gen, "uid": self.uid,
             "name": self.name, "space": self.space, "dim": self.dim, "kind": self.kind, "metric": self.metric,
             "params": self.params, "tombstone_slots": sorted(self.tombstones), "next_id": self.next_id,
             "created_at": self.created_at, "updated_at": self.updated_at, "description": self.description,
         }
 
-    def _save(self) -> None:
-        """Write generation ``g + 1`` (caller holds the writer lock and the write side)."""
+    def _logs(self, rows: int) -> bool:
+        """Whether a change of ``rows`` rows goes to the log (:func:`~.persist.log_fits`) rather than a snapshot."""
+        if self.path is None or self.generation == 0 or snapshot_wanted(self.path):
+            return False
+        return log_fits(self._log, self._base_rows, self.kind, rows)
+
+    def _save(self, delta: Delta | None = None) -> None:
+        """Write generation ``g + 1`` (caller holds the writer lock and the write side): ``delta`` appended to
+        the log, or (``None``) a snapshot of the whole index."""
         if self.path is None:
             return
         gen = self.generation + 1
-        sig = write_generation(self.path, self.index, self.payloads, self._meta(gen))
-        self.generation = gen
-        self._meta_sig = sig
-        collect_generations(self.path, gen)
+        if delta is not None:
+            assert delta.generation == gen, (delta.generation, gen)
+            base, log, base_rows = self._base, [*self._log, (gen, int(delta.ids.size))], self._base_rows
+        else:
+            base, log, base_rows = gen, [], int(self.index.ntotal)
+        meta = self._meta(gen)
+        meta.update(base=base, log=log, base_rows=base_rows,
+                    recent_bases=[*self._recent_bases, base][-(KEEP_OLD_GENERATIONS + 1):])
+        sig = write_generation(self.path, self.index, self.payloads, meta, delta)
+        self._take_meta(meta, sig)
+        collect_generations(self.path, meta)

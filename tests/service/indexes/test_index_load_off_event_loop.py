@@ -70,7 +70,7 @@ def test_loading_a_newer_generation_leaves_the_event_loop_free(route, tmp_path):
         other = IndexStore(tmp_path / "data" / "indexes")
         idx = other.get("ix")
         idx.add(_rows(1, 1))
-        path = idx.path / f"index.{idx.generation}.faiss"
+        path = idx.path / f"delta.{idx.generation}.npz"  # a small add is logged: the new generation's one file
         content = path.read_bytes()
         path.unlink()
         os.mkfifo(path)
