@@ -7,8 +7,9 @@
 ...               progress=lambda j: print(j["progress"]))
 >>> vb.search("docs-e5", queries, space="minilm", k=5)["results"]
 
-Every method is one request (retried as below; list methods follow ``next`` cursors until the last page) and
-returns the decoded JSON answer, or numpy arrays where the route carries vectors. Vectors go
+Every method is one request (retried as below; list methods follow ``next`` cursors until the last page; rows
+beyond the service's ``max_batch`` / ``max_body_bytes`` go in batches, see ``batch_size``) and returns the decoded
+JSON answer, or numpy arrays where the route carries vectors. Vectors go
 out as base64 float32 inside JSON (``vectors_b64`` + ``dim``), and :meth:`Client.transform`
 sends raw little-endian float32 (``application/octet-stream``) by default: no JSON numbers to
 parse on either side. ``binary=False`` sends the same request as JSON.
@@ -54,9 +55,7 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -64,7 +63,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
-from align.exceptions import InputError, NotRepresentableError, ShapeError
+from align.exceptions import InputError
 
 from .client_errors import (
     APIConnectionError,
@@ -89,6 +88,22 @@ from .client_errors import (
     error_from_response,
     unexpected,
 )
+from .client_wire import (
+    as_list,
+    b64,
+    b64_row_bytes,
+    clean,
+    cut,
+    dumps,
+    float32_rows,
+    json_sizes,
+    labelled,
+    matrix,
+    new_key,
+    rows,
+    side,
+    spans,
+)
 
 __all__ = [
     "APIConnectionError", "APIError", "APITimeoutError", "AuthenticationError", "BadRequestError", "Client",
@@ -102,71 +117,6 @@ _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 _RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothing was done; try again later
 
 
-# --- vectors on the wire ------------------------------------------------------------------------
-def _matrix(X, name: str = "vectors") -> np.ndarray:
-    """``X`` as C-contiguous little-endian float32 (n, d); a 1-D row becomes (1, d).
-
-    Refused here, before a byte is sent: another ndim (:class:`ShapeError`), what is not numbers
-    (:class:`InputError`), and finite float64 values float32 cannot hold, e.g. 1e39
-    (:class:`NotRepresentableError`: the cast would send Inf, and the service would call finite input NaN/Inf).
-    NaN / Inf in ``X`` itself are the service's to refuse (422 :class:`ValidationError`).
-    """
-    try:
-        src = np.asarray(X)
-        with np.errstate(over="ignore"):
-            A = src.astype("<f4", copy=False)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{name}: not an array of numbers ({e})") from None
-    if A.ndim == 1:
-        A = A[None, :]
-    if A.ndim != 2:
-        raise ShapeError(f"{name}: expected a 2-D array (n, d), got shape {A.shape}")
-    if src.dtype.kind == "f" and src.dtype.itemsize > 4 and A.size and not np.isfinite(A.max() - A.min()):
-        lost = ~np.isfinite(A).all(axis=1) & np.isfinite(src.reshape(A.shape)).all(axis=1)
-        if lost.any():
-            raise NotRepresentableError(f"{name}: {int(lost.sum())} finite row(s) (first: row "
-                                        f"{int(np.flatnonzero(lost)[0])}) hold values beyond float32's range "
-                                        f"(|x| > 3.4e38); scale them")
-    return np.ascontiguousarray(A)
-
-
-def _b64(X, name: str = "vectors") -> dict:
-    """``{"vectors_b64": ..., "dim": d}``: the JSON fields of a matrix as base64 float32."""
-    A = _matrix(X, name)
-    return {"vectors_b64": base64.b64encode(A.tobytes()).decode("ascii"), "dim": int(A.shape[1])}
-
-
-def _float32_rows(raw: bytes, shape) -> np.ndarray:
-    """Little-endian float32 bytes as a writeable (n, d) array (``frombuffer`` alone is read-only: an in-place
-    ``Y /= norms`` would fail); ValueError when the byte count does not match ``shape``."""
-    return np.frombuffer(bytearray(raw), dtype="<f4").reshape(tuple(int(v) for v in shape))
-
-
-def _rows(body: dict) -> np.ndarray:
-    """The vectors of a JSON answer (``vectors`` or ``vectors_b64`` with ``shape``) as float32 (n, d)."""
-    if body.get("vectors_b64") is not None:
-        return _float32_rows(base64.b64decode(body["vectors_b64"]), body["shape"])
-    return np.asarray(body["vectors"], dtype=np.float32)
-
-
-def _plain(x):
-    """``json.dumps``'s ``default``: numpy scalars and arrays as the Python numbers and lists they hold (ids
-    from ``np.arange``, a ``np.float32`` in a payload); anything else is refused as ``json`` would."""
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    raise TypeError(f"{type(x).__name__} is not JSON serializable")
-
-
-def _dumps(body) -> bytes:
-    """The JSON bytes of a request body; :class:`InputError` for what JSON cannot carry (NaN, objects)."""
-    try:
-        return json.dumps(body, default=_plain, allow_nan=False, separators=(",", ":")).encode()
-    except (TypeError, ValueError) as e:
-        raise InputError(f"request body: {e}") from None
-
-
 def _seg(part) -> str:
     """One path segment: a name, reference or id percent-encoded, so that it cannot reach another route.
 
@@ -177,10 +127,6 @@ def _seg(part) -> str:
     if s in ("", ".", "..") or "/" in s:
         raise InputError(f"{s!r} is not a name, reference or id (no '/', not empty, '.' or '..')")
     return quote(s, safe="@:")
-
-
-def _clean(d: dict) -> dict:
-    return {k: v for k, v in d.items() if v is not None}
 
 
 # --- the client ---------------------------------------------------------------------------------
@@ -201,6 +147,11 @@ class Client:
         Retries of a request that may be sent again (module docstring); 0 turns them off.
     max_retry_wait : float
         Longest ``Retry-After`` (seconds) the client waits out; a longer one raises at once.
+    batch_size : int, optional
+        Most rows per request of :meth:`transform`, :meth:`add`, :meth:`search`, :meth:`apply_steer` and
+        :meth:`embed`. Without it a call is split only once the service refused one as too large (413): the
+        client then reads the service's ``max_batch`` / ``max_body_bytes`` from ``/v1/info`` and sends the rows
+        in batches within them (:mod:`service.client_wire`), the answers joined in order.
     transport : httpx.BaseTransport, optional
         For tests (e.g. ``httpx.ASGITransport``); default: the network.
 
@@ -209,11 +160,13 @@ class Client:
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 60.0, page_size: int = 500,
                  max_retries: int = 2, max_retry_wait: float = 60.0, transport: httpx.BaseTransport | None = None,
-                 headers: dict | None = None) -> None:
+                 headers: dict | None = None, batch_size: int | None = None) -> None:
         h = dict(headers or {})
         if api_key:
             h["Authorization"] = f"Bearer {api_key}"
         self.page_size = int(page_size)
+        self.batch_size = None if batch_size is None else max(1, int(batch_size))
+        self._limits: tuple[int | None, int | None] | None = None  # (max_batch, max_body_bytes) once read
         self.max_retries, self.max_retry_wait = int(max_retries), float(max_retry_wait)
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=h, timeout=timeout, transport=transport)
 
@@ -237,7 +190,7 @@ class Client:
         retried as the module docstring says, others only when the connection was never made.
         """
         if "json" in kw:
-            kw["content"] = _dumps(kw.pop("json"))
+            kw["content"] = dumps(kw.pop("json"))
             kw["headers"] = {"Content-Type": "application/json", **(kw.get("headers") or {})}
         if retry is None:
             retry = method.upper() in _IDEMPOTENT or "Idempotency-Key" in (kw.get("headers") or {})
@@ -282,6 +235,32 @@ class Client:
         except ValueError:
             raise unexpected(r, "an answer that is not JSON") from None
 
+    def _batched(self, n: int, row_bytes, send: Callable[[slice], Any]) -> list:
+        """``send(rows)`` for consecutive batches of rows ``0..n`` within the service's limits; the answers in order.
+
+        One request while the limits are unknown; after a 413 the limits are read from ``/v1/info`` and the
+        call is sent again in batches (:func:`~service.client_wire.spans`; ``row_bytes``: each row's share of
+        the body). Batches are separate requests: an error in batch ``j`` leaves batches ``< j`` done.
+        """
+        refused = None
+        if self._limits is None and self.batch_size is None:
+            try:
+                return [send(slice(0, n))]
+            except PayloadTooLargeError as e:
+                refused = e
+                try:
+                    lim = self._json("GET", "/v1/info")["limits"]
+                    self._limits = (int(lim["max_batch"]), int(lim["max_body_bytes"]))
+                except (APIError, KeyError, TypeError, ValueError):
+                    raise e from None
+        max_rows, max_bytes = self._limits or (None, None)
+        if self.batch_size is not None:
+            max_rows = min(max_rows or self.batch_size, self.batch_size)
+        parts = spans(n, row_bytes, max_rows=max_rows, max_bytes=max_bytes)
+        if refused is not None and len(parts) == 1:
+            raise refused
+        return [send(part) for part in parts]
+
     def _pages(self, path: str, params: dict | None = None) -> Iterator[dict]:
         """Every item of a paginated list, page after page (``limit`` / ``cursor`` / ``next``)."""
         q = {**(params or {}), "limit": self.page_size}
@@ -322,7 +301,7 @@ class Client:
 
     def create_space(self, name: str, dim: int | None = None, *, encoder: str | None = None,
                      query_prefix: str = "", passage_prefix: str = "", description: str = "") -> dict:
-        return self._json("POST", "/v1/spaces", json=_clean({
+        return self._json("POST", "/v1/spaces", json=clean({
             "name": name, "dim": dim, "encoder": encoder, "query_prefix": query_prefix,
             "passage_prefix": passage_prefix, "description": description}))
 
@@ -366,16 +345,28 @@ class Client:
         proxies that pass only JSON. ``output``: ``raw`` (comparable with the target model's own
         vectors), ``frame`` or ``linear`` (see the route's documentation).
         """
-        A = _matrix(X)
+        A, pinned = matrix(X), [ref]
+
+        def send(part: slice) -> np.ndarray:  # batches after the first go through the version it used
+            Y, used = self._transform(pinned[0], A[part], output, binary)
+            pinned[0] = used or pinned[0]
+            return Y
+
+        parts = self._batched(A.shape[0], 4 * A.shape[1] if binary else b64_row_bytes(A.shape[1]), send)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _transform(self, ref: str, A: np.ndarray, output: str, binary: bool) -> tuple[np.ndarray, str | None]:
+        """One transform request: ``(Y, "name:version" of the map version used, when the answer says)``."""
         if not binary:
             body = self._json("POST", f"/v1/maps/{_seg(ref)}/transform", retry=True,
-                              json={**_b64(A), "output": output, "encoding_format": "base64"})
-            return _rows(body)
+                              json={**b64(A), "output": output, "encoding_format": "base64"})
+            return rows(body), f"{body['map']}:{body['version']}" if "version" in body else None
         r = self.request("POST", f"/v1/maps/{_seg(ref)}/transform", params={"output": output}, content=A.tobytes(),
                          headers={"Content-Type": "application/octet-stream", "X-Vector-Dim": str(A.shape[1])},
                          retry=True)
         try:
-            return _float32_rows(r.content, r.headers["x-shape"].split(","))
+            used = f"{r.headers['x-map']}:{r.headers['x-map-version']}" if "x-map-version" in r.headers else None
+            return float32_rows(r.content, r.headers["x-shape"].split(",")), used
         except (KeyError, ValueError):
             raise unexpected(r, f"not {A.shape[0]} rows of float32 with their X-Shape") from None
 
@@ -401,9 +392,9 @@ class Client:
         (p, d_old), ``probe_target`` (p, d_new), row i the same text); with labelled ``queries`` (q, d_new),
         ``old_queries`` (q, d_old) and each one's ``relevant`` probe row, their retention is predicted.
         Synchronous: seconds to a minute; raise ``timeout`` for big corpora."""
-        body = {"old": _b64(old, "old"), "probe_source": _b64(probe_source, "probe_source"),
-                "probe_target": _b64(probe_target, "probe_target"), "target_retention": float(target_retention),
-                "random_state": int(random_state), **_labelled(queries, old_queries, relevant)}
+        body = {"old": b64(old, "old"), "probe_source": b64(probe_source, "probe_source"),
+                "probe_target": b64(probe_target, "probe_target"), "target_retention": float(target_retention),
+                "random_state": int(random_state), **labelled(queries, old_queries, relevant)}
         return self._json("POST", "/v1/plans", json=body, retry=True)
 
     def evaluate(self, ref: str, source, target, *, queries=None, relevant: Sequence[int] | None = None,
@@ -412,9 +403,9 @@ class Client:
         """``POST /v1/maps/{ref}/evaluate`` (``vecbridge eval``): the map on held-out pairs ``source`` (n, d_s) /
         ``target`` (n, d_t), and on labelled ``queries`` with each one's ``relevant`` row; ``min_retention`` /
         ``min_top1`` add ``result`` ``PASS`` / ``FAIL`` (an answer, not an exception)."""
-        body = _clean({"source": _b64(source, "source"), "target": _b64(target, "target"), "side": side,
+        body = clean({"source": b64(source, "source"), "target": b64(target, "target"), "side": side,
                        "min_retention": min_retention, "min_top1": min_top1, "csls": bool(csls),
-                       "csls_weight": csls_weight, **_labelled(queries, old_queries, relevant)})
+                       "csls_weight": csls_weight, **labelled(queries, old_queries, relevant)})
         return self._json("POST", f"/v1/maps/{_seg(ref)}/evaluate", json=body, retry=True)
 
     # --- indexes --------------------------------------------------------------------------------
@@ -429,20 +420,41 @@ class Client:
                      metric: str = "cosine", params: dict | None = None, random_state: int = 0,
                      description: str = "") -> dict:
         """Create a FAISS index in ``space``, empty or filled with ``vectors`` (n, d) or ``texts``."""
-        body = _clean({"name": name, "space": space, "kind": kind, "metric": metric, "params": params or {},
-                       "random_state": random_state, "description": description, "texts": _list(texts),
-                       "ids": _list(ids), "payloads": _list(payloads)})
+        body = clean({"name": name, "space": space, "kind": kind, "metric": metric, "params": params or {},
+                       "random_state": random_state, "description": description, "texts": as_list(texts),
+                       "ids": as_list(ids), "payloads": as_list(payloads)})
         if vectors is not None:
-            body.update(_b64(vectors))
+            body.update(b64(vectors))
         return self._json("POST", "/v1/indexes", json=body)
 
     def add(self, name: str, vectors=None, *, texts: Sequence[str] | None = None, ids: Sequence[int] | None = None,
             payloads: Sequence[Any] | None = None) -> dict:
-        """Add rows (``vectors`` or ``texts``); returns ``{"index", "ids", "count"}``."""
-        body = _clean({"texts": _list(texts), "ids": _list(ids), "payloads": _list(payloads)})
-        if vectors is not None:
-            body.update(_b64(vectors))
-        return self._json("POST", f"/v1/indexes/{_seg(name)}/vectors", json=body)
+        """Add rows (``vectors`` or ``texts``); returns ``{"index", "ids", "count"}``.
+
+        More rows than one request may hold go in batches (``batch_size``): not one transaction. An error
+        after the first batch carries ``added_ids``, the ids of the rows already added.
+        """
+        A = None if vectors is None else matrix(vectors)
+        texts, ids, payloads = as_list(texts), as_list(ids), as_list(payloads)
+        n = len(A) if A is not None else len(texts or [])
+        row = (0 if A is None else b64_row_bytes(A.shape[1])) + sum(
+            json_sizes(x, n) for x in (texts, ids, payloads) if x is None or len(x) == n)
+        added: list[int] = []
+
+        def send(part: slice) -> dict:
+            body = clean({"texts": cut(texts, part, n), "ids": cut(ids, part, n), "payloads": cut(payloads, part, n)})
+            if A is not None:
+                body.update(b64(A[part]))
+            answer = self._json("POST", f"/v1/indexes/{_seg(name)}/vectors", json=body)
+            added.extend(answer["ids"])
+            return answer
+
+        try:
+            answers = self._batched(n, row, send)
+        except (APIError, APIConnectionError) as e:
+            e.added_ids = list(added)
+            raise
+        return answers[0] if len(answers) == 1 else {**answers[-1], "ids": added}
 
     def delete_ids(self, name: str, ids: Sequence[int]) -> dict:
         return self._json("POST", f"/v1/indexes/{_seg(name)}/delete", json={"ids": [int(i) for i in ids]},
@@ -459,10 +471,19 @@ class Client:
         ``maps`` (the map versions that carried the queries into the index's space). ``options``:
         ``csls``, ``csls_k``, ``csls_weight``, ``exact``, ``ef_search``, ``nprobe``, ``include_payloads``.
         """
-        body = _clean({"texts": _list(texts), "space": space, "k": k, "map": map, "steers": steers, **options})
-        if queries is not None:
-            body.update(_b64(queries, "queries"))
-        return self._json("POST", f"/v1/indexes/{_seg(name)}/search", json=body, retry=True)
+        Q, texts = None if queries is None else matrix(queries, "queries"), as_list(texts)
+
+        def send(part: slice) -> dict:
+            body = clean({"texts": cut(texts, part, n), "space": space, "k": k, "map": map, "steers": steers,
+                           **options})
+            if Q is not None:
+                body.update(b64(Q[part], "queries"))
+            return self._json("POST", f"/v1/indexes/{_seg(name)}/search", json=body, retry=True)
+
+        n = len(Q) if Q is not None else len(texts or [])
+        answers = self._batched(n, b64_row_bytes(Q.shape[1]) if Q is not None else json_sizes(texts, n), send)
+        return answers[0] if len(answers) == 1 else {**answers[0], "results": [r for a in answers
+                                                                               for r in a["results"]]}
 
     # --- fits and jobs --------------------------------------------------------------------------
     def fit(self, name: str, source_space: str, target_space: str, source, target, *, method: str = "minivec2vec",
@@ -475,12 +496,12 @@ class Client:
         ``encoder``, default each space's encoder). ``paired`` (row i <-> row i): by default true for the
         paired methods (procrustes, ridge, lowrank, auto, contrastive, cluster), false for minivec2vec.
         """
-        body = _clean({"name": name, "source_space": source_space, "target_space": target_space,
-                       "source": _side(source, encoder), "target": _side(target, encoder), "method": method,
+        body = clean({"name": name, "source_space": source_space, "target_space": target_space,
+                       "source": side(source, encoder), "target": side(target, encoder), "method": method,
                        "paired": paired, "params": params or {}, "random_state": random_state, "alias": alias,
                        "description": description,
                        "seed_pairs": None if seed_pairs is None else [[int(a), int(b)] for a, b in seed_pairs]})
-        headers = {"Idempotency-Key": idempotency_key or _new_key()}
+        headers = {"Idempotency-Key": idempotency_key or new_key()}
         return self._json("POST", "/v1/fits", json=body, headers=headers)
 
     def list_jobs(self) -> list[dict]:
@@ -545,18 +566,20 @@ class Client:
                   params: dict | None = None, random_state: int = 0, alias: str | None = None,
                   description: str = "", idempotency_key: str | None = None) -> dict:
         """Queue a steer fit (rows ``vectors`` (n, d) or ``texts``, ``labels`` +1 / -1 / 0); returns the job."""
-        body = _clean({"name": name, "space": space, "labels": [int(v) for v in labels], "texts": _list(texts),
-                       "items": _list(items), "encoder": encoder, "params": params or {},
+        body = clean({"name": name, "space": space, "labels": [int(v) for v in labels], "texts": as_list(texts),
+                       "items": as_list(items), "encoder": encoder, "params": params or {},
                        "random_state": random_state, "alias": alias, "description": description})
         if vectors is not None:
-            body.update(_b64(vectors))
-        headers = {"Idempotency-Key": idempotency_key or _new_key()}
+            body.update(b64(vectors))
+        headers = {"Idempotency-Key": idempotency_key or new_key()}
         return self._json("POST", "/v1/steers", json=body, headers=headers)
 
     def apply_steer(self, ref: str, X, *, eps: float = 1.0) -> np.ndarray:
         """``X (I + eps W)`` for rows ``X`` (n, d) of the steer's space; returns float32 (n, d)."""
-        return _rows(self._json("POST", f"/v1/steers/{_seg(ref)}/apply", json={**_b64(X), "eps": float(eps)},
-                                retry=True))
+        A = matrix(X)
+        parts = self._batched(A.shape[0], b64_row_bytes(A.shape[1]), lambda part: rows(self._json(
+            "POST", f"/v1/steers/{_seg(ref)}/apply", json={**b64(A[part]), "eps": float(eps)}, retry=True)))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def set_steer_alias(self, name: str, alias: str, version: int) -> dict:
         return self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}", json={"version": int(version)})
@@ -568,7 +591,7 @@ class Client:
     def transfer_steer(self, ref: str, map: str, *, name: str | None = None, alias: str | None = None,
                        description: str = "") -> dict:
         """Carry steer ``ref`` through ``map`` (``W_B = H^T W_A H``) and register it in the map's target space."""
-        return self._json("POST", f"/v1/steers/{_seg(ref)}/transfer", json=_clean({
+        return self._json("POST", f"/v1/steers/{_seg(ref)}/transfer", json=clean({
             "map": map, "name": name, "alias": alias, "description": description}))
 
     def steer_lens(self, ref: str, *, k: int = 5, n_directions: int = 4) -> dict:
@@ -579,10 +602,10 @@ class Client:
                      eps: float = 1e-3, steps: int = 200, lr: float = 1e-2, random_state: int = 0,
                      alias: str | None = None, description: str = "", idempotency_key: str | None = None) -> dict:
         """Queue an LM-Steer fit on the service's language model; returns the job."""
-        body = _clean({"name": name, "texts": list(texts), "labels": [int(v) for v in labels], "rank": rank,
+        body = clean({"name": name, "texts": list(texts), "labels": [int(v) for v in labels], "rank": rank,
                        "eps": eps, "steps": steps, "lr": lr, "random_state": random_state, "alias": alias,
                        "description": description})
-        headers = {"Idempotency-Key": idempotency_key or _new_key()}
+        headers = {"Idempotency-Key": idempotency_key or new_key()}
         return self._json("POST", "/v1/lm/steers", json=body, headers=headers)
 
     def lm_generate(self, prompt: str, steers: dict[str, float] | None = None, *, max_new_tokens: int = 30,
@@ -605,34 +628,12 @@ class Client:
     def embed(self, texts: Sequence[str], model: str, *, target_space: str | None = None,
               input_type: str = "passage") -> np.ndarray:
         """Embed ``texts`` with an installed encoder (optionally translated into ``target_space``)."""
-        body = self._json("POST", "/v1/embeddings", json=_clean({
-            "input": list(texts), "model": model, "encoding_format": "base64", "target_space": target_space,
-            "input_type": input_type}), retry=True)
-        return np.stack([np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4") for e in body["data"]])
+        texts = list(texts)
 
+        def send(part: slice) -> list:
+            return self._json("POST", "/v1/embeddings", json=clean({
+                "input": texts[part], "model": model, "encoding_format": "base64", "target_space": target_space,
+                "input_type": input_type}), retry=True)["data"]
 
-def _new_key() -> str:
-    """A fresh ``Idempotency-Key``: a retried submission (after a reset or a 429) returns the job the first one
-    made instead of queueing a second fit."""
-    return f"vbc-{uuid.uuid4().hex}"
-
-
-def _labelled(queries, old_queries, relevant) -> dict:
-    """The optional labelled-query fields of a plan or evaluation body."""
-    out = {} if queries is None else {"queries": _b64(queries, "queries")}
-    if old_queries is not None:
-        out["old_queries"] = _b64(old_queries, "old_queries")
-    if relevant is not None:
-        out["relevant"] = [int(i) for i in relevant]
-    return out
-
-
-def _list(x) -> list | None:
-    return None if x is None else list(x)
-
-
-def _side(x, encoder: str | None) -> dict:
-    """One side of a fit body: texts (with the encoder) or base64 float32 vectors."""
-    if isinstance(x, (list, tuple)) and x and all(isinstance(t, str) for t in x):
-        return _clean({"texts": list(x), "encoder": encoder})
-    return _b64(x)
+        data = [e for part in self._batched(len(texts), json_sizes(texts, len(texts)), send) for e in part]
+        return np.stack([np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4") for e in data])

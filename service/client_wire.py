@@ -1,0 +1,169 @@
+"""Vectors on the wire, and requests too large for one call split into the service's limits.
+
+Used by :class:`service.client.Client`. Matrices travel as little-endian float32 (raw bytes, or base64
+inside JSON); :func:`matrix` refuses what cannot be sent before a byte goes out.
+
+The service refuses a body over ``max_body_bytes`` or more rows than ``max_batch`` (413); its
+``/v1/info`` says both (``limits``). A client call with more rows (a million vectors to transform
+or add) is sent as consecutive batches that each fit, and the answers are put back together in
+order. :func:`spans` cuts ``0..n`` greedily: batch ``j`` holds rows ``[a_j, a_{j+1})`` with at most
+``max_rows`` rows and ``overhead + sum(row_bytes[a_j:a_{j+1}]) <= max_bytes`` (a row that alone
+does not fit gets a batch of its own: the service answers it as it would have).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+
+from align.exceptions import InputError, NotRepresentableError, ShapeError
+
+__all__ = ["HEADROOM", "OVERHEAD", "as_list", "b64", "b64_row_bytes", "clean", "cut", "dumps", "float32_rows",
+           "json_sizes", "labelled", "matrix", "new_key", "rows", "side", "spans"]
+
+def matrix(X, name: str = "vectors") -> np.ndarray:
+    """``X`` as C-contiguous little-endian float32 (n, d); a 1-D row becomes (1, d).
+
+    Refused here, before a byte is sent: another ndim (:class:`ShapeError`), what is not numbers
+    (:class:`InputError`), and finite float64 values float32 cannot hold, e.g. 1e39
+    (:class:`NotRepresentableError`: the cast would send Inf, and the service would call finite input NaN/Inf).
+    NaN / Inf in ``X`` itself are the service's to refuse (422 :class:`ValidationError`).
+    """
+    try:
+        src = np.asarray(X)
+        with np.errstate(over="ignore"):
+            A = src.astype("<f4", copy=False)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{name}: not an array of numbers ({e})") from None
+    if A.ndim == 1:
+        A = A[None, :]
+    if A.ndim != 2:
+        raise ShapeError(f"{name}: expected a 2-D array (n, d), got shape {A.shape}")
+    if src.dtype.kind == "f" and src.dtype.itemsize > 4 and A.size and not np.isfinite(A.max() - A.min()):
+        lost = ~np.isfinite(A).all(axis=1) & np.isfinite(src.reshape(A.shape)).all(axis=1)
+        if lost.any():
+            raise NotRepresentableError(f"{name}: {int(lost.sum())} finite row(s) (first: row "
+                                        f"{int(np.flatnonzero(lost)[0])}) hold values beyond float32's range "
+                                        f"(|x| > 3.4e38); scale them")
+    return np.ascontiguousarray(A)
+
+
+def b64(X, name: str = "vectors") -> dict:
+    """``{"vectors_b64": ..., "dim": d}``: the JSON fields of a matrix as base64 float32."""
+    A = matrix(X, name)
+    return {"vectors_b64": base64.b64encode(A.tobytes()).decode("ascii"), "dim": int(A.shape[1])}
+
+
+def float32_rows(raw: bytes, shape) -> np.ndarray:
+    """Little-endian float32 bytes as a writeable (n, d) array (``frombuffer`` alone is read-only: an in-place
+    ``Y /= norms`` would fail); ValueError when the byte count does not match ``shape``."""
+    return np.frombuffer(bytearray(raw), dtype="<f4").reshape(tuple(int(v) for v in shape))
+
+
+def rows(body: dict) -> np.ndarray:
+    """The vectors of a JSON answer (``vectors`` or ``vectors_b64`` with ``shape``) as float32 (n, d)."""
+    if body.get("vectors_b64") is not None:
+        return float32_rows(base64.b64decode(body["vectors_b64"]), body["shape"])
+    return np.asarray(body["vectors"], dtype=np.float32)
+
+
+def _plain(x):
+    """``json.dumps``'s ``default``: numpy scalars and arrays as the Python numbers and lists they hold (ids
+    from ``np.arange``, a ``np.float32`` in a payload); anything else is refused as ``json`` would."""
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"{type(x).__name__} is not JSON serializable")
+
+
+def dumps(body) -> bytes:
+    """The JSON bytes of a request body; :class:`InputError` for what JSON cannot carry (NaN, objects)."""
+    try:
+        return json.dumps(body, default=_plain, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as e:
+        raise InputError(f"request body: {e}") from None
+
+
+# --- splitting --------------------------------------------------------------------------------------
+OVERHEAD = 64 * 1024  # bytes of a body beside its rows (options, names, JSON punctuation)
+HEADROOM = 0.95  # share of max_body_bytes a batch may fill
+
+
+def b64_row_bytes(dim: int) -> int:
+    """Bytes of one float32 row of width ``dim`` in base64 (4/3 of its ``4 dim`` bytes, padded)."""
+    return 4 * -(-4 * int(dim) // 3)
+
+
+def json_sizes(items: Sequence | None, n: int) -> np.ndarray:
+    """Bytes each of ``items`` (ids, payloads, texts) adds to a JSON body, as (n,) int64 (zeros for ``None``)."""
+    if items is None:
+        return np.zeros(n, np.int64)
+    return np.fromiter((len(json.dumps(x, separators=(",", ":"), default=str)) + 1 for x in items), np.int64, n)
+
+
+def spans(n: int, row_bytes, *, max_rows: int | None, max_bytes: int | None) -> list[slice]:
+    """Consecutive slices covering ``0..n``: each at most ``max_rows`` rows and ``max_bytes`` bytes.
+
+    ``row_bytes``: one int (every row costs the same) or (n,) ints. ``None`` limits: one slice.
+    """
+    if n <= 0:
+        return [slice(0, n)]
+    rows_cap = max(1, int(max_rows)) if max_rows else n
+    if not max_bytes:
+        return [slice(a, min(a + rows_cap, n)) for a in range(0, n, rows_cap)]
+    budget = max(1, int(max_bytes * HEADROOM) - OVERHEAD)
+    if np.isscalar(row_bytes):
+        per = max(1, min(rows_cap, budget // max(1, int(row_bytes))))
+        return [slice(a, min(a + per, n)) for a in range(0, n, per)]
+    cost = np.cumsum(np.asarray(row_bytes, np.int64))
+    out, a = [], 0
+    while a < n:
+        before = cost[a - 1] if a else 0
+        b = int(np.searchsorted(cost, before + budget, side="right"))  # rows a..b-1 fit the budget
+        b = min(max(b, a + 1), a + rows_cap, n)
+        out.append(slice(a, b))
+        a = b
+    return out
+
+
+# --- request bodies ------------------------------------------------------------------------------
+def clean(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def new_key() -> str:
+    """A fresh ``Idempotency-Key``: a retried submission (after a reset or a 429) returns the job the first one
+    made instead of queueing a second fit."""
+    return f"vbc-{uuid.uuid4().hex}"
+
+
+def labelled(queries, old_queries, relevant) -> dict:
+    """The optional labelled-query fields of a plan or evaluation body."""
+    out = {} if queries is None else {"queries": b64(queries, "queries")}
+    if old_queries is not None:
+        out["old_queries"] = b64(old_queries, "old_queries")
+    if relevant is not None:
+        out["relevant"] = [int(i) for i in relevant]
+    return out
+
+
+def as_list(x) -> list | None:
+    return None if x is None else list(x)
+
+
+def cut(x: list | None, part: slice, n: int) -> list | None:
+    """Rows ``part`` of a per-row list of ``n`` rows (the whole list when its length is not ``n``: the service
+    judges that)."""
+    return x if x is None or len(x) != n else x[part]
+
+
+def side(x, encoder: str | None) -> dict:
+    """One side of a fit body: texts (with the encoder) or base64 float32 vectors."""
+    if isinstance(x, (list, tuple)) and x and all(isinstance(t, str) for t in x):
+        return clean({"texts": list(x), "encoder": encoder})
+    return b64(x)

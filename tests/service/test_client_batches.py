@@ -1,0 +1,103 @@
+"""The Python client splits calls larger than the service's limits (``service.client_wire.spans``).
+
+Before, ``Client.transform`` / ``add`` / ``search`` / ``apply_steer`` / ``embed`` sent every row in one request:
+a million 384-d rows is 1.5 GB, far over the default ``max_body_bytes`` (64 MiB) and ``max_batch`` (65,536), so
+a user got a 413 and had to write the batching loop. Now the client reads the limits from ``/v1/info`` after
+the first 413 (or takes ``batch_size``) and sends batches that fit, joining the answers in order. Here a real
+server runs with tiny limits (40 rows, 24 kB bodies) so that a few hundred 16-d rows need many batches.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from _servers import env_for, free_port, seed_registry, start, stop
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service.client import Client, ConflictError, PayloadTooLargeError
+from service.client_wire import OVERHEAD, spans
+
+WKEY = "wkey-456"
+MAX_BATCH, MAX_BODY = 40, OVERHEAD + 24_000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("client-batches")
+    data = tmp / "data"
+    X, _, m = seed_registry(data)
+    port = free_port()
+    env = env_for(data, port)
+    env.update({"VECBRIDGE_MAX_BATCH": str(MAX_BATCH), "VECBRIDGE_MAX_BODY_BYTES": str(MAX_BODY)})
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+           "--port", str(port), "--no-access-log"]
+    proc = start(cmd, env, port, tmp / "server.log")
+    try:
+        yield f"http://127.0.0.1:{port}", X, m
+    finally:
+        stop(proc)
+
+
+def _rows(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_a_transform_over_the_limits_is_sent_in_batches_and_joined_in_order(server, binary):
+    url, _, m = server
+    X = _rows(1000)
+    with Client(url, api_key=WKEY) as vb:
+        with pytest.raises(PayloadTooLargeError):  # what a user got before: one request, refused
+            vb.request("POST", "/v1/maps/a2b/transform", content=X.tobytes(),
+                       headers={"Content-Type": "application/octet-stream", "X-Vector-Dim": "16"})
+        Y = vb.transform("a2b", X, binary=binary)
+        assert vb._limits == (MAX_BATCH, MAX_BODY)  # read from /v1/info after the first 413
+    np.testing.assert_allclose(Y, m.apply(X, output="raw"), atol=1e-5)
+
+
+def test_adds_and_searches_in_batches_keep_every_row_payload_and_order(server):
+    url, _, _ = server
+    X = _rows(300, 1)
+    payloads = [{"row": i, "text": "x" * (i % 50)} if i % 3 else None for i in range(300)]
+    with Client(url, api_key=WKEY, batch_size=35) as vb:  # batch_size: split from the start
+        vb.create_index("batched", "a", X[:5])
+        got = vb.add("batched", X[5:], payloads=payloads[5:])
+        assert got["ids"] == list(range(5, 300)) and got["count"] == 300
+        res = vb.search("batched", X, k=1, include_payloads=True)["results"]
+    assert [r[0]["id"] for r in res] == list(range(300))  # each row finds itself, answers in query order
+    assert [r[0].get("payload") for r in res[5:]] == payloads[5:]
+
+
+def test_an_error_in_a_later_batch_says_which_rows_were_added(server):
+    url, _, _ = server
+    X = _rows(100, 2)
+    with Client(url, api_key=WKEY, batch_size=40) as vb:
+        vb.create_index("partial", "a", X[:1], ids=[1050])
+        with pytest.raises(ConflictError) as err:  # id 1050 is in the second batch (rows 40..79)
+            vb.add("partial", X, ids=list(range(1000, 1100)))
+        assert err.value.added_ids == list(range(1000, 1040))
+        assert vb.get_index("partial")["count"] == 41  # the first batch, and nothing of the refused one
+
+
+def test_a_row_count_mismatch_is_still_the_services_to_refuse(server):
+    url, _, _ = server
+    with Client(url, api_key=WKEY, batch_size=10) as vb:
+        vb.create_index("mismatch", "a", _rows(2, 3))
+        with pytest.raises(Exception) as err:  # 30 rows, 29 ids: never sent as batches that silently drop ids
+            vb.add("mismatch", _rows(30, 4), ids=list(range(100, 129)))
+        assert err.value.status == 422 and vb.get_index("mismatch")["count"] == 2
+
+
+@given(n=st.integers(0, 500), rows=st.integers(1, 64), budget=st.integers(1, 5000),
+       sizes=st.lists(st.integers(0, 900), min_size=1, max_size=40))
+def test_spans_cover_every_row_once_in_order_within_the_limits(n, rows, budget, sizes):
+    per_row = np.resize(np.asarray(sizes, np.int64), n)
+    max_bytes = int((OVERHEAD + budget) / 0.95) + 1
+    parts = spans(n, per_row, max_rows=rows, max_bytes=max_bytes)
+    assert [i for p in parts for i in range(n)[p]] == list(range(n))
+    for p in parts:
+        assert 1 <= p.stop - p.start <= rows or n == 0
+        assert p.stop - p.start == 1 or per_row[p].sum() <= budget  # a row alone over the budget goes alone
