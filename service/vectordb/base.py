@@ -51,7 +51,7 @@ from ..errors import ConflictError, NotFoundError
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
     "CheckpointMismatchError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError", "check_name", "as_ids",
-    "check_fields", "check_metric", "METRICS",
+    "check_fields", "check_metric", "METRICS", "MISSING",
 ]
 
 METRICS = ("cosine", "ip")
@@ -149,10 +149,27 @@ def close_quietly(conn) -> None:
         pass
 
 
+class _Missing:
+    """The value of a field a row does not have (:data:`MISSING`)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: In :attr:`Batch.fields`, a field the row does not have, where ``None`` is a field holding null: Qdrant
+#: payloads and Milvus dynamic fields tell the two apart (a filter ``is_null`` / ``is_empty`` does), so a
+#: migration writes the key with null for ``None`` and no key for ``MISSING``. Columns (PostgreSQL) always exist.
+MISSING = _Missing()
+
+
 @dataclass
 class Batch:
     """Rows read from a store: ``ids`` (n,) int64, ``vectors`` (n, d) float32, ``texts`` list or None,
-    ``fields`` ``{name: list of n values}`` of every other field (when the scan asked for them), or None."""
+    ``fields`` ``{name: list of n values}`` of every other field (when the scan asked for them), or None;
+    a row without a field has :data:`MISSING` there (``None`` is a null value)."""
 
     ids: np.ndarray
     vectors: np.ndarray
@@ -229,7 +246,8 @@ class VectorStore(ABC):
 
     def upsert(self, name: str, ids, vectors, texts=None, fields=None) -> None:
         """Insert or replace rows ``ids`` (n,) with ``vectors`` (n, d), optional ``texts`` (n) and
-        ``fields`` ``{name: n values}`` (other fields of the rows)."""
+        ``fields`` ``{name: n values}`` (other fields of the rows; :data:`MISSING` leaves a row without the field,
+        ``None`` writes a null)."""
         V = as_matrix(vectors, name="vectors")
         ids = as_ids(ids, V.shape[0])
         if texts is not None and len(texts) != V.shape[0]:

@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .base import (Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
+from .base import (MISSING, Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
                    none_if_all_none, rows_in_order)
 
 __all__ = ["MilvusStore"]
@@ -144,7 +144,7 @@ class MilvusStore(VectorStore):
             if texts is not None and texts[j] is not None:
                 row[self.text_field] = texts[j]
             for k, v in (fields or {}).items():
-                if v[j] is not None:
+                if v[j] is not MISSING:  # None: a null value
                     row[k] = v[j]
             rows.append(row)
         self.client.upsert(name, rows)
@@ -201,7 +201,7 @@ class MilvusStore(VectorStore):
         fields = None
         if with_fields:
             names = sorted({k for r in rows for k in r} - {self.id_field, self.vector_field, self.text_field})
-            fields = {k: [r.get(k) for r in rows] for k in names} or None
+            fields = {k: [r.get(k, MISSING) for r in rows] for k in names} or None
         return Batch(ids, V, texts, fields)
 
     def _search(self, name, Q, k):

@@ -18,7 +18,7 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids, check_metric,
+from .base import (MISSING, Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids, check_metric,
                    check_name, close_quietly, none_if_all_none, rows_in_order)
 
 __all__ = ["QdrantStore"]
@@ -119,7 +119,7 @@ class QdrantStore(VectorStore):
         if texts is not None or fields:
             payloads = []
             for j in range(ids.shape[0]):
-                p = {k: v[j] for k, v in (fields or {}).items() if v[j] is not None}
+                p = {k: v[j] for k, v in (fields or {}).items() if v[j] is not MISSING}  # None: a null value
                 if texts is not None and texts[j] is not None:
                     p[self.text_field] = texts[j]
                 payloads.append(p)
@@ -162,7 +162,7 @@ class QdrantStore(VectorStore):
         fields = None
         if with_fields:
             names = sorted({k for p in points for k in (p.payload or {})} - {self.text_field})
-            fields = {k: [(p.payload or {}).get(k) for p in points] for k in names} or None
+            fields = {k: [(p.payload or {}).get(k, MISSING) for p in points] for k in names} or None
         return Batch(ids, V, texts, fields)
 
     def _search(self, name, Q, k):

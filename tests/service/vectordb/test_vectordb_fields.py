@@ -132,3 +132,51 @@ def test_pgvector_second_vector_column_is_refused_by_name(pg_url, data, tmp_path
     finally:
         store.drop("fsrc")
         store.close()
+
+
+def _null_and_absent_rows(n: int) -> dict:
+    """Field ``tag``: a value on even rows, an explicit null on rows 1 mod 4, absent on rows 3 mod 4."""
+    from service.vectordb.base import MISSING
+
+    return {"tag": [f"t{i}" if i % 2 == 0 else (None if i % 4 == 1 else MISSING) for i in range(n)]}
+
+
+def _keys_and_nulls(batch) -> list:
+    from service.vectordb.base import MISSING
+
+    return [v if v is not MISSING else "<absent>" for v in batch.fields["tag"]]
+
+
+@pytest.mark.parametrize("engine", ["qdrant", "milvus"])
+def test_an_explicit_null_stays_null_and_an_absent_field_stays_absent(engine, request, data, tmp_path):
+    """Qdrant payloads and Milvus dynamic fields tell a null value from a missing key (``is_null`` vs
+    ``is_empty`` filters). Before, a migration read both as ``None`` and wrote neither: every explicit null
+    of the source was gone in the target."""
+    X, m, ids = data
+    if engine == "qdrant":
+        pytest.importorskip("qdrant_client")
+        url, names = f"qdrant://{tmp_path / 'qdrant'}", {}
+    else:
+        url = "milvus://" + request.getfixturevalue("milvus_url").split("://", 1)[1]
+        names = {"id_field": "pk", "vector_field": "emb", "text_field": "body"}
+    fields, want = _null_and_absent_rows(N), None
+    store = open_store_for(url, **names)  # (Qdrant local: one client at a time on its folder)
+    try:
+        for c in ("nsrc", "ndst"):
+            store.drop(c)
+        store.create("nsrc", D)
+        store.upsert("nsrc", ids, X, [f"text {i}" for i in range(N)], fields)
+        store.set_space("nsrc", "spa")
+        want = _keys_and_nulls(store.fetch("nsrc", ids, with_fields=True))
+        assert want == _keys_and_nulls(type("B", (), {"fields": fields}))
+    finally:
+        store.close()
+    run_migration(store_url=url, source="nsrc", target="ndst", map_ref=m, checkpoint=tmp_path / "n.json",
+                  batch_size=64, **names)
+    store = open_store_for(url, **names)
+    try:
+        assert _keys_and_nulls(store.fetch("ndst", ids, with_fields=True)) == want
+    finally:
+        for c in ("nsrc", "ndst"):
+            store.drop(c)
+        store.close()
