@@ -49,6 +49,7 @@ from . import linalg
 from ._artifacts import check_header, pack_npz, read_bytes, save_atomic, unpack_npz
 from .validation import as_matrix, check_eps, check_labels, check_random_state, check_representable
 from .frames import row_norms
+from .options import check_number
 from .steer_transfer import transfer_steer
 from .exceptions import (
     ConvergenceWarning,
@@ -81,23 +82,13 @@ STEER_FORMAT_VERSION = 1
 # validation helpers (one place)
 # --------------------------------------------------------------------------------------------
 def _check_int(value, name: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InputError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        raise InputError(f"{name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {value}")
-    return value
+    """A count in ``[lo, hi]`` (no upper bound when ``hi`` is None): :func:`~align.options.check_number`."""
+    return check_number(name, value, lo, float("inf") if hi is None else hi, whole=True)
 
 
 def _check_pos_float(value, name: str, *, allow_zero: bool = False, hi: float | None = None) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be a number, got {value!r}") from None
-    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or (hi is not None and value > hi):
-        upper = f" and at most {hi:g}" if hi is not None else ""
-        raise InputError(f"{name} must be {'>= 0' if allow_zero else '> 0'}{upper} and finite, got {value}")
-    return value
+    """A finite number ``> 0`` (``>= 0`` with ``allow_zero``), at most ``hi``: :func:`~align.options.check_number`."""
+    return check_number(name, value, 0.0, float("inf") if hi is None else hi, lo_open=not allow_zero)
 
 
 def _check_prior(value):
