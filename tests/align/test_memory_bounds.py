@@ -85,13 +85,13 @@ def test_ranks_same_with_any_block():
 
 def test_plan_migration_does_not_copy_the_old_corpus():
     # the plan framed the whole corpus (a concatenated copy and a framed copy, never used) and projected
-    # a unit copy of it for the rows to re-embed: ~4x the corpus at its peak
+    # a unit copy of it for the rows to re-embed: 4.2x the corpus at its peak (1M x 384 rows: 6.4 GB)
     rng = np.random.default_rng(0)
-    d = 48
+    d = 128  # wider than the 64 axes the rows to re-embed are drawn on
     R = np.linalg.qr(rng.standard_normal((d, d)))[0].astype(np.float32)
-    X_old = _rows(150_000, d, 4)  # 27 MB
+    X_old = _rows(150_000, d, 4)  # 77 MB
     A = X_old[:400] + 0.05 * _rows(400, d, 5)
     B = A @ R
     res, peak = _peak(align.plan_migration, X_old, A, B, random_state=0, target_ks=(100, 1000))
     assert res["rows_to_embed"] and len(res["rows_to_embed"]) <= 1000
-    assert peak < 0.75 * X_old.nbytes, f"plan held {peak / MiB:.0f} MiB for a {X_old.nbytes / MiB:.0f} MiB corpus"
+    assert peak < X_old.nbytes, f"plan held {peak / MiB:.0f} MiB for a {X_old.nbytes / MiB:.0f} MiB corpus"
