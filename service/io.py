@@ -99,10 +99,11 @@ def is_text_path(path) -> bool:
 
 # --- raw matrices (lazy where possible) --------------------------------------------------------
 
-def load_npy(path: Path) -> np.ndarray:
-    """A read-only memory map of a ``.npy``; FormatError for a truncated file, an object dtype or a bad header."""
+def load_npy(path: Path, mmap_mode: str = "r") -> np.ndarray:
+    """A memory map of a ``.npy`` (read-only; ``"c"``: copy-on-write, writes stay private to this process);
+    FormatError for a truncated file, an object dtype or a bad header."""
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
     except (ValueError, OSError, EOFError, SyntaxError, OverflowError) as exc:  # header, size, dtype
         raise FormatError(f"{path.name}: cannot read .npy ({exc})") from None
 
@@ -266,7 +267,10 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
                  batch_size: int = 64, progress: Callable[[float], None] | None = None) -> np.ndarray:
     """Read rows ``[start, stop)`` of a vector file, or embed a text file with ``encoder``.
 
-    Returns float32 ``(n, d)``, C-contiguous. Raises FormatError / InputError on bad input.
+    Returns float32 ``(n, d)``, C-contiguous and writable by the caller. Raises FormatError / InputError on bad
+    input. Rows of a float32 ``.npy`` are not copied: they are mapped copy-on-write (pages come from the page
+    cache as they are read; a write changes this process's copy, never the file), so reading 1M x 384 rows
+    costs no 1.5 GB of private memory (the file must not be truncated while the rows are in use).
     """
     from align.validation import as_matrix
 
@@ -292,7 +296,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     if encoder:
         raise InputError(f"{path.name} already holds vectors; --encoder applies to text files only")
     if suf == ".npy":
-        M = load_npy(path)
+        M = load_npy(path, mmap_mode="c")
     elif suf == ".npz":
         M = _npz_array(path, key)
     elif suf == ".fvecs":
@@ -310,7 +314,10 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     if M.ndim != 2 or not np.issubdtype(M.dtype, np.number) or np.iscomplexobj(M):
         return as_matrix(M, name=path.name)  # raises the ShapeError / InputError (non-numeric or complex dtype)
     sl = resolve_rows(rows, M.shape[0], path)
-    return as_matrix(np.array(M[sl], dtype=np.float32), name=path.name)  # a private, writable copy
+    part = M[sl]
+    if isinstance(M, np.memmap) and M.mode != "c":  # a read-only map (.fvecs): a private, writable copy
+        part = np.array(part, dtype=np.float32)
+    return as_matrix(part, name=path.name)  # float32 rows stay as they are (mapped, or decoded from .npz)
 
 
 def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = None, column: str | None = None,
