@@ -369,7 +369,8 @@ class ChunkWriter:
 
     The data goes to a temporary file in the same folder, renamed into place by :meth:`close`
     (so a crashed transform never leaves a half-written output under the final name).
-    ``.npy`` needs ``n_rows`` up front (preallocated memory map).
+    ``.npy`` needs ``n_rows`` up front (its header holds the shape; the whole file is reserved at once). Rows
+    are appended to the file: the writer holds one chunk, never a map of the output.
     """
 
     def __init__(self, path, *, dim: int, n_rows: int | None = None):
@@ -382,17 +383,19 @@ class ChunkWriter:
         self.dim, self.n_rows, self.written = int(dim), n_rows, 0
         self.tmp = self.path.with_name(f".{self.path.name}.part-{os.getpid()}")
         self.path.parent.mkdir(parents=True, exist_ok=True)  # as atomic_write does; else the error names self.tmp
-        if self.suffix == ".npy":
-            from numpy.lib.format import open_memmap
+        if self.suffix == ".npy":  # header, then rows appended: nothing of the output stays mapped in memory
+            from numpy.lib import format as npformat
 
-            self._mm = open_memmap(self.tmp, mode="w+", dtype=np.float32, shape=(n_rows, self.dim))
-            try:  # back every page now: a full disk is an OSError here, not a SIGBUS on a mapped write later
-                if hasattr(os, "posix_fallocate"):
-                    with open(self.tmp, "r+b") as fh:
-                        os.posix_fallocate(fh.fileno(), 0, os.fstat(fh.fileno()).st_size)
+            self._fh = open(self.tmp, "wb")
+            try:
+                npformat.write_array_header_1_0(self._fh, {"descr": npformat.dtype_to_descr(np.dtype("<f4")),
+                                                           "fortran_order": False, "shape": (n_rows, self.dim)})
+                if hasattr(os, "posix_fallocate"):  # reserve the whole file: a full disk fails here, not hours in
+                    self._fh.flush()
+                    os.posix_fallocate(self._fh.fileno(), 0, self._fh.tell() + 4 * n_rows * self.dim)
             except OSError as exc:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # a filesystem without it
-                    del self._mm
+                    self._fh.close()
                     self.tmp.unlink(missing_ok=True)
                     raise
         elif self.suffix == ".fvecs":
@@ -412,7 +415,7 @@ class ChunkWriter:
         if self.suffix == ".npy":
             if self.written + n > self.n_rows:
                 raise InputError("more rows than announced")
-            self._mm[self.written : self.written + n] = X
+            self._fh.write(X.astype("<f4", copy=False).data)
         elif self.suffix == ".fvecs":
             block = np.empty((n, self.dim + 1), dtype="<f4")
             block[:, 1:] = X
@@ -428,10 +431,9 @@ class ChunkWriter:
     def close(self) -> Path:
         if self.suffix == ".npy":
             if self.written != self.n_rows:
+                self.abort()  # no partial file left behind under the temporary name either
                 raise InputError(f"wrote {self.written} rows, announced {self.n_rows}")
-            self._mm.flush()
-            del self._mm
-        elif self.suffix == ".fvecs":
+        if self.suffix in (".npy", ".fvecs"):
             self._fh.flush()
             os.fsync(self._fh.fileno())
             self._fh.close()
@@ -442,7 +444,7 @@ class ChunkWriter:
 
     def abort(self) -> None:
         try:
-            if self.suffix == ".fvecs":
+            if self.suffix in (".npy", ".fvecs"):
                 self._fh.close()
             elif self.suffix == ".parquet":
                 self._pq.close()
