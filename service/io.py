@@ -386,7 +386,7 @@ class ChunkWriter:
         if self.suffix == ".npy":  # header, then rows appended: nothing of the output stays mapped in memory
             from numpy.lib import format as npformat
 
-            self._fh = open(self.tmp, "wb")
+            self._fh = open(self.tmp, "wb")  # noqa: SIM115 - held until close() / abort()
             try:
                 npformat.write_array_header_1_0(self._fh, {"descr": npformat.dtype_to_descr(np.dtype("<f4")),
                                                            "fortran_order": False, "shape": (n_rows, self.dim)})
@@ -429,10 +429,9 @@ class ChunkWriter:
         self.written += n
 
     def close(self) -> Path:
-        if self.suffix == ".npy":
-            if self.written != self.n_rows:
-                self.abort()  # no partial file left behind under the temporary name either
-                raise InputError(f"wrote {self.written} rows, announced {self.n_rows}")
+        if self.suffix == ".npy" and self.written != self.n_rows:
+            self.abort()  # no partial file left behind under the temporary name either
+            raise InputError(f"wrote {self.written} rows, announced {self.n_rows}")
         if self.suffix in (".npy", ".fvecs"):
             self._fh.flush()
             os.fsync(self._fh.fileno())

@@ -250,7 +250,6 @@ def test_streamed_npy_output_is_not_held_in_memory(tmp_path):
     M = np.load(p, mmap_mode="r")
     assert M.shape == (n, d) and M.dtype == np.float32
     np.testing.assert_array_equal(M[-chunk:], block + (n - chunk))
-    with pytest.raises(InputError, match="announced"):
-        with ChunkWriter(tmp_path / "short.npy", dim=d, n_rows=n) as w:
-            w.write(block)
+    with pytest.raises(InputError, match="announced"), ChunkWriter(tmp_path / "short.npy", dim=d, n_rows=n) as w:
+        w.write(block)
     assert not list(tmp_path.glob(".short.npy*")) and not (tmp_path / "short.npy").exists()
