@@ -21,7 +21,12 @@ import contextvars
 import functools
 from typing import Callable, Iterable, Sequence
 
-__all__ = ["Executor", "serial", "thread_pool", "executing", "current", "run_blocks", "takes_executor"]
+__all__ = ["Executor", "serial", "thread_pool", "executing", "current", "run_blocks", "takes_executor",
+           "SCORE_BLOCK_BYTES", "rows_per_block"]
+
+#: the most bytes one block of scores (query rows x every candidate) may hold: 32 MiB, i.e. 8,192 query rows
+#: against 1,024 candidates, 8 against a million
+SCORE_BLOCK_BYTES = 32 << 20
 
 Executor = Callable[[Callable, Sequence[tuple]], list]
 
@@ -73,6 +78,16 @@ def executing(executor: Executor | None):
         yield
     finally:
         _CURRENT.reset(token)
+
+
+def rows_per_block(cols: int, limit: int, *, budget: int = SCORE_BLOCK_BYTES, itemsize: int = 4) -> int:
+    """Rows of a ``rows x cols`` block of ``itemsize``-byte scores that fit ``budget`` bytes: between 1 and ``limit``.
+
+    A kernel that scores a block of queries against *all* ``cols`` candidates holds ``rows * cols * itemsize``
+    bytes; a fixed row count (2,048) made that 8 GB at a million candidates. Depends only on the shapes, so
+    the split (and the result) is the same on every executor.
+    """
+    return max(1, min(int(limit), int(budget) // max(1, int(cols) * int(itemsize))))
 
 
 def run_blocks(fn: Callable, arg_lists: Iterable[tuple], executor: Executor | None = None) -> list:

@@ -14,6 +14,7 @@ import numpy as np
 from .validation import check_paired, check_random_state, check_rankable
 from .exceptions import DimensionMismatchError, InputError, ShapeError, TooFewRowsError
 from .frames import unit_rows
+from .blocks import rows_per_block
 from .knn import DEFAULT_BLOCK, check_count, mean_topk
 from .options import check_flag
 from .maps import LinearMap
@@ -22,19 +23,23 @@ __all__ = ["cross_val_top1", "evaluate", "ranks", "retention", "top1_at"]
 
 
 def ranks(Q: np.ndarray, D: np.ndarray, *, r_q=None, r_d=None, block_size: int = DEFAULT_BLOCK) -> np.ndarray:
-    """1-based rank of ``D[i]`` among all rows of ``D`` for query ``Q[i]`` (n,).
+    """1-based rank of ``D[i]`` among all rows of ``D`` (n, d) for query ``Q[i]`` (n, d); (n,) int64.
 
-    With ``r_q``/``r_d`` given, scores are CSLS ``2 q·d - r_q - r_d`` instead of ``q·d``.
+    With ``r_q``/``r_d`` given, scores are CSLS ``2 q·d - r_q - r_d`` instead of ``q·d``. Queries go in blocks
+    of at most ``block_size`` rows and :data:`align.blocks.SCORE_BLOCK_BYTES` of scores (``rows x n``).
     """
     n = Q.shape[0]
     out = np.empty(n, dtype=np.int64)
-    for s in range(0, n, block_size):
-        S = Q[s : s + block_size] @ D.T
-        if r_d is not None:
-            S = 2.0 * S - r_d[None, :] - r_q[s : s + block_size, None]
+    step = rows_per_block(D.shape[0], block_size)
+    for s in range(0, n, step):
+        S = Q[s : s + step] @ D.T
+        if r_d is not None:  # in place: one block of scores, not three
+            S *= 2.0
+            S -= r_d[None, :]
+            S -= r_q[s : s + step, None]
         rows = np.arange(S.shape[0])
         true = S[rows, s + rows]
-        out[s : s + block_size] = 1 + (S > true[:, None]).sum(axis=1)
+        out[s : s + step] = 1 + (S > true[:, None]).sum(axis=1)
     return out
 
 

@@ -46,6 +46,7 @@ the target mean back:
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -55,7 +56,7 @@ from .validation import (as_matrix, check_csls_weight, check_labelled_queries, c
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
-from .frames import Frame, unit_rows
+from .frames import Frame, frame_sum, unit_rows
 from .maps import LinearMap
 from .options import check_migration_options, check_number
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
@@ -156,6 +157,14 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
     return out
 
 
+def _frame_of(X: np.ndarray, U: np.ndarray | None) -> Frame:
+    """The frame (unit, centre, unit) of the rows of ``X`` (n, d) and ``U`` (m, d) together, from the sums of
+    each (:func:`frame_sum`, exact to add): no concatenated copy of both."""
+    if U is None:
+        return Frame._fit(X)
+    return Frame.from_sum(X.shape[1], X.shape[0] + U.shape[0], frame_sum(X) + frame_sum(U))
+
+
 class _Problem:
     """Framed views of the pairs and unpaired rows, shared by every candidate fit.
 
@@ -164,16 +173,24 @@ class _Problem:
     """
 
     def __init__(self, X, Y, Us, Ut):
-        self.fs = Frame._fit(X if Us is None else np.concatenate([X, Us]))
-        self.ft = Frame._fit(Y if Ut is None else np.concatenate([Y, Ut]))
+        self.fs, self.ft = _frame_of(X, Us), _frame_of(Y, Ut)
         self.X, self.Y, self.Us, self.Ut = X, Y, Us, Ut
         self.Xf = self.fs._apply(X)
         self.Yc = self.ft._apply(Y)
         self.T = unit_rows(Y)
-        self.Uf = None if Us is None else self.fs._apply(Us)
-        self.Uc = None if Ut is None else self.ft._apply(Ut)
         self.Us_sample = self.Ut_sample = None
         self.report = lambda stage, fraction: None  # fit_migration's progress(stage, fraction)
+
+    @functools.cached_property
+    def Uf(self) -> np.ndarray | None:
+        """The unpaired source rows in the source frame (m, d_s), on first use: only the hard negatives and the
+        cluster routing read them, and the migration plan's corpus (millions of rows) never needs a copy."""
+        return None if self.Us is None else self.fs._apply(self.Us)
+
+    @functools.cached_property
+    def Uc(self) -> np.ndarray | None:
+        """The unpaired target rows in the target frame, on first use (as :attr:`Uf`)."""
+        return None if self.Ut is None else self.ft._apply(self.Ut)
 
     def distractors(self, rng, n: int = _N_DISTRACTORS) -> None:
         """Sample up to ``n`` unpaired rows per side to compete in held-out rankings."""

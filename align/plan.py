@@ -64,15 +64,22 @@ def _d2_sample(Z: np.ndarray, k: int, rng: np.random.Generator, *, rounds: int =
     return np.asarray(chosen[:k], dtype=np.int64)
 
 
-def _reduce(Z: np.ndarray, rng: np.random.Generator, dims: int = 64, sample: int = 8192) -> np.ndarray:
-    """Project centred rows on their top ``dims`` principal axes (from a row sample) when wider:
-    distances keep most of their variance and D² sampling costs ``dims / d`` as much."""
-    if Z.shape[1] <= dims:
-        return Z
-    S = Z[rng.permutation(Z.shape[0])[:sample]]
+def _reduce(X: np.ndarray, rng: np.random.Generator, dims: int = 64, sample: int = 8192,
+            block: int = 8192) -> np.ndarray:
+    """The unit rows of ``X`` (n, d), centred and projected on their top ``dims`` principal axes (from a sample
+    of ``sample`` rows) when wider: (n, min(d, dims)) float32. Distances keep most of their variance and D²
+    sampling costs ``dims / d`` as much. Rows go ``block`` at a time: the only copy of the corpus is the
+    (n, dims) projection, never a unit or centred copy of all of it."""
+    if X.shape[1] <= dims:
+        return unit_rows(X)
+    S = unit_rows(X[rng.permutation(X.shape[0])[:sample]])
     mu = S.mean(axis=0)
     _, _, Vt = linalg.svd(S - mu)
-    return np.ascontiguousarray((Z - mu) @ Vt[:dims].T, dtype=np.float32)
+    P = Vt[:dims].T
+    out = np.empty((X.shape[0], P.shape[1]), dtype=np.float32)
+    for s in range(0, X.shape[0], block):
+        out[s : s + block] = (unit_rows(X[s : s + block]) - mu) @ P
+    return out
 
 
 def select_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_state=0) -> np.ndarray:
@@ -90,7 +97,7 @@ def select_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_stat
         return np.sort(rng.choice(X.shape[0], size=int(k), replace=False))
     if method != "kmeans++":
         raise InputError(f"method must be 'kmeans++' or 'random', got {method!r}")
-    return np.sort(_d2_sample(_reduce(unit_rows(X), rng), int(k), rng))
+    return np.sort(_d2_sample(_reduce(X, rng), int(k), rng))
 
 
 def knn_overlap(A, B, *, k: int = 10, beyond_chance: bool = False) -> float:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .blocks import rows_per_block
 from .exceptions import InputError, PairCountError
 from .knn import knn
 from .metrics import ranks
@@ -99,10 +100,12 @@ def neighbour_overlap(Q: np.ndarray, A: np.ndarray, B: np.ndarray, k: int = 10) 
 
 
 def _beaten_by(Q: np.ndarray, true: np.ndarray, E: np.ndarray, block: int = 1024) -> np.ndarray:
-    """For each query ``Q[i]`` (n, d), how many rows of ``E`` (m, d) score strictly above ``true[i]``; blocked."""
+    """For each query ``Q[i]`` (n, d), how many rows of ``E`` (m, d) score strictly above ``true[i]`` (n,);
+    blocked (at most ``block`` queries and :data:`align.blocks.SCORE_BLOCK_BYTES` of scores at a time)."""
     out = np.zeros(Q.shape[0], dtype=np.int64)
-    for s in range(0, Q.shape[0], block):
-        out[s : s + block] = (Q[s : s + block] @ E.T > true[s : s + block, None]).sum(axis=1)
+    step = rows_per_block(E.shape[0], block)
+    for s in range(0, Q.shape[0], step):
+        out[s : s + step] = (Q[s : s + step] @ E.T > true[s : s + step, None]).sum(axis=1)
     return out
 
 
@@ -142,14 +145,16 @@ def pair_retrieval_scores(M: np.ndarray, T: np.ndarray, *, k: int = 10, extra_M:
 def relevant_ranks(Q: np.ndarray, D: np.ndarray, relevant: np.ndarray, *, block: int = 1024) -> np.ndarray:
     """1-based rank (q,) of ``D[relevant[i]]`` among all rows of ``D`` (n, d) for query ``Q[i]`` (q, d).
 
-    Inner products (cosine on unit rows), computed in blocks of ``block`` queries (never q × n at once);
-    a document tied with the relevant one does not push it down (rank = 1 + rows scoring strictly higher).
+    Inner products (cosine on unit rows), computed in blocks of at most ``block`` queries and
+    :data:`align.blocks.SCORE_BLOCK_BYTES` of scores (never q × n at once); a document tied with the
+    relevant one does not push it down (rank = 1 + rows scoring strictly higher).
     """
     out = np.empty(Q.shape[0], dtype=np.int64)
-    for s in range(0, Q.shape[0], block):
-        S = Q[s : s + block] @ D.T
-        true = S[np.arange(S.shape[0]), relevant[s : s + block]]
-        out[s : s + block] = 1 + (S > true[:, None]).sum(axis=1)
+    step = rows_per_block(D.shape[0], block)
+    for s in range(0, Q.shape[0], step):
+        S = Q[s : s + step] @ D.T
+        true = S[np.arange(S.shape[0]), relevant[s : s + step]]
+        out[s : s + step] = 1 + (S > true[:, None]).sum(axis=1)
     return out
 
 

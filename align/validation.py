@@ -24,6 +24,29 @@ __all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "
            "check_no_zero_rows", "check_rankable", "check_representable", "check_eps", "check_labels",
            "check_labelled_queries", "check_same_queries", "check_csls_weight"]
 
+_CHECK_BYTES = 1 << 20  # the masks of a check cover about this many bytes of rows at a time
+
+
+def _row_step(arr: np.ndarray) -> int:
+    """Rows per block of a check of ``arr`` (n, d): a mask of the whole input would be n*d bytes."""
+    return max(1, _CHECK_BYTES // max(1, arr.shape[1] * arr.itemsize))
+
+
+def _rows_where(arr: np.ndarray, test) -> int:
+    """How many rows of ``arr`` (n, d) have ``test(block)`` (a (b, d) mask) true somewhere; block by block."""
+    step = _row_step(arr)
+    return sum(int(test(arr[s : s + step]).any(axis=1).sum()) for s in range(0, arr.shape[0], step))
+
+
+def _nonfinite_rows(arr: np.ndarray) -> int:
+    """Rows of ``arr`` (n, d) holding NaN or Inf, one block's mask at a time (rows counted only on a miss)."""
+    step, bad = _row_step(arr), 0
+    for s in range(0, arr.shape[0], step):
+        if not np.isfinite(arr[s : s + step]).all():
+            bad += _rows_where(arr[s : s + step], lambda b: ~np.isfinite(b))
+    return bad
+
+
 _ZERO_QUERY = "no direction to rank by (it would tie with every document and count as a hit)"
 
 
@@ -91,22 +114,27 @@ def as_matrix(
         raise DimensionMismatchError(f"{name}: expected {dim} columns, got {d}")
     if n < min_rows:
         raise TooFewRowsError(f"{name}: {what} needs at least {min_rows} rows, got {n}")
+    f32max = np.finfo(np.float32).max
     if arr.dtype.kind == "f" and arr.dtype.itemsize > 4:  # finite values float32 cannot hold would become Inf
         with np.errstate(invalid="ignore"):
-            huge = np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max)
-        if huge.any():
-            raise NonFiniteError(f"{name}: {int(huge.any(axis=1).sum())} row(s) hold values beyond float32's range "
+            huge = _rows_where(arr, lambda b: np.isfinite(b) & (np.abs(b) > f32max))
+        if huge:
+            raise NonFiniteError(f"{name}: {huge} row(s) hold values beyond float32's range "
                                  f"(±3.4e38); scale them down")
     wide, arr = arr, np.ascontiguousarray(arr, dtype=np.float32)
     if wide.dtype.kind == "f" and wide.dtype.itemsize > 4:  # non-zero rows whose every value underflows to 0
-        zero = ~np.any(arr != 0, axis=1)
-        if zero.any() and np.any(wide[zero] != 0):
-            lost = int(np.any(wide[zero] != 0, axis=1).sum())
+        step, lost = _row_step(wide), 0
+        for s in range(0, n, step):
+            zero = ~np.any(arr[s : s + step] != 0, axis=1)
+            if zero.any():
+                lost += int(np.any(wide[s : s + step][zero] != 0, axis=1).sum())
+        if lost:
             raise NotRepresentableError(f"{name}: {lost} non-zero row(s) have every value below float32's smallest "
                                         f"(~1.4e-45) and would read as all-zero rows; scale them up")
-    if finite and not np.isfinite(arr).all():
-        bad = int((~np.isfinite(arr)).any(axis=1).sum())
-        raise NonFiniteError(f"{name}: {bad} row(s) contain NaN or Inf")
+    if finite:  # block by block: a mask of the whole input was a quarter of its float32 size
+        bad = _nonfinite_rows(arr)
+        if bad:
+            raise NonFiniteError(f"{name}: {bad} row(s) contain NaN or Inf")
     return arr
 
 

@@ -99,10 +99,11 @@ def is_text_path(path) -> bool:
 
 # --- raw matrices (lazy where possible) --------------------------------------------------------
 
-def load_npy(path: Path) -> np.ndarray:
-    """A read-only memory map of a ``.npy``; FormatError for a truncated file, an object dtype or a bad header."""
+def load_npy(path: Path, mmap_mode: str = "r") -> np.ndarray:
+    """A memory map of a ``.npy`` (read-only; ``"c"``: copy-on-write, writes stay private to this process);
+    FormatError for a truncated file, an object dtype or a bad header."""
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
     except (ValueError, OSError, EOFError, SyntaxError, OverflowError) as exc:  # header, size, dtype
         raise FormatError(f"{path.name}: cannot read .npy ({exc})") from None
 
@@ -266,7 +267,10 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
                  batch_size: int = 64, progress: Callable[[float], None] | None = None) -> np.ndarray:
     """Read rows ``[start, stop)`` of a vector file, or embed a text file with ``encoder``.
 
-    Returns float32 ``(n, d)``, C-contiguous. Raises FormatError / InputError on bad input.
+    Returns float32 ``(n, d)``, C-contiguous and writable by the caller. Raises FormatError / InputError on bad
+    input. Rows of a float32 ``.npy`` are not copied: they are mapped copy-on-write (pages come from the page
+    cache as they are read; a write changes this process's copy, never the file), so reading 1M x 384 rows
+    costs no 1.5 GB of private memory (the file must not be truncated while the rows are in use).
     """
     from align.validation import as_matrix
 
@@ -292,7 +296,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     if encoder:
         raise InputError(f"{path.name} already holds vectors; --encoder applies to text files only")
     if suf == ".npy":
-        M = load_npy(path)
+        M = load_npy(path, mmap_mode="c")
     elif suf == ".npz":
         M = _npz_array(path, key)
     elif suf == ".fvecs":
@@ -310,7 +314,10 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     if M.ndim != 2 or not np.issubdtype(M.dtype, np.number) or np.iscomplexobj(M):
         return as_matrix(M, name=path.name)  # raises the ShapeError / InputError (non-numeric or complex dtype)
     sl = resolve_rows(rows, M.shape[0], path)
-    return as_matrix(np.array(M[sl], dtype=np.float32), name=path.name)  # a private, writable copy
+    part = M[sl]
+    if isinstance(M, np.memmap) and M.mode != "c":  # a read-only map (.fvecs): a private, writable copy
+        part = np.array(part, dtype=np.float32)
+    return as_matrix(part, name=path.name)  # float32 rows stay as they are (mapped, or decoded from .npz)
 
 
 def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = None, column: str | None = None,
@@ -362,7 +369,8 @@ class ChunkWriter:
 
     The data goes to a temporary file in the same folder, renamed into place by :meth:`close`
     (so a crashed transform never leaves a half-written output under the final name).
-    ``.npy`` needs ``n_rows`` up front (preallocated memory map).
+    ``.npy`` needs ``n_rows`` up front (its header holds the shape; the whole file is reserved at once). Rows
+    are appended to the file: the writer holds one chunk, never a map of the output.
     """
 
     def __init__(self, path, *, dim: int, n_rows: int | None = None):
@@ -375,17 +383,19 @@ class ChunkWriter:
         self.dim, self.n_rows, self.written = int(dim), n_rows, 0
         self.tmp = self.path.with_name(f".{self.path.name}.part-{os.getpid()}")
         self.path.parent.mkdir(parents=True, exist_ok=True)  # as atomic_write does; else the error names self.tmp
-        if self.suffix == ".npy":
-            from numpy.lib.format import open_memmap
+        if self.suffix == ".npy":  # header, then rows appended: nothing of the output stays mapped in memory
+            from numpy.lib import format as npformat
 
-            self._mm = open_memmap(self.tmp, mode="w+", dtype=np.float32, shape=(n_rows, self.dim))
-            try:  # back every page now: a full disk is an OSError here, not a SIGBUS on a mapped write later
-                if hasattr(os, "posix_fallocate"):
-                    with open(self.tmp, "r+b") as fh:
-                        os.posix_fallocate(fh.fileno(), 0, os.fstat(fh.fileno()).st_size)
+            self._fh = open(self.tmp, "wb")  # noqa: SIM115 - held until close() / abort()
+            try:
+                npformat.write_array_header_1_0(self._fh, {"descr": npformat.dtype_to_descr(np.dtype("<f4")),
+                                                           "fortran_order": False, "shape": (n_rows, self.dim)})
+                if hasattr(os, "posix_fallocate"):  # reserve the whole file: a full disk fails here, not hours in
+                    self._fh.flush()
+                    os.posix_fallocate(self._fh.fileno(), 0, self._fh.tell() + 4 * n_rows * self.dim)
             except OSError as exc:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # a filesystem without it
-                    del self._mm
+                    self._fh.close()
                     self.tmp.unlink(missing_ok=True)
                     raise
         elif self.suffix == ".fvecs":
@@ -405,7 +415,7 @@ class ChunkWriter:
         if self.suffix == ".npy":
             if self.written + n > self.n_rows:
                 raise InputError("more rows than announced")
-            self._mm[self.written : self.written + n] = X
+            self._fh.write(X.astype("<f4", copy=False).data)
         elif self.suffix == ".fvecs":
             block = np.empty((n, self.dim + 1), dtype="<f4")
             block[:, 1:] = X
@@ -419,12 +429,10 @@ class ChunkWriter:
         self.written += n
 
     def close(self) -> Path:
-        if self.suffix == ".npy":
-            if self.written != self.n_rows:
-                raise InputError(f"wrote {self.written} rows, announced {self.n_rows}")
-            self._mm.flush()
-            del self._mm
-        elif self.suffix == ".fvecs":
+        if self.suffix == ".npy" and self.written != self.n_rows:
+            self.abort()  # no partial file left behind under the temporary name either
+            raise InputError(f"wrote {self.written} rows, announced {self.n_rows}")
+        if self.suffix in (".npy", ".fvecs"):
             self._fh.flush()
             os.fsync(self._fh.fileno())
             self._fh.close()
@@ -435,7 +443,7 @@ class ChunkWriter:
 
     def abort(self) -> None:
         try:
-            if self.suffix == ".fvecs":
+            if self.suffix in (".npy", ".fvecs"):
                 self._fh.close()
             elif self.suffix == ".parquet":
                 self._pq.close()

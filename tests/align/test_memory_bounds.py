@@ -1,0 +1,97 @@
+"""Peak memory of align's whole-input paths stays bounded by a block, not by the data (or the data squared).
+
+tracemalloc sees numpy's allocations, so each test measures the peak of one call and compares it with the
+size of its input: a path that copies the whole input (or builds a block of every candidate) fails.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import align
+from align.metrics import ranks
+from align.retrieval import relevant_ranks
+from align.validation import as_matrix
+
+MiB = 1 << 20
+
+
+def _peak(fn, *args, **kw):
+    """``(result, peak bytes allocated during fn)``."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        out = fn(*args, **kw)
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _rows(n: int, d: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, d), dtype=np.float32)
+
+
+def _unit(X: np.ndarray) -> np.ndarray:
+    return (X / np.linalg.norm(X, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_as_matrix_checks_finiteness_without_a_mask_of_the_whole_input():
+    # a (n, d) boolean mask is a quarter of the float32 input: 390 MB at 1M x 384
+    X = _rows(200_000, 64)  # 51 MB
+    out, peak = _peak(as_matrix, X)
+    assert out is X  # no copy of a checked float32 C-contiguous input
+    assert peak < 2 * MiB, f"as_matrix allocated {peak / MiB:.1f} MiB for a {X.nbytes / MiB:.0f} MiB input"
+    X[123_456, 7] = np.nan
+    with pytest.raises(align.exceptions.NonFiniteError, match="1 row"):
+        as_matrix(X)
+
+
+def test_as_matrix_of_float64_rows_copies_once():
+    X = _rows(100_000, 64).astype(np.float64)  # 51 MB; the float32 copy is 26 MB
+    out, peak = _peak(as_matrix, X)
+    assert out.dtype == np.float32
+    assert peak < out.nbytes + 4 * MiB, f"{peak / MiB:.1f} MiB for a {out.nbytes / MiB:.0f} MiB result"
+
+
+@pytest.mark.parametrize("fn", ["ranks", "relevant_ranks"])
+def test_rank_kernels_hold_a_bounded_score_block(fn):
+    # the score block was block_size (2,048 / 1,024) x all candidates: 8 GB at 1M candidates
+    if fn == "ranks":
+        D = _unit(_rows(30_000, 8, 2))  # 1 MB of rows; the old block of scores: 245 MB
+        r, peak = _peak(ranks, D, D)
+        assert (r == 1).all()
+    else:
+        D = _unit(_rows(100_000, 16, 2))  # 6.4 MB of rows; the old block: 410 MB of scores + 100 MB of flags
+        Q = D[:3000] + 0.01 * _rows(3000, 16, 1)
+        r, peak = _peak(relevant_ranks, Q, D, np.arange(3000))
+        assert (r == 1).mean() > 0.99
+    assert peak < 80 * MiB, f"{fn} held {peak / MiB:.0f} MiB of scores for {D.shape[0]} candidates"
+
+
+def test_ranks_same_with_any_block():
+    rng = np.random.default_rng(3)
+    D = _unit(rng.standard_normal((500, 8)).astype(np.float32))
+    Q = D + 0.3 * rng.standard_normal(D.shape).astype(np.float32)
+    ref = ranks(Q, D, block_size=500)
+    assert (ranks(Q, D, block_size=7) == ref).all()
+    r_q, r_d = rng.random(500).astype(np.float32), rng.random(500).astype(np.float32)
+    csls = ranks(Q, D, r_q=r_q, r_d=r_d, block_size=7)
+    S = 2.0 * (Q @ D.T) - r_d[None, :] - r_q[:, None]
+    assert (csls == 1 + (S > np.diag(S)[:, None]).sum(axis=1)).all()
+
+
+def test_plan_migration_does_not_copy_the_old_corpus():
+    # the plan framed the whole corpus (a concatenated copy and a framed copy, never used) and projected
+    # a unit copy of it for the rows to re-embed: 4.2x the corpus at its peak (1M x 384 rows: 6.4 GB)
+    rng = np.random.default_rng(0)
+    d = 128  # wider than the 64 axes the rows to re-embed are drawn on
+    R = np.linalg.qr(rng.standard_normal((d, d)))[0].astype(np.float32)
+    X_old = _rows(150_000, d, 4)  # 77 MB
+    A = X_old[:400] + 0.05 * _rows(400, d, 5)
+    B = A @ R
+    res, peak = _peak(align.plan_migration, X_old, A, B, random_state=0, target_ks=(100, 1000))
+    assert res["rows_to_embed"] and len(res["rows_to_embed"]) <= 1000
+    assert peak < X_old.nbytes, f"plan held {peak / MiB:.0f} MiB for a {X_old.nbytes / MiB:.0f} MiB corpus"
