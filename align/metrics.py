@@ -4,7 +4,9 @@ Row ``i`` of ``X_src`` (n, d_s) and row ``i`` of ``Y_tgt`` (n, d_t) embed the sa
 source rows are mapped into the target frame; for each, all ``n`` framed target rows are the
 candidate pool, ranked by cosine (or CSLS). The true partner's score comes from the **same**
 block product as the other candidates' scores (a separate dot product differs by ~1e-7 and
-turns ties into rank 2); rank = 1 + number of candidates scoring strictly higher.
+turns ties into rank 2); rank = 1 + number of candidates scoring higher by more than
+:data:`TIE_TOL` (relative): even within one product, BLAS gives two identical candidate columns
+scores that differ in the last bits, so an exact ``>`` ranked a duplicate of the true partner above it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,18 @@ from .knn import DEFAULT_BLOCK, check_count, mean_topk
 from .options import check_flag
 from .maps import LinearMap
 
-__all__ = ["cross_val_top1", "evaluate", "ranks", "retention", "top1_at"]
+__all__ = ["TIE_TOL", "count_above", "cross_val_top1", "evaluate", "ranks", "retention", "top1_at"]
+
+#: scores within this share of the true partner's (at least this much in absolute terms) tie with it: float32
+#: products of 384-d unit rows carry rounding errors of ~1e-6, so a duplicate candidate must not beat the partner
+TIE_TOL = 1e-5
+
+
+def count_above(S: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """For each row ``i`` of scores ``S`` (b, m), how many exceed ``true[i]`` (b,) by more than :data:`TIE_TOL`
+    (relative, at least absolute): (b,) int64."""
+    true = np.asarray(true)
+    return (S > (true + TIE_TOL * np.maximum(1.0, np.abs(true)))[:, None]).sum(axis=1)
 
 
 def ranks(Q: np.ndarray, D: np.ndarray, *, r_q=None, r_d=None, block_size: int = DEFAULT_BLOCK) -> np.ndarray:
@@ -39,7 +52,7 @@ def ranks(Q: np.ndarray, D: np.ndarray, *, r_q=None, r_d=None, block_size: int =
             S -= r_q[s : s + step, None]
         rows = np.arange(S.shape[0])
         true = S[rows, s + rows]
-        out[s : s + step] = 1 + (S > true[:, None]).sum(axis=1)
+        out[s : s + step] = 1 + count_above(S, true)
     return out
 
 

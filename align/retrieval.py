@@ -36,7 +36,7 @@ import numpy as np
 from .blocks import rows_per_block
 from .exceptions import InputError, PairCountError
 from .knn import knn
-from .metrics import ranks
+from .metrics import count_above, ranks
 from .validation import check_random_state
 
 __all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention", "relevant_ranks",
@@ -100,12 +100,12 @@ def neighbour_overlap(Q: np.ndarray, A: np.ndarray, B: np.ndarray, k: int = 10) 
 
 
 def _beaten_by(Q: np.ndarray, true: np.ndarray, E: np.ndarray, block: int = 1024) -> np.ndarray:
-    """For each query ``Q[i]`` (n, d), how many rows of ``E`` (m, d) score strictly above ``true[i]`` (n,);
+    """For each query ``Q[i]`` (n, d), how many rows of ``E`` (m, d) score above ``true[i]`` (n,) beyond ``TIE_TOL``;
     blocked (at most ``block`` queries and :data:`align.blocks.SCORE_BLOCK_BYTES` of scores at a time)."""
     out = np.zeros(Q.shape[0], dtype=np.int64)
     step = rows_per_block(E.shape[0], block)
     for s in range(0, Q.shape[0], step):
-        out[s : s + step] = (Q[s : s + step] @ E.T > true[s : s + step, None]).sum(axis=1)
+        out[s : s + step] = count_above(Q[s : s + step] @ E.T, true[s : s + step])
     return out
 
 
@@ -147,14 +147,14 @@ def relevant_ranks(Q: np.ndarray, D: np.ndarray, relevant: np.ndarray, *, block:
 
     Inner products (cosine on unit rows), computed in blocks of at most ``block`` queries and
     :data:`align.blocks.SCORE_BLOCK_BYTES` of scores (never q × n at once); a document tied with the
-    relevant one does not push it down (rank = 1 + rows scoring strictly higher).
+    relevant one does not push it down (rank = 1 + rows scoring higher beyond :data:`~align.metrics.TIE_TOL`).
     """
     out = np.empty(Q.shape[0], dtype=np.int64)
     step = rows_per_block(D.shape[0], block)
     for s in range(0, Q.shape[0], step):
         S = Q[s : s + step] @ D.T
         true = S[np.arange(S.shape[0]), relevant[s : s + step]]
-        out[s : s + step] = 1 + (S > true[:, None]).sum(axis=1)
+        out[s : s + step] = 1 + count_above(S, true)
     return out
 
 
