@@ -74,6 +74,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
     if paired is None:
         paired = method in SUPERVISED
     progress, close = progress_bar(not quiet)
+    notes: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", VecbridgeWarning)
         try:
@@ -90,13 +91,15 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                         paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias, progress=progress,
                         description=description, tags=parse_kv(tags, "tag"), inputs=inputs,
                         artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,
-                        ray_shard_rows=shard_rows, threads=threads)
+                        ray_shard_rows=shard_rows, threads=threads, notes=notes)
         finally:
             close()
     for w in caught:  # soft numerical trouble (e.g. an unreliable unsupervised fit): one line each
         if issubclass(w.category, VecbridgeWarning):
             click.echo(f"vecbridge: warning: {str(w.message).splitlines()[0]}", err=True)
     _render_fit(obj.registry, v, as_json)
+    for note in notes:  # e.g. the bare name now means a version that looks worse than the one it replaced
+        click.echo(f"vecbridge: note: {note}", err=True)
     if v.metrics.get("reliable") is False and not allow_unreliable:
         click.echo(f"vecbridge: {v.ref} is flagged UNRELIABLE: it stays in the registry for inspection but is never "
                    f"chosen for a path; exit 1 (--allow-unreliable to accept)", err=True)

@@ -229,7 +229,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
             should_cancel: Callable[[], bool] | None = None, description: str = "", tags: dict | None = None,
             inputs: dict | None = None, artifact_format: str | None = None,
             report_copy=None, ray_address: str | None = None, report: bool = True, threads: int = 1,
-            ray_shard_rows: int = 262144) -> VersionInfo:
+            ray_shard_rows: int = 262144, notes: list[str] | None = None) -> VersionInfo:
     """Fit, diagnose, report and register one map version.
 
     Parameters
@@ -250,6 +250,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     threads : int  threads for an unpaired / seeded minivec2vec fit's row-block kernels (see fit_map)
     report : bool                write the HTML report (default); ``False`` skips it (``report_path`` None)
     ray_shard_rows : int         rows per Ray task (default 262,144; see SCALING.md for when Ray pays off)
+    notes : list, optional       gets what the user should know about the registration
+                                 (:meth:`Registry.default_change_note`)
 
     Returns
     -------
@@ -317,6 +319,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
 
     st.tick("register", 0.0)  # the last cancellation point: once registered, the fit has happened
     metrics["timings"] = {k: round(v, 4) for k, v in st.timings.items()}
+    before = registry.resolve_bare(name)
     version = registry.register_version(
         name, map_, source_space=source_space, target_space=target_space, method=method, params=effective,
         random_state=random_state, data_hashes=hashes, metrics=metrics, description=description, tags=tags,
@@ -324,6 +327,9 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         inputs={**(inputs or {}), "n_source": X.shape[0], "n_target": Y.shape[0], "paired": paired})
     if html_text is not None:
         _write_report(version, report_file, report_copy, html_text)
+    note = registry.default_change_note(before, version)
+    if note and notes is not None:
+        notes.append(note)
     return version
 
 

@@ -365,6 +365,35 @@ class Registry(SteerRegistryMixin):
         top-1), ``"train"`` (training top-1) or ``"none"``."""
         return Registry._judged(v)[2]
 
+    def resolve_bare(self, name: str) -> VersionInfo | None:
+        """The version a bare ``name`` means now (:meth:`resolve`); None when no such map (or no live version)."""
+        try:
+            return self.resolve(name)
+        except NotFoundError:
+            return None
+
+    def default_change_note(self, before: VersionInfo | None, new: VersionInfo) -> str | None:
+        """A line for the user when registering ``new`` made a bare name mean a version that looks worse.
+
+        With no ``prod`` alias a bare ``NAME`` means the newest reliable version, so a refit from fewer pairs
+        (or of a weaker family) silently replaced a better map for every client transforming by name. When
+        ``new`` is now what the name means (``before``: what it meant) and its :meth:`quality` (held-out top-1
+        put on 1,000 candidates) is below ``before``'s by more than 0.05, or it has only a training figure where
+        ``before`` had a held-out one, the note says so and how to keep ``before``.
+        """
+        now = self.resolve_bare(new.name)
+        if before is None or before.version == new.version or now is None or now.version != new.version:
+            return None
+        (kb, qb), (kn, qn) = self.quality(before), self.quality(new)
+        if not (kn < kb or (kn == kb == 2 and qn < qb - 0.05)):
+            return None
+        figure = f"held-out top-1 on 1,000 candidates {qn:.3f}" if kn == 2 else "no held-out figure"
+        pin = self.PATH_ALIAS
+        return (f"{new.name!r} now means {new.ref} (no {pin!r} alias: its newest reliable version; {figure}), which "
+                f"looks worse than {before.ref}, which it meant until now (held-out top-1 on 1,000 candidates "
+                f"{qb:.3f}); keep {before.ref} with `vecbridge registry alias {new.name} {pin} {before.version}` "
+                f"(HTTP: PUT /v1/maps/{new.name}/aliases/{pin})")
+
     @staticmethod
     def _judged(v: VersionInfo) -> tuple[int, float, str]:
         """``(kind, score, source)`` of :meth:`quality` and :meth:`quality_source`, read once."""

@@ -64,10 +64,12 @@ def create_fit(body: bytes, request, state, settings):
     state.metrics.batch_rows.labels("fit").observe(src.rows + tgt.rows)
 
     def job(ctx):
+        notes: list[str] = []
         v = map_ops.fit_sides(state.registry, state.encoder, src, tgt, progress=ctx.progress,
                               should_cancel=ctx.should_cancel, seed_pairs=opts.seed_pairs, inputs={"via": "http"},
                               name=opts.name, method=opts.method, params=opts.params, paired=paired,
-                              random_state=opts.random_state, alias=opts.alias, description=opts.description)
-        return {"ref": v.ref, "version": v.to_dict()}
+                              random_state=opts.random_state, alias=opts.alias, description=opts.description,
+                              notes=notes)
+        return {"ref": v.ref, "version": v.to_dict(), "notes": notes}
 
     return job, f"fit {opts.name} ({opts.method})"

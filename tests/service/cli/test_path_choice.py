@@ -313,3 +313,60 @@ def test_a_bare_map_name_follows_prod_as_search_does(tmp_path, capsys, pairs):
     reg.set_alias("m", "prod", 1)
     reg.delete_alias("m", "prod")  # no pin: the newest reliable version, as before
     assert reg.resolve("m").ref == "m:2"
+
+
+def test_a_refit_that_makes_the_bare_name_worse_says_so(tmp_path, capsys, pairs):
+    """Without ``prod`` a bare name means the newest reliable version: a refit from 60 pairs replaced a map of
+    4,000 for every client transforming by name (held-out top-1 among 1,000 native rows ~0.1 against ~0.96 on
+    WordNet minilm->e5), and nothing said so. The fit now says which version the name meant, how much better it
+    looked, and how to keep it; with ``prod`` set (the name does not move) or a better refit, nothing is said."""
+    X, Y, _ = pairs
+    d = _fit_files(tmp_path, X, Y)
+    write_vectors(tmp_path / "x60.npy", X[:60])
+    write_vectors(tmp_path / "y60.npy", Y[:60])
+    fit = [*d, "fit", "--pairs", "--method", "procrustes", "--name", "m", "--source-space", "old", "--target-space",
+           "new", "--quiet"]
+    many, few = ("--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy"), \
+        ("--source", tmp_path / "x60.npy", "--target", tmp_path / "y60.npy")
+    code, _, err = run(capsys, *fit, *many)
+    assert code == 0 and "note:" not in err  # a new map: nothing replaced
+    code, _, err = run(capsys, *fit, *few)
+    assert code == 0 and "note: 'm' now means m:2" in err and "keep m:1 with `vecbridge registry alias m prod 1`" in err
+    code, out, _ = run(capsys, *d, "transform", "--map", "m", tmp_path / "q.npy", tmp_path / "o.npy", "--quiet",
+                       "--json")
+    assert json.loads(out)["map"] == "m:2"  # the documented default: the note did not change what the name means
+    code, _, err = run(capsys, *fit, *many)
+    assert code == 0 and "note:" not in err  # m:3 is better than m:2
+    assert run(capsys, *d, "registry", "alias", "m", "prod", "3")[0] == 0
+    code, _, err = run(capsys, *fit, *few)
+    assert code == 0 and "note:" not in err  # prod pins the name: m:4 changes nothing for clients
+
+
+def test_an_http_fit_job_carries_the_same_note(tmp_path, pairs):
+    import time
+
+    import httpx
+    from _api_support import W, settings_for
+    from _servers import serve_in_thread
+
+    from service.api import create_app
+
+    X, Y, _ = pairs
+    app = create_app(settings_for(tmp_path, data_dir=tmp_path / "var"))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
+        def fit(n: int) -> dict:
+            body = {"name": "h", "source_space": "old", "target_space": "new", "method": "procrustes",
+                    "source": {"vectors": X[:n].tolist()}, "target": {"vectors": Y[:n].tolist()}}
+            r = c.post("/v1/fits", headers=W, json=body)
+            assert r.status_code == 202, r.text
+            for _ in range(600):
+                job = c.get(f"/v1/jobs/{r.json()['id']}", headers=W).json()
+                if job["state"] in ("succeeded", "failed", "cancelled"):
+                    break
+                time.sleep(0.1)
+            assert job["state"] == "succeeded", job
+            return job["result"]
+
+        assert fit(2000)["notes"] == []
+        notes = fit(60)["notes"]
+        assert len(notes) == 1 and "'h' now means h:2" in notes[0] and "h:1" in notes[0]
