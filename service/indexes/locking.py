@@ -108,7 +108,8 @@ def still_linked(fd: int, lock_path: Path) -> bool:
 def stat_sig(path: Path) -> tuple[int, int, int, int] | None:
     """Cheap change token of a file (device, inode, size, mtime ns); ``None`` when missing.
 
-    ``meta.json`` is always replaced by a rename, so a new meta has a new inode.
+    Every ``meta.json`` is a new file (renamed into place) stamped with a modification time no earlier meta
+    of its index had (:func:`~.persist._write_meta`): its inode alone would not do, the file system reuses it.
     """
     try:
         st = os.stat(path)

@@ -24,6 +24,8 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -280,6 +282,26 @@ def _write_index_file(index, tmp: Path) -> None:
         faiss.write_index(index, faiss.PyCallbackIOWriter(fh.write))
 
 
+def _write_meta(path: Path, meta: dict) -> None:
+    """Replace ``meta.json`` atomically, stamped with a modification time no earlier meta of this index had.
+
+    Other processes notice a new generation by :func:`stat_sig` (device, inode, size, mtime). Every meta is a
+    new file renamed over the old one, but the file system hands the freed inode out again (ext4: two
+    generations later), and before Linux 6.13 file times advance once per timer tick (1-10 ms): two quick
+    writes with metas of one size could leave a signature unchanged, and another process on the older
+    generation. An explicit stamp of ``max(now, previous + 1 ns)`` (stored exactly, whatever the clock's
+    granularity; the caller holds the writer lock) makes every meta's signature new.
+    """
+    before = stat_sig(path / "meta.json")
+    stamp = time.time_ns() if before is None else max(time.time_ns(), before[3] + 1)
+
+    def write(tmp: Path) -> None:
+        tmp.write_bytes(json.dumps(meta).encode("utf-8"))
+        os.utime(tmp, ns=(stamp, stamp))
+
+    atomic_write(path / "meta.json", write)
+
+
 def write_generation(path: Path, index, payloads: dict[int, Any], meta: dict, delta: Delta | None = None
                      ) -> tuple | None:
     """Persist generation ``meta["generation"]`` under ``path``; returns the new meta's :func:`stat_sig`.
@@ -297,7 +319,7 @@ def write_generation(path: Path, index, payloads: dict[int, Any], meta: dict, de
     else:
         atomic_write(path / f"index.{gen}.faiss", lambda tmp: _write_index_file(index, tmp))
         _write_json(path / f"payloads.{gen}.json", [[i, p] for i, p in payloads.items()])
-    _write_json(path / "meta.json", meta)  # the commit point
+    _write_meta(path, meta)  # the commit point
     fsync_dir(path)
     if delta is None:
         (path / SNAPSHOT_WANTED).unlink(missing_ok=True)  # asked before this snapshot: answered

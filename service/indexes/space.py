@@ -365,7 +365,7 @@ class SpaceIndex:
                 raise gone(self.name)
             with self._refresh_lock:
                 if not (fresh and stat_sig(self.path / "meta.json") is None):
-                    self._sync()
+                    self._sync(force=True)  # a writer reads the meta itself, never trusting a signature alone
                 yield
 
     @contextmanager
@@ -411,14 +411,18 @@ class SpaceIndex:
             f"index {self.name!r}: its newest generation on disk could not be read ({type(exc).__name__}: "
             f"{str(exc)[:200]}); generation {self.generation} is served until a readable one is written")
 
-    def _sync(self) -> bool:
-        """Caller holds ``_refresh_lock``: load the persisted generation if it is newer."""
+    def _sync(self, force: bool = False) -> bool:
+        """Caller holds ``_refresh_lock``: load the persisted generation if it is newer.
+
+        ``force``: read the meta even when its :func:`~.locking.stat_sig` is the one in memory (a writer about
+        to build on the newest generation: a signature can repeat, see :func:`~.persist._write_meta`).
+        """
         assert self.path is not None
         for _ in range(LOAD_ATTEMPTS):
             sig = stat_sig(self.path / "meta.json")  # before reading: at worst one extra read later
             if sig is None:
                 raise gone(self.name)
-            if sig == self._meta_sig:
+            if sig == self._meta_sig and not force:
                 return False
             try:
                 meta = read_meta(self.path)
