@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.indexes import IndexStore
-from service.indexes import persist
+from service.indexes import IndexStore, persist
 from service.indexes.locking import stat_sig
 
 
