@@ -114,6 +114,20 @@ def test_console_files_are_package_data():
         assert (STATIC_DIR / lic).is_file()
 
 
+def test_vendored_files_match_their_recorded_sha256():
+    """Each vendored file is the one its README row names (package, version, sha256), and every script and style
+    sheet under static/vendor and static/swagger has a row."""
+    vendor = STATIC_DIR / "vendor"
+    rows = re.findall(r"^\| ([^|]+?) \|.*\| ([0-9a-f]{64}) \|$", (vendor / "README.md").read_text(),
+                      re.MULTILINE)
+    recorded = {(vendor / f).resolve(): sha for f, sha in rows}
+    for f, sha in recorded.items():
+        assert hashlib.sha256(f.read_bytes()).hexdigest() == sha, f
+    shipped = {p.resolve() for d in ("vendor", "swagger") for p in (STATIC_DIR / d).iterdir()
+               if p.suffix in (".js", ".css")}
+    assert shipped <= set(recorded), shipped - set(recorded)
+
+
 def _csp(r) -> dict[str, str]:
     return {d.split()[0]: d.partition(" ")[2] for d in r.headers["content-security-policy"].split("; ")}
 
