@@ -2,7 +2,10 @@
  *
  * The key lives in sessionStorage (cleared when the tab/browser session ends), goes out only as
  * `Authorization: Bearer <key>`, and is never put in a URL, a cookie or the console log.
- * Each page is an Alpine component (registryPage, jobsPage, ...) defined below.
+ * Each page is an Alpine component (registryPage, jobsPage, ...) defined below and registered with
+ * Alpine.data (the end of this file). Alpine is its CSP build, so the page's Content-Security-Policy needs no
+ * 'unsafe-eval': the templates' x- attributes hold only property paths and method calls of these components
+ * (no operators, template strings, arrow functions or globals); whatever they show is computed here.
  */
 "use strict";
 
@@ -136,6 +139,9 @@ function keyBar() {
     },
     // Forgetting the key signs this tab out: reloaded, the page holds nothing the key let it read
     forget() { VB.forgetKey(); location.reload(); },
+    signedOut() { return !this.has; },
+    keyErrorShown() { return !!this.keyError && !this.has; },
+    unauthMessage() { return this.unauth ? this.unauth.message : ""; },
   };
 }
 
@@ -156,6 +162,18 @@ function page(extra) {
         if (!performance.getEntriesByName("vb-data").length) this.$nextTick(() => performance.mark("vb-data"));
       } catch (e) { this.error = VB.say(e); } finally { this.busy = false; }
     },
+    /* The "nothing here yet" line under a table: only once a load finished without an error. */
+    showEmpty(list) { return !this.busy && !this.error && !list.length; },
+    // formatting shared by the pages' templates
+    num(x) { return VB.num(x); },
+    pct(x) { return VB.pct(x); },
+    secs(s) { return VB.secs(s); },
+    dash(x) { return x === null || x === undefined || x === "" ? "–" : x; },
+    json(x) { return JSON.stringify(x); },
+    shortId(j) { return j.id.slice(0, 8); },
+    score(h) { return h.score.toFixed(3); },
+    hits(r) { return r ? r.results[0] : []; },
+    label(h) { return VB.label(h); },
   }, extra);
 }
 
@@ -182,7 +200,7 @@ function registryPage() {
     async show(n) {
       this.version = this.versions.find(v => v.version === n) || null;
       this.aliasVersion = String(n);
-      this.report = ""; this.reportNote = "loading the fit report…";
+      this.setReport(""); this.reportNote = "loading the fit report…";
       this.$nextTick(() => this.draw());
       if (this.version && !this.version.report_path) {  // nothing to fetch: say so instead of asking for a 404
         this.reportNote = `version ${n} has no fit report (registered without one)`;
@@ -193,8 +211,15 @@ function registryPage() {
     async loadReport(name, n) {
       try {
         const html = await VB.api(`/v1/maps/${encodeURIComponent(name)}/versions/${n}/report`, { text: true });
-        if (this.selected === name && this.version && this.version.version === n) { this.report = html; this.reportNote = ""; }
+        if (this.selected === name && this.version && this.version.version === n) {
+          this.setReport(html); this.reportNote = "";
+        }
       } catch (e) { this.reportNote = VB.say(e); }
+    },
+    /* The report frame's document: set here, the CSP build evaluates no expression on an <iframe>. */
+    setReport(html) {
+      this.report = html;
+      if (this.$refs.report) this.$refs.report.srcdoc = html;
     },
     draw() {
       const v = this.version; if (!v) return;
@@ -214,10 +239,40 @@ function registryPage() {
       return { metric: sel.metric, chosen: sel.chosen, n_train: sel.n_train, n_holdout: sel.n_holdout, cols,
                rows: names.map(n => ({ name: n, values: cols.map(c => sel.candidates[n][c]) })) };
     },
-    aliasesOf(m) { return Object.entries(m.aliases || {}).map(([a, v]) => `${a}→${v}`).join(", ") || "–"; },
-    metricRows(v) {
-      return Object.entries((v && v.metrics) || {}).filter(([, x]) => typeof x === "number" || typeof x === "boolean");
+    selectionSummary() {
+      const s = this.selection();
+      return `${s.metric}; ${s.n_train} pairs fitted, ${s.n_holdout} held out; chosen: ${s.chosen}`;
     },
+    chosenClass(r) { return r.name === this.selection().chosen ? "ok" : ""; },
+    candidateName(r) { return r.name + (r.name === this.selection().chosen ? " ✓" : ""); },
+    aliasesOf(m) { return Object.entries(m.aliases || {}).map(([a, v]) => `${a}→${v}`).join(", ") || "–"; },
+    spacesOf(m) { return `${m.source_space} → ${m.target_space}`; },
+    latestOf(m) { return this.dash(m.latest_version ?? m.latest); },
+    isSelected(m) { return this.selected === m.name; },
+    /* The versions table: one row per version `v` of the selected map. */
+    liveVersions() { return this.versions.filter(v => !v.deleted); },
+    isShown(v) { return !!this.version && this.version.version === v.version; },
+    showLabel(v) { return `show version ${v.version}`; },
+    versionClass(v) { return v.deleted ? "muted" : ""; },
+    created(v) { return (v.created_at || "").slice(0, 19).replace("T", " "); },
+    versionAliases(v) { return v.aliases.join(", ") || "–"; },
+    tagsOf(v) { return Object.entries(v.tags || {}).map(([k, x]) => k + "=" + x).join(", ") || "–"; },
+    verdict(v) { return VB.verdict(v); },
+    verdictText(v) { return v.deleted ? "deleted" : VB.verdict(v); },
+    verdictTitle(v) {
+      return VB.verdict(v) === "not checked"
+        ? "supervised fits have no label-free reliability check; see the held-out metrics" : "";
+    },
+    /* The shown version's numeric metrics: [{name, value}]. */
+    metricRows(v) {
+      return Object.entries((v && v.metrics) || {}).filter(([, x]) => typeof x === "number" || typeof x === "boolean")
+        .map(([name, value]) => ({ name, value }));
+    },
+    lineageSpaces(v) { return `${v.source_space} (${v.source_dim}-d) → ${v.target_space} (${v.target_dim}-d)`; },
+    hashesOf(v) {
+      return Object.entries(v.data_hashes || {}).map(([k, h]) => k + " " + String(h).slice(0, 12)).join(", ");
+    },
+    hasCriteria() { const v = this.version; return !!(v && v.metrics && (v.metrics.criteria || []).length); },
     async moveAlias() {
       this.aliasMsg = "";
       const n = Number(this.aliasVersion);
@@ -256,6 +311,11 @@ function jobsPage() {
       if (!j.error) return "";
       return `${j.error.type || "error"}: ${j.error.message || ""}`;
     },
+    countsText() { return Object.entries(this.counts).map(([k, n]) => k + " " + n).join(" · "); },
+    etaText(j) { return this.live(j) ? VB.secs(this.eta(j)) : "–"; },
+    registered(j) { return j.result && j.result.ref ? "registered " + j.result.ref : ""; },
+    progressLabel(j) { return `progress of job ${this.shortId(j)}`; },
+    cancelLabel(j) { return `cancel job ${this.shortId(j)}`; },
     async cancel(j) {
       this.cancelMsg = "";
       try { await VB.api(`/v1/jobs/${j.id}`, { method: "DELETE" }); this.cancelMsg = `cancel requested for ${j.id}`; await this.load(); }
@@ -302,8 +362,14 @@ function searchPage() {
         }
       } finally { this.busy = false; }
     },
-    hits(r) { return r ? r.results[0] : []; },
-    label(h) { return VB.label(h); },
+    indexOption(i) { return `${i.name} (${i.space}, ${i.count} rows)`; },
+    spaceOption(s) { return s.encoder ? `${s.name} · ${s.encoder}` : s.name; },
+    nativeSpace() { return this.native ? this.native.query_space : this.indexSpace(); },
+    overlapText() { return this.overlap ? `${this.overlap.shared} / ${this.overlap.of}` : ""; },
+    scoring() { return this.mapped ? this.mapped.scoring : ""; },
+    /* "shared" on a hit `h` that the other list `r` also holds. */
+    sharedClass(h, r) { return r && this.hits(r).some(x => x.id === h.id) ? "shared" : ""; },
+    hitMeta(h) { return `#${h.id} · ${this.score(h)}`; },
     path(r) {
       if (!r) return "";
       if (!r.maps || !r.maps.length) return "none (same space)";
@@ -325,6 +391,13 @@ function steerPage() {
     },
     current() { return this.steers.find(s => s.name === this.steer) || null; },
     isLM() { const s = this.current(); return !!s && String(s.space || "").startsWith("lm."); },
+    isSearchSteer() { return !this.isLM(); },
+    steerOption(s) { return `${s.name} (${s.space})`; },
+    submit() { return this.isLM() ? this.generate() : this.run(); },
+    submitText() { return this.isLM() ? "Generate" : "Search"; },
+    epsText() { return Number(this.eps).toFixed(2); },
+    /* Letting go of the ε slider re-runs a steered search that has a query (LM generation waits for the button). */
+    epsChanged() { if (!this.isLM() && this.query) this.run(); },
     pickIndex() {
       const s = this.current();
       const same = s ? this.indexes.filter(i => i.space === s.space) : [];
@@ -371,8 +444,14 @@ function steerPage() {
       const A = new Set(this.base.results[0].map(h => h.id));
       return this.steered.results[0].filter(h => !A.has(h.id)).length;
     },
-    hits(r) { return r ? r.results[0] : []; },
-    label(h) { return VB.label(h); },
+    changedText() {
+      return `${this.changed()} of ${this.hits(this.steered).length} results changed at ε = ${this.eps}`;
+    },
+    shareText() {
+      const s = this.share;
+      return s && s.before !== null ? VB.pct(s.before) + " → " + VB.pct(s.after) : "unknown (no label in payloads)";
+    },
+    modelText() { return `(${this.lmModel}, ε = ${this.eps})`; },
     async generate() {
       this.lmMsg = ""; this.genText = ""; this.tokens = [];
       this.busy = true;
@@ -401,6 +480,12 @@ function migrationsPage() {
       this.jobs = (j.data || []).filter(x => /migrat|verify/i.test(x.kind));
       this.indexes = i.data;
     },
+    outcome(j) { return JSON.stringify(j.result || j.error || ""); },
   });
 }
 window.VB = VB;
+
+document.addEventListener("alpine:init", () => {
+  const components = { keyBar, registryPage, jobsPage, searchPage, steerPage, migrationsPage };
+  for (const [name, make] of Object.entries(components)) window.Alpine.data(name, make);
+});

@@ -110,8 +110,22 @@ def test_console_files_are_package_data():
     files = [p.relative_to(ui).as_posix() for p in ui.rglob("*") if p.is_file() and p.suffix != ".py"
              and "__pycache__" not in p.parts]
     assert files and all(any(fnmatch(f, g) and f.count("/") == g.count("/") for g in globs) for f in files), files
-    for lic in ("vendor/LICENSE.alpinejs.txt", "vendor/LICENSE.uPlot.txt", "swagger/LICENSE"):
+    for lic in ("vendor/LICENSE.alpinejs.txt", "vendor/LICENSE.vue.txt", "vendor/LICENSE.uPlot.txt", "swagger/LICENSE"):
         assert (STATIC_DIR / lic).is_file()
+
+
+def test_vendored_files_match_their_recorded_sha256():
+    """Each vendored file is the one its README row names (package, version, sha256), and every script and style
+    sheet under static/vendor and static/swagger has a row."""
+    vendor = STATIC_DIR / "vendor"
+    rows = re.findall(r"^\| ([^|]+?) \|.*\| ([0-9a-f]{64}) \|$", (vendor / "README.md").read_text(),
+                      re.MULTILINE)
+    recorded = {(vendor / f).resolve(): sha for f, sha in rows}
+    for f, sha in recorded.items():
+        assert hashlib.sha256(f.read_bytes()).hexdigest() == sha, f
+    shipped = {p.resolve() for d in ("vendor", "swagger") for p in (STATIC_DIR / d).iterdir()
+               if p.suffix in (".js", ".css")}
+    assert shipped <= set(recorded), shipped - set(recorded)
 
 
 def _csp(r) -> dict[str, str]:
@@ -132,7 +146,7 @@ def test_security_headers(world):
         assert r.headers["x-frame-options"] == "DENY" and r.headers["referrer-policy"] == "no-referrer", r.url
         assert _csp(r)["frame-ancestors"] == "'none'", r.url
     for r in pages.values():
-        assert _csp(r)["script-src"] == "'self' 'unsafe-eval'" and "<script>" not in r.text
+        assert _csp(r)["script-src"] == "'self'" and "<script>" not in r.text  # no eval: Alpine's CSP build
         assert _csp(r)["default-src"] == "'self'" and _csp(r)["object-src"] == "'none'"
     inline = re.findall(r"<script>(.*?)</script>", docs.text, re.DOTALL)
     assert len(inline) == 1
@@ -141,3 +155,39 @@ def test_security_headers(world):
     assert "sandbox" in _csp(report) and "script-src" not in _csp(report) and _csp(report)["default-src"] == "'none'"
     for r in rest:
         assert _csp(r)["default-src"] == "'none'", r.url
+
+
+# What Alpine's CSP build is given on the console's pages: property paths and method calls of the page's component
+# (arguments: paths or literals), `item in list` / `(item, i) in list` in x-for, a registered component's name in
+# x-data. No operators, template strings, arrow functions or globals: those are computed in console.js.
+_NAME = r"[A-Za-z_$][\w$]*"
+_ARG = rf"(?:{_NAME}(?:\.{_NAME})*|-?\d+(?:\.\d+)?|'[^']*')"
+_STEP = rf"{_NAME}(?:\((?:{_ARG}(?:, {_ARG})*)?\))?"
+_EXPR = rf"{_STEP}(?:\.{_STEP})*"
+_GLOBALS = {"VB", "JSON", "Object", "Array", "Number", "String", "Math", "window", "document", "location", "console"}
+
+
+def test_console_templates_give_alpine_only_paths_and_calls(world):
+    """The console runs under a policy without 'unsafe-eval' (Alpine's CSP build): an attribute the build cannot
+    evaluate breaks the page only when that branch renders, so every attribute of every page is checked here."""
+    c, _, _ = world
+    js = c.get("/ui/static/console.js").text
+    components = re.search(r"const components = \{([^}]*)\};\s+for \(.*\) window\.Alpine\.data\(", js)
+    registered = {n.strip() for n in components.group(1).split(",")} if components else set()  # Alpine.data(...)
+    seen = 0
+    for path, _, _ in PAGES:
+        html = c.get("/ui" + path).text
+        for name, value in re.findall(r'\s((?:x-[\w.:-]+|[:@][\w.:-]+))="([^"]*)"', html):
+            if name in ("x-ref", "x-cloak"):
+                continue
+            seen += 1
+            if name == "x-data":
+                assert value in registered, (path, name, value)
+                continue
+            if name == "x-for":
+                m = re.fullmatch(rf"(?:{_NAME}|\({_NAME}, {_NAME}\)) in ({_EXPR})", value)
+                assert m, (path, name, value)
+                value = m.group(1)
+            assert re.fullmatch(_EXPR, value), f"{path}: {name}={value!r} is not a path or a call"
+            assert value.split(".")[0].split("(")[0] not in _GLOBALS, f"{path}: {name}={value!r} names a global"
+    assert seen > 100
