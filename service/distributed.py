@@ -59,6 +59,7 @@ from align.refine import refine_icp
 from align.procrustes import PairStats, map_from_stats, pair_stats
 
 from .errors import ServiceUnavailableError
+from .io import ChunkWriter
 
 __all__ = [
     "Shard", "ray_session", "pair_stats_local", "pair_stats_ray", "fit_stats_local", "fit_stats_ray",
@@ -515,13 +516,9 @@ def _transform_file(map_bytes: bytes, src: str, dst: str, output: str, batch_siz
     X = np.load(src, mmap_mode="r", allow_pickle=False)
     if X.ndim != 2 or X.shape[1] != m.source_dim:
         raise DimensionMismatchError(f"{src}: expected (n, {m.source_dim}), got {X.shape}")
-    tmp = Path(dst).with_name(f".{Path(dst).name}.tmp-{os.getpid()}.npy")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(X.shape[0], m.target_dim))
-    for s in range(0, X.shape[0], batch_size):
-        out[s : s + batch_size] = m.apply(np.asarray(X[s : s + batch_size]), output=output)
-    out.flush()
-    del out
-    os.replace(tmp, dst)
+    with ChunkWriter(dst, dim=m.target_dim, n_rows=X.shape[0]) as w:  # renamed into place, or removed on an error
+        for s in range(0, X.shape[0], batch_size):
+            w.write(m.apply(np.asarray(X[s : s + batch_size]), output=output))
     return {"input": src, "output": dst, "rows": int(X.shape[0]), "peak_rss_mb": peak_rss_mb()}
 
 

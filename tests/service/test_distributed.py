@@ -223,3 +223,19 @@ def test_transform_files_ray(ray_local, tmp_path):
         D.transform_files_ray(m.inverse(), files[:1], tmp_path / "out3", use_ray=False)
     with pytest.raises(InputError):
         D.transform_files_ray(m, [tmp_path / "missing.npy"], tmp_path / "out4")
+
+
+@pytest.mark.parametrize("use_ray", [False, True])
+def test_transform_files_leave_no_half_written_file_when_a_block_fails(request, tmp_path, use_ray):
+    """Session 16: a NaN in a file's second block failed the task after its first block was written, and the
+    half-written ``.<name>.tmp-<pid>.npy`` stayed in the output folder (the same on Ray and in-process)."""
+    if use_ray:
+        request.getfixturevalue("ray_local")
+    X, Y = _planted(300, 8, 8, seed=10)
+    m = align.fit_procrustes(X, Y)
+    bad = X.copy()
+    bad[250, 3] = np.nan  # the third block of 100 rows
+    np.save(tmp_path / "bad.npy", bad)
+    with pytest.raises(InputError, match="NaN|finite"):
+        D.transform_files_ray(m, [tmp_path / "bad.npy"], tmp_path / "out", batch_size=100, use_ray=use_ray)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
