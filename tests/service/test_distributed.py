@@ -202,6 +202,45 @@ def test_minivec2vec_on_ray_is_bit_for_bit_the_in_process_fit(ray_local):
     assert a.criterion_ == b.criterion_
 
 
+
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_bad_kmeans_and_refine_inputs_are_typed_errors_before_the_kernels(request, engine):
+    """Session 16: a NaN in ``init`` gave k-means centroids with no error; an ``init`` or a shard of another width
+    and a ``W`` of the wrong shape were numpy's ``ValueError`` from inside a task (an internal error), and a NaN
+    ``alpha`` returned a NaN ``W`` from one ICP iteration."""
+    from align.exceptions import NonFiniteError
+
+    if engine == "ray":
+        request.getfixturevalue("ray_local")
+    km = D.kmeans_ray if engine == "ray" else D.kmeans_local
+    rng = np.random.default_rng(12)
+    X = rng.normal(size=(600, 8)).astype(np.float32)
+    nan_init = X[:4].copy()
+    nan_init[1, 2] = np.nan
+    with pytest.raises(NonFiniteError, match="init"):
+        km([X], 4, init=nan_init, n_iter=3)
+    with pytest.raises(DimensionMismatchError):
+        km([X], 4, init=X[:4, :5], n_iter=3)
+    with pytest.raises(DimensionMismatchError):
+        km([X, X[:, :5]], 4, n_iter=3, random_state=0)
+    bad_rows = X.copy()
+    bad_rows[500] = np.inf
+    with pytest.raises(NonFiniteError):  # align's kernel on raw arrays (no opener to validate them)
+        kmeans([X[:300], bad_rows[300:]], 4, n_iter=3, random_state=0,
+               executor=D.ray_executor(request.getfixturevalue("ray_local")) if engine == "ray" else None)
+    Xs, Yt = align.frames.unit_rows(X), align.frames.unit_rows(X[::-1].copy())
+    icp = (lambda W, **kw: D.refine_icp_ray(W, Xs, [Yt], iters=1, sample=100, k=5, random_state=0, **kw)) \
+        if engine == "ray" else (lambda W, **kw: refine_icp(W, Xs, Yt, iters=1, sample=100, k=5, random_state=0, **kw))
+    with pytest.raises(DimensionMismatchError):
+        icp(np.eye(5))
+    bad_w = np.eye(8)
+    bad_w[0, 0] = np.nan
+    with pytest.raises(NonFiniteError, match="W"):
+        icp(bad_w)
+    with pytest.raises(InputError, match="alpha"):
+        icp(np.eye(8), alpha=float("nan"))
+
+
 # --- batch transform of sharded files ------------------------------------------------------------
 
 def test_transform_files_ray(ray_local, tmp_path):
