@@ -50,7 +50,7 @@ import numpy as np
 
 from align.validation import as_matrix
 from align.blocks import run_blocks, serial
-from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, PairCountError
+from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, PairCountError, VecbridgeError
 from align.frames import Frame, frame_sum
 from align.kmeans import kmeans
 from align.knn import knn_blocks
@@ -352,9 +352,24 @@ def ray_executor(ray, *, num_cpus: float = 1, put_bytes: int = 1 << 20):
         task = remotes.get(fn)
         if task is None:
             task = remotes[fn] = ray.remote(num_cpus=num_cpus)(fn)
-        return ray.get([task.remote(*[share(a) for a in args]) for args in arg_lists])
+        return _get(ray, [task.remote(*[share(a) for a in args]) for args in arg_lists])
 
     return run
+
+
+def _get(ray, refs):
+    """``ray.get(refs)``; a task's own error (ours: typed) is raised as itself, not as Ray's wrapper whose
+    message is the task's name and pid, and a worker or node lost past Ray's retries is RayUnavailableError."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(getattr(exc, "cause", None), VecbridgeError):
+            raise exc.cause from exc
+        raise
+    except ray.exceptions.RayError as exc:  # WorkerCrashedError, NodeDiedError, ObjectLostError, ...
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RayUnavailableError(f"a Ray worker or node was lost past Ray's retries ({type(exc).__name__}): "
+                                  f"{why}") from exc
 
 
 # --- supervised fits -----------------------------------------------------------------------------
@@ -504,9 +519,9 @@ def apply_stream_ray(map_, chunks: Iterable[np.ndarray], *, output: str = "raw",
         for chunk in chunks:
             pending.append(task.remote(blob, np.ascontiguousarray(chunk, dtype=np.float32), output))
             if len(pending) >= window:
-                yield ray.get(pending.popleft())
+                yield _get(ray, pending.popleft())
         while pending:
-            yield ray.get(pending.popleft())
+            yield _get(ray, pending.popleft())
 
 
 # --- batch transform of sharded files --------------------------------------------------------------

@@ -278,3 +278,25 @@ def test_transform_files_leave_no_half_written_file_when_a_block_fails(request, 
     with pytest.raises(InputError, match="NaN|finite"):
         D.transform_files_ray(m, [tmp_path / "bad.npy"], tmp_path / "out", batch_size=100, use_ray=use_ray)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+def test_task_errors_come_back_as_themselves_and_a_lost_worker_as_unavailable(ray_local):
+    """Session 16: an error raised in a task came back as Ray's wrapper, whose first line (all the CLI prints) is
+    ``ray::_db_block_topk() (pid=…, ip=…)`` in colour codes; a worker that died past Ray's retries was
+    ``internal error: WorkerCrashedError`` (exit 3, the code for a bug)."""
+    import os
+
+    from service.errors import kind_of
+
+    Db = np.random.default_rng(13).normal(size=(200, 16)).astype(np.float32)
+    with pytest.raises(DimensionMismatchError) as info:
+        D.knn_ray(Db[:3], [Db, Db[:, :8]], 3)
+    assert type(info.value) is DimensionMismatchError and "ray::" not in str(info.value), str(info.value)[:200]
+    assert "columns" in str(info.value).splitlines()[0]
+
+    def crash(_):  # the worker process dies (as under the OOM killer); Ray retries it 3 times, then gives up
+        os._exit(1)
+
+    with pytest.raises(D.RayUnavailableError, match="worker") as info:
+        D.ray_executor(ray_local)(crash, [(1,)])
+    assert kind_of(info.value) == "unavailable"
