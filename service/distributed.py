@@ -195,8 +195,10 @@ def _probe(address: str, timeout: float) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as exc:
         raise RayUnavailableError(f"no Ray cluster at {address}: {exc or type(exc).__name__}") from None
-    import grpc
-
+    try:
+        import grpc
+    except ImportError:  # not part of a minimal `pip install ray`: the TCP check is what there is
+        return
     channel = grpc.insecure_channel(target)
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
