@@ -18,9 +18,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .validation import check_random_state
+from .validation import as_real_array, check_random_state
 from .blocks import run_blocks
-from .exceptions import EmptyInputError, InputError, TooFewRowsError
+from .exceptions import DimensionMismatchError, EmptyInputError, InputError, NonFiniteError, TooFewRowsError
 
 __all__ = ["assign_block", "kmeans", "lloyd", "init_rows", "row_blocks"]
 
@@ -57,8 +57,19 @@ def row_blocks(X: np.ndarray, rows: int = 65536) -> list[np.ndarray]:
 
 
 def _assign_opened(block, C: np.ndarray, open_block: Callable | None) -> tuple[np.ndarray, np.ndarray, float]:
-    """One block's Lloyd step (a task of the block executor): open the block where it runs, assign."""
-    return assign_block(np.asarray(block) if open_block is None else open_block(block), C)
+    """One block's Lloyd step (a task of the block executor): open the block where it runs, assign.
+
+    DimensionMismatchError for a block that is not (n_b, d) with ``d`` the centroids' width;
+    NonFiniteError for NaN/Inf rows (read off the block's inertia: no extra pass over the rows).
+    """
+    X = np.asarray(block) if open_block is None else open_block(block)
+    if X.ndim != 2 or X.shape[1] != C.shape[1]:
+        raise DimensionMismatchError(f"k-means block: expected rows of {C.shape[1]} columns, got shape {X.shape}")
+    with np.errstate(invalid="ignore", over="ignore"):  # a non-finite result is raised just below
+        out = assign_block(X, C)
+    if not np.isfinite(out[2]):
+        raise NonFiniteError("k-means block: rows contain NaN or Inf")
+    return out
 
 
 def init_rows(blocks: Sequence, k: int, *, random_state=None, open_block: Callable | None = None,
@@ -71,10 +82,15 @@ def init_rows(blocks: Sequence, k: int, *, random_state=None, open_block: Callab
     opened = [np.asarray(b) if open_block is None else open_block(b) for b in list(blocks)[: max(1, int(pool_blocks))]]
     if not opened:
         raise EmptyInputError("k-means over no blocks")
+    if len({np.shape(b)[1:] for b in opened}) > 1 or np.ndim(opened[0]) != 2:
+        raise DimensionMismatchError(f"k-means blocks must be (n_b, d) of one width, got {[np.shape(b) for b in opened]}")
     pool = np.concatenate(opened)
     if pool.shape[0] < k:
         raise TooFewRowsError(f"k-means with {k} clusters needs at least {k} rows to initialise")
-    return pool[rng.choice(pool.shape[0], k, replace=False)].astype(np.float64)
+    C = pool[rng.choice(pool.shape[0], k, replace=False)].astype(np.float64)
+    if not np.isfinite(C).all():
+        raise NonFiniteError("k-means: rows drawn as starting centroids contain NaN or Inf")
+    return C
 
 
 def kmeans(blocks: Sequence, k: int, *, init=None, n_iter: int = 50, tol: float = 0.0, random_state=None,
@@ -104,6 +120,7 @@ def lloyd(blocks: Sequence, init, *, n_iter: int = 50, tol: float = 0.0,
     ``blocks``: row blocks (arrays), or descriptors that ``open_block`` opens where the task
     runs. Stops after ``n_iter`` iterations or when the squared centroid shift is ``<= tol``.
     """
+    as_real_array(init, name="init", ndim=2)  # real and finite (NaN centroids would attract no row or every row)
     C = np.asarray(init, dtype=np.float64)
     if C.ndim != 2 or C.shape[0] < 1:
         raise InputError(f"init must be a (k, d) array of centroids, got shape {C.shape}")

@@ -34,8 +34,9 @@ import time
 import numpy as np
 
 from . import linalg
-from .validation import check_random_state
-from .exceptions import InputError, TooFewRowsError
+from .validation import as_real_array, check_random_state
+from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
+from .options import check_number
 from .frames import unit_rows
 from .blocks import run_blocks, serial, takes_executor
 from .knn import knn, mean_topk
@@ -118,7 +119,11 @@ def refine_icp(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, iters: int = 10
     ``executor``: where the kNN blocks run (:mod:`align.blocks`; default: the current one).
     """
     rng = check_random_state(random_state)
+    as_real_array(W, name="W", ndim=2)  # real and finite; the rows are checked by the kNN
     W = np.asarray(W, dtype=np.float64)
+    if W.shape != (Xs.shape[1], Yt.shape[1]):
+        raise DimensionMismatchError(f"W must be (d_s, d_t) = ({Xs.shape[1]}, {Yt.shape[1]}), got {W.shape}")
+    alpha = check_number("alpha", alpha, 0.0, 1.0)
     history = []
     k = min(int(k), Yt.shape[0])
     for it in range(iters):

@@ -202,6 +202,45 @@ def test_minivec2vec_on_ray_is_bit_for_bit_the_in_process_fit(ray_local):
     assert a.criterion_ == b.criterion_
 
 
+
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_bad_kmeans_and_refine_inputs_are_typed_errors_before_the_kernels(request, engine):
+    """Session 16: a NaN in ``init`` gave k-means centroids with no error; an ``init`` or a shard of another width
+    and a ``W`` of the wrong shape were numpy's ``ValueError`` from inside a task (an internal error), and a NaN
+    ``alpha`` returned a NaN ``W`` from one ICP iteration."""
+    from align.exceptions import NonFiniteError
+
+    if engine == "ray":
+        request.getfixturevalue("ray_local")
+    km = D.kmeans_ray if engine == "ray" else D.kmeans_local
+    rng = np.random.default_rng(12)
+    X = rng.normal(size=(600, 8)).astype(np.float32)
+    nan_init = X[:4].copy()
+    nan_init[1, 2] = np.nan
+    with pytest.raises(NonFiniteError, match="init"):
+        km([X], 4, init=nan_init, n_iter=3)
+    with pytest.raises(DimensionMismatchError):
+        km([X], 4, init=X[:4, :5], n_iter=3)
+    with pytest.raises(DimensionMismatchError):
+        km([X, X[:, :5]], 4, n_iter=3, random_state=0)
+    bad_rows = X.copy()
+    bad_rows[500] = np.inf
+    with pytest.raises(NonFiniteError):  # align's kernel on raw arrays (no opener to validate them)
+        kmeans([X[:300], bad_rows[300:]], 4, n_iter=3, random_state=0,
+               executor=D.ray_executor(request.getfixturevalue("ray_local")) if engine == "ray" else None)
+    Xs, Yt = align.frames.unit_rows(X), align.frames.unit_rows(X[::-1].copy())
+    icp = (lambda W, **kw: D.refine_icp_ray(W, Xs, [Yt], iters=1, sample=100, k=5, random_state=0, **kw)) \
+        if engine == "ray" else (lambda W, **kw: refine_icp(W, Xs, Yt, iters=1, sample=100, k=5, random_state=0, **kw))
+    with pytest.raises(DimensionMismatchError):
+        icp(np.eye(5))
+    bad_w = np.eye(8)
+    bad_w[0, 0] = np.nan
+    with pytest.raises(NonFiniteError, match="W"):
+        icp(bad_w)
+    with pytest.raises(InputError, match="alpha"):
+        icp(np.eye(8), alpha=float("nan"))
+
+
 # --- batch transform of sharded files ------------------------------------------------------------
 
 def test_transform_files_ray(ray_local, tmp_path):
@@ -223,3 +262,41 @@ def test_transform_files_ray(ray_local, tmp_path):
         D.transform_files_ray(m.inverse(), files[:1], tmp_path / "out3", use_ray=False)
     with pytest.raises(InputError):
         D.transform_files_ray(m, [tmp_path / "missing.npy"], tmp_path / "out4")
+
+
+@pytest.mark.parametrize("use_ray", [False, True])
+def test_transform_files_leave_no_half_written_file_when_a_block_fails(request, tmp_path, use_ray):
+    """Session 16: a NaN in a file's second block failed the task after its first block was written, and the
+    half-written ``.<name>.tmp-<pid>.npy`` stayed in the output folder (the same on Ray and in-process)."""
+    if use_ray:
+        request.getfixturevalue("ray_local")
+    X, Y = _planted(300, 8, 8, seed=10)
+    m = align.fit_procrustes(X, Y)
+    bad = X.copy()
+    bad[250, 3] = np.nan  # the third block of 100 rows
+    np.save(tmp_path / "bad.npy", bad)
+    with pytest.raises(InputError, match="NaN|finite"):
+        D.transform_files_ray(m, [tmp_path / "bad.npy"], tmp_path / "out", batch_size=100, use_ray=use_ray)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+def test_task_errors_come_back_as_themselves_and_a_lost_worker_as_unavailable(ray_local):
+    """Session 16: an error raised in a task came back as Ray's wrapper, whose first line (all the CLI prints) is
+    ``ray::_db_block_topk() (pid=…, ip=…)`` in colour codes; a worker that died past Ray's retries was
+    ``internal error: WorkerCrashedError`` (exit 3, the code for a bug)."""
+    import os
+
+    from service.errors import kind_of
+
+    Db = np.random.default_rng(13).normal(size=(200, 16)).astype(np.float32)
+    with pytest.raises(DimensionMismatchError) as info:
+        D.knn_ray(Db[:3], [Db, Db[:, :8]], 3)
+    assert type(info.value) is DimensionMismatchError and "ray::" not in str(info.value), str(info.value)[:200]
+    assert "columns" in str(info.value).splitlines()[0]
+
+    def crash(_):  # the worker process dies (as under the OOM killer); Ray retries it 3 times, then gives up
+        os._exit(1)
+
+    with pytest.raises(D.RayUnavailableError, match="worker") as info:
+        D.ray_executor(ray_local)(crash, [(1,)])
+    assert kind_of(info.value) == "unavailable"

@@ -159,3 +159,66 @@ def test_transform_with_ray_streams_the_same_output(tmp_path, method):
     b = _vecbridge(tmp_path / "var", *common, str(tmp_path / "b.npy"), "--chunk-rows", "128", "--quiet", "--ray")
     assert a.returncode == 0 and b.returncode == 0, b.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))  # 8 chunks, in order
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _registered(data_dir: Path) -> list[str]:
+    from service.registry import open_registry
+
+    if not (data_dir / "registry.sqlite").exists():
+        return []
+    reg = open_registry(f"sqlite:///{data_dir / 'registry.sqlite'}", data_dir / "artifacts")
+    return [m["name"] for m in reg.list_maps()]
+
+
+def test_a_wrong_ray_address_is_one_error_in_seconds_and_leaves_nothing(tmp_path):
+    """Session 16: ``--ray 127.0.0.1:<nothing there>`` sat in ``ray.init`` for over 5 minutes (Ray retries a dead
+    GCS ~20 times, ~40 s each); a typo like ``--ray headnode`` was an ``internal error: ValueError`` (exit 3)."""
+    import time
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(500, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", X[:, ::-1].copy())
+    var = tmp_path / "var"
+    ok = _vecbridge(var, "fit", "--pairs", "--source", str(tmp_path / "x.npy"), "--target", str(tmp_path / "y.npy"),
+                    "--method", "procrustes", "--name", "m", "--quiet")
+    assert ok.returncode == 0, ok.stderr
+    fit = ["fit", "--pairs", "--source", str(tmp_path / "x.npy"), "--target", str(tmp_path / "y.npy"),
+           "--method", "procrustes", "--name", "viaray", "--quiet"]
+    transform = ["transform", "--map", "m", str(tmp_path / "x.npy"), str(tmp_path / "out" / "t.npy"), "--quiet"]
+    dead = f"127.0.0.1:{_free_port()}"
+    for args, address, says in ((fit, dead, "no Ray cluster at"), (transform, dead, "no Ray cluster at"),
+                                (fit, "headnode", "HOST:PORT"), (transform, f"ray://{dead}", "no Ray cluster at")):
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run([sys.executable, "-m", "service.cli", "--data-dir", str(var), *args, "--ray", address],
+                               check=False, capture_output=True, text=True, timeout=150)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{args[0]} --ray {address} still waiting after 150 s")
+        assert time.monotonic() - t0 < 60, (args[0], address)
+        assert r.returncode == 2, (args[0], address, r.stderr[-800:])
+        assert says in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+    assert _registered(var) == ["m"]  # nothing registered by the failed fits
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())  # no output, no .part file
+
+
+def test_ray_not_installed_is_a_clear_error(tmp_path):
+    """Without the ``ray`` extra, ``--ray`` was ``internal error: ImportError`` (exit 3, the code for a bug)."""
+    np.save(tmp_path / "x.npy", np.random.default_rng(4).normal(size=(100, 4)).astype(np.float32))
+    hide_ray = ("import sys; sys.modules['ray'] = None  # as on an install without the ray extra\n"
+                "from service.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", hide_ray, "--data-dir", str(tmp_path / "var"), "fit", "--pairs",
+                        "--source", str(tmp_path / "x.npy"), "--target", str(tmp_path / "x.npy"), "--method",
+                        "procrustes", "--name", "m", "--quiet", "--ray"],
+                       check=False, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "Ray is not installed" in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert _registered(tmp_path / "var") == []
