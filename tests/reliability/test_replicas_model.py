@@ -1,0 +1,329 @@
+"""Two replicas on one data dir, checked by a model: a hypothesis state machine drives two real ``vecbridge
+serve`` processes over real HTTP (one SQLite registry, one artifact store, one ``indexes/`` folder) with a
+random interleaving of writes through either process, and after every step compares what BOTH processes answer
+with a plain Python model of the registry and the indexes.
+
+Steps: fit a small paired map (procrustes on planted rotations: reliable; ridge with ``alpha=1e6``: flagged
+unreliable, the map is constant), set / move / delete the ``prod`` alias, delete a version, create / drop an
+index, add rows (automatic ids, explicit ids, ids that clash: 409), delete rows.
+
+Invariants, in each process, after each step:
+
+* ``name:N`` answers version N while it is live, 404 once deleted;
+* ``name@prod`` answers the version the model's alias names, 404 when unset or pointing at a deleted version;
+* a bare ``name`` answers the same version in both: the live ``prod`` version, else the newest live version not
+  flagged unreliable, else the newest live one; 404 when none is live; and a search from the map's source
+  space goes through the path version (``prod``, else the newest reliable one; none: a 4xx);
+* the same reference gives the same numbers in both processes;
+* an exact search with every acknowledged row as a query finds exactly the live ids (each row first for itself,
+  cosine 1): no acknowledged add missing, no deleted id back; a dropped index is 404 in both;
+* no 5xx anywhere.
+
+The default run is a few short examples (about a minute on the 2-core CI box); ``pytest -m slow`` runs longer
+ones.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+from typing import ClassVar
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from .helpers import DIM, Server, W, fit_body, wait_job
+
+PROCS = (0, 1)
+_example = itertools.count()
+STATS = {"examples": 0, "steps": 0, "requests": 0}
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    """Two ``vecbridge serve`` processes on one data dir."""
+    data = tmp_path_factory.mktemp("replicas") / "data"
+    servers = []
+    try:
+        for i in PROCS:
+            servers.append(Server(data, log_path=data.parent / f"server{i}.log").start())
+        clients = [s.client(W, timeout=60) for s in servers]
+        yield servers, clients
+        for c in clients:
+            c.close()
+    finally:
+        for s in servers:
+            s.stop()
+
+
+class Replicas(RuleBasedStateMachine):
+    """The model: maps ``{name: {"src": space, "versions": {v: {"deleted", "reliable"}}, "prod": v | None}}``,
+    indexes ``{name: {id: row}}``; every request goes to a process the strategy picks."""
+
+    clients: ClassVar[list[httpx.Client]] = []
+    servers: ClassVar[list[Server]] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        ex = next(_example)
+        self.prefix = f"x{ex}"
+        self.maps: dict[str, dict] = {}
+        self.indexes: dict[str, dict[int, np.ndarray]] = {}
+        self.rng = np.random.default_rng(ex)
+        self.fits = self.created = 0
+        self.dropped: set[str] = set()
+        STATS["examples"] += 1
+        self.space = {s: f"{self.prefix}{s}" for s in "abc"}  # spaces of this example only: paths see its maps
+        for s in self.space.values():
+            r = self.clients[ex % 2].post("/v1/spaces", json={"name": s, "dim": DIM})
+            assert r.status_code == 201, r.text
+
+    # --- plumbing -----------------------------------------------------------------------------
+    def call(self, p: int, method: str, path: str, **kw) -> httpx.Response:
+        STATS["requests"] += 1
+        r = self.clients[p].request(method, path, **kw)
+        assert self.servers[p].proc.poll() is None, f"process {p} died on {method} {path}"
+        assert r.status_code < 500, f"process {p}: {method} {path} -> {r.status_code} {r.text[:400]}"
+        return r
+
+    def map_names(self) -> list[str]:
+        return sorted(self.maps)
+
+    def live(self, name: str) -> list[int]:
+        return sorted(v for v, s in self.maps[name]["versions"].items() if not s["deleted"])
+
+    def prod_live(self, name: str) -> int | None:
+        m = self.maps[name]
+        v = m["prod"]
+        return v if v is not None and not m["versions"][v]["deleted"] else None
+
+    def path_version(self, name: str) -> int | None:
+        """What a search from the map's source space goes through: live prod, else newest live reliable."""
+        pinned = self.prod_live(name)
+        if pinned is not None:
+            return pinned
+        rel = [v for v in self.live(name) if self.maps[name]["versions"][v]["reliable"]]
+        return rel[-1] if rel else None
+
+    def bare_version(self, name: str) -> int | None:
+        """What a bare name resolves to: the path version, else the newest live one (named: inspected)."""
+        v = self.path_version(name)
+        live = self.live(name)
+        return v if v is not None else (live[-1] if live else None)
+
+    # --- maps ---------------------------------------------------------------------------------
+    @precondition(lambda self: self.fits < 8)
+    @rule(p=st.sampled_from(PROCS), which=st.integers(0, 1), reliable=st.booleans(), prod=st.booleans())
+    def fit(self, p, which, reliable, prod):
+        name, src = f"{self.prefix}m{which}", self.space["ac"[which]]
+        self.fits += 1
+        kw = {} if reliable else {"method": "ridge", "params": {"alpha": 1e6}}
+        if prod:
+            kw["alias"] = "prod"
+        body = fit_body(name, n=64, seed=int(self.rng.integers(1 << 30)), src=src, tgt=self.space["b"], **kw)
+        r = self.call(p, "POST", "/v1/fits", json=body)
+        assert r.status_code == 202, r.text
+        job = wait_job(self.clients[p], r.json()["id"])
+        assert job["state"] == "succeeded", job
+        got = job["result"]["version"]
+        m = self.maps.setdefault(name, {"src": src, "versions": {}, "prod": None})
+        want = max(m["versions"], default=0) + 1
+        assert got["version"] == want, f"{name}: fit registered version {got['version']}, the model says {want}"
+        assert (got["metrics"].get("reliable") is not False) == reliable, got["metrics"]
+        m["versions"][want] = {"deleted": False, "reliable": reliable}
+        if prod:
+            m["prod"] = want
+
+    @precondition(lambda self: self.maps)
+    @rule(p=st.sampled_from(PROCS), data=st.data())
+    def set_prod(self, p, data):
+        name = data.draw(st.sampled_from(self.map_names()))
+        m = self.maps[name]
+        v = data.draw(st.sampled_from(sorted(m["versions"])))
+        r = self.call(p, "PUT", f"/v1/maps/{name}/aliases/prod", json={"version": v})
+        if m["versions"][v]["deleted"]:
+            assert r.status_code == 409, r.text
+            assert "deleted" in r.json()["error"]["message"]
+        else:
+            assert r.status_code == 200, r.text
+            assert r.json()["version"] == v and "prod" in r.json()["aliases"]
+            m["prod"] = v
+
+    @precondition(lambda self: self.maps)
+    @rule(p=st.sampled_from(PROCS), data=st.data())
+    def delete_prod(self, p, data):
+        name = data.draw(st.sampled_from(self.map_names()))
+        r = self.call(p, "DELETE", f"/v1/maps/{name}/aliases/prod")
+        assert r.status_code == (404 if self.maps[name]["prod"] is None else 204), r.text
+        self.maps[name]["prod"] = None
+
+    @precondition(lambda self: self.maps)
+    @rule(p=st.sampled_from(PROCS), data=st.data())
+    def delete_version(self, p, data):
+        name = data.draw(st.sampled_from(self.map_names()))
+        v = data.draw(st.sampled_from(sorted(self.maps[name]["versions"])))
+        r = self.call(p, "DELETE", f"/v1/maps/{name}/versions/{v}")
+        assert r.status_code == 200, r.text
+        assert r.json()["deleted"] is True
+        self.maps[name]["versions"][v]["deleted"] = True
+
+    # --- indexes ------------------------------------------------------------------------------
+    def rows(self, n: int) -> np.ndarray:
+        return self.rng.standard_normal((n, DIM)).astype(np.float32)
+
+    @precondition(lambda self: len(self.indexes) < 2)
+    @rule(p=st.sampled_from(PROCS), n=st.integers(1, 4), data=st.data())
+    def create_index(self, p, n, data):
+        fresh = f"{self.prefix}i{self.created}"  # or the name of a dropped one: another index, same name
+        name = data.draw(st.sampled_from([fresh, *sorted(self.dropped)]))
+        self.created += 1
+        self.dropped.discard(name)
+        X = self.rows(n)
+        r = self.call(p, "POST", "/v1/indexes", json={"name": name, "space": self.space["b"], "vectors": X.tolist(),
+                                                      "kind": "flat"})
+        assert r.status_code == 201, r.text
+        self.indexes[name] = {i: X[i] for i in range(n)}
+
+    @precondition(lambda self: self.indexes)
+    @rule(p=st.sampled_from(PROCS), data=st.data(), n=st.integers(1, 3), how=st.sampled_from(["auto", "new", "clash"]))
+    def add_rows(self, p, data, n, how):
+        name = data.draw(st.sampled_from(sorted(self.indexes)))
+        rows = self.indexes[name]
+        X = self.rows(n)
+        body: dict = {"vectors": X.tolist()}
+        if how != "auto":
+            ids = [int(i) for i in data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n, unique=True))]
+            if how == "clash" and rows:
+                ids[0] = data.draw(st.sampled_from(sorted(rows)))
+            body["ids"] = ids
+        r = self.call(p, "POST", f"/v1/indexes/{name}/vectors", json=body)
+        if how != "auto" and set(body["ids"]) & set(rows):
+            assert r.status_code == 409, r.text
+            assert "already in index" in r.json()["error"]["message"]
+            return
+        assert r.status_code == 200, r.text
+        ids = r.json()["ids"]
+        if how != "auto":
+            assert ids == body["ids"]
+        assert not set(ids) & set(rows), f"automatic ids {ids} reuse live ids"
+        rows.update({int(i): X[j] for j, i in enumerate(ids)})
+        assert r.json()["count"] == len(rows)
+
+    @precondition(lambda self: self.indexes)
+    @rule(p=st.sampled_from(PROCS), data=st.data())
+    def delete_rows(self, p, data):
+        name = data.draw(st.sampled_from(sorted(self.indexes)))
+        rows = self.indexes[name]
+        ids = data.draw(st.lists(st.sampled_from(sorted(rows) + [41, 42]), min_size=1, max_size=3, unique=True))
+        r = self.call(p, "POST", f"/v1/indexes/{name}/delete", json={"ids": ids})
+        assert r.status_code == 200, r.text
+        assert r.json()["deleted"] == len(set(ids) & set(rows)), (r.json(), ids, sorted(rows))
+        for i in ids:
+            rows.pop(i, None)
+
+    @precondition(lambda self: self.indexes)
+    @rule(p=st.sampled_from(PROCS), data=st.data())
+    def drop_index(self, p, data):
+        name = data.draw(st.sampled_from(sorted(self.indexes)))
+        r = self.call(p, "DELETE", f"/v1/indexes/{name}")
+        assert r.status_code == 204, r.text
+        del self.indexes[name]
+        self.dropped.add(name)
+        for q in PROCS:
+            assert self.call(q, "GET", f"/v1/indexes/{name}").status_code == 404
+
+    # --- invariants ---------------------------------------------------------------------------
+    @invariant()
+    def count_steps(self):
+        STATS["steps"] += 1
+
+    def transform(self, p: int, ref: str, Q: np.ndarray) -> tuple[int, int | None, np.ndarray | None]:
+        r = self.call(p, "POST", f"/v1/maps/{ref}/transform", json={"vectors": Q.tolist(),
+                                                                    "encoding_format": "base64"})
+        if r.status_code != 200:
+            assert r.status_code == 404, f"process {p} {ref}: {r.status_code} {r.text}"
+            return r.status_code, None, None
+        b = r.json()
+        return 200, b["version"], np.frombuffer(base64.b64decode(b["vectors_b64"]), "<f4").reshape(b["shape"])
+
+    @invariant()
+    def references_agree(self):
+        Q = np.random.default_rng(1).standard_normal((2, DIM)).astype(np.float32)
+        for name, m in self.maps.items():
+            refs = {f"{name}:{v}": (None if s["deleted"] else v) for v, s in m["versions"].items()}
+            refs[f"{name}@prod"] = self.prod_live(name)
+            refs[name] = self.bare_version(name)
+            for ref, want in refs.items():
+                got = [self.transform(p, ref, Q) for p in PROCS]
+                for p, (status, version, _) in zip(PROCS, got):
+                    assert (version if status == 200 else None) == want, \
+                        f"process {p}: {ref} answered {status} version {version}; the model says {want}"
+                if want is not None:
+                    np.testing.assert_array_equal(got[0][2], got[1][2], err_msg=f"{ref}: processes differ")
+
+    @invariant()
+    def indexes_agree(self):
+        for name, rows in self.indexes.items():
+            live = sorted(rows)
+            for p in PROCS:
+                info = self.call(p, "GET", f"/v1/indexes/{name}")
+                assert info.status_code == 200, info.text
+                assert info.json()["count"] == len(live), f"process {p} {name}: count {info.json()['count']}, " \
+                                                          f"model {len(live)}"
+                if not live:
+                    continue
+                Q = np.stack([rows[i] for i in live])
+                r = self.call(p, "POST", f"/v1/indexes/{name}/search",
+                              json={"vectors": Q.tolist(), "k": len(live) + 2, "exact": True})
+                assert r.status_code == 200, r.text
+                for i, hits in zip(live, r.json()["results"]):
+                    ids = [h["id"] for h in hits]
+                    assert sorted(ids) == live, f"process {p} {name}: search saw {sorted(ids)}, live {live}"
+                    assert ids[0] == i and hits[0]["score"] > 0.999, f"process {p} {name}: row {i} -> {hits[:2]}"
+
+    @invariant()
+    def searches_use_the_path_version(self):
+        if not self.indexes:
+            return
+        name = min(self.indexes)
+        Q = np.random.default_rng(2).standard_normal((1, DIM)).astype(np.float32)
+        for mname in self.map_names():
+            src = self.maps[mname]["src"]  # the only map from its space: path choice has one candidate
+            want = self.path_version(mname)
+            for p in PROCS:
+                r = self.call(p, "POST", f"/v1/indexes/{name}/search", json={"vectors": Q.tolist(), "space": src,
+                                                                             "k": 1})
+                if want is None:
+                    assert r.status_code in (404, 422), f"process {p}: search from {src}: {r.status_code} {r.text}"
+                else:
+                    assert r.status_code == 200, r.text
+                    used = [(u["name"], u["version"]) for u in r.json()["maps"]]
+                    assert used == [(mname, want)], f"process {p}: search from {src} used {used}, model {want}"
+
+
+def _run(servers, clients, examples: int, steps: int) -> None:
+    Replicas.servers, Replicas.clients = servers, clients
+    run_state_machine_as_test(Replicas, settings=settings(
+        max_examples=examples, stateful_step_count=steps, deadline=None, database=None, derandomize=True,
+        suppress_health_check=list(HealthCheck)))
+    print(f"\nreplicas model: {STATS['examples']} examples, {STATS['steps']} checks of the invariants, "
+          f"{STATS['requests']} requests, 0 disagreements")
+
+
+def test_two_replicas_agree_with_the_model(replicas):
+    _run(*replicas, examples=3, steps=12)
+
+
+@pytest.mark.slow
+def test_two_replicas_agree_with_the_model_long(replicas):
+    _run(*replicas, examples=30, steps=40)
