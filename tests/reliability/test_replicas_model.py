@@ -27,6 +27,10 @@ from __future__ import annotations
 
 import base64
 import itertools
+import os
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 import httpx
@@ -49,14 +53,18 @@ _example = itertools.count()
 STATS = {"examples": 0, "steps": 0, "requests": 0}
 
 
-@pytest.fixture(scope="module")
-def replicas(tmp_path_factory):
-    """Two ``vecbridge serve`` processes on one data dir."""
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def replicas(request, tmp_path_factory):
+    """Two replicas on one data dir: ``vecbridge serve`` and ``uvicorn --workers 2`` (so process 1 is itself two
+    workers that requests land on at random); the data dir's SQLite registry, or one PostgreSQL database."""
     data = tmp_path_factory.mktemp("replicas") / "data"
+    env, drop = {}, None
+    if request.param == "postgresql":
+        env["VECBRIDGE_REGISTRY_URL"], drop = _pg_database()
     servers = []
     try:
-        for i in PROCS:
-            servers.append(Server(data, log_path=data.parent / f"server{i}.log").start())
+        for i, workers in zip(PROCS, (None, 2)):
+            servers.append(Server(data, workers=workers, env=env, log_path=data.parent / f"server{i}.log").start())
         clients = [s.client(W, timeout=60) for s in servers]
         yield servers, clients
         for c in clients:
@@ -64,6 +72,34 @@ def replicas(tmp_path_factory):
     finally:
         for s in servers:
             s.stop()
+        if drop is not None:
+            drop()
+
+
+def _pg_database():
+    """A fresh database on the test PostgreSQL server: ``(url, drop)``; skip without one."""
+    url = os.environ.get("VECBRIDGE_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("VECBRIDGE_TEST_POSTGRES_URL is not set (eval \"$(bash .ci/start_postgres.sh)\")")
+    import psycopg
+
+    name = f"vb_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+
+    def drop():
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return url.rsplit("/", 1)[0] + "/" + name, drop
+
+
+def both(fns) -> list:
+    """``fns[0]()`` and ``fns[1]()`` at once (threads released together); their results in order."""
+    barrier = threading.Barrier(len(fns))
+    with ThreadPoolExecutor(len(fns)) as ex:
+        futures = [ex.submit(lambda f=f: (barrier.wait(30), f())[1]) for f in fns]
+        return [f.result() for f in futures]
 
 
 class Replicas(RuleBasedStateMachine):
@@ -241,6 +277,117 @@ class Replicas(RuleBasedStateMachine):
         self.dropped.add(name)
         for q in PROCS:
             assert self.call(q, "GET", f"/v1/indexes/{name}").status_code == 404
+
+    # --- the same write through both processes at once ----------------------------------------
+    @precondition(lambda self: self.fits < 8)
+    @rule(which=st.integers(0, 1))
+    def race_fits(self, which):
+        """Both processes fit the same map at once: two new versions, numbered N+1 and N+2, none lost."""
+        name, src = f"{self.prefix}m{which}", self.space["ac"[which]]
+        self.fits += 2
+        bodies = [fit_body(name, n=64, seed=int(self.rng.integers(1 << 30)), src=src, tgt=self.space["b"])
+                  for _ in PROCS]
+        got = both([lambda p=p: self.call(p, "POST", "/v1/fits", json=bodies[p]) for p in PROCS])
+        jobs = [wait_job(self.clients[p], r.json()["id"]) for p, r in zip(PROCS, got)]
+        assert all(j["state"] == "succeeded" for j in jobs), jobs
+        m = self.maps.setdefault(name, {"src": src, "versions": {}, "prod": None})
+        base = max(m["versions"], default=0)
+        assert sorted(j["result"]["version"]["version"] for j in jobs) == [base + 1, base + 2], jobs
+        for v in (base + 1, base + 2):
+            m["versions"][v] = {"deleted": False, "reliable": True}
+
+    @precondition(lambda self: self.maps)
+    @rule(data=st.data())
+    def race_prod(self, data):
+        """Both processes move ``prod`` at once (to live versions): both acknowledged, one of them stands."""
+        name = data.draw(st.sampled_from(self.map_names()))
+        live = self.live(name)
+        if not live:
+            return
+        vs = [data.draw(st.sampled_from(live)) for _ in PROCS]
+        got = both([lambda p=p: self.call(p, "PUT", f"/v1/maps/{name}/aliases/prod", json={"version": vs[p]})
+                    for p in PROCS])
+        assert [r.status_code for r in got] == [200, 200], [r.text for r in got]
+        now = self.call(0, "GET", f"/v1/maps/{name}").json()["aliases"].get("prod")
+        assert now in vs, (now, vs)
+        self.maps[name]["prod"] = now
+
+    @precondition(lambda self: self.maps)
+    @rule(data=st.data())
+    def race_prod_and_delete(self, data):
+        """One process points ``prod`` at version v while the other deletes v: either order is fine, but the
+        answers must say which happened (200 then deleted: the alias names a deleted version; or 409)."""
+        name = data.draw(st.sampled_from(self.map_names()))
+        m = self.maps[name]
+        v = data.draw(st.sampled_from(sorted(m["versions"])))
+        p = data.draw(st.sampled_from(PROCS))
+        move, delete = both([lambda: self.call(p, "PUT", f"/v1/maps/{name}/aliases/prod", json={"version": v}),
+                             lambda: self.call(1 - p, "DELETE", f"/v1/maps/{name}/versions/{v}")])
+        assert delete.status_code == 200, delete.text
+        if move.status_code == 200:
+            m["prod"] = v
+        else:
+            assert move.status_code == 409 and "deleted" in move.json()["error"]["message"], move.text
+        m["versions"][v]["deleted"] = True
+
+    @precondition(lambda self: self.maps)
+    @rule(data=st.data())
+    def race_delete_prod(self, data):
+        """Both processes remove ``prod`` at once: one 204 when it was set, the other 404 (it is gone)."""
+        name = data.draw(st.sampled_from(self.map_names()))
+        got = both([lambda p=p: self.call(p, "DELETE", f"/v1/maps/{name}/aliases/prod") for p in PROCS])
+        want = [204, 404] if self.maps[name]["prod"] is not None else [404, 404]
+        assert sorted(r.status_code for r in got) == want, [(r.status_code, r.text) for r in got]
+        self.maps[name]["prod"] = None
+
+    @precondition(lambda self: self.indexes)
+    @rule(data=st.data())
+    def race_delete_rows(self, data):
+        """Both processes delete overlapping ids at once: every live id is counted deleted exactly once."""
+        name = data.draw(st.sampled_from(sorted(self.indexes)))
+        rows = self.indexes[name]
+        pool = sorted(rows) + [41]
+        sets = [data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3, unique=True)) for _ in PROCS]
+        got = both([lambda p=p: self.call(p, "POST", f"/v1/indexes/{name}/delete", json={"ids": sets[p]})
+                    for p in PROCS])
+        assert all(r.status_code == 200 for r in got), [r.text for r in got]
+        gone = (set(sets[0]) | set(sets[1])) & set(rows)
+        assert sum(r.json()["deleted"] for r in got) == len(gone), ([r.json() for r in got], sets, sorted(rows))
+        for i in gone:
+            del rows[i]
+
+    @precondition(lambda self: self.indexes)
+    @rule(data=st.data(), p=st.sampled_from(PROCS))
+    def race_drop_and_write(self, data, p):
+        """One process drops an index while the other adds rows to it: the add is acknowledged before the drop
+        (200) or finds it gone (404); either way the index is gone from both afterwards."""
+        name = data.draw(st.sampled_from(sorted(self.indexes)))
+        X = self.rows(1)
+        drop, add = both([lambda: self.call(p, "DELETE", f"/v1/indexes/{name}"),
+                          lambda: self.call(1 - p, "POST", f"/v1/indexes/{name}/vectors", json={"vectors": X.tolist()})])
+        assert drop.status_code == 204, drop.text
+        assert add.status_code in (200, 404), add.text
+        del self.indexes[name]
+        self.dropped.add(name)
+        for q in PROCS:
+            assert self.call(q, "GET", f"/v1/indexes/{name}").status_code == 404
+
+    @precondition(lambda self: self.indexes)
+    @rule(data=st.data())
+    def race_same_id(self, data):
+        """Both processes add the same new explicit id at once: one 200, one 409; the winner's row is stored."""
+        name = data.draw(st.sampled_from(sorted(self.indexes)))
+        rows = self.indexes[name]
+        new = [i for i in range(41) if i not in rows]
+        the_id = data.draw(st.sampled_from(new))
+        X = self.rows(2)
+        got = both([lambda p=p: self.call(p, "POST", f"/v1/indexes/{name}/vectors",
+                                          json={"vectors": X[p:p + 1].tolist(), "ids": [the_id]}) for p in PROCS])
+        codes = sorted(r.status_code for r in got)
+        assert codes == [200, 409], [r.text for r in got]
+        win = [r.status_code for r in got].index(200)
+        assert "already in index" in got[1 - win].json()["error"]["message"], got[1 - win].text
+        rows[the_id] = X[win]
 
     # --- invariants ---------------------------------------------------------------------------
     @invariant()
