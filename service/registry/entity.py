@@ -364,10 +364,9 @@ class VersionedStore:
         check_alias(alias)
         a = self.kind.aliases
 
-        def fn(t):
-            if t.one(f"SELECT 1 FROM {a} WHERE name = ? AND alias = ?", (name, alias)) is None:
+        def fn(t):  # one statement: of clients racing to remove it, exactly one removes it (READ COMMITTED too)
+            if t.one(f"DELETE FROM {a} WHERE name = ? AND alias = ? RETURNING version", (name, alias)) is None:
                 raise NotFoundError(f"{self.kind.noun} {name!r} has no alias {alias!r}")
-            t.q(f"DELETE FROM {a} WHERE name = ? AND alias = ?", (name, alias))
 
         self._write(fn)
 

@@ -417,3 +417,28 @@ def test_generation_moves_with_every_write_and_is_shared(registry_url, tmp_path)
     finally:
         a.close()
         b.close()
+
+
+def test_an_alias_removed_by_many_threads_at_once_is_removed_once(reg, run_threads):
+    """Clients racing to remove one alias: one is told it removed it, the others that it is not there (404), as
+    if they had run one after the other; on PostgreSQL every one of them used to be told it removed it."""
+    import threading
+
+    register(reg)
+    n = 6
+    for _ in range(5):
+        reg.set_alias("a->b", "prod", 1)
+        barrier = threading.Barrier(n)
+
+        def remove(_):
+            barrier.wait(30)
+            try:
+                reg.delete_alias("a->b", "prod")
+                return "removed"
+            except NotFoundError as exc:
+                assert "has no alias 'prod'" in str(exc)
+                return "absent"
+
+        got = run_threads(remove, n)
+        assert sorted(got) == ["absent"] * (n - 1) + ["removed"], got
+    assert reg.verify()["ok"]
