@@ -319,8 +319,10 @@ class Client:
     def get_version(self, name: str, version: int) -> dict:
         return self._json("GET", f"/v1/maps/{_seg(name)}/versions/{int(version)}")
 
-    def set_alias(self, name: str, alias: str, version: int) -> dict:
-        return self._json("PUT", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}", json={"version": int(version)})
+    def set_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
+        """Point ``name@alias`` at ``version``; ``expected``: only while it points there (0: unset), else 409."""
+        return self._json("PUT", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}",
+                          json=clean({"version": int(version), "expected_version": expected}))
 
     def delete_alias(self, name: str, alias: str) -> None:
         self._json("DELETE", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}")
@@ -581,8 +583,9 @@ class Client:
             "POST", f"/v1/steers/{_seg(ref)}/apply", json={**b64(A[part]), "eps": float(eps)}, retry=True)))
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def set_steer_alias(self, name: str, alias: str, version: int) -> dict:
-        return self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}", json={"version": int(version)})
+    def set_steer_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
+        return self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}",
+                          json=clean({"version": int(version), "expected_version": expected}))
 
     def delete_steer_version(self, name: str, version: int) -> dict:
         """Soft delete, as for map versions."""

@@ -100,6 +100,9 @@ class SpaceCreate(_Strict):
 
 class AliasSet(_Strict):
     version: Count = Field(..., ge=1, le=MAX_VERSION)
+    expected_version: Count | None = Field(
+        None, ge=0, le=MAX_VERSION, description="Compare-and-set: move the alias only while it points at this version "
+        "(0: only while it is not set), else 409 naming where it points. Of deploy tools racing, one moves it.")
 
 
 class TagSet(_Strict):

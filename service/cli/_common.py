@@ -233,21 +233,25 @@ def read_labels(path: str, n: int) -> np.ndarray:
 
 
 def alias_command(group, help_text: str, set_alias, delete_alias) -> None:
-    """Register ``GROUP alias NAME ALIAS [VERSION] [--delete]`` on ``group``: ``set_alias(registry, name, alias,
-    version)`` or ``delete_alias(registry, name, alias)`` (one command shape for maps and steers)."""
+    """Register ``GROUP alias NAME ALIAS [VERSION] [--delete] [--expect N]`` on ``group``: ``set_alias(registry, name,
+    alias, version, expected=...)`` or ``delete_alias(registry, name, alias)`` (one command shape for maps and
+    steers)."""
 
     @group.command("alias", help=help_text)
     @click.argument("name")
     @click.argument("alias")
     @click.argument("version", type=int, required=False)
     @click.option("--delete", is_flag=True, help="Remove the alias instead.")
+    @click.option("--expect", "expected", type=click.IntRange(0), default=None,
+                  help="Compare-and-set: move only while the alias points at this version (0: only while it is not "
+                       "set); else exit 2 saying where it points.")
     @click.pass_obj
-    def alias_cmd(obj: Ctx, name, alias, version, delete):
+    def alias_cmd(obj: Ctx, name, alias, version, delete, expected):
         if delete:
             delete_alias(obj.registry, name, alias)
             click.echo(f"deleted alias {name}@{alias}")
             return
         if version is None:
             raise click.UsageError("give a VERSION (or --delete)")
-        set_alias(obj.registry, name, alias, version)
+        set_alias(obj.registry, name, alias, version, expected=expected)
         click.echo(f"{name}@{alias} -> {version}")

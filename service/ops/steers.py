@@ -226,9 +226,9 @@ def describe_lens(info, steer, *, k: int = 5, n_directions: int = 4) -> dict:
 
 
 # --- registry: alias, delete, transfer ------------------------------------------------------------
-def set_steer_alias(registry, name: str, alias: str, version: int):
-    """Point ``name@alias`` at ``version``; returns the SteerInfo of that version."""
-    return registry.set_steer_alias(name, alias, int(version))
+def set_steer_alias(registry, name: str, alias: str, version: int, *, expected: int | None = None):
+    """Point ``name@alias`` at ``version`` (``expected``: compare-and-set); returns the SteerInfo of that version."""
+    return registry.set_steer_alias(name, alias, int(version), expected=expected)
 
 
 def delete_steer_alias(registry, name: str, alias: str) -> None:

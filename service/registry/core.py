@@ -320,9 +320,10 @@ class Registry(SteerRegistryMixin):
         return out
 
     # --- mutable annotations ----------------------------------------------------------------
-    def set_alias(self, name: str, alias: str, version: int) -> VersionInfo:
-        """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError."""
-        return self._maps.set_alias(name, alias, version)
+    def set_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> VersionInfo:
+        """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError.
+        ``expected``: compare-and-set (:meth:`~.entity.VersionedStore.set_alias`)."""
+        return self._maps.set_alias(name, alias, version, expected=expected)
 
     def delete_alias(self, name: str, alias: str) -> None:
         self._maps.delete_alias(name, alias)

@@ -345,16 +345,37 @@ class VersionedStore:
         return out
 
     # --- mutable annotations ------------------------------------------------------------------
-    def set_alias(self, name: str, alias: str, version: int) -> Record:
-        """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError."""
+    def set_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> Record:
+        """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError.
+
+        ``expected`` (compare-and-set, for deploy tools that must not undo a move they did not see): move only
+        while the alias points at version ``expected`` (``0``: only while it is not set), else ConflictError
+        naming where it points. One conditional statement, so of clients racing with the same ``expected``
+        exactly one moves it, on PostgreSQL (READ COMMITTED) too.
+        """
         self.check(name)
         check_alias(alias)
+        a = self.kind.aliases
 
         def fn(t):
             if self.get_in(t, name, int(version)).deleted:
                 raise ConflictError(f"cannot point alias {alias!r} at deleted version {version} of "
                                     f"{self.kind.noun} {name!r}")
-            self.put_alias(t, name, alias, int(version))
+            if expected is None:
+                self.put_alias(t, name, alias, int(version))
+                return
+            if int(expected) == 0:
+                moved = t.one(f"INSERT INTO {a} (name, alias, version) VALUES (?, ?, ?) ON CONFLICT (name, alias) "
+                              "DO NOTHING RETURNING version", (name, alias, int(version)))
+            else:
+                moved = t.one(f"UPDATE {a} SET version = ? WHERE name = ? AND alias = ? AND version = ? "
+                              "RETURNING version", (int(version), name, alias, int(expected)))
+            if moved is None:
+                now = t.one(f"SELECT version FROM {a} WHERE name = ? AND alias = ?", (name, alias))
+                where = "is not set" if now is None else f"points at version {now['version']}"
+                want = "it not to be set" if int(expected) == 0 else f"it to point at version {int(expected)}"
+                raise ConflictError(f"{self.kind.noun} {name}@{alias} {where}, expected {want}: not moved (someone "
+                                    f"else moved it; read it again and decide)")
 
         self._write(fn)
         return self.get(name, int(version))

@@ -72,9 +72,10 @@ class SteerRegistryMixin:
         with self.db.tx() as t:
             return self.entities["steers"].summaries(t)
 
-    def set_steer_alias(self, name: str, alias: str, version: int) -> SteerInfo:
-        """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError."""
-        return self.entities["steers"].set_alias(name, alias, version)
+    def set_steer_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> SteerInfo:
+        """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError.
+        ``expected``: compare-and-set, as for maps."""
+        return self.entities["steers"].set_alias(name, alias, version, expected=expected)
 
     def delete_steer_alias(self, name: str, alias: str) -> None:
         """Remove ``name@alias`` (NotFoundError when it is not set); a bare name then means the latest live version

@@ -118,7 +118,8 @@ async def delete_version(name: str, version: Version, state: StateDep):
             summary="Point an alias at a version", response_model=VersionOut, responses=error_responses(409, 415))
 async def set_alias(name: str, alias: str, body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))],
                     state: StateDep):
-    return FastJSONResponse((await run_in_threadpool(state.registry.set_alias, name, alias, body.version)).to_dict())
+    return FastJSONResponse((await run_in_threadpool(
+        lambda: state.registry.set_alias(name, alias, body.version, expected=body.expected_version))).to_dict())
 
 
 @router.delete("/maps/{name}/aliases/{alias}", dependencies=[WriteScope], status_code=204, summary="Remove an alias")

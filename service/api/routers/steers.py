@@ -106,7 +106,8 @@ SteerVersion = Path(..., ge=1, le=2**31 - 1, description="Version number.")
             summary="Point a steer alias at a version", response_model=SteerOut, responses=error_responses(409, 415))
 async def set_steer_alias(name: str, alias: str,
                           body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))], state: StateDep):
-    info = await run_in_threadpool(steer_ops.set_steer_alias, state.registry, name, alias, body.version)
+    info = await run_in_threadpool(lambda: steer_ops.set_steer_alias(state.registry, name, alias, body.version,
+                                                                     expected=body.expected_version))
     return FastJSONResponse(info.to_dict())
 
 

@@ -442,3 +442,40 @@ def test_an_alias_removed_by_many_threads_at_once_is_removed_once(reg, run_threa
         got = run_threads(remove, n)
         assert sorted(got) == ["absent"] * (n - 1) + ["removed"], got
     assert reg.verify()["ok"]
+
+
+def test_compare_and_set_aliases_let_one_of_racing_deploys_move_prod(reg, run_threads):
+    """Deploy tools moving ``prod`` with ``expected``: of clients racing from the same version exactly one moves
+    it and the others get a ConflictError naming where it points (last-writer-wins undid moves nobody saw); a
+    move from a stale version, or creating an alias that exists (``expected=0``), is refused and changes nothing.
+    One conditional statement, so PostgreSQL (READ COMMITTED) serialises it too; steers share the code."""
+    import threading
+
+    for _ in range(3):
+        register(reg)  # versions 1, 2, 3
+    with pytest.raises(ConflictError, match="is not set, expected it to point at version 1"):
+        reg.set_alias("a->b", "prod", 2, expected=1)
+    assert reg.set_alias("a->b", "prod", 1, expected=0).version == 1
+    with pytest.raises(ConflictError, match="points at version 1, expected it not to be set"):
+        reg.set_alias("a->b", "prod", 2, expected=0)
+    n = 6
+    barrier = threading.Barrier(n)
+
+    def move(i):
+        barrier.wait(30)
+        try:
+            reg.set_alias("a->b", "prod", 2 + i % 2, expected=1)
+            return "moved"
+        except ConflictError as exc:
+            assert "expected it to point at version 1: not moved" in str(exc)
+            return "refused"
+
+    got = run_threads(move, n)
+    assert sorted(got) == ["moved"] + ["refused"] * (n - 1), got
+    now = reg.resolve("a->b@prod").version
+    assert now in (2, 3)
+    with pytest.raises(ConflictError, match=f"points at version {now}, expected"):
+        reg.set_alias("a->b", "prod", 1, expected=1)
+    assert reg.resolve("a->b@prod").version == now and reg.verify()["ok"]
+    reg.set_alias("a->b", "prod", 1)  # without expected: moves whatever it points at, as before
+    assert reg.resolve("a->b@prod").version == 1
