@@ -37,7 +37,6 @@ from align.validation import check_no_zero_rows
 
 from ..limits import MAX_ID, default_nlist
 from ..threads import pin_thread
-from .errors import IndexConflictError
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "choose_kind", "check_name",
            "ids_array", "make_index", "prep_rows", "add_rows", "live_ids", "live_slots", "tombstone_slots",
@@ -66,8 +65,12 @@ def check_name(name: str) -> str:
     return name
 
 
-def ids_array(ids, n: int | None = None, *, name: str = "ids") -> np.ndarray:
-    """``ids`` as a flat int64 array in ``0 .. 2**62 - 1`` without repeats (``n`` of them when given)."""
+def ids_array(ids, n: int | None = None, *, name: str = "ids", merge_repeats: bool = False) -> np.ndarray:
+    """``ids`` as a flat int64 array in ``0 .. 2**62 - 1`` (``n`` of them when given).
+
+    An id given twice is an :class:`InputError` (422: the request contradicts itself; nothing stored conflicts
+    with it), or with ``merge_repeats`` (deletes) counted once: the sorted unique ids.
+    """
     try:
         arr = np.asarray(ids)
     except Exception:
@@ -81,8 +84,11 @@ def ids_array(ids, n: int | None = None, *, name: str = "ids") -> np.ndarray:
         raise InputError(f"{name}: expected {n} ids (one per vector), got {arr.shape[0]}")
     if arr.size and (arr.min() < 0 or arr.max() >= MAX_ID):
         raise InputError(f"{name}: ids must be between 0 and 2**62 - 1")
-    if np.unique(arr).shape[0] != arr.shape[0]:
-        raise IndexConflictError(f"{name}: the same id appears more than once in the request")
+    unique = np.unique(arr)
+    if merge_repeats:
+        return unique
+    if unique.shape[0] != arr.shape[0]:
+        raise InputError(f"{name}: the same id appears more than once in the request")
     return arr
 
 

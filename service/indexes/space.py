@@ -254,7 +254,7 @@ class SpaceIndex:
 
     def delete(self, ids) -> int:
         """Delete ``ids``; returns how many were present. Unknown ids are ignored."""
-        ids_arr = ids_array(ids)
+        ids_arr = ids_array(ids, merge_repeats=True)  # an id named twice is deleted once
         with self._writing():
             with self.lock.write(), self._undo_on_failure():
                 present = ids_arr[self.has_ids(ids_arr)]

@@ -65,8 +65,9 @@ def test_delete_add_and_reload(kind, data, tmp_path):
     assert not np.isin(I3, gone).any()
     with pytest.raises(IndexConflictError):
         idx.add(X[:2], ids=[int(I2[0, 0]), 5_000_000])
-    with pytest.raises(IndexConflictError):
+    with pytest.raises(InputError, match="more than once in the request"):  # 422: nothing stored conflicts
         idx.add(X[:2], ids=[7_000_000, 7_000_000])
+    assert idx.delete([7_000_001, 7_000_001]) == 0  # a delete naming an id twice deletes it once
     back = idx.add(X[gone], ids=gone, payloads=[{"back": int(g)} for g in gone])
     np.testing.assert_array_equal(back, gone)
     _, I4 = idx.search(Q, 1, exact=True)
@@ -538,3 +539,14 @@ def test_small_search_counts_the_work_of_each_kind():
                 pass
     with lock.read(blocking=False):  # free again: no wait, no error
         pass
+
+
+def test_an_id_named_twice_is_a_bad_request_for_adds_and_deleted_once(tmp_path):
+    """Repeats within one request were a 409 conflict, which clients read as "someone else got there first";
+    nothing stored conflicts with them. An add naming an id twice is now a 422, a delete deletes it once."""
+    X = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    idx = IndexStore(tmp_path).create("dup", "s", X, ids=[1, 2, 3, 4])
+    with pytest.raises(InputError, match="more than once"):
+        idx.add(X[:2], ids=[9, 9])
+    assert idx.delete([2, 2, 3]) == 2 and idx.count == 2
+    assert set(IndexStore(tmp_path).get("dup")._live_ids().tolist()) == {1, 4}
