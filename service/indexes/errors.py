@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import ConflictError, NotFoundError, ServiceUnavailableError
 
-__all__ = ["IndexNotFoundError", "IndexConflictError", "UnreadableGenerationError", "gone"]
+__all__ = ["IndexConflictError", "IndexNotFoundError", "NewerFormatError", "UnreadableGenerationError", "gone"]
 
 
 class IndexNotFoundError(NotFoundError):
@@ -18,6 +18,13 @@ class IndexConflictError(ConflictError):
 class UnreadableGenerationError(ServiceUnavailableError):
     """The newest generation of an index on disk cannot be read (a file cut short, a failing disk): a write
     waits for it to be readable (503); reads keep the generation in memory (:meth:`IndexStore.get`)."""
+
+
+class NewerFormatError(ServiceUnavailableError):
+    """An index on disk was written by a newer vecbridge (a ``format_version`` this one does not read): every
+    request of it is a 503, also in a process that holds an older generation in memory, since serving that one
+    would answer without the newer process's changes for as long as it runs (503 until every process of the
+    data dir runs the newer release)."""
 
 
 def gone(name: str, why: str = "dropped") -> IndexNotFoundError:

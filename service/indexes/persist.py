@@ -39,6 +39,7 @@ from align.exceptions import InputError
 
 from ..limits import MAX_ID, check_dim, check_index_params
 from ..storage import atomic_write, fsync_dir
+from .errors import NewerFormatError
 from .kinds import METRICS, add_rows, check_name, tombstone_slots
 from .locking import stat_sig
 
@@ -202,7 +203,7 @@ def read_meta(path: Path) -> dict:
     if meta.get("format") != FORMAT:
         raise InputError(f"{path} is not a vecbridge index")
     if not isinstance(meta.get("format_version", 1), int) or meta.get("format_version", 1) > FORMAT_VERSION:
-        raise InputError(f"{path} was written by a newer vecbridge (index format {meta.get('format_version')!r}; "
+        raise NewerFormatError(f"{path} was written by a newer vecbridge (index format {meta.get('format_version')!r}; "
                          f"this one reads up to {FORMAT_VERSION}): upgrade every process of this data dir")
     return meta
 

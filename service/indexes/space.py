@@ -37,7 +37,12 @@ from align.validation import as_matrix, check_csls_weight
 
 from ..limits import MAX_ID, check_dim, check_index_params
 from .csls import CSLS_WEIGHT, HubCache, csls_search
-from .errors import IndexConflictError, UnreadableGenerationError, gone
+from .errors import (
+    IndexConflictError,
+    NewerFormatError,
+    UnreadableGenerationError,
+    gone,
+)
 from .kinds import (
     KINDS,
     METRICS,
@@ -428,6 +433,8 @@ class SpaceIndex:
                 meta = read_meta(self.path)
             except FileNotFoundError:
                 continue
+            except NewerFormatError:  # never readable here: the generation in memory would be served for ever
+                raise
             except Exception as exc:  # any unreadable meta: the caller decides (see _unreadable)
                 raise self._unreadable(sig, exc) from exc
             if uid_of(meta) != self.uid:

@@ -22,6 +22,7 @@ from ..storage import fsync_dir
 from .errors import (
     IndexConflictError,
     IndexNotFoundError,
+    NewerFormatError,
     UnreadableGenerationError,
     gone,
 )
@@ -135,11 +136,21 @@ class IndexStore:
                 with self._lock:
                     self.load_errors[name] = str(exc)
                 return idx
+            except NewerFormatError as exc:  # 503: what is in memory lacks the newer process's changes
+                self._newer(name, exc)
+                raise
             if name in self.load_errors and idx.is_current():
                 with self._lock:
                     self.load_errors.pop(name, None)
             return idx
         return self._load(name)
+
+    def _newer(self, name: str, exc: NewerFormatError) -> None:
+        """Note in ``load_errors`` (``/readyz``) and, once, in the log that a newer vecbridge wrote ``name``."""
+        with self._lock:
+            said, self.load_errors[name] = self.load_errors.get(name), str(exc)
+        if said != str(exc):
+            _log.warning("index written by a newer vecbridge", extra={"fields": {"index": name, "error": str(exc)}})
 
     def in_memory(self, name: str) -> SpaceIndex | None:
         """The index ``name`` when it is in memory (any generation), else None; never loads or waits."""
@@ -170,6 +181,9 @@ class IndexStore:
                 idx = SpaceIndex.load(path)
             except FileNotFoundError:  # dropped while loading
                 raise gone(name) from None
+            except NewerFormatError as exc:  # there, not readable here: 503 (read again at each request)
+                self._newer(name, exc)
+                raise
             except Exception as exc:  # keep serving the others; readyz reports it
                 with self._lock:
                     self._failed[name] = sig
@@ -188,7 +202,7 @@ class IndexStore:
         for name in names:
             try:
                 out.append(self.get(name))
-            except IndexNotFoundError:
+            except (IndexNotFoundError, NewerFormatError):  # load_errors says why (/readyz)
                 pass
         keep = set(names)
         with self._lock:
