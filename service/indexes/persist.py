@@ -203,8 +203,9 @@ def read_meta(path: Path) -> dict:
     if meta.get("format") != FORMAT:
         raise InputError(f"{path} is not a vecbridge index")
     if not isinstance(meta.get("format_version", 1), int) or meta.get("format_version", 1) > FORMAT_VERSION:
-        raise NewerFormatError(f"{path} was written by a newer vecbridge (index format {meta.get('format_version')!r}; "
-                         f"this one reads up to {FORMAT_VERSION}): upgrade every process of this data dir")
+        raise NewerFormatError(f"{path} was written by a newer vecbridge (index format "
+                               f"{meta.get('format_version')!r}; this one reads up to {FORMAT_VERSION}): upgrade "
+                               f"every process of this data dir")
     return meta
 
 
