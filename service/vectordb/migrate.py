@@ -171,7 +171,14 @@ class MigrationReport:
 
 def _fresh_state(source, target, fp, total) -> dict:
     return {"source": source, "target": target, "map_fingerprint": fp, "first_id": None, "last_id": None,
-            "done": 0, "batches": 0, "total": int(total), "finished": False, "started_at": time.time()}
+            "done": 0, "batches": 0, "total": int(total), "finished": False, "started_at": time.time(),
+            "nulls": "kept"}
+
+
+#: what a run resumed from a checkpoint of a release that dropped explicit nulls (no ``"nulls"`` key) says
+NULLS_DROPPED_BEFORE = ("the rows up to id {last} were written by a vecbridge that dropped explicit nulls (a Qdrant "
+                        "payload key or Milvus dynamic field holding null arrived absent); later rows keep them. For a "
+                        "uniform target remove the checkpoint and run again with --overwrite")
 
 
 def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | None = None,
@@ -239,6 +246,7 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         raise UnsupportedFieldError(f"{store.engine}: {source!r} has field(s) a migration cannot carry over: "
                                     + "; ".join(lost))
     fp = map_fingerprint(map_)
+    notes: list[str] = []
     checkpoint = checkpoint if checkpoint is not None else MemoryCheckpoint()
     state = checkpoint.load()
     t0 = time.perf_counter()
@@ -251,6 +259,8 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         if not store.exists(target):
             raise CheckpointMismatchError(f"checkpoint records progress into {target!r}, which does not exist")
         resumed_from = state["last_id"]
+        if state.get("nulls") != "kept" and resumed_from is not None:
+            notes = [NULLS_DROPPED_BEFORE.format(last=resumed_from)]
     else:
         if store.exists(target):
             if not overwrite:
@@ -267,7 +277,7 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         checkpoint.save(state)
         resumed_from = None
 
-    extra = {"space_check": space_check, "fields": sorted(state.get("fields", []))}
+    extra = {"space_check": space_check, "fields": sorted(state.get("fields", [])), "warnings": notes}
     if state["finished"]:
         if alias:
             store.set_alias(alias, target)

@@ -231,3 +231,31 @@ def test_any_ids_any_batch_any_crash_point_gives_each_id_once(ids, batch, crash_
     np.testing.assert_array_equal(got, np.sort(ids))
     assert s.count("dst") == len(ids) and ck.load()["finished"]
     s.close()
+
+
+def test_resuming_a_checkpoint_of_a_release_that_dropped_nulls_says_so(store, data, tmp_path):
+    """a9b56d8 wrote explicit nulls as absent keys; this release keeps them. A migration it began and this release
+    resumes has a target mixed at the checkpoint, and nothing said so (upgrade audit): the report now warns,
+    naming the last id written before and the remedy; a checkpoint of this release does not."""
+    X, _, m = data
+    _fill(store, X)
+    for name, strip in (("ck-old.json", True), ("ck-new.json", False)):
+        ck = FileCheckpoint(tmp_path / name)
+
+        def crash(p):
+            if p.done >= 200:
+                raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            migrate(store, "src", f"dst_{int(strip)}", m, batch_size=100, checkpoint=ck, progress=crash)
+        state = json.loads((tmp_path / name).read_text())
+        assert state["nulls"] == "kept"
+        if strip:  # what the older release wrote
+            del state["nulls"]
+            (tmp_path / name).write_text(json.dumps(state))
+        rep = migrate(store, "src", f"dst_{int(strip)}", m, batch_size=100, checkpoint=ck)
+        assert rep.rows == 600
+        if strip:
+            (warning,) = rep.extra["warnings"]
+            assert f"up to id {state['last_id']}" in warning and "--overwrite" in warning
+        else:
+            assert rep.extra["warnings"] == []
