@@ -152,3 +152,21 @@ def env_for(data_dir: Path, port: int) -> dict:
                 "VECBRIDGE_DEMO_ON_EMPTY": "false", "VECBRIDGE_PORT": str(port), "OMP_NUM_THREADS": "1",
                 "VECBRIDGE_LOG_LEVEL": "INFO"})
     return env
+
+
+@contextmanager
+def seeded_uvicorn(tmp: Path, env: dict | None = None) -> Iterator[tuple[str, tuple]]:
+    """A real ``uvicorn`` server process on a data dir under ``tmp`` seeded by :func:`seed_registry` (spaces a, b and
+    map a2b), with extra environment ``env`` (e.g. tighter limits); yields ``(url, (X, Y, map))``."""
+    import sys
+
+    data = tmp / "data"
+    seeded = seed_registry(data)
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+           "--port", str(port), "--no-access-log"]
+    proc = start(cmd, {**env_for(data, port), **(env or {})}, port, tmp / "server.log")
+    try:
+        yield f"http://127.0.0.1:{port}", seeded
+    finally:
+        stop(proc)

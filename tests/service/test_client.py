@@ -3,8 +3,6 @@ spaces ``a``, ``b`` (16-d) and the map ``a2b`` (Procrustes on a planted rotation
 
 from __future__ import annotations
 
-import sys
-
 import httpx
 import numpy as np
 import pytest
@@ -14,25 +12,15 @@ from service.client import (APIError, AuthenticationError, Client, ConflictError
                             PermissionDeniedError, QueueFullError, ServerError, ServiceUnavailableError,
                             ValidationError, error_from_response)
 from _api_support import planted
-from _servers import free_port, serve_in_thread, stop, tiny_lm_app
-from _servers import env_for, seed_registry, start
+from _servers import seeded_uvicorn, serve_in_thread, tiny_lm_app
 
 WKEY, RKEY = "wkey-456", "rkey-123"  # test_api_support.KEYS
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("client")
-    data = tmp / "data"
-    X, Y, m = seed_registry(data)
-    port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
-           "--port", str(port), "--no-access-log"]
-    proc = start(cmd, env_for(data, port), port, tmp / "server.log")
-    try:
-        yield f"http://127.0.0.1:{port}", X, Y, m
-    finally:
-        stop(proc)
+    with seeded_uvicorn(tmp_path_factory.mktemp("client")) as (url, (X, Y, m)):
+        yield url, X, Y, m
 
 
 @pytest.fixture

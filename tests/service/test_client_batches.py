@@ -9,11 +9,9 @@ server runs with tiny limits (40 rows, 24 kB bodies) so that a few hundred 16-d 
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
-from _servers import env_for, free_port, seed_registry, start, stop
+from _servers import seeded_uvicorn
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,19 +24,9 @@ MAX_BATCH, MAX_BODY = 40, OVERHEAD + 24_000
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("client-batches")
-    data = tmp / "data"
-    X, _, m = seed_registry(data)
-    port = free_port()
-    env = env_for(data, port)
-    env.update({"VECBRIDGE_MAX_BATCH": str(MAX_BATCH), "VECBRIDGE_MAX_BODY_BYTES": str(MAX_BODY)})
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
-           "--port", str(port), "--no-access-log"]
-    proc = start(cmd, env, port, tmp / "server.log")
-    try:
-        yield f"http://127.0.0.1:{port}", X, m
-    finally:
-        stop(proc)
+    limits = {"VECBRIDGE_MAX_BATCH": str(MAX_BATCH), "VECBRIDGE_MAX_BODY_BYTES": str(MAX_BODY)}
+    with seeded_uvicorn(tmp_path_factory.mktemp("client-batches"), limits) as (url, (X, _, m)):
+        yield url, X, m
 
 
 def _rows(n: int, seed: int = 0) -> np.ndarray:

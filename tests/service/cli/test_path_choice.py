@@ -269,6 +269,16 @@ def test_a_chain_one_map_longer_wins_over_a_much_weaker_direct_map(tmp_path, cap
         reg.close()
 
 
+def _refit_files(tmp_path, X, Y) -> tuple[list, list]:
+    """The data-dir options and a procrustes ``fit`` command line of map ``m`` (old -> new), with the 4,000-pair
+    files of :func:`_fit_files` and 60-pair ones (``x60.npy`` / ``y60.npy``) for a refit from few pairs."""
+    d = _fit_files(tmp_path, X, Y)
+    write_vectors(tmp_path / "x60.npy", X[:60])
+    write_vectors(tmp_path / "y60.npy", Y[:60])
+    return d, [*d, "fit", "--pairs", "--method", "procrustes", "--name", "m", "--source-space", "old",
+               "--target-space", "new", "--quiet"]
+
+
 def test_a_bare_map_name_follows_prod_as_search_does(tmp_path, capsys, pairs):
     """With ``prod`` pinned, a refit (reliable but worse: 60 pairs) reached every client that transforms by bare
     name at once, while searches through the same map kept the pinned version. A bare name now means the
@@ -280,11 +290,7 @@ def test_a_bare_map_name_follows_prod_as_search_does(tmp_path, capsys, pairs):
     from service.api import create_app
 
     X, Y, _ = pairs
-    d = _fit_files(tmp_path, X, Y)
-    write_vectors(tmp_path / "x60.npy", X[:60])
-    write_vectors(tmp_path / "y60.npy", Y[:60])
-    fit = [*d, "fit", "--pairs", "--method", "procrustes", "--name", "m", "--source-space", "old", "--target-space",
-           "new", "--quiet"]
+    d, fit = _refit_files(tmp_path, X, Y)
     assert run(capsys, *fit, "--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy", "--alias", "prod")[0] == 0
     assert run(capsys, *fit, "--source", tmp_path / "x60.npy", "--target", tmp_path / "y60.npy")[0] == 0
     native = Y[4000:5000] / np.linalg.norm(Y[4000:5000], axis=1, keepdims=True)
@@ -321,11 +327,7 @@ def test_a_refit_that_makes_the_bare_name_worse_says_so(tmp_path, capsys, pairs)
     WordNet minilm->e5), and nothing said so. The fit now says which version the name meant, how much better it
     looked, and how to keep it; with ``prod`` set (the name does not move) or a better refit, nothing is said."""
     X, Y, _ = pairs
-    d = _fit_files(tmp_path, X, Y)
-    write_vectors(tmp_path / "x60.npy", X[:60])
-    write_vectors(tmp_path / "y60.npy", Y[:60])
-    fit = [*d, "fit", "--pairs", "--method", "procrustes", "--name", "m", "--source-space", "old", "--target-space",
-           "new", "--quiet"]
+    d, fit = _refit_files(tmp_path, X, Y)
     many, few = ("--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy"), \
         ("--source", tmp_path / "x60.npy", "--target", tmp_path / "y60.npy")
     code, _, err = run(capsys, *fit, *many)
