@@ -212,3 +212,23 @@ def test_a_running_server_sees_every_cli_write(world, capsys):
         assert httpx.get(f"{base}/live", headers=h).status_code == 404
     finally:
         stop(proc)
+
+
+def test_texts_are_embedded_with_the_space_encoder_and_kept_as_payloads(tmp_path, capsys):
+    """A text file (the real MiniLM wheel): passages in, queries by text out, texts back as payloads."""
+    pytest.importorskip("sentence_transformers")
+    from service.registry import open_registry
+
+    data = tmp_path / "var"
+    data.mkdir()
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    reg.register_space("minilm", 384, encoder="all-MiniLM-L6-v2")
+    reg.close()
+    docs = ["a cat sat on the mat", "stock markets fell sharply", "the recipe needs two eggs"]
+    (tmp_path / "d.txt").write_text("\n".join(docs) + "\n")
+    (tmp_path / "q.jsonl").write_text(json.dumps({"text": "shares dropped on Wall Street"}) + "\n")
+    assert cli(capsys, data, "create", "tx", "--space", "minilm", tmp_path / "d.txt", "--quiet")[0] == 0
+    code, out, err = cli(capsys, data, "search", "tx", tmp_path / "q.jsonl", "-k", "1", "--json", "--payloads")
+    assert code == 0, err
+    assert json.loads(out)["results"][0][0] == {**json.loads(out)["results"][0][0], "id": 1,
+                                                "payload": {"text": docs[1]}}
