@@ -27,7 +27,7 @@ from align.exceptions import InputError
 from ..errors import exit_code
 from ..indexes import IndexStore
 from ..indexes.csls import CSLS_WEIGHT
-from ..io import check_file, iter_chunks, read_texts
+from ..io import check_file, iter_chunks, parse_rows, read_texts
 from ..ops import indexes as index_ops
 from ..ops.index_files import (
     CHUNK_ROWS,
@@ -285,10 +285,10 @@ def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_
     per = max(1, min(CHUNK_ROWS, limits.max_hits // k))
     kw = {"space": space, "map_ref": map_ref, "k": k, "exact": exact, "ef_search": ef_search, "nprobe": nprobe,
           "csls_k": csls_k if csls else 0, "csls_weight": csls_weight, "limits": limits,
-          "steers": {r: float(e) for r, e in parse_kv(steers, "steer").items()}}
+          "steers": _steers(steers)}
     resolver = _resolver(obj)
     if src.texts:
-        texts = read_texts(queries, rows=rows, text_field=text_field)
+        texts = read_texts(queries, rows=parse_rows(rows), text_field=text_field)
         found_blocks = (index_ops.search(resolver, idx, texts=texts[s:s + per], **kw) for s in range(0, n, per))
     else:
         found_blocks = (index_ops.search(resolver, idx, Q, **kw)
@@ -314,6 +314,15 @@ def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_
         if with_payloads:
             for h in hs:
                 click.echo(f"  {h['id']}: {json.dumps(h.get('payload'), ensure_ascii=False)}")
+
+
+def _steers(items) -> dict[str, float]:
+    """``("REF=EPS", ...)`` -> ``{ref: eps}``; a non-numeric EPS is a usage error."""
+    out = parse_kv(items, "steer")
+    bad = [r for r, e in out.items() if isinstance(e, bool) or not isinstance(e, (int, float))]
+    if bad:
+        raise click.UsageError(f"--steer {bad[0]}=EPS: EPS must be a number")
+    return {r: float(e) for r, e in out.items()}
 
 
 def _write_out(path: Path, head: dict, S: np.ndarray, I: np.ndarray, lines: list) -> None:

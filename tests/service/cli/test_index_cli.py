@@ -167,6 +167,8 @@ def test_bad_input_is_exit_2_and_writes_nothing(world, capsys, monkeypatch):
     assert code == 2 and "would not be comparable" in err
     assert cli(capsys, data, "search", "docs", tmp / "y.npy", "--out", tmp / "h.csv")[0] == 2
     assert cli(capsys, data, "compact")[0] == 2  # NAME or --all
+    code, _, err = cli(capsys, data, "search", "docs", tmp / "y.npy", "--steer", "s=much")
+    assert code == 2 and "EPS must be a number" in err
 
 
 def test_add_blocks_that_fail_part_way_leave_the_index_as_persisted(tmp_path):
@@ -228,7 +230,8 @@ def test_texts_are_embedded_with_the_space_encoder_and_kept_as_payloads(tmp_path
     (tmp_path / "d.txt").write_text("\n".join(docs) + "\n")
     (tmp_path / "q.jsonl").write_text(json.dumps({"text": "shares dropped on Wall Street"}) + "\n")
     assert cli(capsys, data, "create", "tx", "--space", "minilm", tmp_path / "d.txt", "--quiet")[0] == 0
-    code, out, err = cli(capsys, data, "search", "tx", tmp_path / "q.jsonl", "-k", "1", "--json", "--payloads")
+    code, out, err = cli(capsys, data, "search", "tx", tmp_path / "q.jsonl", "--rows", "0:1", "-k", "1", "--json",
+                         "--payloads")
     assert code == 0, err
     assert json.loads(out)["results"][0][0] == {**json.loads(out)["results"][0][0], "id": 1,
                                                 "payload": {"text": docs[1]}}
