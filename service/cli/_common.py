@@ -6,7 +6,8 @@
 - option stacks: :func:`input_opts` (a source/target pair of files), :func:`store_opts` (a vector
   database), :func:`register_opts` (random state, alias, description, json, quiet), :data:`json_opt`,
   :data:`quiet_opt`, :data:`description_opt`, :data:`random_state_opt`.
-- small file readers the options name: :func:`read_pair`, :func:`read_seed_pairs`, :func:`read_labels`.
+- small file readers the options name: :func:`read_pair`, :func:`read_seed_pairs`, :func:`read_labels`,
+  :func:`read_ids`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..limits import MAX_SEED
 from ..registry import open_registry
 
 __all__ = ["Ctx", "alias_command", "emit", "version_record", "progress_bar", "parse_kv", "space_name", "input_opts",
-           "read_pair", "read_seed_pairs", "read_labels", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
+           "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
            "register_opts"]
 
 
@@ -214,6 +215,14 @@ def read_relevant(path: str, n: int) -> np.ndarray:
     if rel.shape[0] != n:
         raise PairCountError(f"{p.name} has {rel.shape[0]} relevant rows for {n} queries")
     return rel.astype(np.int64)
+
+
+def read_ids(path: str) -> np.ndarray:
+    """Ids file: ``.npy`` (n,) ints, ``.json`` [i, ...], or whitespace-separated integers: int64 (n,)."""
+    p, ids = _read_ints(path, "ids", 1)
+    if ids.ndim != 1 or ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
+        raise InputError(f"{p.name}: ids must be a flat list of integers, got shape {ids.shape} dtype {ids.dtype}")
+    return ids.astype(np.int64)
 
 
 def read_labels(path: str, n: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,11 +150,16 @@ class SpaceIndex:
     @classmethod
     def build(cls, name: str, space: str, vectors, *, ids=None, payloads=None, kind: str = "auto",
               metric: str = "cosine", params: dict | None = None, random_state: int = 0,
-              description: str = "", path: Path | None = None, dim: int | None = None) -> SpaceIndex:
+              description: str = "", path: Path | None = None, dim: int | None = None,
+              more: Iterable[tuple[Any, Any, Any]] = (), train=None) -> SpaceIndex:
         """Create an index from ``vectors`` (n, d); ``kind="auto"`` chooses by ``n``.
 
         ``params``: ``{"M": 32, "ef_construction": 80, "ef_search": 64}`` for HNSW,
         ``{"nlist": .., "nprobe": 16}`` for IVF. ``dim`` allows an empty index (no vectors).
+        ``more``: further blocks ``(X (m, d), ids or None, payloads or None)`` added in memory before the
+        index is returned (a file streamed block by block; nothing is persisted per block). ``train``
+        (t, d): the rows IVF's k-means trains on (default ``vectors``; a sample of the whole file when
+        ``vectors`` is only its first block).
         """
         check_name(name)
         if metric not in METRICS:
@@ -171,13 +176,17 @@ class SpaceIndex:
             kind = choose_kind(n)
         if kind not in KINDS:
             raise InputError(f"kind must be 'auto' or one of {KINDS}, got {kind!r}")
-        params = check_index_params(kind, params, n_rows=n, dim=d, random_state=random_state)
-        index = make_index(kind, X, metric, params, random_state)
+        T = X if train is None else as_matrix(train, name="training rows", dim=d)
+        params = check_index_params(kind, params, n_rows=T.shape[0], dim=d, random_state=random_state)
+        index = make_index(kind, T, metric, params, random_state)
+        del T
         params["random_state"] = int(random_state)
         obj = cls(name=name, space=space, dim=d, kind=kind, metric=metric, params=params, index=index,
                   description=description, path=path)
         if n:
             obj._add(X, ids, payloads)
+            for Xm, ids_m, payloads_m in more:
+                obj._add(as_matrix(Xm, name="vectors", dim=d), ids_m, payloads_m)
         elif (ids is not None and len(ids)) or (payloads is not None and len(payloads)):
             raise InputError("ids / payloads were given without vectors: an empty index has no rows for them "
                              "(send vectors or texts with them, or add them later)")
@@ -198,6 +207,11 @@ class SpaceIndex:
     @property
     def count(self) -> int:
         return int(self.index.ntotal) - len(self.tombstones)
+
+    @property
+    def logged_deltas(self) -> int:
+        """Deltas logged since the snapshot of the generation in memory (0: that generation is a snapshot)."""
+        return len(self._log)
 
     def info(self) -> IndexInfo:
         return IndexInfo(self.name, self.space, self.dim, self.kind, self.metric, self.count,
@@ -256,6 +270,23 @@ class SpaceIndex:
                 delta = self._add(X, ids, payloads, seed=self.generation + 1 if logged else None)
                 self._save(delta if logged else None)
         return delta.ids
+
+    def add_blocks(self, blocks: Iterable[tuple[Any, Any, Any]]) -> np.ndarray:
+        """Add every block ``(X (m, dim), ids or None, payloads or None)`` as ONE new generation (a snapshot);
+        returns the ids of all rows.
+
+        For a file streamed block by block: nothing is persisted until the last block is in, and a block that
+        fails (bad rows, an id clash, the file cut short) leaves the index as it was. The writer lock is held
+        while the blocks are read, so other writers of the index (other processes too) wait meanwhile;
+        searches do not.
+        """
+        with self._writing(), self.lock.write(), self._undo_on_failure(changed=True):
+            ids = [self._add(as_matrix(X, name="vectors", dim=self.dim), ids_m, payloads_m).ids
+                   for X, ids_m, payloads_m in blocks]
+            if not ids:
+                return np.zeros(0, np.int64)
+            self._save()
+        return np.concatenate(ids)
 
     def delete(self, ids) -> int:
         """Delete ``ids``; returns how many were present. Unknown ids are ignored."""
@@ -374,26 +405,34 @@ class SpaceIndex:
                 yield
 
     @contextmanager
-    def _undo_on_failure(self) -> Iterator[None]:
+    def _undo_on_failure(self, changed: bool = False) -> Iterator[None]:
         """If a change fails after touching the in-memory index, go back to the persisted state.
 
-        Input and conflict errors are raised before anything changes, so they keep the copy.
+        Input and conflict errors are raised before anything changes, so they keep the copy, unless
+        ``changed`` (a change of several blocks: an earlier block is in memory already).
         """
         try:
             yield
         except (InputError, IndexConflictError):
+            if changed:
+                self._reload_persisted()
             raise
         except BaseException:
-            if self.path is not None:
-                try:
-                    meta = read_meta(self.path)
-                    if uid_of(meta) == self.uid:
-                        index, payloads = read_generation(self.path, meta)
-                        self._adopt(meta, index, payloads, stat_sig(self.path / "meta.json"))
-                except Exception:  # noqa: BLE001 - keep the first error; force a reload on next access
-                    self._meta_sig = None
-                    self.generation = -1
+            self._reload_persisted()
             raise
+
+    def _reload_persisted(self) -> None:
+        """Go back to the persisted generation (after a failed change); a forced reload if it cannot be read."""
+        if self.path is None:
+            return
+        try:
+            meta = read_meta(self.path)
+            if uid_of(meta) == self.uid:
+                index, payloads = read_generation(self.path, meta)
+                self._adopt(meta, index, payloads, stat_sig(self.path / "meta.json"))
+        except Exception:  # noqa: BLE001 - keep the first error; force a reload on next access
+            self._meta_sig = None
+            self.generation = -1
 
     def refresh(self) -> bool:
         """Catch up with a generation another process persisted; ``True`` if one was loaded.

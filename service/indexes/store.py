@@ -78,6 +78,10 @@ class IndexStore:
         self.loaded = True
         return n
 
+    def names(self) -> list[str]:
+        """Names of the indexes on disk, sorted (loaded or not; one ``listdir``)."""
+        return self._names_on_disk()
+
     def _names_on_disk(self) -> list[str]:
         try:
             subs = sorted(self.root.iterdir())

@@ -19,6 +19,7 @@ file-system round trip beyond the index's one ``stat`` (:meth:`service.indexes.S
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,11 +27,13 @@ import numpy as np
 
 from align.exceptions import DimensionMismatchError, InputError
 
+from ..encoders import UnknownEncoderError, get_encoder
 from ..indexes import IndexStore, SpaceIndex
 from ..indexes.csls import CSLS_WEIGHT
 from .steers import steer_queries
 
-__all__ = ["Resolver", "SearchResult", "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search"]
+__all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "space_encoder", "SearchResult", "embed_texts",
+           "create_index", "add_rows", "query_dim", "check_hits", "search", "hits"]
 
 
 class Resolver(Protocol):
@@ -43,6 +46,69 @@ class Resolver(Protocol):
     def resolve_steer(self, ref: str) -> tuple[Any, Any]: ...
 
     def encoder_for_space(self, space: str) -> tuple[Any, Any]: ...
+
+
+@dataclass
+class Translation:
+    """A map (possibly composed) from one space to another, and the versions it is made of."""
+
+    map: Any  # LinearMap | ClusterMap | MapChain, or None: the same space, nothing to do
+    versions: list = field(default_factory=list)  # the VersionInfo of each map along the path
+
+    def describe(self) -> list[dict]:
+        return [{"name": v.name, "version": v.version, "source_space": v.source_space,
+                 "target_space": v.target_space} for v in self.versions]
+
+
+def translation(registry, source_space: str, target_space: str, map_ref: str | None = None, *,
+                path_alias: str = "prod", resolve: Callable | None = None,
+                find_path: Callable[[], list] | None = None) -> Translation:
+    """The map from ``source_space`` to ``target_space``: ``map_ref`` if given (it must go that way:
+    InputError otherwise), else the registry's path of maps (``path_alias`` first), composed.
+
+    ``resolve(ref)`` and ``find_path()`` default to the registry's own lookups (the app passes its cached ones).
+    An empty path (no maps) gives ``Translation(None, [])``; the registry raises NotFoundError when none exists.
+    """
+    if map_ref:
+        v = (resolve or registry.resolve)(map_ref)
+        if v.source_space != source_space or v.target_space != target_space:
+            raise InputError(f"map {v.ref} goes {v.source_space} -> {v.target_space}, but the request needs "
+                             f"{source_space} -> {target_space}")
+        return Translation(registry.load_map(v), [v])
+    chain = find_path() if find_path else registry.find_path(source_space, target_space, path_alias)
+    return Translation(registry.compose(chain) if chain else None, chain)
+
+
+def space_encoder(registry, space: str, load_encoder: Callable[[str], Any]) -> tuple[Any, Any]:
+    """``(encoder, SpaceInfo)`` of ``space``: its registered encoder loaded by ``load_encoder(name)``;
+    UnknownEncoderError when the space has none (texts cannot be embedded in it)."""
+    info = registry.get_space(space)
+    if not info.encoder:
+        raise UnknownEncoderError(
+            f"space {space!r} has no encoder registered, so texts cannot be embedded in it; send vectors")
+    return load_encoder(info.encoder), info
+
+
+class RegistryResolver:
+    """A :class:`Resolver` straight over a registry, without caches: for one-shot faces (the CLI), so they
+    resolve spaces, paths of maps, steers and encoders as the service does (``path_alias``: its setting)."""
+
+    def __init__(self, registry, path_alias: str = "prod", load_encoder: Callable[[str], Any] | None = None):
+        self.registry, self.path_alias = registry, path_alias
+        self.load_encoder = load_encoder or get_encoder
+
+    def get_space(self, name: str):
+        return self.registry.get_space(name)
+
+    def translation(self, source_space: str, target_space: str, map_ref: str | None = None) -> Translation:
+        return translation(self.registry, source_space, target_space, map_ref, path_alias=self.path_alias)
+
+    def resolve_steer(self, ref: str):
+        info = self.registry.resolve_steer(ref)
+        return info, self.registry.load_steer(info)
+
+    def encoder_for_space(self, space: str):
+        return space_encoder(self.registry, space, self.load_encoder)
 
 
 @dataclass
@@ -138,3 +204,16 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
     S, I = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k, csls_weight=csls_weight,
                       wait=wait)
     return SearchResult(S, I, idx, qspace, k, csls_k > 0, tr, used_steers)
+
+
+def hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool) -> list[dict]:
+    """One query's answer: ``[{"id", "score"[, "payload"]}, ...]`` of its row of ids / scores (``-1`` ids left out)."""
+    out = []
+    for i, sc in zip(row_i, row_s):
+        if i < 0:
+            continue
+        h = {"id": i, "score": sc}
+        if with_payloads:
+            h["payload"] = idx.payloads.get(i)
+        out.append(h)
+    return out

@@ -178,18 +178,6 @@ def search_observe(state, found) -> None:
             state.metrics.observe_map(v.name, v.version, found.S.shape[0])
 
 
-def _hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool) -> list[dict]:
-    hits = []
-    for i, s in zip(row_i, row_s):
-        if i < 0:
-            continue
-        h = {"id": i, "score": s}
-        if with_payloads:
-            h["payload"] = idx.payloads.get(i)
-        hits.append(h)
-    return hits
-
-
 def _search_body(head: dict, idx: SpaceIndex, S: np.ndarray, I: np.ndarray, with_payloads: bool,
                  max_bytes: int) -> bytes:
     """The JSON answer ``{**head, "results": [[hit, ...], ...]}``, serialised one query row at a time.
@@ -200,7 +188,7 @@ def _search_body(head: dict, idx: SpaceIndex, S: np.ndarray, I: np.ndarray, with
     parts = [dumps(head)[:-1], b',"results":[']
     size = sum(map(len, parts))
     for r, (row_i, row_s) in enumerate(zip(I.tolist(), S.tolist())):
-        chunk = dumps(_hits(idx, row_i, row_s, with_payloads))
+        chunk = dumps(index_ops.hits(idx, row_i, row_s, with_payloads))
         size += len(chunk) + 1
         if size > max_bytes:
             raise InputError(f"the answer passes {max_bytes} bytes (limits.max_response_bytes) at query {r}; "

@@ -1,0 +1,376 @@
+"""``vecbridge index ...``: the FAISS indexes of ``DATA_DIR/indexes`` (what ``vecbridge serve`` searches), offline.
+
+Each command opens the data dir's :class:`~service.indexes.IndexStore` as the service does and calls
+the operation its HTTP route calls (:mod:`service.ops.indexes`, :mod:`service.ops.index_files`), so
+the CLI and ``/v1/indexes`` answer alike on one data dir. A running server sees every write here at
+its next request of the index (the store's cross-process protocol: writers hold the index's
+``flock``, readers catch up after one ``stat``).
+
+Examples::
+
+    vecbridge index create docs --space e5 corpus.npy --payloads corpus.jsonl     # kind auto (by rows)
+    vecbridge index add docs nightly.parquet
+    vecbridge index search docs queries.npy --space minilm -k 10 --out hits.jsonl   # through the map path
+    vecbridge index compact --all                                                  # before a downgrade
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+
+from align.exceptions import InputError
+
+from ..errors import exit_code
+from ..indexes import IndexStore
+from ..indexes.csls import CSLS_WEIGHT
+from ..io import check_file, iter_chunks, parse_rows, read_texts
+from ..ops import indexes as index_ops
+from ..ops.index_files import (
+    CHUNK_ROWS,
+    FileRows,
+    add_from_file,
+    count,
+    create_from_file,
+)
+from ..storage import atomic_write
+from ._common import (
+    Ctx,
+    emit,
+    json_opt,
+    parse_kv,
+    progress_bar,
+    quiet_opt,
+    random_state_opt,
+    read_ids,
+)
+
+__all__ = ["index"]
+
+
+def _store(obj: Ctx) -> IndexStore:
+    return IndexStore(obj.settings.data_dir / "indexes")
+
+
+def _resolver(obj: Ctx) -> index_ops.RegistryResolver:
+    return index_ops.RegistryResolver(obj.registry, obj.settings.path_alias)
+
+
+def _record(idx) -> dict:
+    """What ``GET /v1/indexes/{name}`` answers, plus the generation on disk and the deltas logged since its
+    snapshot (0: the newest generation is a snapshot)."""
+    return {**idx.info().to_dict(), "generation": idx.generation, "logged_deltas": idx.logged_deltas}
+
+
+def _line(d: dict) -> str:
+    params = ",".join(f"{k}={v}" for k, v in sorted(d["params"].items()))
+    return (f"{d['name']}  {d['space']}({d['dim']})  {d['kind']}  {d['metric']}  {d['count']} rows  "
+            f"generation {d['generation']}  {params}")
+
+
+_file_opts = [
+    click.option("--rows", default=None, help="START:STOP rows of FILE."),
+    click.option("--key", default=None, help=".npz array name."),
+    click.option("--column", default=None, help="Parquet list column."),
+    click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text."),
+]
+
+
+def _with(opts):
+    def deco(fn):
+        for o in reversed(opts):
+            fn = o(fn)
+        return fn
+
+    return deco
+
+
+_write_opts = _with([
+    click.argument("file", type=click.Path(dir_okay=False)),
+    *_file_opts,
+    click.option("--encoder", default=None,
+                 help="For a text FILE: the space's encoder (the default; another model is refused), or the "
+                      "encoder of a space that has none registered."),
+    click.option("--no-store-texts", "store_texts", flag_value=False, default=True,
+                 help="Do not keep texts as payloads {\"text\": ...}."),
+    click.option("--ids", "ids_file", type=click.Path(dir_okay=False), default=None,
+                 help="One int64 id per row: .npy, .json or whitespace-separated text (default: the next free)."),
+    click.option("--payloads", "payloads_file", type=click.Path(dir_okay=False), default=None,
+                 help="FILE.jsonl: one JSON value per row (null: none), read alongside the rows."),
+    json_opt, quiet_opt,
+])
+
+
+def _src(file, rows, key, column, text_field, encoder, store_texts) -> FileRows:
+    return FileRows(file, rows, key, column, text_field, encoder, store_texts)
+
+
+def _payloads(path: str | None):
+    """The values of a JSONL file, one per non-blank line, read lazily (alongside the rows they go with)."""
+    if path is None:
+        return None
+    p = Path(path)
+    check_file(p)
+    if p.suffix.lower() != ".jsonl":
+        raise InputError(f"{p.name}: payloads must be a .jsonl file (one JSON value per line)")
+
+    def values():
+        with open(p, encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{p.name}: line {i} is not JSON ({exc})") from None
+
+    return values()
+
+
+@click.group("index")
+def index():
+    """FAISS indexes of DATA_DIR/indexes, the ones `vecbridge serve` searches: build, add, delete, search and
+    compact them offline (a running server sees each write at its next request)."""
+
+
+@index.command("list")
+@json_opt
+@click.pass_obj
+def index_list(obj: Ctx, as_json):
+    """Every index: space, width, kind, metric, rows, generation."""
+    store = _store(obj)
+    recs = [_record(i) for i in store.list()]
+    for name, why in sorted(store.load_errors.items()):
+        click.echo(f"vecbridge: warning: index {name!r} could not be loaded: {why}", err=True)
+    if as_json:
+        emit({"indexes": recs, "errors": dict(store.load_errors)}, True)
+        return
+    if not recs:
+        click.echo("(no indexes)")
+    for d in recs:
+        click.echo(_line(d))
+
+
+@index.command("show")
+@click.argument("name")
+@json_opt
+@click.pass_obj
+def index_show(obj: Ctx, name, as_json):
+    """One index (the fields of GET /v1/indexes/NAME, plus its generation)."""
+    d = _record(_store(obj).get(name))
+    if as_json:
+        emit(d, True)
+        return
+    for k, val in d.items():
+        click.echo(f"{k:14} {json.dumps(val, sort_keys=True) if isinstance(val, dict) else val}")
+
+
+@index.command("create")
+@click.argument("name")
+@click.option("--space", required=True, help="The registered space of the rows (`vecbridge spaces`).")
+@_write_opts
+@click.option("--kind", type=click.Choice(["auto", "flat", "hnsw", "ivf"]), default="auto", show_default=True,
+              help="auto: flat below 50,000 rows, HNSW below 1M, IVF above (by the rows of FILE).")
+@click.option("--metric", type=click.Choice(["cosine", "ip"]), default="cosine", show_default=True)
+@click.option("--param", "params", multiple=True,
+              help="KEY=VALUE FAISS parameter, repeatable: M, ef_construction, ef_search (HNSW); nlist, nprobe (IVF).")
+@random_state_opt
+@click.option("--description", default="")
+@click.pass_obj
+def index_create(obj: Ctx, name, space, file, rows, key, column, text_field, encoder, store_texts, ids_file,
+                 payloads_file, as_json, quiet, kind, metric, params, random_state, description):
+    """Create index NAME from the rows of FILE (.npy, .npz, .fvecs, .parquet; texts .txt/.jsonl/.json embedded
+    with the space's encoder), streamed in blocks; it appears complete or not at all."""
+    info = obj.registry.get_space(space)
+    store = _store(obj)
+    progress, close = progress_bar(not quiet)
+    try:
+        idx = create_from_file(_resolver(obj), store, name, info,
+                               _src(file, rows, key, column, text_field, encoder, store_texts),
+                               ids=read_ids(ids_file) if ids_file else None, payloads=_payloads(payloads_file),
+                               kind=kind, metric=metric, params=parse_kv(params), random_state=random_state,
+                               description=description, progress=progress)
+    finally:
+        close()
+    d = _record(idx)
+    emit(d, as_json, f"created {_line(d)}")
+
+
+@index.command("add")
+@click.argument("name")
+@click.option("--space", default=None, help="The rows' space: refused unless it is the index's.")
+@_write_opts
+@click.pass_obj
+def index_add(obj: Ctx, name, space, file, rows, key, column, text_field, encoder, store_texts, ids_file,
+              payloads_file, as_json, quiet):
+    """Add the rows of FILE to index NAME, all as one new generation (all rows or none)."""
+    idx = _store(obj).get(name)
+    src = _src(file, rows, key, column, text_field, encoder, store_texts)
+    resolver = _resolver(obj) if src.texts else None  # vectors need no registry
+    progress, close = progress_bar(not quiet)
+    try:
+        ids = add_from_file(resolver, idx, src, ids=read_ids(ids_file) if ids_file else None,
+                            payloads=_payloads(payloads_file), space=space, progress=progress)
+    finally:
+        close()
+    out = {"index": name, "added": int(ids.size), "first_id": int(ids.min()), "last_id": int(ids.max()),
+           "count": idx.count, "generation": idx.generation}
+    emit(out, as_json, f"added {ids.size} rows to {name} (ids {ids.min()}..{ids.max()}); {idx.count} rows, "
+                       f"generation {idx.generation}")
+
+
+@index.command("delete")
+@click.argument("name")
+@click.option("--ids", "ids_file", type=click.Path(dir_okay=False), default=None,
+              help="Ids to delete: .npy, .json or whitespace-separated text.")
+@click.option("--id", "id_list", type=click.IntRange(0), multiple=True, help="An id to delete, repeatable.")
+@json_opt
+@click.pass_obj
+def index_delete(obj: Ctx, name, ids_file, id_list, as_json):
+    """Delete rows of index NAME by id (ids not in it are ignored)."""
+    if ids_file is None and not id_list:
+        raise click.UsageError("give --ids FILE or --id N")
+    ids = np.concatenate([np.asarray(id_list, np.int64)] + ([read_ids(ids_file).astype(np.int64)] if ids_file else []))
+    idx = _store(obj).get(name)
+    n = idx.delete(ids)
+    emit({"index": name, "deleted": n, "count": idx.count}, as_json,
+         f"deleted {n} rows from {name}; {idx.count} rows, generation {idx.generation}")
+
+
+@index.command("drop")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Really drop it (every row and payload is removed).")
+@click.pass_obj
+def index_drop(obj: Ctx, name, yes):
+    """Drop index NAME (every process stops seeing it at once)."""
+    if not yes:
+        raise click.UsageError(f"dropping {name!r} removes every row; add --yes")
+    _store(obj).delete(name)
+    click.echo(f"dropped {name}")
+
+
+@index.command("search")
+@click.argument("name")
+@click.argument("queries", type=click.Path(dir_okay=False))
+@click.option("--space", default=None, help="The queries' space (default: the index's); another space goes through "
+                                            "the registry's path of maps, as over HTTP.")
+@click.option("--map", "map_ref", default=None, help="Pin the map (NAME, NAME@alias, NAME:version) instead.")
+@click.option("-k", "k", type=click.IntRange(1), default=10, show_default=True)
+@click.option("--csls", is_flag=True, help="Re-rank by CSLS (less hubness).")
+@click.option("--csls-k", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--csls-weight", type=click.FloatRange(0, 2), default=CSLS_WEIGHT, show_default=True)
+@click.option("--exact", is_flag=True, help="Scan every row (no HNSW / IVF approximation).")
+@click.option("--ef-search", type=click.IntRange(1), default=None)
+@click.option("--nprobe", type=click.IntRange(1), default=None)
+@click.option("--steer", "steers", multiple=True, help="REF=EPS: a steer of the index's space, repeatable.")
+@click.option("--payloads", "with_payloads", is_flag=True, help="Print each hit's payload.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="FILE.jsonl (one line per query: its hits) or FILE.npz (ids and scores, (n, k)).")
+@_with(_file_opts)
+@json_opt
+@click.pass_obj
+def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_weight, exact, ef_search, nprobe,
+                 steers, with_payloads, out, rows, key, column, text_field, as_json):
+    """Search index NAME with the rows of QUERIES (vectors, or texts embedded with the query space's encoder)."""
+    if out is not None and Path(out).suffix.lower() not in (".jsonl", ".npz"):
+        raise InputError(f"--out {out}: write .jsonl or .npz")
+    idx = _store(obj).get(name)
+    src = FileRows(queries, rows, key, column, text_field)
+    n = count(src)
+    limits = obj.settings.limits
+    index_ops.check_hits(1, k, limits)
+    per = max(1, min(CHUNK_ROWS, limits.max_hits // k))
+    kw = {"space": space, "map_ref": map_ref, "k": k, "exact": exact, "ef_search": ef_search, "nprobe": nprobe,
+          "csls_k": csls_k if csls else 0, "csls_weight": csls_weight, "limits": limits,
+          "steers": _steers(steers)}
+    resolver = _resolver(obj)
+    if src.texts:
+        texts = read_texts(queries, rows=parse_rows(rows), text_field=text_field)
+        found_blocks = (index_ops.search(resolver, idx, texts=texts[s:s + per], **kw) for s in range(0, n, per))
+    else:
+        found_blocks = (index_ops.search(resolver, idx, Q, **kw)
+                        for Q in iter_chunks(queries, chunk_rows=per, rows=rows, key=key, column=column))
+    head, S, I, lines = None, np.zeros((n, k), np.float32), np.full((n, k), -1, np.int64), []
+    r = 0
+    for found in found_blocks:
+        head = head or found.describe()
+        m = found.S.shape[0]
+        S[r:r + m], I[r:r + m] = found.S, found.I
+        r += m
+    for row_i, row_s in zip(I.tolist(), S.tolist()):
+        lines.append(index_ops.hits(idx, row_i, row_s, with_payloads))
+    if out is not None:
+        _write_out(Path(out), head, S, I, lines)
+        emit({**head, "queries": n, "out": str(out)}, as_json, f"wrote the hits of {n} queries to {out}")
+        return
+    if as_json:
+        emit({**head, "results": lines}, True)
+        return
+    for q, hs in enumerate(lines):
+        click.echo(f"query {q}: " + "  ".join(f"{h['id']} ({h['score']:.4f})" for h in hs))
+        if with_payloads:
+            for h in hs:
+                click.echo(f"  {h['id']}: {json.dumps(h.get('payload'), ensure_ascii=False)}")
+
+
+def _steers(items) -> dict[str, float]:
+    """``("REF=EPS", ...)`` -> ``{ref: eps}``; a non-numeric EPS is a usage error."""
+    out = parse_kv(items, "steer")
+    bad = [r for r, e in out.items() if isinstance(e, bool) or not isinstance(e, (int, float))]
+    if bad:
+        raise click.UsageError(f"--steer {bad[0]}=EPS: EPS must be a number")
+    return {r: float(e) for r, e in out.items()}
+
+
+def _write_out(path: Path, head: dict, S: np.ndarray, I: np.ndarray, lines: list) -> None:
+    """``.jsonl``: the answer's head on line 1, then ``{"query": i, "hits": [...]}`` per query; ``.npz``: ``ids``
+    and ``scores`` (n, k), ``-1`` ids where fewer rows; written atomically."""
+    if path.suffix.lower() == ".npz":
+        def save(tmp: Path) -> None:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, ids=I, scores=S, head=np.array(json.dumps(head)))
+    else:
+        def save(tmp: Path) -> None:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(head, default=str) + "\n")
+                fh.writelines(json.dumps({"query": q, "hits": hs}, ensure_ascii=False) + "\n"
+                              for q, hs in enumerate(lines))
+    atomic_write(path, save)
+
+
+@index.command("compact")
+@click.argument("name", required=False)
+@click.option("--all", "all_", is_flag=True, help="Every index of the data dir.")
+@json_opt
+@click.pass_obj
+def index_compact(obj: Ctx, name, all_, as_json):
+    """Write a snapshot of index NAME now (its log of deltas replayed into one file); an index whose newest
+    generation is a snapshot already is left as it is. Before going back to a release that reads snapshots
+    only (RELIABILITY.md): stop the servers, then `vecbridge index compact --all`."""
+    if bool(name) == bool(all_):
+        raise click.UsageError("give NAME or --all")
+    store = _store(obj)
+    done, failed = [], {}
+    for n in store.names() if all_ else [name]:
+        try:
+            idx = store.get(n)
+            was = idx.logged_deltas
+            if was:
+                idx.save()
+        except Exception as exc:  # every index is tried; each failure said, then the exit code
+            if not all_:
+                raise
+            failed[n] = exc
+            click.echo(f"vecbridge: error: index {n!r}: {str(exc).strip() or type(exc).__name__}", err=True)
+            continue
+        done.append({"index": n, "generation": idx.generation, "compacted_deltas": was})
+        if not as_json:
+            click.echo(f"{n}: generation {idx.generation} is a snapshot"
+                       + (f" ({was} logged deltas folded in)" if was else " (already)"))
+    if as_json:
+        emit({"compacted": done, "failed": {n: str(e) for n, e in failed.items()}}, True)
+    if failed:
+        raise click.exceptions.Exit(max(exit_code(e) for e in failed.values()))

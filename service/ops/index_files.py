@@ -1,0 +1,188 @@
+"""Indexes from files (offline faces: ``vecbridge index``): rows streamed block by block, never a whole file twice.
+
+A file of ``n`` rows (any format :mod:`service.io` reads) is read in blocks of at most
+:data:`CHUNK_ROWS` rows (texts: :data:`TEXT_CHUNK`, embedded with the space's encoder in its
+passage form and stored as payloads ``{"text": ...}`` as over HTTP). Memory: the index itself
+plus one block (plus, for IVF, the k-means training sample of at most ``256 nlist`` rows).
+
+- :func:`create_from_file` builds the index in memory from every block and persists it once
+  (:meth:`service.indexes.IndexStore.create`): the name appears, complete, or not at all.
+  ``kind="auto"`` chooses by ``n`` (the whole file, not one block); IVF trains on a seeded sample
+  of the whole file (one extra pass over it; for texts, one extra embedding pass).
+- :func:`add_from_file` adds all blocks as one generation (:meth:`SpaceIndex.add_blocks`; a file of
+  one block: :meth:`SpaceIndex.add`, a logged delta when it fits): all rows or none.
+
+A file whose rows have another width than the index's space, texts embedded by another encoder
+than the space's, or a ``space`` that is not the index's, is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from align.exceptions import DimensionMismatchError, InputError
+
+from ..encoders import canonical_name, get_encoder
+from ..indexes import IndexStore, SpaceIndex, choose_kind
+from ..indexes.kinds import ids_array
+from ..io import (
+    count_rows,
+    is_text_path,
+    iter_chunks,
+    parse_rows,
+    read_texts,
+    resolve_rows,
+)
+from ..limits import default_nlist
+from .indexes import Resolver
+
+__all__ = ["CHUNK_ROWS", "TEXT_CHUNK", "FileRows", "add_from_file", "count", "create_from_file", "passage_encoder"]
+
+CHUNK_ROWS = 65536  # vectors per block (25 MB of 384-d float32)
+TEXT_CHUNK = 1024  # texts per block (embedded per block: the progress bar moves per block)
+
+
+@dataclass
+class FileRows:
+    """Where the rows come from: a file, its ``rows`` ("START:STOP"), ``.npz`` ``key``, parquet ``column``,
+    JSONL ``text_field``, the ``encoder`` named for texts (default: the space's) and whether texts are kept as
+    payloads."""
+
+    path: str
+    rows: str | None = None
+    key: str | None = None
+    column: str | None = None
+    text_field: str = "text"
+    encoder: str | None = None
+    store_texts: bool = True
+
+    @property
+    def texts(self) -> bool:
+        return is_text_path(self.path)
+
+
+def count(src: FileRows) -> int:
+    """Rows of ``src`` selected by ``src.rows`` (FormatError / InputError for a bad file or range)."""
+    n = count_rows(src.path, key=src.key, column=src.column, text_field=src.text_field)
+    sl = resolve_rows(parse_rows(src.rows), n, src.path)
+    if sl.stop <= sl.start:
+        raise InputError(f"{src.path} holds no rows")
+    return sl.stop - sl.start
+
+
+def passage_encoder(resolver: Resolver, space: str, dim: int, encoder: str | None):
+    """The encoder that embeds texts for ``space`` (``dim`` wide): the space's; ``encoder`` must name the same
+    model (InputError: another model's vectors would be searched as if they were the space's), or is used for
+    a space without a registered one (its width must be ``dim``)."""
+    info = resolver.get_space(space)
+    if info.encoder and encoder and canonical_name(encoder) != canonical_name(info.encoder):
+        raise InputError(f"space {space!r} is embedded by {info.encoder!r}; texts embedded by {encoder!r} would "
+                         f"not be comparable with its rows (omit --encoder to use the space's)")
+    if info.encoder or not encoder:
+        return resolver.encoder_for_space(space)[0]  # UnknownEncoderError when the space has none
+    enc = get_encoder(encoder)
+    if enc.dim != dim:
+        raise DimensionMismatchError(f"encoder {encoder!r} makes {enc.dim}-d vectors; space {space!r} is {dim}-d")
+    return enc
+
+
+def _blocks(src: FileRows, dim: int, space: str, encoder, *, ids: np.ndarray | None, payloads, n: int,
+            progress: Callable[[float], None]) -> Iterator[tuple[np.ndarray, Any, Any]]:
+    """``(X (m, dim), ids (m,) or None, payloads (m values) or None)`` per block of ``src`` (``n`` rows in all)."""
+    if src.texts:
+        texts = read_texts(src.path, rows=parse_rows(src.rows), text_field=src.text_field)
+        parts = ((np.asarray(encoder.encode(texts[s:s + TEXT_CHUNK], kind="passage"), np.float32),
+                  texts[s:s + TEXT_CHUNK]) for s in range(0, len(texts), TEXT_CHUNK))
+    else:
+        parts = ((X, None) for X in iter_chunks(src.path, chunk_rows=CHUNK_ROWS, rows=src.rows, key=src.key,
+                                                column=src.column))
+    done = 0
+    for X, texts_m in parts:
+        m = X.shape[0]
+        if X.ndim != 2 or X.shape[1] != dim:
+            raise DimensionMismatchError(f"{src.path}: rows have {X.shape[-1]} columns; space {space!r} is {dim}-d")
+        pl = _take(payloads, m, done, n) if payloads is not None else (
+            [{"text": t} for t in texts_m] if texts_m is not None and src.store_texts else None)
+        yield X, (ids[done:done + m] if ids is not None else None), pl
+        done += m
+        progress(done / max(n, 1))
+    if payloads is not None and next(payloads, _END) is not _END:
+        raise InputError(f"the payloads file has more lines than the {n} rows of {src.path}")
+
+
+_END = object()
+
+
+def _take(payloads: Iterator, m: int, done: int, n: int) -> list:
+    out = [p for _, p in zip(range(m), payloads)]
+    if len(out) < m:
+        raise InputError(f"the payloads file has {done + len(out)} lines for the {n} rows of the vectors file")
+    return out
+
+
+def _check_ids(ids, n: int):
+    return None if ids is None else ids_array(ids, n)
+
+
+def _train_sample(src: FileRows, dim: int, space: str, encoder, n: int, rows: int, random_state: int,
+                  progress: Callable[[float], None]) -> np.ndarray:
+    """A seeded sample of ``rows`` of the ``n`` rows of ``src`` (IVF's k-means), gathered in one pass."""
+    keep = np.sort(np.random.default_rng(random_state).choice(n, rows, replace=False)) if rows < n else None
+    out, pos = [], 0
+    for X, _, _ in _blocks(src, dim, space, encoder, ids=None, payloads=None, n=n, progress=progress):
+        if keep is None:
+            out.append(np.array(X, np.float32))
+        else:
+            sel = keep[(keep >= pos) & (keep < pos + X.shape[0])] - pos
+            out.append(np.array(X[sel], np.float32))
+        pos += X.shape[0]
+    return np.concatenate(out)
+
+
+def create_from_file(resolver: Resolver, store: IndexStore, name: str, space, src: FileRows, *, ids=None,
+                     payloads: Iterator | None = None, kind: str = "auto", metric: str = "cosine",
+                     params: dict | None = None, random_state: int = 0, description: str = "",
+                     progress: Callable[[str, float], None] = lambda stage, f: None) -> SpaceIndex:
+    """Create index ``name`` in ``space`` (a SpaceInfo) from every row of ``src`` (see the module notes);
+    ``ids`` (n,) and ``payloads`` (an iterator of n JSON values) optional."""
+    n = count(src)
+    ids = _check_ids(ids, n)
+    encoder = passage_encoder(resolver, space.name, space.dim, src.encoder) if src.texts else None
+    kind = choose_kind(n) if kind == "auto" else kind
+    params = dict(params or {})
+    train = None
+    if kind == "ivf" and n > CHUNK_ROWS:
+        nlist = int(params.get("nlist") or default_nlist(n))
+        params["nlist"] = nlist
+        train = _train_sample(src, space.dim, space.name, encoder, n, min(n, 256 * nlist), random_state,
+                              lambda f: progress("sample (k-means)", f))
+    blocks = _blocks(src, space.dim, space.name, encoder, ids=ids, payloads=payloads, n=n,
+                     progress=lambda f: progress("add", f))
+    X, ids0, pl0 = next(blocks)
+    return store.create(name, space.name, X, ids=ids0, payloads=pl0, more=blocks, train=train, dim=space.dim,
+                        kind=kind, metric=metric, params=params, random_state=random_state, description=description)
+
+
+def add_from_file(resolver: Resolver, idx: SpaceIndex, src: FileRows, *, ids=None, payloads: Iterator | None = None,
+                  space: str | None = None, progress: Callable[[str, float], None] = lambda stage, f: None
+                  ) -> np.ndarray:
+    """Add every row of ``src`` to ``idx`` as one generation; returns the ids. ``space``: the rows' space, which
+    must be the index's (rows of another space are refused, not mapped)."""
+    if space is not None and space != idx.space:
+        raise InputError(f"index {idx.name!r} holds space {idx.space!r}; rows of space {space!r} would not be "
+                         f"comparable with it (map them first: vecbridge transform)")
+    n = count(src)
+    ids = _check_ids(ids, n)
+    encoder = passage_encoder(resolver, idx.space, idx.dim, src.encoder) if src.texts else None
+    blocks = _blocks(src, idx.dim, idx.space, encoder, ids=ids, payloads=payloads, n=n,
+                     progress=lambda f: progress("add", f))
+    if n <= (TEXT_CHUNK if src.texts else CHUNK_ROWS):
+        X, ids_m, pl = next(blocks)
+        for _ in blocks:  # the payloads file's length check
+            pass
+        return idx.add(X, ids=ids_m, payloads=pl)
+    return idx.add_blocks(blocks)

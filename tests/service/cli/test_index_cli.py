@@ -1,0 +1,237 @@
+"""``vecbridge index``: the FAISS indexes of a data dir from the command line, on real files and real FAISS.
+
+What a user of offline jobs needs: build from a file streamed in blocks (the same index as one built
+from the whole array), add a batch as one generation (all rows or none), search from another space
+through the registry's map path, delete, drop, compact before a downgrade; bad input is exit 2 with
+nothing written; and a running ``vecbridge serve`` on the same data dir sees every CLI write.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import httpx
+import numpy as np
+import pytest
+from _api_support import KEYS
+from _servers import env_for, free_port, seed_registry, start, stop
+from conftest import run_cli
+
+from service.indexes import IndexStore, SpaceIndex
+from service.indexes.persist import read_meta
+from service.ops import index_files
+
+RKEY = next(k for k, scopes in KEYS.items() if scopes == ["read"])
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A data dir with spaces a, b (16-d) and the map a2b (planted rotation), and the rows as files."""
+    data = tmp_path / "var"
+    X, Y, _ = seed_registry(data)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", Y)
+    return data, tmp_path, X, Y
+
+
+def cli(capsys, data, *args):
+    return run_cli(capsys, "--data-dir", data, "index", *args)
+
+
+def test_create_search_from_another_space_add_delete_compact_drop(world, capsys):
+    data, tmp, X, _ = world
+    with open(tmp / "pl.jsonl", "w") as fh:
+        fh.writelines(json.dumps({"row": i}) + "\n" for i in range(200))
+    code, out, err = cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--rows", "0:200",
+                         "--payloads", tmp / "pl.jsonl", "--quiet")
+    assert code == 0, err
+    assert out.startswith("created docs  b(16)  flat  cosine  200 rows  generation 1")
+    code, out, _ = cli(capsys, data, "show", "docs", "--json")
+    shown = json.loads(out)
+    assert (shown["count"], shown["space"], shown["kind"], shown["generation"], shown["logged_deltas"]) == \
+        (200, "b", "flat", 1, 0)
+
+    # queries of space a go through the map a2b (as over HTTP): row i of X finds row i of Y
+    np.save(tmp / "q.npy", X[:20])
+    code, out, err = cli(capsys, data, "search", "docs", tmp / "q.npy", "--space", "a", "-k", "3", "--json",
+                         "--payloads")
+    assert code == 0, err
+    ans = json.loads(out)
+    assert ans["maps"] == [{"name": "a2b", "version": 1, "source_space": "a", "target_space": "b"}]
+    assert [r[0]["id"] for r in ans["results"]] == list(range(20))
+    assert [r[0]["payload"] for r in ans["results"]] == [{"row": i} for i in range(20)]
+    code, out, _ = cli(capsys, data, "search", "docs", tmp / "q.npy", "--space", "a", "-k", "2",
+                       "--out", tmp / "hits.npz")
+    assert code == 0 and "wrote the hits of 20 queries" in out
+    with np.load(tmp / "hits.npz") as z:
+        assert z["ids"].shape == (20, 2) and (z["ids"][:, 0] == np.arange(20)).all()
+
+    code, out, err = cli(capsys, data, "add", "docs", tmp / "y.npy", "--rows", "200:300", "--quiet", "--json")
+    assert code == 0, err
+    added = json.loads(out)
+    assert (added["added"], added["first_id"], added["last_id"], added["count"]) == (100, 200, 299, 300)
+    code, out, _ = cli(capsys, data, "delete", "docs", "--id", "5", "--id", "6", "--id", "9999")
+    assert code == 0 and "deleted 2 rows" in out
+    assert json.loads(cli(capsys, data, "show", "docs", "--json")[1])["logged_deltas"] == 2  # small changes: deltas
+
+    code, out, _ = cli(capsys, data, "compact", "--all")
+    assert code == 0 and "docs: generation 4 is a snapshot (2 logged deltas folded in)" in out
+    meta = read_meta(data / "indexes" / "docs")
+    assert meta["base"] == meta["generation"] == 4 and meta["log"] == []
+    assert "(already)" in cli(capsys, data, "compact", "docs")[1]  # nothing to fold: no new generation
+    assert read_meta(data / "indexes" / "docs")["generation"] == 4
+
+    assert cli(capsys, data, "drop", "docs")[0] == 2  # needs --yes
+    assert cli(capsys, data, "drop", "docs", "--yes")[0] == 0
+    code, _, err = cli(capsys, data, "show", "docs")
+    assert code == 2 and "not found" in err
+
+
+def test_a_file_streamed_in_blocks_gives_the_index_built_from_the_whole_array(world, capsys, monkeypatch):
+    """Blocks of 64 rows (the file read block by block, never whole): the same ids, rows and answers as an
+    index built in memory from the whole array; a multi-block add is ONE generation."""
+    data, tmp, _, _ = world
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((1000, 16)).astype(np.float32)
+    np.save(tmp / "big.npy", big)
+    np.save(tmp / "ids.npy", np.arange(10_000, 10_700))
+    monkeypatch.setattr(index_files, "CHUNK_ROWS", 64)
+    code, _, err = cli(capsys, data, "create", "big", "--space", "b", tmp / "big.npy", "--rows", "0:700",
+                       "--ids", tmp / "ids.npy", "--kind", "hnsw", "--param", "M=16", "--quiet")
+    assert code == 0, err
+    ref = SpaceIndex.build("ref", "b", big[:700], ids=np.arange(10_000, 10_700), kind="hnsw", params={"M": 16})
+    idx = IndexStore(data / "indexes").get("big")
+    Q = rng.standard_normal((50, 16)).astype(np.float32)
+    for a, b in zip(idx.search(Q, 10), ref.search(Q, 10)):
+        np.testing.assert_array_equal(a, b)
+
+    code, out, err = cli(capsys, data, "add", "big", tmp / "big.npy", "--rows", "700:1000", "--json", "--quiet")
+    assert code == 0, err
+    assert json.loads(out)["generation"] == 2 and json.loads(out)["count"] == 1000  # 5 blocks, one generation
+    assert (json.loads(out)["first_id"], json.loads(out)["last_id"]) == (10_700, 10_999)
+
+
+def test_ivf_trains_on_a_sample_of_the_whole_file_not_its_first_block(world, capsys, monkeypatch):
+    data, tmp, _, _ = world
+    rng = np.random.default_rng(2)
+    # the first rows are one cluster, the rest another: k-means on the first block alone would miss half the data
+    A = np.vstack([rng.normal(5, 1, (600, 16)), rng.normal(-5, 1, (1400, 16))]).astype(np.float32)
+    np.save(tmp / "a.npy", A)
+    monkeypatch.setattr(index_files, "CHUNK_ROWS", 256)
+    code, _, err = cli(capsys, data, "create", "iv", "--space", "b", tmp / "a.npy", "--kind", "ivf",
+                       "--param", "nlist=8", "--param", "nprobe=1", "--quiet")
+    assert code == 0, err
+    idx = IndexStore(data / "indexes").get("iv")
+    assert idx.count == 2000 and idx.params["nlist"] == 8
+    centroids = idx.index.quantizer.reconstruct_n(0, 8)
+    assert (centroids[:, 0] > 0).any() and (centroids[:, 0] < 0).any()  # lists on both clusters
+
+
+def test_bad_input_is_exit_2_and_writes_nothing(world, capsys, monkeypatch):
+    data, tmp, X, _ = world
+    np.save(tmp / "narrow.npy", X[:, :8])
+    code, _, err = cli(capsys, data, "create", "n", "--space", "b", tmp / "narrow.npy", "--quiet")
+    assert code == 2 and "8 columns" in err and "16-d" in err
+    assert not (data / "indexes" / "n").exists()
+    code, _, err = cli(capsys, data, "create", "n", "--space", "nope", tmp / "y.npy", "--quiet")
+    assert code == 2 and "nope" in err
+
+    assert cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--rows", "0:100", "--quiet")[0] == 0
+    assert cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--quiet")[0] == 2  # exists
+    code, _, err = cli(capsys, data, "add", "docs", tmp / "x.npy", "--space", "a", "--quiet")
+    assert code == 2 and "holds space 'b'" in err
+    code, _, err = cli(capsys, data, "add", "nope", tmp / "y.npy", "--quiet")
+    assert code == 2 and "not found" in err
+
+    # a payloads file one line short, over several blocks: nothing added, not even the first blocks
+    monkeypatch.setattr(index_files, "CHUNK_ROWS", 32)
+    with open(tmp / "short.jsonl", "w") as fh:
+        fh.writelines("{}\n" for _ in range(99))
+    code, _, err = cli(capsys, data, "add", "docs", tmp / "y.npy", "--rows", "100:200", "--payloads",
+                       tmp / "short.jsonl", "--quiet")
+    assert code == 2 and "99 lines for the 100 rows" in err
+    code, _, err = cli(capsys, data, "add", "docs", tmp / "y.npy", "--rows", "100:200", "--ids", tmp / "narrow.npy")
+    assert code == 2 and "ids" in err
+    shown = json.loads(cli(capsys, data, "show", "docs", "--json")[1])
+    assert (shown["count"], shown["generation"]) == (100, 1)
+
+    # texts embedded by another model than the space's: refused before any model loads
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    reg.register_space("m", 384, encoder="all-MiniLM-L6-v2")
+    reg.close()
+    (tmp / "t.txt").write_text("one\ntwo\n")
+    code, _, err = cli(capsys, data, "create", "t", "--space", "m", tmp / "t.txt", "--encoder", "e5", "--quiet")
+    assert code == 2 and "would not be comparable" in err
+    assert cli(capsys, data, "search", "docs", tmp / "y.npy", "--out", tmp / "h.csv")[0] == 2
+    assert cli(capsys, data, "compact")[0] == 2  # NAME or --all
+    code, _, err = cli(capsys, data, "search", "docs", tmp / "y.npy", "--steer", "s=much")
+    assert code == 2 and "EPS must be a number" in err
+
+
+def test_add_blocks_that_fail_part_way_leave_the_index_as_persisted(tmp_path):
+    """An add of several blocks whose third block is bad: the first two are not kept in memory either (the
+    index answers as persisted), and nothing is written."""
+    rng = np.random.default_rng(3)
+    idx = SpaceIndex.build("u", "s", rng.standard_normal((50, 8)), path=tmp_path / "u")
+    idx.save()
+    blocks = [(rng.standard_normal((10, 8)), None, None), (rng.standard_normal((10, 8)), None, None),
+              (rng.standard_normal((10, 7)), None, None)]
+    with pytest.raises(Exception, match="7"):
+        idx.add_blocks(iter(blocks))
+    assert (idx.count, idx.generation, idx.next_id) == (50, 1, 50)
+    again = SpaceIndex.load(tmp_path / "u")
+    assert again.count == 50 and again.generation == 1
+
+
+def test_a_running_server_sees_every_cli_write(world, capsys):
+    data, tmp, X, Y = world
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+           "--port", str(port), "--no-access-log"]
+    proc = start(cmd, env_for(data, port), port, tmp / "server.log")
+    base, h = f"http://127.0.0.1:{port}/v1/indexes", {"Authorization": f"Bearer {RKEY}"}
+    try:
+        assert cli(capsys, data, "create", "live", "--space", "b", tmp / "y.npy", "--rows", "0:150",
+                   "--quiet")[0] == 0
+        assert httpx.get(f"{base}/live", headers=h).json()["count"] == 150
+        np.save(tmp / "q.npy", X[:5])
+        http = httpx.post(f"{base}/live/search", headers=h,
+                          json={"vectors": X[:5].tolist(), "space": "a", "k": 4})
+        code, out, _ = cli(capsys, data, "search", "live", tmp / "q.npy", "--space", "a", "-k", "4", "--json",
+                           "--payloads")
+        assert code == 0 and json.loads(out) == http.json()  # the same answer, head and hits
+        assert cli(capsys, data, "add", "live", tmp / "y.npy", "--rows", "150:300", "--quiet")[0] == 0
+        assert httpx.get(f"{base}/live", headers=h).json()["count"] == 300
+        assert cli(capsys, data, "delete", "live", "--id", "0")[0] == 0
+        assert cli(capsys, data, "compact", "live")[0] == 0
+        hit = httpx.post(f"{base}/live/search", headers=h, json={"vectors": Y[:1].tolist(), "k": 1}).json()
+        assert hit["results"][0][0]["id"] != 0
+        assert httpx.get(f"{base}/live", headers=h).json()["count"] == 299
+        assert cli(capsys, data, "drop", "live", "--yes")[0] == 0
+        assert httpx.get(f"{base}/live", headers=h).status_code == 404
+    finally:
+        stop(proc)
+
+
+def test_texts_are_embedded_with_the_space_encoder_and_kept_as_payloads(tmp_path, capsys):
+    """A text file (the real MiniLM wheel): passages in, queries by text out, texts back as payloads."""
+    pytest.importorskip("sentence_transformers")
+    from service.registry import open_registry
+
+    data = tmp_path / "var"
+    data.mkdir()
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    reg.register_space("minilm", 384, encoder="all-MiniLM-L6-v2")
+    reg.close()
+    docs = ["a cat sat on the mat", "stock markets fell sharply", "the recipe needs two eggs"]
+    (tmp_path / "d.txt").write_text("\n".join(docs) + "\n")
+    (tmp_path / "q.jsonl").write_text(json.dumps({"text": "shares dropped on Wall Street"}) + "\n")
+    assert cli(capsys, data, "create", "tx", "--space", "minilm", tmp_path / "d.txt", "--quiet")[0] == 0
+    code, out, err = cli(capsys, data, "search", "tx", tmp_path / "q.jsonl", "--rows", "0:1", "-k", "1", "--json",
+                         "--payloads")
+    assert code == 0, err
+    assert json.loads(out)["results"][0][0] == {**json.loads(out)["results"][0][0], "id": 1,
+                                                "payload": {"text": docs[1]}}
