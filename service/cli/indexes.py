@@ -60,9 +60,8 @@ def _resolver(obj: Ctx) -> index_ops.RegistryResolver:
 
 
 def _record(idx) -> dict:
-    """What ``GET /v1/indexes/{name}`` answers, plus the generation on disk and the deltas logged since its
-    snapshot (0: the newest generation is a snapshot)."""
-    return {**idx.info().to_dict(), "generation": idx.generation, "logged_deltas": idx.logged_deltas}
+    """What ``GET /v1/indexes/{name}`` answers (generation and logged deltas included)."""
+    return idx.info().to_dict()
 
 
 def _line(d: dict) -> str:

@@ -106,6 +106,11 @@ class IndexInfo:
     created_at: float
     updated_at: float
     description: str = ""
+    generation: int = field(default=0, metadata={
+        "doc": "The generation on disk this answer comes from (0: never persisted); it grows with every write."})
+    logged_deltas: int = field(default=0, metadata={
+        "doc": "Changes logged since that generation's snapshot (0: it is a snapshot); a snapshot is written once "
+               "the log passes a quarter of the snapshot's rows (at least 1,024) or 64 deltas."})
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -215,7 +220,8 @@ class SpaceIndex:
 
     def info(self) -> IndexInfo:
         return IndexInfo(self.name, self.space, self.dim, self.kind, self.metric, self.count,
-                         {k: v for k, v in self.params.items()}, self.created_at, self.updated_at, self.description)
+                         {k: v for k, v in self.params.items()}, self.created_at, self.updated_at, self.description,
+                         self.generation, self.logged_deltas)
 
     def _live_ids(self) -> np.ndarray:
         return live_ids(self.index, self.kind, self.tombstones)

@@ -78,6 +78,11 @@ def test_a_small_add_writes_its_rows_not_the_index(tmp_path):
     fresh = IndexStore(tmp_path).get("docs")  # a process starting now: snapshot + log
     assert fresh.count == 20_003 and fresh.payloads[20_000] == {"t": "a"} and 20_001 not in fresh.payloads
     assert _state(fresh) == _state(idx)
+    info = fresh.info().to_dict()  # what GET /v1/indexes/{name} and `vecbridge index show` answer
+    assert (info["generation"], info["logged_deltas"]) == (2, 1)
+    from service.api.schemas import IndexOut
+
+    assert {"generation", "logged_deltas"} <= set(IndexOut.model_fields)
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
