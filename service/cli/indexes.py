@@ -265,7 +265,9 @@ def index_drop(obj: Ctx, name, yes):
 @click.option("--ef-search", type=click.IntRange(1), default=None)
 @click.option("--nprobe", type=click.IntRange(1), default=None)
 @click.option("--steer", "steers", multiple=True, help="REF=EPS: a steer of the index's space, repeatable.")
-@click.option("--payloads", "with_payloads", is_flag=True, help="Print each hit's payload.")
+@click.option("--payloads/--no-payloads", "with_payloads", default=None,
+              help="Each hit's payload: in --json and --out answers unless --no-payloads (as the HTTP route's "
+                   "include_payloads), printed under each query with --payloads.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="FILE.jsonl (one line per query: its hits) or FILE.npz (ids and scores, (n, k)).")
 @_with(_file_opts)
@@ -299,8 +301,9 @@ def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_
         m = found.S.shape[0]
         S[r:r + m], I[r:r + m] = found.S, found.I
         r += m
+    keep = with_payloads is not False and (with_payloads or as_json or out is not None)
     for row_i, row_s in zip(I.tolist(), S.tolist()):
-        lines.append(index_ops.hits(idx, row_i, row_s, with_payloads))
+        lines.append(index_ops.hits(idx, row_i, row_s, keep))
     if out is not None:
         _write_out(Path(out), head, S, I, lines)
         emit({**head, "queries": n, "out": str(out)}, as_json, f"wrote the hits of {n} queries to {out}")

@@ -200,9 +200,8 @@ def test_a_running_server_sees_every_cli_write(world, capsys):
         np.save(tmp / "q.npy", X[:5])
         http = httpx.post(f"{base}/live/search", headers=h,
                           json={"vectors": X[:5].tolist(), "space": "a", "k": 4})
-        code, out, _ = cli(capsys, data, "search", "live", tmp / "q.npy", "--space", "a", "-k", "4", "--json",
-                           "--payloads")
-        assert code == 0 and json.loads(out) == http.json()  # the same answer, head and hits
+        code, out, _ = cli(capsys, data, "search", "live", tmp / "q.npy", "--space", "a", "-k", "4", "--json")
+        assert code == 0 and json.loads(out) == http.json()  # the same answer, head and hits (payloads by default)
         assert cli(capsys, data, "add", "live", tmp / "y.npy", "--rows", "150:300", "--quiet")[0] == 0
         assert httpx.get(f"{base}/live", headers=h).json()["count"] == 300
         assert cli(capsys, data, "delete", "live", "--id", "0")[0] == 0
