@@ -247,6 +247,7 @@ class AppState:
         Raises NotFoundError when no chain of maps exists, ConflictError-free for the same space.
         """
         return translation(self.registry, source_space, target_space, map_ref, resolve=self.resolve,
+                           load=self.load_version,
                            find_path=lambda: self._current(("path", source_space, target_space),
                                                            lambda: self.registry.find_path(
                                                                source_space, target_space, self.settings.path_alias)))

@@ -62,11 +62,12 @@ class Translation:
 
 def translation(registry, source_space: str, target_space: str, map_ref: str | None = None, *,
                 path_alias: str = "prod", resolve: Callable | None = None,
-                find_path: Callable[[], list] | None = None) -> Translation:
+                find_path: Callable[[], list] | None = None, load: Callable | None = None) -> Translation:
     """The map from ``source_space`` to ``target_space``: ``map_ref`` if given (it must go that way:
     InputError otherwise), else the registry's path of maps (``path_alias`` first), composed.
 
-    ``resolve(ref)`` and ``find_path()`` default to the registry's own lookups (the app passes its cached ones).
+    ``resolve(ref)``, ``find_path()`` and ``load(version)`` default to the registry's own lookups (the app passes
+    its cached ones: a search naming its map must not read the artifact from disk at every request).
     An empty path (no maps) gives ``Translation(None, [])``; the registry raises NotFoundError when none exists.
     """
     if map_ref:
@@ -74,7 +75,7 @@ def translation(registry, source_space: str, target_space: str, map_ref: str | N
         if v.source_space != source_space or v.target_space != target_space:
             raise InputError(f"map {v.ref} goes {v.source_space} -> {v.target_space}, but the request needs "
                              f"{source_space} -> {target_space}")
-        return Translation(registry.load_map(v), [v])
+        return Translation((load or registry.load_map)(v), [v])
     chain = find_path() if find_path else registry.find_path(source_space, target_space, path_alias)
     return Translation(registry.compose(chain) if chain else None, chain)
 
