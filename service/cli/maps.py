@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 import numpy as np
 
 from align.exceptions import InputError, VecbridgeWarning
@@ -74,7 +75,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
     if paired is None:
         paired = method in SUPERVISED
     progress, close = progress_bar(not quiet)
-    notes: list[str] = []
+    notes: list[str] = _ignored_options(method, ray_address, threads)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", VecbridgeWarning)
         try:
@@ -104,6 +105,21 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
         click.echo(f"vecbridge: {v.ref} is flagged UNRELIABLE: it stays in the registry for inspection but is never "
                    f"chosen for a path; exit 1 (--allow-unreliable to accept)", err=True)
         sys.exit(1)
+
+
+def _ignored_options(method: str, ray_address: str | None, threads: int) -> list[str]:
+    """Notes for options given on the command line that this fit does not use (they were ignored silently)."""
+    ctx = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+
+    out = []
+    if given("threads") and threads > 1 and (method in SUPERVISED or ray_address is not None):
+        out.append("--threads applies to an in-process minivec2vec fit (unpaired or seeded); ignored here")
+    if given("shard_rows") and (ray_address is None or method not in ("procrustes", "ridge", "lowrank")):
+        out.append("--shard-rows applies to --ray fits of procrustes, ridge or lowrank; ignored here")
+    return out
 
 
 def _render_fit(reg, v, as_json: bool) -> None:

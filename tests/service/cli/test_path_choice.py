@@ -372,3 +372,16 @@ def test_an_http_fit_job_carries_the_same_note(tmp_path, pairs):
         assert fit(2000)["notes"] == []
         notes = fit(60)["notes"]
         assert len(notes) == 1 and "'h' now means h:2" in notes[0] and "h:1" in notes[0]
+
+
+def test_options_a_fit_does_not_use_are_named_not_ignored_silently(tmp_path, capsys, pairs):
+    """``--threads`` (an in-process minivec2vec fit) and ``--shard-rows`` (a ``--ray`` closed-form fit) were
+    accepted and ignored without a word by the fits they do not apply to (Ray audit)."""
+    X, Y, _ = pairs
+    d, fit = _refit_files(tmp_path, X, Y)
+    many = ("--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy")
+    code, _, err = run(capsys, *fit, *many, "--threads", "2", "--shard-rows", "1000")
+    assert code == 0 and "note: --threads applies to an in-process minivec2vec fit" in err
+    assert "note: --shard-rows applies to --ray fits" in err
+    code, _, err = run(capsys, *fit, *many)
+    assert code == 0 and "--threads" not in err and "--shard-rows" not in err
