@@ -378,7 +378,7 @@ def test_options_a_fit_does_not_use_are_named_not_ignored_silently(tmp_path, cap
     """``--threads`` (an in-process minivec2vec fit) and ``--shard-rows`` (a ``--ray`` closed-form fit) were
     accepted and ignored without a word by the fits they do not apply to (Ray audit)."""
     X, Y, _ = pairs
-    d, fit = _refit_files(tmp_path, X, Y)
+    _, fit = _refit_files(tmp_path, X, Y)
     many = ("--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy")
     code, _, err = run(capsys, *fit, *many, "--threads", "2", "--shard-rows", "1000")
     assert code == 0 and "note: --threads applies to an in-process minivec2vec fit" in err
