@@ -24,7 +24,7 @@ from align.plan import forecast
 
 from .storage import atomic_write
 
-__all__ = ["render_report", "write_report", "pca_2d"]
+__all__ = ["render_report", "write_report", "pca_2d", "REPORT_CSS"]
 
 
 def _mpl():
@@ -222,7 +222,9 @@ def _table(d: dict) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
+# The report's one <style> block, the same in every report: the console, whose policy allows no inline style,
+# allows exactly this block by its hash (service.ui.pages.CONSOLE_CSP) in the frame that shows a report.
+REPORT_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
 h1{font-size:1.5em}h2{font-size:1.15em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;font-size:.85em}th{text-align:left;padding:2px 12px 2px 0;color:#555;vertical-align:top}
 td{padding:2px 0;font-family:ui-monospace,monospace;word-break:break-all}img{max-width:100%}
@@ -246,7 +248,7 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
     plan_note : str           why there is no plan section (shown instead), e.g. too few pairs
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+             f"<style>{REPORT_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     headline = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     parts.append("<div>" + "".join(
         f"<span class='metric'>{html.escape(k)}<b>{v:.4g}</b></span>" for k, v in list(headline.items())[:8]) + "</div>")

@@ -10,7 +10,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 
-# in every frame of every page: a blocked script, style, image or request is reported to the test
+# in every frame of every page: a blocked script, style, image or request is reported to the test (a srcdoc frame,
+# such as the console's fit report, gets no init script: there Chromium's own console error reports it)
 _REPORT_CSP = """document.addEventListener("securitypolicyviolation",
   e => window.__vbCsp(`${e.effectiveDirective} blocked ${e.blockedURI || "inline"} on ${e.documentURI}`));"""
 

@@ -19,6 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from ..config import Settings, app_settings
+from ..reports import REPORT_CSS
 
 __all__ = ["mount_console", "STATIC_DIR", "PAGES", "CONSOLE_CSP", "DOCS_CSP"]
 
@@ -35,15 +36,25 @@ PAGES = (
     ("/migrations", "migrations.html", "Migrations"),
 )
 
+
+def csp_hash(text: str) -> str:
+    """The CSP hash source allowing an inline ``<script>`` or ``<style>`` whose content is exactly ``text``:
+    ``'sha256-' + base64(SHA-256(UTF-8 text))``, quoted."""
+    return f"'sha256-{base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()}'"
+
+
 # Scripts only from /ui/static, never inline, and no eval (Alpine's CSP build interprets the x- attributes itself):
-# markup that ever slipped into a page could not run, not even through an Alpine attribute. Inline styles for
-# Alpine's :style and the fit report's <style>, data: images for its charts (the report's srcdoc frame inherits
-# this policy); requests to this origin only; no site may frame the console.
-_POLICY = ("default-src 'self'; script-src 'self'{}; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+# markup that ever slipped into a page could not run, not even through an Alpine attribute. Styles only from
+# /ui/static too, never a style attribute or an injected <style> (they could restyle the page: hide a warning,
+# overlay a fake button); console.js sets its computed styles through the CSSOM (Alpine's :style with an
+# object), which a policy does not govern. The one exception is the fit report's own <style> block, allowed by
+# its hash: the report's srcdoc frame inherits this policy. data: images for the report's charts; requests to
+# this origin only; no site may frame the console.
+_POLICY = ("default-src 'self'; script-src 'self'{script}; style-src 'self'{style}; img-src 'self' data:; "
            "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-CONSOLE_CSP = _POLICY.format("")
+CONSOLE_CSP = _POLICY.format(script="", style=" " + csp_hash(REPORT_CSS))
 # /docs: Swagger UI starts from one inline <script>, allowed by its hash (filled in per page)
-DOCS_CSP = _POLICY.format(" {}")
+DOCS_CSP = _POLICY.format(script=" {}", style="")
 
 router = APIRouter(include_in_schema=False)
 
@@ -81,8 +92,7 @@ async def swagger_ui() -> HTMLResponse:
                                swagger_js_url="/ui/static/swagger/swagger-ui-bundle.js",
                                swagger_css_url="/ui/static/swagger/swagger-ui.css",
                                swagger_favicon_url="/ui/static/swagger/favicon-32x32.png")
-    inline = re.findall(r"<script>(.*?)</script>", page.body.decode(), re.DOTALL)
-    hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in inline)
+    hashes = " ".join(csp_hash(s) for s in re.findall(r"<script>(.*?)</script>", page.body.decode(), re.DOTALL))
     page.headers["Content-Security-Policy"] = DOCS_CSP.format(hashes)
     return page
 

@@ -464,10 +464,12 @@ function steerPage() {
         this.tokens = a.tokens;
       } catch (e) { this.lmMsg = VB.say(e); } finally { this.busy = false; }
     },
+    /* A token's background, green (score > 0) or red, its alpha |score| clipped to 1. An object, not a string:
+       Alpine sets an object through the CSSOM (style.setProperty), a string as a style attribute, which the
+       console's policy refuses. */
     tokenStyle(t) {
       const s = Math.max(-1, Math.min(1, t.score));
-      const c = s >= 0 ? `rgba(46,139,87,${Math.abs(s)})` : `rgba(192,57,43,${Math.abs(s)})`;
-      return `background:${c}`;
+      return { background: s >= 0 ? `rgba(46,139,87,${Math.abs(s)})` : `rgba(192,57,43,${Math.abs(s)})` };
     },
   });
 }

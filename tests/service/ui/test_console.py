@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -295,6 +296,9 @@ def test_lm_steer_generates_with_token_evidence_then_says_503(lm_server, browser
     t.page.locator("#tokens span").first.wait_for()
     assert t.page.locator("#gen-text").inner_text().strip()
     assert t.page.locator("#tokens span").count() >= 2  # per-token evidence of prompt + continuation
+    # each token in green or red by its score (set through the CSSOM: the console's policy allows no style attribute)
+    colours = t.page.locator("#tokens span").evaluate_all("s => s.map(e => getComputedStyle(e).backgroundColor)")
+    assert all(re.match(r"rgba?\((46, 139, 87|192, 57, 43)", c) for c in colours), colours
     t.shot("steer-lm")
     # the LM goes away (e.g. the SmolLM2 wheel is not installed): the API's 503 is shown in words
 

@@ -157,6 +157,22 @@ def test_security_headers(world):
         assert _csp(r)["default-src"] == "'none'", r.url
 
 
+
+def test_console_styles_have_no_unsafe_inline(world):
+    """A security review: the console's style-src allowed 'unsafe-inline', so markup slipped into a page could
+    restyle it (hide a warning, lay a fake button over a real one). Now styles come from the service's files,
+    plus the one <style> block every fit report carries (the report's srcdoc frame inherits the console's
+    policy), allowed by its hash; style attributes are never allowed (the console sets styles through the CSSOM)."""
+    c, _, _ = world
+    report = c.get("/v1/maps/a2b/versions/1/report", headers=R)
+    blocks = re.findall(r"<style>(.*?)</style>", report.text, re.DOTALL)
+    assert len(blocks) == 1
+    digest = base64.b64encode(hashlib.sha256(blocks[0].encode()).digest()).decode()
+    for path, _, _ in PAGES:
+        csp = _csp(c.get("/ui" + path))
+        assert csp["style-src"] == f"'self' 'sha256-{digest}'", (path, csp)
+        assert "unsafe-inline" not in " ".join(csp.values()) and "unsafe-hashes" not in csp["style-src"], path
+
 # What Alpine's CSP build is given on the console's pages: property paths and method calls of the page's component
 # (arguments: paths or literals), `item in list` / `(item, i) in list` in x-for, a registered component's name in
 # x-data. No operators, template strings, arrow functions or globals: those are computed in console.js.

@@ -314,3 +314,35 @@ def test_console_runs_without_unsafe_eval(hostile, browser):
     assert t.page.evaluate("window.__evaluated") is None
     assert any("script-src blocked eval" in e for e in t.errors), t.errors
     t.close(expect_errors=("script-src blocked eval", "Evaluating a string as JavaScript"))
+
+
+# markup slipped into a page to redress it: a fake button over the page (style attribute), a rule hiding the key
+# bar (<style> element)
+REDRESS = ('<p id="redress" style="position:fixed;top:0;left:0;z-index:9">Click here</p>'
+           '<style>header{display:none}</style>')
+
+
+def test_console_applies_no_injected_style(hostile, browser):
+    """UI redress: the console's style-src allowed 'unsafe-inline', so markup slipped into a page (or into the
+    fit report's frame, which inherits the page's policy) could restyle it: hide a warning, overlay a fake
+    button. Now such styles are refused and reported, in the page and in the report's frame, while the
+    report's own <style> (allowed by its hash) still lays the report out."""
+    base, _ = hostile
+    t = Page.open(browser, base, "/ui/registry", READ_KEY)
+    frame = t.page.frame_locator("iframe.report")
+    frame.locator("h1", has_text="vecbridge fit: a2b").wait_for()
+    assert frame.locator("body").evaluate("b => getComputedStyle(b).maxWidth") == "1100px"  # the report's CSS
+    _no_errors(t, "registry")
+    for where, body in (("page", t.page.locator("main")), ("report frame", frame.locator("body"))):
+        body.evaluate("(b, html) => b.insertAdjacentHTML('beforeend', html)", REDRESS)
+        t.page.wait_for_timeout(300)
+        redress = body.locator("#redress")
+        assert redress.evaluate("e => getComputedStyle(e).position") == "static", where
+        assert redress.evaluate("e => getComputedStyle(e.ownerDocument.querySelector('header') "
+                                "|| e.ownerDocument.body).display") != "none", where
+    for directive in ("style-src-attr", "style-src-elem"):  # the page's listener (a srcdoc frame gets none)
+        assert any(f"CSP violation: {directive} blocked inline" in e for e in t.errors), (directive, t.errors)
+    assert sum("Applying inline style violates" in e for e in t.errors) >= 4, t.errors  # Chromium: page and frame
+    # (the report frame, sandboxed without scripts, also logs that it refuses the script Playwright evaluates in it)
+    t.close(expect_errors=("CSP violation: style-src", "Applying inline style violates",
+                           "Blocked script execution in 'about:srcdoc'"))
