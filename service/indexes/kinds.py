@@ -39,7 +39,7 @@ from ..limits import MAX_ID, default_nlist
 from ..threads import pin_thread
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "choose_kind", "check_name",
-           "ids_array", "make_index", "prep_rows", "add_rows", "live_ids", "live_slots", "tombstone_slots",
+           "ids_array", "make_index", "prep_rows", "add_rows", "reserve", "live_ids", "live_slots", "tombstone_slots",
            "rebuild_hnsw", "search_key", "search_kind", "search_work"]
 
 FLAT_MAX = 50_000
@@ -195,6 +195,27 @@ def add_rows(index, kind: str, rows: np.ndarray, ids: np.ndarray, seed: int | No
         index.add_with_ids(rows, ids)
     finally:
         faiss.omp_set_num_threads(before)
+
+
+def reserve(index, kind: str, rows: int) -> None:
+    """Size the flat storage of an empty ``index`` (flat; HNSW's storage under the graph) and its id map for
+    ``rows`` rows, so that adding them block by block reallocates neither.
+
+    FAISS holds those rows in one ``std::vector`` of ``ntotal x d x 4`` bytes that grows by doubling: a block
+    added past its capacity copies every row so far into a buffer twice as large, so at that moment the process
+    holds the old buffer and the copy (up to twice the rows; a 1M x 384 flat index built from 16 blocks peaked
+    at 1,814 MiB for 1,465 MiB of rows). Resizing to the final size and back keeps that capacity (a vector
+    never gives capacity back when it shrinks). Only for an empty index: growing a full one of ``S`` rows by
+    ``m`` this way holds ``2S + m`` at once, more than doubling does unless ``m`` is large and unlucky. IVF keeps
+    one vector per list, which reallocates only that list.
+    """
+    if rows <= 0 or kind == "ivf" or index.ntotal:
+        return
+    inner = faiss.downcast_index(index.index)
+    storage = faiss.downcast_index(inner.storage) if kind == "hnsw" else inner
+    for vec, width in ((storage.codes, storage.code_size), (index.id_map, 1)):
+        vec.resize(int(rows) * width)
+        vec.resize(0)
 
 
 def live_slots(index, ids: np.ndarray, tombstones: set[int]) -> np.ndarray:

@@ -164,7 +164,8 @@ def create_from_file(resolver: Resolver, store: IndexStore, name: str, space, sr
                      progress=lambda f: progress("add", f))
     X, ids0, pl0 = next(blocks)
     return store.create(name, space.name, X, ids=ids0, payloads=pl0, more=blocks, train=train, dim=space.dim,
-                        kind=kind, metric=metric, params=params, random_state=random_state, description=description)
+                        rows=n, kind=kind, metric=metric, params=params, random_state=random_state,
+                        description=description)
 
 
 def add_from_file(resolver: Resolver, idx: SpaceIndex, src: FileRows, *, ids=None, payloads: Iterator | None = None,
