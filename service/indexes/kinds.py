@@ -48,6 +48,7 @@ KINDS = ("flat", "hnsw", "ivf")
 METRICS = ("cosine", "ip")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # always fullmatch: no trailing newline
 TOMBSTONE_REBUILD = 0.10  # HNSW: rebuild once tombstones pass this share of the stored rows
+_TRAIN_BLOCK = 4096  # IVF training rows scaled per step (make_index): temporaries of one block only
 _IP_MAX_NORM = 1e19  # metric="ip": |x|, |q| below sqrt(float32 max) so q·x cannot overflow
 
 
@@ -98,12 +99,14 @@ def _hnsw(d: int, params: dict):
     return faiss.IndexIDMap2(inner)
 
 
-def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state: int):
+def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state: int, *, overwrite: bool = False):
     """An empty FAISS index of ``kind`` for rows like ``X`` (n, d); IVF is trained on ``X`` here.
 
     Fills ``params`` (checked by :func:`service.limits.check_index_params`) with the defaults
     used: ``M=32, ef_construction=80, ef_search=64`` (HNSW), ``nlist``, ``nprobe=min(16, nlist)``
-    (IVF). IVF trains on at most ``256 * nlist`` rows drawn with ``random_state``.
+    (IVF). IVF trains on at most ``256 * nlist`` rows drawn with ``random_state``, scaled to unit length
+    (cosine) block by block into one array of the rows trained on: in ``X`` itself with ``overwrite`` (a
+    sample the caller made for this), so training on a sample of ``t`` rows holds ``t x d`` floats once.
     """
     n, d = X.shape
     if kind == "flat":
@@ -123,12 +126,16 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
     quantizer = faiss.IndexFlatIP(d)
     index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
     index.cp.seed = int(random_state)
-    train = X if metric == "ip" else unit_rows(X)
     rng = np.random.default_rng(random_state)
     cap = 256 * nlist
-    if train.shape[0] > cap:
-        train = train[np.sort(rng.choice(train.shape[0], cap, replace=False))]
-    index.train(np.ascontiguousarray(train))
+    if n > cap:
+        X, overwrite = X[np.sort(rng.choice(n, cap, replace=False))], True  # a copy of the rows drawn: ours
+    if metric == "cosine":
+        train = X if overwrite else np.empty_like(X, dtype=np.float32)
+        for s in range(0, X.shape[0], _TRAIN_BLOCK):
+            train[s:s + _TRAIN_BLOCK] = unit_rows(X[s:s + _TRAIN_BLOCK])  # row by row: the same rows as at once
+        X = train
+    index.train(np.ascontiguousarray(X, dtype=np.float32))
     index.set_direct_map_type(faiss.DirectMap.Hashtable)
     return index
 

@@ -165,7 +165,9 @@ class SpaceIndex:
         ``more``: further blocks ``(X (m, d), ids or None, payloads or None)`` added in memory before the
         index is returned (a file streamed block by block; nothing is persisted per block). ``train``
         (t, d): the rows IVF's k-means trains on (default ``vectors``; a sample of the whole file when
-        ``vectors`` is only its first block). ``rows``: how many rows ``vectors`` and ``more`` hold together,
+        ``vectors`` is only its first block), or a function returning them (checked finite rows, made for this:
+        called only when the index is made, scaled in place and freed once trained, so no caller holds them
+        while the rows are added). ``rows``: how many rows ``vectors`` and ``more`` hold together,
         when known: the storage is sized for them once (:func:`~.kinds.reserve`) instead of doubling per block.
         """
         check_name(name)
@@ -183,9 +185,10 @@ class SpaceIndex:
             kind = choose_kind(n)
         if kind not in KINDS:
             raise InputError(f"kind must be 'auto' or one of {KINDS}, got {kind!r}")
-        T = X if train is None else as_matrix(train, name="training rows", dim=d)
+        own = callable(train)  # rows drawn for training only: scaled in place, dropped once trained
+        T = X if train is None else as_matrix(train() if own else train, name="training rows", dim=d, finite=not own)
         params = check_index_params(kind, params, n_rows=T.shape[0], dim=d, random_state=random_state)
-        index = make_index(kind, T, metric, params, random_state)
+        index = make_index(kind, T, metric, params, random_state, overwrite=own)
         del T
         params["random_state"] = int(random_state)
         obj = cls(name=name, space=space, dim=d, kind=kind, metric=metric, params=params, index=index,
