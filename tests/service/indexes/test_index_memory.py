@@ -106,3 +106,34 @@ def test_an_ivf_index_from_a_file_holds_its_training_sample_once(tmp_path, monke
     Q = X[:50]
     assert np.array_equal(idx.search(Q, 5)[1], whole.search(Q, 5)[1])
     assert idx.count == n
+
+
+def test_loading_a_long_log_holds_one_delta_at_a_time(tmp_path):
+    """A reader loading a snapshot and its log (64 deltas: up to a quarter of the snapshot's rows) read every delta
+    before replaying any, holding all their rows beside the index; now each is read, replayed and dropped in turn.
+    numpy's and Python's allocations during the load (tracemalloc; FAISS's own storage is not counted)."""
+    import tracemalloc
+
+    import numpy as np
+
+    from service.indexes import SpaceIndex
+
+    dim, base, per, deltas = 64, 65536, 256, 64
+    rng = np.random.default_rng(2)
+    writer = SpaceIndex.build("log", "s", rng.standard_normal((base, dim), dtype=np.float32), kind="flat",
+                              path=tmp_path / "log")
+    writer.save()
+    for _ in range(deltas):
+        writer.add(rng.standard_normal((per, dim), dtype=np.float32))
+    assert writer.logged_deltas == deltas
+    logged = deltas * per * dim * 4  # the rows of the log: 4 MiB
+    tracemalloc.start()
+    try:
+        reader = SpaceIndex.load(tmp_path / "log")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (reader.count, reader.generation, reader.logged_deltas) == (writer.count, writer.generation, deltas)
+    Q = rng.standard_normal((20, dim), dtype=np.float32)
+    assert np.array_equal(reader.search(Q, 5)[1], writer.search(Q, 5)[1])
+    assert peak < 0.5 * logged, (peak, logged)  # was > logged: every delta's rows at once
