@@ -43,7 +43,7 @@ from .indexes import Resolver
 
 __all__ = ["CHUNK_ROWS", "TEXT_CHUNK", "FileRows", "add_from_file", "count", "create_from_file", "passage_encoder"]
 
-CHUNK_ROWS = 65536  # vectors per block (25 MB of 384-d float32)
+CHUNK_ROWS = 65536  # vectors per block (96 MiB of 384-d float32)
 TEXT_CHUNK = 1024  # texts per block (embedded per block: the progress bar moves per block)
 
 
