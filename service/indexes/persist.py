@@ -27,10 +27,10 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import faiss
 import numpy as np
@@ -120,12 +120,16 @@ def write_delta(path: Path, delta: Delta) -> None:
     atomic_write(path / f"delta.{delta.generation}.npz", lambda tmp: _write_npz(tmp, arrays))
 
 
-def read_delta(path: Path, gen: int, rows: int, dim: int) -> Delta:
+def read_delta(path: Path, gen: int, rows: int, dim: int, fh: BinaryIO | None = None) -> Delta:
     """Read and check ``delta.<gen>.npz`` (``rows`` ids, ``dim``-wide rows); ``InputError`` when it is damaged.
 
-    Raises ``FileNotFoundError`` when it was already collected (a newer snapshot exists: read the meta again).
+    ``fh``: the file, opened already (it is read here). Raises ``FileNotFoundError`` when it was already
+    collected (a newer snapshot exists: read the meta again).
     """
-    with open(path / f"delta.{gen}.npz", "rb") as fh:
+    if fh is None:
+        with open(path / f"delta.{gen}.npz", "rb") as own:
+            data = own.read()
+    else:
         data = fh.read()
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
@@ -213,17 +217,26 @@ def read_generation(path: Path, meta: dict) -> tuple[Any, dict[int, Any]]:
     """The FAISS index and payloads of the generation ``meta`` names: its snapshot with its log replayed.
 
     Raises ``FileNotFoundError`` when a file was already garbage-collected (a newer meta exists:
-    read it again). Both snapshot files are opened before either is read, so a removal during the
-    read does not matter; the deltas are read (and checked) before the snapshot.
+    read it again). Every file is opened before any is read, so a removal during the read does not
+    matter; the deltas are read (and checked) one at a time after the snapshot, each replayed before
+    the next is read.
     """
-    base, _ = log_of(meta)
-    deltas = read_deltas(path, meta, base)
-    with _reading(path), open(path / f"index.{base}.faiss", "rb") as fi, \
-            open(path / f"payloads.{base}.json", "rb") as fp:
-        index = faiss.read_index(faiss.PyCallbackIOReader(fi.read))
-        payloads = {int(i): p for i, p in json.loads(fp.read())}
-    for delta in deltas:
-        apply_delta(index, meta["kind"], payloads, delta)
+    base, log = log_of(meta)
+    with ExitStack() as files:
+        # every file opened before any is read: a writer's removal meanwhile does not matter (FileNotFoundError
+        # now: collected already). The deltas are then read and replayed one at a time: a log of 64 holds up to
+        # a quarter of the snapshot's rows, which reading them all first kept in memory beside the snapshot.
+        logged = [(g, n, files.enter_context(open(path / f"delta.{g}.npz", "rb"))) for g, n in log]
+        fi = files.enter_context(open(path / f"index.{base}.faiss", "rb"))
+        fp = files.enter_context(open(path / f"payloads.{base}.json", "rb"))
+        with _reading(path):
+            index = faiss.read_index(faiss.PyCallbackIOReader(fi.read))
+            payloads = {int(i): p for i, p in json.loads(fp.read())}
+        for g, n, fh in logged:
+            with _reading(path):
+                delta = read_delta(path, g, n, int(meta["dim"]), fh)
+            apply_delta(index, meta["kind"], payloads, delta)
+            fh.close()
     return index, payloads
 
 

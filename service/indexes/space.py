@@ -56,6 +56,7 @@ from .kinds import (
     make_index,
     prep_rows,
     rebuild_hnsw,
+    reserve,
     search_key,
     search_kind,
     search_work,
@@ -156,7 +157,7 @@ class SpaceIndex:
     def build(cls, name: str, space: str, vectors, *, ids=None, payloads=None, kind: str = "auto",
               metric: str = "cosine", params: dict | None = None, random_state: int = 0,
               description: str = "", path: Path | None = None, dim: int | None = None,
-              more: Iterable[tuple[Any, Any, Any]] = (), train=None) -> SpaceIndex:
+              more: Iterable[tuple[Any, Any, Any]] = (), train=None, rows: int | None = None) -> SpaceIndex:
         """Create an index from ``vectors`` (n, d); ``kind="auto"`` chooses by ``n``.
 
         ``params``: ``{"M": 32, "ef_construction": 80, "ef_search": 64}`` for HNSW,
@@ -164,7 +165,10 @@ class SpaceIndex:
         ``more``: further blocks ``(X (m, d), ids or None, payloads or None)`` added in memory before the
         index is returned (a file streamed block by block; nothing is persisted per block). ``train``
         (t, d): the rows IVF's k-means trains on (default ``vectors``; a sample of the whole file when
-        ``vectors`` is only its first block).
+        ``vectors`` is only its first block), or a function returning them (checked finite rows, made for this:
+        called only when the index is made, scaled in place and freed once trained, so no caller holds them
+        while the rows are added). ``rows``: how many rows ``vectors`` and ``more`` hold together,
+        when known: the storage is sized for them once (:func:`~.kinds.reserve`) instead of doubling per block.
         """
         check_name(name)
         if metric not in METRICS:
@@ -181,14 +185,16 @@ class SpaceIndex:
             kind = choose_kind(n)
         if kind not in KINDS:
             raise InputError(f"kind must be 'auto' or one of {KINDS}, got {kind!r}")
-        T = X if train is None else as_matrix(train, name="training rows", dim=d)
+        own = callable(train)  # rows drawn for training only: scaled in place, dropped once trained
+        T = X if train is None else as_matrix(train() if own else train, name="training rows", dim=d, finite=not own)
         params = check_index_params(kind, params, n_rows=T.shape[0], dim=d, random_state=random_state)
-        index = make_index(kind, T, metric, params, random_state)
+        index = make_index(kind, T, metric, params, random_state, overwrite=own)
         del T
         params["random_state"] = int(random_state)
         obj = cls(name=name, space=space, dim=d, kind=kind, metric=metric, params=params, index=index,
                   description=description, path=path)
         if n:
+            reserve(index, kind, rows or 0)
             obj._add(X, ids, payloads)
             for Xm, ids_m, payloads_m in more:
                 obj._add(as_matrix(Xm, name="vectors", dim=d), ids_m, payloads_m)

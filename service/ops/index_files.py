@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ from .indexes import Resolver
 
 __all__ = ["CHUNK_ROWS", "TEXT_CHUNK", "FileRows", "add_from_file", "count", "create_from_file", "passage_encoder"]
 
-CHUNK_ROWS = 65536  # vectors per block (25 MB of 384-d float32)
+CHUNK_ROWS = 65536  # vectors per block (96 MiB of 384-d float32)
 TEXT_CHUNK = 1024  # texts per block (embedded per block: the progress bar moves per block)
 
 
@@ -130,17 +131,18 @@ def _check_ids(ids, n: int):
 
 def _train_sample(src: FileRows, dim: int, space: str, encoder, n: int, rows: int, random_state: int,
                   progress: Callable[[float], None]) -> np.ndarray:
-    """A seeded sample of ``rows`` of the ``n`` rows of ``src`` (IVF's k-means), gathered in one pass."""
+    """A seeded sample of ``rows`` of the ``n`` rows of ``src`` (IVF's k-means), gathered in one pass into one
+    (rows, dim) float32 array (no list of pieces joined at the end: that held the sample twice)."""
     keep = np.sort(np.random.default_rng(random_state).choice(n, rows, replace=False)) if rows < n else None
-    out, pos = [], 0
+    out, pos, filled = np.empty((rows, dim), np.float32), 0, 0
     for X, _, _ in _blocks(src, dim, space, encoder, ids=None, payloads=None, n=n, progress=progress):
-        if keep is None:
-            out.append(np.array(X, np.float32))
-        else:
-            sel = keep[(keep >= pos) & (keep < pos + X.shape[0])] - pos
-            out.append(np.array(X[sel], np.float32))
+        part = X if keep is None else X[keep[(keep >= pos) & (keep < pos + X.shape[0])] - pos]
+        out[filled:filled + part.shape[0]] = part
+        filled += part.shape[0]
         pos += X.shape[0]
-    return np.concatenate(out)
+    if filled != rows:
+        raise InputError(f"{src.path} changed while it was read ({filled} of {rows} sample rows found)")
+    return out
 
 
 def create_from_file(resolver: Resolver, store: IndexStore, name: str, space, src: FileRows, *, ids=None,
@@ -158,13 +160,15 @@ def create_from_file(resolver: Resolver, store: IndexStore, name: str, space, sr
     if kind == "ivf" and n > CHUNK_ROWS:
         nlist = int(params.get("nlist") or default_nlist(n))
         params["nlist"] = nlist
-        train = _train_sample(src, space.dim, space.name, encoder, n, min(n, 256 * nlist), random_state,
-                              lambda f: progress("sample (k-means)", f))
+        # drawn when the index is made and freed once k-means is done: not held while the rows are added
+        train = partial(_train_sample, src, space.dim, space.name, encoder, n, min(n, 256 * nlist), random_state,
+                        lambda f: progress("sample (k-means)", f))
     blocks = _blocks(src, space.dim, space.name, encoder, ids=ids, payloads=payloads, n=n,
                      progress=lambda f: progress("add", f))
     X, ids0, pl0 = next(blocks)
     return store.create(name, space.name, X, ids=ids0, payloads=pl0, more=blocks, train=train, dim=space.dim,
-                        kind=kind, metric=metric, params=params, random_state=random_state, description=description)
+                        rows=n, kind=kind, metric=metric, params=params, random_state=random_state,
+                        description=description)
 
 
 def add_from_file(resolver: Resolver, idx: SpaceIndex, src: FileRows, *, ids=None, payloads: Iterator | None = None,
