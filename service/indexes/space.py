@@ -542,12 +542,16 @@ class SpaceIndex:
         self.params = meta["params"]
         self.updated_at = meta["updated_at"]
         self.description = meta.get("description", "")
+        self._take_log(meta, sig)
+        self._hubs.clear()
+
+    def _take_log(self, meta: dict, sig) -> None:
+        """Which generation ``meta`` (read, or just written from this state) names, and its snapshot and log."""
         self.generation = int(meta["generation"])
         self._base, self._log = log_of(meta)
         self._base_rows = int(meta.get("base_rows", self.index.ntotal))
         self._recent_bases = [int(b) for b in meta.get("recent_bases") or [self._base]]
         self._meta_sig = sig
-        self._hubs.clear()
 
     def _meta(self, gen: int) -> dict:
         return {
@@ -578,5 +582,5 @@ class SpaceIndex:
         meta.update(base=base, log=log, base_rows=base_rows,
                     recent_bases=[*self._recent_bases, base][-(KEEP_OLD_GENERATIONS + 1):])
         sig = write_generation(self.path, self.index, self.payloads, meta, delta)
-        self._take_meta(meta, sig)
+        self._take_log(meta, sig)  # the rest of the meta was written from this state
         collect_generations(self.path, meta)
