@@ -83,7 +83,8 @@ def init_rows(blocks: Sequence, k: int, *, random_state=None, open_block: Callab
     if not opened:
         raise EmptyInputError("k-means over no blocks")
     if len({np.shape(b)[1:] for b in opened}) > 1 or np.ndim(opened[0]) != 2:
-        raise DimensionMismatchError(f"k-means blocks must be (n_b, d) of one width, got {[np.shape(b) for b in opened]}")
+        shapes = [np.shape(b) for b in opened]
+        raise DimensionMismatchError(f"k-means blocks must be (n_b, d) of one width, got {shapes}")
     pool = np.concatenate(opened)
     if pool.shape[0] < k:
         raise TooFewRowsError(f"k-means with {k} clusters needs at least {k} rows to initialise")

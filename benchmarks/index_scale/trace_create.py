@@ -1,4 +1,5 @@
-"""Trace RssAnon (MiB) through `vecbridge index create` stages, in process (sampler thread records the max per stage)."""
+"""Trace RssAnon (MiB) through `vecbridge index create` stages, in process (a sampler thread records the max per
+stage)."""
 import sys
 import threading
 import time

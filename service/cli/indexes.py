@@ -103,10 +103,6 @@ _write_opts = _with([
 ])
 
 
-def _src(file, rows, key, column, text_field, encoder, store_texts) -> FileRows:
-    return FileRows(file, rows, key, column, text_field, encoder, store_texts)
-
-
 def _payloads(path: str | None):
     """The values of a JSONL file, one per non-blank line, read lazily (alongside the rows they go with)."""
     if path is None:
@@ -158,7 +154,7 @@ def index_list(obj: Ctx, as_json):
 @json_opt
 @click.pass_obj
 def index_show(obj: Ctx, name, as_json):
-    """One index (the fields of GET /v1/indexes/NAME, plus its generation)."""
+    """One index (the fields of GET /v1/indexes/NAME)."""
     d = _record(_store(obj).get(name))
     if as_json:
         emit(d, True)
@@ -188,7 +184,7 @@ def index_create(obj: Ctx, name, space, file, rows, key, column, text_field, enc
     progress, close = progress_bar(not quiet)
     try:
         idx = create_from_file(_resolver(obj), store, name, info,
-                               _src(file, rows, key, column, text_field, encoder, store_texts),
+                               FileRows(file, rows, key, column, text_field, encoder, store_texts),
                                ids=read_ids(ids_file) if ids_file else None, payloads=_payloads(payloads_file),
                                kind=kind, metric=metric, params=parse_kv(params), random_state=random_state,
                                description=description, progress=progress)
@@ -207,7 +203,7 @@ def index_add(obj: Ctx, name, space, file, rows, key, column, text_field, encode
               payloads_file, as_json, quiet):
     """Add the rows of FILE to index NAME, all as one new generation (all rows or none)."""
     idx = _store(obj).get(name)
-    src = _src(file, rows, key, column, text_field, encoder, store_texts)
+    src = FileRows(file, rows, key, column, text_field, encoder, store_texts)
     resolver = _resolver(obj) if src.texts else None  # vectors need no registry
     progress, close = progress_bar(not quiet)
     try:

@@ -60,7 +60,8 @@ def registry_show(obj: Ctx, ref, as_json):
 
 
 alias_command(registry, "Point NAME@ALIAS at VERSION (or --delete it); a bare NAME means its prod version while "
-                        "prod is set.", lambda reg, *a, **kw: reg.set_alias(*a, **kw), lambda reg, *a: reg.delete_alias(*a))
+                        "prod is set.", lambda reg, *a, **kw: reg.set_alias(*a, **kw),
+              lambda reg, *a: reg.delete_alias(*a))
 
 
 @registry.command("tag")

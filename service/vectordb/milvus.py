@@ -21,8 +21,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .base import (MISSING, Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
-                   none_if_all_none, rows_in_order)
+from .base import (MISSING, Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_metric, check_name,
+                   close_quietly, none_if_all_none, rows_in_order)
 
 __all__ = ["MilvusStore"]
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (MISSING, Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids, check_metric,
-                   check_name, close_quietly, none_if_all_none, rows_in_order)
+from .base import (MISSING, Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids,
+                   check_metric, check_name, close_quietly, none_if_all_none, rows_in_order)
 
 __all__ = ["QdrantStore"]
 

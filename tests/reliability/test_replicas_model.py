@@ -370,7 +370,8 @@ class Replicas(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(self.indexes)))
         X = self.rows(1)
         drop, add = both([lambda: self.call(p, "DELETE", f"/v1/indexes/{name}"),
-                          lambda: self.call(1 - p, "POST", f"/v1/indexes/{name}/vectors", json={"vectors": X.tolist()})])
+                          lambda: self.call(1 - p, "POST", f"/v1/indexes/{name}/vectors",
+                                            json={"vectors": X.tolist()})])
         assert drop.status_code == 204, drop.text
         assert add.status_code in (200, 404), add.text
         del self.indexes[name]
