@@ -194,10 +194,16 @@ class VersionedStore:
         return None if r is None or r["v"] is None else int(r["v"])
 
     def put_alias(self, t, name: str, alias: str, version: int, *, move: bool = True) -> bool:
-        """Point ``name@alias`` at ``version``; with ``move=False`` an existing alias is kept. True if written."""
+        """Point ``name@alias`` at ``version``; with ``move=False`` an existing alias is kept. True if written.
+
+        One statement either way: a check before the insert would let PostgreSQL (READ COMMITTED) overwrite an
+        alias another transaction created meanwhile, the very alias ``move=False`` promised to keep.
+        """
         a = self.kind.aliases
-        if not move and t.one(f"SELECT 1 FROM {a} WHERE name = ? AND alias = ?", (name, alias)) is not None:
-            return False
+        if not move:
+            row = t.one(f"INSERT INTO {a} (name, alias, version) VALUES (?, ?, ?) "
+                        "ON CONFLICT (name, alias) DO NOTHING RETURNING version", (name, alias, int(version)))
+            return row is not None
         t.q(f"INSERT INTO {a} (name, alias, version) VALUES (?, ?, ?) "
             "ON CONFLICT (name, alias) DO UPDATE SET version = excluded.version", (name, alias, int(version)))
         return True

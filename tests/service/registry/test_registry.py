@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 import zipfile
 
@@ -479,3 +480,46 @@ def test_compare_and_set_aliases_let_one_of_racing_deploys_move_prod(reg, run_th
     assert reg.resolve("a->b@prod").version == now and reg.verify()["ok"]
     reg.set_alias("a->b", "prod", 1)  # without expected: moves whatever it points at, as before
     assert reg.resolve("a->b@prod").version == 1
+
+
+@pytest.mark.postgres
+def test_keeping_an_alias_holds_against_a_concurrent_writer_under_postgresql(pg_url, tmp_path, run_threads):
+    """``put_alias(move=False)`` (a bundle import keeps the aliases it finds) while another transaction creates the
+    same alias: under READ COMMITTED its check saw no alias, then its upsert waited for the other's row and
+    overwrote it, moving an alias it had promised to keep. Now one ``INSERT ... ON CONFLICT DO NOTHING``: the
+    other writer's alias stays and the call says it wrote nothing."""
+    import threading
+
+    import psycopg
+
+    reg = open_registry(pg_url, tmp_path / "artifacts")
+    try:
+        register(reg)
+        register(reg)  # versions 1 and 2
+        other = psycopg.connect(pg_url)  # a transaction, not autocommit: holds its row until commit
+        other.execute("INSERT INTO aliases (name, alias, version) VALUES ('a->b', 'prod', 2)")
+        pid = other.info.backend_pid
+        done = threading.Event()
+
+        def keep(i):
+            if i == 0:
+                try:
+                    return reg._write(lambda t: reg.entities["maps"].put_alias(t, "a->b", "prod", 1, move=False))
+                finally:
+                    done.set()
+            with psycopg.connect(pg_url, autocommit=True) as watch:  # until the keeper waits on the row lock
+                for _ in range(600):
+                    if done.is_set() or watch.execute(
+                            "SELECT count(*) FROM pg_locks l JOIN pg_locks h ON h.transactionid = l.transactionid "
+                            "AND h.granted AND NOT l.granted WHERE h.pid = %s", (pid,)).fetchone()[0]:
+                        break
+                    time.sleep(0.05)
+            other.commit()
+            return None
+
+        wrote, _ = run_threads(keep, 2)
+        other.close()
+        assert wrote is False
+        assert reg.resolve("a->b@prod").version == 2
+    finally:
+        reg.close()
