@@ -32,12 +32,55 @@ __all__ = ["CSLS_WEIGHT", "HUB_CACHE_FLOOR", "HUB_CACHE_PER_ROW", "HubCache", "c
 
 CSLS_WEIGHT = 0.5  # default weight of the document's hubness r(d) (see the module notes)
 # Cached r(d) values, all csls_k and search settings together: at most HUB_CACHE_PER_ROW per stored row plus
-# HUB_CACHE_FLOOR (~250 bytes each). Every csls_k (1..1000) and ef_search / nprobe is a key of its own, so
-# without a bound, requests varying them would grow the cache to many times the index.
+# HUB_CACHE_FLOOR (~12 bytes each, see _Table). Every csls_k (1..1000) and ef_search / nprobe is a key of its own,
+# so without a bound, requests varying them would grow the cache to many times the index.
 HUB_CACHE_PER_ROW = 2
 HUB_CACHE_FLOOR = 1 << 14
 
 Search = Callable[[np.ndarray, int], "tuple[np.ndarray, np.ndarray]"]
+
+
+class _Table:
+    """Cached ``r(d)`` of one ``(csls_k, settings)``: sorted ``ids`` (int64) with their ``values`` (float32), 12
+    bytes a value, plus a small dict of values not merged in yet (merged once it passes an eighth of the arrays).
+
+    A dict entry per value (a tuple key, a float) cost ~160 bytes: ~320 MB at the bound of a 1M-row index.
+    """
+
+    __slots__ = ("ids", "pending", "values")
+
+    def __init__(self) -> None:
+        self.ids = np.empty(0, np.int64)
+        self.values = np.empty(0, np.float32)
+        self.pending: dict[int, float] = {}
+
+    def __len__(self) -> int:
+        return self.ids.shape[0] + len(self.pending)
+
+    def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, found)`` for ``ids`` (m,): float32 values (0 where not found) and the bool mask of found."""
+        out = np.zeros(ids.shape[0], np.float32)
+        found = np.zeros(ids.shape[0], bool)
+        if self.ids.shape[0]:
+            pos = np.minimum(np.searchsorted(self.ids, ids), self.ids.shape[0] - 1)
+            found = self.ids[pos] == ids
+            out[found] = self.values[pos[found]]
+        if self.pending:
+            for j in np.flatnonzero(~found).tolist():
+                v = self.pending.get(int(ids[j]))
+                if v is not None:
+                    out[j], found[j] = v, True
+        return out, found
+
+    def put(self, ids: np.ndarray, values: np.ndarray) -> None:
+        self.pending.update(zip(ids.tolist(), values.tolist()))
+        if len(self.pending) > max(4096, self.ids.shape[0] // 8):
+            new_ids = np.fromiter(self.pending.keys(), np.int64, len(self.pending))
+            new_values = np.fromiter(self.pending.values(), np.float32, len(self.pending))
+            all_ids = np.concatenate([new_ids, self.ids])  # pending first: np.unique keeps the first of a repeat
+            uniq, first = np.unique(all_ids, return_index=True)
+            self.ids, self.values = uniq, np.concatenate([new_values, self.values])[first]
+            self.pending = {}
 
 
 class HubCache:
@@ -45,38 +88,39 @@ class HubCache:
 
     The settings are part of the key because an approximate search (IVF ``nprobe`` < ``nlist``, HNSW) finds
     other neighbours, so other ``r(d)``: a value cached by one request must not serve another's settings.
+    Values are kept in arrays per ``(csls_k, settings)`` (:class:`_Table`, ~12 bytes a value).
     """
 
     def __init__(self) -> None:
-        self._values: dict[tuple[int, int, tuple], float] = {}
+        self._tables: dict[tuple[int, tuple], _Table] = {}
+        self._n = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._values)
+        return self._n
 
     def clear(self) -> None:
         with self._lock:
-            self._values.clear()
+            self._tables.clear()
+            self._n = 0
 
     def hubness(self, ids: np.ndarray, csls_k: int, search: Search, reconstruct: Callable[[int], np.ndarray],
                 settings: tuple = (), max_values: int | None = None) -> np.ndarray:
-        """``r(d)`` for each of ``ids`` (m,): mean score to its ``csls_k`` nearest *other* stored rows.
+        """``r(d)`` for each of ``ids`` (m,) int64: mean score to its ``csls_k`` nearest *other* stored rows.
 
         ``search(X, k) -> (S, I)`` searches the index, ``reconstruct(id)`` returns a stored row, ``settings``
         names what ``search`` runs with (:func:`~.kinds.search_key`). Missing values are computed in one
         batched search of the stored rows and cached under ``(id, csls_k, settings)``; when that would pass
         ``max_values`` the cache is emptied first.
         """
-        out = np.empty(ids.shape[0], np.float32)
-        missing = []
+        ids = np.asarray(ids, np.int64)
+        key = (csls_k, settings)
         with self._lock:
-            for j, i in enumerate(ids.tolist()):
-                v = self._values.get((i, csls_k, settings))
-                if v is None:
-                    missing.append(j)
-                else:
-                    out[j] = v
-        if missing:
+            table = self._tables.get(key)
+            out, found = table.get(ids) if table is not None else (np.zeros(ids.shape[0], np.float32),
+                                                                   np.zeros(ids.shape[0], bool))
+        missing = np.flatnonzero(~found)
+        if missing.size:
             todo = ids[missing]
             X = np.vstack([reconstruct(int(i)) for i in todo]).astype(np.float32)
             S, I = search(np.ascontiguousarray(X), csls_k + 1)
@@ -87,10 +131,13 @@ class HubCache:
                 r[j] = float(s.mean()) if s.size else 0.0
             out[missing] = r
             with self._lock:
-                if max_values is not None and len(self._values) + len(todo) > max_values:
-                    self._values.clear()
-                for i, v in zip(todo.tolist(), r.tolist()):
-                    self._values[(i, csls_k, settings)] = v
+                if max_values is not None and self._n + len(todo) > max_values:
+                    self._tables.clear()
+                    self._n = 0
+                table = self._tables.setdefault(key, _Table())
+                before = len(table)
+                table.put(todo, r)
+                self._n += len(table) - before
         return out
 
 
@@ -108,8 +155,10 @@ def csls_search(Q: np.ndarray, k: int, csls_k: int, n_live: int, search: Search,
     r_q = np.array([s[i >= 0][:csls_k].mean() if (i >= 0).any() else 0.0 for s, i in zip(S, I)], np.float32)
     uniq = np.unique(I[I >= 0])
     limit = HUB_CACHE_PER_ROW * n_live + HUB_CACHE_FLOOR
-    r_map = dict(zip(uniq.tolist(), hubs.hubness(uniq, csls_k, search, reconstruct, settings, limit).tolist()))
-    r_d = np.vectorize(lambda i: r_map.get(int(i), 0.0), otypes=[np.float32])(I) if I.size else I.astype(np.float32)
+    r_d = np.zeros(I.shape, np.float32)
+    if uniq.size:
+        hub = hubs.hubness(uniq, csls_k, search, reconstruct, settings, limit)
+        r_d[I >= 0] = hub[np.searchsorted(uniq, I[I >= 0])]
     C = np.where(I >= 0, 2.0 * S - r_q[:, None] - np.float32(weight) * r_d, -np.inf).astype(np.float32)
     order = np.argsort(-C, axis=1, kind="stable")[:, :k]
     S_out = np.take_along_axis(C, order, axis=1)

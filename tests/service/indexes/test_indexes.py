@@ -291,6 +291,42 @@ def test_csls_cache_stays_bounded_by_the_index(data):
     np.testing.assert_allclose(S, S_ref, atol=1e-5)
 
 
+def test_csls_cache_keeps_values_in_arrays_not_a_dict_per_value():
+    """The r(d) cache holds its values in arrays: ~12 bytes a value plus a bounded dict of recent ones, and gives
+    back exactly what it computed. Before: one dict entry per value (a tuple key of Python ints, a float; ~160
+    bytes), ~320 MB at the bound of a 1M-row index. Measured with tracemalloc (numpy's buffers are traced too)."""
+    import tracemalloc
+
+    import faiss
+
+    from service.indexes.csls import HubCache
+
+    rng = np.random.default_rng(0)
+    n, d, ck = 20_000, 8, 3
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    flat = faiss.IndexFlatIP(d)
+    flat.add(X)
+    hubs = HubCache()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        got = np.concatenate([hubs.hubness(np.arange(i, i + 500), ck, flat.search, flat.reconstruct)
+                              for i in range(0, n, 500)])
+        held = tracemalloc.get_traced_memory()[0] - base - got.nbytes
+    finally:
+        tracemalloc.stop()
+    assert len(hubs) == n
+    assert held / n < 40, f"{held / n:.0f} bytes per cached value"
+    S, I = flat.search(X, ck + 1)
+    ref = np.array([s[i != j][:ck].mean() for j, (s, i) in enumerate(zip(S, I))], np.float32)
+    np.testing.assert_allclose(got, ref, atol=1e-6)
+    some = rng.permutation(n)[:3000]
+    again = hubs.hubness(some, ck, lambda *a: pytest.fail("recomputed a cached value"), flat.reconstruct)
+    np.testing.assert_array_equal(again, got[some])
+    assert len(hubs) == n
+
+
 @pytest.mark.parametrize("bad", [-0.1, 2.5, float("nan"), float("inf"), True, "1", None])
 def test_csls_weight_out_of_range_is_refused(data, bad):
     X, Q = data
