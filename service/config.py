@@ -117,10 +117,27 @@ class Settings(BaseSettings):
     min_free_bytes: int = Field(100 * 1024 * 1024, ge=0,
                                 description="/readyz is not ready while data_dir has less free space than this.")
     demo_on_empty: bool = True
+    preload_encoders: list[str] = Field(default_factory=list, description=(
+        "Encoders (names or short aliases such as minilm, e5) a serving process loads at start-up, so no text "
+        "request waits for one; /readyz is not ready until each has embedded a first text (service/ops/preload.py). "
+        "An unknown name fails the start-up. Environment: a JSON list, e.g. '[\"minilm\"]'."))
     path_alias: str = Field("prod", description=(
         "Alias that pins a map's version for paths between spaces (search, embeddings); without it a map "
         "contributes its newest reliable version, and parallel maps rank by held-out top-1."))
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL (any case).")
+
+    @field_validator("preload_encoders")
+    @classmethod
+    def _check_encoders(cls, names: list[str]) -> list[str]:
+        from .encoders import (  # names only: no model code is imported
+            UnknownEncoderError,
+            canonical_name,
+        )
+
+        try:
+            return list(dict.fromkeys(canonical_name(n) for n in names))
+        except UnknownEncoderError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("api_keys")
     @classmethod

@@ -81,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         keep_heap(s.malloc_keep_mb)
         state = AppState(s, metrics=metrics)
         await run_in_threadpool(state.open)
+        state.preload.start()  # Settings.preload_encoders, in the background: /readyz waits for them
         app.state.vb = state
         _log.info("service started", extra={"fields": {
             "data_dir": str(s.data_dir), "registry": state.registry.backend if state.registry else "unavailable",

@@ -336,7 +336,8 @@ class Ready(BaseModel):
     checks: dict[str, Any] = Field(..., description="`registry`, `indexes`, `data_dir` (writable, free space above "
                                                      "`min_free_bytes`), and `demo` (`preparing` / `ready` / `failed`) "
                                                      "when this run registers the start-up demo; the demo never gates "
-                                                     "readiness.")
+                                                     "readiness. `encoders` (name -> `loading` / `ready` / `failed: "
+                                                     "...`) with `preload_encoders`: not ready until all are ready.")
 
 
 class ServiceInfo(BaseModel):
@@ -356,6 +357,9 @@ class ServiceInfo(BaseModel):
     counts: dict[str, Any]
     demo: Literal["preparing", "ready", "failed"] | None = Field(
         None, description="The start-up demo on an empty data dir: `preparing`, `ready`, `failed`; null: none.")
+    encoders: dict[str, str] = Field(default_factory=dict, description=(
+        "Encoders preloaded at start-up (`preload_encoders`) -> `pending`, `loading`, `ready` or `failed: <why>`; "
+        "empty when none was asked for. /readyz is not ready until each is `ready`."))
 
 
 def record_model(name: str, record) -> type[BaseModel]:

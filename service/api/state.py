@@ -31,6 +31,7 @@ from ..indexes.locking import WouldBlock
 from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
 from ..ops.indexes import Translation, space_encoder, translation
+from ..ops.preload import EncoderPreload
 from ..registry import Registry, RegistryUnavailableError, VersionInfo, open_registry
 
 __all__ = ["AppState", "InMemory", "Translation", "MAP_CACHE_SIZE"]
@@ -131,6 +132,7 @@ class AppState:
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None
         self.heavy = HeavyGate(settings.max_heavy_requests, settings.compute_threads)
+        self.preload = EncoderPreload(settings.preload_encoders)  # names checked by Settings
         self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
         self._seen: tuple[int, int] | None = None  # (registry change token, generation) last read together
 

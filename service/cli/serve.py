@@ -30,11 +30,18 @@ def encoders(as_json):
 @click.option("--port", type=click.IntRange(1, 65535), default=None)
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Server processes sharing the port (each with its own app; shared registry and data dir).")
+@click.option("--preload-encoder", "preload", multiple=True, metavar="NAME",
+              help="Load this encoder (e.g. minilm) at start-up; /readyz waits for it. Repeatable; replaces "
+                   "VECBRIDGE_PRELOAD_ENCODERS.")
 @click.pass_obj
-def serve(obj: Ctx, data_dir, registry_url, host, port, workers):
+def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload):
     """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""
     from ..api import serve as serve_api  # FastAPI and uvicorn: loaded only to serve
 
+    if preload:  # checked as the setting is (an unknown name: one line, before anything starts)
+        from ..encoders import canonical_name
+
+        preload = list(dict.fromkeys(canonical_name(n) for n in preload))
     update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
-                                ("port", port)) if v is not None}
+                                ("port", port), ("preload_encoders", preload or None)) if v is not None}
     serve_api(obj.settings.model_copy(update=update), workers=workers)

@@ -42,11 +42,14 @@ async def readyz(request: Request):
             checks["indexes"] = {"loaded": n_indexes, "errors": state.indexes.load_errors}
         if (demo := demo_status(state)) is not None:
             checks["demo"] = demo  # preparing | ready | failed; informs, never gates readiness
+        if state.preload.names:  # Settings.preload_encoders: not ready until each has loaded
+            checks["encoders"] = state.preload.status()
         from ...storage import data_dir_status
 
         checks["data_dir"] = await run_in_threadpool(data_dir_status, state.settings.data_dir,
                                                      state.settings.min_free_bytes)
-        ok = checks["registry"] == "ok" and state.indexes.loaded and checks["data_dir"] == "ok"
+        ok = (checks["registry"] == "ok" and state.indexes.loaded and checks["data_dir"] == "ok"
+              and state.preload.ready)
     return FastJSONResponse({"status": "ready" if ok else "not ready", "checks": checks},
                             status_code=200 if ok else 503)
 
@@ -107,4 +110,5 @@ async def info(state: StateDep):
         "heap": {"setting_mb": s.malloc_keep_mb, "applied": heap_settings()},
         "counts": {"indexes": n_indexes, "jobs": state.jobs.counts()},
         "demo": demo_status(state),
+        "encoders": state.preload.status(),
     })
