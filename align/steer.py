@@ -47,7 +47,8 @@ import numpy as np
 
 from . import linalg
 from ._artifacts import check_header, pack_npz, read_bytes, save_atomic, unpack_npz
-from .validation import as_matrix, check_eps, check_labels, check_random_state, check_representable
+from .validation import (as_matrix, check_eps, check_labels, check_random_state, check_representable,
+                         check_row_scale)
 from .frames import row_norms
 from .options import check_number
 from .steer_transfer import transfer_steer
@@ -526,7 +527,7 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
     """
     from scipy.optimize import minimize
 
-    X = as_matrix(X, name="X", min_rows=2)
+    X = check_row_scale(as_matrix(X, name="X", min_rows=2), name="X")
     labels = check_labels(labels, X.shape[0])
     n, d = X.shape
     o = check_steer_options(rank=rank, method=method, temperature=temperature, weight_decay=weight_decay,

@@ -204,7 +204,7 @@ def local_discriminant_factors(X: np.ndarray, labels: np.ndarray, *, n_queries: 
     y = (labels == 1).astype(np.float64) - opposite_weight * (labels == -1)
     m = X.mean(axis=0, dtype=np.float64)
     mm = float(m @ m)
-    if mm <= 1e-12 * max(1.0, float(np.mean(np.einsum("ij,ij->i", X, X)))):
+    if mm <= 1e-12 * max(1.0, float(np.mean(np.einsum("ij,ij->i", X, X, dtype=np.float64)))):  # float32 overflows
         raise DegenerateInputError("the rows have no common component (centred data): a linear query steer "
                                    "cannot move every query the same way; use method='mean-shift'")
     u = m / mm

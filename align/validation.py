@@ -189,6 +189,29 @@ def check_no_zero_rows(X: np.ndarray, *, name: str = "X", why: str = "no directi
     return X
 
 
+#: A row whose norm is this many times the median row norm is not a row of the same embedding space (norms of
+#: one model's rows stay within an order or two of each other): see :func:`check_row_scale`
+ROW_SCALE_RATIO = 1e6
+
+
+def check_row_scale(X: np.ndarray, *, name: str = "X") -> np.ndarray:
+    """``X`` unchanged, or DegenerateInputError naming the rows whose norm is over :data:`ROW_SCALE_RATIO` times
+    the median nonzero row norm: a fit that averages rows (a steer's mean direction) would follow that one row,
+    silently; its squares may also overflow float32. Norms are computed in float64."""
+    norms = np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64))
+    nonzero = norms[norms > 0]
+    if nonzero.size == 0:
+        return X
+    med = float(np.median(nonzero))
+    far = np.flatnonzero(norms > ROW_SCALE_RATIO * med)
+    if far.size:
+        raise DegenerateInputError(
+            f"{name}: {far.size} row(s) have a norm over {ROW_SCALE_RATIO:g} times the median row norm ({med:.3g}), "
+            f"e.g. row {int(far[0])} with {norms[far[0]]:.3g}; rows of one embedding space have norms of one "
+            f"order: check those rows (corrupt, or from another space), or normalise the rows")
+    return X
+
+
 def check_rankable(X: np.ndarray, *, name: str) -> np.ndarray:
     """``X`` unchanged, or DegenerateInputError when its rows cannot be ranked against each other: an all-zero
     row (no direction), or every row the same. Held-out metrics count a tie with the true partner as a hit

@@ -209,6 +209,27 @@ def test_bad_arrays_and_params():
         Steer(np.zeros((3, 2)), np.zeros((3, 1)))
 
 
+@pytest.mark.parametrize("method", ["local", "lm-steer"])
+def test_a_row_far_out_of_scale_is_named_not_followed(method):
+    """One row of norm 1e30 among rows of norm ~4 (corrupt data): before, the local steer said "the rows have no
+    common component (centred data)" (its float32 squares overflowed), and from 1e15 it fitted a steer that followed
+    that one row; lm-steer fitted one with an abnormal L-BFGS stop. Now both name the row; rows a few thousand
+    times longer than the others still fit."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 16)).astype(np.float32)
+    y = np.where(X[:, 0] > 0, 1, -1)
+    kw = {"rank": 4, "random_state": 0, "method": method, **({"max_iter": 20} if method == "lm-steer" else {})}
+    for scale in (1e30, 1e15, 1e7):
+        bad = X.copy()
+        bad[3] *= scale
+        with pytest.raises(DegenerateInputError, match=r"1 row\(s\) have a norm over 1e\+06 times the median row "
+                                                        r"norm \([0-9.]+\), e\.g\. row 3 with"):
+            fit_steer(bad, y, **kw)
+    ok = X.copy()
+    ok[3] *= 1e3
+    assert isinstance(fit_steer(ok, y, **kw), Steer)
+
+
 # --- lens and I/O ------------------------------------------------------------------------
 def test_svd_and_lens(fitted):
     X, labels, _, s = fitted
