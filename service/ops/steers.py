@@ -38,7 +38,8 @@ __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_st
 # Accepted fit parameters and their defaults (the API schema can mirror this).
 STEER_PARAMS: dict = {"method": "local", "rank": 16, "temperature": 0.05, "weight_decay": 1e-3, "max_iter": 200,
                       "max_pairs": 2048, "n_candidates": 4096, "n_neighbors": None, "init_scale": 1e-2,
-                      "n_queries": 4000, "ridge": 0.1, "opposite_weight": 0.0, "random_state": 0}
+                      "n_queries": 4000, "ridge": 0.1, "opposite_weight": 0.0, "prior_weight": "auto", "n_folds": 2,
+                      "random_state": 0}
 STEER_METHOD_NAMES = ("local", "lm-steer", "mean-shift")
 _METRICS = ("loss_initial", "loss_final", "n_iter", "converged", "n_pos", "n_neg", "n_neutral", "n_pairs")
 
@@ -67,8 +68,14 @@ def check_steer_params(params: Mapping | None, random_state: int | None = None, 
             raise InputError(f"random_state must be an integer in 0 .. {MAX_SEED}, got {seed!r}")
         effective["random_state"] = int(seed)
     if effective["method"] != "mean-shift":  # the values too, as the fit will check them (a 422, not a failed job)
-        check_steer_options(**{k: v for k, v in effective.items() if k != "random_state"}, dim=dim)
+        check_steer_options(**{k: v for k, v in _fit_args(effective).items() if k != "random_state"}, dim=dim)
     return effective
+
+
+def _fit_args(params: dict) -> dict:
+    """``params`` as :func:`align.fit_steer` takes them: ``prior_weight="inf"`` (JSON has no infinity; the
+    parameters are stored as JSON) is ``float("inf")``, the mean-shift line."""
+    return {**params, "prior_weight": float("inf")} if params.get("prior_weight") == "inf" else params
 
 
 def check_steer_fit(registry, *, name: str, space: str, alias: str | None, params: Mapping | None,
@@ -134,7 +141,8 @@ def fit_steer_job(X=None, labels=None, params: Mapping | None = None, progress: 
         out = fit_mean_shift(X, labels)
     else:
         max_iter = 1 if method == "local" else int(p["max_iter"])
-        out = fit_steer(X, labels, method=method, callback=lambda it, loss: say("fit", min(1.0, it / max_iter)), **p)
+        out = fit_steer(X, labels, method=method, callback=lambda it, loss: say("fit", min(1.0, it / max_iter)),
+                        **_fit_args(p))
     if space is not None:
         out.metadata["space"] = space
     if texts is not None:

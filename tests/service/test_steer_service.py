@@ -130,3 +130,30 @@ def test_lm_steer_rank_is_bounded_by_the_known_width():
         check_steer_params({"method": "lm-steer", "rank": 17}, dim=16)
     assert check_steer_params({"method": "lm-steer", "rank": 16}, dim=16)["rank"] == 16
     assert check_steer_params({"rank": 17}, dim=16)["rank"] == 17  # local: rank is an unused upper bound
+
+
+def test_the_local_steers_prior_weight_and_folds_are_parameters(tmp_path):
+    """``prior_weight`` (the weight of the mean-shift line; ``"inf"`` by name, JSON having no infinity) and ``n_folds``
+    (of its cross-validation) reach align.fit_steer and are stored with the version. Before: "unknown steer
+    parameters", though align.fit_steer takes both."""
+    from align import fit_steer
+    from service.ops.steers import fit_and_register
+
+    X, y = data()
+    line = fit_steer_job(X, y, {"prior_weight": "inf"})
+    ref = fit_steer(X, y, prior_weight=float("inf"), random_state=0)
+    np.testing.assert_allclose(line.apply(X[:5], 1.0), ref.apply(X[:5], 1.0), atol=1e-6)
+    assert line.metadata["prior_weight"] == "inf"
+    assert fit_steer_job(X, y, {"prior_weight": 0.0}).metadata["prior_weight"] == 0.0
+    folds = fit_steer_job(X, y, {"n_folds": 3}).metadata["prior_selection"]
+    assert folds["folds"] == 3
+    for bad in ({"prior_weight": -1}, {"prior_weight": "infinite"}, {"n_folds": -1}, {"n_folds": 1.5}):
+        with pytest.raises(InputError):
+            check_steer_params(bad)
+    reg = open_registry(f"sqlite:///{tmp_path}/r.sqlite", tmp_path / "art")
+    try:
+        v = fit_and_register(reg, name="s", space="toy", X=X, labels=y, params={"prior_weight": "inf", "n_folds": 3})
+        assert v.params["prior_weight"] == "inf" and v.params["n_folds"] == 3
+        assert reg.get_steer(v.name, v.version).params == v.params
+    finally:
+        reg.close()
