@@ -10,6 +10,7 @@ module          holds
                 per metric, live ids, per-request search parameters
 ``csls``        CSLS re-ranking ``2 cos(q, d) - r(q) - r(d)`` and the ``r(d)`` cache
 ``persist``     the files: generations, ``meta.json`` as the commit point, crash-safe write, read
+``room``        a flat / HNSW snapshot read with room for its log (no copy of the rows at the next add)
 ``locking``     the readers–writer lock (threads) and ``flock`` files (processes)
 ``space``       :class:`SpaceIndex`: one index, its writes, searches and catching up with others
 ``store``       :class:`IndexStore`: every index of a service; create / drop across processes

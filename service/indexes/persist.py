@@ -42,9 +42,10 @@ from ..storage import atomic_write, fsync_dir
 from .errors import NewerFormatError
 from .kinds import METRICS, add_rows, check_name, tombstone_slots
 from .locking import stat_sig
+from .room import read_with_room
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "LOCK_FILE", "STORE_LOCK", "LOAD_ATTEMPTS", "Delta", "uid_of", "log_of",
-           "log_fits", "snapshot_wanted", "read_meta", "read_generation", "read_deltas", "apply_delta",
+           "log_rows", "log_fits", "snapshot_wanted", "read_meta", "read_generation", "read_deltas", "apply_delta",
            "read_current", "check_meta", "write_generation", "collect_generations"]
 
 FORMAT = "vecbridge.SpaceIndex"
@@ -85,11 +86,16 @@ def log_of(meta: dict) -> tuple[int, list[tuple[int, int]]]:
     return base, log
 
 
+def log_rows(base_rows: int) -> int:
+    """Rows the log of a snapshot of ``base_rows`` rows may hold in all: ``max(1024, base_rows / 4)``."""
+    return max(LOG_MIN_ROWS, int(LOG_SHARE * base_rows))
+
+
 def log_fits(log: list[tuple[int, int]], base_rows: int, kind: str, rows: int) -> bool:
     """Whether a change of ``rows`` rows may go to the log (else the writer writes a snapshot)."""
     if len(log) >= LOG_MAX_FILES or (kind == "hnsw" and rows > LOG_MAX_HNSW_ADD):
         return False
-    return sum(n for _, n in log) + rows <= max(LOG_MIN_ROWS, LOG_SHARE * base_rows)
+    return sum(n for _, n in log) + rows <= log_rows(base_rows)
 
 
 @dataclass
@@ -219,7 +225,8 @@ def read_generation(path: Path, meta: dict) -> tuple[Any, dict[int, Any]]:
     Raises ``FileNotFoundError`` when a file was already garbage-collected (a newer meta exists:
     read it again). Every file is opened before any is read, so a removal during the read does not
     matter; the deltas are read (and checked) one at a time after the snapshot, each replayed before
-    the next is read.
+    the next is read. A flat or HNSW snapshot is read with room for :func:`log_rows` more rows (:mod:`.room`),
+    so neither this replay nor the adds a writer logs after it copy the rows FAISS holds.
     """
     base, log = log_of(meta)
     with ExitStack() as files:
@@ -230,7 +237,8 @@ def read_generation(path: Path, meta: dict) -> tuple[Any, dict[int, Any]]:
         fi = files.enter_context(open(path / f"index.{base}.faiss", "rb"))
         fp = files.enter_context(open(path / f"payloads.{base}.json", "rb"))
         with _reading(path):
-            index = faiss.read_index(faiss.PyCallbackIOReader(fi.read))
+            # room for the whole log of this snapshot: replaying it, or writing it, copies no row (.room)
+            index = read_with_room(fi, meta["kind"], log_rows)
             payloads = {int(i): p for i, p in json.loads(fp.read())}
         for g, n, fh in logged:
             with _reading(path):

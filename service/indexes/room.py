@@ -1,0 +1,184 @@
+"""Read a flat or HNSW snapshot into storage with room to grow, holding its rows once.
+
+FAISS keeps a flat index's rows (and an HNSW graph's storage and neighbour lists) in ``std::vector``\\ s, and
+``faiss.read_index`` reads each exactly full. The next add then reallocates: a vector past its capacity copies
+every element into a buffer twice as large, so for a moment the process holds the index twice (a 10-row add to a
+1M x 384 flat index just loaded: 1.5 GB of rows, a 3.3 GB peak, seconds under the index's write lock), and a
+reader replaying a log of adds onto a snapshot pays the same copy.
+
+:func:`read_with_room` maps the file read-only instead and reads it with FAISS's ``ZeroCopyIOReader``: the rows
+and the graph's neighbour lists are then views of the mapping (page cache, not private memory). Each is copied
+into a vector of the same element type with room for ``rows`` rows and swapped into the index, which owns it from
+then on; the mapping is closed. The room is reserved without being touched (see :func:`_with_room`), so the
+process holds the rows once, and adds up to ``rows`` rows in all (the whole log of the snapshot, :mod:`.persist`)
+copy nothing. The bytes are those of the file: searches and an HNSW graph are exactly those ``read_index`` gives.
+
+IVF, other structures, other systems and a FAISS without views (``MaybeOwnedVector``, ``ZeroCopyIOReader``:
+older releases) are read as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+import faiss
+import numpy as np
+
+__all__ = ["MAPPED_READ", "read_with_room"]
+
+MAPPED_READ = (sys.platform.startswith("linux") and hasattr(faiss, "ZeroCopyIOReader")
+               and hasattr(faiss, "MaybeOwnedVectorUInt8"))
+_COPY_BYTES = 4 << 20  # copied (and released from the source) per step
+_MADV_DONTNEED = 4  # Linux
+_PAGE = mmap.PAGESIZE
+_madvise: Any = None
+
+
+def _release(ptr: int, nbytes: int) -> None:
+    """Give back the physical pages wholly inside ``[ptr, ptr + nbytes)`` (``madvise(MADV_DONTNEED)``).
+
+    Anonymous memory reads back as zeros afterwards; a file mapping reads the file again. Only for memory
+    whose contents are no longer needed.
+    """
+    global _madvise
+    lo, hi = -(-ptr // _PAGE) * _PAGE, (ptr + nbytes) // _PAGE * _PAGE
+    if hi <= lo:
+        return
+    if _madvise is None:
+        _madvise = ctypes.CDLL(None, use_errno=True).madvise
+        _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _madvise(lo, hi - lo, _MADV_DONTNEED)  # advice only: a refusal leaves the pages where they are
+
+
+def _with_room(make, src, n: int, capacity: int, dtype) -> Any:
+    """A new vector (``make()``: a FAISS ``*Vector``) holding the ``n`` elements at ``src`` with capacity for at
+    least ``capacity``, at most ``n`` elements resident at any time; ``src``'s pages are released as copied.
+
+    ``std::vector`` has no ``reserve`` in FAISS's Python API, and ``resize(capacity)`` writes (so makes resident)
+    every element. A vector grown past its capacity reallocates to ``max(2 x size, new size)`` and writes only
+    the elements it keeps, so: ``resize(h)`` with ``h = ceil(capacity / 2)`` (capacity ``h``), give its pages
+    back, ``resize(n)`` for ``h < n`` (capacity ``2h >= capacity``; the released elements read as the shared
+    zero page and only the ``n`` kept are written), then copy the rows in. Below that (``capacity >= 2n``:
+    small vectors) one ``resize(capacity)`` and the pages past ``n`` given back.
+    """
+    vec = make()
+    half = -(-capacity // 2)
+    if n > half:
+        vec.resize(half)
+        _release(int(vec.data()), half * dtype.itemsize)
+        vec.resize(n)
+    else:
+        vec.resize(capacity)
+        vec.resize(n)
+        _release(int(vec.data()) + n * dtype.itemsize, (capacity - n) * dtype.itemsize)
+    if n:
+        dst, source = faiss.rev_swig_ptr(vec.data(), n), faiss.rev_swig_ptr(src, n)
+        step = max(1, _COPY_BYTES // dtype.itemsize)
+        for s in range(0, n, step):
+            dst[s:s + step] = source[s:s + step]
+            _release(int(src) + s * dtype.itemsize, min(step, n - s) * dtype.itemsize)
+    return vec
+
+
+def _own(holder, field: str, make, make_view, capacity: int, dtype) -> None:
+    """Replace ``holder.<field>`` (a FAISS ``MaybeOwnedVector``, a view of the mapped file or owned) by an owned
+    copy with room for ``capacity`` elements."""
+    old = getattr(holder, field)
+    n = int(old.size())
+    vec = _with_room(make, old.data(), n, capacity, dtype)
+    setattr(holder, field, make_view())  # empty and owned: drops the view (and its hold on the mapping)
+    new = getattr(holder, field)
+    new.owned_data.swap(vec)
+    new.resize(n)  # the same size: points the vector's cached data pointer and size at the swapped-in storage
+    del vec
+
+
+def _grow(vec, make, capacity: int, dtype) -> None:
+    """Give a plain FAISS ``*Vector`` (owned, read exactly full) room for ``capacity`` elements, in place."""
+    roomy = _with_room(make, vec.data(), int(vec.size()), capacity, dtype)
+    vec.swap(roomy)
+    del roomy
+
+
+def _give_room(index, kind: str, rows: int) -> None:
+    """Own every view of a flat or HNSW ``IndexIDMap2`` read from a mapping, with room for ``rows`` rows in all.
+
+    Flat: the rows (``codes``, ``ntotal x d x 4`` bytes) and the id map. HNSW: also the graph's neighbour lists
+    (a view too), its per-row ``offsets`` and ``levels``; the neighbour lists get the room of their present size
+    scaled to ``rows`` (a row's lists have the same expected size whatever its place) plus, for the randomness of
+    the levels drawn, the lists of 64 rows at the top level.
+    """
+    n = int(index.ntotal)
+    rows = max(int(rows), n)
+    inner = faiss.downcast_index(index.index)
+    flat = faiss.downcast_index(inner.storage) if kind == "hnsw" else inner
+    _own(flat, "codes", faiss.UInt8Vector, faiss.MaybeOwnedVectorUInt8, rows * int(flat.code_size),
+         np.dtype(np.uint8))
+    if kind == "hnsw":
+        hnsw = inner.hnsw
+        links = int(hnsw.neighbors.size())
+        top = int(faiss.rev_swig_ptr(hnsw.cum_nneighbor_per_level.data(), hnsw.cum_nneighbor_per_level.size())[-1])
+        extra = -(-links * (rows - n) // max(n, 1)) + 64 * top if rows > n else 0
+        _own(hnsw, "neighbors", faiss.Int32Vector, faiss.MaybeOwnedVectorInt32, links + extra, np.dtype(np.int32))
+        _grow(hnsw.offsets, faiss.UInt64Vector, rows + 1, np.dtype(np.uint64))
+        _grow(hnsw.levels, faiss.Int32Vector, rows, np.dtype(np.int32))
+    _grow(index.id_map, faiss.Int64Vector, rows, np.dtype(np.int64))
+
+
+def _mapped(index, kind: str) -> tuple[Any, ...] | None:
+    """The FAISS objects holding vectors of a flat or HNSW ``IndexIDMap2`` of the structures :func:`_give_room`
+    knows (``IndexFlatIP`` rows; ``IndexHNSWFlat`` over them), or ``None`` for any other."""
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else None
+    if kind == "flat" and isinstance(inner, faiss.IndexFlat):
+        return index, inner
+    if kind == "hnsw" and isinstance(inner, faiss.IndexHNSWFlat):
+        storage = faiss.downcast_index(inner.storage)
+        if isinstance(storage, faiss.IndexFlat):
+            return index, inner, storage, inner.hnsw
+    return None
+
+
+def _views_left(objects: tuple[Any, ...]) -> bool:
+    """Whether any vector of ``objects`` (from :func:`_mapped`) is still a view (not owned)."""
+    names = ("codes", "id_map", "neighbors", "offsets", "levels", "assign_probas", "cum_nneighbor_per_level")
+    return any(not getattr(getattr(o, n), "is_owned", True) for o in objects for n in names if hasattr(type(o), n))
+
+
+def read_with_room(fh: BinaryIO, kind: str, room: Callable[[int], int]) -> Any:
+    """The FAISS index in the open snapshot file ``fh``, with room for ``room(n)`` rows more than the ``n`` it holds.
+
+    Flat and HNSW through a read-only mapping of the file (module docstring) where this FAISS and system
+    allow; otherwise, and for IVF (one vector per list: a growing list copies only itself), ``read_index``.
+    FAISS reads the mapping with ``ZeroCopyIOReader`` (every field but the views read with exact bounds, as from
+    a file; FAISS's own mapped reader rounds a last partial item up and reads past the end of a file cut short).
+    The mapping is this function's: it is closed before returning, once no view of it is left. Raises what FAISS
+    raises for a damaged file (``RuntimeError``).
+    """
+    size = os.fstat(fh.fileno()).st_size
+    if kind not in ("flat", "hnsw") or not MAPPED_READ or size == 0:
+        return faiss.read_index(faiss.PyCallbackIOReader(fh.read))
+    index = None
+    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
+        data = np.frombuffer(mapping, np.uint8)
+        try:
+            index = faiss.read_index(faiss.ZeroCopyIOReader(faiss.swig_ptr(data), size))
+            objects = _mapped(index, kind)
+            if objects is not None:
+                n = int(index.ntotal)
+                _give_room(index, kind, n + int(room(n)))
+            if objects is None or _views_left(objects):  # a structure this module does not know: read it plainly
+                index = objects = None
+        except BaseException:
+            index = objects = None  # its views go before the mapping
+            raise
+        finally:
+            del data
+    if index is None:
+        fh.seek(0)
+        return faiss.read_index(faiss.PyCallbackIOReader(fh.read))
+    return index
