@@ -13,8 +13,8 @@ then on; the mapping is closed. The room is reserved without being touched (see 
 process holds the rows once, and adds up to ``rows`` rows in all (the whole log of the snapshot, :mod:`.persist`)
 copy nothing. The bytes are those of the file: searches and an HNSW graph are exactly those ``read_index`` gives.
 
-IVF, other structures, other systems and a FAISS without views (``MaybeOwnedVector``, ``ZeroCopyIOReader``:
-older releases) are read as before.
+IVF, other structures, other systems, a FAISS without views (``MaybeOwnedVector``, ``ZeroCopyIOReader``:
+older releases) and one newer than :data:`CHECKED_FAISS` are read as before.
 """
 
 from __future__ import annotations
@@ -29,10 +29,23 @@ from typing import Any, BinaryIO
 import faiss
 import numpy as np
 
-__all__ = ["MAPPED_READ", "read_with_room"]
+__all__ = ["CHECKED_FAISS", "MAPPED_READ", "read_with_room"]
+
+#: The newest FAISS whose ``MaybeOwnedVector`` internals (``owned_data`` swapped in, ``resize`` re-pointing the view)
+#: this module was checked against (tests/service/indexes/test_index_room.py); a newer one reads plainly (2x at the
+#: first add, as before) until checked: a changed internal here would be memory corruption, not an error.
+CHECKED_FAISS = (1, 15)
+
+
+def _faiss_version() -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in faiss.__version__.split(".")[:2])
+    except (AttributeError, ValueError):
+        return (0,)
+
 
 MAPPED_READ = (sys.platform.startswith("linux") and hasattr(faiss, "ZeroCopyIOReader")
-               and hasattr(faiss, "MaybeOwnedVectorUInt8"))
+               and hasattr(faiss, "MaybeOwnedVectorUInt8") and _faiss_version() <= CHECKED_FAISS)
 _COPY_BYTES = 4 << 20  # copied (and released from the source) per step
 _MADV_DONTNEED = 4  # Linux
 _PAGE = mmap.PAGESIZE

@@ -17,6 +17,8 @@ import sys
 import pytest
 from _servers import ROOT
 
+from service.indexes.room import MAPPED_READ
+
 linux = pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc peak-RSS reset")
 
 # 33 blocks of 2,048 x 256 float32 rows (2 MiB each, 66 MiB in all): the 33rd block passes the 32-block capacity,
@@ -94,6 +96,7 @@ def test_a_flat_index_built_from_many_blocks_holds_its_rows_once(tmp_path):
 
 
 @linux
+@pytest.mark.skipif(not MAPPED_READ, reason="this FAISS reads snapshots plainly (service.indexes.room.MAPPED_READ)")
 def test_the_first_write_after_a_load_holds_the_index_once(tmp_path):
     """Load a flat index from its snapshot and add 10 rows (a server's first write since start-up): FAISS read the
     rows into a vector exactly full, and the add copied them all into one twice as large (2x the rows at once);
