@@ -20,7 +20,8 @@ import pytest
 from _api_support import W, settings_for
 from _servers import env_for, free_port, serve_in_thread, start, stop
 
-from align import Steer, fit_procrustes
+from align import Steer, fit_procrustes, map_from_bytes
+from service.client import Client, ConflictError, PreconditionFailedError
 from service.registry import open_registry
 
 
@@ -148,6 +149,23 @@ def test_alias_writes_hold_only_while_if_match_does(served, kind):
     assert c.delete(f"/v1/{kind}/nope/aliases/prod", headers={"If-Match": '"v2"'}).status_code == 404
     assert c.delete(alias, headers={"If-Match": '"v2"'}).status_code == 204
     assert c.get(alias).status_code == 404 and c.delete(alias).status_code == 404
+
+
+def test_the_client_caches_an_artifact_by_etag_and_guards_a_removal(served):
+    _, url, _ = served
+    with Client(url, api_key="wkey-456") as vb:
+        a = vb.artifact("a2b:1")
+        assert a.data and a.version == 1 and a.etag.endswith('.safetensors"')
+        m = map_from_bytes(a.data)
+        assert vb.artifact("a2b:1", etag=a.etag) == (None, a.etag, 1)  # not modified: nothing downloaded
+        assert vb.artifact("a2b:2", etag=a.etag).data != a.data
+        assert vb.download_artifact("a2b:1") == a.data and m.source_dim == 16
+        vb.set_alias("a2b", "prod", 2)
+        with pytest.raises(PreconditionFailedError) as err:
+            vb.delete_alias("a2b", "prod", expected=1)
+        assert isinstance(err.value, ConflictError) and err.value.status == 412
+        vb.delete_alias("a2b", "prod", expected=2)
+        assert "prod" not in vb.get_map("a2b")["aliases"]
 
 
 @contextmanager
