@@ -151,6 +151,18 @@ def test_alias_writes_hold_only_while_if_match_does(served, kind):
     assert c.get(alias).status_code == 404 and c.delete(alias).status_code == 404
 
 
+def test_a_web_page_of_an_allowed_origin_can_read_the_etag(tmp_path):
+    """With CORS on, a browser hid ``ETag`` from the page's script (not a CORS-safelisted header), so a web client
+    could not send it back in ``If-Match`` / ``If-None-Match``; it is exposed now."""
+    from service.api import create_app
+
+    _world(tmp_path / "data")
+    with serve_in_thread(create_app(settings_for(tmp_path, cors_origins=["https://app.example"]))) as url:
+        httpx.put(f"{url}/v1/maps/a2b/aliases/prod", json={"version": 1}, headers=W)
+        r = httpx.get(f"{url}/v1/maps/a2b/aliases/prod", headers={**W, "Origin": "https://app.example"})
+        assert "etag" in r.headers["access-control-expose-headers"].lower() and r.headers["etag"] == '"v1"'
+
+
 def test_the_client_caches_an_artifact_by_etag_and_guards_a_removal(served):
     _, url, _ = served
     with Client(url, api_key="wkey-456") as vb:
