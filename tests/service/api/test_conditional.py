@@ -200,15 +200,16 @@ def _replicas(tmp_path, url: str):
             stop(p)
 
 
-def _race(urls, headers_of, n: int = 8):
-    """``n`` clients (alternating replicas) behind a barrier, each moving a2b@prod to version 1 + i % 3 with
-    ``headers_of(i)``; their responses in order."""
+def _race(urls, headers_of, versions=(1, 2, 3), n: int = 8):
+    """``n`` clients (alternating replicas) behind a barrier, client i moving a2b@prod to ``versions[i % len]``
+    with ``headers_of(i)``; their responses in order."""
     barrier, out = threading.Barrier(n), [None] * n
 
     def run(i):
         with httpx.Client(base_url=urls[i % 2], headers=W, timeout=60) as c:
             barrier.wait(30)
-            out[i] = c.put("/v1/maps/a2b/aliases/prod", json={"version": 1 + i % 3}, headers=headers_of(i))
+            out[i] = c.put("/v1/maps/a2b/aliases/prod", json={"version": versions[i % len(versions)]},
+                           headers=headers_of(i))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
@@ -226,7 +227,8 @@ def test_racing_if_match_writes_on_two_replicas_have_one_winner(tmp_path, reques
         assert httpx.put(f"{urls[0]}/v1/maps/a2b/aliases/prod", json={"version": 3}, headers=W).status_code == 200
         for rnd in range(3):
             held = httpx.get(f"{urls[rnd % 2]}/v1/maps/a2b/aliases/prod", headers=W).headers["etag"]
-            got = _race(urls, lambda i, held=held: {"If-Match": held})
+            others = [v for v in (1, 2, 3) if f'"v{v}"' != held]  # a move onto the held version would keep it
+            got = _race(urls, lambda i, held=held: {"If-Match": held}, others)
             codes = [r.status_code for r in got]
             assert codes.count(200) == 1 and codes.count(412) == len(codes) - 1, [r.text for r in got]
             winner = got[codes.index(200)]
