@@ -4,9 +4,9 @@
 
 - a map artifact (``GET /v1/maps/{ref}/artifact``): ``"<artifact sha256>.<format>"``, known from the registry
   record before the artifact is read, so a 304 reads and serialises nothing (the bytes of a format are a
-  function of the artifact: numpy's npz writer stamps every member 1980-01-01, not the clock). ``name:N`` names bytes that
-  never change: ``private, max-age=31536000, immutable``; an alias or a bare name may move: ``private, no-cache``
-  (store it, revalidate each use);
+  function of the artifact: numpy's npz writer stamps every member 1980-01-01, not the clock). ``name:N`` names
+  bytes that never change: ``private, max-age=31536000, immutable``; an alias or a bare name may move:
+  ``private, no-cache`` (store it, revalidate each use);
 - a JSON record (map, version, steer) and the fit report: the first 32 hex digits of the SHA-256 of the exact
   body, so anything that changes the body (a tag, an alias, a soft delete) changes the tag; ``private, no-cache``;
 - an alias (``GET .../aliases/{alias}``): ``"v<N>"``, the version it points at (its whole representation).
@@ -39,8 +39,8 @@ from ..registry import AliasMovedError
 from .responses import FastJSONResponse
 from .schemas import MAX_VERSION, error_responses
 
-__all__ = ["IMMUTABLE", "REVALIDATE", "IfMatch", "IfNoneMatch", "IfNoneMatchStar", "alias_answer", "alias_etag", "alias_write", "answer",
-           "body_etag", "entity_tags", "not_modified", "read_responses", "write_responses"]
+__all__ = ["IMMUTABLE", "REVALIDATE", "IfMatch", "IfNoneMatch", "IfNoneMatchStar", "alias_answer", "alias_etag",
+           "alias_write", "answer", "body_etag", "entity_tags", "not_modified", "read_responses", "write_responses"]
 
 IMMUTABLE = "private, max-age=31536000, immutable"
 REVALIDATE = "private, no-cache"
