@@ -46,8 +46,8 @@ __all__ = [
 
 #: The classes of failure an error can belong to (``VecbridgeError.kind``). The service maps each
 #: to one HTTP status and one CLI exit code (``service.errors``); align only names them.
-KINDS = ("invalid", "not_found", "conflict", "unauthenticated", "forbidden", "too_large", "unsupported_media",
-         "timeout", "busy", "unavailable", "cancelled", "integrity", "internal")
+KINDS = ("invalid", "not_found", "conflict", "precondition", "unauthenticated", "forbidden", "too_large",
+         "unsupported_media", "timeout", "busy", "unavailable", "cancelled", "integrity", "internal")
 
 
 class VecbridgeError(Exception):

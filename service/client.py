@@ -24,6 +24,7 @@ bug report::
      +-- PermissionDeniedError       403  the key lacks the route's scope
      +-- NotFoundError               404  unknown space, map, version, alias, index, job, steer
      +-- ConflictError               409  deleted version, taken name, reused idempotency key
+     |    +-- PreconditionFailedError     412  If-Match did not hold (an alias moved)
      +-- PayloadTooLargeError        413  body or batch over the service's limits
      +-- UnsupportedMediaTypeError   415
      +-- ValidationError             422  shape, dimension, NaN/Inf, bad name or option
@@ -58,12 +59,9 @@ import io
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import numpy as np
-
-from align.exceptions import InputError
 
 from .client_errors import (
     APIConnectionError,
@@ -79,6 +77,7 @@ from .client_errors import (
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
+    PreconditionFailedError,
     QueueFullError,
     ServerError,
     ServiceUnavailableError,
@@ -89,6 +88,8 @@ from .client_errors import (
     unexpected,
 )
 from .client_wire import (
+    Artifact,
+    alias_if_match,
     as_list,
     b64,
     b64_row_bytes,
@@ -104,29 +105,21 @@ from .client_wire import (
     side,
     spans,
 )
+from .client_wire import (
+    seg as _seg,
+)
 
 __all__ = [
-    "APIConnectionError", "APIError", "APITimeoutError", "AuthenticationError", "BadRequestError", "Client",
+    "APIConnectionError", "APIError", "APITimeoutError", "Artifact", "AuthenticationError", "BadRequestError", "Client",
     "ConflictError", "JobCancelledError", "JobError", "JobFailedError", "JobTimeoutError", "NotFoundError",
-    "PayloadTooLargeError", "PermissionDeniedError", "QueueFullError", "ServerError", "ServiceUnavailableError",
-    "UnexpectedResponseError", "UnsupportedMediaTypeError", "ValidationError", "error_from_response",
+    "PayloadTooLargeError", "PermissionDeniedError", "PreconditionFailedError", "QueueFullError", "ServerError",
+    "ServiceUnavailableError", "UnexpectedResponseError", "UnsupportedMediaTypeError", "ValidationError",
+    "error_from_response",
 ]
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 _RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothing was done; try again later
-
-
-def _seg(part) -> str:
-    """One path segment: a name, reference or id percent-encoded, so that it cannot reach another route.
-
-    ``/`` and the dot segments ``.`` / ``..`` (which the URL resolves away) are no name the service has; they
-    raise :class:`InputError` before anything is sent.
-    """
-    s = str(part)
-    if s in ("", ".", "..") or "/" in s:
-        raise InputError(f"{s!r} is not a name, reference or id (no '/', not empty, '.' or '..')")
-    return quote(s, safe="@:")
 
 
 # --- the client ---------------------------------------------------------------------------------
@@ -324,8 +317,9 @@ class Client:
         return self._json("PUT", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}",
                           json=clean({"version": int(version), "expected_version": expected}))
 
-    def delete_alias(self, name: str, alias: str) -> None:
-        self._json("DELETE", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}")
+    def delete_alias(self, name: str, alias: str, *, expected: int | None = None) -> None:
+        """Remove ``name@alias``; ``expected``: only while it points at that version, else 412."""
+        self._json("DELETE", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}", headers=alias_if_match(expected))
 
     def set_tag(self, name: str, version: int, key: str, value: Any) -> dict:
         return self._json("PUT", f"/v1/maps/{_seg(name)}/versions/{int(version)}/tags/{_seg(key)}",
@@ -337,7 +331,15 @@ class Client:
 
     def download_artifact(self, ref: str, *, format: str = "safetensors") -> bytes:
         """The map artifact's bytes (``safetensors`` or ``npz``; ``align.map_from_bytes`` reads any kind of map)."""
-        return self.request("GET", f"/v1/maps/{_seg(ref)}/artifact", params={"format": format}).content
+        return self.artifact(ref, format=format).data
+
+    def artifact(self, ref: str, *, format: str = "safetensors", etag: str | None = None) -> Artifact:
+        """The map artifact (``data``) with its ``etag`` and ``version``. Pass the ``etag`` of a copy you hold:
+        ``data`` is None while it is still what ``ref`` names (304, nothing downloaded)."""
+        r = self.request("GET", f"/v1/maps/{_seg(ref)}/artifact", params={"format": format}, ok=(304,),
+                         headers={"If-None-Match": etag} if etag else {})
+        v = r.headers.get("x-map-version")
+        return Artifact(None if r.status_code == 304 else r.content, r.headers.get("etag"), v and int(v))
 
     def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True) -> np.ndarray:
         """Map rows ``X`` (n, d_source) through ``ref``; returns float32 (n, d_target).

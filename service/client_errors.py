@@ -20,8 +20,8 @@ from .errors import HTTP_STATUS
 __all__ = [
     "APIConnectionError", "APIError", "APITimeoutError", "AuthenticationError", "BadRequestError", "ConflictError",
     "JobCancelledError", "JobError", "JobFailedError", "JobTimeoutError", "NotFoundError", "PayloadTooLargeError",
-    "PermissionDeniedError", "QueueFullError", "ServerError", "ServiceUnavailableError", "UnexpectedResponseError",
-    "UnsupportedMediaTypeError", "ValidationError", "error_from_response", "unexpected",
+    "PermissionDeniedError", "PreconditionFailedError", "QueueFullError", "ServerError", "ServiceUnavailableError",
+    "UnexpectedResponseError", "UnsupportedMediaTypeError", "ValidationError", "error_from_response", "unexpected",
 ]
 
 
@@ -73,6 +73,11 @@ class ConflictError(APIError):
     """409: conflict with what is stored."""
 
 
+class PreconditionFailedError(ConflictError):
+    """412: an ``If-Match`` (``expected=`` of :meth:`~service.client.Client.delete_alias`) did not hold: the alias
+    is not where the caller saw it; nothing changed. A :class:`ConflictError`, as the 409 of ``expected_version``."""
+
+
 class PayloadTooLargeError(APIError):
     """413: body over ``max_body_bytes`` or more rows than ``max_batch``."""
 
@@ -121,7 +126,8 @@ class APITimeoutError(APIConnectionError):
 
 _BY_STATUS: dict[int, type[APIError]] = {
     400: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedError, 404: NotFoundError,
-    409: ConflictError, 413: PayloadTooLargeError, 415: UnsupportedMediaTypeError, 422: ValidationError,
+    409: ConflictError, 412: PreconditionFailedError, 413: PayloadTooLargeError, 415: UnsupportedMediaTypeError,
+    422: ValidationError,
     429: QueueFullError, 503: ServiceUnavailableError,
 }
 _KIND_OF_STATUS = {status: kind for kind, status in reversed(HTTP_STATUS.items())} | {400: "invalid", 500: "internal"}

@@ -17,13 +17,44 @@ import base64
 import json
 import uuid
 from collections.abc import Sequence
+from typing import NamedTuple
+from urllib.parse import quote
 
 import numpy as np
 
 from align.exceptions import InputError, NotRepresentableError, ShapeError
 
-__all__ = ["HEADROOM", "OVERHEAD", "as_list", "b64", "b64_row_bytes", "clean", "cut", "dumps", "float32_rows",
-           "json_sizes", "labelled", "matrix", "new_key", "rows", "side", "spans"]
+__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "alias_if_match", "as_list", "b64", "b64_row_bytes", "clean", "cut",
+           "dumps", "float32_rows", "json_sizes", "labelled", "matrix", "new_key", "rows", "seg", "side", "spans"]
+
+
+class Artifact(NamedTuple):
+    """A map artifact from :meth:`service.client.Client.artifact`: ``data`` (None when the ``etag`` the caller
+    sent still matches: 304, nothing downloaded), its ``etag`` (send it next time) and the ``version`` the
+    reference named."""
+
+    data: bytes | None
+    etag: str | None
+    version: int | None
+
+
+def alias_if_match(version: int | None) -> dict:
+    """The ``If-Match`` header of an alias write that holds only while the alias points at ``version`` (the
+    alias's ETag is ``"v<N>"``); no header for None."""
+    return {} if version is None else {"If-Match": f'"v{int(version)}"'}
+
+
+def seg(part) -> str:
+    """One path segment: a name, reference or id percent-encoded, so that it cannot reach another route.
+
+    ``/`` and the dot segments ``.`` / ``..`` (which the URL resolves away) are no name the service has; they
+    raise :class:`InputError` before anything is sent.
+    """
+    s = str(part)
+    if s in ("", ".", "..") or "/" in s:
+        raise InputError(f"{s!r} is not a name, reference or id (no '/', not empty, '.' or '..')")
+    return quote(s, safe="@:")
+
 
 def matrix(X, name: str = "vectors") -> np.ndarray:
     """``X`` as C-contiguous little-endian float32 (n, d); a 1-D row becomes (1, d).

@@ -11,6 +11,7 @@ Every error raised on purpose derives from :class:`align.exceptions.VecbridgeErr
     ├── Cancelled (align)                          cancelled
     ├── NotFoundError (also LookupError)           not_found   registry refs, indexes, jobs, encoders
     ├── ConflictError                              conflict    stored state contradicts the request
+    ├── PreconditionFailedError                    precondition  an If-Match / If-None-Match did not hold
     ├── AuthenticationError                        unauthenticated
     ├── PermissionDeniedError                      forbidden
     ├── PayloadTooLargeError                       too_large
@@ -32,8 +33,8 @@ import sqlite3
 from align.exceptions import Cancelled, VecbridgeError
 
 __all__ = [
-    "VecbridgeError", "Cancelled", "NotFoundError", "ConflictError", "AuthenticationError", "PermissionDeniedError",
-    "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
+    "VecbridgeError", "Cancelled", "NotFoundError", "ConflictError", "PreconditionFailedError", "AuthenticationError",
+    "PermissionDeniedError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
     "ServiceUnavailableError",
     "HTTP_STATUS", "EXIT_CODE", "kind_of", "http_status", "exit_code",
 ]
@@ -49,6 +50,13 @@ class ConflictError(VecbridgeError):
     """The request contradicts stored state."""
 
     kind = "conflict"
+
+
+class PreconditionFailedError(VecbridgeError):
+    """A conditional request's precondition (``If-Match``, ``If-None-Match: *`` on a write) is false: the
+    resource is not in the state the client saw, so nothing was changed (HTTP 412)."""
+
+    kind = "precondition"
 
 
 class AuthenticationError(VecbridgeError):
@@ -95,9 +103,9 @@ class ServiceUnavailableError(VecbridgeError):
 
 #: kind -> HTTP status (``io`` is decided by :func:`service.storage.is_storage_error`: 503 or 500).
 HTTP_STATUS: dict[str, int] = {
-    "invalid": 422, "not_found": 404, "conflict": 409, "unauthenticated": 401, "forbidden": 403,
-    "too_large": 413, "unsupported_media": 415, "timeout": 408, "busy": 429, "unavailable": 503, "cancelled": 409,
-    "integrity": 500, "internal": 500, "io": 500,
+    "invalid": 422, "not_found": 404, "conflict": 409, "precondition": 412, "unauthenticated": 401,
+    "forbidden": 403, "too_large": 413, "unsupported_media": 415, "timeout": 408, "busy": 429, "unavailable": 503,
+    "cancelled": 409, "integrity": 500, "internal": 500, "io": 500,
 }
 
 #: kind -> process exit code of the CLIs: 2 for anything the user can act on, 130 when stopped on

@@ -124,7 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        settings=lambda: current_settings(app))  # per request: tests override get_settings later
     if s.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=s.cors_origins, allow_methods=["*"],
-                           allow_headers=["*"])
+                           allow_headers=["*"], expose_headers=["ETag"])  # a page reads it for If-Match / If-None-Match
     app.add_middleware(ObserveMiddleware, metrics=metrics)
     return app
 

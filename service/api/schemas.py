@@ -22,7 +22,7 @@ from ..registry.names import MAX_VERSION, check_text
 
 __all__ = [
     "MAX_VERSION", "ErrorBody",
-    "SpaceCreate", "AliasSet", "TagSet", "TransformOptions", "TransformJSON", "TransformResponse",
+    "SpaceCreate", "AliasSet", "AliasOut", "TagSet", "TransformOptions", "TransformJSON", "TransformResponse",
     "IndexCreate", "IndexAdd", "IndexDelete", "SearchRequest", "SearchResponse", "FitSide", "FitRequest", "PlanRequest",
     "EmbeddingsRequest", "vectors_schema", "error_responses", "Health", "Ready", "ServiceInfo", "SpaceOut", "SpaceList",
     "VersionOut", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList", "IndexAddResponse",
@@ -70,6 +70,7 @@ _ERROR_TEXT = {
     403: "The API key lacks the scope this route needs.",
     404: "Unknown space, map, version, alias, index, job or encoder.",
     409: "Conflict with what is stored (deleted version, taken name, idempotency key reused with another body).",
+    412: "Precondition failed: the alias is not where `If-Match` / `If-None-Match: *` said; nothing changed.",
     413: "Body over `max_body_bytes` or more rows than `max_batch`.",
     415: "Unsupported `Content-Type`.",
     422: "Invalid input: shape, dimension, NaN/Inf, empty, bad name, failed request validation.",
@@ -102,7 +103,16 @@ class AliasSet(_Strict):
     version: Count = Field(..., ge=1, le=MAX_VERSION)
     expected_version: Count | None = Field(
         None, ge=0, le=MAX_VERSION, description="Compare-and-set: move the alias only while it points at this version "
-        "(0: only while it is not set), else 409 naming where it points. Of deploy tools racing, one moves it.")
+        "(0: only while it is not set), else 409 naming where it points. Of deploy tools racing, one moves it. "
+        "Or send the `If-Match` header (412 instead).")
+
+
+class AliasOut(BaseModel):
+    """An alias: the version it points at (its ``ETag`` is ``"v<version>"``; send it in ``If-Match``)."""
+
+    name: str
+    alias: str
+    version: int
 
 
 class TagSet(_Strict):

@@ -243,8 +243,8 @@ def read_labels(path: str, n: int) -> np.ndarray:
 
 def alias_command(group, help_text: str, set_alias, delete_alias) -> None:
     """Register ``GROUP alias NAME ALIAS [VERSION] [--delete] [--expect N]`` on ``group``: ``set_alias(registry, name,
-    alias, version, expected=...)`` or ``delete_alias(registry, name, alias)`` (one command shape for maps and
-    steers)."""
+    alias, version, expected=...)`` or ``delete_alias(registry, name, alias, expected=...)`` (one command shape for
+    maps and steers; ``--expect`` guards a removal as it guards a move, as ``If-Match`` does over HTTP)."""
 
     @group.command("alias", help=help_text)
     @click.argument("name")
@@ -252,12 +252,15 @@ def alias_command(group, help_text: str, set_alias, delete_alias) -> None:
     @click.argument("version", type=int, required=False)
     @click.option("--delete", is_flag=True, help="Remove the alias instead.")
     @click.option("--expect", "expected", type=click.IntRange(0), default=None,
-                  help="Compare-and-set: move only while the alias points at this version (0: only while it is not "
-                       "set); else exit 2 saying where it points.")
+                  help="Compare-and-set: move (or --delete) only while the alias points at this version (0: move only "
+                       "while it is not set); else exit 2 saying where it points.")
     @click.pass_obj
     def alias_cmd(obj: Ctx, name, alias, version, delete, expected):
         if delete:
-            delete_alias(obj.registry, name, alias)
+            if expected == 0:
+                raise click.UsageError("--delete --expect 0 removes nothing (0 means: not set); give the version "
+                                       "the alias must point at")
+            delete_alias(obj.registry, name, alias, expected=expected)
             click.echo(f"deleted alias {name}@{alias}")
             return
         if version is None:

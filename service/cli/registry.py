@@ -61,7 +61,7 @@ def registry_show(obj: Ctx, ref, as_json):
 
 alias_command(registry, "Point NAME@ALIAS at VERSION (or --delete it); a bare NAME means its prod version while "
                         "prod is set.", lambda reg, *a, **kw: reg.set_alias(*a, **kw),
-              lambda reg, *a: reg.delete_alias(*a))
+              lambda reg, *a, **kw: reg.delete_alias(*a, **kw))
 
 
 @registry.command("tag")

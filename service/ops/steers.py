@@ -234,14 +234,14 @@ def describe_lens(info, steer, *, k: int = 5, n_directions: int = 4) -> dict:
 
 
 # --- registry: alias, delete, transfer ------------------------------------------------------------
-def set_steer_alias(registry, name: str, alias: str, version: int, *, expected: int | None = None):
+def set_steer_alias(registry, name: str, alias: str, version: int, *, expected=None):
     """Point ``name@alias`` at ``version`` (``expected``: compare-and-set); returns the SteerInfo of that version."""
     return registry.set_steer_alias(name, alias, int(version), expected=expected)
 
 
-def delete_steer_alias(registry, name: str, alias: str) -> None:
-    """Remove ``name@alias`` (NotFoundError when it is not set)."""
-    registry.delete_steer_alias(name, alias)
+def delete_steer_alias(registry, name: str, alias: str, *, expected=None) -> None:
+    """Remove ``name@alias`` (NotFoundError when it is not set; ``expected``: only while it points there)."""
+    registry.delete_steer_alias(name, alias, expected=expected)
 
 
 def delete_steer_version(registry, name: str, version: int):

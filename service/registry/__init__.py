@@ -15,6 +15,7 @@ the crash-safe write path and :mod:`.errors` for the error tree. Modules import 
 
 from .core import Registry, open_registry, package_version
 from .errors import (
+    AliasMovedError,
     ConflictError,
     DeletedVersionError,
     IntegrityError,
@@ -28,6 +29,7 @@ from .names import parse_ref
 
 __all__ = [
     "Registry", "open_registry", "Record", "VersionInfo", "SpaceInfo", "SteerInfo", "RegistryError", "NotFoundError",
-    "DeletedVersionError", "ConflictError", "InvalidNameError", "IntegrityError", "RegistryUnavailableError",
+    "DeletedVersionError", "ConflictError", "AliasMovedError", "InvalidNameError", "IntegrityError",
+    "RegistryUnavailableError",
     "parse_ref", "package_version",
 ]

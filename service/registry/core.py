@@ -320,13 +320,18 @@ class Registry(SteerRegistryMixin):
         return out
 
     # --- mutable annotations ----------------------------------------------------------------
-    def set_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> VersionInfo:
+    def set_alias(self, name: str, alias: str, version: int, *, expected=None) -> VersionInfo:
         """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError.
         ``expected``: compare-and-set (:meth:`~.entity.VersionedStore.set_alias`)."""
         return self._maps.set_alias(name, alias, version, expected=expected)
 
-    def delete_alias(self, name: str, alias: str) -> None:
-        self._maps.delete_alias(name, alias)
+    def alias_version(self, name: str, alias: str) -> int:
+        """The version ``name@alias`` points at (NotFoundError when it is not set)."""
+        return self._maps.alias(name, alias)
+
+    def delete_alias(self, name: str, alias: str, *, expected=None) -> None:
+        """Remove ``name@alias``; ``expected``: compare-and-delete (:meth:`~.entity.VersionedStore.delete_alias`)."""
+        self._maps.delete_alias(name, alias, expected=expected)
 
     def set_tag(self, name: str, version: int, key: str, value) -> VersionInfo:
         return self._maps.set_tag(name, version, key, value)

@@ -24,9 +24,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
-from align.exceptions import SerializationError
+from align.exceptions import InputError, SerializationError
 
-from .errors import ConflictError, DeletedVersionError, IntegrityError, NotFoundError
+from .errors import (
+    AliasMovedError,
+    ConflictError,
+    DeletedVersionError,
+    IntegrityError,
+    NotFoundError,
+)
 from .models import Record, SteerInfo, VersionInfo, columns, from_row, to_columns
 from .names import (
     MAX_VERSION,
@@ -53,6 +59,30 @@ def package_version() -> str:
         return version("vecbridge")
     except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         return "unknown"
+
+
+def _expected(expected) -> str | tuple[int, ...]:
+    """``expected`` of a compare-and-set alias write: ``"*"`` or a tuple of versions (0: not set); InputError
+    for anything else."""
+    if isinstance(expected, str) and expected == "*":
+        return "*"
+    values = (expected,) if isinstance(expected, (int, str)) else tuple(expected)
+    try:
+        out = tuple(sorted({int(v) for v in values}))
+    except (TypeError, ValueError):
+        raise InputError(f"expected must be a version number, a collection of them or '*', got {expected!r}") from None
+    if any(not 0 <= v <= MAX_VERSION for v in out) or (0 in out and len(out) > 1):
+        raise InputError(f"expected versions must be 1 .. {MAX_VERSION} (or only 0: not set), got {expected!r}")
+    return out
+
+
+def _pointing(want) -> tuple[str, tuple]:
+    """SQL condition (and its arguments) on an alias row's ``version`` for ``want`` (:func:`_expected`, not 0)."""
+    if want == "*":
+        return "", ()
+    if not want:
+        return " AND 1 = 0", ()
+    return f" AND version IN ({', '.join('?' * len(want))})", tuple(want)
 
 
 def _parse_map(data: bytes, rank: int):
@@ -351,51 +381,87 @@ class VersionedStore:
         return out
 
     # --- mutable annotations ------------------------------------------------------------------
-    def set_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> Record:
+    def set_alias(self, name: str, alias: str, version: int, *, expected=None) -> Record:
         """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError.
 
         ``expected`` (compare-and-set, for deploy tools that must not undo a move they did not see): move only
-        while the alias points at version ``expected`` (``0``: only while it is not set), else ConflictError
+        while the alias points at version ``expected`` (``0``: only while it is not set; a collection of
+        versions: at one of them; ``"*"``: while it is set, anywhere), else AliasMovedError (a ConflictError)
         naming where it points. One conditional statement, so of clients racing with the same ``expected``
         exactly one moves it, on PostgreSQL (READ COMMITTED) too.
         """
         self.check(name)
         check_alias(alias)
+        want = None if expected is None else _expected(expected)
         a = self.kind.aliases
 
         def fn(t):
             if self.get_in(t, name, int(version)).deleted:
                 raise ConflictError(f"cannot point alias {alias!r} at deleted version {version} of "
                                     f"{self.kind.noun} {name!r}")
-            if expected is None:
+            if want is None:
                 self.put_alias(t, name, alias, int(version))
                 return
-            if int(expected) == 0:
+            if want == (0,):
                 moved = t.one(f"INSERT INTO {a} (name, alias, version) VALUES (?, ?, ?) ON CONFLICT (name, alias) "
                               "DO NOTHING RETURNING version", (name, alias, int(version)))
             else:
-                moved = t.one(f"UPDATE {a} SET version = ? WHERE name = ? AND alias = ? AND version = ? "
-                              "RETURNING version", (int(version), name, alias, int(expected)))
+                where, args = _pointing(want)
+                moved = t.one(f"UPDATE {a} SET version = ? WHERE name = ? AND alias = ?{where} RETURNING version",
+                              (int(version), name, alias, *args))
             if moved is None:
-                now = t.one(f"SELECT version FROM {a} WHERE name = ? AND alias = ?", (name, alias))
-                where = "is not set" if now is None else f"points at version {now['version']}"
-                want = "it not to be set" if int(expected) == 0 else f"it to point at version {int(expected)}"
-                raise ConflictError(f"{self.kind.noun} {name}@{alias} {where}, expected {want}: not moved (someone "
-                                    f"else moved it; read it again and decide)")
+                raise self._moved(t, name, alias, want, "moved")
 
         self._write(fn)
         return self.get(name, int(version))
 
-    def delete_alias(self, name: str, alias: str) -> None:
+    def delete_alias(self, name: str, alias: str, *, expected=None) -> None:
+        """Remove ``name@alias`` (NotFoundError when it is not set). ``expected`` (a version, a collection of
+        them, or ``"*"``): remove it only while it points there, else AliasMovedError, as :meth:`set_alias`."""
         self.check(name)
         check_alias(alias)
+        want = None if expected is None else _expected(expected)
+        if want == (0,):
+            raise InputError("an alias that must not be set cannot be removed (expected version 0)")
         a = self.kind.aliases
 
         def fn(t):  # one statement: of clients racing to remove it, exactly one removes it (READ COMMITTED too)
-            if t.one(f"DELETE FROM {a} WHERE name = ? AND alias = ? RETURNING version", (name, alias)) is None:
-                raise NotFoundError(f"{self.kind.noun} {name!r} has no alias {alias!r}")
+            where, args = ("", ()) if want is None else _pointing(want)
+            if t.one(f"DELETE FROM {a} WHERE name = ? AND alias = ?{where} RETURNING version",
+                      (name, alias, *args)) is None:
+                if want is None:
+                    raise NotFoundError(f"{self.kind.noun} {name!r} has no alias {alias!r}")
+                self._require(t, name)
+                raise self._moved(t, name, alias, want, "removed")
 
         self._write(fn)
+
+    def alias(self, name: str, alias: str) -> int:
+        """The version ``name@alias`` points at (live or deleted); NotFoundError when it is not set."""
+        self.check(name)
+        check_alias(alias)
+        with self.db.tx() as t:
+            r = t.one(f"SELECT version FROM {self.kind.aliases} WHERE name = ? AND alias = ?", (name, alias))
+            if r is None:
+                self._require(t, name)
+                raise NotFoundError(f"{self.kind.noun} {name!r} has no alias {alias!r}")
+        return int(r["version"])
+
+    def _moved(self, t, name: str, alias: str, want, done: str) -> AliasMovedError:
+        """The AliasMovedError of a compare-and-set that found ``name@alias`` elsewhere than ``want``."""
+        now = t.one(f"SELECT version FROM {self.kind.aliases} WHERE name = ? AND alias = ?", (name, alias))
+        current = None if now is None else int(now["version"])
+        where = "is not set" if current is None else f"points at version {current}"
+        if want == "*":
+            wanted = "it to be set"
+        elif want == (0,):
+            wanted = "it not to be set"
+        elif len(want) == 1:
+            wanted = f"it to point at version {want[0]}"
+        else:
+            wanted = f"it to point at one of versions {', '.join(map(str, want)) or '(none)'}"
+        return AliasMovedError(f"{self.kind.noun} {name}@{alias} {where}, expected {wanted}: not {done} (someone "
+                               f"else moved it; read it again and decide)", current)
 
     def set_tag(self, name: str, version: int, key: str, value) -> Record:
         self.check(name)

@@ -6,6 +6,7 @@
     ├── NotFoundError                  unknown map, version, alias or space           not_found
     │   └── DeletedVersionError        the version (or the alias's target) was deleted
     ├── ConflictError                  the request contradicts stored state            conflict
+    │   └── AliasMovedError            a compare-and-set alias write found it elsewhere
     ├── InvalidNameError (ValueError)  a name or reference that is not allowed         invalid
     ├── IntegrityError                 an artifact is missing or its sha256 differs    integrity
     └── RegistryUnavailableError       the registry's database server cannot be reached unavailable
@@ -25,6 +26,7 @@ __all__ = [
     "NotFoundError",
     "DeletedVersionError",
     "ConflictError",
+    "AliasMovedError",
     "InvalidNameError",
     "IntegrityError",
     "RegistryUnavailableError",
@@ -45,6 +47,17 @@ class DeletedVersionError(NotFoundError):
 
 class ConflictError(RegistryError, _errors.ConflictError):
     """The operation contradicts stored state (dims differ, alias on a deleted version, ...)."""
+
+
+class AliasMovedError(ConflictError):
+    """A compare-and-set alias write (``expected=``) found the alias elsewhere; nothing was written.
+
+    ``current``: the version it points at now (None: not set), for a face to name it (HTTP: its ETag).
+    """
+
+    def __init__(self, message: str, current: int | None = None) -> None:
+        super().__init__(message)
+        self.current = current
 
 
 class InvalidNameError(RegistryError, InputError):

@@ -72,15 +72,19 @@ class SteerRegistryMixin:
         with self.db.tx() as t:
             return self.entities["steers"].summaries(t)
 
-    def set_steer_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> SteerInfo:
+    def set_steer_alias(self, name: str, alias: str, version: int, *, expected=None) -> SteerInfo:
         """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError.
         ``expected``: compare-and-set, as for maps."""
         return self.entities["steers"].set_alias(name, alias, version, expected=expected)
 
-    def delete_steer_alias(self, name: str, alias: str) -> None:
+    def steer_alias_version(self, name: str, alias: str) -> int:
+        """The version steer ``name@alias`` points at (NotFoundError when it is not set)."""
+        return self.entities["steers"].alias(name, alias)
+
+    def delete_steer_alias(self, name: str, alias: str, *, expected=None) -> None:
         """Remove ``name@alias`` (NotFoundError when it is not set); a bare name then means the latest live version
-        if the alias was ``prod``."""
-        self.entities["steers"].delete_alias(name, alias)
+        if the alias was ``prod``. ``expected``: compare-and-delete, as for maps."""
+        self.entities["steers"].delete_alias(name, alias, expected=expected)
 
     def delete_steer_version(self, name: str, version: int) -> SteerInfo:
         """Soft delete: the row and artifact stay (lineage), the version no longer resolves."""

@@ -13,14 +13,17 @@ from align.exceptions import InputError
 
 from ...limits import MAX_DIM, parse_strict_int
 from ...ops import maps as map_ops
+from ...registry import parse_ref
 from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_json, validate,
                      vectors_from_binary, vectors_from_json)
+from ..conditional import (IMMUTABLE, REVALIDATE, IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write,
+                           answer, not_modified, read_responses, write_responses)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
 from ..pagination import Page, list_route, paginate
 from ..responses import FastJSONResponse, dumps
 from ..routing import CodecRoute
-from ..schemas import (MAX_VERSION, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
+from ..schemas import (MAX_VERSION, AliasOut, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
                        TransformJSON, TransformOptions, TransformResponse, VersionList, VersionOut, error_responses)
 
 router = APIRouter(prefix="/v1", tags=["spaces and maps"], responses=error_responses(401, 403, 404, 422, 503),
@@ -90,9 +93,10 @@ list_route(router, "/maps", name="list_maps", summary="List maps", response_mode
 
 
 @router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)",
-            response_model=MapDetail)
-async def get_map(ref: str, state: StateDep):
-    return FastJSONResponse(await run_in_threadpool(map_ops.describe_map, state.registry, state.resolve, ref))
+            response_model=MapDetail, responses=read_responses())
+async def get_map(ref: str, state: StateDep, if_none_match: IfNoneMatch = None):
+    return answer(if_none_match, FastJSONResponse(
+        await run_in_threadpool(map_ops.describe_map, state.registry, state.resolve, ref)))
 
 
 @router.get("/maps/{name}/versions", dependencies=[ReadScope], summary="List a map's versions",
@@ -103,9 +107,10 @@ async def list_versions(name: str, state: StateDep, page: Page, include_deleted:
 
 
 @router.get("/maps/{name}/versions/{version}", dependencies=[ReadScope], summary="Get one version",
-            response_model=VersionOut)
-async def get_version(name: str, version: Version, state: StateDep):
-    return FastJSONResponse((await run_in_threadpool(state.registry.get_version, name, version)).to_dict())
+            response_model=VersionOut, responses=read_responses())
+async def get_version(name: str, version: Version, state: StateDep, if_none_match: IfNoneMatch = None):
+    v = await run_in_threadpool(state.registry.get_version, name, version)
+    return answer(if_none_match, FastJSONResponse(v.to_dict()))
 
 
 @router.delete("/maps/{name}/versions/{version}", dependencies=[WriteScope],
@@ -114,17 +119,35 @@ async def delete_version(name: str, version: Version, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.delete_version, name, version)).to_dict())
 
 
+@router.get("/maps/{name}/aliases/{alias}", dependencies=[ReadScope], summary="Get an alias (and its ETag)",
+            response_model=AliasOut, responses=read_responses())
+async def get_alias(name: str, alias: str, state: StateDep, if_none_match: IfNoneMatch = None):
+    """The version the alias points at (also a deleted one); its `ETag` (`"v<N>"`) is what `If-Match` on a
+    `PUT` / `DELETE` of the alias compares with."""
+    v = await run_in_threadpool(state.registry.alias_version, name, alias)
+    return alias_answer(v, {"name": name, "alias": alias, "version": v}, if_none_match)
+
+
 @router.put("/maps/{name}/aliases/{alias}", dependencies=[WriteScope, JSONOnly],
-            summary="Point an alias at a version", response_model=VersionOut, responses=error_responses(409, 415))
+            summary="Point an alias at a version", response_model=VersionOut,
+            responses={**error_responses(409, 415), **write_responses()})
 async def set_alias(name: str, alias: str, body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))],
-                    state: StateDep):
-    return FastJSONResponse((await run_in_threadpool(
-        lambda: state.registry.set_alias(name, alias, body.version, expected=body.expected_version))).to_dict())
+                    state: StateDep, if_match: IfMatch = None, if_none_match: IfNoneMatchStar = None):
+    """Compare-and-set: `If-Match: "v<N>"` (the alias's `ETag`; `*`: while it is set) or `If-None-Match: *`
+    (only while it is not set), else 412; or `expected_version` in the body (409). The answer carries the
+    alias's new `ETag`."""
+    v = await run_in_threadpool(alias_write, lambda expected: state.registry.set_alias(
+        name, alias, body.version, expected=expected), name=name, alias=alias, if_match=if_match,
+        if_none_match=if_none_match, body_expected=body.expected_version)
+    return alias_answer(v.version, v.to_dict())
 
 
-@router.delete("/maps/{name}/aliases/{alias}", dependencies=[WriteScope], status_code=204, summary="Remove an alias")
-async def delete_alias(name: str, alias: str, state: StateDep):
-    await run_in_threadpool(state.registry.delete_alias, name, alias)
+@router.delete("/maps/{name}/aliases/{alias}", dependencies=[WriteScope], status_code=204, summary="Remove an alias",
+               responses=error_responses(412))
+async def delete_alias(name: str, alias: str, state: StateDep, if_match: IfMatch = None):
+    """`If-Match: "v<N>"` (or `*`): remove it only while it points there, else 412 (an alias that is not set: 412)."""
+    await run_in_threadpool(alias_write, lambda expected: state.registry.delete_alias(name, alias, expected=expected),
+                            name=name, alias=alias, if_match=if_match, if_none_match=None)
     return Response(status_code=204)
 
 
@@ -134,13 +157,14 @@ REPORT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; fram
 
 
 @router.get("/maps/{name}/versions/{version}/report", dependencies=[ReadScope], summary="The version's HTML fit report",
-            response_class=Response,
-            responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}, "description": "The report."}})
-async def get_report(name: str, version: Version, state: StateDep):
+            response_class=Response, responses=read_responses(
+                {"content": {"text/html": {"schema": {"type": "string"}}}, "description": "The report."}))
+async def get_report(name: str, version: Version, state: StateDep, if_none_match: IfNoneMatch = None):
     """The self-contained HTML report written by the fit (charts inline), read from the data dir; 404 when the
     version has none (registered without a report, or the file is gone)."""
-    return HTMLResponse(await run_in_threadpool(map_ops.report_html, state.registry, name, version),
-                        headers={"Content-Security-Policy": REPORT_CSP})
+    return answer(if_none_match, HTMLResponse(await run_in_threadpool(map_ops.report_html, state.registry, name,
+                                                                      version),
+                                              headers={"Content-Security-Policy": REPORT_CSP}))
 
 
 @router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],
@@ -154,16 +178,22 @@ async def set_tag(name: str, version: Version, key: str,
 
 
 @router.get("/maps/{ref}/artifact", dependencies=[ReadScope], summary="Download the map artifact",
-            response_class=Response, responses={200: {"content": {"application/octet-stream": {}}}})
-async def get_artifact(ref: str, state: StateDep, format: str = Query("safetensors", pattern="^(npz|safetensors)$")):
-    def work():
-        v, m = state.resolve_map(ref)
-        return v, m.to_bytes(format)
-
-    v, data = await run_in_threadpool(work)
-    return Response(data, media_type="application/octet-stream", headers={
-        "Content-Disposition": f'attachment; filename="{v.name}-{v.version}.{format}"',
-        "X-Map": v.name, "X-Map-Version": str(v.version)})
+            response_class=Response, responses=read_responses({"content": {"application/octet-stream": {}}}))
+async def get_artifact(ref: str, state: StateDep, if_none_match: IfNoneMatch = None,
+                       format: str = Query("safetensors", pattern="^(npz|safetensors)$")):
+    """The artifact as `format`. `ETag`: `"<artifact sha256>.<format>"`; `If-None-Match` with it → 304 (nothing
+    read). `Cache-Control`: immutable for `name:N`, revalidate for an alias or a bare name (they move)."""
+    v = await run_in_threadpool(state.resolve, ref)
+    cache = IMMUTABLE if parse_ref(ref)[2] is not None else REVALIDATE
+    headers = {"X-Map": v.name, "X-Map-Version": str(v.version)}
+    etag = f'"{v.artifact_sha256}.{format}"'
+    hit = not_modified(if_none_match, etag, cache, headers)
+    if hit is not None:
+        return hit
+    data = await run_in_threadpool(lambda: state.load_version(v).to_bytes(format))
+    return answer(None, Response(data, media_type="application/octet-stream", headers={
+        "Content-Disposition": f'attachment; filename="{v.name}-{v.version}.{format}"', **headers}),
+        etag=etag, cache_control=cache)
 
 
 # --- transform ----------------------------------------------------------------------------------

@@ -13,13 +13,15 @@ from align.validation import check_labels
 
 from ...ops import steers as steer_ops
 from ..codec import parse_json, texts_instead, validate, vectors_from_json
+from ..conditional import (IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write, answer, read_responses,
+                           write_responses)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..job_routes import job_route
 from ..openapi import examples, json_body
 from ..pagination import list_route
 from ..responses import FastJSONResponse
 from ..routing import CodecRoute
-from ..schemas import (AliasSet, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
+from ..schemas import (AliasOut, AliasSet, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
                        SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferRequest, error_responses)
 
 __all__ = ["router"]
@@ -75,10 +77,10 @@ list_route(router, "/steers", name="list_steers", summary="List steers", respons
 
 
 @router.get("/steers/{ref}", dependencies=[ReadScope], summary="Get a steer version (name, name@alias, name:N)",
-            response_model=SteerOut)
-async def get_steer(ref: str, state: StateDep):
+            response_model=SteerOut, responses=read_responses())
+async def get_steer(ref: str, state: StateDep, if_none_match: IfNoneMatch = None):
     info, _ = await run_in_threadpool(state.resolve_steer, ref)
-    return FastJSONResponse(info.to_dict())
+    return answer(if_none_match, FastJSONResponse(info.to_dict()))
 
 
 @router.post("/steers/{ref}/apply", dependencies=[ReadScope, JSONOnly], summary="Steer vectors: Q (I + eps W)",
@@ -102,19 +104,33 @@ async def apply_steer(ref: str, request: Request, state: StateDep, settings: Set
 SteerVersion = Path(..., ge=1, le=2**31 - 1, description="Version number.")
 
 
+@router.get("/steers/{name}/aliases/{alias}", dependencies=[ReadScope], summary="Get a steer alias (and its ETag)",
+            response_model=AliasOut, responses=read_responses())
+async def get_steer_alias(name: str, alias: str, state: StateDep, if_none_match: IfNoneMatch = None):
+    """The version the alias points at; its `ETag` (`"v<N>"`) is what `If-Match` on a write of the alias compares."""
+    v = await run_in_threadpool(state.registry.steer_alias_version, name, alias)
+    return alias_answer(v, {"name": name, "alias": alias, "version": v}, if_none_match)
+
+
 @router.put("/steers/{name}/aliases/{alias}", dependencies=[WriteScope, JSONOnly],
-            summary="Point a steer alias at a version", response_model=SteerOut, responses=error_responses(409, 415))
+            summary="Point a steer alias at a version", response_model=SteerOut,
+            responses={**error_responses(409, 415), **write_responses()})
 async def set_steer_alias(name: str, alias: str,
-                          body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))], state: StateDep):
-    info = await run_in_threadpool(lambda: steer_ops.set_steer_alias(state.registry, name, alias, body.version,
-                                                                     expected=body.expected_version))
-    return FastJSONResponse(info.to_dict())
+                          body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))], state: StateDep,
+                          if_match: IfMatch = None, if_none_match: IfNoneMatchStar = None):
+    """Compare-and-set as for map aliases: `If-Match` / `If-None-Match: *` (412) or `expected_version` (409)."""
+    info = await run_in_threadpool(alias_write, lambda expected: steer_ops.set_steer_alias(
+        state.registry, name, alias, body.version, expected=expected), name=name, alias=alias, if_match=if_match,
+        if_none_match=if_none_match, body_expected=body.expected_version)
+    return alias_answer(info.version, info.to_dict())
 
 
 @router.delete("/steers/{name}/aliases/{alias}", dependencies=[WriteScope], status_code=204,
-               summary="Remove a steer alias")
-async def delete_steer_alias(name: str, alias: str, state: StateDep):
-    await run_in_threadpool(steer_ops.delete_steer_alias, state.registry, name, alias)
+               summary="Remove a steer alias", responses=error_responses(412))
+async def delete_steer_alias(name: str, alias: str, state: StateDep, if_match: IfMatch = None):
+    """`If-Match: "v<N>"` (or `*`): remove it only while it points there, else 412."""
+    await run_in_threadpool(alias_write, lambda expected: steer_ops.delete_steer_alias(
+        state.registry, name, alias, expected=expected), name=name, alias=alias, if_match=if_match, if_none_match=None)
     return Response(status_code=204)
 
 

@@ -72,3 +72,18 @@ def test_the_cli_expect_option_exits_2_with_the_message(served, capsys):
     assert code == 2 and "points at version 2, expected it to point at version 1" in err
     code, _, err = run_cli(capsys, *d, "steer", "alias", "pos", "prod", "2", "--expect", "3")
     assert code == 2 and "is not set, expected it to point at version 3" in err
+
+
+def test_the_cli_expect_option_guards_a_removal(served, capsys):
+    """``... alias NAME ALIAS --delete --expect N`` removed the alias wherever it pointed (``--expect`` was read only
+    for moves). Now the removal holds only while it points at N, else exit 2 naming where it points."""
+    _, data = served
+    d = ["--data-dir", data]
+    assert run_cli(capsys, *d, "registry", "alias", "a2b", "prod", "2")[0] == 0
+    code, _, err = run_cli(capsys, *d, "registry", "alias", "a2b", "prod", "--delete", "--expect", "1")
+    assert code == 2 and "points at version 2, expected it to point at version 1: not removed" in err
+    assert run_cli(capsys, *d, "registry", "show", "a2b@prod")[0] == 0  # still there
+    code, _, err = run_cli(capsys, *d, "steer", "alias", "pos", "prod", "--delete", "--expect", "0")
+    assert code == 2 and "--expect 0" in err
+    assert run_cli(capsys, *d, "registry", "alias", "a2b", "prod", "--delete", "--expect", "2")[0] == 0
+    assert run_cli(capsys, *d, "registry", "show", "a2b@prod")[0] != 0

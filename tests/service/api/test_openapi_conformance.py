@@ -127,6 +127,21 @@ def test_error_bodies_match_their_schema(world):
     case.validate_response(r, checks=CHECKS)
 
 
+def test_conditional_answers_match_their_schema(world):
+    """The 304 of a read (no body, its ETag) and the 412 of an alias write (ErrorBody) are documented answers."""
+    s = world
+    for path, params in (("/v1/maps/{ref}/artifact", {"ref": "a2b:1"}),
+                         ("/v1/maps/{name}/aliases/{alias}", {"name": "a2b", "alias": "prod"})):
+        (etag,) = call(s, "get", path, expect=200, path_parameters=params).headers["etag"]  # schemathesis: lists
+        r = call(s, "get", path, expect=304, path_parameters=params, headers={"If-None-Match": etag})
+        assert r.headers["etag"] == [etag] and r.content == b""
+    alias = {"name": "a2b", "alias": "prod"}
+    call(s, "put", "/v1/maps/{name}/aliases/{alias}", expect=412, path_parameters=alias, body={"version": 1},
+         headers={"If-Match": '"v99"'})
+    call(s, "delete", "/v1/maps/{name}/aliases/{alias}", expect=412, path_parameters=alias,
+         headers={"If-Match": '"v99"'})
+
+
 def test_default_validation_error_doc_is_replaced(world):
     spec = world.raw_schema
     assert "HTTPValidationError" not in spec.get("components", {}).get("schemas", {})

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import align
 from conftest import run_cli
 from service.registry import (
+    AliasMovedError,
     ConflictError,
     DeletedVersionError,
     IntegrityError,
@@ -443,6 +444,37 @@ def test_an_alias_removed_by_many_threads_at_once_is_removed_once(reg, run_threa
         got = run_threads(remove, n)
         assert sorted(got) == ["absent"] * (n - 1) + ["removed"], got
     assert reg.verify()["ok"]
+
+
+def test_compare_and_set_takes_a_set_of_versions_or_star_and_guards_a_removal(reg):
+    """What HTTP's ``If-Match`` needs, in the same one conditional statement: ``expected`` as a collection of
+    versions (a list of ETags), ``"*"`` (the alias must be set), and on ``delete_alias`` too (a removal could not
+    be guarded: it removed the alias wherever it pointed). The error carries where it points (``current``)."""
+    for _ in range(3):
+        register(reg)  # versions 1, 2, 3
+    with pytest.raises(AliasMovedError, match="is not set, expected it to be set") as err:
+        reg.set_alias("a->b", "prod", 1, expected="*")
+    assert err.value.current is None and isinstance(err.value, ConflictError)
+    reg.set_alias("a->b", "prod", 1, expected=0)
+    with pytest.raises(AliasMovedError, match="points at version 1, expected it to point at one of versions 2, 3"):
+        reg.set_alias("a->b", "prod", 2, expected=[3, 2])
+    assert reg.set_alias("a->b", "prod", 2, expected=[3, 1]).version == 2
+    assert reg.set_alias("a->b", "prod", 3, expected="*").version == 3 == reg.alias_version("a->b", "prod")
+    with pytest.raises(AliasMovedError, match="expected it to point at version 2: not removed") as err:
+        reg.delete_alias("a->b", "prod", expected=2)
+    assert err.value.current == 3 and reg.alias_version("a->b", "prod") == 3
+    with pytest.raises(AliasMovedError):
+        reg.delete_alias("a->b", "prod", expected=[])
+    with pytest.raises(NotFoundError):
+        reg.delete_alias("nope", "prod", expected=3)  # an unknown map stays a 404
+    reg.delete_alias("a->b", "prod", expected=3)
+    with pytest.raises(AliasMovedError, match="is not set, expected it to be set: not removed"):
+        reg.delete_alias("a->b", "prod", expected="*")
+    with pytest.raises(NotFoundError):
+        reg.alias_version("a->b", "prod")
+    for bad in (-1, 2**31, [0, 1], "x"):
+        with pytest.raises(align.exceptions.InputError):
+            reg.set_alias("a->b", "prod", 1, expected=bad)
 
 
 def test_compare_and_set_aliases_let_one_of_racing_deploys_move_prod(reg, run_threads):

@@ -1,0 +1,239 @@
+"""HTTP conditional requests (RFC 9110 8.8.3, 13) against real servers and registries.
+
+There was no ``ETag`` anywhere: a worker caching map artifacts downloaded every one again to learn whether it
+had changed, and a deploy script could only guard an alias move with the body's ``expected_version`` (and a
+removal not at all). Now reads carry strong ETags (artifact: sha256 + format, known before the artifact is
+read; JSON records and the report: a hash of the body; an alias: ``"v<N>"``) and ``If-None-Match`` answers 304;
+alias writes take ``If-Match`` / ``If-None-Match: *`` as the registry's compare-and-set, 412 when it does not
+hold — one winner among racing clients on two server processes sharing SQLite, and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from contextlib import contextmanager
+
+import httpx
+import numpy as np
+import pytest
+from _api_support import W, settings_for
+from _servers import env_for, free_port, serve_in_thread, start, stop
+
+from align import Steer, fit_procrustes, map_from_bytes
+from service.client import Client, ConflictError, PreconditionFailedError
+from service.registry import open_registry
+
+
+def _world(data, url: str | None = None) -> None:
+    """Spaces a, b; map a2b versions 1..3 (3 = a copy of 1's map: the same artifact); steer pos 1..2; a report."""
+    data.mkdir(parents=True, exist_ok=True)
+    reg = open_registry(url or f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((64, 16)).astype(np.float32)
+    maps = [fit_procrustes(X, X @ np.linalg.qr(rng.standard_normal((16, 16)))[0]) for _ in range(2)]
+    report = data / "report.html"
+    report.write_text("<html><body>fit report</body></html>")
+    for m in (maps[0], maps[1], maps[0]):
+        reg.register_version("a2b", m, source_space="a", target_space="b", method="procrustes", params={},
+                             report_path=str(report))
+    for _ in range(2):
+        reg.register_steer("pos", Steer(rng.normal(size=(16, 2)), rng.normal(size=(16, 2)), {}), space="a", params={})
+    reg.close()
+
+
+@pytest.fixture
+def served(tmp_path):
+    from service.api import create_app
+
+    _world(tmp_path / "data")
+    with serve_in_thread(create_app(settings_for(tmp_path))) as url, httpx.Client(base_url=url, headers=W) as c:
+        yield c, url, tmp_path / "data"
+
+
+def test_an_artifact_is_not_downloaded_again_while_its_etag_matches(served):
+    c, _, _ = served
+    sha = c.get("/v1/maps/a2b/versions/1").json()["artifact_sha256"]
+    r = c.get("/v1/maps/a2b:1/artifact")
+    assert r.status_code == 200 and r.headers["etag"] == f'"{sha}.safetensors"'
+    assert r.headers["cache-control"] == "private, max-age=31536000, immutable"  # name:N never changes
+    for held in (r.headers["etag"], f"W/{r.headers['etag']}", f'"nope", {r.headers["etag"]}', "*"):
+        again = c.get("/v1/maps/a2b:1/artifact", headers={"If-None-Match": held})
+        assert again.status_code == 304 and again.content == b"", held
+        assert again.headers["etag"] == r.headers["etag"] and again.headers["x-map-version"] == "1"
+    assert c.get("/v1/maps/a2b:1/artifact", headers={"If-None-Match": '"other"'}).content == r.content
+    npz = c.get("/v1/maps/a2b:1/artifact", params={"format": "npz"})
+    assert npz.headers["etag"] == f'"{sha}.npz"' and c.get(npz.url).content == npz.content  # same bytes each time
+    assert c.get(npz.url, headers={"If-None-Match": r.headers["etag"]}).status_code == 200  # another format
+    # an alias or a bare name moves: revalidate each time; the copy of version 1 (version 3) has its ETag
+    c.put("/v1/maps/a2b/aliases/prod", json={"version": 2})
+    prod = c.get("/v1/maps/a2b@prod/artifact")
+    assert prod.headers["cache-control"] == "private, no-cache" and prod.headers["etag"] != r.headers["etag"]
+    c.put("/v1/maps/a2b/aliases/prod", json={"version": 3})
+    moved = c.get("/v1/maps/a2b@prod/artifact", headers={"If-None-Match": r.headers["etag"]})
+    assert moved.status_code == 304 and moved.headers["x-map-version"] == "3"
+    assert c.get("/v1/maps/a2b@prod/artifact", headers={"If-None-Match": prod.headers["etag"]}).status_code == 200
+
+
+def test_a_304_reads_no_artifact(tmp_path):
+    """The artifact file is gone: a download fails (500, integrity), but a client holding the current ETag gets
+    its 304 from the registry record alone (a fresh server: nothing in its memory)."""
+    from service.api import create_app
+
+    _world(tmp_path / "data")
+    reg = open_registry(f"sqlite:///{tmp_path / 'data' / 'registry.sqlite'}", tmp_path / "data" / "artifacts")
+    v = reg.resolve("a2b:2")
+    (reg.store.root / v.artifact_path).unlink()
+    reg.close()
+    with serve_in_thread(create_app(settings_for(tmp_path))) as url:
+        r = httpx.get(f"{url}/v1/maps/a2b:2/artifact", headers={**W, "If-None-Match": f'"{v.artifact_sha256}.npz"'},
+                      params={"format": "npz"})
+        assert r.status_code == 304, r.text
+        assert httpx.get(f"{url}/v1/maps/a2b:2/artifact", headers=W).status_code == 500
+
+
+@pytest.mark.parametrize("path", ["/v1/maps/a2b@prod", "/v1/maps/a2b/versions/1", "/v1/steers/pos:1",
+                                  "/v1/maps/a2b/versions/1/report"])
+def test_records_and_the_report_carry_an_etag_of_their_body(served, path):
+    c, _, _ = served
+    c.put("/v1/maps/a2b/aliases/prod", json={"version": 1})
+    r = c.get(path)
+    assert r.status_code == 200 and r.headers["etag"].startswith('"') and r.headers["cache-control"] == \
+        "private, no-cache"
+    assert c.get(path).headers["etag"] == r.headers["etag"]
+    hit = c.get(path, headers={"If-None-Match": f'W/"x", {r.headers["etag"]}'})
+    assert hit.status_code == 304 and hit.content == b"" and hit.headers["etag"] == r.headers["etag"]
+    if "steers" in path:
+        c.put("/v1/steers/pos/aliases/prod", json={"version": 1})  # the record lists its aliases
+    elif "report" not in path:
+        c.put("/v1/maps/a2b/versions/1/tags/owner", json={"value": "x"})
+    else:
+        return  # a report never changes
+    changed = c.get(path, headers={"If-None-Match": r.headers["etag"]})
+    assert changed.status_code == 200 and changed.headers["etag"] != r.headers["etag"]
+
+
+@pytest.mark.parametrize("kind", ["maps", "steers"])
+def test_alias_writes_hold_only_while_if_match_does(served, kind):
+    c, _, _ = served
+    name = "a2b" if kind == "maps" else "pos"
+    alias = f"/v1/{kind}/{name}/aliases/prod"
+    assert c.get(alias).status_code == 404
+    r = c.put(alias, json={"version": 1}, headers={"If-Match": '"v1"'})  # not set: If-Match cannot hold
+    assert r.status_code == 412 and "is not set" in r.json()["error"]["message"]
+    assert c.delete(alias, headers={"If-Match": "*"}).status_code == 412
+    r = c.put(alias, json={"version": 1}, headers={"If-None-Match": "*"})  # create only
+    assert r.status_code == 200 and r.headers["etag"] == '"v1"' and r.json()["version"] == 1
+    r = c.put(alias, json={"version": 2}, headers={"If-None-Match": "*"})
+    assert r.status_code == 412 and r.json()["error"]["type"] == "PreconditionFailedError"
+    assert 'points at version 1 (ETag "v1")' in r.json()["error"]["message"]
+    got = c.get(alias)
+    assert got.json() == {"name": name, "alias": "prod", "version": 1} and got.headers["etag"] == '"v1"'
+    assert c.get(alias, headers={"If-None-Match": '"v1"'}).status_code == 304
+    for stale in ('"v2"', 'W/"v1"', '"1"', '"v99999999999"', "garbage"):  # W/: If-Match compares strongly
+        assert c.put(alias, json={"version": 2}, headers={"If-Match": stale}).status_code == 412, stale
+        assert c.delete(alias, headers={"If-Match": stale}).status_code == 412, stale
+    assert c.get(alias).json()["version"] == 1  # nothing moved
+    r = c.put(alias, json={"version": 2}, headers={"If-Match": got.headers["etag"]})
+    assert r.status_code == 200 and r.headers["etag"] == '"v2"'
+    r = c.put(alias, json={"version": 1}, headers={"If-Match": '"v7", "v2"'})
+    assert r.status_code == 200 and r.headers["etag"] == '"v1"'
+    assert c.put(alias, json={"version": 2}, headers={"If-Match": "*"}).headers["etag"] == '"v2"'
+    for bad in ({"If-Match": '"v2"', "If-None-Match": "*"}, {"If-None-Match": '"v2"'}):
+        assert c.put(alias, json={"version": 1}, headers=bad).status_code == 422
+    r = c.put(alias, json={"version": 1, "expected_version": 2}, headers={"If-Match": '"v2"'})
+    assert r.status_code == 422 and "not both" in r.json()["error"]["message"]
+    assert c.put(alias, json={"version": 1, "expected_version": 1}).status_code == 409  # the body's CAS: 409
+    assert c.put(f"/v1/{kind}/nope/aliases/prod", json={"version": 1}, headers={"If-Match": "*"}).status_code == 404
+    assert c.put(alias, json={"version": 9}, headers={"If-Match": '"v2"'}).status_code == 404
+    assert c.delete(f"/v1/{kind}/nope/aliases/prod", headers={"If-Match": '"v2"'}).status_code == 404
+    assert c.delete(alias, headers={"If-Match": '"v2"'}).status_code == 204
+    assert c.get(alias).status_code == 404 and c.delete(alias).status_code == 404
+
+
+def test_a_web_page_of_an_allowed_origin_can_read_the_etag(tmp_path):
+    """With CORS on, a browser hid ``ETag`` from the page's script (not a CORS-safelisted header), so a web client
+    could not send it back in ``If-Match`` / ``If-None-Match``; it is exposed now."""
+    from service.api import create_app
+
+    _world(tmp_path / "data")
+    with serve_in_thread(create_app(settings_for(tmp_path, cors_origins=["https://app.example"]))) as url:
+        httpx.put(f"{url}/v1/maps/a2b/aliases/prod", json={"version": 1}, headers=W)
+        r = httpx.get(f"{url}/v1/maps/a2b/aliases/prod", headers={**W, "Origin": "https://app.example"})
+        assert "etag" in r.headers["access-control-expose-headers"].lower() and r.headers["etag"] == '"v1"'
+
+
+def test_the_client_caches_an_artifact_by_etag_and_guards_a_removal(served):
+    _, url, _ = served
+    with Client(url, api_key="wkey-456") as vb:
+        a = vb.artifact("a2b:1")
+        assert a.data and a.version == 1 and a.etag.endswith('.safetensors"')
+        m = map_from_bytes(a.data)
+        assert vb.artifact("a2b:1", etag=a.etag) == (None, a.etag, 1)  # not modified: nothing downloaded
+        assert vb.artifact("a2b:2", etag=a.etag).data != a.data
+        assert vb.download_artifact("a2b:1") == a.data and m.source_dim == 16
+        vb.set_alias("a2b", "prod", 2)
+        with pytest.raises(PreconditionFailedError) as err:
+            vb.delete_alias("a2b", "prod", expected=1)
+        assert isinstance(err.value, ConflictError) and err.value.status == 412
+        vb.delete_alias("a2b", "prod", expected=2)
+        assert "prod" not in vb.get_map("a2b")["aliases"]
+
+
+@contextmanager
+def _replicas(tmp_path, url: str):
+    """Two ``uvicorn`` processes (replicas, ports of their own) over one data dir and registry ``url``."""
+    data = tmp_path / "data"
+    _world(data, url)
+    procs, urls = [], []
+    try:
+        for i in range(2):
+            port = free_port()
+            env = {**env_for(data, port), "VECBRIDGE_REGISTRY_URL": url}
+            cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+                   "--port", str(port), "--no-access-log"]
+            procs.append(start(cmd, env, port, tmp_path / f"r{i}.log"))
+            urls.append(f"http://127.0.0.1:{port}")
+        yield urls
+    finally:
+        for p in procs:
+            stop(p)
+
+
+def _race(urls, headers_of, versions=(1, 2, 3), n: int = 8):
+    """``n`` clients (alternating replicas) behind a barrier, client i moving a2b@prod to ``versions[i % len]``
+    with ``headers_of(i)``; their responses in order."""
+    barrier, out = threading.Barrier(n), [None] * n
+
+    def run(i):
+        with httpx.Client(base_url=urls[i % 2], headers=W, timeout=60) as c:
+            barrier.wait(30)
+            out[i] = c.put("/v1/maps/a2b/aliases/prod", json={"version": versions[i % len(versions)]},
+                           headers=headers_of(i))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_racing_if_match_writes_on_two_replicas_have_one_winner(tmp_path, request, backend):
+    url = f"sqlite:///{tmp_path / 'data' / 'registry.sqlite'}" if backend == "sqlite" else \
+        request.getfixturevalue("pg_url")
+    with _replicas(tmp_path, url) as urls:
+        assert httpx.put(f"{urls[0]}/v1/maps/a2b/aliases/prod", json={"version": 3}, headers=W).status_code == 200
+        for rnd in range(3):
+            held = httpx.get(f"{urls[rnd % 2]}/v1/maps/a2b/aliases/prod", headers=W).headers["etag"]
+            others = [v for v in (1, 2, 3) if f'"v{v}"' != held]  # a move onto the held version would keep it
+            got = _race(urls, lambda i, held=held: {"If-Match": held}, others)
+            codes = [r.status_code for r in got]
+            assert codes.count(200) == 1 and codes.count(412) == len(codes) - 1, [r.text for r in got]
+            winner = got[codes.index(200)]
+            for u in urls:  # both replicas see the winner's move
+                assert httpx.get(f"{u}/v1/maps/a2b/aliases/prod", headers=W).headers["etag"] == \
+                    winner.headers["etag"]
+        got = _race(urls, lambda i: {"If-Match": '"v1", "v2", "v3"'} if i % 2 else {"If-None-Match": "*"})
+        assert all(r.status_code == (200 if i % 2 else 412) for i, r in enumerate(got)), [r.text for r in got]
