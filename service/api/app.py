@@ -69,6 +69,13 @@ valid key, 403 without the scope). Errors are `{"error": {"type", "status", "mes
 
 
 
+#: Answer headers a web page of an allowed origin (``cors_origins``) may read; browsers hide all but a safelisted
+#: few: ``ETag`` (sent back in If-Match / If-None-Match), ``Retry-After`` (429 / 503), ``X-Request-ID`` (to quote in
+#: a report), ``X-Map`` / ``X-Map-Version`` (which version answered a transform or artifact) and ``X-Shape`` (of a
+#: binary transform's body)
+EXPOSED_HEADERS = ("ETag", "Retry-After", "X-Request-ID", "X-Map", "X-Map-Version", "X-Shape")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the vecbridge FastAPI app (resources open when the app starts)."""
     metrics = ServiceMetrics()
@@ -124,7 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        settings=lambda: current_settings(app))  # per request: tests override get_settings later
     if s.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=s.cors_origins, allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["ETag"])  # a page reads it for If-Match / If-None-Match
+                           allow_headers=["*"], expose_headers=list(EXPOSED_HEADERS))
     app.add_middleware(ObserveMiddleware, metrics=metrics)
     return app
 

@@ -153,14 +153,24 @@ def test_alias_writes_hold_only_while_if_match_does(served, kind):
 
 def test_a_web_page_of_an_allowed_origin_can_read_the_etag(tmp_path):
     """With CORS on, a browser hid ``ETag`` from the page's script (not a CORS-safelisted header), so a web client
-    could not send it back in ``If-Match`` / ``If-None-Match``; it is exposed now."""
+    could not send it back in ``If-Match`` / ``If-None-Match``; it is exposed now. So are the headers that say which
+    map version answered a transform (``X-Map``, ``X-Map-Version``), a binary answer's ``X-Shape`` and the
+    ``X-Request-ID`` to quote in a report (before: hidden, only ``ETag`` was exposed)."""
     from service.api import create_app
 
     _world(tmp_path / "data")
+    origin = {"Origin": "https://app.example"}
     with serve_in_thread(create_app(settings_for(tmp_path, cors_origins=["https://app.example"]))) as url:
         httpx.put(f"{url}/v1/maps/a2b/aliases/prod", json={"version": 1}, headers=W)
-        r = httpx.get(f"{url}/v1/maps/a2b/aliases/prod", headers={**W, "Origin": "https://app.example"})
+        r = httpx.get(f"{url}/v1/maps/a2b/aliases/prod", headers={**W, **origin})
         assert "etag" in r.headers["access-control-expose-headers"].lower() and r.headers["etag"] == '"v1"'
+        r = httpx.post(f"{url}/v1/maps/a2b@prod/transform", content=np.zeros((2, 16), np.float32).tobytes(),
+                       headers={**W, **origin, "Content-Type": "application/octet-stream", "X-Vector-Dim": "16"})
+        assert r.status_code == 200, r.text
+        exposed = {h.strip().lower() for h in r.headers["access-control-expose-headers"].split(",")}
+        for h in ("x-map", "x-map-version", "x-shape", "x-request-id", "retry-after", "etag"):
+            assert h in exposed, (h, exposed)
+            assert h in ("retry-after", "etag") or h in r.headers, h
 
 
 def test_the_client_caches_an_artifact_by_etag_and_guards_a_removal(served):
