@@ -186,7 +186,7 @@ def sqlite_backup(src: Path, dst: Path, *, timeout: float = 60.0) -> float:
         target = sqlite3.connect(dst, isolation_level=None)
         try:
             t0 = time.perf_counter()
-            source.backup(target, pages=-1)
+            source.backup(target, pages=-1, sleep=0.005)  # busy: retry soon
             took = time.perf_counter() - t0
             bad = [r[0] for r in target.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
             if bad:

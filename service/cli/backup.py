@@ -55,8 +55,8 @@ def backup(obj: Ctx, dest, copy_files, as_json, quiet):
     text = [f"backup of {out['source']} written to {dst} in {out['seconds']:.1f}s",
             f"  {what}, {jobs}{out['artifacts']} artifacts, {out['reports']} reports, indexes: {idx}",
             f"  {out['files']} files, {_size(out['bytes'])} ({out['linked']} hard-linked to the data dir, "
-            + f"{_size(out['copied_bytes'])} copied); the SQLite copies held their read locks "
-            + f"{out['registry_lock_s'] * 1000:.0f} ms",
+            + f"{_size(out['copied_bytes'])} copied); the SQLite copies took "
+            + f"{out['sqlite_copy_s'] * 1000:.0f} ms (the longest a writer's commit waited for them)",
             f"  restore: vecbridge --data-dir {dst} serve   (check: vecbridge --data-dir {dst} registry verify)"]
     if reg.get("verify") and not reg["verify"]["ok"]:
         text.append("  warning: the registry in the backup fails verify, as the data dir's does: run "

@@ -128,8 +128,8 @@ def backup_data_dir(settings: Settings, dest, *, link: bool = True, progress: Pr
     Returns the summary written to ``dest/backup.json``: ``registry`` (backend, whether copied, its
     ``verify`` on the copy), ``jobs``, ``artifacts`` / ``reports`` (files), ``indexes`` ({name: generation,
     kind, files}), ``files``, ``bytes`` (in the backup), ``linked`` (files shared with the data dir),
-    ``copied_bytes``, ``seconds``, ``registry_lock_s`` (how long the SQLite copies held their read locks: the
-    most a writer of the data dir waited), ``notes``. ``NotFoundError`` when the data dir does not exist,
+    ``copied_bytes``, ``seconds``, ``sqlite_copy_s`` (seconds in SQLite's online backup, waits for a writer's
+    commit included: the longest a writer's commit could have waited for the copies), ``notes``. ``NotFoundError`` when the data dir does not exist,
     ``ConflictError`` when ``dest`` exists and is not empty (or lies inside the data dir).
     """
     progress = progress or silent
@@ -216,7 +216,8 @@ def _backup(settings: Settings, data: Path, tmp: Path, copier: _Copier, progress
             reg.close()
         shutil.rmtree(tmp / "artifacts" / "tmp", ignore_errors=True)
         progress("verify", 1.0)
-    out.update(registry=registry, jobs=jobs.exists(), files=copier.files + 2 * registry["copied"],
-               bytes=copier.bytes + sum(p.stat().st_size for p in tmp.glob("*.sqlite")), linked=copier.linked,
-               copied_bytes=copier.copied_bytes, registry_lock_s=round(lock_s, 4), notes=notes)
+    sqlite = [p.stat().st_size for p in tmp.glob("*.sqlite")]  # always copies
+    out.update(registry=registry, jobs=jobs.exists(), files=copier.files + len(sqlite),
+               bytes=copier.bytes + sum(sqlite), linked=copier.linked, copied_bytes=copier.copied_bytes + sum(sqlite),
+               sqlite_copy_s=round(lock_s, 4), notes=notes)
     return out
