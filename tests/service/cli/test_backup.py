@@ -267,3 +267,19 @@ def test_a_postgresql_registry_is_pg_dumps_job_and_restores_beside_the_backup(pg
     finally:
         with psycopg.connect(pg_url, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{restored.rsplit("/", 1)[1]}" WITH (FORCE)')
+
+
+def test_an_interrupted_backup_leaves_no_destination(source, tmp_path):
+    """Ctrl-C half-way through an index copy (raised from the progress callback, as the CLI's SIGINT would be):
+    the temporary folder is removed and no DEST appears."""
+    from service.config import Settings
+    from service.ops.backup import backup_data_dir
+
+    def progress(stage: str, fraction: float) -> None:
+        if stage == "index docs" and 0 < fraction < 1:
+            raise KeyboardInterrupt
+
+    dest = tmp_path / "out" / "b"
+    with pytest.raises(KeyboardInterrupt):
+        backup_data_dir(Settings(data_dir=source), dest, link=False, progress=progress)
+    assert list((tmp_path / "out").iterdir()) == []
