@@ -129,14 +129,20 @@ def backup_data_dir(settings: Settings, dest, *, link: bool = True, progress: Pr
     ``verify`` on the copy), ``jobs``, ``artifacts`` / ``reports`` (files), ``indexes`` ({name: generation,
     kind, files}), ``files``, ``bytes`` (in the backup), ``linked`` (files shared with the data dir),
     ``copied_bytes``, ``seconds``, ``sqlite_copy_s`` (seconds in SQLite's online backup, waits for a writer's
-    commit included: the longest a writer's commit could have waited for the copies), ``notes``. ``NotFoundError`` when the data dir does not exist,
-    ``ConflictError`` when ``dest`` exists and is not empty (or lies inside the data dir).
+    commit included: the longest a writer's commit could have waited for the copies), ``notes``.
+    ``NotFoundError`` when the data dir does not exist (or holds nothing of vecbridge's), ``ConflictError``
+    when ``dest`` exists and is not empty (or lies inside the data dir).
     """
     progress = progress or silent
     t0 = time.perf_counter()
     data = Path(settings.data_dir).resolve()
     dest = Path(dest).resolve()
     _check(data, dest)
+    db = sqlite_path(settings.resolved_registry_url())
+    if not any(p.exists() for p in (data / "indexes", data / "jobs.sqlite", settings.resolved_artifact_dir(),
+                                    *([db] if db is not None else []))):
+        raise NotFoundError(f"{data} is not a vecbridge data dir (no registry, artifacts, indexes or job records): "
+                            f"give --data-dir or VECBRIDGE_DATA_DIR")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()

@@ -187,6 +187,11 @@ def test_bad_destinations_and_a_missing_data_dir_are_one_line_and_write_nothing(
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "b").exists() and not (tmp_path / "nothing-here").exists()
 
+    (tmp_path / "home").mkdir()  # a folder that is not a data dir (a mistyped --data-dir): nothing to back up
+    (tmp_path / "home" / "notes.txt").write_text("x")
+    r = cli("--data-dir", tmp_path / "home", "backup", tmp_path / "b")
+    assert r.returncode == 2 and "is not a vecbridge data dir" in r.stderr and not (tmp_path / "b").exists()
+
     empty = tmp_path / "empty"  # an existing empty folder is fine (a mount point made for it)
     empty.mkdir()
     r = cli("--data-dir", source, "backup", empty, "--json")
