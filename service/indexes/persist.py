@@ -26,11 +26,11 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import faiss
 import numpy as np
@@ -44,9 +44,10 @@ from .kinds import METRICS, add_rows, check_name, tombstone_slots
 from .locking import stat_sig
 from .room import read_with_room
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "LOCK_FILE", "STORE_LOCK", "LOAD_ATTEMPTS", "Delta", "uid_of", "log_of",
-           "log_rows", "log_fits", "snapshot_wanted", "read_meta", "read_generation", "read_deltas", "apply_delta",
-           "read_current", "check_meta", "write_generation", "collect_generations"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "LOAD_ATTEMPTS", "LOCK_FILE", "STORE_LOCK", "Delta", "apply_delta",
+           "check_meta", "collect_generations", "generation_files", "log_fits", "log_of", "log_rows",
+           "open_generation", "read_current", "read_deltas", "read_generation", "read_meta", "snapshot_wanted",
+           "uid_of", "with_current", "write_generation"]
 
 FORMAT = "vecbridge.SpaceIndex"
 FORMAT_VERSION = 3  # 3: snapshot + log (base, log, base_rows, recent_bases); 2: HNSW tombstones as slots
@@ -60,6 +61,7 @@ SNAPSHOT_WANTED = "snapshot-wanted"  # root/<name>/snapshot-wanted: a reader met
 LOAD_ATTEMPTS = 8
 LOCK_FILE = ".lock"  # root/<name>/.lock: the cross-process writer lock of one index
 STORE_LOCK = ".store.lock"  # root/.store.lock: create and drop
+T = TypeVar("T")
 
 
 def uid_of(meta: dict) -> str:
@@ -219,33 +221,72 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
+def generation_files(meta: dict) -> list[str]:
+    """Names of the files the generation ``meta`` names: its log's deltas, then the snapshot's index and payloads.
+
+    Immutable once a meta names them (each written to a temporary name and renamed, never changed in
+    place): a copy may share them (hard links) and still hold that generation when writers move on.
+    """
+    base, log = log_of(meta)
+    return [f"delta.{g}.npz" for g, _ in log] + [f"index.{base}.faiss", f"payloads.{base}.json"]
+
+
+@contextmanager
+def open_generation(path: Path, meta: dict) -> Iterator[dict[str, BinaryIO]]:
+    """Every file of the generation ``meta`` names (:func:`generation_files`), opened before any is read.
+
+    A writer's garbage collection after this does not matter (the open files stay readable); one that came
+    before raises ``FileNotFoundError`` here: a newer meta exists, read it again (:func:`with_current`).
+    """
+    with ExitStack() as files:
+        yield {name: files.enter_context(open(path / name, "rb")) for name in generation_files(meta)}
+
+
 def read_generation(path: Path, meta: dict) -> tuple[Any, dict[int, Any]]:
     """The FAISS index and payloads of the generation ``meta`` names: its snapshot with its log replayed.
 
     Raises ``FileNotFoundError`` when a file was already garbage-collected (a newer meta exists:
-    read it again). Every file is opened before any is read, so a removal during the read does not
-    matter; the deltas are read (and checked) one at a time after the snapshot, each replayed before
-    the next is read. A flat or HNSW snapshot is read with room for :func:`log_rows` more rows (:mod:`.room`),
-    so neither this replay nor the adds a writer logs after it copy the rows FAISS holds.
+    read it again). Every file is opened before any is read (:func:`open_generation`).
     """
+    with open_generation(path, meta) as files:
+        return _read_open(path, meta, files)
+
+
+def _read_open(path: Path, meta: dict, files: dict[str, BinaryIO]) -> tuple[Any, dict[int, Any]]:
+    """Read the generation ``meta`` names from its open ``files``. The deltas are read (and checked) one at a
+    time after the snapshot, each replayed before the next is read: a log of 64 holds up to a quarter of the
+    snapshot's rows, which reading them all first kept in memory beside the snapshot. A flat or HNSW snapshot is
+    read with room for :func:`log_rows` more rows (:mod:`.room`), so neither this replay nor the adds a writer
+    logs after it copy the rows FAISS holds."""
     base, log = log_of(meta)
-    with ExitStack() as files:
-        # every file opened before any is read: a writer's removal meanwhile does not matter (FileNotFoundError
-        # now: collected already). The deltas are then read and replayed one at a time: a log of 64 holds up to
-        # a quarter of the snapshot's rows, which reading them all first kept in memory beside the snapshot.
-        logged = [(g, n, files.enter_context(open(path / f"delta.{g}.npz", "rb"))) for g, n in log]
-        fi = files.enter_context(open(path / f"index.{base}.faiss", "rb"))
-        fp = files.enter_context(open(path / f"payloads.{base}.json", "rb"))
+    with _reading(path):
+        index = read_with_room(files[f"index.{base}.faiss"], meta["kind"], log_rows)
+        payloads = {int(i): p for i, p in json.loads(files[f"payloads.{base}.json"].read())}
+    for g, n in log:
+        fh = files[f"delta.{g}.npz"]
         with _reading(path):
-            # room for the whole log of this snapshot: replaying it, or writing it, copies no row (.room)
-            index = read_with_room(fi, meta["kind"], log_rows)
-            payloads = {int(i): p for i, p in json.loads(fp.read())}
-        for g, n, fh in logged:
-            with _reading(path):
-                delta = read_delta(path, g, n, int(meta["dim"]), fh)
-            apply_delta(index, meta["kind"], payloads, delta)
-            fh.close()
+            delta = read_delta(path, g, n, int(meta["dim"]), fh)
+        apply_delta(index, meta["kind"], payloads, delta)
+        fh.close()
     return index, payloads
+
+
+def with_current(path: Path, fn: Callable[[dict, dict[str, BinaryIO]], T]) -> tuple[tuple | None, dict, T]:
+    """``(meta_sig, meta, fn(meta, files))`` for the generation ``path/meta.json`` names, ``files`` its open files.
+
+    The one read protocol of readers that need no lock (a load, a backup): read the meta, open every file it
+    names (:func:`open_generation`), and read the meta again when a writer collected one meanwhile, up to
+    :data:`LOAD_ATTEMPTS` times. ``FileNotFoundError`` when ``meta.json`` itself is gone (the index was dropped).
+    """
+    for _ in range(LOAD_ATTEMPTS):
+        sig = stat_sig(path / "meta.json")
+        meta = read_meta(path)
+        try:
+            with open_generation(path, meta) as files:
+                return sig, meta, fn(meta, files)
+        except FileNotFoundError:
+            continue
+    raise RuntimeError(f"index at {path}: generations changed faster than they could be read")
 
 
 def read_current(path: Path) -> tuple[dict, Any, dict[int, Any], tuple | None]:
@@ -253,16 +294,9 @@ def read_current(path: Path) -> tuple[dict, Any, dict[int, Any], tuple | None]:
 
     Retries when a writer moves on meanwhile (the generation read was collected).
     """
-    for _ in range(LOAD_ATTEMPTS):
-        sig = stat_sig(path / "meta.json")
-        meta = read_meta(path)
-        try:
-            index, payloads = read_generation(path, meta)
-        except FileNotFoundError:
-            continue
-        check_meta(path, meta, index)
-        return meta, index, payloads, sig
-    raise RuntimeError(f"index at {path}: generations changed faster than they could be read")
+    sig, meta, (index, payloads) = with_current(path, lambda m, files: _read_open(path, m, files))
+    check_meta(path, meta, index)
+    return meta, index, payloads, sig
 
 
 def check_meta(path: Path, meta: dict, index) -> None:

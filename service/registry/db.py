@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import ConflictError, IntegrityError, InvalidNameError, RegistryError, RegistryUnavailableError
 
-__all__ = ["open_db", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row"]
+__all__ = ["open_db", "sqlite_path", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row"]
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS vb_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -372,15 +372,24 @@ def _dropped(conn) -> bool:
         return True
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///`` registry URL (None for any other URL); InvalidNameError when it
+    names a folder."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):]
+    if not path or path.endswith("/") or Path(path).is_dir():
+        raise InvalidNameError(f"registry URL {url[:60]!r} names a folder, not a database file: "
+                               "use sqlite:///relative/registry.sqlite or sqlite:////absolute/registry.sqlite")
+    return Path(path)
+
+
 def open_db(url: str):
     """``sqlite:///relative/path.sqlite``, ``sqlite:////abs/path.sqlite`` or ``postgresql://user@host:port/db``;
     InvalidNameError for any other URL, or one that names a folder."""
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
-        if not path or path.endswith("/") or Path(path).is_dir():
-            raise InvalidNameError(f"registry URL {url[:60]!r} names a folder, not a database file: "
-                                   "use sqlite:///relative/registry.sqlite or sqlite:////absolute/registry.sqlite")
-        return SQLiteDB(Path(path))
+    path = sqlite_path(url)
+    if path is not None:
+        return SQLiteDB(path)
     if url.startswith(("postgresql://", "postgres://")):
         return PostgresDB(url)
     raise InvalidNameError(f"unsupported registry URL {url[:30]!r}: use sqlite:///path or postgresql://...")
