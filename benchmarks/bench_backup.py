@@ -103,7 +103,7 @@ def main() -> None:
         writer = subprocess.Popen([sys.executable, "-c", WRITER, str(data), str(log), str(ROOT)])
         time.sleep(5)
         runs, windows = [], []
-        for label, link in (("hard links (same file system)", True), ("--copy", False)):
+        for label, link in (("--link: hard links (same file system)", True), ("--copy (the default)", False)):
             a = time.time()
             out = backup_data_dir(Settings(data_dir=data), tmp / f"b-{int(link)}", link=link)
             windows.append((a, time.time()))

@@ -27,13 +27,14 @@ def _size(n: int) -> str:
 
 @click.command()
 @click.argument("dest", type=click.Path(path_type=Path))
-@click.option("--copy", "copy_files", is_flag=True,
-              help="Copy every file, even where DEST is on the data dir's file system (by default files that "
-                   "are never changed in place are hard links there, sharing the disk's blocks).")
+@click.option("--link/--copy", "link", default=False, show_default=True,
+              help="--link: files never changed in place (artifacts, reports, index files) become hard links "
+                   "where DEST is on the data dir's file system (instant, no space, but the same disk blocks: a "
+                   "snapshot to ship elsewhere, not a backup on its own); default --copy: every file copied.")
 @json_opt
 @quiet_opt
 @click.pass_obj
-def backup(obj: Ctx, dest, copy_files, as_json, quiet):
+def backup(obj: Ctx, dest, link, as_json, quiet):
     """Copy the data dir (registry, job records, artifacts, reports, indexes) to the new folder DEST.
 
     Safe while `vecbridge serve` runs and writes: the SQLite files are copied at one commit, each index at
@@ -43,7 +44,7 @@ def backup(obj: Ctx, dest, copy_files, as_json, quiet):
     """
     progress, close = progress_bar(not quiet and not as_json)
     try:
-        out = backup_data_dir(obj.settings, dest, link=not copy_files, progress=progress)
+        out = backup_data_dir(obj.settings, dest, link=link, progress=progress)
     finally:
         close()
     reg = out["registry"]

@@ -16,8 +16,8 @@ What a data dir holds, and how each part is copied so that the copy is one the s
 
 Not copied: locks, ``jobs.owners/`` (restored jobs that were running are then failed "interrupted by restart", as
 after a crash), temporary files, dropped-index trash. Files never changed in place (artifacts, reports, index
-generations, checkpoints, the key) are hard links when ``DEST`` is on the data dir's file system (``link=False``:
-copies); the SQLite files are always copies.
+generations, checkpoints, the key) are hard links with ``link=True`` (``vecbridge backup --link``) when ``DEST`` is
+on the data dir's file system, copies by default; the SQLite files are always copies.
 
 Everything goes to ``DEST``'s sibling ``.DEST.tmp-*``, renamed to ``DEST`` once complete and fsynced: a failed
 or interrupted backup leaves no ``DEST`` (and removes its temporary folder; after ``kill -9`` the ``.tmp-``
@@ -122,7 +122,7 @@ def _index(src: Path, dst: Path, copier: _Copier, progress: Progress) -> dict:
     return {"generation": int(meta["generation"]), "kind": meta["kind"], "files": len(list(dst.iterdir()))}
 
 
-def backup_data_dir(settings: Settings, dest, *, link: bool = True, progress: Progress | None = None) -> dict:
+def backup_data_dir(settings: Settings, dest, *, link: bool = False, progress: Progress | None = None) -> dict:
     """Write a restorable copy of ``settings.data_dir`` (and its registry) to the new folder ``dest``.
 
     Returns the summary written to ``dest/backup.json``: ``registry`` (backend, whether copied, its

@@ -130,7 +130,7 @@ def test_backup_taken_while_a_process_writes_restores_at_a_committed_state(sourc
         while committed(log)[1] < 3:  # the writer has made snapshots, collected generations, added versions
             assert writer.poll() is None and time.monotonic() < deadline, (tmp_path / "writer.err").read_text()
             time.sleep(0.1)
-        for i, extra in enumerate([[], ["--copy"], []]):
+        for i, extra in enumerate([["--link"], [], ["--link"]]):
             before = committed(log)
             dest = tmp_path / f"backup{i}"
             r = cli("--data-dir", data, "backup", dest, "--quiet", *extra)
@@ -146,12 +146,12 @@ def test_backup_taken_while_a_process_writes_restores_at_a_committed_state(sourc
 
     sizes = [check_restorable(dest, lo, hi) for dest, lo, hi in backups]
     assert sizes[-1] > sizes[0]  # the writer moved on between the backups; each holds its own state
-    # default: never-changed files shared with the data dir (hard links, kept by the backup after the writer
-    # collected them from the data dir), SQLite files always copies; --copy: nothing shared
+    # --link: never-changed files shared with the data dir (hard links, kept by the backup after the writer
+    # collected them from the data dir), SQLite files always copies; default (--copy): nothing shared
     manifests = [json.loads((dest / "backup.json").read_text()) for dest, _, _ in backups]
     assert manifests[0]["linked"] > 0 and manifests[1]["linked"] == 0
     assert (backups[0][0] / "registry.sqlite").stat().st_ino != (data / "registry.sqlite").stat().st_ino
-    assert all(f.stat().st_nlink == 1 for f in (backups[1][0]).rglob("*") if f.is_file())  # --copy
+    assert all(f.stat().st_nlink == 1 for f in (backups[1][0]).rglob("*") if f.is_file())  # the default: copies
     assert not (backups[0][0] / "jobs.owners").exists() and (backups[0][0] / "jobs.sqlite").exists()
     assert not list(tmp_path.glob(".backup*.tmp-*"))
 
