@@ -3,7 +3,7 @@
 A file of ``n`` rows (any format :mod:`service.io` reads) is read in blocks of at most
 :data:`CHUNK_ROWS` rows (texts: :data:`TEXT_CHUNK`, embedded with the space's encoder in its
 passage form and stored as payloads ``{"text": ...}`` as over HTTP). Memory: the index itself
-plus one block (plus, for IVF, the k-means training sample of at most ``256 nlist`` rows).
+plus one block (plus, for IVF, the k-means training sample of at most ``256 nlist`` rows, then 8 bytes a row: its list).
 
 - :func:`create_from_file` builds the index in memory from every block and persists it once
   (:meth:`service.indexes.IndexStore.create`): the name appears, complete, or not at all.
@@ -172,7 +172,7 @@ def create_from_file(resolver: Resolver, store: IndexStore, name: str, space, sr
         train = partial(_train_sample, src, space.dim, space.name, encoder, n, min(n, 256 * nlist), random_state,
                         lambda f: progress("sample (k-means)", f))
     again = None
-    if kind == "ivf" and not src.texts:  # each IVF list sized once from a pass over the file (texts: not embedded again)
+    if kind == "ivf" and not src.texts:  # each IVF list sized once from a pass over the file (texts: not embedded)
         again = partial(_rows_again, src, space.dim, space.name, n, lambda f: progress("lists (IVF)", f))
     blocks = _blocks(src, space.dim, space.name, encoder, ids=ids, payloads=payloads, n=n,
                      progress=lambda f: progress("add", f))
