@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,7 @@ from .kinds import (
     KINDS,
     METRICS,
     TOMBSTONE_REBUILD,
+    ListPlan,
     add_rows,
     check_name,
     choose_kind,
@@ -54,6 +55,7 @@ from .kinds import (
     live_ids,
     live_slots,
     make_index,
+    plan_lists,
     prep_rows,
     rebuild_hnsw,
     reserve,
@@ -157,7 +159,8 @@ class SpaceIndex:
     def build(cls, name: str, space: str, vectors, *, ids=None, payloads=None, kind: str = "auto",
               metric: str = "cosine", params: dict | None = None, random_state: int = 0,
               description: str = "", path: Path | None = None, dim: int | None = None,
-              more: Iterable[tuple[Any, Any, Any]] = (), train=None, rows: int | None = None) -> SpaceIndex:
+              more: Iterable[tuple[Any, Any, Any]] = (), train=None, rows: int | None = None,
+              again: Callable[[], Iterable[Any]] | None = None) -> SpaceIndex:
         """Create an index from ``vectors`` (n, d); ``kind="auto"`` chooses by ``n``.
 
         ``params``: ``{"M": 32, "ef_construction": 80, "ef_search": 64}`` for HNSW,
@@ -169,6 +172,9 @@ class SpaceIndex:
         called only when the index is made, scaled in place and freed once trained, so no caller holds them
         while the rows are added). ``rows``: how many rows ``vectors`` and ``more`` hold together,
         when known: the storage is sized for them once (:func:`~.kinds.reserve`) instead of doubling per block.
+        IVF sizes each list once for its rows (:func:`~.kinds.plan_lists`) from a first pass over them: ``vectors``
+        and ``more`` when ``more`` is a list or tuple, else ``again()`` (the rows of every block, ``X (m, d)``, once
+        more, as ``more`` gives them: a file read again); neither (a one-shot stream): the lists double as they fill.
         """
         check_name(name)
         if metric not in METRICS:
@@ -195,9 +201,15 @@ class SpaceIndex:
                   description=description, path=path)
         if n:
             reserve(index, kind, rows or 0)
-            obj._add(X, ids, payloads)
+            plan = None
+            if kind == "ivf" and (again is not None or isinstance(more, (list, tuple))):
+                first = again() if again is not None else [X, *(block[0] for block in more)]  # in memory: twice
+                plan = plan_lists(index, (obj._prepared(as_matrix(Xm, name="vectors", dim=d)) for Xm in first))
+            obj._add(X, ids, payloads, plan=plan)
             for Xm, ids_m, payloads_m in more:
-                obj._add(as_matrix(Xm, name="vectors", dim=d), ids_m, payloads_m)
+                obj._add(as_matrix(Xm, name="vectors", dim=d), ids_m, payloads_m, plan=plan)
+            if plan is not None:
+                plan.finish()
         elif (ids is not None and len(ids)) or (payloads is not None and len(payloads)):
             raise InputError("ids / payloads were given without vectors: an empty index has no rows for them "
                              "(send vectors or texts with them, or add them later)")
@@ -240,10 +252,15 @@ class SpaceIndex:
         return [self.payloads.get(int(i)) for i in ids]
 
     # --- writes (caller holds the write lock, or the object is not shared yet) ----------------
-    def _add(self, X: np.ndarray, ids, payloads, seed: int | None = None) -> Delta:
+    def _prepared(self, X: np.ndarray) -> np.ndarray:
+        """Rows ``X`` (n, dim) as stored: :func:`~.kinds.prep_rows`, C-contiguous float32."""
+        return np.ascontiguousarray(prep_rows(X, self.metric), dtype=np.float32)
+
+    def _add(self, X: np.ndarray, ids, payloads, seed: int | None = None, plan: ListPlan | None = None) -> Delta:
         """Add ``X`` (n, dim); returns the change as a :class:`~.persist.Delta` of generation ``seed`` (the next).
 
-        ``seed``: the add is logged, so it must be replayable (:func:`~.kinds.add_rows`).
+        ``seed``: the add is logged, so it must be replayable; ``plan``: IVF lists found already
+        (:func:`~.kinds.add_rows`).
         """
         n = X.shape[0]
         if ids is None:
@@ -259,8 +276,8 @@ class SpaceIndex:
         if payloads is not None:
             if not isinstance(payloads, list) or len(payloads) != n:
                 raise InputError(f"payloads: expected a list of {n} JSON values (one per vector)")
-        rows = np.ascontiguousarray(prep_rows(X, self.metric), dtype=np.float32)
-        add_rows(self.index, self.kind, rows, ids_arr, seed)
+        rows = self._prepared(X)
+        add_rows(self.index, self.kind, rows, ids_arr, seed, plan)
         added = {}
         if payloads is not None:
             added = {i: p for i, p in zip(ids_arr.tolist(), payloads) if p is not None}

@@ -3,12 +3,14 @@
 A file of ``n`` rows (any format :mod:`service.io` reads) is read in blocks of at most
 :data:`CHUNK_ROWS` rows (texts: :data:`TEXT_CHUNK`, embedded with the space's encoder in its
 passage form and stored as payloads ``{"text": ...}`` as over HTTP). Memory: the index itself
-plus one block (plus, for IVF, the k-means training sample of at most ``256 nlist`` rows).
+plus one block (plus, for IVF, the k-means training sample of at most ``256 nlist`` rows, then 8 bytes a row: its list).
 
 - :func:`create_from_file` builds the index in memory from every block and persists it once
   (:meth:`service.indexes.IndexStore.create`): the name appears, complete, or not at all.
   ``kind="auto"`` chooses by ``n`` (the whole file, not one block); IVF trains on a seeded sample
-  of the whole file (one extra pass over it; for texts, one extra embedding pass).
+  of the whole file (one extra pass over it; for texts, one extra embedding pass), and a vectors file is read
+  once more to find each row's list before any is added, so that each list is allocated once at its size
+  (:func:`service.indexes.kinds.plan_lists`; texts are not embedded a third time: their lists grow by doubling).
 - :func:`add_from_file` adds all blocks as one generation (:meth:`SpaceIndex.add_blocks`; a file of
   one block: :meth:`SpaceIndex.add`, a logged delta when it fits): all rows or none.
 
@@ -145,6 +147,12 @@ def _train_sample(src: FileRows, dim: int, space: str, encoder, n: int, rows: in
     return out
 
 
+def _rows_again(src: FileRows, dim: int, space: str, n: int, progress: Callable[[float], None]) -> Iterator[np.ndarray]:
+    """The rows ``X (m, dim)`` of every block of a vectors file ``src``, read once more, as :func:`_blocks` gives
+    them."""
+    return (X for X, _, _ in _blocks(src, dim, space, None, ids=None, payloads=None, n=n, progress=progress))
+
+
 def create_from_file(resolver: Resolver, store: IndexStore, name: str, space, src: FileRows, *, ids=None,
                      payloads: Iterator | None = None, kind: str = "auto", metric: str = "cosine",
                      params: dict | None = None, random_state: int = 0, description: str = "",
@@ -163,12 +171,15 @@ def create_from_file(resolver: Resolver, store: IndexStore, name: str, space, sr
         # drawn when the index is made and freed once k-means is done: not held while the rows are added
         train = partial(_train_sample, src, space.dim, space.name, encoder, n, min(n, 256 * nlist), random_state,
                         lambda f: progress("sample (k-means)", f))
+    again = None
+    if kind == "ivf" and not src.texts:  # each IVF list sized once from a pass over the file (texts: not embedded)
+        again = partial(_rows_again, src, space.dim, space.name, n, lambda f: progress("lists (IVF)", f))
     blocks = _blocks(src, space.dim, space.name, encoder, ids=ids, payloads=payloads, n=n,
                      progress=lambda f: progress("add", f))
     X, ids0, pl0 = next(blocks)
     return store.create(name, space.name, X, ids=ids0, payloads=pl0, more=blocks, train=train, dim=space.dim,
                         rows=n, kind=kind, metric=metric, params=params, random_state=random_state,
-                        description=description)
+                        description=description, again=again)
 
 
 def add_from_file(resolver: Resolver, idx: SpaceIndex, src: FileRows, *, ids=None, payloads: Iterator | None = None,
