@@ -9,14 +9,13 @@
 
 Every method is one request (retried as below; list methods follow ``next`` cursors until the last page; rows
 beyond the service's ``max_batch`` / ``max_body_bytes`` go in batches, see ``batch_size``) and returns the decoded
-JSON answer, or numpy arrays where the route carries vectors. Vectors go
-out as base64 float32 inside JSON (``vectors_b64`` + ``dim``), and :meth:`Client.transform`
-sends raw little-endian float32 (``application/octet-stream``) by default: no JSON numbers to
-parse on either side. ``binary=False`` sends the same request as JSON.
+JSON answer, or numpy arrays where the route carries vectors. Vectors go out as base64 float32 inside JSON
+(``vectors_b64`` + ``dim``), and :meth:`Client.transform` sends raw little-endian float32
+(``application/octet-stream``) by default: no JSON numbers to parse on either side. ``binary=False`` sends the
+same request as JSON.
 
-Errors: a 4xx/5xx answer raises the :class:`APIError` subclass of its status, carrying the
-server's ``{"error": {"type", "status", "message"}}`` and the ``X-Request-ID`` to quote in a
-bug report::
+Errors: a 4xx/5xx answer raises the :class:`APIError` subclass of its status, carrying the server's
+``{"error": {"type", "status", "message"}}`` and the ``X-Request-ID`` to quote in a bug report::
 
     APIError (VecbridgeError)   any error answer: .status, .type, .message, .request_id, .body, .kind
      +-- BadRequestError             400
@@ -38,17 +37,16 @@ bug report::
      +-- JobCancelledError
      +-- JobTimeoutError (also TimeoutError)   still running at ``wait``'s ``timeout``
 
-Arrays the client cannot send as float32 are refused before anything is sent, with
-:mod:`align.exceptions`' errors (``ShapeError``, ``NotRepresentableError``, ``InputError``; all
-``ValueError``); the service judges the rest (NaN, dimensions: 422).
+Arrays the client cannot send as float32 are refused before anything is sent, with :mod:`align.exceptions`'
+errors (``ShapeError``, ``NotRepresentableError``, ``InputError``; all ``ValueError``); the service judges the
+rest (NaN, dimensions: 422).
 
-Retries: a request that got no answer, or a 429 / 502 / 503 / 504, is sent again up to
-``max_retries`` times (default 2; 0 turns retries off) after 0.5 s, 1 s, 2 s ... or the answer's
-``Retry-After`` (a longer one than ``max_retry_wait`` is raised at once), but only where sending it
-twice cannot do twice what was asked: GET / PUT / DELETE, the POSTs that only read (transform,
-search, embeddings, steer apply, plans, evaluate, LM generate / analyze, deleting index rows), and
-fits, which carry an ``Idempotency-Key`` (one is made per call unless given). A request that never
-reached the server (connection refused) is retried whatever it is.
+Retries: a request that got no answer, or a 429 / 502 / 503 / 504, is sent again up to ``max_retries`` times
+(default 2; 0 turns retries off) after 0.5 s, 1 s, 2 s ... or the answer's ``Retry-After`` (a longer one than
+``max_retry_wait`` is raised at once), but only where sending it twice cannot do twice what was asked: GET / PUT /
+DELETE, the POSTs that only read (transform, search, embeddings, steer apply, plans, evaluate, LM generate /
+analyze, deleting index rows), and fits, which carry an ``Idempotency-Key`` (one is made per call unless given). A
+request that never reached the server (connection refused) is retried whatever it is.
 """
 
 from __future__ import annotations
@@ -100,6 +98,7 @@ from .client_wire import (
     labelled,
     matrix,
     new_key,
+    pinned,
     rows,
     side,
     spans,
@@ -151,7 +150,8 @@ class Client:
         Most rows per request of :meth:`transform`, :meth:`add`, :meth:`search`, :meth:`apply_steer` and
         :meth:`embed`. Without it a call is split only once the service refused one as too large (413): the
         client then reads the service's ``max_batch`` / ``max_body_bytes`` from ``/v1/info`` and sends the rows
-        in batches within them (:mod:`service.client_wire`), the answers joined in order.
+        in batches within them (:mod:`service.client_wire`), the answers joined in order (through the map and
+        steer versions the first batch used, whatever aliases move meanwhile).
     transport : httpx.BaseTransport, optional
         For tests (e.g. ``httpx.ASGITransport``); default: the network.
 
@@ -342,10 +342,10 @@ class Client:
     def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True) -> np.ndarray:
         """Map rows ``X`` (n, d_source) through ``ref``; returns float32 (n, d_target).
 
-        ``binary=True`` sends raw float32 (``application/octet-stream``) and reads raw float32
-        back (shape from ``X-Shape``); ``binary=False`` sends JSON (``vectors_b64``) instead, for
-        proxies that pass only JSON. ``output``: ``raw`` (comparable with the target model's own
-        vectors), ``frame`` or ``linear`` (see the route's documentation).
+        ``binary=True`` sends raw float32 (``application/octet-stream``) and reads raw float32 back (shape from
+        ``X-Shape``); ``binary=False`` sends JSON (``vectors_b64``) instead, for proxies that pass only JSON.
+        ``output``: ``raw`` (comparable with the target model's own vectors), ``frame`` or ``linear`` (see the
+        route's documentation).
         """
         A, pinned = matrix(X), [ref]
 
@@ -466,21 +466,24 @@ class Client:
         self._json("DELETE", f"/v1/indexes/{_seg(name)}")
 
     def search(self, name: str, queries=None, *, texts: Sequence[str] | None = None, space: str | None = None,
-               k: int = 10, map: str | None = None, steers: dict[str, float] | None = None, **options) -> dict:
+               k: int = 10, map: str | Sequence[str] | None = None, steers: dict[str, float] | None = None,
+               **options) -> dict:
         """Search index ``name`` with ``queries`` (n, d_space) or ``texts`` from any registered ``space``.
 
-        Returns the route's answer: ``results`` (n lists of ``{"id", "score", "payload"}``) and
-        ``maps`` (the map versions that carried the queries into the index's space). ``options``:
-        ``csls``, ``csls_k``, ``csls_weight``, ``exact``, ``ef_search``, ``nprobe``, ``include_payloads``.
+        Returns the route's answer: ``results`` (n lists of ``{"id", "score", "payload"}``) and ``maps`` (the map
+        versions that carried every query into the index's space). ``map``: a map or a path (list) of maps to use.
+        ``options``: ``csls``, ``csls_k``, ``csls_weight``, ``exact``, ``ef_search``, ``nprobe``, ``include_payloads``.
         """
         Q, texts = None if queries is None else matrix(queries, "queries"), as_list(texts)
+        pin = {"map": map, "steers": steers}  # batches after the first: the versions it used (client_wire.pinned)
 
         def send(part: slice) -> dict:
-            body = clean({"texts": cut(texts, part, n), "space": space, "k": k, "map": map, "steers": steers,
-                           **options})
+            body = clean({"texts": cut(texts, part, n), "space": space, "k": k, **pin, **options})
             if Q is not None:
                 body.update(b64(Q[part], "queries"))
-            return self._json("POST", f"/v1/indexes/{_seg(name)}/search", json=body, retry=True)
+            answer = self._json("POST", f"/v1/indexes/{_seg(name)}/search", json=body, retry=True)
+            pin.update(pinned(answer))
+            return answer
 
         n = len(Q) if Q is not None else len(texts or [])
         answers = self._batched(n, b64_row_bytes(Q.shape[1]) if Q is not None else json_sizes(texts, n), send)
@@ -578,9 +581,14 @@ class Client:
 
     def apply_steer(self, ref: str, X, *, eps: float = 1.0) -> np.ndarray:
         """``X (I + eps W)`` for rows ``X`` (n, d) of the steer's space; returns float32 (n, d)."""
-        A = matrix(X)
-        parts = self._batched(A.shape[0], b64_row_bytes(A.shape[1]), lambda part: rows(self._json(
-            "POST", f"/v1/steers/{_seg(ref)}/apply", json={**b64(A[part]), "eps": float(eps)}, retry=True)))
+        A, pin, eps = matrix(X), [ref], float(eps)
+
+        def send(part: slice) -> np.ndarray:  # batches after the first go through the version it used
+            body = self._json("POST", f"/v1/steers/{_seg(pin[0])}/apply", json={**b64(A[part]), "eps": eps}, retry=True)
+            pin[0] = body.get("steer") or pin[0]
+            return rows(body)
+
+        parts = self._batched(A.shape[0], b64_row_bytes(A.shape[1]), send)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def set_steer_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
