@@ -19,7 +19,7 @@ file-system round trip beyond the index's one ``stat`` (:meth:`service.indexes.S
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,7 +33,7 @@ from ..indexes.csls import CSLS_WEIGHT
 from .steers import steer_queries
 
 __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
-           "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search", "hits"]
+           "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search", "search_parts", "hits"]
 
 
 class Resolver(Protocol):
@@ -223,6 +223,24 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
     S, I = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k, csls_weight=csls_weight,
                       wait=wait)
     return SearchResult(S, I, idx, qspace, k, csls_k > 0, tr, used_steers)
+
+
+def search_parts(resolver: Resolver, idx: SpaceIndex, parts: Iterable[dict], **kw) -> Iterator[SearchResult]:
+    """:func:`search` of each of ``parts`` (``{"Q": (m, d_q)}`` or ``{"texts": [...]}``: one query set cut in
+    blocks; ``kw`` as :func:`search`'s), every block through the maps and steers the first one used, named by
+    version: an alias moved (or a version registered) meanwhile changes no block after the first (as the Python
+    client pins its batches, :func:`service.client_wire.pinned`; the eps of two refs to one steer version summed,
+    ``sum eps_i W_i`` alike)."""
+    for part in parts:
+        found = search(resolver, idx, **part, **kw)
+        if found.translation is not None and found.translation.versions:
+            kw["map_ref"] = [v.ref for v in found.translation.versions]
+        if found.steers:
+            kw["steers"] = {}
+            for s in found.steers:
+                ref = f"{s['name']}:{s['version']}"
+                kw["steers"][ref] = kw["steers"].get(ref, 0.0) + s["eps"]
+        yield found
 
 
 def hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool) -> list[dict]:

@@ -88,6 +88,47 @@ def test_create_search_from_another_space_add_delete_compact_drop(world, capsys)
     assert code == 2 and "not found" in err
 
 
+@pytest.mark.parametrize("map_ref", [None, "a2b@prod"])
+def test_a_search_in_blocks_keeps_the_map_version_the_first_block_used(world, map_ref):
+    """``index search`` cuts a large query file in blocks of ``max_hits // k`` queries. Each block resolved the map
+    path anew, so a deploy moving ``a2b@prod`` meanwhile sent the later blocks through another version (reported
+    as the first block's), and steers likewise. Now every block goes through the versions the first used
+    (``search_parts``)."""
+    from align import Steer, fit_procrustes
+    from service.limits import DEFAULT_LIMITS
+    from service.ops import indexes as index_ops
+    from service.registry import open_registry
+
+    data, _, X, Y = world
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    try:
+        reg.register_version("a2b", fit_procrustes(X, -Y), source_space="a", target_space="b", method="procrustes",
+                             params={})  # v2 sends row i of X to -Y[i]: never its own row
+        reg.set_alias("a2b", "prod", 1)
+        eye = np.eye(16, dtype=np.float32)  # steer v1: W = 0 (no change); v2: W = -2 I (q -> -q)
+        for P1, P2 in ((np.zeros((16, 1)), np.zeros((16, 1))), (-2 * eye, eye)):
+            reg.register_steer("flip", Steer(P1, P2), space="b")
+        reg.set_steer_alias("flip", "prod", 1)
+        idx = IndexStore(data / "indexes").create("blocks", "b", Y[:200], dim=16)
+        resolver = index_ops.RegistryResolver(reg)
+
+        def parts():  # the query file's blocks; a deploy moves the aliases between the first two
+            yield {"Q": X[:100]}
+            reg.set_alias("a2b", "prod", 2)
+            reg.set_steer_alias("flip", "prod", 2)
+            yield {"Q": X[100:200]}
+
+        found = list(index_ops.search_parts(resolver, idx, parts(), space="a", map_ref=map_ref, k=1,
+                                            steers={"flip@prod": 1.0}, limits=DEFAULT_LIMITS))
+        assert [[v.version for v in f.translation.versions] for f in found] == [[1], [1]]
+        assert [[s["version"] for s in f.steers] for f in found] == [[1], [1]]
+        assert np.concatenate([f.I[:, 0] for f in found]).tolist() == list(range(200))
+        now = index_ops.search(resolver, idx, X[:1], space="a", map_ref=map_ref, k=1, limits=DEFAULT_LIMITS)
+        assert [v.version for v in now.translation.versions] == [2]  # the alias did move
+    finally:
+        reg.close()
+
+
 def test_a_file_streamed_in_blocks_gives_the_index_built_from_the_whole_array(world, capsys, monkeypatch):
     """Blocks of 64 rows (the file read block by block, never whole): the same ids, rows and answers as an
     index built in memory from the whole array; a multi-block add is ONE generation."""
