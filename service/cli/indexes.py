@@ -201,7 +201,10 @@ def index_create(obj: Ctx, name, space, file, rows, key, column, text_field, enc
 @click.pass_obj
 def index_add(obj: Ctx, name, space, file, rows, key, column, text_field, encoder, store_texts, ids_file,
               payloads_file, as_json, quiet):
-    """Add the rows of FILE to index NAME, all as one new generation (all rows or none)."""
+    """Add the rows of FILE to index NAME, all as one new generation (all rows or none).
+
+    FILE is read (texts embedded) and checked before the index's writer lock is taken, so other writers of
+    NAME wait only while the rows are added and saved; memory: the index plus FILE's rows as float32."""
     idx = _store(obj).get(name)
     src = FileRows(file, rows, key, column, text_field, encoder, store_texts)
     resolver = _resolver(obj) if src.texts else None  # vectors need no registry
