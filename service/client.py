@@ -9,14 +9,13 @@
 
 Every method is one request (retried as below; list methods follow ``next`` cursors until the last page; rows
 beyond the service's ``max_batch`` / ``max_body_bytes`` go in batches, see ``batch_size``) and returns the decoded
-JSON answer, or numpy arrays where the route carries vectors. Vectors go
-out as base64 float32 inside JSON (``vectors_b64`` + ``dim``), and :meth:`Client.transform`
-sends raw little-endian float32 (``application/octet-stream``) by default: no JSON numbers to
-parse on either side. ``binary=False`` sends the same request as JSON.
+JSON answer, or numpy arrays where the route carries vectors. Vectors go out as base64 float32 inside JSON
+(``vectors_b64`` + ``dim``), and :meth:`Client.transform` sends raw little-endian float32
+(``application/octet-stream``) by default: no JSON numbers to parse on either side. ``binary=False`` sends the
+same request as JSON.
 
-Errors: a 4xx/5xx answer raises the :class:`APIError` subclass of its status, carrying the
-server's ``{"error": {"type", "status", "message"}}`` and the ``X-Request-ID`` to quote in a
-bug report::
+Errors: a 4xx/5xx answer raises the :class:`APIError` subclass of its status, carrying the server's
+``{"error": {"type", "status", "message"}}`` and the ``X-Request-ID`` to quote in a bug report::
 
     APIError (VecbridgeError)   any error answer: .status, .type, .message, .request_id, .body, .kind
      +-- BadRequestError             400
@@ -39,17 +38,16 @@ bug report::
      +-- JobCancelledError
      +-- JobTimeoutError (also TimeoutError)   still running at ``wait``'s ``timeout``
 
-Arrays the client cannot send as float32 are refused before anything is sent, with
-:mod:`align.exceptions`' errors (``ShapeError``, ``NotRepresentableError``, ``InputError``; all
-``ValueError``); the service judges the rest (NaN, dimensions: 422).
+Arrays the client cannot send as float32 are refused before anything is sent, with :mod:`align.exceptions`'
+errors (``ShapeError``, ``NotRepresentableError``, ``InputError``; all ``ValueError``); the service judges the
+rest (NaN, dimensions: 422).
 
-Retries: a request that got no answer, or a 429 / 502 / 503 / 504, is sent again up to
-``max_retries`` times (default 2; 0 turns retries off) after 0.5 s, 1 s, 2 s ... or the answer's
-``Retry-After`` (a longer one than ``max_retry_wait`` is raised at once), but only where sending it
-twice cannot do twice what was asked: GET / PUT / DELETE, the POSTs that only read (transform,
-search, embeddings, steer apply, plans, evaluate, LM generate / analyze, deleting index rows), and
-fits, which carry an ``Idempotency-Key`` (one is made per call unless given). A request that never
-reached the server (connection refused) is retried whatever it is.
+Retries: a request that got no answer, or a 429 / 502 / 503 / 504, is sent again up to ``max_retries`` times
+(default 2; 0 turns retries off) after 0.5 s, 1 s, 2 s ... or the answer's ``Retry-After`` (a longer one than
+``max_retry_wait`` is raised at once), but only where sending it twice cannot do twice what was asked: GET / PUT /
+DELETE, the POSTs that only read (transform, search, embeddings, steer apply, plans, evaluate, LM generate /
+analyze, deleting index rows), and fits, which carry an ``Idempotency-Key`` (one is made per call unless given). A
+request that never reached the server (connection refused) is retried whatever it is.
 """
 
 from __future__ import annotations
@@ -87,6 +85,7 @@ from .client_errors import (
     error_from_response,
     unexpected,
 )
+from .client_steers import SteerCalls
 from .client_wire import (
     Artifact,
     alias_if_match,
@@ -101,6 +100,7 @@ from .client_wire import (
     labelled,
     matrix,
     new_key,
+    pinned,
     rows,
     side,
     spans,
@@ -123,7 +123,7 @@ _RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothi
 
 
 # --- the client ---------------------------------------------------------------------------------
-class Client:
+class Client(SteerCalls):
     """Talks to one vecbridge service.
 
     Parameters
@@ -144,7 +144,8 @@ class Client:
         Most rows per request of :meth:`transform`, :meth:`add`, :meth:`search`, :meth:`apply_steer` and
         :meth:`embed`. Without it a call is split only once the service refused one as too large (413): the
         client then reads the service's ``max_batch`` / ``max_body_bytes`` from ``/v1/info`` and sends the rows
-        in batches within them (:mod:`service.client_wire`), the answers joined in order.
+        in batches within them (:mod:`service.client_wire`), the answers joined in order (through the map and
+        steer versions the first batch used, whatever aliases move meanwhile).
     transport : httpx.BaseTransport, optional
         For tests (e.g. ``httpx.ASGITransport``); default: the network.
 
@@ -344,10 +345,10 @@ class Client:
     def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True) -> np.ndarray:
         """Map rows ``X`` (n, d_source) through ``ref``; returns float32 (n, d_target).
 
-        ``binary=True`` sends raw float32 (``application/octet-stream``) and reads raw float32
-        back (shape from ``X-Shape``); ``binary=False`` sends JSON (``vectors_b64``) instead, for
-        proxies that pass only JSON. ``output``: ``raw`` (comparable with the target model's own
-        vectors), ``frame`` or ``linear`` (see the route's documentation).
+        ``binary=True`` sends raw float32 (``application/octet-stream``) and reads raw float32 back (shape from
+        ``X-Shape``); ``binary=False`` sends JSON (``vectors_b64``) instead, for proxies that pass only JSON.
+        ``output``: ``raw`` (comparable with the target model's own vectors), ``frame`` or ``linear`` (see the
+        route's documentation).
         """
         A, pinned = matrix(X), [ref]
 
@@ -468,21 +469,24 @@ class Client:
         self._json("DELETE", f"/v1/indexes/{_seg(name)}")
 
     def search(self, name: str, queries=None, *, texts: Sequence[str] | None = None, space: str | None = None,
-               k: int = 10, map: str | None = None, steers: dict[str, float] | None = None, **options) -> dict:
+               k: int = 10, map: str | Sequence[str] | None = None, steers: dict[str, float] | None = None,
+               **options) -> dict:
         """Search index ``name`` with ``queries`` (n, d_space) or ``texts`` from any registered ``space``.
 
-        Returns the route's answer: ``results`` (n lists of ``{"id", "score", "payload"}``) and
-        ``maps`` (the map versions that carried the queries into the index's space). ``options``:
-        ``csls``, ``csls_k``, ``csls_weight``, ``exact``, ``ef_search``, ``nprobe``, ``include_payloads``.
+        Returns the route's answer: ``results`` (n lists of ``{"id", "score", "payload"}``) and ``maps`` (the map
+        versions that carried every query into the index's space). ``map``: a map or a path (list) of maps to use.
+        ``options``: ``csls``, ``csls_k``, ``csls_weight``, ``exact``, ``ef_search``, ``nprobe``, ``include_payloads``.
         """
         Q, texts = None if queries is None else matrix(queries, "queries"), as_list(texts)
+        pin = {"map": map, "steers": steers}  # batches after the first: the versions it used (client_wire.pinned)
 
         def send(part: slice) -> dict:
-            body = clean({"texts": cut(texts, part, n), "space": space, "k": k, "map": map, "steers": steers,
-                           **options})
+            body = clean({"texts": cut(texts, part, n), "space": space, "k": k, **pin, **options})
             if Q is not None:
                 body.update(b64(Q[part], "queries"))
-            return self._json("POST", f"/v1/indexes/{_seg(name)}/search", json=body, retry=True)
+            answer = self._json("POST", f"/v1/indexes/{_seg(name)}/search", json=body, retry=True)
+            pin.update(pinned(answer))
+            return answer
 
         n = len(Q) if Q is not None else len(texts or [])
         answers = self._batched(n, b64_row_bytes(Q.shape[1]) if Q is not None else json_sizes(texts, n), send)
@@ -557,73 +561,6 @@ class Client:
             if time.monotonic() >= deadline:
                 raise JobTimeoutError(job, timeout)
             time.sleep(poll)
-
-    # --- steers ---------------------------------------------------------------------------------
-    def list_steers(self) -> list[dict]:
-        return list(self._pages("/v1/steers"))
-
-    def get_steer(self, ref: str) -> dict:
-        return self._json("GET", f"/v1/steers/{_seg(ref)}")
-
-    def fit_steer(self, name: str, space: str, labels: Sequence[int], vectors=None, *,
-                  texts: Sequence[str] | None = None, items: Sequence[str] | None = None, encoder: str | None = None,
-                  params: dict | None = None, random_state: int = 0, alias: str | None = None,
-                  description: str = "", idempotency_key: str | None = None) -> dict:
-        """Queue a steer fit (rows ``vectors`` (n, d) or ``texts``, ``labels`` +1 / -1 / 0); returns the job."""
-        body = clean({"name": name, "space": space, "labels": [int(v) for v in labels], "texts": as_list(texts),
-                       "items": as_list(items), "encoder": encoder, "params": params or {},
-                       "random_state": random_state, "alias": alias, "description": description})
-        if vectors is not None:
-            body.update(b64(vectors))
-        headers = {"Idempotency-Key": idempotency_key or new_key()}
-        return self._json("POST", "/v1/steers", json=body, headers=headers)
-
-    def apply_steer(self, ref: str, X, *, eps: float = 1.0) -> np.ndarray:
-        """``X (I + eps W)`` for rows ``X`` (n, d) of the steer's space; returns float32 (n, d)."""
-        A = matrix(X)
-        parts = self._batched(A.shape[0], b64_row_bytes(A.shape[1]), lambda part: rows(self._json(
-            "POST", f"/v1/steers/{_seg(ref)}/apply", json={**b64(A[part]), "eps": float(eps)}, retry=True)))
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    def set_steer_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
-        return self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}",
-                          json=clean({"version": int(version), "expected_version": expected}))
-
-    def delete_steer_version(self, name: str, version: int) -> dict:
-        """Soft delete, as for map versions."""
-        return self._json("DELETE", f"/v1/steers/{_seg(name)}/versions/{int(version)}")
-
-    def transfer_steer(self, ref: str, map: str, *, name: str | None = None, alias: str | None = None,
-                       description: str = "") -> dict:
-        """Carry steer ``ref`` through ``map`` (``W_B = H^T W_A H``) and register it in the map's target space."""
-        return self._json("POST", f"/v1/steers/{_seg(ref)}/transfer", json=clean({
-            "map": map, "name": name, "alias": alias, "description": description}))
-
-    def steer_lens(self, ref: str, *, k: int = 5, n_directions: int = 4) -> dict:
-        return self._json("GET", f"/v1/steers/{_seg(ref)}/lens", params={"k": k, "n_directions": n_directions})
-
-    # --- language model (LM-Steer) --------------------------------------------------------------
-    def lm_fit_steer(self, name: str, texts: Sequence[str], labels: Sequence[int], *, rank: int = 8,
-                     eps: float = 1e-3, steps: int = 200, lr: float = 1e-2, random_state: int = 0,
-                     alias: str | None = None, description: str = "", idempotency_key: str | None = None) -> dict:
-        """Queue an LM-Steer fit on the service's language model; returns the job."""
-        body = clean({"name": name, "texts": list(texts), "labels": [int(v) for v in labels], "rank": rank,
-                       "eps": eps, "steps": steps, "lr": lr, "random_state": random_state, "alias": alias,
-                       "description": description})
-        headers = {"Idempotency-Key": idempotency_key or new_key()}
-        return self._json("POST", "/v1/lm/steers", json=body, headers=headers)
-
-    def lm_generate(self, prompt: str, steers: dict[str, float] | None = None, *, max_new_tokens: int = 30,
-                    temperature: float = 0.0, top_p: float = 0.9, random_state: int = 0) -> dict:
-        """Continue ``prompt`` under ``{steer ref: eps}``; ``text`` is the continuation only."""
-        return self._json("POST", "/v1/lm/generate", json={
-            "prompt": prompt, "steers": steers or {}, "max_new_tokens": max_new_tokens,
-            "temperature": temperature, "top_p": top_p, "random_state": random_state}, retry=True)
-
-    def lm_analyze(self, text: str, steer: str, *, eps: float = 1.0, threshold: float = 0.5) -> dict:
-        """Per-token evidence of ``steer`` in ``text`` (``tokens`` and ``spans``)."""
-        return self._json("POST", "/v1/lm/analyze", json={"text": text, "steer": steer, "eps": eps,
-                                                          "threshold": threshold}, retry=True)
 
     # --- embeddings -----------------------------------------------------------------------------
     def list_models(self) -> list[dict]:

@@ -25,7 +25,8 @@ import numpy as np
 from align.exceptions import InputError, NotRepresentableError, ShapeError
 
 __all__ = ["HEADROOM", "OVERHEAD", "Artifact", "alias_if_match", "as_list", "b64", "b64_row_bytes", "clean", "cut",
-           "dumps", "float32_rows", "json_sizes", "labelled", "matrix", "new_key", "rows", "seg", "side", "spans"]
+           "dumps", "float32_rows", "json_sizes", "labelled", "matrix", "new_key", "pinned", "rows", "seg", "side",
+           "spans"]
 
 
 class Artifact(NamedTuple):
@@ -159,6 +160,24 @@ def spans(n: int, row_bytes, *, max_rows: int | None, max_bytes: int | None) -> 
         b = min(max(b, a + 1), a + rows_cap, n)
         out.append(slice(a, b))
         a = b
+    return out
+
+
+def pinned(answer: dict) -> dict:
+    """The ``map`` and ``steers`` fields of a search body that name the very versions ``answer`` used.
+
+    Sent with the later batches of one query set: an alias moved (or a version registered) meanwhile would
+    otherwise carry some queries through other maps or steers than the rest, mixed silently in one answer.
+    ``map``: ``"name:version"``, or a list of them for a path of several maps (none when the answer used no map);
+    ``steers``: ``{"name:version": eps}``, the eps of two refs to one version summed (``sum eps_i W_i`` alike).
+    """
+    out: dict = {}
+    path = [f"{m['name']}:{m['version']}" for m in answer.get("maps") or []]
+    if path:
+        out["map"] = path[0] if len(path) == 1 else path
+    for s in answer.get("steers") or []:
+        ref = f"{s['name']}:{s['version']}"
+        out.setdefault("steers", {})[ref] = out.get("steers", {}).get(ref, 0.0) + float(s["eps"])
     return out
 
 

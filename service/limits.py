@@ -23,8 +23,8 @@ from align.exceptions import InputError
 
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
-    "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "INDEX_PARAM_RULES", "check_index_params", "check_dim", "check_json_depth",
-    "parse_strict_int", "check_range", "limits_markdown",
+    "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "check_index_params", "check_dim",
+    "check_json_depth", "parse_strict_int", "check_range", "limits_markdown",
 ]
 
 MAX_DIM = 65_536  # columns of a space / index / vector
@@ -34,6 +34,7 @@ MAX_DESCRIPTION = 4_096  # characters
 MAX_TAG_BYTES = 16_384  # a tag value, as compact JSON
 MAX_JSON_DEPTH = 32  # nesting of any JSON body (payloads, tags, params)
 MAX_NEW_TOKENS = 256  # tokens one LM generate request may ask for
+MAX_PATH_MAPS = 16  # maps a search may name as its path (`map` as a list)
 
 
 class Limits(BaseModel):

@@ -2,7 +2,8 @@
 
 Layers, arrows pointing down only::
 
-    face   service.api (routers, app), service.cli, service.ui, service.vectordb.__main__
+    face   service.api (routers, app), service.cli, service.ui, service.vectordb.__main__, and the Python
+           client (service.client, service.client_*: how users reach the service over HTTP)
     ops    service.ops            one module per use-case family, called by every face
     store  the rest of service    registry, indexes, jobs, encoders, lm, vectordb, distributed, io, ...
     align  align                  pure numerics
@@ -43,7 +44,8 @@ def layer(mod: str) -> str | None:
         return "align"
     if not (mod == "service" or mod.startswith("service.")):
         return None
-    if mod.startswith(("service.api", "service.cli", "service.ui")) or mod == "service.vectordb.__main__":
+    top = mod.split(".")[1] if "." in mod else ""
+    if top in ("api", "cli", "ui") or top == "client" or top.startswith("client_") or mod == "service.vectordb.__main__":
         return "face"
     if mod.startswith("service.ops"):
         return "ops"

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, creat
 
 from ..indexes import IndexInfo
 from ..indexes.csls import CSLS_WEIGHT
-from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_SEED, check_json_depth
+from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_PATH_MAPS, MAX_SEED, check_json_depth
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
 from ..registry.names import MAX_VERSION, check_text
 
@@ -212,8 +212,11 @@ class SearchOptions(_Strict):
     texts: list[str] | None = Field(None, description="Queries as texts, embedded with `space`'s encoder (query form).")
     space: str | None = Field(None, description="Space of the queries (default: the index's). Any registered space "
                                                 "with a path of maps to the index's space works.")
-    map: str | None = Field(None, description="Use this map (`name`, `name@alias`, `name:N`) instead of the "
-                                              "registry's path.")
+    map: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PATH_MAPS)] | None = Field(
+        None, description="Use this map (`name`, `name@alias`, `name:N`) instead of the registry's path, or a path of "
+                          "them in order (a list: from `space` to the index's space), e.g. the `maps` of an earlier "
+                          "answer as `name:version`: every batch of a large query set then goes through the same "
+                          "versions, whatever aliases move meanwhile.")
     k: Count = Field(10, ge=1, le=10_000, description=f"Results per query: at most `max_k` "
                                                     f"(default {DEFAULT_LIMITS.max_k}); queries × k at most `max_hits` "
                                                     f"(default {DEFAULT_LIMITS.max_hits}).")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from ..indexes import IndexStore
 from ..indexes.locking import WouldBlock
 from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
-from ..ops.indexes import Translation, space_encoder, translation
+from ..ops.indexes import Translation, leads, space_encoder, translation
 from ..ops.preload import EncoderPreload
 from ..registry import Registry, RegistryUnavailableError, VersionInfo, open_registry
 
@@ -242,8 +243,10 @@ class AppState:
         v = self.resolve(ref)
         return v, self.load_version(v)
 
-    def translation(self, source_space: str, target_space: str, map_ref: str | None = None) -> Translation:
-        """The map from ``source_space`` to ``target_space``: ``map_ref`` if given, else the registry's path
+    def translation(self, source_space: str, target_space: str, map_ref: str | Sequence[str] | None = None
+                    ) -> Translation:
+        """The map from ``source_space`` to ``target_space``: ``map_ref`` (a map or a path of them) if given, else
+        the registry's path
         (:func:`service.ops.indexes.translation`, with this app's cached lookups).
 
         Raises NotFoundError when no chain of maps exists, ConflictError-free for the same space.
@@ -328,14 +331,20 @@ class InMemory:
     def get_space(self, name: str):
         return self.state.memo(("space", name))
 
-    def translation(self, source_space: str, target_space: str, map_ref: str | None = None) -> Translation:
+    def translation(self, source_space: str, target_space: str, map_ref: str | Sequence[str] | None = None
+                    ) -> Translation:
         st = self.state
-        if map_ref:
+        if isinstance(map_ref, str):
             hit = st.resolve_map_cached(map_ref)
             if hit is None or (hit[0].source_space, hit[0].target_space) != (source_space, target_space):
                 raise WouldBlock("map not in memory (or not this path: the waiting path reports it)")
             return Translation(hit[1], [hit[0]])
-        chain = st.memo(("path", source_space, target_space))
+        if map_ref:  # a pinned path: each ref resolved at this generation, and it must lead the way asked
+            chain = [st.memo(("ref", ref)) for ref in map_ref]
+            if not leads(chain, source_space, target_space):
+                raise WouldBlock("not this path: the waiting path reports it")
+        else:
+            chain = st.memo(("path", source_space, target_space))
         if not chain:
             return Translation(None, chain)
         m = st.registry.cached_compose(chain)

@@ -201,7 +201,10 @@ def index_create(obj: Ctx, name, space, file, rows, key, column, text_field, enc
 @click.pass_obj
 def index_add(obj: Ctx, name, space, file, rows, key, column, text_field, encoder, store_texts, ids_file,
               payloads_file, as_json, quiet):
-    """Add the rows of FILE to index NAME, all as one new generation (all rows or none)."""
+    """Add the rows of FILE to index NAME, all as one new generation (all rows or none).
+
+    FILE is read (texts embedded) and checked before the index's writer lock is taken, so other writers of
+    NAME wait only while the rows are added and saved; memory: the index plus FILE's rows as float32."""
     idx = _store(obj).get(name)
     src = FileRows(file, rows, key, column, text_field, encoder, store_texts)
     resolver = _resolver(obj) if src.texts else None  # vectors need no registry
@@ -283,13 +286,12 @@ def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_
     kw = {"space": space, "map_ref": map_ref, "k": k, "exact": exact, "ef_search": ef_search, "nprobe": nprobe,
           "csls_k": csls_k if csls else 0, "csls_weight": csls_weight, "limits": limits,
           "steers": _steers(steers)}
-    resolver = _resolver(obj)
     if src.texts:
         texts = read_texts(queries, rows=parse_rows(rows), text_field=text_field)
-        found_blocks = (index_ops.search(resolver, idx, texts=texts[s:s + per], **kw) for s in range(0, n, per))
+        parts = ({"texts": texts[s:s + per]} for s in range(0, n, per))
     else:
-        found_blocks = (index_ops.search(resolver, idx, Q, **kw)
-                        for Q in iter_chunks(queries, chunk_rows=per, rows=rows, key=key, column=column))
+        parts = ({"Q": Q} for Q in iter_chunks(queries, chunk_rows=per, rows=rows, key=key, column=column))
+    found_blocks = index_ops.search_parts(_resolver(obj), idx, parts, **kw)  # every block through the same maps
     head, S, I, lines = None, np.zeros((n, k), np.float32), np.full((n, k), -1, np.int64), []
     r = 0
     for found in found_blocks:

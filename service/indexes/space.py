@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -252,15 +253,17 @@ class SpaceIndex:
         return [self.payloads.get(int(i)) for i in ids]
 
     # --- writes (caller holds the write lock, or the object is not shared yet) ----------------
-    def _prepared(self, X: np.ndarray) -> np.ndarray:
-        """Rows ``X`` (n, dim) as stored: :func:`~.kinds.prep_rows`, C-contiguous float32."""
-        return np.ascontiguousarray(prep_rows(X, self.metric), dtype=np.float32)
+    def _prepared(self, X) -> np.ndarray:
+        """Rows ``X`` (m, dim) checked and as stored (:func:`~.kinds.prep_rows`), in memory of their own (a block
+        mapped from a ``.npy`` is read here, not later under the writer lock)."""
+        return np.require(prep_rows(as_matrix(X, name="vectors", dim=self.dim), self.metric), np.float32, ["C", "O"])
 
-    def _add(self, X: np.ndarray, ids, payloads, seed: int | None = None, plan: ListPlan | None = None) -> Delta:
+    def _add(self, X: np.ndarray, ids, payloads, seed: int | None = None, plan: ListPlan | None = None,
+             prepared: bool = False) -> Delta:
         """Add ``X`` (n, dim); returns the change as a :class:`~.persist.Delta` of generation ``seed`` (the next).
 
         ``seed``: the add is logged, so it must be replayable; ``plan``: IVF lists found already
-        (:func:`~.kinds.add_rows`).
+        (:func:`~.kinds.add_rows`). ``prepared``: ``X`` is :meth:`_prepared` already.
         """
         n = X.shape[0]
         if ids is None:
@@ -276,7 +279,7 @@ class SpaceIndex:
         if payloads is not None:
             if not isinstance(payloads, list) or len(payloads) != n:
                 raise InputError(f"payloads: expected a list of {n} JSON values (one per vector)")
-        rows = self._prepared(X)
+        rows = X if prepared else self._prepared(X)
         add_rows(self.index, self.kind, rows, ids_arr, seed, plan)
         added = {}
         if payloads is not None:
@@ -304,16 +307,22 @@ class SpaceIndex:
         """Add every block ``(X (m, dim), ids or None, payloads or None)`` as ONE new generation (a snapshot);
         returns the ids of all rows.
 
-        For a file streamed block by block: nothing is persisted until the last block is in, and a block that
-        fails (bad rows, an id clash, the file cut short) leaves the index as it was. The writer lock is held
-        while the blocks are read, so other writers of the index (other processes too) wait meanwhile;
-        searches do not.
+        For a file streamed block by block. Every block is first read, checked and prepared (``prep_rows``: unit
+        rows for cosine) without any lock, so other writers of the index (other processes too) and searches go on
+        however slow the file or the encoder; a bad block (bad rows, the file cut short) is refused there and
+        nothing is written. Then, under the writer lock, the rows are added to the newest generation (automatic
+        ids drawn and explicit ones checked for clashes there: an add that landed meanwhile counts) and persisted
+        once; a failure there leaves the index as it was. Memory: the prepared rows of all blocks (n x dim float32,
+        private: not the file's pages), each freed once FAISS holds its copy, which the index keeps anyway.
         """
+        staged = deque((self._prepared(X), ids_m, payloads_m) for X, ids_m, payloads_m in blocks)
+        if not staged:
+            return np.zeros(0, np.int64)
+        ids = []
         with self._writing(), self.lock.write(), self._undo_on_failure(changed=True):
-            ids = [self._add(as_matrix(X, name="vectors", dim=self.dim), ids_m, payloads_m).ids
-                   for X, ids_m, payloads_m in blocks]
-            if not ids:
-                return np.zeros(0, np.int64)
+            while staged:
+                X, ids_m, payloads_m = staged.popleft()
+                ids.append(self._add(X, ids_m, payloads_m, prepared=True).ids)
             self._save()
         return np.concatenate(ids)
 

@@ -2,8 +2,9 @@
 
 A file of ``n`` rows (any format :mod:`service.io` reads) is read in blocks of at most
 :data:`CHUNK_ROWS` rows (texts: :data:`TEXT_CHUNK`, embedded with the space's encoder in its
-passage form and stored as payloads ``{"text": ...}`` as over HTTP). Memory: the index itself
-plus one block (plus, for IVF, the k-means training sample of at most ``256 nlist`` rows, then 8 bytes a row: its list).
+passage form and stored as payloads ``{"text": ...}`` as over HTTP). Memory of a create: the index
+itself plus one block (plus, for IVF, the k-means training sample of at most ``256 nlist`` rows, then 8 bytes a
+row: its list).
 
 - :func:`create_from_file` builds the index in memory from every block and persists it once
   (:meth:`service.indexes.IndexStore.create`): the name appears, complete, or not at all.
@@ -12,7 +13,9 @@ plus one block (plus, for IVF, the k-means training sample of at most ``256 nlis
   once more to find each row's list before any is added, so that each list is allocated once at its size
   (:func:`service.indexes.kinds.plan_lists`; texts are not embedded a third time: their lists grow by doubling).
 - :func:`add_from_file` adds all blocks as one generation (:meth:`SpaceIndex.add_blocks`; a file of
-  one block: :meth:`SpaceIndex.add`, a logged delta when it fits): all rows or none.
+  one block: :meth:`SpaceIndex.add`, a logged delta when it fits): all rows or none. The file is read,
+  embedded and checked before the index's writer lock is taken (other writers are not held by a slow
+  disk or encoder); memory: the index plus the file's ``n x dim`` float32 rows until they are added.
 
 A file whose rows have another width than the index's space, texts embedded by another encoder
 than the space's, or a ``space`` that is not the index's, is refused before anything is written.

@@ -6,8 +6,8 @@ told otherwise, stored as payloads ``{"text": ...}``.
 Search, for queries ``Q`` (n, d_q) in space ``s_q`` against an index of space ``s`` (rows d):
 
 1. ``texts`` instead of vectors: ``Q = encoder(s_q).encode(texts, kind="query")``;
-2. ``s_q != s`` (or a pinned ``map_ref``): ``Q <- Q H`` with ``H`` the registry's chain of maps
-   ``s_q -> s`` composed (raw output, (n, d));
+2. ``s_q != s`` (or a pinned ``map_ref``: one map, or a path of them): ``Q <- Q H`` with ``H`` the chain of
+   maps ``s_q -> s`` (the registry's, or the pinned one) composed (raw output, (n, d));
 3. the answer's size is bounded before any search: ``k <= max_k``, ``n k <= max_hits``;
 4. steers ``{W_i: eps_i}`` of ``s``: ``Q <- Q (I + sum_i eps_i W_i)``;
 5. one FAISS search, top ``k`` by cosine (or inner product), CSLS re-ranking when ``csls_k > 0``.
@@ -19,7 +19,7 @@ file-system round trip beyond the index's one ``stat`` (:meth:`service.indexes.S
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,8 +32,8 @@ from ..indexes import IndexStore, SpaceIndex
 from ..indexes.csls import CSLS_WEIGHT
 from .steers import steer_queries
 
-__all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "space_encoder", "SearchResult", "embed_texts",
-           "create_index", "add_rows", "query_dim", "check_hits", "search", "hits"]
+__all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
+           "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search", "search_parts", "hits"]
 
 
 class Resolver(Protocol):
@@ -41,7 +41,8 @@ class Resolver(Protocol):
 
     def get_space(self, name: str) -> Any: ...
 
-    def translation(self, source_space: str, target_space: str, map_ref: str | None = None) -> Any: ...
+    def translation(self, source_space: str, target_space: str, map_ref: str | Sequence[str] | None = None
+                    ) -> Any: ...
 
     def resolve_steer(self, ref: str) -> tuple[Any, Any]: ...
 
@@ -60,24 +61,40 @@ class Translation:
                  "target_space": v.target_space} for v in self.versions]
 
 
-def translation(registry, source_space: str, target_space: str, map_ref: str | None = None, *,
+def translation(registry, source_space: str, target_space: str, map_ref: str | Sequence[str] | None = None, *,
                 path_alias: str = "prod", resolve: Callable | None = None,
                 find_path: Callable[[], list] | None = None, load: Callable | None = None) -> Translation:
-    """The map from ``source_space`` to ``target_space``: ``map_ref`` if given (it must go that way:
-    InputError otherwise), else the registry's path of maps (``path_alias`` first), composed.
+    """The map from ``source_space`` to ``target_space``: ``map_ref`` if given, else the registry's path of maps
+    (``path_alias`` first), composed.
+
+    ``map_ref``: one map (``name``, ``name@alias``, ``name:N``), or a path of them in order (a list: the first
+    from ``source_space``, each next from the previous one's target space, the last into ``target_space``),
+    composed as the registry's own path would be. A map or path that goes elsewhere is an InputError. A client
+    sending one query set in several requests names the versions the first answer used (its ``maps``), so every
+    batch goes through the same maps whatever aliases move meanwhile.
 
     ``resolve(ref)``, ``find_path()`` and ``load(version)`` default to the registry's own lookups (the app passes
     its cached ones: a search naming its map must not read the artifact from disk at every request).
     An empty path (no maps) gives ``Translation(None, [])``; the registry raises NotFoundError when none exists.
     """
     if map_ref:
-        v = (resolve or registry.resolve)(map_ref)
-        if v.source_space != source_space or v.target_space != target_space:
-            raise InputError(f"map {v.ref} goes {v.source_space} -> {v.target_space}, but the request needs "
-                             f"{source_space} -> {target_space}")
-        return Translation((load or registry.load_map)(v), [v])
+        chain = [(resolve or registry.resolve)(r) for r in ([map_ref] if isinstance(map_ref, str) else map_ref)]
+        if not leads(chain, source_space, target_space):
+            hops = ", ".join(f"{v.ref} goes {v.source_space} -> {v.target_space}" for v in chain)
+            raise InputError(f"map {hops}, but the request needs {source_space} -> {target_space}"
+                             + (" (a path names its maps in order, each from the previous one's target space)"
+                                if len(chain) > 1 else ""))
+        return Translation((load or registry.load_map)(chain[0]) if len(chain) == 1 else registry.compose(chain),
+                           chain)
     chain = find_path() if find_path else registry.find_path(source_space, target_space, path_alias)
     return Translation(registry.compose(chain) if chain else None, chain)
+
+
+def leads(chain: list, source_space: str, target_space: str) -> bool:
+    """Whether the versions ``chain`` (a non-empty list; each has ``source_space`` / ``target_space``) lead, one
+    after the other, from ``source_space`` to ``target_space``."""
+    return ([v.source_space for v in chain] == [source_space, *(v.target_space for v in chain[:-1])]
+            and chain[-1].target_space == target_space)
 
 
 def space_encoder(registry, space: str, load_encoder: Callable[[str], Any]) -> tuple[Any, Any]:
@@ -101,7 +118,8 @@ class RegistryResolver:
     def get_space(self, name: str):
         return self.registry.get_space(name)
 
-    def translation(self, source_space: str, target_space: str, map_ref: str | None = None) -> Translation:
+    def translation(self, source_space: str, target_space: str, map_ref: str | Sequence[str] | None = None
+                    ) -> Translation:
         return translation(self.registry, source_space, target_space, map_ref, path_alias=self.path_alias)
 
     def resolve_steer(self, ref: str):
@@ -184,7 +202,7 @@ def check_hits(n_queries: int, k: int, limits) -> None:
 
 
 def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, texts: list[str] | None = None,
-           space: str | None = None, map_ref: str | None = None, k: int = 10, exact: bool = False,
+           space: str | None = None, map_ref: str | Sequence[str] | None = None, k: int = 10, exact: bool = False,
            ef_search: int | None = None, nprobe: int | None = None, csls_k: int = 0, csls_weight: float = CSLS_WEIGHT,
            steers: dict[str, float] | None = None, limits, wait: bool = True) -> SearchResult:
     """Search ``idx`` with queries ``Q`` (n, d_q) — or ``texts`` — from ``space`` (steps in the module notes).
@@ -205,6 +223,24 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
     S, I = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k, csls_weight=csls_weight,
                       wait=wait)
     return SearchResult(S, I, idx, qspace, k, csls_k > 0, tr, used_steers)
+
+
+def search_parts(resolver: Resolver, idx: SpaceIndex, parts: Iterable[dict], **kw) -> Iterator[SearchResult]:
+    """:func:`search` of each of ``parts`` (``{"Q": (m, d_q)}`` or ``{"texts": [...]}``: one query set cut in
+    blocks; ``kw`` as :func:`search`'s), every block through the maps and steers the first one used, named by
+    version: an alias moved (or a version registered) meanwhile changes no block after the first (as the Python
+    client pins its batches, :func:`service.client_wire.pinned`; the eps of two refs to one steer version summed,
+    ``sum eps_i W_i`` alike)."""
+    for part in parts:
+        found = search(resolver, idx, **part, **kw)
+        if found.translation is not None and found.translation.versions:
+            kw["map_ref"] = [v.ref for v in found.translation.versions]
+        if found.steers:
+            kw["steers"] = {}
+            for s in found.steers:
+                ref = f"{s['name']}:{s['version']}"
+                kw["steers"][ref] = kw["steers"].get(ref, 0.0) + s["eps"]
+        yield found
 
 
 def hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool) -> list[dict]:

@@ -39,7 +39,10 @@ queries' space (default: the index's). When it differs from the index's space th
 finds the chain of maps in the registry (each map's `prod` alias, else its latest version;
 composed when the chain is longer than one), maps the queries into the index's raw space
 (`output="raw"`), and searches; `maps` in the response lists the versions used. `map` pins a
-specific map instead.
+specific map instead, or a path of them (a list, in order). A client that sends one query set in
+several requests passes the first answer's `maps` (`["name:version", ...]`) with the rest, so
+that an alias moved meanwhile does not change the maps halfway (the Python client does; steers
+likewise by `name:version`).
 
 Per-request options (never shared state): `k`; `exact` (scan every row); `ef_search` (HNSW);
 `nprobe` (IVF); `csls` with `csls_k` and `csls_weight` (re-rank by CSLS to reduce hubness; scores are then

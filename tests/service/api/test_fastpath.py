@@ -321,6 +321,7 @@ def test_small_search_runs_on_the_loop_without_io(world, loop_index, monkeypatch
     X = data["X"][:1]
     bodies = [js({"vectors": X.tolist(), "space": "a", "k": 5}),  # through the path of maps a -> b
               js({"vectors": X.tolist(), "space": "a", "map": "a2b@prod", "k": 5}),  # a named map
+              js({"vectors": X.tolist(), "space": "a", "map": ["a2b:1"], "k": 5}),  # a pinned path (a list)
               js({"vectors": data["Y"][:2].tolist(), "k": 3})]  # the index's own space
     firsts = [c.post(loop_index, **b) for b in bodies]  # resolve and load once
     assert all(r.status_code == 200 for r in firsts)
