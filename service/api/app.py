@@ -26,7 +26,7 @@ import align
 
 from ..config import Settings, get_settings
 from ..logging import configure_logging, get_logger
-from ..metrics import ServiceMetrics
+from ..metrics import MULTIPROC_ENV, ServiceMetrics
 from ..memory import keep_heap
 from ..threads import limit_native_threads, release_native_threads
 from ..ui import mount_console
@@ -112,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             state.close()
             app.state.vb = None
             release_native_threads(s.blas_threads)
+            metrics.close()  # multiprocess: this worker's gauges leave the sums
 
     app = FastAPI(title="vecbridge", version=align.__version__, description=API_DESCRIPTION, lifespan=lifespan,
                   default_response_class=FastJSONResponse, docs_url=None, redoc_url=None)
@@ -251,7 +252,8 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     if workers > 1:
         os.environ.update(s.to_env())
         get_settings.cache_clear()
-        uvicorn.run("service.api.app:worker_app", factory=True, workers=workers, **server)
+        with _metrics_folder():
+            uvicorn.run("service.api.app:worker_app", factory=True, workers=workers, **server)
         _log.info("service stopped", extra={"fields": {"workers": workers}})
         return
     started, stop_signal = _run(uvicorn.Config(create_app(s), **server))
@@ -266,6 +268,27 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+@contextlib.contextmanager
+def _metrics_folder():
+    """The folder the workers of one ``serve --workers N`` share their metrics in (prometheus_client's multiprocess
+    mode, see :mod:`service.metrics`): ``PROMETHEUS_MULTIPROC_DIR`` when the operator set it (kept), else a new
+    private temporary folder, removed when the service stops. Before, each worker answered ``/metrics`` with its
+    own counters: a scrape saw one worker's, so counters went up and down between scrapes."""
+    import shutil
+    import tempfile
+
+    if os.environ.get(MULTIPROC_ENV):
+        yield os.environ[MULTIPROC_ENV]
+        return
+    path = tempfile.mkdtemp(prefix="vecbridge-metrics-")  # mode 0700: label values name maps and indexes
+    os.environ[MULTIPROC_ENV] = path  # the workers are spawned: they import prometheus_client with it set
+    try:
+        yield path
+    finally:
+        del os.environ[MULTIPROC_ENV]
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _check_data_dir(s: Settings) -> None:

@@ -257,6 +257,8 @@ class ObserveMiddleware:
         scope.setdefault("state", {})["request_id"] = rid
         status = 500
         started = False
+        in_flight = self.metrics.in_flight
+        in_flight.inc()
 
         async def send_wrapper(msg):
             nonlocal status, started
@@ -291,6 +293,7 @@ class ObserveMiddleware:
                 await _send_error(send, 500, type(exc).__name__, f"internal error (request id {rid})",
                                   [(b"x-request-id", rid.encode("latin-1")), *SECURITY_HEADERS, _CSP_NONE])
         finally:
+            in_flight.dec()
             dt = time.perf_counter() - t0
             route = getattr(scope.get("route"), "path", None) or _fixed_route(scope.get("path", ""))
             self.metrics.request_duration.labels(scope["method"], route, str(status)).observe(dt)

@@ -56,22 +56,30 @@ class HeavyGate:
     the event loop, so the check and the count need no lock.
     """
 
-    def __init__(self, n: int, threads: int = 2) -> None:
+    def __init__(self, n: int, threads: int = 2, metrics: ServiceMetrics | None = None) -> None:
         self.n, self.busy = int(n), 0
         self.limiter = anyio.CapacityLimiter(int(threads))
         self._threads = anyio.CapacityLimiter(int(threads))  # never waits: the turn was taken from ``limiter``
+        self.metrics = metrics or ServiceMetrics()  # saturation: waiting / running calls, running and refused slots
 
     async def run(self, fn, request=None):
         """``fn()`` on one of this gate's threads, once it is this call's turn. With the ``request`` whose work it
         is: a client that left while the call waited gives its turn up (:class:`ClientDisconnect`, a 499)
         instead of computing for nobody: clients that time out and retry would otherwise multiply the queue."""
-        if request is None:
-            await self.limiter.acquire()
-        else:
-            await self._acquire_unless_gone(request)
+        m = self.metrics
+        m.compute_waiting.inc()
+        try:
+            if request is None:
+                await self.limiter.acquire()
+            else:
+                await self._acquire_unless_gone(request)
+        finally:
+            m.compute_waiting.dec()
+        m.compute_running.inc()
         try:
             return await anyio.to_thread.run_sync(fn, limiter=self._threads)
         finally:
+            m.compute_running.dec()
             self.limiter.release()
 
     async def _acquire_unless_gone(self, request) -> None:
@@ -109,13 +117,16 @@ class HeavyGate:
     @asynccontextmanager
     async def slot(self, what: str):
         if self.busy >= self.n:
+            self.metrics.heavy_refused.labels(what).inc()
             raise BusyError(f"{what}: {self.busy} such request(s) already running (max_heavy_requests={self.n}); "
                             "retry in a few seconds")
         self.busy += 1
+        self.metrics.heavy_running.inc()
         try:
             yield
         finally:
             self.busy -= 1
+            self.metrics.heavy_running.dec()
 
 
 class AppState:
@@ -128,12 +139,14 @@ class AppState:
         self.registry: Registry | None = None
         self.registry_error: str | None = None
         self.registry_probe = None  # (future, start time) of /readyz's registry query (routers/ops.py)
-        self.indexes = IndexStore(Path(settings.data_dir) / "indexes")
+        self.indexes = IndexStore(Path(settings.data_dir) / "indexes", observer=self.metrics)
+        self.metrics.index_names = self.indexes.names  # a scrape leaves out indexes dropped meanwhile
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None
-        self.heavy = HeavyGate(settings.max_heavy_requests, settings.compute_threads)
-        self.preload = EncoderPreload(settings.preload_encoders)  # names checked by Settings
+        self.heavy = HeavyGate(settings.max_heavy_requests, settings.compute_threads, self.metrics)
+        self.preload = EncoderPreload(settings.preload_encoders,  # names checked by Settings
+                                      on_status=self.metrics.encoder_status)
         self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
         self._seen: tuple[int, int] | None = None  # (registry change token, generation) last read together
 
@@ -144,9 +157,7 @@ class AppState:
         Path(self.settings.data_dir).mkdir(parents=True, exist_ok=True)
         self.open_registry()
         self.jobs.open()  # jobs of a killed predecessor are reported failed ("interrupted by restart")
-        self.indexes.load_all()
-        for idx in self.indexes.list():
-            self.metrics.index_vectors.labels(idx.name).set(idx.count)
+        self.indexes.load_all()  # each index loaded sets its gauges (IndexStore's observer)
 
     def open_registry(self) -> bool:
         """Open the registry; True once it is open.

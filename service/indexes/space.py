@@ -152,6 +152,7 @@ class SpaceIndex:
         self._log: list[tuple[int, int]] = []  # [(generation, rows)] replayed after it
         self._base_rows = 0  # rows of that snapshot (log_fits)
         self._recent_bases: list[int] = []  # snapshots of the last metas (collect_generations keeps them)
+        self.observer = None  # told of each generation held and each catch-up (IndexStore's: the metrics)
         if not self.uid:
             self.uid = uuid.uuid4().hex
 
@@ -519,11 +520,13 @@ class SpaceIndex:
             if int(meta["generation"]) <= self.generation:
                 self._meta_sig = sig
                 return False
+            t0 = time.perf_counter()
             try:
                 if self._replays(meta):  # the same snapshot: read only the deltas after our generation
                     deltas = read_deltas(self.path, meta, self.generation)
                     with self.lock.write():
                         self._replay(meta, deltas, sig)
+                    self._caught_up("replay", t0)
                     return True
                 index, payloads = read_generation(self.path, meta)
             except FileNotFoundError:  # collected after newer generations: read the meta again
@@ -532,8 +535,15 @@ class SpaceIndex:
                 raise self._unreadable(sig, exc) from exc
             with self.lock.write():
                 self._adopt(meta, index, payloads, sig)
+            self._caught_up("reload", t0)
             return True
         raise RuntimeError(f"index {self.name!r}: generations changed faster than they could be read")
+
+    def _caught_up(self, how: str, t0: float) -> None:
+        """Tell the observer of a catch-up (``replay``: deltas applied, ``reload``: a generation read whole) that
+        began at ``perf_counter()`` ``t0``."""
+        if self.observer is not None:
+            self.observer.index_caught_up(self.name, how, time.perf_counter() - t0)
 
     def _replays(self, meta: dict) -> bool:
         """Whether the generation ``meta`` names is ours plus deltas: same snapshot, ours not older than it."""
@@ -578,6 +588,8 @@ class SpaceIndex:
         self._base_rows = int(meta.get("base_rows", self.index.ntotal))
         self._recent_bases = [int(b) for b in meta.get("recent_bases") or [self._base]]
         self._meta_sig = sig
+        if self.observer is not None:
+            self.observer.index_changed(self)
 
     def _meta(self, gen: int) -> dict:
         return {

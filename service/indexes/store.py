@@ -46,8 +46,11 @@ class IndexStore:
     created, changed and dropped by the others (see the module notes).
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, observer=None) -> None:
         self.root = Path(root)
+        #: told of each index's generations, catch-ups and drops (:class:`~service.metrics.ServiceMetrics`):
+        #: ``index_changed(idx)``, ``index_caught_up(name, how, seconds)``, ``index_dropped(name)``
+        self.observer = observer
         self._indexes: dict[str, SpaceIndex] = {}
         self._lock = threading.Lock()
         self._creating: set[str] = set()
@@ -121,7 +124,18 @@ class IndexStore:
             self._indexes[name] = idx
             self._failed.pop(name, None)
             self.load_errors.pop(name, None)
+        return self._attach(idx)
+
+    def _attach(self, idx: SpaceIndex) -> SpaceIndex:
+        """``idx``, now telling :attr:`observer` of its changes (told of the generation it holds now)."""
+        if self.observer is not None:
+            idx.observer = self.observer
+            self.observer.index_changed(idx)
         return idx
+
+    def _dropped(self, name: str) -> None:
+        if self.observer is not None:
+            self.observer.index_dropped(name)
 
     def get(self, name: str) -> SpaceIndex:
         """The index ``name``, caught up with what other processes persisted."""
@@ -134,6 +148,7 @@ class IndexStore:
                 idx.refresh()
             except IndexNotFoundError:
                 self._forget(name, idx)
+                self._dropped(name)
                 return self._load(name)
             except UnreadableGenerationError as exc:  # keep serving the whole generation in memory; readyz says why
                 _log.warning("index generation unreadable", extra={"fields": {"index": name, "error": str(exc)}})
@@ -197,7 +212,7 @@ class IndexStore:
                 self._indexes[name] = idx
                 self._failed.pop(name, None)
                 self.load_errors.pop(name, None)
-            return idx
+            return self._attach(idx)
 
     def list(self) -> list[SpaceIndex]:
         """Every index on disk (loaded or caught up as needed), by name."""
@@ -210,11 +225,14 @@ class IndexStore:
                 pass
         keep = set(names)
         with self._lock:
-            for name in [n for n in self._indexes if n not in keep]:
+            gone_now = [n for n in self._indexes if n not in keep]
+            for name in gone_now:
                 del self._indexes[name]
             for name in [n for n in self.load_errors if n not in keep]:
                 del self.load_errors[name]
                 self._failed.pop(name, None)
+        for name in gone_now:
+            self._dropped(name)
         return out
 
     def delete(self, name: str) -> None:
@@ -235,4 +253,5 @@ class IndexStore:
                 self._indexes.pop(name, None)
                 self._failed.pop(name, None)
                 self.load_errors.pop(name, None)
+        self._dropped(name)
         shutil.rmtree(trash, ignore_errors=True)

@@ -96,9 +96,8 @@ def run_demo(state, progress: Progress = silent, *, random_state: int = 0) -> di
     top1 = float(evaluate(reg.load_map(v), Xs[held], Xt[held], ks=(1,), csls=False)["top1"])
     reg.set_tag(DEMO_MAP, v.version, "demo_top1", round(top1, 4))
     progress("index", 0.0)
-    idx = state.indexes.create(DEMO_INDEX, TARGET[0], Xt, payloads=[{"text": t} for t in texts],
-                               description=f"demo: {len(texts)} WordNet definitions embedded by {TARGET[1]}")
-    state.metrics.index_vectors.labels(idx.name).set(idx.count)
+    state.indexes.create(DEMO_INDEX, TARGET[0], Xt, payloads=[{"text": t} for t in texts],
+                         description=f"demo: {len(texts)} WordNet definitions embedded by {TARGET[1]}")
     result = {"n_texts": len(texts), "version": v.version, "heldout_top1": top1, "n_heldout": len(held)}
     _log.info("demo registered", extra={"fields": result})
     return result

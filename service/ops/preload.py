@@ -35,8 +35,10 @@ class EncoderPreload:
     (default :func:`service.encoders.get_encoder`, the process-wide cache the routes use).
     """
 
-    def __init__(self, names: Sequence[str], load: Callable | None = None) -> None:
+    def __init__(self, names: Sequence[str], load: Callable | None = None,
+                 on_status: Callable[[str, str], None] | None = None) -> None:
         self._status: dict[str, str] = {}
+        self._on_status = on_status  # (name, status) at each change: the metrics' encoder gauge
         if names:
             from ..encoders import canonical_name, get_encoder
 
@@ -45,6 +47,8 @@ class EncoderPreload:
             self._load = load or get_encoder
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        for name, status in self._status.items():
+            self._said(name, status)
 
     @property
     def names(self) -> list[str]:
@@ -75,6 +79,11 @@ class EncoderPreload:
     def _set(self, name: str, status: str) -> None:
         with self._lock:
             self._status[name] = status
+        self._said(name, status)
+
+    def _said(self, name: str, status: str) -> None:
+        if self._on_status is not None:
+            self._on_status(name, status)
 
     def _run(self) -> None:
         for name in self.names:

@@ -98,17 +98,12 @@ async def create_index(request: Request, state: StateDep, settings: SettingsDep)
                                       random_state=opts.random_state, description=opts.description)
 
     idx = await state.heavy.hop(work, len(body))
-    state.metrics.index_vectors.labels(idx.name).set(idx.count)
     return FastJSONResponse(_info(idx), status_code=201)
 
 
 @router.delete("/indexes/{name}", dependencies=[WriteScope], status_code=204, summary="Drop an index")
 async def drop_index(name: str, state: StateDep):
     await run_in_threadpool(state.indexes.delete, name)
-    try:
-        state.metrics.index_vectors.remove(name)
-    except KeyError:
-        pass
     return Response(status_code=204)
 
 
@@ -126,7 +121,6 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
 
     idx, ids = await state.heavy.hop(work, len(body))
     state.metrics.batch_rows.labels("index_add").observe(len(ids))
-    state.metrics.index_vectors.labels(name).set(idx.count)
     return FastJSONResponse({"index": name, "ids": ids, "count": idx.count})
 
 
@@ -139,7 +133,6 @@ async def delete_vectors(name: str, body: Annotated[IndexDelete, Body(openapi_ex
         return idx, idx.delete(body.ids)
 
     idx, n = await run_in_threadpool(work)
-    state.metrics.index_vectors.labels(name).set(idx.count)
     return FastJSONResponse({"index": name, "deleted": n, "count": idx.count})
 
 

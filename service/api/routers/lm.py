@@ -139,9 +139,10 @@ class _ModelGate:
     """The queue of an app's model routes: one request at a time runs, the others wait here, on the event
     loop and holding no worker thread; a request finding ``max_waiting`` others waiting is a BusyError (429)."""
 
-    def __init__(self) -> None:
+    def __init__(self, waiting_gauge=None) -> None:
         self.lock = anyio.Lock()
         self.waiting = 0
+        self._gauge = waiting_gauge  # vecbridge_lm_requests_waiting
 
     @asynccontextmanager
     async def turn(self, max_waiting: int):
@@ -149,10 +150,14 @@ class _ModelGate:
             raise BusyError(f"the language model is busy and {self.waiting} requests are waiting for it "
                             f"(limits.lm_max_waiting); retry later")
         self.waiting += 1
+        if self._gauge is not None:
+            self._gauge.inc()
         try:
             await self.lock.acquire()
         finally:
             self.waiting -= 1
+            if self._gauge is not None:
+                self._gauge.dec()
         try:
             yield
         finally:
@@ -162,7 +167,7 @@ class _ModelGate:
 def _gate(app) -> _ModelGate:
     gate = getattr(app.state, "lm_gate", None)
     if gate is None:  # on the event loop: no other task runs between the check and the set
-        gate = app.state.lm_gate = _ModelGate()
+        gate = app.state.lm_gate = _ModelGate(app.state.metrics.lm_waiting)
     return gate
 
 

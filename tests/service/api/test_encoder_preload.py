@@ -29,6 +29,8 @@ def test_serve_preloads_an_encoder_before_it_is_ready(tmp_path):
     proc = start([sys.executable, "-m", "service.cli", "serve", "--preload-encoder", "minilm"],
                  env_for(data, port), port, tmp_path / "server.log")
     try:
+        ready = f'vecbridge_encoder_ready{{encoder="{MINILM}"}}'
+        assert f"{ready} 0.0" in httpx.get(url + "/metrics", headers=R, timeout=10).text  # loading: pageable
         seen = []
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -40,6 +42,7 @@ def test_serve_preloads_an_encoder_before_it_is_ready(tmp_path):
         assert seen[-1] == (200, {MINILM: "ready"}), seen[-3:]
         assert all(code == 503 and enc[MINILM] in ("pending", "loading") for code, enc in seen[:-1]), seen
         assert httpx.get(url + "/v1/info", headers=R, timeout=10).json()["encoders"] == {MINILM: "ready"}
+        assert f"{ready} 1.0" in httpx.get(url + "/metrics", headers=R, timeout=10).text
         r = httpx.post(url + "/v1/embeddings", headers=R, json={"model": "minilm", "input": ["a small dog"]},
                        timeout=60)
         assert r.status_code == 200, r.text

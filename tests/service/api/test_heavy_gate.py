@@ -71,6 +71,52 @@ def test_slots_beyond_the_limit_are_refused_and_given_back():
     assert gate.busy == 0
 
 
+def test_the_gates_saturation_is_in_the_metrics():
+    """Before, /metrics showed neither the plans and evaluations running, nor the calls waiting for the gate's
+    threads, nor the refusals (only 429s among every route's statuses): now each is a series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from service.metrics import ServiceMetrics
+
+    m = ServiceMetrics()
+    gate = HeavyGate(1, threads=1, metrics=m)
+
+    def read() -> dict:
+        return {s.name + "".join(f"/{v}" for v in s.labels.values()): s.value
+                for fam in text_string_to_metric_families(m.render().decode()) for s in fam.samples}
+
+    seen = {}
+
+    async def main():
+        async with gate.slot("plan"):
+            with pytest.raises(BusyError):
+                async with gate.slot("evaluate"):
+                    pass
+            started, release = threading.Event(), threading.Event()
+
+            def hold():
+                started.set()
+                release.wait(10)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(gate.run, hold)  # takes the gate's one thread
+                tg.start_soon(gate.run, lambda: None)  # waits for it
+                while not started.is_set():
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.05)
+                seen["during"] = read()
+                release.set()
+        seen["after"] = read()
+
+    anyio.run(main)
+    during, after = seen["during"], seen["after"]
+    assert during["vecbridge_heavy_requests_running"] == 1
+    assert during["vecbridge_compute_running"] == 1 and during["vecbridge_compute_waiting"] == 1
+    assert during["vecbridge_heavy_requests_refused_total/evaluate"] == 1
+    assert after["vecbridge_heavy_requests_running"] == 0
+    assert after["vecbridge_compute_running"] == 0 and after["vecbridge_compute_waiting"] == 0
+
+
 def test_large_bodies_hop_to_the_gates_threads_small_ones_to_the_shared_pool():
     from service.api.state import HEAVY_BODY_BYTES
 

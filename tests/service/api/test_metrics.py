@@ -1,0 +1,173 @@
+"""``/metrics`` an operator can trust, against a real ``vecbridge serve`` (one process and ``--workers 2``).
+
+Before: each worker of ``serve --workers N`` had its own registry, so a scrape answered with the counters of
+whichever worker took the connection (40 requests read 23, 17, 23, ... between scrapes: Prometheus saw resets);
+there were no process metrics (RSS); ``vecbridge_index_vectors`` kept the count of the process's own last write
+after another process changed the index, and a dropped index's series stayed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+from _api_support import R, W
+from _servers import env_for, free_port, seed_registry, start, stop
+from prometheus_client.parser import text_string_to_metric_families
+
+SCRAPES = 24
+
+
+def samples(text: str, name: str) -> list[tuple[dict, float]]:
+    """``(labels, value)`` of every sample called ``name`` in an exposition ``text`` (parsed by prometheus_client)."""
+    return [(s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
+
+
+def value(text: str, name: str, **labels) -> float | None:
+    """The sum of the samples ``name`` whose labels include ``labels`` (None when there is none)."""
+    hits = [v for lab, v in samples(text, name) if all(lab.get(k) == w for k, w in labels.items())]
+    return sum(hits) if hits else None
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+def server(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"metrics-{request.param}")
+    data = tmp / "data"
+    seed_registry(data)
+    port = free_port()
+    env = {k: v for k, v in env_for(data, port).items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    proc = start([sys.executable, "-m", "service.cli", "serve", "--workers", str(request.param)], env, port,
+                 tmp / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # every worker up: a few readyz over fresh connections
+        if all(httpx.get(url + "/readyz", timeout=5).status_code == 200 for _ in range(4)):
+            break
+        time.sleep(0.2)
+    try:
+        yield {"url": url, "workers": request.param, "data": data, "proc": proc, "env": env}
+    finally:
+        stop(proc)
+
+
+def scrape(url: str) -> str:
+    """One scrape on a fresh connection (the kernel hands connections to any worker)."""
+    r = httpx.get(url + "/metrics", headers=R, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+def info_count(text: str) -> float:
+    return value(text, "vecbridge_request_duration_seconds_count", route="/v1/info", status="200") or 0.0
+
+
+def test_request_counts_are_the_sum_over_workers_and_never_go_back(server):
+    """N requests spread over the workers (8 clients, fresh connections): every scrape, whichever worker answers
+    it, reads N; while more requests arrive, successive scrapes never read less than the one before."""
+    url = server["url"]
+    n = 60
+
+    def info(_):
+        return httpx.get(url + "/v1/info", headers=R, timeout=30).status_code
+
+    with ThreadPoolExecutor(8) as ex:
+        assert set(ex.map(info, range(n))) == {200}
+        counts = list(ex.map(lambda _: info_count(scrape(url)), range(SCRAPES)))
+    assert counts == [n] * SCRAPES, counts
+
+    seen = []
+    with ThreadPoolExecutor(4) as ex:
+        more = [ex.submit(info, i) for i in range(40)]
+        for _ in range(12):
+            seen.append(info_count(scrape(url)))
+        assert {f.result() for f in more} == {200}
+    assert seen == sorted(seen), seen  # monotonic across scrapes landing on any worker
+    assert info_count(scrape(url)) == n + 40
+
+
+def test_resident_memory_of_every_worker(server):
+    """``process_resident_memory_bytes``: one process: one series (as every prometheus_client service); workers:
+    one per live worker, labelled ``pid``, so ``sum()`` is the service's resident memory in both modes."""
+    text = scrape(server["url"])
+    rss = samples(text, "process_resident_memory_bytes")
+    cpu = samples(text, "process_cpu_seconds_total")
+    if server["workers"] == 1:
+        assert [lab for lab, _ in rss] == [{}] and len(cpu) == 1, rss
+    else:
+        assert len({lab["pid"] for lab, _ in rss}) == 2 and len(cpu) == 2, rss
+    assert all(v > 10 * 2**20 for _, v in rss), rss  # a Python process with numpy and FAISS: tens of MB
+
+
+def test_in_flight_requests_are_counted(server):
+    """The scrape itself is a request being answered; nothing else runs."""
+    assert value(scrape(server["url"]), "vecbridge_requests_in_flight") == 1
+
+
+def _cli(server, *args) -> None:
+    """``vecbridge --data-dir D ARGS``: another process writing the service's data dir."""
+    subprocess.run([sys.executable, "-m", "service.cli", "--data-dir", str(server["data"]), *args],
+                   env=server["env"], check=True, capture_output=True, timeout=120)
+
+
+def test_index_gauges_follow_another_processs_writes_and_drops(server):
+    """The CLI (another process) deletes rows of an index the service holds: once the service has caught up (the
+    next search), the gauges give the new count and generation; the CLI drops it: its series leave the scrape."""
+    url, name = server["url"], f"ix{server['workers']}"
+    X = np.random.default_rng(0).standard_normal((20, 16)).astype(np.float32)
+    q = {"vectors": X[:1].tolist(), "k": 3}
+    r = httpx.post(url + "/v1/indexes", headers=W, json={"name": name, "space": "a", "vectors": X.tolist()}, timeout=60)
+    assert r.status_code == 201, r.text
+    for _ in range(4):  # every worker loads it (connections land on any worker)
+        assert httpx.post(f"{url}/v1/indexes/{name}/search", headers=R, json=q, timeout=30).status_code == 200
+    assert value(scrape(url), "vecbridge_index_vectors", index=name) == 20
+
+    _cli(server, "index", "delete", name, "--id", "0", "--id", "1")
+    with ThreadPoolExecutor(4) as ex:  # every worker catches up
+        assert set(ex.map(lambda _: httpx.post(f"{url}/v1/indexes/{name}/search", headers=R, json=q,
+                                              timeout=30).status_code, range(8))) == {200}
+    for _ in range(6):
+        text = scrape(url)
+        assert value(text, "vecbridge_index_vectors", index=name) == 18, text
+        assert value(text, "vecbridge_index_generation", index=name) == 2
+        assert value(text, "vecbridge_index_logged_deltas", index=name) == 1  # the delete was logged, not a snapshot
+        assert value(text, "vecbridge_index_catchups_total", index=name, how="replay") >= 1
+        assert value(text, "vecbridge_index_catchup_seconds_total", index=name, how="replay") > 0
+
+    _cli(server, "index", "drop", name, "--yes")
+    for _ in range(6):
+        text = scrape(url)
+        assert not [lab for fam in ("vecbridge_index_vectors", "vecbridge_index_catchups_total")
+                    for lab, _ in samples(text, fam) if lab.get("index") == name], text
+
+
+def test_a_killed_worker_leaves_its_counts_but_not_its_gauges(server):
+    """A worker killed without its clean-up (the OOM killer): uvicorn starts another; the requests it answered stay
+    in the counters (no reset), its memory and in-flight requests leave the scrape."""
+    if server["workers"] == 1:
+        pytest.skip("workers only")
+    url = server["url"]
+    before = info_count(scrape(url))
+    pids = {lab["pid"] for lab, _ in samples(scrape(url), "process_resident_memory_bytes")}
+    victim = min(pids)
+    os.kill(int(victim), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            now = {lab["pid"] for lab, _ in samples(scrape(url), "process_resident_memory_bytes")}
+        except httpx.HTTPError:  # the connection landed on the dying worker
+            now = pids
+        if victim not in now and len(now) == 2:
+            break
+        time.sleep(0.3)
+    assert victim not in now and len(now) == 2, (victim, now)
+    for _ in range(SCRAPES // 2):
+        text = scrape(url)
+        assert info_count(text) == before
+        assert value(text, "vecbridge_requests_in_flight") == 1
