@@ -256,7 +256,7 @@ def index_drop(obj: Ctx, name, yes):
 @click.option("--space", default=None, help="The queries' space (default: the index's); another space goes through "
                                             "the registry's path of maps, as over HTTP.")
 @click.option("--map", "map_ref", default=None, help="Pin the map (NAME, NAME@alias, NAME:version) instead.")
-@click.option("-k", "k", type=click.IntRange(1), default=10, show_default=True)
+@click.option("-k", "--k", "k", type=click.IntRange(1), default=10, show_default=True, help="Hits per query (the HTTP k).")
 @click.option("--csls", is_flag=True, help="Re-rank by CSLS (less hubness).")
 @click.option("--csls-k", type=click.IntRange(1, 1000), default=10, show_default=True)
 @click.option("--csls-weight", type=click.FloatRange(0, 2), default=CSLS_WEIGHT, show_default=True)

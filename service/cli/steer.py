@@ -120,7 +120,7 @@ alias_command(steer, "Point steer NAME@ALIAS at VERSION (or --delete it); a bare
               help="Rank these texts along each direction (embedded with --encoder or the space's).")
 @click.option("--vectors", type=click.Path(dir_okay=False), default=None, help="Embeddings of --texts, if at hand.")
 @click.option("--encoder", default=None)
-@click.option("-k", "k", type=click.IntRange(1, 100), default=5, show_default=True, help="Items at each extreme.")
+@click.option("-k", "--k", "k", type=click.IntRange(1, 100), default=5, show_default=True, help="Items at each extreme.")
 @click.option("--directions", type=click.IntRange(1, 1024), default=4, show_default=True)
 @json_opt
 @click.pass_obj

@@ -61,8 +61,8 @@ def test_create_search_from_another_space_add_delete_compact_drop(world, capsys)
     assert ans["maps"] == [{"name": "a2b", "version": 1, "source_space": "a", "target_space": "b"}]
     assert [r[0]["id"] for r in ans["results"]] == list(range(20))
     assert [r[0]["payload"] for r in ans["results"]] == [{"row": i} for i in range(20)]
-    code, out, _ = cli(capsys, data, "search", "docs", tmp / "q.npy", "--space", "a", "-k", "2",
-                       "--out", tmp / "hits.npz")
+    code, out, _ = cli(capsys, data, "search", "docs", tmp / "q.npy", "--space", "a", "--k", "2",
+                       "--out", tmp / "hits.npz")  # --k as the HTTP field is named (before: "did you mean --key?")
     assert code == 0 and "wrote the hits of 20 queries" in out
     with np.load(tmp / "hits.npz") as z:
         assert z["ids"].shape == (20, 2) and (z["ids"][:, 0] == np.arange(20)).all()
