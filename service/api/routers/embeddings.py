@@ -11,7 +11,7 @@ from align.exceptions import InputError
 
 from ..codec import b64_encode, check_batch
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
-from ...ops import maps as map_ops
+from ...ops import embeddings as embed_ops
 from ..openapi import examples
 from ..responses import FastJSONResponse
 from ..routing import CodecRoute
@@ -69,8 +69,8 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
         raise InputError("input contains an empty string; every input must have text")
     check_batch(len(texts), settings.max_batch)
 
-    X, tr = await state.heavy.run(lambda: map_ops.embed(state, body.model, texts, kind=body.input_type,
-                                                         target_space=body.target_space, dimensions=body.dimensions),
+    X, tr = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,
+                                                           target_space=body.target_space, dimensions=body.dimensions),
                                   request)
     state.metrics.batch_rows.labels("embeddings").observe(len(texts))
     if tr is not None:
