@@ -4,12 +4,12 @@
 A side is a matrix ``X`` (n, d) of its space's width, or n texts with an encoder; :func:`embed_side` turns the
 texts into ``X = encoder.encode(texts)`` (n, d) float32. :func:`embed` returns ``X`` (n, d_model), or
 ``X H`` (n, d_target) with ``H`` the map (or composed path of maps) from the model's space into the target space:
-the registry's path.
+the registry's path, or the one the request pins (``map_ref``, checked hop by hop as a search's is).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,22 +95,27 @@ def embed_side(registry, load_encoder: Callable, side: FitSide, progress: Progre
 
 
 def embed(services, model: str, texts: list[str], *, kind: str = "passage", target_space: str | None = None,
-          dimensions: int | None = None):
+          dimensions: int | None = None, map_ref: str | Sequence[str] | None = None):
     """Embed ``texts`` with encoder ``model``, optionally translated into ``target_space``.
 
     ``services``: the service's encoder and map caches (``encoder(name)``, ``space_for_encoder(name)``,
-    ``translation(source_space, target_space)``, as :class:`service.api.state.AppState` has them).
-    The path is resolved before any encoding (an unknown space or missing path is a 404 at once).
-    ``dimensions`` is accepted only when it equals the output width (these models do not truncate).
-    Returns ``(X (n, d) float32, translation or None)``.
+    ``translation(source_space, target_space, map_ref)``, as :class:`service.api.state.AppState` has them).
+    ``map_ref``: the map, or path of maps in order, to use instead of the registry's path (a client sending one
+    text set in several requests names the versions the first answer used); checked hop by hop as a search's
+    (:func:`service.ops.indexes.translation`): one that does not lead from the model's space to ``target_space``
+    is an InputError. The path is resolved before any encoding (an unknown space or missing path is a 404 at
+    once). ``dimensions`` is accepted only when it equals the output width (these models do not truncate).
+    Returns ``(X (n, d) float32, translation or None)``; the translation's ``versions`` are the maps used.
     """
+    if map_ref and not target_space:
+        raise InputError("`map` names the path into `target_space`; give `target_space` too")
     tr = None
     if target_space:
         space = services.space_for_encoder(model)
         if space is None:
             raise UnknownEncoderError(
                 f"no registered space is produced by {model!r}; register it (POST /v1/spaces) to translate")
-        tr = services.translation(space, target_space)
+        tr = services.translation(space, target_space, map_ref)
     enc = services.encoder(model)
     if dimensions is not None and dimensions != enc.dim and target_space is None:
         raise InputError(f"dimensions={dimensions} is not supported: {model} produces {enc.dim}-d "

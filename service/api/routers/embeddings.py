@@ -1,4 +1,4 @@
-"""OpenAI-shaped ``POST /v1/embeddings`` (plus ``target_space``) and ``GET /v1/models``."""
+"""OpenAI-shaped ``POST /v1/embeddings`` (plus ``target_space`` and ``map``) and ``GET /v1/models``."""
 
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ models cannot be truncated without losing their geometry, so any other value is 
 
 Extensions: `target_space` returns the vectors translated into another registered space
 through the registry's maps (the embedding model's space must be registered; its raw form,
-comparable with raw vectors of that space); `input_type` = `passage` (default) or `query`.
+comparable with raw vectors of that space), and `maps` in the answer names the versions used;
+`map` (with `target_space`) pins them: one map (`name`, `name@alias`, `name:N`) or a path of them
+in order, e.g. the earlier answer's `maps` as `name:version`, so every batch of a large text set
+goes through the same versions whatever aliases move meanwhile (a path that does not lead from
+the model's space to `target_space` is a 422); `input_type` = `passage` (default) or `query`.
 `usage.prompt_tokens` counts whitespace-separated words (an approximation: the encoders'
 tokenizers are not consulted).
 """
@@ -70,7 +74,8 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
     check_batch(len(texts), settings.max_batch)
 
     X, tr = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,
-                                                           target_space=body.target_space, dimensions=body.dimensions),
+                                                           target_space=body.target_space, dimensions=body.dimensions,
+                                                           map_ref=body.map),
                                   request)
     state.metrics.batch_rows.labels("embeddings").observe(len(texts))
     if tr is not None:
