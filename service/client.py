@@ -568,14 +568,21 @@ class Client(SteerCalls):
         return self._json("GET", "/v1/models")["data"]
 
     def embed(self, texts: Sequence[str], model: str, *, target_space: str | None = None,
-              input_type: str = "passage") -> np.ndarray:
-        """Embed ``texts`` with an installed encoder (optionally translated into ``target_space``)."""
+              map: str | Sequence[str] | None = None, input_type: str = "passage") -> np.ndarray:
+        """Embed ``texts`` with an installed encoder: (n, d) float32, optionally translated into ``target_space``.
+
+        ``map`` (with ``target_space``): a map or a path (list) of maps to use instead of the registry's path. Texts
+        sent in several batches (the service's limits) all go through the map versions the first batch used.
+        """
         texts = list(texts)
+        pin = {"map": map}  # batches after the first: the versions it used (client_wire.pinned)
 
         def send(part: slice) -> list:
-            return self._json("POST", "/v1/embeddings", json=clean({
+            answer = self._json("POST", "/v1/embeddings", json=clean({
                 "input": texts[part], "model": model, "encoding_format": "base64", "target_space": target_space,
-                "input_type": input_type}), retry=True)["data"]
+                "input_type": input_type, **pin}), retry=True)
+            pin.update(pinned(answer))
+            return answer["data"]
 
         data = [e for part in self._batched(len(texts), json_sizes(texts, len(texts)), send) for e in part]
         return np.stack([np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4") for e in data])

@@ -45,6 +45,9 @@ Real = Annotated[float, Strict()]
 Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 2**31-1).")
 Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: the next "
                                                                   "free ids).")
+#: A pinned map (``name``, ``name@alias``, ``name:N``) or a path of them in order (a list, at most MAX_PATH_MAPS):
+#: what a search's or an embedding's ``map`` takes; ``service.ops.indexes.translation`` checks it hop by hop.
+MapPath = str | Annotated[list[str], Field(min_length=1, max_length=MAX_PATH_MAPS)]
 
 
 class _Strict(BaseModel):
@@ -212,7 +215,7 @@ class SearchOptions(_Strict):
     texts: list[str] | None = Field(None, description="Queries as texts, embedded with `space`'s encoder (query form).")
     space: str | None = Field(None, description="Space of the queries (default: the index's). Any registered space "
                                                 "with a path of maps to the index's space works.")
-    map: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PATH_MAPS)] | None = Field(
+    map: MapPath | None = Field(
         None, description="Use this map (`name`, `name@alias`, `name:N`) instead of the registry's path, or a path of "
                           "them in order (a list: from `space` to the index's space), e.g. the `maps` of an earlier "
                           "answer as `name:version`: every batch of a large query set then goes through the same "
@@ -329,6 +332,11 @@ class EmbeddingsRequest(_Strict):
     target_space: str | None = Field(None, description="Translate the embeddings into this space through the "
                                                        "registry's maps (vecbridge extension).")
     input_type: Literal["passage", "query"] = Field("passage", description="Encoder form (vecbridge extension).")
+    map: MapPath | None = Field(
+        None, description="With `target_space`: use this map (`name`, `name@alias`, `name:N`) instead of the "
+                          "registry's path, or a path of them in order (a list: from the model's space to "
+                          "`target_space`), e.g. the `maps` of an earlier answer as `name:version`: every batch of "
+                          "a large text set then goes through the same versions (vecbridge extension).")
 
 
 # --- response bodies ----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Map use cases for every face: fit (validate → fit → diagnostics → report → register), spaces,
-map summaries and reports, and embeddings translated through the registry's maps.
+map summaries and reports. The sides of a fit and ``/v1/embeddings`` (texts into vectors) are
+:mod:`service.ops.embeddings`; their names stay importable from here.
 
 ``run_fit`` fits with :mod:`align`, measures the map (paired: top-1 / mean rank / cosine on the
 training pairs; unpaired: mutual nearest neighbours after mapping, the label-free signal), renders
@@ -14,7 +15,6 @@ from __future__ import annotations
 import inspect
 import logging
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -26,12 +26,12 @@ from align.validation import as_matrix
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 from align.frames import unit_rows
 
-from ..encoders import UnknownEncoderError
 from ..io import ChunkWriter, count_rows, iter_chunks, parse_rows, resolve_rows, sha256_array
 from ..progress import Progress, Stages, silent
 from ..registry import ConflictError, NotFoundError, Registry, VersionInfo
 from ..registry.names import check_alias, check_name, fs_safe
 from ..reports import render_report, write_report
+from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
 from .plans import MIGRATION_METHODS, fit_migration_map
 
 __all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_request", "check_fit_params",
@@ -373,28 +373,6 @@ def _write_report(version: VersionInfo, path: Path, copy, html_text: str) -> Non
 
 
 # --- fit requests (a face's body → checked sides → a fit job) ------------------------------------
-@dataclass
-class FitSide:
-    """One side of a fit request: vectors ``X`` (n, d), or ``texts`` embedded with ``encoder`` in the job.
-
-    ``known``: the space is registered already; otherwise the job registers it from the data.
-    """
-
-    space: str
-    label: str
-    X: np.ndarray | None = None
-    texts: list[str] | None = None
-    encoder: str | None = None
-    known: bool = False
-
-    @property
-    def rows(self) -> int:
-        return int(self.X.shape[0]) if self.X is not None else len(self.texts)
-
-    def describe(self) -> str:
-        return f"{len(self.texts)} texts via {self.encoder}" if self.texts is not None else f"{self.rows} vectors"
-
-
 def check_fit_request(registry, *, name: str, method: str, paired: bool, source_space: str, target_space: str,
                       alias: str | None, params: dict | None = None, random_state=0) -> None:
     """Refuse at request time what the fit job would refuse later (422 / 409, not a failed job).
@@ -472,54 +450,6 @@ def _check_method(method: str, paired: bool) -> None:
         raise InputError(f"method {method!r} needs paired rows (\"paired\": true); use minivec2vec for unpaired sets")
 
 
-def fit_side(registry, load_encoder: Callable, *, space: str, label: str, X: np.ndarray | None = None,
-             texts: list[str] | None = None, encoder: str | None = None) -> FitSide:
-    """Check one side against its space: vectors of the space's width, or texts with a known encoder
-    (default: the space's; an unknown one raises UnknownEncoderError now rather than in the job)."""
-    try:
-        info = registry.get_space(space)
-    except NotFoundError:
-        info = None
-    if texts is not None:
-        encoder = encoder or (info.encoder if info else None)
-        if not encoder:
-            raise InputError(f"{label}: give an `encoder` for the texts (space {space!r} has none registered)")
-        load_encoder(encoder)
-        return FitSide(space, label, texts=list(texts), encoder=encoder, known=info is not None)
-    if info is not None and X.shape[1] != info.dim:
-        raise DimensionMismatchError(f"{label}: space {space!r} is {info.dim}-d, the vectors have {X.shape[1]} columns")
-    return FitSide(space, label, X=X, known=info is not None)
-
-
-def check_pairs(src: FitSide, tgt: FitSide, paired: bool) -> None:
-    """A paired fit needs as many source rows as target rows (known now when both sides are one kind)."""
-    if not paired or (src.X is None) != (tgt.X is None) or src.rows == tgt.rows:
-        return
-    if src.X is not None:
-        raise align.PairCountError(f"paired fit: source has {src.rows} rows, target {tgt.rows}")
-    raise align.PairCountError(f"paired fit: {src.rows} source texts, {tgt.rows} target texts")
-
-
-def embed_side(registry, load_encoder: Callable, side: FitSide, progress: Progress | None = None,
-               block: int = 256) -> np.ndarray:
-    """The side's rows (n, d): its vectors, or its texts embedded in blocks of ``block``; registers the
-    space from the data when it is new."""
-    X = side.X
-    if X is None:
-        enc, say = load_encoder(side.encoder), progress or silent
-        parts = []
-        for s in range(0, len(side.texts), block):
-            say(f"encode {side.label}", s / len(side.texts))
-            parts.append(np.asarray(enc.encode(side.texts[s : s + block], kind="passage"), dtype=np.float32))
-        X = as_matrix(np.vstack(parts), name=f"{side.label} embeddings")
-    if not side.known:
-        try:
-            registry.get_space(side.space)
-        except NotFoundError:
-            registry.register_space(side.space, int(X.shape[1]), encoder=side.encoder)
-    return X
-
-
 def fit_sides(registry, load_encoder: Callable, src: FitSide, tgt: FitSide, *, progress: Progress | None = None,
               seed_pairs=None, inputs: dict | None = None, **fit) -> VersionInfo:
     """Embed what needs embedding, then :func:`run_fit` (``fit``: its other keyword arguments).
@@ -571,38 +501,6 @@ def report_html(registry, name: str, version: int) -> bytes:
         return path.read_bytes()
     except FileNotFoundError:
         raise NotFoundError(f"the fit report of map {v.ref} is missing from the data dir") from None
-
-
-# --- embeddings, translated ------------------------------------------------------------------------
-def embed(services, model: str, texts: list[str], *, kind: str = "passage", target_space: str | None = None,
-          dimensions: int | None = None):
-    """Embed ``texts`` with encoder ``model``, optionally translated into ``target_space``.
-
-    ``services``: the service's encoder and map caches (``encoder(name)``, ``space_for_encoder(name)``,
-    ``translation(source_space, target_space)``, as :class:`service.api.state.AppState` has them).
-    The path is resolved before any encoding (an unknown space or missing path is a 404 at once).
-    ``dimensions`` is accepted only when it equals the output width (these models do not truncate).
-    Returns ``(X (n, d) float32, translation or None)``.
-    """
-    tr = None
-    if target_space:
-        space = services.space_for_encoder(model)
-        if space is None:
-            raise UnknownEncoderError(
-                f"no registered space is produced by {model!r}; register it (POST /v1/spaces) to translate")
-        tr = services.translation(space, target_space)
-    enc = services.encoder(model)
-    if dimensions is not None and dimensions != enc.dim and target_space is None:
-        raise InputError(f"dimensions={dimensions} is not supported: {model} produces {enc.dim}-d "
-                         f"vectors and cannot be truncated; omit `dimensions` or pass {enc.dim}")
-    X = np.asarray(enc.encode(texts, kind=kind), dtype=np.float32)
-    if tr is not None:
-        if tr.map is not None:
-            X = tr.map.apply(X, output="raw", validate=False)
-        if dimensions is not None and dimensions != X.shape[1]:
-            raise InputError(f"dimensions={dimensions} is not supported: space {target_space!r} is "
-                             f"{X.shape[1]}-d; omit `dimensions` or pass {X.shape[1]}")
-    return X, tr
 
 
 # --- files, transformed -----------------------------------------------------------------------------

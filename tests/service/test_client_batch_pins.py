@@ -5,8 +5,10 @@ Each search resolves its path of maps (and its steers) from the registry, so bef
 alias between two batches sent the first batches through one map version and the rest through another, mixed
 silently in one answer whose ``maps`` named only the first. Now the batches after the first name the versions
 the first answer used (``map``: one ``name:version``, or a list for a path of several maps; ``steers`` by
-version). Here a real server runs with tiny limits, and a second client moves the alias over HTTP right after
-the first batch's answer arrives (a transport that runs the move between the two requests).
+version). ``Client.embed(texts, model, target_space=)`` had the same gap and is pinned the same way (its batches
+send the ``map`` path the first ``/v1/embeddings`` answer's ``maps`` named). Here a real server runs with tiny
+limits, and a second client moves the alias over HTTP right after the first batch's answer arrives (a transport
+that runs the move between the two requests).
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ from service.registry import open_registry
 
 WKEY = "wkey-456"
 N, BATCH = 200, 40  # 5 batches
+MODEL = "all-MiniLM-L6-v2"  # installed with the test extras; loaded from disk, no download
+TEXTS = [f"definition {i}: a {w} that is {i % 7} times as {a} as the last one" for i, (w, a) in
+         enumerate(zip(["dog", "river", "idea", "engine", "song"] * 40, ["large", "calm", "old", "bright"] * 50))]
+
+
+def _rotation(seed: int, d: int = 384) -> np.ndarray:
+    """An orthogonal (d, d) float32 matrix: v1 of a text map is R, v2 is -R (never the same vectors)."""
+    return np.linalg.qr(np.random.default_rng(100 + seed).standard_normal((d, d)))[0].astype(np.float32)
 
 
 class MoveAfterFirst(httpx.HTTPTransport):
@@ -64,6 +74,12 @@ def world(tmp_path_factory):
             eye = np.eye(16, dtype=np.float32)
             reg.register_steer("flip", Steer(np.zeros((16, 1)), np.zeros((16, 1))), space="b")
             reg.register_steer("flip", Steer(-2 * eye, eye), space="b")
+            reg.register_space("minilm", 384, encoder=MODEL)  # texts: minilm -> t1 -> t2, each map v1 = R, v2 = -R
+            for hop, (src, dst) in enumerate((("minilm", "t1"), ("t1", "t2"))):
+                reg.register_space(dst, 384)
+                for sign in (1, -1):
+                    reg.register_version(f"{src}2{dst}", LinearMap(sign * _rotation(hop)), source_space=src,
+                                         target_space=dst, method="procrustes", params={})
         finally:
             reg.close()
         with Client(url, api_key=WKEY, batch_size=BATCH) as vb:
@@ -83,7 +99,8 @@ def _maps(answer: dict) -> list[tuple[str, int]]:
 
 def _while_moving(url: str, move, method: str = "search", *args, **kw):
     """``Client.<method>(*args, **kw)`` in batches of BATCH rows, ``move()`` run between the first two."""
-    transport = MoveAfterFirst(move, {"search": "/search", "apply_steer": "/apply", "transform": "/transform"}[method])
+    transport = MoveAfterFirst(move, {"search": "/search", "apply_steer": "/apply", "transform": "/transform",
+                                      "embed": "/embeddings"}[method])
     with Client(url, api_key=WKEY, batch_size=BATCH, transport=transport) as vb:
         answer = getattr(vb, method)(*args, **kw)
     assert transport.calls == N // BATCH  # the call really went in 5 batches
@@ -147,3 +164,43 @@ def test_transform_batches_keep_the_map_version_the_first_batch_used(world, bina
         mover.set_alias("a2b", "prod", 1)
         out = _while_moving(url, lambda: mover.set_alias("a2b", "prod", 2), "transform", "a2b@prod", X, binary=binary)
     np.testing.assert_allclose(out, m.apply(X, output="raw"), atol=1e-5)
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["registry-path", "map-by-alias"])
+def test_embed_batches_keep_the_map_version_the_first_batch_used(world, named):
+    url = world[0]
+    with Client(url, api_key=WKEY) as mover:
+        raw = mover.embed(TEXTS, MODEL)  # the model's own space: no map
+        mover.set_alias("minilm2t1", "prod", 1)
+        out = _while_moving(url, lambda: mover.set_alias("minilm2t1", "prod", 2), "embed", TEXTS, MODEL,
+                            target_space="t1", **({"map": "minilm2t1@prod"} if named else {}))
+        np.testing.assert_allclose(out, raw @ _rotation(0), atol=1e-4)  # every batch through v1 (v2 gives -raw R)
+        after = mover.embed(TEXTS[:2], MODEL, target_space="t1", **({"map": "minilm2t1@prod"} if named else {}))
+        np.testing.assert_allclose(after, -raw[:2] @ _rotation(0), atol=1e-4)  # the alias did move meanwhile
+
+
+def test_embed_batches_keep_a_path_of_two_maps_and_the_answer_names_it(world):
+    url = world[0]
+    with Client(url, api_key=WKEY) as mover:
+        raw = mover.embed(TEXTS, MODEL)
+        mover.set_alias("minilm2t1", "prod", 1)
+        mover.set_alias("t12t2", "prod", 1)
+        out = _while_moving(url, lambda: mover.set_alias("t12t2", "prod", 2), "embed", TEXTS, MODEL, target_space="t2")
+        np.testing.assert_allclose(out, raw @ _rotation(0) @ _rotation(1), atol=1e-4)
+
+        # the route itself, as any client sends it: `maps` says which versions; `map` pins a path, checked hop by hop
+        def post(**extra) -> httpx.Response:
+            return httpx.post(f"{url}/v1/embeddings", headers={"Authorization": f"Bearer {WKEY}"}, timeout=60,
+                              json={"input": TEXTS[:2], "model": MODEL, **extra})
+
+        moved = post(target_space="t2").json()
+        assert [(m["name"], m["version"]) for m in moved["maps"]] == [("minilm2t1", 1), ("t12t2", 2)]
+        pinned = post(target_space="t2", map=["minilm2t1:1", "t12t2:1"])
+        assert pinned.status_code == 200, pinned.text
+        assert [(m["name"], m["version"]) for m in pinned.json()["maps"]] == [("minilm2t1", 1), ("t12t2", 1)]
+        np.testing.assert_allclose([e["embedding"] for e in pinned.json()["data"]], out[:2], atol=1e-4)
+        for wrong in (["t12t2:1", "minilm2t1:1"], ["minilm2t1:1"], "t12t2:1"):
+            r = post(target_space="t2", map=wrong)
+            assert r.status_code == 422 and "but the request needs minilm -> t2" in r.json()["error"]["message"], r.text
+        r = post(map="minilm2t1:1")  # a map says how to reach target_space, which is missing
+        assert r.status_code == 422 and "target_space" in r.json()["error"]["message"], r.text

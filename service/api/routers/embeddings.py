@@ -1,4 +1,4 @@
-"""OpenAI-shaped ``POST /v1/embeddings`` (plus ``target_space``) and ``GET /v1/models``."""
+"""OpenAI-shaped ``POST /v1/embeddings`` (plus ``target_space`` and ``map``) and ``GET /v1/models``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from align.exceptions import InputError
 
 from ..codec import b64_encode, check_batch
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
-from ...ops import maps as map_ops
+from ...ops import embeddings as embed_ops
 from ..openapi import examples
 from ..responses import FastJSONResponse
 from ..routing import CodecRoute
@@ -28,7 +28,11 @@ models cannot be truncated without losing their geometry, so any other value is 
 
 Extensions: `target_space` returns the vectors translated into another registered space
 through the registry's maps (the embedding model's space must be registered; its raw form,
-comparable with raw vectors of that space); `input_type` = `passage` (default) or `query`.
+comparable with raw vectors of that space), and `maps` in the answer names the versions used;
+`map` (with `target_space`) pins them: one map (`name`, `name@alias`, `name:N`) or a path of them
+in order, e.g. the earlier answer's `maps` as `name:version`, so every batch of a large text set
+goes through the same versions whatever aliases move meanwhile (a path that does not lead from
+the model's space to `target_space` is a 422); `input_type` = `passage` (default) or `query`.
 `usage.prompt_tokens` counts whitespace-separated words (an approximation: the encoders'
 tokenizers are not consulted).
 """
@@ -69,8 +73,9 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
         raise InputError("input contains an empty string; every input must have text")
     check_batch(len(texts), settings.max_batch)
 
-    X, tr = await state.heavy.run(lambda: map_ops.embed(state, body.model, texts, kind=body.input_type,
-                                                         target_space=body.target_space, dimensions=body.dimensions),
+    X, tr = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,
+                                                           target_space=body.target_space, dimensions=body.dimensions,
+                                                           map_ref=body.map),
                                   request)
     state.metrics.batch_rows.labels("embeddings").observe(len(texts))
     if tr is not None:

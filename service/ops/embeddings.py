@@ -1,0 +1,130 @@
+"""Texts into vectors for every face: the sides of a fit request (vectors, or texts embedded in the job) and
+``POST /v1/embeddings`` (texts embedded with an installed encoder, optionally carried into another space).
+
+A side is a matrix ``X`` (n, d) of its space's width, or n texts with an encoder; :func:`embed_side` turns the
+texts into ``X = encoder.encode(texts)`` (n, d) float32. :func:`embed` returns ``X`` (n, d_model), or
+``X H`` (n, d_target) with ``H`` the map (or composed path of maps) from the model's space into the target space:
+the registry's path, or the one the request pins (``map_ref``, checked hop by hop as a search's is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import align
+from align.exceptions import DimensionMismatchError, InputError
+from align.validation import as_matrix
+
+from ..encoders import UnknownEncoderError
+from ..progress import Progress, silent
+from ..registry import NotFoundError
+
+__all__ = ["FitSide", "check_pairs", "embed", "embed_side", "fit_side"]
+
+
+@dataclass
+class FitSide:
+    """One side of a fit request: vectors ``X`` (n, d), or ``texts`` embedded with ``encoder`` in the job.
+
+    ``known``: the space is registered already; otherwise the job registers it from the data.
+    """
+
+    space: str
+    label: str
+    X: np.ndarray | None = None
+    texts: list[str] | None = None
+    encoder: str | None = None
+    known: bool = False
+
+    @property
+    def rows(self) -> int:
+        return int(self.X.shape[0]) if self.X is not None else len(self.texts)
+
+    def describe(self) -> str:
+        return f"{len(self.texts)} texts via {self.encoder}" if self.texts is not None else f"{self.rows} vectors"
+
+def fit_side(registry, load_encoder: Callable, *, space: str, label: str, X: np.ndarray | None = None,
+             texts: list[str] | None = None, encoder: str | None = None) -> FitSide:
+    """Check one side against its space: vectors of the space's width, or texts with a known encoder
+    (default: the space's; an unknown one raises UnknownEncoderError now rather than in the job)."""
+    try:
+        info = registry.get_space(space)
+    except NotFoundError:
+        info = None
+    if texts is not None:
+        encoder = encoder or (info.encoder if info else None)
+        if not encoder:
+            raise InputError(f"{label}: give an `encoder` for the texts (space {space!r} has none registered)")
+        load_encoder(encoder)
+        return FitSide(space, label, texts=list(texts), encoder=encoder, known=info is not None)
+    if info is not None and X.shape[1] != info.dim:
+        raise DimensionMismatchError(f"{label}: space {space!r} is {info.dim}-d, the vectors have {X.shape[1]} columns")
+    return FitSide(space, label, X=X, known=info is not None)
+
+
+def check_pairs(src: FitSide, tgt: FitSide, paired: bool) -> None:
+    """A paired fit needs as many source rows as target rows (known now when both sides are one kind)."""
+    if not paired or (src.X is None) != (tgt.X is None) or src.rows == tgt.rows:
+        return
+    if src.X is not None:
+        raise align.PairCountError(f"paired fit: source has {src.rows} rows, target {tgt.rows}")
+    raise align.PairCountError(f"paired fit: {src.rows} source texts, {tgt.rows} target texts")
+
+
+def embed_side(registry, load_encoder: Callable, side: FitSide, progress: Progress | None = None,
+               block: int = 256) -> np.ndarray:
+    """The side's rows (n, d): its vectors, or its texts embedded in blocks of ``block``; registers the
+    space from the data when it is new."""
+    X = side.X
+    if X is None:
+        enc, say = load_encoder(side.encoder), progress or silent
+        parts = []
+        for s in range(0, len(side.texts), block):
+            say(f"encode {side.label}", s / len(side.texts))
+            parts.append(np.asarray(enc.encode(side.texts[s : s + block], kind="passage"), dtype=np.float32))
+        X = as_matrix(np.vstack(parts), name=f"{side.label} embeddings")
+    if not side.known:
+        try:
+            registry.get_space(side.space)
+        except NotFoundError:
+            registry.register_space(side.space, int(X.shape[1]), encoder=side.encoder)
+    return X
+
+
+def embed(services, model: str, texts: list[str], *, kind: str = "passage", target_space: str | None = None,
+          dimensions: int | None = None, map_ref: str | Sequence[str] | None = None):
+    """Embed ``texts`` with encoder ``model``, optionally translated into ``target_space``.
+
+    ``services``: the service's encoder and map caches (``encoder(name)``, ``space_for_encoder(name)``,
+    ``translation(source_space, target_space, map_ref)``, as :class:`service.api.state.AppState` has them).
+    ``map_ref``: the map, or path of maps in order, to use instead of the registry's path (a client sending one
+    text set in several requests names the versions the first answer used); checked hop by hop as a search's
+    (:func:`service.ops.indexes.translation`): one that does not lead from the model's space to ``target_space``
+    is an InputError. The path is resolved before any encoding (an unknown space or missing path is a 404 at
+    once). ``dimensions`` is accepted only when it equals the output width (these models do not truncate).
+    Returns ``(X (n, d) float32, translation or None)``; the translation's ``versions`` are the maps used.
+    """
+    if map_ref and not target_space:
+        raise InputError("`map` names the path into `target_space`; give `target_space` too")
+    tr = None
+    if target_space:
+        space = services.space_for_encoder(model)
+        if space is None:
+            raise UnknownEncoderError(
+                f"no registered space is produced by {model!r}; register it (POST /v1/spaces) to translate")
+        tr = services.translation(space, target_space, map_ref)
+    enc = services.encoder(model)
+    if dimensions is not None and dimensions != enc.dim and target_space is None:
+        raise InputError(f"dimensions={dimensions} is not supported: {model} produces {enc.dim}-d "
+                         f"vectors and cannot be truncated; omit `dimensions` or pass {enc.dim}")
+    X = np.asarray(enc.encode(texts, kind=kind), dtype=np.float32)
+    if tr is not None:
+        if tr.map is not None:
+            X = tr.map.apply(X, output="raw", validate=False)
+        if dimensions is not None and dimensions != X.shape[1]:
+            raise InputError(f"dimensions={dimensions} is not supported: space {target_space!r} is "
+                             f"{X.shape[1]}-d; omit `dimensions` or pass {X.shape[1]}")
+    return X, tr
