@@ -126,6 +126,55 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run_the_model(serv
     assert generates("499") == before_499 + 1
 
 
+def _statuses(c, path: str, status: str) -> int:
+    lines = c.get("/metrics", headers=R).text.splitlines()
+    return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
+        "vecbridge_request_duration_seconds_count") and f'route="{path}"' in m and f'status="{status}"' in m)
+
+
+def test_clients_that_left_the_queue_give_their_places_up_at_once(served):
+    """Three generates queued behind a busy model (limits.lm_max_waiting=3) whose clients gave up kept their places
+    until their turn came: /metrics said 3 waiting and the next client, alone in the queue, was refused 429. Each
+    now leaves the queue when its client does (499) and the next client is served."""
+    import socket
+
+    c, app = served["c"], served["app"]
+    port = int(served["base"].rsplit(":", 1)[1])
+    gone_before = _statuses(c, "/v1/lm/generate", "499")
+    body = b'{"prompt": "the film", "max_new_tokens": 2}'
+    head = (f"POST /v1/lm/generate HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    lock = app.state.lm.lock
+    out: list = []
+    lock.acquire()
+    try:
+        threads = _generate_in_threads(served["base"], 1, out)  # takes the model's turn, waits for its lock
+        time.sleep(0.5)
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        for s in socks:
+            s.sendall(head + body)
+        for _ in range(200):
+            if "\nvecbridge_lm_requests_waiting 3.0\n" in c.get("/metrics", headers=R).text:
+                break
+            time.sleep(0.025)
+        for s in socks:  # the three clients give up (a timeout) while the model is still busy
+            s.close()
+        for _ in range(200):
+            if _statuses(c, "/v1/lm/generate", "499") == gone_before + 3:
+                break
+            time.sleep(0.025)
+        threads += _generate_in_threads(served["base"], 1, out)  # a live client: room in the queue
+        time.sleep(0.5)
+        text = c.get("/metrics", headers=R).text
+    finally:
+        lock.release()
+    for t in threads:
+        t.join(60)
+    assert sorted(out) == [200, 200]  # was [200, 429]: the live client refused
+    assert "\nvecbridge_lm_requests_waiting 1.0\n" in text  # the live client only (was 3: those that left)
+    assert _statuses(c, "/v1/lm/generate", "499") == gone_before + 3
+
+
 def test_a_full_model_queue_is_429(served):
     """One request runs (waiting for the model), three wait (limits.lm_max_waiting=3): the next is refused at once."""
     c, app = served["c"], served["app"]
