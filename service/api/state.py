@@ -12,21 +12,17 @@ version through any worker or replica shows up at the next request.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
-from starlette.requests import ClientDisconnect
 
 from align import ClusterMap, LinearMap
 
 from ..config import Settings
 from ..encoders import UnknownEncoderError
-from ..errors import BusyError
 from ..indexes import IndexStore
 from ..indexes.locking import WouldBlock
 from ..jobs import JobManager, JobStore
@@ -34,8 +30,9 @@ from ..metrics import ServiceMetrics
 from ..ops.indexes import Translation, leads, space_encoder, translation
 from ..ops.preload import EncoderPreload
 from ..registry import Registry, RegistryUnavailableError, VersionInfo, open_registry
+from .gate import Gate
 
-__all__ = ["AppState", "InMemory", "Translation", "MAP_CACHE_SIZE"]
+__all__ = ["MAP_CACHE_SIZE", "AppState", "InMemory", "Translation"]
 
 MAP_CACHE_SIZE = 64  # loaded maps / steers / composed paths one app keeps in memory
 
@@ -52,60 +49,31 @@ class HeavyGate:
     thread): text embeddings, plans, evaluations; :meth:`hop` sends transforms, searches and index writes there
     when their body is large. :meth:`slot` admits at most ``n`` of the requests that compute for seconds (plans,
     evaluations) and refuses the rest (429) rather than queueing them: many would fill the pool and keep the
-    event loop from the GIL, so every other request, health checks too, would wait behind them. Used only on
-    the event loop, so the check and the count need no lock.
+    event loop from the GIL, so every other request, health checks too, would wait behind them. Both are a
+    :class:`~service.api.gate.Gate`.
     """
 
     def __init__(self, n: int, threads: int = 2, metrics: ServiceMetrics | None = None) -> None:
-        self.n, self.busy = int(n), 0
-        self.limiter = anyio.CapacityLimiter(int(threads))
+        self.n = int(n)
+        self.metrics = m = metrics or ServiceMetrics()  # saturation: waiting / running calls, running and refused slots
+        self.slots = Gate(self.n, 0, busy=f"{{what}}: {{running}} such request(s) already running "
+                                          f"(max_heavy_requests={self.n}); retry in a few seconds",
+                          running_gauge=m.heavy_running, on_refused=lambda what: m.heavy_refused.labels(what).inc())
+        self.compute = Gate(int(threads), waiting_gauge=m.compute_waiting, running_gauge=m.compute_running)
+        self.limiter = self.compute.limiter
         self._threads = anyio.CapacityLimiter(int(threads))  # never waits: the turn was taken from ``limiter``
-        self.metrics = metrics or ServiceMetrics()  # saturation: waiting / running calls, running and refused slots
+
+    @property
+    def busy(self) -> int:
+        """Plans and evaluations running (holding a :meth:`slot`)."""
+        return self.slots.running
 
     async def run(self, fn, request=None):
         """``fn()`` on one of this gate's threads, once it is this call's turn. With the ``request`` whose work it
-        is: a client that left while the call waited gives its turn up (:class:`ClientDisconnect`, a 499)
-        instead of computing for nobody: clients that time out and retry would otherwise multiply the queue."""
-        m = self.metrics
-        m.compute_waiting.inc()
-        try:
-            if request is None:
-                await self.limiter.acquire()
-            else:
-                await self._acquire_unless_gone(request)
-        finally:
-            m.compute_waiting.dec()
-        m.compute_running.inc()
-        try:
+        is: a client that left before its turn gives the turn up (:class:`ClientDisconnect`, a 499) instead of
+        computing for nobody: clients that time out and retry would otherwise multiply the queue."""
+        async with self.compute.turn(request):
             return await anyio.to_thread.run_sync(fn, limiter=self._threads)
-        finally:
-            m.compute_running.dec()
-            self.limiter.release()
-
-    async def _acquire_unless_gone(self, request) -> None:
-        """Take a turn of ``limiter`` while listening for the client's disconnect (its body is read by now, so
-        the next message can only be ``http.disconnect``); the client gone first: :class:`ClientDisconnect`.
-        A check when the turn comes is not enough: uvicorn notices a closed socket only once it reads again."""
-        gone = False
-        async with anyio.create_task_group() as tg:
-            async def watch():
-                nonlocal gone
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
-                gone = True
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch)
-            try:
-                await self.limiter.acquire()
-            finally:
-                tg.cancel_scope.cancel()
-        if gone:
-            try:
-                self.limiter.release()  # the turn may have come in the same step as the disconnect
-            except RuntimeError:
-                pass
-            raise ClientDisconnect()
 
     async def hop(self, fn, nbytes: int, request=None):
         """``fn()`` for a request with a body of ``nbytes``: over :data:`HEAVY_BODY_BYTES` (its work grows with
@@ -114,19 +82,10 @@ class HeavyGate:
             return await self.run(fn, request)
         return await anyio.to_thread.run_sync(fn)
 
-    @asynccontextmanager
-    async def slot(self, what: str):
-        if self.busy >= self.n:
-            self.metrics.heavy_refused.labels(what).inc()
-            raise BusyError(f"{what}: {self.busy} such request(s) already running (max_heavy_requests={self.n}); "
-                            "retry in a few seconds")
-        self.busy += 1
-        self.metrics.heavy_running.inc()
-        try:
-            yield
-        finally:
-            self.busy -= 1
-            self.metrics.heavy_running.dec()
+    def slot(self, what: str):
+        """``async with gate.slot("plan")``: one of the ``n`` places of requests that compute for seconds, or a
+        BusyError (429) at once."""
+        return self.slots.turn(what=what)
 
 
 class AppState:

@@ -12,39 +12,43 @@ registry's steer tables in the space ``lm.<model name>`` (``:`` is not allowed i
 One lock per LM serialises every use of the model: steering works through a forward hook on
 the shared model, so two requests must not interleave.
 
-Generate and analyze take their turn at the app's :class:`_ModelGate` first: one runs (in a worker
-thread, where it may still wait for a fit's forward pass) while the others wait on the event loop,
+Generate and analyze take their turn at the app's model :class:`~service.api.gate.Gate` first: one runs (in a
+worker thread, where it may still wait for a fit's forward pass) while the others wait on the event loop,
 holding no thread; beyond ``limits.lm_max_waiting`` waiting requests the answer is 429. A request whose
-client went away while it waited gives up its turn (499) instead of running the model for nobody. Before, each
-waiting request held one of the shared worker threads, and a few dozen of them behind a long fit
-left none for ``/readyz``, ``/v1/jobs`` or any other route.
+client goes away while it waits leaves the queue at once (499): it neither runs the model for nobody nor keeps
+a place from a live client. Before, each waiting request held one of the shared worker threads, and a few
+dozen of them behind a long fit left none for ``/readyz``, ``/v1/jobs`` or any other route.
 """
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-
-import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect
 
 from align.exceptions import InputError
 
-from ...errors import BusyError, PayloadTooLargeError
+from ...errors import PayloadTooLargeError
 from ...limits import MAX_NEW_TOKENS
 from ...ops import lm as ops
 from ...ops.lm import LM, lm_space
 from ..codec import check_batch, parse_json, validate
 from ..deps import JSONOnly, ReadScope, StateDep
+from ..gate import Gate
 from ..job_routes import job_route
 from ..openapi import json_body
 from ..responses import FastJSONResponse
 from ..schemas import Count, Real, Seed, _Strict, error_responses
 
-__all__ = ["router", "get_lm", "lm_space", "LMFitRequest", "LMGenerateRequest", "LMAnalyzeRequest",
-           "MAX_NEW_TOKENS"]
+__all__ = [
+    "MAX_NEW_TOKENS",
+    "LMAnalyzeRequest",
+    "LMFitRequest",
+    "LMGenerateRequest",
+    "get_lm",
+    "lm_space",
+    "router",
+]
 
 router = APIRouter(prefix="/v1/lm", tags=["lm"], responses=error_responses(401, 403, 404, 422, 503))
 
@@ -135,52 +139,25 @@ def create_lm_steer(body: bytes, request, state, settings):
     return job, f"LM steer fit {spec.name}"
 
 
-class _ModelGate:
-    """The queue of an app's model routes: one request at a time runs, the others wait here, on the event
-    loop and holding no worker thread; a request finding ``max_waiting`` others waiting is a BusyError (429)."""
-
-    def __init__(self, waiting_gauge=None) -> None:
-        self.lock = anyio.Lock()
-        self.waiting = 0
-        self._gauge = waiting_gauge  # vecbridge_lm_requests_waiting
-
-    @asynccontextmanager
-    async def turn(self, max_waiting: int):
-        if self.lock.locked() and self.waiting >= max_waiting:
-            raise BusyError(f"the language model is busy and {self.waiting} requests are waiting for it "
-                            f"(limits.lm_max_waiting); retry later")
-        self.waiting += 1
-        if self._gauge is not None:
-            self._gauge.inc()
-        try:
-            await self.lock.acquire()
-        finally:
-            self.waiting -= 1
-            if self._gauge is not None:
-                self._gauge.dec()
-        try:
-            yield
-        finally:
-            self.lock.release()
-
-
-def _gate(app) -> _ModelGate:
+def _gate(app, max_waiting: int) -> Gate:
+    """The app's queue of model requests: one runs, ``max_waiting`` wait (``limits.lm_max_waiting``)."""
     gate = getattr(app.state, "lm_gate", None)
     if gate is None:  # on the event loop: no other task runs between the check and the set
-        gate = app.state.lm_gate = _ModelGate(app.state.metrics.lm_waiting)
+        gate = app.state.lm_gate = Gate(1, max_waiting, waiting_gauge=app.state.metrics.lm_waiting,
+                                        busy="the language model is busy and {waiting} requests are waiting for "
+                                             "it (limits.lm_max_waiting); retry later")
     return gate
 
 
 def _model_route(path: str, *, summary: str, body_model, response_model, example: str):
     """``POST /v1/lm{path}`` (read scope, JSON body of ``body_model``) answering ``fn(opts, request, state)``,
-    run off the event loop (the model is slow and holds its lock) once :class:`_ModelGate` gives it its turn."""
+    run off the event loop (the model is slow and holds its lock) once the app's model :class:`~service.api.gate.Gate`
+    gives it its turn."""
     def register(fn):
         async def endpoint(request: Request, state: StateDep):
             body = await request.body()
             opts = await run_in_threadpool(lambda: validate(body_model, parse_json(body)))
-            async with _gate(request.app).turn(state.settings.limits.lm_max_waiting):
-                if await request.is_disconnected():  # gave up while it waited: its turn of the model goes to the next
-                    raise ClientDisconnect()
+            async with _gate(request.app, state.settings.limits.lm_max_waiting).turn(request):
                 return FastJSONResponse(await run_in_threadpool(fn, opts, request, state))
 
         endpoint.__name__ = endpoint.__qualname__ = fn.__name__  # the OpenAPI operationId

@@ -89,9 +89,13 @@ def test_requests_waiting_for_a_busy_model_hold_no_worker_thread(served, tmp_pat
         assert out == [200] * 45
 
 
-def test_a_request_whose_client_left_while_it_waited_does_not_run_the_model(served):
+@pytest.mark.parametrize("pad", [0, 100_000])
+def test_a_request_whose_client_left_while_it_waited_does_not_run_the_model(served, pad):
     """A generate queued behind a busy model whose client gave up (a timeout) still ran the model once its turn
-    came, for nobody; it now gives its turn up (499 in the metrics) and the model goes to the next request."""
+    came, for nobody; it now gives its turn up (499 in the metrics) and the model goes to the next request.
+    A body of over 64 KiB (``pad`` spaces of JSON) arriving in one read leaves uvicorn not reading the socket (its
+    flow control) until the app asks for a message again: a check when the turn came did not see the client
+    leave and ran the model for it (a 200); listening while it waits does."""
     import socket
 
     c, app = served["c"], served["app"]
@@ -102,8 +106,8 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run_the_model(serv
         return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
             "vecbridge_request_duration_seconds_count") and "/v1/lm/generate" in m and f'status="{status}"' in m)
 
-    before_499 = generates("499")
-    body = b'{"prompt": "the film", "max_new_tokens": 2}'
+    before_499, before_200 = generates("499"), generates("200")
+    body = b'{"prompt": "the film", "max_new_tokens": 2}' + b" " * pad
     lock = app.state.lm.lock
     out: list = []
     lock.acquire()
@@ -112,7 +116,9 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run_the_model(serv
         time.sleep(0.5)
         with socket.create_connection(("127.0.0.1", port)) as s:  # queued behind it, then gone
             s.sendall(f"POST /v1/lm/generate HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
-                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+            time.sleep(0.2)  # the server waits for the body: the whole of it arrives in one read
+            s.sendall(body)
             time.sleep(0.5)
     finally:
         lock.release()
@@ -124,6 +130,56 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run_the_model(serv
             break
         time.sleep(0.05)
     assert generates("499") == before_499 + 1
+    assert generates("200") == before_200 + 1  # the first request only: the model ran once
+
+
+def _statuses(c, path: str, status: str) -> int:
+    lines = c.get("/metrics", headers=R).text.splitlines()
+    return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
+        "vecbridge_request_duration_seconds_count") and f'route="{path}"' in m and f'status="{status}"' in m)
+
+
+def test_clients_that_left_the_queue_give_their_places_up_at_once(served):
+    """Three generates queued behind a busy model (limits.lm_max_waiting=3) whose clients gave up kept their places
+    until their turn came: /metrics said 3 waiting and the next client, alone in the queue, was refused 429. Each
+    now leaves the queue when its client does (499) and the next client is served."""
+    import socket
+
+    c, app = served["c"], served["app"]
+    port = int(served["base"].rsplit(":", 1)[1])
+    gone_before = _statuses(c, "/v1/lm/generate", "499")
+    body = b'{"prompt": "the film", "max_new_tokens": 2}'
+    head = (f"POST /v1/lm/generate HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    lock = app.state.lm.lock
+    out: list = []
+    lock.acquire()
+    try:
+        threads = _generate_in_threads(served["base"], 1, out)  # takes the model's turn, waits for its lock
+        time.sleep(0.5)
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        for s in socks:
+            s.sendall(head + body)
+        for _ in range(200):
+            if "\nvecbridge_lm_requests_waiting 3.0\n" in c.get("/metrics", headers=R).text:
+                break
+            time.sleep(0.025)
+        for s in socks:  # the three clients give up (a timeout) while the model is still busy
+            s.close()
+        for _ in range(200):
+            if _statuses(c, "/v1/lm/generate", "499") == gone_before + 3:
+                break
+            time.sleep(0.025)
+        threads += _generate_in_threads(served["base"], 1, out)  # a live client: room in the queue
+        time.sleep(0.5)
+        text = c.get("/metrics", headers=R).text
+    finally:
+        lock.release()
+    for t in threads:
+        t.join(60)
+    assert sorted(out) == [200, 200]  # was [200, 429]: the live client refused
+    assert "\nvecbridge_lm_requests_waiting 1.0\n" in text  # the live client only (was 3: those that left)
+    assert _statuses(c, "/v1/lm/generate", "499") == gone_before + 3
 
 
 def test_a_full_model_queue_is_429(served):
