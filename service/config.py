@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     registry_url: str | None = Field(
         None, description="sqlite:///path or postgresql://...; default: SQLite under data_dir.")
     artifact_dir: Path | None = Field(None, description="Artifact folder; default data_dir/artifacts.")
+    report_dir: Path | None = Field(None, description=(
+        "Fit reports (HTML). Default: data_dir/reports; with artifact_dir set, artifact_dir/reports (on the "
+        "artifacts' volume, which replicas share), or artifact_dir/../reports where reports already are (the "
+        "layout before this setting). The CLI and the service use the same folder."))
     vectordb_url: str | None = Field(
         None, description="The vector database beside the service (qdrant://host:port, milvus://..., "
                           "postgresql://...): the default store of migrations and query-side translation.")
@@ -187,6 +191,21 @@ class Settings(BaseSettings):
 
     def resolved_artifact_dir(self) -> Path:
         return (self.artifact_dir or self.data_dir / "artifacts").resolve()
+
+    def resolved_report_dir(self) -> Path:
+        """Where fit reports are written and read (the registry records them relative to it); see ``report_dir``.
+
+        Before, the CLI used data_dir/reports and the service artifact_dir/../reports: with ``artifact_dir`` set
+        (docker-compose's shared /artifacts) a report the CLI wrote was a 404 over HTTP, and the service wrote
+        to /reports, outside any volume (not writable by the image's user: every report was lost).
+        """
+        if self.report_dir is not None:
+            return self.report_dir.resolve()
+        if self.artifact_dir is None:
+            return (self.data_dir / "reports").resolve()
+        art = self.resolved_artifact_dir()
+        legacy = art.parent / "reports"
+        return legacy if legacy.is_dir() else art / "reports"
 
 
 def _fields_of(model: type[BaseModel], prefix: str) -> dict[str, type[BaseModel] | None]:

@@ -53,7 +53,7 @@ class Ctx:
             s = self.settings
             s.data_dir.mkdir(parents=True, exist_ok=True)
             self._reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir(),
-                                      report_dir=(s.data_dir / "reports").resolve())
+                                      report_dir=s.resolved_report_dir())
         return self._reg
 
 

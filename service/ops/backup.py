@@ -185,11 +185,12 @@ def _backup(settings: Settings, data: Path, tmp: Path, copier: _Copier, progress
     # 2. artifacts and reports: immutable, content-addressed / uniquely named
     progress("artifacts", 0.0)
     art = settings.resolved_artifact_dir()
-    out["artifacts"] = copier.tree(art, tmp / "artifacts", skip=lambda rel: rel.parts[0] == "tmp")
+    out["artifacts"] = copier.tree(art, tmp / "artifacts", skip=lambda rel: rel.parts[0] in ("tmp", "reports"))
     if art != data / "artifacts":
         notes.append(f"artifacts from {art} are in the backup's artifacts/: start the restored service "
                      f"without VECBRIDGE_ARTIFACT_DIR")
-    report_dirs = dict.fromkeys([data / "reports", art.parent / "reports"])  # the CLI's and the service's
+    # where reports are now (Settings.resolved_report_dir), and where the CLI and the service wrote them before
+    report_dirs = dict.fromkeys([settings.resolved_report_dir(), data / "reports", art.parent / "reports"])
     out["reports"] = sum(copier.tree(r, tmp / "reports") for r in report_dirs)
     progress("artifacts", 1.0)
     # 3. each index at one committed generation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 import re
 
 import numpy as np
@@ -106,3 +107,56 @@ def test_unpaired_reports_have_no_plan_section():
     html = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={}, clouds=None,
                          paired=False)
     assert "Migration plan" not in html
+
+
+def test_the_cli_and_the_service_keep_reports_in_one_folder_beside_a_shared_artifact_dir(tmp_path, monkeypatch):
+    """With ``VECBRIDGE_ARTIFACT_DIR`` set (docker-compose's shared ``/artifacts``), the CLI wrote reports to
+    data_dir/reports and the service to artifact_dir/../reports (``/reports`` in the container: outside any volume,
+    not writable by its user). A report the CLI wrote was then a 404 over HTTP, and one the service wrote was
+    lost or invisible to the CLI. Now both use ``Settings.resolved_report_dir()``: artifact_dir/reports there."""
+    import json
+    import subprocess
+    import sys
+
+    import httpx
+    from _api_support import W
+    from _servers import ROOT, env_for, free_port, start, stop
+
+    data, art = tmp_path / "data", tmp_path / "volume" / "artifacts"
+    X, Y = _planted_pairs(300, d_s=16, d_t=16)
+    np.save(tmp_path / "x.npy", X.astype(np.float32))
+    np.save(tmp_path / "y.npy", Y.astype(np.float32))
+    port = free_port()
+    env = {**env_for(data, port), "VECBRIDGE_ARTIFACT_DIR": str(art)}
+    fit = subprocess.run([sys.executable, "-m", "service.cli", "fit", "--source", str(tmp_path / "x.npy"),
+                          "--target", str(tmp_path / "y.npy"), "--source-space", "a", "--target-space", "b",
+                          "--name", "a2b", "--method", "procrustes", "--quiet", "--json"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=False)
+    assert fit.returncode == 0, fit.stderr
+    assert json.loads(fit.stdout)["report_file"].startswith(str(art / "reports")), fit.stdout
+    server = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        r = httpx.get(f"{url}/v1/maps/a2b/versions/1/report", headers=W, timeout=30)
+        assert r.status_code == 200 and "<html" in r.text.lower(), (r.status_code, r.text[:200])
+        body = {"name": "a2b", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
+                "source": {"vectors": X[:200].tolist()}, "target": {"vectors": Y[:200].tolist()}}
+        job = httpx.post(f"{url}/v1/fits", json=body, headers=W, timeout=30).json()
+        for _ in range(300):
+            job = httpx.get(f"{url}/v1/jobs/{job['id']}", headers=W, timeout=30).json()
+            if job["state"] in ("succeeded", "failed"):
+                break
+            time.sleep(0.1)
+        assert job["state"] == "succeeded", job
+    finally:
+        stop(server)
+    assert len(list((art / "reports" / "a2b").glob("*.html"))) == 2  # the CLI's and the service's, side by side
+    assert not (data / "reports").exists() and not (tmp_path / "volume" / "reports").exists()
+    from service.cli._common import Ctx
+
+    monkeypatch.setenv("VECBRIDGE_ARTIFACT_DIR", str(art))
+    cli = Ctx(data, None)  # the CLI's registry finds the service's report
+    try:
+        assert cli.registry.report_file("a2b:2").is_file() and cli.registry.report_file("a2b:1").is_file()
+    finally:
+        cli.registry.close()
