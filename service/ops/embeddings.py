@@ -117,14 +117,15 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
                 f"no registered space is produced by {model!r}; register it (POST /v1/spaces) to translate")
         tr = services.translation(space, target_space, map_ref)
     enc = services.encoder(model)
-    if dimensions is not None and dimensions != enc.dim and target_space is None:
-        raise InputError(f"dimensions={dimensions} is not supported: {model} produces {enc.dim}-d "
-                         f"vectors and cannot be truncated; omit `dimensions` or pass {enc.dim}")
-    X = np.asarray(enc.encode(texts, kind=kind), dtype=np.float32)
-    if tr is not None:
-        if tr.map is not None:
-            X = tr.map.apply(X, output="raw", validate=False)
-        if dimensions is not None and dimensions != X.shape[1]:
+    if dimensions is not None:  # checked before encoding: the output width is known from the path
+        if target_space is None and dimensions != enc.dim:
+            raise InputError(f"dimensions={dimensions} is not supported: {model} produces {enc.dim}-d "
+                             f"vectors and cannot be truncated; omit `dimensions` or pass {enc.dim}")
+        width = enc.dim if tr is None or tr.map is None else int(tr.map.target_dim)
+        if target_space is not None and dimensions != width:
             raise InputError(f"dimensions={dimensions} is not supported: space {target_space!r} is "
-                             f"{X.shape[1]}-d; omit `dimensions` or pass {X.shape[1]}")
+                             f"{width}-d; omit `dimensions` or pass {width}")
+    X = np.asarray(enc.encode(texts, kind=kind), dtype=np.float32)
+    if tr is not None and tr.map is not None:
+        X = tr.map.apply(X, output="raw", validate=False)
     return X, tr

@@ -22,3 +22,38 @@ def test_unknown_target_space_or_path_is_a_404_before_the_encoder_loads(tmp_path
             r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": ["a dog"], "target_space": target})
             assert r.status_code == 404 and why in r.json()["error"]["message"], r.text
         assert asked == []  # no encoder was asked for, so nothing was loaded or encoded
+
+
+def test_dimensions_that_do_not_match_the_target_space_are_a_422_before_any_text_is_encoded(tmp_path, monkeypatch):
+    """``dimensions`` with ``target_space``: the width is known once the path is resolved. Before, every text was
+    encoded (a batch of 2,048 texts: seconds of CPU) and mapped, and only then refused; now the 422 comes first.
+    The matching width answers as before. Real MiniLM from its wheel; its encode calls counted, not replaced."""
+    import numpy as np
+    import pytest
+
+    pytest.importorskip("sentence_transformers")
+    import align
+    from service.encoders import Encoder
+
+    calls = []
+    real = Encoder.encode
+    monkeypatch.setattr(Encoder, "encode", lambda self, texts, *a, **k: calls.append(len(texts)) or real(self, texts,
+                                                                                                        *a, **k))
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        reg = app.state.vb.registry
+        reg.register_space("minilm", 384, encoder="all-MiniLM-L6-v2")
+        reg.register_space("small", 128)
+        rng = np.random.default_rng(0)
+        X = rng.standard_normal((400, 384)).astype(np.float32)
+        m = align.fit_ridge(X, X @ rng.standard_normal((384, 128)).astype(np.float32), alpha=1.0)
+        reg.register_version("m2s", m, source_space="minilm", target_space="small", method="ridge", params={})
+        body = {"model": "minilm", "input": ["a dog", "a cat"], "target_space": "small"}
+        r = c.post("/v1/embeddings", headers=R, json={**body, "dimensions": 384})
+        assert r.status_code == 422 and "space 'small' is 128-d" in r.json()["error"]["message"], r.text
+        assert calls == []
+        r = c.post("/v1/embeddings", headers=R, json={**body, "dimensions": 128})
+        assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 128, r.text
+        assert calls == [2]
+        r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": ["a dog"], "dimensions": 128})
+        assert r.status_code == 422 and "cannot be truncated" in r.json()["error"]["message"], r.text
