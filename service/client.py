@@ -7,6 +7,12 @@
 ...               progress=lambda j: print(j["progress"]))
 >>> vb.search("docs-e5", queries, space="minilm", k=5)["results"]
 
+From asyncio, :class:`AsyncClient` has every method as a coroutine (same arguments, answers, errors, retries,
+batches; one implementation runs both clients, :mod:`service.client_core`)::
+
+    async with AsyncClient("http://127.0.0.1:8000", api_key="change-me") as vb:
+        Y = await vb.transform("demo-minilm-e5", X)
+
 Every method is one request (retried as below; list methods follow ``next`` cursors until the last page; rows
 beyond the service's ``max_batch`` / ``max_body_bytes`` go in batches, see ``batch_size``) and returns the decoded
 JSON answer, or numpy arrays where the route carries vectors. Vectors go out as base64 float32 inside JSON
