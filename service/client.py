@@ -116,10 +116,10 @@ from .client_wire import (
 
 __all__ = [
     "APIConnectionError", "APIError", "APITimeoutError", "Artifact", "AsyncClient", "AuthenticationError",
-    "BadRequestError", "Client", "ConflictError", "JobCancelledError", "JobError", "JobFailedError", "JobTimeoutError", "NotFoundError",
-    "PayloadTooLargeError", "PermissionDeniedError", "PreconditionFailedError", "QueueFullError", "ServerError",
-    "ServiceUnavailableError", "UnexpectedResponseError", "UnsupportedMediaTypeError", "ValidationError",
-    "error_from_response",
+    "BadRequestError", "Client", "ConflictError", "JobCancelledError", "JobError", "JobFailedError",
+    "JobTimeoutError", "NotFoundError", "PayloadTooLargeError", "PermissionDeniedError", "PreconditionFailedError",
+    "QueueFullError", "ServerError", "ServiceUnavailableError", "UnexpectedResponseError",
+    "UnsupportedMediaTypeError", "ValidationError", "error_from_response",
 ]
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -186,7 +186,7 @@ class APICalls(SteerCalls, Calls):
     def set_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
         """Point ``name@alias`` at ``version``; ``expected``: only while it points there (0: unset), else 409."""
         return (yield from self._json("PUT", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}",
-                          json=clean({"version": int(version), "expected_version": expected})))
+                                      json=clean({"version": int(version), "expected_version": expected})))
 
     @call
     def delete_alias(self, name: str, alias: str, *, expected: int | None = None) -> None:
@@ -197,7 +197,7 @@ class APICalls(SteerCalls, Calls):
     @call
     def set_tag(self, name: str, version: int, key: str, value: Any) -> dict:
         return (yield from self._json("PUT", f"/v1/maps/{_seg(name)}/versions/{int(version)}/tags/{_seg(key)}",
-                          json={"value": value}))
+                                      json={"value": value}))
 
     @call
     def delete_version(self, name: str, version: int) -> dict:
@@ -214,7 +214,7 @@ class APICalls(SteerCalls, Calls):
         """The map artifact (``data``) with its ``etag`` and ``version``. Pass the ``etag`` of a copy you hold:
         ``data`` is None while it is still what ``ref`` names (304, nothing downloaded)."""
         r = yield from self._request("GET", f"/v1/maps/{_seg(ref)}/artifact", params={"format": format}, ok=(304,),
-                         headers={"If-None-Match": etag} if etag else {})
+                                     headers={"If-None-Match": etag} if etag else {})
         v = r.headers.get("x-map-version")
         return Artifact(None if r.status_code == 304 else r.content, r.headers.get("etag"), v and int(v))
 
@@ -241,7 +241,7 @@ class APICalls(SteerCalls, Calls):
         """One transform request: ``(Y, "name:version" of the map version used, when the answer says)``."""
         if not binary:
             body = yield from self._json("POST", f"/v1/maps/{_seg(ref)}/transform", retry=True,
-                              json={**b64(A), "output": output, "encoding_format": "base64"})
+                                         json={**b64(A), "output": output, "encoding_format": "base64"})
             return rows(body), f"{body['map']}:{body['version']}" if "version" in body else None
         r = yield from self._request("POST", f"/v1/maps/{_seg(ref)}/transform", params={"output": output},
                                      content=A.tobytes(), retry=True,
@@ -259,7 +259,7 @@ class APICalls(SteerCalls, Calls):
         buf = io.BytesIO()
         np.save(buf, np.asarray(X))
         r = yield from self._request("POST", f"/v1/maps/{_seg(ref)}/transform", params={"output": output},
-                         content=buf.getvalue(), headers={"Content-Type": "application/x-npy"}, retry=True)
+                                     content=buf.getvalue(), headers={"Content-Type": "application/x-npy"}, retry=True)
         try:
             return np.load(io.BytesIO(r.content), allow_pickle=False)
         except (ValueError, OSError, EOFError):
@@ -350,7 +350,7 @@ class APICalls(SteerCalls, Calls):
     @call
     def delete_ids(self, name: str, ids: Sequence[int]) -> dict:
         return (yield from self._json("POST", f"/v1/indexes/{_seg(name)}/delete", json={"ids": [int(i) for i in ids]},
-                          retry=True))
+                                      retry=True))
 
     @call
     def drop_index(self, name: str) -> None:

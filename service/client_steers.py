@@ -58,7 +58,7 @@ class SteerCalls:
     @call
     def set_steer_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
         return (yield from self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}",
-                          json=clean({"version": int(version), "expected_version": expected})))
+                                      json=clean({"version": int(version), "expected_version": expected})))
 
     @call
     def delete_steer_version(self, name: str, version: int) -> dict:
@@ -101,4 +101,4 @@ class SteerCalls:
     def lm_analyze(self, text: str, steer: str, *, eps: float = 1.0, threshold: float = 0.5) -> dict:
         """Per-token evidence of ``steer`` in ``text`` (``tokens`` and ``spans``)."""
         return (yield from self._json("POST", "/v1/lm/analyze", json={"text": text, "steer": steer, "eps": eps,
-                                                          "threshold": threshold}, retry=True))
+                                                                      "threshold": threshold}, retry=True))
