@@ -59,6 +59,7 @@ request that never reached the server (connection refused) is retried whatever i
 from __future__ import annotations
 
 import base64
+import inspect
 import io
 import time
 from collections.abc import Callable, Sequence
@@ -67,7 +68,7 @@ from typing import Any, Self
 import httpx
 import numpy as np
 
-from .client_core import RETRY_STATUS, Calls, Sleep, call
+from .client_core import RETRY_STATUS, Await, Calls, Sleep, call
 from .client_errors import (
     APIConnectionError,
     APIError,
@@ -426,7 +427,8 @@ class APICalls(SteerCalls, Calls):
              progress: Callable[[dict], None] | None = None) -> dict:
         """Poll a job until it ends; returns its record on success.
 
-        ``progress(job)`` is called whenever the state, stage or fraction changed. A failed job
+        ``progress(job)`` is called whenever the state, stage or fraction changed (with
+        :class:`AsyncClient`, an ``async def`` one is awaited; :class:`Client` refuses one). A failed job
         (also one a server restart interrupted) raises :class:`JobFailedError`, a cancelled one
         :class:`JobCancelledError`; past ``timeout`` seconds, :class:`JobTimeoutError` (a
         ``TimeoutError``; the job keeps running: :meth:`cancel` stops it). The job lives on the
@@ -446,7 +448,9 @@ class APICalls(SteerCalls, Calls):
             p = job.get("progress") or {}
             seen = (job.get("state"), p.get("stage"), p.get("fraction"))
             if progress is not None and seen != last:
-                progress(job)
+                shown = progress(job)
+                if inspect.isawaitable(shown):
+                    yield Await(shown)
             last = seen
             if job.get("state") == "succeeded":
                 return job
@@ -538,9 +542,9 @@ class AsyncClient(APICalls, driver="async"):
     implementation runs both: :mod:`service.client_core`).
 {_PARAMETERS}
     ``async with AsyncClient(...) as vb:`` closes its connections at the end (or ``await vb.close()``). Calls
-    may run concurrently (``asyncio.gather``) on its connection pool. ``wait``'s ``progress`` is a plain
-    callable. Encoding and decoding vectors (base64, numpy) runs in the event loop: for very large arrays,
-    ``batch_size`` keeps each step short.
+    may run concurrently (``asyncio.gather``) on its connection pool. ``wait``'s ``progress`` may be a plain
+    callable or an ``async def``. Encoding and decoding vectors (base64, numpy) runs in the event loop: for very
+    large arrays, ``batch_size`` keeps each step short.
     """
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 60.0, page_size: int = 500,

@@ -6,6 +6,8 @@ and is told what happened; it never touches a socket or a clock's sleep itself. 
 * :class:`Send` ``(method, path, kw)``: send one HTTP request; the driver sends back the ``httpx.Response``, or
   throws the ``httpx.RequestError`` (no answer) into the generator;
 * :class:`Sleep` ``(seconds)``: wait (a retry's backoff, a job's poll interval);
+* :class:`Await` ``(awaitable)``: what a caller's callback returned (an ``async def`` progress callback), to
+  be awaited: only the async driver can; the sync one raises ``TypeError``;
 
 and returns the call's result. Two small drivers run the same generator: :func:`run_sync` on ``httpx.Client``
 and ``time.sleep``, :func:`run_async` on ``httpx.AsyncClient`` and ``asyncio.sleep``. Retries (which requests,
@@ -39,7 +41,7 @@ from .client_errors import (
 )
 from .client_wire import dumps, spans
 
-__all__ = ["IDEMPOTENT", "RETRY_STATUS", "Calls", "Send", "Sleep", "call", "run_async", "run_sync"]
+__all__ = ["IDEMPOTENT", "RETRY_STATUS", "Await", "Calls", "Send", "Sleep", "call", "run_async", "run_sync"]
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothing was done; try again later
@@ -59,7 +61,13 @@ class Sleep(NamedTuple):
     seconds: float
 
 
-Step = Send | Sleep
+class Await(NamedTuple):
+    """An awaitable a caller's callback returned, for the async driver to await."""
+
+    awaitable: Any
+
+
+Step = Send | Sleep | Await
 Gen = Generator[Step, Any, Any]
 
 
@@ -82,6 +90,11 @@ def run_sync(http: httpx.Client, gen: Gen) -> Any:
         if isinstance(step, Sleep):
             time.sleep(step.seconds)
             continue
+        if isinstance(step, Await):
+            getattr(step.awaitable, "close", lambda: None)()  # a coroutine never run: no "never awaited" warning
+            gen.close()
+            raise TypeError("a callback returned an awaitable (an async def?): Client calls it without awaiting; "
+                            "pass a plain function, or use AsyncClient")
         try:
             reply = http.request(step.method, step.path, **step.kw)
         except httpx.RequestError as e:
@@ -101,6 +114,9 @@ async def run_async(http: httpx.AsyncClient, gen: Gen) -> Any:
             reply = error = None
             if isinstance(step, Sleep):
                 await asyncio.sleep(step.seconds)
+                continue
+            if isinstance(step, Await):
+                reply = await step.awaitable
                 continue
             try:
                 reply = await http.request(step.method, step.path, **step.kw)

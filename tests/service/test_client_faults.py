@@ -190,6 +190,24 @@ def test_async_retries_and_polls_wait_without_blocking_the_event_loop(scripted):
     assert took < 2.0 and job["state"] == "queued"
 
 
+def test_wait_awaits_an_async_progress_callback_and_client_refuses_one(scripted):
+    done = json.dumps({"id": "j1", "state": "succeeded", "progress": {"stage": "done", "fraction": 1.0}}).encode()
+    srv = scripted((200, {}, JOB), (200, {}, done))
+    seen = []
+
+    async def show(job):  # e.g. a websocket send
+        await asyncio.sleep(0)
+        seen.append(job["state"])
+
+    async def main():
+        async with AsyncClient(srv.url) as vb:
+            return await vb.wait("j1", poll=0.01, progress=show)
+
+    assert asyncio.run(main())["state"] == "succeeded" and seen == ["queued", "succeeded"]
+    with Client(srv.url) as vb, pytest.raises(TypeError, match="AsyncClient"):
+        vb.wait("j1", progress=show)  # before: the coroutine was never awaited, progress silently never shown
+
+
 # --- no answer, or not the API's ----------------------------------------------------------------
 @both_clients
 def test_no_answer_is_a_typed_error(scripted, client_cls):
