@@ -7,6 +7,12 @@
 ...               progress=lambda j: print(j["progress"]))
 >>> vb.search("docs-e5", queries, space="minilm", k=5)["results"]
 
+From asyncio, :class:`AsyncClient` has every method as a coroutine (same arguments, answers, errors, retries,
+batches; one implementation runs both clients, :mod:`service.client_core`)::
+
+    async with AsyncClient("http://127.0.0.1:8000", api_key="change-me") as vb:
+        Y = await vb.transform("demo-minilm-e5", X)
+
 Every method is one request (retried as below; list methods follow ``next`` cursors until the last page; rows
 beyond the service's ``max_batch`` / ``max_body_bytes`` go in batches, see ``batch_size``) and returns the decoded
 JSON answer, or numpy arrays where the route carries vectors. Vectors go out as base64 float32 inside JSON
@@ -53,14 +59,16 @@ request that never reached the server (connection refused) is retried whatever i
 from __future__ import annotations
 
 import base64
+import inspect
 import io
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Self
 
 import httpx
 import numpy as np
 
+from .client_core import RETRY_STATUS, Await, Calls, Sleep, call
 from .client_errors import (
     APIConnectionError,
     APIError,
@@ -94,7 +102,6 @@ from .client_wire import (
     b64_row_bytes,
     clean,
     cut,
-    dumps,
     float32_rows,
     json_sizes,
     labelled,
@@ -103,29 +110,389 @@ from .client_wire import (
     pinned,
     rows,
     side,
-    spans,
 )
 from .client_wire import (
     seg as _seg,
 )
 
 __all__ = [
-    "APIConnectionError", "APIError", "APITimeoutError", "Artifact", "AuthenticationError", "BadRequestError", "Client",
-    "ConflictError", "JobCancelledError", "JobError", "JobFailedError", "JobTimeoutError", "NotFoundError",
-    "PayloadTooLargeError", "PermissionDeniedError", "PreconditionFailedError", "QueueFullError", "ServerError",
-    "ServiceUnavailableError", "UnexpectedResponseError", "UnsupportedMediaTypeError", "ValidationError",
-    "error_from_response",
+    "APIConnectionError", "APIError", "APITimeoutError", "Artifact", "AsyncClient", "AuthenticationError",
+    "BadRequestError", "Client", "ConflictError", "JobCancelledError", "JobError", "JobFailedError",
+    "JobTimeoutError", "NotFoundError", "PayloadTooLargeError", "PermissionDeniedError", "PreconditionFailedError",
+    "QueueFullError", "ServerError", "ServiceUnavailableError", "UnexpectedResponseError",
+    "UnsupportedMediaTypeError", "ValidationError", "error_from_response",
 ]
 
 TERMINAL = ("succeeded", "failed", "cancelled")
-_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
-_RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothing was done; try again later
 
 
-# --- the client ---------------------------------------------------------------------------------
-class Client(SteerCalls):
-    """Talks to one vecbridge service.
+# --- the calls (each written once: service.client_core) ------------------------------------------
+class APICalls(SteerCalls, Calls):
+    """Every call of the API as a sans-IO generator (:mod:`service.client_core`); :class:`Client` runs them on
+    ``httpx.Client``, :class:`AsyncClient` on ``httpx.AsyncClient``. Not for direct use."""
 
+    # --- ops ------------------------------------------------------------------------------------
+    @call
+    def health(self) -> dict:
+        return (yield from self._json("GET", "/healthz"))
+
+    @call
+    def ready(self) -> dict:
+        """``/readyz``'s body (also when not ready: ``status`` says so, no exception)."""
+        r = yield from self._request("GET", "/readyz", ok=(503,), retry=False)
+        try:
+            return r.json()
+        except ValueError:
+            raise unexpected(r, "an answer that is not JSON") from None
+
+    @call
+    def info(self) -> dict:
+        return (yield from self._json("GET", "/v1/info"))
+
+    # --- spaces ---------------------------------------------------------------------------------
+    @call
+    def list_spaces(self) -> list[dict]:
+        return (yield from self._pages("/v1/spaces"))
+
+    @call
+    def get_space(self, name: str) -> dict:
+        return (yield from self._json("GET", f"/v1/spaces/{_seg(name)}"))
+
+    @call
+    def create_space(self, name: str, dim: int | None = None, *, encoder: str | None = None,
+                     query_prefix: str = "", passage_prefix: str = "", description: str = "") -> dict:
+        return (yield from self._json("POST", "/v1/spaces", json=clean({
+            "name": name, "dim": dim, "encoder": encoder, "query_prefix": query_prefix,
+            "passage_prefix": passage_prefix, "description": description})))
+
+    # --- maps -----------------------------------------------------------------------------------
+    @call
+    def list_maps(self) -> list[dict]:
+        return (yield from self._pages("/v1/maps"))
+
+    @call
+    def get_map(self, ref: str) -> dict:
+        """The map's summary and ``resolved``: the version ``ref`` (name, name@alias, name:N) names."""
+        return (yield from self._json("GET", f"/v1/maps/{_seg(ref)}"))
+
+    @call
+    def list_versions(self, name: str, *, include_deleted: bool = True) -> list[dict]:
+        return (yield from self._pages(f"/v1/maps/{_seg(name)}/versions", {"include_deleted": include_deleted}))
+
+    @call
+    def get_version(self, name: str, version: int) -> dict:
+        return (yield from self._json("GET", f"/v1/maps/{_seg(name)}/versions/{int(version)}"))
+
+    @call
+    def set_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
+        """Point ``name@alias`` at ``version``; ``expected``: only while it points there (0: unset), else 409."""
+        return (yield from self._json("PUT", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}",
+                                      json=clean({"version": int(version), "expected_version": expected})))
+
+    @call
+    def delete_alias(self, name: str, alias: str, *, expected: int | None = None) -> None:
+        """Remove ``name@alias``; ``expected``: only while it points at that version, else 412."""
+        yield from self._json("DELETE", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}",
+                              headers=alias_if_match(expected))
+
+    @call
+    def set_tag(self, name: str, version: int, key: str, value: Any) -> dict:
+        return (yield from self._json("PUT", f"/v1/maps/{_seg(name)}/versions/{int(version)}/tags/{_seg(key)}",
+                                      json={"value": value}))
+
+    @call
+    def delete_version(self, name: str, version: int) -> dict:
+        """Soft delete: the version stays for lineage but no reference resolves to it any more."""
+        return (yield from self._json("DELETE", f"/v1/maps/{_seg(name)}/versions/{int(version)}"))
+
+    @call
+    def download_artifact(self, ref: str, *, format: str = "safetensors") -> bytes:
+        """The map artifact's bytes (``safetensors`` or ``npz``; ``align.map_from_bytes`` reads any kind of map)."""
+        return (yield from APICalls.artifact(self, ref, format=format)).data
+
+    @call
+    def artifact(self, ref: str, *, format: str = "safetensors", etag: str | None = None) -> Artifact:
+        """The map artifact (``data``) with its ``etag`` and ``version``. Pass the ``etag`` of a copy you hold:
+        ``data`` is None while it is still what ``ref`` names (304, nothing downloaded)."""
+        r = yield from self._request("GET", f"/v1/maps/{_seg(ref)}/artifact", params={"format": format}, ok=(304,),
+                                     headers={"If-None-Match": etag} if etag else {})
+        v = r.headers.get("x-map-version")
+        return Artifact(None if r.status_code == 304 else r.content, r.headers.get("etag"), v and int(v))
+
+    @call
+    def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True) -> np.ndarray:
+        """Map rows ``X`` (n, d_source) through ``ref``; returns float32 (n, d_target).
+
+        ``binary=True`` sends raw float32 (``application/octet-stream``) and reads raw float32 back (shape from
+        ``X-Shape``); ``binary=False`` sends JSON (``vectors_b64``) instead, for proxies that pass only JSON.
+        ``output``: ``raw`` (comparable with the target model's own vectors), ``frame`` or ``linear`` (see the
+        route's documentation).
+        """
+        A, pinned = matrix(X), [ref]
+
+        def send(part: slice) -> np.ndarray:  # batches after the first go through the version it used
+            Y, used = yield from self._transform(pinned[0], A[part], output, binary)
+            pinned[0] = used or pinned[0]
+            return Y
+
+        parts = yield from self._batched(A.shape[0], 4 * A.shape[1] if binary else b64_row_bytes(A.shape[1]), send)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _transform(self, ref: str, A: np.ndarray, output: str, binary: bool) -> tuple[np.ndarray, str | None]:
+        """One transform request: ``(Y, "name:version" of the map version used, when the answer says)``."""
+        if not binary:
+            body = yield from self._json("POST", f"/v1/maps/{_seg(ref)}/transform", retry=True,
+                                         json={**b64(A), "output": output, "encoding_format": "base64"})
+            return rows(body), f"{body['map']}:{body['version']}" if "version" in body else None
+        r = yield from self._request("POST", f"/v1/maps/{_seg(ref)}/transform", params={"output": output},
+                                     content=A.tobytes(), retry=True,
+                                     headers={"Content-Type": "application/octet-stream",
+                                              "X-Vector-Dim": str(A.shape[1])})
+        try:
+            used = f"{r.headers['x-map']}:{r.headers['x-map-version']}" if "x-map-version" in r.headers else None
+            return float32_rows(r.content, r.headers["x-shape"].split(",")), used
+        except (KeyError, ValueError):
+            raise unexpected(r, f"not {A.shape[0]} rows of float32 with their X-Shape") from None
+
+    @call
+    def transform_npy(self, ref: str, X, *, output: str = "raw") -> np.ndarray:
+        """As :meth:`transform`, with ``.npy`` bodies both ways (float16/32/64 in, dtype kept self-described)."""
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(X))
+        r = yield from self._request("POST", f"/v1/maps/{_seg(ref)}/transform", params={"output": output},
+                                     content=buf.getvalue(), headers={"Content-Type": "application/x-npy"}, retry=True)
+        try:
+            return np.load(io.BytesIO(r.content), allow_pickle=False)
+        except (ValueError, OSError, EOFError):
+            raise unexpected(r, "not a .npy array") from None
+
+    @call
+    def report(self, name: str, version: int) -> str:
+        """The version's HTML fit report (self-contained; 404 when it has none)."""
+        return (yield from self._request("GET", f"/v1/maps/{_seg(name)}/versions/{int(version)}/report")).text
+
+    # --- migration: plan and gate ---------------------------------------------------------------
+    @call
+    def plan(self, old, probe_source, probe_target, *, target_retention: float = 0.95, random_state: int = 0,
+             queries=None, old_queries=None, relevant: Sequence[int] | None = None) -> dict:
+        """``POST /v1/plans``: plan migrating the corpus ``old`` (n, d_old) from a paired probe (``probe_source``
+        (p, d_old), ``probe_target`` (p, d_new), row i the same text); with labelled ``queries`` (q, d_new),
+        ``old_queries`` (q, d_old) and each one's ``relevant`` probe row, their retention is predicted.
+        Synchronous: seconds to a minute; raise ``timeout`` for big corpora."""
+        body = {"old": b64(old, "old"), "probe_source": b64(probe_source, "probe_source"),
+                "probe_target": b64(probe_target, "probe_target"), "target_retention": float(target_retention),
+                "random_state": int(random_state), **labelled(queries, old_queries, relevant)}
+        return (yield from self._json("POST", "/v1/plans", json=body, retry=True))
+
+    @call
+    def evaluate(self, ref: str, source, target, *, queries=None, relevant: Sequence[int] | None = None,
+                 old_queries=None, side: str = "target", min_retention: float | None = None,
+                 min_top1: float | None = None, csls: bool = False, csls_weight: float | None = None) -> dict:
+        """``POST /v1/maps/{ref}/evaluate`` (``vecbridge eval``): the map on held-out pairs ``source`` (n, d_s) /
+        ``target`` (n, d_t), and on labelled ``queries`` with each one's ``relevant`` row; ``min_retention`` /
+        ``min_top1`` add ``result`` ``PASS`` / ``FAIL`` (an answer, not an exception)."""
+        body = clean({"source": b64(source, "source"), "target": b64(target, "target"), "side": side,
+                       "min_retention": min_retention, "min_top1": min_top1, "csls": bool(csls),
+                       "csls_weight": csls_weight, **labelled(queries, old_queries, relevant)})
+        return (yield from self._json("POST", f"/v1/maps/{_seg(ref)}/evaluate", json=body, retry=True))
+
+    # --- indexes --------------------------------------------------------------------------------
+    @call
+    def list_indexes(self) -> list[dict]:
+        return (yield from self._pages("/v1/indexes"))
+
+    @call
+    def get_index(self, name: str) -> dict:
+        return (yield from self._json("GET", f"/v1/indexes/{_seg(name)}"))
+
+    @call
+    def create_index(self, name: str, space: str, vectors=None, *, texts: Sequence[str] | None = None,
+                     ids: Sequence[int] | None = None, payloads: Sequence[Any] | None = None, kind: str = "auto",
+                     metric: str = "cosine", params: dict | None = None, random_state: int = 0,
+                     description: str = "") -> dict:
+        """Create a FAISS index in ``space``, empty or filled with ``vectors`` (n, d) or ``texts``."""
+        body = clean({"name": name, "space": space, "kind": kind, "metric": metric, "params": params or {},
+                       "random_state": random_state, "description": description, "texts": as_list(texts),
+                       "ids": as_list(ids), "payloads": as_list(payloads)})
+        if vectors is not None:
+            body.update(b64(vectors))
+        return (yield from self._json("POST", "/v1/indexes", json=body))
+
+    @call
+    def add(self, name: str, vectors=None, *, texts: Sequence[str] | None = None, ids: Sequence[int] | None = None,
+            payloads: Sequence[Any] | None = None) -> dict:
+        """Add rows (``vectors`` or ``texts``); returns ``{"index", "ids", "count"}``.
+
+        More rows than one request may hold go in batches (``batch_size``): not one transaction. An error
+        after the first batch carries ``added_ids``, the ids of the rows already added.
+        """
+        A = None if vectors is None else matrix(vectors)
+        texts, ids, payloads = as_list(texts), as_list(ids), as_list(payloads)
+        n = len(A) if A is not None else len(texts or [])
+        row = (0 if A is None else b64_row_bytes(A.shape[1])) + sum(
+            json_sizes(x, n) for x in (texts, ids, payloads) if x is None or len(x) == n)
+        added: list[int] = []
+
+        def send(part: slice) -> dict:
+            body = clean({"texts": cut(texts, part, n), "ids": cut(ids, part, n), "payloads": cut(payloads, part, n)})
+            if A is not None:
+                body.update(b64(A[part]))
+            answer = yield from self._json("POST", f"/v1/indexes/{_seg(name)}/vectors", json=body)
+            added.extend(answer["ids"])
+            return answer
+
+        try:
+            answers = yield from self._batched(n, row, send)
+        except (APIError, APIConnectionError) as e:
+            e.added_ids = list(added)
+            raise
+        return answers[0] if len(answers) == 1 else {**answers[-1], "ids": added}
+
+    @call
+    def delete_ids(self, name: str, ids: Sequence[int]) -> dict:
+        return (yield from self._json("POST", f"/v1/indexes/{_seg(name)}/delete", json={"ids": [int(i) for i in ids]},
+                                      retry=True))
+
+    @call
+    def drop_index(self, name: str) -> None:
+        yield from self._json("DELETE", f"/v1/indexes/{_seg(name)}")
+
+    @call
+    def search(self, name: str, queries=None, *, texts: Sequence[str] | None = None, space: str | None = None,
+               k: int = 10, map: str | Sequence[str] | None = None, steers: dict[str, float] | None = None,
+               **options) -> dict:
+        """Search index ``name`` with ``queries`` (n, d_space) or ``texts`` from any registered ``space``.
+
+        Returns the route's answer: ``results`` (n lists of ``{"id", "score", "payload"}``) and ``maps`` (the map
+        versions that carried every query into the index's space). ``map``: a map or a path (list) of maps to use.
+        ``options``: ``csls``, ``csls_k``, ``csls_weight``, ``exact``, ``ef_search``, ``nprobe``, ``include_payloads``.
+        """
+        Q, texts = None if queries is None else matrix(queries, "queries"), as_list(texts)
+        pin = {"map": map, "steers": steers}  # batches after the first: the versions it used (client_wire.pinned)
+
+        def send(part: slice) -> dict:
+            body = clean({"texts": cut(texts, part, n), "space": space, "k": k, **pin, **options})
+            if Q is not None:
+                body.update(b64(Q[part], "queries"))
+            answer = yield from self._json("POST", f"/v1/indexes/{_seg(name)}/search", json=body, retry=True)
+            pin.update(pinned(answer))
+            return answer
+
+        n = len(Q) if Q is not None else len(texts or [])
+        row = b64_row_bytes(Q.shape[1]) if Q is not None else json_sizes(texts, n)
+        answers = yield from self._batched(n, row, send)
+        return answers[0] if len(answers) == 1 else {**answers[0], "results": [r for a in answers
+                                                                               for r in a["results"]]}
+
+    # --- fits and jobs --------------------------------------------------------------------------
+    @call
+    def fit(self, name: str, source_space: str, target_space: str, source, target, *, method: str = "minivec2vec",
+            paired: bool | None = None, params: dict | None = None,
+            seed_pairs: Sequence[tuple[int, int]] | None = None, random_state: int = 0, alias: str | None = None,
+            description: str = "", encoder: str | None = None, idempotency_key: str | None = None) -> dict:
+        """Queue a map fit; returns the job record at once (follow it with :meth:`wait`).
+
+        ``source`` / ``target``: an array (n, d) or a list of texts (embedded in the job with
+        ``encoder``, default each space's encoder). ``paired`` (row i <-> row i): by default true for the
+        paired methods (procrustes, ridge, lowrank, auto, contrastive, cluster), false for minivec2vec.
+        """
+        body = clean({"name": name, "source_space": source_space, "target_space": target_space,
+                       "source": side(source, encoder), "target": side(target, encoder), "method": method,
+                       "paired": paired, "params": params or {}, "random_state": random_state, "alias": alias,
+                       "description": description,
+                       "seed_pairs": None if seed_pairs is None else [[int(a), int(b)] for a, b in seed_pairs]})
+        headers = {"Idempotency-Key": idempotency_key or new_key()}
+        return (yield from self._json("POST", "/v1/fits", json=body, headers=headers))
+
+    @call
+    def list_jobs(self) -> list[dict]:
+        return (yield from self._pages("/v1/jobs"))
+
+    @call
+    def job_counts(self) -> dict[str, int]:
+        """Jobs by state (every process of the service's data dir)."""
+        return (yield from self._json("GET", "/v1/jobs", params={"limit": 1}))["counts"]
+
+    @call
+    def get_job(self, job_id: str) -> dict:
+        return (yield from self._json("GET", f"/v1/jobs/{_seg(job_id)}"))
+
+    @call
+    def cancel(self, job_id: str) -> dict:
+        """Ask for the job's cancellation (it stops at its next check); returns the record."""
+        return (yield from self._json("DELETE", f"/v1/jobs/{_seg(job_id)}"))
+
+    @call
+    def wait(self, job_id: str, *, timeout: float = 600.0, poll: float = 0.2,
+             progress: Callable[[dict], None] | None = None) -> dict:
+        """Poll a job until it ends; returns its record on success.
+
+        ``progress(job)`` is called whenever the state, stage or fraction changed (with
+        :class:`AsyncClient`, an ``async def`` one is awaited; :class:`Client` refuses one). A failed job
+        (also one a server restart interrupted) raises :class:`JobFailedError`, a cancelled one
+        :class:`JobCancelledError`; past ``timeout`` seconds, :class:`JobTimeoutError` (a
+        ``TimeoutError``; the job keeps running: :meth:`cancel` stops it). The job lives on the
+        server, so polls that get no answer or a 502 / 503 / 504 (a restart, a deploy) are tried
+        again until ``timeout``; the last such error is raised then.
+        """
+        deadline = time.monotonic() + timeout
+        last = job = None
+        while True:
+            try:
+                job = yield from self._json("GET", f"/v1/jobs/{_seg(job_id)}")
+            except (APIConnectionError, APIError) as e:
+                if (isinstance(e, APIError) and e.status not in RETRY_STATUS) or time.monotonic() >= deadline:
+                    raise
+                yield Sleep(max(poll, 1.0))
+                continue
+            p = job.get("progress") or {}
+            seen = (job.get("state"), p.get("stage"), p.get("fraction"))
+            if progress is not None and seen != last:
+                shown = progress(job)
+                if inspect.isawaitable(shown):
+                    yield Await(shown)
+            last = seen
+            if job.get("state") == "succeeded":
+                return job
+            if job.get("state") == "failed":
+                raise JobFailedError(job)
+            if job.get("state") == "cancelled":
+                raise JobCancelledError(job)
+            if time.monotonic() >= deadline:
+                raise JobTimeoutError(job, timeout)
+            yield Sleep(poll)
+
+    # --- embeddings -----------------------------------------------------------------------------
+    @call
+    def list_models(self) -> list[dict]:
+        """Installed encoders (``GET /v1/models``)."""
+        return (yield from self._json("GET", "/v1/models"))["data"]
+
+    @call
+    def embed(self, texts: Sequence[str], model: str, *, target_space: str | None = None,
+              map: str | Sequence[str] | None = None, input_type: str = "passage") -> np.ndarray:
+        """Embed ``texts`` with an installed encoder: (n, d) float32, optionally translated into ``target_space``.
+
+        ``map`` (with ``target_space``): a map or a path (list) of maps to use instead of the registry's path. Texts
+        sent in several batches (the service's limits) all go through the map versions the first batch used.
+        """
+        texts = list(texts)
+        pin = {"map": map}  # batches after the first: the versions it used (client_wire.pinned)
+
+        def send(part: slice) -> list:
+            answer = yield from self._json("POST", "/v1/embeddings", json=clean({
+                "input": texts[part], "model": model, "encoding_format": "base64", "target_space": target_space,
+                "input_type": input_type, **pin}), retry=True)
+            pin.update(pinned(answer))
+            return answer["data"]
+
+        parts = yield from self._batched(len(texts), json_sizes(texts, len(texts)), send)
+        data = [e for part in parts for e in part]
+        return np.stack([np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4") for e in data])
+
+
+# --- the two clients: the same calls, run on httpx.Client or httpx.AsyncClient -----------------------
+_PARAMETERS = """
     Parameters
     ----------
     base_url : str
@@ -146,443 +513,63 @@ class Client(SteerCalls):
         client then reads the service's ``max_batch`` / ``max_body_bytes`` from ``/v1/info`` and sends the rows
         in batches within them (:mod:`service.client_wire`), the answers joined in order (through the map and
         steer versions the first batch used, whatever aliases move meanwhile).
-    transport : httpx.BaseTransport, optional
+    transport : httpx transport, optional
         For tests (e.g. ``httpx.ASGITransport``); default: the network.
+"""
 
-    The client is a context manager; :meth:`close` releases its connections.
+
+class Client(APICalls, driver="sync"):
+    __doc__ = f"""Talks to one vecbridge service (blocking calls on ``httpx.Client``).
+{_PARAMETERS}
+    The client is a context manager; :meth:`close` releases its connections. :class:`AsyncClient` has the same
+    methods as coroutines.
     """
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 60.0, page_size: int = 500,
                  max_retries: int = 2, max_retry_wait: float = 60.0, transport: httpx.BaseTransport | None = None,
                  headers: dict | None = None, batch_size: int | None = None) -> None:
-        h = dict(headers or {})
-        if api_key:
-            h["Authorization"] = f"Bearer {api_key}"
-        self.page_size = int(page_size)
-        self.batch_size = None if batch_size is None else max(1, int(batch_size))
-        self._limits: tuple[int | None, int | None] | None = None  # (max_batch, max_body_bytes) once read
-        self.max_retries, self.max_retry_wait = int(max_retries), float(max_retry_wait)
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=h, timeout=timeout, transport=transport)
+        self._setup(page_size=page_size, max_retries=max_retries, max_retry_wait=max_retry_wait,
+                    batch_size=batch_size)
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=self._headers(api_key, headers),
+                                  timeout=timeout, transport=transport)
 
-    # --- plumbing -------------------------------------------------------------------------------
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def request(self, method: str, path: str, *, retry: bool | None = None, ok: Sequence[int] = (),
-                **kw) -> httpx.Response:
-        """Send one request; an error answer (status >= 400 and not in ``ok``) raises its :class:`APIError`
-        subclass, no answer :class:`APIConnectionError` / :class:`APITimeoutError`.
 
-        ``json=`` bodies may hold numpy numbers and arrays. ``retry``: whether sending the request twice is
-        harmless (default: GET / HEAD / PUT / DELETE, or an ``Idempotency-Key`` header); such requests are
-        retried as the module docstring says, others only when the connection was never made.
-        """
-        if "json" in kw:
-            kw["content"] = dumps(kw.pop("json"))
-            kw["headers"] = {"Content-Type": "application/json", **(kw.get("headers") or {})}
-        if retry is None:
-            retry = method.upper() in _IDEMPOTENT or "Idempotency-Key" in (kw.get("headers") or {})
-        attempt = 0
-        while True:
-            try:
-                r = self._http.request(method, path, **kw)
-            except httpx.RequestError as e:
-                # never sent: safe to send whatever it is; a read timeout is not retried (the server may still
-                # be computing it: a retry would queue the same work again)
-                never_sent = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
-                timed_out = isinstance(e, httpx.TimeoutException) and not never_sent
-                if (never_sent or (retry and not timed_out)) and attempt < self.max_retries:
-                    time.sleep(self._backoff(attempt))
-                    attempt += 1
-                    continue
-                cls = APITimeoutError if isinstance(e, httpx.TimeoutException) else APIConnectionError
-                raise cls(f"{method} {path}: no answer from {self._http.base_url} ({type(e).__name__}: {e})"
-                          + (f" after {attempt + 1} tries" if attempt else "")) from e
-            if r.status_code < 400 or r.status_code in ok:
-                return r
-            err = error_from_response(r)
-            wait = self._backoff(attempt, err.retry_after)
-            if not (retry and r.status_code in _RETRY_STATUS and attempt < self.max_retries and wait is not None):
-                raise err
-            time.sleep(wait)
-            attempt += 1
+class AsyncClient(APICalls, driver="async"):
+    __doc__ = f"""Talks to one vecbridge service from asyncio: every method of :class:`Client` as a coroutine, with
+    the same arguments, answers, errors, retries (``asyncio.sleep`` between them), batches and pagination (one
+    implementation runs both: :mod:`service.client_core`).
+{_PARAMETERS}
+    ``async with AsyncClient(...) as vb:`` closes its connections at the end (or ``await vb.close()``). Calls
+    may run concurrently (``asyncio.gather``) on its connection pool. ``wait``'s ``progress`` may be a plain
+    callable or an ``async def``. Encoding and decoding vectors (base64, numpy) runs in the event loop: for very
+    large arrays, ``batch_size`` keeps each step short.
+    """
 
-    def _backoff(self, attempt: int, retry_after: float | None = None) -> float | None:
-        """Seconds before retry ``attempt + 1``: ``Retry-After`` when given (None when over ``max_retry_wait``:
-        do not wait that long), else 0.5 s doubling per attempt, capped at 8 s."""
-        if retry_after is not None:
-            return max(0.0, retry_after) if retry_after <= self.max_retry_wait else None
-        return min(8.0, 0.5 * 2 ** attempt)
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 60.0, page_size: int = 500,
+                 max_retries: int = 2, max_retry_wait: float = 60.0,
+                 transport: httpx.AsyncBaseTransport | None = None, headers: dict | None = None,
+                 batch_size: int | None = None) -> None:
+        self._setup(page_size=page_size, max_retries=max_retries, max_retry_wait=max_retry_wait,
+                    batch_size=batch_size)
+        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=self._headers(api_key, headers),
+                                       timeout=timeout, transport=transport)
 
-    def _json(self, method: str, path: str, **kw) -> Any:
-        r = self.request(method, path, **kw)
-        if r.status_code == 204 or not r.content:
-            return None
-        try:
-            return r.json()
-        except ValueError:
-            raise unexpected(r, "an answer that is not JSON") from None
+    async def close(self) -> None:
+        await self._http.aclose()
 
-    def _batched(self, n: int, row_bytes, send: Callable[[slice], Any]) -> list:
-        """``send(rows)`` for consecutive batches of rows ``0..n`` within the service's limits; the answers in order.
+    aclose = close
 
-        One request while the limits are unknown; after a 413 the limits are read from ``/v1/info`` and the
-        call is sent again in batches (:func:`~service.client_wire.spans`; ``row_bytes``: each row's share of
-        the body). Batches are separate requests: an error in batch ``j`` leaves batches ``< j`` done.
-        """
-        refused = None
-        if self._limits is None and self.batch_size is None:
-            try:
-                return [send(slice(0, n))]
-            except PayloadTooLargeError as e:
-                refused = e
-                try:
-                    lim = self._json("GET", "/v1/info")["limits"]
-                    self._limits = (int(lim["max_batch"]), int(lim["max_body_bytes"]))
-                except (APIError, KeyError, TypeError, ValueError):
-                    raise e from None
-        max_rows, max_bytes = self._limits or (None, None)
-        if self.batch_size is not None:
-            max_rows = min(max_rows or self.batch_size, self.batch_size)
-        parts = spans(n, row_bytes, max_rows=max_rows, max_bytes=max_bytes)
-        if refused is not None and len(parts) == 1:
-            raise refused
-        return [send(part) for part in parts]
+    async def __aenter__(self) -> Self:
+        return self
 
-    def _pages(self, path: str, params: dict | None = None) -> Iterator[dict]:
-        """Every item of a paginated list, page after page (``limit`` / ``cursor`` / ``next``)."""
-        q = {**(params or {}), "limit": self.page_size}
-        while True:
-            body = self._json("GET", path, params=q)
-            if not isinstance(body, dict) or not isinstance(body.get("data"), list):
-                raise UnexpectedResponseError(200, "UnexpectedResponse", f"GET {path}: not a page of a list", None,
-                                              {})
-            yield from body["data"]
-            if not body.get("next"):
-                return
-            if body["next"] == q.get("cursor"):
-                raise UnexpectedResponseError(200, "UnexpectedResponse", f"GET {path}: the page's `next` is the "
-                                              "cursor that asked for it (a list that never ends)", None, {})
-            q["cursor"] = body["next"]
-
-    # --- ops ------------------------------------------------------------------------------------
-    def health(self) -> dict:
-        return self._json("GET", "/healthz")
-
-    def ready(self) -> dict:
-        """``/readyz``'s body (also when not ready: ``status`` says so, no exception)."""
-        r = self.request("GET", "/readyz", ok=(503,), retry=False)
-        try:
-            return r.json()
-        except ValueError:
-            raise unexpected(r, "an answer that is not JSON") from None
-
-    def info(self) -> dict:
-        return self._json("GET", "/v1/info")
-
-    # --- spaces ---------------------------------------------------------------------------------
-    def list_spaces(self) -> list[dict]:
-        return list(self._pages("/v1/spaces"))
-
-    def get_space(self, name: str) -> dict:
-        return self._json("GET", f"/v1/spaces/{_seg(name)}")
-
-    def create_space(self, name: str, dim: int | None = None, *, encoder: str | None = None,
-                     query_prefix: str = "", passage_prefix: str = "", description: str = "") -> dict:
-        return self._json("POST", "/v1/spaces", json=clean({
-            "name": name, "dim": dim, "encoder": encoder, "query_prefix": query_prefix,
-            "passage_prefix": passage_prefix, "description": description}))
-
-    # --- maps -----------------------------------------------------------------------------------
-    def list_maps(self) -> list[dict]:
-        return list(self._pages("/v1/maps"))
-
-    def get_map(self, ref: str) -> dict:
-        """The map's summary and ``resolved``: the version ``ref`` (name, name@alias, name:N) names."""
-        return self._json("GET", f"/v1/maps/{_seg(ref)}")
-
-    def list_versions(self, name: str, *, include_deleted: bool = True) -> list[dict]:
-        return list(self._pages(f"/v1/maps/{_seg(name)}/versions", {"include_deleted": include_deleted}))
-
-    def get_version(self, name: str, version: int) -> dict:
-        return self._json("GET", f"/v1/maps/{_seg(name)}/versions/{int(version)}")
-
-    def set_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
-        """Point ``name@alias`` at ``version``; ``expected``: only while it points there (0: unset), else 409."""
-        return self._json("PUT", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}",
-                          json=clean({"version": int(version), "expected_version": expected}))
-
-    def delete_alias(self, name: str, alias: str, *, expected: int | None = None) -> None:
-        """Remove ``name@alias``; ``expected``: only while it points at that version, else 412."""
-        self._json("DELETE", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}", headers=alias_if_match(expected))
-
-    def set_tag(self, name: str, version: int, key: str, value: Any) -> dict:
-        return self._json("PUT", f"/v1/maps/{_seg(name)}/versions/{int(version)}/tags/{_seg(key)}",
-                          json={"value": value})
-
-    def delete_version(self, name: str, version: int) -> dict:
-        """Soft delete: the version stays for lineage but no reference resolves to it any more."""
-        return self._json("DELETE", f"/v1/maps/{_seg(name)}/versions/{int(version)}")
-
-    def download_artifact(self, ref: str, *, format: str = "safetensors") -> bytes:
-        """The map artifact's bytes (``safetensors`` or ``npz``; ``align.map_from_bytes`` reads any kind of map)."""
-        return self.artifact(ref, format=format).data
-
-    def artifact(self, ref: str, *, format: str = "safetensors", etag: str | None = None) -> Artifact:
-        """The map artifact (``data``) with its ``etag`` and ``version``. Pass the ``etag`` of a copy you hold:
-        ``data`` is None while it is still what ``ref`` names (304, nothing downloaded)."""
-        r = self.request("GET", f"/v1/maps/{_seg(ref)}/artifact", params={"format": format}, ok=(304,),
-                         headers={"If-None-Match": etag} if etag else {})
-        v = r.headers.get("x-map-version")
-        return Artifact(None if r.status_code == 304 else r.content, r.headers.get("etag"), v and int(v))
-
-    def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True) -> np.ndarray:
-        """Map rows ``X`` (n, d_source) through ``ref``; returns float32 (n, d_target).
-
-        ``binary=True`` sends raw float32 (``application/octet-stream``) and reads raw float32 back (shape from
-        ``X-Shape``); ``binary=False`` sends JSON (``vectors_b64``) instead, for proxies that pass only JSON.
-        ``output``: ``raw`` (comparable with the target model's own vectors), ``frame`` or ``linear`` (see the
-        route's documentation).
-        """
-        A, pinned = matrix(X), [ref]
-
-        def send(part: slice) -> np.ndarray:  # batches after the first go through the version it used
-            Y, used = self._transform(pinned[0], A[part], output, binary)
-            pinned[0] = used or pinned[0]
-            return Y
-
-        parts = self._batched(A.shape[0], 4 * A.shape[1] if binary else b64_row_bytes(A.shape[1]), send)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    def _transform(self, ref: str, A: np.ndarray, output: str, binary: bool) -> tuple[np.ndarray, str | None]:
-        """One transform request: ``(Y, "name:version" of the map version used, when the answer says)``."""
-        if not binary:
-            body = self._json("POST", f"/v1/maps/{_seg(ref)}/transform", retry=True,
-                              json={**b64(A), "output": output, "encoding_format": "base64"})
-            return rows(body), f"{body['map']}:{body['version']}" if "version" in body else None
-        r = self.request("POST", f"/v1/maps/{_seg(ref)}/transform", params={"output": output}, content=A.tobytes(),
-                         headers={"Content-Type": "application/octet-stream", "X-Vector-Dim": str(A.shape[1])},
-                         retry=True)
-        try:
-            used = f"{r.headers['x-map']}:{r.headers['x-map-version']}" if "x-map-version" in r.headers else None
-            return float32_rows(r.content, r.headers["x-shape"].split(",")), used
-        except (KeyError, ValueError):
-            raise unexpected(r, f"not {A.shape[0]} rows of float32 with their X-Shape") from None
-
-    def transform_npy(self, ref: str, X, *, output: str = "raw") -> np.ndarray:
-        """As :meth:`transform`, with ``.npy`` bodies both ways (float16/32/64 in, dtype kept self-described)."""
-        buf = io.BytesIO()
-        np.save(buf, np.asarray(X))
-        r = self.request("POST", f"/v1/maps/{_seg(ref)}/transform", params={"output": output},
-                         content=buf.getvalue(), headers={"Content-Type": "application/x-npy"}, retry=True)
-        try:
-            return np.load(io.BytesIO(r.content), allow_pickle=False)
-        except (ValueError, OSError, EOFError):
-            raise unexpected(r, "not a .npy array") from None
-
-    def report(self, name: str, version: int) -> str:
-        """The version's HTML fit report (self-contained; 404 when it has none)."""
-        return self.request("GET", f"/v1/maps/{_seg(name)}/versions/{int(version)}/report").text
-
-    # --- migration: plan and gate ---------------------------------------------------------------
-    def plan(self, old, probe_source, probe_target, *, target_retention: float = 0.95, random_state: int = 0,
-             queries=None, old_queries=None, relevant: Sequence[int] | None = None) -> dict:
-        """``POST /v1/plans``: plan migrating the corpus ``old`` (n, d_old) from a paired probe (``probe_source``
-        (p, d_old), ``probe_target`` (p, d_new), row i the same text); with labelled ``queries`` (q, d_new),
-        ``old_queries`` (q, d_old) and each one's ``relevant`` probe row, their retention is predicted.
-        Synchronous: seconds to a minute; raise ``timeout`` for big corpora."""
-        body = {"old": b64(old, "old"), "probe_source": b64(probe_source, "probe_source"),
-                "probe_target": b64(probe_target, "probe_target"), "target_retention": float(target_retention),
-                "random_state": int(random_state), **labelled(queries, old_queries, relevant)}
-        return self._json("POST", "/v1/plans", json=body, retry=True)
-
-    def evaluate(self, ref: str, source, target, *, queries=None, relevant: Sequence[int] | None = None,
-                 old_queries=None, side: str = "target", min_retention: float | None = None,
-                 min_top1: float | None = None, csls: bool = False, csls_weight: float | None = None) -> dict:
-        """``POST /v1/maps/{ref}/evaluate`` (``vecbridge eval``): the map on held-out pairs ``source`` (n, d_s) /
-        ``target`` (n, d_t), and on labelled ``queries`` with each one's ``relevant`` row; ``min_retention`` /
-        ``min_top1`` add ``result`` ``PASS`` / ``FAIL`` (an answer, not an exception)."""
-        body = clean({"source": b64(source, "source"), "target": b64(target, "target"), "side": side,
-                       "min_retention": min_retention, "min_top1": min_top1, "csls": bool(csls),
-                       "csls_weight": csls_weight, **labelled(queries, old_queries, relevant)})
-        return self._json("POST", f"/v1/maps/{_seg(ref)}/evaluate", json=body, retry=True)
-
-    # --- indexes --------------------------------------------------------------------------------
-    def list_indexes(self) -> list[dict]:
-        return list(self._pages("/v1/indexes"))
-
-    def get_index(self, name: str) -> dict:
-        return self._json("GET", f"/v1/indexes/{_seg(name)}")
-
-    def create_index(self, name: str, space: str, vectors=None, *, texts: Sequence[str] | None = None,
-                     ids: Sequence[int] | None = None, payloads: Sequence[Any] | None = None, kind: str = "auto",
-                     metric: str = "cosine", params: dict | None = None, random_state: int = 0,
-                     description: str = "") -> dict:
-        """Create a FAISS index in ``space``, empty or filled with ``vectors`` (n, d) or ``texts``."""
-        body = clean({"name": name, "space": space, "kind": kind, "metric": metric, "params": params or {},
-                       "random_state": random_state, "description": description, "texts": as_list(texts),
-                       "ids": as_list(ids), "payloads": as_list(payloads)})
-        if vectors is not None:
-            body.update(b64(vectors))
-        return self._json("POST", "/v1/indexes", json=body)
-
-    def add(self, name: str, vectors=None, *, texts: Sequence[str] | None = None, ids: Sequence[int] | None = None,
-            payloads: Sequence[Any] | None = None) -> dict:
-        """Add rows (``vectors`` or ``texts``); returns ``{"index", "ids", "count"}``.
-
-        More rows than one request may hold go in batches (``batch_size``): not one transaction. An error
-        after the first batch carries ``added_ids``, the ids of the rows already added.
-        """
-        A = None if vectors is None else matrix(vectors)
-        texts, ids, payloads = as_list(texts), as_list(ids), as_list(payloads)
-        n = len(A) if A is not None else len(texts or [])
-        row = (0 if A is None else b64_row_bytes(A.shape[1])) + sum(
-            json_sizes(x, n) for x in (texts, ids, payloads) if x is None or len(x) == n)
-        added: list[int] = []
-
-        def send(part: slice) -> dict:
-            body = clean({"texts": cut(texts, part, n), "ids": cut(ids, part, n), "payloads": cut(payloads, part, n)})
-            if A is not None:
-                body.update(b64(A[part]))
-            answer = self._json("POST", f"/v1/indexes/{_seg(name)}/vectors", json=body)
-            added.extend(answer["ids"])
-            return answer
-
-        try:
-            answers = self._batched(n, row, send)
-        except (APIError, APIConnectionError) as e:
-            e.added_ids = list(added)
-            raise
-        return answers[0] if len(answers) == 1 else {**answers[-1], "ids": added}
-
-    def delete_ids(self, name: str, ids: Sequence[int]) -> dict:
-        return self._json("POST", f"/v1/indexes/{_seg(name)}/delete", json={"ids": [int(i) for i in ids]},
-                          retry=True)
-
-    def drop_index(self, name: str) -> None:
-        self._json("DELETE", f"/v1/indexes/{_seg(name)}")
-
-    def search(self, name: str, queries=None, *, texts: Sequence[str] | None = None, space: str | None = None,
-               k: int = 10, map: str | Sequence[str] | None = None, steers: dict[str, float] | None = None,
-               **options) -> dict:
-        """Search index ``name`` with ``queries`` (n, d_space) or ``texts`` from any registered ``space``.
-
-        Returns the route's answer: ``results`` (n lists of ``{"id", "score", "payload"}``) and ``maps`` (the map
-        versions that carried every query into the index's space). ``map``: a map or a path (list) of maps to use.
-        ``options``: ``csls``, ``csls_k``, ``csls_weight``, ``exact``, ``ef_search``, ``nprobe``, ``include_payloads``.
-        """
-        Q, texts = None if queries is None else matrix(queries, "queries"), as_list(texts)
-        pin = {"map": map, "steers": steers}  # batches after the first: the versions it used (client_wire.pinned)
-
-        def send(part: slice) -> dict:
-            body = clean({"texts": cut(texts, part, n), "space": space, "k": k, **pin, **options})
-            if Q is not None:
-                body.update(b64(Q[part], "queries"))
-            answer = self._json("POST", f"/v1/indexes/{_seg(name)}/search", json=body, retry=True)
-            pin.update(pinned(answer))
-            return answer
-
-        n = len(Q) if Q is not None else len(texts or [])
-        answers = self._batched(n, b64_row_bytes(Q.shape[1]) if Q is not None else json_sizes(texts, n), send)
-        return answers[0] if len(answers) == 1 else {**answers[0], "results": [r for a in answers
-                                                                               for r in a["results"]]}
-
-    # --- fits and jobs --------------------------------------------------------------------------
-    def fit(self, name: str, source_space: str, target_space: str, source, target, *, method: str = "minivec2vec",
-            paired: bool | None = None, params: dict | None = None,
-            seed_pairs: Sequence[tuple[int, int]] | None = None, random_state: int = 0, alias: str | None = None,
-            description: str = "", encoder: str | None = None, idempotency_key: str | None = None) -> dict:
-        """Queue a map fit; returns the job record at once (follow it with :meth:`wait`).
-
-        ``source`` / ``target``: an array (n, d) or a list of texts (embedded in the job with
-        ``encoder``, default each space's encoder). ``paired`` (row i <-> row i): by default true for the
-        paired methods (procrustes, ridge, lowrank, auto, contrastive, cluster), false for minivec2vec.
-        """
-        body = clean({"name": name, "source_space": source_space, "target_space": target_space,
-                       "source": side(source, encoder), "target": side(target, encoder), "method": method,
-                       "paired": paired, "params": params or {}, "random_state": random_state, "alias": alias,
-                       "description": description,
-                       "seed_pairs": None if seed_pairs is None else [[int(a), int(b)] for a, b in seed_pairs]})
-        headers = {"Idempotency-Key": idempotency_key or new_key()}
-        return self._json("POST", "/v1/fits", json=body, headers=headers)
-
-    def list_jobs(self) -> list[dict]:
-        return list(self._pages("/v1/jobs"))
-
-    def job_counts(self) -> dict[str, int]:
-        """Jobs by state (every process of the service's data dir)."""
-        return self._json("GET", "/v1/jobs", params={"limit": 1})["counts"]
-
-    def get_job(self, job_id: str) -> dict:
-        return self._json("GET", f"/v1/jobs/{_seg(job_id)}")
-
-    def cancel(self, job_id: str) -> dict:
-        """Ask for the job's cancellation (it stops at its next check); returns the record."""
-        return self._json("DELETE", f"/v1/jobs/{_seg(job_id)}")
-
-    def wait(self, job_id: str, *, timeout: float = 600.0, poll: float = 0.2,
-             progress: Callable[[dict], None] | None = None) -> dict:
-        """Poll a job until it ends; returns its record on success.
-
-        ``progress(job)`` is called whenever the state, stage or fraction changed. A failed job
-        (also one a server restart interrupted) raises :class:`JobFailedError`, a cancelled one
-        :class:`JobCancelledError`; past ``timeout`` seconds, :class:`JobTimeoutError` (a
-        ``TimeoutError``; the job keeps running: :meth:`cancel` stops it). The job lives on the
-        server, so polls that get no answer or a 502 / 503 / 504 (a restart, a deploy) are tried
-        again until ``timeout``; the last such error is raised then.
-        """
-        deadline = time.monotonic() + timeout
-        last = job = None
-        while True:
-            try:
-                job = self.get_job(job_id)
-            except (APIConnectionError, APIError) as e:
-                if (isinstance(e, APIError) and e.status not in _RETRY_STATUS) or time.monotonic() >= deadline:
-                    raise
-                time.sleep(max(poll, 1.0))
-                continue
-            p = job.get("progress") or {}
-            seen = (job.get("state"), p.get("stage"), p.get("fraction"))
-            if progress is not None and seen != last:
-                progress(job)
-            last = seen
-            if job.get("state") == "succeeded":
-                return job
-            if job.get("state") == "failed":
-                raise JobFailedError(job)
-            if job.get("state") == "cancelled":
-                raise JobCancelledError(job)
-            if time.monotonic() >= deadline:
-                raise JobTimeoutError(job, timeout)
-            time.sleep(poll)
-
-    # --- embeddings -----------------------------------------------------------------------------
-    def list_models(self) -> list[dict]:
-        """Installed encoders (``GET /v1/models``)."""
-        return self._json("GET", "/v1/models")["data"]
-
-    def embed(self, texts: Sequence[str], model: str, *, target_space: str | None = None,
-              map: str | Sequence[str] | None = None, input_type: str = "passage") -> np.ndarray:
-        """Embed ``texts`` with an installed encoder: (n, d) float32, optionally translated into ``target_space``.
-
-        ``map`` (with ``target_space``): a map or a path (list) of maps to use instead of the registry's path. Texts
-        sent in several batches (the service's limits) all go through the map versions the first batch used.
-        """
-        texts = list(texts)
-        pin = {"map": map}  # batches after the first: the versions it used (client_wire.pinned)
-
-        def send(part: slice) -> list:
-            answer = self._json("POST", "/v1/embeddings", json=clean({
-                "input": texts[part], "model": model, "encoding_format": "base64", "target_space": target_space,
-                "input_type": input_type, **pin}), retry=True)
-            pin.update(pinned(answer))
-            return answer["data"]
-
-        data = [e for part in self._batched(len(texts), json_sizes(texts, len(texts)), send) for e in part]
-        return np.stack([np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4") for e in data])
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,5 +1,6 @@
-"""The steer and LM-Steer calls of :class:`service.client.Client` (a mixin: the same requests, retries and batches
-as every other call, through the client's ``_json`` / ``_pages`` / ``_batched``)."""
+"""The steer and LM-Steer calls of :class:`service.client.Client` and ``AsyncClient`` (a mixin of sans-IO
+generators, :mod:`service.client_core`: the same requests, retries and batches as every other call, through
+``_json`` / ``_pages`` / ``_batched``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .client_core import call
 from .client_wire import as_list, b64, b64_row_bytes, clean, matrix, new_key, rows
 from .client_wire import seg as _seg
 
@@ -17,12 +19,15 @@ class SteerCalls:
     """Steers of one embedding space (``/v1/steers``) and the language model's (``/v1/lm``)."""
 
     # --- steers ---------------------------------------------------------------------------------
+    @call
     def list_steers(self) -> list[dict]:
-        return list(self._pages("/v1/steers"))
+        return (yield from self._pages("/v1/steers"))
 
+    @call
     def get_steer(self, ref: str) -> dict:
-        return self._json("GET", f"/v1/steers/{_seg(ref)}")
+        return (yield from self._json("GET", f"/v1/steers/{_seg(ref)}"))
 
+    @call
     def fit_steer(self, name: str, space: str, labels: Sequence[int], vectors=None, *,
                   texts: Sequence[str] | None = None, items: Sequence[str] | None = None, encoder: str | None = None,
                   params: dict | None = None, random_state: int = 0, alias: str | None = None,
@@ -34,38 +39,46 @@ class SteerCalls:
         if vectors is not None:
             body.update(b64(vectors))
         headers = {"Idempotency-Key": idempotency_key or new_key()}
-        return self._json("POST", "/v1/steers", json=body, headers=headers)
+        return (yield from self._json("POST", "/v1/steers", json=body, headers=headers))
 
+    @call
     def apply_steer(self, ref: str, X, *, eps: float = 1.0) -> np.ndarray:
         """``X (I + eps W)`` for rows ``X`` (n, d) of the steer's space; returns float32 (n, d)."""
         A, pin, eps = matrix(X), [ref], float(eps)
 
         def send(part: slice) -> np.ndarray:  # batches after the first go through the version it used
-            body = self._json("POST", f"/v1/steers/{_seg(pin[0])}/apply", json={**b64(A[part]), "eps": eps}, retry=True)
+            body = yield from self._json("POST", f"/v1/steers/{_seg(pin[0])}/apply", json={**b64(A[part]), "eps": eps},
+                                         retry=True)
             pin[0] = body.get("steer") or pin[0]
             return rows(body)
 
-        parts = self._batched(A.shape[0], b64_row_bytes(A.shape[1]), send)
+        parts = yield from self._batched(A.shape[0], b64_row_bytes(A.shape[1]), send)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    @call
     def set_steer_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
-        return self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}",
-                          json=clean({"version": int(version), "expected_version": expected}))
+        return (yield from self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}",
+                                      json=clean({"version": int(version), "expected_version": expected})))
 
+    @call
     def delete_steer_version(self, name: str, version: int) -> dict:
         """Soft delete, as for map versions."""
-        return self._json("DELETE", f"/v1/steers/{_seg(name)}/versions/{int(version)}")
+        return (yield from self._json("DELETE", f"/v1/steers/{_seg(name)}/versions/{int(version)}"))
 
+    @call
     def transfer_steer(self, ref: str, map: str, *, name: str | None = None, alias: str | None = None,
                        description: str = "") -> dict:
         """Carry steer ``ref`` through ``map`` (``W_B = H^T W_A H``) and register it in the map's target space."""
-        return self._json("POST", f"/v1/steers/{_seg(ref)}/transfer", json=clean({
-            "map": map, "name": name, "alias": alias, "description": description}))
+        return (yield from self._json("POST", f"/v1/steers/{_seg(ref)}/transfer", json=clean({
+            "map": map, "name": name, "alias": alias, "description": description})))
 
+    @call
     def steer_lens(self, ref: str, *, k: int = 5, n_directions: int = 4) -> dict:
-        return self._json("GET", f"/v1/steers/{_seg(ref)}/lens", params={"k": k, "n_directions": n_directions})
+        return (yield from self._json("GET", f"/v1/steers/{_seg(ref)}/lens",
+                                      params={"k": k, "n_directions": n_directions}))
 
     # --- language model (LM-Steer) --------------------------------------------------------------
+    @call
     def lm_fit_steer(self, name: str, texts: Sequence[str], labels: Sequence[int], *, rank: int = 8,
                      eps: float = 1e-3, steps: int = 200, lr: float = 1e-2, random_state: int = 0,
                      alias: str | None = None, description: str = "", idempotency_key: str | None = None) -> dict:
@@ -74,16 +87,18 @@ class SteerCalls:
                        "eps": eps, "steps": steps, "lr": lr, "random_state": random_state, "alias": alias,
                        "description": description})
         headers = {"Idempotency-Key": idempotency_key or new_key()}
-        return self._json("POST", "/v1/lm/steers", json=body, headers=headers)
+        return (yield from self._json("POST", "/v1/lm/steers", json=body, headers=headers))
 
+    @call
     def lm_generate(self, prompt: str, steers: dict[str, float] | None = None, *, max_new_tokens: int = 30,
                     temperature: float = 0.0, top_p: float = 0.9, random_state: int = 0) -> dict:
         """Continue ``prompt`` under ``{steer ref: eps}``; ``text`` is the continuation only."""
-        return self._json("POST", "/v1/lm/generate", json={
+        return (yield from self._json("POST", "/v1/lm/generate", json={
             "prompt": prompt, "steers": steers or {}, "max_new_tokens": max_new_tokens,
-            "temperature": temperature, "top_p": top_p, "random_state": random_state}, retry=True)
+            "temperature": temperature, "top_p": top_p, "random_state": random_state}, retry=True))
 
+    @call
     def lm_analyze(self, text: str, steer: str, *, eps: float = 1.0, threshold: float = 0.5) -> dict:
         """Per-token evidence of ``steer`` in ``text`` (``tokens`` and ``spans``)."""
-        return self._json("POST", "/v1/lm/analyze", json={"text": text, "steer": steer, "eps": eps,
-                                                          "threshold": threshold}, retry=True)
+        return (yield from self._json("POST", "/v1/lm/analyze", json={"text": text, "steer": steer, "eps": eps,
+                                                                      "threshold": threshold}, retry=True))

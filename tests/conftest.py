@@ -99,6 +99,21 @@ def reg(registry_url, tmp_path):
 
 
 @pytest.fixture
+def client_kind(request) -> str:
+    """Which Python client a test runs: ``"sync"`` (``Client``) unless parametrized ``indirect`` with
+    ``_clients.CLIENT_KINDS`` (``"async"``: ``AsyncClient`` behind a blocking face)."""
+    return getattr(request, "param", "sync")
+
+
+@pytest.fixture
+def client_cls(client_kind):
+    """The class of :func:`client_kind`: ``service.client.Client`` or ``_clients.BlockingAsyncClient``."""
+    from _clients import CLIENTS
+
+    return CLIENTS[client_kind]
+
+
+@pytest.fixture
 def run_threads():
     """``run(fn, n)``: ``fn(0) .. fn(n-1)`` in ``n`` threads at once; their results in order (first error re-raised)."""
 

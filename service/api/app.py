@@ -61,7 +61,8 @@ Examples: every request body has them ("Try it out"); the `toy` ones run top to 
 service: create space, fit, alias, tag, transform, index, add, search, delete, steer, apply.
 Lists (`/v1/spaces`, `/v1/maps`, versions, `/v1/indexes`, `/v1/jobs`, `/v1/steers`) take `?limit=` and
 answer `next`, the `?cursor=` of the following page (null on the last one); without `limit`, one page.
-Python: `from service.client import Client` mirrors these routes (typed errors, binary transform).
+Python: `from service.client import Client` (or `AsyncClient` for asyncio) mirrors these routes (typed errors,
+binary transform).
 
 Auth: `Authorization: Bearer <key>`; keys carry `read` and/or `write` scopes (401 without a
 valid key, 403 without the scope). Errors are `{"error": {"type", "status", "message"}}`.

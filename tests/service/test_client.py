@@ -1,18 +1,33 @@
 """``service.client.Client`` against the real service: uvicorn on loopback, a temp data dir holding
-spaces ``a``, ``b`` (16-d) and the map ``a2b`` (Procrustes on a planted rotation)."""
+spaces ``a``, ``b`` (16-d) and the map ``a2b`` (Procrustes on a planted rotation). Tests marked
+``both_clients`` run ``AsyncClient`` too (the same calls: ``service.client_core``)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import httpx
 import numpy as np
 import pytest
+from _clients import both_clients
+from _servers import seeded_uvicorn, serve_in_thread, tiny_lm_app
 
 from align.exceptions import InputError, NotRepresentableError
-from service.client import (APIError, AuthenticationError, Client, ConflictError, JobCancelledError, NotFoundError,
-                            PermissionDeniedError, QueueFullError, ServerError, ServiceUnavailableError,
-                            ValidationError, error_from_response)
-from _api_support import planted
-from _servers import seeded_uvicorn, serve_in_thread, tiny_lm_app
+from service.client import (
+    APIError,
+    AsyncClient,
+    AuthenticationError,
+    Client,
+    ConflictError,
+    JobCancelledError,
+    NotFoundError,
+    PermissionDeniedError,
+    QueueFullError,
+    ServerError,
+    ServiceUnavailableError,
+    ValidationError,
+    error_from_response,
+)
 
 WKEY, RKEY = "wkey-456", "rkey-123"  # test_api_support.KEYS
 
@@ -24,8 +39,8 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture
-def vb(server):
-    with Client(server[0], api_key=WKEY, page_size=2) as c:
+def vb(server, client_cls):
+    with client_cls(server[0], api_key=WKEY, page_size=2) as c:
         yield c
 
 
@@ -57,6 +72,7 @@ def test_tags_artifact_and_soft_delete(vb, server):
     assert [v["deleted"] for v in vb.list_versions("del-me")] == [True]
 
 
+@both_clients
 def test_transform_binary_json_npy_agree_with_the_map(vb, server):
     _, X, _, m = server
     want = m.apply(X, output="raw")
@@ -70,8 +86,29 @@ def test_transform_binary_json_npy_agree_with_the_map(vb, server):
     np.testing.assert_allclose(frame, m.apply(X[:5], output="frame"), atol=1e-5)
 
 
+# --- asyncio: AsyncClient in an event loop -------------------------------------------------------
+def test_async_client_runs_calls_concurrently_and_closes_with_async_with(server):
+    _, X, _, m = server
+    want = m.apply(X, output="raw")
+
+    async def main():
+        async with AsyncClient(server[0], api_key=WKEY, page_size=2) as vb:
+            *parts, maps, missing = await asyncio.gather(
+                *(vb.transform("a2b", X[i::4], binary=i % 2 == 0) for i in range(4)), vb.list_maps(),
+                vb.get_map("nope"), return_exceptions=True)
+        return parts, maps, missing, vb
+
+    parts, maps, missing, vb = asyncio.run(main())
+    for i, Y in enumerate(parts):
+        np.testing.assert_allclose(Y, want[i::4], atol=1e-5)
+    assert "a2b" in [mp["name"] for mp in maps]
+    assert isinstance(missing, NotFoundError) and missing.status == 404 and missing.request_id
+    assert vb._http.is_closed  # `async with` released the connections
+
+
 # --- typed errors -------------------------------------------------------------------------------
-def test_errors_are_typed_with_message_and_request_id(vb, server):
+@both_clients
+def test_errors_are_typed_with_message_and_request_id(vb, server, client_cls):
     with pytest.raises(NotFoundError) as e:
         vb.transform("nope", np.zeros((2, 16)))
     assert e.value.status == 404 and "nope" in e.value.message and e.value.request_id
@@ -82,9 +119,9 @@ def test_errors_are_typed_with_message_and_request_id(vb, server):
         vb.transform("a2b", np.full((2, 16), np.nan), binary=False)
     with pytest.raises(ConflictError):
         vb.create_space("a", 8)  # space a is 16-d
-    with Client(server[0]) as anon, pytest.raises(AuthenticationError):
+    with client_cls(server[0]) as anon, pytest.raises(AuthenticationError):
         anon.list_maps()
-    with Client(server[0], api_key=RKEY) as reader, pytest.raises(PermissionDeniedError):
+    with client_cls(server[0], api_key=RKEY) as reader, pytest.raises(PermissionDeniedError):
         reader.create_space("zz", 4)
     assert isinstance(e.value, APIError) and str(e.value).startswith("422 ")
 
@@ -102,6 +139,7 @@ def test_error_class_per_status(status, cls):
 
 
 # --- indexes ------------------------------------------------------------------------------------
+@both_clients
 def test_index_create_add_search_delete(vb, server):
     _, X, Y, _ = server
     info = vb.create_index("ib", "b", Y[:200], payloads=[{"row": i} for i in range(200)])
@@ -121,10 +159,12 @@ def test_index_create_add_search_delete(vb, server):
 
 
 # --- fits and jobs ------------------------------------------------------------------------------
-def test_fit_wait_progress_cancel_and_counts(vb, server):
+@both_clients
+def test_fit_wait_progress_cancel_and_counts(vb, server, client_kind):
     _, X, Y, m = server
+    sup_name = f"a2b-sup-{client_kind}"
     slow = vb.fit("a2b-first", "a", "b", X, Y, method="procrustes", paired=True)  # keeps the one worker busy
-    queued = vb.fit("a2b-sup", "a", "b", X, Y, method="procrustes", paired=True)  # waits: one worker
+    queued = vb.fit(sup_name, "a", "b", X, Y, method="procrustes", paired=True)  # waits: one worker
     cancelled = vb.cancel(queued["id"])
     assert cancelled["cancel_requested"]
     with pytest.raises(JobCancelledError) as e:
@@ -134,9 +174,9 @@ def test_fit_wait_progress_cancel_and_counts(vb, server):
     done = vb.wait(slow["id"], timeout=300, progress=seen.append)
     assert done["state"] == "succeeded" and seen[-1]["state"] == "succeeded"
     assert len({(j["progress"]["stage"], j["progress"]["fraction"]) for j in seen}) == len(seen)  # changes only
-    sup = vb.wait(vb.fit("a2b-sup", "a", "b", X, Y, method="procrustes", paired=True)["id"], timeout=120)
-    assert sup["result"]["ref"] == "a2b-sup:1"
-    np.testing.assert_allclose(vb.transform("a2b-sup", X[:4]), m.apply(X[:4], output="raw"), atol=1e-4)
+    sup = vb.wait(vb.fit(sup_name, "a", "b", X, Y, method="procrustes", paired=True)["id"], timeout=120)
+    assert sup["result"]["ref"] == f"{sup_name}:1"
+    np.testing.assert_allclose(vb.transform(sup_name, X[:4]), m.apply(X[:4], output="raw"), atol=1e-4)
     jobs = vb.list_jobs()  # page_size 2: several pages, in creation order
     assert [j["id"] for j in jobs][-3:] == [slow["id"], queued["id"], sup["id"]] and len(jobs) > 2
     counts = vb.job_counts()
@@ -161,10 +201,11 @@ def test_steer_fit_and_apply(vb):
 
 
 # --- pagination through the client and raw ------------------------------------------------------
-def test_list_pages_follow_next(vb, server):
+@both_clients
+def test_list_pages_follow_next(vb, server, client_cls, client_kind):
     for name in ("p1", "p2", "p3"):
-        vb.create_space(name, 4)
-    with Client(server[0], api_key=WKEY, page_size=500) as big:
+        vb.create_space(f"{name}-{client_kind}", 4)
+    with client_cls(server[0], api_key=WKEY, page_size=500) as big:
         assert vb.list_spaces() == big.list_spaces()  # pages of 2 == one page of 500
     first = vb.request("GET", "/v1/spaces", params={"limit": 2}).json()
     assert len(first["data"]) == 2 and first["next"]

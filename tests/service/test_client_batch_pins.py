@@ -8,7 +8,8 @@ the first answer used (``map``: one ``name:version``, or a list for a path of se
 version). ``Client.embed(texts, model, target_space=)`` had the same gap and is pinned the same way (its batches
 send the ``map`` path the first ``/v1/embeddings`` answer's ``maps`` named). Here a real server runs with tiny
 limits, and a second client moves the alias over HTTP right after the first batch's answer arrives (a transport
-that runs the move between the two requests).
+that runs the move between the two requests). Tests marked ``both_clients`` run ``AsyncClient`` too (the same
+batching code: ``service.client_core``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+from _clients import CLIENTS, both_clients
 from _servers import seeded_uvicorn
 
 from align import LinearMap, Steer, fit_procrustes
@@ -35,21 +37,45 @@ def _rotation(seed: int, d: int = 384) -> np.ndarray:
     return np.linalg.qr(np.random.default_rng(100 + seed).standard_normal((d, d)))[0].astype(np.float32)
 
 
-class MoveAfterFirst(httpx.HTTPTransport):
-    """The network, and ``move()`` once: after the first answer of a route ending in ``route`` has arrived, before
-    the next request; ``calls`` counts that route's requests."""
+class _MoveOnce:
+    """``move()`` once: after the first answer of a route ending in ``route`` has arrived, before the next
+    request; ``calls`` counts that route's requests."""
 
-    def __init__(self, move, route: str = "/search") -> None:
-        super().__init__()
+    def arm(self, move, route: str) -> None:
         self.move, self.route, self.calls = move, route, 0
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        response = super().handle_request(request)
+    def answered(self, request: httpx.Request) -> None:
         if request.url.path.endswith(self.route):
-            response.read()
             self.calls += 1
             if self.calls == 1:
                 self.move()
+
+
+class MoveAfterFirst(_MoveOnce, httpx.HTTPTransport):
+    """The network, and :class:`_MoveOnce`."""
+
+    def __init__(self, move, route: str = "/search") -> None:
+        super().__init__()
+        self.arm(move, route)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        response.read()
+        self.answered(request)
+        return response
+
+
+class AsyncMoveAfterFirst(_MoveOnce, httpx.AsyncHTTPTransport):
+    """The network for ``AsyncClient``, and :class:`_MoveOnce` (``move()`` itself blocks the loop meanwhile)."""
+
+    def __init__(self, move, route: str = "/search") -> None:
+        super().__init__()
+        self.arm(move, route)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        await response.aread()
+        self.answered(request)
         return response
 
 
@@ -97,23 +123,25 @@ def _maps(answer: dict) -> list[tuple[str, int]]:
     return [(m["name"], m["version"]) for m in answer["maps"]]
 
 
-def _while_moving(url: str, move, method: str = "search", *args, **kw):
-    """``Client.<method>(*args, **kw)`` in batches of BATCH rows, ``move()`` run between the first two."""
-    transport = MoveAfterFirst(move, {"search": "/search", "apply_steer": "/apply", "transform": "/transform",
-                                      "embed": "/embeddings"}[method])
-    with Client(url, api_key=WKEY, batch_size=BATCH, transport=transport) as vb:
+def _while_moving(url: str, move, method: str = "search", *args, kind: str = "sync", **kw):
+    """``Client.<method>(*args, **kw)`` (``kind``: or ``AsyncClient``'s) in batches of BATCH rows, ``move()`` run
+    between the first two."""
+    route = {"search": "/search", "apply_steer": "/apply", "transform": "/transform", "embed": "/embeddings"}[method]
+    transport = {"sync": MoveAfterFirst, "async": AsyncMoveAfterFirst}[kind](move, route)
+    with CLIENTS[kind](url, api_key=WKEY, batch_size=BATCH, transport=transport) as vb:
         answer = getattr(vb, method)(*args, **kw)
     assert transport.calls == N // BATCH  # the call really went in 5 batches
     return answer
 
 
+@both_clients
 @pytest.mark.parametrize("named", [False, True], ids=["registry-path", "map-by-alias"])
-def test_search_batches_keep_the_map_version_the_first_batch_used(world, named):
+def test_search_batches_keep_the_map_version_the_first_batch_used(world, named, client_kind):
     url, X, _, _ = world
     with Client(url, api_key=WKEY) as mover:
         mover.set_alias("a2b", "prod", 1)
         answer = _while_moving(url, lambda: mover.set_alias("a2b", "prod", 2), "search", "in-b", X, space="a", k=1,
-                                      **({"map": "a2b@prod"} if named else {}))
+                               kind=client_kind, **({"map": "a2b@prod"} if named else {}))
         assert _maps(answer) == [("a2b", 1)]
         assert _top(answer) == list(range(N))  # every query through v1 (v2 would send row i to -Y[i])
         after = mover.search("in-b", X[:3], space="a", k=1, **({"map": "a2b@prod"} if named else {}))
@@ -157,12 +185,14 @@ def test_steer_apply_batches_keep_the_steer_version_the_first_batch_used(world):
         np.testing.assert_allclose(out, Y, atol=1e-6)  # v1 (W = 0) for every row; v2 would give -Y
 
 
+@both_clients
 @pytest.mark.parametrize("binary", [True, False])
-def test_transform_batches_keep_the_map_version_the_first_batch_used(world, binary):
+def test_transform_batches_keep_the_map_version_the_first_batch_used(world, binary, client_kind):
     url, X, _, m = world
     with Client(url, api_key=WKEY) as mover:
         mover.set_alias("a2b", "prod", 1)
-        out = _while_moving(url, lambda: mover.set_alias("a2b", "prod", 2), "transform", "a2b@prod", X, binary=binary)
+        out = _while_moving(url, lambda: mover.set_alias("a2b", "prod", 2), "transform", "a2b@prod", X, binary=binary,
+                            kind=client_kind)
     np.testing.assert_allclose(out, m.apply(X, output="raw"), atol=1e-5)
 
 

@@ -4,13 +4,15 @@ Before, ``Client.transform`` / ``add`` / ``search`` / ``apply_steer`` / ``embed`
 a million 384-d rows is 1.5 GB, far over the default ``max_body_bytes`` (64 MiB) and ``max_batch`` (65,536), so
 a user got a 413 and had to write the batching loop. Now the client reads the limits from ``/v1/info`` after
 the first 413 (or takes ``batch_size``) and sends batches that fit, joining the answers in order. Here a real
-server runs with tiny limits (40 rows, 24 kB bodies) so that a few hundred 16-d rows need many batches.
+server runs with tiny limits (40 rows, 24 kB bodies) so that a few hundred 16-d rows need many batches. Tests
+marked ``both_clients`` run ``AsyncClient`` too.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from _clients import both_clients
 from _servers import seeded_uvicorn
 from hypothesis import given
 from hypothesis import strategies as st
@@ -33,11 +35,12 @@ def _rows(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)
 
 
+@both_clients
 @pytest.mark.parametrize("binary", [True, False])
-def test_a_transform_over_the_limits_is_sent_in_batches_and_joined_in_order(server, binary):
+def test_a_transform_over_the_limits_is_sent_in_batches_and_joined_in_order(server, binary, client_cls):
     url, _, m = server
     X = _rows(1000)
-    with Client(url, api_key=WKEY) as vb:
+    with client_cls(url, api_key=WKEY) as vb:
         with pytest.raises(PayloadTooLargeError):  # what a user got before: one request, refused
             vb.request("POST", "/v1/maps/a2b/transform", content=X.tobytes(),
                        headers={"Content-Type": "application/octet-stream", "X-Vector-Dim": "16"})
@@ -59,15 +62,16 @@ def test_adds_and_searches_in_batches_keep_every_row_payload_and_order(server):
     assert [r[0].get("payload") for r in res[5:]] == payloads[5:]
 
 
-def test_an_error_in_a_later_batch_says_which_rows_were_added(server):
+@both_clients
+def test_an_error_in_a_later_batch_says_which_rows_were_added(server, client_cls, client_kind):
     url, _, _ = server
-    X = _rows(100, 2)
-    with Client(url, api_key=WKEY, batch_size=40) as vb:
-        vb.create_index("partial", "a", X[:1], ids=[1050])
+    X, name = _rows(100, 2), f"partial-{client_kind}"
+    with client_cls(url, api_key=WKEY, batch_size=40) as vb:
+        vb.create_index(name, "a", X[:1], ids=[1050])
         with pytest.raises(ConflictError) as err:  # id 1050 is in the second batch (rows 40..79)
-            vb.add("partial", X, ids=list(range(1000, 1100)))
+            vb.add(name, X, ids=list(range(1000, 1100)))
         assert err.value.added_ids == list(range(1000, 1040))
-        assert vb.get_index("partial")["count"] == 41  # the first batch, and nothing of the refused one
+        assert vb.get_index(name)["count"] == 41  # the first batch, and nothing of the refused one
 
 
 def test_a_row_count_mismatch_is_still_the_services_to_refuse(server):

@@ -1,10 +1,12 @@
 """``service.client.Client`` when the network or the service misbehaves: no answer, a busy or restarting
 service, answers that are not the API's. The retry policy is checked against a scripted HTTP server (each
 request gets the next answer of its script: a status with headers, a dropped connection, a hang), the
-restart against the real service killed and started again on the same data dir."""
+restart against the real service killed and started again on the same data dir. Tests marked ``both_clients``
+run ``AsyncClient`` too (its retries sleep with ``asyncio.sleep``: the same policy, ``service.client_core``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import threading
@@ -14,11 +16,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import numpy as np
 import pytest
-
-from service.client import (APIConnectionError, APITimeoutError, Client, JobFailedError, JobTimeoutError,
-                            QueueFullError, ServiceUnavailableError, UnexpectedResponseError)
 from _api_support import KEYS
+from _clients import both_clients
 from _servers import env_for, free_port, seed_registry, start, stop
+
+from service.client import (
+    APIConnectionError,
+    APITimeoutError,
+    AsyncClient,
+    Client,
+    JobFailedError,
+    JobTimeoutError,
+    QueueFullError,
+    ServiceUnavailableError,
+    UnexpectedResponseError,
+)
 
 WKEY = next(k for k, scopes in KEYS.items() if "write" in scopes)
 PAGE = json.dumps({"data": [{"name": "a"}], "next": None}).encode()
@@ -91,33 +103,37 @@ def scripted():
 
 
 # --- retries ------------------------------------------------------------------------------------
-def test_429_and_503_are_retried_after_their_retry_after(scripted):
+@both_clients
+def test_429_and_503_are_retried_after_their_retry_after(scripted, client_cls):
     srv = scripted(busy(429, "1"), busy(503, "0"), (200, {}, PAGE))
-    with Client(srv.url) as vb:
+    with client_cls(srv.url) as vb:
         assert vb.list_spaces() == [{"name": "a"}]
     assert len(srv.seen) == 3 and srv.seen[1][0] - srv.seen[0][0] >= 0.9  # waited the Retry-After it was told
 
 
-def test_retries_are_bounded_and_can_be_turned_off(scripted):
+@both_clients
+def test_retries_are_bounded_and_can_be_turned_off(scripted, client_cls):
     srv = scripted(busy(503, "0"))
-    with Client(srv.url) as vb, pytest.raises(ServiceUnavailableError) as e:
+    with client_cls(srv.url) as vb, pytest.raises(ServiceUnavailableError) as e:
         vb.get_map("m")
     assert len(srv.seen) == 3 and e.value.retry_after == 0.0  # 1 + max_retries (2)
-    with Client(srv.url, max_retries=0) as vb, pytest.raises(ServiceUnavailableError):
+    with client_cls(srv.url, max_retries=0) as vb, pytest.raises(ServiceUnavailableError):
         vb.get_map("m")
     assert len(srv.seen) == 4
 
 
-def test_a_retry_after_longer_than_max_retry_wait_is_raised_at_once(scripted):
+@both_clients
+def test_a_retry_after_longer_than_max_retry_wait_is_raised_at_once(scripted, client_cls):
     srv = scripted(busy(429, "3600"))
-    with Client(srv.url) as vb, pytest.raises(QueueFullError) as e:
+    with client_cls(srv.url) as vb, pytest.raises(QueueFullError) as e:
         vb.list_jobs()
     assert len(srv.seen) == 1 and e.value.retry_after == 3600.0
 
 
-def test_a_post_that_could_act_twice_is_not_retried(scripted):
+@both_clients
+def test_a_post_that_could_act_twice_is_not_retried(scripted, client_cls):
     srv = scripted(busy(503, "0"), "drop")
-    with Client(srv.url) as vb:
+    with client_cls(srv.url) as vb:
         with pytest.raises(ServiceUnavailableError):
             vb.create_space("s", 4)
         with pytest.raises(APIConnectionError):
@@ -125,10 +141,11 @@ def test_a_post_that_could_act_twice_is_not_retried(scripted):
     assert [m for _, m, _, _ in srv.seen] == ["POST", "POST"]
 
 
-def test_a_fit_is_retried_under_one_idempotency_key(scripted):
+@both_clients
+def test_a_fit_is_retried_under_one_idempotency_key(scripted, client_cls):
     srv = scripted(busy(503, "0"), "drop", (202, {}, JOB))
     X = np.ones((3, 4), np.float32)
-    with Client(srv.url) as vb:
+    with client_cls(srv.url) as vb:
         assert vb.fit("m", "a", "b", X, X, paired=True)["id"] == "j1"
         keys = [h.get("Idempotency-Key") for _, _, _, h in srv.seen]
         assert len(keys) == 3 and keys[0] and len(set(keys)) == 1  # the same key: the service runs one job
@@ -138,30 +155,77 @@ def test_a_fit_is_retried_under_one_idempotency_key(scripted):
         assert srv.seen[-1][3]["Idempotency-Key"] == "mine"
 
 
-def test_a_read_only_post_survives_a_dropped_connection(scripted):
+@both_clients
+def test_a_read_only_post_survives_a_dropped_connection(scripted, client_cls):
     rows = np.arange(8, dtype="<f4").reshape(2, 4)
     srv = scripted("drop", (200, {"Content-Type": "application/octet-stream", "X-Shape": "2,4"}, rows.tobytes()))
-    with Client(srv.url) as vb:
+    with client_cls(srv.url) as vb:
         np.testing.assert_array_equal(vb.transform("m", rows), rows)
     assert len(srv.seen) == 2
 
 
+def test_async_retries_and_polls_wait_without_blocking_the_event_loop(scripted):
+    srv = scripted(busy(429, "1"), busy(429, "1"), (200, {}, PAGE))
+
+    async def two_busy_lists():
+        async with AsyncClient(srv.url) as vb:
+            t0 = time.monotonic()
+            got = await asyncio.gather(vb.list_spaces(), vb.list_spaces())
+            return got, time.monotonic() - t0
+
+    got, took = asyncio.run(two_busy_lists())
+    assert got == [[{"name": "a"}]] * 2 and len(srv.seen) == 4
+    assert 0.9 <= took < 1.8  # both Retry-After waits at once (a blocking sleep would take 2 s)
+
+    queued = scripted((200, {}, JOB))
+
+    async def give_up_waiting():
+        async with AsyncClient(queued.url) as vb:
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError):  # asyncio's: the poll's sleep is cancelled, not waited out
+                await asyncio.wait_for(vb.wait("j1", poll=5.0), 0.5)
+            return time.monotonic() - t0, await vb.get_job("j1")
+
+    took, job = asyncio.run(give_up_waiting())
+    assert took < 2.0 and job["state"] == "queued"
+
+
+def test_wait_awaits_an_async_progress_callback_and_client_refuses_one(scripted):
+    done = json.dumps({"id": "j1", "state": "succeeded", "progress": {"stage": "done", "fraction": 1.0}}).encode()
+    srv = scripted((200, {}, JOB), (200, {}, done))
+    seen = []
+
+    async def show(job):  # e.g. a websocket send
+        await asyncio.sleep(0)
+        seen.append(job["state"])
+
+    async def main():
+        async with AsyncClient(srv.url) as vb:
+            return await vb.wait("j1", poll=0.01, progress=show)
+
+    assert asyncio.run(main())["state"] == "succeeded" and seen == ["queued", "succeeded"]
+    with Client(srv.url) as vb, pytest.raises(TypeError, match="AsyncClient"):
+        vb.wait("j1", progress=show)  # before: the coroutine was never awaited, progress silently never shown
+
+
 # --- no answer, or not the API's ----------------------------------------------------------------
-def test_no_answer_is_a_typed_error(scripted):
-    with Client(f"http://127.0.0.1:{free_port()}", max_retries=1) as vb, pytest.raises(APIConnectionError) as e:
+@both_clients
+def test_no_answer_is_a_typed_error(scripted, client_cls):
+    with client_cls(f"http://127.0.0.1:{free_port()}", max_retries=1) as vb, pytest.raises(APIConnectionError) as e:
         vb.info()  # nothing listens there
     assert isinstance(e.value, httpx.TransportError) and "2 tries" in str(e.value)
     srv = scripted(("hang", 3))
-    with Client(srv.url, timeout=0.5) as vb, pytest.raises(APITimeoutError):
+    with client_cls(srv.url, timeout=0.5) as vb, pytest.raises(APITimeoutError):
         vb.search("i", np.ones((1, 4)))
     assert len(srv.seen) == 1  # a timed-out request may still be computing: not sent again
 
 
-def test_an_answer_that_is_not_the_apis_is_a_typed_error(scripted):
+@both_clients
+def test_an_answer_that_is_not_the_apis_is_a_typed_error(scripted, client_cls):
     page = (200, {"Content-Type": "text/html"}, b"<html>proxy login</html>")
     loop = (200, {}, json.dumps({"data": [{"name": "a"}], "next": "c1"}).encode())
     srv = scripted(page, (200, {"Content-Type": "application/octet-stream"}, b"\0" * 16), loop)
-    with Client(srv.url) as vb:
+    with client_cls(srv.url) as vb:
         with pytest.raises(UnexpectedResponseError, match="proxy login"):
             vb.list_maps()
         with pytest.raises(UnexpectedResponseError, match="X-Shape"):
