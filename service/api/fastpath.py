@@ -32,6 +32,8 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl
 
+from starlette.requests import ClientDisconnect, Request
+
 from ..errors import UnsupportedMediaTypeError
 from ..indexes.locking import WouldBlock
 from ..limits import MAX_DIM
@@ -68,7 +70,7 @@ def _transform_query(qs: bytes) -> tuple[dict, int | None] | None:
     return opts, dim
 
 
-async def _transform(state, settings, params: dict, headers: dict, body: bytes, qs: bytes):
+async def _transform(state, settings, params: dict, headers: dict, body: bytes, qs: bytes, request: Request):
     query = _transform_query(qs)
     if query is None:
         return None
@@ -81,11 +83,11 @@ async def _transform(state, settings, params: dict, headers: dict, body: bytes, 
     if hit is not None:  # on the event loop: pure CPU for a few rows, no lock, no query, no file read
         v, Y, response = map_routes.transform_call(*args, resolve=lambda _ref: hit, **kw)
     else:
-        v, Y, response = await _hop(state, lambda: map_routes.transform_call(*args, **kw), len(body))
+        v, Y, response = await _hop(state, lambda: map_routes.transform_call(*args, **kw), len(body), request)
     return response, lambda: map_routes.transform_observe(state, v, Y)
 
 
-async def _search(state, settings, params: dict, headers: dict, body: bytes, qs: bytes):
+async def _search(state, settings, params: dict, headers: dict, body: bytes, qs: bytes, request: Request):
     ct = _text(headers.get(b"content-type"))
     if (ct or JSON).split(";")[0].strip().lower() != JSON:
         return None  # the route's 415
@@ -101,13 +103,14 @@ async def _search(state, settings, params: dict, headers: dict, body: bytes, qs:
     def call():
         return index_routes.search_call(state, settings, state.indexes.get(params["name"]), body)
 
-    found, response = await _hop(state, call, len(body))
+    found, response = await _hop(state, call, len(body), request)
     return response, lambda: index_routes.search_observe(state, found)
 
 
-async def _hop(state, fn, nbytes: int):
-    """The shortcut's one hop off the event loop: the shared pool, or the heavy gate's threads for a large body."""
-    return await state.heavy.hop(fn, nbytes)
+async def _hop(state, fn, nbytes: int, request: Request):
+    """The shortcut's one hop off the event loop: the shared pool, or the heavy gate's threads for a large body,
+    where a request whose client leaves while it waits gives its turn up (ClientDisconnect, as the routes')."""
+    return await state.heavy.hop(fn, nbytes, request)
 
 
 _HANDLERS = {TRANSFORM: _transform, SEARCH: _search}
@@ -162,7 +165,10 @@ class FastPathMiddleware:
         del chunks  # a binary body may be up to max_body_bytes: hold it once, not twice, while it is served
         try:
             answer = await handler(state, current_settings(app), scope["vb_path_params"], headers, body,
-                                   scope.get("query_string", b""))
+                                   scope.get("query_string", b""), Request(scope, receive))
+        except ClientDisconnect:  # gone while it waited for the heavy gate: nobody to answer, nothing computed (499)
+            scope["route"] = route
+            return
         except Exception:  # noqa: BLE001 - every failure is answered by the app itself, from the same body
             answer = None
         if answer is None:  # a request the route answers (odd parameters, or any error)

@@ -151,9 +151,9 @@ def _count_hops(monkeypatch) -> tuple[list, list]:
     hops, replays = [], []
     real_hop = fastpath._hop
 
-    async def counting_hop(state, fn, nbytes):
+    async def counting_hop(state, fn, nbytes, request):
         hops.append(fn)
-        return await real_hop(state, fn, nbytes)
+        return await real_hop(state, fn, nbytes, request)
 
     monkeypatch.setattr(fastpath, "_hop", counting_hop)
     real_replay = fastpath._replay  # counted, and still replayed: a request the app must answer never hangs

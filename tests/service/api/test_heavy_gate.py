@@ -191,3 +191,70 @@ def test_a_plan_whose_client_left_while_it_waited_is_not_computed(tmp_path):
                 break
             time.sleep(0.05)
         assert plans("499") == 1 and plans("200") == 1
+
+
+def test_a_large_fast_path_transform_whose_client_left_while_it_waited_is_not_computed(tmp_path):
+    """A binary transform over 1 MiB takes the fast path (service/api/fastpath.py) onto the heavy gate's threads.
+    The routes give a queued request's turn up when its client leaves; the fast path passed no request, so a
+    transform queued behind a plan was computed when its turn came, for nobody. Now it is a 499 and never runs
+    (no rows mapped). Real server, real plan holding the gate's one thread."""
+    import base64
+    import socket
+
+    import httpx
+    import numpy as np
+    from _api_support import R, settings_for
+    from _servers import serve_in_thread
+
+    from align import fit_procrustes
+    from service.api import create_app
+
+    rng = np.random.default_rng(0)
+    old = rng.standard_normal((50_000, 64)).astype(np.float32)  # ~1-2 s of plan on one core
+    a = rng.standard_normal((600, 64)).astype(np.float32)
+    b = a @ rng.standard_normal((64, 64)).astype(np.float32)
+    vec = lambda X: {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": X.shape[1]}
+    plan = httpx.Request("POST", "http://x", json={"old": vec(old), "probe_source": vec(a),
+                                                   "probe_target": vec(b)}).content
+    rows = rng.standard_normal((20_000, 16)).astype(np.float32).tobytes()  # 1.28 MB: over the 1 MiB hop bound
+    app = create_app(settings_for(tmp_path, compute_threads=1, max_heavy_requests=3, max_batch=50_000))
+
+    def until(what, cond) -> None:
+        for _ in range(1200):
+            if cond(app.state.vb.heavy.limiter):
+                return
+            time.sleep(0.025)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
+        reg = app.state.vb.registry
+        reg.register_space("a", 16)
+        reg.register_space("b", 16)
+        X = rng.standard_normal((200, 16)).astype(np.float32)
+        reg.register_version("a2b", fit_procrustes(X, X[:, ::-1].copy()), source_space="a", target_space="b",
+                             method="procrustes", params={})
+        port = int(base.rsplit(":", 1)[1])
+
+        def count(route: str, status: str) -> int:
+            lines = c.get("/metrics", headers=R).text.splitlines()
+            return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
+                "vecbridge_request_duration_seconds_count") and route in m and f'status="{status}"' in m)
+
+        out: list = []
+        first = threading.Thread(target=lambda: out.append(c.post(
+            "/v1/plans", content=plan, headers={**R, "Content-Type": "application/json"}).status_code))
+        first.start()
+        until("the plan to hold the gate's one thread", lambda lim: lim.borrowed_tokens == 1)
+        with socket.create_connection(("127.0.0.1", port)) as s:  # queued behind it, then gone
+            s.sendall(f"POST /v1/maps/a2b/transform HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
+                      f"Content-Type: application/octet-stream\r\nX-Vector-Dim: 16\r\n"
+                      f"Content-Length: {len(rows)}\r\n\r\n".encode() + rows)
+            until("the transform to wait for its turn", lambda lim: lim.statistics().tasks_waiting == 1)
+        first.join(120)
+        assert out == [200]
+        for _ in range(200):
+            if count("/transform", "499"):
+                break
+            time.sleep(0.05)
+        assert count("/transform", "499") == 1 and count("/transform", "200") == 0
+        assert "vecbridge_map_rows_total{" not in c.get("/metrics", headers=R).text  # no row was mapped
