@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 import faiss
 import numpy as np
 
-__all__ = ["CHECKED_FAISS", "MAPPED_READ", "read_with_room"]
+__all__ = ["CHECKED_FAISS", "IVF_ROOM", "MAPPED_READ", "give_lists_room", "list_room", "read_with_room"]
 
 #: The newest FAISS whose ``MaybeOwnedVector`` internals (``owned_data`` swapped in, ``resize`` re-pointing the view)
 #: this module was checked against (tests/service/indexes/test_index_room.py); a newer one reads plainly (2x at the
@@ -50,6 +50,9 @@ _COPY_BYTES = 4 << 20  # copied (and released from the source) per step
 _MADV_DONTNEED = 4  # Linux
 _PAGE = mmap.PAGESIZE
 _madvise: Any = None
+_malloc_trim: Any = None
+#: Whether IVF lists get room at load (:func:`give_lists_room`): Linux (``madvise``) and a checked FAISS.
+IVF_ROOM = sys.platform.startswith("linux") and _faiss_version() <= CHECKED_FAISS
 
 
 def _release(ptr: int, nbytes: int) -> None:
@@ -162,6 +165,68 @@ def _views_left(objects: tuple[Any, ...]) -> bool:
     return any(not getattr(getattr(o, n), "is_owned", True) for o in objects for n in names if hasattr(type(o), n))
 
 
+def list_room(sizes: np.ndarray, extra: int) -> np.ndarray:
+    """The capacity (rows) to give each IVF list of ``sizes`` (nlist,) so that ``extra`` rows more fit without one
+    list growing: ``s + ceil(mu + 4 sqrt(mu) + 8)`` with ``mu = extra (s + 1) / (n + nlist)`` (``n = sum(sizes)``).
+
+    A new row lands in list ``i`` about as often as the rows so far did (``mu``: its share of ``extra``, smoothed by
+    one row so that empty lists and an empty index get some); the count a list receives varies like a Poisson
+    count, so four standard deviations plus 8 rows cover every list of an index of thousands of lists unless the
+    new rows come from elsewhere (a list outgrowing its room grows by doubling, as before).
+    """
+    sizes = np.asarray(sizes, np.int64)
+    if extra <= 0:
+        return sizes.copy()
+    mu = extra * (sizes + 1) / float(sizes.sum() + sizes.shape[0])
+    return sizes + np.ceil(mu + 4 * np.sqrt(mu) + 8).astype(np.int64)
+
+
+def give_lists_room(index, capacities: np.ndarray) -> bool:
+    """Give each list ``i`` of an IVF ``index`` (``ArrayInvertedLists``) room for ``capacities[i]`` rows (codes and
+    ids) without making the room resident; the lists' contents do not change. Returns whether it was done (an
+    IVF index on other inverted lists, another system or an unchecked FAISS: left as it is).
+
+    Through FAISS's public API, one list at a time: its ``s`` rows and ids are copied out, ``invlists.resize(i, 0)``
+    then ``resize(i, capacity)`` reallocates its two vectors from empty, so to exactly that capacity (libstdc++;
+    at least that in any library), every element zeroed; ``resize(i, s)`` keeps the capacity (a ``std::vector``
+    never reallocates to shrink), the pages wholly inside the spare part ``[s, capacity)`` are given back
+    (:func:`_release`; ``get_codes`` / ``get_ids`` point at the vectors' storage: checked for
+    :data:`CHECKED_FAISS`) and ``update_entries`` writes the rows back. (Growing the list in place instead would
+    reallocate to ``max(2 s, capacity)``, whose part past ``capacity`` this could not give back: served from
+    freed resident heap, it was held.) The old buffers go back to ``malloc``, which serves the next lists from
+    them; ``malloc_trim(0)`` returns what is left to the system (glibc). Holds one list more at any time.
+    """
+    inv = faiss.downcast_InvertedLists(index.invlists) if isinstance(index, faiss.IndexIVF) else None
+    if not isinstance(inv, faiss.ArrayInvertedLists) or not IVF_ROOM:
+        return False
+    width = int(inv.code_size)
+    for i, cap in enumerate(np.asarray(capacities, np.int64).tolist()):
+        s = int(inv.list_size(i))
+        if cap <= s:
+            continue
+        codes = faiss.rev_swig_ptr(inv.get_codes(i), s * width).copy() if s else None
+        ids = faiss.rev_swig_ptr(inv.get_ids(i), s).copy() if s else None
+        inv.resize(i, 0)
+        inv.resize(i, cap)
+        inv.resize(i, s)
+        _release(int(inv.get_codes(i)) + s * width, (cap - s) * width)
+        _release(int(inv.get_ids(i)) + s * 8, (cap - s) * 8)
+        if s:
+            inv.update_entries(i, 0, s, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
+    _trim_heap()
+    return True
+
+
+def _trim_heap() -> None:
+    """glibc's ``malloc_trim(0)``: give the pages of freed heap memory back to the system (no-op elsewhere)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        libc = ctypes.CDLL(None)
+        _malloc_trim = getattr(libc, "malloc_trim", False) if hasattr(libc, "gnu_get_libc_version") else False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
 def read_with_room(fh: BinaryIO, kind: str, room: Callable[[int], int]) -> Any:
     """The FAISS index in the open snapshot file ``fh``, with room for ``room(n)`` rows more than the ``n`` it holds.
 
@@ -173,6 +238,12 @@ def read_with_room(fh: BinaryIO, kind: str, room: Callable[[int], int]) -> Any:
     raises for a damaged file (``RuntimeError``).
     """
     size = os.fstat(fh.fileno()).st_size
+    if kind == "ivf":
+        index = faiss.read_index(faiss.PyCallbackIOReader(fh.read))
+        if isinstance(index, faiss.IndexIVF):
+            sizes = np.array([index.invlists.list_size(i) for i in range(index.nlist)], np.int64)
+            give_lists_room(index, list_room(sizes, int(room(int(index.ntotal)))))
+        return index
     if kind not in ("flat", "hnsw") or not MAPPED_READ or size == 0:
         return faiss.read_index(faiss.PyCallbackIOReader(fh.read))
     index = None
