@@ -1,4 +1,4 @@
-"""Read a flat or HNSW snapshot into storage with room to grow, holding its rows once.
+"""Read a snapshot (flat, HNSW, IVF) into storage with room to grow, holding its rows once.
 
 FAISS keeps a flat index's rows (and an HNSW graph's storage and neighbour lists) in ``std::vector``\\ s, and
 ``faiss.read_index`` reads each exactly full. The next add then reallocates: a vector past its capacity copies
@@ -13,8 +13,13 @@ then on; the mapping is closed. The room is reserved without being touched (see 
 process holds the rows once, and adds up to ``rows`` rows in all (the whole log of the snapshot, :mod:`.persist`)
 copy nothing. The bytes are those of the file: searches and an HNSW graph are exactly those ``read_index`` gives.
 
-IVF, other structures, other systems, a FAISS without views (``MaybeOwnedVector``, ``ZeroCopyIOReader``:
-older releases) and one newer than :data:`CHECKED_FAISS` are read as before.
+An IVF index keeps each list's rows and ids in a vector of their own, also read exactly full: an add doubled each
+list it touched, and glibc served the larger buffers from freed resident ones, so a 1M x 384 index that took its
+whole log held 1.45x its rows. It is read with ``read_index`` and each list given room for its share of the log
+(:func:`list_room`, :func:`give_lists_room`: FAISS's ``resize``, the spare pages given back).
+
+Other structures, other systems, a FAISS without views (``MaybeOwnedVector``, ``ZeroCopyIOReader``: older
+releases; flat and HNSW) and one newer than :data:`CHECKED_FAISS` are read as before.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ import numpy as np
 __all__ = ["CHECKED_FAISS", "IVF_ROOM", "MAPPED_READ", "give_lists_room", "list_room", "read_with_room"]
 
 #: The newest FAISS whose ``MaybeOwnedVector`` internals (``owned_data`` swapped in, ``resize`` re-pointing the view)
-#: this module was checked against (tests/service/indexes/test_index_room.py); a newer one reads plainly (2x at the
-#: first add, as before) until checked: a changed internal here would be memory corruption, not an error.
+#: and ``ArrayInvertedLists`` internals (``get_codes`` / ``get_ids`` pointing at each list's vectors, which ``resize``
+#: sizes) this module was checked against (tests/service/indexes/test_index_room.py); a newer one reads plainly (2x
+#: at the first add, as before) until checked: a changed internal here would be memory corruption, not an error.
 CHECKED_FAISS = (1, 15)
 
 
@@ -231,7 +237,7 @@ def read_with_room(fh: BinaryIO, kind: str, room: Callable[[int], int]) -> Any:
     """The FAISS index in the open snapshot file ``fh``, with room for ``room(n)`` rows more than the ``n`` it holds.
 
     Flat and HNSW through a read-only mapping of the file (module docstring) where this FAISS and system
-    allow; otherwise, and for IVF (one vector per list: a growing list copies only itself), ``read_index``.
+    allow, otherwise ``read_index``; IVF by ``read_index``, then room in each list (:func:`give_lists_room`).
     FAISS reads the mapping with ``ZeroCopyIOReader`` (every field but the views read with exact bounds, as from
     a file; FAISS's own mapped reader rounds a last partial item up and reads past the end of a file cut short).
     The mapping is this function's: it is closed before returning, once no view of it is left. Raises what FAISS
