@@ -16,7 +16,8 @@ copy nothing. The bytes are those of the file: searches and an HNSW graph are ex
 An IVF index keeps each list's rows and ids in a vector of their own, also read exactly full: an add doubled each
 list it touched, and glibc served the larger buffers from freed resident ones, so a 1M x 384 index that took its
 whole log held 1.45x its rows. It is read with ``read_index`` and each list given room for its share of the log
-(:func:`list_room`, :func:`give_lists_room`: FAISS's ``resize``, the spare pages given back).
+(:func:`ivf_room`: FAISS's ``resize``, the spare pages given back); so is an IVF index whose snapshot this process
+wrote (created it, or its log filled: :class:`~.space.SpaceIndex`), for the log that starts then.
 
 Other structures, other systems, a FAISS without views (``MaybeOwnedVector``, ``ZeroCopyIOReader``: older
 releases; flat and HNSW) and one newer than :data:`CHECKED_FAISS` are read as before.
@@ -34,7 +35,8 @@ from typing import Any, BinaryIO
 import faiss
 import numpy as np
 
-__all__ = ["CHECKED_FAISS", "IVF_ROOM", "MAPPED_READ", "give_lists_room", "list_room", "read_with_room"]
+__all__ = ["CHECKED_FAISS", "IVF_ROOM", "MAPPED_READ", "give_lists_room", "ivf_room", "list_room",
+           "read_with_room"]
 
 #: The newest FAISS whose ``MaybeOwnedVector`` internals (``owned_data`` swapped in, ``resize`` re-pointing the view)
 #: and ``ArrayInvertedLists`` internals (``get_codes`` / ``get_ids`` pointing at each list's vectors, which ``resize``
@@ -223,6 +225,16 @@ def give_lists_room(index, capacities: np.ndarray) -> bool:
     return True
 
 
+def ivf_room(index, rows: int) -> bool:
+    """Give every list of the IVF ``index`` room for its share of ``rows`` rows more (:func:`list_room`,
+    :func:`give_lists_room`): a snapshot just read, or one this process wrote (its log starts empty). Returns
+    whether it was done (not IVF on ``ArrayInvertedLists``, or :data:`IVF_ROOM` off: nothing changes)."""
+    if not isinstance(index, faiss.IndexIVF):
+        return False
+    sizes = np.array([index.invlists.list_size(i) for i in range(index.nlist)], np.int64)
+    return give_lists_room(index, list_room(sizes, int(rows)))
+
+
 def _trim_heap() -> None:
     """glibc's ``malloc_trim(0)``: give the pages of freed heap memory back to the system (no-op elsewhere)."""
     global _malloc_trim
@@ -246,9 +258,7 @@ def read_with_room(fh: BinaryIO, kind: str, room: Callable[[int], int]) -> Any:
     size = os.fstat(fh.fileno()).st_size
     if kind == "ivf":
         index = faiss.read_index(faiss.PyCallbackIOReader(fh.read))
-        if isinstance(index, faiss.IndexIVF):
-            sizes = np.array([index.invlists.list_size(i) for i in range(index.nlist)], np.int64)
-            give_lists_room(index, list_room(sizes, int(room(int(index.ntotal)))))
+        ivf_room(index, int(room(int(index.ntotal))))
         return index
     if kind not in ("flat", "hnsw") or not MAPPED_READ or size == 0:
         return faiss.read_index(faiss.PyCallbackIOReader(fh.read))

@@ -77,6 +77,7 @@ from .persist import (
     collect_generations,
     log_fits,
     log_of,
+    log_rows,
     read_current,
     read_deltas,
     read_generation,
@@ -85,6 +86,7 @@ from .persist import (
     uid_of,
     write_generation,
 )
+from .room import ivf_room
 
 __all__ = ["SpaceIndex", "IndexInfo", "SMALL_SEARCH_WORK"]
 
@@ -622,3 +624,5 @@ class SpaceIndex:
         sig = write_generation(self.path, self.index, self.payloads, meta, delta)
         self._take_log(meta, sig)  # the rest of the meta was written from this state
         collect_generations(self.path, meta)
+        if delta is None and self.kind == "ivf":  # the log starts empty: room in each list for its share of it
+            ivf_room(self.index, log_rows(base_rows))

@@ -104,3 +104,29 @@ def test_a_snapshot_cut_short_is_refused_not_read_past_its_end(kind, cut, tmp_pa
     snap.write_bytes(snap.read_bytes()[:-cut])
     with pytest.raises(RuntimeError):
         read_generation(path, meta)
+
+
+@pytest.mark.skipif(not IVF_ROOM, reason="IVF lists are read exactly full here")
+def test_an_ivf_index_a_process_wrote_takes_its_next_log_without_moving_a_list(tmp_path):
+    """The writer that created an IVF index (HTTP create, ``vecbridge index create``), or wrote a snapshot when its
+    log filled, keeps it in memory: its lists were exactly full there, so its next adds doubled them as before."""
+    idx = IndexStore(tmp_path).create("docs", "s", _rows(0, BASE), kind="ivf", params={"nlist": 16})
+    step = 0
+    for _ in range(2):  # the log after the create, then the log after the snapshot the writer wrote itself
+        at, start, per = _addresses(idx), idx.count, 100
+        while idx.count + per <= start + log_rows(start):
+            idx.add(_rows(100 + step, per))
+            step += 1
+            assert idx.logged_deltas > 0 and _addresses(idx) == at, f"a list moved (copied) at add {step}"
+        idx.add(_rows(100 + step, per))  # past the log: a snapshot
+        step += 1
+        assert idx.logged_deltas == 0
+    fresh = IndexStore(tmp_path).get("docs")  # the same lists (the serialized id hash map's order is its history's)
+    for i in range(idx.index.nlist):
+        a, b = idx.index.invlists, fresh.index.invlists
+        n, width = a.list_size(i), a.code_size
+        assert n == b.list_size(i)
+        assert np.array_equal(faiss.rev_swig_ptr(a.get_ids(i), n), faiss.rev_swig_ptr(b.get_ids(i), n))
+        assert np.array_equal(faiss.rev_swig_ptr(a.get_codes(i), n * width), faiss.rev_swig_ptr(b.get_codes(i), n * width))
+    Q = _rows(7, 20)
+    assert np.array_equal(fresh.search(Q, 10)[1], idx.search(Q, 10)[1])
