@@ -202,7 +202,8 @@ def give_lists_room(index, capacities: np.ndarray) -> bool:
     :data:`CHECKED_FAISS`) and ``update_entries`` writes the rows back. (Growing the list in place instead would
     reallocate to ``max(2 s, capacity)``, whose part past ``capacity`` this could not give back: served from
     freed resident heap, it was held.) The old buffers go back to ``malloc``, which serves the next lists from
-    them; ``malloc_trim(0)`` returns what is left to the system (glibc). Holds one list more at any time.
+    them; ``malloc_trim(0)`` returns what is left to the system (glibc). Holds one list more at any time. A list
+    that cannot get its room (``MemoryError``) is put back as it was (no allocation) and the error raised.
     """
     inv = faiss.downcast_InvertedLists(index.invlists) if isinstance(index, faiss.IndexIVF) else None
     if not isinstance(inv, faiss.ArrayInvertedLists) or not IVF_ROOM:
@@ -215,7 +216,13 @@ def give_lists_room(index, capacities: np.ndarray) -> bool:
         codes = faiss.rev_swig_ptr(inv.get_codes(i), s * width).copy() if s else None
         ids = faiss.rev_swig_ptr(inv.get_ids(i), s).copy() if s else None
         inv.resize(i, 0)
-        inv.resize(i, cap)
+        try:
+            inv.resize(i, cap)
+        except BaseException:  # MemoryError (bad_alloc): the vectors kept their buffers (capacity s): put them back
+            inv.resize(i, s)
+            if s:
+                inv.update_entries(i, 0, s, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
+            raise
         inv.resize(i, s)
         _release(int(inv.get_codes(i)) + s * width, (cap - s) * width)
         _release(int(inv.get_ids(i)) + s * 8, (cap - s) * 8)

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -625,4 +625,5 @@ class SpaceIndex:
         self._take_log(meta, sig)  # the rest of the meta was written from this state
         collect_generations(self.path, meta)
         if delta is None and self.kind == "ivf":  # the log starts empty: room in each list for its share of it
-            ivf_room(self.index, log_rows(base_rows))
+            with suppress(MemoryError):  # written already; without the room the lists grow by doubling
+                ivf_room(self.index, log_rows(base_rows))

@@ -17,7 +17,7 @@ import pytest
 
 from service.indexes import IndexStore
 from service.indexes.persist import log_rows, read_generation, read_meta
-from service.indexes.room import IVF_ROOM, MAPPED_READ
+from service.indexes.room import IVF_ROOM, MAPPED_READ, give_lists_room
 
 DIM = 24
 BASE = 6000
@@ -130,3 +130,15 @@ def test_an_ivf_index_a_process_wrote_takes_its_next_log_without_moving_a_list(t
         assert np.array_equal(faiss.rev_swig_ptr(a.get_codes(i), n * width), faiss.rev_swig_ptr(b.get_codes(i), n * width))
     Q = _rows(7, 20)
     assert np.array_equal(fresh.search(Q, 10)[1], idx.search(Q, 10)[1])
+
+
+@pytest.mark.skipif(not IVF_ROOM, reason="IVF lists are read exactly full here")
+def test_an_ivf_list_that_cannot_get_its_room_is_kept_as_it_was(tmp_path):
+    """Out of memory while a list is given room (it is emptied and regrown): the error is raised and no row is lost."""
+    idx = IndexStore(tmp_path).create("docs", "s", _rows(0, 2000), kind="ivf", params={"nlist": 8})
+    before = _bytes(idx)
+    with pytest.raises(MemoryError):
+        give_lists_room(idx.index, np.full(8, 1 << 42, np.int64))  # 4 T rows: the allocation fails
+    assert _bytes(idx) == before
+    Q = _rows(7, 5)
+    assert np.array_equal(idx.search(Q, 3)[1], IndexStore(tmp_path).get("docs").search(Q, 3)[1])
