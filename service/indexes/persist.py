@@ -255,9 +255,9 @@ def read_generation(path: Path, meta: dict) -> tuple[Any, dict[int, Any]]:
 def _read_open(path: Path, meta: dict, files: dict[str, BinaryIO]) -> tuple[Any, dict[int, Any]]:
     """Read the generation ``meta`` names from its open ``files``. The deltas are read (and checked) one at a
     time after the snapshot, each replayed before the next is read: a log of 64 holds up to a quarter of the
-    snapshot's rows, which reading them all first kept in memory beside the snapshot. A flat or HNSW snapshot is
-    read with room for :func:`log_rows` more rows (:mod:`.room`), so neither this replay nor the adds a writer
-    logs after it copy the rows FAISS holds."""
+    snapshot's rows, which reading them all first kept in memory beside the snapshot. A snapshot is read with room
+    for :func:`log_rows` more rows (:mod:`.room`; IVF: each list for its share), so neither this replay nor the
+    adds a writer logs after it copy the rows FAISS holds."""
     base, log = log_of(meta)
     with _reading(path):
         index = read_with_room(files[f"index.{base}.faiss"], meta["kind"], log_rows)

@@ -1,4 +1,4 @@
-"""Read a flat or HNSW snapshot into storage with room to grow, holding its rows once.
+"""Read a snapshot (flat, HNSW, IVF) into storage with room to grow, holding its rows once.
 
 FAISS keeps a flat index's rows (and an HNSW graph's storage and neighbour lists) in ``std::vector``\\ s, and
 ``faiss.read_index`` reads each exactly full. The next add then reallocates: a vector past its capacity copies
@@ -13,8 +13,14 @@ then on; the mapping is closed. The room is reserved without being touched (see 
 process holds the rows once, and adds up to ``rows`` rows in all (the whole log of the snapshot, :mod:`.persist`)
 copy nothing. The bytes are those of the file: searches and an HNSW graph are exactly those ``read_index`` gives.
 
-IVF, other structures, other systems, a FAISS without views (``MaybeOwnedVector``, ``ZeroCopyIOReader``:
-older releases) and one newer than :data:`CHECKED_FAISS` are read as before.
+An IVF index keeps each list's rows and ids in a vector of their own, also read exactly full: an add doubled each
+list it touched, and glibc served the larger buffers from freed resident ones, so a 1M x 384 index that took its
+whole log held 1.45x its rows. It is read with ``read_index`` and each list given room for its share of the log
+(:func:`ivf_room`: FAISS's ``resize``, the spare pages given back); so is an IVF index whose snapshot this process
+wrote (created it, or its log filled: :class:`~.space.SpaceIndex`), for the log that starts then.
+
+Other structures, other systems, a FAISS without views (``MaybeOwnedVector``, ``ZeroCopyIOReader``: older
+releases; flat and HNSW) and one newer than :data:`CHECKED_FAISS` are read as before.
 """
 
 from __future__ import annotations
@@ -29,11 +35,13 @@ from typing import Any, BinaryIO
 import faiss
 import numpy as np
 
-__all__ = ["CHECKED_FAISS", "MAPPED_READ", "read_with_room"]
+__all__ = ["CHECKED_FAISS", "IVF_ROOM", "MAPPED_READ", "give_lists_room", "ivf_room", "list_room",
+           "read_with_room"]
 
 #: The newest FAISS whose ``MaybeOwnedVector`` internals (``owned_data`` swapped in, ``resize`` re-pointing the view)
-#: this module was checked against (tests/service/indexes/test_index_room.py); a newer one reads plainly (2x at the
-#: first add, as before) until checked: a changed internal here would be memory corruption, not an error.
+#: and ``ArrayInvertedLists`` internals (``get_codes`` / ``get_ids`` pointing at each list's vectors, which ``resize``
+#: sizes) this module was checked against (tests/service/indexes/test_index_room.py); a newer one reads plainly (2x
+#: at the first add, as before) until checked: a changed internal here would be memory corruption, not an error.
 CHECKED_FAISS = (1, 15)
 
 
@@ -50,6 +58,9 @@ _COPY_BYTES = 4 << 20  # copied (and released from the source) per step
 _MADV_DONTNEED = 4  # Linux
 _PAGE = mmap.PAGESIZE
 _madvise: Any = None
+_malloc_trim: Any = None
+#: Whether IVF lists get room at load (:func:`give_lists_room`): Linux (``madvise``) and a checked FAISS.
+IVF_ROOM = sys.platform.startswith("linux") and _faiss_version() <= CHECKED_FAISS
 
 
 def _release(ptr: int, nbytes: int) -> None:
@@ -162,17 +173,100 @@ def _views_left(objects: tuple[Any, ...]) -> bool:
     return any(not getattr(getattr(o, n), "is_owned", True) for o in objects for n in names if hasattr(type(o), n))
 
 
+def list_room(sizes: np.ndarray, extra: int) -> np.ndarray:
+    """The capacity (rows) to give each IVF list of ``sizes`` (nlist,) so that ``extra`` rows more fit without one
+    list growing: ``s + ceil(mu + 4 sqrt(mu) + 8)`` with ``mu = extra (s + 1) / (n + nlist)`` (``n = sum(sizes)``).
+
+    A new row lands in list ``i`` about as often as the rows so far did (``mu``: its share of ``extra``, smoothed by
+    one row so that empty lists and an empty index get some); the count a list receives varies like a Poisson
+    count, so four standard deviations plus 8 rows cover every list of an index of thousands of lists unless the
+    new rows come from elsewhere (a list outgrowing its room grows by doubling, as before).
+    """
+    sizes = np.asarray(sizes, np.int64)
+    if extra <= 0:
+        return sizes.copy()
+    mu = extra * (sizes + 1) / float(sizes.sum() + sizes.shape[0])
+    return sizes + np.ceil(mu + 4 * np.sqrt(mu) + 8).astype(np.int64)
+
+
+def give_lists_room(index, capacities: np.ndarray) -> bool:
+    """Give each list ``i`` of an IVF ``index`` (``ArrayInvertedLists``) room for ``capacities[i]`` rows (codes and
+    ids) without making the room resident; the lists' contents do not change. Returns whether it was done (an
+    IVF index on other inverted lists, another system or an unchecked FAISS: left as it is).
+
+    Through FAISS's public API, one list at a time: its ``s`` rows and ids are copied out, ``invlists.resize(i, 0)``
+    then ``resize(i, capacity)`` reallocates its two vectors from empty, so to exactly that capacity (libstdc++;
+    at least that in any library), every element zeroed; ``resize(i, s)`` keeps the capacity (a ``std::vector``
+    never reallocates to shrink), the pages wholly inside the spare part ``[s, capacity)`` are given back
+    (:func:`_release`; ``get_codes`` / ``get_ids`` point at the vectors' storage: checked for
+    :data:`CHECKED_FAISS`) and ``update_entries`` writes the rows back. (Growing the list in place instead would
+    reallocate to ``max(2 s, capacity)``, whose part past ``capacity`` this could not give back: served from
+    freed resident heap, it was held.) The old buffers go back to ``malloc``, which serves the next lists from
+    them; ``malloc_trim(0)`` returns what is left to the system (glibc). Holds one list more at any time. A list
+    that cannot get its room (``MemoryError``) is put back as it was (no allocation) and the error raised.
+    """
+    inv = faiss.downcast_InvertedLists(index.invlists) if isinstance(index, faiss.IndexIVF) else None
+    if not isinstance(inv, faiss.ArrayInvertedLists) or not IVF_ROOM:
+        return False
+    width = int(inv.code_size)
+    for i, cap in enumerate(np.asarray(capacities, np.int64).tolist()):
+        s = int(inv.list_size(i))
+        if cap <= s:
+            continue
+        codes = faiss.rev_swig_ptr(inv.get_codes(i), s * width).copy() if s else None
+        ids = faiss.rev_swig_ptr(inv.get_ids(i), s).copy() if s else None
+        inv.resize(i, 0)
+        try:
+            inv.resize(i, cap)
+        except BaseException:  # MemoryError (bad_alloc): the vectors kept their buffers (capacity s): put them back
+            inv.resize(i, s)
+            if s:
+                inv.update_entries(i, 0, s, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
+            raise
+        inv.resize(i, s)
+        _release(int(inv.get_codes(i)) + s * width, (cap - s) * width)
+        _release(int(inv.get_ids(i)) + s * 8, (cap - s) * 8)
+        if s:
+            inv.update_entries(i, 0, s, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
+    _trim_heap()
+    return True
+
+
+def ivf_room(index, rows: int) -> bool:
+    """Give every list of the IVF ``index`` room for its share of ``rows`` rows more (:func:`list_room`,
+    :func:`give_lists_room`): a snapshot just read, or one this process wrote (its log starts empty). Returns
+    whether it was done (not IVF on ``ArrayInvertedLists``, or :data:`IVF_ROOM` off: nothing changes)."""
+    if not isinstance(index, faiss.IndexIVF):
+        return False
+    sizes = np.array([index.invlists.list_size(i) for i in range(index.nlist)], np.int64)
+    return give_lists_room(index, list_room(sizes, int(rows)))
+
+
+def _trim_heap() -> None:
+    """glibc's ``malloc_trim(0)``: give the pages of freed heap memory back to the system (no-op elsewhere)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        libc = ctypes.CDLL(None)
+        _malloc_trim = getattr(libc, "malloc_trim", False) if hasattr(libc, "gnu_get_libc_version") else False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
 def read_with_room(fh: BinaryIO, kind: str, room: Callable[[int], int]) -> Any:
     """The FAISS index in the open snapshot file ``fh``, with room for ``room(n)`` rows more than the ``n`` it holds.
 
     Flat and HNSW through a read-only mapping of the file (module docstring) where this FAISS and system
-    allow; otherwise, and for IVF (one vector per list: a growing list copies only itself), ``read_index``.
+    allow, otherwise ``read_index``; IVF by ``read_index``, then room in each list (:func:`give_lists_room`).
     FAISS reads the mapping with ``ZeroCopyIOReader`` (every field but the views read with exact bounds, as from
     a file; FAISS's own mapped reader rounds a last partial item up and reads past the end of a file cut short).
     The mapping is this function's: it is closed before returning, once no view of it is left. Raises what FAISS
     raises for a damaged file (``RuntimeError``).
     """
     size = os.fstat(fh.fileno()).st_size
+    if kind == "ivf":
+        index = faiss.read_index(faiss.PyCallbackIOReader(fh.read))
+        ivf_room(index, int(room(int(index.ntotal))))
+        return index
     if kind not in ("flat", "hnsw") or not MAPPED_READ or size == 0:
         return faiss.read_index(faiss.PyCallbackIOReader(fh.read))
     index = None

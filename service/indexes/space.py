@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,7 @@ from .persist import (
     collect_generations,
     log_fits,
     log_of,
+    log_rows,
     read_current,
     read_deltas,
     read_generation,
@@ -85,6 +86,7 @@ from .persist import (
     uid_of,
     write_generation,
 )
+from .room import ivf_room
 
 __all__ = ["SpaceIndex", "IndexInfo", "SMALL_SEARCH_WORK"]
 
@@ -622,3 +624,6 @@ class SpaceIndex:
         sig = write_generation(self.path, self.index, self.payloads, meta, delta)
         self._take_log(meta, sig)  # the rest of the meta was written from this state
         collect_generations(self.path, meta)
+        if delta is None and self.kind == "ivf":  # the log starts empty: room in each list for its share of it
+            with suppress(MemoryError):  # written already; without the room the lists grow by doubling
+                ivf_room(self.index, log_rows(base_rows))

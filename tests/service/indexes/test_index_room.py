@@ -1,11 +1,12 @@
-"""A flat or HNSW index read from its snapshot has room for its log: adds after a load copy no row.
+"""An index read from its snapshot has room for its log: adds after a load copy no row.
 
 FAISS holds a flat index's rows (an HNSW graph's storage and neighbour lists) in vectors that ``read_index``
 reads exactly full, so the first add after a load reallocated them: every row copied into a buffer twice as
 large while the old one was still held (a 10-row add to a 1M x 384 flat index just loaded: 3.3 GB for 1.5 GB
 of rows). A vector that does not move was not copied: these tests watch the addresses of FAISS's own storage
 while the writer adds and a reader replays the whole log a snapshot may have (``persist.log_rows``), and check
-that what the processes hold is the very index ``read_index`` gives.
+that what the processes hold is the very index ``read_index`` gives. An IVF index keeps one vector of rows (and
+one of ids) per list: each was read exactly full, so an add doubled every list it touched.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import pytest
 
 from service.indexes import IndexStore
 from service.indexes.persist import log_rows, read_generation, read_meta
-from service.indexes.room import MAPPED_READ
+from service.indexes.room import IVF_ROOM, MAPPED_READ, give_lists_room
 
 DIM = 24
 BASE = 6000
 
-pytestmark = pytest.mark.skipif(not MAPPED_READ, reason="this FAISS has no views (MaybeOwnedVector) or not Linux")
+mapped = pytest.mark.skipif(not MAPPED_READ, reason="this FAISS has no views (MaybeOwnedVector) or not Linux")
+KINDS = [pytest.param("flat", marks=mapped), pytest.param("hnsw", marks=mapped),
+         pytest.param("ivf", marks=pytest.mark.skipif(not IVF_ROOM, reason="IVF lists are read exactly full here"))]
 
 
 def _rows(seed: int, n: int) -> np.ndarray:
@@ -29,7 +32,11 @@ def _rows(seed: int, n: int) -> np.ndarray:
 
 
 def _addresses(idx) -> dict[str, int]:
-    """Where FAISS keeps the rows, the ids and (HNSW) the graph of ``idx`` now."""
+    """Where FAISS keeps the rows, the ids and (HNSW) the graph of ``idx`` now; IVF: each list's rows and ids."""
+    if idx.kind == "ivf":
+        inv = idx.index.invlists
+        return {f"{what}{i}": int(get(i)) for i in range(idx.index.nlist)
+                for what, get in (("rows", inv.get_codes), ("ids", inv.get_ids))}
     inner = faiss.downcast_index(idx.index.index)
     flat = faiss.downcast_index(inner.storage) if idx.kind == "hnsw" else inner
     out = {"rows": int(flat.codes.data()), "ids": int(idx.index.id_map.data())}
@@ -43,9 +50,9 @@ def _bytes(idx) -> bytes:
     return faiss.serialize_index(idx.index).tobytes()
 
 
-@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_adds_and_replays_after_a_load_copy_no_row_up_to_a_full_log(kind, tmp_path):
-    params = {"M": 8, "ef_construction": 16} if kind == "hnsw" else None
+    params = {"M": 8, "ef_construction": 16} if kind == "hnsw" else {"nlist": 16} if kind == "ivf" else None
     IndexStore(tmp_path).create("docs", "s", _rows(0, BASE), kind=kind, params=params)
     writer, reader = IndexStore(tmp_path).get("docs"), IndexStore(tmp_path).get("docs")  # both read the snapshot
     at_writer, at_reader = _addresses(writer), _addresses(reader)
@@ -72,6 +79,7 @@ def test_adds_and_replays_after_a_load_copy_no_row_up_to_a_full_log(kind, tmp_pa
     assert _bytes(fresh) == _bytes(writer)
 
 
+@mapped
 def test_a_loaded_index_does_not_keep_its_snapshot_file_mapped(tmp_path):
     """The rows are copied out of the mapping and it is closed: a snapshot a writer collects later frees its
     disk space, whatever process loaded it."""
@@ -82,6 +90,7 @@ def test_a_loaded_index_does_not_keep_its_snapshot_file_mapped(tmp_path):
     assert mapped == [] and idx.count == 2000
 
 
+@mapped
 @pytest.mark.parametrize("kind", ["flat", "hnsw"])
 @pytest.mark.parametrize("cut", [1, 7, 8, 4096])
 def test_a_snapshot_cut_short_is_refused_not_read_past_its_end(kind, cut, tmp_path):
@@ -95,3 +104,41 @@ def test_a_snapshot_cut_short_is_refused_not_read_past_its_end(kind, cut, tmp_pa
     snap.write_bytes(snap.read_bytes()[:-cut])
     with pytest.raises(RuntimeError):
         read_generation(path, meta)
+
+
+@pytest.mark.skipif(not IVF_ROOM, reason="IVF lists are read exactly full here")
+def test_an_ivf_index_a_process_wrote_takes_its_next_log_without_moving_a_list(tmp_path):
+    """The writer that created an IVF index (HTTP create, ``vecbridge index create``), or wrote a snapshot when its
+    log filled, keeps it in memory: its lists were exactly full there, so its next adds doubled them as before."""
+    idx = IndexStore(tmp_path).create("docs", "s", _rows(0, BASE), kind="ivf", params={"nlist": 16})
+    step = 0
+    for _ in range(2):  # the log after the create, then the log after the snapshot the writer wrote itself
+        at, start, per = _addresses(idx), idx.count, 100
+        while idx.count + per <= start + log_rows(start):
+            idx.add(_rows(100 + step, per))
+            step += 1
+            assert idx.logged_deltas > 0 and _addresses(idx) == at, f"a list moved (copied) at add {step}"
+        idx.add(_rows(100 + step, per))  # past the log: a snapshot
+        step += 1
+        assert idx.logged_deltas == 0
+    fresh = IndexStore(tmp_path).get("docs")  # the same lists (the serialized id hash map's order is its history's)
+    for i in range(idx.index.nlist):
+        a, b = idx.index.invlists, fresh.index.invlists
+        n, width = a.list_size(i), a.code_size
+        assert n == b.list_size(i)
+        assert np.array_equal(faiss.rev_swig_ptr(a.get_ids(i), n), faiss.rev_swig_ptr(b.get_ids(i), n))
+        assert np.array_equal(faiss.rev_swig_ptr(a.get_codes(i), n * width), faiss.rev_swig_ptr(b.get_codes(i), n * width))
+    Q = _rows(7, 20)
+    assert np.array_equal(fresh.search(Q, 10)[1], idx.search(Q, 10)[1])
+
+
+@pytest.mark.skipif(not IVF_ROOM, reason="IVF lists are read exactly full here")
+def test_an_ivf_list_that_cannot_get_its_room_is_kept_as_it_was(tmp_path):
+    """Out of memory while a list is given room (it is emptied and regrown): the error is raised and no row is lost."""
+    idx = IndexStore(tmp_path).create("docs", "s", _rows(0, 2000), kind="ivf", params={"nlist": 8})
+    before = _bytes(idx)
+    with pytest.raises(MemoryError):
+        give_lists_room(idx.index, np.full(8, 1 << 42, np.int64))  # 4 T rows: the allocation fails
+    assert _bytes(idx) == before
+    Q = _rows(7, 5)
+    assert np.array_equal(idx.search(Q, 3)[1], IndexStore(tmp_path).get("docs").search(Q, 3)[1])
