@@ -136,61 +136,84 @@ def test_large_bodies_hop_to_the_gates_threads_small_ones_to_the_shared_pool():
     assert seen == [(1, 0), (0, 1)], seen
 
 
-def test_a_plan_whose_client_left_while_it_waited_is_not_computed(tmp_path):
-    """A plan queued behind another on the gate's one thread, whose client gave up (a timeout), was computed
-    when its turn came, for nobody: a client that times out and retries multiplied the queue. It now gives its
-    turn up (499 in the metrics) and is never computed (one 200, no second one). Real server, real plans."""
+def _plan_body(rows: int = 50_000) -> bytes:
+    """A ``POST /v1/plans`` body whose plan takes ~1-2 s on one core (``rows`` old vectors of 64 floats)."""
     import base64
-    import socket
 
     import httpx
     import numpy as np
-    from _api_support import R, settings_for
-    from _servers import serve_in_thread
-
-    from service.api import create_app
 
     rng = np.random.default_rng(0)
-    old = rng.standard_normal((50_000, 64)).astype(np.float32)  # ~1-2 s of plan on one core
+    old = rng.standard_normal((rows, 64)).astype(np.float32)
     a = rng.standard_normal((600, 64)).astype(np.float32)
     b = a @ rng.standard_normal((64, 64)).astype(np.float32)
     vec = lambda X: {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": X.shape[1]}
-    body, queued = (httpx.Request("POST", "http://x", json={"old": vec(rows), "probe_source": vec(a),
-                                                            "probe_target": vec(b)}).content
-                    for rows in (old, old[:2000]))  # the second only has to wait: a small body, quick to parse
-    app = create_app(settings_for(tmp_path, compute_threads=1, max_heavy_requests=3))
+    return httpx.Request("POST", "http://x", json={"old": vec(old), "probe_source": vec(a),
+                                                   "probe_target": vec(b)}).content
 
-    def until(what, cond) -> None:  # the gate's own state, not a guess of how long a plan takes on this machine
+
+def _queued_and_gone(app, port: int, head: str, body: bytes) -> None:
+    """With a plan holding ``app``'s one compute thread (a real server, started by the caller), send the raw
+    request ``head`` + ``body`` on a socket of its own, wait until it waits for the gate, and close the socket.
+    Every wait is on the gate's own state, not a guess of how long a plan takes on this machine."""
+    import socket
+
+    def until(what, cond) -> None:
         for _ in range(1200):
             if cond(app.state.vb.heavy.limiter):
                 return
             time.sleep(0.025)
         raise AssertionError(f"timed out waiting for {what}")
 
+    until("the plan to hold the gate's one thread", lambda lim: lim.borrowed_tokens == 1)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        until("the request to wait for its turn", lambda lim: lim.statistics().tasks_waiting == 1)
+
+
+def _count(c, route: str, status: str) -> int:
+    """Requests of ``route`` answered with ``status``, from ``/metrics``."""
+    from _api_support import R
+
+    lines = c.get("/metrics", headers=R).text.splitlines()
+    return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
+        "vecbridge_request_duration_seconds_count") and route in m and f'status="{status}"' in m)
+
+
+def _behind_a_plan(app, base: str, c, head: str, body: bytes, route: str) -> None:
+    """A real plan holds the one compute thread; ``head`` + ``body`` is queued behind it and its client leaves.
+    Returns once the plan answered and ``route``'s 499 is in the metrics."""
+    from _api_support import R
+
+    out: list = []
+    first = threading.Thread(target=lambda: out.append(c.post(
+        "/v1/plans", content=_plan_body(), headers={**R, "Content-Type": "application/json"}).status_code))
+    first.start()
+    _queued_and_gone(app, int(base.rsplit(":", 1)[1]), head, body)
+    first.join(120)
+    assert out == [200]
+    for _ in range(200):
+        if _count(c, route, "499"):
+            return
+        time.sleep(0.05)
+
+
+def test_a_plan_whose_client_left_while_it_waited_is_not_computed(tmp_path):
+    """A plan queued behind another on the gate's one thread, whose client gave up (a timeout), was computed
+    when its turn came, for nobody: a client that times out and retries multiplied the queue. It now gives its
+    turn up (499 in the metrics) and is never computed (one 200, no second one). Real server, real plans."""
+    import httpx
+    from _api_support import R, settings_for
+    from _servers import serve_in_thread
+
+    from service.api import create_app
+
+    queued = _plan_body(2000)  # it only has to wait: a small body, quick to parse
+    app = create_app(settings_for(tmp_path, compute_threads=1, max_heavy_requests=3))
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
-        port = int(base.rsplit(":", 1)[1])
-
-        def plans(status: str) -> int:
-            lines = c.get("/metrics", headers=R).text.splitlines()
-            return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
-                "vecbridge_request_duration_seconds_count") and "/v1/plans" in m and f'status="{status}"' in m)
-
-        out: list = []
-        first = threading.Thread(target=lambda: out.append(c.post(
-            "/v1/plans", content=body, headers={**R, "Content-Type": "application/json"}).status_code))
-        first.start()
-        until("the first plan to hold the gate's one thread", lambda lim: lim.borrowed_tokens == 1)
-        with socket.create_connection(("127.0.0.1", port)) as s:  # queued behind it, then gone
-            s.sendall(f"POST /v1/plans HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
-                      f"Content-Type: application/json\r\nContent-Length: {len(queued)}\r\n\r\n".encode() + queued)
-            until("the second plan to wait for its turn", lambda lim: lim.statistics().tasks_waiting == 1)
-        first.join(120)
-        assert out == [200]
-        for _ in range(200):
-            if plans("499"):
-                break
-            time.sleep(0.05)
-        assert plans("499") == 1 and plans("200") == 1
+        _behind_a_plan(app, base, c, f"POST /v1/plans HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
+                                     "Content-Type: application/json\r\n", queued, "/v1/plans")
+        assert _count(c, "/v1/plans", "499") == 1 and _count(c, "/v1/plans", "200") == 1
 
 
 def test_a_large_fast_path_transform_whose_client_left_while_it_waited_is_not_computed(tmp_path):
@@ -198,9 +221,6 @@ def test_a_large_fast_path_transform_whose_client_left_while_it_waited_is_not_co
     The routes give a queued request's turn up when its client leaves; the fast path passed no request, so a
     transform queued behind a plan was computed when its turn came, for nobody. Now it is a 499 and never runs
     (no rows mapped). Real server, real plan holding the gate's one thread."""
-    import base64
-    import socket
-
     import httpx
     import numpy as np
     from _api_support import R, settings_for
@@ -210,22 +230,8 @@ def test_a_large_fast_path_transform_whose_client_left_while_it_waited_is_not_co
     from service.api import create_app
 
     rng = np.random.default_rng(0)
-    old = rng.standard_normal((50_000, 64)).astype(np.float32)  # ~1-2 s of plan on one core
-    a = rng.standard_normal((600, 64)).astype(np.float32)
-    b = a @ rng.standard_normal((64, 64)).astype(np.float32)
-    vec = lambda X: {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": X.shape[1]}
-    plan = httpx.Request("POST", "http://x", json={"old": vec(old), "probe_source": vec(a),
-                                                   "probe_target": vec(b)}).content
     rows = rng.standard_normal((20_000, 16)).astype(np.float32).tobytes()  # 1.28 MB: over the 1 MiB hop bound
     app = create_app(settings_for(tmp_path, compute_threads=1, max_heavy_requests=3, max_batch=50_000))
-
-    def until(what, cond) -> None:
-        for _ in range(1200):
-            if cond(app.state.vb.heavy.limiter):
-                return
-            time.sleep(0.025)
-        raise AssertionError(f"timed out waiting for {what}")
-
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
         reg = app.state.vb.registry
         reg.register_space("a", 16)
@@ -233,28 +239,8 @@ def test_a_large_fast_path_transform_whose_client_left_while_it_waited_is_not_co
         X = rng.standard_normal((200, 16)).astype(np.float32)
         reg.register_version("a2b", fit_procrustes(X, X[:, ::-1].copy()), source_space="a", target_space="b",
                              method="procrustes", params={})
-        port = int(base.rsplit(":", 1)[1])
-
-        def count(route: str, status: str) -> int:
-            lines = c.get("/metrics", headers=R).text.splitlines()
-            return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
-                "vecbridge_request_duration_seconds_count") and route in m and f'status="{status}"' in m)
-
-        out: list = []
-        first = threading.Thread(target=lambda: out.append(c.post(
-            "/v1/plans", content=plan, headers={**R, "Content-Type": "application/json"}).status_code))
-        first.start()
-        until("the plan to hold the gate's one thread", lambda lim: lim.borrowed_tokens == 1)
-        with socket.create_connection(("127.0.0.1", port)) as s:  # queued behind it, then gone
-            s.sendall(f"POST /v1/maps/a2b/transform HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
-                      f"Content-Type: application/octet-stream\r\nX-Vector-Dim: 16\r\n"
-                      f"Content-Length: {len(rows)}\r\n\r\n".encode() + rows)
-            until("the transform to wait for its turn", lambda lim: lim.statistics().tasks_waiting == 1)
-        first.join(120)
-        assert out == [200]
-        for _ in range(200):
-            if count("/transform", "499"):
-                break
-            time.sleep(0.05)
-        assert count("/transform", "499") == 1 and count("/transform", "200") == 0
+        _behind_a_plan(app, base, c, f"POST /v1/maps/a2b/transform HTTP/1.1\r\nHost: x\r\n"
+                                     f"Authorization: {R['Authorization']}\r\nContent-Type: application/octet-stream"
+                                     "\r\nX-Vector-Dim: 16\r\n", rows, "/transform")
+        assert _count(c, "/transform", "499") == 1 and _count(c, "/transform", "200") == 0
         assert "vecbridge_map_rows_total{" not in c.get("/metrics", headers=R).text  # no row was mapped
