@@ -61,3 +61,12 @@ def populate(registry, n: int = 600, seed: int = 0):
     registry.register_version("b2c", m_bc, source_space="b", target_space="c", method="ridge",
                               params={"alpha": 1e-3})
     return {"X": X, "Y": Y, "Z": Z, "a2b": m_ab, "b2c": m_bc}
+
+
+def answered(client, route: str, status: int | str) -> int:
+    """Requests of ``route`` (its template, e.g. ``/v1/plans``) answered with ``status``, from the service's
+    ``/metrics`` (``client``: an httpx client of that service; the read key)."""
+    lines = client.get("/metrics", headers=R).text.splitlines()
+    return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
+        "vecbridge_request_duration_seconds_count") and f'route="{route}"' in m and f'status="{status}"' in m)
+

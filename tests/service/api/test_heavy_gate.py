@@ -171,19 +171,10 @@ def _queued_and_gone(app, port: int, head: str, body: bytes) -> None:
         until("the request to wait for its turn", lambda lim: lim.statistics().tasks_waiting == 1)
 
 
-def _count(c, route: str, status: str) -> int:
-    """Requests of ``route`` answered with ``status``, from ``/metrics``."""
-    from _api_support import R
-
-    lines = c.get("/metrics", headers=R).text.splitlines()
-    return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
-        "vecbridge_request_duration_seconds_count") and route in m and f'status="{status}"' in m)
-
-
 def _behind_a_plan(app, base: str, c, head: str, body: bytes, route: str) -> None:
     """A real plan holds the one compute thread; ``head`` + ``body`` is queued behind it and its client leaves.
     Returns once the plan answered and ``route``'s 499 is in the metrics."""
-    from _api_support import R
+    from _api_support import R, answered
 
     out: list = []
     first = threading.Thread(target=lambda: out.append(c.post(
@@ -193,7 +184,7 @@ def _behind_a_plan(app, base: str, c, head: str, body: bytes, route: str) -> Non
     first.join(120)
     assert out == [200]
     for _ in range(200):
-        if _count(c, route, "499"):
+        if answered(c, route, 499):
             return
         time.sleep(0.05)
 
@@ -213,7 +204,9 @@ def test_a_plan_whose_client_left_while_it_waited_is_not_computed(tmp_path):
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
         _behind_a_plan(app, base, c, f"POST /v1/plans HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
                                      "Content-Type: application/json\r\n", queued, "/v1/plans")
-        assert _count(c, "/v1/plans", "499") == 1 and _count(c, "/v1/plans", "200") == 1
+        from _api_support import answered
+
+        assert answered(c, "/v1/plans", 499) == 1 and answered(c, "/v1/plans", 200) == 1
 
 
 def test_a_large_fast_path_transform_whose_client_left_while_it_waited_is_not_computed(tmp_path):
@@ -241,6 +234,9 @@ def test_a_large_fast_path_transform_whose_client_left_while_it_waited_is_not_co
                              method="procrustes", params={})
         _behind_a_plan(app, base, c, f"POST /v1/maps/a2b/transform HTTP/1.1\r\nHost: x\r\n"
                                      f"Authorization: {R['Authorization']}\r\nContent-Type: application/octet-stream"
-                                     "\r\nX-Vector-Dim: 16\r\n", rows, "/transform")
-        assert _count(c, "/transform", "499") == 1 and _count(c, "/transform", "200") == 0
+                                     "\r\nX-Vector-Dim: 16\r\n", rows, "/v1/maps/{ref}/transform")
+        from _api_support import answered
+
+        route = "/v1/maps/{ref}/transform"
+        assert answered(c, route, 499) == 1 and answered(c, route, 200) == 0
         assert "vecbridge_map_rows_total{" not in c.get("/metrics", headers=R).text  # no row was mapped

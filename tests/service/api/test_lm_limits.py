@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from _api_support import R, W, settings_for
+from _api_support import R, W, answered, settings_for
 from _jobs_support import wait_http_job
 from _servers import serve_in_thread
 from _tiny_lm import tiny_lm
@@ -102,9 +102,7 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run_the_model(serv
     port = int(served["base"].rsplit(":", 1)[1])
 
     def generates(status: str) -> int:
-        lines = c.get("/metrics", headers=R).text.splitlines()
-        return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
-            "vecbridge_request_duration_seconds_count") and "/v1/lm/generate" in m and f'status="{status}"' in m)
+        return answered(c, "/v1/lm/generate", status)
 
     before_499, before_200 = generates("499"), generates("200")
     body = b'{"prompt": "the film", "max_new_tokens": 2}' + b" " * pad
@@ -133,12 +131,6 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run_the_model(serv
     assert generates("200") == before_200 + 1  # the first request only: the model ran once
 
 
-def _statuses(c, path: str, status: str) -> int:
-    lines = c.get("/metrics", headers=R).text.splitlines()
-    return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
-        "vecbridge_request_duration_seconds_count") and f'route="{path}"' in m and f'status="{status}"' in m)
-
-
 def test_clients_that_left_the_queue_give_their_places_up_at_once(served):
     """Three generates queued behind a busy model (limits.lm_max_waiting=3) whose clients gave up kept their places
     until their turn came: /metrics said 3 waiting and the next client, alone in the queue, was refused 429. Each
@@ -147,7 +139,7 @@ def test_clients_that_left_the_queue_give_their_places_up_at_once(served):
 
     c, app = served["c"], served["app"]
     port = int(served["base"].rsplit(":", 1)[1])
-    gone_before = _statuses(c, "/v1/lm/generate", "499")
+    gone_before = answered(c, "/v1/lm/generate", "499")
     body = b'{"prompt": "the film", "max_new_tokens": 2}'
     head = (f"POST /v1/lm/generate HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
@@ -167,7 +159,7 @@ def test_clients_that_left_the_queue_give_their_places_up_at_once(served):
         for s in socks:  # the three clients give up (a timeout) while the model is still busy
             s.close()
         for _ in range(200):
-            if _statuses(c, "/v1/lm/generate", "499") == gone_before + 3:
+            if answered(c, "/v1/lm/generate", "499") == gone_before + 3:
                 break
             time.sleep(0.025)
         threads += _generate_in_threads(served["base"], 1, out)  # a live client: room in the queue
@@ -179,7 +171,7 @@ def test_clients_that_left_the_queue_give_their_places_up_at_once(served):
         t.join(60)
     assert sorted(out) == [200, 200]  # was [200, 429]: the live client refused
     assert "\nvecbridge_lm_requests_waiting 1.0\n" in text  # the live client only (was 3: those that left)
-    assert _statuses(c, "/v1/lm/generate", "499") == gone_before + 3
+    assert answered(c, "/v1/lm/generate", "499") == gone_before + 3
 
 
 def test_a_full_model_queue_is_429(served):
