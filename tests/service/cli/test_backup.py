@@ -210,6 +210,27 @@ def test_a_failed_backup_leaves_no_destination(source, tmp_path):
     assert not dest.exists() and list((tmp_path / "out").iterdir()) == []
 
 
+def test_verify_indexes_loads_each_copy_and_refuses_a_damaged_one(source, tmp_path):
+    """``--verify-indexes`` loads every copied index as the service would: a snapshot whose bytes were damaged is
+    copied as it is by default (nothing reads it), and refused with the option (no DEST); an intact one reports its
+    row count. Before: no such option, so a backup could hold an index that does not load."""
+    ids = np.arange(300)
+    IndexStore(source / "indexes").create("ok", "b", row_of(ids), ids=ids)
+    r = cli("--data-dir", source, "backup", tmp_path / "good", "--verify-indexes", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["indexes"]["ok"]["count"] == 300
+    IndexStore(source / "indexes").create("bad", "b", row_of(ids), ids=ids)
+    snap = next((source / "indexes" / "bad").glob("index.*.faiss"))
+    raw = bytearray(snap.read_bytes())
+    raw[len(raw) // 2:] = b"\xff" * (len(raw) - len(raw) // 2)
+    snap.write_bytes(bytes(raw))
+    assert cli("--data-dir", source, "backup", tmp_path / "plain", "--quiet").returncode == 0  # copied as it is
+    dest = tmp_path / "out" / "checked"
+    r = cli("--data-dir", source, "backup", dest, "--verify-indexes")
+    assert r.returncode == 2 and "index 'bad' was copied but does not load" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not dest.exists() and list((tmp_path / "out").iterdir()) == []
+
+
 def test_keys_checkpoints_and_reports_travel_with_their_modes(source, tmp_path):
     (source / "local-key").write_text("k" * 64)
     os.chmod(source / "local-key", 0o600)
