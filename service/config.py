@@ -135,11 +135,11 @@ class Settings(BaseSettings):
     def _check_encoders(cls, names: list[str]) -> list[str]:
         from .encoders import (  # names only: no model code is imported
             UnknownEncoderError,
-            canonical_name,
+            canonical_names,
         )
 
         try:
-            return list(dict.fromkeys(canonical_name(n) for n in names))
+            return canonical_names(names)
         except UnknownEncoderError as exc:
             raise ValueError(str(exc)) from None
 

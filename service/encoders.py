@@ -34,7 +34,7 @@ from align.exceptions import InputError
 from .errors import NotFoundError
 
 __all__ = ["Encoder", "UnknownEncoderError", "EncoderUnavailableError", "get_encoder", "list_encoders",
-           "ENCODERS", "mpnet_folder", "MPNET_PARTS"]
+           "ENCODERS", "mpnet_folder", "MPNET_PARTS", "canonical_names"]
 
 
 class UnknownEncoderError(NotFoundError):
@@ -212,6 +212,11 @@ def canonical_name(name: str) -> str:
     if key not in ENCODERS:
         raise UnknownEncoderError(f"unknown encoder {name!r}; known: {', '.join(ENCODERS)}")
     return key
+
+
+def canonical_names(names) -> list[str]:
+    """``names`` (names or short aliases) canonical, each once, in order; UnknownEncoderError for an unknown one."""
+    return list(dict.fromkeys(canonical_name(n) for n in names))
 
 
 @lru_cache(maxsize=None)

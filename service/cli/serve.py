@@ -39,9 +39,9 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload):
     from ..api import serve as serve_api  # FastAPI and uvicorn: loaded only to serve
 
     if preload:  # checked as the setting is (an unknown name: one line, before anything starts)
-        from ..encoders import canonical_name
+        from ..encoders import canonical_names
 
-        preload = list(dict.fromkeys(canonical_name(n) for n in preload))
+        preload = canonical_names(preload)
     update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
                                 ("port", port), ("preload_encoders", preload or None)) if v is not None}
     serve_api(obj.settings.model_copy(update=update), workers=workers)

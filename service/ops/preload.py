@@ -40,10 +40,9 @@ class EncoderPreload:
         self._status: dict[str, str] = {}
         self._on_status = on_status  # (name, status) at each change: the metrics' encoder gauge
         if names:
-            from ..encoders import canonical_name, get_encoder
+            from ..encoders import canonical_names, get_encoder
 
-            for name in names:
-                self._status.setdefault(canonical_name(name), "pending")
+            self._status = dict.fromkeys(canonical_names(names), "pending")
             self._load = load or get_encoder
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
