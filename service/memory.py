@@ -23,7 +23,7 @@ import threading
 
 from align.exceptions import InputError
 
-__all__ = ["keep_heap", "heap_settings", "heap_env", "MAX_KEEP_MB", "MMAP_MAX_BYTES"]
+__all__ = ["keep_heap", "heap_settings", "heap_env", "trim_heap", "MAX_KEEP_MB", "MMAP_MAX_BYTES"]
 
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 M_MMAP_THRESHOLD = -3
@@ -34,15 +34,35 @@ _lock = threading.Lock()
 _applied: dict | None = None
 
 
-def _mallopt():
+def _glibc_fn(name: str):
+    """The C library's function ``name`` when the library is glibc, else None (musl has ``mallopt`` /
+    ``malloc_trim`` as stubs that ignore their arguments; macOS has neither)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.mallopt
-        libc.gnu_get_libc_version  # glibc only: musl has mallopt as a stub that ignores its arguments
+        fn = getattr(libc, name)
+        libc.gnu_get_libc_version  # glibc only
     except (OSError, AttributeError):
         return None
-    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return fn
+
+
+def _mallopt():
+    fn = _glibc_fn("mallopt")
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_malloc_trim = None
+
+
+def trim_heap() -> None:
+    """glibc's ``malloc_trim(0)``: give the pages of freed heap memory back to the system (a no-op elsewhere)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        _malloc_trim = _glibc_fn("malloc_trim") or False
+    if _malloc_trim:
+        _malloc_trim(0)
 
 
 def _thresholds(keep_mb: int) -> tuple[int, int]:

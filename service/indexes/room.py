@@ -35,6 +35,8 @@ from typing import Any, BinaryIO
 import faiss
 import numpy as np
 
+from ..memory import trim_heap
+
 __all__ = ["CHECKED_FAISS", "IVF_ROOM", "MAPPED_READ", "give_lists_room", "ivf_room", "list_room",
            "read_with_room"]
 
@@ -58,7 +60,6 @@ _COPY_BYTES = 4 << 20  # copied (and released from the source) per step
 _MADV_DONTNEED = 4  # Linux
 _PAGE = mmap.PAGESIZE
 _madvise: Any = None
-_malloc_trim: Any = None
 #: Whether IVF lists get room at load (:func:`give_lists_room`): Linux (``madvise``) and a checked FAISS.
 IVF_ROOM = sys.platform.startswith("linux") and _faiss_version() <= CHECKED_FAISS
 
@@ -228,7 +229,7 @@ def give_lists_room(index, capacities: np.ndarray) -> bool:
         _release(int(inv.get_ids(i)) + s * 8, (cap - s) * 8)
         if s:
             inv.update_entries(i, 0, s, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
-    _trim_heap()
+    trim_heap()
     return True
 
 
@@ -240,16 +241,6 @@ def ivf_room(index, rows: int) -> bool:
         return False
     sizes = np.array([index.invlists.list_size(i) for i in range(index.nlist)], np.int64)
     return give_lists_room(index, list_room(sizes, int(rows)))
-
-
-def _trim_heap() -> None:
-    """glibc's ``malloc_trim(0)``: give the pages of freed heap memory back to the system (no-op elsewhere)."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        libc = ctypes.CDLL(None)
-        _malloc_trim = getattr(libc, "malloc_trim", False) if hasattr(libc, "gnu_get_libc_version") else False
-    if _malloc_trim:
-        _malloc_trim(0)
 
 
 def read_with_room(fh: BinaryIO, kind: str, room: Callable[[int], int]) -> Any:
