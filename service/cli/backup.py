@@ -43,7 +43,8 @@ def backup(obj: Ctx, dest, link, verify_indexes, as_json, quiet):
     Safe while `vecbridge serve` runs and writes: the SQLite files are copied at one commit, each index at
     one committed generation, every artifact the copied registry names is there. Writers are not blocked
     (the SQLite copies hold a read lock for milliseconds). DEST must not exist or be empty; a failed
-    backup leaves no DEST. A PostgreSQL registry is pg_dump's job (the command says so).
+    backup leaves no DEST (a killed one's temporary folder is removed by the next backup beside it). A
+    PostgreSQL registry is pg_dump's job (the command says so).
     """
     progress, close = progress_bar(not quiet and not as_json)
     try:

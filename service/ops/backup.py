@@ -20,14 +20,18 @@ generations, checkpoints, the key) are hard links with ``link=True`` (``vecbridg
 on the data dir's file system, copies by default; the SQLite files are always copies.
 
 Everything goes to ``DEST``'s sibling ``.DEST.tmp-*``, renamed to ``DEST`` once complete and fsynced: a failed
-or interrupted backup leaves no ``DEST`` (and removes its temporary folder; after ``kill -9`` the ``.tmp-``
-folder stays, named as what it is). ``DEST/backup.json`` says what the copy holds.
+or interrupted backup leaves no ``DEST`` (and removes its temporary folder). While it runs, the temporary folder
+holds :data:`IN_PROGRESS`, ``flock``-ed by the backup: after ``kill -9`` (or a power cut) the kernel drops the
+lock, and the next backup into the same parent folder removes that folder (:func:`sweep_abandoned`) and says so.
+``DEST/backup.json`` says what the copy holds.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -44,10 +48,12 @@ from ..registry import open_registry, package_version
 from ..registry.db import sqlite_path
 from ..storage import atomic_write, fsync_dir, link_or_copy, sqlite_backup
 
-__all__ = ["BACKUP_FORMAT", "MANIFEST", "PG_NOTE", "backup_data_dir"]
+__all__ = ["BACKUP_FORMAT", "IN_PROGRESS", "MANIFEST", "PG_NOTE", "backup_data_dir", "sweep_abandoned"]
 
 BACKUP_FORMAT = "vecbridge.backup"
 MANIFEST = "backup.json"
+IN_PROGRESS = ".vecbridge-backup-in-progress"  # in a temporary backup folder, locked by the backup writing it
+_TMP_RE = re.compile(r"\..+\.tmp-[0-9a-f]{8}")
 PG_NOTE = ("the registry database is PostgreSQL: back it up with pg_dump, before this backup (artifacts are only "
            "ever added, so every one a dump taken earlier names is in this one); restore it with pg_restore and "
            "start vecbridge with --data-dir on this backup and VECBRIDGE_REGISTRY_URL on the restored database")
@@ -93,6 +99,46 @@ def _check(data: Path, dest: Path) -> None:
         raise ConflictError(f"backup folder {dest} is inside the data dir {data}: a backup must survive losing it")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ConflictError(f"backup folder {dest} already exists and is not empty: give a new (or empty) folder")
+
+
+def _hold(tmp: Path) -> int:
+    """Create ``tmp/IN_PROGRESS`` and ``flock`` it (held until the descriptor closes or the process dies)."""
+    fd = os.open(tmp / IN_PROGRESS, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, f"pid {os.getpid()}\n".encode())
+    return fd
+
+
+def sweep_abandoned(parent: Path) -> list[str]:
+    """Remove the temporary folders of dead backups in ``parent``; the names removed.
+
+    A folder counts only when its name is a backup's temporary name (``.NAME.tmp-<8 hex>``) and it holds
+    :data:`IN_PROGRESS` that no process has locked: a running backup holds the lock (kept), a killed one lost it
+    with its process. Folders without the marker (not ours, or one being created this instant) are kept.
+    """
+    removed = []
+    try:
+        subs = sorted(parent.iterdir())
+    except FileNotFoundError:
+        return removed
+    for sub in subs:
+        if not (_TMP_RE.fullmatch(sub.name) and sub.is_dir() and not sub.is_symlink()):
+            continue
+        try:
+            fd = os.open(sub / IN_PROGRESS, os.O_RDWR)
+        except OSError:  # no marker: not a backup's, or a backup that has not made it yet
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a live backup writes it
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(sub, ignore_errors=True)
+        finally:
+            os.close(fd)
+        removed.append(sub.name)
+    return removed
 
 
 def _index(src: Path, dst: Path, copier: _Copier, progress: Progress) -> dict:
@@ -161,12 +207,18 @@ def backup_data_dir(settings: Settings, dest, *, link: bool = False, progress: P
         raise NotFoundError(f"{data} is not a vecbridge data dir (no registry, artifacts, indexes or job records): "
                             f"give --data-dir or VECBRIDGE_DATA_DIR")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    swept = sweep_abandoned(dest.parent)
     tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    held = None
     try:
+        held = _hold(tmp)
         summary = _backup(settings, data, tmp, _Copier(link), progress, verify_indexes)
+        summary["notes"] += [f"removed {dest.parent / name}, the temporary folder of a backup that was killed"
+                             for name in swept]
         summary["seconds"] = round(time.perf_counter() - t0, 3)
         atomic_write(tmp / MANIFEST, json.dumps(summary, indent=1, sort_keys=True))
+        (tmp / IN_PROGRESS).unlink()  # not part of the backup; the lock stays held until the rename is done
         for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
             fsync_dir(d)  # every entry durable before the rename makes the backup visible
         os.rename(tmp, dest)  # replaces an empty dest; fails (nothing changed) if one appeared meanwhile
@@ -174,6 +226,9 @@ def backup_data_dir(settings: Settings, dest, *, link: bool = False, progress: P
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if held is not None:
+            os.close(held)
     summary["dest"] = str(dest)
     return summary
 

@@ -309,3 +309,65 @@ def test_an_interrupted_backup_leaves_no_destination(source, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         backup_data_dir(Settings(data_dir=source), dest, link=False, progress=progress)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+KILLED_BACKUP = f"""
+import os, signal, sys, time
+from pathlib import Path
+sys.path[:0] = [{str(Path(__file__).resolve().parents[2])!r}]
+from service.config import Settings
+from service.ops.backup import backup_data_dir
+
+source, dest, hold = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+
+def progress(stage, fraction):
+    if stage == "index docs" and 0 < fraction < 1:
+        if hold == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)  # kill -9 half-way through an index copy
+        (dest.parent / "holding").touch()
+        while not (dest.parent / "release").exists():  # a backup still running
+            time.sleep(0.05)
+
+backup_data_dir(Settings(data_dir=source), dest, progress=progress)
+"""
+
+
+def test_a_killed_backups_folder_is_removed_by_the_next_and_a_running_ones_is_kept(source, tmp_path):
+    """``kill -9`` of a backup half-way leaves its ``.DEST.tmp-*`` folder (nothing can remove it then); the next
+    backup into the same parent folder removes it and says so. A backup still running keeps its folder (its lock is
+    held), and a folder that is not a backup's is never touched. Before: killed backups' folders stayed forever."""
+    out = tmp_path / "out"
+    script = tmp_path / "killed_backup.py"
+    script.write_text(KILLED_BACKUP)
+    r = subprocess.run([sys.executable, str(script), str(source), str(out / "b1"), "kill"], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == -9, r.stderr
+    left = [p.name for p in out.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".b1.tmp-"), left
+    stranger = out / ".notes.tmp-0123abcd"  # someone else's temporary folder, no marker
+    stranger.mkdir()
+    running = subprocess.Popen([sys.executable, str(script), str(source), str(out / "b2"), "hold"],
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (out / "holding").exists():
+            assert running.poll() is None and time.time() < deadline, running.stderr.read()
+            time.sleep(0.05)
+        names = {p.name for p in out.iterdir()}
+        assert left[0] not in names and stranger.name in names, names  # b2 removed the killed one's folder
+        r = cli("--data-dir", source, "backup", out / "b3", "--json")  # while b2 is still running
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["notes"] == []
+        names = {p.name for p in out.iterdir()}
+        assert stranger.name in names and "b3" in names
+        assert any(n.startswith(".b2.tmp-") for n in names), names  # the running backup's folder is kept
+        (out / "release").touch()
+        assert running.wait(timeout=120) == 0, running.stderr.read()
+    finally:
+        running.kill()
+    notes = json.loads((out / "b2" / "backup.json").read_text())["notes"]
+    assert any(left[0] in n and "killed" in n for n in notes), notes
+    assert not (out / "b2" / ".vecbridge-backup-in-progress").exists()  # the marker is not part of a backup
+    assert IndexStore(out / "b2" / "indexes").get("docs").count == 512  # the held backup completed whole
+    assert cli("--data-dir", out / "b2", "registry", "verify").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == [".notes.tmp-0123abcd", "b2", "b3", "holding", "release"]
