@@ -9,6 +9,13 @@ setting (``VECBRIDGE_PROT``, ``VECBRIDGE_LIMITS__MAX_KK``), a value that does no
 :class:`ConfigError` naming the variable -- one line, never the value of a key -- instead of a default used in
 silence or a traceback. An empty variable counts as unset (``VECBRIDGE_ARTIFACT_DIR=`` from an env file or an
 unset compose variable put the artifacts in the working directory).
+
+Secrets from files (Docker / Kubernetes secrets, as the postgres image's ``POSTGRES_PASSWORD_FILE``): any setting
+``X`` may be given as ``VECBRIDGE_X_FILE=/run/secrets/...``, the file holding the value (trailing white space
+dropped; JSON for list and object settings), so keys and database passwords stay out of the process environment
+and ``docker inspect``. Giving both ``VECBRIDGE_X`` and ``VECBRIDGE_X_FILE`` is refused. The service re-reads an
+``api_keys`` file when it changes (:func:`service.api.deps.current_keys`): keys are added or revoked without a
+restart.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as _EnvParseError
 
@@ -29,7 +36,8 @@ from align.exceptions import InputError
 
 from .limits import Limits
 
-__all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "get_settings", "load_settings"]
+__all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "check_api_keys", "get_settings", "load_settings",
+           "read_setting_file"]
 
 SCOPES = ("read", "write")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -38,6 +46,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _NOT_SETTINGS = ("VECBRIDGE_RAY_OWNER", "VECBRIDGE_TEST_", "VECBRIDGE_RUN_SLOW", "VECBRIDGE_CONSOLE_",
                  "VECBRIDGE_WORDNET_DIR")
 _SECRET_FIELDS = ("api_keys",)  # errors name the variable, never its keys or values
+_FILE = "_FILE"  # VECBRIDGE_<SETTING>_FILE: the setting's value is that file's content
 
 
 class ConfigError(InputError):
@@ -129,6 +138,8 @@ class Settings(BaseSettings):
         "Alias that pins a map's version for paths between spaces (search, embeddings); without it a map "
         "contributes its newest reliable version, and parallel maps rank by held-out top-1."))
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL (any case).")
+    #: {setting name: file} of the settings read from ``VECBRIDGE_<NAME>_FILE`` (:func:`load_settings`)
+    _files: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("preload_encoders")
     @classmethod
@@ -146,14 +157,7 @@ class Settings(BaseSettings):
     @field_validator("api_keys")
     @classmethod
     def _check_keys(cls, keys: dict[str, list[str]]) -> dict[str, list[str]]:
-        for n, (key, scopes) in enumerate(keys.items(), 1):
-            if not key or key != key.strip() or any(c.isspace() for c in key):
-                raise ValueError(f"key {n} is empty or holds white space, so no Authorization header can send it")
-            unknown = sorted(set(scopes) - set(SCOPES))
-            if unknown or not scopes:
-                raise ValueError(f"key {n} has scopes {list(scopes)}: give 'read' and/or "
-                                 f"'write' (unknown: {unknown})")
-        return keys
+        return check_api_keys(keys)
 
     @field_validator("log_level")
     @classmethod
@@ -176,11 +180,20 @@ class Settings(BaseSettings):
             out.append(h)
         return out
 
+    @property
+    def files(self) -> dict[str, str]:
+        """``{setting name: file}`` of the settings whose value came from ``VECBRIDGE_<NAME>_FILE`` (read only)."""
+        return self._files
+
     def to_env(self) -> dict[str, str]:
-        """These settings as ``VECBRIDGE_*`` variables, so worker processes read the same :class:`Settings`."""
+        """These settings as ``VECBRIDGE_*`` variables, so worker processes read the same :class:`Settings`; a
+        setting read from a file is passed on as its ``_FILE`` variable (the secret stays out of the environment,
+        and every worker re-reads a changed keys file)."""
         out = {}
         for name, value in self.model_dump(mode="json").items():
-            if value is not None:
+            if name in self._files:
+                out[f"VECBRIDGE_{name.upper()}{_FILE}"] = self._files[name]
+            elif value is not None:
                 out[f"VECBRIDGE_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
         return out
 
@@ -208,6 +221,65 @@ class Settings(BaseSettings):
         return legacy if legacy.is_dir() else art / "reports"
 
 
+def check_api_keys(keys: dict[str, list[str]]) -> dict[str, list[str]]:
+    """``keys`` ({key: scopes}) when every key can be sent in a header and every scope is known; else ValueError
+    (naming the key by its position, never its text)."""
+    if not isinstance(keys, dict) or not all(isinstance(k, str) and isinstance(v, list) and
+                                             all(isinstance(x, str) for x in v) for k, v in keys.items()):
+        raise ValueError("give an object of keys and their scopes, e.g. {\"KEY\": [\"read\", \"write\"]}")
+    for n, (key, scopes) in enumerate(keys.items(), 1):
+        if not key or key != key.strip() or any(c.isspace() for c in key):
+            raise ValueError(f"key {n} is empty or holds white space, so no Authorization header can send it")
+        unknown = sorted(set(scopes) - set(SCOPES))
+        if unknown or not scopes:
+            raise ValueError(f"key {n} has scopes {list(scopes)}: give 'read' and/or "
+                             f"'write' (unknown: {unknown})")
+    return keys
+
+
+def _complex(name: str) -> bool:
+    """Whether the setting ``name`` takes JSON in the environment (a list, an object or a nested model)."""
+    ann = Settings.model_fields[name].annotation
+    origin = getattr(ann, "__origin__", None)
+    return origin in (list, dict) or (isinstance(ann, type) and issubclass(ann, BaseModel))
+
+
+def read_setting_file(name: str, path: str):
+    """The value of setting ``name`` held in the file ``path``: its text with trailing white space dropped, parsed
+    as JSON for list and object settings. ConfigError naming ``VECBRIDGE_<NAME>_FILE`` (never the content) when the
+    file cannot be read or does not parse."""
+    var = f"VECBRIDGE_{name.upper()}{_FILE}"
+    try:
+        text = Path(path).read_text(encoding="utf-8").rstrip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"setting {var}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not _complex(name):
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"setting {var}: {path} is not valid JSON (line {exc.lineno}, column {exc.colno})") \
+            from None
+
+
+def _setting_files(environ, overrides: dict) -> dict[str, str]:
+    """``{setting name: file}`` from the ``VECBRIDGE_<NAME>_FILE`` variables set (non-empty); ConfigError when the
+    setting is also given directly. Settings given as ``overrides`` (command-line options) win over both."""
+    top = {n.upper(): n for n in Settings.model_fields}
+    out = {}
+    for var, value in environ.items():
+        up = var.upper()
+        if not (up.startswith("VECBRIDGE_") and up.endswith(_FILE)) or not value:
+            continue
+        name = top.get(up[len("VECBRIDGE_"):-len(_FILE)])
+        if name is None or name in overrides:
+            continue
+        if environ.get(f"VECBRIDGE_{name.upper()}"):
+            raise ConfigError(f"settings VECBRIDGE_{name.upper()} and {var} are both set: give one of them")
+        out[name] = value
+    return out
+
+
 def _fields_of(model: type[BaseModel], prefix: str) -> dict[str, type[BaseModel] | None]:
     """``{VARIABLE NAME: nested model or None}`` of every field of ``model`` (names upper case)."""
     out = {}
@@ -226,6 +298,8 @@ def unknown_variables(environ) -> list[str]:
     for name in environ:
         up = name.upper()
         if not up.startswith("VECBRIDGE_") or up.startswith(_NOT_SETTINGS):
+            continue
+        if up.endswith(_FILE) and "__" not in up and up[:-len(_FILE)] in top:  # VECBRIDGE_<SETTING>_FILE
             continue
         head, _, rest = up.partition("__")
         if head not in top or (rest and (top[head] is None or f"{head}__{rest}" not in _fields_of(top[head],
@@ -257,11 +331,17 @@ def load_settings(**overrides) -> Settings:
     if unknown:
         raise ConfigError(f"unknown setting {unknown[0]}{_suggest(unknown[0])}: no setting has that name, so it "
                           f"would be ignored; rename or unset it (settings: service/config.py)")
+    files = _setting_files(os.environ, overrides)
+    from_files = {name: read_setting_file(name, path) for name, path in files.items()}
     try:
-        return Settings(**overrides)
+        settings = Settings(**from_files, **overrides)
+        settings._files = files
+        return settings
     except ValidationError as exc:
         e = exc.errors()[0]
         var, secret = _variable(tuple(e["loc"]))
+        if e["loc"] and e["loc"][0] in files:  # the value came from a file: name that variable, not its content
+            var, secret = f"VECBRIDGE_{str(e['loc'][0]).upper()}{_FILE}", True
         msg = str(e["msg"]).removeprefix("Value error, ")
         got = "" if secret or "input" not in e else f", got {str(e['input'])[:80]!r}"
         raise ConfigError(f"setting {var}: {msg}{got}") from None

@@ -207,7 +207,7 @@ def ensure_local_key(s: Settings) -> tuple[Settings, "Path | None"]:
     import secrets
     from pathlib import Path
 
-    if s.api_keys or s.auth_disabled or not s.local_key:
+    if s.api_keys or "api_keys" in s.files or s.auth_disabled or not s.local_key:  # a keys file counts, even empty
         return s, None
     path = Path(s.data_dir) / "local-key"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ thread pool, one thread hop (0.1-0.3 ms on a busy machine) per dependency per re
 of a few microseconds.
 
 Auth: ``Authorization: Bearer <key>``; keys and their scopes come from ``Settings.api_keys``
-(``{"key": ["read", "write"]}``). Scopes are explicit: a ``write``-only key cannot read.
+(``{"key": ["read", "write"]}``), or from the file ``VECBRIDGE_API_KEYS_FILE`` names, re-read when it changes
+(:mod:`service.api.keyfile`). Scopes are explicit: a ``write``-only key cannot read.
 Every configured key is compared in constant time (``hmac.compare_digest`` on SHA-256 digests,
 so neither the content nor the length of a key leaks through timing), keys are never logged,
 and an empty key table refuses everything unless ``auth_disabled=True`` was set on purpose.
@@ -29,6 +30,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..config import Settings, app_settings as current_settings
 from .codec import require_json
+from .keyfile import current_keys
 from ..errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
 from .state import AppState
 
@@ -98,7 +100,7 @@ def authorize(authorization: str | None, scope: str, settings: Settings) -> str 
         if authorization:
             raise AuthenticationError("unsupported Authorization header; use 'Authorization: Bearer <key>'")
         raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
-    scopes = scopes_for_token(token, settings.api_keys)
+    scopes = scopes_for_token(token, current_keys(settings))
     if scopes is None:
         raise AuthenticationError("invalid API key")
     if scope not in scopes:
