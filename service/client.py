@@ -220,23 +220,28 @@ class APICalls(SteerCalls, Calls):
         return Artifact(None if r.status_code == 304 else r.content, r.headers.get("etag"), v and int(v))
 
     @call
-    def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True) -> np.ndarray:
+    def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True, with_versions: bool = False):
         """Map rows ``X`` (n, d_source) through ``ref``; returns float32 (n, d_target).
 
         ``binary=True`` sends raw float32 (``application/octet-stream``) and reads raw float32 back (shape from
         ``X-Shape``); ``binary=False`` sends JSON (``vectors_b64``) instead, for proxies that pass only JSON.
         ``output``: ``raw`` (comparable with the target model's own vectors), ``frame`` or ``linear`` (see the
-        route's documentation).
+        route's documentation). Rows sent in several batches all go through the version the first batch used;
+        ``with_versions=True`` returns ``(Y, ["name:version"])``, that version, to record beside the vectors.
         """
         A, pinned = matrix(X), [ref]
+        used_by_first: list[str] = []
 
         def send(part: slice) -> np.ndarray:  # batches after the first go through the version it used
             Y, used = yield from self._transform(pinned[0], A[part], output, binary)
             pinned[0] = used or pinned[0]
+            if used and not used_by_first:
+                used_by_first.append(used)
             return Y
 
         parts = yield from self._batched(A.shape[0], 4 * A.shape[1] if binary else b64_row_bytes(A.shape[1]), send)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        Y = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return (Y, used_by_first) if with_versions else Y
 
     def _transform(self, ref: str, A: np.ndarray, output: str, binary: bool) -> tuple[np.ndarray, str | None]:
         """One transform request: ``(Y, "name:version" of the map version used, when the answer says)``."""
@@ -470,25 +475,30 @@ class APICalls(SteerCalls, Calls):
 
     @call
     def embed(self, texts: Sequence[str], model: str, *, target_space: str | None = None,
-              map: str | Sequence[str] | None = None, input_type: str = "passage") -> np.ndarray:
+              map: str | Sequence[str] | None = None, input_type: str = "passage", with_versions: bool = False):
         """Embed ``texts`` with an installed encoder: (n, d) float32, optionally translated into ``target_space``.
 
         ``map`` (with ``target_space``): a map or a path (list) of maps to use instead of the registry's path. Texts
-        sent in several batches (the service's limits) all go through the map versions the first batch used.
+        sent in several batches (the service's limits) all go through the map versions the first batch used;
+        ``with_versions=True`` returns ``(E, ["name:version", ...])``, that path of versions (empty: no map).
         """
         texts = list(texts)
         pin = {"map": map}  # batches after the first: the versions it used (client_wire.pinned)
+        path: list[list[str]] = []
 
         def send(part: slice) -> list:
             answer = yield from self._json("POST", "/v1/embeddings", json=clean({
                 "input": texts[part], "model": model, "encoding_format": "base64", "target_space": target_space,
                 "input_type": input_type, **pin}), retry=True)
             pin.update(pinned(answer))
+            if not path:
+                path.append([f"{m['name']}:{m['version']}" for m in answer.get("maps") or []])
             return answer["data"]
 
         parts = yield from self._batched(len(texts), json_sizes(texts, len(texts)), send)
         data = [e for part in parts for e in part]
-        return np.stack([np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4") for e in data])
+        E = np.stack([np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4") for e in data])
+        return (E, path[0] if path else []) if with_versions else E
 
 
 # --- the two clients: the same calls, run on httpx.Client or httpx.AsyncClient -----------------------

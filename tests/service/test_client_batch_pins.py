@@ -191,8 +191,10 @@ def test_transform_batches_keep_the_map_version_the_first_batch_used(world, bina
     url, X, _, m = world
     with Client(url, api_key=WKEY) as mover:
         mover.set_alias("a2b", "prod", 1)
-        out = _while_moving(url, lambda: mover.set_alias("a2b", "prod", 2), "transform", "a2b@prod", X, binary=binary,
-                            kind=client_kind)
+        out, used = _while_moving(url, lambda: mover.set_alias("a2b", "prod", 2), "transform", "a2b@prod", X,
+                                  binary=binary, kind=client_kind, with_versions=True)
+        assert used == ["a2b:1"]  # the version every batch went through, to record beside the vectors
+        assert mover.transform("a2b@prod", X[:2], binary=binary, with_versions=True)[1] == ["a2b:2"]
     np.testing.assert_allclose(out, m.apply(X, output="raw"), atol=1e-5)
 
 
@@ -215,8 +217,11 @@ def test_embed_batches_keep_a_path_of_two_maps_and_the_answer_names_it(world):
         raw = mover.embed(TEXTS, MODEL)
         mover.set_alias("minilm2t1", "prod", 1)
         mover.set_alias("t12t2", "prod", 1)
-        out = _while_moving(url, lambda: mover.set_alias("t12t2", "prod", 2), "embed", TEXTS, MODEL, target_space="t2")
+        out, used = _while_moving(url, lambda: mover.set_alias("t12t2", "prod", 2), "embed", TEXTS, MODEL,
+                                  target_space="t2", with_versions=True)
         np.testing.assert_allclose(out, raw @ _rotation(0) @ _rotation(1), atol=1e-4)
+        assert used == ["minilm2t1:1", "t12t2:1"]  # the path every batch went through
+        assert mover.embed(TEXTS[:1], MODEL, with_versions=True)[1] == []  # the model's own space: no map
 
         # the route itself, as any client sends it: `maps` says which versions; `map` pins a path, checked hop by hop
         def post(**extra) -> httpx.Response:
