@@ -45,6 +45,9 @@ vecbridge_index_catchups_total{index, how}                   counter of catch-up
 vecbridge_index_catchup_seconds_total{index, how}            counter, seconds those catch-ups took
 vecbridge_encoder_ready{encoder}                             gauge, 1 once a preloaded encoder answered, 0 while
                                                              pending / loading / failed (workers: min)
+vecbridge_indexes_loading                                    gauge, indexes on disk at start-up not loaded (nor
+                                                             failed) yet; 0 once /readyz counts none loading
+                                                             (workers: sum)
 process_resident_memory_bytes, process_cpu_seconds_total,    prometheus_client's process metrics (one process),
 process_open_fds, process_start_time_seconds, ...            or one series per live worker labelled ``pid``
 """
@@ -141,6 +144,8 @@ class ServiceMetrics:
                                              ["index", "how"], registry=r)
         self.encoder_ready = gauge("vecbridge_encoder_ready", "1 once a preloaded encoder answered a first embedding",
                                    ["encoder"], "livemin")
+        self.indexes_pending = gauge("vecbridge_indexes_loading",
+                                     "Indexes on disk at start-up that are not loaded (nor failed) yet")
 
     # --- what the app reports -------------------------------------------------------------------------------
     def observe_map(self, name: str, version: int, rows: int) -> None:
@@ -176,6 +181,10 @@ class ServiceMetrics:
                     c.remove(name, how)
                 except KeyError:
                     pass
+
+    def indexes_loading(self, n: int) -> None:
+        """``n`` indexes of the data dir are still to be loaded at start-up (:meth:`IndexStore.load_in_background`)."""
+        self.indexes_pending.set(n)
 
     def encoder_status(self, name: str, status: str) -> None:
         """A preloaded encoder's status (``pending``, ``loading``, ``ready``, ``failed: ...``)."""

@@ -93,7 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.vb = state
         _log.info("service started", extra={"fields": {
             "data_dir": str(s.data_dir), "registry": state.registry.backend if state.registry else "unavailable",
-            "indexes": len(state.indexes.list()),
+            "indexes": len(state.indexes.names()),  # on disk; loading in the background (/readyz)
             "auth": "disabled" if s.auth_disabled else f"{len(s.api_keys)} key(s)"}})
         retry = None
         if state.registry is None:  # its database is down: serve /healthz and a /readyz saying why, and retry

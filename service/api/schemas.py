@@ -354,11 +354,14 @@ class Health(BaseModel):
 
 class Ready(BaseModel):
     status: Literal["ready", "not ready"]
-    checks: dict[str, Any] = Field(..., description="`registry`, `indexes`, `data_dir` (writable, free space above "
-                                                     "`min_free_bytes`), and `demo` (`preparing` / `ready` / `failed`) "
-                                                     "when this run registers the start-up demo; the demo never gates "
-                                                     "readiness. `encoders` (name -> `loading` / `ready` / `failed: "
-                                                     "...`) with `preload_encoders`: not ready until all are ready.")
+    checks: dict[str, Any] = Field(..., description="`registry`, `indexes` (counts `loaded`, `loading`: still being "
+                                                     "loaded at start-up, not ready until 0, and `failed`; `errors`: "
+                                                     "name -> why; failures never gate readiness), `data_dir` "
+                                                     "(writable, free space above `min_free_bytes`), and `demo` "
+                                                     "(`preparing` / `ready` / `failed`) when this run registers the "
+                                                     "start-up demo; the demo never gates readiness. `encoders` "
+                                                     "(name -> `loading` / `ready` / `failed: ...`) with "
+                                                     "`preload_encoders`: not ready until all are ready.")
 
 
 class ServiceInfo(BaseModel):

@@ -12,6 +12,7 @@ version through any worker or replica shows up at the next request.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -116,7 +117,8 @@ class AppState:
         Path(self.settings.data_dir).mkdir(parents=True, exist_ok=True)
         self.open_registry()
         self.jobs.open()  # jobs of a killed predecessor are reported failed ("interrupted by restart")
-        self.indexes.load_all()  # each index loaded sets its gauges (IndexStore's observer)
+        # in the background: the process answers at once; each index loaded sets its gauges (IndexStore's observer)
+        self.indexes.load_in_background(on_done=_freeze_heap)
 
     def open_registry(self) -> bool:
         """Open the registry; True once it is open.
@@ -140,6 +142,7 @@ class AppState:
         return True
 
     def close(self) -> None:
+        self.indexes.stop_loading()
         self.jobs.shutdown(wait=False)
         if self.registry is not None:
             self.registry.close()
@@ -263,6 +266,13 @@ class AppState:
                 if s.encoder and (s.encoder in want or _canonical(s.encoder) in want):
                     return s.name
         return None
+
+
+def _freeze_heap() -> None:
+    """Once the indexes are loaded: what they hold (payloads) lives as long as the process, so out of the
+    collector's sight, as the app's lifespan does with what it loaded (see ``service.api.app``)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _canonical(name: str) -> str:

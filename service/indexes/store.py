@@ -6,6 +6,10 @@ and renames the folder into place under ``root/.store.lock``; drop renames the f
 (``root/.trash-*``) under both that lock and the index's writer lock, then removes it, so other
 processes see an index appear or vanish atomically. :meth:`IndexStore.get` catches a copy up
 with what other processes persisted (one ``stat`` when nothing changed).
+
+A server loads the indexes on disk in the background (:meth:`IndexStore.load_in_background`), so it answers
+at once however large they are; a request for an index not loaded yet loads it itself or waits for the
+loader (one loader per name: never read twice).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from ..logging import get_logger
@@ -57,15 +62,93 @@ class IndexStore:
         # one loader per name without a lock per name ever looked up (unknown names would leak): striped
         self._load_locks = [threading.Lock() for _ in range(_LOAD_LOCK_STRIPES)]
         self._failed: dict[str, tuple | None] = {}  # name -> meta sig that failed to load
+        #: True once every index on disk at start-up was loaded or failed (:meth:`load_all`, the background loader)
         self.loaded = False
         self.load_errors: dict[str, str] = {}
+        self._pending: set[str] = set()  # names the background loader has not loaded (nor failed) yet
+        self._stop = threading.Event()
 
     def load_all(self) -> int:
-        """Read every persisted index; returns how many loaded (failures go to ``load_errors``).
+        """Read every persisted index now; returns how many loaded (failures go to ``load_errors``).
 
-        Also removes what a dead process left behind: dropped folders still being removed and
-        index folders being created more than a day ago.
+        Sweeps first (:meth:`sweep`). A server uses :meth:`load_in_background` instead.
         """
+        self.sweep()
+        n = len(self.list())
+        self.loaded = True
+        return n
+
+    def load_in_background(self, on_done: Callable[[], None] | None = None) -> None:
+        """Sweep now (:meth:`sweep`), then load every index on disk in one daemon thread, smallest first.
+
+        Smallest first (bytes of the index's folder): most indexes are served soonest and one large index delays
+        none of the small ones. Until the thread is done :attr:`loaded` is False and :meth:`status` counts the
+        indexes still loading; a request for one of them meanwhile loads it (or waits for the thread's load of
+        it). A failure is what it is for :meth:`get` (``load_errors``, a 404 naming it) and keeps nothing
+        waiting. ``on_done()`` runs in the thread at the end.
+        """
+        self.sweep()
+        names = sorted(self._names_on_disk(), key=lambda n: (_folder_bytes(self.root / n), n))
+        with self._lock:
+            self._pending = set(names)
+        self._count_pending()
+        threading.Thread(target=self._load_pending, args=(names, on_done), name="vecbridge-index-load",
+                         daemon=True).start()
+
+    def stop_loading(self) -> None:
+        """Have the background loader stop before its next index (the app is closing)."""
+        self._stop.set()
+
+    def _load_pending(self, names: list[str], on_done: Callable[[], None] | None) -> None:
+        started = time.perf_counter()
+        for name in names:
+            if self._stop.is_set():
+                return
+            with self._lock:
+                if name not in self._pending:  # loaded by a request, or dropped, meanwhile
+                    continue
+            try:
+                self.get(name)
+            except (IndexNotFoundError, NewerFormatError):  # load_errors says why (/readyz)
+                pass
+            except Exception as exc:  # noqa: BLE001 - never raised in a thread: reported as a failed load
+                with self._lock:
+                    self.load_errors[name] = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._settled(name)
+        if self._stop.is_set():
+            return
+        self.loaded = True
+        s = self.status()
+        _log.info("indexes loaded", extra={"fields": {"loaded": s["loaded"], "failed": s["failed"],
+                                                      "seconds": round(time.perf_counter() - started, 2)}})
+        if on_done is not None:
+            on_done()
+
+    def _settled(self, name: str) -> None:
+        """``name`` is loaded, failed or gone: no longer waited for."""
+        with self._lock:
+            if name not in self._pending:
+                return
+            self._pending.discard(name)
+        self._count_pending()
+
+    def _count_pending(self) -> None:
+        if self.observer is not None:
+            self.observer.indexes_loading(len(self._pending))
+
+    def status(self) -> dict:
+        """``{"loaded", "loading", "failed", "errors"}``: indexes in memory, indexes the start-up has yet to load,
+        and those that could not be loaded (``errors``: name -> why, also for an index in memory whose newer
+        generation cannot be read). From memory: no file is read."""
+        with self._lock:
+            failed = sum(1 for n in self.load_errors if n not in self._indexes)
+            return {"loaded": len(self._indexes), "loading": len(self._pending), "failed": failed,
+                    "errors": dict(self.load_errors)}
+
+    def sweep(self) -> None:
+        """Create ``root``; remove what a dead process left behind: dropped folders still being removed and
+        index folders being created more than a day ago."""
         self.root.mkdir(parents=True, exist_ok=True)
         now = time.time()
         for sub in self.root.iterdir():
@@ -77,9 +160,6 @@ class IndexStore:
                         shutil.rmtree(sub, ignore_errors=True)
                 except FileNotFoundError:
                     pass
-        n = len(self.list())
-        self.loaded = True
-        return n
 
     def names(self) -> list[str]:
         """Names of the indexes on disk, sorted (loaded or not; one ``listdir``)."""
@@ -184,35 +264,44 @@ class IndexStore:
                 del self._indexes[name]
 
     def _load(self, name: str) -> SpaceIndex:
-        path = self.root / name
         load_lock = self._load_locks[hash(name) % _LOAD_LOCK_STRIPES]
         with load_lock:  # one loader per name; other names load in parallel
-            with self._lock:
-                idx = self._indexes.get(name)
-            if idx is not None:  # another thread loaded it meanwhile
-                return idx
-            sig = stat_sig(path / "meta.json")
-            if sig is None:
-                raise gone(name, "no such index")
-            if name in self._failed and self._failed[name] == sig:
-                raise gone(name, f"it could not be loaded: {self.load_errors.get(name)}")
             try:
-                idx = SpaceIndex.load(path)
-            except FileNotFoundError:  # dropped while loading
-                raise gone(name) from None
-            except NewerFormatError as exc:  # there, not readable here: 503 (read again at each request)
-                self._newer(name, exc)
-                raise
-            except Exception as exc:  # keep serving the others; readyz reports it
-                with self._lock:
-                    self._failed[name] = sig
-                    self.load_errors[name] = f"{type(exc).__name__}: {exc}"
-                raise gone(name, f"it could not be loaded: {type(exc).__name__}: {exc}") from exc
+                return self._load_locked(name)
+            finally:
+                self._settled(name)
+
+    def _load_locked(self, name: str) -> SpaceIndex:
+        path = self.root / name
+        with self._lock:
+            idx = self._indexes.get(name)
+        if idx is not None:  # another thread loaded it meanwhile
+            return idx
+        sig = stat_sig(path / "meta.json")
+        if sig is None:
+            raise gone(name, "no such index")
+        if name in self._failed and self._failed[name] == sig:
+            raise gone(name, f"it could not be loaded: {self.load_errors.get(name)}")
+        started = time.perf_counter()
+        try:
+            idx = SpaceIndex.load(path)
+        except FileNotFoundError:  # dropped while loading
+            raise gone(name) from None
+        except NewerFormatError as exc:  # there, not readable here: 503 (read again at each request)
+            self._newer(name, exc)
+            raise
+        except Exception as exc:  # keep serving the others; readyz reports it
             with self._lock:
-                self._indexes[name] = idx
-                self._failed.pop(name, None)
-                self.load_errors.pop(name, None)
-            return self._attach(idx)
+                self._failed[name] = sig
+                self.load_errors[name] = f"{type(exc).__name__}: {exc}"
+            raise gone(name, f"it could not be loaded: {type(exc).__name__}: {exc}") from exc
+        with self._lock:
+            self._indexes[name] = idx
+            self._failed.pop(name, None)
+            self.load_errors.pop(name, None)
+        _log.info("index loaded", extra={"fields": {"index": name, "vectors": idx.count,
+                                                    "seconds": round(time.perf_counter() - started, 2)}})
+        return self._attach(idx)
 
     def list(self) -> list[SpaceIndex]:
         """Every index on disk (loaded or caught up as needed), by name."""
@@ -253,5 +342,15 @@ class IndexStore:
                 self._indexes.pop(name, None)
                 self._failed.pop(name, None)
                 self.load_errors.pop(name, None)
+            self._settled(name)
         self._dropped(name)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _folder_bytes(folder: Path) -> int:
+    """Bytes of the files in ``folder`` (what loading its index reads, roughly: older generations kept for
+    readers count too); 0 when it is gone."""
+    try:
+        return sum(e.stat().st_size for e in os.scandir(folder) if e.is_file())
+    except OSError:
+        return 0

@@ -128,7 +128,7 @@ def maybe_start_demo(state) -> str | None:
         lock = _demo_lock(Path(state.settings.data_dir))
         if lock is None:
             return None
-        if state.registry.list_maps() or state.indexes.list():
+        if state.registry.list_maps() or state.indexes.names():
             lock.close()
             return None
         if not DEMO_DATA.exists():

@@ -36,10 +36,8 @@ async def readyz(request: Request):
             checks["registry"] = await _registry_check(state)
         elif state.registry_error:  # not open yet: its database was down at start-up, the app retries
             checks["registry"] = f"error: {state.registry_error} (retrying)"
-        if state.indexes.loaded:
-            # off the event loop: list() loads what other processes wrote (whole FAISS files)
-            n_indexes = len(await run_in_threadpool(state.indexes.list))
-            checks["indexes"] = {"loaded": n_indexes, "errors": state.indexes.load_errors}
+        loaded = state.indexes.loaded  # read once: the checks and the answer agree
+        checks["indexes"] = await _indexes_check(state, loaded)
         if (demo := demo_status(state)) is not None:
             checks["demo"] = demo  # preparing | ready | failed; informs, never gates readiness
         if state.preload.names:  # Settings.preload_encoders: not ready until each has loaded
@@ -48,10 +46,20 @@ async def readyz(request: Request):
 
         checks["data_dir"] = await run_in_threadpool(data_dir_status, state.settings.data_dir,
                                                      state.settings.min_free_bytes)
-        ok = (checks["registry"] == "ok" and state.indexes.loaded and checks["data_dir"] == "ok"
+        ok = (checks["registry"] == "ok" and loaded and checks["data_dir"] == "ok"
               and state.preload.ready)
     return FastJSONResponse({"status": "ready" if ok else "not ready", "checks": checks},
                             status_code=200 if ok else 503)
+
+
+async def _indexes_check(state, loaded: bool) -> dict:
+    """``{"loaded", "loading", "failed", "errors"}`` (:meth:`~service.indexes.IndexStore.status`). While the start-up
+    loads the indexes, from memory (a listing would load them itself and wait as long); then with what other
+    processes wrote since (off the event loop: whole FAISS files)."""
+    if not loaded:
+        return state.indexes.status()
+    n = len(await run_in_threadpool(state.indexes.list))
+    return {**state.indexes.status(), "loaded": n}
 
 
 #: Longest /readyz waits for the registry's answer (a healthy one answers in milliseconds)
@@ -98,7 +106,10 @@ async def info(state: StateDep):
     from ...threads import native_threads
 
     s = state.settings
-    n_indexes = len(await run_in_threadpool(state.indexes.list))  # loads what other processes wrote: off the loop
+    if state.indexes.loaded:
+        n_indexes = len(await run_in_threadpool(state.indexes.list))  # loads what other processes wrote: off the loop
+    else:  # the start-up is loading them: count them without waiting for it
+        n_indexes = (st := state.indexes.status())["loaded"] + st["loading"]
     return FastJSONResponse({
         "service": "vecbridge", "version": align.__version__, "python": platform.python_version(),
         "faiss": getattr(faiss, "__version__", "?"), "registry_backend": state.registry.backend,

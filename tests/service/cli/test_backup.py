@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from _servers import ROOT, env_for, free_port, seed_registry, start, stop
+from _servers import ROOT, env_for, free_port, seed_registry, start, stop, wait_ready
 
 from service.indexes import IndexStore
 from service.registry import open_registry
@@ -161,7 +161,7 @@ def test_backup_taken_while_a_process_writes_restores_at_a_committed_state(sourc
     server = start([sys.executable, "-m", "service.cli", "serve"], env_for(dest, port), port, tmp_path / "r.log")
     try:
         base = f"http://127.0.0.1:{port}"
-        assert httpx.get(f"{base}/readyz").status_code == 200
+        wait_ready(base, proc=server, timeout=30)  # its index is loaded in the background after /healthz answers
         assert httpx.get(f"{base}/v1/indexes/docs", headers=RKEY).json()["count"] == sizes[1]
         hit = httpx.post(f"{base}/v1/indexes/docs/search", headers=RKEY,
                          json={"vectors": row_of([sizes[1] - 1]).tolist(), "k": 1}).json()

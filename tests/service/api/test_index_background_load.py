@@ -1,0 +1,155 @@
+"""A server loads its indexes in the background: it answers at once, ``/readyz`` counts the indexes still loading,
+and a request for one of them meanwhile is answered (loading it, or waiting for the loader's load of it).
+
+Before, the app's start-up read every index before uvicorn answered anything: a data dir with large indexes (a
+1M x 384 flat index is 1.5 GB, seconds to minutes from a cold or network disk) kept even ``/healthz`` silent that
+long, and a liveness probe killed the process in a loop. Here one index's payload file is a named pipe, so its load
+waits, deterministically, until the test writes the bytes into it: a slow disk, held as long as the test needs. The
+server is a real ``uvicorn`` process over real FAISS indexes.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+from _api_support import R
+from _servers import ROOT, env_for, free_port, seed_registry, stop, wait_ready
+
+from service.indexes import IndexStore
+
+
+def _open_writer(fifo, timeout: float = 30.0) -> int:
+    """The write end of ``fifo`` (blocking writes), once a reader (the server's load) has it open."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.set_blocking(fd, True)
+            return fd
+        except OSError as exc:
+            if exc.errno != errno.ENXIO or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _readyz(url: str, until, timeout: float = 30.0) -> tuple[int, dict]:
+    """Poll /readyz until ``until(status, body)``; its last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = httpx.get(url + "/readyz", timeout=10)
+        if until(r.status_code, r.json()) or time.monotonic() > deadline:
+            return r.status_code, r.json()
+        time.sleep(0.05)
+
+
+def _top1(r: httpx.Response) -> list[int]:
+    assert r.status_code == 200, r.text
+    return [hits[0]["id"] for hits in r.json()["results"]]
+
+
+def _metric(url: str, line: str) -> float:
+    text = httpx.get(url + "/metrics", headers=R, timeout=10).text
+    return float(next(s for s in text.splitlines() if s.startswith(line + " ")).split()[-1])
+
+
+def test_a_server_answers_while_a_slow_index_loads_and_serves_it_once_loaded(tmp_path):
+    data = tmp_path / "data"
+    X, Y, _ = seed_registry(data)  # spaces a, b (16-d) and the map a2b: Y = X Q
+    later_rows = np.random.default_rng(7).standard_normal((4000, 16)).astype(np.float32)
+    store = IndexStore(data / "indexes")
+    store.create("small", "b", Y[:20], kind="flat")
+    store.create("broken", "b", Y[:30], kind="flat")
+    store.create("slow", "b", Y, kind="flat", payloads=[{"i": i} for i in range(len(Y))])
+    store.create("later", "b", later_rows, kind="flat")  # the largest: loaded last (smallest first)
+    (data / "indexes" / "broken" / "index.1.faiss").write_bytes(b"not a FAISS file")  # a damaged index
+    fifo = data / "indexes" / "slow" / "payloads.1.json"
+    payload_bytes = fifo.read_bytes()
+    fifo.unlink()
+    os.mkfifo(fifo)
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host",
+                                 "127.0.0.1", "--port", str(port), "--no-access-log"],
+                                cwd=ROOT, env=env_for(data, port), stdout=out, stderr=subprocess.STDOUT)
+    released = False
+    try:
+        # before: nothing answered until every index was read (here: never, the pipe holds the load)
+        wait_ready(url, proc=proc, path="/healthz", timeout=30, log=log)
+
+        # the loader holds 'slow' (waiting on the disk); 'later' waits its turn; 'broken' failed as it did before
+        code, body = _readyz(url, lambda _code, b: b["checks"]["indexes"].get("failed") == 1
+                             and b["checks"]["indexes"].get("loaded") == 1)
+        ix = body["checks"]["indexes"]
+        assert code == 503 and body["status"] == "not ready", body
+        assert (ix["loaded"], ix["loading"], ix["failed"]) == (1, 2, 1), ix
+        assert "RuntimeError" in ix["errors"]["broken"] and "not recognized" in ix["errors"]["broken"], ix
+        assert _metric(url, "vecbridge_indexes_loading") == 2
+        assert _metric(url, 'vecbridge_index_vectors{index="small"}') == 20
+
+        c = httpx.Client(base_url=url, headers=R, timeout=60)
+        info = c.get("/v1/info", timeout=10)
+        assert info.json().get("counts", {}).get("indexes") == 3, info.text  # loaded + loading, without waiting
+        assert _top1(c.post("/v1/indexes/small/search", json={"vectors": Y[:5].tolist(), "k": 3})) == [0, 1, 2, 3, 4]
+        # not loaded yet: the request loads it itself (the loader is busy with 'slow')
+        assert _top1(c.post("/v1/indexes/later/search", json={"vectors": later_rows[:5].tolist(), "k": 3})) == [
+            0, 1, 2, 3, 4]
+        broken = c.get("/v1/indexes/broken")
+        assert broken.status_code == 404 and "could not be loaded" in broken.json()["error"]["message"], broken.text
+        ix = _readyz(url, lambda _code, _b: True)[1]["checks"]["indexes"]
+        assert (ix["loaded"], ix["loading"], ix["failed"]) == (2, 1, 1), ix
+
+        # a search from another space and a listing while 'slow' is still on its way: they wait for it, no error
+        answers: dict = {}
+        asks = {"search": lambda: c.post("/v1/indexes/slow/search",
+                                         json={"vectors": X[:20].tolist(), "space": "a", "k": 3}),
+                "list": lambda: c.get("/v1/indexes")}
+        threads = [threading.Thread(target=lambda k=k: answers.setdefault(k, asks[k]()), daemon=True) for k in asks]
+        for th in threads:
+            th.start()
+        time.sleep(1.0)
+        assert answers == {}, answers  # waiting for the disk, not failing
+        assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+
+        fd = _open_writer(fifo)
+        try:
+            os.write(fd, payload_bytes)
+        finally:
+            os.close(fd)
+        released = True
+        for th in threads:
+            th.join(60)
+        assert _top1(answers["search"]) == list(range(20))
+        assert answers["search"].json()["results"][3][0]["payload"] == {"i": 3}
+        assert answers["list"].status_code == 200, answers["list"].text
+        assert [i["name"] for i in answers["list"].json()["data"]] == ["later", "slow", "small"]
+
+        code, body = _readyz(url, lambda code, _b: code == 200)
+        assert code == 200 and body["status"] == "ready", body
+        ix = body["checks"]["indexes"]
+        assert (ix["loaded"], ix["loading"], ix["failed"], list(ix["errors"])) == (3, 0, 1, ["broken"]), ix
+        assert _metric(url, "vecbridge_indexes_loading") == 0
+        assert _metric(url, 'vecbridge_index_vectors{index="slow"}') == 300
+        assert _metric(url, 'vecbridge_index_vectors{index="later"}') == 4000
+    finally:
+        if not released and proc.poll() is None:
+            try:  # let a load still waiting on the pipe go, so the server can stop
+                os.close(_open_writer(fifo, timeout=0.5))
+            except OSError:
+                pass
+        stop(proc)
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    loads = sorted(r["index"] for r in records if r.get("msg") == "index loaded")
+    assert loads == ["later", "slow", "small"], loads  # each read once: by the loader or by the request that came first
+    done = [r for r in records if r.get("msg") == "indexes loaded"]
+    assert len(done) == 1 and (done[0]["loaded"], done[0]["failed"]) == (3, 1), done
