@@ -11,6 +11,8 @@ scores that differ in the last bits, so an exact ``>`` ranked a duplicate of the
 
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import numpy as np
 
 from .validation import check_paired, check_random_state, check_rankable
@@ -18,10 +20,14 @@ from .exceptions import DimensionMismatchError, InputError, ShapeError, TooFewRo
 from .frames import unit_rows
 from .blocks import rows_per_block
 from .knn import DEFAULT_BLOCK, check_count, mean_topk
-from .options import check_flag
+from .options import check_flag, check_number
 from .maps import LinearMap
 
-__all__ = ["TIE_TOL", "count_above", "cross_val_top1", "evaluate", "ranks", "retention", "top1_at"]
+__all__ = ["INTERVAL_LEVEL", "TIE_TOL", "count_above", "cross_val_top1", "evaluate", "proportion_interval",
+           "query_sample", "ranks", "retention", "top1_at"]
+
+#: coverage of the intervals put on figures measured on a sample of the query rows
+INTERVAL_LEVEL = 0.95
 
 #: scores within this share of the true partner's (at least this much in absolute terms) tie with it: float32
 #: products of 384-d unit rows carry rounding errors of ~1e-6, so a duplicate candidate must not beat the partner
@@ -35,13 +41,17 @@ def count_above(S: np.ndarray, true: np.ndarray) -> np.ndarray:
     return (S > (true + TIE_TOL * np.maximum(1.0, np.abs(true)))[:, None]).sum(axis=1)
 
 
-def ranks(Q: np.ndarray, D: np.ndarray, *, r_q=None, r_d=None, block_size: int = DEFAULT_BLOCK) -> np.ndarray:
-    """1-based rank of ``D[i]`` among all rows of ``D`` (n, d) for query ``Q[i]`` (n, d); (n,) int64.
+def ranks(Q: np.ndarray, D: np.ndarray, *, cols=None, r_q=None, r_d=None,
+          block_size: int = DEFAULT_BLOCK) -> np.ndarray:
+    """1-based rank of ``D[cols[i]]`` among all rows of ``D`` (m, d) for query ``Q[i]`` (q, d); (q,) int64.
 
-    With ``r_q``/``r_d`` given, scores are CSLS ``2 q·d - r_q - r_d`` instead of ``q·d``. Queries go in blocks
-    of at most ``block_size`` rows and :data:`align.blocks.SCORE_BLOCK_BYTES` of scores (``rows x n``).
+    ``cols`` (q,) int: each query's true partner in ``D``; ``None``: ``Q[i]`` pairs with ``D[i]`` (q = m).
+    With ``r_q`` (q,) / ``r_d`` (m,) given, scores are CSLS ``2 q·d - r_q - r_d`` instead of ``q·d``. Queries go
+    in blocks of at most ``block_size`` rows and :data:`align.blocks.SCORE_BLOCK_BYTES` of scores (``rows x m``).
+    Cost: ``q · m · d`` multiply-adds.
     """
     n = Q.shape[0]
+    cols = np.arange(n) if cols is None else np.asarray(cols, dtype=np.int64)
     out = np.empty(n, dtype=np.int64)
     step = rows_per_block(D.shape[0], block_size)
     for s in range(0, n, step):
@@ -51,26 +61,78 @@ def ranks(Q: np.ndarray, D: np.ndarray, *, r_q=None, r_d=None, block_size: int =
             S -= r_d[None, :]
             S -= r_q[s : s + step, None]
         rows = np.arange(S.shape[0])
-        true = S[rows, s + rows]
+        true = S[rows, cols[s : s + step]]
         out[s : s + step] = 1 + count_above(S, true)
     return out
 
 
+def query_sample(n: int, max_queries, random_state=0) -> np.ndarray | None:
+    """The rows of ``n`` held-out pairs that act as queries when at most ``max_queries`` may.
+
+    ``None`` (every row) when ``max_queries`` is ``None`` or ``>= n``; else ``max_queries`` distinct rows drawn
+    uniformly without replacement with ``random_state``, sorted: (max_queries,) int64. Every row stays a
+    candidate; only the queries are sampled, so rank-based figures keep their meaning (the pool is all ``n``)
+    and cost ``max_queries · n · d`` instead of ``n² · d``. InputError unless ``max_queries`` is an int >= 1.
+    """
+    if max_queries is None:
+        return None
+    max_queries = check_count("max_queries", max_queries)
+    rng = check_random_state(random_state)
+    if max_queries >= n:
+        return None
+    return np.sort(rng.choice(n, size=max_queries, replace=False)).astype(np.int64)
+
+
+def proportion_interval(hits: int, sampled: int, population: int, *, level: float = INTERVAL_LEVEL) -> list[float]:
+    """Interval of a proportion measured as ``hits`` of ``sampled`` rows drawn without replacement from ``population``.
+
+    Wilson score interval at ``level`` with the sample size scaled by the finite-population correction:
+    ``n_eff = s (N - 1) / (N - s)`` for ``s`` of ``N`` rows (the variance of a share drawn without replacement is
+    ``(N - s) / (N - 1)`` times the binomial one), so the interval closes to the measured share when ``s = N``.
+    With ``p = hits / s``, ``z`` the normal quantile: ``(p + z²/2n_eff ± z sqrt(p(1-p)/n_eff + z²/4n_eff²))
+    / (1 + z²/n_eff)``. Returns ``[low, high]`` in [0, 1].
+    """
+    s, N = int(sampled), int(population)
+    if s < 1 or N < s or not 0 <= int(hits) <= s:
+        raise InputError(f"a proportion needs 0 <= hits <= sampled <= population, sampled >= 1; got {hits}, {s}, {N}")
+    level = check_number("level", level, 0.0, 1.0, lo_open=True, hi_open=True)
+    p = int(hits) / s
+    if s == N:
+        return [p, p]
+    z = NormalDist().inv_cdf(0.5 + level / 2.0)
+    n_eff = s * (N - 1) / (N - s)
+    den = 1.0 + z * z / n_eff
+    centre = (p + z * z / (2.0 * n_eff)) / den
+    half = z * np.sqrt(p * (1.0 - p) / n_eff + z * z / (4.0 * n_eff * n_eff)) / den
+    return [float(max(0.0, centre - half)), float(min(1.0, centre + half))]
+
+
+def _intervals(r: np.ndarray, n: int, cuts: dict) -> dict:
+    """``{name: proportion_interval}`` of the shares ``r <= cut`` of ranks ``r`` (s,) sampled from ``n`` rows."""
+    return {name: proportion_interval(int((r <= cut).sum()), r.size, n) for name, cut in cuts.items()}
+
+
 def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True, csls_k: int = 10,
-             block_size: int = DEFAULT_BLOCK) -> dict:
+             block_size: int = DEFAULT_BLOCK, max_queries: int | None = None, random_state=0) -> dict:
     """Top-1, mean rank, mean cosine and recall@k of a map on held-out pairs.
 
     Parameters
     ----------
     map_ : LinearMap
     X_src : array (n, d_s) raw source rows; Y_tgt : array (n, d_t) raw target rows, paired by row.
+    max_queries : int or None
+        Rank at most this many mapped rows (:func:`query_sample`, drawn with ``random_state``), each against all
+        ``n`` target rows: ``max_queries · n · d`` work instead of ``n² · d``. ``None`` or ``>= n``: every row,
+        the exact figures. The CSLS hubness of each candidate is still over all ``n`` mapped rows (one ``n²``
+        pass: CSLS is defined by it).
 
     Returns
     -------
-    dict with ``n_candidates`` (the pool size n), ``top1``, ``mean_rank``, ``median_rank``,
-    ``cos`` (mean cosine to the true partner, both in the target's centred frame: the raw output's cosine with
-    the raw target rows differs), ``recall@k`` for each k, and with ``csls=True``
-    ``csls_top1`` / ``csls_mean_rank``.
+    dict with ``n_candidates`` (the pool size n), ``n_queries`` (rows ranked), ``top1``, ``mean_rank``,
+    ``median_rank``, ``cos`` (mean cosine to the true partner over all n pairs, both in the target's centred
+    frame: the raw output's cosine with the raw target rows differs), ``recall@k`` for each k, and with
+    ``csls=True`` ``csls_top1`` / ``csls_mean_rank``. When the queries are a sample, ``intervals``: the
+    :func:`proportion_interval` (``interval_level``) of ``top1``, each ``recall@k`` (and ``csls_top1``).
     """
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
     check_rankable(X, name="X_src")
@@ -84,24 +146,33 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
         raise DimensionMismatchError(
             f"map is {map_.source_dim}->{map_.target_dim}, held-out pairs are {X.shape[1]}->{Y.shape[1]}")
-    Q = unit_rows(map_._apply(X, output="linear"))
+    n = X.shape[0]
+    rows = query_sample(n, max_queries, random_state)
+    Q_all = unit_rows(map_._apply(X, output="linear"))
     D = unit_rows(map_.target_frame._apply(Y))
-    r = ranks(Q, D, block_size=block_size)
+    Q = Q_all if rows is None else Q_all[rows]
+    r = ranks(Q, D, cols=rows, block_size=block_size)
     out = {
-        "n_candidates": int(Q.shape[0]),
+        "n_candidates": int(n),
+        "n_queries": int(r.size),
         "top1": float((r == 1).mean()),
         "mean_rank": float(r.mean()),
         "median_rank": float(np.median(r)),
-        "cos": float(np.einsum("ij,ij->i", Q, D).mean()),
+        "cos": float(np.einsum("ij,ij->i", Q_all, D).mean()),
     }
     for k in ks:
         out[f"recall@{k}"] = float((r <= k).mean())
+    if rows is not None:
+        out["interval_level"] = INTERVAL_LEVEL
+        out["intervals"] = _intervals(r, n, {"top1": 1, **{f"recall@{k}": k for k in ks}})
     if csls:
         r_q = mean_topk(Q, D, csls_k, block_size=block_size)
-        r_d = mean_topk(D, Q, csls_k, block_size=block_size)
-        rc = ranks(Q, D, r_q=r_q, r_d=r_d, block_size=block_size)
+        r_d = mean_topk(D, Q_all, csls_k, block_size=block_size)
+        rc = ranks(Q, D, cols=rows, r_q=r_q, r_d=r_d, block_size=block_size)
         out["csls_top1"] = float((rc == 1).mean())
         out["csls_mean_rank"] = float(rc.mean())
+        if rows is not None:
+            out["intervals"]["csls_top1"] = _intervals(rc, n, {"csls_top1": 1})["csls_top1"]
     return out
 
 

@@ -58,6 +58,7 @@ from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negativ
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame, frame_sum, unit_rows
 from .maps import LinearMap
+from .metrics import query_sample
 from .options import check_migration_options, check_number
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
 from .retrieval import hubness, labelled_metrics, labelled_retrieval, pair_retrieval_scores, ratios
@@ -79,13 +80,20 @@ _OPTIONS = {"holdout", "candidates", "alphas", "alpha", "rank", "contrastive", "
             "n_clusters", "shrink", "blend", "cluster_temperature", "cluster_margin"}
 
 
-def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10) -> dict:
-    """Held-out retrieval scores of ``map_`` on pairs ``X_src`` (n, d_s) → ``Y_tgt`` (n, d_t) (see :mod:`align.retrieval`)."""
+def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10, max_queries: int | None = None,
+              random_state=0) -> dict:
+    """Held-out retrieval scores of ``map_`` on pairs ``X_src`` (n, d_s) → ``Y_tgt`` (n, d_t) (see :mod:`align.retrieval`).
+
+    ``max_queries``: at most that many pairs act as queries (:func:`align.metrics.query_sample` with
+    ``random_state``, the rows :func:`align.evaluate` draws with the same arguments), each against all n rows;
+    ``None`` or ``>= n``: every pair (the exact figures). Sampled figures come with ``intervals``.
+    """
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=2)
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
         raise DimensionMismatchError(
             f"map is {map_.source_dim}->{map_.target_dim}, pairs are {X.shape[1]}->{Y.shape[1]}")
-    return pair_retrieval_scores(map_._apply(X, output="raw"), unit_rows(Y), k=k)
+    rows = query_sample(X.shape[0], max_queries, random_state)
+    return pair_retrieval_scores(map_._apply(X, output="raw"), unit_rows(Y), k=k, rows=rows)
 
 
 

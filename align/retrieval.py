@@ -36,33 +36,41 @@ import numpy as np
 from .blocks import rows_per_block
 from .exceptions import InputError, PairCountError
 from .knn import knn
-from .metrics import count_above, ranks
+from .metrics import INTERVAL_LEVEL, count_above, proportion_interval, ranks
 from .validation import check_random_state
 
 __all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention", "relevant_ranks",
            "labelled_metrics", "labelled_retrieval", "retention_interval", "hubness"]
 
-INTERVAL_LEVEL = 0.95  # the retention interval's coverage
 INTERVAL_RESAMPLES = 2000  # bootstrap resamples behind it
 
 
-def overlap_without_self(Ia: np.ndarray, Ib: np.ndarray, k: int) -> float:
-    """Mean ``|top-k(a) ∩ top-k(b)| / k`` of two (n, ≥ k+1) neighbour lists, row ``i`` dropped from row ``i``'s lists."""
+def overlap_without_self(Ia: np.ndarray, Ib: np.ndarray, k: int, ids=None) -> float:
+    """Mean ``|top-k(a) ∩ top-k(b)| / k`` of two (q, ≥ k+1) neighbour lists, row ``ids[i]`` (default ``i``) dropped
+    from row ``i``'s lists (the query's own row)."""
+    ids = np.arange(Ia.shape[0]) if ids is None else ids
     total = 0.0
     for i in range(Ia.shape[0]):
-        a = Ia[i][Ia[i] != i][:k]
-        b = Ib[i][Ib[i] != i][:k]
+        a = Ia[i][Ia[i] != ids[i]][:k]
+        b = Ib[i][Ib[i] != ids[i]][:k]
         total += np.intersect1d(a, b).size / k
     return float(total / Ia.shape[0])
 
 
-def _hits(T: np.ndarray, C: np.ndarray, rel: np.ndarray, k: int) -> np.ndarray:
-    """Whether ``rel[i]`` is among the top-``k`` rows of ``C`` for query ``T[i]``, row ``i`` itself skipped; (n,) bool."""
+def _hits(T: np.ndarray, C: np.ndarray, rel: np.ndarray, k: int, ids: np.ndarray) -> np.ndarray:
+    """Whether ``rel[i]`` is among the top-``k`` rows of ``C`` for query ``T[i]`` (q, d), its own row ``ids[i]``
+    skipped; (q,) bool."""
     _, I = knn(T, C, k + 1)
-    return np.array([rel[i] in I[i][I[i] != i][:k] for i in range(T.shape[0])])
+    return np.array([rel[i] in I[i][I[i] != ids[i]][:k] for i in range(T.shape[0])])
 
 
-def nn_retention(T: np.ndarray, M: np.ndarray, k: int = 10, *, extra_M: np.ndarray | None = None) -> float:
+def _queries(T: np.ndarray, rows) -> tuple[np.ndarray, np.ndarray]:
+    """The query rows of ``T`` (n, d) and their ids: all of them (``rows`` None), or ``T[rows]`` and ``rows``."""
+    return (T, np.arange(T.shape[0])) if rows is None else (T[rows], np.asarray(rows, dtype=np.int64))
+
+
+def nn_retention(T: np.ndarray, M: np.ndarray, k: int = 10, *, extra_M: np.ndarray | None = None,
+                 rows=None) -> float:
     r"""Simulated labelled retention: recall@k of a mapped index over recall@k of the native one.
 
     Native query ``t_i`` (row of ``T`` (n, d)), relevant document: its native nearest other row
@@ -73,30 +81,36 @@ def nn_retention(T: np.ndarray, M: np.ndarray, k: int = 10, *, extra_M: np.ndarr
     figure depend on corpus size as labelled retrieval does (measured on the WordNet reverse
     dictionary, minilm→e5 ridge: 8,192 distractors give 0.32 / 0.62 for a labelled 0.28 / 0.51
     at K = 300 / 2,000; without distractors 0.55 / 0.72).
+
+    ``rows`` (q,): only these native rows are queries (a sample, :func:`align.metrics.query_sample`); their
+    relevant rows and the candidates are still all of ``T`` / ``M``. Cost ``q · n · d`` per search.
     """
     n = T.shape[0]
     k = min(k, n - 2)
     if k < 1:
         return float("nan")
-    _, In = knn(T, T, 2)
-    rel = np.where(In[:, 0] == np.arange(n), In[:, 1], In[:, 0])
+    Tq, ids = _queries(T, rows)
+    _, In = knn(Tq, T, 2)
+    rel = np.where(In[:, 0] == ids, In[:, 1], In[:, 0])
     if extra_M is None or not len(extra_M):
-        return float(_hits(T, M, rel, k).mean())
+        return float(_hits(Tq, M, rel, k, ids).mean())
     E = np.ascontiguousarray(extra_M, dtype=np.float32)
-    mapped = _hits(T, np.concatenate([M, E]), rel, k).sum()
-    native = _hits(T, np.concatenate([T, E]), rel, k).sum()
+    mapped = _hits(Tq, np.concatenate([M, E]), rel, k, ids).sum()
+    native = _hits(Tq, np.concatenate([T, E]), rel, k, ids).sum()
     return float(mapped / max(native, 1))
 
 
-def neighbour_overlap(Q: np.ndarray, A: np.ndarray, B: np.ndarray, k: int = 10) -> float:
+def neighbour_overlap(Q: np.ndarray, A: np.ndarray, B: np.ndarray, k: int = 10, *, rows=None) -> float:
     """Mean share of the top-``k`` of query ``Q[i]`` in ``B`` (row ``i`` excluded) also in its top-``k`` in ``A`` (row ``i`` excluded).
 
-    Q (n, d), A (n, d), B (n, d) unit rows; ``B`` is the reference (native) set.
+    Q (n, d), A (n, d), B (n, d) unit rows; ``B`` is the reference (native) set. ``rows`` (q,): only these rows
+    of ``Q`` are queries (each still searches all of ``A`` and ``B``).
     """
     k = min(k, Q.shape[0] - 1)
     if k < 1:
         return float("nan")
-    return overlap_without_self(knn(Q, A, k + 1)[1], knn(Q, B, k + 1)[1], k)
+    Qq, ids = _queries(Q, rows)
+    return overlap_without_self(knn(Qq, A, k + 1)[1], knn(Qq, B, k + 1)[1], k, ids)
 
 
 def _beaten_by(Q: np.ndarray, true: np.ndarray, E: np.ndarray, block: int = 1024) -> np.ndarray:
@@ -110,7 +124,7 @@ def _beaten_by(Q: np.ndarray, true: np.ndarray, E: np.ndarray, block: int = 1024
 
 
 def pair_retrieval_scores(M: np.ndarray, T: np.ndarray, *, k: int = 10, extra_M: np.ndarray | None = None,
-                          extra_T: np.ndarray | None = None, retention: bool = True) -> dict:
+                          extra_T: np.ndarray | None = None, retention: bool = True, rows=None) -> dict:
     """Corpus-side and query-side recall@1/@k and MRR, neighbourhood overlap@k and ``score``.
 
     ``M`` (n, d) mapped old rows and ``T`` (n, d) native new rows, unit, paired by row.
@@ -118,27 +132,42 @@ def pair_retrieval_scores(M: np.ndarray, T: np.ndarray, *, k: int = 10, extra_M:
     corpus-side ranking; ``extra_T`` (q, d): more native rows competing in the query-side ranking.
     A distractor scoring exactly as high as the partner (a duplicate text) does not count.
     ``retention=False`` skips ``nn_retention@k`` (the costliest view; not part of ``score``).
+    ``rows`` (s,): only these pairs are queries (:func:`align.metrics.query_sample`), every row stays a candidate:
+    ``s · n · d`` work per view instead of ``n² · d``; ``n_queries`` says how many, and ``intervals`` holds the
+    :func:`align.metrics.proportion_interval` of each recall (and of ``nn_retention@k`` without ``extra_M``,
+    where it is a share of queries). ``cos`` is over all n pairs either way.
     """
     M = np.ascontiguousarray(M, dtype=np.float32)
     T = np.ascontiguousarray(T, dtype=np.float32)
-    rc = ranks(T, M)
-    rq = ranks(M, T)
-    true = np.einsum("ij,ij->i", M, T)
+    Mq, _ = _queries(M, rows)
+    Tq, _ = _queries(T, rows)
+    rc = ranks(Tq, M, cols=rows)
+    rq = ranks(Mq, T, cols=rows)
+    true = np.einsum("ij,ij->i", Mq, Tq)
     if extra_M is not None and len(extra_M):
-        rc = rc + _beaten_by(T, true, np.ascontiguousarray(extra_M, dtype=np.float32))
+        rc = rc + _beaten_by(Tq, true, np.ascontiguousarray(extra_M, dtype=np.float32))
     if extra_T is not None and len(extra_T):
-        rq = rq + _beaten_by(M, true, np.ascontiguousarray(extra_T, dtype=np.float32))
+        rq = rq + _beaten_by(Mq, true, np.ascontiguousarray(extra_T, dtype=np.float32))
     out = {"n_pairs": int(M.shape[0]), "n_distractors": [0 if extra_M is None else int(len(extra_M)),
                                                           0 if extra_T is None else int(len(extra_T))],
+           "n_queries": int(rc.size),
            "corpus_recall@1": float((rc == 1).mean()), f"corpus_recall@{k}": float((rc <= k).mean()),
            "corpus_mrr": float((1.0 / rc).mean()),
            "query_recall@1": float((rq == 1).mean()), f"query_recall@{k}": float((rq <= k).mean()),
            "query_mrr": float((1.0 / rq).mean()),
-           f"overlap@{k}": neighbour_overlap(T, M, T, k),
+           f"overlap@{k}": neighbour_overlap(T, M, T, k, rows=rows),
            "cos": float(np.einsum("ij,ij->i", M, T).mean())}
     if retention:
-        out[f"nn_retention@{k}"] = nn_retention(T, M, k, extra_M=extra_M)
+        out[f"nn_retention@{k}"] = nn_retention(T, M, k, extra_M=extra_M, rows=rows)
     out["score"] = float((out["corpus_mrr"] + out["query_mrr"] + out[f"overlap@{k}"]) / 3.0)
+    if rows is not None:
+        n, s = int(M.shape[0]), int(rc.size)
+        iv = {f"{side}_recall@{cut}": proportion_interval(int((r <= cut).sum()), s, n)
+              for side, r in (("corpus", rc), ("query", rq)) for cut in (1, k)}
+        if retention and (extra_M is None or not len(extra_M)) and np.isfinite(out[f"nn_retention@{k}"]):
+            iv[f"nn_retention@{k}"] = proportion_interval(round(out[f"nn_retention@{k}"] * s), s, n)
+        out["interval_level"] = INTERVAL_LEVEL
+        out["intervals"] = iv
     return out
 
 

@@ -292,13 +292,17 @@ class APICalls(SteerCalls, Calls):
     @call
     def evaluate(self, ref: str, source, target, *, queries=None, relevant: Sequence[int] | None = None,
                  old_queries=None, side: str = "target", min_retention: float | None = None,
-                 min_top1: float | None = None, csls: bool = False, csls_weight: float | None = None) -> dict:
+                 min_top1: float | None = None, csls: bool = False, csls_weight: float | None = None,
+                 max_queries: int | None = None, random_state: int | None = None) -> dict:
         """``POST /v1/maps/{ref}/evaluate`` (``vecbridge eval``): the map on held-out pairs ``source`` (n, d_s) /
         ``target`` (n, d_t), and on labelled ``queries`` with each one's ``relevant`` row; ``min_retention`` /
-        ``min_top1`` add ``result`` ``PASS`` / ``FAIL`` (an answer, not an exception)."""
+        ``min_top1`` add ``result`` ``PASS`` / ``FAIL`` (an answer, not an exception). Above ``max_queries`` pairs
+        (the server's default 10,000) a sample of that many drawn with ``random_state`` is ranked against all n
+        (``n_queries``, ``intervals`` in the answer)."""
         body = clean({"source": b64(source, "source"), "target": b64(target, "target"), "side": side,
                        "min_retention": min_retention, "min_top1": min_top1, "csls": bool(csls),
-                       "csls_weight": csls_weight, **labelled(queries, old_queries, relevant)})
+                       "csls_weight": csls_weight, "max_queries": max_queries, "random_state": random_state,
+                       **labelled(queries, old_queries, relevant)})
         return (yield from self._json("POST", f"/v1/maps/{_seg(ref)}/evaluate", json=body, retry=True))
 
     # --- indexes --------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, creat
 from ..indexes import IndexInfo
 from ..indexes.csls import CSLS_WEIGHT
 from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_PATH_MAPS, MAX_SEED, check_json_depth
+from ..ops.plans import EVAL_MAX_QUERIES
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
 from ..registry.names import MAX_VERSION, check_text
 
@@ -319,6 +320,11 @@ class EvaluateRequest(_Strict):
                                           "(`retrieval.labelled_plain`: plain).")
     csls_weight: Real = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
                                description="Weight of the document's hubness in that CSLS search.")
+    max_queries: Count = Field(EVAL_MAX_QUERIES, ge=1, description=(
+        "Rank at most this many held-out pairs (a sample drawn with `random_state`), each against all the held-out "
+        "target rows; `n_queries` and `intervals` (95 %) say what the sample leaves. At or above the row count: "
+        "every pair."))
+    random_state: Count = Seed
 
 
 # --- embeddings ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from align.exceptions import InputError, VecbridgeWarning
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
-from ..ops.plans import evaluate_map, plan
+from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write
 from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt,
                       random_state_opt, read_pair, read_relevant, read_seed_pairs, space_name, version_record)
@@ -163,11 +163,16 @@ def _render_fit(reg, v, as_json: bool) -> None:
                    "the migrated index searched as the service's csls search does (plain cosine kept beside it).")
 @click.option("--csls-weight", type=click.FloatRange(0, 2), default=CSLS_WEIGHT, show_default=True,
               help="Weight of the document's hubness in labelled CSLS search (the search route's csls_weight).")
+@click.option("--max-queries", type=click.IntRange(min=1), default=EVAL_MAX_QUERIES, show_default=True,
+              help="Rank at most this many held-out pairs (a sample drawn with --random-state), each against ALL the "
+                   "held-out target rows: time grows as max-queries x rows instead of rows squared. The sampled "
+                   "shares come with their 95% intervals; give the row count (or more) to rank every pair.")
+@random_state_opt
 @click.option("--record", is_flag=True, help="Store the results as tags eval.* on the version.")
 @json_opt
 @click.pass_obj
 def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows, old_queries_path, relevant_path, side,
-             csls, csls_weight, record, as_json, **io_opts):
+             csls, csls_weight, max_queries, random_state, record, as_json, **io_opts):
     """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention
     (of labelled queries when given)."""
     if (queries_path is None) != (relevant_path is None):
@@ -182,13 +187,20 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
             raise InputError("--old-queries is the baseline of labelled queries: give --queries and --relevant too")
         Qo = read_vectors(old_queries_path, rows=queries_rows)
     res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
-                       record=record, queries=Q, relevant=rel, side=side, old_queries=Qo, csls_weight=csls_weight)
+                       record=record, queries=Q, relevant=rel, side=side, old_queries=Qo, csls_weight=csls_weight,
+                       max_queries=max_queries, random_state=random_state)
     r = res["retrieval"]
     text = (f"{res['map']}: top-1 {res['top1']:.4f}  mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f} "
             f"(centred; raw {res['cos_raw']:.4f})  "
             f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']})\n"
             f"  retrieval: nn_retention@10 {r['nn_retention@10']:.4f}  corpus-side MRR {r['corpus_mrr']:.4f}  "
             f"query-side MRR {r['query_mrr']:.4f}  overlap@10 {r['overlap@10']:.4f}")
+    if "intervals" in res:
+        iv = {**res["intervals"], **r["intervals"]}
+        text += (f"\n  sampled: {res['n_queries']} of {res['n_candidates']} pairs ranked (--max-queries, "
+                 f"--random-state {random_state}), each against all {res['n_candidates']}; 95% intervals: "
+                 + "  ".join(f"{m} {iv[m][0]:.4f}-{iv[m][1]:.4f}" for m in ("top1", "recall@10", "nn_retention@10")
+                             if m in iv))
     if "labelled" in r:
         lab = r["labelled"]
         text += (f"\n  labelled ({lab['n_queries']} queries, {lab['n_documents']} documents, {side}-side): "

@@ -32,9 +32,12 @@ from align.frames import unit_rows
 from ..indexes.csls import CSLS_WEIGHT
 
 __all__ = ["MIGRATION_METHODS", "fit_migration_map", "plan", "retention_gate", "evaluate_map", "RETENTION_KEY",
-           "LABELLED_KEY"]
+           "LABELLED_KEY", "EVAL_MAX_QUERIES"]
 
 MIGRATION_METHODS = ("auto", "contrastive", "cluster")
+#: pairs ranked by `eval` (CLI / HTTP) unless told otherwise: a seeded sample of this many above it, each still
+#: ranked against every held-out row (SCALING.md: 100,000 pairs took NNN s in full)
+EVAL_MAX_QUERIES = 10_000
 RETENTION_KEY = "nn_retention@10"
 LABELLED_KEY = "labelled R@10 retention"
 
@@ -67,7 +70,8 @@ def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, ran
 
 
 def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None, queries=None,
-                   relevant=None, side: str = "target", old_queries=None, csls_weight: float | None = None) -> dict:
+                   relevant=None, side: str = "target", old_queries=None, csls_weight: float | None = None,
+                   max_queries: int | None = None, random_state=0) -> dict:
     """Scores of ``map_`` on held-out pairs and, with ``min_retention``, ``passed`` / ``result``.
 
     ``queries`` (q, d) with ``relevant`` (q,) rows of ``X``/``Y``: ``labelled`` holds
@@ -79,18 +83,21 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     inside the interval these queries cannot tell the two apart (more labelled queries would).
     ``csls_weight``: the migrated index is searched by CSLS with that weight (as the service's ``csls``
     search); ``labelled`` and the gate are then of that search, ``labelled_plain`` keeps plain cosine search.
+    ``max_queries`` / ``random_state``: the pair scores rank a sample of the pairs against all of them
+    (:func:`align.score_map`); labelled queries are always all used (``random_state`` seeds their bootstrap).
     """
     if (queries is None) != (relevant is None):
         raise InputError("labelled queries need both the queries and the row of each one's relevant document")
     if old_queries is not None and queries is None:
         raise InputError("old-model queries are the baseline of labelled queries: give the queries and relevant rows too")
-    res = align.score_map(map_, X, Y)
+    res = align.score_map(map_, X, Y, max_queries=max_queries, random_state=random_state)
     if queries is not None:
-        lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side, old_queries=old_queries)
+        lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side, old_queries=old_queries,
+                                       random_state=random_state)
         if csls_weight is not None:
             res["labelled_plain"] = lab
             lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side, old_queries=old_queries,
-                                           csls_weight=csls_weight)
+                                           csls_weight=csls_weight, random_state=random_state)
         res["labelled"] = lab
         res["retention"] = lab["retention"]["R@10"] if lab["retention"]["R@10"] is not None else 0.0
         res["retention_metric"] = (LABELLED_KEY + (" (query-side" if side == "source" else " (corpus-side")
@@ -112,7 +119,8 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
 def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool = False,
                  min_top1: float | None = None, min_retention: float | None = None, record: bool = False,
                  queries=None, relevant=None, side: str = "target", old_queries=None,
-                 csls_weight: float = CSLS_WEIGHT) -> dict:
+                 csls_weight: float = CSLS_WEIGHT, max_queries: int | None = EVAL_MAX_QUERIES,
+                 random_state=0) -> dict:
     """Scores of the registered map ``ref`` on held-out pairs ``X`` (n, d_s) <-> ``Y`` (n, d_t).
 
     Keys: those of :func:`align.evaluate` (its ``cos`` is in the target's centred frame), ``cos_raw`` (the
@@ -123,18 +131,25 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     version (they rank paths), and with labelled ``queries`` / ``relevant`` (see :func:`retention_gate`) the labelled
     retention as ``eval.labelled_retention``. With ``csls``, labelled retention is of CSLS search with
     ``csls_weight`` (the service's default 0.5) and the plain one is kept as ``retrieval.labelled_plain``.
+
+    Pair figures rank each mapped row against all ``n`` target rows: ``n² d`` work. Above ``max_queries``
+    (default :data:`EVAL_MAX_QUERIES`; ``None``: no cap) a sample of that many rows, drawn with
+    ``random_state``, is ranked (still against all ``n``): ``n_queries`` says how many, ``intervals`` (in the
+    result and in ``retrieval``) the 95 % interval of each share (top-1, recall@k, nn_retention@10) that the
+    sample leaves. Up to the cap the figures are those of every row, as before the cap existed.
     """
     for what, gate in (("min_top1", min_top1), ("min_retention", min_retention)):
         if gate is not None and not 0.0 <= gate <= 1.0:  # NaN too: a gate no figure can pass or fail honestly
             raise InputError(f"{what} must be a number in [0, 1], got {gate}")
     v = registry.resolve(ref)
     m = registry.load_map(v)
-    res = align.evaluate(m, X, Y, csls=csls)
+    res = align.evaluate(m, X, Y, csls=csls, max_queries=max_queries, random_state=random_state)
     # ``cos`` is of the target's centred frame; ``cos_raw`` of what transform writes against native target rows
     Z = m.apply(X, output="raw", validate=False)
     res["cos_raw"] = float(np.mean(np.einsum("ij,ij->i", unit_rows(Z), unit_rows(Y))))
     res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention, queries=queries, relevant=relevant,
-                                      side=side, old_queries=old_queries, csls_weight=csls_weight if csls else None)
+                                      side=side, old_queries=old_queries, csls_weight=csls_weight if csls else None,
+                                      max_queries=max_queries, random_state=random_state)
     res["retention"] = res["retrieval"]["retention"]
     res["map"] = v.ref
     passed = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ...ops.plans import evaluate_map, plan
+from ...ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..codec import parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..openapi import json_body
@@ -58,7 +58,7 @@ async def create_plan(request: Request, state: StateDep, settings: SettingsDep):
         return FastJSONResponse(await state.heavy.run(work, request))
 
 
-EVALUATE_DOC = """Evaluate the map `ref` (name, name@alias or name:version) on held-out documents embedded by
+EVALUATE_DOC = f"""Evaluate the map `ref` (name, name@alias or name:version) on held-out documents embedded by
 both models (`source`, `target`: row i is the same text) — what `vecbridge eval` prints with `--json`:
 top-1, mean rank, cosine (`cos`: in the target's centred frame; `cos_raw`: of the raw output, what a transform
 returns, with the native target rows) and recall@10 of the pairs, and `retrieval` (corpus- and query-side MRR,
@@ -71,7 +71,9 @@ retention over the queries; with a gate, `gate_within_interval` says the queries
 `target`: corpus-side, the queries are target-model vectors; `source`: query-side, the queries are
 source-model vectors the map moves into the target index). `min_retention` / `min_top1` add
 `result`: `PASS` or `FAIL` (still 200: the gate's verdict is data). Each vector set is `vectors` or
-`vectors_b64` + `dim`.
+`vectors_b64` + `dim`. Above `max_queries` held-out pairs (default {EVAL_MAX_QUERIES:,}) the pair figures rank a
+sample of that many (drawn with `random_state`) against all of them: `n_queries` says how many, `intervals` (here and
+in `retrieval`) the 95 % interval of each share.
 """
 
 
@@ -87,7 +89,8 @@ async def evaluate(ref: str, request: Request, state: StateDep, settings: Settin
         X, Y, Q, Qo = (_vectors(raw, k, settings) for k in ("source", "target", "queries", "old_queries"))
         return evaluate_map(state.registry, ref, X, Y, csls=opts.csls, min_top1=opts.min_top1,
                             min_retention=opts.min_retention, queries=Q, relevant=opts.relevant, side=opts.side,
-                            old_queries=Qo, csls_weight=opts.csls_weight)
+                            old_queries=Qo, csls_weight=opts.csls_weight, max_queries=opts.max_queries,
+                            random_state=opts.random_state)
 
     async with state.heavy.slot("evaluate"):
         return FastJSONResponse(await state.heavy.run(work, request))

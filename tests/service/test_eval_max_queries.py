@@ -1,0 +1,129 @@
+"""`vecbridge eval` and POST /v1/maps/{ref}/evaluate on large held-out sets: at most `--max-queries` / `max_queries`
+pairs (default 10,000, a seeded sample) are ranked, each against every held-out row, with the sample size and 95 %
+intervals in the answer; under the cap the figures are those of every pair."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+from _api_support import R, settings_for
+from conftest import run_cli as run
+
+from service.io import write_vectors
+
+
+@pytest.fixture(scope="module")
+def wn(tmp_path_factory, wordnet):
+    """WordNet MiniLM / e5 rows 0:14,000 as files and a Procrustes map minilm-e5 from rows 0:2,000."""
+    d = tmp_path_factory.mktemp("evalsample")
+    write_vectors(d / "minilm.npy", np.asarray(wordnet["minilm"][:14000], np.float32))
+    write_vectors(d / "e5.npy", np.asarray(wordnet["e5"][:14000], np.float32))
+    from service.cli import main
+
+    assert main(["--data-dir", str(d / "var"), "fit", "--pairs", "--source", str(d / "minilm.npy"), "--target",
+                 str(d / "e5.npy"), "--rows", "0:2000", "--method", "procrustes", "--name", "minilm-e5",
+                 "--quiet"]) == 0
+    return d
+
+
+def _eval(capsys, d, rows, *extra):
+    code, out, err = run(capsys, "--data-dir", d / "var", "eval", "--map", "minilm-e5", "--source", d / "minilm.npy",
+                         "--target", d / "e5.npy", "--rows", rows, *extra)
+    return code, out, err
+
+
+def test_cli_eval_under_the_cap_is_the_full_evaluation(capsys, wn):
+    code, out, err = _eval(capsys, wn, "2000:5000", "--json")
+    assert code == 0, err
+    full = json.loads(out)
+    code, out, err = _eval(capsys, wn, "2000:5000", "--json", "--max-queries", "3000", "--random-state", "5")
+    assert code == 0, err
+    assert json.loads(out) == full and full["n_queries"] == full["n_candidates"] == 3000
+    assert "intervals" not in full and "intervals" not in full["retrieval"]
+    code, out, _ = _eval(capsys, wn, "2000:5000")
+    assert code == 0 and "sampled" not in out
+
+
+def test_cli_eval_ranks_a_seeded_sample_against_every_row(capsys, wn):
+    code, out, err = _eval(capsys, wn, "2000:8000", "--json", "--max-queries", "6000")
+    assert code == 0, err
+    full = json.loads(out)
+    runs = []
+    for seed in ("1", "1", "2"):
+        code, out, err = _eval(capsys, wn, "2000:8000", "--json", "--max-queries", "1500", "--random-state", seed)
+        assert code == 0, err
+        runs.append(json.loads(out))
+    a, b, c = runs
+    assert a == b and a != c                                       # reproducible with its seed
+    assert (a["n_queries"], a["n_candidates"], a["retrieval"]["n_queries"]) == (1500, 6000, 1500)
+    assert a["cos"] == full["cos"]                                 # not a rank: every pair
+    for name, value in (("top1", full["top1"]), ("recall@10", full["recall@10"])):
+        lo, hi = a["intervals"][name]
+        assert lo <= value <= hi and lo <= a[name] <= hi and hi - lo < 0.06, (name, lo, value, hi)
+    assert set(a["retrieval"]["intervals"]) >= {"corpus_recall@10", "query_recall@1", "nn_retention@10"}
+    code, out, _ = _eval(capsys, wn, "2000:8000", "--max-queries", "1500", "--random-state", "1", "--min-top1", "0.5")
+    assert code == 0 and "sampled: 1500 of 6000 pairs ranked" in out and "top1 " in out and "PASS" in out
+
+
+def test_cli_eval_caps_large_sets_by_default(capsys, wn):
+    """12,000 held-out pairs: 10,000 of them ranked (against all 12,000) unless --max-queries says otherwise."""
+    code, out, err = _eval(capsys, wn, "2000:14000", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert (res["n_queries"], res["n_candidates"]) == (10000, 12000) and "top1" in res["intervals"]
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "2.5", "many"])
+def test_cli_eval_refuses_a_bad_max_queries(capsys, wn, bad):
+    code, out, err = _eval(capsys, wn, "2000:2100", "--max-queries", bad)
+    assert code == 2 and "Invalid value for '--max-queries'" in err and "Traceback" not in err and "top-1" not in out
+
+
+def _b64(a):
+    return {"vectors_b64": base64.b64encode(np.ascontiguousarray(a, np.float32).tobytes()).decode(), "dim": a.shape[1]}
+
+
+def test_http_evaluate_takes_max_queries_and_answers_as_the_cli(tmp_path, capsys, wordnet):
+    import httpx
+    from _servers import serve_in_thread
+
+    from service.api import create_app
+
+    X, Y = (np.asarray(wordnet[k][:5000], np.float32) for k in ("minilm", "e5"))
+    write_vectors(tmp_path / "x.npy", X)
+    write_vectors(tmp_path / "y.npy", Y)
+    settings = settings_for(tmp_path / "svc")
+    code, _, err = run(capsys, "--data-dir", settings.data_dir, "fit", "--pairs", "--source", tmp_path / "x.npy",
+                       "--target", tmp_path / "y.npy", "--rows", "0:2000", "--method", "procrustes", "--name", "m",
+                       "--quiet")
+    assert code == 0, err
+    code, out, err = run(capsys, "--data-dir", settings.data_dir, "eval", "--map", "m", "--source", tmp_path / "x.npy",
+                         "--target", tmp_path / "y.npy", "--rows", "2000:5000", "--max-queries", "800",
+                         "--random-state", "9", "--json")
+    assert code == 0, err
+    cli = json.loads(out)
+    body = {"source": _b64(X[2000:]), "target": _b64(Y[2000:])}
+    with serve_in_thread(create_app(settings)) as url, httpx.Client(base_url=url, headers=R, timeout=120) as c:
+        r = c.post("/v1/maps/m/evaluate", json={**body, "max_queries": 800, "random_state": 9})
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert (got["n_queries"], got["n_candidates"]) == (800, 3000)
+        for key in ("top1", "mean_rank", "recall@10"):
+            assert got[key] == pytest.approx(cli[key]), key
+        for iv, want in ((got["intervals"], cli["intervals"]), (got["retrieval"]["intervals"],
+                                                                cli["retrieval"]["intervals"])):
+            assert iv.keys() == want.keys() and all(iv[k] == pytest.approx(want[k]) for k in iv)
+        from service.client import Client
+
+        with Client(url, api_key=R["Authorization"].split()[1]) as vb:   # the Python client sends the same fields
+            again = vb.evaluate("m", X[2000:], Y[2000:], max_queries=800, random_state=9)
+        assert again["intervals"] == got["intervals"] and again["n_queries"] == 800
+        under = c.post("/v1/maps/m/evaluate", json=body).json()            # 3,000 pairs: under the default cap
+        assert under["n_queries"] == 3000 and "intervals" not in under
+        for bad in (0, -1, 2.5, "800", True, None):
+            r = c.post("/v1/maps/m/evaluate", json={**body, "max_queries": bad})
+            assert r.status_code == 422 and "max_queries" in r.text, (bad, r.status_code, r.text[:200])
+        assert c.get("/healthz").status_code == 200
