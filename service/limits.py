@@ -216,7 +216,8 @@ def ivf_training(n_rows: int, params: dict) -> tuple[int, int]:
     ``nlist = default_nlist(n_rows)`` and ``train_rows = 64 nlist``; the sample is at most every row.
 
     At 1M rows (nlist 4,000) the default trains on 256,000 rows instead of every row: k-means costs
-    ``train_rows x nlist x d`` per iteration, so ~4x less, for a recall@10 within 0.01 (SCALING.md).
+    ``train_rows x nlist x d`` per iteration, a quarter; measured, the create took 130 s instead of 348 s for a
+    recall@10 of 0.927 instead of 0.930 (SCALING.md).
     """
     nlist = int(params.get("nlist") or default_nlist(n_rows))
     return nlist, min(n_rows, int(params.get("train_rows") or IVF_TRAIN_PER_LIST * nlist))

@@ -168,7 +168,7 @@ class SpaceIndex:
         """Create an index from ``vectors`` (n, d); ``kind="auto"`` chooses by ``n``.
 
         ``params``: ``{"M": 32, "ef_construction": 80, "ef_search": 64}`` for HNSW,
-        ``{"nlist": .., "nprobe": 16}`` for IVF. ``dim`` allows an empty index (no vectors).
+        ``{"nlist": .., "nprobe": 16, "train_rows": 64 nlist}`` for IVF. ``dim`` allows an empty index (no vectors).
         ``more``: further blocks ``(X (m, d), ids or None, payloads or None)`` added in memory before the
         index is returned (a file streamed block by block; nothing is persisted per block). ``train``
         (t, d): the rows IVF's k-means trains on (default ``vectors``; a sample of the whole file when
