@@ -23,8 +23,9 @@ from align.exceptions import InputError
 
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
-    "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "check_index_params", "check_dim",
-    "check_json_depth", "parse_strict_int", "check_range", "limits_markdown",
+    "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST", "IVF_MAX_PER_LIST",
+    "check_index_params", "check_dim", "check_json_depth", "parse_strict_int", "check_range", "default_nlist",
+    "ivf_training", "limits_markdown",
 ]
 
 MAX_DIM = 65_536  # columns of a space / index / vector
@@ -35,6 +36,10 @@ MAX_TAG_BYTES = 16_384  # a tag value, as compact JSON
 MAX_JSON_DEPTH = 32  # nesting of any JSON body (payloads, tags, params)
 MAX_NEW_TOKENS = 256  # tokens one LM generate request may ask for
 MAX_PATH_MAPS = 16  # maps a search may name as its path (`map` as a list)
+# IVF k-means sample: rows per list by default (pgvector's ivfflat samples 50 per list; FAISS asks for 39..256) and
+# at most (FAISS's k-means keeps max_points_per_centroid = 256 per list and discards the rest of a larger sample)
+IVF_TRAIN_PER_LIST = 64
+IVF_MAX_PER_LIST = 256
 
 
 class Limits(BaseModel):
@@ -134,7 +139,7 @@ def check_json_depth(obj: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "bod
 INDEX_PARAM_RULES: dict[str, dict[str, tuple[int, int]]] = {
     "flat": {},
     "hnsw": {"M": (2, 256), "ef_construction": (1, 4_096), "ef_search": (1, 32_768)},
-    "ivf": {"nlist": (1, 65_536), "nprobe": (1, 65_536)},
+    "ivf": {"nlist": (1, 65_536), "nprobe": (1, 65_536), "train_rows": (1, IVF_MAX_PER_LIST * 65_536)},
 }
 
 
@@ -152,7 +157,9 @@ def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = N
     """Validated copy of ``params`` for an index of ``kind``; :class:`InputError` (422) otherwise.
 
     Legal ranges: HNSW ``2 ≤ M ≤ 256``, ``1 ≤ ef_construction ≤ 4096``, ``1 ≤ ef_search ≤ 32768``;
-    IVF ``1 ≤ nlist ≤ min(65536, n_rows)`` (k-means needs a row per list), ``1 ≤ nprobe ≤ nlist``;
+    IVF ``1 ≤ nlist ≤ min(65536, n_rows)`` (k-means needs a row per list), ``1 ≤ nprobe ≤ nlist``,
+    ``nlist ≤ train_rows ≤ 256 nlist`` (the k-means sample; ``nlist`` the given one, else the default for
+    ``n_rows``; a sample above ``n_rows`` is every row, :func:`ivf_training`);
     ``0 ≤ random_state ≤ 2**31 - 1``; ``1 ≤ dim ≤ 65536``. Unknown keys are refused (a typo would
     otherwise be ignored silently). ``n_rows=None`` (loading a persisted index) skips the row check.
     """
@@ -182,9 +189,35 @@ def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = N
                              f"(k-means needs at least one row per list); omit nlist to choose ~4·sqrt(n)")
         if "nprobe" in out and "nlist" in out and out["nprobe"] > out["nlist"]:
             raise InputError(f"index parameter nprobe={out['nprobe']} exceeds nlist={out['nlist']}")
+        nlist = out.get("nlist") or (default_nlist(n_rows) if n_rows else None)
+        if "train_rows" in out and nlist is not None:
+            _check_train_rows(out["train_rows"], nlist, given="nlist" in out)
     return out
+
+
+def _check_train_rows(train_rows: int, nlist: int, given: bool) -> None:
+    which = f"nlist={nlist}" if given else f"the default nlist={nlist} for these rows"
+    if train_rows < nlist:
+        raise InputError(f"index parameter train_rows={train_rows} is below {which}: k-means needs at least one "
+                         f"row per list (FAISS asks for 39; omit train_rows for {IVF_TRAIN_PER_LIST} per list)")
+    if train_rows > IVF_MAX_PER_LIST * nlist:
+        raise InputError(f"index parameter train_rows={train_rows} exceeds {IVF_MAX_PER_LIST} x nlist = "
+                         f"{IVF_MAX_PER_LIST * nlist} ({which}): FAISS's k-means would discard the rest")
 
 
 def default_nlist(n_rows: int) -> int:
     """IVF lists for ``n_rows`` training rows: ~4·sqrt(n), at most n/39 (FAISS wants ≥ 39 rows per list)."""
     return max(1, min(int(4 * math.sqrt(n_rows)), n_rows // 39 or 1, INDEX_PARAM_RULES["ivf"]["nlist"][1]))
+
+
+def ivf_training(n_rows: int, params: dict) -> tuple[int, int]:
+    """``(nlist, train_rows)`` an IVF index over ``n_rows`` rows is built with: k-means of ``nlist`` centroids on
+    a seeded sample of ``train_rows`` rows. ``params`` (checked by :func:`check_index_params`) give them, else
+    ``nlist = default_nlist(n_rows)`` and ``train_rows = 64 nlist``; the sample is at most every row.
+
+    At 1M rows (nlist 4,000) the default trains on 256,000 rows instead of every row: k-means costs
+    ``train_rows x nlist x d`` per iteration, a quarter; measured, the create took 130 s instead of 348 s for a
+    recall@10 of 0.927 instead of 0.930 (SCALING.md).
+    """
+    nlist = int(params.get("nlist") or default_nlist(n_rows))
+    return nlist, min(n_rows, int(params.get("train_rows") or IVF_TRAIN_PER_LIST * nlist))

@@ -171,7 +171,8 @@ def index_show(obj: Ctx, name, as_json):
               help="auto: flat below 50,000 rows, HNSW below 1M, IVF above (by the rows of FILE).")
 @click.option("--metric", type=click.Choice(["cosine", "ip"]), default="cosine", show_default=True)
 @click.option("--param", "params", multiple=True,
-              help="KEY=VALUE FAISS parameter, repeatable: M, ef_construction, ef_search (HNSW); nlist, nprobe (IVF).")
+              help="KEY=VALUE FAISS parameter, repeatable: M, ef_construction, ef_search (HNSW); nlist, nprobe, "
+                   "train_rows (IVF: rows k-means trains on, nlist..256*nlist, default 64*nlist).")
 @random_state_opt
 @click.option("--description", default="")
 @click.pass_obj

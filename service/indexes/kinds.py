@@ -38,7 +38,7 @@ from align.exceptions import InputError, NotRepresentableError
 from align.frames import row_norms, unit_rows
 from align.validation import check_no_zero_rows
 
-from ..limits import MAX_ID, default_nlist
+from ..limits import MAX_ID, ivf_training
 from ..threads import pin_thread
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "ListPlan", "choose_kind",
@@ -106,10 +106,11 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
     """An empty FAISS index of ``kind`` for rows like ``X`` (n, d); IVF is trained on ``X`` here.
 
     Fills ``params`` (checked by :func:`service.limits.check_index_params`) with the defaults
-    used: ``M=32, ef_construction=80, ef_search=64`` (HNSW), ``nlist``, ``nprobe=min(16, nlist)``
-    (IVF). IVF trains on at most ``256 * nlist`` rows drawn with ``random_state``, scaled to unit length
-    (cosine) block by block into one array of the rows trained on: in ``X`` itself with ``overwrite`` (a
-    sample the caller made for this), so training on a sample of ``t`` rows holds ``t x d`` floats once.
+    used: ``M=32, ef_construction=80, ef_search=64`` (HNSW), ``nlist``, ``nprobe=min(16, nlist)``,
+    ``train_rows`` (IVF: :func:`service.limits.ivf_training`, default ``64 * nlist``, at most ``n``). IVF's
+    k-means trains on ``train_rows`` rows drawn with ``random_state`` (every row when ``n`` is not larger),
+    scaled to unit length (cosine) block by block into one array of the rows trained on: in ``X`` itself with
+    ``overwrite`` (a sample the caller made for this), so training on ``t`` rows holds ``t x d`` floats once.
     """
     n, d = X.shape
     if kind == "flat":
@@ -121,16 +122,17 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
         return _hnsw(d, params)
     if n == 0:
         raise InputError("an IVF index needs training vectors at creation")
-    nlist = int(params.get("nlist") or default_nlist(n))
-    params["nlist"] = nlist
+    nlist, cap = ivf_training(n, params)
+    params["nlist"], params["train_rows"] = nlist, cap
     params.setdefault("nprobe", min(16, nlist))
     if params["nprobe"] > nlist:
         raise InputError(f"index parameter nprobe={params['nprobe']} exceeds nlist={nlist}")
+    if cap < nlist:
+        raise InputError(f"index parameter train_rows={cap} is below nlist={nlist}: k-means needs a row per list")
     quantizer = faiss.IndexFlatIP(d)
     index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
     index.cp.seed = int(random_state)
     rng = np.random.default_rng(random_state)
-    cap = 256 * nlist
     if n > cap:
         X, overwrite = X[np.sort(rng.choice(n, cap, replace=False))], True  # a copy of the rows drawn: ours
     if metric == "cosine":

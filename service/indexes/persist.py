@@ -46,8 +46,14 @@ from .room import read_with_room
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "LOAD_ATTEMPTS", "LOCK_FILE", "STORE_LOCK", "Delta", "apply_delta",
            "check_meta", "collect_generations", "generation_files", "log_fits", "log_of", "log_rows",
-           "open_generation", "read_current", "read_deltas", "read_generation", "read_meta", "snapshot_wanted",
-           "uid_of", "with_current", "write_generation"]
+           "open_generation", "params_of", "read_current", "read_deltas", "read_generation", "read_meta",
+           "snapshot_wanted", "stored_params", "uid_of", "with_current", "write_generation"]
+
+#: Index parameters used only while the index is built (IVF's k-means sample). The meta keeps them under ``build``,
+#: apart from ``params``: releases before them check ``params`` strictly (unknown keys refused) and would refuse to
+#: load an index that has one, so a rolling upgrade (old and new processes on one data dir) or a downgrade would lose
+#: every new IVF index. ``params_of`` puts them back for display.
+BUILD_ONLY_PARAMS = ("train_rows",)
 
 FORMAT = "vecbridge.SpaceIndex"
 FORMAT_VERSION = 3  # 3: snapshot + log (base, log, base_rows, recent_bases); 2: HNSW tombstones as slots
@@ -299,6 +305,19 @@ def read_current(path: Path) -> tuple[dict, Any, dict[int, Any], tuple | None]:
     return meta, index, payloads, sig
 
 
+def stored_params(params: dict) -> dict:
+    """The meta fields holding ``params``: ``{"params": ..., "build": ...}`` (``build`` only when some are
+    :data:`BUILD_ONLY_PARAMS`)."""
+    build = {k: v for k, v in params.items() if k in BUILD_ONLY_PARAMS}
+    return {"params": {k: v for k, v in params.items() if k not in BUILD_ONLY_PARAMS}, **({"build": build} if build
+                                                                                           else {})}
+
+
+def params_of(meta: dict) -> dict:
+    """An index's parameters as given at creation: the meta's ``params`` with its ``build`` ones."""
+    return {**meta["params"], **(meta.get("build") or {})}
+
+
 def check_meta(path: Path, meta: dict, index) -> None:
     """Refuse a persisted index whose parameters FAISS would crash on (written by an older version, or edited).
 
@@ -309,7 +328,7 @@ def check_meta(path: Path, meta: dict, index) -> None:
         if meta["metric"] not in METRICS:
             raise InputError(f"metric {meta['metric']!r} is not one of {METRICS}")
         dim = check_dim(meta["dim"])
-        params = dict(meta["params"])
+        params = params_of(meta)
         check_index_params(meta["kind"], params, dim=dim, random_state=params.pop("random_state", 0))
         if int(index.d) != dim:
             raise InputError(f"the FAISS file holds {index.d}-d rows, the meta says {dim}")

@@ -78,11 +78,13 @@ from .persist import (
     log_fits,
     log_of,
     log_rows,
+    params_of,
     read_current,
     read_deltas,
     read_generation,
     read_meta,
     snapshot_wanted,
+    stored_params,
     uid_of,
     write_generation,
 )
@@ -168,7 +170,7 @@ class SpaceIndex:
         """Create an index from ``vectors`` (n, d); ``kind="auto"`` chooses by ``n``.
 
         ``params``: ``{"M": 32, "ef_construction": 80, "ef_search": 64}`` for HNSW,
-        ``{"nlist": .., "nprobe": 16}`` for IVF. ``dim`` allows an empty index (no vectors).
+        ``{"nlist": .., "nprobe": 16, "train_rows": 64 nlist}`` for IVF. ``dim`` allows an empty index (no vectors).
         ``more``: further blocks ``(X (m, d), ids or None, payloads or None)`` added in memory before the
         index is returned (a file streamed block by block; nothing is persisted per block). ``train``
         (t, d): the rows IVF's k-means trains on (default ``vectors``; a sample of the whole file when
@@ -225,7 +227,7 @@ class SpaceIndex:
         path = Path(path)
         meta, index, payloads, sig = read_current(path)
         obj = cls(name=meta["name"], space=meta["space"], dim=int(meta["dim"]), kind=meta["kind"],
-                  metric=meta["metric"], params=meta["params"], index=index, created_at=meta["created_at"],
+                  metric=meta["metric"], params=params_of(meta), index=index, created_at=meta["created_at"],
                   path=path, uid=uid_of(meta))
         obj._adopt(meta, index, payloads, sig)
         return obj
@@ -577,7 +579,7 @@ class SpaceIndex:
         self.tombstones = tombstone_slots(self.index, meta["kind"], meta)
         self.next_id = int(meta.get("next_id", 0))
         self.kind = meta["kind"]
-        self.params = meta["params"]
+        self.params = params_of(meta)
         self.updated_at = meta["updated_at"]
         self.description = meta.get("description", "")
         self._take_log(meta, sig)
@@ -597,7 +599,7 @@ class SpaceIndex:
         return {
             "format": FORMAT, "format_version": FORMAT_VERSION, "generation": gen, "uid": self.uid,
             "name": self.name, "space": self.space, "dim": self.dim, "kind": self.kind, "metric": self.metric,
-            "params": self.params, "tombstone_slots": sorted(self.tombstones), "next_id": self.next_id,
+            **stored_params(self.params), "tombstone_slots": sorted(self.tombstones), "next_id": self.next_id,
             "created_at": self.created_at, "updated_at": self.updated_at, "description": self.description,
         }
 

@@ -3,8 +3,8 @@
 A file of ``n`` rows (any format :mod:`service.io` reads) is read in blocks of at most
 :data:`CHUNK_ROWS` rows (texts: :data:`TEXT_CHUNK`, embedded with the space's encoder in its
 passage form and stored as payloads ``{"text": ...}`` as over HTTP). Memory of a create: the index
-itself plus one block (plus, for IVF, the k-means training sample of at most ``256 nlist`` rows, then 8 bytes a
-row: its list).
+itself plus one block (plus, for IVF, the k-means training sample of ``train_rows`` rows, by default ``64 nlist``,
+then 8 bytes a row: its list).
 
 - :func:`create_from_file` builds the index in memory from every block and persists it once
   (:meth:`service.indexes.IndexStore.create`): the name appears, complete, or not at all.
@@ -43,7 +43,7 @@ from ..io import (
     read_texts,
     resolve_rows,
 )
-from ..limits import default_nlist
+from ..limits import check_index_params, ivf_training
 from .indexes import Resolver
 
 __all__ = ["CHUNK_ROWS", "TEXT_CHUNK", "FileRows", "add_from_file", "count", "create_from_file", "passage_encoder"]
@@ -169,10 +169,10 @@ def create_from_file(resolver: Resolver, store: IndexStore, name: str, space, sr
     params = dict(params or {})
     train = None
     if kind == "ivf" and n > CHUNK_ROWS:
-        nlist = int(params.get("nlist") or default_nlist(n))
-        params["nlist"] = nlist
+        params = check_index_params(kind, params, n_rows=n, dim=space.dim, random_state=random_state)  # before a pass
+        params["nlist"], rows = ivf_training(n, params)
         # drawn when the index is made and freed once k-means is done: not held while the rows are added
-        train = partial(_train_sample, src, space.dim, space.name, encoder, n, min(n, 256 * nlist), random_state,
+        train = partial(_train_sample, src, space.dim, space.name, encoder, n, rows, random_state,
                         lambda f: progress("sample (k-means)", f))
     again = None
     if kind == "ivf" and not src.texts:  # each IVF list sized once from a pass over the file (texts: not embedded)

@@ -158,6 +158,23 @@ def test_index_create_add_search_delete(vb, server):
         vb.get_index("ib")
 
 
+def test_ivf_train_rows_round_trips_and_nonsense_is_a_422(vb, server):
+    """``params={"train_rows": N}`` over HTTP: the k-means sample of an IVF index, answered back in its params (and
+    64 x nlist when not given); below nlist, above 256 x nlist or not an integer: 422 naming it. Before: unknown."""
+    _, _, Y, _ = server
+    info = vb.create_index("ivt", "b", Y, kind="ivf", params={"nlist": 4, "train_rows": 100})
+    assert info["params"]["train_rows"] == 100 and vb.get_index("ivt")["params"]["train_rows"] == 100
+    assert vb.create_index("ivd", "b", Y, kind="ivf", params={"nlist": 4})["params"]["train_rows"] == 256
+    for value, message in ((3, "below nlist=4"), (1025, "exceeds 256 x nlist = 1024"), ("100", "must be an integer")):
+        with pytest.raises(ValidationError, match=message) as err:
+            vb.create_index("ivbad", "b", Y, kind="ivf", params={"nlist": 4, "train_rows": value})
+        assert err.value.status == 422
+    with pytest.raises(NotFoundError):
+        vb.get_index("ivbad")
+    vb.drop_index("ivt")
+    vb.drop_index("ivd")
+
+
 # --- fits and jobs ------------------------------------------------------------------------------
 @both_clients
 def test_fit_wait_progress_cancel_and_counts(vb, server, client_kind):

@@ -169,6 +169,35 @@ def test_ivf_trains_on_a_sample_of_the_whole_file_not_its_first_block(world, cap
     assert (centroids[:, 0] > 0).any() and (centroids[:, 0] < 0).any()  # lists on both clusters
 
 
+def test_ivf_train_rows_is_set_shown_and_checked_on_create(world, capsys, monkeypatch):
+    """``--param train_rows=N``: the rows IVF's k-means trains on (default 64 x nlist), recorded in the index's params
+    and shown; nonsense is exit 2 with a message and nothing written. Before: an unknown parameter, and k-means ran
+    on every row up to 256 x nlist."""
+    data, tmp, _, _ = world
+    A = np.random.default_rng(4).standard_normal((2000, 16)).astype(np.float32)
+    np.save(tmp / "a.npy", A)
+    monkeypatch.setattr(index_files, "CHUNK_ROWS", 256)  # the sample is drawn from the whole file in a pass
+    code, out, err = cli(capsys, data, "create", "iv", "--space", "b", tmp / "a.npy", "--kind", "ivf",
+                         "--param", "nlist=8", "--param", "train_rows=300", "--quiet")
+    assert code == 0, err
+    assert "nlist=8,nprobe=8,random_state=0,train_rows=300" in out
+    assert json.loads(cli(capsys, data, "show", "iv", "--json")[1])["params"]["train_rows"] == 300
+    code, out, err = cli(capsys, data, "create", "iv2", "--space", "b", tmp / "a.npy", "--kind", "ivf",
+                         "--param", "nlist=8", "--quiet", "--json", "--random-state", "9")
+    assert code == 0, err
+    assert json.loads(out)["params"]["train_rows"] == 512  # 64 x nlist
+    # the same sample and k-means as a create from the rows in memory (HTTP's path), seed for seed
+    mem = SpaceIndex.build("m", "b", A, kind="ivf", params={"nlist": 8}, random_state=9)
+    made = IndexStore(data / "indexes").get("iv2")  # held: the quantizer is FAISS's pointer into its index
+    assert np.array_equal(made.index.quantizer.reconstruct_n(0, 8), mem.index.quantizer.reconstruct_n(0, 8))
+    for value, message in (("4", "train_rows=4 is below nlist=8"), ("abc", "train_rows must be an integer"),
+                           ("2049", "exceeds 256 x nlist = 2048"), ("1.5", "train_rows must be an integer")):
+        code, _, err = cli(capsys, data, "create", "bad", "--space", "b", tmp / "a.npy", "--kind", "ivf",
+                           "--param", "nlist=8", "--param", f"train_rows={value}", "--quiet")
+        assert code == 2 and message in err, (value, err)
+    assert not (data / "indexes" / "bad").exists()
+
+
 def test_bad_input_is_exit_2_and_writes_nothing(world, capsys, monkeypatch):
     data, tmp, X, _ = world
     np.save(tmp / "narrow.npy", X[:, :8])

@@ -163,14 +163,14 @@ def test_an_ivf_index_from_a_file_holds_its_training_sample_once(tmp_path, monke
     tracemalloc.start()
     try:
         idx = index_files.create_from_file(None, store, "ivf", space, index_files.FileRows(str(tmp_path / "rows.npy")),
-                                           kind="ivf", params={"nlist": 64})
+                                           kind="ivf", params={"nlist": 64, "train_rows": n})
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    sample = n * dim * 4  # 256 x nlist rows >= n: the sample is every row
+    sample = n * dim * 4  # train_rows = n: the sample is every row
     assert peak < 1.6 * sample, (peak, sample)  # was 2.3x
     # the same index as one built from the whole array (the sample, scaled block by block, trains the same k-means)
-    whole = SpaceIndex.build("w", "s", X, kind="ivf", params={"nlist": 64})
+    whole = SpaceIndex.build("w", "s", X, kind="ivf", params={"nlist": 64, "train_rows": n})
     Q = X[:50]
     assert np.array_equal(idx.search(Q, 5)[1], whole.search(Q, 5)[1])
     assert idx.count == n
