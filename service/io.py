@@ -22,7 +22,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import uuid
 from contextlib import contextmanager
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -30,7 +32,7 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .storage import atomic_write
+from .storage import atomic_write, hold, take_abandoned
 
 __all__ = [
     "FormatError", "check_file", "load_npy", "parse_rows", "resolve_rows", "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
@@ -368,7 +370,9 @@ class ChunkWriter:
     """Write ``n_rows × dim`` float32 rows block by block to ``.npy``, ``.fvecs`` or ``.parquet``.
 
     The data goes to a temporary file in the same folder, renamed into place by :meth:`close`
-    (so a crashed transform never leaves a half-written output under the final name).
+    (so a crashed transform never leaves a half-written output under the final name). The temporary file is
+    ``flock``-ed while written (:func:`~service.storage.hold`): one left by a writer that was killed (``kill -9``, a
+    node lost) is removed by the next writer of the same output; one still being written is kept.
     ``.npy`` needs ``n_rows`` up front (its header holds the shape; the whole file is reserved at once). Rows
     are appended to the file: the writer holds one chunk, never a map of the output.
     """
@@ -381,8 +385,22 @@ class ChunkWriter:
         if self.suffix == ".npy" and n_rows is None:
             raise InputError("writing .npy in chunks needs the row count up front")
         self.dim, self.n_rows, self.written = int(dim), n_rows, 0
-        self.tmp = self.path.with_name(f".{self.path.name}.part-{os.getpid()}")
         self.path.parent.mkdir(parents=True, exist_ok=True)  # as atomic_write does; else the error names self.tmp
+        for left in self.path.parent.glob(f".{glob_escape(self.path.name)}.part-*"):  # of dead writers: removed
+            fd = take_abandoned(left)
+            if fd is not None:
+                left.unlink(missing_ok=True)
+                os.close(fd)
+        self.tmp = self.path.with_name(f".{self.path.name}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self._held = hold(self.tmp, create=True)  # locked from its creation: never taken for a dead writer's
+        try:
+            self._open(n_rows)
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            os.close(self._held)
+            raise
+
+    def _open(self, n_rows: int | None) -> None:
         if self.suffix == ".npy":  # header, then rows appended: nothing of the output stays mapped in memory
             from numpy.lib import format as npformat
 
@@ -396,10 +414,9 @@ class ChunkWriter:
             except OSError as exc:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # a filesystem without it
                     self._fh.close()
-                    self.tmp.unlink(missing_ok=True)
                     raise
         elif self.suffix == ".fvecs":
-            self._fh = open(self.tmp, "wb")
+            self._fh = open(self.tmp, "wb")  # noqa: SIM115 - held until close() / abort()
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -439,6 +456,7 @@ class ChunkWriter:
         else:
             self._pq.close()
         os.replace(self.tmp, self.path)
+        os.close(self._held)
         return self.path
 
     def abort(self) -> None:
@@ -449,6 +467,7 @@ class ChunkWriter:
                 self._pq.close()
         finally:
             self.tmp.unlink(missing_ok=True)
+            os.close(self._held)
 
     def __enter__(self):
         return self

@@ -23,6 +23,7 @@ data dir, open the SQLite files for writing (without writing), and compare the f
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import sqlite3
 import stat
@@ -34,8 +35,8 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.request import pathname2url
 
-__all__ = ["STORAGE_ERRNOS", "atomic_write", "data_dir_status", "fsync_dir", "is_storage_error", "link_or_copy",
-           "sqlite_backup", "storage_message"]
+__all__ = ["STORAGE_ERRNOS", "atomic_write", "data_dir_status", "fsync_dir", "hold", "is_storage_error",
+           "link_or_copy", "sqlite_backup", "storage_message", "take_abandoned"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _SQLITE_MARKERS = ("readonly database", "disk is full", "disk i/o error", "unable to open database file",
@@ -94,6 +95,34 @@ def fsync_dir(path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def hold(path: Path, *, create: bool = False) -> int:
+    """A descriptor holding an exclusive ``flock`` on ``path`` (created, mode 0600, with ``create``) for as long as
+    it is open: the mark of a temporary file or folder whose writer is alive. The kernel drops the lock when the
+    process dies (``kill -9`` included), which :func:`take_abandoned` detects."""
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def take_abandoned(path: Path) -> int | None:
+    """``path``'s ``flock`` when no process holds it (its :func:`hold`-er died, or never held it): a descriptor to
+    close once what it marks is removed; None when a live process holds it, or ``path`` cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: held by a live writer
+        os.close(fd)
+        return None
+    return fd
 
 
 def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=None,

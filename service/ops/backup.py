@@ -28,7 +28,6 @@ lock, and the next backup into the same parent folder removes that folder (:func
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -46,7 +45,7 @@ from ..indexes.persist import with_current
 from ..progress import Progress, silent
 from ..registry import open_registry, package_version
 from ..registry.db import sqlite_path
-from ..storage import atomic_write, fsync_dir, link_or_copy, sqlite_backup
+from ..storage import atomic_write, fsync_dir, hold, link_or_copy, sqlite_backup, take_abandoned
 
 __all__ = ["BACKUP_FORMAT", "IN_PROGRESS", "MANIFEST", "PG_NOTE", "backup_data_dir", "sweep_abandoned"]
 
@@ -101,14 +100,6 @@ def _check(data: Path, dest: Path) -> None:
         raise ConflictError(f"backup folder {dest} already exists and is not empty: give a new (or empty) folder")
 
 
-def _hold(tmp: Path) -> int:
-    """Create ``tmp/IN_PROGRESS`` and ``flock`` it (held until the descriptor closes or the process dies)."""
-    fd = os.open(tmp / IN_PROGRESS, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, f"pid {os.getpid()}\n".encode())
-    return fd
-
-
 def sweep_abandoned(parent: Path) -> list[str]:
     """Remove the temporary folders of dead backups in ``parent``; the names removed.
 
@@ -124,14 +115,8 @@ def sweep_abandoned(parent: Path) -> list[str]:
     for sub in subs:
         if not (_TMP_RE.fullmatch(sub.name) and sub.is_dir() and not sub.is_symlink()):
             continue
-        try:
-            fd = os.open(sub / IN_PROGRESS, os.O_RDWR)
-        except OSError:  # no marker: not a backup's, or a backup that has not made it yet
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # a live backup writes it
-            os.close(fd)
+        fd = take_abandoned(sub / IN_PROGRESS)
+        if fd is None:  # a live backup writes it; or no marker: not a backup's, or one that has not made it yet
             continue
         try:
             shutil.rmtree(sub, ignore_errors=True)
@@ -212,7 +197,7 @@ def backup_data_dir(settings: Settings, dest, *, link: bool = False, progress: P
     tmp.mkdir()
     held = None
     try:
-        held = _hold(tmp)
+        held = hold(tmp / IN_PROGRESS, create=True)
         summary = _backup(settings, data, tmp, _Copier(link), progress, verify_indexes)
         summary["notes"] += [f"removed {dest.parent / name}, the temporary folder of a backup that was killed"
                              for name in swept]

@@ -253,3 +253,61 @@ def test_streamed_npy_output_is_not_held_in_memory(tmp_path):
     with pytest.raises(InputError, match="announced"), ChunkWriter(tmp_path / "short.npy", dim=d, n_rows=n) as w:
         w.write(block)
     assert not list(tmp_path.glob(".short.npy*")) and not (tmp_path / "short.npy").exists()
+
+
+_KILLED_WRITER = """
+import os, signal, sys, time
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, {root!r})
+from service.io import ChunkWriter
+
+out, how = Path(sys.argv[1]), sys.argv[2]
+w = ChunkWriter(out, dim=4, n_rows=100)
+w.write(np.ones((10, 4), np.float32))
+if how == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)  # as `ray stop --force` ends a transform's driver: no abort runs
+(out.parent / "writing").touch()
+while not (out.parent / "release").exists():
+    time.sleep(0.05)
+w.write(np.ones((90, 4), np.float32))
+w.close()
+"""
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".fvecs", ".parquet"])
+def test_a_killed_writers_part_file_is_removed_by_the_next_writer_and_a_live_ones_kept(tmp_path, suffix):
+    """A transform killed mid-way (``kill -9``, or Ray ending its driver when the cluster stops) left its
+    ``.<name>.part-*`` temporary beside the output for ever. Now the next writer of that output removes it, while
+    the temporary of a writer still running is kept (its flock is held) and finishes as it would."""
+    import subprocess
+    import sys
+    import time
+
+    root = str(Path(__file__).resolve().parents[2])
+    script = tmp_path / "writer.py"
+    script.write_text(_KILLED_WRITER.format(root=root))
+    out = tmp_path / "o" / f"v{suffix}"
+    r = subprocess.run([sys.executable, str(script), str(out), "kill"], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == -9, r.stderr
+    dead = list(out.parent.glob(f".{out.name}.part-*"))
+    assert len(dead) == 1
+    live = subprocess.Popen([sys.executable, str(script), str(out), "hold"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (out.parent / "writing").exists():
+            assert live.poll() is None and time.time() < deadline, live.stderr.read()
+            time.sleep(0.05)
+        assert not dead[0].exists()  # the live writer's start removed the killed one's
+        running = list(out.parent.glob(f".{out.name}.part-*"))
+        assert len(running) == 1
+        write_vectors(out, np.zeros((3, 4)))  # another writer of the same output meanwhile
+        assert running[0].exists()  # kept: its writer is alive
+        assert read_vectors(out).shape == (3, 4)
+        (out.parent / "release").touch()
+        assert live.wait(timeout=120) == 0, live.stderr.read()
+    finally:
+        live.kill()
+    assert read_vectors(out).shape == (100, 4)  # the live writer finished into place, last
+    assert sorted(p.name for p in out.parent.iterdir()) == ["release", f"v{suffix}", "writing"]
