@@ -42,6 +42,8 @@ map travels to workers as its npz bytes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import logging
 import os
 import resource
 import weakref
@@ -67,7 +69,7 @@ from .io import ChunkWriter
 __all__ = [
     "Shard", "ray_session", "pair_stats_local", "pair_stats_ray", "fit_stats_local", "fit_stats_ray",
     "kmeans_local", "kmeans_ray", "knn_ray", "refine_icp_ray", "transform_files_ray", "peak_rss_mb",
-    "RayUnavailableError", "CONNECT_TIMEOUT_S",
+    "RayUnavailableError", "CONNECT_TIMEOUT_S", "ray_log_level",
 ]
 
 #: seconds a Ray address may take to answer before :func:`ray_session` gives up (``ray.init`` alone retries a
@@ -276,6 +278,21 @@ def _start_reaper():
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+_RAY_LOG_LEVEL: contextvars.ContextVar[int] = contextvars.ContextVar("ray_log_level", default=logging.INFO)
+
+
+@contextlib.contextmanager
+def ray_log_level(level: int):
+    """Within the ``with`` body, a Ray session :func:`ray_session` starts logs to the console at ``level`` (its
+    ``INFO`` lines, "Started a local Ray instance", and warnings, by default): ``logging.ERROR`` for a CLI command
+    run with ``--quiet`` or ``--json``."""
+    token = _RAY_LOG_LEVEL.set(level)
+    try:
+        yield
+    finally:
+        _RAY_LOG_LEVEL.reset(token)
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None = None, *, num_cpus: int | None = None,
                 connect_timeout: float = CONNECT_TIMEOUT_S):
@@ -299,7 +316,8 @@ def ray_session(address: str | None = None, *, num_cpus: int | None = None,
     reaper = None if address else _start_reaper()
     try:
         try:
-            ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, **kw)
+            ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                     logging_level=_RAY_LOG_LEVEL.get(), **kw)
         except (ConnectionError, TimeoutError, RuntimeError) as exc:  # "auto" with no cluster, a GCS gone meanwhile
             where = f"connect to Ray at {target}" if target else "start a local Ray"
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

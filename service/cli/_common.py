@@ -74,6 +74,19 @@ def version_record(reg, v) -> dict:
     return d
 
 
+def ray_logs(quiet: bool):
+    """A context in which a Ray session the command starts keeps its console lines ("Started a local Ray
+    instance", warnings) to errors when the command is ``quiet`` (``--quiet`` / ``--json``)."""
+    import contextlib
+    import logging
+
+    if not quiet:
+        return contextlib.nullcontext()
+    from ..distributed import ray_log_level
+
+    return ray_log_level(logging.ERROR)
+
+
 def progress_bar(enabled: bool):
     """``(progress, close)``: ``progress(stage, fraction)`` draws one tqdm bar per stage on stderr."""
     if not enabled:

@@ -23,7 +23,7 @@ from ..io import read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write
-from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt,
+from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt, ray_logs,
                       random_state_opt, read_pair, read_relevant, read_seed_pairs, space_name, version_record)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
@@ -86,13 +86,14 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                     raise InputError("--seed-pairs applies to --method minivec2vec only")
                 seeds = read_seed_pairs(seed_pairs)
                 inputs["seed_pairs"] = {"path": str(Path(seed_pairs).resolve()), "n": int(seeds[0].size)}
-            v = run_fit(obj.registry, name=name, source=X, target=Y, method=method, params=parse_kv(params),
-                        source_space=space_name(io_opts["source"], io_opts["source_encoder"], source_space),
-                        target_space=space_name(io_opts["target"], io_opts["target_encoder"], target_space),
-                        paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias, progress=progress,
-                        description=description, tags=parse_kv(tags, "tag"), inputs=inputs,
-                        artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,
-                        ray_shard_rows=shard_rows, threads=threads, notes=notes)
+            with ray_logs(quiet or as_json):
+                v = run_fit(obj.registry, name=name, source=X, target=Y, method=method, params=parse_kv(params),
+                            source_space=space_name(io_opts["source"], io_opts["source_encoder"], source_space),
+                            target_space=space_name(io_opts["target"], io_opts["target_encoder"], target_space),
+                            paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias,
+                            progress=progress, description=description, tags=parse_kv(tags, "tag"), inputs=inputs,
+                            artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,
+                            ray_shard_rows=shard_rows, threads=threads, notes=notes)
         finally:
             close()
     for w in caught:  # soft numerical trouble (e.g. an unreliable unsupervised fit): one line each
@@ -328,8 +329,9 @@ def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, en
     """Map vectors IN to OUT (.npy, .fvecs or .parquet) in chunks; files may exceed memory."""
     progress, close = progress_bar(not quiet)
     try:
-        res = transform_file(obj.registry, ref, inp, out, chunk_rows=chunk_rows, output=output, rows=rows, key=key,
-                             column=column, encoder=encoder, ray_address=ray_address, progress=progress)
+        with ray_logs(quiet or as_json):
+            res = transform_file(obj.registry, ref, inp, out, chunk_rows=chunk_rows, output=output, rows=rows,
+                                 key=key, column=column, encoder=encoder, ray_address=ray_address, progress=progress)
     finally:
         close()
     emit(res, as_json, f"wrote {res['rows']} rows ({res['dim']}-d, {output}) to {out} with {res['map']}")

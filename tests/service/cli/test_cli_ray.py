@@ -31,6 +31,7 @@ def test_fit_with_ray_equals_in_process_fit(tmp_path):
     assert local.returncode == 0, local.stderr
     distributed = _vecbridge(tmp_path / "var", *common, "--name", "viaray", "--ray", "--shard-rows", "1000")
     assert distributed.returncode == 0, distributed.stderr
+    assert distributed.stderr == ""  # --quiet: not Ray's "Started a local Ray instance" and warnings either
 
     from service.registry import open_registry
 
@@ -158,6 +159,7 @@ def test_transform_with_ray_streams_the_same_output(tmp_path, method):
     a = _vecbridge(tmp_path / "var", *common, str(tmp_path / "a.npy"), "--chunk-rows", "128", "--quiet")
     b = _vecbridge(tmp_path / "var", *common, str(tmp_path / "b.npy"), "--chunk-rows", "128", "--quiet", "--ray")
     assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert b.stderr == "", b.stderr  # --quiet keeps Ray's own console lines away too
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))  # 8 chunks, in order
 
 
