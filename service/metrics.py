@@ -31,6 +31,8 @@ vecbridge_compute_waiting / vecbridge_compute_running        gauges, calls waiti
                                                              gate's ``compute_threads`` (workers: sum)
 vecbridge_lm_requests_waiting                                gauge, LM generate / analyze waiting for the model
                                                              (``limits.lm_max_waiting``; workers: sum)
+vecbridge_lm_requests_running                                gauge, LM generate / analyze holding the model's
+                                                             turn (0 or 1 per process; workers: sum)
 vecbridge_jobs_total{state}                                  counter of jobs reaching a state
 vecbridge_jobs_queued / vecbridge_jobs_running               gauges, this process's jobs (workers: sum)
 vecbridge_map_use_total{map, version}                        counter of map applications
@@ -125,6 +127,8 @@ class ServiceMetrics:
         self.compute_running = gauge("vecbridge_compute_running", "Calls running on the heavy gate's compute_threads")
         self.lm_waiting = gauge("vecbridge_lm_requests_waiting",
                                 "LM generate / analyze requests waiting for the model (limits.lm_max_waiting)")
+        self.lm_running = gauge("vecbridge_lm_requests_running",
+                                "LM generate / analyze requests holding the model's turn (one at a time)")
         self.jobs_total = Counter("vecbridge_jobs_total", "Fit jobs that reached a state", ["state"], registry=r)
         self.jobs_queued = gauge("vecbridge_jobs_queued", "Fit jobs waiting for a worker")
         self.jobs_running = gauge("vecbridge_jobs_running", "Fit jobs running now")

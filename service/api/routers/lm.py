@@ -144,6 +144,7 @@ def _gate(app, max_waiting: int) -> Gate:
     gate = getattr(app.state, "lm_gate", None)
     if gate is None:  # on the event loop: no other task runs between the check and the set
         gate = app.state.lm_gate = Gate(1, max_waiting, waiting_gauge=app.state.metrics.lm_waiting,
+                                        running_gauge=app.state.metrics.lm_running,
                                         busy="the language model is busy and {waiting} requests are waiting for "
                                              "it (limits.lm_max_waiting); retry later")
     return gate

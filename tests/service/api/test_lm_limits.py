@@ -190,13 +190,15 @@ def test_a_full_model_queue_is_429(served):
         assert "limits.lm_max_waiting" in r.json()["error"]["message"]
         text = c.get("/metrics", headers=R).text  # saturation an operator can page on: the queue and its 429s
         assert "\nvecbridge_lm_requests_waiting 3.0\n" in text
+        assert "\nvecbridge_lm_requests_running 1.0\n" in text  # the one holding the model's turn
         assert 'route="/v1/lm/analyze",status="429"} 1.0' in text
     finally:
         lock.release()
     for t in threads:
         t.join(60)
     assert out == [200] * 4
-    assert "\nvecbridge_lm_requests_waiting 0.0\n" in c.get("/metrics", headers=R).text
+    text = c.get("/metrics", headers=R).text
+    assert "\nvecbridge_lm_requests_waiting 0.0\n" in text and "\nvecbridge_lm_requests_running 0.0\n" in text
     assert c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2}).status_code == 200
 
 
