@@ -204,11 +204,52 @@ def _probe(address: str, timeout: float) -> None:
     channel = grpc.insecure_channel(target)
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
+        if not address.startswith("ray://"):
+            _check_token(grpc, channel, address, timeout)
     except grpc.FutureTimeoutError:
         raise RayUnavailableError(f"no Ray cluster at {address}: the port is open but did not answer as Ray "
                                   f"within {timeout:g} s") from None
     finally:
         channel.close()
+
+
+_TOKEN_HELP = "the cluster's token in RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
+
+
+def _ray_token() -> str | None:
+    """The token Ray's token authentication would send from this process (RAY_AUTH_TOKEN, the file
+    RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token), or None."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _check_token(grpc, channel, address: str, timeout: float) -> None:
+    """RayUnavailableError naming what to set when the GCS at ``address`` refuses this process's credentials.
+
+    One unary call (``GetClusterId``, what a driver asks first) with the token Ray would send. Without this, a
+    cluster started with ``RAY_AUTH_MODE=token`` made ``ray.init`` print a warning a second for ~20 s and end with
+    only "Failed to connect to Ray cluster". Any other answer (success, a Ray without that call) goes on to
+    ``ray.init``.
+    """
+    token = _ray_token() if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else None
+    call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId", request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+    try:
+        call(b"", timeout=timeout, metadata=[("authorization", f"Bearer {token}")] if token else None)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+            return
+        if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            raise RayUnavailableError(f"the Ray cluster at {address} requires token authentication: set "
+                                      f"RAY_AUTH_MODE=token, with {_TOKEN_HELP}") from None
+        why = "refused the token given" if token else "requires a token and none is set"
+        raise RayUnavailableError(f"the Ray cluster at {address} {why} (RAY_AUTH_MODE=token): give "
+                                  f"{_TOKEN_HELP}") from None
 
 
 # A watchdog for a local Ray this process starts: Ray's agents (DashboardAgent, RuntimeEnvAgent)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -224,3 +225,52 @@ def test_ray_not_installed_is_a_clear_error(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "Ray is not installed" in r.stderr and "internal error" not in r.stderr, r.stderr
     assert _registered(tmp_path / "var") == []
+
+
+def test_a_cluster_with_token_authentication_says_what_to_set(tmp_path):
+    """A real head started with ``RAY_AUTH_MODE=token``. Before: ``--ray HOST:PORT`` printed Ray's
+    "Authentication token is missing or incorrect" warning once a second for ~20 s and ended with only "could not
+    connect to Ray ... Failed to connect to Ray cluster". Now: no token mode here, or a wrong token, is one line
+    naming what to set (exit 2, in seconds, nothing registered); the right token works."""
+    import secrets
+    import shutil
+    import time
+
+    token, port = secrets.token_hex(32), _free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    head_env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
+                             "--include-dashboard=false", "--disable-usage-stats"], env=head_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        rng = np.random.default_rng(4)
+        X = rng.normal(size=(400, 8)).astype(np.float32)
+        np.save(tmp_path / "x.npy", X)
+        var = tmp_path / "var"
+        fit = ["fit", "--pairs", "--source", str(tmp_path / "x.npy"), "--target", str(tmp_path / "x.npy"),
+               "--method", "procrustes", "--quiet", "--ray", f"127.0.0.1:{port}"]
+        def run(name: str, extra: dict, timeout: float = 150) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "service.cli", "--data-dir", str(var), *fit, "--name", name],
+                                  env={**base, **extra}, capture_output=True, text=True, timeout=timeout, check=False)
+
+        deadline = time.monotonic() + 60
+        while True:  # until the head's GCS is up: then no token mode here is one line naming what to set
+            t0 = time.monotonic()
+            r = run("a", {})
+            if "requires token authentication: set RAY_AUTH_MODE=token" in r.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        for case, extra in enumerate(({}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})):
+            if case:
+                t0, r = time.monotonic(), run("a", extra)
+            says = ("refused the token given" if case else "requires token authentication: set RAY_AUTH_MODE=token")
+            assert r.returncode == 2 and says in r.stderr, r.stderr[-800:]
+            assert len(r.stderr.strip().splitlines()) == 1 and time.monotonic() - t0 < 30, r.stderr[-800:]
+        assert _registered(var) == []
+        r = run("b", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}, timeout=300)
+        assert r.returncode == 0, r.stderr[-800:]
+        assert _registered(var) == ["b"]
+    finally:
+        os.killpg(head.pid, 15)
+        head.wait(timeout=60)
