@@ -385,6 +385,63 @@ def test_the_openapi_descriptions_name_only_real_things():
     assert not problems, f"{len(problems)} stale mention(s) in the OpenAPI document:\n" + "\n".join(problems)
 
 
+
+# --- defaults ---------------------------------------------------------------------------------------------------
+
+UNITS = {"": 1, "s": 1, "chars": 1, "KiB": 2**10, "MiB": 2**20, "Mi": 2**20}
+#: a setting named (`x`, `limits.x`, `VECBRIDGE_X`), then its default: "(60 s)", ", default 100 MiB", " is 25"
+DEFAULT_CLAIM_RE = re.compile(r"`?(?P<name>VECBRIDGE_[A-Z0-9_]+|limits\.[a-z_]+|[a-z]+(?:_[a-z]+)+)`?"
+                              r"(?: \(|, default | is )(?P<value>\d[\d,.]*)(?: ?(?P<unit>MiB|KiB|Mi|s|chars)\b)?")
+#: a row of RELIABILITY.md's limits table: | `setting`: what ... | default | beyond |
+TABLE_ROW_RE = re.compile(r"^\| `(?P<name>[a-z_.]+)`[^|]*\| (?P<value>[\d,.]+)(?: (?P<unit>MiB|KiB|Mi|s|chars))? \|")
+
+
+def setting_default(name: str):
+    """The code's default of a setting named ``x``, ``limits.x`` or ``VECBRIDGE_X`` (None: not a setting with a
+    fixed default -- a default computed per machine, such as ``compute_threads``, is not checked)."""
+    from service.config import Settings
+    from service.limits import Limits
+
+    if name.startswith("VECBRIDGE_"):
+        name = name[len("VECBRIDGE_"):].lower().replace("__", ".")
+    model, field = (Limits, name[len("limits."):]) if name.startswith("limits.") else (Settings, name)
+    info = model.model_fields.get(field)
+    if info is None or info.default_factory is not None:
+        return None
+    return info.default
+
+
+def default_problems(where: str, text: str) -> list[str]:
+    out = []
+    for n, line in enumerate(text.split("\n"), 1):
+        for m in [*DEFAULT_CLAIM_RE.finditer(line), *filter(None, [TABLE_ROW_RE.match(line)])]:
+            code = setting_default(m.group("name"))
+            if not isinstance(code, (int, float)) or isinstance(code, bool):
+                continue
+            doc = float(m.group("value").replace(",", "").rstrip(".")) * UNITS[m.group("unit") or ""]
+            if doc != code:
+                out.append(f"{where}:{n}: {m.group(0)}: the default is {code:g}, not {doc:g}")
+    return out
+
+
+@pytest.mark.parametrize("name", DOCS)
+def test_the_defaults_the_document_states_are_the_codes(name):
+    problems = default_problems(name, (ROOT / name).read_text())
+    assert not problems, f"{len(problems)} stale default(s) in {name}:\n" + "\n".join(problems)
+
+
+
+def test_reliability_lists_every_limit_with_its_variable_name():
+    """README: "one limits table: `/docs` and `RELIABILITY.md` list it, `VECBRIDGE_LIMITS__<FIELD>` tunes it" --
+    so each field is named as ``limits.<field>`` in the table (the name that gives its variable)."""
+    from service.limits import Limits
+
+    rows = {m.group("name") for line in (ROOT / "RELIABILITY.md").read_text().split("\n")
+            if (m := TABLE_ROW_RE.match(line))}
+    missing = [f"limits.{f}" for f in Limits.model_fields if f"limits.{f}" not in rows]
+    assert not missing, f"RELIABILITY.md's limits table leaves out {missing}"
+
+
 PLANTED = """
 Set `VECBRIDGE_PORTT=9000`, run `vecbridge fit --no-such-option`, `vecbridge registry lst` or `--no-such-flag`;
 `GET /v1/mapz` and `DELETE /v1/maps` answer; `service/nothing.py`, `tests/test_docs_truth.py::test_missing` and
