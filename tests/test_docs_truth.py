@@ -130,7 +130,8 @@ def route_problem(method: str | None, path: str) -> str | None:
     if not found:
         return "no such route in the app"
     if method and not any(mount or method in methods for methods, mount in found):
-        return f"the route exists but not for {method} (it takes {', '.join(sorted(set().union(*(m for m, _ in found))))})"
+        takes = ", ".join(sorted(set().union(*(m for m, _ in found))))
+        return f"the route exists but not for {method} (it takes {takes})"
     return None
 
 
