@@ -9,7 +9,9 @@ the OpenAPI document and every ``--help`` text. A failure lists every stale ment
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import inspect
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -443,6 +445,59 @@ def test_reliability_lists_every_limit_with_its_variable_name():
     assert not missing, f"RELIABILITY.md's limits table leaves out {missing}"
 
 
+
+def python_call_problems(src: str) -> list[str]:
+    """Keyword arguments of the calls a Python example makes to align / service objects that their signatures do
+    not take (``align.fit_migration(..., unpaired_source=)``, ``Client(...).transform(..., with_versions=)``);
+    a name bound by ``x = SomeClass(...)`` or ``with SomeClass(...) as x`` is followed to its class."""
+    tree = ast.parse(src)
+    env = {"align": importlib.import_module("align")}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("align", "service"):
+            mod = importlib.import_module(node.module)
+            env.update({a.asname or a.name: getattr(mod, a.name) for a in node.names})
+
+    def resolve(f):
+        if isinstance(f, ast.Name):
+            return env.get(f.id)
+        if isinstance(f, ast.Attribute):
+            owner = resolve(f.value)
+            return getattr(owner, f.attr, None) if owner is not None else None
+        if isinstance(f, ast.Call):
+            made = resolve(f.func)
+            return made if inspect.isclass(made) else None  # an instance: its class's methods
+        return None
+
+    for node in ast.walk(tree):
+        bound = ([(t, node.value) for t in node.targets] if isinstance(node, ast.Assign) else
+                 [(it.optional_vars, it.context_expr) for it in node.items] if isinstance(node, (ast.With,
+                                                                                               ast.AsyncWith)) else [])
+        for target, value in bound:
+            cls = resolve(value.func) if isinstance(value, ast.Call) else None
+            if isinstance(target, ast.Name) and inspect.isclass(cls):
+                env[target.id] = cls
+    out = []
+    for node in ast.walk(tree):
+        f = resolve(node.func) if isinstance(node, ast.Call) else None
+        try:
+            params = inspect.signature(f).parameters if callable(f) else {}
+        except (TypeError, ValueError):
+            continue
+        if params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            out += [f"{ast.unparse(node.func)}() takes no argument {kw.arg}=" for kw in node.keywords
+                    if kw.arg and kw.arg not in params]
+    return out
+
+
+@pytest.mark.parametrize("name", [d for d in DOCS if d.endswith(".md")])
+def test_the_python_examples_call_with_real_keyword_arguments(name):
+    text = (ROOT / name).read_text()
+    problems = [f"{name}:{text.count(chr(10), 0, m.start()) + 2}: {p}"
+                for m in re.finditer(r"```python\n(.*?)```", text, flags=re.DOTALL)
+                for p in python_call_problems(m.group(1))]
+    assert not problems, "\n".join(problems)
+
+
 PLANTED = """
 Set `VECBRIDGE_PORTT=9000`, run `vecbridge fit --no-such-option`, `vecbridge registry lst` or `--no-such-flag`;
 `GET /v1/mapz` and `DELETE /v1/maps` answer; `service/nothing.py`, `tests/test_docs_truth.py::test_missing` and
@@ -474,3 +529,7 @@ def test_planted_stale_mentions_are_each_reported_with_their_line():
     for line, what in PLANTED_MISTAKES:
         assert any(p.startswith(f"README.md:{offset + line}: {what}") for p in problems), (line, what, problems)
     assert len(problems) == len(PLANTED_MISTAKES), problems
+    assert python_call_problems("import align\nalign.select_rows_to_embed(X, 10, methd='kmeans++')\n"
+                                "from service.client import Client\nvb = Client('http://h')\n"
+                                "vb.transform('m', X, with_version=True)") == [
+        "align.select_rows_to_embed() takes no argument methd=", "vb.transform() takes no argument with_version="]
