@@ -363,6 +363,10 @@ def test_every_help_text_names_only_real_things():
         texts = [cmd.help or "", cmd.epilog or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
         text = "\n\n".join(t for t in texts if t)
         problems += audit_pieces(" ".join(path) + " --help", text, prose_pieces(text), set(click_options(cmd)))
+        for var, doc in re.findall(r"\[env (VECBRIDGE_\w+); default ([^\]]+)\]", text):  # [env X; default Y]
+            code = setting_default(var)
+            if code is None or (Path(doc) if isinstance(code, Path) else type(code)(doc)) != code:
+                problems.append(f"{' '.join(path)} --help: {var} defaults to {code!r}, not {doc}")
     assert not problems, f"{len(problems)} stale mention(s) in --help texts:\n" + "\n".join(problems)
 
 
