@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from align.exceptions import InputError
 
 __all__ = [
-    "Limits", "DEFAULT_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
+    "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
     "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST", "IVF_MAX_PER_LIST",
     "check_index_params", "check_dim", "check_json_depth", "parse_strict_int", "check_range", "default_nlist",
     "ivf_training", "limits_markdown",
@@ -42,6 +42,11 @@ IVF_TRAIN_PER_LIST = 64
 IVF_MAX_PER_LIST = 256
 
 
+#: limits shown in the table that the checks read from constants (pydantic schemas, codec, name rules), not from
+#: the settings: any other value is refused when the settings load instead of being accepted and ignored
+FIXED_LIMITS = ("max_dim", "max_name", "max_description", "max_tag_bytes", "max_json_depth")
+
+
 class Limits(BaseModel):
     """Sizes the service accepts (one table; ``GET /v1/info`` and the OpenAPI description show it)."""
 
@@ -59,11 +64,13 @@ class Limits(BaseModel):
                                                                        "JSON numbers (base64 and binary: no cap)")
     max_response_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Search: bytes of the JSON answer "
                                                                        "(hits with payloads)")
-    max_dim: int = Field(MAX_DIM, ge=1, le=MAX_DIM, description="Columns of a space, index or vector.")
+    max_dim: int = Field(MAX_DIM, ge=1, le=MAX_DIM, description="Columns of a space, index or vector (fixed).")
     max_name: int = Field(128, description="Characters of a map, space, index or steer name (fixed).")
-    max_description: int = Field(MAX_DESCRIPTION, ge=0, le=MAX_DESCRIPTION, description="Characters of a description.")
-    max_tag_bytes: int = Field(MAX_TAG_BYTES, ge=1, le=MAX_TAG_BYTES, description="A tag value as compact JSON.")
-    max_json_depth: int = Field(MAX_JSON_DEPTH, ge=1, le=MAX_JSON_DEPTH, description="Nesting of JSON bodies.")
+    max_description: int = Field(MAX_DESCRIPTION, ge=0, le=MAX_DESCRIPTION,
+                                 description="Characters of a description (fixed).")
+    max_tag_bytes: int = Field(MAX_TAG_BYTES, ge=1, le=MAX_TAG_BYTES,
+                               description="A tag value as compact JSON (fixed).")
+    max_json_depth: int = Field(MAX_JSON_DEPTH, ge=1, le=MAX_JSON_DEPTH, description="Nesting of JSON bodies (fixed).")
     lm_max_new_tokens: int = Field(MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS, description="LM generate: "
                                                                                   "`max_new_tokens`.")
     lm_max_tokens: int = Field(2_048, ge=2, le=1_048_576, description="LM generate / analyze: tokens of the prompt "
@@ -73,6 +80,15 @@ class Limits(BaseModel):
                                                                  "model while it is busy (beyond: 429)")
     lm_max_fit_texts: int = Field(16_384, ge=2, le=1_048_576, description="LM steer fit: texts (64 tokens each at "
                                                                           "most) per job")
+
+    @field_validator(*FIXED_LIMITS)
+    @classmethod
+    def _fixed(cls, value: int, info) -> int:
+        default = cls.model_fields[info.field_name].default
+        if value != default:
+            raise ValueError(f"fixed at {default}: the schemas and parsers check this limit with that constant, "
+                             f"so another value would be shown in /v1/info and ignored; unset it")
+        return value
 
 
 DEFAULT_LIMITS = Limits()

@@ -47,6 +47,13 @@ class Ctx:
         self._reg = None
         self.lm = None  # the language model, loaded on first use (service.ops.lm.get_lm)
 
+    def store_url(self, store: str | None) -> str:
+        """``--store``, else the ``vectordb_url`` setting (the vector database beside the service)."""
+        url = store or self.settings.vectordb_url
+        if not url:
+            raise InputError("give --store URL, or set VECBRIDGE_VECTORDB_URL (the vector database to use)")
+        return url
+
     @property
     def registry(self):
         if self._reg is None:
@@ -170,9 +177,9 @@ input_opts = _stack(
 )
 
 store_opts = _stack(
-    click.option("--store", required=True, metavar="URL",
+    click.option("--store", default=None, metavar="URL",
                  help="milvus://host:port, milvus:///file.db, postgresql://..., qdrant://host:port or "
-                      "qdrant:///local/dir."),
+                      "qdrant:///local/dir [env VECBRIDGE_VECTORDB_URL]."),
     *(click.option(f"--{f}-field", default=None, help=f"Name of the {f} field (default: {default}).")
       for f, default in (("id", "id"), ("vector", "vector (Milvus) / embedding (PostgreSQL)"), ("text", "text"))),
 )

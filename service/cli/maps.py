@@ -326,7 +326,8 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                    "float32 rounding.")
 @click.pass_obj
 def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet, ray_address):
-    """Map vectors IN to OUT (.npy, .fvecs or .parquet) in chunks; files may exceed memory."""
+    """Map the rows of INP (.npy, .npz, .fvecs, .parquet; texts .txt / .jsonl / .json with --encoder) into OUT
+    (.npy, .fvecs or .parquet), in chunks: files may exceed memory."""
     progress, close = progress_bar(not quiet)
     try:
         with ray_logs(quiet or as_json):

@@ -58,6 +58,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                           f"({100 * st['fraction']:.1f}%), last id {st['last_id']}, "
                           f"{'finished' if st['finished'] else 'not finished'}{eta}")
         return
+    store = obj.store_url(store)
     progress = _MigrationProgress(f"migrate {source}->{target}", as_json, quiet)
     try:
         rep = run_migration(store_url=store, source=source, target=target, map_ref=map_ref, checkpoint=ckpt,
@@ -131,7 +132,7 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
     if (heldout_source is None) != (heldout_target is None):
         raise InputError("give both --heldout-source and --heldout-target")
     heldout = (heldout_source, heldout_target) if heldout_source else None
-    out = run_verify(store_url=store, collection=collection, encoder=encoder, heldout=heldout,
+    out = run_verify(store_url=obj.store_url(store), collection=collection, encoder=encoder, heldout=heldout,
                      heldout_rows=heldout_rows, map_ref=map_ref,
                      registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
                      n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,

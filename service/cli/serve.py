@@ -26,8 +26,9 @@ def encoders(as_json):
               help="Registry, artifacts, indexes and job records live here (wins over the group option and "
                    "VECBRIDGE_DATA_DIR).")
 @click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... (shared by replicas).")
-@click.option("--host", default=None)
-@click.option("--port", type=click.IntRange(1, 65535), default=None)
+@click.option("--host", default=None, help="Address to listen on [env VECBRIDGE_HOST; default 127.0.0.1].")
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="TCP port [env VECBRIDGE_PORT; default 8000].")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Server processes sharing the port (each with its own app; shared registry and data dir).")
 @click.option("--preload-encoder", "preload", multiple=True, metavar="NAME",

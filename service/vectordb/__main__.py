@@ -31,7 +31,8 @@ def _err(exc: BaseException) -> None:
     print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), file=sys.stderr, flush=True)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m service.vectordb`` command line (``migrate``, ``status``); the docs' test walks it."""
     ap = argparse.ArgumentParser(prog="python -m service.vectordb")
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("migrate", help="transform every stored vector through a map into a new collection")
@@ -54,6 +55,11 @@ def main(argv=None) -> int:
     m.add_argument("--target-space", default=None, help="recorded on the target (default: the map's)")
     st = sub.add_parser("status", help="what a checkpoint file says")
     st.add_argument("--checkpoint", required=True)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.store is None:
         args.store = get_settings().vectordb_url

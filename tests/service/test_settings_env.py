@@ -64,6 +64,12 @@ def test_a_variable_that_names_no_setting_is_refused(clean_env, name, value, say
     ("VECBRIDGE_MAX_QUEUED_JOBS", "-1", "greater than or equal to 0"),
     ("VECBRIDGE_MAX_BATCH", "0", "greater than or equal to 1"),
     ("VECBRIDGE_LIMITS", json.dumps({"max_kk": 5}), "VECBRIDGE_LIMITS__MAX_KK"),  # ignored inside the JSON too
+    # limits the checks read from constants: another value was accepted, shown in /v1/info, and had no effect
+    ("VECBRIDGE_LIMITS__MAX_DIM", "1024", "fixed at 65536"),
+    ("VECBRIDGE_LIMITS__MAX_NAME", "64", "fixed at 128"),
+    ("VECBRIDGE_LIMITS__MAX_DESCRIPTION", "100", "fixed at 4096"),
+    ("VECBRIDGE_LIMITS__MAX_TAG_BYTES", "100", "fixed at 16384"),
+    ("VECBRIDGE_LIMITS__MAX_JSON_DEPTH", "4", "fixed at 32"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable_and_never_the_key(clean_env, name, value, says):
     clean_env.setenv(name, value)

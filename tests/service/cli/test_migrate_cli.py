@@ -163,3 +163,19 @@ def test_python_m_entry_point_shares_the_operation(world, tmp_path):
     assert p.returncode == 2, p.stderr
     err = json.loads(p.stderr.strip().splitlines()[-1])
     assert "--vector-field" in err["message"] or "emb" in err["message"], err
+
+
+def test_the_store_defaults_to_vecbridge_vectordb_url(world, vb, monkeypatch):
+    # docker-compose.yml's Qdrant is VECBRIDGE_VECTORDB_URL, "the default --store of migrations" (and of
+    # `python -m service.vectordb`), yet `vecbridge migrate` / `verify` stopped with "Missing option '--store'"
+    monkeypatch.setenv("VECBRIDGE_VECTORDB_URL", world["store"])
+    p = vb(world["data"], "migrate", "--source", "docs_a", "--target", "by_env", "--map", "a2b@prod", "--quiet")
+    assert p.returncode == 0 and "by_env" in p.stdout, p.stderr
+    with _open(world) as s:
+        assert s.count("by_env") == N
+    p = vb(world["data"], "verify", "--collection", "by_env", "--heldout-source", world["dir"] / "heldout_x.npy",
+           "--heldout-target", world["dir"] / "heldout_y.npy", "--map", "a2b@prod", "--n-sample", 50, "--json")
+    assert p.returncode == 0, p.stderr
+    monkeypatch.delenv("VECBRIDGE_VECTORDB_URL")
+    p = vb(world["data"], "migrate", "--source", "docs_a", "--target", "none", "--map", "a2b@prod", "--quiet")
+    assert p.returncode == 2 and "--store" in p.stderr and "VECBRIDGE_VECTORDB_URL" in p.stderr, p.stderr
