@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .errors import ServiceUnavailableError
 from .logging import get_logger
+from .storage import hold, take_abandoned
 
 __all__ = ["INTERRUPTED", "TERMINAL", "Job", "JobStore", "JobStoreBusyError"]
 
@@ -170,12 +171,9 @@ class JobStore:
         """This process's owner id, holding its lock file (call after any fork)."""
         if self.owner is not None and getattr(self, "_owner_pid", None) == os.getpid():
             return self.owner
-        import fcntl
-
         self.owners_dir.mkdir(parents=True, exist_ok=True)
         owner = uuid.uuid4().hex
-        fd = os.open(self.owners_dir / f"{owner}.lock", os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = hold(self.owners_dir / f"{owner}.lock", create=True)
         self.owner, self._owner_fd, self._owner_pid = owner, fd, os.getpid()
         return owner
 
@@ -183,19 +181,11 @@ class JobStore:
         """Whether the process that owns ``owner``'s rows still runs (it holds the owner's lock)."""
         if owner == self.owner:
             return True
-        import fcntl
-
         lock = self.owners_dir / f"{owner}.lock"
-        try:
-            fd = os.open(lock, os.O_RDWR)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)  # closing drops the lock if we took it
+        fd = take_abandoned(lock)
+        if fd is None:  # held by a live process; or gone, and its owner with it
+            return lock.exists()
+        os.close(fd)  # closing drops the lock we took
         return False
 
     def recover(self, owners: list[str] | None = None) -> int:
