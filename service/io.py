@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import uuid
 from contextlib import contextmanager
 from glob import escape as glob_escape
@@ -41,6 +42,9 @@ __all__ = [
 
 VECTOR_SUFFIXES = (".npy", ".npz", ".fvecs", ".parquet")
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
+# the end of a ChunkWriter temporary's name, ``.<name>.part-<pid>-<8 hex>``: locked by its writer from creation.
+# Releases up to 58ebe2e named it ``.<name>.part-<pid>`` and held no lock, so a live one of theirs looks abandoned
+_PART_SUFFIX = re.compile(r"[0-9]+-[0-9a-f]{8}")
 
 
 class FormatError(InputError):
@@ -372,7 +376,9 @@ class ChunkWriter:
     The data goes to a temporary file in the same folder, renamed into place by :meth:`close`
     (so a crashed transform never leaves a half-written output under the final name). The temporary file is
     ``flock``-ed while written (:func:`~service.storage.hold`): one left by a writer that was killed (``kill -9``, a
-    node lost) is removed by the next writer of the same output; one still being written is kept.
+    node lost) is removed by the next writer of the same output; one still being written is kept, and so is one
+    named as releases up to 58ebe2e name theirs (``.part-<pid>``: unlocked even while written, during a rolling
+    upgrade).
     ``.npy`` needs ``n_rows`` up front (its header holds the shape; the whole file is reserved at once). Rows
     are appended to the file: the writer holds one chunk, never a map of the output.
     """
@@ -386,7 +392,10 @@ class ChunkWriter:
             raise InputError("writing .npy in chunks needs the row count up front")
         self.dim, self.n_rows, self.written = int(dim), n_rows, 0
         self.path.parent.mkdir(parents=True, exist_ok=True)  # as atomic_write does; else the error names self.tmp
-        for left in self.path.parent.glob(f".{glob_escape(self.path.name)}.part-*"):  # of dead writers: removed
+        part = f".{self.path.name}.part-"
+        for left in self.path.parent.glob(f"{glob_escape(part)}*"):  # of dead writers: removed
+            if not _PART_SUFFIX.fullmatch(left.name[len(part):]):  # an older release's writer (no lock): kept
+                continue
             fd = take_abandoned(left)
             if fd is not None:
                 left.unlink(missing_ok=True)

@@ -311,3 +311,17 @@ def test_a_killed_writers_part_file_is_removed_by_the_next_writer_and_a_live_one
         live.kill()
     assert read_vectors(out).shape == (100, 4)  # the live writer finished into place, last
     assert sorted(p.name for p in out.parent.iterdir()) == ["release", f"v{suffix}", "writing"]
+
+
+def test_an_older_releases_live_writers_part_file_is_left_to_it(tmp_path):
+    """Rolling upgrade: release 58ebe2e names its temporary ``.<name>.part-<pid>`` and never ``flock``-s it, so a
+    live one looks abandoned. This release's writer of the same output removed it, and the old writer failed at its
+    end (checked with 58ebe2e's ChunkWriter: ``FileNotFoundError`` renaming its temporary). Now only temporaries
+    named as this release names them (``.part-<pid>-<8 hex>``, locked from creation) are taken for a dead writer's."""
+    out = tmp_path / "v.npy"
+    old = tmp_path / ".v.npy.part-4242"  # 58ebe2e's writer, writing now
+    old.write_bytes(b"\x93NUMPY rows being written by the old release")
+    with ChunkWriter(out, dim=2, n_rows=1) as w:
+        w.write(np.ones((1, 2), np.float32))
+    assert old.exists()
+    assert read_vectors(out).shape == (1, 2)
