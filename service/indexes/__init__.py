@@ -26,9 +26,10 @@ system (not NFS).
 from __future__ import annotations
 
 from .errors import IndexConflictError, IndexNotFoundError
+from .info import IndexInfo
 from .kinds import FLAT_MAX, HNSW_MAX, check_name, choose_kind
 from .locking import RWLock
-from .space import IndexInfo, SpaceIndex
+from .space import SpaceIndex
 from .store import IndexStore
 
 __all__ = [
