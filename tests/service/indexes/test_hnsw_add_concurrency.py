@@ -114,6 +114,16 @@ def test_searches_answer_while_a_large_hnsw_add_runs_and_see_all_of_it_or_none(h
         assert [got.payloads[int(i)] for i in I[:, 0]] == [{"new": j} for j in range(0, NEW, 500)]
 
 
+def test_a_second_writer_waits_for_the_add_and_builds_on_it(hnsw):
+    """Writers stay one at a time: a delete issued while the add inserts runs after it, and finds its rows."""
+    root, idx = hnsw
+    g0, X = idx.generation, _rows(4, NEW)
+    with _adding(idx, lambda: idx.add(X)) as (_, outcome, _storage):
+        deleted = idx.delete([0, OLD + 5])  # an old row and one of the add's: found, so after the add
+    assert "error" not in outcome and deleted == 2 and idx.generation == g0 + 2
+    assert IndexStore(root).get("h").count == idx.count == OLD + NEW - 2
+
+
 @contextmanager
 def _file_size_limit(n_bytes: int):
     """Files this process writes stop at ``n_bytes`` (EFBIG: Python ignores SIGXFSZ), as on a full disk."""
