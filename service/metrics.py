@@ -158,7 +158,7 @@ class ServiceMetrics:
 
     def index_changed(self, idx) -> None:
         """The index ``idx`` (a :class:`~service.indexes.SpaceIndex`) holds a new generation: written, loaded or
-        caught up with (called by the index under its write lock: only reads its counts)."""
+        caught up with (called by the index's writer or loader: only reads its counts)."""
         name = idx.name
         self.index_vectors.labels(name).set(idx.count)
         self.index_generation.labels(name).set(idx.generation)

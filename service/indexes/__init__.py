@@ -14,10 +14,12 @@ module          holds
 ``locking``     the readers–writer lock (threads) and ``flock`` files (processes)
 ``space``       :class:`SpaceIndex`: one index, its writes, searches and catching up with others
 ``store``       :class:`IndexStore`: every index of a service; create / drop across processes
+``info``        :class:`IndexInfo`: what an index answers about itself
 ==============  ==================================================================================
 
 Concurrency in one sentence per case: threads of one process share an index under a
-writer-preferring readers–writer lock; processes on one data dir (``uvicorn --workers N``)
+writer-preferring readers–writer lock (an HNSW add takes it per chunk of rows, hidden until
+persisted, so searches go on); processes on one data dir (``uvicorn --workers N``)
 each keep a copy and the files are the truth (writers hold ``flock``; readers catch up after one
 ``stat``); a crash leaves the previous generation readable. ``flock`` needs a local file
 system (not NFS).
@@ -26,9 +28,10 @@ system (not NFS).
 from __future__ import annotations
 
 from .errors import IndexConflictError, IndexNotFoundError
+from .info import IndexInfo
 from .kinds import FLAT_MAX, HNSW_MAX, check_name, choose_kind
 from .locking import RWLock
-from .space import IndexInfo, SpaceIndex
+from .space import SpaceIndex
 from .store import IndexStore
 
 __all__ = [

@@ -3,7 +3,9 @@ exclusive ``fcntl.flock`` files (processes sharing one data dir).
 
 One process: searches share the read side of :class:`RWLock` (FAISS releases the GIL, so they
 run in parallel); the in-memory change and the save of an add / delete take the write side, so
-a search never sees a half-applied batch. The lock prefers writers.
+a search never sees a half-applied batch (an HNSW add takes it per chunk of rows, which stay hidden
+from searches until the add is persisted). The lock prefers writers, but readers that waited for a
+writer go before the next one.
 
 Several processes: a writer holds :func:`flock` on ``root/<name>/.lock`` for its whole
 read-modify-persist; create and drop hold ``root/.store.lock``. :func:`stat_sig` is the cheap
@@ -35,22 +37,42 @@ class WouldBlock(VecbridgeError):
 
 
 class RWLock:
-    """Writer-preferring readers–writer lock (``with lock.read(): ...`` / ``with lock.write(): ...``)."""
+    """Readers–writer lock (``with lock.read(): ...`` / ``with lock.write(): ...``) that prefers writers, but lets
+    the readers waiting when a writer leaves in before the next writer.
+
+    A reader arriving while a writer holds or waits for the lock waits; when the writer leaves, every reader waiting
+    then goes first (their *turn*), and writers wait for them. Without the turn, a writer that takes the lock again
+    at once (an HNSW add, chunk by chunk: :meth:`~.space.SpaceIndex.add`) would get it before the woken readers,
+    which would then wait for its whole series of chunks.
+    """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._readers = 0
         self._writer = False
         self._waiting_writers = 0
+        self._waiting_readers = 0
+        self._readers_turn = False
+
+    def _readers_wait(self) -> bool:
+        return self._writer or (self._waiting_writers > 0 and not self._readers_turn)
 
     @contextmanager
     def read(self, *, blocking: bool = True) -> Iterator[None]:
         """The read side; ``blocking=False`` raises :class:`WouldBlock` instead of waiting for a writer."""
         with self._cond:
-            while self._writer or self._waiting_writers:
+            if self._readers_wait():
                 if not blocking:
                     raise WouldBlock("the index is being written")
-                self._cond.wait()
+                self._waiting_readers += 1
+                try:
+                    while self._readers_wait():
+                        self._cond.wait()
+                finally:
+                    self._waiting_readers -= 1
+                    if not self._waiting_readers and self._readers_turn:  # the last of the turn is in
+                        self._readers_turn = False
+                        self._cond.notify_all()
             self._readers += 1
         try:
             yield
@@ -65,7 +87,7 @@ class RWLock:
         with self._cond:
             self._waiting_writers += 1
             try:
-                while self._writer or self._readers:
+                while self._writer or self._readers or self._readers_turn:
                     self._cond.wait()
             finally:
                 self._waiting_writers -= 1
@@ -75,6 +97,7 @@ class RWLock:
         finally:
             with self._cond:
                 self._writer = False
+                self._readers_turn = self._waiting_readers > 0
                 self._cond.notify_all()
 
 

@@ -9,7 +9,10 @@ processes (``flock`` on ``<path>/.lock``) for the whole read-modify-persist. Ins
 writer first reloads the persisted generation when it is newer than the in-memory one (so ids,
 ``next_id`` and conflicts are checked against every acknowledged row), applies the change under
 the write side of the :class:`~.locking.RWLock`, and persists generation ``g + 1``. A change
-that fails after touching the in-memory index is undone by reloading the persisted state.
+that fails after touching the in-memory index is undone by reloading the persisted state. An HNSW
+add (graph insertion: seconds for tens of thousands of rows) takes the write side per chunk of rows
+(:func:`~.kinds.add_rows`) and hides its slots from searches (``_shown``) until it is persisted, then
+shows them under the write side at once: searches go on meanwhile and see all of its rows or none.
 
 Readers: before a search one ``stat`` of ``meta.json`` (inode, size, mtime) tells whether
 another process persisted since; only then is the meta read and, if its generation is newer,
@@ -26,7 +29,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,7 @@ from .errors import (
     UnreadableGenerationError,
     gone,
 )
+from .info import IndexInfo
 from .kinds import (
     KINDS,
     METRICS,
@@ -98,33 +102,6 @@ SMALL_SEARCH_WORK = 1 << 22
 
 
 @dataclass
-class IndexInfo:
-    """An index: its space, row width, kind, metric, live rows, FAISS parameters, times (epoch s), description.
-
-    The API's ``IndexOut`` schema is derived from these fields.
-    """
-
-    name: str
-    space: str
-    dim: int
-    kind: str
-    metric: str
-    count: int
-    params: dict[str, Any]
-    created_at: float
-    updated_at: float
-    description: str = ""
-    generation: int = field(default=0, metadata={
-        "doc": "The generation on disk this answer comes from (0: never persisted); it grows with every write."})
-    logged_deltas: int = field(default=0, metadata={
-        "doc": "Changes logged since that generation's snapshot (0: it is a snapshot); a snapshot is written once "
-               "the log passes a quarter of the snapshot's rows (at least 1,024) or 64 deltas."})
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
 class SpaceIndex:
     """One FAISS index of one space, with ids, payloads and its own lock. Build with :meth:`build`."""
 
@@ -156,6 +133,7 @@ class SpaceIndex:
         self._log: list[tuple[int, int]] = []  # [(generation, rows)] replayed after it
         self._base_rows = 0  # rows of that snapshot (log_fits)
         self._recent_bases: list[int] = []  # snapshots of the last metas (collect_generations keeps them)
+        self._shown: int | None = None  # HNSW: slots from here on belong to an add not committed yet (searches skip)
         self.observer = None  # told of each generation held and each catch-up (IndexStore's: the metrics)
         if not self.uid:
             self.uid = uuid.uuid4().hex
@@ -235,7 +213,9 @@ class SpaceIndex:
     # --- facts ------------------------------------------------------------------------------
     @property
     def count(self) -> int:
-        return int(self.index.ntotal) - len(self.tombstones)
+        """Live rows searches see (not the rows of an add in progress)."""
+        shown = self._shown
+        return (int(self.index.ntotal) if shown is None else shown) - len(self.tombstones)
 
     @property
     def logged_deltas(self) -> int:
@@ -248,6 +228,7 @@ class SpaceIndex:
                          self.generation, self.logged_deltas)
 
     def _live_ids(self) -> np.ndarray:
+        """Ids of every live row, an add in progress included (the writer's view: for clashes and deletes)."""
         return live_ids(self.index, self.kind, self.tombstones)
 
     def has_ids(self, ids: np.ndarray) -> np.ndarray:
@@ -264,11 +245,11 @@ class SpaceIndex:
         return np.require(prep_rows(as_matrix(X, name="vectors", dim=self.dim), self.metric), np.float32, ["C", "O"])
 
     def _add(self, X: np.ndarray, ids, payloads, seed: int | None = None, plan: ListPlan | None = None,
-             prepared: bool = False) -> Delta:
+             prepared: bool = False, step=None) -> Delta:
         """Add ``X`` (n, dim); returns the change as a :class:`~.persist.Delta` of generation ``seed`` (the next).
 
-        ``seed``: the add is logged, so it must be replayable; ``plan``: IVF lists found already
-        (:func:`~.kinds.add_rows`). ``prepared``: ``X`` is :meth:`_prepared` already.
+        ``seed``: the add is logged, so it must be replayable; ``plan``: IVF lists found already, ``step``: HNSW
+        chunks each inside ``with step():`` (:func:`~.kinds.add_rows`). ``prepared``: ``X`` is :meth:`_prepared`.
         """
         n = X.shape[0]
         if ids is None:
@@ -285,7 +266,7 @@ class SpaceIndex:
             if not isinstance(payloads, list) or len(payloads) != n:
                 raise InputError(f"payloads: expected a list of {n} JSON values (one per vector)")
         rows = X if prepared else self._prepared(X)
-        add_rows(self.index, self.kind, rows, ids_arr, seed, plan)
+        add_rows(self.index, self.kind, rows, ids_arr, seed, plan, step)
         added = {}
         if payloads is not None:
             added = {i: p for i, p in zip(ids_arr.tolist(), payloads) if p is not None}
@@ -302,11 +283,7 @@ class SpaceIndex:
         """
         X = as_matrix(vectors, name="vectors", dim=self.dim)
         with self._writing():
-            with self.lock.write(), self._undo_on_failure():
-                logged = self._logs(X.shape[0])
-                delta = self._add(X, ids, payloads, seed=self.generation + 1 if logged else None)
-                self._save(delta if logged else None)
-        return delta.ids
+            return self._write_adds([(X, ids, payloads)], log=True)
 
     def add_blocks(self, blocks: Iterable[tuple[Any, Any, Any]]) -> np.ndarray:
         """Add every block ``(X (m, dim), ids or None, payloads or None)`` as ONE new generation (a snapshot);
@@ -323,12 +300,36 @@ class SpaceIndex:
         staged = deque((self._prepared(X), ids_m, payloads_m) for X, ids_m, payloads_m in blocks)
         if not staged:
             return np.zeros(0, np.int64)
-        ids = []
-        with self._writing(), self.lock.write(), self._undo_on_failure(changed=True):
-            while staged:
-                X, ids_m, payloads_m = staged.popleft()
-                ids.append(self._add(X, ids_m, payloads_m, prepared=True).ids)
-            self._save()
+        with self._writing():
+            return self._write_adds(staged, log=False, prepared=True)
+
+    def _write_adds(self, blocks: Iterable[tuple[Any, Any, Any]], *, log: bool, prepared: bool = False) -> np.ndarray:
+        """Add ``blocks`` ``(X (m, dim), ids, payloads)`` as one generation, persisted: a delta when ``log`` and it
+        fits the log (one block), else a snapshot; returns the ids. Caller holds the writer lock (:meth:`_writing`).
+
+        Flat and IVF (fast adds) under the write side. HNSW: the write side per chunk of rows, the slots from
+        ``_shown`` on hidden from searches until the generation is persisted, then shown under the write side.
+        """
+        blocks, hnsw, ids = deque(blocks), self.kind == "hnsw", []
+        logged = log and len(blocks) == 1 and self._logs(len(blocks[0][0]))
+        self._shown = int(self.index.ntotal) if hnsw else None
+        try:
+            with nullcontext() if hnsw else self.lock.write(), self._undo_on_failure(len(blocks) > 1, not hnsw):
+                while blocks:
+                    X, ids_m, payloads_m = blocks.popleft()
+                    delta = self._add(X, ids_m, payloads_m, seed=self.generation + 1 if logged else None,
+                                      prepared=prepared, step=self.lock.write if hnsw else None)
+                    ids.append(delta.ids)
+                self._save(delta if logged else None)
+        finally:
+            if self._shown == self.index.ntotal:  # nothing inserted (refused before any row)
+                self._shown = None
+        if self._shown is not None:  # committed: show the rows
+            with self.lock.write():
+                self._shown = None
+                self._changed()
+            if self.observer is not None:
+                self.observer.index_changed(self)
         return np.concatenate(ids)
 
     def delete(self, ids) -> int:
@@ -415,7 +416,8 @@ class SpaceIndex:
         return self.path is None or stat_sig(self.path / "meta.json") == self._meta_sig
 
     def _search(self, Q, k, exact, ef_search, nprobe):
-        return search_kind(self.index, self.kind, self.params, self.tombstones, Q, k, exact, ef_search, nprobe)
+        return search_kind(self.index, self.kind, self.params, self.tombstones, Q, k, exact, ef_search, nprobe,
+                           self._shown)
 
     # --- persistence and other processes -------------------------------------------------
     def save(self) -> None:
@@ -448,23 +450,24 @@ class SpaceIndex:
                 yield
 
     @contextmanager
-    def _undo_on_failure(self, changed: bool = False) -> Iterator[None]:
+    def _undo_on_failure(self, changed: bool = False, locked: bool = True) -> Iterator[None]:
         """If a change fails after touching the in-memory index, go back to the persisted state.
 
         Input and conflict errors are raised before anything changes, so they keep the copy, unless
-        ``changed`` (a change of several blocks: an earlier block is in memory already).
+        ``changed`` (a change of several blocks: an earlier block is in memory already). ``locked``: the caller
+        holds the write side (else the persisted state is read without it and swapped in under it).
         """
         try:
             yield
         except (InputError, IndexConflictError):
             if changed:
-                self._reload_persisted()
+                self._reload_persisted(locked)
             raise
         except BaseException:
-            self._reload_persisted()
+            self._reload_persisted(locked)
             raise
 
-    def _reload_persisted(self) -> None:
+    def _reload_persisted(self, locked: bool = True) -> None:
         """Go back to the persisted generation (after a failed change); a forced reload if it cannot be read."""
         if self.path is None:
             return
@@ -472,7 +475,8 @@ class SpaceIndex:
             meta = read_meta(self.path)
             if uid_of(meta) == self.uid:
                 index, payloads = read_generation(self.path, meta)
-                self._adopt(meta, index, payloads, stat_sig(self.path / "meta.json"))
+                with nullcontext() if locked else self.lock.write():
+                    self._adopt(meta, index, payloads, stat_sig(self.path / "meta.json"))
         except Exception:  # noqa: BLE001 - keep the first error; force a reload on next access
             self._meta_sig = None
             self.generation = -1
@@ -572,6 +576,7 @@ class SpaceIndex:
         """Replace the in-memory state by a persisted generation (caller holds the write side)."""
         self.index = index
         self.payloads = payloads
+        self._shown = None
         self._take_meta(meta, sig)
 
     def _take_meta(self, meta: dict, sig) -> None:

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.indexes import IndexStore
+from service.indexes.kinds import hnsw_chunk
 from service.indexes.persist import LOG_MAX_FILES, LOG_MIN_ROWS
 
 DIM = 12
@@ -102,6 +103,19 @@ def test_a_reader_replays_only_the_new_deltas_and_gets_the_writers_index(kind, t
     Q = _rows(3, 5)
     for exact in (True, False):
         np.testing.assert_array_equal(r.search(Q, 10, exact=exact)[1], w.search(Q, 10, exact=exact)[1])
+
+
+def test_a_logged_hnsw_add_of_several_chunks_replays_to_the_writers_graph(tmp_path):
+    """The writer inserts a large HNSW add chunk by chunk (searches run between chunks); FAISS orders each call's
+    rows by level, so the chunks shape the graph: a replay cuts the same ones and gets the same bytes."""
+    writer, reader = IndexStore(tmp_path), IndexStore(tmp_path)
+    w = writer.create("docs", "s", _rows(0, 20_000), kind="hnsw", params=_params("hnsw"))
+    reader.get("docs")
+    n = hnsw_chunk(DIM) + 904  # two chunks, logged (a quarter of 20,000 rows fits)
+    w.add(_rows(1, n), payloads=[{"i": i} for i in range(n)])
+    assert json.loads((tmp_path / "docs" / "meta.json").read_text())["log"] == [[2, n]]
+    assert _state(reader.get("docs")) == _state(w)
+    assert _state(IndexStore(tmp_path).get("docs")) == _state(w)
 
 
 def test_the_log_is_compacted_into_a_snapshot(tmp_path):
