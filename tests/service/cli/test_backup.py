@@ -314,7 +314,7 @@ def test_an_interrupted_backup_leaves_no_destination(source, tmp_path):
 KILLED_BACKUP = f"""
 import os, signal, sys, time
 from pathlib import Path
-sys.path[:0] = [{str(Path(__file__).resolve().parents[2])!r}]
+sys.path[:0] = [{str(Path(__file__).resolve().parents[3])!r}]
 from service.config import Settings
 from service.ops.backup import backup_data_dir
 
