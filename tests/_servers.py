@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import subprocess
 import threading
@@ -58,6 +59,18 @@ def stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def file_size_limit(n_bytes: int) -> Iterator[None]:
+    """Lower this process's soft ``RLIMIT_FSIZE`` for the ``with`` body (a server started inside inherits it; Python
+    ignores SIGXFSZ, so a write past the limit fails with EFBIG, as a write to a full disk fails with ENOSPC)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def rss_kib(pid: int) -> int:

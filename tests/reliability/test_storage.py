@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 import shutil
 import sqlite3
 import subprocess
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 import faiss
 import httpx
 import numpy as np
 import pytest
+from _servers import file_size_limit
 
 from service.storage import data_dir_status, is_storage_error
 
@@ -139,18 +138,6 @@ def test_full_disk_no_crash_503_and_not_ready(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-@contextmanager
-def _file_size_limit(n_bytes: int):
-    """Lower this process's soft ``RLIMIT_FSIZE`` (a server started inside inherits it; Python ignores SIGXFSZ,
-    so a write past the limit fails with EFBIG, as a write to a full disk fails with ENOSPC)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-
-
 def test_index_file_cut_short_is_503_and_never_committed(tmp_path):
     """A FAISS file that cannot be written whole (full disk, file-size limit) must fail the add, never be committed.
 
@@ -166,7 +153,7 @@ def test_index_file_cut_short_is_503_and_never_committed(tmp_path):
     limit = faiss.serialize_index(whole).size - 10  # n rows overrun only in the last buffered bytes
     d = tmp_path / "data"
     s = Server(d)
-    with _file_size_limit(limit):
+    with file_size_limit(limit):
         s.start()
     try:
         c = s.client(W)

@@ -18,7 +18,6 @@ chunk) and stay hidden until the add is persisted. What must hold, checked here 
 from __future__ import annotations
 
 import errno
-import resource
 import sys
 import threading
 import time
@@ -28,6 +27,7 @@ from typing import NamedTuple
 import faiss
 import numpy as np
 import pytest
+from _servers import file_size_limit
 
 from service.indexes import IndexConflictError, IndexStore, RWLock
 
@@ -124,17 +124,6 @@ def test_a_second_writer_waits_for_the_add_and_builds_on_it(hnsw):
     assert IndexStore(root).get("h").count == idx.count == OLD + NEW - 2
 
 
-@contextmanager
-def _file_size_limit(n_bytes: int):
-    """Files this process writes stop at ``n_bytes`` (EFBIG: Python ignores SIGXFSZ), as on a full disk."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-
-
 def _unchanged(root, idx, X) -> None:
     """``idx`` (and a process loading the index) holds the old rows only: none of ``X`` is found."""
     for got in (idx, IndexStore(root).get("h")):
@@ -150,7 +139,7 @@ def test_an_hnsw_add_whose_snapshot_cannot_be_written_shows_no_row_during_or_aft
     g0, X = idx.generation, _rows(2, NEW)  # more than a log takes: the add writes a snapshot
     limit = (root / "h" / f"index.{g0}.faiss").stat().st_size + 1024  # the old snapshot fits, the new one not
     add = lambda: idx.add(X, payloads=[{"new": j} for j in range(NEW)])
-    with _file_size_limit(limit), _adding(idx, add) as (t, outcome, storage):
+    with file_size_limit(limit), _adding(idx, add) as (t, outcome, storage):
         answers = _search_while(idx, t, storage, X[:8], np.arange(OLD, OLD + NEW))
     assert isinstance(outcome.get("error"), OSError) and outcome["error"].errno == errno.EFBIG, outcome
     _answered_during(answers, NEW)
