@@ -29,9 +29,9 @@ class _KeyFile:
     """The keys last read from one file, and when it was last looked at."""
 
     def __init__(self, path: str, keys: dict[str, list[str]]):
-        self.path, self.keys = path, keys
-        self.sig = stat_sig(Path(path))  # the file as the settings read it
-        self.checked = time.monotonic()
+        self.path, self.keys = path, keys  # as the settings read them, maybe long before the first request
+        self.sig = None  # unknown: the first request reads the file again (it may have changed since the settings)
+        self.checked = float("-inf")
         self.lock = threading.Lock()
 
     def current(self) -> dict[str, list[str]]:
@@ -55,6 +55,8 @@ class _KeyFile:
         except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
             why = exc.strerror if isinstance(exc, OSError) else str(exc).split(": line")[0]
             _log.error("API keys file not reloaded: %s (%s); the keys read before stay in use", self.path, why)
+            return
+        if keys == self.keys:
             return
         added, removed = len(keys.keys() - self.keys.keys()), len(self.keys.keys() - keys.keys())
         self.keys = keys

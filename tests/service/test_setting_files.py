@@ -133,3 +133,21 @@ def test_file_settings_parse_as_their_variables_do(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="VECBRIDGE_PORT_FILE") as err:
         load_settings()
     assert "eighty" not in str(err.value)
+
+
+def test_a_keys_file_changed_before_the_first_request_is_the_one_in_force(tmp_path, monkeypatch):
+    """The settings read the keys file at start; the file changed before the first authenticated request (workers
+    start for seconds). Before: the first request recorded the changed file as the one already read, so the old
+    keys stayed in force until the file changed again (a revoked key kept working)."""
+    from service.api.keyfile import current_keys
+
+    for k in list(os.environ):
+        if k.startswith("VECBRIDGE_"):
+            monkeypatch.delenv(k)
+    keys = tmp_path / "keys.json"
+    write_keys(keys, {OLD: ["read"]})
+    monkeypatch.setenv("VECBRIDGE_API_KEYS_FILE", str(keys))
+    settings = load_settings()
+    assert settings.api_keys == {OLD: ["read"]}
+    write_keys(keys, {NEW: ["read", "write"]})
+    assert current_keys(settings) == {NEW: ["read", "write"]}
