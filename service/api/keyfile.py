@@ -10,13 +10,12 @@ once per change of the file): a half-written or mistyped file never locks every 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from pathlib import Path
 
-from ..config import Settings, check_api_keys
+from ..config import Settings, check_api_keys, read_setting_file
 from ..indexes.locking import stat_sig
 
 __all__ = ["CHECK_EVERY_S", "current_keys"]
@@ -49,12 +48,10 @@ class _KeyFile:
         return self.keys
 
     def _reload(self) -> None:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                keys = check_api_keys(json.loads(fh.read()))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
-            why = exc.strerror if isinstance(exc, OSError) else str(exc).split(": line")[0]
-            _log.error("API keys file not reloaded: %s (%s); the keys read before stay in use", self.path, why)
+        try:  # read and checked as at start-up; the messages never hold the file's content
+            keys = check_api_keys(read_setting_file("api_keys", self.path))
+        except ValueError as exc:  # ConfigError: unreadable, not JSON; ValueError: a key or scope refused
+            _log.error("API keys file not reloaded: %s (%s); the keys read before stay in use", self.path, exc)
             return
         if keys == self.keys:
             return
