@@ -118,7 +118,7 @@ class AppState:
         self.open_registry()
         self.jobs.open()  # jobs of a killed predecessor are reported failed ("interrupted by restart")
         # in the background: the process answers at once; each index loaded sets its gauges (IndexStore's observer)
-        self.indexes.load_in_background(on_done=_freeze_heap)
+        self.indexes.load_in_background(on_done=freeze_heap)
 
     def open_registry(self) -> bool:
         """Open the registry; True once it is open.
@@ -268,9 +268,10 @@ class AppState:
         return None
 
 
-def _freeze_heap() -> None:
-    """Once the indexes are loaded: what they hold (payloads) lives as long as the process, so out of the
-    collector's sight, as the app's lifespan does with what it loaded (see ``service.api.app``)."""
+def freeze_heap() -> None:
+    """What is loaded now lives as long as the process: move it out of the collector's sight, so a full
+    collection no longer walks it (~100k start-up objects: 40-75 ms pauses measured, ~0 after). Called by the
+    app's lifespan at start-up and once the indexes are loaded (their payloads)."""
     gc.collect()
     gc.freeze()
 
