@@ -104,10 +104,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            gc.unfreeze()
             if retry is not None:
                 retry.cancel()
-            state.close()
+            state.close()  # stops the index loader first: it freezes the heap once it is done
+            gc.unfreeze()
             app.state.vb = None
             release_native_threads(s.blas_threads)
             metrics.close()  # multiprocess: this worker's gauges leave the sums

@@ -67,6 +67,7 @@ class IndexStore:
         self.load_errors: dict[str, str] = {}
         self._pending: set[str] = set()  # names the background loader has not loaded (nor failed) yet
         self._stop = threading.Event()
+        self._done_lock = threading.Lock()  # the loader's end vs stop_loading
 
     def load_all(self) -> int:
         """Read every persisted index now; returns how many loaded (failures go to ``load_errors``).
@@ -96,8 +97,10 @@ class IndexStore:
                          daemon=True).start()
 
     def stop_loading(self) -> None:
-        """Have the background loader stop before its next index (the app is closing)."""
-        self._stop.set()
+        """Have the background loader stop before its next index (the app is closing); once this returns, the
+        loader's ``on_done`` does not run any more (it ran already, or never will)."""
+        with self._done_lock:
+            self._stop.set()
 
     def _load_pending(self, names: list[str], on_done: Callable[[], None] | None) -> None:
         started = time.perf_counter()
@@ -116,14 +119,15 @@ class IndexStore:
                     self.load_errors[name] = f"{type(exc).__name__}: {exc}"
             finally:
                 self._settled(name)
-        if self._stop.is_set():
-            return
-        self.loaded = True
-        s = self.status()
-        _log.info("indexes loaded", extra={"fields": {"loaded": s["loaded"], "failed": s["failed"],
-                                                      "seconds": round(time.perf_counter() - started, 2)}})
-        if on_done is not None:
-            on_done()
+        with self._done_lock:  # not after stop_loading: the app that asked for on_done may be closed already
+            if self._stop.is_set():
+                return
+            self.loaded = True
+            s = self.status()
+            _log.info("indexes loaded", extra={"fields": {"loaded": s["loaded"], "failed": s["failed"],
+                                                          "seconds": round(time.perf_counter() - started, 2)}})
+            if on_done is not None:
+                on_done()
 
     def _settled(self, name: str) -> None:
         """``name`` is loaded, failed or gone: no longer waited for."""
