@@ -40,7 +40,6 @@ _log = get_logger("indexes")
 
 __all__ = ["IndexStore"]
 
-_LOAD_LOCK_STRIPES = 64
 _STALE_CREATE_S = 24 * 3600
 
 
@@ -59,8 +58,9 @@ class IndexStore:
         self._indexes: dict[str, SpaceIndex] = {}
         self._lock = threading.Lock()
         self._creating: set[str] = set()
-        # one loader per name without a lock per name ever looked up (unknown names would leak): striped
-        self._load_locks = [threading.Lock() for _ in range(_LOAD_LOCK_STRIPES)]
+        # one loader per name: name -> [lock, threads holding or waiting for it], dropped when none is (a lock per
+        # name ever looked up would leak; a lock shared by names would make one wait for another's slow load)
+        self._load_locks: dict[str, list] = {}
         self._failed: dict[str, tuple | None] = {}  # name -> meta sig that failed to load
         #: True once every index on disk at start-up was loaded or failed (:meth:`load_all`, the background loader)
         self.loaded = False
@@ -268,12 +268,20 @@ class IndexStore:
                 del self._indexes[name]
 
     def _load(self, name: str) -> SpaceIndex:
-        load_lock = self._load_locks[hash(name) % _LOAD_LOCK_STRIPES]
-        with load_lock:  # one loader per name; other names load in parallel
-            try:
-                return self._load_locked(name)
-            finally:
-                self._settled(name)
+        with self._lock:
+            entry = self._load_locks.setdefault(name, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:  # one loader per name; other names load in parallel, never waiting for this one
+                try:
+                    return self._load_locked(name)
+                finally:
+                    self._settled(name)
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._load_locks[name]
 
     def _load_locked(self, name: str) -> SpaceIndex:
         path = self.root / name
