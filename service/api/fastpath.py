@@ -103,6 +103,7 @@ async def _search(state, settings, params: dict, headers: dict, body: bytes, qs:
     def call():
         return index_routes.search_call(state, settings, state.indexes.get(params["name"]), body)
 
+    await state.after_loads(params["name"])
     found, response = await _hop(state, call, len(body), request)
     return response, lambda: index_routes.search_observe(state, found)
 

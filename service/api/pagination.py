@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any
 
 import orjson
@@ -92,11 +92,15 @@ async def paged(load: Callable[[], Sequence[dict]], page: PageParams, key: Calla
     return FastJSONResponse(paginate(await run_in_threadpool(load), key or (lambda d: d["name"]), page))
 
 
-def list_route(router, path: str, *, name: str, summary: str, response_model, load: Callable[[Any], Sequence[dict]]):
+def list_route(router, path: str, *, name: str, summary: str, response_model, load: Callable[[Any], Sequence[dict]],
+               ready: Callable[[Any], Awaitable[None]] | None = None):
     """Register ``GET path`` (read scope) answering one page, by name, of ``load(state)`` (the app state; run off
-    the event loop). ``name`` is the endpoint's name, hence its OpenAPI operationId."""
+    the event loop), after ``await ready(state)`` when given. ``name`` is the endpoint's name, hence its OpenAPI
+    operationId."""
 
     async def endpoint(state: StateDep, page: Page):
+        if ready is not None:
+            await ready(state)
         return await paged(lambda: load(state), page)
 
     endpoint.__name__ = endpoint.__qualname__ = name

@@ -12,6 +12,7 @@ version through any worker or replica shows up at the next request.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from collections.abc import Sequence
@@ -140,6 +141,27 @@ class AppState:
             raise
         self.registry_error = None
         return True
+
+    async def after_loads(self, *names: str) -> None:
+        """Wait, on the event loop and without a thread, while other threads load ``names`` (every index being
+        loaded when none is named); returns at once for one in memory or not being loaded.
+
+        A request for an index the start-up is still loading then takes a pool thread only once it can be served.
+        Before, each such request held one of the pool's 40 threads for the whole load (minutes for a large index
+        on a slow disk), and 40 of them stalled every other route that needs the pool.
+        """
+        loop = asyncio.get_running_loop()
+        for name in names or self.indexes.loading():
+            done = loop.create_future()
+
+            def wake(done=done):
+                try:
+                    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+                except RuntimeError:  # the loop closed meanwhile (shutdown): nobody waits any more
+                    pass
+
+            if self.indexes.when_loaded(name, wake):
+                await done
 
     def close(self) -> None:
         self.indexes.stop_loading()

@@ -58,8 +58,9 @@ class IndexStore:
         self._indexes: dict[str, SpaceIndex] = {}
         self._lock = threading.Lock()
         self._creating: set[str] = set()
-        # one loader per name: name -> [lock, threads holding or waiting for it], dropped when none is (a lock per
-        # name ever looked up would leak; a lock shared by names would make one wait for another's slow load)
+        # one loader per name: name -> [lock, threads holding or waiting for it, callbacks of when_loaded], dropped
+        # when no thread is (a lock per name ever looked up would leak; one shared by names would make one wait for
+        # another's slow load)
         self._load_locks: dict[str, list] = {}
         self._failed: dict[str, tuple | None] = {}  # name -> meta sig that failed to load
         #: True once every index on disk at start-up was loaded or failed (:meth:`load_all`, the background loader)
@@ -267,9 +268,25 @@ class IndexStore:
             if self._indexes.get(name) is idx:
                 del self._indexes[name]
 
+    def when_loaded(self, name: str, callback: Callable[[], None]) -> bool:
+        """True when a thread is loading ``name`` now: ``callback()`` is then called (in that thread, once) when
+        its load ends, loaded or not. False when there is nothing to wait for (:meth:`get` finds the index in
+        memory, or loads it itself). Lets an async caller wait for another thread's load without a thread."""
+        with self._lock:
+            entry = self._load_locks.get(name)
+            if entry is None or name in self._indexes:
+                return False
+            entry[2].append(callback)
+            return True
+
+    def loading(self) -> list[str]:
+        """Names some thread is loading (or waiting to load) now."""
+        with self._lock:
+            return [n for n in self._load_locks if n not in self._indexes]
+
     def _load(self, name: str) -> SpaceIndex:
         with self._lock:
-            entry = self._load_locks.setdefault(name, [threading.Lock(), 0])
+            entry = self._load_locks.setdefault(name, [threading.Lock(), 0, []])
             entry[1] += 1
         try:
             with entry[0]:  # one loader per name; other names load in parallel, never waiting for this one
@@ -282,6 +299,12 @@ class IndexStore:
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._load_locks[name]
+                told, entry[2] = entry[2], []
+            for callback in told:
+                try:
+                    callback()
+                except Exception:  # noqa: BLE001 - a waiter's trouble never fails this load
+                    _log.exception("index load callback failed")
 
     def _load_locked(self, name: str) -> SpaceIndex:
         path = self.root / name

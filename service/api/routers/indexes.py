@@ -2,7 +2,9 @@
 
 Every route looks its index up (``state.indexes.get``) in a worker thread, never on the event loop: when
 another process has written the index since, the lookup loads the new generation, which reads the whole
-FAISS file (~0.2 s for 160k x 384 rows) and would stall every request of this process meanwhile.
+FAISS file (~0.2 s for 160k x 384 rows) and would stall every request of this process meanwhile. While
+another thread loads the index (the start-up's loader), a route first waits for it on the event loop
+(``state.after_loads``), holding no thread.
 """
 
 from __future__ import annotations
@@ -73,11 +75,12 @@ def _info(idx: SpaceIndex) -> dict:
 
 
 list_route(router, "/indexes", name="list_indexes", summary="List indexes", response_model=IndexList,
-           load=lambda state: [_info(i) for i in state.indexes.list()])
+           load=lambda state: [_info(i) for i in state.indexes.list()], ready=lambda state: state.after_loads())
 
 
 @router.get("/indexes/{name}", dependencies=[ReadScope], summary="Get an index", response_model=IndexOut)
 async def get_index(name: str, state: StateDep):
+    await state.after_loads(name)
     return FastJSONResponse(_info(await run_in_threadpool(state.indexes.get, name)))
 
 
@@ -119,6 +122,7 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
         return idx, index_ops.add_rows(state, idx, X, texts=opts.texts, store_texts=opts.store_texts, ids=opts.ids,
                                        payloads=opts.payloads)
 
+    await state.after_loads(name)
     idx, ids = await state.heavy.hop(work, len(body))
     state.metrics.batch_rows.labels("index_add").observe(len(ids))
     return FastJSONResponse({"index": name, "ids": ids, "count": idx.count})
@@ -132,6 +136,7 @@ async def delete_vectors(name: str, body: Annotated[IndexDelete, Body(openapi_ex
         idx = state.indexes.get(name)
         return idx, idx.delete(body.ids)
 
+    await state.after_loads(name)
     idx, n = await run_in_threadpool(work)
     return FastJSONResponse({"index": name, "deleted": n, "count": idx.count})
 
@@ -141,6 +146,7 @@ async def delete_vectors(name: str, body: Annotated[IndexDelete, Body(openapi_ex
              responses=error_responses(413, 415))
 async def search(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
+    await state.after_loads(name)
     found, response = await state.heavy.hop(lambda: search_call(state, settings, state.indexes.get(name), body),
                                             len(body), request)
     search_observe(state, found)

@@ -153,3 +153,65 @@ def test_a_server_answers_while_a_slow_index_loads_and_serves_it_once_loaded(tmp
     assert loads == ["later", "slow", "small"], loads  # each read once: by the loader or by the request that came first
     done = [r for r in records if r.get("msg") == "indexes loaded"]
     assert len(done) == 1 and (done[0]["loaded"], done[0]["failed"]) == (3, 1), done
+
+
+def test_requests_waiting_for_a_slow_load_hold_no_pool_thread(tmp_path):
+    """Requests for an index the start-up is still loading wait on the event loop, not in the thread pool.
+
+    Before, each one held one of the pool's 40 threads for the whole load: 60 clients retrying a large index
+    while it loaded (minutes from a slow disk) left no thread for any other route, so a plain GET of an index
+    already loaded waited for the slow one's load. Here the load is held on a pipe while 60 requests for it wait;
+    a GET of another index must answer meanwhile, and the 60 once the pipe is written.
+    """
+    data = tmp_path / "data"
+    _X, Y, _ = seed_registry(data)
+    store = IndexStore(data / "indexes")
+    store.create("small", "b", Y[:20], kind="flat")
+    store.create("slow", "b", Y, kind="flat", payloads=[{"i": i} for i in range(len(Y))])
+    fifo = data / "indexes" / "slow" / "payloads.1.json"
+    payload_bytes = fifo.read_bytes()
+    fifo.unlink()
+    os.mkfifo(fifo)
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host",
+                                 "127.0.0.1", "--port", str(port), "--no-access-log"],
+                                cwd=ROOT, env=env_for(data, port), stdout=out, stderr=subprocess.STDOUT)
+    released = False
+    try:
+        wait_ready(url, proc=proc, path="/healthz", timeout=30, log=log)
+        _readyz(url, lambda _code, b: b["checks"]["indexes"].get("loaded") == 1)  # 'small' in, 'slow' held
+
+        answers: list = []
+        asks = [lambda: httpx.post(url + "/v1/indexes/slow/search", headers=R, timeout=60,
+                                   json={"vectors": Y[:2].tolist(), "k": 1}),
+                lambda: httpx.get(url + "/v1/indexes/slow", headers=R, timeout=60),
+                lambda: httpx.get(url + "/v1/indexes", headers=R, timeout=60)]
+        threads = [threading.Thread(target=lambda i=i: answers.append(asks[i % 3]()), daemon=True) for i in range(60)]
+        for th in threads:
+            th.start()
+        time.sleep(2.0)  # every one of them has reached the server and waits
+        assert answers == [], [a.text for a in answers]
+        r = httpx.get(url + "/v1/indexes/small", headers=R, timeout=10)  # a pool thread: there must be one free
+        assert r.status_code == 200 and r.json()["count"] == 20, r.text
+
+        fd = _open_writer(fifo)
+        try:
+            os.write(fd, payload_bytes)
+        finally:
+            os.close(fd)
+        released = True
+        for th in threads:
+            th.join(60)
+        assert len(answers) == 60 and all(a.status_code == 200 for a in answers), [a.text for a in answers][:3]
+        assert sorted({a.json().get("count", 0) for a in answers if "count" in a.json()}) == [300]
+    finally:
+        if not released and proc.poll() is None:
+            try:
+                os.close(_open_writer(fifo, timeout=0.5))
+            except OSError:
+                pass
+        stop(proc)
