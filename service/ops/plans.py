@@ -23,6 +23,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 import align
@@ -127,8 +129,9 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     mean cosine of the map's raw output, what ``transform`` writes, with the native target rows),
     ``retrieval`` (:func:`retention_gate`), ``retention``, ``map`` (the resolved ref) and, when a gate is
     given, ``min_top1`` / ``min_retention`` and ``result`` (``"PASS"`` only when every given gate passes).
-    ``record`` stores top-1, mean rank, cosine, recall@10 and the candidate count as tags ``eval.*`` on the
-    version (they rank paths), and with labelled ``queries`` / ``relevant`` (see :func:`retention_gate`) the labelled
+    ``record`` stores top-1, mean rank, cosine, recall@10, the candidate count and the rows ranked
+    (``n_queries``) as tags ``eval.*`` on the version (they rank paths), with ``eval.top1_interval`` when a sample
+    was ranked (JSON ``[low, high]``; tags are text), and with labelled ``queries`` / ``relevant`` (see :func:`retention_gate`) the labelled
     retention as ``eval.labelled_retention``. With ``csls``, labelled retention is of CSLS search with
     ``csls_weight`` (the service's default 0.5) and the plain one is kept as ``retrieval.labelled_plain``.
 
@@ -162,8 +165,12 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     if passed is not None:
         res["result"] = "PASS" if passed else "FAIL"
     if record:
-        for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates"):
+        for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates", "n_queries"):
             registry.set_tag(v.name, v.version, f"eval.{k}", res[k])
+        if "intervals" in res:  # a sample's top-1: with its interval, or it reads as exact
+            registry.set_tag(v.name, v.version, "eval.top1_interval", json.dumps(list(res["intervals"]["top1"])))
+        elif "eval.top1_interval" in (v.tags or {}):  # every pair ranked now: an earlier sample's interval is stale
+            registry.delete_tag(v.name, v.version, "eval.top1_interval")
         if "labelled" in res["retrieval"]:
             registry.set_tag(v.name, v.version, "eval.labelled_retention", res["retention"])
     return res

@@ -127,3 +127,23 @@ def test_http_evaluate_takes_max_queries_and_answers_as_the_cli(tmp_path, capsys
             r = c.post("/v1/maps/m/evaluate", json={**body, "max_queries": bad})
             assert r.status_code == 422 and "max_queries" in r.text, (bad, r.status_code, r.text[:200])
         assert c.get("/healthz").status_code == 200
+
+
+def test_cli_eval_record_stores_the_sample_size_and_interval(capsys, wn):
+    """`eval --record` of a sampled evaluation used to store its top-1 as if every pair had been ranked."""
+    def tags():
+        code, out, err = run(capsys, "--data-dir", wn / "var", "registry", "show", "minilm-e5", "--json")
+        assert code == 0, err
+        return json.loads(out)["tags"]
+
+    code, out, err = _eval(capsys, wn, "2000:8000", "--json", "--max-queries", "1500", "--random-state", "3",
+                           "--record")
+    assert code == 0, err
+    res, t = json.loads(out), tags()
+    assert (float(t["eval.top1"]), t["eval.n_queries"], t["eval.n_candidates"]) == (res["top1"], "1500", "6000")
+    lo, hi = json.loads(t["eval.top1_interval"])
+    assert [lo, hi] == res["intervals"]["top1"] and lo < res["top1"] < hi
+    code, out, err = _eval(capsys, wn, "2000:4000", "--json", "--record")  # every pair: no interval kept
+    assert code == 0, err
+    t = tags()
+    assert (t["eval.n_queries"], t["eval.n_candidates"]) == ("2000", "2000") and "eval.top1_interval" not in t
