@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import numpy as np
@@ -60,20 +61,31 @@ def _metric(url: str, line: str) -> float:
     return float(next(s for s in text.splitlines() if s.startswith(line + " ")).split()[-1])
 
 
-def test_a_server_answers_while_a_slow_index_loads_and_serves_it_once_loaded(tmp_path):
+@contextmanager
+def _server_with_slow_index(tmp_path, more=None):
+    """A real server over spaces a, b (16-d, map a2b: Y = X Q) and the index 'slow' (Y's 300 rows, with payloads)
+    whose payload file is a named pipe: its load waits until ``release()`` writes the file into it. ``more(store,
+    Y)`` creates the other indexes first. Yields ``(url, X, Y, release)``; on the way out the server is stopped
+    (a load the test did not release let go first); its log is ``tmp_path / "server.log"``."""
     data = tmp_path / "data"
-    X, Y, _ = seed_registry(data)  # spaces a, b (16-d) and the map a2b: Y = X Q
-    later_rows = np.random.default_rng(7).standard_normal((4000, 16)).astype(np.float32)
+    X, Y, _ = seed_registry(data)
     store = IndexStore(data / "indexes")
-    store.create("small", "b", Y[:20], kind="flat")
-    store.create("broken", "b", Y[:30], kind="flat")
+    if more is not None:
+        more(store, Y)
     store.create("slow", "b", Y, kind="flat", payloads=[{"i": i} for i in range(len(Y))])
-    store.create("later", "b", later_rows, kind="flat")  # the largest: loaded last (smallest first)
-    (data / "indexes" / "broken" / "index.1.faiss").write_bytes(b"not a FAISS file")  # a damaged index
     fifo = data / "indexes" / "slow" / "payloads.1.json"
     payload_bytes = fifo.read_bytes()
     fifo.unlink()
     os.mkfifo(fifo)
+    released: list[bool] = []
+
+    def release() -> None:
+        fd = _open_writer(fifo)
+        try:
+            os.write(fd, payload_bytes)
+        finally:
+            os.close(fd)
+        released.append(True)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -82,11 +94,33 @@ def test_a_server_answers_while_a_slow_index_loads_and_serves_it_once_loaded(tmp
         proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host",
                                  "127.0.0.1", "--port", str(port), "--no-access-log"],
                                 cwd=ROOT, env=env_for(data, port), stdout=out, stderr=subprocess.STDOUT)
-    released = False
     try:
-        # before: nothing answered until every index was read (here: never, the pipe holds the load)
         wait_ready(url, proc=proc, path="/healthz", timeout=30, log=log)
+        yield url, X, Y, release
+    finally:
+        if not released and proc.poll() is None:
+            try:  # let a load still waiting on the pipe go, so the server can stop
+                os.close(_open_writer(fifo, timeout=0.5))
+            except OSError:
+                pass
+        stop(proc)
 
+
+def _log_records(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines() if line.startswith("{")]
+
+
+def test_a_server_answers_while_a_slow_index_loads_and_serves_it_once_loaded(tmp_path):
+    later_rows = np.random.default_rng(7).standard_normal((4000, 16)).astype(np.float32)
+
+    def more(store, Y):
+        store.create("small", "b", Y[:20], kind="flat")
+        store.create("broken", "b", Y[:30], kind="flat")
+        store.create("later", "b", later_rows, kind="flat")  # the largest: loaded last (smallest first)
+        (store.root / "broken" / "index.1.faiss").write_bytes(b"not a FAISS file")  # a damaged index
+
+    # before: nothing answered until every index was read (here: never, the pipe holds the load)
+    with _server_with_slow_index(tmp_path, more) as (url, X, Y, release):
         # the loader holds 'slow' (waiting on the disk); 'later' waits its turn; 'broken' failed as it did before
         code, body = _readyz(url, lambda _code, b: b["checks"]["indexes"].get("failed") == 1
                              and b["checks"]["indexes"].get("loaded") == 1)
@@ -121,12 +155,7 @@ def test_a_server_answers_while_a_slow_index_loads_and_serves_it_once_loaded(tmp
         assert answers == {}, answers  # waiting for the disk, not failing
         assert httpx.get(url + "/healthz", timeout=5).status_code == 200
 
-        fd = _open_writer(fifo)
-        try:
-            os.write(fd, payload_bytes)
-        finally:
-            os.close(fd)
-        released = True
+        release()
         for th in threads:
             th.join(60)
         assert _top1(answers["search"]) == list(range(20))
@@ -141,14 +170,7 @@ def test_a_server_answers_while_a_slow_index_loads_and_serves_it_once_loaded(tmp
         assert _metric(url, "vecbridge_indexes_loading") == 0
         assert _metric(url, 'vecbridge_index_vectors{index="slow"}') == 300
         assert _metric(url, 'vecbridge_index_vectors{index="later"}') == 4000
-    finally:
-        if not released and proc.poll() is None:
-            try:  # let a load still waiting on the pipe go, so the server can stop
-                os.close(_open_writer(fifo, timeout=0.5))
-            except OSError:
-                pass
-        stop(proc)
-    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    records = _log_records(tmp_path)
     loads = sorted(r["index"] for r in records if r.get("msg") == "index loaded")
     assert loads == ["later", "slow", "small"], loads  # each read once: by the loader or by the request that came first
     done = [r for r in records if r.get("msg") == "indexes loaded"]
@@ -163,26 +185,8 @@ def test_requests_waiting_for_a_slow_load_hold_no_pool_thread(tmp_path):
     already loaded waited for the slow one's load. Here the load is held on a pipe while 60 requests for it wait;
     a GET of another index must answer meanwhile, and the 60 once the pipe is written.
     """
-    data = tmp_path / "data"
-    _X, Y, _ = seed_registry(data)
-    store = IndexStore(data / "indexes")
-    store.create("small", "b", Y[:20], kind="flat")
-    store.create("slow", "b", Y, kind="flat", payloads=[{"i": i} for i in range(len(Y))])
-    fifo = data / "indexes" / "slow" / "payloads.1.json"
-    payload_bytes = fifo.read_bytes()
-    fifo.unlink()
-    os.mkfifo(fifo)
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host",
-                                 "127.0.0.1", "--port", str(port), "--no-access-log"],
-                                cwd=ROOT, env=env_for(data, port), stdout=out, stderr=subprocess.STDOUT)
-    released = False
-    try:
-        wait_ready(url, proc=proc, path="/healthz", timeout=30, log=log)
+    with _server_with_slow_index(tmp_path, lambda store, Y: store.create("small", "b", Y[:20], kind="flat")) as (
+            url, _X, Y, release):
         _readyz(url, lambda _code, b: b["checks"]["indexes"].get("loaded") == 1)  # 'small' in, 'slow' held
 
         answers: list = []
@@ -198,20 +202,8 @@ def test_requests_waiting_for_a_slow_load_hold_no_pool_thread(tmp_path):
         r = httpx.get(url + "/v1/indexes/small", headers=R, timeout=10)  # a pool thread: there must be one free
         assert r.status_code == 200 and r.json()["count"] == 20, r.text
 
-        fd = _open_writer(fifo)
-        try:
-            os.write(fd, payload_bytes)
-        finally:
-            os.close(fd)
-        released = True
+        release()
         for th in threads:
             th.join(60)
         assert len(answers) == 60 and all(a.status_code == 200 for a in answers), [a.text for a in answers][:3]
         assert sorted({a.json().get("count", 0) for a in answers if "count" in a.json()}) == [300]
-    finally:
-        if not released and proc.poll() is None:
-            try:
-                os.close(_open_writer(fifo, timeout=0.5))
-            except OSError:
-                pass
-        stop(proc)
