@@ -1,13 +1,16 @@
-"""Search latency while one large batch is added to the same index, over real HTTP (a uvicorn server process).
+"""Search latency while one large batch is added to (or deleted from) the same index, over real HTTP (a uvicorn
+server process).
 
     python benchmarks/bench_add_stall.py --kind hnsw --rows 200000 --add 20000 --cache /tmp/stall-cache
+    python benchmarks/bench_add_stall.py --kind hnsw --rows 50000 --delete 6000 --cache /tmp/stall-cache-50k
 
 An index of ``--rows`` x 384 rows (WordNet MiniLM rows repeated with N(0, 0.01) noise, as
 ``bench_index_writes.py``) is built once into ``--cache`` (reused by later runs: each run serves a copy, the
 generation files hard-linked, as they are never changed in place). A server is started on the copy; one client
 searches it with one query (k=10) in a loop, and after ``--before`` seconds another client adds ``--add`` rows in one
-request (``vectors_b64``). Printed: the add's wall time, and the latencies of the searches that started before
-the add and of those that started while it ran (count, p50, p99, max), plus the longest gap between two answers.
+request (``vectors_b64``), or with ``--delete N`` deletes the ids 0..N-1 in one request (past 10 % of an HNSW
+index's rows: the delete rebuilds the graph). Printed: the write's wall time, and the latencies of the searches that started before
+the write and of those that started while it ran (count, p50, p99, max), plus the longest gap between two answers.
 The server runs with ``OMP_NUM_THREADS=1`` (what the tests use).
 """
 
@@ -71,6 +74,7 @@ def main() -> None:
     ap.add_argument("--kind", default="hnsw", choices=("hnsw", "flat"))
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--add", type=int, default=20_000)
+    ap.add_argument("--delete", type=int, default=0, help="delete this many rows instead of adding --add rows")
     ap.add_argument("--before", type=float, default=3.0, help="seconds of searches before the add")
     ap.add_argument("--cache", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=None, help="the served copy (default: CACHE.run)")
@@ -88,8 +92,12 @@ def main() -> None:
         q = {"vectors": rows(1, seed=7)[0][:1].tolist(), "k": 10}
         with httpx.Client(timeout=600) as c:
             assert c.post(f"{url}/v1/indexes/big/search", json=q, headers=W).status_code == 200  # loaded
-        X = rows(a.add, seed=11)[0] + 0.01
-        body = json.dumps({"vectors_b64": base64.b64encode(X.astype(np.float32).tobytes()).decode(), "dim": 384})
+        if a.delete:
+            what, route, body = f"delete of {a.delete} rows", "delete", json.dumps({"ids": list(range(a.delete))})
+        else:
+            X = rows(a.add, seed=11)[0] + 0.01
+            what, route = f"add of {a.add} rows", "vectors"
+            body = json.dumps({"vectors_b64": base64.b64encode(X.astype(np.float32).tobytes()).decode(), "dim": 384})
         done = threading.Event()
         lat: list[tuple[float, float]] = []  # (start, latency)
 
@@ -106,7 +114,7 @@ def main() -> None:
         time.sleep(a.before)
         with httpx.Client(timeout=900) as c:
             t0 = time.perf_counter()
-            r = c.post(f"{url}/v1/indexes/big/vectors", content=body, headers=W)
+            r = c.post(f"{url}/v1/indexes/big/{route}", content=body, headers=W)
             t1 = time.perf_counter()
         time.sleep(1.0)
         done.set()
@@ -116,9 +124,9 @@ def main() -> None:
         during = [d for t, d in lat if t0 <= t < t1]
         ends = sorted(t + d for t, d in lat if t + d >= t0 and t < t1)
         gap = max(np.diff([t0, *ends, t1])) if ends else t1 - t0
-        print(f"{a.kind} {a.rows} x 384 + add of {a.add} rows: add {t1 - t0:.2f} s; count after {r.json()['count']}")
-        print(f"  before the add: {stats(before)}")
-        print(f"  during the add: {stats(during)}; longest time without an answer {gap * 1e3:.0f} ms")
+        print(f"{a.kind} {a.rows} x 384, {what}: {t1 - t0:.2f} s; count after {r.json()['count']}")
+        print(f"  before the write: {stats(before)}")
+        print(f"  during the write: {stats(during)}; longest time without an answer {gap * 1e3:.0f} ms")
     finally:
         stop(proc)
         shutil.rmtree(data, ignore_errors=True)

@@ -333,7 +333,12 @@ class SpaceIndex:
         return np.concatenate(ids)
 
     def delete(self, ids) -> int:
-        """Delete ``ids``; returns how many were present. Unknown ids are ignored."""
+        """Delete ``ids``; returns how many were present. Unknown ids are ignored.
+
+        HNSW marks the rows' slots dead (tombstones, filtered from searches); once they pass
+        :data:`~.kinds.TOMBSTONE_REBUILD` of the stored rows the graph is rebuilt from the live rows, off the
+        write side: searches go on meanwhile (seeing the rows until the new graph is saved and swapped in).
+        """
         ids_arr = ids_array(ids, merge_repeats=True)  # an id named twice is deleted once
         with self._writing():
             with self.lock.write(), self._undo_on_failure():
@@ -342,23 +347,32 @@ class SpaceIndex:
                     return 0
                 logged = self._logs(present.size)
                 if self.kind == "hnsw":
-                    self.tombstones.update(live_slots(self.index, present, self.tombstones).tolist())
-                    if len(self.tombstones) > TOMBSTONE_REBUILD * max(1, self.index.ntotal):
-                        self._rebuild()
-                        logged = False  # a new graph: only a snapshot holds it
+                    dead = self.tombstones | set(live_slots(self.index, present, self.tombstones).tolist())
+                    if len(dead) > TOMBSTONE_REBUILD * max(1, self.index.ntotal):
+                        rebuild = dead
+                    else:
+                        rebuild, self.tombstones = None, dead
                 else:
+                    rebuild = None
                     removed = self.index.remove_ids(present)
                     assert removed == present.size, (removed, present.size)
-                for i in present.tolist():
-                    self.payloads.pop(i, None)
-                self._changed()
-                self._save(Delta(self.generation + 1, "delete", present) if logged else None)
-                return int(present.size)
+                if rebuild is None:
+                    self._forget_rows(present)
+                    self._save(Delta(self.generation + 1, "delete", present) if logged else None)
+                    return int(present.size)
+            # only readers of this index meanwhile (this thread holds the writer lock): the rebuild reads it safely
+            fresh = rebuild_hnsw(self.index, self.dim, self.params, rebuild)
+            with self.lock.write(), self._undo_on_failure():
+                self.index, self.tombstones = fresh, set()
+                self._forget_rows(present)
+                self._save()  # a new graph: only a snapshot holds it
+            return int(present.size)
 
-    def _rebuild(self) -> None:
-        """HNSW only: rebuild the graph from live rows, dropping tombstoned slots."""
-        self.index = rebuild_hnsw(self.index, self.dim, self.params, self.tombstones)
-        self.tombstones = set()
+    def _forget_rows(self, ids: np.ndarray) -> None:
+        """The rows ``ids`` are deleted from the index: drop their payloads (caller holds the write side)."""
+        for i in ids.tolist():
+            self.payloads.pop(i, None)
+        self._changed()
 
     def _changed(self) -> None:
         self.updated_at = time.time()
