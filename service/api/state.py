@@ -16,6 +16,7 @@ import asyncio
 import gc
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 
 import anyio
@@ -110,6 +111,7 @@ class AppState:
                                       on_status=self.metrics.encoder_status)
         self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
         self._seen: tuple[int, int] | None = None  # (registry change token, generation) last read together
+        self._loads: dict[str, asyncio.Future] = {}  # index name -> its load for the requests waiting (after_loads)
 
     # --- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
@@ -148,7 +150,9 @@ class AppState:
 
         A request for an index the start-up is still loading then takes a pool thread only once it can be served.
         Before, each such request held one of the pool's 40 threads for the whole load (minutes for a large index
-        on a slow disk), and 40 of them stalled every other route that needs the pool.
+        on a slow disk), and 40 of them stalled every other route that needs the pool. One the start-up has not
+        reached yet is loaded by one pool thread for all the requests that want it (a burst of them would each
+        have taken a thread before the first one's load began).
         """
         loop = asyncio.get_running_loop()
         for name in names or self.indexes.loading():
@@ -162,6 +166,21 @@ class AppState:
 
             if self.indexes.when_loaded(name, wake):
                 await done
+            elif self.indexes.pending(name):
+                if name not in self._loads:  # on the event loop: no other request can be between test and set
+                    self._loads[name] = asyncio.ensure_future(self._load_once(name))
+                await asyncio.shield(self._loads[name])  # a request that leaves does not stop the others' load
+
+    async def _load_once(self, name: str) -> None:
+        """Load ``name`` in a pool thread; its outcome is for the requests to find (a failure: their 404)."""
+        def load() -> None:
+            with suppress(Exception):
+                self.indexes.get(name)
+
+        try:
+            await anyio.to_thread.run_sync(load)
+        finally:
+            self._loads.pop(name, None)
 
     def close(self) -> None:
         self.indexes.stop_loading()

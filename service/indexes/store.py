@@ -279,6 +279,11 @@ class IndexStore:
             entry[2].append(callback)
             return True
 
+    def pending(self, name: str) -> bool:
+        """Whether ``name`` is one the start-up has yet to load (neither loaded nor failed yet)."""
+        with self._lock:
+            return name in self._pending and name not in self._indexes
+
     def loading(self) -> list[str]:
         """Names some thread is loading (or waiting to load) now."""
         with self._lock:

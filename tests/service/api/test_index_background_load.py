@@ -27,6 +27,18 @@ from _servers import ROOT, env_for, free_port, seed_registry, stop, wait_ready
 from service.indexes import IndexStore
 
 
+def _held(path) -> bytes:
+    """Turn the file ``path`` into a named pipe (a read of it waits for a writer); its bytes, to write later."""
+    content = path.read_bytes()
+    path.unlink()
+    os.mkfifo(path)
+    return content
+
+
+def _threads(pid: int) -> int:
+    return int(next(ln for ln in open(f"/proc/{pid}/status") if ln.startswith("Threads:")).split()[1])
+
+
 def _open_writer(fifo, timeout: float = 30.0) -> int:
     """The write end of ``fifo`` (blocking writes), once a reader (the server's load) has it open."""
     deadline = time.monotonic() + timeout
@@ -65,7 +77,7 @@ def _metric(url: str, line: str) -> float:
 def _server_with_slow_index(tmp_path, more=None):
     """A real server over spaces a, b (16-d, map a2b: Y = X Q) and the index 'slow' (Y's 300 rows, with payloads)
     whose payload file is a named pipe: its load waits until ``release()`` writes the file into it. ``more(store,
-    Y)`` creates the other indexes first. Yields ``(url, X, Y, release)``; on the way out the server is stopped
+    Y)`` creates the other indexes first. Yields ``(url, X, Y, release, pid)``; on the way out the server is stopped
     (a load the test did not release let go first); its log is ``tmp_path / "server.log"``."""
     data = tmp_path / "data"
     X, Y, _ = seed_registry(data)
@@ -74,9 +86,7 @@ def _server_with_slow_index(tmp_path, more=None):
         more(store, Y)
     store.create("slow", "b", Y, kind="flat", payloads=[{"i": i} for i in range(len(Y))])
     fifo = data / "indexes" / "slow" / "payloads.1.json"
-    payload_bytes = fifo.read_bytes()
-    fifo.unlink()
-    os.mkfifo(fifo)
+    payload_bytes = _held(fifo)
     released: list[bool] = []
 
     def release() -> None:
@@ -96,7 +106,7 @@ def _server_with_slow_index(tmp_path, more=None):
                                 cwd=ROOT, env=env_for(data, port), stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_ready(url, proc=proc, path="/healthz", timeout=30, log=log)
-        yield url, X, Y, release
+        yield url, X, Y, release, proc.pid
     finally:
         if not released and proc.poll() is None:
             try:  # let a load still waiting on the pipe go, so the server can stop
@@ -120,7 +130,7 @@ def test_a_server_answers_while_a_slow_index_loads_and_serves_it_once_loaded(tmp
         (store.root / "broken" / "index.1.faiss").write_bytes(b"not a FAISS file")  # a damaged index
 
     # before: nothing answered until every index was read (here: never, the pipe holds the load)
-    with _server_with_slow_index(tmp_path, more) as (url, X, Y, release):
+    with _server_with_slow_index(tmp_path, more) as (url, X, Y, release, _pid):
         # the loader holds 'slow' (waiting on the disk); 'later' waits its turn; 'broken' failed as it did before
         code, body = _readyz(url, lambda _code, b: b["checks"]["indexes"].get("failed") == 1
                              and b["checks"]["indexes"].get("loaded") == 1)
@@ -186,7 +196,7 @@ def test_requests_waiting_for_a_slow_load_hold_no_pool_thread(tmp_path):
     a GET of another index must answer meanwhile, and the 60 once the pipe is written.
     """
     with _server_with_slow_index(tmp_path, lambda store, Y: store.create("small", "b", Y[:20], kind="flat")) as (
-            url, _X, Y, release):
+            url, _X, Y, release, _pid):
         _readyz(url, lambda _code, b: b["checks"]["indexes"].get("loaded") == 1)  # 'small' in, 'slow' held
 
         answers: list = []
@@ -207,3 +217,52 @@ def test_requests_waiting_for_a_slow_load_hold_no_pool_thread(tmp_path):
             th.join(60)
         assert len(answers) == 60 and all(a.status_code == 200 for a in answers), [a.text for a in answers][:3]
         assert sorted({a.json().get("count", 0) for a in answers if "count" in a.json()}) == [300]
+
+
+def test_a_burst_of_requests_for_an_index_not_reached_yet_takes_one_thread(tmp_path):
+    """60 requests at once for an index the start-up has not reached yet (the loader is held on 'slow'): one pool
+    thread loads it for all of them (here: waits on its pipe); the others wait on the event loop. Before, every
+    request that came before the first one's load began took a thread of its own to wait for it."""
+    queued: dict = {}
+
+    def more(store, Y):
+        store.create("small", "b", Y[:20], kind="flat")
+        rows = np.random.default_rng(3).standard_normal((2000, 16)).astype(np.float32)  # larger: after 'slow'
+        store.create("queued", "b", rows, kind="flat", payloads=[{"q": i} for i in range(2000)])
+        queued["fifo"] = store.root / "queued" / "payloads.1.json"
+        queued["bytes"] = _held(queued["fifo"])
+
+    with _server_with_slow_index(tmp_path, more) as (url, _X, Y, release, pid):
+        _readyz(url, lambda _code, b: b["checks"]["indexes"].get("loaded") == 1)  # 'small' in, 'slow' held
+        assert httpx.get(url + "/v1/indexes/small", headers=R, timeout=10).status_code == 200
+        before = _threads(pid)
+        answers: list = []
+        go = threading.Barrier(60)
+
+        def ask():
+            with httpx.Client(headers=R, timeout=60) as c:
+                c.get(url + "/healthz")  # connected: the 60 requests below leave together
+                go.wait()
+                answers.append(c.post(url + "/v1/indexes/queued/search", json={"vectors": Y[:1].tolist(), "k": 1}))
+
+        threads = [threading.Thread(target=ask, daemon=True) for _ in range(60)]
+        fd = None
+        try:
+            for th in threads:
+                th.start()
+            fd = _open_writer(queued["fifo"])  # one load of 'queued' has the pipe open and waits on it
+            time.sleep(1.0)  # every request has reached the server
+            during = _threads(pid)
+            assert answers == [], [a.text for a in answers]
+            assert during - before <= 3, (before, during)  # one loading thread (and the pool's spares)
+            assert httpx.get(url + "/v1/indexes/small", headers=R, timeout=10).status_code == 200
+            os.write(fd, queued["bytes"])
+        finally:
+            if fd is not None:
+                os.close(fd)
+        for th in threads:
+            th.join(60)
+        assert len(answers) == 60 and all(a.status_code == 200 for a in answers), [a.text for a in answers][:3]
+        release()
+    loads = [r["index"] for r in _log_records(tmp_path) if r.get("msg") == "index loaded"]
+    assert sorted(loads) == ["queued", "slow", "small"], loads  # 'queued' read once
