@@ -59,6 +59,8 @@ OLD_JOB_COLUMNS = ("id", "kind", "description", "state", "stage", "fraction", "c
 OLD_MAP_KINDS, OLD_ARTIFACT_FORMATS = ("linear", "cluster"), ("npz", "safetensors")
 OLD_EVAL_TAGS = {"eval.top1", "eval.mean_rank", "eval.cos", "eval.recall@10", "eval.n_candidates",
                  "eval.labelled_retention"}
+#: eval tags written since 58ebe2e: it shows them as plain text tags and ranks paths by eval.top1/n_candidates only
+NEW_EVAL_TAGS = {"eval.n_queries", "eval.top1_interval"}
 
 
 def _maker():
@@ -165,7 +167,7 @@ def test_a_data_dir_this_release_wrote_holds_only_what_58ebe2e_reads(tmp_path, c
             formats = {r for r, in c.execute("SELECT DISTINCT artifact_format FROM versions")}
             evals = dict(c.execute("SELECT key, value FROM tags WHERE key LIKE 'eval.%'").fetchall())
         assert kinds <= set(OLD_MAP_KINDS) and formats <= set(OLD_ARTIFACT_FORMATS)
-        assert set(evals) <= OLD_EVAL_TAGS and {"eval.top1", "eval.n_candidates"} <= set(evals)
+        assert set(evals) <= OLD_EVAL_TAGS | NEW_EVAL_TAGS and {"eval.top1", "eval.n_candidates"} <= set(evals)
         # 58ebe2e ranks by eval.top1 among eval.n_candidates: still every held-out row when the queries are sampled
         assert int(float(evals["eval.n_candidates"])) == 200 and 0 <= float(evals["eval.top1"]) <= 1
 
