@@ -291,7 +291,8 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
         bad = ~np.isfinite(batch.vectors).all(axis=1)
         if bad.any():  # the map's own check would say "X: 1 row(s)", not which rows of which collection
-            raise NonFiniteError(f"{source!r}: {int(bad.sum())} stored vector(s) with NaN or Inf, ids "
+            raise NonFiniteError(f"{source!r}: {int(bad.sum())} stored vector(s) with NaN or Inf (or none: "
+                                 f"NULL), ids "
                                  f"{batch.ids[bad][:10].tolist()}; fix or delete them, then run the same command "
                                  "again to resume")
         Y = map_.apply(batch.vectors, output="raw")

@@ -1,0 +1,82 @@
+"""An operator migrating a real database: the rows users really have (extreme ids, NULL vectors, ids that are
+not integers), a second run beside the first, and ``verify`` as the gate after it.
+
+PostgreSQL + pgvector (pgserver wheel, or ``VECBRIDGE_TEST_PGVECTOR_URL``) and Qdrant local mode; small
+generated collections: these are about rows arriving or being refused, not quality
+(``test_vectordb_engines.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _vectordb_servers import pg_url  # noqa: F401  (module-scoped server fixture)
+
+import align
+from align.exceptions import NonFiniteError
+from service.vectordb import UnsupportedFieldError, migrate, open_store
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 24)).astype(np.float32)
+    Y = X @ np.linalg.qr(rng.normal(size=(24, 24)))[0][:, :16]
+    m = align.fit_procrustes(X[200:], Y[200:])
+    return X[:200], m
+
+
+@pytest.fixture
+def pg(pg_url):  # noqa: F811
+    """An open pgvector store and a ``table(sql_columns, rows)`` maker; this module's tables dropped afterwards."""
+    from pgvector.psycopg import register_vector
+
+    s = open_store(pg_url)
+    register_vector(s.conn)
+    names = ("o_src", "o_dst")
+
+    def table(cols: str, rows) -> None:
+        s.conn.execute(f"CREATE TABLE o_src ({cols})")
+        with s.conn.cursor() as cur:
+            cur.executemany("INSERT INTO o_src VALUES (%s, %s, %s)", rows)
+
+    for n in names:
+        s.drop(n)
+    yield s, table
+    for n in names:
+        s.drop(n)
+    s.close()
+
+
+def test_pgvector_the_smallest_bigint_id_is_migrated(pg, data):
+    s, table = pg
+    X, m = data  # the first scan read `WHERE id > -2**63`: that row was left out, and the report said 2005 of 2006
+    ids = [-(2**63), -5, 0, 2**31 + 7, 2**53 + 1, 2**63 - 1]
+    table("id bigint PRIMARY KEY, embedding vector(24) NOT NULL, text text",
+          [(i, X[j], f"t{j}") for j, i in enumerate(ids)])
+    rep = migrate(s, "o_src", "o_dst", m, batch_size=4)
+    assert rep.rows == rep.rows_this_run == 6
+    np.testing.assert_array_equal(s.ids("o_dst"), sorted(ids))
+    np.testing.assert_allclose(s.fetch("o_dst", [-(2**63)]).vectors, m.apply(X[:1], output="raw"), atol=1e-5)
+
+
+def test_pgvector_a_null_vector_is_refused_naming_its_id(pg, data):
+    s, table = pg
+    X, m = data  # was "internal error: ValueError: all input arrays must have the same shape", exit 3
+    table("id bigint PRIMARY KEY, embedding vector(24), text text",
+          [(i, None if i in (6, 9) else X[i], f"t{i}") for i in range(12)])
+    with pytest.raises(NonFiniteError, match=r"'o_src': 2 stored vector\(s\).*NULL.*ids \[6, 9\]"):
+        migrate(s, "o_src", "o_dst", m, batch_size=5)
+    assert s.count("o_dst") == 5  # the batch before them is written (a rerun resumes after id 4)
+
+
+@pytest.mark.parametrize("id_type,make", [("text", lambda i: f"doc-{i}"),
+                                          ("uuid", lambda i: f"00000000-0000-0000-0000-{i:012d}")])
+def test_pgvector_ids_that_are_not_integers_are_refused_before_anything_is_written(pg, data, id_type, make):
+    s, table = pg
+    X, m = data  # was "internal error: UndefinedFunction: operator does not exist: text > bigint" (exit 3)
+    table(f"id {id_type} PRIMARY KEY, embedding vector(24) NOT NULL, text text",
+          [(make(i), X[i], f"t{i}") for i in range(5)])
+    with pytest.raises(UnsupportedFieldError, match=f"id \\(ids of type {id_type}; .*integer ids"):
+        migrate(s, "o_src", "o_dst", m)
+    assert not s.exists("o_dst")
