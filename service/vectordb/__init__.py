@@ -51,6 +51,7 @@ def open_store(url: str, **kw) -> VectorStore:
     """Open a store from a URL: ``milvus://host:port`` / ``milvus:///path.db``, ``postgresql://...``,
     ``qdrant://host:port`` / ``qdrant:///local/path``."""
     from .base import VectorDBError as _E
+    from .base import safe_url
 
     if url.startswith(("postgresql://", "postgres://")):
         from .pgvector import PgVectorStore
@@ -66,4 +67,4 @@ def open_store(url: str, **kw) -> VectorStore:
 
         rest = url[len("qdrant://"):]
         return QdrantStore(path=rest, **kw) if rest.startswith("/") else QdrantStore(url=f"http://{rest}", **kw)
-    raise _E(f"unknown vector-database URL {url!r} (milvus://, postgresql://, qdrant://)")
+    raise _E(f"unknown vector-database URL {safe_url(url)!r} (milvus://, postgresql://, qdrant://)")

@@ -51,7 +51,7 @@ from ..errors import ConflictError, NotFoundError
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
     "CheckpointMismatchError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError", "check_name", "as_ids",
-    "check_fields", "check_metric", "METRICS", "MISSING",
+    "check_fields", "check_metric", "METRICS", "MISSING", "safe_url",
 ]
 
 METRICS = ("cosine", "ip")
@@ -86,6 +86,11 @@ class UnsupportedFieldError(InputError, VectorDBError):
 
 class BadNameError(InputError, VectorDBError):
     """A collection or alias name outside ``[A-Za-z_][A-Za-z0-9_]{0,62}``."""
+
+
+def safe_url(url: str) -> str:
+    """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``) as ``***``."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/]*@", r"\1:***@", str(url))
 
 
 def check_name(name: str, what: str = "collection") -> str:

@@ -80,3 +80,16 @@ def test_pgvector_ids_that_are_not_integers_are_refused_before_anything_is_writt
     with pytest.raises(UnsupportedFieldError, match=f"id \\(ids of type {id_type}; .*integer ids"):
         migrate(s, "o_src", "o_dst", m)
     assert not s.exists("o_dst")
+
+
+@pytest.mark.parametrize("url", ["qdrant://alice:s3cr@tPW@127.0.0.1:{port}", "mysql://alice:s3cr@tPW@db:3306/x"])
+def test_a_password_in_the_store_url_is_never_printed(url, tmp_path, capsys):
+    from _servers import free_port
+
+    from service.cli import main
+
+    url = url.format(port=free_port())  # the Qdrant refusal printed "cannot connect to http://alice:s3cr@tPW@..."
+    rc = main(["--data-dir", str(tmp_path), "migrate", "--store", url, "--source", "a", "--target", "b",
+               "--map", "m"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "s3cr" not in err and "alice:***@" in err, err
