@@ -13,7 +13,7 @@ Engines (optional extras; imported lazily): :class:`MilvusStore` (``pymilvus``, 
 from __future__ import annotations
 
 from .base import (Batch, BadNameError, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
-                   SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore)
+                   MigrationRunningError, SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore)
 from .checkpoint import Checkpoint, FileCheckpoint, MemoryCheckpoint, PgCheckpoint
 from .migrate import (
     MigrationInterrupted,
@@ -30,7 +30,7 @@ from .verify import compare_to_reference, verify_migration
 __all__ = [
     "VectorStore", "Batch", "MilvusStore", "PgVectorStore", "QdrantStore", "open_store",
     "migrate", "resolve_map", "map_spaces", "map_fingerprint", "MigrationProgress", "MigrationReport",
-    "MigrationInterrupted", "SpaceMismatchError", "UnsupportedFieldError",
+    "MigrationInterrupted", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError",
     "Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint",
     "TranslatingSearcher", "verify_migration", "compare_to_reference",
     "VectorDBError", "CollectionNotFoundError", "CollectionExistsError", "CheckpointMismatchError", "BadNameError",

@@ -29,6 +29,7 @@ Errors::
         ├── CollectionNotFoundError     (also LookupError) no such collection / table / alias
         ├── CollectionExistsError       the target of a fresh migration already exists
         ├── CheckpointMismatchError     a checkpoint belongs to another migration (map, source, target)
+        ├── MigrationRunningError       another run holds this migration's checkpoint (running now)
         ├── SpaceMismatchError          the map's source space is not the collection's recorded space
         ├── UnsupportedFieldError       a field a migration could not carry over (named in the message)
         └── BadNameError (ValueError)   a collection or alias name the adapter refuses
@@ -50,7 +51,7 @@ from ..errors import ConflictError, NotFoundError
 
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
-    "CheckpointMismatchError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError", "check_name", "as_ids",
+    "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError", "check_name", "as_ids",
     "check_fields", "check_metric", "METRICS", "MISSING", "safe_url",
 ]
 
@@ -74,6 +75,10 @@ class CollectionExistsError(ConflictError, VectorDBError):
 
 class CheckpointMismatchError(ConflictError, VectorDBError):
     """The checkpoint on file belongs to a different migration (source, target or map differ)."""
+
+
+class MigrationRunningError(ConflictError, VectorDBError):
+    """Another process is running the migration of this checkpoint (it holds the checkpoint's lock)."""
 
 
 class SpaceMismatchError(InputError, VectorDBError):

@@ -93,3 +93,53 @@ def test_a_password_in_the_store_url_is_never_printed(url, tmp_path, capsys):
                "--map", "m"])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "s3cr" not in err and "alice:***@" in err, err
+
+
+def test_a_second_run_of_a_running_migration_is_refused_and_a_killed_one_resumes(pg, pg_url, data, tmp_path,  # noqa: F811
+                                                                                   capsys):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from service.cli import main
+
+    s, table = pg
+    X, m = data  # a second run used to write every row again beside the first and race it for the checkpoint
+    table("id bigint PRIMARY KEY, embedding vector(24) NOT NULL, text text", [(i, X[i], f"t{i}") for i in range(200)])
+    m.save(tmp_path / "m.npz")
+    ck = tmp_path / "ck.json"
+    args = ["--data-dir", str(tmp_path), "migrate", "--store", pg_url, "--source", "o_src", "--target", "o_dst",
+            "--map", str(tmp_path / "m.npz"), "--checkpoint", str(ck), "--batch-size", "20", "--quiet"]
+    root = Path(__file__).resolve().parents[3]
+    first = subprocess.Popen([sys.executable, "-m", "service.cli", *args, "--pause", "0.3"], cwd=root,
+                             env={**os.environ, "PYTHONPATH": str(root)}, stderr=subprocess.PIPE)
+    try:
+        t0 = time.time()
+        while not (ck.exists() and json.loads(ck.read_text())["done"] >= 40):
+            assert first.poll() is None and time.time() - t0 < 60, first.stderr.read() if first.stderr else ""
+            time.sleep(0.05)
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"another run of this migration is writing now (pid {first.pid}" in err and len(err.splitlines()) == 1
+    finally:
+        first.send_signal(signal.SIGKILL)  # ... and the lock dies with it
+        first.wait()
+    assert main(args) == 0 and "resumed after id" in capsys.readouterr().out
+    np.testing.assert_array_equal(s.ids("o_dst"), np.arange(200))
+
+
+def test_a_postgresql_checkpoint_is_held_by_one_run_at_a_time(pg_url):  # noqa: F811
+    from service.vectordb import MigrationRunningError, PgCheckpoint
+
+    a, b = PgCheckpoint(pg_url, "o_src->o_dst"), PgCheckpoint(pg_url, "o_src->o_dst")
+    try:
+        with a.lock(), pytest.raises(MigrationRunningError, match="another run"), b.lock():
+            pass
+        with b.lock():  # released when the first run ends
+            pass
+    finally:
+        a.close(), b.close()
