@@ -25,14 +25,14 @@ from .migrate import (
     resolve_map,
 )
 from .query import TranslatingSearcher
-from .verify import compare_to_reference, verify_migration
+from .verify import check_rows, compare_to_reference, verify_migration
 
 __all__ = [
     "VectorStore", "Batch", "MilvusStore", "PgVectorStore", "QdrantStore", "open_store",
     "migrate", "resolve_map", "map_spaces", "map_fingerprint", "MigrationProgress", "MigrationReport",
     "MigrationInterrupted", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError",
     "Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint",
-    "TranslatingSearcher", "verify_migration", "compare_to_reference",
+    "TranslatingSearcher", "verify_migration", "compare_to_reference", "check_rows",
     "VectorDBError", "CollectionNotFoundError", "CollectionExistsError", "CheckpointMismatchError", "BadNameError",
 ]
 

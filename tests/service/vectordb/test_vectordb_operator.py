@@ -143,3 +143,49 @@ def test_a_postgresql_checkpoint_is_held_by_one_run_at_a_time(pg_url):  # noqa: 
             pass
     finally:
         a.close(), b.close()
+
+
+def test_verify_with_source_catches_missing_extra_and_wrong_rows(pg, pg_url, data, tmp_path, capsys):  # noqa: F811
+    import json
+
+    from service.cli import main
+
+    s, table = pg
+    X, m = data  # verify sampled the target only: 3 rows gone, 1 foreign, 1 vector replaced still said PASS
+    table("id bigint PRIMARY KEY, embedding vector(24) NOT NULL, text text", [(i, X[i], f"t{i}") for i in range(200)])
+    migrate(s, "o_src", "o_dst", m, batch_size=64)
+    m.save(tmp_path / "m.npz")
+    np.save(tmp_path / "hx.npy", X), np.save(tmp_path / "hy.npy", m.apply(X, output="raw"))
+    args = ["--data-dir", str(tmp_path), "verify", "--store", pg_url, "--collection", "o_dst", "--source", "o_src",
+            "--map", str(tmp_path / "m.npz"), "--heldout-source", str(tmp_path / "hx.npy"), "--heldout-target",
+            str(tmp_path / "hy.npy"), "--n-sample", "100", "--min-recall", "0.5"]
+    assert main(args) == 0 and "200/200 rows, 0 missing, 0 extra, 0 wrong vectors" in capsys.readouterr().out
+    s.conn.execute("DELETE FROM o_dst WHERE id IN (0, 150, 199)")
+    s.upsert("o_dst", [77, 1000], np.stack([m.apply(X[78:79], output="raw")[0]] * 2), ["t77", "t1000"])
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "198/200 rows, 3 missing (ids 0, 150, 199), 1 extra (ids 1000), 1 wrong vectors (ids 77)" in out
+    assert out.strip().endswith("FAIL: rows differ from the source's")
+    assert main([*args, "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert (got["missing_rows"], got["extra_rows"], got["wrong_vectors"], got["verdict"]) == (3, 1, 1, "FAIL")
+    assert got["mode"] == "heldout" and got["recall@10"] > 0.5  # the map itself is fine: the figures never saw it
+
+
+def test_verify_held_out_refuses_a_collection_that_is_missing_empty_or_of_another_size(pg, pg_url, data,  # noqa: F811
+                                                                                         tmp_path, capsys):
+    from service.cli import main
+
+    s, _ = pg
+    X, m = data  # the held-out figures never read the collection: a missing or empty one got exit 0 (and PASS)
+    m.save(tmp_path / "m.npz")
+    np.save(tmp_path / "hx.npy", X), np.save(tmp_path / "hy.npy", m.apply(X, output="raw"))
+    base = ["--data-dir", str(tmp_path), "verify", "--store", pg_url, "--map", str(tmp_path / "m.npz"),
+            "--heldout-source", str(tmp_path / "hx.npy"), "--heldout-target", str(tmp_path / "hy.npy"),
+            "--min-recall", "0.5", "--collection"]
+    assert main([*base, "o_dst"]) == 2 and "no table or alias 'o_dst'" in capsys.readouterr().err
+    s.create("o_dst", 16)
+    assert main([*base, "o_dst"]) == 2 and "'o_dst' holds no rows" in capsys.readouterr().err
+    s.create("o_src", 24)
+    s.upsert("o_src", [1], X[:1])
+    assert main([*base, "o_src"]) == 2 and "24-d vectors, the map writes 16-d" in capsys.readouterr().err
