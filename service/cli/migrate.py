@@ -117,7 +117,10 @@ class _MigrationProgress:
 @click.option("--heldout-target", type=click.Path(dir_okay=False), default=None,
               help="New-model vectors of the same items.")
 @click.option("--heldout-rows", default=None, metavar="START:STOP", help="Rows of both held-out files to use.")
-@click.option("--map", "map_ref", default=None, help="The migration's map (held-out mode).")
+@click.option("--map", "map_ref", default=None, help="The migration's map (held-out mode, --source).")
+@click.option("--source", default=None,
+              help="The migrated collection's source: check every row against map(source row) "
+                   "(missing, extra, wrong vectors; FAIL, exit 1, on any). Reads both collections once.")
 @click.option("--n-sample", type=click.IntRange(2), default=2000, show_default=True)
 @click.option("--queries", "n_queries", type=click.IntRange(1), default=200, show_default=True)
 @click.option("--k", type=click.IntRange(1, 1000), default=10, show_default=True)
@@ -127,8 +130,13 @@ class _MigrationProgress:
 @json_opt
 @click.pass_obj
 def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, encoder, heldout_source, heldout_target,
-           heldout_rows, map_ref, n_sample, n_queries, k, random_state, min_recall, as_json):
-    """Check a migrated collection: does searching it find what re-embedding would?"""
+           heldout_rows, map_ref, source, n_sample, n_queries, k, random_state, min_recall, as_json):
+    """Check a migrated collection: does searching it find what re-embedding would (--encoder, or a held-out
+    sample), and (--source) does it hold every source row, mapped?
+
+    Exit codes: 0 done (PASS), 1 FAIL (recall below --min-recall; with --source any missing, extra or wrong
+    row), 2 bad input.
+    """
     if (heldout_source is None) != (heldout_target is None):
         raise InputError("give both --heldout-source and --heldout-target")
     heldout = (heldout_source, heldout_target) if heldout_source else None
@@ -136,13 +144,32 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
                      heldout_rows=heldout_rows, map_ref=map_ref,
                      registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
                      n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
-                     vector_field=vector_field, text_field=text_field)
-    recall = out[f"recall@{out['k']}"]
-    verdict = None if min_recall is None else ("PASS" if recall >= min_recall else "FAIL")
+                     vector_field=vector_field, text_field=text_field, source=source)
+    fails = []
+    if min_recall is not None and out.get(f"recall@{out.get('k')}", 1.0) < min_recall:
+        fails.append(f"recall@{out['k']} below {min_recall}")
+    if source is not None and not out["rows_ok"]:
+        fails.append("rows differ from the source's")
+    verdict = None if min_recall is None and source is None else ("FAIL" if fails else "PASS")
     out["verdict"] = verdict
-    figures = ", ".join(f"{key}={val:.4f}" for key, val in out.items()
-                        if isinstance(val, float) and not isinstance(val, bool))
-    emit(out, as_json, f"{collection} ({out['mode']}, {out['n_sample']} rows sampled): {figures}"
-                       f"{'; ' + verdict if verdict else ''}")
+    text = []
+    if "n_sample" in out:
+        figures = ", ".join(f"{key}={val:.4f}" for key, val in out.items()
+                            if isinstance(val, float) and key != "max_rel_error")
+        text.append(f"{collection} ({out['mode']}, {out['n_sample']} rows sampled): {figures}")
+    if source is not None:
+        text.append(f"{collection} against {source}: {out['rows_target']}/{out['rows_source']} rows, "
+                    + ", ".join(f"{out[n]} {what}{_ids(out[i], out[n])}" for n, i, what in (
+                        ("missing_rows", "missing_ids", "missing"), ("extra_rows", "extra_ids", "extra"),
+                        ("wrong_vectors", "wrong_ids", "wrong vectors")))
+                    + f" (max relative error {out['max_rel_error']:.2g})")
+    if verdict:
+        text[-1] += f"; {verdict}{': ' + '; '.join(fails) if fails else ''}"
+    emit(out, as_json, "\n".join(text))
     if verdict == "FAIL":
         sys.exit(1)
+
+
+def _ids(ids: list, n: int) -> str:
+    """`` (ids 3, 7, ...)``: the ids a fault names (the first few of ``n``)."""
+    return f" (ids {', '.join(map(str, ids))}{', ...' if n > len(ids) else ''})" if ids else ""

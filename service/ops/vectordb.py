@@ -134,14 +134,20 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
                heldout_rows: str | None = None, map_ref=None, registry=None, n_sample: int = 2000,
                n_queries: int = 200, k: int = 10,
                random_state: int = 0, id_field: str | None = None, vector_field: str | None = None,
-               text_field: str | None = None) -> dict:
+               text_field: str | None = None, source: str | None = None) -> dict:
     """Verify a migrated collection: re-embed its stored texts with ``encoder``, or compare a held-out
     paired sample ``heldout = (old-model vectors path, new-model vectors path)`` (rows ``heldout_rows``,
-    ``"START:STOP"``) through ``map_ref``."""
-    from ..vectordb import verify_migration
+    ``"START:STOP"``) through ``map_ref``; with ``source`` (and ``map_ref``) also check every row of the
+    collection against ``map_ref(source row)`` (:func:`service.vectordb.check_rows`: missing, extra, wrong)."""
+    from ..vectordb import check_rows, verify_migration
 
-    if (encoder is None) == (heldout is None):
+    if encoder is not None and heldout is not None:
         raise InputError("give either --encoder (re-embed the stored texts) or --heldout-source/--heldout-target")
+    if encoder is None and heldout is None and source is None:
+        raise InputError("give --encoder (re-embed the stored texts), --heldout-source/--heldout-target, or "
+                         "--source with --map (check every row against its source row)")
+    if source is not None and map_ref is None:
+        raise InputError("--source needs --map (the migration's map)")
     embed = X_Y = None
     if encoder is not None:
         from ..encoders import get_encoder
@@ -150,7 +156,7 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
 
         def embed(texts):
             return enc.encode(texts, kind="passage")
-    else:
+    elif heldout is not None:
         from ..io import read_vectors
 
         if map_ref is None:
@@ -158,9 +164,14 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
         X_Y = (read_vectors(heldout[0], rows=heldout_rows), read_vectors(heldout[1], rows=heldout_rows))
     store = open_store_for(store_url, id_field=id_field, vector_field=vector_field, text_field=text_field)
     try:
-        out = verify_migration(store, collection, embed=embed, heldout=X_Y, map_=map_ref, registry=registry,
-                               n_sample=n_sample, n_queries=n_queries, db_queries=n_queries, k=k,
-                               random_state=random_state)
+        out = {"mode": "rows"}
+        if embed is not None or X_Y is not None:
+            out = verify_migration(store, collection, embed=embed, heldout=X_Y, map_=map_ref, registry=registry,
+                                   n_sample=n_sample, n_queries=n_queries, db_queries=n_queries, k=k,
+                                   random_state=random_state)
+        if source is not None:
+            out["source"] = source
+            out.update(check_rows(store, source, collection, map_ref, registry=registry))
     finally:
         store.close()
     out["collection"] = collection

@@ -13,7 +13,7 @@ Engines (optional extras; imported lazily): :class:`MilvusStore` (``pymilvus``, 
 from __future__ import annotations
 
 from .base import (Batch, BadNameError, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
-                   SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore)
+                   MigrationRunningError, SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore)
 from .checkpoint import Checkpoint, FileCheckpoint, MemoryCheckpoint, PgCheckpoint
 from .migrate import (
     MigrationInterrupted,
@@ -25,14 +25,14 @@ from .migrate import (
     resolve_map,
 )
 from .query import TranslatingSearcher
-from .verify import compare_to_reference, verify_migration
+from .verify import check_rows, compare_to_reference, verify_migration
 
 __all__ = [
     "VectorStore", "Batch", "MilvusStore", "PgVectorStore", "QdrantStore", "open_store",
     "migrate", "resolve_map", "map_spaces", "map_fingerprint", "MigrationProgress", "MigrationReport",
-    "MigrationInterrupted", "SpaceMismatchError", "UnsupportedFieldError",
+    "MigrationInterrupted", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError",
     "Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint",
-    "TranslatingSearcher", "verify_migration", "compare_to_reference",
+    "TranslatingSearcher", "verify_migration", "compare_to_reference", "check_rows",
     "VectorDBError", "CollectionNotFoundError", "CollectionExistsError", "CheckpointMismatchError", "BadNameError",
 ]
 
@@ -51,6 +51,7 @@ def open_store(url: str, **kw) -> VectorStore:
     """Open a store from a URL: ``milvus://host:port`` / ``milvus:///path.db``, ``postgresql://...``,
     ``qdrant://host:port`` / ``qdrant:///local/path``."""
     from .base import VectorDBError as _E
+    from .base import safe_url
 
     if url.startswith(("postgresql://", "postgres://")):
         from .pgvector import PgVectorStore
@@ -66,4 +67,4 @@ def open_store(url: str, **kw) -> VectorStore:
 
         rest = url[len("qdrant://"):]
         return QdrantStore(path=rest, **kw) if rest.startswith("/") else QdrantStore(url=f"http://{rest}", **kw)
-    raise _E(f"unknown vector-database URL {url!r} (milvus://, postgresql://, qdrant://)")
+    raise _E(f"unknown vector-database URL {safe_url(url)!r} (milvus://, postgresql://, qdrant://)")

@@ -29,6 +29,7 @@ Errors::
         ├── CollectionNotFoundError     (also LookupError) no such collection / table / alias
         ├── CollectionExistsError       the target of a fresh migration already exists
         ├── CheckpointMismatchError     a checkpoint belongs to another migration (map, source, target)
+        ├── MigrationRunningError       another run holds this migration's checkpoint (running now)
         ├── SpaceMismatchError          the map's source space is not the collection's recorded space
         ├── UnsupportedFieldError       a field a migration could not carry over (named in the message)
         └── BadNameError (ValueError)   a collection or alias name the adapter refuses
@@ -50,8 +51,8 @@ from ..errors import ConflictError, NotFoundError
 
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
-    "CheckpointMismatchError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError", "check_name", "as_ids",
-    "check_fields", "check_metric", "METRICS", "MISSING",
+    "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError", "check_name", "as_ids",
+    "check_fields", "check_metric", "METRICS", "MISSING", "safe_url",
 ]
 
 METRICS = ("cosine", "ip")
@@ -76,6 +77,10 @@ class CheckpointMismatchError(ConflictError, VectorDBError):
     """The checkpoint on file belongs to a different migration (source, target or map differ)."""
 
 
+class MigrationRunningError(ConflictError, VectorDBError):
+    """Another process is running the migration of this checkpoint (it holds the checkpoint's lock)."""
+
+
 class SpaceMismatchError(InputError, VectorDBError):
     """The collection records another embedding space than the one the map reads (e.g. a map the wrong way)."""
 
@@ -86,6 +91,11 @@ class UnsupportedFieldError(InputError, VectorDBError):
 
 class BadNameError(InputError, VectorDBError):
     """A collection or alias name outside ``[A-Za-z_][A-Za-z0-9_]{0,62}``."""
+
+
+def safe_url(url: str) -> str:
+    """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``) as ``***``."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/]*@", r"\1:***@", str(url))
 
 
 def check_name(name: str, what: str = "collection") -> str:

@@ -5,23 +5,36 @@ source, target, map fingerprint, the id range already written (``first_id`` … 
 ascending scan order), rows and batches done, and whether it finished. It is written **after**
 each batch's upsert, so a crash can only lose the record of the last batch, never rows: the
 resumed run rewrites that batch, and the idempotent upsert keeps one row per id.
+
+One run at a time: :func:`~service.vectordb.migrate` holds :meth:`Checkpoint.lock` for the whole run, so a
+second run of the same migration (a retry started while the first still runs, a cron job overlapping the
+operator's) is refused with :class:`MigrationRunningError` instead of writing every row again beside it and
+racing it for the checkpoint. The lock is an ``flock`` on ``<file>.lock`` (the kernel drops it when the
+process dies, ``kill -9`` included) or a PostgreSQL advisory lock on the key (dropped with the connection).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from align.exceptions import InputError
 
 from ..storage import atomic_write
-from .base import CheckpointMismatchError, check_name
+from .base import CheckpointMismatchError, MigrationRunningError, check_name
 
 __all__ = ["Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint"]
 
 
 class Checkpoint:
-    """Interface: ``load() -> dict | None``, ``save(state: dict)``, ``clear()``."""
+    """Interface: ``load() -> dict | None``, ``save(state: dict)``, ``clear()``; ``lock()`` (a context manager
+    held while a run writes: MigrationRunningError when another run holds it; by default no lock)."""
+
+    def lock(self):
+        return nullcontext()
 
     def load(self) -> dict | None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -74,6 +87,26 @@ class FileCheckpoint(Checkpoint):
     def save(self, state):
         atomic_write(self.path, json.dumps(state, sort_keys=True))
 
+    @contextmanager
+    def lock(self):
+        """An exclusive ``flock`` on ``<file>.lock`` (holding the holder's pid, for the refusal's message)."""
+        path = self.path.with_name(self.path.name + ".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+                raise MigrationRunningError(f"another run of this migration is writing now (pid {holder}, "
+                                            f"checkpoint {self.path}); wait for it, or stop it and run again "
+                                            "to resume") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            yield self
+        finally:
+            os.close(fd)  # drops the flock
+
     def clear(self):
         self.path.unlink(missing_ok=True)
 
@@ -105,6 +138,18 @@ class PgCheckpoint(Checkpoint):
 
     def clear(self):
         self.conn.execute(f"DELETE FROM {self.table} WHERE key = %s", (self.key,))
+
+    @contextmanager
+    def lock(self):
+        """A session advisory lock on ``hashtext(table:key)`` (dropped with the connection if the process dies)."""
+        k = f"{self.table}:{self.key}"
+        if not self.conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (k,)).fetchone()[0]:
+            raise MigrationRunningError(f"another run of this migration is writing now (checkpoint {self.key!r} "
+                                        f"in {self.table}); wait for it, or stop it and run again to resume")
+        try:
+            yield self
+        finally:
+            self.conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (k,))
 
     def close(self):
         self.conn.close()

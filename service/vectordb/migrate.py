@@ -216,8 +216,19 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     Raises
     ------
     CollectionNotFoundError, CollectionExistsError, CheckpointMismatchError, DimensionMismatchError,
-    SpaceMismatchError, UnsupportedFieldError, MigrationInterrupted
+    SpaceMismatchError, UnsupportedFieldError, MigrationInterrupted, MigrationRunningError (another run of the
+    same checkpoint is writing now)
     """
+    checkpoint = checkpoint if checkpoint is not None else MemoryCheckpoint()
+    with checkpoint.lock():
+        return _migrate(store, source, target, map_, alias=alias, batch_size=batch_size, checkpoint=checkpoint,
+                        progress=progress, metric=metric, overwrite=overwrite, registry=registry,
+                        source_space=source_space, target_space=target_space, should_stop=should_stop)
+
+
+def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch_size, checkpoint: Checkpoint,
+             progress, metric, overwrite, registry, source_space, target_space, should_stop) -> MigrationReport:
+    """:func:`migrate` under the checkpoint's lock."""
     map_src, map_tgt = map_spaces(map_, registry)
     map_ = resolve_map(map_, registry)
     map_src = map_src or (map_.metadata or {}).get("source_space")
@@ -247,7 +258,6 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
                                     + "; ".join(lost))
     fp = map_fingerprint(map_)
     notes: list[str] = []
-    checkpoint = checkpoint if checkpoint is not None else MemoryCheckpoint()
     state = checkpoint.load()
     t0 = time.perf_counter()
 
@@ -291,7 +301,8 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
         bad = ~np.isfinite(batch.vectors).all(axis=1)
         if bad.any():  # the map's own check would say "X: 1 row(s)", not which rows of which collection
-            raise NonFiniteError(f"{source!r}: {int(bad.sum())} stored vector(s) with NaN or Inf, ids "
+            raise NonFiniteError(f"{source!r}: {int(bad.sum())} stored vector(s) with NaN or Inf (or none: "
+                                 f"NULL), ids "
                                  f"{batch.ids[bad][:10].tolist()}; fix or delete them, then run the same command "
                                  "again to resume")
         Y = map_.apply(batch.vectors, output="raw")

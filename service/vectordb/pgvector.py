@@ -33,6 +33,7 @@ from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, Vector
 
 __all__ = ["PgVectorStore"]
 
+_INT_TYPES = ("bigint", "integer", "smallint")
 _OPS = {"cosine": ("<=>", "vector_cosine_ops"), "ip": ("<#>", "vector_ip_ops")}
 
 
@@ -149,6 +150,10 @@ class PgVectorStore(VectorStore):
             if need not in cols:
                 out.append(f"{need} (no such column; columns: {', '.join(cols)}; name it with --id-field / "
                            "--vector-field)")
+        id_type = cols.get(self.id_field, (None, None))[1]
+        if id_type is not None and id_type not in _INT_TYPES:
+            out.append(f"{self.id_field} (ids of type {id_type}; a migration keys rows by integer ids: "
+                       f"{', '.join(_INT_TYPES)})")
         for col, typ, oid in self._extra(name):
             if typ.startswith(("vector", "halfvec", "sparsevec")):
                 out.append(f"{col} (another vector column: a migration maps {self.vector_field!r} only)")
@@ -243,15 +248,18 @@ class PgVectorStore(VectorStore):
 
         self._require(name)
         cols, text_at, extra = self._select(name, with_texts, with_fields)
-        q = sql.SQL("SELECT {} FROM {} WHERE {i} > %s ORDER BY {i} LIMIT %s").format(
-            cols, self._ident(name), i=sql.Identifier(self.id_field))
-        last = np.iinfo(np.int64).min if after_id is None else int(after_id)
+        i = sql.Identifier(self.id_field)
+        first = sql.SQL("SELECT {} FROM {} ORDER BY {i} LIMIT %s").format(cols, self._ident(name), i=i)
+        after = sql.SQL("SELECT {} FROM {} WHERE {i} > %s ORDER BY {i} LIMIT %s").format(cols, self._ident(name), i=i)
+        last = None if after_id is None else int(after_id)  # no lower bound at first: id -2**63 is an id too
+        dim = self.dim(name)
         while True:
             with self.conn.cursor(binary=True) as cur:
-                rows = cur.execute(q, (last, int(batch_size))).fetchall()
+                rows = cur.execute(first, (int(batch_size),)).fetchall() if last is None else \
+                    cur.execute(after, (last, int(batch_size))).fetchall()
             if not rows:
                 return
-            yield _to_batch(rows, text_at, extra)
+            yield _to_batch(rows, text_at, extra, dim)
             last = int(rows[-1][0])
 
     def ids(self, name: str, *, batch_size: int = 100000) -> np.ndarray:
@@ -273,7 +281,7 @@ class PgVectorStore(VectorStore):
             rows = cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s)").format(
                 cols, self._ident(name), sql.Identifier(self.id_field)), ([int(i) for i in ids],)).fetchall()
         got = {int(r[0]): r for r in rows}
-        return _to_batch(rows_in_order(self.engine, name, ids, got), text_at, extra)
+        return _to_batch(rows_in_order(self.engine, name, ids, got), text_at, extra, self.dim(name))
 
     def _search(self, name, Q, k):
         from psycopg import sql
@@ -339,13 +347,16 @@ class PgVectorStore(VectorStore):
         close_quietly(self.conn)
 
 
-def _vec(v) -> np.ndarray:
+def _vec(v, dim: int) -> np.ndarray:
+    """A stored vector as float32 (dim,); a NULL one as NaNs, which a migration refuses naming its id."""
+    if v is None:
+        return np.full(dim, np.nan, np.float32)
     return np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, dtype=np.float32)
 
 
-def _to_batch(rows, text_at: int | None, extra: list[str]) -> Batch:
+def _to_batch(rows, text_at: int | None, extra: list[str], dim: int) -> Batch:
     ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    V = np.stack([_vec(r[1]) for r in rows]) if rows else np.empty((0, 0), np.float32)
+    V = np.stack([_vec(r[1], dim) for r in rows]) if rows else np.empty((0, dim), np.float32)
     texts = [r[text_at] for r in rows] if text_at is not None else None
     if texts is not None and all(t is None for t in texts):
         texts = None

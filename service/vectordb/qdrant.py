@@ -13,13 +13,14 @@ the resumable scan needs. Aliases are native (``update_collection_aliases``, ato
 from __future__ import annotations
 
 from typing import Iterator
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from align.exceptions import InputError
 
 from .base import (MISSING, Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids,
-                   check_metric, check_name, close_quietly, none_if_all_none, rows_in_order)
+                   check_metric, check_name, close_quietly, none_if_all_none, rows_in_order, safe_url)
 
 __all__ = ["QdrantStore"]
 
@@ -49,7 +50,9 @@ class QdrantStore(VectorStore):
                 self.client.get_collections()
             except Exception as exc:  # noqa: BLE001 - httpx / grpc / qdrant errors alike
                 close_quietly(self.client)
-                raise VectorDBError(f"qdrant: cannot connect to {url}: {exc}") from None
+                pw = urlsplit(url).password
+                why = str(exc).replace(pw, "***") if pw else str(exc)
+                raise VectorDBError(f"qdrant: cannot connect to {safe_url(url)}: {why}") from None
         elif str(path) == ":memory:":
             self.client = QdrantClient(location=":memory:")
         else:

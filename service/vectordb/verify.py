@@ -18,6 +18,13 @@ Figures (cosine on raw unit rows):
   with ``y_i`` as the query finds row ``i`` in its top ``k`` (``db_candidates`` rows).
 
 Memory: the sample (m × d) and blocked top-k (never m × m).
+
+The figures above sample the **target** and judge the map; they cannot see a row the target lacks or a row
+holding something else. With ``source`` (and the map), :func:`check_rows` compares the whole target against
+the whole source: ids (``missing_rows``: in the source, not the target; ``extra_rows``: the other way) and,
+for every row both hold, the stored vector ``t`` against ``y = map(x)`` of its source row:
+``wrong_vectors`` counts rows with ``‖t − y‖ / ‖y‖ > tol`` (default 1e-3; float32 storage keeps ~1e-7).
+It reads both collections once (one source batch and its target rows at a time, plus both id lists).
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from typing import Callable
 
 import numpy as np
 
+from align.exceptions import DimensionMismatchError, InputError
 from align.validation import as_matrix, check_paired, check_random_state, check_rankable
-from align.exceptions import InputError
 from align.frames import unit_rows
 from align.knn import knn
 from align.metrics import ranks, retention
@@ -35,7 +42,39 @@ from align.metrics import ranks, retention
 from .base import VectorStore
 from .migrate import resolve_map
 
-__all__ = ["verify_migration", "compare_to_reference"]
+__all__ = ["verify_migration", "compare_to_reference", "check_rows"]
+
+_SHOW = 10  # ids named per kind of fault
+
+
+def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=None, batch_size: int = 2000,
+               tol: float = 1e-3) -> dict:
+    """Is ``target`` exactly ``map(source)``, row for row? See the module docs (``missing_rows``, ``extra_rows``,
+    ``wrong_vectors`` with up to 10 ids each, ``max_rel_error``, ``rows_source``, ``rows_target``)."""
+    m = resolve_map(map_, registry)
+    ids_t = store.ids(target)  # ascending
+    seen, missing, wrong, worst, n_missing, n_wrong = [], [], [], 0.0, 0, 0
+    for b in store.scan(source, batch_size=batch_size, with_texts=False):
+        seen.append(b.ids)
+        pos = np.minimum(np.searchsorted(ids_t, b.ids), max(ids_t.shape[0] - 1, 0))
+        have = ids_t[pos] == b.ids if ids_t.shape[0] else np.zeros(len(b), bool)
+        n_missing += int((~have).sum())
+        missing += b.ids[~have][: _SHOW - len(missing)].tolist()
+        if not have.any():
+            continue
+        Y = m.apply(b.vectors[have], output="raw")
+        T = store.fetch(target, b.ids[have]).vectors
+        err = np.linalg.norm(T - Y, axis=1) / np.maximum(np.linalg.norm(Y, axis=1), 1e-12)
+        worst = max(worst, float(err.max()))
+        bad = err > tol
+        n_wrong += int(bad.sum())
+        wrong += b.ids[have][bad][: _SHOW - len(wrong)].tolist()
+    ids_s = np.concatenate(seen) if seen else np.empty(0, np.int64)
+    extra = np.setdiff1d(ids_t, ids_s, assume_unique=True)
+    return {"rows_source": int(ids_s.shape[0]), "rows_target": int(ids_t.shape[0]), "missing_rows": n_missing,
+            "missing_ids": missing, "extra_rows": int(extra.shape[0]), "extra_ids": extra[:_SHOW].tolist(),
+            "wrong_vectors": n_wrong, "wrong_ids": wrong, "max_rel_error": worst,
+            "rows_ok": n_missing == 0 and n_wrong == 0 and extra.shape[0] == 0}
 
 
 def compare_to_reference(Y_ref, Y_hat, *, n_queries: int = 200, k: int = 10) -> dict:
@@ -96,6 +135,11 @@ def verify_migration(store: VectorStore, target: str, *, embed: Callable | None 
     if heldout is None or map_ is None:
         raise InputError("give embed= (rows with texts) or heldout=(X, Y) with map_=")
     m = resolve_map(map_, registry)
+    d = store.dim(target)  # the held-out figures judge the map; the collection must at least be its output
+    if d != m.target_dim:
+        raise DimensionMismatchError(f"{target!r} holds {d}-d vectors, the map writes {m.target_dim}-d")
+    if store.count(target) == 0:
+        raise InputError(f"{target!r} holds no rows: nothing was migrated into it")
     X, Y = check_paired(*heldout, names=("heldout X", "heldout Y"), min_rows=2)
     take = rng.permutation(X.shape[0])[: min(int(n_sample), X.shape[0])]
     out = compare_to_reference(Y[take], m.apply(X[take], output="raw"), n_queries=n_queries, k=k)
