@@ -51,7 +51,8 @@ from ..errors import ConflictError, NotFoundError
 
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
-    "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError", "check_name", "as_ids",
+    "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError",
+    "check_name", "as_ids",
     "check_fields", "check_metric", "METRICS", "MISSING", "safe_url",
 ]
 
