@@ -514,7 +514,8 @@ _PARAMETERS = """
     base_url : str
         e.g. ``"http://127.0.0.1:8000"``.
     api_key : str, optional
-        Sent as ``Authorization: Bearer <key>``.
+        Sent as ``Authorization: Bearer <key>``; never in an error message. One an HTTP header cannot carry (a
+        newline, as in a key read from a file unstripped) is :class:`~align.exceptions.InputError` here.
     timeout : float
         Seconds per request (fits run as jobs, so requests stay short).
     page_size : int

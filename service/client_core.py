@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 
+from align.exceptions import InputError
+
 from .client_errors import (
     APIConnectionError,
     APIError,
@@ -176,8 +178,13 @@ class Calls:
 
     @staticmethod
     def _headers(api_key: str | None, headers: dict | None) -> dict:
+        """The client's headers; an ``api_key`` no HTTP header can carry is :class:`InputError` (never shown)."""
         h = dict(headers or {})
         if api_key:
+            if any(not " " <= c <= "~" for c in api_key):
+                raise InputError("api_key holds a character an HTTP header cannot carry (a newline, a control or "
+                                 "non-ASCII character; a key read from a file keeps its final newline: strip() "
+                                 "it); the key is not shown")
             h["Authorization"] = f"Bearer {api_key}"
         return h
 
@@ -205,6 +212,9 @@ class Calls:
         while True:
             try:
                 r = yield Send(method, path, kw)
+            except httpx.LocalProtocolError:  # h11's message quotes the header value (a key): never shown
+                raise InputError(f"{method} {path}: not sent, the request is not valid HTTP (a header value with a "
+                                 "newline or control character? values are not shown)") from None
             except httpx.RequestError as e:
                 # never sent: safe to send whatever it is; a read timeout is not retried (the server may still
                 # be computing it: a retry would queue the same work again)

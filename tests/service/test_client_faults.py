@@ -11,6 +11,7 @@ import json
 import sys
 import threading
 import time
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -20,6 +21,7 @@ from _api_support import KEYS
 from _clients import both_clients
 from _servers import env_for, free_port, seed_registry, start, stop
 
+from align.exceptions import InputError
 from service.client import (
     APIConnectionError,
     APITimeoutError,
@@ -232,6 +234,23 @@ def test_an_answer_that_is_not_the_apis_is_a_typed_error(scripted, client_cls):
             vb.transform("m", np.ones((1, 4)))
         with pytest.raises(UnexpectedResponseError, match="never ends"):
             vb.list_spaces()
+
+
+# --- secrets ----------------------------------------------------------------------------------
+@both_clients
+def test_a_key_or_header_http_cannot_carry_is_refused_at_once_and_never_shown(scripted, client_cls):
+    """Before, a key read from a file with its newline (``open(f).read()``) was sent 3 times over 1.5 s and raised
+    ``APIConnectionError: ... (LocalProtocolError: Illegal header value b'Bearer <the key>\\n')``: the secret in
+    the message, in every log line and traceback that printed it."""
+    srv = scripted((200, {}, PAGE))
+    for key in ("sk-secret-123\n", "sk-secret-123\r\nX-Evil: 1", "sk-s\u00e9cret-123"):
+        with pytest.raises(InputError, match="api_key") as e:
+            client_cls(srv.url, api_key=key)
+        assert "secret" not in "".join(traceback.format_exception(e.value))
+    with client_cls(srv.url, headers={"X-Gateway-Key": "gw-secret-456\n"}) as vb, pytest.raises(InputError) as e:
+        vb.list_spaces()
+    assert "secret" not in "".join(traceback.format_exception(e.value)) and "tries" not in str(e.value)
+    assert srv.seen == []  # nothing went out, and nothing was tried again
 
 
 # --- the real service going away under wait() ---------------------------------------------------
