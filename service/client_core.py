@@ -225,7 +225,8 @@ class Calls:
                     attempt += 1
                     continue
                 cls = APITimeoutError if isinstance(e, httpx.TimeoutException) else APIConnectionError
-                raise cls(f"{method} {path}: no answer from {self._http.base_url} ({type(e).__name__}: {e})"
+                where = self._http.base_url.copy_with(userinfo=b"")  # a password in the URL stays out of the message
+                raise cls(f"{method} {path}: no answer from {where} ({type(e).__name__}: {e})"
                           + (f" after {attempt + 1} tries" if attempt else "")) from e
             if r.status_code < 400 or r.status_code in ok:
                 return r

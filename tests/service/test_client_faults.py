@@ -253,6 +253,17 @@ def test_a_key_or_header_http_cannot_carry_is_refused_at_once_and_never_shown(sc
     assert srv.seen == []  # nothing went out, and nothing was tried again
 
 
+@both_clients
+def test_a_password_in_the_base_url_is_not_in_the_no_answer_error(client_cls):
+    """A base URL with basic-auth credentials (``http://user:pass@proxy``): the no-answer error named the URL with
+    the password in it."""
+    port = free_port()
+    with client_cls(f"http://vb:hunter2-secret@127.0.0.1:{port}", max_retries=0) as vb, \
+            pytest.raises(APIConnectionError) as e:
+        vb.info()
+    assert "hunter2" not in str(e.value) and f"http://127.0.0.1:{port}" in str(e.value)
+
+
 # --- the real service going away under wait() ---------------------------------------------------
 def test_wait_polls_through_a_restart_and_reports_the_interrupted_job(tmp_path):
     data = tmp_path / "data"
