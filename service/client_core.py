@@ -232,10 +232,20 @@ class Calls:
                 return r
             err = error_from_response(r)
             wait = self._backoff(attempt, err.retry_after)
-            if not (retry and r.status_code in RETRY_STATUS and attempt < self.max_retries and wait is not None):
-                raise err
-            yield Sleep(wait)
-            attempt += 1
+            if retry and r.status_code in RETRY_STATUS and attempt < self.max_retries and wait is not None:
+                yield Sleep(wait)
+                attempt += 1
+                continue
+            why = ""  # a busy answer says why it ends here: the caller decides whether to try again later
+            if r.status_code in RETRY_STATUS and not retry:
+                why = f"not retried: {method} {path} could act twice"
+            elif r.status_code in RETRY_STATUS and wait is None:
+                why = f"Retry-After {err.retry_after:g} s is over max_retry_wait {self.max_retry_wait:g} s"
+            elif r.status_code in RETRY_STATUS and attempt:
+                why = f"gave up after {attempt + 1} tries"
+            if why:
+                err.args = (f"{err.args[0]} ({why})",)
+            raise err
 
     def _backoff(self, attempt: int, retry_after: float | None = None) -> float | None:
         """Seconds before retry ``attempt + 1``: ``Retry-After`` when given (None when over ``max_retry_wait``:

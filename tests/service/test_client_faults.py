@@ -166,6 +166,20 @@ def test_a_read_only_post_survives_a_dropped_connection(scripted, client_cls):
     assert len(srv.seen) == 2
 
 
+@both_clients
+def test_a_busy_answer_raised_says_why_it_was_not_tried_again(scripted, client_cls):
+    """Before, a 503 raised after 3 tries read as one raised at once, or one not retried at all because the request
+    could act twice, or one whose Retry-After was too long to wait: the user could not tell whether to retry."""
+    srv = scripted(busy(503, "0"), busy(503, "0"), busy(503, "0"), busy(429, "3600"), busy(503, "0"))
+    with client_cls(srv.url) as vb:
+        with pytest.raises(ServiceUnavailableError, match=r"gave up after 3 tries"):
+            vb.get_map("m")
+        with pytest.raises(QueueFullError, match=r"Retry-After 3600 s is over max_retry_wait 60 s"):
+            vb.list_jobs()
+        with pytest.raises(ServiceUnavailableError, match=r"not retried: POST /v1/spaces could act twice"):
+            vb.create_space("s", 4)
+    assert len(srv.seen) == 5
+
 def test_async_retries_and_polls_wait_without_blocking_the_event_loop(scripted):
     srv = scripted(busy(429, "1"), busy(429, "1"), (200, {}, PAGE))
 
