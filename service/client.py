@@ -361,8 +361,16 @@ class APICalls(SteerCalls, Calls):
 
     @call
     def delete_ids(self, name: str, ids: Sequence[int]) -> dict:
-        return (yield from self._json("POST", f"/v1/indexes/{_seg(name)}/delete", json={"ids": [int(i) for i in ids]},
-                                      retry=True))
+        """Delete rows by id (unknown ids are ignored); returns ``{"index", "deleted", "count"}``. More ids than one
+        request may hold go in batches (harmless to repeat: a batch again deletes nothing more)."""
+        ids = [int(i) for i in ids]
+
+        def send(part: slice) -> dict:
+            return (yield from self._json("POST", f"/v1/indexes/{_seg(name)}/delete", json={"ids": ids[part]},
+                                          retry=True))
+
+        answers = yield from self._batched(len(ids), json_sizes(ids, len(ids)), send, body="texts")
+        return answers[0] if len(answers) == 1 else {**answers[-1], "deleted": sum(a["deleted"] for a in answers)}
 
     @call
     def drop_index(self, name: str) -> None:
@@ -525,8 +533,8 @@ _PARAMETERS = """
     max_retry_wait : float
         Longest ``Retry-After`` (seconds) the client waits out; a longer one raises at once.
     batch_size : int, optional
-        Most rows per request of :meth:`transform`, :meth:`add`, :meth:`search`, :meth:`apply_steer` and
-        :meth:`embed`. Without it the client reads the service's limits from ``/v1/info`` (once) before a call
+        Most rows per request of :meth:`transform`, :meth:`add`, :meth:`search`, :meth:`apply_steer`,
+        :meth:`embed` and :meth:`delete_ids`. Without it the client reads the service's limits from ``/v1/info`` (once) before a call
         of over 1 MiB of rows or 10,000 search hits, or after a smaller one was refused as too large (413), and
         sends the rows in batches within them (:mod:`service.client_wire`): ``max_batch`` rows, the byte limit
         of the body (``max_body_bytes`` binary, ``limits.body_bytes_json`` JSON, ``limits.body_bytes_texts``

@@ -105,3 +105,16 @@ def test_a_key_that_cannot_read_the_limits_still_gets_the_413(server):
     url, _ = server
     with Client(url, api_key=WONLY) as vb, pytest.raises(PayloadTooLargeError, match="body_bytes_json"):
         vb.add("json-limit", _rows(20_000, 4))  # /v1/info needs `read`: the service's own refusal, not a 403
+
+
+def test_deleting_many_ids_goes_in_batches_within_body_bytes_texts(server):
+    url, _ = server
+    net = Recording()
+    with Client(url, api_key=WKEY, transport=net) as vb:
+        vb.create_index("deletes", "b")
+        vb.add("deletes", _rows(16_000, 5), ids=range(100_000, 116_000))
+        got = vb.delete_ids("deletes", range(100_000, 115_000))  # 105 kB of ids: before, one request and a 413
+        assert got == {"index": "deletes", "deleted": 15_000, "count": 1_000}
+        assert [h[0]["id"] for h in vb.search("deletes", _rows(16_000, 5)[-3:], k=1)["results"]] == [115_997, 115_998,
+                                                                                                      115_999]
+    assert max(b for _, p, s, b in net.seen if p.endswith("/delete") and s == 200) <= TEXTS_BODY
