@@ -14,7 +14,8 @@ batches; one implementation runs both clients, :mod:`service.client_core`)::
         Y = await vb.transform("demo-minilm-e5", X)
 
 Every method is one request (retried as below; list methods follow ``next`` cursors until the last page; rows
-beyond the service's ``max_batch`` / ``max_body_bytes`` go in batches, see ``batch_size``) and returns the decoded
+beyond the service's limits (``max_batch``, the body limits, a search's ``max_hits``) go in batches, see
+``batch_size``) and returns the decoded
 JSON answer, or numpy arrays where the route carries vectors. Vectors go out as base64 float32 inside JSON
 (``vectors_b64`` + ``dim``), and :meth:`Client.transform` sends raw little-endian float32
 (``application/octet-stream``) by default: no JSON numbers to parse on either side. ``binary=False`` sends the
@@ -239,7 +240,8 @@ class APICalls(SteerCalls, Calls):
                 used_by_first.append(used)
             return Y
 
-        parts = yield from self._batched(A.shape[0], 4 * A.shape[1] if binary else b64_row_bytes(A.shape[1]), send)
+        parts = yield from self._batched(A.shape[0], 4 * A.shape[1] if binary else b64_row_bytes(A.shape[1]), send,
+                                        body="binary" if binary else "json")
         Y = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return (Y, used_by_first) if with_versions else Y
 
@@ -359,8 +361,16 @@ class APICalls(SteerCalls, Calls):
 
     @call
     def delete_ids(self, name: str, ids: Sequence[int]) -> dict:
-        return (yield from self._json("POST", f"/v1/indexes/{_seg(name)}/delete", json={"ids": [int(i) for i in ids]},
-                                      retry=True))
+        """Delete rows by id (unknown ids are ignored); returns ``{"index", "deleted", "count"}``. More ids than one
+        request may hold go in batches (harmless to repeat: a batch again deletes nothing more)."""
+        ids = [int(i) for i in ids]
+
+        def send(part: slice) -> dict:
+            return (yield from self._json("POST", f"/v1/indexes/{_seg(name)}/delete", json={"ids": ids[part]},
+                                          retry=True))
+
+        answers = yield from self._batched(len(ids), json_sizes(ids, len(ids)), send, body="texts")
+        return answers[0] if len(answers) == 1 else {**answers[-1], "deleted": sum(a["deleted"] for a in answers)}
 
     @call
     def drop_index(self, name: str) -> None:
@@ -389,7 +399,7 @@ class APICalls(SteerCalls, Calls):
 
         n = len(Q) if Q is not None else len(texts or [])
         row = b64_row_bytes(Q.shape[1]) if Q is not None else json_sizes(texts, n)
-        answers = yield from self._batched(n, row, send)
+        answers = yield from self._batched(n, row, send, hits=k if isinstance(k, int) and k > 0 else 0)
         return answers[0] if len(answers) == 1 else {**answers[0], "results": [r for a in answers
                                                                                for r in a["results"]]}
 
@@ -499,7 +509,7 @@ class APICalls(SteerCalls, Calls):
                 path.append([f"{m['name']}:{m['version']}" for m in answer.get("maps") or []])
             return answer["data"]
 
-        parts = yield from self._batched(len(texts), json_sizes(texts, len(texts)), send)
+        parts = yield from self._batched(len(texts), json_sizes(texts, len(texts)), send, body="texts")
         data = [e for part in parts for e in part]
         E = np.stack([np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4") for e in data])
         return (E, path[0] if path else []) if with_versions else E
@@ -512,7 +522,8 @@ _PARAMETERS = """
     base_url : str
         e.g. ``"http://127.0.0.1:8000"``.
     api_key : str, optional
-        Sent as ``Authorization: Bearer <key>``.
+        Sent as ``Authorization: Bearer <key>``; never in an error message. One an HTTP header cannot carry (a
+        newline, as in a key read from a file unstripped) is :class:`~align.exceptions.InputError` here.
     timeout : float
         Seconds per request (fits run as jobs, so requests stay short).
     page_size : int
@@ -522,11 +533,13 @@ _PARAMETERS = """
     max_retry_wait : float
         Longest ``Retry-After`` (seconds) the client waits out; a longer one raises at once.
     batch_size : int, optional
-        Most rows per request of :meth:`transform`, :meth:`add`, :meth:`search`, :meth:`apply_steer` and
-        :meth:`embed`. Without it a call is split only once the service refused one as too large (413): the
-        client then reads the service's ``max_batch`` / ``max_body_bytes`` from ``/v1/info`` and sends the rows
-        in batches within them (:mod:`service.client_wire`), the answers joined in order (through the map and
-        steer versions the first batch used, whatever aliases move meanwhile).
+        Most rows per request of :meth:`transform`, :meth:`add`, :meth:`search`, :meth:`apply_steer`,
+        :meth:`embed` and :meth:`delete_ids`. Without it the client reads the service's limits from ``/v1/info`` (once) before a call
+        of over 1 MiB of rows or 10,000 search hits, or after a smaller one was refused as too large (413), and
+        sends the rows in batches within them (:mod:`service.client_wire`): ``max_batch`` rows, the byte limit
+        of the body (``max_body_bytes`` binary, ``limits.body_bytes_json`` JSON, ``limits.body_bytes_texts``
+        texts), ``limits.max_hits`` queries x k; the answers joined in order (through the map and steer
+        versions the first batch used, whatever aliases move meanwhile).
     transport : httpx transport, optional
         For tests (e.g. ``httpx.ASGITransport``); default: the network.
 """

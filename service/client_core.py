@@ -29,22 +29,31 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any, NamedTuple
 
 import httpx
+import numpy as np
+
+from align.exceptions import InputError
 
 from .client_errors import (
     APIConnectionError,
     APIError,
     APITimeoutError,
+    AuthenticationError,
+    NotFoundError,
     PayloadTooLargeError,
+    PermissionDeniedError,
     UnexpectedResponseError,
     error_from_response,
     unexpected,
 )
 from .client_wire import dumps, spans
 
-__all__ = ["IDEMPOTENT", "RETRY_STATUS", "Await", "Calls", "Send", "Sleep", "call", "run_async", "run_sync"]
+__all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "Await", "Calls", "Send", "Sleep", "call", "run_async", "run_sync"]
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothing was done; try again later
+LOOK_FIRST_BYTES = 1 << 20  # rows of a call beyond this: read the limits before sending (not the rows, then a 413)
+LOOK_FIRST_HITS = 10_000  # search queries x k beyond this: read the limits (max_hits: 422) before sending
+LIMIT_KEYS = ("max_batch", "max_body_bytes", "body_bytes_json", "body_bytes_texts", "max_hits")  # of /v1/info
 
 
 class Send(NamedTuple):
@@ -164,13 +173,18 @@ class Calls:
     def _setup(self, *, page_size: int, max_retries: int, max_retry_wait: float, batch_size: int | None) -> None:
         self.page_size = int(page_size)
         self.batch_size = None if batch_size is None else max(1, int(batch_size))
-        self._limits: tuple[int | None, int | None] | None = None  # (max_batch, max_body_bytes) once read
+        self._limits: dict[str, int] | None = None  # LIMIT_KEYS of /v1/info once read ({}: this key may not)
         self.max_retries, self.max_retry_wait = int(max_retries), float(max_retry_wait)
 
     @staticmethod
     def _headers(api_key: str | None, headers: dict | None) -> dict:
+        """The client's headers; an ``api_key`` no HTTP header can carry is :class:`InputError` (never shown)."""
         h = dict(headers or {})
         if api_key:
+            if any(not " " <= c <= "~" for c in api_key):
+                raise InputError("api_key holds a character an HTTP header cannot carry (a newline, a control or "
+                                 "non-ASCII character; a key read from a file keeps its final newline: strip() "
+                                 "it); the key is not shown")
             h["Authorization"] = f"Bearer {api_key}"
         return h
 
@@ -198,6 +212,9 @@ class Calls:
         while True:
             try:
                 r = yield Send(method, path, kw)
+            except httpx.LocalProtocolError:  # h11's message quotes the header value (a key): never shown
+                raise InputError(f"{method} {path}: not sent, the request is not valid HTTP (a header value with a "
+                                 "newline or control character? values are not shown)") from None
             except httpx.RequestError as e:
                 # never sent: safe to send whatever it is; a read timeout is not retried (the server may still
                 # be computing it: a retry would queue the same work again)
@@ -208,16 +225,27 @@ class Calls:
                     attempt += 1
                     continue
                 cls = APITimeoutError if isinstance(e, httpx.TimeoutException) else APIConnectionError
-                raise cls(f"{method} {path}: no answer from {self._http.base_url} ({type(e).__name__}: {e})"
+                where = self._http.base_url.copy_with(userinfo=b"")  # a password in the URL stays out of the message
+                raise cls(f"{method} {path}: no answer from {where} ({type(e).__name__}: {e})"
                           + (f" after {attempt + 1} tries" if attempt else "")) from e
             if r.status_code < 400 or r.status_code in ok:
                 return r
             err = error_from_response(r)
             wait = self._backoff(attempt, err.retry_after)
-            if not (retry and r.status_code in RETRY_STATUS and attempt < self.max_retries and wait is not None):
-                raise err
-            yield Sleep(wait)
-            attempt += 1
+            if retry and r.status_code in RETRY_STATUS and attempt < self.max_retries and wait is not None:
+                yield Sleep(wait)
+                attempt += 1
+                continue
+            why = ""  # a busy answer says why it ends here: the caller decides whether to try again later
+            if r.status_code in RETRY_STATUS and not retry:
+                why = f"not retried: {method} {path} could act twice"
+            elif r.status_code in RETRY_STATUS and wait is None:
+                why = f"Retry-After {err.retry_after:g} s is over max_retry_wait {self.max_retry_wait:g} s"
+            elif r.status_code in RETRY_STATUS and attempt:
+                why = f"gave up after {attempt + 1} tries"
+            if why:
+                err.args = (f"{err.args[0]} ({why})",)
+            raise err
 
     def _backoff(self, attempt: int, retry_after: float | None = None) -> float | None:
         """Seconds before retry ``attempt + 1``: ``Retry-After`` when given (None when over ``max_retry_wait``:
@@ -236,34 +264,58 @@ class Calls:
         except ValueError:
             raise unexpected(r, "an answer that is not JSON") from None
 
-    def _batched(self, n: int, row_bytes, send: Callable[[slice], Gen]) -> Gen:
+    def _batched(self, n: int, row_bytes, send: Callable[[slice], Gen], *, body: str = "json", hits: int = 0) -> Gen:
         """``send(rows)`` for consecutive batches of rows ``0..n`` within the service's limits; the answers in order.
 
-        One request while the limits are unknown; after a 413 the limits are read from ``/v1/info`` and the
-        call is sent again in batches (:func:`~service.client_wire.spans`; ``row_bytes``: each row's share of
-        the body). Batches are separate requests: an error in batch ``j`` leaves batches ``< j`` done.
+        ``row_bytes``: each row's share of the body (one int, or (n,) ints); ``body``: what the rows travel in,
+        ``"binary"`` (``max_body_bytes``), ``"json"`` (also ``limits.body_bytes_json``) or ``"texts"`` (also
+        ``limits.body_bytes_texts``); ``hits``: answers per row (a search's k: ``rows x k <= limits.max_hits``).
+        A call over :data:`LOOK_FIRST_BYTES` of rows or :data:`LOOK_FIRST_HITS` hits reads the limits from
+        ``/v1/info`` before sending (once per client). A smaller one goes as one request while the limits are
+        unknown; after a 413 they are read and the call is sent again in batches (:func:`~service.client_wire.spans`).
+        Batches are separate requests: an error in batch ``j`` leaves batches ``< j`` done.
         """
+        total = int(row_bytes) * n if isinstance(row_bytes, (int, np.integer)) else int(np.sum(row_bytes))
+        if (self._limits is None and self.batch_size is None
+                and (total > LOOK_FIRST_BYTES or n * hits > LOOK_FIRST_HITS)):
+            yield from self._read_limits()
         refused = None
         if self._limits is None and self.batch_size is None:
             try:
                 return [(yield from send(slice(0, n)))]
             except PayloadTooLargeError as e:
                 refused = e
-                try:
-                    lim = (yield from self._json("GET", "/v1/info"))["limits"]
-                    self._limits = (int(lim["max_batch"]), int(lim["max_body_bytes"]))
-                except (APIError, KeyError, TypeError, ValueError):
+                if not (yield from self._read_limits()):
                     raise e from None
-        max_rows, max_bytes = self._limits or (None, None)
-        if self.batch_size is not None:
-            max_rows = min(max_rows or self.batch_size, self.batch_size)
-        parts = spans(n, row_bytes, max_rows=max_rows, max_bytes=max_bytes)
+        parts = spans(n, row_bytes, **self._caps(body, hits))
         if refused is not None and len(parts) == 1:
             raise refused
         answers = []
         for part in parts:
             answers.append((yield from send(part)))
         return answers
+
+    def _read_limits(self) -> Gen:
+        """Read the service's limits from ``/v1/info`` into ``self._limits``; whether they are known now. A key
+        that may not read them (401 / 403) or a service without the route (404) is not asked again."""
+        try:
+            lim = (yield from self._json("GET", "/v1/info"))["limits"]
+            self._limits = {k: int(lim[k]) for k in LIMIT_KEYS if isinstance(lim.get(k), int) and lim[k] > 0}
+        except (AuthenticationError, PermissionDeniedError, NotFoundError):
+            self._limits = {}
+        except (APIError, KeyError, TypeError, ValueError):
+            pass
+        return bool(self._limits)
+
+    def _caps(self, body: str, hits: int) -> dict:
+        """``spans``' ``max_rows`` / ``max_bytes`` for rows sent as ``body`` with ``hits`` answers each."""
+        lim = self._limits or {}
+        rows = [lim.get("max_batch"), self.batch_size]
+        if hits and lim.get("max_hits"):
+            rows.append(max(1, lim["max_hits"] // hits))
+        sizes = [lim.get("max_body_bytes"), lim.get({"json": "body_bytes_json", "texts": "body_bytes_texts"}.get(body))]
+        return {"max_rows": min((v for v in rows if v), default=None),
+                "max_bytes": min((v for v in sizes if v), default=None)}
 
     def _pages(self, path: str, params: dict | None = None) -> Gen:
         """Every item of a paginated list, page after page (``limit`` / ``cursor`` / ``next``), as one list."""

@@ -11,6 +11,7 @@ import json
 import sys
 import threading
 import time
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -20,6 +21,7 @@ from _api_support import KEYS
 from _clients import both_clients
 from _servers import env_for, free_port, seed_registry, start, stop
 
+from align.exceptions import InputError
 from service.client import (
     APIConnectionError,
     APITimeoutError,
@@ -164,6 +166,20 @@ def test_a_read_only_post_survives_a_dropped_connection(scripted, client_cls):
     assert len(srv.seen) == 2
 
 
+@both_clients
+def test_a_busy_answer_raised_says_why_it_was_not_tried_again(scripted, client_cls):
+    """Before, a 503 raised after 3 tries read as one raised at once, or one not retried at all because the request
+    could act twice, or one whose Retry-After was too long to wait: the user could not tell whether to retry."""
+    srv = scripted(busy(503, "0"), busy(503, "0"), busy(503, "0"), busy(429, "3600"), busy(503, "0"))
+    with client_cls(srv.url) as vb:
+        with pytest.raises(ServiceUnavailableError, match=r"gave up after 3 tries"):
+            vb.get_map("m")
+        with pytest.raises(QueueFullError, match=r"Retry-After 3600 s is over max_retry_wait 60 s"):
+            vb.list_jobs()
+        with pytest.raises(ServiceUnavailableError, match=r"not retried: POST /v1/spaces could act twice"):
+            vb.create_space("s", 4)
+    assert len(srv.seen) == 5
+
 def test_async_retries_and_polls_wait_without_blocking_the_event_loop(scripted):
     srv = scripted(busy(429, "1"), busy(429, "1"), (200, {}, PAGE))
 
@@ -232,6 +248,34 @@ def test_an_answer_that_is_not_the_apis_is_a_typed_error(scripted, client_cls):
             vb.transform("m", np.ones((1, 4)))
         with pytest.raises(UnexpectedResponseError, match="never ends"):
             vb.list_spaces()
+
+
+# --- secrets ----------------------------------------------------------------------------------
+@both_clients
+def test_a_key_or_header_http_cannot_carry_is_refused_at_once_and_never_shown(scripted, client_cls):
+    """Before, a key read from a file with its newline (``open(f).read()``) was sent 3 times over 1.5 s and raised
+    ``APIConnectionError: ... (LocalProtocolError: Illegal header value b'Bearer <the key>\\n')``: the secret in
+    the message, in every log line and traceback that printed it."""
+    srv = scripted((200, {}, PAGE))
+    for key in ("sk-secret-123\n", "sk-secret-123\r\nX-Evil: 1", "sk-s\u00e9cret-123"):
+        with pytest.raises(InputError, match="api_key") as e:
+            client_cls(srv.url, api_key=key)
+        assert "secret" not in "".join(traceback.format_exception(e.value))
+    with client_cls(srv.url, headers={"X-Gateway-Key": "gw-secret-456\n"}) as vb, pytest.raises(InputError) as e:
+        vb.list_spaces()
+    assert "secret" not in "".join(traceback.format_exception(e.value)) and "tries" not in str(e.value)
+    assert srv.seen == []  # nothing went out, and nothing was tried again
+
+
+@both_clients
+def test_a_password_in_the_base_url_is_not_in_the_no_answer_error(client_cls):
+    """A base URL with basic-auth credentials (``http://user:pass@proxy``): the no-answer error named the URL with
+    the password in it."""
+    port = free_port()
+    with client_cls(f"http://vb:hunter2-secret@127.0.0.1:{port}", max_retries=0) as vb, \
+            pytest.raises(APIConnectionError) as e:
+        vb.info()
+    assert "hunter2" not in str(e.value) and f"http://127.0.0.1:{port}" in str(e.value)
 
 
 # --- the real service going away under wait() ---------------------------------------------------
