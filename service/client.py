@@ -534,12 +534,12 @@ _PARAMETERS = """
         Longest ``Retry-After`` (seconds) the client waits out; a longer one raises at once.
     batch_size : int, optional
         Most rows per request of :meth:`transform`, :meth:`add`, :meth:`search`, :meth:`apply_steer`,
-        :meth:`embed` and :meth:`delete_ids`. Without it the client reads the service's limits from ``/v1/info`` (once) before a call
-        of over 1 MiB of rows or 10,000 search hits, or after a smaller one was refused as too large (413), and
-        sends the rows in batches within them (:mod:`service.client_wire`): ``max_batch`` rows, the byte limit
-        of the body (``max_body_bytes`` binary, ``limits.body_bytes_json`` JSON, ``limits.body_bytes_texts``
-        texts), ``limits.max_hits`` queries x k; the answers joined in order (through the map and steer
-        versions the first batch used, whatever aliases move meanwhile).
+        :meth:`embed` and :meth:`delete_ids`. Without it the client reads the service's limits from
+        ``/v1/info`` (once) before a call of over 1 MiB of rows or 10,000 search hits, or after a smaller one
+        was refused as too large (413), and sends the rows in batches within them (:mod:`service.client_wire`):
+        ``max_batch`` rows, the byte limit of the body (``max_body_bytes`` binary, ``limits.body_bytes_json``
+        JSON, ``limits.body_bytes_texts`` texts), ``limits.max_hits`` queries x k; the answers joined in order
+        (through the map and steer versions the first batch used, whatever aliases move meanwhile).
     transport : httpx transport, optional
         For tests (e.g. ``httpx.ASGITransport``); default: the network.
 """

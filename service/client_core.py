@@ -47,7 +47,8 @@ from .client_errors import (
 )
 from .client_wire import dumps, spans
 
-__all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "Await", "Calls", "Send", "Sleep", "call", "run_async", "run_sync"]
+__all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "Await", "Calls", "Send",
+           "Sleep", "call", "run_async", "run_sync"]
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothing was done; try again later

@@ -7,9 +7,9 @@ The service refuses a body over its limit (``max_body_bytes``; JSON and texts ha
 ``limits``) or more rows than ``max_batch`` (413), and a search of more than ``limits.max_hits``
 queries x k (422); its ``/v1/info`` says them all (``limits``). A client call with more rows (a
 million vectors to transform or add) is sent as consecutive batches that each fit, and the answers
-are put back together in order. :func:`spans` cuts ``0..n`` greedily: batch ``j`` holds rows ``[a_j, a_{j+1})`` with at most
-``max_rows`` rows and ``overhead + sum(row_bytes[a_j:a_{j+1}]) <= max_bytes`` (a row that alone
-does not fit gets a batch of its own: the service answers it as it would have).
+are put back together in order. :func:`spans` cuts ``0..n`` greedily: batch ``j`` holds rows
+``[a_j, a_{j+1})`` with at most ``max_rows`` rows and ``overhead + sum(row_bytes[a_j:a_{j+1}]) <= max_bytes``
+(a row that alone does not fit gets a batch of its own: the service answers it as it would have).
 """
 
 from __future__ import annotations
