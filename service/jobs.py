@@ -84,8 +84,11 @@ class JobContext:
         return self._job.cancel_requested
 
     def progress(self, stage: str, fraction: float | None = None) -> None:
-        """Record ``stage`` and overall ``fraction`` in [0, 1]; raise Cancelled when asked to stop."""
+        """Record ``stage`` and how far it has got, ``fraction`` in [0, 1] (of that stage, as every
+        :data:`service.progress.Progress`); raise Cancelled when asked to stop."""
         with self._lock:
+            if self._job.state in TERMINAL:  # recorded interrupted by a shutdown: that record stays
+                raise Cancelled(f"job {self._job.id} interrupted during {self._job.stage}")
             now = time.time()
             changed = stage != self._job.stage
             if changed:
@@ -307,6 +310,9 @@ class JobManager:
         try:
             result = fn(ctx)
         except BaseException as exc:  # noqa: BLE001 - a job must never kill its worker
+            with self._lock:
+                if job.state in TERMINAL:  # a shutdown recorded it interrupted; it stopped for that, not by a cancel
+                    return
             ctx._close_stage()
             with self._lock:
                 job.finished_at = time.time()
