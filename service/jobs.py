@@ -49,6 +49,7 @@ __all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFul
 
 _SHUT_DOWN = {**INTERRUPTED, "message": "interrupted: the process serving this job shut down before it finished; "
                                        "check the map's versions before resubmitting"}
+_NOT_STARTED = {"type": "JobCancelled", "message": "cancelled before it started"}
 _log = get_logger("jobs")
 
 
@@ -266,6 +267,7 @@ class JobManager:
             if job.state == "queued":
                 job.state = job.stage = "cancelled"
                 job.finished_at = time.time()
+                job.error = dict(_NOT_STARTED)
                 cancelled_now = True
             else:
                 cancelled_now = False
@@ -300,7 +302,7 @@ class JobManager:
             with self._lock:
                 job.state = job.stage = "cancelled"
                 job.finished_at = time.time()
-                job.error = {"type": "JobCancelled", "message": "cancelled before it started"}
+                job.error = dict(_NOT_STARTED)
             self._persist(job)
             self._count("cancelled")
             return

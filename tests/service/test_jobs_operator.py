@@ -134,3 +134,40 @@ def test_a_server_stopped_mid_job_records_the_job_interrupted(tmp_path):
         state, error = c.execute("SELECT state, error FROM jobs WHERE id = ?", (jid,)).fetchone()
     assert proc.returncode == 0
     assert state == "failed" and "Interrupted" in error, (state, error)
+
+
+def _long_fit_body(name: str) -> dict:
+    import numpy as np
+
+    X = np.random.default_rng(0).standard_normal((1000, 16))
+    return {"name": name, "source_space": "a", "target_space": "b", "method": "contrastive", "paired": True,
+            "source": {"vectors": X.tolist()}, "target": {"vectors": X.tolist()},
+            "params": {"epochs": 10_000, "batch_size": 64}}
+
+
+def test_cancelled_jobs_say_why_queued_or_running_and_free_the_worker(server):
+    # a queued job cancelled by DELETE ended with "error": null (a running one, or one cancelled through
+    # another process, said "JobCancelled"): the schema's "on failure or cancel: type, message" did not hold,
+    # and Client.wait raised JobCancelledError("job ... cancelled:") with nothing after the colon
+    url, _ = server
+    c = httpx.Client(base_url=url, headers=W, timeout=60)
+    running = c.post("/v1/fits", json=_long_fit_body("long1")).json()["id"]
+    queued = c.post("/v1/fits", json=_long_fit_body("long2")).json()  # one job worker: it waits
+    assert queued["state"] == "queued", queued
+    r = c.delete(f"/v1/jobs/{queued['id']}")
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    assert r.json()["error"]["type"] == "JobCancelled" and "before it started" in r.json()["error"]["message"]
+    t0 = time.monotonic()
+    assert c.delete(f"/v1/jobs/{running}").status_code in (200, 202)
+    while (job := c.get(f"/v1/jobs/{running}").json())["state"] == "running":
+        assert time.monotonic() - t0 < 10, job
+        time.sleep(0.05)
+    assert job["state"] == "cancelled" and job["error"]["type"] == "JobCancelled", job
+    assert time.monotonic() - t0 < 5  # stops at its next epoch
+    assert c.get("/v1/maps/long1").status_code == 404 and c.get("/v1/maps/long2").status_code == 404
+    quick = c.post("/v1/fits", json=_fit_body("quick")).json()["id"]  # the worker is free again
+    t0 = time.monotonic()
+    while (job := c.get(f"/v1/jobs/{quick}").json())["state"] in ("queued", "running"):
+        assert time.monotonic() - t0 < 30, job
+        time.sleep(0.05)
+    assert job["state"] == "succeeded" and job["result"]["ref"] == "quick:1", job
