@@ -313,8 +313,10 @@ class JobManager:
             result = fn(ctx)
         except BaseException as exc:  # noqa: BLE001 - a job must never kill its worker
             with self._lock:
-                if job.state in TERMINAL:  # a shutdown recorded it interrupted; it stopped for that, not by a cancel
-                    return
+                stopped = job.state in TERMINAL  # a shutdown recorded it interrupted: it stopped for that, not a cancel
+            if stopped:
+                self._persist(job)  # again: a progress write of this thread may have landed after the shutdown's
+                return
             ctx._close_stage()
             with self._lock:
                 job.finished_at = time.time()
