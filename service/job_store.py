@@ -56,7 +56,7 @@ class Job:
         now = time.time()
         return {
             "id": self.id, "kind": self.kind, "description": self.description, "state": self.state,
-            "progress": {"stage": self.stage, "fraction": round(float(self.fraction), 4)},
+            "progress": {"stage": self.stage, "fraction": round(float(self.fraction), 4), **self._stage_clock(now)},
             "timings": {
                 "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
                 "queued_seconds": ((self.started_at or now) - self.created_at),
@@ -65,6 +65,22 @@ class Job:
             },
             "result": self.result, "error": self.error, "cancel_requested": self.cancel_requested,
         }
+
+
+    def _stage_clock(self, now: float) -> dict:
+        """Seconds in the running stage and the stage's ETA (None unless running).
+
+        The stages run back to back from ``started_at`` and ``stage_seconds`` holds the closed ones, so the
+        running stage began at ``t_s = started_at + sum(stage_seconds)``: elapsed ``e = now - t_s``. At its rate
+        so far, its remaining fraction ``1 - f`` takes ``e (1 - f) / f`` seconds (None for ``f`` below 1 %).
+        ``fraction`` is that stage's (each stage runs 0 -> 1), so this is when the stage ends, not the job.
+        """
+        if self.state != "running" or self.started_at is None:
+            return {"stage_elapsed_seconds": None, "stage_eta_seconds": None}
+        elapsed = max(0.0, now - self.started_at - sum(self.stage_seconds.values()))
+        f = float(self.fraction)
+        eta = elapsed * (1.0 - f) / f if 0.01 <= f < 1.0 else (0.0 if f >= 1.0 else None)
+        return {"stage_elapsed_seconds": round(elapsed, 3), "stage_eta_seconds": None if eta is None else round(eta, 3)}
 
 
 def _plain(v):

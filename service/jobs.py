@@ -49,6 +49,7 @@ __all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFul
 
 _SHUT_DOWN = {**INTERRUPTED, "message": "interrupted: the process serving this job shut down before it finished; "
                                        "check the map's versions before resubmitting"}
+_NOT_STARTED = {"type": "JobCancelled", "message": "cancelled before it started"}
 _log = get_logger("jobs")
 
 
@@ -84,8 +85,11 @@ class JobContext:
         return self._job.cancel_requested
 
     def progress(self, stage: str, fraction: float | None = None) -> None:
-        """Record ``stage`` and overall ``fraction`` in [0, 1]; raise Cancelled when asked to stop."""
+        """Record ``stage`` and how far it has got, ``fraction`` in [0, 1] (of that stage, as every
+        :data:`service.progress.Progress`); raise Cancelled when asked to stop."""
         with self._lock:
+            if self._job.state in TERMINAL:  # recorded interrupted by a shutdown: that record stays
+                raise Cancelled(f"job {self._job.id} interrupted during {self._job.stage}")
             now = time.time()
             changed = stage != self._job.stage
             if changed:
@@ -263,6 +267,7 @@ class JobManager:
             if job.state == "queued":
                 job.state = job.stage = "cancelled"
                 job.finished_at = time.time()
+                job.error = dict(_NOT_STARTED)
                 cancelled_now = True
             else:
                 cancelled_now = False
@@ -297,7 +302,7 @@ class JobManager:
             with self._lock:
                 job.state = job.stage = "cancelled"
                 job.finished_at = time.time()
-                job.error = {"type": "JobCancelled", "message": "cancelled before it started"}
+                job.error = dict(_NOT_STARTED)
             self._persist(job)
             self._count("cancelled")
             return
@@ -307,6 +312,11 @@ class JobManager:
         try:
             result = fn(ctx)
         except BaseException as exc:  # noqa: BLE001 - a job must never kill its worker
+            with self._lock:
+                stopped = job.state in TERMINAL  # a shutdown recorded it interrupted: it stopped for that, not a cancel
+            if stopped:
+                self._persist(job)  # again: a progress write of this thread may have landed after the shutdown's
+                return
             ctx._close_stage()
             with self._lock:
                 job.finished_at = time.time()

@@ -475,8 +475,14 @@ class IndexDeleteResponse(BaseModel):
 
 
 class JobProgress(BaseModel):
-    stage: str
-    fraction: float
+    stage: str = Field(..., description="The step running now (e.g. `fit: restart 1: self_learning`); `done` at the "
+                                        "end, `interrupted` or `cancelled` when it stopped early.")
+    fraction: float = Field(..., description="How far the current stage has got, in [0, 1]: it rises within a stage "
+                                             "and starts again at the next one (not the whole job's fraction).")
+    stage_elapsed_seconds: float | None = Field(None, description="Seconds in the current stage (running jobs).")
+    stage_eta_seconds: float | None = Field(None, description=(
+        "Seconds until the current stage ends at its rate so far: `elapsed * (1 - fraction) / fraction`; null "
+        "below 1 % or when not running. Later stages are not included: no estimate of the whole job exists."))
 
 
 class JobTimings(BaseModel):

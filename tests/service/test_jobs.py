@@ -29,7 +29,7 @@ def test_success_progress_and_timings():
     wait(mgr.get, job.id)
     d = mgr.get(job.id).to_dict()
     assert d["state"] == "succeeded" and d["result"] == {"answer": 42}
-    assert d["progress"] == {"stage": "done", "fraction": 1.0}
+    assert d["progress"] == {"stage": "done", "fraction": 1.0, "stage_elapsed_seconds": None, "stage_eta_seconds": None}
     assert {"load", "fit"} <= set(d["timings"]["stages"]) and d["timings"]["run_seconds"] >= 0
     mgr.shutdown(wait=True)
 

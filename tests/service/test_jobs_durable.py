@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -259,3 +260,31 @@ def test_a_final_record_that_could_not_be_written_is_written_later(tmp_path):
     assert done.state == "succeeded" and done.result == {"done": 1}
     assert other.get(second.id)[0].state == "succeeded"
     mgr.shutdown(wait=True)
+
+
+def test_a_job_a_shutdown_interrupted_stays_interrupted_when_it_reaches_its_next_progress_report(tmp_path):
+    """SIGTERM with a fit running: shutdown recorded the job "failed, interrupted", then the job's next progress
+    report raised Cancelled and its worker rewrote the record "cancelled ... cancelled during <stage>": a
+    cancel nobody asked for, and ``Client.wait`` raised JobCancelledError instead of JobFailedError."""
+    db = tmp_path / "jobs.sqlite"
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(db))
+    mgr.open()
+    started, stopped = threading.Event(), threading.Event()
+
+    def fit(ctx):
+        started.set()
+        try:
+            while True:
+                ctx.progress("fit", 0.5)
+                time.sleep(0.001)
+        finally:
+            stopped.set()
+
+    job, _ = mgr.submit(fit, kind="fit")
+    assert started.wait(10)
+    mgr.shutdown(wait=False)  # a server stopping
+    assert stopped.wait(10)  # the job reached its next progress report before the process ended
+    time.sleep(0.5)  # its worker writes what it makes of that
+    stored, _ = JobStore(db).get(job.id)
+    assert (stored.state, stored.stage, stored.error["type"]) == ("failed", "interrupted", "Interrupted"), stored
+    assert mgr.get(job.id).state == "failed"

@@ -302,10 +302,8 @@ function jobsPage() {
       try { await this.load(); this.error = ""; } catch (e) { this.error = VB.say(e); }
     },
     live(j) { return j.state === "queued" || j.state === "running"; },
-    eta(j) {
-      const f = j.progress.fraction, t = j.timings.run_seconds;
-      if (!this.live(j) || !t || !(f > 0.02) || f >= 1) return null;
-      return t * (1 - f) / f;
+    eta(j) {  // the current stage's (the server's estimate); the fraction is the stage's, not the job's
+      return this.live(j) ? j.progress.stage_eta_seconds ?? null : null;
     },
     errorWords(j) {
       if (!j.error) return "";
