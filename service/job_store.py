@@ -66,7 +66,6 @@ class Job:
             "result": self.result, "error": self.error, "cancel_requested": self.cancel_requested,
         }
 
-
     def _stage_clock(self, now: float) -> dict:
         """Seconds in the running stage and the stage's ETA (None unless running).
 
