@@ -94,9 +94,10 @@ def ray_logs(quiet: bool):
     return ray_log_level(logging.ERROR)
 
 
-def progress_bar(enabled: bool):
-    """``(progress, close)``: ``progress(stage, fraction)`` draws one tqdm bar per stage on stderr."""
-    if not enabled:
+def progress_bar(*, quiet: bool, as_json: bool):
+    """``(progress, close)``: ``progress(stage, fraction)`` draws one tqdm bar per stage on stderr; nothing with
+    ``--quiet`` or ``--json`` (a JSON result is the whole output: nothing around it on either stream)."""
+    if quiet or as_json:
         return (lambda stage, frac: None), (lambda: None)
     state = {"stage": None, "bar": None}
 

@@ -74,7 +74,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
     """Fit a map from --source to --target and register it as a new version."""
     if paired is None:
         paired = method in SUPERVISED
-    progress, close = progress_bar(not quiet)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     notes: list[str] = _ignored_options(method, ray_address, threads)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", VecbridgeWarning)
@@ -271,7 +271,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     if all(given):
         Q, Qo = read_vectors(queries_path), read_vectors(old_queries_path)
         rel = read_relevant(relevant_path, Q.shape[0])
-    progress, close = progress_bar(not quiet)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q,
                    old_queries=Qo, relevant=rel, progress=progress)
@@ -328,7 +328,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet, ray_address):
     """Map the rows of INP (.npy, .npz, .fvecs, .parquet; texts .txt / .jsonl / .json with --encoder) into OUT
     (.npy, .fvecs or .parquet), in chunks: files may exceed memory."""
-    progress, close = progress_bar(not quiet)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         with ray_logs(quiet or as_json):
             res = transform_file(obj.registry, ref, inp, out, chunk_rows=chunk_rows, output=output, rows=rows,

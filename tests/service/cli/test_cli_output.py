@@ -1,0 +1,41 @@
+"""What the long offline commands write besides their result: ``--json`` is the result alone on stdout with
+nothing on stderr (no progress bar), and the files they write are the user's to share as ``np.save`` would."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import run_cli as run
+
+from service.io import write_vectors
+
+
+@pytest.fixture
+def data(tmp_path):
+    """16-d paired rows: target = rotated source + noise, 900 rows."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(900, 16))
+    write_vectors(tmp_path / "src.npy", X)
+    write_vectors(tmp_path / "tgt.npy", X @ np.linalg.qr(rng.normal(size=(16, 16)))[0] + 0.05 * rng.normal(size=X.shape))
+    return tmp_path
+
+
+def test_json_is_the_result_alone_and_draws_no_progress(capsys, data):
+    """``fit``, ``transform``, ``index create`` / ``add`` and ``plan`` with ``--json`` drew their progress bars on
+    stderr all the same (``--quiet`` was needed too); a job runner that merges the two streams got bar frames around
+    the JSON. Now ``--json`` is as quiet as ``--quiet``: stdout parses, stderr is empty."""
+    var = ["--data-dir", data / "var"]
+    commands = [
+        ["fit", "--source", data / "src.npy", "--target", data / "tgt.npy", "--method", "procrustes", "--name", "m"],
+        ["transform", "--map", "m", data / "src.npy", data / "out.npy"],
+        ["index", "create", "docs", "--space", "tgt", data / "tgt.npy"],
+        ["index", "add", "docs", data / "out.npy"],
+        ["plan", "--old", data / "src.npy", "--probe-source", data / "src.npy", "--probe-target", data / "tgt.npy",
+         "--probe-rows", "0:300"],
+    ]
+    for args in commands:
+        code, out, err = run(capsys, *var, *args, "--json")
+        assert code == 0, (args[0], err)
+        assert isinstance(json.loads(out), dict) and err == "", (args[0], err)
