@@ -36,7 +36,7 @@ from ..ops.index_files import (
     count,
     create_from_file,
 )
-from ..storage import atomic_write
+from ..storage import atomic_write, check_writable
 from ._common import (
     Ctx,
     emit,
@@ -278,6 +278,8 @@ def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_
     """Search index NAME with the rows of QUERIES (vectors, or texts embedded with the query space's encoder)."""
     if out is not None and Path(out).suffix.lower() not in (".jsonl", ".npz"):
         raise InputError(f"--out {out}: write .jsonl or .npz")
+    if out is not None:
+        check_writable(out, "--out")
     idx = _store(obj).get(name)
     src = FileRows(queries, rows, key, column, text_field)
     n = count(src)

@@ -22,7 +22,7 @@ from ..indexes.csls import CSLS_WEIGHT
 from ..io import read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
-from ..storage import atomic_write
+from ..storage import atomic_write, check_writable
 from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt, ray_logs,
                       random_state_opt, read_pair, read_relevant, read_seed_pairs, space_name, version_record)
 
@@ -74,6 +74,8 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
     """Fit a map from --source to --target and register it as a new version."""
     if paired is None:
         paired = method in SUPERVISED
+    if report_copy is not None:  # before the fit: a bad path after it failed the command with the version registered
+        check_writable(report_copy, "--report")
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     notes: list[str] = _ignored_options(method, ray_address, threads)
     with warnings.catch_warnings(record=True) as caught:
@@ -264,6 +266,8 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
         raise InputError("--queries, --old-queries and --relevant go together (labelled queries over the probe)")
     if rows_out is not None and Path(rows_out).suffix.lower() != ".npy":  # np.save would write ROWS_OUT.npy
         raise InputError(f"--rows-out {rows_out}: the rows are written as .npy (int64 indices); name a .npy file")
+    if rows_out is not None:
+        check_writable(rows_out, "--rows-out")
     X_old = read_vectors(old, rows=old_rows)
     A = read_vectors(probe_source, rows=probe_rows)
     B = read_vectors(probe_target, rows=probe_rows)

@@ -39,3 +39,27 @@ def test_json_is_the_result_alone_and_draws_no_progress(capsys, data):
         code, out, err = run(capsys, *var, *args, "--json")
         assert code == 0, (args[0], err)
         assert isinstance(json.loads(out), dict) and err == "", (args[0], err)
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(capsys, data):
+    """``fit --report PATH`` into a folder that could not be written (here a file stands where its folder would be;
+    a read-only or immutable folder alike) fitted, registered the version, then failed: exit 2 with
+    ``[Errno 17] File exists: 'src.npy'``, so the user, told it failed, fitted again and got version 2.
+    ``plan --rows-out`` and ``index search --out`` computed everything first, then failed the same way. Now each
+    path is checked first: exit 2, one line naming the option and the path, nothing registered or written."""
+    bad = data / "src.npy" / "r"
+    var = ["--data-dir", data / "var"]
+    fit = ["fit", "--source", data / "src.npy", "--target", data / "tgt.npy", "--method", "procrustes"]
+    code, _, err = run(capsys, *var, *fit, "--name", "m", "--report", bad.with_suffix(".html"))
+    assert code == 2 and err.startswith("vecbridge: error: --report ") and len(err.splitlines()) == 1, err
+    assert json.loads(run(capsys, *var, "registry", "list", "--json")[1])["maps"] == []
+
+    code, _, err = run(capsys, *var, "plan", "--old", data / "src.npy", "--probe-source", data / "src.npy",
+                       "--probe-target", data / "tgt.npy", "--probe-rows", "0:300", "--quiet",
+                       "--rows-out", bad.with_suffix(".npy"))
+    assert code == 2 and err.startswith("vecbridge: error: --rows-out ") and len(err.splitlines()) == 1, err
+
+    assert run(capsys, *var, *fit, "--name", "m", "--quiet")[0] == 0
+    assert run(capsys, *var, "index", "create", "docs", "--space", "tgt", data / "tgt.npy", "--quiet")[0] == 0
+    code, _, err = run(capsys, *var, "index", "search", "docs", data / "tgt.npy", "--out", bad.with_suffix(".jsonl"))
+    assert code == 2 and err.startswith("vecbridge: error: --out ") and len(err.splitlines()) == 1, err
