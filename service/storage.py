@@ -99,11 +99,11 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
-def hold(path: Path, *, create: bool = False) -> int:
-    """A descriptor holding an exclusive ``flock`` on ``path`` (created, mode 0600, with ``create``) for as long as
-    it is open: the mark of a temporary file or folder whose writer is alive. The kernel drops the lock when the
-    process dies (``kill -9`` included), which :func:`take_abandoned` detects."""
-    fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+def hold(path: Path, *, create: bool = False, mode: int = 0o600) -> int:
+    """A descriptor holding an exclusive ``flock`` on ``path`` (created with ``create``, ``mode`` less the umask) for
+    as long as it is open: the mark of a temporary file or folder whose writer is alive. The kernel drops the lock
+    when the process dies (``kill -9`` included), which :func:`take_abandoned` detects."""
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except BaseException:

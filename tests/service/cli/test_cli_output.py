@@ -4,6 +4,8 @@ nothing on stderr (no progress bar), and the files they write are the user's to 
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -63,3 +65,20 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(capsys
     assert run(capsys, *var, "index", "create", "docs", "--space", "tgt", data / "tgt.npy", "--quiet")[0] == 0
     code, _, err = run(capsys, *var, "index", "search", "docs", data / "tgt.npy", "--out", bad.with_suffix(".jsonl"))
     assert code == 2 and err.startswith("vecbridge: error: --out ") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".fvecs", ".parquet"])
+def test_a_transform_output_has_the_mode_any_file_of_the_user_gets(capsys, data, suffix):
+    """``transform``'s output was created 0600 whatever the umask (its temporary file's mode, kept by the rename),
+    where ``np.save``, ``plan --rows-out`` and every other tool give 0644 under the usual umask 022: the service
+    account or teammate meant to read the migrated vectors got 'Permission denied'."""
+    var = ["--data-dir", data / "var"]
+    assert run(capsys, *var, "fit", "--source", data / "src.npy", "--target", data / "tgt.npy", "--method",
+               "procrustes", "--name", "m", "--quiet")[0] == 0
+    old = os.umask(0o022)
+    try:
+        assert run(capsys, *var, "transform", "--map", "m", data / "src.npy", data / f"out{suffix}", "--quiet")[0] == 0
+        np.save(data / "np.npy", np.zeros(3))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((data / f"out{suffix}").stat().st_mode) == stat.S_IMODE((data / "np.npy").stat().st_mode) == 0o644
