@@ -149,7 +149,7 @@ def _render_fit(reg, v, as_json: bool) -> None:
                    "nn_retention@10 (each native target row's nearest native row must stay in the top 10 of the "
                    "mapped source rows; share kept).")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
-              help="Labelled queries (.npy/.npz/.safetensors/.parquet/...): new-model query vectors (--side target) or "
+              help="Labelled queries (.npy, .npz, .fvecs, .parquet): new-model query vectors (--side target) or "
                    "source-model ones (--side source).")
 @click.option("--queries-rows", default=None, help="START:STOP rows of --queries (and --old-queries).")
 @click.option("--old-queries", "old_queries_path", type=click.Path(dir_okay=False), default=None,

@@ -82,3 +82,27 @@ def test_a_transform_output_has_the_mode_any_file_of_the_user_gets(capsys, data,
     finally:
         os.umask(old)
     assert stat.S_IMODE((data / f"out{suffix}").stat().st_mode) == stat.S_IMODE((data / "np.npy").stat().st_mode) == 0o644
+
+
+def test_every_file_format_a_help_text_names_is_one_the_commands_read():
+    """``eval --queries`` promised ``.npy/.npz/.safetensors/.parquet/...``; a ``.safetensors`` file was refused
+    ("unsupported format .safetensors"). Every ``.suffix`` a help text names is one the file readers know."""
+    import re
+
+    import click
+
+    from service.cli import cli
+    from service.io import TEXT_SUFFIXES, VECTOR_SUFFIXES
+
+    ctx, named = click.Context(cli), {}
+
+    def walk(cmd, path):
+        for text in [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]:
+            for suffix in re.findall(r"(?<![\w.])\.[a-z][a-z0-9]{1,11}\b", text):
+                named.setdefault(suffix, path)
+        for name in cmd.list_commands(ctx) if isinstance(cmd, click.Group) else ():
+            walk(cmd.get_command(ctx, name), f"{path} {name}")
+
+    walk(cli, "vecbridge")
+    assert ".npy" in named and ".parquet" in named
+    assert {s: p for s, p in named.items() if s not in (*VECTOR_SUFFIXES, *TEXT_SUFFIXES)} == {}
