@@ -167,8 +167,8 @@ def _parquet_file(path: Path, column: str | None):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:
-        f = pq.ParquetFile(path)
+    try:  # no pre-buffering: it read every row group of an iteration ahead (the whole file held in Arrow's pool)
+        f = pq.ParquetFile(path, pre_buffer=False)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
         raise FormatError(f"{path.name}: cannot read parquet ({exc})") from None
     schema = f.schema_arrow
