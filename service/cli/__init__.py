@@ -24,7 +24,9 @@ command is one parse / call-one-operation / render function in its group's modul
 from __future__ import annotations
 
 import importlib
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,7 +37,7 @@ from align.exceptions import VecbridgeError
 
 from ..errors import exit_code, kind_of
 
-__all__ = ["cli", "main", "COMMANDS", "LM_PROVIDER", "Terminated"]
+__all__ = ["cli", "main", "COMMANDS", "LM_PROVIDER", "Terminated", "check_stop"]
 
 #: command name -> ``module:attribute`` of its click command or group (modules of this package)
 COMMANDS = {
@@ -82,8 +84,52 @@ class Terminated(KeyboardInterrupt):
     (a transform's temporary output is removed, a registration's transaction rolled back); exit 143 (128 + 15)."""
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated()
+#: seconds a SIGTERM-ed command has to unwind before the process ends anyway (as SIGTERM's default would end it)
+TERM_GRACE_S = 10.0
+
+
+class _Termination:
+    """SIGTERM during one command. The handler raises :class:`Terminated` and keeps the request, so that
+    :func:`check_stop` (called at every progress report of the CLI) raises it again where the first raise was lost:
+    CPython drops an exception raised inside a ``__del__`` or weakref callback that the handler happened to
+    interrupt (the command then ran to its end, exit 0). A timer ends the process (exit 143, one line) when the
+    command has not unwound ``TERM_GRACE_S`` after the signal, so a SIGTERM always stops it."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._timer: threading.Timer | None = None
+
+    def handler(self, signum, frame):
+        if not self.requested:
+            self.requested = True
+            self._timer = threading.Timer(TERM_GRACE_S, self._end_now)
+            self._timer.daemon = True
+            self._timer.start()
+        raise Terminated()
+
+    @staticmethod
+    def _end_now() -> None:
+        sys.stderr.write(f"vecbridge: terminated (the command did not stop within {TERM_GRACE_S:g} s)\n")
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGTERM)
+
+    def unraisable(self, previous):
+        """A ``sys.unraisablehook`` silent for the lost Terminated (raised again by :func:`check_stop`)."""
+        return lambda u: None if isinstance(u.exc_value, Terminated) else previous(u)
+
+    def reset(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.requested, self._timer = False, None
+
+
+_TERM = _Termination()
+
+
+def check_stop() -> None:
+    """Raise :class:`Terminated` when SIGTERM came during this command (its first raise may have been lost)."""
+    if _TERM.requested:
+        raise Terminated()
 
 
 @contextmanager
@@ -94,11 +140,15 @@ def _sigterm_unwinds():
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    hook = sys.unraisablehook
+    sys.unraisablehook = _TERM.unraisable(hook)
+    signal.signal(signal.SIGTERM, _TERM.handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sys.unraisablehook = hook
+        _TERM.reset()
 
 
 def _stopped(exc: BaseException) -> int:
