@@ -167,8 +167,8 @@ def _parquet_file(path: Path, column: str | None):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:
-        f = pq.ParquetFile(path)
+    try:  # no pre-buffering: it read every row group of an iteration ahead (the whole file held in Arrow's pool)
+        f = pq.ParquetFile(path, pre_buffer=False)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
         raise FormatError(f"{path.name}: cannot read parquet ({exc})") from None
     schema = f.schema_arrow
@@ -401,7 +401,8 @@ class ChunkWriter:
                 left.unlink(missing_ok=True)
                 os.close(fd)
         self.tmp = self.path.with_name(f".{self.path.name}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        self._held = hold(self.tmp, create=True)  # locked from its creation: never taken for a dead writer's
+        # locked from its creation: never taken for a dead writer's; 0666 less the umask, as open() makes the output
+        self._held = hold(self.tmp, create=True, mode=0o666)
         try:
             self._open(n_rows)
         except BaseException:

@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.request import pathname2url
 
-__all__ = ["STORAGE_ERRNOS", "atomic_write", "data_dir_status", "fsync_dir", "hold", "is_storage_error",
+from align.exceptions import InputError
+
+__all__ = ["STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "fsync_dir", "hold", "is_storage_error",
            "link_or_copy", "sqlite_backup", "storage_message", "take_abandoned"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
@@ -97,11 +99,11 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
-def hold(path: Path, *, create: bool = False) -> int:
-    """A descriptor holding an exclusive ``flock`` on ``path`` (created, mode 0600, with ``create``) for as long as
-    it is open: the mark of a temporary file or folder whose writer is alive. The kernel drops the lock when the
-    process dies (``kill -9`` included), which :func:`take_abandoned` detects."""
-    fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+def hold(path: Path, *, create: bool = False, mode: int = 0o600) -> int:
+    """A descriptor holding an exclusive ``flock`` on ``path`` (created with ``create``, ``mode`` less the umask) for
+    as long as it is open: the mark of a temporary file or folder whose writer is alive. The kernel drops the lock
+    when the process dies (``kill -9`` included), which :func:`take_abandoned` detects."""
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except BaseException:
@@ -162,6 +164,24 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
         raise
     fsync_dir(path.parent)
     return path
+
+
+def check_writable(path, what: str) -> None:
+    """Refuse now an output ``path`` that :func:`atomic_write` could not write later: its folder (created as
+    atomic_write creates it) must take a new file. Commands that compute for
+    minutes before writing (a fit's ``--report``, ``plan --rows-out``, ``index search --out``) call it first, so a
+    typo or a read-only folder is one line before the work, not after it (and not after a fit was registered).
+    Raises InputError naming ``what`` (the option) and the path; a full disk can still fail the write itself."""
+    path = Path(path)
+    probe = path.parent / f".{path.name}.probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        why = "a file is in the way of its folder" if isinstance(exc, (FileExistsError, NotADirectoryError)) \
+            else (exc.strerror or str(exc)).lower()
+        raise InputError(f"{what} {path}: cannot be written ({why})") from None
 
 
 _COPY_CHUNK = 8 * 2**20

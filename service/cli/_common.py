@@ -28,6 +28,7 @@ from ..encoders import canonical_name
 from ..io import check_file, load_npy, read_vectors
 from ..limits import MAX_SEED
 from ..registry import open_registry
+from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "emit", "version_record", "progress_bar", "parse_kv", "space_name", "input_opts",
            "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
@@ -94,13 +95,15 @@ def ray_logs(quiet: bool):
     return ray_log_level(logging.ERROR)
 
 
-def progress_bar(enabled: bool):
-    """``(progress, close)``: ``progress(stage, fraction)`` draws one tqdm bar per stage on stderr."""
-    if not enabled:
-        return (lambda stage, frac: None), (lambda: None)
+def progress_bar(*, quiet: bool, as_json: bool):
+    """``(progress, close)``: ``progress(stage, fraction)`` draws one tqdm bar per stage on stderr; nothing with
+    ``--quiet`` or ``--json`` (a JSON result is the whole output: nothing around it on either stream)."""
+    if quiet or as_json:  # either way, every report is a point where a SIGTERM whose first raise was lost stops
+        return (lambda stage, frac: check_stop()), (lambda: None)
     state = {"stage": None, "bar": None}
 
     def progress(stage: str, frac: float) -> None:
+        check_stop()
         if stage != state["stage"]:
             if state["bar"] is not None:
                 state["bar"].close()

@@ -46,7 +46,7 @@ def backup(obj: Ctx, dest, link, verify_indexes, as_json, quiet):
     backup leaves no DEST (a killed one's temporary folder is removed by the next backup beside it). A
     PostgreSQL registry is pg_dump's job (the command says so).
     """
-    progress, close = progress_bar(not quiet and not as_json)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         out = backup_data_dir(obj.settings, dest, link=link, progress=progress, verify_indexes=verify_indexes)
     finally:

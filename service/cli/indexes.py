@@ -36,7 +36,7 @@ from ..ops.index_files import (
     count,
     create_from_file,
 )
-from ..storage import atomic_write
+from ..storage import atomic_write, check_writable
 from ._common import (
     Ctx,
     emit,
@@ -182,7 +182,7 @@ def index_create(obj: Ctx, name, space, file, rows, key, column, text_field, enc
     with the space's encoder), streamed in blocks; it appears complete or not at all."""
     info = obj.registry.get_space(space)
     store = _store(obj)
-    progress, close = progress_bar(not quiet)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         idx = create_from_file(_resolver(obj), store, name, info,
                                FileRows(file, rows, key, column, text_field, encoder, store_texts),
@@ -209,7 +209,7 @@ def index_add(obj: Ctx, name, space, file, rows, key, column, text_field, encode
     idx = _store(obj).get(name)
     src = FileRows(file, rows, key, column, text_field, encoder, store_texts)
     resolver = _resolver(obj) if src.texts else None  # vectors need no registry
-    progress, close = progress_bar(not quiet)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         ids = add_from_file(resolver, idx, src, ids=read_ids(ids_file) if ids_file else None,
                             payloads=_payloads(payloads_file), space=space, progress=progress)
@@ -278,6 +278,8 @@ def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_
     """Search index NAME with the rows of QUERIES (vectors, or texts embedded with the query space's encoder)."""
     if out is not None and Path(out).suffix.lower() not in (".jsonl", ".npz"):
         raise InputError(f"--out {out}: write .jsonl or .npz")
+    if out is not None:
+        check_writable(out, "--out")
     idx = _store(obj).get(name)
     src = FileRows(queries, rows, key, column, text_field)
     n = count(src)

@@ -65,7 +65,7 @@ def lm_steer_fit(obj: Ctx, texts, labels, name, rank, steps, eps, lr, random_sta
     spec = ops.LMFit(name=name, texts=items, labels=read_labels(labels, len(items)).tolist(), rank=rank, eps=eps,
                      steps=steps, lr=lr, random_state=random_state, alias=alias, description=description,
                      inputs={"via": "cli", "texts": str(Path(texts).resolve()), "labels": str(Path(labels).resolve())})
-    progress, close = progress_bar(not quiet)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         v = ops.fit_steer(obj.registry, _lm_of(obj), spec, progress)
     finally:

@@ -22,7 +22,7 @@ from ..indexes.csls import CSLS_WEIGHT
 from ..io import read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
-from ..storage import atomic_write
+from ..storage import atomic_write, check_writable
 from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt, ray_logs,
                       random_state_opt, read_pair, read_relevant, read_seed_pairs, space_name, version_record)
 
@@ -74,7 +74,9 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
     """Fit a map from --source to --target and register it as a new version."""
     if paired is None:
         paired = method in SUPERVISED
-    progress, close = progress_bar(not quiet)
+    if report_copy is not None:  # before the fit: a bad path after it failed the command with the version registered
+        check_writable(report_copy, "--report")
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     notes: list[str] = _ignored_options(method, ray_address, threads)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", VecbridgeWarning)
@@ -147,7 +149,7 @@ def _render_fit(reg, v, as_json: bool) -> None:
                    "nn_retention@10 (each native target row's nearest native row must stay in the top 10 of the "
                    "mapped source rows; share kept).")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
-              help="Labelled queries (.npy/.npz/.safetensors/.parquet/...): new-model query vectors (--side target) or "
+              help="Labelled queries (.npy, .npz, .fvecs, .parquet): new-model query vectors (--side target) or "
                    "source-model ones (--side source).")
 @click.option("--queries-rows", default=None, help="START:STOP rows of --queries (and --old-queries).")
 @click.option("--old-queries", "old_queries_path", type=click.Path(dir_okay=False), default=None,
@@ -264,6 +266,8 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
         raise InputError("--queries, --old-queries and --relevant go together (labelled queries over the probe)")
     if rows_out is not None and Path(rows_out).suffix.lower() != ".npy":  # np.save would write ROWS_OUT.npy
         raise InputError(f"--rows-out {rows_out}: the rows are written as .npy (int64 indices); name a .npy file")
+    if rows_out is not None:
+        check_writable(rows_out, "--rows-out")
     X_old = read_vectors(old, rows=old_rows)
     A = read_vectors(probe_source, rows=probe_rows)
     B = read_vectors(probe_target, rows=probe_rows)
@@ -271,7 +275,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     if all(given):
         Q, Qo = read_vectors(queries_path), read_vectors(old_queries_path)
         rel = read_relevant(relevant_path, Q.shape[0])
-    progress, close = progress_bar(not quiet)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q,
                    old_queries=Qo, relevant=rel, progress=progress)
@@ -328,7 +332,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet, ray_address):
     """Map the rows of INP (.npy, .npz, .fvecs, .parquet; texts .txt / .jsonl / .json with --encoder) into OUT
     (.npy, .fvecs or .parquet), in chunks: files may exceed memory."""
-    progress, close = progress_bar(not quiet)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         with ray_logs(quiet or as_json):
             res = transform_file(obj.registry, ref, inp, out, chunk_rows=chunk_rows, output=output, rows=rows,

@@ -56,7 +56,7 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, labels, name, rank, meth
         raise PairCountError(f"{len(items)} texts for {n} vectors")
     y = read_labels(labels, n)
     params = {**parse_kv(params), "method": method, **({"rank": rank} if rank is not None else {})}
-    progress, close = progress_bar(not quiet)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         v = embed_and_register(reg, get_encoder, space=space, X=X, texts=items if X is None else None, encoder=encoder,
                                items=items, progress=progress, name=name, labels=y, params=params,

@@ -255,6 +255,26 @@ def test_streamed_npy_output_is_not_held_in_memory(tmp_path):
     assert not list(tmp_path.glob(".short.npy*")) and not (tmp_path / "short.npy").exists()
 
 
+def test_a_parquet_input_is_streamed_a_row_group_at_a_time(tmp_path):
+    # pyarrow's reader pre-buffered every row group it was asked to iterate, so iter_chunks held the whole file:
+    # vecbridge transform of a 1M x 384 .parquet peaked at 2.2 GB RSS (0.37 GB for the same rows as .npy), the
+    # Arrow pool growing ~100 MB per 65,536-row batch. Now Arrow holds about one row group at a time.
+    import pyarrow as pa
+
+    n, d, chunk = 262_144, 64, 4096  # 64 MiB in 64 row groups of 1 MiB
+    block = np.random.default_rng(0).standard_normal((chunk, d), dtype=np.float32)
+    p = tmp_path / "in.parquet"
+    with ChunkWriter(p, dim=d) as w:
+        for s in range(0, n, chunk):
+            w.write(block + s)
+    base, most, rows = pa.total_allocated_bytes(), 0, 0
+    for X in iter_chunks(p, chunk_rows=chunk):
+        most = max(most, pa.total_allocated_bytes() - base)
+        np.testing.assert_array_equal(X, block + rows)
+        rows += X.shape[0]
+    assert rows == n and most < 12 * 2**20, f"Arrow held {most / 2**20:.0f} MiB while streaming a 64 MiB file"
+
+
 _KILLED_WRITER = """
 import os, signal, sys, time
 from pathlib import Path

@@ -1,0 +1,108 @@
+"""What the long offline commands write besides their result: ``--json`` is the result alone on stdout with
+nothing on stderr (no progress bar), and the files they write are the user's to share as ``np.save`` would."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+from conftest import run_cli as run
+
+from service.io import write_vectors
+
+
+@pytest.fixture
+def data(tmp_path):
+    """16-d paired rows: target = rotated source + noise, 900 rows."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(900, 16))
+    write_vectors(tmp_path / "src.npy", X)
+    write_vectors(tmp_path / "tgt.npy", X @ np.linalg.qr(rng.normal(size=(16, 16)))[0] + 0.05 * rng.normal(size=X.shape))
+    return tmp_path
+
+
+def test_json_is_the_result_alone_and_draws_no_progress(capsys, data):
+    """``fit``, ``transform``, ``index create`` / ``add`` and ``plan`` with ``--json`` drew their progress bars on
+    stderr all the same (``--quiet`` was needed too); a job runner that merges the two streams got bar frames around
+    the JSON. Now ``--json`` is as quiet as ``--quiet``: stdout parses, stderr is empty."""
+    var = ["--data-dir", data / "var"]
+    commands = [
+        ["fit", "--source", data / "src.npy", "--target", data / "tgt.npy", "--method", "procrustes", "--name", "m"],
+        ["transform", "--map", "m", data / "src.npy", data / "out.npy"],
+        ["index", "create", "docs", "--space", "tgt", data / "tgt.npy"],
+        ["index", "add", "docs", data / "out.npy"],
+        ["plan", "--old", data / "src.npy", "--probe-source", data / "src.npy", "--probe-target", data / "tgt.npy",
+         "--probe-rows", "0:300"],
+    ]
+    for args in commands:
+        code, out, err = run(capsys, *var, *args, "--json")
+        assert code == 0, (args[0], err)
+        assert isinstance(json.loads(out), dict) and err == "", (args[0], err)
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(capsys, data):
+    """``fit --report PATH`` into a folder that could not be written (here a file stands where its folder would be;
+    a read-only or immutable folder alike) fitted, registered the version, then failed: exit 2 with
+    ``[Errno 17] File exists: 'src.npy'``, so the user, told it failed, fitted again and got version 2.
+    ``plan --rows-out`` and ``index search --out`` computed everything first, then failed the same way. Now each
+    path is checked first: exit 2, one line naming the option and the path, nothing registered or written."""
+    bad = data / "src.npy" / "r"
+    var = ["--data-dir", data / "var"]
+    fit = ["fit", "--source", data / "src.npy", "--target", data / "tgt.npy", "--method", "procrustes"]
+    code, _, err = run(capsys, *var, *fit, "--name", "m", "--report", bad.with_suffix(".html"))
+    assert code == 2 and err.startswith("vecbridge: error: --report ") and len(err.splitlines()) == 1, err
+    assert json.loads(run(capsys, *var, "registry", "list", "--json")[1])["maps"] == []
+
+    code, _, err = run(capsys, *var, "plan", "--old", data / "src.npy", "--probe-source", data / "src.npy",
+                       "--probe-target", data / "tgt.npy", "--probe-rows", "0:300", "--quiet",
+                       "--rows-out", bad.with_suffix(".npy"))
+    assert code == 2 and err.startswith("vecbridge: error: --rows-out ") and len(err.splitlines()) == 1, err
+
+    assert run(capsys, *var, *fit, "--name", "m", "--quiet")[0] == 0
+    assert run(capsys, *var, "index", "create", "docs", "--space", "tgt", data / "tgt.npy", "--quiet")[0] == 0
+    code, _, err = run(capsys, *var, "index", "search", "docs", data / "tgt.npy", "--out", bad.with_suffix(".jsonl"))
+    assert code == 2 and err.startswith("vecbridge: error: --out ") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".fvecs", ".parquet"])
+def test_a_transform_output_has_the_mode_any_file_of_the_user_gets(capsys, data, suffix):
+    """``transform``'s output was created 0600 whatever the umask (its temporary file's mode, kept by the rename),
+    where ``np.save``, ``plan --rows-out`` and every other tool give 0644 under the usual umask 022: the service
+    account or teammate meant to read the migrated vectors got 'Permission denied'."""
+    var = ["--data-dir", data / "var"]
+    assert run(capsys, *var, "fit", "--source", data / "src.npy", "--target", data / "tgt.npy", "--method",
+               "procrustes", "--name", "m", "--quiet")[0] == 0
+    old = os.umask(0o022)
+    try:
+        assert run(capsys, *var, "transform", "--map", "m", data / "src.npy", data / f"out{suffix}", "--quiet")[0] == 0
+        np.save(data / "np.npy", np.zeros(3))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((data / f"out{suffix}").stat().st_mode) == stat.S_IMODE((data / "np.npy").stat().st_mode) == 0o644
+
+
+def test_every_file_format_a_help_text_names_is_one_the_commands_read():
+    """``eval --queries`` promised ``.npy/.npz/.safetensors/.parquet/...``; a ``.safetensors`` file was refused
+    ("unsupported format .safetensors"). Every ``.suffix`` a help text names is one the file readers know."""
+    import re
+
+    import click
+
+    from service.cli import cli
+    from service.io import TEXT_SUFFIXES, VECTOR_SUFFIXES
+
+    ctx, named = click.Context(cli), {}
+
+    def walk(cmd, path):
+        for text in [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]:
+            for suffix in re.findall(r"(?<![\w.])\.[a-z][a-z0-9]{1,11}\b", text):
+                named.setdefault(suffix, path)
+        for name in cmd.list_commands(ctx) if isinstance(cmd, click.Group) else ():
+            walk(cmd.get_command(ctx, name), f"{path} {name}")
+
+    walk(cli, "vecbridge")
+    assert ".npy" in named and ".parquet" in named
+    assert {s: p for s, p in named.items() if s not in (*VECTOR_SUFFIXES, *TEXT_SUFFIXES)} == {}
