@@ -37,8 +37,8 @@ from urllib.request import pathname2url
 
 from align.exceptions import InputError
 
-__all__ = ["STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "fsync_dir", "hold", "is_storage_error",
-           "link_or_copy", "sqlite_backup", "storage_message", "take_abandoned"]
+__all__ = ["STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "fsync_dir", "hold",
+           "is_storage_error", "link_or_copy", "sqlite_backup", "storage_message", "take_abandoned"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _SQLITE_MARKERS = ("readonly database", "disk is full", "disk i/o error", "unable to open database file",

@@ -20,7 +20,8 @@ def data(tmp_path):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(900, 16))
     write_vectors(tmp_path / "src.npy", X)
-    write_vectors(tmp_path / "tgt.npy", X @ np.linalg.qr(rng.normal(size=(16, 16)))[0] + 0.05 * rng.normal(size=X.shape))
+    Q = np.linalg.qr(rng.normal(size=(16, 16)))[0]
+    write_vectors(tmp_path / "tgt.npy", X @ Q + 0.05 * rng.normal(size=X.shape))
     return tmp_path
 
 
@@ -81,7 +82,8 @@ def test_a_transform_output_has_the_mode_any_file_of_the_user_gets(capsys, data,
         np.save(data / "np.npy", np.zeros(3))
     finally:
         os.umask(old)
-    assert stat.S_IMODE((data / f"out{suffix}").stat().st_mode) == stat.S_IMODE((data / "np.npy").stat().st_mode) == 0o644
+    mode = stat.S_IMODE((data / f"out{suffix}").stat().st_mode)
+    assert mode == stat.S_IMODE((data / "np.npy").stat().st_mode) == 0o644
 
 
 def test_every_file_format_a_help_text_names_is_one_the_commands_read():
