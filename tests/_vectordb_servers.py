@@ -1,6 +1,7 @@
 """Vector-database servers for the tests (no tests here): module-scoped ``milvus_url`` (a Milvus Lite
 server process) and ``pg_url`` (PostgreSQL + pgvector from the pgserver wheel), or the URLs in
-``VECBRIDGE_TEST_MILVUS_URI`` / ``VECBRIDGE_TEST_PGVECTOR_URL`` (``.ci/start_vectordbs.sh``)."""
+``VECBRIDGE_TEST_MILVUS_URI`` / ``VECBRIDGE_TEST_PGVECTOR_URL`` (``.ci/start_vectordbs.sh``); and
+:func:`small_migration`, rows and a map to migrate them with."""
 
 from __future__ import annotations
 
@@ -10,9 +11,20 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from _servers import free_port
+
+
+def small_migration():
+    """``(X, m)``: 200 rows of 24-d to migrate, and a Procrustes map 24 -> 16 fitted on 200 other rows."""
+    import align
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 24)).astype(np.float32)
+    Y = X @ np.linalg.qr(rng.normal(size=(24, 24)))[0][:, :16]
+    return X[:200], align.fit_procrustes(X[200:], Y[200:])
 
 
 def _wait_port(port: int, timeout: float = 60.0) -> None:

@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _vectordb_servers import pg_url  # noqa: F401  (module-scoped server fixture)
+from _vectordb_servers import pg_url, small_migration  # noqa: F401  (pg_url: a module-scoped fixture)
 
-import align
 from align.exceptions import NonFiniteError
 from service.vectordb import UnsupportedFieldError, migrate, open_store
 
 
 @pytest.fixture(scope="module")
 def data():
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(400, 24)).astype(np.float32)
-    Y = X @ np.linalg.qr(rng.normal(size=(24, 24)))[0][:, :16]
-    m = align.fit_procrustes(X[200:], Y[200:])
-    return X[:200], m
+    return small_migration()
 
 
 @pytest.fixture

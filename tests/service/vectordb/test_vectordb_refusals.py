@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _servers import free_port
-from _vectordb_servers import milvus_url, pg_url  # noqa: F401  (module-scoped server fixtures)
+from _vectordb_servers import milvus_url, pg_url, small_migration  # noqa: F401  (module-scoped fixtures)
 
-import align
 from align.exceptions import NonFiniteError
 from service.vectordb import (
     CollectionExistsError,
@@ -26,11 +25,7 @@ from service.vectordb.__main__ import main as vectordb_main
 
 @pytest.fixture(scope="module")
 def data():
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(400, 24)).astype(np.float32)
-    Y = X @ np.linalg.qr(rng.normal(size=(24, 24)))[0][:, :16]
-    m = align.fit_procrustes(X[200:], Y[200:])
-    return X[:200], m
+    return small_migration()
 
 
 @pytest.mark.parametrize("url", ["milvus://127.0.0.1:{port}", "postgresql://postgres@127.0.0.1:{port}/postgres",
