@@ -297,13 +297,18 @@ class PostgresDB(_Base):
             t.q("SELECT pg_advisory_xact_lock(74207312)")  # serialise concurrent schema creation
             if self.schema and not t.q("SELECT 1 FROM pg_namespace WHERE nspname = ?", (self.schema,)):
                 t.q(f'CREATE SCHEMA "{self.schema}"')
-            self._refuse_foreign_tables(t)
+            have = self._refuse_foreign_tables(t)
+            # only what is missing: DDL on an existing table (even ADD COLUMN IF NOT EXISTS) takes ACCESS EXCLUSIVE,
+            # which waits for a running pg_dump and meanwhile stops every other replica's reads of that table
             for stmt in SCHEMA:
-                t.q(stmt)
+                if re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt).group(1) not in have:
+                    t.q(stmt)
             for table, col, decl in UPGRADES:
-                t.q(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {decl}")
+                if col not in have.get(table, ()):
+                    t.q(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {decl}")
 
-    def _refuse_foreign_tables(self, t) -> None:
+    def _refuse_foreign_tables(self, t) -> dict[str, set[str]]:
+        """The columns of each table now in the registry's schema; ConflictError for tables vecbridge did not make."""
         have: dict[str, set[str]] = {}
         for r in t.q("SELECT table_name, column_name FROM information_schema.columns "
                      "WHERE table_schema = current_schema()"):
@@ -315,6 +320,7 @@ class PostgresDB(_Base):
                 f"PostgreSQL schema {where!r} already has tables named {', '.join(foreign)} that vecbridge did not "
                 f"create (other columns): give the registry a schema of its own, e.g. add ?schema=vecbridge to "
                 f"the registry URL")
+        return have
 
     def _connect(self):
         import psycopg
