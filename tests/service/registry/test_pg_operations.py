@@ -127,3 +127,14 @@ def test_too_many_clients_names_the_pool_size(pg_url, tmp_path):
         with psycopg.connect(pg_url, autocommit=True) as c:
             c.execute(f"REVOKE ALL ON SCHEMA public FROM {role}")
             c.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize(("query", "kw", "want"), [("", {}, "30s"), ("", {"statement_timeout_s": 0}, "0"),
+                                                   ("?options=-c%20statement_timeout%3D1500", {}, "1500ms")])
+def test_the_statement_timeout_comes_from_the_setting_or_the_url(pg_url, tmp_path, query, kw, want):
+    reg = open_registry(pg_url + query, tmp_path / "artifacts", **kw)
+    try:
+        with reg.db.tx() as t:
+            assert t.one("SHOW statement_timeout")[0] == want
+    finally:
+        reg.close()
