@@ -62,6 +62,14 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("./var"), description="Registry database, artifacts, indexes and reports live here.")
     registry_url: str | None = Field(
         None, description="sqlite:///path or postgresql://...; default: SQLite under data_dir.")
+    registry_pool_size: int = Field(8, ge=1, le=1024, description=(
+        "PostgreSQL registry: connections each serving process (each worker of --workers N) keeps at most, shared "
+        "by its threads; more concurrent requests wait for one. Replicas x workers x this must stay below the "
+        "server's max_connections (default 100)."))
+    registry_statement_timeout_s: float = Field(30.0, ge=0, le=3600, description=(
+        "PostgreSQL registry: longest a query may run or wait for another session's lock (a migration, an open "
+        "psql transaction) before the request is a 503; also the longest wait for a free pooled connection. "
+        "0: no limit."))
     artifact_dir: Path | None = Field(None, description="Artifact folder; default data_dir/artifacts.")
     report_dir: Path | None = Field(None, description=(
         "Fit reports (HTML). Default: data_dir/reports; with artifact_dir set, artifact_dir/reports (on the "
@@ -201,6 +209,11 @@ class Settings(BaseSettings):
         if self.registry_url:
             return self.registry_url
         return f"sqlite:///{(self.data_dir / 'registry.sqlite').resolve()}"
+
+    def registry_options(self) -> dict:
+        """The keyword arguments of :func:`service.registry.open_registry` that come from these settings."""
+        return {"report_dir": self.resolved_report_dir(), "pool_size": self.registry_pool_size,
+                "statement_timeout_s": self.registry_statement_timeout_s}
 
     def resolved_artifact_dir(self) -> Path:
         return (self.artifact_dir or self.data_dir / "artifacts").resolve()

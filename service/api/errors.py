@@ -30,7 +30,7 @@ from ..logging import get_logger
 from ..storage import is_storage_error, storage_message
 from .responses import FastJSONResponse
 
-__all__ = ["install_error_handlers", "status_for"]
+__all__ = ["error_response", "install_error_handlers", "status_for"]
 
 _log = get_logger("errors")
 
@@ -73,6 +73,11 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
         if not isinstance(exc, VecbridgeError):
             message = f"internal error (request id {rid})"
     return FastJSONResponse(_body(type(exc).__name__, status, message), status_code=status, headers=headers)
+
+
+def error_response(request: Request, exc: Exception) -> FastJSONResponse:
+    """The answer (and log line) the app gives for ``exc``, for a part that answers without it (the fast path)."""
+    return _domain_handler(request, exc)
 
 
 def _route(request: Request) -> str:

@@ -34,11 +34,12 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect, Request
 
-from ..errors import UnsupportedMediaTypeError
+from ..errors import ServiceUnavailableError, UnsupportedMediaTypeError
 from ..indexes.locking import WouldBlock
 from ..limits import MAX_DIM
 from .codec import JSON, media_type
 from .deps import current_settings
+from .errors import error_response
 from .routers import indexes as index_routes
 from .routers import maps as map_routes
 from .state import InMemory
@@ -169,6 +170,10 @@ class FastPathMiddleware:
                                    scope.get("query_string", b""), Request(scope, receive))
         except ClientDisconnect:  # gone while it waited for the heavy gate: nobody to answer, nothing computed (499)
             scope["route"] = route
+            return
+        except ServiceUnavailableError as exc:  # found out slowly (a registry timeout): the route would wait again
+            scope["route"] = route
+            await error_response(Request(scope, receive), exc)(scope, receive, send)
             return
         except Exception:  # noqa: BLE001 - every failure is answered by the app itself, from the same body
             answer = None

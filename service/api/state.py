@@ -134,7 +134,7 @@ class AppState:
         """
         try:
             self.registry = open_registry(self.settings.resolved_registry_url(), self.settings.resolved_artifact_dir(),
-                                          cache_size=MAP_CACHE_SIZE, report_dir=self.settings.resolved_report_dir())
+                                          cache_size=MAP_CACHE_SIZE, **self.settings.registry_options())
         except RegistryUnavailableError as exc:
             self.registry_error = f"{type(exc).__name__}: {exc}"
             return False

@@ -60,8 +60,7 @@ class Ctx:
         if self._reg is None:
             s = self.settings
             s.data_dir.mkdir(parents=True, exist_ok=True)
-            self._reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir(),
-                                      report_dir=s.resolved_report_dir())
+            self._reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir(), **s.registry_options())
         return self._reg
 
 

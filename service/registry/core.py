@@ -69,14 +69,17 @@ class Registry(SteerRegistryMixin):
     cache_size : int
         Loaded artifacts (maps, steers, maps composed along a path) kept in memory, least
         recently used dropped first. They are immutable (keyed by sha256), so never stale.
+    pool_size, statement_timeout_s : optional
+        PostgreSQL: connections this process keeps at most, and the longest a statement may run or wait
+        for a lock (0: no limit); see :data:`~.db.PG_POOL_SIZE`, :data:`~.db.PG_STATEMENT_TIMEOUT_S`.
     """
 
     def __init__(self, url: str, artifact_dir, *, artifact_format: str = "safetensors", cache_size: int = 16,
-                 report_dir=None):
+                 report_dir=None, pool_size: int | None = None, statement_timeout_s: float | None = None):
         if artifact_format not in ARTIFACT_FORMATS:
             raise InvalidNameError(f"artifact_format must be one of {sorted(ARTIFACT_FORMATS)}")
         self.url = url
-        self.db = open_db(url)
+        self.db = open_db(url, pool_size=pool_size, statement_timeout_s=statement_timeout_s)
         self.store = ArtifactStore(artifact_dir, hook=_hook)
         self.artifact_format = artifact_format
         self.report_dir = Path(report_dir).resolve() if report_dir else self.store.root.parent / "reports"

@@ -14,7 +14,7 @@ import re
 import select
 import sqlite3
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 
 from .errors import ConflictError, IntegrityError, InvalidNameError, RegistryError, RegistryUnavailableError
@@ -273,6 +273,76 @@ def _pg_schema(url: str) -> tuple[str, str | None]:
 #: holding a thread -- and a service's start-up, where SIGTERM could not stop it -- for the OS's ~2 min TCP timeout
 PG_CONNECT_TIMEOUT_S = 10
 
+#: Connections one process keeps to a PostgreSQL registry at most (``VECBRIDGE_REGISTRY_POOL_SIZE``), shared by its
+#: threads; a transaction waits for a free one. Its transactions last milliseconds, so a few serve 40 threads; one
+#: connection per thread, kept for the thread's life, took 130 sessions for 60 clients on 3 replicas x 2 workers
+PG_POOL_SIZE = 8
+
+#: Longest a statement may run or wait for a lock (``VECBRIDGE_REGISTRY_STATEMENT_TIMEOUT_S``; 0: no limit; an
+#: ``options=-c statement_timeout=...`` in the URL wins): a request behind another session's lock (a migration, an
+#: open psql transaction) is then a 503 instead of holding its thread for as long as the lock lasts
+PG_STATEMENT_TIMEOUT_S = 30.0
+
+
+class _Pool:
+    """At most ``size`` connections of one process, lent to one thread for a transaction at a time.
+
+    A thread waits up to ``wait_s`` for a free connection (RegistryUnavailableError after that). An idle
+    connection the server has ended (:func:`_dropped`: a restart, a failover) is replaced when lent, a broken
+    one dropped when given back. In a forked child the parent's connections are forgotten, never closed (closing
+    would end the parent's sessions).
+    """
+
+    def __init__(self, connect, size: int, wait_s: float):
+        self._connect, self.size, self.wait_s = connect, size, wait_s
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._slots = threading.BoundedSemaphore(self.size)
+        self._idle: list = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def lease(self):
+        if self._pid != os.getpid():
+            self._reset()
+        if not self._slots.acquire(timeout=self.wait_s):
+            raise RegistryUnavailableError(
+                f"all {self.size} connections of this process to the PostgreSQL registry stayed busy for "
+                f"{self.wait_s:g} s (VECBRIDGE_REGISTRY_POOL_SIZE)")
+        c = None
+        try:
+            with self._lock:
+                c = self._idle.pop() if self._idle else None
+            if c is not None and (c.closed or c.broken or _dropped(c)):
+                _close_quietly(c)
+                c = None
+            c = c or self._connect()
+            yield c
+        finally:
+            if c is not None:
+                if c.closed or c.broken:
+                    _close_quietly(c)
+                else:
+                    with self._lock:
+                        self._idle.append(c)
+            self._slots.release()
+
+    def close(self) -> None:
+        """Close the idle connections (one lent meanwhile is kept by its transaction and closed when given back)."""
+        if self._pid != os.getpid():
+            return self._reset()
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for c in idle:
+            _close_quietly(c)
+
+
+def _close_quietly(conn) -> None:
+    with suppress(Exception):  # a connection already gone is what we wanted
+        conn.close()
+
 
 class PostgresDB(_Base):
     """PostgreSQL through psycopg 3; one connection per thread; map rows locked ``FOR UPDATE``.
@@ -286,24 +356,36 @@ class PostgresDB(_Base):
     kind = "postgresql"
     for_update = " FOR UPDATE"
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, pool_size: int | None = None, statement_timeout_s: float | None = None):
         super().__init__()
         try:
             import psycopg  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise RegistryError("PostgreSQL registry needs psycopg: pip install 'psycopg[binary]'") from exc
         self.url, self.schema = _pg_schema(url)
+        self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
+        from psycopg.conninfo import conninfo_to_dict
+
+        if "statement_timeout" in (conninfo_to_dict(self.url).get("options") or ""):
+            self.statement_timeout_s = None  # the URL's own, left to the server
+        self._pool = _Pool(self._connect, PG_POOL_SIZE if pool_size is None else pool_size,
+                           self.statement_timeout_s or PG_STATEMENT_TIMEOUT_S)
         with self.tx(write=True) as t:
             t.q("SELECT pg_advisory_xact_lock(74207312)")  # serialise concurrent schema creation
             if self.schema and not t.q("SELECT 1 FROM pg_namespace WHERE nspname = ?", (self.schema,)):
                 t.q(f'CREATE SCHEMA "{self.schema}"')
-            self._refuse_foreign_tables(t)
+            have = self._refuse_foreign_tables(t)
+            # only what is missing: DDL on an existing table (even ADD COLUMN IF NOT EXISTS) takes ACCESS EXCLUSIVE,
+            # which waits for a running pg_dump and meanwhile stops every other replica's reads of that table
             for stmt in SCHEMA:
-                t.q(stmt)
+                if re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt).group(1) not in have:
+                    t.q(stmt)
             for table, col, decl in UPGRADES:
-                t.q(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {decl}")
+                if col not in have.get(table, ()):
+                    t.q(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {decl}")
 
-    def _refuse_foreign_tables(self, t) -> None:
+    def _refuse_foreign_tables(self, t) -> dict[str, set[str]]:
+        """The columns of each table now in the registry's schema; ConflictError for tables vecbridge did not make."""
         have: dict[str, set[str]] = {}
         for r in t.q("SELECT table_name, column_name FROM information_schema.columns "
                      "WHERE table_schema = current_schema()"):
@@ -315,39 +397,61 @@ class PostgresDB(_Base):
                 f"PostgreSQL schema {where!r} already has tables named {', '.join(foreign)} that vecbridge did not "
                 f"create (other columns): give the registry a schema of its own, e.g. add ?schema=vecbridge to "
                 f"the registry URL")
+        return have
 
     def _connect(self):
         import psycopg
         from psycopg.conninfo import conninfo_to_dict
 
         kw: dict = {"autocommit": True}
+        given = conninfo_to_dict(self.url)
+        options = [given["options"]] if given.get("options") else []
         if self.schema:
-            kw["options"] = f"-c search_path={self.schema}"
-        if "connect_timeout" not in conninfo_to_dict(self.url):
+            options.append(f"-c search_path={self.schema}")
+        if self.statement_timeout_s:
+            options.append(f"-c statement_timeout={round(self.statement_timeout_s * 1000)}")
+        if options:
+            kw["options"] = " ".join(options)
+        if "connect_timeout" not in given:
             kw["connect_timeout"] = PG_CONNECT_TIMEOUT_S
         try:
             return psycopg.connect(self.url, **kw)
         except psycopg.OperationalError as exc:
-            raise RegistryUnavailableError(
-                f"cannot connect to PostgreSQL registry: {str(exc).strip().splitlines()[0]}") from None
+            why = str(exc).strip().splitlines()[0]
+            if "too many" in why:  # "too many clients already", "too many connections for role ..."
+                why += (f" (each serving process keeps up to {self._pool.size} connections: lower "
+                        f"VECBRIDGE_REGISTRY_POOL_SIZE, or raise the server's max_connections)")
+            raise RegistryUnavailableError(f"cannot connect to PostgreSQL registry: {why}") from None
 
     @contextmanager
     def tx(self, write: bool = False):
+        """A transaction on a connection of the pool; one opened inside another on the same thread joins it
+        (a savepoint on the same connection: never a second connection, so a full pool cannot deadlock it)."""
         import psycopg
 
-        c = self._conn()
-        if c.closed or c.broken or _dropped(c):
-            self.close()
-            c = self._conn()
-        try:
-            with c.transaction(), c.cursor() as cur:
-                yield _Tx(cur, lambda s: s.replace("?", "%s"), named=False)
-        except psycopg.OperationalError as exc:
-            if not c.broken:  # e.g. a statement timeout: the connection itself is fine
-                raise
-            self.close()  # the next transaction connects afresh
-            raise RegistryUnavailableError(
-                f"lost the connection to the PostgreSQL registry: {str(exc).strip().splitlines()[0]}") from None
+        held = getattr(self._local, "held", None)
+        with nullcontext(held) if held is not None else self._pool.lease() as c:
+            self._local.held = c
+            try:
+                with c.transaction(), c.cursor() as cur:
+                    yield _Tx(cur, lambda s: s.replace("?", "%s"), named=False)
+            except psycopg.errors.QueryCanceled as exc:
+                raise RegistryUnavailableError(
+                    f"the PostgreSQL registry did not answer "
+                    f"{f'within {self.statement_timeout_s:g} s' if self.statement_timeout_s else 'in time'} "
+                    f"({str(exc).strip().splitlines()[0]}): a lock held by another session (a migration, an open "
+                    f"transaction) or an overloaded server; retry") from None
+            except psycopg.OperationalError as exc:
+                if not c.broken:
+                    raise
+                raise RegistryUnavailableError(  # the pool drops the connection: the next transaction connects afresh
+                    f"lost the connection to the PostgreSQL registry: {str(exc).strip().splitlines()[0]}") from None
+            finally:
+                self._local.held = held
+
+    def close(self) -> None:
+        """Close this process's idle connections to the registry."""
+        self._pool.close()
 
     @staticmethod
     def is_retryable(exc: BaseException) -> bool:
@@ -384,12 +488,13 @@ def sqlite_path(url: str) -> Path | None:
     return Path(path)
 
 
-def open_db(url: str):
+def open_db(url: str, *, pool_size: int | None = None, statement_timeout_s: float | None = None):
     """``sqlite:///relative/path.sqlite``, ``sqlite:////abs/path.sqlite`` or ``postgresql://user@host:port/db``;
-    InvalidNameError for any other URL, or one that names a folder."""
+    InvalidNameError for any other URL, or one that names a folder. ``pool_size`` and ``statement_timeout_s``
+    apply to PostgreSQL (None: :data:`PG_POOL_SIZE`, :data:`PG_STATEMENT_TIMEOUT_S`)."""
     path = sqlite_path(url)
     if path is not None:
         return SQLiteDB(path)
     if url.startswith(("postgresql://", "postgres://")):
-        return PostgresDB(url)
+        return PostgresDB(url, pool_size=pool_size, statement_timeout_s=statement_timeout_s)
     raise InvalidNameError(f"unsupported registry URL {url[:30]!r}: use sqlite:///path or postgresql://...")

@@ -178,3 +178,47 @@ def test_readiness_answers_in_time_and_holds_one_thread_while_the_registry_does_
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         db.close()
+
+
+@pytest.mark.postgres
+def test_a_request_stuck_behind_another_sessions_lock_is_a_503_after_the_statement_timeout(tmp_path, pg_url):
+    # a psql session holding a lock on versions (a migration, an open transaction) held every request that read
+    # it, each in a thread of the pool, for as long as the lock lasted: no timeout, no answer, no log line
+    import numpy as np
+    import psycopg
+
+    import align
+    from service.registry import open_registry
+
+    reg = open_registry(pg_url, tmp_path / "data" / "artifacts")
+    X = np.random.default_rng(0).standard_normal((40, 4)).astype(np.float32)
+    reg.register_version("m", align.fit_procrustes(X, X), source_space="s", target_space="t", method="procrustes",
+                         params={})
+    reg.close()
+    port = free_port()
+    env = env_for(tmp_path / "data", port)
+    env.update(VECBRIDGE_REGISTRY_URL=pg_url, VECBRIDGE_REGISTRY_STATEMENT_TIMEOUT_S="3")
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    locker = psycopg.connect(pg_url)
+    try:
+        assert httpx.get(f"{url}/v1/maps/m/versions", headers=R, timeout=30).status_code == 200
+        locker.execute("LOCK TABLE versions IN ACCESS EXCLUSIVE MODE")
+        t0 = time.monotonic()
+        r = httpx.put(f"{url}/v1/maps/m/aliases/prod", headers=W, json={"version": 1}, timeout=30)
+        assert r.status_code == 503 and time.monotonic() - t0 < 10, r.text
+        assert "did not answer within 3 s" in r.json()["error"]["message"] and r.headers["retry-after"]
+        # a small transform tries the shortcut first (service/api/fastpath.py), which handed any failure to the
+        # route to answer -- and the route ran it again: 6 s, twice the timeout (20 s for a host that never answers)
+        t0 = time.monotonic()
+        r = httpx.post(f"{url}/v1/maps/m/transform", headers=R, json={"vectors": X[:2].tolist()}, timeout=30)
+        assert r.status_code == 503 and "did not answer within 3 s" in r.text, r.text
+        assert time.monotonic() - t0 < 5
+        locker.rollback()
+        r = httpx.put(f"{url}/v1/maps/m/aliases/prod", headers=W, json={"version": 1}, timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        locker.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert "Traceback" not in (tmp_path / "server.log").read_text()

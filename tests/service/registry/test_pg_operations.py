@@ -1,0 +1,140 @@
+"""A PostgreSQL registry as an operator runs it: several processes on one database, beside ``pg_dump`` and psql
+sessions. Opening the registry must not lock its tables, a statement stuck behind another session's lock must end,
+and a process must keep a bounded number of connections however many threads it runs."""
+
+from __future__ import annotations
+
+import threading
+from urllib.parse import urlsplit
+
+import numpy as np
+import pytest
+
+import align
+from service.registry import open_registry
+
+pytestmark = pytest.mark.postgres
+psycopg = pytest.importorskip("psycopg")
+
+
+def _world(url: str, tmp_path):
+    reg = open_registry(url, tmp_path / "artifacts")
+    X = np.random.default_rng(0).standard_normal((40, 4)).astype(np.float32)
+    reg.register_version("m", align.fit_procrustes(X, X), source_space="s", target_space="t", method="procrustes",
+                         params={})
+    return reg
+
+
+def _in_thread(fn) -> tuple[threading.Thread, list]:
+    out: list = []
+    th = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    th.start()
+    return th, out
+
+
+def test_opening_the_registry_during_a_dump_neither_waits_nor_stalls_the_other_replicas(pg_url, tmp_path):
+    # every open ran ALTER TABLE versions ADD COLUMN IF NOT EXISTS, which takes ACCESS EXCLUSIVE even when the
+    # column exists: a replica, a worker or any CLI command started while pg_dump held its lock waited for the
+    # whole dump, and its queued lock stopped every other replica's reads of versions meanwhile
+    reg = _world(pg_url, tmp_path)
+    dump = psycopg.connect(pg_url)  # what pg_dump does: one long transaction that has read the tables
+    try:
+        dump.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        dump.execute("SELECT count(*) FROM versions").fetchone()
+        opener, opened = _in_thread(lambda: open_registry(pg_url, tmp_path / "artifacts"))
+        opener.join(10)
+        reader, read = _in_thread(lambda: reg.resolve("m").version)
+        reader.join(10)
+        assert opened and read == [1], "opening the registry waited for the dump, or made a replica wait"
+        opened[0].close()
+    finally:
+        dump.rollback()
+        dump.close()
+        reg.close()
+
+
+def test_a_registry_of_a_release_without_the_newer_columns_gets_them_on_open(pg_url, tmp_path):
+    _world(pg_url, tmp_path).close()
+    with psycopg.connect(pg_url, autocommit=True) as c:  # the tables as the release before map_kind made them
+        c.execute("ALTER TABLE versions DROP COLUMN map_kind, DROP COLUMN n_clusters")
+    reg = open_registry(pg_url, tmp_path / "artifacts")
+    try:
+        v = reg.get_version("m", 1)
+        assert (v.map_kind, v.n_clusters) == ("linear", 0)
+        assert type(reg.load_map("m:1")).__name__ == "LinearMap"
+    finally:
+        reg.close()
+
+
+def _connections(pg_url: str) -> int:
+    """Sessions on ``pg_url``'s database now, this one left out."""
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        return c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                         "AND pid <> pg_backend_pid()").fetchone()[0]
+
+
+def test_a_busy_process_keeps_at_most_pool_size_connections(pg_url, tmp_path):
+    # one connection per thread, kept for the thread's life: 60 clients on 3 replicas x 2 workers held 130
+    # sessions (PostgreSQL's default max_connections is 100) and never gave them back; with max_connections 20,
+    # 1,286 of 1,800 requests were 503 "too many clients" that 6 connections would have served
+    from concurrent.futures import ThreadPoolExecutor
+
+    reg = _world(pg_url, tmp_path)
+    reg.close()
+    reg = open_registry(pg_url, tmp_path / "artifacts", pool_size=3)
+    peak, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _connections(pg_url))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+
+    def work(i):
+        for j in range(15):
+            reg.set_tag("m", 1, f"k{i}", str(j)) if j % 3 == 0 else reg.resolve("m")
+        return i
+
+    try:
+        with ThreadPoolExecutor(24) as ex:
+            assert sorted(ex.map(work, range(24))) == list(range(24))
+    finally:
+        stop.set()
+        watcher.join(10)
+    assert 1 <= peak[0] <= 3, peak
+    assert reg.get_version("m", 1).tags == {f"k{i}": "12" for i in range(24)}
+    reg.close()
+    assert _connections(pg_url) == 0  # close() ends them all, not only the calling thread's
+
+
+def test_too_many_clients_names_the_pool_size(pg_url, tmp_path):
+    import uuid
+
+    from service.registry import RegistryUnavailableError
+
+    role = f"vb_limited_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1")
+        c.execute(f"GRANT ALL ON SCHEMA public TO {role}")
+    u = urlsplit(pg_url)
+    url = u._replace(netloc=f"{role}@{u.hostname}:{u.port}").geturl()
+    try:
+        # the one connection the role may have, taken by someone else
+        with psycopg.connect(url), pytest.raises(RegistryUnavailableError, match="VECBRIDGE_REGISTRY_POOL_SIZE"):
+            open_registry(url, tmp_path / "artifacts")
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            c.execute(f"REVOKE ALL ON SCHEMA public FROM {role}")
+            c.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize(("query", "kw", "want"), [("", {}, "30s"), ("", {"statement_timeout_s": 0}, "0"),
+                                                   ("?options=-c%20statement_timeout%3D1500", {}, "1500ms")])
+def test_the_statement_timeout_comes_from_the_setting_or_the_url(pg_url, tmp_path, query, kw, want):
+    reg = open_registry(pg_url + query, tmp_path / "artifacts", **kw)
+    try:
+        with reg.db.tx() as t:
+            assert t.one("SHOW statement_timeout")[0] == want
+    finally:
+        reg.close()
