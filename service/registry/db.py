@@ -378,7 +378,8 @@ class PostgresDB(_Base):
             # only what is missing: DDL on an existing table (even ADD COLUMN IF NOT EXISTS) takes ACCESS EXCLUSIVE,
             # which waits for a running pg_dump and meanwhile stops every other replica's reads of that table
             for stmt in SCHEMA:
-                if re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt).group(1) not in have:
+                table = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt)
+                if table is None or table.group(1) not in have:  # any other statement: as written
                     t.q(stmt)
             for table, col, decl in UPGRADES:
                 if col not in have.get(table, ()):
