@@ -140,13 +140,16 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
     if (heldout_source is None) != (heldout_target is None):
         raise InputError("give both --heldout-source and --heldout-target")
     heldout = (heldout_source, heldout_target) if heldout_source else None
+    if min_recall is not None and encoder is None and heldout is None:  # --source alone measures no recall
+        raise InputError("--min-recall gates the recall of --encoder or --heldout-source/--heldout-target; "
+                         "--source alone checks rows, not recall")
     out = run_verify(store_url=obj.store_url(store), collection=collection, encoder=encoder, heldout=heldout,
                      heldout_rows=heldout_rows, map_ref=map_ref,
                      registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
                      n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
                      vector_field=vector_field, text_field=text_field, source=source)
     fails = []
-    if min_recall is not None and out.get(f"recall@{out.get('k')}", 1.0) < min_recall:
+    if min_recall is not None and out[f"recall@{out['k']}"] < min_recall:
         fails.append(f"recall@{out['k']} below {min_recall}")
     if source is not None and not out["rows_ok"]:
         fails.append("rows differ from the source's")

@@ -90,8 +90,8 @@ def test_a_password_in_the_store_url_is_never_printed(url, tmp_path, capsys):
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "s3cr" not in err and "alice:***@" in err, err
 
 
-def test_a_second_run_of_a_running_migration_is_refused_and_a_killed_one_resumes(pg, pg_url, data, tmp_path,  # noqa: F811
-                                                                                   capsys):
+def test_a_second_run_of_a_running_migration_is_refused_and_a_killed_one_resumes(
+        pg, pg_url, data, tmp_path, capsys):  # noqa: F811
     import json
     import os
     import signal
@@ -165,6 +165,11 @@ def test_verify_with_source_catches_missing_extra_and_wrong_rows(pg, pg_url, dat
     got = json.loads(capsys.readouterr().out)
     assert (got["missing_rows"], got["extra_rows"], got["wrong_vectors"], got["verdict"]) == (3, 1, 1, "FAIL")
     assert got["mode"] == "heldout" and got["recall@10"] > 0.5  # the map itself is fine: the figures never saw it
+    rows_only = [a for a in args if a not in ("--heldout-source", "--heldout-target", str(tmp_path / "hx.npy"),
+                                              str(tmp_path / "hy.npy"))]
+    assert main(rows_only) == 2  # --min-recall with nothing measuring recall: refused, never a vacuous PASS
+    assert "--source alone checks rows, not recall" in capsys.readouterr().err
+    assert main([a for a in rows_only if a not in ("--min-recall", "0.5")]) == 1  # the rows still fail
 
 
 def test_verify_held_out_refuses_a_collection_that_is_missing_empty_or_of_another_size(pg, pg_url, data,  # noqa: F811
