@@ -9,8 +9,9 @@ An index of ``--rows`` x 384 rows (WordNet MiniLM rows repeated with N(0, 0.01) 
 generation files hard-linked, as they are never changed in place). A server is started on the copy; one client
 searches it with one query (k=10) in a loop, and after ``--before`` seconds another client adds ``--add`` rows in one
 request (``vectors_b64``), or with ``--delete N`` deletes the ids 0..N-1 in one request (past 10 % of an HNSW
-index's rows: the delete rebuilds the graph). Printed: the write's wall time, and the latencies of the searches that started before
-the write and of those that started while it ran (count, p50, p99, max), plus the longest gap between two answers.
+index's rows: the delete rebuilds the graph). Printed: the write's wall time, and the latencies of the searches
+that started before the write and of those that started while it ran (count, p50, p99, max), plus the longest gap
+between two answers.
 The server runs with ``OMP_NUM_THREADS=1`` (what the tests use).
 """
 

@@ -131,8 +131,8 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     given, ``min_top1`` / ``min_retention`` and ``result`` (``"PASS"`` only when every given gate passes).
     ``record`` stores top-1, mean rank, cosine, recall@10, the candidate count and the rows ranked
     (``n_queries``) as tags ``eval.*`` on the version (they rank paths), with ``eval.top1_interval`` when a sample
-    was ranked (JSON ``[low, high]``; tags are text), and with labelled ``queries`` / ``relevant`` (see :func:`retention_gate`) the labelled
-    retention as ``eval.labelled_retention``. With ``csls``, labelled retention is of CSLS search with
+    was ranked (JSON ``[low, high]``; tags are text), and with labelled ``queries`` / ``relevant`` (see
+    :func:`retention_gate`) the labelled retention as ``eval.labelled_retention``. With ``csls``, labelled retention is of CSLS search with
     ``csls_weight`` (the service's default 0.5) and the plain one is kept as ``retrieval.labelled_plain``.
 
     Pair figures rank each mapped row against all ``n`` target rows: ``n² d`` work. Above ``max_queries``
