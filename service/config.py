@@ -45,7 +45,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: and the benchmarks' own variables
 _NOT_SETTINGS = ("VECBRIDGE_RAY_OWNER", "VECBRIDGE_TEST_", "VECBRIDGE_RUN_SLOW", "VECBRIDGE_CONSOLE_",
                  "VECBRIDGE_WORDNET_DIR")
-_SECRET_FIELDS = ("api_keys",)  # errors name the variable, never its keys or values
+_SECRET_FIELDS = ("api_keys", "vectordb_api_key")  # errors name the variable, never its keys or values
 _FILE = "_FILE"  # VECBRIDGE_<SETTING>_FILE: the setting's value is that file's content
 
 
@@ -78,6 +78,13 @@ class Settings(BaseSettings):
     vectordb_url: str | None = Field(
         None, description="The vector database beside the service (qdrant://host:port, milvus://..., "
                           "postgresql://...): the default store of migrations and query-side translation.")
+    vectordb_api_key: str | None = Field(None, description=(
+        "API key of a secured Qdrant (sent as its api-key header) or Milvus / Zilliz Cloud (the token) server: "
+        "VECBRIDGE_VECTORDB_API_KEY_FILE=/run/secrets/... keeps it out of the environment. Use it with "
+        "qdrant+https:// or milvus+https:// URLs (TLS), so the key does not cross the network in clear."))
+    vectordb_ca_file: Path | None = Field(None, description=(
+        "PEM file of the certificate authority (or the self-signed certificate) that a qdrant+https:// or "
+        "milvus+https:// server's certificate is checked against; default: the system's trusted CAs."))
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535, description="TCP port of the HTTP service.")
     # {"key": ["read", "write"], ...}; empty and auth_disabled=False means every request is refused.

@@ -55,6 +55,10 @@ class Ctx:
             raise InputError("give --store URL, or set VECBRIDGE_VECTORDB_URL (the vector database to use)")
         return url
 
+    def store_auth(self) -> dict:
+        """``api_key`` / ``ca_file`` of a secured vector database (settings ``vectordb_api_key`` / ``_ca_file``)."""
+        return {"api_key": self.settings.vectordb_api_key, "ca_file": self.settings.vectordb_ca_file}
+
     @property
     def registry(self):
         if self._reg is None:
@@ -180,8 +184,10 @@ input_opts = _stack(
 
 store_opts = _stack(
     click.option("--store", default=None, metavar="URL",
-                 help="milvus://host:port, milvus:///file.db, postgresql://..., qdrant://host:port or "
-                      "qdrant:///local/dir [env VECBRIDGE_VECTORDB_URL]."),
+                 help="milvus://host:port, milvus+https://[user:password@]host:port, milvus:///file.db, "
+                      "postgresql://..., qdrant://host:port, qdrant+https://host:port or qdrant:///local/dir "
+                      "[env VECBRIDGE_VECTORDB_URL; a secured server's key: VECBRIDGE_VECTORDB_API_KEY, its CA: "
+                      "VECBRIDGE_VECTORDB_CA_FILE]."),
     *(click.option(f"--{f}-field", default=None, help=f"Name of the {f} field (default: {default}).")
       for f, default in (("id", "id"), ("vector", "vector (Milvus) / embedding (PostgreSQL)"), ("text", "text"))),
 )

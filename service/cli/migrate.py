@@ -62,6 +62,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     progress = _MigrationProgress(f"migrate {source}->{target}", as_json, quiet)
     try:
         rep = run_migration(store_url=store, source=source, target=target, map_ref=map_ref, checkpoint=ckpt,
+                            **obj.store_auth(),
                             registry=obj.registry if needs_registry(map_ref) else None, alias=alias,
                             batch_size=batch_size, overwrite=overwrite, pause=pause, index=index, id_field=id_field,
                             vector_field=vector_field, text_field=text_field, source_space=source_space,
@@ -143,8 +144,8 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
     if min_recall is not None and encoder is None and heldout is None:  # --source alone measures no recall
         raise InputError("--min-recall gates the recall of --encoder or --heldout-source/--heldout-target; "
                          "--source alone checks rows, not recall")
-    out = run_verify(store_url=obj.store_url(store), collection=collection, encoder=encoder, heldout=heldout,
-                     heldout_rows=heldout_rows, map_ref=map_ref,
+    out = run_verify(store_url=obj.store_url(store), **obj.store_auth(), collection=collection, encoder=encoder,
+                     heldout=heldout, heldout_rows=heldout_rows, map_ref=map_ref,
                      registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
                      n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
                      vector_field=vector_field, text_field=text_field, source=source)

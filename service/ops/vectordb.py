@@ -32,8 +32,12 @@ __all__ = ["open_store_for", "default_checkpoint", "run_migration", "checkpoint_
 
 
 def open_store_for(url: str, *, index: str | None = None, id_field: str | None = None,
-                   vector_field: str | None = None, text_field: str | None = None) -> VectorStore:
+                   vector_field: str | None = None, text_field: str | None = None, api_key: str | None = None,
+                   ca_file=None) -> VectorStore:
     """Open the store at ``url`` with the field names given (None: the engine's defaults).
+
+    ``api_key`` / ``ca_file``: a secured server's key and the CA its TLS certificate is checked against
+    (:func:`service.vectordb.open_store`; the faces pass the ``vectordb_api_key`` / ``vectordb_ca_file`` settings).
 
     ``index``: ``hnsw`` | ``ivfflat`` | ``none``, built on a PostgreSQL target when it is finalised
     (ignored by Milvus and Qdrant, which index collections themselves).
@@ -45,6 +49,10 @@ def open_store_for(url: str, *, index: str | None = None, id_field: str | None =
             raise InputError(f"--index must be hnsw, ivfflat or none, got {index!r}")
         if url.startswith(("postgresql://", "postgres://")):  # other engines index on their own: ignored
             kw["index"] = None if index == "none" else index
+    if api_key:
+        kw["api_key"] = api_key
+    if ca_file is not None:
+        kw["ca_file"] = ca_file
     return open_store(url, **kw)
 
 
@@ -85,7 +93,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
                   alias: str | None = None, batch_size: int = 2000, overwrite: bool = False, pause: float = 0.0,
                   index: str | None = None, id_field: str | None = None, vector_field: str | None = None,
                   text_field: str | None = None, source_space: str | None = None, target_space: str | None = None,
-                  progress: Callable[[MigrationProgress], None] | None = None) -> MigrationReport:
+                  progress: Callable[[MigrationProgress], None] | None = None, api_key: str | None = None,
+                  ca_file=None) -> MigrationReport:
     """Migrate ``source`` into ``target`` through ``map_ref`` (artifact path or registry ref), resumably.
 
     ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
@@ -96,7 +105,7 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         raise InputError(f"pause must be >= 0, got {pause}")
     ckpt = FileCheckpoint(checkpoint)
     store = open_store_for(store_url, index=index, id_field=id_field, vector_field=vector_field,
-                           text_field=text_field)
+                           text_field=text_field, api_key=api_key, ca_file=ca_file)
 
     def on_batch(p: MigrationProgress) -> None:
         if progress is not None:
@@ -134,7 +143,8 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
                heldout_rows: str | None = None, map_ref=None, registry=None, n_sample: int = 2000,
                n_queries: int = 200, k: int = 10,
                random_state: int = 0, id_field: str | None = None, vector_field: str | None = None,
-               text_field: str | None = None, source: str | None = None) -> dict:
+               text_field: str | None = None, source: str | None = None, api_key: str | None = None,
+               ca_file=None) -> dict:
     """Verify a migrated collection: re-embed its stored texts with ``encoder``, or compare a held-out
     paired sample ``heldout = (old-model vectors path, new-model vectors path)`` (rows ``heldout_rows``,
     ``"START:STOP"``) through ``map_ref``; with ``source`` (and ``map_ref``) also check every row of the
@@ -162,7 +172,8 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
         if map_ref is None:
             raise InputError("a held-out check needs --map")
         X_Y = (read_vectors(heldout[0], rows=heldout_rows), read_vectors(heldout[1], rows=heldout_rows))
-    store = open_store_for(store_url, id_field=id_field, vector_field=vector_field, text_field=text_field)
+    store = open_store_for(store_url, id_field=id_field, vector_field=vector_field, text_field=text_field,
+                           api_key=api_key, ca_file=ca_file)
     try:
         out = {"mode": "rows"}
         if embed is not None or X_Y is not None:

@@ -12,6 +12,8 @@ Engines (optional extras; imported lazily): :class:`MilvusStore` (``pymilvus``, 
 
 from __future__ import annotations
 
+from align.exceptions import InputError
+
 from .base import (Batch, BadNameError, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
                    MigrationRunningError, SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore)
 from .checkpoint import Checkpoint, FileCheckpoint, MemoryCheckpoint, PgCheckpoint
@@ -47,24 +49,76 @@ def __getattr__(name):  # engine modules import their client libraries only when
     raise AttributeError(name)
 
 
-def open_store(url: str, **kw) -> VectorStore:
-    """Open a store from a URL: ``milvus://host:port`` / ``milvus:///path.db``, ``postgresql://...``,
-    ``qdrant://host:port`` / ``qdrant:///local/path``."""
+def open_store(url: str, *, api_key: str | None = None, ca_file=None, **kw) -> VectorStore:
+    """Open a store from a URL.
+
+    - ``milvus://host:port`` (plain gRPC), ``milvus+https://host:port`` (TLS), ``milvus:///path.db`` (Milvus
+      Lite embedded); a secured server takes ``milvus+https://user:password@host:port`` or ``api_key`` (a
+      Zilliz Cloud API key), not both;
+    - ``postgresql://...`` (libpq URL; its password, ``sslmode`` and ``sslrootcert`` as libpq reads them);
+    - ``qdrant://host:port`` (HTTP), ``qdrant+https://host:port`` (TLS), ``qdrant:///local/path``; a secured
+      server takes ``api_key`` (sent as Qdrant's ``api-key`` header).
+
+    ``ca_file``: a PEM file of the certificate authority (or the self-signed certificate) a TLS server's
+    certificate is checked against, when it is not one the system trusts. Errors name the URL without a
+    password and never the key.
+    """
     from .base import VectorDBError as _E
     from .base import safe_url
 
-    if url.startswith(("postgresql://", "postgres://")):
+    scheme, sep, rest = str(url).partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in _SCHEMES:
+        raise _E(f"unknown vector-database URL {safe_url(url)!r} (milvus://, milvus+https://, postgresql://, "
+                 "qdrant://, qdrant+https://)")
+    tls = scheme.endswith("+https")
+    local = rest.startswith("/")
+    if local and (tls or api_key or ca_file):
+        raise InputError(f"{safe_url(url)}: a local {scheme.split('+')[0]} store takes no TLS, API key or CA file")
+    if ca_file is not None and not tls and not scheme.startswith("postgres"):
+        raise InputError(f"a CA file is for TLS: use {scheme}+https:// (got {safe_url(url)!r})")
+    if scheme.startswith("postgres"):
+        if api_key or ca_file:
+            raise InputError("postgresql: give the password in the URL or PGPASSWORD, and TLS as libpq's "
+                             "sslmode / sslrootcert URL parameters (no API key or CA file setting)")
         from .pgvector import PgVectorStore
 
         return PgVectorStore(url, **kw)
-    if url.startswith("milvus://"):
+    if scheme.startswith("milvus"):
         from .milvus import MilvusStore
 
-        rest = url[len("milvus://"):]
-        return MilvusStore(rest if rest.startswith("/") else f"http://{rest}", **kw)
-    if url.startswith("qdrant://"):
-        from .qdrant import QdrantStore
+        if local:
+            return MilvusStore(rest, **kw)
+        hostport, token = _split_userinfo(rest, url)
+        if token and api_key:
+            raise InputError("milvus: give user:password in the URL or an API key, not both")
+        return MilvusStore(f"{'https' if tls else 'http'}://{hostport}", token=token or api_key, ca_file=ca_file,
+                           **kw)
+    from .qdrant import QdrantStore
 
-        rest = url[len("qdrant://"):]
-        return QdrantStore(path=rest, **kw) if rest.startswith("/") else QdrantStore(url=f"http://{rest}", **kw)
-    raise _E(f"unknown vector-database URL {safe_url(url)!r} (milvus://, postgresql://, qdrant://)")
+    if local:
+        return QdrantStore(path=rest, **kw)
+    hostport, userinfo = _split_userinfo(rest, url)
+    if userinfo:
+        raise InputError(f"qdrant: a URL takes no user or password ({safe_url(url)}); give the API key as "
+                         "VECBRIDGE_VECTORDB_API_KEY (or api_key=)")
+    return QdrantStore(url=f"{'https' if tls else 'http'}://{hostport}", api_key=api_key, ca_file=ca_file, **kw)
+
+
+_SCHEMES = ("milvus", "milvus+https", "postgresql", "postgres", "qdrant", "qdrant+https")
+
+
+def _split_userinfo(rest: str, url: str) -> tuple[str, str | None]:
+    """``"user:pw@host:port/..."`` → ``("host:port/...", "user:pw")``, percent-decoded; no ``@``: ``(rest, None)``."""
+    from urllib.parse import unquote
+
+    from .base import safe_url
+
+    head, _, tail = rest.partition("/")
+    if "@" not in head:
+        return rest, None
+    info, _, host = head.rpartition("@")
+    if not host:
+        raise InputError(f"no host in {safe_url(url)!r}")
+    user, _, pw = info.partition(":")
+    return host + ("/" + tail if tail else ""), f"{unquote(user)}:{unquote(pw)}" if pw else unquote(user)

@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    settings = get_settings()
     if args.store is None:
-        args.store = get_settings().vectordb_url
+        args.store = settings.vectordb_url
         if not args.store:
             ap.error("give --store, or set VECBRIDGE_VECTORDB_URL")
 
@@ -81,7 +82,8 @@ def main(argv=None) -> int:
                             checkpoint=args.checkpoint, registry=registry, alias=args.alias,
                             batch_size=args.batch_size, overwrite=args.overwrite, pause=args.pause, index=args.index,
                             id_field=args.id_field, vector_field=args.vector_field, text_field=args.text_field,
-                            source_space=args.source_space, target_space=args.target_space, progress=progress)
+                            source_space=args.source_space, target_space=args.target_space, progress=progress,
+                            api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file)
     except KeyboardInterrupt:
         exc = MigrationInterrupted("interrupted; run the same command again to resume", 0, 0)
         _err(exc)

@@ -38,8 +38,10 @@ Errors::
 from __future__ import annotations
 
 import re
+import ssl
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -53,7 +55,7 @@ __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
     "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError",
     "check_name", "as_ids",
-    "check_fields", "check_metric", "METRICS", "MISSING", "safe_url",
+    "check_fields", "check_metric", "METRICS", "MISSING", "safe_url", "check_ca_file", "tls_context",
 ]
 
 METRICS = ("cosine", "ip")
@@ -97,6 +99,27 @@ class BadNameError(InputError, VectorDBError):
 def safe_url(url: str) -> str:
     """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``) as ``***``."""
     return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/]*@", r"\1:***@", str(url))
+
+
+def check_ca_file(path) -> Path:
+    """``path`` as a readable PEM file of certificates, else InputError (before any connection is tried)."""
+    p = Path(path).expanduser()
+    try:
+        head = p.read_bytes()[:65536]
+    except OSError as exc:
+        raise InputError(f"CA file {p}: {exc.strerror or exc}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in head:
+        raise InputError(f"CA file {p}: no PEM certificate in it (-----BEGIN CERTIFICATE-----)")
+    return p
+
+
+def tls_context(ca_file) -> ssl.SSLContext:
+    """A client TLS context that checks servers against the certificates in ``ca_file`` (PEM)."""
+    p = check_ca_file(ca_file)
+    try:
+        return ssl.create_default_context(cafile=str(p))
+    except ssl.SSLError as exc:
+        raise InputError(f"CA file {p}: not a usable certificate ({exc.reason or exc})") from None
 
 
 def check_name(name: str, what: str = "collection") -> str:

@@ -21,8 +21,10 @@ from typing import Iterator
 
 import numpy as np
 
-from .base import (MISSING, Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_metric, check_name,
-                   close_quietly, none_if_all_none, rows_in_order)
+from align.exceptions import InputError
+
+from .base import (MISSING, Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_ca_file, check_metric,
+                   check_name, close_quietly, none_if_all_none, rows_in_order, safe_url)
 
 __all__ = ["MilvusStore"]
 
@@ -41,13 +43,16 @@ class MilvusStore(VectorStore):
         ``http://host:port`` or a local ``.db`` path (Milvus Lite embedded).
     token : str, optional
         ``user:password`` or an API key for a secured server.
+    ca_file : path, optional
+        A PEM file the server's TLS certificate is checked against (``https://`` URIs; a private CA or a
+        self-signed certificate), else the system's trusted CAs.
     """
 
     engine = "milvus"
     native_aliases = True
 
-    def __init__(self, uri: str, *, token: str | None = None, timeout: float | None = 60.0, id_field: str = "id",
-                 vector_field: str = "vector", text_field: str = "text"):
+    def __init__(self, uri: str, *, token: str | None = None, ca_file=None, timeout: float | None = 60.0,
+                 id_field: str = "id", vector_field: str = "vector", text_field: str = "text"):
         from pymilvus import MilvusClient
         from pymilvus.exceptions import MilvusException
 
@@ -58,10 +63,16 @@ class MilvusStore(VectorStore):
         self._timeout = timeout
         if self.uri.endswith(".db"):  # Milvus Lite creates the file, not its folder
             Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
+        extra = {}
+        if ca_file is not None:
+            if not self.uri.startswith("https://"):
+                raise InputError("milvus: a CA file is for an https:// server")
+            extra["server_pem_path"] = str(check_ca_file(ca_file))
         try:
-            self.client = MilvusClient(uri=self.uri, token=token or "", timeout=timeout)
+            self.client = MilvusClient(uri=self.uri, token=token or "", timeout=timeout, **extra)
         except MilvusException as exc:  # unreachable server: the user's to fix, not an internal error
-            raise VectorDBError(f"milvus: cannot connect: {exc.message}") from None
+            why = exc.message.replace(token, "***") if token else exc.message
+            raise VectorDBError(f"milvus: cannot connect to {safe_url(self.uri)}: {why}") from None
         self._dims: dict[str, int] = {}
 
     # --- collections --------------------------------------------------------------------

@@ -20,7 +20,8 @@ import numpy as np
 from align.exceptions import InputError
 
 from .base import (MISSING, Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids,
-                   check_metric, check_name, close_quietly, none_if_all_none, rows_in_order, safe_url)
+                   check_metric, check_name, close_quietly, none_if_all_none, rows_in_order, safe_url,
+                   tls_context)
 
 __all__ = ["QdrantStore"]
 
@@ -28,13 +29,17 @@ _SEARCH_BATCH = 64
 
 
 class QdrantStore(VectorStore):
-    """A Qdrant connection: ``QdrantStore(url="http://host:6333")`` or ``QdrantStore(path="/dir")`` (local mode)."""
+    """A Qdrant connection: ``QdrantStore(url="http://host:6333")`` or ``QdrantStore(path="/dir")`` (local mode).
+
+    ``url="https://..."`` talks TLS; ``api_key`` is sent as the ``api-key`` header (Qdrant Cloud, or a server
+    with ``service.api_key`` set); ``ca_file``: a PEM file the server's certificate is checked against
+    (a private CA or a self-signed certificate), else the system's trusted CAs."""
 
     engine = "qdrant"
     native_aliases = True
 
     def __init__(self, *, url: str | None = None, path: str | None = None, api_key: str | None = None,
-                 prefer_grpc: bool = False, id_field: str = "id", vector_field: str | None = None,
+                 ca_file=None, prefer_grpc: bool = False, id_field: str = "id", vector_field: str | None = None,
                  text_field: str = "text"):
         from qdrant_client import QdrantClient
 
@@ -45,14 +50,23 @@ class QdrantStore(VectorStore):
         if (url is None) == (path is None):
             raise InputError("give exactly one of url= (a Qdrant server) or path= (local mode)")
         if url:
-            self.client = QdrantClient(url=url, api_key=api_key, prefer_grpc=prefer_grpc)
+            extra = {} if ca_file is None else {"verify": tls_context(ca_file)}
+            self.client = QdrantClient(url=url, api_key=api_key or None, prefer_grpc=prefer_grpc, **extra)
             try:  # the client connects lazily: ask once, so an unreachable server is one clear error here
                 self.client.get_collections()
             except Exception as exc:  # noqa: BLE001 - httpx / grpc / qdrant errors alike
                 close_quietly(self.client)
-                pw = urlsplit(url).password
-                why = str(exc).replace(pw, "***") if pw else str(exc)
+                status = getattr(exc, "status_code", None)
+                if status in (401, 403):  # the server answered: the key is missing or wrong, not the network
+                    raise VectorDBError(f"qdrant: {safe_url(url)} refused the request ({status}): "
+                                        f"{'a wrong API key' if api_key else 'it needs an API key'}; give it as "
+                                        "VECBRIDGE_VECTORDB_API_KEY") from None
+                why = str(exc)
+                for secret in (urlsplit(url).password, api_key):
+                    why = why.replace(secret, "***") if secret else why
                 raise VectorDBError(f"qdrant: cannot connect to {safe_url(url)}: {why}") from None
+        elif api_key or ca_file is not None:
+            raise InputError("qdrant: local mode takes no API key or CA file")
         elif str(path) == ":memory:":
             self.client = QdrantClient(location=":memory:")
         else:
