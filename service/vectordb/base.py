@@ -54,7 +54,7 @@ from ..errors import ConflictError, NotFoundError
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
     "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError",
-    "check_name", "as_ids",
+    "check_name", "as_ids", "id_key",
     "check_fields", "check_metric", "METRICS", "MISSING", "safe_url", "check_ca_file", "tls_context",
 ]
 
@@ -130,14 +130,26 @@ def check_name(name: str, what: str = "collection") -> str:
 
 
 def as_ids(ids, n: int | None = None) -> np.ndarray:
-    """Ids as a 1-D int64 array (checked against ``n`` rows when given)."""
+    """Ids as a 1-D int64 array, or a 1-D str array for string ids (UUIDs, keys; checked against ``n`` rows when
+    given). Which kind a store takes is :attr:`VectorStore.id_kinds`."""
     arr = np.asarray(ids)
-    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-        raise InputError(f"ids must be a 1-D integer array, got dtype {arr.dtype} shape {arr.shape}")
-    arr = arr.astype(np.int64, copy=False)
+    if arr.dtype == object and arr.ndim == 1 and arr.size and all(isinstance(x, str) for x in arr):
+        arr = arr.astype(str)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype.kind == "U" or arr.size == 0):
+        raise InputError(f"ids must be a 1-D array of integers or strings, got dtype {arr.dtype} shape {arr.shape}")
+    if arr.dtype.kind == "U":
+        if arr.size and not all(arr):
+            raise InputError("a string id must not be empty")
+    else:
+        arr = arr.astype(np.int64, copy=False)
     if n is not None and arr.shape[0] != n:
         raise PairCountError(f"{arr.shape[0]} ids for {n} vectors")
     return arr
+
+
+def id_key(i):
+    """One id as a plain Python ``int`` or ``str`` (a dict key, a JSON value): numpy scalars unwrapped."""
+    return i if isinstance(i, str) else int(i)
 
 
 def check_fields(fields, n: int) -> dict[str, list] | None:
@@ -169,10 +181,11 @@ def none_if_all_none(values: list | None) -> list | None:
 
 def rows_in_order(engine: str, name: str, ids: np.ndarray, got: dict) -> list:
     """The rows ``got[i]`` for each id of ``ids`` in that order; InputError naming the missing ids."""
-    missing = [int(i) for i in ids if int(i) not in got]
+    keys = [id_key(i) for i in ids]
+    missing = [i for i in keys if i not in got]
     if missing:
         raise InputError(f"{engine}: {len(missing)} ids not in {name!r} (first: {missing[:5]})")
-    return [got[int(i)] for i in ids]
+    return [got[i] for i in keys]
 
 
 def close_quietly(conn) -> None:
@@ -223,6 +236,15 @@ class VectorStore(ABC):
     id_field: str = "id"
     vector_field: str | None = "vector"
     text_field: str = "text"
+    #: the kinds of id a store keeps: ``"int"`` (int64), ``"str"`` (UUIDs in Qdrant)
+    id_kinds: tuple[str, ...] = ("int",)
+
+    def check_id_kind(self, ids: np.ndarray) -> None:
+        """InputError when ``ids`` (from :func:`as_ids`) are of a kind this store does not keep."""
+        kind = "str" if ids.dtype.kind == "U" else "int"
+        if ids.size and kind not in self.id_kinds:
+            raise InputError(f"{self.engine}: ids must be {' or '.join(self.id_kinds)}, got {kind} ids "
+                             f"(first: {ids[0]!r})")
 
     # --- collections --------------------------------------------------------------------
     @abstractmethod
@@ -284,6 +306,7 @@ class VectorStore(ABC):
         ``None`` writes a null)."""
         V = as_matrix(vectors, name="vectors")
         ids = as_ids(ids, V.shape[0])
+        self.check_id_kind(ids)
         if texts is not None and len(texts) != V.shape[0]:
             raise PairCountError(f"{len(texts)} texts for {V.shape[0]} vectors")
         if np.unique(ids).shape[0] != ids.shape[0]:
@@ -351,9 +374,11 @@ class VectorStore(ABC):
 
 
 def _pad_results(rows: list[list[tuple[int, float]]], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Turn per-query ``[(id, score), ...]`` lists into padded ``S`` (nq, k) float32, ``I`` (nq, k) int64."""
+    """Turn per-query ``[(id, score), ...]`` lists into padded ``S`` (nq, k) float32 and ``I`` (nq, k): int64, or
+    an object array when some id is a string; missing slots are ``-inf`` / ``-1``."""
     S = np.full((len(rows), k), -np.inf, dtype=np.float32)
-    I = np.full((len(rows), k), -1, dtype=np.int64)
+    strings = any(isinstance(i, str) for hits in rows for i, _ in hits)
+    I = np.full((len(rows), k), -1, dtype=object if strings else np.int64)
     for r, hits in enumerate(rows):
         for c, (i, s) in enumerate(hits[:k]):
             I[r, c] = i

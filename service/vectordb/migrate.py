@@ -43,7 +43,7 @@ from align.cluster import ClusterMap
 from align.maps import LinearMap, load_map
 
 from .base import (CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError, SpaceMismatchError,
-                   UnsupportedFieldError, VectorDBError, VectorStore, check_name)
+                   UnsupportedFieldError, VectorDBError, VectorStore, check_name, id_key)
 from .checkpoint import Checkpoint, MemoryCheckpoint
 
 __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
@@ -139,7 +139,7 @@ class MigrationProgress:
     done: int            # rows written so far (all runs together)
     total: int           # rows in the source at the start of this run
     batches: int
-    last_id: int | None
+    last_id: int | str | None  # str: a UUID point id (Qdrant)
     elapsed_s: float     # this run
     rows_per_s: float    # this run
 
@@ -158,7 +158,7 @@ class MigrationReport:
     alias: str | None
     rows: int                 # rows in the target after the run
     rows_this_run: int
-    resumed_from: int | None  # last_id found in the checkpoint, None for a fresh start
+    resumed_from: int | str | None  # last_id found in the checkpoint, None for a fresh start
     batches: int
     seconds: float
     map_fingerprint: str
@@ -311,8 +311,8 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         fields_seen |= set(batch.fields or ()) | ({store.text_field} if batch.texts is not None else set())
         state["fields"] = sorted(fields_seen)
         if state["first_id"] is None:
-            state["first_id"] = int(batch.ids[0])
-        state["last_id"] = int(batch.ids[-1])
+            state["first_id"] = id_key(batch.ids[0])
+        state["last_id"] = id_key(batch.ids[-1])
         state["done"] += len(batch)
         state["batches"] += 1
         state["updated_at"] = time.time()

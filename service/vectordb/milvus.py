@@ -198,6 +198,7 @@ class MilvusStore(VectorStore):
     def fetch(self, name: str, ids, *, with_fields: bool = False) -> Batch:
         self._loaded(name)
         ids = as_ids(ids)
+        self.check_id_kind(ids)
         got: dict[int, dict] = {}
         for s in range(0, ids.shape[0], _EXPR_IDS):
             for r in self.client.get(name, ids=[int(i) for i in ids[s : s + _EXPR_IDS]],

@@ -276,6 +276,7 @@ class PgVectorStore(VectorStore):
 
         self._require(name)
         ids = as_ids(ids)
+        self.check_id_kind(ids)
         cols, text_at, extra = self._select(name, True, with_fields)
         with self.conn.cursor(binary=True) as cur:
             rows = cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s)").format(

@@ -4,14 +4,18 @@ Local mode (``path=`` on disk, or ``path=":memory:"``) is the client's embedded 
 commits every point separately (~30 ms a point here), so use it for small sets and a server for
 real ones.
 
-Points have unsigned integer ids (so ids must be >= 0), one vector (unnamed, or the named vector
-``vector_field``), the text in the payload key ``text_field``, and every other payload key as the
-row's extra fields. The embedding space is the collection metadata ``vecbridge.space``. ``scroll`` pages through integer ids in ascending order from an offset, which is what
-the resumable scan needs. Aliases are native (``update_collection_aliases``, atomic).
+Points have unsigned integer ids (so integer ids must be >= 0) or UUIDs (str ids here, in Qdrant's
+canonical lower-case form; a collection whose ids mix both kinds cannot be scanned), one vector
+(unnamed, or the named vector ``vector_field``), the text in the payload key ``text_field``, and every
+other payload key as the row's extra fields. The embedding space is the collection metadata
+``vecbridge.space``. ``scroll`` pages through ids in Qdrant's order from an offset id (inclusive),
+which is what the resumable scan needs (it resumes at the last id written and skips it). Aliases are
+native (``update_collection_aliases``, atomic).
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Iterator
 from urllib.parse import urlsplit
 
@@ -19,7 +23,7 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (MISSING, Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids,
+from .base import (MISSING, Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids, id_key,
                    check_metric, check_name, close_quietly, none_if_all_none, rows_in_order, safe_url,
                    tls_context)
 
@@ -37,6 +41,7 @@ class QdrantStore(VectorStore):
 
     engine = "qdrant"
     native_aliases = True
+    id_kinds = ("int", "str")
 
     def __init__(self, *, url: str | None = None, path: str | None = None, api_key: str | None = None,
                  ca_file=None, prefer_grpc: bool = False, id_field: str = "id", vector_field: str | None = None,
@@ -130,7 +135,9 @@ class QdrantStore(VectorStore):
         from qdrant_client import models
 
         self._require(name)
-        if ids.size and ids.min() < 0:
+        if ids.dtype.kind == "U":
+            ids = np.asarray([_uuid(i) for i in ids])
+        elif ids.size and ids.min() < 0:
             raise InputError("qdrant: point ids must be >= 0")
         payloads = None
         if texts is not None or fields:
@@ -141,7 +148,7 @@ class QdrantStore(VectorStore):
                     p[self.text_field] = texts[j]
                 payloads.append(p)
         vecs = vectors.tolist() if self.vector_field is None else {self.vector_field: vectors.tolist()}
-        self.client.upsert(name, points=models.Batch(ids=[int(i) for i in ids], vectors=vecs, payloads=payloads),
+        self.client.upsert(name, points=models.Batch(ids=[id_key(i) for i in ids], vectors=vecs, payloads=payloads),
                            wait=True)
 
     def _payload(self, with_texts: bool, with_fields: bool):
@@ -153,12 +160,24 @@ class QdrantStore(VectorStore):
     def scan(self, name: str, *, after_id: int | None = None, batch_size: int = 1000,
              with_texts: bool = True, with_fields: bool = False) -> Iterator[Batch]:
         self._require(name)
-        offset = None if after_id is None else int(after_id) + 1
+        # the offset is inclusive: an integer resumes at after_id + 1; a UUID has no successor to compute, so the
+        # scan starts at after_id itself and drops it
+        skip = _uuid(after_id) if isinstance(after_id, str) else None
+        offset = skip if skip is not None else (None if after_id is None else int(after_id) + 1)
+        kind = None
         while True:
-            points, nxt = self.client.scroll(name, limit=int(batch_size), offset=offset, with_vectors=self._vectors(),
+            points, nxt = self.client.scroll(name, limit=int(batch_size) + (skip is not None), offset=offset,
+                                             with_vectors=self._vectors(),
                                              with_payload=self._payload(with_texts, with_fields))
+            if skip is not None:
+                points = [p for p in points if p.id != skip]
+                skip = None
             if points:
-                yield self._to_batch(points, with_texts, with_fields)
+                batch = self._to_batch(points, with_texts, with_fields)
+                kind = kind or batch.ids.dtype.kind
+                if batch.ids.dtype.kind != kind:  # integers first, UUIDs later: one kind per collection
+                    _mixed(points[0].id)
+                yield batch
             if nxt is None or not points:
                 return
             offset = nxt
@@ -166,13 +185,15 @@ class QdrantStore(VectorStore):
     def fetch(self, name: str, ids, *, with_fields: bool = False) -> Batch:
         self._require(name)
         ids = as_ids(ids)
-        pts = self.client.retrieve(name, ids=[int(i) for i in ids], with_vectors=self._vectors(),
+        if ids.dtype.kind == "U":
+            ids = np.asarray([_uuid(i) for i in ids])
+        pts = self.client.retrieve(name, ids=[id_key(i) for i in ids], with_vectors=self._vectors(),
                                    with_payload=self._payload(True, with_fields))
-        got = {int(p.id): p for p in pts}
+        got = {id_key(p.id): p for p in pts}
         return self._to_batch(rows_in_order(self.engine, name, ids, got), True, with_fields)
 
     def _to_batch(self, points, with_texts: bool, with_fields: bool) -> Batch:
-        ids = np.fromiter((_int_id(p.id) for p in points), dtype=np.int64, count=len(points))
+        ids = _ids_of(points)
         vec = (lambda p: p.vector) if self.vector_field is None else (lambda p: p.vector[self.vector_field])
         V = np.asarray([vec(p) for p in points], dtype=np.float32)
         texts = none_if_all_none([(p.payload or {}).get(self.text_field) for p in points]) if with_texts else None
@@ -190,7 +211,7 @@ class QdrantStore(VectorStore):
             reqs = [models.QueryRequest(query=q.tolist(), limit=k, using=self.vector_field)
                     for q in Q[s : s + _SEARCH_BATCH]]
             for res in self.client.query_batch_points(name, requests=reqs):
-                out.append([(int(p.id), float(p.score)) for p in res.points])
+                out.append([(id_key(p.id), float(p.score)) for p in res.points])
         return _pad_results(out, k)
 
     def set_alias(self, alias: str, name: str) -> None:
@@ -218,9 +239,25 @@ class QdrantStore(VectorStore):
         close_quietly(self.client)
 
 
-def _int_id(pid) -> int:
-    """A point id as an int; UnsupportedFieldError for a UUID id (rows here are keyed by int64 ids)."""
-    if isinstance(pid, int):
-        return pid
-    raise UnsupportedFieldError(f"qdrant: point id {pid!r} is a UUID; only collections with integer point ids "
-                                "can be migrated or verified")
+def _ids_of(points) -> np.ndarray:
+    """The points' ids: int64 when all are integers, str (canonical UUIDs) when all are UUIDs;
+    UnsupportedFieldError for a mix (the ids of one collection must be of one kind to be scanned in order)."""
+    ints = [isinstance(p.id, int) for p in points]
+    if all(ints):
+        return np.fromiter((p.id for p in points), dtype=np.int64, count=len(points))
+    if not any(ints):
+        return np.asarray([str(p.id) for p in points])
+    _mixed(next(p.id for p, i in zip(points, ints) if not i))
+
+
+def _mixed(example):
+    raise UnsupportedFieldError(f"qdrant: the point ids mix integers and UUIDs (e.g. {example!r}); a collection can "
+                                "be migrated or verified when its ids are all integers or all UUIDs")
+
+
+def _uuid(i) -> str:
+    """A string id as Qdrant's canonical UUID (lower case, hyphens), else InputError."""
+    try:
+        return str(uuid.UUID(str(i)))
+    except ValueError:
+        raise InputError(f"qdrant: a string point id must be a UUID, got {str(i)[:80]!r}") from None

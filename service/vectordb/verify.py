@@ -52,12 +52,14 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     """Is ``target`` exactly ``map(source)``, row for row? See the module docs (``missing_rows``, ``extra_rows``,
     ``wrong_vectors`` with up to 10 ids each, ``max_rel_error``, ``rows_source``, ``rows_target``)."""
     m = resolve_map(map_, registry)
-    ids_t = store.ids(target)  # ascending
+    ids_t = np.sort(store.ids(target))  # sorted here: engines page in their own order (UUIDs)
     seen, missing, wrong, worst, n_missing, n_wrong = [], [], [], 0.0, 0, 0
     for b in store.scan(source, batch_size=batch_size, with_texts=False):
         seen.append(b.ids)
-        pos = np.minimum(np.searchsorted(ids_t, b.ids), max(ids_t.shape[0] - 1, 0))
-        have = ids_t[pos] == b.ids if ids_t.shape[0] else np.zeros(len(b), bool)
+        if ids_t.shape[0] and ids_t.dtype.kind == b.ids.dtype.kind:
+            have = ids_t[np.minimum(np.searchsorted(ids_t, b.ids), ids_t.shape[0] - 1)] == b.ids
+        else:  # an empty target, or ids of another kind (int vs UUID): none of these rows is there
+            have = np.zeros(len(b), bool)
         n_missing += int((~have).sum())
         missing += b.ids[~have][: _SHOW - len(missing)].tolist()
         if not have.any():
@@ -69,8 +71,9 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
         bad = err > tol
         n_wrong += int(bad.sum())
         wrong += b.ids[have][bad][: _SHOW - len(wrong)].tolist()
-    ids_s = np.concatenate(seen) if seen else np.empty(0, np.int64)
-    extra = np.setdiff1d(ids_t, ids_s, assume_unique=True)
+    ids_s = np.concatenate(seen) if seen else np.empty(0, ids_t.dtype)
+    extra = np.setdiff1d(ids_t, ids_s, assume_unique=True) if ids_t.dtype.kind == ids_s.dtype.kind or not ids_s.size \
+        else ids_t
     return {"rows_source": int(ids_s.shape[0]), "rows_target": int(ids_t.shape[0]), "missing_rows": n_missing,
             "missing_ids": missing, "extra_rows": int(extra.shape[0]), "extra_ids": extra[:_SHOW].tolist(),
             "wrong_vectors": n_wrong, "wrong_ids": wrong, "max_rel_error": worst,

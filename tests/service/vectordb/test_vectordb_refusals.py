@@ -118,18 +118,18 @@ def test_the_largest_batch_size_the_cli_takes_works_on_every_engine(store, data)
     np.testing.assert_array_equal(store.ids("r_a", batch_size=1_000_000), np.arange(200))
 
 
-def test_qdrant_uuid_point_ids_are_refused_by_name(tmp_path, data):
+def test_qdrant_ids_that_mix_integers_and_uuids_are_refused_by_name(tmp_path, data):
     from qdrant_client import models
 
-    X, m = data  # int() of a UUID string was a ValueError: 'internal error', exit 3
+    X, m = data  # int() of a UUID string was a ValueError: 'internal error', exit 3; UUID-only ids now migrate
     s = open_store(f"qdrant://{tmp_path}/q")
     s.create("mixed", X.shape[1])
     uid = "5c56c793-69f3-4fbf-87e6-c4bf54c28c26"
     s.client.upsert("mixed", points=[models.PointStruct(id=i, vector=X[i].tolist()) for i in range(4)]
                     + [models.PointStruct(id=uid, vector=X[4].tolist())])
-    with pytest.raises(UnsupportedFieldError, match=uid):
+    with pytest.raises(UnsupportedFieldError, match=uid):  # the UUID comes in a batch of its own
         migrate(s, "mixed", "mixed_t", m, batch_size=2)
-    with pytest.raises(UnsupportedFieldError, match="UUID"):
+    with pytest.raises(UnsupportedFieldError, match="mix integers and UUIDs"):
         s.ids("mixed")
     s.close()
 
