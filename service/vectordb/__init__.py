@@ -15,7 +15,8 @@ from __future__ import annotations
 from align.exceptions import InputError
 
 from .base import (Batch, BadNameError, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
-                   MigrationRunningError, SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore)
+                   MigrationRunningError, SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore,
+                   safe_url)
 from .checkpoint import Checkpoint, FileCheckpoint, MemoryCheckpoint, PgCheckpoint
 from .migrate import (
     MigrationInterrupted,
@@ -63,27 +64,24 @@ def open_store(url: str, *, api_key: str | None = None, ca_file=None, **kw) -> V
     certificate is checked against, when it is not one the system trusts. Errors name the URL without a
     password and never the key.
     """
-    from .base import VectorDBError as _E
-    from .base import safe_url
-
     scheme, sep, rest = str(url).partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in _SCHEMES:
-        raise _E(f"unknown vector-database URL {safe_url(url)!r} (milvus://, milvus+https://, postgresql://, "
-                 "qdrant://, qdrant+https://)")
-    tls = scheme.endswith("+https")
-    local = rest.startswith("/")
-    if local and (tls or api_key or ca_file):
-        raise InputError(f"{safe_url(url)}: a local {scheme.split('+')[0]} store takes no TLS, API key or CA file")
-    if ca_file is not None and not tls and not scheme.startswith("postgres"):
-        raise InputError(f"a CA file is for TLS: use {scheme}+https:// (got {safe_url(url)!r})")
-    if scheme.startswith("postgres"):
+        raise VectorDBError(f"unknown vector-database URL {safe_url(url)!r} (milvus://, milvus+https://, "
+                            "postgresql://, qdrant://, qdrant+https://)")
+    if scheme.startswith("postgres"):  # libpq reads the whole URL (a socket URL's rest starts with "/" too)
         if api_key or ca_file:
             raise InputError("postgresql: give the password in the URL or PGPASSWORD, and TLS as libpq's "
                              "sslmode / sslrootcert URL parameters (no API key or CA file setting)")
         from .pgvector import PgVectorStore
 
         return PgVectorStore(url, **kw)
+    tls = scheme.endswith("+https")
+    local = rest.startswith("/")
+    if local and (tls or api_key or ca_file):
+        raise InputError(f"{safe_url(url)}: a local {scheme.split('+')[0]} store takes no TLS, API key or CA file")
+    if ca_file is not None and not tls:
+        raise InputError(f"a CA file is for TLS: use {scheme}+https:// (got {safe_url(url)!r})")
     if scheme.startswith("milvus"):
         from .milvus import MilvusStore
 
@@ -111,8 +109,6 @@ _SCHEMES = ("milvus", "milvus+https", "postgresql", "postgres", "qdrant", "qdran
 def _split_userinfo(rest: str, url: str) -> tuple[str, str | None]:
     """``"user:pw@host:port/..."`` → ``("host:port/...", "user:pw")``, percent-decoded; no ``@``: ``(rest, None)``."""
     from urllib.parse import unquote
-
-    from .base import safe_url
 
     head, _, tail = rest.partition("/")
     if "@" not in head:
