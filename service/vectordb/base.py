@@ -179,7 +179,7 @@ def none_if_all_none(values: list | None) -> list | None:
     return None if values is None or all(v is None for v in values) else values
 
 
-def rows_in_order(engine: str, name: str, ids: np.ndarray, got: dict) -> list:
+def rows_in_order(engine: str, name: str, ids, got: dict) -> list:
     """The rows ``got[i]`` for each id of ``ids`` in that order; InputError naming the missing ids."""
     keys = [id_key(i) for i in ids]
     missing = [i for i in keys if i not in got]

@@ -135,9 +135,7 @@ class QdrantStore(VectorStore):
         from qdrant_client import models
 
         self._require(name)
-        if ids.dtype.kind == "U":
-            ids = np.asarray([_uuid(i) for i in ids])
-        elif ids.size and ids.min() < 0:
+        if ids.dtype.kind != "U" and ids.size and ids.min() < 0:
             raise InputError("qdrant: point ids must be >= 0")
         payloads = None
         if texts is not None or fields:
@@ -148,7 +146,7 @@ class QdrantStore(VectorStore):
                     p[self.text_field] = texts[j]
                 payloads.append(p)
         vecs = vectors.tolist() if self.vector_field is None else {self.vector_field: vectors.tolist()}
-        self.client.upsert(name, points=models.Batch(ids=[id_key(i) for i in ids], vectors=vecs, payloads=payloads),
+        self.client.upsert(name, points=models.Batch(ids=_point_ids(ids), vectors=vecs, payloads=payloads),
                            wait=True)
 
     def _payload(self, with_texts: bool, with_fields: bool):
@@ -184,13 +182,11 @@ class QdrantStore(VectorStore):
 
     def fetch(self, name: str, ids, *, with_fields: bool = False) -> Batch:
         self._require(name)
-        ids = as_ids(ids)
-        if ids.dtype.kind == "U":
-            ids = np.asarray([_uuid(i) for i in ids])
-        pts = self.client.retrieve(name, ids=[id_key(i) for i in ids], with_vectors=self._vectors(),
+        keys = _point_ids(as_ids(ids))
+        pts = self.client.retrieve(name, ids=keys, with_vectors=self._vectors(),
                                    with_payload=self._payload(True, with_fields))
         got = {id_key(p.id): p for p in pts}
-        return self._to_batch(rows_in_order(self.engine, name, ids, got), True, with_fields)
+        return self._to_batch(rows_in_order(self.engine, name, keys, got), True, with_fields)
 
     def _to_batch(self, points, with_texts: bool, with_fields: bool) -> Batch:
         ids = _ids_of(points)
@@ -253,6 +249,11 @@ def _ids_of(points) -> np.ndarray:
 def _mixed(example):
     raise UnsupportedFieldError(f"qdrant: the point ids mix integers and UUIDs (e.g. {example!r}); a collection can "
                                 "be migrated or verified when its ids are all integers or all UUIDs")
+
+
+def _point_ids(ids: np.ndarray) -> list:
+    """Ids (from :func:`as_ids`) as Qdrant takes them: ints, or UUIDs in their canonical form."""
+    return [_uuid(i) for i in ids] if ids.dtype.kind == "U" else [int(i) for i in ids]
 
 
 def _uuid(i) -> str:
