@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -136,9 +137,9 @@ class _QdrantAuth(BaseHTTPRequestHandler):
     """``GET /collections`` and ``/aliases`` as a Qdrant server with ``service.api_key`` and nothing stored answers
     them (401 without the key, 404 for other paths)."""
 
-    seen: list = []
+    seen: ClassVar[list] = []
 
-    def do_GET(self):  # noqa: N802 - the http.server API
+    def do_GET(self):  # the http.server API names it
         type(self).seen.append((self.path, self.headers.get("api-key")))
         ok = self.headers.get("api-key") == KEY
         path = self.path.split("?")[0]
@@ -198,11 +199,13 @@ def test_the_cli_reads_the_key_and_ca_from_settings(qdrant_tls, cert, tmp_path):
     small_migration()[1].save(tmp_path / "m.npz")
     cmd = [sys.executable, "-m", "service.cli", "verify", "--collection", "docs", "--source", "docs_old",
            "--map", str(tmp_path / "m.npz")]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                       check=False)
     assert r.returncode == 2, r.stderr
     assert "refused the request (401): a wrong API key" in r.stderr and KEY not in r.stderr + r.stdout
     key_file.write_text(KEY + "\n")
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                       check=False)
     # the key got through: now the collection is what is missing
     assert r.returncode == 2 and "no collection or alias 'docs'" in r.stderr, r.stderr
 

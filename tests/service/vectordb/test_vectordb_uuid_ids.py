@@ -13,8 +13,14 @@ import pytest
 from _vectordb_servers import small_migration
 
 from align.exceptions import InputError
-from service.vectordb import MemoryCheckpoint, MigrationInterrupted, UnsupportedFieldError, check_rows, migrate
-from service.vectordb import open_store
+from service.vectordb import (
+    MemoryCheckpoint,
+    MigrationInterrupted,
+    UnsupportedFieldError,
+    check_rows,
+    migrate,
+    open_store,
+)
 
 pytest.importorskip("qdrant_client")
 
@@ -80,7 +86,7 @@ def test_check_rows_names_missing_and_wrong_uuid_rows(store):
 
 
 def test_ids_in_another_case_are_the_same_point(store):
-    X, m = small_migration()
+    X, _ = small_migration()
     ids = _uuids(4, seed=3)
     store.create("u_case", X.shape[1])
     store.upsert("u_case", [i.upper() for i in ids], X[:4])
