@@ -3,6 +3,10 @@
 A collection is a table ``(id bigint primary key, embedding vector(d), text text, ...)`` (column
 names configurable: ``id_field``, ``vector_field``, ``text_field``); any other columns are the
 rows' extra fields, and a migration target is created with the same columns and types (``like=``).
+Ids are integers (``bigint``, ``integer``, ``smallint``) or strings (``uuid``, ``text``,
+``varchar``: str ids here; a uuid comes back in PostgreSQL's canonical lower-case form, and a target
+made ``like`` such a table keys its rows the same way). Scans page by the id column's own order (a
+text id's collation), which is what resuming needs; nothing here compares ids in Python's order.
 Its metric and embedding space are recorded in the table comment
 (``vecbridge:metric=cosine vecbridge:space=e5``). PostgreSQL has no aliases: an alias is a
 **view** ``SELECT * FROM <table>`` replaced in one transaction (transactional DDL makes the switch
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 from typing import Iterator
 
 import numpy as np
@@ -29,11 +34,33 @@ import numpy as np
 from align.exceptions import InputError
 
 from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results,
-                   as_ids, check_metric, check_name, close_quietly, rows_in_order)
+                   as_ids, check_metric, check_name, close_quietly, id_key, rows_in_order)
 
 __all__ = ["PgVectorStore"]
 
 _INT_TYPES = ("bigint", "integer", "smallint")
+_STR_TYPES = ("uuid", "text", "character varying")  # varchar(n) too
+
+
+def _id_kind(sql_type: str) -> str | None:
+    """``"int"`` or ``"str"``: the kind of id a column of ``sql_type`` keeps (None: a type ids cannot have)."""
+    if sql_type in _INT_TYPES:
+        return "int"
+    if sql_type in _STR_TYPES or sql_type.startswith("character varying("):
+        return "str"
+    return None
+
+
+def _id_out(v):
+    """An id as read from PostgreSQL -> ``int`` or ``str`` (a uuid in canonical lower-case form)."""
+    return str(v) if isinstance(v, uuid.UUID) else id_key(v)
+
+
+def _ids_array(keys: list) -> np.ndarray:
+    """Ids from :func:`_id_out` as a 1-D int64 or str array."""
+    if keys and isinstance(keys[0], str):
+        return np.array(keys, dtype=str)
+    return np.fromiter(keys, dtype=np.int64, count=len(keys))
 _OPS = {"cosine": ("<=>", "vector_cosine_ops"), "ip": ("<#>", "vector_ip_ops")}
 
 
@@ -54,6 +81,7 @@ class PgVectorStore(VectorStore):
 
     engine = "pgvector"
     native_aliases = False
+    id_kinds = ("int", "str")
 
     def __init__(self, url: str, *, index: str | None = "hnsw", hnsw_m: int = 16, ef_construction: int = 64,
                  ef_search: int = 100, probes: int = 10, id_field: str = "id", vector_field: str = "embedding",
@@ -138,6 +166,34 @@ class PgVectorStore(VectorStore):
         core = {self.id_field, self.vector_field, self.text_field}
         return [c for c in self._columns(name) if c[0] not in core]
 
+    def _id_type(self, name: str, columns=None) -> str:
+        """The SQL type of the id column of ``name`` (``columns``: :meth:`_columns` already read)."""
+        for c, typ, _ in columns if columns is not None else self._columns(name):
+            if c == self.id_field:
+                return typ
+        raise VectorDBError(f"pgvector: {name!r} has no id column {self.id_field!r}; name it with --id-field")
+
+    def _id_values(self, name: str, sql_type: str, ids: np.ndarray) -> list:
+        """``ids`` (from :func:`as_ids`) as parameters for an id column of ``sql_type``: ints, strs or uuid.UUIDs;
+        InputError for ids of the other kind, strings that are not UUIDs, or two spellings of one UUID."""
+        kind, got = _id_kind(sql_type), "str" if ids.dtype.kind == "U" else "int"
+        if ids.size and got != kind:
+            raise InputError(f"pgvector: {name!r} keys rows by {self.id_field} {sql_type}, got {got} ids "
+                             f"(first: {id_key(ids[0])!r})")
+        if kind == "int":
+            return [int(i) for i in ids]
+        if sql_type != "uuid":
+            return [str(i) for i in ids]
+        out = []
+        for s in ids:
+            try:
+                out.append(uuid.UUID(str(s)))
+            except ValueError:
+                raise InputError(f"pgvector: {name!r} keys rows by uuid; id {str(s)!r} is not a UUID") from None
+        if len(set(out)) != len(out):
+            raise InputError("pgvector: ids within one upsert must be distinct (two spellings of one UUID)")
+        return out
+
     def _has_text(self, name: str) -> bool:
         return any(c[0] == self.text_field for c in self._columns(name))
 
@@ -151,9 +207,9 @@ class PgVectorStore(VectorStore):
                 out.append(f"{need} (no such column; columns: {', '.join(cols)}; name it with --id-field / "
                            "--vector-field)")
         id_type = cols.get(self.id_field, (None, None))[1]
-        if id_type is not None and id_type not in _INT_TYPES:
-            out.append(f"{self.id_field} (ids of type {id_type}; a migration keys rows by integer ids: "
-                       f"{', '.join(_INT_TYPES)})")
+        if id_type is not None and _id_kind(id_type) is None:
+            out.append(f"{self.id_field} (ids of type {id_type}; a migration keys rows by ids of type "
+                       f"{', '.join(_INT_TYPES + _STR_TYPES)} or varchar(n))")
         for col, typ, oid in self._extra(name):
             if typ.startswith(("vector", "halfvec", "sparsevec")):
                 out.append(f"{col} (another vector column: a migration maps {self.vector_field!r} only)")
@@ -170,7 +226,9 @@ class PgVectorStore(VectorStore):
         check_metric(metric)
         t = self._ident(name)
         extra = self._extra(like) if like is not None else []
-        cols = [sql.SQL("{} bigint PRIMARY KEY").format(self._ident(self.id_field)),
+        id_type = self._id_type(like) if like is not None else "bigint"
+        id_type = id_type if _id_kind(id_type) == "str" else "bigint"  # a type name from the catalog: safe SQL
+        cols = [sql.SQL("{} {} PRIMARY KEY").format(self._ident(self.id_field), sql.SQL(id_type)),
                 sql.SQL("{} vector({}) NOT NULL").format(self._ident(self.vector_field), sql.Literal(int(dim))),
                 sql.SQL("{} text").format(self._ident(self.text_field))]
         cols += [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(typ)) for c, typ, _ in extra
@@ -187,13 +245,20 @@ class PgVectorStore(VectorStore):
 
     def dim(self, name: str) -> int:
         self._require(name)
-        r = self.conn.execute("SELECT atttypmod FROM pg_attribute WHERE attrelid = %s::regclass AND attname = %s",
-                              (name, self.vector_field)).fetchone()
-        if r is None or int(r[0]) <= 0:
-            raise VectorDBError(f"pgvector: {name!r} has no fixed-dimension vector column {self.vector_field!r} "
-                                f"(columns: {', '.join(c[0] for c in self._columns(name))}); name it with "
-                                "--vector-field")
-        return int(r[0])
+        from psycopg import sql
+
+        r = self.conn.execute("SELECT atttypmod, format_type(atttypid, NULL) FROM pg_attribute "
+                              "WHERE attrelid = %s::regclass AND attname = %s", (name, self.vector_field)).fetchone()
+        if r is not None and int(r[0]) > 0:
+            return int(r[0])
+        if r is not None and r[1] == "vector":  # a column declared without a size (LangChain's): its rows tell
+            d = self.conn.execute(sql.SQL("SELECT vector_dims({v}) FROM {} WHERE {v} IS NOT NULL LIMIT 1").format(
+                self._ident(name), v=sql.Identifier(self.vector_field))).fetchone()
+            if d is not None:
+                return int(d[0])
+        raise VectorDBError(f"pgvector: {name!r} has no vector column {self.vector_field!r} of a known dimension "
+                            f"(columns: {', '.join(c[0] for c in self._columns(name))}); name it with "
+                            "--vector-field")
 
     def count(self, name: str) -> int:
         from psycopg import sql
@@ -206,6 +271,10 @@ class PgVectorStore(VectorStore):
         from psycopg import sql
 
         self._require(name)
+        columns = self._columns(name)
+        id_type = self._id_type(name, columns)
+        id_oid = next(o for c, _, o in columns if c == self.id_field)
+        keys = self._id_values(name, id_type, ids)
         extra = self._extra(name)
         have = {c for c, _, _ in extra}
         unknown = sorted(set(fields or ()) - have)
@@ -221,10 +290,10 @@ class PgVectorStore(VectorStore):
                 stage, self._ident(name)))
             with self.conn.cursor() as cur:
                 with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT BINARY)").format(stage, idents)) as cp:
-                    cp.set_types(["int8", "vector", "text", *[oid for _, _, oid in use]])
+                    cp.set_types([id_oid, "vector", "text", *[oid for _, _, oid in use]])
                     cols = [fields[c] for c, _, _ in use]
                     for j in range(ids.shape[0]):
-                        cp.write_row((int(ids[j]), vectors[j], None if texts is None else texts[j],
+                        cp.write_row((keys[j], vectors[j], None if texts is None else texts[j],
                                       *[col[j] for col in cols]))
             self.conn.execute(sql.SQL("INSERT INTO {t} ({c}) SELECT {c} FROM {s} ON CONFLICT ({i}) DO UPDATE SET {u}")
                               .format(t=self._ident(name), c=idents, s=stage, i=sql.Identifier(self.id_field),
@@ -242,7 +311,7 @@ class PgVectorStore(VectorStore):
         extra = [c for c, _, _ in self._extra(name)] if with_fields else []
         return sql.SQL(", ").join(sql.Identifier(c) for c in cols + extra), text_at, extra
 
-    def scan(self, name: str, *, after_id: int | None = None, batch_size: int = 1000,
+    def scan(self, name: str, *, after_id: int | str | None = None, batch_size: int = 1000,
              with_texts: bool = True, with_fields: bool = False) -> Iterator[Batch]:
         from psycopg import sql
 
@@ -251,7 +320,9 @@ class PgVectorStore(VectorStore):
         i = sql.Identifier(self.id_field)
         first = sql.SQL("SELECT {} FROM {} ORDER BY {i} LIMIT %s").format(cols, self._ident(name), i=i)
         after = sql.SQL("SELECT {} FROM {} WHERE {i} > %s ORDER BY {i} LIMIT %s").format(cols, self._ident(name), i=i)
-        last = None if after_id is None else int(after_id)  # no lower bound at first: id -2**63 is an id too
+        id_type = self._id_type(name)
+        # no lower bound at first: id -2**63 (or '') is an id too
+        last = None if after_id is None else self._id_values(name, id_type, as_ids([after_id]))[0]
         dim = self.dim(name)
         while True:
             with self.conn.cursor(binary=True) as cur:
@@ -260,7 +331,7 @@ class PgVectorStore(VectorStore):
             if not rows:
                 return
             yield _to_batch(rows, text_at, extra, dim)
-            last = int(rows[-1][0])
+            last = rows[-1][0]
 
     def ids(self, name: str, *, batch_size: int = 100000) -> np.ndarray:
         from psycopg import sql
@@ -269,7 +340,7 @@ class PgVectorStore(VectorStore):
         with self.conn.cursor(binary=True) as cur:
             rows = cur.execute(sql.SQL("SELECT {i} FROM {} ORDER BY {i}").format(
                 self._ident(name), i=sql.Identifier(self.id_field))).fetchall()
-        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        return _ids_array([_id_out(r[0]) for r in rows])
 
     def fetch(self, name: str, ids, *, with_fields: bool = False) -> Batch:
         from psycopg import sql
@@ -277,12 +348,14 @@ class PgVectorStore(VectorStore):
         self._require(name)
         ids = as_ids(ids)
         self.check_id_kind(ids)
+        keys = self._id_values(name, self._id_type(name), ids)
         cols, text_at, extra = self._select(name, True, with_fields)
         with self.conn.cursor(binary=True) as cur:
             rows = cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s)").format(
-                cols, self._ident(name), sql.Identifier(self.id_field)), ([int(i) for i in ids],)).fetchall()
-        got = {int(r[0]): r for r in rows}
-        return _to_batch(rows_in_order(self.engine, name, ids, got), text_at, extra, self.dim(name))
+                cols, self._ident(name), sql.Identifier(self.id_field)), (keys,)).fetchall()
+        got = {_id_out(r[0]): r for r in rows}
+        return _to_batch(rows_in_order(self.engine, name, [_id_out(k) for k in keys], got), text_at, extra,
+                         self.dim(name))
 
     def _search(self, name, Q, k):
         from psycopg import sql
@@ -296,7 +369,7 @@ class PgVectorStore(VectorStore):
         with self.conn.cursor(binary=True) as cur:
             for row in Q:
                 hits = cur.execute(q, (row, row, k)).fetchall()
-                out.append([(int(i), float(s)) for i, s in hits])
+                out.append([(_id_out(i), float(s)) for i, s in hits])
         return _pad_results(out, k)
 
     def finalize(self, name: str) -> None:
@@ -356,8 +429,13 @@ def _vec(v, dim: int) -> np.ndarray:
 
 
 def _to_batch(rows, text_at: int | None, extra: list[str], dim: int) -> Batch:
-    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    V = np.stack([_vec(r[1], dim) for r in rows]) if rows else np.empty((0, dim), np.float32)
+    ids = _ids_array([_id_out(r[0]) for r in rows])
+    vecs = [_vec(r[1], dim) for r in rows]
+    odd = [j for j, v in enumerate(vecs) if v.shape != (dim,)]
+    if odd:  # a column declared without a size keeps vectors of any size
+        raise VectorDBError(f"pgvector: {len(odd)} stored vector(s) are not {dim}-d like the table's others "
+                            f"(ids {[id_key(ids[j]) for j in odd[:5]]}, first {vecs[odd[0]].shape[0]}-d)")
+    V = np.stack(vecs) if rows else np.empty((0, dim), np.float32)
     texts = [r[text_at] for r in rows] if text_at is not None else None
     if texts is not None and all(t is None for t in texts):
         texts = None

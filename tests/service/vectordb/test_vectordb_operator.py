@@ -13,7 +13,7 @@ import pytest
 from _vectordb_servers import pg_url, small_migration  # noqa: F401  (pg_url: a module-scoped fixture)
 
 from align.exceptions import NonFiniteError
-from service.vectordb import UnsupportedFieldError, migrate, open_store
+from service.vectordb import migrate, open_store
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +67,16 @@ def test_pgvector_a_null_vector_is_refused_naming_its_id(pg, data):
 
 @pytest.mark.parametrize("id_type,make", [("text", lambda i: f"doc-{i}"),
                                           ("uuid", lambda i: f"00000000-0000-0000-0000-{i:012d}")])
-def test_pgvector_ids_that_are_not_integers_are_refused_before_anything_is_written(pg, data, id_type, make):
+def test_pgvector_ids_that_are_not_integers_migrate_keeping_their_type(pg, data, id_type, make):
     s, table = pg
-    X, m = data  # was "internal error: UndefinedFunction: operator does not exist: text > bigint" (exit 3)
+    X, m = data  # was "internal error: UndefinedFunction: operator does not exist: text > bigint" (exit 3), then
+    # refused by name; now string ids travel (tests/service/vectordb/test_vectordb_pg_string_ids.py)
     table(f"id {id_type} PRIMARY KEY, embedding vector(24) NOT NULL, text text",
           [(make(i), X[i], f"t{i}") for i in range(5)])
-    with pytest.raises(UnsupportedFieldError, match=f"id \\(ids of type {id_type}; .*integer ids"):
-        migrate(s, "o_src", "o_dst", m)
-    assert not s.exists("o_dst")
+    rep = migrate(s, "o_src", "o_dst", m, batch_size=2)
+    assert rep.rows == 5 and s.ids("o_dst").tolist() == [make(i) for i in range(5)]
+    assert s.conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                          "'o_dst'::regclass AND attname = 'id'").fetchone()[0] == id_type
 
 
 @pytest.mark.parametrize("url", ["qdrant://alice:s3cr@tPW@127.0.0.1:{port}", "mysql://alice:s3cr@tPW@db:3306/x"])

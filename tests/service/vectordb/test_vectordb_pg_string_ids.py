@@ -1,0 +1,156 @@
+"""pgvector tables keyed by strings (``uuid``, ``text``, ``varchar``), as LangChain's PGVector table and many
+hand-made ones are, migrate, resume and verify like integer-keyed ones, on a real PostgreSQL + pgvector (pgserver
+wheel).
+
+Before, such a table was refused at the plan ("ids of type uuid; a migration keys rows by integer ids"), and a
+vector column declared without a size (``embedding vector``, as LangChain declares it) was "no fixed-dimension
+vector column".
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+from _vectordb_servers import pg_url, small_migration  # noqa: F401  (module-scoped server fixture)
+
+from align.exceptions import InputError
+from service.vectordb import (
+    PgCheckpoint,
+    UnsupportedFieldError,
+    VectorDBError,
+    check_rows,
+    migrate,
+    open_store,
+)
+
+pytest.importorskip("psycopg")
+
+
+def _uuids(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [str(uuid.UUID(bytes=rng.bytes(16), version=4)) for _ in range(n)]
+
+
+@pytest.fixture
+def store(pg_url):  # noqa: F811
+    s = open_store(pg_url)
+    s.index = None  # exact search: results comparable with numpy
+    yield s
+    for t in ("s_src", "s_dst", "t_src", "t_dst", "odd", "bad_src", "bad_dst", "plain", "lc_embedding", "lc_e5"):
+        s.drop(t)
+    s.close()
+
+
+def _user_table(store, name: str, id_sql: str, X, ids) -> None:
+    """A table made by hand as a user would, then filled through the store."""
+    store.conn.execute(f"CREATE TABLE {name} (id {id_sql} PRIMARY KEY, embedding vector({X.shape[1]}), "
+                       "text text, title text)")
+    store.upsert(name, ids, X, [f"text {i}" for i in range(len(ids))], {"title": [f"t{i}" for i in range(len(ids))]})
+
+
+def _id_type(store, name: str) -> str:
+    return store.conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass "
+                              "AND attname = 'id'", (name,)).fetchone()[0]
+
+
+def test_a_uuid_keyed_table_migrates_resumes_and_verifies(store, pg_url):  # noqa: F811
+    X, m = small_migration()
+    ids = _uuids(len(X))
+    _user_table(store, "s_src", "uuid", X, ids)
+    ck = PgCheckpoint(pg_url, "s_src->s_dst")
+    ck.clear()
+
+    def crash(p):
+        if p.done >= 60:
+            raise RuntimeError("crash after the second batch")
+    with pytest.raises(RuntimeError):
+        migrate(store, "s_src", "s_dst", m, batch_size=30, checkpoint=ck, progress=crash)
+    state = ck.load()  # a UUID as the resume point, through jsonb
+    assert state["done"] == 60 and state["last_id"] in ids and store.count("s_dst") == 60
+    rep = migrate(store, "s_src", "s_dst", m, batch_size=30, checkpoint=ck)
+    assert rep.resumed_from == state["last_id"] and rep.rows_this_run == len(X) - 60 and rep.rows == len(X)
+    assert _id_type(store, "s_dst") == "uuid"  # the target keys its rows as the source does
+    ask = [i.upper() for i in ids[::-1]]  # any order, any case: PostgreSQL answers the canonical form
+    b = store.fetch("s_dst", ask, with_fields=True)
+    assert b.ids.tolist() == ids[::-1] and b.texts == [f"text {i}" for i in range(len(X))][::-1]
+    assert b.fields["title"] == [f"t{i}" for i in range(len(X))][::-1]
+    np.testing.assert_allclose(b.vectors, m.apply(X[::-1], output="raw"), rtol=1e-5, atol=1e-6)
+    assert sorted(store.ids("s_dst").tolist()) == sorted(ids)
+    assert check_rows(store, "s_src", "s_dst", m)["rows_ok"]
+    _, I = store.search("s_dst", m.apply(X[:3], output="raw"), k=2)
+    assert I[:, 0].tolist() == ids[:3]
+    ck.clear()
+    ck.close()
+
+
+def test_text_ids_keep_their_type_and_odd_characters(store):
+    X, m = small_migration()
+    ids = [f"doc-{i}" for i in range(len(X) - 4)] + ['quote"d', "back\\slash", "é-ünïcode", "with space"]
+    _user_table(store, "t_src", "varchar(64)", X, ids)
+    migrate(store, "t_src", "t_dst", m, batch_size=37)  # batches end mid-way through the collation's order
+    assert _id_type(store, "t_dst") == "character varying(64)"
+    b = store.fetch("t_dst", ids[-4:])
+    assert b.ids.tolist() == ids[-4:]
+    np.testing.assert_allclose(b.vectors, m.apply(X[-4:], output="raw"), rtol=1e-5, atol=1e-6)
+    store.upsert("t_dst", ["doc-7"], m.apply(X[8:9], output="raw"))  # a wrong vector
+    store.upsert("t_dst", ["stray"], m.apply(X[:1], output="raw"))  # a row the source does not have
+    store.conn.execute("DELETE FROM t_dst WHERE id = %s", ("back\\slash",))
+    out = check_rows(store, "t_src", "t_dst", m)
+    assert not out["rows_ok"] and out["wrong_ids"] == ["doc-7"] and out["extra_ids"] == ["stray"]
+    assert out["missing_ids"] == ["back\\slash"]
+    assert sorted(store.ids("t_src").tolist()) == sorted(ids)
+
+
+def test_ids_of_the_wrong_kind_are_one_clear_error(store):
+    X, _ = small_migration()
+    _user_table(store, "s_src", "uuid", X[:4], _uuids(4, seed=1))
+    with pytest.raises(InputError, match="keys rows by id uuid, got int ids"):
+        store.upsert("s_src", [1], X[:1])
+    with pytest.raises(InputError, match="'doc-1' is not a UUID"):
+        store.upsert("s_src", ["doc-1"], X[:1])
+    u = _uuids(1, seed=2)[0]
+    with pytest.raises(InputError, match="two spellings of one UUID"):
+        store.upsert("s_src", [u, u.upper()], X[:2])
+    assert store.count("s_src") == 4  # nothing written by the refused calls
+    store.create("plain", X.shape[1])  # bigint ids
+    with pytest.raises(InputError, match="keys rows by id bigint, got str ids"):
+        store.upsert("plain", ["doc-1"], X[:1])
+    with pytest.raises(InputError, match="is not a UUID"):
+        store.fetch("s_src", ["nope"])
+
+
+def test_an_id_type_no_migration_can_key_by_is_refused_by_name(store):
+    X, m = small_migration()
+    store.conn.execute(f"CREATE TABLE odd (id numeric PRIMARY KEY, embedding vector({X.shape[1]}))")
+    assert any(f.startswith("id (ids of type numeric") for f in store.unsupported_fields("odd"))
+    with pytest.raises(UnsupportedFieldError, match="numeric"):
+        migrate(store, "odd", "bad_dst", m, batch_size=10)
+    assert not store.exists("bad_dst")
+
+
+def test_a_langchain_shaped_table_migrates(store, pg_url):  # noqa: F811
+    """langchain_postgres' layout: varchar ids, ``embedding vector`` without a size, ``document`` as the text,
+    a uuid collection id and jsonb metadata as other columns."""
+    from service.vectordb import PgVectorStore
+
+    X, m = small_migration()
+    store.conn.execute("CREATE TABLE lc_embedding (id varchar PRIMARY KEY, collection_id uuid, embedding vector, "
+                       "document varchar, cmetadata jsonb)")
+    coll = uuid.UUID(_uuids(1, seed=5)[0])
+    with store.conn.cursor() as cur:
+        cur.executemany("INSERT INTO lc_embedding VALUES (%s, %s, %s, %s, %s::jsonb)",
+                        [(f"lc-{i}", coll, X[i], f"doc {i}", f'{{"page": {i}}}') for i in range(len(X))])
+    lc = PgVectorStore(pg_url, index=None, text_field="document")
+    assert lc.dim("lc_embedding") == X.shape[1] and lc.unsupported_fields("lc_embedding") == []
+    migrate(lc, "lc_embedding", "lc_e5", m, batch_size=64)
+    b = lc.fetch("lc_e5", ["lc-3", "lc-150"], with_fields=True)
+    assert b.texts == ["doc 3", "doc 150"] and b.fields["cmetadata"] == [{"page": 3}, {"page": 150}]
+    assert b.fields["collection_id"] == [coll, coll]
+    np.testing.assert_allclose(b.vectors, m.apply(X[[3, 150]], output="raw"), rtol=1e-5, atol=1e-6)
+    assert lc.dim("lc_e5") == m.target_dim and check_rows(lc, "lc_embedding", "lc_e5", m)["rows_ok"]
+    lc.conn.execute("INSERT INTO lc_embedding (id, embedding) VALUES ('short', '[1,2,3]')")  # mixed sizes
+    with pytest.raises(VectorDBError, match=r"1 stored vector\(s\) are not 24-d.*'short'.*3-d"):
+        migrate(lc, "lc_embedding", "lc_e5", m, batch_size=64, overwrite=True)
+    lc.close()
