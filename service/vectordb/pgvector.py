@@ -1,6 +1,7 @@
 """PostgreSQL + pgvector adapter (``psycopg`` 3 and the ``pgvector`` client package).
 
-A collection is a table ``(id bigint primary key, embedding vector(d), text text, ...)`` (column
+A collection is a table ``(id bigint primary key, embedding vector(d), text text, ...)`` (``halfvec(d)``
+too: a target made ``like`` a half-precision table stays half precision; column
 names configurable: ``id_field``, ``vector_field``, ``text_field``); any other columns are the
 rows' extra fields, and a migration target is created with the same columns and types (``like=``).
 Ids are integers (``bigint``, ``integer``, ``smallint``) or strings (``uuid``, ``text``,
@@ -61,7 +62,8 @@ def _ids_array(keys: list) -> np.ndarray:
     if keys and isinstance(keys[0], str):
         return np.array(keys, dtype=str)
     return np.fromiter(keys, dtype=np.int64, count=len(keys))
-_OPS = {"cosine": ("<=>", "vector_cosine_ops"), "ip": ("<#>", "vector_ip_ops")}
+_OPS = {"cosine": ("<=>", "cosine_ops"), "ip": ("<#>", "ip_ops")}  # index ops: <vector type>_<ops>
+_HALF_MAX = 65504.0  # the largest finite float16
 
 
 class PgVectorStore(VectorStore):
@@ -194,6 +196,13 @@ class PgVectorStore(VectorStore):
             raise InputError("pgvector: ids within one upsert must be distinct (two spellings of one UUID)")
         return out
 
+    def _vec_type(self, name: str, columns=None) -> str:
+        """``"halfvec"`` when the vector column of ``name`` is half precision, else ``"vector"``."""
+        for c, typ, _ in columns if columns is not None else self._columns(name):
+            if c == self.vector_field and typ.split("(")[0] == "halfvec":
+                return "halfvec"
+        return "vector"
+
     def _has_text(self, name: str) -> bool:
         return any(c[0] == self.text_field for c in self._columns(name))
 
@@ -228,8 +237,10 @@ class PgVectorStore(VectorStore):
         extra = self._extra(like) if like is not None else []
         id_type = self._id_type(like) if like is not None else "bigint"
         id_type = id_type if _id_kind(id_type) == "str" else "bigint"  # a type name from the catalog: safe SQL
+        vec_type = self._vec_type(like) if like is not None else "vector"  # halfvec stays half precision
         cols = [sql.SQL("{} {} PRIMARY KEY").format(self._ident(self.id_field), sql.SQL(id_type)),
-                sql.SQL("{} vector({}) NOT NULL").format(self._ident(self.vector_field), sql.Literal(int(dim))),
+                sql.SQL("{} {}({}) NOT NULL").format(self._ident(self.vector_field), sql.SQL(vec_type),
+                                                     sql.Literal(int(dim))),
                 sql.SQL("{} text").format(self._ident(self.text_field))]
         cols += [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(typ)) for c, typ, _ in extra
                  if c != self.text_field]
@@ -251,7 +262,7 @@ class PgVectorStore(VectorStore):
                               "WHERE attrelid = %s::regclass AND attname = %s", (name, self.vector_field)).fetchone()
         if r is not None and int(r[0]) > 0:
             return int(r[0])
-        if r is not None and r[1] == "vector":  # a column declared without a size (LangChain's): its rows tell
+        if r is not None and r[1] in ("vector", "halfvec"):  # declared without a size (LangChain): its rows tell
             d = self.conn.execute(sql.SQL("SELECT vector_dims({v}) FROM {} WHERE {v} IS NOT NULL LIMIT 1").format(
                 self._ident(name), v=sql.Identifier(self.vector_field))).fetchone()
             if d is not None:
@@ -275,6 +286,15 @@ class PgVectorStore(VectorStore):
         id_type = self._id_type(name, columns)
         id_oid = next(o for c, _, o in columns if c == self.id_field)
         keys = self._id_values(name, id_type, ids)
+        vec_type = self._vec_type(name, columns)
+        if vec_type == "halfvec":
+            from pgvector import HalfVector
+
+            big = np.abs(vectors).max(axis=1) > _HALF_MAX if vectors.size else np.zeros(0, bool)
+            if big.any():
+                raise InputError(f"pgvector: {name!r} keeps half-precision vectors (|x| <= {_HALF_MAX:g}); "
+                                 f"{int(big.sum())} row(s) exceed it (first id {id_key(ids[np.argmax(big)])!r})")
+            vectors = [HalfVector(v) for v in vectors]
         extra = self._extra(name)
         have = {c for c, _, _ in extra}
         unknown = sorted(set(fields or ()) - have)
@@ -290,7 +310,7 @@ class PgVectorStore(VectorStore):
                 stage, self._ident(name)))
             with self.conn.cursor() as cur:
                 with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT BINARY)").format(stage, idents)) as cp:
-                    cp.set_types([id_oid, "vector", "text", *[oid for _, _, oid in use]])
+                    cp.set_types([id_oid, vec_type, "text", *[oid for _, _, oid in use]])
                     cols = [fields[c] for c, _, _ in use]
                     for j in range(ids.shape[0]):
                         cp.write_row((keys[j], vectors[j], None if texts is None else texts[j],
@@ -362,9 +382,10 @@ class PgVectorStore(VectorStore):
 
         op, _ = _OPS[self.metric(name)]
         v, i = sql.Identifier(self.vector_field), sql.Identifier(self.id_field)
-        score = sql.SQL("1 - ({} <=> %s)" if op == "<=>" else "-({} <#> %s)").format(v)
-        q = sql.SQL("SELECT {}, {} FROM {} ORDER BY {} {} %s LIMIT %s").format(
-            i, score, self._ident(name), v, sql.SQL(op))
+        p = sql.SQL("%s::{}").format(sql.SQL(self._vec_type(name)))  # a query vector as the column's own type
+        score = sql.SQL("1 - ({} <=> {})" if op == "<=>" else "-({} <#> {})").format(v, p)
+        q = sql.SQL("SELECT {}, {} FROM {} ORDER BY {} {} {} LIMIT %s").format(
+            i, score, self._ident(name), v, sql.SQL(op), p)
         out = []
         with self.conn.cursor(binary=True) as cur:
             for row in Q:
@@ -376,15 +397,14 @@ class PgVectorStore(VectorStore):
         from psycopg import sql
 
         self._require(name)
+        ops = f"{self._vec_type(name)}_{_OPS[self.metric(name)][1]}"
         if self.index == "hnsw":
-            _, ops = _OPS[self.metric(name)]
             idx = sql.Identifier(f"{name}_hnsw"[:63])
             self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw ({} {}) "
                                       "WITH (m = {}, ef_construction = {})").format(
                 idx, self._ident(name), sql.Identifier(self.vector_field), sql.SQL(ops), sql.Literal(self._hnsw[0]),
                 sql.Literal(self._hnsw[1])))
         elif self.index == "ivfflat":
-            _, ops = _OPS[self.metric(name)]
             lists = max(1, int(round(self.count(name) ** 0.5)))
             idx = sql.Identifier(f"{name}_ivfflat"[:63])
             self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING ivfflat ({} {}) "

@@ -1,6 +1,8 @@
-"""pgvector tables keyed by strings (``uuid``, ``text``, ``varchar``), as LangChain's PGVector table and many
-hand-made ones are, migrate, resume and verify like integer-keyed ones, on a real PostgreSQL + pgvector (pgserver
-wheel).
+"""pgvector tables as users make them, on a real PostgreSQL + pgvector (pgserver wheel).
+
+Tables keyed by strings (``uuid``, ``text``, ``varchar``), as LangChain's PGVector table and many
+hand-made ones are, migrate, resume and verify like integer-keyed ones; half-precision (``halfvec``) tables
+stay half precision (the target was ``vector``, twice the storage the user chose).
 
 Before, such a table was refused at the plan ("ids of type uuid; a migration keys rows by integer ids"), and a
 vector column declared without a size (``embedding vector``, as LangChain declares it) was "no fixed-dimension
@@ -38,7 +40,8 @@ def store(pg_url):  # noqa: F811
     s = open_store(pg_url)
     s.index = None  # exact search: results comparable with numpy
     yield s
-    for t in ("s_src", "s_dst", "t_src", "t_dst", "odd", "bad_src", "bad_dst", "plain", "lc_embedding", "lc_e5"):
+    for t in ("s_src", "s_dst", "t_src", "t_dst", "odd", "bad_src", "bad_dst", "plain", "lc_embedding", "lc_e5",
+              "h_src", "h_dst"):
         s.drop(t)
     s.close()
 
@@ -154,3 +157,26 @@ def test_a_langchain_shaped_table_migrates(store, pg_url):  # noqa: F811
     with pytest.raises(VectorDBError, match=r"1 stored vector\(s\) are not 24-d.*'short'.*3-d"):
         migrate(lc, "lc_embedding", "lc_e5", m, batch_size=64, overwrite=True)
     lc.close()
+
+
+def test_a_half_precision_table_stays_half_precision(store):
+    X, m = small_migration()
+    store.conn.execute(f"CREATE TABLE h_src (id bigint PRIMARY KEY, embedding halfvec({X.shape[1]}), text text)")
+    store.upsert("h_src", np.arange(len(X)), X)
+    np.testing.assert_allclose(store.fetch("h_src", [5]).vectors, X[5:6].astype(np.float16), rtol=0)
+    store.index = "hnsw"
+    migrate(store, "h_src", "h_dst", m, batch_size=64)
+    assert _id_type(store, "h_dst") == "bigint"
+    vec = store.conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                             "'h_dst'::regclass AND attname = 'embedding'").fetchone()[0]
+    idx = store.conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'h_dst' AND indexdef LIKE '%hnsw%'"
+                             ).fetchone()[0]
+    assert vec == f"halfvec({m.target_dim})" and "halfvec_cosine_ops" in idx
+    Y = m.apply(store.fetch("h_src", np.arange(len(X))).vectors, output="raw")  # from the stored half precision
+    np.testing.assert_allclose(store.fetch("h_dst", np.arange(len(X))).vectors, Y, rtol=2e-3, atol=2e-3)
+    assert check_rows(store, "h_src", "h_dst", m)["rows_ok"]  # within the check's 1e-3 relative error
+    _, I = store.search("h_dst", Y[:10], k=1)
+    assert I[:, 0].tolist() == list(range(10))
+    with pytest.raises(InputError, match=r"half-precision vectors.*1 row\(s\) exceed it \(first id 3\)"):
+        store.upsert("h_dst", [2, 3], np.vstack([Y[:1], Y[:1] * 1e7]))
+    assert store.count("h_dst") == len(X)
