@@ -40,11 +40,13 @@ __all__ = ["migrate", "verify"]
 @click.option("--source-space", default=None, help="Space of the source vectors (checked against the map's).")
 @click.option("--target-space", default=None, help="Space recorded on the target (default: the map's).")
 @click.option("--status", "status_only", is_flag=True, help="Only show what the checkpoint says, then exit.")
+@click.option("--dry-run", is_flag=True,
+              help="Make every check a run makes, read and map one batch, write nothing (no target, no checkpoint).")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines (progress, then the report) instead of a bar.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.pass_obj
 def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target, map_ref, checkpoint, alias,
-            batch_size, pause, index, overwrite, source_space, target_space, status_only, as_json, quiet):
+            batch_size, pause, index, overwrite, source_space, target_space, status_only, dry_run, as_json, quiet):
     """Map every vector of a collection into a new one (ids, texts and other fields kept), resumably.
 
     Exit codes: 0 done, 2 bad input or refused (one line), 130 interrupted (Ctrl-C: the batch in
@@ -66,7 +68,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                             registry=obj.registry if needs_registry(map_ref) else None, alias=alias,
                             batch_size=batch_size, overwrite=overwrite, pause=pause, index=index, id_field=id_field,
                             vector_field=vector_field, text_field=text_field, source_space=source_space,
-                            target_space=target_space, progress=progress)
+                            target_space=target_space, progress=progress, dry_run=dry_run)
     except MigrationInterrupted as exc:
         progress.close()
         click.echo(f"vecbridge: interrupted: {exc} (checkpoint {ckpt})", err=True)
@@ -80,11 +82,33 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     if as_json:  # JSON lines: the progress lines, then the report on one line
         click.echo(json.dumps(d, sort_keys=True, default=str))
         return
+    if dry_run:
+        emit(d, False, _dry_run_line(rep, source, target, alias))
+        return
     emit(d, False, f"migrated {rep.rows} rows {source} -> {target} ({rep.rows_this_run} this run"
                    f"{', resumed after id ' + str(rep.resumed_from) if rep.resumed_from is not None else ''}) "
                    f"in {rep.seconds:.1f}s; fields: {', '.join(rep.extra.get('fields', [])) or '(none)'}; "
                    f"space {rep.extra.get('space_check')}"
                    f"{'; alias ' + alias + ' -> ' + target if alias else ''}")
+
+
+_STARTS = {"create": "would create {target} and write {n} rows",
+           "drop": "would drop the existing {target} (--overwrite), create it again and write {n} rows",
+           "resume": "would resume into {target} after id {last} and write {n} more rows",
+           "finished": "the checkpoint says {target} is finished: nothing to write"}
+
+
+def _dry_run_line(rep, source: str, target: str, alias: str | None) -> str:
+    """One line saying what ``migrate`` would do (its ``--dry-run``)."""
+    x = rep.extra
+    line = (f"dry run, nothing written: {source} -> "
+            + _STARTS[x["start"]].format(target=target, n=x["rows_to_write"], last=rep.resumed_from)
+            + f"; space {x['space_check']}; fields: {', '.join(x['fields']) or '(none)'}")
+    if x["sample_rows"]:
+        line += (f"; a {x['sample_rows']}-row batch read in {x['sample_read_s']:.2f}s and mapped in "
+                 f"{x['sample_map_s']:.2f}s (reads and mapping of every row: ~{x['read_map_estimate_s']:.0f}s; "
+                 "writes come on top)")
+    return line + (f"; then alias {alias} -> {target}" if alias else "")
 
 
 class _MigrationProgress:

@@ -94,11 +94,12 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
                   index: str | None = None, id_field: str | None = None, vector_field: str | None = None,
                   text_field: str | None = None, source_space: str | None = None, target_space: str | None = None,
                   progress: Callable[[MigrationProgress], None] | None = None, api_key: str | None = None,
-                  ca_file=None) -> MigrationReport:
+                  ca_file=None, dry_run: bool = False) -> MigrationReport:
     """Migrate ``source`` into ``target`` through ``map_ref`` (artifact path or registry ref), resumably.
 
     ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
-    sleep after each batch (spares a busy database). Raises the typed errors of
+    sleep after each batch (spares a busy database). ``dry_run``: every check, one batch read and mapped,
+    nothing written (see :func:`service.vectordb.migrate`). Raises the typed errors of
     :func:`service.vectordb.migrate`, and MigrationInterrupted on the first Ctrl-C / SIGTERM.
     """
     if pause < 0:
@@ -117,7 +118,7 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         with _StopOnSignal() as stop:
             return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,
                            checkpoint=ckpt, progress=on_batch, overwrite=overwrite, source_space=source_space,
-                           target_space=target_space, should_stop=stop.is_set)
+                           target_space=target_space, should_stop=stop.is_set, dry_run=dry_run)
     finally:
         store.close()
 

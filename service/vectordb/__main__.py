@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--pause", type=float, default=0.0, help="seconds to pause after each batch (spare a busy database)")
     m.add_argument("--index", default=None, help="pgvector only: hnsw | ivfflat | none")
     m.add_argument("--overwrite", action="store_true", help="drop an existing target before a fresh start")
+    m.add_argument("--dry-run", action="store_true", help="check everything, read and map one batch, write nothing")
     for f in ("id", "vector", "text"):
         m.add_argument(f"--{f}-field", default=None, help=f"name of the {f} field (default: the engine's)")
     m.add_argument("--source-space", default=None, help="the space the source vectors live in (checked)")
@@ -83,7 +84,8 @@ def main(argv=None) -> int:
                             batch_size=args.batch_size, overwrite=args.overwrite, pause=args.pause, index=args.index,
                             id_field=args.id_field, vector_field=args.vector_field, text_field=args.text_field,
                             source_space=args.source_space, target_space=args.target_space, progress=progress,
-                            api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file)
+                            api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file,
+                            dry_run=args.dry_run)
     except KeyboardInterrupt:
         exc = MigrationInterrupted("interrupted; run the same command again to resume", 0, 0)
         _err(exc)

@@ -185,7 +185,8 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
             batch_size: int = 2000, checkpoint: Checkpoint | None = None,
             progress: Callable[[MigrationProgress], None] | None = None, metric: str = "cosine",
             overwrite: bool = False, registry=None, source_space: str | None = None,
-            target_space: str | None = None, should_stop: Callable[[], bool] | None = None) -> MigrationReport:
+            target_space: str | None = None, should_stop: Callable[[], bool] | None = None,
+            dry_run: bool = False) -> MigrationReport:
     """Write ``map_(source)`` into a new collection ``target`` (same ids and texts), then switch ``alias``.
 
     Parameters
@@ -212,6 +213,10 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         is recorded on ``target``). Default: the map's, when it comes from the registry.
     should_stop : callable, optional
         Polled after each checkpointed batch; True ends the run with MigrationInterrupted.
+    dry_run : bool
+        Make every check a run makes (the same refusals), read and map one batch, and write nothing: no
+        target, no checkpoint, no alias. The report's ``extra`` says what a run would do (``start``: create,
+        drop (``overwrite``), resume or finished), ``rows_to_write``, and the sample's read and map times.
 
     Raises
     ------
@@ -220,15 +225,80 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     same checkpoint is writing now)
     """
     checkpoint = checkpoint if checkpoint is not None else MemoryCheckpoint()
+    kw = {"alias": alias, "batch_size": batch_size, "checkpoint": checkpoint, "progress": progress, "metric": metric,
+          "overwrite": overwrite, "registry": registry, "source_space": source_space, "target_space": target_space,
+          "should_stop": should_stop, "dry_run": dry_run}
+    if dry_run:  # writes nothing, so it neither waits for nor blocks a run of the same checkpoint
+        return _migrate(store, source, target, map_, **kw)
     with checkpoint.lock():
-        return _migrate(store, source, target, map_, alias=alias, batch_size=batch_size, checkpoint=checkpoint,
-                        progress=progress, metric=metric, overwrite=overwrite, registry=registry,
-                        source_space=source_space, target_space=target_space, should_stop=should_stop)
+        return _migrate(store, source, target, map_, **kw)
+
+
+def _start(store: VectorStore, state: dict | None, source: str, target: str, fp: str, overwrite: bool) -> str:
+    """What a run does first: ``"resume"`` or ``"finished"`` (a checkpoint), ``"drop"`` (an existing target,
+    ``overwrite``) or ``"create"``; raises the refusals (a checkpoint of another migration, a target that exists
+    or that an alias serves)."""
+    if state is not None:
+        for key, want in (("source", source), ("target", target), ("map_fingerprint", fp)):
+            if state.get(key) != want:
+                raise CheckpointMismatchError(
+                    f"checkpoint is for {key}={state.get(key)!r}, this migration has {want!r}; clear it or use another")
+        if not store.exists(target):
+            raise CheckpointMismatchError(f"checkpoint records progress into {target!r}, which does not exist")
+        return "finished" if state["finished"] else "resume"
+    if not store.exists(target):
+        return "create"
+    if not overwrite:
+        raise CollectionExistsError(f"{store.engine}: target {target!r} exists; pass --overwrite "
+                                    "(overwrite=True) to drop it, or choose another --target")
+    serving = store.aliases_of(target)
+    if serving:
+        raise CollectionExistsError(f"{store.engine}: target {target!r} is what alias(es) "
+                                    f"{', '.join(serving)} serve; --overwrite would drop it and them "
+                                    "with it: migrate into another --target and let --alias switch")
+    return "drop"
+
+
+def _check_finite(source: str, batch) -> None:
+    bad = ~np.isfinite(batch.vectors).all(axis=1)
+    if bad.any():  # the map's own check would say "X: 1 row(s)", not which rows of which collection
+        raise NonFiniteError(f"{source!r}: {int(bad.sum())} stored vector(s) with NaN or Inf (or none: "
+                             f"NULL), ids "
+                             f"{batch.ids[bad][:10].tolist()}; fix or delete them, then run the same command "
+                             "again to resume")
+
+
+def _dry_run(store: VectorStore, source: str, target: str, map_, *, state, start: str, alias, batch_size: int,
+             fp: str, extra: dict, t0: float) -> MigrationReport:
+    """The report of :func:`migrate` ``dry_run=True``: one batch read and mapped (timed), nothing written."""
+    total = store.count(source)
+    after = state["last_id"] if state is not None else None
+    t = time.perf_counter()
+    scan = store.scan(source, after_id=after, batch_size=batch_size, with_fields=True)
+    try:
+        batch = None if start == "finished" else next(scan, None)
+    finally:
+        scan.close()
+    read_s, map_s, n = time.perf_counter() - t, 0.0, 0
+    if batch is not None:
+        _check_finite(source, batch)
+        t = time.perf_counter()
+        map_.apply(batch.vectors, output="raw")
+        map_s, n = time.perf_counter() - t, len(batch)
+        extra["fields"] = sorted(set(batch.fields or ()) | ({store.text_field} if batch.texts is not None else set()))
+    todo = 0 if start == "finished" else max(0, total - (int(state["done"]) if state is not None else 0))
+    extra.update(dry_run=True, start=start, rows_to_write=todo, sample_rows=n, sample_read_s=read_s,
+                 sample_map_s=map_s, read_map_estimate_s=(read_s + map_s) * todo / n if n else 0.0)
+    rows = store.count(target) if start in ("resume", "finished") else 0
+    return MigrationReport(store.engine, source, target, alias, rows, 0, after,
+                           int(state["batches"]) if state is not None else 0, time.perf_counter() - t0, fp,
+                           already_finished=start == "finished", extra=extra)
 
 
 def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch_size, checkpoint: Checkpoint,
-             progress, metric, overwrite, registry, source_space, target_space, should_stop) -> MigrationReport:
-    """:func:`migrate` under the checkpoint's lock."""
+             progress, metric, overwrite, registry, source_space, target_space, should_stop,
+             dry_run) -> MigrationReport:
+    """:func:`migrate` (under the checkpoint's lock unless ``dry_run``)."""
     map_src, map_tgt = map_spaces(map_, registry)
     map_ = resolve_map(map_, registry)
     map_src = map_src or (map_.metadata or {}).get("source_space")
@@ -260,27 +330,19 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     notes: list[str] = []
     state = checkpoint.load()
     t0 = time.perf_counter()
+    start = _start(store, state, source, target, fp, overwrite)
+    if state is not None and state.get("nulls") != "kept" and state["last_id"] is not None:
+        notes = [NULLS_DROPPED_BEFORE.format(last=state["last_id"])]
+    if dry_run:
+        return _dry_run(store, source, target, map_, state=state, start=start, alias=alias, batch_size=batch_size,
+                        fp=fp, extra={"space_check": space_check, "fields": sorted((state or {}).get("fields", [])),
+                                      "warnings": notes,
+                                      "target_space": map_tgt}, t0=t0)
 
     if state is not None:
-        for key, want in (("source", source), ("target", target), ("map_fingerprint", fp)):
-            if state.get(key) != want:
-                raise CheckpointMismatchError(
-                    f"checkpoint is for {key}={state.get(key)!r}, this migration has {want!r}; clear it or use another")
-        if not store.exists(target):
-            raise CheckpointMismatchError(f"checkpoint records progress into {target!r}, which does not exist")
         resumed_from = state["last_id"]
-        if state.get("nulls") != "kept" and resumed_from is not None:
-            notes = [NULLS_DROPPED_BEFORE.format(last=resumed_from)]
     else:
-        if store.exists(target):
-            if not overwrite:
-                raise CollectionExistsError(f"{store.engine}: target {target!r} exists; pass --overwrite "
-                                            "(overwrite=True) to drop it, or choose another --target")
-            serving = store.aliases_of(target)
-            if serving:
-                raise CollectionExistsError(f"{store.engine}: target {target!r} is what alias(es) "
-                                            f"{', '.join(serving)} serve; --overwrite would drop it and them "
-                                            "with it: migrate into another --target and let --alias switch")
+        if start == "drop":
             store.drop(target)
         store.create(target, map_.target_dim, metric=metric, like=source)
         state = _fresh_state(source, target, fp, store.count(source))
@@ -299,12 +361,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     rows_run = 0
     fields_seen = set(state.get("fields", []))
     for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
-        bad = ~np.isfinite(batch.vectors).all(axis=1)
-        if bad.any():  # the map's own check would say "X: 1 row(s)", not which rows of which collection
-            raise NonFiniteError(f"{source!r}: {int(bad.sum())} stored vector(s) with NaN or Inf (or none: "
-                                 f"NULL), ids "
-                                 f"{batch.ids[bad][:10].tolist()}; fix or delete them, then run the same command "
-                                 "again to resume")
+        _check_finite(source, batch)
         Y = map_.apply(batch.vectors, output="raw")
         store.upsert(target, batch.ids, Y, batch.texts, batch.fields)
         rows_run += len(batch)

@@ -9,7 +9,6 @@ target give one clear line naming the real option; --status reads the checkpoint
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -179,3 +178,59 @@ def test_the_store_defaults_to_vecbridge_vectordb_url(world, vb, monkeypatch):
     monkeypatch.delenv("VECBRIDGE_VECTORDB_URL")
     p = vb(world["data"], "migrate", "--source", "docs_a", "--target", "none", "--map", "a2b@prod", "--quiet")
     assert p.returncode == 2 and "--store" in p.stderr and "VECBRIDGE_VECTORDB_URL" in p.stderr, p.stderr
+
+
+def test_dry_run_checks_reads_one_batch_and_writes_nothing(world, vb):
+    data, ckpt = world["data"], world["dir"] / "dry.json"
+    common = ["migrate", "--store", world["store"], "--source", "docs_a", "--map", "a2b@prod", "--checkpoint", ckpt,
+              "--batch-size", "50"]
+    p = vb(data, *common, "--target", "dry_b", "--alias", "dry", "--dry-run")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"dry run, nothing written: docs_a -> would create dry_b and write {N} rows; "
+                               "space checked: spa; fields: category, lang, n, tags, text; a 50-row batch"), p.stdout
+    assert p.stdout.strip().endswith("then alias dry -> dry_b")
+    with _open(world) as s:  # no target, no alias, no checkpoint
+        assert not s.exists("dry_b") and s.resolve_alias("dry") is None
+    assert not ckpt.exists()
+
+    # the refusals of a run: a wrong-way map, an existing target without --overwrite
+    wrong = vb(data, *[a if a != "a2b@prod" else "b2a" for a in common], "--target", "dry_b", "--dry-run")
+    assert wrong.returncode == 2 and "spa" in wrong.stderr and "spb" in wrong.stderr, wrong.stderr
+    with _open(world) as s:
+        s.create("dry_b", D)
+        s.upsert("dry_b", [1], world["X"][:1])
+    exists = vb(data, *common, "--target", "dry_b", "--dry-run")
+    assert exists.returncode == 2 and "--overwrite" in exists.stderr, exists.stderr
+    p = vb(data, *common, "--target", "dry_b", "--dry-run", "--overwrite", "--json")
+    rep = json.loads(p.stdout)
+    assert rep["extra"]["start"] == "drop" and rep["extra"]["rows_to_write"] == N and rep["rows_this_run"] == 0
+    with _open(world) as s:
+        assert s.count("dry_b") == 1  # --overwrite in a dry run drops nothing
+
+
+def test_dry_run_of_a_half_done_migration_says_where_it_would_resume(world, tmp_path):
+    from service.registry import open_registry
+    from service.vectordb import FileCheckpoint, MigrationInterrupted, migrate
+
+    reg = open_registry(f"sqlite:///{world['data'] / 'registry.sqlite'}", world["data"] / "artifacts")
+    ck = FileCheckpoint(tmp_path / "half.json")
+    calls = {"n": 0}
+
+    def stop():
+        calls["n"] += 1
+        return calls["n"] == 2
+
+    with _open(world) as s:
+        with pytest.raises(MigrationInterrupted):
+            migrate(s, "docs_a", "half_b", "a2b@prod", registry=reg, batch_size=60, checkpoint=ck, should_stop=stop)
+        before = (tmp_path / "half.json").read_text()
+        rep = migrate(s, "docs_a", "half_b", "a2b@prod", registry=reg, batch_size=60, checkpoint=ck, dry_run=True)
+        assert rep.extra["start"] == "resume" and rep.resumed_from == ck.load()["last_id"]
+        assert rep.extra["rows_to_write"] == N - 120 and rep.extra["sample_rows"] == 60 and rep.rows == 120
+        assert (tmp_path / "half.json").read_text() == before and s.count("half_b") == 120
+        done = migrate(s, "docs_a", "half_b", "a2b@prod", registry=reg, batch_size=60, checkpoint=ck)
+        assert done.rows_this_run == N - 120
+        rep = migrate(s, "docs_a", "half_b", "a2b@prod", registry=reg, batch_size=60, checkpoint=ck, dry_run=True)
+        assert rep.extra["start"] == "finished" and rep.extra["rows_to_write"] == 0 and rep.already_finished
+        assert rep.extra["fields"] == ["category", "lang", "n", "tags", "text"]  # from the checkpoint
+    reg.close()
