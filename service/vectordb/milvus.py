@@ -9,9 +9,13 @@
 Collections use the quick-setup schema: ``id`` INT64 primary key (no auto id), ``vector``
 FLOAT_VECTOR(d) with an AUTOINDEX of the chosen metric, and ``text`` plus every other field of a
 row in the dynamic field (names configurable: ``id_field``, ``vector_field``, ``text_field``).
-Scans go through ``query_iterator``, which pages by primary key in ascending order; with
-``with_fields`` they ask for ``*`` (declared and dynamic fields). The embedding space is the
-collection property ``vecbridge.space``.
+A VARCHAR primary key (LlamaIndex's, and any collection keyed by document ids) keeps str ids, and a
+target made ``like`` such a collection gets one of the same ``max_length``.
+Scans page by primary key in ascending order: INT64 keys through ``query_iterator``; VARCHAR keys
+through ``query`` with the iterator's ordering options and a cursor ``id > "<last>"`` escaped here
+(pymilvus' iterator and ``get`` put a string key into the expression as it is, so a key holding
+``"`` or ``\\`` broke them). With ``with_fields`` they ask for ``*`` (declared and dynamic fields).
+The embedding space is the collection property ``vecbridge.space``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 from align.exceptions import InputError
 
 from .base import (MISSING, Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_ca_file, check_metric,
-                   check_name, close_quietly, none_if_all_none, rows_in_order, safe_url)
+                   check_name, close_quietly, id_key, none_if_all_none, rows_in_order, safe_url)
 
 __all__ = ["MilvusStore"]
 
@@ -32,6 +36,12 @@ _METRIC = {"cosine": "COSINE", "ip": "IP"}
 _SEARCH_BATCH = 256  # queries per gRPC search call
 _EXPR_IDS = 4096  # ids per `id in [...]` expression
 _ITER_BATCH = 16384  # the most rows query_iterator returns at a time (a larger batch_size is a ParamError)
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _literal(s: str) -> str:
+    """A Milvus expression string literal holding exactly ``s`` (other control characters may stand raw)."""
+    return '"' + "".join(_ESCAPES.get(ch, ch) for ch in s) + '"'
 
 
 class MilvusStore(VectorStore):
@@ -50,6 +60,7 @@ class MilvusStore(VectorStore):
 
     engine = "milvus"
     native_aliases = True
+    id_kinds = ("int", "str")
 
     def __init__(self, uri: str, *, token: str | None = None, ca_file=None, timeout: float | None = 60.0,
                  id_field: str = "id", vector_field: str = "vector", text_field: str = "text"):
@@ -74,6 +85,7 @@ class MilvusStore(VectorStore):
             why = exc.message.replace(token, "***") if token else exc.message
             raise VectorDBError(f"milvus: cannot connect to {safe_url(self.uri)}: {why}") from None
         self._dims: dict[str, int] = {}
+        self._keys: dict[str, int | None] = {}  # name -> max_length of a VARCHAR primary key, None for INT64
 
     # --- collections --------------------------------------------------------------------
     def exists(self, name: str) -> bool:
@@ -83,9 +95,34 @@ class MilvusStore(VectorStore):
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         # ``like``: other fields land in the dynamic field, which keeps any name and JSON value
         check_metric(metric)
+        strlen = self._str_key(like) if like is not None else None
+        key = {"id_type": "int"} if strlen is None else {"id_type": "string", "max_length": strlen}
         self.client.create_collection(check_name(name), dimension=int(dim), metric_type=_METRIC[metric],
                                       primary_field_name=self.id_field, vector_field_name=self.vector_field,
-                                      id_type="int", auto_id=False, consistency_level="Strong")
+                                      auto_id=False, consistency_level="Strong", **key)
+        self._keys.pop(name, None)
+
+    def _str_key(self, name: str) -> int | None:
+        """The ``max_length`` of ``name``'s VARCHAR primary key, or None when it is INT64 (or absent)."""
+        if name not in self._keys:
+            from pymilvus import DataType
+
+            self._keys[name] = next((int(f["params"]["max_length"]) for f in self._describe(name)["fields"]
+                                     if f["name"] == self.id_field and f.get("type") == DataType.VARCHAR), None)
+        return self._keys[name]
+
+    def _check_keys(self, name: str, ids: np.ndarray) -> int | None:
+        """InputError for ids the primary key of ``name`` cannot hold; returns :meth:`_str_key`."""
+        strlen, got = self._str_key(name), "str" if ids.dtype.kind == "U" else "int"
+        if ids.size and got != ("int" if strlen is None else "str"):
+            raise InputError(f"milvus: {name!r} keys rows by {'INT64' if strlen is None else 'VARCHAR'}, got {got} "
+                             f"ids (first: {id_key(ids[0])!r})")
+        if strlen is not None:
+            long = [str(i) for i in ids if len(str(i).encode()) > strlen]
+            if long:
+                raise InputError(f"milvus: {len(long)} id(s) longer than the key's max_length {strlen} bytes "
+                                 f"(first: {long[0][:40]!r})")
+        return strlen
 
     def _describe(self, name: str) -> dict:
         self._require(name)
@@ -108,14 +145,15 @@ class MilvusStore(VectorStore):
             is_vector = "VECTOR" in getattr(t, "name", str(t))
             if f["name"] != self.vector_field and is_vector:
                 out.append(f"{f['name']} (another vector field: a migration maps {self.vector_field!r} only)")
-            if f["name"] == self.id_field and t not in (DataType.INT64,):
-                out.append(f"{f['name']} (primary key of type {getattr(t, 'name', t)}; need INT64)")
+            if f["name"] == self.id_field and t not in (DataType.INT64, DataType.VARCHAR):
+                out.append(f"{f['name']} (primary key of type {getattr(t, 'name', t)}; need INT64 or VARCHAR)")
         return out
 
     def drop(self, name: str) -> None:
         if self.exists(name):
             self.client.drop_collection(name)
         self._dims.pop(name, None)
+        self._keys.pop(name, None)
 
     def dim(self, name: str) -> int:
         if name not in self._dims:
@@ -149,9 +187,10 @@ class MilvusStore(VectorStore):
     # --- rows ---------------------------------------------------------------------------
     def _upsert(self, name, ids, vectors, texts, fields=None) -> None:
         self._require(name)
+        self._check_keys(name, ids)
         rows = []
         for j in range(ids.shape[0]):
-            row = {self.id_field: int(ids[j]), self.vector_field: vectors[j]}
+            row = {self.id_field: id_key(ids[j]), self.vector_field: vectors[j]}
             if texts is not None and texts[j] is not None:
                 row[self.text_field] = texts[j]
             for k, v in (fields or {}).items():
@@ -165,9 +204,26 @@ class MilvusStore(VectorStore):
             return ["*"]
         return [self.vector_field, self.text_field] if with_texts else [self.vector_field]
 
-    def scan(self, name: str, *, after_id: int | None = None, batch_size: int = 1000,
+    def _pages(self, name: str, after: str | None, batch_size: int, outputs: list[str]) -> Iterator[list[dict]]:
+        """Rows of a VARCHAR-keyed collection with key > ``after``, in key order, ``batch_size`` at a time."""
+        n = min(int(batch_size), _ITER_BATCH)
+        while True:
+            expr = "" if after is None else f"{self.id_field} > {_literal(after)}"
+            rows = self.client.query(name, filter=expr, limit=n, output_fields=outputs, iterator="True",
+                                     reduce_stop_for_best="True")  # the query_iterator's options: key order
+            if not rows:
+                return
+            yield rows
+            after = str(rows[-1][self.id_field])
+
+    def scan(self, name: str, *, after_id: int | str | None = None, batch_size: int = 1000,
              with_texts: bool = True, with_fields: bool = False) -> Iterator[Batch]:
         self._loaded(name)
+        if self._str_key(name) is not None:
+            after = None if after_id is None else str(after_id)
+            for rows in self._pages(name, after, batch_size, self._outputs(with_texts, with_fields)):
+                yield self._to_batch(rows, with_texts, with_fields)
+            return
         expr = "" if after_id is None else f"{self.id_field} > {int(after_id)}"
         it = self.client.query_iterator(name, batch_size=min(int(batch_size), _ITER_BATCH), filter=expr,
                                         output_fields=self._outputs(with_texts, with_fields))
@@ -182,6 +238,10 @@ class MilvusStore(VectorStore):
 
     def ids(self, name: str, *, batch_size: int = 10000) -> np.ndarray:
         self._loaded(name)
+        if self._str_key(name) is not None:
+            keys = [str(r[self.id_field]) for rows in self._pages(name, None, batch_size, [self.id_field])
+                    for r in rows]
+            return np.array(keys, dtype=str) if keys else np.empty(0, np.int64)
         it = self.client.query_iterator(name, batch_size=min(int(batch_size), _ITER_BATCH), filter="",
                                         output_fields=[self.id_field])
         parts = []
@@ -199,15 +259,24 @@ class MilvusStore(VectorStore):
         self._loaded(name)
         ids = as_ids(ids)
         self.check_id_kind(ids)
-        got: dict[int, dict] = {}
+        strlen = self._check_keys(name, ids)
+        got: dict = {}
         for s in range(0, ids.shape[0], _EXPR_IDS):
-            for r in self.client.get(name, ids=[int(i) for i in ids[s : s + _EXPR_IDS]],
-                                     output_fields=self._outputs(True, with_fields)):
-                got[int(r[self.id_field])] = r
+            part, out = ids[s : s + _EXPR_IDS], self._outputs(True, with_fields)
+            if strlen is None:
+                rows = self.client.get(name, ids=[int(i) for i in part], output_fields=out)
+            else:  # not get(): it puts string keys into its expression unescaped
+                rows = self.client.query(name, filter=f"{self.id_field} in [{', '.join(map(_literal, part))}]",
+                                         output_fields=out)
+            for r in rows:
+                got[id_key(r[self.id_field])] = r
         return self._to_batch(rows_in_order(self.engine, name, ids, got), True, with_fields)
 
     def _to_batch(self, rows: list[dict], with_texts: bool, with_fields: bool) -> Batch:
-        ids = np.fromiter((r[self.id_field] for r in rows), dtype=np.int64, count=len(rows))
+        if rows and isinstance(rows[0][self.id_field], str):
+            ids = np.array([r[self.id_field] for r in rows], dtype=str)
+        else:
+            ids = np.fromiter((r[self.id_field] for r in rows), dtype=np.int64, count=len(rows))
         V = np.asarray([r[self.vector_field] for r in rows], dtype=np.float32)
         texts = none_if_all_none([r.get(self.text_field) for r in rows]) if with_texts else None
         fields = None
@@ -222,7 +291,7 @@ class MilvusStore(VectorStore):
         for s in range(0, Q.shape[0], _SEARCH_BATCH):
             res = self.client.search(name, data=[q for q in Q[s : s + _SEARCH_BATCH]], limit=k, output_fields=[])
             for hits in res:
-                out.append([(int(h["id"]), float(h["distance"])) for h in hits])
+                out.append([(id_key(h["id"]), float(h["distance"])) for h in hits])
         return _pad_results(out, k)
 
     def finalize(self, name: str) -> None:
@@ -242,6 +311,7 @@ class MilvusStore(VectorStore):
         else:
             self.client.alter_alias(name, alias)
         self._dims.pop(alias, None)
+        self._keys.pop(alias, None)
 
     def resolve_alias(self, alias: str) -> str | None:
         check_name(alias, "alias")
