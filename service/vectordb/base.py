@@ -216,12 +216,14 @@ MISSING = _Missing()
 class Batch:
     """Rows read from a store: ``ids`` (n,) int64, ``vectors`` (n, d) float32, ``texts`` list or None,
     ``fields`` ``{name: list of n values}`` of every other field (when the scan asked for them), or None;
-    a row without a field has :data:`MISSING` there (``None`` is a null value)."""
+    a row without a field has :data:`MISSING` there (``None`` is a null value); ``sparse`` ``{name: list of n
+    sparse vectors or None}``: the rows' sparse vectors (Qdrant), which a migration carries over unchanged."""
 
     ids: np.ndarray
     vectors: np.ndarray
     texts: list | None = None
     fields: dict | None = None
+    sparse: dict | None = None
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -238,6 +240,8 @@ class VectorStore(ABC):
     text_field: str = "text"
     #: the kinds of id a store keeps: ``"int"`` (int64), ``"str"`` (UUIDs in Qdrant)
     id_kinds: tuple[str, ...] = ("int",)
+    #: True when rows may carry named sparse vectors (:attr:`Batch.sparse`) beside the dense one
+    sparse_vectors: bool = False
 
     def check_id_kind(self, ids: np.ndarray) -> None:
         """InputError when ``ids`` (from :func:`as_ids`) are of a kind this store does not keep."""
@@ -300,10 +304,10 @@ class VectorStore(ABC):
                 fields: dict | None = None) -> None:
         ...
 
-    def upsert(self, name: str, ids, vectors, texts=None, fields=None) -> None:
+    def upsert(self, name: str, ids, vectors, texts=None, fields=None, sparse=None) -> None:
         """Insert or replace rows ``ids`` (n,) with ``vectors`` (n, d), optional ``texts`` (n) and
         ``fields`` ``{name: n values}`` (other fields of the rows; :data:`MISSING` leaves a row without the field,
-        ``None`` writes a null)."""
+        ``None`` writes a null), and ``sparse`` ``{name: n sparse vectors or None}`` where the store keeps them."""
         V = as_matrix(vectors, name="vectors")
         ids = as_ids(ids, V.shape[0])
         self.check_id_kind(ids)
@@ -315,7 +319,16 @@ class VectorStore(ABC):
         clash = {self.id_field, self.vector_field, self.text_field} & set(fields or ())
         if clash:
             raise InputError(f"fields {sorted(clash)} are the id, vector or text field of this store")
-        self._upsert(name, ids, V, None if texts is None else [None if t is None else str(t) for t in texts], fields)
+        texts = None if texts is None else [None if t is None else str(t) for t in texts]
+        if not sparse:
+            self._upsert(name, ids, V, texts, fields)
+            return
+        if not self.sparse_vectors:
+            raise UnsupportedFieldError(f"{self.engine}: rows here carry no sparse vectors ({sorted(sparse)})")
+        bad = [k for k, v in sparse.items() if len(v) != V.shape[0]]
+        if bad:
+            raise PairCountError(f"sparse vector {bad[0]!r}: {len(sparse[bad[0]])} values for {V.shape[0]} rows")
+        self._upsert(name, ids, V, texts, fields, sparse=sparse)
 
     @abstractmethod
     def scan(self, name: str, *, after_id: int | None = None, batch_size: int = 1000,

@@ -259,6 +259,12 @@ def _start(store: VectorStore, state: dict | None, source: str, target: str, fp:
     return "drop"
 
 
+def _fields_of(store: VectorStore, batch) -> set[str]:
+    """The names a batch carries besides ids and vectors: fields, the text field, ``<name> (sparse vector)``."""
+    return (set(batch.fields or ()) | ({store.text_field} if batch.texts is not None else set())
+            | {f"{k} (sparse vector)" for k in batch.sparse or ()})
+
+
 def _check_finite(source: str, batch) -> None:
     bad = ~np.isfinite(batch.vectors).all(axis=1)
     if bad.any():  # the map's own check would say "X: 1 row(s)", not which rows of which collection
@@ -285,7 +291,7 @@ def _dry_run(store: VectorStore, source: str, target: str, map_, *, state, start
         t = time.perf_counter()
         map_.apply(batch.vectors, output="raw")
         map_s, n = time.perf_counter() - t, len(batch)
-        extra["fields"] = sorted(set(batch.fields or ()) | ({store.text_field} if batch.texts is not None else set()))
+        extra["fields"] = sorted(_fields_of(store, batch))
     todo = 0 if start == "finished" else max(0, total - (int(state["done"]) if state is not None else 0))
     extra.update(dry_run=True, start=start, rows_to_write=todo, sample_rows=n, sample_read_s=read_s,
                  sample_map_s=map_s, read_map_estimate_s=(read_s + map_s) * todo / n if n else 0.0)
@@ -363,9 +369,9 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
         _check_finite(source, batch)
         Y = map_.apply(batch.vectors, output="raw")
-        store.upsert(target, batch.ids, Y, batch.texts, batch.fields)
+        store.upsert(target, batch.ids, Y, batch.texts, batch.fields, sparse=batch.sparse)
         rows_run += len(batch)
-        fields_seen |= set(batch.fields or ()) | ({store.text_field} if batch.texts is not None else set())
+        fields_seen |= _fields_of(store, batch)
         state["fields"] = sorted(fields_seen)
         if state["first_id"] is None:
             state["first_id"] = id_key(batch.ids[0])

@@ -220,7 +220,7 @@ class PgVectorStore(VectorStore):
             out.append(f"{self.id_field} (ids of type {id_type}; a migration keys rows by ids of type "
                        f"{', '.join(_INT_TYPES + _STR_TYPES)} or varchar(n))")
         for col, typ, oid in self._extra(name):
-            if typ.startswith(("vector", "halfvec", "sparsevec")):
+            if typ.startswith(("vector", "halfvec")):  # a sparsevec column travels unchanged, like any other
                 out.append(f"{col} (another vector column: a migration maps {self.vector_field!r} only)")
                 continue
             try:

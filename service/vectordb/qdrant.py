@@ -7,14 +7,17 @@ real ones.
 Points have unsigned integer ids (so integer ids must be >= 0) or UUIDs (str ids here, in Qdrant's
 canonical lower-case form; a collection whose ids mix both kinds cannot be scanned), one vector
 (unnamed, or the named vector ``vector_field``), the text in the payload key ``text_field``, and every
-other payload key as the row's extra fields. The embedding space is the collection metadata
-``vecbridge.space``. ``scroll`` pages through ids in Qdrant's order from an offset id (inclusive),
-which is what the resumable scan needs (it resumes at the last id written and skips it). Aliases are
-native (``update_collection_aliases``, atomic).
+other payload key as the row's extra fields. Named sparse vectors (a hybrid collection's BM25 / SPLADE
+side, e.g. LangChain's ``langchain-sparse``) do not depend on the dense model: a migration carries them
+over unchanged (:attr:`~.base.Batch.sparse`), and a target made ``like`` the source declares them alike.
+The embedding space is the collection metadata ``vecbridge.space``. ``scroll`` pages through ids in
+Qdrant's order from an offset id (inclusive), which is what the resumable scan needs (it resumes at the
+last id written and skips it). Aliases are native (``update_collection_aliases``, atomic).
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Iterator
 from urllib.parse import urlsplit
@@ -23,13 +26,21 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (MISSING, Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results, as_ids, id_key,
-                   check_metric, check_name, close_quietly, none_if_all_none, rows_in_order, safe_url,
+from .base import (MISSING, BadNameError, Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results,
+                   as_ids, id_key, check_metric, check_name, close_quietly, none_if_all_none, rows_in_order, safe_url,
                    tls_context)
 
 __all__ = ["QdrantStore"]
 
 _SEARCH_BATCH = 64
+_VECTOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")  # Qdrant's names: LlamaIndex's "text-dense" too
+
+
+def _vector_name(name: str) -> str:
+    """A named vector's name (letters, digits, ``_ . -``), else BadNameError."""
+    if not isinstance(name, str) or not _VECTOR_NAME.fullmatch(name):
+        raise BadNameError(f"vector field name must match [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}, got {name!r}")
+    return name
 
 
 class QdrantStore(VectorStore):
@@ -42,6 +53,7 @@ class QdrantStore(VectorStore):
     engine = "qdrant"
     native_aliases = True
     id_kinds = ("int", "str")
+    sparse_vectors = True
 
     def __init__(self, *, url: str | None = None, path: str | None = None, api_key: str | None = None,
                  ca_file=None, prefer_grpc: bool = False, id_field: str = "id", vector_field: str | None = None,
@@ -50,7 +62,7 @@ class QdrantStore(VectorStore):
 
         if id_field != "id":
             raise InputError("qdrant: rows are identified by their point ids; an id field does not apply")
-        self.vector_field = None if vector_field is None else check_name(vector_field, "vector field")
+        self.vector_field = None if vector_field is None else _vector_name(vector_field)
         self.text_field = check_name(text_field, "text field")
         if (url is None) == (path is None):
             raise InputError("give exactly one of url= (a Qdrant server) or path= (local mode)")
@@ -88,8 +100,9 @@ class QdrantStore(VectorStore):
         check_metric(metric)
         dist = models.Distance.COSINE if metric == "cosine" else models.Distance.DOT
         params = models.VectorParams(size=int(dim), distance=dist)
+        sparse = self._vectors_config(like)[1] if like is not None else None  # sparse vectors travel unchanged
         self.client.create_collection(check_name(name), vectors_config=params if self.vector_field is None
-                                      else {self.vector_field: params})
+                                      else {self.vector_field: params}, sparse_vectors_config=sparse or None)
 
     def drop(self, name: str) -> None:
         if self.exists(name):
@@ -112,10 +125,9 @@ class QdrantStore(VectorStore):
         return int(vectors.size)
 
     def unsupported_fields(self, name: str) -> list[str]:
-        vectors, sparse = self._vectors_config(name)
+        vectors, _ = self._vectors_config(name)
         out = [f"{k} (another named vector: a migration maps {self.vector_field!r} only)"
                for k in (vectors if isinstance(vectors, dict) else {}) if k != self.vector_field]
-        out += [f"{k} (a sparse vector: a migration maps dense vectors only)" for k in (sparse or {})]
         return out
 
     def get_space(self, name: str) -> str | None:
@@ -131,7 +143,7 @@ class QdrantStore(VectorStore):
         self._require(name)
         return int(self.client.count(name, exact=True).count)
 
-    def _upsert(self, name, ids, vectors, texts, fields=None) -> None:
+    def _upsert(self, name, ids, vectors, texts, fields=None, sparse=None) -> None:
         from qdrant_client import models
 
         self._require(name)
@@ -145,6 +157,14 @@ class QdrantStore(VectorStore):
                 if texts is not None and texts[j] is not None:
                     p[self.text_field] = texts[j]
                 payloads.append(p)
+        if sparse:  # a point may lack a sparse vector: one PointStruct each, naming only those it has
+            dense = self.vector_field or ""
+            pts = [models.PointStruct(id=i, vector={dense: vectors[j].tolist(),
+                                                    **{k: v[j] for k, v in sparse.items() if v[j] is not None}},
+                                      payload=None if payloads is None else payloads[j])
+                   for j, i in enumerate(_point_ids(ids))]
+            self.client.upsert(name, points=pts, wait=True)
+            return
         vecs = vectors.tolist() if self.vector_field is None else {self.vector_field: vectors.tolist()}
         self.client.upsert(name, points=models.Batch(ids=_point_ids(ids), vectors=vecs, payloads=payloads),
                            wait=True)
@@ -152,8 +172,9 @@ class QdrantStore(VectorStore):
     def _payload(self, with_texts: bool, with_fields: bool):
         return True if with_fields else ([self.text_field] if with_texts else False)
 
-    def _vectors(self):
-        return True if self.vector_field is None else [self.vector_field]
+    def _vectors(self, with_fields: bool = False):
+        """``with_vectors`` of a read: the dense vector, and every sparse one with the fields."""
+        return True if self.vector_field is None or with_fields else [self.vector_field]
 
     def scan(self, name: str, *, after_id: int | None = None, batch_size: int = 1000,
              with_texts: bool = True, with_fields: bool = False) -> Iterator[Batch]:
@@ -165,7 +186,7 @@ class QdrantStore(VectorStore):
         kind = None
         while True:
             points, nxt = self.client.scroll(name, limit=int(batch_size) + (skip is not None), offset=offset,
-                                             with_vectors=self._vectors(),
+                                             with_vectors=self._vectors(with_fields),
                                              with_payload=self._payload(with_texts, with_fields))
             if skip is not None:
                 points = [p for p in points if p.id != skip]
@@ -183,21 +204,29 @@ class QdrantStore(VectorStore):
     def fetch(self, name: str, ids, *, with_fields: bool = False) -> Batch:
         self._require(name)
         keys = _point_ids(as_ids(ids))
-        pts = self.client.retrieve(name, ids=keys, with_vectors=self._vectors(),
+        pts = self.client.retrieve(name, ids=keys, with_vectors=self._vectors(with_fields),
                                    with_payload=self._payload(True, with_fields))
         got = {id_key(p.id): p for p in pts}
         return self._to_batch(rows_in_order(self.engine, name, keys, got), True, with_fields)
 
     def _to_batch(self, points, with_texts: bool, with_fields: bool) -> Batch:
         ids = _ids_of(points)
-        vec = (lambda p: p.vector) if self.vector_field is None else (lambda p: p.vector[self.vector_field])
+        dense = self.vector_field or ""  # the unnamed vector is "" beside named (sparse) ones
+
+        def vec(p):
+            return p.vector.get(dense) if isinstance(p.vector, dict) else p.vector
         V = np.asarray([vec(p) for p in points], dtype=np.float32)
+        sparse = None
+        if with_fields:
+            names = sorted({k for p in points if isinstance(p.vector, dict) for k in p.vector} - {dense})
+            sparse = {k: [p.vector.get(k) if isinstance(p.vector, dict) else None for p in points]
+                      for k in names} or None
         texts = none_if_all_none([(p.payload or {}).get(self.text_field) for p in points]) if with_texts else None
         fields = None
         if with_fields:
             names = sorted({k for p in points for k in (p.payload or {})} - {self.text_field})
             fields = {k: [(p.payload or {}).get(k, MISSING) for p in points] for k in names} or None
-        return Batch(ids, V, texts, fields)
+        return Batch(ids, V, texts, fields, sparse)
 
     def _search(self, name, Q, k):
         from qdrant_client import models

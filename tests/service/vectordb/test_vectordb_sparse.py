@@ -1,0 +1,88 @@
+"""Hybrid collections (a dense vector beside sparse BM25 / SPLADE vectors) migrate: the dense vector through the
+map, the sparse vectors unchanged (they do not depend on the dense model). Before, a sparse vector was refused at
+the plan ("a sparse vector: a migration maps dense vectors only"), so no hybrid collection could move.
+
+Qdrant in the client's local mode, in LangChain's layout (unnamed dense vector, ``langchain-sparse`` with the IDF
+modifier, ``page_content`` / ``metadata`` payload) and LlamaIndex's (named ``text-dense`` / ``text-sparse``);
+PostgreSQL + pgvector (pgserver wheel) with a ``sparsevec`` column.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _vectordb_servers import pg_url, small_migration  # noqa: F401  (module-scoped server fixture)
+
+from align.exceptions import InputError
+from service.vectordb import UnsupportedFieldError, check_rows, migrate, open_store
+
+qdrant_client = pytest.importorskip("qdrant_client")
+models = qdrant_client.models
+
+
+def _sparse(i: int):
+    return models.SparseVector(indices=[i % 7, 10 + i], values=[1.0 + i, 0.5])
+
+
+@pytest.mark.parametrize("dense,sparse", [(None, "langchain-sparse"), ("text-dense", "text-sparse")])
+def test_a_hybrid_qdrant_collection_keeps_its_sparse_vectors(tmp_path, dense, sparse):
+    X, m = small_migration()
+    s = open_store(f"qdrant://{tmp_path}/q", vector_field=dense, text_field="page_content")
+    params = models.VectorParams(size=X.shape[1], distance=models.Distance.COSINE)
+    s.client.create_collection("hy_src", vectors_config=params if dense is None else {dense: params},
+                               sparse_vectors_config={sparse: models.SparseVectorParams(modifier=models.Modifier.IDF)})
+    name = dense or ""
+    s.client.upsert("hy_src", points=[
+        models.PointStruct(id=i, vector={name: X[i].tolist(), **({sparse: _sparse(i)} if i % 10 else {})},
+                           payload={"page_content": f"doc {i}", "metadata": {"n": i}}) for i in range(len(X))])
+    assert s.unsupported_fields("hy_src") == []
+    rep = migrate(s, "hy_src", "hy_dst", m, batch_size=64)
+    assert rep.rows == len(X) and f"{sparse} (sparse vector)" in rep.extra["fields"]
+    cfg = s.client.get_collection("hy_dst").config.params
+    assert cfg.sparse_vectors[sparse].modifier == models.Modifier.IDF  # declared as the source declares it
+    b = s.fetch("hy_dst", np.arange(len(X)), with_fields=True)
+    np.testing.assert_allclose(b.vectors, m.apply(X, output="raw"), rtol=1e-5, atol=1e-6)
+    assert b.texts[3] == "doc 3" and b.fields["metadata"][3] == {"n": 3}
+    got = b.sparse[sparse]
+    assert got[0] is None and got[10] is None  # rows without one stay without
+    assert all(got[i].indices == _sparse(i).indices and got[i].values == _sparse(i).values
+               for i in range(len(X)) if i % 10)
+    assert check_rows(s, "hy_src", "hy_dst", m)["rows_ok"]
+    hits = s.client.query_points("hy_dst", query=models.SparseVector(indices=[13], values=[1.0]), using=sparse,
+                                limit=1).points
+    assert hits[0].id == 3  # hybrid search's sparse side works on the target as it did on the source
+    s.close()
+
+
+def test_a_store_without_sparse_vectors_refuses_them_by_name(tmp_path):
+    X, _ = small_migration()
+    pytest.importorskip("milvus_lite")
+    with open_store(f"milvus://{tmp_path}/m.db") as mv:
+        mv.create("plain", X.shape[1])
+        with pytest.raises(UnsupportedFieldError, match=r"rows here carry no sparse vectors \(\['sp'\]\)"):
+            mv.upsert("plain", [1], X[:1], sparse={"sp": [None]})
+    with open_store(f"qdrant://{tmp_path}/q2") as q:
+        q.create("plain", X.shape[1])
+        with pytest.raises(InputError, match="sparse vector 'sp': 2 values for 1 rows"):
+            q.upsert("plain", [1], X[:1], sparse={"sp": [None, None]})
+
+
+def test_a_pgvector_sparsevec_column_travels_unchanged(pg_url):  # noqa: F811
+    X, m = small_migration()
+    s = open_store(pg_url)
+    s.index = None
+    for t in ("sv_src", "sv_dst"):
+        s.drop(t)
+    s.conn.execute(f"CREATE TABLE sv_src (id bigint PRIMARY KEY, embedding vector({X.shape[1]}), text text, "
+                   "bm25 sparsevec(1000))")
+    with s.conn.cursor() as cur:
+        cur.executemany("INSERT INTO sv_src VALUES (%s, %s, %s, %s::sparsevec)",
+                        [(i, X[i], f"t{i}", f"{{{i % 7 + 1}:{1.0 + i},{20 + i}:0.5}}/1000") for i in range(len(X))])
+    assert s.unsupported_fields("sv_src") == []
+    migrate(s, "sv_src", "sv_dst", m, batch_size=64)
+    same = s.conn.execute("SELECT count(*) FROM sv_src a JOIN sv_dst b USING (id) WHERE a.bm25 = b.bm25").fetchone()
+    assert same[0] == len(X)
+    assert check_rows(s, "sv_src", "sv_dst", m)["rows_ok"]
+    for t in ("sv_src", "sv_dst"):
+        s.drop(t)
+    s.close()
