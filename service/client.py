@@ -424,6 +424,20 @@ class APICalls(SteerCalls, Calls):
         return (yield from self._json("POST", "/v1/fits", json=body, headers=headers))
 
     @call
+    def migrate(self, source: str, target: str, map: str, *, alias: str | None = None, batch_size: int = 2000,
+                pause: float = 0.0, overwrite: bool = False, source_space: str | None = None,
+                target_space: str | None = None, dry_run: bool = False, idempotency_key: str | None = None,
+                **fields) -> dict:
+        """Queue a migration of a collection in the service's vector database through a registry map (``POST
+        /v1/migrations``); returns the job record at once (:meth:`wait` for ``result["report"]``). ``fields``:
+        ``index``, ``id_field``, ``vector_field``, ``text_field``."""
+        body = clean({"source": source, "target": target, "map": map, "alias": alias, "batch_size": batch_size,
+                      "pause": pause, "overwrite": overwrite, "source_space": source_space,
+                      "target_space": target_space, "dry_run": dry_run, **fields})
+        headers = {"Idempotency-Key": idempotency_key or new_key()}
+        return (yield from self._json("POST", "/v1/migrations", json=body, headers=headers))
+
+    @call
     def list_jobs(self) -> list[dict]:
         return (yield from self._pages("/v1/jobs"))
 

@@ -46,6 +46,13 @@ EXAMPLES: dict[str, dict[str, dict]] = {
             "source": {"texts": ["a cat sits on the mat", "stocks fell sharply"], "encoder": "all-MiniLM-L6-v2"},
             "target": {"texts": ["the weather is mild", "a dog chases a ball"], "encoder": "multilingual-e5-small"}}),
     },
+    "create_migration": {
+        "migrate": _ex("Migrate a collection of the service's vector database through a map, then switch an alias", {
+            "source": "docs_minilm", "target": "docs_e5", "map": "minilm-e5@prod", "alias": "docs",
+            "batch_size": 2000}),
+        "dry_run": _ex("Check first: every refusal a run would make, one batch read and mapped, nothing written", {
+            "source": "docs_minilm", "target": "docs_e5", "map": "minilm-e5@prod", "dry_run": True}),
+    },
     "create_plan": {"b64": _ex("Old corpus and a paired probe as base64 float32 (shapes abbreviated here)", {
         "old": {"vectors_b64": "AACAPwAAAAAAAAAAAAAAAJqZGT/NzEw/AAAAAAAAAAA=", "dim": 4},
         "probe_source": {"vectors": _A}, "probe_target": {"vectors": _B}, "target_retention": 0.95,

@@ -25,7 +25,8 @@ __all__ = [
     "MAX_VERSION", "ErrorBody",
     "SpaceCreate", "AliasSet", "AliasOut", "TagSet", "TransformOptions", "TransformJSON", "TransformResponse",
     "IndexCreate", "IndexAdd", "IndexDelete", "SearchRequest", "SearchResponse", "FitSide", "FitRequest", "PlanRequest",
-    "EmbeddingsRequest", "vectors_schema", "error_responses", "Health", "Ready", "ServiceInfo", "SpaceOut", "SpaceList",
+    "MigrationRequest", "EmbeddingsRequest", "vectors_schema", "error_responses", "Health", "Ready", "ServiceInfo",
+    "SpaceOut", "SpaceList",
     "VersionOut", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList", "IndexAddResponse",
     "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
     "SteerFitRequest", "SteerFitOptions", "SteerApplyRequest", "SteerApplyOptions", "SteerApplyResponse", "SteerOut",
@@ -288,6 +289,26 @@ class FitRequest(_Strict):
     random_state: Count = Seed
     alias: str | None = None
     description: DescriptionText = Description
+
+
+class MigrationRequest(_Strict):
+    source: str = Field(..., description="Collection (or alias) of the old model's vectors in the service's vector "
+                                         "database (`VECBRIDGE_VECTORDB_URL`).")
+    target: str = Field(..., description="New collection for the mapped vectors (same ids and fields).")
+    map: str = Field(..., description="Registry ref of the map (`name`, `name@alias`, `name:N`); pinned to its "
+                                      "version when the request is accepted.")
+    alias: str | None = Field(None, description="Switched to the target once every row is written.")
+    batch_size: Count = Field(2000, ge=1, le=100_000, description="Rows per read / map / write step (and checkpoint).")
+    pause: Real = Field(0.0, ge=0, le=60, description="Seconds to sleep after each batch (spares a busy database).")
+    overwrite: bool = Field(False, description="Drop an existing target before a fresh start (never when resuming, "
+                                               "never one an alias serves).")
+    source_space: str | None = Field(None, description="Space of the source vectors (checked against the map's).")
+    target_space: str | None = Field(None, description="Space recorded on the target (default: the map's).")
+    index: Literal["hnsw", "ivfflat", "none"] | None = Field(None, description="PostgreSQL: the target's index.")
+    id_field: str | None = None
+    vector_field: str | None = None
+    text_field: str | None = None
+    dry_run: bool = Field(False, description="Every check a run makes, one batch read and mapped, nothing written.")
 
 
 class PlanRequest(_Strict):

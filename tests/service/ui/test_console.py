@@ -318,7 +318,8 @@ def test_lm_steer_generates_with_token_evidence_then_says_503(lm_server, browser
 def test_migrations_page_and_offline_docs(server, browser):
     t = Page.open(browser, server["base"], "/ui/migrations", READ_KEY)
     t.page.locator("#mig-indexes tbody tr").first.wait_for()
-    assert "no route for a migration's progress" in t.page.locator("#mig-note").inner_text()
+    note = t.page.locator("#mig-note").inner_text()
+    assert "POST /v1/migrations" in note and "VECBRIDGE_VECTORDB_URL" in note
     t.shot("migrations")
     t.goto("/docs")
     t.page.locator(".swagger-ui .info .title").wait_for()  # rendered from the vendored assets, no CDN

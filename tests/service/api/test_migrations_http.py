@@ -1,0 +1,139 @@
+"""``POST /v1/migrations``: a vector-database migration as a job of a real ``uvicorn`` server process, against a real
+Milvus Lite server process (its own gRPC server, so this test and the service share it), over real HTTP.
+
+Before, the HTTP API had no route for a migration (the console said so); a service deployed beside the database
+could only be told to migrate by someone with a shell.
+"""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+from _api_support import R, W, settings_for
+from _jobs_support import wait_http_job
+from _servers import seeded_uvicorn
+from _vectordb_servers import milvus_url  # noqa: F401  (module-scoped server fixture)
+from fastapi.testclient import TestClient
+
+from service.vectordb import open_store
+
+
+def _store_url(milvus_http: str) -> str:
+    return "milvus://" + milvus_http.split("://", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def world(milvus_url, tmp_path_factory):  # noqa: F811
+    """A service whose VECBRIDGE_VECTORDB_URL is the Milvus server, a 300-row collection ``h_src`` in space ``a``."""
+    tmp = tmp_path_factory.mktemp("mighttp")
+    url = _store_url(milvus_url)
+    with seeded_uvicorn(tmp, {"VECBRIDGE_VECTORDB_URL": url}) as (base, (X, _, m)):
+        with open_store(url) as s:
+            for name in ("h_src", "h_dst", "h_dry", "h_cut", "h_taken"):
+                s.drop(name)
+            s.create("h_src", X.shape[1])
+            s.set_space("h_src", "a")
+            s.upsert("h_src", np.arange(300) * 3, X[:300], [f"t{i}" for i in range(300)],
+                     {"n": list(range(300))})
+            s.finalize("h_src")
+        with httpx.Client(base_url=base, headers=W, timeout=60) as client:
+            yield {"client": client, "url": url, "X": X[:300], "map": m, "data": tmp / "data", "base": base}
+
+
+def _post(world, **body):
+    return world["client"].post("/v1/migrations", json=body)
+
+
+def test_a_migration_job_writes_the_target_and_switches_the_alias(world):
+    r = _post(world, source="h_src", target="h_dst", map="a2b", alias="h_live", batch_size=64)
+    assert r.status_code == 202 and r.headers["location"] == f"/v1/jobs/{r.json()['id']}", r.text
+    assert r.json()["kind"] == "migration" and "h_src -> h_dst through a2b:1" in r.json()["description"]
+    job = wait_http_job(world["client"], r.json()["id"])
+    assert job["state"] == "succeeded", job
+    rep = job["result"]["report"]
+    assert rep["rows"] == 300 and rep["rows_this_run"] == 300 and rep["batches"] == 5
+    assert rep["extra"]["fields"] == ["n", "text"] and rep["extra"]["space_check"] == "checked: a"
+    assert job["progress"]["fraction"] == 1.0 and job["result"]["map"] == "a2b:1"
+    assert job["result"]["checkpoint"] == str(world["data"] / "migrations" / "h_src-to-h_dst.json")
+    with open_store(world["url"]) as s:
+        assert s.resolve_alias("h_live") == "h_dst" and s.get_space("h_dst") == "b"
+        b = s.fetch("h_live", np.arange(300) * 3, with_fields=True)
+        np.testing.assert_allclose(b.vectors, world["map"].apply(world["X"], output="raw"), rtol=1e-5, atol=1e-5)
+        assert b.texts[7] == "t7" and b.fields["n"][7] == 7
+    again = wait_http_job(world["client"], _post(world, source="h_src", target="h_dst", map="a2b").json()["id"])
+    assert again["state"] == "succeeded" and again["result"]["report"]["already_finished"]  # its checkpoint says so
+
+
+def test_a_dry_run_job_writes_nothing(world):
+    job = wait_http_job(world["client"], _post(world, source="h_src", target="h_dry", map="a2b", alias="h_dry_live",
+                                               dry_run=True, batch_size=100).json()["id"])
+    assert job["state"] == "succeeded", job
+    x = job["result"]["report"]["extra"]
+    assert x["dry_run"] and x["start"] == "create" and x["rows_to_write"] == 300 and x["sample_rows"] == 100
+    with open_store(world["url"]) as s:
+        assert not s.exists("h_dry") and s.resolve_alias("h_dry_live") is None
+    assert not (world["data"] / "migrations" / "h_src-to-h_dry.json").exists()
+
+
+def test_a_cancelled_migration_resumes_from_its_checkpoint(world):
+    c = world["client"]
+    r = _post(world, source="h_src", target="h_cut", map="a2b", batch_size=20, pause=0.2)
+    jid = r.json()["id"]
+    for _ in range(200):  # until at least one batch is written
+        j = c.get(f"/v1/jobs/{jid}").json()
+        if j["progress"]["stage"] == "migrate":
+            break
+    assert c.delete(f"/v1/jobs/{jid}").status_code in (200, 202)
+    job = wait_http_job(c, jid)
+    assert job["state"] == "cancelled", job
+    done = round(job["progress"]["fraction"] * 300)
+    assert 0 < done < 300
+    job = wait_http_job(c, _post(world, source="h_src", target="h_cut", map="a2b", batch_size=100).json()["id"])
+    rep = job["result"]["report"]
+    assert job["state"] == "succeeded" and rep["resumed_from"] is not None, job
+    assert rep["rows"] == 300 and 0 < rep["rows_this_run"] < 300  # the rest only
+
+
+def test_refusals_before_and_inside_the_job(world):
+    c = world["client"]
+    cases = [({"source": "h_src", "target": "x1", "map": "nope"}, 404, "nope"),
+             ({"source": "h src", "target": "x1", "map": "a2b"}, 422, "collection name"),
+             ({"source": "h_src", "target": "x1", "map": "/etc/passwd.npz"}, 422, "no path separators"),
+             ({"source": "h_src", "target": "x1", "map": "a2b", "batch_size": 0}, 422, "batch_size"),
+             ({"source": "h_src", "target": "x1", "map": "a2b", "pause": 1e9}, 422, "pause"),
+             ({"source": "h_src", "target": "x1", "map": "a2b", "store": "milvus://evil:1"}, 422, "store"),
+             ({"source": "h_src", "target": "x1", "map": "a2b", "index": "flat"}, 422, "index")]
+    for body, status, word in cases:
+        r = c.post("/v1/migrations", json=body)
+        assert r.status_code == status, (body, r.text)
+        assert word is None or word in r.json()["error"]["message"], (body, r.text)
+    assert c.post("/v1/migrations", json={"source": "h_src", "target": "x1", "map": "a2b"},
+                  headers=R).status_code == 403  # a read-only key
+    job = wait_http_job(c, _post(world, source="missing", target="x1", map="a2b").json()["id"])
+    assert job["state"] == "failed" and "no source collection 'missing'" in job["error"]["message"]
+    with open_store(world["url"]) as s:
+        s.drop("h_taken")
+        s.create("h_taken", 16)  # a collection no migration of this service made
+    job = wait_http_job(c, _post(world, source="h_src", target="h_taken", map="a2b").json()["id"])
+    assert job["state"] == "failed" and "target 'h_taken' exists" in job["error"]["message"], job
+    with open_store(world["url"]) as s:
+        assert s.count("h_taken") == 0
+
+
+def test_without_a_vector_database_the_route_says_so(tmp_path):
+    from service.api import create_app
+
+    with TestClient(create_app(settings_for(tmp_path))) as client:
+        r = client.post("/v1/migrations", json={"source": "a", "target": "b", "map": "m"}, headers=W)
+    assert r.status_code == 503 and "VECBRIDGE_VECTORDB_URL" in r.json()["error"]["message"]
+
+
+def test_the_python_client_queues_and_follows_a_migration(world):
+    from service.client import Client, NotFoundError
+
+    with Client(world["base"], api_key=W["Authorization"].split()[1]) as vb:
+        job = vb.wait(vb.migrate("h_src", "h_dry2", "a2b", dry_run=True, batch_size=50)["id"])
+        assert job["result"]["report"]["extra"]["rows_to_write"] == 300
+        with pytest.raises(NotFoundError):
+            vb.migrate("h_src", "h_dry2", "no-such-map")
