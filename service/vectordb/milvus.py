@@ -6,11 +6,15 @@
   (Milvus Lite as a separate process: several clients, survives a client killed with -9);
 - ``/path/file.db`` — Milvus Lite embedded in this process (one process per data folder).
 
-Collections use the quick-setup schema: ``id`` INT64 primary key (no auto id), ``vector``
+A new collection has the quick-setup schema: ``id`` INT64 primary key (no auto id), ``vector``
 FLOAT_VECTOR(d) with an AUTOINDEX of the chosen metric, and ``text`` plus every other field of a
 row in the dynamic field (names configurable: ``id_field``, ``vector_field``, ``text_field``).
-A VARCHAR primary key (LlamaIndex's, and any collection keyed by document ids) keeps str ids, and a
-target made ``like`` such a collection gets one of the same ``max_length``.
+A migration target (``like=``) is the source's schema instead, with the dense vector's dimension the map's:
+its primary key (INT64, or VARCHAR with its ``max_length``: LlamaIndex's, any collection keyed by
+document ids), declared fields with their types, sparse vector fields, functions (a BM25 function fills
+its sparse field from a text field, so full-text search works on the target), and the indexes of the
+other fields; the dense vector gets an AUTOINDEX of the chosen metric. Function outputs are not read
+as fields: Milvus computes them again from the migrated text.
 Scans page by primary key in ascending order: INT64 keys through ``query_iterator``; VARCHAR keys
 through ``query`` with the iterator's ordering options and a cursor ``id > "<last>"`` escaped here
 (pymilvus' iterator and ``get`` put a string key into the expression as it is, so a key holding
@@ -36,6 +40,8 @@ _METRIC = {"cosine": "COSINE", "ip": "IP"}
 _SEARCH_BATCH = 256  # queries per gRPC search call
 _EXPR_IDS = 4096  # ids per `id in [...]` expression
 _ITER_BATCH = 16384  # the most rows query_iterator returns at a time (a larger batch_size is a ParamError)
+_INDEX_META = {"field_name", "index_name", "index_type", "metric_type", "total_rows", "indexed_rows",
+               "pending_index_rows", "state"}  # describe_index keys that are not the index's parameters
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -93,14 +99,38 @@ class MilvusStore(VectorStore):
         return check_name(name) in self.client.list_collections()
 
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
-        # ``like``: other fields land in the dynamic field, which keeps any name and JSON value
         check_metric(metric)
-        strlen = self._str_key(like) if like is not None else None
-        key = {"id_type": "int"} if strlen is None else {"id_type": "string", "max_length": strlen}
-        self.client.create_collection(check_name(name), dimension=int(dim), metric_type=_METRIC[metric],
-                                      primary_field_name=self.id_field, vector_field_name=self.vector_field,
-                                      auto_id=False, consistency_level="Strong", **key)
+        check_name(name)
+        if like is None:
+            self.client.create_collection(name, dimension=int(dim), metric_type=_METRIC[metric],
+                                          primary_field_name=self.id_field, vector_field_name=self.vector_field,
+                                          auto_id=False, consistency_level="Strong", id_type="int")
+        else:
+            self._create_like(name, int(dim), metric, like)
         self._keys.pop(name, None)
+
+    def _create_like(self, name: str, dim: int, metric: str, like: str) -> None:
+        """``name`` with the schema, functions and other indexes of ``like``; the dense vector ``dim``-d."""
+        from pymilvus import CollectionSchema
+
+        source = self.resolve_alias(like) or like
+        schema = CollectionSchema.construct_from_dict(self._describe(source))
+        for f in schema.fields:
+            if f.name == self.vector_field:
+                f.params["dim"] = dim
+        index = self.client.prepare_index_params()
+        index.add_index(self.vector_field, index_type="AUTOINDEX", metric_type=_METRIC[metric])
+        for idx in self.client.list_indexes(source):
+            x = self.client.describe_index(source, idx)
+            if x["field_name"] != self.vector_field:
+                index.add_index(x["field_name"], index_type=x.get("index_type", ""), index_name=x["index_name"],
+                                **({"metric_type": x["metric_type"]} if x.get("metric_type") else {}),
+                                params={k: v for k, v in x.items() if k not in _INDEX_META} or None)
+        self.client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
+
+    def _generated(self, name: str) -> set[str]:
+        """Fields a function of the collection fills (a BM25 sparse vector from a text field): never written."""
+        return {o for fn in self._describe(name).get("functions") or [] for o in fn.get("output_field_names", [])}
 
     def _str_key(self, name: str) -> int | None:
         """The ``max_length`` of ``name``'s VARCHAR primary key, or None when it is INT64 (or absent)."""
@@ -143,8 +173,11 @@ class MilvusStore(VectorStore):
         for f in self._describe(name)["fields"]:
             t = f.get("type")
             is_vector = "VECTOR" in getattr(t, "name", str(t))
-            if f["name"] != self.vector_field and is_vector:
-                out.append(f"{f['name']} (another vector field: a migration maps {self.vector_field!r} only)")
+            if f["name"] == self.vector_field and t != DataType.FLOAT_VECTOR:
+                out.append(f"{f['name']} (a {getattr(t, 'name', t)} field; a migration maps FLOAT_VECTOR fields)")
+            elif f["name"] != self.vector_field and is_vector and t != DataType.SPARSE_FLOAT_VECTOR:
+                # sparse vectors (BM25 / SPLADE) do not depend on the dense model: they travel unchanged
+                out.append(f"{f['name']} (another dense vector field: a migration maps {self.vector_field!r} only)")
             if f["name"] == self.id_field and t not in (DataType.INT64, DataType.VARCHAR):
                 out.append(f"{f['name']} (primary key of type {getattr(t, 'name', t)}; need INT64 or VARCHAR)")
         return out
@@ -221,10 +254,12 @@ class MilvusStore(VectorStore):
         self._loaded(name)
         if self._str_key(name) is not None:
             after = None if after_id is None else str(after_id)
+            skip = self._generated(name) if with_fields else set()
             for rows in self._pages(name, after, batch_size, self._outputs(with_texts, with_fields)):
-                yield self._to_batch(rows, with_texts, with_fields)
+                yield self._to_batch(rows, with_texts, with_fields, skip)
             return
         expr = "" if after_id is None else f"{self.id_field} > {int(after_id)}"
+        skip = self._generated(name) if with_fields else set()
         it = self.client.query_iterator(name, batch_size=min(int(batch_size), _ITER_BATCH), filter=expr,
                                         output_fields=self._outputs(with_texts, with_fields))
         try:
@@ -232,7 +267,7 @@ class MilvusStore(VectorStore):
                 rows = it.next()
                 if not rows:
                     return
-                yield self._to_batch(rows, with_texts, with_fields)
+                yield self._to_batch(rows, with_texts, with_fields, skip)
         finally:
             it.close()
 
@@ -270,9 +305,10 @@ class MilvusStore(VectorStore):
                                          output_fields=out)
             for r in rows:
                 got[id_key(r[self.id_field])] = r
-        return self._to_batch(rows_in_order(self.engine, name, ids, got), True, with_fields)
+        skip = self._generated(name) if with_fields else set()
+        return self._to_batch(rows_in_order(self.engine, name, ids, got), True, with_fields, skip)
 
-    def _to_batch(self, rows: list[dict], with_texts: bool, with_fields: bool) -> Batch:
+    def _to_batch(self, rows: list[dict], with_texts: bool, with_fields: bool, skip: set = frozenset()) -> Batch:
         if rows and isinstance(rows[0][self.id_field], str):
             ids = np.array([r[self.id_field] for r in rows], dtype=str)
         else:
@@ -281,7 +317,7 @@ class MilvusStore(VectorStore):
         texts = none_if_all_none([r.get(self.text_field) for r in rows]) if with_texts else None
         fields = None
         if with_fields:
-            names = sorted({k for r in rows for k in r} - {self.id_field, self.vector_field, self.text_field})
+            names = sorted({k for r in rows for k in r} - {self.id_field, self.vector_field, self.text_field} - skip)
             fields = {k: [r.get(k, MISSING) for r in rows] for k in names} or None
         return Batch(ids, V, texts, fields)
 

@@ -4,7 +4,8 @@ the plan ("a sparse vector: a migration maps dense vectors only"), so no hybrid 
 
 Qdrant in the client's local mode, in LangChain's layout (unnamed dense vector, ``langchain-sparse`` with the IDF
 modifier, ``page_content`` / ``metadata`` payload) and LlamaIndex's (named ``text-dense`` / ``text-sparse``);
-PostgreSQL + pgvector (pgserver wheel) with a ``sparsevec`` column.
+PostgreSQL + pgvector (pgserver wheel) with a ``sparsevec`` column; Milvus Lite with a BM25 function (full-text
+search), a SPLADE-like sparse field and declared scalar fields, whose target is the source's schema.
 """
 
 from __future__ import annotations
@@ -86,3 +87,56 @@ def test_a_pgvector_sparsevec_column_travels_unchanged(pg_url):  # noqa: F811
     for t in ("sv_src", "sv_dst"):
         s.drop(t)
     s.close()
+
+
+def _milvus_hybrid(client, name: str, X, words: list[str]) -> None:
+    """Milvus full-text + hybrid layout: declared ``text`` (analyzer) feeding a BM25 function into ``bm25``, a
+    SPLADE-like ``splade`` sparse field, a declared ``year`` with an INVERTED index, the dense ``vector``."""
+    from pymilvus import DataType, Function, FunctionType, MilvusClient
+
+    sc = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=True)
+    sc.add_field("id", DataType.INT64, is_primary=True)
+    sc.add_field("vector", DataType.FLOAT_VECTOR, dim=X.shape[1])
+    sc.add_field("text", DataType.VARCHAR, max_length=200, enable_analyzer=True)
+    sc.add_field("bm25", DataType.SPARSE_FLOAT_VECTOR)
+    sc.add_field("splade", DataType.SPARSE_FLOAT_VECTOR)
+    sc.add_field("year", DataType.INT64)
+    sc.add_function(Function(name="text_bm25", function_type=FunctionType.BM25, input_field_names=["text"],
+                             output_field_names=["bm25"]))
+    ip = client.prepare_index_params()
+    ip.add_index("vector", index_type="AUTOINDEX", metric_type="COSINE")
+    ip.add_index("bm25", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
+    ip.add_index("splade", index_type="SPARSE_INVERTED_INDEX", metric_type="IP",
+                 params={"inverted_index_algo": "DAAT_MAXSCORE"})
+    ip.add_index("year", index_type="INVERTED")
+    client.create_collection(name, schema=sc, index_params=ip, consistency_level="Strong")
+    client.upsert(name, [{"id": i, "vector": X[i].tolist(), "text": f"{words[i]} document", "year": 1900 + i,
+                          "splade": {i + 1: 1.0, 1000: 0.25}, "lang": "en"} for i in range(len(X))])
+
+
+def test_a_milvus_hybrid_collection_keeps_its_schema_sparse_fields_and_full_text_search(tmp_path):
+    pytest.importorskip("milvus_lite")
+    X, m = small_migration()
+    words = [f"w{i}x" for i in range(len(X))]
+    with open_store(f"milvus://{tmp_path}/m.db") as s:
+        _milvus_hybrid(s.client, "mh_src", X, words)
+        assert s.unsupported_fields("mh_src") == []
+        rep = migrate(s, "mh_src", "mh_dst", m, batch_size=64)
+        assert rep.rows == len(X) and rep.extra["fields"] == ["lang", "splade", "text", "year"]  # bm25: computed
+        d = {f["name"]: f for f in s.client.describe_collection("mh_dst")["fields"]}
+        assert d["vector"]["params"]["dim"] == m.target_dim and str(d["year"]["type"]) == str(d["id"]["type"])
+        assert d["bm25"].get("is_function_output") and d["text"]["params"]["enable_analyzer"] in (True, "true")
+        idx = {i: s.client.describe_index("mh_dst", i) for i in s.client.list_indexes("mh_dst")}
+        by_field = {x["field_name"]: x for x in idx.values()}
+        assert by_field["year"]["index_type"] == "INVERTED" and by_field["splade"]["metric_type"] == "IP"
+        assert by_field["vector"]["metric_type"] == "COSINE"
+        b = s.fetch("mh_dst", [3, 150], with_fields=True)
+        np.testing.assert_allclose(b.vectors, m.apply(X[[3, 150]], output="raw"), rtol=1e-5, atol=1e-6)
+        assert b.texts == ["w3x document", "w150x document"] and b.fields["year"] == [1903, 2050]
+        assert b.fields["splade"][0] == {4: 1.0, 1000: 0.25} and "bm25" not in b.fields
+        hit = s.client.search("mh_dst", data=["w150x"], anns_field="bm25", limit=1)[0][0]
+        assert hit["id"] == 150  # full-text search works on the target: its BM25 function filled bm25
+        hit = s.client.search("mh_dst", data=[{151: 1.0}], anns_field="splade", limit=1)[0][0]
+        assert hit["id"] == 150
+        assert check_rows(s, "mh_src", "mh_dst", m)["rows_ok"]
+
