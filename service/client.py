@@ -438,6 +438,18 @@ class APICalls(SteerCalls, Calls):
         return (yield from self._json("POST", "/v1/migrations", json=body, headers=headers))
 
     @call
+    def verify(self, collection: str, *, encoder: str | None = None, source: str | None = None,
+               map: str | None = None, min_recall: float | None = None, idempotency_key: str | None = None,
+               **options) -> dict:
+        """Queue a check of a migrated collection (``POST /v1/verifications``); returns the job record at once
+        (:meth:`wait`: figures and ``verdict``). ``options``: ``n_sample``, ``queries``, ``k``, ``random_state``,
+        ``id_field``, ``vector_field``, ``text_field``."""
+        body = clean({"collection": collection, "encoder": encoder, "source": source, "map": map,
+                      "min_recall": min_recall, **options})
+        headers = {"Idempotency-Key": idempotency_key or new_key()}
+        return (yield from self._json("POST", "/v1/verifications", json=body, headers=headers))
+
+    @call
     def list_jobs(self) -> list[dict]:
         return (yield from self._pages("/v1/jobs"))
 

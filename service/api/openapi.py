@@ -53,6 +53,12 @@ EXAMPLES: dict[str, dict[str, dict]] = {
         "dry_run": _ex("Check first: every refusal a run would make, one batch read and mapped, nothing written", {
             "source": "docs_minilm", "target": "docs_e5", "map": "minilm-e5@prod", "dry_run": True}),
     },
+    "create_verification": {
+        "rows": _ex("Does the migrated collection hold every source row, mapped?", {
+            "collection": "docs", "source": "docs_minilm", "map": "minilm-e5@prod"}),
+        "reembed": _ex("Re-embed 500 stored texts with the new model; FAIL below recall@10 0.4", {
+            "collection": "docs", "encoder": "multilingual-e5-small", "n_sample": 500, "min_recall": 0.4}),
+    },
     "create_plan": {"b64": _ex("Old corpus and a paired probe as base64 float32 (shapes abbreviated here)", {
         "old": {"vectors_b64": "AACAPwAAAAAAAAAAAAAAAJqZGT/NzEw/AAAAAAAAAAA=", "dim": 4},
         "probe_source": {"vectors": _A}, "probe_target": {"vectors": _B}, "target_retention": 0.95,

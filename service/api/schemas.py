@@ -25,7 +25,8 @@ __all__ = [
     "MAX_VERSION", "ErrorBody",
     "SpaceCreate", "AliasSet", "AliasOut", "TagSet", "TransformOptions", "TransformJSON", "TransformResponse",
     "IndexCreate", "IndexAdd", "IndexDelete", "SearchRequest", "SearchResponse", "FitSide", "FitRequest", "PlanRequest",
-    "MigrationRequest", "EmbeddingsRequest", "vectors_schema", "error_responses", "Health", "Ready", "ServiceInfo",
+    "MigrationRequest", "VerificationRequest", "EmbeddingsRequest", "vectors_schema", "error_responses", "Health",
+    "Ready", "ServiceInfo",
     "SpaceOut", "SpaceList",
     "VersionOut", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList", "IndexAddResponse",
     "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
@@ -309,6 +310,24 @@ class MigrationRequest(_Strict):
     vector_field: str | None = None
     text_field: str | None = None
     dry_run: bool = Field(False, description="Every check a run makes, one batch read and mapped, nothing written.")
+
+
+class VerificationRequest(_Strict):
+    collection: str = Field(..., description="The migrated collection (or its alias) in the service's vector database.")
+    encoder: str | None = Field(None, description="Re-embed a sample of its stored texts with this installed encoder "
+                                                  "(the new model) and measure recall@k / partner recall.")
+    source: str | None = Field(None, description="The migration's source collection: check every row of "
+                                                 "`collection` against map(source row) (missing, extra, wrong "
+                                                 "vectors). Needs `map`.")
+    map: str | None = Field(None, description="Registry ref of the migration's map (with `source`).")
+    n_sample: Count = Field(2000, ge=2, le=100_000, description="Rows sampled for the re-embedding check.")
+    queries: Count = Field(200, ge=1, le=10_000, description="Queries of the engine-search check.")
+    k: Count = Field(10, ge=1, le=1000)
+    random_state: Count = Seed
+    min_recall: Real | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on recall@k (with `encoder`).")
+    id_field: str | None = None
+    vector_field: str | None = None
+    text_field: str | None = None
 
 
 class PlanRequest(_Strict):

@@ -16,7 +16,7 @@ from align.exceptions import InputError
 
 from ..errors import exit_code
 from ..ops.vectordb import (checkpoint_status, default_checkpoint, needs_registry, progress_record,
-                              run_migration, run_verify)
+                              run_migration, run_verify, verify_verdict)
 from ..vectordb import MigrationInterrupted
 from ._common import Ctx, emit, json_opt, random_state_opt, store_opts
 
@@ -173,12 +173,7 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
                      registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
                      n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
                      vector_field=vector_field, text_field=text_field, source=source)
-    fails = []
-    if min_recall is not None and out[f"recall@{out['k']}"] < min_recall:
-        fails.append(f"recall@{out['k']} below {min_recall}")
-    if source is not None and not out["rows_ok"]:
-        fails.append("rows differ from the source's")
-    verdict = None if min_recall is None and source is None else ("FAIL" if fails else "PASS")
+    verdict, fails = verify_verdict(out, min_recall=min_recall, source=source)
     out["verdict"] = verdict
     text = []
     if "n_sample" in out:

@@ -190,6 +190,17 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
     return out
 
 
+def verify_verdict(out: dict, *, min_recall: float | None, source: str | None) -> tuple[str | None, list[str]]:
+    """``(verdict, why)`` of :func:`run_verify`'s figures: ``"FAIL"`` when recall@k is below ``min_recall`` or (with
+    ``source``) a row is missing, extra or wrong, ``"PASS"`` otherwise, None when nothing was gated."""
+    fails = []
+    if min_recall is not None and out[f"recall@{out['k']}"] < min_recall:
+        fails.append(f"recall@{out['k']} below {min_recall}")
+    if source is not None and not out["rows_ok"]:
+        fails.append("rows differ from the source's")
+    return (None if min_recall is None and source is None else ("FAIL" if fails else "PASS")), fails
+
+
 def progress_record(p: MigrationProgress) -> dict:
     """The JSON line both faces print per batch: ``done``, ``total``, ``last_id``, ``rows_per_s``."""
     return {"done": p.done, "total": p.total, "last_id": p.last_id, "rows_per_s": round(p.rows_per_s, 1)}

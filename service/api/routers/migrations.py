@@ -1,4 +1,5 @@
-"""Migration jobs: ``POST /v1/migrations`` moves a collection of the service's vector database through a map.
+"""Migration jobs: ``POST /v1/migrations`` moves a collection of the service's vector database through a map;
+``POST /v1/verifications`` checks the result (``vecbridge verify``).
 
 The job is the CLI's ``vecbridge migrate`` (:func:`service.ops.vectordb.run_migration`) on the store the service
 is configured with (``VECBRIDGE_VECTORDB_URL`` and its key / CA settings): a client names collections and a
@@ -12,12 +13,20 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from align.exceptions import InputError
+
+from ...encoders import canonical_name
 from ...errors import ServiceUnavailableError
-from ...ops.vectordb import default_checkpoint, run_migration
+from ...ops.vectordb import (
+    default_checkpoint,
+    run_migration,
+    run_verify,
+    verify_verdict,
+)
 from ...vectordb.base import check_name
 from ..codec import parse_json, validate
 from ..job_routes import job_route
-from ..schemas import MigrationRequest, error_responses
+from ..schemas import MigrationRequest, VerificationRequest, error_responses
 
 router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 503))
 
@@ -36,13 +45,18 @@ written.
 """
 
 
+def _database(settings) -> str:
+    if not settings.vectordb_url:
+        raise ServiceUnavailableError("this service has no vector database configured: set VECBRIDGE_VECTORDB_URL "
+                                      "(or run `vecbridge migrate --store URL` where the database is reachable)")
+    return settings.vectordb_url
+
+
 @job_route(router, "/migrations", kind="migration", summary="Queue a vector-database migration",
            description=MIGRATION_DOC, body_model=MigrationRequest, example="create_migration")
 def create_migration(body: bytes, request, state, settings):
     opts = validate(MigrationRequest, parse_json(body))
-    if not settings.vectordb_url:
-        raise ServiceUnavailableError("this service has no vector database configured: set VECBRIDGE_VECTORDB_URL "
-                                      "(or run `vecbridge migrate --store URL` where the database is reachable)")
+    url = _database(settings)
     check_name(opts.source), check_name(opts.target)
     if opts.alias is not None:
         check_name(opts.alias, "alias")
@@ -56,7 +70,7 @@ def create_migration(body: bytes, request, state, settings):
         def progress(p):  # raises Cancelled on DELETE /v1/jobs/{id}: the batch just written is checkpointed
             ctx.progress("migrate", p.done / p.total if p.total else 1.0)
 
-        rep = run_migration(store_url=settings.vectordb_url, source=opts.source, target=opts.target, map_ref=ref,
+        rep = run_migration(store_url=url, source=opts.source, target=opts.target, map_ref=ref,
                             checkpoint=checkpoint, registry=state.registry, alias=opts.alias,
                             batch_size=opts.batch_size, overwrite=opts.overwrite, pause=opts.pause,
                             index=opts.index, id_field=opts.id_field, vector_field=opts.vector_field,
@@ -67,3 +81,44 @@ def create_migration(body: bytes, request, state, settings):
 
     what = "dry run of a migration" if opts.dry_run else "migrate"
     return job, f"{what} {opts.source} -> {opts.target} through {ref}"
+
+
+VERIFY_DOC = """Queue a check of a migrated collection in the service's vector database (`vecbridge verify`); the
+answer (202) carries the job id. `encoder`: re-embed a sample of the stored texts with that installed encoder
+(the new model) and measure recall@k of the migrated vectors against the re-embedded ones, partner recall, and
+the engine's own search (`min_recall` gates recall@k); `source` + `map`: check every row against map(source row)
+(missing, extra and wrong rows, with the first ids). Both may be given. The result carries the figures and
+`verdict`: PASS / FAIL (null when nothing was gated). Held-out vector files are the CLI's (`--heldout-source`).
+"""
+
+
+@job_route(router, "/verifications", kind="verify", summary="Queue a check of a migrated collection",
+           description=VERIFY_DOC, body_model=VerificationRequest, example="create_verification")
+def create_verification(body: bytes, request, state, settings):
+    opts = validate(VerificationRequest, parse_json(body))
+    url = _database(settings)
+    check_name(opts.collection)
+    if opts.encoder is None and opts.source is None:
+        raise InputError("give encoder (re-embed the stored texts) and/or source with map (check every row)")
+    if (opts.source is None) != (opts.map is None):
+        raise InputError("source and map go together: the rows are checked against map(source row)")
+    if opts.min_recall is not None and opts.encoder is None:
+        raise InputError("min_recall gates the recall of the encoder check; source alone checks rows, not recall")
+    encoder = None if opts.encoder is None else canonical_name(opts.encoder)  # 404 for an unknown encoder
+    ref = None
+    if opts.source is not None:
+        check_name(opts.source)
+        v = state.registry.resolve(opts.map)
+        ref = f"{v.name}:{v.version}"
+
+    def job(ctx):
+        ctx.progress("verify", 0.0)
+        out = run_verify(store_url=url, collection=opts.collection, encoder=encoder, map_ref=ref,
+                         registry=state.registry if ref else None, n_sample=opts.n_sample, n_queries=opts.queries,
+                         k=opts.k, random_state=opts.random_state, id_field=opts.id_field,
+                         vector_field=opts.vector_field, text_field=opts.text_field, source=opts.source,
+                         api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file)
+        out["verdict"], out["fails"] = verify_verdict(out, min_recall=opts.min_recall, source=opts.source)
+        return out
+
+    return job, f"verify {opts.collection}" + (f" against {opts.source} through {ref}" if ref else "")

@@ -137,3 +137,57 @@ def test_the_python_client_queues_and_follows_a_migration(world):
         assert job["result"]["report"]["extra"]["rows_to_write"] == 300
         with pytest.raises(NotFoundError):
             vb.migrate("h_src", "h_dry2", "no-such-map")
+        job = vb.wait(vb.migrate("h_src", "h_cli", "a2b")["id"])
+        assert vb.wait(vb.verify("h_cli", source="h_src", map="a2b")["id"])["result"]["verdict"] == "PASS"
+
+
+def _verify(world, **body) -> dict:
+    r = world["client"].post("/v1/verifications", json=body)
+    assert r.status_code == 202, r.text
+    return wait_http_job(world["client"], r.json()["id"], timeout=300)
+
+
+def test_a_verification_job_checks_every_row_and_names_the_wrong_ones(world):
+    job = wait_http_job(world["client"], _post(world, source="h_src", target="h_ver", map="a2b").json()["id"])
+    assert job["state"] == "succeeded", job
+    job = _verify(world, collection="h_ver", source="h_src", map="a2b")
+    assert job["kind"] == "verify" and job["state"] == "succeeded", job
+    out = job["result"]
+    assert out["verdict"] == "PASS" and out["rows_ok"] and out["rows_source"] == out["rows_target"] == 300
+    with open_store(world["url"]) as s:
+        s.upsert("h_ver", [6], world["map"].apply(world["X"][5:6], output="raw"))  # row 2's id holds another vector
+    out = _verify(world, collection="h_ver", source="h_src", map="a2b")["result"]
+    assert out["verdict"] == "FAIL" and out["wrong_ids"] == [6] and out["fails"] == ["rows differ from the source's"]
+
+
+def test_a_verification_job_reembeds_stored_texts_with_an_installed_encoder(world):
+    pytest.importorskip("sentence_transformers")
+    texts = [f"a short note about topic number {i}, {w}" for i, w in enumerate(["rivers", "music", "stocks", "cats",
+                                                                              "rain", "chess", "bread", "trains"] * 5)]
+    r = world["client"].post("/v1/embeddings", json={"input": texts, "model": "all-MiniLM-L6-v2"})
+    if r.status_code == 503:
+        pytest.skip(r.json()["error"]["message"])
+    V = np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+    with open_store(world["url"]) as s:
+        for name, rows in (("h_txt", V), ("h_shuf", V[np.random.default_rng(0).permutation(len(V))])):
+            s.drop(name)
+            s.create(name, V.shape[1])
+            s.upsert(name, np.arange(len(V)), rows, texts)
+            s.finalize(name)
+    good = _verify(world, collection="h_txt", encoder="minilm", n_sample=40, queries=40, min_recall=0.9)["result"]
+    assert good["verdict"] == "PASS" and good["partner_top1"] == 1.0 and good["recall@10"] > 0.99, good
+    bad = _verify(world, collection="h_shuf", encoder="minilm", n_sample=40, queries=40, min_recall=0.9)["result"]
+    assert bad["verdict"] == "FAIL" and bad["partner_top1"] < 0.2 and bad["fails"] == ["recall@10 below 0.9"], bad
+
+
+def test_verification_refusals(world):
+    c = world["client"]
+    for body, status, word in [({"collection": "h_src"}, 422, "give encoder"),
+                               ({"collection": "h_src", "source": "h_src"}, 422, "source and map go together"),
+                               ({"collection": "h_src", "encoder": "no-such-model"}, 404, "unknown encoder"),
+                               ({"collection": "h_src", "source": "h_src", "map": "a2b", "min_recall": 0.5}, 422,
+                                "min_recall gates"),
+                               ({"collection": "h_src", "encoder": "minilm", "n_sample": 1}, 422, "n_sample"),
+                               ({"collection": "h_src", "source": "h_src", "map": "nope"}, 404, "nope")]:
+        r = c.post("/v1/verifications", json=body)
+        assert r.status_code == status and word in r.json()["error"]["message"], (body, r.text)
