@@ -161,12 +161,12 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
         raise InputError("--source needs --map (the migration's map)")
     embed = X_Y = None
     if encoder is not None:
-        from ..encoders import get_encoder
+        from ..encoders import canonical_name, get_encoder
 
-        enc = get_encoder(encoder)
+        canonical_name(encoder)  # an unknown name fails now; the model loads once the collection has been read
 
         def embed(texts):
-            return enc.encode(texts, kind="passage")
+            return get_encoder(encoder).encode(texts, kind="passage")
     elif heldout is not None:
         from ..io import read_vectors
 

@@ -47,8 +47,9 @@ OPERATIONS = _operations()
 
 @pytest.fixture(scope="module")
 def schema(tmp_path_factory):
-    app = create_app(settings_for(tmp_path_factory.mktemp("fuzz"), max_batch=256, max_body_bytes=1_000_000,
-                                  max_queued_jobs=2))
+    tmp = tmp_path_factory.mktemp("fuzz")
+    app = create_app(settings_for(tmp, max_batch=256, max_body_bytes=1_000_000, max_queued_jobs=2,
+                                  vectordb_url=f"qdrant://{tmp / 'qdrant'}"))  # the migration routes run for real
     model_tok = tiny_lm()  # the LM routes run for real on a tiny random Llama (seconds), not SmolLM2 (minutes)
     app.state.lm_provider = lambda: model_tok
     s = schemathesis.openapi.from_asgi("/openapi.json", app)  # starts the app's lifespan (kept for the process)
