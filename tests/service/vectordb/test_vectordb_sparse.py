@@ -140,3 +140,17 @@ def test_a_milvus_hybrid_collection_keeps_its_schema_sparse_fields_and_full_text
         assert hit["id"] == 150
         assert check_rows(s, "mh_src", "mh_dst", m)["rows_ok"]
 
+
+
+def test_a_milvus_auto_id_collection_keeps_its_ids_and_its_auto_id(tmp_path):
+    """LangChain's Milvus store makes an auto-id collection; the target keeps auto_id (the application's later
+    inserts without ids keep working) and every row keeps its id (upsert by primary key)."""
+    pytest.importorskip("milvus_lite")
+    X, m = small_migration()
+    with open_store(f"milvus://{tmp_path}/m.db") as s:
+        s.client.create_collection("auto_src", dimension=X.shape[1], auto_id=True, consistency_level="Strong")
+        s.client.insert("auto_src", [{"vector": x.tolist(), "text": f"t{i}"} for i, x in enumerate(X)])
+        migrate(s, "auto_src", "auto_dst", m, batch_size=64)
+        assert s.client.describe_collection("auto_dst")["auto_id"]
+        assert s.ids("auto_dst").tolist() == s.ids("auto_src").tolist()
+        assert check_rows(s, "auto_src", "auto_dst", m)["rows_ok"]
