@@ -35,7 +35,7 @@ from .deps import current_settings
 from .fastpath import FastPathMiddleware
 from .middleware import LOOPBACK_HOSTS, GuardMiddleware, ObserveMiddleware, accepted_hosts, body_limit
 from .responses import FastJSONResponse
-from .routers import embeddings, fits, indexes, jobs, lm, maps, migrations, ops, plans, steers
+from .routers import collections, embeddings, fits, indexes, jobs, lm, maps, migrations, ops, plans, steers
 from .state import AppState, freeze_heap
 
 __all__ = ["create_app", "serve", "worker_app", "API_DESCRIPTION"]
@@ -52,7 +52,8 @@ API_DESCRIPTION = """Linear maps between embedding spaces, over HTTP.
   any space and maps them through the registry's maps.
 * **Fits** — `POST /v1/fits` returns a job id at once; `GET /v1/jobs/{id}`.
 * **Migrations** — `POST /v1/migrations`: a collection of the service's vector database through a map, as a
-  job (progress, cancel, resume from its checkpoint).
+  job (progress, cancel, resume from its checkpoint); `POST /v1/verifications` checks it;
+  `POST /v1/collections/{name}/search` searches one with queries of another space, unmigrated.
 * **Steers** — `/v1/steers`: LM-Steer style transforms `q' = (I + eps W)^T q` per space (fit jobs,
   apply, lens); `"steers": {"name": eps}` in an index search steers its queries.
 * **Embeddings** — OpenAI-shaped `POST /v1/embeddings` (+ `target_space`).
@@ -122,7 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     install_error_handlers(app)
     routers = (ops.router, maps.router, indexes.router, fits.router, jobs.router, embeddings.router, steers.router,
-               lm.router, plans.router, migrations.router)
+               lm.router, plans.router, migrations.router, collections.router)
     for r in routers:
         app.include_router(r)  # each router carries its own prefix (route templates label metrics)
     mount_console(app)  # /ui console and /docs, from vendored assets (no CDN)

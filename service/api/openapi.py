@@ -59,6 +59,8 @@ EXAMPLES: dict[str, dict[str, dict]] = {
         "reembed": _ex("Re-embed 500 stored texts with the new model; FAIL below recall@10 0.4", {
             "collection": "docs", "encoder": "multilingual-e5-small", "n_sample": 500, "min_recall": 0.4}),
     },
+    "search_collection": {"toy": _ex("New-model queries against a collection still in the old model's space", {
+        "vectors": [[0.1, 0.9, 0.0, 0.0]], "space": "toy-b", "k": 3})},
     "create_plan": {"b64": _ex("Old corpus and a paired probe as base64 float32 (shapes abbreviated here)", {
         "old": {"vectors_b64": "AACAPwAAAAAAAAAAAAAAAJqZGT/NzEw/AAAAAAAAAAA=", "dim": 4},
         "probe_source": {"vectors": _A}, "probe_target": {"vectors": _B}, "target_retention": 0.95,

@@ -25,7 +25,7 @@ __all__ = [
     "MAX_VERSION", "ErrorBody",
     "SpaceCreate", "AliasSet", "AliasOut", "TagSet", "TransformOptions", "TransformJSON", "TransformResponse",
     "IndexCreate", "IndexAdd", "IndexDelete", "SearchRequest", "SearchResponse", "FitSide", "FitRequest", "PlanRequest",
-    "MigrationRequest", "VerificationRequest", "EmbeddingsRequest", "vectors_schema", "error_responses", "Health",
+    "EmbeddingsRequest", "vectors_schema", "error_responses", "Health",
     "Ready", "ServiceInfo",
     "SpaceOut", "SpaceList",
     "VersionOut", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList", "IndexAddResponse",
@@ -290,44 +290,6 @@ class FitRequest(_Strict):
     random_state: Count = Seed
     alias: str | None = None
     description: DescriptionText = Description
-
-
-class MigrationRequest(_Strict):
-    source: str = Field(..., description="Collection (or alias) of the old model's vectors in the service's vector "
-                                         "database (`VECBRIDGE_VECTORDB_URL`).")
-    target: str = Field(..., description="New collection for the mapped vectors (same ids and fields).")
-    map: str = Field(..., description="Registry ref of the map (`name`, `name@alias`, `name:N`); pinned to its "
-                                      "version when the request is accepted.")
-    alias: str | None = Field(None, description="Switched to the target once every row is written.")
-    batch_size: Count = Field(2000, ge=1, le=100_000, description="Rows per read / map / write step (and checkpoint).")
-    pause: Real = Field(0.0, ge=0, le=60, description="Seconds to sleep after each batch (spares a busy database).")
-    overwrite: bool = Field(False, description="Drop an existing target before a fresh start (never when resuming, "
-                                               "never one an alias serves).")
-    source_space: str | None = Field(None, description="Space of the source vectors (checked against the map's).")
-    target_space: str | None = Field(None, description="Space recorded on the target (default: the map's).")
-    index: Literal["hnsw", "ivfflat", "none"] | None = Field(None, description="PostgreSQL: the target's index.")
-    id_field: str | None = None
-    vector_field: str | None = None
-    text_field: str | None = None
-    dry_run: bool = Field(False, description="Every check a run makes, one batch read and mapped, nothing written.")
-
-
-class VerificationRequest(_Strict):
-    collection: str = Field(..., description="The migrated collection (or its alias) in the service's vector database.")
-    encoder: str | None = Field(None, description="Re-embed a sample of its stored texts with this installed encoder "
-                                                  "(the new model) and measure recall@k / partner recall.")
-    source: str | None = Field(None, description="The migration's source collection: check every row of "
-                                                 "`collection` against map(source row) (missing, extra, wrong "
-                                                 "vectors). Needs `map`.")
-    map: str | None = Field(None, description="Registry ref of the migration's map (with `source`).")
-    n_sample: Count = Field(2000, ge=2, le=100_000, description="Rows sampled for the re-embedding check.")
-    queries: Count = Field(200, ge=1, le=10_000, description="Queries of the engine-search check.")
-    k: Count = Field(10, ge=1, le=1000)
-    random_state: Count = Seed
-    min_recall: Real | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on recall@k (with `encoder`).")
-    id_field: str | None = None
-    vector_field: str | None = None
-    text_field: str | None = None
 
 
 class PlanRequest(_Strict):

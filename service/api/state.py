@@ -32,6 +32,7 @@ from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
 from ..ops.indexes import Translation, leads, space_encoder, translation
 from ..ops.preload import EncoderPreload
+from ..ops.vectordb import SharedStore
 from ..registry import Registry, RegistryUnavailableError, VersionInfo, open_registry
 from .gate import Gate
 
@@ -112,6 +113,8 @@ class AppState:
         self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
         self._seen: tuple[int, int] | None = None  # (registry change token, generation) last read together
         self._loads: dict[str, asyncio.Future] = {}  # index name -> its load for the requests waiting (after_loads)
+        self.vectordb = None if not settings.vectordb_url else SharedStore(
+            settings.vectordb_url, api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file)
 
     # --- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
@@ -185,6 +188,8 @@ class AppState:
     def close(self) -> None:
         self.indexes.stop_loading()
         self.jobs.shutdown(wait=False)
+        if self.vectordb is not None:
+            self.vectordb.close()
         if self.registry is not None:
             self.registry.close()
 

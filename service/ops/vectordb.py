@@ -12,6 +12,10 @@ Interruption: while :func:`run_migration` runs, the first SIGINT (Ctrl-C) or SIG
 migration to stop after the batch in flight (written and checkpointed), which then raises
 :class:`~service.vectordb.MigrationInterrupted` (faces exit 130 with one line); a second signal
 stops at once (KeyboardInterrupt) — still safe, the resumed run rewrites at most one batch.
+
+The HTTP service also searches a collection with queries of another space (:func:`search_collection`, the
+query-side migration) through one :class:`SharedStore`; :func:`verify_verdict` is the PASS/FAIL rule of both
+``verify`` faces.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from ..vectordb import FileCheckpoint, MigrationProgress, MigrationReport, Vecto
 from ..vectordb.migrate import is_artifact_path
 
 __all__ = ["open_store_for", "default_checkpoint", "run_migration", "checkpoint_status", "run_verify",
-           "needs_registry", "progress_record"]
+           "needs_registry", "progress_record", "verify_verdict", "configured_url", "SharedStore",
+           "search_collection"]
 
 
 def open_store_for(url: str, *, index: str | None = None, id_field: str | None = None,
@@ -204,3 +209,67 @@ def verify_verdict(out: dict, *, min_recall: float | None, source: str | None) -
 def progress_record(p: MigrationProgress) -> dict:
     """The JSON line both faces print per batch: ``done``, ``total``, ``last_id``, ``rows_per_s``."""
     return {"done": p.done, "total": p.total, "last_id": p.last_id, "rows_per_s": round(p.rows_per_s, 1)}
+
+
+def configured_url(settings) -> str:
+    """The service's vector-database URL (``VECBRIDGE_VECTORDB_URL``); ServiceUnavailableError (503) when none is
+    configured."""
+    from ..errors import ServiceUnavailableError
+
+    if not settings.vectordb_url:
+        raise ServiceUnavailableError("this service has no vector database configured: set VECBRIDGE_VECTORDB_URL "
+                                      "(or run `vecbridge migrate --store URL` where the database is reachable)")
+    return settings.vectordb_url
+
+
+class SharedStore:
+    """The service's vector database (``url``), opened on first use and shared by requests one call at a time
+    (a psycopg connection is not for concurrent use, and one connection per request would cost a connect each).
+    A call that fails for any reason but bad input closes it; the next call opens it again."""
+
+    def __init__(self, url: str, *, api_key: str | None = None, ca_file=None):
+        self.url, self._auth = url, {"api_key": api_key, "ca_file": ca_file}
+        self._lock = threading.Lock()
+        self._store: VectorStore | None = None
+
+    def call(self, fn: Callable[[VectorStore], object]):
+        """``fn(store)`` under the lock, on the open store."""
+        with self._lock:
+            if self._store is None:
+                self._store = open_store(self.url, **self._auth)
+            try:
+                return fn(self._store)
+            except InputError:  # the request's fault (a missing collection, a wrong dimension): keep the connection
+                raise
+            except Exception:
+                self._close()
+                raise
+
+    def _close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+
+def search_collection(store: VectorStore, resolver, collection: str, Q, *, space: str, map_ref=None, k: int = 10,
+                      collection_space: str | None = None) -> dict:
+    """Search ``collection`` (vectors of its recorded space, or ``collection_space``) with queries ``Q`` (nq, d) of
+    ``space``, mapped into the collection's raw space through the registry's path of maps (``map_ref`` pins one or a
+    path). The query-side migration: the collection stays as it is. Returns ``collection_space``, ``maps`` (the
+    versions used) and ``results``: per query, hits ``{"id", "score"}`` best first (ids as the store keeps them)."""
+    from ..vectordb.base import id_key
+
+    cs = collection_space or store.get_space(collection)
+    if cs is None:
+        raise InputError(f"collection {collection!r} records no embedding space: give collection_space (the space "
+                         "of its vectors), or record it (a migration does; VectorStore.set_space)")
+    tr = resolver.translation(space, cs, map_ref)
+    S, I = store.search(collection, Q if tr.map is None else tr.map.apply(Q, output="raw"), k)
+    results = [[{"id": id_key(i), "score": float(s)} for i, s in zip(ri, rs) if s > float("-inf")]
+               for ri, rs in zip(I.tolist(), S.tolist())]
+    return {"collection": collection, "collection_space": cs, "space": space, "maps": tr.describe(),
+            "results": results}

@@ -16,8 +16,8 @@ from fastapi import APIRouter
 from align.exceptions import InputError
 
 from ...encoders import canonical_name
-from ...errors import ServiceUnavailableError
 from ...ops.vectordb import (
+    configured_url,
     default_checkpoint,
     run_migration,
     run_verify,
@@ -26,7 +26,8 @@ from ...ops.vectordb import (
 from ...vectordb.base import check_name
 from ..codec import parse_json, validate
 from ..job_routes import job_route
-from ..schemas import MigrationRequest, VerificationRequest, error_responses
+from ..schemas import error_responses
+from ..vectordb_schemas import MigrationRequest, VerificationRequest
 
 router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 503))
 
@@ -45,18 +46,11 @@ written.
 """
 
 
-def _database(settings) -> str:
-    if not settings.vectordb_url:
-        raise ServiceUnavailableError("this service has no vector database configured: set VECBRIDGE_VECTORDB_URL "
-                                      "(or run `vecbridge migrate --store URL` where the database is reachable)")
-    return settings.vectordb_url
-
-
 @job_route(router, "/migrations", kind="migration", summary="Queue a vector-database migration",
            description=MIGRATION_DOC, body_model=MigrationRequest, example="create_migration")
 def create_migration(body: bytes, request, state, settings):
     opts = validate(MigrationRequest, parse_json(body))
-    url = _database(settings)
+    url = configured_url(settings)
     check_name(opts.source), check_name(opts.target)
     if opts.alias is not None:
         check_name(opts.alias, "alias")
@@ -96,7 +90,7 @@ the engine's own search (`min_recall` gates recall@k); `source` + `map`: check e
            description=VERIFY_DOC, body_model=VerificationRequest, example="create_verification")
 def create_verification(body: bytes, request, state, settings):
     opts = validate(VerificationRequest, parse_json(body))
-    url = _database(settings)
+    url = configured_url(settings)
     check_name(opts.collection)
     if opts.encoder is None and opts.source is None:
         raise InputError("give encoder (re-embed the stored texts) and/or source with map (check every row)")

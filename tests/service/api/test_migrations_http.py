@@ -191,3 +191,40 @@ def test_verification_refusals(world):
                                ({"collection": "h_src", "source": "h_src", "map": "nope"}, 404, "nope")]:
         r = c.post("/v1/verifications", json=body)
         assert r.status_code == status and word in r.json()["error"]["message"], (body, r.text)
+
+
+def test_a_collection_is_searched_with_queries_of_another_space(world):
+    """The query-side migration over HTTP: a collection of space b searched with space-a queries through a2b."""
+    from service.vectordb import migrate
+
+    c, X, m = world["client"], world["X"], world["map"]
+    with open_store(world["url"]) as s:
+        s.drop("hs_b")
+        migrate(s, "h_src", "hs_b", m, batch_size=100, target_space="b")  # vectors of space b, recorded
+        s.drop("hs_bare")
+        s.create("hs_bare", 16)  # records no space
+        s.upsert("hs_bare", np.arange(20), m.apply(X[:20], output="raw"))
+    r = c.post("/v1/collections/hs_b/search", json={"vectors": X[:10].tolist(), "space": "a", "k": 3})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["collection_space"] == "b" and [v["name"] + f":{v['version']}" for v in out["maps"]] == ["a2b:1"]
+    assert [hits[0]["id"] for hits in out["results"]] == [3 * i for i in range(10)]  # each row finds itself
+    assert all(len(h) == 3 and h[0]["score"] > 0.99 for h in out["results"])
+    same = c.post("/v1/collections/h_src/search", json={"vectors": X[:5].tolist(), "space": "a", "k": 1}).json()
+    assert same["maps"] == [] and [h[0]["id"] for h in same["results"]] == [0, 3, 6, 9, 12]  # no map needed
+    r = c.post("/v1/collections/hs_bare/search", json={"vectors": X[:2].tolist(), "space": "a", "k": 1})
+    assert r.status_code == 422 and "records no embedding space" in r.json()["error"]["message"]
+    r = c.post("/v1/collections/hs_bare/search", json={"vectors": X[:2].tolist(), "space": "a", "k": 1,
+                                                        "collection_space": "b"})
+    assert [h[0]["id"] for h in r.json()["results"]] == [0, 1]
+    r = c.post("/v1/collections/h_src/search", json={"vectors": X[:1].tolist(), "space": "b"})
+    assert r.status_code == 404, r.text  # no map b -> a in the registry
+    for body, status, word in [({"vectors": X[:1, :8].tolist(), "space": "a"}, 422, "16"),
+                               ({"vectors": X[:1].tolist(), "space": "a", "k": 100_000}, 422, "k"),
+                               ({"vectors": X[:1].tolist()}, 422, "space")]:
+        r = c.post("/v1/collections/hs_b/search", json=body)
+        assert r.status_code == status and word in r.json()["error"]["message"], (body, r.text)
+    r = c.post("/v1/collections/nope/search", json={"vectors": X[:1].tolist(), "space": "a"})
+    assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
+    after = c.post("/v1/collections/hs_b/search", json={"vectors": X[:1].tolist(), "space": "a", "k": 1})
+    assert after.status_code == 200  # the shared connection survived the refusals

@@ -7,15 +7,34 @@ import re
 
 import numpy as np
 import pytest
+from _api_support import W, settings_for
+from _jobs_support import http_job, wait_job
 from fastapi.testclient import TestClient
 
 from service.api import create_app
 from service.api.routers.lm import LMAnalyzeRequest, LMFitRequest, LMGenerateRequest
-from service.api.schemas import (AliasSet, EmbeddingsRequest, EvaluateRequest, FitRequest, IndexAdd, IndexCreate,
-                                 IndexDelete, MigrationRequest, PlanRequest, VerificationRequest, SearchRequest, SpaceCreate, SteerApplyRequest, SteerFitRequest,
-                                 SteerTransferRequest, TagSet, TransformJSON)
-from _jobs_support import http_job, wait_job
-from _api_support import W, settings_for
+from service.api.schemas import (
+    AliasSet,
+    EmbeddingsRequest,
+    EvaluateRequest,
+    FitRequest,
+    IndexAdd,
+    IndexCreate,
+    IndexDelete,
+    PlanRequest,
+    SearchRequest,
+    SpaceCreate,
+    SteerApplyRequest,
+    SteerFitRequest,
+    SteerTransferRequest,
+    TagSet,
+    TransformJSON,
+)
+from service.api.vectordb_schemas import (
+    CollectionSearchRequest,
+    MigrationRequest,
+    VerificationRequest,
+)
 
 MODELS = {
     ("post", "/v1/spaces"): SpaceCreate, ("put", "/v1/maps/{name}/aliases/{alias}"): AliasSet,
@@ -26,7 +45,7 @@ MODELS = {
     ("post", "/v1/embeddings"): EmbeddingsRequest, ("post", "/v1/steers"): SteerFitRequest,
     ("post", "/v1/steers/{ref}/apply"): SteerApplyRequest, ("post", "/v1/lm/steers"): LMFitRequest,
     ("put", "/v1/steers/{name}/aliases/{alias}"): AliasSet, ("post", "/v1/steers/{ref}/transfer"): SteerTransferRequest,
-    ("post", "/v1/migrations"): MigrationRequest, ("post", "/v1/verifications"): VerificationRequest, ("post", "/v1/plans"): PlanRequest, ("post", "/v1/maps/{ref}/evaluate"): EvaluateRequest, ("post", "/v1/lm/generate"): LMGenerateRequest, ("post", "/v1/lm/analyze"): LMAnalyzeRequest,
+    ("post", "/v1/collections/{name}/search"): CollectionSearchRequest, ("post", "/v1/migrations"): MigrationRequest, ("post", "/v1/verifications"): VerificationRequest, ("post", "/v1/plans"): PlanRequest, ("post", "/v1/maps/{ref}/evaluate"): EvaluateRequest, ("post", "/v1/lm/generate"): LMGenerateRequest, ("post", "/v1/lm/analyze"): LMAnalyzeRequest,
 }
 
 # The toy walk-through, in order: method, path, example name (the route template is the OpenAPI path the

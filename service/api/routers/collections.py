@@ -1,0 +1,53 @@
+"""``POST /v1/collections/{name}/search``: search a collection of the service's vector database with queries of
+another space — the query-side migration (Drift-Adapter): the collection keeps its old-model vectors, each query
+is mapped into their space through the registry's maps, the database answers.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from ...ops import indexes as index_ops
+from ...ops.vectordb import configured_url, search_collection
+from ...vectordb.base import check_name
+from ..codec import parse_json, texts_instead, validate, vectors_from_json
+from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
+from ..openapi import json_body
+from ..responses import FastJSONResponse
+from ..schemas import error_responses
+from ..vectordb_schemas import CollectionSearchOptions, CollectionSearchRequest
+
+router = APIRouter(prefix="/v1", tags=["vector database"], responses=error_responses(401, 403, 404, 422, 503))
+
+SEARCH_DOC = """Search a collection of the service's vector database (`VECBRIDGE_VECTORDB_URL`) with queries of
+**any** registered space, without migrating it: the queries (`vectors`, `vectors_b64` + `dim`, or `texts`
+embedded with `space`'s encoder in its query form) are mapped into the collection's space (the one it records,
+as a migration does, or `collection_space`) through the registry's path of maps (`map` pins one or a path), in
+its raw form, and the database searches. The answer lists `maps` (the versions used) and per query its hits
+`{"id", "score"}` (ids as the database keeps them: integers or strings). One connection serves the requests one
+at a time.
+"""
+
+
+@router.post("/collections/{name}/search", dependencies=[ReadScope, JSONOnly],
+             summary="Search a vector-database collection with queries of another space", description=SEARCH_DOC,
+             openapi_extra=json_body(CollectionSearchRequest, "search_collection"), responses=error_responses(413, 415))
+async def search_collection_route(name: str, request: Request, state: StateDep, settings: SettingsDep):
+    body = await request.body()
+
+    def work():
+        configured_url(settings)
+        check_name(name)
+        obj = parse_json(body)
+        opts = validate(CollectionSearchOptions, {k: v for k, v in obj.items() if k not in ("vectors", "vectors_b64")})
+        if texts_instead(obj, opts.texts, settings.max_batch):
+            Q = index_ops.embed_texts(state, opts.space, opts.texts, "query")
+        else:
+            Q = vectors_from_json(obj, dim=state.registry.get_space(opts.space).dim, max_batch=settings.max_batch)
+        index_ops.check_hits(Q.shape[0], opts.k, settings.limits)
+        return state.vectordb.call(lambda store: search_collection(
+            store, state, name, Q, space=opts.space, map_ref=opts.map, k=opts.k,
+            collection_space=opts.collection_space))
+
+    return FastJSONResponse(await run_in_threadpool(work))
