@@ -450,6 +450,16 @@ class APICalls(SteerCalls, Calls):
         return (yield from self._json("POST", "/v1/verifications", json=body, headers=headers))
 
     @call
+    def search_collection(self, name: str, queries=None, *, space: str, texts: Sequence[str] | None = None,
+                          k: int = 10, map: str | Sequence[str] | None = None,
+                          collection_space: str | None = None) -> dict:
+        """Search a collection of the service's vector database with ``queries`` (n, d) or ``texts`` of ``space``,
+        mapped into the collection's space (``POST /v1/collections/{name}/search``): ``results``, ``maps``."""
+        body = clean({"space": space, "k": k, "map": map, "collection_space": collection_space,
+                      "texts": None if texts is None else list(texts), **({} if queries is None else b64(queries))})
+        return (yield from self._json("POST", f"/v1/collections/{_seg(name)}/search", json=body, retry=True))
+
+    @call
     def list_jobs(self) -> list[dict]:
         return (yield from self._pages("/v1/jobs"))
 

@@ -137,8 +137,10 @@ def test_the_python_client_queues_and_follows_a_migration(world):
         assert job["result"]["report"]["extra"]["rows_to_write"] == 300
         with pytest.raises(NotFoundError):
             vb.migrate("h_src", "h_dry2", "no-such-map")
-        job = vb.wait(vb.migrate("h_src", "h_cli", "a2b")["id"])
+        vb.wait(vb.migrate("h_src", "h_cli", "a2b")["id"])
         assert vb.wait(vb.verify("h_cli", source="h_src", map="a2b")["id"])["result"]["verdict"] == "PASS"
+        out = vb.search_collection("h_cli", world["X"][:4], space="a", k=1)  # h_cli records space b
+        assert [h[0]["id"] for h in out["results"]] == [0, 3, 6, 9] and out["maps"][0]["name"] == "a2b"
 
 
 def _verify(world, **body) -> dict:
