@@ -474,13 +474,48 @@ function steerPage() {
 
 function migrationsPage() {
   return page({
-    jobs: [], indexes: [],
+    jobs: [], indexes: [], maps: [], timer: null,
+    source: "", target: "", map: "", alias: "", dryRun: true, migMsg: "",
     async load() {
-      const [j, i] = await Promise.all([VB.api("/v1/jobs"), VB.api("/v1/indexes")]);
-      this.jobs = (j.data || []).filter(x => /migrat|verify/i.test(x.kind));
+      const [j, i, m] = await Promise.all([VB.api("/v1/jobs"), VB.api("/v1/indexes"), VB.api("/v1/maps")]);
+      this.jobs = (j.data || []).filter(x => /migrat|verify/i.test(x.kind))
+        .sort((a, b) => b.timings.created_at - a.timings.created_at);
       this.indexes = i.data;
+      this.maps = m.data || [];
+      if (!this.map && this.maps.length) this.map = this.maps[0].name;
+      // while a migration runs, follow it (rows written / total) as the jobs page does
+      if (!this.timer && this.jobs.some(x => x.state === "queued" || x.state === "running")) {
+        this.timer = setInterval(() => this.poll(), 1000);
+      }
     },
-    outcome(j) { return JSON.stringify(j.result || j.error || ""); },
+    async poll() {
+      if (!VB.key() || document.hidden) return;
+      try { await this.load(); } catch (e) { this.error = VB.say(e); }
+      if (!this.jobs.some(x => x.state === "queued" || x.state === "running")) {
+        clearInterval(this.timer); this.timer = null;
+      }
+    },
+    /* POST /v1/migrations (a write key); the job appears in the table below and is followed there. */
+    async start() {
+      this.migMsg = "";
+      const body = { source: this.source.trim(), target: this.target.trim(), map: this.map, dry_run: this.dryRun };
+      if (this.alias.trim()) body.alias = this.alias.trim();
+      try {
+        const job = await VB.api("/v1/migrations", { method: "POST", body });
+        this.migMsg = `queued ${this.shortId(job)}: ${job.description}`;
+        await this.load();
+      } catch (e) { this.migMsg = VB.say(e); }
+    },
+    mapOption(m) { return `${m.name} (${m.source_space} → ${m.target_space})`; },
+    outcome(j) {
+      if (j.error) return `${j.error.type}: ${j.error.message}`;
+      const r = j.result && j.result.report;
+      if (!r) return JSON.stringify(j.result || "");
+      const x = r.extra || {};
+      if (x.dry_run) return `dry run: would ${x.start} ${r.target}, ${x.rows_to_write} rows to write; space ${x.space_check}`;
+      return `${r.rows} rows in ${r.target} (${r.rows_this_run} this run, ${r.seconds.toFixed(1)}s)` +
+        (r.alias ? `; alias ${r.alias} → ${r.target}` : "");
+    },
   });
 }
 window.VB = VB;

