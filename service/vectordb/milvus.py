@@ -92,6 +92,7 @@ class MilvusStore(VectorStore):
             raise VectorDBError(f"milvus: cannot connect to {safe_url(self.uri)}: {why}") from None
         self._dims: dict[str, int] = {}
         self._keys: dict[str, int | None] = {}  # name -> max_length of a VARCHAR primary key, None for INT64
+        self._searchable: set[str] = set()  # names seen loaded by a search (see _search)
 
     # --- collections --------------------------------------------------------------------
     def exists(self, name: str) -> bool:
@@ -187,6 +188,7 @@ class MilvusStore(VectorStore):
             self.client.drop_collection(name)
         self._dims.pop(name, None)
         self._keys.pop(name, None)
+        self._searchable.discard(name)
 
     def dim(self, name: str) -> int:
         if name not in self._dims:
@@ -322,10 +324,22 @@ class MilvusStore(VectorStore):
         return Batch(ids, V, texts, fields)
 
     def _search(self, name, Q, k):
-        self._loaded(name)
+        from pymilvus.exceptions import MilvusException
+
+        if name not in self._searchable:  # checked once per collection: its load state is an RPC (~2.5 ms here)
+            self._loaded(name)
+            self._searchable.add(name)
         out: list[list[tuple[int, float]]] = []
         for s in range(0, Q.shape[0], _SEARCH_BATCH):
-            res = self.client.search(name, data=[q for q in Q[s : s + _SEARCH_BATCH]], limit=k, output_fields=[])
+            data = [q for q in Q[s : s + _SEARCH_BATCH]]
+            try:
+                res = self.client.search(name, data=data, limit=k, output_fields=[])
+            except MilvusException as exc:  # released (or dropped) by someone else since: check again, once
+                self._searchable.discard(name)
+                if "load" not in str(exc).lower():
+                    raise
+                self._loaded(name)
+                res = self.client.search(name, data=data, limit=k, output_fields=[])
             for hits in res:
                 out.append([(id_key(h["id"]), float(h["distance"])) for h in hits])
         return _pad_results(out, k)
@@ -348,6 +362,7 @@ class MilvusStore(VectorStore):
             self.client.alter_alias(name, alias)
         self._dims.pop(alias, None)
         self._keys.pop(alias, None)
+        self._searchable.discard(alias)
 
     def resolve_alias(self, alias: str) -> str | None:
         check_name(alias, "alias")
