@@ -156,8 +156,14 @@ class MilvusStore(VectorStore):
         return strlen
 
     def _describe(self, name: str) -> dict:
-        self._require(name)
-        return self.client.describe_collection(name)
+        """``describe_collection`` of a collection or alias (one RPC; CollectionNotFoundError when neither)."""
+        from pymilvus.exceptions import MilvusException
+
+        try:
+            return self.client.describe_collection(check_name(name))
+        except MilvusException:
+            self._require(name)  # names what is missing; a collection that exists re-raises below
+            raise
 
     def get_space(self, name: str) -> str | None:
         return (self._describe(name).get("properties") or {}).get("vecbridge.space") or None
