@@ -107,16 +107,17 @@ def get_map(A, B, args):
 
 
 def start_server(data_dir: Path, port: int, *, workers: int = 1, demo: bool = False, bare: bool = False,
-                 wait_ready: bool = True, root: Path = ROOT) -> subprocess.Popen:
+                 wait_ready: bool = True, root: Path = ROOT, extra_env: dict | None = None) -> subprocess.Popen:
     """A real server on localhost: ``vecbridge serve`` (``--workers``), or the bare ASGI floor app.
 
-    ``root``: the source tree the server runs from (another checkout: the before of a before/after)."""
+    ``root``: the source tree the server runs from (another checkout: the before of a before/after);
+    ``extra_env``: more settings (e.g. ``VECBRIDGE_VECTORDB_URL``)."""
     import httpx
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
     env.update({"VECBRIDGE_DATA_DIR": str(data_dir), "VECBRIDGE_API_KEYS": json.dumps({KEY: ["read", "write"]}),
                 "VECBRIDGE_DEMO_ON_EMPTY": "true" if demo else "false", "VECBRIDGE_LOG_LEVEL": "WARNING",
-                "PYTHONPATH": str(root)})
+                "PYTHONPATH": str(root), **(extra_env or {})})
     if bare:
         from service.config import Settings
         from service.memory import heap_env

@@ -115,6 +115,9 @@ class AppState:
         self._loads: dict[str, asyncio.Future] = {}  # index name -> its load for the requests waiting (after_loads)
         self.vectordb = None if not settings.vectordb_url else SharedStore(
             settings.vectordb_url, api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file)
+        # one thread for the shared connection's calls: the others wait on the event loop, holding no thread, so a
+        # database that hangs cannot take the pool every other route needs
+        self.vectordb_turns = anyio.CapacityLimiter(1)
 
     # --- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:

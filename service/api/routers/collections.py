@@ -5,8 +5,8 @@ is mapped into their space through the registry's maps, the database answers.
 
 from __future__ import annotations
 
+import anyio
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
 from ...ops import indexes as index_ops
 from ...ops.vectordb import configured_url, search_collection
@@ -26,7 +26,7 @@ embedded with `space`'s encoder in its query form) are mapped into the collectio
 as a migration does, or `collection_space`) through the registry's path of maps (`map` pins one or a path), in
 its raw form, and the database searches. The answer lists `maps` (the versions used) and per query its hits
 `{"id", "score"}` (ids as the database keeps them: integers or strings). One connection serves the requests one
-at a time.
+at a time, on one thread (the others wait their turn without holding a thread).
 """
 
 
@@ -50,4 +50,4 @@ async def search_collection_route(name: str, request: Request, state: StateDep, 
             store, state, name, Q, space=opts.space, map_ref=opts.map, k=opts.k,
             collection_space=opts.collection_space))
 
-    return FastJSONResponse(await run_in_threadpool(work))
+    return FastJSONResponse(await anyio.to_thread.run_sync(work, limiter=state.vectordb_turns))
