@@ -1,7 +1,7 @@
 """Vector-database servers for the tests (no tests here): module-scoped ``milvus_url`` (a Milvus Lite
 server process) and ``pg_url`` (PostgreSQL + pgvector from the pgserver wheel), or the URLs in
 ``VECBRIDGE_TEST_MILVUS_URI`` / ``VECBRIDGE_TEST_PGVECTOR_URL`` (``.ci/start_vectordbs.sh``); and
-:func:`small_migration`, rows and a map to migrate them with."""
+:func:`small_migration`, rows and a map to migrate them with; :func:`uuids`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 import pytest
-
 from _servers import free_port
 
 
@@ -25,6 +24,14 @@ def small_migration():
     X = rng.normal(size=(400, 24)).astype(np.float32)
     Y = X @ np.linalg.qr(rng.normal(size=(24, 24)))[0][:, :16]
     return X[:200], align.fit_procrustes(X[200:], Y[200:])
+
+
+def uuids(n: int, seed: int = 0) -> list[str]:
+    """``n`` random version-4 UUIDs as strings, reproducibly (``seed``)."""
+    import uuid
+
+    rng = np.random.default_rng(seed)
+    return [str(uuid.UUID(bytes=rng.bytes(16), version=4)) for _ in range(n)]
 
 
 def _wait_port(port: int, timeout: float = 60.0) -> None:

@@ -16,6 +16,7 @@ import uuid
 import numpy as np
 import pytest
 from _vectordb_servers import pg_url, small_migration  # noqa: F401  (module-scoped server fixture)
+from _vectordb_servers import uuids as _uuids
 
 from align.exceptions import InputError
 from service.vectordb import (
@@ -28,11 +29,6 @@ from service.vectordb import (
 )
 
 pytest.importorskip("psycopg")
-
-
-def _uuids(n: int, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [str(uuid.UUID(bytes=rng.bytes(16), version=4)) for _ in range(n)]
 
 
 @pytest.fixture

@@ -6,11 +6,10 @@ Before, the first UUID was an UnsupportedFieldError: such a collection could not
 
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 import pytest
 from _vectordb_servers import small_migration
+from _vectordb_servers import uuids as _uuids
 
 from align.exceptions import InputError
 from service.vectordb import (
@@ -23,11 +22,6 @@ from service.vectordb import (
 )
 
 pytest.importorskip("qdrant_client")
-
-
-def _uuids(n: int, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [str(uuid.UUID(bytes=rng.bytes(16), version=4)) for _ in range(n)]
 
 
 @pytest.fixture
