@@ -3,13 +3,14 @@ from :mod:`.schemas` (whose building blocks they use)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
-from .schemas import Count, Dim, MapPath, Real, Seed, _Strict, _Vectors
+from .schemas import Count, Dim, MapPath, Real, Seed, _Page, _Strict, _Vectors
 
-__all__ = ["CollectionSearchOptions", "CollectionSearchRequest", "MigrationRequest", "VerificationRequest"]
+__all__ = ["CollectionSearchOptions", "CollectionSearchRequest", "MigrationList", "MigrationRequest", "MigrationStatus",
+           "VerificationRequest"]
 
 
 class MigrationRequest(_Strict):
@@ -64,3 +65,25 @@ class CollectionSearchOptions(_Strict):
 
 class CollectionSearchRequest(CollectionSearchOptions, _Vectors):
     pass
+
+
+class MigrationStatus(BaseModel):
+    name: str = Field(..., description="The checkpoint's name: `<source>-to-<target>`.")
+    checkpoint: str
+    source: str | None = None
+    target: str | None = None
+    done: int | None = Field(None, description="Rows written.")
+    total: int | None = Field(None, description="Rows in the source when the migration started.")
+    fraction: float | None = None
+    batches: int | None = None
+    last_id: Any = Field(None, description="The last id written (an integer or a string id): where a rerun resumes.")
+    finished: bool | None = None
+    fields: list[str] | None = None
+    rows_per_s: float | None = None
+    eta_s: float | None = None
+    updated_at: float | None = None
+    error: str | None = Field(None, description="Why the checkpoint could not be read (a damaged file).")
+
+
+class MigrationList(_Page):
+    data: list[MigrationStatus]

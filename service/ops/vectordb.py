@@ -23,17 +23,35 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from align.exceptions import InputError
+from align.exceptions import InputError, VecbridgeError
 
-from ..vectordb import FileCheckpoint, MigrationProgress, MigrationReport, VectorStore, migrate, open_store
+from ..vectordb import (
+    FileCheckpoint,
+    MigrationProgress,
+    MigrationReport,
+    VectorStore,
+    migrate,
+    open_store,
+)
 from ..vectordb.migrate import is_artifact_path
 
-__all__ = ["open_store_for", "default_checkpoint", "run_migration", "checkpoint_status", "run_verify",
-           "needs_registry", "progress_record", "verify_verdict", "configured_url", "SharedStore",
-           "search_collection"]
+__all__ = [
+    "SharedStore",
+    "checkpoint_status",
+    "configured_url",
+    "default_checkpoint",
+    "list_checkpoints",
+    "needs_registry",
+    "open_store_for",
+    "progress_record",
+    "run_migration",
+    "run_verify",
+    "search_collection",
+    "verify_verdict",
+]
 
 
 def open_store_for(url: str, *, index: str | None = None, id_field: str | None = None,
@@ -143,6 +161,20 @@ def checkpoint_status(checkpoint) -> dict:
             "finished": bool(state.get("finished")), "fields": state.get("fields", []),
             "rows_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
             "updated_at": updated}
+
+
+def list_checkpoints(data_dir) -> list[dict]:
+    """:func:`checkpoint_status` of every migration recorded under ``data_dir/migrations`` (the default checkpoints
+    of CLI and HTTP runs alike), each with ``name`` (the file's stem); one that cannot be read says why."""
+    folder = Path(data_dir) / "migrations"
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            status = checkpoint_status(path)
+        except (VecbridgeError, InputError, OSError, ValueError) as exc:  # a damaged file: listed, not a failure
+            status = {"checkpoint": str(path), "error": str(exc)}
+        out.append({"name": path.stem, **status})
+    return out
 
 
 def run_verify(*, store_url: str, collection: str, encoder: str | None = None, heldout: tuple | None = None,

@@ -19,6 +19,7 @@ from ...encoders import canonical_name
 from ...ops.vectordb import (
     configured_url,
     default_checkpoint,
+    list_checkpoints,
     run_migration,
     run_verify,
     verify_verdict,
@@ -26,8 +27,9 @@ from ...ops.vectordb import (
 from ...vectordb.base import check_name
 from ..codec import parse_json, validate
 from ..job_routes import job_route
+from ..pagination import list_route
 from ..schemas import error_responses
-from ..vectordb_schemas import MigrationRequest, VerificationRequest
+from ..vectordb_schemas import MigrationList, MigrationRequest, VerificationRequest
 
 router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 503))
 
@@ -76,6 +78,10 @@ def create_migration(body: bytes, request, state, settings):
     what = "dry run of a migration" if opts.dry_run else "migrate"
     return job, f"{what} {opts.source} -> {opts.target} through {ref}"
 
+
+list_route(router, "/migrations", name="list_migrations", response_model=MigrationList,
+           summary="Migrations recorded in this data dir (their checkpoints: CLI and HTTP runs)",
+           load=lambda state: list_checkpoints(state.settings.data_dir))
 
 VERIFY_DOC = """Queue a check of a migrated collection in the service's vector database (`vecbridge verify`); the
 answer (202) carries the job id. `encoder`: re-embed a sample of the stored texts with that installed encoder

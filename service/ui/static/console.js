@@ -474,10 +474,12 @@ function steerPage() {
 
 function migrationsPage() {
   return page({
-    jobs: [], indexes: [], maps: [], timer: null,
+    jobs: [], indexes: [], maps: [], checkpoints: [], timer: null,
     source: "", target: "", map: "", alias: "", dryRun: true, migMsg: "",
     async load() {
-      const [j, i, m] = await Promise.all([VB.api("/v1/jobs"), VB.api("/v1/indexes"), VB.api("/v1/maps")]);
+      const [j, i, m, c] = await Promise.all([VB.api("/v1/jobs"), VB.api("/v1/indexes"), VB.api("/v1/maps"),
+                                              VB.api("/v1/migrations")]);
+      this.checkpoints = c.data || [];
       this.jobs = (j.data || []).filter(x => /migrat|verify/i.test(x.kind))
         .sort((a, b) => b.timings.created_at - a.timings.created_at);
       this.indexes = i.data;
@@ -507,6 +509,8 @@ function migrationsPage() {
       } catch (e) { this.migMsg = VB.say(e); }
     },
     mapOption(m) { return `${m.name} (${m.source_space} → ${m.target_space})`; },
+    rowsText(c) { return c.error ? c.error : `${VB.num(c.done)} / ${VB.num(c.total)}`; },
+    stateText(c) { return c.error ? "unreadable" : c.finished ? "finished" : `stopped after id ${c.last_id}`; },
     outcome(j) {
       if (j.error) return `${j.error.type}: ${j.error.message}`;
       const r = j.result && j.result.report;

@@ -230,3 +230,20 @@ def test_a_collection_is_searched_with_queries_of_another_space(world):
     assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
     after = c.post("/v1/collections/hs_b/search", json={"vectors": X[:1].tolist(), "space": "a", "k": 1})
     assert after.status_code == 200  # the shared connection survived the refusals
+
+
+def test_the_migrations_list_shows_every_checkpoint_of_the_data_dir(world, tmp_path):
+    c = world["client"]
+    wait_http_job(c, _post(world, source="h_src", target="h_list", map="a2b", batch_size=100).json()["id"])
+    damaged = world["data"] / "migrations" / "x-to-y.json"
+    damaged.write_text("{not json")  # a damaged file is listed with its error, not the list's failure
+    r = c.get("/v1/migrations")
+    assert r.status_code == 200, r.text
+    by_name = {d["name"]: d for d in r.json()["data"]}
+    row = by_name["h_src-to-h_list"]
+    assert row["finished"] and row["done"] == row["total"] == 300 and row["fraction"] == 1.0
+    assert row["source"] == "h_src" and row["target"] == "h_list" and row["last_id"] == 897
+    assert "not JSON" in by_name["x-to-y"]["error"] and by_name["x-to-y"].get("done") is None
+    page = c.get("/v1/migrations", params={"limit": 1}).json()
+    assert len(page["data"]) == 1 and page["next"]
+    damaged.unlink()

@@ -345,6 +345,9 @@ def test_migrations_page_and_offline_docs(server, browser):
     t.page.get_by_role("button", name="Start").click()  # again: the checkpoint says it is done, nothing rewritten
     t.page.locator("#mig-table tbody tr").nth(2).wait_for()
     first.filter(has_text="(0 this run").wait_for(timeout=60_000)
+    ck = t.page.locator("#mig-checkpoints tbody tr", has_text="docs_minilm-to-docs_e5")
+    ck.filter(has_text="finished").wait_for()
+    assert f"{N_MIGRATE} / {N_MIGRATE}" in ck.inner_text()
     t.shot("migrations")
     t.goto("/docs")
     t.page.locator(".swagger-ui .info .title").wait_for()  # rendered from the vendored assets, no CDN
