@@ -218,7 +218,8 @@ class QdrantStore(VectorStore):
         V = np.asarray([vec(p) for p in points], dtype=np.float32)
         sparse = None
         if with_fields:
-            names = sorted({k for p in points if isinstance(p.vector, dict) for k in p.vector} - {dense})
+            names = sorted({k for p in points if isinstance(p.vector, dict) for k, v in p.vector.items()
+                            if not isinstance(v, list)} - {dense})  # sparse ones: another dense vector is a list
             sparse = {k: [p.vector.get(k) if isinstance(p.vector, dict) else None for p in points]
                       for k in names} or None
         texts = none_if_all_none([(p.payload or {}).get(self.text_field) for p in points]) if with_texts else None

@@ -154,3 +154,20 @@ def test_a_milvus_auto_id_collection_keeps_its_ids_and_its_auto_id(tmp_path):
         assert s.client.describe_collection("auto_dst")["auto_id"]
         assert s.ids("auto_dst").tolist() == s.ids("auto_src").tolist()
         assert check_rows(s, "auto_src", "auto_dst", m)["rows_ok"]
+
+
+def test_another_dense_vector_is_never_read_as_a_sparse_one(tmp_path):
+    X, m = small_migration()
+    s = open_store(f"qdrant://{tmp_path}/q", vector_field="text-dense")
+    params = models.VectorParams(size=X.shape[1], distance=models.Distance.COSINE)
+    s.client.create_collection("two", vectors_config={"text-dense": params, "title-dense": params},
+                               sparse_vectors_config={"text-sparse": models.SparseVectorParams()})
+    s.client.upsert("two", points=[models.PointStruct(id=i, vector={"text-dense": X[i].tolist(),
+                                                                   "title-dense": X[i + 1].tolist(),
+                                                                   "text-sparse": _sparse(i)}) for i in range(3)])
+    b = s.fetch("two", [0, 1, 2], with_fields=True)
+    assert list(b.sparse) == ["text-sparse"]  # title-dense is a dense vector: not carried as a sparse one
+    assert s.unsupported_fields("two") == ["title-dense (another named vector: a migration maps 'text-dense' only)"]
+    with pytest.raises(UnsupportedFieldError, match="title-dense"):
+        migrate(s, "two", "two_dst", m)
+    s.close()
