@@ -2,27 +2,44 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from conftest import WORDNET, wordnet_available
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import align
-from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, PairCountError
+from align.exceptions import (
+    DimensionMismatchError,
+    EmptyInputError,
+    InputError,
+    PairCountError,
+)
 from align.kmeans import kmeans
 from align.knn import knn_blocks
 from align.refine import refine_icp
 from service import distributed as D
 
-from conftest import WORDNET, wordnet_available
-
 
 @pytest.fixture(scope="module")
 def ray_local():
+    """A fresh local Ray of this module's own: ``address="local"`` never joins a cluster an earlier test left
+    recorded, and token authentication is off explicitly (Ray turns it on by itself when a token file exists, as
+    the token test of test_cli_ray.py can leave one; a CI run then saw the raylet fail to register)."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    before = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        yield ray
+        ray.shutdown()
+    finally:
+        if before is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = before
 
 
 def _planted(n=3000, d_s=32, d_t=24, seed=0):

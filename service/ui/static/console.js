@@ -509,6 +509,7 @@ function migrationsPage() {
       } catch (e) { this.migMsg = VB.say(e); }
     },
     mapOption(m) { return `${m.name} (${m.source_space} → ${m.target_space})`; },
+    fieldsText(c) { return (c.fields || []).join(", "); },
     rowsText(c) { return c.error ? c.error : `${VB.num(c.done)} / ${VB.num(c.total)}`; },
     stateText(c) { return c.error ? "unreadable" : c.finished ? "finished" : `stopped after id ${c.last_id}`; },
     outcome(j) {
