@@ -28,6 +28,7 @@ from pathlib import Path
 
 from align.exceptions import InputError, VecbridgeError
 
+from ..errors import NotFoundError
 from ..vectordb import (
     FileCheckpoint,
     MigrationProgress,
@@ -271,8 +272,8 @@ class SharedStore:
                 self._store = open_store(self.url, **self._auth)
             try:
                 return fn(self._store)
-            except InputError:  # the request's fault (a missing collection, a wrong dimension): keep the connection
-                raise
+            except (InputError, NotFoundError):  # the request's fault (a wrong dimension, a missing collection)
+                raise  # the connection is fine: keep it
             except Exception:
                 self._close()
                 raise

@@ -339,11 +339,10 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     start = _start(store, state, source, target, fp, overwrite)
     if state is not None and state.get("nulls") != "kept" and state["last_id"] is not None:
         notes = [NULLS_DROPPED_BEFORE.format(last=state["last_id"])]
+    extra = {"space_check": space_check, "fields": sorted((state or {}).get("fields", [])), "warnings": notes}
     if dry_run:
         return _dry_run(store, source, target, map_, state=state, start=start, alias=alias, batch_size=batch_size,
-                        fp=fp, extra={"space_check": space_check, "fields": sorted((state or {}).get("fields", [])),
-                                      "warnings": notes,
-                                      "target_space": map_tgt}, t0=t0)
+                        fp=fp, extra={**extra, "target_space": map_tgt}, t0=t0)
 
     if state is not None:
         resumed_from = state["last_id"]
@@ -355,7 +354,6 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         checkpoint.save(state)
         resumed_from = None
 
-    extra = {"space_check": space_check, "fields": sorted(state.get("fields", [])), "warnings": notes}
     if state["finished"]:
         if alias:
             store.set_alias(alias, target)

@@ -163,10 +163,11 @@ class PgVectorStore(VectorStore):
             "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             (table,)).fetchall()]
 
-    def _extra(self, name: str) -> list[tuple[str, str, int]]:
-        """Columns other than id / vector / text (the rows' extra fields)."""
+    def _extra(self, name: str, columns=None) -> list[tuple[str, str, int]]:
+        """Columns other than id / vector / text (the rows' extra fields); ``columns``: :meth:`_columns` already
+        read."""
         core = {self.id_field, self.vector_field, self.text_field}
-        return [c for c in self._columns(name) if c[0] not in core]
+        return [c for c in (columns if columns is not None else self._columns(name)) if c[0] not in core]
 
     def _id_type(self, name: str, columns=None) -> str:
         """The SQL type of the id column of ``name`` (``columns``: :meth:`_columns` already read)."""
@@ -295,7 +296,7 @@ class PgVectorStore(VectorStore):
                 raise InputError(f"pgvector: {name!r} keeps half-precision vectors (|x| <= {_HALF_MAX:g}); "
                                  f"{int(big.sum())} row(s) exceed it (first id {id_key(ids[np.argmax(big)])!r})")
             vectors = [HalfVector(v) for v in vectors]
-        extra = self._extra(name)
+        extra = self._extra(name, columns)
         have = {c for c, _, _ in extra}
         unknown = sorted(set(fields or ()) - have)
         if unknown:

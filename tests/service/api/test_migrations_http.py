@@ -247,3 +247,23 @@ def test_the_migrations_list_shows_every_checkpoint_of_the_data_dir(world, tmp_p
     page = c.get("/v1/migrations", params={"limit": 1}).json()
     assert len(page["data"]) == 1 and page["next"]
     damaged.unlink()
+
+
+def test_the_shared_connection_survives_a_requests_own_errors_and_is_reopened_after_others(tmp_path):
+    pytest.importorskip("qdrant_client")
+    from service.ops.vectordb import SharedStore
+    from service.vectordb import CollectionNotFoundError
+
+    shared = SharedStore(f"qdrant://{tmp_path}/q")
+    first = shared.call(lambda store: store)
+    with pytest.raises(CollectionNotFoundError):  # a 404 of the request: the connection is fine
+        shared.call(lambda store: store.dim("nope"))
+    assert shared.call(lambda store: store) is first
+
+    def broken(store):
+        raise RuntimeError("the database went away")
+
+    with pytest.raises(RuntimeError):
+        shared.call(broken)
+    assert shared.call(lambda store: store) is not first  # closed after it, opened again for the next call
+    shared.close()
