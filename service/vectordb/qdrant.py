@@ -87,7 +87,15 @@ class QdrantStore(VectorStore):
         elif str(path) == ":memory:":
             self.client = QdrantClient(location=":memory:")
         else:
-            self.client = QdrantClient(path=str(path))
+            try:
+                self.client = QdrantClient(path=str(path))
+            except RuntimeError as exc:  # the folder's lock: local mode serves one client at a time
+                if "already accessed" not in str(exc):
+                    raise
+                raise VectorDBError(f"qdrant: the local store {path} is open in another client (another process, "
+                                    "or this service's collection search or a migration job): local mode serves "
+                                    "one client at a time; wait for it, or use a Qdrant server "
+                                    "(qdrant://host:6333)") from None
 
     def exists(self, name: str) -> bool:
         # not collection_exists: it answers True for an alias too

@@ -109,3 +109,14 @@ def test_string_ids_that_a_store_cannot_keep_are_refused(store, tmp_path):
         mv.create("u_bad", X.shape[1])
         with pytest.raises(InputError, match="milvus: 'u_bad' keys rows by INT64, got str ids"):
             mv.upsert("u_bad", _uuids(1), X[:1])
+
+
+def test_a_local_store_open_elsewhere_is_one_clear_error(tmp_path):
+    """Qdrant's local mode locks its folder; a second client (a migration job while the service's collection
+    search holds it) got Qdrant's bare RuntimeError, a 500 over HTTP. Now a VectorDBError (503) saying so."""
+    from service.vectordb import VectorDBError
+
+    with open_store(f"qdrant://{tmp_path}/q"), pytest.raises(VectorDBError,
+                                                             match="open in another client.*one client at a time"):
+        open_store(f"qdrant://{tmp_path}/q")
+    open_store(f"qdrant://{tmp_path}/q").close()  # free again once the first is closed
