@@ -84,71 +84,88 @@ class Terminated(KeyboardInterrupt):
     (a transform's temporary output is removed, a registration's transaction rolled back); exit 143 (128 + 15)."""
 
 
-#: seconds a SIGTERM-ed command has to unwind before the process ends anyway (as SIGTERM's default would end it)
+#: seconds a signalled command has to unwind before the process ends anyway (as the signal's default would end it)
 TERM_GRACE_S = 10.0
 
 
-class _Termination:
-    """SIGTERM during one command. The handler raises :class:`Terminated` and keeps the request, so that
-    :func:`check_stop` (called at every progress report of the CLI) raises it again where the first raise was lost:
-    CPython drops an exception raised inside a ``__del__`` or weakref callback that the handler happened to
-    interrupt (the command then ran to its end, exit 0). A timer ends the process (exit 143, one line) when the
-    command has not unwound ``TERM_GRACE_S`` after the signal, so a SIGTERM always stops it."""
+class _Stop:
+    """SIGTERM or Ctrl-C (SIGINT) during one command. The handler raises :class:`Terminated` (SIGTERM) or
+    ``KeyboardInterrupt`` (SIGINT) and keeps the request, so that :func:`check_stop` (called at every progress
+    report of the CLI) raises it again where the first raise was lost: CPython drops an exception raised inside a
+    ``__del__`` or weakref callback that the handler happened to interrupt (the command then ran to its end, exit
+    0; seen for SIGTERM in an ``auto`` fit, and for Ctrl-C in a transform). A timer ends the process (143 / 130,
+    one line) when the command has not unwound ``TERM_GRACE_S`` after the first signal, so either always stops it."""
 
     def __init__(self) -> None:
-        self.requested = False
+        self.requested: int | None = None  # the signal received, if any
         self._timer: threading.Timer | None = None
 
     def handler(self, signum, frame):
-        if not self.requested:
-            self.requested = True
-            self._timer = threading.Timer(TERM_GRACE_S, self._end_now)
+        if self.requested is None:
+            self.requested = signum
+            self._timer = threading.Timer(TERM_GRACE_S, self._end_now, args=(signum,))
             self._timer.daemon = True
             self._timer.start()
-        raise Terminated()
+        self.raise_it()
+
+    def raise_it(self) -> None:
+        if self.requested == signal.SIGTERM:
+            raise Terminated()
+        if self.requested is not None:
+            raise KeyboardInterrupt()
 
     @staticmethod
-    def _end_now() -> None:
-        sys.stderr.write(f"vecbridge: terminated (the command did not stop within {TERM_GRACE_S:g} s)\n")
+    def _end_now(signum: int) -> None:
+        word = "terminated" if signum == signal.SIGTERM else "interrupted"
+        sys.stderr.write(f"vecbridge: {word} (the command did not stop within {TERM_GRACE_S:g} s)\n")
         sys.stderr.flush()
-        os._exit(128 + signal.SIGTERM)
+        os._exit(128 + signum)
 
     def unraisable(self, previous):
-        """A ``sys.unraisablehook`` silent for the lost Terminated (raised again by :func:`check_stop`)."""
-        return lambda u: None if isinstance(u.exc_value, Terminated) else previous(u)
+        """A ``sys.unraisablehook`` silent for the lost raise (raised again by :func:`check_stop`)."""
+        return lambda u: None if isinstance(u.exc_value, KeyboardInterrupt) and self.requested else previous(u)
 
     def reset(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self.requested, self._timer = False, None
+        self.requested, self._timer = None, None
 
 
-_TERM = _Termination()
+_STOP = _Stop()
 
 
 def check_stop() -> None:
-    """Raise :class:`Terminated` when SIGTERM came during this command (its first raise may have been lost)."""
-    if _TERM.requested:
-        raise Terminated()
+    """Raise :class:`Terminated` / ``KeyboardInterrupt`` when SIGTERM / Ctrl-C came during this command (its first
+    raise may have been lost)."""
+    _STOP.raise_it()
+
+
+#: the handlers this module takes over for a command: SIGTERM's default (end the process) and Python's own Ctrl-C
+_DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
 
 
 @contextmanager
-def _sigterm_unwinds():
-    """SIGTERM raises :class:`Terminated` for the ``with`` body. Left alone where someone set SIGTERM already
-    (ignored by the parent, a host program's handler) and off the main thread; commands that stop in their own way
-    (``serve``: uvicorn's shutdown, ``migrate``: the batch in flight checkpointed) install theirs over this one."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+def _signals_unwind():
+    """SIGTERM raises :class:`Terminated`, Ctrl-C ``KeyboardInterrupt``, for the ``with`` body, each kept until the
+    command stops (see :class:`_Stop`). A signal whose handler someone set already (ignored by the parent, as
+    ``nohup`` does; a host program's handler) is left alone, and so is everything off the main thread; commands that
+    stop in their own way (``serve``: uvicorn's shutdown, ``migrate``: the batch in flight checkpointed) install
+    theirs over these."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    ours = [s for s, default in _DEFAULTS.items() if signal.getsignal(s) is default]
     hook = sys.unraisablehook
-    sys.unraisablehook = _TERM.unraisable(hook)
-    signal.signal(signal.SIGTERM, _TERM.handler)
+    sys.unraisablehook = _STOP.unraisable(hook)
+    for s in ours:
+        signal.signal(s, _STOP.handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s in ours:
+            signal.signal(s, _DEFAULTS[s])
         sys.unraisablehook = hook
-        _TERM.reset()
+        _STOP.reset()
 
 
 def _stopped(exc: BaseException) -> int:
@@ -168,7 +185,7 @@ def _one_line(exc: BaseException) -> str:
 def main(argv=None) -> int:
     """Entry point: any error becomes one line on stderr and the exit code of its kind (``service.errors.EXIT_CODE``)."""
     try:
-        with _sigterm_unwinds():
+        with _signals_unwind():
             cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
         return 0
     except click.exceptions.Exit as exc:
