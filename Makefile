@@ -28,8 +28,12 @@ install-dev: $(STAMP)/install-dev
 run: install
 	vecbridge serve --data-dir $(DATA_DIR)
 
+# Test files run in TEST_WORKERS processes (pytest-xdist), each file whole in one of them, so a file's module
+# fixtures (servers, fitted maps) are built once; most tests wait on servers and subprocesses, so two processes on
+# two cores take ~0.65 of the serial time. TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 test: install-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: install
 	$(PY) benchmarks/bench_align.py
