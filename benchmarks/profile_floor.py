@@ -3,6 +3,7 @@
     python benchmarks/profile_floor.py                # wall clock over TCP + in-process ASGI profile
     python benchmarks/profile_floor.py --tcp-only     # only the wall-clock table
     python benchmarks/profile_floor.py --profile transform_octet --top 40
+    python benchmarks/profile_floor.py --batch 1024 --profile transform_octet   # a large binary transform
 
 Two views of the same requests (transform JSON / octet-stream, search JSON with ``vectors_b64``,
 ``GET /healthz``, and the bare ASGI app of ``bare_asgi.py``):
@@ -239,14 +240,22 @@ def main(argv=None) -> int:
     ap.add_argument("-n", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--per", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=1, help="rows per request (1: the batch-1 floor)")
     args = ap.parse_args(argv)
     print(f"# load average {os.getloadavg()}, {os.cpu_count()} cpus, OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'default')}")
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         m, A_held, B_held = seed(data)
-        x = np.ascontiguousarray(A_held[:1])
+        x = np.ascontiguousarray(A_held[:args.batch])
         reqs = requests_for(x)
+        if args.batch > 1:  # the work itself, for scale: the map's apply on the same rows, in process
+            ts = []
+            for _ in range(max(args.n, 20)):
+                t0 = time.perf_counter()
+                m.apply(x)
+                ts.append(time.perf_counter() - t0)
+            print(f"# map.apply of {args.batch} rows in process: p50 {np.median(ts) * 1000:.3f} ms")
         if not args.no_tcp:
             port, bare_port = free_port(), free_port()
             proc = start_server(data, port)
