@@ -26,7 +26,8 @@ class MigrationRequest(_Strict):
                                                "never one an alias serves).")
     source_space: str | None = Field(None, description="Space of the source vectors (checked against the map's).")
     target_space: str | None = Field(None, description="Space recorded on the target (default: the map's).")
-    index: Literal["hnsw", "ivfflat", "none"] | None = Field(None, description="PostgreSQL: the target's index.")
+    index: Literal["hnsw", "ivfflat", "none", "like"] | None = Field(
+        None, description="PostgreSQL: the target's index (default like: the source table's own, method and options).")
     id_field: str | None = None
     vector_field: str | None = None
     text_field: str | None = None

@@ -33,8 +33,9 @@ __all__ = ["migrate", "verify"]
 @click.option("--alias", default=None, help="Switch this alias to the target when every row is written.")
 @click.option("--batch-size", type=click.IntRange(1, 1_000_000), default=2000, show_default=True)
 @click.option("--pause", type=click.FloatRange(0), default=0.0, help="Seconds to sleep after each batch.")
-@click.option("--index", type=click.Choice(["hnsw", "ivfflat", "none"]), default=None,
-              help="PostgreSQL: index built on the target (default hnsw).")
+@click.option("--index", type=click.Choice(["hnsw", "ivfflat", "none", "like"]), default=None,
+              help="PostgreSQL: index built on the target (default like: the source table's own index, its "
+                   "method and options, or none when the source has none).")
 @click.option("--overwrite", is_flag=True,
               help="Drop an existing target before a fresh start (never when resuming, never one an alias serves).")
 @click.option("--source-space", default=None, help="Space of the source vectors (checked against the map's).")

@@ -63,14 +63,14 @@ def open_store_for(url: str, *, index: str | None = None, id_field: str | None =
     ``api_key`` / ``ca_file``: a secured server's key and the CA its TLS certificate is checked against
     (:func:`service.vectordb.open_store`; the faces pass the ``vectordb_api_key`` / ``vectordb_ca_file`` settings).
 
-    ``index``: ``hnsw`` | ``ivfflat`` | ``none``, built on a PostgreSQL target when it is finalised
-    (ignored by Milvus and Qdrant, which index collections themselves).
+    ``index``: ``hnsw`` | ``ivfflat`` | ``none`` | ``like`` (the migration source's own index), built on a
+    PostgreSQL target when it is finalised (ignored by Milvus and Qdrant, which index collections themselves).
     """
     kw = {k: v for k, v in (("id_field", id_field), ("vector_field", vector_field), ("text_field", text_field))
           if v is not None}
     if index is not None:
-        if index not in ("hnsw", "ivfflat", "none"):
-            raise InputError(f"--index must be hnsw, ivfflat or none, got {index!r}")
+        if index not in ("hnsw", "ivfflat", "none", "like"):
+            raise InputError(f"--index must be hnsw, ivfflat, none or like, got {index!r}")
         if url.startswith(("postgresql://", "postgres://")):  # other engines index on their own: ignored
             kw["index"] = None if index == "none" else index
     if api_key:
@@ -129,7 +129,7 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
     ckpt = FileCheckpoint(checkpoint)
-    store = open_store_for(store_url, index=index, id_field=id_field, vector_field=vector_field,
+    store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
                            text_field=text_field, api_key=api_key, ca_file=ca_file)
 
     def on_batch(p: MigrationProgress) -> None:

@@ -360,8 +360,9 @@ class VectorStore(ABC):
             raise InputError(f"k must be >= 1, got {k}")
         return self._search(name, Q, int(k))
 
-    def finalize(self, name: str) -> None:
-        """Make a freshly written collection durable and searchable (flush, index, load)."""
+    def finalize(self, name: str, *, like: str | None = None) -> None:
+        """Make a freshly written collection durable and searchable (flush, index, load); ``like``: the collection it
+        was migrated from, whose vector index an engine that builds one here copies (pgvector)."""
 
     # --- aliases ------------------------------------------------------------------------
     @abstractmethod

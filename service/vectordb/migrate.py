@@ -387,7 +387,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
                                        f"{state['last_id']}); run the same command again to resume",
                                        int(state["done"]), int(total))
 
-    store.finalize(target)
+    store.finalize(target, like=source)
     if map_tgt:
         store.set_space(target, map_tgt)
     state["finished"] = True

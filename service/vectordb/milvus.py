@@ -13,8 +13,9 @@ A migration target (``like=``) is the source's schema instead, with the dense ve
 its primary key (INT64, or VARCHAR with its ``max_length``: LlamaIndex's, any collection keyed by
 document ids), declared fields with their types, sparse vector fields, functions (a BM25 function fills
 its sparse field from a text field, so full-text search works on the target), and the indexes of the
-other fields; the dense vector gets an AUTOINDEX of the chosen metric. Function outputs are not read
-as fields: Milvus computes them again from the migrated text.
+other fields; the dense vector gets the source's own index kind and build parameters (HNSW with its ``M`` /
+``efConstruction``, IVF with its ``nlist``, ...; AUTOINDEX when the source has none) with the map's metric.
+Function outputs are not read as fields: Milvus computes them again from the migrated text.
 Scans page by primary key in ascending order: INT64 keys through ``query_iterator``; VARCHAR keys
 through ``query`` with the iterator's ordering options and a cursor ``id > "<last>"`` escaped here
 (pymilvus' iterator and ``get`` put a string key into the expression as it is, so a key holding
@@ -111,7 +112,7 @@ class MilvusStore(VectorStore):
         self._keys.pop(name, None)
 
     def _create_like(self, name: str, dim: int, metric: str, like: str) -> None:
-        """``name`` with the schema, functions and other indexes of ``like``; the dense vector ``dim``-d."""
+        """``name`` with the schema, functions and indexes of ``like``; the dense vector ``dim``-d, ``metric``."""
         from pymilvus import CollectionSchema
 
         source = self.resolve_alias(like) or like
@@ -120,13 +121,19 @@ class MilvusStore(VectorStore):
             if f.name == self.vector_field:
                 f.params["dim"] = dim
         index = self.client.prepare_index_params()
-        index.add_index(self.vector_field, index_type="AUTOINDEX", metric_type=_METRIC[metric])
+        dense = False
         for idx in self.client.list_indexes(source):
             x = self.client.describe_index(source, idx)
-            if x["field_name"] != self.vector_field:
+            params = {k: v for k, v in x.items() if k not in _INDEX_META} or None
+            if x["field_name"] == self.vector_field:  # the source's own kind and build parameters, the map's metric
+                dense = True
+                index.add_index(self.vector_field, index_type=x.get("index_type") or "AUTOINDEX",
+                                metric_type=_METRIC[metric], params=params)
+            else:
                 index.add_index(x["field_name"], index_type=x.get("index_type", ""), index_name=x["index_name"],
-                                **({"metric_type": x["metric_type"]} if x.get("metric_type") else {}),
-                                params={k: v for k, v in x.items() if k not in _INDEX_META} or None)
+                                **({"metric_type": x["metric_type"]} if x.get("metric_type") else {}), params=params)
+        if not dense:
+            index.add_index(self.vector_field, index_type="AUTOINDEX", metric_type=_METRIC[metric])
         self.client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
 
     def _generated(self, name: str) -> set[str]:
@@ -350,7 +357,7 @@ class MilvusStore(VectorStore):
                 out.append([(id_key(h["id"]), float(h["distance"])) for h in hits])
         return _pad_results(out, k)
 
-    def finalize(self, name: str) -> None:
+    def finalize(self, name: str, *, like: str | None = None) -> None:
         self._require(name)
         try:
             self.client.flush(name)

