@@ -190,7 +190,7 @@ def _vector_indexes(store, table: str) -> list[str]:
     ("USING hnsw (embedding vector_cosine_ops)", ("hnsw", {"m": 16, "ef_construction": 64})),  # pgvector's defaults
     (None, None),  # an exact-scan table
 ])
-def test_a_migration_target_gets_the_source_tables_own_index(store, pg_url, tmp_path, source_index, expect):  # noqa: F811
+def test_a_migration_target_gets_the_source_tables_index(store, pg_url, tmp_path, source_index, expect):  # noqa: F811
     """The target of a migration was always indexed HNSW m 16 / ef_construction 64 (or as ``--index`` said): a
     table tuned for recall (m 24) or built IVFFlat, or left for exact search, came out otherwise, silently. Now
     the CLI / HTTP default (``index`` not given: ``like``) copies the source's method and options; an explicit
