@@ -35,7 +35,8 @@ def test_a_qdrant_target_keeps_the_source_vectors_index_quantization_and_storage
     got = vectors if named is None else vectors[named]
     assert got.size == m.target_dim and got.distance == models.Distance.COSINE
     assert (got.hnsw_config.m, got.hnsw_config.ef_construct) == (32, 200)
-    assert got.quantization_config.scalar.type == models.ScalarType.INT8 and got.quantization_config.scalar.quantile == 0.99
+    scalar = got.quantization_config.scalar
+    assert scalar.type == models.ScalarType.INT8 and scalar.quantile == 0.99
     assert got.on_disk is True and got.datatype == models.Datatype.FLOAT16
     Y = m.apply(X, output="raw")
     np.testing.assert_allclose(s.fetch("ix_dst", np.arange(len(X))).vectors, Y, rtol=2e-3, atol=2e-3)  # float16
