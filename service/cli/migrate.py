@@ -104,7 +104,8 @@ def _dry_run_line(rep, source: str, target: str, alias: str | None) -> str:
     x = rep.extra
     line = (f"dry run, nothing written: {source} -> "
             + _STARTS[x["start"]].format(target=target, n=x["rows_to_write"], last=rep.resumed_from)
-            + f"; space {x['space_check']}; fields: {', '.join(x['fields']) or '(none)'}")
+            + f"; space {x['space_check']}; fields: {', '.join(x['fields']) or '(none)'}"
+            + f"; target index: {x['target_index']}")
     if x["sample_rows"]:
         line += (f"; a {x['sample_rows']}-row batch read in {x['sample_read_s']:.2f}s and mapped in "
                  f"{x['sample_map_s']:.2f}s (reads and mapping of every row: ~{x['read_map_estimate_s']:.0f}s; "

@@ -360,6 +360,11 @@ class VectorStore(ABC):
             raise InputError(f"k must be >= 1, got {k}")
         return self._search(name, Q, int(k))
 
+    def target_index(self, like: str) -> str:
+        """In words, the vector index a migration from ``like`` gives its target (what :meth:`create` /
+        :meth:`finalize` build from ``like``'s own), e.g. ``"hnsw m=24 ef_construction=80"``."""
+        return "the engine's default"
+
     def finalize(self, name: str, *, like: str | None = None) -> None:
         """Make a freshly written collection durable and searchable (flush, index, load); ``like``: the collection it
         was migrated from, whose vector index an engine that builds one here copies (pgvector)."""

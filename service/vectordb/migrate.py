@@ -339,7 +339,8 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     start = _start(store, state, source, target, fp, overwrite)
     if state is not None and state.get("nulls") != "kept" and state["last_id"] is not None:
         notes = [NULLS_DROPPED_BEFORE.format(last=state["last_id"])]
-    extra = {"space_check": space_check, "fields": sorted((state or {}).get("fields", [])), "warnings": notes}
+    extra = {"space_check": space_check, "fields": sorted((state or {}).get("fields", [])), "warnings": notes,
+             "target_index": store.target_index(source)}
     if dry_run:
         return _dry_run(store, source, target, map_, state=state, start=start, alias=alias, batch_size=batch_size,
                         fp=fp, extra={**extra, "target_space": map_tgt}, t0=t0)

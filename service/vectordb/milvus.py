@@ -136,6 +136,15 @@ class MilvusStore(VectorStore):
             index.add_index(self.vector_field, index_type="AUTOINDEX", metric_type=_METRIC[metric])
         self.client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
 
+    def target_index(self, like: str) -> str:
+        source = self.resolve_alias(like) or like
+        for idx in self.client.list_indexes(source):
+            x = self.client.describe_index(source, idx)
+            if x["field_name"] == self.vector_field:
+                params = {k: v for k, v in x.items() if k not in _INDEX_META}
+                return " ".join([x.get("index_type") or "AUTOINDEX", *(f"{k}={v}" for k, v in params.items())])
+        return "AUTOINDEX"
+
     def _generated(self, name: str) -> set[str]:
         """Fields a function of the collection fills (a BM25 sparse vector from a text field): never written."""
         return {o for fn in self._describe(name).get("functions") or [] for o in fn.get("output_field_names", [])}

@@ -419,6 +419,17 @@ class PgVectorStore(VectorStore):
         return str(method), {k: int(opts[k]) if str(opts.get(k, "")).isdigit() else _PG_INDEX_DEFAULTS[k]
                              for k in keys}
 
+    def target_index(self, like: str) -> str:
+        spec = self.vector_index(like) if self.index == "like" else (
+            None if self.index is None else (self.index, {}))
+        if spec is None:
+            return "none (exact scan)"
+        method, opts = spec
+        if not opts:  # told: the store's own parameters (lists: the square root of the rows, at finalize)
+            opts = ({"m": self._hnsw[0], "ef_construction": self._hnsw[1]} if method == "hnsw"
+                    else {"lists": "sqrt(rows)"})
+        return " ".join([method, *(f"{k}={v}" for k, v in opts.items())])
+
     def finalize(self, name: str, *, like: str | None = None) -> None:
         """Build the vector index of ``name`` and ANALYZE it: the store's ``index`` (``hnsw`` with its ``hnsw_m`` /
         ``ef_construction``, ``ivfflat`` with ``lists`` = √rows, or none), or, when ``index`` is ``"like"`` and

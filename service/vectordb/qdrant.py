@@ -122,6 +122,17 @@ class QdrantStore(VectorStore):
         self.client.create_collection(check_name(name), vectors_config=params if self.vector_field is None
                                       else {self.vector_field: params}, sparse_vectors_config=sparse or None)
 
+    def target_index(self, like: str) -> str:
+        vectors, _ = self._vectors_config(like)
+        src = vectors.get(self.vector_field) if isinstance(vectors, dict) else vectors
+        hnsw = getattr(src, "hnsw_config", None)
+        words = ["hnsw"] + [f"{k}={v}" for k, v in (("m", getattr(hnsw, "m", None)),
+                                                    ("ef_construct", getattr(hnsw, "ef_construct", None)))
+                            if v is not None]
+        quant = getattr(src, "quantization_config", None)
+        return " ".join(words + ([type(quant).__name__] if quant is not None else [])
+                        + (["on_disk"] if getattr(src, "on_disk", None) else []))
+
     def drop(self, name: str) -> None:
         if self.exists(name):
             self.client.delete_collection(name)

@@ -187,7 +187,8 @@ def test_dry_run_checks_reads_one_batch_and_writes_nothing(world, vb):
     p = vb(data, *common, "--target", "dry_b", "--alias", "dry", "--dry-run")
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith(f"dry run, nothing written: docs_a -> would create dry_b and write {N} rows; "
-                               "space checked: spa; fields: category, lang, n, tags, text; a 50-row batch"), p.stdout
+                               "space checked: spa; fields: category, lang, n, tags, text; target index: hnsw; "
+                               "a 50-row batch"), p.stdout
     assert p.stdout.strip().endswith("then alias dry -> dry_b")
     with _open(world) as s:  # no target, no alias, no checkpoint
         assert not s.exists("dry_b") and s.resolve_alias("dry") is None

@@ -126,7 +126,8 @@ def test_a_migration_target_gets_the_source_collections_dense_index_kind(tmp_pat
         ip.add_index("vector", index_type=kind, metric_type="COSINE", params=params)
         s.client.create_collection("k_src", schema=schema, index_params=ip, consistency_level="Strong")
         s.client.insert("k_src", [{"id": i, "vector": X[i].tolist()} for i in range(len(X))])
-        migrate(s, "k_src", "k_dst", m, batch_size=64)
+        rep = migrate(s, "k_src", "k_dst", m, batch_size=64)
+        assert rep.extra["target_index"].split()[0] == kind
         src = s.client.describe_index("k_src", s.client.list_indexes("k_src")[0])
         (idx,) = [s.client.describe_index("k_dst", n) for n in s.client.list_indexes("k_dst")]
         assert src["index_type"] == kind and idx["index_type"] == kind and idx["field_name"] == "vector", idx

@@ -208,6 +208,9 @@ def test_a_migration_target_gets_the_source_tables_index(store, pg_url, tmp_path
                             checkpoint=tmp_path / "c.json", batch_size=64)
         assert rep.rows == len(X)
         assert store.vector_index("s_dst") == expect
+        said = ("none (exact scan)" if expect is None
+                else " ".join([expect[0], *(f"{k}={v}" for k, v in expect[1].items())]))
+        assert rep.extra["target_index"] == said  # what the dry run and the report say
         got = _vector_indexes(store, "s_dst")
         assert len(got) == (expect is not None) and all("vector_cosine_ops" in g for g in got), got
         _, I = store.search("s_dst", m.apply(X[:5], output="raw"), k=1)

@@ -30,7 +30,8 @@ def test_a_qdrant_target_keeps_the_source_vectors_index_quantization_and_storage
             type=models.ScalarType.INT8, quantile=0.99, always_ram=True)))
     s.client.create_collection("ix_src", vectors_config=params if named is None else {named: params})
     s.upsert("ix_src", np.arange(len(X)), X)
-    migrate(s, "ix_src", "ix_dst", m, batch_size=64)
+    rep = migrate(s, "ix_src", "ix_dst", m, batch_size=64)
+    assert rep.extra["target_index"] == "hnsw m=32 ef_construct=200 ScalarQuantization on_disk"
     vectors = s.client.get_collection("ix_dst").config.params.vectors
     got = vectors if named is None else vectors[named]
     assert got.size == m.target_dim and got.distance == models.Distance.COSINE
