@@ -398,52 +398,64 @@ class PgVectorStore(VectorStore):
                 out.append([(_id_out(i), float(s)) for i, s in hits])
         return _pad_results(out, k)
 
+    def _vector_indexes(self, name: str) -> list[tuple[str, list | None, bool]]:
+        """``(method, reloptions, plain)`` of every HNSW / IVFFlat index on ``name`` (an alias: its table), ``plain``
+        when it indexes the vector column itself (not an expression of it, e.g. ``(embedding::halfvec(384))``)."""
+        table = self.resolve_alias(name) or name
+        self._require(table)
+        return [(str(m), o, bool(plain)) for m, o, plain in self.conn.execute(
+            "SELECT am.amname, c.reloptions, coalesce(i.indnatts = 1 AND a.attname = %s, false) "
+            "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam "
+            "JOIN pg_class t ON t.oid = i.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
+            "LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
+            "WHERE t.relname = %s AND n.nspname = current_schema() AND am.amname IN ('hnsw', 'ivfflat') "
+            "ORDER BY c.relname", (self.vector_field, table))]
+
     def vector_index(self, name: str) -> tuple[str, dict[str, int]] | None:
         """The vector index on ``name``'s vector column (an alias: its table's): ``(method, options)``, e.g.
         ``("hnsw", {"m": 32, "ef_construction": 200})`` or ``("ivfflat", {"lists": 100})`` (an option the index
         was built without: pgvector's default for it); None when it has none (searches scan every row)."""
-        table = self.resolve_alias(name) or name
-        self._require(table)
-        rows = self.conn.execute(
-            "SELECT am.amname, c.reloptions FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "JOIN pg_am am ON am.oid = c.relam JOIN pg_class t ON t.oid = i.indrelid "
-            "JOIN pg_namespace n ON n.oid = t.relnamespace "
-            "JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
-            "WHERE t.relname = %s AND n.nspname = current_schema() AND a.attname = %s AND i.indnatts = 1 "
-            "AND am.amname IN ('hnsw', 'ivfflat') ORDER BY c.relname", (table, self.vector_field)).fetchall()
-        if not rows:
-            return None
-        method, reloptions = rows[0]
-        keys = _INDEX_OPTIONS[method]
-        opts = dict(o.split("=", 1) for o in reloptions or [] if "=" in o)
-        return str(method), {k: int(opts[k]) if str(opts.get(k, "")).isdigit() else _PG_INDEX_DEFAULTS[k]
-                             for k in keys}
+        for method, reloptions, plain in self._vector_indexes(name):
+            if plain:
+                opts = dict(o.split("=", 1) for o in reloptions or [] if "=" in o)
+                return method, {k: int(opts[k]) if str(opts.get(k, "")).isdigit() else _PG_INDEX_DEFAULTS[k]
+                                for k in _INDEX_OPTIONS[method]}
+        return None
+
+    def _index_spec(self, like: str | None) -> tuple[tuple[str, dict] | None, str]:
+        """``(spec, why)``: the index :meth:`finalize` builds, ``(method, options)`` (options not given: the
+        store's), or None; ``why`` says where it comes from when not from ``index`` as told."""
+        if self.index != "like" or like is None:
+            return {"hnsw": ("hnsw", {}), "like": ("hnsw", {}), "ivfflat": ("ivfflat", {}), None: None}[self.index], ""
+        spec = self.vector_index(like)
+        if spec is not None:
+            return spec, ""
+        if self._vector_indexes(like):  # only indexes of expressions (a halfvec / binary-quantized copy of the
+            # column): the expressions name the old dimension, so the target gets a plain index instead
+            return ("hnsw", {}), " (the source indexes an expression of its vectors; a plain index instead)"
+        return None, ""
 
     def target_index(self, like: str) -> str:
-        spec = self.vector_index(like) if self.index == "like" else (
-            None if self.index is None else (self.index, {}))
+        spec, why = self._index_spec(like)
         if spec is None:
             return "none (exact scan)"
         method, opts = spec
-        if not opts:  # told: the store's own parameters (lists: the square root of the rows, at finalize)
+        if not opts:  # the store's own parameters (lists: the square root of the rows, at finalize)
             opts = ({"m": self._hnsw[0], "ef_construction": self._hnsw[1]} if method == "hnsw"
                     else {"lists": "sqrt(rows)"})
-        return " ".join([method, *(f"{k}={v}" for k, v in opts.items())])
+        return " ".join([method, *(f"{k}={v}" for k, v in opts.items())]) + why
 
     def finalize(self, name: str, *, like: str | None = None) -> None:
         """Build the vector index of ``name`` and ANALYZE it: the store's ``index`` (``hnsw`` with its ``hnsw_m`` /
         ``ef_construction``, ``ivfflat`` with ``lists`` = √rows, or none), or, when ``index`` is ``"like"`` and
         ``like`` names a table, that table's own index: same method and options (an exact-scan source gives an
-        exact-scan target), so a migration keeps the recall / speed trade-off its user chose; ``"like"`` without
-        ``like`` builds the HNSW default."""
+        exact-scan target), so a migration keeps the recall / speed trade-off its user chose; the HNSW default when
+        ``like`` indexes only expressions of its vectors, or without ``like``."""
         from psycopg import sql
 
         self._require(name)
         ops = f"{self._vec_type(name)}_{_OPS[self.metric(name)][1]}"
-        if self.index == "like" and like is not None:
-            spec = self.vector_index(like)
-        else:
-            spec = {"hnsw": ("hnsw", {}), "like": ("hnsw", {}), "ivfflat": ("ivfflat", {}), None: None}[self.index]
+        spec, _ = self._index_spec(like)
         if spec is not None:
             method, opts = spec
             defaults = ({"m": self._hnsw[0], "ef_construction": self._hnsw[1]} if method == "hnsw" else

@@ -183,14 +183,23 @@ def _vector_indexes(store, table: str) -> list[str]:
                                              "(indexdef LIKE '%%hnsw%%' OR indexdef LIKE '%%ivfflat%%')", (table,))]
 
 
-@pytest.mark.parametrize("source_index, expect", [
+_HNSW = ("hnsw", {"m": 16, "ef_construction": 64})  # pgvector's defaults, and the store's
+
+
+@pytest.mark.parametrize("source_index, on_source, built, said", [
     ("USING hnsw (embedding vector_cosine_ops) WITH (m = 24, ef_construction = 80)",
-     ("hnsw", {"m": 24, "ef_construction": 80})),
-    ("USING ivfflat (embedding vector_cosine_ops) WITH (lists = 7)", ("ivfflat", {"lists": 7})),
-    ("USING hnsw (embedding vector_cosine_ops)", ("hnsw", {"m": 16, "ef_construction": 64})),  # pgvector's defaults
-    (None, None),  # an exact-scan table
+     ("hnsw", {"m": 24, "ef_construction": 80}), ("hnsw", {"m": 24, "ef_construction": 80}),
+     "hnsw m=24 ef_construction=80"),
+    ("USING ivfflat (embedding vector_cosine_ops) WITH (lists = 7)", ("ivfflat", {"lists": 7}),
+     ("ivfflat", {"lists": 7}), "ivfflat lists=7"),
+    ("USING hnsw (embedding vector_cosine_ops)", _HNSW, _HNSW, "hnsw m=16 ef_construction=64"),
+    (None, None, None, "none (exact scan)"),  # an exact-scan table
+    # a halfvec copy of the column: the expression names the old dimension, so a plain HNSW instead
+    ("USING hnsw ((embedding::halfvec(24)) halfvec_cosine_ops) WITH (m = 8)", None, _HNSW,
+     "hnsw m=16 ef_construction=64 (the source indexes an expression of its vectors; a plain index instead)"),
 ])
-def test_a_migration_target_gets_the_source_tables_index(store, pg_url, tmp_path, source_index, expect):  # noqa: F811
+def test_a_migration_target_gets_the_source_tables_index(store, pg_url, tmp_path,  # noqa: F811
+                                                        source_index, on_source, built, said):
     """The target of a migration was always indexed HNSW m 16 / ef_construction 64 (or as ``--index`` said): a
     table tuned for recall (m 24) or built IVFFlat, or left for exact search, came out otherwise, silently. Now
     the CLI / HTTP default (``index`` not given: ``like``) copies the source's method and options; an explicit
@@ -201,18 +210,16 @@ def test_a_migration_target_gets_the_source_tables_index(store, pg_url, tmp_path
     _user_table(store, "s_src", "bigint", X, np.arange(len(X)))
     if source_index is not None:
         store.conn.execute(f"CREATE INDEX s_src_vec ON s_src {source_index}")
-    assert store.vector_index("s_src") == expect
+    assert store.vector_index("s_src") == on_source
     store.set_alias("s_live", "s_src")
     try:
         rep = run_migration(store_url=pg_url, source="s_live", target="s_dst", map_ref=m,
                             checkpoint=tmp_path / "c.json", batch_size=64)
         assert rep.rows == len(X)
-        assert store.vector_index("s_dst") == expect
-        said = ("none (exact scan)" if expect is None
-                else " ".join([expect[0], *(f"{k}={v}" for k, v in expect[1].items())]))
+        assert store.vector_index("s_dst") == built
         assert rep.extra["target_index"] == said  # what the dry run and the report say
         got = _vector_indexes(store, "s_dst")
-        assert len(got) == (expect is not None) and all("vector_cosine_ops" in g for g in got), got
+        assert len(got) == (built is not None) and all("vector_cosine_ops" in g for g in got), got
         _, I = store.search("s_dst", m.apply(X[:5], output="raw"), k=1)
         assert I[:, 0].tolist() == list(range(5))
         store.drop("s_dst")
