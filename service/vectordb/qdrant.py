@@ -17,9 +17,11 @@ last id written and skips it). Aliases are native (``update_collection_aliases``
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 import uuid
-from typing import Iterator
+from typing import ClassVar, Iterator
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -34,6 +36,54 @@ __all__ = ["QdrantStore"]
 
 _SEARCH_BATCH = 64
 _VECTOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")  # Qdrant's names: LlamaIndex's "text-dense" too
+
+
+class _LocalClient:
+    """The local-mode client of one folder, shared by every :class:`QdrantStore` of that folder in this process.
+
+    The client holds the folder's lock, so a second client of it, even in the same process, was refused: the
+    service's collection search and a migration or verification job on the same local store excluded each other.
+    One client serves them all now, one call at a time (its engine is plain Python over SQLite, not meant for
+    concurrent calls); the last store closed closes it. Another *process* is still refused (a clear
+    VectorDBError); a Qdrant server has no such limit.
+    """
+
+    _open: ClassVar[dict[str, _LocalClient]] = {}
+    _guard = threading.Lock()
+
+    def __init__(self, key: str, client) -> None:
+        self.key, self.client, self.users, self.lock = key, client, 0, threading.RLock()
+
+    @classmethod
+    def acquire(cls, path: str) -> _LocalClient:
+        from qdrant_client import QdrantClient
+
+        key = os.path.realpath(path)
+        with cls._guard:
+            shared = cls._open.get(key)
+            if shared is None:
+                shared = cls._open[key] = cls(key, QdrantClient(path=str(path)))
+            shared.users += 1
+            return shared
+
+    def release(self) -> None:
+        with self._guard:
+            self.users -= 1
+            if self.users == 0:
+                del self._open[self.key]
+                close_quietly(self.client)
+
+    def __getattr__(self, name: str):
+        """The client's attribute; a method runs under the folder's lock."""
+        attr = getattr(self.client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            with self.lock:
+                return attr(*args, **kwargs)
+
+        return call
 
 
 def _vector_name(name: str) -> str:
@@ -66,6 +116,8 @@ class QdrantStore(VectorStore):
         self.text_field = check_name(text_field, "text field")
         if (url is None) == (path is None):
             raise InputError("give exactly one of url= (a Qdrant server) or path= (local mode)")
+        self._local: _LocalClient | None = None
+        self._shares = path is not None and str(path) != ":memory:"
         if url:
             extra = {} if ca_file is None else {"verify": tls_context(ca_file)}
             self.client = QdrantClient(url=url, api_key=api_key or None, prefer_grpc=prefer_grpc, **extra)
@@ -88,13 +140,12 @@ class QdrantStore(VectorStore):
             self.client = QdrantClient(location=":memory:")
         else:
             try:
-                self.client = QdrantClient(path=str(path))
-            except RuntimeError as exc:  # the folder's lock: local mode serves one client at a time
+                self.client = self._local = _LocalClient.acquire(str(path))
+            except RuntimeError as exc:  # the folder's lock: local mode serves one process at a time
                 if "already accessed" not in str(exc):
                     raise
-                raise VectorDBError(f"qdrant: the local store {path} is open in another client (another process, "
-                                    "or this service's collection search or a migration job): local mode serves "
-                                    "one client at a time; wait for it, or use a Qdrant server "
+                raise VectorDBError(f"qdrant: the local store {path} is open in another process: local mode "
+                                    "serves one process at a time; wait for it, or use a Qdrant server "
                                     "(qdrant://host:6333)") from None
 
     def exists(self, name: str) -> bool:
@@ -291,7 +342,11 @@ class QdrantStore(VectorStore):
         return sorted(a.alias_name for a in self.client.get_collection_aliases(check_name(name)).aliases)
 
     def close(self) -> None:
-        close_quietly(self.client)
+        if not self._shares:
+            close_quietly(self.client)
+        elif self._local is not None:  # shared by this process's stores of the folder: the last one closes it
+            local, self._local = self._local, None
+            local.release()
 
 
 def _ids_of(points) -> np.ndarray:

@@ -267,3 +267,28 @@ def test_the_shared_connection_survives_a_requests_own_errors_and_is_reopened_af
         shared.call(broken)
     assert shared.call(lambda store: store) is not first  # closed after it, opened again for the next call
     shared.close()
+
+
+def test_a_local_qdrant_serves_collection_searches_and_jobs_of_one_service(tmp_path):
+    """With a local-mode Qdrant folder as the service's database (``qdrant:///dir``, no server to run), the
+    collection search held the folder's lock and every migration or verification job after it failed ("open in
+    another client", session 21's clear error). The service's stores of the folder now share one client: the
+    search, the migration job, a verification job and the search of the target all work, one after another."""
+    pytest.importorskip("qdrant_client")
+    url = f"qdrant://{tmp_path / 'qd'}"
+    with seeded_uvicorn(tmp_path, {"VECBRIDGE_VECTORDB_URL": url}) as (base, (X, _, _m)):
+        with open_store(url) as s:  # before the service opens the folder (it does so on first use)
+            s.create("q_src", X.shape[1])
+            s.set_space("q_src", "a")
+            s.upsert("q_src", np.arange(40), X[:40])
+        with httpx.Client(base_url=base, headers=W, timeout=60) as c:
+            r = c.post("/v1/collections/q_src/search", json={"vectors": X[:3].tolist(), "space": "a", "k": 1})
+            assert r.status_code == 200 and [h[0]["id"] for h in r.json()["results"]] == [0, 1, 2], r.text
+            job = wait_http_job(c, c.post("/v1/migrations", json={"source": "q_src", "target": "q_dst", "map": "a2b",
+                                                                   "batch_size": 16}).json()["id"])
+            assert job["state"] == "succeeded" and job["result"]["report"]["rows"] == 40, job
+            job = wait_http_job(c, c.post("/v1/verifications", json={"collection": "q_dst", "source": "q_src",
+                                                                      "map": "a2b"}).json()["id"])
+            assert job["state"] == "succeeded" and job["result"]["verdict"] == "PASS", job
+            r = c.post("/v1/collections/q_dst/search", json={"vectors": X[5:8].tolist(), "space": "a", "k": 1})
+            assert r.status_code == 200 and [h[0]["id"] for h in r.json()["results"]] == [5, 6, 7], r.text

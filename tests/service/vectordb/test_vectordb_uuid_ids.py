@@ -111,12 +111,48 @@ def test_string_ids_that_a_store_cannot_keep_are_refused(store, tmp_path):
             mv.upsert("u_bad", _uuids(1), X[:1])
 
 
-def test_a_local_store_open_elsewhere_is_one_clear_error(tmp_path):
-    """Qdrant's local mode locks its folder; a second client (a migration job while the service's collection
-    search holds it) got Qdrant's bare RuntimeError, a 500 over HTTP. Now a VectorDBError (503) saying so."""
+def test_stores_of_one_local_folder_share_its_client_and_another_process_is_one_clear_error(tmp_path):
+    """Qdrant's local mode locks its folder; a second client of it, even in this process (a migration job while
+    the service's collection search holds it), was refused. Now every store of the folder in this process shares
+    one client, calls one at a time (two threads writing at once lose nothing), the last close frees the folder;
+    another process holding it is a VectorDBError (503 over HTTP) saying so, not Qdrant's bare RuntimeError."""
+    import subprocess
+    import sys
+    import threading
+
     from service.vectordb import VectorDBError
 
-    with open_store(f"qdrant://{tmp_path}/q"), pytest.raises(VectorDBError,
-                                                             match="open in another client.*one client at a time"):
-        open_store(f"qdrant://{tmp_path}/q")
-    open_store(f"qdrant://{tmp_path}/q").close()  # free again once the first is closed
+    X, _ = small_migration()
+    a, b = open_store(f"qdrant://{tmp_path}/q"), open_store(f"qdrant://{tmp_path}/q")
+    a.create("shared", X.shape[1])
+    errors = []
+
+    def write(store, lo):
+        try:
+            for i in range(lo, lo + 50, 10):
+                store.upsert("shared", np.arange(i, i + 10), X[i:i + 10])
+                store.search("shared", X[i:i + 1], k=1)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(st, lo)) for st, lo in ((a, 0), (b, 50))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and b.count("shared") == 100
+    a.close()
+    a.close()  # twice: nothing more
+    assert b.fetch("shared", [7]).ids.tolist() == [7]  # the other store still works
+    b.close()
+    code = ("import sys; from service.vectordb import open_store; "
+            f"s = open_store('qdrant://{tmp_path}/q'); print('open', flush=True); sys.stdin.read(); s.close()")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"  # the folder was free: the last close released it
+        with pytest.raises(VectorDBError, match="open in another process.*one process at a time"):
+            open_store(f"qdrant://{tmp_path}/q")
+    finally:
+        holder.communicate("", timeout=60)
+    with open_store(f"qdrant://{tmp_path}/q") as s:  # free again once the other process closed it
+        assert s.count("shared") == 100
