@@ -78,7 +78,7 @@ class PgVectorStore(VectorStore):
         libpq URL, e.g. ``postgresql://user@host:5432/db`` or ``postgresql://postgres:@/postgres?host=/socket/dir``.
     index : {"hnsw", "ivfflat", "like", None}
         Index built by :meth:`finalize` (attribute; may be changed between calls); ``"like"``: the index of the
-        table a migration copies (:meth:`finalize`'s ``like``), HNSW when there is none to copy from.
+        table a migration copies (:meth:`finalize`'s ``like``; none when that table has none), HNSW without one.
     hnsw_m, ef_construction, ef_search : int
         HNSW parameters (pgvector defaults are 16, 64, 40).
     probes : int
