@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import uuid
+import weakref
 from typing import ClassVar, Iterator
 from urllib.parse import urlsplit
 
@@ -116,8 +117,7 @@ class QdrantStore(VectorStore):
         self.text_field = check_name(text_field, "text field")
         if (url is None) == (path is None):
             raise InputError("give exactly one of url= (a Qdrant server) or path= (local mode)")
-        self._local: _LocalClient | None = None
-        self._shares = path is not None and str(path) != ":memory:"
+        self._release = None  # local mode on disk: gives this store's share of the folder's client back, once
         if url:
             extra = {} if ca_file is None else {"verify": tls_context(ca_file)}
             self.client = QdrantClient(url=url, api_key=api_key or None, prefer_grpc=prefer_grpc, **extra)
@@ -140,7 +140,8 @@ class QdrantStore(VectorStore):
             self.client = QdrantClient(location=":memory:")
         else:
             try:
-                self.client = self._local = _LocalClient.acquire(str(path))
+                self.client = _LocalClient.acquire(str(path))
+                self._release = weakref.finalize(self, self.client.release)  # also when dropped unclosed
             except RuntimeError as exc:  # the folder's lock: local mode serves one process at a time
                 if "already accessed" not in str(exc):
                     raise
@@ -342,11 +343,10 @@ class QdrantStore(VectorStore):
         return sorted(a.alias_name for a in self.client.get_collection_aliases(check_name(name)).aliases)
 
     def close(self) -> None:
-        if not self._shares:
+        if self._release is None:
             close_quietly(self.client)
-        elif self._local is not None:  # shared by this process's stores of the folder: the last one closes it
-            local, self._local = self._local, None
-            local.release()
+        else:  # shared by this process's stores of the folder: the last one closes it (a second call: nothing)
+            self._release()
 
 
 def _ids_of(points) -> np.ndarray:
