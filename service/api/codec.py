@@ -102,7 +102,7 @@ def texts_instead(obj: dict, texts: list[str] | None, max_batch: int) -> bool:
     list (422) and more than ``max_batch`` texts (413)."""
     if texts is None:
         return False
-    if "vectors" in obj or "vectors_b64" in obj:
+    if any(k in obj for k in VECTOR_KEYS):
         raise InputError("give either vectors or texts, not both")
     if not texts:
         raise InputError("texts must not be empty")
@@ -221,6 +221,30 @@ def npy_bytes(X: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(X, dtype="<f4"), allow_pickle=False)
     return buf.getvalue()
+
+
+VECTOR_KEYS = ("vectors", "vectors_b64")  # the body keys :func:`vectors_from_json` reads
+
+
+def options_of(obj: dict) -> dict:
+    """The JSON body ``obj`` without its vectors: what a route's options model validates."""
+    return {k: v for k, v in obj.items() if k not in VECTOR_KEYS}
+
+
+def parse_options(body: bytes, model) -> tuple[dict, Any]:
+    """``(obj, opts)``: the JSON body and its options validated by ``model`` (vectors left to
+    :func:`vectors_from_json`)."""
+    obj = parse_json(body)
+    return obj, validate(model, options_of(obj))
+
+
+def parse_rows(body: bytes, model, max_batch: int, dim) -> tuple[Any, np.ndarray | None]:
+    """``(opts, X)``: the body's options validated by ``model`` and its vectors (n, ``dim(opts)``), or X None when
+    the body sends ``texts`` instead (``dim`` is then not called)."""
+    obj, opts = parse_options(body, model)
+    if texts_instead(obj, opts.texts, max_batch):
+        return opts, None
+    return opts, vectors_from_json(obj, dim=dim(opts), max_batch=max_batch)
 
 
 def validate(model, obj: dict):

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from ...ops import indexes as index_ops
 from ...ops.vectordb import configured_url, search_collection
 from ...vectordb.base import check_name
-from ..codec import parse_json, texts_instead, validate, vectors_from_json
+from ..codec import parse_rows
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..openapi import json_body
 from ..responses import FastJSONResponse
@@ -39,12 +39,10 @@ async def search_collection_route(name: str, request: Request, state: StateDep, 
     def work():
         configured_url(settings)
         check_name(name)
-        obj = parse_json(body)
-        opts = validate(CollectionSearchOptions, {k: v for k, v in obj.items() if k not in ("vectors", "vectors_b64")})
-        if texts_instead(obj, opts.texts, settings.max_batch):
+        opts, Q = parse_rows(body, CollectionSearchOptions, settings.max_batch,
+                             lambda o: state.registry.get_space(o.space).dim)
+        if Q is None:
             Q = index_ops.embed_texts(state, opts.space, opts.texts, "query")
-        else:
-            Q = vectors_from_json(obj, dim=state.registry.get_space(opts.space).dim, max_batch=settings.max_batch)
         index_ops.check_hits(Q.shape[0], opts.k, settings.limits)
         return state.vectordb.call(lambda store: search_collection(
             store, state, name, Q, space=opts.space, map_ref=opts.map, k=opts.k,

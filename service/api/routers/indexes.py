@@ -10,7 +10,7 @@ another thread loads the index (the start-up's loader), a route first waits for 
 from __future__ import annotations
 
 import numpy as np
-from typing import Annotated, Any, Callable
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response
@@ -20,7 +20,7 @@ from align.exceptions import InputError
 
 from ...indexes import SpaceIndex
 from ...ops import indexes as index_ops
-from ..codec import JSON, parse_json, texts_instead, validate, vectors_from_json
+from ..codec import JSON, parse_options, parse_rows, texts_instead, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..openapi import examples, json_body
 from ..pagination import list_route
@@ -55,21 +55,6 @@ to the queries after translation, composed by summation; `steers` in the respons
 """
 
 
-def _options(body: bytes, model):
-    """``(obj, opts)``: the JSON body and its options validated by ``model`` (vectors left to the codec)."""
-    obj = parse_json(body)
-    return obj, validate(model, {k: v for k, v in obj.items() if k not in ("vectors", "vectors_b64")})
-
-
-def _rows(body: bytes, model, max_batch: int, dim: Callable[[Any], int]):
-    """``(opts, X)``: the body's options validated by ``model`` and its vectors (n, ``dim(opts)``), or X None
-    when the body sends ``texts`` instead (``dim`` is then not called)."""
-    obj, opts = _options(body, model)
-    if texts_instead(obj, opts.texts, max_batch):
-        return opts, None
-    return opts, vectors_from_json(obj, dim=dim(opts), max_batch=max_batch)
-
-
 def _info(idx: SpaceIndex) -> dict:
     return idx.info().to_dict()
 
@@ -91,7 +76,7 @@ async def create_index(request: Request, state: StateDep, settings: SettingsDep)
     body = await request.body()
 
     def work():
-        obj, opts = _options(body, IndexCreateOptions)
+        obj, opts = parse_options(body, IndexCreateOptions)
         space = state.registry.get_space(opts.space)
         X = None if texts_instead(obj, opts.texts, settings.max_batch) else vectors_from_json(
             obj, dim=space.dim, max_batch=settings.max_batch, required=False)
@@ -118,7 +103,7 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
 
     def work():
         idx = state.indexes.get(name)
-        opts, X = _rows(body, IndexAddOptions, settings.max_batch, lambda _: idx.dim)
+        opts, X = parse_rows(body, IndexAddOptions, settings.max_batch, lambda _: idx.dim)
         return idx, index_ops.add_rows(state, idx, X, texts=opts.texts, store_texts=opts.store_texts, ids=opts.ids,
                                        payloads=opts.payloads)
 
@@ -161,7 +146,7 @@ def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None,
     wait raises :class:`~service.indexes.locking.WouldBlock` before the search.
     """
     res = resolver or state
-    opts, Q = _rows(body, SearchOptions, settings.max_batch, lambda o: index_ops.query_dim(res, idx, o.space))
+    opts, Q = parse_rows(body, SearchOptions, settings.max_batch, lambda o: index_ops.query_dim(res, idx, o.space))
     found = index_ops.search(res, idx, Q, texts=opts.texts, space=opts.space, map_ref=opts.map, k=opts.k,
                              exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
                              csls_k=opts.csls_k if opts.csls else 0, csls_weight=opts.csls_weight,

@@ -14,7 +14,7 @@ from align.exceptions import InputError
 from ...limits import MAX_DIM, parse_strict_int
 from ...ops import maps as map_ops
 from ...registry import parse_ref
-from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, parse_json, validate,
+from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, options_of, parse_json, validate,
                      vectors_from_binary, vectors_from_json)
 from ..conditional import (IMMUTABLE, REVALIDATE, IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write,
                            answer, not_modified, read_responses, write_responses)
@@ -225,8 +225,7 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
     v, m = (resolve or state.resolve_map)(ref)
     if mt == JSON:
         obj = parse_json(body)
-        rest = {k: val for k, val in obj.items() if k not in ("vectors", "vectors_b64")}
-        opts = validate(TransformOptions, {**query_opts, **rest})
+        opts = validate(TransformOptions, {**query_opts, **options_of(obj)})
         X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch)
     else:
         d = dim or (parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else m.source_dim)

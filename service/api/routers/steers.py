@@ -12,7 +12,7 @@ from align.exceptions import PairCountError
 from align.validation import check_labels
 
 from ...ops import steers as steer_ops
-from ..codec import parse_json, texts_instead, validate, vectors_from_json
+from ..codec import parse_options, texts_instead, vectors_from_json
 from ..conditional import (IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write, answer, read_responses,
                            write_responses)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
@@ -38,15 +38,10 @@ The lens is stored with the version when the rows have names (`texts`, or `items
 """
 
 
-def _split(obj: dict) -> dict:
-    return {k: v for k, v in obj.items() if k not in ("vectors", "vectors_b64")}
-
-
 @job_route(router, "/steers", kind="steer-fit", summary="Queue a steer fit job", description=FIT_DOC,
            body_model=SteerFitRequest, example="create_steer")
 def create_steer(body: bytes, request, state, settings):
-    obj = parse_json(body)
-    opts = validate(SteerFitOptions, _split(obj))
+    obj, opts = parse_options(body, SteerFitOptions)
     steer_ops.check_steer_fit(state.registry, name=opts.name, space=opts.space, alias=opts.alias,
                               params=opts.params, random_state=opts.random_state)
     texts = texts_instead(obj, opts.texts, settings.max_batch)
@@ -90,8 +85,7 @@ async def apply_steer(ref: str, request: Request, state: StateDep, settings: Set
     body = await request.body()
 
     def work():
-        obj = parse_json(body)
-        opts = validate(SteerApplyOptions, _split(obj))
+        obj, opts = parse_options(body, SteerApplyOptions)
         info, steer = state.resolve_steer(ref)
         Q = vectors_from_json(obj, dim=info.dim, max_batch=settings.max_batch)
         return info, opts, steer_ops.apply_steer_job(Q, [(steer, opts.eps)])
