@@ -51,6 +51,11 @@ def _literal(s: str) -> str:
     return '"' + "".join(_ESCAPES.get(ch, ch) for ch in s) + '"'
 
 
+def _index_params(described: dict) -> dict:
+    """The build parameters in a ``describe_index`` answer (``M``, ``efConstruction``, ``nlist``, ...)."""
+    return {k: v for k, v in described.items() if k not in _INDEX_META}
+
+
 class MilvusStore(VectorStore):
     """A Milvus / Milvus Lite connection.
 
@@ -121,28 +126,27 @@ class MilvusStore(VectorStore):
             if f.name == self.vector_field:
                 f.params["dim"] = dim
         index = self.client.prepare_index_params()
-        dense = False
-        for idx in self.client.list_indexes(source):
-            x = self.client.describe_index(source, idx)
-            params = {k: v for k, v in x.items() if k not in _INDEX_META} or None
-            if x["field_name"] == self.vector_field:  # the source's own kind and build parameters, the map's metric
-                dense = True
-                index.add_index(self.vector_field, index_type=x.get("index_type") or "AUTOINDEX",
-                                metric_type=_METRIC[metric], params=params)
+        dense = None
+        for x in self._indexes(source):
+            params = _index_params(x) or None
+            if x["field_name"] == self.vector_field:
+                dense = (x.get("index_type") or "AUTOINDEX", params)
             else:
                 index.add_index(x["field_name"], index_type=x.get("index_type", ""), index_name=x["index_name"],
                                 **({"metric_type": x["metric_type"]} if x.get("metric_type") else {}), params=params)
-        if not dense:
-            index.add_index(self.vector_field, index_type="AUTOINDEX", metric_type=_METRIC[metric])
+        kind, params = dense or ("AUTOINDEX", None)  # the source's own kind and build parameters, the map's metric
+        index.add_index(self.vector_field, index_type=kind, metric_type=_METRIC[metric], params=params)
         self.client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
 
+    def _indexes(self, name: str) -> list[dict]:
+        """``describe_index`` of every index of collection ``name``."""
+        return [self.client.describe_index(name, idx) for idx in self.client.list_indexes(name)]
+
     def target_index(self, like: str) -> str:
-        source = self.resolve_alias(like) or like
-        for idx in self.client.list_indexes(source):
-            x = self.client.describe_index(source, idx)
+        for x in self._indexes(self.resolve_alias(like) or like):
             if x["field_name"] == self.vector_field:
-                params = {k: v for k, v in x.items() if k not in _INDEX_META}
-                return " ".join([x.get("index_type") or "AUTOINDEX", *(f"{k}={v}" for k, v in params.items())])
+                params = (f"{k}={v}" for k, v in _index_params(x).items())
+                return " ".join([x.get("index_type") or "AUTOINDEX", *params])
         return "AUTOINDEX"
 
     def _generated(self, name: str) -> set[str]:

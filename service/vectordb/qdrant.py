@@ -165,7 +165,7 @@ class QdrantStore(VectorStore):
         keep, sparse = {}, None
         if like is not None:
             vectors, sparse = self._vectors_config(like)  # sparse vectors travel unchanged
-            src = vectors.get(self.vector_field) if isinstance(vectors, dict) else vectors
+            src = self._dense_params(vectors)
             if src is not None:
                 keep = {k: getattr(src, k, None) for k in ("hnsw_config", "quantization_config", "on_disk")}
                 if getattr(src, "datatype", None) == models.Datatype.FLOAT16:  # half precision stays half precision
@@ -174,9 +174,12 @@ class QdrantStore(VectorStore):
         self.client.create_collection(check_name(name), vectors_config=params if self.vector_field is None
                                       else {self.vector_field: params}, sparse_vectors_config=sparse or None)
 
+    def _dense_params(self, vectors):
+        """This store's dense vector's ``VectorParams`` in a collection's ``vectors`` config (None: not there)."""
+        return vectors.get(self.vector_field) if isinstance(vectors, dict) else vectors
+
     def target_index(self, like: str) -> str:
-        vectors, _ = self._vectors_config(like)
-        src = vectors.get(self.vector_field) if isinstance(vectors, dict) else vectors
+        src = self._dense_params(self._vectors_config(like)[0])
         hnsw = getattr(src, "hnsw_config", None)
         words = ["hnsw"] + [f"{k}={v}" for k, v in (("m", getattr(hnsw, "m", None)),
                                                     ("ef_construct", getattr(hnsw, "ef_construct", None)))
