@@ -69,6 +69,17 @@ _INDEX_OPTIONS = {"hnsw": ("m", "ef_construction"), "ivfflat": ("lists",)}  # th
 _PG_INDEX_DEFAULTS = {"m": 16, "ef_construction": 64, "lists": 100}  # pgvector's own, for an option not given
 
 
+def _plain_index(found: list[tuple[str, list | None, bool]]) -> tuple[str, dict[str, int]] | None:
+    """The first index of the vector column itself among :meth:`PgVectorStore._vector_indexes`' answer: ``(method,
+    options)``, an option it was built without at pgvector's default; None when there is none."""
+    for method, reloptions, plain in found:
+        if plain:
+            opts = dict(o.split("=", 1) for o in reloptions or [] if "=" in o)
+            return method, {k: int(opts[k]) if str(opts.get(k, "")).isdigit() else _PG_INDEX_DEFAULTS[k]
+                            for k in _INDEX_OPTIONS[method]}
+    return None
+
+
 class PgVectorStore(VectorStore):
     """A PostgreSQL database with the pgvector extension.
 
@@ -415,22 +426,18 @@ class PgVectorStore(VectorStore):
         """The vector index on ``name``'s vector column (an alias: its table's): ``(method, options)``, e.g.
         ``("hnsw", {"m": 32, "ef_construction": 200})`` or ``("ivfflat", {"lists": 100})`` (an option the index
         was built without: pgvector's default for it); None when it has none (searches scan every row)."""
-        for method, reloptions, plain in self._vector_indexes(name):
-            if plain:
-                opts = dict(o.split("=", 1) for o in reloptions or [] if "=" in o)
-                return method, {k: int(opts[k]) if str(opts.get(k, "")).isdigit() else _PG_INDEX_DEFAULTS[k]
-                                for k in _INDEX_OPTIONS[method]}
-        return None
+        return _plain_index(self._vector_indexes(name))
 
     def _index_spec(self, like: str | None) -> tuple[tuple[str, dict] | None, str]:
         """``(spec, why)``: the index :meth:`finalize` builds, ``(method, options)`` (options not given: the
         store's), or None; ``why`` says where it comes from when not from ``index`` as told."""
         if self.index != "like" or like is None:
             return {"hnsw": ("hnsw", {}), "like": ("hnsw", {}), "ivfflat": ("ivfflat", {}), None: None}[self.index], ""
-        spec = self.vector_index(like)
+        found = self._vector_indexes(like)
+        spec = _plain_index(found)
         if spec is not None:
             return spec, ""
-        if self._vector_indexes(like):  # only indexes of expressions (a halfvec / binary-quantized copy of the
+        if found:  # only indexes of expressions (a halfvec / binary-quantized copy of the
             # column): the expressions name the old dimension, so the target gets a plain index instead
             return ("hnsw", {}), " (the source indexes an expression of its vectors; a plain index instead)"
         return None, ""
@@ -440,10 +447,13 @@ class PgVectorStore(VectorStore):
         if spec is None:
             return "none (exact scan)"
         method, opts = spec
-        if not opts:  # the store's own parameters (lists: the square root of the rows, at finalize)
-            opts = ({"m": self._hnsw[0], "ef_construction": self._hnsw[1]} if method == "hnsw"
-                    else {"lists": "sqrt(rows)"})
+        opts = self._with_defaults(method, opts, lists="sqrt(rows)")  # lists: counted at finalize
         return " ".join([method, *(f"{k}={v}" for k, v in opts.items())]) + why
+
+    def _with_defaults(self, method: str, opts: dict, *, lists) -> dict:
+        """``opts`` of a ``method`` index with the store's own parameters where it gives none (``lists``: IVFFlat's)."""
+        defaults = {"m": self._hnsw[0], "ef_construction": self._hnsw[1]} if method == "hnsw" else {"lists": lists}
+        return {**defaults, **opts}
 
     def finalize(self, name: str, *, like: str | None = None) -> None:
         """Build the vector index of ``name`` and ANALYZE it: the store's ``index`` (``hnsw`` with its ``hnsw_m`` /
@@ -458,9 +468,9 @@ class PgVectorStore(VectorStore):
         spec, _ = self._index_spec(like)
         if spec is not None:
             method, opts = spec
-            defaults = ({"m": self._hnsw[0], "ef_construction": self._hnsw[1]} if method == "hnsw" else
-                        {"lists": max(1, int(round(self.count(name) ** 0.5)))})
-            opts = {**defaults, **opts}
+            counted = method == "ivfflat" and "lists" not in opts  # the rows are counted only when needed
+            opts = self._with_defaults(method, opts, lists=max(1, int(round(self.count(name) ** 0.5))) if counted
+                                       else None)
             self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING {} ({} {}) WITH ({})").format(
                 sql.Identifier(f"{name}_{method}"[:63]), self._ident(name), sql.SQL(method),
                 sql.Identifier(self.vector_field), sql.SQL(ops),
