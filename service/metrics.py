@@ -114,6 +114,9 @@ class ServiceMetrics:
             "vecbridge_request_duration_seconds", "HTTP request latency by route template",
             ["method", "route", "status"], buckets=_LATENCY_BUCKETS, registry=r)
         self.in_flight = gauge("vecbridge_requests_in_flight", "HTTP requests being answered")
+        #: the same count for this process alone, as a plain int (read and written on the event loop only): the
+        #: fast path runs a large transform inline when its request is the only one (service.api.fastpath)
+        self.active = 0
         self.batch_rows = Histogram(
             "vecbridge_batch_rows", "Rows (vectors or texts) per request", ["route"],
             buckets=_BATCH_BUCKETS, registry=r)

@@ -10,7 +10,11 @@ no hop at all and run on the event loop: a transform of at most :data:`INLINE_MA
 memory, and a search of at most that size that is small (``SpaceIndex.small_search``: ~0.2 ms of work
 at most) of an index in memory at its newest generation, no writer on its lock, its path of maps or
 ``map`` already resolved and loaded (:class:`~service.api.state.InMemory`; anything else raises
-``WouldBlock`` before the search and takes the hop).
+``WouldBlock`` before the search and takes the hop). A larger transform by a linear map in memory runs on the
+event loop too when its request is the only one the process is answering (``ServiceMetrics.active``) and the
+product is at most :data:`ALONE_INLINE_WORK` multiply-adds: a client that sends its batches one after another (a
+migration's loop) then skips the hop, ~0.7 ms of a 1,024-row transform here (the thread's wake-ups and the
+body and answer crossing cores), and a request that arrives meanwhile waits at most that product (~5 ms).
 
 Binary transforms (``application/octet-stream``, ``.npy``) of any size take the same shortcut (the guard has
 already held the body to ``max_body_bytes``): FastAPI's layers cost 0.4-0.9 ms per request whatever the batch,
@@ -34,6 +38,8 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect, Request
 
+from align import LinearMap
+
 from ..errors import ServiceUnavailableError, UnsupportedMediaTypeError
 from ..indexes.locking import WouldBlock
 from ..limits import MAX_DIM
@@ -44,12 +50,15 @@ from .routers import indexes as index_routes
 from .routers import maps as map_routes
 from .state import InMemory
 
-__all__ = ["FastPathMiddleware", "FAST_MAX_BYTES", "FAST_BINARY_MAX_BYTES", "INLINE_MAX_BYTES", "TRANSFORM",
-           "SEARCH"]
+__all__ = ["FastPathMiddleware", "FAST_MAX_BYTES", "FAST_BINARY_MAX_BYTES", "INLINE_MAX_BYTES", "ALONE_INLINE_WORK",
+           "TRANSFORM", "SEARCH"]
 
 FAST_MAX_BYTES = 256 * 1024  # JSON bodies up to this size take the shortcut
 FAST_BINARY_MAX_BYTES: int | None = None  # binary transform bodies: no bound of its own (the guard's applies)
 INLINE_MAX_BYTES = 16 * 1024  # transforms / small searches up to this size run on the event loop (in memory)
+#: Multiply-adds (rows x d_in x d_out) of a linear map's transform run on the event loop when its request is the
+#: process's only one: 1,024 x 384 -> 384 rows are 0.15 G (~2.6 ms on one core here); this bound is ~5 ms
+ALONE_INLINE_WORK = 1 << 28
 TRANSFORM = "/v1/maps/{ref}/transform"
 SEARCH = "/v1/indexes/{name}/search"
 _DIM = re.compile(r"[1-9][0-9]{0,5}")
@@ -80,12 +89,22 @@ async def _transform(state, settings, params: dict, headers: dict, body: bytes, 
     args = (state, settings, params["ref"], mt, body)
     kw = {"query_opts": opts, "dim": dim, "header_dim": _text(headers.get(b"x-vector-dim")),
           "accept": _text(headers.get(b"accept")) or ""}
-    hit = state.resolve_map_cached(params["ref"]) if len(body) <= INLINE_MAX_BYTES else None
-    if hit is not None:  # on the event loop: pure CPU for a few rows, no lock, no query, no file read
+    hit = state.resolve_map_cached(params["ref"])
+    if hit is not None and _inline(state, hit[1], len(body)):  # on the event loop: pure CPU, no lock, query or read
         v, Y, response = map_routes.transform_call(*args, resolve=lambda _ref: hit, **kw)
     else:
         v, Y, response = await _hop(state, lambda: map_routes.transform_call(*args, **kw), len(body), request)
     return response, lambda: map_routes.transform_observe(state, v, Y)
+
+
+def _inline(state, m, nbytes: int) -> bool:
+    """Whether a transform of an ``nbytes`` body by map ``m`` (in memory) runs on the event loop: a few rows always;
+    up to :data:`ALONE_INLINE_WORK` multiply-adds of a linear map (``nbytes / 4`` input values times ``d_out``; JSON
+    counts more) while no other request is being answered by this process."""
+    if nbytes <= INLINE_MAX_BYTES:
+        return True
+    return (state.metrics.active <= 1 and isinstance(m, LinearMap)
+            and nbytes // 4 * m.target_dim <= ALONE_INLINE_WORK)
 
 
 async def _search(state, settings, params: dict, headers: dict, body: bytes, qs: bytes, request: Request):

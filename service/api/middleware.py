@@ -259,6 +259,7 @@ class ObserveMiddleware:
         started = False
         in_flight = self.metrics.in_flight
         in_flight.inc()
+        self.metrics.active += 1
 
         async def send_wrapper(msg):
             nonlocal status, started
@@ -294,6 +295,7 @@ class ObserveMiddleware:
                                   [(b"x-request-id", rid.encode("latin-1")), *SECURITY_HEADERS, _CSP_NONE])
         finally:
             in_flight.dec()
+            self.metrics.active -= 1
             dt = time.perf_counter() - t0
             route = getattr(scope.get("route"), "path", None) or _fixed_route(scope.get("path", ""))
             self.metrics.request_duration.labels(scope["method"], route, str(status)).observe(dt)

@@ -166,6 +166,7 @@ def test_binary_transforms_of_any_size_take_the_shortcut_json_only_when_small(wo
     a JSON body above it goes to the route."""
     c, _, data = world
     monkeypatch.setattr(fastpath, "FAST_MAX_BYTES", 1024)  # 1,000 rows of 16 floats (the world's max_batch) fit
+    monkeypatch.setattr(fastpath, "ALONE_INLINE_WORK", 0)  # its hop shows the shortcut ran (test_fastpath_alone.py)
     X = np.random.default_rng(3).standard_normal((900, 16)).astype(np.float32)
     bad = X.copy()
     bad[-1, -1] = np.inf  # the last value of a 57.6 kB body
@@ -179,6 +180,7 @@ def test_binary_transforms_of_any_size_take_the_shortcut_json_only_when_small(wo
         assert len(hops) == 1 and len(replays) == (status != 200)  # the shortcut ran; failures replayed
         monkeypatch.undo()
         monkeypatch.setattr(fastpath, "FAST_MAX_BYTES", 1024)
+        monkeypatch.setattr(fastpath, "ALONE_INLINE_WORK", 0)
         _, slow = both(c, monkeypatch, "POST", url, **kw)
         assert_same(fast, slow)
     hops, replays = _count_hops(monkeypatch)
