@@ -89,11 +89,15 @@ async def _transform(state, settings, params: dict, headers: dict, body: bytes, 
     args = (state, settings, params["ref"], mt, body)
     kw = {"query_opts": opts, "dim": dim, "header_dim": _text(headers.get(b"x-vector-dim")),
           "accept": _text(headers.get(b"accept")) or ""}
-    hit = state.resolve_map_cached(params["ref"])
+    hit = state.resolve_map_cached(params["ref"])  # the map in memory, resolved with no I/O (else None)
+
+    def call():
+        return map_routes.transform_call(*args, resolve=None if hit is None else lambda _ref: hit, **kw)
+
     if hit is not None and _inline(state, hit[1], len(body)):  # on the event loop: pure CPU, no lock, query or read
-        v, Y, response = map_routes.transform_call(*args, resolve=lambda _ref: hit, **kw)
-    else:
-        v, Y, response = await _hop(state, lambda: map_routes.transform_call(*args, **kw), len(body), request)
+        v, Y, response = call()
+    else:  # in a thread: resolved there when not in memory (a registry query, an artifact read)
+        v, Y, response = await _hop(state, call, len(body), request)
     return response, lambda: map_routes.transform_observe(state, v, Y)
 
 
