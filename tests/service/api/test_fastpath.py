@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +20,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from align import fit_procrustes
 from service.api import fastpath
 from service.registry import open_registry
-from _api_support import R, W, planted, served_world
+from _api_support import R, W, planted, populate, served_world, settings_for
+from _servers import serve_in_thread
 
 SAME_HEADERS = ("content-type", "content-length", "x-map", "x-map-version", "x-shape", "www-authenticate")
 
@@ -152,7 +155,7 @@ def _count_hops(monkeypatch) -> tuple[list, list]:
     real_hop = fastpath._hop
 
     async def counting_hop(state, fn, nbytes, request):
-        hops.append(fn)
+        hops.append(nbytes)  # the body size of each hop
         return await real_hop(state, fn, nbytes, request)
 
     monkeypatch.setattr(fastpath, "_hop", counting_hop)
@@ -166,7 +169,7 @@ def test_binary_transforms_of_any_size_take_the_shortcut_json_only_when_small(wo
     a JSON body above it goes to the route."""
     c, _, data = world
     monkeypatch.setattr(fastpath, "FAST_MAX_BYTES", 1024)  # 1,000 rows of 16 floats (the world's max_batch) fit
-    monkeypatch.setattr(fastpath, "ALONE_INLINE_WORK", 0)  # its hop shows the shortcut ran (test_fastpath_alone.py)
+    monkeypatch.setattr(fastpath, "ALONE_INLINE_WORK", 0)  # its hop shows the shortcut ran (alone it is inline: below)
     X = np.random.default_rng(3).standard_normal((900, 16)).astype(np.float32)
     bad = X.copy()
     bad[-1, -1] = np.inf  # the last value of a 57.6 kB body
@@ -355,7 +358,6 @@ def test_searches_that_are_not_small_take_the_thread_pool(world, loop_index, mon
 
 def test_a_search_waits_for_a_writer_in_the_pool_never_on_the_loop(world, loop_index, monkeypatch):
     import threading
-    import time
 
     c, app, data = world
     idx = app.state.vb.indexes.get("loop")
@@ -409,3 +411,109 @@ def test_search_on_the_loop_equals_the_route_for_any_parameters(world, loop_inde
     fast, slow = both(c, monkeypatch, "POST", loop_index, **js(body))
     assert fast.status_code in (200, 422), fast.text
     assert_same(fast, slow)
+
+
+# --- a large transform on the loop only while its request is the process's only one (ALONE_INLINE_WORK) ----------
+# A client that sends its batches one after another (a migration's loop) skips the thread hop; as soon as another
+# request is being answered (here one whose body is still arriving on another connection) the same transform hops,
+# and the answer is the same bytes. The count behind it (ServiceMetrics.active) must come back to zero after every
+# kind of ending, or the shortcut would silently stop. Real uvicorn, real sockets.
+URL = "/v1/maps/a2b/transform"
+
+
+@pytest.fixture
+def server(tmp_path):
+    import httpx
+
+    from service.api import create_app
+
+    app = create_app(settings_for(tmp_path, max_batch=1000, max_body_bytes=2_000_000))
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield client, app, url, populate(app.state.vb.registry)
+
+
+def _until(cond, what: str, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, what
+        time.sleep(0.01)
+
+
+def _held(url: str, body: bytes) -> socket.socket:
+    """A transform request whose headers and first half of the body are sent, the rest held back."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)))
+    head = (f"POST {URL} HTTP/1.1\r\nhost: {host}\r\nauthorization: {R['Authorization']}\r\n"
+            f"content-type: application/octet-stream\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+    s.sendall(head + body[: len(body) // 2])
+    return s
+
+
+def test_alone_on_the_loop_beside_another_request_on_a_thread_same_answer(server, monkeypatch):
+    client, app, url, data = server
+    metrics = app.state.vb.metrics
+    X = np.random.default_rng(0).standard_normal((900, 16)).astype(np.float32)  # 57.6 kB: over INLINE_MAX_BYTES
+    assert X.nbytes > fastpath.INLINE_MAX_BYTES
+
+    assert client.post(URL, **octet(X[:1])).status_code == 200  # the map is loaded
+    hops, _ = _count_hops(monkeypatch)
+    alone = client.post(URL, **octet(X))
+    assert alone.status_code == 200 and hops == []
+    np.testing.assert_allclose(np.frombuffer(alone.content, "<f4").reshape(900, 16), data["a2b"].apply(X),
+                               rtol=1e-6, atol=1e-6)
+
+    held = _held(url, X.tobytes())
+    try:
+        _until(lambda: metrics.active == 1, "the held request is being answered")
+        busy = client.post(URL, **octet(X))
+        assert busy.status_code == 200 and hops == [X.nbytes]  # not alone: one hop to a thread
+        assert busy.content == alone.content
+        held.sendall(X.tobytes()[X.nbytes // 2:])
+        held.settimeout(30)
+        status = held.makefile("rb").readline()
+        assert status.startswith(b"HTTP/1.1 200"), status[:100]
+    finally:
+        held.close()
+    _until(lambda: metrics.active == 0, "every request ended")
+
+    again = client.post(URL, **octet(X))  # alone again: back on the loop
+    assert again.content == alone.content and hops == [X.nbytes]
+
+
+def test_over_the_bound_or_another_map_family_it_hops_even_alone(server, monkeypatch):
+    client, app, _, _ = server
+    X = np.random.default_rng(1).standard_normal((900, 16)).astype(np.float32)
+    assert client.post(URL, **octet(X[:1])).status_code == 200  # the map is loaded
+    hops, _ = _count_hops(monkeypatch)
+    monkeypatch.setattr(fastpath, "ALONE_INLINE_WORK", X.size * 16 - 1)  # one multiply-add short
+    r = client.post(URL, **octet(X))
+    assert r.status_code == 200 and hops == [X.nbytes]
+    monkeypatch.setattr(fastpath, "ALONE_INLINE_WORK", X.size * 16)
+    assert client.post(URL, **octet(X)).content == r.content and hops == [X.nbytes]
+
+    state = app.state.vb
+    m = state.resolve_map("a2b")[1]
+    assert fastpath._inline(state, m, X.nbytes)
+    assert not fastpath._inline(state, object(), X.nbytes)  # not a LinearMap (a cluster map): its cost is not known
+    assert fastpath._inline(state, object(), fastpath.INLINE_MAX_BYTES)  # a few rows: always
+
+
+def test_the_count_comes_back_to_zero_after_errors_and_clients_that_leave(server, monkeypatch):
+    client, app, url, _ = server
+    metrics = app.state.vb.metrics
+    hops, _ = _count_hops(monkeypatch)
+    X = np.random.default_rng(2).standard_normal((900, 16)).astype(np.float32)
+    bad = X.copy()
+    bad[5, 3] = np.nan
+    assert client.post(URL, **octet(bad)).status_code == 422
+    assert client.post(URL, **octet(X[:, :15])).status_code == 422
+    assert client.post("/v1/maps/nope/transform", **octet(X)).status_code == 404
+    assert client.post(URL, content=X.tobytes(), headers={"content-type": "application/octet-stream"}
+                       ).status_code == 401
+    gone = _held(url, X.tobytes())  # leaves with half its body sent
+    _until(lambda: metrics.active == 1, "the request that will leave is being answered")
+    gone.close()
+    _until(lambda: metrics.active == 0, "every request ended, the one whose client left too")
+    before = len(hops)
+    assert client.post(URL, **octet(X)).status_code == 200
+    assert len(hops) == before  # still alone after all that: the shortcut did not stop
