@@ -86,13 +86,14 @@ class MapChain(StoredMap):
     def __repr__(self) -> str:
         return f"MapChain({' -> '.join(f'{map_kind(s)}({s.source_dim}->{s.target_dim})' for s in self.steps)})"
 
-    def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True) -> np.ndarray:
+    def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True,
+              name: str = "X") -> np.ndarray:
         """Map raw source rows ``X`` (n, d_s) to (n, d_t) float32: raw vectors between steps, ``output`` at the end
-        (``output`` and ``validate`` as in :meth:`LinearMap.apply`)."""
+        (``output``, ``validate`` and ``name`` as in :meth:`LinearMap.apply`)."""
         if output not in ("frame", "raw", "linear"):
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
         if validate:
-            X = as_matrix(X, name="X", dim=self.source_dim)
+            X = as_matrix(X, name=name, dim=self.source_dim)
         last = len(self.steps) - 1
         for i, step in enumerate(self.steps):
             X = step.apply(X, output=output if i == last else "raw", batch_size=batch_size, validate=False)

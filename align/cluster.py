@@ -117,11 +117,12 @@ class ClusterMap(StoredMap):
         w /= w.sum(axis=1, keepdims=True)
         return top, w.astype(np.float32)
 
-    def apply(self, X, *, output: str = "raw", batch_size: int = _BLOCK_ROWS, validate: bool = True) -> np.ndarray:
-        """Map raw source rows ``X`` (n, d_s) to (n, d_t) float32 (``output`` and ``validate`` as in
+    def apply(self, X, *, output: str = "raw", batch_size: int = _BLOCK_ROWS, validate: bool = True,
+              name: str = "X") -> np.ndarray:
+        """Map raw source rows ``X`` (n, d_s) to (n, d_t) float32 (``output``, ``validate`` and ``name`` as in
         :meth:`LinearMap.apply`; ``validate=False`` expects a C-contiguous float32 (n, d_s) array already checked)."""
         if validate:
-            X = as_matrix(X, name="X", dim=self.source_dim)
+            X = as_matrix(X, name=name, dim=self.source_dim)
         if type(batch_size) is not int or batch_size < 1:
             check_number("batch_size", batch_size, 1, float("inf"), whole=True)
         return self._apply(X, output=output, batch_size=batch_size)

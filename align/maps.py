@@ -116,7 +116,8 @@ class LinearMap(StoredMap):
         return bool(np.allclose(G, np.eye(G.shape[0]), atol=atol))
 
     # --- applying -------------------------------------------------------------------------
-    def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True) -> np.ndarray:
+    def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True,
+              name: str = "X") -> np.ndarray:
         """Map raw source rows ``X`` (n, d_s) to (n, d_t) float32.
 
         ``output="raw"`` (default, as in the CLI and over HTTP): target mean added back and
@@ -126,15 +127,18 @@ class LinearMap(StoredMap):
 
         ``validate=False`` skips the input check (:func:`align.validation.as_matrix`) for callers
         that already hold a checked float32 C-contiguous (n, d_s) array, e.g. a request decoded once.
+        With ``validate=True`` finiteness is checked on the fly, from the row norms the apply computes anyway,
+        so a caller that has only decoded ``X`` (shape and dtype, not its values) should leave it on rather than
+        make a pass of its own. ``name``: what the error messages call ``X``.
         """
-        if validate:  # finiteness is checked on the fly, from the row norms the apply computes anyway
-            X = as_matrix(X, name="X", dim=self.source_dim, finite=False)
+        if validate:
+            X = as_matrix(X, name=name, dim=self.source_dim, finite=False)
         if type(batch_size) is not int or batch_size < 1:  # NaN or "a" was a raw ValueError, 0 or -5 read as 1
             check_number("batch_size", batch_size, 1, float("inf"), whole=True)
-        return self._apply(X, output=output, batch_size=batch_size, checked=not validate)
+        return self._apply(X, output=output, batch_size=batch_size, checked=not validate, name=name)
 
     def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = 65536,
-               checked: bool = True) -> np.ndarray:
+               checked: bool = True, name: str = "X") -> np.ndarray:
         """Fused apply on ``X`` (n, d_s) float32 C-contiguous: one GEMM per block of rows, output scaled in place.
 
         Every output is a positive row scale of one affine form (constants in :meth:`_plan`)
@@ -172,7 +176,7 @@ class LinearMap(StoredMap):
                 sq = np.einsum("ij,ij->i", x, x)
             if not (_SQ_LO < sq.min() and sq.max() < _SQ_HI):  # NaN fails both comparisons
                 if not checked:
-                    as_matrix(X, name="X")  # raises NonFiniteError naming the bad row count
+                    as_matrix(X, name=name)  # raises NonFiniteError naming the bad row count
                     checked = True
                 tamed = tame_rows(x) if scale_free else x
                 if tamed is not x:

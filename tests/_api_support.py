@@ -70,3 +70,22 @@ def answered(client, route: str, status: int | str) -> int:
     return sum(int(float(m.rsplit(" ", 1)[1])) for m in lines if m.startswith(
         "vecbridge_request_duration_seconds_count") and f'route="{route}"' in m and f'status="{status}"' in m)
 
+
+
+def nonfinite_transforms(X: np.ndarray):
+    """``(what, kwargs of client.post)``: transform requests whose rows ``X`` (n, d) carry one NaN or ±Inf — in the
+    first or the last row, in a batch of one — as octet-stream, ``.npy`` and JSON ``vectors_b64`` bodies (read key).
+    Each must be answered 422 ``NonFiniteError`` naming ``vectors`` and one row."""
+    import base64
+    import io
+
+    n, d = X.shape
+    for bad, row in ((np.nan, n - 1), (np.inf, 0), (-np.inf, n // 2), (np.nan, None)):
+        Z = np.array(X[:1] if row is None else X, np.float32)
+        Z[0 if row is None else row, d // 2] = bad
+        what = f"{bad} in row {row} of {len(Z)}"
+        npy = io.BytesIO()
+        np.save(npy, Z)
+        yield what + " (octet)", {"content": Z.tobytes(), "headers": {**R, "content-type": "application/octet-stream"}}
+        yield what + " (npy)", {"content": npy.getvalue(), "headers": {**R, "content-type": "application/x-npy"}}
+        yield what + " (b64)", {"json": {"vectors_b64": base64.b64encode(Z.tobytes()).decode(), "dim": d}, "headers": R}

@@ -125,8 +125,11 @@ def _b64_matrix(text: Any, dim: Any, *, name: str) -> np.ndarray:
 
 
 def vectors_from_json(obj: dict, *, dim: int | None, max_batch: int, name: str = "vectors",
-                      required: bool = True) -> np.ndarray | None:
-    """Read ``obj[name]`` or ``obj[name + "_b64"]`` (+ ``obj["dim"]``) as float32 (n, d)."""
+                      required: bool = True, finite: bool = True) -> np.ndarray | None:
+    """Read ``obj[name]`` or ``obj[name + "_b64"]`` (+ ``obj["dim"]``) as float32 (n, d).
+
+    ``finite=False`` leaves the NaN/Inf check to the caller (a map's ``apply(validate=True)`` makes it on the
+    fly); every other check is made here."""
     has_list, has_b64 = name in obj and obj[name] is not None, f"{name}_b64" in obj and obj[f"{name}_b64"] is not None
     if has_list and has_b64:
         raise InputError(f"give either {name!r} or '{name}_b64', not both")
@@ -146,7 +149,7 @@ def vectors_from_json(obj: dict, *, dim: int | None, max_batch: int, name: str =
         if not isinstance(arr[0], list):
             raise ShapeError(f"{name}: expected a 2-D list of rows, got a flat list; wrap a single row as [[...]]")
         arr = _rows_in_blocks(arr, name)
-    X = as_matrix(arr, name=name, dim=dim)
+    X = as_matrix(arr, name=name, dim=dim, finite=finite)
     check_batch(X.shape[0], max_batch)
     return X
 
@@ -173,8 +176,9 @@ def _rows_in_blocks(rows: list, name: str, block: int = 4096):
     return out
 
 
-def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int) -> np.ndarray:
-    """Read an octet-stream (needs ``dim``) or ``.npy`` body as float32 (n, d)."""
+def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int, finite: bool = True) -> np.ndarray:
+    """Read an octet-stream (needs ``dim``) or ``.npy`` body as float32 (n, d); ``finite`` as in
+    :func:`vectors_from_json`."""
     if mt == NPY:
         try:
             arr = np.load(io.BytesIO(body), allow_pickle=False)
@@ -192,7 +196,7 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
         if len(body) % (4 * dim):
             raise ShapeError(f"body holds {len(body)} bytes, not a whole number of rows of {dim} float32 (4 bytes each)")
         arr = np.frombuffer(body, dtype="<f4").reshape(-1, dim)
-    X = as_matrix(arr, name="vectors", dim=dim)
+    X = as_matrix(arr, name="vectors", dim=dim, finite=finite)
     check_batch(X.shape[0], max_batch)
     return X
 

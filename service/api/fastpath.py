@@ -18,8 +18,9 @@ body and answer crossing cores), and a request that arrives meanwhile waits at m
 
 Binary transforms (``application/octet-stream``, ``.npy``) of any size take the same shortcut (the guard has
 already held the body to ``max_body_bytes``): FastAPI's layers cost 0.4-0.9 ms per request whatever the batch,
-~10-15 % of a 1,024-row transform, and a failing binary body is cheap to check twice (its NaN/width checks are
-one pass over the bytes, no parsing); bodies over 1 MiB take the heavy gate's threads
+~10-15 % of a 1,024-row transform, and a failing binary body is cheap to check twice (its width checks need no
+parsing; a NaN/Inf row is found by the apply block by block, so a failing body costs at most twice what it would
+have cost to answer); bodies over 1 MiB take the heavy gate's threads
 (:meth:`~service.api.state.HeavyGate.hop`), not the shared pool. JSON bodies keep the :data:`FAST_MAX_BYTES`
 bound, since parsing a large one twice on failure is not.
 

@@ -219,23 +219,24 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
     """``(version, Y, response)``: the whole transform of one request, in one call (one thread-pool hop).
 
     Shared by the route and the batch-1 fast path (:mod:`service.api.fastpath`), so both answer alike.
-    Every check that guards the numerics is here: width, NaN/Inf, batch and answer limits.
+    Every check that guards the numerics is here: width, NaN/Inf (made by the map's apply), batch and answer limits.
     ``resolve(ref) -> (version, map)`` defaults to ``state.resolve_map``.
     """
     v, m = (resolve or state.resolve_map)(ref)
     if mt == JSON:
         obj = parse_json(body)
         opts = validate(TransformOptions, {**query_opts, **options_of(obj)})
-        X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch)
+        X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch, finite=False)
     else:
         d = dim or (parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else m.source_dim)
         opts = validate(TransformOptions, {**query_opts, "dim": d})
-        X = vectors_from_binary(body, mt, dim=d, max_batch=settings.max_batch)
+        X = vectors_from_binary(body, mt, dim=d, max_batch=settings.max_batch, finite=False)
         if d != m.source_dim:
             from align.exceptions import DimensionMismatchError
 
             raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
-    Y = m.apply(X, output=opts.output, validate=False)
+    # NaN/Inf: checked by the apply (a linear map reads it off the row norms it computes anyway: no pass of its own)
+    Y = m.apply(X, output=opts.output, name="vectors")
     if mt == JSON and opts.encoding_format == "float" and Y.size > settings.limits.max_response_values:
         raise InputError(f"{Y.shape[0]} x {Y.shape[1]} numbers exceed the JSON answer limit of "
                          f"{settings.limits.max_response_values} (limits.max_response_values); use "
