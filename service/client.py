@@ -59,7 +59,6 @@ request that never reached the server (connection refused) is retried whatever i
 
 from __future__ import annotations
 
-import base64
 import inspect
 import io
 import time
@@ -100,6 +99,7 @@ from .client_wire import (
     alias_if_match,
     as_list,
     b64,
+    b64_bytes,
     b64_row_bytes,
     clean,
     cut,
@@ -547,7 +547,7 @@ class APICalls(SteerCalls, Calls):
 
         parts = yield from self._batched(len(texts), json_sizes(texts, len(texts)), send, body="texts")
         data = [e for part in parts for e in part]
-        E = np.stack([np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4") for e in data])
+        E = np.stack([np.frombuffer(b64_bytes(e["embedding"]), dtype="<f4") for e in data])
         return (E, path[0] if path else []) if with_versions else E
 
 

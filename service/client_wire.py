@@ -14,7 +14,6 @@ are put back together in order. :func:`spans` cuts ``0..n`` greedily: batch ``j`
 
 from __future__ import annotations
 
-import base64
 import json
 import uuid
 from collections.abc import Sequence
@@ -22,10 +21,12 @@ from typing import NamedTuple
 from urllib.parse import quote
 
 import numpy as np
+import pybase64
 
 from align.exceptions import InputError, NotRepresentableError, ShapeError
 
-__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "alias_if_match", "as_list", "b64", "b64_row_bytes", "clean", "cut",
+__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_list", "b64", "b64_bytes",
+           "b64_row_bytes", "b64_text", "clean", "cut",
            "dumps", "float32_rows", "json_sizes", "labelled", "matrix", "new_key", "pinned", "rows", "seg", "side",
            "spans"]
 
@@ -85,10 +86,28 @@ def matrix(X, name: str = "vectors") -> np.ndarray:
     return np.ascontiguousarray(A)
 
 
+class Base64Text(str):
+    """Base64 text made here (:func:`b64`, :func:`b64_text`): only ``A-Z a-z 0-9 + / =``, which JSON carries
+    unescaped, so :func:`dumps` copies it into the body as it is instead of scanning it (~2 ms per MB)."""
+
+    __slots__ = ()
+
+
+def b64_text(raw) -> Base64Text:
+    """Standard base64 of the bytes-like ``raw`` (pybase64: SIMD, ~0.1 ms per MB)."""
+    return Base64Text(pybase64.b64encode_as_string(raw))
+
+
+def b64_bytes(text: str | bytes) -> bytes:
+    """The bytes of strict base64 ``text`` (only the alphabet, padding only at the end); binascii.Error (a
+    ValueError) otherwise."""
+    return pybase64.b64decode(text, validate=True)
+
+
 def b64(X, name: str = "vectors") -> dict:
     """``{"vectors_b64": ..., "dim": d}``: the JSON fields of a matrix as base64 float32."""
     A = matrix(X, name)
-    return {"vectors_b64": base64.b64encode(A.tobytes()).decode("ascii"), "dim": int(A.shape[1])}
+    return {"vectors_b64": b64_text(memoryview(A).cast("B")), "dim": int(A.shape[1])}
 
 
 def float32_rows(raw: bytes, shape) -> np.ndarray:
@@ -100,7 +119,7 @@ def float32_rows(raw: bytes, shape) -> np.ndarray:
 def rows(body: dict) -> np.ndarray:
     """The vectors of a JSON answer (``vectors`` or ``vectors_b64`` with ``shape``) as float32 (n, d)."""
     if body.get("vectors_b64") is not None:
-        return float32_rows(base64.b64decode(body["vectors_b64"]), body["shape"])
+        return float32_rows(b64_bytes(body["vectors_b64"]), body["shape"])
     return np.asarray(body["vectors"], dtype=np.float32)
 
 
@@ -115,11 +134,29 @@ def _plain(x):
 
 
 def dumps(body) -> bytes:
-    """The JSON bytes of a request body; :class:`InputError` for what JSON cannot carry (NaN, objects)."""
+    """The JSON bytes of a request body; :class:`InputError` for what JSON cannot carry (NaN, objects).
+
+    :class:`Base64Text` values in (nested) objects are copied in unscanned; everything else is ``json.dumps``'s."""
     try:
-        return json.dumps(body, default=_plain, allow_nan=False, separators=(",", ":")).encode()
+        return _text(body).encode()
     except (TypeError, ValueError) as e:
         raise InputError(f"request body: {e}") from None
+
+
+def _text(obj) -> str:
+    if type(obj) is Base64Text:
+        return f'"{obj}"'
+    if isinstance(obj, dict) and _holds_base64(obj):  # each key as json writes it, e.g. 1 -> "1"
+        return "{" + ",".join(f"{_json({k: 0})[1:-2]}{_text(v)}" for k, v in obj.items()) + "}"
+    return _json(obj)
+
+
+def _json(obj) -> str:
+    return json.dumps(obj, default=_plain, allow_nan=False, separators=(",", ":"))
+
+
+def _holds_base64(obj: dict) -> bool:
+    return any(type(v) is Base64Text or (isinstance(v, dict) and _holds_base64(v)) for v in obj.values())
 
 
 # --- splitting --------------------------------------------------------------------------------------

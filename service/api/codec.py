@@ -18,12 +18,12 @@ so errors are the same typed errors whatever the format, and the batch limit
 
 from __future__ import annotations
 
-import base64
 import binascii
 import io
 from typing import Any
 
 import numpy as np
+import pybase64
 
 from align.validation import as_matrix
 from align.exceptions import EmptyInputError, InputError, ShapeError
@@ -201,16 +201,18 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
     return X
 
 
-_B64_BLOCK = 4 << 20  # characters (a multiple of 4) / 3 << 20 bytes per call: a few ms holding the GIL
+_B64_BLOCK = 16 << 20  # characters (a multiple of 4) / 12 << 20 bytes per call: ~1-2 ms holding the GIL (pybase64)
 
 
 def _b64decode_blocks(text: str) -> bytes:
-    """``base64.b64decode(text, validate=True)`` a block at a time (other threads run in between)."""
+    """``base64.b64decode(text, validate=True)`` a block at a time (other threads run in between), by pybase64
+    (SIMD: ~0.1 ms per MB here, where CPython's ``base64`` took ~3 ms: its ``validate`` is a regular expression
+    over the whole text, then a scalar decode). Strict: only the alphabet, padding only at the end."""
     if len(text) <= _B64_BLOCK:
-        return base64.b64decode(text, validate=True)
+        return pybase64.b64decode(text, validate=True)
     if len(text) % 4:
         raise ValueError("base64 text length is not a multiple of 4")
-    return b"".join(base64.b64decode(text[i : i + _B64_BLOCK], validate=True)
+    return b"".join(pybase64.b64decode(text[i : i + _B64_BLOCK], validate=True)
                     for i in range(0, len(text), _B64_BLOCK))
 
 
@@ -218,7 +220,7 @@ def b64_encode(X: np.ndarray) -> str:
     """Base64 of little-endian float32, row-major; encoded a block at a time (other threads run in between)."""
     raw = memoryview(np.ascontiguousarray(X, dtype="<f4")).cast("B")
     step = _B64_BLOCK // 4 * 3
-    return "".join(base64.b64encode(raw[i : i + step]).decode("ascii") for i in range(0, len(raw), step))
+    return "".join(pybase64.b64encode_as_string(raw[i : i + step]) for i in range(0, len(raw), step))
 
 
 def npy_bytes(X: np.ndarray) -> bytes:

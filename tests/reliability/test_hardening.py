@@ -196,15 +196,18 @@ def test_key_is_checked_before_the_body_is_read(server):
     _alive(srv)
 
 
-def test_large_bodies_are_decoded_and_encoded_in_blocks():
+def test_large_bodies_are_decoded_and_encoded_in_blocks(monkeypatch):
     """Blocked base64 / JSON helpers (they let the event loop run) give the same bytes and the same refusals."""
     from service.api import codec
     from service.api.responses import dumps, dumps_blocks
 
     X = np.random.default_rng(0).standard_normal((20_000, 64)).astype(np.float32)
+    monkeypatch.setattr(codec, "_B64_BLOCK", 1 << 16)  # 5 MB of rows: ~100 blocks
     text = codec.b64_encode(X)
     assert text == base64.b64encode(X.tobytes()).decode()
     assert np.array_equal(codec._b64_matrix(text, 64, name="vectors"), X)
+    with pytest.raises(Exception, match="not valid base64"):  # a bad character in a later block
+        codec._b64_matrix(text[:300_001] + "*" + text[300_002:], 64, name="vectors")
     content = {"map": "m", "vectors": X, "shape": [20_000, 64]}
     assert dumps_blocks(content) == dumps(content)
     rows = X.tolist()
