@@ -48,7 +48,8 @@ def test_no_text_the_standard_library_refuses_is_accepted(text):
 
 @settings(max_examples=100, deadline=None)
 @given(st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False) | st.text(max_size=8)
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
     | st.binary(max_size=30).map(lambda b: Base64Text(base64.b64encode(b).decode())),
     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6) | st.integers(0, 9), kids,
                                                                max_size=4),
