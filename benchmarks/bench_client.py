@@ -1,12 +1,13 @@
 """Python client overhead: ``service.client.Client.transform`` beside the raw httpx requests it wraps.
 
-    python benchmarks/bench_client.py [--dim 384] [--batches 64,1024,8192] [--seconds 1.5]
+    python benchmarks/bench_client.py [--dim 384] [--batches 64,1024,8192] [--seconds 1.5] [--add-rows 100000]
 
 A real uvicorn process on loopback serves a Procrustes map between two random ``dim``-d spaces
 (temp data dir). Per batch size the paths take turns for ``--seconds`` each and the best time per
 call is kept; all paths run in the same process, interleaved, so the ratios (to raw
 httpx octet-stream) are what to read, not the absolute figures of a shared machine. Prints a
-table; writes nothing.
+table; writes nothing. ``--add-rows N``: also ``Client.add`` of N rows into a new flat index (JSON ``vectors_b64``
+bodies, as the client sends them), best of 3, rows/s.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--batches", default="64,1024,8192")
     ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--add-rows", type=int, default=0, help="also time Client.add of this many rows (0: no)")
     args = ap.parse_args()
 
     from align import fit_procrustes
@@ -92,6 +94,8 @@ def main() -> None:
                     times = best_interleaved(paths, args.seconds)
                     ref = times["httpx octet-stream"]
                     rows += [(n, k, n / t, t * 1e3, ref / t) for k, t in times.items()]
+            if args.add_rows:
+                add_best = bench_add(base, args.add_rows, d, rng)
         finally:
             stop(proc)
     print(f"Client overhead, {d}-d float32 rows, best call, paths interleaved ({args.seconds:g} s each) "
@@ -100,6 +104,24 @@ def main() -> None:
     print(f"|{'-' * 7}|{'-' * 34}|{'-' * 12}|{'-' * 10}|{'-' * 14}|")
     for n, k, vps, ms, rel in rows:
         print(f"| {n:>5} | {k:<32} | {vps:>10,.0f} | {ms:>8.2f} | {rel:>11.2f}x |")
+    if args.add_rows:
+        print(f"\nClient.add of {args.add_rows:,} x {d} rows into a new flat index: best of 3 {add_best:.3f} s, "
+              f"{args.add_rows / add_best:,.0f} rows/s")
+
+
+def bench_add(base: str, n: int, d: int, rng) -> float:
+    """Best seconds of three ``Client.add`` calls of ``n`` random rows, each into a new flat index of space ``a``."""
+    from service.client import Client
+
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    best = float("inf")
+    with Client(base, api_key="wkey-456", timeout=600) as vb:
+        for i in range(3):
+            vb.create_index(f"add{i}", space="a", kind="flat")
+            t0 = time.perf_counter()
+            assert vb.add(f"add{i}", X)["count"] == n
+            best = min(best, time.perf_counter() - t0)
+    return best
 
 
 if __name__ == "__main__":
