@@ -71,11 +71,10 @@ def answered(client, route: str, status: int | str) -> int:
         "vecbridge_request_duration_seconds_count") and f'route="{route}"' in m and f'status="{status}"' in m)
 
 
-
 def nonfinite_transforms(X: np.ndarray):
     """``(what, kwargs of client.post)``: transform requests whose rows ``X`` (n, d) carry one NaN or ±Inf — in the
-    first or the last row, in a batch of one — as octet-stream, ``.npy`` and JSON ``vectors_b64`` bodies (read key).
-    Each must be answered 422 ``NonFiniteError`` naming ``vectors`` and one row."""
+    first, a middle or the last row, or in a batch of one — as octet-stream, ``.npy`` and JSON ``vectors_b64``
+    bodies (read key). Each must be answered 422 ``NonFiniteError`` naming ``vectors`` and one row."""
     import base64
     import io
 
