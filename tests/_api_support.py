@@ -71,10 +71,10 @@ def answered(client, route: str, status: int | str) -> int:
         "vecbridge_request_duration_seconds_count") and f'route="{route}"' in m and f'status="{status}"' in m)
 
 
-def nonfinite_transforms(X: np.ndarray):
-    """``(what, kwargs of client.post)``: transform requests whose rows ``X`` (n, d) carry one NaN or ±Inf — in the
-    first, a middle or the last row, or in a batch of one — as octet-stream, ``.npy`` and JSON ``vectors_b64``
-    bodies (read key). Each must be answered 422 ``NonFiniteError`` naming ``vectors`` and one row."""
+def assert_nonfinite_refused(client, url: str, X: np.ndarray) -> None:
+    """POST to transform ``url`` the rows ``X`` (n, d) with one NaN or ±Inf — in the first, a middle or the last row,
+    or in a batch of one — as octet-stream, ``.npy`` and JSON ``vectors_b64`` bodies (read key): each must be
+    answered 422 ``NonFiniteError`` naming ``vectors`` and one row."""
     import base64
     import io
 
@@ -82,9 +82,14 @@ def nonfinite_transforms(X: np.ndarray):
     for bad, row in ((np.nan, n - 1), (np.inf, 0), (-np.inf, n // 2), (np.nan, None)):
         Z = np.array(X[:1] if row is None else X, np.float32)
         Z[0 if row is None else row, d // 2] = bad
-        what = f"{bad} in row {row} of {len(Z)}"
         npy = io.BytesIO()
         np.save(npy, Z)
-        yield what + " (octet)", {"content": Z.tobytes(), "headers": {**R, "content-type": "application/octet-stream"}}
-        yield what + " (npy)", {"content": npy.getvalue(), "headers": {**R, "content-type": "application/x-npy"}}
-        yield what + " (b64)", {"json": {"vectors_b64": base64.b64encode(Z.tobytes()).decode(), "dim": d}, "headers": R}
+        for kind, kw in (
+                ("octet", {"content": Z.tobytes(), "headers": {**R, "content-type": "application/octet-stream"}}),
+                ("npy", {"content": npy.getvalue(), "headers": {**R, "content-type": "application/x-npy"}}),
+                ("b64", {"json": {"vectors_b64": base64.b64encode(Z.tobytes()).decode(), "dim": d}, "headers": R})):
+            what = f"{bad} in row {row} of {len(Z)} ({kind})"
+            r = client.post(url, **kw)
+            assert r.status_code == 422, (what, r.text)
+            err = r.json()["error"]
+            assert err["type"] == "NonFiniteError" and err["message"].startswith("vectors: 1 row(s)"), (what, err)

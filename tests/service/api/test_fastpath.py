@@ -368,9 +368,7 @@ def test_a_search_waits_for_a_writer_in_the_pool_never_on_the_loop(world, loop_i
     with idx.lock.write():  # a writer holds the index
         t = threading.Thread(target=lambda: answer.setdefault("r", c.post(loop_index, **body)))
         t.start()
-        deadline = time.monotonic() + 10
-        while not hops and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _until(lambda: hops, "the search to be handed to the pool")
         assert len(hops) == 1  # handed to the pool instead of waiting on the loop ...
         assert c.get("/healthz").status_code == 200  # ... which keeps answering meanwhile
         assert "r" not in answer  # the search itself waits for the writer
