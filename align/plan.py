@@ -25,8 +25,8 @@ from .knn import knn
 from .options import check_number
 from .retrieval import overlap_without_self, relevant_ranks
 
-__all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "forecast", "MIN_PROBE",
-           "LabelledProbe"]
+__all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "forecast", "forecast_per_k",
+           "MIN_PROBE", "LabelledProbe"]
 
 MIN_PROBE = 50
 
@@ -167,6 +167,19 @@ def fit_learning_curve(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, 
     return r_inf, c, beta, float(np.sqrt(sse / max(1, len(vals) - 3)))
 
 
+def _curve_fit(points: list[dict], labelled: bool) -> dict:
+    """One method's forecast (the dict :func:`forecast` reads) from its learning-curve ``points``: the curve of
+    :func:`fit_learning_curve` and a spread, the mean over the subsets' spreads plus, with labelled queries, a
+    quarter of the query interval at the largest K (the forecast interval is ± 2 x their sum)."""
+    kk = np.array([q["k"] for q in points], dtype=float)
+    r_inf, c, beta, sd = fit_learning_curve(kk, np.array([q["mean"] for q in points]))
+    spread = float(np.mean([q["spread"] for q in points]))
+    if labelled:
+        lo, hi = points[-1]["query_interval"]
+        spread += float(hi - lo) / 4.0 if np.isfinite(hi - lo) else 0.0
+    return {"r_inf": r_inf, "c": c, "beta": beta, "residual_std": sd, "spread": spread}
+
+
 def forecast(fit: dict, ks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The plan's forecast at pair counts ``ks``: ``(retention, low, high)`` arrays, all clipped to [0, 1].
 
@@ -177,6 +190,21 @@ def forecast(fit: dict, ks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r = np.clip(fit["r_inf"] - fit["c"] * k ** (-fit["beta"]), 0.0, 1.0)
     half = 2.0 * (fit["residual_std"] + fit["spread"])
     return r, np.clip(r - half, 0.0, 1.0), np.clip(r + half, 0.0, 1.0)
+
+
+def forecast_per_k(fits: dict, best: str, ks, top: int) -> list[dict]:
+    """Per K of ``ks``: ``{"k", "method", "retention", "low", "high", "extrapolated"}`` from the forecast
+    (:func:`forecast`) of one method of ``fits`` (method -> its curve's dict). Up to ``top`` (the probe's largest
+    K) the method whose curve is higher at K: on the labelled benchmarks ridge's regularisation won at
+    K = 100 where Procrustes won at the probe's largest K, by 0.13-0.29 of retention. Beyond ``top``, ``best``
+    (the best measured at ``top``): comparing two extrapolations would pick the noisier curve."""
+    out = []
+    for K in ks:
+        m = best if K > top else max(fits, key=lambda m: float(forecast(fits[m], [K])[0][0]))
+        r, low, high = forecast(fits[m], [K])
+        out.append({"k": int(K), "method": m, "retention": float(r[0]), "low": float(low[0]),
+                    "high": float(high[0]), "extrapolated": bool(K > top)})
+    return out
 
 
 LABELLED_NOTE = ("predicted retention is of your labelled queries, estimated for the whole corpus: migrated R@10 over "
@@ -345,16 +373,20 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        and score ``nn_retention@10`` (:func:`align.retrieval.nn_retention`: native query,
        relevant = its native nearest neighbour, recall@10 among the mapped rows over the native
        recall, with up to ``distractors`` mapped rows of ``X_old`` competing) on the held-out
-       half. ``r(K) = r_inf - c K^(-beta)`` is fitted to the best method's means and extrapolated, with
-       an interval of ± 2 × (residual std + spread across repeats), clipped to [0, 1].
+       half. ``r(K) = r_inf - c K^(-beta)`` is fitted to each method's means, with an interval of
+       ± 2 × (residual std + spread across repeats), clipped to [0, 1]; each K's forecast is of one method
+       (:func:`forecast_per_k`: within the probe's K the higher curve there, beyond it the best method at
+       the largest probe K, extrapolated).
     3. Recommendation: the smallest K of ``target_ks`` whose prediction reaches
-       ``target_retention`` (else the largest), the best method at the largest probe K (and
-       ``"contrastive"``-capable ``"auto"`` when K ≥ 1,000), and ``select_rows_to_embed``
-       (k-means++) rows of ``X_old`` for that K (capped at the corpus size).
+       ``target_retention`` (else the largest), that K's method (``"contrastive"``-capable ``"auto"``
+       when K ≥ 1,000), and ``select_rows_to_embed`` (k-means++) rows of ``X_old`` for that K (capped at
+       the corpus size).
 
     Returns a JSON-safe dict: ``alignability`` (beyond chance), ``unsupervised_feasible``, ``knn_overlap``
     (raw), ``curve`` (per K and
-    method the mean and spread), ``predicted`` (per target K: retention, low, high; with labelled queries
+    method the mean and spread), ``fits`` (per method its curve, :func:`forecast`'s input; ``fit``: the one of
+    ``best_method``, the best at the largest probe K), ``predicted`` (per target K: method, retention, low, high,
+    extrapolated; with labelled queries
     also ``r10``, the migrated index's predicted R@10 of them), with labelled queries ``native`` (R@10 of
     the queries: ``new_probe``, ``old_probe``, ``old_corpus`` measured, ``new_corpus_estimate`` and the
     ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the old model is predicted to do as well),
@@ -425,18 +457,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
             if lab is not None and k == top:  # the query sample's own uncertainty, at the largest K
                 lo, hi = lab.interval(rng)
                 curve[m][-1]["query_interval"] = [lo, hi]
-    best = max(methods, key=lambda m: curve[m][-1]["mean"])
-    kk = np.array([c["k"] for c in curve[best]], dtype=float)
-    vv = np.array([c["mean"] for c in curve[best]])
-    r_inf, c, beta, sd = fit_learning_curve(kk, vv)
-    spread = float(np.mean([c["spread"] for c in curve[best]]))
-    if lab is not None:  # half the queries' interval joins the spread (the forecast interval is ± 2 x their sum)
-        lo, hi = curve[best][-1]["query_interval"]
-        spread += float(hi - lo) / 4.0 if np.isfinite(hi - lo) else 0.0
-    fit = {"r_inf": r_inf, "c": c, "beta": beta, "residual_std": sd, "spread": spread}
-    r, low, high = forecast(fit, target_ks)
-    predicted = [{"k": int(K), "retention": float(r[i]), "low": float(low[i]), "high": float(high[i]),
-                  "extrapolated": bool(K > top)} for i, K in enumerate(target_ks)]
+    fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
+    best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
+    predicted = forecast_per_k(fits, best, target_ks, top)
     native = None
     if lab is not None:  # the R@10 behind the ratio: what the user's queries get natively, and by staying
         r_new = lab.native_estimate()
@@ -445,8 +468,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                   "slope_ratio": lab.slope_ratio, "shrink": lab.shrink}
         for q in predicted:  # the migrated index's own R@10, to set against keeping the old model
             q["r10"] = float(q["retention"] * r_new) if np.isfinite(r_new) else float("nan")
-    reach = [q["k"] for q in predicted if q["retention"] >= target_retention]
-    k_rec = int(min(reach) if reach else max(q["k"] for q in predicted))
+    reach = [q for q in predicted if q["retention"] >= target_retention]
+    rec = min(reach, key=lambda q: q["k"]) if reach else max(predicted, key=lambda q: q["k"])
+    k_rec = int(rec["k"])
     k_rows = int(min(k_rec, Xo.shape[0]))
     raw_overlap = knn_overlap(A, B)
     overlap = _beyond_chance(raw_overlap, 10, p)
@@ -473,9 +497,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                    "labelled R@10 retention of the given queries, estimated for the whole corpus"),
         **({} if lab is None else {"n_queries": int(lab.Q.shape[0]), "n_corpus": int(extra.shape[0] + val.size),
                                    "native": native}),
-        "curve": curve, "best_method": best, "fit": fit,
+        "curve": curve, "best_method": best, "fit": fits[best], "fits": fits,
         "predicted": predicted, "target_retention": float(target_retention),
-        "recommended": {"method": "auto" if k_rec >= 1000 else best, "k": k_rec},
+        "recommended": {"method": "auto" if k_rec >= 1000 else rec["method"], "k": k_rec},
         "rows_to_embed": chosen,
         "notes": notes,
     }

@@ -127,8 +127,8 @@ def _criterion_plots(diag: dict) -> list[tuple[str, str]]:
 
 
 def _plan_plot(plan: dict, k_fit: int | None) -> str:
-    """The plan's measured proxy per method and K (error bars: spread over subsets) and its fitted forecast
-    ``r(K) = r_inf - c K^-beta`` with the interval, on a log K axis; ``k_fit`` marked."""
+    """The plan's measured proxy per method and K (error bars: spread over subsets) and the fitted forecasts
+    ``r(K) = r_inf - c K^-beta`` (the best method's with its interval), on a log K axis; ``k_fit`` marked."""
     plt = _mpl()
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for method, pts in plan["curve"].items():
@@ -141,8 +141,11 @@ def _plan_plot(plan: dict, k_fit: int | None) -> str:
     k_min = min(min(q["k"] for q in pts) for pts in plan["curve"].values())
     grid = np.geomspace(max(2, k_min), k_max, 60)
     r, low, high = forecast(f, grid)
-    ax.plot(grid, r, color="#444", lw=1.2, label=f"forecast ({plan['best_method']})")
+    ax.plot(grid, r, color="#444", lw=1.2, label=f"forecast ({plan['best_method']}, best at the probe's largest K)")
     ax.fill_between(grid, low, high, color="#999", alpha=0.25, label="interval")
+    for method, other in plan.get("fits", {}).items():  # within the probe's K each K takes the higher curve
+        if method != plan["best_method"]:
+            ax.plot(grid, forecast(other, grid)[0], color="#444", lw=1, ls=":", label=f"forecast ({method})")
     if k_fit:
         ax.axvline(k_fit, color="#dd8452", lw=1, ls="--", label=f"this fit: K = {k_fit}")
     ax.set_xscale("log")
@@ -156,7 +159,8 @@ def _plan_plot(plan: dict, k_fit: int | None) -> str:
 
 def _plan_section(plan: dict, k_fit: int | None) -> str:
     rows = "".join(
-        f"<tr><td>{q['k']}</td><td>{q['retention']:.3f}</td><td>[{q['low']:.3f}, {q['high']:.3f}]</td>"
+        f"<tr><td>{q['k']}</td><td>{html.escape(str(q.get('method', plan['best_method'])))}</td>"
+        f"<td>{q['retention']:.3f}</td><td>[{q['low']:.3f}, {q['high']:.3f}]</td>"
         f"<td>{'extrapolated' if q['extrapolated'] else ''}{' (this fit)' if q['k'] == k_fit else ''}</td></tr>"
         for q in plan["predicted"])
     rec = plan["recommended"]
@@ -168,7 +172,7 @@ def _plan_section(plan: dict, k_fit: int | None) -> str:
             f"{'possible' if plan['unsupervised_feasible'] else 'not expected to work (below ~0.4)'}; "
             f"recommended: method {html.escape(str(rec['method']))}, K = {rec['k']} "
             f"for a proxy retention of {plan['target_retention']:g}.</p>"
-            f"<table><tr><th>K</th><th>proxy retention</th><th>interval</th><th></th></tr>{rows}</table>"
+            f"<table><tr><th>K</th><th>method</th><th>proxy retention</th><th>interval</th><th></th></tr>{rows}</table>"
             f"<img alt='retention proxy vs pairs' src='data:image/png;base64,{_plan_plot(plan, k_fit)}'>"
             f"<ul>{notes}</ul>")
 

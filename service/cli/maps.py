@@ -291,11 +291,11 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
              f"  -> unsupervised {'possible' if res['unsupervised_feasible'] else 'not expected to work'}",
              f"expected retention ({res['metric']}"
              + (f"; {res['n_queries']} queries over {res['n_corpus']} documents" if "n_queries" in res else "")
-             + f"), method {res['best_method']}:",
-             f"  {'K':>7}  {'retention':>9}  {'interval':>15}"]
+             + "):",
+             f"  {'K':>7}  {'method':>10}  {'retention':>9}  {'interval':>15}"]
     for q in res["predicted"]:
-        lines.append(f"  {q['k']:>7}  {q['retention']:>9.3f}  [{q['low']:.3f}, {q['high']:.3f}]"
-                     f"{'  (extrapolated)' if q['extrapolated'] else ''}")
+        lines.append(f"  {q['k']:>7}  {q.get('method', res['best_method']):>10}  {q['retention']:>9.3f}  "
+                     f"[{q['low']:.3f}, {q['high']:.3f}]{'  (extrapolated)' if q['extrapolated'] else ''}")
     nat = res.get("native")
     if nat:
         lines.append(f"R@10 of your queries: new model {nat['new_probe']:.3f} over the probe -> ~"

@@ -47,7 +47,7 @@ def test_labelled_plan_predicts_the_retention_eval_measures_after_the_fit():
     rng = np.random.default_rng(1)
     for pred, pred_proxy in zip(plan["predicted"], proxy["predicted"]):
         idx = rng.choice(fit_rows, pred["k"], replace=False)
-        fit = (align.fit_procrustes if plan["best_method"] == "procrustes" else
+        fit = (align.fit_procrustes if pred["method"] == "procrustes" else
                lambda a, b: align.fit_ridge(a, b, alpha=1e-2))(X[idx], Y[idx])
         measured = align.labelled_retention(fit, X, Y, Qn, rel)["retention"]["R@10"]
         assert abs(pred["retention"] - measured) < 0.08, (pred, measured)
@@ -144,3 +144,43 @@ def test_labelled_plan_says_when_keeping_the_old_model_is_predicted_to_do_as_wel
     note = [n for n in plan["notes"] if n.startswith("keeping the old model")]
     assert bool(note) == stay
     assert (plan["predicted"][-1]["r10"] <= plan["native"]["old_corpus"]) == stay
+
+
+
+@pytest.mark.parametrize("labelled", [True, False])
+def test_each_forecast_is_of_the_method_its_curve_favours_at_that_k(labelled):
+    """Each forecast names its method and is that method's curve at K: within the probe's K the higher curve,
+    beyond it the best at the probe's largest K; the recommended method is the one of the recommended K (below
+    1,000)."""
+    from align.plan import forecast
+
+    X, Y, Qn, Qo, _, rows, prel = _task(seed=3, n=4000, q=100, probe=500)
+    kw = {"queries": Qn, "old_queries": Qo, "relevant": prel} if labelled else {}
+    plan = align.plan_migration(X, X[rows], Y[rows], target_ks=(30, 60, 120, 240, 2000), select_rows=False,
+                                target_retention=0.5, **kw)
+    assert set(plan["fits"]) == {"procrustes", "ridge"} and plan["fit"] == plan["fits"][plan["best_method"]]
+    for q in plan["predicted"]:
+        assert q["retention"] == pytest.approx(float(forecast(plan["fits"][q["method"]], [q["k"]])[0][0]))
+        assert q["extrapolated"] == (q["k"] > plan["curve"][plan["best_method"]][-1]["k"])
+        if q["extrapolated"]:
+            assert q["method"] == plan["best_method"]
+    rec = plan["recommended"]
+    at = next(q for q in plan["predicted"] if q["k"] == rec["k"])
+    assert rec["method"] == (at["method"] if rec["k"] < 1000 else "auto")
+
+
+def test_per_k_forecast_takes_the_higher_curve_inside_the_probe_and_the_best_beyond():
+    """Curves that cross at K = 400 (ridge 0.7 - K^-1/2 higher below, Procrustes 0.9 - 5 K^-1/2 above), probe up to
+    K = 500: ridge at 100, Procrustes at 450; beyond the probe the best measured at 500 whichever extrapolates
+    higher."""
+    from align.plan import forecast_per_k
+
+    flat = {"residual_std": 0.0, "spread": 0.0}
+    fits = {"ridge": {"r_inf": 0.7, "c": 1.0, "beta": 0.5, **flat},
+            "procrustes": {"r_inf": 0.9, "c": 5.0, "beta": 0.5, **flat}}
+    got = forecast_per_k(fits, "procrustes", (100, 450, 3000), top=500)
+    assert [q["method"] for q in got] == ["ridge", "procrustes", "procrustes"]
+    assert [q["extrapolated"] for q in got] == [False, False, True]
+    assert got[0]["retention"] == pytest.approx(0.6) and got[1]["retention"] == pytest.approx(0.9 - 5 / 450 ** 0.5)
+    # the best at the probe's largest K decides beyond it, though the other curve extrapolates higher there
+    assert forecast_per_k(fits, "ridge", (3000,), top=500)[0]["method"] == "ridge"

@@ -90,6 +90,7 @@ def test_paired_fit_report_has_the_migration_plan_section_with_this_fit_marked(t
     m = re.search(r"alignability \(kNN@10 overlap of the two spaces on (\d+) probe pairs\): <b>([0-9.]+)</b>", section)
     assert m and int(m.group(1)) == 500 and 0.0 <= float(m.group(2)) <= 1.0
     assert "<td>1200</td>" in section and "(this fit)" in section           # the fit's own K is forecast and marked
+    assert re.search(r"<td>1200</td><td>(procrustes|ridge)</td><td>[0-9.]+</td>", section)  # with the method it is of
     assert "rough floor" in section                                         # the reader is told how to read it
     assert re.search(r"alt='retention proxy vs pairs' src='data:image/png;base64,", section)
     assert "Migration plan</h2><p>not computed: 60 pairs" in html_few       # too few pairs: said, not faked
