@@ -435,7 +435,7 @@ def plan_prediction(data: dict, k_probe: int, seed: int, n_queries: int = 0) -> 
 
 def plan_vs_measured(res: dict) -> list[str]:
     """Rows ``K | predicted [low, high] | measured corpus-side retention of R@10`` (random rows), with the gap to
-    the plan's own method (the one its curve and forecast are of) and to the best measured method."""
+    the plan's own method at that K (the one its forecast is of) and to the best measured method."""
     pred = res["plan"].get("predicted") or {}
     own = res["plan"].get("best_method")
     items = pred.items() if isinstance(pred, dict) else [(p.get("k"), p) for p in pred]
@@ -451,10 +451,11 @@ def plan_vs_measured(res: dict) -> list[str]:
         r = p.get("retention") if isinstance(p, dict) else p
         lo, hi = (p.get("low"), p.get("high")) if isinstance(p, dict) else (None, None)
         gap = abs(r - best) if (r is not None and best is not None) else None
-        mine = cell(own) if own else None
+        meth = p.get("method", own) if isinstance(p, dict) else own  # each K's own method (plans since 2026-12-03)
+        mine = cell(meth) if meth else None
         gap_own = abs(r - mine) if (r is not None and mine is not None) else None
         lines.append(f"| {k} | {fmt(r)} | [{fmt(lo)}, {fmt(hi)}] | {fmt(cell('procrustes'))} | {fmt(cell('ridge'))} | "
-                     f"{fmt(gap_own)} ({own or '—'}) | {fmt(best)} | {fmt(gap)} |")
+                     f"{fmt(gap_own)} ({meth or '—'}) | {fmt(best)} | {fmt(gap)} |")
     return lines
 
 

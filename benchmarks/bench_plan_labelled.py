@@ -4,8 +4,10 @@ For each encoder pair, ``align.plan_migration`` gets a seeded sample of the set'
 old-model vectors) and a 1,000-pair probe holding their relevant documents, exactly as
 ``bench_migration.py --plan-queries`` builds it (``bench_migration.plan_prediction``); each seed draws another
 query sample and probe. Its forecast at K = 100 / 300 / 1,000 / 3,000 is compared with the corpus-side R@10
-retention that ``bench_migration.py`` measured for the plan's own method (random rows, all of the set's queries),
-read from that run's JSON (``--measured``, default: the committed ``migration_2026-12-01_plan_labelled*.json``).
+retention that ``bench_migration.py`` measured for the method that forecast names (one for every K in plans
+before 2026-12-03; random rows, all of the set's queries), read from that run's JSON (``--measured``, default:
+the committed ``migration_2026-12-01_plan_labelled*.json``). ``--queries N``: N labelled queries per plan instead
+of 300 (WordNet) / 200 (Bible).
 
 ``--baseline-tree DIR`` runs the same plans with another checkout's ``align`` (a subprocess per tree), so an
 estimator change is judged on the same cells. Sets come from ``build_retrieval_sets.py`` (``--cache``).
@@ -29,9 +31,9 @@ MEASURED = ("migration_2026-12-01_plan_labelled.json", "migration_2026-12-01_pla
 KS = (100, 300, 1000, 3000)
 
 
-def predict(tree: Path, seeds: list[int], cache: Path, probe: int) -> dict:
-    """``{"pair|seed": {"method", "predicted": {K: retention}}}`` with the ``align`` and ``bench_migration`` of
-    checkout ``tree``."""
+def predict(tree: Path, seeds: list[int], cache: Path, probe: int, queries: int = 0) -> dict:
+    """``{"pair|seed": {"method", "predicted": {K: retention}, "methods": {K: method}}}`` with the ``align`` and ``bench_migration`` of
+    checkout ``tree``; ``queries``: labelled queries per plan (0: each pair's count in ``PAIRS``)."""
     sys.path.insert(0, str(tree / "benchmarks"))
     import bench_migration as bm  # puts ``tree`` first on sys.path: its align
 
@@ -43,9 +45,12 @@ def predict(tree: Path, seeds: list[int], cache: Path, probe: int) -> dict:
         if data is None:
             continue
         for seed in seeds:
-            plan = bm.plan_prediction(data, probe, seed, n_queries)
+            plan = bm.plan_prediction(data, probe, seed, queries or n_queries)
             out[f"{pair}|{seed}"] = {"method": plan["best_method"],
-                                     "predicted": {str(p["k"]): p["retention"] for p in plan["predicted"]}}
+                                     "predicted": {str(p["k"]): p["retention"] for p in plan["predicted"]},
+                                     # the method of each K's forecast (one for all before the plans chose per K)
+                                     "methods": {str(p["k"]): p.get("method", plan["best_method"])
+                                                 for p in plan["predicted"]}}
     return out
 
 
@@ -65,6 +70,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--probe", type=int, default=1000)
+    ap.add_argument("--queries", type=int, default=0,
+                    help="labelled queries per plan (default: 300 WordNet, 200 Bible; at most the set's)")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "vecbridge-bench")
     ap.add_argument("--measured", type=Path, nargs="+", default=[RESULTS / m for m in MEASURED])
     ap.add_argument("--baseline-tree", type=Path, help="another checkout: its align makes the same plans")
@@ -72,18 +79,19 @@ def main(argv=None) -> int:
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(predict(a.child, a.seeds, a.cache, a.probe)))
+        print(json.dumps(predict(a.child, a.seeds, a.cache, a.probe, a.queries)))
         return 0
     trees = {"this tree": ROOT, **({"baseline": a.baseline_tree.resolve()} if a.baseline_tree else {})}
     plans = {}
     for label, tree in trees.items():
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        cmd = [sys.executable, __file__, "--child", str(tree), "--probe", str(a.probe), "--cache", str(a.cache), "--seeds",
-               *map(str, a.seeds)]
+        cmd = [sys.executable, __file__, "--child", str(tree), "--probe", str(a.probe), "--cache", str(a.cache),
+               "--queries", str(a.queries), "--seeds", *map(str, a.seeds)]
         out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True).stdout
         plans[label] = json.loads(out.strip().splitlines()[-1])
     truth = measured(a.measured)
-    head = ["pair", "seed", "K", "measured (plan's method)"] + [f"{t} forecast (error)" for t in trees]
+    head = ["pair", "seed", "K"] + [x for t in trees for x in (f"{t}: measured (its method at K)",
+                                                                  f"{t}: forecast (error)")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     errors: dict = {t: [] for t in trees}
     for key in plans["this tree"]:
@@ -92,17 +100,17 @@ def main(argv=None) -> int:
             cells = []
             for t in trees:
                 p = plans[t].get(key)
-                m = truth.get(f"{pair}|{p['method']}|{k}") if p else None
+                method = p.get("methods", {}).get(str(k), p["method"]) if p else None
+                m = truth.get(f"{pair}|{method}|{k}") if p else None
                 if m is None or str(k) not in p["predicted"]:
                     cells = None
                     break
                 err = p["predicted"][str(k)] - m
                 errors[t].append(abs(err))
-                cells.append((m, p["method"], p["predicted"][str(k)], err))
+                cells.append((m, method, p["predicted"][str(k)], err))
             if cells:
-                m, method = cells[0][0], cells[0][1]
-                lines.append(f"| {pair} | {seed} | {k:,} | {m:.3f} ({method}) | "
-                             + " | ".join(f"{c[2]:.3f} ({c[3]:+.3f})" for c in cells) + " |")
+                lines.append(f"| {pair} | {seed} | {k:,} | "
+                             + " | ".join(f"{c[0]:.3f} ({c[1]}) | {c[2]:.3f} ({c[3]:+.3f})" for c in cells) + " |")
     lines.append("")
     for t, e in errors.items():
         if e:
