@@ -200,7 +200,7 @@ def forecast_per_k(fits: dict, best: str, ks, top: int) -> list[dict]:
     (the best measured at ``top``): comparing two extrapolations would pick the noisier curve."""
     out = []
     for K in ks:
-        m = best if K > top else max(fits, key=lambda m: float(forecast(fits[m], [K])[0][0]))
+        m = best if K > top else max(fits, key=lambda name: float(forecast(fits[name], [K])[0][0]))
         r, low, high = forecast(fits[m], [K])
         out.append({"k": int(K), "method": m, "retention": float(r[0]), "low": float(low[0]),
                     "high": float(high[0]), "extrapolated": bool(K > top)})

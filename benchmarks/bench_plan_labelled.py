@@ -32,8 +32,8 @@ KS = (100, 300, 1000, 3000)
 
 
 def predict(tree: Path, seeds: list[int], cache: Path, probe: int, queries: int = 0) -> dict:
-    """``{"pair|seed": {"method", "predicted": {K: retention}, "methods": {K: method}}}`` with the ``align`` and ``bench_migration`` of
-    checkout ``tree``; ``queries``: labelled queries per plan (0: each pair's count in ``PAIRS``)."""
+    """``{"pair|seed": {"method", "predicted": {K: retention}, "methods": {K: method}}}`` with the ``align`` and
+    ``bench_migration`` of checkout ``tree``; ``queries``: labelled queries per plan (0: each pair's count in ``PAIRS``)."""
     sys.path.insert(0, str(tree / "benchmarks"))
     import bench_migration as bm  # puts ``tree`` first on sys.path: its align
 

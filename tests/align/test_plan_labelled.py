@@ -146,7 +146,6 @@ def test_labelled_plan_says_when_keeping_the_old_model_is_predicted_to_do_as_wel
     assert (plan["predicted"][-1]["r10"] <= plan["native"]["old_corpus"]) == stay
 
 
-
 @pytest.mark.parametrize("labelled", [True, False])
 def test_each_forecast_is_of_the_method_its_curve_favours_at_that_k(labelled):
     """Each forecast names its method and is that method's curve at K: within the probe's K the higher curve,
