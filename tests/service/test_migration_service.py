@@ -58,9 +58,11 @@ def test_plan_cli_table_json_and_rows_file(capsys, data):
     code, out, err = run(capsys, *args)
     assert code == 0, err
     assert "alignability" in out and "recommended: method" in out
+    table = out
     code, out, err = run(capsys, *args, "--json", "--rows-out", d / "rows.npy")
     assert code == 0, err
     plan = json.loads(out)
+    assert all(f"{q['k']:>7}  {q['method']:>10}" in table for q in plan["predicted"])  # each K names its method
     rows = np.load(d / "rows.npy")
     assert rows.size == min(plan["recommended"]["k"], 900) == plan["rows_to_embed"]
     assert 0.0 <= plan["alignability"] <= 1.0
@@ -181,6 +183,7 @@ def test_http_plan_and_bad_probe(tmp_path):
         assert r.status_code == 200, r.text
         p = r.json()
         assert p["n_probe"] == 200 and p["recommended"]["k"] >= 1 and len(p["rows_to_embed"]) <= 400
+        assert {q["method"] for q in p["predicted"]} <= set(p["fits"]) == {"procrustes", "ridge"}
         assert any("floor" in n for n in p["notes"])  # the user is told how to read the prediction
         # labelled queries over the probe: the prediction is of their retention; incomplete or bad ones are 422
         rng = np.random.default_rng(2)
