@@ -143,7 +143,7 @@ def _plan_plot(plan: dict, k_fit: int | None) -> str:
     r, low, high = forecast(f, grid)
     ax.plot(grid, r, color="#444", lw=1.2, label=f"forecast ({plan['best_method']}, best at the probe's largest K)")
     ax.fill_between(grid, low, high, color="#999", alpha=0.25, label="interval")
-    for method, other in plan.get("fits", {}).items():  # within the probe's K each K takes the higher curve
+    for method, other in plan["fits"].items():  # within the probe's K each K takes the higher curve
         if method != plan["best_method"]:
             ax.plot(grid, forecast(other, grid)[0], color="#444", lw=1, ls=":", label=f"forecast ({method})")
     if k_fit:
@@ -159,7 +159,7 @@ def _plan_plot(plan: dict, k_fit: int | None) -> str:
 
 def _plan_section(plan: dict, k_fit: int | None) -> str:
     rows = "".join(
-        f"<tr><td>{q['k']}</td><td>{html.escape(str(q.get('method', plan['best_method'])))}</td>"
+        f"<tr><td>{q['k']}</td><td>{html.escape(q['method'])}</td>"
         f"<td>{q['retention']:.3f}</td><td>[{q['low']:.3f}, {q['high']:.3f}]</td>"
         f"<td>{'extrapolated' if q['extrapolated'] else ''}{' (this fit)' if q['k'] == k_fit else ''}</td></tr>"
         for q in plan["predicted"])

@@ -294,7 +294,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
              + "):",
              f"  {'K':>7}  {'method':>10}  {'retention':>9}  {'interval':>15}"]
     for q in res["predicted"]:
-        lines.append(f"  {q['k']:>7}  {q.get('method', res['best_method']):>10}  {q['retention']:>9.3f}  "
+        lines.append(f"  {q['k']:>7}  {q['method']:>10}  {q['retention']:>9.3f}  "
                      f"[{q['low']:.3f}, {q['high']:.3f}]{'  (extrapolated)' if q['extrapolated'] else ''}")
     nat = res.get("native")
     if nat:
