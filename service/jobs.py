@@ -141,6 +141,7 @@ class JobManager:
         self._keep = keep_finished
         self.store = store
         self._unsaved: dict[str, Job] = {}  # finished jobs whose final record is still to be written
+        self._joining = 0  # submits past the queue check whose job is not in _jobs yet (their store insert runs)
 
     def open(self) -> int:
         """Claim this process's owner lock, fail the unfinished jobs of dead processes, trim old records.
@@ -222,25 +223,36 @@ class JobManager:
                         raise IdempotencyConflictError(
                             f"Idempotency-Key {idempotency_key!r} was used for a different request (job {job.id})")
                     return job, False
-            queued = sum(1 for j in self._jobs.values() if j.state == "queued")
+            # the slot is held from this check until the job is in _jobs: the store's insert runs outside the lock,
+            # and without the hold, submits arriving together all passed the check on the same empty queue
+            queued = sum(1 for j in self._jobs.values() if j.state == "queued") + self._joining
             if queued >= self.max_queued:
                 raise QueueFullError(
                     f"job queue is full ({queued} waiting, limit {self.max_queued}); retry after a job finishes")
+            self._joining += 1
             job = Job(id=uuid.uuid4().hex, kind=kind, description=description,
                       idempotency_key=idempotency_key, request_hash=request_hash)
-        if self.store is not None:  # durable before it is acknowledged; the store settles key races
-            first = self.store.insert(job)
-            if first is not None:
-                if first.request_hash != request_hash:
-                    raise IdempotencyConflictError(
-                        f"Idempotency-Key {idempotency_key!r} was used for a different request (job {first.id})")
+        joined = False
+        try:
+            if self.store is not None:  # durable before it is acknowledged; the store settles key races
+                first = self.store.insert(job)
+                if first is not None:
+                    if first.request_hash != request_hash:
+                        raise IdempotencyConflictError(
+                            f"Idempotency-Key {idempotency_key!r} was used for a different request (job {first.id})")
+                    with self._lock:
+                        return self._jobs.get(first.id, first), False
+            with self._lock:
+                self._joining -= 1
+                joined = True
+                self._jobs[job.id] = job
+                if idempotency_key is not None:
+                    self._idem[idempotency_key] = job.id
+                self._trim()
+        finally:
+            if not joined:
                 with self._lock:
-                    return self._jobs.get(first.id, first), False
-        with self._lock:
-            self._jobs[job.id] = job
-            if idempotency_key is not None:
-                self._idem[idempotency_key] = job.id
-            self._trim()
+                    self._joining -= 1
         self._count("queued")
         self._pool.submit(self._run, job, fn)
         return job, True

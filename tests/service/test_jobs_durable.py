@@ -17,8 +17,8 @@ import time
 import pytest
 
 from _jobs_support import slow_job, wait_job as wait
-from service.jobs import (INTERRUPTED, TERMINAL, IdempotencyConflictError, JobManager, JobNotFoundError,
-                          JobStore)
+from service.jobs import (INTERRUPTED, TERMINAL, IdempotencyConflictError, JobManager, JobNotFoundError, JobStore,
+                          QueueFullError)
 
 
 CHILD = textwrap.dedent("""
@@ -288,3 +288,40 @@ def test_a_job_a_shutdown_interrupted_stays_interrupted_when_it_reaches_its_next
     stored, _ = JobStore(db).get(job.id)
     assert (stored.state, stored.stage, stored.error["type"]) == ("failed", "interrupted", "Interrupted"), stored
     assert mgr.get(job.id).state == "failed"
+
+
+def test_concurrent_submits_never_queue_more_than_the_limit(tmp_path):
+    """The queue bound held only for submits one at a time: the check ran under the lock, but the job joined the
+    queue after the store's insert (an SQLite commit, outside the lock), so submits arriving together all saw the
+    queue empty: twelve at once with a bound of 2 queued all twelve (CI: the overload of 10 fits got 202 for all)."""
+    mgr = JobManager(workers=1, max_queued=2, store=JobStore(tmp_path / "jobs.sqlite"))
+    mgr.open()
+    release, started = threading.Event(), threading.Event()
+
+    def hold(ctx):
+        started.set()
+        release.wait(30)
+
+    mgr.submit(hold, kind="t")
+    assert started.wait(10)  # the worker is busy: every later job waits in the queue
+    go = threading.Barrier(12)
+    outcomes = []
+
+    def one():
+        go.wait()
+        try:
+            outcomes.append(mgr.submit(lambda ctx: {}, kind="t")[0].state)
+        except QueueFullError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert sorted(outcomes) == ["queued"] * 2 + ["refused"] * 10, outcomes
+        assert mgr.local_counts()["queued"] == 2
+    finally:
+        release.set()
+        mgr.shutdown(wait=True)
