@@ -249,8 +249,11 @@ def test_a_final_record_that_could_not_be_written_is_written_later(tmp_path):
     locker = sqlite3.connect(db, isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")  # a backup holds the file while the job ends
     go.set()
-    wait(mgr.get, first.id)  # done in this process; its final write failed (the store was locked)
-    time.sleep(0.3)
+    wait(mgr.get, first.id)  # done in this process; its final write fails (the store is locked)
+    deadline = time.monotonic() + 30  # the write gives up after busy_timeout (0.2 s): not a fixed sleep, which a
+    while first.id not in mgr._unsaved:  # loaded machine outran, so the write landed after the COMMIT
+        assert time.monotonic() < deadline, "the final write never failed"
+        time.sleep(0.01)
     locker.execute("COMMIT")
     locker.close()
     assert other.get(first.id)[0].state == "running"
