@@ -100,7 +100,7 @@ def main(argv=None) -> int:
             cells = []
             for t in trees:
                 p = plans[t].get(key)
-                method = p.get("methods", {}).get(str(k), p["method"]) if p else None
+                method = p["methods"][str(k)] if p else None
                 m = truth.get(f"{pair}|{method}|{k}") if p else None
                 if m is None or str(k) not in p["predicted"]:
                     cells = None

@@ -232,27 +232,24 @@ class JobManager:
             self._joining += 1
             job = Job(id=uuid.uuid4().hex, kind=kind, description=description,
                       idempotency_key=idempotency_key, request_hash=request_hash)
-        joined = False
-        try:
-            if self.store is not None:  # durable before it is acknowledged; the store settles key races
-                first = self.store.insert(job)
-                if first is not None:
-                    if first.request_hash != request_hash:
-                        raise IdempotencyConflictError(
-                            f"Idempotency-Key {idempotency_key!r} was used for a different request (job {first.id})")
-                    with self._lock:
-                        return self._jobs.get(first.id, first), False
+        try:  # durable before it is acknowledged; the store settles key races
+            first = self.store.insert(job) if self.store is not None else None
+        except BaseException:
             with self._lock:
                 self._joining -= 1
-                joined = True
+            raise
+        with self._lock:
+            self._joining -= 1
+            if first is None:
                 self._jobs[job.id] = job
                 if idempotency_key is not None:
                     self._idem[idempotency_key] = job.id
                 self._trim()
-        finally:
-            if not joined:
-                with self._lock:
-                    self._joining -= 1
+            elif first.request_hash == request_hash:
+                return self._jobs.get(first.id, first), False
+        if first is not None:
+            raise IdempotencyConflictError(
+                f"Idempotency-Key {idempotency_key!r} was used for a different request (job {first.id})")
         self._count("queued")
         self._pool.submit(self._run, job, fn)
         return job, True
