@@ -49,7 +49,7 @@ def test_a_locked_job_store_neither_stalls_the_server_nor_answers_500(server):
     # "internal error"; the wait is now off the event loop and ends in a 429 with Retry-After
     url, data = server
     body = _fit_body()
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(data / "jobs.sqlite"), "12"],
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(data / "jobs.sqlite"), "60"],  # killed below
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -195,6 +195,9 @@ def test_a_running_fit_reports_how_long_its_stage_has_run_and_when_it_ends(serve
     while time.monotonic() - t0 < 120:
         job = c.get(f"/v1/jobs/{jid}").json()
         p = job["progress"]
+        if job["state"] == "queued":
+            time.sleep(0.1)
+            continue
         if job["state"] != "running":
             break
         seen.append({**p, "run_seconds": job["timings"]["run_seconds"]})

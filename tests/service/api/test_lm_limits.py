@@ -64,6 +64,16 @@ def _generate_in_threads(base, n, out):
     return threads
 
 
+def _until_metrics(c, running: int, waiting: int, timeout: float = 30.0) -> None:
+    """Wait until /metrics says ``running`` generates hold the model's turn and ``waiting`` wait behind them (a
+    loaded machine may take seconds to get the threads' requests in)."""
+    want = (f"\nvecbridge_lm_requests_running {running:.1f}\n", f"\nvecbridge_lm_requests_waiting {waiting:.1f}\n")
+    t0 = time.monotonic()
+    while not all(w in (text := c.get("/metrics", headers=R).text) for w in want):
+        assert time.monotonic() - t0 < timeout, [ln for ln in text.splitlines() if "lm_requests_" in ln]
+        time.sleep(0.025)
+
+
 def test_requests_waiting_for_a_busy_model_hold_no_worker_thread(served, tmp_path):
     """45 generate requests behind a busy model (its lock held, as a fit's forward pass holds it): before, each
     held one of the 40 shared worker threads and /readyz, /v1/jobs... stalled until the model was free."""
@@ -78,7 +88,7 @@ def test_requests_waiting_for_a_busy_model_hold_no_worker_thread(served, tmp_pat
         lock.acquire()
         try:
             threads = _generate_in_threads(base, 45, out)
-            time.sleep(1.0)
+            _until_metrics(httpx.Client(base_url=base, timeout=30), 1, 44)
             for path in ("/readyz", "/v1/jobs", "/v1/steers"):
                 r = httpx.get(base + path, headers=R, timeout=5)
                 assert r.status_code == 200, (path, r.text)
@@ -111,13 +121,13 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run_the_model(serv
     lock.acquire()
     try:
         first = _generate_in_threads(served["base"], 1, out)  # takes the model's turn, waits for its lock
-        time.sleep(0.5)
+        _until_metrics(c, 1, 0)
         with socket.create_connection(("127.0.0.1", port)) as s:  # queued behind it, then gone
             s.sendall(f"POST /v1/lm/generate HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
                       f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
             time.sleep(0.2)  # the server waits for the body: the whole of it arrives in one read
             s.sendall(body)
-            time.sleep(0.5)
+            _until_metrics(c, 1, 1)  # queued, then the client goes
     finally:
         lock.release()
     for t in first:
@@ -148,22 +158,21 @@ def test_clients_that_left_the_queue_give_their_places_up_at_once(served):
     lock.acquire()
     try:
         threads = _generate_in_threads(served["base"], 1, out)  # takes the model's turn, waits for its lock
-        time.sleep(0.5)
+        _until_metrics(c, 1, 0)
         socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
         for s in socks:
             s.sendall(head + body)
-        for _ in range(200):
-            if "\nvecbridge_lm_requests_waiting 3.0\n" in c.get("/metrics", headers=R).text:
-                break
-            time.sleep(0.025)
+        _until_metrics(c, 1, 3)
         for s in socks:  # the three clients give up (a timeout) while the model is still busy
             s.close()
-        for _ in range(200):
-            if answered(c, "/v1/lm/generate", "499") == gone_before + 3:
-                break
+        t0 = time.monotonic()
+        while answered(c, "/v1/lm/generate", "499") < gone_before + 3 and time.monotonic() - t0 < 30:
             time.sleep(0.025)
         threads += _generate_in_threads(served["base"], 1, out)  # a live client: room in the queue
-        time.sleep(0.5)
+        t0 = time.monotonic()
+        while len(out) < 1 and "\nvecbridge_lm_requests_waiting 1.0\n" not in c.get("/metrics", headers=R).text:
+            assert time.monotonic() - t0 < 30, "the live client neither queued nor was answered"
+            time.sleep(0.025)
         text = c.get("/metrics", headers=R).text
     finally:
         lock.release()
@@ -182,7 +191,7 @@ def test_a_full_model_queue_is_429(served):
     lock.acquire()
     try:
         threads = _generate_in_threads(served["base"], 4, out)
-        time.sleep(0.5)
+        _until_metrics(c, 1, 3)
         t0 = time.time()
         r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "nope"})
         assert r.status_code == 429, r.text
@@ -272,8 +281,12 @@ def test_a_fit_cancelled_while_waiting_for_the_model_stops_before_its_forward_pa
     lock.acquire()
     try:
         jid = c.post("/v1/lm/steers", headers=W, json={**FIT, "name": "cx", "steps": 5}).json()["id"]
-        time.sleep(0.5)
-        assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code == 202
+        t0 = time.monotonic()  # the job runs and waits for the model's turn
+        while c.get(f"/v1/jobs/{jid}", headers=R).json()["progress"]["stage"] != "encode":
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.025)
+        time.sleep(0.2)  # past the stage's record write, to the lock (a cancel seen at that write is a 200, as fine)
+        assert c.delete(f"/v1/jobs/{jid}", headers=W).status_code in (200, 202)
     finally:
         lock.release()
     job = wait(c, jid)
