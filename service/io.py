@@ -218,17 +218,26 @@ def _arrow_lists_to_matrix(arr, path: Path) -> np.ndarray:
     return flat.reshape(n, d)
 
 
+def _n_rows(M: np.ndarray, path: Path) -> int:
+    """Rows of an array read from ``path``; a 0-d array (no rows at all) raises as_matrix's ShapeError."""
+    if M.ndim == 0:
+        from align.validation import as_matrix
+
+        as_matrix(M, name=path.name)
+    return int(M.shape[0])
+
+
 def count_rows(path, *, key: str | None = None, column: str | None = None, text_field: str = "text") -> int:
     """Number of rows (vectors, or texts) in a file without loading its data."""
     path = Path(path)
     check_file(path)
     suf = path.suffix.lower()
     if suf == ".npy":
-        return int(load_npy(path).shape[0])
+        return _n_rows(load_npy(path), path)
     if suf == ".fvecs":
         return int(_fvecs_matrix(path).shape[0])
     if suf == ".npz":
-        return int(_npz_array(path, key).shape[0])
+        return _n_rows(_npz_array(path, key), path)
     if suf == ".parquet":
         return int(_parquet_file(path, column)[0].metadata.num_rows)
     if suf in TEXT_SUFFIXES:
@@ -262,7 +271,7 @@ def read_texts(path, *, rows=None, text_field: str = "text") -> list[str]:
                 raise FormatError(f"{path.name}: expected a JSON list of strings")
         else:
             raise FormatError(f"{path.name}: not a text file ({', '.join(TEXT_SUFFIXES)})")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise FormatError(f"{path.name}: cannot parse ({exc})") from None
     sl = resolve_rows(rows, len(texts), path)
     return texts[sl]

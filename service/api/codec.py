@@ -184,6 +184,9 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
             arr = np.load(io.BytesIO(body), allow_pickle=False)
         except Exception as exc:
             raise InputError(f"body is not a readable .npy array: {exc}") from None
+        if not isinstance(arr, np.ndarray):  # a .npz archive (np.load answers an NpzFile): not one array
+            arr.close()
+            raise InputError("body is a .npz archive, not a .npy array; send one array saved with numpy.save")
         if arr.ndim == 1 and dim is not None and arr.size % dim == 0:
             arr = arr.reshape(-1, dim)
     else:

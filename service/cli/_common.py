@@ -135,6 +135,8 @@ def parse_kv(items, what="parameter") -> dict:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
             out[k] = v
+        except RecursionError:
+            raise click.UsageError(f"{what} {k}: the value is nested too deep") from None
     return out
 
 
@@ -221,7 +223,7 @@ def _read_ints(path: str, what: str, ndmin: int) -> tuple[Path, np.ndarray]:
             arr = np.asarray(json.loads(p.read_text()))
         else:
             arr = np.loadtxt(p, dtype=np.int64, ndmin=ndmin, delimiter=None)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
         raise InputError(f"{p.name}: cannot read {what} ({exc})") from None
     return p, arr
 

@@ -28,6 +28,7 @@ from ..errors import exit_code
 from ..indexes import IndexStore
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_file, iter_chunks, parse_rows, read_texts
+from ..limits import MAX_ID, MAX_JSON_DEPTH, check_json_depth
 from ..ops import indexes as index_ops
 from ..ops.index_files import (
     CHUNK_ROWS,
@@ -103,6 +104,11 @@ _write_opts = _with([
 ])
 
 
+def _no_constant(name: str):
+    """``json.loads``' ``parse_constant``: NaN / Infinity are not JSON (an HTTP body cannot carry them either)."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def _payloads(path: str | None):
     """The values of a JSONL file, one per non-blank line, read lazily (alongside the rows they go with)."""
     if path is None:
@@ -118,9 +124,13 @@ def _payloads(path: str | None):
                 if not line.strip():
                     continue
                 try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
+                    value = json.loads(line, parse_constant=_no_constant)
+                except (json.JSONDecodeError, ValueError, RecursionError) as exc:
                     raise InputError(f"{p.name}: line {i} is not JSON ({exc})") from None
+                # as a payload sent over HTTP (one level below the body's `payloads` list): deeper ones could
+                # not be served back (the search answer's serialiser stops at 255 levels)
+                check_json_depth(value, MAX_JSON_DEPTH - 2, f"{p.name}: line {i}")
+                yield value
 
     return values()
 
@@ -225,7 +235,7 @@ def index_add(obj: Ctx, name, space, file, rows, key, column, text_field, encode
 @click.argument("name")
 @click.option("--ids", "ids_file", type=click.Path(dir_okay=False), default=None,
               help="Ids to delete: .npy, .json or whitespace-separated text.")
-@click.option("--id", "id_list", type=click.IntRange(0), multiple=True, help="An id to delete, repeatable.")
+@click.option("--id", "id_list", type=click.IntRange(0, MAX_ID - 1), multiple=True, help="An id to delete, repeatable.")
 @json_opt
 @click.pass_obj
 def index_delete(obj: Ctx, name, ids_file, id_list, as_json):

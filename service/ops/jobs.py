@@ -41,6 +41,8 @@ def list_jobs(jobs: JobManager, limit: int | None = None, after=None) -> tuple[l
     if after is not None and not (isinstance(after, tuple) and len(after) == 2 and isinstance(after[1], str)
                                   and isinstance(after[0], (int, float)) and not isinstance(after[0], bool)):
         raise InputError("cursor does not belong to this list; send the `next` value of the previous page")
+    if after is not None:  # created_at is a REAL: an integer past 64 bits would overflow the SQLite binding
+        after = (float(after[0]), after[1])
     return [j.to_dict() for j in jobs.page(limit, after)], jobs.counts()
 
 

@@ -121,6 +121,16 @@ def _npy(X) -> bytes:
     return buf.getvalue()
 
 
+def _npz(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _cursor(key) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+
 J = {"content-type": "application/json"}
 OCT = {"content-type": "application/octet-stream"}
 NPYH = {"content-type": "application/x-npy"}
@@ -162,6 +172,7 @@ HTTP_CASES = [
     ("transform-bad-output", "POST", T, R, {"json": {"vectors": X16[:1].tolist(), "output": "weird"}}, {422}),
     ("transform-unknown-field", "POST", T, R, {"json": {"vectors": X16[:1].tolist(), "evil": 1}}, {422}),
     ("transform-npy-garbage", "POST", T, R, {"content": b"\x93NUMPY garbage", "headers": NPYH}, {422}),
+    ("transform-npz-as-npy", "POST", T, R, {"content": _npz(x=X16), "headers": NPYH}, {422}),  # was a 500
     ("transform-npy-object", "POST", T, R, {"content": _npy(np.array([[object()]], dtype=object)) if False else
                                              b"\x93NUMPY\x01\x00v\x00{'descr': '|O', 'fortran_order': False, "
                                              b"'shape': (1, 1), }" + b" " * 53 + b"\n" + b"\x00" * 8,
@@ -319,6 +330,11 @@ HTTP_CASES = [
     # fits and jobs
     ("fit-nan", "POST", "/v1/fits", W, {"json": {**fit_body("f1"), "source": {"vectors_b64": _b64(NAN), "dim": DIM},
                                                  "target": {"vectors": Y16.tolist()}}}, {422}),
+    # seed pairs are rows of the sides, known at request time: a 422, not a failed job (past 64 bits: OverflowError)
+    ("fit-seed-pairs-past-int64", "POST", "/v1/fits", W,
+     {"json": {**fit_body("f1", method="minivec2vec", paired=False), "seed_pairs": [[0, 2**63]]}}, {422}),
+    ("fit-seed-pairs-out-of-range", "POST", "/v1/fits", W,
+     {"json": {**fit_body("f1", method="minivec2vec", paired=False), "seed_pairs": [[0, 64]]}}, {422}),
     ("fit-pair-count", "POST", "/v1/fits", W, {"json": {**fit_body("f1"), "source": {"vectors": X16.tolist()},
                                                         "target": {"vectors": Y16[:7].tolist()}}}, {422}),
     ("fit-wrong-dim-for-space", "POST", "/v1/fits", W,
@@ -352,6 +368,9 @@ HTTP_CASES = [
      {"content": json.dumps(fit_body("f1")).encode(), "headers": {"content-type": "text/plain"}}, {415, 422}),
     ("job-unknown", "GET", "/v1/jobs/nope", R, {}, {404}),
     ("job-cancel-unknown", "DELETE", "/v1/jobs/nope", W, {}, {404}),
+    # a cursor whose created_at is an integer past int64 (orjson reads up to 2**64 - 1): SQLite's binding overflowed
+    ("jobs-cursor-past-int64", "GET", "/v1/jobs", R, {"params": {"limit": 2, "cursor": _cursor([2**64 - 1, "x"])}},
+     {200, 422}),
     ("job-dotdot", "GET", "/v1/jobs/..%2F..%2Fetc", R, {}, {404}),
     # embeddings
     ("embeddings-unknown-model", "POST", "/v1/embeddings", R, {"json": {"input": "hi", "model": "no-such-model"}},

@@ -8,6 +8,7 @@ commands, without touching the registry.
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -51,6 +52,10 @@ def _make_files(d):
     (d / "corrupt.npz").write_bytes(z[: len(z) // 2])
     with zipfile.ZipFile(d / "huge_shape.npz", "w") as zf:
         zf.writestr("x.npy", _npy_header_only((10**9, 384)))
+    np.save(d / "scalar.npy", np.array(1.0))  # 0-d: count_rows read shape[0] (IndexError, exit 3)
+    np.savez(d / "scalar.npz", x=np.array(1.0))
+    (d / "deep.json").write_text("[" * 5000 + "]" * 5000)  # json.loads: RecursionError (exit 3)
+    (d / "deep.jsonl").write_text("[" * 5000 + "]" * 5000 + "\n")
     with zipfile.ZipFile(d / "object.npz", "w") as zf:
         b = io.BytesIO()
         npf.write_array(b, np.array([1, "a"], dtype=object), allow_pickle=True)
@@ -58,7 +63,8 @@ def _make_files(d):
 
 
 BAD = ["object.npy", "truncated.npy", "huge_shape.npy", "truncated.fvecs", "ragged.fvecs", "strings.parquet",
-       "nested.parquet", "corrupt.npz", "huge_shape.npz", "object.npz"]
+       "nested.parquet", "corrupt.npz", "huge_shape.npz", "object.npz", "scalar.npy", "scalar.npz", "deep.json",
+       "deep.jsonl"]
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +120,40 @@ def test_fifo_input_is_refused_not_waited_on(world):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 2, p.stderr[-500:]
         assert "not a regular file" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_index_commands_refuse_bad_files_and_ids(world, capsys):
+    """``vecbridge index``: a 0-d array, an id past int64, JSON nested too deep (ids, --param) are exit 2 with one
+    line (were exit 3: IndexError, OverflowError, RecursionError)."""
+    d, data = world
+    assert _run(capsys, data, "index", "create", "ix", "--space", "p", d / "good.npy", "--quiet")[0] == 0
+    for args in (["index", "create", "ix0", "--space", "p", d / "scalar.npy", "--quiet"],
+                 ["index", "add", "ix", d / "scalar.npz", "--quiet"],
+                 ["index", "search", "ix", d / "scalar.npy"],
+                 ["index", "search", "ix", d / "deep.jsonl"],
+                 ["index", "delete", "ix", "--id", str(2**63)],
+                 ["index", "delete", "ix", "--id", str(2**62)],
+                 ["index", "delete", "ix", "--ids", d / "deep.json"],
+                 ["index", "create", "ix1", "--space", "p", d / "good.npy", "--kind", "hnsw", "--quiet",
+                  "--param", "M=" + "[" * 5000 + "]" * 5000]):
+        rc, err = _run(capsys, data, *args)
+        assert rc == 2, f"{args}: exit {rc}: {err[-400:]}"
+        assert "internal error" not in err and "Traceback" not in err, err
+    assert main(["--data-dir", str(data), "index", "show", "ix", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == GOOD.shape[0]  # nothing refused changed the index
+
+
+@pytest.mark.parametrize("line", ["NaN", "Infinity", "[" * 300 + "]" * 300], ids=["nan", "inf", "deep"])
+def test_index_payload_files_follow_the_http_rules(world, capsys, line):
+    """A payloads file: NaN / Infinity are not JSON (an HTTP body cannot carry them; over HTTP they came back as
+    null), and nesting is bounded as over HTTP (a 300-deep payload made every HTTP search that hit its row a 500)."""
+    d, data = world
+    f = d / "payloads.jsonl"
+    f.write_text(line + "\n" + "1\n" * (GOOD.shape[0] - 1))
+    rc, err = _run(capsys, data, "index", "create", "pl", "--space", "p", d / "good.npy", "--payloads", f, "--quiet")
+    assert rc == 2 and "payloads.jsonl: line 1" in err and "internal error" not in err, err
+    f.write_text("[" * 30 + "]" * 30 + "\n" + "1\n" * (GOOD.shape[0] - 1))  # as deep as HTTP allows
+    rc, err = _run(capsys, data, "index", "create", "pl_ok", "--space", "p", d / "good.npy", "--payloads", f,
+                   "--quiet")
+    assert rc == 0, err
+    assert _run(capsys, data, "index", "drop", "pl_ok", "--yes")[0] == 0

@@ -48,6 +48,14 @@ def _side(state, side, space: str, label: str, max_batch: int) -> map_ops.FitSid
     return map_ops.fit_side(state.registry, state.encoder, space=space, label=label, X=X)
 
 
+def _check_seed_pairs(pairs, n_src: int, n_tgt: int) -> None:
+    """Seed pairs are rows of the two sides (known now): out of range is a 422, not a failed job (and an index
+    past 64 bits, which numpy cannot hold, not an OverflowError in it)."""
+    for i, j in pairs or ():
+        if not (0 <= i < n_src and 0 <= j < n_tgt):
+            raise InputError(f"seed_pairs: [{i}, {j}] is out of range (source rows {n_src}, target rows {n_tgt})")
+
+
 @job_route(router, "/fits", kind="fit", summary="Queue a fit job", description=FIT_DOC, body_model=FitRequest,
            example="create_fit")
 def create_fit(body: bytes, request, state, settings):
@@ -61,6 +69,7 @@ def create_fit(body: bytes, request, state, settings):
     tgt = _side(state, obj.get("target"), opts.target_space, "target", settings.max_batch)
     map_ops.check_pairs(src, tgt, paired)
     check_batch(max(src.rows, tgt.rows), settings.max_batch)
+    _check_seed_pairs(opts.seed_pairs, src.rows, tgt.rows)
     state.metrics.batch_rows.labels("fit").observe(src.rows + tgt.rows)
 
     def job(ctx):
