@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .validation import as_matrix
+from .validation import as_matrix, check_representable
 from .blocks import run_blocks, serial
 from .exceptions import DimensionMismatchError, InputError
 from .options import check_number
@@ -122,7 +122,16 @@ def knn(Q, D, k: int = 10, *, block_size: int = DEFAULT_BLOCK, use_faiss: bool |
     I : ndarray (n, k) int64, row indices into ``D``
     """
     Q, D, k = _check(Q, D, k, block_size)
-    return _knn(Q, D, k, block_size=block_size, use_faiss=use_faiss, executor=executor)
+    with np.errstate(over="ignore", invalid="ignore"):
+        S, I = _knn(Q, D, k, block_size=block_size, use_faiss=use_faiss, executor=executor)
+    return _checked(S, "knn scores"), I
+
+
+def _checked(S: np.ndarray, what: str) -> np.ndarray:
+    """``S`` when every score is finite, else NotRepresentableError: finite rows near float32's range overflow
+    in their inner products (FAISS then ranked an Inf first, numpy gave NaN scores with arbitrary ids)."""
+    with np.errstate(invalid="ignore"):
+        return check_representable(S, what)
 
 
 def _db_block_topk(Q: np.ndarray, block, k: int, open_block: Callable | None):
@@ -130,7 +139,8 @@ def _db_block_topk(Q: np.ndarray, block, k: int, open_block: Callable | None):
     D = as_matrix(block if open_block is None else open_block(block), name="database block")
     if D.shape[1] != Q.shape[1]:
         raise DimensionMismatchError(f"queries have {Q.shape[1]} columns, a database block {D.shape[1]}")
-    S, I = _knn(Q, D, min(k, D.shape[0]), executor=serial)
+    with np.errstate(over="ignore", invalid="ignore"):
+        S, I = _knn(Q, D, min(k, D.shape[0]), executor=serial)
     return S, I, int(D.shape[0])
 
 
@@ -155,6 +165,8 @@ def knn_blocks(Q, db_blocks: Sequence, k: int = 10, *, open_block: Callable | No
     parts = run_blocks(_db_block_topk, [(Q, b, int(k), open_block) for b in db_blocks], executor)
     if not parts:
         raise InputError("knn_blocks needs at least one database block")
+    for S, _, _ in parts:
+        _checked(S, "knn scores")
     offsets = np.cumsum([0] + [p[2] for p in parts[:-1]])
     return merge_topk([(S, I + off) for (S, I, _), off in zip(parts, offsets)], int(k))
 
@@ -174,12 +186,14 @@ def csls_knn(Q, D, k: int = 1, *, csls_k: int = 10, r_q: np.ndarray | None = Non
     """
     Q, D, k = _check(Q, D, k, block_size)
     check_count("csls_k", csls_k)  # 0 made r_q, r_d the mean of nothing: NaN scores with arbitrary ids
-    if r_d is None:
-        r_d = mean_topk(D, Q, csls_k, block_size=block_size)
-    if r_q is None:
-        r_q = mean_topk(Q, D, csls_k, block_size=block_size)
-    S, I = _knn(Q * 2.0, D, k, block_size=block_size, bias_d=-np.asarray(r_d, np.float32))
-    return S - np.asarray(r_q, np.float32)[:, None], I
+    with np.errstate(over="ignore", invalid="ignore"):
+        if r_d is None:
+            r_d = mean_topk(D, Q, csls_k, block_size=block_size)
+        if r_q is None:
+            r_q = mean_topk(Q, D, csls_k, block_size=block_size)
+        S, I = _knn(Q * 2.0, D, k, block_size=block_size, bias_d=-np.asarray(r_d, np.float32))
+        S = S - np.asarray(r_q, np.float32)[:, None]
+    return _checked(S, "CSLS scores"), I
 
 
 def mutual_nn(Q: np.ndarray, D: np.ndarray, *, csls_k: int = 0, block_size: int = DEFAULT_BLOCK):
@@ -189,14 +203,20 @@ def mutual_nn(Q: np.ndarray, D: np.ndarray, *, csls_k: int = 0, block_size: int 
     CSLS when ``csls_k > 0``).
     """
     Q, D, _ = _check(Q, D, 1, block_size)
-    if check_count("csls_k", csls_k, lo=0) > 0:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _mutual_nn(Q, D, check_count("csls_k", csls_k, lo=0), block_size)
+
+
+def _mutual_nn(Q: np.ndarray, D: np.ndarray, csls_k: int, block_size: int):
+    if csls_k > 0:
         r_q = mean_topk(Q, D, csls_k, block_size=block_size)
         r_d = mean_topk(D, Q, csls_k, block_size=block_size)
         s_f, fwd = csls_knn(Q, D, 1, r_q=r_q, r_d=r_d, block_size=block_size)
         _, bwd = csls_knn(D, Q, 1, r_q=r_d, r_d=r_q, block_size=block_size)
     else:
         s_f, fwd = _knn(Q, D, 1, block_size=block_size)
-        _, bwd = _knn(D, Q, 1, block_size=block_size)
+        s_b, bwd = _knn(D, Q, 1, block_size=block_size)
+        _checked(s_f, "knn scores"), _checked(s_b, "knn scores")
     fwd, bwd = fwd[:, 0], bwd[:, 0]
     iq = np.nonzero(bwd[fwd] == np.arange(Q.shape[0]))[0]
     return iq, fwd[iq], s_f[iq, 0]

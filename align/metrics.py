@@ -15,7 +15,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from .validation import check_paired, check_random_state, check_rankable
+from .validation import check_no_zero_rows, check_paired, check_random_state, check_rankable
 from .exceptions import DimensionMismatchError, InputError, ShapeError, TooFewRowsError
 from .frames import unit_rows
 from .blocks import rows_per_block
@@ -32,6 +32,11 @@ INTERVAL_LEVEL = 0.95
 #: scores within this share of the true partner's (at least this much in absolute terms) tie with it: float32
 #: products of 384-d unit rows carry rounding errors of ~1e-6, so a duplicate candidate must not beat the partner
 TIE_TOL = 1e-5
+
+
+#: why a mapped row of zeros is refused (a map with W = 0 scored top-1 1.0 on any pairs)
+_ZERO_MAPPED = ("the map sends them to zero: nothing to rank (every candidate would tie with the partner and count "
+                "as a hit)")
 
 
 def count_above(S: np.ndarray, true: np.ndarray) -> np.ndarray:
@@ -148,7 +153,7 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
             f"map is {map_.source_dim}->{map_.target_dim}, held-out pairs are {X.shape[1]}->{Y.shape[1]}")
     n = X.shape[0]
     rows = query_sample(n, max_queries, random_state)
-    Q_all = unit_rows(map_._apply(X, output="linear"))
+    Q_all = check_no_zero_rows(unit_rows(map_._apply(X, output="linear")), name="mapped X_src", why=_ZERO_MAPPED)
     D = unit_rows(map_.target_frame._apply(Y))
     Q = Q_all if rows is None else Q_all[rows]
     r = ranks(Q, D, cols=rows, block_size=block_size)
@@ -213,7 +218,8 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
         train = np.setdiff1d(rows, part)
         m = fit(X[train], Y[train])
         for chunk in np.array_split(part, -(-part.size // max_pool)):
-            Q = unit_rows(m._apply(X[chunk], output="linear"))
+            Q = check_no_zero_rows(unit_rows(m._apply(X[chunk], output="linear")), name="mapped X_src",
+                                   why=_ZERO_MAPPED)
             D = unit_rows(m.target_frame._apply(Y[chunk]))
             hits += int((ranks(Q, D) == 1).sum())
             pools += [chunk.size] * chunk.size

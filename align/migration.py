@@ -51,8 +51,8 @@ import time
 
 import numpy as np
 
-from .validation import (as_matrix, check_csls_weight, check_labelled_queries, check_paired, check_random_state,
-                         check_rankable, check_same_queries)
+from .validation import (as_matrix, check_csls_weight, check_labelled_queries, check_not_collapsed, check_paired,
+                         check_random_state, check_rankable, check_same_queries, collapsed)
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
@@ -93,7 +93,8 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10, max_queries: int | 
         raise DimensionMismatchError(
             f"map is {map_.source_dim}->{map_.target_dim}, pairs are {X.shape[1]}->{Y.shape[1]}")
     rows = query_sample(X.shape[0], max_queries, random_state)
-    return pair_retrieval_scores(map_._apply(X, output="raw"), unit_rows(Y), k=k, rows=rows)
+    M = check_not_collapsed(map_._apply(X, output="raw"), name="mapped X_src")  # else corpus-side recall 1.0
+    return pair_retrieval_scores(M, unit_rows(Y), k=k, rows=rows)
 
 
 
@@ -148,7 +149,8 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
         raise InputError(f"csls_k must be an integer between 1 and 1000, got {csls_k!r}")
     if side == "target":
         Qm = Qn = unit_rows(Q)
-        Dm, Dn = unit_rows(map_.apply(X, output="raw")), unit_rows(Y)
+        # one vector for every document tied each with the relevant one: retention 1.0 for a map that says nothing
+        Dm, Dn = check_not_collapsed(unit_rows(map_.apply(X, output="raw")), name="mapped documents"), unit_rows(Y)
     else:
         Qm, Dm, Qn, Dn = unit_rows(map_.apply(Q, output="raw")), unit_rows(Y), unit_rows(Q), unit_rows(X)
     pen = None if csls_weight is None else 0.5 * csls_weight * hubness(Dm, int(csls_k))
@@ -402,8 +404,11 @@ def _split(n: int, holdout, max_holdout, rng) -> tuple[np.ndarray, np.ndarray]:
 def _score(P: _Problem, m: LinearMap, val, *, retention: bool = False) -> dict:
     """Held-out scores; the unpaired rows (a sample) compete as the rest of the corpus / index."""
     extra_M = None if P.Us_sample is None else m._apply(P.Us_sample, output="raw")
-    return pair_retrieval_scores(m._apply(P.X[val], output="raw"), P.T[val], extra_M=extra_M, extra_T=P.Ut_sample,
-                                 retention=retention)
+    M = m._apply(P.X[val], output="raw")
+    out = pair_retrieval_scores(M, P.T[val], extra_M=extra_M, extra_T=P.Ut_sample, retention=retention)
+    if collapsed(M):  # every held-out row mapped to one vector: each corpus-side rank tied with all, counted a hit
+        out.update({key: 0.0 for key in out if key.startswith("corpus_")}, score=0.0, collapsed=True)
+    return out
 
 
 def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dict]:

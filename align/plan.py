@@ -90,7 +90,9 @@ def select_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_stat
     ``"random"``: uniform without replacement. Same ``random_state`` → same rows.
     """
     X = as_matrix(X_old, name="X_old")
-    if not 1 <= int(k) <= X.shape[0]:
+    # an int: "abc", None, NaN were a raw ValueError / TypeError, 2.5 and True were read as 2 and 1
+    k = check_number("k", k, -float("inf"), float("inf"), whole=True)
+    if not 1 <= k <= X.shape[0]:
         raise TooFewRowsError(f"cannot select {k} rows out of {X.shape[0]}")
     rng = check_random_state(random_state)
     if method == "random":

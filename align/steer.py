@@ -47,7 +47,7 @@ import numpy as np
 
 from . import linalg
 from ._artifacts import check_header, pack_npz, read_bytes, save_atomic, unpack_npz
-from .validation import (as_matrix, check_eps, check_labels, check_random_state, check_representable,
+from .validation import (as_matrix, as_real_array, check_eps, check_labels, check_random_state, check_representable,
                          check_row_scale)
 from .frames import row_norms
 from .options import check_number
@@ -56,7 +56,6 @@ from .exceptions import (
     ConvergenceWarning,
     DimensionMismatchError,
     InputError,
-    NonFiniteError,
     PairCountError,
     SerializationError,
     ShapeError,
@@ -122,10 +121,10 @@ class Steer:
         P1, P2 = np.asarray(self.P1), np.asarray(self.P2)
         if P1.ndim != 2 or P2.ndim != 2 or 0 in P1.shape or P1.shape != P2.shape:
             raise ShapeError(f"P1 and P2 must be non-empty 2-D arrays of one shape (d, r), got {P1.shape}, {P2.shape}")
-        self.P1 = np.ascontiguousarray(P1, dtype=np.float32)
-        self.P2 = np.ascontiguousarray(P2, dtype=np.float32)
-        if not (np.isfinite(self.P1).all() and np.isfinite(self.P2).all()):
-            raise NonFiniteError("steer factors contain NaN or Inf")
+        # real numbers only (a string array was a raw ValueError, a complex one lost its imaginary part), finite
+        # in float32 (NonFiniteError otherwise)
+        self.P1 = as_real_array(P1, name="steer factor P1", ndim=2)
+        self.P2 = as_real_array(P2, name="steer factor P2", ndim=2)
 
     # --- shape facts ----------------------------------------------------------------------
     @property
@@ -305,8 +304,8 @@ class MeanShift:
     metadata: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        v = np.asarray(self.v, dtype=np.float32).reshape(-1)
-        if v.size == 0 or not np.isfinite(v).all():
+        v = as_real_array(self.v, name="mean-shift vector v", ndim=1)  # a (2, 3) array was read as 6-d
+        if v.size == 0:
             raise InputError("mean-shift vector must be non-empty and finite")
         self.v = v
 

@@ -22,7 +22,7 @@ from .exceptions import (
 
 __all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate",
            "check_no_zero_rows", "check_rankable", "check_representable", "check_eps", "check_labels",
-           "check_labelled_queries", "check_same_queries", "check_csls_weight"]
+           "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed", "check_not_collapsed"]
 
 _CHECK_BYTES = 1 << 20  # the masks of a check cover about this many bytes of rows at a time
 
@@ -224,6 +224,31 @@ def check_rankable(X: np.ndarray, *, name: str) -> np.ndarray:
         raise DegenerateInputError(f"{name}: all {X.shape[0]} rows are identical; nothing to rank (each would tie "
                                    f"with its partner and count as a hit)") from None
     return X
+
+
+#: mapped rows whose every coordinate is within this share of the largest of one row are one point to a ranking:
+#: every score ties within :data:`align.metrics.TIE_TOL` (1e-5), and a tie with the true partner counts as a hit
+COLLAPSE_TOL = 1e-5
+
+
+def collapsed(M: np.ndarray) -> bool:
+    """Whether the rows of ``M`` (n, d), n >= 2, are all (numerically) one vector or all zero: a map's output that
+    ranks every candidate equal, so a tie-counts-as-hit metric would score it perfect."""
+    if M.shape[0] < 2:
+        return not np.any(M != 0)
+    scale = float(np.abs(M).max())
+    return scale == 0.0 or float(np.abs(M - M[:1]).max()) <= COLLAPSE_TOL * scale
+
+
+def check_not_collapsed(M: np.ndarray, *, name: str) -> np.ndarray:
+    """``M`` unchanged, or DegenerateInputError when a map sent every row to one vector (or to zero rows): each
+    candidate would tie with the true partner and count as a hit, scoring a map that says nothing perfect."""
+    zero = ~np.any(M != 0, axis=1)
+    if zero.any() or collapsed(M):
+        what = f"{int(zero.sum())} all-zero row(s)" if zero.any() else f"all {M.shape[0]} rows one vector"
+        raise DegenerateInputError(f"{name}: the map's output has {what}; nothing to rank (every candidate "
+                                   f"would tie with the true one and count as a hit)")
+    return M
 
 
 def check_labelled_queries(queries, relevant, n_docs: int, *, dim: int, rows: str = "document"

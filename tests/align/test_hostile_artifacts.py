@@ -116,3 +116,29 @@ def test_pickled_arrays_are_never_loaded(maps):
     with pytest.raises(SerializationError, match="pickle"):
         align.map_from_bytes(_npz(arrays, header))
 
+
+
+_STEER_EDITS = {  # (artifact kind, array, edit); before the fix: raw ValueError, or read silently as another steer
+    "P1 of strings": ("steer", "P1", lambda a: np.full(a.shape, "x")),
+    "P1 complex": ("steer", "P1", lambda a: a.astype(complex) + 1j),
+    "P2 of objects": ("steer", "P2", lambda a: a.astype(object)),
+    "v of strings": ("shift", "v", lambda a: np.full(a.shape, "x")),
+    "v complex": ("shift", "v", lambda a: a.astype(complex) + 1j),
+    "v 2-D": ("shift", "v", lambda a: np.stack([a, a])),
+}
+
+
+@pytest.mark.parametrize("case", list(_STEER_EDITS))
+def test_damaged_steer_artifact_is_refused_with_a_typed_error(case):
+    from align.steer import MeanShift, Steer
+
+    kind, name, edit = _STEER_EDITS[case]
+    cls = Steer if kind == "steer" else MeanShift
+    obj = Steer(np.ones((4, 2)), np.ones((4, 2))) if kind == "steer" else MeanShift(np.ones(4))
+    with np.load(io.BytesIO(obj.to_bytes()), allow_pickle=True) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(arrays.pop("__meta__").tobytes())
+    arrays[name] = edit(arrays[name])
+    with pytest.raises((InputError, SerializationError)):
+        cls.from_bytes(_npz(arrays, header))
+    assert np.array_equal(cls.from_bytes(obj.to_bytes()).to_bytes(), obj.to_bytes())

@@ -102,3 +102,23 @@ def test_apply_batch_size_is_checked(pairs, kind, batch_size):
     assert np.allclose(m.apply(X, batch_size=np.int64(7)), m.apply(X), atol=1e-6)
     with pytest.raises(InputError, match="batch_size must be an integer"):
         m.apply(X, batch_size=batch_size)
+
+
+@pytest.mark.parametrize("search", [
+    lambda Q, D: align.knn(Q, D, 2, use_faiss=True),
+    lambda Q, D: align.knn(Q, D, 2, use_faiss=False),
+    lambda Q, D: align.csls_knn(Q, D, 2, csls_k=1),
+    lambda Q, D: align.mutual_nn(Q, D),
+    lambda Q, D: align.mutual_nn(Q, D, csls_k=1),
+])
+def test_search_scores_past_float32_are_refused_not_ranked(search):
+    """Finite rows whose inner products overflow float32: FAISS ranked row 0 (score Inf) above row 1, the true best
+    (3e38 against 1.5e38), numpy returned a NaN score and CSLS NaN everywhere; now NotRepresentableError."""
+    from align.exceptions import NotRepresentableError
+
+    Q = np.array([[3e38, -3e38]], np.float32)
+    D = np.array([[2.0, 1.5], [1.0, 0.0]], np.float32)
+    with pytest.raises(NotRepresentableError):
+        search(Q, D)
+    S, I = align.knn(Q * 1e-30, D, 2)
+    assert I[0].tolist() == [1, 0] and np.isfinite(S).all()

@@ -311,3 +311,35 @@ def test_a_duplicate_of_the_true_partner_never_pushes_it_down(n, block, seed):
     assert (ranks(pool, pool, block_size=block) == 1).all()
     got = pair_retrieval_scores(D, D, extra_M=D, extra_T=D, retention=False)
     assert got["corpus_recall@1"] == got["query_recall@1"] == 1.0
+
+
+def test_a_map_that_sends_every_row_to_one_vector_is_not_scored_perfect():
+    """A constant map (W = 0 with a bias) or a zero map ties every candidate with the true one, and a tie counts as a
+    hit: labelled_retention gave retention 1.0 (the CI gate passed), evaluate top-1 1.0 for W = 0, score_map a
+    corpus-side recall@1 of 1.0, and fit_migration chose a ridge α that collapsed the map on weakly related pairs.
+    Now the gate figures refuse such a map (DegenerateInputError) and the selection scores it 0."""
+    from align.exceptions import DegenerateInputError
+
+    rng = np.random.default_rng(0)
+    n, d = 200, 12
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    Y = (X @ np.linalg.qr(rng.normal(size=(d, d)))[0]).astype(np.float32)
+    Q, rel = (Y[:30] + 0.3 * rng.normal(size=(30, d))).astype(np.float32), np.arange(30)
+    for m in (align.LinearMap(np.zeros((d, d)), bias=np.ones(d)), align.LinearMap(np.zeros((d, d)))):
+        with pytest.raises(DegenerateInputError):
+            align.labelled_retention(m, X, Y, Q, rel)
+        with pytest.raises(DegenerateInputError):
+            align.score_map(m, X, Y)
+    with pytest.raises(DegenerateInputError):
+        align.evaluate(align.LinearMap(np.zeros((d, d))), X, Y)
+    with pytest.raises(DegenerateInputError):
+        align.cross_val_top1(X, Y, lambda a, b: align.LinearMap(np.zeros((d, d))))
+    good = align.fit_ridge(X, Y)
+    assert align.labelled_retention(good, X, Y, Q, rel)["retention"]["R@10"] == 1.0
+    Xu = rng.normal(size=(300, 32)).astype(np.float32)
+    Yu = rng.normal(size=(300, 32)).astype(np.float32) + 1.0  # unrelated pairs: no map scores well
+    m = align.fit_migration(Xu, Yu, method="ridge", alphas=[1e-2, 1e6], random_state=0)
+    ridge = m.metadata["selection"]["candidates"]["ridge"]
+    assert ridge["alpha"] == 1e-2, ridge  # α = 1e6 maps every row to one vector (spread ~1e-7)
+    out = m.apply(Xu[:50])
+    assert np.abs(out - out[0]).max() > 1e-3

@@ -507,3 +507,13 @@ def test_candidates_as_a_comma_separated_string_narrow_auto():
     X, Y = _planted(n=200, d_s=8, d_t=8, seed=10)
     m = align.fit_migration(X, Y, candidates="ridge, procrustes")
     assert set(m.metadata["selection"]["candidates"]) <= {"ridge", "procrustes"}
+
+
+@pytest.mark.parametrize("k", ["abc", None, float("nan"), float("inf"), [3], 2.5, True, "3"])
+def test_select_rows_to_embed_refuses_a_count_that_is_not_an_int(k):
+    """k must be an int: before, "abc" / None / NaN / inf / [3] were raw ValueError, TypeError or OverflowError,
+    and 2.5, True and "3" were read as 2, 1 and 3 rows."""
+    X = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
+    with pytest.raises(InputError, match="k must be an integer"):
+        align.select_rows_to_embed(X, k)
+    assert align.select_rows_to_embed(X, np.int64(3)).shape == (3,)
