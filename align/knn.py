@@ -76,7 +76,9 @@ def _knn_block(Q: np.ndarray, D: np.ndarray, k: int, bias_d: np.ndarray | None, 
     """Top-``k`` of one block of queries ``Q`` (b, d) against all of ``D`` (m, d): ``(S, I)`` (b, k)."""
     if use_faiss and bias_d is None:
         # FAISS's OpenMP part changes the last bits of the scores with the thread count; one OpenMP
-        # thread (BLAS stays multi-threaded, and is bit-stable) gives the same bits in any process
+        # thread gives the same bits in any process (FAISS's OpenBLAS is the OpenMP build, so its GEMM goes
+        # serial too; numpy's pthread OpenBLAS is not: at d = 560 or 700 its Q @ D.T rounds differently
+        # with 1 and 2 BLAS threads)
         prev = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1)
         try:
