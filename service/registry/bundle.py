@@ -5,14 +5,16 @@ and the spaces they use. Importing keeps version numbers. A version that already
 same artifact sha256 is skipped (importing twice is a no-op); with a different artifact it is a
 ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version (once: a version
 with the same artifact and creation time is skipped, so a renumbering import repeated is a no-op too).
-Existing aliases are never moved. A NaN or infinite number in a record's JSON fields (a metric
+Existing aliases are never moved, nor existing spaces changed (their encoder, prefixes and description: only
+a field the space here leaves empty is filled in). A NaN or infinite number in a record's JSON fields (a metric
 that came out undefined) is exported as ``null``, as the HTTP API shows it: a manifest holds JSON only.
 
 Import is strict and all-or-nothing. A bundle comes from elsewhere, so it is checked as if it
 had come over HTTP, in three phases:
 
 1. **manifest**: names and aliases follow :mod:`.names`; dims in ``1..MAX_DIM``; version numbers
-   in ``1..MAX_VERSION``; at most ``MAX_ENTRIES`` versions; texts and JSON fields bounded;
+   in ``1..MAX_VERSION``, each name's running 1..N without gaps; at most ``MAX_ENTRIES`` versions; texts and
+   JSON fields bounded;
    aliases point at versions the bundle holds;
 2. **files**: every entry is read with a byte bound derived from its dims (so a small zip cannot
    expand into gigabytes), from inside the bundle only (a folder entry that is a symbolic link,
@@ -232,12 +234,18 @@ def _common(d: dict, what: str) -> dict:
         created_at=_text(d.get("created_at", "") or now(), f"{what} created_at", limit=64),
         metrics=_jsonish(d.get("metrics", {}), f"{what} metrics"),
         artifact_sha256=_sha(d.get("artifact_sha256"), f"{what} artifact_sha256"),
-        deleted=bool(d.get("deleted", False)),
+        deleted=_flag(d.get("deleted", False), f"{what} deleted"),
         description=_text(d.get("description", "") or "", f"{what} description"),
         inputs=_jsonish(d.get("inputs", {}) or {}, f"{what} inputs"),
         bundle_artifact=_text(d.get("bundle_artifact"), f"{what} bundle_artifact", limit=1024),
         ext=_ext(d.get("artifact_path", ""), what),
     )
+
+
+def _flag(v, what: str) -> bool:
+    if not isinstance(v, bool):  # bool("false") is True: a string would delete the version it describes
+        raise IntegrityError(f"bundle: {what} must be true or false, got {str(v)[:40]!r}")
+    return v
 
 
 def _ext(rel, what: str) -> str:
@@ -343,6 +351,10 @@ def _check_manifest(manifest) -> dict:
                     v["lens"] = _jsonish(d.get("lens", []) or [], f"{what} lens", list)
                     v["limit"] = 8 * v["dim"] * (2 * v["rank"] + 1) + _SLACK
                 versions.append(v)
+            if seen and seen != set(range(1, max(seen) + 1)):  # as every registry numbers them (verify checks it)
+                missing = sorted(set(range(1, max(seen) + 1)) - seen)
+                raise IntegrityError(f"bundle: {kind[:-1]} {name!r} lacks version(s) {missing[:5]}: its versions "
+                                     f"must run 1..{max(seen)} without gaps, as an export writes them")
             pairs = {(v.get("source_space"), v.get("target_space"), v.get("space")) for v in versions}
             if len(pairs) > 1:
                 raise IntegrityError(f"bundle: the versions of {kind[:-1]} {name!r} disagree on their spaces")
@@ -421,16 +433,19 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
     counts = {"imported": 0, "skipped": 0, "renumbered": 0, "aliases": 0}
     n_steers = 0
     for s in plan["spaces"].values():
-        reg._put_space(t, s)
+        reg._put_space(t, s, keep=True)  # a space here keeps its encoder, prefixes, description
     for e in plan["entries"]:
         name, is_map, store = e["name"], e["kind"] == "maps", reg.entities[e["kind"]]
         local: dict[int, int] = {}
+        made: set[int] = set()  # numbers this import gave: a later bundle version with that number is not there yet
         for v in e["versions"]:
             store.bind(t, name, v, created=now(), here=" here, the bundle says")
             have = store.sha_of(t, name, v["version"])
             tags = dict(v.get("tags", {}))
-            if have == v["artifact_sha256"]:
-                local[v["version"]] = v["version"]
+            if have == v["artifact_sha256"] and v["version"] not in made:
+                # the same version (imported before); a renumbered copy of this one, when the bundle's versions
+                # share their artifact, is the row with its creation time
+                local[v["version"]] = store.copy_of(t, name, have, v["created_at"]) or v["version"]
                 counts["skipped"] += is_map
                 continue
             if have is not None:
@@ -450,6 +465,7 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
                 store.claim(t, name, number)
                 status = "imported"
             local[v["version"]] = number
+            made.add(number)
             store.insert(t, name, number, {**v, "artifact_sha256": v["sha"], "artifact_path": v["rel"],
                                            "report_path": v.get("report_rel")}, tags if is_map else None)
             if is_map:

@@ -173,12 +173,14 @@ class Registry(SteerRegistryMixin):
         if int(have) != int(dim):
             raise ConflictError(f"space {name!r} is {have}-d, not {dim}-d")
 
-    def _put_space(self, t, s: dict) -> None:
-        """Ensure space ``s["name"]`` (``s["dim"]``) and set the descriptive fields ``s`` gives (non-empty)."""
+    def _put_space(self, t, s: dict, *, keep: bool = False) -> None:
+        """Ensure space ``s["name"]`` (``s["dim"]``) and set the descriptive fields ``s`` gives (non-empty);
+        ``keep``: only those the space has not set (a bundle import never changes how a space here embeds)."""
         self._ensure_space(t, s["name"], s["dim"])
         for col in ("encoder", "query_prefix", "passage_prefix", "description"):
             if s.get(col):
-                t.q(f"UPDATE spaces SET {col} = ? WHERE name = ?", (s[col], s["name"]))
+                unset = f" AND ({col} IS NULL OR {col} = '')" if keep else ""
+                t.q(f"UPDATE spaces SET {col} = ? WHERE name = ?{unset}", (s[col], s["name"]))
 
     def _space_row(self, t, name: str) -> SpaceInfo:
         r = t.one("SELECT name, dim, encoder, query_prefix, passage_prefix, description, created_at "
@@ -535,11 +537,14 @@ class Registry(SteerRegistryMixin):
                 dangling += [f"{a['name']}@{a['alias']}" for a in t.q(
                     f"SELECT a.name, a.alias FROM {k.aliases} a LEFT JOIN {k.table} v "
                     "ON v.name = a.name AND v.version = a.version WHERE v.version IS NULL")]
-                for r in t.q(f"SELECT name, last_version FROM {k.names}"):  # numbers 1..last, each once
+                # numbers 1..last, each once; one statement: PostgreSQL (READ COMMITTED) reads each statement at its
+                # own snapshot, so a name's last_version read apart from its versions could miss (or see) a version
+                # another replica committed in between, and report a gap in a healthy registry
+                for r in t.q(f"SELECT n.name, n.last_version, COUNT(DISTINCT v.version) AS n, MIN(v.version) AS lo, "
+                             f"MAX(v.version) AS hi FROM {k.names} n LEFT JOIN {k.table} v ON v.name = n.name "
+                             f"GROUP BY n.name, n.last_version"):
                     last = int(r["last_version"])
-                    c = t.one(f"SELECT COUNT(DISTINCT version) AS n, MIN(version) AS lo, MAX(version) AS hi "
-                              f"FROM {k.table} WHERE name = ?", (r["name"],))
-                    if (int(c["n"] or 0), c["lo"], c["hi"]) != (last, 1 if last else None, last if last else None):
+                    if (int(r["n"] or 0), r["lo"], r["hi"]) != (last, 1 if last else None, last if last else None):
                         gaps.append(r["name"])
         for r in artifacts:
             used.add(r["artifact_path"])

@@ -105,6 +105,9 @@ BAD_MANIFESTS = [
     ("description-5MB", lambda m: m["maps"][1]["versions"][0].update(description="x" * 5_000_000), IntegrityError),
     ("nan-metric", lambda m: m["maps"][1]["versions"][0].update(metrics={"x": float("nan")}), IntegrityError),
     ("not-a-bundle", lambda m: m.update(format="zip"), IntegrityError),
+    # bool("false") is True: imported as deleted; a version number past a gap: `registry verify` failed ever after
+    ("deleted-as-string", lambda m: m["maps"][1]["versions"][0].update(deleted="false"), IntegrityError),
+    ("version-gap", lambda m: m["maps"][1]["versions"][-1].update(version=5), IntegrityError),
 ]
 
 

@@ -352,6 +352,40 @@ def test_export_import_round_trip(reg, tmp_path, suffix):
 
 
 
+def test_renumbering_import_keeps_bundle_versions_that_share_an_artifact(reg, tmp_path):
+    """Bundle versions 1 and 2 with the same artifact (a map registered twice, other metrics) into a registry with
+    another version 1: version 1 was renumbered to 2, then version 2 found "its" number holding its artifact and
+    was skipped as imported before: its record was lost and its alias landed on version 1's copy."""
+    src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src-artifacts")
+    register(src, seed=1)
+    register(src, seed=1, metrics={"heldout_top1": 0.9}, alias="prod")
+    bundle = src.export(tmp_path / "bundle.zip")
+    register(reg, seed=99)
+    assert reg.import_(bundle, on_conflict="renumber") == {"imported": 0, "skipped": 0, "renumbered": 2,
+                                                             "aliases": 1}
+    assert [(v.version, v.metrics, v.tags.get("imported_from"), v.aliases) for v in reg.list_versions("a->b")] == [
+        (1, {}, None, []), (2, {}, "a->b:1", []), (3, {"heldout_top1": 0.9}, "a->b:2", ["prod"])]
+    assert reg.import_(bundle, on_conflict="renumber") == {"imported": 0, "skipped": 2, "renumbered": 0,
+                                                             "aliases": 0}  # again: a no-op
+    assert len(reg.list_versions("a->b")) == 3 and reg.verify()["ok"]
+
+
+def test_import_keeps_the_encoder_and_prefixes_of_a_space_here(reg, tmp_path):
+    """A bundle whose space ``a`` names another encoder and prefixes: the import replaced this registry's (how its
+    texts are embedded for every search and fit) without a word. Now only fields left empty here are filled."""
+    src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src-artifacts")
+    src.register_space("a", 8, encoder="theirs", query_prefix="q: ", description="theirs")
+    src.register_space("b", 8, encoder="their-b", passage_prefix="p: ")
+    register(src, seed=1)
+    bundle = src.export(tmp_path / "bundle.zip")
+    reg.register_space("a", 8, encoder="mine", query_prefix="query: ")
+    reg.register_space("b", 8)
+    assert reg.import_(bundle)["imported"] == 1
+    a, b = reg.get_space("a"), reg.get_space("b")
+    assert (a.encoder, a.query_prefix, a.description) == ("mine", "query: ", "theirs")
+    assert (b.encoder, b.passage_prefix) == ("their-b", "p: ")
+
+
 def test_failed_import_keeps_the_reports_of_earlier_imports(reg, tmp_path):
     """A failed import removes the reports it wrote, but it also removed the one an earlier import of the same
     version had stored (same content, same file name): a->b:1 lost its report to an unrelated conflict."""
@@ -561,3 +595,32 @@ def test_keeping_an_alias_holds_against_a_concurrent_writer_under_postgresql(pg_
         assert reg.resolve("a->b@prod").version == 2
     finally:
         reg.close()
+
+
+@pytest.mark.postgres
+def test_verify_reports_no_gap_for_a_version_committed_while_it_reads(pg_url, tmp_path, monkeypatch):
+    """``verify`` on PostgreSQL while another replica registers: it read each name's ``last_version``, then counted
+    its versions in another statement (READ COMMITTED: another snapshot), so a version committed in between looked
+    like a gap and a healthy registry failed verify (exit 2). Now one statement reads both."""
+    from service.registry import db as registry_db
+
+    reg, other = (open_registry(pg_url, tmp_path / "artifacts") for _ in range(2))
+    try:
+        register(reg)
+        q, fired = registry_db._Tx.q, []
+
+        def q_then_commit_elsewhere(self, sql, params=()):
+            out = q(self, sql, params)
+            if "last_version" in sql and not fired:  # a version of a->b commits right after this statement
+                fired.append(True)
+                register(other, seed=1)
+            return out
+
+        monkeypatch.setattr(registry_db._Tx, "q", q_then_commit_elsewhere)
+        res = reg.verify()
+        monkeypatch.undo()
+        assert fired and res["version_gaps"] == [] and res["ok"], res
+        assert reg.verify()["ok"]
+    finally:
+        reg.close()
+        other.close()
