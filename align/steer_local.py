@@ -138,6 +138,8 @@ def _solver(S: np.ndarray, r: np.ndarray, v: np.ndarray, ridge: float, d: int):
     def solve(t: float) -> np.ndarray:
         if np.isinf(t):
             return b0
+        if t > 1.0:  # divided through by t: t * sbar overflowed for t near 1e308 (inf / inf: a NaN steer)
+            return V @ ((V.T @ (r / t + sbar * b0)) / (w / t + (ridge / t + 1.0) * sbar))
         return V @ ((V.T @ (r + t * sbar * b0)) / (w + (ridge + t) * sbar))
 
     return solve

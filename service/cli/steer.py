@@ -38,7 +38,8 @@ def steer():
 @click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per row.")
 @click.option("--name", required=True)
 @click.option("--rank", type=int, default=None, help="Rank of W (default 16).")
-@click.option("--method", type=click.Choice(["local", "lm-steer", "mean-shift"]), default="local", show_default=True)
+@click.option("--method", type=click.Choice(["local", "lm-steer", "mean-shift"]), default=None,
+              help="Fit method  [default: local]")
 @click.option("--param", "params", multiple=True, help="KEY=VALUE fit parameter (JSON values), repeatable.")
 @register_opts
 @click.pass_obj
@@ -55,7 +56,13 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, labels, name, rank, meth
     if items is not None and len(items) != n:
         raise PairCountError(f"{len(items)} texts for {n} vectors")
     y = read_labels(labels, n)
-    params = {**parse_kv(params), "method": method, **({"rank": rank} if rank is not None else {})}
+    params = parse_kv(params)
+    # --method's default replaced a `--param method=...` without a word (a mean-shift asked for, a local steer fitted)
+    for key, opt in (("method", method), ("rank", rank)):
+        if opt is not None and key in params and params[key] != opt:
+            raise click.UsageError(f"--{key} {opt} and --param {key}={params[key]} disagree; give it once")
+    params = {**params, "method": method or params.get("method", "local"),
+              **({"rank": rank} if rank is not None else {})}
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         v = embed_and_register(reg, get_encoder, space=space, X=X, texts=items if X is None else None, encoder=encoder,

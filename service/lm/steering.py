@@ -91,11 +91,19 @@ def steered(model, steers: SteerSpec = ()):
     def hook(module, args):
         return (_steer_hidden(args[0], P1, P2), *args[1:])
 
-    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
+    def finite(module, args, logits):
+        # a large eps overflows float32 in h (I + eps W) E^T: the sampler then failed (a 500) and greedy decoding
+        # returned words chosen among Inf/NaN logits
+        if not torch.isfinite(logits).all():
+            raise NonFiniteError("the steered logits are not finite (float32 overflow); use a smaller eps")
+
+    head = model.get_output_embeddings()
+    handles = [head.register_forward_pre_hook(hook), head.register_forward_hook(finite)]
     try:
         yield model
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 @contextlib.contextmanager

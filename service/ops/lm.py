@@ -34,7 +34,7 @@ from typing import Callable, Mapping, Sequence
 
 import orjson
 
-from align.exceptions import InputError, PairCountError
+from align.exceptions import DimensionMismatchError, InputError, PairCountError
 from align.options import check_number
 from align.steer import Steer
 
@@ -125,6 +125,9 @@ def check_fit(spec: LMFit) -> LMFit:
     # bounded above too: eps or lr of 1e308 was accepted and failed in the job (NonFiniteError), minutes later
     check_number("eps", spec.eps, 0, MAX_FIT_EPS, lo_open=True)
     check_number("lr", spec.lr, 0, MAX_FIT_LR, lo_open=True)
+    # the tokenizer would refuse them in the job (202, then a failed job): refuse them with the request
+    if any(not isinstance(t, str) or not t.strip() for t in spec.texts):
+        raise InputError("every text must be a non-empty string (not only whitespace)")
     labels = [int(y) for y in spec.labels]
     if len(labels) != len(spec.texts):
         raise PairCountError(f"{len(labels)} labels for {len(spec.texts)} texts")
@@ -151,6 +154,12 @@ def prepare_fit(registry, lm: LM, spec: LMFit) -> LMFit:
         have = []
     if have and have[0].space != lm.space:
         raise ConflictError(f"steer {spec.name!r} lives in space {have[0].space!r}, not {lm.space!r}")
+    try:  # the space may exist with another width (an embedding steer fitted into it): refuse now, not after training
+        space = registry.get_space(lm.space)
+    except NotFoundError:
+        space = None
+    if space is not None and space.dim != d:
+        raise ConflictError(f"space {lm.space!r} is {space.dim}-d, the hidden size of {lm.name} is {d}")
     return spec
 
 
@@ -200,9 +209,18 @@ def _lm_steers(registry, lm, refs, load_steer):
     load = load_steer or _registry_steer(registry)
     found = [load(ref) for ref in refs]
     lm = lm if isinstance(lm, LM) else lm()
+    from ..lm.steering import output_embeddings
+
+    d = int(output_embeddings(lm.model).shape[1])
     for info, steer in found:
-        if info.space != lm.space or not isinstance(steer, Steer):
+        if info.space != lm.space:
             raise InputError(f"steer {info.ref} lives in space {info.space!r}, not the language model's {lm.space!r}")
+        # an embedding steer fitted (POST /v1/steers) into the space lm.<model>: a mean shift, or rows of another
+        # width (analyze multiplied the 16-d hidden states by 8-d factors: a RuntimeError, 500)
+        if not isinstance(steer, Steer):
+            raise InputError(f"steer {info.ref} is a mean-shift baseline; the language model takes W = P1 P2^T steers")
+        if steer.dim != d:
+            raise DimensionMismatchError(f"steer {info.ref} is {steer.dim}-d, the hidden size of {lm.name} is {d}")
     return lm, found
 
 

@@ -206,6 +206,18 @@ def _jsonish(v, what: str, kind=dict):
     return v
 
 
+def _lens(lens: list, what: str) -> list:
+    """A steer's stored lens: directions (objects) whose ``positive`` / ``negative`` ends are lists of items (objects).
+    Anything else imported fine and made every ``GET /v1/steers/{ref}/lens`` (and ``steer lens``) of it fail."""
+    for d in lens:
+        if not isinstance(d, dict) or not all(
+                isinstance(d.get(end, []), list) and all(isinstance(it, dict) for it in d.get(end, []))
+                for end in ("positive", "negative")):
+            raise IntegrityError(f"bundle: {what} must be a list of directions (objects) whose 'positive' and "
+                                 f"'negative' are lists of items (objects)")
+    return lens
+
+
 def _sha(v, what: str) -> str:
     if not isinstance(v, str) or len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
         raise IntegrityError(f"bundle: {what} must be a lowercase hex sha256")
@@ -348,7 +360,7 @@ def _check_manifest(manifest) -> dict:
                     v["dim"] = _int(d.get("dim"), f"{what} dim", 1, MAX_DIM)
                     v["rank"] = _int(d.get("rank"), f"{what} rank", 0, v["dim"])
                     v["space"] = space(d.get("space"), v["dim"], "steer space")
-                    v["lens"] = _jsonish(d.get("lens", []) or [], f"{what} lens", list)
+                    v["lens"] = _lens(_jsonish(d.get("lens", []) or [], f"{what} lens", list), f"{what} lens")
                     v["limit"] = 8 * v["dim"] * (2 * v["rank"] + 1) + _SLACK
                 versions.append(v)
             if seen and seen != set(range(1, max(seen) + 1)):  # as every registry numbers them (verify checks it)

@@ -151,6 +151,16 @@ def test_infinite_prior_weight_is_the_mean_shift_line(split):
     assert s.metadata["prior_weight"] == "inf" and s.metadata["prior_selection"] == {}
 
 
+def test_a_huge_finite_prior_weight_is_the_mean_shift_line_not_a_nan(split):
+    """prior_weight=1e308 passed the checks and overflowed t * sbar in the solve (inf / inf): the fit failed with
+    "steer factor P2 contains NaN or Inf" (a failed HTTP job, exit 2 in the CLI). It is the limit t -> inf."""
+    X, labels, _, _ = split
+    huge = fit_steer(X, labels, prior_weight=1e308, random_state=0)
+    line = fit_steer(X, labels, prior_weight=float("inf"), random_state=0)
+    b, b0 = huge.P2[:, 0].astype(np.float64), line.P2[:, 0].astype(np.float64)
+    assert np.isfinite(b).all() and abs(b @ b0) / (np.linalg.norm(b) * np.linalg.norm(b0)) > 1 - 1e-5
+
+
 @pytest.mark.parametrize("bad", [{"prior_weight": -1.0}, {"prior_weight": "big"}, {"prior_weight": float("nan")},
                                  {"n_folds": -1}, {"n_folds": 2.5}])
 def test_bad_prior_arguments_are_input_errors(split, bad):

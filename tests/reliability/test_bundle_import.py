@@ -102,6 +102,10 @@ BAD_MANIFESTS = [
      InvalidNameError),
     ("alias-to-missing-version", lambda m: m["maps"][0].update(aliases={"prod": 7}), IntegrityError),
     ("steer-rank-above-dim", lambda m: m["steers"][0]["versions"][0].update(rank=99), IntegrityError),
+    # imported fine before, then every lens read of the steer was a 500 (TypeError in describe_lens)
+    ("steer-lens-not-objects", lambda m: m["steers"][0]["versions"][0].update(lens=[1]), IntegrityError),
+    ("steer-lens-end-not-list", lambda m: m["steers"][0]["versions"][0].update(lens=[{"positive": 5}]),
+     IntegrityError),
     ("description-5MB", lambda m: m["maps"][1]["versions"][0].update(description="x" * 5_000_000), IntegrityError),
     ("nan-metric", lambda m: m["maps"][1]["versions"][0].update(metrics={"x": float("nan")}), IntegrityError),
     ("not-a-bundle", lambda m: m.update(format="zip"), IntegrityError),

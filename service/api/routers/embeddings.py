@@ -69,8 +69,8 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     if not texts:
         raise InputError("input must be a non-empty string or list of strings")
-    if any(not t for t in texts):
-        raise InputError("input contains an empty string; every input must have text")
+    if any(not t.strip() for t in texts):  # " " embedded as the empty text: one meaningless vector for all of them
+        raise InputError("input contains an empty or whitespace-only string; every input must have text")
     check_batch(len(texts), settings.max_batch)
 
     X, tr = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,

@@ -57,3 +57,18 @@ def test_dimensions_that_do_not_match_the_target_space_are_a_422_before_any_text
         assert calls == [2]
         r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": ["a dog"], "dimensions": 128})
         assert r.status_code == 422 and "cannot be truncated" in r.json()["error"]["message"], r.text
+
+
+def test_whitespace_only_input_is_a_422_like_the_empty_string(tmp_path, monkeypatch):
+    """"" was refused but " " (or "\\n\\t") was embedded as the empty text: the same meaningless vector for any
+    of them, 200. Refused before any encoder is loaded."""
+    import service.encoders
+
+    asked = []
+    monkeypatch.setattr(service.encoders, "get_encoder", lambda name: asked.append(name))
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        for bad in (" ", ["a dog", "\n\t "]):
+            r = c.post("/v1/embeddings", headers=R, json={"model": "all-MiniLM-L6-v2", "input": bad})
+            assert r.status_code == 422 and "whitespace" in r.json()["error"]["message"], r.text
+    assert asked == []

@@ -241,12 +241,42 @@ def test_a_prompt_beyond_the_model_context_is_422(tmp_path):
         assert r.status_code == 422 and "context" in r.json()["error"]["message"], r.text
 
 
+def test_embedding_steers_in_the_lm_space_are_refused_with_a_reason(tmp_path):
+    """POST /v1/steers may fit an embedding steer into the space ``lm.<model>``. An 8-d one made /v1/lm/analyze a 500
+    (8-d factors times 16-d hidden states), a mean shift was refused as living "in space 'lm.tiny-llama', not the
+    language model's 'lm.tiny-llama'", and an LM fit into the 8-d space trained, then failed its job."""
+    from align.steer import MeanShift
+
+    model, tok = tiny_lm()
+    app = create_app(settings_for(tmp_path))
+    app.state.lm_provider = lambda: (model, tok)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        reg = app.state.vb.registry
+        rng = np.random.default_rng(0)
+        reg.register_steer("e8", Steer(rng.normal(size=(8, 1)), rng.normal(size=(8, 1))), space="lm.tiny-llama")
+        for path, body in (("/v1/lm/analyze", {"text": "the film was good", "steer": "e8"}),
+                           ("/v1/lm/generate", {"prompt": "the film", "steers": {"e8": 1.0}})):
+            r = c.post(path, headers=R, json=body)
+            assert r.status_code == 422 and "8-d" in r.json()["error"]["message"], (path, r.text)
+        r = c.post("/v1/lm/steers", headers=W, json={**FIT, "steps": 3})
+        assert r.status_code == 409 and "8-d" in r.json()["error"]["message"], r.text
+    app = create_app(settings_for(tmp_path / "ms"))
+    app.state.lm_provider = lambda: (model, tok)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        app.state.vb.registry.register_steer("ms", MeanShift(np.ones(16)), space="lm.tiny-llama")
+        r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "ms"})
+        assert r.status_code == 422 and "mean-shift" in r.json()["error"]["message"], r.text
+
+
 def test_lm_fit_bounds_are_checked_before_the_job(served):
     c = served["c"]
     r = c.post("/v1/lm/steers", headers=W, json={**FIT, "texts": POS * 3 + NEG * 3, "labels": [1] * 9 + [-1] * 9})
     assert r.status_code == 413 and "limits.lm_max_fit_texts" in r.json()["error"]["message"], r.text
     r = c.post("/v1/lm/steers", headers=W, json={**FIT, "rank": 17})  # the hidden size is 16
     assert r.status_code == 422 and "hidden size" in r.json()["error"]["message"], r.text
+    # blank texts were accepted (202) and the job failed in the tokenizer: "every text must be a non-empty string"
+    r = c.post("/v1/lm/steers", headers=W, json={**FIT, "texts": ["  "] + FIT["texts"][1:]})
+    assert r.status_code == 422 and "non-empty" in r.json()["error"]["message"], r.text
 
 
 def test_analyze_with_an_overflowing_eps_is_422_not_null_scores(served):
@@ -255,6 +285,18 @@ def test_analyze_with_an_overflowing_eps_is_422_not_null_scores(served):
     assert job["state"] == "succeeded", job
     r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "ev", "eps": 1e308})
     assert r.status_code == 422 and "eps" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_generate_with_an_overflowing_eps_is_422_not_a_crash(served, temperature):
+    """eps = 1e38 is finite and the composed factors fit float32, but the steered logits overflow: sampling failed
+    in torch.multinomial (a 500) and greedy decoding answered 200 with words picked among Inf/NaN logits."""
+    c = served["c"]
+    r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "steers": {"tone": 1e38},
+                                                   "temperature": temperature, "max_new_tokens": 3})
+    assert r.status_code == 422 and "eps" in r.json()["error"]["message"], r.text
+    r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "steers": {"tone": 1.0}, "max_new_tokens": 2})
+    assert r.status_code == 200, r.text  # the model is left unhooked
 
 
 def test_generate_runs_while_a_fit_trains(served):

@@ -56,6 +56,18 @@ def test_fit_registers_with_lineage(fitted):
     assert json.loads(again.stdout)["version"] == 2 and json.loads(again.stdout)["rank"] == 0
 
 
+def test_method_given_as_a_param_is_used_and_a_conflict_is_refused(fitted):
+    """`--param method=mean-shift` was silently replaced by --method's default: a local steer was registered."""
+    d, _, _, _ = fitted
+    out = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
+             d / "y.npy", "--name", "viaparam", "--param", "method=mean-shift", "--json", "--quiet")
+    assert json.loads(out.stdout)["method"] == "mean-shift"
+    p = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
+           d / "y.npy", "--name", "viaparam", "--method", "local", "--param", "method=mean-shift", "--quiet",
+           check_code=2)
+    assert "disagree" in p.stderr
+
+
 def test_apply_eps_zero_identity_and_positive(fitted):
     d, X, _, _ = fitted
     vb("--data-dir", d / "var", "steer", "apply", "--steer", "attr@prod", "--eps", 0, d / "X.npy", d / "same.npy")
