@@ -55,7 +55,7 @@ __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
     "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError",
     "check_name", "as_ids", "id_key",
-    "check_fields", "check_metric", "METRICS", "MISSING", "safe_url", "check_ca_file", "tls_context",
+    "check_fields", "check_metric", "METRICS", "MISSING", "safe_url", "redact", "check_ca_file", "tls_context",
 ]
 
 METRICS = ("cosine", "ip")
@@ -97,8 +97,28 @@ class BadNameError(InputError, VectorDBError):
 
 
 def safe_url(url: str) -> str:
-    """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``) as ``***``."""
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/]*@", r"\1:***@", str(url))
+    """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``) or in a
+    ``password=`` parameter (libpq takes one) as ``***``."""
+    url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/]*@", r"\1:***@", str(url))
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The passwords written in ``url`` (its user part, a ``password=`` parameter), as written and percent-decoded:
+    what :func:`redact` hides in a message that quotes pieces of the URL (libpq's parse errors do)."""
+    from urllib.parse import unquote
+
+    found = re.findall(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:([^/]*)@", str(url))
+    found += re.findall(r"[?&]password=([^&#]*)", str(url), flags=re.IGNORECASE)
+    return sorted({v for p in found if p for v in (p, unquote(p))}, key=len, reverse=True)
+
+
+def redact(message: str, url: str) -> str:
+    """``message`` with ``url`` shown as :func:`safe_url` shows it and any password of it as ``***``."""
+    message = str(message).replace(str(url), safe_url(url))
+    for secret in url_secrets(url):
+        message = message.replace(secret, "***")
+    return message
 
 
 def check_ca_file(path) -> Path:
@@ -242,6 +262,9 @@ class VectorStore(ABC):
     id_kinds: tuple[str, ...] = ("int",)
     #: True when rows may carry named sparse vectors (:attr:`Batch.sparse`) beside the dense one
     sparse_vectors: bool = False
+    #: True when the text may also travel among the fields (``fields[text_field]``, which then wins over ``texts``): a
+    #: schemaless payload (Qdrant), whose text key may hold any JSON value or null, which a migration keeps as it is
+    text_as_field: bool = False
 
     def check_id_kind(self, ids: np.ndarray) -> None:
         """InputError when ``ids`` (from :func:`as_ids`) are of a kind this store does not keep."""
@@ -316,7 +339,8 @@ class VectorStore(ABC):
         if np.unique(ids).shape[0] != ids.shape[0]:
             raise InputError("ids within one upsert must be distinct")
         fields = check_fields(fields, V.shape[0])
-        clash = {self.id_field, self.vector_field, self.text_field} & set(fields or ())
+        core = {self.id_field, self.vector_field} | (set() if self.text_as_field else {self.text_field})
+        clash = core & set(fields or ())
         if clash:
             raise InputError(f"fields {sorted(clash)} are the id, vector or text field of this store")
         texts = None if texts is None else [None if t is None else str(t) for t in texts]

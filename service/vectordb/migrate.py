@@ -181,6 +181,12 @@ NULLS_DROPPED_BEFORE = ("the rows up to id {last} were written by a vecbridge th
                         "uniform target remove the checkpoint and run again with --overwrite")
 
 
+#: what a run says when the source and the target differ in rows at the end (the source changed during the migration)
+SOURCE_CHANGED = ("{source!r} now holds {n_src} rows and {target!r} {n_tgt}: rows written to (or deleted from) the "
+                  "source during the migration at ids its scan had passed did not travel; `vecbridge verify --source "
+                  "{source} --map ...` names them")
+
+
 def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | None = None,
             batch_size: int = 2000, checkpoint: Checkpoint | None = None,
             progress: Callable[[MigrationProgress], None] | None = None, metric: str = "cosine",
@@ -389,6 +395,10 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
                                        int(state["done"]), int(total))
 
     store.finalize(target, like=source)
+    n_src, n_tgt = store.count(source), store.count(target)
+    if n_src != n_tgt:  # the scan resumes after the last id written: a row written to the source meanwhile at an id
+        # already passed (a random UUID lands there about as often as not), or one deleted from it, did not travel
+        notes.append(SOURCE_CHANGED.format(source=source, n_src=n_src, target=target, n_tgt=n_tgt))
     if map_tgt:
         store.set_space(target, map_tgt)
     state["finished"] = True

@@ -36,9 +36,9 @@ import numpy as np
 from align.exceptions import InputError
 
 from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results,
-                   as_ids, check_metric, check_name, close_quietly, id_key, rows_in_order)
+                   as_ids, check_metric, check_name, close_quietly, id_key, redact, rows_in_order)
 
-__all__ = ["PgVectorStore"]
+__all__ = ["JSON_NULL", "JsonDict", "JsonList", "PgVectorStore"]
 
 _INT_TYPES = ("bigint", "integer", "smallint")
 _STR_TYPES = ("uuid", "text", "character varying")  # varchar(n) too
@@ -56,6 +56,69 @@ def _id_kind(sql_type: str) -> str | None:
 def _id_out(v):
     """An id as read from PostgreSQL -> ``int`` or ``str`` (a uuid in canonical lower-case form)."""
     return str(v) if isinstance(v, uuid.UUID) else id_key(v)
+
+
+_JSON_OIDS = (114, 3802)  # json, jsonb
+_JSON_ARRAY_OIDS = (199, 3807)  # json[], jsonb[]
+
+
+class JsonDict(dict):
+    """A ``json`` / ``jsonb`` object read from PostgreSQL: a dict, with its exact text in ``json_text`` (written back as
+    it is: a ``json`` value keeps its key order, spacing and repeated keys)."""
+
+    json_text: str = ""
+
+
+class JsonList(list):
+    """A ``json`` / ``jsonb`` array read from PostgreSQL: a list, with its exact text in ``json_text``."""
+
+    json_text: str = ""
+
+
+class _JsonNull:
+    """A ``json`` / ``jsonb`` value that is JSON ``null`` (:data:`JSON_NULL`), where ``None`` is SQL NULL."""
+
+    def __repr__(self) -> str:
+        return "JSON_NULL"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: In a field read from a ``json`` / ``jsonb`` column, the JSON value ``null``; ``None`` is SQL NULL (no value). Read as
+#: None, a migration wrote SQL NULL for it, and a filter ``col IS NULL`` / ``col = 'null'`` then found other rows.
+JSON_NULL = _JsonNull()
+
+
+def _load_json(data):
+    """A json / jsonb value as read: a :class:`JsonDict` / :class:`JsonList` keeping its text, :data:`JSON_NULL`, or
+    the scalar."""
+    import json
+
+    text = data if isinstance(data, str) else bytes(data).decode()
+    v = json.loads(text)
+    if v is None:
+        return JSON_NULL
+    if isinstance(v, (dict, list)):
+        v = (JsonDict if isinstance(v, dict) else JsonList)(v)
+        v.json_text = text
+    return v
+
+
+def _cursor(conn):
+    """A binary cursor that reads json / jsonb values with :func:`_load_json` (plain ``json.loads`` made a JSON null
+    SQL NULL on the way back, and a ``json`` text lost its repeated keys)."""
+    from psycopg.types.json import set_json_loads
+
+    cur = conn.cursor(binary=True)
+    set_json_loads(_load_json, cur)
+    return cur
+
+
+def _quoted(name: str) -> str:
+    """``name`` as a ``::regclass`` literal reads it: double-quoted, so a mixed-case table (``"Docs"``) is itself, not
+    ``docs`` (check_name lets no quote in)."""
+    return f'"{check_name(name)}"'
 
 
 def _ids_array(keys: list) -> np.ndarray:
@@ -116,13 +179,21 @@ class PgVectorStore(VectorStore):
         self._hnsw = (int(hnsw_m), int(ef_construction))
         try:
             self.conn = psycopg.connect(url, autocommit=True)
-        except psycopg.OperationalError as exc:  # unreachable server, bad credentials: the user's to fix
-            raise VectorDBError(f"pgvector: cannot connect: {str(exc).strip().splitlines()[0]}") from None
-        self.conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        except psycopg.Error as exc:  # unreachable server, bad credentials, a URL libpq cannot parse: the user's to
+            # fix; libpq's parse errors quote the URL or a piece of it (a password with a stray "%"): never the password
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise VectorDBError(f"pgvector: cannot connect: {redact(why, url)}") from None
+        # reads write nothing: a read-only role or a standby can dry-run, verify and search (CREATE ... IF NOT EXISTS
+        # checks the privilege first, so even a no-op one was "permission denied for schema public")
+        if not self.conn.execute("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector')").fetchone()[0]:
+            self.conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         register_vector(self.conn)
         self.conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
         self.conn.execute(f"SET ivfflat.probes = {int(probes)}")
-        self.conn.execute("CREATE TABLE IF NOT EXISTS vecbridge_aliases (alias text PRIMARY KEY, target text NOT NULL)")
+
+    def _has_alias_table(self) -> bool:
+        """True once ``vecbridge_aliases`` exists (the first :meth:`set_alias` creates it)."""
+        return self.conn.execute("SELECT to_regclass('vecbridge_aliases') IS NOT NULL").fetchone()[0]
 
     def _ident(self, name: str):
         from psycopg import sql
@@ -146,7 +217,7 @@ class PgVectorStore(VectorStore):
     def _comment(self, name: str) -> dict[str, str]:
         table = self.resolve_alias(name) or name
         self._require(table)
-        r = self.conn.execute("SELECT obj_description(%s::regclass, 'pg_class')", (table,)).fetchone()
+        r = self.conn.execute("SELECT obj_description(%s::regclass, 'pg_class')", (_quoted(table),)).fetchone()
         return dict(re.findall(r"vecbridge:(\w+)=(\S+)", (r[0] or "") if r else ""))
 
     def _set_comment(self, name: str, **kv) -> None:
@@ -176,7 +247,7 @@ class PgVectorStore(VectorStore):
         return [(str(c), str(t), int(o)) for c, t, o in self.conn.execute(
             "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid FROM pg_attribute a "
             "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            (table,)).fetchall()]
+            (_quoted(table),)).fetchall()]
 
     def _extra(self, name: str, columns=None) -> list[tuple[str, str, int]]:
         """Columns other than id / vector / text (the rows' extra fields); ``columns``: :meth:`_columns` already
@@ -275,7 +346,8 @@ class PgVectorStore(VectorStore):
         from psycopg import sql
 
         r = self.conn.execute("SELECT atttypmod, format_type(atttypid, NULL) FROM pg_attribute "
-                              "WHERE attrelid = %s::regclass AND attname = %s", (name, self.vector_field)).fetchone()
+                              "WHERE attrelid = %s::regclass AND attname = %s",
+                              (_quoted(name), self.vector_field)).fetchone()
         if r is not None and int(r[0]) > 0:
             return int(r[0])
         if r is not None and r[1] in ("vector", "halfvec"):  # declared without a size (LangChain): its rows tell
@@ -327,7 +399,8 @@ class PgVectorStore(VectorStore):
             with self.conn.cursor() as cur:
                 with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT BINARY)").format(stage, idents)) as cp:
                     cp.set_types([id_oid, vec_type, "text", *[oid for _, _, oid in use]])
-                    cols = [fields[c] for c, _, _ in use]
+                    cols = [[_json_out(v, oid in _JSON_ARRAY_OIDS) for v in fields[c]]
+                            if oid in _JSON_OIDS + _JSON_ARRAY_OIDS else fields[c] for c, _, oid in use]
                     for j in range(ids.shape[0]):
                         cp.write_row((keys[j], vectors[j], None if texts is None else texts[j],
                                       *[col[j] for col in cols]))
@@ -361,7 +434,7 @@ class PgVectorStore(VectorStore):
         last = None if after_id is None else self._id_values(name, id_type, as_ids([after_id]))[0]
         dim = self.dim(name)
         while True:
-            with self.conn.cursor(binary=True) as cur:
+            with _cursor(self.conn) as cur:
                 rows = cur.execute(first, (int(batch_size),)).fetchall() if last is None else \
                     cur.execute(after, (last, int(batch_size))).fetchall()
             if not rows:
@@ -386,7 +459,7 @@ class PgVectorStore(VectorStore):
         self.check_id_kind(ids)
         keys = self._id_values(name, self._id_type(name), ids)
         cols, text_at, extra = self._select(name, True, with_fields)
-        with self.conn.cursor(binary=True) as cur:
+        with _cursor(self.conn) as cur:
             rows = cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s)").format(
                 cols, self._ident(name), sql.Identifier(self.id_field)), (keys,)).fetchall()
         got = {_id_out(r[0]): r for r in rows}
@@ -488,6 +561,8 @@ class PgVectorStore(VectorStore):
         if self.exists(alias):
             raise VectorDBError(f"pgvector: {alias!r} is a table, not an alias")
         with self.conn.transaction():
+            self.conn.execute("CREATE TABLE IF NOT EXISTS vecbridge_aliases "
+                              "(alias text PRIMARY KEY, target text NOT NULL)")
             self.conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(self._ident(alias)))
             self.conn.execute(sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(
                 self._ident(alias), self._ident(name)))
@@ -496,15 +571,33 @@ class PgVectorStore(VectorStore):
 
     def resolve_alias(self, alias: str) -> str | None:
         check_name(alias, "alias")
+        if not self._has_alias_table():
+            return None
         r = self.conn.execute("SELECT target FROM vecbridge_aliases WHERE alias = %s", (alias,)).fetchone()
         return None if r is None or self._relkind(alias) != "v" else str(r[0])
 
     def aliases_of(self, name: str) -> list[str]:
+        if not self._has_alias_table():
+            return []
         rows = self.conn.execute("SELECT alias FROM vecbridge_aliases WHERE target = %s", (check_name(name),))
         return sorted(str(a) for (a,) in rows.fetchall() if self._relkind(a) == "v")
 
     def close(self) -> None:
         close_quietly(self.conn)
+
+
+def _json_out(v, array: bool = False):
+    """A json / jsonb field value as COPY writes it: one read here as the text it was (:data:`JSON_NULL`: ``null``),
+    anything else as JSON (``array``: a json[] / jsonb[] value, each element so)."""
+    from psycopg.types.json import Jsonb
+
+    if array and isinstance(v, list):
+        return [_json_out(x) for x in v]
+    if isinstance(v, (JsonDict, JsonList)) and v.json_text:
+        return Jsonb(v.json_text, dumps=str)  # Jsonb or Json alike: the column's dumper (by oid) takes the text
+    if v is JSON_NULL:
+        return Jsonb(None)
+    return v
 
 
 def _vec(v, dim: int) -> np.ndarray:

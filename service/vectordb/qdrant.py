@@ -36,6 +36,7 @@ from .base import (MISSING, BadNameError, Batch, UnsupportedFieldError, VectorDB
 __all__ = ["QdrantStore"]
 
 _SEARCH_BATCH = 64
+_INT64_MAX = 2**63 - 1
 _VECTOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")  # Qdrant's names: LlamaIndex's "text-dense" too
 
 
@@ -105,6 +106,7 @@ class QdrantStore(VectorStore):
     native_aliases = True
     id_kinds = ("int", "str")
     sparse_vectors = True
+    text_as_field = True  # a scan with the fields carries the text key among them too, as it is (any JSON, null)
 
     def __init__(self, *, url: str | None = None, path: str | None = None, api_key: str | None = None,
                  ca_file=None, prefer_grpc: bool = False, id_field: str = "id", vector_field: str | None = None,
@@ -212,6 +214,10 @@ class QdrantStore(VectorStore):
         vectors, _ = self._vectors_config(name)
         out = [f"{k} (another named vector: a migration maps {self.vector_field!r} only)"
                for k in (vectors if isinstance(vectors, dict) else {}) if k != self.vector_field]
+        dense = self._dense_params(vectors)
+        if getattr(dense, "multivector_config", None) is not None:  # read as (n, k, d): "expected a 2-D array"
+            out.append(f"{self.vector_field or '(the unnamed vector)'} (a multivector: several vectors a point, as "
+                       "ColBERT's; a migration maps one vector a point)")
         return out
 
     def get_space(self, name: str) -> str | None:
@@ -238,8 +244,8 @@ class QdrantStore(VectorStore):
             payloads = []
             for j in range(ids.shape[0]):
                 p = {k: v[j] for k, v in (fields or {}).items() if v[j] is not MISSING}  # None: a null value
-                if texts is not None and texts[j] is not None:
-                    p[self.text_field] = texts[j]
+                if texts is not None and texts[j] is not None and self.text_field not in (fields or {}):
+                    p[self.text_field] = texts[j]  # the text key among the fields (a scan's): as it is there
                 payloads.append(p)
         if sparse:  # a point may lack a sparse vector: one PointStruct each, naming only those it has
             dense = self.vector_field or ""
@@ -308,8 +314,8 @@ class QdrantStore(VectorStore):
                       for k in names} or None
         texts = none_if_all_none([(p.payload or {}).get(self.text_field) for p in points]) if with_texts else None
         fields = None
-        if with_fields:
-            names = sorted({k for p in points for k in (p.payload or {})} - {self.text_field})
+        if with_fields:  # the text key too, as it is: a number, an object or a null stays one (a text: str(value))
+            names = sorted({k for p in points for k in (p.payload or {})})
             fields = {k: [(p.payload or {}).get(k, MISSING) for p in points] for k in names} or None
         return Batch(ids, V, texts, fields, sparse)
 
@@ -357,6 +363,10 @@ def _ids_of(points) -> np.ndarray:
     UnsupportedFieldError for a mix (the ids of one collection must be of one kind to be scanned in order)."""
     ints = [isinstance(p.id, int) for p in points]
     if all(ints):
+        big = [p.id for p in points if p.id > _INT64_MAX]
+        if big:  # Qdrant's ids are unsigned 64-bit; rows here are keyed by int64 (np.fromiter: a bare OverflowError)
+            raise UnsupportedFieldError(f"qdrant: point id {big[0]} is above 2**63 - 1 ({len(big)} in this batch); "
+                                        "integer ids up to 9223372036854775807 can be migrated or verified")
         return np.fromiter((p.id for p in points), dtype=np.int64, count=len(points))
     if not any(ints):
         return np.asarray([str(p.id) for p in points])

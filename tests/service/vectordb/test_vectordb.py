@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from _vectordb_servers import small_migration
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,7 @@ from service.vectordb import (
     CollectionNotFoundError,
     FileCheckpoint,
     MemoryCheckpoint,
+    MigrationInterrupted,
     TranslatingSearcher,
     compare_to_reference,
     map_fingerprint,
@@ -259,3 +261,24 @@ def test_resuming_a_checkpoint_of_a_release_that_dropped_nulls_says_so(store, da
             assert f"up to id {state['last_id']}" in warning and "--overwrite" in warning
         else:
             assert rep.extra["warnings"] == []
+
+
+def test_rows_written_to_the_source_behind_the_scan_are_named_in_the_report(store):
+    X, m = small_migration()
+    store.create("c_src", 24)
+    store.upsert("c_src", np.arange(0, 40, 2), X[:20], [f"t{i}" for i in range(20)])
+    ckpt = MemoryCheckpoint()
+    stop = iter([False, True])
+    with pytest.raises(MigrationInterrupted):  # stopped after two batches, as Ctrl-C does
+        migrate(store, "c_src", "c_dst", m, batch_size=5, checkpoint=ckpt, should_stop=lambda: next(stop))
+    store.upsert("c_src", [1], X[20:21], ["written meanwhile"])  # behind the checkpoint (last id 18)
+    rep = migrate(store, "c_src", "c_dst", m, batch_size=5, checkpoint=ckpt)
+    assert rep.rows == 20 and store.count("c_src") == 21
+    assert any("21 rows" in w and "20" in w for w in rep.extra["warnings"])  # before: no word of it
+
+
+def test_a_finished_migration_of_an_unchanged_source_warns_of_nothing(store):
+    X, m = small_migration()
+    store.create("d_src", 24)
+    store.upsert("d_src", np.arange(10), X[:10], [f"t{i}" for i in range(10)])
+    assert migrate(store, "d_src", "d_dst", m, batch_size=3).extra["warnings"] == []

@@ -13,7 +13,7 @@ import pytest
 from _vectordb_servers import pg_url, small_migration  # noqa: F401  (pg_url: a module-scoped fixture)
 
 from align.exceptions import NonFiniteError
-from service.vectordb import migrate, open_store
+from service.vectordb import VectorDBError, migrate, open_store
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +191,12 @@ def test_verify_held_out_refuses_a_collection_that_is_missing_empty_or_of_anothe
     s.create("o_src", 24)
     s.upsert("o_src", [1], X[:1])
     assert main([*base, "o_src"]) == 2 and "24-d vectors, the map writes 16-d" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["postgresql://bob:s3cr%zzet@127.0.0.1:1/db", "postgresql://bob:s3cret@[::1/db",
+                                 "postgresql://bob@[::1/db?password=s3cret"])
+def test_a_postgresql_url_libpq_cannot_parse_never_shows_its_password(url):
+    pytest.importorskip("psycopg")
+    with pytest.raises(VectorDBError) as e:  # before: psycopg.ProgrammingError quoting the password
+        open_store(url)
+    assert "s3cr" not in str(e.value) and "cannot connect" in str(e.value)

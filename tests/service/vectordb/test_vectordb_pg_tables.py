@@ -229,3 +229,67 @@ def test_a_migration_target_gets_the_source_tables_index(store, pg_url, tmp_path
     finally:
         store.conn.execute("DROP VIEW IF EXISTS s_live")
         store.conn.execute("DELETE FROM vecbridge_aliases WHERE alias = 's_live'")
+
+
+def test_a_mixed_case_table_is_itself_not_its_lower_case_twin(store):
+    """``"Docs"`` (quoted, as ORMs make tables) was read as ``docs`` by ``%s::regclass``: "relation docs does not
+    exist", or, beside a ``docs`` table, that table's columns (the target got them) and dimension."""
+    X, m = small_migration()
+    try:
+        store.conn.execute('CREATE TABLE "Docs" (id bigint PRIMARY KEY, embedding vector(24), text text, title text)')
+        store.conn.execute("CREATE TABLE docs (id bigint PRIMARY KEY, embedding vector(16), body text)")
+        store.upsert("Docs", np.arange(10), X[:10], [f"t{i}" for i in range(10)],
+                     {"title": [f"T{i}" for i in range(10)]})
+        assert store.dim("Docs") == 24 and store.dim("docs") == 16
+        store.set_space("Docs", "spa")
+        assert store.get_space("Docs") == "spa" and store.get_space("docs") is None
+        rep = migrate(store, "Docs", "Docs_e5", m, batch_size=4)
+        assert rep.rows == 10 and rep.extra["fields"] == ["text", "title"]
+        assert check_rows(store, "Docs", "Docs_e5", m)["rows_ok"]
+        assert store.fetch("Docs_e5", [3], with_fields=True).fields == {"title": ["T3"]}
+    finally:
+        for t in ("Docs", "docs", "Docs_e5"):
+            store.drop(t)
+
+
+def test_json_values_travel_exactly_and_a_json_null_is_not_sql_null(store):
+    """A ``jsonb`` / ``json`` JSON ``null`` arrived as SQL NULL, and a ``json`` text lost its repeated keys (parsed
+    into a dict and dumped again); both are written back as the text they are now."""
+    from psycopg.types.json import Json, Jsonb
+
+    X, m = small_migration()
+    store.conn.execute("CREATE TABLE t_src (id bigint PRIMARY KEY, embedding vector(24), j jsonb, js json, ja jsonb[])")
+    vals = [(Jsonb({"a": [1, None, "✓"]}), '{"x": 1,  "x": 2}', [Jsonb({"k": 1}), Jsonb(None)]),
+            (Jsonb(None), Json(None), None), (None, None, [None]), (Jsonb("s"), Json(3.5), [])]
+    for i, v in enumerate(vals):
+        store.conn.execute("INSERT INTO t_src VALUES (%s, %s, %s, %s, %s)", (i, X[i], *v))
+    migrate(store, "t_src", "t_dst", m, batch_size=3)
+    q = "SELECT id, j::text, js::text, ja::text, j IS NULL, js IS NULL FROM {} ORDER BY id"
+    assert store.conn.execute(q.format("t_dst")).fetchall() == store.conn.execute(q.format("t_src")).fetchall()
+    store.upsert("t_dst", [9], X[:1, :16], None, {"j": [{"u": "ü"}], "js": ["plain"]})  # Python values: as JSON
+    assert store.conn.execute("SELECT j::text, js::text FROM t_dst WHERE id = 9").fetchone() == ('{"u": "ü"}',
+                                                                                               '"plain"')
+
+
+def test_a_read_only_role_can_dry_run_verify_and_search(store, pg_url):  # noqa: F811
+    """Opening a store ran ``CREATE EXTENSION`` / ``CREATE TABLE IF NOT EXISTS vecbridge_aliases``, which check the
+    privilege first: a role with SELECT only (or a standby) could not dry-run, verify or search at all."""
+    X, m = small_migration()
+    store.create("s_src", 24)
+    store.upsert("s_src", np.arange(20), X[:20], [f"t{i}" for i in range(20)])
+    migrate(store, "s_src", "s_dst", m, batch_size=8)
+    store.conn.execute("CREATE ROLE vb_reader LOGIN")
+    try:
+        store.conn.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO vb_reader")
+        ro = open_store(pg_url.replace("postgres:@", "vb_reader:@", 1) if "postgres:@" in pg_url
+                        else pg_url.replace("postgres@", "vb_reader@", 1))
+        try:
+            rep = migrate(ro, "s_src", "t_dst", m, dry_run=True)
+            assert rep.extra["dry_run"] and rep.extra["rows_to_write"] == 20
+            assert check_rows(ro, "s_src", "s_dst", m)["rows_ok"]
+            assert ro.search("s_dst", m.apply(X[:2], output="raw"), 1)[1][:, 0].tolist() == [0, 1]
+        finally:
+            ro.close()
+    finally:
+        store.conn.execute("DROP OWNED BY vb_reader")
+        store.conn.execute("DROP ROLE vb_reader")

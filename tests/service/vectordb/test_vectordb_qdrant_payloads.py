@@ -1,0 +1,64 @@
+"""Qdrant payloads and points a migration met badly (local mode, the client's embedded engine).
+
+- a payload's text key holding a number, an object, a list or an explicit null arrived as ``str(value)`` (Python's
+  repr: ``"{'a': 1}"``) or absent, while every other key travels as it is: now the text key does too;
+- a point id above 2**63 - 1 (Qdrant's ids are unsigned 64-bit) was a bare ``OverflowError``;
+- a multivector collection (ColBERT) had its target created, then failed with "expected a 2-D array".
+"""
+
+from __future__ import annotations
+
+import pytest
+from _vectordb_servers import small_migration
+
+from service.vectordb import UnsupportedFieldError, migrate, open_store
+
+pytest.importorskip("qdrant_client")
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(f"qdrant://{tmp_path}/q")
+    yield s
+    s.close()
+
+
+def test_a_text_key_that_is_not_a_string_travels_as_it_is(store):
+    from qdrant_client import models
+
+    X, m = small_migration()
+    payloads = [{"text": {"nested": [1, {"a": None}]}}, {"text": 12345}, {"text": None, "k": 1}, {"text": ["a", "b"]},
+                {"text": "plain", "u": "ünï✓"}, {"k": 2}]
+    store.create("t_src", 24)
+    store.client.upsert("t_src", points=models.Batch(ids=list(range(6)), vectors=X[:6].tolist(), payloads=payloads),
+                        wait=True)
+    rep = migrate(store, "t_src", "t_dst", m, batch_size=4)
+    assert rep.rows == 6 and "text" in rep.extra["fields"]
+    got = {p.id: p.payload for p in store.client.scroll("t_dst", limit=10, with_payload=True)[0]}
+    assert [got[i] for i in range(6)] == payloads  # before: "{'nested': ...}", "12345", the null text absent
+    assert store.fetch("t_dst", [4]).texts == ["plain"]  # reads still see the text
+
+
+def test_a_point_id_above_int64_is_one_clear_error(store):
+    from qdrant_client import models
+
+    X, m = small_migration()
+    store.create("b_src", 24)
+    store.client.upsert("b_src", points=models.Batch(ids=[1, 2**63, 2**64 - 1], vectors=X[:3].tolist()), wait=True)
+    with pytest.raises(UnsupportedFieldError, match="9223372036854775808"):  # before: OverflowError
+        migrate(store, "b_src", "b_dst", m)
+
+
+def test_a_multivector_collection_is_refused_before_anything_is_written(store):
+    from qdrant_client import models
+
+    X, m = small_migration()
+    store.client.create_collection("mv", vectors_config=models.VectorParams(
+        size=24, distance=models.Distance.COSINE,
+        multivector_config=models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)))
+    store.client.upsert("mv", points=[models.PointStruct(id=i, vector=X[2 * i:2 * i + 2].tolist()) for i in range(3)])
+    with pytest.raises(UnsupportedFieldError, match="multivector"):
+        migrate(store, "mv", "mv_dst", m, dry_run=True)
+    with pytest.raises(UnsupportedFieldError, match="multivector"):
+        migrate(store, "mv", "mv_dst", m)
+    assert not store.exists("mv_dst")  # before: created, then "expected a 2-D array ... 3-D shape (3, 2, 24)"
