@@ -40,6 +40,7 @@ from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, Vector
 
 __all__ = ["JSON_NULL", "JsonDict", "JsonList", "PgVectorStore"]
 
+_DATE_OIDS = (1082, 1114, 1184)  # date, timestamp, timestamptz
 _INT_TYPES = ("bigint", "integer", "smallint")
 _STR_TYPES = ("uuid", "text", "character varying")  # varchar(n) too
 
@@ -314,7 +315,23 @@ class PgVectorStore(VectorStore):
                 self.conn.adapters.get_dumper_by_oid(oid, Format.BINARY)
             except Exception:  # noqa: BLE001 - psycopg raises ProgrammingError for unknown oids
                 out.append(f"{col} (type {typ} has no binary copy in psycopg)")
-        return out
+        return out + self._dates_out_of_range(name)
+
+    def _dates_out_of_range(self, name: str) -> list[str]:
+        """Date / timestamp columns holding a value Python's datetime cannot: 'infinity', '-infinity', a year past
+        9999 or before 1 (the scan stopped mid-run on a raw "timestamp too large", an empty target left behind).
+        One pass over the table, at the plan."""
+        from psycopg import sql
+
+        cols = [c for c, _, oid in self._extra(name) if oid in _DATE_OIDS]
+        if not cols:
+            return []
+        bad = [sql.SQL("bool_or(isfinite({c}) IS FALSE OR {c} >= '10000-01-01' OR {c} < '0001-01-01')").format(
+            c=sql.Identifier(c)) for c in cols]
+        row = self.conn.execute(sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(bad),
+                                                                    self._ident(self.resolve_alias(name) or name)))
+        return [f"{c} (holds 'infinity', '-infinity' or a year outside 1..9999, which Python's datetime cannot carry; "
+                f"update those rows or migrate a view that casts {c} to text)" for c, b in zip(cols, row.fetchone()) if b]
 
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         from psycopg import sql

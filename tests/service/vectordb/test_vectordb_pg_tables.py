@@ -37,7 +37,7 @@ def store(pg_url):  # noqa: F811
     s.index = None  # exact search: results comparable with numpy
     yield s
     for t in ("s_src", "s_dst", "t_src", "t_dst", "odd", "bad_src", "bad_dst", "plain", "lc_embedding", "lc_e5",
-              "h_src", "h_dst"):
+              "h_src", "h_dst", "d_src", "d_dst"):
         s.drop(t)
     s.close()
 
@@ -293,3 +293,22 @@ def test_a_read_only_role_can_dry_run_verify_and_search(store, pg_url):  # noqa:
     finally:
         store.conn.execute("DROP OWNED BY vb_reader")
         store.conn.execute("DROP ROLE vb_reader")
+
+
+@pytest.mark.parametrize("value", ["infinity", "-infinity", "12000-01-01"])
+@pytest.mark.parametrize("typ", ["date", "timestamp", "timestamptz"])
+def test_a_date_python_cannot_hold_is_refused_by_column_before_anything_is_written(store, typ, value):
+    """A ``valid_until timestamptz`` of 'infinity' stopped the scan with a raw psycopg DataError ("timestamp too large
+    (after year 10K)") naming neither row nor column, after the target was created: refused at the plan instead."""
+    X, m = small_migration()
+    store.conn.execute(f"CREATE TABLE d_src (id bigint PRIMARY KEY, embedding vector(24), text text, until {typ})")
+    store.upsert("d_src", np.arange(5), X[:5], None)
+    store.conn.execute("UPDATE d_src SET until = '2030-01-01' WHERE id < 4")
+    store.conn.execute(f"UPDATE d_src SET until = '{value}' WHERE id = 4")
+    with pytest.raises(UnsupportedFieldError, match="until .holds 'infinity'"):
+        migrate(store, "d_src", "d_dst", m, batch_size=2)
+    assert not store.exists("d_dst")
+    store.conn.execute("UPDATE d_src SET until = NULL WHERE id = 4")  # ordinary dates and NULLs travel
+    migrate(store, "d_src", "d_dst", m, batch_size=2)
+    q = "SELECT id, until FROM {} ORDER BY id"
+    assert store.conn.execute(q.format("d_dst")).fetchall() == store.conn.execute(q.format("d_src")).fetchall()
