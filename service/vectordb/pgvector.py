@@ -331,7 +331,8 @@ class PgVectorStore(VectorStore):
         row = self.conn.execute(sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(bad),
                                                                     self._ident(self.resolve_alias(name) or name)))
         return [f"{c} (holds 'infinity', '-infinity' or a year outside 1..9999, which Python's datetime cannot carry; "
-                f"update those rows or migrate a view that casts {c} to text)" for c, b in zip(cols, row.fetchone()) if b]
+                "update those rows first, e.g. to NULL or a far date)"
+                for c, b in zip(cols, row.fetchone()) if b]
 
     def create(self, name: str, dim: int, *, metric: str = "cosine", like: str | None = None) -> None:
         from psycopg import sql
