@@ -27,6 +27,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,8 +37,8 @@ from align.exceptions import InputError
 
 from .limits import Limits
 
-__all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "check_api_keys", "get_settings", "load_settings",
-           "read_setting_file"]
+__all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "check_api_keys", "check_registry_url", "get_settings",
+           "load_settings", "read_setting_file"]
 
 SCOPES = ("read", "write")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -45,7 +46,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: and the benchmarks' own variables
 _NOT_SETTINGS = ("VECBRIDGE_RAY_OWNER", "VECBRIDGE_TEST_", "VECBRIDGE_RUN_SLOW", "VECBRIDGE_CONSOLE_",
                  "VECBRIDGE_WORDNET_DIR")
-_SECRET_FIELDS = ("api_keys", "vectordb_api_key")  # errors name the variable, never its keys or values
+# errors name the variable, never its keys or values (database URLs may hold passwords)
+_SECRET_FIELDS = ("api_keys", "vectordb_api_key", "registry_url", "vectordb_url")
+_REGISTRY_SCHEMES = ("sqlite:///", "postgresql://", "postgres://")  # what service.registry.db.open_db opens
 _FILE = "_FILE"  # VECBRIDGE_<SETTING>_FILE: the setting's value is that file's content
 
 
@@ -123,7 +126,8 @@ class Settings(BaseSettings):
         "key", description="/metrics: open to anyone, a key with the read scope, or off (404).")
     max_queued_jobs: int = Field(8, ge=0, description=(
         "Background jobs (fits, steer fits) waiting to run, per serving process (with --workers N, up to N times "
-        "as many in the data dir); more are a 429 with Retry-After."))
+        "as many in the data dir); more are a 429 with Retry-After. A job a free worker takes at once does not "
+        "wait: 0 runs jobs only on idle workers."))
     job_workers: int = Field(1, ge=1, le=256, description="Background jobs running at once, per serving process.")
     max_heavy_requests: int = Field(2, ge=1, le=256, description=(
         "Synchronous requests that compute for seconds (POST /v1/plans, /v1/maps/{ref}/evaluate) running at once "
@@ -134,7 +138,7 @@ class Settings(BaseSettings):
         "and index writes whose body is over 1 MiB), apart from the thread pool of every other route: more such "
         "requests wait their turn. Default: the CPU count (at least 2). Sharing the pool, 45 concurrent embedding "
         "requests held all its threads and GET /v1/maps waited 32 s."))
-    blas_threads: int = Field(1, ge=0, description=(
+    blas_threads: int = Field(1, ge=0, le=256, description=(
         "Threads of the BLAS and of FAISS's OpenMP in a serving process (service/threads.py): 1 keeps small "
         "requests from stalling on spinning thread teams when the host is busy; 0 leaves the libraries' "
         "defaults (every core, faster fits over HTTP on an idle host)."))
@@ -169,6 +173,26 @@ class Settings(BaseSettings):
         except UnknownEncoderError as exc:
             raise ValueError(str(exc)) from None
 
+    @field_validator("registry_url")
+    @classmethod
+    def _check_registry_url(cls, url: str | None) -> str | None:
+        return check_registry_url(url)
+
+    @field_validator("vectordb_url")
+    @classmethod
+    def _check_vectordb_url(cls, url: str | None) -> str | None:
+        """A scheme :func:`service.vectordb.open_store` opens. Before, a typo (``qdrnat://``) was accepted, /readyz said
+        ready, and every migration or collection search was a 503 naming the URL."""
+        if url is None:
+            return url
+        from .vectordb import _SCHEMES
+
+        scheme, sep, _ = url.partition("://")
+        if not sep or scheme.lower() not in _SCHEMES:
+            raise ValueError(f"unknown vector-database URL scheme {scheme[:20] if sep else 'none'!r} (the rest is not "
+                             f"shown): use one of {', '.join(s + '://' for s in _SCHEMES)}")
+        return url
+
     @field_validator("api_keys")
     @classmethod
     def _check_keys(cls, keys: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -180,6 +204,34 @@ class Settings(BaseSettings):
         if level.strip().upper() not in LOG_LEVELS:
             raise ValueError(f"give one of {', '.join(LOG_LEVELS)}")
         return level.strip().upper()
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _check_origins(cls, origins: list[str]) -> list[str]:
+        """Each entry as a browser sends its ``Origin`` (the CORS middleware compares exactly): scheme and host in
+        lower case, no trailing ``/``, no default port; an entry that is no origin (no scheme, a path) is refused.
+        Before, ``https://app.example/`` or ``app.example`` was accepted and matched no request, in silence."""
+        out = []
+        for o in origins:
+            o = o.strip()
+            if o == "*":
+                out.append(o)
+                continue
+            try:
+                p = urlsplit(o)
+                port = p.port
+            except ValueError:
+                p, port = None, None
+            if p is None or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", p.scheme or "") or not p.hostname \
+                    or p.path not in ("", "/") or p.query or p.fragment or "@" in p.netloc or "?" in o or "#" in o:
+                raise ValueError(f"cors_origins entry {o[:60]!r}: give an origin as a browser sends it, "
+                                 "scheme://host[:port] with no path (e.g. https://app.example), or '*'")
+            scheme, host = p.scheme.lower(), p.hostname.lower()
+            if ":" in host:  # an IPv6 literal
+                host = f"[{host}]"
+            default = {"http": 80, "https": 443}.get(scheme)
+            out.append(f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else ""))
+        return out
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -241,6 +293,17 @@ class Settings(BaseSettings):
         return legacy if legacy.is_dir() else art / "reports"
 
 
+def check_registry_url(url: str | None) -> str | None:
+    """``url`` when the registry can open it (``sqlite:///...``, ``postgresql://...``) or None; else ValueError naming
+    its scheme only (the rest may hold a password). Before, another URL was accepted by the settings and the start-up
+    of ``vecbridge serve`` failed later, a traceback in a JSON log line (exit 3) that quoted the URL's password."""
+    if url is not None and not url.startswith(_REGISTRY_SCHEMES):
+        scheme = url.partition("://")[0][:20] if "://" in url else "none"
+        raise ValueError(f"unsupported registry URL (scheme {scheme!r}; the rest is not shown): use "
+                         "sqlite:///path or postgresql://user@host:port/db")
+    return url
+
+
 def check_api_keys(keys: dict[str, list[str]]) -> dict[str, list[str]]:
     """``keys`` ({key: scopes}) when every key can be sent in a header and every scope is known; else ValueError
     (naming the key by its position, never its text)."""
@@ -294,8 +357,10 @@ def _setting_files(environ, overrides: dict) -> dict[str, str]:
         name = top.get(up[len("VECBRIDGE_"):-len(_FILE)])
         if name is None or name in overrides:
             continue
-        if environ.get(f"VECBRIDGE_{name.upper()}"):
-            raise ConfigError(f"settings VECBRIDGE_{name.upper()} and {var} are both set: give one of them")
+        # any case, as pydantic reads them: `vecbridge_cors_origins` beside VECBRIDGE_CORS_ORIGINS_FILE was ignored
+        direct = next((k for k, v in environ.items() if v and k.upper() == f"VECBRIDGE_{name.upper()}"), None)
+        if direct is not None:
+            raise ConfigError(f"settings {direct} and {var} are both set: give one of them")
         out[name] = value
     return out
 

@@ -226,9 +226,14 @@ class JobManager:
             # the slot is held from this check until the job is in _jobs: the store's insert runs outside the lock,
             # and without the hold, submits arriving together all passed the check on the same empty queue
             queued = sum(1 for j in self._jobs.values() if j.state == "queued") + self._joining
-            if queued >= self.max_queued:
+            # a job that a free worker takes at once does not wait: only the jobs beyond the free workers count
+            # against max_queued (before, max_queued=0 refused every job, even with every worker idle: each fit a
+            # 429 "retry after a job finishes" for ever, and the demo's submit failed the start-up)
+            free = max(0, self.workers - sum(1 for j in self._jobs.values() if j.state == "running"))
+            if queued + 1 - free > self.max_queued:
+                waiting = max(0, queued - free)
                 raise QueueFullError(
-                    f"job queue is full ({queued} waiting, limit {self.max_queued}); retry after a job finishes")
+                    f"job queue is full ({waiting} waiting, limit {self.max_queued}); retry after a job finishes")
             self._joining += 1
             job = Job(id=uuid.uuid4().hex, kind=kind, description=description,
                       idempotency_key=idempotency_key, request_hash=request_hash)

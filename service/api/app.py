@@ -24,7 +24,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 import align
 
-from ..config import Settings, get_settings
+from ..config import ConfigError, Settings, get_settings
 from ..logging import configure_logging, get_logger
 from ..metrics import MULTIPROC_ENV, ServiceMetrics
 from ..memory import keep_heap
@@ -217,9 +217,13 @@ def ensure_local_key(s: Settings) -> tuple[Settings, "Path | None"]:
             f.write(secrets.token_hex(32) + "\n")
             f.flush()
             os.fsync(f.fileno())
-    key = path.read_text().strip()
-    if len(key) < 32:
-        raise RuntimeError(f"{path} holds no usable key; delete it to make a new one")
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:  # a folder, another user's file: one line (exit 2), not exit 3
+        raise ConfigError(f"{path} cannot be read as the local key ({getattr(exc, 'strerror', None) or exc}); "
+                          f"delete it to make a new one, or set VECBRIDGE_API_KEYS") from None
+    if len(key) < 32 or any(c.isspace() or not " " <= c <= "~" for c in key):  # no header could send it
+        raise ConfigError(f"{path} holds no usable key; delete it to make a new one")
     return s.model_copy(update={"api_keys": {key: ["read", "write"]}}), path
 
 
@@ -251,7 +255,7 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     server = {"host": s.host, "port": s.port, "log_level": s.log_level.lower(), "access_log": False,  # 1 or N
               "log_config": None, "http": SlowClientProtocol, "timeout_graceful_shutdown": s.shutdown_timeout_s}
     if workers > 1:
-        os.environ.update(s.to_env())
+        _pass_to_workers(s)
         get_settings.cache_clear()
         with _metrics_folder():
             uvicorn.run("service.api.app:worker_app", factory=True, workers=workers, **server)
@@ -269,6 +273,24 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _pass_to_workers(s: Settings) -> None:
+    """Put ``s`` into this process's environment, which the workers of ``--workers N`` read (:meth:`Settings.to_env`).
+
+    A ``VECBRIDGE_<NAME>_FILE`` whose setting no longer comes from that file (a command-line option such as
+    ``--registry-url`` replaced it) is removed, and so is a spelling of a variable in another case: left there, the
+    workers read the file's value instead of the option's (``serve --workers 2 --registry-url B`` with
+    ``VECBRIDGE_REGISTRY_URL_FILE`` naming A served registry A while the parent said B)."""
+    env = s.to_env()
+    wanted = {k.upper(): k for k in env}
+    for var in list(os.environ):
+        up = var.upper()
+        stale_file = (up.startswith("VECBRIDGE_") and up.endswith("_FILE") and up not in wanted
+                      and up[len("VECBRIDGE_"):-len("_FILE")].lower() in Settings.model_fields)
+        if stale_file or (up in wanted and var != wanted[up]):
+            del os.environ[var]
+    os.environ.update(env)
 
 
 @contextlib.contextmanager
@@ -299,16 +321,22 @@ def _check_data_dir(s: Settings) -> None:
     from ..errors import ServiceUnavailableError
     from ..storage import data_dir_status
 
-    path = Path(s.data_dir).resolve()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        status = data_dir_status(path)
-    except OSError as exc:
-        status = f"not writable: {exc.strerror or exc}"
-    if status.startswith("not writable"):
-        raise ServiceUnavailableError(
-            f"data dir {path} (--data-dir / VECBRIDGE_DATA_DIR) is {status} for uid {os.getuid()}: give the folder "
-            f"to that user (chown) or choose a writable one")
+    folders = [("data dir", Path(s.data_dir).resolve(), "--data-dir / VECBRIDGE_DATA_DIR")]
+    # set apart from the data dir, they were not checked: the start-up failed on them with a traceback, exit 3
+    if s.artifact_dir is not None:
+        folders.append(("artifact dir", s.resolved_artifact_dir(), "VECBRIDGE_ARTIFACT_DIR"))
+    if s.report_dir is not None:
+        folders.append(("report dir", s.resolved_report_dir(), "VECBRIDGE_REPORT_DIR"))
+    for what, path, setting in folders:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            status = data_dir_status(path)
+        except OSError as exc:
+            status = f"not writable: {exc.strerror or exc}"
+        if status.startswith("not writable"):
+            raise ServiceUnavailableError(
+                f"{what} {path} ({setting}) is {status} for uid {os.getuid()}: give the folder to that user (chown) "
+                f"or choose a writable one")
 
 
 def worker_app() -> FastAPI:

@@ -39,10 +39,21 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload):
     """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""
     from ..api import serve as serve_api  # FastAPI and uvicorn: loaded only to serve
 
+    if registry_url is not None:  # checked as the setting is: one line (exit 2), never the URL's password
+        from ..config import ConfigError, check_registry_url
+
+        try:
+            check_registry_url(registry_url)
+        except ValueError as exc:
+            raise ConfigError(f"--registry-url: {exc}") from None
     if preload:  # checked as the setting is (an unknown name: one line, before anything starts)
         from ..encoders import canonical_names
 
         preload = canonical_names(preload)
     update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
                                 ("port", port), ("preload_encoders", preload or None)) if v is not None}
-    serve_api(obj.settings.model_copy(update=update), workers=workers)
+    settings = obj.settings.model_copy(update=update)
+    # an option replaces a setting read from VECBRIDGE_<NAME>_FILE: it no longer comes from that file (else the
+    # workers of --workers N, handed the file's variable by Settings.to_env, read the file's value instead)
+    settings._files = {k: v for k, v in settings.files.items() if k not in update}
+    serve_api(settings, workers=workers)

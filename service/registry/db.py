@@ -498,4 +498,5 @@ def open_db(url: str, *, pool_size: int | None = None, statement_timeout_s: floa
         return SQLiteDB(path)
     if url.startswith(("postgresql://", "postgres://")):
         return PostgresDB(url, pool_size=pool_size, statement_timeout_s=statement_timeout_s)
-    raise InvalidNameError(f"unsupported registry URL {url[:30]!r}: use sqlite:///path or postgresql://...")
+    scheme = url.partition("://")[0][:20] if "://" in url else "none"  # never the rest: it may hold a password
+    raise InvalidNameError(f"unsupported registry URL (scheme {scheme!r}): use sqlite:///path or postgresql://...")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+from pydantic import ValidationError
 from fastapi.testclient import TestClient
 
 from service.api import create_app, deps
@@ -127,6 +128,19 @@ def test_cors_allows_only_the_configured_origin(tmp_path):
         assert ok.headers.get("access-control-allow-origin") == "https://app.example"
         bad = c.get("/v1/maps", headers={**R, "Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in {k.lower() for k in bad.headers}
+
+
+def test_cors_origins_are_written_as_browsers_send_them_or_refused(tmp_path):
+    """The middleware compares the Origin header exactly: ``https://app.example/`` (a trailing slash), upper case or
+    an explicit default port was accepted and matched no browser's request; ``app.example`` (no scheme) likewise."""
+    s = settings_for(tmp_path, cors_origins=["HTTPS://App.Example/", "http://localhost:80", "http://[::1]:8080"])
+    assert s.cors_origins == ["https://app.example", "http://localhost", "http://[::1]:8080"]
+    with TestClient(create_app(s)) as c:
+        ok = c.get("/v1/maps", headers={**R, "Origin": "https://app.example"})
+        assert ok.headers.get("access-control-allow-origin") == "https://app.example"
+    for bad in ("app.example", "https://app.example/ui", "https://app.example?x", "https://user@app.example", ""):
+        with pytest.raises(ValidationError, match="give an origin as a browser sends it"):
+            settings_for(tmp_path, cors_origins=[bad])
 
 
 def test_auth_disabled_needs_to_be_explicit(tmp_path):

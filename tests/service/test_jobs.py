@@ -104,12 +104,33 @@ def test_http_queue_full_is_429(tmp_path):
     app = create_app(settings_for(tmp_path, max_queued_jobs=0))
     with TestClient(app) as c:
         populate(app.state.vb.registry)
+        slow, started = slow_job(10_000)  # the one job worker is busy: a fit would wait, and no job may
+        busy, _ = app.state.vb.jobs.submit(slow, kind="t")
+        assert started.wait(10)
         X, Y, _ = planted(50)
         r = c.post("/v1/fits", headers=W, json={"name": "f", "source_space": "a", "target_space": "b",
                                                 "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()},
                                                 "method": "procrustes", "paired": True})
         assert r.status_code == 429 and r.headers["retry-after"]
         assert "queue is full" in r.json()["error"]["message"]
+        app.state.vb.jobs.cancel(busy.id)
+
+
+def test_max_queued_zero_runs_jobs_on_idle_workers_and_refuses_only_those_that_would_wait():
+    """``max_queued_jobs=0`` (the setting accepts it): no job waits. Before, every submit was refused, idle workers
+    or not -- every fit a 429 "retry after a job finishes" that no retry could pass, and ``vecbridge serve`` on an
+    empty data dir failed its start-up with a traceback (the demo job's submit raised QueueFullError)."""
+    mgr = JobManager(workers=1, max_queued=0)
+    slow, started = slow_job(10_000)
+    running, _ = mgr.submit(slow, kind="t")  # an idle worker takes it at once
+    assert started.wait(10)
+    with pytest.raises(QueueFullError, match="0 waiting, limit 0"):
+        mgr.submit(lambda ctx: {}, kind="t")  # it would wait
+    mgr.cancel(running.id)
+    wait(mgr.get, running.id)
+    done, _ = mgr.submit(lambda ctx: {"ok": 1}, kind="t")  # the worker is free again
+    assert wait(mgr.get, done.id).state == "succeeded"
+    mgr.shutdown(wait=True)
 
 
 def test_http_fit_of_a_paired_method_reads_the_rows_as_pairs_by_default(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from _servers import ROOT, env_for, free_port, seed_registry, start, stop
+from conftest import run_cli
 
 from service.config import ConfigError, load_settings
 
@@ -104,6 +105,8 @@ def test_a_registry_url_from_a_file_is_used_and_bad_files_are_one_line(tmp_path)
     cases = {
         "missing": ({"VECBRIDGE_API_KEYS_FILE": str(tmp_path / "nope")}, "VECBRIDGE_API_KEYS_FILE: cannot read"),
         "twice": ({"VECBRIDGE_API_KEYS_FILE": str(secret), "VECBRIDGE_API_KEYS": "{}"}, "both set"),
+        # in another case (pydantic reads any): the file won and the variable was ignored in silence
+        "twice, lower case": ({"VECBRIDGE_API_KEYS_FILE": str(secret), "vecbridge_api_keys": "{}"}, "both set"),
         "not json": ({"VECBRIDGE_API_KEYS_FILE": str(secret)}, "is not valid JSON"),
         "bad scope": ({"VECBRIDGE_API_KEYS_FILE": str(secret)}, "VECBRIDGE_API_KEYS_FILE: key 1 has scopes"),
         "unknown": ({"VECBRIDGE_PORTT_FILE": str(secret)}, "unknown setting VECBRIDGE_PORTT_FILE"),
@@ -151,3 +154,31 @@ def test_a_keys_file_changed_before_the_first_request_is_the_one_in_force(tmp_pa
     assert settings.api_keys == {OLD: ["read"]}
     write_keys(keys, {NEW: ["read", "write"]})
     assert current_keys(settings) == {NEW: ["read", "write"]}
+
+
+def test_a_command_line_option_wins_over_a_file_in_the_workers_too(tmp_path, monkeypatch, capsys):
+    """``serve --workers 2 --registry-url B`` with ``VECBRIDGE_REGISTRY_URL_FILE`` naming A: the parent took B, but its
+    settings still said the URL came from the file, so the workers were handed ``VECBRIDGE_REGISTRY_URL_FILE`` and
+    served registry A -- fits and aliases went to another database than the one asked for, in silence."""
+    import service.api
+    from service.api.app import _pass_to_workers
+
+    for k in list(os.environ):
+        if k.upper().startswith("VECBRIDGE_"):
+            monkeypatch.delenv(k)
+    (tmp_path / "url").write_text(f"sqlite:///{tmp_path / 'file.sqlite'}\n")
+    option = f"sqlite:///{tmp_path / 'option.sqlite'}"
+    monkeypatch.setenv("VECBRIDGE_REGISTRY_URL_FILE", str(tmp_path / "url"))
+    monkeypatch.setenv("VECBRIDGE_AUTH_DISABLED", "true")
+    got = {}
+    monkeypatch.setattr(service.api, "serve", lambda settings, workers: got.update(settings=settings, workers=workers))
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path, "serve", "--registry-url", option, "--workers", "2")
+    assert code == 0 and got["workers"] == 2 and got["settings"].registry_url == option, err
+    before = dict(os.environ)
+    try:
+        _pass_to_workers(got["settings"])  # what serve(workers=2) does before starting them
+        worker = load_settings()  # what each worker reads
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    assert worker.registry_url == option

@@ -55,13 +55,20 @@ def test_a_variable_that_names_no_setting_is_refused(clean_env, name, value, say
     ("VECBRIDGE_PORT", "abc", "valid integer"),
     ("VECBRIDGE_API_KEYS", "{" + f'"{SECRET}": ["read"],' + "}", "not valid JSON"),  # was exit 3 "internal error"
     ("VECBRIDGE_CORS_ORIGINS", "https://app.example", "not valid JSON"),
+    ("VECBRIDGE_CORS_ORIGINS", '["app.example"]', "give an origin as a browser sends it"),  # matched no request
     ("VECBRIDGE_API_KEYS", json.dumps({SECRET: "read"}), "valid list"),  # named VECBRIDGE_API_KEYS__<the key>
     ("VECBRIDGE_API_KEYS", json.dumps({SECRET: ["reed"]}), "'read' and/or 'write'"),  # a key that could do nothing
     ("VECBRIDGE_API_KEYS", json.dumps({SECRET: []}), "'read' and/or 'write'"),
     ("VECBRIDGE_API_KEYS", json.dumps({" " + SECRET: ["read"]}), "white space"),  # no header can send it
     ("VECBRIDGE_LOG_LEVEL", "LOUD", "DEBUG, INFO"),  # was exit 3 "Unknown level" after printing the key's file
+    # accepted, then `serve` failed its start-up with a traceback (exit 3) quoting the password; the CLI printed it
+    ("VECBRIDGE_REGISTRY_URL", f"mysql://admin:{SECRET}@db/vb", "unsupported registry URL (scheme 'mysql'"),
+    # a typo: /readyz said ready and every migration or collection search was a 503
+    ("VECBRIDGE_VECTORDB_URL", f"qdrnat://{SECRET}@db:6333", "unknown vector-database URL scheme 'qdrnat'"),
     ("VECBRIDGE_JOB_WORKERS", "0", "greater than or equal to 1"),  # silently ran 1 worker
     ("VECBRIDGE_MAX_QUEUED_JOBS", "-1", "greater than or equal to 0"),
+    # an OpenMP team of 20000 threads on 2 cores: an HNSW add of 3000 rows took 31 s instead of 0.3 s
+    ("VECBRIDGE_BLAS_THREADS", "20000", "less than or equal to 256"),
     ("VECBRIDGE_MAX_BATCH", "0", "greater than or equal to 1"),
     ("VECBRIDGE_LIMITS", json.dumps({"max_kk": 5}), "VECBRIDGE_LIMITS__MAX_KK"),  # ignored inside the JSON too
     # limits the checks read from constants: another value was accepted, shown in /v1/info, and had no effect
@@ -118,6 +125,21 @@ def test_vecbridge_serve_with_a_typo_exits_2_with_one_line(tmp_path):
                _clean_env(VECBRIDGE_PROT="9000", VECBRIDGE_API_KEYS=json.dumps({SECRET: ["read"]})))
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "VECBRIDGE_PROT" in r.stderr
+    assert "Traceback" not in r.stderr and SECRET not in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("how", ["variable", "option"])
+def test_an_unsupported_registry_url_is_one_line_without_its_password(tmp_path, how):
+    url = f"mysql://admin:{SECRET}@db/vb"
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path)]
+    env = _clean_env(VECBRIDGE_DEMO_ON_EMPTY="false", VECBRIDGE_AUTH_DISABLED="true")
+    if how == "option":
+        cmd += ["--registry-url", url]
+    else:
+        env["VECBRIDGE_REGISTRY_URL"] = url
+    r = _serve(cmd, env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "unsupported registry URL" in r.stderr
     assert "Traceback" not in r.stderr and SECRET not in r.stderr + r.stdout
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from reliability.helpers import free_port, wait_healthy
 from service.api.app import ensure_local_key
@@ -48,3 +49,22 @@ def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_an_unusable_local_key_file_is_one_line_and_exit_2(tmp_path):
+    """A truncated ``local-key`` (or a folder of that name) was ``internal error: RuntimeError`` and exit 3, as if the
+    service were broken; a key with a space in it was accepted and no Authorization header could send it."""
+    from service.config import ConfigError
+
+    s = Settings(data_dir=tmp_path / "var", demo_on_empty=False)
+    (tmp_path / "var").mkdir()
+    for content in ("short\n", "k" * 20 + " " + "k" * 20 + "\n"):
+        (tmp_path / "var" / "local-key").write_text(content)
+        with pytest.raises(ConfigError, match="holds no usable key"):
+            ensure_local_key(s)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
+    env.update(PYTHONPATH=str(ROOT), VECBRIDGE_DEMO_ON_EMPTY="false")
+    r = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path / "var"), "--port",
+                        str(free_port())], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "holds no usable key" in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

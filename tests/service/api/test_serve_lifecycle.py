@@ -151,3 +151,15 @@ def test_a_data_dir_this_user_cannot_write_is_one_line_and_exit_2(tmp_path):
     finally:
         (base / "locked").chmod(0o755)
         shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("setting", ["VECBRIDGE_ARTIFACT_DIR", "VECBRIDGE_REPORT_DIR"])
+def test_an_artifact_or_report_dir_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, setting):
+    # only the data dir was checked: the app's start-up failed on these with a traceback in a JSON line, exit 3
+    (tmp_path / "afile").write_text("")
+    env = env_for(tmp_path / "data", free_port())
+    env[setting] = str(tmp_path / "afile" / "sub")  # under a file: cannot be created, even by root
+    r = subprocess.run([sys.executable, "-m", "service.cli", "serve"], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and setting in r.stderr, r.stderr[-2000:]
