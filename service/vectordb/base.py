@@ -263,7 +263,8 @@ class VectorStore(ABC):
     #: True when rows may carry named sparse vectors (:attr:`Batch.sparse`) beside the dense one
     sparse_vectors: bool = False
     #: True when the text may also travel among the fields (``fields[text_field]``, which then wins over ``texts``): a
-    #: schemaless payload (Qdrant), whose text key may hold any JSON value or null, which a migration keeps as it is
+    #: schemaless payload (Qdrant, Milvus's dynamic field), whose text key may hold any JSON value or null, which a
+    #: migration keeps as it is
     text_as_field: bool = False
 
     def check_id_kind(self, ids: np.ndarray) -> None:

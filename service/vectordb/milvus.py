@@ -73,6 +73,7 @@ class MilvusStore(VectorStore):
     engine = "milvus"
     native_aliases = True
     id_kinds = ("int", "str")
+    text_as_field = True  # a scan with the fields carries the text key among them too (see VectorStore)
 
     def __init__(self, uri: str, *, token: str | None = None, ca_file=None, timeout: float | None = 60.0,
                  id_field: str = "id", vector_field: str = "vector", text_field: str = "text"):
@@ -252,8 +253,8 @@ class MilvusStore(VectorStore):
         rows = []
         for j in range(ids.shape[0]):
             row = {self.id_field: id_key(ids[j]), self.vector_field: vectors[j]}
-            if texts is not None and texts[j] is not None:
-                row[self.text_field] = texts[j]
+            if texts is not None and texts[j] is not None and self.text_field not in (fields or {}):
+                row[self.text_field] = texts[j]  # the text key among the fields (a scan's): as it is there
             for k, v in (fields or {}).items():
                 if v[j] is not MISSING:  # None: a null value
                     row[k] = v[j]
@@ -345,7 +346,8 @@ class MilvusStore(VectorStore):
         texts = none_if_all_none([r.get(self.text_field) for r in rows]) if with_texts else None
         fields = None
         if with_fields:
-            names = sorted({k for r in rows for k in r} - {self.id_field, self.vector_field, self.text_field} - skip)
+            # the text key too, as it is: in the dynamic field it may be a number, an object or a null (str()-ed before)
+            names = sorted({k for r in rows for k in r} - {self.id_field, self.vector_field} - skip)
             fields = {k: [r.get(k, MISSING) for r in rows] for k in names} or None
         return Batch(ids, V, texts, fields)
 

@@ -134,3 +134,21 @@ def test_a_migration_target_gets_the_source_collections_dense_index_kind(tmp_pat
         assert idx["metric_type"] == "COSINE"
         _, I = s.search("k_dst", m.apply(X[:5], output="raw"), k=1)
         assert I[:, 0].tolist() == list(range(5))
+
+
+def test_a_dynamic_text_key_that_is_not_a_string_travels_as_it_is(store):
+    """The text key of a row lives in Milvus's dynamic field, where it may hold any JSON: a number, an object or a
+    null arrived as ``str(value)`` (Python's repr: ``"{'nested': ...}"``) or absent; now it travels as it is, as
+    every other dynamic key does (as in Qdrant's payloads)."""
+    X, m = small_migration()
+    texts = [{"nested": [1, {"a": None}]}, 12345, None, "plain", ["a", "b"]]
+    store.create("t_src", 24)
+    store.client.insert("t_src", [{"id": i, "vector": X[i].tolist(), "text": t, "k": i} for i, t in enumerate(texts)]
+                        + [{"id": 5, "vector": X[5].tolist(), "k": 5}])
+    store.finalize("t_src")
+    rep = migrate(store, "t_src", "t_dst", m, batch_size=4)
+    assert rep.rows == 6
+    got = {r["id"]: r for r in store.client.query("t_dst", filter="id >= 0", output_fields=["*"])}
+    assert [got[i].get("text", "absent") for i in range(6)] == texts + ["absent"]
+    assert [got[i]["k"] for i in range(6)] == list(range(6))
+    assert store.fetch("t_dst", [3]).texts == ["plain"]  # reads still see the text
