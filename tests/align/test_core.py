@@ -671,3 +671,16 @@ def test_top1_at_puts_pools_of_any_size_on_one_scale():
     assert align.metrics.top1_at((1 - p) ** 199, 200) == pytest.approx(align.metrics.top1_at((1 - p) ** 799, 800),
                                                                         abs=5e-3)
     assert align.metrics.top1_at(0.99, 400) < align.metrics.top1_at(0.99, 800)
+
+
+def test_top1_at_keeps_a_map_at_chance_at_chance_and_never_extrapolates_a_large_pool_upward():
+    # a map at chance among 800 (5-fold CV of 4,000 shuffled pairs) read 0.287 on the 1,000 scale, and one at
+    # chance among 8,192 (`eval --record` on the held-out rows) 0.885: it was chosen for the path over a real map
+    top1_at = align.metrics.top1_at
+    for pool in (200, 800, 999):
+        assert top1_at(1.0 / pool, pool) <= 1.0 / 1000 + 1e-12
+    for pool in (1000, 2000, 8192):
+        assert top1_at(1.0 / pool, pool) == pytest.approx(1.0 / pool)
+        assert top1_at(0.0172, pool) == pytest.approx(0.0172)  # a 20-pair map: 0.078 measured among 1,000
+    assert top1_at(0.989, 400) == pytest.approx(0.973, abs=2e-3)  # the docstring's WordNet figures still hold
+    assert top1_at(0.001, 8192) < top1_at(0.5, 800) < top1_at(0.6, 8192)

@@ -118,6 +118,24 @@ def test_a_paired_fit_at_chance_is_flagged_unreliable_and_not_chosen_for_a_path(
         reg.find_path("a", "c")
 
 
+def test_a_paired_fit_of_mispaired_rows_is_flagged_unreliable_by_its_held_out_top1(reg):
+    # rows paired wrongly (a shuffle, an off-by-one): the map memorises its training pairs (WordNet minilm->e5, 4,000
+    # shuffled pairs: training top-1 0.44, registered reliable) and is at chance on any other row; a refit without
+    # `prod` then became what the bare name and the path a -> b meant (search partner top-1 0.0005 instead of 0.97)
+    rng = np.random.default_rng(5)
+    d = 48
+    Q = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    X = rng.normal(size=(2000, d)).astype(np.float32)
+    Y = (X @ Q + 0.3 * rng.normal(size=X.shape)).astype(np.float32)
+    good = _fit(reg, name="m", source=X[:1000], target=Y[:1000])
+    assert good.metrics["reliable"] is True
+    for method, params in (("procrustes", {}), ("ridge", {"alpha": 1e-6})):
+        bad = _fit(reg, name="m", method=method, params=params, source=X[:100], target=Y[:100][rng.permutation(100)])
+        assert bad.metrics["reliable"] is False and "held-out pairs" in bad.metrics["unreliable_reason"], bad.metrics
+    assert reg.resolve("m").ref == good.ref
+    assert [v.ref for v in reg.find_path("a", "b")] == [good.ref]
+
+
 def test_path_choice_ranks_paired_fits_by_held_out_top1_not_by_memorised_training_pairs(reg):
     # a ridge map of few pairs in many dimensions finds every one of its training pairs (train top-1 1.0) and
     # fewer held-out ones; it used to win the path over a Procrustes map of more pairs by that training figure
