@@ -296,25 +296,26 @@ def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_
     limits = obj.settings.limits
     index_ops.check_hits(1, k, limits)
     per = max(1, min(CHUNK_ROWS, limits.max_hits // k))
+    keep = with_payloads is not False and (with_payloads or as_json or out is not None)
     kw = {"space": space, "map_ref": map_ref, "k": k, "exact": exact, "ef_search": ef_search, "nprobe": nprobe,
           "csls_k": csls_k if csls else 0, "csls_weight": csls_weight, "limits": limits,
-          "steers": _steers(steers)}
+          "steers": _steers(steers), "with_payloads": keep}
     if src.texts:
         texts = read_texts(queries, rows=parse_rows(rows), text_field=text_field)
         parts = ({"texts": texts[s:s + per]} for s in range(0, n, per))
     else:
         parts = ({"Q": Q} for Q in iter_chunks(queries, chunk_rows=per, rows=rows, key=key, column=column))
     found_blocks = index_ops.search_parts(_resolver(obj), idx, parts, **kw)  # every block through the same maps
-    head, S, I, lines = None, np.zeros((n, k), np.float32), np.full((n, k), -1, np.int64), []
+    head, S, I, P, lines = None, np.zeros((n, k), np.float32), np.full((n, k), -1, np.int64), [], []
     r = 0
     for found in found_blocks:
         head = head or found.describe()
         m = found.S.shape[0]
         S[r:r + m], I[r:r + m] = found.S, found.I
+        P.extend(found.P or [])  # each block's payloads read with its search (a server may write meanwhile)
         r += m
-    keep = with_payloads is not False and (with_payloads or as_json or out is not None)
-    for row_i, row_s in zip(I.tolist(), S.tolist()):
-        lines.append(index_ops.hits(idx, row_i, row_s, keep))
+    for q, (row_i, row_s) in enumerate(zip(I.tolist(), S.tolist())):
+        lines.append(index_ops.hits(idx, row_i, row_s, keep, P[q] if keep else None))
     if out is not None:
         _write_out(Path(out), head, S, I, lines)
         emit({**head, "queries": n, "out": str(out)}, as_json, f"wrote the hits of {n} queries to {out}")

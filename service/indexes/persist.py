@@ -406,13 +406,18 @@ def collect_generations(path: Path, meta: dict) -> None:
     """Remove the files no meta among ``meta`` and the :data:`KEEP_OLD_GENERATIONS` before it names.
 
     Those metas replay logs after their snapshots, the oldest of which is ``min(meta["recent_bases"])``:
-    snapshots before it and deltas up to it are not needed.
+    snapshots before it and deltas up to it are not needed. Nor is a snapshot none of them is based on, nor a
+    delta past ``meta``'s generation: files of a generation a writer wrote and never committed (killed before its
+    meta: a ``vecbridge index compact`` or a snapshot-sized add, a whole copy of the index each), which no meta
+    names and none will (the caller holds the writer lock; a later snapshot of that number overwrites them).
     """
-    oldest = min(int(b) for b in meta.get("recent_bases") or [log_of(meta)[0]])
+    bases = {int(b) for b in meta.get("recent_bases") or [log_of(meta)[0]]}
+    oldest, gen = min(bases), int(meta["generation"])
     for old in path.glob("*.*.*"):
         parts = old.name.split(".")
         if len(parts) != 3 or not parts[1].isdigit():
             continue
         n = int(parts[1])
-        if n < oldest or (parts[0] == "delta" and n <= oldest):
+        if n < oldest or (parts[0] == "delta" and (n <= oldest or n > gen)) or (
+                parts[0] in ("index", "payloads") and n not in bases):
             old.unlink(missing_ok=True)

@@ -1,25 +1,23 @@
 """One FAISS index of one space (:class:`SpaceIndex`): build, add, delete, search, stay current.
 
-An index holds rows of one space (``dim`` columns) under int64 ids, with an optional JSON
-payload per id. The FAISS structure per kind is in :mod:`.kinds`, CSLS in :mod:`.csls`, the
-files in :mod:`.persist`, the locks in :mod:`.locking`.
+An index holds rows of one space (``dim`` columns) under int64 ids, with an optional JSON payload per id. The FAISS
+structure per kind is in :mod:`.kinds`, CSLS in :mod:`.csls`, the files in :mod:`.persist`, the locks in
+:mod:`.locking`.
 
-Writers (add / delete / save): one at a time per index across threads (a thread lock) and
-processes (``flock`` on ``<path>/.lock``) for the whole read-modify-persist. Inside the lock the
-writer first reloads the persisted generation when it is newer than the in-memory one (so ids,
-``next_id`` and conflicts are checked against every acknowledged row), applies the change under
-the write side of the :class:`~.locking.RWLock`, and persists generation ``g + 1``. A change
-that fails after touching the in-memory index is undone by reloading the persisted state. An HNSW
-add (graph insertion: seconds for tens of thousands of rows) takes the write side per chunk of rows
-(:func:`~.kinds.add_rows`) and hides its slots from searches (``_shown``) until it is persisted, then
-shows them under the write side at once: searches go on meanwhile and see all of its rows or none.
+Writers (add / delete / save): one at a time per index across threads (a thread lock) and processes (``flock`` on
+``<path>/.lock``) for the whole read-modify-persist. Inside the lock the writer first reloads the persisted
+generation when it is newer than the in-memory one (so ids, ``next_id`` and conflicts are checked against every
+acknowledged row), applies the change under the write side of the :class:`~.locking.RWLock`, and persists generation
+``g + 1``. A change that fails after touching the in-memory index is undone by reloading the persisted state. An
+HNSW add (graph insertion: seconds for tens of thousands of rows) takes the write side per chunk of rows
+(:func:`~.kinds.add_rows`) and hides its slots from searches (``_shown``) until it is persisted, then shows them
+under the write side at once: searches go on meanwhile and see all of its rows or none.
 
-Readers: before a search one ``stat`` of ``meta.json`` (inode, size, mtime) tells whether
-another process persisted since; only then is the meta read and, if its generation is newer,
-that generation loaded — without any writer lock (generation files are immutable once a meta
-names them) — and swapped in under the write side. A reader never waits for another process's
-writer. Each index has a ``uid``: a copy of a dropped (or dropped and re-created) index answers
-:class:`IndexNotFoundError` instead of writing into the new one.
+Readers: before a search one ``stat`` of ``meta.json`` (inode, size, mtime) tells whether another process persisted
+since; only then is the meta read and, if its generation is newer, that generation loaded — without any writer lock
+(generation files are immutable once a meta names them) — and swapped in under the write side. A reader never waits
+for another process's writer. Each index has a ``uid``: a copy of a dropped (or dropped and re-created) index
+answers :class:`IndexNotFoundError` instead of writing into the new one.
 """
 
 from __future__ import annotations
@@ -380,8 +378,8 @@ class SpaceIndex:
 
     # --- search -----------------------------------------------------------------------------
     def search(self, Q, k: int = 10, *, exact: bool = False, ef_search: int | None = None,
-               nprobe: int | None = None, csls_k: int = 0, csls_weight: float = CSLS_WEIGHT, wait: bool = True
-               ) -> tuple[np.ndarray, np.ndarray]:
+               nprobe: int | None = None, csls_k: int = 0, csls_weight: float = CSLS_WEIGHT, wait: bool = True,
+               with_payloads: bool = False) -> tuple:
         """Top-``k`` rows for each query row of ``Q`` (n, dim); ``csls_k > 0`` re-ranks by CSLS with the
         document term scaled by ``csls_weight`` in ``[0, 2]`` (default 0.5; :mod:`.csls`).
 
@@ -393,6 +391,8 @@ class SpaceIndex:
         -------
         S : ndarray (n, k) float32 — cosine (or inner product), or CSLS score when ``csls_k > 0``
         I : ndarray (n, k) int64 — ids, ``-1`` where fewer than ``k`` rows exist
+        P : list (n) of lists (k) of payloads (``None`` where ``I`` is ``-1``), only with ``with_payloads``: read under
+            the search's read lock (read after it, a write between paired its ids with another generation's payloads)
         """
         Q = as_matrix(Q, name="queries", dim=self.dim)
         if not 1 <= int(k) <= 10_000:
@@ -412,9 +412,13 @@ class SpaceIndex:
                     return self._search(X, kk, exact, ef_search, nprobe)
 
                 settings = search_key(self.index, self.kind, self.params, exact, ef_search, nprobe)
-                return csls_search(Q, int(k), int(csls_k), self.count, search, self.index.reconstruct, self._hubs,
+                S, I = csls_search(Q, int(k), int(csls_k), self.count, search, self.index.reconstruct, self._hubs,
                                    weight=csls_weight, settings=settings)
-            return self._search(Q, int(k), exact, ef_search, nprobe)
+            else:
+                S, I = self._search(Q, int(k), exact, ef_search, nprobe)
+            if with_payloads:  # the generation the search ran on: no writer swaps or changes it meanwhile
+                return S, I, [[self.payloads.get(i) if i >= 0 else None for i in row] for row in I.tolist()]
+            return S, I
 
     def small_search(self, n: int, k: int, *, exact: bool = False, ef_search: int | None = None,
                      nprobe: int | None = None, csls_k: int = 0) -> bool:
@@ -573,10 +577,8 @@ class SpaceIndex:
         return self.generation > 0 and base == self._base and self.generation >= base
 
     def _replay(self, meta: dict, deltas: list[Delta], sig) -> None:
-        """Apply ``deltas`` (read and checked) in place, then take ``meta`` (caller holds the write side).
-
-        A failure part-way leaves a state no generation names: the next access reloads in full.
-        """
+        """Apply ``deltas`` (read and checked) in place, then take ``meta`` (caller holds the write side); a failure
+        part-way leaves a state no generation names: the next access reloads in full."""
         try:
             for delta in deltas:
                 apply_delta(self.index, self.kind, self.payloads, delta)
@@ -588,9 +590,7 @@ class SpaceIndex:
 
     def _adopt(self, meta: dict, index, payloads: dict[int, Any], sig) -> None:
         """Replace the in-memory state by a persisted generation (caller holds the write side)."""
-        self.index = index
-        self.payloads = payloads
-        self._shown = None
+        self.index, self.payloads, self._shown = index, payloads, None
         self._take_meta(meta, sig)
 
     def _take_meta(self, meta: dict, sig) -> None:

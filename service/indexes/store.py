@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..logging import get_logger
-from ..storage import fsync_dir
+from ..storage import fsync_dir, hold, take_abandoned
 from .errors import (
     IndexConflictError,
     IndexNotFoundError,
@@ -40,7 +40,8 @@ _log = get_logger("indexes")
 
 __all__ = ["IndexStore"]
 
-_STALE_CREATE_S = 24 * 3600
+_STALE_CREATE_S = 24 * 3600  # a create folder without CREATING (made by an older release): removed after this
+CREATING = ".creating"  # root/.create-*/.creating: flock-ed by the process building that index (storage.hold)
 
 
 class IndexStore:
@@ -153,18 +154,15 @@ class IndexStore:
 
     def sweep(self) -> None:
         """Create ``root``; remove what a dead process left behind: dropped folders still being removed and
-        index folders being created more than a day ago."""
+        index folders whose creating process died (its lock on :data:`CREATING` gone: ``kill -9`` included; a
+        folder without the marker, from an older release, after a day)."""
         self.root.mkdir(parents=True, exist_ok=True)
         now = time.time()
         for sub in self.root.iterdir():
             if sub.name.startswith(".trash-"):
                 shutil.rmtree(sub, ignore_errors=True)
             elif sub.name.startswith(".create-"):
-                try:
-                    if now - sub.stat().st_mtime > _STALE_CREATE_S:
-                        shutil.rmtree(sub, ignore_errors=True)
-                except FileNotFoundError:
-                    pass
+                _sweep_create(sub, now)
 
     def names(self) -> list[str]:
         """Names of the indexes on disk, sorted (loaded or not; one ``listdir``)."""
@@ -187,8 +185,14 @@ class IndexStore:
             self._creating.add(name)  # reserve the name in this process while building
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            now = time.time()
+            for dead in self.root.glob(".create-*"):  # left by killed creates (a CLI never runs sweep())
+                _sweep_create(dead, now)
             tmp = self.root / f".create-{name}-{uuid.uuid4().hex}"
+            tmp.mkdir()
+            held = None
             try:
+                held = hold(tmp / CREATING, create=True)  # alive while this process builds: sweep() keeps it
                 idx = SpaceIndex.build(name, space, vectors, path=tmp, **kw)
                 idx.save()  # generation 1 in the private folder
                 sig = idx._meta_sig  # renaming the folder keeps the file's inode and mtime
@@ -197,11 +201,14 @@ class IndexStore:
                         raise IndexConflictError(f"index {name!r} already exists")
                     if final.exists():  # a folder without meta: left by a crash before this format
                         os.rename(final, self.root / f".trash-{name}-{uuid.uuid4().hex}")
+                    (tmp / CREATING).unlink()  # not part of the index (the lock stays held until the rename)
                     os.rename(tmp, final)
                     fsync_dir(self.root)
                 idx.path, idx._meta_sig = final, sig
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
+                if held is not None:
+                    os.close(held)
         finally:
             with self._lock:
                 self._creating.discard(name)
@@ -385,6 +392,23 @@ class IndexStore:
             self._settled(name)
         self._dropped(name)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _sweep_create(sub: Path, now: float) -> None:
+    """Remove the create folder ``sub`` when its creator is dead: no process holds its :data:`CREATING` (``kill -9``
+    included), or it has none (an older release's, or one made this instant) and is more than a day old."""
+    fd = take_abandoned(sub / CREATING)
+    if fd is not None:  # a whole index's files, kept for nothing
+        try:
+            shutil.rmtree(sub, ignore_errors=True)
+        finally:
+            os.close(fd)
+        return
+    try:
+        if not (sub / CREATING).exists() and now - sub.stat().st_mtime > _STALE_CREATE_S:
+            shutil.rmtree(sub, ignore_errors=True)
+    except FileNotFoundError:
+        pass
 
 
 def _folder_bytes(folder: Path) -> int:

@@ -142,6 +142,7 @@ class SearchResult:
     csls: bool
     translation: Any = None  # the map chain used (``.versions``, ``.describe()``), None for the same space
     steers: list[dict] = field(default_factory=list)
+    P: list | None = None  # payloads (n lists of k), read with the search (``with_payloads``), else None
 
     def describe(self) -> dict:
         """The answer's head: index, spaces, k, scoring, the map versions and steers used."""
@@ -204,7 +205,8 @@ def check_hits(n_queries: int, k: int, limits) -> None:
 def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, texts: list[str] | None = None,
            space: str | None = None, map_ref: str | Sequence[str] | None = None, k: int = 10, exact: bool = False,
            ef_search: int | None = None, nprobe: int | None = None, csls_k: int = 0, csls_weight: float = CSLS_WEIGHT,
-           steers: dict[str, float] | None = None, limits, wait: bool = True) -> SearchResult:
+           steers: dict[str, float] | None = None, limits, wait: bool = True, with_payloads: bool = False
+           ) -> SearchResult:
     """Search ``idx`` with queries ``Q`` (n, d_q) — or ``texts`` — from ``space`` (steps in the module notes).
 
     ``csls_k > 0`` re-ranks by CSLS (document term scaled by ``csls_weight``); ``limits`` (``max_k``,
@@ -220,9 +222,9 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
         Q = tr.map.apply(np.ascontiguousarray(Q, dtype=np.float32), output="raw", validate=False)
     check_hits(Q.shape[0], k, limits)
     Q, used_steers = steer_queries(Q, steers or {}, idx.space, load_steer=resolver.resolve_steer)
-    S, I = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k, csls_weight=csls_weight,
-                      wait=wait)
-    return SearchResult(S, I, idx, qspace, k, csls_k > 0, tr, used_steers)
+    S, I, *P = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k,
+                          csls_weight=csls_weight, wait=wait, with_payloads=with_payloads)
+    return SearchResult(S, I, idx, qspace, k, csls_k > 0, tr, used_steers, P[0] if P else None)
 
 
 def search_parts(resolver: Resolver, idx: SpaceIndex, parts: Iterable[dict], **kw) -> Iterator[SearchResult]:
@@ -243,14 +245,17 @@ def search_parts(resolver: Resolver, idx: SpaceIndex, parts: Iterable[dict], **k
         yield found
 
 
-def hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool) -> list[dict]:
-    """One query's answer: ``[{"id", "score"[, "payload"]}, ...]`` of its row of ids / scores (``-1`` ids left out)."""
+def hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool, row_p: list | None = None) -> list[dict]:
+    """One query's answer: ``[{"id", "score"[, "payload"]}, ...]`` of its row of ids / scores (``-1`` ids left out).
+
+    ``row_p``: the row's payloads as the search read them (``SearchResult.P``); without, they are read from ``idx``
+    now, which a write since the search may have changed (a row deleted since: ``null``)."""
     out = []
-    for i, sc in zip(row_i, row_s):
+    for j, (i, sc) in enumerate(zip(row_i, row_s)):
         if i < 0:
             continue
         h = {"id": i, "score": sc}
         if with_payloads:
-            h["payload"] = idx.payloads.get(i)
+            h["payload"] = row_p[j] if row_p is not None else idx.payloads.get(i)
         out.append(h)
     return out

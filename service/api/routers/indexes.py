@@ -151,9 +151,9 @@ def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None,
                              exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
                              csls_k=opts.csls_k if opts.csls else 0, csls_weight=opts.csls_weight,
                              steers=opts.steers, limits=settings.limits,
-                             wait=wait)
+                             wait=wait, with_payloads=opts.include_payloads)
     answer = _search_body(found.describe(), idx, found.S, found.I, opts.include_payloads,
-                          settings.limits.max_response_bytes)
+                          settings.limits.max_response_bytes, found.P)
     return found, Response(answer, media_type=JSON)
 
 
@@ -166,7 +166,7 @@ def search_observe(state, found) -> None:
 
 
 def _search_body(head: dict, idx: SpaceIndex, S: np.ndarray, I: np.ndarray, with_payloads: bool,
-                 max_bytes: int) -> bytes:
+                 max_bytes: int, P: list | None = None) -> bytes:
     """The JSON answer ``{**head, "results": [[hit, ...], ...]}``, serialised one query row at a time.
 
     Only one row of hit dicts exists at once (not n x k), and the answer stops at ``max_bytes``
@@ -175,7 +175,7 @@ def _search_body(head: dict, idx: SpaceIndex, S: np.ndarray, I: np.ndarray, with
     parts = [dumps(head)[:-1], b',"results":[']
     size = sum(map(len, parts))
     for r, (row_i, row_s) in enumerate(zip(I.tolist(), S.tolist())):
-        chunk = dumps(index_ops.hits(idx, row_i, row_s, with_payloads))
+        chunk = dumps(index_ops.hits(idx, row_i, row_s, with_payloads, P[r] if P is not None else None))
         size += len(chunk) + 1
         if size > max_bytes:
             raise InputError(f"the answer passes {max_bytes} bytes (limits.max_response_bytes) at query {r}; "

@@ -515,3 +515,28 @@ def test_the_count_comes_back_to_zero_after_errors_and_clients_that_leave(server
     before = len(hops)
     assert client.post(URL, **octet(X)).status_code == 200
     assert len(hops) == before  # still alone after all that: the shortcut did not stop
+
+
+def test_search_payloads_are_those_of_the_generation_searched(world, monkeypatch):
+    """The payloads of a search's hits are read under the same read lock as the search. They were read after it, so
+    a delete (or a newer generation another process wrote) landing between the search and the answer's serialisation
+    gave a hit the search found with ``"payload": null`` (fuzzed: ~1 hit in 1,200 with a writer deleting and adding
+    rows while 300-query searches ran). Here the writer lands in that instant on every search."""
+    c, app, data = world
+    idx = app.state.vb.indexes.create("pay", "b", data["Y"][:50], dim=16, payloads=[{"row": i} for i in range(50)])
+    search = idx.search
+
+    def search_then_delete(*a, **kw):  # a writer that takes the lock the moment the search lets it go
+        out = search(*a, **kw)
+        I = out[1]
+        idx.delete(np.unique(I[I >= 0]))
+        return out
+
+    monkeypatch.setattr(idx, "search", search_then_delete)
+    for body in (js({"vectors": data["Y"][:1].tolist(), "k": 3}),  # small: the fast path
+                 js({"vectors": data["Y"][1:40].tolist(), "k": 5})):  # the route, in the thread pool
+        r = c.post("/v1/indexes/pay/search", **body)
+        assert r.status_code == 200, r.text
+        hits = [h for row in r.json()["results"] for h in row]
+        assert hits and all(h["payload"] == {"row": h["id"]} for h in hits), hits[:5]
+    assert idx.count < 50  # the rows were deleted, after the searches that found them

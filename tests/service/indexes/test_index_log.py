@@ -149,6 +149,40 @@ def test_files_of_the_last_three_metas_stay_and_older_ones_go(tmp_path):
     assert all(g > oldest for g in _files(tmp_path / "docs", "delta"))
 
 
+_KILLED_COMPACT = r"""
+import os, signal, sys
+from pathlib import Path
+import service.indexes.persist as P
+def die(*a, **k):  # the snapshot's files written, killed before the meta names them
+    os.kill(os.getpid(), signal.SIGKILL)
+P._write_meta = die
+from service.indexes import IndexStore
+IndexStore(Path(sys.argv[1])).get("docs").save()  # what `vecbridge index compact docs` does
+"""
+
+
+def test_the_files_of_a_generation_never_committed_are_collected(tmp_path):
+    """A writer killed after writing a snapshot's files but before its meta (``index compact``, a snapshot-sized add)
+    left ``index.<g>.faiss`` and ``payloads.<g>.json``, a whole copy of the index, that no meta names. The
+    collection removed only files older than the oldest kept snapshot: with the log going on (later generations
+    are deltas on the older snapshot) each killed snapshot stayed until the next snapshot and two metas after it."""
+    import subprocess
+    import sys
+
+    store = IndexStore(tmp_path)
+    idx = store.create("docs", "s", _rows(0, 300))
+    idx.add(_rows(1, 2))  # logged: the compact below has a log to fold
+    for i in range(3):
+        r = subprocess.run([sys.executable, "-c", _KILLED_COMPACT, str(tmp_path)], capture_output=True, check=False)
+        assert r.returncode == -9, r.stderr
+        assert max(_files(tmp_path / "docs", "index")) == idx.generation + 1  # the orphan is there
+        idx.add(_rows(2 + i, 2))  # the next write (a delta): collects it
+        meta = json.loads((tmp_path / "docs" / "meta.json").read_text())
+        assert meta["log"] and _files(tmp_path / "docs", "index") == sorted(set(meta["recent_bases"]))
+        assert _files(tmp_path / "docs", "payloads") == sorted(set(meta["recent_bases"]))
+    assert IndexStore(tmp_path).get("docs").count == 308
+
+
 def test_an_index_written_before_the_log_loads_and_logs_after_it(tmp_path):
     idx = IndexStore(tmp_path).create("docs", "s", _rows(0, 50), kind="hnsw", params=_params("hnsw"))
     idx.delete([7])

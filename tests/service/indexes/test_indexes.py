@@ -586,3 +586,63 @@ def test_an_id_named_twice_is_a_bad_request_for_adds_and_deleted_once(tmp_path):
         idx.add(X[:2], ids=[9, 9])
     assert idx.delete([2, 2, 3]) == 2 and idx.count == 2
     assert set(IndexStore(tmp_path).get("dup")._live_ids().tolist()) == {1, 4}
+
+
+_KILLED_CREATE = r"""
+import os, signal, sys
+import numpy as np
+from pathlib import Path
+from service.indexes import IndexStore, SpaceIndex
+save = SpaceIndex.save
+def save_then_die(self):  # the whole index written in the private folder, then kill -9 before it is renamed in
+    save(self)
+    os.kill(os.getpid(), signal.SIGKILL)
+SpaceIndex.save = save_then_die
+IndexStore(Path(sys.argv[1])).create("big", "s", np.ones((500, 8), np.float32), kind="flat")
+"""
+
+
+def test_a_killed_create_leaves_nothing_once_swept_and_a_live_one_is_kept(tmp_path):
+    """A create builds the index in ``root/.create-*`` and renames it in. A process killed before the rename left
+    the folder, the index's files whole, for a day (the sweep went by age only), across restarts: every killed
+    ``vecbridge index create`` of a large index (OOM, a deploy) held its size again. The creator now holds a lock
+    in the folder; the sweep (a server start) removes a folder whose creator is dead and keeps a live one's."""
+    import subprocess
+    import sys
+
+    for _ in range(2):  # each create removes what the killed ones before it left (a CLI never runs sweep())
+        r = subprocess.run([sys.executable, "-c", _KILLED_CREATE, str(tmp_path)], capture_output=True, check=False)
+        assert r.returncode == -9, r.stderr
+        left = [d for d in tmp_path.iterdir() if d.name.startswith(".create-")]
+        assert len(left) == 1 and any(left[0].glob("index.*.faiss"))
+    # a live create in another thread (as another process would be): the sweep meanwhile keeps its folder
+    store, building, go = IndexStore(tmp_path), threading.Event(), threading.Event()
+    build = SpaceIndex.build
+
+    def slow_build(*a, **kw):
+        building.set()
+        assert go.wait(30)
+        return build(*a, **kw)
+
+    def create():
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(SpaceIndex, "build", slow_build)
+            store.create("live", "s", np.ones((10, 8), np.float32))
+
+    t = threading.Thread(target=create)
+    t.start()
+    try:
+        assert building.wait(30)
+        IndexStore(tmp_path).sweep()
+        assert [d.name for d in tmp_path.iterdir() if d.name.startswith(".create-")] == \
+            [d.name for d in tmp_path.iterdir() if d.name.startswith(".create-live-")]  # the dead one removed
+    finally:
+        go.set()
+        t.join()
+    assert IndexStore(tmp_path).get("live").count == 10
+    assert not [d for d in tmp_path.iterdir() if d.name.startswith(".create-")]
+    assert not (tmp_path / "live" / ".creating").exists()
+    r = subprocess.run([sys.executable, "-c", _KILLED_CREATE, str(tmp_path)], capture_output=True, check=False)
+    assert r.returncode == -9 and len(list(tmp_path.glob(".create-*"))) == 1
+    IndexStore(tmp_path).create("other", "s", np.ones((10, 8), np.float32))
+    assert not list(tmp_path.glob(".create-*"))
