@@ -74,3 +74,13 @@ def pg_url(tmp_path_factory):
     srv = pgs.get_server(str(tmp_path_factory.mktemp("pg")), cleanup_mode="stop")
     yield srv.get_uri()
     srv.cleanup()
+
+
+@pytest.fixture
+def qdrant_local(tmp_path):
+    """A Qdrant store in local mode (the client's embedded engine) in ``tmp_path``, closed after the test."""
+    from service.vectordb import open_store
+
+    s = open_store(f"qdrant://{tmp_path}/q")
+    yield s
+    s.close()

@@ -118,15 +118,19 @@ def test_a_paired_fit_at_chance_is_flagged_unreliable_and_not_chosen_for_a_path(
         reg.find_path("a", "c")
 
 
+def _rotated(seed: int, n: int, *, noise: float, d: int = 48):
+    """``(X, Y, rng)``: ``n`` rows of ``d`` Gaussian columns and their planted rotation plus ``noise``."""
+    rng = np.random.default_rng(seed)
+    Q = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    return X, (X @ Q + noise * rng.normal(size=X.shape)).astype(np.float32), rng
+
+
 def test_a_paired_fit_of_mispaired_rows_is_flagged_unreliable_by_its_held_out_top1(reg):
     # rows paired wrongly (a shuffle, an off-by-one): the map memorises its training pairs (WordNet minilm->e5, 4,000
     # shuffled pairs: training top-1 0.44, registered reliable) and is at chance on any other row; a refit without
     # `prod` then became what the bare name and the path a -> b meant (search partner top-1 0.0005 instead of 0.97)
-    rng = np.random.default_rng(5)
-    d = 48
-    Q = np.linalg.qr(rng.normal(size=(d, d)))[0]
-    X = rng.normal(size=(2000, d)).astype(np.float32)
-    Y = (X @ Q + 0.3 * rng.normal(size=X.shape)).astype(np.float32)
+    X, Y, rng = _rotated(5, 2000, noise=0.3)
     good = _fit(reg, name="m", source=X[:1000], target=Y[:1000])
     assert good.metrics["reliable"] is True
     for method, params in (("procrustes", {}), ("ridge", {"alpha": 1e-6})):
@@ -139,11 +143,7 @@ def test_a_paired_fit_of_mispaired_rows_is_flagged_unreliable_by_its_held_out_to
 def test_path_choice_ranks_paired_fits_by_held_out_top1_not_by_memorised_training_pairs(reg):
     # a ridge map of few pairs in many dimensions finds every one of its training pairs (train top-1 1.0) and
     # fewer held-out ones; it used to win the path over a Procrustes map of more pairs by that training figure
-    rng = np.random.default_rng(3)
-    d = 48
-    Q = np.linalg.qr(rng.normal(size=(d, d)))[0]
-    X = rng.normal(size=(3200, d)).astype(np.float32)
-    Y = (X @ Q + 1.2 * rng.normal(size=X.shape)).astype(np.float32)
+    X, Y, _ = _rotated(3, 3200, noise=1.2)
     good = _fit(reg, name="procrustes-2000", source=X[:2000], target=Y[:2000])
     over = _fit(reg, name="ridge-120", method="ridge", params={"alpha": 1e-6}, source=X[2000:2120],
                 target=Y[2000:2120])

@@ -9,18 +9,16 @@
 from __future__ import annotations
 
 import pytest
-from _vectordb_servers import small_migration
+from _vectordb_servers import qdrant_local, small_migration  # noqa: F401  (fixture)
 
-from service.vectordb import UnsupportedFieldError, migrate, open_store
+from service.vectordb import UnsupportedFieldError, migrate
 
 pytest.importorskip("qdrant_client")
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = open_store(f"qdrant://{tmp_path}/q")
-    yield s
-    s.close()
+def store(qdrant_local):  # noqa: F811
+    return qdrant_local
 
 
 def test_a_text_key_that_is_not_a_string_travels_as_it_is(store):

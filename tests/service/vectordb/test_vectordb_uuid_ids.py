@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _vectordb_servers import small_migration
+from _vectordb_servers import qdrant_local, small_migration  # noqa: F401  (fixture)
 from _vectordb_servers import uuids as _uuids
 
 from align.exceptions import InputError
@@ -25,10 +25,8 @@ pytest.importorskip("qdrant_client")
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = open_store(f"qdrant://{tmp_path}/q")
-    yield s
-    s.close()
+def store(qdrant_local):  # noqa: F811
+    return qdrant_local
 
 
 def _source(s, X, ids):
