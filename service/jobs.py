@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -225,11 +225,12 @@ class JobManager:
                     return job, False
             # the slot is held from this check until the job is in _jobs: the store's insert runs outside the lock,
             # and without the hold, submits arriving together all passed the check on the same empty queue
-            queued = sum(1 for j in self._jobs.values() if j.state == "queued") + self._joining
+            states = Counter(j.state for j in self._jobs.values())
+            queued = states["queued"] + self._joining
             # a job that a free worker takes at once does not wait: only the jobs beyond the free workers count
             # against max_queued (before, max_queued=0 refused every job, even with every worker idle: each fit a
             # 429 "retry after a job finishes" for ever, and the demo's submit failed the start-up)
-            free = max(0, self.workers - sum(1 for j in self._jobs.values() if j.state == "running"))
+            free = max(0, self.workers - states["running"])
             if queued + 1 - free > self.max_queued:
                 waiting = max(0, queued - free)
                 raise QueueFullError(

@@ -493,10 +493,13 @@ def open_db(url: str, *, pool_size: int | None = None, statement_timeout_s: floa
     """``sqlite:///relative/path.sqlite``, ``sqlite:////abs/path.sqlite`` or ``postgresql://user@host:port/db``;
     InvalidNameError for any other URL, or one that names a folder. ``pool_size`` and ``statement_timeout_s``
     apply to PostgreSQL (None: :data:`PG_POOL_SIZE`, :data:`PG_STATEMENT_TIMEOUT_S`)."""
+    from ..config import check_registry_url
+
+    try:  # the settings' own check: it names the scheme only, never the rest (it may hold a password)
+        check_registry_url(url)
+    except ValueError as exc:
+        raise InvalidNameError(str(exc)) from None
     path = sqlite_path(url)
     if path is not None:
         return SQLiteDB(path)
-    if url.startswith(("postgresql://", "postgres://")):
-        return PostgresDB(url, pool_size=pool_size, statement_timeout_s=statement_timeout_s)
-    scheme = url.partition("://")[0][:20] if "://" in url else "none"  # never the rest: it may hold a password
-    raise InvalidNameError(f"unsupported registry URL (scheme {scheme!r}): use sqlite:///path or postgresql://...")
+    return PostgresDB(url, pool_size=pool_size, statement_timeout_s=statement_timeout_s)

@@ -216,11 +216,14 @@ def close_quietly(conn) -> None:
         pass
 
 
-class _Missing:
-    """The value of a field a row does not have (:data:`MISSING`)."""
+class Sentinel:
+    """A named marker value that is falsy and compared by identity (:data:`MISSING`, pgvector's ``JSON_NULL``)."""
+
+    def __init__(self, name: str):
+        self._name = name
 
     def __repr__(self) -> str:
-        return "MISSING"
+        return self._name
 
     def __bool__(self) -> bool:
         return False
@@ -229,7 +232,7 @@ class _Missing:
 #: In :attr:`Batch.fields`, a field the row does not have, where ``None`` is a field holding null: Qdrant
 #: payloads and Milvus dynamic fields tell the two apart (a filter ``is_null`` / ``is_empty`` does), so a
 #: migration writes the key with null for ``None`` and no key for ``MISSING``. Columns (PostgreSQL) always exist.
-MISSING = _Missing()
+MISSING = Sentinel("MISSING")
 
 
 @dataclass

@@ -35,8 +35,8 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results,
-                   as_ids, check_metric, check_name, close_quietly, id_key, redact, rows_in_order)
+from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError, VectorStore,
+                   _pad_results, as_ids, check_metric, check_name, close_quietly, id_key, redact, rows_in_order)
 
 __all__ = ["JSON_NULL", "JsonDict", "JsonList", "PgVectorStore"]
 
@@ -76,19 +76,9 @@ class JsonList(list):
     json_text: str = ""
 
 
-class _JsonNull:
-    """A ``json`` / ``jsonb`` value that is JSON ``null`` (:data:`JSON_NULL`), where ``None`` is SQL NULL."""
-
-    def __repr__(self) -> str:
-        return "JSON_NULL"
-
-    def __bool__(self) -> bool:
-        return False
-
-
 #: In a field read from a ``json`` / ``jsonb`` column, the JSON value ``null``; ``None`` is SQL NULL (no value). Read as
 #: None, a migration wrote SQL NULL for it, and a filter ``col IS NULL`` / ``col = 'null'`` then found other rows.
-JSON_NULL = _JsonNull()
+JSON_NULL = Sentinel("JSON_NULL")
 
 
 def _load_json(data):
@@ -307,7 +297,8 @@ class PgVectorStore(VectorStore):
         if id_type is not None and _id_kind(id_type) is None:
             out.append(f"{self.id_field} (ids of type {id_type}; a migration keys rows by ids of type "
                        f"{', '.join(_INT_TYPES + _STR_TYPES)} or varchar(n))")
-        for col, typ, oid in self._extra(name):
+        extra = self._extra(name, list(cols.values()))
+        for col, typ, oid in extra:
             if typ.startswith(("vector", "halfvec")):  # a sparsevec column travels unchanged, like any other
                 out.append(f"{col} (another vector column: a migration maps {self.vector_field!r} only)")
                 continue
@@ -315,15 +306,15 @@ class PgVectorStore(VectorStore):
                 self.conn.adapters.get_dumper_by_oid(oid, Format.BINARY)
             except Exception:  # noqa: BLE001 - psycopg raises ProgrammingError for unknown oids
                 out.append(f"{col} (type {typ} has no binary copy in psycopg)")
-        return out + self._dates_out_of_range(name)
+        return out + self._dates_out_of_range(name, extra)
 
-    def _dates_out_of_range(self, name: str) -> list[str]:
+    def _dates_out_of_range(self, name: str, extra) -> list[str]:
         """Date / timestamp columns holding a value Python's datetime cannot: 'infinity', '-infinity', a year past
         9999 or before 1 (the scan stopped mid-run on a raw "timestamp too large", an empty target left behind).
-        One pass over the table, at the plan."""
+        One pass over the table, at the plan; ``extra``: :meth:`_extra` already read."""
         from psycopg import sql
 
-        cols = [c for c, _, oid in self._extra(name) if oid in _DATE_OIDS]
+        cols = [c for c, _, oid in extra if oid in _DATE_OIDS]
         if not cols:
             return []
         bad = [sql.SQL("bool_or(isfinite({c}) IS FALSE OR {c} >= '10000-01-01' OR {c} < '0001-01-01')").format(
