@@ -139,6 +139,23 @@ def _encode(tokenizer, texts: Iterable[str], max_length: int) -> list[list[int]]
     return out
 
 
+def trainable(ids_list: Sequence[Sequence[int]], labels) -> list[int]:
+    """Indices of the texts a fit learns from: labelled (+1 / -1) with two or more tokens (a token's
+    next token is the signal; a one-token text has none). InputError unless both labels keep one."""
+    labels = check_labels(labels, len(ids_list))
+    keep = [i for i in range(len(ids_list)) if labels[i] != 0 and len(ids_list[i]) >= 2]
+    for lab, word in ((1, "+1"), (-1, "-1")):
+        if not any(labels[i] == lab for i in keep):
+            raise InputError(f"no {word} text has two or more tokens: LM-Steer learns from each token's next "
+                             f"token, so a one-token text teaches nothing; give longer {word} texts")
+    return keep
+
+
+def check_trainable(tokenizer, texts: Sequence[str], labels, max_length: int = 64) -> None:
+    """:func:`trainable` on ``texts`` as :func:`fit_lm_steer` tokenises them (a check before a fit job)."""
+    trainable(_encode(tokenizer, texts, max_length), labels)
+
+
 @torch.no_grad()
 def _hidden_states(model, ids_list: Sequence[Sequence[int]], batch_size: int = 16,
                    progress: Callable[[float], None] | None = None) -> list[torch.Tensor]:
@@ -266,9 +283,7 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
     d = int(E.shape[1])
     if not 1 <= int(rank) <= d:
         raise InputError(f"rank must be in [1, {d}], got {rank}")
-    keep = [i for i in range(len(ids_list)) if labels[i] != 0 and len(ids_list[i]) >= 2]
-    if not keep:
-        raise InputError("no labelled text has two or more tokens")
+    keep = trainable(ids_list, labels)
     if not 0.0 <= float(val_fraction) < 1.0:
         raise InputError(f"val_fraction must be in [0, 1), got {val_fraction}")
     rng = np.random.default_rng(int(random_state))

@@ -25,6 +25,7 @@ imported inside the functions that run the model, so importing this module stays
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import re
@@ -56,12 +57,18 @@ _LOAD_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class LM:
-    """A loaded causal LM: model, tokenizer, the lock every use holds, and its name."""
+    """A loaded causal LM: model, tokenizer, the lock every use holds, and its name.
+
+    ``check_tokenizer`` (a copy of ``tokenizer``, with its own ``check_lock``) serves request-time checks, so
+    that a fit's submit never waits for another fit's forward pass, which holds ``lock`` for minutes.
+    """
 
     model: object
     tokenizer: object
     name: str
     lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+    check_tokenizer: object = field(default=None, compare=False, repr=False)
+    check_lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @property
     def space(self) -> str:
@@ -84,7 +91,11 @@ def open_lm(provider: Callable[[], tuple] | None = None) -> LM:
     except LMUnavailableError as exc:
         raise LMUnavailableError(f"no language model: {exc}") from None
     name = getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
-    return LM(model, tokenizer, str(name))
+    try:
+        check_tokenizer = copy.deepcopy(tokenizer)
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied: checks share the model's lock
+        check_tokenizer = None
+    return LM(model, tokenizer, str(name), check_tokenizer=check_tokenizer)
 
 
 def get_lm(holder, provider: Callable[[], tuple] | None = None) -> LM:
@@ -140,11 +151,15 @@ def check_fit(spec: LMFit) -> LMFit:
 
 
 def prepare_fit(registry, lm: LM, spec: LMFit) -> LMFit:
-    """:func:`check_fit`, InputError for a rank above the model's hidden size, and ConflictError when steer
+    """:func:`check_fit`, InputError for a rank above the model's hidden size or a side (+1 / -1) whose texts are
+    all one token long, and ConflictError when steer
     ``spec.name`` already lives in another space."""
-    from ..lm.steering import output_embeddings
+    from ..lm.steering import check_trainable, output_embeddings
 
     check_fit(spec)
+    tokenizer, lock = (lm.check_tokenizer, lm.check_lock) if lm.check_tokenizer is not None else (lm.tokenizer, lm.lock)
+    with lock:  # a fit sets the tokenizer's truncation: one user at a time
+        check_trainable(tokenizer, spec.texts, spec.labels)
     d = int(output_embeddings(lm.model).shape[1])
     if spec.rank > d:
         raise InputError(f"rank must be in [1, {d}] (the hidden size of {lm.name}), got {spec.rank}")

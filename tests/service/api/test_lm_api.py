@@ -140,6 +140,24 @@ def test_bad_input_is_422(world, path, body):
     assert r.json()["error"]["status"] == 422
 
 
+@pytest.mark.parametrize("side", [1, -1])
+def test_a_side_of_one_token_texts_is_422_before_a_job(world, side):
+    """One-token texts give no next token to learn from: refused with the request, not 202 then a failed job."""
+    texts = ["good"] * 6 + NEG if side == 1 else POS + ["awful"] * 6
+    jobs = world["c"].get("/v1/jobs", headers=W).json()
+    r = world["c"].post("/v1/lm/steers", headers=W, json={"name": "short", "texts": texts,
+                                                          "labels": [1] * 6 + [-1] * 6})
+    assert r.status_code == 422, r.text
+    assert f"no {side:+d} text has two or more tokens" in r.json()["error"]["message"]
+    assert world["c"].get("/v1/jobs", headers=W).json() == jobs
+    # one longer text on that side is enough
+    texts[0 if side == 1 else -1] = "good film" if side == 1 else "awful film"
+    r = world["c"].post("/v1/lm/steers", headers=W, json={"name": "short", "texts": texts,
+                                                          "labels": [1] * 6 + [-1] * 6, "steps": 2})
+    assert r.status_code == 202, r.text
+    assert wait(world["c"], r.json()["id"])["state"] == "succeeded"
+
+
 def test_steer_of_an_embedding_space_is_422(world):
     rng = np.random.default_rng(0)
     world["reg"].register_steer("emb", Steer(rng.normal(size=(16, 2)), rng.normal(size=(16, 2))), space="e16")
