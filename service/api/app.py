@@ -98,6 +98,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "data_dir": str(s.data_dir), "registry": state.registry.backend if state.registry else "unavailable",
             "indexes": len(state.indexes.names()),  # on disk; loading in the background (/readyz)
             "auth": "disabled" if s.auth_disabled else f"{len(s.api_keys)} key(s)"}})
+        if s.auth_disabled and s.api_keys:  # both set: the keys are not checked, say so rather than look guarded
+            _log.warning("auth_disabled is set: the configured API keys are ignored and every route is open",
+                         extra={"fields": {"ignored": len(s.api_keys)}})
         retry = None
         if state.registry is None:  # its database is down: serve /healthz and a /readyz saying why, and retry
             retry = asyncio.create_task(_reconnect(state))

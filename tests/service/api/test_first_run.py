@@ -68,3 +68,21 @@ def test_an_unusable_local_key_file_is_one_line_and_exit_2(tmp_path):
                         str(free_port())], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "holds no usable key" in r.stderr and "internal error" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("keys", [{}, {"k" * 40: ["read"]}])
+def test_auth_disabled_beside_configured_keys_is_said_at_start(tmp_path, capsys, keys):
+    """auth_disabled with API keys configured: the keys are not checked; the start says so instead of looking
+    guarded (and an explicit auth_disabled without keys says nothing more)."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    s = Settings(data_dir=tmp_path / "var", demo_on_empty=False, auth_disabled=True, api_keys=keys)
+    with TestClient(create_app(s), base_url="http://localhost") as c:  # auth off: loopback Host names only
+        assert c.get("/v1/maps").status_code == 200  # open: no key sent
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    warned = [r for r in lines if "API keys are ignored" in r["msg"]]
+    assert [(r["level"], r.get("ignored")) for r in warned] == ([("WARNING", 1)] if keys else [])
