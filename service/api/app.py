@@ -241,6 +241,7 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
 
     s = settings or get_settings()
     _check_data_dir(s)
+    plain = s
     s, key_file = ensure_local_key(s)
     if key_file is not None:
         print(f"vecbridge: no API keys configured, so a local read+write key is in {key_file} (mode 0600, kept "
@@ -258,7 +259,7 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     server = {"host": s.host, "port": s.port, "log_level": s.log_level.lower(), "access_log": False,  # 1 or N
               "log_config": None, "http": SlowClientProtocol, "timeout_graceful_shutdown": s.shutdown_timeout_s}
     if workers > 1:
-        _pass_to_workers(s)
+        _pass_to_workers(plain)  # not the local key: each worker reads it from its file, it stays out of environments
         get_settings.cache_clear()
         with _metrics_folder():
             uvicorn.run("service.api.app:worker_app", factory=True, workers=workers, **server)
@@ -344,9 +345,11 @@ def _check_data_dir(s: Settings) -> None:
 
 def worker_app() -> FastAPI:
     """The app of one ``serve --workers N`` process (uvicorn's factory): JSON logs for uvicorn's lines in this
-    process too, then :func:`create_app` with the settings the parent passed on as ``VECBRIDGE_*`` variables."""
-    configure_logging(get_settings().log_level, server=True)
-    return create_app()
+    process too, then :func:`create_app` with the settings the parent passed on as ``VECBRIDGE_*`` variables (and the
+    local key, read from its file as the parent did: a secret kept out of the environment, as a ``_FILE`` setting)."""
+    s, key_file = ensure_local_key(get_settings())  # the parent made the file; without one: the environment's
+    configure_logging(s.log_level, server=True)
+    return create_app(s if key_file is not None else None)
 
 
 def _run(config) -> tuple[bool, str | None]:

@@ -31,12 +31,25 @@ def test_local_key_is_made_once_private_and_reused(tmp_path):
         assert ensure_local_key(other)[1] is None
 
 
-def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path):
+def _environ(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/environ").read_bytes()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path, workers):
+    """One process or ``--workers 2``: the key is in its file, said where, and never put in a process's environment
+    (with workers it was passed on as VECBRIDGE_API_KEYS, readable in every worker's /proc/PID/environ and inherited
+    by whatever they start)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
     env.update(PYTHONPATH=str(ROOT), VECBRIDGE_DEMO_ON_EMPTY="false")
     proc = subprocess.Popen([sys.executable, "-c", "from service.cli import main; main()", "serve", "--data-dir",
-                             str(tmp_path / "var"), "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+                             str(tmp_path / "var"), "--port", str(port), "--workers", str(workers)], env=env,
+                            stderr=subprocess.PIPE, text=True)
     try:
         first = proc.stderr.readline()
         key_file = tmp_path / "var" / "local-key"
@@ -44,8 +57,13 @@ def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, timeout=60, proc=proc)
         assert httpx.get(base + "/v1/info").status_code == 401
-        r = httpx.get(base + "/v1/info", headers={"Authorization": f"Bearer {key_file.read_text().strip()}"})
-        assert r.status_code == 200
+        key = key_file.read_text().strip()
+        for _ in range(4):  # with workers: answered by either
+            r = httpx.get(base + "/v1/info", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200
+        pids = [proc.pid, *_children(proc.pid)]
+        assert len(pids) >= 1 + (workers if workers > 1 else 0)  # uvicorn's supervisor starts the workers
+        assert not [p for p in pids if key.encode() in _environ(p)]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
