@@ -213,7 +213,7 @@ def test_a_request_stuck_behind_another_sessions_lock_is_a_503_after_the_stateme
         t0 = time.monotonic()
         r = httpx.post(f"{url}/v1/maps/m/transform", headers=R, json={"vectors": X[:2].tolist()}, timeout=30)
         assert r.status_code == 503 and "did not answer within 3 s" in r.text, r.text
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 5.9  # one statement timeout and a loaded machine's overhead; run twice: >= 6 s
         locker.rollback()
         r = httpx.put(f"{url}/v1/maps/m/aliases/prod", headers=W, json={"version": 1}, timeout=30)
         assert r.status_code == 200, r.text

@@ -65,7 +65,10 @@ while not (data.parent / "stop").exists():
 def committed(log: Path) -> tuple[int, int]:
     """(rows, latest version) the writer had acknowledged when ``log`` was read."""
     rows, version = 0, 1
-    for line in log.read_text().splitlines() if log.exists() else []:
+    text = log.read_text() if log.exists() else ""
+    # a line is the writer's once its newline is there: a read can land inside its append (a write crossing a page
+    # boundary is copied a page at a time), and "rows 15" of "rows 1584" would be read as 15 rows
+    for line in text[: text.rfind("\n") + 1].splitlines():
         parts = line.split()
         rows = int(parts[1])
         if len(parts) == 4:

@@ -206,7 +206,8 @@ def test_move_alias_needs_write_key(server, browser):
     msg.filter(has_text="now points at version 2").wait_for()
     with httpx.Client(base_url=server["base"]) as c:
         assert c.get("/v1/maps/minilm-e5@prod", headers=W).json()["resolved"]["version"] == 2
-    assert "prod→2" in t.page.locator("#maps").inner_text()
+    # moveAlias() says "now points at version 2", then fetches /v1/maps again: the table follows a moment later
+    t.page.locator("#maps", has_text="prod→2").wait_for()
     sel = t.page.locator("#selection")  # version 2 was fitted with method auto: its candidates' held-out scores
     sel.wait_for()
     assert {"procrustes", "ridge", "lowrank"} <= {r.split()[0] for r in sel.locator("tbody th").all_inner_texts()}

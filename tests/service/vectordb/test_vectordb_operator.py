@@ -112,13 +112,15 @@ def test_a_second_run_of_a_running_migration_is_refused_and_a_killed_one_resumes
     args = ["--data-dir", str(tmp_path), "migrate", "--store", pg_url, "--source", "o_src", "--target", "o_dst",
             "--map", str(tmp_path / "m.npz"), "--checkpoint", str(ck), "--batch-size", "20", "--quiet"]
     root = Path(__file__).resolve().parents[3]
-    first = subprocess.Popen([sys.executable, "-m", "service.cli", *args, "--pause", "0.3"], cwd=root,
+    first = subprocess.Popen([sys.executable, "-m", "service.cli", *args, "--pause", "1.0"], cwd=root,
                              env={**os.environ, "PYTHONPATH": str(root)}, stderr=subprocess.PIPE)
     try:
         t0 = time.time()
         while not (ck.exists() and json.loads(ck.read_text())["done"] >= 40):
             assert first.poll() is None and time.time() - t0 < 60, first.stderr.read() if first.stderr else ""
             time.sleep(0.05)
+        # the first run must still hold its lock here: 8 batches x --pause 1.0 left (~8 s), not 8 x 0.3 (2.4 s, which a
+        # loaded machine could spend between the check above and this second run reaching the lock); it is killed below
         assert main(args) == 2
         err = capsys.readouterr().err
         assert f"another run of this migration is writing now (pid {first.pid}" in err and len(err.splitlines()) == 1
