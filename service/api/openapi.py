@@ -17,6 +17,7 @@ The embeddings and LM examples need the encoders / language model installed.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = ["EXAMPLES", "json_body", "examples"]
@@ -24,6 +25,14 @@ __all__ = ["EXAMPLES", "json_body", "examples"]
 _A = [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0],
       [0.6, 0.8, 0.0, 0.0], [0.0, 0.0, 0.8, 0.6], [0.5, 0.5, 0.5, 0.5], [0.9, 0.0, 0.1, 0.4]]
 _B = [[r[1], r[0], r[3], r[2]] for r in _A]  # toy-b = toy-a with coordinates swapped pairwise
+# a plan needs a probe of at least 50 pairs (the 8 rows above were a 422): 64 spread toy-a rows and their swaps
+_PROBE_A = [[round(math.cos(i), 3), round(math.sin(i), 3), round(math.cos(2.1 * i), 3), round(math.sin(1.7 * i), 3)]
+            for i in range(64)]
+_PROBE_B = [[r[1], r[0], r[3], r[2]] for r in _PROBE_A]
+# a fit from texts embeds them in the job; the same texts on both sides make the pairs (an unsupervised fit needs
+# thousands of texts, more than an example can hold: two per side failed with TooFewRowsError)
+_TEXTS = ["a cat sits on the mat", "stocks fell sharply", "the weather is mild", "a dog chases a ball",
+          "she plays the violin", "the train was late", "rain is expected tomorrow", "he cooks pasta at night"]
 
 
 def _ex(summary: str, value: Any) -> dict:
@@ -41,10 +50,10 @@ EXAMPLES: dict[str, dict[str, dict]] = {
         "toy": _ex("Paired Procrustes fit toy-a -> toy-b (toy-b is registered from the data)", {
             "name": "toy-a2b", "source_space": "toy-a", "target_space": "toy-b", "method": "procrustes",
             "paired": True, "source": {"vectors": _A}, "target": {"vectors": _B}, "random_state": 0}),
-        "texts": _ex("Unsupervised fit from texts, embedded in the job by each space's encoder", {
-            "name": "minilm-e5", "source_space": "minilm", "target_space": "e5", "method": "minivec2vec",
-            "source": {"texts": ["a cat sits on the mat", "stocks fell sharply"], "encoder": "all-MiniLM-L6-v2"},
-            "target": {"texts": ["the weather is mild", "a dog chases a ball"], "encoder": "multilingual-e5-small"}}),
+        "texts": _ex("Paired fit from texts: the same texts, embedded in the job by each space's encoder", {
+            "name": "minilm-e5", "source_space": "minilm", "target_space": "e5", "method": "procrustes",
+            "paired": True, "source": {"texts": _TEXTS, "encoder": "all-MiniLM-L6-v2"},
+            "target": {"texts": _TEXTS, "encoder": "multilingual-e5-small"}}),
     },
     "create_migration": {
         "migrate": _ex("Migrate a collection of the service's vector database through a map, then switch an alias", {
@@ -61,9 +70,9 @@ EXAMPLES: dict[str, dict[str, dict]] = {
     },
     "search_collection": {"toy": _ex("New-model queries against a collection still in the old model's space", {
         "vectors": [[0.1, 0.9, 0.0, 0.0]], "space": "toy-b", "k": 3})},
-    "create_plan": {"b64": _ex("Old corpus and a paired probe as base64 float32 (shapes abbreviated here)", {
+    "create_plan": {"b64": _ex("An old corpus as base64 float32 and a paired probe of 64 rows (toy-a / toy-b)", {
         "old": {"vectors_b64": "AACAPwAAAAAAAAAAAAAAAJqZGT/NzEw/AAAAAAAAAAA=", "dim": 4},
-        "probe_source": {"vectors": _A}, "probe_target": {"vectors": _B}, "target_retention": 0.95,
+        "probe_source": {"vectors": _PROBE_A}, "probe_target": {"vectors": _PROBE_B}, "target_retention": 0.95,
         "random_state": 0})},
     "evaluate_map": {"labelled": _ex("Held-out pairs, two labelled queries and a gate", {
         "source": {"vectors": _A}, "target": {"vectors": _B},

@@ -324,7 +324,9 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 @click.option("--rows", default=None)
 @click.option("--key", default=None)
 @click.option("--column", default=None)
-@click.option("--encoder", default=None, help="Embed a text input first.")
+@click.option("--encoder", default=None,
+              help="For a text INP: the map's source space's encoder (the default; another model is refused), or "
+                   "the encoder of a space that has none registered.")
 @json_opt
 @quiet_opt
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
@@ -332,8 +334,8 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                    "float32 rounding.")
 @click.pass_obj
 def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet, ray_address):
-    """Map the rows of INP (.npy, .npz, .fvecs, .parquet; texts .txt / .jsonl / .json with --encoder) into OUT
-    (.npy, .fvecs or .parquet), in chunks: files may exceed memory."""
+    """Map the rows of INP (.npy, .npz, .fvecs, .parquet; texts .txt / .jsonl / .json embedded with the source
+    space's encoder) into OUT (.npy, .fvecs or .parquet), in chunks: files may exceed memory."""
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         with ray_logs(quiet or as_json):

@@ -25,6 +25,7 @@ def registry():
 @click.option("--json", "as_json", is_flag=True, help="Every map with every version and its lineage.")
 @click.pass_obj
 def registry_list(obj: Ctx, as_json):
+    """Every map: spaces, latest version, live/all versions, aliases, the version paths use, unreliable ones."""
     reg = obj.registry
     maps = reg.list_maps()
     if as_json:
@@ -72,7 +73,7 @@ alias_command(registry, "Point NAME@ALIAS at VERSION (or --delete it); a bare NA
 @click.option("--delete", is_flag=True)
 @click.pass_obj
 def registry_tag(obj: Ctx, name, version, key, value, delete):
-    """Set (or --delete) tag KEY on NAME:VERSION."""
+    """Set tag KEY of map NAME's version VERSION to VALUE (or --delete it): `registry tag minilm-e5 2 owner me`."""
     if delete:
         obj.registry.delete_tag(name, version, key)
         click.echo(f"deleted tag {key} of {name}:{version}")
@@ -88,7 +89,7 @@ def registry_tag(obj: Ctx, name, version, key, value, delete):
 @click.argument("version", type=int)
 @click.pass_obj
 def registry_delete(obj: Ctx, name, version):
-    """Soft-delete NAME:VERSION (kept for lineage; no longer resolves)."""
+    """Soft-delete version VERSION of map NAME (kept for lineage; no longer resolves): `registry delete minilm-e5 2`."""
     obj.registry.delete_version(name, version)
     click.echo(f"deleted {name}:{version}")
 

@@ -37,7 +37,8 @@ def steer():
 @click.option("--encoder", default=None, help="Encoder for --texts (default: the space's).")
 @click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per row.")
 @click.option("--name", required=True)
-@click.option("--rank", type=int, default=None, help="Rank of W (default 16).")
+@click.option("--rank", type=int, default=None,
+              help="Rank of W for --method lm-steer (default 16); a local steer is rank 1, a mean-shift has no W.")
 @click.option("--method", type=click.Choice(["local", "lm-steer", "mean-shift"]), default=None,
               help="Fit method  [default: local]")
 @click.option("--param", "params", multiple=True, help="KEY=VALUE fit parameter (JSON values), repeatable.")
@@ -63,6 +64,9 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, labels, name, rank, meth
             raise click.UsageError(f"--{key} {opt} and --param {key}={params[key]} disagree; give it once")
     params = {**params, "method": method or params.get("method", "local"),
               **({"rank": rank} if rank is not None else {})}
+    if "rank" in params and params["method"] != "lm-steer":  # the fit ignored it: a rank-1 steer for --rank 8
+        raise click.UsageError(f"--rank (or --param rank) applies to --method lm-steer only; a "
+                               f"{params['method']} steer {'is rank 1' if params['method'] == 'local' else 'has no W'}")
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         v = embed_and_register(reg, get_encoder, space=space, X=X, texts=items if X is None else None, encoder=encoder,

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     settings = get_settings()
-    if args.store is None:
+    if args.cmd == "migrate" and args.store is None:  # `status` reads its checkpoint file only: it has no --store
         args.store = settings.vectordb_url
         if not args.store:
             ap.error("give --store, or set VECBRIDGE_VECTORDB_URL")

@@ -64,6 +64,7 @@ POST /v1/indexes/toy-b-docs/search          toy
 POST /v1/indexes/toy-b-docs/delete          toy
 POST /v1/steers                             toy
 POST /v1/steers/toy-up/apply                toy
+POST /v1/plans                              b64
 """
 
 
@@ -120,3 +121,24 @@ def test_toy_examples_run_in_order(app_client):
     assert ev["result"] == "PASS" and ev["retrieval"]["labelled"]["retention"]["R@1"] == 1.0  # the swap is exact
     hits = answers[("/v1/indexes/{name}/search", "toy")]["results"]
     assert [row[0]["id"] for row in hits] == [1, 3]  # toy-a e1 -> toy-b row 1, e3 -> row 3
+
+
+def test_the_fit_from_texts_example_runs(app_client):
+    """The `texts` example of POST /v1/fits was an unsupervised fit of two texts per side: its job always failed
+    (TooFewRowsError: k-means anchors need 20 rows). It is a paired fit of the same texts embedded by each space's
+    encoder now, and runs after the `encoder` space example, as /docs shows them."""
+    from service.encoders import list_encoders
+
+    pytest.importorskip("sentence_transformers")
+    installed = {e["name"] for e in list_encoders() if e["installed"]}
+    if not {"all-MiniLM-L6-v2", "multilingual-e5-small"} <= installed:
+        pytest.skip("the example embeds with all-MiniLM-L6-v2 and multilingual-e5-small")
+    c, doc = app_client
+    space = _examples(doc, "post", "/v1/spaces")["encoder"]["value"]
+    assert c.post("/v1/spaces", json=space, headers=W).status_code < 300
+    assert c.post("/v1/spaces", json={"name": "e5", "encoder": "multilingual-e5-small"}, headers=W).status_code < 300
+    r = c.post("/v1/fits", json=_examples(doc, "post", "/v1/fits")["texts"]["value"], headers=W)
+    assert r.status_code == 202, r.text
+    job = wait_job(http_job(c, W), r.json()["id"], timeout=300.0)
+    assert job["state"] == "succeeded", job
+    assert job["result"]["version"]["metrics"]["reliable"] is True

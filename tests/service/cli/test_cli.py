@@ -87,6 +87,39 @@ def test_transform_streams_in_chunks(capsys, data, out_name):
     assert code == 0 and read_vectors(data / "o.npy").shape == (10, 16)
 
 
+def test_transform_embeds_texts_with_the_source_space_encoder_only(capsys, tmp_path):
+    """`transform --encoder multilingual-e5-small` through a map from `minilm` (embedded by all-MiniLM-L6-v2) mapped
+    e5 vectors as if they were MiniLM's (same width) and exit 0: rows that find nothing. Another model is refused
+    now, as `index create` refuses it, and without --encoder the source space's own encoder embeds the texts
+    (it was an error asking for one)."""
+    from service.encoders import list_encoders
+    from service.registry import open_registry
+
+    pytest.importorskip("sentence_transformers")
+    installed = {e["name"] for e in list_encoders() if e["installed"]}
+    if not {"all-MiniLM-L6-v2", "multilingual-e5-small"} <= installed:
+        pytest.skip("needs the all-MiniLM-L6-v2 and multilingual-e5-small encoders")
+    var = tmp_path / "var"
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    reg.register_space("minilm", 384, encoder="all-MiniLM-L6-v2")
+    reg.register_space("e5", 384, encoder="multilingual-e5-small")
+    reg.register_version("m", align.LinearMap(np.eye(384)), source_space="minilm", target_space="e5",
+                         method="identity", params={})
+    (tmp_path / "t.txt").write_text("a cat sits on the mat\nstocks fell sharply\n")
+    code, _, err = run(capsys, "--data-dir", var, "transform", "--map", "m", tmp_path / "t.txt", tmp_path / "o.npy",
+                       "--encoder", "multilingual-e5-small", "--quiet")
+    assert code == 2 and "embedded by 'all-MiniLM-L6-v2'" in err and not (tmp_path / "o.npy").exists()
+    code, _, err = run(capsys, "--data-dir", var, "transform", "--map", "m", tmp_path / "t.txt", tmp_path / "o.npy",
+                       "--quiet")
+    assert code == 0, err
+    code, _, err = run(capsys, "--data-dir", var, "transform", "--map", "m", tmp_path / "t.txt", tmp_path / "p.npy",
+                       "--encoder", "minilm", "--quiet")  # the same model by its short name: accepted
+    assert code == 0, err
+    native = read_vectors(tmp_path / "t.txt", encoder="all-MiniLM-L6-v2")
+    np.testing.assert_allclose(read_vectors(tmp_path / "o.npy"), native, atol=1e-5)
+    np.testing.assert_allclose(read_vectors(tmp_path / "p.npy"), native, atol=1e-5)
+
+
 def test_registry_commands(capsys, data, tmp_path):
     assert fit_pairs(capsys, data)[0] == 0
     assert fit_pairs(capsys, data, "--format", "npz")[0] == 0

@@ -68,6 +68,22 @@ def test_method_given_as_a_param_is_used_and_a_conflict_is_refused(fitted):
     assert "disagree" in p.stderr
 
 
+def test_rank_without_lm_steer_is_refused(fitted):
+    """`steer fit --rank 8` (help: "Rank of W (default 16)") with the default method registered a rank-1 local steer
+    and exit 0: the local method ignores the rank. Only lm-steer takes one; elsewhere it is a usage error."""
+    d, _, _, _ = fitted
+    for method in ("local", "mean-shift"):
+        p = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
+               d / "y.npy", "--name", "ranked", "--rank", 8, "--method", method, "--quiet", check_code=2)
+        assert "applies to --method lm-steer only" in p.stderr
+    p = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
+           d / "y.npy", "--name", "ranked", "--param", "rank=8", "--quiet", check_code=2)
+    assert "is rank 1" in p.stderr
+    out = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
+             d / "y.npy", "--name", "ranked", "--json", "--quiet")
+    assert json.loads(out.stdout)["rank"] == 1  # the default method, no --rank: as before
+
+
 def test_apply_eps_zero_identity_and_positive(fitted):
     d, X, _, _ = fitted
     vb("--data-dir", d / "var", "steer", "apply", "--steer", "attr@prod", "--eps", 0, d / "X.npy", d / "same.npy")

@@ -7,6 +7,8 @@ quality checks (that is ``test_vectordb_engines.py``).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from _servers import free_port
@@ -21,6 +23,7 @@ from service.vectordb import (
     open_store,
 )
 from service.vectordb.__main__ import main as vectordb_main
+from service.vectordb.checkpoint import FileCheckpoint
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,21 @@ def test_an_unreachable_server_is_one_error_of_its_kind(url, tmp_path, capsys):
     rc = vectordb_main(["migrate", "--store", url, "--source", "a", "--target", "b", "--map", "m.npz",
                         "--checkpoint", str(tmp_path / "ck.json")])
     assert rc == 2 and "cannot connect" in capsys.readouterr().err  # exit 2 (act on it), not 3 (a bug)
+
+
+def test_status_reads_the_checkpoint_without_a_store(tmp_path, capsys, monkeypatch):
+    """`python -m service.vectordb status --checkpoint FILE` crashed with a traceback (AttributeError: the status
+    command has no --store, yet main() read args.store before looking at the command), with or without
+    VECBRIDGE_VECTORDB_URL; it prints what the checkpoint says."""
+    monkeypatch.delenv("VECBRIDGE_VECTORDB_URL", raising=False)
+    ck = tmp_path / "ck.json"
+    FileCheckpoint(ck).save({"source": "a", "target": "b", "map_fingerprint": "f", "done": 5, "total": 10,
+                             "last_id": 4})
+    assert vectordb_main(["status", "--checkpoint", str(ck)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["source"], out["done"], out["total"], out["fraction"]) == ("a", 5, 10, 0.5)
+    assert vectordb_main(["status", "--checkpoint", str(tmp_path / "none.json")]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
 
 
 def test_milvus_lite_file_in_a_new_folder_is_created(tmp_path):
