@@ -214,6 +214,16 @@ def canonical_name(name: str) -> str:
     return key
 
 
+def space_encoder(space: str, registered: str | None, encoder: str | None) -> str | None:
+    """The encoder that embeds texts for ``space``: ``registered`` (the space's), which ``encoder`` must name too
+    when given (InputError otherwise: another model's vectors of the same width would be taken for the space's
+    and find nothing), else ``encoder``; None when neither is known."""
+    if registered and encoder and canonical_name(encoder) != canonical_name(registered):
+        raise InputError(f"space {space!r} is embedded by {registered!r}; texts embedded by {encoder!r} would not "
+                         f"be comparable with its vectors (omit the encoder to use the space's)")
+    return encoder or registered
+
+
 def canonical_names(names) -> list[str]:
     """``names`` (names or short aliases) canonical, each once, in order; UnknownEncoderError for an unknown one."""
     return list(dict.fromkeys(canonical_name(n) for n in names))

@@ -24,10 +24,10 @@ from tqdm import tqdm
 from align.exceptions import InputError, PairCountError
 
 from ..config import load_settings
-from ..encoders import canonical_name
-from ..io import check_file, load_npy, read_vectors
+from ..encoders import canonical_name, space_encoder
+from ..io import check_file, is_text_path, load_npy, read_vectors
 from ..limits import MAX_SEED
-from ..registry import open_registry
+from ..registry import NotFoundError, open_registry
 from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "emit", "version_record", "progress_bar", "parse_kv", "space_name", "input_opts",
@@ -147,6 +147,18 @@ def space_name(path: str, encoder: str | None, given: str | None) -> str:
     if encoder:
         return canonical_name(encoder)
     return re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem).lstrip(".-") or "space"
+
+
+def check_text_encoder(registry, path: str, space: str, encoder: str | None) -> None:
+    """Before any text is embedded: a text input's ``encoder`` must be the model of ``space`` when that space is
+    registered with one (InputError otherwise: :func:`service.encoders.space_encoder`)."""
+    if not encoder or not is_text_path(path):
+        return
+    try:
+        info = registry.get_space(space)
+    except NotFoundError:
+        return
+    space_encoder(space, info.encoder, encoder)
 
 
 def _stack(*opts):

@@ -23,8 +23,9 @@ from ..io import read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write, check_writable
-from ._common import (Ctx, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar, quiet_opt, ray_logs,
-                      random_state_opt, read_pair, read_relevant, read_seed_pairs, space_name, version_record)
+from ._common import (Ctx, check_text_encoder, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar,
+                      quiet_opt, ray_logs, random_state_opt, read_pair, read_relevant, read_seed_pairs, space_name,
+                      version_record)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
@@ -81,6 +82,10 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", VecbridgeWarning)
         try:
+            source_space = space_name(io_opts["source"], io_opts["source_encoder"], source_space)
+            target_space = space_name(io_opts["target"], io_opts["target_encoder"], target_space)
+            for side, space in (("source", source_space), ("target", target_space)):
+                check_text_encoder(obj.registry, io_opts[side], space, io_opts[f"{side}_encoder"])
             X, Y, inputs = read_pair(io_opts, progress)
             seeds = None
             if seed_pairs is not None:
@@ -90,8 +95,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                 inputs["seed_pairs"] = {"path": str(Path(seed_pairs).resolve()), "n": int(seeds[0].size)}
             with ray_logs(quiet or as_json):
                 v = run_fit(obj.registry, name=name, source=X, target=Y, method=method, params=parse_kv(params),
-                            source_space=space_name(io_opts["source"], io_opts["source_encoder"], source_space),
-                            target_space=space_name(io_opts["target"], io_opts["target_encoder"], target_space),
+                            source_space=source_space, target_space=target_space,
                             paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias,
                             progress=progress, description=description, tags=parse_kv(tags, "tag"), inputs=inputs,
                             artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,

@@ -18,7 +18,7 @@ import align
 from align.exceptions import DimensionMismatchError, InputError
 from align.validation import as_matrix
 
-from ..encoders import UnknownEncoderError
+from ..encoders import UnknownEncoderError, space_encoder
 from ..progress import Progress, silent
 from ..registry import NotFoundError
 
@@ -49,13 +49,14 @@ class FitSide:
 def fit_side(registry, load_encoder: Callable, *, space: str, label: str, X: np.ndarray | None = None,
              texts: list[str] | None = None, encoder: str | None = None) -> FitSide:
     """Check one side against its space: vectors of the space's width, or texts with a known encoder
-    (default: the space's; an unknown one raises UnknownEncoderError now rather than in the job)."""
+    (default: the space's, and another model is refused; an unknown one raises UnknownEncoderError now rather than
+    in the job)."""
     try:
         info = registry.get_space(space)
     except NotFoundError:
         info = None
     if texts is not None:
-        encoder = encoder or (info.encoder if info else None)
+        encoder = space_encoder(space, info.encoder if info else None, encoder)
         if not encoder:
             raise InputError(f"{label}: give an `encoder` for the texts (space {space!r} has none registered)")
         load_encoder(encoder)

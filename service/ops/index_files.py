@@ -32,7 +32,7 @@ import numpy as np
 
 from align.exceptions import DimensionMismatchError, InputError
 
-from ..encoders import canonical_name, get_encoder
+from ..encoders import get_encoder, space_encoder
 from ..indexes import IndexStore, SpaceIndex, choose_kind
 from ..indexes.kinds import ids_array
 from ..io import (
@@ -85,9 +85,7 @@ def passage_encoder(resolver: Resolver, space: str, dim: int, encoder: str | Non
     model (InputError: another model's vectors would be searched as if they were the space's), or is used for
     a space without a registered one (its width must be ``dim``)."""
     info = resolver.get_space(space)
-    if info.encoder and encoder and canonical_name(encoder) != canonical_name(info.encoder):
-        raise InputError(f"space {space!r} is embedded by {info.encoder!r}; texts embedded by {encoder!r} would "
-                         f"not be comparable with its rows (omit --encoder to use the space's)")
+    space_encoder(space, info.encoder, encoder)
     if info.encoder or not encoder:
         return resolver.encoder_for_space(space)[0]  # UnknownEncoderError when the space has none
     enc = get_encoder(encoder)

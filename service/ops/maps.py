@@ -26,7 +26,7 @@ from align.validation import as_matrix
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 from align.frames import unit_rows
 
-from ..encoders import canonical_name
+from ..encoders import space_encoder
 from ..io import (ChunkWriter, count_rows, is_text_path, iter_chunks, parse_rows, resolve_rows,
                   sha256_array)
 from ..progress import Progress, Stages, silent
@@ -517,18 +517,6 @@ def report_html(registry, name: str, version: int) -> bytes:
 
 
 # --- files, transformed -----------------------------------------------------------------------------
-def _source_encoder(registry, v: VersionInfo, encoder: str | None) -> str | None:
-    """The encoder that embeds texts for map ``v``: its source space's registered one (``encoder`` must name the
-    same model: another model's vectors of the same width were mapped without a word, into rows that find nothing),
-    or ``encoder`` for a space without one; None when neither (reading the texts then says to name one)."""
-    registered = registry.get_space(v.source_space).encoder
-    if registered and encoder and canonical_name(encoder) != canonical_name(registered):
-        raise InputError(f"map {v.ref} maps space {v.source_space!r}, embedded by {registered!r}; texts embedded "
-                         f"by {encoder!r} would be mapped as if they were its vectors (omit --encoder to use the "
-                         f"space's)")
-    return encoder or registered
-
-
 def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, output: str = "raw", rows=None,
                    key: str | None = None, column: str | None = None, encoder: str | None = None,
                    ray_address: str | None = None, progress: Progress | None = None) -> dict:
@@ -541,8 +529,8 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     """
     v = registry.resolve(ref)
     m = registry.load_map(v)
-    if is_text_path(inp):
-        encoder = _source_encoder(registry, v, encoder)
+    if is_text_path(inp):  # the source space's encoder, or None (reading the texts then says to name one)
+        encoder = space_encoder(v.source_space, registry.get_space(v.source_space).encoder, encoder)
     total = count_rows(inp, key=key, column=column)
     r = parse_rows(rows)
     if r is not None:

@@ -174,6 +174,11 @@ def test_http_fit_validation_before_queueing(tmp_path):
         r = c.post("/v1/fits", headers=W, json={**base, "source": {"texts": ["x"], "encoder": "no-such-model"},
                                                 "target": {"vectors": [[0.0] * 12]}})
         assert r.status_code == 404 and "unknown encoder" in r.json()["error"]["message"]
+        # texts embedded by another model than the space's (same width): its vectors were taken for the space's
+        app.state.vb.registry.register_space("txt", 384, encoder="all-MiniLM-L6-v2")
+        r = c.post("/v1/fits", headers=W, json={**base, "source_space": "txt", "source": {
+            "texts": ["x"], "encoder": "multilingual-e5-small"}, "target": {"vectors": [[0.0] * 12]}})
+        assert r.status_code == 422 and "space 'txt' is embedded by 'all-MiniLM-L6-v2'" in r.json()["error"]["message"]
         r = c.post("/v1/fits", headers=R, json={**base, "source": {}, "target": {}})
         assert r.status_code == 403
         assert c.get("/v1/jobs", headers=R).json()["data"] == []

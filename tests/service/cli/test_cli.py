@@ -120,6 +120,25 @@ def test_transform_embeds_texts_with_the_source_space_encoder_only(capsys, tmp_p
     np.testing.assert_allclose(read_vectors(tmp_path / "p.npy"), native, atol=1e-5)
 
 
+def test_fit_texts_with_another_model_than_the_space_is_refused_before_embedding(capsys, tmp_path):
+    """`fit --source-encoder multilingual-e5-small --source-space minilm` (a space embedded by all-MiniLM-L6-v2, same
+    width) embedded the texts with e5 and registered a map of space minilm fitted on e5 vectors. Refused now, before
+    any text is embedded (no model is loaded: the encoders need not be installed)."""
+    from service.registry import open_registry
+
+    var = tmp_path / "var"
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    reg.register_space("minilm", 384, encoder="all-MiniLM-L6-v2")
+    reg.close()
+    (tmp_path / "t.txt").write_text("a cat sits on the mat\nstocks fell sharply\n")
+    np.save(tmp_path / "y.npy", np.eye(2, 8, dtype=np.float32))
+    code, _, err = run(capsys, "--data-dir", var, "fit", "--method", "procrustes", "--name", "m", "--source",
+                       tmp_path / "t.txt", "--source-encoder", "multilingual-e5-small", "--source-space", "minilm",
+                       "--target", tmp_path / "y.npy", "--quiet")
+    assert code == 2 and "space 'minilm' is embedded by 'all-MiniLM-L6-v2'" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_registry_commands(capsys, data, tmp_path):
     assert fit_pairs(capsys, data)[0] == 0
     assert fit_pairs(capsys, data, "--format", "npz")[0] == 0
