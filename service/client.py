@@ -37,7 +37,7 @@ Errors: a 4xx/5xx answer raises the :class:`APIError` subclass of its status, ca
      +-- QueueFullError              429  .retry_after seconds
      +-- ServerError                 5xx
      |    +-- ServiceUnavailableError     503  registry or language model not ready
-     +-- UnexpectedResponseError     an answer that is not the API's (a proxy's page, a cut body)
+     +-- UnexpectedResponseError     an answer that is not the API's (a proxy's page, a cut body, a redirect)
     APIConnectionError (VecbridgeError, httpx.TransportError)   no answer: refused, reset, server gone
      +-- APITimeoutError         no answer within ``timeout``
     JobError                    :meth:`Client.wait` on a job that failed or was cancelled: .job
@@ -456,7 +456,7 @@ class APICalls(SteerCalls, Calls):
         """Search a collection of the service's vector database with ``queries`` (n, d) or ``texts`` of ``space``,
         mapped into the collection's space (``POST /v1/collections/{name}/search``): ``results``, ``maps``."""
         body = clean({"space": space, "k": k, "map": map, "collection_space": collection_space,
-                      "texts": None if texts is None else list(texts), **({} if queries is None else b64(queries))})
+                      "texts": as_list(texts), **({} if queries is None else b64(queries))})
         return (yield from self._json("POST", f"/v1/collections/{_seg(name)}/search", json=body, retry=True))
 
     @call
@@ -526,13 +526,14 @@ class APICalls(SteerCalls, Calls):
     @call
     def embed(self, texts: Sequence[str], model: str, *, target_space: str | None = None,
               map: str | Sequence[str] | None = None, input_type: str = "passage", with_versions: bool = False):
-        """Embed ``texts`` with an installed encoder: (n, d) float32, optionally translated into ``target_space``.
+        """Embed ``texts`` with an installed encoder: (n, d) float32, optionally translated into ``target_space``
+        (one string: (1, d), as the service embeds it).
 
         ``map`` (with ``target_space``): a map or a path (list) of maps to use instead of the registry's path. Texts
         sent in several batches (the service's limits) all go through the map versions the first batch used;
         ``with_versions=True`` returns ``(E, ["name:version", ...])``, that path of versions (empty: no map).
         """
-        texts = list(texts)
+        texts = as_list(texts)
         pin = {"map": map}  # batches after the first: the versions it used (client_wire.pinned)
         path: list[list[str]] = []
 

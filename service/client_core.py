@@ -44,6 +44,7 @@ from .client_errors import (
     PermissionDeniedError,
     UnexpectedResponseError,
     error_from_response,
+    redirected,
     unexpected,
 )
 from .client_wire import dumps, spans
@@ -194,7 +195,8 @@ class Calls:
     def request(self, method: str, path: str, *, retry: bool | None = None, ok: Sequence[int] = (),
                 **kw) -> httpx.Response:
         """Send one request; an error answer (status >= 400 and not in ``ok``) raises its :class:`APIError`
-        subclass, no answer :class:`APIConnectionError` / :class:`APITimeoutError`.
+        subclass, no answer :class:`APIConnectionError` / :class:`APITimeoutError`, a redirect (3xx not in ``ok``:
+        never followed) :class:`UnexpectedResponseError` naming its ``Location``.
 
         ``json=`` bodies may hold numpy numbers and arrays. ``retry``: whether sending the request twice is
         harmless (default: GET / HEAD / PUT / DELETE, or an ``Idempotency-Key`` header); such requests are
@@ -230,8 +232,10 @@ class Calls:
                 where = self._http.base_url.copy_with(userinfo=b"")  # a password in the URL stays out of the message
                 raise cls(f"{method} {path}: no answer from {where} ({type(e).__name__}: {e})"
                           + (f" after {attempt + 1} tries" if attempt else "")) from e
-            if r.status_code < 400 or r.status_code in ok:
+            if r.status_code in ok or r.status_code < 300:
                 return r
+            if r.status_code < 400:  # not followed: nothing was done (a POST may not be re-sent elsewhere as a GET)
+                raise redirected(r)
             err = error_from_response(r)
             wait = self._backoff(attempt, err.retry_after)
             if retry and r.status_code in RETRY_STATUS and attempt < self.max_retries and wait is not None:

@@ -21,12 +21,30 @@ __all__ = [
     "APIConnectionError", "APIError", "APITimeoutError", "AuthenticationError", "BadRequestError", "ConflictError",
     "JobCancelledError", "JobError", "JobFailedError", "JobTimeoutError", "NotFoundError", "PayloadTooLargeError",
     "PermissionDeniedError", "PreconditionFailedError", "QueueFullError", "ServerError", "ServiceUnavailableError",
-    "UnexpectedResponseError", "UnsupportedMediaTypeError", "ValidationError", "error_from_response", "unexpected",
+    "UnexpectedResponseError", "UnsupportedMediaTypeError", "ValidationError", "error_from_response", "redirected",
+    "unexpected",
 ]
 
 
 # --- errors -------------------------------------------------------------------------------------
-class APIError(VecbridgeError):
+def _rebuilt(cls: type, args: tuple, state: dict) -> BaseException:
+    """An error ``cls`` with its ``args`` (the message as raised) and attributes, its ``__init__`` not run again."""
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
+
+class _Picklable:
+    """Errors whose ``__init__`` takes other arguments than their ``args`` pickle whole (a
+    ``ProcessPoolExecutor`` or ``multiprocessing`` worker sends what it raised to its parent by pickle):
+    ``Exception``'s own pickling calls ``cls(*args)``, which fails in the parent and breaks the pool."""
+
+    def __reduce__(self):
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))
+
+
+class APIError(_Picklable, VecbridgeError):
     """An error answer of the API (``kind``: the kind of the status, as in ``service.errors``).
 
     Attributes
@@ -104,7 +122,8 @@ class ServiceUnavailableError(ServerError):
 
 class UnexpectedResponseError(APIError):
     """An answer the API does not give: not JSON where JSON was due (a proxy's or load balancer's page), a
-    binary body without ``X-Shape`` or of another length than it says. :attr:`status` is the answer's."""
+    binary body without ``X-Shape`` or of another length than it says, a redirect (3xx: the client follows none,
+    so nothing was done). :attr:`status` is the answer's."""
 
     kind = "internal"
 
@@ -135,7 +154,7 @@ for _status, _cls in _BY_STATUS.items():  # each class's kind, as the service's 
     _cls.kind = _KIND_OF_STATUS[_status]
 
 
-class JobError(VecbridgeError):
+class JobError(_Picklable, VecbridgeError):
     """A job ended without success; :attr:`job` is its last record (``error`` says why)."""
 
     def __init__(self, job: dict) -> None:
@@ -199,4 +218,18 @@ def unexpected(r: httpx.Response, what: str) -> UnexpectedResponseError:
     return UnexpectedResponseError(r.status_code, "UnexpectedResponse",
                                    f"{r.request.method} {r.request.url.path}: {what} "
                                    f"(Content-Type {r.headers.get('content-type')!r}): {head!r}",
+                                   r.headers.get("x-request-id"), {})
+
+
+def redirected(r: httpx.Response) -> UnexpectedResponseError:
+    """:class:`UnexpectedResponseError` for the redirect ``r`` (3xx), which the client does not follow: the service
+    never answers one, so a front (http -> https, a moved host or path) sent it and nothing was done."""
+    where = r.headers.get("location")
+    try:  # a password in the Location stays out of the message
+        where = repr(str(httpx.URL(where).copy_with(userinfo=b""))) if where else "no Location"
+    except httpx.InvalidURL:
+        where = "an invalid Location"
+    return UnexpectedResponseError(r.status_code, "UnexpectedResponse",
+                                   f"{r.request.method} {r.request.url.path}: redirected to {where}; not followed "
+                                   f"and nothing was done: make base_url the address the service answers at",
                                    r.headers.get("x-request-id"), {})

@@ -83,7 +83,7 @@ class SteerCalls:
                      eps: float = 1e-3, steps: int = 200, lr: float = 1e-2, random_state: int = 0,
                      alias: str | None = None, description: str = "", idempotency_key: str | None = None) -> dict:
         """Queue an LM-Steer fit on the service's language model; returns the job."""
-        body = clean({"name": name, "texts": list(texts), "labels": [int(v) for v in labels], "rank": rank,
+        body = clean({"name": name, "texts": as_list(texts), "labels": [int(v) for v in labels], "rank": rank,
                        "eps": eps, "steps": steps, "lr": lr, "random_state": random_state, "alias": alias,
                        "description": description})
         headers = {"Idempotency-Key": idempotency_key or new_key()}

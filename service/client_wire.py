@@ -62,17 +62,20 @@ def seg(part) -> str:
 def matrix(X, name: str = "vectors") -> np.ndarray:
     """``X`` as C-contiguous little-endian float32 (n, d); a 1-D row becomes (1, d).
 
-    Refused here, before a byte is sent: another ndim (:class:`ShapeError`), what is not numbers
-    (:class:`InputError`), and finite float64 values float32 cannot hold, e.g. 1e39
+    Refused here, before a byte is sent: another ndim (:class:`ShapeError`), what is not real numbers
+    (:class:`InputError`; the cast would drop a complex value's imaginary part with a mere warning, where the
+    service refuses complex input), and finite float64 values float32 cannot hold, e.g. 1e39
     (:class:`NotRepresentableError`: the cast would send Inf, and the service would call finite input NaN/Inf).
     NaN / Inf in ``X`` itself are the service's to refuse (422 :class:`ValidationError`).
     """
     try:
         src = np.asarray(X)
         with np.errstate(over="ignore"):
-            A = src.astype("<f4", copy=False)
+            A = src.astype("<f4", copy=False) if src.dtype.kind != "c" else src
     except (TypeError, ValueError) as e:
         raise InputError(f"{name}: not an array of numbers ({e})") from None
+    if src.dtype.kind == "c":
+        raise InputError(f"{name}: complex values are not supported (the imaginary part would be dropped)")
     if A.ndim == 1:
         A = A[None, :]
     if A.ndim != 2:
@@ -107,7 +110,8 @@ def b64_bytes(text: str | bytes) -> bytes:
 def b64(X, name: str = "vectors") -> dict:
     """``{"vectors_b64": ..., "dim": d}``: the JSON fields of a matrix as base64 float32."""
     A = matrix(X, name)
-    return {"vectors_b64": b64_text(memoryview(A).cast("B")), "dim": int(A.shape[1])}
+    # a 1-D view: memoryview cannot cast a (0, d) or (n, 0) array to bytes; an empty one is the service's to refuse
+    return {"vectors_b64": b64_text(memoryview(A.reshape(-1)).cast("B")), "dim": int(A.shape[1])}
 
 
 def float32_rows(raw: bytes, shape) -> np.ndarray:
@@ -241,7 +245,8 @@ def labelled(queries, old_queries, relevant) -> dict:
 
 
 def as_list(x) -> list | None:
-    return None if x is None else list(x)
+    """``x`` as a list; one ``str`` is one item (a list of its characters would be a row per character)."""
+    return None if x is None else [x] if isinstance(x, str) else list(x)
 
 
 def cut(x: list | None, part: slice, n: int) -> list | None:

@@ -5,6 +5,8 @@ spaces ``a``, ``b`` (16-d) and the map ``a2b`` (Procrustes on a planted rotation
 from __future__ import annotations
 
 import asyncio
+import copy
+import pickle
 
 import httpx
 import numpy as np
@@ -20,14 +22,18 @@ from service.client import (
     Client,
     ConflictError,
     JobCancelledError,
+    JobFailedError,
+    JobTimeoutError,
     NotFoundError,
     PermissionDeniedError,
     QueueFullError,
     ServerError,
     ServiceUnavailableError,
+    UnexpectedResponseError,
     ValidationError,
     error_from_response,
 )
+from service.client_wire import as_list
 
 WKEY, RKEY = "wkey-456", "rkey-123"  # test_api_support.KEYS
 
@@ -126,6 +132,26 @@ def test_errors_are_typed_with_message_and_request_id(vb, server, client_cls):
     assert isinstance(e.value, APIError) and str(e.value).startswith("422 ")
 
 
+def test_errors_survive_pickling_to_another_process(vb):
+    """An :class:`APIError` or :class:`JobError` raised in a ``ProcessPoolExecutor`` / ``multiprocessing`` worker
+    travels to the parent by pickle, which rebuilt it as ``cls(*args)``: their ``__init__`` takes other arguments
+    (status, type, message ... / the job record), so unpickling raised TypeError in the parent and the pool broke
+    (``BrokenProcessPool``) instead of the caller seeing the NotFoundError. They pickle whole now."""
+    with pytest.raises(NotFoundError) as nf:
+        vb.get_map("no-such-map")
+    bad = vb.fit("degenerate", "a", "b", np.ones((5, 16)), np.ones((5, 16)), method="procrustes", paired=True)
+    with pytest.raises(JobFailedError) as failed:
+        vb.wait(bad["id"], timeout=120)
+    busy = QueueFullError(429, "QueueFullError", "the job queue is full", "rid", {}, retry_after=2.5)
+    busy.args = (f"{busy.args[0]} (gave up after 3 tries)",)  # as _request adds why it ends here
+    busy.added_ids = [1, 2]  # as add() adds after a later batch failed
+    for err in (nf.value, failed.value, busy, JobTimeoutError({"id": "j", "state": "running"}, 3.0)):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.__dict__ == err.__dict__
+    assert nf.value.request_id and pickle.loads(pickle.dumps(nf.value)).status == 404
+    assert copy.deepcopy(busy).retry_after == 2.5
+
+
 @pytest.mark.parametrize("status,cls", [(404, NotFoundError), (422, ValidationError), (429, QueueFullError),
                                         (503, ServiceUnavailableError), (500, ServerError), (418, APIError)])
 def test_error_class_per_status(status, cls):
@@ -136,6 +162,34 @@ def test_error_class_per_status(status, cls):
     assert err.retry_after == 5.0
     plain = error_from_response(httpx.Response(status, text="not json"))
     assert type(plain) is cls and plain.message == "not json"
+
+
+@both_clients
+def test_a_redirect_is_an_error_not_an_empty_success(vb, server, client_cls, client_kind):
+    """A front that redirects (http -> https, a moved host or path; 3xx, empty body) was taken for a success: the
+    client follows no redirect, and a 3xx was under 400, so ``drop_index`` and ``delete_alias`` returned None as if
+    done, ``create_index`` and ``info`` returned None, while the service never saw them. A 3xx now raises
+    :class:`UnexpectedResponseError` naming where it points; nothing was done there."""
+    from starlette.applications import Starlette
+    from starlette.responses import RedirectResponse
+    from starlette.routing import Route
+
+    async def moved(request):
+        return RedirectResponse(server[0] + request.url.path.removeprefix("/old"), status_code=308)
+
+    front = Starlette(routes=[Route("/old/{path:path}", moved, methods=["GET", "POST", "PUT", "DELETE"])])
+    kept = f"behind-a-redirect-{client_kind}"
+    vb.create_index(kept, "b")
+    with serve_in_thread(front) as url, client_cls(url + "/old", api_key=WKEY) as moved_vb:
+        for call in (moved_vb.info, lambda: moved_vb.create_index("never-made", "b"),
+                     lambda: moved_vb.drop_index(kept), lambda: moved_vb.delete_alias("a2b", "x")):
+            with pytest.raises(UnexpectedResponseError, match="redirected to '" + server[0]) as e:
+                call()
+            assert e.value.status == 308 and "nothing was done" in str(e.value)
+    assert vb.get_index(kept)["name"] == kept  # not dropped: the service never saw the DELETE
+    with pytest.raises(NotFoundError):
+        vb.get_index("never-made")
+    vb.drop_index(kept)
 
 
 # --- indexes ------------------------------------------------------------------------------------
@@ -215,6 +269,17 @@ def test_steer_fit_and_apply(vb):
     assert np.abs(d1).max() > 1e-4
     np.testing.assert_allclose(d2, 2 * d1, atol=1e-4)  # Q (I + eps W) is linear in eps
     assert [s["name"] for s in vb.list_steers()] == ["up"]
+
+
+@both_clients
+def test_one_string_is_one_text_not_one_per_character(vb):
+    """``embed("hello", model)`` sent ``list("hello")``: five one-character texts, five embeddings returned without a
+    word (the service takes one string as one text, as OpenAI's API does). One string is one text now, for every
+    ``texts`` argument (``as_list``)."""
+    one = vb.embed("hello", "all-MiniLM-L6-v2")
+    assert one.shape == (1, 384)
+    np.testing.assert_array_equal(one, vb.embed(["hello"], "all-MiniLM-L6-v2"))
+    assert as_list("a dog") == ["a dog"] and as_list(("a", "b")) == ["a", "b"] and as_list(None) is None
 
 
 # --- pagination through the client and raw ------------------------------------------------------
@@ -304,6 +369,21 @@ def test_vectors_come_back_exact_and_writeable(vb, server):
         np.testing.assert_allclose(np.linalg.norm(Y, axis=1), 1.0, atol=1e-5)
 
 
+@both_clients
+def test_complex_vectors_are_refused_as_the_service_refuses_them(vb, server):
+    """Complex rows were cast to float32 with only a ComplexWarning: ``transform`` returned the map of their real
+    parts, silently wrong, while ``transform_npy`` (the service's own check) refused them with a 422. The client
+    refuses them now, before anything is sent."""
+    _, X, _, _ = server
+    Z = X[:2] * (1 + 1j)
+    for send in (lambda: vb.transform("a2b", Z), lambda: vb.transform("a2b", Z, binary=False),
+                 lambda: vb.search("any-index", Z, k=1), lambda: vb.fit("complex", "a", "b", Z, Z)):
+        with pytest.raises(InputError, match="complex"):
+            send()
+    with pytest.raises(ValidationError, match="complex"):
+        vb.transform_npy("a2b", Z)
+
+
 def test_float64_beyond_float32_is_refused_before_sending(vb, server):
     _, X, _, _ = server
     big = X[:3].astype(np.float64)
@@ -312,6 +392,27 @@ def test_float64_beyond_float32_is_refused_before_sending(vb, server):
         vb.transform("a2b", big)
     with pytest.raises(ValidationError):  # NaN itself stays the service's to refuse
         vb.transform("a2b", np.full((1, 16), np.nan))
+
+
+@both_clients
+def test_empty_arrays_get_the_services_422_on_every_json_route(vb):
+    """An empty (0, d) array sent as JSON (``vectors_b64``) crashed in the client with a bare TypeError ("memoryview:
+    cannot cast view with zeros in shape or strides") on transform(binary=False), add, search, create_index, fit,
+    apply_steer ... (``client_wire.b64``), while the binary transform got the service's clear 422; now they all do."""
+    empty = np.zeros((0, 16), np.float32)
+    calls = {"transform json": lambda: vb.transform("a2b", empty, binary=False),
+             "transform binary": lambda: vb.transform("a2b", empty),
+             "create_index": lambda: vb.create_index("empty-ix", "b", empty),
+             "fit": lambda: vb.fit("empty-fit", "a", "b", empty, empty, method="procrustes", paired=True)}
+    for what, send in calls.items():
+        with pytest.raises(ValidationError, match="EmptyInputError") as e:
+            send()
+        assert e.value.status == 422, what
+    vb.create_index("ix-for-empty", "b")
+    for send in (lambda: vb.add("ix-for-empty", empty), lambda: vb.search("ix-for-empty", empty, k=3)):
+        with pytest.raises(ValidationError, match="EmptyInputError"):
+            send()
+    vb.drop_index("ix-for-empty")
 
 
 # --- every route of the README has its method ---------------------------------------------------
