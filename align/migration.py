@@ -52,7 +52,7 @@ import time
 import numpy as np
 
 from .validation import (as_matrix, check_csls_weight, check_labelled_queries, check_not_collapsed, check_paired,
-                         check_random_state, check_rankable, check_same_queries, collapsed)
+                         check_random_state, check_rankable, check_same_queries, collapsed, pair_groups)
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
@@ -391,14 +391,23 @@ def check_options(method: str, options: dict) -> dict:
     return options
 
 
-def _split(n: int, holdout, max_holdout, rng) -> tuple[np.ndarray, np.ndarray]:
-    """``(train, held-out)`` rows: ``holdout`` (a fraction in (0, 1)) of the pairs, 2 to ``max_holdout`` of them."""
+def _split(n: int, holdout, max_holdout, rng, groups=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, held-out)`` rows: ``holdout`` (a fraction in (0, 1)) of the pairs, 2 to ``max_holdout`` of them.
+
+    ``groups`` (:func:`align.validation.pair_groups` of repeated pairs): the distinct pairs are split instead, every
+    copy of a training pair trains and one row of each held-out pair is held out. A copy on both sides was scored
+    as held out: a family that memorises its training pairs (the per-cluster maps) won on it."""
     _check_holdout(holdout, max_holdout)
-    n_val = int(min(max_holdout, max(2, round(float(holdout) * n))))
-    if n - n_val < 2:
-        raise TooFewRowsError(f"auto selection needs at least 4 pairs (2 to fit, 2 held out), got {n}")
-    perm = rng.permutation(n)
-    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+    u = n if groups is None else groups[0].size
+    n_val = int(min(max_holdout, max(2, round(float(holdout) * u))))
+    if u - n_val < 2:
+        distinct = "" if groups is None else f" distinct ones ({n} rows, {n - u} repeating another pair)"
+        raise TooFewRowsError(f"auto selection needs at least 4 pairs (2 to fit, 2 held out), got {u}{distinct}")
+    perm = rng.permutation(u)
+    if groups is None:
+        return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+    first, group = groups
+    return np.sort(np.flatnonzero(~np.isin(group, perm[:n_val]))), np.sort(first[perm[:n_val]])
 
 
 def _score(P: _Problem, m: LinearMap, val, *, retention: bool = False) -> dict:
@@ -555,13 +564,15 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         candidates = tuple(c for c in candidates if c != "cluster") or ("procrustes",)
     selection: dict = {}
     if method == "auto" or n >= 20:
-        tr, val = _split(n, options.get("holdout", 0.2), options.get("max_holdout", 1000), rng)
+        groups = pair_groups(X, Y)
+        tr, val = _split(n, options.get("holdout", 0.2), options.get("max_holdout", 1000), rng, groups)
         cands = candidates if method == "auto" else (method,)
         P.distractors(rng)
         P.report("select", 0.0)
         name, setting, scores = _select(P, tr, val, cands, options, rng)  # one candidate unless auto
         selection = {"metric": "score = mean(corpus_mrr, query_mrr, overlap@10) on held-out pairs",
                      "n_train": int(tr.size), "n_holdout": int(val.size), "chosen": name,
+                     "repeated_pairs": 0 if groups is None else int(n - groups[0].size),
                      "refit_on_all_pairs": setting.get("trained") is None,
                      "candidates": {k: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                     for k, v in scores.items()}}

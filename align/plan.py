@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import linalg
-from .validation import as_matrix, check_labelled_queries, check_paired, check_random_state, check_same_queries
+from .validation import (as_matrix, check_labelled_queries, check_paired, check_random_state, check_same_queries,
+                         pair_groups)
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .knn import knn
@@ -199,13 +200,16 @@ def forecast_per_k(fits: dict, best: str, ks, top: int) -> list[dict]:
     (:func:`forecast`) of one method of ``fits`` (method -> its curve's dict). Up to ``top`` (the probe's largest
     K) the method whose curve is higher at K: on the labelled benchmarks ridge's regularisation won at
     K = 100 where Procrustes won at the probe's largest K, by 0.13-0.29 of retention. Beyond ``top``, ``best``
-    (the best measured at ``top``): comparing two extrapolations would pick the noisier curve."""
+    (the best measured at ``top``): comparing two extrapolations would pick the noisier curve. A curve that did
+    not rise over the probe (``c <= 0``: flat, e.g. every point 0 when the probe's K are far below the dimension,
+    or falling) says nothing of larger K: beyond ``top`` its interval runs to 1 (it was ``[0, 0]``)."""
     out = []
     for K in ks:
         m = best if K > top else max(fits, key=lambda name: float(forecast(fits[name], [K])[0][0]))
         r, low, high = forecast(fits[m], [K])
+        flat = K > top and not fits[m]["c"] > 0
         out.append({"k": int(K), "method": m, "retention": float(r[0]), "low": float(low[0]),
-                    "high": float(high[0]), "extrapolated": bool(K > top)})
+                    "high": 1.0 if flat else float(high[0]), "extrapolated": bool(K > top)})
     return out
 
 
@@ -381,8 +385,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        the largest probe K, extrapolated).
     3. Recommendation: the smallest K of ``target_ks`` whose prediction reaches
        ``target_retention`` (else the largest), that K's method (``"contrastive"``-capable ``"auto"``
-       when K ≥ 1,000), and ``select_rows_to_embed`` (k-means++) rows of ``X_old`` for that K (capped at
-       the corpus size).
+       when K ≥ 1,000), and ``select_rows_to_embed`` (k-means++) rows of ``X_old`` for that K. A K of at
+       least the corpus size re-embeds all of it (nothing to lose): the recommended K is then the corpus size,
+       ``whole_corpus`` says so and a note says to re-embed instead of migrating.
 
     Returns a JSON-safe dict: ``alignability`` (beyond chance), ``unsupervised_feasible``, ``knn_overlap``
     (raw), ``curve`` (per K and
@@ -399,8 +404,17 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
 
     Xo = as_matrix(X_old, name="X_old")
     A, B = check_paired(probe_src, probe_tgt, names=("probe_src", "probe_tgt"), min_rows=1)
+    # a repeated pair split across the curve's fitting and held-out halves is found by memory, and its copy is its
+    # own nearest neighbour in the alignability count: the plan is of the distinct pairs
+    groups, n_given = pair_groups(A, B), A.shape[0]
+    if groups is not None:
+        A, B = A[groups[0]], B[groups[0]]
+        if relevant is not None and queries is not None:  # the relevant probe rows, renumbered among the distinct
+            relevant = groups[1][check_labelled_queries(queries, relevant, n_given, dim=B.shape[1], rows="probe")[1]]
     if A.shape[0] < MIN_PROBE:
-        raise TooFewRowsError(f"the probe needs at least {MIN_PROBE} pairs (200-1,000 recommended), got {A.shape[0]}")
+        distinct = "" if groups is None else f" distinct ones ({n_given} rows, {n_given - A.shape[0]} repeated)"
+        raise TooFewRowsError(f"the probe needs at least {MIN_PROBE} pairs (200-1,000 recommended), got {A.shape[0]}"
+                              f"{distinct}")
     if A.shape[1] != Xo.shape[1]:
         from .exceptions import DimensionMismatchError
 
@@ -470,30 +484,40 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                   "slope_ratio": lab.slope_ratio, "shrink": lab.shrink}
         for q in predicted:  # the migrated index's own R@10, to set against keeping the old model
             q["r10"] = float(q["retention"] * r_new) if np.isfinite(r_new) else float("nan")
-    reach = [q for q in predicted if q["retention"] >= target_retention]
+    n_old = Xo.shape[0]  # K >= n_old re-embeds the whole corpus: every row native, no map to lose anything
+    reach = [q for q in predicted if q["retention"] >= target_retention or q["k"] >= n_old]
     rec = min(reach, key=lambda q: q["k"]) if reach else max(predicted, key=lambda q: q["k"])
-    k_rec = int(rec["k"])
-    k_rows = int(min(k_rec, Xo.shape[0]))
+    k_rec = k_rows = int(min(rec["k"], n_old))
     raw_overlap = knn_overlap(A, B)
     overlap = _beyond_chance(raw_overlap, 10, p)
     notes = [FLOOR_NOTE if lab is None else LABELLED_NOTE]
     if not reach:
         notes.append(f"no K in {list(target_ks)} is predicted to reach retention {target_retention}; "
                      f"the largest is recommended")
+    if k_rec == n_old:
+        notes.append(f"the recommended K is the whole old corpus ({n_old} rows): no smaller K of {list(target_ks)} "
+                     f"is predicted to reach retention {target_retention}, so re-embed every row with the new model "
+                     f"instead of migrating")
     if overlap < ALIGNABLE:
         notes.append(f"alignability {overlap:.3f} < {ALIGNABLE}: unsupervised alignment is not expected to work; "
                      f"use pairs")
+    if any(q["extrapolated"] for q in predicted) and not fits[best]["c"] > 0:
+        notes.append(f"the {best} learning curve did not rise over the probe's K (up to {top} pairs): it cannot "
+                     f"forecast larger K, whose intervals run to 1; a larger probe (200-1,000 pairs) can")
     if native is not None and predicted and np.isfinite(predicted[-1]["r10"]) and \
             predicted[-1]["r10"] <= native["old_corpus"]:
         notes.append(f"keeping the old model is predicted to be at least as good: its R@10 of these queries over the "
                      f"corpus is {native['old_corpus']:.3f}, the migrated index's {predicted[-1]['r10']:.3f} at "
                      f"K = {predicted[-1]['k']} (native new model: {native['new_corpus_estimate']:.3f})")
+    if groups is not None:
+        notes.append(f"{n_given - p} of the {n_given} probe pairs repeat another pair: the plan is of the {p} distinct "
+                     f"ones")
     report("rows to re-embed", 0.0)
     chosen = select_rows_to_embed(Xo, k_rows, random_state=rng).tolist() if select_rows else []
     report("rows to re-embed", 1.0)
     return {
         "alignability": overlap, "unsupervised_feasible": bool(overlap >= ALIGNABLE), "knn_overlap": raw_overlap,
-        "n_probe": int(p),
+        "n_probe": int(p), "n_probe_repeated": int(n_given - p),
         "n_probe_holdout": int(val.size),
         "metric": ("nn_retention@10 (simulated labelled retention) on held-out probe" if lab is None else
                    "labelled R@10 retention of the given queries, estimated for the whole corpus"),
@@ -501,7 +525,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                                    "native": native}),
         "curve": curve, "best_method": best, "fit": fits[best], "fits": fits,
         "predicted": predicted, "target_retention": float(target_retention),
-        "recommended": {"method": "auto" if k_rec >= 1000 else rec["method"], "k": k_rec},
+        "recommended": {"method": "auto" if k_rec >= 1000 else rec["method"], "k": k_rec,
+                        "whole_corpus": bool(k_rec == n_old)},
         "rows_to_embed": chosen,
         "notes": notes,
     }

@@ -170,6 +170,26 @@ def check_paired(X, Y, *, names=("X", "Y"), min_rows: int = 1):
     return X, Y
 
 
+def pair_groups(X: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Exact duplicate pairs of ``X`` (n, d_s) / ``Y`` (n, d_t), row i with row i: ``(first, group)`` with
+    ``first`` the sorted rows that open a distinct pair and ``group`` (n,) the index into ``first`` of each
+    row's pair; None when every pair is distinct. A held-out split that leaves a copy of a training pair on
+    the other side scores memorisation: callers split the distinct pairs instead."""
+    def _ids(A: np.ndarray) -> np.ndarray:
+        rows = np.ascontiguousarray(A).view(np.dtype((np.void, A.dtype.itemsize * A.shape[1]))).ravel()
+        return np.unique(rows, return_inverse=True)[1].ravel()
+
+    gx, gy = _ids(X), _ids(Y)
+    _, first, group = np.unique(gx.astype(np.int64) * (int(gy.max()) + 1) + gy, return_index=True,
+                                return_inverse=True)
+    if first.size == X.shape[0]:
+        return None
+    order = np.argsort(first)  # groups numbered by their first row
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return first[order], rank[group.ravel()]
+
+
 def check_not_degenerate(X: np.ndarray, *, name: str = "X", tol: float = 1e-6) -> None:
     """Raise DegenerateInputError when all rows of ``X`` are (numerically) identical."""
     if X.shape[0] < 2:

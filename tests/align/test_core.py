@@ -594,6 +594,26 @@ def test_plan_refuses_bad_options(option):
         align.plan_migration(X, X, X, select_rows=False, **option)
 
 
+def test_forecast_beyond_the_probe_of_a_curve_that_did_not_rise_runs_to_one():
+    """A learning curve flat at 0 (every probe K far below the dimension) or falling (noise) was extrapolated as it
+    was: retention 0.000 with the interval [0.000, 0.000] up to K = 10,000, where a fitted map keeps a quarter of
+    the neighbours or more. Such a curve says nothing of larger K: beyond the probe its interval runs to 1; inside
+    the probe, and for a rising curve anywhere, the forecast is unchanged."""
+    from align.plan import forecast, forecast_per_k
+
+    noiseless = {"residual_std": 0.0, "spread": 0.0}
+    for flat in ({"r_inf": 0.0, "c": 0.0, "beta": 0.1, **noiseless}, {"r_inf": -0.01, "c": -2.6, "beta": 1.5,
+                                                                      "residual_std": 0.01, "spread": 0.005}):
+        rising = {"r_inf": 0.9, "c": 5.0, "beta": 0.5, **noiseless}
+        got = forecast_per_k({"procrustes": flat, "ridge": rising}, "procrustes", (40, 100, 3000), top=50)
+        assert [q["extrapolated"] for q in got] == [False, True, True]
+        assert got[0]["method"] == "ridge" and got[0]["high"] == pytest.approx(float(forecast(rising, [40])[2][0]))
+        assert [(q["method"], q["high"]) for q in got[1:]] == [("procrustes", 1.0), ("procrustes", 1.0)]
+        assert all(q["retention"] == float(forecast(flat, [q["k"]])[0][0]) for q in got[1:])
+        kept = forecast_per_k({"procrustes": flat, "ridge": rising}, "ridge", (3000,), top=50)[0]
+        assert kept["high"] == pytest.approx(float(forecast(rising, [3000])[2][0])) and kept["high"] < 1.0
+
+
 @pytest.mark.parametrize("k", [0, -3, 2.5, True])
 def test_knn_overlap_refuses_bad_k(k):  # k=0 was a ZeroDivisionError
     X = np.random.default_rng(0).normal(size=(30, 4))
@@ -606,6 +626,22 @@ def test_plan_target_ks_any_order_gives_sorted_forecasts():
     a = align.plan_migration(X, X, X, select_rows=False, target_ks=[300, 100, 300])
     assert [p["k"] for p in a["predicted"]] == [100, 300]
     assert all(np.isfinite(p["retention"]) for p in a["predicted"])
+
+
+def test_plan_never_recommends_more_rows_than_the_old_corpus_has():
+    """A 400-row corpus and the default K grid up to 10,000: no K reached the target, so the largest was
+    recommended, `vecbridge plan` printed "K = 10000 rows to re-embed" and wrote all 400 rows. Re-embedding the
+    whole corpus loses nothing (no map), so it is the smallest K that reaches any target: the recommended K is the
+    corpus size, flagged `whole_corpus`, with a note to re-embed instead of migrating."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 16)).astype(np.float32)
+    Y = (np.tanh(X) @ rng.normal(size=(16, 16)) + rng.normal(size=(400, 16))).astype(np.float32)
+    p = align.plan_migration(X, X[:200], Y[:200], target_retention=0.99)
+    assert max(q["retention"] for q in p["predicted"] if q["k"] < 400) < 0.99
+    assert p["recommended"]["k"] == len(p["rows_to_embed"]) == 400 and p["recommended"]["whole_corpus"]
+    assert any("whole old corpus (400 rows)" in n for n in p["notes"])
+    q = align.plan_migration(X, X[:200], Y[:200], target_retention=0.05)  # reached well inside the corpus
+    assert q["recommended"]["k"] == 100 and not q["recommended"]["whole_corpus"]
 
 
 @pytest.mark.parametrize("fit, options", [

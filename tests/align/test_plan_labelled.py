@@ -183,3 +183,23 @@ def test_per_k_forecast_takes_the_higher_curve_inside_the_probe_and_the_best_bey
     assert got[0]["retention"] == pytest.approx(0.6) and got[1]["retention"] == pytest.approx(0.9 - 5 / 450 ** 0.5)
     # the best at the probe's largest K decides beyond it, though the other curve extrapolates higher there
     assert forecast_per_k(fits, "ridge", (3000,), top=500)[0]["method"] == "ridge"
+
+
+def test_plan_of_a_probe_with_repeated_pairs_is_the_plan_of_its_distinct_pairs():
+    """A probe holding each pair twice: half the held-out rows had their copy among the curve's fitting pairs and
+    were found by memory, and each row's copy was its nearest neighbour in both models, so the prediction rose from
+    0.2 to 0.65 at K = 100 and alignability passed the unsupervised bar (0.35 -> 0.41). The plan is of the distinct
+    pairs now, says how many repeated, and renumbers labelled queries' relevant rows among them."""
+    X, Y, Qn, Qo, _, rows, prel = _task(seed=1, n=3000, q=60, probe=300)
+    kw = dict(target_ks=(100, 300), select_rows=False, random_state=0)
+    once = align.plan_migration(X, X[rows], Y[rows], **kw)
+    twice = align.plan_migration(X, np.repeat(X[rows], 2, 0), np.repeat(Y[rows], 2, 0), **kw)
+    assert twice["predicted"] == once["predicted"] and twice["alignability"] == once["alignability"]
+    assert twice["n_probe"] == 300 and twice["n_probe_repeated"] == 300 and once["n_probe_repeated"] == 0
+    assert any("repeat another pair" in n for n in twice["notes"])
+    lab = dict(queries=Qn, old_queries=Qo, **kw)
+    a = align.plan_migration(X, X[rows], Y[rows], relevant=prel, **lab)
+    b = align.plan_migration(X, np.repeat(X[rows], 2, 0), np.repeat(Y[rows], 2, 0), relevant=2 * prel + 1, **lab)
+    assert b["predicted"] == a["predicted"] and b["native"] == a["native"]
+    with pytest.raises(TooFewRowsError, match="distinct"):
+        align.plan_migration(X, np.repeat(X[rows[:40]], 3, 0), np.repeat(Y[rows[:40]], 3, 0), **kw)

@@ -29,7 +29,8 @@ probes of any size compare; unsupervised alignment has only worked above 0.4; `k
 overlap), `curve` (simulated retention of closed-form fits on probe subsamples),
 `predicted` (retention per K with an interval and the `method` it is of: within the probe's K the better
 of the methods' curves there, beyond it the best at the probe's largest K; `extrapolated` beyond the probe),
-`recommended` (method and K), `rows_to_embed` (k-means++ coverage rows of `old` for that K). With labelled `queries`
+`recommended` (method and K, at most the size of `old`; `whole_corpus`: no smaller K is predicted to do, re-embed it
+all), `rows_to_embed` (k-means++ coverage rows of `old` for that K). With labelled `queries`
 (new model), `old_queries` (the same queries, old model) and each one's `relevant` probe row, the curve and
 the prediction are of their labelled R@10 retention over the whole `old` corpus (`metric` says which), with
 `native` (their R@10: the new model's over the probe and estimated over the corpus, the old model's measured
