@@ -59,7 +59,8 @@ class Job:
             "progress": {"stage": self.stage, "fraction": round(float(self.fraction), 4), **self._stage_clock(now)},
             "timings": {
                 "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
-                "queued_seconds": ((self.started_at or now) - self.created_at),
+                # a job that ended before it started (cancelled while queued, interrupted) waited until it ended
+                "queued_seconds": ((self.started_at or self.finished_at or now) - self.created_at),
                 "run_seconds": (((self.finished_at or now) - self.started_at) if self.started_at else None),
                 "stages": dict(self.stage_seconds),
             },
@@ -273,16 +274,42 @@ class JobStore:
                 _log.warning("job records not trimmed", extra={"fields": {"error": repr(exc)}})
         return None
 
-    def save(self, job: Job) -> bool:
-        """Write the job's current record; returns whether a cancel was asked through another process."""
+    def by_key(self, key: str) -> Job | None:
+        """The job an idempotency key created, or None."""
+        with self._busy():
+            r = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE idempotency_key = ?",
+                                     (key,)).fetchone()
+        return None if r is None else self._job(r)
+
+    def save(self, job: Job, *, was: str | None = None) -> bool:
+        """Write the job's current record (with ``was``: only over a record in that state); returns whether a cancel
+        was asked through another process."""
         row = self._row(job, self.claim_owner())
         sets = ", ".join(f"{k} = ?" for k in _COLS[1:] if k not in ("cancel_requested", "owner"))
         vals = [v for k, v in zip(_COLS[1:], row[1:]) if k not in ("cancel_requested", "owner")]
+        where = "id = ?" if was is None else "id = ? AND state = ?"
         with self._tx() as c:
-            c.execute(f"UPDATE jobs SET {sets}, cancel_requested = MAX(cancel_requested, ?) WHERE id = ?",
-                      (*vals, int(job.cancel_requested), job.id))
+            c.execute(f"UPDATE jobs SET {sets}, cancel_requested = MAX(cancel_requested, ?) WHERE {where}",
+                      (*vals, int(job.cancel_requested), job.id, *(() if was is None else (was,))))
             r = c.execute("SELECT cancel_requested FROM jobs WHERE id = ?", (job.id,)).fetchone()
         return bool(r and r[0])
+
+    def cancel_queued(self, job_id: str, error: dict) -> bool:
+        """Cancel another process's job that has not started yet (its owner adopts the record: see
+        :meth:`ended`); returns whether it was still queued."""
+        with self._tx() as c:
+            return c.execute("UPDATE jobs SET state = 'cancelled', stage = 'cancelled', finished_at = ?, error = ?, "
+                             "cancel_requested = 1 WHERE id = ? AND state = 'queued'",
+                             (time.time(), json.dumps(error), job_id)).rowcount > 0
+
+    def ended(self, ids: list[str]) -> dict[str, Job]:
+        """The records among ``ids`` that are final, by id."""
+        if not ids:
+            return {}
+        with self._busy():
+            rows = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})"
+                                        f" AND state IN {TERMINAL}", list(ids)).fetchall()
+        return {r[0]: self._job(r) for r in rows}
 
     def request_cancel(self, job_id: str) -> None:
         """Ask another process's job to stop; its owner sees the flag at the job's next write."""

@@ -156,10 +156,15 @@ class JobManager:
         return n
 
     # --- queries ----------------------------------------------------------------------------
-    def get(self, job_id: str) -> Job:
-        """The job: this process's live record, else the stored one (another process's, or an earlier run's)."""
+    def get(self, job_id: str, *, adopt: bool = True) -> Job:
+        """The job: this process's live record, else the stored one (another process's, or an earlier run's).
+
+        A queued job of this process is checked against the store (another process may have cancelled it) unless
+        ``adopt`` is False (a caller on the event loop that must not wait for the store's lock)."""
         with self._lock:
             job = self._jobs.get(job_id)
+        if adopt and job is not None and job.state == "queued":
+            self._adopt_cancels([job])
         if job is None and self.store is not None:
             got = self.store.get(job_id)
             if got is not None:
@@ -172,6 +177,7 @@ class JobManager:
 
     def list(self) -> list[Job]:
         """Known jobs, oldest first: stored records (all processes of the data dir) or this process's."""
+        self._adopt_cancels()
         with self._lock:
             mine = dict(self._jobs)
         if self.store is None:
@@ -182,6 +188,7 @@ class JobManager:
     def page(self, limit: int, after: tuple[float, str] | None = None) -> list[Job]:
         """The first ``limit`` jobs past ``after`` in ``(created_at, id)`` order: unlike :meth:`list` (the newest
         ``keep_finished``), successive pages reach every stored record."""
+        self._adopt_cancels()
         with self._lock:
             mine = dict(self._jobs)
         if self.store is None:
@@ -215,6 +222,7 @@ class JobManager:
     def submit(self, fn: Callable[[JobContext], dict | None], *, kind: str, description: str = "",
                idempotency_key: str | None = None, request_hash: str | None = None) -> tuple[Job, bool]:
         """Queue ``fn``; returns ``(job, created)`` — ``created`` is False for an idempotent replay."""
+        self._adopt_cancels()  # a job another process cancelled does not hold a place in the queue
         with self._lock:
             if idempotency_key is not None and idempotency_key in self._idem:
                 job = self._jobs.get(self._idem[idempotency_key])
@@ -231,13 +239,22 @@ class JobManager:
             # against max_queued (before, max_queued=0 refused every job, even with every worker idle: each fit a
             # 429 "retry after a job finishes" for ever, and the demo's submit failed the start-up)
             free = max(0, self.workers - states["running"])
-            if queued + 1 - free > self.max_queued:
-                waiting = max(0, queued - free)
-                raise QueueFullError(
-                    f"job queue is full ({waiting} waiting, limit {self.max_queued}); retry after a job finishes")
-            self._joining += 1
-            job = Job(id=uuid.uuid4().hex, kind=kind, description=description,
-                      idempotency_key=idempotency_key, request_hash=request_hash)
+            full = queued + 1 - free > self.max_queued
+            if not full:
+                self._joining += 1
+                job = Job(id=uuid.uuid4().hex, kind=kind, description=description,
+                          idempotency_key=idempotency_key, request_hash=request_hash)
+        if full:
+            # a retry whose key created a job of another process (a sibling worker, or before a restart) is answered
+            # that job (or its conflict) as when the queue has room; before, it was a 429 until the queue emptied
+            first = None if idempotency_key is None or self.store is None else self.store.by_key(idempotency_key)
+            if first is None:
+                raise QueueFullError(f"job queue is full ({max(0, queued - free)} waiting, limit {self.max_queued}); "
+                                     "retry after a job finishes")
+            if first.request_hash != request_hash:
+                raise IdempotencyConflictError(
+                    f"Idempotency-Key {idempotency_key!r} was used for a different request (job {first.id})")
+            return self.get(first.id), False
         try:  # durable before it is acknowledged; the store settles key races
             first = self.store.insert(job) if self.store is not None else None
         except BaseException:
@@ -263,15 +280,18 @@ class JobManager:
     def cancel(self, job_id: str) -> Job:
         """Ask a job to stop: a queued job is cancelled at once, a running one at its next progress call.
 
-        Another process's job gets the request through the store; its owner acts on it at the
-        job's next write.
+        Another process's job is cancelled through the store: a queued one at once (its owner adopts the record
+        and never starts it), a running one at its next write, when its owner sees the request.
         """
         with self._lock:
             mine = job_id in self._jobs
         if not mine:
             job = self.get(job_id)
             if self.store is not None and job.state not in TERMINAL:
-                self.store.request_cancel(job_id)
+                # before, a queued job stayed "queued" (a 202) until its owner's worker reached it: behind a long fit,
+                # for hours, holding a place in that process's queue
+                if not (job.state == "queued" and self.store.cancel_queued(job_id, _NOT_STARTED)):
+                    self.store.request_cancel(job_id)
                 job = self.get(job_id)
             return job
         job = self.get(job_id)
@@ -312,14 +332,20 @@ class JobManager:
             job.state = "running"
             job.stage = "starting"
             job.started_at = time.time()
-        self._persist(job)
+        self._persist(job, was="queued")  # not over the record of a cancel another process made while it waited
         if job.cancel_requested:  # asked through another process while the job waited
+            final = self._final_record(job)
             with self._lock:
-                job.state = job.stage = "cancelled"
-                job.finished_at = time.time()
-                job.error = dict(_NOT_STARTED)
-            self._persist(job)
-            self._count("cancelled")
+                if final is not None:  # that process's record (cancelled at once): this one answers the same
+                    job.state, job.stage, job.finished_at, job.error = (final.state, final.stage, final.finished_at,
+                                                                        final.error)
+                else:
+                    job.state = job.stage = "cancelled"
+                    job.finished_at, job.error = time.time(), dict(_NOT_STARTED)
+                job.started_at = None
+            if final is None:
+                self._persist(job)
+            self._count(job.state)
             return
         self._gauges()
         ctx = JobContext(job, self._lock, self._persist if self.store is not None else None,
@@ -360,7 +386,36 @@ class JobManager:
                                                      "seconds": round(job.finished_at - job.started_at, 3)}})
         self._count("succeeded")
 
-    def _persist(self, job: Job) -> None:
+    def _adopt_cancels(self, jobs: list[Job] | None = None) -> None:
+        """Jobs of this process still queued here (``jobs``, else all) whose stored record another process made
+        final (:meth:`JobStore.cancel_queued`): take that record, so this process answers it and never starts them."""
+        if self.store is None:
+            return
+        with self._lock:
+            queued = [j for j in (self._jobs.values() if jobs is None else jobs) if j.state == "queued"]
+        if not queued:
+            return
+        ended = self.store.ended([j.id for j in queued])
+        for job in queued:
+            rec = ended.get(job.id)
+            with self._lock:
+                if rec is None or job.state != "queued":
+                    continue
+                job.state, job.stage, job.finished_at, job.error = rec.state, rec.stage, rec.finished_at, rec.error
+                job.cancel_requested = True
+            self._count(job.state)
+
+    def _final_record(self, job: Job) -> Job | None:
+        """The job's stored record if it is final, else None (also when the store cannot be read now)."""
+        if self.store is None:
+            return None
+        try:
+            return self.store.ended([job.id]).get(job.id)
+        except Exception as exc:  # noqa: BLE001 - the caller writes its own record instead
+            _log.warning("job record not read", extra={"fields": {"job_id": job.id, "error": repr(exc)}})
+            return None
+
+    def _persist(self, job: Job, was: str | None = None) -> None:
         """Write the record (no-op without a store); a failed write is logged, the job goes on. A final record
         that could not be written (the store locked or its disk full) is written again by the next write of
         any job of this process, else the store would say "running" for ever to every other process."""
@@ -369,14 +424,14 @@ class JobManager:
         for late in list(self._unsaved.values()):
             if late is not job and self._save(late):
                 self._unsaved.pop(late.id, None)
-        if self._save(job):
+        if self._save(job, was):
             self._unsaved.pop(job.id, None)
         elif job.state in TERMINAL:
             self._unsaved[job.id] = job
 
-    def _save(self, job: Job) -> bool:
+    def _save(self, job: Job, was: str | None = None) -> bool:
         try:
-            if self.store.save(job):
+            if self.store.save(job, was=was):
                 job.cancel_requested = True
             return True
         except Exception as exc:  # noqa: BLE001 - a job record write must not kill the job

@@ -347,9 +347,31 @@ def worker_app() -> FastAPI:
     """The app of one ``serve --workers N`` process (uvicorn's factory): JSON logs for uvicorn's lines in this
     process too, then :func:`create_app` with the settings the parent passed on as ``VECBRIDGE_*`` variables (and the
     local key, read from its file as the parent did: a secret kept out of the environment, as a ``_FILE`` setting)."""
+    _stop_with_parent()
     s, key_file = ensure_local_key(get_settings())  # the parent made the file; without one: the environment's
     configure_logging(s.log_level, server=True)
     return create_app(s if key_file is not None else None)
+
+
+def _stop_with_parent() -> None:
+    """Linux: SIGTERM this worker when its ``serve --workers N`` parent dies, however it dies (PR_SET_PDEATHSIG).
+
+    A ``kill -9`` (or an OOM kill) of the parent left its workers serving the port and running their jobs: every
+    restart of the service failed with "address already in use" while the orphans, on the old code and settings,
+    answered and reported their jobs "running". Now each worker shuts down as on a SIGTERM (running jobs recorded
+    interrupted) and frees the port."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):  # no prctl in this libc
+        return
+    if os.getppid() != parent:  # the parent died before the prctl: it will not signal
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _run(config) -> tuple[bool, str | None]:

@@ -23,7 +23,9 @@ from .schemas import JobOut, error_responses
 
 __all__ = ["job_route"]
 
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)]
+# an empty key (``-H "Idempotency-Key: $KEY"`` with KEY unset) is a 422: as a key, it made every later job of the
+# same body a replay of the first (nothing new ran) and every other body a 409, for every client sending it
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)]
 
 
 def job_route(router: APIRouter, path: str, *, kind: str, summary: str, description: str, body_model, example: str):

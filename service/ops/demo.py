@@ -61,7 +61,8 @@ def demo_status(state) -> str | None:
     if not getattr(state, "demo_job_id", None):
         return None
     try:
-        return _STATUS.get(state.jobs.get(state.demo_job_id).state, "preparing")
+        # on the event loop (/readyz): this process's record as it stands, no wait for the job store's lock
+        return _STATUS.get(state.jobs.get(state.demo_job_id, adopt=False).state, "preparing")
     except LookupError:
         return "failed"
 

@@ -66,6 +66,24 @@ def test_cancel_running_and_queued_and_queue_bound():
     mgr.shutdown(wait=True)
 
 
+def test_a_job_cancelled_while_queued_stops_counting_its_queued_seconds():
+    """A job cancelled (or interrupted) before it started answered ``queued_seconds`` = now - created_at: a finished
+    record whose wait kept growing on every GET, for ever (an hour-old cancel said it had waited an hour)."""
+    mgr = JobManager(workers=1, max_queued=1)
+    slow, started = slow_job(10_000)
+    running, _ = mgr.submit(slow, kind="t")
+    assert started.wait(10)
+    queued, _ = mgr.submit(lambda ctx: {}, kind="t")
+    mgr.cancel(queued.id)
+    first = mgr.get(queued.id).to_dict()["timings"]
+    time.sleep(0.3)
+    later = mgr.get(queued.id).to_dict()["timings"]
+    assert later == first
+    assert first["queued_seconds"] == pytest.approx(first["finished_at"] - first["created_at"])
+    mgr.cancel(running.id)
+    mgr.shutdown(wait=True)
+
+
 def test_idempotency_keys():
     mgr = JobManager()
     a, created_a = mgr.submit(lambda ctx: {"x": 1}, kind="t", idempotency_key="k1", request_hash="h1")
@@ -200,6 +218,23 @@ def test_http_idempotency_key(tmp_path):
         assert r3.status_code == 409
         assert len(c.get("/v1/jobs", headers=R).json()["data"]) == 1
         c.delete(f"/v1/jobs/{r1.json()['id']}", headers=W)
+
+
+def test_http_an_empty_idempotency_key_is_refused_not_shared_by_every_request(tmp_path):
+    """An empty ``Idempotency-Key`` (a script's unset variable) was a key like any other: the next fit of the same
+    body, days later, answered the first job (200, nothing fitted) and a fit of any other body a 409."""
+    app = create_app(settings_for(tmp_path, max_queued_jobs=4))
+    with TestClient(app) as c:
+        populate(app.state.vb.registry)
+        X, Y, _ = planted(60)
+        body = {"name": "fit-empty-key", "source_space": "a", "target_space": "b", "method": "procrustes",
+                "paired": True, "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}}
+        r = c.post("/v1/fits", headers={**W, "Idempotency-Key": ""}, json=body)
+        assert r.status_code == 422 and "Idempotency-Key" in r.text, (r.status_code, r.text[:300])
+        assert c.get("/v1/jobs", headers=R).json()["data"] == []  # refused: no job
+        ok = c.post("/v1/fits", headers={**W, "Idempotency-Key": "k"}, json=body)
+        assert ok.status_code == 202, ok.text
+        wait(http_job(c, R), ok.json()["id"])
 
 
 def test_http_fit_registers_a_version(tmp_path):

@@ -128,6 +128,67 @@ def test_live_sibling_jobs_are_not_failed_and_can_be_cancelled(tmp_path):
     b.shutdown(wait=True)
 
 
+def test_a_queued_job_cancelled_through_a_sibling_is_cancelled_at_once_everywhere(tmp_path):
+    """``serve --workers 2``: DELETE of a queued job that the other worker owns answered 202 "queued" and the job
+    stayed queued (its owner even answered ``cancel_requested: false``) until the fit ahead of it ended, maybe
+    hours later, holding a place in that worker's queue all the while; the documented answer is a 200 "cancelled"."""
+    db = tmp_path / "jobs.sqlite"
+    a = JobManager(workers=1, max_queued=2, store=JobStore(db, progress_interval=0.0))
+    a.open()
+    slow, started = slow_job(20_000)
+    running, _ = a.submit(slow, kind="t")
+    assert started.wait(10)
+    ran = threading.Event()
+    queued, _ = a.submit(lambda ctx: ran.set(), kind="t")
+    unasked, _ = a.submit(lambda ctx: ran.set(), kind="t")  # its owner is not asked about it before its turn
+    b = JobManager(store=JobStore(db))
+    b.open()
+    got = b.cancel(queued.id)
+    assert got.state == "cancelled" and got.error["message"] == "cancelled before it started", got
+    mine = a.get(queued.id)  # the owner answers the same record, and its queue has room again
+    assert mine.state == "cancelled" and mine.cancel_requested and mine.started_at is None, mine
+    assert mine.to_dict() == b.get(queued.id).to_dict()  # one record, whichever process answers
+    assert a.local_counts()["queued"] == 1 and a.counts()["queued"] == 1
+    assert b.cancel(queued.id).state == "cancelled"  # again: idempotent
+    assert b.cancel(unasked.id).state == "cancelled"
+    told = b.get(unasked.id).to_dict()
+    a.cancel(running.id)
+    assert wait(a.get, running.id).state == "cancelled"
+    time.sleep(0.5)  # the worker reaches the unasked one, finds it cancelled and takes that record
+    other, _ = a.submit(lambda ctx: {}, kind="t")
+    assert wait(a.get, other.id).state == "succeeded"  # after the worker passed the cancelled ones
+    assert not ran.is_set()  # neither ran
+    assert b.get(unasked.id).to_dict() == told == a.get(unasked.id).to_dict()  # never "running" in between
+    assert [j.state for j in a.list()] == ["cancelled", "cancelled", "cancelled", "succeeded"]
+    a.shutdown(wait=True)
+    b.shutdown(wait=True)
+
+
+def test_a_retry_with_its_key_gets_its_job_even_when_the_queue_is_full(tmp_path):
+    """A retried POST whose Idempotency-Key made a job before a restart (or on the sibling worker) was a 429 "job queue
+    is full" while this process's queue was full, and a reused key with another body a 429 instead of the 409: the
+    replay is answered from the store as when the queue has room."""
+    db = tmp_path / "jobs.sqlite"
+    before = JobManager(store=JobStore(db))
+    before.open()
+    first, _ = before.submit(lambda ctx: {"ref": "m:1"}, kind="fit", idempotency_key="k", request_hash="h")
+    wait(before.get, first.id)
+    before.shutdown(wait=True)
+    mgr = JobManager(workers=1, max_queued=0, store=JobStore(db))  # after the restart: one worker, busy
+    mgr.open()
+    slow, started = slow_job(20_000)
+    busy, _ = mgr.submit(slow, kind="t")
+    assert started.wait(10)
+    with pytest.raises(QueueFullError):
+        mgr.submit(lambda ctx: {}, kind="t", idempotency_key="new", request_hash="h")
+    again, created = mgr.submit(lambda ctx: {}, kind="fit", idempotency_key="k", request_hash="h")
+    assert not created and again.id == first.id and again.result == {"ref": "m:1"}
+    with pytest.raises(IdempotencyConflictError):
+        mgr.submit(lambda ctx: {}, kind="fit", idempotency_key="k", request_hash="other")
+    mgr.cancel(busy.id)
+    mgr.shutdown(wait=True)
+
+
 def test_memory_only_manager_still_works_without_a_store():
     mgr = JobManager()
     assert mgr.open() == 0

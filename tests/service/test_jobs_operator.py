@@ -8,6 +8,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -217,3 +218,59 @@ def test_a_running_fit_reports_how_long_its_stage_has_run_and_when_it_ends(serve
         time.sleep(0.1)
         done = c.get(f"/v1/jobs/{jid}").json()
     assert done["progress"]["stage_elapsed_seconds"] is None and done["progress"]["stage_eta_seconds"] is None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_stop_and_record_their_jobs_interrupted_when_the_serve_parent_is_killed(tmp_path):
+    """``kill -9`` of ``serve --workers 2`` (an OOM kill, a supervisor's KILL) left both workers serving the port: the
+    running fit stayed "running", and the restart failed with "address already in use"."""
+    import os
+    import signal
+    import sqlite3
+
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    env = env_for(data, port)
+    proc = start([sys.executable, "-m", "service.cli", "serve", "--workers", "2"], env, port, tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    children: list[int] = []
+    try:
+        jid = httpx.post(f"{url}/v1/fits", headers=W, json=_long_fit_body("orphan"), timeout=60).json()["id"]
+        t0 = time.monotonic()
+        while httpx.get(f"{url}/v1/jobs/{jid}", headers=R, timeout=60).json()["state"] != "running":
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.05)
+        children = [int(c) for t in Path(f"/proc/{proc.pid}/task").iterdir()  # no pgrep on a slim machine
+                    for c in (t / "children").read_text().split()]
+        assert len(children) >= 2, children
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        t0 = time.monotonic()
+        while any(_alive(p) for p in children):
+            assert time.monotonic() - t0 < 30, f"workers {children} outlived their parent"
+            time.sleep(0.1)
+        with sqlite3.connect(data / "jobs.sqlite") as c:
+            state, error = c.execute("SELECT state, error FROM jobs WHERE id = ?", (jid,)).fetchone()
+        assert state == "failed" and "Interrupted" in error, (state, error)
+        again = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server2.log")
+        try:
+            assert again.poll() is None  # it holds the port: not "address already in use"
+            assert httpx.get(f"{url}/v1/jobs/{jid}", headers=R, timeout=60).json()["state"] == "failed"
+        finally:
+            stop(again)
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+        for p in children:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
