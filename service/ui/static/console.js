@@ -50,11 +50,13 @@ const VB = {
     if (!e || typeof e !== "object") return String(e);
     const hint = {
       401: "enter a valid API key above",
-      403: "this key lacks the scope; use a key with the 'write' scope",
+      // the server's message names the scope (read or write) and what the key has: no guess here
+      403: "use a key with the scope named",
       404: "not found",
       409: "conflicts with what is stored",
       422: "the request was refused as invalid",
-      429: "the job queue is full; try again shortly",
+      // the job queue, the language model's queue or the heavy requests' limit: the message says which
+      429: "busy; try again shortly",
       503: "the service cannot do this now",
     }[e.status];
     return `${e.status || ""} ${e.type || "Error"}: ${e.message || ""}${hint ? " (" + hint + ")" : ""}`.trim();
@@ -139,8 +141,9 @@ function keyBar() {
     },
     // Forgetting the key signs this tab out: reloaded, the page holds nothing the key let it read
     forget() { VB.forgetKey(); location.reload(); },
-    signedOut() { return !this.has; },
-    keyErrorShown() { return !!this.keyError && !this.has; },
+    // no key, or the API refused the one set (a typo, a revoked or rotated key): the field asks for another
+    signedOut() { return !this.has || !!this.unauth; },
+    keyErrorShown() { return !!this.keyError && this.signedOut(); },
     unauthMessage() { return this.unauth ? this.unauth.message : ""; },
   };
 }
@@ -190,9 +193,15 @@ function registryPage() {
       // a fresh data dir registers its demo a second or so after start: look again until it is there
       if (info.demo === "preparing") setTimeout(() => this.reload(), 1000);
     },
+    /* A click on a map's name: what failed in words (the tables keep the map they show). */
+    async choose(name) {
+      try { await this.pick(name); this.error = ""; } catch (e) { this.error = VB.say(e); }
+    },
     async pick(name) {
+      // the versions first: a failed request leaves the heading and the tables on the map they show
+      const versions = (await VB.api(`/v1/maps/${encodeURIComponent(name)}/versions`)).data;
       this.selected = name;
-      this.versions = (await VB.api(`/v1/maps/${encodeURIComponent(name)}/versions`)).data;
+      this.versions = versions;
       const live = this.versions.filter(v => !v.deleted);
       const last = live.length ? live[live.length - 1] : this.versions[this.versions.length - 1];
       if (last) await this.show(last.version);

@@ -16,7 +16,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from _api_support import W, planted, settings_for
+from _api_support import W, planted, populate, settings_for
 from _browser import CHROMIUM, Page, launch
 from _servers import serve_in_thread
 
@@ -219,6 +219,23 @@ def test_a_key_with_a_typographic_dash_is_named_not_sent(empty, browser):
     t.close()
 
 
+def test_a_refused_key_can_be_replaced_in_place(empty, browser):
+    """A mistyped, revoked or rotated key: the 401 panel said "Enter an API key ... above" but the key field was
+    hidden as long as a key was set, so nothing above could take one (only "Forget key", which reloads, did)."""
+    t = Page(browser, empty)
+    t.goto("/ui/registry")
+    t.login("not-a-key")
+    t.page.locator("#unauthorized", has_text="invalid API key").wait_for()
+    field = t.page.get_by_label("API key", exact=True)
+    assert field.is_visible()
+    t.login(READ_KEY)  # typed over the refused key: the panel goes and the page loads
+    t.page.locator("#unauthorized").wait_for(state="hidden")
+    assert not field.is_visible()
+    assert t.page.evaluate("sessionStorage.getItem('vecbridge.key')") == READ_KEY
+    t.page.get_by_text("No maps yet").wait_for()
+    t.close(expect_errors=("status of 401",))
+
+
 def test_search_with_no_index_yet_says_so(empty, browser):
     """Before, the console posted to /v1/indexes//search and showed two "404 NotFound: no route" messages."""
     t = Page.open(browser, empty, "/ui/search", READ_KEY)
@@ -228,6 +245,20 @@ def test_search_with_no_index_yet_says_so(empty, browser):
     msg.wait_for()
     assert "no index to search yet" in msg.inner_text() and "404" not in msg.inner_text()
     t.close()
+
+
+def test_error_hints_do_not_contradict_the_server(empty, browser):
+    """A write-only key on a page that reads: the server said "lacks the 'read' scope", the console's hint added
+    "use a key with the 'write' scope"; and every 429 was "the job queue is full", also the language model's
+    queue (the steer page's Generate), which is no job."""
+    t = Page.open(browser, empty, "/ui/registry", "wonly-789")
+    err = t.page.locator("main p.error").first
+    err.wait_for()
+    assert "lacks the 'read' scope" in err.inner_text() and "'write' scope" not in err.inner_text()
+    busy = {"status": 429, "type": "BusyError", "message": "the language model is busy and 16 requests are waiting "
+            "for it (limits.lm_max_waiting); retry later"}
+    assert "job queue" not in t.page.evaluate("e => VB.say(e)", busy)
+    t.close(expect_errors=("status of 403",))
 
 
 def _no_errors(t: Page, where: str, allow: tuple[str, ...] = ()) -> None:
@@ -346,3 +377,21 @@ def test_console_applies_no_injected_style(hostile, browser):
     # (the report frame, sandboxed without scripts, also logs that it refuses the script Playwright evaluates in it)
     t.close(expect_errors=("CSP violation: style-src", "Applying inline style violates",
                            "Blocked script execution in 'about:srcdoc'"))
+
+
+def test_a_map_that_cannot_be_loaded_says_so(browser, tmp_path):
+    """A click on another map while the service did not answer (restarting, network down, a 503): the heading
+    named the new map over the old map's versions and lineage, and nothing said that the request failed (an
+    uncaught promise rejection in the browser's console)."""
+    from service.api import create_app
+
+    app = create_app(settings_for(tmp_path))
+    with serve_in_thread(app) as base:
+        populate(app.state.vb.registry)  # maps a2b (a -> b) and b2c (b -> c)
+        t = Page.open(browser, base, "/ui/registry", READ_KEY)
+        t.page.locator("#lineage", has_text="a (16-d) → b (16-d)").wait_for()
+    t.page.get_by_role("button", name="b2c").click()  # the service is gone
+    t.page.locator("main p.error", has_text="NetworkError").wait_for(timeout=10_000)
+    assert t.page.locator("#versions-h").inner_text() == "Versions of a2b"
+    assert "a (16-d) → b (16-d)" in t.page.locator("#lineage").inner_text()
+    t.close(expect_errors=("ERR_CONNECTION_REFUSED",))
