@@ -50,6 +50,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    if not (WORDNET / "minilm.npy").is_file() or not (WORDNET / "e5.npy").is_file():
+        print(f"no WordNet data at {WORDNET} (set VECBRIDGE_WORDNET_DIR); nothing to benchmark")
+        return
     load_start = os.getloadavg()
     import httpx
 

@@ -17,7 +17,7 @@ by both models (the fit pairs, drawn from the set's fit pool, never the evaluati
 
 - **+csls<w>** (``--csls-weights``): the corpus-side or query-side migrated index searched as the service's
   ``csls`` search answers (``csls_weight`` w, csls_k 10, top 10 re-ranked among the top 40 by cosine); MRR
-  is then MRR@10. Retention stays of plain native-new search.
+  is then MRR@10, and its retention is of native-new MRR@10. Retention stays of plain native-new search.
 
 Metrics per query (one relevant document, rank ``r`` among FAISS top-100, exact inner product on
 unit rows): R@1, R@10, nDCG@10 = ``1/log2(1 + r)`` for ``r ≤ 10``, MRR@100 = ``1/r`` for
@@ -37,7 +37,8 @@ old corpus's fit pool). ``align.plan_migration`` (when present) predicts the ret
 probe; its prediction is recorded next to the measured figure.
 
 Results: printed tables, ``benchmarks/results/migration_<date>.md`` and ``.json`` (a rerun with
-the same date resumes: finished cells are read back, not refitted).
+the same date resumes: finished cells are read back, not refitted; a run with another ``--seed`` needs its own
+``--out``).
 
 Usage::
 
@@ -67,7 +68,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import align  # noqa: E402
-from build_retrieval_sets import DEFAULT_CACHE, load_embeddings, load_set  # noqa: E402
+from build_retrieval_sets import DEFAULT_CACHE, SHARED_WORDNET, load_embeddings, load_set  # noqa: E402
 
 RESULTS = HERE / "results"
 
@@ -172,7 +173,10 @@ def retention_ci(I: np.ndarray, I_native: np.ndarray, relevant: np.ndarray) -> l
 # --- data -----------------------------------------------------------------------------------------------
 
 def pair_data(set_name: str, old: str, new: str, cache: Path) -> dict | None:
-    """Corpus, queries and fit pool restricted to what both encoders embedded."""
+    """Corpus, queries and fit pool restricted to what both encoders embedded; None when the set is not built
+    or either encoder's embeddings (or the shared WordNet data they reuse) are absent."""
+    if not (Path(cache) / set_name / "set.json").is_file():
+        return None
     spec = load_set(set_name, cache)
     eo, en = load_embeddings(set_name, old, cache), load_embeddings(set_name, new, cache)
     if eo is None or en is None:
@@ -279,6 +283,7 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
     Do, Dn, Qo, Qn, rel = data["D_old"], data["D_new"], data["Q_old"], data["Q_new"], data["relevant"]
     I_native = search(Qn, Dn)
     native_new = retrieval_metrics(I_native, rel)
+    native_new_10 = retrieval_metrics(I_native[:, :10], rel)  # csls cells rank 10: MRR@10 over native MRR@10
     native_old = retrieval_metrics(search(Qo, Do), rel)
     cells = done.setdefault("cells", {})
     done.update({"native_new": native_new, "native_old": native_old, "n_docs": data["n_docs"],
@@ -347,7 +352,7 @@ def run_pair(key: str, data: dict, *, ks, methods, samplings, seed: int, done: d
                         I = csls_search_service(Qs, Ds, w)
                         met = retrieval_metrics(I, rel)
                         plain = cells[f"{sampling}|{k}|{mode}|{method}"]
-                        cells[cell] = {**met, **retention(met, native_new),
+                        cells[cell] = {**met, **retention(met, native_new_10),
                                        "ret_R@10_ci": retention_ci(I, I_native, rel),
                                        "fit_s": plain["fit_s"], "select_s": plain["select_s"],
                                        "us_per_row": None, "us_per_row_gemm": None, "chosen": plain["chosen"],
@@ -555,6 +560,10 @@ def main(argv=None) -> int:
     RESULTS.mkdir(exist_ok=True)
     jpath, mpath = RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
     results = json.loads(jpath.read_text()) if jpath.is_file() else {"pairs": {}}
+    before = results.get("env") or {}
+    if results["pairs"] and "seed" in before and before["seed"] != a.seed:  # resuming reuses every finished cell
+        raise SystemExit(f"{jpath} holds cells made with --seed {before['seed']} (this run: --seed {a.seed}); "
+                         "resuming would report them as this seed's: give this run its own --out")
     results["env"] = {"python": platform.python_version(), "machine": platform.machine(), "seed": a.seed,
                       "threads": os.environ.get("OMP_NUM_THREADS"), "cache": str(a.cache)}
 
@@ -567,7 +576,8 @@ def main(argv=None) -> int:
         set_name, old, new = key.split(":")
         data = pair_data(set_name, old, new, a.cache)
         if data is None:
-            print(f"{key}: embeddings missing (run build_retrieval_sets.py --encoders {old} {new}); skipped")
+            print(f"{key}: embeddings missing (run build_retrieval_sets.py --sets {set_name} --encoders {old} {new}; "
+                  f"WordNet also needs the shared data, {SHARED_WORDNET}); skipped")
             continue
         res = results["pairs"].setdefault(key, {})
         run_pair(key, data, ks=a.ks, methods=methods, samplings=a.samplings, seed=a.seed, done=res, save=save,

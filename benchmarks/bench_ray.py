@@ -53,7 +53,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-WORDNET = ROOT.parent / "shared" / "data" / "wordnet"
+WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", ROOT.parent / "shared" / "data" / "wordnet"))
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -113,6 +113,11 @@ def main(argv=None) -> int:
                     help="run these workloads only (default: all)")
     ap.add_argument("--out", help="JSON report path (default benchmarks/results/bench_ray_DATE.json)")
     args = ap.parse_args(argv)
+    missing = [n for n in ("minilm", "e5", "paraphrase_l3") if not (WORDNET / f"{n}.npy").is_file()]
+    if missing:
+        print(f"no WordNet data ({', '.join(missing)}.npy) at {WORDNET} (set VECBRIDGE_WORDNET_DIR); "
+              "nothing to benchmark")
+        return 0
     import align
     from service.distributed import ray_executor
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -57,7 +58,7 @@ import align  # noqa: E402
 from align.knn import knn  # noqa: E402
 from align.steer import fit_mean_shift, fit_steer, transfer_steer  # noqa: E402
 
-WORDNET = ROOT.parent / "shared" / "data" / "wordnet"
+WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", ROOT.parent / "shared" / "data" / "wordnet"))
 WN_DICT = Path("/usr/share/wordnet")
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -344,6 +345,12 @@ def main(argv=None):
     ap.add_argument("--stem", help="result file stem (default steer_pareto_<date>)")
     ap.add_argument("--from-json", help="redraw the figures and tables of an earlier run's JSON")
     args = ap.parse_args(argv)
+    missing = [str(p) for p in (WORDNET / "texts.json", WORDNET / "minilm.npy", WORDNET / "e5.npy", WN_DICT)
+               if not p.exists()]
+    if missing and not args.from_json:
+        print(f"needs the shared WordNet data and Debian's wordnet-base; missing {', '.join(missing)} "
+              "(set VECBRIDGE_WORDNET_DIR); nothing to benchmark")
+        return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     res = json.loads(Path(args.from_json).read_text()) if args.from_json else run(args.queries)
     stem = args.stem or f"steer_pareto_{res['setup']['date']}"
@@ -351,7 +358,8 @@ def main(argv=None):
     figure(res, RESULTS / f"{stem}.png")
     figure(res, RESULTS / f"{stem}_ndcg.png", axis="ndcg_kept")
     print(tables(res, f"{stem}.png", f"{stem}_ndcg.png"))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -259,7 +259,10 @@ def load_embeddings(name: str, encoder: str, cache: Path = DEFAULT_CACHE):
     rows = np.asarray(spec["rows"][encoder], dtype=np.int64)
     qpath = folder / f"{encoder}_queries.npy"
     if name.startswith("wordnet") and encoder in SHARED_EMBEDDINGS:
-        D = np.load(SHARED_WORDNET / SHARED_EMBEDDINGS[encoder], mmap_mode="r")[rows]
+        shared = SHARED_WORDNET / SHARED_EMBEDDINGS[encoder]
+        if not shared.is_file():  # the shared data is absent: not embedded here, as a missing cache file
+            return None
+        D = np.load(shared, mmap_mode="r")[rows]
     else:
         dpath = folder / f"{encoder}_docs.npy"
         if not dpath.is_file():

@@ -176,6 +176,24 @@ def test_run_pair_measures_retention_of_both_modes(shuffle_pairs):
     assert "95% interval" in table and f"[{lo:.3f}, {hi:.3f}]" in table
 
 
+def test_csls_cells_compare_their_mrr_at_10_with_native_mrr_at_10():
+    """The csls cells rank 10 documents, so their MRR is MRR@10, but its retention was divided by native MRR@100:
+    a perfect map searched with csls_weight 0 (which re-ranks nothing) kept 0.986 of the MRR, not 1."""
+    rng = np.random.default_rng(0)
+    D = rng.normal(size=(400, 16)).astype(np.float32)
+    relevant = rng.choice(400, size=80, replace=False)
+    Q = D[relevant] + rng.normal(scale=1.2, size=(80, 16)).astype(np.float32)  # some answers rank past 10
+    data = {"D_old": D, "D_new": D.copy(), "Q_old": Q, "Q_new": Q.copy(), "relevant": relevant,
+            "pool": np.arange(300), "n_docs": 400, "n_queries": 80, "n_pool": 300}  # new model = old: nothing lost
+    res = bench.run_pair("same", data, ks=[100], methods=["procrustes"], samplings=["random"], seed=0, done={},
+                         save=lambda: None, log=lambda *a: None, csls_weights=[0.0])
+    plain, csls = res["cells"]["random|100|corpus|procrustes"], res["cells"]["random|100|corpus+csls0|procrustes"]
+    assert res["native_new"]["MRR"] > res["native_new_csls"]["0"]["MRR"]  # ranks 11-100 count in MRR@100 only
+    assert plain["ret_MRR"] == pytest.approx(1.0, abs=1e-6)
+    assert csls["ret_MRR"] == pytest.approx(1.0, abs=1e-6)
+    assert csls["ret_R@10"] == pytest.approx(plain["ret_R@10"])
+
+
 @pytest.mark.slow
 def test_mpnet_encoder_loads_from_the_wheels():
     from service.encoders import get_encoder, list_encoders
@@ -200,3 +218,18 @@ def test_csls_modes_search_as_the_service_does_and_keep_plain_native_as_referenc
     assert I.shape == (60, 10)
     table = bench.tables({"pairs": {"toy": res}})
     assert "corpus+csls1" in table and "native new, csls_weight 1 (top 10)" in table
+
+
+def test_rerun_with_another_seed_does_not_pass_off_the_first_seeds_cells(tmp_path, monkeypatch):
+    """A rerun on the same results file (the default stem is the date) resumed every finished cell whatever its
+    ``--seed``: ``--seed 1`` after ``--seed 0`` printed seed 0's figures and recorded them as seed 1's."""
+    monkeypatch.setattr(bench, "pair_data", lambda *a: _toy_pair(np.random.default_rng(0), False))
+    args = ["--pairs", "toy:old:new", "--ks", "100", "--methods", "ridge", "--samplings", "random", "--no-plan",
+            "--out", str(tmp_path / "run")]
+    assert bench.main(args) == 0
+    first = (tmp_path / "run.json").read_text()
+    with pytest.raises(SystemExit, match="--seed 0"):
+        bench.main([*args, "--seed", "1"])
+    assert (tmp_path / "run.json").read_text() == first
+    assert bench.main(args) == 0  # the same seed still resumes
+    assert bench.main([*args[:-1], str(tmp_path / "seed1"), "--seed", "1"]) == 0

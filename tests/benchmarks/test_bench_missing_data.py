@@ -1,0 +1,74 @@
+"""The benchmarks without their data: the README says they say so and stop (or skip the pair), never a traceback
+that loses the rest of the run."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from conftest import load_benchmark
+
+bench = load_benchmark("bench_migration")
+proxies = load_benchmark("bench_plan_proxies")
+
+
+def _wordnet_cache(root):
+    """A built ``wordnet`` set (two docs, one query) whose document vectors come from the shared WordNet data."""
+    folder = root / "wordnet"
+    folder.mkdir(parents=True)
+    (folder / "set.json").write_text(json.dumps({
+        "name": "wordnet", "docs": ["a", "b"], "queries": ["qa"], "query_doc": [0], "query_ids": ["n:1"],
+        "fit_pool": [0, 1], "rows": {"minilm": [0, 1], "e5": [0, 1]}, "provenance": "test"}))
+    for enc in ("minilm", "e5"):
+        np.save(folder / f"{enc}_queries.npy", np.ones((1, 4), np.float16))
+    return root
+
+
+def test_migration_skips_a_wordnet_pair_when_the_shared_data_is_absent(tmp_path, monkeypatch, capsys):
+    """Without ``shared/data/wordnet`` the wordnet pairs crashed the whole run (FileNotFoundError from np.load in
+    ``load_embeddings``), so the other pairs never ran; now the pair is skipped with a message."""
+    cache = _wordnet_cache(tmp_path / "cache")
+    monkeypatch.setattr(sys.modules[bench.load_embeddings.__module__], "SHARED_WORDNET", tmp_path / "absent")
+    assert bench.pair_data("wordnet", "minilm", "e5", cache) is None
+    assert bench.main(["--pairs", "wordnet:minilm:e5", "--cache", str(cache), "--no-plan",
+                       "--out", str(tmp_path / "m")]) == 0
+    assert "wordnet:minilm:e5: embeddings missing" in capsys.readouterr().out
+
+
+def test_plan_proxies_skip_a_set_that_was_never_built_and_still_print_the_table(tmp_path, capsys):
+    """The default pairs include ``wordnet-small``, which ``build_retrieval_sets.py`` builds only on request: a
+    missing set.json raised SystemExit after the other pairs had run, and their table was never printed."""
+    assert bench.pair_data("wordnet-small", "minilm", "e5", tmp_path) is None
+    assert proxies.main(["--pairs", "wordnet-small:minilm:e5", "--ks", "100", "--cache", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert "embeddings not cached, skipped" in out.err
+    assert "| pair | docs | K | method | measured |" in out.out
+
+
+def test_steer_benchmark_says_so_and_stops_without_wordnet(tmp_path, monkeypatch, capsys):
+    """bench_steer.py read ``texts.json`` unconditionally (FileNotFoundError) and ignored VECBRIDGE_WORDNET_DIR."""
+    steer = load_benchmark("bench_steer")
+    monkeypatch.setattr(steer, "WORDNET", tmp_path)
+    monkeypatch.setattr(steer, "RESULTS", tmp_path / "results")
+    assert steer.main(["--queries", "10"]) == 0
+    assert "nothing to benchmark" in capsys.readouterr().out
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_cluster_service_benchmark_says_so_and_stops_without_wordnet(tmp_path, monkeypatch, capsys):
+    """bench_cluster_service.py went straight to np.load of the absent minilm.npy (FileNotFoundError)."""
+    cluster = load_benchmark("bench_cluster_service")
+    monkeypatch.setattr(cluster, "WORDNET", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bench_cluster_service.py", "--quick"])
+    cluster.main()
+    assert "nothing to benchmark" in capsys.readouterr().out
+
+
+def test_ray_benchmark_says_so_and_stops_without_wordnet(tmp_path, monkeypatch, capsys):
+    """bench_ray.py went straight to np.load of the absent minilm.npy (FileNotFoundError)."""
+    ray_bench = load_benchmark("bench_ray")
+    monkeypatch.setattr(ray_bench, "WORDNET", tmp_path)
+    assert ray_bench.main(["--rows", "1000"]) == 0
+    assert "nothing to benchmark" in capsys.readouterr().out
