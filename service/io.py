@@ -6,7 +6,7 @@ Formats (by suffix):
 ``.npy``        one 2-D array; read through a memory map, so ``rows`` slices cost only those rows
 ``.npz``        the first array, or ``key``
 ``.fvecs``      FAISS/TEXMEX: each row is ``int32 d`` then ``d`` float32; memory-mapped
-``.parquet``    one list column (``column``, else the first list column), one row per vector
+``.parquet``    one list column (``column``, else the first list of numbers), one row per vector
 ``.txt``        one text per line (blank lines skipped)          → embedded with ``encoder``
 ``.jsonl``      one JSON object per line, text in ``text_field``  → embedded with ``encoder``
 ``.json``       a list of strings                                → embedded with ``encoder``
@@ -33,7 +33,7 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .storage import atomic_write, hold, take_abandoned
+from .storage import atomic_write, fsync_dir, hold, take_abandoned
 
 __all__ = [
     "FormatError", "check_file", "load_npy", "parse_rows", "resolve_rows", "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
@@ -172,11 +172,13 @@ def _parquet_file(path: Path, column: str | None):
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
         raise FormatError(f"{path.name}: cannot read parquet ({exc})") from None
     schema = f.schema_arrow
-    if column is None:
-        lists = [fld.name for fld in schema if pa.types.is_list(fld.type) or pa.types.is_large_list(fld.type)
-                 or pa.types.is_fixed_size_list(fld.type)]
+    if column is None:  # the first list of numbers: a list<string> column (tags, say) before the vectors is skipped
+        lists = [fld.name for fld in schema if (pa.types.is_list(fld.type) or pa.types.is_large_list(fld.type)
+                                                or pa.types.is_fixed_size_list(fld.type))
+                 and (pa.types.is_floating(fld.type.value_type) or pa.types.is_integer(fld.type.value_type))]
         if not lists:
-            raise FormatError(f"{path.name}: no list column of vectors (columns: {', '.join(schema.names)})")
+            raise FormatError(f"{path.name}: no list column of vectors (columns: "
+                              f"{', '.join(f'{fld.name} {fld.type}' for fld in schema)})")
         column = lists[0]
     if column not in schema.names:
         raise FormatError(f"{path.name}: no column {column!r} (columns: {', '.join(schema.names)})")
@@ -251,11 +253,14 @@ def read_texts(path, *, rows=None, text_field: str = "text") -> list[str]:
     check_file(path)
     suf = path.suffix.lower()
     try:
+        # utf-8-sig: a byte-order mark (Notepad, PowerShell) is no part of the first text; lines end at \n, \r\n or
+        # \r only (read_text translates them): str.splitlines also split at U+2028, U+0085, \v, \f, \x1c-\x1e,
+        # which a text (or a JSON string written with ensure_ascii=False) may hold: one line became several texts
         if suf == ".txt":
-            texts = [ln.rstrip("\n") for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+            texts = [ln for ln in path.read_text(encoding="utf-8-sig").split("\n") if ln.strip()]
         elif suf == ".jsonl":
             texts = []
-            for i, ln in enumerate(path.read_text(encoding="utf-8").splitlines()):
+            for i, ln in enumerate(path.read_text(encoding="utf-8-sig").split("\n")):
                 if not ln.strip():
                     continue
                 obj = json.loads(ln)
@@ -266,7 +271,7 @@ def read_texts(path, *, rows=None, text_field: str = "text") -> list[str]:
                 else:
                     raise FormatError(f"{path.name}: line {i + 1} has no string field {text_field!r}")
         elif suf == ".json":
-            texts = json.loads(path.read_text(encoding="utf-8"))
+            texts = json.loads(path.read_text(encoding="utf-8-sig"))
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise FormatError(f"{path.name}: expected a JSON list of strings")
         else:
@@ -474,8 +479,10 @@ class ChunkWriter:
             self._fh.close()
         else:
             self._pq.close()
+            os.fsync(self._held)  # the file ParquetWriter wrote (it was renamed into place unsynced)
         os.replace(self.tmp, self.path)
         os.close(self._held)
+        fsync_dir(self.path.parent)  # the rename too: after a crash the output is the old file or the new one
         return self.path
 
     def abort(self) -> None:

@@ -119,7 +119,7 @@ def _payloads(path: str | None):
         raise InputError(f"{p.name}: payloads must be a .jsonl file (one JSON value per line)")
 
     def values():
-        with open(p, encoding="utf-8") as fh:
+        with open(p, encoding="utf-8-sig") as fh:  # -sig: a byte-order mark is no part of line 1's JSON
             for i, line in enumerate(fh, 1):
                 if not line.strip():
                     continue

@@ -328,6 +328,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 @click.option("--rows", default=None)
 @click.option("--key", default=None)
 @click.option("--column", default=None)
+@click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text.")
 @click.option("--encoder", default=None,
               help="For a text INP: the map's source space's encoder (the default; another model is refused), or "
                    "the encoder of a space that has none registered.")
@@ -337,14 +338,16 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
               help="Stream the chunks through Ray workers (a local Ray, or the cluster at ADDRESS); the same output to "
                    "float32 rounding.")
 @click.pass_obj
-def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, encoder, as_json, quiet, ray_address):
+def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, text_field, encoder, as_json, quiet,
+              ray_address):
     """Map the rows of INP (.npy, .npz, .fvecs, .parquet; texts .txt / .jsonl / .json embedded with the source
     space's encoder) into OUT (.npy, .fvecs or .parquet), in chunks: files may exceed memory."""
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         with ray_logs(quiet or as_json):
             res = transform_file(obj.registry, ref, inp, out, chunk_rows=chunk_rows, output=output, rows=rows,
-                                 key=key, column=column, encoder=encoder, ray_address=ray_address, progress=progress)
+                                 key=key, column=column, encoder=encoder, ray_address=ray_address, progress=progress,
+                                 text_field=text_field)
     finally:
         close()
     emit(res, as_json, f"wrote {res['rows']} rows ({res['dim']}-d, {output}) to {out} with {res['map']}")

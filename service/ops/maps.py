@@ -519,19 +519,20 @@ def report_html(registry, name: str, version: int) -> bytes:
 # --- files, transformed -----------------------------------------------------------------------------
 def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, output: str = "raw", rows=None,
                    key: str | None = None, column: str | None = None, encoder: str | None = None,
-                   ray_address: str | None = None, progress: Progress | None = None) -> dict:
+                   ray_address: str | None = None, progress: Progress | None = None, text_field: str = "text") -> dict:
     """Map the rows of file ``inp`` with map ``ref`` into file ``out`` chunk by chunk (files may exceed memory).
 
     ``rows`` ``"START:STOP"``; ``key`` / ``column`` name the .npz array / Parquet column; ``encoder``
-    embeds a text file first; ``output`` as :meth:`align.LinearMap.apply` (any kind of map); ``ray_address``
-    (``"local"`` or a cluster) streams the chunks through Ray workers, same output. ``progress``
-    reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output"}``.
+    embeds a text file first (``text_field``: the field of a ``.jsonl`` holding the text); ``output`` as
+    :meth:`align.LinearMap.apply` (any kind of map); ``ray_address`` (``"local"`` or a cluster) streams the
+    chunks through Ray workers, same output. ``progress`` reports ``("transform", rows done / rows)``. Returns
+    ``{"map", "rows", "out", "dim", "output"}``.
     """
     v = registry.resolve(ref)
     m = registry.load_map(v)
     if is_text_path(inp):  # the source space's encoder, or None (reading the texts then says to name one)
         encoder = space_encoder(v.source_space, registry.get_space(v.source_space).encoder, encoder)
-    total = count_rows(inp, key=key, column=column)
+    total = count_rows(inp, key=key, column=column, text_field=text_field)
     r = parse_rows(rows)
     if r is not None:
         sl = resolve_rows(r, total, inp)
@@ -541,7 +542,8 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     say = progress or silent
 
     def checked():
-        for chunk in iter_chunks(inp, chunk_rows=chunk_rows, rows=r, key=key, column=column, encoder=encoder):
+        for chunk in iter_chunks(inp, chunk_rows=chunk_rows, rows=r, key=key, column=column, encoder=encoder,
+                                 text_field=text_field):
             if chunk.shape[1] != m.source_dim:
                 raise DimensionMismatchError(f"{Path(inp).name} has {chunk.shape[1]}-d rows; {v.ref} expects "
                                              f"{m.source_dim}-d")

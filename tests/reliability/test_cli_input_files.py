@@ -157,3 +157,18 @@ def test_index_payload_files_follow_the_http_rules(world, capsys, line):
                    "--quiet")
     assert rc == 0, err
     assert _run(capsys, data, "index", "drop", "pl_ok", "--yes")[0] == 0
+
+
+def test_index_payload_file_with_a_byte_order_mark(world, capsys):
+    """A payloads file saved with a UTF-8 byte-order mark (Notepad, PowerShell's Out-File) was refused: line 1 "is
+    not JSON (Unexpected UTF-8 BOM)"; the mark is the file's encoding, not part of the first value."""
+    d, data = world
+    f = d / "bom_payloads.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps({"i": i}) + "\r\n" for i in range(GOOD.shape[0])).encode())
+    rc, err = _run(capsys, data, "index", "create", "pl_bom", "--space", "p", d / "good.npy", "--payloads", f,
+                   "--quiet")
+    assert rc == 0, err
+    assert main(["--data-dir", str(data), "index", "search", "pl_bom", str(d / "good.npy"), "--rows", "0:1", "-k", "1",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0][0]["payload"] == {"i": 0}
+    assert _run(capsys, data, "index", "drop", "pl_bom", "--yes")[0] == 0

@@ -120,6 +120,35 @@ def test_transform_embeds_texts_with_the_source_space_encoder_only(capsys, tmp_p
     np.testing.assert_allclose(read_vectors(tmp_path / "p.npy"), native, atol=1e-5)
 
 
+def test_transform_reads_the_jsonl_text_field_it_is_given(capsys, tmp_path, monkeypatch):
+    """`transform` had no --text-field (fit and every index command have one): a .jsonl whose texts are under
+    another key than "text" could not be transformed at all ("line 1 has no string field 'text'")."""
+    import service.encoders
+    from service.registry import open_registry
+
+    class Fake:  # a 4-d encoder: the text's length and its first letters, no model loaded
+        dim = 4
+
+        def encode(self, texts, kind="passage", batch_size=64):
+            return np.array([[len(t), ord(t[0]), ord(t[1]), 1.0] for t in texts], np.float32)
+
+    monkeypatch.setattr(service.encoders, "get_encoder", lambda name: Fake())
+    var = tmp_path / "var"
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    reg.register_version("m", align.LinearMap(np.eye(4)), source_space="a", target_space="b", method="identity",
+                         params={})
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": i, "body": t}) + "\n" for i, t in
+                                              enumerate(["a cat", "stocks fell", "rain"])))
+    args = ["--data-dir", var, "transform", "--map", "m", tmp_path / "t.jsonl", tmp_path / "o.npy", "--encoder",
+            "all-MiniLM-L6-v2", "--chunk-rows", "2", "--quiet"]
+    code, _, err = run(capsys, *args)
+    assert code == 2 and "no string field 'text'" in err
+    code, _, err = run(capsys, *args, "--text-field", "body")
+    assert code == 0, err
+    np.testing.assert_allclose(read_vectors(tmp_path / "o.npy"), Fake().encode(["a cat", "stocks fell", "rain"]),
+                               atol=1e-4)
+
+
 def test_fit_texts_with_another_model_than_the_space_is_refused_before_embedding(capsys, tmp_path):
     """`fit --source-encoder multilingual-e5-small --source-space minilm` (a space embedded by all-MiniLM-L6-v2, same
     width) embedded the texts with e5 and registered a map of space minilm fitted on e5 vectors. Refused now, before
