@@ -100,8 +100,11 @@ class SpaceCreate(_Strict):
     dim: Count | None = Field(None, ge=1, le=MAX_DIM, description=f"Columns (1 .. {MAX_DIM}); taken from the encoder "
                                                                 "when omitted.")
     encoder: str | None = Field(None, description="Installed encoder that produces this space (GET /v1/models).")
-    query_prefix: str = Field("", max_length=1024)
-    passage_prefix: str = Field("", max_length=1024)
+    query_prefix: str = Field("", max_length=1024, description=(
+        "Record of the prefix this space's queries were embedded with (e.g. 'query: '), for whoever embeds vectors "
+        "for it outside the service. Stored with the space, never added by the service: its encoders add their "
+        "model's own prefixes (multilingual-e5-small: 'query: ' / 'passage: ')."))
+    passage_prefix: str = Field("", max_length=1024, description="As query_prefix, for documents.")
     description: DescriptionText = Description
 
 

@@ -178,8 +178,9 @@ def spaces(ctx, as_json):
 @click.argument("name")
 @click.option("--dim", type=int, default=None, help="Width of the vectors (default: the encoder's).")
 @click.option("--encoder", default=None, help="Encoder that embeds texts into this space (checked against --dim).")
-@click.option("--query-prefix", default="")
-@click.option("--passage-prefix", default="")
+@click.option("--query-prefix", default="", help="Record of the prefix queries of this space are embedded with, for "
+              "those who embed outside vecbridge; stored, never added (the encoders add their model's own).")
+@click.option("--passage-prefix", default="", help="As --query-prefix, for documents.")
 @click.option("--description", default="")
 @click.pass_obj
 def spaces_add(obj: Ctx, name, dim, encoder, query_prefix, passage_prefix, description):
