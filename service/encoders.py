@@ -21,6 +21,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
+import unicodedata
 import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
@@ -79,9 +80,25 @@ class Encoder:
             raise InputError("texts must all be strings")
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        check_texts(texts)
         out = np.asarray(self._fn(texts, kind, int(batch_size)), dtype=np.float32)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return np.ascontiguousarray(out / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+def has_text(t: str) -> bool:
+    """Whether ``t`` has a character the encoders read: their tokenizers drop control and format characters
+    (NUL, U+200B, a BOM, ...) as they drop whitespace, so a text of only those is embedded as the empty text."""
+    return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf") for c in t)
+
+
+def check_texts(texts: Sequence[str], what: str = "texts") -> None:
+    """InputError naming the first of ``texts`` without text (:func:`has_text`): every such text embeds as the same
+    meaningless vector, found by any search (every route that embeds: searches, index rows, fits, steers)."""
+    bad = next((i for i, t in enumerate(texts) if not has_text(t)), None)
+    if bad is not None:
+        raise InputError(f"{what}[{bad}] is empty or only whitespace or invisible characters (control or format "
+                         f"characters such as NUL or U+200B); every text must have text")
 
 
 def _minilm() -> Encoder:

@@ -411,3 +411,17 @@ def test_an_older_releases_live_writers_part_file_is_left_to_it(tmp_path):
         w.write(np.ones((1, 2), np.float32))
     assert old.exists()
     assert read_vectors(out).shape == (1, 2)
+
+
+def test_a_text_without_text_is_refused_by_every_encoder_call():
+    """The embeddings route refused "" and " \\u200b", but searches, index rows, fits and steers embedded them: the
+    empty text's vector, the same for all of them, found by any query. The encoder refuses them now, naming the
+    row, before the model runs."""
+    from service.encoders import get_encoder
+
+    pytest.importorskip("sentence_transformers")
+    enc = get_encoder("all-MiniLM-L6-v2")
+    for bad in ("", "   ", "\u200b", "\ufeff\x00"):
+        with pytest.raises(InputError, match=r"texts\[1\] is empty or only whitespace or invisible"):
+            enc.encode(["a dog", bad, "a cat"])
+    assert enc.encode(["a\x00dog", "\U0001f600"]).shape == (2, 384)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import unicodedata
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Request
@@ -39,12 +38,6 @@ tokenizers are not consulted).
 """
 
 
-def _has_text(t: str) -> bool:
-    """Whether ``t`` has a character the encoders read: their tokenizers drop control and format characters
-    (NUL, U+200B, a BOM, ...) as they drop whitespace, so a text of only those is embedded as the empty text."""
-    return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf") for c in t.strip())
-
-
 def _list_models() -> list[dict]:
     try:
         from ...encoders import list_encoders
@@ -76,10 +69,9 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     if not texts:
         raise InputError("input must be a non-empty string or list of strings")
-    bad = next((i for i, t in enumerate(texts) if not _has_text(t)), None)
-    if bad is not None:  # " " embedded as the empty text: one meaningless vector for all of them
-        raise InputError(f"input[{bad}] is empty or only whitespace or invisible characters (control or format "
-                         f"characters such as NUL or U+200B); every input must have text")
+    from ...encoders import check_texts
+
+    check_texts(texts, "input")  # before any model loads: " " embedded as the empty text, one vector for all
     check_batch(len(texts), settings.max_batch)
 
     X, tr = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,

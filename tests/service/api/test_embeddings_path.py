@@ -91,6 +91,6 @@ def test_input_of_only_invisible_characters_is_a_422_like_whitespace(tmp_path, m
             msg = r.json()["error"]["message"]
             assert f"input[{0 if isinstance(bad, str) else len(bad) - 1}]" in msg and "invisible" in msg, msg
         assert asked == []
-        from service.api.routers.embeddings import _has_text
+        from service.encoders import has_text
 
-        assert _has_text("\U0001f468\u200d\U0001f469\u200d\U0001f467") and _has_text("a\x00b") and _has_text("مرحبا")
+        assert has_text("\U0001f468\u200d\U0001f469\u200d\U0001f467") and has_text("a\x00b") and has_text("مرحبا")
