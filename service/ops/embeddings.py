@@ -18,7 +18,7 @@ import align
 from align.exceptions import DimensionMismatchError, InputError
 from align.validation import as_matrix
 
-from ..encoders import UnknownEncoderError, space_encoder
+from ..encoders import UnknownEncoderError, check_texts, space_encoder
 from ..progress import Progress, silent
 from ..registry import NotFoundError
 
@@ -59,6 +59,7 @@ def fit_side(registry, load_encoder: Callable, *, space: str, label: str, X: np.
         encoder = space_encoder(space, info.encoder if info else None, encoder)
         if not encoder:
             raise InputError(f"{label}: give an `encoder` for the texts (space {space!r} has none registered)")
+        check_texts(texts, f"{label} texts")  # with the request, not in the job minutes later
         load_encoder(encoder)
         return FitSide(space, label, texts=list(texts), encoder=encoder, known=info is not None)
     if info is not None and X.shape[1] != info.dim:

@@ -197,6 +197,9 @@ def test_http_fit_validation_before_queueing(tmp_path):
         r = c.post("/v1/fits", headers=W, json={**base, "source_space": "txt", "source": {
             "texts": ["x"], "encoder": "multilingual-e5-small"}, "target": {"vectors": [[0.0] * 12]}})
         assert r.status_code == 422 and "space 'txt' is embedded by 'all-MiniLM-L6-v2'" in r.json()["error"]["message"]
+        r = c.post("/v1/fits", headers=W, json={**base, "source_space": "txt", "source": {
+            "texts": ["a dog", "\u200b"]}, "target": {"vectors": [[0.0] * 12] * 2}})  # refused before a job
+        assert r.status_code == 422 and "source texts[1] is empty" in r.json()["error"]["message"], r.text
         r = c.post("/v1/fits", headers=R, json={**base, "source": {}, "target": {}})
         assert r.status_code == 403
         assert c.get("/v1/jobs", headers=R).json()["data"] == []
