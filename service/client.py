@@ -60,6 +60,8 @@ request that never reached the server (connection refused) is retried whatever i
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 import io
 import time
 from collections.abc import Callable, Sequence
@@ -399,7 +401,7 @@ class APICalls(SteerCalls, Calls):
 
         n = len(Q) if Q is not None else len(texts or [])
         row = b64_row_bytes(Q.shape[1]) if Q is not None else json_sizes(texts, n)
-        answers = yield from self._batched(n, row, send, hits=k if isinstance(k, int) and k > 0 else 0)
+        answers = yield from self._batched(n, row, send, hits=k if isinstance(k, numbers.Integral) and k > 0 else 0)
         return answers[0] if len(answers) == 1 else {**answers[0], "results": [r for a in answers
                                                                                for r in a["results"]]}
 
@@ -478,7 +480,7 @@ class APICalls(SteerCalls, Calls):
         return (yield from self._json("DELETE", f"/v1/jobs/{_seg(job_id)}"))
 
     @call
-    def wait(self, job_id: str, *, timeout: float = 600.0, poll: float = 0.2,
+    def wait(self, job_id: str, *, timeout: float | None = 600.0, poll: float = 0.2,
              progress: Callable[[dict], None] | None = None) -> dict:
         """Poll a job until it ends; returns its record on success.
 
@@ -488,9 +490,9 @@ class APICalls(SteerCalls, Calls):
         :class:`JobCancelledError`; past ``timeout`` seconds, :class:`JobTimeoutError` (a
         ``TimeoutError``; the job keeps running: :meth:`cancel` stops it). The job lives on the
         server, so polls that get no answer or a 502 / 503 / 504 (a restart, a deploy) are tried
-        again until ``timeout``; the last such error is raised then.
+        again until ``timeout``; the last such error is raised then. ``timeout=None`` waits as long as it takes.
         """
-        deadline = time.monotonic() + timeout
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         last = job = None
         while True:
             try:

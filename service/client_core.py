@@ -211,7 +211,8 @@ class Calls:
             kw["content"] = dumps(kw.pop("json"))
             kw["headers"] = {"Content-Type": "application/json", **(kw.get("headers") or {})}
         if retry is None:
-            retry = method.upper() in IDEMPOTENT or "Idempotency-Key" in (kw.get("headers") or {})
+            retry = method.upper() in IDEMPOTENT or any(  # header names are case-insensitive
+                str(h).lower() == "idempotency-key" for h in (kw.get("headers") or {}))
         attempt = 0
         while True:
             try:

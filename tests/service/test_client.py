@@ -245,7 +245,8 @@ def test_fit_wait_progress_cancel_and_counts(vb, server, client_kind):
     done = vb.wait(slow["id"], timeout=300, progress=seen.append)
     assert done["state"] == "succeeded" and seen[-1]["state"] == "succeeded"
     assert len({(j["progress"]["stage"], j["progress"]["fraction"]) for j in seen}) == len(seen)  # changes only
-    sup = vb.wait(vb.fit(sup_name, "a", "b", X, Y, method="procrustes", paired=True)["id"], timeout=120)
+    # timeout=None waits as long as it takes (it was a TypeError)
+    sup = vb.wait(vb.fit(sup_name, "a", "b", X, Y, method="procrustes", paired=True)["id"], timeout=None)
     assert sup["result"]["ref"] == f"{sup_name}:1"
     np.testing.assert_allclose(vb.transform(sup_name, X[:4]), m.apply(X[:4], output="raw"), atol=1e-4)
     jobs = vb.list_jobs()  # page_size 2: several pages, in creation order

@@ -144,6 +144,16 @@ def test_a_post_that_could_act_twice_is_not_retried(scripted, client_cls):
 
 
 @both_clients
+def test_a_raw_post_with_an_idempotency_key_in_any_case_is_retried(scripted, client_cls):
+    """``request("POST", ..., headers={"idempotency-key": k})`` was not retried: the header's name was matched
+    case-sensitively, though HTTP header names are not (the service reads it in any case)."""
+    srv = scripted(busy(503, "0"), (202, {}, JOB))
+    with client_cls(srv.url) as vb:
+        r = vb.request("POST", "/v1/fits", json={}, headers={"idempotency-key": "k1"})
+    assert r.status_code == 202 and len(srv.seen) == 2
+
+
+@both_clients
 def test_a_fit_is_retried_under_one_idempotency_key(scripted, client_cls):
     srv = scripted(busy(503, "0"), "drop", (202, {}, JOB))
     X = np.ones((3, 4), np.float32)

@@ -85,7 +85,7 @@ def test_a_search_over_max_hits_goes_in_batches_within_it(server):
     X, net = _rows(2000, 2), Recording()  # 2000 queries x k=6 = 12,000 hits: over 10,000, the limits are read first
     with Client(url, api_key=WKEY, transport=net) as vb:
         vb.create_index("hits-limit", "b", X)
-        res = vb.search("hits-limit", X, k=6)["results"]
+        res = vb.search("hits-limit", X, k=np.int64(6))["results"]  # a numpy int (k from an array) batches too
     assert len(res) == 2000 and [r[0]["id"] for r in res] == list(range(2000))  # before: 422 (limits.max_hits)
     searches = [s for m, p, s, _ in net.seen if p.endswith("/search")]
     assert len(searches) == -(-2000 // (MAX_HITS // 6)) and set(searches) == {200}
