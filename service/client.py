@@ -60,9 +60,9 @@ request that never reached the server (connection refused) is retried whatever i
 from __future__ import annotations
 
 import inspect
+import io
 import math
 import numbers
-import io
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Self

@@ -7,7 +7,6 @@ import json
 import sys
 
 import numpy as np
-
 from conftest import load_benchmark
 
 bench = load_benchmark("bench_migration")
