@@ -219,7 +219,12 @@ def _table(d: dict) -> str:
         if isinstance(v, float):
             v = f"{v:.4g}"
         elif isinstance(v, (dict, list)):
-            v = json.dumps(v, sort_keys=True, default=str)
+            if isinstance(v, dict):  # the short facts first (auto's "chosen"), so the cut below drops nested detail
+                keys = sorted(v, key=lambda key: (isinstance(v[key], (dict, list)), str(key)))
+                v = "{" + ", ".join(f"{json.dumps(str(key))}: {json.dumps(v[key], sort_keys=True, default=str)}"
+                                    for key in keys) + "}"
+            else:
+                v = json.dumps(v, sort_keys=True, default=str)
             if len(v) > 400:
                 v = v[:400] + "…"
         rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>")
@@ -253,6 +258,13 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{REPORT_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    if metrics.get("reliable") is False:  # the fit's own verdict, first: not a row deep in the metrics table
+        reason = metrics.get("unreliable_reason") or (
+            f"criterion {metrics['criterion']:.4g} is close to that of random maps ({metrics['null_criterion']:.4g})"
+            if isinstance(metrics.get("criterion"), float) and isinstance(metrics.get("null_criterion"), float)
+            else "criterion close to random maps")
+        parts.append(f"<h2>UNRELIABLE fit: {html.escape(str(reason))}</h2><p><b>This version is kept for inspection "
+                     f"but never chosen for a path; its map is probably wrong.</b></p>")
     headline = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     parts.append("<div>" + "".join(
         f"<span class='metric'>{html.escape(k)}<b>{v:.4g}</b></span>" for k, v in list(headline.items())[:8]) + "</div>")

@@ -96,6 +96,33 @@ def test_paired_fit_report_has_the_migration_plan_section_with_this_fit_marked(t
     assert "Migration plan</h2><p>not computed: 60 pairs" in html_few       # too few pairs: said, not faked
 
 
+def test_a_report_of_an_unreliable_fit_says_so_at_the_top(tmp_path):
+    """An unreliable fit (the CLI prints UNRELIABLE and exits 1) had a report that never said so: the verdict was a
+    ``reliable False`` row deep in the metrics table, below headline numbers that read like a fit; MiniVec2Vec's
+    flag came with no reason at all. The verdict and its reason now head the report."""
+    from service.ops.maps import run_fit
+    from service.registry import open_registry
+
+    X, Y = _planted_pairs(300)
+    reg = open_registry(f"sqlite:///{tmp_path / 'r.sqlite'}", tmp_path / "art")
+    try:
+        bad = run_fit(reg, name="bad", source=X, target=np.random.default_rng(9).normal(size=Y.shape), paired=True,
+                      method="procrustes", source_space="a", target_space="b")
+        good = run_fit(reg, name="good", source=X, target=Y, method="procrustes", source_space="a", target_space="c",
+                       paired=True)
+        html_bad, html_good = ((reg.report_dir / v.report_path).read_text() for v in (bad, good))
+    finally:
+        reg.close()
+    assert bad.metrics["reliable"] is False and good.metrics["reliable"] is True
+    head = html_bad[:html_bad.index("Summary and lineage")]
+    assert "UNRELIABLE fit: top-1 on its own training pairs" in head and "never chosen for a path" in head
+    assert "UNRELIABLE" not in html_good
+    html = render_report(title="t", summary={}, metrics={"criterion": 0.2175, "null_criterion": 0.2092,
+                                                         "reliable": False},
+                         timings={}, diagnostics=None, cosines={}, clouds=None, paired=False)
+    assert "UNRELIABLE fit: criterion 0.2175 is close to that of random maps (0.2092)" in html
+
+
 def test_wide_rows_skip_the_report_plan_with_the_reason():
     from service.ops.maps import _report_plan
 
@@ -108,6 +135,19 @@ def test_unpaired_reports_have_no_plan_section():
     html = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={}, clouds=None,
                          paired=False)
     assert "Migration plan" not in html
+
+
+def test_the_report_of_an_auto_fit_names_the_family_it_chose():
+    """The metrics table cut each JSON value at 400 characters with sorted keys: an ``auto`` fit's ``selection``
+    showed the first candidates' scores, and its ``"chosen"`` family, sorted after ``"candidates"``, was cut away;
+    nothing else in the report said which family the map is. Short facts now come before nested detail."""
+    cand = {m: {"score": 0.98, "corpus_mrr": 1.0, "query_mrr": 1.0, "overlap@10": 0.96, "seconds": 0.1, "n_pairs": 80}
+            for m in ("cluster", "contrastive", "lowrank", "procrustes", "ridge")}
+    sel = {"candidates": cand, "chosen": "lowrank", "n_holdout": 80}
+    html = render_report(title="t", summary={}, metrics={"selection": sel}, timings={}, diagnostics=None, cosines={},
+                         clouds=None, paired=True)
+    row = re.search(r"<th>selection</th><td>([^<]*)</td>", html).group(1)
+    assert "&quot;chosen&quot;: &quot;lowrank&quot;" in row and "&quot;n_holdout&quot;: 80" in row and "…" in row
 
 
 def test_the_cli_and_the_service_keep_reports_in_one_folder_beside_a_shared_artifact_dir(tmp_path, monkeypatch):
