@@ -195,19 +195,23 @@ def forecast(fit: dict, ks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return r, np.clip(r - half, 0.0, 1.0), np.clip(r + half, 0.0, 1.0)
 
 
-def forecast_per_k(fits: dict, best: str, ks, top: int) -> list[dict]:
+def forecast_per_k(fits: dict, best: str, ks, top: int, dim: int = 0) -> list[dict]:
     """Per K of ``ks``: ``{"k", "method", "retention", "low", "high", "extrapolated"}`` from the forecast
     (:func:`forecast`) of one method of ``fits`` (method -> its curve's dict). Up to ``top`` (the probe's largest
     K) the method whose curve is higher at K: on the labelled benchmarks ridge's regularisation won at
     K = 100 where Procrustes won at the probe's largest K, by 0.13-0.29 of retention. Beyond ``top``, ``best``
     (the best measured at ``top``): comparing two extrapolations would pick the noisier curve. A curve that did
     not rise over the probe (``c <= 0``: flat, e.g. every point 0 when the probe's K are far below the dimension,
-    or falling) says nothing of larger K: beyond ``top`` its interval runs to 1 (it was ``[0, 0]``)."""
+    or falling) says nothing of larger K: beyond ``top`` its interval runs to 1 (it was ``[0, 0]``). Nor does a
+    probe whose largest K is below ``dim`` (the old space's dimension): a map from fewer pairs than dimensions is
+    underdetermined and its curve changes shape past K ≈ dim (WordNet minilm→e5, 384-d: a 200-pair probe forecast
+    0.38 [0.29, 0.47] at K = 3,000 where a 1,000-pair probe forecast 0.62 [0.38, 0.86]); there too the interval
+    beyond ``top`` runs to 1 and only its lower end is read."""
     out = []
     for K in ks:
         m = best if K > top else max(fits, key=lambda name: float(forecast(fits[name], [K])[0][0]))
         r, low, high = forecast(fits[m], [K])
-        flat = K > top and not fits[m]["c"] > 0
+        flat = K > top and (not fits[m]["c"] > 0 or top < dim)
         out.append({"k": int(K), "method": m, "retention": float(r[0]), "low": float(low[0]),
                     "high": 1.0 if flat else float(high[0]), "extrapolated": bool(K > top)})
     return out
@@ -475,7 +479,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                 curve[m][-1]["query_interval"] = [lo, hi]
     fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
     best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
-    predicted = forecast_per_k(fits, best, target_ks, top)
+    predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])
     native = None
     if lab is not None:  # the R@10 behind the ratio: what the user's queries get natively, and by staying
         r_new = lab.native_estimate()
@@ -504,6 +508,11 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     if any(q["extrapolated"] for q in predicted) and not fits[best]["c"] > 0:
         notes.append(f"the {best} learning curve did not rise over the probe's K (up to {top} pairs): it cannot "
                      f"forecast larger K, whose intervals run to 1; a larger probe (200-1,000 pairs) can")
+    elif any(q["extrapolated"] for q in predicted) and top < A.shape[1]:
+        notes.append(f"the probe's maps are fitted from at most {top} pairs, fewer than the old space's {A.shape[1]} "
+                     f"dimensions: the learning curve changes shape past K ≈ {A.shape[1]}, so beyond {top} pairs only "
+                     f"the forecast's lower end holds (intervals run to 1); a probe of at least {2 * A.shape[1]} "
+                     f"pairs forecasts there")
     if native is not None and predicted and np.isfinite(predicted[-1]["r10"]) and \
             predicted[-1]["r10"] <= native["old_corpus"]:
         notes.append(f"keeping the old model is predicted to be at least as good: its R@10 of these queries over the "

@@ -614,6 +614,34 @@ def test_forecast_beyond_the_probe_of_a_curve_that_did_not_rise_runs_to_one():
         assert kept["high"] == pytest.approx(float(forecast(rising, [3000])[2][0])) and kept["high"] < 1.0
 
 
+def test_forecast_beyond_a_probe_smaller_than_the_dimension_runs_to_one():
+    """WordNet minilm -> e5 (384-d): a 200-pair probe (maps from <= 100 pairs) forecast 0.38 [0.29, 0.47] at K = 3,000
+    and a 1,000-pair probe 0.62 [0.38, 0.86]: below the dimension the curve has not yet taken the shape it has past
+    K = d, so beyond such a probe only the lower end is read (the interval runs to 1). At top >= dim, unchanged."""
+    from align.plan import forecast, forecast_per_k
+
+    rising = {"r_inf": 0.9, "c": 5.0, "beta": 0.5, "residual_std": 0.01, "spread": 0.01}
+    small = forecast_per_k({"ridge": rising}, "ridge", (50, 1000, 3000), top=100, dim=384)
+    assert [(q["extrapolated"], q["high"]) for q in small][1:] == [(True, 1.0), (True, 1.0)]
+    assert small[0]["high"] == pytest.approx(float(forecast(rising, [50])[2][0])) and small[0]["high"] < 1.0
+    assert [q["low"] for q in small] == [pytest.approx(float(forecast(rising, [q["k"]])[1][0])) for q in small]
+    large = forecast_per_k({"ridge": rising}, "ridge", (1000, 3000), top=500, dim=384)
+    assert all(q["extrapolated"] and q["high"] < 1.0 for q in large)
+
+
+def test_plan_with_a_probe_below_the_dimension_says_so():
+    rng = np.random.default_rng(0)
+    d = 96
+    Q = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    X = rng.normal(size=(3000, d)).astype(np.float32)
+    Y = (X @ Q + 0.3 * rng.normal(size=X.shape)).astype(np.float32)
+    small = align.plan_migration(X, X[:120], Y[:120], random_state=0, select_rows=False, target_ks=(1000,))
+    assert small["predicted"][0]["high"] == 1.0
+    assert any("at most 60 pairs, fewer than the old space's 96 dimensions" in n for n in small["notes"])
+    big = align.plan_migration(X, X[:300], Y[:300], random_state=0, select_rows=False, target_ks=(1000,))
+    assert not any("fewer than the old space" in n for n in big["notes"])
+
+
 @pytest.mark.parametrize("k", [0, -3, 2.5, True])
 def test_knn_overlap_refuses_bad_k(k):  # k=0 was a ZeroDivisionError
     X = np.random.default_rng(0).normal(size=(30, 4))
