@@ -510,8 +510,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                      f"forecast larger K, whose intervals run to 1; a larger probe (200-1,000 pairs) can")
     elif any(q["extrapolated"] for q in predicted) and top < A.shape[1]:
         notes.append(f"the probe's maps are fitted from at most {top} pairs, fewer than the old space's {A.shape[1]} "
-                     f"dimensions: the learning curve changes shape past K ≈ {A.shape[1]}, so beyond {top} pairs only "
-                     f"the forecast's lower end holds (intervals run to 1); a probe of at least {2 * A.shape[1]} "
+                     f"dimensions: the learning curve changes shape past K ≈ {A.shape[1]}, so beyond {top} pairs "
+                     f"only the forecast's lower end holds (intervals run to 1); a probe of at least {2 * A.shape[1]} "
                      f"pairs forecasts there")
     if native is not None and predicted and np.isfinite(predicted[-1]["r10"]) and \
             predicted[-1]["r10"] <= native["old_corpus"]:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import WORDNET, wordnet_available
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,13 +27,12 @@ def test_readme_marks_its_walk_through():
 
 
 @pytest.mark.parametrize("i", range(len(readme_blocks())))
-def test_readme_block_runs_as_written(tmp_path, i):
-    if not wordnet_available():
-        pytest.skip("the walk-through uses the shared WordNet embeddings")
+def test_readme_block_runs_as_written(tmp_path, i, wordnet_dir):
+    """The shared WordNet set, or the sample the tests embed when it is absent, stands at ../shared/data/wordnet."""
     repo = tmp_path / "repo"
     repo.mkdir()
     (tmp_path / "shared" / "data").mkdir(parents=True)
-    os.symlink(WORDNET, tmp_path / "shared" / "data" / "wordnet")
+    os.symlink(wordnet_dir, tmp_path / "shared" / "data" / "wordnet")
     vecbridge = shutil.which("vecbridge") or f"{sys.executable} -c 'from service.cli import main; main()'"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     script = f"set -euo pipefail\nvecbridge() {{ {vecbridge} \"$@\"; }}\n" + readme_blocks()[i]

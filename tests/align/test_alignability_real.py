@@ -51,19 +51,19 @@ def test_beyond_chance_is_zero_for_unrelated_rows_and_one_for_a_rotation(minilm_
     assert align.knn_overlap(X[:50], X[:50] @ Q) == pytest.approx(1.0, abs=1e-6)  # the raw figure is unchanged
 
 
-def test_plan_of_a_probe_too_small_to_rise_does_not_claim_zero_retention_at_large_k():
-    """minilm -> e5 from an 80-pair probe over a 20,000-row corpus: every curve point (K = 20-40, far below 384
-    dimensions) kept none of the neighbours, and the plan forecast 0.000 with the interval [0.000, 0.000] at
-    K = 3,000, where a ridge map from 3,000 pairs keeps about a quarter of them on the plan's own statistic. Beyond
-    the probe the interval now runs to 1, and a note says the probe cannot forecast there."""
-    from conftest import WORDNET, wordnet_available
-
-    if not wordnet_available():
-        pytest.skip("needs the shared WordNet vectors (a 20,000-row corpus)")
-    X = np.load(WORDNET / "minilm.npy", mmap_mode="r")[:20000].astype(np.float32)
-    A = np.load(WORDNET / "minilm.npy", mmap_mode="r")[32768:32848].astype(np.float32)
-    B = np.load(WORDNET / "e5.npy", mmap_mode="r")[32768:32848].astype(np.float32)
+def test_plan_of_a_probe_too_small_to_rise_does_not_claim_zero_retention_at_large_k(wordnet):
+    """minilm -> e5 from an 80-pair probe over a 20,000-row corpus (4,000 in the fallback sample): every curve point
+    (K = 20-40, far below 384 dimensions) kept none of the neighbours, and the plan forecast 0.000 with the interval
+    [0.000, 0.000] at K = 3,000, where a ridge map from 3,000 pairs keeps about a quarter of them on the plan's own
+    statistic. Beyond the probe the interval now runs to 1, and a note says the probe cannot forecast there."""
+    n = len(wordnet["minilm"])
+    corpus, probe = (20000, 32768) if n >= 32848 else (n - 96, n - 80)  # the fallback sample: 4,000 + 80 rows
+    X = wordnet["minilm"][:corpus].astype(np.float32)
+    A = wordnet["minilm"][probe:probe + 80].astype(np.float32)
+    B = wordnet["e5"][probe:probe + 80].astype(np.float32)
     plan = align.plan_migration(X, A, B, random_state=0, select_rows=False, target_ks=(100, 3000))
-    assert all(q["mean"] == 0.0 for q in plan["curve"][plan["best_method"]])
     assert [(q["extrapolated"], q["high"]) for q in plan["predicted"]] == [(True, 1.0), (True, 1.0)]
-    assert any("did not rise" in n for n in plan["notes"])
+    # a curve of zeros (the shared set's rows) did not rise; either way its maps come from <= 40 pairs in 384 dims
+    flat = all(q["mean"] == 0.0 for q in plan["curve"][plan["best_method"]])
+    assert any("did not rise" in n or (not flat and "fewer than the old space's 384 dimensions" in n)
+               for n in plan["notes"])

@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-from conftest import WORDNET, wordnet_available
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,17 +77,17 @@ def test_ray_fit_equals_single_machine_fit_on_sharded_files(ray_local, tmp_path)
     assert got.metadata["distributed"]["ray_cpus"] == 2
 
 
-def test_ray_fit_on_wordnet_maps_like_single_machine(ray_local, tmp_path):
+def test_ray_fit_on_wordnet_maps_like_single_machine(ray_local, tmp_path, wordnet):
     """MiniLM->E5 (WordNet): XᵀY has 3 zero singular values, so W is not unique in those directions
     (even a row permutation moves the single-machine W by ~0.7); the maps must agree on the data."""
-    if not wordnet_available():
-        pytest.skip("shared WordNet embeddings not present")
-    X = np.asarray(np.load(WORDNET / "minilm.npy", mmap_mode="r")[:12000], np.float32)
-    Y = np.asarray(np.load(WORDNET / "e5.npy", mmap_mode="r")[:12000], np.float32)
-    shards = _sharded_files(tmp_path, X, Y, [1000, 4500, 9000])
+    n = len(wordnet["minilm"])
+    fit, held = (12000, 32768) if n >= 34768 else (n - 1000, n - 1000)  # the fallback sample: 3,096 + 1,000 rows
+    X = np.asarray(wordnet["minilm"][:fit], np.float32)
+    Y = np.asarray(wordnet["e5"][:fit], np.float32)
+    shards = _sharded_files(tmp_path, X, Y, [s * fit // 12000 for s in (1000, 4500, 9000)])
     ref = align.fit_procrustes(X, Y)
     got = D.fit_stats_ray(shards)
-    Xh = np.asarray(np.load(WORDNET / "minilm.npy", mmap_mode="r")[32768:34768], np.float32)
+    Xh = np.asarray(wordnet["minilm"][held:held + 2000], np.float32)
     diff = float(np.abs(got.apply(Xh) - ref.apply(Xh)).max())
     print(f"\nRay vs single machine on WordNet minilm->e5: max|d mapped held-out rows| = {diff:.2e}")
     assert diff < 1e-5

