@@ -13,8 +13,8 @@ import click
 from align.exceptions import DimensionMismatchError, InputError, PairCountError
 from align.steer import Steer
 
-from ..encoders import get_encoder
-from ..io import read_texts, read_vectors, write_vectors
+from ..encoders import get_encoder, space_encoder
+from ..io import is_text_path, read_texts, read_vectors, write_vectors
 from ..ops.steers import (apply_steer_job, delete_steer_alias, describe_lens, embed_and_register, set_steer_alias,
                           space_for_rows, steer_lens, transfer_and_register)
 from ._common import Ctx, alias_command, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
@@ -34,7 +34,10 @@ def steer():
 @click.option("--vectors", "vectors", type=click.Path(dir_okay=False), default=None, help="Rows (.npy, .fvecs, ...).")
 @click.option("--texts", "texts", type=click.Path(dir_okay=False), default=None,
               help="Texts (.txt / .jsonl): embedded with --encoder unless --vectors are given; name the lens items.")
-@click.option("--encoder", default=None, help="Encoder for --texts (default: the space's).")
+@click.option("--encoder", default=None,
+              help="Encoder for --texts: the space's (the default; another model is refused), or the encoder of a "
+                   "space that has none registered.")
+@click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text.")
 @click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per row.")
 @click.option("--name", required=True)
 @click.option("--rank", type=int, default=None,
@@ -44,13 +47,13 @@ def steer():
 @click.option("--param", "params", multiple=True, help="KEY=VALUE fit parameter (JSON values), repeatable.")
 @register_opts
 @click.pass_obj
-def steer_fit(obj: Ctx, space, vectors, texts, encoder, labels, name, rank, method, params, random_state, alias,
-              description, as_json, quiet):
+def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name, rank, method, params, random_state,
+              alias, description, as_json, quiet):
     """Fit a steer and register it as the next version of NAME."""
     if not vectors and not texts:
         raise click.UsageError("give --vectors or --texts")
     reg = obj.registry
-    items = read_texts(texts) if texts else None
+    items = read_texts(texts, text_field=text_field) if texts else None
     X = read_vectors(vectors) if vectors else None
     _, encoder = space_for_rows(reg, get_encoder, space, texts=X is None, encoder=encoder)
     n = len(items) if X is None else X.shape[0]
@@ -86,15 +89,20 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, labels, name, rank, meth
 @click.option("--eps", type=float, default=1.0, show_default=True, help="Strength (0 = identity, negative reverses).")
 @click.argument("inp", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--encoder", default=None, help="Embed a text input first.")
+@click.option("--encoder", default=None,
+              help="For a text INP (.txt / .jsonl / .json, embedded as queries): the steer's space's encoder (the "
+                   "default; another model is refused), or the encoder of a space that has none registered.")
+@click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text.")
 @json_opt
 @click.pass_obj
-def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, as_json):
+def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, text_field, as_json):
     """Steer the rows of IN with Q (I + eps W) and write OUT (.npy, .fvecs, .parquet)."""
     reg = obj.registry
     info = reg.resolve_steer(ref)
     s = reg.load_steer(info)
-    Q = read_vectors(inp, encoder=encoder, kind="query")
+    if is_text_path(inp):
+        encoder = _text_encoder(reg, info.space, encoder)
+    Q = read_vectors(inp, encoder=encoder, kind="query", text_field=text_field)
     if Q.shape[1] != info.dim:
         raise DimensionMismatchError(f"{Path(inp).name} has {Q.shape[1]}-d rows; steer {info.ref} is {info.dim}-d")
     write_vectors(out, apply_steer_job(Q, [(s, eps)]))
@@ -146,10 +154,7 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
         if vectors:
             X = read_vectors(vectors)
         else:
-            enc = encoder or reg.get_space(info.space).encoder
-            if not enc:
-                raise InputError(f"--texts need --encoder or --vectors (space {info.space!r} has no encoder)")
-            X = read_vectors(texts, encoder=enc)
+            X = read_vectors(texts, encoder=_text_encoder(reg, info.space, encoder))
         out["directions"] = steer_lens(s, X, items, k=k, n_directions=directions)
     lines = [f"steer {info.ref}: sigma " + " ".join(f"{x:.3g}" for x in out["sigma"])]
     for d in out["directions"]:
@@ -159,6 +164,16 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
     if not out["directions"]:
         lines.append("  (no named items: fit with --texts, or pass --texts here)")
     emit(out, as_json, "\n".join(lines))
+
+
+def _text_encoder(reg, space: str, encoder: str | None) -> str:
+    """The encoder for texts steered in ``space``: the space's registered one, which ``encoder`` must name when given
+    (texts embedded by another model of the same width were steered as the space's and exited 0), else
+    ``encoder``; InputError when neither is known."""
+    enc = space_encoder(space, reg.get_space(space).encoder, encoder)
+    if not enc:
+        raise InputError(f"texts need --encoder (space {space!r} has none registered) or vectors")
+    return enc
 
 
 def _item_name(item: dict) -> str:

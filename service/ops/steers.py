@@ -25,6 +25,7 @@ from align.steer import (MeanShift, Steer, apply_steers, check_steer_options, fi
                          transfer_steer)
 from align.validation import as_matrix
 
+from ..encoders import space_encoder
 from ..limits import MAX_SEED
 from ..progress import Progress, silent
 from ..registry import ConflictError, NotFoundError
@@ -98,14 +99,15 @@ def check_steer_fit(registry, *, name: str, space: str, alias: str | None, param
 def space_for_rows(registry, load_encoder: Callable, space: str, *, texts: bool,
                    encoder: str | None = None) -> tuple[int | None, str | None]:
     """``(dim, encoder)`` for a fit's rows in ``space``: the space's width (None while it is new) and,
-    for texts, the encoder that embeds them (``encoder``, default the space's; loaded now so an
-    unknown one is refused before any job starts)."""
+    for texts, the encoder that embeds them (the space's, which ``encoder`` must name when given: texts embedded by
+    another model of the same width were fitted as the space's; else ``encoder``; loaded now so an unknown one is
+    refused before any job starts)."""
     try:
         info = registry.get_space(space)
     except NotFoundError:
         info = None
     if texts:
-        encoder = encoder or (info.encoder if info else None)
+        encoder = space_encoder(space, info.encoder if info else None, encoder)
         if not encoder:
             raise InputError(f"give an `encoder` for the texts (space {space!r} has none registered)")
         load_encoder(encoder)

@@ -202,6 +202,10 @@ def test_http_fit_validation_before_queueing(tmp_path):
         assert r.status_code == 422 and "source texts[1] is empty" in r.json()["error"]["message"], r.text
         r = c.post("/v1/fits", headers=R, json={**base, "source": {}, "target": {}})
         assert r.status_code == 403
+        # a steer's texts likewise: fitted on e5 vectors as the space's MiniLM ones, 202
+        r = c.post("/v1/steers", headers=W, json={"name": "s", "space": "txt", "texts": ["a dog", "a cat"],
+                                                  "labels": [1, -1], "encoder": "multilingual-e5-small"})
+        assert r.status_code == 422 and "space 'txt' is embedded by 'all-MiniLM-L6-v2'" in r.text, r.text
         assert c.get("/v1/jobs", headers=R).json()["data"] == []
         assert c.get("/v1/jobs/nope", headers=R).status_code == 404
 
