@@ -23,6 +23,10 @@ Usage::
     python benchmarks/bench_align.py --peer --pairs minilm:e5 --seeds 0 1   # run + store the peer
     python benchmarks/bench_align.py --semi --pairs minilm:e5 --seeds 0     # seed-pair sweep
 
+Without the shared set, a sample of 4,096 WordNet definitions embedded here (``wordnet_sample.py``) is used, the
+split scaled to its rows (0.4 / 0.4 / 0.2); pairs with glove or paraphrase_l3 are skipped (no encoder here) and
+the stored peer results (shared set) are neither shown nor written.
+
 Environment: OMP_NUM_THREADS / MKL / OPENBLAS default to 1 (shared machine).
 """
 
@@ -47,25 +51,26 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import wordnet_sample
+
 RESULTS = HERE / "results"
-DATA = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", HERE.parents[1] / "shared" / "data" / "wordnet"))
-N_TRAIN, N_TOTAL = 16384, 40960
-SRC_TRAIN = slice(0, N_TRAIN)
-TGT_TRAIN = slice(N_TRAIN, 2 * N_TRAIN)
-HELDOUT = slice(2 * N_TRAIN, N_TOTAL)
 DEFAULT_PAIRS = ("minilm:e5", "e5:minilm", "glove:minilm", "minilm:paraphrase_l3")
 SEMI_KS = (0, 10, 30, 100, 300, 1000)
 
 
-def load(name: str) -> np.ndarray:
-    return np.load(DATA / f"{name}.npy", mmap_mode="r")
+def load(data: Path, name: str) -> np.ndarray:
+    return np.load(Path(data) / f"{name}.npy", mmap_mode="r")
 
 
-def split(src: str, tgt: str):
-    """Return (X_train (16384, d_s), Y_train (16384, d_t), X_held (8192, d_s), Y_held (8192, d_t)) float32."""
-    A, B = load(src), load(tgt)
+def split(data: Path, src: str, tgt: str):
+    """Return (X_train (16384, d_s), Y_train (16384, d_t), X_held (8192, d_s), Y_held (8192, d_t)) float32.
+
+    Sizes for the shared set's 40,960 rows; 0.4 / 0.4 / 0.2 of a sample's rows (``wordnet_sample.split``)."""
+    A, B = load(data, src), load(data, tgt)
+    s, t, h = wordnet_sample.split(A.shape[0])
     f = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
-    return f(A[SRC_TRAIN]), f(B[TGT_TRAIN]), f(A[HELDOUT]), f(B[HELDOUT])
+    return f(A[s]), f(B[t]), f(A[h]), f(B[h])
 
 
 def _maxrss_mb() -> float:
@@ -83,8 +88,9 @@ def _run_one(job: dict) -> dict:
     from align.procrustes import fit_frames
 
     warnings.simplefilter("ignore")
-    src, tgt, seed, method = job["src"], job["tgt"], job["seed"], job["method"]
-    X, Y, Xh, Yh = split(src, tgt)
+    src, tgt, seed, method, data = job["src"], job["tgt"], job["seed"], job["method"], Path(job["data"])
+    X, Y, Xh, Yh = split(data, src, tgt)
+    src_train, tgt_train, _ = wordnet_sample.split(load(data, src).shape[0])
     base_rss = _maxrss_mb()
     t0 = time.perf_counter()
     criterion, extra = None, {}
@@ -92,8 +98,8 @@ def _run_one(job: dict) -> dict:
         fs, ft = fit_frames(X, Y)
         m = LinearMap(np.eye(X.shape[1], dtype=np.float32), None, fs, ft, {"method": "identity"})
     elif method == "supervised":
-        A, B = load(src), load(tgt)
-        m = align.fit_procrustes(np.asarray(A[SRC_TRAIN], np.float32), np.asarray(B[SRC_TRAIN], np.float32))
+        A, B = load(data, src), load(data, tgt)
+        m = align.fit_procrustes(np.asarray(A[src_train], np.float32), np.asarray(B[src_train], np.float32))
     elif method in ("published", "vecbridge", "semi"):
         preset = MiniVec2Vec.published if method == "published" else getattr(MiniVec2Vec, job.get("preset", "fast"))
         est = preset(random_state=seed, **job.get("params", {}))
@@ -103,9 +109,9 @@ def _run_one(job: dict) -> dict:
             # CONTEXT convention: k target-training texts, embedded by the source encoder too
             rng = np.random.default_rng(10_000 + seed)
             j = np.sort(rng.choice(Y.shape[0], size=k, replace=False))
-            extra_rows = np.asarray(load(src)[TGT_TRAIN][j], np.float32)
+            extra_rows = np.asarray(load(data, src)[tgt_train][j], np.float32)
+            seed_pairs = (X.shape[0] + np.arange(k), j)
             X = np.concatenate([X, extra_rows])
-            seed_pairs = (N_TRAIN + np.arange(k), j)
         est.fit(X, Y, seed_pairs=seed_pairs)
         m = est.map_
         criterion = est.criterion_
@@ -186,8 +192,11 @@ def _summ(rows: list[dict], key: str, fmt: str, best) -> str:
     return f"{fmt.format(np.mean(vals))}±{fmt.format(np.std(vals))} (w {fmt.format(worst(vals))})"
 
 
-def print_table(pair: str, groups: dict[str, list[dict]]) -> None:
-    print(f"\n== {pair}  (candidates: 8192 held-out pairs; mean±std (worst seed) over seeds) ==")
+def print_table(pair: str, groups: dict[str, list[dict]], note: str = "") -> None:
+    n = next((r["n_candidates"] for rows in groups.values() for r in rows if r.get("n_candidates")), 8192)
+    print(f"\n== {pair}  (candidates: {n} held-out pairs; mean±std (worst seed) over seeds) ==")
+    if note:
+        print(f"  {note}")
     head = ["method", "seeds"] + [c[1] for c in COLS]
     lines = [head]
     for name, rows in groups.items():
@@ -221,21 +230,28 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write all rows of this run to this JSON file")
     args = ap.parse_args(argv)
 
-    if not (DATA / "minilm.npy").exists():
-        print(f"SKIP: WordNet embeddings not found under {DATA} (set VECBRIDGE_WORDNET_DIR)")
+    try:
+        data = wordnet_sample.wordnet_dir()
+    except wordnet_sample.SampleUnavailable as e:
+        print(f"SKIP: no WordNet embeddings: {e}")
         return 0
+    sample, note = wordnet_sample.is_sample(data), wordnet_sample.note(data)
+    if note:
+        print(note)
     params = json.loads(args.params)
     all_rows = []
     for pair in args.pairs:
         src, tgt = pair.split(":")
-        if not (DATA / f"{src}.npy").exists() or not (DATA / f"{tgt}.npy").exists():
-            print(f"SKIP {pair}: file missing")
+        if not (data / f"{src}.npy").exists() or not (data / f"{tgt}.npy").exists():
+            print(f"SKIP {pair}: " + ("no encoder for it here (a sample holds "
+                                      f"{', '.join(wordnet_sample.SAMPLE_ENCODERS)})" if sample else "file missing"))
             continue
         if args.peer:
             for seed in args.seeds:
-                res = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "published"})
+                res = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "published", "data": str(data)})
+                where = "not stored (a sample)" if sample else store_peer(res)
                 print(f"peer {pair} seed {seed}: top1 {res['top1']:.4f} mean rank {res['mean_rank']:.1f} "
-                      f"{res['seconds']:.0f}s -> {store_peer(res)}", flush=True)
+                      f"{res['seconds']:.0f}s -> {where}", flush=True)
                 all_rows.append(res)
             continue
         if args.semi:
@@ -243,32 +259,35 @@ def main(argv=None) -> int:
             for k in args.ks:
                 for seed in args.seeds:
                     r = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "semi", "k": k, "params": params,
-                                      "preset": args.preset})
+                                      "preset": args.preset, "data": str(data)})
                     rows.append(r)
                     print(f"semi {pair} k={k} seed {seed}: top1 {r['top1']:.3f} csls {r['csls_top1']:.3f} "
                           f"crit {r['criterion']:.3f} {r['seconds']:.1f}s", flush=True)
             all_rows += rows
-            print_table(pair + " semi-supervised", {f"k={k}": [r for r in rows if r["k"] == k] for k in args.ks})
+            print_table(pair + " semi-supervised", {f"k={k}": [r for r in rows if r["k"] == k] for k in args.ks}, note)
             continue
         groups: dict[str, list[dict]] = {}
         if not args.skip_baselines:
-            d_s, d_t = load(src).shape[1], load(tgt).shape[1]
+            d_s, d_t = load(data, src).shape[1], load(data, tgt).shape[1]
+            job = {"src": src, "tgt": tgt, "seed": 0, "data": str(data)}
             if d_s == d_t:
-                groups["identity"] = [run_isolated({"src": src, "tgt": tgt, "seed": 0, "method": "identity"})]
-            groups["supervised"] = [run_isolated({"src": src, "tgt": tgt, "seed": 0, "method": "supervised"})]
-        groups["published"] = [r for r in load_peer(pair) if r["seed"] in args.seeds] or load_peer(pair)
+                groups["identity"] = [run_isolated({**job, "method": "identity"})]
+            groups["supervised"] = [run_isolated({**job, "method": "supervised"})]
+        peer = [] if sample else load_peer(pair)  # stored results are for the shared set
+        groups["published"] = [r for r in peer if r["seed"] in args.seeds] or peer
         groups["vecbridge"] = []
         for seed in args.seeds:
             r = run_isolated({"src": src, "tgt": tgt, "seed": seed, "method": "vecbridge", "params": params,
-                              "preset": args.preset})
+                              "preset": args.preset, "data": str(data)})
             groups["vecbridge"].append(r)
             print(f"vecbridge {pair} seed {seed}: top1 {r['top1']:.3f} crit {r['criterion']:.3f} "
                   f"{r['seconds']:.1f}s", flush=True)
         for rows in groups.values():
             all_rows += rows
-        print_table(pair, groups)
+        print_table(pair, groups, note)
         if not groups["published"]:
-            print("  (published: no stored results; run with --peer)")
+            print("  (published: " + ("stored results are for the shared set, not shown on a sample)" if sample
+                                      else "no stored results; run with --peer)"))
     print("\nlargest blocks: knn via FAISS IndexFlatIP (exact) over all training rows, queries in blocks of 16,384;"
           " relative representations (n, 600) float32 = 39 MB at n=16,384; no n x n matrix.")
     if args.out:

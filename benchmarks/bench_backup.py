@@ -4,7 +4,8 @@
     python benchmarks/bench_backup.py --rows 50000 --out benchmarks/results/backup_<date>.md
 
 Builds a data dir (spaces a, b; the map a2b with ``--versions`` versions; the index ``docs`` of ``--rows`` rows
-of 384-d, WordNet MiniLM rows repeated with noise as in ``bench_index_writes``), starts a writer process that
+of 384-d, WordNet MiniLM rows repeated with noise as in ``bench_index_writes``: those of a sample embedded here
+when the shared set is absent, said so), starts a writer process that
 adds 16 rows to ``docs`` and registers a new a2b version every 8 adds, in a loop, timing each write, and takes
 two backups while it runs: hard links (DEST on the same file system, the default) and ``--copy``. Prints one
 table: seconds, files, bytes in the backup, bytes copied, how long the SQLite copies held their read lock, and
@@ -27,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from bench_index_writes import rows
+from bench_index_writes import data_note, rows
 
 from align import fit_procrustes
 from service.config import Settings
@@ -114,7 +115,8 @@ def main() -> None:
         ops = [json.loads(line) for line in log.read_text().splitlines()]
         head = (f"Backup of a data dir with a {args.rows:,}-row 384-d flat index and {args.versions} map versions, "
                 f"a writer adding 16 rows every ~10 ms and a version every 8 adds (`{' '.join(sys.argv[1:])}`)")
-        lines = [head, "", "| backup | seconds | files | bytes in backup | bytes copied | SQLite copies |",
+        lines = [head, *([data_note()] if data_note() else []), "",
+                 "| backup | seconds | files | bytes in backup | bytes copied | SQLite copies |",
                  "|---|---:|---:|---:|---:|---:|"]
         for label, out in runs:
             lines.append(f"| {label} | {out['seconds']:.2f} | {out['files']} | {out['bytes'] / 2**20:,.1f} MiB | "

@@ -11,8 +11,9 @@ are interleaved: each round sends ``--per`` requests per cell to one server then
 both alike. p50 and p99 per cell over all rounds, and the ratio default / one-thread (> 1: one thread is
 faster). The machine's 1-minute load average is printed at the start and end: the difference shows when
 the cores are busy with something else (spinning thread teams then wait for descheduled members).
-Writes ``benchmarks/results/blas_threads_<date>.{json,md}``. Data: ``../shared/data/wordnet`` rows
-(a synthetic planted pair, said so, when absent).
+Writes ``benchmarks/results/blas_threads_<date>.{json,md}`` (``--results DIR``: elsewhere). Data:
+``../shared/data/wordnet`` rows; without it a sample of 4,096 definitions embedded here (``wordnet_sample.py``),
+the row ranges scaled to its size, said so; a synthetic planted pair, said so, when neither can be had.
 """
 
 from __future__ import annotations
@@ -32,39 +33,50 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import wordnet_sample
 from _api_support import R, W  # noqa: E402
 from _servers import env_for, free_port, start, stop  # noqa: E402
 
-WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", ROOT.parent / "shared" / "data" / "wordnet"))
 RESULTS = ROOT / "benchmarks" / "results"
 TRANSFORM_BATCHES = (1, 8, 64, 1024)
 SEARCH_BATCHES = (1, 64)
 
 
 def load_data():
-    if (WORDNET / "minilm.npy").exists():
-        src = np.load(WORDNET / "minilm.npy", mmap_mode="r")
-        tgt = np.load(WORDNET / "e5.npy", mmap_mode="r")
-        return (np.asarray(src[:4096], np.float32), np.asarray(tgt[:4096], np.float32),
-                np.asarray(tgt[8192:16384], np.float32), np.asarray(src[32768:34816], np.float32), "WordNet")
+    """``(X, Y, corpus, held, name, note)``: fit pairs [0, n/10), e5 corpus [n/5, 2n/5), held-out minilm rows
+    [4n/5, 4n/5 + n/20) — 4,096 / 8,192 / 2,048 rows of the shared set's 40,960; held tiled to a batch of 1,024."""
+    try:
+        folder = wordnet_sample.wordnet_dir()
+    except wordnet_sample.SampleUnavailable as e:
+        print(f"no WordNet data ({e}): a synthetic planted pair instead")
+    else:
+        src, tgt = wordnet_sample.load(folder, "minilm"), wordnet_sample.load(folder, "e5")
+        n = src.shape[0]
+        s, _, h = wordnet_sample.split(n)
+        name = f"WordNet sample ({n:,} rows)" if wordnet_sample.is_sample(folder) else "WordNet"
+        return (src[: n // 10], tgt[: n // 10], tgt[s.stop // 2 : s.stop],
+                wordnet_sample.tile(src[h.start : h.start + n // 20], max(TRANSFORM_BATCHES)), name,
+                wordnet_sample.note(folder))
     rng = np.random.default_rng(0)
     Q = np.linalg.qr(rng.normal(size=(384, 384)))[0]
     X = rng.normal(size=(16384, 384)).astype(np.float32)
     Y = (X @ Q).astype(np.float32)
-    return X[:4096], Y[:4096], Y[8192:], X[14336:], "SYNTHETIC planted rotation (WordNet data absent)"
+    return X[:4096], Y[:4096], Y[8192:], X[14336:], "SYNTHETIC planted rotation (WordNet data absent)", ""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--per", type=int, default=20, help="requests per cell per round (batch 1,024: a quarter)")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="folder for the .json / .md (default %(default)s)")
     args = ap.parse_args()
     import httpx
 
     import align
     from service.registry import open_registry
 
-    X, Y, corpus, held, data_name = load_data()
+    X, Y, corpus, held, data_name, note = load_data()
     data = Path(os.environ.get("TMPDIR", "/tmp")) / f"vb-blas-bench-{os.getpid()}"
     reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
     reg.register_space("minilm", 384)
@@ -134,7 +146,7 @@ def main() -> None:
     lines = [f"# Serving at blas_threads=1 vs the libraries' defaults ({out['date']})", "",
              f"{data_name}: Procrustes map minilm -> e5, flat e5 index of {len(corpus):,} rows, k = 10; two servers, "
              f"one worker each, no OMP_NUM_THREADS; {args.rounds} interleaved rounds; {os.cpu_count()} CPUs, load "
-             f"{load_start:.2f} -> {load_end:.2f}.", "",
+             f"{load_start:.2f} -> {load_end:.2f}.", *([note] if note else []), "",
              "| cell | 1 thread p50 ms | default p50 ms | p50 default/1 | 1 thread p99 ms | default p99 ms | "
              "p99 default/1 |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -143,8 +155,8 @@ def main() -> None:
                      f"{r['default_p99_ms'] / r['one_p99_ms']:.2f} |")
     text = "\n".join(lines)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"blas_threads_{out['date']}"
+    args.results.mkdir(parents=True, exist_ok=True)
+    stem = args.results / f"blas_threads_{out['date']}"
     stem.with_suffix(".json").write_text(json.dumps(out, indent=1))
     stem.with_suffix(".md").write_text(text + "\n")
 

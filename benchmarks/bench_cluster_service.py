@@ -9,7 +9,10 @@ selection of cluster count, shrinkage, blend). They are registered in one regist
 server (``vecbridge serve`` entry point, one worker, ``OMP_NUM_THREADS=1``) answers binary
 (``application/octet-stream``) transforms of held-out rows. Per batch size: median wall time per
 request over the repeats, as µs per row, for in-process ``apply`` and HTTP, linear and cluster side
-by side with the ratio cluster / linear. Writes ``benchmarks/results/cluster_service_<date>.{json,md}``.
+by side with the ratio cluster / linear. Writes ``benchmarks/results/cluster_service_<date>.{json,md}``
+(``--results DIR``: elsewhere). Without the shared set: a sample of 4,096 definitions embedded here
+(``wordnet_sample.py``), fitted on its first fifth (8,192 of 40,960 in the shared set), transforms of its
+held-out rows [4n/5, n) repeated to the largest batch; said in the output.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _servers import env_for, free_port, start, stop  # noqa: E402
 from _api_support import R  # noqa: E402
 
-WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", ROOT.parent / "shared" / "data" / "wordnet"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import wordnet_sample
+
 RESULTS = ROOT / "benchmarks" / "results"
 BATCHES = (1, 64, 1024, 8192)
 
@@ -46,23 +51,27 @@ def _median_seconds(fn, repeats: int) -> float:
     return float(np.median(ts))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    if not (WORDNET / "minilm.npy").is_file() or not (WORDNET / "e5.npy").is_file():
-        print(f"no WordNet data at {WORDNET} (set VECBRIDGE_WORDNET_DIR); nothing to benchmark")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="folder for the .json / .md (default %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        folder = wordnet_sample.wordnet_dir()
+    except wordnet_sample.SampleUnavailable as e:
+        print(f"no WordNet data ({e}); nothing to benchmark")
         return
+    note = wordnet_sample.note(folder)
     load_start = os.getloadavg()
     import httpx
 
     import align
     from service.registry import open_registry
 
-    src = np.load(WORDNET / "minilm.npy", mmap_mode="r")
-    tgt = np.load(WORDNET / "e5.npy", mmap_mode="r")
-    X, Y = np.asarray(src[:8192], np.float32), np.asarray(tgt[:8192], np.float32)
-    Q = np.ascontiguousarray(src[32768 : 32768 + max(BATCHES)], np.float32)
+    src, tgt = wordnet_sample.load(folder, "minilm"), wordnet_sample.load(folder, "e5")
+    n = src.shape[0]
+    X, Y = src[: n // 5], tgt[: n // 5]  # 8,192 pairs of the shared set's 40,960
+    Q = wordnet_sample.tile(src[wordnet_sample.split(n)[2]], max(BATCHES))  # its held-out rows [32768, 40960)
     t = time.perf_counter()
     lin = align.fit_migration(X, Y, method="procrustes", random_state=0)
     t_lin = time.perf_counter() - t
@@ -101,13 +110,15 @@ def main() -> None:
         stop(proc)
     out = {"date": str(date.today()), "machine": platform.platform(), "cpus": os.cpu_count(),
            "loadavg_start_end": [load_start], "omp_threads": os.environ.get("OMP_NUM_THREADS"),
-           "pairs": 8192, "dims": [int(X.shape[1]), int(Y.shape[1])], "fit_seconds": {"procrustes": round(t_lin, 2),
-                                                                                        "cluster": round(t_cm, 2)},
+           "pairs": int(X.shape[0]), **({"note": note} if note else {}), "dims": [int(X.shape[1]), int(Y.shape[1])],
+           "fit_seconds": {"procrustes": round(t_lin, 2), "cluster": round(t_cm, 2)},
            "cluster": {"n_clusters": cm.n_clusters, "blend": cm.blend, "temperature": cm.temperature},
            "repeats": repeats, "rows": rows}
     out["loadavg_start_end"].append(os.getloadavg())
     lines = [f"# Cluster vs linear map through the service ({out['date']})", "",
-             f"WordNet minilm -> e5 (384 -> 384), 8,192 pairs; cluster map k={cm.n_clusters}, blend={cm.blend}; "
+             *([note, ""] if note else []),
+             f"WordNet minilm -> e5 (384 -> 384), {X.shape[0]:,} pairs; cluster map k={cm.n_clusters}, "
+             f"blend={cm.blend}; "
              f"uvicorn 1 worker, OMP_NUM_THREADS={out['omp_threads']}, {out['cpus']} cores, load "
              f"{load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}; median of {repeats}.", "",
              "| batch | linear in-proc µs/row | cluster in-proc µs/row | ratio | linear HTTP µs/row | "
@@ -118,8 +129,8 @@ def main() -> None:
                      f"{r['cluster_http_us']:.2f} | {r['cluster_http_us'] / r['linear_http_us']:.2f} |")
     text = "\n".join(lines)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"cluster_service_{out['date']}{'_quick' if args.quick else ''}"
+    args.results.mkdir(parents=True, exist_ok=True)
+    stem = args.results / f"cluster_service_{out['date']}{'_quick' if args.quick else ''}"
     stem.with_suffix(".json").write_text(json.dumps(out, indent=1))
     stem.with_suffix(".md").write_text(text + "\n")
 

@@ -8,9 +8,11 @@ The issue-16 goal is ``method="auto"`` on 10k pairs in <= 60 s on the 2-core dev
 the ``threaded`` rows undo that (the decompositions get every BLAS thread, as before) so the two
 are compared side by side in one run, alternating, with the load average printed beside each row:
 on a busy machine OpenBLAS's spinning threads are what the serial decompositions avoid. Same seed,
-same chosen family in both variants (checked). Writes ``benchmarks/results/fit_time_<date>.{json,md}``.
-Data: ``../shared/data/wordnet`` (rows [0, N) of ``minilm`` / ``e5``); a synthetic planted pair
-(said so in the output) when it is absent.
+same chosen family in both variants (checked). Writes ``benchmarks/results/fit_time_<date>.{json,md}``
+(``--results DIR``: elsewhere). Data: ``../shared/data/wordnet`` (rows [0, N) of ``minilm`` / ``e5``); without
+it a sample of 4,096 definitions embedded here (``wordnet_sample.py``; N defaults to the same fraction of its
+rows as 10,000 of 40,960, and is at most its rows), said so; a synthetic planted pair (said so in the output)
+when neither can be had.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import wordnet_sample
+
 import align  # noqa: E402
 from align import linalg  # noqa: E402
 
-WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", ROOT.parent / "shared" / "data" / "wordnet"))
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -47,25 +51,39 @@ def threaded_decompositions():
         linalg.serial_blas = real
 
 
-def load_pairs(n: int) -> tuple[np.ndarray, np.ndarray, str]:
-    if (WORDNET / "minilm.npy").exists():
-        X = np.asarray(np.load(WORDNET / "minilm.npy", mmap_mode="r")[:n], np.float32)
-        Y = np.asarray(np.load(WORDNET / "e5.npy", mmap_mode="r")[:n], np.float32)
-        return X, Y, f"WordNet minilm -> e5, rows [0, {n})"
+def load_pairs(n: int | None) -> tuple[np.ndarray, np.ndarray, str, str]:
+    """``(X, Y, data, note)``: rows [0, n) (``None``: 10,000 of the shared set's 40,960, the same fraction of a
+    sample's rows; at most the rows there are)."""
+    try:
+        folder = wordnet_sample.wordnet_dir()
+    except wordnet_sample.SampleUnavailable as e:
+        print(f"no WordNet data ({e}): a synthetic planted pair instead")
+    else:
+        total = wordnet_sample.rows_of(folder)
+        n = min(total, round(10000 * total / wordnet_sample.SHARED_ROWS) if n is None else n)
+        X = wordnet_sample.load(folder, "minilm")[:n]
+        Y = wordnet_sample.load(folder, "e5")[:n]
+        kind = f"WordNet sample ({total:,} rows)" if wordnet_sample.is_sample(folder) else "WordNet"
+        return X, Y, f"{kind} minilm -> e5, rows [0, {n})", wordnet_sample.note(folder)
+    n = 10000 if n is None else n
     rng = np.random.default_rng(0)
     X = rng.normal(size=(n, 384)).astype(np.float32)
     Q = np.linalg.qr(rng.normal(size=(384, 384)))[0]
     Y = (X @ Q + 0.3 * rng.normal(size=X.shape)).astype(np.float32)
-    return X, Y, f"SYNTHETIC planted rotation + noise, {n} rows (shared WordNet data absent)"
+    return X, Y, f"SYNTHETIC planted rotation + noise, {n} rows (shared WordNet data absent)", ""
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pairs", type=int, default=10000)
+    ap.add_argument("--pairs", type=int, default=None, help="default 10,000 (a sample: the same fraction of it)")
     ap.add_argument("--methods", nargs="+", default=["auto"])
     ap.add_argument("--rounds", type=int, default=1, help="alternating serial/threaded rounds per method")
-    args = ap.parse_args()
-    X, Y, data = load_pairs(args.pairs)
+    ap.add_argument("--results", type=Path, default=RESULTS, help="folder for the .json / .md (default %(default)s)")
+    args = ap.parse_args(argv)
+    X, Y, data, note = load_pairs(args.pairs)
+    args.pairs = X.shape[0]
+    if note:
+        print(note)
     rows = []
     for method in args.methods:
         for r in range(args.rounds):
@@ -81,14 +99,15 @@ def main() -> None:
                              "chosen": chosen, "load_1min": round(load, 2)})
                 print(f"{method:12s} round {r} {variant:9s} {secs:7.1f} s  chosen {chosen}  load {load:.2f}",
                       flush=True)
-    out = {"date": str(date.today()), "data": data, "pairs": args.pairs, "cpus": os.cpu_count(),
-           "python": platform.python_version(), "numpy": np.__version__, "rows": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"fit_time_{date.today()}"
+    out = {"date": str(date.today()), "data": data, **({"note": note} if note else {}), "pairs": args.pairs,
+           "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__, "rows": rows}
+    args.results.mkdir(parents=True, exist_ok=True)
+    stem = args.results / f"fit_time_{date.today()}"
     stem.with_suffix(".json").write_text(json.dumps(out, indent=1))
     lines = [f"# fit_migration wall time, {args.pairs} pairs ({data})", "",
              f"{os.cpu_count()} CPUs; serial = d x d decompositions at one BLAS thread (align.linalg), "
-             "threaded = every BLAS thread; alternating; load = 1-min load average at the start of the fit.", "",
+             "threaded = every BLAS thread; alternating; load = 1-min load average at the start of the fit.",
+             *([note] if note else []), "",
              "| method | round | variant | seconds | chosen | load |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['method']} | {r['round']} | {r['variant']} | {r['seconds']} | {r['chosen']} | {r['load_1min']} |"
               for r in rows]

@@ -4,7 +4,8 @@
     python benchmarks/bench_index_writes.py --out benchmarks/results/index_writes_2026-12-02.md
 
 For each kind, one index is built from the WordNet MiniLM rows (``../shared/data/wordnet/minilm.npy``;
-repeated with small noise past 40,960 rows, said in the table; random unit rows when the file is absent),
+repeated with small noise past 40,960 rows, said in the table; without the shared set, the MiniLM rows of a
+sample of 4,096 definitions embedded here (``wordnet_sample.py``), said so; random rows when neither can be had),
 then ``--adds`` adds of ``--batch`` rows and ``--deletes`` deletes of ``--batch`` ids are made twice, side by
 side in one run: with the log (what vecbridge does) and with every change written as a whole snapshot (the
 format before the log: ``persist.LOG_MAX_FILES = 0``). Per change: the writer's wall time (p50), the
@@ -15,6 +16,7 @@ on its next request) takes to catch up (p50). Prints a markdown table with the r
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -25,22 +27,38 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+import wordnet_sample
 
 from service.indexes import IndexStore, persist
 
-WORDNET = ROOT.parent / "shared" / "data" / "wordnet" / "minilm.npy"
+
+@functools.cache
+def wordnet() -> Path | None:
+    """The WordNet folder holding ``minilm.npy`` (the shared set, else a sample built here), or None."""
+    try:
+        return wordnet_sample.wordnet_dir(("minilm",))
+    except wordnet_sample.SampleUnavailable as e:
+        print(f"no WordNet rows ({e}): random rows instead")
+        return None
+
+
+def data_note() -> str:
+    """The sample note (``wordnet_sample.note``) when the rows come from a sample, else empty."""
+    return wordnet_sample.note(wordnet()) if wordnet() is not None else ""
 
 
 def rows(n: int, seed: int = 0) -> tuple[np.ndarray, str]:
     """``n`` x 384 float32 rows: WordNet MiniLM rows, repeated with N(0, 0.01) noise past the file's length."""
     rng = np.random.default_rng(seed)
-    if WORDNET.exists():
-        base = np.load(WORDNET).astype(np.float32)
+    if wordnet() is not None:
+        base = wordnet_sample.load(wordnet(), "minilm")
         reps = -(-n // base.shape[0])
         X = np.concatenate([base + (0.01 * rng.standard_normal(base.shape, dtype=np.float32) if r else 0)
                             for r in range(reps)])[:n]
-        src = "WordNet MiniLM" + (f" x{reps} with noise" if reps > 1 else "")
+        name = f"WordNet sample ({base.shape[0]:,}) MiniLM" if wordnet_sample.is_sample(wordnet()) else "WordNet MiniLM"
+        src = name + (f" x{reps} with noise" if reps > 1 else "")
     else:
         X, src = rng.standard_normal((n, 384), dtype=np.float32), "random"
     return X, src
@@ -111,7 +129,7 @@ def main(argv=None) -> None:
             f"p50 per change; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
     columns = ("| kind | rows (source) | mode | write p50 ms | bytes written p50 | other store catches up p50 ms | "
                "files on disk MB |")
-    lines = [head, "", columns, "|---|---|---|---:|---:|---:|---:|"]
+    lines = [head, *([data_note()] if data_note() else []), "", columns, "|---|---|---|---:|---:|---:|---:|"]
     ratios = []
     for kind, n, params in cases:
         if n <= 0:

@@ -2,8 +2,9 @@
 
 Query-side migration (Drift-Adapter) and every batch-1 transform or search over HTTP pay
 ``map.apply(x)`` for a single row; its published anchor is "< 10 µs per query". Maps are fitted on
-WordNet MiniLM -> e5 (3,000 pairs; the shared data, or a synthetic planted pair when it is absent);
-200 different held-out rows are applied one at a time, p50 per call, best of ``--rounds`` rounds.
+WordNet MiniLM -> e5 (3,000 pairs; the shared data, else a sample of 4,096 definitions embedded here by
+``wordnet_sample.py``, said so, or a synthetic planted pair when neither can be had); 200 different held-out
+rows are applied one at a time, p50 per call, best of ``--rounds`` rounds.
 
 ``--baseline-tree DIR`` runs the same measurement in another checkout (a subprocess with its
 ``align``), interleaved round by round, and prints both side by side with the ratio: speed is
@@ -25,20 +26,27 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDNET = ROOT.parent / "shared" / "data" / "wordnet"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import wordnet_sample
+
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def have_wordnet() -> bool:
-    return (WORDNET / "minilm.npy").is_file()
+def wordnet(log=print) -> Path | None:
+    """The WordNet folder (the shared set, else a sample built here), or None when neither can be had."""
+    try:
+        return wordnet_sample.wordnet_dir(log=log)
+    except wordnet_sample.SampleUnavailable as e:
+        log(f"no WordNet data ({e}): a synthetic planted pair instead")
+        return None
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
-    """``(A, B)`` (3,200, 384) float32: WordNet MiniLM / e5 rows, or a synthetic planted rotation without them."""
-    if have_wordnet():
-        A = np.load(WORDNET / "minilm.npy", mmap_mode="r")[:3200].astype(np.float32)
-        B = np.load(WORDNET / "e5.npy", mmap_mode="r")[:3200].astype(np.float32)
-        return A, B
+    """``(A, B)`` (3,200, 384) float32 (at most a sample's rows): WordNet MiniLM / e5 rows, or a synthetic planted
+    rotation without them."""
+    folder = wordnet(log=lambda *a: None)  # the parent process built a sample, if one is needed, and said so
+    if folder is not None:
+        return wordnet_sample.load(folder, "minilm")[:3200], wordnet_sample.load(folder, "e5")[:3200]
     rng = np.random.default_rng(0)
     A = rng.normal(size=(3200, 384)).astype(np.float32) + 0.3
     Q = np.linalg.qr(rng.normal(size=(384, 384)))[0]
@@ -51,9 +59,11 @@ def measure(rounds: int) -> dict:
     from align.frames import unit_rows
 
     A, B = data()
-    maps = {k: align.fit_migration(A[:3000], B[:3000], method=k, random_state=0)
+    held = min(200, A.shape[0] // 5)  # 3,000 fit pairs and 200 held-out rows of 3,200; 4:1 in a smaller sample
+    fit = A.shape[0] - held
+    maps = {k: align.fit_migration(A[:fit], B[:fit], method=k, random_state=0)
             for k in ("procrustes", "ridge", "cluster")}
-    X = np.ascontiguousarray(A[3000:3200])
+    X = np.ascontiguousarray(A[fit:])
     W = np.ascontiguousarray(maps["procrustes"].W, dtype=np.float32)
     cases = {"GEMV x @ W (reference)": lambda x: x @ W,
              **{f"{k} apply (raw)": (lambda x, m=m: m.apply(x)) for k, m in maps.items()},
@@ -64,7 +74,7 @@ def measure(rounds: int) -> dict:
         for name, fn in cases.items():
             ts = []
             for i in range(2000):
-                x = X[i % 200 : i % 200 + 1]
+                x = X[i % held : i % held + 1]
                 t0 = time.perf_counter()
                 fn(x)
                 ts.append(time.perf_counter() - t0)
@@ -82,6 +92,7 @@ def main(argv=None) -> int:
     if a.child:
         print(json.dumps(measure(a.rounds)))
         return 0
+    folder = wordnet()
     trees = {"this tree": ROOT, **({"baseline": a.baseline_tree.resolve()} if a.baseline_tree else {})}
     runs: dict = {t: [] for t in trees}
     for _ in range(a.rounds):  # one round per tree in turn: both see the same machine load
@@ -92,10 +103,12 @@ def main(argv=None) -> int:
             runs[label].append(json.loads(out.strip().splitlines()[-1]))
     res = {t: {k: min(r[k] for r in rs) for k in rs[0]} for t, rs in runs.items()}
     head = ["case", "this tree µs"] + (["baseline µs", "baseline / this"] if a.baseline_tree else [])
-    source = "WordNet MiniLM -> e5" if have_wordnet() else "synthetic planted rotation"
+    source = "synthetic planted rotation" if folder is None else "WordNet MiniLM -> e5" + (
+        f", a sample of {wordnet_sample.rows_of(folder):,}" if wordnet_sample.is_sample(folder) else "")
+    note = "" if folder is None else wordnet_sample.note(folder)
     title = (f"Single-row apply, p50 per call, best of {a.rounds} interleaved rounds ({source}, 384 -> 384, "
              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, load {os.getloadavg()[0]:.1f})")
-    lines = [title, "",
+    lines = [title, *([note] if note else []), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k, v in res["this tree"].items():
         row = [k, f"{v:.1f}"]

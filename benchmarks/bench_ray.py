@@ -34,6 +34,9 @@ compared bit for bit with the in-process one (align's kernels, Ray only supplies
 
 Reports wall time, rows/s and the peak RSS of the driver process (workers hold one block each).
 
+Without the shared set: a sample of 4,096 definitions embedded here (``wordnet_sample.py``), repeated 25x by
+default (102,400 rows), said in the output; workload 5 is skipped (no paraphrase-MiniLM-L3 encoder here).
+
     python benchmarks/bench_ray.py [--rows 1024000] [--workers 2] [--address HOST:PORT] [--out FILE.json]
 """
 
@@ -52,8 +55,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", ROOT.parent / "shared" / "data" / "wordnet"))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+import wordnet_sample
+
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -61,8 +65,8 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def big(name: str, rows: int, seed: int) -> np.ndarray:
-    base = np.load(WORDNET / f"{name}.npy").astype(np.float32)
+def big(folder: Path, name: str, rows: int, seed: int) -> np.ndarray:
+    base = wordnet_sample.load(folder, name)
     rng = np.random.default_rng(seed)
     out = np.empty((rows, base.shape[1]), np.float32)
     for s in range(0, rows, 65536):
@@ -75,13 +79,13 @@ def big(name: str, rows: int, seed: int) -> np.ndarray:
 WORKLOADS = ("knn", "kernels", "transform", "fit")
 
 
-def fit_rows(args, ray, rows: list, report: dict) -> None:
+def fit_rows(args, ray, rows: list, report: dict, folder: Path) -> None:
     """Workload 5: the whole unsupervised fit on ``args.rows`` rows per side, in-process vs Ray."""
     import align
     from service.distributed import ray_executor
 
-    X = big("minilm", args.rows, 0)
-    Y = big("paraphrase_l3", args.rows, 2)[np.random.default_rng(3).permutation(args.rows)]
+    X = big(folder, "minilm", args.rows, 0)
+    Y = big(folder, "paraphrase_l3", args.rows, 2)[np.random.default_rng(3).permutation(args.rows)]
     res = {}
     for label, ex in (("in-process", None), (f"Ray {args.workers} workers", ray_executor(ray))):
         t0 = time.perf_counter()
@@ -89,9 +93,10 @@ def fit_rows(args, ray, rows: list, report: dict) -> None:
         res[label] = (time.perf_counter() - t0, est)
     (tl, a), (tr, b) = res.values()
     same = bool(np.array_equal(a.map_.W, b.map_.W))
-    held = np.arange(40960 - 4096, 40960)  # real rows, not perturbed copies
-    top1 = align.evaluate(a.map_, np.load(WORDNET / "minilm.npy")[held].astype(np.float32),
-                          np.load(WORDNET / "paraphrase_l3.npy")[held].astype(np.float32), csls=False)["top1"]
+    n = wordnet_sample.rows_of(folder)
+    held = np.arange(n - n // 10, n)  # real rows, not perturbed copies: the last 4,096 of 40,960
+    top1 = align.evaluate(a.map_, wordnet_sample.load(folder, "minilm")[held],
+                          wordnet_sample.load(folder, "paraphrase_l3")[held], csls=False)["top1"]
     label = f"MiniVec2Vec.fast fit, {args.rows:,} x {args.rows:,} rows"
     rows += [[f"{label}, in-process", f"{tl:.1f}", f"{args.rows / tl:,.0f}", f"{rss_mb():,.0f}",
               f"top-1 {top1:.3f}, reliable {a.reliable_}"],
@@ -104,7 +109,7 @@ def fit_rows(args, ray, rows: list, report: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=1_024_000)
+    ap.add_argument("--rows", type=int, default=None, help="default: the WordNet rows x25 (1,024,000)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--db", type=int, default=4096)
     ap.add_argument("--icp-iters", type=int, default=10)
@@ -113,23 +118,32 @@ def main(argv=None) -> int:
                     help="run these workloads only (default: all)")
     ap.add_argument("--out", help="JSON report path (default benchmarks/results/bench_ray_DATE.json)")
     args = ap.parse_args(argv)
-    missing = [n for n in ("minilm", "e5", "paraphrase_l3") if not (WORDNET / f"{n}.npy").is_file()]
-    if missing:
-        print(f"no WordNet data ({', '.join(missing)}.npy) at {WORDNET} (set VECBRIDGE_WORDNET_DIR); "
-              "nothing to benchmark")
+    try:
+        folder = wordnet_sample.wordnet_dir()
+    except wordnet_sample.SampleUnavailable as e:
+        print(f"no WordNet data ({e}); nothing to benchmark")
+        return 0
+    total, note = wordnet_sample.rows_of(folder), wordnet_sample.note(folder)
+    args.rows = args.rows or 25 * total
+    no_fit = not (folder / "paraphrase_l3.npy").is_file()
+    if "fit" in args.only and no_fit:
+        print("fit workload skipped: " + ("no paraphrase-MiniLM-L3 encoder here (a sample holds minilm, e5)"
+                                          if wordnet_sample.is_sample(folder) else f"no paraphrase_l3.npy in {folder}"))
+        args.only = [w for w in args.only if w != "fit"]
+    if not args.only:
         return 0
     import align
     from service.distributed import ray_executor
 
+    fit_data = "" if no_fit else " (fit: minilm/paraphrase_l3)"
     report = {"env": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M"),
                       "rows": args.rows, "workers": args.workers,
-                      "data": f"WordNet minilm/e5 (fit: minilm/paraphrase_l3) rows repeated to {args.rows:,} and "
-                              "perturbed (sigma 0.01)", "workloads": list(args.only)}}
+                      "data": f"WordNet minilm/e5{fit_data} rows repeated to {args.rows:,} and "
+                              "perturbed (sigma 0.01)" + (f"; {note}" if note else ""), "workloads": list(args.only)}}
     print(f"# Ray vs one process  {report['env']}")
-    X = big("minilm", args.rows, 0)
-    Y = big("e5", args.db, 1)
-    m = align.fit_procrustes(np.load(WORDNET / "minilm.npy")[:4000].astype(np.float32),
-                             np.load(WORDNET / "e5.npy")[:4000].astype(np.float32))
+    X = big(folder, "minilm", args.rows, 0)
+    Y = big(folder, "e5", args.db, 1)
+    m = align.fit_procrustes(wordnet_sample.load(folder, "minilm")[:4000], wordnet_sample.load(folder, "e5")[:4000])
     Q = m.apply(X, output="raw") if "knn" in args.only else None
     rows = []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -176,12 +190,12 @@ def main(argv=None) -> int:
 
             shards = [X[a : a + -(-args.rows // 4)] for a in range(0, args.rows, -(-args.rows // 4))]
             Xs = m.source_frame.apply(X[: min(args.rows, 200_000)])
-            Yt = m.target_frame.apply(np.load(WORDNET / "e5.npy").astype(np.float32))
+            Yt = m.target_frame.apply(wordnet_sample.load(folder, "e5"))
             W0 = np.asarray(m.W, dtype=np.float64)
             kernels = [("k-means k=64, 5 iterations, 4 shards", args.rows,
                         lambda: D.kmeans_local(shards, 64, n_iter=5, random_state=0),
                         lambda: D.kmeans_ray(shards, 64, n_iter=5, random_state=0)),
-                       (f"ICP refinement, {args.icp_iters} x 1,000 rows vs 40,960", args.icp_iters * 1000,
+                       (f"ICP refinement, {args.icp_iters} x 1,000 rows vs {total:,}", args.icp_iters * 1000,
                         lambda: refine_icp(W0, Xs, Yt, iters=args.icp_iters, sample=1000, k=50, random_state=0),
                         lambda: D.refine_icp_ray(W0, Xs, [Yt], iters=args.icp_iters, sample=1000, k=50, random_state=0))]
             for label, n, local, remote in kernels:
@@ -197,7 +211,7 @@ def main(argv=None) -> int:
                           f"{tl / tr:.2f}x, identical: {same}"]]
                 report[label] = {"local_s": tl, "ray_s": tr, "speedup": tl / tr, "identical": same}
         if "fit" in args.only:  # 5. the whole unsupervised fit
-            fit_rows(args, ray, rows, report)
+            fit_rows(args, ray, rows, report, folder)
     if "transform" in args.only:
         # 4. transform of a file, each command in its own process
         with tempfile.TemporaryDirectory() as tmp:
@@ -235,6 +249,8 @@ def main(argv=None) -> int:
             report["transform"] = {"local_s": tl, "ray_s": tr, "speedup": tl / tr, "identical": same_t,
                                    "max_abs_diff": diff_t,
                                    "peak_rss_mb": {"local": pl, "ray_driver": pr}}
+    if note:
+        print(note)
     hdr = ["workload", "wall s", "rows/s", "driver peak RSS MB", "speed-up vs in-process"]
     w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
     print("  ".join(h.rjust(x) for h, x in zip(hdr, w)))

@@ -12,7 +12,9 @@ minilm -> e5 is fitted with ``align.MiniVec2Vec`` (defaults, random_state=0) on 
 training rows (minilm [0, 16384), e5 [16384, 32768)) and cached in
 ``benchmarks/results/service_minivec2vec_minilm_e5.npz``. The index holds the held-out e5 rows
 [32768, 40960) (8,192); queries are the same texts embedded by minilm, mapped through the
-service (``output="raw"``).
+service (``output="raw"``). Without the shared set: a sample of 4,096 definitions embedded here
+(``wordnet_sample.py``), the split scaled to its rows (0.4 / 0.4 / 0.2), its unsupervised map cached in the
+sample's folder, and the speed sections' batches (up to 8,192) made of its held-out rows repeated; said so.
 
 Goals (issue 11): HTTP batch-1 transform and search <= 2x the bare-ASGI floor (``bare_asgi.py`` on
 the same uvicorn stack); binary transform at 1024 >= 0.6x in-process; search at batch 64 <= 1.15x
@@ -43,12 +45,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 from _servers import free_port, stop  # noqa: E402  (tests/_servers.py: the tests' server helpers)
 
-WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", ROOT.parent / "shared" / "data" / "wordnet"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import wordnet_sample
+
 RESULTS = ROOT / "benchmarks" / "results"
 MAP_CACHE = RESULTS / "service_minivec2vec_minilm_e5.npz"
 KEY = "bench-key"
 HDR = {"Authorization": f"Bearer {KEY}"}
-TRAIN_S, TRAIN_T, HELD = slice(0, 16384), slice(16384, 32768), slice(32768, 40960)
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -77,32 +80,32 @@ def table(title: str, header: list[str], rows: list[list]) -> str:
 
 
 
-def load_data():
-    A = np.load(WORDNET / "minilm.npy", mmap_mode="r")
-    B = np.load(WORDNET / "e5.npy", mmap_mode="r")
-    return np.asarray(A, np.float32), np.asarray(B, np.float32)
+def load_data(folder: Path):
+    return wordnet_sample.load(folder, "minilm"), wordnet_sample.load(folder, "e5")
 
 
-def get_map(A, B, args):
+def get_map(A, B, args, map_cache: Path = MAP_CACHE):
+    """The map of the quality section. ``map_cache``: where the unsupervised map is cached (a sample's own folder)."""
     from align import LinearMap, fit_procrustes
 
+    train_s, train_t, _ = wordnet_sample.split(A.shape[0])
     if args.quick:
-        m = fit_procrustes(A[:4000], B[:4000])
-        return m, "procrustes on 4,000 pairs (--quick: speed sections only)"
+        m = fit_procrustes(A[train_s][:4000], B[train_s][:4000])
+        return m, f"procrustes on {min(4000, train_s.stop):,} pairs (--quick: speed sections only)"
     if args.map:
         return LinearMap.load(args.map), f"loaded from {args.map}"
-    if MAP_CACHE.exists() and not args.refit:
-        return LinearMap.load(MAP_CACHE), f"MiniVec2Vec (cached {MAP_CACHE.name})"
+    if map_cache.exists() and not args.refit:
+        return LinearMap.load(map_cache), f"MiniVec2Vec (cached {map_cache.name})"
     try:
         from align import MiniVec2Vec
     except ImportError:
         from align.minivec2vec import MiniVec2Vec
     t0 = time.perf_counter()
-    m = MiniVec2Vec(random_state=0).fit(A[TRAIN_S], B[TRAIN_T]).map_
+    m = MiniVec2Vec(random_state=0).fit(A[train_s], B[train_t]).map_
     secs = time.perf_counter() - t0
     m.metadata.setdefault("bench", {})["fit_seconds"] = secs
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    m.save(MAP_CACHE)
+    map_cache.parent.mkdir(parents=True, exist_ok=True)
+    m.save(map_cache)
     return m, f"MiniVec2Vec defaults, unsupervised on the training split, fitted in {secs:.0f} s"
 
 
@@ -531,27 +534,36 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=8, help="interleaved rounds of the floor table")
     ap.add_argument("--out", help="results file name (default bench_service_<date>[_quick].json)")
     args = ap.parse_args(argv)
-    if not (WORDNET / "minilm.npy").exists():
-        print(f"no WordNet data at {WORDNET}; nothing to benchmark")
+    try:
+        folder = wordnet_sample.wordnet_dir()
+    except wordnet_sample.SampleUnavailable as e:
+        print(f"no WordNet data ({e}); nothing to benchmark")
         return 0
     import httpx
 
     from align import fit_procrustes
     from service.registry import open_registry
 
-    A, B = load_data()
-    A_held, B_held = A[HELD], B[HELD]
+    A, B = load_data(folder)
+    train_s, _, held = wordnet_sample.split(A.shape[0])
+    A_held, B_held = A[held], B[held]
+    # the speed sections' batches (up to 8,192 rows): a sample's held-out rows, repeated
+    A_speed = wordnet_sample.tile(A_held, 8192)
+    note = wordnet_sample.note(folder)
     report: dict = {"env": {"python": platform.python_version(), "cpus": os.cpu_count(),
                             "omp_threads": os.environ.get("OMP_NUM_THREADS", "default"),
-                            "load_avg": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
+                            "load_avg": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                            **({"note": note} if note else {})}}
     print(f"# vecbridge service benchmark  ({report['env']})")
+    if note:
+        print(note)
     if not args.floor_only:
         bench_first_minute(report)
-    m_speed = fit_procrustes(A[:4000], B[:4000])
+    m_speed = fit_procrustes(A[train_s][:4000], B[train_s][:4000])
     if not args.floor_only:
-        bench_inprocess(m_speed, A_held, report)
+        bench_inprocess(m_speed, A_speed, report)
 
-    m, label = get_map(A, B, args)
+    m, label = get_map(A, B, args, folder / MAP_CACHE.name if wordnet_sample.is_sample(folder) else MAP_CACHE)
     report["map"] = label
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
@@ -573,7 +585,7 @@ def main(argv=None) -> int:
                     httpx.Client(base_url=f"http://127.0.0.1:{bare_port}", timeout=120) as bare, \
                     httpx.Client(base_url=f"http://127.0.0.1:{base_port}", timeout=120) as base:
                 if not args.floor_only:
-                    bench_transform(client, m_speed, A_held, report)
+                    bench_transform(client, m_speed, A_speed, report)
                 r = client.post("/v1/indexes", headers=HDR, json={
                     "name": "bench-e5", "space": "e5", "kind": "flat",
                     "vectors_b64": base64.b64encode(np.ascontiguousarray(B_held).tobytes()).decode(), "dim": 384})
@@ -583,11 +595,11 @@ def main(argv=None) -> int:
                     base_proc = start_server(data, base_port, root=args.baseline_tree.resolve())
                     servers["baseline"] = (base, base_proc.pid)
                     report["baseline_tree"] = str(args.baseline_tree)
-                bench_floor((bare, bare_proc.pid), servers, A_held, report, rounds=args.rounds)
-                bench_floor_work(m_speed, m, A_held, B_held, report)
-                bench_octet_1024(servers, m_speed, A_held, report, bare=(bare, bare_proc.pid))
+                bench_floor((bare, bare_proc.pid), servers, A_speed, report, rounds=args.rounds)
+                bench_floor_work(m_speed, m, A_speed, B_held, report)
+                bench_octet_1024(servers, m_speed, A_speed, report, bare=(bare, bare_proc.pid))
                 if not args.floor_only:
-                    bench_search(client, m, A_held, B_held, report)
+                    bench_search(client, m, A_speed, B_held, report)
                     if not args.quick:
                         quality(client, A_held, B_held, report, label)
         finally:
@@ -596,7 +608,7 @@ def main(argv=None) -> int:
             if base_proc is not None:
                 stop(base_proc, timeout=30)
         if not args.no_workers and not args.floor_only:
-            bench_workers(data, A_held, report)
+            bench_workers(data, A_speed, report)
 
     fl = report["floor_batch1"]
     o1k = report["octet_1024"]
@@ -622,6 +634,8 @@ def main(argv=None) -> int:
         })
     print(table("Goals (issue 11)", ["goal", "measured", "target", "met"],
                 [[k, f"{v:.2f}", t, ok(v)] for k, (v, t, ok) in g.items()]))
+    if note:
+        print(note)
     report["goals"] = {k: {"measured": v, "target": t, "met": bool(ok(v))} for k, (v, t, ok) in g.items()}
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / (args.out or f"bench_service_{time.strftime('%Y-%m-%d')}{'_quick' if args.quick else ''}.json")

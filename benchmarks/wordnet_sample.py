@@ -147,3 +147,30 @@ def wordnet_dir(names=("minilm", "e5"), *, rows: int = DEFAULT_ROWS, cache: Path
 def load(folder: Path, name: str) -> np.ndarray:
     """``<folder>/<name>.npy`` as float32 (rows, d)."""
     return np.asarray(np.load(Path(folder) / f"{name}.npy", mmap_mode="r"), dtype=np.float32)
+
+
+def rows_of(folder: Path) -> int:
+    """How many rows ``folder`` holds (40,960 for the shared set, ``rows`` for a sample)."""
+    return len(json.loads((Path(folder) / "texts.json").read_text()))
+
+
+def split(n: int) -> tuple[slice, slice, slice]:
+    """ALGORITHMS.md §4 split of ``n`` rows: unpaired source rows, unpaired target rows, held-out pairs.
+
+    The fractions 0.4 / 0.4 / 0.2 of ``n``: [0, 16384), [16384, 32768), [32768, 40960) for the shared set."""
+    a = round(0.4 * n)
+    return slice(0, a), slice(a, 2 * a), slice(2 * a, n)
+
+
+def note(folder: Path) -> str:
+    """The line a benchmark prints beside its table when ``folder`` is a sample (empty for the shared set)."""
+    if not is_sample(folder):
+        return ""
+    return (f"data: a sample of {rows_of(folder):,} WordNet definitions embedded here (shared set absent); "
+            "figures are not comparable with the committed tables")
+
+
+def tile(a: np.ndarray, rows: int) -> np.ndarray:
+    """``a``'s rows repeated to at least ``rows`` (timing batches larger than a sample's held-out rows)."""
+    a = np.asarray(a)
+    return a if a.shape[0] >= rows else np.ascontiguousarray(np.resize(a, (rows, *a.shape[1:])))

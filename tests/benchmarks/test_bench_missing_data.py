@@ -54,20 +54,3 @@ def test_steer_benchmark_says_so_and_stops_without_wordnet(tmp_path, monkeypatch
     assert steer.main(["--queries", "10"]) == 0
     assert "nothing to benchmark" in capsys.readouterr().out
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
-
-
-def test_cluster_service_benchmark_says_so_and_stops_without_wordnet(tmp_path, monkeypatch, capsys):
-    """bench_cluster_service.py went straight to np.load of the absent minilm.npy (FileNotFoundError)."""
-    cluster = load_benchmark("bench_cluster_service")
-    monkeypatch.setattr(cluster, "WORDNET", tmp_path)
-    monkeypatch.setattr(sys, "argv", ["bench_cluster_service.py", "--quick"])
-    cluster.main()
-    assert "nothing to benchmark" in capsys.readouterr().out
-
-
-def test_ray_benchmark_says_so_and_stops_without_wordnet(tmp_path, monkeypatch, capsys):
-    """bench_ray.py went straight to np.load of the absent minilm.npy (FileNotFoundError)."""
-    ray_bench = load_benchmark("bench_ray")
-    monkeypatch.setattr(ray_bench, "WORDNET", tmp_path)
-    assert ray_bench.main(["--rows", "1000"]) == 0
-    assert "nothing to benchmark" in capsys.readouterr().out
