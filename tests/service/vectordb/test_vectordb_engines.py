@@ -2,7 +2,7 @@
 
 Per engine, one module-scoped source collection of stored vectors (4,000 by default; the 20,000-row
 runs are opt-in: ``pytest -m slow`` or ``VECBRIDGE_RUN_SLOW=1``, several minutes on a busy 2-core box) (MiniLM rows of the
-shared WordNet set, with their texts; generated data when the set is absent) and one migration
+shared WordNet set, with their texts; the sample the tests embed when it is absent, generated data when neither) and one migration
 into the E5 space through a Procrustes map fitted on other rows. The migration runs as a
 subprocess (``python -m service.vectordb migrate``), is killed with SIGKILL half-way, and is
 resumed here; then ids, vectors, recall against re-embedded texts and cross-model queries are
@@ -27,7 +27,6 @@ import pytest
 import align
 from service.vectordb import FileCheckpoint, TranslatingSearcher, migrate, verify_migration
 
-from conftest import WORDNET, wordnet_available
 from _vectordb_servers import milvus_url, pg_url  # noqa: F401  (module-scoped server fixtures)
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -37,16 +36,24 @@ N = 20000
 # --- data ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """Stored rows (minilm), their true e5 vectors, texts, a fitted minilm->e5 map saved to disk."""
-    if wordnet_available() and (WORDNET / "texts.json").exists():
-        mini = np.load(WORDNET / "minilm.npy", mmap_mode="r")
-        e5 = np.load(WORDNET / "e5.npy", mmap_mode="r")
-        texts = json.loads((WORDNET / "texts.json").read_text())
-        X, Y = np.asarray(mini[:N], np.float32), np.asarray(e5[:N], np.float32)
-        Xf, Yf = np.asarray(mini[20000:32768], np.float32), np.asarray(e5[20000:32768], np.float32)
-        texts = texts[:N]
-        source = "wordnet minilm->e5"
+def corpus(tmp_path_factory, request):
+    """Stored rows (minilm), their true e5 vectors, texts, a fitted minilm->e5 map saved to disk. The shared WordNet
+    set: N rows stored, the map fitted on rows [20000, 32768); the sample the tests embed when it is absent: its
+    4,096 rows stored, the map fitted on the first 2,000 of them (re-embedded rows of the corpus itself)."""
+    try:
+        folder = request.getfixturevalue("wordnet_dir")
+    except pytest.skip.Exception:
+        folder = None
+    if folder is not None:
+        mini = np.load(folder / "minilm.npy", mmap_mode="r")
+        e5 = np.load(folder / "e5.npy", mmap_mode="r")
+        texts = json.loads((folder / "texts.json").read_text())
+        n = min(N, len(mini))
+        X, Y = np.asarray(mini[:n], np.float32), np.asarray(e5[:n], np.float32)
+        fit = slice(20000, 32768) if len(mini) >= 32768 else slice(0, 2000)
+        Xf, Yf = np.asarray(mini[fit], np.float32), np.asarray(e5[fit], np.float32)
+        texts = texts[:n]
+        source = "wordnet minilm->e5" + ("" if n == N else f" (a sample of {len(mini)} definitions embedded here)")
     else:  # generated: a planted rotation plus noise, unit rows
         rng = np.random.default_rng(0)
         Q = np.linalg.qr(rng.normal(size=(384, 384)))[0]
@@ -93,6 +100,8 @@ def engine(request, corpus):
     kind, n = request.param
     if n > 4000 and "slow" not in (request.config.getoption("-m") or "") and not os.environ.get("VECBRIDGE_RUN_SLOW"):
         pytest.skip("opt-in: pytest -m slow (20k rows per engine)")
+    if n > corpus["X"].shape[0]:
+        pytest.skip(f"{n} rows: the WordNet sample holds {corpus['X'].shape[0]}")
     store, url = _open(kind, request)
     for name in ("src_minilm", "dst_e5"):
         store.drop(name)
