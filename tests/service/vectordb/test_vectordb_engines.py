@@ -1,9 +1,9 @@
 """Real engines: Milvus Lite (as its own gRPC server process) and PostgreSQL + pgvector (pgserver wheel).
 
-Per engine, one module-scoped source collection of stored vectors (4,000 by default; the 20,000-row
-runs are opt-in: ``pytest -m slow`` or ``VECBRIDGE_RUN_SLOW=1``, several minutes on a busy 2-core box) (MiniLM rows of the
-shared WordNet set, with their texts; the sample the tests embed when it is absent, generated data when neither) and one migration
-into the E5 space through a Procrustes map fitted on other rows. The migration runs as a
+Per engine, one module-scoped source collection of stored vectors (4,000 by default; the 20,000-row runs are
+opt-in: ``pytest -m slow`` or ``VECBRIDGE_RUN_SLOW=1``, several minutes on a busy 2-core box): MiniLM rows of the
+shared WordNet set with their texts (the sample the tests embed when it is absent, generated data when neither), and
+one migration into the E5 space through a Procrustes map fitted on other rows. The migration runs as a
 subprocess (``python -m service.vectordb migrate``), is killed with SIGKILL half-way, and is
 resumed here; then ids, vectors, recall against re-embedded texts and cross-model queries are
 checked. Figures are printed (``pytest -s``).
