@@ -38,7 +38,9 @@ probe; its prediction is recorded next to the measured figure.
 
 Results: printed tables, ``benchmarks/results/migration_<date>.md`` and ``.json`` (a rerun with
 the same date resumes: finished cells are read back, not refitted; a run with another ``--seed`` needs its own
-``--out``).
+``--out``). A WordNet set built from ``wordnet_sample.py``'s sample (no shared set) is said so above its tables
+and in its pair's ``data``; such a run's default stem is ``migration_<date>_sample``, and cells of the other data
+are never resumed.
 
 Usage::
 
@@ -68,7 +70,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import align  # noqa: E402
-from build_retrieval_sets import DEFAULT_CACHE, SHARED_WORDNET, load_embeddings, load_set  # noqa: E402
+import wordnet_sample
+from build_retrieval_sets import DEFAULT_CACHE, corpus_dir, corpus_note, load_embeddings, load_set  # noqa: E402
 
 RESULTS = HERE / "results"
 
@@ -174,7 +177,8 @@ def retention_ci(I: np.ndarray, I_native: np.ndarray, relevant: np.ndarray) -> l
 
 def pair_data(set_name: str, old: str, new: str, cache: Path) -> dict | None:
     """Corpus, queries and fit pool restricted to what both encoders embedded; None when the set is not built
-    or either encoder's embeddings (or the shared WordNet data they reuse) are absent."""
+    or either encoder's embeddings (or the WordNet data they reuse) are absent. ``note``: the set's
+    ``corpus_note`` (the sample line, or ``""``)."""
     if not (Path(cache) / set_name / "set.json").is_file():
         return None
     spec = load_set(set_name, cache)
@@ -196,7 +200,25 @@ def pair_data(set_name: str, old: str, new: str, cache: Path) -> dict | None:
     pool = np.asarray([doc_pos[int(r)] for r in spec["fit_pool"] if int(r) in doc_pos])
     return {"D_old": Do, "D_new": Dn, "Q_old": Qo[[qo_pos[q] for q in qs]], "Q_new": Qn[[qn_pos[q] for q in qs]],
             "relevant": np.asarray([doc_pos[int(qdoc[q])] for q in qs]), "pool": pool,
-            "n_docs": int(len(common)), "n_queries": len(qs), "n_pool": int(len(pool))}
+            "n_docs": int(len(common)), "n_queries": len(qs), "n_pool": int(len(pool)), "note": corpus_note(spec)}
+
+
+def set_note(set_name: str, cache: Path) -> str:
+    """``corpus_note`` of a cached set (``""`` when it is not built)."""
+    path = Path(cache) / set_name / "set.json"
+    return corpus_note(json.loads(path.read_text())) if path.is_file() else ""
+
+
+def missing_reason(set_name: str, old: str, new: str, cache: Path) -> str:
+    """Why :func:`pair_data` found nothing, and what to run."""
+    build = f"run build_retrieval_sets.py --sets {set_name} --encoders {old} {new}"
+    path = Path(cache) / set_name / "set.json"
+    if set_name.startswith("wordnet") and path.is_file():
+        where = corpus_dir(json.loads(path.read_text()))
+        if not wordnet_sample.shared_available(shared=where):
+            return (f"the set was built from the WordNet data in {where}, absent now: {build} under another --cache "
+                    "(without the shared set it embeds a sample)")
+    return f"embeddings missing ({build})"
 
 
 # --- fitting --------------------------------------------------------------------------------------------
@@ -480,6 +502,8 @@ def tables(results: dict) -> str:
     for key, res in results["pairs"].items():
         nn, no = res["native_new"], res["native_old"]
         out.append(f"\n### {key}  ({res['n_docs']} docs, {res['n_queries']} queries, fit pool {res['n_pool']})\n")
+        if res.get("data"):
+            out.append(f"{res['data']}\n")
         out.append("| reference | R@1 | R@10 | nDCG@10 | MRR@100 |\n|---|---|---|---|---|")
         out.append(f"| native new | {fmt(nn['R@1'])} | {fmt(nn['R@10'])} | {fmt(nn['nDCG@10'])} | {fmt(nn['MRR'])} |")
         out.append(f"| native old | {fmt(no['R@1'])} | {fmt(no['R@10'])} | {fmt(no['nDCG@10'])} | {fmt(no['MRR'])} |")
@@ -556,7 +580,8 @@ def main(argv=None) -> int:
                     help="also search the migrated indexes as the service's csls search does, with these csls_weight")
     a = ap.parse_args(argv)
     methods = a.methods or available_methods()
-    stem = a.out or f"migration_{_dt.date.today().isoformat()}"
+    sample = any(set_note(key.split(":")[0], a.cache) for key in a.pairs)
+    stem = a.out or f"migration_{_dt.date.today().isoformat()}{'_sample' if sample else ''}"
     RESULTS.mkdir(exist_ok=True)
     jpath, mpath = RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
     results = json.loads(jpath.read_text()) if jpath.is_file() else {"pairs": {}}
@@ -576,10 +601,16 @@ def main(argv=None) -> int:
         set_name, old, new = key.split(":")
         data = pair_data(set_name, old, new, a.cache)
         if data is None:
-            print(f"{key}: embeddings missing (run build_retrieval_sets.py --sets {set_name} --encoders {old} {new}; "
-                  f"WordNet also needs the shared data, {SHARED_WORDNET}); skipped")
+            print(f"{key}: {missing_reason(set_name, old, new, a.cache)}; skipped")
             continue
         res = results["pairs"].setdefault(key, {})
+        note = data.get("note", "")
+        if res.get("cells") and res.get("data", "") != note:  # resuming would mix two corpora
+            raise SystemExit(f"{jpath} holds {key} cells measured on other data ({res.get('data') or 'the shared set'}"
+                             f"; this run: {note or 'the shared set'}): give this run its own --out")
+        if note:
+            res["data"] = note
+            print(f"{key}: {note}")
         run_pair(key, data, ks=a.ks, methods=methods, samplings=a.samplings, seed=a.seed, done=res, save=save,
                  csls_weights=a.csls_weights)
         if a.apply_speed and "apply_speed" not in res and hasattr(align, "ClusterMap"):

@@ -16,6 +16,10 @@ exact cosine search (FAISS flat), as in ``bench_migration.py``; random fit rows 
     (y_j − m(x_j))`` over the ``k`` nearest fit rows (kernel regression of the map's residuals), both sides, for
     K in ``--ks``.
 
+The WordNet set is the one ``build_retrieval_sets.py`` built in ``--cache``: without the shared set, over a sample
+embedded here (its fit pool 80 % of the sample's rows, and at most as many lemma pairs as fit-pool synsets; the
+output says so, and its figures are not comparable with the committed tables).
+
 Usage (figures: ``benchmarks/results/migration_2026-12-03_ceiling.md``)::
 
     python benchmarks/bench_migration_ceiling.py --lemma-pairs --mlp
@@ -49,19 +53,24 @@ N_LEMMA_PAIRS = 6000
 
 
 def lemma_pairs(cache: Path, n: int = N_LEMMA_PAIRS, seed: int = 123) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(minilm (n, 384), e5 query-form (n, 384), gloss row (n,))`` of ``n`` fit-pool synsets' lemma lists."""
+    """``(minilm (n, 384), e5 query-form (n, 384), gloss row (n,))`` of ``n`` fit-pool synsets' lemma lists (of the
+    ``wordnet`` set's corpus and fit pool; fewer when the pool has fewer synsets, as a sample's may)."""
     out = cache / "wordnet_qpairs"
     meta_path = out / "meta.json"
+    spec = B.load_set("wordnet", cache)
     if not meta_path.is_file():
-        docs = json.loads((B.SHARED_WORDNET / "texts.json").read_text())
-        where = {t: i for i, t in enumerate(docs)}
-        pool = [(", ".join(lem), where[d]) for _, lem, d in B.wordnet_synsets()
-                if d in where and where[d] < B.WORDNET_POOL[1]]
-        pick = np.sort(np.random.default_rng(seed).choice(len(pool), size=n, replace=False))
+        where = {t: i for i, t in enumerate(spec["docs"])}
+        fit = set(spec["fit_pool"])
+        pool = [(", ".join(lem), where[d]) for _, lem, d in B.wordnet_synsets() if d in where and where[d] in fit]
+        pick = np.sort(np.random.default_rng(seed).choice(len(pool), size=min(n, len(pool)), replace=False))
         out.mkdir(parents=True, exist_ok=True)
-        meta_path.write_text(json.dumps({"texts": [pool[i][0] for i in pick], "doc_rows": [pool[i][1] for i in pick],
-                                         "seed": seed}))
+        meta = {"texts": [pool[i][0] for i in pick], "doc_rows": [pool[i][1] for i in pick], "seed": seed}
+        if B.corpus_note(spec):  # the shared set's meta stays as it was
+            meta["corpus"] = spec["corpus"]
+        meta_path.write_text(json.dumps(meta))
     meta = json.loads(meta_path.read_text())
+    if meta.get("corpus") != spec.get("corpus"):
+        raise SystemExit(f"{meta_path} was made for another corpus than {cache}/wordnet/set.json's")
     E = {enc: B.embed_cached(enc, meta["texts"], "query", out / f"{enc}_q.npy", out / "parts").astype(np.float32)
          for enc in ("minilm", "e5")}
     return E["minilm"], E["e5"], np.asarray(meta["doc_rows"])
@@ -78,8 +87,13 @@ def probe_lemma_pairs(data: dict, cache: Path, native: float) -> list[str]:
     dperm, qperm = rng.permutation(pool), rng.permutation(len(Po))
     rows = ["| gloss pairs | lemma pairs | method | query-side | corpus-side | corpus-side, linked |",
             "|---:|---:|---|---:|---:|---:|"]
+    done = set()
     for kd, kq in [(300, 0), (0, 300), (150, 150), (2000, 0), (0, 2000), (1000, 1000), (2000, 2000), (0, 6000)]:
-        di, qi = dperm[:kd], qperm[:kq]
+        di, qi = dperm[:kd], qperm[:kq]  # a sample's pool may hold fewer: the rows say how many were used
+        kd, kq = len(di), len(qi)
+        if (kd, kq) in done:
+            continue
+        done.add((kd, kq))
         for method in ("procrustes", "ridge"):
             mq = BM.fit_one(method, np.vstack([Dn[di], Pn[qi]]), np.vstack([Do[di], Po[qi]]), None, None, 0)
             mc = BM.fit_one(method, np.vstack([Do[di], Po[qi]]), np.vstack([Dn[di], Pn[qi]]), None, None, 0)
@@ -99,7 +113,7 @@ def probe_mlp(data: dict, cache: Path, native: float, epochs: int = 30, seed: in
     Do, Dn, Qn, rel, pool = data["D_old"], data["D_new"], data["Q_new"], data["relevant"], data["pool"]
     Po, Pn, _ = lemma_pairs(cache)
     X, Y = np.vstack([Dn[pool], Pn]), np.vstack([Do[pool], Po])
-    rows = ["| map (query-side, all 38,768 pairs) | epochs | retention R@10 | fit s |", "|---|---:|---:|---:|"]
+    rows = [f"| map (query-side, all {len(X):,} pairs) | epochs | retention R@10 | fit s |", "|---|---:|---:|---:|"]
     t = time.time()
     m = BM.fit_one("ridge", X, Y, None, None, seed)
     r = ret(BM.search(m.apply(Qn, output="raw"), Do, 100), rel, native)
@@ -180,9 +194,12 @@ def main(argv=None) -> int:
     if a.lemma_pairs or a.mlp:
         data = BM.pair_data("wordnet", "minilm", "e5", a.cache)
         if data is None:
-            raise SystemExit("wordnet minilm/e5 not embedded: run benchmarks/build_retrieval_sets.py --sets wordnet")
+            raise SystemExit(f"wordnet:minilm:e5: {BM.missing_reason('wordnet', 'minilm', 'e5', a.cache)}")
         native = BM.retrieval_metrics(BM.search(data["Q_new"], data["D_new"], 100), data["relevant"])["R@10"]
         print(f"wordnet:minilm:e5: native new R@10 {native:.3f}", flush=True)
+        if data["note"]:
+            print(data["note"], flush=True)
+            out += ["", data["note"]]
         if a.lemma_pairs:
             out += ["", "### Lemma pairs (wordnet:minilm:e5, retention of R@10)", ""]
             out += probe_lemma_pairs(data, a.cache, native)
@@ -193,8 +210,10 @@ def main(argv=None) -> int:
         set_name, old, new = a.knn_residual.split(":")
         data = BM.pair_data(set_name, old, new, a.cache)
         if data is None:
-            raise SystemExit(f"{a.knn_residual} not embedded: run benchmarks/build_retrieval_sets.py")
+            raise SystemExit(f"{a.knn_residual}: {BM.missing_reason(set_name, old, new, a.cache)}")
         native = BM.retrieval_metrics(BM.search(data["Q_new"], data["D_new"], 100), data["relevant"])["R@10"]
+        if data["note"]:
+            out += ["", data["note"]]
         out += ["", (f"### kNN residual correction ({a.knn_residual}, {data['n_docs']} docs, {data['n_queries']} "
                      f"queries, native new R@10 {native:.3f}; retention of R@10)"), ""]
         out += probe_knn_residual(data, native, a.ks)

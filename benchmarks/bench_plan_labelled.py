@@ -12,6 +12,10 @@ of 300 (WordNet) / 200 (Bible).
 ``--baseline-tree DIR`` runs the same plans with another checkout's ``align`` (a subprocess per tree), so an
 estimator change is judged on the same cells. Sets come from ``build_retrieval_sets.py`` (``--cache``).
 
+A set built from ``wordnet_sample.py``'s sample (no shared set) is compared only with a ``--measured`` run of the
+same data (``bench_migration.py --plan-queries N`` on that cache records it in its pair's ``data``); against the
+committed runs (the shared set) its pairs are skipped with a line that says so.
+
     OMP_NUM_THREADS=1 python benchmarks/bench_plan_labelled.py --seeds 0 1 2 [--baseline-tree ../old] [--out stem]
 """
 
@@ -46,7 +50,7 @@ def predict(tree: Path, seeds: list[int], cache: Path, probe: int, queries: int 
             continue
         for seed in seeds:
             plan = bm.plan_prediction(data, probe, seed, queries or n_queries)
-            out[f"{pair}|{seed}"] = {"method": plan["best_method"],
+            out[f"{pair}|{seed}"] = {"method": plan["best_method"], "data": data["note"],
                                      "predicted": {str(p["k"]): p["retention"] for p in plan["predicted"]},
                                      # the method of each K's forecast (one for all before the plans chose per K)
                                      "methods": {str(p["k"]): p.get("method", plan["best_method"])
@@ -54,11 +58,14 @@ def predict(tree: Path, seeds: list[int], cache: Path, probe: int, queries: int 
     return out
 
 
-def measured(files: list[Path]) -> dict:
-    """``{"pair|method|K": corpus-side R@10 retention, random rows}`` from bench_migration JSON files."""
+def measured(files: list[Path], data: dict | None = None) -> dict:
+    """``{"pair|method|K": corpus-side R@10 retention, random rows}`` from bench_migration JSON files; ``data``
+    (a dict) gets each pair's data note (``""``: the shared set, or a set that is not WordNet)."""
     out = {}
     for f in files:
         for pair, res in json.loads(f.read_text())["pairs"].items():
+            if data is not None:
+                data[pair] = res.get("data", "")
             for key, cell in res["cells"].items():
                 rows, k, mode, method = key.split("|")
                 if rows == "random" and mode == "corpus":
@@ -89,10 +96,20 @@ def main(argv=None) -> int:
                "--queries", str(a.queries), "--seeds", *map(str, a.seeds)]
         out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True).stdout
         plans[label] = json.loads(out.strip().splitlines()[-1])
-    truth = measured(a.measured)
+    measured_on: dict = {}
+    truth = measured(a.measured, measured_on)
+    notes = sorted({p["data"] for p in plans["this tree"].values() if p.get("data")})
+    for pair in sorted({key.split("|")[0] for key in plans["this tree"]}):
+        planned_on = next(p.get("data", "") for k, p in plans["this tree"].items() if k.startswith(f"{pair}|"))
+        if pair in measured_on and measured_on[pair] != planned_on:
+            print(f"{pair}: planned on {planned_on or 'the shared set'}, measured on "
+                  f"{measured_on[pair] or 'the shared set'}: not compared (give --measured a bench_migration.py "
+                  "run of the same data)")
+            truth = {k: v for k, v in truth.items() if not k.startswith(f"{pair}|")}
     head = ["pair", "seed", "K"] + [x for t in trees for x in (f"{t}: measured (its method at K)",
                                                                   f"{t}: forecast (error)")]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [*[f"{n}" for n in notes], *([""] if notes else []), "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
     errors: dict = {t: [] for t in trees}
     for key in plans["this tree"]:
         pair, seed = key.split("|")

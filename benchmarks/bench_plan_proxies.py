@@ -17,7 +17,7 @@ are computed for the SAME map on a probe of 250 other fit-pool pairs (``p`` rows
 - ``cos``: mean cosine of a mapped probe row with its native row.
 
 A usable predictor would be one monotone function of a statistic that matches ``measured`` on every
-set. Usage::
+set. A WordNet set built from ``wordnet_sample.py``'s sample (no shared set) is said so under the table. Usage::
 
     python benchmarks/bench_plan_proxies.py                     # the pairs whose embeddings are cached
     python benchmarks/bench_plan_proxies.py --pairs bible:minilm:e5 --ks 100 300
@@ -45,7 +45,7 @@ sys.path.insert(0, str(HERE.parent))
 import align  # noqa: E402
 from align.knn import knn  # noqa: E402
 from align.retrieval import nn_retention  # noqa: E402
-from bench_migration import fit_ridge_cv, pair_data, ranks_from_topk, search, unit  # noqa: E402
+from bench_migration import fit_ridge_cv, pair_data, ranks_from_topk, search, set_note, unit  # noqa: E402
 from build_retrieval_sets import DEFAULT_CACHE  # noqa: E402
 
 PAIRS = ("wordnet:minilm:e5", "bible:minilm:e5", "wordnet:minilm:mpnet", "wordnet-small:minilm:mpnet",
@@ -110,9 +110,10 @@ def run(pairs, ks, probe: int, seed: int, cache: Path) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], argv: list[str]) -> str:
+def markdown(rows: list[dict], argv: list[str], note: str = "") -> str:
     out = [f"# Probe statistics vs labelled retention ({_dt.date.today().isoformat()})", "",
            f"`python benchmarks/bench_plan_proxies.py {' '.join(argv)}` — definitions in the script docstring.", "",
+           *([note, ""] if note else []),
            "| pair | docs | K | method | measured | " + " | ".join(STATS) + " |",
            "|---|---|---|---|---|" + "---|" * len(STATS)]
     for r in rows:
@@ -132,7 +133,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="result stem under benchmarks/results (default: print only)")
     a = ap.parse_args(argv)
     rows = run(a.pairs, a.ks, a.probe, a.seed, a.cache)
-    md = markdown(rows, argv)
+    note = "; ".join(sorted({set_note(r["pair"].split(":")[0], a.cache) for r in rows} - {""}))
+    md = markdown(rows, argv, note)
     print(md)
     if a.out:
         (HERE / "results" / f"{a.out}.md").write_text(md)

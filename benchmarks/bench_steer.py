@@ -1,6 +1,8 @@
 """Benchmark: embedding steers on WordNet — the whole precision / relevance-kept Pareto curve.
 
-Data (offline): ``shared/data/wordnet`` texts + embeddings (minilm, e5); labels from the Debian
+Data (offline): ``shared/data/wordnet`` texts + embeddings (minilm, e5) — without it, a sample of
+``--sample-rows`` definitions embedded here (``wordnet_sample.py``; every row range below scaled to its n
+rows, ``wordnet_sample.split``; the output says so); labels from the Debian
 ``wordnet-base`` data files: each text is mapped back to its synset, which gives its
 lexicographer file (``lex_filenum``) and its lemmas.
 
@@ -24,7 +26,8 @@ Methods, each swept over ``eps`` (a geometric grid, until the results saturate):
 
 Metrics per point: precision@10 of the attribute and overlap@10 with the unsteered top-10.
 Relevance against a known answer (when ``benchmarks/build_retrieval_sets.py`` has built its
-``wordnet`` reverse-dictionary set in ``~/.cache/vecbridge-bench``): a second query set of
+``wordnet`` reverse-dictionary set in ``--cache``, default ``~/.cache/vecbridge-bench``, over the same
+corpus): a second query set of
 ``--queries`` synset lemma queries (e.g. ``"domestic dog, Canis familiaris"``) whose gloss lies in
 the held-out rows, corpus = rows ``[16384, 40960)``; nDCG@10 of the query's own gloss (one relevant
 document: ``1 / log2(rank + 1)`` when it is in the top 10) and precision@10 of the attribute along
@@ -44,7 +47,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -53,13 +55,16 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import wordnet_sample
 
 import align  # noqa: E402
 from align.knn import knn  # noqa: E402
 from align.steer import fit_mean_shift, fit_steer, transfer_steer  # noqa: E402
 
-WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", ROOT.parent / "shared" / "data" / "wordnet"))
 WN_DICT = Path("/usr/share/wordnet")
+SETS_CACHE = Path.home() / ".cache" / "vecbridge-bench"  # build_retrieval_sets.py's default --cache
 RESULTS = ROOT / "benchmarks" / "results"
 
 # WordNet 3.0 lexicographer files, in lex_filenum order (the ``lexnames`` file).
@@ -76,8 +81,27 @@ TASKS = [("noun.plant", "noun.animal"), ("noun.person", "noun.artifact"), ("noun
          ("adj:positive", "adj:negative")]
 LEVELS = [0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
 NDCG_LEVELS = [0.95, 0.9, 0.8, 0.7, 0.5, 0.3]
-TRAIN, CORPUS, HELD = (0, 16384), (16384, 32768), (32768, 40960)
 K = 10
+
+
+def load_wordnet(rows: int = wordnet_sample.DEFAULT_ROWS) -> dict:
+    """The shared WordNet set (or a sample of ``rows`` built here): ``texts``, ``emb`` (minilm, e5 float32),
+    ``train`` / ``corpus`` / ``held`` row ranges (``wordnet_sample.split``: [0, 16384) / [16384, 32768) /
+    [32768, 40960) of the shared set) and ``note`` (the sample line, or ``""``)."""
+    folder = wordnet_sample.wordnet_dir(("minilm", "e5"), rows=rows)
+    texts = json.loads((folder / "texts.json").read_text())
+    train, corpus, held = ((r.start, r.stop) for r in wordnet_sample.split(len(texts)))
+    return {"texts": texts, "emb": {name: wordnet_sample.load(folder, name) for name in ("minilm", "e5")},
+            "train": train, "corpus": corpus, "held": held, "note": wordnet_sample.note(folder)}
+
+
+def has_both(labels: np.ndarray, what: str) -> bool:
+    """Whether the training labels hold both sides of the attribute (a small sample may lack one): else say so."""
+    if (labels == 1).any() and (labels == -1).any():
+        return True
+    print(f"{what}: the training rows hold {int((labels == 1).sum())} / {int((labels == -1).sum())} rows of the two "
+          "sides; skipped", file=sys.stderr, flush=True)
+    return False
 
 
 def synset_facts(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -131,12 +155,18 @@ def sweep(step, Q: np.ndarray, C: np.ndarray, attr: np.ndarray, I0: np.ndarray, 
     return rows
 
 
-def reverse_dictionary(n_queries: int, rng: np.random.Generator):
-    """Lemma queries with their own gloss (``build_retrieval_sets.py``'s ``wordnet`` set) or None."""
-    folder = Path.home() / ".cache" / "vecbridge-bench" / "wordnet"
+def reverse_dictionary(n_queries: int, rng: np.random.Generator, texts: list[str] | None = None,
+                       cache: Path = SETS_CACHE):
+    """Lemma queries with their own gloss (``build_retrieval_sets.py``'s ``wordnet`` set) or None; None also when
+    the set's corpus is not ``texts`` (built from the shared set while this run has a sample, or the reverse)."""
+    folder = Path(cache) / "wordnet"
     if not (folder / "set.json").is_file():
         return None
     meta = json.loads((folder / "set.json").read_text())
+    if texts is not None and meta["docs"] != texts:
+        print(f"{folder}/set.json was built from another corpus than this run's: no nDCG (build the set of this "
+              "data under another --cache: build_retrieval_sets.py --sets wordnet --cache DIR)", file=sys.stderr)
+        return None
     pick = np.sort(rng.choice(len(meta["queries"]), size=min(n_queries, len(meta["queries"])), replace=False))
     return {"texts": [meta["queries"][i] for i in pick], "doc": np.array(meta["query_doc"])[pick],
             **{name: np.load(folder / f"{name}_queries.npy")[pick].astype(np.float32) for name in ("minilm", "e5")}}
@@ -196,27 +226,32 @@ def compare(curves: dict, levels, axis: str) -> dict:
             "worst_gap": float(min(summary["vecbridge"][str(lv)] - summary["mean-shift"][str(lv)] for lv in levels))}
 
 
-def run(n_queries: int, seed: int = 0) -> dict:
+def run(n_queries: int, seed: int = 0, data: dict | None = None, cache: Path = SETS_CACHE) -> dict:
     from sklearn.linear_model import LogisticRegression
 
-    texts = json.loads((WORDNET / "texts.json").read_text())
+    data = data or load_wordnet()
+    texts, emb, TRAIN, CORPUS, HELD = data["texts"], data["emb"], data["train"], data["corpus"], data["held"]
     lex, pol = synset_facts(texts)
-    emb = {name: np.load(WORDNET / f"{name}.npy").astype(np.float32) for name in ("minilm", "e5")}
     rng = np.random.default_rng(seed)
+    n_queries = min(n_queries, HELD[1] - HELD[0])
     qidx = rng.choice(np.arange(*HELD), size=n_queries, replace=False)
-    rd = reverse_dictionary(n_queries, rng)
+    rd = reverse_dictionary(n_queries, rng, texts, cache)
     tr, co, nco = slice(*TRAIN), slice(*CORPUS), slice(CORPUS[0], HELD[1])
     pmap = align.fit_procrustes(emb["minilm"][tr], emb["e5"][tr])
     grid = np.concatenate([[0.0], np.geomspace(0.03, 100, 20)])
     ograd = np.concatenate([[0.0], np.geomspace(0.003, 1, 16)])
     out = {"setup": {"queries": n_queries, "k": K, "train_rows": TRAIN, "corpus_rows": CORPUS,
                      "query_rows": HELD, "seed": seed, "date": _dt.date.today().isoformat(),
-                     "map": "fit_procrustes minilm->e5 on paired rows [0,16384) (supervised)",
+                     "map": f"fit_procrustes minilm->e5 on paired rows [{TRAIN[0]},{TRAIN[1]}) (supervised)",
                      "ndcg_queries": None if rd is None else len(rd["doc"]),
                      "ndcg_corpus_rows": [CORPUS[0], HELD[1]]}, "tasks": []}
+    if data["note"]:
+        out["setup"]["data"] = data["note"]
     for a, b in TASKS:
         labels_all = task_labels(lex, pol, a, b)
         labels = labels_all[tr]
+        if not has_both(labels, f"{a} vs {b}"):
+            continue
         attr_c = (labels_all[co] == 1).astype(np.float32)
         task = {"A": a, "B": b, "n_A": int((labels == 1).sum()), "n_B": int((labels == -1).sum()),
                 "corpus_rate_A": float(attr_c.mean()), "curves": {}}
@@ -296,7 +331,7 @@ def figure(res: dict, path: Path, axis: str = "overlap") -> None:
 
 
 def tables(res: dict, png_name: str, ndcg_png: str) -> str:
-    lines = [f"![Pareto curves]({png_name})", "",
+    lines = [*([res["setup"]["data"], ""] if res["setup"].get("data") else []), f"![Pareto curves]({png_name})", "",
              "Precision@10 of the attribute at a given overlap@10 with the unsteered results "
              "(upper envelope of each eps sweep, interpolated); area = mean difference vecbridge - mean-shift "
              "over overlap [0.05, 1] x 0.95; worst gap = min over overlap 0.95 ... 0.1 of vecbridge - mean-shift.", ""]
@@ -339,20 +374,40 @@ def tables(res: dict, png_name: str, ndcg_png: str) -> str:
     return "\n".join(lines)
 
 
+def load_or_say(rows: int) -> dict | None:
+    """:func:`load_wordnet`, or None after saying what is missing (Debian's wordnet-base; the shared set and what a
+    sample needs)."""
+    if not WN_DICT.exists():
+        print(f"needs Debian's wordnet-base ({WN_DICT} missing: apt-get install wordnet-base); nothing to benchmark")
+        return None
+    try:
+        data = load_wordnet(rows)
+    except wordnet_sample.SampleUnavailable as exc:
+        print(f"{exc}; nothing to benchmark")
+        return None
+    if data["note"]:
+        print(data["note"], flush=True)
+    return data
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--queries", type=int, default=600)
     ap.add_argument("--stem", help="result file stem (default steer_pareto_<date>)")
     ap.add_argument("--from-json", help="redraw the figures and tables of an earlier run's JSON")
+    ap.add_argument("--cache", type=Path, default=SETS_CACHE, help="build_retrieval_sets.py's cache (nDCG queries)")
+    ap.add_argument("--sample-rows", type=int, default=wordnet_sample.DEFAULT_ROWS,
+                    help="without the shared WordNet set: definitions in the sample embedded here")
     args = ap.parse_args(argv)
-    missing = [str(p) for p in (WORDNET / "texts.json", WORDNET / "minilm.npy", WORDNET / "e5.npy", WN_DICT)
-               if not p.exists()]
-    if missing and not args.from_json:
-        print(f"needs the shared WordNet data and Debian's wordnet-base; missing {', '.join(missing)} "
-              "(set VECBRIDGE_WORDNET_DIR); nothing to benchmark")
+    data = None if args.from_json else load_or_say(args.sample_rows)
+    if data is None and not args.from_json:
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
-    res = json.loads(Path(args.from_json).read_text()) if args.from_json else run(args.queries)
+    res = json.loads(Path(args.from_json).read_text()) if args.from_json else run(args.queries, data=data,
+                                                                                  cache=args.cache)
+    if not res["tasks"]:
+        print("no attribute has both of its sides among the training rows of this data; nothing to plot")
+        return 0
     stem = args.stem or f"steer_pareto_{res['setup']['date']}"
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
     figure(res, RESULTS / f"{stem}.png")

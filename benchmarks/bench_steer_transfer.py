@@ -1,7 +1,8 @@
 """Benchmark: does ``eps`` mean the same after a steer is carried through a map (``align.transfer_steer``)?
 
 Data as ``bench_steer.py`` (WordNet, labels from the lexicographer files; training rows ``[0, 16384)``,
-corpus ``[16384, 32768)``, ``--queries`` held-out queries from ``[32768, 40960)``); map: ``fit_procrustes``
+corpus ``[16384, 32768)``, ``--queries`` held-out queries from ``[32768, 40960)``; without the shared set, a
+sample embedded here with those ranges scaled, said so in the output); map: ``fit_procrustes``
 on the paired training rows, in both directions (MiniLM -> e5 and e5 -> MiniLM). For each attribute the
 default steer (``align.fit_steer``, rank-1 local discriminant) and an ``lm-steer`` steer of rank 16 are fitted
 in the source space and carried to the target space.
@@ -59,20 +60,25 @@ def affine_query_side(steer: Steer, m) -> Steer:
     return Steer(P1, (Mp @ steer.P2) / lam)
 
 
-def run(n_queries: int, seed: int = 0) -> dict:
-    texts = json.loads((bs.WORDNET / "texts.json").read_text())
+def run(n_queries: int, seed: int = 0, data: dict | None = None, cache: Path = bs.SETS_CACHE) -> dict:
+    data = data or bs.load_wordnet()
+    texts, emb, TRAIN, CORPUS, HELD = data["texts"], data["emb"], data["train"], data["corpus"], data["held"]
     lex, pol = bs.synset_facts(texts)
-    emb = {n: np.load(bs.WORDNET / f"{n}.npy").astype(np.float32) for n in ("minilm", "e5")}
     rng = np.random.default_rng(seed)
-    qidx = rng.choice(np.arange(*bs.HELD), size=n_queries, replace=False)
-    rd = bs.reverse_dictionary(n_queries, rng)
-    tr, co, nco = slice(*bs.TRAIN), slice(*bs.CORPUS), slice(bs.CORPUS[0], bs.HELD[1])
+    n_queries = min(n_queries, HELD[1] - HELD[0])
+    qidx = rng.choice(np.arange(*HELD), size=n_queries, replace=False)
+    rd = bs.reverse_dictionary(n_queries, rng, texts, cache)
+    tr, co, nco = slice(*TRAIN), slice(*CORPUS), slice(CORPUS[0], HELD[1])
     maps = {(s, t): align.fit_procrustes(emb[s][tr], emb[t][tr]) for s, t in (("minilm", "e5"), ("e5", "minilm"))}
     grid = np.concatenate([[0.0], np.geomspace(0.03, 100, 20)])
     out = {"setup": {"queries": n_queries, "seed": seed, "date": _dt.date.today().isoformat(), "eps": EPS},
            "meaning": [], "curves": []}
+    if data["note"]:
+        out["setup"]["data"] = data["note"]
     for a, b in bs.TASKS:
         lab = bs.task_labels(lex, pol, a, b)
+        if not bs.has_both(lab[tr], f"{a} vs {b}"):
+            continue
         for (s, t), m in maps.items():
             for method in METHODS:
                 kw = {"method": "lm-steer", "rank": 16} if method == "lm-steer" else {}
@@ -100,7 +106,7 @@ def run(n_queries: int, seed: int = 0) -> dict:
                          "overlap_worst_gap": ov["worst_gap"]}
                 if rd is not None:
                     nd = bs.compare(bs.curves_for(steps, rd[t], emb[t][nco], attr_n, grid, grid,
-                                                  rel=rd["doc"] - bs.CORPUS[0]), bs.NDCG_LEVELS, "ndcg_kept")
+                                                  rel=rd["doc"] - CORPUS[0]), bs.NDCG_LEVELS, "ndcg_kept")
                     entry.update(ndcg_area=nd["area_vs_mean_shift"], ndcg_worst_gap=nd["worst_gap"])
                 out["curves"].append(entry)
     return out
@@ -108,7 +114,8 @@ def run(n_queries: int, seed: int = 0) -> dict:
 
 def tables(res: dict) -> str:
     f = lambda v: " / ".join(f"{x:.2f}" for x in v)  # noqa: E731
-    lines = [f"Overlap@10 with the unsteered results at eps = {' / '.join(map(str, EPS))} "
+    lines = [*([res["setup"]["data"], ""] if res["setup"].get("data") else []),
+             f"Overlap@10 with the unsteered results at eps = {' / '.join(map(str, EPS))} "
              f"({res['setup']['queries']} queries)", "",
              "| attribute | steer | map | own space | transfer | bare H^T W H | lam | gamma |",
              "|---|---|---|---|---|---|---:|---:|"]
@@ -129,11 +136,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--stem", help="result file stem (default steer_transfer_<date>)")
+    ap.add_argument("--cache", type=Path, default=bs.SETS_CACHE, help="build_retrieval_sets.py's cache (nDCG queries)")
+    ap.add_argument("--sample-rows", type=int, default=bs.wordnet_sample.DEFAULT_ROWS,
+                    help="without the shared WordNet set: definitions in the sample embedded here")
     args = ap.parse_args(argv)
-    if not (bs.WORDNET / "minilm.npy").exists() or not bs.WN_DICT.exists():
-        print("needs ../shared/data/wordnet and Debian's wordnet-base; nothing to benchmark")
+    data = bs.load_or_say(args.sample_rows)
+    if data is None:
         return 0
-    res = run(args.queries)
+    res = run(args.queries, data=data, cache=args.cache)
     stem = args.stem or f"steer_transfer_{res['setup']['date']}"
     bs.RESULTS.mkdir(parents=True, exist_ok=True)
     (bs.RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))

@@ -7,7 +7,10 @@ of rows from which fit pairs are drawn, and per-encoder embeddings:
     query = a synset's lemma words (underscores → spaces, adjective markers such as ``(a)``
     dropped), e.g. ``"domestic dog, Canis familiaris"``; relevant document = its gloss (the text
     before the first ``; "``). Corpus = the 40,960 definitions of the shared set
-    ``shared/data/wordnet/texts.json``, whose MiniLM and e5 (``passage:``) embeddings are reused;
+    ``shared/data/wordnet/texts.json``, whose MiniLM and e5 (``passage:``) embeddings are reused
+    (without the shared set: the texts and embeddings of ``wordnet_sample.py``'s sample of
+    ``--sample-rows`` definitions, every split below scaled to its n rows: pool = the first 80 %,
+    held-out = the rest, mpnet = the first 10 % and the held-out; ``set.json`` records the corpus);
     a definition shared by several synsets is relevant to each of their queries. Split: fit pairs
     come from corpus rows [0, 32768); evaluation queries are synsets whose gloss is in the
     held-out rows [32768, 40960) (seeded sample of ``--wordnet-queries``); retrieval always runs
@@ -62,14 +65,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import wordnet_sample
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CACHE = Path.home() / ".cache" / "vecbridge-bench"
 WORDNET_DIR = Path("/usr/share/wordnet")
-SHARED_WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", HERE.parents[1] / "shared" / "data" / "wordnet"))
-WORDNET_POOL = (0, 32768)        # fit-pair rows of the shared corpus
-WORDNET_HELDOUT = (32768, 40960)  # glosses of the evaluation queries
-MPNET_WORDNET_ROWS = ((0, 4096), (32768, 40960))
 SMALL_ROWS, SMALL_POOL = 1280, 768  # wordnet-small: corpus rows [0, 1280), fit pool [0, 768)
 #: encoder short name -> (service encoder name, whether queries use a query form)
 ENCODERS = {"minilm": "all-MiniLM-L6-v2", "e5": "multilingual-e5-small", "mpnet": "all-mpnet-base-v2"}
@@ -116,17 +116,54 @@ def wordnet_synsets(wordnet_dir: Path = WORDNET_DIR) -> list[tuple[str, list[str
     return out
 
 
-def build_wordnet(n_queries: int, seed: int = 0, *, small: bool = False) -> dict:
-    """The reverse-dictionary set over the shared 40,960 definitions (see module docstring).
+def wordnet_rows(n: int, small: bool = False) -> dict:
+    """Rows of the ``wordnet`` set over a corpus of ``n`` definitions (the shared set: 40,960): ``corpus`` (the first
+    rows used), ``pool`` = the first 80 % (``wordnet_sample.split``'s unpaired rows), ``heldout`` = the rest,
+    ``mpnet`` = the first 10 % and the held-out; ``small``: the first ``SMALL_ROWS`` (at most ``n``), pool 60 %."""
+    if small:
+        rows = min(SMALL_ROWS, n)
+        pool = SMALL_POOL if rows == SMALL_ROWS else rows * 3 // 5
+        return {"corpus": rows, "pool": pool, "heldout": (pool, rows), "mpnet": ((0, rows),)}
+    pool = wordnet_sample.split(n)[2].start
+    return {"corpus": n, "pool": pool, "heldout": (pool, n), "mpnet": ((0, n // 10), (pool, n))}
+
+
+def wordnet_corpus(folder: Path) -> dict:
+    """``set.json``'s record of the corpus folder ``folder`` (the shared set, or a sample: its path and rows)."""
+    if not wordnet_sample.is_sample(folder):
+        return {"sample": False, "rows": len(json.loads((Path(folder) / "texts.json").read_text()))}
+    return {"sample": True, "dir": str(Path(folder).resolve()),
+            "rows": json.loads((Path(folder) / "sample.json").read_text())["rows"]}
+
+
+def corpus_dir(spec: dict) -> Path:
+    """Where a WordNet set's minilm / e5 corpus embeddings are: its sample's folder, or the shared set
+    (sets built before ``set.json`` recorded a ``corpus``: the shared set)."""
+    corpus = spec.get("corpus") or {}
+    return Path(corpus["dir"]) if corpus.get("sample") else wordnet_sample.SHARED
+
+
+def corpus_note(spec: dict) -> str:
+    """``wordnet_sample.sample_note`` when the set's corpus is a sample, else ``""``."""
+    corpus = spec.get("corpus") or {}
+    return wordnet_sample.sample_note(corpus["rows"]) if corpus.get("sample") else ""
+
+
+def build_wordnet(n_queries: int, seed: int = 0, *, small: bool = False,
+                  sample_rows: int = wordnet_sample.DEFAULT_ROWS) -> dict:
+    """The reverse-dictionary set over the shared 40,960 definitions, or over a sample of ``sample_rows`` when the
+    shared set is absent (see module docstring).
 
     ``small=True`` builds ``wordnet-small``: corpus = the first ``SMALL_ROWS`` definitions, fit
     pool = the first ``SMALL_POOL`` of them, queries = every synset whose gloss is in the rest."""
-    docs = json.loads((SHARED_WORDNET / "texts.json").read_text())
-    if small:
-        docs = docs[:SMALL_ROWS]
+    folder = wordnet_sample.wordnet_dir(tuple(SHARED_EMBEDDINGS), rows=sample_rows)
+    docs = json.loads((folder / "texts.json").read_text())
+    corpus = wordnet_corpus(folder)
+    split = wordnet_rows(len(docs), small)
+    docs = docs[: split["corpus"]]
     where = {t: i for i, t in enumerate(docs)}
     synsets = wordnet_synsets()
-    lo, hi = (SMALL_POOL, SMALL_ROWS) if small else WORDNET_HELDOUT
+    lo, hi = split["heldout"]
     held = [(sid, ", ".join(lemmas), where[d]) for sid, lemmas, d in synsets
             if d in where and lo <= where[d] < hi]
     matched = sum(1 for _, _, d in synsets if d in where)
@@ -135,13 +172,18 @@ def build_wordnet(n_queries: int, seed: int = 0, *, small: bool = False) -> dict
     queries = [held[i][1] for i in pick]
     query_doc = [int(held[i][2]) for i in pick]
     rows = {"minilm": list(range(len(docs))), "e5": list(range(len(docs))),
-            "mpnet": (list(range(len(docs))) if small else [i for a, b in MPNET_WORDNET_ROWS for i in range(a, b)])}
-    return {"name": "wordnet-small" if small else "wordnet", "docs": docs, "queries": queries, "query_doc": query_doc,
+            "mpnet": [i for a, b in split["mpnet"] for i in range(a, b)]}
+    source = ("shared texts.json" if not corpus["sample"]
+              else f"a sample of {corpus['rows']} definitions embedded here ({folder}/texts.json)")
+    spec = {"name": "wordnet-small" if small else "wordnet", "docs": docs, "queries": queries, "query_doc": query_doc,
             "query_ids": [held[i][0] for i in pick],
-            "fit_pool": list(range(SMALL_POOL if small else WORDNET_POOL[1])), "rows": rows,
+            "fit_pool": list(range(split["pool"])), "rows": rows,
             "provenance": {"synsets": len(synsets), "synsets_matched_to_corpus": matched,
                            "heldout_synsets": len(held), "seed": seed,
-                           "source": "wordnet-base data.{noun,verb,adj,adv}; corpus = shared texts.json"}}
+                           "source": f"wordnet-base data.{{noun,verb,adj,adv}}; corpus = {source}"}}
+    if corpus["sample"]:  # the shared set's specs stay as they were: no "corpus" means the shared set
+        spec["corpus"] = corpus
+    return spec
 
 
 # --- Bible -------------------------------------------------------------------------------------------
@@ -259,10 +301,13 @@ def load_embeddings(name: str, encoder: str, cache: Path = DEFAULT_CACHE):
     rows = np.asarray(spec["rows"][encoder], dtype=np.int64)
     qpath = folder / f"{encoder}_queries.npy"
     if name.startswith("wordnet") and encoder in SHARED_EMBEDDINGS:
-        shared = SHARED_WORDNET / SHARED_EMBEDDINGS[encoder]
-        if not shared.is_file():  # the shared data is absent: not embedded here, as a missing cache file
+        shared = corpus_dir(spec) / SHARED_EMBEDDINGS[encoder]
+        if not shared.is_file():  # the set's corpus data is absent: not embedded here, as a missing cache file
             return None
-        D = np.load(shared, mmap_mode="r")[rows]
+        D = np.load(shared, mmap_mode="r")
+        if D.shape[0] != (spec.get("corpus") or {}).get("rows", wordnet_sample.SHARED_ROWS):
+            return None  # another corpus than the one the set was built from
+        D = D[rows]
     else:
         dpath = folder / f"{encoder}_docs.npy"
         if not dpath.is_file():
@@ -281,18 +326,35 @@ def _write_spec(path: Path, spec: dict) -> None:
     os.replace(tmp, path)
 
 
+def check_corpus(spec: dict, spec_path: Path, sample_rows: int) -> None:
+    """Refuse to extend a cached WordNet set whose corpus is not the data there is now (the shared set, or the
+    sample ``wordnet_sample.wordnet_dir`` gives): its rows would index another corpus."""
+    folder = wordnet_sample.wordnet_dir(tuple(SHARED_EMBEDDINGS), rows=sample_rows)
+    now, was = wordnet_corpus(folder), spec.get("corpus") or {"sample": False, "rows": wordnet_sample.SHARED_ROWS}
+    if now != was:
+        def what(c):
+            return f"a sample of {c['rows']} definitions ({c['dir']})" if c["sample"] else "the shared set"
+
+        raise SystemExit(f"{spec_path} was built from {what(was)}, but the WordNet data now is {what(now)}: "
+                         "build this set under another --cache (the cached one is left as it is)")
+
+
 def build(names, encoders, cache: Path, *, embed: bool, wordnet_queries: int, bible_verses: int,
-          bible_queries: int, seed: int) -> None:
+          bible_queries: int, seed: int, sample_rows: int = wordnet_sample.DEFAULT_ROWS) -> None:
     for name in names:
         folder = cache / name
-        folder.mkdir(parents=True, exist_ok=True)
         spec_path = folder / "set.json"
         if spec_path.is_file():
             spec = json.loads(spec_path.read_text())
+            if name.startswith("wordnet"):
+                check_corpus(spec, spec_path, sample_rows)
         else:
             spec = (build_bible(bible_verses, bible_queries, seed) if name == "bible"
-                    else build_wordnet(wordnet_queries, seed, small=name == "wordnet-small"))
+                    else build_wordnet(wordnet_queries, seed, small=name == "wordnet-small", sample_rows=sample_rows))
+            folder.mkdir(parents=True, exist_ok=True)
             _write_spec(spec_path, spec)
+        if corpus_note(spec):
+            print(f"{name}: {corpus_note(spec)}", flush=True)
         print(f"{name}: {len(spec['docs'])} docs, {len(spec['queries'])} queries, fit pool {len(spec['fit_pool'])};"
               f" {spec['provenance']}", flush=True)
         if not embed:
@@ -320,10 +382,16 @@ def main(argv=None) -> int:
     ap.add_argument("--bible-verses", type=int, default=3000)
     ap.add_argument("--bible-queries", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sample-rows", type=int, default=wordnet_sample.DEFAULT_ROWS,
+                    help="without the shared WordNet set: definitions in the sample embedded here (wordnet_sample.py)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE.parent))
-    build(a.sets, a.encoders, a.cache, embed=not a.no_embed, wordnet_queries=a.wordnet_queries,
-          bible_verses=a.bible_verses, bible_queries=a.bible_queries, seed=a.seed)
+    try:
+        build(a.sets, a.encoders, a.cache, embed=not a.no_embed, wordnet_queries=a.wordnet_queries,
+              bible_verses=a.bible_verses, bible_queries=a.bible_queries, seed=a.seed, sample_rows=a.sample_rows)
+    except wordnet_sample.SampleUnavailable as exc:
+        print(f"no WordNet data: {exc}")
+        return 1
     return 0
 
 

@@ -14,7 +14,10 @@ Two views of the same requests (transform JSON / octet-stream, search JSON with 
 2. in process: the app's ASGI callable driven directly on one event loop (no sockets, no HTTP
    parsing) under ``cProfile``, plus a stage breakdown timed with ``perf_counter`` around the parts.
 
-Data: a Procrustes map minilm -> e5 and a flat e5 index of 8,192 WordNet rows (as bench_service.py).
+Data: a Procrustes map minilm -> e5 (fitted on the first 4,000 rows) and a flat e5 index of the 8,192 held-out
+WordNet rows (as bench_service.py). Without the shared set: a sample of ``--sample-rows`` definitions embedded here
+(``wordnet_sample.py``), the rows scaled (``wordnet_sample.split``: the fit within the first 40 %, the index the last
+20 %); the output says so.
 """
 
 from __future__ import annotations
@@ -40,18 +43,31 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 from _servers import free_port, stop  # noqa: E402
-from bench_service import HDR, KEY, HELD, load_data, start_server  # noqa: E402
+import wordnet_sample
+from bench_service import HDR, KEY, start_server  # noqa: E402
 
 OCTET = {**HDR, "content-type": "application/octet-stream"}
 
 
-def seed(data: Path):
+def load_data(rows: int = wordnet_sample.DEFAULT_ROWS) -> tuple[np.ndarray, np.ndarray, int, slice, str]:
+    """``(minilm, e5, fit rows, held-out rows, note)`` of the shared WordNet set (or a sample of ``rows`` built
+    here): the fit takes the first 4,000 rows (at most the unpaired source rows of ``wordnet_sample.split``), the
+    index the held-out ones; ``note``: the sample line, or ``""``."""
+    folder = wordnet_sample.wordnet_dir(("minilm", "e5"), rows=rows)
+    A, B = wordnet_sample.load(folder, "minilm"), wordnet_sample.load(folder, "e5")
+    source, _, held = wordnet_sample.split(len(A))
+    return A, B, min(4000, source.stop), held, wordnet_sample.note(folder)
+
+
+def seed(data: Path, rows: int = wordnet_sample.DEFAULT_ROWS):
     """Registry with spaces minilm/e5 and map ``bench``; returns (map, A_held, B_held)."""
     from align import fit_procrustes
     from service.registry import open_registry
 
-    A, B = load_data()
-    m = fit_procrustes(A[:4000], B[:4000])
+    A, B, fit, HELD, note = load_data(rows)
+    if note:
+        print(f"# {note}")
+    m = fit_procrustes(A[:fit], B[:fit])
     data.mkdir(parents=True, exist_ok=True)
     reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
     reg.register_space("minilm", 384)
@@ -241,13 +257,17 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--per", type=int, default=100)
     ap.add_argument("--batch", type=int, default=1, help="rows per request (1: the batch-1 floor)")
+    ap.add_argument("--sample-rows", type=int, default=wordnet_sample.DEFAULT_ROWS,
+                    help="without the shared WordNet set: definitions in the sample embedded here")
     args = ap.parse_args(argv)
     print(f"# load average {os.getloadavg()}, {os.cpu_count()} cpus, OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'default')}")
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
-        m, A_held, B_held = seed(data)
+        m, A_held, B_held = seed(data, args.sample_rows)
         x = np.ascontiguousarray(A_held[:args.batch])
+        if len(x) < args.batch:
+            print(f"# --batch {args.batch}: the data holds {len(x)} held-out rows; batches of {len(x)}")
         reqs = requests_for(x)
         if args.batch > 1:  # only the binary transform; the work itself beside it: the map's apply, in process
             reqs = {"transform_octet": reqs["transform_octet"]}
@@ -256,7 +276,7 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 m.apply(x)
                 ts.append(time.perf_counter() - t0)
-            print(f"# map.apply of {args.batch} rows in process: p50 {np.median(ts) * 1000:.3f} ms")
+            print(f"# map.apply of {len(x)} rows in process: p50 {np.median(ts) * 1000:.3f} ms")
         if not args.no_tcp:
             port, bare_port = free_port(), free_port()
             proc = start_server(data, port)

@@ -162,12 +162,15 @@ def split(n: int) -> tuple[slice, slice, slice]:
     return slice(0, a), slice(a, 2 * a), slice(2 * a, n)
 
 
+def sample_note(rows: int) -> str:
+    """The line a benchmark prints beside figures made on a sample of ``rows`` definitions."""
+    return (f"data: a sample of {rows:,} WordNet definitions embedded here (shared set absent); "
+            "figures are not comparable with the committed tables")
+
+
 def note(folder: Path) -> str:
     """The line a benchmark prints beside its table when ``folder`` is a sample (empty for the shared set)."""
-    if not is_sample(folder):
-        return ""
-    return (f"data: a sample of {rows_of(folder):,} WordNet definitions embedded here (shared set absent); "
-            "figures are not comparable with the committed tables")
+    return sample_note(rows_of(folder)) if is_sample(folder) else ""
 
 
 def tile(a: np.ndarray, rows: int) -> np.ndarray:

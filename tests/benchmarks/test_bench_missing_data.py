@@ -4,7 +4,6 @@ that loses the rest of the run."""
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 from conftest import load_benchmark
@@ -25,15 +24,18 @@ def _wordnet_cache(root):
     return root
 
 
-def test_migration_skips_a_wordnet_pair_when_the_shared_data_is_absent(tmp_path, monkeypatch, capsys):
+def test_migration_skips_a_wordnet_pair_built_from_the_shared_data_when_it_is_absent(tmp_path, monkeypatch, capsys):
     """Without ``shared/data/wordnet`` the wordnet pairs crashed the whole run (FileNotFoundError from np.load in
-    ``load_embeddings``), so the other pairs never ran; now the pair is skipped with a message."""
+    ``load_embeddings``), so the other pairs never ran; now a set built from the shared set is skipped with a message
+    that says how to build one from a sample (tests/benchmarks/test_bench_sample_fallback_b.py runs that)."""
     cache = _wordnet_cache(tmp_path / "cache")
-    monkeypatch.setattr(sys.modules[bench.load_embeddings.__module__], "SHARED_WORDNET", tmp_path / "absent")
+    monkeypatch.setattr(bench.wordnet_sample, "SHARED", tmp_path / "absent")
     assert bench.pair_data("wordnet", "minilm", "e5", cache) is None
     assert bench.main(["--pairs", "wordnet:minilm:e5", "--cache", str(cache), "--no-plan",
                        "--out", str(tmp_path / "m")]) == 0
-    assert "wordnet:minilm:e5: embeddings missing" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"wordnet:minilm:e5: the set was built from the WordNet data in {tmp_path / 'absent'}, absent now" in out
+    assert "under another --cache (without the shared set it embeds a sample); skipped" in out
 
 
 def test_plan_proxies_skip_a_set_that_was_never_built_and_still_print_the_table(tmp_path, capsys):
@@ -46,11 +48,12 @@ def test_plan_proxies_skip_a_set_that_was_never_built_and_still_print_the_table(
     assert "| pair | docs | K | method | measured |" in out.out
 
 
-def test_steer_benchmark_says_so_and_stops_without_wordnet(tmp_path, monkeypatch, capsys):
-    """bench_steer.py read ``texts.json`` unconditionally (FileNotFoundError) and ignored VECBRIDGE_WORDNET_DIR."""
+def test_steer_benchmark_says_so_and_stops_without_wordnet_base(tmp_path, monkeypatch, capsys):
+    """bench_steer.py read ``texts.json`` unconditionally (FileNotFoundError). Without the shared set it now runs on
+    a sample (test_bench_sample_fallback_b.py); without Debian's wordnet-base (its labels) it says so and stops."""
     steer = load_benchmark("bench_steer")
-    monkeypatch.setattr(steer, "WORDNET", tmp_path)
+    monkeypatch.setattr(steer, "WN_DICT", tmp_path / "no-wordnet-base")
     monkeypatch.setattr(steer, "RESULTS", tmp_path / "results")
     assert steer.main(["--queries", "10"]) == 0
-    assert "nothing to benchmark" in capsys.readouterr().out
+    assert "needs Debian's wordnet-base" in capsys.readouterr().out
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
