@@ -109,6 +109,8 @@ def _check_spaces(store: VectorStore, source: str, declared: str | None, map_src
         return f"checked: {recorded}"
     if declared and map_src:
         return f"checked against --source-space: {declared}"
+    if recorded or declared:  # the collection's side is known: it is the map that names no space
+        return f"unchecked: the map names no source space ({known[0][0]} {known[0][1]!r})"
     return "unchecked: neither the collection nor the map names its space"
 
 
@@ -314,7 +316,12 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     map_src, map_tgt = map_spaces(map_, registry)
     map_ = resolve_map(map_, registry)
     map_src = map_src or (map_.metadata or {}).get("source_space")
-    map_tgt = target_space or map_tgt or (map_.metadata or {}).get("target_space")
+    map_tgt = map_tgt or (map_.metadata or {}).get("target_space")
+    if target_space and map_tgt and target_space != map_tgt:  # the target would record a space its rows are not in
+        raise SpaceMismatchError(f"--target-space says {target_space!r} but the map writes {map_tgt!r}: the target "
+                                 "would record a space its vectors are not in (query-side searches would skip the "
+                                 "map); leave --target-space out or use the map into that space")
+    map_tgt = target_space or map_tgt
     check_name(source), check_name(target)
     if source == target:
         raise InputError("source and target must differ")

@@ -39,8 +39,8 @@ from align.frames import unit_rows
 from align.knn import knn
 from align.metrics import ranks, retention
 
-from .base import VectorStore
-from .migrate import resolve_map
+from .base import SpaceMismatchError, VectorStore
+from .migrate import map_spaces, resolve_map
 
 __all__ = ["verify_migration", "compare_to_reference", "check_rows"]
 
@@ -137,10 +137,16 @@ def verify_migration(store: VectorStore, target: str, *, embed: Callable | None 
         return out
     if heldout is None or map_ is None:
         raise InputError("give embed= (rows with texts) or heldout=(X, Y) with map_=")
+    _, map_tgt = map_spaces(map_, registry)
     m = resolve_map(map_, registry)
     d = store.dim(target)  # the held-out figures judge the map; the collection must at least be its output
     if d != m.target_dim:
         raise DimensionMismatchError(f"{target!r} holds {d}-d vectors, the map writes {m.target_dim}-d")
+    map_tgt, recorded = map_tgt or (m.metadata or {}).get("target_space"), store.get_space(target)
+    if map_tgt and recorded and map_tgt != recorded:  # same width, another model: the figures would not be its
+        raise SpaceMismatchError(f"{target!r} records space {recorded!r} but the map writes {map_tgt!r}: the "
+                                 "held-out figures would judge a map that did not make this collection; give "
+                                 "the migration's own map")
     if store.count(target) == 0:
         raise InputError(f"{target!r} holds no rows: nothing was migrated into it")
     X, Y = check_paired(*heldout, names=("heldout X", "heldout Y"), min_rows=2)

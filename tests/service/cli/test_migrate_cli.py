@@ -235,3 +235,39 @@ def test_dry_run_of_a_half_done_migration_says_where_it_would_resume(world, tmp_
         assert rep.extra["start"] == "finished" and rep.extra["rows_to_write"] == 0 and rep.already_finished
         assert rep.extra["fields"] == ["category", "lang", "n", "tags", "text"]  # from the checkpoint
     reg.close()
+
+
+def test_a_target_space_the_map_does_not_write_is_refused(world, vb):
+    """`--target-space spa` with a2b (spa -> spb) migrated every row (exit 0) and recorded spa on a collection of spb
+    vectors: a query-side search of it with spa queries then skipped the map and searched spb vectors with raw spa
+    queries. The map's own target space (or none given) is what the target records."""
+    common = ["migrate", "--store", world["store"], "--source", "docs_a", "--map", "a2b@prod", "--quiet"]
+    p = vb(world["data"], *common, "--target", "ts_wrong", "--target-space", "spa")
+    assert p.returncode == 2 and "'spa'" in p.stderr and "'spb'" in p.stderr, (p.stdout, p.stderr)
+    with _open(world) as s:
+        assert not s.exists("ts_wrong")
+    p = vb(world["data"], *common, "--target", "ts_right", "--target-space", "spb")
+    assert p.returncode == 0, p.stderr
+    with _open(world) as s:
+        assert s.get_space("ts_right") == "spb"
+
+
+def test_a_heldout_verify_with_a_map_into_another_space_is_refused(world, vb):
+    """`verify --collection docs_a --heldout-... --map a2b` said PASS (recall@10=1.0) of a collection that records
+    space spa while a2b writes spb vectors (same width): the figures judged a map that did not make it."""
+    p = vb(world["data"], "verify", "--store", world["store"], "--collection", "docs_a", "--heldout-source",
+           world["dir"] / "heldout_x.npy", "--heldout-target", world["dir"] / "heldout_y.npy", "--map", "a2b@prod",
+           "--n-sample", 50, "--min-recall", "0.5")
+    assert p.returncode == 2 and "'spa'" in p.stderr and "'spb'" in p.stderr and "PASS" not in p.stdout, (
+        p.stdout, p.stderr)
+
+
+def test_a_map_without_spaces_is_named_as_the_unchecked_side(world):
+    """A map whose metadata names no space, on docs_a (which records spa), reported "space unchecked: neither the
+    collection nor the map names its space": the collection does; the report names the side that does not."""
+    from service.vectordb import migrate
+
+    m = align.fit_procrustes(world["X"], world["X"])  # no source_space / target_space in its metadata
+    with _open(world) as s:
+        rep = migrate(s, "docs_a", "nospace_b", m, batch_size=100)
+    assert rep.extra["space_check"] == "unchecked: the map names no source space ('docs_a' records space 'spa')", rep
