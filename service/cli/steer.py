@@ -15,8 +15,8 @@ from align.steer import Steer
 
 from ..encoders import get_encoder, space_encoder
 from ..io import is_text_path, read_texts, read_vectors, write_vectors
-from ..ops.steers import (apply_steer_job, delete_steer_alias, describe_lens, embed_and_register, set_steer_alias,
-                          space_for_rows, steer_lens, transfer_and_register)
+from ..ops.steers import (apply_steer_job, check_steer_fit, delete_steer_alias, describe_lens, embed_and_register,
+                          set_steer_alias, space_for_rows, steer_lens, transfer_and_register)
 from ._common import Ctx, alias_command, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
 
 __all__ = ["steer"]
@@ -70,6 +70,9 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
     if "rank" in params and params["method"] != "lm-steer":  # the fit ignored it: a rank-1 steer for --rank 8
         raise click.UsageError(f"--rank (or --param rank) applies to --method lm-steer only; a "
                                f"{params['method']} steer {'is rank 1' if params['method'] == 'local' else 'has no W'}")
+    # before the texts are embedded and the steer fitted: a name that lives in another space (or a bad parameter)
+    # was refused only once the fit was done, as the HTTP route refuses it when asked
+    check_steer_fit(reg, name=name, space=space, alias=alias, params=params, random_state=random_state)
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         v = embed_and_register(reg, get_encoder, space=space, X=X, texts=items if X is None else None, encoder=encoder,

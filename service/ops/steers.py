@@ -160,8 +160,9 @@ def _sha(arr: np.ndarray) -> str:
 def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, params: dict | None = None,
                      random_state: int | None = None, alias: str | None = None, items: Sequence[str] | None = None,
                      description: str = "", inputs: dict | None = None, lens_k: int = 5,
-                     progress: Progress | None = None):
-    """Fit a steer on ``X`` (n, d) with ``labels`` (n,) in {-1, 0, +1} and register it in ``space``.
+                     progress: Progress | None = None, encoder: str | None = None):
+    """Fit a steer on ``X`` (n, d) with ``labels`` (n,) in {-1, 0, +1} and register it in ``space`` (created with
+    the version when new, ``encoder`` recorded on it).
 
     ``items`` (n strings: the texts, or any names of the rows) make the stored lens name the
     extreme items of each direction. Returns the :class:`~service.registry.SteerInfo`.
@@ -178,14 +179,15 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
         name, steer, space=space, params=p, random_state=p["random_state"],
         data_hashes={"X": _sha(X.astype(np.float32)), "labels": _sha(labels.astype(np.int64)), "n": int(X.shape[0])},
         metrics={k: v for k, v in steer.metadata.items() if k in _METRICS}, alias=alias, description=description,
-        inputs=inputs or {}, lens=steer_lens(steer, X, items, k=lens_k))
+        inputs=inputs or {}, lens=steer_lens(steer, X, items, k=lens_k), encoder=encoder)
 
 
 def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.ndarray | None = None,
                        texts: Sequence[str] | None = None, encoder: str | None = None, items=None,
                        inputs: dict | None = None, progress: Progress | None = None, **fit):
     """:func:`fit_and_register` on ``X``, or on ``texts`` embedded with ``encoder`` (passages); registers
-    ``space`` from the data when it is new, and refuses rows of another width than a known space's."""
+    ``space`` from the data when it is new (with the version, so a fit that fails leaves none), and refuses rows
+    of another width than a known space's."""
     if X is None:
         (progress or silent)("encode", 0.0)
         enc = load_encoder(encoder)
@@ -194,12 +196,12 @@ def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.nd
     try:
         info = registry.get_space(space)
     except NotFoundError:
-        registry.register_space(space, int(X.shape[1]), encoder=encoder)
-    else:
-        if X.shape[1] != info.dim:
-            raise DimensionMismatchError(f"space {space!r} is {info.dim}-d, the rows have {X.shape[1]}")
+        info = None  # created with the version, in its transaction: a fit that fails leaves no space behind
+    if info is not None and X.shape[1] != info.dim:
+        raise DimensionMismatchError(f"space {space!r} is {info.dim}-d, the rows have {X.shape[1]}")
     inputs = {**(inputs or {}), "rows": int(X.shape[0]), **({"encoder": encoder} if encoder else {})}
-    return fit_and_register(registry, space=space, X=X, items=items, inputs=inputs, progress=progress, **fit)
+    return fit_and_register(registry, space=space, X=X, items=items, inputs=inputs, progress=progress,
+                            encoder=encoder, **fit)
 
 
 # --- apply, lens ----------------------------------------------------------------------------------

@@ -173,6 +173,13 @@ class Registry(SteerRegistryMixin):
         if int(have) != int(dim):
             raise ConflictError(f"space {name!r} is {have}-d, not {dim}-d")
 
+    def _new_space(self, t, name: str, dim: int, encoder: str | None) -> None:
+        """:meth:`_ensure_space`, recording ``encoder`` on the space when this transaction creates it."""
+        new = t.one("SELECT 1 FROM spaces WHERE name = ?", (name,)) is None
+        self._ensure_space(t, name, dim)
+        if new and encoder:
+            t.q("UPDATE spaces SET encoder = ? WHERE name = ?", (encoder, name))
+
     def _put_space(self, t, s: dict, *, keep: bool = False) -> None:
         """Ensure space ``s["name"]`` (``s["dim"]``) and set the descriptive fields ``s`` gives (non-empty);
         ``keep``: only those the space has not set (a bundle import never changes how a space here embeds)."""

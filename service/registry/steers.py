@@ -26,11 +26,13 @@ class SteerRegistryMixin:
 
     def register_steer(self, name: str, steer, *, space: str, params: dict | None = None, random_state=None,
                        data_hashes: dict | None = None, metrics: dict | None = None, alias: str | None = None,
-                       description: str = "", lens: list | None = None, inputs: dict | None = None) -> SteerInfo:
+                       description: str = "", lens: list | None = None, inputs: dict | None = None,
+                       encoder: str | None = None) -> SteerInfo:
         """Store ``steer`` as the next version of steer ``name`` in ``space`` (auto-numbered, atomic).
 
-        The space is created on first use (dim from the steer); another dim, or a steer name
-        already bound to another space, raises ConflictError.
+        The space is created on first use (dim from the steer; ``encoder`` recorded on it then), in the same
+        transaction as the version; another dim, or a steer name already bound to another space, raises
+        ConflictError.
         """
         check_name(name, "steer name")
         check_name(space, "space")
@@ -39,6 +41,8 @@ class SteerRegistryMixin:
         if not isinstance(steer, (Steer, MeanShift)):
             raise InvalidNameError("steer must be an align.Steer or align.MeanShift")
         check_text(description, "steer description")
+        if encoder is not None:
+            check_text(encoder, "space encoder")
         rank = steer.rank if isinstance(steer, Steer) else 0
         sha, rel = self.store.put(steer.to_bytes(), "npz")
         values = dict(space=space, dim=steer.dim, rank=rank,
@@ -48,7 +52,7 @@ class SteerRegistryMixin:
                       metrics=metrics or {}, artifact_sha256=sha, artifact_path=rel, deleted=False,
                       description=description or "", lens=lens or [], inputs=inputs or {})
         return self.entities["steers"].register(name, values, alias=alias,
-                                                before=lambda t: self._ensure_space(t, space, steer.dim))
+                                                before=lambda t: self._new_space(t, space, steer.dim, encoder))
 
     def get_steer(self, name: str, version: int) -> SteerInfo:
         return self.entities["steers"].get(name, version)

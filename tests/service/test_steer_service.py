@@ -8,9 +8,9 @@ import pytest
 from align import LinearMap
 from align.exceptions import InputError, PairCountError
 from align.steer import MeanShift, Steer
-from service.ops.steers import (apply_steer_job, check_steer_params, fit_steer_job, steer_lens,
+from service.ops.steers import (apply_steer_job, check_steer_params, embed_and_register, fit_steer_job, steer_lens,
                                  transfer_and_register)
-from service.registry import open_registry
+from service.registry import ConflictError, open_registry
 
 from _synthetic import planted_attribute
 
@@ -89,6 +89,31 @@ def test_transfer_registers_in_the_maps_target_space(tmp_path):
     ms = reg.register_steer("shift", fit_steer_job(X, y, {"method": "mean-shift"}), space="a", params={}, lens=[])
     with pytest.raises(InputError, match="mean-shift"):
         transfer_and_register(reg, ms.ref, "a2b")
+
+
+def test_a_failed_steer_fit_leaves_no_space_behind(tmp_path):
+    """embed_and_register registered a new space before the fit: a bad parameter, labels without both signs or a
+    name that lives in another space failed the fit but left the space registered for good (a typo in --space, or
+    a wrong-width file's dim fixed on the space, so the right rows were then refused). The space now comes with
+    the version, in its transaction, and still records the encoder of texts."""
+    X, y = data()
+    reg = open_registry(f"sqlite:///{tmp_path}/r.sqlite", tmp_path / "artifacts")
+    reg.register_steer("pos", fit_steer_job(X, y, {"method": "mean-shift"}), space="a")
+    with pytest.raises(InputError, match="unknown steer parameters"):
+        embed_and_register(reg, None, space="typo", X=X, name="b", labels=y, params={"rnak": 2})
+    with pytest.raises(InputError, match="both"):
+        embed_and_register(reg, None, space="wide", X=np.ones((4, 5), np.float32), name="b", labels=[0, 0, 0, 0])
+    with pytest.raises(ConflictError, match="lives in space 'a'"):
+        embed_and_register(reg, None, space="elsewhere", X=X, name="pos", labels=y, params={"method": "mean-shift"})
+    assert [s.name for s in reg.list_spaces()] == ["a"]
+
+    class Enc:
+        def encode(self, texts, kind):
+            return X[[int(t[1:]) for t in texts]]
+
+    v = embed_and_register(reg, lambda name: Enc(), space="t", texts=[f"t{i}" for i in range(len(X))], encoder="toy",
+                           name="c", labels=y, params={"method": "mean-shift"})
+    assert v.space == "t" and reg.get_space("t").encoder == "toy" and reg.get_space("t").dim == X.shape[1]
 
 
 @pytest.mark.parametrize("sign", [1, -1])

@@ -137,6 +137,20 @@ def test_exit_codes(fitted):
     vb(*base, "lens", "--steer", "missing", check_code=2)
 
 
+def test_a_name_of_another_space_is_refused_before_the_fit_and_leaves_no_space(fitted):
+    """`steer fit` of a name that lives in another space fitted the steer first (minutes for lm-steer) and only
+    then failed, leaving the new space registered (as every failed fit did); now refused at once, as over HTTP."""
+    d, _, _, _ = fitted
+    base = ["--data-dir", d / "var"]
+    p = vb(*base, "steer", "fit", "--space", "elsewhere", "--vectors", d / "X.npy", "--labels", d / "y.npy",
+           "--name", "attr", "--method", "lm-steer", "--rank", 3, "--param", "max_iter=20", check_code=2)
+    assert "lives in space 'toy'" in p.stderr and "fit " not in p.stderr  # no progress bar: no fit ran
+    vb(*base, "steer", "fit", "--space", "typo", "--vectors", d / "X.npy", "--labels", d / "y.npy", "--name", "n",
+       "--param", "rnak=2", "--quiet", check_code=2)
+    spaces = vb(*base, "spaces").stdout
+    assert "elsewhere" not in spaces and "typo" not in spaces and "toy" in spaces
+
+
 def test_alias_set_move_and_delete(fitted):
     """Steer aliases had no CLI command (only --alias at fit time); `steer alias` sets, moves and removes one."""
     d, _, _, _ = fitted
