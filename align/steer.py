@@ -56,6 +56,7 @@ from .exceptions import (
     ConvergenceWarning,
     DimensionMismatchError,
     InputError,
+    NotRepresentableError,
     PairCountError,
     SerializationError,
     ShapeError,
@@ -352,25 +353,50 @@ def compose_steers(steers: Iterable[tuple[Steer, float]]) -> Steer:
     -------
     Steer whose ``apply(Q, 1)`` equals ``Q + sum_i eps_i Q W_i``.
     """
+    pairs, eps = _steer_pairs(steers)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = [s.P1 * e for (s, _), e in zip(pairs, eps)]
+    for i, (P, e) in enumerate(zip(scaled, eps)):
+        if not np.isfinite(P).all():  # an eps of 1e300 was "steer factor P1 contains NaN or Inf": the steer is fine
+            raise NotRepresentableError(f"eps {e:g} times steer {i}'s factors overflows float32 (values beyond "
+                                        f"±3.4e38); use a smaller eps")
+    P1 = np.concatenate(scaled, axis=1)
+    P2 = np.concatenate([s.P2 for s, _ in pairs], axis=1)
+    meta = {"method": "compose", "parts": [{"eps": e, "metadata": s.metadata} for (s, _), e in zip(pairs, eps)]}
+    return Steer(P1, P2, meta)
+
+
+def _steer_pairs(steers) -> tuple[list, list[float]]:
+    """``(pairs, eps)`` of a non-empty list of ``(Steer, eps)`` pairs of one dimension (typed errors)."""
     pairs = list(steers)
     if not pairs or not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], Steer) for p in pairs):
         raise InputError("compose_steers needs a non-empty list of (Steer, eps) pairs")
     dims = {s.dim for s, _ in pairs}
     if len(dims) != 1:
         raise DimensionMismatchError(f"steers live in spaces of different dimension: {sorted(dims)}")
-    eps = [check_eps(e) for _, e in pairs]
-    P1 = np.concatenate([s.P1 * e for (s, _), e in zip(pairs, eps)], axis=1)
-    P2 = np.concatenate([s.P2 for s, _ in pairs], axis=1)
-    meta = {"method": "compose", "parts": [{"eps": e, "metadata": s.metadata} for (s, _), e in zip(pairs, eps)]}
-    return Steer(P1, P2, meta)
+    return pairs, [check_eps(e) for _, e in pairs]
 
 
-def apply_steers(Q, steers: Iterable[tuple[Steer, float]]) -> np.ndarray:
-    """``Q (I + sum_i eps_i W_i)``: several steers at once (n, d) float32."""
+def apply_steers(Q, steers: Iterable[tuple[Steer, float]], *, batch_size: int = 65536) -> np.ndarray:
+    """``Q (I + sum_i eps_i W_i)``: several steers at once (n, d) float32; as :meth:`Steer.apply` for one steer.
+
+    Computed as ``Q + sum_i eps_i (Q P1_i) P2_i^T``, never through ``eps_i P1_i``: a large ``eps`` overflowed those
+    factors (a NonFiniteError blaming the stored steer) where the steered queries were representable, as
+    ``Steer.apply`` gives them; queries that overflow float32 are a NotRepresentableError.
+    """
     pairs = list(steers)
     if not pairs:
         return as_matrix(Q, name="Q").copy()
-    return compose_steers(pairs).apply(Q, 1.0)
+    pairs, eps = _steer_pairs(pairs)
+    Q = as_matrix(Q, name="Q", dim=pairs[0][0].dim)
+    live = [(s, e) for (s, _), e in zip(pairs, eps) if e != 0.0]
+    out = Q.copy()
+    for start in range(0, Q.shape[0], batch_size) if live else ():
+        part = Q[start : start + batch_size]
+        with np.errstate(over="ignore", invalid="ignore"):
+            delta = sum(e * ((part @ s.P1) @ s.P2.T) for s, e in live)
+            out[start : start + batch_size] += delta.astype(np.float32)
+    return check_representable(out, "steered queries")
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from align import LinearMap
 from align.exceptions import (DegenerateInputError, DimensionMismatchError, InputError, NonFiniteError,
-                              PairCountError, SerializationError, ShapeError)
+                              NotRepresentableError, PairCountError, SerializationError, ShapeError)
 from align.knn import knn
 from align.steer import (
     MeanShift,
@@ -67,6 +67,20 @@ def test_apply_is_affine_in_eps_and_compose_is_additive(e1, e2, seed):
     expect = Q.astype(np.float64) @ (np.eye(8) + e1 * a.W + e2 * b.W)
     np.testing.assert_allclose(both.apply(Q, 1.0), expect, atol=1e-3, rtol=1e-4)
     np.testing.assert_allclose(apply_steers(Q, [(a, e1), (b, e2)]), expect, atol=1e-3, rtol=1e-4)
+
+
+def test_a_large_eps_steers_as_steer_apply_does_or_names_eps():
+    """apply_steers (the service's apply and steered search) scaled the factors by eps first: eps 1e37 on a steer
+    with large P1 and small P2 overflowed eps P1 and failed with "steer factor P1 contains NaN or Inf" (blaming the
+    stored steer) where Steer.apply gives finite queries; eps 1e300 said the same instead of naming the overflow."""
+    s = Steer(np.full((4, 1), 100.0), np.full((4, 1), 1e-3))
+    Q = np.eye(4, dtype=np.float32)
+    np.testing.assert_allclose(apply_steers(Q, [(s, 1e37)]), s.apply(Q, 1e37), rtol=1e-6)
+    assert np.array_equal(apply_steers(Q, [(s, 0.0)]), Q)
+    with pytest.raises(NotRepresentableError, match="steered queries"):
+        apply_steers(Q, [(s, 1e300), (s, 1.0)])
+    with pytest.raises(NotRepresentableError, match="eps 1e\\+300"):
+        compose_steers([(s, 1.0), (s, 1e300)])
 
 
 def test_compose_rejects_mixed_dims_and_garbage():
