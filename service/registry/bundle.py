@@ -207,14 +207,23 @@ def _jsonish(v, what: str, kind=dict):
 
 
 def _lens(lens: list, what: str) -> list:
-    """A steer's stored lens: directions (objects) whose ``positive`` / ``negative`` ends are lists of items (objects).
-    Anything else imported fine and made every ``GET /v1/steers/{ref}/lens`` (and ``steer lens``) of it fail."""
+    """A steer's stored lens, as :meth:`align.Steer.lens` writes it: directions (objects with an integer
+    ``direction`` and a number ``sigma``) whose ``positive`` / ``negative`` ends are lists of items (objects with an
+    integer ``index``, a number ``score`` and optionally a string ``text``). Anything else imported fine and made
+    every ``GET /v1/steers/{ref}/lens`` (and ``steer lens``: an internal error on a direction without ``direction``,
+    ``sigma`` or an item without ``index``) of it fail."""
+    def num(v, integer=False):
+        return not isinstance(v, bool) and isinstance(v, int if integer else (int, float))
+
     for d in lens:
-        if not isinstance(d, dict) or not all(
-                isinstance(d.get(end, []), list) and all(isinstance(it, dict) for it in d.get(end, []))
+        if not isinstance(d, dict) or not num(d.get("direction"), True) or not num(d.get("sigma")) or not all(
+                isinstance(d.get(end, []), list) and all(
+                    isinstance(it, dict) and num(it.get("index"), True) and num(it.get("score"))
+                    and isinstance(it.get("text", ""), str) for it in d.get(end, []))
                 for end in ("positive", "negative")):
-            raise IntegrityError(f"bundle: {what} must be a list of directions (objects) whose 'positive' and "
-                                 f"'negative' are lists of items (objects)")
+            raise IntegrityError(f"bundle: {what} must be a list of directions (objects with an integer 'direction' "
+                                 f"and a number 'sigma') whose 'positive' and 'negative' are lists of items (objects "
+                                 f"with an integer 'index', a number 'score' and optionally a string 'text')")
     return lens
 
 
@@ -462,8 +471,9 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
                 continue
             if have is not None:
                 if on_conflict == "error":
-                    raise ConflictError(f"{name}:{v['version']} exists here with another artifact "
-                                        "(use on_conflict='renumber' to add it as a new version)")
+                    raise ConflictError(f"{store.kind.noun} {name}:{v['version']} exists here with another artifact "
+                                        "(`vecbridge registry import --renumber`, on_conflict='renumber' in Python, "
+                                        "adds it as a new version)")
                 copy = store.copy_of(t, name, v["artifact_sha256"], v["created_at"])
                 if copy is not None:  # renumbered by an earlier import of this bundle: skipped, not added again
                     local[v["version"]] = copy

@@ -41,7 +41,8 @@ def source(tmp_path_factory):
     reg.register_version("b->a", align.fit_procrustes(X @ Q, X), source_space="b", target_space="a",
                          method="procrustes", params={})
     labels = np.where(X[:, 0] > 0, 1, -1)
-    reg.register_steer("pos", align.fit_steer(X, labels, rank=2, random_state=0), space="a", alias="prod")
+    steer = align.fit_steer(X, labels, rank=2, random_state=0)
+    reg.register_steer("pos", steer, space="a", alias="prod", lens=steer.lens(X, [f"r{i}" for i in range(60)], k=3))
     reg.register_steer("pos", align.MeanShift(X[labels > 0].mean(0) - X[labels < 0].mean(0)), space="a")
     folder = reg.export(d / "good")
     reg.close()
@@ -85,6 +86,7 @@ def test_round_trip_carries_maps_and_steers(source, target):
     np.testing.assert_array_equal(target.load_steer("pos@prod").apply(q, 1.0), src.load_steer("pos@prod").apply(q, 1.0))
     np.testing.assert_array_equal(target.load_steer("pos:2").apply(q, 1.0), src.load_steer("pos:2").apply(q, 1.0))
     np.testing.assert_array_equal(target.load_map("a->b@prod").apply(q), src.load_map("a->b@prod").apply(q))
+    assert target.get_steer("pos", 1).lens == src.get_steer("pos", 1).lens and len(target.get_steer("pos", 1).lens) == 1
     assert target.import_(source[1])["skipped"] == 2  # idempotent
     src.close()
 
@@ -106,6 +108,14 @@ BAD_MANIFESTS = [
     ("steer-lens-not-objects", lambda m: m["steers"][0]["versions"][0].update(lens=[1]), IntegrityError),
     ("steer-lens-end-not-list", lambda m: m["steers"][0]["versions"][0].update(lens=[{"positive": 5}]),
      IntegrityError),
+    # imported fine, then `steer lens` of the steer was an internal error (KeyError 'direction' / 'index')
+    ("steer-lens-direction-without-keys", lambda m: m["steers"][0]["versions"][0].update(lens=[{"positive": [{}]}]),
+     IntegrityError),
+    ("steer-lens-item-without-index", lambda m: m["steers"][0]["versions"][0]["lens"][0]["positive"][0].pop("index"),
+     IntegrityError),
+    ("steer-lens-text-not-string", lambda m: m["steers"][0]["versions"][0]["lens"][0]["negative"][0].update(text=5),
+     IntegrityError),
+    ("steer-lens-sigma-string", lambda m: m["steers"][0]["versions"][0]["lens"][0].update(sigma="1"), IntegrityError),
     ("description-5MB", lambda m: m["maps"][1]["versions"][0].update(description="x" * 5_000_000), IntegrityError),
     ("nan-metric", lambda m: m["maps"][1]["versions"][0].update(metrics={"x": float("nan")}), IntegrityError),
     ("not-a-bundle", lambda m: m.update(format="zip"), IntegrityError),
@@ -193,3 +203,16 @@ def test_cli_import_of_a_bad_bundle_exits_2_with_one_line(source, tmp_path, caps
     rc = main(["--data-dir", str(tmp_path / "var"), "registry", "import", str(b)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "dim" in err[0], err
+
+
+def test_cli_import_conflict_names_the_cli_flag(source, tmp_path, capsys):
+    """A colliding import told CLI users to "use on_conflict='renumber'", a Python argument: the command's flag is
+    --renumber (which then imports it)."""
+    var = tmp_path / "var"
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    reg.register_steer("pos", align.MeanShift(np.ones(8)), space="a")
+    reg.close()
+    assert main(["--data-dir", str(var), "registry", "import", str(source[1])]) == 2
+    err = capsys.readouterr().err
+    assert "steer pos:1 exists here" in err and "registry import --renumber" in err, err
+    assert main(["--data-dir", str(var), "registry", "import", "--renumber", str(source[1])]) == 0
