@@ -45,7 +45,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: ``VECBRIDGE_*`` names that are not settings: the Ray watcher's mark (service.distributed), the test suite's
 #: and the benchmarks' own variables
 _NOT_SETTINGS = ("VECBRIDGE_RAY_OWNER", "VECBRIDGE_TEST_", "VECBRIDGE_RUN_SLOW", "VECBRIDGE_CONSOLE_",
-                 "VECBRIDGE_WORDNET_DIR")
+                 "VECBRIDGE_WORDNET_DIR", "VECBRIDGE_BENCH_CACHE")
 # errors name the variable, never its keys or values (database URLs may hold passwords)
 _SECRET_FIELDS = ("api_keys", "vectordb_api_key", "registry_url", "vectordb_url")
 _REGISTRY_SCHEMES = ("sqlite:///", "postgresql://", "postgres://")  # what service.registry.db.open_db opens

@@ -51,6 +51,14 @@ def test_a_variable_that_names_no_setting_is_refused(clean_env, name, value, say
     assert name in str(err.value) and says in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["VECBRIDGE_WORDNET_DIR", "VECBRIDGE_BENCH_CACHE", "VECBRIDGE_RUN_SLOW"])
+def test_the_tests_and_benchmarks_own_variables_are_not_settings(clean_env, name):
+    """VECBRIDGE_BENCH_CACHE (where the WordNet sample is cached, benchmarks/wordnet_sample.py) stopped every server
+    the test suite started with it set: "unknown setting"."""
+    clean_env.setenv(name, "/tmp/x")
+    assert load_settings().port == Settings().port and unknown_variables(os.environ) == []
+
+
 @pytest.mark.parametrize("name, value, says", [
     ("VECBRIDGE_PORT", "abc", "valid integer"),
     ("VECBRIDGE_API_KEYS", "{" + f'"{SECRET}": ["read"],' + "}", "not valid JSON"),  # was exit 3 "internal error"
