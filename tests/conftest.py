@@ -24,6 +24,22 @@ def wordnet_available() -> bool:
     return (WORDNET / "minilm.npy").exists() and (WORDNET / "e5.npy").exists()
 
 
+@pytest.fixture(autouse=True)
+def _vecbridge_logging_as_found():
+    """Each test leaves the ``vecbridge`` / ``uvicorn`` loggers as it found them. An app built in this process
+    (``create_app``) sends INFO lines to stderr; a later in-process CLI run in the same worker then printed
+    ``index loaded`` on stderr, which a real ``vecbridge`` process (nothing configured: warnings only) never does."""
+    import logging
+
+    names = ("vecbridge", "uvicorn", "uvicorn.error", "uvicorn.asgi")
+    saved = [(logging.getLogger(n), list(logging.getLogger(n).handlers), logging.getLogger(n).level,
+              logging.getLogger(n).propagate) for n in names]
+    yield
+    for log, handlers, level, propagate in saved:
+        log.handlers, log.propagate = handlers, propagate
+        log.setLevel(level)  # setLevel, not .level =: it clears the loggers' isEnabledFor cache
+
+
 def run_cli(capsys, *args) -> tuple[int, str, str]:
     """``vecbridge ARGS`` in this process (``service.cli.main``): ``(exit code, stdout, stderr)``."""
     from service.cli import main

@@ -321,12 +321,20 @@ def test_a_bare_map_name_follows_prod_as_search_does(tmp_path, capsys, pairs):
     assert reg.resolve("m").ref == "m:2"
 
 
-def test_a_refit_that_makes_the_bare_name_worse_says_so(tmp_path, capsys, pairs):
+@pytest.fixture
+def embedded_pairs(wordnet):
+    """Up to 5,000 WordNet definitions embedded by minilm (X) and e5 (Y): the shared rows, or (absent) the
+    sample conftest embeds here (4,096 rows: ``q.npy`` is then the 96 rows after the 4,000 fitted). A refit from
+    60 of them is worse than the fit from 4,000; on the synthetic 24-d ``pairs`` 60 pairs already fit well."""
+    return (np.asarray(wordnet["minilm"][:5000], np.float32), np.asarray(wordnet["e5"][:5000], np.float32), True)
+
+
+def test_a_refit_that_makes_the_bare_name_worse_says_so(tmp_path, capsys, embedded_pairs):
     """Without ``prod`` a bare name means the newest reliable version: a refit from 60 pairs replaced a map of
     4,000 for every client transforming by name (held-out top-1 among 1,000 native rows ~0.1 against ~0.96 on
     WordNet minilm->e5), and nothing said so. The fit now says which version the name meant, how much better it
     looked, and how to keep it; with ``prod`` set (the name does not move) or a better refit, nothing is said."""
-    X, Y, _ = pairs
+    X, Y, _ = embedded_pairs
     d, fit = _refit_files(tmp_path, X, Y)
     many, few = ("--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy"), \
         ("--source", tmp_path / "x60.npy", "--target", tmp_path / "y60.npy")
@@ -344,7 +352,7 @@ def test_a_refit_that_makes_the_bare_name_worse_says_so(tmp_path, capsys, pairs)
     assert code == 0 and "note:" not in err  # prod pins the name: m:4 changes nothing for clients
 
 
-def test_an_http_fit_job_carries_the_same_note(tmp_path, pairs):
+def test_an_http_fit_job_carries_the_same_note(tmp_path, embedded_pairs):
     import time
 
     import httpx
@@ -353,7 +361,7 @@ def test_an_http_fit_job_carries_the_same_note(tmp_path, pairs):
 
     from service.api import create_app
 
-    X, Y, _ = pairs
+    X, Y, _ = embedded_pairs
     app = create_app(settings_for(tmp_path, data_dir=tmp_path / "var"))
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
         def fit(n: int) -> dict:
