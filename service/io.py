@@ -36,7 +36,8 @@ from align.exceptions import InputError
 from .storage import atomic_write, fsync_dir, hold, take_abandoned
 
 __all__ = [
-    "FormatError", "check_file", "load_npy", "parse_rows", "resolve_rows", "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
+    "FormatError", "check_file", "check_not_input", "load_npy", "parse_rows", "resolve_rows", "read_vectors",
+    "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
     "write_vectors", "is_text_path", "sha256_array", "VECTOR_SUFFIXES", "TEXT_SUFFIXES",
 ]
 
@@ -97,6 +98,21 @@ def check_file(path: Path) -> None:
         raise FormatError(f"{path} is a directory, not a file")
     if not path.is_file():  # a FIFO, socket or device would block or never end: refuse, do not hang
         raise FormatError(f"{path} is not a regular file (FIFO, socket or device); give a file on disk")
+
+
+def check_not_input(out, what: str, *inputs) -> None:
+    """InputError when writing ``out`` (a new file renamed over its name) would replace one of ``inputs`` (paths,
+    None skipped): the same name, or the file an input names through a symbolic link. An output is written whole
+    before it replaces its name, so a typo'd or in-place output path replaced the input file with the result (a
+    corpus with a plan's row list, a source file with a fit's HTML report)."""
+    dest = Path(os.path.realpath(Path(out).parent)) / Path(out).name
+    for inp in inputs:
+        if inp is None:
+            continue
+        p = Path(inp)
+        if dest in (Path(os.path.realpath(p.parent)) / p.name, Path(os.path.realpath(p))):
+            raise InputError(f"{what} {out} is the input file {inp}: writing it would replace the input; "
+                             f"name another file")
 
 
 def is_text_path(path) -> bool:

@@ -25,7 +25,15 @@ from align.exceptions import InputError, PairCountError
 
 from ..config import load_settings
 from ..encoders import canonical_name, space_encoder
-from ..io import check_file, is_text_path, load_npy, read_vectors
+from ..io import (
+    check_file,
+    count_rows,
+    is_text_path,
+    load_npy,
+    parse_rows,
+    read_vectors,
+    resolve_rows,
+)
 from ..limits import MAX_SEED
 from ..registry import NotFoundError, open_registry
 from . import check_stop
@@ -248,12 +256,21 @@ def read_seed_pairs(path: str):
     return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
 
 
-def read_relevant(path: str, n: int) -> np.ndarray:
-    """Relevant-document file of labelled queries: ``.npy`` (n,) ints, ``.json`` [i, ...], or one row index per line."""
+def read_relevant(path: str, n: int, *, queries: str | None = None, rows: str | None = None) -> np.ndarray:
+    """Relevant-document file of labelled queries: ``.npy`` (n,) ints, ``.json`` [i, ...], or one row index per line.
+    ``rows`` (START:STOP) of the file ``queries`` selected the ``n`` queries: a file with one row per query of the
+    whole queries file is sliced as they were (one with a row per selected query is taken as it is)."""
     p, rel = _read_ints(path, "relevant rows", 1)
     if rel.ndim != 1 or rel.dtype == np.bool_ or not np.issubdtype(rel.dtype, np.integer):
         raise InputError(f"{p.name}: relevant rows must be one integer per query, got shape {rel.shape} "
                          f"dtype {rel.dtype}")
+    if rows and queries is not None and rel.shape[0] != n:
+        total = count_rows(queries)
+        if rel.shape[0] == total:
+            rel = rel[resolve_rows(parse_rows(rows), total, queries)]
+        else:
+            raise PairCountError(f"{p.name} has {rel.shape[0]} relevant rows for {n} queries (rows {rows} of "
+                                 f"{Path(queries).name}; or give one per row of that file, {total})")
     if rel.shape[0] != n:
         raise PairCountError(f"{p.name} has {rel.shape[0]} relevant rows for {n} queries")
     return rel.astype(np.int64)

@@ -27,7 +27,7 @@ from align.exceptions import InputError
 from ..errors import exit_code
 from ..indexes import IndexStore
 from ..indexes.csls import CSLS_WEIGHT
-from ..io import check_file, iter_chunks, parse_rows, read_texts
+from ..io import check_file, check_not_input, iter_chunks, parse_rows, read_texts
 from ..limits import MAX_ID, MAX_JSON_DEPTH, check_json_depth
 from ..ops import indexes as index_ops
 from ..ops.index_files import (
@@ -289,6 +289,7 @@ def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_
     if out is not None and Path(out).suffix.lower() not in (".jsonl", ".npz"):
         raise InputError(f"--out {out}: write .jsonl or .npz")
     if out is not None:
+        check_not_input(out, "--out", queries)
         check_writable(out, "--out")
     idx = _store(obj).get(name)
     src = FileRows(queries, rows, key, column, text_field)

@@ -19,7 +19,7 @@ import numpy as np
 from align.exceptions import InputError, VecbridgeWarning
 
 from ..indexes.csls import CSLS_WEIGHT
-from ..io import read_vectors
+from ..io import check_not_input, read_vectors
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write, check_writable
@@ -76,6 +76,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
     if paired is None:
         paired = method in SUPERVISED
     if report_copy is not None:  # before the fit: a bad path after it failed the command with the version registered
+        check_not_input(report_copy, "--report", io_opts["source"], io_opts["target"], seed_pairs)
         check_writable(report_copy, "--report")
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     notes: list[str] = _ignored_options(method, ray_address, threads)
@@ -161,7 +162,7 @@ def _render_fit(reg, v, as_json: bool) -> None:
                    "the old documents) and whether the migration beats it.")
 @click.option("--relevant", "relevant_path", type=click.Path(dir_okay=False), default=None,
               help="Each query's relevant document: its row in the held-out pairs (.npy ints, .json list, or one "
-                   "index per line).")
+                   "index per line); one per row of --queries (sliced by --queries-rows) or per selected query.")
 @click.option("--side", type=click.Choice(["target", "source"]), default="target", show_default=True,
               help="target: corpus-side migration (the map moves the documents; queries are target vectors); "
                    "source: query-side (the map moves the queries into the target index).")
@@ -188,7 +189,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     Q = rel = Qo = None
     if queries_path is not None:
         Q = read_vectors(queries_path, rows=queries_rows)
-        rel = read_relevant(relevant_path, Q.shape[0])
+        rel = read_relevant(relevant_path, Q.shape[0], queries=queries_path, rows=queries_rows)
     if old_queries_path is not None:
         if Q is None:
             raise InputError("--old-queries is the baseline of labelled queries: give --queries and --relevant too")
@@ -273,6 +274,8 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     if rows_out is not None and Path(rows_out).suffix.lower() != ".npy":  # np.save would write ROWS_OUT.npy
         raise InputError(f"--rows-out {rows_out}: the rows are written as .npy (int64 indices); name a .npy file")
     if rows_out is not None:
+        check_not_input(rows_out, "--rows-out", old, probe_source, probe_target, queries_path, old_queries_path,
+                        relevant_path)
         check_writable(rows_out, "--rows-out")
     X_old = read_vectors(old, rows=old_rows)
     A = read_vectors(probe_source, rows=probe_rows)
@@ -287,6 +290,11 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                    old_queries=Qo, relevant=rel, progress=progress)
     finally:
         close()
+    if old_rows:  # the plan numbers the rows it was given: rows_to_embed index --old itself (as --rows-out says)
+        from ..io import count_rows, parse_rows, resolve_rows
+
+        first = resolve_rows(parse_rows(old_rows), count_rows(old), old).start
+        res["rows_to_embed"] = [first + int(i) for i in res["rows_to_embed"]]
     if rows_out is not None:
         buf = io.BytesIO()
         np.save(buf, np.asarray(res["rows_to_embed"], dtype=np.int64), allow_pickle=False)

@@ -14,7 +14,7 @@ from align.exceptions import DimensionMismatchError, InputError, PairCountError
 from align.steer import Steer
 
 from ..encoders import get_encoder, space_encoder
-from ..io import is_text_path, read_texts, read_vectors, write_vectors
+from ..io import check_not_input, is_text_path, read_texts, read_vectors, write_vectors
 from ..ops.steers import (apply_steer_job, check_steer_fit, delete_steer_alias, describe_lens, embed_and_register,
                           set_steer_alias, space_for_rows, steer_lens, transfer_and_register)
 from ._common import Ctx, alias_command, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
@@ -100,6 +100,7 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
 @click.pass_obj
 def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, text_field, as_json):
     """Steer the rows of IN with Q (I + eps W) and write OUT (.npy, .fvecs, .parquet)."""
+    check_not_input(out, "OUT", inp)
     reg = obj.registry
     info = reg.resolve_steer(ref)
     s = reg.load_steer(info)

@@ -27,7 +27,7 @@ from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 from align.frames import unit_rows
 
 from ..encoders import space_encoder
-from ..io import (ChunkWriter, count_rows, is_text_path, iter_chunks, parse_rows, resolve_rows,
+from ..io import (ChunkWriter, check_not_input, count_rows, is_text_path, iter_chunks, parse_rows, resolve_rows,
                   sha256_array)
 from ..progress import Progress, Stages, silent
 from ..registry import ConflictError, NotFoundError, Registry, VersionInfo
@@ -528,6 +528,7 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     chunks through Ray workers, same output. ``progress`` reports ``("transform", rows done / rows)``. Returns
     ``{"map", "rows", "out", "dim", "output"}``.
     """
+    check_not_input(out, "the output", inp)  # the input replaced by its own mapped rows (or some of them)
     v = registry.resolve(ref)
     m = registry.load_map(v)
     if is_text_path(inp):  # the source space's encoder, or None (reading the texts then says to name one)

@@ -105,6 +105,28 @@ def test_plan_rows_out_is_written_where_it_says_or_refused_up_front(capsys, data
     assert np.load(d / "sub" / "rows.npy").dtype == np.int64
 
 
+def test_plan_rows_to_embed_index_the_old_file_itself_with_old_rows(capsys, data):
+    """``--rows-out`` is documented as "int64 indices into --old", but with ``--old-rows 600:900`` it held
+    indices into the 300 selected rows (0..299): re-embedding the rows it named re-embedded rows 0..299 of the
+    corpus, the wrong documents, with no error. The rows of a plan over the selected rows are now numbered in
+    the whole file (the same plan as over a file holding only those rows, each index plus 600), in
+    ``--rows-out`` and in the JSON ``rows_to_embed`` alike."""
+    d = data
+    write_vectors(d / "tail.npy", np.load(d / "old.npy")[600:])
+    args = ["--data-dir", d / "var", "plan", "--probe-source", d / "old.npy", "--probe-target", d / "new.npy",
+            "--probe-rows", "0:300", "--quiet"]
+    code, out, err = run(capsys, *args, "--old", d / "tail.npy", "--json")
+    assert code == 0, err
+    alone = json.loads(out)["rows_to_embed"]
+    for spec in ("600:900", "-300:"):
+        code, out, err = run(capsys, *args, "--old", d / "old.npy", "--old-rows", spec, "--json")
+        assert code == 0, err
+        assert json.loads(out)["rows_to_embed"] == [600 + i for i in alone]
+    code, out, err = run(capsys, *args, "--old", d / "old.npy", "--old-rows", "600:", "--rows-out", d / "rows.npy")
+    assert code == 0, err
+    assert np.load(d / "rows.npy").tolist() == [600 + i for i in alone] and min(alone) < 300 <= 600
+
+
 def _labelled(d, X, Y, rows, q=80, seed=0):
     """Queries near ``q`` of the probe rows ``rows`` in each model; their probe rows as relevant documents."""
     rng = np.random.default_rng(seed)
@@ -334,6 +356,39 @@ def test_eval_labelled_query_side_and_bad_input(capsys, data):
                        (["--queries", d / "bad.npy", "--relevant", d / "rel.npy", "--side", "source"], "NaN")):
         code, out, err = run(capsys, *common, *extra)
         assert code not in (0, 1) and msg in err, (extra, code, out, err)
+
+
+def test_eval_queries_rows_select_the_relevant_rows_of_those_queries(capsys, data):
+    """``--queries-rows`` selected rows of ``--queries`` (and ``--old-queries``) but not of ``--relevant``, the
+    file with one row per query: ``--queries-rows 50:150`` with the relevant file of all 200 queries was exit 2
+    ('rel.npy has 200 relevant rows for 100 queries'), so the option worked only with a relevant file cut by hand.
+    Now such a file is cut by the same rows (the same figures as over the queries and relevant rows cut by hand);
+    one with a row per selected query is taken as it is, and any other length names both counts."""
+    d = data
+    _, Y = _pairs()
+    rel = np.random.default_rng(2).integers(0, 300, 200)
+    Q = _queries(Y[600:900], rel)
+    write_vectors(d / "q.npy", Q)
+    write_vectors(d / "q_cut.npy", Q[50:150])
+    np.save(d / "rel.npy", rel)
+    np.save(d / "rel_cut.npy", rel[50:150])
+    assert run(capsys, "--data-dir", d / "var", "fit", "--pairs", "--source", d / "old.npy", "--target",
+               d / "new.npy", "--rows", "0:40", "--method", "procrustes", "--name", "few", "--quiet")[0] == 0
+    common = ["--data-dir", d / "var", "eval", "--map", "few", "--source", d / "old.npy", "--target", d / "new.npy",
+              "--rows", "600:900", "--json"]
+    code, out, err = run(capsys, *common, "--queries", d / "q_cut.npy", "--relevant", d / "rel_cut.npy")
+    assert code == 0, err
+    want = json.loads(out)["retrieval"]["labelled"]
+    assert want["n_queries"] == 100 and want["migrated"]["R@10"] > 0.3
+    for relevant in ("rel.npy", "rel_cut.npy"):
+        code, out, err = run(capsys, *common, "--queries", d / "q.npy", "--queries-rows", "50:150",
+                             "--relevant", d / relevant)
+        assert code == 0, (relevant, err)
+        assert json.loads(out)["retrieval"]["labelled"] == want
+    np.save(d / "rel_short.npy", rel[:37])
+    code, _, err = run(capsys, *common, "--queries", d / "q.npy", "--queries-rows", "50:150",
+                       "--relevant", d / "rel_short.npy")
+    assert code == 2 and "37 relevant rows for 100 queries" in err and "200" in err, err
 
 
 def test_http_evaluate_labelled_gate_over_real_http_agrees_with_the_cli(tmp_path, capsys):

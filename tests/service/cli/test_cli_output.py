@@ -68,6 +68,42 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(capsys
     assert code == 2 and err.startswith("vecbridge: error: --out ") and len(err.splitlines()) == 1, err
 
 
+def test_an_output_path_that_names_an_input_file_is_refused_and_the_input_kept(capsys, data):
+    """An output path naming one of the command's own input files replaced that input with the result, exit 0:
+    ``plan --rows-out`` equal to ``--old`` turned the corpus into an int64 row list, ``fit --report`` equal to
+    ``--source`` turned the source vectors into HTML, ``index search --out`` equal to QUERIES replaced the
+    queries by their hits, and ``transform`` / ``steer apply`` with OUT = INP (directly or through a symbolic link
+    to it) replaced the input with the mapped rows (with ``--rows``, all the rows not selected were lost too).
+    Now each is exit 2 with one line naming the option, before any work, and the input is byte for byte kept."""
+    var = ["--data-dir", data / "var"]
+    src, tgt = data / "src.npy", data / "tgt.npy"
+    np.savez(data / "queries.npz", q=np.load(src)[:5])
+    before = {p: p.read_bytes() for p in (src, tgt, data / "queries.npz")}
+    (data / "link.npy").symlink_to(src)
+    fit = ["fit", "--source", src, "--target", tgt, "--method", "procrustes"]
+    code, _, err = run(capsys, *var, *fit, "--name", "m", "--report", tgt)
+    assert code == 2 and err.startswith("vecbridge: error: --report ") and len(err.splitlines()) == 1, err
+    assert json.loads(run(capsys, *var, "registry", "list", "--json")[1])["maps"] == []
+    assert run(capsys, *var, *fit, "--name", "m", "--quiet")[0] == 0
+    assert run(capsys, *var, "index", "create", "docs", "--space", "tgt", tgt, "--quiet")[0] == 0
+    np.save(data / "labels.npy", np.where(np.load(src)[:, 0] > 0, 1, -1))
+    assert run(capsys, *var, "steer", "fit", "--space", "src", "--vectors", src, "--labels", data / "labels.npy",
+               "--name", "s", "--quiet")[0] == 0
+    cases = [
+        ("--rows-out ", ["plan", "--old", src, "--probe-source", src, "--probe-target", tgt, "--probe-rows", "0:300",
+                         "--quiet", "--rows-out", src]),
+        ("--out ", ["index", "search", "docs", data / "queries.npz", "--out", data / "." / "queries.npz"]),
+        ("the output ", ["transform", "--map", "m", src, src, "--rows", "0:10", "--quiet"]),
+        ("the output ", ["transform", "--map", "m", data / "link.npy", src, "--quiet"]),
+        ("OUT ", ["steer", "apply", "--steer", "s", src, src]),
+    ]
+    for start, args in cases:
+        code, _, err = run(capsys, *var, *args)
+        assert code == 2 and err.startswith(f"vecbridge: error: {start}") and len(err.splitlines()) == 1, (args, err)
+        assert "would replace the input" in err, err
+    assert {p: p.read_bytes() for p in before} == before
+
+
 @pytest.mark.parametrize("suffix", [".npy", ".fvecs", ".parquet"])
 def test_a_transform_output_has_the_mode_any_file_of_the_user_gets(capsys, data, suffix):
     """``transform``'s output was created 0600 whatever the umask (its temporary file's mode, kept by the rename),
