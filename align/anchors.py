@@ -104,7 +104,7 @@ def _score(KA: np.ndarray, KB: np.ndarray, col: np.ndarray) -> float:
 
 
 def solve_qap(KA: np.ndarray, KB: np.ndarray, *, method: str = "2opt", restarts: int = 30,
-              random_state=None) -> QAPResult:
+              random_state=None, progress=None) -> QAPResult:
     """Maximise ``tr(K_A P K_B Pᵀ)`` over permutations; best of ``restarts`` random starts.
 
     Parameters
@@ -113,6 +113,7 @@ def solve_qap(KA: np.ndarray, KB: np.ndarray, *, method: str = "2opt", restarts:
     method : {"2opt", "faq", "faq+2opt"}
     restarts : int >= 1
     random_state : None, int or numpy Generator
+    progress : callable(fraction) or None, called after each restart (what it raises stops the search)
 
     Returns
     -------
@@ -148,16 +149,19 @@ def solve_qap(KA: np.ndarray, KB: np.ndarray, *, method: str = "2opt", restarts:
         history.append(s)
         if best is None or s > best[1]:
             best, best_i = (col.copy(), s), r
+        if progress is not None:  # qap_restarts=10**9 ran for days, at 0 %, deaf to a cancel
+            progress((r + 1) / restarts)
     return QAPResult(col_ind=best[0], score=best[1], history=history, best_restart=best_i)
 
 
 def match_centroids(CA: np.ndarray, CB: np.ndarray, *, method: str = "2opt", restarts: int = 30,
-                    random_state=None) -> QAPResult:
-    """Match centroid sets ``CA`` (k, d_s) and ``CB`` (k, d_t) via QAP on their centred Gram matrices."""
+                    random_state=None, progress=None) -> QAPResult:
+    """Match centroid sets ``CA`` (k, d_s) and ``CB`` (k, d_t) via QAP on their centred Gram matrices
+    (``progress`` as in :func:`solve_qap`)."""
     if CA.shape[0] != CB.shape[0]:
         raise InputError(f"both sides need the same number of centroids, got {CA.shape[0]} and {CB.shape[0]}")
     return solve_qap(centered_gram(CA), centered_gram(CB), method=method, restarts=restarts,
-                     random_state=random_state)
+                     random_state=random_state, progress=progress)
 
 
 def kmeans_anchors(Xs: np.ndarray, Yt: np.ndarray, *, n_runs: int = 30, sample: int = 10000, n_clusters: int = 20,
@@ -197,15 +201,15 @@ def kmeans_anchors(Xs: np.ndarray, Yt: np.ndarray, *, n_runs: int = 30, sample: 
         ib = rng.permutation(Yt.shape[0])[: min(sample, Yt.shape[0])]
         CA = kmeans_centroids(Xs[ia], n_clusters, rng=rng)
         CB = kmeans_centroids(Yt[ib], n_clusters, rng=rng)
-        res = match_centroids(CA, CB, method=qap_method, restarts=qap_restarts, random_state=rng)
+        # reported after each QAP restart (the last one: run r done), so a cancel stops a long restart loop
+        within = None if progress is None else (lambda f, r=r: progress((r + f) / n_runs))
+        res = match_centroids(CA, CB, method=qap_method, restarts=qap_restarts, random_state=rng, progress=within)
         norm = float(np.linalg.norm(centered_gram(CA)) * np.linalg.norm(centered_gram(CB))) or 1.0
         src.append(CA)
         tgt.append(CB[res.col_ind])
         runs.append({"qap_score": res.score, "qap_score_normalised": res.score / norm,
                      "qap_restart_scores": [round(h, 6) for h in res.history],
                      "best_restart": res.best_restart, "seconds": time.perf_counter() - t0})
-        if progress is not None:
-            progress((r + 1) / n_runs)
     if not 0.0 < keep <= 1.0:
         raise InputError(f"keep must be in (0, 1], got {keep}")
     n_keep = max(1, int(np.ceil(keep * n_runs)))

@@ -366,11 +366,12 @@ def _check_holdout(holdout, max_holdout) -> None:
         raise InputError(f"max_holdout must be an integer >= 2, got {max_holdout!r}")
 
 
-def check_options(method: str, options: dict) -> dict:
+def check_options(method: str, options: dict, n_pairs: int | None = None) -> dict:
     """Every check :func:`fit_migration` makes before it reads a row: the method, unknown options, each option's
-    type and range (:func:`align.options.check_migration_options`, the contrastive and cluster ones, holdout).
-    A service calls it when a fit is requested, so a bad option is refused then, not by a failed job. Returns
-    the options with ``candidates`` as a tuple."""
+    type and range (:func:`align.options.check_migration_options`, the contrastive and cluster ones, holdout);
+    with ``n_pairs`` (K, when known) its checks of K too: at least 2 pairs, 4 for ``auto``, no more clusters
+    than pairs. A service calls it when a fit is requested, so a bad option is refused then, not by a failed
+    job. Returns the options with ``candidates`` as a tuple."""
     unknown = set(options) - _OPTIONS
     if unknown:
         raise InputError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
@@ -388,6 +389,13 @@ def check_options(method: str, options: dict) -> dict:
     if options.get("semi_supervised") and method == "cluster":
         raise InputError("semi_supervised refinement needs a linear map; it cannot follow method='cluster'")
     _check_holdout(options.get("holdout", 0.2), options.get("max_holdout", 1000))
+    if n_pairs is not None:
+        if n_pairs < 2:
+            raise TooFewRowsError(f"a paired fit needs at least 2 pairs, got {n_pairs}")
+        if method == "auto" and n_pairs < 4:
+            raise TooFewRowsError(f"auto selection needs at least 4 pairs (2 to fit, 2 held out), got {n_pairs}")
+        if "cluster" in candidates or method == "cluster":
+            _cluster_grid(options, n_pairs, strict=True)
     return options
 
 
@@ -431,7 +439,8 @@ def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dic
     t0 = time.perf_counter()
     alphas = [opts["alpha"]] if "alpha" in opts else list(opts.get("alphas", DEFAULT_ALPHAS))
     best_r = None
-    for a in alphas:
+    for i, a in enumerate(alphas):
+        P.report("select: ridge", i / len(alphas))  # progress, and where a cancel stops the grid
         m = _ridge(P, tr, float(a))
         s = _score(P, m, val)
         if best_r is None or s["score"] > best_r[1]["score"]:

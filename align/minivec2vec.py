@@ -44,7 +44,7 @@ from .blocks import executing
 from .exceptions import ConvergenceWarning, InputError, NotFittedError, PairCountError, TooFewRowsError
 from .frames import Frame
 from .maps import LinearMap
-from .options import check_number
+from .options import check_flag, check_number
 from .refine import (map_criterion, procrustes_map, refine_clusters, refine_icp, relative_representation,
                      seed_relative_init, self_learning, soft_pseudo_targets, bidirectional_polish)
 
@@ -297,7 +297,20 @@ class MiniVec2Vec:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo):
                 raise InputError(f"{name} must be None or an integer >= {lo}, got {v!r}")
+        check_flag("seeded_finish", self.seeded_finish)  # "no" was truthy: the finish ran
         check_random_state(self.random_state)
+
+    def check_rows(self, n_src: int, n_tgt: int, seeded: bool = False) -> None:
+        """The checks :meth:`fit` makes of the row counts (``seeded``: with at least 2 seed pairs), typed errors:
+        a service makes them when a fit is requested, before the rows are embedded."""
+        need, why = self._min_rows(seeded)
+        for name, n in (("X_src", n_src), ("X_tgt", n_tgt)):
+            if n < need:
+                raise TooFewRowsError(f"{name}: {why} needs at least {need} rows, got {n}")
+        if self.init == "anchors" and not seeded and self.anchor_sample < self.n_clusters:
+            # each anchor run clusters min(anchor_sample, rows) rows: the job failed saying "needs at least 20 rows"
+            raise InputError(f"anchor_sample={self.anchor_sample} is below n_clusters={self.n_clusters}: each "
+                             f"k-means anchor run clusters anchor_sample rows into n_clusters clusters")
 
     def _min_rows(self, seeded: bool) -> tuple[int, str]:
         need, why = 2, "alignment"
@@ -356,10 +369,9 @@ class MiniVec2Vec:
         Y = as_matrix(X_tgt, name="X_tgt")
         seeds = self._check_seeds(seed_pairs, X.shape[0], Y.shape[0])
         seeded = seeds is not None and seeds[0].size >= 2
-        need, why = self._min_rows(seeded)
+        self.check_rows(X.shape[0], Y.shape[0], seeded)
+        need = self._min_rows(seeded)[0]
         for name, A in (("X_src", X), ("X_tgt", Y)):
-            if A.shape[0] < need:
-                raise TooFewRowsError(f"{name}: {why} needs at least {need} rows, got {A.shape[0]}")
             check_not_degenerate(A, name=name)
         report = progress if progress is not None else (lambda stage, frac: None)
         rng = check_random_state(self.random_state)

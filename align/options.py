@@ -36,6 +36,8 @@ def check_flag(name: str, value) -> bool:
     return bool(value)
 
 
+#: the most ridge penalties ``alphas`` may list (the default grid has 4)
+MAX_ALPHAS = 1000
 #: option: (lo, hi, whole, lo_open). Ridge α is per pair (× K); the cluster margin is a score difference.
 _SCALARS = {"alpha": (0.0, 1e6, False, False), "rank": (1, 1 << 20, True, False),
             "shrink": (0.0, 1e9, False, True), "blend": (1, 1 << 20, True, False),
@@ -58,6 +60,9 @@ def check_migration_options(options: dict) -> dict:
         a = out["alphas"]
         if not isinstance(a, (list, tuple, np.ndarray)) or len(a) == 0:
             raise InputError(f"alphas must be a non-empty list of numbers >= 0, got {a!r}")
+        if len(a) > MAX_ALPHAS:  # each is a ridge fit scored on the held-out pairs: 100,000 ran for hours
+            raise InputError(f"alphas: at most {MAX_ALPHAS} values (each is a ridge fit scored on the held-out "
+                             f"pairs), got {len(a)}")
         for x in a:
             check_number("each of alphas", x, 0.0, 1e6)
     if "candidates" in out:

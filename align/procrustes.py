@@ -42,6 +42,7 @@ __all__ = [
     "fit_frames",
     "pair_stats",
     "map_from_stats",
+    "check_closed_form_params",
 ]
 
 
@@ -235,13 +236,7 @@ def map_from_stats(stats: PairStats, frames: tuple[Frame, Frame], method: str = 
         raise InputError(f"method must be procrustes, ridge or lowrank, got {method!r}")
     if method == "lowrank" and params.get("rank") is None:
         raise InputError("method='lowrank' needs rank=")
-    for key in ("scale", "fit_intercept"):
-        if key in params:
-            check_flag(key, params[key])
-    if "alpha" in params:
-        check_number("alpha", params["alpha"], 0.0, float(np.finfo(np.float64).max))  # any finite penalty
-    if "rank" in params:
-        params["rank"] = check_number("rank", params["rank"], 1, 1 << 20, whole=True)
+    params.update(_check_values(params))
     if stats.n < 2:
         raise TooFewRowsError(f"a fit needs at least 2 pairs, got {stats.n}")
     try:
@@ -252,6 +247,35 @@ def map_from_stats(stats: PairStats, frames: tuple[Frame, Frame], method: str = 
     meta = {"method": method, "params": {**used, "center": center, "normalize": normalize},
             "n_pairs": int(stats.n), **extra}
     return LinearMap(W, bias, frames[0], frames[1], meta)
+
+
+def _check_values(params: dict) -> dict:
+    """The flags, ``alpha``, ``rank`` and ``chunk_size`` among ``params`` checked (typed errors); returns the
+    whole numbers as ``int``."""
+    for key in ("scale", "fit_intercept", "center", "normalize"):
+        if key in params:
+            check_flag(key, params[key])
+    if "alpha" in params:
+        check_number("alpha", params["alpha"], 0.0, float(np.finfo(np.float64).max))  # any finite penalty
+    return {key: check_number(key, params[key], 1, hi, whole=True)
+            for key, hi in (("rank", 1 << 20), ("chunk_size", 1 << 31)) if key in params}
+
+
+def check_closed_form_params(method: str, params: dict, *, dims: tuple[int, int] | None = None) -> None:
+    """Every check :func:`fit_procrustes`, :func:`fit_ridge` or :func:`fit_lowrank` (``method``) makes on its
+    keyword ``params`` before it reads a row: their names, the flags, ``alpha``, ``rank`` (needed by lowrank;
+    at most ``min(dims)`` when the widths ``dims`` = (d_s, d_t) are known) and ``chunk_size``. A service calls
+    it when a fit is requested, so a bad value is refused then (``alpha=-1`` was a failed job)."""
+    fit = {"procrustes": fit_procrustes, "ridge": fit_ridge, "lowrank": fit_lowrank}.get(method)
+    if fit is None:
+        raise InputError(f"method must be procrustes, ridge or lowrank, got {method!r}")
+    try:
+        inspect.signature(fit).bind(None, None, **params)
+    except TypeError as exc:
+        raise InputError(f"bad parameter for {method}: {exc}") from None
+    rank = _check_values(params).get("rank")
+    if method == "lowrank" and dims is not None and rank is not None and rank > min(dims):
+        raise InputError(f"rank must be in [1, {min(dims)}] (the narrower side is {min(dims)}-d), got {rank}")
 
 
 def _prepare(X, Y, center, normalize, min_rows=2):

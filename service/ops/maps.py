@@ -12,7 +12,6 @@ so a refused registration (a conflict) leaves no report behind.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import uuid
 from datetime import datetime, timezone
@@ -37,8 +36,8 @@ from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
 from .plans import MIGRATION_METHODS, fit_migration_map
 
 __all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_request", "check_fit_params",
-           "fit_side", "check_pairs", "embed_side", "fit_sides", "create_space", "describe_map", "report_html", "embed",
-           "transform_file"]
+           "check_fit_rows", "fit_side", "check_pairs", "embed_side", "fit_sides", "create_space", "describe_map",
+           "report_html", "embed", "transform_file"]
 
 METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
@@ -439,21 +438,38 @@ def _minivec2vec(params: dict, random_state) -> align.MiniVec2Vec:
 def check_fit_params(method: str, params: dict | None, random_state=0) -> None:
     """The parameter checks a fit makes before it reads a row, made when the fit is requested: ``align``'s
     own for the migration methods (:func:`align.migration.check_options`) and minivec2vec
-    (:meth:`align.MiniVec2Vec.check_params`); the keyword names (and lowrank's rank) for the closed-form fits,
-    whose values are checked with the rows."""
+    (:meth:`align.MiniVec2Vec.check_params`), and for the closed-form fits
+    (:func:`align.procrustes.check_closed_form_params`: names and values). :func:`check_fit_rows` makes the
+    checks that need the row counts."""
     params = dict(params or {})
     if method in MIGRATION_METHODS:
         align.migration.check_options(method, params)
     elif method == "minivec2vec":
         _minivec2vec(params, random_state).check_params()
     elif method in _CLOSED_FORM:
-        fn = _CLOSED_FORM[method]
         if method == "lowrank" and "rank" not in params:
             raise InputError("lowrank needs a rank parameter (--param rank=N)")
-        try:
-            inspect.signature(fn).bind(None, None, **params)
-        except TypeError as exc:
-            raise InputError(f"bad parameter for {method}: {exc}") from None
+        align.procrustes.check_closed_form_params(method, params)  # values too: alpha=-1 was a failed job
+
+
+def check_fit_rows(method: str, params: dict | None, src: FitSide, tgt: FitSide, *, seed_pairs=None,
+                   random_state=0) -> None:
+    """The checks a fit makes of its row counts and widths, made when the fit is requested (they were failed
+    jobs): seed pairs with a paired method, too few rows (2 pairs; 4 for ``auto``; minivec2vec's k-means anchors
+    and Refine-2 clusters), more clusters than pairs, a lowrank rank above the narrower side's width."""
+    params = dict(params or {})
+    if method in SUPERVISED and seed_pairs:  # an empty list is none (as the job reads it)
+        raise InputError("seed pairs apply to minivec2vec only")
+    n = min(src.rows, tgt.rows)
+    if method in MIGRATION_METHODS:
+        align.migration.check_options(method, params, n_pairs=n)
+    elif method in _CLOSED_FORM:
+        if n < 2:
+            raise align.TooFewRowsError(f"a paired fit needs at least 2 pairs, got {n}")
+        dims = (src.X.shape[1], tgt.X.shape[1]) if src.X is not None and tgt.X is not None else None
+        align.procrustes.check_closed_form_params(method, params, dims=dims)
+    elif method == "minivec2vec":
+        _minivec2vec(params, random_state).check_rows(src.rows, tgt.rows, seeded=len(seed_pairs or ()) >= 2)
 
 
 def _check_method(method: str, paired: bool) -> None:

@@ -81,3 +81,26 @@ def test_kmeans_anchors_too_few_rows_and_bad_args():
         kmeans_anchors(X, X, n_clusters=3, n_runs=0)
     with pytest.raises(InputError):
         kmeans_anchors(X, X, n_clusters=3, n_runs=1, qap_restarts=1, keep=0.0)
+
+
+def test_kmeans_anchors_reports_each_qap_restart_and_stops_when_progress_raises():
+    """Progress came once per anchor run, after all its QAP restarts: ``qap_restarts=10**9`` ran for days at 0 %
+    and a fit job's cancel (raised from progress) could not stop it."""
+    from align.exceptions import Cancelled
+
+    rng = np.random.default_rng(3)
+    X, Y = rng.normal(size=(60, 4)), rng.normal(size=(60, 4))
+    seen = []
+    kmeans_anchors(X, Y, n_runs=2, sample=60, n_clusters=4, qap_restarts=4, random_state=0, progress=seen.append)
+    assert seen == [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]
+
+    calls = []
+
+    def stop(fraction):
+        calls.append(fraction)
+        if len(calls) == 3:
+            raise Cancelled("asked to stop")
+
+    with pytest.raises(Cancelled, match="asked to stop"):
+        kmeans_anchors(X, Y, n_runs=1, sample=60, n_clusters=4, qap_restarts=10**9, random_state=0, progress=stop)
+    assert calls == [1e-9, 2e-9, 3e-9]

@@ -452,6 +452,28 @@ def test_fit_reports_progress_per_contrastive_epoch_and_stops_when_progress_rais
         align.fit_migration(X, Y, method="contrastive", epochs=1000, batch_size=64, progress=stop)
 
 
+def test_the_alpha_grid_is_bounded_reports_progress_and_stops_when_progress_raises():
+    """A fit's ``alphas`` grid had no bound and its loop reported nothing: 100,000 alphas (a 1 MB request) ran for
+    minutes at "select", 0 %, and a cancel of the job could not stop it."""
+    from align.exceptions import Cancelled
+    from align.options import MAX_ALPHAS
+
+    X, Y = _planted(n=120, d_s=8, d_t=8, seed=7)
+    with pytest.raises(InputError, match=f"alphas: at most {MAX_ALPHAS} values"):
+        align.fit_migration(X, Y, method="auto", alphas=[0.1] * (MAX_ALPHAS + 1))
+    seen = []
+    align.fit_migration(X, Y, method="auto", candidates=("ridge",), alphas=[0.01, 0.1, 1.0, 10.0],
+                        progress=lambda s, f: seen.append((s, f)))
+    assert [f for s, f in seen if s == "select: ridge"] == [0.0, 0.25, 0.5, 0.75]
+
+    def stop(stage, fraction):
+        if stage == "select: ridge" and fraction >= 0.5:
+            raise Cancelled("asked to stop")
+
+    with pytest.raises(Cancelled, match="asked to stop"):
+        align.fit_migration(X, Y, method="auto", alphas=[0.1] * MAX_ALPHAS, progress=stop)
+
+
 @pytest.mark.parametrize("option, value", [
     ("epochs", 0), ("epochs", 10**9), ("epochs", 2.5), ("temperature", 0.0), ("temperature", 1e-30),
     ("temperature", float("nan")), ("batch_size", 1), ("hard_negatives", -1), ("lr", float("inf")), ("reg", -1.0),

@@ -253,6 +253,17 @@ def test_self_learning_sample_and_seed_weight_are_checked(param, bad):
         MiniVec2Vec(**{**FAST, param: bad}).fit(X, X)
 
 
+def test_seeded_finish_must_be_a_flag_and_anchor_sample_hold_the_clusters():
+    """``seeded_finish="no"`` was truthy (the finish ran), and an ``anchor_sample`` below ``n_clusters`` failed inside
+    the k-means with "k-means with 12 clusters needs at least 12 rows, got 5" though every side had 100 rows."""
+    X = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
+    with pytest.raises(InputError, match="seeded_finish must be true or false"):
+        MiniVec2Vec(**{**FAST, "seeded_finish": "no"}).fit(X, X)
+    with pytest.raises(InputError, match="anchor_sample=5 is below n_clusters=12"):
+        MiniVec2Vec(**{**FAST, "anchor_sample": 5}).fit(X, X)
+    MiniVec2Vec(**{**FAST, "anchor_sample": 5}).check_rows(100, 100, seeded=True)  # seeded fits draw no anchors
+
+
 @pytest.mark.parametrize("param, bad", [
     ("n_clusters", float("nan")), ("n_clusters", "x"), ("n_clusters", None), ("refine2_clusters", "x"),
     ("alpha", "x"), ("alpha", None), ("anchor_keep", None), ("confident", "x"), ("holdout", "x"), ("holdout", None),

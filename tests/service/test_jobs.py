@@ -294,6 +294,34 @@ def test_http_cancel_stops_a_contrastive_fit_between_epochs(fit_client):
         assert bad.status_code == 422 and "contrastive option epochs" in bad.text
 
 
+def test_http_cancel_stops_the_alpha_grid_and_a_longer_grid_is_refused(fit_client):
+    """The ridge-penalty grid of a migration fit reported no progress and could not be cancelled: 100,000 ``alphas``
+    (a 1 MB request) kept the job at "fit: select", 0 %, for minutes after its cancel; now the grid reports each
+    alpha, a cancel stops it there, and more than ``MAX_ALPHAS`` values are a 422."""
+    from align.options import MAX_ALPHAS
+
+    c = fit_client
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((1000, 16))
+    Y = X @ np.linalg.qr(rng.standard_normal((16, 16)))[0]
+    body = {"name": "grid", "source_space": "a", "target_space": "b", "method": "auto", "paired": True,
+            "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()},
+            "params": {"candidates": ["ridge"], "alphas": [0.1] * MAX_ALPHAS}}
+    r = c.post("/v1/fits", headers=W, json={**body, "params": {"alphas": [0.1] * (MAX_ALPHAS + 1)}})
+    assert r.status_code == 422 and f"alphas: at most {MAX_ALPHAS} values" in r.text, (r.status_code, r.text[:300])
+    jid = c.post("/v1/fits", headers=W, json=body).json()["id"]
+    for _ in range(400):  # until it is inside the grid
+        job = c.get(f"/v1/jobs/{jid}", headers=R).json()
+        if "select: ridge" in str(job["progress"].get("stage")) or job["state"] != "running":
+            break
+        time.sleep(0.05)
+    assert "select: ridge" in str(job["progress"].get("stage")), job
+    c.delete(f"/v1/jobs/{jid}", headers=W)
+    t0 = time.monotonic()
+    job = wait(http_job(c, R), jid)
+    assert job["state"] == "cancelled" and time.monotonic() - t0 < 5, (job["state"], time.monotonic() - t0)
+
+
 @pytest.mark.parametrize("method, params, message", [
     ("contrastive", {"epochs": 10**9}, "contrastive option epochs"), ("auto", {"alphas": 0.5}, "alphas"),
     ("cluster", {"blend": 1.5}, "blend"), ("auto", {"candidates": "ridge,nope"}, "candidates"),
@@ -312,6 +340,36 @@ def test_http_fit_with_bad_params_is_refused_when_asked_not_by_a_failed_job(fit_
     assert r.status_code == 422 and message in r.text, (r.status_code, r.text[:300])
     ok = fit_client.post("/v1/fits", headers=W, json={**body, "params": {"rank": 4} if method == "lowrank" else {}})
     assert ok.status_code == 202, ok.text
+
+
+@pytest.mark.parametrize("method, params, rows, extra, message", [
+    ("ridge", {"alpha": -1}, 60, {}, "alpha must be a number"),
+    ("ridge", {"fit_intercept": "yes"}, 60, {}, "fit_intercept must be true or false"),
+    ("lowrank", {"rank": 0}, 60, {}, "rank must be an integer"),
+    ("lowrank", {"rank": 100}, 60, {}, "rank must be in [1, 16]"),
+    ("procrustes", {"scale": "x"}, 60, {}, "scale must be true or false"),
+    ("procrustes", {"chunk_size": 0}, 60, {}, "chunk_size must be an integer"),
+    ("procrustes", {}, 1, {}, "at least 2 pairs, got 1"),
+    ("auto", {}, 3, {}, "at least 4 pairs"),
+    ("cluster", {"n_clusters": 100}, 60, {}, "n_clusters=100 needs at least 100 pairs, got 60"),
+    ("procrustes", {}, 60, {"seed_pairs": [[0, 0]]}, "seed pairs apply to minivec2vec only"),
+    ("minivec2vec", {}, 10, {}, "n_clusters=20 needs at least 20 rows, got 10"),
+    ("minivec2vec", {"refine": ["clusters"], "refine2_clusters": 500}, 60, {}, "needs at least 500 rows"),
+    ("minivec2vec", {"anchor_sample": 10}, 60, {}, "anchor_sample=10 is below n_clusters=20"),
+    ("minivec2vec", {"seeded_finish": "no"}, 60, {}, "seeded_finish must be true or false"),
+])
+def test_http_fit_refuses_bad_values_and_too_few_rows_when_asked_not_by_a_failed_job(fit_client, method, params,
+                                                                                     rows, extra, message):
+    """The closed-form fits' parameter values (only their names were checked) and every check of the row counts
+    (too few rows or pairs, more clusters than pairs, a lowrank rank above the width, seed pairs with a paired
+    method) were a 202 and a failed job; ``seeded_finish="no"`` was taken as true and the fit ran."""
+    X = np.random.default_rng(2).standard_normal((rows, 16))
+    body = {"name": "badr", "source_space": "a", "target_space": "b", "method": method,
+            "paired": method != "minivec2vec", "source": {"vectors": X.tolist()}, "target": {"vectors": X.tolist()},
+            "params": params, **extra}
+    r = fit_client.post("/v1/fits", headers=W, json=body)
+    assert r.status_code == 422 and message in r.json()["error"]["message"], (r.status_code, r.text[:300])
+    assert fit_client.get("/v1/jobs", headers=R).json()["counts"].get("failed", 0) == 0
 
 
 def test_a_description_the_registry_refuses_is_refused_before_the_fit(fit_client):
@@ -342,6 +400,26 @@ def test_http_cancel_job(fit_client):
     assert c.get("/v1/maps/slow", headers=R).status_code == 404
     again = c.delete(f"/v1/jobs/{jid}", headers=W)
     assert again.status_code == 200 and again.json()["state"] == "cancelled"
+
+
+def test_http_cancel_stops_a_minivec2vec_fit_inside_its_qap_restarts(fit_client):
+    """Progress came once per anchor run, after all its QAP restarts: with ``qap_restarts`` large the job sat at
+    "fit", 0 %, and its cancel waited for the whole run (``qap_restarts=10**9``: days, the job queue blocked)."""
+    X = np.random.default_rng(5).standard_normal((300, 16))
+    body = {"name": "qap", "source_space": "a", "target_space": "b", "method": "minivec2vec",
+            "source": {"vectors": X.tolist()}, "target": {"vectors": X.tolist()},
+            "params": {"n_anchor_runs": 1, "qap_restarts": 3000}}
+    jid = fit_client.post("/v1/fits", headers=W, json=body).json()["id"]
+    for _ in range(200):  # until the anchor run reports its restarts
+        job = fit_client.get(f"/v1/jobs/{jid}", headers=R).json()
+        if "init" in str(job["progress"].get("stage")) or job["state"] != "running":
+            break
+        time.sleep(0.05)
+    assert "init" in str(job["progress"].get("stage")), job
+    fit_client.delete(f"/v1/jobs/{jid}", headers=W)
+    t0 = time.monotonic()
+    job = wait(http_job(fit_client, R), jid, timeout=120)
+    assert job["state"] == "cancelled" and time.monotonic() - t0 < 5, (job["state"], time.monotonic() - t0)
 
 
 def test_http_cancel_of_a_finished_job_is_a_200_that_changes_nothing(fit_client):

@@ -70,6 +70,8 @@ def create_fit(body: bytes, request, state, settings):
     map_ops.check_pairs(src, tgt, paired)
     check_batch(max(src.rows, tgt.rows), settings.max_batch)
     _check_seed_pairs(opts.seed_pairs, src.rows, tgt.rows)
+    map_ops.check_fit_rows(opts.method, opts.params, src, tgt, seed_pairs=opts.seed_pairs,
+                           random_state=opts.random_state)  # rows too few for the params: now, not a failed job
     state.metrics.batch_rows.labels("fit").observe(src.rows + tgt.rows)
 
     def job(ctx):
