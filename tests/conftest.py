@@ -24,27 +24,27 @@ def wordnet_available() -> bool:
     return (WORDNET / "minilm.npy").exists() and (WORDNET / "e5.npy").exists()
 
 
-@pytest.fixture(autouse=True)
-def _vecbridge_logging_as_found():
-    """Each test leaves the ``vecbridge`` / ``uvicorn`` loggers as it found them. An app built in this process
-    (``create_app``) sends INFO lines to stderr; a later in-process CLI run in the same worker then printed
-    ``index loaded`` on stderr, which a real ``vecbridge`` process (nothing configured: warnings only) never does."""
-    import logging
-
-    names = ("vecbridge", "uvicorn", "uvicorn.error", "uvicorn.asgi")
-    saved = [(logging.getLogger(n), list(logging.getLogger(n).handlers), logging.getLogger(n).level,
-              logging.getLogger(n).propagate) for n in names]
-    yield
-    for log, handlers, level, propagate in saved:
-        log.handlers, log.propagate = handlers, propagate
-        log.setLevel(level)  # setLevel, not .level =: it clears the loggers' isEnabledFor cache
-
-
 def run_cli(capsys, *args) -> tuple[int, str, str]:
     """``vecbridge ARGS`` in this process (``service.cli.main``): ``(exit code, stdout, stderr)``."""
+    import logging
+
     from service.cli import main
 
-    code = main([str(a) for a in args])
+    # the loggers as a fresh ``vecbridge`` process has them (nothing configured: warnings only, plain text). An app
+    # built earlier in this worker (``create_app``, a module fixture too) sends INFO lines to stderr, and CI's
+    # ``--json`` test saw ``index loaded`` there, which the command run as a process never prints.
+    saved = []
+    for name in ("vecbridge", "uvicorn"):
+        log = logging.getLogger(name)
+        saved.append((log, log.handlers, log.level, log.propagate))
+        log.handlers, log.propagate = [], True
+        log.setLevel(logging.NOTSET)
+    try:
+        code = main([str(a) for a in args])
+    finally:
+        for log, handlers, level, propagate in saved:
+            log.handlers, log.propagate = handlers, propagate
+            log.setLevel(level)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -20,6 +20,8 @@ from _api_support import W, planted, populate, settings_for
 from _browser import CHROMIUM, Page, launch
 from _servers import serve_in_thread
 
+from align.exceptions import InputError
+
 READ_KEY = "rkey-123"
 # each sets window.__pwned if it ever runs as script, in the page or in a frame of it
 IMG = '<img src=x onerror="window.__pwned=1;parent.__pwned=1">'
@@ -63,9 +65,15 @@ def hostile(tmp_path_factory):
         assert _done(c, c.post("/v1/fits", headers=W, json=fit).json()["id"])["state"] == "succeeded"
         r = c.put(f"/v1/maps/a2b/versions/1/tags/{IMG}", headers=W, json={"value": {"s": SCRIPT, "u": JS_URL}})
         assert r.status_code == 200, r.text
-        # a fit that fails in its job, its error message quoting the hostile parameter
-        bad = c.post("/v1/fits", headers=W, json={**fit, "params": {"center": IMG}}).json()["id"]
-        assert IMG in _done(c, bad)["error"]["message"]
+        # a job that fails, its error message quoting a client's string. A bad fit parameter is a 422 now (checked
+        # when the fit is requested), so the job is queued on the server's own job runner as a fit's would be.
+        assert c.post("/v1/fits", headers=W, json={**fit, "params": {"center": IMG}}).status_code == 422
+
+        def fails(ctx):
+            raise InputError(f"center must be true or false, got {IMG!r}")
+
+        bad, _ = app.state.vb.jobs.submit(fails, kind="fit", description=SCRIPT)
+        assert IMG in _done(c, bad.id)["error"]["message"]
         r = c.post("/v1/indexes", headers=W, json={"name": "hostile", "space": "e5", "kind": "flat", **_b64(E),
                                                    "payloads": payloads})
         assert r.status_code == 201, r.text
