@@ -400,6 +400,18 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
         yield X[s : s + chunk_rows]
 
 
+#: temporary outputs of this process's :class:`ChunkWriter` s not yet renamed into place or removed
+_UNFINISHED: set[Path] = set()
+
+
+def remove_unfinished() -> None:
+    """Remove the temporary outputs this process has not finished (a command stopped by a signal, whose ``with``
+    may not have been entered yet when the signal came)."""
+    for tmp in list(_UNFINISHED):
+        tmp.unlink(missing_ok=True)
+        _UNFINISHED.discard(tmp)
+
+
 class ChunkWriter:
     """Write ``n_rows × dim`` float32 rows block by block to ``.npy``, ``.fvecs`` or ``.parquet``.
 
@@ -431,12 +443,16 @@ class ChunkWriter:
                 left.unlink(missing_ok=True)
                 os.close(fd)
         self.tmp = self.path.with_name(f".{self.path.name}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        # listed before it exists: a Ctrl-C / SIGTERM between its creation and the ``with`` that would remove it (the
+        # CLI's test signals as soon as the file appears) left it behind; the CLI removes what is listed as it stops
+        _UNFINISHED.add(self.tmp)
         # locked from its creation: never taken for a dead writer's; 0666 less the umask, as open() makes the output
         self._held = hold(self.tmp, create=True, mode=0o666)
         try:
             self._open(n_rows)
         except BaseException:
             self.tmp.unlink(missing_ok=True)
+            _UNFINISHED.discard(self.tmp)
             os.close(self._held)
             raise
 
@@ -497,6 +513,7 @@ class ChunkWriter:
             self._pq.close()
             os.fsync(self._held)  # the file ParquetWriter wrote (it was renamed into place unsynced)
         os.replace(self.tmp, self.path)
+        _UNFINISHED.discard(self.tmp)
         os.close(self._held)
         fsync_dir(self.path.parent)  # the rename too: after a crash the output is the old file or the new one
         return self.path
@@ -509,6 +526,7 @@ class ChunkWriter:
                 self._pq.close()
         finally:
             self.tmp.unlink(missing_ok=True)
+            _UNFINISHED.discard(self.tmp)
             os.close(self._held)
 
     def __enter__(self):

@@ -116,6 +116,9 @@ class _Stop:
 
     @staticmethod
     def _end_now(signum: int) -> None:
+        from ..io import remove_unfinished
+
+        remove_unfinished()
         word = "terminated" if signum == signal.SIGTERM else "interrupted"
         sys.stderr.write(f"vecbridge: {word} (the command did not stop within {TERM_GRACE_S:g} s)\n")
         sys.stderr.flush()
@@ -169,7 +172,11 @@ def _signals_unwind():
 
 
 def _stopped(exc: BaseException) -> int:
-    """One line and the exit code of a command stopped by Ctrl-C (130) or SIGTERM (143)."""
+    """One line and the exit code of a command stopped by Ctrl-C (130) or SIGTERM (143); the temporary outputs
+    it left unfinished removed."""
+    from ..io import remove_unfinished
+
+    remove_unfinished()
     if isinstance(exc, Terminated):
         click.echo("vecbridge: terminated", err=True)
         return 128 + signal.SIGTERM

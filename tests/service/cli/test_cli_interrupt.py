@@ -162,3 +162,24 @@ def test_a_command_started_with_ctrl_c_ignored_keeps_ignoring_it():
     p = subprocess.run([sys.executable, "-c", _LOST_TERM, "reports", "SIGTERM"], cwd=ROOT, capture_output=True,
                        text=True, timeout=60, check=False, preexec_fn=ignored)
     assert p.returncode == 143 and p.stdout == "ran on\n", (p.returncode, p.stdout, p.stderr)
+
+
+def test_a_writer_the_signal_caught_before_its_with_is_removed_as_the_command_stops(tmp_path, capsys):
+    """The signal test above sends its signal as soon as the temporary output appears; once in a CI run it came
+    between the writer's creation of the file and the ``with`` that removes it on an error, and the file stayed
+    (exit 130, one line, ``.out.npy.part-<pid>-<id>`` left). Every unfinished output of the process is listed
+    from before its creation, and a command stopped by a signal removes what is listed."""
+    import os
+
+    from service.cli import _stopped
+    from service.io import ChunkWriter
+
+    w = ChunkWriter(tmp_path / "out.npy", dim=4, n_rows=2)  # created; the signal comes before ``with w:``
+    assert [p.name.startswith(".out.npy.part-") for p in tmp_path.iterdir()] == [True]
+    assert _stopped(KeyboardInterrupt()) == 130 and capsys.readouterr().err == "vecbridge: interrupted\n"
+    assert list(tmp_path.iterdir()) == []
+    os.close(w._held)
+    with ChunkWriter(tmp_path / "done.npy", dim=4, n_rows=1) as w2:  # a finished output is not touched
+        w2.write(np.zeros((1, 4), np.float32))
+    _stopped(KeyboardInterrupt())
+    assert [p.name for p in tmp_path.iterdir()] == ["done.npy"]
