@@ -232,6 +232,18 @@ def read_pair(o: dict, progress):
     return X, Y, inputs
 
 
+def _holds_bool(obj) -> bool:
+    """Whether a parsed JSON value holds ``true`` / ``false`` anywhere (no recursion: nesting is the caller's)."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, bool):
+            return True
+        if isinstance(x, list):
+            stack.extend(x)
+    return False
+
+
 def _read_ints(path: str, what: str, ndmin: int) -> tuple[Path, np.ndarray]:
     """``(path, array)`` of an integer file: ``.npy``, ``.json`` (nested lists), or whitespace-separated text."""
     p = Path(path)
@@ -240,7 +252,10 @@ def _read_ints(path: str, what: str, ndmin: int) -> tuple[Path, np.ndarray]:
         if p.suffix == ".npy":
             arr = np.asarray(load_npy(p))
         elif p.suffix == ".json":
-            arr = np.asarray(json.loads(p.read_text()))
+            obj = json.loads(p.read_text())
+            if _holds_bool(obj):  # np.asarray([0, true]) is [0, 1]: `true` read as id 1
+                raise InputError(f"{p.name}: {what} must be integers, not true / false")
+            arr = np.asarray(obj)
         else:
             arr = np.loadtxt(p, dtype=np.int64, ndmin=ndmin, delimiter=None)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: JSON nested too deep

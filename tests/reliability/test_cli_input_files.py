@@ -124,8 +124,10 @@ def test_fifo_input_is_refused_not_waited_on(world):
 
 def test_index_commands_refuse_bad_files_and_ids(world, capsys):
     """``vecbridge index``: a 0-d array, an id past int64, JSON nested too deep (ids, --param) are exit 2 with one
-    line (were exit 3: IndexError, OverflowError, RecursionError)."""
+    line (were exit 3: IndexError, OverflowError, RecursionError); an ids file with ``true`` is refused (it was
+    read as id 1)."""
     d, data = world
+    (d / "bools.json").write_text("[0, true]")
     assert _run(capsys, data, "index", "create", "ix", "--space", "p", d / "good.npy", "--quiet")[0] == 0
     for args in (["index", "create", "ix0", "--space", "p", d / "scalar.npy", "--quiet"],
                  ["index", "add", "ix", d / "scalar.npz", "--quiet"],
@@ -134,6 +136,7 @@ def test_index_commands_refuse_bad_files_and_ids(world, capsys):
                  ["index", "delete", "ix", "--id", str(2**63)],
                  ["index", "delete", "ix", "--id", str(2**62)],
                  ["index", "delete", "ix", "--ids", d / "deep.json"],
+                 ["index", "delete", "ix", "--ids", d / "bools.json"],  # [0, true] deleted ids 0 and 1
                  ["index", "create", "ix1", "--space", "p", d / "good.npy", "--kind", "hnsw", "--quiet",
                   "--param", "M=" + "[" * 5000 + "]" * 5000]):
         rc, err = _run(capsys, data, *args)
