@@ -14,9 +14,10 @@ from align.exceptions import DimensionMismatchError, InputError, PairCountError
 from align.steer import Steer
 
 from ..encoders import get_encoder, space_encoder
-from ..io import check_not_input, is_text_path, read_texts, read_vectors, write_vectors
+from ..io import VECTOR_SUFFIXES, check_not_input, is_text_path, read_texts, read_vectors, write_vectors
 from ..ops.steers import (apply_steer_job, check_steer_fit, delete_steer_alias, describe_lens, embed_and_register,
                           set_steer_alias, space_for_rows, steer_lens, transfer_and_register)
+from ..storage import check_writable
 from ._common import Ctx, alias_command, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
 
 __all__ = ["steer"]
@@ -99,8 +100,11 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
 @json_opt
 @click.pass_obj
 def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, text_field, as_json):
-    """Steer the rows of IN with Q (I + eps W) and write OUT (.npy, .fvecs, .parquet)."""
+    """Steer the rows of IN with Q (I + eps W) and write OUT (.npy, .npz, .fvecs, .parquet)."""
     check_not_input(out, "OUT", inp)
+    if Path(out).suffix.lower() not in VECTOR_SUFFIXES:  # before the input is read (texts: embedded) and steered
+        raise InputError(f"OUT {out}: write {', '.join(VECTOR_SUFFIXES)}")
+    check_writable(out, "OUT")
     reg = obj.registry
     info = reg.resolve_steer(ref)
     s = reg.load_steer(info)

@@ -66,6 +66,11 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(capsys
     assert run(capsys, *var, "index", "create", "docs", "--space", "tgt", data / "tgt.npy", "--quiet")[0] == 0
     code, _, err = run(capsys, *var, "index", "search", "docs", data / "tgt.npy", "--out", bad.with_suffix(".jsonl"))
     assert code == 2 and err.startswith("vecbridge: error: --out ") and len(err.splitlines()) == 1, err
+    # steer apply read (texts: embedded) and steered its input first, and only then found OUT unwritable; the
+    # steer is unknown here, so an error about OUT shows that OUT is checked before anything else
+    for out, start in ((data / "o.txt", "OUT "), (bad.with_suffix(".npy"), "OUT ")):
+        code, _, err = run(capsys, *var, "steer", "apply", "--steer", "nosuch", data / "src.npy", out)
+        assert code == 2 and err.startswith(f"vecbridge: error: {start}") and len(err.splitlines()) == 1, err
 
 
 def test_an_output_path_that_names_an_input_file_is_refused_and_the_input_kept(capsys, data):
