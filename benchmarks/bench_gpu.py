@@ -118,13 +118,18 @@ def timed(fn, *, repeat: int, budget_s: float = 5.0) -> float:
     return statistics.median(times)
 
 
-def demo_vectors() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(docs (1000, 384) e5 unit rows, queries (500, 384) mapped MiniLM unit rows, relevant (500,))``."""
+def demo_map():
+    """``(map, A, B)``: the demo's MiniLM rows ``A`` and e5 rows ``B`` (1000, 384) and a Procrustes map fitted on
+    rows 0:500."""
     import align
 
     with np.load(DEMO, allow_pickle=False) as z:
         A, B = z["minilm"].astype(np.float32), z["e5"].astype(np.float32)
-    m = align.fit_procrustes(A[:500], B[:500])
+    return align.fit_procrustes(A[:500], B[:500]), A, B
+
+
+def demo_vectors(m, A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(docs (1000, 384) e5 unit rows, queries (500, 384) mapped MiniLM unit rows, relevant (500,))``."""
     return unit(B), unit(m.apply(A[500:], output="raw")), np.arange(500, 1000)
 
 
@@ -205,7 +210,8 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - only a label
             say(f"- GPU name unknown ({type(e).__name__})")
 
-    docs, queries, relevant = demo_vectors()
+    m, A, B = demo_map()
+    docs, queries, relevant = demo_vectors(m, A, B)
     say("\n## 1. The demo index: the same ids?\n")
     cpu, gpu = indexes(faiss, docs, "flat", res, 0, 0)
     top1_cpu = float((cpu.search(queries, 1)[1][:, 0] == relevant).mean())
@@ -257,17 +263,9 @@ def main(argv=None) -> int:
             print(f"  ({label} {kind}: built in {build:.1f} s)", flush=True)
 
     say("\n## 3. Map apply (the service's transform: CPU numpy) beside the same product on the GPU (torch)\n")
-    import align
-
-    with np.load(DEMO, allow_pickle=False) as z:
-        A, B = z["minilm"].astype(np.float32), z["e5"].astype(np.float32)
-    m = align.fit_procrustes(A[:500], B[:500])
-    try:
+    cuda = torch_cuda()
+    if cuda:
         import torch
-
-        cuda = torch.cuda.is_available()
-    except ImportError:
-        torch, cuda = None, False
     say("| batch | align apply (CPU) ms | GPU GEMM + normalise (torch) ms | CPU / GPU |")
     say("|---:|---:|---:|---:|")
     for batch in (1, 1024, 8192, 65536):

@@ -19,7 +19,7 @@ import numpy as np
 from align.exceptions import InputError, VecbridgeWarning
 
 from ..indexes.csls import CSLS_WEIGHT
-from ..io import check_not_input, read_vectors
+from ..io import check_not_input, count_rows, parse_rows, read_vectors, resolve_rows
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write, check_writable
@@ -291,8 +291,6 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     finally:
         close()
     if old_rows:  # the plan numbers the rows it was given: rows_to_embed index --old itself (as --rows-out says)
-        from ..io import count_rows, parse_rows, resolve_rows
-
         first = resolve_rows(parse_rows(old_rows), count_rows(old), old).start
         res["rows_to_embed"] = [first + int(i) for i in res["rows_to_embed"]]
     if rows_out is not None:
