@@ -168,27 +168,20 @@ def test_fit_texts_with_another_model_than_the_space_is_refused_before_embedding
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_steer_texts_take_the_space_encoder_and_refuse_another_model(capsys, tmp_path, monkeypatch):
+def test_steer_texts_take_the_space_encoder_and_refuse_another_model(capsys, tmp_path):
     """`steer apply --encoder e5` on a steer of space minilm (same width) steered e5 vectors as MiniLM ones and
     exited 0, and without --encoder it refused a text file ("name an encoder") though the space has one; `steer fit
     --encoder e5 --space minilm` fitted on e5 vectors. Now the space's encoder is the default and another model is
-    refused (before anything is embedded); fit and apply read a .jsonl's --text-field."""
-    import service.encoders
+    refused (before anything is embedded); fit and apply read a .jsonl's --text-field. The real MiniLM embeds."""
+    from align.steer import Steer
+    from service.encoders import get_encoder
     from service.registry import open_registry
 
-    class Fake:  # a 4-d "MiniLM": the text's length and its first letters, no model loaded
-        name, dim = "all-MiniLM-L6-v2", 4
-
-        def encode(self, texts, kind="passage", batch_size=64):
-            return np.array([[len(t), ord(t[0]), ord(t[1]), 1.0] for t in texts], np.float32)
-
-    monkeypatch.setattr(service.encoders, "get_encoder", lambda name: Fake())
+    minilm = get_encoder("all-MiniLM-L6-v2")
     var = tmp_path / "var"
     reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
-    reg.register_space("minilm", 4, encoder="all-MiniLM-L6-v2")
-    from align.steer import Steer
-
-    reg.register_steer("shift", Steer(np.zeros((4, 1)), np.zeros((4, 1))), space="minilm")  # W = 0: the identity
+    reg.register_space("minilm", minilm.dim, encoder="all-MiniLM-L6-v2")
+    reg.register_steer("shift", Steer(np.zeros((minilm.dim, 1)), np.zeros((minilm.dim, 1))), space="minilm")  # W = 0
     reg.close()
     texts = ["a cat", "stocks fell", "rain"]
     (tmp_path / "q.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in texts))
@@ -198,7 +191,7 @@ def test_steer_texts_take_the_space_encoder_and_refuse_another_model(capsys, tmp
     assert code == 2 and "space 'minilm' is embedded by 'all-MiniLM-L6-v2'" in err and not (tmp_path / "o.npy").exists()
     code, _, err = run(capsys, *apply, "--text-field", "body")
     assert code == 0, err
-    np.testing.assert_allclose(read_vectors(tmp_path / "o.npy"), Fake().encode(texts), atol=1e-4)
+    np.testing.assert_allclose(read_vectors(tmp_path / "o.npy"), minilm.encode(texts, "query"), atol=1e-4)
     fit = ["--data-dir", var, "steer", "fit", "--space", "minilm", "--texts", tmp_path / "q.jsonl", "--labels",
            tmp_path / "y.npy", "--name", "s2", "--method", "mean-shift", "--quiet"]
     code, _, err = run(capsys, *fit, "--encoder", "multilingual-e5-small", "--text-field", "body")
