@@ -33,7 +33,7 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .storage import atomic_write, fsync_dir, hold, take_abandoned
+from .storage import atomic_write, fsync_dir, hold, make_parent, take_abandoned
 
 __all__ = [
     "FormatError", "check_file", "check_not_input", "load_npy", "parse_rows", "resolve_rows", "read_vectors",
@@ -224,7 +224,10 @@ def _arrow_lists_to_matrix(arr, path: Path) -> np.ndarray:
     n = len(arr)
     if n == 0:
         return np.zeros((0, 0), np.float32)
-    flat = arr.flatten().to_numpy(zero_copy_only=False)
+    values = arr.flatten()
+    if values.null_count:  # to_numpy made them NaN: the error then named "X", not the file
+        raise FormatError(f"{path.name}: the vector column has {values.null_count} null value(s) inside its vectors")
+    flat = values.to_numpy(zero_copy_only=False)
     if pa.types.is_fixed_size_list(arr.type):
         d = arr.type.list_size
     else:
@@ -433,7 +436,7 @@ class ChunkWriter:
         if self.suffix == ".npy" and n_rows is None:
             raise InputError("writing .npy in chunks needs the row count up front")
         self.dim, self.n_rows, self.written = int(dim), n_rows, 0
-        self.path.parent.mkdir(parents=True, exist_ok=True)  # as atomic_write does; else the error names self.tmp
+        make_parent(self.path)  # as atomic_write does; else the error names self.tmp
         part = f".{self.path.name}.part-"
         for left in self.path.parent.glob(f"{glob_escape(part)}*"):  # of dead writers: removed
             if not _PART_SUFFIX.fullmatch(left.name[len(part):]):  # an older release's writer (no lock): kept

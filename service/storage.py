@@ -127,6 +127,17 @@ def take_abandoned(path: Path) -> int | None:
     return fd
 
 
+def make_parent(path: Path) -> None:
+    """Create ``path``'s folder (and its parents). Where a file stands in the way, the error names that file and
+    ``path`` (``mkdir`` named the blocking file alone: ``[Errno 17] File exists: 'out'`` for an output
+    ``out/o.npy``, with no word of the output)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), path.parent)
+        raise NotADirectoryError(f"cannot write {path}: {blocker} is a file, not a folder") from None
+
+
 def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=None,
                  before_replace: Callable[[], None] | None = None) -> Path:
     """Write ``path`` so readers see the old file or the whole new one, never a part, even after a crash.
@@ -140,7 +151,7 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
     error the temporary file is removed and the old ``path`` is untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(path)
     where = Path(tmp_dir) if tmp_dir is not None else path.parent
     tmp = where / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -175,7 +186,7 @@ def check_writable(path, what: str) -> None:
     path = Path(path)
     probe = path.parent / f".{path.name}.probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_parent(path)
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         probe.unlink()
     except OSError as exc:

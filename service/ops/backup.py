@@ -45,7 +45,7 @@ from ..indexes.persist import with_current
 from ..progress import Progress, silent
 from ..registry import open_registry, package_version
 from ..registry.db import sqlite_path
-from ..storage import atomic_write, fsync_dir, hold, link_or_copy, sqlite_backup, take_abandoned
+from ..storage import atomic_write, fsync_dir, hold, link_or_copy, make_parent, sqlite_backup, take_abandoned
 
 __all__ = ["BACKUP_FORMAT", "IN_PROGRESS", "MANIFEST", "PG_NOTE", "backup_data_dir", "sweep_abandoned"]
 
@@ -191,7 +191,7 @@ def backup_data_dir(settings: Settings, dest, *, link: bool = False, progress: P
                                     *([db] if db is not None else []))):
         raise NotFoundError(f"{data} is not a vecbridge data dir (no registry, artifacts, indexes or job records): "
                             f"give --data-dir or VECBRIDGE_DATA_DIR")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(dest)
     swept = sweep_abandoned(dest.parent)
     tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()

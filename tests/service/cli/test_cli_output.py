@@ -66,6 +66,12 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(capsys
     assert run(capsys, *var, "index", "create", "docs", "--space", "tgt", data / "tgt.npy", "--quiet")[0] == 0
     code, _, err = run(capsys, *var, "index", "search", "docs", data / "tgt.npy", "--out", bad.with_suffix(".jsonl"))
     assert code == 2 and err.startswith("vecbridge: error: --out ") and len(err.splitlines()) == 1, err
+    # transform's OUT: the error was ``[Errno 17] File exists: '.../src.npy'``, naming an input and not the output
+    for out in (bad.with_suffix(".npy"), bad / "deeper" / "o.fvecs"):
+        code, _, err = run(capsys, *var, "transform", "--map", "m", data / "src.npy", out, "--quiet")
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert f"cannot write {out}: {data / 'src.npy'} is a file, not a folder" in err and "Errno" not in err, err
+    assert sorted(p.name for p in data.iterdir()) == ["src.npy", "tgt.npy", "var"]
     # steer apply read (texts: embedded) and steered its input first, and only then found OUT unwritable; the
     # steer is unknown here, so an error about OUT shows that OUT is checked before anything else
     for out, start in ((data / "o.txt", "OUT "), (bad.with_suffix(".npy"), "OUT ")):
