@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,14 @@ def test_npz_key_and_parquet_column(tmp_path):
     pq.write_table(pa.table({"v": [[1.0, 2.0], [3.0]]}), tmp_path / "ragged.parquet")
     with pytest.raises(FormatError, match="different lengths"):
         read_vectors(tmp_path / "ragged.parquet")
+    # a null row, and a null inside a row (pyarrow turned that one into NaN: "X: 1 row(s) contain NaN", no file)
+    for name, rows, what in (("nullrow", [[1.0, 2.0], None], "null rows"), ("nullval", [[1.0, None], [3.0, 4.0]],
+                                                                             "1 null value(s) inside its vectors")):
+        pq.write_table(pa.table({"v": rows}), tmp_path / f"{name}.parquet")
+        with pytest.raises(FormatError, match=f"^{name}.parquet: the vector column has {re.escape(what)}"):
+            read_vectors(tmp_path / f"{name}.parquet")
+        with pytest.raises(FormatError, match=f"^{name}.parquet: "):
+            np.vstack(list(iter_chunks(tmp_path / f"{name}.parquet", chunk_rows=1)))
 
 
 def test_parquet_default_column_is_the_first_list_of_numbers(tmp_path):
