@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -257,9 +258,13 @@ def _read_ints(path: str, what: str, ndmin: int) -> tuple[Path, np.ndarray]:
                 raise InputError(f"{p.name}: {what} must be integers, not true / false")
             arr = np.asarray(obj)
         else:
-            arr = np.loadtxt(p, dtype=np.int64, ndmin=ndmin, delimiter=None)
+            with warnings.catch_warnings():  # "input contained no data" on stderr beside the error below
+                warnings.simplefilter("ignore", UserWarning)
+                arr = np.loadtxt(p, dtype=np.int64, ndmin=ndmin, delimiter=None)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
         raise InputError(f"{p.name}: cannot read {what} ({exc})") from None
+    if arr.size == 0:  # `[]` read as float64 was "must be integers, got shape (0,) dtype float64"
+        raise InputError(f"{p.name}: holds no {what}")
     return p, arr
 
 

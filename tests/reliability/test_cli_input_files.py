@@ -142,6 +142,14 @@ def test_index_commands_refuse_bad_files_and_ids(world, capsys):
         rc, err = _run(capsys, data, *args)
         assert rc == 2, f"{args}: exit {rc}: {err[-400:]}"
         assert "internal error" not in err and "Traceback" not in err, err
+    # an empty ids file: exit 2 beside numpy's "loadtxt: input contained no data" warning (text), or "ids must be a
+    # flat list of integers, got shape (0,) dtype float64" (`[]`); now one line saying the file holds no ids
+    for name, text in (("none.txt", ""), ("none.json", "[]")):
+        (d / name).write_text(text)
+        for args in (["index", "delete", "ix", "--ids", d / name], ["index", "add", "ix", d / "good.npy", "--ids",
+                                                                      d / name, "--quiet"]):
+            rc, err = _run(capsys, data, *args)
+            assert rc == 2 and err == f"vecbridge: error: {name}: holds no ids\n", (args, err)
     assert main(["--data-dir", str(data), "index", "show", "ix", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["count"] == GOOD.shape[0]  # nothing refused changed the index
 
