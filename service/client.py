@@ -526,6 +526,12 @@ class APICalls(SteerCalls, Calls):
         return (yield from self._json("GET", "/v1/models"))["data"]
 
     @call
+    def get_model(self, name: str) -> dict:
+        """One encoder's entry (``GET /v1/models/{name}``; a short alias such as ``minilm`` too); NotFoundError
+        for an unknown name."""
+        return (yield from self._json("GET", f"/v1/models/{_seg(name)}"))
+
+    @call
     def embed(self, texts: Sequence[str], model: str, *, target_space: str | None = None,
               map: str | Sequence[str] | None = None, input_type: str = "passage", with_versions: bool = False):
         """Embed ``texts`` with an installed encoder: (n, d) float32, optionally translated into ``target_space``

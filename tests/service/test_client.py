@@ -63,6 +63,14 @@ def test_maps_versions_aliases(vb):
         vb.get_map("a2b@prod")
 
 
+def test_models_list_and_one_by_name(vb):
+    listed = vb.list_models()
+    assert {m["id"] for m in listed} >= {"all-MiniLM-L6-v2", "multilingual-e5-small"}
+    assert vb.get_model("minilm") == next(m for m in listed if m["id"] == "all-MiniLM-L6-v2")
+    with pytest.raises(NotFoundError, match="unknown encoder 'nosuch'"):
+        vb.get_model("nosuch")
+
+
 def test_tags_artifact_and_soft_delete(vb, server):
     from align import LinearMap
 

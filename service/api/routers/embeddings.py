@@ -1,17 +1,18 @@
-"""OpenAI-shaped ``POST /v1/embeddings`` (plus ``target_space`` and ``map``) and ``GET /v1/models``."""
+"""OpenAI-shaped ``POST /v1/embeddings`` (plus ``target_space`` and ``map``) and ``GET /v1/models`` (``/{id}``)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request
 from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import InputError
 
+from ...errors import NotFoundError
+from ...ops import embeddings as embed_ops
 from ..codec import b64_encode, check_batch
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
-from ...ops import embeddings as embed_ops
 from ..openapi import examples
 from ..responses import FastJSONResponse
 from ..routing import CodecRoute
@@ -60,6 +61,21 @@ def _list_models() -> list[dict]:
             response_model=ModelList)
 async def list_models():
     return FastJSONResponse({"object": "list", "data": await run_in_threadpool(_list_models)})
+
+
+@router.get("/models/{model_id:path}", dependencies=[ReadScope], summary="One installed encoder (OpenAI-shaped)",
+            response_model=dict[str, Any], responses=error_responses(404))
+async def get_model(model_id: str):
+    """The ``GET /v1/models`` entry of ``model_id`` (a name or a short alias such as ``minilm``, as
+    ``POST /v1/embeddings`` takes); an unknown one is a 404 naming the known ones. OpenAI's clients call this route
+    (``client.models.retrieve``) and got the router's bare 404."""
+    from ...encoders import canonical_name
+
+    key = canonical_name(model_id)  # UnknownEncoderError: a 404 naming the known encoders
+    entry = next((m for m in await run_in_threadpool(_list_models) if m["id"] == key), None)
+    if entry is None:
+        raise NotFoundError(f"no encoder {model_id!r}")
+    return FastJSONResponse(entry)
 
 
 @router.post("/embeddings", dependencies=[ReadScope, JSONOnly], summary="Create embeddings (OpenAI-shaped)",

@@ -94,3 +94,22 @@ def test_input_of_only_invisible_characters_is_a_422_like_whitespace(tmp_path, m
         from service.encoders import has_text
 
         assert has_text("\U0001f468\u200d\U0001f469\u200d\U0001f467") and has_text("a\x00b") and has_text("مرحبا")
+
+
+def test_one_model_by_id_or_alias_is_its_list_entry_and_an_unknown_one_a_404(tmp_path):
+    """``GET /v1/models/{id}`` (OpenAI's ``client.models.retrieve``) was the router's bare 404 for every id. Now a
+    name or a short alias (as ``POST /v1/embeddings`` takes) answers the ``GET /v1/models`` entry, and an unknown
+    id is a 404 naming the known encoders."""
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        listed = c.get("/v1/models", headers=R).json()["data"]
+        assert len(listed) >= 2
+        for entry in listed:
+            r = c.get(f"/v1/models/{entry['id']}", headers=R)
+            assert r.status_code == 200 and r.json() == entry, r.text
+        by_id = {m["id"]: m for m in listed}
+        assert c.get("/v1/models/minilm", headers=R).json() == by_id["all-MiniLM-L6-v2"]
+        for unknown in ("nope", "all-MiniLM-L6-v2/x", "MINILM"):
+            r = c.get(f"/v1/models/{unknown}", headers=R)
+            assert r.status_code == 404, r.text
+            assert f"unknown encoder {unknown!r}" in r.json()["error"]["message"] and "all-MiniLM-L6-v2" in r.text
+        assert c.get("/v1/models/minilm").status_code == 401

@@ -81,6 +81,7 @@ def test_success_bodies_match_their_schema(world):
          body={"vectors": X[:2].tolist(), "space": "a", "k": 3})
     call(s, "post", "/v1/indexes/{name}/delete", expect=200, path_parameters={"name": "ix2"}, body={"ids": [0, 1]})
     call(s, "get", "/v1/models", expect=200)
+    call(s, "get", "/v1/models/{model_id}", expect=200, path_parameters={"model_id": "all-MiniLM-L6-v2"})
     body = {"name": "f", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
             "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}}
     jid = call(s, "post", "/v1/fits", expect=202, body=body, headers={"Idempotency-Key": "k1"}).json()["id"]
