@@ -252,21 +252,7 @@ class Steer:
             flip = np.where(gate < 0, -1.0, 1.0)
             U, V = U * flip, V * flip
         D = (V if side == "output" else U)[:, :nd].astype(np.float32)
-        proj = X @ D  # (n, nd): one column per direction, never n x n
-        k = min(k, X.shape[0])
-        out = []
-        for i in range(nd):
-            col = proj[:, i]
-            order = np.argsort(-col, kind="stable")
-            ends = {"positive": order[:k], "negative": order[::-1][:k]}
-            entry = {"direction": i, "sigma": float(s[i])}
-            for name, idx in ends.items():
-                entry[name] = [
-                    {"index": int(j), "score": float(col[j]), **({"text": texts[j]} if texts is not None else {})}
-                    for j in idx
-                ]
-            out.append(entry)
-        return out
+        return _extremes(X @ D, s[:nd], texts, k)  # (n, nd): one column per direction, never n x n
 
     # --- (de)serialisation ----------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -289,6 +275,23 @@ class Steer:
     @classmethod
     def load(cls, path) -> "Steer":
         return cls.from_bytes(read_bytes(path))
+
+
+def _extremes(proj: np.ndarray, sigma, texts: Sequence[str] | None, k: int) -> list[dict]:
+    """Per column ``i`` of ``proj`` (n, r), the ``k`` rows scoring highest (``positive``) and lowest (``negative``),
+    most extreme first, as ``{"direction": i, "sigma": sigma[i], "positive": [{"index", "score"[, "text"]}],
+    "negative": [...]}``."""
+    k = min(k, proj.shape[0])
+    out = []
+    for i in range(proj.shape[1]):
+        col = proj[:, i]
+        order = np.argsort(-col, kind="stable")
+        entry = {"direction": i, "sigma": float(sigma[i])}
+        for name, idx in (("positive", order[:k]), ("negative", order[::-1][:k])):
+            entry[name] = [{"index": int(j), "score": float(col[j]), **({"text": texts[j]} if texts is not None else {})}
+                           for j in idx]
+        out.append(entry)
+    return out
 
 
 @dataclass
@@ -326,6 +329,17 @@ class MeanShift:
         return check_representable(out, "shifted queries")
 
     __call__ = apply
+
+    def lens(self, X, texts: Sequence[str] | None = None, *, k: int = 5) -> list[dict]:
+        """:meth:`Steer.lens` of the one direction a mean shift has: rows ``c`` of ``X`` (n, d) ranked by
+        ``c.v / |v|``, ``positive`` the end that ``eps > 0`` moves queries toward (sigma ``|v|``)."""
+        X = as_matrix(X, name="X", dim=self.dim)
+        if texts is not None and len(texts) != X.shape[0]:
+            raise PairCountError(f"texts has {len(texts)} entries but X has {X.shape[0]} rows")
+        norm = float(np.linalg.norm(self.v))
+        if norm == 0.0:
+            return []
+        return _extremes(X @ (self.v / norm).astype(np.float32)[:, None], [norm], texts, _check_int(k, "k", 1))
 
     def to_bytes(self) -> bytes:
         return pack_npz({"v": self.v}, {"format": "vecbridge.MeanShift", "format_version": STEER_FORMAT_VERSION,

@@ -11,7 +11,6 @@ from pathlib import Path
 import click
 
 from align.exceptions import DimensionMismatchError, InputError, PairCountError
-from align.steer import Steer
 
 from ..encoders import get_encoder, space_encoder
 from ..io import VECTOR_SUFFIXES, check_not_input, is_text_path, read_texts, read_vectors, write_vectors
@@ -157,7 +156,7 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
     info = reg.resolve_steer(ref)
     s = reg.load_steer(info)
     out = describe_lens(info, s, k=k, n_directions=directions)  # the lens stored at fit time
-    if texts and isinstance(s, Steer):
+    if texts:
         items = read_texts(texts)
         if vectors:
             X = read_vectors(vectors)

@@ -221,11 +221,15 @@ def apply_steer_job(Q, steers: Sequence[tuple[Steer | MeanShift, float]]) -> np.
 def steer_lens(steer, X: np.ndarray, items: Sequence[str] | None, *, k: int = 5, n_directions: int = 4) -> list:
     """Lens of ``steer`` over rows ``X`` (n, d) named by ``items``: the items at both ends of each of the
     first ``n_directions`` singular directions, ``positive`` the end that ``eps > 0`` promotes for queries like
-    the rows (:meth:`align.Steer.lens` with ``queries=X``); ``[]`` for a mean shift or unnamed rows."""
-    if not isinstance(steer, Steer) or items is None:
+    the rows (:meth:`align.Steer.lens` with ``queries=X``); a mean shift's one direction ``v``
+    (:meth:`align.MeanShift.lens`; it was ``[]``, and ``steer lens --texts`` said "pass --texts"); ``[]`` for
+    unnamed rows."""
+    if items is None:
         return []
     if len(items) != np.shape(X)[0]:
         raise PairCountError("texts and X must have the same number of rows")
+    if isinstance(steer, MeanShift):
+        return steer.lens(X, list(items), k=k)
     return steer.lens(X, list(items), k=k, n_directions=min(int(n_directions), steer.rank), queries=X)
 
 

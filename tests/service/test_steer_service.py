@@ -68,7 +68,12 @@ def test_apply_and_lens():
     names = [str(i) for i in range(len(X))]
     lens = steer_lens(s, X, names, k=3)  # n_directions 4 capped at the rank
     assert len(lens) == 2 and len(lens[0]["positive"]) == 3
-    assert steer_lens(ms, X, names) == [] and steer_lens(s, X, None) == []
+    assert steer_lens(s, X, None) == [] and steer_lens(ms, X, None) == []
+    [shift] = steer_lens(ms, X, names, k=3)  # its one direction v: the rows ranked by c.v / |v|
+    score = X @ (ms.v / np.linalg.norm(ms.v))
+    assert [it["index"] for it in shift["positive"]] == np.argsort(-score)[:3].tolist()
+    assert [it["index"] for it in shift["negative"]] == np.argsort(score)[:3].tolist()
+    assert shift["sigma"] == pytest.approx(np.linalg.norm(ms.v))
     with pytest.raises(PairCountError):
         steer_lens(s, X, names[:-1])
 

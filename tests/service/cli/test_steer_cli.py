@@ -111,6 +111,26 @@ def test_lens_stored_and_over_texts(fitted):
     assert "direction 0" in p.stdout and "row" in p.stdout
 
 
+def test_a_mean_shift_has_a_lens_of_its_one_direction(fitted):
+    """A mean-shift steer's lens was empty, stored or over ``--texts`` (which then printed "no named items: ... pass
+    --texts here" to a user who had). Its one direction is ``v`` = mean(+1 rows) - mean(-1 rows): the rows at its
+    positive end are the +1-labelled ones, at its negative end the -1 ones, stored at fit time and over --texts."""
+    d, _, _, _ = fitted
+    vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--texts",
+       d / "names.txt", "--labels", d / "y.txt", "--name", "shift", "--method", "mean-shift", "--quiet")
+    stored = json.loads(vb("--data-dir", d / "var", "steer", "lens", "--steer", "shift", "-k", 10, "--json").stdout)
+    p = vb("--data-dir", d / "var", "steer", "lens", "--steer", "shift", "-k", 10, "--texts", d / "names.txt",
+           "--vectors", d / "X.npy", "--json")
+    for out in (stored, json.loads(p.stdout)):
+        [direction] = out["directions"]
+        assert direction["sigma"] == pytest.approx(out["sigma"][0])
+        assert all(it["text"].endswith("+") for it in direction["positive"]), direction["positive"]
+        assert all(it["text"].endswith("-") for it in direction["negative"]), direction["negative"]
+    text = vb("--data-dir", d / "var", "steer", "lens", "--steer", "shift", "--texts", d / "names.txt", "--vectors",
+              d / "X.npy").stdout
+    assert "direction 0" in text and "no named items" not in text
+
+
 def test_lens_counts_out_of_range_are_refused_as_over_http(fitted):
     """``-k -3`` sliced the stored items to all but the last three (and ``--directions -1`` likewise), exit 0;
     GET /v1/steers/{ref}/lens takes k in 1..100 and n_directions in 1..1024."""
