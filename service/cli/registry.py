@@ -39,7 +39,7 @@ def registry_list(obj: Ctx, as_json):
         al = " ".join(f"{k}->{v}" for k, v in m["aliases"].items())
         bad = ",".join(str(x) for x in m.get("unreliable_versions") or [])
         click.echo(f"{m['name']}  {m['source_space']}({m['source_dim']}) -> {m['target_space']}({m['target_dim']})  "
-                   f"latest {m['latest_version']}  versions {m['n_live_versions']}/{m['n_versions']}"
+                   f"latest {m['latest_version'] or '-'}  versions {m['n_live_versions']}/{m['n_versions']}"
                    f"{'  aliases ' + al if al else ''}  path {m.get('path_version') or '-'}"
                    f"{'  UNRELIABLE ' + bad if bad else ''}")
 

@@ -6,6 +6,7 @@ Each command parses, calls one operation of :mod:`service.ops.steers` (``embed_a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -14,8 +15,9 @@ from align.exceptions import DimensionMismatchError, InputError, PairCountError
 
 from ..encoders import get_encoder, space_encoder
 from ..io import VECTOR_SUFFIXES, check_not_input, is_text_path, read_texts, read_vectors, write_vectors
-from ..ops.steers import (apply_steer_job, check_steer_fit, delete_steer_alias, describe_lens, embed_and_register,
-                          set_steer_alias, space_for_rows, steer_lens, transfer_and_register)
+from ..ops.steers import (apply_steer_job, check_steer_fit, delete_steer_alias, delete_steer_version, describe_lens,
+                          embed_and_register, set_steer_alias, space_for_rows, steer_lens, transfer_and_register)
+from ..registry.names import parse_ref
 from ..storage import check_writable
 from ._common import Ctx, alias_command, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
 
@@ -26,7 +28,54 @@ _ref_opt = click.option("--steer", "ref", required=True, help="NAME, NAME@alias 
 
 @click.group()
 def steer():
-    """LM-Steer style transforms of one embedding space: fit, apply, alias, lens, transfer."""
+    """LM-Steer style transforms of one embedding space: fit, list, show, apply, alias, lens, transfer, delete."""
+
+
+@steer.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Every steer with every version.")
+@click.pass_obj
+def steer_list(obj: Ctx, as_json):
+    """Every steer: space, latest version, live/all versions, aliases (GET /v1/steers)."""
+    reg = obj.registry
+    steers = reg.list_steers()
+    if as_json:
+        for s in steers:
+            s["versions"] = [v.to_dict() for v in reg.list_steer_versions(s["name"])]
+        emit({"steers": steers}, True)
+        return
+    if not steers:
+        click.echo("(no steers)")
+    for s in steers:
+        al = " ".join(f"{k}->{v}" for k, v in s["aliases"].items())
+        click.echo(f"{s['name']}  {s['space']}({s['dim']})  latest {s['latest_version'] or '-'}  versions "
+                   f"{s['n_live_versions']}/{s['n_versions']}{'  aliases ' + al if al else ''}")
+
+
+@steer.command("show")
+@click.argument("ref")
+@json_opt
+@click.pass_obj
+def steer_show(obj: Ctx, ref, as_json):
+    """Show one steer version (NAME, NAME@alias, NAME:version; a deleted NAME:version too)."""
+    name, _alias, version = parse_ref(ref)
+    reg = obj.registry
+    d = (reg.get_steer(name, version) if version is not None else reg.resolve_steer(ref)).to_dict()
+    if as_json:
+        emit(d, True)
+        return
+    for k, val in d.items():
+        if k != "lens":  # `steer lens` shows it
+            click.echo(f"{k:16} {json.dumps(val, sort_keys=True, default=str) if isinstance(val, (dict, list)) else val}")
+
+
+@steer.command("delete")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.pass_obj
+def steer_delete(obj: Ctx, name, version):
+    """Soft-delete version VERSION of steer NAME (kept for lineage; no longer resolves): `steer delete formal 2`."""
+    delete_steer_version(obj.registry, name, version)
+    click.echo(f"deleted steer {name}:{version}")
 
 
 @steer.command("fit")

@@ -131,6 +131,32 @@ def test_a_mean_shift_has_a_lens_of_its_one_direction(fitted):
     assert "direction 0" in text and "no named items" not in text
 
 
+def test_list_show_and_delete_as_over_http(fitted, tmp_path):
+    """The CLI had no way to list, show or delete steers (HTTP had GET /v1/steers, GET /v1/steers/{ref} and DELETE
+    /v1/steers/{name}/versions/{v}): `steer list`, `steer show`, `steer delete` now, on the same registry calls."""
+    d, X, _, _ = fitted
+    var = ["--data-dir", tmp_path / "var"]
+    assert vb(*var, "steer", "list").stdout == "(no steers)\n"
+    for _ in range(2):
+        vb(*var, "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels", d / "y.txt", "--name", "s",
+           "--method", "mean-shift", "--quiet")
+    vb(*var, "steer", "alias", "s", "prod", "1")
+    listed = json.loads(vb(*var, "steer", "list", "--json").stdout)["steers"]
+    assert [(s["name"], s["space"], s["dim"], s["latest_version"], s["aliases"]) for s in listed] == [
+        ("s", "toy", X.shape[1], 2, {"prod": 1})]
+    assert [v["version"] for v in listed[0]["versions"]] == [1, 2]
+    assert vb(*var, "steer", "list").stdout == f"s  toy({X.shape[1]})  latest 2  versions 2/2  aliases prod->1\n"
+    assert json.loads(vb(*var, "steer", "show", "s", "--json").stdout)["version"] == 1  # the prod alias
+    assert "method           mean-shift" in vb(*var, "steer", "show", "s:2").stdout
+    assert vb(*var, "steer", "delete", "s", 2).stdout == "deleted steer s:2\n"
+    assert json.loads(vb(*var, "steer", "show", "s:2", "--json").stdout)["deleted"] is True  # kept for lineage
+    for args in (["show", "s@nosuch"], ["show", "nosuch"], ["delete", "nosuch", 1], ["delete", "s", 9]):
+        p = vb(*var, "steer", *args, check_code=2)
+        assert p.stderr.startswith("vecbridge: error: ") and len(p.stderr.splitlines()) == 1, (args, p.stderr)
+    vb(*var, "steer", "delete", "s", 1)
+    assert vb(*var, "steer", "list").stdout == f"s  toy({X.shape[1]})  latest -  versions 0/2  aliases prod->1\n"
+
+
 def test_lens_counts_out_of_range_are_refused_as_over_http(fitted):
     """``-k -3`` sliced the stored items to all but the last three (and ``--directions -1`` likewise), exit 0;
     GET /v1/steers/{ref}/lens takes k in 1..100 and n_directions in 1..1024."""
