@@ -11,6 +11,7 @@ from align.exceptions import InputError
 
 from ...errors import NotFoundError
 from ...ops import embeddings as embed_ops
+from ...registry.names import MAX_NAME
 from ..codec import b64_encode, check_batch
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..openapi import examples
@@ -71,6 +72,8 @@ async def get_model(model_id: str):
     (``client.models.retrieve``) and got the router's bare 404."""
     from ...encoders import canonical_name
 
+    if len(model_id) > MAX_NAME:  # the 404 below quotes the id: not a megabyte of it
+        raise InputError(f"model id is longer than {MAX_NAME} characters")
     key = canonical_name(model_id)  # UnknownEncoderError: a 404 naming the known encoders
     entry = next((m for m in await run_in_threadpool(_list_models) if m["id"] == key), None)
     if entry is None:

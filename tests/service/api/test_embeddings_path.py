@@ -113,3 +113,5 @@ def test_one_model_by_id_or_alias_is_its_list_entry_and_an_unknown_one_a_404(tmp
             assert r.status_code == 404, r.text
             assert f"unknown encoder {unknown!r}" in r.json()["error"]["message"] and "all-MiniLM-L6-v2" in r.text
         assert c.get("/v1/models/minilm").status_code == 401
+        r = c.get("/v1/models/" + "x" * 5000, headers=R)
+        assert r.status_code == 422 and len(r.content) < 500, r.text
