@@ -24,7 +24,7 @@ from align.exceptions import InputError
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
     "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST", "IVF_MAX_PER_LIST",
-    "check_index_params", "check_dim", "check_json_depth", "parse_strict_int", "check_range", "default_nlist",
+    "check_index_params", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE", "parse_strict_int", "check_range", "default_nlist",
     "ivf_training", "limits_markdown",
 ]
 
@@ -134,8 +134,23 @@ def check_dim(dim: Any, what: str = "dim", max_dim: int = MAX_DIM) -> int:
     return parse_strict_int(dim, what, 1, max_dim)
 
 
+#: the integers a stored JSON value may hold: orjson, which writes every answer, refuses others (a payload read from
+#: a file with 123456789012345678901234567890 made every HTTP search that hit its row a 500)
+JSON_INT_RANGE = (-(2**63), 2**64 - 1)
+
+
+def check_int_literal(value: int, what: str = "body") -> int:
+    """``value`` when inside :data:`JSON_INT_RANGE`, else InputError naming ``what`` (to send it as a string)."""
+    if not JSON_INT_RANGE[0] <= value <= JSON_INT_RANGE[1]:
+        shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
+        raise InputError(f"{what}: the integer {shown} does not fit in 64 bits and would lose digits; send it as a "
+                         f"string")
+    return value
+
+
 def check_json_depth(obj: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "body") -> None:
-    """Refuse JSON nested deeper than ``max_depth`` (iterative: deep input cannot exhaust the stack)."""
+    """Refuse JSON nested deeper than ``max_depth`` (iterative: deep input cannot exhaust the stack), and integers
+    outside :data:`JSON_INT_RANGE` (:func:`check_int_literal`)."""
     stack = [(obj, 1)]
     while stack:
         node, depth = stack.pop()
@@ -144,10 +159,12 @@ def check_json_depth(obj: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "bod
         elif isinstance(node, list):
             children = node
         else:
+            if type(node) is int:
+                check_int_literal(node, what)
             continue
         if depth > max_depth:
             raise InputError(f"{what} is nested deeper than {max_depth} levels")
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)) or type(c) is int)
 
 
 # --- index parameters ---------------------------------------------------------------------------

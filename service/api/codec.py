@@ -28,7 +28,7 @@ import pybase64
 from align.validation import as_matrix
 from align.exceptions import EmptyInputError, InputError, ShapeError
 
-from ..limits import MAX_DIM, MAX_JSON_DEPTH, check_json_depth
+from ..limits import MAX_DIM, MAX_JSON_DEPTH, check_int_literal, check_json_depth
 from ..errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from .responses import loads
 
@@ -73,7 +73,35 @@ def parse_json(body: bytes) -> dict:
     if not isinstance(obj, dict):
         raise InputError(f"body must be a JSON object, got {type(obj).__name__}")
     _check_depth(obj)
+    if any(_big_floats(v) for k, v in obj.items() if k != "vectors"):
+        _check_int_range(body)
     return obj
+
+
+def _big_floats(value) -> bool:
+    """Whether ``value`` (a parsed JSON value) holds a whole float of magnitude >= 2**63, as an integer literal
+    past 64 bits parses (iterative walk)."""
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        if type(x) is float:
+            if abs(x) >= 2.0**63 and x.is_integer():
+                return True
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
+
+
+def _check_int_range(body: bytes) -> None:
+    """InputError when ``body`` writes an integer outside 64 bits (:func:`~service.limits.check_int_literal`;
+    orjson parsed it as a float that lost its last digits: a payload id 123456789012345678901234567890 came back as
+    1.2345678901234568e+29). ``1e20`` is a float and is kept. Called only when a parsed value looks like one, so
+    the usual body is read once."""
+    import json
+
+    json.loads(body, parse_int=lambda literal: check_int_literal(int(literal)), parse_float=lambda _: 0.0)
 
 
 def _check_depth(obj: dict) -> None:

@@ -154,10 +154,12 @@ def test_index_commands_refuse_bad_files_and_ids(world, capsys):
     assert json.loads(capsys.readouterr().out)["count"] == GOOD.shape[0]  # nothing refused changed the index
 
 
-@pytest.mark.parametrize("line", ["NaN", "Infinity", "[" * 300 + "]" * 300], ids=["nan", "inf", "deep"])
+@pytest.mark.parametrize("line", ["NaN", "Infinity", "[" * 300 + "]" * 300, '{"id": 123456789012345678901234567890}',
+                                  "[-9223372036854775809]"], ids=["nan", "inf", "deep", "int128", "below-int64"])
 def test_index_payload_files_follow_the_http_rules(world, capsys, line):
     """A payloads file: NaN / Infinity are not JSON (an HTTP body cannot carry them; over HTTP they came back as
-    null), and nesting is bounded as over HTTP (a 300-deep payload made every HTTP search that hit its row a 500)."""
+    null), nesting is bounded as over HTTP (a 300-deep payload made every HTTP search that hit its row a 500), and
+    so are integers: one past 64 bits made every such search a 500 too (orjson cannot write it)."""
     d, data = world
     f = d / "payloads.jsonl"
     f.write_text(line + "\n" + "1\n" * (GOOD.shape[0] - 1))
