@@ -204,6 +204,11 @@ class APICalls(SteerCalls, Calls):
                                       json={"value": value}))
 
     @call
+    def delete_tag(self, name: str, version: int, key: str) -> dict:
+        """Remove tag ``key`` of ``name:version`` (no error when it is not set); the version record after."""
+        return (yield from self._json("DELETE", f"/v1/maps/{_seg(name)}/versions/{int(version)}/tags/{_seg(key)}"))
+
+    @call
     def delete_version(self, name: str, version: int) -> dict:
         """Soft delete: the version stays for lineage but no reference resolves to it any more."""
         return (yield from self._json("DELETE", f"/v1/maps/{_seg(name)}/versions/{int(version)}"))

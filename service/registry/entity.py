@@ -479,6 +479,7 @@ class VersionedStore:
 
     def delete_tag(self, name: str, version: int, key: str) -> None:
         self.check(name)
+        check_tag_key(key)
 
         def fn(t):
             self.get_in(t, name, int(version))

@@ -77,6 +77,11 @@ def test_tags_artifact_and_soft_delete(vb, server):
     _, X, _, m = server
     job = vb.wait(vb.fit("del-me", "a", "b", X, m.apply(X, output="raw"), method="procrustes", paired=True)["id"])
     assert vb.set_tag("del-me", 1, "owner", "search-team")["tags"]["owner"] == "search-team"
+    assert vb.set_tag("del-me", 1, "team", "x")["tags"] == {"owner": "search-team", "team": "x"}
+    for _ in range(2):  # a retried delete answers the same
+        assert vb.delete_tag("del-me", 1, "team")["tags"] == {"owner": "search-team"}
+    with pytest.raises(NotFoundError):
+        vb.delete_tag("del-me", 9, "team")
     for fmt in ("safetensors", "npz"):
         got = LinearMap.from_bytes(vb.download_artifact("del-me:1", format=fmt))
         np.testing.assert_allclose(got.apply(X[:3], output="raw"), vb.transform("del-me", X[:3]), atol=1e-5)

@@ -177,6 +177,18 @@ async def set_tag(name: str, version: Version, key: str,
     return FastJSONResponse((await run_in_threadpool(state.registry.set_tag, name, version, key, value)).to_dict())
 
 
+@router.delete("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope], summary="Remove a tag",
+               response_model=VersionOut)
+async def delete_tag(name: str, version: Version, key: str, state: StateDep):
+    """The version without tag `key` (a tag that is not set: the version as it is, so a retried delete answers the
+    same). The tag could be set over HTTP but removed only by the CLI (`registry tag --delete`)."""
+    def remove():
+        state.registry.delete_tag(name, version, key)
+        return state.registry.get_version(name, version)
+
+    return FastJSONResponse((await run_in_threadpool(remove)).to_dict())
+
+
 @router.get("/maps/{ref}/artifact", dependencies=[ReadScope], summary="Download the map artifact",
             response_class=Response, responses=read_responses({"content": {"application/octet-stream": {}}}))
 async def get_artifact(ref: str, state: StateDep, if_none_match: IfNoneMatch = None,

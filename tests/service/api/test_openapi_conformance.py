@@ -66,6 +66,8 @@ def test_success_bodies_match_their_schema(world):
     call(s, "get", "/v1/maps/{name}/versions/{version}", expect=200, path_parameters={"name": "a2b", "version": 1})
     call(s, "put", "/v1/maps/{name}/versions/{version}/tags/{key}", expect=200,
          path_parameters={"name": "a2b", "version": 1, "key": "owner"}, body={"value": "team-x"})
+    call(s, "delete", "/v1/maps/{name}/versions/{version}/tags/{key}", expect=200,
+         path_parameters={"name": "a2b", "version": 1, "key": "owner"})
     call(s, "put", "/v1/maps/{name}/aliases/{alias}", expect=200, path_parameters={"name": "a2b", "alias": "dev"},
          body={"version": 1})
     call(s, "post", "/v1/maps/{ref}/transform", expect=200, path_parameters={"ref": "a2b"},
