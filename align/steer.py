@@ -288,8 +288,8 @@ def _extremes(proj: np.ndarray, sigma, texts: Sequence[str] | None, k: int) -> l
         order = np.argsort(-col, kind="stable")
         entry = {"direction": i, "sigma": float(sigma[i])}
         for name, idx in (("positive", order[:k]), ("negative", order[::-1][:k])):
-            entry[name] = [{"index": int(j), "score": float(col[j]), **({"text": texts[j]} if texts is not None else {})}
-                           for j in idx]
+            entry[name] = [{"index": int(j), "score": float(col[j]),
+                            **({"text": texts[j]} if texts is not None else {})} for j in idx]
         out.append(entry)
     return out
 

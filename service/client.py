@@ -114,9 +114,7 @@ from .client_wire import (
     rows,
     side,
 )
-from .client_wire import (
-    seg as _seg,
-)
+from .client_wire import seg as _seg
 
 __all__ = [
     "APIConnectionError", "APIError", "APITimeoutError", "Artifact", "AsyncClient", "AuthenticationError",
@@ -205,7 +203,7 @@ class APICalls(SteerCalls, Calls):
 
     @call
     def delete_tag(self, name: str, version: int, key: str) -> dict:
-        """Remove tag ``key`` of ``name:version`` (no error when it is not set); the version record after."""
+        """Remove tag ``key`` of ``name:version`` (no error when unset): the version record after."""
         return (yield from self._json("DELETE", f"/v1/maps/{_seg(name)}/versions/{int(version)}/tags/{_seg(key)}"))
 
     @call
@@ -532,8 +530,7 @@ class APICalls(SteerCalls, Calls):
 
     @call
     def get_model(self, name: str) -> dict:
-        """One encoder's entry (``GET /v1/models/{name}``; a short alias such as ``minilm`` too); NotFoundError
-        for an unknown name."""
+        """One encoder's entry (``GET /v1/models/{name}``; an alias such as ``minilm`` too), else NotFoundError."""
         return (yield from self._json("GET", f"/v1/models/{_seg(name)}"))
 
     @call

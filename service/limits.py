@@ -24,7 +24,8 @@ from align.exceptions import InputError
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
     "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST", "IVF_MAX_PER_LIST",
-    "check_index_params", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE", "parse_strict_int", "check_range", "default_nlist",
+    "check_index_params", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE", "parse_strict_int",
+    "check_range", "default_nlist",
     "ivf_training", "limits_markdown",
 ]
 

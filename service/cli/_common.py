@@ -39,7 +39,7 @@ from ..limits import MAX_SEED
 from ..registry import NotFoundError, open_registry
 from . import check_stop
 
-__all__ = ["Ctx", "alias_command", "emit", "version_record", "progress_bar", "parse_kv", "space_name", "input_opts",
+__all__ = ["Ctx", "alias_command", "echo_record", "emit", "version_record", "progress_bar", "parse_kv", "space_name", "input_opts",
            "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
            "register_opts"]
 
@@ -131,6 +131,14 @@ def progress_bar(*, quiet: bool, as_json: bool):
             state["bar"].close()
 
     return progress, close
+
+
+def echo_record(d: dict, skip=()) -> None:
+    """One line per field of a record (``registry show``, ``steer show``): ``KEY  VALUE``, dicts and lists as JSON."""
+    for k, val in d.items():
+        if k not in skip:
+            shown = json.dumps(val, sort_keys=True, default=str) if isinstance(val, (dict, list)) else val
+            click.echo(f"{k:16} {shown}")
 
 
 def parse_kv(items, what="parameter") -> dict:

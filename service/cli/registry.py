@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import click
 from ..encoders import get_encoder
 from ..ops.maps import create_space
 from ..registry.names import parse_ref
-from ._common import Ctx, alias_command, emit, json_opt, version_record
+from ._common import Ctx, alias_command, echo_record, emit, json_opt, version_record
 
 __all__ = ["registry", "spaces"]
 
@@ -56,8 +55,7 @@ def registry_show(obj: Ctx, ref, as_json):
     if as_json:
         emit(d, True)
         return
-    for k, val in d.items():
-        click.echo(f"{k:16} {json.dumps(val, sort_keys=True, default=str) if isinstance(val, (dict, list)) else val}")
+    echo_record(d)
 
 
 alias_command(registry, "Point NAME@ALIAS at VERSION (or --delete it); a bare NAME means its prod version while "

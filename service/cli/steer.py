@@ -6,7 +6,6 @@ Each command parses, calls one operation of :mod:`service.ops.steers` (``embed_a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -19,7 +18,8 @@ from ..ops.steers import (apply_steer_job, check_steer_fit, delete_steer_alias, 
                           embed_and_register, set_steer_alias, space_for_rows, steer_lens, transfer_and_register)
 from ..registry.names import parse_ref
 from ..storage import check_writable
-from ._common import Ctx, alias_command, emit, json_opt, parse_kv, progress_bar, read_labels, register_opts
+from ._common import (Ctx, alias_command, echo_record, emit, json_opt, parse_kv, progress_bar, read_labels,
+                      register_opts)
 
 __all__ = ["steer"]
 
@@ -63,9 +63,7 @@ def steer_show(obj: Ctx, ref, as_json):
     if as_json:
         emit(d, True)
         return
-    for k, val in d.items():
-        if k != "lens":  # `steer lens` shows it
-            click.echo(f"{k:16} {json.dumps(val, sort_keys=True, default=str) if isinstance(val, (dict, list)) else val}")
+    echo_record(d, skip=("lens",))  # `steer lens` shows it
 
 
 @steer.command("delete")
