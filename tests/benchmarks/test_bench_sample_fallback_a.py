@@ -139,3 +139,25 @@ def test_align_benchmark_runs_on_a_sample_and_skips_the_glove_pair(on_sample, tm
     rows = json.loads((tmp_path / "a.json").read_text())["rows"]
     assert {r["method"] for r in rows} == {"identity", "supervised", "vecbridge"}
     assert all(r["n_candidates"] == 40 for r in rows)
+
+
+def test_seeded_rounds_benchmark_runs_on_a_sample(on_sample):
+    """bench_seeded_rounds.py: the table of held-out top-1 / CSLS top-1 (round score) per round, here from the
+    supervised start only (the seeded fit needs more rows than 80), on the sample's scaled split."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_seeded_rounds.py"), "--k", "10", "--rounds",
+                        "2", "--starts", "supervised", "--configs", '[{"eps": 0.1}, {"eps": 0.2, "k": 5}]'],
+                       capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert NOTE in p.stdout
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| supervised |")]
+    assert len(rows) == 2, p.stdout
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")][2:]  # round 0, round 1, round 2
+        assert len(cells) == 3
+        for c in cells:
+            top1, csls = (float(x) for x in c.split(" (")[0].split(" / "))
+            assert 0.0 <= top1 <= 1.0 and 0.0 <= csls <= 1.0
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_seeded_rounds.py"), "--k", "1000"],
+                         capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert bad.returncode == 2 and "--k must be in [2, 80]" in bad.stderr, bad.stderr[-500:]
