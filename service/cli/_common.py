@@ -39,9 +39,9 @@ from ..limits import MAX_SEED
 from ..registry import NotFoundError, open_registry
 from . import check_stop
 
-__all__ = ["Ctx", "alias_command", "echo_record", "emit", "version_record", "progress_bar", "parse_kv", "space_name", "input_opts",
-           "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
-           "register_opts"]
+__all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
+           "progress_bar", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs", "read_labels",
+           "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt", "register_opts"]
 
 
 class Ctx:
@@ -131,6 +131,24 @@ def progress_bar(*, quiet: bool, as_json: bool):
             state["bar"].close()
 
     return progress, close
+
+
+def versions_summary(s: dict) -> str:
+    """``latest N  versions LIVE/ALL[  aliases A->V ...]`` of a registry summary (``list_maps``, ``list_steers``)."""
+    al = " ".join(f"{k}->{v}" for k, v in s["aliases"].items())
+    return (f"latest {s['latest_version'] or '-'}  versions {s['n_live_versions']}/{s['n_versions']}"
+            f"{'  aliases ' + al if al else ''}")
+
+
+def emit_summaries(items: list[dict], as_json: bool, *, key: str, versions, line, extra: dict | None = None) -> None:
+    """``registry list`` / ``steer list``: with ``as_json`` ``{key: items, **extra}``, each item with its
+    ``versions`` (``versions(name)`` as dicts); else one ``line(item)`` per item, or ``(no KEY)``."""
+    if as_json:
+        for it in items:
+            it["versions"] = [v.to_dict() for v in versions(it["name"])]
+        emit({key: items, **(extra or {})}, True)
+        return
+    click.echo("\n".join(line(it) for it in items) if items else f"(no {key})")
 
 
 def echo_record(d: dict, skip=()) -> None:

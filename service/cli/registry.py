@@ -10,7 +10,7 @@ import click
 from ..encoders import get_encoder
 from ..ops.maps import create_space
 from ..registry.names import parse_ref
-from ._common import Ctx, alias_command, echo_record, emit, json_opt, version_record
+from ._common import Ctx, alias_command, echo_record, emit, emit_summaries, json_opt, version_record, versions_summary
 
 __all__ = ["registry", "spaces"]
 
@@ -26,21 +26,14 @@ def registry():
 def registry_list(obj: Ctx, as_json):
     """Every map: spaces, latest version, live/all versions, aliases, the version paths use, unreliable ones."""
     reg = obj.registry
-    maps = reg.list_maps()
-    if as_json:
-        for m in maps:
-            m["versions"] = [v.to_dict() for v in reg.list_versions(m["name"])]
-        emit({"maps": maps, "spaces": [s.to_dict() for s in reg.list_spaces()]}, True)
-        return
-    if not maps:
-        click.echo("(no maps)")
-    for m in maps:
-        al = " ".join(f"{k}->{v}" for k, v in m["aliases"].items())
+
+    def line(m):
         bad = ",".join(str(x) for x in m.get("unreliable_versions") or [])
-        click.echo(f"{m['name']}  {m['source_space']}({m['source_dim']}) -> {m['target_space']}({m['target_dim']})  "
-                   f"latest {m['latest_version'] or '-'}  versions {m['n_live_versions']}/{m['n_versions']}"
-                   f"{'  aliases ' + al if al else ''}  path {m.get('path_version') or '-'}"
-                   f"{'  UNRELIABLE ' + bad if bad else ''}")
+        return (f"{m['name']}  {m['source_space']}({m['source_dim']}) -> {m['target_space']}({m['target_dim']})  "
+                f"{versions_summary(m)}  path {m.get('path_version') or '-'}{'  UNRELIABLE ' + bad if bad else ''}")
+
+    emit_summaries(reg.list_maps(), as_json, key="maps", versions=reg.list_versions, line=line,
+                   extra={"spaces": [s.to_dict() for s in reg.list_spaces()]} if as_json else None)
 
 
 @registry.command("show")

@@ -18,8 +18,8 @@ from ..ops.steers import (apply_steer_job, check_steer_fit, delete_steer_alias, 
                           embed_and_register, set_steer_alias, space_for_rows, steer_lens, transfer_and_register)
 from ..registry.names import parse_ref
 from ..storage import check_writable
-from ._common import (Ctx, alias_command, echo_record, emit, json_opt, parse_kv, progress_bar, read_labels,
-                      register_opts)
+from ._common import (Ctx, alias_command, echo_record, emit, emit_summaries, json_opt, parse_kv, progress_bar,
+                      read_labels, register_opts, versions_summary)
 
 __all__ = ["steer"]
 
@@ -37,18 +37,8 @@ def steer():
 def steer_list(obj: Ctx, as_json):
     """Every steer: space, latest version, live/all versions, aliases (GET /v1/steers)."""
     reg = obj.registry
-    steers = reg.list_steers()
-    if as_json:
-        for s in steers:
-            s["versions"] = [v.to_dict() for v in reg.list_steer_versions(s["name"])]
-        emit({"steers": steers}, True)
-        return
-    if not steers:
-        click.echo("(no steers)")
-    for s in steers:
-        al = " ".join(f"{k}->{v}" for k, v in s["aliases"].items())
-        click.echo(f"{s['name']}  {s['space']}({s['dim']})  latest {s['latest_version'] or '-'}  versions "
-                   f"{s['n_live_versions']}/{s['n_versions']}{'  aliases ' + al if al else ''}")
+    emit_summaries(reg.list_steers(), as_json, key="steers", versions=reg.list_steer_versions,
+                   line=lambda s: f"{s['name']}  {s['space']}({s['dim']})  {versions_summary(s)}")
 
 
 @steer.command("show")
