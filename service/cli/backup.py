@@ -52,7 +52,8 @@ def backup(obj: Ctx, dest, link, verify_indexes, as_json, quiet):
     finally:
         close()
     reg = out["registry"]
-    what = (f"registry ({reg['backend']}: {reg['verify']['n_versions']} map versions)" if reg["copied"]
+    what = (f"registry ({reg['backend']}: {reg['verify']['n_versions']} map versions, "
+            f"{reg['verify']['n_steer_versions']} steer versions)" if reg["copied"]
             else f"registry ({reg['backend']}: not copied)")
     idx = ", ".join(f"{n} generation {i['generation']}" + (f" ({i['count']:,} rows, loads)" if "count" in i else "")
                     for n, i in out["indexes"].items()) or "none"

@@ -277,8 +277,8 @@ def _backup(settings: Settings, data: Path, tmp: Path, copier: _Copier, progress
         reg = open_registry(f"sqlite:///{tmp / 'registry.sqlite'}", tmp / "artifacts", report_dir=tmp / "reports")
         try:
             checked = reg.verify()
-            registry["verify"] = {k: checked[k] for k in ("ok", "n_versions", "bad_artifacts", "dangling_aliases",
-                                                          "version_gaps")}
+            registry["verify"] = {k: checked[k] for k in ("ok", "n_versions", "n_steer_versions", "bad_artifacts",
+                                                          "dangling_aliases", "version_gaps")}
         finally:
             reg.close()
         shutil.rmtree(tmp / "artifacts" / "tmp", ignore_errors=True)

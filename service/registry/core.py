@@ -531,8 +531,9 @@ class Registry(SteerRegistryMixin):
     def verify(self, sweep: bool = False) -> dict:
         """Check every version's artifact (exists, sha256 matches) and every alias's target.
 
-        Returns ``{"ok": bool, "bad_artifacts": [...], "dangling_aliases": [...],
-        "orphan_artifacts": [...], "tmp_files": n}``; ``sweep=True`` deletes the temporary files no writer
+        Returns ``{"ok": bool, "bad_artifacts": [...], "dangling_aliases": [...], "version_gaps": [...],
+        "orphan_artifacts": [...], "tmp_files": n, "n_versions": map versions, "n_steer_versions": steer versions}``
+        (artifacts, aliases and gaps of maps and steers alike); ``sweep=True`` deletes the temporary files no writer
         has touched for ``store.STALE_TMP_S`` (10 minutes: a younger one may be a running writer's).
         """
         bad, dangling, gaps, used, artifacts, counts = [], [], [], set(), [], {}
@@ -564,7 +565,8 @@ class Registry(SteerRegistryMixin):
             self.store.sweep_tmp()
         orphans = sorted(self.store.all_relpaths() - used)
         return {"ok": not bad and not dangling and not gaps, "bad_artifacts": bad, "dangling_aliases": dangling,
-                "version_gaps": gaps, "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": counts["maps"]}
+                "version_gaps": gaps, "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": counts["maps"],
+                "n_steer_versions": counts.get("steers", 0)}
 
     # --- bundles ----------------------------------------------------------------------------
     def export(self, path, names: list[str] | None = None) -> Path:

@@ -377,3 +377,20 @@ def test_a_killed_backups_folder_is_removed_by_the_next_and_a_running_ones_is_ke
     assert IndexStore(out / "b2" / "indexes").get("docs").count == 512  # the held backup completed whole
     assert cli("--data-dir", out / "b2", "registry", "verify").returncode == 0
     assert sorted(p.name for p in out.iterdir()) == [".notes.tmp-0123abcd", "b2", "b3", "holding", "release"]
+
+
+def test_the_summary_counts_steer_versions_beside_map_versions(source, tmp_path):
+    """A steer's artifact was counted among the artifacts but the summary named map versions only ("1 map versions),
+    3 artifacts"): it now says how many steer versions the copied registry holds, and verify reports both counts."""
+    from align.steer import MeanShift
+
+    reg = open_registry(f"sqlite:///{source / 'registry.sqlite'}", source / "artifacts")
+    dim = reg.get_space("b").dim
+    for _ in range(2):
+        reg.register_steer("toward", MeanShift(np.ones(dim, np.float32) / dim), space="b")
+    reg.close()
+    r = cli("--data-dir", source, "backup", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    assert "1 map versions, 2 steer versions)" in r.stdout, r.stdout
+    out = json.loads(cli("--data-dir", tmp_path / "b", "registry", "verify").stdout)
+    assert (out["ok"], out["n_versions"], out["n_steer_versions"]) == (True, 1, 2)
