@@ -414,7 +414,7 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
     """Load a bundle into ``reg``, all or nothing.
 
     Returns counts ``{"imported", "skipped", "renumbered", "aliases"}`` over map versions, plus
-    ``"steers"`` (steer versions imported or renumbered) when the bundle holds steers.
+    ``"steers"`` (steer versions imported or renumbered) and ``"steer_aliases"`` when the bundle holds steers.
     """
     if on_conflict not in ("error", "renumber"):
         raise InvalidNameError("on_conflict must be 'error' or 'renumber'")
@@ -452,7 +452,7 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
 def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
     """Every database write of an import, in the caller's one transaction."""
     counts = {"imported": 0, "skipped": 0, "renumbered": 0, "aliases": 0}
-    n_steers = 0
+    n_steers = n_steer_aliases = 0
     for s in plan["spaces"].values():
         reg._put_space(t, s, keep=True)  # a space here keeps its encoder, prefixes, description
     for e in plan["entries"]:
@@ -496,9 +496,12 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
                 n_steers += 1
         for alias, version in e["aliases"].items():
             if store.put_alias(t, name, alias, local[version], move=False):
-                counts["aliases"] += is_map
+                if is_map:
+                    counts["aliases"] += 1
+                else:
+                    n_steer_aliases += 1
     if n_steers or any(e["kind"] == "steers" for e in plan["entries"]):
-        counts["steers"] = n_steers
+        counts["steers"], counts["steer_aliases"] = n_steers, n_steer_aliases
     return counts
 
 
