@@ -28,7 +28,7 @@ import pybase64
 from align.validation import as_matrix
 from align.exceptions import EmptyInputError, InputError, ShapeError
 
-from ..limits import MAX_DIM, MAX_JSON_DEPTH, check_int_literal, check_json_depth
+from ..limits import MAX_DIM, MAX_JSON_DEPTH, check_json_depth
 from ..errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from .responses import loads
 
@@ -95,13 +95,14 @@ def _big_floats(value) -> bool:
 
 
 def _check_int_range(body: bytes) -> None:
-    """InputError when ``body`` writes an integer outside 64 bits (:func:`~service.limits.check_int_literal`;
-    orjson parsed it as a float that lost its last digits: a payload id 123456789012345678901234567890 came back as
-    1.2345678901234568e+29). ``1e20`` is a float and is kept. Called only when a parsed value looks like one, so
-    the usual body is read once."""
+    """InputError naming the body field that writes an integer outside 64 bits
+    (:func:`~service.limits.check_int_literal`; orjson parsed it as a float that lost its last digits: a payload id
+    123456789012345678901234567890 came back as 1.2345678901234568e+29). ``1e20`` is a float and is kept. Called
+    only when a parsed value looks like one, so the usual body is read once; the second read keeps integers whole
+    and :func:`_check_depth` names the field."""
     import json
 
-    json.loads(body, parse_int=lambda literal: check_int_literal(int(literal)), parse_float=lambda _: 0.0)
+    _check_depth(json.loads(body, parse_float=lambda _: 0.0))
 
 
 def _check_depth(obj: dict) -> None:
