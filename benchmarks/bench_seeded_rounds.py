@@ -34,14 +34,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_align  # noqa: E402
-import wordnet_sample  # noqa: E402
+import bench_align
+import wordnet_sample
 
-import align  # noqa: E402
-from align.frames import Frame  # noqa: E402
-from align.maps import LinearMap  # noqa: E402
-from align.minivec2vec import MiniVec2Vec  # noqa: E402
-from align.semisup import sinkhorn_polish  # noqa: E402
+import align
+from align.frames import Frame
+from align.maps import LinearMap
+from align.minivec2vec import MiniVec2Vec
+from align.semisup import sinkhorn_polish
 
 SHOWN = (1, 2, 3, 6, 10, 15, 20, 30)
 

@@ -10,7 +10,16 @@ import click
 from ..encoders import get_encoder
 from ..ops.maps import create_space
 from ..registry.names import parse_ref
-from ._common import Ctx, alias_command, echo_record, emit, emit_summaries, json_opt, version_record, versions_summary
+from ._common import (
+    Ctx,
+    alias_command,
+    echo_record,
+    emit,
+    emit_summaries,
+    json_opt,
+    version_record,
+    versions_summary,
+)
 
 __all__ = ["registry", "spaces"]
 
