@@ -80,7 +80,7 @@ def _refused(reg, bundle, exc=RegistryError, match=None):
 
 def test_round_trip_carries_maps_and_steers(source, target):
     counts = target.import_(source[1])
-    assert counts == {"imported": 2, "skipped": 0, "renumbered": 0, "aliases": 1, "steers": 2}
+    assert counts == {"imported": 2, "skipped": 0, "renumbered": 0, "aliases": 1, "steers": 2, "steer_aliases": 1}
     src = open_registry(f"sqlite:///{source[0] / 'src.sqlite'}", source[0] / "src-art")
     q = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
     np.testing.assert_array_equal(target.load_steer("pos@prod").apply(q, 1.0), src.load_steer("pos@prod").apply(q, 1.0))
