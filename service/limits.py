@@ -149,10 +149,12 @@ def check_int_literal(value: int, what: str = "body") -> int:
     return value
 
 
-def check_json_depth(obj: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "body") -> None:
+def check_json_depth(obj: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "body") -> bool:
     """Refuse JSON nested deeper than ``max_depth`` (iterative: deep input cannot exhaust the stack), and integers
-    outside :data:`JSON_INT_RANGE` (:func:`check_int_literal`)."""
-    stack = [(obj, 1)]
+    outside :data:`JSON_INT_RANGE` (:func:`check_int_literal`). Returns whether ``obj`` holds a whole float of
+    magnitude >= 2**63: what an integer literal past 64 bits becomes when orjson parses it (the HTTP codec then reads
+    the body again to tell one from a literal such as ``1e20``)."""
+    stack, lossy = [(obj, 1)], False
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):
@@ -162,10 +164,13 @@ def check_json_depth(obj: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "bod
         else:
             if type(node) is int:
                 check_int_literal(node, what)
+            elif type(node) is float and abs(node) >= 2.0**63 and node.is_integer():
+                lossy = True
             continue
         if depth > max_depth:
             raise InputError(f"{what} is nested deeper than {max_depth} levels")
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)) or type(c) is int)
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)) or type(c) in (int, float))
+    return lossy
 
 
 # --- index parameters ---------------------------------------------------------------------------

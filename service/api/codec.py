@@ -72,26 +72,9 @@ def parse_json(body: bytes) -> dict:
         raise InputError(f"body is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise InputError(f"body must be a JSON object, got {type(obj).__name__}")
-    _check_depth(obj)
-    if any(_big_floats(v) for k, v in obj.items() if k != "vectors"):
+    if _check_depth(obj):
         _check_int_range(body)
     return obj
-
-
-def _big_floats(value) -> bool:
-    """Whether ``value`` (a parsed JSON value) holds a whole float of magnitude >= 2**63, as an integer literal
-    past 64 bits parses (iterative walk)."""
-    stack = [value]
-    while stack:
-        x = stack.pop()
-        if type(x) is float:
-            if abs(x) >= 2.0**63 and x.is_integer():
-                return True
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-        elif isinstance(x, list):
-            stack.extend(x)
-    return False
 
 
 def _check_int_range(body: bytes) -> None:
@@ -105,19 +88,22 @@ def _check_int_range(body: bytes) -> None:
     _check_depth(json.loads(body, parse_float=lambda _: 0.0))
 
 
-def _check_depth(obj: dict) -> None:
-    """Refuse bodies nested deeper than ``MAX_JSON_DEPTH`` (payloads, params; storing them would recurse).
+def _check_depth(obj: dict) -> bool:
+    """Refuse bodies nested deeper than ``MAX_JSON_DEPTH`` (payloads, params; storing them would recurse), and
+    integers past 64 bits; whether a field holds a float that may be one (:func:`~service.limits.check_json_depth`).
 
     ``vectors`` of the body or of a fit side are skipped (numpy reads them as a 2-D array or refuses);
     walking 25 M numbers in Python would cost a second.
     """
+    lossy = False
     for key, value in obj.items():
         if key == "vectors":
             continue
         if isinstance(value, dict) and key in ("source", "target"):
-            _check_depth(value)
+            lossy |= _check_depth(value)
         else:
-            check_json_depth(value, MAX_JSON_DEPTH - 1, f"body field {key!r}")
+            lossy |= check_json_depth(value, MAX_JSON_DEPTH - 1, f"body field {key!r}")
+    return lossy
 
 
 def check_batch(n: int, max_batch: int) -> None:

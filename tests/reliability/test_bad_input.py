@@ -567,3 +567,17 @@ def test_cli_bad_input_exits_nonzero_with_one_line(cli_results, case):
 def test_cli_bad_input_left_the_registry_unchanged(cli_results):
     _, before, after = cli_results
     assert after == before
+
+
+def test_json_integers_past_64_bits_are_refused_naming_the_field_and_floats_kept():
+    """One walk (``check_json_depth``) checks depth and integers and flags a whole float >= 2**63, which is what
+    orjson makes of an integer literal past 64 bits; only then is the body read again to tell it from ``1e30``."""
+    from service.api.codec import parse_json
+
+    assert parse_json(b'{"payloads": [{"n": 1e30}, {"m": -9223372036854775808}], "vectors": [[1e30]]}')[
+        "payloads"] == [{"n": 1e30}, {"m": -(2**63)}]
+    for body, field in ((b'{"payloads": [{"n": 123456789012345678901234567890}]}', "payloads"),
+                        (b'{"source": {"vectors": [[1]], "rows": [18446744073709551616]}}', "rows"),
+                        (b'{"k": 3, "relevant": [-9223372036854775809]}', "relevant")):
+        with pytest.raises(InputError, match=f"body field '{field}': the integer .* does not fit in 64 bits"):
+            parse_json(body)
