@@ -148,6 +148,10 @@ class Settings(BaseSettings):
         "pages instead of faulting them in again. 0 leaves glibc's defaults."))
     min_free_bytes: int = Field(100 * 1024 * 1024, ge=0,
                                 description="/readyz is not ready while data_dir has less free space than this.")
+    search_device: str = Field("cpu", description=(
+        "Where flat indexes are searched: 'cpu' (FAISS) or 'cuda' / 'cuda:N' (exact inner product and top-k with "
+        "torch on that GPU, the same ids as FAISS; service/indexes/device.py). HNSW and IVF indexes stay on the "
+        "CPU. A server asked for a GPU it cannot use refuses to start."))
     demo_on_empty: bool = True
     preload_encoders: list[str] = Field(default_factory=list, description=(
         "Encoders (names or short aliases such as minilm, e5) a serving process loads at start-up, so no text "
@@ -159,6 +163,13 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL (any case).")
     #: {setting name: file} of the settings read from ``VECBRIDGE_<NAME>_FILE`` (:func:`load_settings`)
     _files: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("search_device")
+    @classmethod
+    def _check_search_device(cls, name: str) -> str:
+        from .indexes.device import check_device
+
+        return check_device(name)
 
     @field_validator("preload_encoders")
     @classmethod

@@ -25,6 +25,7 @@ from starlette.middleware.cors import CORSMiddleware
 import align
 
 from ..config import ConfigError, Settings, get_settings
+from ..indexes.device import use_device
 from ..logging import configure_logging, get_logger
 from ..metrics import MULTIPROC_ENV, ServiceMetrics
 from ..memory import keep_heap
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         configure_logging(s.log_level)
         limit_native_threads(s.blas_threads)
         keep_heap(s.malloc_keep_mb)
+        use_device(s.search_device)  # a GPU asked for and missing: the start-up fails, saying why
         state = AppState(s, metrics=metrics)
         await run_in_threadpool(state.open)
         state.preload.start()  # Settings.preload_encoders, in the background: /readyz waits for them
@@ -116,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             gc.unfreeze()
             app.state.vb = None
             release_native_threads(s.blas_threads)
+            use_device("cpu")
             metrics.close()  # multiprocess: this worker's gauges leave the sums
 
     app = FastAPI(title="vecbridge", version=align.__version__, description=API_DESCRIPTION, lifespan=lifespan,

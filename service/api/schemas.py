@@ -390,6 +390,9 @@ class ServiceInfo(BaseModel):
     heap: dict[str, Any] = Field(default_factory=dict, description=(
         "`setting_mb` (Settings.malloc_keep_mb) and the glibc thresholds `applied` in bytes, null where not "
         "set (service/memory.py)."))
+    search_device: str = Field("cpu", description=(
+        "Where flat indexes are searched: `cpu` (FAISS) or the GPU, e.g. `cuda:0 (NVIDIA H200)` "
+        "(Settings.search_device)."))
     counts: dict[str, Any]
     demo: Literal["preparing", "ready", "failed"] | None = Field(
         None, description="The start-up demo on an empty data dir: `preparing`, `ready`, `failed`; null: none.")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..config import ConfigError
 from ..encoders import list_encoders
 from ._common import Ctx, emit, json_opt
 
@@ -38,13 +39,16 @@ def encoders(as_json):
 @click.option("--preload-encoder", "preload", multiple=True, metavar="NAME",
               help="Load this encoder (e.g. minilm) at start-up; /readyz waits for it. Repeatable; replaces "
                    "VECBRIDGE_PRELOAD_ENCODERS.")
+@click.option("--search-device", default=None, metavar="DEVICE",
+              help="cpu (FAISS) or cuda / cuda:N: flat indexes searched on that GPU with torch "
+                   "[env VECBRIDGE_SEARCH_DEVICE; default cpu].")
 @click.pass_obj
-def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload):
+def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search_device):
     """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""
     from ..api import serve as serve_api  # FastAPI and uvicorn: loaded only to serve
 
     if registry_url is not None:  # checked as the setting is: one line (exit 2), never the URL's password
-        from ..config import ConfigError, check_registry_url
+        from ..config import check_registry_url
 
         try:
             check_registry_url(registry_url)
@@ -54,10 +58,25 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload):
         from ..encoders import canonical_names
 
         preload = canonical_names(preload)
+    if search_device is not None:
+        from ..indexes.device import check_device
+
+        try:
+            search_device = check_device(search_device)
+        except ValueError as exc:
+            raise ConfigError(f"--search-device: {exc}") from None
     update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
-                                ("port", port), ("preload_encoders", preload or None)) if v is not None}
+                                ("port", port), ("preload_encoders", preload or None),
+                                ("search_device", search_device)) if v is not None}
     settings = obj.settings.model_copy(update=update)
     # an option replaces a setting read from VECBRIDGE_<NAME>_FILE: it no longer comes from that file (else the
     # workers of --workers N, handed the file's variable by Settings.to_env, read the file's value instead)
     settings._files = {k: v for k, v in settings.files.items() if k not in update}
+    if settings.search_device != "cpu":  # a GPU it cannot use: one line and exit 2 here, not a failed start-up
+        from ..indexes.device import use_device
+
+        try:
+            use_device(settings.search_device)
+        except RuntimeError as exc:
+            raise ConfigError(str(exc)) from None
     serve_api(settings, workers=workers)

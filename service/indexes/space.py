@@ -39,6 +39,7 @@ from align.validation import as_matrix, check_csls_weight
 
 from ..limits import MAX_ID, check_dim, check_index_params
 from .csls import CSLS_WEIGHT, HubCache, csls_search
+from .device import DeviceRows
 from .errors import (
     IndexConflictError,
     NewerFormatError,
@@ -132,6 +133,7 @@ class SpaceIndex:
         self._base_rows = 0  # rows of that snapshot (log_fits)
         self._recent_bases: list[int] = []  # snapshots of the last metas (collect_generations keeps them)
         self._shown: int | None = None  # HNSW: slots from here on belong to an add not committed yet (searches skip)
+        self._changes, self._device = 0, DeviceRows()  # counts changes of the rows in memory; their copy on a GPU
         self.observer = None  # told of each generation held and each catch-up (IndexStore's: the metrics)
         if not self.uid:
             self.uid = uuid.uuid4().hex
@@ -274,11 +276,8 @@ class SpaceIndex:
         return Delta(self.generation + 1, "add", ids_arr, rows, added)
 
     def add(self, vectors, *, ids=None, payloads=None) -> np.ndarray:
-        """Add rows ``vectors`` (n, dim) under ``ids`` (default: the next free ids); returns the ids.
-
-        Persisted before it returns; with a ``path``, checked and applied against the newest
-        persisted generation under the cross-process writer lock.
-        """
+        """Add rows ``vectors`` (n, dim) under ``ids`` (default: the next free ids); returns the ids. Persisted before
+        it returns; with a ``path``, checked and applied against the newest persisted generation under its lock."""
         X = as_matrix(vectors, name="vectors", dim=self.dim)
         with self._writing():
             return self._write_adds([(X, ids, payloads)], log=True)
@@ -372,8 +371,8 @@ class SpaceIndex:
             self.payloads.pop(i, None)
         self._changed()
 
-    def _changed(self) -> None:
-        self.updated_at = time.time()
+    def _changed(self, updated_at: float | None = None) -> None:
+        self.updated_at, self._changes = time.time() if updated_at is None else updated_at, self._changes + 1
         self._hubs.clear()
 
     # --- search -----------------------------------------------------------------------------
@@ -434,6 +433,8 @@ class SpaceIndex:
         return self.path is None or stat_sig(self.path / "meta.json") == self._meta_sig
 
     def _search(self, Q, k, exact, ef_search, nprobe):
+        if self.kind == "flat" and (found := self._device.search(self.index, self._changes, Q, k)) is not None:
+            return found  # Settings.search_device: on a GPU (.device)
         return search_kind(self.index, self.kind, self.params, self.tombstones, Q, k, exact, ef_search, nprobe,
                            self._shown)
 
@@ -500,11 +501,8 @@ class SpaceIndex:
             self.generation = -1
 
     def refresh(self) -> bool:
-        """Catch up with a generation another process persisted; ``True`` if one was loaded.
-
-        Costs one ``stat`` when nothing changed. Raises :class:`IndexNotFoundError` when the
-        index was dropped (or dropped and re-created) by another process.
-        """
+        """Catch up with a generation another process persisted; ``True`` if one was loaded. Costs one ``stat`` when
+        nothing changed. Raises :class:`IndexNotFoundError` when another process dropped (or re-created) the index."""
         if self.path is None:
             return False
         sig = stat_sig(self.path / "meta.json")
@@ -599,10 +597,9 @@ class SpaceIndex:
         self.next_id = int(meta.get("next_id", 0))
         self.kind = meta["kind"]
         self.params = params_of(meta)
-        self.updated_at = meta["updated_at"]
         self.description = meta.get("description", "")
         self._take_log(meta, sig)
-        self._hubs.clear()
+        self._changed(meta["updated_at"])
 
     def _take_log(self, meta: dict, sig) -> None:
         """Which generation ``meta`` (read, or just written from this state) names, and its snapshot and log."""

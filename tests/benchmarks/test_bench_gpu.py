@@ -1,5 +1,6 @@
-"""benchmarks/bench_gpu.py on a machine without a GPU build of FAISS (CI): it says why the GPU columns are empty,
-and its CPU figures are those of the demo map (the GPU run of issue 11 is the same script on a GPU machine)."""
+"""benchmarks/bench_gpu.py on a machine without a GPU build of FAISS (CI): it says why FAISS has no GPU column,
+and its CPU figures are those of the demo map (the GPU run of issue 11 is the same script on a GPU machine, where
+torch fills the flat rows' GPU column with the service's own GPU search)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_without_a_gpu_the_report_says_why_and_keeps_the_cpu_figures(tmp_path):
     m = align.fit_procrustes(A[:500], B[:500])
     Q, D = bench.unit(m.apply(A[500:])), bench.unit(B)
     top1 = float(((Q @ D.T).argmax(axis=1) == np.arange(500, 1000)).mean())
-    assert f"CPU top-1 {top1:.3f}" in text and 0.5 < top1 <= 1.0
+    # no GPU: "CPU top-1 x"; torch sees one (the service's GPU search fills the column): "top-1 CPU x / GPU x"
+    assert (f"CPU top-1 {top1:.3f}" in text or f"top-1 CPU {top1:.3f} / GPU {top1:.3f}" in text) and 0.5 < top1 <= 1.0
     assert text.count("| demo e5 | flat |") == 3 and "| 65536 |" in text
 
 

@@ -103,6 +103,7 @@ async def info(state: StateDep):
     import faiss
 
     import align
+    from ...indexes.device import search_device
     from ...threads import native_threads
 
     s = state.settings
@@ -119,6 +120,7 @@ async def info(state: StateDep):
         "auth": "disabled" if s.auth_disabled else "api-keys",
         "native_threads": {"setting": s.blas_threads, **native_threads()},
         "heap": {"setting_mb": s.malloc_keep_mb, "applied": heap_settings()},
+        "search_device": search_device(),
         "counts": {"indexes": n_indexes, "jobs": state.jobs.counts()},
         "demo": demo_status(state),
         "encoders": state.preload.status(),

@@ -1,0 +1,181 @@
+"""Flat indexes searched with torch on a device (``Settings.search_device``, service/indexes/device.py).
+
+The same code runs on torch's CPU here (``DeviceRows("cpu")``) and on a GPU where one is seen (the tests marked
+``cuda``, run on the lent GPU machine): every answer is checked against FAISS's own flat search of the same rows.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+from _api_support import R, W
+from _servers import ROOT, env_for, free_port, seed_registry, start, stop
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.indexes import IndexStore, SpaceIndex
+from service.indexes import device as dev
+
+torch = pytest.importorskip("torch")
+CUDA = torch.cuda.is_available()
+cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device (the GPU machine runs these)")
+
+
+def rows(n: int, d: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+
+
+def faiss_search(idx: SpaceIndex, Q: np.ndarray, k: int):
+    """FAISS's flat search of the index's rows (the CPU path, whatever the device)."""
+    return idx.index.search(np.ascontiguousarray(idx._prepared(Q)), k)
+
+
+def same_answer(got, idx: SpaceIndex, Q: np.ndarray, gap: float = 1e-5) -> None:
+    """``got`` (S, I) is FAISS's answer for ``Q`` in ``idx``: scores within float32 rounding, ids equal wherever a
+    score is not within ``gap`` of a neighbouring one, the first score left out too (a tie may swap between two
+    BLAS, or across the k-th place)."""
+    S, I = got
+    k = S.shape[1]
+    S0, I0 = faiss_search(idx, Q, k + 1)
+    assert S.dtype == np.float32 and I.dtype == np.int64 and S.shape == I.shape == (Q.shape[0], k)
+    np.testing.assert_allclose(S, S0[:, :k], rtol=1e-5, atol=1e-5)
+    assert ((I < 0) == (I0[:, :k] < 0)).all()  # k past the rows: FAISS's -1 padding
+    close = np.abs(np.diff(S0, axis=1)) < gap  # (b, k): place j ties with place j + 1
+    near = close.copy()
+    near[:, 1:] |= close[:, :-1]
+    assert (I[~near] == I0[:, :k][~near]).all()
+
+
+def on_device(idx: SpaceIndex, device: str) -> SpaceIndex:
+    idx._device = dev.DeviceRows(device)  # this index alone; the process's setting stays cpu
+    return idx
+
+
+def test_off_by_default_and_faiss_answers():
+    assert dev.search_device() == "cpu"
+    assert dev.DeviceRows().search(None, 0, np.zeros((1, 4), np.float32), 1) is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 300), d=st.integers(1, 40), b=st.integers(1, 20), k=st.integers(1, 400),
+       seed=st.integers(0, 2**16), metric=st.sampled_from(["cosine", "ip"]))
+def test_the_same_top_k_as_faiss(n, d, b, k, seed, metric):
+    """Any shape, ``k`` above the rows too (FAISS's -FLT_MAX / -1 padding), both metrics, explicit sparse ids."""
+    ids = np.random.default_rng(seed).choice(10**12, n, replace=False)
+    idx = on_device(SpaceIndex.build("t", "s", rows(n, d, seed), ids=ids, kind="flat", metric=metric), "cpu")
+    Q = rows(b, d, seed + 1)
+    got = idx.search(Q, k)
+    same_answer(got, idx, Q)
+    assert set(got[1][got[1] >= 0].tolist()) <= set(ids.tolist())
+
+
+def test_query_blocks_give_the_same_answer(monkeypatch):
+    idx = on_device(SpaceIndex.build("t", "s", rows(500, 16, 0), kind="flat"), "cpu")
+    Q = rows(37, 16, 1)
+    whole = idx.search(Q, 7)
+    monkeypatch.setattr(dev, "BLOCK_SCORES", 1200)  # 2 queries per block of 500 rows
+    np.testing.assert_array_equal(idx.search(Q, 7)[1], whole[1])
+
+
+def test_adds_deletes_and_other_processes_writes_reach_the_device_copy(tmp_path):
+    """The copy is made again after every change: an add is found, a delete gone, a generation written by another
+    process (another SpaceIndex on the same folder) searched after its refresh."""
+    X = rows(200, 8, 2)
+    idx = on_device(IndexStore(tmp_path).create("t", "s", X, kind="flat"), "cpu")
+    other = SpaceIndex.load(tmp_path / "t")
+    assert idx.search(X[:3], 1)[1][:, 0].tolist() == [0, 1, 2]
+    new = idx.add(rows(5, 8, 3) * 10)
+    assert idx.search(rows(5, 8, 3), 1)[1][:, 0].tolist() == new.tolist()
+    idx.delete([0, 1])
+    top = idx.search(X[:2], 3)[1]
+    assert not np.isin(top, [0, 1]).any()
+    same_answer(idx.search(X, 10), idx, X)
+    n = idx.count
+    idx.delete([2])
+    back = idx.add(X[2:3])  # as many rows as before, one of them another row: the copy is made again all the same
+    assert idx.count == n and idx.search(X[2:3], 1)[1][0, 0] == back[0] != 2
+    far = other.add(-X[:1])  # another process's writer: a new generation on disk
+    assert idx.search(-X[:1], 1)[1][0, 0] == far[0]  # search refreshes first, then the copy follows
+
+
+def test_csls_reranking_runs_through_the_device_search():
+    X = rows(300, 12, 4)
+    a = on_device(SpaceIndex.build("t", "s", X, kind="flat"), "cpu")
+    b = SpaceIndex.build("t", "s", X, kind="flat")  # FAISS
+    Q = rows(9, 12, 5)
+    S, I = a.search(Q, 5, csls_k=10)
+    S0, I0 = b.search(Q, 5, csls_k=10)
+    np.testing.assert_allclose(S, S0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(I, I0)
+
+
+def test_hnsw_and_ivf_stay_with_faiss():
+    idx = on_device(SpaceIndex.build("t", "s", rows(300, 8, 6), kind="hnsw"), "cpu")
+    idx._device.search = None  # would raise if called
+    assert idx.search(rows(2, 8, 7), 3)[1].shape == (2, 3)
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:", "cuda:x", "CUDA:123", "", "cpu0"])
+def test_device_names_are_checked(bad):
+    with pytest.raises(ValueError, match="'cpu', 'cuda' or 'cuda:N'"):
+        dev.check_device(bad)
+    assert dev.check_device(" CUDA:1 ") == "cuda:1"
+
+
+@pytest.mark.skipif(CUDA, reason="a CUDA device is present")
+def test_a_gpu_asked_for_and_missing_is_one_line_and_exit_2(tmp_path):
+    with pytest.raises(RuntimeError, match="sees no CUDA device"):
+        dev.use_device("cuda")
+    assert dev.search_device() == "cpu"
+    for args, env, why in ((["--search-device", "cuda"], {}, "sees no CUDA device"),
+                           (["--search-device", "tpu"], {}, "--search-device: search_device must be"),
+                           ([], {"VECBRIDGE_SEARCH_DEVICE": "gpu"}, "search_device must be")):
+        env = {**env_for(tmp_path, free_port()), **env}
+        r = subprocess.run([sys.executable, "-m", "service.cli", "serve", *args], cwd=ROOT, env=env, check=False,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+        assert why in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+@cuda
+def test_on_the_gpu_the_same_answers_as_faiss():
+    X = rows(20_000, 384, 8)
+    idx = on_device(SpaceIndex.build("t", "s", X, kind="flat"), "cuda")
+    for b, k in ((1, 10), (64, 10), (1024, 100), (3, 9_999)):
+        Q = rows(b, 384, 9 + b)
+        same_answer(idx.search(Q, k), idx, Q)
+    idx.add(rows(10, 384, 10))
+    idx.delete([5, 6])
+    Q = rows(50, 384, 11)
+    same_answer(idx.search(Q, 10), idx, Q)
+
+
+@cuda
+def test_a_server_on_the_gpu_answers_as_faiss(tmp_path):
+    """``vecbridge serve --search-device cuda``: /v1/info names the GPU; a cross-model search over HTTP gives the
+    ids FAISS gives for the mapped queries."""
+    data = tmp_path / "data"
+    X, Y, m = seed_registry(data)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start([sys.executable, "-m", "service.cli", "serve", "--search-device", "cuda"], env_for(data, port),
+                 port, tmp_path / "server.log")
+    try:
+        info = httpx.get(url + "/v1/info", headers=R, timeout=30).json()
+        assert info["search_device"].startswith("cuda:0 ("), info
+        r = httpx.post(url + "/v1/indexes", headers=W, json={"name": "ib", "space": "b", "vectors": Y.tolist()},
+                       timeout=60)
+        assert r.status_code == 201, r.text
+        r = httpx.post(url + "/v1/indexes/ib/search", headers=R, timeout=60,
+                       json={"vectors": X[:50].tolist(), "space": "a", "k": 5})
+        assert r.status_code == 200, r.text
+        got = np.array([[hit["id"] for hit in row] for row in r.json()["results"]])
+    finally:
+        stop(proc)
+    ref = SpaceIndex.build("ref", "b", Y, kind="flat")
+    want = ref.search(m.apply(X[:50]), 5)[1]
+    assert (got[:, 0] == want[:, 0]).all() and (got[:, 0] == np.arange(50)).mean() > 0.9
