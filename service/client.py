@@ -166,6 +166,11 @@ class APICalls(SteerCalls, Calls):
             "name": name, "dim": dim, "encoder": encoder, "query_prefix": query_prefix,
             "passage_prefix": passage_prefix, "description": description})))
 
+    @call
+    def delete_space(self, name: str) -> dict:
+        """Remove an unused space (409 while maps, steers or indexes are in it): the space as it was."""
+        return (yield from self._json("DELETE", f"/v1/spaces/{_seg(name)}"))
+
     # --- maps -----------------------------------------------------------------------------------
     @call
     def list_maps(self) -> list[dict]:
@@ -233,8 +238,7 @@ class APICalls(SteerCalls, Calls):
         ``X-Shape``); ``binary=False`` sends JSON (``vectors_b64``) instead, for proxies that pass only JSON.
         ``output``: ``raw`` (comparable with the target model's own vectors), ``frame`` or ``linear`` (see the
         route's documentation). Rows sent in several batches all go through the version the first batch used;
-        ``with_versions=True`` returns ``(Y, ["name:version"])``, that version, to record beside the vectors.
-        """
+        ``with_versions=True`` returns ``(Y, ["name:version"])``, that version, to record beside the vectors."""
         A, pinned = matrix(X), [ref]
         used_by_first: list[str] = []
 
@@ -340,8 +344,7 @@ class APICalls(SteerCalls, Calls):
         """Add rows (``vectors`` or ``texts``); returns ``{"index", "ids", "count"}``.
 
         More rows than one request may hold go in batches (``batch_size``): not one transaction. An error
-        after the first batch carries ``added_ids``, the ids of the rows already added.
-        """
+        after the first batch carries ``added_ids``, the ids of the rows already added."""
         A = None if vectors is None else matrix(vectors)
         texts, ids, payloads = as_list(texts), as_list(ids), as_list(payloads)
         n = len(A) if A is not None else len(texts or [])
@@ -389,8 +392,8 @@ class APICalls(SteerCalls, Calls):
 
         Returns the route's answer: ``results`` (n lists of ``{"id", "score", "payload"}``) and ``maps`` (the map
         versions that carried every query into the index's space). ``map``: a map or a path (list) of maps to use.
-        ``options``: ``csls``, ``csls_k``, ``csls_weight``, ``exact``, ``ef_search``, ``nprobe``, ``include_payloads``.
-        """
+        ``options``: ``csls``, ``csls_k``, ``csls_weight``, ``exact``, ``ef_search``, ``nprobe``,
+        ``include_payloads``."""
         Q, texts = None if queries is None else matrix(queries, "queries"), as_list(texts)
         pin = {"map": map, "steers": steers}  # batches after the first: the versions it used (client_wire.pinned)
 
@@ -418,8 +421,7 @@ class APICalls(SteerCalls, Calls):
 
         ``source`` / ``target``: an array (n, d) or a list of texts (embedded in the job with
         ``encoder``, default each space's encoder). ``paired`` (row i <-> row i): by default true for the
-        paired methods (procrustes, ridge, lowrank, auto, contrastive, cluster), false for minivec2vec.
-        """
+        paired methods (procrustes, ridge, lowrank, auto, contrastive, cluster), false for minivec2vec."""
         body = clean({"name": name, "source_space": source_space, "target_space": target_space,
                        "source": side(source, encoder), "target": side(target, encoder), "method": method,
                        "paired": paired, "params": params or {}, "random_state": random_state, "alias": alias,
@@ -541,8 +543,7 @@ class APICalls(SteerCalls, Calls):
 
         ``map`` (with ``target_space``): a map or a path (list) of maps to use instead of the registry's path. Texts
         sent in several batches (the service's limits) all go through the map versions the first batch used;
-        ``with_versions=True`` returns ``(E, ["name:version", ...])``, that path of versions (empty: no map).
-        """
+        ``with_versions=True`` returns ``(E, ["name:version", ...])``, that path of versions (empty: no map)."""
         texts = as_list(texts)
         pin = {"map": map}  # batches after the first: the versions it used (client_wire.pinned)
         path: list[list[str]] = []

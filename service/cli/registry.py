@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..encoders import get_encoder
-from ..ops.maps import create_space
+from ..ops.maps import create_space, delete_space
 from ..registry.names import parse_ref
 from ._common import (
     Ctx,
@@ -172,6 +172,17 @@ def spaces(ctx, as_json):
                 click.echo(f"{s['name']}  {s['dim']}-d  encoder={s['encoder'] or '-'}")
             if not items:
                 click.echo("(no spaces)")
+
+
+@spaces.command("delete")
+@click.argument("name")
+@click.pass_obj
+def spaces_delete(obj: Ctx, name):
+    """Remove space NAME while no map, steer or index uses it (the same operation as DELETE /v1/spaces/NAME)."""
+    from ..indexes import IndexStore  # FAISS: loaded only here
+
+    s = delete_space(obj.registry, IndexStore(obj.settings.data_dir / "indexes"), name)
+    click.echo(f"space {s.name} ({s.dim}-d) deleted")
 
 
 @spaces.command("add")

@@ -63,6 +63,22 @@ def test_maps_versions_aliases(vb):
         vb.get_map("a2b@prod")
 
 
+def test_a_space_is_deleted_over_http_only_while_unused(vb, server):
+    """DELETE /v1/spaces/{name}: the space as it was; 409 naming the map or the index in it; 404 after."""
+    _, X, _, _ = server
+    vb.create_space("tmp-space", 16, description="to go")
+    vb.create_index("in-tmp", "tmp-space", X[:5])
+    with pytest.raises(ConflictError, match="holds index\\(es\\) 'in-tmp'; drop them first"):
+        vb.delete_space("tmp-space")
+    vb.drop_index("in-tmp")
+    assert vb.delete_space("tmp-space")["description"] == "to go"
+    assert "tmp-space" not in {s["name"] for s in vb.list_spaces()}
+    with pytest.raises(NotFoundError):
+        vb.delete_space("tmp-space")
+    with pytest.raises(ConflictError, match="used by map 'a2b'"):
+        vb.delete_space("a")
+
+
 def test_models_list_and_one_by_name(vb):
     listed = vb.list_models()
     assert {m["id"] for m in listed} >= {"all-MiniLM-L6-v2", "multilingual-e5-small"}

@@ -87,6 +87,15 @@ async def create_space(body: Annotated[SpaceCreate, Body(openapi_examples=exampl
     return FastJSONResponse(info.to_dict(), status_code=201)
 
 
+@router.delete("/spaces/{name}", dependencies=[WriteScope], summary="Delete an unused space",
+               response_model=SpaceOut, responses=error_responses(409))
+async def delete_space(name: str, state: StateDep):
+    """The space as it was. 409 naming them while maps, steers or indexes are in it (maps and steers keep their
+    records for lineage, so a space once used stays); 404 when unknown."""
+    return FastJSONResponse(
+        (await run_in_threadpool(map_ops.delete_space, state.registry, state.indexes, name)).to_dict())
+
+
 # --- maps ---------------------------------------------------------------------------------------
 list_route(router, "/maps", name="list_maps", summary="List maps", response_model=MapList,
            load=lambda state: state.registry.list_maps())

@@ -53,3 +53,25 @@ def test_a_port_out_of_range_or_a_bad_setting_is_refused_before_anything_starts(
     monkeypatch.setenv("VECBRIDGE_MALLOC_KEEP_MB", "-5")
     assert main([*d, "registry", "list"]) == 2
     assert "VECBRIDGE_MALLOC_KEEP_MB" in capsys.readouterr().err
+
+
+def test_spaces_delete_removes_an_unused_space_and_names_what_holds_one(tmp_path, capsys):
+    """`vecbridge spaces delete`: exit 0 for an unused space, exit 2 with one line naming the index in a used one
+    (nothing removed), exit 1-or-2 with a message for an unknown one."""
+    import numpy as np
+    from conftest import run_cli
+
+    d = ["--data-dir", str(tmp_path / "var")]
+    vecs = tmp_path / "v.npy"
+    np.save(vecs, np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32))
+    for name in ("typo", "kept"):
+        assert run_cli(capsys, *d, "spaces", "add", name, "--dim", "4")[0] == 0
+    assert run_cli(capsys, *d, "index", "create", "ix", "--space", "kept", str(vecs), "--quiet")[0] == 0
+    rc, out, _ = run_cli(capsys, *d, "spaces", "delete", "typo")
+    assert rc == 0 and out.strip() == "space typo (4-d) deleted"
+    rc, _, err = run_cli(capsys, *d, "spaces", "delete", "kept")
+    assert rc == 2 and "space 'kept' holds index(es) 'ix'; drop them first" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = run_cli(capsys, *d, "spaces", "delete", "typo")
+    assert rc != 0 and "unknown space 'typo'" in err
+    rc, out, _ = run_cli(capsys, *d, "spaces", "--json")
+    assert [s["name"] for s in json.loads(out)] == ["kept"]

@@ -293,6 +293,28 @@ def test_spaces(reg):
         register(reg, name="a->b", src="b", tgt="a")
 
 
+def test_a_space_is_deleted_only_while_nothing_is_in_it(reg):
+    """A typo'd space can go; one a map or a steer names stays (their records are lineage, deleted versions too)."""
+    reg.register_space("e5-smal", 384, description="typo")
+    register(reg)  # spaces a and b, map a->b
+    reg.delete_version("a->b", 1)
+    for name in ("a", "b"):
+        with pytest.raises(ConflictError, match=f"space '{name}' is used by map 'a->b'"):
+            reg.delete_space(name)
+    shift = align.fit_mean_shift(np.random.default_rng(0).normal(size=(20, 8)), np.repeat([1, -1], 10))
+    reg.register_steer("tone", shift, space="s")  # registers space s (8-d)
+    with pytest.raises(ConflictError, match="space 's' is used by steer 'tone'"):
+        reg.delete_space("s")
+    before = reg.generation()
+    assert reg.delete_space("e5-smal").description == "typo"
+    assert reg.generation() > before  # replicas see it at their next request
+    assert [x.name for x in reg.list_spaces()] == ["a", "b", "s"]
+    for bad, err in (("e5-smal", NotFoundError), ("no/such", InvalidNameError)):
+        with pytest.raises(err):
+            reg.delete_space(bad)
+    assert reg.register_space("e5-smal", 768).dim == 768  # the name is free again, at any width
+
+
 def test_find_path_and_compose(reg):
     ab = register(reg, "a->b", seed=1)
     register(reg, "b->c", seed=2, src="b", tgt="c")
