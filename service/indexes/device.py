@@ -47,7 +47,7 @@ def check_device(name: str) -> str:
 
 
 def use_device(name: str) -> str:
-    """Search flat indexes on ``name`` from now on in this process; returns what is in force.
+    """Search flat indexes on ``name`` from now on in this process; returns the checked name.
 
     ``cpu``: FAISS (the default). ``cuda[:N]``: torch on that GPU; ``RuntimeError`` saying why when torch is
     not installed, sees no GPU or not that one: a server asked for a GPU refuses to start without it rather
@@ -69,7 +69,7 @@ def use_device(name: str) -> str:
     if (device.index or 0) >= torch.cuda.device_count():
         raise RuntimeError(f"search_device={key!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
     _device = device
-    return search_device()
+    return key  # not search_device(): naming the card starts a CUDA context (the parent of --workers N needs none)
 
 
 def search_device() -> str:
