@@ -120,7 +120,8 @@ def start_server(data_dir: Path, port: int, *, workers: int = 1, demo: bool = Fa
     env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
     env.update({"VECBRIDGE_DATA_DIR": str(data_dir), "VECBRIDGE_API_KEYS": json.dumps({KEY: ["read", "write"]}),
                 "VECBRIDGE_DEMO_ON_EMPTY": "true" if demo else "false", "VECBRIDGE_LOG_LEVEL": "WARNING",
-                "PYTHONPATH": str(root), **(extra_env or {})})
+                "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                **(extra_env or {})})  # after the tree: packages a machine keeps elsewhere (the GPU machine's wheels)
     if bare:
         from service.config import Settings
         from service.memory import heap_env

@@ -20,6 +20,27 @@ _hypothesis_settings.load_profile("vecbridge")
 WORDNET = Path(os.environ.get("VECBRIDGE_WORDNET_DIR", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wordnet"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _search_device():
+    """``VECBRIDGE_TEST_SEARCH_DEVICE=cuda`` (the GPU machine's run; ``torch-cpu``: the same code on torch's CPU):
+    every flat index searched in the test process goes through the GPU path (service/indexes/device.py), so the
+    index tests hold it to their FAISS expectations. Unset (CI): FAISS, as a server searches by default."""
+    name = os.environ.get("VECBRIDGE_TEST_SEARCH_DEVICE")
+    if not name:
+        yield
+        return
+    import service.indexes.device as dev
+
+    if name == "torch-cpu":  # the same path on torch's CPU: a machine without a GPU checks it against the suite
+        import torch
+
+        dev._device = torch.device("cpu")
+    else:
+        dev.use_device(name)
+    yield
+    dev.use_device("cpu")
+
+
 def wordnet_available() -> bool:
     return (WORDNET / "minilm.npy").exists() and (WORDNET / "e5.npy").exists()
 

@@ -76,7 +76,7 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search
         from ..indexes.device import use_device
 
         try:
-            use_device(settings.search_device)
+            use_device(settings.search_device, warm=False)  # no CUDA context in a parent that may serve nothing
         except RuntimeError as exc:
             raise ConfigError(str(exc)) from None
     serve_api(settings, workers=workers)

@@ -46,12 +46,13 @@ def check_device(name: str) -> str:
     return key
 
 
-def use_device(name: str) -> str:
+def use_device(name: str, *, warm: bool = True) -> str:
     """Search flat indexes on ``name`` from now on in this process; returns the checked name.
 
     ``cpu``: FAISS (the default). ``cuda[:N]``: torch on that GPU; ``RuntimeError`` saying why when torch is
     not installed, sees no GPU or not that one: a server asked for a GPU refuses to start without it rather
-    than serve slower than its operator planned.
+    than serve slower than its operator planned. ``warm``: start the CUDA context and the matrix library now
+    (a second or more), not in the first search, which may run on the event loop (a small search does).
     """
     global _device
     key = check_device(name)
@@ -68,14 +69,17 @@ def use_device(name: str) -> str:
     device = torch.device(key)
     if (device.index or 0) >= torch.cuda.device_count():
         raise RuntimeError(f"search_device={key!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    if warm:
+        x = torch.ones((2, 2), device=device)
+        torch.topk(x @ x.T, 1, dim=1).values.cpu()
     _device = device
-    return key  # not search_device(): naming the card starts a CUDA context (the parent of --workers N needs none)
+    return key
 
 
 def search_device() -> str:
     """The device flat indexes are searched on: ``cpu`` or e.g. ``cuda:0 (NVIDIA H200)``."""
-    if _device is None:
-        return "cpu"
+    if _device is None or _device.type != "cuda":
+        return "cpu" if _device is None else str(_device)
     import torch
 
     index = _device.index if _device.index is not None else torch.cuda.current_device()

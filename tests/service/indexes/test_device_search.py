@@ -6,6 +6,7 @@ The same code runs on torch's CPU here (``DeviceRows("cpu")``) and on a GPU wher
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -55,9 +56,22 @@ def on_device(idx: SpaceIndex, device: str) -> SpaceIndex:
     return idx
 
 
+RUN_DEVICE = os.environ.get("VECBRIDGE_TEST_SEARCH_DEVICE")  # conftest: the whole run's flat searches on it
+
+
+@pytest.mark.skipif(bool(RUN_DEVICE), reason="this run searches on VECBRIDGE_TEST_SEARCH_DEVICE")
 def test_off_by_default_and_faiss_answers():
     assert dev.search_device() == "cpu"
     assert dev.DeviceRows().search(None, 0, np.zeros((1, 4), np.float32), 1) is None
+
+
+@pytest.mark.skipif(not RUN_DEVICE, reason="VECBRIDGE_TEST_SEARCH_DEVICE is not set (the GPU machine's run)")
+def test_the_run_s_device_searches_every_flat_index():
+    """The check that the index tests of this run went through the device: a plain SpaceIndex (no device of its
+    own) answers from it."""
+    idx = SpaceIndex.build("t", "s", rows(50, 8, 12), kind="flat")
+    assert dev.search_device().startswith("cuda:" if RUN_DEVICE.startswith("cuda") else "cpu")
+    assert idx._device.search(idx.index, idx._changes, rows(2, 8, 13), 3) is not None
 
 
 @settings(max_examples=25, deadline=None)
@@ -126,7 +140,7 @@ def test_device_names_are_checked(bad):
     assert dev.check_device(" CUDA:1 ") == "cuda:1"
 
 
-@pytest.mark.skipif(CUDA, reason="a CUDA device is present")
+@pytest.mark.skipif(CUDA or bool(RUN_DEVICE), reason="a CUDA device is present")
 def test_a_gpu_asked_for_and_missing_is_one_line_and_exit_2(tmp_path):
     with pytest.raises(RuntimeError, match="sees no CUDA device"):
         dev.use_device("cuda")
