@@ -16,8 +16,9 @@ near-ties (scores within ~1e-6 may swap order).
 
 The rows live on the device as a copy, made on the first search after a change (:class:`DeviceRows`, keyed by
 the index object, its row count and the :class:`~service.indexes.space.SpaceIndex`'s change counter): a change
-costs one upload (1M x 384 rows: 1.5 GB, ~0.1 s) on the next search, not per search. HNSW and IVF indexes
-(approximate by design) keep searching on the CPU, as do CSLS hub estimates (``reconstruct``).
+costs one upload (1M x 384 rows: 1.5 GB, ~0.1 s) on the next search, not per search. An index the card cannot
+hold is searched by FAISS on the CPU (a warning says so). HNSW and IVF indexes (approximate by design) keep
+searching on the CPU, as do CSLS hub estimates (``reconstruct``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ import numpy as np
 
 from align.exceptions import InputError
 
+from ..logging import get_logger
+
 __all__ = ["BLOCK_SCORES", "DeviceRows", "check_device", "search_device", "use_device"]
 
 BLOCK_SCORES = 1 << 28  # scores (float32) of one query block: b x n <= 2**28 (1 GiB)
 _DEVICE_RE = re.compile(r"cpu|cuda(:\d{1,2})?")
 _device = None  # torch.device of flat searches; None: FAISS on the CPU
 _MISSING = np.float32(-np.finfo(np.float32).max)  # FAISS's score of a missing result (inner product)
+_log = get_logger("indexes")
 
 
 def check_device(name: str) -> str:
@@ -99,6 +103,7 @@ class DeviceRows:
         self._rows = None  # torch (n, d) float32 on the device
         self._ids: np.ndarray | None = None  # (n,) int64: the id of each slot
         self._lock = threading.Lock()  # one upload at a time; searches share the uploaded copy
+        self._too_big: tuple | None = None  # the key whose copy did not fit on the device (FAISS answers it)
 
     def device(self):
         if self._own is None:
@@ -106,11 +111,6 @@ class DeviceRows:
         import torch
 
         return torch.device(self._own)
-
-    def forget(self) -> None:
-        """Drop the device copy (the index was dropped or closed)."""
-        with self._lock:
-            self._key, self._rows, self._ids = None, None, None
 
     def _upload(self, index, key: tuple, device):
         """The device copy of ``index``'s rows for ``key`` (made now when the one held is older)."""
@@ -130,13 +130,33 @@ class DeviceRows:
     def search(self, index, version: int, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Top-``k`` of prepared queries ``Q`` (b, d) in ``index`` (``IndexIDMap2(IndexFlatIP)``) on the device:
         ``(S, I)`` as FAISS gives them, or ``None`` when no device is in use. ``version`` changes whenever the
-        index's rows do (the caller holds its read lock, so they do not change meanwhile)."""
+        index's rows do (the caller holds its read lock, so they do not change meanwhile).
+
+        Out of device memory (an index larger than the card holds beside the others): ``None`` as well, so FAISS
+        answers on the CPU, with one warning per version of the index; the next change tries the device again.
+        """
         device = self.device()
         if device is None:
             return None
+        key = (id(index), int(index.ntotal), int(version))
+        if key == self._too_big:
+            return None
         import torch
 
-        rows, ids = self._upload(index, (id(index), int(index.ntotal), int(version)), device)
+        try:
+            return self._search(index, key, device, Q, k)
+        except torch.OutOfMemoryError as exc:
+            with self._lock:
+                self._rows = self._key = None
+                self._too_big = key
+            _log.warning("flat index searched on the CPU: out of device memory", extra={"fields": {
+                "rows": int(index.ntotal), "dim": int(index.d), "device": str(device), "error": str(exc)[:200]}})
+            return None
+
+    def _search(self, index, key: tuple, device, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        rows, ids = self._upload(index, key, device)
         n, b = rows.shape[0], Q.shape[0]
         S = np.full((b, k), _MISSING, np.float32)
         I = np.full((b, k), -1, np.int64)

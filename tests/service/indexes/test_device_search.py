@@ -116,6 +116,30 @@ def test_adds_deletes_and_other_processes_writes_reach_the_device_copy(tmp_path)
     assert idx.search(-X[:1], 1)[1][0, 0] == far[0]  # search refreshes first, then the copy follows
 
 
+def test_an_index_the_device_cannot_hold_is_searched_by_faiss_until_it_changes(monkeypatch, caplog):
+    """Out of device memory (injected: this machine's device is torch's CPU): FAISS answers, one warning, no new
+    upload for the same rows; after a change the device is tried again."""
+    X = rows(100, 8, 14)
+    idx = on_device(SpaceIndex.build("t", "s", X, kind="flat"), "cpu")
+    real, tries = dev.DeviceRows._upload, []
+
+    def full(self, *args):
+        tries.append(args[0].ntotal)
+        if len(tries) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(self, *args)
+
+    monkeypatch.setattr(dev.DeviceRows, "_upload", full)
+    with caplog.at_level("WARNING", logger="vecbridge.indexes"):
+        for _ in range(3):
+            same_answer(idx.search(X[:5], 4), idx, X[:5])
+    assert tries == [100] and [r.getMessage() for r in caplog.records].count(
+        "flat index searched on the CPU: out of device memory") == 1
+    idx.add(rows(3, 8, 15))
+    same_answer(idx.search(X[:5], 4), idx, X[:5])
+    assert tries == [100, 103]  # a new version: on the device again
+
+
 def test_csls_reranking_runs_through_the_device_search():
     X = rows(300, 12, 4)
     a = on_device(SpaceIndex.build("t", "s", X, kind="flat"), "cpu")
