@@ -159,6 +159,18 @@ def echo_record(d: dict, skip=()) -> None:
             click.echo(f"{k:16} {shown}")
 
 
+def search_on(name: str, *, source: str = "--search-device", warm: bool = True) -> str:
+    """Search flat indexes on device ``name`` in this process (:func:`service.indexes.device.use_device`); a bad
+    name or a GPU this machine lacks is a ConfigError (one line, exit 2) that names ``source``."""
+    from ..config import ConfigError
+    from ..indexes.device import check_device, use_device
+
+    try:
+        return use_device(check_device(name), warm=warm)
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
 def parse_kv(items, what="parameter") -> dict:
     """``("KEY=VALUE", ...)`` -> dict; values are JSON when they parse, else strings."""
     out = {}

@@ -47,6 +47,7 @@ from ._common import (
     quiet_opt,
     random_state_opt,
     read_ids,
+    search_on,
 )
 
 __all__ = ["index"]
@@ -280,12 +281,18 @@ def index_drop(obj: Ctx, name, yes):
                    "include_payloads), printed under each query with --payloads.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="FILE.jsonl (one line per query: its hits) or FILE.npz (ids and scores, (n, k)).")
+@click.option("--search-device", default=None, metavar="DEVICE",
+              help="cpu (FAISS) or cuda / cuda:N: a flat index searched on that GPU, as `serve --search-device` "
+                   "[env VECBRIDGE_SEARCH_DEVICE; default cpu].")
 @_with(_file_opts)
 @json_opt
 @click.pass_obj
 def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_weight, exact, ef_search, nprobe,
-                 steers, with_payloads, out, rows, key, column, text_field, as_json):
+                 steers, with_payloads, out, search_device, rows, key, column, text_field, as_json):
     """Search index NAME with the rows of QUERIES (vectors, or texts embedded with the query space's encoder)."""
+    if (search_device or obj.settings.search_device) != "cpu":
+        search_on(search_device or obj.settings.search_device,
+                  source="--search-device" if search_device else "VECBRIDGE_SEARCH_DEVICE")
     if out is not None and Path(out).suffix.lower() not in (".jsonl", ".npz"):
         raise InputError(f"--out {out}: write .jsonl or .npz")
     if out is not None:

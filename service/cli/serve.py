@@ -8,7 +8,7 @@ import click
 
 from ..config import ConfigError
 from ..encoders import list_encoders
-from ._common import Ctx, emit, json_opt
+from ._common import Ctx, emit, json_opt, search_on
 
 __all__ = ["serve", "encoders"]
 
@@ -58,13 +58,6 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search
         from ..encoders import canonical_names
 
         preload = canonical_names(preload)
-    if search_device is not None:
-        from ..indexes.device import check_device
-
-        try:
-            search_device = check_device(search_device)
-        except ValueError as exc:
-            raise ConfigError(f"--search-device: {exc}") from None
     update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
                                 ("port", port), ("preload_encoders", preload or None),
                                 ("search_device", search_device)) if v is not None}
@@ -73,10 +66,8 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search
     # workers of --workers N, handed the file's variable by Settings.to_env, read the file's value instead)
     settings._files = {k: v for k, v in settings.files.items() if k not in update}
     if settings.search_device != "cpu":  # a GPU it cannot use: one line and exit 2 here, not a failed start-up
-        from ..indexes.device import use_device
-
-        try:
-            use_device(settings.search_device, warm=False)  # no CUDA context in a parent that may serve nothing
-        except RuntimeError as exc:
-            raise ConfigError(str(exc)) from None
+        # (model_copy does not validate: --search-device is checked here). No CUDA context in a parent that may
+        # serve nothing (--workers N): each worker's start-up warms its own.
+        search_on(settings.search_device, warm=False,
+                  source="--search-device" if search_device is not None else "VECBRIDGE_SEARCH_DEVICE")
     serve_api(settings, workers=workers)

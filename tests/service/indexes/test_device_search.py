@@ -179,6 +179,27 @@ def test_a_gpu_asked_for_and_missing_is_one_line_and_exit_2(tmp_path):
         assert why in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.skipif(CUDA or bool(RUN_DEVICE), reason="a CUDA device is present")
+def test_index_search_takes_the_device_too_and_refuses_a_missing_gpu_in_one_line(tmp_path, capsys, monkeypatch):
+    from conftest import run_cli
+
+    d = ["--data-dir", str(tmp_path / "var")]
+    X = rows(30, 4, 16)
+    np.save(tmp_path / "x.npy", X)
+    assert run_cli(capsys, *d, "spaces", "add", "s", "--dim", "4")[0] == 0
+    assert run_cli(capsys, *d, "index", "create", "ix", "--space", "s", str(tmp_path / "x.npy"), "--quiet")[0] == 0
+    search = [*d, "index", "search", "ix", str(tmp_path / "x.npy"), "-k", "1", "--json"]
+    for extra, env, source in ((["--search-device", "cuda"], None, "--search-device: "),
+                               ([], "cuda:1", "VECBRIDGE_SEARCH_DEVICE: ")):
+        if env:
+            monkeypatch.setenv("VECBRIDGE_SEARCH_DEVICE", env)
+        rc, out, err = run_cli(capsys, *search, *extra)
+        assert rc == 2 and err.count("\n") == 1 and source in err and "sees no CUDA device" in err, err
+        assert out == "" and dev.search_device() == "cpu"
+    rc, out, _ = run_cli(capsys, *search, "--search-device", "cpu")  # the option wins over the variable
+    assert rc == 0 and '"id": 29' in out
+
+
 @cuda
 def test_on_the_gpu_the_same_answers_as_faiss():
     X = rows(20_000, 384, 8)
