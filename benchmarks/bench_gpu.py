@@ -97,6 +97,21 @@ class ServiceFlat:
         return self.rows.search(self.index, 0, Q, k)
 
 
+class Report:
+    """Markdown lines printed as they come (``say(line)``) and kept to be written to ``--out`` at the end."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, s: str = "") -> None:
+        print(s, flush=True)
+        self.lines.append(s)
+
+    def write(self, path: Path | None) -> None:
+        if path is not None:
+            path.write_text("\n".join(self.lines) + "\n")
+
+
 def torch_cuda() -> bool:
     try:
         import torch
@@ -189,11 +204,7 @@ def main(argv=None) -> int:
 
     import faiss
 
-    lines: list[str] = []
-
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
+    say = Report()
 
     n_gpu, why = gpu_state(faiss)
     if n_gpu:
@@ -291,8 +302,7 @@ def main(argv=None) -> int:
             g = timed(on_gpu, repeat=args.repeat)
         say(f"| {batch} | {c:.3f} | {'—' if g is None else f'{g:.3f}'} | {'—' if g is None else f'{c / g:.1f}'} |")
     say("\n(GPU times include the copies to and from the GPU; CPU times use every core FAISS / BLAS was given.)")
-    if args.out is not None:
-        args.out.write_text("\n".join(lines) + "\n")
+    say.write(args.out)
     return 0
 
 

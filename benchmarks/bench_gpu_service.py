@@ -79,11 +79,7 @@ def main(argv=None) -> int:
                          "many-core GPU host)")
     ap.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here")
     args = ap.parse_args(argv)
-    lines: list[str] = []
-
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
+    say = bench_gpu.Report()
 
     why = gpu_reason()
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,8 +124,7 @@ def main(argv=None) -> int:
         finally:
             for proc, _ in servers.values():
                 stop(proc)
-    if args.out is not None:
-        args.out.write_text("\n".join(lines) + "\n")
+    say.write(args.out)
     return 0
 
 
