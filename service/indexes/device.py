@@ -11,8 +11,8 @@ to ``cuda`` (or ``cuda:N``), searches **flat** indexes on that device:
 
 in blocks of queries so that ``b x n`` scores stay below :data:`BLOCK_SCORES` (1 GiB of float32). The result is
 FAISS's: ``(S, I)`` with ``S`` (b, k) float32 and ``I`` (b, k) int64, missing results ``-FLT_MAX`` / ``-1``
-when ``k`` exceeds the rows. Matrix products run in full float32 (no TF32): the same ids as FAISS but for
-near-ties (scores within ~1e-6 may swap order).
+when ``k`` exceeds the rows. Matrix products run in torch's default float32 (TF32 off unless the process turns
+it on): the same ids as FAISS but for near-ties (scores within ~1e-6 may swap order).
 
 The rows live on the device as a copy, made on the first search after a change (:class:`DeviceRows`, keyed by
 the index object, its row count and the :class:`~service.indexes.space.SpaceIndex`'s change counter): a change
@@ -122,7 +122,8 @@ class DeviceRows:
                 flat = faiss.downcast_index(index.index)
                 n, d = int(flat.ntotal), int(flat.d)
                 xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d) if n else np.zeros((0, d), np.float32)
-                self._rows = torch.from_numpy(np.array(xb, np.float32)).to(device)
+                # straight from FAISS's buffer to the device (no host copy of 1.5 GB); copy=True: never a view of it
+                self._rows = torch.from_numpy(xb).to(device, copy=True)
                 ids = faiss.rev_swig_ptr(index.id_map.data(), n) if n else np.zeros(0, np.int64)
                 self._ids, self._key = np.array(ids, np.int64), key
             return self._rows, self._ids
