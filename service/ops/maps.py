@@ -514,14 +514,10 @@ def create_space(registry, load_encoder: Callable, *, name: str, dim: int | None
 
 
 def delete_space(registry, indexes, name: str):
-    """Remove space ``name`` from the registry unless an index of ``indexes`` (an IndexStore) holds its vectors
-    (ConflictError naming them; maps and steers: :meth:`Registry.delete_space`). Returns the SpaceInfo it was."""
+    """Remove space ``name`` from the registry while nothing uses it: maps, steers (:meth:`Registry.delete_space`)
+    or an index of ``indexes`` (an IndexStore); ConflictError naming all of them. Returns the SpaceInfo it was."""
     registry.get_space(name)  # unknown: NotFoundError before the indexes are looked at
-    used = [ix.name for ix in indexes.list() if ix.space == name]
-    if used:
-        raise ConflictError(f"space {name!r} holds index(es) {', '.join(map(repr, used[:4]))}"
-                            f"{' and more' if len(used) > 4 else ''}; drop them first")
-    return registry.delete_space(name)
+    return registry.delete_space(name, held_by=[f"index {ix.name!r}" for ix in indexes.list() if ix.space == name])
 
 
 def describe_map(registry, resolve: Callable, ref: str) -> dict:

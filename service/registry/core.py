@@ -201,24 +201,27 @@ class Registry(SteerRegistryMixin):
         with self.db.tx() as t:
             return self._space_row(t, name)
 
-    def delete_space(self, name: str) -> SpaceInfo:
+    def delete_space(self, name: str, *, held_by: list[str] | tuple[str, ...] = ()) -> SpaceInfo:
         """Remove space ``name`` (a typo, a model given up before use); returns what it was.
 
-        Refused with ConflictError naming them while maps (as source or target) or steers are in the space: their
-        records stay for lineage, deleted versions too, so a space once used stays. NotFoundError when unknown.
-        Indexes are not the registry's: :func:`service.ops.maps.delete_space` checks them.
+        Refused with ConflictError naming them while maps (as source or target) or steers are in the space, or
+        ``held_by`` names users the caller found outside the registry (``"index 'docs'"``: indexes are not the
+        registry's, :func:`service.ops.maps.delete_space` looks). Map and steer records stay for lineage, deleted
+        versions too, so a space once used stays. NotFoundError when unknown.
         """
         check_name(name, "space name")
 
         def fn(t):
             info = self._space_row(t, name)
             users = [f"map {r['name']!r}" for r in t.q(
-                "SELECT name FROM maps WHERE source_space = ? OR target_space = ? ORDER BY name LIMIT 4", (name, name))]
+                "SELECT name FROM maps WHERE source_space = ? OR target_space = ? ORDER BY name LIMIT 5", (name, name))]
             users += [f"steer {r['name']!r}" for r in t.q(
-                "SELECT name FROM steer_names WHERE space = ? ORDER BY name LIMIT 4", (name,))]
+                "SELECT name FROM steer_names WHERE space = ? ORDER BY name LIMIT 5", (name,))]
+            users += list(held_by)
             if users:
-                raise ConflictError(f"space {name!r} is used by {', '.join(users[:4])}"
-                                    f"{' and more' if len(users) > 4 else ''}; its records stay for lineage")
+                raise ConflictError(f"space {name!r} is used by {', '.join(users[:5])}"
+                                    f"{' and more' if len(users) > 5 else ''} (maps and steers stay for lineage; "
+                                    f"an index can be dropped)")
             t.q("DELETE FROM spaces WHERE name = ?", (name,))
             return info
 

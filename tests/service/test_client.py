@@ -68,7 +68,7 @@ def test_a_space_is_deleted_over_http_only_while_unused(vb, server):
     _, X, _, _ = server
     vb.create_space("tmp-space", 16, description="to go")
     vb.create_index("in-tmp", "tmp-space", X[:5])
-    with pytest.raises(ConflictError, match="holds index\\(es\\) 'in-tmp'; drop them first"):
+    with pytest.raises(ConflictError, match="space 'tmp-space' is used by index 'in-tmp'"):
         vb.delete_space("tmp-space")
     vb.drop_index("in-tmp")
     assert vb.delete_space("tmp-space")["description"] == "to go"

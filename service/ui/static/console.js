@@ -183,7 +183,7 @@ function page(extra) {
 function registryPage() {
   return page({
     spaces: [], maps: [], steers: [], selected: null, versions: [], version: null,
-    report: "", reportNote: "", aliasName: "prod", aliasVersion: "", aliasMsg: "",
+    report: "", reportNote: "", aliasName: "prod", aliasVersion: "", aliasMsg: "", spaceMsg: "", confirming: "",
     async load() {
       const [s, m, t, info] = await Promise.all([VB.api("/v1/spaces"), VB.api("/v1/maps"), VB.api("/v1/steers"),
                                                  VB.api("/v1/info")]);
@@ -282,6 +282,19 @@ function registryPage() {
       return Object.entries(v.data_hashes || {}).map(([k, h]) => k + " " + String(h).slice(0, 12)).join(", ");
     },
     hasCriteria() { const v = this.version; return !!(v && v.metrics && (v.metrics.criteria || []).length); },
+    /* Delete a space in two clicks (the first asks); the service refuses one a map, steer or index uses (409,
+       said in words). */
+    deleteText(s) { return this.confirming === s.name ? "Confirm delete" : "Delete"; },
+    deleteLabel(s) { return `${this.deleteText(s)} space ${s.name}`; },
+    async deleteSpace(name) {
+      if (this.confirming !== name) { this.confirming = name; this.spaceMsg = ""; return; }
+      this.confirming = "";
+      try {
+        await VB.api(`/v1/spaces/${encodeURIComponent(name)}`, { method: "DELETE" });
+        this.spaceMsg = `space ${name} deleted`;
+        this.spaces = (await VB.api("/v1/spaces")).data;
+      } catch (e) { this.spaceMsg = VB.say(e); }
+    },
     async moveAlias() {
       this.aliasMsg = "";
       const n = Number(this.aliasVersion);

@@ -70,7 +70,7 @@ def test_spaces_delete_removes_an_unused_space_and_names_what_holds_one(tmp_path
     rc, out, _ = run_cli(capsys, *d, "spaces", "delete", "typo")
     assert rc == 0 and out.strip() == "space typo (4-d) deleted"
     rc, _, err = run_cli(capsys, *d, "spaces", "delete", "kept")
-    assert rc == 2 and "space 'kept' holds index(es) 'ix'; drop them first" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "space 'kept' is used by index 'ix' (" in err and len(err.strip().splitlines()) == 1
     rc, _, err = run_cli(capsys, *d, "spaces", "delete", "typo")
     assert rc != 0 and "unknown space 'typo'" in err
     rc, out, _ = run_cli(capsys, *d, "spaces", "--json")

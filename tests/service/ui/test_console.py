@@ -216,6 +216,25 @@ def test_move_alias_needs_write_key(server, browser):
     t.close(expect_errors=("status of 403",))
 
 
+def test_a_space_is_deleted_in_two_clicks_and_a_used_one_is_refused_in_words(server, browser):
+    with httpx.Client(base_url=server["base"]) as c:
+        assert c.post("/v1/spaces", headers=W, json={"name": "typo-space", "dim": 8}).status_code == 201
+    t = Page.open(browser, server["base"], "/ui/registry", WRITE_KEY)
+    msg = t.page.locator("#space-msg")
+    t.page.get_by_role("button", name="Delete space typo-space").click()  # the first click asks
+    t.page.get_by_role("button", name="Confirm delete space typo-space").click()
+    msg.filter(has_text="space typo-space deleted").wait_for()
+    t.page.locator("#spaces", has_text="typo-space").wait_for(state="detached")
+    t.page.get_by_role("button", name="Delete space e5").click()
+    t.page.get_by_role("button", name="Confirm delete space e5").click()
+    msg.filter(has_text="409").wait_for()  # the map and the index in it, named
+    assert "used by map 'minilm-e5', steer 'plants', index 'wordnet-e5'" in msg.inner_text()
+    with httpx.Client(base_url=server["base"]) as c:
+        assert c.get("/v1/spaces/e5", headers=W).status_code == 200
+        assert c.get("/v1/spaces/typo-space", headers=W).status_code == 404
+    t.close(expect_errors=("status of 409",))
+
+
 def test_demo_map_on_a_fresh_data_dir(browser, tmp_path):
     """`make run` on an empty data dir: the demo map appears in the console (registered without a report: the
     console says so in words)."""
