@@ -163,10 +163,10 @@ def search_on(name: str, *, source: str = "--search-device", warm: bool = True) 
     """Search flat indexes on device ``name`` in this process (:func:`service.indexes.device.use_device`); a bad
     name or a GPU this machine lacks is a ConfigError (one line, exit 2) that names ``source``."""
     from ..config import ConfigError
-    from ..indexes.device import check_device, use_device
+    from ..indexes.device import use_device
 
     try:
-        return use_device(check_device(name), warm=warm)
+        return use_device(name, warm=warm)  # checks the name (ValueError) before anything else
     except (ValueError, RuntimeError) as exc:
         raise ConfigError(f"{source}: {exc}") from None
 

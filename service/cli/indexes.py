@@ -290,9 +290,9 @@ def index_drop(obj: Ctx, name, yes):
 def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_weight, exact, ef_search, nprobe,
                  steers, with_payloads, out, search_device, rows, key, column, text_field, as_json):
     """Search index NAME with the rows of QUERIES (vectors, or texts embedded with the query space's encoder)."""
-    if (search_device or obj.settings.search_device) != "cpu":
-        search_on(search_device or obj.settings.search_device,
-                  source="--search-device" if search_device else "VECBRIDGE_SEARCH_DEVICE")
+    device = search_device or obj.settings.search_device  # the option wins over the variable
+    if device != "cpu":
+        search_on(device, source="--search-device" if search_device else "VECBRIDGE_SEARCH_DEVICE")
     if out is not None and Path(out).suffix.lower() not in (".jsonl", ".npz"):
         raise InputError(f"--out {out}: write .jsonl or .npz")
     if out is not None:

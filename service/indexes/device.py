@@ -32,6 +32,7 @@ import numpy as np
 from align.exceptions import InputError
 
 from ..logging import get_logger
+from .kinds import _id_map
 
 __all__ = ["BLOCK_SCORES", "DeviceRows", "check_device", "search_device", "use_device"]
 
@@ -115,7 +116,7 @@ class DeviceRows:
     def _upload(self, index, key: tuple, device):
         """The device copy of ``index``'s rows for ``key`` (made now when the one held is older)."""
         with self._lock:
-            if self._key != key or self._rows is None:
+            if self._key != key:  # (the rows and their key are set and cleared together)
                 import torch
 
                 self._rows = None  # the old copy's memory is free before the new one is made
@@ -124,8 +125,7 @@ class DeviceRows:
                 xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d) if n else np.zeros((0, d), np.float32)
                 # straight from FAISS's buffer to the device (no host copy of 1.5 GB); copy=True: never a view of it
                 self._rows = torch.from_numpy(xb).to(device, copy=True)
-                ids = faiss.rev_swig_ptr(index.id_map.data(), n) if n else np.zeros(0, np.int64)
-                self._ids, self._key = np.array(ids, np.int64), key
+                self._ids, self._key = _id_map(index).copy(), key
             return self._rows, self._ids
 
     def search(self, index, version: int, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
