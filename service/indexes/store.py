@@ -14,6 +14,7 @@ loader (one loader per name: never read twice).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -167,6 +168,20 @@ class IndexStore:
     def names(self) -> list[str]:
         """Names of the indexes on disk, sorted (loaded or not; one ``listdir``)."""
         return self._names_on_disk()
+
+    def spaces(self) -> dict[str, str]:
+        """``{index name: its space}`` for every index on disk, from each ``meta.json`` alone: no vectors are
+        read, and an index that cannot be loaded (a damaged generation, a newer format) still names its space. A
+        ``meta.json`` that is not JSON with a ``space`` is left out."""
+        out = {}
+        for name in self._names_on_disk():
+            try:
+                space = json.loads((self.root / name / "meta.json").read_text())["space"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if isinstance(space, str):
+                out[name] = space
+        return out
 
     def _names_on_disk(self) -> list[str]:
         try:

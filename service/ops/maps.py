@@ -517,7 +517,8 @@ def delete_space(registry, indexes, name: str):
     """Remove space ``name`` from the registry while nothing uses it: maps, steers (:meth:`Registry.delete_space`)
     or an index of ``indexes`` (an IndexStore); ConflictError naming all of them. Returns the SpaceInfo it was."""
     registry.get_space(name)  # unknown: NotFoundError before the indexes are looked at
-    return registry.delete_space(name, held_by=[f"index {ix.name!r}" for ix in indexes.list() if ix.space == name])
+    held = [f"index {ix!r}" for ix, space in indexes.spaces().items() if space == name]  # meta.json only
+    return registry.delete_space(name, held_by=held)
 
 
 def describe_map(registry, resolve: Callable, ref: str) -> dict:

@@ -75,3 +75,24 @@ def test_spaces_delete_removes_an_unused_space_and_names_what_holds_one(tmp_path
     assert rc != 0 and "unknown space 'typo'" in err
     rc, out, _ = run_cli(capsys, *d, "spaces", "--json")
     assert [s["name"] for s in json.loads(out)] == ["kept"]
+
+
+def test_an_index_that_cannot_be_loaded_still_holds_its_space(tmp_path, capsys):
+    """`spaces delete` reads each index's meta.json, not its vectors: an index whose generation is damaged (it
+    would not load) still keeps its space, and the refusal names it."""
+    import numpy as np
+    from conftest import run_cli
+
+    d = ["--data-dir", str(tmp_path / "var")]
+    vecs = tmp_path / "v.npy"
+    np.save(vecs, np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32))
+    assert run_cli(capsys, *d, "spaces", "add", "kept", "--dim", "4")[0] == 0
+    assert run_cli(capsys, *d, "index", "create", "ix", "--space", "kept", str(vecs), "--quiet")[0] == 0
+    damaged = [f for f in (tmp_path / "var" / "indexes" / "ix").iterdir() if f.is_file() and f.name != "meta.json"
+               and f.suffix in (".faiss", ".npz", ".json")]
+    assert damaged
+    for f in damaged:
+        f.write_bytes(b"not an index")
+    assert run_cli(capsys, *d, "index", "search", "ix", str(vecs), "--k", "1")[0] != 0  # it cannot be loaded
+    rc, _, err = run_cli(capsys, *d, "spaces", "delete", "kept")
+    assert rc == 2 and "space 'kept' is used by index 'ix' (" in err
