@@ -337,7 +337,8 @@ def ray_log_level(level: int):
 @contextlib.contextmanager
 def ray_session(address: str | None = None, *, num_cpus: int | None = None,
                 connect_timeout: float = CONNECT_TIMEOUT_S):
-    """Use the running Ray session, or connect to ``address``, or start a local one with ``num_cpus``.
+    """Use the running Ray session, or connect to ``address`` (or ``RAY_ADDRESS``), or start a local one with
+    ``num_cpus``; ``"auto"`` joins the cluster ``ray start`` started on this machine.
 
     A session this function started is shut down on exit; one found running is left alone. A
     local Ray started here is watched by a small process that ends Ray's processes if this one
@@ -349,12 +350,15 @@ def ray_session(address: str | None = None, *, num_cpus: int | None = None,
         yield ray
         return
     target = address or os.environ.get("RAY_ADDRESS")  # ray.init() without an address connects to RAY_ADDRESS
-    if target and target not in ("auto", "local"):
+    target = None if target == "local" else target
+    if target and target != "auto":
         _probe(target, connect_timeout)
-    kw = {"address": address} if address else {"num_cpus": num_cpus}
-    if not address:  # inherited by the raylet and its agents: the watchdog finds them even once re-parented
+    # no address: a new local Ray. ray.init() alone would join whatever cluster the machine's last `ray start`
+    # recorded (/tmp/ray/ray_current_cluster), even one stopped since (minutes of retries) or another user's
+    kw = {"address": target} if target else {"address": "local", "num_cpus": num_cpus}
+    if not target:  # inherited by the raylet and its agents: the watchdog finds them even once re-parented
         os.environ["VECBRIDGE_RAY_OWNER"] = str(os.getpid())
-    reaper = None if address else _start_reaper()
+    reaper = None if target else _start_reaper()
     try:
         try:
             ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,

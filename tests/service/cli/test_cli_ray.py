@@ -213,6 +213,37 @@ def test_a_wrong_ray_address_is_one_error_in_seconds_and_leaves_nothing(tmp_path
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())  # no output, no .part file
 
 
+def test_a_local_ray_fit_ignores_the_cluster_a_stopped_ray_start_recorded(tmp_path):
+    """``--ray`` (a local Ray) called ``ray.init()`` with no address, which joins the cluster this machine's last
+    ``ray start`` recorded in ``<ray tmp>/ray_current_cluster``: after that head stopped without ``ray stop`` (a
+    crash, a kill), the fit sat in Ray's GCS retries for minutes (seen in session 32). Now it starts its own."""
+    import shutil
+    import tempfile
+    import time
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(300, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", X)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="vb-ray-", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        (ray_tmp / "ray").mkdir()
+        (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{_free_port()}")  # nothing there
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "RAY_TMPDIR": str(ray_tmp)}
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run([sys.executable, "-m", "service.cli", "--data-dir", str(tmp_path / "var"), "fit",
+                                "--pairs", "--source", str(tmp_path / "x.npy"), "--target", str(tmp_path / "x.npy"),
+                                "--method", "procrustes", "--name", "m", "--quiet", "--ray"],
+                               env=env, check=False, capture_output=True, text=True, timeout=240)
+        except subprocess.TimeoutExpired:
+            pytest.fail("fit --ray still waiting after 240 s: it joined the stopped cluster")
+        assert r.returncode == 0, r.stderr[-800:]
+        assert time.monotonic() - t0 < 180
+        assert _registered(tmp_path / "var") == ["m"]
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 def test_ray_not_installed_is_a_clear_error(tmp_path):
     """Without the ``ray`` extra, ``--ray`` was ``internal error: ImportError`` (exit 3, the code for a bug)."""
     np.save(tmp_path / "x.npy", np.random.default_rng(4).normal(size=(100, 4)).astype(np.float32))
