@@ -55,7 +55,7 @@ def run_one(mode: str, rows: int, dim: int, shard_rows: int, chunk: int, cpus: i
         import ray
 
         t_init = time.perf_counter()
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
         init_s = time.perf_counter() - t_init
         t0 = time.perf_counter()
         m = D.fit_stats_ray(shards, chunk_size=chunk)

@@ -305,8 +305,8 @@ def test_a_cluster_with_token_authentication_says_what_to_set(tmp_path):
     finally:
         os.killpg(head.pid, 15)
         head.wait(timeout=60)
-        # `ray start` records the head as this machine's current cluster: left there, every later local
-        # ray.init() of the suite would try to join the stopped head ("When connecting to an existing cluster ...")
+        # `ray start` records the head as this machine's current cluster: left there, a bare ray.init() (not
+        # vecbridge's: it starts a local Ray with address="local") would try to join the stopped head
         current = Path("/tmp/ray/ray_current_cluster")
         if current.exists() and current.read_text().strip().endswith(f":{port}"):
             current.unlink()
