@@ -40,6 +40,7 @@ from ..ops.index_files import (
 from ..storage import atomic_write, check_writable
 from ._common import (
     Ctx,
+    echo_record,
     emit,
     json_opt,
     parse_kv,
@@ -170,8 +171,7 @@ def index_show(obj: Ctx, name, as_json):
     if as_json:
         emit(d, True)
         return
-    for k, val in d.items():
-        click.echo(f"{k:14} {json.dumps(val, sort_keys=True) if isinstance(val, dict) else val}")
+    echo_record(d)
 
 
 @index.command("create")

@@ -51,6 +51,10 @@ def test_create_search_from_another_space_add_delete_compact_drop(world, capsys)
     shown = json.loads(out)
     assert (shown["count"], shown["space"], shown["kind"], shown["generation"], shown["logged_deltas"]) == \
         (200, "b", "flat", 1, 0)
+    code, out, _ = cli(capsys, data, "show", "docs")  # the same fields, one line each, as `registry show` prints
+    lines = {k: v.strip() for k, _, v in (line.partition(" ") for line in out.strip().splitlines())}
+    assert code == 0 and set(lines) == set(shown) and lines["count"] == "200" and lines["space"] == "b"
+    assert json.loads(lines["params"]) == shown["params"]  # a dict shown as JSON
 
     # queries of space a go through the map a2b (as over HTTP): row i of X finds row i of Y
     np.save(tmp / "q.npy", X[:20])
