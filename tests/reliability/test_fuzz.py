@@ -60,6 +60,16 @@ def schema(tmp_path_factory):
     return s
 
 
+def _not_ready_while_loading(label: str, r) -> bool:
+    """``/readyz``'s documented 503 while the start-up still loads an index (nothing else wrong)."""
+    if label != "GET /readyz" or r.status_code != 503:
+        return False
+    body = r.json()
+    rest = {k: v for k, v in body["checks"].items() if k != "indexes"}
+    return (body["status"] == "not ready" and body["checks"]["indexes"].get("loading", 0) > 0
+            and all(v == "ok" for k, v in rest.items() if k in ("registry", "data_dir")))
+
+
 @pytest.mark.parametrize("path,method", OPERATIONS, ids=[f"{m.upper()} {p}" for p, m in OPERATIONS])
 def test_fuzz_operation(schema, path, method):
     op = schema[path][method]
@@ -71,6 +81,9 @@ def test_fuzz_operation(schema, path, method):
     @given(case=op.as_strategy())
     def run(case):
         r = case.call(headers=W)
+        if _not_ready_while_loading(label, r):
+            return  # documented; schemathesis ends the lifespan after each test, so each test's first call starts
+            # the app again, and on a busy machine its background index load may still be running
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
         assert r.status_code < 500, f"{label}: {r.status_code} {r.text[:300]}"
         assert "Traceback" not in r.text
