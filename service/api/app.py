@@ -304,21 +304,30 @@ def _pass_to_workers(s: Settings) -> None:
 def _metrics_folder():
     """The folder the workers of one ``serve --workers N`` share their metrics in (prometheus_client's multiprocess
     mode, see :mod:`service.metrics`): ``PROMETHEUS_MULTIPROC_DIR`` when the operator set it (kept), else a new
-    private temporary folder, removed when the service stops. Before, each worker answered ``/metrics`` with its
-    own counters: a scrape saw one worker's, so counters went up and down between scrapes."""
+    private temporary folder, removed when the service stops, or after a ``kill -9`` by the next service's start,
+    which finds the folder's ``.owner`` lock free. Before, each worker answered ``/metrics`` with its own counters:
+    a scrape saw one worker's, so counters went up and down between scrapes."""
     import shutil
     import tempfile
+
+    from ..storage import hold, take_abandoned
 
     if os.environ.get(MULTIPROC_ENV):
         yield os.environ[MULTIPROC_ENV]
         return
+    for old in Path(tempfile.gettempdir()).glob("vecbridge-metrics-*/.owner"):  # left by a parent killed (-9, OOM)
+        if (fd := take_abandoned(old)) is not None:
+            shutil.rmtree(old.parent, ignore_errors=True)
+            os.close(fd)
     path = tempfile.mkdtemp(prefix="vecbridge-metrics-")  # mode 0700: label values name maps and indexes
+    owner = hold(Path(path) / ".owner", create=True)  # flock'd while this process lives (not inherited)
     os.environ[MULTIPROC_ENV] = path  # the workers are spawned: they import prometheus_client with it set
     try:
         yield path
     finally:
         del os.environ[MULTIPROC_ENV]
         shutil.rmtree(path, ignore_errors=True)
+        os.close(owner)
 
 
 def _check_data_dir(s: Settings) -> None:

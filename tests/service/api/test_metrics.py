@@ -186,3 +186,38 @@ def test_a_killed_worker_leaves_its_counts_but_not_its_gauges(server):
         # the scrape before this one may still be in the other worker's gauge (it leaves it after its answer);
         # the killed worker's in-flight request never leaves it: that one fails here
         assert settled(url, lambda t: value(t, "vecbridge_requests_in_flight"), 1, timeout=5) == 1
+
+
+def test_a_metrics_folder_left_by_a_killed_service_is_removed_by_the_next_start(tmp_path, monkeypatch):
+    """``serve --workers N`` shares metrics through a private temporary folder, removed when the service stops; a
+    parent killed with -9 (the OOM killer) left it in /tmp for good, one per kill. The next start removes each one
+    whose owner is dead, and keeps a live service's."""
+    import tempfile
+    from pathlib import Path
+
+    from service.api.app import _metrics_folder
+    from service.metrics import MULTIPROC_ENV
+
+    monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
+    serve = ("import os, sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
+             "from service.api.app import _metrics_folder\n"
+             "with _metrics_folder() as path:\n"
+             "    print(path, flush=True)\n"
+             "    {}\n")
+    killed = subprocess.run([sys.executable, "-c", serve.format("os.kill(os.getpid(), 9)"), str(tmp_path)], env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    dead = Path(killed.stdout.strip())
+    assert killed.returncode == -9 and dead.is_dir() and (dead / ".owner").exists(), killed.stderr
+    live = subprocess.Popen([sys.executable, "-c", serve.format("sys.stdin.read()"), str(tmp_path)], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        alive = Path(live.stdout.readline().strip())
+        with _metrics_folder() as mine:
+            assert not dead.exists()  # its owner is gone
+            assert alive.is_dir() and Path(mine).is_dir()  # a running service's folder stays
+        assert not Path(mine).exists()
+    finally:
+        live.communicate("", timeout=60)
+    assert not alive.exists()  # it removed its own on the way out
