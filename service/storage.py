@@ -22,6 +22,7 @@ data dir, open the SQLite files for writing (without writing), and compare the f
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -102,12 +103,33 @@ def fsync_dir(path) -> None:
 def hold(path: Path, *, create: bool = False, mode: int = 0o600) -> int:
     """A descriptor holding an exclusive ``flock`` on ``path`` (created with ``create``, ``mode`` less the umask) for
     as long as it is open: the mark of a temporary file or folder whose writer is alive. The kernel drops the lock
-    when the process dies (``kill -9`` included), which :func:`take_abandoned` detects."""
-    fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), mode)
+    when the process dies (``kill -9`` included), which :func:`take_abandoned` detects.
+
+    ``create``: the file is made and locked under a private name, then renamed to ``path``, so that ``path`` is never
+    there unlocked: a sweep in another process between the creation and the lock took it for a dead writer's and
+    removed what it marked (two workers creating the same index at once answered 500, FileNotFoundError). ``path``
+    must not exist (FileExistsError).
+    """
+    if not create:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    path = Path(path)
+    if os.path.lexists(path):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+    new = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.new")  # matched by no sweep's pattern
+    fd = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(new, path)
     except BaseException:
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(new)
         raise
     return fd
 

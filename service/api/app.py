@@ -320,8 +320,7 @@ def _metrics_folder():
             shutil.rmtree(old.parent, ignore_errors=True)
             os.close(fd)
     path = tempfile.mkdtemp(prefix="vecbridge-metrics-")  # mode 0700: label values name maps and indexes
-    owner = hold(Path(path) / ".owner-new", create=True)  # flock'd while this process lives (not inherited);
-    os.rename(Path(path) / ".owner-new", Path(path) / ".owner")  # named once locked: a sweep never sees it free
+    owner = hold(Path(path) / ".owner", create=True)  # flock'd while this process lives (not inherited)
     os.environ[MULTIPROC_ENV] = path  # the workers are spawned: they import prometheus_client with it set
     try:
         yield path

@@ -176,3 +176,46 @@ def test_index_file_cut_short_is_503_and_never_committed(tmp_path):
     with Server(d) as s2:
         r = s2.client(R).get("/v1/indexes/ix")
         assert r.status_code == 200 and r.json()["count"] == n - 1, r.text
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o666])
+def test_a_lock_file_is_never_there_unlocked(tmp_path, monkeypatch, mode):
+    """``hold(create=True)`` made the file, then locked it: a sweep in another process in between took it for a dead
+    writer's and removed what it marked (CI, session 32: two workers creating one index, a 500 FileNotFoundError).
+    Here a sweep runs at the instant ``hold`` locks: it must find nothing to take."""
+    import fcntl
+
+    from service import storage
+
+    path, seen = tmp_path / "marker", []
+    real = fcntl.flock
+
+    def sweep_then_lock(fd, op):
+        if op == fcntl.LOCK_EX and not seen:  # hold's lock, not the sweep's own (LOCK_EX | LOCK_NB)
+            taken = storage.take_abandoned(path)
+            seen.append(taken)
+            if taken is not None:  # the sweep would remove it now; let go, so hold goes on and the test fails
+                os.close(taken)
+        return real(fd, op)
+
+    monkeypatch.setattr(storage.fcntl, "flock", sweep_then_lock)
+    fd = storage.hold(path, create=True, mode=mode)
+    monkeypatch.undo()
+    try:
+        assert seen == [None] and path.is_file()  # nothing to take then; now there, locked
+        assert storage.take_abandoned(path) is None
+        assert os.stat(path).st_mode & 0o777 == mode & ~_umask()
+        assert [p.name for p in tmp_path.iterdir()] == ["marker"]  # no private name left behind
+        with pytest.raises(FileExistsError):
+            storage.hold(path, create=True)
+    finally:
+        os.close(fd)
+    taken = storage.take_abandoned(path)  # its holder gone: free
+    assert taken is not None
+    os.close(taken)
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old
