@@ -110,26 +110,21 @@ def hold(path: Path, *, create: bool = False, mode: int = 0o600) -> int:
     removed what it marked (two workers creating the same index at once answered 500, FileNotFoundError). ``path``
     must not exist (FileExistsError).
     """
-    if not create:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
     path = Path(path)
-    if os.path.lexists(path):
+    if create and os.path.lexists(path):
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
-    new = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.new")  # matched by no sweep's pattern
-    fd = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+    # create: a private name first, matched by no sweep's pattern
+    opened = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.new") if create else path
+    fd = os.open(opened, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.rename(new, path)
+        if create:
+            os.rename(opened, path)
     except BaseException:
         os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(new)
+        if create:
+            with contextlib.suppress(OSError):
+                os.unlink(opened)
         raise
     return fd
 
