@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import linalg
-from .validation import (as_matrix, check_labelled_queries, check_paired, check_random_state, check_same_queries,
-                         pair_groups)
+from .validation import (as_matrix, check_labelled_queries, check_paired, check_random_state, check_rankable,
+                         check_same_queries, pair_groups)
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .knn import knn
@@ -419,6 +419,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         distinct = "" if groups is None else f" distinct ones ({n_given} rows, {n_given - A.shape[0]} repeated)"
         raise TooFewRowsError(f"the probe needs at least {MIN_PROBE} pairs (200-1,000 recommended), got {A.shape[0]}"
                               f"{distinct}")
+    check_rankable(A, name="probe_src")  # an all-zero or constant side has no neighbourhoods to forecast from
+    check_rankable(B, name="probe_tgt")
     if A.shape[1] != Xo.shape[1]:
         from .exceptions import DimensionMismatchError
 

@@ -203,3 +203,20 @@ def test_plan_of_a_probe_with_repeated_pairs_is_the_plan_of_its_distinct_pairs()
     assert b["predicted"] == a["predicted"] and b["native"] == a["native"]
     with pytest.raises(TooFewRowsError, match="distinct"):
         align.plan_migration(X, np.repeat(X[rows[:40]], 3, 0), np.repeat(Y[rows[:40]], 3, 0), **kw)
+
+
+@pytest.mark.parametrize("side", ["probe_src", "probe_tgt"])
+@pytest.mark.parametrize("rows", ["one", "all"])
+def test_a_probe_with_all_zero_rows_is_refused_as_fit_refuses_it(side, rows):
+    """An all-zero probe row has no direction: the plan gave a forecast from it (an all-zero source side: retention
+    0.02-0.03 and alignability ~0) where `vecbridge fit` on the same pairs exits 2 (its evaluation, `align.evaluate`,
+    refuses them). Now both refuse it, naming the side."""
+    from align.exceptions import DegenerateInputError
+
+    X, Y, *_, prows, _ = _task(seed=2, n=2000, q=40, probe=200)
+    A, B = X[prows].copy(), Y[prows].copy()
+    (A if side == "probe_src" else B)[:1 if rows == "one" else None] = 0
+    with pytest.raises(DegenerateInputError, match=f"{side}: {1 if rows == 'one' else 200} all-zero"):
+        align.plan_migration(X, A, B, target_ks=(100,), select_rows=False)
+    with pytest.raises(DegenerateInputError, match="all-zero"):
+        align.evaluate(align.fit_migration(X[:300], Y[:300], method="ridge"), A, B)
