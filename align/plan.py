@@ -355,7 +355,7 @@ def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tu
 def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retention: float = 0.95,
                    target_ks=DEFAULT_TARGET_KS, repeats: int = 2, methods=("procrustes", "ridge"),
                    distractors: int = 8192, select_rows: bool = True, queries=None, old_queries=None,
-                   relevant=None, progress=None) -> dict:
+                   relevant=None, old_is_sample: bool = False, progress=None) -> dict:
     r"""A plan before the fit, from the old corpus and a small paired probe.
 
     Parameters
@@ -370,6 +370,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         relevant document. With them the curve's statistic is their labelled R@10 retention estimated
         for the whole ``X_old`` (all of it: ``distractors`` does not apply), the one
         ``vecbridge eval --queries`` measures after the fit, instead of the ``nn_retention`` proxy.
+    old_is_sample : ``X_old`` is a sample of a corpus of unknown size (a fit report's plan, made from the fit's
+        own rows): no K then counts as re-embedding the whole corpus (see 3.).
     progress : callable(stage: str, fraction: float), optional
         called as the learning curve's fits complete (``"learning curve"``) and around the row selection
         (``"rows to re-embed"``); a labelled plan over a 40,960-row corpus takes tens of seconds.
@@ -490,10 +492,12 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                   "slope_ratio": lab.slope_ratio, "shrink": lab.shrink}
         for q in predicted:  # the migrated index's own R@10, to set against keeping the old model
             q["r10"] = float(q["retention"] * r_new) if np.isfinite(r_new) else float("nan")
-    n_old = Xo.shape[0]  # K >= n_old re-embeds the whole corpus: every row native, no map to lose anything
+    # K >= n_old re-embeds the whole corpus: every row native, no map to lose anything
+    n_old = float("inf") if old_is_sample else Xo.shape[0]
     reach = [q for q in predicted if q["retention"] >= target_retention or q["k"] >= n_old]
     rec = min(reach, key=lambda q: q["k"]) if reach else max(predicted, key=lambda q: q["k"])
-    k_rec = k_rows = int(min(rec["k"], n_old))
+    k_rec = int(min(rec["k"], n_old))
+    k_rows = min(k_rec, Xo.shape[0])
     raw_overlap = knn_overlap(A, B)
     overlap = _beyond_chance(raw_overlap, 10, p)
     notes = [FLOOR_NOTE if lab is None else LABELLED_NOTE]

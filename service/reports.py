@@ -170,8 +170,8 @@ def _plan_section(plan: dict, k_fit: int | None) -> str:
             f"<b>{plan['alignability']:.3f}</b> beyond chance (raw {plan['knn_overlap']:.3f}) — "
             f"unsupervised alignment "
             f"{'possible' if plan['unsupervised_feasible'] else 'not expected to work (below ~0.4)'}; "
-            f"recommended: method {html.escape(str(rec['method']))}, K = {rec['k']} "
-            f"for a proxy retention of {plan['target_retention']:g}.</p>"
+            f"recommended: method {html.escape(str(rec['method']))}, K = {rec['k']} (target proxy retention "
+            f"{plan['target_retention']:g}; the notes say when no K reaches it).</p>"
             f"<table><tr><th>K</th><th>method</th><th>proxy retention</th><th>interval</th><th></th></tr>{rows}</table>"
             f"<img alt='retention proxy vs pairs' src='data:image/png;base64,{_plan_plot(plan, k_fit)}'>"
             f"<ul>{notes}</ul>")

@@ -212,7 +212,7 @@ def _report_plan(X: np.ndarray, Y: np.ndarray, rng) -> tuple[dict | None, str | 
     try:
         plan = align.plan_migration(X[old], X[probe], Y[probe], random_state=rng,
                                     target_ks=sorted({*DEFAULT_TARGET_KS, n}), distractors=_PLAN_DISTRACTORS,
-                                    select_rows=False)
+                                    select_rows=False, old_is_sample=True)
     except InputError as exc:
         return None, f"not computed: {exc}"
     return plan, None

@@ -8,6 +8,8 @@ import re
 
 import numpy as np
 
+import align
+
 from service.reports import _series_from_diagnostics, pca_2d, render_report, write_report
 
 DIAG = {  # the shape MiniVec2Vec writes into map_.metadata["diagnostics"]
@@ -121,6 +123,31 @@ def test_a_report_of_an_unreliable_fit_says_so_at_the_top(tmp_path):
                                                          "reliable": False},
                          timings={}, diagnostics=None, cosines={}, clouds=None, paired=False)
     assert "UNRELIABLE fit: criterion 0.2175 is close to that of random maps (0.2092)" in html
+
+
+def test_the_report_plan_of_a_large_fit_does_not_call_its_row_sample_the_corpus():
+    """The report's plan uses up to 4,096 of the fit's rows as its 'old corpus' (distractors only). From 6,000
+    WordNet-sized pairs whose forecast stayed under the target, it recommended K = 4,096 and said "the recommended K
+    is the whole old corpus (4096 rows) ... re-embed every row instead of migrating": a sample size, not the user's
+    corpus. The report's plan now caps no K at its sample, and its sentence does not claim the target is reached."""
+    from service.ops.maps import _PLAN_DISTRACTORS, _report_plan
+
+    X, Y = _planted_pairs(_PLAN_DISTRACTORS + 900, noise=3.0)
+    plan, why = _report_plan(X, Y, np.random.default_rng(0))
+    assert why is None
+    ks = [q["k"] for q in plan["predicted"]]
+    assert ks[-1] > _PLAN_DISTRACTORS and X.shape[0] in ks
+    assert not plan["recommended"]["whole_corpus"] and plan["recommended"]["k"] in ks
+    assert not any("whole old corpus" in n for n in plan["notes"])
+    reached = [q for q in plan["predicted"] if q["retention"] >= plan["target_retention"]]
+    assert not reached and plan["recommended"]["k"] == ks[-1]               # none reaches 0.95: the largest, said so
+    assert any("no K in" in n for n in plan["notes"])
+    html = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={}, clouds=None,
+                         paired=True, plan=plan, k_fit=X.shape[0])
+    assert f"K = {ks[-1]} (target proxy retention 0.95; the notes say when no K reaches it)" in html
+    # the CLI / HTTP plan of a whole corpus still caps K at it
+    whole = align.plan_migration(X[:2000], X[:500], Y[:500], target_ks=(100, 3000), select_rows=False)
+    assert whole["recommended"]["k"] == 2000 and whole["recommended"]["whole_corpus"]
 
 
 def test_wide_rows_skip_the_report_plan_with_the_reason():
