@@ -48,8 +48,10 @@ cross-validation of the same local loss: statistics ``(S_f, r_f)`` are gathered 
 keep their local direction.
 
 Scale (the ``eps`` schedule): ``b`` is rescaled so that ``eps = 1`` keeps on average half of each
-training query's top-``k`` (``k = 10``) among its ``K`` neighbours; ``eps`` then reads as
-"how much of the original result list to trade for the attribute". ``eps = 0`` is the identity.
+training query's top-``k`` (``k = 10``) among its ``max(K, 50)`` nearest rows (``CALIBRATION_NEIGHBORS``; on
+fewer rows, all of them and ``k`` at most half their count: a top-``k`` of ``K`` rows keeps at least ``2k - K``
+however they are reordered); ``eps`` then reads as "how much of the original result list to trade for the
+attribute". ``eps = 0`` is the identity.
 """
 
 from __future__ import annotations
@@ -59,7 +61,12 @@ import numpy as np
 from . import linalg
 from .exceptions import DegenerateInputError
 
-__all__ = ["local_discriminant_factors", "fit_local", "PRIOR_WEIGHTS"]
+__all__ = ["local_discriminant_factors", "fit_local", "PRIOR_WEIGHTS", "CALIBRATION_NEIGHBORS"]
+
+#: neighbours of each training query among which ``eps = 1`` is calibrated (the fit's own ``K`` when larger):
+#: with the fit's K of 11 or 16 a top-10 swap among so few rows needed a boost 40-250x the default fit's, and
+#: the steer then replaced every result from the whole corpus
+CALIBRATION_NEIGHBORS = 50
 
 #: candidate prior weights ``t`` (relative to ``tr S / d``); ``inf`` is the mean-shift line itself
 PRIOR_WEIGHTS = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, float("inf"))
@@ -91,10 +98,18 @@ def _overlap_at(scores: np.ndarray, boost: np.ndarray, eps: float, k: int) -> fl
 
 
 def _calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float = 0.5) -> float:
-    """Scale ``t`` with mean overlap@k(``scores + t * boost``) ≈ ``target`` (bisection on log t)."""
-    lo, hi = 1e-4, 1e4
-    if _overlap_at(scores, boost, hi, k) > target:
-        return hi
+    """Scale ``t`` with mean overlap@k(``scores + t * boost``) ≈ ``target`` (bisection on log t, within 1e±4 of
+    ``t0``, the scale at which the boost's spread inside a neighbourhood equals the scores' own);
+    DegenerateInputError when no ``t`` in that range gets there (the boost hardly reorders any neighbourhood: the
+    range's cap, returned before, made a steer far too strong with nothing said)."""
+    spread = float(np.std(boost, axis=1).mean())
+    t0 = float(np.std(scores, axis=1).mean()) / spread if spread > 0 else 0.0
+    lo, hi = t0 * 1e-4, t0 * 1e4
+    if not (np.isfinite(t0) and t0 > 0) or _overlap_at(scores, boost, hi, k) > target:
+        raise DegenerateInputError(
+            f"the steer cannot be calibrated: no boost keeps {target:.0%} or less of each training query's "
+            f"top-{k} among its {scores.shape[1]} neighbours (the attribute hardly varies inside the "
+            f"neighbourhoods); use more rows, more labelled rows, or method='mean-shift'")
     for _ in range(40):
         mid = float(np.sqrt(lo * hi))
         if _overlap_at(scores, boost, mid, k) > target:
@@ -106,22 +121,27 @@ def _calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float =
     return float(np.sqrt(lo * hi))
 
 
+def _neighbours(X: np.ndarray, qi: np.ndarray, n_neighbors: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scores (float64) and ids of the ``min(n_neighbors, n - 1)`` nearest rows of ``X`` to each row ``qi``,
+    the query itself left out: (nq, K) each."""
+    from .knn import _knn
+
+    kk = min(n_neighbors + 1, X.shape[0])
+    D, I = _knn(np.ascontiguousarray(X[qi]), X, kk)
+    own = I == qi[:, None]                                     # drop the query itself when present
+    keep = np.where(own.any(axis=1, keepdims=True), ~own, np.arange(kk)[None, :] < kk - 1)
+    return D[keep].reshape(len(qi), kk - 1).astype(np.float64), I[keep].reshape(len(qi), kk - 1)
+
+
 def _fold_stats(X: np.ndarray, y: np.ndarray, rows: np.ndarray, *, n_queries: int, n_neighbors: int,
                 rng: np.random.Generator):
     """Local statistics on ``X[rows]`` (queries and neighbours inside ``rows``): ``S`` (d, d), ``r`` (d,),
     ``c = sum ytilde^2``, the query ids, their neighbour ids ``I`` (nq, K) and scores ``D`` (ids into ``X``)."""
-    from .knn import _knn
-
     n = len(rows)
     Xr = np.ascontiguousarray(X[rows])
     nq = min(n_queries, n)
     qi = rng.choice(n, size=nq, replace=False)
-    kk = min(n_neighbors + 1, n)
-    D, I = _knn(np.ascontiguousarray(Xr[qi]), Xr, kk)
-    own = I == qi[:, None]                                     # drop the query itself when present
-    keep = np.where(own.any(axis=1, keepdims=True), ~own, np.arange(kk)[None, :] < kk - 1)
-    I = I[keep].reshape(nq, kk - 1)
-    D = D[keep].reshape(nq, kk - 1).astype(np.float64)
+    D, I = _neighbours(Xr, qi, n_neighbors)
     yr = y[rows]
     S, r = _neighbourhood_stats(Xr, yr, I)
     yt = yr[I] - yr[I].mean(axis=1, keepdims=True)
@@ -222,14 +242,17 @@ def local_discriminant_factors(X: np.ndarray, labels: np.ndarray, *, n_queries: 
     b = solve(t)
     if not np.any(b):
         b = solve(0.0)
+    if I.shape[1] < min(CALIBRATION_NEIGHBORS, n - 1):        # the eps schedule does not depend on the fit's K
+        D, I = _neighbours(X, qi, CALIBRATION_NEIGHBORS)
     gate = X[qi].astype(np.float64) @ u
     boost = gate[:, None] * (X[I].astype(np.float64) @ b)       # (nq, K)
     nb = float(np.linalg.norm(b))
-    scale = _calibrate(D, boost, k=min(k, I.shape[1])) if nb > 0 else 1.0
+    k_cal = max(1, min(k, I.shape[1] // 2))                   # a half of it can leave the top (module docstring)
+    scale = _calibrate(D, boost, k=k_cal) if nb > 0 else 1.0
     info = {"n_queries": int(len(qi)), "n_neighbors": int(I.shape[1]), "ridge": float(ridge),
             "opposite_weight": float(opposite_weight),
             "prior_weight": "inf" if np.isinf(t) else float(t), "prior_selection": report,
-            "calibration": {"k": int(min(k, I.shape[1])), "overlap_at_eps_1": 0.5, "scale": scale},
+            "calibration": {"k": int(k_cal), "overlap_at_eps_1": 0.5, "scale": scale},
             "gate_mean": float(gate.mean()), "gate_std": float(gate.std())}
     return u[:, None], (b * scale)[:, None], info
 

@@ -76,6 +76,40 @@ def test_precision_rises_with_eps_and_eps_one_is_calibrated(split, local):
     assert 0.3 <= ov_at_1 <= 0.7, ov_at_1                 # calibrated on training rows to ~0.5
 
 
+@pytest.mark.parametrize("n_neighbors", [2, 11, 16])
+def test_small_neighbourhoods_still_calibrate_eps_one(split, n_neighbors):
+    """eps = 1 was calibrated among the fit's own K neighbours. With K < 20 half of a top-10 cannot leave it (at
+    least 2k - K rows stay): the calibration returned its cap, a steer ~10,000x too strong (a unit query's norm
+    ~1e4 at eps = 1, no top-10 row kept) with nothing said; at K = 16 a swap among so few rows still needed a
+    boost ~250x the default's. It now calibrates among max(K, 50) rows: eps = 1 means what it means by default."""
+    X, labels, C, lab_c = split
+    default = fit_steer(X, labels, random_state=0)
+    s = fit_steer(X, labels, random_state=0, n_neighbors=n_neighbors)
+    cal = s.metadata["calibration"]
+    assert cal["k"] == 10 and 0.5 < cal["scale"] / default.metadata["calibration"]["scale"] < 2
+    Q = C[:300]
+    assert float(np.median(np.linalg.norm(s.apply(Q, 1.0), axis=1))) < 2
+    ov, ov_default = (curve(m.apply, Q, C, lab_c, [1.0])[0][0] for m in (s, default))
+    assert 0.3 <= ov <= 0.8 and abs(ov - ov_default) < 0.1, (ov, ov_default)
+
+
+def test_a_fit_on_few_rows_calibrates_among_all_of_them():
+    X, labels = topical(n=40, seed=3)
+    s = fit_steer(X, labels, random_state=0, n_neighbors=5)
+    cal = s.metadata["calibration"]
+    assert cal["k"] == 10 and cal["scale"] < 1e3            # 39 rows: a top-10 can be half traded among them
+
+
+def test_a_steer_that_cannot_reorder_any_neighbourhood_is_refused():
+    """Every row the same apart from a label-free coordinate: the boost reorders nothing; the fit used to return
+    the capped scale silently, now it says so."""
+    from align.steer_local import _calibrate
+
+    scores = np.sort(np.random.default_rng(0).random((50, 20)), axis=1)[:, ::-1]
+    with pytest.raises(DegenerateInputError, match="cannot be calibrated"):
+        _calibrate(scores, np.zeros_like(scores), k=10)
+
+
 def test_dominates_mean_shift_on_the_trade_off(split, local):
     X, labels, C, lab_c = split
     Q = C[:300]
