@@ -97,19 +97,23 @@ def _overlap_at(scores: np.ndarray, boost: np.ndarray, eps: float, k: int) -> fl
     return float(hits.mean() / k)
 
 
-def _calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float = 0.5) -> float:
-    """Scale ``t`` with mean overlap@k(``scores + t * boost``) ≈ ``target`` (bisection on log t, within 1e±4 of
-    ``t0``, the scale at which the boost's spread inside a neighbourhood equals the scores' own);
-    DegenerateInputError when no ``t`` in that range gets there (the boost hardly reorders any neighbourhood: the
-    range's cap, returned before, made a steer far too strong with nothing said)."""
+def _calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float = 0.5) -> tuple[float, float]:
+    """``(t, overlap)``: the scale ``t`` with mean overlap@k(``scores + t * boost``) ≈ ``target`` (bisection on
+    log t, within 1e±4 of ``t0``, the scale at which the boost's spread inside a neighbourhood equals the scores'
+    own), and the overlap it keeps. Where no ``t`` in that range trades that much (the attribute rows already lead
+    the neighbourhoods: tiny sets), the smallest ``t`` at which the overlap stops falling (the steer's saturation)
+    and that overlap; before, the range's cap was returned, a steer far too strong with nothing said.
+    DegenerateInputError when no ``t`` moves any result."""
     spread = float(np.std(boost, axis=1).mean())
     t0 = float(np.std(scores, axis=1).mean()) / spread if spread > 0 else 0.0
     lo, hi = t0 * 1e-4, t0 * 1e4
-    if not (np.isfinite(t0) and t0 > 0) or _overlap_at(scores, boost, hi, k) > target:
+    floor = _overlap_at(scores, boost, hi, k) if np.isfinite(t0) and t0 > 0 else 1.0
+    if floor >= 1.0:
         raise DegenerateInputError(
-            f"the steer cannot be calibrated: no boost keeps {target:.0%} or less of each training query's "
-            f"top-{k} among its {scores.shape[1]} neighbours (the attribute hardly varies inside the "
-            f"neighbourhoods); use more rows, more labelled rows, or method='mean-shift'")
+            f"the steer cannot be calibrated: no boost changes any training query's top-{k} among its "
+            f"{scores.shape[1]} neighbours (the attribute does not vary inside the neighbourhoods); use more rows, "
+            f"more labelled rows, or method='mean-shift'")
+    target = max(target, floor)
     for _ in range(40):
         mid = float(np.sqrt(lo * hi))
         if _overlap_at(scores, boost, mid, k) > target:
@@ -118,7 +122,7 @@ def _calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float =
             hi = mid
         if hi / lo < 1.01:
             break
-    return float(np.sqrt(lo * hi))
+    return float(np.sqrt(lo * hi)), float(target)
 
 
 def _neighbours(X: np.ndarray, qi: np.ndarray, n_neighbors: int) -> tuple[np.ndarray, np.ndarray]:
@@ -248,11 +252,11 @@ def local_discriminant_factors(X: np.ndarray, labels: np.ndarray, *, n_queries: 
     boost = gate[:, None] * (X[I].astype(np.float64) @ b)       # (nq, K)
     nb = float(np.linalg.norm(b))
     k_cal = max(1, min(k, I.shape[1] // 2))                   # a half of it can leave the top (module docstring)
-    scale = _calibrate(D, boost, k=k_cal) if nb > 0 else 1.0
+    scale, kept = _calibrate(D, boost, k=k_cal) if nb > 0 else (1.0, 1.0)
     info = {"n_queries": int(len(qi)), "n_neighbors": int(I.shape[1]), "ridge": float(ridge),
             "opposite_weight": float(opposite_weight),
             "prior_weight": "inf" if np.isinf(t) else float(t), "prior_selection": report,
-            "calibration": {"k": int(k_cal), "overlap_at_eps_1": 0.5, "scale": scale},
+            "calibration": {"k": int(k_cal), "overlap_at_eps_1": kept, "scale": scale},
             "gate_mean": float(gate.mean()), "gate_std": float(gate.std())}
     return u[:, None], (b * scale)[:, None], info
 
