@@ -299,22 +299,23 @@ class AppState:
     def encoder_for_space(self, space: str):
         return space_encoder(self.registry, space, self.encoder)
 
-    def space_for_encoder(self, encoder: str) -> str | None:
-        """Name of the space produced by ``encoder`` (a space named like it, else the first with it).
+    def spaces_for_encoder(self, encoder: str) -> tuple[list[str], list[str]]:
+        """Names of the registered spaces produced by ``encoder``, in two groups: the spaces named like it
+        (``minilm`` for ``all-MiniLM-L6-v2`` too) whose encoder is it or unknown, and the other spaces registered
+        with it.
 
-        Encoder names are compared in canonical form (``minilm`` == ``all-MiniLM-L6-v2``).
+        Encoder names are compared in canonical form (``minilm`` == ``all-MiniLM-L6-v2``); which of several
+        spaces a request uses is :func:`service.ops.embeddings.embed`'s choice, never name order.
         """
+        want = {encoder, _canonical(encoder)}
         spaces = self.registry.list_spaces()
-        for s in spaces:
-            if s.name == encoder:
-                return s.name
-        for want in ({encoder, _canonical(encoder)}, None):  # by name first; loading the encoder is the slow way
-            if want is None:
-                want = {encoder, getattr(self.encoder(encoder), "name", encoder)}
-            for s in spaces:
-                if s.encoder and (s.encoder in want or _canonical(s.encoder) in want):
-                    return s.name
-        return None
+        named = [s.name for s in spaces if (s.name in want or _canonical(s.name) in want)
+                 and (not s.encoder or _canonical(s.encoder) in want)]
+        made = [s.name for s in spaces if s.encoder and (s.encoder in want or _canonical(s.encoder) in want)]
+        if not named and not made:  # by name first; loading the encoder is the slow way
+            want.add(getattr(self.encoder(encoder), "name", encoder))
+            made = [s.name for s in spaces if s.encoder and (s.encoder in want or _canonical(s.encoder) in want)]
+        return named, [name for name in made if name not in named]
 
 
 def freeze_heap() -> None:

@@ -19,6 +19,7 @@ from align.exceptions import DimensionMismatchError, InputError
 from align.validation import as_matrix
 
 from ..encoders import UnknownEncoderError, check_texts, space_encoder
+from ..errors import ConflictError
 from ..progress import Progress, silent
 from ..registry import NotFoundError
 
@@ -96,11 +97,40 @@ def embed_side(registry, load_encoder: Callable, side: FitSide, progress: Progre
     return X
 
 
+def _translation(services, model: str, target_space: str, map_ref):
+    """The translation of ``model``'s vectors into ``target_space``. The model's space is the one of the spaces it
+    produces (``services.spaces_for_encoder``: those named like the model, then the others) from which ``map_ref``,
+    or else the registry's path, leads there: the target itself when the model produces it; else the only one of
+    the first group that has a way there, ConflictError when several of that group do (their maps differ: the
+    client names one with ``map``); the first error met (404, or 422 for a pinned map that leads elsewhere) when
+    none does."""
+    groups = services.spaces_for_encoder(model)
+    if not any(groups):
+        raise UnknownEncoderError(
+            f"no registered space is produced by {model!r}; register it (POST /v1/spaces) to translate")
+    if not map_ref and any(target_space in group for group in groups):
+        return services.translation(target_space, target_space, None)
+    first_error = None
+    for group in groups:
+        found = []
+        for space in group:
+            try:
+                found.append((space, services.translation(space, target_space, map_ref)))
+            except (NotFoundError, InputError) as exc:
+                first_error = first_error or exc
+        if len(found) > 1:
+            raise ConflictError(f"{model!r} produces {len(found)} registered spaces with a path to "
+                                f"{target_space!r} ({', '.join(s for s, _ in found)}); name the map to use (`map`)")
+        if found:
+            return found[0][1]
+    raise first_error
+
+
 def embed(services, model: str, texts: list[str], *, kind: str = "passage", target_space: str | None = None,
           dimensions: int | None = None, map_ref: str | Sequence[str] | None = None):
     """Embed ``texts`` with encoder ``model``, optionally translated into ``target_space``.
 
-    ``services``: the service's encoder and map caches (``encoder(name)``, ``space_for_encoder(name)``,
+    ``services``: the service's encoder and map caches (``encoder(name)``, ``spaces_for_encoder(name)``,
     ``translation(source_space, target_space, map_ref)``, as :class:`service.api.state.AppState` has them).
     ``map_ref``: the map, or path of maps in order, to use instead of the registry's path (a client sending one
     text set in several requests names the versions the first answer used); checked hop by hop as a search's
@@ -111,13 +141,7 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
     """
     if map_ref and not target_space:
         raise InputError("`map` names the path into `target_space`; give `target_space` too")
-    tr = None
-    if target_space:
-        space = services.space_for_encoder(model)
-        if space is None:
-            raise UnknownEncoderError(
-                f"no registered space is produced by {model!r}; register it (POST /v1/spaces) to translate")
-        tr = services.translation(space, target_space, map_ref)
+    tr = _translation(services, model, target_space, map_ref) if target_space else None
     enc = services.encoder(model)
     if dimensions is not None:  # checked before encoding: the output width is known from the path
         if target_space is None and dimensions != enc.dim:

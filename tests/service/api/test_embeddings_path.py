@@ -115,3 +115,48 @@ def test_one_model_by_id_or_alias_is_its_list_entry_and_an_unknown_one_a_404(tmp
         assert c.get("/v1/models/minilm").status_code == 401
         r = c.get("/v1/models/" + "x" * 5000, headers=R)
         assert r.status_code == 422 and len(r.content) < 500, r.text
+
+
+def test_the_models_space_is_the_one_with_a_way_to_the_target_never_the_first_by_name(tmp_path):
+    """Two spaces made by MiniLM ("a-mini-enc", "mini-enc") and a map from "mini-enc" to e5: /v1/embeddings with
+    target_space e5 took "a-mini-enc" (first by name) and answered 404 "no chain of maps", and `map` naming the
+    right map was refused as leading from the wrong space. The model's space is now the one with a way there; two
+    with different maps are a 409 until `map` names one; a space named like the model goes first."""
+    import numpy as np
+    import pytest
+
+    pytest.importorskip("sentence_transformers")
+    import align
+
+    app = create_app(settings_for(tmp_path))
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((400, 384)).astype(np.float32)
+
+    def fit(name, source):
+        m = align.fit_ridge(X, X @ rng.standard_normal((384, 384)).astype(np.float32), alpha=1.0)
+        return reg.register_version(name, m, source_space=source, target_space="e5", method="ridge", params={})
+
+    with TestClient(app) as c:
+        reg = app.state.vb.registry
+        reg.register_space("mini-enc", 384, encoder="all-MiniLM-L6-v2")
+        reg.register_space("a-mini-enc", 384, encoder="minilm")
+        reg.register_space("e5", 384, encoder="multilingual-e5-small")
+        fit("me", "mini-enc")
+        body = {"model": "all-MiniLM-L6-v2", "input": ["a dog"], "target_space": "e5"}
+        for extra in ({}, {"map": "me"}, {"map": ["me:1"]}):
+            r = c.post("/v1/embeddings", headers=R, json={**body, **extra})
+            assert r.status_code == 200 and [m["name"] for m in r.json()["maps"]] == ["me"], r.text
+        fit("ame", "a-mini-enc")                                      # now both spaces have a way to e5
+        r = c.post("/v1/embeddings", headers=R, json=body)
+        assert r.status_code == 409, r.text
+        assert "a-mini-enc, mini-enc" in r.json()["error"]["message"] and "`map`" in r.text
+        for ref in ("me", "ame"):
+            r = c.post("/v1/embeddings", headers=R, json={**body, "map": ref})
+            assert r.status_code == 200 and r.json()["maps"][0]["name"] == ref, r.text
+        reg.register_space("minilm", 384)                             # named like the model (short alias), no encoder
+        fit("named", "minilm")
+        for model in ("minilm", "all-MiniLM-L6-v2"):
+            r = c.post("/v1/embeddings", headers=R, json={**body, "model": model})
+            assert r.status_code == 200 and r.json()["maps"][0]["name"] == "named", r.text
+        r = c.post("/v1/embeddings", headers=R, json={**body, "map": "nope"})
+        assert r.status_code == 404, r.text
