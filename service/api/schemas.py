@@ -291,7 +291,8 @@ class FitRequest(_Strict):
     seed_pairs: list[tuple[int, int]] | None = Field(None, description="Known (source row, target row) pairs "
                                                                        "seeding an unsupervised fit.")
     random_state: Count = Seed
-    alias: str | None = None
+    alias: str | None = Field(None, description="Point this alias (e.g. prod) at the new version; not when the fit "
+                                                "is flagged unreliable (the job's `notes` say where it stays).")
     description: DescriptionText = Description
 
 

@@ -257,7 +257,11 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     report : bool                write the HTML report (default); ``False`` skips it (``report_path`` None)
     ray_shard_rows : int         rows per Ray task (default 262,144; see SCALING.md for when Ray pays off)
     notes : list, optional       gets what the user should know about the registration
-                                 (:meth:`Registry.default_change_note`)
+                                 (:meth:`Registry.default_change_note`; an ``alias`` not moved, below)
+
+    An ``alias`` is not moved to a fit flagged unreliable (``metrics["reliable"]`` False): a pinned alias wins
+    over the "never chosen for a path" rule, so a failed refit with ``--alias prod`` replaced the production map
+    for every search. The version is registered either way; ``notes`` says where the alias still points.
 
     Returns
     -------
@@ -312,6 +316,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         effective.update(params)
         effective.pop("random_state", None)  # recorded on its own
 
+    held_back = alias if metrics.get("reliable") is False else None
+    alias = None if held_back else alias
     html_text = report_file = report_rel = None
     with st.stage("report"):  # rendered now, written once the version is registered (no orphan on a conflict)
         if report:
@@ -320,7 +326,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                        "spaces": f"{source_space} ({X.shape[1]}-d) -> {target_space} ({Y.shape[1]}-d)",
                        "method": method, "paired": paired, "rows": f"source {n_src}, target {n_tgt}",
                        "params": effective, "random_state": random_state, "data sha256": hashes,
-                       "inputs": inputs or {}, "alias": alias or "",
+                       "inputs": inputs or {},
+                       "alias": f"{held_back} (not moved: the fit is unreliable)" if held_back else alias or "",
                        "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             plan, plan_note = _report_plan(X, Y, rng) if paired else (None, None)
             html_text = render_report(title=f"vecbridge fit: {name}", summary=summary, metrics=metrics,
@@ -340,6 +347,13 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     if html_text is not None:
         _write_report(version, report_file, report_copy, html_text)
     note = registry.default_change_note(before, version)
+    if held_back:
+        try:
+            where = f"still points at {name}:{registry.alias_version(name, held_back)}"
+        except NotFoundError:
+            where = "was not created"
+        note = (f"alias {held_back!r} {where}, not moved to {version.ref}: the fit is flagged unreliable (move it by "
+                f"hand if you mean to: `vecbridge registry alias {name} {held_back} {version.version}`)")
     if note and notes is not None:
         notes.append(note)
     return version

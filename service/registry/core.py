@@ -433,7 +433,12 @@ class Registry(SteerRegistryMixin):
             return None
         figure = f"held-out top-1 on 1,000 candidates {qn:.3f}" if kn == 2 else "no held-out figure"
         pin = self.PATH_ALIAS
-        return (f"{new.name!r} now means {new.ref} (no {pin!r} alias: its newest reliable version; {figure}), which "
+        try:
+            self.alias_version(new.name, pin)
+            why = f"its {pin!r} alias was moved to it"
+        except NotFoundError:
+            why = f"no {pin!r} alias: its newest reliable version"
+        return (f"{new.name!r} now means {new.ref} ({why}; {figure}), which "
                 f"looks worse than {before.ref}, which it meant until now (held-out top-1 on 1,000 candidates "
                 f"{qb:.3f}); keep {before.ref} with `vecbridge registry alias {new.name} {pin} {before.version}` "
                 f"(HTTP: PUT /v1/maps/{new.name}/aliases/{pin})")

@@ -160,3 +160,34 @@ def test_path_choice_ranks_paired_fits_by_held_out_top1_not_by_memorised_trainin
     assert truth[good.ref] > truth[over.ref] + 0.05, truth
     assert reg.quality(good) > reg.quality(over)
     assert [v.ref for v in reg.find_path("a", "b")] == [good.ref]
+
+
+def test_an_alias_is_not_moved_to_an_unreliable_fit(reg):
+    """`fit --alias prod` of a failed refit (shuffled pairs: flagged unreliable, exit 1) moved prod to it, and a
+    pinned alias wins over "never chosen for a path": every search then went through a map at chance. The
+    version is still registered; prod stays, and the note says where it points."""
+    X, Y, _ = planted(400)
+    good = _fit(reg, source=X, target=Y, alias="prod")
+    notes: list[str] = []
+    bad = _fit(reg, source=X, target=np.random.default_rng(1).permutation(Y), alias="prod", notes=notes)
+    assert bad.metrics["reliable"] is False and good.metrics.get("reliable") is not False
+    assert reg.alias_version("a2b", "prod") == good.version == 1
+    assert [v.ref for v in reg.find_path("a", "b")] == [good.ref] and reg.resolve("a2b").version == 1
+    assert notes == [f"alias 'prod' still points at a2b:1, not moved to {bad.ref}: the fit is flagged unreliable "
+                     f"(move it by hand if you mean to: `vecbridge registry alias a2b prod {bad.version}`)"]
+    assert "prod (not moved: the fit is unreliable)" in reg.report_file(bad).read_text()
+    notes.clear()
+    _fit(reg, name="c2d", source=X, target=np.random.default_rng(2).permutation(Y), source_space="c",
+         target_space="d", alias="prod", notes=notes)
+    assert notes and "alias 'prod' was not created" in notes[0]
+
+
+def test_the_worse_refit_note_says_when_the_prod_alias_was_moved(reg):
+    """The note on a refit that looks worse said "no 'prod' alias" when --alias prod had just moved it."""
+    X, Y, _ = planted(1000)
+    Y = Y + 0.6 * np.random.default_rng(5).standard_normal(Y.shape).astype(np.float32)
+    _fit(reg, source=X, target=Y, alias="prod", method="ridge")
+    notes: list[str] = []
+    few = _fit(reg, source=X[:20], target=Y[:20], alias="prod", method="ridge", notes=notes)  # held-out ~0
+    assert reg.alias_version("a2b", "prod") == few.version
+    assert notes and "its 'prod' alias was moved to it" in notes[0] and "no 'prod' alias" not in notes[0], notes
