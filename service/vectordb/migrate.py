@@ -85,6 +85,14 @@ def is_artifact_path(map_or_ref) -> bool:
         and Path(map_or_ref).exists()
 
 
+def map_label(map_or_ref, registry=None) -> str | None:
+    """What a checkpoint records of the map besides its fingerprint: the registry version a ref means now
+    (``NAME:N``), an artifact's path, or None for a map object."""
+    if hasattr(registry, "resolve") and isinstance(map_or_ref, str) and not is_artifact_path(map_or_ref):
+        return registry.resolve(map_or_ref).ref
+    return str(map_or_ref) if isinstance(map_or_ref, (str, Path)) else None
+
+
 def map_spaces(map_or_ref, registry=None) -> tuple[str | None, str | None]:
     """``(source space, target space)`` of a map: from its registry version, or its metadata; None when unknown."""
     if hasattr(registry, "resolve") and isinstance(map_or_ref, str) and not is_artifact_path(map_or_ref):
@@ -242,17 +250,29 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         return _migrate(store, source, target, map_, **kw)
 
 
-def _start(store: VectorStore, state: dict | None, source: str, target: str, fp: str, overwrite: bool) -> str:
+def _start(store: VectorStore, state: dict | None, source: str, target: str, fp: str, overwrite: bool,
+           label: str | None = None) -> str:
     """What a run does first: ``"resume"`` or ``"finished"`` (a checkpoint), ``"drop"`` (an existing target,
     ``overwrite``) or ``"create"``; raises the refusals (a checkpoint of another migration, a target that exists
-    or that an alias serves)."""
+    or that an alias serves, a finished target holding fewer rows than the checkpoint wrote)."""
     if state is not None:
-        for key, want in (("source", source), ("target", target), ("map_fingerprint", fp)):
+        for key, want in (("source", source), ("target", target)):
             if state.get(key) != want:
                 raise CheckpointMismatchError(
                     f"checkpoint is for {key}={state.get(key)!r}, this migration has {want!r}; clear it or use another")
+        if state.get("map_fingerprint") != fp:
+            was = f"map {state['map']}" if state.get("map") else "another map"
+            now = f"this run's map ({label})" if label else "this run's map"
+            raise CheckpointMismatchError(
+                f"the checkpoint was written with {was}; {now} differs (a name or alias that moved since?): pass "
+                f"{state['map'] if state.get('map') else 'that map'} to resume, or remove the checkpoint to start over")
         if not store.exists(target):
             raise CheckpointMismatchError(f"checkpoint records progress into {target!r}, which does not exist")
+        if state["finished"] and store.count(target) < int(state["done"]):
+            raise CheckpointMismatchError(
+                f"checkpoint records {int(state['done'])} rows written into {target!r}, which holds "
+                f"{store.count(target)}: the checkpoint is of a migration in another store (the default checkpoint "
+                f"is named by collections only: pass --checkpoint), or the target lost rows; nothing was switched")
         return "finished" if state["finished"] else "resume"
     if not store.exists(target):
         return "create"
@@ -314,7 +334,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
              dry_run) -> MigrationReport:
     """:func:`migrate` (under the checkpoint's lock unless ``dry_run``)."""
     map_src, map_tgt = map_spaces(map_, registry)
-    map_ = resolve_map(map_, registry)
+    map_in, map_ = map_, resolve_map(map_, registry)
     map_src = map_src or (map_.metadata or {}).get("source_space")
     map_tgt = map_tgt or (map_.metadata or {}).get("target_space")
     if target_space and map_tgt and target_space != map_tgt:  # the target would record a space its rows are not in
@@ -349,7 +369,8 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     notes: list[str] = []
     state = checkpoint.load()
     t0 = time.perf_counter()
-    start = _start(store, state, source, target, fp, overwrite)
+    label = map_label(map_in, registry)
+    start = _start(store, state, source, target, fp, overwrite, label)
     if state is not None and state.get("nulls") != "kept" and state["last_id"] is not None:
         notes = [NULLS_DROPPED_BEFORE.format(last=state["last_id"])]
     extra = {"space_check": space_check, "fields": sorted((state or {}).get("fields", [])), "warnings": notes,
@@ -364,7 +385,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         if start == "drop":
             store.drop(target)
         store.create(target, map_.target_dim, metric=metric, like=source)
-        state = _fresh_state(source, target, fp, store.count(source))
+        state = {**_fresh_state(source, target, fp, store.count(source)), **({"map": label} if label else {})}
         checkpoint.save(state)
         resumed_from = None
 

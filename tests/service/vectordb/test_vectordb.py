@@ -121,6 +121,55 @@ def test_checkpoint_mismatch_and_existing_target_are_refused(store, data):
         migrate(store, "src", "dst", m, checkpoint=ck)  # progress recorded into a table that is gone
 
 
+def test_a_finished_checkpoint_of_another_store_neither_succeeds_nor_switches_the_alias(store, data, tmp_path):
+    """The default checkpoint is named by collections only. A finished migration's checkpoint met a second store
+    with the same collection names and an empty target: the run said "migrated 0 rows ... alias docs -> docs_e5"
+    (exit 0) and the alias served an empty collection. Now refused, naming both counts; nothing switched."""
+    from service.vectordb import QdrantStore
+
+    X, Y, m = data
+    _fill(store, X)
+    ck = FileCheckpoint(tmp_path / "ck.json")
+    migrate(store, "src", "dst", m, checkpoint=ck)
+    other = QdrantStore(path=":memory:")
+    try:
+        _fill(other, X)
+        other.create("dst", 16)
+        with pytest.raises(CheckpointMismatchError, match=r"records 600 rows written into 'dst', which holds 0"):
+            migrate(other, "src", "dst", m, checkpoint=ck, alias="live")
+        assert other.resolve_alias("live") is None
+    finally:
+        other.close()
+    assert migrate(store, "src", "dst", m, checkpoint=ck, alias="live").already_finished   # its own store: fine
+
+
+def test_a_checkpoint_of_another_map_version_names_the_version_to_resume_with(store, data, tmp_path):
+    """Resuming after the bare name moved said only "checkpoint is for map_fingerprint='cf59...'": no version."""
+    from service.registry import open_registry
+
+    X, Y, m = data
+    _fill(store, X)
+    reg = open_registry(f"sqlite:///{tmp_path / 'r.sqlite'}", tmp_path / "art")
+    try:
+        reg.register_space("a", 24), reg.register_space("b", 16)
+        reg.register_version("m", m, source_space="a", target_space="b", method="procrustes", params={})
+        ck = FileCheckpoint(tmp_path / "ck.json")
+
+        def crash(p):
+            raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            migrate(store, "src", "dst", "m", registry=reg, checkpoint=ck, batch_size=100, progress=crash)
+        assert json.loads((tmp_path / "ck.json").read_text())["map"] == "m:1"
+        reg.register_version("m", align.fit_procrustes(X[:300], Y[:300]), source_space="a", target_space="b",
+                             method="procrustes", params={})
+        with pytest.raises(CheckpointMismatchError, match=r"written with map m:1; this run's map \(m:2\) differs"
+                                                          r".*pass m:1 to resume"):
+            migrate(store, "src", "dst", "m", registry=reg, checkpoint=ck)
+        assert migrate(store, "src", "dst", "m:1", registry=reg, checkpoint=ck).rows == 600
+    finally:
+        reg.close()
+
+
 def test_bad_input_raises_typed_errors(store, data):
     X, Y, m = data
     _fill(store, X)
