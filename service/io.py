@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import uuid
@@ -555,3 +556,15 @@ def write_vectors(path, X, *, key: str = "vectors") -> Path:
     with ChunkWriter(path, dim=X.shape[1], n_rows=X.shape[0]) as w:
         w.write(X)
     return path
+
+
+def json_finite(obj):
+    """``obj`` with every NaN or infinite float replaced by None: JSON has no such numbers (``json.dumps`` writes
+    bare ``NaN``, which strict parsers and ``jq`` reject); dicts, lists and tuples walked."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_finite(v) for v in obj]
+    return obj

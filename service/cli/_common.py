@@ -78,9 +78,12 @@ class Ctx:
 
 
 def emit(obj, as_json: bool, text: str | None = None) -> None:
-    """Print ``obj`` as indented JSON with ``--json``, else ``text`` (nothing when None)."""
+    """Print ``obj`` as indented JSON with ``--json`` (NaN and infinities as null: valid JSON), else ``text``
+    (nothing when None)."""
     if as_json:
-        click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+        from ..io import json_finite
+
+        click.echo(json.dumps(json_finite(obj), indent=2, sort_keys=True, default=str, allow_nan=False))
     elif text is not None:
         click.echo(text)
 

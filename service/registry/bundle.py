@@ -29,11 +29,11 @@ had come over HTTP, in three phases:
 from __future__ import annotations
 
 import json
-import math
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..io import json_finite
 from ..storage import atomic_write
 from .entity import KINDS, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
@@ -162,20 +162,9 @@ def _export(reg, w: _Writer, chosen: dict, names: list[str] | None) -> None:
                         w.write(d["bundle_report"], rp.read_bytes())
                     versions.append(d)
                 manifest[key].append({**summary, "versions": versions})
-        w.write("manifest.json", json.dumps(_finite(manifest), indent=1, sort_keys=True, allow_nan=False).encode())
+        w.write("manifest.json", json.dumps(json_finite(manifest), indent=1, sort_keys=True, allow_nan=False).encode())
     finally:
         w.close()
-
-
-def _finite(obj):
-    """``obj`` with every NaN or infinite float replaced by None (JSON has no such numbers; import refuses them)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 # --- validation of a manifest (phase 1) ---------------------------------------------------------

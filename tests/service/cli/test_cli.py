@@ -334,3 +334,16 @@ def test_console_script_exit_codes(data, tmp_path):
     p = subprocess.run([sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())",
                         "fit", "--bogus-flag"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+def test_json_output_is_valid_json_when_a_figure_is_undefined(capsys, data):
+    """`eval --json` on two pairs printed bare NaN for the figures undefined on so few rows (retention,
+    nn_retention@10): not JSON, rejected by strict parsers and jq. Now null."""
+    code, _, err = fit_pairs(capsys, data)
+    assert code == 0, err
+    code, out, err = run(capsys, "--data-dir", data / "var", "eval", "--map", "src->tgt", "--source",
+                         data / "src.npy", "--target", data / "tgt.fvecs", "--rows", "600:602", "--json")
+    assert code == 0, err
+    assert "NaN" not in out and "Infinity" not in out
+    res = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert res["retention"] is None and res["top1"] >= 0
