@@ -43,6 +43,7 @@ from ..errors import ConflictError, NotFoundError
 from ..lm.model import LMUnavailableError
 from ..lm.model import load_lm as load_smollm2
 from ..registry.names import check_alias, check_name
+from .steers import check_steer_space
 
 __all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_fit", "prepare_fit", "run_fit", "fit_steer",
            "check_length", "generate", "analyze", "FIT_METRICS"]
@@ -163,12 +164,7 @@ def prepare_fit(registry, lm: LM, spec: LMFit) -> LMFit:
     d = int(output_embeddings(lm.model).shape[1])
     if spec.rank > d:
         raise InputError(f"rank must be in [1, {d}] (the hidden size of {lm.name}), got {spec.rank}")
-    try:
-        have = registry.list_steer_versions(spec.name)
-    except NotFoundError:
-        have = []
-    if have and have[0].space != lm.space:
-        raise ConflictError(f"steer {spec.name!r} lives in space {have[0].space!r}, not {lm.space!r}")
+    check_steer_space(registry, spec.name, lm.space)
     try:  # the space may exist with another width (an embedding steer fitted into it): refuse now, not after training
         space = registry.get_space(lm.space)
     except NotFoundError:

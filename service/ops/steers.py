@@ -88,6 +88,12 @@ def check_steer_fit(registry, *, name: str, space: str, alias: str | None, param
     if alias is not None:
         check_alias(alias)
     check_steer_params(params, random_state)
+    check_steer_space(registry, name, space)
+
+
+def check_steer_space(registry, name: str, space: str) -> None:
+    """A steer name already bound to another space: the ConflictError ``register_steer`` would raise, raised
+    before any work (and before its artifact is written: a refused registration left it behind)."""
     try:
         have = registry.list_steer_versions(name)
     except NotFoundError:
@@ -277,6 +283,7 @@ def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str |
     check_name(name, "steer name")
     if alias is not None:
         check_alias(alias)
+    check_steer_space(registry, name, target)
     moved = transfer_steer(steer, lmap)
     moved.metadata["space"] = target
     return registry.register_steer(

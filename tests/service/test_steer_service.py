@@ -94,6 +94,14 @@ def test_transfer_registers_in_the_maps_target_space(tmp_path):
     ms = reg.register_steer("shift", fit_steer_job(X, y, {"method": "mean-shift"}), space="a", params={}, lens=[])
     with pytest.raises(InputError, match="mean-shift"):
         transfer_and_register(reg, ms.ref, "a2b")
+    # a name that lives in another space: refused before the transfer's artifact is written (it was left behind
+    # as an orphan file, one per refused request)
+    R2 = np.linalg.qr(np.random.default_rng(1).normal(size=(8, 8)))[0].astype(np.float32)
+    reg.register_version("a2c", LinearMap(R2), source_space="a", target_space="c", method="procrustes", params={})
+    before = reg.store.all_relpaths()
+    with pytest.raises(ConflictError, match="steer 'pos' lives in space 'a', not 'c'"):
+        transfer_and_register(reg, src.ref, "a2c")
+    assert reg.store.all_relpaths() == before and reg.verify()["orphan_artifacts"] == []
 
 
 def test_a_failed_steer_fit_leaves_no_space_behind(tmp_path):
