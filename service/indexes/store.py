@@ -20,7 +20,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..logging import get_logger
@@ -183,6 +184,13 @@ class IndexStore:
                 out[name] = space
         return out
 
+    @contextmanager
+    def held_spaces(self) -> Iterator[dict[str, str]]:
+        """:meth:`spaces`, read under the store lock and held while the caller acts on it: no index commits
+        meanwhile (``create``'s ``before_commit`` runs under the same lock)."""
+        with flock(self.root / STORE_LOCK, create_dir=True):
+            yield self.spaces()
+
     def _names_on_disk(self) -> list[str]:
         try:
             subs = sorted(self.root.iterdir())
@@ -190,8 +198,14 @@ class IndexStore:
             return []
         return [d.name for d in subs if NAME_RE.fullmatch(d.name) and (d / "meta.json").exists()]
 
-    def create(self, name: str, space: str, vectors, **kw) -> SpaceIndex:
-        """Build and persist a new index; :class:`IndexConflictError` if the name exists (in any process)."""
+    def create(self, name: str, space: str, vectors, *, before_commit: Callable[[], None] | None = None,
+               **kw) -> SpaceIndex:
+        """Build and persist a new index; :class:`IndexConflictError` if the name exists (in any process).
+
+        ``before_commit()`` runs under the store lock just before the index becomes visible; what it raises
+        refuses the index (nothing is left). :meth:`held_spaces` takes the same lock, so a space deleted while the
+        index was built is seen by one of the two (a build takes minutes: the space was deleted and the index then
+        appeared in it)."""
         check_name(name)
         final = self.root / name
         with self._lock:
@@ -214,6 +228,8 @@ class IndexStore:
                 with flock(self.root / STORE_LOCK):
                     if (final / "meta.json").exists():
                         raise IndexConflictError(f"index {name!r} already exists")
+                    if before_commit is not None:
+                        before_commit()
                     if final.exists():  # a folder without meta: left by a crash before this format
                         os.rename(final, self.root / f".trash-{name}-{uuid.uuid4().hex}")
                     (tmp / CREATING).unlink()  # not part of the index (the lock stays held until the rename)

@@ -44,7 +44,7 @@ from ..io import (
     resolve_rows,
 )
 from ..limits import check_index_params, ivf_training
-from .indexes import Resolver
+from .indexes import Resolver, space_still_there
 
 __all__ = ["CHUNK_ROWS", "TEXT_CHUNK", "FileRows", "add_from_file", "count", "create_from_file", "passage_encoder"]
 
@@ -180,7 +180,7 @@ def create_from_file(resolver: Resolver, store: IndexStore, name: str, space, sr
     X, ids0, pl0 = next(blocks)
     return store.create(name, space.name, X, ids=ids0, payloads=pl0, more=blocks, train=train, dim=space.dim,
                         rows=n, kind=kind, metric=metric, params=params, random_state=random_state,
-                        description=description, again=again)
+                        description=description, again=again, before_commit=space_still_there(resolver, space))
 
 
 def add_from_file(resolver: Resolver, idx: SpaceIndex, src: FileRows, *, ids=None, payloads: Iterator | None = None,

@@ -28,6 +28,7 @@ import numpy as np
 from align.exceptions import DimensionMismatchError, InputError
 
 from ..encoders import UnknownEncoderError, get_encoder
+from ..errors import ConflictError
 from ..indexes import IndexStore, SpaceIndex
 from ..indexes.csls import CSLS_WEIGHT
 from .steers import steer_queries
@@ -177,7 +178,24 @@ def create_index(resolver: Resolver, store: IndexStore, name: str, space, X: np.
         X, payloads = _passages(resolver, space.name, texts, payloads, store_texts)
     if X is not None and X.shape[1] != space.dim:
         raise DimensionMismatchError(f"space {space.name!r} is {space.dim}-d, vectors have {X.shape[1]} columns")
-    return store.create(name, space.name, X, payloads=payloads, dim=space.dim, **build)
+    return store.create(name, space.name, X, payloads=payloads, dim=space.dim,
+                        before_commit=space_still_there(resolver, space), **build)
+
+
+def space_still_there(resolver: Resolver | None, space) -> Callable[[], None] | None:
+    """``create``'s last check, under the index store's lock: ``space`` (a SpaceInfo) still registered with its
+    width. A space deleted while its index was built (minutes) got the index anyway, and one re-created with
+    another width then had an index of the old one: NotFoundError / ConflictError instead, nothing created.
+    None without a resolver (rows only, no registry to ask)."""
+    if resolver is None:
+        return None
+
+    def check() -> None:
+        now = resolver.get_space(space.name)
+        if now.dim != space.dim:
+            raise ConflictError(f"space {space.name!r} was re-created as {now.dim}-d while this {space.dim}-d "
+                                f"index was built; nothing was created")
+    return check
 
 
 def add_rows(resolver: Resolver, idx: SpaceIndex, X: np.ndarray | None = None, *, texts: list[str] | None = None,

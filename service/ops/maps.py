@@ -531,8 +531,9 @@ def delete_space(registry, indexes, name: str):
     """Remove space ``name`` from the registry while nothing uses it: maps, steers (:meth:`Registry.delete_space`)
     or an index of ``indexes`` (an IndexStore); ConflictError naming all of them. Returns the SpaceInfo it was."""
     registry.get_space(name)  # unknown: NotFoundError before the indexes are looked at
-    held = [f"index {ix!r}" for ix, space in indexes.spaces().items() if space == name]  # meta.json only
-    return registry.delete_space(name, held_by=held)
+    with indexes.held_spaces() as spaces:  # meta.json only; no index commits into the space meanwhile
+        held = [f"index {ix!r}" for ix, space in spaces.items() if space == name]
+        return registry.delete_space(name, held_by=held)
 
 
 def describe_map(registry, resolve: Callable, ref: str) -> dict:
