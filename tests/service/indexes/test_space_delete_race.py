@@ -9,10 +9,10 @@ import threading
 import numpy as np
 import pytest
 
+from service.errors import ConflictError
 from service.indexes import IndexStore
 from service.ops.indexes import RegistryResolver, create_index
 from service.ops.maps import delete_space
-from service.errors import ConflictError
 from service.registry import NotFoundError, open_registry
 
 
