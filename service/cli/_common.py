@@ -364,7 +364,8 @@ def read_labels(path: str, n: int) -> np.ndarray:
 def alias_command(group, help_text: str, set_alias, delete_alias) -> None:
     """Register ``GROUP alias NAME ALIAS [VERSION] [--delete] [--expect N]`` on ``group``: ``set_alias(registry, name,
     alias, version, expected=...)`` or ``delete_alias(registry, name, alias, expected=...)`` (one command shape for
-    maps and steers; ``--expect`` guards a removal as it guards a move, as ``If-Match`` does over HTTP)."""
+    maps and steers; ``--expect`` guards a removal as it guards a move, as ``If-Match`` does over HTTP; a VERSION
+    given with ``--delete`` is that guard: it was ignored, and the alias removed wherever it pointed)."""
 
     @group.command("alias", help=help_text)
     @click.argument("name")
@@ -377,6 +378,9 @@ def alias_command(group, help_text: str, set_alias, delete_alias) -> None:
     @click.pass_obj
     def alias_cmd(obj: Ctx, name, alias, version, delete, expected):
         if delete:
+            if version is not None and expected is not None and expected != version:
+                raise click.UsageError(f"--delete with VERSION {version} and --expect {expected}: give one of them")
+            expected = version if version is not None else expected
             if expected == 0:
                 raise click.UsageError("--delete --expect 0 removes nothing (0 means: not set); give the version "
                                        "the alias must point at")

@@ -87,3 +87,18 @@ def test_the_cli_expect_option_guards_a_removal(served, capsys):
     assert code == 2 and "--expect 0" in err
     assert run_cli(capsys, *d, "registry", "alias", "a2b", "prod", "--delete", "--expect", "2")[0] == 0
     assert run_cli(capsys, *d, "registry", "show", "a2b@prod")[0] != 0
+
+
+def test_a_version_given_with_delete_guards_the_removal(served, capsys):
+    """``registry alias a2b prod 1 --delete`` ignored the 1 and removed prod while it pointed at 2. The VERSION is now
+    the removal's guard, as ``--expect`` is; both at once must agree."""
+    _, data = served
+    d = ["--data-dir", data]
+    assert run_cli(capsys, *d, "registry", "alias", "a2b", "prod", "2")[0] == 0
+    code, _, err = run_cli(capsys, *d, "registry", "alias", "a2b", "prod", "1", "--delete")
+    assert code == 2 and "points at version 2, expected it to point at version 1: not removed" in err
+    assert run_cli(capsys, *d, "registry", "show", "a2b@prod")[0] == 0
+    code, _, err = run_cli(capsys, *d, "registry", "alias", "a2b", "prod", "2", "--delete", "--expect", "1")
+    assert code == 2 and "give one of them" in err
+    assert run_cli(capsys, *d, "registry", "alias", "a2b", "prod", "2", "--delete")[0] == 0
+    assert run_cli(capsys, *d, "registry", "show", "a2b@prod")[0] != 0
