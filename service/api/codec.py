@@ -26,7 +26,7 @@ import numpy as np
 import pybase64
 
 from align.validation import as_matrix
-from align.exceptions import EmptyInputError, InputError, ShapeError
+from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, ShapeError
 
 from ..limits import MAX_DIM, MAX_JSON_DEPTH, check_json_depth
 from ..errors import PayloadTooLargeError, UnsupportedMediaTypeError
@@ -166,6 +166,9 @@ def vectors_from_json(obj: dict, *, dim: int | None, max_batch: int, name: str =
         arr = _rows_in_blocks(arr, name)
     X = as_matrix(arr, name=name, dim=dim, finite=finite)
     check_batch(X.shape[0], max_batch)
+    claimed = obj.get("dim")
+    if has_list and claimed is not None and claimed != X.shape[1]:  # it was ignored: say which one is wrong
+        raise DimensionMismatchError(f"{name}: the rows have {X.shape[1]} columns, but dim={claimed} says otherwise")
     return X
 
 

@@ -248,8 +248,15 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
         obj = parse_json(body)
         opts = validate(TransformOptions, {**query_opts, **options_of(obj)})
         X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch, finite=False)
+        if dim and dim != X.shape[1]:  # ?dim= beside a JSON body: it was ignored
+            from align.exceptions import DimensionMismatchError
+
+            raise DimensionMismatchError(f"vectors: the rows have {X.shape[1]} columns, but ?dim= says {dim}")
     else:
-        d = dim or (parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else m.source_dim)
+        hd = parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else None
+        if dim and hd and dim != hd:  # the query's won silently
+            raise InputError(f"?dim={dim} and X-Vector-Dim: {hd} disagree; send one row width")
+        d = dim or hd or m.source_dim
         opts = validate(TransformOptions, {**query_opts, "dim": d})
         X = vectors_from_binary(body, mt, dim=d, max_batch=settings.max_batch, finite=False)
         if d != m.source_dim:
