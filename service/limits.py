@@ -144,8 +144,8 @@ def check_int_literal(value: int, what: str = "body") -> int:
     """``value`` when inside :data:`JSON_INT_RANGE`, else InputError naming ``what`` (to send it as a string)."""
     if not JSON_INT_RANGE[0] <= value <= JSON_INT_RANGE[1]:
         shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
-        raise InputError(f"{what}: the integer {shown} does not fit in 64 bits and would lose digits; send it as a "
-                         f"string")
+        raise InputError(f"{what}: the integer {shown} does not fit in 64 bits and would lose digits (a payload "
+                         f"value can be sent as a string; ids, counts and seeds must fit their ranges)")
     return value
 
 
