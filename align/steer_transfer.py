@@ -72,6 +72,14 @@ def transfer_steer(steer, linear_map, *, rcond: float = 1e-6):
     mean-shift up to +0.017 higher, nDCG-axis area up to 0.031 lower on four attributes; not used.
     Without centring on both sides, ``lam = gamma = 1`` (exact maps keep equal scores).
 
+    **A fitted map** (both frames) is carried by its polar factor ``U V^T`` (``M = U S V^T``) in place of ``M``:
+    ``H = ((U V^T)^+)^T = U V^T``. A ridge or low-rank fit shrinks ``M`` in the directions its pairs say little
+    about; ``M^+`` blew those up, so a steer carried by a ridge map from 4,000 WordNet pairs (MiniLM -> e5,
+    plant vs person) replaced every result at eps = 0.25 (overlap@10 with the unsteered results 0.002 at eps =
+    0.25 / 0.5 / 1, against 0.74 / 0.38 / 0.13 in MiniLM); by its polar factor 0.71 / 0.38 / 0.12. A Procrustes
+    map is its own polar factor (0.72 / 0.42 / 0.14 either way). A bare matrix keeps ``M^+`` (the exact-map
+    identity above).
+
     Notes
     -----
     Uses the map's linear part and frame means; the bias, the affine part of the query side and the rows'
@@ -86,13 +94,18 @@ def transfer_steer(steer, linear_map, *, rcond: float = 1e-6):
     if M.shape[0] != steer.dim:
         raise DimensionMismatchError(
             f"map expects {M.shape[0]}-d source rows, the steer lives in {steer.dim}-d")
-    Mp = linalg.pinv(M, rcond=rcond)  # (d_B, d_A)
     frames = [getattr(linear_map, "source_frame", None), getattr(linear_map, "target_frame", None)]
     mu_a, mu_b = (_frame_mean(f) for f in frames)
+    fitted = mu_a is not None and mu_b is not None
+    if fitted:  # the map's polar factor U V^T: its rotation, without a regularised fit's shrinkage (see Notes)
+        U, _, Vt = linalg.svd(M, full_matrices=False)
+        Mp = (U @ Vt).T
+    else:
+        Mp = linalg.pinv(M, rcond=rcond)  # (d_B, d_A)
     P1 = Mp @ steer.P1.astype(np.float64)
     P2 = Mp @ steer.P2.astype(np.float64)
     lam, gamma = 1.0, 1.0
-    if mu_a is not None and mu_b is not None:
+    if fitted:
         lam = _spread(mu_a) / _spread(mu_b)  # rho_A / rho_B
         g_a = _rms_gate(mu_a, steer.P1.astype(np.float64))
         g_b = _rms_gate(mu_b, P1)
@@ -102,7 +115,8 @@ def transfer_steer(steer, linear_map, *, rcond: float = 1e-6):
     P2 = P2 / lam
     centred = any(f is not None and getattr(f, "mean", None) is not None for f in frames)
     has_bias = getattr(linear_map, "bias", None) is not None
-    meta = {"method": "transfer", "form": "P1_B = gamma M+ P1, P2_B = M+ P2 / lam",
+    meta = {"method": "transfer", "form": "P1_B = gamma H P1, P2_B = H P2 / lam; H = "
+                                          + ("(U V^T)^T, M = U S V^T" if fitted else "M+"),
             "source_dim": int(M.shape[0]), "target_dim": int(M.shape[1]), "approximate": bool(centred or has_bias),
             "eps_scale": gamma / lam, "gate_scale": gamma, "spread_ratio": lam, "of": steer.metadata,
             "map": getattr(linear_map, "metadata", {})}

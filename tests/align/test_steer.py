@@ -393,7 +393,43 @@ def test_transfer_through_centring_frames_is_finite_and_only_rescales(seed, na, 
         return Frame(d, (v / np.linalg.norm(v) * norm).astype(np.float32))
 
     moved = transfer_steer(s, LinearMap(M, None, frame(dA, na), frame(dB, nb)))
-    bare = transfer_steer(s, LinearMap(M))
+    U, _, Vt = np.linalg.svd(M, full_matrices=False)
+    bare = transfer_steer(s, LinearMap(U @ Vt))  # a fitted map is carried by its polar factor
     k = moved.metadata["eps_scale"]
     assert np.isfinite(k) and k > 0 and np.isfinite(moved.P1).all() and np.isfinite(moved.P2).all()
     np.testing.assert_allclose(moved.W, k * bare.W, rtol=1e-4, atol=1e-6 * max(1.0, k) * np.abs(bare.W).max())
+
+
+def test_a_shrunk_fitted_map_carries_a_steer_as_its_rotation_does():
+    """A ridge-like map (the rotation R with singular values shrunk to 1 .. 0.01, as a regularised fit leaves
+    directions its pairs say little about) between centred frames: the transfer through M^+ blew those directions
+    up and the carried steer replaced every result at any eps; through M's polar factor it moves results as the
+    transfer through R itself does."""
+    from align.frames import Frame
+    from align.knn import knn
+
+    rng = np.random.default_rng(3)
+    d, n = 16, 3000
+    X = rng.normal(size=(n, d)) + 3 * np.eye(d)[0]
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    labels = np.where(X[:, 1] > 0.25, 1, np.where(X[:, 1] < -0.25, -1, 0))
+    R = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    U, _, Vt = np.linalg.svd(R)
+    shrunk = U @ np.diag(np.geomspace(1.0, 0.01, d)) @ Vt
+    mu_a = X.mean(axis=0).astype(np.float32)
+    mu_b = (X @ R).mean(axis=0).astype(np.float32)
+    steer = fit_steer(X[:2000], labels[:2000], random_state=0)
+    via_r = transfer_steer(steer, LinearMap(R, None, Frame(d, mu_a), Frame(d, mu_b)))
+    via_shrunk = transfer_steer(steer, LinearMap(shrunk, None, Frame(d, mu_a), Frame(d, mu_b)))
+    Y = (X @ R).astype(np.float32)
+    Q, C = Y[2000:2200], Y[2000:]
+
+    def overlap(s, eps):
+        _, I0 = knn(Q, C, 10)
+        _, I1 = knn(s.apply(Q, eps), C, 10)
+        return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(I0.tolist(), I1.tolist())]))
+
+    for eps in (0.25, 0.5, 1.0):
+        assert abs(overlap(via_shrunk, eps) - overlap(via_r, eps)) < 0.05, eps
+    assert overlap(via_shrunk, 0.5) > 0.2
+    np.testing.assert_allclose(via_shrunk.W, via_r.W, rtol=1e-4, atol=1e-6 * np.abs(via_r.W).max())
