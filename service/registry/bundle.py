@@ -29,6 +29,9 @@ had come over HTTP, in three phases:
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import uuid
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -126,7 +129,8 @@ class _Reader:
 
 def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
     """Write every map and steer (or only the maps ``names``, no steers) with all versions, aliases, tags,
-    spaces and artifacts. A ``.zip`` appears whole or not at all (written aside, then renamed)."""
+    spaces and artifacts. A ``.zip`` or a folder appears whole or not at all (written aside, then renamed); a
+    folder must be new or empty (an export used to merge into whatever was there, the data dir included)."""
     chosen = {"maps": [m for m in reg.list_maps() if names is None or m["name"] in names],
               "steers": reg.list_steers() if names is None else []}
     if names is not None:
@@ -135,8 +139,18 @@ def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
             raise NotFoundError(f"unknown map(s): {sorted(missing)}")
     if path.suffix == ".zip":
         atomic_write(path, lambda tmp: _export(reg, _Writer(tmp, True), chosen, names))
-    else:
-        _export(reg, _Writer(path, False), chosen, names)
+        return path
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):  # it merged into what was there
+        raise ConflictError(f"{path} exists and is not an empty folder: export into a new folder (or a .zip)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.export-{uuid.uuid4().hex[:8]}"
+    try:  # a folder too appears whole or not at all
+        _export(reg, _Writer(tmp, False), chosen, names)
+        if path.exists():
+            path.rmdir()
+        os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

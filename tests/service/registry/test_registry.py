@@ -337,6 +337,25 @@ def test_find_path_and_compose(reg):
 
 # --- bundles ----------------------------------------------------------------------------------
 
+def test_a_folder_export_needs_a_new_or_empty_folder_and_appears_whole(reg, tmp_path):
+    """`registry export d` wrote manifest.json and the artifacts into the data dir itself, and into any non-empty
+    folder, without a word; to an existing file it printed a raw "[Errno 17] File exists". Now refused, and the
+    folder appears whole (written aside, renamed)."""
+    register(reg, seed=1)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    (tmp_path / "afile").write_text("x")
+    for bad in ("full", "afile"):
+        with pytest.raises(ConflictError, match="not an empty folder"):
+            reg.export(tmp_path / bad)
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["keep.txt"]
+    (tmp_path / "empty").mkdir()
+    for ok in ("empty", "new/deeper"):
+        out = reg.export(tmp_path / ok)
+        assert (out / "manifest.json").is_file()
+    assert not list(tmp_path.rglob(".*.export-*"))
+
+
 @pytest.mark.parametrize("suffix", [".zip", ""])
 def test_export_import_round_trip(reg, tmp_path, suffix):
     reg.register_space("a", 8, encoder="enc", passage_prefix="passage: ")
