@@ -179,10 +179,10 @@ class MigrationReport:
         return asdict(self)
 
 
-def _fresh_state(source, target, fp, total) -> dict:
+def _fresh_state(source, target, fp, total, label: str | None = None) -> dict:
     return {"source": source, "target": target, "map_fingerprint": fp, "first_id": None, "last_id": None,
             "done": 0, "batches": 0, "total": int(total), "finished": False, "started_at": time.time(),
-            "nulls": "kept"}
+            "nulls": "kept", **({"map": label} if label else {})}
 
 
 #: what a run resumed from a checkpoint of a release that dropped explicit nulls (no ``"nulls"`` key) says
@@ -268,10 +268,11 @@ def _start(store: VectorStore, state: dict | None, source: str, target: str, fp:
                 f"{state['map'] if state.get('map') else 'that map'} to resume, or remove the checkpoint to start over")
         if not store.exists(target):
             raise CheckpointMismatchError(f"checkpoint records progress into {target!r}, which does not exist")
-        if state["finished"] and store.count(target) < int(state["done"]):
+        held = store.count(target) if state["finished"] else None
+        if held is not None and held < int(state["done"]):
             raise CheckpointMismatchError(
                 f"checkpoint records {int(state['done'])} rows written into {target!r}, which holds "
-                f"{store.count(target)}: the checkpoint is of a migration in another store (the default checkpoint "
+                f"{held}: the checkpoint is of a migration in another store (the default checkpoint "
                 f"is named by collections only: pass --checkpoint), or the target lost rows; nothing was switched")
         return "finished" if state["finished"] else "resume"
     if not store.exists(target):
@@ -385,7 +386,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         if start == "drop":
             store.drop(target)
         store.create(target, map_.target_dim, metric=metric, like=source)
-        state = {**_fresh_state(source, target, fp, store.count(source)), **({"map": label} if label else {})}
+        state = _fresh_state(source, target, fp, store.count(source), label)
         checkpoint.save(state)
         resumed_from = None
 

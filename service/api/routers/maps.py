@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Path, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from align.exceptions import InputError
+from align.exceptions import DimensionMismatchError, InputError
 
 from ...limits import MAX_DIM, parse_strict_int
 from ...ops import maps as map_ops
@@ -249,8 +249,6 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
         opts = validate(TransformOptions, {**query_opts, **options_of(obj)})
         X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch, finite=False)
         if dim and dim != X.shape[1]:  # ?dim= beside a JSON body: it was ignored
-            from align.exceptions import DimensionMismatchError
-
             raise DimensionMismatchError(f"vectors: the rows have {X.shape[1]} columns, but ?dim= says {dim}")
     else:
         hd = parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else None
@@ -260,8 +258,6 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
         opts = validate(TransformOptions, {**query_opts, "dim": d})
         X = vectors_from_binary(body, mt, dim=d, max_batch=settings.max_batch, finite=False)
         if d != m.source_dim:
-            from align.exceptions import DimensionMismatchError
-
             raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
     # NaN/Inf: checked by the apply (a linear map reads it off the row norms it computes anyway: no pass of its own)
     Y = m.apply(X, output=opts.output, name="vectors")
