@@ -61,7 +61,7 @@ import numpy as np
 from . import linalg
 from .exceptions import DegenerateInputError
 
-__all__ = ["local_discriminant_factors", "fit_local", "PRIOR_WEIGHTS", "CALIBRATION_NEIGHBORS"]
+__all__ = ["local_discriminant_factors", "fit_local", "calibrate", "overlap_at", "PRIOR_WEIGHTS", "CALIBRATION_NEIGHBORS"]
 
 #: neighbours of each training query among which ``eps = 1`` is calibrated (the fit's own ``K`` when larger):
 #: with the fit's K of 11 or 16 a top-10 swap among so few rows needed a boost 40-250x the default fit's, and
@@ -89,7 +89,7 @@ def _neighbourhood_stats(X: np.ndarray, y: np.ndarray, I: np.ndarray, block: int
     return S, r
 
 
-def _overlap_at(scores: np.ndarray, boost: np.ndarray, eps: float, k: int) -> float:
+def overlap_at(scores: np.ndarray, boost: np.ndarray, eps: float, k: int) -> float:
     """Mean overlap@k between the top-k of ``scores`` and of ``scores + eps * boost`` (rows = queries)."""
     base = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     moved = np.argsort(-(scores + eps * boost), axis=1, kind="stable")[:, :k]
@@ -97,7 +97,7 @@ def _overlap_at(scores: np.ndarray, boost: np.ndarray, eps: float, k: int) -> fl
     return float(hits.mean() / k)
 
 
-def _calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float = 0.5) -> tuple[float, float]:
+def calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float = 0.5) -> tuple[float, float]:
     """``(t, overlap)``: the scale ``t`` with mean overlap@k(``scores + t * boost``) ≈ ``target`` (bisection on
     log t, within 1e±4 of ``t0``, the scale at which the boost's spread inside a neighbourhood equals the scores'
     own), and the overlap it keeps. Where no ``t`` in that range trades that much (the attribute rows already lead
@@ -107,7 +107,7 @@ def _calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float =
     spread = float(np.std(boost, axis=1).mean())
     t0 = float(np.std(scores, axis=1).mean()) / spread if spread > 0 else 0.0
     lo, hi = t0 * 1e-4, t0 * 1e4
-    floor = _overlap_at(scores, boost, hi, k) if np.isfinite(t0) and t0 > 0 else 1.0
+    floor = overlap_at(scores, boost, hi, k) if np.isfinite(t0) and t0 > 0 else 1.0
     if floor >= 1.0:
         raise DegenerateInputError(
             f"the steer cannot be calibrated: no boost changes any training query's top-{k} among its "
@@ -116,7 +116,7 @@ def _calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float =
     target = max(target, floor)
     for _ in range(40):
         mid = float(np.sqrt(lo * hi))
-        if _overlap_at(scores, boost, mid, k) > target:
+        if overlap_at(scores, boost, mid, k) > target:
             lo = mid
         else:
             hi = mid
@@ -252,7 +252,7 @@ def local_discriminant_factors(X: np.ndarray, labels: np.ndarray, *, n_queries: 
     boost = gate[:, None] * (X[I].astype(np.float64) @ b)       # (nq, K)
     nb = float(np.linalg.norm(b))
     k_cal = max(1, min(k, I.shape[1] // 2))                   # a half of it can leave the top (module docstring)
-    scale, kept = _calibrate(D, boost, k=k_cal) if nb > 0 else (1.0, 1.0)
+    scale, kept = calibrate(D, boost, k=k_cal) if nb > 0 else (1.0, 1.0)
     info = {"n_queries": int(len(qi)), "n_neighbors": int(I.shape[1]), "ridge": float(ridge),
             "opposite_weight": float(opposite_weight),
             "prior_weight": "inf" if np.isinf(t) else float(t), "prior_selection": report,

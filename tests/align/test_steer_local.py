@@ -104,19 +104,19 @@ def test_a_steer_that_cannot_reorder_any_neighbourhood_is_refused_and_one_that_s
     """A boost that reorders nothing used to get the bisection's capped scale silently; now it is refused. A
     boost that can trade only part of a top-k (the attribute rows already lead it) gets the scale where it
     saturates and records the overlap it keeps there, instead of the cap."""
-    from align.steer_local import _calibrate, _overlap_at
+    from align.steer_local import calibrate, overlap_at
 
     scores = np.sort(np.random.default_rng(0).random((50, 20)), axis=1)[:, ::-1].copy()
     with pytest.raises(DegenerateInputError, match="cannot be calibrated"):
-        _calibrate(scores, np.zeros_like(scores), k=10)
+        calibrate(scores, np.zeros_like(scores), k=10)
     boost = np.zeros_like(scores)
     boost[:, 10:13] = 1.0                                 # three rows below the top-10 can rise: 7 of 10 stay
-    t, kept = _calibrate(scores, boost, k=10)
-    assert kept == pytest.approx(0.7) and _overlap_at(scores, boost, t, 10) == pytest.approx(0.7)
-    assert _overlap_at(scores, boost, t / 1.5, 10) > 0.7   # the smallest scale that gets there, not the cap
-    t_half, kept_half = _calibrate(scores, boost + np.arange(20)[None, ::-1] * -0.1, k=10)
+    t, kept = calibrate(scores, boost, k=10)
+    assert kept == pytest.approx(0.7) and overlap_at(scores, boost, t, 10) == pytest.approx(0.7)
+    assert overlap_at(scores, boost, t / 1.5, 10) > 0.7   # the smallest scale that gets there, not the cap
+    t_half, kept_half = calibrate(scores, boost + np.arange(20)[None, ::-1] * -0.1, k=10)
     assert kept_half == 0.5
-    assert _overlap_at(scores, boost + np.arange(20)[None, ::-1] * -0.1, t_half, 10) == pytest.approx(0.5, abs=0.02)
+    assert overlap_at(scores, boost + np.arange(20)[None, ::-1] * -0.1, t_half, 10) == pytest.approx(0.5, abs=0.02)
 
 
 def test_dominates_mean_shift_on_the_trade_off(split, local):
