@@ -61,7 +61,8 @@ import numpy as np
 from . import linalg
 from .exceptions import DegenerateInputError
 
-__all__ = ["local_discriminant_factors", "fit_local", "calibrate", "overlap_at", "PRIOR_WEIGHTS", "CALIBRATION_NEIGHBORS"]
+__all__ = ["local_discriminant_factors", "fit_local", "calibrate", "overlap_at", "PRIOR_WEIGHTS",
+           "CALIBRATION_NEIGHBORS"]
 
 #: neighbours of each training query among which ``eps = 1`` is calibrated (the fit's own ``K`` when larger):
 #: with the fit's K of 11 or 16 a top-10 swap among so few rows needed a boost 40-250x the default fit's, and

@@ -49,8 +49,8 @@ _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://
 @click.option("--name", required=True, help="Map name, e.g. minilm->e5.")
 @click.option("--source-space", default=None, help="Source space name (default: encoder or file stem).")
 @click.option("--target-space", default=None, help="Target space name (default: encoder or file stem).")
-@click.option("--alias", default=None, help="Point this alias (e.g. prod) at the new version (not when the fit is flagged "
-              "unreliable: the alias stays where it was, a note says where).")
+@click.option("--alias", default=None, help="Point this alias (e.g. prod) at the new version (not when the fit "
+              "is flagged unreliable: the alias stays where it was, a note says where).")
 @random_state_opt
 @description_opt
 @click.option("--tag", "tags", multiple=True, help="KEY=VALUE tag, repeatable.")
