@@ -52,6 +52,12 @@ async def readyz(request: Request):
                             status_code=200 if ok else 503)
 
 
+# HEAD of the probes (load balancers and monitors probe with it; FastAPI adds no HEAD to a GET route, so they got
+# 405): the GET's status and headers, no body; kept out of the OpenAPI document
+router.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
+router.add_api_route("/readyz", readyz, methods=["HEAD"], include_in_schema=False)
+
+
 async def _indexes_check(state, loaded: bool) -> dict:
     """``{"loaded", "loading", "failed", "errors"}`` (:meth:`~service.indexes.IndexStore.status`). While the start-up
     loads the indexes, from memory (a listing would load them itself and wait as long); then with what other

@@ -247,3 +247,22 @@ def test_racing_if_match_writes_on_two_replicas_have_one_winner(tmp_path, reques
                     winner.headers["etag"]
         got = _race(urls, lambda i: {"If-Match": '"v1", "v2", "v3"'} if i % 2 else {"If-None-Match": "*"})
         assert all(r.status_code == (200 if i % 2 else 412) for i, r in enumerate(got)), [r.text for r in got]
+
+
+def test_the_probes_answer_head_over_real_http(served):
+    """Load balancers and monitors probe with HEAD: /healthz and /readyz answered 405 (allow: GET). Now the GET's
+    status and headers with no body, over a real uvicorn server; the OpenAPI document is unchanged (GET only)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    c, url, _ = served
+    u = urlsplit(url)
+    for path in ("/healthz", "/readyz"):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        try:
+            conn.request("HEAD", path)
+            r = conn.getresponse()
+            assert r.status == 200 and r.read() == b"" and r.getheader("content-type") == "application/json", path
+        finally:
+            conn.close()
+        assert set(c.get("/openapi.json").json()["paths"][path]) == {"get"}
