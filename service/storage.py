@@ -26,20 +26,23 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
+import shutil
 import sqlite3
 import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 from urllib.request import pathname2url
 
 from align.exceptions import InputError
 
-__all__ = ["STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "fsync_dir", "hold",
-           "is_storage_error", "link_or_copy", "sqlite_backup", "storage_message", "take_abandoned"]
+__all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
+           "fsync_dir", "hold", "is_storage_error", "link_or_copy", "sqlite_backup", "storage_message",
+           "sweep_abandoned", "take_abandoned"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _SQLITE_MARKERS = ("readonly database", "disk is full", "disk i/o error", "unable to open database file",
@@ -192,6 +195,66 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
         raise
     fsync_dir(path.parent)
     return path
+
+
+#: in a folder written aside (:func:`folder_aside`), locked by the process writing it (the name backups gave it first)
+IN_PROGRESS = ".vecbridge-backup-in-progress"
+_TMP_RE = re.compile(r"\..+\.tmp-[0-9a-f]{8}")
+
+
+def sweep_abandoned(parent: Path) -> list[str]:
+    """Remove the temporary folders of dead :func:`folder_aside` writers (a backup, a bundle export) in ``parent``;
+    the names removed.
+
+    A folder counts only when its name is such a temporary name (``.NAME.tmp-<8 hex>``) and it holds
+    :data:`IN_PROGRESS` that no process has locked: a running writer holds the lock (kept), a killed one lost it
+    with its process. Folders without the marker (not ours, or one being created this instant) are kept.
+    """
+    removed = []
+    try:
+        subs = sorted(parent.iterdir())
+    except FileNotFoundError:
+        return removed
+    for sub in subs:
+        if not (_TMP_RE.fullmatch(sub.name) and sub.is_dir() and not sub.is_symlink()):
+            continue
+        fd = take_abandoned(sub / IN_PROGRESS)
+        if fd is None:  # a live writer holds it; or no marker: not ours, or one that has not made it yet
+            continue
+        try:
+            shutil.rmtree(sub, ignore_errors=True)
+        finally:
+            os.close(fd)
+        removed.append(sub.name)
+    return removed
+
+
+@contextlib.contextmanager
+def folder_aside(dest: Path) -> Iterator[tuple[Path, list[str]]]:
+    """Write the new folder ``dest`` whole or not at all: yields ``(tmp, swept)``, a private folder beside ``dest``
+    to fill (marked :data:`IN_PROGRESS` and locked while this process lives) and the names
+    :func:`sweep_abandoned` removed from ``dest``'s parent first. When the body returns, every entry is made durable
+    and ``tmp`` renamed to ``dest`` (which replaces an empty ``dest``, and fails, changing nothing, if a non-empty
+    one appeared meanwhile); when it raises, ``tmp`` is removed. Used by backups and folder bundle exports."""
+    make_parent(dest)
+    swept = sweep_abandoned(dest.parent)
+    tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    held = None
+    try:
+        held = hold(tmp / IN_PROGRESS, create=True)
+        yield tmp, swept
+        (tmp / IN_PROGRESS).unlink()  # not part of the folder; the lock stays held until the rename is done
+        for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
+            fsync_dir(d)  # every entry durable before the rename makes the folder visible
+        os.rename(tmp, dest)
+        fsync_dir(dest.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if held is not None:
+            os.close(held)
 
 
 def check_writable(path, what: str) -> None:

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -45,14 +43,12 @@ from ..indexes.persist import with_current
 from ..progress import Progress, silent
 from ..registry import open_registry, package_version
 from ..registry.db import sqlite_path
-from ..storage import atomic_write, fsync_dir, hold, link_or_copy, make_parent, sqlite_backup, take_abandoned
+from ..storage import IN_PROGRESS, atomic_write, folder_aside, link_or_copy, sqlite_backup, sweep_abandoned
 
 __all__ = ["BACKUP_FORMAT", "IN_PROGRESS", "MANIFEST", "PG_NOTE", "backup_data_dir", "sweep_abandoned"]
 
 BACKUP_FORMAT = "vecbridge.backup"
 MANIFEST = "backup.json"
-IN_PROGRESS = ".vecbridge-backup-in-progress"  # in a temporary backup folder, locked by the backup writing it
-_TMP_RE = re.compile(r"\..+\.tmp-[0-9a-f]{8}")
 PG_NOTE = ("the registry database is PostgreSQL: back it up with pg_dump, before this backup (artifacts are only "
            "ever added, so every one a dump taken earlier names is in this one); restore it with pg_restore and "
            "start vecbridge with --data-dir on this backup and VECBRIDGE_REGISTRY_URL on the restored database")
@@ -98,32 +94,6 @@ def _check(data: Path, dest: Path) -> None:
         raise ConflictError(f"backup folder {dest} is inside the data dir {data}: a backup must survive losing it")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ConflictError(f"backup folder {dest} already exists and is not empty: give a new (or empty) folder")
-
-
-def sweep_abandoned(parent: Path) -> list[str]:
-    """Remove the temporary folders of dead backups in ``parent``; the names removed.
-
-    A folder counts only when its name is a backup's temporary name (``.NAME.tmp-<8 hex>``) and it holds
-    :data:`IN_PROGRESS` that no process has locked: a running backup holds the lock (kept), a killed one lost it
-    with its process. Folders without the marker (not ours, or one being created this instant) are kept.
-    """
-    removed = []
-    try:
-        subs = sorted(parent.iterdir())
-    except FileNotFoundError:
-        return removed
-    for sub in subs:
-        if not (_TMP_RE.fullmatch(sub.name) and sub.is_dir() and not sub.is_symlink()):
-            continue
-        fd = take_abandoned(sub / IN_PROGRESS)
-        if fd is None:  # a live backup writes it; or no marker: not a backup's, or one that has not made it yet
-            continue
-        try:
-            shutil.rmtree(sub, ignore_errors=True)
-        finally:
-            os.close(fd)
-        removed.append(sub.name)
-    return removed
 
 
 def _index(src: Path, dst: Path, copier: _Copier, progress: Progress) -> dict:
@@ -191,29 +161,12 @@ def backup_data_dir(settings: Settings, dest, *, link: bool = False, progress: P
                                     *([db] if db is not None else []))):
         raise NotFoundError(f"{data} is not a vecbridge data dir (no registry, artifacts, indexes or job records): "
                             f"give --data-dir or VECBRIDGE_DATA_DIR")
-    make_parent(dest)
-    swept = sweep_abandoned(dest.parent)
-    tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    held = None
-    try:
-        held = hold(tmp / IN_PROGRESS, create=True)
+    with folder_aside(dest) as (tmp, swept):
         summary = _backup(settings, data, tmp, _Copier(link), progress, verify_indexes)
         summary["notes"] += [f"removed {dest.parent / name}, the temporary folder of a backup that was killed"
                              for name in swept]
         summary["seconds"] = round(time.perf_counter() - t0, 3)
         atomic_write(tmp / MANIFEST, json.dumps(summary, indent=1, sort_keys=True))
-        (tmp / IN_PROGRESS).unlink()  # not part of the backup; the lock stays held until the rename is done
-        for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
-            fsync_dir(d)  # every entry durable before the rename makes the backup visible
-        os.rename(tmp, dest)  # replaces an empty dest; fails (nothing changed) if one appeared meanwhile
-        fsync_dir(dest.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        if held is not None:
-            os.close(held)
     summary["dest"] = str(dest)
     return summary
 

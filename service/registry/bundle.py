@@ -29,15 +29,12 @@ had come over HTTP, in three phases:
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..io import json_finite
-from ..storage import atomic_write
+from ..storage import atomic_write, folder_aside
 from .entity import KINDS, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .names import check_alias, check_name, check_tag_key, fs_safe
@@ -142,15 +139,8 @@ def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
         return path
     if path.exists() and (not path.is_dir() or any(path.iterdir())):  # it merged into what was there
         raise ConflictError(f"{path} exists and is not an empty folder: export into a new folder (or a .zip)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.export-{uuid.uuid4().hex[:8]}"
-    try:  # a folder too appears whole or not at all
+    with folder_aside(path) as (tmp, _):  # a folder too appears whole or not at all
         _export(reg, _Writer(tmp, False), chosen, names)
-        if path.exists():
-            path.rmdir()
-        os.rename(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

@@ -353,7 +353,7 @@ def test_a_folder_export_needs_a_new_or_empty_folder_and_appears_whole(reg, tmp_
     for ok in ("empty", "new/deeper"):
         out = reg.export(tmp_path / ok)
         assert (out / "manifest.json").is_file()
-    assert not list(tmp_path.rglob(".*.export-*"))
+    assert not list(tmp_path.rglob(".*.tmp-*"))  # the folder written aside is gone once renamed
 
 
 @pytest.mark.parametrize("suffix", [".zip", ""])
