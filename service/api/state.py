@@ -309,12 +309,15 @@ class AppState:
         """
         want = {encoder, _canonical(encoder)}
         spaces = self.registry.list_spaces()
-        named = [s.name for s in spaces if (s.name in want or _canonical(s.name) in want)
-                 and (not s.encoder or _canonical(s.encoder) in want)]
-        made = [s.name for s in spaces if s.encoder and (s.encoder in want or _canonical(s.encoder) in want)]
+
+        def means(name: str | None) -> bool:
+            return bool(name) and (name in want or _canonical(name) in want)
+
+        named = [s.name for s in spaces if means(s.name) and (not s.encoder or means(s.encoder))]
+        made = [s.name for s in spaces if means(s.encoder)]
         if not named and not made:  # by name first; loading the encoder is the slow way
             want.add(getattr(self.encoder(encoder), "name", encoder))
-            made = [s.name for s in spaces if s.encoder and (s.encoder in want or _canonical(s.encoder) in want)]
+            made = [s.name for s in spaces if means(s.encoder)]
         return named, [name for name in made if name not in named]
 
 
