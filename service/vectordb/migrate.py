@@ -334,8 +334,11 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
              progress, metric, overwrite, registry, source_space, target_space, should_stop,
              dry_run) -> MigrationReport:
     """:func:`migrate` (under the checkpoint's lock unless ``dry_run``)."""
+    label = map_label(map_, registry)
+    if isinstance(map_, str) and label:  # a registry ref pinned once: spaces, map and checkpoint of one version
+        map_ = label
     map_src, map_tgt = map_spaces(map_, registry)
-    map_in, map_ = map_, resolve_map(map_, registry)
+    map_ = resolve_map(map_, registry)
     map_src = map_src or (map_.metadata or {}).get("source_space")
     map_tgt = map_tgt or (map_.metadata or {}).get("target_space")
     if target_space and map_tgt and target_space != map_tgt:  # the target would record a space its rows are not in
@@ -370,7 +373,6 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     notes: list[str] = []
     state = checkpoint.load()
     t0 = time.perf_counter()
-    label = map_label(map_in, registry)
     start = _start(store, state, source, target, fp, overwrite, label)
     if state is not None and state.get("nulls") != "kept" and state["last_id"] is not None:
         notes = [NULLS_DROPPED_BEFORE.format(last=state["last_id"])]
