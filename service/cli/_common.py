@@ -70,11 +70,57 @@ class Ctx:
 
     @property
     def registry(self):
+        """The registry, opened on first use. Only a command of :data:`CREATES_REGISTRY` makes a new SQLite registry
+        (and its data dir) where there is none. A list command there lists an empty registry and says on stderr that
+        there is none (nothing is created); any other command is an error: a mistyped ``--data-dir`` no longer leaves
+        an empty registry behind, or answers "no such map" about the wrong place."""
         if self._reg is None:
             s = self.settings
-            s.data_dir.mkdir(parents=True, exist_ok=True)
-            self._reg = open_registry(s.resolved_registry_url(), s.resolved_artifact_dir(), **s.registry_options())
+            url, artifacts = s.resolved_registry_url(), s.resolved_artifact_dir()
+            missing = _missing_sqlite(url)
+            command = _command_path()
+            if missing is not None and command in LISTS_EMPTY_WITHOUT_REGISTRY:
+                if not click.get_current_context().params.get("as_json"):  # --json: the JSON is the whole output
+                    click.echo(f"vecbridge: no registry at {missing} yet (data dir {s.data_dir})", err=True)
+                url, artifacts = _empty_registry()
+            elif missing is not None and command not in CREATES_REGISTRY:
+                raise NotFoundError(f"no registry at {missing} (data dir {s.data_dir}): check --data-dir / "
+                                    "VECBRIDGE_DATA_DIR (or --registry-url); `vecbridge fit` or `vecbridge spaces add` "
+                                    "creates one")
+            else:
+                s.data_dir.mkdir(parents=True, exist_ok=True)
+            self._reg = open_registry(url, artifacts, **s.registry_options())
         return self._reg
+
+
+#: the commands that may create a registry where there is none (every other command needs one to exist)
+CREATES_REGISTRY = frozenset({"fit", "spaces add", "registry import", "steer fit", "lm steer-fit"})
+
+
+#: the list commands, which list nothing (exit 0) where there is no registry
+LISTS_EMPTY_WITHOUT_REGISTRY = frozenset({"registry list", "steer list", "spaces"})
+
+
+def _empty_registry() -> tuple[str, Path]:
+    """``(url, artifact dir)`` of an empty registry in a temporary folder, removed when the command ends."""
+    import tempfile
+
+    tmp = Path(click.get_current_context().with_resource(tempfile.TemporaryDirectory(prefix="vecbridge-empty-")))
+    return f"sqlite:///{tmp / 'registry.sqlite'}", tmp / "artifacts"
+
+
+def _command_path() -> str:
+    """The running command below ``vecbridge``, e.g. ``"registry list"`` ("" outside a click command)."""
+    ctx = click.get_current_context(silent=True)
+    return " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+
+
+def _missing_sqlite(url: str) -> Path | None:
+    """The file of a ``sqlite:///PATH`` registry URL when it does not exist; None otherwise (a server URL)."""
+    from ..registry.db import sqlite_path
+
+    path = sqlite_path(url)
+    return path if path is not None and not path.exists() else None
 
 
 def emit(obj, as_json: bool, text: str | None = None) -> None:

@@ -86,7 +86,8 @@ def lm_steer_fit(obj: Ctx, texts, labels, name, rank, steps, eps, lr, random_sta
 @click.pass_obj
 def lm_generate(obj: Ctx, prompt, steers, max_new_tokens, temperature, top_p, random_state, as_json):
     """Continue PROMPT under the given steers (prints the continuation)."""
-    out = ops.generate(obj.registry, _lm_of(obj), prompt, _steer_eps(steers), max_new_tokens=max_new_tokens,
+    registry = obj.registry if steers else None  # unsteered generation needs no registry (none is created)
+    out = ops.generate(registry, _lm_of(obj), prompt, _steer_eps(steers), max_new_tokens=max_new_tokens,
                        temperature=temperature, top_p=top_p, random_state=random_state)
     emit(out, as_json, out["text"])
 

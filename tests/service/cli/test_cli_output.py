@@ -155,3 +155,30 @@ def test_every_file_format_a_help_text_names_is_one_the_commands_read():
     walk(cli, "vecbridge")
     assert ".npy" in named and ".parquet" in named
     assert {s: p for s, p in named.items() if s not in (*VECTOR_SUFFIXES, *TEXT_SUFFIXES)} == {}
+
+
+def test_a_data_dir_with_no_registry_is_named_and_never_created(capsys, data):
+    """A mistyped ``--data-dir`` made a new empty registry there: ``registry list`` said "(no maps)" and
+    ``transform --map m`` "unknown map" about the wrong place, and the empty folder stayed behind. Now only the
+    commands that create a registry make one; a list lists nothing and says there is no registry (stderr, not with
+    ``--json``); every other command is one line naming the path, exit 2."""
+    typo = data / "vra"
+    for args in (["registry", "list"], ["steer", "list"], ["spaces"]):
+        rc, out, err = run(capsys, "--data-dir", str(typo), *args)
+        assert rc == 0 and out.startswith("(no ") and f"no registry at {typo / 'registry.sqlite'} yet" in err, err
+        rc, out, err = run(capsys, "--data-dir", str(typo), *args, "--json")
+        assert rc == 0 and err == "" and json.loads(out) in ([], {"maps": [], "spaces": []}, {"steers": []}), out
+    reads = (["transform", "--map", "m", str(data / "src.npy"), str(data / "out.npy")],
+             ["registry", "show", "m"], ["registry", "verify"], ["registry", "alias", "m", "prod", "1"],
+             ["eval", "--map", "m", "--source", str(data / "src.npy"), "--target", str(data / "tgt.npy")],
+             ["steer", "show", "s"])
+    for args in reads:
+        rc, out, err = run(capsys, "--data-dir", str(typo), *args)
+        assert rc == 2 and err.startswith(f"vecbridge: error: no registry at {typo / 'registry.sqlite'}"), (args, err)
+        assert len(err.splitlines()) == 1, err
+    assert not typo.exists() and not (data / "out.npy").exists()
+    rc, out, err = run(capsys, "--data-dir", str(typo), "fit", "--source", str(data / "src.npy"), "--target",
+                       str(data / "tgt.npy"), "--method", "procrustes", "--name", "m", "--quiet")
+    assert rc == 0 and (typo / "registry.sqlite").is_file(), err
+    rc, out, err = run(capsys, "--data-dir", str(typo), "registry", "list")
+    assert rc == 0 and out.startswith("m  ") and err == "", (out, err)

@@ -86,6 +86,8 @@ def test_a_password_in_the_store_url_is_never_printed(url, tmp_path, capsys):
     from service.cli import main
 
     url = url.format(port=free_port())  # the Qdrant refusal printed "cannot connect to http://alice:s3cr@tPW@..."
+    assert main(["--data-dir", str(tmp_path), "spaces", "add", "a", "--dim", "4"]) == 0  # a registry to read "m" in
+    capsys.readouterr()
     rc = main(["--data-dir", str(tmp_path), "migrate", "--store", url, "--source", "a", "--target", "b",
                "--map", "m"])
     err = capsys.readouterr().err
