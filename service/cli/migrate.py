@@ -86,8 +86,12 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     if dry_run:
         emit(d, False, _dry_run_line(rep, source, target, alias))
         return
-    emit(d, False, f"migrated {rep.rows} rows {source} -> {target} ({rep.rows_this_run} this run"
-                   f"{', resumed after id ' + str(rep.resumed_from) if rep.resumed_from is not None else ''}) "
+    if rep.already_finished:
+        run = "already finished: nothing written this run"
+    else:
+        run = f"{rep.rows_this_run} this run" + (f", resumed after id {rep.resumed_from}"
+                                                 if rep.resumed_from is not None else "")
+    emit(d, False, f"migrated {rep.rows} rows {source} -> {target} ({run}) "
                    f"in {rep.seconds:.1f}s; fields: {', '.join(rep.extra.get('fields', [])) or '(none)'}; "
                    f"space {rep.extra.get('space_check')}"
                    f"{'; alias ' + alias + ' -> ' + target if alias else ''}")

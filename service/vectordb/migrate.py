@@ -119,6 +119,9 @@ def _check_spaces(store: VectorStore, source: str, declared: str | None, map_src
         return f"checked against --source-space: {declared}"
     if recorded or declared:  # the collection's side is known: it is the map that names no space
         return f"unchecked: the map names no source space ({known[0][0]} {known[0][1]!r})"
+    if map_src:  # the map's side is known: it is the collection that records none (and no --source-space)
+        return (f"unchecked: {source!r} records no space and no --source-space was given (the map reads "
+                f"{map_src!r})")
     return "unchecked: neither the collection nor the map names its space"
 
 
@@ -195,6 +198,11 @@ NULLS_DROPPED_BEFORE = ("the rows up to id {last} were written by a vecbridge th
 SOURCE_CHANGED = ("{source!r} now holds {n_src} rows and {target!r} {n_tgt}: rows written to (or deleted from) the "
                   "source during the migration at ids its scan had passed did not travel; `vecbridge verify --source "
                   "{source} --map ...` names them")
+
+
+#: what a rerun of a finished migration says when the source holds another number of rows than the target now
+SOURCE_CHANGED_SINCE = ("{source!r} holds {n_src} rows and {target!r} {n_tgt}: the source changed after this migration "
+                        "finished (or during it), and the target does not have those changes")
 
 
 def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | None = None,
@@ -393,6 +401,13 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         resumed_from = None
 
     if state["finished"]:
+        n_src, n_tgt = store.count(source), store.count(target)
+        if n_src != n_tgt:  # the source changed after the migration finished: its new rows are not in the target
+            changed = SOURCE_CHANGED_SINCE.format(source=source, n_src=n_src, target=target, n_tgt=n_tgt)
+            if alias:
+                raise CheckpointMismatchError(f"{changed}; alias {alias!r} was not switched: migrate again into a "
+                                              "new --target and let --alias switch to it")
+            notes.append(changed)
         if alias:
             store.set_alias(alias, target)
         return MigrationReport(store.engine, source, target, alias, store.count(target), 0, resumed_from,

@@ -144,6 +144,9 @@ def test_interrupt_then_resume_then_every_field_arrives(world, vb):
         np.testing.assert_allclose(b.vectors, m.apply(world["X"], output="raw"), rtol=1e-5, atol=1e-6)
     finally:
         s.close()
+    again = vb(data, "migrate", "--store", world["store"], "--source", "docs_a", "--target", "docs_b", "--map",
+               "a2b@prod", "--checkpoint", ckpt)  # the line said "0 this run, resumed after id ...": nothing was
+    assert f"migrated {N} rows docs_a -> docs_b (already finished: nothing written this run)" in again.stdout  # read
 
     v = vb(data, "verify", "--store", world["store"], "--collection", "docs", "--heldout-source",
             world["dir"] / "heldout_x.npy", "--heldout-target", world["dir"] / "heldout_y.npy", "--map", "a2b@prod",

@@ -331,3 +331,37 @@ def test_a_finished_migration_of_an_unchanged_source_warns_of_nothing(store):
     store.create("d_src", 24)
     store.upsert("d_src", np.arange(10), X[:10], [f"t{i}" for i in range(10)])
     assert migrate(store, "d_src", "d_dst", m, batch_size=3).extra["warnings"] == []
+
+
+def test_a_rerun_of_a_finished_migration_does_not_switch_the_alias_to_a_stale_target(store):
+    """Rows added to the source after a migration finished: rerunning it with --alias switched the alias to the
+    target, which lacks them, and said "migrated N rows (0 this run, resumed after id ...)". Now the rerun refuses
+    to switch and names the counts; without an alias it says the same as a warning."""
+    X, m = small_migration()
+    store.create("e_src", 24)
+    store.upsert("e_src", np.arange(10), X[:10], [f"t{i}" for i in range(10)])
+    ckpt = MemoryCheckpoint()
+    migrate(store, "e_src", "e_dst", m, batch_size=4, checkpoint=ckpt)
+    assert migrate(store, "e_src", "e_dst", m, checkpoint=ckpt, alias="e").already_finished  # unchanged: switched
+    assert store.resolve_alias("e") == "e_dst"
+    store.upsert("e_src", [10, 11], X[10:12], ["new", "newer"])
+    with pytest.raises(CheckpointMismatchError, match=r"'e_src' holds 12 rows and 'e_dst' 10.*alias 'e2' was not"):
+        migrate(store, "e_src", "e_dst", m, checkpoint=ckpt, alias="e2")
+    assert store.resolve_alias("e2") is None
+    rep = migrate(store, "e_src", "e_dst", m, checkpoint=ckpt)
+    assert rep.already_finished and any("holds 12 rows" in w for w in rep.extra["warnings"]), rep.extra
+
+
+def test_the_space_check_says_which_side_names_no_space(store, data):
+    """A map that reads space 'spa' on a collection that records none: the report said "neither the collection
+    nor the map names its space", which is false about the map."""
+    X, Y, m = data
+    _fill(store, X)
+    named = align.LinearMap(m.W, m.bias, m.source_frame, m.target_frame, metadata={"source_space": "spa"})
+    rep = migrate(store, "src", "s1", named, dry_run=True)
+    assert rep.extra["space_check"] == ("unchecked: 'src' records no space and no --source-space was given "
+                                        "(the map reads 'spa')")
+    assert migrate(store, "src", "s2", m, dry_run=True).extra["space_check"] == (
+        "unchecked: neither the collection nor the map names its space")
+    store.set_space("src", "spa")
+    assert migrate(store, "src", "s3", named, dry_run=True).extra["space_check"] == "checked: spa"
