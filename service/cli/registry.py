@@ -9,6 +9,7 @@ import click
 
 from ..encoders import get_encoder
 from ..ops.maps import create_space, delete_space
+from ..registry import NotFoundError
 from ..registry.names import parse_ref
 from ._common import (
     Ctx,
@@ -90,8 +91,16 @@ def registry_tag(obj: Ctx, name, version, key, value, delete):
 @click.pass_obj
 def registry_delete(obj: Ctx, name, version):
     """Soft-delete version VERSION of map NAME (kept for lineage; no longer resolves): `registry delete minilm-e5 2`."""
-    obj.registry.delete_version(name, version)
+    v = obj.registry.delete_version(name, version)
     click.echo(f"deleted {name}:{version}")
+    if v.aliases:  # the aliases stay on the deleted version (lineage); say what that changes for their users
+        try:
+            now = f"a bare {name!r} is now {name}:{obj.registry.resolve(name).version}"
+        except NotFoundError:
+            now = f"{name!r} has no live version left"
+        click.echo(f"vecbridge: warning: alias(es) {', '.join(v.aliases)} still point at {name}:{version}, so "
+                   f"{', '.join(f'{name}@{a}' for a in v.aliases)} no longer resolve and {now}; move them with "
+                   f"`vecbridge registry alias {name} ALIAS VERSION`", err=True)
 
 
 @registry.command("export")

@@ -62,8 +62,12 @@ def steer_show(obj: Ctx, ref, as_json):
 @click.pass_obj
 def steer_delete(obj: Ctx, name, version):
     """Soft-delete version VERSION of steer NAME (kept for lineage; no longer resolves): `steer delete formal 2`."""
-    delete_steer_version(obj.registry, name, version)
+    v = delete_steer_version(obj.registry, name, version)
     click.echo(f"deleted steer {name}:{version}")
+    if v.aliases:
+        click.echo(f"vecbridge: warning: alias(es) {', '.join(v.aliases)} still point at steer {name}:{version}, so "
+                   f"{', '.join(f'{name}@{a}' for a in v.aliases)} no longer resolve; move them with "
+                   f"`vecbridge steer alias {name} ALIAS VERSION`", err=True)
 
 
 @steer.command("fit")

@@ -562,12 +562,15 @@ class Registry(SteerRegistryMixin):
     def verify(self, sweep: bool = False) -> dict:
         """Check every version's artifact (exists, sha256 matches) and every alias's target.
 
-        Returns ``{"ok": bool, "bad_artifacts": [...], "dangling_aliases": [...], "version_gaps": [...],
+        Returns ``{"ok": bool, "bad_artifacts": [...], "dangling_aliases": [...], "aliases_on_deleted": [...],
+        "version_gaps": [...],
         "orphan_artifacts": [...], "tmp_files": n, "n_versions": map versions, "n_steer_versions": steer versions}``
-        (artifacts, aliases and gaps of maps and steers alike); ``sweep=True`` deletes the temporary files no writer
+        (artifacts, aliases and gaps of maps and steers alike). ``aliases_on_deleted`` (``name@alias -> N``) lists
+        the aliases left on a deleted version: legal (a delete keeps them, for lineage) and not a failure, but such
+        an alias no longer resolves; ``sweep=True`` deletes the temporary files no writer
         has touched for ``store.STALE_TMP_S`` (10 minutes: a younger one may be a running writer's).
         """
-        bad, dangling, gaps, used, artifacts, counts = [], [], [], set(), [], {}
+        bad, dangling, on_deleted, gaps, used, artifacts, counts = [], [], [], [], set(), [], {}
         with self.db.tx() as t:
             for key, k in ((key, e.kind) for key, e in self.entities.items()):
                 rows = t.q(f"SELECT name, version, artifact_path, artifact_sha256 FROM {k.table}")
@@ -576,6 +579,9 @@ class Registry(SteerRegistryMixin):
                 dangling += [f"{a['name']}@{a['alias']}" for a in t.q(
                     f"SELECT a.name, a.alias FROM {k.aliases} a LEFT JOIN {k.table} v "
                     "ON v.name = a.name AND v.version = a.version WHERE v.version IS NULL")]
+                on_deleted += [f"{a['name']}@{a['alias']} -> {a['version']}" for a in t.q(
+                    f"SELECT a.name, a.alias, a.version FROM {k.aliases} a JOIN {k.table} v "
+                    "ON v.name = a.name AND v.version = a.version WHERE v.deleted = 1 ORDER BY a.name, a.alias")]
                 # numbers 1..last, each once; one statement: PostgreSQL (READ COMMITTED) reads each statement at its
                 # own snapshot, so a name's last_version read apart from its versions could miss (or see) a version
                 # another replica committed in between, and report a gap in a healthy registry
@@ -596,6 +602,7 @@ class Registry(SteerRegistryMixin):
             self.store.sweep_tmp()
         orphans = sorted(self.store.all_relpaths() - used)
         return {"ok": not bad and not dangling and not gaps, "bad_artifacts": bad, "dangling_aliases": dangling,
+                "aliases_on_deleted": on_deleted,
                 "version_gaps": gaps, "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": counts["maps"],
                 "n_steer_versions": counts.get("steers", 0)}
 

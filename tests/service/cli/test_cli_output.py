@@ -182,3 +182,23 @@ def test_a_data_dir_with_no_registry_is_named_and_never_created(capsys, data):
     assert rc == 0 and (typo / "registry.sqlite").is_file(), err
     rc, out, err = run(capsys, "--data-dir", str(typo), "registry", "list")
     assert rc == 0 and out.startswith("m  ") and err == "", (out, err)
+
+
+def test_deleting_the_version_an_alias_points_at_says_what_changes(capsys, data):
+    """`registry delete m 1` with prod -> 1 printed only "deleted m:1": m@prod stopped resolving and a bare `m`
+    moved to version 2, silently, and `registry verify` listed nothing. Now the delete warns (stderr) and verify
+    lists the alias under aliases_on_deleted (legal: not a failure)."""
+    fit = ["fit", "--source", str(data / "src.npy"), "--target", str(data / "tgt.npy"), "--method", "procrustes",
+           "--name", "m", "--quiet"]
+    var = ["--data-dir", str(data / "var")]
+    assert run(capsys, *var, *fit)[0] == 0 and run(capsys, *var, *fit)[0] == 0
+    assert run(capsys, *var, "registry", "alias", "m", "prod", "1")[0] == 0
+    rc, out, err = run(capsys, *var, "registry", "delete", "m", "1")
+    assert rc == 0 and out == "deleted m:1\n", out
+    assert err.startswith("vecbridge: warning: alias(es) prod still point at m:1, so m@prod no longer resolve and a "
+                          "bare 'm' is now m:2;"), err
+    rc, out, err = run(capsys, *var, "registry", "verify")
+    res = json.loads(out)
+    assert rc == 0 and res["ok"] and res["aliases_on_deleted"] == ["m@prod -> 1"], res
+    rc, out, err = run(capsys, *var, "registry", "delete", "m", "2")  # no alias on it: no warning
+    assert rc == 0 and err == "", err
