@@ -138,7 +138,15 @@ def read_bytes(path) -> bytes:
 
 class StoredMap:
     """``from_bytes`` / ``save`` / ``load`` for a map class with ``to_bytes(format)`` and
-    ``_from_arrays(arrays, header)`` (LinearMap, ClusterMap, MapChain: one implementation for all)."""
+    ``_from_arrays(arrays, header)`` (LinearMap, ClusterMap, MapChain: one implementation for all).
+
+    A map caches the constants of its fused apply (``_fused``) on first use; assigning any attribute drops them,
+    so ``m.W = W2`` takes effect (it applied the old W). Arrays changed in place are not seen: assign new ones."""
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        if name != "_fused":
+            self.__dict__.pop("_fused", None)
 
     @classmethod
     def from_bytes(cls, data: bytes):

@@ -40,7 +40,7 @@ from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows, unit_rows
 from .maps import _NU2_MIN, _raw_t, _Scalars
 from .kmeans import lloyd
-from .options import check_number
+from .options import check_batch_size, check_number
 
 __all__ = ["ClusterMap", "route_centroids", "ClusterResiduals", "FORMAT"]
 
@@ -123,8 +123,7 @@ class ClusterMap(StoredMap):
         :meth:`LinearMap.apply`; ``validate=False`` expects a C-contiguous float32 (n, d_s) array already checked)."""
         if validate:
             X = as_matrix(X, name=name, dim=self.source_dim)
-        if type(batch_size) is not int or batch_size < 1:
-            check_number("batch_size", batch_size, 1, float("inf"), whole=True)
+        batch_size = check_batch_size(batch_size)
         return self._apply(X, output=output, batch_size=batch_size)
 
     def _plan(self) -> dict:

@@ -22,9 +22,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .validation import as_matrix, check_representable
+from .validation import as_matrix, as_real_array, check_representable
 from .blocks import run_blocks, serial
-from .exceptions import DimensionMismatchError, InputError
+from .exceptions import DimensionMismatchError, InputError, ShapeError
 from .options import check_number
 
 __all__ = ["knn", "knn_blocks", "merge_topk", "mean_topk", "csls_knn", "mutual_nn", "faiss_available", "check_count",
@@ -179,6 +179,15 @@ def mean_topk(Q: np.ndarray, D: np.ndarray, k: int = 10, **kw) -> np.ndarray:
     return _knn(Q, D, k, **kw)[0].mean(axis=1)
 
 
+def _radii(r, n: int, name: str) -> np.ndarray:
+    """Caller-given CSLS radii ``r`` as a finite (n,) float32 array, else a typed InputError: one value was broadcast
+    to every row (wrong scores), other lengths were raw numpy errors, NaN an overflow message."""
+    r = as_real_array(r, name=name, ndim=1)  # real, finite, float32
+    if r.shape != (n,):
+        raise ShapeError(f"{name} must hold one value per row, shape ({n},), got {r.shape}")
+    return r
+
+
 def csls_knn(Q, D, k: int = 1, *, csls_k: int = 10, r_q: np.ndarray | None = None, r_d: np.ndarray | None = None,
              block_size: int = DEFAULT_BLOCK):
     """Top-``k`` neighbours by CSLS score; returns ``(S, I)`` with CSLS scores.
@@ -189,10 +198,8 @@ def csls_knn(Q, D, k: int = 1, *, csls_k: int = 10, r_q: np.ndarray | None = Non
     Q, D, k = _check(Q, D, k, block_size)
     check_count("csls_k", csls_k)  # 0 made r_q, r_d the mean of nothing: NaN scores with arbitrary ids
     with np.errstate(over="ignore", invalid="ignore"):
-        if r_d is None:
-            r_d = mean_topk(D, Q, csls_k, block_size=block_size)
-        if r_q is None:
-            r_q = mean_topk(Q, D, csls_k, block_size=block_size)
+        r_d = mean_topk(D, Q, csls_k, block_size=block_size) if r_d is None else _radii(r_d, D.shape[0], "r_d")
+        r_q = mean_topk(Q, D, csls_k, block_size=block_size) if r_q is None else _radii(r_q, Q.shape[0], "r_q")
         S, I = _knn(Q * 2.0, D, k, block_size=block_size, bias_d=-np.asarray(r_d, np.float32))
         S = S - np.asarray(r_q, np.float32)[:, None]
     return _checked(S, "CSLS scores"), I
@@ -211,8 +218,8 @@ def mutual_nn(Q: np.ndarray, D: np.ndarray, *, csls_k: int = 0, block_size: int 
 
 def _mutual_nn(Q: np.ndarray, D: np.ndarray, csls_k: int, block_size: int):
     if csls_k > 0:
-        r_q = mean_topk(Q, D, csls_k, block_size=block_size)
-        r_d = mean_topk(D, Q, csls_k, block_size=block_size)
+        r_q = check_representable(mean_topk(Q, D, csls_k, block_size=block_size), "CSLS radii")  # finite input:
+        r_d = check_representable(mean_topk(D, Q, csls_k, block_size=block_size), "CSLS radii")  # overflow
         s_f, fwd = csls_knn(Q, D, 1, r_q=r_q, r_d=r_d, block_size=block_size)
         _, bwd = csls_knn(D, Q, 1, r_q=r_d, r_d=r_q, block_size=block_size)
     else:

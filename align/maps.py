@@ -25,7 +25,7 @@ from ._artifacts import StoredMap, check_header, pack, read_bytes, stored_fields
 from .validation import as_matrix, as_real_array, check_representable
 from .exceptions import DimensionMismatchError, InputError
 from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows
-from .options import check_number
+from .options import check_batch_size
 
 __all__ = ["LinearMap", "FORMAT_VERSION", "map_from_bytes", "load_map"]
 
@@ -133,8 +133,7 @@ class LinearMap(StoredMap):
         """
         if validate:
             X = as_matrix(X, name=name, dim=self.source_dim, finite=False)
-        if type(batch_size) is not int or batch_size < 1:  # NaN or "a" was a raw ValueError, 0 or -5 read as 1
-            check_number("batch_size", batch_size, 1, float("inf"), whole=True)
+        batch_size = check_batch_size(batch_size)  # NaN or "a" was a raw ValueError, 0 or -5 read as 1
         return self._apply(X, output=output, batch_size=batch_size, checked=not validate, name=name)
 
     def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = 65536,

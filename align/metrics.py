@@ -184,9 +184,9 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
 def retention(I_mapped: np.ndarray, I_native: np.ndarray) -> float:
     """Mean overlap@k between two result lists (n, k): |mapped ∩ native| / k averaged over queries."""
     I_mapped, I_native = np.asarray(I_mapped), np.asarray(I_native)
-    if I_mapped.ndim != 2 or I_mapped.shape != I_native.shape or I_native.shape[1] == 0:
-        raise ShapeError(f"retention compares two (n, k) id arrays of one shape, got {I_mapped.shape} and "
-                         f"{I_native.shape}")
+    if I_mapped.ndim != 2 or I_mapped.shape != I_native.shape or 0 in I_native.shape:  # 0 rows: a NaN mean
+        raise ShapeError(f"retention compares two (n, k) id arrays of one shape with n, k >= 1, got "
+                         f"{I_mapped.shape} and {I_native.shape}")
     k = I_native.shape[1]
     return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(I_mapped, I_native)]))
 

@@ -88,10 +88,13 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10, max_queries: int | 
     ``random_state``, the rows :func:`align.evaluate` draws with the same arguments), each against all n rows;
     ``None`` or ``>= n``: every pair (the exact figures). Sampled figures come with ``intervals``.
     """
+    k = check_number("k", k, 1, 1 << 31, whole=True)  # k=0 scored NaN, k=-1 keyed "corpus_recall@-1"
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=2)
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
         raise DimensionMismatchError(
             f"map is {map_.source_dim}->{map_.target_dim}, pairs are {X.shape[1]}->{Y.shape[1]}")
+    check_rankable(X, name="X_src")  # all-zero or constant targets tie with every partner: a useless map scored 1.0
+    check_rankable(Y, name="Y_tgt")
     rows = query_sample(X.shape[0], max_queries, random_state)
     M = check_not_collapsed(map_._apply(X, output="raw"), name="mapped X_src")  # else corpus-side recall 1.0
     return pair_retrieval_scores(M, unit_rows(Y), k=k, rows=rows)

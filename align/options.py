@@ -29,6 +29,14 @@ def check_number(name: str, value, lo: float, hi: float, *, whole: bool = False,
     return int(value) if whole else float(value)
 
 
+def check_batch_size(batch_size) -> int:
+    """``batch_size`` when it is an int >= 1, else :class:`InputError`: ``range(0, n, -1)`` is empty, so a
+    negative one returned the rows unmapped (a steer's queries unsteered), and 0 or 1.5 were raw numpy errors."""
+    if type(batch_size) is int and batch_size >= 1:  # the hot path: one type check
+        return batch_size
+    return check_number("batch_size", batch_size, 1, float("inf"), whole=True)
+
+
 def check_flag(name: str, value) -> bool:
     """``value`` when it is a bool (numpy's too), else :class:`InputError`: ``scale="false"`` is truthy."""
     if not isinstance(value, (bool, np.bool_)):

@@ -117,6 +117,8 @@ def knn_overlap(A, B, *, k: int = 10, beyond_chance: bool = False) -> float:
     """
     check_number("k", k, 1, 1 << 31, whole=True)
     A, B = check_paired(A, B, names=("probe_src", "probe_tgt"), min_rows=k + 2)
+    check_rankable(A, name="probe_src")  # all-zero or constant rows: every neighbourhood a tie, overlap 1.0
+    check_rankable(B, name="probe_tgt")
     Za, Zb = Frame._fit(A)._apply(A), Frame._fit(B)._apply(B)
     overlap = overlap_without_self(knn(Za, Za, k + 1)[1], knn(Zb, Zb, k + 1)[1], k)
     return _beyond_chance(overlap, k, A.shape[0]) if beyond_chance else overlap

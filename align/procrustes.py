@@ -153,6 +153,10 @@ def ridge_from_stats(stats: PairStats, *, alpha: float = 1.0, fit_intercept: boo
         xty, xtx = stats.centered()
     else:
         xty, xtx = stats.xty, stats.xtx
+    if not np.isfinite(xty).all() or np.abs(xty).max() == 0:  # W = 0: every row mapped to the bias (all-identical
+        # rows on either side) — a constant map, returned silently before; Procrustes refused the same pairs
+        raise DegenerateInputError("the cross-covariance XᵀY is zero: the pairs carry no signal (are all rows of one "
+                                   "side identical?)")
     A = xtx + alpha * np.eye(xtx.shape[0])
     try:
         W = linalg.solve(A, xty)

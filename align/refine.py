@@ -337,7 +337,10 @@ def map_criterion(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, sample: int 
 
 
 def _inv_sqrt_cov(Y: np.ndarray, power: float) -> np.ndarray:
-    """``C^{-power/2}`` of the covariance ``C`` (d, d) of rows ``Y`` (eigenvalues floored at 1e-8 · max)."""
+    """``C^{-power/2}`` of the covariance ``C`` (d, d) of rows ``Y`` (eigenvalues floored at 1e-8 · max); the identity
+    for one row, which has no covariance (np.cov's NaN made eigh fail: a LinAlgError from one unpaired row)."""
+    if Y.shape[0] < 2:
+        return np.eye(Y.shape[1], dtype=np.float32)
     C = np.atleast_2d(np.cov(Y.astype(np.float64), rowvar=False))  # np.cov of one column is 0-D
     e, V = linalg.eigh((C + C.T) / 2)
     e = np.maximum(e, 1e-8 * max(float(e.max()), 1e-30))

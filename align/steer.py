@@ -47,13 +47,14 @@ import numpy as np
 
 from . import linalg
 from ._artifacts import check_header, pack_npz, read_bytes, save_atomic, unpack_npz
-from .validation import (as_matrix, as_real_array, check_eps, check_labels, check_random_state, check_representable,
-                         check_row_scale)
+from .validation import (as_matrix, as_real_array, check_eps, check_labels, check_not_degenerate, check_random_state,
+                         check_representable, check_row_scale)
 from .frames import row_norms
-from .options import check_number
+from .options import check_batch_size, check_number
 from .steer_transfer import transfer_steer
 from .exceptions import (
     ConvergenceWarning,
+    DegenerateInputError,
     DimensionMismatchError,
     InputError,
     NotRepresentableError,
@@ -158,7 +159,7 @@ class Steer:
         """
         Q = as_matrix(Q, name="Q", dim=self.dim)
         eps = check_eps(eps)
-        return self._apply(Q, eps, batch_size=batch_size)
+        return self._apply(Q, eps, batch_size=check_batch_size(batch_size))
 
     def _apply(self, Q: np.ndarray, eps: float, *, batch_size: int = 65536) -> np.ndarray:
         out = Q.copy()
@@ -398,6 +399,7 @@ def apply_steers(Q, steers: Iterable[tuple[Steer, float]], *, batch_size: int = 
     factors (a NonFiniteError blaming the stored steer) where the steered queries were representable, as
     ``Steer.apply`` gives them; queries that overflow float32 are a NotRepresentableError.
     """
+    batch_size = check_batch_size(batch_size)
     pairs = list(steers)
     if not pairs:
         return as_matrix(Q, name="Q").copy()
@@ -567,6 +569,7 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
     from scipy.optimize import minimize
 
     X = check_row_scale(as_matrix(X, name="X", min_rows=2), name="X")
+    check_not_degenerate(X, name="X")  # all rows identical: a zero (no-op) steer came back silently
     labels = check_labels(labels, X.shape[0])
     n, d = X.shape
     o = check_steer_options(rank=rank, method=method, temperature=temperature, weight_decay=weight_decay,
@@ -625,6 +628,9 @@ def fit_mean_shift(X, labels) -> MeanShift:
     X = as_matrix(X, name="X", min_rows=2)
     labels = check_labels(labels, X.shape[0])
     v = X[labels == 1].mean(axis=0, dtype=np.float64) - X[labels == -1].mean(axis=0, dtype=np.float64)
+    if not np.any(v):  # identical rows (or class means): the steer would be a no-op, returned silently before
+        raise DegenerateInputError("X: the rows labelled +1 and -1 have the same mean; there is no direction to "
+                                   "steer along")
     return MeanShift(v, {"method": "mean-shift", "n_pos": int((labels == 1).sum()),
                          "n_neg": int((labels == -1).sum()), "dim": int(X.shape[1])})
 

@@ -122,3 +122,98 @@ def test_search_scores_past_float32_are_refused_not_ranked(search):
         search(Q, D)
     S, I = align.knn(Q * 1e-30, D, 2)
     assert I[0].tolist() == [1, 0] and np.isfinite(S).all()
+
+
+@pytest.mark.parametrize("batch_size", [-1, 0, 1.5, np.nan, "2"])
+def test_a_bad_batch_size_is_refused_by_every_apply(batch_size):
+    """``range(0, n, -1)`` is empty: a steer with batch_size=-1 returned the queries unsteered (LinearMap.apply
+    refused it; the steers did not). Every apply now takes one check."""
+    s = align.Steer(np.eye(4)[:, :1], np.ones((4, 1)))
+    Q = np.eye(4, dtype=np.float32)
+    m = align.LinearMap(np.eye(4))
+    for call in (lambda: s.apply(Q, 1.0, batch_size=batch_size),
+                 lambda: align.apply_steers(Q, [(s, 1.0)], batch_size=batch_size),
+                 lambda: m.apply(Q, batch_size=batch_size)):
+        with pytest.raises(InputError, match="batch_size"):
+            call()
+    np.testing.assert_array_equal(s.apply(Q, 1.0, batch_size=1)[0], [2, 1, 1, 1])  # steered in blocks of one
+
+
+@pytest.mark.parametrize("Y", [np.zeros((40, 6)), np.ones((40, 6))], ids=["zero", "constant"])
+def test_scores_and_overlaps_refuse_targets_that_cannot_be_ranked(pairs, Y):
+    """A useless ridge map scored recall 1.0 on all-zero or constant targets (every row tied with its partner, and a
+    tie counts as a hit); knn_overlap called such spaces perfectly alignable. Both now raise as evaluate does."""
+    X = pairs[0][:40]
+    m = align.fit_ridge(X, np.random.default_rng(1).normal(size=(40, 6)))
+    with pytest.raises(align.DegenerateInputError):
+        align.score_map(m, X, Y)
+    with pytest.raises(align.DegenerateInputError):
+        align.knn_overlap(Y[:, :4], Y, beyond_chance=True)
+    with pytest.raises(align.DegenerateInputError):
+        align.knn_overlap(X, Y)
+    for k in (0, -1, True):
+        with pytest.raises(InputError, match="k must be"):
+            align.score_map(m, X, pairs[1][:40], k=k)
+    assert 0.0 <= align.score_map(m, X, pairs[1][:40])["score"] < 1.0
+
+
+def test_a_map_changed_after_its_first_apply_applies_the_change(pairs):
+    """apply caches its fused constants: `m.W = -m.W` after a first apply kept giving the old outputs."""
+    X, Y = pairs
+    m = align.fit_procrustes(X, Y)
+    before = m.apply(X[:5])
+    m.W = -m.W
+    fresh = align.LinearMap(m.W.copy(), m.bias, m.source_frame, m.target_frame)
+    np.testing.assert_array_equal(m.apply(X[:5]), fresh.apply(X[:5]))
+    assert not np.allclose(m.apply(X[:5]), before)
+
+
+@pytest.mark.parametrize("fit", [
+    lambda X, Y: align.fit_ridge(X, Y), lambda X, Y: align.fit_lowrank(X, Y, rank=2),
+    lambda X, Y: align.fit_ridge(X, Y, fit_intercept=False),
+], ids=["ridge", "lowrank", "ridge no intercept"])
+@pytest.mark.parametrize("side", ["X", "Y"])
+def test_ridge_and_lowrank_refuse_identical_rows_as_procrustes_does(pairs, fit, side):
+    """All-identical rows on one side: ridge and low-rank returned a constant map (every row mapped to the bias)
+    where fit_procrustes and fit_migration raised DegenerateInputError."""
+    X, Y = pairs
+    X, Y = (np.ones_like(X), Y) if side == "X" else (X, np.zeros_like(Y))
+    with pytest.raises(align.DegenerateInputError, match="no signal"):
+        fit(X, Y)
+
+
+@pytest.mark.parametrize("fit", [
+    lambda X, y: align.fit_steer(X, y), lambda X, y: align.fit_steer(X, y, method="lm-steer"),
+    lambda X, y: align.fit_mean_shift(X, y),
+], ids=["local", "lm-steer", "mean-shift"])
+def test_steers_refuse_rows_with_no_direction(fit):
+    """All rows identical: every steer method returned a zero (no-op) steer without a word."""
+    y = np.array([1, -1] * 150)
+    with pytest.raises(align.DegenerateInputError):
+        fit(np.ones((300, 16)), y)
+
+
+def test_csls_radii_given_by_the_caller_are_checked():
+    """r_q of length 1 was broadcast to every query (wrong scores); other lengths were raw numpy errors."""
+    rng = np.random.default_rng(0)
+    Q, D = rng.normal(size=(5, 4)).astype(np.float32), rng.normal(size=(7, 4)).astype(np.float32)
+    for r_q, r_d in ((np.zeros(1), None), (None, np.zeros(3)), (None, np.zeros((7, 1)))):
+        with pytest.raises(align.ShapeError, match="r_"):
+            align.csls_knn(Q, D, 2, r_q=r_q, r_d=r_d)
+    with pytest.raises(align.NonFiniteError):
+        align.csls_knn(Q, D, 2, r_q=np.full(5, np.nan))
+    S, I = align.csls_knn(Q, D, 2, r_q=np.zeros(5), r_d=np.zeros(7))
+    np.testing.assert_array_equal(I, align.knn(Q, D, 2)[1])  # zero radii: CSLS ranks as plain cosine
+
+
+def test_retention_of_no_rows_is_an_error_not_nan():
+    with pytest.raises(align.ShapeError):
+        align.retention(np.zeros((0, 10), int), np.zeros((0, 10), int))
+
+
+def test_sinkhorn_refinement_takes_a_single_unpaired_row(pairs):
+    """np.cov of one row is NaN, and the whitening's eigh raised a raw LinAlgError."""
+    X, Y = pairs
+    m = align.fit_migration(X, Y, method="procrustes", semi_supervised="sinkhorn", unpaired_source=X[:1],
+                            unpaired_target=Y[:1])
+    assert np.isfinite(m.apply(X[:3])).all()
