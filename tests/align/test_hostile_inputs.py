@@ -202,7 +202,7 @@ def test_csls_radii_given_by_the_caller_are_checked():
             align.csls_knn(Q, D, 2, r_q=r_q, r_d=r_d)
     with pytest.raises(align.NonFiniteError):
         align.csls_knn(Q, D, 2, r_q=np.full(5, np.nan))
-    S, I = align.csls_knn(Q, D, 2, r_q=np.zeros(5), r_d=np.zeros(7))
+    _, I = align.csls_knn(Q, D, 2, r_q=np.zeros(5), r_d=np.zeros(7))
     np.testing.assert_array_equal(I, align.knn(Q, D, 2)[1])  # zero radii: CSLS ranks as plain cosine
 
 
