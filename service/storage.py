@@ -60,9 +60,10 @@ def is_storage_error(exc: BaseException) -> bool:
     return False
 
 
-def storage_message(exc: BaseException) -> str:
-    return ("the data directory cannot be written (read-only, immutable or full disk); nothing was changed "
-            f"— see /readyz ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+def storage_message(exc: BaseException, *, hint: str = " — see /readyz") -> str:
+    """What a write refused by the data directory says (``hint``: where to look next; the service's /readyz)."""
+    return ("the data directory cannot be written (read-only, immutable or full disk); nothing was changed"
+            f"{hint} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
 
 
 def data_dir_status(data_dir, min_free_bytes: int = 0) -> str:

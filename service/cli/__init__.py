@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import os
 import signal
+import sqlite3
 import sys
 import threading
 from contextlib import contextmanager
@@ -210,6 +211,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as exc:
         return _stopped(exc)
     except Exception as exc:  # noqa: BLE001 - every error: one line; a bug says what kind it is
+        from ..storage import is_storage_error, storage_message
+
+        if isinstance(exc, sqlite3.OperationalError) and is_storage_error(exc):  # the registry's database on a
+            # read-only or full data dir was an "internal error", exit 3 (an OSError names its own path already)
+            click.echo(f"vecbridge: error: {storage_message(exc, hint='')}", err=True)
+            return 2
         if kind_of(exc) == "internal" and not isinstance(exc, VecbridgeError):
             click.echo(f"vecbridge: internal error: {type(exc).__name__}: {exc}", err=True)
         else:

@@ -219,3 +219,30 @@ def _umask() -> int:
     old = os.umask(0)
     os.umask(old)
     return old
+
+
+def test_cli_writes_on_an_immutable_data_dir_are_one_line_exit_2(tmp_path, capsys):
+    """`registry alias` and `fit` on an immutable data dir printed "internal error: OperationalError: attempt to
+    write a readonly database", exit 3 (a bug's code); the registry was fine. Now one line naming the cause, exit 2,
+    and nothing changed."""
+    from conftest import run_cli
+
+    d = tmp_path / "data"
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(100, 8))
+    np.save(tmp_path / "x.npy", X.astype(np.float32))
+    np.save(tmp_path / "y.npy", (X @ np.linalg.qr(rng.normal(size=(8, 8)))[0]).astype(np.float32))
+    fit = ["--data-dir", str(d), "fit", "--source", str(tmp_path / "x.npy"), "--target", str(tmp_path / "y.npy"),
+           "--method", "procrustes", "--name", "m", "--quiet"]
+    assert run_cli(capsys, *fit)[0] == 0
+    if not _freeze(d):
+        pytest.skip("cannot make the data dir unwritable here (chattr +i refused)")
+    try:
+        for args in (["--data-dir", str(d), "registry", "alias", "m", "prod", "1"], fit):
+            rc, out, err = run_cli(capsys, *args)
+            assert rc == 2 and len(err.splitlines()) == 1, (args, rc, err)
+            assert err.startswith("vecbridge: error: the data directory cannot be written"), err
+        rc, out, err = run_cli(capsys, "--data-dir", str(d), "registry", "list")
+        assert rc == 0 and "latest 1  versions 1/1" in out and "aliases" not in out, out
+    finally:
+        _thaw(d)
