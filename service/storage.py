@@ -42,7 +42,7 @@ from align.exceptions import InputError
 
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
            "fsync_dir", "hold", "is_storage_error", "link_or_copy", "sqlite_backup", "storage_message",
-           "sweep_abandoned", "take_abandoned"]
+           "remove_marked", "sweep_abandoned", "take_abandoned"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _SQLITE_MARKERS = ("readonly database", "disk is full", "disk i/o error", "unable to open database file",
@@ -223,11 +223,29 @@ def sweep_abandoned(parent: Path) -> list[str]:
         if fd is None:  # a live writer holds it; or no marker: not ours, or one that has not made it yet
             continue
         try:
-            shutil.rmtree(sub, ignore_errors=True)
+            remove_marked(sub)
         finally:
             os.close(fd)
         removed.append(sub.name)
     return removed
+
+
+def remove_marked(folder: Path) -> None:
+    """Remove a folder marked :data:`IN_PROGRESS`, the marker last: a removal killed part-way leaves the rest still
+    marked, so the next :func:`sweep_abandoned` finishes it (``rmtree`` reached the marker early, and the partial
+    copy it left unmarked was kept forever)."""
+    try:
+        children = list(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for child in children:
+        if child.name == IN_PROGRESS:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -251,7 +269,7 @@ def folder_aside(dest: Path) -> Iterator[tuple[Path, list[str]]]:
         os.rename(tmp, dest)
         fsync_dir(dest.parent)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_marked(tmp)
         raise
     finally:
         if held is not None:

@@ -246,3 +246,33 @@ def test_cli_writes_on_an_immutable_data_dir_are_one_line_exit_2(tmp_path, capsy
         assert rc == 0 and "latest 1  versions 1/1" in out and "aliases" not in out, out
     finally:
         _thaw(d)
+
+
+def test_a_sweep_stopped_part_way_leaves_the_rest_marked_for_the_next(tmp_path, monkeypatch):
+    """A backup killed while it removed a dead backup's folder: rmtree had taken the IN_PROGRESS marker early, so
+    the partial copy left behind was no longer marked and every later sweep kept it (6.6 MB stayed). The marker
+    goes last now: stopped after any entry, the folder is still marked and the next sweep removes it."""
+    from service import storage
+
+    dead = tmp_path / ".b.tmp-0123abcd"
+    real_unlink = os.unlink
+    for kill_at in range(1, 12):  # 10 files and the marker: stopped at each unlink in turn
+        (dead / "artifacts").mkdir(parents=True)
+        for i in range(5):
+            (dead / "artifacts" / f"a{i}").write_bytes(b"x")
+            (dead / f"f{i}").write_bytes(b"y")
+        (dead / storage.IN_PROGRESS).touch()
+        calls = []
+
+        def dies(path, *a, _at=kill_at, **kw):  # a kill -9 part-way through (rmtree unlinks through it too)
+            calls.append(path)
+            if len(calls) == _at:
+                raise KeyboardInterrupt
+            return real_unlink(path, *a, **kw)
+
+        monkeypatch.setattr(os, "unlink", dies)
+        with pytest.raises(KeyboardInterrupt):
+            storage.sweep_abandoned(tmp_path)
+        monkeypatch.setattr(os, "unlink", real_unlink)
+        assert (dead / storage.IN_PROGRESS).exists(), f"unmarked after {kill_at} unlinks: kept forever"
+        assert storage.sweep_abandoned(tmp_path) == [dead.name] and not dead.exists()
