@@ -198,7 +198,15 @@ class MilvusStore(VectorStore):
         from pymilvus import DataType
 
         out = []
-        for f in self._describe(name)["fields"]:
+        described = self._describe(name)
+        if not any(f.get("is_partition_key") for f in described["fields"]):  # a partition key's own partitions
+            # are internal and come back with the schema; partitions a user made are not carried by the migration
+            made = [p for p in self.client.list_partitions(self.resolve_alias(name) or name) if p != "_default"]
+            if made:
+                out.append(f"partition(s) {', '.join(made[:10])}{' ...' if len(made) > 10 else ''} (a migration "
+                           "writes every row into the target's _default partition, so searches naming a partition "
+                           "would find nothing; move their rows into _default, or key them by a field)")
+        for f in described["fields"]:
             t = f.get("type")
             is_vector = "VECTOR" in getattr(t, "name", str(t))
             if f["name"] == self.vector_field and t != DataType.FLOAT_VECTOR:

@@ -169,3 +169,38 @@ def test_nan_vectors_stored_in_milvus_are_refused_naming_their_ids(milvus_url, d
         for n in ("r_nan", "r_nan_t"):
             s.drop(n)
         s.close()
+
+
+def test_milvus_partitions_a_user_made_are_refused_before_anything_is_written(milvus_url, data):  # noqa: F811
+    """A collection with partitions tenant_a / tenant_b migrated into one _default partition: searches naming a
+    partition found nothing behind the alias, and verify said PASS. Refused now, naming them, nothing written; a
+    partition-key collection (Milvus' own partitions) still migrates."""
+    from pymilvus import DataType, MilvusClient
+
+    X, m = data
+    s = open_store("milvus://" + milvus_url.split("://", 1)[1])
+    names = ("r_parts", "r_parts_t", "r_pk", "r_pk_t")
+    for n in names:
+        s.drop(n)
+    try:
+        s.create("r_parts", X.shape[1])
+        for p in ("tenant_a", "tenant_b"):
+            s.client.create_partition("r_parts", p)
+            s.client.upsert("r_parts", [{"id": i, "vector": X[i].tolist()} for i in range(p == "tenant_b", 20, 2)],
+                            partition_name=p)
+        with pytest.raises(UnsupportedFieldError, match="partition.s. tenant_a, tenant_b"):
+            migrate(s, "r_parts", "r_parts_t", m)
+        assert not s.exists("r_parts_t")
+        schema = MilvusClient.create_schema(auto_id=False)
+        schema.add_field("id", DataType.INT64, is_primary=True)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=X.shape[1])
+        schema.add_field("tenant", DataType.VARCHAR, max_length=20, is_partition_key=True)
+        index = s.client.prepare_index_params()
+        index.add_index("vector", metric_type="COSINE", index_type="AUTOINDEX")
+        s.client.create_collection("r_pk", schema=schema, index_params=index, num_partitions=4)
+        s.client.upsert("r_pk", [{"id": i, "vector": X[i].tolist(), "tenant": f"t{i % 3}"} for i in range(20)])
+        assert migrate(s, "r_pk", "r_pk_t", m).rows == 20
+    finally:
+        for n in names:
+            s.drop(n)
+        s.close()
