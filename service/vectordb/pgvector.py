@@ -37,6 +37,7 @@ from align.exceptions import InputError
 
 from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError, VectorStore,
                    _pad_results, as_ids, check_metric, check_name, close_quietly, id_key, redact, rows_in_order)
+from .pg_schema import column_rules, copy_structures
 
 __all__ = ["JSON_NULL", "JsonDict", "JsonList", "PgVectorStore"]
 
@@ -334,12 +335,15 @@ class PgVectorStore(VectorStore):
         id_type = self._id_type(like) if like is not None else "bigint"
         id_type = id_type if _id_kind(id_type) == "str" else "bigint"  # a type name from the catalog: safe SQL
         vec_type = self._vec_type(like) if like is not None else "vector"  # halfvec stays half precision
+        # NOT NULL and DEFAULT of the source's columns: SQL from the catalog (pg_get_expr), as the types are
+        rules = column_rules(self.conn, self.resolve_alias(like) or like, [self.text_field, *(c for c, _, _ in extra)]
+                             ) if like is not None else {}
         cols = [sql.SQL("{} {} PRIMARY KEY").format(self._ident(self.id_field), sql.SQL(id_type)),
                 sql.SQL("{} {}({}) NOT NULL").format(self._ident(self.vector_field), sql.SQL(vec_type),
                                                      sql.Literal(int(dim))),
-                sql.SQL("{} text").format(self._ident(self.text_field))]
-        cols += [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(typ)) for c, typ, _ in extra
-                 if c != self.text_field]
+                sql.SQL("{} text{}").format(self._ident(self.text_field), sql.SQL(rules.get(self.text_field, "")))]
+        cols += [sql.SQL("{} {}{}").format(sql.Identifier(c), sql.SQL(typ), sql.SQL(rules.get(c, "")))
+                 for c, typ, _ in extra if c != self.text_field]
         with self.conn.transaction():
             self.conn.execute(sql.SQL("CREATE TABLE {} ({})").format(t, sql.SQL(", ").join(cols)))
             self.conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(t, sql.Literal(f"vecbridge:metric={metric}")))
@@ -542,7 +546,8 @@ class PgVectorStore(VectorStore):
         ``ef_construction``, ``ivfflat`` with ``lists`` = √rows, or none), or, when ``index`` is ``"like"`` and
         ``like`` names a table, that table's own index: same method and options (an exact-scan source gives an
         exact-scan target), so a migration keeps the recall / speed trade-off its user chose; the HNSW default when
-        ``like`` indexes only expressions of its vectors, or without ``like``."""
+        ``like`` indexes only expressions of its vectors, or without ``like``. With ``like``, also that table's
+        constraints and other indexes (:func:`~service.vectordb.pg_schema.copy_structures`)."""
         from psycopg import sql
 
         self._require(name)
@@ -558,6 +563,9 @@ class PgVectorStore(VectorStore):
                 sql.Identifier(self.vector_field), sql.SQL(ops),
                 sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.SQL(k), sql.Literal(int(opts[k])))
                                    for k in _INDEX_OPTIONS[method])))
+        if like is not None:  # the source's constraints and other indexes (filters on its fields stay fast)
+            with self.conn.transaction():
+                copy_structures(self.conn, self.resolve_alias(like) or like, name, self.vector_field)
         self.conn.execute(sql.SQL("ANALYZE {}").format(self._ident(name)))
 
     # --- aliases (views) ----------------------------------------------------------------

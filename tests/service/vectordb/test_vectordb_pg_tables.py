@@ -312,3 +312,41 @@ def test_a_date_python_cannot_hold_is_refused_by_column_before_anything_is_writt
     migrate(store, "d_src", "d_dst", m, batch_size=2)
     q = "SELECT id, until FROM {} ORDER BY id"
     assert store.conn.execute(q.format("d_dst")).fetchall() == store.conn.execute(q.format("d_src")).fetchall()
+
+
+def test_the_target_keeps_the_sources_column_rules_constraints_and_indexes(store, tmp_path):
+    """The target got column names and types only: a btree on a filter column, a GIN on a jsonb field, NOT NULL,
+    DEFAULT, UNIQUE and CHECK were gone after the alias switch (filtered queries became scans, inserts relying on a
+    default got NULL), without a word. Now they travel, under the target's names; a rerun adds nothing twice."""
+    X, m = small_migration()
+    n = 50
+    store.conn.execute(f"CREATE TABLE d_src (id bigint PRIMARY KEY, embedding vector({X.shape[1]}), text text, "
+                       "tag text NOT NULL, score real DEFAULT 0, meta jsonb, code text, CONSTRAINT d_src_code_key "
+                       "UNIQUE (code), CONSTRAINT score_ok CHECK (score >= 0), CONSTRAINT dims CHECK "
+                       f"(vector_dims(embedding) = {X.shape[1]}))")  # the last: of the old vectors, not copied
+    store.conn.execute("CREATE INDEX d_src_tag_idx ON d_src (tag)")
+    store.conn.execute("CREATE INDEX meta_gin ON d_src USING gin (meta)")
+    store.conn.execute("CREATE INDEX d_src_low ON d_src (lower(tag)) WHERE score > 0.5")
+    store.upsert("d_src", np.arange(n), X[:n], [f"t{i}" for i in range(n)],
+                 {"tag": [f"g{i % 3}" for i in range(n)], "score": [float(i) / n for i in range(n)],
+                  "meta": [{"k": i} for i in range(n)], "code": [f"c{i}" for i in range(n)]})
+    rep = migrate(store, "d_src", "d_dst", m, batch_size=16)
+    assert rep.rows == n
+
+    def indexes(t):
+        return dict(store.conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", (t,)))
+
+    got = indexes("d_dst")
+    assert {"d_dst_tag_idx", "d_dst_meta_gin", "d_dst_low", "d_dst_code_key", "d_dst_pkey"} <= set(got), got
+    assert "USING gin (meta)" in got["d_dst_meta_gin"] and "WHERE (score > (0.5)::double precision)" in got[
+        "d_dst_low"]
+    cols = dict(store.conn.execute("SELECT column_name, is_nullable || ' ' || coalesce(column_default, '-') FROM "
+                                   "information_schema.columns WHERE table_name = 'd_dst'"))
+    assert cols["tag"] == "NO -" and cols["score"].startswith("YES 0"), cols
+    cons = {r[0] for r in store.conn.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'd_dst'::regclass")}
+    assert {"d_dst_code_key", "d_dst_score_ok"} <= cons and "d_dst_dims" not in cons, cons
+    with pytest.raises(Exception, match="check constraint|violates"):
+        store.conn.execute("INSERT INTO d_dst (id, embedding, tag, score) VALUES (999, %s, 'x', -1)",
+                           ("[" + ",".join(["0"] * m.target_dim) + "]",))
+    store.finalize("d_dst", like="d_src")  # a rerun of the last step (a crash inside finalize): nothing twice
+    assert indexes("d_dst") == got
