@@ -15,13 +15,17 @@ const VB = {
   key() { return sessionStorage.getItem(KEY_SLOT) || ""; },
   setKey(k) { sessionStorage.setItem(KEY_SLOT, k); window.dispatchEvent(new CustomEvent("vb-key")); },
   forgetKey() { sessionStorage.removeItem(KEY_SLOT); window.dispatchEvent(new CustomEvent("vb-key")); },
+  /* The service asks for keys (false: auth switched off, VECBRIDGE_AUTH_DISABLED; no key is ever needed). */
+  authRequired() { return document.body.dataset.authRequired === "true"; },
+  /* A request can be answered now: a key is set, or none is needed. */
+  canCall() { return !!VB.key() || !VB.authRequired(); },
 
   /* Call the API; resolves to the parsed JSON (or text), rejects with {status, type, message}. */
   async api(path, { method = "GET", body = undefined, text = false } = {}) {
     const headers = { Accept: text ? "text/html" : "application/json" };
     const k = VB.key();
     if (k) headers.Authorization = "Bearer " + k;
-    else if (document.body.dataset.authRequired === "true") {
+    else if (VB.authRequired()) {
       // Without a key the API can only answer 401: say so without sending the request.
       const err = { status: 401, type: "AuthenticationError",
                     message: "no API key in this browser session: enter one above" };
@@ -142,7 +146,8 @@ function keyBar() {
     // Forgetting the key signs this tab out: reloaded, the page holds nothing the key let it read
     forget() { VB.forgetKey(); location.reload(); },
     // no key, or the API refused the one set (a typo, a revoked or rotated key): the field asks for another
-    signedOut() { return !this.has || !!this.unauth; },
+    // auth off: there is no key to ask for (the form stayed up, and the pages' polling waited for a key)
+    signedOut() { return VB.authRequired() && (!this.has || !!this.unauth); },
     keyErrorShown() { return !!this.keyError && this.signedOut(); },
     unauthMessage() { return this.unauth ? this.unauth.message : ""; },
   };
@@ -320,7 +325,7 @@ function jobsPage() {
       if (!this.timer) this.timer = setInterval(() => this.poll(), 1000);
     },
     async poll() {
-      if (!VB.key() || document.hidden) return;
+      if (!VB.canCall() || document.hidden) return;
       try { await this.load(); this.error = ""; } catch (e) { this.error = VB.say(e); }
     },
     live(j) { return j.state === "queued" || j.state === "running"; },
@@ -513,8 +518,8 @@ function migrationsPage() {
       }
     },
     async poll() {
-      if (!VB.key() || document.hidden) return;
-      try { await this.load(); } catch (e) { this.error = VB.say(e); }
+      if (!VB.canCall() || document.hidden) return;
+      try { await this.load(); this.error = ""; } catch (e) { this.error = VB.say(e); }  // a recovered poll clears it
       if (!this.jobs.some(x => x.state === "queued" || x.state === "running")) {
         clearInterval(this.timer); this.timer = null;
       }
@@ -536,12 +541,26 @@ function migrationsPage() {
     stateText(c) { return c.error ? "unreadable" : c.finished ? "finished" : `stopped after id ${c.last_id}`; },
     outcome(j) {
       if (j.error) return `${j.error.type}: ${j.error.message}`;
+      if (j.kind === "verify" && j.result) return this.verifyText(j.result);
       const r = j.result && j.result.report;
       if (!r) return JSON.stringify(j.result || "");
       const x = r.extra || {};
       if (x.dry_run) return `dry run: would ${x.start} ${r.target}, ${x.rows_to_write} rows to write; space ${x.space_check}`;
       return `${r.rows} rows in ${r.target} (${r.rows_this_run} this run, ${r.seconds.toFixed(1)}s)` +
         (r.alias ? `; alias ${r.alias} → ${r.target}` : "");
+    },
+    /* A verification's figures in words (its result was shown as raw JSON): the verdict, recall, the rows check. */
+    verifyText(v) {
+      const parts = [];
+      const recall = v.k !== undefined ? v[`recall@${v.k}`] : undefined;
+      if (typeof recall === "number") parts.push(`recall@${v.k} ${recall.toFixed(3)} (${v.mode})`);
+      if (v.rows_ok !== undefined) {
+        parts.push(v.rows_ok ? `every row of ${v.collection} matches ${v.source}`
+          : `${VB.num(v.missing_rows)} missing, ${VB.num(v.extra_rows)} extra, ${VB.num(v.wrong_vectors)} wrong ` +
+            `rows against ${v.source}`);
+      }
+      const fails = (v.fails || []).length ? ` — ${v.fails.join("; ")}` : "";
+      return `${v.verdict || "checked"}: ${parts.join("; ")}${fails}`;
     },
   });
 }

@@ -369,6 +369,12 @@ def test_migrations_page_and_offline_docs(server, browser):
     ck = t.page.locator("#mig-checkpoints tbody tr", has_text="docs_minilm-to-docs_e5")
     ck.filter(has_text="finished").wait_for()
     assert f"{N_MIGRATE} / {N_MIGRATE}" in ck.inner_text()
+    with httpx.Client(base_url=server["base"], timeout=120.0) as c:  # a verification's result reads as words
+        r = c.post("/v1/verifications", headers=W, json={"collection": "docs", "source": "docs_minilm",
+                                                        "map": "minilm-e5"})  # (it was raw JSON)
+        assert r.status_code == 202 and _wait_job(c, r.json()["id"])["state"] == "succeeded", r.text
+    t.goto("/ui/migrations")
+    t.page.locator("#mig-table tbody tr", has_text="PASS: every row of docs matches docs_minilm").wait_for()
     t.shot("migrations")
     t.goto("/docs")
     t.page.locator(".swagger-ui .info .title").wait_for()  # rendered from the vendored assets, no CDN
@@ -413,3 +419,33 @@ def test_render_times(server, browser, record_property):
     if out:
         Path(out).write_text(json.dumps({"loadavg": os.getloadavg(), "ms": dict(rows)}, indent=1))
     t.close()
+
+
+def test_with_auth_off_no_key_is_asked_for_and_the_jobs_page_follows_jobs(browser, tmp_path):
+    """VECBRIDGE_AUTH_DISABLED=true: the key form stayed on every page, and the jobs page (and the migrations page)
+    never refreshed, because their polling waited for a key that is never needed. Now no form, and a job submitted
+    while the page is open appears and finishes there without a reload."""
+    port = free_port()
+    env = {**env_for(tmp_path / "data", port), "VECBRIDGE_AUTH_DISABLED": "true"}
+    proc = start([sys.executable, "-c", "from service.api.app import serve; serve()"], env, port, tmp_path / "log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        t = Page(browser, base)
+        t.goto("/ui/jobs")
+        t.page.locator("#jobs").wait_for()
+        assert not t.page.get_by_label("API key", exact=True).is_visible()
+        rng = np.random.default_rng(0)
+        X = rng.normal(size=(200, 16)).astype(np.float32)
+        Y = X @ np.linalg.qr(rng.normal(size=(16, 16)))[0].astype(np.float32)
+        with httpx.Client(base_url=base, timeout=60.0) as c:  # no key: none is needed
+            for name in ("a", "b"):
+                assert c.post("/v1/spaces", json={"name": name, "dim": 16}).status_code == 201
+            r = c.post("/v1/fits", json={"name": "a2b", "source_space": "a", "target_space": "b",
+                                         "method": "procrustes", "paired": True, "source": _b64(X),
+                                         "target": _b64(Y)})
+            assert r.status_code == 202, r.text
+        row = t.page.locator(f"tr[data-job='{r.json()['id']}']")
+        row.locator(".state", has_text="succeeded").wait_for(timeout=60_000)  # polled in, no reload
+        t.close()
+    finally:
+        stop(proc)
