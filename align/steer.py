@@ -569,8 +569,8 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
     from scipy.optimize import minimize
 
     X = check_row_scale(as_matrix(X, name="X", min_rows=2), name="X")
-    check_not_degenerate(X, name="X")  # all rows identical: a zero (no-op) steer came back silently
     labels = check_labels(labels, X.shape[0])
+    check_not_degenerate(X, name="X")  # all rows identical: a zero (no-op) steer came back silently
     n, d = X.shape
     o = check_steer_options(rank=rank, method=method, temperature=temperature, weight_decay=weight_decay,
                             max_iter=max_iter, max_pairs=max_pairs, n_candidates=n_candidates, n_neighbors=n_neighbors,
