@@ -29,7 +29,9 @@ had come over HTTP, in three phases:
 from __future__ import annotations
 
 import json
+import uuid
 import zipfile
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -85,6 +87,13 @@ class _Reader:
             self.zip = zipfile.ZipFile(path) if path.is_file() else None
         except (zipfile.BadZipFile, OSError):
             raise IntegrityError(f"{path.name} is neither a zip bundle nor a bundle folder") from None
+        if self.zip is not None:  # two entries of one name: which one is read is the zip library's choice
+            names = Counter(self.zip.namelist())
+            twice = sorted(n for n, c in names.items() if c > 1)
+            if twice:
+                self.zip.close()
+                raise IntegrityError(f"{path.name} holds entries named twice ({', '.join(twice[:3])[:200]}): "
+                                     "not a bundle an export writes")
         if self.zip is None and not path.is_dir():
             raise IntegrityError(f"{path} is neither a zip bundle nor a bundle folder")
         self.root = path.resolve()
@@ -134,7 +143,9 @@ def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
         missing = set(names) - {m["name"] for m in chosen["maps"]}
         if missing:
             raise NotFoundError(f"unknown map(s): {sorted(missing)}")
-    if path.suffix == ".zip":
+    if path.suffix.lower() == ".zip":  # (bundle.ZIP was written as a folder of that name)
+        if path.exists():  # replaced silently, where a folder export refuses a non-empty folder
+            raise ConflictError(f"{path} exists: export into a new file (or remove it first)")
         atomic_write(path, lambda tmp: _export(reg, _Writer(tmp, True), chosen, names))
         return path
     if path.exists() and (not path.is_dir() or any(path.iterdir())):  # it merged into what was there
@@ -397,6 +408,11 @@ def _read_entries(r: _Reader, plan: dict) -> None:
                 raise IntegrityError(f"bundle artifact of {where} cannot be read: {str(exc)[:200]}") from None
             if dims != want:
                 raise IntegrityError(f"bundle artifact of {where} has dims {dims}, the manifest says {want}")
+            # the format the bytes are in, not the one the manifest's file name claims (a .npz name on safetensors
+            # bytes was stored as .npz and shown as artifact_format npz)
+            v["ext"] = "npz" if data[:2] == b"PK" else "safetensors"
+            if "artifact_format" in v:
+                v["artifact_format"] = v["ext"]
             v["data"] = data
             v["report"] = r.read(v["bundle_report"], MAX_REPORT_BYTES) if v.get("bundle_report") else None
 
@@ -426,24 +442,30 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
     for e in plan["entries"]:  # artifacts first (content-addressed: an aborted import leaves no record)
         for v in e["versions"]:
             v["sha"], v["rel"] = reg.store.put(v.pop("data"), v["ext"])
-    written_reports: list[Path] = []
+    # reports: written in the transaction, for the versions it inserts only, under names of this import alone
+    # (content-addressed names were shared: a failed import removed a report a concurrent one had committed, and
+    # skipped versions left reports no row named); a retried transaction's earlier files are removed after it
+    reports = {"token": uuid.uuid4().hex[:8], "now": [], "before": []}
+
+    def apply(t):
+        reports["before"] += reports["now"]
+        reports["now"] = []
+        return _apply_plan(reg, t, plan, on_conflict, reports)
+
     try:
-        for e in plan["entries"]:
-            for v in e["versions"]:
-                if v.get("report") is not None:
-                    v["report_rel"], created = _store_report(reg, e["name"], v["version"], v.pop("report"))
-                    if created:  # a file already there belongs to a version imported before: never removed
-                        written_reports.append(reg.report_dir / v["report_rel"])
-        counts = reg._write(lambda t: _apply_plan(reg, t, plan, on_conflict))
+        counts = reg._write(apply)
     except BaseException:
-        for p in written_reports:
+        for p in reports["before"] + reports["now"]:
             p.unlink(missing_ok=True)
         raise
+    for p in set(reports["before"]) - set(reports["now"]):
+        p.unlink(missing_ok=True)
     return counts
 
 
-def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
-    """Every database write of an import, in the caller's one transaction."""
+def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
+    """Every database write of an import, in the caller's one transaction; the report of each version inserted is
+    written first (its path appended to ``reports["now"]``)."""
     counts = {"imported": 0, "skipped": 0, "renumbered": 0, "aliases": 0}
     n_steers = n_steer_aliases = 0
     for s in plan["spaces"].values():
@@ -481,8 +503,14 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
                 status = "imported"
             local[v["version"]] = number
             made.add(number)
+            report_rel = None
+            if v.get("report") is not None:
+                digest = sha256_bytes(v["report"])[:12]
+                report_rel = f"{fs_safe(name)}/imported-{number}-{digest}-{reports['token']}.html"
+                atomic_write(reg.report_dir / report_rel, v["report"])
+                reports["now"].append(reg.report_dir / report_rel)
             store.insert(t, name, number, {**v, "artifact_sha256": v["sha"], "artifact_path": v["rel"],
-                                           "report_path": v.get("report_rel")}, tags if is_map else None)
+                                           "report_path": report_rel}, tags if is_map else None)
             if is_map:
                 counts[status] += 1
             else:
@@ -496,13 +524,3 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str) -> dict:
     if n_steers or any(e["kind"] == "steers" for e in plan["entries"]):
         counts["steers"], counts["steer_aliases"] = n_steers, n_steer_aliases
     return counts
-
-
-def _store_report(reg, name: str, version, data: bytes) -> tuple[str, bool]:
-    """``(relative path, created)``: the report written under a name from its content, unless already there."""
-    rel = f"{fs_safe(name)}/imported-{version or 'new'}-{sha256_bytes(data)[:12]}.html"
-    path = reg.report_dir / rel
-    if path.is_file() and path.read_bytes() == data:
-        return rel, False
-    atomic_write(path, data)
-    return rel, True

@@ -216,3 +216,99 @@ def test_cli_import_conflict_names_the_cli_flag(source, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "steer pos:1 exists here" in err and "registry import --renumber" in err, err
     assert main(["--data-dir", str(var), "registry", "import", "--renumber", str(source[1])]) == 0
+
+
+def _reported(d, name: str, maps: dict):
+    """A registry in ``d`` with maps ``{name: (X, Y)}``, each with a fit report file; exported to ``d/name``."""
+    reg = open_registry(f"sqlite:///{d / 'r.sqlite'}", d / "art")
+    for m, (X, Y) in maps.items():
+        (reg.report_dir / m).mkdir(parents=True, exist_ok=True)
+        (reg.report_dir / m / "r.html").write_text(f"<html>report of {m}</html>")
+        reg.register_version(m, align.fit_procrustes(X, Y), source_space="a", target_space="b", method="procrustes",
+                             params={}, report_path=f"{m}/r.html")
+    out = reg.export(d / name)
+    reg.close()
+    return out
+
+
+def test_a_failed_import_never_removes_a_report_another_import_committed(tmp_path, monkeypatch):
+    """Bundles X and Y share m1:1 (same artifact and report); X also holds an m2:1 that conflicts here. X wrote the
+    report file first, Y found it there and committed m1:1 pointing at it, then X failed and removed 'its' file:
+    m1:1's report was gone and verify said ok. Reports are now written per import, inside its transaction; and a
+    version an import skips gets no report file."""
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((40, 8)).astype(np.float32)
+    Q = np.linalg.qr(rng.standard_normal((8, 8)))[0]
+    bx = _reported(tmp_path / "x", "bx", {"m1": (X, X @ Q), "m2": (X, X @ Q.T)})
+    by = _reported(tmp_path / "y", "by", {"m1": (X, X @ Q)})
+    reg = open_registry(f"sqlite:///{tmp_path / 'dst.sqlite'}", tmp_path / "dst-art")
+    reg.register_version("m2", align.fit_procrustes(X, X @ Q), source_space="a", target_space="b",
+                         method="procrustes", params={})  # another artifact: X's m2:1 conflicts with it
+    other = open_registry(f"sqlite:///{tmp_path / 'dst.sqlite'}", tmp_path / "dst-art")
+    real_write = type(reg)._write
+
+    def y_commits_first(self, fn, *a, **kw):  # Y imports through another handle while X is between its steps
+        if self is reg and not getattr(self, "_y_done", False):
+            self._y_done = True
+            other.import_(by)
+        return real_write(self, fn, *a, **kw)
+
+    monkeypatch.setattr(type(reg), "_write", y_commits_first)
+    with pytest.raises(RegistryError, match="m2:1 exists here"):
+        reg.import_(bx)
+    monkeypatch.setattr(type(reg), "_write", real_write)
+    v = reg.get_version("m1", 1)
+    assert v.report_path and reg.report_file(v).read_text() == "<html>report of m1</html>"
+    assert reg.import_(by) == {"imported": 0, "skipped": 1, "renumbered": 0, "aliases": 0}  # skipped: no new file
+    assert sorted(p.name for p in (reg.report_dir / "m1").iterdir()) == [reg.report_file(v).name]
+    assert not (reg.report_dir / "m2").exists() or not any((reg.report_dir / "m2").iterdir())
+    other.close()
+    reg.close()
+
+
+def test_zip_bundles_named_twice_or_written_over_are_refused(source, target, tmp_path):
+    """A zip with two manifest.json entries imported silently (the hidden last one won); `export b.zip` replaced an
+    existing file where a folder export refuses a non-empty folder; `export b.ZIP` wrote a folder named b.ZIP."""
+    d, folder = source
+    before = snapshot(target)
+    dup = tmp_path / "dup.zip"
+    with zipfile.ZipFile(dup, "w") as z:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file():
+                z.write(p, p.relative_to(folder).as_posix())
+        with pytest.warns(UserWarning, match="Duplicate name"):
+            z.writestr("manifest.json", json.dumps({"format": "vecbridge-bundle", "maps": []}))
+    with pytest.raises(IntegrityError, match="entries named twice .manifest.json"):
+        target.import_(dup)
+    assert snapshot(target) == before
+    src = open_registry(f"sqlite:///{d / 'src.sqlite'}", d / "src-art")
+    try:
+        z = src.export(tmp_path / "b.zip")
+        stamp = z.stat().st_mtime_ns
+        with pytest.raises(RegistryError, match="exists"):
+            src.export(tmp_path / "b.zip")
+        assert z.stat().st_mtime_ns == stamp
+        upper = src.export(tmp_path / "c.ZIP")
+        assert upper.is_file() and zipfile.is_zipfile(upper)
+    finally:
+        src.close()
+
+
+def test_the_stored_format_is_the_artifacts_not_the_manifests_file_name(target, tmp_path):
+    """A manifest naming an npz file for safetensors bytes: stored as .npz and shown as artifact_format npz."""
+    src = open_registry(f"sqlite:///{tmp_path / 's.sqlite'}", tmp_path / "s-art")
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30, 4)).astype(np.float32)
+    src.register_version("st", align.fit_procrustes(X, X[:, ::-1]), source_space="p", target_space="q",
+                         method="procrustes", params={}, artifact_format="safetensors")
+    b = src.export(tmp_path / "st")
+    src.close()
+    man = json.loads((b / "manifest.json").read_text())
+    v = man["maps"][0]["versions"][0]
+    assert v["artifact_path"].endswith(".safetensors")
+    v["artifact_path"] = v["artifact_path"][: -len(".safetensors")] + ".npz"
+    (b / "manifest.json").write_text(json.dumps(man))
+    target.import_(b)
+    got = target.get_version("st", 1)
+    assert got.artifact_format == "safetensors" and got.artifact_path.endswith(".safetensors"), got
+    np.testing.assert_array_equal(target.load_map("st:1").W, align.fit_procrustes(X, X[:, ::-1]).W)
