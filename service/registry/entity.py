@@ -429,9 +429,9 @@ class VersionedStore:
             where, args = ("", ()) if want is None else _pointing(want)
             if t.one(f"DELETE FROM {a} WHERE name = ? AND alias = ?{where} RETURNING version",
                       (name, alias, *args)) is None:
+                self._require(t, name)  # an unknown name says so (it read "map 'nope' has no alias 'prod'")
                 if want is None:
                     raise NotFoundError(f"{self.kind.noun} {name!r} has no alias {alias!r}")
-                self._require(t, name)
                 raise self._moved(t, name, alias, want, "removed")
 
         self._write(fn)

@@ -202,3 +202,17 @@ def test_deleting_the_version_an_alias_points_at_says_what_changes(capsys, data)
     assert rc == 0 and res["ok"] and res["aliases_on_deleted"] == ["m@prod -> 1"], res
     rc, out, err = run(capsys, *var, "registry", "delete", "m", "2")  # no alias on it: no warning
     assert rc == 0 and err == "", err
+
+
+def test_removing_what_is_not_there_says_so(capsys, data):
+    """`registry tag m 1 nokey --delete` said "deleted tag nokey", exit 0; `registry alias nope prod --delete` said
+    "map 'nope' has no alias 'prod'" for a map that does not exist."""
+    var = ["--data-dir", str(data / "var")]
+    assert run(capsys, *var, "fit", "--source", str(data / "src.npy"), "--target", str(data / "tgt.npy"),
+               "--method", "procrustes", "--name", "m", "--quiet")[0] == 0
+    rc, out, err = run(capsys, *var, "registry", "tag", "m", "1", "nokey", "--delete")
+    assert rc == 2 and out == "" and "m:1 has no tag 'nokey' (nothing deleted)" in err, (out, err)
+    assert run(capsys, *var, "registry", "tag", "m", "1", "owner", "me")[0] == 0
+    assert run(capsys, *var, "registry", "tag", "m", "1", "owner", "--delete")[1] == "deleted tag owner of m:1\n"
+    rc, out, err = run(capsys, *var, "registry", "alias", "nope", "prod", "--delete")
+    assert rc == 2 and "unknown map 'nope'" in err, err
