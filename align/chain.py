@@ -64,6 +64,10 @@ class MapChain(StoredMap):
             flat.extend(s.steps if isinstance(s, MapChain) else [s])
         if not flat:
             raise InputError("a chain needs at least one map")
+        for s in flat:  # a string or an array was an AttributeError on .target_dim
+            if not all(hasattr(s, a) for a in ("apply", "source_dim", "target_dim")):
+                raise InputError(f"a chain's steps are maps (LinearMap, ClusterMap, MapChain), got "
+                                 f"{type(s).__name__}")
         for a, b in zip(flat, flat[1:]):
             if a.target_dim != b.source_dim:
                 raise DimensionMismatchError(
@@ -80,11 +84,25 @@ class MapChain(StoredMap):
     def target_dim(self) -> int:
         return int(self.steps[-1].target_dim)
 
+    @property
+    def source_frame(self):
+        """The first step's source frame (what ``output="frame"`` and the metrics read the input in)."""
+        return self.steps[0].source_frame
+
+    @property
+    def target_frame(self):
+        """The last step's target frame (the frame of ``output="frame"``; the metrics rank targets in it)."""
+        return self.steps[-1].target_frame
+
     def __len__(self) -> int:
         return len(self.steps)
 
     def __repr__(self) -> str:
         return f"MapChain({' -> '.join(f'{map_kind(s)}({s.source_dim}->{s.target_dim})' for s in self.steps)})"
+
+    def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = 65536) -> np.ndarray:
+        """:meth:`apply` of checked float32 rows, as :meth:`LinearMap._apply` (what the metrics call)."""
+        return self.apply(X, output=output, batch_size=batch_size, validate=False)
 
     def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True,
               name: str = "X") -> np.ndarray:

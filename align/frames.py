@@ -136,7 +136,13 @@ class Frame:
         if mean.shape != (self.dim,) or not finite:
             raise InputError(f"a frame's mean must be {self.dim} finite numbers, got shape {mean.shape}, "
                              f"dtype {mean.dtype}" + (", with NaN/Inf" if numeric and not finite else ""))
-
+        if mean.dtype != np.float32 or mean is not self.mean:  # stored as every fitted frame holds it: a list
+            # failed at the first apply, a float64 mean did not round-trip save/load exactly
+            with np.errstate(over="ignore"):
+                mean32 = mean.astype(np.float32)
+            if not np.isfinite(mean32).all():
+                raise InputError(f"a frame's mean must be finite in float32, got values up to {np.abs(mean).max():g}")
+            self.mean = mean32
     @classmethod
     def fit(cls, X, *, center: bool = True, unit_in: bool = True, unit_out: bool = True, name: str = "X") -> "Frame":
         """Fit a frame on training rows ``X`` of shape (n, d)."""

@@ -25,7 +25,7 @@ import numpy as np
 from .validation import as_matrix, as_real_array, check_representable
 from .blocks import run_blocks, serial
 from .exceptions import DimensionMismatchError, InputError, ShapeError
-from .options import check_number
+from .options import check_flag, check_number
 
 __all__ = ["knn", "knn_blocks", "merge_topk", "mean_topk", "csls_knn", "mutual_nn", "faiss_available", "check_count",
            "DEFAULT_BLOCK"]
@@ -124,6 +124,8 @@ def knn(Q, D, k: int = 10, *, block_size: int = DEFAULT_BLOCK, use_faiss: bool |
     I : ndarray (n, k) int64, row indices into ``D``
     """
     Q, D, k = _check(Q, D, k, block_size)
+    if use_faiss is not None:
+        check_flag("use_faiss", use_faiss)  # "no" is truthy: it chose FAISS
     with np.errstate(over="ignore", invalid="ignore"):
         S, I = _knn(Q, D, k, block_size=block_size, use_faiss=use_faiss, executor=executor)
     return _checked(S, "knn scores"), I

@@ -357,6 +357,9 @@ class LinearMap(StoredMap):
         inner renormalisation is the identity); otherwise the inner frame change is folded in
         as an affine shift ``(mu_1 - mu_2) W_2`` and recorded as approximate in the metadata.
         """
+        if not isinstance(other, LinearMap):  # a ClusterMap was a raw broadcast error, a MapChain an AttributeError
+            raise InputError(f"compose takes a LinearMap, got {type(other).__name__}: chain other maps with "
+                             "align.MapChain([first, second])")
         if self.target_dim != other.source_dim:
             raise DimensionMismatchError(
                 f"cannot compose: first map outputs {self.target_dim}-d, second expects {other.source_dim}-d")

@@ -20,7 +20,7 @@ from .exceptions import DimensionMismatchError, InputError, ShapeError, TooFewRo
 from .frames import unit_rows
 from .blocks import rows_per_block
 from .knn import DEFAULT_BLOCK, check_count, mean_topk
-from .options import check_flag, check_number
+from .options import check_callable, check_flag, check_number
 from .maps import LinearMap
 
 __all__ = ["INTERVAL_LEVEL", "TIE_TOL", "count_above", "cross_val_top1", "evaluate", "proportion_interval",
@@ -205,6 +205,7 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
     Returns ``{"top1", "n_candidates" (mean pool size), "folds", "n_rows"}``; TooFewRowsError below
     ``2 * folds`` rows. Same ``random_state``, same folds.
     """
+    check_callable("fit", fit, optional=False)
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
     folds = check_count("folds", folds, lo=2)  # 1 left no rows to fit on, 0 reached np.array_split
     max_pool, max_rows = check_count("max_pool", max_pool), check_count("max_rows", max_rows, lo=2 * folds)
@@ -217,6 +218,8 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
     for part in np.array_split(rows, folds):
         train = np.setdiff1d(rows, part)
         m = fit(X[train], Y[train])
+        if not all(hasattr(m, a) for a in ("_apply", "target_frame", "source_dim")):  # None was an AttributeError
+            raise InputError(f"fit must return a map (LinearMap, ClusterMap, MapChain), got {type(m).__name__}")
         for chunk in np.array_split(part, -(-part.size // max_pool)):
             Q = check_no_zero_rows(unit_rows(m._apply(X[chunk], output="linear")), name="mapped X_src",
                                    why=_ZERO_MAPPED)

@@ -59,7 +59,7 @@ from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame, frame_sum, unit_rows
 from .maps import LinearMap
 from .metrics import query_sample
-from .options import check_migration_options, check_number
+from .options import check_callable, check_migration_options, check_number
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
 from .retrieval import hubness, labelled_metrics, labelled_retrieval, pair_retrieval_scores, ratios
 
@@ -560,6 +560,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     InputError (unknown method or option).
     """
     options = check_options(method, options)
+    check_callable("progress", progress)
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=2)
     Us = None if unpaired_source is None else as_matrix(unpaired_source, name="unpaired_source", dim=X.shape[1])
     Ut = None if unpaired_target is None else as_matrix(unpaired_target, name="unpaired_target", dim=Y.shape[1])

@@ -44,7 +44,7 @@ from .blocks import executing
 from .exceptions import ConvergenceWarning, InputError, NotFittedError, PairCountError, TooFewRowsError
 from .frames import Frame
 from .maps import LinearMap
-from .options import check_flag, check_number
+from .options import check_callable, check_flag, check_number
 from .refine import (map_criterion, procrustes_map, refine_clusters, refine_icp, relative_representation,
                      seed_relative_init, self_learning, soft_pseudo_targets, bidirectional_polish)
 
@@ -375,7 +375,7 @@ class MiniVec2Vec:
         need = self._min_rows(seeded)[0]
         for name, A in (("X_src", X), ("X_tgt", Y)):
             check_not_degenerate(A, name=name)
-        report = progress if progress is not None else (lambda stage, frac: None)
+        report = check_callable("progress", progress) or (lambda stage, frac: None)
         rng = check_random_state(self.random_state)
         timings: dict = {}
 

@@ -37,6 +37,14 @@ def check_batch_size(batch_size) -> int:
     return check_number("batch_size", batch_size, 1, float("inf"), whole=True)
 
 
+def check_callable(name: str, value, *, optional: bool = True):
+    """``value`` when it is callable (or None with ``optional``), else :class:`InputError`: a progress callback
+    given as a string failed deep in the fit with a raw TypeError."""
+    if (value is None and optional) or callable(value):
+        return value
+    raise InputError(f"{name} must be a callable{' or None' if optional else ''}, got {type(value).__name__}")
+
+
 def check_flag(name: str, value) -> bool:
     """``value`` when it is a bool (numpy's too), else :class:`InputError`: ``scale="false"`` is truthy."""
     if not isinstance(value, (bool, np.bool_)):
@@ -49,7 +57,7 @@ MAX_ALPHAS = 1000
 #: option: (lo, hi, whole, lo_open). Ridge α is per pair (× K); the cluster margin is a score difference.
 _SCALARS = {"alpha": (0.0, 1e6, False, False), "rank": (1, 1 << 20, True, False),
             "shrink": (0.0, 1e9, False, True), "blend": (1, 1 << 20, True, False),
-            "cluster_temperature": (0.0, 1e3, False, True), "cluster_margin": (-1.0, 1.0, False, False)}
+            "cluster_temperature": (1e-6, 1e3, False, False), "cluster_margin": (-1.0, 1.0, False, False)}
 #: the Sinkhorn refinement's own options (:func:`align.semisup.sinkhorn_polish`), same form.
 _SINKHORN = {"rounds": (1, 100, True, False), "eps": (0.0, 10.0, False, True), "k": (1, 1000, True, False),
              "whiten": (0.0, 2.0, False, False), "seed_share": (0.0, 1.0, False, False),

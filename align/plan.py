@@ -23,7 +23,7 @@ from .validation import (as_matrix, check_labelled_queries, check_paired, check_
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .knn import knn
-from .options import check_number
+from .options import check_callable, check_flag, check_number
 from .retrieval import overlap_without_self, relevant_ranks
 
 __all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "forecast", "forecast_per_k",
@@ -116,6 +116,7 @@ def knn_overlap(A, B, *, k: int = 10, beyond_chance: bool = False) -> float:
     a fixed bar (minilm↔e5: 0.33-0.36 from 50 to 1,000 pairs; minilm↔paraphrase-L3: 0.46-0.47).
     """
     check_number("k", k, 1, 1 << 31, whole=True)
+    check_flag("beyond_chance", beyond_chance)
     A, B = check_paired(A, B, names=("probe_src", "probe_tgt"), min_rows=k + 2)
     check_rankable(A, name="probe_src")  # all-zero or constant rows: every neighbourhood a tie, overlap 1.0
     check_rankable(B, name="probe_tgt")
@@ -411,6 +412,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     from .migration import _Problem, _fit_procrustes, _ridge
 
     Xo = as_matrix(X_old, name="X_old")
+    check_callable("progress", progress)
+    check_flag("select_rows", select_rows)
     A, B = check_paired(probe_src, probe_tgt, names=("probe_src", "probe_tgt"), min_rows=1)
     # a repeated pair split across the curve's fitting and held-out halves is found by memory, and its copy is its
     # own nearest neighbour in the alignability count: the plan is of the distinct pairs

@@ -50,7 +50,7 @@ from ._artifacts import check_header, pack_npz, read_bytes, save_atomic, unpack_
 from .validation import (as_matrix, as_real_array, check_eps, check_labels, check_not_degenerate, check_random_state,
                          check_representable, check_row_scale)
 from .frames import row_norms
-from .options import check_batch_size, check_number
+from .options import check_batch_size, check_callable, check_number
 from .steer_transfer import transfer_steer
 from .exceptions import (
     ConvergenceWarning,
@@ -570,6 +570,8 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
 
     X = check_row_scale(as_matrix(X, name="X", min_rows=2), name="X")
     labels = check_labels(labels, X.shape[0])
+    check_callable("callback", callback)
+    tol = check_number("tol", tol, 0.0, float("inf"))  # "x" failed inside scipy; NaN and -1 were taken
     check_not_degenerate(X, name="X")  # all rows identical: a zero (no-op) steer came back silently
     n, d = X.shape
     o = check_steer_options(rank=rank, method=method, temperature=temperature, weight_decay=weight_decay,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import linalg
-from .exceptions import DimensionMismatchError
+from .exceptions import DimensionMismatchError, InputError
 
 __all__ = ["transfer_steer"]
 
@@ -88,9 +88,18 @@ def transfer_steer(steer, linear_map, *, rcond: float = 1e-6):
     ``eps_scale = gamma / lam``, the factor on ``W``).
     """
     from .chain import require_linear
+    from .options import check_number
     from .steer import Steer
+    from .validation import as_real_array
 
-    M = np.asarray(require_linear(linear_map, "carrying a steer through a map (W_B = H^T W_A H)").W, dtype=np.float64)
+    if not isinstance(steer, Steer):  # a MeanShift (or anything else) was an AttributeError on P1
+        raise InputError(f"only W = P1 P2^T steers transfer through a map, got {type(steer).__name__}")
+    rcond = check_number("rcond", rcond, 0.0, 1.0)
+    if isinstance(linear_map, np.ndarray) or not hasattr(linear_map, "W"):  # a bare matrix, as documented
+        M = as_real_array(linear_map, name="map matrix", ndim=2).astype(np.float64)
+    else:
+        M = np.asarray(require_linear(linear_map, "carrying a steer through a map (W_B = H^T W_A H)").W,
+                       dtype=np.float64)
     if M.shape[0] != steer.dim:
         raise DimensionMismatchError(
             f"map expects {M.shape[0]}-d source rows, the steer lives in {steer.dim}-d")

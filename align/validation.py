@@ -316,6 +316,8 @@ def check_random_state(random_state) -> np.random.Generator:
 
 def check_eps(eps) -> float:
     """The steering strength ``eps`` as a finite float (InputError / NonFiniteError otherwise)."""
+    if isinstance(eps, (str, bytes, bool, np.bool_)):  # float("1") and float(True) read them as numbers
+        raise InputError(f"eps must be a real number, got {eps!r}")
     try:
         value = float(eps)
     except (TypeError, ValueError):

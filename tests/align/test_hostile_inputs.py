@@ -217,3 +217,75 @@ def test_sinkhorn_refinement_takes_a_single_unpaired_row(pairs):
     m = align.fit_migration(X, Y, method="procrustes", semi_supervised="sinkhorn", unpaired_source=X[:1],
                             unpaired_target=Y[:1])
     assert np.isfinite(m.apply(X[:3])).all()
+
+
+def test_chains_work_with_the_metrics_and_bad_steps_are_named(pairs):
+    """load_map can return a MapChain: evaluate / score_map / cross_val_top1 raised AttributeError on it;
+    compose with a ClusterMap or a chain was a raw broadcast / AttributeError, a string step an AttributeError."""
+    X, Y = pairs
+    a, b = align.fit_procrustes(X, Y), align.fit_procrustes(Y, X)
+    chain = align.MapChain([a, b])
+    direct = align.evaluate(align.fit_procrustes(X, X), X, X)["top1"]
+    assert align.evaluate(chain, X, X)["top1"] == pytest.approx(direct, abs=0.05)
+    assert 0 < align.score_map(chain, X, X)["score"] <= 1
+    assert 0 < align.cross_val_top1(X, Y, lambda x, y: align.MapChain([align.fit_procrustes(x, y)]))["top1"] <= 1
+    with pytest.raises(InputError, match="fit must return a map"):
+        align.cross_val_top1(X, Y, lambda x, y: None)
+    with pytest.raises(InputError, match="fit must be a callable"):
+        align.cross_val_top1(X, Y, "procrustes")
+    for other in (align.fit_migration(X, Y, method="cluster", random_state=0), chain):
+        with pytest.raises(InputError, match="compose takes a LinearMap"):
+            a.compose(other)
+    with pytest.raises(InputError, match="a chain's steps are maps"):
+        align.MapChain([a, "x"])
+
+
+def test_transfer_takes_a_bare_matrix_and_names_what_it_cannot(pairs):
+    """The docstring offers a bare matrix: it was an AttributeError on .W; a MeanShift an AttributeError on P1;
+    rcond "x" a numpy UFuncTypeError, NaN and -1 taken."""
+    X, _ = pairs
+    Xu = X / np.linalg.norm(X, axis=1, keepdims=True)
+    y = np.where(Xu[:, 0] > 0, 1, -1)
+    s = align.fit_steer(Xu, y, random_state=0)
+    Q = np.linalg.qr(np.random.default_rng(3).normal(size=(6, 6)))[0]
+    t = align.transfer_steer(s, Q)
+    np.testing.assert_allclose(t.W, Q.T @ s.W @ Q, atol=1e-5)  # an orthogonal M: W_B = M^T W_A M
+    with pytest.raises(InputError, match="only W = P1 P2"):
+        align.transfer_steer(align.fit_mean_shift(Xu, y), Q)
+    for rcond in ("x", np.nan, -1):
+        with pytest.raises(InputError, match="rcond"):
+            align.transfer_steer(s, Q, rcond=rcond)
+
+
+def test_hand_built_frames_are_stored_as_fitted_ones(pairs):
+    """A list mean passed the check and failed at the first apply; a float64 mean stayed float64, so save -> load
+    changed the outputs (by 6e-8)."""
+    X, _ = pairs
+    f = align.Frame(6, mean=[0.1, 0.2, 0.3, 0.0, 0.0, 1e-9])
+    assert f.mean.dtype == np.float32
+    m = align.LinearMap(np.eye(6), source_frame=f)
+    assert np.array_equal(m.apply(X), align.LinearMap.from_bytes(m.to_bytes("npz")).apply(X))
+    with pytest.raises(InputError, match="finite in float32"):
+        align.Frame(2, mean=[1e39, 0.0])
+
+
+@pytest.mark.parametrize(("call", "named"), [
+    (lambda X, Y: align.fit_migration(X, Y, method="procrustes", progress="bar"), "progress"),
+    (lambda X, Y: align.plan_migration(X, X[:55], Y[:55], progress=1), "progress"),
+    (lambda X, Y: align.MiniVec2Vec(random_state=0).fit(X, Y, progress="bar"), "progress"),
+    (lambda X, Y: align.fit_steer(X, np.where(X[:, 0] > 0, 1, -1), callback="cb"), "callback"),
+    (lambda X, Y: align.fit_steer(X, np.where(X[:, 0] > 0, 1, -1), method="lm-steer", tol=np.nan), "tol"),
+    (lambda X, Y: align.fit_steer(X, np.where(X[:, 0] > 0, 1, -1), method="lm-steer", tol=-1), "tol"),
+    (lambda X, Y: align.knn(X, Y, 2, use_faiss="no"), "use_faiss"),
+    (lambda X, Y: align.knn_overlap(X, Y, beyond_chance="no"), "beyond_chance"),
+    (lambda X, Y: align.plan_migration(X, X[:55], Y[:55], select_rows="no"), "select_rows"),
+    (lambda X, Y: align.Steer(np.eye(6)[:, :1], np.ones((6, 1))).apply(X, "1"), "eps"),
+    (lambda X, Y: align.Steer(np.eye(6)[:, :1], np.ones((6, 1))).apply(X, True), "eps"),
+    (lambda X, Y: align.fit_migration(X, Y, method="cluster", cluster_temperature=5e-324), "cluster_temperature"),
+], ids=["progress", "plan progress", "minivec2vec progress", "callback", "tol nan", "tol negative", "use_faiss",
+        "beyond_chance", "select_rows", "eps string", "eps bool", "denormal temperature"])
+def test_parameters_of_the_wrong_kind_are_input_errors(pairs, call, named):
+    """Each was accepted (a truthy string, a denormal that made every routing weight NaN) or failed deep inside with
+    a raw TypeError / scipy error."""
+    with pytest.raises(InputError, match=named):
+        call(*pairs)
