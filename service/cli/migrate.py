@@ -190,7 +190,8 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
         text.append(f"{collection} against {source}: {out['rows_target']}/{out['rows_source']} rows, "
                     + ", ".join(f"{out[n]} {what}{_ids(out[i], out[n])}" for n, i, what in (
                         ("missing_rows", "missing_ids", "missing"), ("extra_rows", "extra_ids", "extra"),
-                        ("wrong_vectors", "wrong_ids", "wrong vectors")))
+                        ("wrong_vectors", "wrong_ids", "wrong vectors"),
+                        ("wrong_fields", "wrong_fields_ids", "with another text or field")))
                     + f" (max relative error {out['max_rel_error']:.2g})")
     if verdict:
         text[-1] += f"; {verdict}{': ' + '; '.join(fails) if fails else ''}"

@@ -23,7 +23,8 @@ The figures above sample the **target** and judge the map; they cannot see a row
 holding something else. With ``source`` (and the map), :func:`check_rows` compares the whole target against
 the whole source: ids (``missing_rows``: in the source, not the target; ``extra_rows``: the other way) and,
 for every row both hold, the stored vector ``t`` against ``y = map(x)`` of its source row:
-``wrong_vectors`` counts rows with ``‖t − y‖ / ‖y‖ > tol`` (default 1e-3; float32 storage keeps ~1e-7).
+``wrong_vectors`` counts rows with ``‖t − y‖ / ‖y‖ > tol`` (default 1e-3; float32 storage keeps ~1e-7), and
+``wrong_fields`` rows whose text or any field differs from the source row's (a migration copies them as they are).
 It reads both collections once (one source batch and its target rows at a time, plus both id lists).
 """
 
@@ -54,7 +55,8 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     m = resolve_map(map_, registry)
     ids_t = np.sort(store.ids(target))  # sorted here: engines page in their own order (UUIDs)
     seen, missing, wrong, worst, n_missing, n_wrong = [], [], [], 0.0, 0, 0
-    for b in store.scan(source, batch_size=batch_size, with_texts=False):
+    fields_wrong, n_fields_wrong = [], 0
+    for b in store.scan(source, batch_size=batch_size, with_fields=True):
         seen.append(b.ids)
         if ids_t.shape[0] and ids_t.dtype.kind == b.ids.dtype.kind:
             have = ids_t[np.minimum(np.searchsorted(ids_t, b.ids), ids_t.shape[0] - 1)] == b.ids
@@ -65,7 +67,11 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
         if not have.any():
             continue
         Y = m.apply(b.vectors[have], output="raw")
-        T = store.fetch(target, b.ids[have]).vectors
+        t = store.fetch(target, b.ids[have], with_fields=True)
+        T = t.vectors
+        differ = _fields_differ(b, np.flatnonzero(have), t)  # texts and fields were never compared: PASS
+        n_fields_wrong += int(differ.sum())
+        fields_wrong += b.ids[have][differ][: _SHOW - len(fields_wrong)].tolist()
         err = np.linalg.norm(T - Y, axis=1) / np.maximum(np.linalg.norm(Y, axis=1), 1e-12)
         worst = max(worst, float(err.max()))
         bad = err > tol
@@ -77,7 +83,33 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     return {"rows_source": int(ids_s.shape[0]), "rows_target": int(ids_t.shape[0]), "missing_rows": n_missing,
             "missing_ids": missing, "extra_rows": int(extra.shape[0]), "extra_ids": extra[:_SHOW].tolist(),
             "wrong_vectors": n_wrong, "wrong_ids": wrong, "max_rel_error": worst,
-            "rows_ok": n_missing == 0 and n_wrong == 0 and extra.shape[0] == 0}
+            "wrong_fields": n_fields_wrong, "wrong_fields_ids": fields_wrong,
+            "rows_ok": n_missing == 0 and n_wrong == 0 and n_fields_wrong == 0 and extra.shape[0] == 0}
+
+
+def _same(a, b) -> bool:
+    """Equal values, NaN equal to NaN (a float field holding NaN is copied as NaN)."""
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    try:
+        return bool(a == b)
+    except (ValueError, TypeError):  # arrays: element-wise == has no single truth value
+        return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True))
+
+
+def _fields_differ(src, rows: np.ndarray, tgt) -> np.ndarray:
+    """(len(rows),) bool: whether target row j (``tgt``, fetched for ``src.ids[rows]``) holds another text or
+    field value than source row ``rows[j]``; a field one side lacks counts as None there."""
+    out = np.zeros(rows.shape[0], bool)
+    if src.texts is not None or tgt.texts is not None:
+        s_txt, t_txt = src.texts or [None] * len(src), tgt.texts or [None] * rows.shape[0]
+        out |= np.array([not _same(s_txt[i], t_txt[j]) for j, i in enumerate(rows)], bool)
+    s_f, t_f = src.fields or {}, tgt.fields or {}
+    for key in set(s_f) | set(t_f):
+        a, b = s_f.get(key), t_f.get(key)
+        out |= np.array([not _same(None if a is None else a[i], None if b is None else b[j])
+                         for j, i in enumerate(rows)], bool)
+    return out
 
 
 def compare_to_reference(Y_ref, Y_hat, *, n_queries: int = 200, k: int = 10) -> dict:

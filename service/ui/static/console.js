@@ -556,8 +556,8 @@ function migrationsPage() {
       if (typeof recall === "number") parts.push(`recall@${v.k} ${recall.toFixed(3)} (${v.mode})`);
       if (v.rows_ok !== undefined) {
         parts.push(v.rows_ok ? `every row of ${v.collection} matches ${v.source}`
-          : `${VB.num(v.missing_rows)} missing, ${VB.num(v.extra_rows)} extra, ${VB.num(v.wrong_vectors)} wrong ` +
-            `rows against ${v.source}`);
+          : `${VB.num(v.missing_rows)} missing, ${VB.num(v.extra_rows)} extra, ${VB.num(v.wrong_vectors)} wrong, ` +
+            `${VB.num(v.wrong_fields || 0)} other-field rows against ${v.source}`);
       }
       const fails = (v.fails || []).length ? ` — ${v.fails.join("; ")}` : "";
       return `${v.verdict || "checked"}: ${parts.join("; ")}${fails}`;

@@ -365,3 +365,24 @@ def test_the_space_check_says_which_side_names_no_space(store, data):
         "unchecked: neither the collection nor the map names its space")
     store.set_space("src", "spa")
     assert migrate(store, "src", "s3", named, dry_run=True).extra["space_check"] == "checked: spa"
+
+
+def test_checking_rows_against_the_source_compares_texts_and_fields_too(store, data):
+    """verify --source compared ids and vectors only: a text or payload changed in the target still gave PASS,
+    though the check is worded 'every row against its source'."""
+    from service.vectordb import check_rows
+
+    X, Y, m = data
+    ids = np.arange(30)
+    store.create("f_src", X.shape[1])
+    store.upsert("f_src", ids, X[:30], [f"t{i}" for i in ids], {"tag": [f"g{i % 3}" for i in ids],
+                                                              "score": [float(i) for i in ids]})
+    migrate(store, "f_src", "f_dst", m)
+    ok = check_rows(store, "f_src", "f_dst", m)
+    assert ok["rows_ok"] and ok["wrong_fields"] == 0, ok
+    got = store.fetch("f_dst", [4, 7], with_fields=True)
+    store.upsert("f_dst", [4], got.vectors[:1], ["edited"], {"tag": ["g1"], "score": [4.0]})
+    store.upsert("f_dst", [7], got.vectors[1:], ["t7"], {"tag": ["other"], "score": [7.0]})
+    out = check_rows(store, "f_src", "f_dst", m)
+    assert not out["rows_ok"] and out["wrong_fields"] == 2 and sorted(out["wrong_fields_ids"]) == [4, 7], out
+    assert out["wrong_vectors"] == 0 and out["missing_rows"] == 0
