@@ -89,7 +89,7 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
 
 def _same(a, b) -> bool:
     """Equal values, NaN equal to NaN (a float field holding NaN is copied as NaN)."""
-    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+    if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
         return True
     try:
         return bool(a == b)

@@ -355,7 +355,7 @@ def test_a_rerun_of_a_finished_migration_does_not_switch_the_alias_to_a_stale_ta
 def test_the_space_check_says_which_side_names_no_space(store, data):
     """A map that reads space 'spa' on a collection that records none: the report said "neither the collection
     nor the map names its space", which is false about the map."""
-    X, Y, m = data
+    X, _, m = data
     _fill(store, X)
     named = align.LinearMap(m.W, m.bias, m.source_frame, m.target_frame, metadata={"source_space": "spa"})
     rep = migrate(store, "src", "s1", named, dry_run=True)
@@ -372,7 +372,7 @@ def test_checking_rows_against_the_source_compares_texts_and_fields_too(store, d
     though the check is worded 'every row against its source'."""
     from service.vectordb import check_rows
 
-    X, Y, m = data
+    X, _, m = data
     ids = np.arange(30)
     store.create("f_src", X.shape[1])
     store.upsert("f_src", ids, X[:30], [f"t{i}" for i in ids], {"tag": [f"g{i % 3}" for i in ids],
