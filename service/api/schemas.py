@@ -443,6 +443,8 @@ class MapSummary(BaseModel):
     target_dim: int
     latest_version: int | None = Field(None, description="Latest live (not deleted) version; null when none.")
     aliases: dict[str, int]
+    aliases_on_deleted: list[str] = Field(default_factory=list, description=(
+        "Aliases left on a deleted version: kept for lineage, they no longer resolve."))
     n_versions: int
     n_live_versions: int
     created_at: str
@@ -594,6 +596,8 @@ class SteerSummary(BaseModel):
     dim: int
     latest_version: int | None = None
     aliases: dict[str, int]
+    aliases_on_deleted: list[str] = Field(default_factory=list, description=(
+        "Aliases left on a deleted version: kept for lineage, they no longer resolve."))
     n_versions: int
     n_live_versions: int
     created_at: str

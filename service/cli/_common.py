@@ -184,7 +184,8 @@ def progress_bar(*, quiet: bool, as_json: bool):
 
 def versions_summary(s: dict) -> str:
     """``latest N  versions LIVE/ALL[  aliases A->V ...]`` of a registry summary (``list_maps``, ``list_steers``)."""
-    al = " ".join(f"{k}->{v}" for k, v in s["aliases"].items())
+    gone = set(s.get("aliases_on_deleted", ()))  # an alias left on a deleted version no longer resolves: say so
+    al = " ".join(f"{k}->{v}{'(deleted)' if k in gone else ''}" for k, v in s["aliases"].items())
     return (f"latest {s['latest_version'] or '-'}  versions {s['n_live_versions']}/{s['n_versions']}"
             f"{'  aliases ' + al if al else ''}")
 

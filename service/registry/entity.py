@@ -366,16 +366,19 @@ class VersionedStore:
         return self.cache.peek((self.kind.noun, v.artifact_sha256))
 
     def summaries(self, t) -> list[dict]:
-        """One dict per name: its name-row columns, latest live version, ``aliases`` {alias: version}, counts."""
+        """One dict per name: its name-row columns, latest live version, ``aliases`` {alias: version}, counts, and
+        ``aliases_on_deleted``: the aliases left on a deleted version (they no longer resolve)."""
         k, out = self.kind, []
         for r in t.q(f"SELECT name, {', '.join(k.name_cols)}, created_at FROM {k.names} ORDER BY name"):
             name = r["name"]
             latest = t.one(f"SELECT MAX(version) AS v FROM {k.table} WHERE name = ? AND deleted = 0", (name,))["v"]
             n = t.one(f"SELECT COUNT(*) AS n_all, SUM(1 - deleted) AS n_live FROM {k.table} WHERE name = ?", (name,))
-            aliases = {a["alias"]: int(a["version"])
-                       for a in t.q(f"SELECT alias, version FROM {k.aliases} WHERE name = ? ORDER BY alias", (name,))}
+            rows = t.q(f"SELECT a.alias, a.version, v.deleted FROM {k.aliases} a LEFT JOIN {k.table} v ON v.name = a.name "
+                       "AND v.version = a.version WHERE a.name = ? ORDER BY a.alias", (name,))
+            aliases = {a["alias"]: int(a["version"]) for a in rows}
             out.append({"name": name, **{c: r[c] for c in k.name_cols},
                         "latest_version": None if latest is None else int(latest), "aliases": aliases,
+                        "aliases_on_deleted": [a["alias"] for a in rows if a["deleted"]],
                         "n_versions": int(n["n_all"]), "n_live_versions": int(n["n_live"] or 0),
                         "created_at": r["created_at"]})
         return out

@@ -200,6 +200,7 @@ def test_deleting_the_version_an_alias_points_at_says_what_changes(capsys, data)
     rc, out, err = run(capsys, *var, "registry", "verify")
     res = json.loads(out)
     assert rc == 0 and res["ok"] and res["aliases_on_deleted"] == ["m@prod -> 1"], res
+    assert "aliases prod->1(deleted)" in run(capsys, *var, "registry", "list")[1]
     rc, out, err = run(capsys, *var, "registry", "delete", "m", "2")  # no alias on it: no warning
     assert rc == 0 and err == "", err
 

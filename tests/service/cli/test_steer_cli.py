@@ -154,7 +154,8 @@ def test_list_show_and_delete_as_over_http(fitted, tmp_path):
         p = vb(*var, "steer", *args, check_code=2)
         assert p.stderr.startswith("vecbridge: error: ") and len(p.stderr.splitlines()) == 1, (args, p.stderr)
     vb(*var, "steer", "delete", "s", 1)
-    assert vb(*var, "steer", "list").stdout == f"s  toy({X.shape[1]})  latest -  versions 0/2  aliases prod->1\n"
+    assert vb(*var, "steer", "list").stdout == (f"s  toy({X.shape[1]})  latest -  versions 0/2  aliases "
+                                                 "prod->1(deleted)\n")  # it no longer resolves: said
 
 
 def test_lens_counts_out_of_range_are_refused_as_over_http(fitted):
