@@ -33,7 +33,13 @@ def json_default(obj):
 
 
 def header_text(header: dict) -> str:
-    return json.dumps(header, sort_keys=True, default=json_default)
+    """The JSON of an artifact's header; SerializationError when its metadata holds something JSON cannot (a raw
+    TypeError from ``save``)."""
+    try:
+        return json.dumps(header, sort_keys=True, default=json_default)
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(f"the map's metadata must be JSON (numbers, strings, lists, dicts): {exc}"
+                                 ) from None
 
 
 def pack_npz(arrays: dict, header: dict) -> bytes:

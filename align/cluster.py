@@ -83,11 +83,12 @@ class ClusterMap(StoredMap):
         if self.source_frame.dim != d_s or self.target_frame.dim != d_t:
             raise DimensionMismatchError(
                 f"frames ({self.source_frame.dim}, {self.target_frame.dim}) do not match W {W.shape}")
-        if not 1 <= int(self.blend) or not float(self.temperature) > 0:
-            raise InputError(f"blend must be >= 1 and temperature > 0, got {self.blend}, {self.temperature}")
+        # NaN was a raw ValueError from int(), 2.7 was cut to 2 without a word
+        blend = check_number("blend", self.blend, 1, 1 << 20, whole=True)
+        temperature = check_number("temperature", self.temperature, 0.0, 1e3, lo_open=True)
         self.centroids, self.W, self.bias = C, W, b
-        self.blend = int(min(int(self.blend), k))
-        self.temperature = float(self.temperature)
+        self.blend = int(min(blend, k))
+        self.temperature = temperature
 
     @property
     def source_dim(self) -> int:

@@ -79,10 +79,10 @@ def query_sample(n: int, max_queries, random_state=0) -> np.ndarray | None:
     candidate; only the queries are sampled, so rank-based figures keep their meaning (the pool is all ``n``)
     and cost ``max_queries · n · d`` instead of ``n² · d``. InputError unless ``max_queries`` is an int >= 1.
     """
+    rng = check_random_state(random_state)  # checked when unused too: -1 passed until a sample was asked for
     if max_queries is None:
         return None
     max_queries = check_count("max_queries", max_queries)
-    rng = check_random_state(random_state)
     if max_queries >= n:
         return None
     return np.sort(rng.choice(n, size=max_queries, replace=False)).astype(np.int64)

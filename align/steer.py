@@ -182,7 +182,9 @@ class Steer:
     def scaled(self, eps: float) -> "Steer":
         """The steer ``eps W`` as a new object (``apply(Q, 1)`` then equals ``apply(Q, eps)``)."""
         eps = check_eps(eps)
-        return Steer(self.P1 * eps, self.P2.copy(), {**self.metadata, "scaled_by": eps})
+        with np.errstate(over="ignore", invalid="ignore"):  # past float32 it blamed the stored steer ("P1 has NaN")
+            P1 = check_representable((self.P1.astype(np.float64) * eps).astype(np.float32), f"P1 scaled by {eps:g}")
+        return Steer(P1, self.P2.copy(), {**self.metadata, "scaled_by": eps})
 
     def transfer(self, linear_map, **kw) -> "Steer":
         """Shortcut for :func:`transfer_steer`."""

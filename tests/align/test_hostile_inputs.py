@@ -289,3 +289,22 @@ def test_parameters_of_the_wrong_kind_are_input_errors(pairs, call, named):
     a raw TypeError / scipy error."""
     with pytest.raises(InputError, match=named):
         call(*pairs)
+
+
+def test_cluster_maps_metadata_scaling_and_seeds_refuse_bad_values_by_name(pairs):
+    """ClusterMap(blend=nan) was a raw ValueError and blend=2.7 was cut to 2; metadata JSON cannot hold was a raw
+    TypeError from save; Steer.scaled(1e300) blamed the stored steer; evaluate took random_state=-1 unless it
+    sampled."""
+    X, Y = pairs
+    cm = align.fit_migration(X, Y, method="cluster", random_state=0)
+    for blend in (np.nan, 2.7, 0):
+        with pytest.raises(InputError, match="blend"):
+            align.ClusterMap(cm.centroids, cm.W, cm.bias, cm.source_frame, cm.target_frame, blend=blend)
+    m = align.fit_procrustes(X, Y)
+    m.metadata["when"] = object()
+    with pytest.raises(align.SerializationError, match="metadata must be JSON"):
+        m.to_bytes()
+    with pytest.raises(NotRepresentableError, match="scaled by"):
+        align.Steer(np.eye(6)[:, :1], np.ones((6, 1))).scaled(1e300)
+    with pytest.raises(InputError, match="random_state"):
+        align.evaluate(align.fit_procrustes(X, Y), X, Y, random_state=-1)
