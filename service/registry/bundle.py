@@ -311,6 +311,7 @@ def _check_manifest(manifest) -> dict:
         name = _name(s.get("name"), "space name")
         spaces[name] = dict(name=name, dim=_int(s.get("dim"), f"dim of space {name!r}", 1, MAX_DIM),
                             encoder=_text(s.get("encoder"), f"encoder of space {name!r}", optional=True, limit=256),
+                            created_at=_text(s.get("created_at") or now(), f"created_at of space {name!r}", limit=64),
                             **{k: _text(s.get(k, "") or "", f"{k} of space {name!r}")
                                for k in ("query_prefix", "passage_prefix", "description")})
 
@@ -384,6 +385,7 @@ def _check_manifest(manifest) -> dict:
             if len(pairs) > 1:
                 raise IntegrityError(f"bundle: the versions of {kind[:-1]} {name!r} disagree on their spaces")
             maps.append(dict(kind=kind, name=name, versions=versions,
+                             created_at=_text(m.get("created_at") or now(), f"created_at of {name!r}", limit=64),
                              aliases=_aliases(m.get("aliases", {}) or {}, seen, f"{kind[:-1]} {name!r}")))
     return {"spaces": spaces, "entries": maps}
 
@@ -475,7 +477,7 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
         local: dict[int, int] = {}
         made: set[int] = set()  # numbers this import gave: a later bundle version with that number is not there yet
         for v in e["versions"]:
-            store.bind(t, name, v, created=now(), here=" here, the bundle says")
+            store.bind(t, name, v, created=e["created_at"], here=" here, the bundle says")  # its export's time
             have = store.sha_of(t, name, v["version"])
             tags = dict(v.get("tags", {}))
             if have == v["artifact_sha256"] and v["version"] not in made:

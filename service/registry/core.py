@@ -166,9 +166,11 @@ class Registry(SteerRegistryMixin):
 
         return self._write(fn)
 
-    def _ensure_space(self, t, name: str, dim: int) -> None:
+    def _ensure_space(self, t, name: str, dim: int, created: str | None = None) -> None:
+        """Space ``name`` of width ``dim``, made now (or at ``created``: an imported space keeps its time) unless
+        it exists; ConflictError when it exists at another width."""
         t.q("INSERT INTO spaces (name, dim, created_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
-            (name, dim, now()))
+            (name, dim, created or now()))
         have = t.one("SELECT dim FROM spaces WHERE name = ?", (name,))["dim"]
         if int(have) != int(dim):
             raise ConflictError(f"space {name!r} is {have}-d, not {dim}-d")
@@ -183,7 +185,7 @@ class Registry(SteerRegistryMixin):
     def _put_space(self, t, s: dict, *, keep: bool = False) -> None:
         """Ensure space ``s["name"]`` (``s["dim"]``) and set the descriptive fields ``s`` gives (non-empty);
         ``keep``: only those the space has not set (a bundle import never changes how a space here embeds)."""
-        self._ensure_space(t, s["name"], s["dim"])
+        self._ensure_space(t, s["name"], s["dim"], s.get("created_at"))
         for col in ("encoder", "query_prefix", "passage_prefix", "description"):
             if s.get(col):
                 unset = f" AND ({col} IS NULL OR {col} = '')" if keep else ""

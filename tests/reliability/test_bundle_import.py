@@ -88,6 +88,13 @@ def test_round_trip_carries_maps_and_steers(source, target):
     np.testing.assert_array_equal(target.load_map("a->b@prod").apply(q), src.load_map("a->b@prod").apply(q))
     assert target.get_steer("pos", 1).lens == src.get_steer("pos", 1).lens and len(target.get_steer("pos", 1).lens) == 1
     assert target.import_(source[1])["skipped"] == 2  # idempotent
+    # creation times travel too (the names' and spaces' were the import's own time)
+    assert [(m["name"], m["created_at"]) for m in target.list_maps()] == [
+        (m["name"], m["created_at"]) for m in src.list_maps()]
+    assert [(m["name"], m["created_at"]) for m in target.list_steers()] == [
+        (m["name"], m["created_at"]) for m in src.list_steers()]
+    assert {s.name: s.created_at for s in src.list_spaces()}.items() <= {
+        s.name: s.created_at for s in target.list_spaces()}.items()
     src.close()
 
 
