@@ -19,6 +19,7 @@ blocks of rows and :class:`ChunkWriter` writes ``.npy`` (memory-mapped, prealloc
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -34,7 +35,7 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .storage import atomic_write, fsync_dir, hold, make_parent, take_abandoned
+from .storage import atomic_write, fsync_dir, hold, keep_mode, make_parent, take_abandoned
 
 __all__ = [
     "FormatError", "check_file", "check_not_input", "load_npy", "parse_rows", "resolve_rows", "read_vectors",
@@ -351,9 +352,18 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     else:
         raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; "
                           f"use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
-    if M.ndim != 2 or not np.issubdtype(M.dtype, np.number) or np.iscomplexobj(M):
+    return _select_rows(M, resolve_rows(rows, M.shape[0], path) if M.ndim == 2 else None, path)
+
+
+def _select_rows(M: np.ndarray, sl: slice | None, path: Path) -> np.ndarray:
+    """Rows ``sl`` of a matrix ``M`` read from ``path`` as checked float32 (n, d); ``sl`` None: ``M`` is not 2-D.
+
+    Any dtype but real numbers and booleans (``as_matrix``'s) raises there, before a row is selected. A bool file
+    took that branch too and came back whole: ``--rows`` ignored, and each streamed chunk the whole file again."""
+    from align.validation import as_matrix
+
+    if sl is None or M.dtype.kind not in "biuf":
         return as_matrix(M, name=path.name)  # raises the ShapeError / InputError (non-numeric or complex dtype)
-    sl = resolve_rows(rows, M.shape[0], path)
     part = M[sl]
     if isinstance(M, np.memmap) and M.mode != "c":  # a read-only map (.fvecs): a private, writable copy
         part = np.array(part, dtype=np.float32)
@@ -371,26 +381,28 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
         raise InputError("chunk_rows must be >= 1")
     suf = path.suffix.lower()
     if suf == ".parquet" and not encoder:
+        from align.validation import as_matrix
+
         f, col = _parquet_file(path, column)
         sl = resolve_rows(rows, f.metadata.num_rows, path)
         pos = 0
         with _arrow_errors(path):
             for batch in f.iter_batches(batch_size=chunk_rows, columns=[col]):
                 lo, hi = max(sl.start, pos), min(sl.stop, pos + batch.num_rows)
-                if lo < hi:
-                    yield np.ascontiguousarray(
-                        _arrow_lists_to_matrix(batch.column(0).slice(lo - pos, hi - lo), path), np.float32)
+                if lo < hi:  # checked as every other reader's rows (NaN, float32 overflow: named by file)
+                    yield as_matrix(_arrow_lists_to_matrix(batch.column(0).slice(lo - pos, hi - lo), path),
+                                    name=path.name)
                 pos += batch.num_rows
                 if pos >= sl.stop:
                     break
         return
-    if suf in (".npy", ".fvecs") and not encoder:
-        M = load_npy(path) if suf == ".npy" else _fvecs_matrix(path)
+    if suf in (".npy", ".fvecs") and not encoder:  # opened and checked once (a .fvecs was re-read whole per chunk)
+        M = load_npy(path, mmap_mode="c") if suf == ".npy" else _fvecs_matrix(path)
         if M.ndim != 2:
-            read_vectors(path, rows=rows)  # raises the ShapeError for a 0-d / 1-d / 3-d array
+            _select_rows(M, None, path)  # raises the ShapeError for a 0-d / 1-d / 3-d array
         sl = resolve_rows(rows, M.shape[0], path)
         for s in range(sl.start, sl.stop, chunk_rows):
-            yield read_vectors(path, rows=(s, min(s + chunk_rows, sl.stop)), key=key)
+            yield _select_rows(M, slice(s, min(s + chunk_rows, sl.stop)), path)
         return
     if suf in TEXT_SUFFIXES:
         n = count_rows(path, text_field=text_field)
@@ -509,14 +521,19 @@ class ChunkWriter:
         if self.suffix == ".npy" and self.written != self.n_rows:
             self.abort()  # no partial file left behind under the temporary name either
             raise InputError(f"wrote {self.written} rows, announced {self.n_rows}")
-        if self.suffix in (".npy", ".fvecs"):
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-        else:
-            self._pq.close()
-            os.fsync(self._held)  # the file ParquetWriter wrote (it was renamed into place unsynced)
-        os.replace(self.tmp, self.path)
+        try:  # a failure here (a full disk at the last flush) left the temporary file behind
+            if self.suffix in (".npy", ".fvecs"):
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()
+            else:
+                self._pq.close()
+                os.fsync(self._held)  # the file ParquetWriter wrote (it was renamed into place unsynced)
+            keep_mode(self.tmp, self.path)
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
         _UNFINISHED.discard(self.tmp)
         os.close(self._held)
         fsync_dir(self.path.parent)  # the rename too: after a crash the output is the old file or the new one
@@ -524,10 +541,11 @@ class ChunkWriter:
 
     def abort(self) -> None:
         try:
-            if self.suffix in (".npy", ".fvecs"):
-                self._fh.close()
-            elif self.suffix == ".parquet":
-                self._pq.close()
+            with contextlib.suppress(Exception):  # closing again after a failed close, or a full disk: the file goes
+                if self.suffix in (".npy", ".fvecs"):
+                    self._fh.close()
+                elif self.suffix == ".parquet":
+                    self._pq.close()
         finally:
             self.tmp.unlink(missing_ok=True)
             _UNFINISHED.discard(self.tmp)

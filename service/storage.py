@@ -41,7 +41,7 @@ from urllib.request import pathname2url
 from align.exceptions import InputError
 
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
-           "fsync_dir", "hold", "is_storage_error", "link_or_copy", "sqlite_backup", "storage_message",
+           "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "sqlite_backup", "storage_message",
            "remove_marked", "sweep_abandoned", "take_abandoned"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
@@ -159,6 +159,16 @@ def make_parent(path: Path) -> None:
         raise NotADirectoryError(f"cannot write {path}: {blocker} is a file, not a folder") from None
 
 
+def keep_mode(tmp: Path, path: Path) -> None:
+    """Give ``tmp`` the permission bits of the file ``path`` it is about to replace (a ``chmod 600`` output came
+    back 0644 after a rewrite: a private file made readable by all); nothing when ``path`` does not exist."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return
+    os.chmod(tmp, mode)
+
+
 def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=None,
                  before_replace: Callable[[], None] | None = None) -> Path:
     """Write ``path`` so readers see the old file or the whole new one, never a part, even after a crash.
@@ -190,6 +200,7 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
                 os.fsync(fh.fileno())
         if before_replace is not None:
             before_replace()
+        keep_mode(tmp, path)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -453,3 +453,68 @@ def test_max_tokens_listed_is_where_the_real_encoder_stops_reading(name):
         assert float(X[2] @ X[3]) < 0.999
     else:
         np.testing.assert_allclose(X[2], X[3], atol=1e-6)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+def test_a_bool_file_obeys_rows_and_chunks(tmp_path, suffix):
+    """A bool .npy / .npz came back whole whatever --rows said (fit trained on held-out rows, eval ranked the
+    training rows, index create stored every row), and each streamed chunk was the whole file again."""
+    B = np.random.default_rng(0).normal(size=(250, 6)) > 0
+    p = tmp_path / f"b{suffix}"
+    np.save(p, B) if suffix == ".npy" else np.savez(p, vectors=B)
+    np.testing.assert_array_equal(read_vectors(p, rows="10:20"), B[10:20].astype(np.float32))
+    if suffix == ".npy":
+        chunks = list(iter_chunks(p, chunk_rows=100, rows="5:230"))
+        assert [c.shape[0] for c in chunks] == [100, 100, 25]
+        np.testing.assert_array_equal(np.vstack(chunks), B[5:230].astype(np.float32))
+    np.save(tmp_path / "td.npy", np.arange(12).reshape(6, 2).astype("m8[s]"))
+    with pytest.raises(InputError, match="td.npy: expected a numeric array, got dtype timedelta64"):
+        read_vectors(tmp_path / "td.npy")
+
+
+def test_streamed_parquet_rows_are_checked_by_file_and_fvecs_is_checked_once(tmp_path, monkeypatch):
+    """A streamed .parquet chunk skipped the checks ("X: 1 row(s) contain NaN or Inf" for float32 overflow, with a
+    RuntimeWarning); a streamed .fvecs re-read and re-checked the whole file for every chunk."""
+    import warnings
+
+    from service import io
+
+    X = np.random.default_rng(0).normal(size=(300, 4))
+    X[150, 2] = 1e39
+    write_parquet = __import__("pyarrow.parquet", fromlist=["write_table"]).write_table
+    write_parquet(__import__("pyarrow").table({"v": list(X)}), tmp_path / "o.parquet")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(NonFiniteError, match="o.parquet: 1 row.s. hold values beyond float32's range"):
+            list(iter_chunks(tmp_path / "o.parquet", chunk_rows=100))
+    p = write_vectors(tmp_path / "x.fvecs", X[:100].clip(-5, 5))
+    calls = []
+    real = io._fvecs_matrix
+    monkeypatch.setattr(io, "_fvecs_matrix", lambda path: calls.append(path) or real(path))
+    assert sum(c.shape[0] for c in iter_chunks(p, chunk_rows=10)) == 100 and len(calls) == 1
+
+
+def test_an_output_keeps_its_permissions_and_a_failed_close_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """A rewritten output came back 0644 after `chmod 600` (a private file made readable by all); a failure in
+    the last flush (a full disk) left the `.part-` file behind."""
+    import errno
+    import os
+    import stat
+
+    X = np.ones((5, 3), np.float32)
+    for suffix in (".npy", ".npz", ".fvecs"):
+        out = write_vectors(tmp_path / f"o{suffix}", X)
+        os.chmod(out, 0o600)
+        write_vectors(out, 2 * X)
+        assert stat.S_IMODE(out.stat().st_mode) == 0o600, suffix
+    before = (tmp_path / "o.npy").read_bytes()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"), ChunkWriter(tmp_path / "o.npy", dim=3, n_rows=5) as w:
+        w.write(3 * X)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.fvecs", "o.npy", "o.npz"]  # no .part- file left
+    assert (tmp_path / "o.npy").read_bytes() == before
