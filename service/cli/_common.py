@@ -171,9 +171,10 @@ def progress_bar(*, quiet: bool, as_json: bool):
             state["stage"] = stage
             state["bar"] = tqdm(total=100, desc=stage[:40].ljust(24), file=sys.stderr, leave=False,
                                 bar_format="{desc} {bar} {percentage:3.0f}% {elapsed}")
-        bar = state["bar"]
-        bar.n = int(round(100 * min(max(frac, 0.0), 1.0)))
-        bar.refresh()
+        bar, n = state["bar"], int(round(100 * min(max(frac, 0.0), 1.0)))
+        if n != bar.n:  # redrawn on every chunk, a 4,000-chunk transform wrote 231 KB to stderr and ran 2x slower
+            bar.n = n
+            bar.refresh()
 
     def close():
         if state["bar"] is not None:

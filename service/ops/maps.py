@@ -25,7 +25,7 @@ from align.validation import as_matrix
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 from align.frames import unit_rows
 
-from ..encoders import space_encoder
+from ..encoders import canonical_name, space_encoder
 from ..io import (ChunkWriter, check_not_input, count_rows, is_text_path, iter_chunks, parse_rows, resolve_rows,
                   sha256_array)
 from ..progress import Progress, Stages, silent
@@ -339,10 +339,14 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     st.tick("register", 0.0)  # the last cancellation point: once registered, the fit has happened
     metrics["timings"] = {k: round(v, 4) for k, v in st.timings.items()}
     before = registry.resolve_bare(name)
+    # a space the fit creates from texts records their encoder (a later text transform then needs no --encoder)
+    encoders = {space: canonical_name(side["encoder"]) for key, space in (("source", source_space),
+                                                                          ("target", target_space))
+                if isinstance(side := (inputs or {}).get(key), dict) and side.get("encoder")}
     version = registry.register_version(
         name, map_, source_space=source_space, target_space=target_space, method=method, params=effective,
         random_state=random_state, data_hashes=hashes, metrics=metrics, description=description, tags=tags,
-        alias=alias, report_path=report_rel, artifact_format=artifact_format,
+        alias=alias, report_path=report_rel, artifact_format=artifact_format, encoders=encoders,
         inputs={**(inputs or {}), "n_source": X.shape[0], "n_target": Y.shape[0], "paired": paired})
     if html_text is not None:
         _write_report(version, report_file, report_copy, html_text)

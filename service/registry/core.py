@@ -239,10 +239,11 @@ class Registry(SteerRegistryMixin):
                          params: dict, random_state=None, data_hashes: dict | None = None,
                          metrics: dict | None = None, description: str = "", tags: dict | None = None,
                          alias: str | None = None, report_path: str | None = None, inputs: dict | None = None,
-                         artifact_format: str | None = None) -> VersionInfo:
+                         artifact_format: str | None = None, encoders: dict | None = None) -> VersionInfo:
         """Store ``map_`` as the next version of ``name`` (auto-numbered, atomic).
 
-        Spaces are created on first use (dims from the map); an existing space with another dim,
+        Spaces are created on first use (dims from the map; ``encoders`` ``{space: encoder}`` recorded on the ones
+        this call creates: the texts the fit embedded); an existing space with another dim,
         or a map name already bound to other spaces, raises ConflictError. ``map_`` is an
         :class:`align.LinearMap` or an :class:`align.ClusterMap` (recorded as ``map_kind``).
         """
@@ -269,9 +270,13 @@ class Registry(SteerRegistryMixin):
                       deleted=False, description=description or "", report_path=report_path, inputs=inputs or {},
                       map_kind=map_.map_kind, n_clusters=int(getattr(map_, "n_clusters", 0)))
 
+        encoders = encoders or {}  # {space: encoder}: recorded on a space this registration creates (as steers do)
+        for enc in encoders.values():
+            check_text(enc, "space encoder")
+
         def spaces(t):
-            self._ensure_space(t, source_space, map_.source_dim)
-            self._ensure_space(t, target_space, map_.target_dim)
+            self._new_space(t, source_space, map_.source_dim, encoders.get(source_space))
+            self._new_space(t, target_space, map_.target_dim, encoders.get(target_space))
 
         return self._maps.register(name, values, alias=alias, tags=tags, before=spaces)
 

@@ -347,3 +347,31 @@ def test_json_output_is_valid_json_when_a_figure_is_undefined(capsys, data):
     assert "NaN" not in out and "Infinity" not in out
     res = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert res["retention"] is None and res["top1"] >= 0
+
+
+def test_a_space_a_fit_creates_from_texts_records_their_encoder(capsys, tmp_path, monkeypatch):
+    """`fit --source t.txt --source-encoder all-MiniLM-L6-v2` made the space with no encoder (`spaces` said
+    encoder=-), so a later text `transform` asked for --encoder though its help says the space's is the default."""
+    import service.encoders
+
+    class Fake:  # a 4-d encoder without a model: the text's length and letters
+        dim = 4
+
+        def encode(self, texts, kind="passage", batch_size=64):
+            return np.array([[len(t), ord(t[0]), ord(t[-1]), 1.0] for t in texts], np.float32)
+
+    monkeypatch.setattr(service.encoders, "get_encoder", lambda name: Fake())
+    words = [f"{a}{b} text {i}" for i, (a, b) in enumerate(zip("abcdefghijklmnopqrst", "zyxwvutsrqponmlkjihg"))]
+    (tmp_path / "t.txt").write_text("\n".join(words) + "\n")
+    np.save(tmp_path / "y.npy", Fake().encode(words) @ np.linalg.qr(np.random.default_rng(0).normal(size=(4, 4)))[0])
+    var = tmp_path / "var"
+    code, _, err = run(capsys, "--data-dir", var, "fit", "--method", "procrustes", "--name", "m", "--source",
+                       tmp_path / "t.txt", "--source-encoder", "minilm", "--source-space", "words", "--target",
+                       tmp_path / "y.npy", "--target-space", "vecs", "--quiet")
+    assert code in (0, 1), err
+    code, out, _ = run(capsys, "--data-dir", var, "spaces", "--json")
+    got = {s["name"]: s["encoder"] for s in json.loads(out)}
+    assert got == {"words": "all-MiniLM-L6-v2", "vecs": None}, got
+    code, _, err = run(capsys, "--data-dir", var, "transform", "--map", "m:1", tmp_path / "t.txt", tmp_path / "o.npy",
+                       "--quiet")  # no --encoder: the space's own
+    assert code == 0 and read_vectors(tmp_path / "o.npy").shape == (20, 4), err
