@@ -328,13 +328,14 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 @_ref_opt
 @click.argument("inp", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--chunk-rows", type=int, default=65536, show_default=True)
+@click.option("--chunk-rows", type=click.IntRange(1), default=65536, show_default=True,
+              help="Rows read, mapped and written at a time (one chunk is held in memory).")
 @click.option("--output", "output", type=click.Choice(["raw", "frame", "linear"]), default="raw", show_default=True,
               help="raw: comparable by cosine with the target model's own vectors (what a migration needs; the "
                    "HTTP and Python default too); frame: the target's centred unit frame; linear: x W only.")
-@click.option("--rows", default=None)
-@click.option("--key", default=None)
-@click.option("--column", default=None)
+@click.option("--rows", default=None, help="START:STOP rows of INP (negative counts from the end).")
+@click.option("--key", default=None, help=".npz array name of INP (default: its first array).")
+@click.option("--column", default=None, help="Parquet list column of INP (default: the first list-of-numbers column).")
 @click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text.")
 @click.option("--encoder", default=None,
               help="For a text INP: the map's source space's encoder (the default; another model is refused), or "

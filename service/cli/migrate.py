@@ -152,9 +152,11 @@ class _MigrationProgress:
 @click.option("--source", default=None,
               help="The migrated collection's source: check every row against map(source row) "
                    "(missing, extra, wrong vectors; FAIL, exit 1, on any). Reads both collections once.")
-@click.option("--n-sample", type=click.IntRange(2), default=2000, show_default=True)
-@click.option("--queries", "n_queries", type=click.IntRange(1), default=200, show_default=True)
-@click.option("--k", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--n-sample", type=click.IntRange(2), default=2000, show_default=True,
+              help="Rows sampled from the collection (re-embedded, or of the held-out pairs).")
+@click.option("--queries", "n_queries", type=click.IntRange(1), default=200, show_default=True,
+              help="How many of the sampled rows act as queries (a count; `eval --queries` is a file).")
+@click.option("--k", type=click.IntRange(1, 1000), default=10, show_default=True, help="Cut-off of recall@k.")
 @random_state_opt
 @click.option("--min-recall", type=click.FloatRange(0, 1), default=None,
               help="PASS/FAIL gate on recall@k: exit 1 when below.")

@@ -173,7 +173,7 @@ def registry_path(obj: Ctx, source_space, target_space, alias, candidates, as_js
 @json_opt
 @click.pass_context
 def spaces(ctx, as_json):
-    """List spaces (or `spaces add`)."""
+    """List spaces (or `spaces add` / `spaces delete`)."""
     if ctx.invoked_subcommand is None:
         items = [s.to_dict() for s in ctx.obj.registry.list_spaces()]
         if as_json:

@@ -236,6 +236,9 @@ def verify_verdict(out: dict, *, min_recall: float | None, source: str | None) -
         fails.append(f"recall@{out['k']} below {min_recall}")
     if source is not None and not out["rows_ok"]:
         fails.append("rows differ from the source's")
+        if out.get("wrong_vectors") and out["wrong_vectors"] == out.get("rows_target"):  # every one: another map?
+            fails.append("every vector differs from map(source row): was the collection migrated with another "
+                         "version of the map (its checkpoint records it as NAME:N)?")
     return (None if min_recall is None and source is None else ("FAIL" if fails else "PASS")), fails
 
 

@@ -274,8 +274,12 @@ def _start(store: VectorStore, state: dict | None, source: str, target: str, fp:
             raise CheckpointMismatchError(
                 f"the checkpoint was written with {was}; {now} differs (a name or alias that moved since?): pass "
                 f"{state['map'] if state.get('map') else 'that map'} to resume, or remove the checkpoint to start over")
-        if not store.exists(target):
-            raise CheckpointMismatchError(f"checkpoint records progress into {target!r}, which does not exist")
+        if not store.exists(target):  # e.g. the same names migrated in another store before: the default
+            # checkpoint is named by collections only, and --overwrite cannot help (the checkpoint, not the target)
+            raise CheckpointMismatchError(
+                f"checkpoint records progress into {target!r}, which does not exist in this store: a migration of "
+                "the same collection names elsewhere (the default checkpoint is named by collections only)? pass "
+                "--checkpoint FILE for this one, or remove that checkpoint if its target was dropped")
         held = store.count(target) if state["finished"] else None
         if held is not None and held < int(state["done"]):
             raise CheckpointMismatchError(
