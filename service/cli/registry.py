@@ -161,11 +161,11 @@ def registry_path(obj: Ctx, source_space, target_space, alias, candidates, as_js
         cands = reg.path_candidates(source_space, target_space, alias)
         out["candidates"] = [{"ref": v.ref, "aliases": v.aliases, "quality": list(reg.quality(v)),
                               "quality_source": reg.quality_source(v)} for v in cands]
-        labels = {"none": "no figure", "train": "train top-1", "fit": "held-out top-1 (fit, among 1,000)",
-                  "eval": "held-out top-1 (eval --record, among 1,000)"}
-        text += "".join(f"\n  {i + 1}. {v.ref}  aliases {','.join(v.aliases) or '-'}  "
-                        f"{labels[reg.quality_source(v)]} "
-                        f"{reg.quality(v)[1]:.4f}" for i, v in enumerate(cands))
+        from ..registry.quality import quality_words
+
+        by = {"eval": " (eval --record)", "fit": " (fit)"}  # a small pool's figure is given as measured too
+        text += "".join(f"\n  {i + 1}. {v.ref}  aliases {','.join(v.aliases) or '-'}  {quality_words(v)}"
+                        f"{by.get(reg.quality_source(v), '')}" for i, v in enumerate(cands))
     emit(out, as_json, text)
 
 

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Callable
 
 from align import ClusterMap, LinearMap, MapChain
-from align.metrics import top1_at
 
 from ..limits import MAX_DESCRIPTION, MAX_DIM
 from .bundle import export_bundle, import_bundle
@@ -35,6 +34,7 @@ from .entity import MAPS, STEERS, LRUCache, VersionedStore, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .models import SpaceInfo, VersionInfo
 from .names import check_alias, check_name, check_tag_key, check_text, parse_ref
+from .quality import judged, quality_words
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
 
@@ -438,7 +438,7 @@ class Registry(SteerRegistryMixin):
         (kb, qb), (kn, qn) = self.quality(before), self.quality(new)
         if not (kn < kb or (kn == kb == 2 and qn < qb - 0.05)):
             return None
-        figure = f"held-out top-1 on 1,000 candidates {qn:.3f}" if kn == 2 else "no held-out figure"
+        figure = quality_words(new)
         pin = self.PATH_ALIAS
         try:
             self.alias_version(new.name, pin)
@@ -446,30 +446,14 @@ class Registry(SteerRegistryMixin):
         except NotFoundError:
             why = f"no {pin!r} alias: its newest reliable version"
         return (f"{new.name!r} now means {new.ref} ({why}; {figure}), which "
-                f"looks worse than {before.ref}, which it meant until now (held-out top-1 on 1,000 candidates "
-                f"{qb:.3f}); keep {before.ref} with `vecbridge registry alias {new.name} {pin} {before.version}` "
+                f"looks worse than {before.ref}, which it meant until now ({quality_words(before)}); keep "
+                f"{before.ref} with `vecbridge registry alias {new.name} {pin} {before.version}` "
                 f"(HTTP: PUT /v1/maps/{new.name}/aliases/{pin})")
 
     @staticmethod
     def _judged(v: VersionInfo) -> tuple[int, float, str]:
         """``(kind, score, source)`` of :meth:`quality` and :meth:`quality_source`, read once."""
-        m, tags = v.metrics or {}, v.tags or {}
-        for source, top1, pool in (("eval", tags.get("eval.top1"), tags.get("eval.n_candidates")),
-                                   ("fit", m.get("heldout_top1"), m.get("heldout_n_candidates"))):
-            try:  # tags are stored as text
-                top1 = float(top1)
-            except (TypeError, ValueError):
-                continue
-            if not 0.0 <= top1 <= 1.0:  # NaN or a hand-set tag out of range ranks nothing
-                continue
-            try:
-                pool = int(float(pool))
-            except (TypeError, ValueError, OverflowError):
-                pool = 0
-            return 2, top1_at(top1, pool) if pool > 1 else top1, source
-        if isinstance(m.get("train_top1"), (int, float)):
-            return 1, float(m["train_top1"]), "train"
-        return 0, 0.0, "none"
+        return judged(v)[:3]
 
     def _edge_version(self, t, name: str, alias: str) -> tuple[VersionInfo, bool] | None:
         """The version a map contributes to paths: its live ``alias`` version (pinned, True) if any, else

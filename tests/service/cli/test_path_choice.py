@@ -393,3 +393,20 @@ def test_options_a_fit_does_not_use_are_named_not_ignored_silently(tmp_path, cap
     assert "note: --shard-rows applies to --ray fits" in err
     code, _, err = run(capsys, *fit, *many)
     assert code == 0 and "--threads" not in err and "--shard-rows" not in err
+
+
+def test_a_figure_from_a_small_pool_is_shown_as_measured_too(tmp_path, capsys):
+    """A 100-pair fit's held-out fifth (20 candidates) at 0.84 was shown as 'held-out top-1 (fit, among 1,000)
+    0.0001' (the independence model's extrapolation) where eval measured 0.41 among 1,000."""
+    d = tmp_path / "var"
+    reg = open_registry(f"sqlite:///{d / 'registry.sqlite'}", d / "artifacts")
+    for name, top1, pool in (("few", 0.84, 20), ("many", 0.97, 1000)):
+        reg.register_version(name, align.LinearMap(np.eye(4)), source_space="x", target_space="y",
+                             method="procrustes", params={}, metrics={"heldout_top1": top1,
+                                                                      "heldout_n_candidates": pool})
+    reg.close()
+    code, out, _ = run(capsys, "--data-dir", d, "registry", "path", "x", "y", "--candidates")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert "many:1" in lines[1] and "held-out top-1 on 1,000 candidates 0.970 (fit)" in lines[1], out
+    assert "few:1" in lines[2] and "held-out top-1 0.840 among 20 candidates (put on 1,000: 0.000" in lines[2], out
