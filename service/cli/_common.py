@@ -338,19 +338,26 @@ def _read_ints(path: str, what: str, ndmin: int) -> tuple[Path, np.ndarray]:
     """``(path, array)`` of an integer file: ``.npy``, ``.json`` (nested lists), or whitespace-separated text."""
     p = Path(path)
     check_file(p)
+    suffix = p.suffix.lower()  # seeds.NPY was parsed as text
     try:
-        if p.suffix == ".npy":
+        if suffix == ".npy":
             arr = np.asarray(load_npy(p))
-        elif p.suffix == ".json":
+        elif suffix == ".json":
             obj = json.loads(p.read_text())
             if _holds_bool(obj):  # np.asarray([0, true]) is [0, 1]: `true` read as id 1
                 raise InputError(f"{p.name}: {what} must be integers, not true / false")
             arr = np.asarray(obj)
+        elif ndmin == 1:  # a flat list in any layout: "5 6 7\n8 9" was "the number of columns changed from 3 to 2"
+            words = p.read_text().split()
+            bad = next((w for w in words if not re.fullmatch(r"[+-]?[0-9]+", w)), None)
+            if bad is not None:  # int() reads "1_0" as 10 and would take it
+                raise ValueError(f"{bad[:40]!r} is not an integer")
+            arr = np.array([int(w) for w in words], dtype=np.int64)
         else:
             with warnings.catch_warnings():  # "input contained no data" on stderr beside the error below
                 warnings.simplefilter("ignore", UserWarning)
                 arr = np.loadtxt(p, dtype=np.int64, ndmin=ndmin, delimiter=None)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+    except (ValueError, OverflowError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: deep JSON
         raise InputError(f"{p.name}: cannot read {what} ({exc})") from None
     if arr.size == 0:  # `[]` read as float64 was "must be integers, got shape (0,) dtype float64"
         raise InputError(f"{p.name}: holds no {what}")

@@ -343,3 +343,22 @@ def test_texts_are_embedded_with_the_space_encoder_and_kept_as_payloads(tmp_path
     assert code == 0, err
     assert json.loads(out)["results"][0][0] == {**json.loads(out)["results"][0][0], "id": 1,
                                                 "payload": {"text": docs[1]}}
+
+
+def test_an_ids_text_file_may_lay_its_ids_out_as_it_likes(capsys, tmp_path):
+    """`--ids` reads "whitespace-separated integers", but '5 6 7\\n8 9 ...' was "the number of columns changed from
+    3 to 7" and '1 2\\n3 4' "must be a flat list"; '1_0' read as 10; seeds.NPY was parsed as text."""
+    from align.exceptions import InputError
+    from service.cli._common import read_ids, read_seed_pairs
+
+    (tmp_path / "a.txt").write_text("5 6 7\n8 9 10 11 12 13 14\n")
+    (tmp_path / "b.txt").write_text("1 2\n3 4\n")
+    assert read_ids(str(tmp_path / "a.txt")).tolist() == list(range(5, 15))
+    assert read_ids(str(tmp_path / "b.txt")).tolist() == [1, 2, 3, 4]
+    for bad in ("1_0 2", "1.5", "99999999999999999999999"):
+        (tmp_path / "c.txt").write_text(bad)
+        with pytest.raises(InputError, match="c.txt: cannot read ids"):
+            read_ids(str(tmp_path / "c.txt"))
+    np.save(tmp_path / "s.npy", np.array([[0, 1], [2, 3]]))
+    (tmp_path / "s.npy").rename(tmp_path / "s.NPY")
+    assert [a.tolist() for a in read_seed_pairs(str(tmp_path / "s.NPY"))] == [[0, 2], [1, 3]]
