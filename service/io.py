@@ -132,7 +132,7 @@ def load_npy(path: Path, mmap_mode: str = "r") -> np.ndarray:
         raise FormatError(f"{path.name}: cannot read .npy ({exc})") from None
 
 
-def _fvecs_matrix(path: Path) -> np.ndarray:
+def _fvecs_matrix(path: Path, *, check_rows: bool = True) -> np.ndarray:
     size = path.stat().st_size
     if size < 4 or size % 4:
         raise FormatError(f"{path.name}: empty or truncated .fvecs file ({size} bytes, not a multiple of 4)")
@@ -141,7 +141,7 @@ def _fvecs_matrix(path: Path) -> np.ndarray:
     if d <= 0 or size % (4 * (d + 1)):
         raise FormatError(f"{path.name}: not a valid .fvecs file (first row says d={d}, size {size} bytes)")
     mat = raw.reshape(-1, d + 1)
-    if not (mat[:, 0] == d).all():
+    if check_rows and not (mat[:, 0] == d).all():  # a pass over the whole file: once per read, not per chunk
         raise FormatError(f"{path.name}: rows of different dimensions in .fvecs")
     return mat.view("<f4")[:, 1:]
 
@@ -396,13 +396,17 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
                 if pos >= sl.stop:
                     break
         return
-    if suf in (".npy", ".fvecs") and not encoder:  # opened and checked once (a .fvecs was re-read whole per chunk)
+    if suf in (".npy", ".fvecs") and not encoder:  # checked once (a .fvecs was re-read whole per chunk); each
+        # chunk maps the file afresh, so the pages read are let go with it (one map held them all: RSS = file size)
         M = load_npy(path, mmap_mode="c") if suf == ".npy" else _fvecs_matrix(path)
         if M.ndim != 2:
             _select_rows(M, None, path)  # raises the ShapeError for a 0-d / 1-d / 3-d array
         sl = resolve_rows(rows, M.shape[0], path)
+        del M
         for s in range(sl.start, sl.stop, chunk_rows):
+            M = load_npy(path, mmap_mode="c") if suf == ".npy" else _fvecs_matrix(path, check_rows=False)
             yield _select_rows(M, slice(s, min(s + chunk_rows, sl.stop)), path)
+            del M
         return
     if suf in TEXT_SUFFIXES:
         n = count_rows(path, text_field=text_field)

@@ -490,8 +490,10 @@ def test_streamed_parquet_rows_are_checked_by_file_and_fvecs_is_checked_once(tmp
     p = write_vectors(tmp_path / "x.fvecs", X[:100].clip(-5, 5))
     calls = []
     real = io._fvecs_matrix
-    monkeypatch.setattr(io, "_fvecs_matrix", lambda path: calls.append(path) or real(path))
-    assert sum(c.shape[0] for c in iter_chunks(p, chunk_rows=10)) == 100 and len(calls) == 1
+    monkeypatch.setattr(io, "_fvecs_matrix", lambda path, check_rows=True: calls.append(check_rows) or real(
+        path, check_rows=check_rows))
+    assert sum(c.shape[0] for c in iter_chunks(p, chunk_rows=10)) == 100
+    assert calls.count(True) == 1, calls  # every row's header checked once, not once per chunk
 
 
 def test_an_output_keeps_its_permissions_and_a_failed_close_leaves_no_temporary_file(tmp_path, monkeypatch):
