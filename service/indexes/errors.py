@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..errors import ConflictError, NotFoundError, ServiceUnavailableError
 
-__all__ = ["IndexConflictError", "IndexNotFoundError", "NewerFormatError", "UnreadableGenerationError", "gone"]
+__all__ = ["IndexConflictError", "IndexNotFoundError", "NewerFormatError", "UnreadableGenerationError", "gone",
+           "unreadable"]
 
 
 class IndexNotFoundError(NotFoundError):
@@ -30,3 +31,9 @@ class NewerFormatError(ServiceUnavailableError):
 def gone(name: str, why: str = "dropped") -> IndexNotFoundError:
     """The 404 for index ``name``, saying why it is missing."""
     return IndexNotFoundError(f"index {name!r} not found ({why}); GET /v1/indexes lists the existing ones")
+
+
+def unreadable(name: str, why: str) -> IndexNotFoundError:
+    """The 404 for index ``name`` whose files are there but cannot be loaded (it read "not found")."""
+    return IndexNotFoundError(f"index {name!r} is there but could not be loaded ({why}): its files are damaged or "
+                              "were written by a newer vecbridge; drop it and create it again, or restore them")

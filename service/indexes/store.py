@@ -32,6 +32,7 @@ from .errors import (
     NewerFormatError,
     UnreadableGenerationError,
     gone,
+    unreadable,
 )
 from .kinds import NAME_RE, check_name
 from .locking import flock, stat_sig
@@ -359,7 +360,7 @@ class IndexStore:
         if sig is None:
             raise gone(name, "no such index")
         if name in self._failed and self._failed[name] == sig:
-            raise gone(name, f"it could not be loaded: {self.load_errors.get(name)}")
+            raise unreadable(name, str(self.load_errors.get(name)))
         started = time.perf_counter()
         try:
             idx = SpaceIndex.load(path)
@@ -372,7 +373,7 @@ class IndexStore:
             with self._lock:
                 self._failed[name] = sig
                 self.load_errors[name] = f"{type(exc).__name__}: {exc}"
-            raise gone(name, f"it could not be loaded: {type(exc).__name__}: {exc}") from exc
+            raise unreadable(name, f"{type(exc).__name__}: {exc}") from exc
         with self._lock:
             self._indexes[name] = idx
             self._failed.pop(name, None)

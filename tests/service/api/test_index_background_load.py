@@ -149,7 +149,8 @@ def test_a_server_answers_while_a_slow_index_loads_and_serves_it_once_loaded(tmp
         assert _top1(c.post("/v1/indexes/later/search", json={"vectors": later_rows[:5].tolist(), "k": 3})) == [
             0, 1, 2, 3, 4]
         broken = c.get("/v1/indexes/broken")
-        assert broken.status_code == 404 and "could not be loaded" in broken.json()["error"]["message"], broken.text
+        assert broken.status_code == 404 and "is there but could not be loaded" in broken.json()["error"]["message"], (
+            broken.text)  # it read "not found (it could not be loaded ...)"
         ix = _readyz(url, lambda _code, _b: True)[1]["checks"]["indexes"]
         assert (ix["loaded"], ix["loading"], ix["failed"]) == (2, 1, 1), ix
 
