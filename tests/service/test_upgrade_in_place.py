@@ -105,6 +105,8 @@ def test_every_read_answers_what_the_previous_release_answered(old_data):
     # index records gained fields in this release (what the old one answered is kept, value for value)
     new = [r for r in [*got["indexes"], *got["index_info"].values()] if r]
     assert all(r.pop("generation") >= 1 and r.pop("logged_deltas") == 0 for r in new)
+    # and map / steer summaries: the aliases left on a deleted version (none in the old data)
+    assert all(r.pop("aliases_on_deleted") == [] for r in [*got["maps"], *got["steers"]])
     # so did job records: the running stage's clock, none for a finished job
     assert all(j["progress"].pop("stage_elapsed_seconds") is None and j["progress"].pop("stage_eta_seconds") is None
                for j in got["jobs"])
