@@ -97,7 +97,7 @@ def as_matrix(
         arr = np.asarray(X)
     except Exception as exc:  # ragged lists and the like
         raise InputError(f"{name}: cannot be read as a numeric array ({exc})") from None
-    if arr.dtype == object or not (
+    if arr.dtype == object or arr.dtype.kind in "mM" or not (  # timedelta64 is an np.number: not a vector
         np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_
     ):
         raise InputError(f"{name}: expected a numeric array, got dtype {arr.dtype}")
