@@ -139,8 +139,10 @@ def _render_fit(reg, v, as_json: bool) -> None:
                          if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool))
     if m.get("reliable") is False:
         headline += f", UNRELIABLE ({m.get('unreliable_reason') or 'criterion close to random maps'})"
+    chosen = (m.get("selection") or {}).get("chosen")  # `--method auto` said "auto", never the family it chose
+    method = f"{v.method} -> {chosen}" if chosen and chosen != v.method else v.method
     emit(d, as_json, f"registered {v.ref} ({v.source_space} {v.source_dim}-d -> {v.target_space} "
-                     f"{v.target_dim}-d, {v.method}, fit {m.get('timings', {}).get('fit', 0):.1f}s)"
+                     f"{v.target_dim}-d, {method}, fit {m.get('timings', {}).get('fit', 0):.1f}s)"
                      f"{'; ' + headline if headline else ''}\nreport: {d['report_file']}")
 
 

@@ -217,3 +217,12 @@ def test_removing_what_is_not_there_says_so(capsys, data):
     assert run(capsys, *var, "registry", "tag", "m", "1", "owner", "--delete")[1] == "deleted tag owner of m:1\n"
     rc, out, err = run(capsys, *var, "registry", "alias", "nope", "prod", "--delete")
     assert rc == 2 and "unknown map 'nope'" in err, err
+
+
+def test_fit_auto_says_which_family_it_chose(capsys, data):
+    """`fit --method auto` printed "..., auto, fit 1.2s)": the family held-out pairs chose was only in the JSON."""
+    rc, out, err = run(capsys, "--data-dir", str(data / "var"), "fit", "--source", str(data / "src.npy"), "--target",
+                       str(data / "tgt.npy"), "--method", "auto", "--name", "m")
+    chosen = json.loads(run(capsys, "--data-dir", str(data / "var"), "registry", "show", "m", "--json")[1])[
+        "metrics"]["selection"]["chosen"]
+    assert rc == 0 and f", auto -> {chosen}, fit " in out, (out, err)
