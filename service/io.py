@@ -127,8 +127,18 @@ def load_npy(path: Path, mmap_mode: str = "r") -> np.ndarray:
     """A memory map of a ``.npy`` (read-only; ``"c"``: copy-on-write, writes stay private to this process);
     FormatError for a truncated file, an object dtype or a bad header."""
     try:
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+    except OSError as exc:
+        raise FormatError(f"{path.name}: cannot read .npy ({exc})") from None
+    if magic != b"\x93NUMPY":  # numpy took any other bytes for a pickle and advised loading it "unsafely"
+        raise FormatError(f"{path.name}: not a .npy file (no NumPy header); save arrays with numpy.save")
+    try:
         return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
     except (ValueError, OSError, EOFError, SyntaxError, OverflowError) as exc:  # header, size, dtype
+        if "pickle" in str(exc) or "Python objects" in str(exc):
+            raise FormatError(f"{path.name}: holds Python objects; vecbridge reads arrays of numbers only (and never "
+                              "unpickles a file)") from None
         raise FormatError(f"{path.name}: cannot read .npy ({exc})") from None
 
 

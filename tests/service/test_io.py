@@ -520,3 +520,15 @@ def test_an_output_keeps_its_permissions_and_a_failed_close_leaves_no_temporary_
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.fvecs", "o.npy", "o.npz"]  # no .part- file left
     assert (tmp_path / "o.npy").read_bytes() == before
+
+
+def test_a_file_that_is_not_a_npy_is_not_called_a_pickle(tmp_path):
+    """Random bytes under .npy read "This file contains pickled (object) data. If you trust the file you can load
+    it unsafely using the allow_pickle= keyword": advice to unpickle what was not even an array file."""
+    (tmp_path / "g.npy").write_bytes(bytes(range(256)) * 2)
+    with pytest.raises(FormatError, match="g.npy: not a .npy file") as err:
+        read_vectors(tmp_path / "g.npy")
+    assert "pickle" not in str(err.value)
+    np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(FormatError, match="o.npy: holds Python objects.*never unpickles"):
+        read_vectors(tmp_path / "o.npy")
