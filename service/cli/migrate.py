@@ -197,6 +197,9 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
                     + f" (max relative error {out['max_rel_error']:.2g})")
     if verdict:
         text[-1] += f"; {verdict}{': ' + '; '.join(fails) if fails else ''}"
+    if not as_json:
+        for note in out.get("notes", []):
+            click.echo(f"vecbridge: note: {note}", err=True)
     emit(out, as_json, "\n".join(text))
     if verdict == "FAIL":
         sys.exit(1)

@@ -120,12 +120,14 @@ def compare_to_reference(Y_ref, Y_hat, *, n_queries: int = 200, k: int = 10) -> 
     if Y_ref.shape[1] != Y_hat.shape[1]:
         raise InputError(f"reference is {Y_ref.shape[1]}-d, migrated vectors {Y_hat.shape[1]}-d")
     R, H = unit_rows(Y_ref), unit_rows(Y_hat)
-    k = min(int(k), R.shape[0])
+    asked, k = int(k), min(int(k), R.shape[0])
     Q = R[: min(int(n_queries), R.shape[0])]
     _, I_ref = knn(Q, R, k)
     _, I_hat = knn(Q, H, k)
     r = ranks(R, H)
-    return {"n_sample": int(R.shape[0]), "n_queries": int(Q.shape[0]), "k": k,
+    notes = [f"k lowered from {asked} to {k}: the sample holds only {k} rows (recall@{k} is what a --min-recall "
+             "gate reads)"] if k < asked else []  # it was lowered without a word
+    return {"n_sample": int(R.shape[0]), "n_queries": int(Q.shape[0]), "k": k, "notes": notes,
             f"recall@{k}": retention(I_hat, I_ref), "partner_top1": float((r == 1).mean()),
             f"partner_recall@{k}": float((r <= k).mean()), "cos": float(np.einsum("ij,ij->i", R, H).mean())}
 

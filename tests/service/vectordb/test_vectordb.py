@@ -255,6 +255,10 @@ def test_compare_to_reference_bounds():
     assert same["recall@10"] == 1.0 and same["partner_top1"] == 1.0 and abs(same["cos"] - 1) < 1e-5
     rnd = compare_to_reference(Y, _pairs(300, 8, 8, seed=5)[1], n_queries=40, k=10)
     assert rnd["recall@10"] < 0.3 and rnd["partner_top1"] < 0.1
+    assert same["notes"] == []
+    few = compare_to_reference(Y[:5], Y[:5], k=10)  # k was lowered to the sample's 5 rows without a word
+    assert few["k"] == 5 and "recall@5" in few and few["notes"] == [
+        "k lowered from 10 to 5: the sample holds only 5 rows (recall@5 is what a --min-recall gate reads)"]
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
