@@ -125,8 +125,9 @@ def compare_to_reference(Y_ref, Y_hat, *, n_queries: int = 200, k: int = 10) -> 
     _, I_ref = knn(Q, R, k)
     _, I_hat = knn(Q, H, k)
     r = ranks(R, H)
-    notes = [f"k lowered from {asked} to {k}: the sample holds only {k} rows (recall@{k} is what a --min-recall "
-             "gate reads)"] if k < asked else []  # it was lowered without a word
+    lowered = (f"k lowered from {asked} to {k}: the sample holds only {k} rows (recall@{k} is what a --min-recall "
+               "gate reads)")
+    notes = [lowered] if k < asked else []  # it was lowered without a word
     return {"n_sample": int(R.shape[0]), "n_queries": int(Q.shape[0]), "k": k, "notes": notes,
             f"recall@{k}": retention(I_hat, I_ref), "partner_top1": float((r == 1).mean()),
             f"partner_recall@{k}": float((r <= k).mean()), "cos": float(np.einsum("ij,ij->i", R, H).mean())}
