@@ -169,9 +169,16 @@ class Registry(SteerRegistryMixin):
     def _ensure_space(self, t, name: str, dim: int, created: str | None = None) -> None:
         """Space ``name`` of width ``dim``, made now (or at ``created``: an imported space keeps its time) unless
         it exists; ConflictError when it exists at another width."""
-        t.q("INSERT INTO spaces (name, dim, created_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
-            (name, dim, created or now()))
-        have = t.one("SELECT dim FROM spaces WHERE name = ?", (name,))["dim"]
+        for _ in range(2):  # the row is held (KEY SHARE) until commit: a concurrent delete_space waits, then sees the
+            # map or steer this transaction adds (PostgreSQL's READ COMMITTED let it delete the space under them)
+            t.q("INSERT INTO spaces (name, dim, created_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
+                (name, dim, created or now()))
+            row = t.one("SELECT dim FROM spaces WHERE name = ?" + self.db.key_share, (name,))
+            if row is not None:  # else deleted between the two statements: made again
+                break
+        else:
+            raise ConflictError(f"space {name!r} was deleted while this write ran; try again")
+        have = row["dim"]
         if int(have) != int(dim):
             raise ConflictError(f"space {name!r} is {have}-d, not {dim}-d")
 
@@ -214,6 +221,7 @@ class Registry(SteerRegistryMixin):
         check_name(name, "space name")
 
         def fn(t):
+            t.q("SELECT name FROM spaces WHERE name = ?" + self.db.for_update, (name,))  # waits for a write using it
             info = self._space_row(t, name)
             users = [f"map {r['name']!r}" for r in t.q(
                 "SELECT name FROM maps WHERE source_space = ? OR target_space = ? ORDER BY name LIMIT 5", (name, name))]

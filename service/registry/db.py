@@ -112,6 +112,7 @@ class _Tx:
 class _Base:
     kind = "base"
     for_update = ""
+    key_share = ""  # a row read this way cannot be deleted before the transaction ends (SQLite: one writer anyway)
 
     def __init__(self):
         self._local = threading.local()
@@ -355,6 +356,7 @@ class PostgresDB(_Base):
 
     kind = "postgresql"
     for_update = " FOR UPDATE"
+    key_share = " FOR KEY SHARE"
 
     def __init__(self, url: str, *, pool_size: int | None = None, statement_timeout_s: float | None = None):
         super().__init__()

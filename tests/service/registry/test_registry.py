@@ -665,3 +665,64 @@ def test_verify_reports_no_gap_for_a_version_committed_while_it_reads(pg_url, tm
     finally:
         reg.close()
         other.close()
+
+
+@pytest.mark.parametrize("kind", ["map", "steer"])
+def test_a_space_cannot_be_deleted_under_a_registration_in_flight(registry_url, tmp_path, kind):
+    """PostgreSQL (READ COMMITTED): `spaces delete` checked for users with a plain read, saw no map or steer in a
+    registration still in flight, deleted the space, and the registration then committed a map (or steer) of a
+    space that no longer existed; `registry verify` said ok. The registration now holds the space row, so the
+    delete waits for it and refuses (SQLite already did: one writer at a time)."""
+    import threading
+
+    from service.registry import core, open_registry
+    from service.registry.errors import ConflictError
+
+    reg = open_registry(registry_url, tmp_path / "artifacts")
+    other = open_registry(registry_url, tmp_path / "artifacts")
+    reg.register_space("lonely", 4)
+    paused, go = threading.Event(), threading.Event()
+    writer = threading.current_thread()
+    results: dict = {}
+
+    def hook(point):
+        if point == "version_inserted" and threading.current_thread() is not writer and not paused.is_set():
+            paused.set()
+            go.wait(30)
+
+    def register():
+        try:
+            if kind == "map":
+                reg.register_version("x", align.LinearMap(np.eye(4)), source_space="lonely", target_space="d",
+                                     method="identity", params={})
+            else:
+                reg.register_steer("st", align.Steer(np.eye(4)[:, :1], np.ones((4, 1))), space="lonely")
+            results["registered"] = True
+        except Exception as exc:  # noqa: BLE001 - reported below
+            results["registered"] = exc
+
+    def delete():
+        try:
+            other.delete_space("lonely")
+            results["deleted"] = True
+        except Exception as exc:  # noqa: BLE001
+            results["deleted"] = exc
+
+    core.FAULT_HOOK = hook
+    try:
+        a = threading.Thread(target=register)
+        a.start()
+        assert paused.wait(30)
+        b = threading.Thread(target=delete)
+        b.start()
+        time.sleep(0.5)  # the delete is now waiting for the registration
+        go.set()
+        a.join(60)
+        b.join(60)
+    finally:
+        core.FAULT_HOOK = None
+    assert results["registered"] is True, results
+    assert isinstance(results["deleted"], ConflictError) and "lonely" in str(results["deleted"]), results
+    assert reg.get_space("lonely").dim == 4
+    other.close()
+    reg.close()
