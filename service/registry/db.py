@@ -364,11 +364,19 @@ class PostgresDB(_Base):
             import psycopg  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise RegistryError("PostgreSQL registry needs psycopg: pip install 'psycopg[binary]'") from exc
-        self.url, self.schema = _pg_schema(url)
-        self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
+        import psycopg
         from psycopg.conninfo import conninfo_to_dict
 
-        if "statement_timeout" in (conninfo_to_dict(self.url).get("options") or ""):
+        try:  # a bad %-escape or option: psycopg's message quotes the text (a password): "internal error", exit 3
+            self.url, self.schema = _pg_schema(url)
+            self._given = conninfo_to_dict(self.url)
+        except InvalidNameError:  # _pg_schema's own (a bad schema name): said as it is
+            raise
+        except (psycopg.ProgrammingError, ValueError):
+            raise InvalidNameError("the PostgreSQL registry URL cannot be parsed (check its %-escapes, port and "
+                                   "options; the URL is not repeated here: it may hold a password)") from None
+        self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
+        if "statement_timeout" in (self._given.get("options") or ""):
             self.statement_timeout_s = None  # the URL's own, left to the server
         self._pool = _Pool(self._connect, PG_POOL_SIZE if pool_size is None else pool_size,
                            self.statement_timeout_s or PG_STATEMENT_TIMEOUT_S)
@@ -404,10 +412,9 @@ class PostgresDB(_Base):
 
     def _connect(self):
         import psycopg
-        from psycopg.conninfo import conninfo_to_dict
 
         kw: dict = {"autocommit": True}
-        given = conninfo_to_dict(self.url)
+        given = self._given
         options = [given["options"]] if given.get("options") else []
         if self.schema:
             options.append(f"-c search_path={self.schema}")
@@ -438,7 +445,8 @@ class PostgresDB(_Base):
             try:
                 with c.transaction(), c.cursor() as cur:
                     yield _Tx(cur, lambda s: s.replace("?", "%s"), named=False)
-            except psycopg.errors.QueryCanceled as exc:
+            except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable,
+                    psycopg.errors.IdleInTransactionSessionTimeout) as exc:  # a URL's lock_timeout: was exit 3
                 raise RegistryUnavailableError(
                     f"the PostgreSQL registry did not answer "
                     f"{f'within {self.statement_timeout_s:g} s' if self.statement_timeout_s else 'in time'} "

@@ -150,3 +150,32 @@ def test_the_statement_timeout_comes_from_the_setting_or_the_url(pg_url, tmp_pat
             assert t.one("SHOW statement_timeout")[0] == want
     finally:
         reg.close()
+
+
+def test_a_url_that_cannot_be_parsed_or_a_lock_timeout_is_a_clear_error_without_the_password(pg_url, tmp_path,
+                                                                                              capsys):
+    """A bad %-escape in the URL was "internal error: ProgrammingError: invalid percent-encoded token:
+    "p%zzSECRET1"" (exit 3, the password printed; `serve` logged it in a traceback); a URL's lock_timeout expiring
+    was "internal error: LockNotAvailable" (exit 3) where a statement_timeout is "registry unavailable"."""
+    from service.cli import main
+    from service.registry.errors import InvalidNameError, RegistryUnavailableError
+
+    bad = "postgresql://postgres:p%zzSECRET1@127.0.0.1:1/x"
+    with pytest.raises(InvalidNameError, match="cannot be parsed") as err:
+        open_registry(bad, tmp_path / "a")
+    assert "SECRET1" not in str(err.value)
+    for args in (["--registry-url", bad, "registry", "list"], ["--data-dir", str(tmp_path / "v"), "serve",
+                                                               "--registry-url", bad, "--port", "1"]):
+        assert main(args) == 2
+        got = capsys.readouterr()
+        assert "cannot be parsed" in got.err and "SECRET1" not in got.err + got.out, got
+    reg = _world(pg_url + "?options=-c%20lock_timeout%3D300", tmp_path)
+    try:
+        with psycopg.connect(pg_url) as c:  # another session holds the table (a migration, say)
+            c.execute("LOCK TABLE aliases IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(RegistryUnavailableError, match="retry"):
+                reg.set_alias("m", "prod", 1)
+            c.rollback()
+        assert reg.set_alias("m", "prod", 1).version == 1  # nothing was half written
+    finally:
+        reg.close()
