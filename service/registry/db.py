@@ -361,11 +361,10 @@ class PostgresDB(_Base):
     def __init__(self, url: str, *, pool_size: int | None = None, statement_timeout_s: float | None = None):
         super().__init__()
         try:
-            import psycopg  # noqa: F401
+            import psycopg
+            from psycopg.conninfo import conninfo_to_dict
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise RegistryError("PostgreSQL registry needs psycopg: pip install 'psycopg[binary]'") from exc
-        import psycopg
-        from psycopg.conninfo import conninfo_to_dict
 
         try:  # a bad %-escape or option: psycopg's message quotes the text (a password): "internal error", exit 3
             self.url, self.schema = _pg_schema(url)
