@@ -43,6 +43,7 @@ from .client_errors import (
     PayloadTooLargeError,
     PermissionDeniedError,
     UnexpectedResponseError,
+    ValidationError,
     error_from_response,
     redirected,
     unexpected,
@@ -283,14 +284,17 @@ class Calls:
         Batches are separate requests: an error in batch ``j`` leaves batches ``< j`` done.
         """
         total = int(row_bytes) * n if isinstance(row_bytes, (int, np.integer)) else int(np.sum(row_bytes))
-        if (self._limits is None and self.batch_size is None
-                and (total > LOOK_FIRST_BYTES or n * hits > LOOK_FIRST_HITS)):
-            yield from self._read_limits()
+        if self._limits is None and (total > LOOK_FIRST_BYTES or n * hits > LOOK_FIRST_HITS
+                                     or (hits and self.batch_size is not None)):  # batch_size alone never split
+            yield from self._read_limits()  # a search by max_hits (a 422 with a smaller server limit)
         refused = None
         if self._limits is None and self.batch_size is None:
             try:
                 return [(yield from send(slice(0, n)))]
-            except PayloadTooLargeError as e:
+            except (PayloadTooLargeError, ValidationError) as e:
+                # a 413, or a search over the server's max_hits (422; it was raised, never split)
+                if isinstance(e, ValidationError) and not (hits and "limits.max_hits" in str(e)):
+                    raise
                 refused = e
                 if not (yield from self._read_limits()):
                     raise e from None

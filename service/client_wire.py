@@ -177,7 +177,17 @@ def json_sizes(items: Sequence | None, n: int) -> np.ndarray:
     """Bytes each of ``items`` (ids, payloads, texts) adds to a JSON body, as (n,) int64 (zeros for ``None``)."""
     if items is None:
         return np.zeros(n, np.int64)
-    return np.fromiter((len(json.dumps(x, separators=(",", ":"), default=str)) + 1 for x in items), np.int64, n)
+    return np.fromiter((len(json.dumps(x, separators=(",", ":"), default=_sized)) + 1 for x in items), np.int64, n)
+
+
+def _sized(x):
+    """The ``default`` of :func:`json_sizes`: what :func:`dumps` writes for ``x`` (:func:`_plain`); ``str(x)`` for
+    what it refuses (it raises later, naming it). ``str`` of a numpy array over 1,000 values is cut to ``[... ]``:
+    a payload of 2,000 floats was sized 88 bytes for its 39,223, and the batch it went in was a 413."""
+    try:
+        return _plain(x)
+    except TypeError:
+        return str(x)
 
 
 def spans(n: int, row_bytes, *, max_rows: int | None, max_bytes: int | None) -> list[slice]:

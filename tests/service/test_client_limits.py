@@ -118,3 +118,24 @@ def test_deleting_many_ids_goes_in_batches_within_body_bytes_texts(server):
         assert [h[0]["id"] for h in vb.search("deletes", _rows(16_000, 5)[-3:], k=1)["results"]] == [115_997, 115_998,
                                                                                                       115_999]
     assert max(b for _, p, s, b in net.seen if p.endswith("/delete") and s == 200) <= TEXTS_BODY
+
+
+def test_a_search_over_a_small_max_hits_and_numpy_payloads_fit_their_batches(server):
+    """max_hits (1,000 here) below the client's 10,000 read-first threshold: 200 queries x k=10 was a 422, never
+    split (with batch_size set too, which skipped reading the limits). Numpy arrays in payloads were sized by
+    str() (cut to "[... ]" past 1,000 values): an add that fits in batches went as one body, a 413."""
+    url, _ = server
+    X = _rows(200, 5)
+    for kw in ({}, {"batch_size": 150}):
+        net = Recording()
+        with Client(url, api_key=WKEY, transport=net, **kw) as vb:
+            if not kw:
+                vb.create_index("small-hits", "b", X)
+            res = vb.search("small-hits", X, k=10)["results"]
+        assert [r[0]["id"] for r in res] == list(range(200)), kw
+        assert {s for m, p, s, _ in net.seen if p.endswith("/search")} <= {200, 422}
+        assert max(b for m, p, s, b in net.seen if p.endswith("/search") and s == 200) > 0
+    big = [{"emb": np.random.default_rng(i).standard_normal(2000).astype(np.float32)} for i in range(120)]
+    with Client(url, api_key=WKEY) as vb:  # ~39 kB of JSON each: 4.7 MB in all, over max_body_bytes
+        vb.create_index("np-payloads", "b")
+        assert len(vb.add("np-payloads", _rows(120, 6), payloads=big)["ids"]) == 120
