@@ -33,7 +33,14 @@ from .db import open_db
 from .entity import MAPS, STEERS, LRUCache, VersionedStore, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .models import SpaceInfo, VersionInfo
-from .names import check_alias, check_name, check_tag_key, check_text, parse_ref
+from .names import (
+    check_alias,
+    check_name,
+    check_seed,
+    check_tag_key,
+    check_text,
+    parse_ref,
+)
 from .quality import judged, quality_words
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
@@ -272,7 +279,7 @@ class Registry(SteerRegistryMixin):
         sha, rel = self.store.put(map_.to_bytes(fmt), ARTIFACT_FORMATS[fmt])
         values = dict(source_space=source_space, target_space=target_space, source_dim=map_.source_dim,
                       target_dim=map_.target_dim, method=str(method), params=params or {},
-                      random_state=None if random_state is None else int(random_state),
+                      random_state=check_seed(random_state),
                       data_hashes=data_hashes or {}, package_version=package_version(), created_at=now(),
                       metrics=metrics or {}, artifact_sha256=sha, artifact_path=rel, artifact_format=fmt,
                       deleted=False, description=description or "", report_path=report_path, inputs=inputs or {},

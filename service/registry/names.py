@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from .errors import InvalidNameError
 
-__all__ = ["check_name", "check_alias", "check_tag_key", "check_text", "parse_ref", "fs_safe", "MAX_NAME"]
+__all__ = ["check_name", "check_alias", "check_tag_key", "check_text", "check_seed", "parse_ref", "fs_safe",
+           "MAX_NAME"]
 
 MAX_NAME = 128
 MAX_VERSION = 2**31 - 1  # PostgreSQL INTEGER
@@ -52,7 +55,23 @@ def check_text(value, what: str):
     neither backend takes it: the same input is refused alike on SQLite)."""
     if isinstance(value, str) and "\x00" in value:
         raise InvalidNameError(f"{what} must not contain NUL characters")
+    if isinstance(value, str):
+        try:  # a lone surrogate (from a bad decode) was a raw UnicodeEncodeError at the database
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidNameError(f"{what} holds a lone surrogate character, which is not text") from None
     return value
+
+
+def check_seed(random_state) -> int | None:
+    """``random_state`` as the int a record stores (None stays None); InvalidNameError past a signed 64-bit integer
+    (a raw OverflowError on SQLite, NumericValueOutOfRange on PostgreSQL) or for what is not an integer."""
+    if random_state is None:
+        return None
+    if isinstance(random_state, bool) or not isinstance(random_state, (int, np.integer)) or not (
+            -(2**63) <= int(random_state) < 2**63):
+        raise InvalidNameError(f"random_state must be an integer within 64 bits, got {str(random_state)[:40]}")
+    return int(random_state)
 
 
 def parse_ref(ref, noun: str = "map") -> tuple[str, str | None, int | None]:

@@ -14,7 +14,7 @@ from align.steer import MeanShift, Steer
 from .entity import now, package_version
 from .errors import InvalidNameError
 from .models import SteerInfo
-from .names import check_alias, check_name, check_text
+from .names import check_alias, check_name, check_seed, check_text
 
 __all__ = ["SteerRegistryMixin"]
 
@@ -47,7 +47,7 @@ class SteerRegistryMixin:
         sha, rel = self.store.put(steer.to_bytes(), "npz")
         values = dict(space=space, dim=steer.dim, rank=rank,
                       method=str(steer.metadata.get("method") or ("lm-steer" if rank else "mean-shift")),
-                      params=params or {}, random_state=None if random_state is None else int(random_state),
+                      params=params or {}, random_state=check_seed(random_state),
                       data_hashes=data_hashes or {}, package_version=package_version(), created_at=now(),
                       metrics=metrics or {}, artifact_sha256=sha, artifact_path=rel, deleted=False,
                       description=description or "", lens=lens or [], inputs=inputs or {})

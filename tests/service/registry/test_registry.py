@@ -726,3 +726,18 @@ def test_a_space_cannot_be_deleted_under_a_registration_in_flight(registry_url, 
     assert reg.get_space("lonely").dim == 4
     other.close()
     reg.close()
+
+
+def test_a_seed_past_64_bits_and_a_lone_surrogate_are_refused_alike_on_both_backends(reg):
+    """random_state >= 2**63 was a raw OverflowError on SQLite and NumericValueOutOfRange on PostgreSQL; a lone
+    surrogate in a description or tag a raw UnicodeEncodeError. Both are InvalidNameError now, nothing written."""
+    from service.registry.errors import InvalidNameError
+
+    m = align.LinearMap(np.eye(4))
+    for kw in ({"random_state": 2**64}, {"random_state": -(2**63) - 1}, {"random_state": 1.5},
+               {"description": "caf\ud800"}, {"tags": {"k": "\udcff"}}):
+        with pytest.raises(InvalidNameError):
+            reg.register_version("s", m, source_space="p", target_space="q", method="identity", params={}, **kw)
+    assert reg.list_maps() == []
+    assert reg.register_version("s", m, source_space="p", target_space="q", method="identity", params={},
+                                random_state=np.int64(2**62)).random_state == 2**62
