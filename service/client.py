@@ -605,7 +605,7 @@ class Client(APICalls, driver="sync"):
                  headers: dict | None = None, batch_size: int | None = None) -> None:
         self._setup(page_size=page_size, max_retries=max_retries, max_retry_wait=max_retry_wait,
                     batch_size=batch_size)
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=self._headers(api_key, headers),
+        self._http = httpx.Client(base_url=self._base(base_url), headers=self._headers(api_key, headers),
                                   timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -635,7 +635,7 @@ class AsyncClient(APICalls, driver="async"):
                  batch_size: int | None = None) -> None:
         self._setup(page_size=page_size, max_retries=max_retries, max_retry_wait=max_retry_wait,
                     batch_size=batch_size)
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=self._headers(api_key, headers),
+        self._http = httpx.AsyncClient(base_url=self._base(base_url), headers=self._headers(api_key, headers),
                                        timeout=timeout, transport=transport)
 
     async def close(self) -> None:

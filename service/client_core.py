@@ -181,6 +181,15 @@ class Calls:
         self.max_retries, self.max_retry_wait = int(max_retries), float(max_retry_wait)
 
     @staticmethod
+    def _base(base_url: str) -> str:
+        """``base_url`` without its final ``/``; :class:`InputError` unless it is an ``http(s)://`` URL (a bare
+        "127.0.0.1:8000" was retried three times as "no answer")."""
+        if not isinstance(base_url, str) or not base_url.lower().startswith(("http://", "https://")):
+            raise InputError(f"base_url must start with http:// or https://, e.g. http://127.0.0.1:8000; got a "
+                             f"{'string' if isinstance(base_url, str) else type(base_url).__name__} without one")
+        return base_url.rstrip("/")
+
+    @staticmethod
     def _headers(api_key: str | None, headers: dict | None) -> dict:
         """The client's headers; an ``api_key`` no HTTP header can carry is :class:`InputError` (never shown)."""
         h = dict(headers or {})

@@ -468,3 +468,14 @@ def test_plan_evaluate_report_and_steer_versions(vb, server):
     assert vb.delete_steer_version("tilt", 2)["deleted"]
     with pytest.raises(NotFoundError):
         vb.get_steer("tilt:2")
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8781", "localhost:8781", "htp://127.0.0.1:1"])
+def test_a_base_url_without_a_scheme_is_refused_at_once(url):
+    """Client("127.0.0.1:8781") was retried three times (~1.5 s) and then "no answer from ..."."""
+    from align.exceptions import InputError
+    from service.client import AsyncClient, Client
+
+    for cls in (Client, AsyncClient):
+        with pytest.raises(InputError, match="base_url must start with http:// or https://"):
+            cls(url)
