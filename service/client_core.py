@@ -90,6 +90,13 @@ def call(fn: Callable[..., Gen]) -> Callable[..., Gen]:
     return fn
 
 
+def _closed(http, step, exc: RuntimeError) -> APIConnectionError:
+    """The typed error of a request on a closed client (any other RuntimeError is raised as it was)."""
+    if not http.is_closed:
+        raise exc
+    return APIConnectionError(f"{step.method} {step.path}: not sent, this client was closed (open a new one)")
+
+
 def run_sync(http: httpx.Client, gen: Gen) -> Any:
     """Run ``gen`` to its result on ``http`` and ``time.sleep``."""
     reply: Any = None
@@ -112,6 +119,8 @@ def run_sync(http: httpx.Client, gen: Gen) -> Any:
             reply = http.request(step.method, step.path, **step.kw)
         except httpx.RequestError as e:
             error = e
+        except RuntimeError as e:  # httpx's untyped "Cannot send a request, as the client has been closed"
+            error = _closed(http, step, e)
 
 
 async def run_async(http: httpx.AsyncClient, gen: Gen) -> Any:
@@ -135,6 +144,8 @@ async def run_async(http: httpx.AsyncClient, gen: Gen) -> Any:
                 reply = await http.request(step.method, step.path, **step.kw)
             except httpx.RequestError as e:
                 error = e
+            except RuntimeError as e:
+                error = _closed(http, step, e)
     finally:
         gen.close()
 

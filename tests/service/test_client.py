@@ -479,3 +479,24 @@ def test_a_base_url_without_a_scheme_is_refused_at_once(url):
     for cls in (Client, AsyncClient):
         with pytest.raises(InputError, match="base_url must start with http:// or https://"):
             cls(url)
+
+
+def test_a_closed_client_says_so_in_a_typed_error():
+    """After close(), a call raised httpx's bare RuntimeError ("Cannot send a request, as the client has been
+    closed"), sync and async alike."""
+    import asyncio
+
+    from service.client import APIConnectionError, AsyncClient, Client
+
+    c = Client("http://127.0.0.1:9")
+    c.close()
+    with pytest.raises(APIConnectionError, match="this client was closed"):
+        c.list_spaces()
+
+    async def main():
+        a = AsyncClient("http://127.0.0.1:9")
+        await a.close()
+        with pytest.raises(APIConnectionError, match="this client was closed"):
+            await a.list_spaces()
+
+    asyncio.run(main())
