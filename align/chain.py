@@ -24,7 +24,7 @@ from ._artifacts import StoredMap, check_header, pack, stored_fields
 from .exceptions import DimensionMismatchError, InputError, SerializationError
 from .validation import as_matrix
 
-__all__ = ["MapChain", "require_linear", "map_kind", "FORMAT"]
+__all__ = ["MapChain", "require_linear", "check_map", "map_kind", "FORMAT"]
 
 FORMAT = "vecbridge.MapChain"
 FORMAT_VERSION = 1
@@ -33,6 +33,14 @@ FORMAT_VERSION = 1
 def map_kind(map_) -> str:
     """``"linear"``, ``"cluster"`` or ``"chain"``: what kind of map ``map_`` is (``map_kind`` attribute)."""
     return str(getattr(map_, "map_kind", "linear"))
+
+
+def check_map(obj, what: str):
+    """``obj`` when it is a map of any kind (LinearMap, ClusterMap, MapChain: ``apply`` / ``_apply``, both widths
+    and a target frame, what the chains and the metrics use), else InputError starting with ``what``."""
+    if not all(hasattr(obj, a) for a in ("apply", "_apply", "source_dim", "target_dim", "target_frame")):
+        raise InputError(f"{what} (LinearMap, ClusterMap, MapChain), got {type(obj).__name__}")
+    return obj
 
 
 def require_linear(map_, purpose: str):
@@ -65,9 +73,7 @@ class MapChain(StoredMap):
         if not flat:
             raise InputError("a chain needs at least one map")
         for s in flat:  # a string or an array was an AttributeError on .target_dim
-            if not all(hasattr(s, a) for a in ("apply", "source_dim", "target_dim")):
-                raise InputError(f"a chain's steps are maps (LinearMap, ClusterMap, MapChain), got "
-                                 f"{type(s).__name__}")
+            check_map(s, "a chain's steps are maps")
         for a, b in zip(flat, flat[1:]):
             if a.target_dim != b.source_dim:
                 raise DimensionMismatchError(

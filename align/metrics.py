@@ -21,6 +21,7 @@ from .frames import unit_rows
 from .blocks import rows_per_block
 from .knn import DEFAULT_BLOCK, check_count, mean_topk
 from .options import check_callable, check_flag, check_number
+from .chain import check_map
 from .maps import LinearMap
 
 __all__ = ["INTERVAL_LEVEL", "TIE_TOL", "count_above", "cross_val_top1", "evaluate", "proportion_interval",
@@ -218,8 +219,7 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
     for part in np.array_split(rows, folds):
         train = np.setdiff1d(rows, part)
         m = fit(X[train], Y[train])
-        if not all(hasattr(m, a) for a in ("_apply", "target_frame", "source_dim")):  # None was an AttributeError
-            raise InputError(f"fit must return a map (LinearMap, ClusterMap, MapChain), got {type(m).__name__}")
+        check_map(m, "fit must return a map")  # None was an AttributeError
         for chunk in np.array_split(part, -(-part.size // max_pool)):
             Q = check_no_zero_rows(unit_rows(m._apply(X[chunk], output="linear")), name="mapped X_src",
                                    why=_ZERO_MAPPED)
