@@ -313,15 +313,12 @@ def check_registry_url(url: str | None) -> str | None:
         raise ValueError(f"unsupported registry URL (scheme {scheme!r}; the rest is not shown): use "
                          "sqlite:///path or postgresql://user@host:port/db")
     if url is not None and url.startswith("postgres"):  # parsed now, as the registry will: a bad %-escape failed
-        try:  # the start-up later, a traceback (exit 3)
-            from psycopg.conninfo import conninfo_to_dict
+        from .registry.db import pg_conninfo  # the start-up later, a traceback (exit 3)
 
-            conninfo_to_dict(url.split("?schema=")[0].split("&schema=")[0])
-        except ImportError:  # checked where the registry opens
+        try:  # InvalidNameError (a ValueError) without the URL's text
+            pg_conninfo(url.split("?schema=")[0].split("&schema=")[0])
+        except ImportError:  # no psycopg: said where the registry opens
             pass
-        except Exception:  # noqa: BLE001 - psycopg's ProgrammingError quotes the text (a password)
-            raise ValueError("the PostgreSQL registry URL cannot be parsed (check its %-escapes, port and options; "
-                             "the rest is not shown)") from None
     return url
 
 

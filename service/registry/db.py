@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import ConflictError, IntegrityError, InvalidNameError, RegistryError, RegistryUnavailableError
 
-__all__ = ["open_db", "sqlite_path", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row"]
+__all__ = ["open_db", "pg_conninfo", "sqlite_path", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row"]
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS vb_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -250,6 +250,24 @@ def _expected_columns() -> dict[str, set[str]]:
     return out
 
 
+#: a PostgreSQL URL psycopg cannot parse: its message quotes the text (a password), so this one says nothing of it
+_UNPARSABLE = ("the PostgreSQL registry URL cannot be parsed (check its %-escapes, port and options; the URL is not "
+               "repeated here: it may hold a password)")
+
+
+def pg_conninfo(url: str) -> dict:
+    """psycopg's ``conninfo_to_dict`` of a PostgreSQL URL (without ``?schema=``); InvalidNameError without the URL's
+    text when it cannot be parsed (a bad %-escape was "internal error: ... "p%zzSECRET1"", exit 3). ImportError
+    without psycopg."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        return conninfo_to_dict(url)
+    except (psycopg.ProgrammingError, ValueError):
+        raise InvalidNameError(_UNPARSABLE) from None
+
+
 def _pg_schema(url: str) -> tuple[str, str | None]:
     """``(url without ?schema=, schema or None)``; InvalidNameError for a schema that is not a plain identifier."""
     from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -361,19 +379,16 @@ class PostgresDB(_Base):
     def __init__(self, url: str, *, pool_size: int | None = None, statement_timeout_s: float | None = None):
         super().__init__()
         try:
-            import psycopg
-            from psycopg.conninfo import conninfo_to_dict
+            import psycopg  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise RegistryError("PostgreSQL registry needs psycopg: pip install 'psycopg[binary]'") from exc
-
-        try:  # a bad %-escape or option: psycopg's message quotes the text (a password): "internal error", exit 3
+        try:
             self.url, self.schema = _pg_schema(url)
-            self._given = conninfo_to_dict(self.url)
         except InvalidNameError:  # _pg_schema's own (a bad schema name): said as it is
             raise
-        except (psycopg.ProgrammingError, ValueError):
-            raise InvalidNameError("the PostgreSQL registry URL cannot be parsed (check its %-escapes, port and "
-                                   "options; the URL is not repeated here: it may hold a password)") from None
+        except ValueError:  # urlsplit's (e.g. "[::1:port"): the URL is not quoted either
+            raise InvalidNameError(_UNPARSABLE) from None
+        self._given = pg_conninfo(self.url)
         self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
         if "statement_timeout" in (self._given.get("options") or ""):
             self.statement_timeout_s = None  # the URL's own, left to the server
