@@ -505,7 +505,7 @@ class APICalls(SteerCalls, Calls):
             except (APIConnectionError, APIError) as e:
                 if (isinstance(e, APIError) and e.status not in RETRY_STATUS) or time.monotonic() >= deadline:
                     raise
-                yield Sleep(max(poll, 1.0))
+                yield Sleep(max(0.0, min(max(poll, 1.0), deadline - time.monotonic())))
                 continue
             p = job.get("progress") or {}
             seen = (job.get("state"), p.get("stage"), p.get("fraction"))
@@ -522,7 +522,7 @@ class APICalls(SteerCalls, Calls):
                 raise JobCancelledError(job)
             if time.monotonic() >= deadline:
                 raise JobTimeoutError(job, timeout)
-            yield Sleep(poll)
+            yield Sleep(max(0.0, min(poll, deadline - time.monotonic())))  # the last poll lands at the deadline
 
     # --- embeddings -----------------------------------------------------------------------------
     @call

@@ -310,6 +310,10 @@ def test_wait_polls_through_a_restart_and_reports_the_interrupted_job(tmp_path):
             with pytest.raises(JobTimeoutError) as e:
                 vb.wait(job["id"], timeout=0.3)
             assert e.value.job["id"] == job["id"] and isinstance(e.value, TimeoutError)
+            t0 = time.monotonic()
+            with pytest.raises(JobTimeoutError):  # a poll interval longer than the timeout: it slept 60 s first
+                vb.wait(job["id"], timeout=0.3, poll=60)
+            assert time.monotonic() - t0 < 20
             outcome = []
 
             def waiting():
