@@ -466,6 +466,12 @@ class PostgresDB(_Base):
                     f"{f'within {self.statement_timeout_s:g} s' if self.statement_timeout_s else 'in time'} "
                     f"({str(exc).strip().splitlines()[0]}): a lock held by another session (a migration, an open "
                     f"transaction) or an overloaded server; retry") from None
+            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ReadOnlySqlTransaction) as exc:
+                raise RegistryUnavailableError(  # a read-only role or a standby: was "internal error", exit 3 / 500
+                    f"the PostgreSQL registry refused this as user {self._given.get('user') or '(default)'!r}: "
+                    f"{str(exc).strip().splitlines()[0]} (the registry's role needs SELECT, INSERT, UPDATE and DELETE "
+                    f"on its tables, and CREATE on its schema until they exist; a standby server takes no writes)"
+                ) from None
             except psycopg.OperationalError as exc:
                 if not c.broken:
                     raise

@@ -274,6 +274,41 @@ def test_postgres_connection_dropped_by_the_server_is_replaced_and_a_dead_server
     assert code == 2 and "cannot connect to PostgreSQL registry" in err
 
 
+def test_a_postgres_role_that_may_only_read_gets_a_503_naming_the_privilege_not_an_internal_error(pg_url, tmp_path,
+                                                                                                 capsys):
+    """A read-only role (a reporting replica's) or a role without CREATE on a fresh schema: every write, and the
+    first start's CREATE TABLE, was ``internal error: InsufficientPrivilege`` (HTTP 500, exit 3)."""
+    import psycopg
+
+    from service.errors import exit_code, http_status
+    from service.registry import RegistryUnavailableError
+
+    role = f"ro_{uuid.uuid4().hex[:8]}"
+    reg = open_registry(pg_url, tmp_path / "artifacts")
+    reg.register_space("a", 4)
+    reg.close()
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    ro_url = pg_url.replace("postgres@", f"{role}@", 1)
+    try:
+        ro = open_registry(ro_url, tmp_path / "artifacts")
+        try:
+            assert [s.name for s in ro.list_spaces()] == ["a"]  # reads work
+            with pytest.raises(RegistryUnavailableError, match=f"as user '{role}': permission denied") as e:
+                ro.register_space("b", 4)
+            assert http_status(e.value) == 503 and exit_code(e.value) == 2
+        finally:
+            ro.close()
+        code, _, err = run_cli(capsys, "--data-dir", tmp_path / "d", "--registry-url", ro_url + "?schema=fresh",
+                               "spaces")  # its tables do not exist and it may not create them
+        assert code == 2 and "permission denied for database" in err and "internal error" not in err
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+
+
 # --- spaces and paths -------------------------------------------------------------------------
 
 def test_spaces(reg):
