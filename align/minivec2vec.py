@@ -153,8 +153,9 @@ class MiniVec2Vec:
         fit and used only to choose the restart and to judge the map. On the rows it was refined
         on, a wrong map scores ~5x a random map (self-learning makes its own pseudo-pairs mutual:
         minilm→e5, 4,000 rows, top-1 0.001, criterion 0.147 vs 0.029); on held-out rows it scores
-        1.1–1.2x and a right map 2.3x. ``0`` (or fewer than 20 held-out rows) judges on the
-        training rows, which is optimistic; ``diagnostics_["verdict_rows"]`` says which was used.
+        1.1–1.2x and a right map 2.3x. With fewer than 20 rows to hold out per side the criterion
+        is taken on the training rows, which tells nothing, and the fit is flagged unreliable
+        (``diagnostics_["verdict_rows"]["held_out"]`` False).
     fit_sample : int or None
         Most training rows per side the fit works on (default 50,000; None: all). Larger sets are
         subsampled once, at random (``random_state``), after the held-out rows are set aside and
@@ -423,8 +424,11 @@ class MiniVec2Vec:
         timings["null_criterion"] = time.perf_counter() - t0
         timings["total"] = time.perf_counter() - t_start
         self.null_criterion_ = float(np.mean(null))
-        self.reliable_ = bool(final_crit >= self.reliability_ratio * self.null_criterion_)
-        if not self.reliable_:
+        self.reliable_ = bool(held_out and final_crit >= self.reliability_ratio * self.null_criterion_)
+        if not held_out:  # on its own refined rows a wrong map scores ~5x random: no verdict (was "reliable")
+            warnings.warn(f"MiniVec2Vec: no rows held out to judge the map (holdout={self.holdout}, {X.shape[0]} x "
+                          f"{Y.shape[0]} rows: fewer than 20 per side), so it is flagged unreliable", ConvergenceWarning, stacklevel=3)
+        elif not self.reliable_:
             warnings.warn(f"MiniVec2Vec: criterion {final_crit:.4f} is below {self.reliability_ratio} x the criterion "
                           f"of random maps ({self.null_criterion_:.4f}); the map is probably wrong", ConvergenceWarning,
                           stacklevel=3)

@@ -311,7 +311,12 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                 if verdict["reliable"] is False:
                     metrics.update(verdict)
         diag = map_.metadata.get("diagnostics") or {}
-        metrics.update(_fit_signals(map_.metadata, diag))
+        signals = _fit_signals(map_.metadata, diag)
+        if metrics.get("reliable") is False:  # the pairs' verdict stands (MiniVec2Vec's "reliable" overwrote it)
+            signals.pop("reliable", None)
+        elif signals.get("reliable") is False and not (diag.get("verdict_rows") or {}).get("held_out", True):
+            signals["unreliable_reason"] = "too few rows to hold any out and judge the map"
+        metrics.update(signals)
         effective = dict(map_.metadata.get("params") or {})  # every parameter, defaults included
         effective.update(params)
         effective.pop("random_state", None)  # recorded on its own

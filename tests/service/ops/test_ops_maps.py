@@ -118,6 +118,21 @@ def test_a_paired_fit_at_chance_is_flagged_unreliable_and_not_chosen_for_a_path(
         reg.find_path("a", "c")
 
 
+@pytest.mark.filterwarnings("ignore::align.exceptions.ConvergenceWarning")
+def test_minivec2vec_on_pairs_at_chance_keeps_the_pairs_verdict_and_too_few_rows_are_not_judged(reg):
+    """A paired minivec2vec fit whose map misses its own pairs (100 rows of noise: top-1 at chance) registered as
+    reliable: MiniVec2Vec's own flag, judged on its training rows, overwrote the pairs' verdict. Unpaired, too
+    few rows to hold any out were judged on the rows the map was refined on, where a wrong map passes."""
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(100, 16)), rng.normal(size=(100, 16))
+    v = run_fit(reg, name="noise", source=X, target=Y, method="minivec2vec", paired=True, source_space="a",
+                target_space="b")
+    assert v.metrics["reliable"] is False and "near chance" in v.metrics["unreliable_reason"]
+    u = run_fit(reg, name="noise2", source=X, target=Y, method="minivec2vec", paired=False, source_space="a",
+                target_space="b")
+    assert u.metrics["reliable"] is False and "too few rows" in u.metrics["unreliable_reason"]
+
+
 def _rotated(seed: int, n: int, *, noise: float, d: int = 48):
     """``(X, Y, rng)``: ``n`` rows of ``d`` Gaussian columns and their planted rotation plus ``noise``."""
     rng = np.random.default_rng(seed)
