@@ -142,7 +142,7 @@ def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
     chosen = (sel.get("candidates") or {}).get(sel.get("chosen")) or {}
     if isinstance(chosen.get("query_recall@1"), (int, float)):
         return {"heldout_top1": float(chosen["query_recall@1"]), "heldout_n_candidates": int(sel["n_holdout"]),
-                "heldout_source": "held-out split of the fit"}
+                "heldout_n_queries": int(sel["n_holdout"]), "heldout_source": "held-out split of the fit"}
     if method not in _CLOSED_FORM or X.shape[0] < 10:
         return {}
     fn = _CLOSED_FORM[method]
@@ -150,7 +150,7 @@ def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
         cv = align.cross_val_top1(X, Y, lambda a, b: fn(a, b, **params), random_state=random_state or 0)
     except align.exceptions.VecbridgeError:  # a fold the family cannot fit (e.g. no signal in it)
         return {}
-    return {"heldout_top1": cv["top1"], "heldout_n_candidates": cv["n_candidates"],
+    return {"heldout_top1": cv["top1"], "heldout_n_candidates": cv["n_candidates"], "heldout_n_queries": cv["n_rows"],
             "heldout_source": f"{cv['folds']}-fold cross-validation"}
 
 

@@ -232,6 +232,33 @@ def test_recording_an_eval_of_a_weaker_map_does_not_make_it_the_path(tmp_path, c
     assert json.loads(run(capsys, *path)[1])["path"] == ["good:1"]  # both recorded: the better figure still wins
 
 
+def test_a_perfect_score_among_a_handful_of_candidates_does_not_win_the_path(tmp_path, capsys, real_pairs):
+    """A 10-pair fit scored 1.000 held out among 2 candidates (5 folds of 2), put on 1,000 as 1.000, and became
+    the path over a 600-pair map; so did a 3-row ``eval --record`` of it (1.000 among 3). Among 1,000 it is far
+    below the larger map."""
+    X, Y = real_pairs
+    for name, rows in (("x_many", slice(0, 600)), ("x_tiny", slice(600, 610)), ("x_eval", slice(700, 703))):
+        write_vectors(tmp_path / f"{name}.npy", X[rows])
+        write_vectors(tmp_path / f"{name.replace('x_', 'y_')}.npy", Y[rows])
+    d = ["--data-dir", tmp_path / "var"]
+    for name, method in (("many", "procrustes"), ("tiny", "auto")):
+        code, _, err = run(capsys, *d, "fit", "--pairs", "--source", tmp_path / f"x_{name}.npy", "--target",
+                           tmp_path / f"y_{name}.npy", "--method", method, "--name", name, "--source-space",
+                           "minilm", "--target-space", "e5", "--quiet")
+        assert code in (0, 1), err  # a tiny fit may be flagged: either way the path must not take it
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    truth = {n: align.evaluate(reg.load_map(reg.get_version(n, 1)), X[700:1000], Y[700:1000], csls=False)["top1"]
+             for n in ("many", "tiny")}
+    reg.close()
+    assert truth["many"] > truth["tiny"] + 0.3, truth
+    path = [*d, "registry", "path", "minilm", "e5", "--candidates", "--json"]
+    assert json.loads(run(capsys, *path)[1])["path"] == ["many:1"]
+    code, _, err = run(capsys, *d, "eval", "--map", "tiny:1", "--source", tmp_path / "x_eval.npy", "--target",
+                       tmp_path / "y_eval.npy", "--record")
+    assert code == 0, err
+    assert json.loads(run(capsys, *path)[1])["path"] == ["many:1"]
+
+
 def test_a_chain_one_map_longer_wins_over_a_much_weaker_direct_map(tmp_path, capsys, real_pairs):
     """The shortest chain used to win whatever its maps' held-out figures: a direct 60-pair minilm -> e5 map (top-1
     0.38 held out) over minilm -> copy -> e5 through a 600-pair map (0.97). A direct map the user pinned with prod
