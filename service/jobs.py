@@ -172,7 +172,8 @@ class JobManager:
                 if job.state not in TERMINAL and self.store.recover([owner]):
                     job, _ = self.store.get(job_id)
         if job is None:
-            raise JobNotFoundError(f"job {job_id!r} not found")
+            shown = job_id if len(job_id) <= 80 else f"{job_id[:40]}… ({len(job_id)} characters)"
+            raise JobNotFoundError(f"job {shown!r} not found")  # quoted whole, a 60 KB id made a 60 KB answer
         return job
 
     def list(self) -> list[Job]:

@@ -50,7 +50,8 @@ Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: the next "
                                                                   "free ids).")
 #: A pinned map (``name``, ``name@alias``, ``name:N``) or a path of them in order (a list, at most MAX_PATH_MAPS):
 #: what a search's or an embedding's ``map`` takes; ``service.ops.indexes.translation`` checks it hop by hop.
-MapPath = str | Annotated[list[str], Field(min_length=1, max_length=MAX_PATH_MAPS)]
+# "" was taken as no map (the registry's path) where [] was a 422
+MapPath = Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=MAX_PATH_MAPS)]
 
 
 class _Strict(BaseModel):

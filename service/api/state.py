@@ -291,7 +291,8 @@ class AppState:
             return get_encoder(name)
         except (KeyError, LookupError, ValueError) as exc:
             try:
-                known = ", ".join(sorted(_encoder_names(list_encoders())))
+                known = ", ".join(sorted(_encoder_names(  # "installed" listed every known one, mpnet too
+                    e for e in list_encoders() if not isinstance(e, dict) or e.get("installed", True)))) or "none"
             except Exception:  # noqa: BLE001
                 known = "?"
             raise UnknownEncoderError(f"unknown encoder {name!r} ({exc}); installed: {known}") from None

@@ -69,12 +69,12 @@ def fit_side(registry, load_encoder: Callable, *, space: str, label: str, X: np.
 
 
 def check_pairs(src: FitSide, tgt: FitSide, paired: bool) -> None:
-    """A paired fit needs as many source rows as target rows (known now when both sides are one kind)."""
-    if not paired or (src.X is None) != (tgt.X is None) or src.rows == tgt.rows:
+    """A paired fit needs as many source rows as target rows (known at request time, texts or vectors)."""
+    if not paired or src.rows == tgt.rows:
         return
-    if src.X is not None:
-        raise align.PairCountError(f"paired fit: source has {src.rows} rows, target {tgt.rows}")
-    raise align.PairCountError(f"paired fit: {src.rows} source texts, {tgt.rows} target texts")
+    what = {True: "rows", False: "texts"}  # a texts side's rows are known before it is embedded
+    raise align.PairCountError(f"paired fit: {src.rows} source {what[src.X is not None]}, {tgt.rows} target "
+                               f"{what[tgt.X is not None]}")
 
 
 def embed_side(registry, load_encoder: Callable, side: FitSide, progress: Progress | None = None,

@@ -206,8 +206,19 @@ def test_http_fit_validation_before_queueing(tmp_path):
         r = c.post("/v1/steers", headers=W, json={"name": "s", "space": "txt", "texts": ["a dog", "a cat"],
                                                   "labels": [1, -1], "encoder": "multilingual-e5-small"})
         assert r.status_code == 422 and "space 'txt' is embedded by 'all-MiniLM-L6-v2'" in r.text, r.text
+        # a side with texts and vectors: the vectors were dropped without a word (202, fitted on the texts)
+        r = c.post("/v1/fits", headers=W, json={**base, "source_space": "txt", "source": {
+            "texts": ["a dog", "a cat"], "vectors": [[0.0] * 384] * 2}, "target": {"vectors": [[1.0] * 12] * 2}})
+        assert r.status_code == 422 and "either texts or vectors, not both" in r.json()["error"]["message"], r.text
+        # texts on one side, vectors on the other: the counts differ, known now (was a failed job after embedding)
+        r = c.post("/v1/fits", headers=W, json={**base, "source_space": "txt", "source": {
+            "texts": ["a dog", "a cat"]}, "target": {"vectors": [[1.0] * 12] * 3}})
+        assert r.status_code == 422 and "2 source texts, 3 target rows" in r.json()["error"]["message"], r.text
         assert c.get("/v1/jobs", headers=R).json()["data"] == []
         assert c.get("/v1/jobs/nope", headers=R).status_code == 404
+        for method in ("GET", "DELETE"):  # an id of any length was repeated in the 404 (60 KB answers)
+            r = c.request(method, "/v1/jobs/" + "a" * 60_000, headers=W)
+            assert r.status_code in (404, 422) and len(r.content) < 1000, (r.status_code, len(r.content))
 
 
 def test_http_idempotency_key(tmp_path):

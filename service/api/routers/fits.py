@@ -37,6 +37,9 @@ def _side(state, side, space: str, label: str, max_batch: int) -> map_ops.FitSid
     unknown = set(side) - {"vectors", "vectors_b64", "dim", "texts", "encoder"}
     if unknown:
         raise InputError(f"{label}: unknown field(s) {sorted(unknown)}")
+    given = sorted(k for k in ("vectors", "vectors_b64", "texts") if side.get(k) is not None)
+    if "texts" in given and len(given) > 1:  # the vectors were dropped without a word
+        raise InputError(f"{label}: give either texts or vectors, not both ({' and '.join(given)})")
     if side.get("texts") is not None:
         texts = side["texts"]
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from _api_support import R, settings_for
+from _api_support import R, W, settings_for
 
 
 def test_unknown_target_space_or_path_is_a_404_before_the_encoder_loads(tmp_path, monkeypatch):
@@ -160,3 +160,36 @@ def test_the_models_space_is_the_one_with_a_way_to_the_target_never_the_first_by
             assert r.status_code == 200 and r.json()["maps"][0]["name"] == "named", r.text
         r = c.post("/v1/embeddings", headers=R, json={**body, "map": "nope"})
         assert r.status_code == 404, r.text
+
+
+def test_the_installed_encoders_named_in_a_404_are_the_installed_ones(tmp_path):
+    """Embedding with a known encoder whose wheel is not installed (mpnet without its extra) answered "needs the
+    package ...; installed: all-MiniLM-L6-v2, all-mpnet-base-v2, ..." — every known encoder, that one too."""
+    import pytest
+
+    from service.encoders import list_encoders
+
+    encoders = list_encoders()
+    missing = [e["name"] for e in encoders if not e["installed"]]
+    if not missing:
+        pytest.skip("every known encoder is installed here")
+    installed = sorted(e["name"] for e in encoders if e["installed"])
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        r = c.post("/v1/embeddings", headers=R, json={"model": missing[0], "input": ["a dog"]})
+        assert r.status_code == 404, r.text
+        named = r.json()["error"]["message"].rsplit("installed: ", 1)[1]
+        assert named == (", ".join(installed) or "none"), r.text
+
+
+def test_an_empty_map_is_a_422_like_an_empty_list_not_the_registry_path(tmp_path):
+    """``"map": ""`` was taken as no map (200 through the registry's path) where ``[]`` was a 422."""
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        state = c.app.state.vb
+        state.registry.register_space("minilm", 384, encoder="all-MiniLM-L6-v2")
+        r = c.post("/v1/indexes", headers=W, json={"name": "docs", "space": "minilm", "kind": "flat"})
+        assert r.status_code == 201, r.text
+        for path, body in (("/v1/embeddings", {"model": "minilm", "input": ["a dog"], "target_space": "minilm"}),
+                           ("/v1/indexes/docs/search", {"vectors": [[1.0] * 384], "space": "minilm", "k": 1})):
+            for empty in ("", []):
+                r = c.post(path, headers=R, json={**body, "map": empty})
+                assert r.status_code == 422 and "map" in r.text, (path, empty, r.status_code, r.text[:300])
