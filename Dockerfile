@@ -1,6 +1,7 @@
 # vecbridge HTTP service.
 #   docker build -t vecbridge .                                   # CPU (faiss-cpu)
-#   docker build -t vecbridge:gpu --build-arg FAISS=faiss-gpu-cu12 .   # GPU FAISS (needs the NVIDIA runtime)
+#   docker build -t vecbridge:gpu --build-arg FAISS=faiss-gpu-cu12 .   # swaps the FAISS wheel only (for your own
+#     FAISS code); the service's GPU search (VECBRIDGE_SEARCH_DEVICE=cuda) needs a CUDA build of torch, not this one
 #   docker run -p 8000:8000 -e VECBRIDGE_API_KEYS='{"change-me": ["read", "write"]}' vecbridge
 #   (-e VECBRIDGE_PRELOAD_ENCODERS='["minilm"]' loads an encoder at start-up; /readyz waits for it)
 #   (docker stop waits 10 s; `--stop-timeout 30` lets requests in flight finish: VECBRIDGE_SHUTDOWN_TIMEOUT_S is 25)
@@ -25,7 +26,8 @@ COPY service ./service
 RUN if [ "$WITH_ENCODERS" = "1" ]; then \
         pip install "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu; \
     fi \
- && if [ "$WITH_ENCODERS" = "1" ]; then pip install ".[service,encoders]"; else pip install ".[service]"; fi \
+ && if [ "$WITH_ENCODERS" = "1" ]; then pip install ".[service,encoders,vectordb-clients]"; \
+    else pip install ".[service,vectordb-clients]"; fi \
  && if [ "$FAISS" != "faiss-cpu" ]; then pip uninstall -y faiss-cpu && pip install "$FAISS"; fi
 
 FROM python:${PYTHON_VERSION}-slim

@@ -69,6 +69,7 @@ def open_store(url: str, *, api_key: str | None = None, ca_file=None, **kw) -> V
     if not sep or scheme not in _SCHEMES:
         raise VectorDBError(f"unknown vector-database URL {safe_url(url)!r} (milvus://, milvus+https://, "
                             "postgresql://, qdrant://, qdrant+https://)")
+    _need_client(scheme)
     if scheme.startswith("postgres"):  # libpq reads the whole URL (a socket URL's rest starts with "/" too)
         if api_key or ca_file:
             raise InputError("postgresql: give the password in the URL or PGPASSWORD, and TLS as libpq's "
@@ -104,6 +105,21 @@ def open_store(url: str, *, api_key: str | None = None, ca_file=None, **kw) -> V
 
 
 _SCHEMES = ("milvus", "milvus+https", "postgresql", "postgres", "qdrant", "qdrant+https")
+#: the client libraries of each kind of store (the ``vectordb-clients`` extra)
+_CLIENTS = {"milvus": ("pymilvus",), "postgres": ("psycopg", "pgvector"), "qdrant": ("qdrant_client",)}
+
+
+def _need_client(scheme: str) -> None:
+    """VectorDBError (503, exit 2) naming the extra when the store's client library is not installed: it was an
+    ImportError (HTTP 500, exit 3) from inside the store, e.g. in a Docker image built without it."""
+    import importlib
+
+    for module in _CLIENTS[scheme.split("+")[0].replace("postgresql", "postgres")]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise VectorDBError(f"a {scheme.split('+')[0]} store needs the Python package {module!r}, which is not "
+                                "installed here: pip install 'vecbridge[vectordb-clients]'") from None
 
 
 def _split_userinfo(rest: str, url: str) -> tuple[str, str | None]:

@@ -42,6 +42,26 @@ def test_an_unreachable_server_is_one_error_of_its_kind(url, tmp_path, capsys):
     assert rc == 2 and "cannot connect" in capsys.readouterr().err  # exit 2 (act on it), not 3 (a bug)
 
 
+@pytest.mark.parametrize("url, module", [("qdrant://127.0.0.1:1", "qdrant_client"),
+                                         ("milvus://127.0.0.1:1", "pymilvus"),
+                                         ("postgresql://postgres@127.0.0.1:1/x", "pgvector")])
+def test_a_store_whose_client_library_is_missing_is_a_503_naming_the_extra(url, module, tmp_path, capsys,
+                                                                          monkeypatch):
+    """The Docker image had no qdrant-client: the compose file's migration was exit 3 with a bare ImportError and
+    a collection search an HTTP 500. (A module set to None in sys.modules is one Python cannot import.)"""
+    import sys
+
+    from service.errors import http_status
+
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(VectorDBError, match=f"needs the Python package '{module}'.*vectordb-clients") as e:
+        open_store(url)
+    assert http_status(e.value) == 503
+    rc = vectordb_main(["migrate", "--store", url, "--source", "a", "--target", "b", "--map", "m.npz",
+                        "--checkpoint", str(tmp_path / "ck.json")])
+    assert rc == 2 and "vectordb-clients" in capsys.readouterr().err
+
+
 def test_status_reads_the_checkpoint_without_a_store(tmp_path, capsys, monkeypatch):
     """`python -m service.vectordb status --checkpoint FILE` crashed with a traceback (AttributeError: the status
     command has no --store, yet main() read args.store before looking at the command), with or without
