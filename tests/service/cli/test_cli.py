@@ -375,3 +375,25 @@ def test_a_space_a_fit_creates_from_texts_records_their_encoder(capsys, tmp_path
     code, _, err = run(capsys, "--data-dir", var, "transform", "--map", "m:1", tmp_path / "t.txt", tmp_path / "o.npy",
                        "--quiet")  # no --encoder: the space's own
     assert code == 0 and read_vectors(tmp_path / "o.npy").shape == (20, 4), err
+
+
+def test_json_output_of_a_text_transform_has_nothing_on_stderr(tmp_path):
+    """`transform --json` of texts (a fresh process loads MiniLM) left transformers' "Loading weights 103/103" bar
+    on stderr, where the README promises a --json result is the whole output, nothing on either stream."""
+    pytest.importorskip("sentence_transformers")
+    from service.registry import open_registry
+
+    var = tmp_path / "var"
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    reg.register_space("minilm", 384, encoder="all-MiniLM-L6-v2")
+    reg.register_space("other", 384)
+    reg.register_version("m", align.LinearMap(np.eye(384, dtype=np.float32)), source_space="minilm",
+                         target_space="other", method="procrustes", params={})
+    reg.close()
+    (tmp_path / "t.txt").write_text("a dog\na cat\n")
+    p = subprocess.run([sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())",
+                        "--data-dir", str(var), "transform", "--map", "m", str(tmp_path / "t.txt"),
+                        str(tmp_path / "out.npy"), "--encoder", "minilm", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == "" and json.loads(p.stdout), p.stderr[-500:]

@@ -125,9 +125,11 @@ def test_minivec2vec_on_pairs_at_chance_keeps_the_pairs_verdict_and_too_few_rows
     few rows to hold any out were judged on the rows the map was refined on, where a wrong map passes."""
     rng = np.random.default_rng(0)
     X, Y = rng.normal(size=(100, 16)), rng.normal(size=(100, 16))
+    notes: list[str] = []
     v = run_fit(reg, name="noise", source=X, target=Y, method="minivec2vec", paired=True, source_space="a",
-                target_space="b")
+                target_space="b", notes=notes)
     assert v.metrics["reliable"] is False and "near chance" in v.metrics["unreliable_reason"]
+    assert any("minivec2vec fits without pairs" in n for n in notes), notes  # the pairs went unused silently
     u = run_fit(reg, name="noise2", source=X, target=Y, method="minivec2vec", paired=False, source_space="a",
                 target_space="b")
     assert u.metrics["reliable"] is False and "too few rows" in u.metrics["unreliable_reason"]
