@@ -369,12 +369,14 @@ def _check_holdout(holdout, max_holdout) -> None:
         raise InputError(f"max_holdout must be an integer >= 2, got {max_holdout!r}")
 
 
-def check_options(method: str, options: dict, n_pairs: int | None = None) -> dict:
+def check_options(method: str, options: dict, n_pairs: int | None = None,
+                  dims: tuple[int, int] | None = None) -> dict:
     """Every check :func:`fit_migration` makes before it reads a row: the method, unknown options, each option's
     type and range (:func:`align.options.check_migration_options`, the contrastive and cluster ones, holdout);
     with ``n_pairs`` (K, when known) its checks of K too: at least 2 pairs, 4 for ``auto``, no more clusters
-    than pairs. A service calls it when a fit is requested, so a bad option is refused then, not by a failed
-    job. Returns the options with ``candidates`` as a tuple."""
+    than pairs; with ``dims`` (d_s, d_t) a ``rank`` given above the narrower side (it was cut to it silently and
+    recorded as given). A service calls it when a fit is requested, so a bad option is refused then, not by a
+    failed job. Returns the options with ``candidates`` as a tuple."""
     unknown = set(options) - _OPTIONS
     if unknown:
         raise InputError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
@@ -392,6 +394,8 @@ def check_options(method: str, options: dict, n_pairs: int | None = None) -> dic
     if options.get("semi_supervised") and method == "cluster":
         raise InputError("semi_supervised refinement needs a linear map; it cannot follow method='cluster'")
     _check_holdout(options.get("holdout", 0.2), options.get("max_holdout", 1000))
+    if dims is not None and "rank" in options and options["rank"] > min(dims):
+        raise InputError(f"rank must be in [1, {min(dims)}] (the narrower side is {min(dims)}-d), got {options['rank']}")
     if n_pairs is not None:
         if n_pairs < 2:
             raise TooFewRowsError(f"a paired fit needs at least 2 pairs, got {n_pairs}")
@@ -559,9 +563,9 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     TooFewRowsError (K < 2; auto with K < 4; n_clusters > K), PairCountError, NonFiniteError, DimensionMismatchError,
     InputError (unknown method or option).
     """
-    options = check_options(method, options)
     check_callable("progress", progress)
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=2)
+    options = check_options(method, options, dims=(X.shape[1], Y.shape[1]))
     Us = None if unpaired_source is None else as_matrix(unpaired_source, name="unpaired_source", dim=X.shape[1])
     Ut = None if unpaired_target is None else as_matrix(unpaired_target, name="unpaired_target", dim=Y.shape[1])
     rng = check_random_state(random_state)

@@ -487,12 +487,12 @@ def check_fit_rows(method: str, params: dict | None, src: FitSide, tgt: FitSide,
     if method in SUPERVISED and seed_pairs:  # an empty list is none (as the job reads it)
         raise InputError("seed pairs apply to minivec2vec only")
     n = min(src.rows, tgt.rows)
+    dims = (src.X.shape[1], tgt.X.shape[1]) if src.X is not None and tgt.X is not None else None
     if method in MIGRATION_METHODS:
-        align.migration.check_options(method, params, n_pairs=n)
+        align.migration.check_options(method, params, n_pairs=n, dims=dims)
     elif method in _CLOSED_FORM:
         if n < 2:
             raise align.TooFewRowsError(f"a paired fit needs at least 2 pairs, got {n}")
-        dims = (src.X.shape[1], tgt.X.shape[1]) if src.X is not None and tgt.X is not None else None
         align.procrustes.check_closed_form_params(method, params, dims=dims)
     elif method == "minivec2vec":
         _minivec2vec(params, random_state).check_rows(src.rows, tgt.rows, seeded=len(seed_pairs or ()) >= 2)

@@ -348,6 +348,7 @@ def test_http_fit_with_bad_params_is_refused_when_asked_not_by_a_failed_job(fit_
     ("ridge", {"fit_intercept": "yes"}, 60, {}, "fit_intercept must be true or false"),
     ("lowrank", {"rank": 0}, 60, {}, "rank must be an integer"),
     ("lowrank", {"rank": 100}, 60, {}, "rank must be in [1, 16]"),
+    ("auto", {"rank": 100}, 60, {}, "rank must be in [1, 16]"),  # was cut to 16 and recorded as 100
     ("procrustes", {"scale": "x"}, 60, {}, "scale must be true or false"),
     ("procrustes", {"chunk_size": 0}, 60, {}, "chunk_size must be an integer"),
     ("procrustes", {}, 1, {}, "at least 2 pairs, got 1"),
