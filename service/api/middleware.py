@@ -177,7 +177,12 @@ class GuardMiddleware:
                 status = 401 if isinstance(exc, AuthenticationError) else 403
                 return await _send_error(send, status, type(exc).__name__, str(exc),
                                          [(b"www-authenticate", b"Bearer")] if status == 401 else [])
-        ct = headers.get(b"content-type")
+        cts = [v for k, v in scope.get("headers", ()) if k == b"content-type"]
+        if len(cts) > 1:  # the limit would be sized by one and the route read the other (a JSON body past its limit)
+            scope["route"] = route
+            return await _send_error(send, 400, "InvalidHeaderError", (
+                f"the request has {len(cts)} Content-Type headers; send one, the type of its body"))
+        ct = cts[0] if cts else None
         limit, setting = body_limit(settings, scope["method"], template, ct.decode("latin-1") if ct else None)
         cl = headers.get(b"content-length")
         if cl is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import numpy as np
 import pytest
@@ -170,6 +171,28 @@ def test_limits_413(world):
     assert r.status_code == 413 and "no route matches POST /v1/maps/a2b/transfrom" in r.json()["error"]["message"]
     r = c.post("/v1/maps/a2b/transfrom", content=b"\0" * 64, headers={**R, **OCT})  # a small one: 404 as before
     assert r.status_code == 404
+
+
+def test_a_repeated_content_type_is_refused_before_the_body(tmp_path):
+    """Two Content-Type headers: the guard sized the body by the last (octet-stream: max_body_bytes) while the route
+    read the first (JSON), so an 18 KB JSON body passed a 2,000-byte limits.body_bytes_json (a 200)."""
+    import httpx
+    from _servers import serve_in_thread
+
+    app = create_app(settings_for(tmp_path, limits={"body_bytes_json": 2000}))
+    with TestClient(app):
+        populate(app.state.vb.registry)
+    rows = np.ones((60, 16), np.float32).tolist()  # ~18 KB of JSON
+    twice = [*W.items(), ("content-type", "application/json"), ("content-type", "application/octet-stream")]
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        assert c.post("/v1/maps/a2b/transform", json={"vectors": rows}, headers=R).status_code == 413
+        for path, body in (("/v1/maps/a2b/transform", {"vectors": rows}),  # the fast path's route
+                           ("/v1/maps/a2b/transform?dim=16", {"vectors": rows[:1]}), ("/v1/spaces", {"name": "x"})):
+            r = c.post(path, content=json.dumps(body).encode(), headers=twice)
+            assert r.status_code == 400, (path, r.text)
+            assert r.json()["error"] == {"type": "InvalidHeaderError", "status": 400, "message": (
+                "the request has 2 Content-Type headers; send one, the type of its body")}
+        assert c.post("/v1/maps/a2b/transform", json={"vectors": rows[:1]}, headers=R).status_code == 200
 
 
 # --- aliases and soft delete --------------------------------------------------------------------
