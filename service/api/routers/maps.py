@@ -49,8 +49,9 @@ unreliable: the version searches use), `name@alias` or `name:N`.
 
 **Responses** follow the request: JSON in → JSON out (`encoding_format=float|base64`);
 octet-stream in → raw float32 out (`X-Shape: n,d`); `.npy` in → `.npy` out. Send
-`Accept: application/json` to get JSON back for a binary request. Every response names the
-version used (`map`, `version` fields or `X-Map` / `X-Map-Version` headers).
+`Accept: application/json` to get JSON back for a binary request (a JSON answer of numbers holds at most
+`limits.max_response_values`, whatever the request's format). Every response names the version used
+(`map`, `version` fields or `X-Map` / `X-Map-Version` headers).
 
 `output`: `raw` (default; comparable with raw target vectors, e.g. to search an index or a
 vector database of target embeddings), `frame` (the centred target frame used for
@@ -261,12 +262,14 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
             raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
     # NaN/Inf: checked by the apply (a linear map reads it off the row norms it computes anyway: no pass of its own)
     Y = m.apply(X, output=opts.output, name="vectors")
-    if mt == JSON and opts.encoding_format == "float" and Y.size > settings.limits.max_response_values:
+    json_answer = mt == JSON or "application/json" in accept
+    if json_answer and opts.encoding_format == "float" and Y.size > settings.limits.max_response_values:
         raise InputError(f"{Y.shape[0]} x {Y.shape[1]} numbers exceed the JSON answer limit of "
                          f"{settings.limits.max_response_values} (limits.max_response_values); use "
-                         f"encoding_format=base64 or a binary body, or send smaller batches")
+                         f"encoding_format=base64 or a binary answer (a binary body without Accept: "
+                         f"application/json), or send smaller batches")
     headers = {"X-Map": v.name, "X-Map-Version": str(v.version), "X-Shape": f"{Y.shape[0]},{Y.shape[1]}"}
-    if not (mt == JSON or "application/json" in accept):
+    if not json_answer:
         if mt == NPY:
             return v, Y, Response(npy_bytes(Y), media_type=NPY, headers=headers)
         # the array's own buffer (no copy of n d floats): Y is a fresh C-contiguous float32 array

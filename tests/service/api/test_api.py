@@ -195,6 +195,24 @@ def test_a_repeated_content_type_is_refused_before_the_body(tmp_path):
         assert c.post("/v1/maps/a2b/transform", json={"vectors": rows[:1]}, headers=R).status_code == 200
 
 
+def test_the_json_answer_limit_holds_whenever_the_answer_is_json(tmp_path):
+    """limits.max_response_values held only for JSON bodies: a binary body with Accept: application/json was answered
+    with every number as JSON, past the limit (fast path and route alike)."""
+    X = np.ones((100, 16), np.float32)  # 1,600 numbers > 1,000
+    with served_world(tmp_path, limits={"max_response_values": 1000}) as (c, _, _):
+        r = c.post("/v1/maps/a2b/transform", json={"vectors": X.tolist()}, headers=R)
+        assert r.status_code == 422 and "exceed the JSON answer limit of 1000" in r.json()["error"]["message"]
+        as_json = {**R, **OCT, "accept": "application/json"}
+        for body in (X.tobytes(), iter([X.tobytes()])):  # with a Content-Length (the fast path), chunked (the route)
+            r = c.post("/v1/maps/a2b/transform", content=body, headers=as_json)
+            assert r.status_code == 422, r.text[:200]
+            assert "100 x 16 numbers exceed the JSON answer limit of 1000" in r.json()["error"]["message"]
+        r = c.post("/v1/maps/a2b/transform?encoding_format=base64", content=X.tobytes(), headers=as_json)
+        assert r.status_code == 200 and r.json()["shape"] == [100, 16]
+        r = c.post("/v1/maps/a2b/transform", content=X.tobytes(), headers={**R, **OCT})
+        assert r.status_code == 200 and len(r.content) == X.nbytes
+
+
 # --- aliases and soft delete --------------------------------------------------------------------
 def test_alias_and_soft_delete(tmp_path):
     app = create_app(settings_for(tmp_path))
