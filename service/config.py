@@ -331,6 +331,9 @@ def check_api_keys(keys: dict[str, list[str]]) -> dict[str, list[str]]:
     for n, (key, scopes) in enumerate(keys.items(), 1):
         if not key or key != key.strip() or any(c.isspace() for c in key):
             raise ValueError(f"key {n} is empty or holds white space, so no Authorization header can send it")
+        if not all(" " < c <= "~" for c in key):  # a header carries ASCII: the key could never authenticate
+            raise ValueError(f"key {n} holds a character that is not printable ASCII, so no Authorization header "
+                             f"can send it; use letters, digits and punctuation (e.g. openssl rand -hex 32)")
         unknown = sorted(set(scopes) - set(SCOPES))
         if unknown or not scopes:
             raise ValueError(f"key {n} has scopes {list(scopes)}: give 'read' and/or "

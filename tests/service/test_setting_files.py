@@ -25,7 +25,7 @@ OLD, NEW = "old-key-0123456789", "new-key-9876543210"
 def write_keys(path: Path, keys) -> None:
     """Replace ``path`` whole (a new file renamed over it, as a secret update does)."""
     tmp = path.with_name(path.name + ".new")
-    tmp.write_text(keys if isinstance(keys, str) else json.dumps(keys))
+    tmp.write_text(keys if isinstance(keys, str) else json.dumps(keys), encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -109,10 +109,12 @@ def test_a_registry_url_from_a_file_is_used_and_bad_files_are_one_line(tmp_path)
         "twice, lower case": ({"VECBRIDGE_API_KEYS_FILE": str(secret), "vecbridge_api_keys": "{}"}, "both set"),
         "not json": ({"VECBRIDGE_API_KEYS_FILE": str(secret)}, "is not valid JSON"),
         "bad scope": ({"VECBRIDGE_API_KEYS_FILE": str(secret)}, "VECBRIDGE_API_KEYS_FILE: key 1 has scopes"),
+        "not ascii": ({"VECBRIDGE_API_KEYS_FILE": str(secret)}, "key 1 holds a character that is not printable ASCII"),
         "unknown": ({"VECBRIDGE_PORTT_FILE": str(secret)}, "unknown setting VECBRIDGE_PORTT_FILE"),
     }
     for what, (env, message) in cases.items():
-        secret.write_text('{"s3cret-value-xyz": [' if what == "not json" else '{"s3cret-value-xyz": ["admin"]}')
+        secret.write_text({"not json": '{"s3cret-value-xyz": [', "not ascii": '{"s3cret-value-xyzé": ["read"]}'}.get(
+            what, '{"s3cret-value-xyz": ["admin"]}'), encoding="utf-8")
         r = cli("--data-dir", data, "registry", "list", env=env)
         assert r.returncode == 2 and message in r.stderr, (what, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "s3cret" not in r.stderr, (what, r.stderr)
@@ -154,6 +156,25 @@ def test_a_keys_file_changed_before_the_first_request_is_the_one_in_force(tmp_pa
     assert settings.api_keys == {OLD: ["read"]}
     write_keys(keys, {NEW: ["read", "write"]})
     assert current_keys(settings) == {NEW: ["read", "write"]}
+
+
+def test_a_reloaded_keys_file_with_a_key_no_header_can_send_keeps_the_old_keys(tmp_path, monkeypatch, caplog):
+    """A key with a character that is not printable ASCII could never authenticate: the reload refuses the file as
+    it refuses any other bad one (the keys read before stay in use, an error is logged without the key)."""
+    from service.api.keyfile import current_keys
+
+    for k in list(os.environ):
+        if k.startswith("VECBRIDGE_"):
+            monkeypatch.delenv(k)
+    keys = tmp_path / "keys.json"
+    write_keys(keys, {OLD: ["read"]})
+    monkeypatch.setenv("VECBRIDGE_API_KEYS_FILE", str(keys))
+    settings = load_settings()
+    write_keys(keys, json.dumps({NEW + "é": ["read", "write"]}, ensure_ascii=False))
+    with caplog.at_level("ERROR", logger="vecbridge.auth"):
+        assert current_keys(settings) == {OLD: ["read"]}
+    assert "API keys file not reloaded" in caplog.text and "not printable ASCII" in caplog.text
+    assert NEW not in caplog.text
 
 
 def test_a_command_line_option_wins_over_a_file_in_the_workers_too(tmp_path, monkeypatch, capsys):

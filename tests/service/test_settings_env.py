@@ -68,6 +68,9 @@ def test_the_tests_and_benchmarks_own_variables_are_not_settings(clean_env, name
     ("VECBRIDGE_API_KEYS", json.dumps({SECRET: ["reed"]}), "'read' and/or 'write'"),  # a key that could do nothing
     ("VECBRIDGE_API_KEYS", json.dumps({SECRET: []}), "'read' and/or 'write'"),
     ("VECBRIDGE_API_KEYS", json.dumps({" " + SECRET: ["read"]}), "white space"),  # no header can send it
+    # accepted, then every request with it was a 401: a header carries ASCII only
+    ("VECBRIDGE_API_KEYS", json.dumps({SECRET + "é": ["read"]}, ensure_ascii=False), "not printable ASCII"),
+    ("VECBRIDGE_API_KEYS", json.dumps({SECRET + "\x7f": ["read"]}), "not printable ASCII"),
     ("VECBRIDGE_LOG_LEVEL", "LOUD", "DEBUG, INFO"),  # was exit 3 "Unknown level" after printing the key's file
     # accepted, then `serve` failed its start-up with a traceback (exit 3) quoting the password; the CLI printed it
     ("VECBRIDGE_REGISTRY_URL", f"mysql://admin:{SECRET}@db/vb", "unsupported registry URL (scheme 'mysql'"),
