@@ -99,8 +99,8 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list)
     allowed_hosts: list[str] = Field(default_factory=list, description=(
         "Host header names the service answers, as Django's ALLOWED_HOSTS (e.g. [\"vecbridge\", \"10.0.0.5\", "
-        "\"*.internal.example\"]): exact names or addresses, '*.domain' for its subdomains, '*' for any; other "
-        "hosts get a 400. Empty (default): any host while API keys are on (the key guards every route); with "
+        "\"*.internal.example\"]): exact names or addresses (no port), '*.domain' for its subdomains, '*' for any; "
+        "other hosts get a 400. Empty (default): any host while API keys are on (the key guards every route); with "
         "auth_disabled, only loopback names (localhost, 127.0.0.1, ::1) and a specific bind host, so a web page "
         "cannot reach a key-less service through DNS rebinding. /healthz and /readyz answer any host (probes)."))
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1)
@@ -248,13 +248,19 @@ class Settings(BaseSettings):
     @classmethod
     def _check_hosts(cls, hosts: list[str]) -> list[str]:
         out = []
-        for h in hosts:
-            h = h.strip().lower().rstrip(".")
+        for raw in hosts:
+            h = raw.strip().lower().rstrip(".")
             if h.startswith("[") and h.endswith("]"):  # an IPv6 literal as written in a URL
                 h = h[1:-1]
             if not h or len(h) > 255 or any(c.isspace() or c in "/@?#" for c in h) or "*" in h[1:] \
                     or (h.startswith("*") and h != "*" and not h.startswith("*.")):
                 raise ValueError(f"allowed_hosts entry {h[:60]!r}: give a host name or address, '*.domain' or '*'")
+            if h.count(":") == 1 or "[" in h or "]" in h:  # the Host check drops the port: it would match nothing
+                raise ValueError(f"allowed_hosts entry {raw.strip()[:60]!r}: give the name without a port "
+                                 f"(the Host check compares names only, any port is answered), e.g. 'localhost'")
+            if h == "*" and raw.strip() != "*":  # "*." became "*": any host
+                raise ValueError(f"allowed_hosts entry {raw.strip()[:60]!r} names no domain: give '*.domain', "
+                                 f"or '*' to answer any host")
             out.append(h)
         return out
 

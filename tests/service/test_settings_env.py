@@ -64,6 +64,8 @@ def test_the_tests_and_benchmarks_own_variables_are_not_settings(clean_env, name
     ("VECBRIDGE_API_KEYS", "{" + f'"{SECRET}": ["read"],' + "}", "not valid JSON"),  # was exit 3 "internal error"
     ("VECBRIDGE_CORS_ORIGINS", "https://app.example", "not valid JSON"),
     ("VECBRIDGE_CORS_ORIGINS", '["app.example"]', "give an origin as a browser sends it"),  # matched no request
+    ("VECBRIDGE_ALLOWED_HOSTS", '["localhost:18206"]', "without a port"),  # matched no request: every one a 400
+    ("VECBRIDGE_ALLOWED_HOSTS", '["*."]', "names no domain"),  # became "*": any host was answered
     ("VECBRIDGE_API_KEYS", json.dumps({SECRET: "read"}), "valid list"),  # named VECBRIDGE_API_KEYS__<the key>
     ("VECBRIDGE_API_KEYS", json.dumps({SECRET: ["reed"]}), "'read' and/or 'write'"),  # a key that could do nothing
     ("VECBRIDGE_API_KEYS", json.dumps({SECRET: []}), "'read' and/or 'write'"),

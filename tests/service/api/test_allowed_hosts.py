@@ -52,6 +52,16 @@ def test_bad_allowed_hosts_refused(tmp_path, bad):
         Settings(data_dir=tmp_path, allowed_hosts=[bad])
 
 
+@pytest.mark.parametrize("bad, says", [
+    ("localhost:18206", "without a port"), ("LOCALHOST.:8000", "without a port"), ("[::1]:8000", "without a port"),
+    ("10.0.0.5:80", "without a port"),  # accepted before, and matched no request (every one a 400)
+    ("*.", "names no domain"), ("*..", "names no domain")])  # accepted as "*": any host was answered
+def test_allowed_hosts_that_would_match_nothing_or_anything_are_refused(tmp_path, bad, says):
+    with pytest.raises(ValidationError, match="allowed_hosts") as err:
+        Settings(data_dir=tmp_path, allowed_hosts=[bad])
+    assert says in str(err.value)
+
+
 def test_auth_off_answers_loopback_names_only(tmp_path):
     app = create_app(settings_for(tmp_path, api_keys={}, auth_disabled=True))
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
