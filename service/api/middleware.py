@@ -38,35 +38,33 @@ def _fixed_route(path: str) -> str:
     return path if path in _FIXED else "unmatched"
 
 
-# Body class per route (method, template); every other route with a body is "bulk", every route
-# without one (GET, DELETE, unmatched paths) gets the small limit. Limits: Settings / service.limits.
+# Body class per route (method, template) that takes more than a small body: "binary" (the transform: JSON or a
+# binary body), "json" (JSON only: anything else is a 415) or "texts". Every other route, and every route added
+# without an entry here, gets the small limit: a new route never reads a bulk body by default.
 BODY_CLASS: dict[tuple[str, str], str] = {
-    ("POST", "/v1/spaces"): "small",
-    ("PUT", "/v1/maps/{name}/aliases/{alias}"): "small",
-    ("PUT", "/v1/maps/{name}/versions/{version}/tags/{key}"): "small",
-    ("POST", "/v1/indexes/{name}/delete"): "texts",
-    ("POST", "/v1/embeddings"): "texts",
-    ("POST", "/v1/lm/generate"): "texts",
-    ("POST", "/v1/lm/analyze"): "texts",
+    ("POST", "/v1/maps/{ref}/transform"): "binary",
+    **{("POST", path): "json" for path in (
+        "/v1/indexes", "/v1/indexes/{name}/vectors", "/v1/indexes/{name}/search", "/v1/collections/{name}/search",
+        "/v1/fits", "/v1/steers", "/v1/steers/{ref}/apply", "/v1/lm/steers", "/v1/plans", "/v1/maps/{ref}/evaluate")},
+    **{("POST", path): "texts" for path in (
+        "/v1/indexes/{name}/delete", "/v1/embeddings", "/v1/lm/generate", "/v1/lm/analyze")},
 }
-_BODYLESS = ("GET", "HEAD", "DELETE", "OPTIONS")
 
 
 def body_limit(settings, method: str, template: str | None, content_type: str | None = None) -> tuple[int, str]:
     """``(bytes, setting name)`` a request to ``method template`` may send (``template=None``: no route).
 
-    Bulk routes take binary bodies (octet-stream, .npy) up to ``max_body_bytes`` and JSON up to
-    ``limits.body_bytes_json``: one JSON parse holds the GIL (the event loop waits) for its whole
-    run, about 3 ms per MB.
+    The transform takes binary bodies (octet-stream, .npy) up to ``max_body_bytes``; JSON bodies of bulk routes
+    hold ``limits.body_bytes_json``: one JSON parse holds the GIL (the event loop waits) for its whole run,
+    about 3 ms per MB.
     """
     lim = settings.limits
-    cls = BODY_CLASS.get((method, template or ""))
-    if cls is None:
-        cls = "small" if template is None or method in _BODYLESS else "bulk"
-    if cls == "bulk":
-        mt = (content_type or "application/json").split(";")[0].strip().lower()
-        if mt == "application/json" and lim.body_bytes_json < settings.max_body_bytes:
-            return lim.body_bytes_json, "limits.body_bytes_json; binary bodies or vectors_b64 batches"
+    cls = BODY_CLASS.get((method, template or ""), "small")
+    if cls in ("binary", "json"):
+        json_body = (content_type or "application/json").split(";")[0].strip().lower() == "application/json"
+        if lim.body_bytes_json < settings.max_body_bytes and (json_body or cls == "json"):
+            return lim.body_bytes_json, "limits.body_bytes_json" + (
+                "; binary bodies or vectors_b64 batches" if cls == "binary" else "")
         return settings.max_body_bytes, "max_body_bytes"
     if cls == "texts":
         return min(lim.body_bytes_texts, settings.max_body_bytes), "limits.body_bytes_texts"

@@ -213,6 +213,33 @@ def test_the_json_answer_limit_holds_whenever_the_answer_is_json(tmp_path):
         assert r.status_code == 200 and len(r.content) == X.nbytes
 
 
+def test_metadata_routes_get_the_small_body_limit(tmp_path):
+    """The steer alias PUT and a steer transfer read bodies up to 64 MiB (every route not listed was "bulk"), where the
+    map alias PUT reads 64 KiB; now a route is small unless its class says otherwise. /openapi.json offered binary
+    bodies of max_body_bytes to every bulk route, where only the transform takes them (the others answer 415)."""
+    from service.api.middleware import BODY_CLASS
+
+    big = b'{"description": "' + b"a" * 100_000 + b'"}'
+    with served_world(tmp_path, limits={"body_bytes_json": 1_000_000}) as (c, _, _):  # under max_body_bytes (2 MB)
+        for method, path in (("PUT", "/v1/steers/s/aliases/prod"), ("POST", "/v1/steers/s/transfer"),
+                             ("POST", "/v1/migrations"), ("POST", "/v1/verifications"),
+                             ("PUT", "/v1/maps/a2b/aliases/x")):
+            r = c.request(method, path, content=big, headers={**W, "content-type": "application/json"})
+            assert r.status_code == 413, (path, r.text[:200])
+            assert "(limits.body_bytes_small)" in r.json()["error"]["message"], path
+        ops = c.get("/openapi.json").json()["paths"]
+    templates = {(m.upper(), path) for path, op in ops.items() for m in op}
+    assert set(BODY_CLASS) <= templates, set(BODY_CLASS) - templates  # no entry names a route that is gone
+    assert ("Body limit: 1000000 bytes (`limits.body_bytes_json`); binary bodies 2000000 bytes (`max_body_bytes`)."
+            in ops["/v1/maps/{ref}/transform"]["post"]["description"])
+    for path in ("/v1/indexes/{name}/search", "/v1/fits", "/v1/plans", "/v1/migrations",
+                 "/v1/steers/{name}/aliases/{alias}"):
+        (op,) = [op for m, op in ops[path].items() if m in ("post", "put")]
+        assert "Body limit: " in op["description"] and "binary bodies" not in op["description"], path
+    assert ops["/v1/plans"]["post"]["description"].endswith("Body limit: 1000000 bytes (`limits.body_bytes_json`).")
+    assert "(`limits.body_bytes_small`)" in ops["/v1/steers/{name}/aliases/{alias}"]["put"]["description"]
+
+
 # --- aliases and soft delete --------------------------------------------------------------------
 def test_alias_and_soft_delete(tmp_path):
     app = create_app(settings_for(tmp_path))
