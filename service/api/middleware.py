@@ -162,10 +162,11 @@ class GuardMiddleware:
             name = host_name(headers.get(b"host"))
             if not host_allowed(name, self._hosts):
                 scope["route"] = route
+                why = ("add the names clients use to VECBRIDGE_ALLOWED_HOSTS (allowed_hosts)" if settings.allowed_hosts
+                       else "set VECBRIDGE_ALLOWED_HOSTS to the names clients use; with auth off only loopback names "
+                            "are answered by default, so that web pages cannot reach the service through DNS rebinding")
                 return await _send_error(send, 400, "InvalidHostError", (
-                    f"Host {name[:100]!r} is not one this service answers ({', '.join(self._hosts)[:300]}): set "
-                    f"VECBRIDGE_ALLOWED_HOSTS to the names clients use; with auth off only loopback names are "
-                    f"answered by default, so that web pages cannot reach the service through DNS rebinding"))
+                    f"Host {name[:100]!r} is not one this service answers ({', '.join(self._hosts)[:300]}): {why}"))
         if need is not None:
             try:
                 auth = headers.get(b"authorization")

@@ -89,7 +89,12 @@ def test_allowed_hosts_with_keys(tmp_path):
         assert c.get("/v1/maps", headers={**W, "Host": "vecbridge"}).status_code == 200
         assert c.get("/v1/maps", headers={"Host": "vecbridge"}).status_code == 401  # the key still counts
         for host in ("corp.example", "evil.example", "127.0.0.1"):
-            assert c.get("/v1/maps", headers={**W, "Host": host}).status_code == 400, host
+            r = c.get("/v1/maps", headers={**W, "Host": host})
+            assert r.status_code == 400, host
+            # the names set are what applies here, not the auth-off default it used to explain
+            assert r.json()["error"]["message"] == (
+                f"Host {host!r} is not one this service answers (*.corp.example, vecbridge): add the names clients "
+                f"use to VECBRIDGE_ALLOWED_HOSTS (allowed_hosts)")
 
 
 def test_serve_says_which_hosts_it_answers(tmp_path):
