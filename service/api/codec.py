@@ -198,9 +198,17 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
     """Read an octet-stream (needs ``dim``) or ``.npy`` body as float32 (n, d); ``finite`` as in
     :func:`vectors_from_json`."""
     if mt == NPY:
+        # numpy takes any other bytes for a pickle, and advises loading it "unsafely" (.npz: refused below)
+        if not body.startswith((b"\x93NUMPY", b"PK\x03\x04")):
+            raise InputError("body is not a .npy file (no NumPy header); send one array of numbers saved with "
+                             "numpy.save, or raw float32 as application/octet-stream")
         try:
             arr = np.load(io.BytesIO(body), allow_pickle=False)
         except Exception as exc:
+            if "pickle" in str(exc) or "Python objects" in str(exc):  # an object array (as service.io.load_npy)
+                raise InputError("body holds Python objects (an object array); the service reads arrays of numbers "
+                                 "only and never unpickles a body: send a float16/32/64 array, e.g. numpy.save of "
+                                 "X.astype('float32')") from None
             raise InputError(f"body is not a readable .npy array: {exc}") from None
         if not isinstance(arr, np.ndarray):  # a .npz archive (np.load answers an NpzFile): not one array
             arr.close()

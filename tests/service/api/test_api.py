@@ -118,6 +118,23 @@ def test_transform_bad_input(world, body, status, needle):
     assert err["status"] == status and needle in err["message"]
 
 
+def test_a_npy_body_of_objects_or_not_npy_at_all_is_refused_plainly(world):
+    """A pickled object (or any non-.npy bytes) sent as application/npy was answered with numpy's "This file contains
+    pickled (object) data. If you trust the file you can load it unsafely using allow_pickle=": advice to unpickle."""
+    import pickle
+
+    c, _, _ = world
+    obj = io.BytesIO()
+    np.save(obj, np.array([[1.0] * 15 + ["a"]], dtype=object), allow_pickle=True)
+    for ct, body, says in (("application/npy", pickle.dumps([[1.0] * 16]), "body is not a .npy file (no NumPy header)"),
+                           ("application/x-npy", b"not an array", "body is not a .npy file (no NumPy header)"),
+                           ("application/x-npy", obj.getvalue(), "body holds Python objects (an object array)")):
+        r = c.post("/v1/maps/a2b/transform", content=body, headers={**R, "content-type": ct})
+        assert r.status_code == 422, r.text
+        msg = r.json()["error"]["message"]
+        assert msg.startswith(says) and "numpy.save" in msg and "allow_pickle" not in msg and "trust" not in msg, msg
+
+
 def test_transform_non_finite_binary(world):
     c, _, _ = world
     X = np.zeros((3, 16), np.float32)
