@@ -90,12 +90,15 @@ class SteerCalls:
         return (yield from self._json("POST", "/v1/lm/steers", json=body, headers=headers))
 
     @call
-    def lm_generate(self, prompt: str, steers: dict[str, float] | None = None, *, max_new_tokens: int = 30,
-                    temperature: float = 0.0, top_p: float = 0.9, random_state: int = 0) -> dict:
-        """Continue ``prompt`` under ``{steer ref: eps}``; ``text`` is the continuation only."""
-        return (yield from self._json("POST", "/v1/lm/generate", json={
+    def lm_generate(self, prompt: str, steers: dict[str, float] | None = None, *, max_new_tokens: int | None = None,
+                    temperature: float | None = None, top_p: float | None = None,
+                    random_state: int | None = None) -> dict:
+        """Continue ``prompt`` under ``{steer ref: eps}``; ``text`` is the continuation only. An option left None
+        is the service's default (sampling at temperature 1.0 with top_p 0.9, seed 0; 30 new tokens or the
+        operator's ``limits.lm_max_new_tokens`` when lower); ``temperature=0`` decodes greedily."""
+        return (yield from self._json("POST", "/v1/lm/generate", json=clean({
             "prompt": prompt, "steers": steers or {}, "max_new_tokens": max_new_tokens,
-            "temperature": temperature, "top_p": top_p, "random_state": random_state}, retry=True))
+            "temperature": temperature, "top_p": top_p, "random_state": random_state}), retry=True))
 
     @call
     def lm_analyze(self, text: str, steer: str, *, eps: float = 1.0, threshold: float = 0.5) -> dict:

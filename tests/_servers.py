@@ -116,14 +116,15 @@ def serve_in_thread(app) -> Iterator[str]:
         th.join(30)
 
 
-def tiny_lm_app(data_dir: Path):
-    """The service app over ``data_dir`` whose LM is the tiny random Llama of the LM tests."""
+def tiny_lm_app(data_dir: Path, **settings):
+    """The service app over ``data_dir`` (``settings``: more :class:`~service.config.Settings` fields) whose LM is the
+    tiny random Llama of the LM tests."""
     from _tiny_lm import tiny_lm
     from service.api import create_app
     from _api_support import settings_for
 
     model, tok = tiny_lm()
-    app = create_app(settings_for(data_dir))
+    app = create_app(settings_for(data_dir, **settings))
     app.state.lm_provider = lambda: (model, tok)
     return app
 

@@ -332,7 +332,10 @@ def test_list_pages_follow_next(vb, server, client_cls, client_kind):
 def lm_server(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    with serve_in_thread(tiny_lm_app(tmp_path_factory.mktemp("client-lm"))) as base:
+    from service.limits import Limits
+
+    app = tiny_lm_app(tmp_path_factory.mktemp("client-lm"), limits=Limits(lm_max_new_tokens=20))
+    with serve_in_thread(app) as base:
         yield base
 
 
@@ -345,13 +348,26 @@ def test_lm_steer_generate_analyze(lm_server):
         assert job["result"]["ref"] == "tone:1"
         plain = vb.lm_generate("the film", max_new_tokens=5)
         again = vb.lm_generate("the film", max_new_tokens=5)
-        assert plain["text"] == again["text"] and plain["steers"] == []  # greedy: deterministic
+        assert plain["text"] == again["text"] and plain["steers"] == []  # seeded: deterministic
         steered = vb.lm_generate("the film", {"tone": 50.0}, max_new_tokens=5)
         assert steered["steers"] == [{"name": "tone", "version": 1, "eps": 50.0}]
         ev = vb.lm_analyze("the film was good", "tone")
         assert ev["steer"] == "tone:1" and len(ev["tokens"]) >= 1
         with pytest.raises(NotFoundError):
             vb.lm_generate("x", {"missing": 1.0})
+
+
+def test_lm_generate_defaults_are_the_services(lm_server):
+    """``lm_generate`` decoded greedily by default (it sent temperature 0.0) where POST /v1/lm/generate and
+    ``vecbridge lm generate`` sample at 1.0, and it sent max_new_tokens=30 where the service's default is capped by
+    ``limits.lm_max_new_tokens`` (here 20: a 422). It now sends only what it is given."""
+    with Client(lm_server, api_key=WKEY) as vb:
+        raw = vb.request("POST", "/v1/lm/generate", json={"prompt": "the film"}).json()["text"]
+        default = vb.lm_generate("the film")["text"]
+        assert default == raw  # the old client sent max_new_tokens=30: a 422 against this limit of 20
+        assert default != vb.lm_generate("the film", temperature=0.0)["text"]  # greedy only when asked
+        assert vb.lm_generate("the film", max_new_tokens=3, temperature=0.0) == vb.request(
+            "POST", "/v1/lm/generate", json={"prompt": "the film", "max_new_tokens": 3, "temperature": 0}).json()
 
 
 # --- names are path segments, never paths -------------------------------------------------------
