@@ -95,7 +95,8 @@ def lm_generate(obj: Ctx, prompt, steers, max_new_tokens, temperature, top_p, ra
 @lm.command("analyze")
 @click.option("--text", required=True)
 @click.option("--steer", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
-@click.option("--eps", type=float, default=1.0, show_default=True)
+@click.option("--eps", type=float, default=1.0, show_default=True,
+              help=f"Compare +eps with -eps: in (0, {ops.MAX_LM_EPS:g}]; 1 is the trained strength.")
 @json_opt
 @click.pass_obj
 def lm_analyze(obj: Ctx, text, ref, eps, as_json):

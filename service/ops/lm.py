@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
 import re
 import threading
 from dataclasses import dataclass, field
@@ -46,12 +45,15 @@ from ..registry.names import check_alias, check_name
 from .steers import check_steer_space
 
 __all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_fit", "prepare_fit", "run_fit", "fit_steer",
-           "check_length", "generate", "analyze", "FIT_METRICS"]
+           "check_length", "generate", "analyze", "FIT_METRICS", "MAX_LM_EPS"]
 
 #: metadata of a fitted LM steer kept as the version's metrics
 #: Upper bounds of an LM-Steer fit's training scale eps0 (default 1e-3) and Adam learning rate (default 1e-2):
 #: far above any useful value, far below what overflows float32 in the first step.
 MAX_FIT_EPS, MAX_FIT_LR = 100.0, 10.0
+#: Bound of a steer's strength in generate and analyze (``eps = 1`` is the trained strength): far past any useful
+#: value; beyond it the "log-probabilities" of analyze were numbers like 4e28 and generation a fixed word.
+MAX_LM_EPS = 1000.0
 FIT_METRICS = ("loss_base", "loss_first", "loss_last10", "n_tokens", "n_pos", "n_neg")
 _LOAD_LOCK = threading.Lock()
 
@@ -255,11 +257,12 @@ def check_length(lm: LM, text: str, what: str, max_tokens: int | None = None, ne
 def generate(registry, lm: LM | Callable[[], LM], prompt: str, steers: Mapping[str, float], *,
              max_new_tokens: int = 30, temperature: float = 1.0, top_p: float = 0.9, random_state: int = 0,
              load_steer=None, max_tokens: int | None = None) -> dict:
-    """``{"model", "text", "steers"}``: the continuation of ``prompt`` under ``{ref: eps}``; temperature 0: greedy.
+    """``{"model", "text", "steers"}``: the continuation of ``prompt`` under ``{ref: eps}`` (each eps in
+    [-:data:`MAX_LM_EPS`, :data:`MAX_LM_EPS`]); temperature 0: greedy.
 
     The prompt must fit :func:`check_length` (``max_tokens``, and the model's context with the new tokens)."""
-    if not all(math.isfinite(float(eps)) for eps in steers.values()):
-        raise InputError("steer values must be finite")
+    for ref, eps in steers.items():
+        check_number(f"the eps of steer {ref!r}", eps, -MAX_LM_EPS, MAX_LM_EPS)
     lm, found = _lm_steers(registry, lm, list(steers), load_steer)
     pairs = [(steer, float(steers[ref])) for ref, (_, steer) in zip(steers, found)]
     used = [{"name": info.name, "version": info.version, "eps": float(steers[ref])}
@@ -277,7 +280,8 @@ def generate(registry, lm: LM | Callable[[], LM], prompt: str, steers: Mapping[s
 def analyze(registry, lm: LM | Callable[[], LM], text: str, ref: str, *, eps: float = 1.0,
             threshold: float | None = None, load_steer=None, max_tokens: int | None = None) -> dict:
     """``{"model", "steer", "eps", "tokens"}`` (+ ``"spans"`` of same-sign runs with |score| >= ``threshold``);
-    the text must fit :func:`check_length`."""
+    the text must fit :func:`check_length`; ``eps`` in (0, :data:`MAX_LM_EPS`]."""
+    eps = check_number("eps", eps, 0, MAX_LM_EPS, lo_open=True)  # 0 scored every token 0, -1 flipped the signs
     lm, [(info, steer)] = _lm_steers(registry, lm, [ref], load_steer)
     from ..lm.steering import evidence_spans, token_evidence
 

@@ -70,7 +70,8 @@ class LMFitRequest(_Strict):
 
 class LMGenerateRequest(_Strict):
     prompt: str = Field(..., min_length=1)
-    steers: dict[str, Real] = Field(default_factory=dict, description="`{steer ref: eps}`, composed by summation.")
+    steers: dict[str, Real] = Field(default_factory=dict, description=f"`{{steer ref: eps}}`, composed by summation "
+                                                                     f"(|eps| at most {ops.MAX_LM_EPS:g}).")
     max_new_tokens: Count = Field(30, ge=1, le=MAX_NEW_TOKENS)
     temperature: Real = Field(1.0, ge=0, le=10, allow_inf_nan=False,
                                description="Sampling temperature (default 1.0 with nucleus `top_p`: sampling is "
@@ -89,7 +90,8 @@ class LMGenerateResponse(BaseModel):
 class LMAnalyzeRequest(_Strict):
     text: str = Field(..., min_length=1)
     steer: str = Field(..., description="Steer ref: name, name@alias or name:N.")
-    eps: Real = Field(1.0, gt=0, allow_inf_nan=False, description="Evidence compares +eps with -eps.")
+    eps: Real = Field(1.0, gt=0, le=ops.MAX_LM_EPS, allow_inf_nan=False,
+                      description="Evidence compares +eps with -eps (1: the trained strength).")
     threshold: Real = Field(0.5, ge=0, allow_inf_nan=False, description="Minimum |score| of a span token.")
 
 

@@ -236,6 +236,28 @@ def test_cli_error_paths_exit_2_before_loading_the_model(cli_env, capsys):
     assert "vecbridge: error:" in err and "internal error" not in err
 
 
+def test_an_eps_out_of_range_is_refused_by_every_face(cli_env, world, capsys):
+    """``lm analyze --eps 0`` scored every token 0 and ``--eps=-1`` flipped the signs, exit 0, where HTTP said 422
+    "greater than 0"; eps 1e30 gave "log-prob" scores of ~1e29 over HTTP (and a fixed word in generate). One check
+    in service.ops.lm now: analyze takes eps in (0, 1000], generate |eps| <= 1000."""
+    C, base, tmp, _ = cli_env
+    assert C.main([*base, "lm", "steer-fit", "--texts", str(tmp / "t.txt"), "--labels", str(tmp / "y.txt"),
+                   "--name", "tone", "--rank", "2", "--steps", "2", "--quiet"]) == 0
+    capsys.readouterr()
+    for eps in ("0", "-1", "1e30"):
+        assert C.main([*base, "lm", "analyze", "--text", "the film was good", "--steer", "tone", f"--eps={eps}"]) == 2
+        assert "eps must be a number in (0, 1000]" in capsys.readouterr().err, eps
+    assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "tone=-1e30"]) == 2
+    assert "the eps of steer 'tone' must be a number in [-1000, 1000]" in capsys.readouterr().err
+    c = world["c"]
+    r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "tone", "eps": 1e30})
+    assert r.status_code == 422 and "1000" in r.json()["error"]["message"], r.text
+    r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "steers": {"tone": 1e30}})
+    assert r.status_code == 422 and "the eps of steer 'tone'" in r.json()["error"]["message"], r.text
+    r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "tone", "eps": 1000})
+    assert r.status_code == 200, r.text
+
+
 def test_cli_without_the_lm_exits_2(cli_env, monkeypatch, capsys):
     C, base, tmp, _ = cli_env
 
