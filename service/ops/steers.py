@@ -36,38 +36,34 @@ __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_st
            "set_steer_alias", "delete_steer_alias", "delete_steer_version", "transfer_and_register",
            "steer_queries"]
 
-# Accepted fit parameters and their defaults (the API schema can mirror this).
+# Accepted fit parameters and their defaults (the API schema can mirror this). The seed is no parameter: it is the
+# fit's own `random_state` (every face has one, default 0).
 STEER_PARAMS: dict = {"method": "local", "rank": 16, "temperature": 0.05, "weight_decay": 1e-3, "max_iter": 200,
                       "max_pairs": 2048, "n_candidates": 4096, "n_neighbors": None, "init_scale": 1e-2,
-                      "n_queries": 4000, "ridge": 0.1, "opposite_weight": 0.0, "prior_weight": "auto", "n_folds": 2,
-                      "random_state": 0}
+                      "n_queries": 4000, "ridge": 0.1, "opposite_weight": 0.0, "prior_weight": "auto", "n_folds": 2}
 STEER_METHOD_NAMES = ("local", "lm-steer", "mean-shift")
 _METRICS = ("loss_initial", "loss_final", "n_iter", "converged", "n_pos", "n_neg", "n_neutral", "n_pairs")
 
 
 # --- fit ------------------------------------------------------------------------------------------
-def check_steer_params(params: Mapping | None, random_state: int | None = None, *, dim: int | None = None) -> dict:
-    """Effective parameters (defaults filled, ``random_state`` folded in); unknown keys, method or a bad value
-    (:func:`align.steer.check_steer_options`) raise InputError. The seed comes once: ``random_state`` (the faces'
-    own field, ``--random-state``), or ``params["random_state"]`` when the caller gives none; both is an InputError
-    (one of them would be ignored). ``dim``, the rows' width when known, bounds ``lm-steer``'s rank."""
+def check_steer_params(params: Mapping | None, random_state: int | None = 0, *, dim: int | None = None) -> dict:
+    """Effective parameters (defaults filled, the seed ``random_state`` folded in: None is 0); unknown keys, method or
+    a bad value (:func:`align.steer.check_steer_options`) raise InputError, and so does ``random_state`` among the
+    params (the fit's own ``random_state`` is the seed: every face sends one, so a second one was refused or
+    ignored). ``dim``, the rows' width when known, bounds ``lm-steer``'s rank."""
     params = dict(params or {})
+    if "random_state" in params:
+        raise InputError("random_state is not a steer parameter: give the seed as the fit's own random_state "
+                         "(`--random-state` on the command line), not in params")
     unknown = set(params) - set(STEER_PARAMS)
     if unknown:
         raise InputError(f"unknown steer parameters: {sorted(unknown)}; known: {sorted(STEER_PARAMS)}")
     if params.get("method", "local") not in STEER_METHOD_NAMES:
         raise InputError(f"unknown steer method {params['method']!r}; use one of {list(STEER_METHOD_NAMES)}")
-    if random_state is not None:
-        if "random_state" in params and params["random_state"] != random_state:
-            raise InputError(f"give the seed once: random_state {random_state!r} (--random-state) and "
-                             f"params.random_state {params['random_state']!r} disagree; drop the parameter")
-        params["random_state"] = random_state
-    effective = {**STEER_PARAMS, **params}
-    seed = effective["random_state"]
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
-            raise InputError(f"random_state must be an integer in 0 .. {MAX_SEED}, got {seed!r}")
-        effective["random_state"] = int(seed)
+    seed = 0 if random_state is None else random_state
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise InputError(f"random_state must be an integer in 0 .. {MAX_SEED}, got {seed!r}")
+    effective = {**STEER_PARAMS, **params, "random_state": int(seed)}
     if effective["method"] != "mean-shift":  # the values too, as the fit will check them (a 422, not a failed job)
         check_steer_options(**{k: v for k, v in _fit_args(effective).items() if k != "random_state"}, dim=dim)
     return effective
@@ -122,7 +118,7 @@ def space_for_rows(registry, load_encoder: Callable, space: str, *, texts: bool,
 
 def fit_steer_job(X=None, labels=None, params: Mapping | None = None, progress: Progress | None = None, *,
                   texts: Sequence[str] | None = None, encoder: Callable | None = None,
-                  space: str | None = None) -> Steer | MeanShift:
+                  space: str | None = None, random_state: int | None = 0) -> Steer | MeanShift:
     """Fit a steer (``params["method"]``: ``"local"`` default, ``"lm-steer"`` or ``"mean-shift"``).
 
     Parameters
@@ -132,8 +128,9 @@ def fit_steer_job(X=None, labels=None, params: Mapping | None = None, progress: 
     params : dict, keys of :data:`STEER_PARAMS` (unknown keys raise InputError)
     progress : Progress, optional   stages ``encode`` and ``fit``
     space : name of the embedding space, recorded in the metadata
+    random_state : the seed (0 .. 2**31-1)
     """
-    p = check_steer_params(params)
+    p = check_steer_params(params, random_state)
     say = progress or silent
     if labels is None:
         raise InputError("labels are required")
@@ -179,7 +176,7 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
     if items is not None and len(items) != X.shape[0]:
         raise PairCountError(f"{len(items)} items for {X.shape[0]} rows")
     p = check_steer_params(params, random_state)
-    steer = fit_steer_job(X, labels, p, progress, space=space)
+    steer = fit_steer_job(X, labels, params, progress, space=space, random_state=random_state)
     (progress or silent)("register", 1.0)
     return registry.register_steer(
         name, steer, space=space, params=p, random_state=p["random_state"],

@@ -146,20 +146,21 @@ def test_the_lens_lists_what_the_steer_promotes_on_its_positive_end(sign):
     assert (labels[steered] == 1).mean() > (labels[base] == 1).mean() + 0.2
 
 
-def test_the_seed_is_given_once_and_checked():
-    """``params.random_state`` was overwritten by the faces' own ``random_state`` (default 0) without a word: fits
-    asked for seeds 1 and 2 came out identical and recorded seed 0; -1 and 2**80 were taken. Now two disagreeing
-    seeds are refused, one given either way is used, and a seed outside 0 .. 2**31-1 is refused."""
-    assert check_steer_params({"random_state": 5})["random_state"] == 5
+def test_the_seed_is_the_fits_own_random_state_never_a_parameter():
+    """``params.random_state`` was refused on every face unless it equalled 0 (each face always sends its own seed,
+    default 0; the branch taking it "when the caller gives none" was never reached), with a message naming
+    ``--random-state`` over HTTP too. It is now refused whatever its value, null too, naming the fit's own
+    ``random_state``, which is checked (0 .. 2**31-1) and used."""
     assert check_steer_params({}, 5)["random_state"] == 5
-    assert check_steer_params({"random_state": 5}, 5)["random_state"] == 5
-    with pytest.raises(InputError, match="seed once"):
-        check_steer_params({"random_state": 7}, 0)
+    assert check_steer_params({})["random_state"] == check_steer_params({}, None)["random_state"] == 0
+    for value in (0, 5, None):
+        with pytest.raises(InputError, match="random_state is not a steer parameter: give the seed as the fit's own"):
+            check_steer_params({"random_state": value}, 5)
     for bad in (-1, 2**80, 1.5, "3", True):
         with pytest.raises(InputError, match="random_state"):
-            check_steer_params({"random_state": bad})
+            check_steer_params({}, bad)
     X, y = data()
-    a, b = (fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 5, "random_state": r}) for r in (1, 2))
+    a, b = (fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 5}, random_state=r) for r in (1, 2))
     assert not np.array_equal(a.P1, b.P1)
 
 

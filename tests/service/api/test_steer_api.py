@@ -157,9 +157,11 @@ def test_errors(world):
                 {"method": "lm-steer", "init_scale": 1e308}):
         r = c.post("/v1/steers", headers=W, json={**base, "params": bad})
         assert r.status_code == 422 and next(iter(bad.keys() - {"method"})) in r.text, (bad, r.status_code, r.text)
-    # a seed in params that the request's own random_state (default 0) would silently override; a rank past the
-    # space's width (was a 202 and a failed job); nothing is registered
-    for bad, msg in (({"random_state": 7}, "seed once"), ({"method": "lm-steer", "rank": D + 1}, "rank")):
+    # a seed in params (the request's own random_state is the seed; 0 and null were taken, 7 refused naming the
+    # CLI's --random-state); a rank past the space's width (was a 202 and a failed job); nothing is registered
+    seed = "random_state is not a steer parameter: give the seed as the fit's own random_state"
+    for bad, msg in (({"random_state": 7}, seed), ({"random_state": 0}, seed), ({"random_state": None}, seed),
+                     ({"method": "lm-steer", "rank": D + 1}, "rank")):
         r = c.post("/v1/steers", headers=W, json={**base, "name": "e2", "params": bad})
         assert r.status_code == 422 and msg in r.text, (bad, r.status_code, r.text[:200])
     assert c.get("/v1/steers/e2", headers=R).status_code == 404

@@ -84,6 +84,16 @@ def test_rank_without_lm_steer_is_refused(fitted):
     assert json.loads(out.stdout)["rank"] == 1  # the default method, no --rank: as before
 
 
+def test_a_seed_among_the_params_is_refused_naming_the_option(fitted):
+    """``--param random_state=0`` was taken (it equalled --random-state's default) and any other value refused as
+    disagreeing with it: the seed is --random-state, one way on every face."""
+    d, _, _, _ = fitted
+    for extra in (["--param", "random_state=0"], ["--param", "random_state=3", "--random-state", 3]):
+        p = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
+               d / "y.npy", "--name", "seeded", *extra, "--quiet", check_code=2)
+        assert "not a steer parameter: give the seed as the fit's own random_state (`--random-state`" in p.stderr
+
+
 def test_apply_eps_zero_identity_and_positive(fitted):
     d, X, _, _ = fitted
     vb("--data-dir", d / "var", "steer", "apply", "--steer", "attr@prod", "--eps", 0, d / "X.npy", d / "same.npy")
