@@ -103,7 +103,7 @@ EXAMPLES: dict[str, dict[str, dict]] = {
     },
     "create_steer": {"toy": _ex("A rank-1 steer in toy-b: +1 rows lean on the first coordinate", {
         "name": "toy-up", "space": "toy-b", "vectors": _B, "labels": [-1, 1, -1, -1, 1, -1, 1, -1],
-        "params": {"rank": 1, "max_iter": 50}, "random_state": 0})},
+        "random_state": 0})},
     "transfer_steer": {"toy": _ex("Carry the steer toy-up (space toy-b) through a map from toy-b to "
                                   "another space; registered there with lineage", {"map": "toy-b2c@prod", "name": "toy-up-c",
                                                                               "alias": "prod"})},

@@ -108,9 +108,6 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
             raise click.UsageError(f"--{key} {opt} and --param {key}={params[key]} disagree; give it once")
     params = {**params, "method": method or params.get("method", "local"),
               **({"rank": rank} if rank is not None else {})}
-    if "rank" in params and params["method"] != "lm-steer":  # the fit ignored it: a rank-1 steer for --rank 8
-        raise click.UsageError(f"--rank (or --param rank) applies to --method lm-steer only; a "
-                               f"{params['method']} steer {'is rank 1' if params['method'] == 'local' else 'has no W'}")
     # before the texts are embedded and the steer fitted: a name that lives in another space (or a bad parameter)
     # was refused only once the fit was done, as the HTTP route refuses it when asked
     check_steer_fit(reg, name=name, space=space, alias=alias, params=params, random_state=random_state)

@@ -50,7 +50,8 @@ def check_steer_params(params: Mapping | None, random_state: int | None = 0, *, 
     """Effective parameters (defaults filled, the seed ``random_state`` folded in: None is 0); unknown keys, method or
     a bad value (:func:`align.steer.check_steer_options`) raise InputError, and so does ``random_state`` among the
     params (the fit's own ``random_state`` is the seed: every face sends one, so a second one was refused or
-    ignored). ``dim``, the rows' width when known, bounds ``lm-steer``'s rank."""
+    ignored), and ``rank`` for any method but ``lm-steer``. ``dim``, the rows' width when known, bounds
+    ``lm-steer``'s rank."""
     params = dict(params or {})
     if "random_state" in params:
         raise InputError("random_state is not a steer parameter: give the seed as the fit's own random_state "
@@ -60,6 +61,10 @@ def check_steer_params(params: Mapping | None, random_state: int | None = 0, *, 
         raise InputError(f"unknown steer parameters: {sorted(unknown)}; known: {sorted(STEER_PARAMS)}")
     if params.get("method", "local") not in STEER_METHOD_NAMES:
         raise InputError(f"unknown steer method {params['method']!r}; use one of {list(STEER_METHOD_NAMES)}")
+    method = params.get("method", "local")
+    if "rank" in params and method != "lm-steer":  # the fit ignored it: stored "rank 8" on a rank-1 steer
+        raise InputError(f"rank applies to method lm-steer only; a {method} steer "
+                         f"{'is rank 1' if method == 'local' else 'has no W'}: drop it, or fit method lm-steer")
     seed = 0 if random_state is None else random_state
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
         raise InputError(f"random_state must be an integer in 0 .. {MAX_SEED}, got {seed!r}")

@@ -290,7 +290,8 @@ def test_steer_fit_and_apply(vb):
     rng = np.random.default_rng(0)
     V = rng.standard_normal((120, 16)).astype(np.float32)
     labels = np.where(V[:, 0] > 0, 1, -1)
-    job = vb.wait(vb.fit_steer("up", "b", labels, V, params={"rank": 2, "max_iter": 50})["id"], timeout=120)
+    fit = vb.fit_steer("up", "b", labels, V, params={"method": "lm-steer", "rank": 2, "max_iter": 50})
+    job = vb.wait(fit["id"], timeout=120)
     assert job["result"]["ref"] == "up:1" and vb.get_steer("up")["space"] == "b"
     Q = V[:5]
     np.testing.assert_allclose(vb.apply_steer("up", Q, eps=0.0), Q, atol=1e-6)
@@ -299,6 +300,8 @@ def test_steer_fit_and_apply(vb):
     assert np.abs(d1).max() > 1e-4
     np.testing.assert_allclose(d2, 2 * d1, atol=1e-4)  # Q (I + eps W) is linear in eps
     assert [s["name"] for s in vb.list_steers()] == ["up"]
+    with pytest.raises(ValidationError, match="rank applies to method lm-steer only; a local steer is rank 1"):
+        vb.fit_steer("up", "b", labels, V, params={"rank": 8})  # was a job: params said rank 8, the steer rank 1
 
 
 @both_clients
@@ -476,7 +479,8 @@ def test_plan_evaluate_report_and_steer_versions(vb, server):
     V = np.random.default_rng(1).standard_normal((80, 16)).astype(np.float32)
     labels = np.where(V[:, 0] > 0, 1, -1)
     for _ in range(2):
-        vb.wait(vb.fit_steer("tilt", "a", labels, V, params={"rank": 2, "max_iter": 30})["id"], timeout=120)
+        fit = vb.fit_steer("tilt", "a", labels, V, params={"method": "lm-steer", "rank": 2, "max_iter": 30})
+        vb.wait(fit["id"], timeout=120)
     assert vb.set_steer_alias("tilt", "prod", 1)["aliases"] == ["prod"]
     assert vb.get_steer("tilt@prod")["version"] == 1
     moved = vb.transfer_steer("tilt@prod", "a2b", name="tilt-b")

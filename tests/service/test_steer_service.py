@@ -168,7 +168,11 @@ def test_lm_steer_rank_is_bounded_by_the_known_width():
     with pytest.raises(InputError, match="rank"):
         check_steer_params({"method": "lm-steer", "rank": 17}, dim=16)
     assert check_steer_params({"method": "lm-steer", "rank": 16}, dim=16)["rank"] == 16
-    assert check_steer_params({"rank": 17}, dim=16)["rank"] == 17  # local: rank is an unused upper bound
+    for method, why in (("local", "is rank 1"), ("mean-shift", "has no W")):  # stored, then ignored by the fit
+        with pytest.raises(InputError, match=f"rank applies to method lm-steer only; a {method} steer {why}"):
+            check_steer_params({"method": method, "rank": 8})
+    with pytest.raises(InputError, match="is rank 1"):
+        check_steer_params({"rank": 8})  # local, the default
 
 
 def test_the_local_steers_prior_weight_and_folds_are_parameters(tmp_path):

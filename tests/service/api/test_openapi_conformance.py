@@ -95,7 +95,8 @@ def test_success_bodies_match_their_schema(world):
     # steers: fit job, list, get, apply, lens, steered search
     labels = np.where(Y[:, 0] > 0.5, 1, np.where(Y[:, 0] < -0.5, -1, 0)).tolist()
     steer_body = {"name": "st", "space": "b", "vectors": Y.tolist(), "labels": labels,
-                  "items": [f"r{i}" for i in range(len(labels))], "params": {"rank": 2, "max_iter": 5}}
+                  "items": [f"r{i}" for i in range(len(labels))],
+                  "params": {"method": "lm-steer", "rank": 2, "max_iter": 5}}
     jid = call(s, "post", "/v1/steers", expect=202, body=steer_body).json()["id"]
     assert_job_succeeds(s, jid)
     call(s, "get", "/v1/steers", expect=200)

@@ -158,10 +158,12 @@ def test_errors(world):
         r = c.post("/v1/steers", headers=W, json={**base, "params": bad})
         assert r.status_code == 422 and next(iter(bad.keys() - {"method"})) in r.text, (bad, r.status_code, r.text)
     # a seed in params (the request's own random_state is the seed; 0 and null were taken, 7 refused naming the
-    # CLI's --random-state); a rank past the space's width (was a 202 and a failed job); nothing is registered
+    # CLI's --random-state); a rank past the space's width (was a 202 and a failed job), or for a method without
+    # one (a 202 and params saying rank 8 on a rank-1 steer, where the CLI refused); nothing is registered
     seed = "random_state is not a steer parameter: give the seed as the fit's own random_state"
     for bad, msg in (({"random_state": 7}, seed), ({"random_state": 0}, seed), ({"random_state": None}, seed),
-                     ({"method": "lm-steer", "rank": D + 1}, "rank")):
+                     ({"method": "lm-steer", "rank": D + 1}, "rank"), ({"rank": 8}, "a local steer is rank 1"),
+                     ({"method": "mean-shift", "rank": 8}, "a mean-shift steer has no W")):
         r = c.post("/v1/steers", headers=W, json={**base, "name": "e2", "params": bad})
         assert r.status_code == 422 and msg in r.text, (bad, r.status_code, r.text[:200])
     assert c.get("/v1/steers/e2", headers=R).status_code == 404
