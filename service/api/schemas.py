@@ -554,9 +554,9 @@ class SteerFitOptions(_Strict):
     encoder: str | None = None
     items: list[str] | None = Field(None, description="With vectors: a name per row, shown in the lens.")
     params: dict[str, Any] = Field(default_factory=dict, description="`method` (local, the default: closed-form "
-                                 "local discriminant, rank 1, eps 1 keeps ~half the top-10 | lm-steer | mean-shift), "
-                                 "`rank`, `n_neighbors`, `ridge`, `temperature`, `max_iter`, ... (the seed is "
-                                 "`random_state` below, not a parameter)")
+                                 "local discriminant, rank 1, eps 1 keeps ~half the top-10 | lm-steer | mean-shift, "
+                                 "which takes no other), `rank` (lm-steer), `n_neighbors`, `ridge`, `temperature`, "
+                                 "`max_iter`, ... (the seed is `random_state` below, not a parameter)")
     random_state: Count = Seed
     alias: str | None = None
     description: DescriptionText = Description

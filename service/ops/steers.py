@@ -50,7 +50,8 @@ def check_steer_params(params: Mapping | None, random_state: int | None = 0, *, 
     """Effective parameters (defaults filled, the seed ``random_state`` folded in: None is 0); unknown keys, method or
     a bad value (:func:`align.steer.check_steer_options`) raise InputError, and so does ``random_state`` among the
     params (the fit's own ``random_state`` is the seed: every face sends one, so a second one was refused or
-    ignored), and ``rank`` for any method but ``lm-steer``. ``dim``, the rows' width when known, bounds
+    ignored), ``rank`` for any method but ``lm-steer``, and any parameter but ``method`` for ``mean-shift`` (it has
+    none: its effective parameters are the method and the seed). ``dim``, the rows' width when known, bounds
     ``lm-steer``'s rank."""
     params = dict(params or {})
     if "random_state" in params:
@@ -68,9 +69,15 @@ def check_steer_params(params: Mapping | None, random_state: int | None = 0, *, 
     seed = 0 if random_state is None else random_state
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
         raise InputError(f"random_state must be an integer in 0 .. {MAX_SEED}, got {seed!r}")
+    if method == "mean-shift":  # v = mean(+1 rows) - mean(-1 rows): it was stored with temperature=-5 unchecked
+        unused = sorted(set(params) - {"method"})
+        if unused:
+            raise InputError(f"a mean-shift steer takes no parameters but the method (v = mean of the +1 rows - "
+                             f"mean of the -1 rows); drop {unused}")
+        return {"method": method, "random_state": int(seed)}
     effective = {**STEER_PARAMS, **params, "random_state": int(seed)}
-    if effective["method"] != "mean-shift":  # the values too, as the fit will check them (a 422, not a failed job)
-        check_steer_options(**{k: v for k, v in _fit_args(effective).items() if k != "random_state"}, dim=dim)
+    # the values too, as the fit will check them (a 422, not a failed job)
+    check_steer_options(**{k: v for k, v in _fit_args(effective).items() if k != "random_state"}, dim=dim)
     return effective
 
 

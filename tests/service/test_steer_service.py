@@ -164,6 +164,15 @@ def test_the_seed_is_the_fits_own_random_state_never_a_parameter():
     assert not np.array_equal(a.P1, b.P1)
 
 
+def test_a_mean_shift_takes_no_parameters():
+    """Mean-shift fits skipped every check (``temperature=-5``, ``max_iter=-3`` stored as given) and stored every
+    default of the other methods as its parameters; it uses none."""
+    assert check_steer_params({"method": "mean-shift"}, 3) == {"method": "mean-shift", "random_state": 3}
+    for bad in ({"temperature": -5}, {"max_iter": -3}, {"n_queries": 10}):
+        with pytest.raises(InputError, match=f"takes no parameters but the method .*drop \\['{next(iter(bad))}'\\]"):
+            check_steer_params({"method": "mean-shift", **bad})
+
+
 def test_lm_steer_rank_is_bounded_by_the_known_width():
     with pytest.raises(InputError, match="rank"):
         check_steer_params({"method": "lm-steer", "rank": 17}, dim=16)

@@ -129,6 +129,7 @@ def test_mean_shift_baseline_through_http(world):
                                                "labels": labels.tolist(), "params": {"method": "mean-shift"}})
     job = wait_job(http_job(c, R), r.json()["id"])
     assert job["state"] == "succeeded" and job["result"]["steer"]["rank"] == 0
+    assert job["result"]["steer"]["params"] == {"method": "mean-shift", "random_state": 0}  # no unused defaults
     r = c.post("/v1/steers/shift/apply", headers=R, json={"vectors": world["Q"][:2].tolist(), "eps": 0.0})
     np.testing.assert_array_equal(np.asarray(r.json()["vectors"], dtype=np.float32), world["Q"][:2])
 
@@ -163,7 +164,10 @@ def test_errors(world):
     seed = "random_state is not a steer parameter: give the seed as the fit's own random_state"
     for bad, msg in (({"random_state": 7}, seed), ({"random_state": 0}, seed), ({"random_state": None}, seed),
                      ({"method": "lm-steer", "rank": D + 1}, "rank"), ({"rank": 8}, "a local steer is rank 1"),
-                     ({"method": "mean-shift", "rank": 8}, "a mean-shift steer has no W")):
+                     ({"method": "mean-shift", "rank": 8}, "a mean-shift steer has no W"),
+                     # stored unchecked (201 / a job that succeeded): a mean shift uses no parameter
+                     ({"method": "mean-shift", "temperature": -5}, "a mean-shift steer takes no parameters"),
+                     ({"method": "mean-shift", "max_iter": -3}, "drop ['max_iter']")):
         r = c.post("/v1/steers", headers=W, json={**base, "name": "e2", "params": bad})
         assert r.status_code == 422 and msg in r.text, (bad, r.status_code, r.text[:200])
     assert c.get("/v1/steers/e2", headers=R).status_code == 404

@@ -94,6 +94,16 @@ def test_a_seed_among_the_params_is_refused_naming_the_option(fitted):
         assert "not a steer parameter: give the seed as the fit's own random_state (`--random-state`" in p.stderr
 
 
+def test_a_mean_shift_takes_no_parameters(fitted):
+    """``--method mean-shift --param temperature=-5`` (or max_iter=-3) registered the steer with those values stored
+    and unchecked, exit 0: a mean shift uses none of them. Refused now, as over HTTP."""
+    d, _, _, _ = fitted
+    for bad in ("temperature=-5", "max_iter=-3"):
+        p = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
+               d / "y.npy", "--name", "shifty", "--method", "mean-shift", "--param", bad, "--quiet", check_code=2)
+        assert "a mean-shift steer takes no parameters but the method" in p.stderr and bad.split("=")[0] in p.stderr
+
+
 def test_apply_eps_zero_identity_and_positive(fitted):
     d, X, _, _ = fitted
     vb("--data-dir", d / "var", "steer", "apply", "--steer", "attr@prod", "--eps", 0, d / "X.npy", d / "same.npy")
