@@ -9,7 +9,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from .client_core import call
-from .client_wire import as_list, b64, b64_row_bytes, clean, matrix, new_key, rows
+from .client_wire import (
+    alias_if_match,
+    as_list,
+    b64,
+    b64_row_bytes,
+    clean,
+    matrix,
+    new_key,
+    rows,
+)
 from .client_wire import seg as _seg
 
 __all__ = ["SteerCalls"]
@@ -56,9 +65,23 @@ class SteerCalls:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     @call
+    def get_steer_alias(self, name: str, alias: str) -> dict:
+        """``{"name", "alias", "version"}``: the version ``name@alias`` points at (a deleted one too), else
+        NotFoundError."""
+        return (yield from self._json("GET", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}"))
+
+    @call
     def set_steer_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
+        """Point ``name@alias`` at ``version``; ``expected``: only while it points there (0: unset), else 409."""
         return (yield from self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}",
                                       json=clean({"version": int(version), "expected_version": expected})))
+
+    @call
+    def delete_steer_alias(self, name: str, alias: str, *, expected: int | None = None) -> None:
+        """Remove ``name@alias`` (a bare ``name`` released from ``prod`` means its newest live version); ``expected``:
+        only while it points at that version, else 412."""
+        yield from self._json("DELETE", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}",
+                              headers=alias_if_match(expected))
 
     @call
     def delete_steer_version(self, name: str, version: int) -> dict:

@@ -305,6 +305,28 @@ def test_steer_fit_and_apply(vb):
 
 
 @both_clients
+def test_a_steer_alias_is_read_and_removed(vb, client_kind):
+    """The client could set a steer alias but neither read nor remove one (GET and DELETE
+    /v1/steers/{name}/aliases/{alias} exist, with If-Match; the CLI has `steer alias NAME ALIAS --delete`)."""
+    from service.client import PreconditionFailedError
+
+    V = np.random.default_rng(2).standard_normal((40, 16)).astype(np.float32)
+    labels, name = np.where(V[:, 0] > 0, 1, -1), f"pin-{client_kind}"
+    for _ in range(2):
+        vb.wait(vb.fit_steer(name, "b", labels, V, params={"method": "mean-shift"})["id"], timeout=120)
+    vb.set_steer_alias(name, "prod", 1)
+    assert vb.get_steer_alias(name, "prod") == {"name": name, "alias": "prod", "version": 1}
+    with pytest.raises(PreconditionFailedError):
+        vb.delete_steer_alias(name, "prod", expected=2)  # it points at 1: nothing removed
+    assert vb.get_steer(name)["version"] == 1
+    vb.delete_steer_alias(name, "prod", expected=1)
+    assert vb.get_steer(name)["version"] == 2  # released: the newest live version
+    for call in (lambda: vb.get_steer_alias(name, "prod"), lambda: vb.delete_steer_alias(name, "prod")):
+        with pytest.raises(NotFoundError):
+            call()
+
+
+@both_clients
 def test_one_string_is_one_text_not_one_per_character(vb):
     """``embed("hello", model)`` sent ``list("hello")``: five one-character texts, five embeddings returned without a
     word (the service takes one string as one text, as OpenAI's API does). One string is one text now, for every
