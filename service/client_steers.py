@@ -85,7 +85,8 @@ class SteerCalls:
 
     @call
     def delete_steer_version(self, name: str, version: int) -> dict:
-        """Soft delete, as for map versions."""
+        """Soft delete, as for map versions; the answer's ``bare_ref`` (``name:N`` or None) is what a bare ``name``
+        resolves to now."""
         return (yield from self._json("DELETE", f"/v1/steers/{_seg(name)}/versions/{int(version)}"))
 
     @call

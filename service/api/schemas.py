@@ -31,6 +31,7 @@ __all__ = [
     "VersionOut", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList", "IndexAddResponse",
     "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
     "SteerFitRequest", "SteerFitOptions", "SteerApplyRequest", "SteerApplyOptions", "SteerApplyResponse", "SteerOut",
+    "SteerDeleted",
     "SteerList", "SteerLens", "SteerTransferRequest",
 ]
 
@@ -583,6 +584,11 @@ class SteerApplyResponse(BaseModel):
 
 
 SteerOut = record_model("SteerOut", SteerInfo)
+
+
+class SteerDeleted(SteerOut):
+    bare_ref: str | None = Field(None, description="`name:N`: what a bare NAME resolves to now (its live `prod` "
+                                 "version, else its newest live one); null when no live version is left.")
 
 
 class SteerTransferRequest(_Strict):

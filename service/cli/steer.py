@@ -14,8 +14,9 @@ from align.exceptions import DimensionMismatchError, InputError, PairCountError
 
 from ..encoders import get_encoder, space_encoder
 from ..io import VECTOR_SUFFIXES, check_not_input, is_text_path, read_texts, read_vectors, write_vectors
-from ..ops.steers import (apply_steer_job, check_steer_fit, delete_steer_alias, delete_steer_version, describe_lens,
-                          embed_and_register, set_steer_alias, space_for_rows, steer_lens, transfer_and_register)
+from ..ops.steers import (apply_steer_job, bare_steer_ref, check_steer_fit, delete_steer_alias, delete_steer_version,
+                          describe_lens, embed_and_register, set_steer_alias, space_for_rows, steer_lens,
+                          transfer_and_register)
 from ..registry.names import parse_ref
 from ..storage import check_writable
 from ._common import (Ctx, alias_command, echo_record, emit, emit_summaries, json_opt, parse_kv, progress_bar,
@@ -64,9 +65,11 @@ def steer_delete(obj: Ctx, name, version):
     """Soft-delete version VERSION of steer NAME (kept for lineage; no longer resolves): `steer delete formal 2`."""
     v = delete_steer_version(obj.registry, name, version)
     click.echo(f"deleted steer {name}:{version}")
-    if v.aliases:
+    if v.aliases:  # the aliases stay on the deleted version (lineage); say what that changes for their users
+        bare = bare_steer_ref(obj.registry, name)
+        now = f"a bare {name!r} is now {bare}" if bare else f"{name!r} has no live version left"
         click.echo(f"vecbridge: warning: alias(es) {', '.join(v.aliases)} still point at steer {name}:{version}, so "
-                   f"{', '.join(f'{name}@{a}' for a in v.aliases)} no longer resolve; move them with "
+                   f"{', '.join(f'{name}@{a}' for a in v.aliases)} no longer resolve and {now}; move them with "
                    f"`vecbridge steer alias {name} ALIAS VERSION`", err=True)
 
 

@@ -33,7 +33,7 @@ from ..registry.names import check_alias, check_name
 
 __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
            "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "steer_lens", "describe_lens",
-           "set_steer_alias", "delete_steer_alias", "delete_steer_version", "transfer_and_register",
+           "set_steer_alias", "delete_steer_alias", "delete_steer_version", "bare_steer_ref", "transfer_and_register",
            "steer_queries"]
 
 # Accepted fit parameters and their defaults (the API schema can mirror this). The seed is no parameter: it is the
@@ -270,6 +270,16 @@ def delete_steer_alias(registry, name: str, alias: str, *, expected=None) -> Non
 def delete_steer_version(registry, name: str, version: int):
     """Soft-delete one steer version (kept for lineage, no longer resolvable)."""
     return registry.delete_steer_version(name, int(version))
+
+
+def bare_steer_ref(registry, name: str) -> str | None:
+    """``name:N``, the version a bare ``name`` resolves to now (its live ``prod`` version, else its newest live one,
+    as a bare map name), or None when it has no live version: what a delete tells its caller (deleting the version
+    ``prod`` points at hands the bare name to the newest live version, which nobody promoted)."""
+    try:
+        return registry.resolve_steer(name).ref
+    except NotFoundError:
+        return None
 
 
 def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str | None = None,

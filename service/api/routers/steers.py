@@ -21,8 +21,9 @@ from ..openapi import examples, json_body
 from ..pagination import list_route
 from ..responses import FastJSONResponse
 from ..routing import CodecRoute
-from ..schemas import (AliasOut, AliasSet, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerFitOptions,
-                       SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferRequest, error_responses)
+from ..schemas import (AliasOut, AliasSet, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerDeleted,
+                       SteerFitOptions, SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferRequest,
+                       error_responses)
 
 __all__ = ["router"]
 
@@ -128,11 +129,16 @@ async def delete_steer_alias(name: str, alias: str, state: StateDep, if_match: I
     return Response(status_code=204)
 
 
-@router.delete("/steers/{name}/versions/{version}", dependencies=[WriteScope], response_model=SteerOut,
+@router.delete("/steers/{name}/versions/{version}", dependencies=[WriteScope], response_model=SteerDeleted,
                summary="Delete a steer version (soft: kept for lineage, no longer resolvable)")
 async def delete_steer_version(name: str, state: StateDep, version: int = SteerVersion):
-    info = await run_in_threadpool(steer_ops.delete_steer_version, state.registry, name, version)
-    return FastJSONResponse(info.to_dict())
+    """The deleted version, and `bare_ref`: what a bare NAME resolves to now. Aliases stay on the deleted version
+    (they no longer resolve); when `prod` was one of them, the bare name falls to the newest live version."""
+    def work():
+        info = steer_ops.delete_steer_version(state.registry, name, version)
+        return {**info.to_dict(), "bare_ref": steer_ops.bare_steer_ref(state.registry, name)}
+
+    return FastJSONResponse(await run_in_threadpool(work))
 
 
 @router.post("/steers/{ref}/transfer", dependencies=[WriteScope, JSONOnly], status_code=201, response_model=SteerOut,

@@ -228,12 +228,28 @@ def test_alias_delete_and_transfer_routes(world):
     assert c.put("/v1/steers/attr_ta/aliases/stable", headers=W, json={"version": 0}).status_code == 422
     assert c.put("/v1/steers/attr_ta/aliases/stable", headers=R, json={"version": 2}).status_code == 403
     r = c.delete("/v1/steers/attr_ta/versions/2", headers=W)
-    assert r.status_code == 200 and r.json()["deleted"] is True
+    assert r.status_code == 200 and r.json()["deleted"] is True and r.json()["bare_ref"] == "attr_ta:1"
     assert c.get("/v1/steers/attr_ta:2", headers=R).status_code == 404
     assert c.get("/v1/steers/attr_ta", headers=R).json()["version"] == 1
     assert c.put("/v1/steers/attr_ta/aliases/stable", headers=W, json={"version": 2}).status_code == 409
     assert c.delete("/v1/steers/attr_ta/versions/7", headers=W).status_code == 404
     assert c.delete("/v1/steers/attr_ta/versions/1", headers=R).status_code == 403
+
+
+def test_deleting_the_prod_version_says_what_the_bare_name_means_now(world):
+    """Deleting the version ``prod`` points at hands the bare name to the newest live version (as for a map), which
+    nobody promoted, and the answer said nothing; it now carries ``bare_ref``."""
+    c, X, labels = world["c"], world["X"], world["labels"]
+    for _ in range(3):
+        r = c.post("/v1/steers", headers=W, json={"name": "plant", "space": "tb", "vectors": X[:200].tolist(),
+                                                   "labels": labels[:200].tolist(), "params": {"method": "mean-shift"}})
+        assert wait_job(http_job(c, R), r.json()["id"])["state"] == "succeeded"
+    assert c.put("/v1/steers/plant/aliases/prod", headers=W, json={"version": 2}).status_code == 200
+    r = c.delete("/v1/steers/plant/versions/2", headers=W)
+    assert r.status_code == 200 and (r.json()["aliases"], r.json()["bare_ref"]) == (["prod"], "plant:3")
+    assert c.get("/v1/steers/plant", headers=R).json()["version"] == 3
+    assert c.delete("/v1/steers/plant/versions/3", headers=W).json()["bare_ref"] == "plant:1"
+    assert c.delete("/v1/steers/plant/versions/1", headers=W).json()["bare_ref"] is None  # none live is left
 
 
 def test_a_steer_alias_can_be_removed(world):

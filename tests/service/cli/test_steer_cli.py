@@ -173,9 +173,25 @@ def test_list_show_and_delete_as_over_http(fitted, tmp_path):
     for args in (["show", "s@nosuch"], ["show", "nosuch"], ["delete", "nosuch", 1], ["delete", "s", 9]):
         p = vb(*var, "steer", *args, check_code=2)
         assert p.stderr.startswith("vecbridge: error: ") and len(p.stderr.splitlines()) == 1, (args, p.stderr)
-    vb(*var, "steer", "delete", "s", 1)
+    p = vb(*var, "steer", "delete", "s", 1)  # prod's version: said, and what a bare `s` means now (nothing)
+    assert "alias(es) prod still point at steer s:1" in p.stderr and "'s' has no live version left" in p.stderr
     assert vb(*var, "steer", "list").stdout == (f"s  toy({X.shape[1]})  latest -  versions 0/2  aliases "
                                                  "prod->1(deleted)\n")  # it no longer resolves: said
+
+
+def test_deleting_the_prod_version_says_what_the_bare_name_means_now(tmp_path, fitted):
+    """`steer alias plant prod 2; steer delete plant 2` left bare `plant` resolving to plant:3 (another method), which
+    nobody promoted, and the warning said only that plant@prod no longer resolves; it now says what `plant` means,
+    as `registry delete` does for a map."""
+    d = fitted[0]
+    var = ["--data-dir", tmp_path / "var"]
+    for method in ("mean-shift", "mean-shift", "local"):
+        vb(*var, "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels", d / "y.txt", "--name",
+           "plant", "--method", method, "--quiet")
+    vb(*var, "steer", "alias", "plant", "prod", 2)
+    p = vb(*var, "steer", "delete", "plant", 2)
+    assert "plant@prod no longer resolve and a bare 'plant' is now plant:3;" in p.stderr
+    assert json.loads(vb(*var, "steer", "show", "plant", "--json").stdout)["version"] == 3
 
 
 def test_lens_counts_out_of_range_are_refused_as_over_http(fitted):
