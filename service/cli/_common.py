@@ -223,12 +223,15 @@ def search_on(name: str, *, source: str = "--search-device", warm: bool = True) 
 
 
 def parse_kv(items, what="parameter") -> dict:
-    """``("KEY=VALUE", ...)`` -> dict; values are JSON when they parse, else strings."""
+    """``("KEY=VALUE", ...)`` -> dict; values are JSON when they parse, else strings. A KEY given twice is a usage
+    error (the last value was kept without a word: `--steer plant:1=1 --steer plant:1=-1` searched with -1 only)."""
     out = {}
     for item in items or ():
         if "=" not in item:
             raise click.UsageError(f"{what} {item!r} must look like KEY=VALUE")
         k, v = item.split("=", 1)
+        if k in out:
+            raise click.UsageError(f"{what} {k!r} is given twice; give each once")
         try:
             out[k] = json.loads(v)
         except json.JSONDecodeError:

@@ -34,7 +34,7 @@ def _lm_of(obj: Ctx):
 
 
 def _steer_eps(items) -> dict:
-    """``("REF=EPS", ...)`` -> ``{REF: EPS}``; InputError for a missing ``=`` or a non-finite EPS."""
+    """``("REF=EPS", ...)`` -> ``{REF: EPS}``; InputError for a missing ``=``, a non-finite EPS or a REF given twice."""
     out = {}
     for it in items:
         ref, sep, eps = it.rpartition("=")
@@ -44,6 +44,8 @@ def _steer_eps(items) -> dict:
             value = math.nan
         if not sep or not ref or not math.isfinite(value):
             raise InputError(f"--steer wants REF=EPS with a finite EPS, got {it!r}")
+        if ref in out:  # the last value was kept without a word
+            raise InputError(f"--steer {ref} is given twice; give each steer once")
         out[ref] = value
     return out
 
@@ -86,8 +88,9 @@ def lm_steer_fit(obj: Ctx, texts, labels, name, rank, steps, eps, lr, random_sta
 @click.pass_obj
 def lm_generate(obj: Ctx, prompt, steers, max_new_tokens, temperature, top_p, random_state, as_json):
     """Continue PROMPT under the given steers (prints the continuation)."""
+    wanted = _steer_eps(steers)  # a bad REF=EPS is said before the registry is opened
     registry = obj.registry if steers else None  # unsteered generation needs no registry (none is created)
-    out = ops.generate(registry, _lm_of(obj), prompt, _steer_eps(steers), max_new_tokens=max_new_tokens,
+    out = ops.generate(registry, _lm_of(obj), prompt, wanted, max_new_tokens=max_new_tokens,
                        temperature=temperature, top_p=top_p, random_state=random_state)
     emit(out, as_json, out["text"])
 

@@ -225,6 +225,8 @@ def test_cli_error_paths_exit_2_before_loading_the_model(cli_env, capsys):
     assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "nope=1"]) == 2
     assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "tone"]) == 2
     assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "tone=nan"]) == 2
+    assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "nope=1", "--steer", "nope=-1"]) == 2
+    assert "--steer nope is given twice" in capsys.readouterr().err  # checked before the ref resolves
     (tmp / "y3.txt").write_text("1\n-1\n1\n")
     for opt in ("--eps", "--lr"):  # checked before the model loads, not in the fit
         assert C.main([*base, "lm", "steer-fit", "--texts", str(tmp / "t.txt"), "--labels", str(tmp / "y.txt"),

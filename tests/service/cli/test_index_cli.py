@@ -243,6 +243,9 @@ def test_bad_input_is_exit_2_and_writes_nothing(world, capsys, monkeypatch):
     assert cli(capsys, data, "compact")[0] == 2  # NAME or --all
     code, _, err = cli(capsys, data, "search", "docs", tmp / "y.npy", "--steer", "s=much")
     assert code == 2 and "EPS must be a number" in err
+    # a ref given twice kept the last value without a word (plant:1=1 then plant:1=-1 searched with -1)
+    code, _, err = cli(capsys, data, "search", "docs", tmp / "y.npy", "--steer", "s:1=1", "--steer", "s:1=-1")
+    assert code == 2 and "steer 's:1' is given twice; give each once" in err
 
 
 def test_add_blocks_that_fail_part_way_leave_the_index_as_persisted(tmp_path):

@@ -66,6 +66,10 @@ def test_method_given_as_a_param_is_used_and_a_conflict_is_refused(fitted):
            d / "y.npy", "--name", "viaparam", "--method", "local", "--param", "method=mean-shift", "--quiet",
            check_code=2)
     assert "disagree" in p.stderr
+    p = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
+           d / "y.npy", "--name", "viaparam", "--param", "method=mean-shift", "--param", "method=local", "--quiet",
+           check_code=2)  # the last one was used without a word
+    assert "parameter 'method' is given twice; give each once" in p.stderr
 
 
 def test_rank_without_lm_steer_is_refused(fitted):
