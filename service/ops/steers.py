@@ -42,6 +42,11 @@ STEER_PARAMS: dict = {"method": "local", "rank": 16, "temperature": 0.05, "weigh
                       "max_pairs": 2048, "n_candidates": 4096, "n_neighbors": None, "init_scale": 1e-2,
                       "n_queries": 4000, "ridge": 0.1, "opposite_weight": 0.0, "prior_weight": "auto", "n_folds": 2}
 STEER_METHOD_NAMES = ("local", "lm-steer", "mean-shift")
+#: the parameters each method reads (:func:`align.fit_steer`); one it does not read was stored and ignored
+_METHOD_PARAMS = {"local": {"n_queries", "n_neighbors", "ridge", "opposite_weight", "prior_weight", "n_folds"},
+                  "lm-steer": {"rank", "temperature", "weight_decay", "max_iter", "max_pairs", "n_candidates",
+                               "n_neighbors", "init_scale"},
+                  "mean-shift": set()}
 _METRICS = ("loss_initial", "loss_final", "n_iter", "converged", "n_pos", "n_neg", "n_neutral", "n_pairs")
 
 
@@ -50,8 +55,8 @@ def check_steer_params(params: Mapping | None, random_state: int | None = 0, *, 
     """Effective parameters (defaults filled, the seed ``random_state`` folded in: None is 0); unknown keys, method or
     a bad value (:func:`align.steer.check_steer_options`) raise InputError, and so does ``random_state`` among the
     params (the fit's own ``random_state`` is the seed: every face sends one, so a second one was refused or
-    ignored), ``rank`` for any method but ``lm-steer``, and any parameter but ``method`` for ``mean-shift`` (it has
-    none: its effective parameters are the method and the seed). ``dim``, the rows' width when known, bounds
+    ignored), and any parameter the method does not read (``rank`` but for ``lm-steer``; any for ``mean-shift``,
+    whose effective parameters are the method and the seed). ``dim``, the rows' width when known, bounds
     ``lm-steer``'s rank."""
     params = dict(params or {})
     if "random_state" in params:
@@ -63,17 +68,16 @@ def check_steer_params(params: Mapping | None, random_state: int | None = 0, *, 
     if params.get("method", "local") not in STEER_METHOD_NAMES:
         raise InputError(f"unknown steer method {params['method']!r}; use one of {list(STEER_METHOD_NAMES)}")
     method = params.get("method", "local")
-    if "rank" in params and method != "lm-steer":  # the fit ignored it: stored "rank 8" on a rank-1 steer
-        raise InputError(f"rank applies to method lm-steer only; a {method} steer "
-                         f"{'is rank 1' if method == 'local' else 'has no W'}: drop it, or fit method lm-steer")
+    unused = sorted(set(params) - _METHOD_PARAMS[method] - {"method"})
+    if unused:  # the fit ignored them: "rank 8" stored on a rank-1 local steer, temperature=-5 on a mean-shift
+        what = ("no parameters but the method (v = mean of the +1 rows - mean of the -1 rows)"
+                if method == "mean-shift" else f"only {sorted(_METHOD_PARAMS[method])}")
+        raise InputError(f"a {method} steer takes {what}; drop {unused}"
+                         + (" (rank: fit method lm-steer; a local steer is rank 1)" if "rank" in unused else ""))
     seed = 0 if random_state is None else random_state
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
         raise InputError(f"random_state must be an integer in 0 .. {MAX_SEED}, got {seed!r}")
-    if method == "mean-shift":  # v = mean(+1 rows) - mean(-1 rows): it was stored with temperature=-5 unchecked
-        unused = sorted(set(params) - {"method"})
-        if unused:
-            raise InputError(f"a mean-shift steer takes no parameters but the method (v = mean of the +1 rows - "
-                             f"mean of the -1 rows); drop {unused}")
+    if method == "mean-shift":
         return {"method": method, "random_state": int(seed)}
     effective = {**STEER_PARAMS, **params, "random_state": int(seed)}
     # the values too, as the fit will check them (a 422, not a failed job)

@@ -300,7 +300,7 @@ def test_steer_fit_and_apply(vb):
     assert np.abs(d1).max() > 1e-4
     np.testing.assert_allclose(d2, 2 * d1, atol=1e-4)  # Q (I + eps W) is linear in eps
     assert [s["name"] for s in vb.list_steers()] == ["up"]
-    with pytest.raises(ValidationError, match="rank applies to method lm-steer only; a local steer is rank 1"):
+    with pytest.raises(ValidationError, match="a local steer is rank 1"):
         vb.fit_steer("up", "b", labels, V, params={"rank": 8})  # was a job: params said rank 8, the steer rank 1
 
 

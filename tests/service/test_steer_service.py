@@ -177,11 +177,16 @@ def test_lm_steer_rank_is_bounded_by_the_known_width():
     with pytest.raises(InputError, match="rank"):
         check_steer_params({"method": "lm-steer", "rank": 17}, dim=16)
     assert check_steer_params({"method": "lm-steer", "rank": 16}, dim=16)["rank"] == 16
-    for method, why in (("local", "is rank 1"), ("mean-shift", "has no W")):  # stored, then ignored by the fit
-        with pytest.raises(InputError, match=f"rank applies to method lm-steer only; a {method} steer {why}"):
+    for method in ("local", "mean-shift"):  # stored, then ignored by the fit
+        with pytest.raises(InputError, match=rf"a {method} steer takes .*drop \['rank'\] \(rank: fit method lm-steer"):
             check_steer_params({"method": method, "rank": 8})
     with pytest.raises(InputError, match="is rank 1"):
         check_steer_params({"rank": 8})  # local, the default
+    # each method's own parameters only: lm-steer's temperature / max_iter were stored on a local steer, unused
+    for method, bad in (("local", "temperature"), ("local", "max_iter"), ("lm-steer", "ridge")):
+        with pytest.raises(InputError, match=rf"a {method} steer takes only .*drop \['{bad}'\]"):
+            check_steer_params({"method": method, bad: 1})
+    assert check_steer_params({"method": "local", "n_neighbors": 20, "ridge": 0.2})["n_neighbors"] == 20
 
 
 def test_the_local_steers_prior_weight_and_folds_are_parameters(tmp_path):

@@ -164,7 +164,7 @@ def test_errors(world):
     seed = "random_state is not a steer parameter: give the seed as the fit's own random_state"
     for bad, msg in (({"random_state": 7}, seed), ({"random_state": 0}, seed), ({"random_state": None}, seed),
                      ({"method": "lm-steer", "rank": D + 1}, "rank"), ({"rank": 8}, "a local steer is rank 1"),
-                     ({"method": "mean-shift", "rank": 8}, "a mean-shift steer has no W"),
+                     ({"method": "mean-shift", "rank": 8}, "a mean-shift steer takes no parameters"),
                      # stored unchecked (201 / a job that succeeded): a mean shift uses no parameter
                      ({"method": "mean-shift", "temperature": -5}, "a mean-shift steer takes no parameters"),
                      ({"method": "mean-shift", "max_iter": -3}, "drop ['max_iter']")):

@@ -79,7 +79,7 @@ def test_rank_without_lm_steer_is_refused(fitted):
     for method in ("local", "mean-shift"):
         p = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
                d / "y.npy", "--name", "ranked", "--rank", 8, "--method", method, "--quiet", check_code=2)
-        assert "rank applies to method lm-steer only" in p.stderr
+        assert "drop ['rank'] (rank: fit method lm-steer" in p.stderr
     p = vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--labels",
            d / "y.npy", "--name", "ranked", "--param", "rank=8", "--quiet", check_code=2)
     assert "is rank 1" in p.stderr
