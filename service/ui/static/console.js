@@ -259,7 +259,12 @@ function registryPage() {
     },
     chosenClass(r) { return r.name === this.selection().chosen ? "ok" : ""; },
     candidateName(r) { return r.name + (r.name === this.selection().chosen ? " ✓" : ""); },
-    aliasesOf(m) { return Object.entries(m.aliases || {}).map(([a, v]) => `${a}→${v}`).join(", ") || "–"; },
+    /* `prod→2`, and `prod→2 (deleted)` for an alias left on a deleted version (it no longer resolves). */
+    aliasesOf(m) {
+      const gone = new Set(m.aliases_on_deleted || []);
+      return Object.entries(m.aliases || {}).map(([a, v]) => `${a}→${v}${gone.has(a) ? " (deleted)" : ""}`)
+        .join(", ") || "–";
+    },
     spacesOf(m) { return `${m.source_space} → ${m.target_space}`; },
     latestOf(m) { return this.dash(m.latest_version ?? m.latest); },
     isSelected(m) { return this.selected === m.name; },

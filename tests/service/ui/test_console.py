@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import SAMPLE_ROWS, wordnet_available
-from _api_support import KEYS, W
+from _api_support import KEYS, W, planted, settings_for
 from _servers import free_port, serve_in_thread, stop, tiny_lm_app
 from _servers import env_for, start
 from _browser import CHROMIUM, Page, launch
@@ -449,3 +449,35 @@ def test_with_auth_off_no_key_is_asked_for_and_the_jobs_page_follows_jobs(browse
         t.close()
     finally:
         stop(proc)
+
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """In-process uvicorn (no encoders): spaces a, b; map vmap fitted twice with alias prod, then its version 2
+    deleted (prod left on it)."""
+    from service.api import create_app
+
+    data = tmp_path_factory.mktemp("console-small")
+    app = create_app(settings_for(data))
+    X, Y, _ = planted(300)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60.0) as c:
+        for s in ("a", "b"):
+            assert c.post("/v1/spaces", headers=W, json={"name": s, "dim": 16}).status_code == 201
+        for name in ("vmap", "vmap"):
+            r = c.post("/v1/fits", headers=W, json={"name": name, "source_space": "a", "target_space": "b",
+                                                   "method": "procrustes", "paired": True, "source": _b64(X),
+                                                   "target": _b64(Y), "alias": "prod"})
+            assert r.status_code == 202 and _wait_job(c, r.json()["id"])["state"] == "succeeded", r.text
+        assert c.delete("/v1/maps/vmap/versions/2", headers=W).status_code == 200
+        yield {"base": base}
+
+
+def test_registry_marks_an_alias_on_a_deleted_version(small, browser):
+    """An alias left on a deleted version is marked in the maps table (it read prod→2, as a live one does)."""
+    t = Page(browser, small["base"], width=1300, height=900)
+    t.goto("/ui/registry")
+    t.login(WRITE_KEY)
+    maps = t.page.locator("#maps")
+    maps.filter(has_text="prod→2 (deleted)").wait_for()
+    t.close()
