@@ -213,7 +213,11 @@ function registryPage() {
     },
     async show(n) {
       this.version = this.versions.find(v => v.version === n) || null;
-      this.aliasVersion = String(n);
+      // the alias form's select lists live versions only: a deleted one shown keeps the select (and what Move
+      // alias sends) on a live version, the one it showed, else the latest
+      const live = this.liveVersions().map(v => String(v.version));
+      if (live.includes(String(n))) this.aliasVersion = String(n);
+      else if (!live.includes(this.aliasVersion)) this.aliasVersion = live.length ? live[live.length - 1] : "";
       this.setReport(""); this.reportNote = "loading the fit report…";
       this.$nextTick(() => this.draw());
       if (this.version && !this.version.report_path) {  // nothing to fetch: say so instead of asking for a 404
@@ -307,6 +311,7 @@ function registryPage() {
     },
     async moveAlias() {
       this.aliasMsg = "";
+      if (!this.aliasVersion) { this.aliasMsg = `${this.selected} has no live version to point an alias at`; return; }
       const n = Number(this.aliasVersion);
       try {
         const v = await VB.api(`/v1/maps/${encodeURIComponent(this.selected)}/aliases/${encodeURIComponent(this.aliasName)}`,

@@ -473,11 +473,22 @@ def small(tmp_path_factory):
         yield {"base": base}
 
 
-def test_registry_marks_an_alias_on_a_deleted_version(small, browser):
-    """An alias left on a deleted version is marked in the maps table (it read prod→2, as a live one does)."""
+def test_registry_alias_form_and_long_names_at_any_width(small, browser):
+    """Move alias sends the version its select shows (a deleted version on screen sent its own number: 409); an
+    alias left on a deleted version is marked in the maps table."""
     t = Page(browser, small["base"], width=1300, height=900)
     t.goto("/ui/registry")
     t.login(WRITE_KEY)
     maps = t.page.locator("#maps")
     maps.filter(has_text="prod→2 (deleted)").wait_for()
+
+    t.page.get_by_role("button", name="vmap").click()
+    t.page.get_by_role("button", name="show version 2").click()  # the deleted one
+    t.page.locator("#versions button[aria-pressed=true]", has_text="2").wait_for()
+    t.page.get_by_label("alias", exact=True).fill("canary")
+    shown = t.page.get_by_label("to version", exact=True).input_value()
+    with t.page.expect_request(lambda r: r.method == "PUT" and "/aliases/canary" in r.url) as req:
+        t.page.get_by_role("button", name="Move alias").click()
+    assert shown == "1" and req.value.post_data_json == {"version": 1}
+    t.page.locator("#alias-msg", has_text="alias canary now points at version 1").wait_for()
     t.close()
