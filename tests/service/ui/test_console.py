@@ -455,33 +455,47 @@ def test_with_auth_off_no_key_is_asked_for_and_the_jobs_page_follows_jobs(browse
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """In-process uvicorn (no encoders): spaces a, b; map vmap fitted twice with alias prod, then its version 2
-    deleted (prod left on it)."""
+    deleted (prod left on it); a map with a 128-character name whose version carries a 3,000-character tag value."""
     from service.api import create_app
 
     data = tmp_path_factory.mktemp("console-small")
     app = create_app(settings_for(data))
     X, Y, _ = planted(300)
+    long = "m" * 128
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60.0) as c:
         for s in ("a", "b"):
             assert c.post("/v1/spaces", headers=W, json={"name": s, "dim": 16}).status_code == 201
-        for name in ("vmap", "vmap"):
+        for name in ("vmap", "vmap", long):
             r = c.post("/v1/fits", headers=W, json={"name": name, "source_space": "a", "target_space": "b",
                                                    "method": "procrustes", "paired": True, "source": _b64(X),
                                                    "target": _b64(Y), "alias": "prod"})
             assert r.status_code == 202 and _wait_job(c, r.json()["id"])["state"] == "succeeded", r.text
         assert c.delete("/v1/maps/vmap/versions/2", headers=W).status_code == 200
-        yield {"base": base}
+        assert c.put(f"/v1/maps/{long}/versions/1/tags/note", headers=W, json={"value": "t" * 3000}).status_code == 200
+        yield {"base": base, "long": long}
 
 
 def test_registry_alias_form_and_long_names_at_any_width(small, browser):
     """Move alias sends the version its select shows (a deleted version on screen sent its own number: 409); an
-    alias left on a deleted version is marked in the maps table."""
+    alias left on a deleted version is marked in the maps table; a 128-character map name and a 3,000-character
+    tag value wrap instead of widening the page or hiding the table's last columns."""
     t = Page(browser, small["base"], width=1300, height=900)
     t.goto("/ui/registry")
     t.login(WRITE_KEY)
     maps = t.page.locator("#maps")
     maps.filter(has_text="prod→2 (deleted)").wait_for()
+    assert "prod→1 (deleted)" not in maps.inner_text()
 
+    def fits(width: int, tables: tuple[str, ...]) -> None:
+        assert t.page.evaluate("document.documentElement.scrollWidth") <= width
+        for sel in tables:  # no column pushed out of view (its table scrolled sideways in its box)
+            assert t.page.evaluate(f"(e => e.scrollWidth <= e.clientWidth)(document.querySelector('{sel}')"
+                                   ".parentElement)"), sel
+
+    t.page.get_by_role("button", name=small["long"]).click()
+    t.page.locator("#versions", has_text="note=ttt").wait_for()
+    fits(1300, ("#maps", "#versions", "#spaces"))
+    t.goto("/ui/registry")
     t.page.get_by_role("button", name="vmap").click()
     t.page.get_by_role("button", name="show version 2").click()  # the deleted one
     t.page.locator("#versions button[aria-pressed=true]", has_text="2").wait_for()
