@@ -478,7 +478,7 @@ def small(tmp_path_factory):
 def test_registry_alias_form_and_long_names_at_any_width(small, browser):
     """Move alias sends the version its select shows (a deleted version on screen sent its own number: 409); an
     alias left on a deleted version is marked in the maps table; a 128-character map name and a 3,000-character
-    tag value wrap instead of widening the page or hiding the table's last columns."""
+    tag value wrap, at 1300 px and at 375 px, instead of widening the page or hiding the table's last columns."""
     t = Page(browser, small["base"], width=1300, height=900)
     t.goto("/ui/registry")
     t.login(WRITE_KEY)
@@ -495,6 +495,17 @@ def test_registry_alias_form_and_long_names_at_any_width(small, browser):
     t.page.get_by_role("button", name=small["long"]).click()
     t.page.locator("#versions", has_text="note=ttt").wait_for()
     fits(1300, ("#maps", "#versions", "#spaces"))
+    t.page.set_viewport_size({"width": 375, "height": 800})
+    t.page.wait_for_timeout(200)
+    fits(375, ("#maps", "#spaces"))  # the versions table's 6 columns scroll in their box
+    for box in (b.bounding_box() for b in t.page.get_by_role("button", name=re.compile("^Delete space")).all()):
+        assert box["x"] + box["width"] <= 375
+    t.goto("/ui/migrations")
+    t.page.locator("#m-map option").first.wait_for(state="attached")
+    assert t.page.evaluate("document.documentElement.scrollWidth") <= 375
+    assert t.page.locator("#m-map").bounding_box()["width"] <= 375
+
+    t.page.set_viewport_size({"width": 1300, "height": 900})
     t.goto("/ui/registry")
     t.page.get_by_role("button", name="vmap").click()
     t.page.get_by_role("button", name="show version 2").click()  # the deleted one
