@@ -156,9 +156,11 @@ function keyBar() {
 /* Shared page behaviour: load() on start and whenever the key changes; `error` in words. */
 function page(extra) {
   return Object.assign({
-    error: "", busy: false,
+    error: "", busy: false, timer: null,
     init() {
       window.addEventListener("vb-key", () => this.reload());
+      // a refused key (revoked, rotated) stops the polling: a new key reloads the page, which starts it again
+      window.addEventListener("vb-401", () => this.stopPolling());
       this.reload();
     },
     async reload() {
@@ -170,6 +172,15 @@ function page(extra) {
         if (!performance.getEntriesByName("vb-data").length) this.$nextTick(() => performance.mark("vb-data"));
       } catch (e) { this.error = VB.say(e); } finally { this.busy = false; }
     },
+    /* Pages that follow jobs (polling()) load again every second while the tab is visible. */
+    startPolling() { if (!this.timer) this.timer = setInterval(() => this.poll(), 1000); },
+    stopPolling() { clearInterval(this.timer); this.timer = null; },
+    async poll() {
+      if (!VB.canCall() || document.hidden) return;
+      try { await this.load(); this.error = ""; } catch (e) { this.error = VB.say(e); }  // a recovered poll clears it
+      if (!this.polling()) this.stopPolling();
+    },
+    live(j) { return j.state === "queued" || j.state === "running"; },  // a job that may still change
     /* The "nothing here yet" line under a table: only once a load finished without an error. */
     showEmpty(list) { return !this.busy && !this.error && !list.length; },
     // formatting shared by the pages' templates
@@ -327,18 +338,14 @@ function registryPage() {
 
 function jobsPage() {
   return page({
-    jobs: [], counts: {}, timer: null, cancelMsg: "",
+    jobs: [], counts: {}, cancelMsg: "",
     async load() {
       const j = await VB.api("/v1/jobs");
       this.jobs = (j.data || []).slice().sort((a, b) => b.timings.created_at - a.timings.created_at);
       this.counts = j.counts || {};
-      if (!this.timer) this.timer = setInterval(() => this.poll(), 1000);
+      this.startPolling();
     },
-    async poll() {
-      if (!VB.canCall() || document.hidden) return;
-      try { await this.load(); this.error = ""; } catch (e) { this.error = VB.say(e); }
-    },
-    live(j) { return j.state === "queued" || j.state === "running"; },
+    polling() { return true; },
     eta(j) {  // the current stage's (the server's estimate); the fraction is the stage's, not the job's
       return this.live(j) ? j.progress.stage_eta_seconds ?? null : null;
     },
@@ -511,7 +518,7 @@ function steerPage() {
 
 function migrationsPage() {
   return page({
-    jobs: [], indexes: [], maps: [], checkpoints: [], timer: null,
+    jobs: [], indexes: [], maps: [], checkpoints: [],
     source: "", target: "", map: "", alias: "", dryRun: true, migMsg: "",
     async load() {
       const [j, i, m, c] = await Promise.all([VB.api("/v1/jobs"), VB.api("/v1/indexes"), VB.api("/v1/maps"),
@@ -523,17 +530,9 @@ function migrationsPage() {
       this.maps = m.data || [];
       if (!this.map && this.maps.length) this.map = this.maps[0].name;
       // while a migration runs, follow it (rows written / total) as the jobs page does
-      if (!this.timer && this.jobs.some(x => x.state === "queued" || x.state === "running")) {
-        this.timer = setInterval(() => this.poll(), 1000);
-      }
+      if (this.polling()) this.startPolling();
     },
-    async poll() {
-      if (!VB.canCall() || document.hidden) return;
-      try { await this.load(); this.error = ""; } catch (e) { this.error = VB.say(e); }  // a recovered poll clears it
-      if (!this.jobs.some(x => x.state === "queued" || x.state === "running")) {
-        clearInterval(this.timer); this.timer = null;
-      }
-    },
+    polling() { return this.jobs.some(x => this.live(x)); },
     /* POST /v1/migrations (a write key); the job appears in the table below and is followed there. */
     async start() {
       this.migMsg = "";

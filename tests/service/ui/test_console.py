@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -451,17 +452,21 @@ def test_with_auth_off_no_key_is_asked_for_and_the_jobs_page_follows_jobs(browse
         stop(proc)
 
 
+REVOCABLE = "soon-revoked-1"  # a read key the operator revokes while the console polls with it
+
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """In-process uvicorn (no encoders): spaces a, b; map vmap fitted twice with alias prod, then its version 2
-    deleted (prod left on it); a map with a 128-character name whose version carries a 3,000-character tag value."""
+    deleted (prod left on it); a map with a 128-character name whose version carries a 3,000-character tag value;
+    a migration job still running."""
     from service.api import create_app
 
     data = tmp_path_factory.mktemp("console-small")
-    app = create_app(settings_for(data))
+    app = create_app(settings_for(data, api_keys={**KEYS, REVOCABLE: ["read"]}))
     X, Y, _ = planted(300)
     long = "m" * 128
+    release = threading.Event()
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60.0) as c:
         for s in ("a", "b"):
             assert c.post("/v1/spaces", headers=W, json={"name": s, "dim": 16}).status_code == 201
@@ -472,7 +477,12 @@ def small(tmp_path_factory):
             assert r.status_code == 202 and _wait_job(c, r.json()["id"])["state"] == "succeeded", r.text
         assert c.delete("/v1/maps/vmap/versions/2", headers=W).status_code == 200
         assert c.put(f"/v1/maps/{long}/versions/1/tags/note", headers=W, json={"value": "t" * 3000}).status_code == 200
-        yield {"base": base, "long": long}
+        app.state.vb.jobs.submit(lambda ctx: release.wait(300) and None, kind="migration",
+                                 description="migrate docs -> docs_new through vmap:1")
+        try:
+            yield {"base": base, "app": app, "long": long}
+        finally:
+            release.set()
 
 
 def test_registry_alias_form_and_long_names_at_any_width(small, browser):
@@ -517,3 +527,32 @@ def test_registry_alias_form_and_long_names_at_any_width(small, browser):
     assert shown == "1" and req.value.post_data_json == {"version": 1}
     t.page.locator("#alias-msg", has_text="alias canary now points at version 1").wait_for()
     t.close()
+
+
+def test_a_refused_key_stops_the_polling_and_a_new_one_resumes_it(small, browser):
+    """The jobs and migrations pages polled every second with a key the server had revoked (a 401 a second, for
+    as long as the tab stayed open)."""
+    mig = Page.open(browser, small["base"], "/ui/migrations", REVOCABLE)
+    row = mig.page.locator("#mig-table tbody tr", has_text="running")
+    row.wait_for()
+    jobs = Page.open(browser, small["base"], "/ui/jobs", REVOCABLE)
+    jobs.page.locator("#jobs tbody tr").first.wait_for()
+    keys = small["app"].state.vb_settings.api_keys
+    keys.pop(REVOCABLE)  # the operator revokes it (a keys file edited)
+    for t in (mig, jobs):
+        t.page.locator("#unauthorized", has_text="invalid API key").wait_for()
+
+    def polls() -> list[int]:  # the job list requests each tab has sent so far
+        return [sum("/v1/jobs" in u for u in t.urls) for t in (mig, jobs)]
+
+    refused = polls()
+    mig.page.wait_for_timeout(3000)
+    assert polls() == refused  # not one request more
+    keys["fresh-key-2"] = ["read"]
+    for t in (mig, jobs):  # a new key entered: both follow the jobs again
+        t.login("fresh-key-2")
+        t.page.locator("#unauthorized").wait_for(state="hidden")
+    jobs.page.wait_for_timeout(2500)
+    assert all(now >= before + 2 for now, before in zip(polls(), refused)), (polls(), refused)
+    for t in (mig, jobs):
+        t.close(expect_errors=("status of 401",))
