@@ -547,12 +547,23 @@ function migrationsPage() {
     mapOption(m) { return `${m.name} (${m.source_space} → ${m.target_space})`; },
     fieldsText(c) { return (c.fields || []).join(", "); },
     rowsText(c) { return c.error ? c.error : `${VB.num(c.done)} / ${VB.num(c.total)}`; },
-    stateText(c) { return c.error ? "unreadable" : c.finished ? "finished" : `stopped after id ${c.last_id}`; },
+    /* A checkpoint not finished: queued or running while a live job of this page migrates its source to its
+       target (the job's description says which), else stopped, or not started when no batch was written (last_id
+       is null until the first one is). */
+    stateText(c) {
+      if (c.error) return "unreadable";
+      if (c.finished) return "finished";
+      const what = `migrate ${c.source} -> ${c.target} `;
+      const job = this.jobs.find(j => this.live(j) && j.kind === "migration" && j.description.startsWith(what));
+      const none = c.last_id === null || c.last_id === undefined;
+      if (job) return `${job.state}: ${none ? "no rows written yet" : "written up to id " + c.last_id}`;
+      return none ? "not started yet: no rows written" : `stopped after id ${c.last_id}`;
+    },
     outcome(j) {
       if (j.error) return `${j.error.type}: ${j.error.message}`;
       if (j.kind === "verify" && j.result) return this.verifyText(j.result);
       const r = j.result && j.result.report;
-      if (!r) return JSON.stringify(j.result || "");
+      if (!r) return j.result ? JSON.stringify(j.result) : "";  // a running job has no result yet: nothing shown
       const x = r.extra || {};
       if (x.dry_run) return `dry run: would ${x.start} ${r.target}, ${x.rows_to_write} rows to write; space ${x.space_check}`;
       return `${r.rows} rows in ${r.target} (${r.rows_this_run} this run, ${r.seconds.toFixed(1)}s)` +

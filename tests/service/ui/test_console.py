@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -459,7 +460,7 @@ REVOCABLE = "soon-revoked-1"  # a read key the operator revokes while the consol
 def small(tmp_path_factory):
     """In-process uvicorn (no encoders): spaces a, b; map vmap fitted twice with alias prod, then its version 2
     deleted (prod left on it); a map with a 128-character name whose version carries a 3,000-character tag value;
-    a migration job still running."""
+    a migration checkpoint that has written no row yet and a migration job still running over it."""
     from service.api import create_app
 
     data = tmp_path_factory.mktemp("console-small")
@@ -477,6 +478,11 @@ def small(tmp_path_factory):
             assert r.status_code == 202 and _wait_job(c, r.json()["id"])["state"] == "succeeded", r.text
         assert c.delete("/v1/maps/vmap/versions/2", headers=W).status_code == 200
         assert c.put(f"/v1/maps/{long}/versions/1/tags/note", headers=W, json={"value": "t" * 3000}).status_code == 200
+        ck = data / "data" / "migrations" / "docs-to-docs_new.json"  # as a migration saves it before its 1st batch
+        ck.parent.mkdir(parents=True, exist_ok=True)
+        ck.write_text(json.dumps({"source": "docs", "target": "docs_new", "map_fingerprint": "f", "first_id": None,
+                                  "last_id": None, "done": 0, "batches": 0, "total": 120, "finished": False,
+                                  "started_at": time.time(), "nulls": "kept"}))
         app.state.vb.jobs.submit(lambda ctx: release.wait(300) and None, kind="migration",
                                  description="migrate docs -> docs_new through vmap:1")
         try:
@@ -531,10 +537,15 @@ def test_registry_alias_form_and_long_names_at_any_width(small, browser):
 
 def test_a_refused_key_stops_the_polling_and_a_new_one_resumes_it(small, browser):
     """The jobs and migrations pages polled every second with a key the server had revoked (a 401 a second, for
-    as long as the tab stayed open)."""
+    as long as the tab stayed open). Also: a migration running before its first batch read "stopped after id
+    null", and its job's result cell a literal ""."""
     mig = Page.open(browser, small["base"], "/ui/migrations", REVOCABLE)
+    ck = mig.page.locator("#mig-checkpoints tbody tr", has_text="docs-to-docs_new")
+    ck.wait_for()
+    assert "running: no rows written yet" in ck.inner_text() and "null" not in ck.inner_text()
     row = mig.page.locator("#mig-table tbody tr", has_text="running")
     row.wait_for()
+    assert row.locator("td").last.inner_text() == ""
     jobs = Page.open(browser, small["base"], "/ui/jobs", REVOCABLE)
     jobs.page.locator("#jobs tbody tr").first.wait_for()
     keys = small["app"].state.vb_settings.api_keys
