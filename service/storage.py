@@ -274,10 +274,13 @@ def folder_aside(dest: Path) -> Iterator[tuple[Path, list[str]]]:
     try:
         held = hold(tmp / IN_PROGRESS, create=True)
         yield tmp, swept
-        (tmp / IN_PROGRESS).unlink()  # not part of the folder; the lock stays held until the rename is done
         for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
             fsync_dir(d)  # every entry durable before the rename makes the folder visible
         os.rename(tmp, dest)
+        # the marker goes only now: removed before the rename, a kill in the fsyncs above left a whole unmarked
+        # copy (the local key too) that no sweep took; a kill here leaves an empty marker in the finished folder
+        (dest / IN_PROGRESS).unlink()
+        fsync_dir(dest)
         fsync_dir(dest.parent)
     except BaseException:
         remove_marked(tmp)

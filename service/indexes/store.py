@@ -233,8 +233,10 @@ class IndexStore:
                         before_commit()
                     if final.exists():  # a folder without meta: left by a crash before this format
                         os.rename(final, self.root / f".trash-{name}-{uuid.uuid4().hex}")
-                    (tmp / CREATING).unlink()  # not part of the index (the lock stays held until the rename)
                     os.rename(tmp, final)
+                    # the marker goes after the rename: removed before it, a kill between left an unmarked copy
+                    # of the whole index for a day; a kill here leaves an empty marker in the index folder
+                    (final / CREATING).unlink()
                     fsync_dir(self.root)
                 idx.path, idx._meta_sig = final, sig
             finally:

@@ -325,9 +325,12 @@ from service.config import Settings
 from service.ops.backup import backup_data_dir
 
 source, dest, hold = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+if hold == "rename":  # kill -9 at the rename that makes the copy DEST: every file written and made durable
+    rename = os.rename
+    os.rename = lambda a, b: os.kill(os.getpid(), signal.SIGKILL) if Path(b) == dest else rename(a, b)
 
 def progress(stage, fraction):
-    if stage == "index docs" and 0 < fraction < 1:
+    if stage == "index docs" and 0 < fraction < 1 and hold != "rename":
         if hold == "kill":
             os.kill(os.getpid(), signal.SIGKILL)  # kill -9 half-way through an index copy
         (dest.parent / "holding").touch()
@@ -394,3 +397,20 @@ def test_the_summary_counts_steer_versions_beside_map_versions(source, tmp_path)
     assert "1 map versions, 2 steer versions)" in r.stdout, r.stdout
     out = json.loads(cli("--data-dir", tmp_path / "b", "registry", "verify").stdout)
     assert (out["ok"], out["n_versions"], out["n_steer_versions"]) == (True, 1, 2)
+
+
+def test_a_backup_killed_at_its_final_rename_is_removed_by_the_next(source, tmp_path):
+    """The marker was removed before the last fsyncs and the rename: a backup killed there left a whole unmarked
+    copy of the data dir (its local key too) that no later backup removed. Now the marker goes after the rename."""
+    out = tmp_path / "out"
+    script = tmp_path / "killed_backup.py"
+    script.write_text(KILLED_BACKUP)
+    r = subprocess.run([sys.executable, str(script), str(source), str(out / "b1"), "rename"], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == -9, r.stderr
+    (left,) = [p for p in out.iterdir()]
+    assert left.name.startswith(".b1.tmp-") and (left / "backup.json").exists()
+    r = cli("--data-dir", source, "backup", out / "b1", "--json")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["b1"], list(out.iterdir())
+    assert not (out / "b1" / ".vecbridge-backup-in-progress").exists()

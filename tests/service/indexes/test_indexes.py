@@ -646,3 +646,11 @@ def test_a_killed_create_leaves_nothing_once_swept_and_a_live_one_is_kept(tmp_pa
     assert r.returncode == -9 and len(list(tmp_path.glob(".create-*"))) == 1
     IndexStore(tmp_path).create("other", "s", np.ones((10, 8), np.float32))
     assert not list(tmp_path.glob(".create-*"))
+    # killed at the rename itself (the marker was removed just before it: the folder was kept for a day)
+    at_rename = _KILLED_CREATE.replace("SpaceIndex.save = save_then_die", (
+        "rename = os.rename\nos.rename = lambda a, b: os.kill(os.getpid(), signal.SIGKILL) "
+        "if Path(a).name.startswith('.create-') else rename(a, b)"))
+    r = subprocess.run([sys.executable, "-c", at_rename, str(tmp_path)], capture_output=True, check=False)
+    assert r.returncode == -9 and len(list(tmp_path.glob(".create-*"))) == 1, r.stderr
+    IndexStore(tmp_path).create("third", "s", np.ones((10, 8), np.float32))
+    assert not list(tmp_path.glob(".create-*"))
