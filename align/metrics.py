@@ -237,9 +237,9 @@ def top1_at(top1: float, pool: int, reference: int = 1000, n_queries: int | None
     A smaller pool (``pool < reference``): with ``p`` the chance that one distractor beats the partner
     (distractors taken as independent), ``top1 = (1 - p)^(pool - 1)``, so ``top1^((reference - 1) / (pool - 1))``.
     A share above 1/2 is first taken as ``(hits + 1/2) / (n_queries + 1)`` (Jeffreys' estimate; never raised, so a
-    map at chance stays there): a perfect score on few
-    queries is not certainty, and read as one it stayed 1.000 at any pool (10 pairs, 2 per fold: 1.000 among
-    2, put on 1,000 as 1.000, and chosen for the path over a 3,000-pair map; measured among 1,000 it is 0.015).
+    map at chance stays there): a perfect score on few queries is not certainty, and read as one it stayed 1.000
+    at any pool (10 pairs, 2 per fold: 1.000 among 2, put on 1,000 as 1.000, and chosen for the path over a
+    3,000-pair map; measured among 1,000 it is 0.015).
     Held-out top-1 falls as the pool grows, so figures from pools of different sizes only compare on a common
     one. On WordNet minilm→e5 (held out among 1,000): 0.989 among 400 → 0.970 (measured 0.972); 0.987 among 600
     → 0.977 (0.989); 0.975 among 200 → 0.870 (0.931): the order is kept. A map at chance stays at chance or below

@@ -395,7 +395,8 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
         raise InputError("semi_supervised refinement needs a linear map; it cannot follow method='cluster'")
     _check_holdout(options.get("holdout", 0.2), options.get("max_holdout", 1000))
     if dims is not None and "rank" in options and options["rank"] > min(dims):
-        raise InputError(f"rank must be in [1, {min(dims)}] (the narrower side is {min(dims)}-d), got {options['rank']}")
+        raise InputError(f"rank must be in [1, {min(dims)}] (the narrower side is {min(dims)}-d), "
+                         f"got {options['rank']}")
     if n_pairs is not None:
         if n_pairs < 2:
             raise TooFewRowsError(f"a paired fit needs at least 2 pairs, got {n_pairs}")

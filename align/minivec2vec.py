@@ -427,7 +427,8 @@ class MiniVec2Vec:
         self.reliable_ = bool(held_out and final_crit >= self.reliability_ratio * self.null_criterion_)
         if not held_out:  # on its own refined rows a wrong map scores ~5x random: no verdict (was "reliable")
             warnings.warn(f"MiniVec2Vec: no rows held out to judge the map (holdout={self.holdout}, {X.shape[0]} x "
-                          f"{Y.shape[0]} rows: fewer than 20 per side), so it is flagged unreliable", ConvergenceWarning, stacklevel=3)
+                          f"{Y.shape[0]} rows: fewer than 20 per side), so it is flagged unreliable",
+                          ConvergenceWarning, stacklevel=3)
         elif not self.reliable_:
             warnings.warn(f"MiniVec2Vec: criterion {final_crit:.4f} is below {self.reliability_ratio} x the criterion "
                           f"of random maps ({self.null_criterion_:.4f}); the map is probably wrong", ConvergenceWarning,
