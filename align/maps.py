@@ -45,6 +45,7 @@ class _Scalars:
 
     sqrt = staticmethod(math.sqrt)
     maximum = staticmethod(max)  # finite arguments only (the caller has checked the row)
+    minimum = staticmethod(min)
 
     @staticmethod
     def full(m: int, value: float) -> float:
@@ -54,6 +55,7 @@ class _Scalars:
 class _Arrays:
     sqrt = staticmethod(np.sqrt)
     maximum = staticmethod(np.maximum)
+    minimum = staticmethod(np.minimum)
 
     @staticmethod
     def full(m: int, value: float) -> np.ndarray:
@@ -236,8 +238,11 @@ class LinearMap(StoredMap):
         """
         p, ft = self._plan(), self.target_frame
         if p["folded"]:
+            # |unit(x)|^2: 1, and 0 for a zero row (unit(0) = 0, framed as -mu / |mu| as Frame.apply has it; taken
+            # as 1, its output was off the frame's, norm 0.25 where a unit row was due)
+            one = xp.minimum(n1 / _NORM_LO, 1.0)
             n1 = xp.maximum(n1, _NORM_LO)  # only zero rows are below it (smaller ones were tamed)
-            s = xp.sqrt(xp.maximum(1.0 - 2.0 * dot(p["q_mu"]) / n1 + p["mu_sq"], 1e-24))
+            s = xp.sqrt(xp.maximum(one - 2.0 * dot(p["q_mu"]) / n1 + p["mu_sq"], 1e-24))
             alpha, beta, gamma = 1.0 / (n1 * s), -n1, n1 * s
         else:
             alpha, beta, gamma = xp.full(m, 1.0), xp.full(m, 0.0), xp.full(m, 1.0)

@@ -751,3 +751,25 @@ def test_top1_at_keeps_a_map_at_chance_at_chance_and_never_extrapolates_a_large_
         assert top1_at(0.0172, pool) == pytest.approx(0.0172)  # a 20-pair map: 0.078 measured among 1,000
     assert top1_at(0.989, 400) == pytest.approx(0.970, abs=2e-3)  # the docstring's WordNet figures still hold
     assert top1_at(0.001, 8192) < top1_at(0.5, 800) < top1_at(0.6, 8192)
+
+
+@pytest.mark.parametrize("family", ["procrustes", "ridge"])
+def test_an_all_zero_row_maps_as_its_framed_row_does(family):
+    """The fused apply took ``|unit(x)| = 1`` for every row; a zero row (an empty text's embedding) has unit(x) = 0,
+    which the source frame turns into ``-mu/|mu|``. Through an orthogonal map its raw output had norm 0.21 and its
+    frame output 0.50 (due: unit rows, the framed row's image); a ridge map's linear output was off the same way.
+    Reference: the framed rows through the same W, b and target frame with an identity source frame."""
+    from align.frames import Frame
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 24)).astype(np.float32) + 0.7
+    Q = np.linalg.qr(rng.normal(size=(24, 24)))[0]
+    Y = (X @ Q + 0.3 + 0.05 * rng.normal(size=X.shape)).astype(np.float32)
+    m = align.fit_procrustes(X[4:], Y[4:]) if family == "procrustes" else align.fit_ridge(X[4:], Y[4:], alpha=1.0)
+    X[3] = 0.0
+    ref = align.LinearMap(m.W, m.bias, Frame.identity(24), m.target_frame)
+    framed = m.source_frame.apply(X)
+    for output in ("raw", "frame", "linear"):
+        want = ref.apply(framed, output=output)
+        np.testing.assert_allclose(m.apply(X, output=output), want, atol=1e-5)
+        np.testing.assert_allclose(m.apply(X[3:4], output=output), want[3:4], atol=1e-5)  # the one-row path
