@@ -15,7 +15,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from .validation import check_no_zero_rows, check_paired, check_random_state, check_rankable
+from .validation import check_no_zero_rows, check_paired, check_random_state, check_rankable, pair_groups
 from .exceptions import DimensionMismatchError, InputError, ShapeError, TooFewRowsError
 from .frames import unit_rows
 from .blocks import rows_per_block
@@ -140,6 +140,7 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
     ``csls=True`` ``csls_top1`` / ``csls_mean_rank``. When the queries are a sample, ``intervals``: the
     :func:`proportion_interval` (``interval_level``) of ``top1``, each ``recall@k`` (and ``csls_top1``).
     """
+    check_map(map_, "evaluate needs a map")  # None was an AttributeError
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
     check_rankable(X, name="X_src")
     check_rankable(Y, name="Y_tgt")
@@ -201,7 +202,8 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
     among the targets of its own fold, in chunks of at most ``max_pool`` (cosine in the map's target frame, as
     :func:`evaluate`). So every row's pool is its 1/``folds`` share of the pairs, capped at ``max_pool``: the pool
     of :func:`align.fit_migration`'s held-out split (a fifth of the pairs, at most 1,000), and the two figures
-    measure the same thing. Unlike the training top-1 it does not reward a map that memorises its pairs.
+    measure the same thing. Unlike the training top-1 it does not reward a map that memorises its pairs: the
+    folds split the distinct pairs, every copy of a pair on one side (:func:`align.validation.pair_groups`).
 
     Returns ``{"top1", "n_candidates" (mean pool size), "folds", "n_rows"}``; TooFewRowsError below
     ``2 * folds`` rows. Same ``random_state``, same folds.
@@ -210,14 +212,20 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
     folds = check_count("folds", folds, lo=2)  # 1 left no rows to fit on, 0 reached np.array_split
     max_pool, max_rows = check_count("max_pool", max_pool), check_count("max_rows", max_rows, lo=2 * folds)
-    n = X.shape[0]
-    if n < 2 * folds:
-        raise TooFewRowsError(f"{folds}-fold cross-validation needs at least {2 * folds} pairs, got {n}")
+    # distinct pairs are split (pair_groups): a held-out copy of a training pair scored memorisation (ridge of 1e-6
+    # on 300 pairs, half of them twice: 0.86, against 0.29 on 450 distinct pairs); each group's first row is ranked
+    groups = pair_groups(X, Y)
+    first, group = (np.arange(X.shape[0]), None) if groups is None else groups
+    if first.size < 2 * folds:
+        raise TooFewRowsError(f"{folds}-fold cross-validation needs at least {2 * folds} distinct pairs, got "
+                              f"{first.size}")
     rng = check_random_state(random_state)
-    rows = rng.permutation(n)[:max_rows]
+    rows = first[rng.permutation(first.size)[:max_rows]]
     hits, pools = 0, []
     for part in np.array_split(rows, folds):
         train = np.setdiff1d(rows, part)
+        if group is not None:  # every copy of a training pair, as the data weighs it
+            train = np.flatnonzero(np.isin(group, group[train]))
         m = fit(X[train], Y[train])
         check_map(m, "fit must return a map")  # None was an AttributeError
         for chunk in np.array_split(part, -(-part.size // max_pool)):

@@ -53,6 +53,7 @@ import numpy as np
 
 from .validation import (as_matrix, check_csls_weight, check_labelled_queries, check_not_collapsed, check_paired,
                          check_random_state, check_rankable, check_same_queries, collapsed, pair_groups)
+from .chain import check_map
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
@@ -88,6 +89,7 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10, max_queries: int | 
     ``random_state``, the rows :func:`align.evaluate` draws with the same arguments), each against all n rows;
     ``None`` or ``>= n``: every pair (the exact figures). Sampled figures come with ``intervals``.
     """
+    check_map(map_, "score_map needs a map")  # None was an AttributeError
     k = check_number("k", k, 1, 1 << 31, whole=True)  # k=0 scored NaN, k=-1 keyed "corpus_recall@-1"
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=2)
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
@@ -134,6 +136,7 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
     Typed errors: mismatched rows or dimensions, NaN/Inf, an all-zero query, ``relevant`` not integers in
     ``[0, n)`` or not one per query, an unknown ``side``, ``csls_weight`` / ``csls_k`` out of range.
     """
+    check_map(map_, "labelled_retention needs a map")  # None was an AttributeError
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=1)
     check_rankable(X, name="X_src")
     check_rankable(Y, name="Y_tgt")

@@ -308,3 +308,15 @@ def test_cluster_maps_metadata_scaling_and_seeds_refuse_bad_values_by_name(pairs
         align.Steer(np.eye(6)[:, :1], np.ones((6, 1))).scaled(1e300)
     with pytest.raises(InputError, match="random_state"):
         align.evaluate(align.fit_procrustes(X, Y), X, Y, random_state=-1)
+
+
+@pytest.mark.parametrize("not_a_map", [None, "minilm-e5", np.eye(6)], ids=["None", "str", "array"])
+def test_the_metrics_refuse_what_is_not_a_map(pairs, not_a_map):
+    """evaluate, score_map and labelled_retention took any object and failed with a raw AttributeError
+    ('NoneType' object has no attribute 'source_dim'); cross_val_top1 and MapChain already said what they need."""
+    X, Y = pairs
+    for call in (lambda: align.evaluate(not_a_map, X, Y),
+                 lambda: align.migration.score_map(not_a_map, X, Y),
+                 lambda: align.migration.labelled_retention(not_a_map, X, Y, Y[:3], [0, 1, 2])):
+        with pytest.raises(InputError, match=r"needs a map \(LinearMap, ClusterMap, MapChain\)"):
+            call()
