@@ -372,7 +372,10 @@ class LinearMap(StoredMap):
         bias = np.zeros(other.target_dim)
         if self.bias is not None:
             bias += self.bias.astype(np.float64) @ other.W
-        exact = self.target_frame.same_as(other.source_frame) and self.is_orthogonal()
+        # norms survive only when W W^T = I: orthonormal rows (d_s <= d_t); a 384 -> 50 projection has orthonormal
+        # columns, is_orthogonal() too, and was called exact
+        exact = self.target_frame.same_as(other.source_frame) and self.is_orthogonal() and self.W.shape[0] <= \
+            self.W.shape[1]
         if not self.target_frame.same_as(other.source_frame):
             m1 = self.target_frame.mean if self.target_frame.mean is not None else 0.0
             m2 = other.source_frame.mean if other.source_frame.mean is not None else 0.0
@@ -384,10 +387,12 @@ class LinearMap(StoredMap):
 
     def inverse(self) -> "LinearMap":
         """The map back: ``Wᵀ`` when orthogonal, else the Moore–Penrose pseudo-inverse."""
-        if self.is_orthogonal():
+        if self.is_orthogonal():  # exact when W W^T = I (d_s <= d_t); Wᵀ of a projection is its pseudo-inverse
             W_inv = self.W.T.copy()
             bias = None
-            meta = {"method": "inverse", "of": self.metadata, "exact": True}
+            meta = {"method": "inverse", "of": self.metadata, "exact": self.W.shape[0] <= self.W.shape[1]}
+            if not meta["exact"]:
+                meta["kind"] = "pseudo-inverse"
         else:
             W_inv = linalg.pinv(self.W.astype(np.float64))
             bias = None if self.bias is None else -(self.bias.astype(np.float64) @ W_inv)

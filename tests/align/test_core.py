@@ -228,6 +228,17 @@ def test_compose_orthogonal_maps_is_exact(rng):
     np.testing.assert_allclose(ac.apply(Z), bc.apply(ab.apply(Z, output="raw")), atol=1e-4)
 
 
+def test_a_narrowing_orthogonal_map_is_not_called_exact(rng):
+    """A 12 -> 4 Procrustes map has orthonormal columns (is_orthogonal) but loses norms: its inverse and its
+    compositions were marked exact (a 384 -> 50 map's round trip kept a cosine of 0.67)."""
+    X = rng.normal(size=(300, 12))
+    narrow = align.fit_procrustes(X, X[:, :4] + 0.1 * rng.normal(size=(300, 4)))
+    wide = align.fit_procrustes(X[:, :4], X + 0.1 * rng.normal(size=(300, 12)))
+    assert narrow.is_orthogonal() and wide.is_orthogonal()
+    assert narrow.inverse().metadata["exact"] is False and wide.inverse().metadata["exact"] is True
+    assert narrow.compose(wide).metadata["exact"] is False
+
+
 def test_compose_dimension_mismatch(rng):
     a = align.fit_ridge(rng.normal(size=(20, 3)), rng.normal(size=(20, 4)))
     b = align.fit_ridge(rng.normal(size=(20, 5)), rng.normal(size=(20, 2)))
