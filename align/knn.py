@@ -67,6 +67,14 @@ def _topk_block(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     else:
         part = np.argpartition(-S, k - 1, axis=1)[:, :k]
         vals = np.take_along_axis(S, part, axis=1)
+        # argpartition takes any members of a tie at the k-th score (duplicate rows: 20 of 50 self-queries got
+        # the copy): rows with more such ties than taken get the lowest indices (one compare pass, ~1/d of the GEMM)
+        kth = vals.min(axis=1)
+        short = np.flatnonzero((S == kth[:, None]).sum(axis=1) > (vals == kth[:, None]).sum(axis=1))
+        for r in short:
+            above = np.flatnonzero(S[r] > kth[r])
+            part[r] = np.concatenate([above, np.flatnonzero(S[r] == kth[r])[: k - above.size]])
+        vals = np.take_along_axis(S, part, axis=1)
         order = np.lexsort((part, -vals), axis=1)
         idx = np.take_along_axis(part, order, axis=1)
     return np.take_along_axis(S, idx, axis=1), idx
@@ -85,7 +93,8 @@ def _knn_block(Q: np.ndarray, D: np.ndarray, k: int, bias_d: np.ndarray | None, 
             S, I = faiss.knn(np.ascontiguousarray(Q), np.ascontiguousarray(D), k, metric=faiss.METRIC_INNER_PRODUCT)
         finally:
             faiss.omp_set_num_threads(prev)
-        return S, I.astype(np.int64, copy=False)
+        order = np.lexsort((I, -S), axis=1)  # ties: lower index first, as the numpy path (FAISS put a copy first)
+        return np.take_along_axis(S, order, axis=1), np.take_along_axis(I, order, axis=1).astype(np.int64, copy=False)
     S = Q @ D.T
     if bias_d is not None:
         S += bias_d

@@ -271,6 +271,23 @@ def test_blocked_knn_matches_brute_force(n, m, k, block, seed, use_faiss):
     np.testing.assert_allclose(np.take_along_axis(full, I, axis=1), ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("use_faiss", [False, True])
+def test_knn_ties_go_to_the_lower_index_on_every_path(rng, use_faiss):
+    """Duplicate database rows tie exactly: numpy's argpartition took any member of a tie at the k-th score (20 of
+    50 self-queries found the copy, not the row) and FAISS put the copy first; the docs say lower index first."""
+    A = rng.normal(size=(300, 16)).astype(np.float32)
+    A /= np.linalg.norm(A, axis=1, keepdims=True)
+    D = np.vstack([A, A[:100]])  # rows 300.. copy rows 0..99
+    S, I = align.knn(A[:100], D, 1, use_faiss=use_faiss)
+    assert I[:, 0].tolist() == list(range(100))
+    S, I = align.knn(A[:100], D, 2, use_faiss=use_faiss, block_size=7)
+    assert I.tolist() == [[i, 300 + i] for i in range(100)]
+    from align.knn import knn_blocks
+
+    Sb, Ib = knn_blocks(A[:100], [D[:150], D[150:]], 2)
+    assert Ib.tolist() == I.tolist()
+
+
 def test_csls_matches_brute_force(rng):
     Q, D = rng.normal(size=(40, 6)).astype(np.float32), rng.normal(size=(55, 6)).astype(np.float32)
     S, I = align.csls_knn(Q, D, 3, csls_k=5, block_size=7)
