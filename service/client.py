@@ -213,7 +213,7 @@ class APICalls(SteerCalls, Calls):
 
     @call
     def delete_version(self, name: str, version: int) -> dict:
-        """Soft delete: the version stays for lineage but no reference resolves to it any more."""
+        """Soft delete (kept for lineage, unresolvable); the answer's ``bare_ref``: what a bare ``name`` means now."""
         return (yield from self._json("DELETE", f"/v1/maps/{_seg(name)}/versions/{int(version)}"))
 
     @call

@@ -28,7 +28,8 @@ __all__ = [
     "EmbeddingsRequest", "vectors_schema", "error_responses", "Health",
     "Ready", "ServiceInfo",
     "SpaceOut", "SpaceList",
-    "VersionOut", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList", "IndexAddResponse",
+    "VersionOut", "VersionDeleted", "VersionList", "MapSummary", "MapList", "MapDetail", "IndexOut", "IndexList",
+    "IndexAddResponse",
     "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
     "SteerFitRequest", "SteerFitOptions", "SteerApplyRequest", "SteerApplyOptions", "SteerApplyResponse", "SteerOut",
     "SteerDeleted",
@@ -431,6 +432,11 @@ class SpaceList(_Page):
 
 
 VersionOut = record_model("VersionOut", VersionInfo)
+
+
+class VersionDeleted(VersionOut):
+    bare_ref: str | None = Field(None, description="`name:N`: what a bare NAME resolves to now (its live `prod` "
+                                 "version, else the best live one); null when no live version is left.")
 
 
 class VersionList(_Page):

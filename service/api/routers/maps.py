@@ -24,7 +24,8 @@ from ..pagination import Page, list_route, paginate
 from ..responses import FastJSONResponse, dumps
 from ..routing import CodecRoute
 from ..schemas import (MAX_VERSION, AliasOut, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
-                       TransformJSON, TransformOptions, TransformResponse, VersionList, VersionOut, error_responses)
+                       TransformJSON, TransformOptions, TransformResponse, VersionDeleted, VersionList, VersionOut,
+                       error_responses)
 
 router = APIRouter(prefix="/v1", tags=["spaces and maps"], responses=error_responses(401, 403, 404, 422, 503),
                    route_class=CodecRoute)
@@ -124,9 +125,16 @@ async def get_version(name: str, version: Version, state: StateDep, if_none_matc
 
 
 @router.delete("/maps/{name}/versions/{version}", dependencies=[WriteScope],
-               summary="Delete a version (soft: kept for lineage, no longer resolvable)", response_model=VersionOut)
+               summary="Delete a version (soft: kept for lineage, no longer resolvable)", response_model=VersionDeleted)
 async def delete_version(name: str, version: Version, state: StateDep):
-    return FastJSONResponse((await run_in_threadpool(state.registry.delete_version, name, version)).to_dict())
+    """The deleted version, and `bare_ref`: what a bare NAME resolves to now (aliases stay on the deleted version and
+    no longer resolve; when `prod` was one of them, the bare name falls to the best live version), as steers say."""
+    def work():
+        v = state.registry.delete_version(name, version)
+        bare = state.registry.resolve_bare(name)
+        return {**v.to_dict(), "bare_ref": bare.ref if bare is not None else None}
+
+    return FastJSONResponse(await run_in_threadpool(work))
 
 
 @router.get("/maps/{name}/aliases/{alias}", dependencies=[ReadScope], summary="Get an alias (and its ETag)",

@@ -271,6 +271,7 @@ def test_alias_and_soft_delete(tmp_path):
         assert c.delete("/v1/maps/a2b/versions/2", headers=R).status_code == 403
         r = c.delete("/v1/maps/a2b/versions/2", headers=W)
         assert r.status_code == 200 and r.json()["deleted"] is True
+        assert r.json()["bare_ref"] == "a2b:1"  # what a bare a2b means now, as a steer delete says
         assert c.post("/v1/maps/a2b:2/transform", json={"vectors": [[0.5] * 16]}, headers=R).status_code == 404
         assert c.post("/v1/maps/a2b/transform", json={"vectors": [[0.5] * 16]}, headers=R).json()["version"] == 1
         assert c.delete("/v1/maps/a2b/aliases/prod", headers=W).status_code == 204
