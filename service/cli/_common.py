@@ -222,9 +222,10 @@ def search_on(name: str, *, source: str = "--search-device", warm: bool = True) 
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def parse_kv(items, what="parameter") -> dict:
-    """``("KEY=VALUE", ...)`` -> dict; values are JSON when they parse, else strings. A KEY given twice is a usage
-    error (the last value was kept without a word: `--steer plant:1=1 --steer plant:1=-1` searched with -1 only)."""
+def parse_kv(items, what="parameter", *, raw: bool = False) -> dict:
+    """``("KEY=VALUE", ...)`` -> dict; values are JSON when they parse, else strings (``raw``: always the text as
+    typed, as tags keep it: `--tag f=1.50` was stored as "1.5", `--tag flag=true` as "True"). A KEY given twice is a
+    usage error (the last value was kept without a word: `--steer plant:1=1 --steer plant:1=-1` searched with -1)."""
     out = {}
     for item in items or ():
         if "=" not in item:
@@ -233,7 +234,7 @@ def parse_kv(items, what="parameter") -> dict:
         if k in out:
             raise click.UsageError(f"{what} {k!r} is given twice; give each once")
         try:
-            out[k] = json.loads(v)
+            out[k] = v if raw else json.loads(v)
         except json.JSONDecodeError:
             out[k] = v
         except RecursionError:

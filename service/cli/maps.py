@@ -100,7 +100,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                 v = run_fit(obj.registry, name=name, source=X, target=Y, method=method, params=parse_kv(params),
                             source_space=source_space, target_space=target_space,
                             paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias,
-                            progress=progress, description=description, tags=parse_kv(tags, "tag"), inputs=inputs,
+                            progress=progress, description=description, tags=parse_kv(tags, "tag", raw=True), inputs=inputs,
                             artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,
                             ray_shard_rows=shard_rows, threads=threads, notes=notes)
         finally:

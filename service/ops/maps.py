@@ -536,6 +536,17 @@ def create_space(registry, load_encoder: Callable, *, name: str, dim: int | None
         dim = enc.dim
     if dim is None:
         raise InputError("give `dim`, or an `encoder` to take it from")
+    try:
+        have = registry.get_space(name)
+    except NotFoundError:
+        have = None
+    if have is not None:  # the encoder was replaced without a word: the space's texts then embedded by another model
+        for what, old, new in (("encoder", have.encoder, encoder), ("query_prefix", have.query_prefix,
+                                                                    details.get("query_prefix")),
+                               ("passage_prefix", have.passage_prefix, details.get("passage_prefix"))):
+            if old and new and (canonical_name(old) != canonical_name(new) if what == "encoder" else old != new):
+                raise ConflictError(f"space {name!r} has {what} {old!r}: texts embedded with {new!r} would not be "
+                                    f"comparable with the vectors its maps and indexes hold; register a new space")
     return registry.register_space(name, dim, encoder=encoder, **details)
 
 

@@ -39,7 +39,7 @@ from ..io import json_finite
 from ..storage import atomic_write, folder_aside
 from .entity import KINDS, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
-from .names import check_alias, check_name, check_tag_key, fs_safe
+from .names import MAX_TAGS, check_alias, check_name, check_tags, fs_safe
 from .store import sha256_bytes
 
 __all__ = ["export_bundle", "import_bundle", "BUNDLE_FORMAT", "MAX_DIM", "MAX_VERSION", "MAX_ENTRIES"]
@@ -353,11 +353,10 @@ def _check_manifest(manifest) -> dict:
                     v["target_space"] = space(d.get("target_space"), v["target_dim"], "target space")
                     v["artifact_format"] = v["ext"]
                     tags = d.get("tags", {}) or {}
-                    if not isinstance(tags, dict) or len(tags) > 256:
-                        raise IntegrityError(f"bundle: tags of {what} must be an object of at most 256 entries")
+                    if not isinstance(tags, dict) or len(tags) > MAX_TAGS:  # what a registry may hold, no less
+                        raise IntegrityError(f"bundle: tags of {what} must be an object of at most {MAX_TAGS} entries")
                     try:
-                        v["tags"] = {check_tag_key(k): _text(str(t), f"tag {k!r} of {what}", limit=4096)
-                                     for k, t in tags.items()}
+                        v["tags"] = check_tags(tags, what)
                     except InvalidNameError as exc:
                         raise InvalidNameError(f"bundle: {what}: {exc}") from None
                     v["bundle_report"] = _text(d.get("bundle_report"), f"{what} bundle_report", optional=True,

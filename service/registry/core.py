@@ -37,7 +37,7 @@ from .names import (
     check_alias,
     check_name,
     check_seed,
-    check_tag_key,
+    check_tags,
     check_text,
     parse_ref,
 )
@@ -267,7 +267,7 @@ class Registry(SteerRegistryMixin):
         check_name(target_space, "target space")
         if alias is not None:
             check_alias(alias)
-        tags = {check_tag_key(k): check_text(str(v), f"tag {k!r}") for k, v in (tags or {}).items()}
+        tags = check_tags(tags, f"map {name}")
         for what, text in (("method", str(method)), ("description", description), ("report_path", report_path)):
             check_text(text, what)
         fmt = artifact_format or self.artifact_format

@@ -38,8 +38,9 @@ from .names import (
     MAX_VERSION,
     check_alias,
     check_name,
+    check_tag_count,
     check_tag_key,
-    check_text,
+    check_tag_value,
     parse_ref,
 )
 
@@ -469,10 +470,13 @@ class VersionedStore:
     def set_tag(self, name: str, version: int, key: str, value) -> Record:
         self.check(name)
         check_tag_key(key)
-        value = check_text(str(value), f"tag {key!r}")
+        value = check_tag_value(value, key)
 
         def fn(t):
             self.get_in(t, name, int(version))
+            others = t.one(f"SELECT count(*) FROM {self.kind.tags} WHERE name = ? AND version = ? AND key <> ?",
+                           (name, int(version), key))[0]
+            check_tag_count(int(others) + 1, f"{self.kind.noun} {name}:{int(version)}")
             t.q(f"INSERT INTO {self.kind.tags} (name, version, key, value) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (name, version, key) DO UPDATE SET value = excluded.value",
                 (name, int(version), key, value))

@@ -14,8 +14,8 @@ import numpy as np
 
 from .errors import InvalidNameError
 
-__all__ = ["check_name", "check_alias", "check_tag_key", "check_text", "check_seed", "parse_ref", "fs_safe",
-           "MAX_NAME"]
+__all__ = ["check_name", "check_alias", "check_tag_key", "check_tag_value", "check_tag_count", "check_tags", "check_text",
+           "check_seed", "parse_ref", "fs_safe", "MAX_NAME", "MAX_TAG_BYTES", "MAX_TAGS"]
 
 MAX_NAME = 128
 MAX_VERSION = 2**31 - 1  # PostgreSQL INTEGER
@@ -44,10 +44,37 @@ def check_alias(alias) -> str:
     return alias
 
 
+#: a tag value's most UTF-8 bytes (``limits.max_tag_bytes``: HTTP's bound on its compact JSON) and a version's most
+#: tags: one bound for every writer (HTTP, the CLI, a fit's tags, a bundle import), so what one wrote another reads
+MAX_TAG_BYTES, MAX_TAGS = 16_384, 256
+
+
 def check_tag_key(key) -> str:
-    if not isinstance(key, str) or not key or len(key) > 128 or "\x00" in key:
-        raise InvalidNameError(f"tag key {str(key)[:40]!r} is not allowed")
+    """A tag key: 1-128 characters, no NUL, no ``/`` (a route's path segment could not name it)."""
+    if not isinstance(key, str) or not key or len(key) > 128 or "\x00" in key or "/" in key:
+        raise InvalidNameError(f"tag key {str(key)[:40]!r} is not allowed (1-128 characters, no '/' or NUL)")
     return key
+
+
+def check_tag_value(value, key: str) -> str:
+    """``str(value)``, refused (InvalidNameError) past :data:`MAX_TAG_BYTES` UTF-8 bytes or holding NUL: the CLI
+    stored 100 KB tags that HTTP refuses and a bundle import then refused whole."""
+    text = check_text(str(value), f"tag {key!r}")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_TAG_BYTES:
+        raise InvalidNameError(f"tag {key[:40]!r} is longer than {MAX_TAG_BYTES} bytes")
+    return text
+
+
+def check_tag_count(n: int, what: str) -> None:
+    if n > MAX_TAGS:
+        raise InvalidNameError(f"{what} would have {n} tags; at most {MAX_TAGS}")
+
+
+def check_tags(tags, what: str) -> dict[str, str]:
+    """``{key: text}`` of a version's ``tags`` (a dict or None), each key and value checked, at most :data:`MAX_TAGS`."""
+    out = {check_tag_key(k): check_tag_value(v, k) for k, v in (tags or {}).items()}
+    check_tag_count(len(out), what)
+    return out
 
 
 def check_text(value, what: str):

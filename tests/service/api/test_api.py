@@ -47,6 +47,12 @@ def test_spaces_and_versions(world):
     assert c.post("/v1/spaces", json={"name": "d2"}, headers=W).status_code == 422  # no dim, no encoder
     vs = c.get("/v1/maps/a2b/versions", headers=R).json()["data"]
     assert [v["version"] for v in vs] == [1] and "prod" in vs[0]["aliases"]
+    # a space's encoder is how its texts embed: replacing it (201 before) made new texts another model's vectors
+    assert c.post("/v1/spaces", json={"name": "txt", "encoder": "minilm"}, headers=W).status_code == 201
+    r = c.post("/v1/spaces", json={"name": "txt", "encoder": "multilingual-e5-small"}, headers=W)
+    assert r.status_code == 409 and "has encoder" in r.json()["error"]["message"], r.text
+    r = c.post("/v1/spaces", json={"name": "txt", "encoder": "all-MiniLM-L6-v2", "description": "MiniLM"}, headers=W)
+    assert r.status_code == 201 and r.json()["description"] == "MiniLM"  # the same model by another name: fine
 
 
 # --- transform ----------------------------------------------------------------------------------

@@ -397,3 +397,13 @@ def test_json_output_of_a_text_transform_has_nothing_on_stderr(tmp_path):
                        capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stderr
     assert p.stderr == "" and json.loads(p.stdout), p.stderr[-500:]
+
+
+def test_fit_tags_are_stored_as_typed(capsys, data):
+    """`fit --tag` parsed each value as JSON and stored Python's str() of it: f=1.50 became "1.5", flag=true "True",
+    a JSON object its Python repr; `registry tag` and HTTP store the text given."""
+    code, out, err = run(capsys, "--data-dir", data / "var", "fit", "--pairs", "--quiet", "--source", data / "src.npy",
+                         "--target", data / "tgt.fvecs", "--method", "procrustes", "--name", "tagged", "--json",
+                         "--tag", "f=1.50", "--tag", "flag=true", "--tag", 'meta={"a": 1}', "--tag", "id=8e10")
+    assert code == 0, err
+    assert json.loads(out)["tags"] == {"f": "1.50", "flag": "true", "meta": '{"a": 1}', "id": "8e10"}

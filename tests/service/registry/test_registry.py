@@ -309,6 +309,39 @@ def test_a_postgres_role_that_may_only_read_gets_a_503_naming_the_privilege_not_
             admin.execute(f"DROP ROLE {role}")
 
 
+def test_tags_have_one_bound_for_every_writer_so_an_export_always_imports(reg, tmp_path):
+    """The CLI and a fit's tags stored 100 KB values and a version took any number of tags, while a bundle import
+    refused values past 4,096 characters or more than 256 tags: an export of such a registry could not be imported.
+    A key with '/' could be set but no route could name it."""
+    from service.registry.names import MAX_TAG_BYTES, MAX_TAGS
+
+    reg.register_space("a", 4)
+    reg.register_space("b", 4)
+    m = align.LinearMap(np.eye(4, dtype=np.float32))
+    v = reg.register_version("m", m, source_space="a", target_space="b", method="procrustes", params={},
+                             tags={"big": "é" * (MAX_TAG_BYTES // 2)})  # at the bound in UTF-8 bytes
+    with pytest.raises(InvalidNameError, match="longer than"):
+        reg.set_tag("m", v.version, "huge", "y" * (MAX_TAG_BYTES + 1))
+    with pytest.raises(InvalidNameError, match="not allowed"):
+        reg.set_tag("m", v.version, "a/b", "x")
+    with pytest.raises(InvalidNameError, match=f"at most {MAX_TAGS}"):
+        reg.register_version("m", m, source_space="a", target_space="b", method="procrustes", params={},
+                             tags={f"k{i}": "x" for i in range(MAX_TAGS + 1)})
+    for i in range(MAX_TAGS - 1):
+        reg.set_tag("m", v.version, f"k{i}", "x")
+    reg.set_tag("m", v.version, "k0", "again")  # replacing one is not one more
+    with pytest.raises(InvalidNameError, match=f"at most {MAX_TAGS}"):
+        reg.set_tag("m", v.version, "one-more", "x")
+    reg.export(tmp_path / "b.zip", names=["m"])
+    other = open_registry(f"sqlite:///{tmp_path / 'other.sqlite'}", tmp_path / "other-artifacts")
+    try:
+        other.import_(tmp_path / "b.zip")
+        tags = other.get_version("m", 1).tags
+        assert len(tags) == MAX_TAGS and tags["big"] == "é" * (MAX_TAG_BYTES // 2)
+    finally:
+        other.close()
+
+
 # --- spaces and paths -------------------------------------------------------------------------
 
 def test_spaces(reg):
