@@ -309,6 +309,11 @@ class VectorStore(ABC):
     def set_space(self, name: str, space: str) -> None:
         """Record the embedding space of a collection's vectors."""
 
+    def metric(self, name: str) -> str:
+        """How a collection (or alias) ranks its rows: ``"cosine"``, ``"ip"`` (inner product: the rows' norms
+        count), or another engine's metric as the engine names it, lower case (``"l2"``)."""
+        return "cosine"
+
     def unsupported_fields(self, name: str) -> list[str]:
         """Fields of ``name`` a migration could not carry over (each with the reason); [] when all travel."""
         return []

@@ -16,6 +16,12 @@ Spaces: when the source collection records its embedding space, or the caller de
 metadata), else :class:`SpaceMismatchError` — a same-dimension map the wrong way round (e5→minilm
 on a MiniLM collection) is refused. The target records the map's target space.
 
+Metric: the target ranks as the source does (``metric=None``): an inner-product (``ip``) collection gives an ``ip``
+target, so searches that name the metric keep working after the alias switch; a metric the adapters cannot create
+(L2 / Euclid) gives a cosine target. The map writes unit rows either way: the row norms an ``ip`` or L2 source ranks
+by are not carried, so the target ranks its rows as cosine would. The report (and a dry run) says so in ``warnings``
+whenever the source's metric is not cosine; ``extra["metric"]`` is the target's.
+
 Stopping: ``should_stop()`` is polled after each checkpointed batch; when it answers True the
 run ends with :class:`MigrationInterrupted` (rows so far are written and recorded; run again to
 resume). A resumed run continues after ``last_id``; a batch written but not
@@ -42,8 +48,9 @@ from align.chain import MapChain
 from align.cluster import ClusterMap
 from align.maps import LinearMap, load_map
 
-from .base import (CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError, SpaceMismatchError,
-                   UnsupportedFieldError, VectorDBError, VectorStore, check_name, id_key)
+from .base import (METRICS, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
+                   SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore, check_metric, check_name,
+                   id_key)
 from .checkpoint import Checkpoint, MemoryCheckpoint
 
 __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
@@ -200,6 +207,24 @@ SOURCE_CHANGED = ("{source!r} now holds {n_src} rows and {target!r} {n_tgt}: row
                   "{source} --map ...` names them")
 
 
+#: what a migration of a collection that does not rank by cosine says (the map writes unit rows)
+NORMS_DROPPED = ("{source!r} ranks by {ranks} ({metric}), which reads the rows' norms; the map writes unit rows, so "
+                 "those norms are not carried: {target!r} ({target_metric}) ranks its rows as cosine would")
+_RANKS = {"ip": "inner product", "l2": "L2 distance"}
+
+
+def _metric_notes(source: str, target: str, src_metric: str, tgt_metric: str) -> list[str]:
+    """The warning of a source whose ranking reads the norms the map drops (and of a target that ranks otherwise)."""
+    if src_metric == "cosine":
+        return []
+    note = NORMS_DROPPED.format(source=source, ranks=_RANKS.get(src_metric, "its own metric"), metric=src_metric,
+                                target=target, target_metric=tgt_metric)
+    if tgt_metric != src_metric:
+        note += (f"; its metric is {tgt_metric}, not the source's {src_metric} (this engine adapter creates cosine "
+                 "or ip collections): searches that name a metric must name cosine")
+    return [note]
+
+
 #: what a rerun of a finished migration says when the source holds another number of rows than the target now
 SOURCE_CHANGED_SINCE = ("{source!r} holds {n_src} rows and {target!r} {n_tgt}: the source changed after this migration "
                         "finished (or during it), and the target does not have those changes")
@@ -207,7 +232,7 @@ SOURCE_CHANGED_SINCE = ("{source!r} holds {n_src} rows and {target!r} {n_tgt}: t
 
 def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | None = None,
             batch_size: int = 2000, checkpoint: Checkpoint | None = None,
-            progress: Callable[[MigrationProgress], None] | None = None, metric: str = "cosine",
+            progress: Callable[[MigrationProgress], None] | None = None, metric: str | None = None,
             overwrite: bool = False, registry=None, source_space: str | None = None,
             target_space: str | None = None, should_stop: Callable[[], bool] | None = None,
             dry_run: bool = False) -> MigrationReport:
@@ -230,6 +255,9 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         the migration cannot resume after a crash.
     progress : callable, optional
         Called with a :class:`MigrationProgress` after every batch.
+    metric : str, optional
+        The new target's metric (cosine or ip); default the source's (cosine for one adapters cannot create, as L2).
+        See the module docs: a source that does not rank by cosine gets a warning in the report.
     overwrite : bool
         Drop an existing ``target`` before a fresh start (never when resuming).
     source_space, target_space : str, optional
@@ -363,6 +391,8 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         raise InputError("source and target must differ")
     if int(batch_size) < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    if metric is not None:
+        check_metric(metric)
     behind = store.resolve_alias(target)
     if behind is not None:
         raise CollectionExistsError(f"{store.engine}: target {target!r} is an alias (of {behind!r}); migrate into "
@@ -388,8 +418,14 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     start = _start(store, state, source, target, fp, overwrite, label)
     if state is not None and state.get("nulls") != "kept" and state["last_id"] is not None:
         notes = [NULLS_DROPPED_BEFORE.format(last=state["last_id"])]
+    src_metric = store.metric(source)
+    if start in ("resume", "finished"):  # the target the run that began it made
+        metric = store.metric(target)
+    elif metric is None:
+        metric = src_metric if src_metric in METRICS else "cosine"
+    notes += _metric_notes(source, target, src_metric, metric)
     extra = {"space_check": space_check, "fields": sorted((state or {}).get("fields", [])), "warnings": notes,
-             "target_index": store.target_index(source)}
+             "target_index": store.target_index(source), "metric": metric}
     if dry_run:
         return _dry_run(store, source, target, map_, state=state, start=start, alias=alias, batch_size=batch_size,
                         fp=fp, extra={**extra, "target_space": map_tgt}, t0=t0)

@@ -150,6 +150,13 @@ class MilvusStore(VectorStore):
                 return " ".join([x.get("index_type") or "AUTOINDEX", *params])
         return "AUTOINDEX"
 
+    def metric(self, name: str) -> str:
+        self._require(name)
+        found = [x.get("metric_type") for x in self._indexes(self.resolve_alias(name) or name)
+                 if x["field_name"] == self.vector_field]
+        word = str(found[0] if found and found[0] else "COSINE")
+        return {"COSINE": "cosine", "IP": "ip"}.get(word.upper(), word.lower())
+
     def _generated(self, name: str) -> set[str]:
         """Fields a function of the collection fills (a BM25 sparse vector from a text field): never written."""
         return {o for fn in self._describe(name).get("functions") or [] for o in fn.get("output_field_names", [])}

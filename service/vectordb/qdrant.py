@@ -220,6 +220,11 @@ class QdrantStore(VectorStore):
                        "ColBERT's; a migration maps one vector a point)")
         return out
 
+    def metric(self, name: str) -> str:
+        dist = getattr(self._dense_params(self._vectors_config(name)[0]), "distance", None)
+        word = str(getattr(dist, "value", dist) or "Cosine")
+        return {"Cosine": "cosine", "Dot": "ip", "Euclid": "l2"}.get(word, word.lower())
+
     def get_space(self, name: str) -> str | None:
         self._require(name)
         meta = getattr(self.client.get_collection(self.resolve_alias(name) or name).config, "metadata", None) or {}
