@@ -147,16 +147,16 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
     return index
 
 
-def prep_rows(X: np.ndarray, metric: str, what: str = "vectors") -> np.ndarray:
+def prep_rows(X: np.ndarray, metric: str, what: str = "vectors",
+              why: str = "a cosine index needs a direction (use metric='ip' to store zero rows)") -> np.ndarray:
     """Rows as stored / searched: unit rows (cosine; exact at any finite scale) or as is (ip).
 
-    Cosine refuses all-zero rows (no direction); ``metric="ip"`` refuses rows with ``|x| > 1e19``: a score ``q·x`` of two of them would
-    overflow float32 and the row could never be found again.
+    Cosine refuses all-zero rows (no direction; ``why`` says so in the error); ``metric="ip"`` refuses rows with
+    ``|x| > 1e19``: a score ``q·x`` of two of them would overflow float32 and the row could never be found again.
     """
     if metric == "cosine":
         # no direction: stored, it would score 0 against every query and never be found
-        return check_no_zero_rows(unit_rows(X), name=what,
-                                  why="a cosine index needs a direction (use metric='ip' to store zero rows)")
+        return check_no_zero_rows(unit_rows(X), name=what, why=why)
     big = row_norms(X) > _IP_MAX_NORM
     if big.any():
         raise NotRepresentableError(

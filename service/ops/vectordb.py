@@ -51,6 +51,7 @@ __all__ = [
     "run_migration",
     "run_verify",
     "search_collection",
+    "search_rows",
     "verify_verdict",
 ]
 
@@ -291,6 +292,18 @@ class SharedStore:
             self._close()
 
 
+def search_rows(Q, metric: str):
+    """Queries ``Q`` as an engine can rank them by ``metric``: the index path's rule (:func:`~service.indexes.kinds.
+    prep_rows`): cosine takes unit rows, exact at any finite scale (an engine's own normalising lost 3e38 and 1e-42
+    rows: scores 0, arbitrary ids) and refuses all-zero rows; inner product (and L2) refuses norms past 1e19
+    (NotRepresentableError: scores would overflow float32, NaN hits dropped)."""
+    from ..indexes.kinds import prep_rows
+
+    return prep_rows(Q, "cosine" if metric == "cosine" else "ip", "queries",
+                     why="a cosine collection ranks rows by direction and a zero query has none (every row "
+                         "would score 0); send a nonzero query")
+
+
 def search_collection(store: VectorStore, resolver, collection: str, Q, *, space: str, map_ref=None, k: int = 10,
                       collection_space: str | None = None) -> dict:
     """Search ``collection`` (vectors of its recorded space, or ``collection_space``) with queries ``Q`` (nq, d) of
@@ -304,7 +317,8 @@ def search_collection(store: VectorStore, resolver, collection: str, Q, *, space
         raise InputError(f"collection {collection!r} records no embedding space: give collection_space (the space "
                          "of its vectors), or record it (a migration does; VectorStore.set_space)")
     tr = resolver.translation(space, cs, map_ref)
-    S, I = store.search(collection, Q if tr.map is None else tr.map.apply(Q, output="raw"), k)
+    Q = Q if tr.map is None else tr.map.apply(Q, output="raw")
+    S, I = store.search(collection, search_rows(Q, store.metric(collection)), k)
     results = [[{"id": id_key(i), "score": float(s)} for i, s in zip(ri, rs) if s > float("-inf")]
                for ri, rs in zip(I.tolist(), S.tolist())]
     return {"collection": collection, "collection_space": cs, "space": space, "maps": tr.describe(),

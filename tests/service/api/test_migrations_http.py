@@ -292,3 +292,49 @@ def test_a_local_qdrant_serves_collection_searches_and_jobs_of_one_service(tmp_p
             assert job["state"] == "succeeded" and job["result"]["verdict"] == "PASS", job
             r = c.post("/v1/collections/q_dst/search", json={"vectors": X[5:8].tolist(), "space": "a", "k": 1})
             assert r.status_code == 200 and [h[0]["id"] for h in r.json()["results"]] == [5, 6, 7], r.text
+
+
+def _extreme_queries_are_ranked_as_the_metric_says_or_refused(c, url, X):
+    """Queries at the edges of float32 against a cosine and an inner-product collection, checked against numpy.
+    The route sent queries to the engine as given: Milvus answered a 3e38 or 1e-42 query on a cosine collection
+    with arbitrary ids scored 0, and a 1e30 query on an ip collection with no hits (NaN scores dropped); both
+    engines answered an all-zero query with arbitrary ids scored 0."""
+    P = X * np.linspace(0.5, 3.0, len(X))[:, None].astype(np.float32)  # norms an ip collection ranks by
+    with open_store(url) as s:
+        for name, metric, rows in (("z_cos", "cosine", X), ("z_ip", "ip", P)):
+            s.drop(name)
+            s.create(name, X.shape[1], metric=metric)
+            s.set_space(name, "a")
+            s.upsert(name, np.arange(len(rows)), rows)
+            s.finalize(name)
+    d = X.shape[1]
+    U = X / np.linalg.norm(X, axis=1, keepdims=True)
+    want = np.argsort(-(U @ np.ones(d)), kind="stable")[:3].tolist()  # the direction of every 3e38 / 1e-42 query
+    for scale in (3e38, 1e-42):
+        r = c.post("/v1/collections/z_cos/search", json={"vectors": [[scale] * d], "space": "a", "k": 3})
+        assert r.status_code == 200, (scale, r.text)
+        hits = r.json()["results"][0]
+        assert [h["id"] for h in hits] == want, scale
+        np.testing.assert_allclose([h["score"] for h in hits], (U @ np.ones(d) / np.sqrt(d))[want], atol=1e-4)
+    r = c.post("/v1/collections/z_cos/search", json={"vectors": [[0.0] * d], "space": "a", "k": 3})
+    assert r.status_code == 422 and "all-zero" in r.json()["error"]["message"], r.text
+    r = c.post("/v1/collections/z_ip/search", json={"vectors": [[1e30] * d], "space": "a", "k": 3})
+    assert r.status_code == 422 and "1e+19" in r.json()["error"]["message"], r.text
+    q = 1e3 * X[7]  # a finite ip query keeps its scale: scores are inner products with the stored norms
+    r = c.post("/v1/collections/z_ip/search", json={"vectors": [q.tolist()], "space": "a", "k": 3})
+    assert r.status_code == 200, r.text
+    ip = P @ q
+    assert [h["id"] for h in r.json()["results"][0]] == np.argsort(-ip, kind="stable")[:3].tolist()
+    np.testing.assert_allclose(r.json()["results"][0][0]["score"], ip.max(), rtol=1e-4)
+
+
+def test_a_milvus_collection_search_ranks_or_refuses_queries_at_any_scale(world):
+    _extreme_queries_are_ranked_as_the_metric_says_or_refused(world["client"], world["url"], world["X"][:40])
+
+
+def test_a_qdrant_collection_search_ranks_or_refuses_queries_at_any_scale(tmp_path):
+    pytest.importorskip("qdrant_client")
+    url = f"qdrant://{tmp_path / 'qd'}"
+    with (seeded_uvicorn(tmp_path, {"VECBRIDGE_VECTORDB_URL": url}) as (base, (X, _, _m)),
+          httpx.Client(base_url=base, headers=W, timeout=60) as c):
+        _extreme_queries_are_ranked_as_the_metric_says_or_refused(c, url, X[:40])
