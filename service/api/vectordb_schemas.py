@@ -60,7 +60,8 @@ class CollectionSearchOptions(_Strict):
                                                   "path.")
     k: Count = Field(10, ge=1, le=10_000, description="Results per query (at most `max_k`).")
     collection_space: str | None = Field(None, description="Space of the collection's vectors when it records none "
-                                                           "(a migrated collection records its space).")
+                                                           "(a migrated collection records its space); one that "
+                                                           "contradicts the recorded space is refused (422).")
     dim: Count | None = Dim
 
 

@@ -33,6 +33,7 @@ from ..vectordb import (
     FileCheckpoint,
     MigrationProgress,
     MigrationReport,
+    SpaceMismatchError,
     VectorStore,
     migrate,
     open_store,
@@ -306,13 +307,19 @@ def search_rows(Q, metric: str):
 
 def search_collection(store: VectorStore, resolver, collection: str, Q, *, space: str, map_ref=None, k: int = 10,
                       collection_space: str | None = None) -> dict:
-    """Search ``collection`` (vectors of its recorded space, or ``collection_space``) with queries ``Q`` (nq, d) of
+    """Search ``collection`` (vectors of its recorded space, or ``collection_space`` when it records none; one that
+    contradicts the record is a SpaceMismatchError) with queries ``Q`` (nq, d) of
     ``space``, mapped into the collection's raw space through the registry's path of maps (``map_ref`` pins one or a
     path). The query-side migration: the collection stays as it is. Returns ``collection_space``, ``maps`` (the
     versions used) and ``results``: per query, hits ``{"id", "score"}`` best first (ids as the store keeps them)."""
     from ..vectordb.base import id_key
 
-    cs = collection_space or store.get_space(collection)
+    recorded = store.get_space(collection)
+    if collection_space and recorded and collection_space != recorded:
+        raise SpaceMismatchError(f"collection {collection!r} records space {recorded!r}, but collection_space says "
+                                 f"{collection_space!r}: leave collection_space out (it names the space of a "
+                                 "collection that records none), or search a collection of that space")
+    cs = collection_space or recorded
     if cs is None:
         raise InputError(f"collection {collection!r} records no embedding space: give collection_space (the space "
                          "of its vectors), or record it (a migration does; VectorStore.set_space)")

@@ -338,3 +338,18 @@ def test_a_qdrant_collection_search_ranks_or_refuses_queries_at_any_scale(tmp_pa
     with (seeded_uvicorn(tmp_path, {"VECBRIDGE_VECTORDB_URL": url}) as (base, (X, _, _m)),
           httpx.Client(base_url=base, headers=W, timeout=60) as c):
         _extreme_queries_are_ranked_as_the_metric_says_or_refused(c, url, X[:40])
+
+
+def test_a_collection_space_contradicting_the_recorded_space_is_refused_naming_both(world):
+    """``collection_space`` names the space of a collection that records none; ``h_src`` records ``a``. Space-b
+    queries with ``collection_space: "b"`` were searched against its space-a vectors as they were (200, no map, hits
+    of another model's space); a value that agrees with the record, or none, still works."""
+    c, Yb = world["client"], world["map"].apply(world["X"][:2], output="raw")
+    r = c.post("/v1/collections/h_src/search", json={"vectors": Yb.tolist(), "space": "b", "collection_space": "b",
+                                                      "k": 1})
+    assert r.status_code == 422, r.text
+    msg = r.json()["error"]["message"]
+    assert "records space 'a'" in msg and "collection_space says 'b'" in msg
+    r = c.post("/v1/collections/h_src/search", json={"vectors": world["X"][:2].tolist(), "space": "a",
+                                                      "collection_space": "a", "k": 1})
+    assert r.status_code == 200 and [h[0]["id"] for h in r.json()["results"]] == [0, 3], r.text
