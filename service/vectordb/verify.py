@@ -51,8 +51,18 @@ _SHOW = 10  # ids named per kind of fault
 def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=None, batch_size: int = 2000,
                tol: float = 1e-3) -> dict:
     """Is ``target`` exactly ``map(source)``, row for row? See the module docs (``missing_rows``, ``extra_rows``,
-    ``wrong_vectors`` with up to 10 ids each, ``max_rel_error``, ``rows_source``, ``rows_target``)."""
+    ``wrong_vectors`` with up to 10 ids each, ``max_rel_error``, ``rows_source``, ``rows_target``).
+
+    Refuses a map that cannot have made ``target`` from ``source`` before reading a row: another width at either end
+    (DimensionMismatchError), or another space than ``target`` records (SpaceMismatchError)."""
+    _, map_tgt = map_spaces(map_, registry)
     m = resolve_map(map_, registry)
+    store.dim(target)  # a missing target is named first: it is the collection checked
+    d_s = store.dim(source)
+    if d_s != m.source_dim:
+        raise DimensionMismatchError(f"{source!r} holds {d_s}-d vectors, the map reads {m.source_dim}-d: give the "
+                                     "migration's own map (and its source collection)")
+    _check_target(store, target, m, map_tgt)
     ids_t = np.sort(store.ids(target))  # sorted here: engines page in their own order (UUIDs)
     seen, missing, wrong, worst, n_missing, n_wrong = [], [], [], 0.0, 0, 0
     fields_wrong, n_fields_wrong = [], 0
@@ -85,6 +95,19 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
             "wrong_vectors": n_wrong, "wrong_ids": wrong, "max_rel_error": worst,
             "wrong_fields": n_fields_wrong, "wrong_fields_ids": fields_wrong,
             "rows_ok": n_missing == 0 and n_wrong == 0 and n_fields_wrong == 0 and extra.shape[0] == 0}
+
+
+def _check_target(store: VectorStore, target: str, m, map_tgt: str | None) -> None:
+    """DimensionMismatchError / SpaceMismatchError when ``target`` holds rows of another width or records another
+    space than the map ``m`` (whose target space is ``map_tgt``, else its metadata's) writes."""
+    d = store.dim(target)
+    if d != m.target_dim:
+        raise DimensionMismatchError(f"{target!r} holds {d}-d vectors, the map writes {m.target_dim}-d: give the "
+                                     "migration's own map")
+    map_tgt, recorded = map_tgt or (m.metadata or {}).get("target_space"), store.get_space(target)
+    if map_tgt and recorded and map_tgt != recorded:  # same width, another model: not the map that made it
+        raise SpaceMismatchError(f"{target!r} records space {recorded!r} but the map writes {map_tgt!r}: a map "
+                                 "that did not make this collection; give the migration's own map")
 
 
 def _same(a, b) -> bool:
@@ -174,14 +197,7 @@ def verify_migration(store: VectorStore, target: str, *, embed: Callable | None 
         raise InputError("give embed= (rows with texts) or heldout=(X, Y) with map_=")
     _, map_tgt = map_spaces(map_, registry)
     m = resolve_map(map_, registry)
-    d = store.dim(target)  # the held-out figures judge the map; the collection must at least be its output
-    if d != m.target_dim:
-        raise DimensionMismatchError(f"{target!r} holds {d}-d vectors, the map writes {m.target_dim}-d")
-    map_tgt, recorded = map_tgt or (m.metadata or {}).get("target_space"), store.get_space(target)
-    if map_tgt and recorded and map_tgt != recorded:  # same width, another model: the figures would not be its
-        raise SpaceMismatchError(f"{target!r} records space {recorded!r} but the map writes {map_tgt!r}: the "
-                                 "held-out figures would judge a map that did not make this collection; give "
-                                 "the migration's own map")
+    _check_target(store, target, m, map_tgt)  # the held-out figures judge the map: the collection must be its output
     if store.count(target) == 0:
         raise InputError(f"{target!r} holds no rows: nothing was migrated into it")
     X, Y = check_paired(*heldout, names=("heldout X", "heldout Y"), min_rows=2)

@@ -274,3 +274,24 @@ def test_a_map_without_spaces_is_named_as_the_unchecked_side(world):
     with _open(world) as s:
         rep = migrate(s, "docs_a", "nospace_b", m, batch_size=100)
     assert rep.extra["space_check"] == "unchecked: the map names no source space ('docs_a' records space 'spa')", rep
+
+
+def test_a_rows_check_through_a_map_that_cannot_have_made_the_target_is_refused_naming_why(world, vb):
+    """`verify --source --map` through a map of another output width crashed (exit 3, "operands could not be
+    broadcast together")."""
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{world['data'] / 'registry.sqlite'}", world["data"] / "artifacts")
+    X = world["X"]
+    reg.register_version("a2narrow", align.fit_procrustes(X, X[:, :8]), source_space="spa", target_space="spn",
+                         method="procrustes", params={})
+    reg.close()
+    assert vb(world["data"], "migrate", "--store", world["store"], "--source", "docs_a", "--target", "rc_b",
+              "--map", "a2b@prod", "--quiet").returncode == 0
+    check = ["verify", "--store", world["store"], "--collection", "rc_b", "--source", "docs_a", "--map"]
+    p = vb(world["data"], *check, "a2b@prod")
+    assert p.returncode == 0 and "PASS" in p.stdout, (p.stdout, p.stderr)
+    p = vb(world["data"], *check, "a2narrow")
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "'rc_b' holds 16-d vectors, the map writes 8-d" in lines[0], (
+        p.stdout, p.stderr)
