@@ -111,7 +111,7 @@ def map_spaces(map_or_ref, registry=None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _check_spaces(store: VectorStore, source: str, declared: str | None, map_src: str | None) -> str:
+def check_spaces(store: VectorStore, source: str, declared: str | None, map_src: str | None) -> str:
     """Refuse a map whose source space is not the collection's; returns how the check went (for the report)."""
     recorded = store.get_space(source)
     have = [(f"{source!r} records space", recorded), ("--source-space says", declared), ("the map reads", map_src)]
@@ -119,7 +119,8 @@ def _check_spaces(store: VectorStore, source: str, declared: str | None, map_src
     for (w1, v1), (w2, v2) in zip(known, known[1:]):
         if v1 != v2:
             raise SpaceMismatchError(f"{w1} {v1!r} but {w2} {v2!r}: a map the wrong way round or for another "
-                                     "model; use the map from that space (or fix --source-space)")
+                                     "model; use the map from that space"
+                                     + (" (or fix --source-space)" if declared else ""))
     if recorded and map_src:
         return f"checked: {recorded}"
     if declared and map_src:
@@ -406,7 +407,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     d_src = store.dim(source)
     if d_src != map_.source_dim:
         raise DimensionMismatchError(f"{source!r} holds {d_src}-d vectors, the map expects {map_.source_dim}-d")
-    space_check = _check_spaces(store, source, source_space, map_src)
+    space_check = check_spaces(store, source, source_space, map_src)
     lost = store.unsupported_fields(source)
     if lost:
         raise UnsupportedFieldError(f"{store.engine}: {source!r} has field(s) a migration cannot carry over: "

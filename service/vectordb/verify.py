@@ -41,7 +41,7 @@ from align.knn import knn
 from align.metrics import ranks, retention
 
 from .base import SpaceMismatchError, VectorStore
-from .migrate import map_spaces, resolve_map
+from .migrate import check_spaces, map_spaces, resolve_map
 
 __all__ = ["verify_migration", "compare_to_reference", "check_rows"]
 
@@ -54,14 +54,16 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     ``wrong_vectors`` with up to 10 ids each, ``max_rel_error``, ``rows_source``, ``rows_target``).
 
     Refuses a map that cannot have made ``target`` from ``source`` before reading a row: another width at either end
-    (DimensionMismatchError), or another space than ``target`` records (SpaceMismatchError)."""
-    _, map_tgt = map_spaces(map_, registry)
+    (DimensionMismatchError), or another space than ``source`` or ``target`` records (SpaceMismatchError, as
+    :func:`~service.vectordb.migrate` refuses a map the wrong way round)."""
+    map_src, map_tgt = map_spaces(map_, registry)
     m = resolve_map(map_, registry)
     store.dim(target)  # a missing target is named first: it is the collection checked
     d_s = store.dim(source)
     if d_s != m.source_dim:
         raise DimensionMismatchError(f"{source!r} holds {d_s}-d vectors, the map reads {m.source_dim}-d: give the "
                                      "migration's own map (and its source collection)")
+    check_spaces(store, source, None, map_src or (m.metadata or {}).get("source_space"))
     _check_target(store, target, m, map_tgt)
     ids_t = np.sort(store.ids(target))  # sorted here: engines page in their own order (UUIDs)
     seen, missing, wrong, worst, n_missing, n_wrong = [], [], [], 0.0, 0, 0

@@ -278,12 +278,17 @@ def test_a_map_without_spaces_is_named_as_the_unchecked_side(world):
 
 def test_a_rows_check_through_a_map_that_cannot_have_made_the_target_is_refused_naming_why(world, vb):
     """`verify --source --map` through a map of another output width crashed (exit 3, "operands could not be
-    broadcast together")."""
+    broadcast together"), and through a map that reads another space than the source records said FAIL with every
+    vector wrong and a hint about map versions; `migrate` refuses the latter with the spaces named."""
     from service.registry import open_registry
 
     reg = open_registry(f"sqlite:///{world['data'] / 'registry.sqlite'}", world["data"] / "artifacts")
     X = world["X"]
     reg.register_version("a2narrow", align.fit_procrustes(X, X[:, :8]), source_space="spa", target_space="spn",
+                         method="procrustes", params={})
+    reg.register_version("c2b", align.fit_procrustes(X, X), source_space="spc", target_space="spb",
+                         method="procrustes", params={})
+    reg.register_version("a2c", align.fit_procrustes(X, X), source_space="spa", target_space="spc",
                          method="procrustes", params={})
     reg.close()
     assert vb(world["data"], "migrate", "--store", world["store"], "--source", "docs_a", "--target", "rc_b",
@@ -295,3 +300,10 @@ def test_a_rows_check_through_a_map_that_cannot_have_made_the_target_is_refused_
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and "'rc_b' holds 16-d vectors, the map writes 8-d" in lines[0], (
         p.stdout, p.stderr)
+    p = vb(world["data"], *check, "c2b")
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "records space 'spa' but the map reads 'spc'" in lines[0], (
+        p.stdout, p.stderr)
+    assert "FAIL" not in p.stdout
+    p = vb(world["data"], *check, "a2c")  # reads the source's space, writes another than the target records
+    assert p.returncode == 2 and "'rc_b' records space 'spb' but the map writes 'spc'" in p.stderr, p.stderr
