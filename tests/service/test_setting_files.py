@@ -140,19 +140,24 @@ def test_file_settings_parse_as_their_variables_do(tmp_path, monkeypatch):
     assert "eighty" not in str(err.value)
 
 
+def _settings_from_keys_file(tmp_path, monkeypatch, keys_json):
+    """``(keys file, settings)``: settings read from the environment with only ``VECBRIDGE_API_KEYS_FILE`` set."""
+    for k in list(os.environ):
+        if k.startswith("VECBRIDGE_"):
+            monkeypatch.delenv(k)
+    keys = tmp_path / "keys.json"
+    write_keys(keys, keys_json)
+    monkeypatch.setenv("VECBRIDGE_API_KEYS_FILE", str(keys))
+    return keys, load_settings()
+
+
 def test_a_keys_file_changed_before_the_first_request_is_the_one_in_force(tmp_path, monkeypatch):
     """The settings read the keys file at start; the file changed before the first authenticated request (workers
     start for seconds). Before: the first request recorded the changed file as the one already read, so the old
     keys stayed in force until the file changed again (a revoked key kept working)."""
     from service.api.keyfile import current_keys
 
-    for k in list(os.environ):
-        if k.startswith("VECBRIDGE_"):
-            monkeypatch.delenv(k)
-    keys = tmp_path / "keys.json"
-    write_keys(keys, {OLD: ["read"]})
-    monkeypatch.setenv("VECBRIDGE_API_KEYS_FILE", str(keys))
-    settings = load_settings()
+    keys, settings = _settings_from_keys_file(tmp_path, monkeypatch, {OLD: ["read"]})
     assert settings.api_keys == {OLD: ["read"]}
     write_keys(keys, {NEW: ["read", "write"]})
     assert current_keys(settings) == {NEW: ["read", "write"]}
@@ -163,13 +168,7 @@ def test_a_reloaded_keys_file_with_a_key_no_header_can_send_keeps_the_old_keys(t
     it refuses any other bad one (the keys read before stay in use, an error is logged without the key)."""
     from service.api.keyfile import current_keys
 
-    for k in list(os.environ):
-        if k.startswith("VECBRIDGE_"):
-            monkeypatch.delenv(k)
-    keys = tmp_path / "keys.json"
-    write_keys(keys, {OLD: ["read"]})
-    monkeypatch.setenv("VECBRIDGE_API_KEYS_FILE", str(keys))
-    settings = load_settings()
+    keys, settings = _settings_from_keys_file(tmp_path, monkeypatch, {OLD: ["read"]})
     write_keys(keys, json.dumps({NEW + "é": ["read", "write"]}, ensure_ascii=False))
     with caplog.at_level("ERROR", logger="vecbridge.auth"):
         assert current_keys(settings) == {OLD: ["read"]}
