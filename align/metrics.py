@@ -15,7 +15,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from .validation import check_no_zero_rows, check_paired, check_random_state, check_rankable, pair_groups
+from .validation import (check_no_zero_rows, check_paired, check_random_state, check_rankable, distinct_pairs,
+                         pair_groups)
 from .exceptions import DimensionMismatchError, InputError, ShapeError, TooFewRowsError
 from .frames import unit_rows
 from .blocks import rows_per_block
@@ -134,7 +135,8 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
 
     Returns
     -------
-    dict with ``n_candidates`` (the pool size n), ``n_queries`` (rows ranked), ``top1``, ``mean_rank``,
+    dict with ``n_candidates`` (the pool size: the n distinct pairs; ``n_repeated`` rows repeating one are scored
+    once, :func:`align.validation.distinct_pairs`), ``n_queries`` (rows ranked), ``top1``, ``mean_rank``,
     ``median_rank``, ``cos`` (mean cosine to the true partner over all n pairs, both in the target's centred
     frame: the raw output's cosine with the raw target rows differs), ``recall@k`` for each k, and with
     ``csls=True`` ``csls_top1`` / ``csls_mean_rank``. When the queries are a sample, ``intervals``: the
@@ -153,6 +155,7 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
     if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
         raise DimensionMismatchError(
             f"map is {map_.source_dim}->{map_.target_dim}, held-out pairs are {X.shape[1]}->{Y.shape[1]}")
+    X, Y, repeated = distinct_pairs(X, Y)  # a copy of another pair is a distractor tied with its partner
     n = X.shape[0]
     rows = query_sample(n, max_queries, random_state)
     Q_all = check_no_zero_rows(unit_rows(map_._apply(X, output="linear")), name="mapped X_src", why=_ZERO_MAPPED)
@@ -161,6 +164,7 @@ def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
     r = ranks(Q, D, cols=rows, block_size=block_size)
     out = {
         "n_candidates": int(n),
+        "n_repeated": repeated,
         "n_queries": int(r.size),
         "top1": float((r == 1).mean()),
         "mean_rank": float(r.mean()),

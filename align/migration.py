@@ -52,7 +52,8 @@ import time
 import numpy as np
 
 from .validation import (as_matrix, check_csls_weight, check_labelled_queries, check_not_collapsed, check_paired,
-                         check_random_state, check_rankable, check_same_queries, collapsed, pair_groups)
+                         check_random_state, check_rankable, check_same_queries, collapsed, distinct_pairs,
+                         pair_groups)
 from .chain import check_map
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
@@ -88,6 +89,8 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10, max_queries: int | 
     ``max_queries``: at most that many pairs act as queries (:func:`align.metrics.query_sample` with
     ``random_state``, the rows :func:`align.evaluate` draws with the same arguments), each against all n rows;
     ``None`` or ``>= n``: every pair (the exact figures). Sampled figures come with ``intervals``.
+    Repeated pairs are scored once (:func:`align.validation.distinct_pairs`; ``n_repeated`` says how many rows
+    repeated one, ``n_pairs`` counts the distinct ones).
     """
     check_map(map_, "score_map needs a map")  # None was an AttributeError
     k = check_number("k", k, 1, 1 << 31, whole=True)  # k=0 scored NaN, k=-1 keyed "corpus_recall@-1"
@@ -97,9 +100,10 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10, max_queries: int | 
             f"map is {map_.source_dim}->{map_.target_dim}, pairs are {X.shape[1]}->{Y.shape[1]}")
     check_rankable(X, name="X_src")  # all-zero or constant targets tie with every partner: a useless map scored 1.0
     check_rankable(Y, name="Y_tgt")
+    X, Y, repeated = distinct_pairs(X, Y)
     rows = query_sample(X.shape[0], max_queries, random_state)
     M = check_not_collapsed(map_._apply(X, output="raw"), name="mapped X_src")  # else corpus-side recall 1.0
-    return pair_retrieval_scores(M, unit_rows(Y), k=k, rows=rows)
+    return {**pair_retrieval_scores(M, unit_rows(Y), k=k, rows=rows), "n_repeated": repeated}
 
 
 

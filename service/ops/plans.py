@@ -30,6 +30,7 @@ import numpy as np
 import align
 from align.exceptions import InputError
 from align.frames import unit_rows
+from align.validation import distinct_pairs
 
 from ..indexes.csls import CSLS_WEIGHT
 
@@ -148,8 +149,9 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     m = registry.load_map(v)
     res = align.evaluate(m, X, Y, csls=csls, max_queries=max_queries, random_state=random_state)
     # ``cos`` is of the target's centred frame; ``cos_raw`` of what transform writes against native target rows
-    Z = m.apply(X, output="raw", validate=False)
-    res["cos_raw"] = float(np.mean(np.einsum("ij,ij->i", unit_rows(Z), unit_rows(Y))))
+    Xd, Yd, _ = distinct_pairs(X, Y)  # of the distinct pairs, as every figure (a repeated pair once)
+    res["cos_raw"] = float(np.mean(np.einsum("ij,ij->i", unit_rows(m.apply(Xd, output="raw", validate=False)),
+                                             unit_rows(Yd))))
     res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention, queries=queries, relevant=relevant,
                                       side=side, old_queries=old_queries, csls_weight=csls_weight if csls else None,
                                       max_queries=max_queries, random_state=random_state)

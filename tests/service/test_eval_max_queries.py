@@ -163,3 +163,24 @@ def test_cli_eval_record_stores_the_sample_size_and_interval(capsys, wn, n):
     assert code == 0, err
     t = tags()
     assert (t["eval.n_queries"], t["eval.n_candidates"]) == ("2000", "2000") and "eval.top1_interval" not in t
+
+
+def test_cli_eval_gate_scores_repeated_pairs_once(capsys, wn, tmp_path):
+    """The nn_retention@10 gate on held-out pairs with a copy of a tenth of them: the copy was each pair's nearest
+    native row, found through the map by memory, and lifted the proxy past the gate (0.742 FAIL read 0.781 PASS)."""
+    X, Y = np.load(wn / "minilm.npy")[2000:3000], np.load(wn / "e5.npy")[2000:3000]
+    write_vectors(tmp_path / "m.npy", np.concatenate([X, X[:100]]))
+    write_vectors(tmp_path / "e.npy", np.concatenate([Y, Y[:100]]))
+    code, out, err = _eval(capsys, wn, "2000:3000", "--json")
+    assert code == 0, err
+    once = json.loads(out)
+    code, out, err = run(capsys, "--data-dir", wn / "var", "eval", "--map", "minilm-e5", "--source", tmp_path / "m.npy",
+                         "--target", tmp_path / "e.npy", "--json", "--min-retention", f"{once['retention'] + 1e-9}")
+    assert code == 1, err  # the distinct pairs' figure, just below the gate
+    dup = json.loads(out)
+    assert dup["retrieval"]["nn_retention@10"] == once["retrieval"]["nn_retention@10"]
+    assert (dup["n_repeated"], dup["retrieval"]["n_repeated"], dup["n_candidates"]) == (100, 100, 1000)
+    assert dup["cos_raw"] == once["cos_raw"] and dup["top1"] == once["top1"]
+    code, out, _ = run(capsys, "--data-dir", wn / "var", "eval", "--map", "minilm-e5", "--source", tmp_path / "m.npy",
+                       "--target", tmp_path / "e.npy")
+    assert code == 0 and "(candidates 1000; 100 repeated pairs scored once)" in out
