@@ -147,6 +147,11 @@ def _render_fit(reg, v, as_json: bool) -> None:
                      f"{'; ' + headline if headline else ''}\nreport: {d['report_file']}")
 
 
+def _retention(value) -> str:
+    """A retention ratio as the eval text shows it; None (no native hit among the queries) is undefined, not 0."""
+    return "undefined (no query finds its relevant document natively)" if value is None else f"{value:.4f}"
+
+
 @click.command("eval")
 @_ref_opt
 @input_opts
@@ -154,7 +159,8 @@ def _render_fit(reg, v, as_json: bool) -> None:
               help="PASS/FAIL gate: exit 1 when top-1 is below.")
 @click.option("--min-retention", type=click.FloatRange(0, 1), default=None,
               help="PASS/FAIL gate on retention: exit 1 when below. With --queries/--relevant, the retention of "
-                   "labelled retrieval (R@10 migrated / native over the held-out documents); otherwise the proxy "
+                   "labelled retrieval (R@10 migrated / native over the held-out documents; when no query finds its "
+                   "relevant document natively it is undefined and the gate exits 2); otherwise the proxy "
                    "nn_retention@10 (each native target row's nearest native row must stay in the top 10 of the "
                    "mapped source rows; share kept).")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
@@ -220,16 +226,16 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         lab = r["labelled"]
         text += (f"\n  labelled ({lab['n_queries']} queries, {lab['n_documents']} documents, {side}-side): "
                  + "  ".join(f"{m} {lab['migrated'][m]:.4f}/{lab['native'][m]:.4f}" for m in lab["migrated"])
-                 + f"  (migrated/native)  retention R@10 {r['retention']:.4f}"
+                 + f"  (migrated/native)  retention R@10 {_retention(r['retention'])}"
                  + (f" (95% interval {r['retention_interval'][0]:.4f}-{r['retention_interval'][1]:.4f})"
                     if r.get("retention_interval") else ""))
         if "labelled_plain" in r:
             plain = r["labelled_plain"]
             text += (f"\n  with CSLS search (w {lab['csls_weight']:g}); plain cosine search: R@10 "
-                     f"{plain['migrated']['R@10']:.4f}, retention {plain['retention']['R@10'] or 0:.4f}")
+                     f"{plain['migrated']['R@10']:.4f}, retention {_retention(plain['retention']['R@10'])}")
         if "old" in lab:
             text += (f"\n  keeping the old model: R@10 {lab['old']['R@10']:.4f} (retention "
-                     f"{lab['old_retention']['R@10'] or 0:.4f}); the migration "
+                     f"{_retention(lab['old_retention']['R@10'])}); the migration "
                      + ("beats it" if lab["beats_old"] else "does NOT beat it: keep the old model or re-embed"))
     if csls:
         text += f"\n  CSLS: top-1 {res['csls_top1']:.4f}  mean rank {res['csls_mean_rank']:.2f}"

@@ -78,16 +78,17 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     """Scores of ``map_`` on held-out pairs and, with ``min_retention``, ``passed`` / ``result``.
 
     ``queries`` (q, d) with ``relevant`` (q,) rows of ``X``/``Y``: ``labelled`` holds
-    :func:`align.labelled_retention` and ``retention`` / ``retention_metric`` its R@10 retention;
-    otherwise they are the ``nn_retention@10`` proxy. ``old_queries`` (the same queries under the old
-    model) adds the keep-the-old-model baseline (``labelled["old"]``, ``["beats_old"]``). Labelled
-    retention also gives ``retention_interval`` (its 95 % bootstrap interval over the queries) and, with a
-    gate, ``gate_within_interval``: the verdict follows the measured retention, but when the gate lies
-    inside the interval these queries cannot tell the two apart (more labelled queries would).
-    ``csls_weight``: the migrated index is searched by CSLS with that weight (as the service's ``csls``
-    search); ``labelled`` and the gate are then of that search, ``labelled_plain`` keeps plain cosine search.
-    ``max_queries`` / ``random_state``: the pair scores rank a sample of the pairs against all of them
-    (:func:`align.score_map`); labelled queries are always all used (``random_state`` seeds their bootstrap).
+    :func:`align.labelled_retention` and ``retention`` / ``retention_metric`` its R@10 retention; otherwise they are
+    the ``nn_retention@10`` proxy. A labelled retention is None (undefined) when no query finds its relevant
+    document natively; a gate on it then raises InputError (it can be neither passed nor failed). ``old_queries``
+    (the same queries under the old model) adds the keep-the-old-model baseline (``labelled["old"]``,
+    ``["beats_old"]``). Labelled retention also gives ``retention_interval`` (its 95 % bootstrap interval over the
+    queries) and, with a gate, ``gate_within_interval``: the verdict follows the measured retention, but when the
+    gate lies inside the interval these queries cannot tell the two apart (more labelled queries would).
+    ``csls_weight``: the migrated index is searched by CSLS with that weight (as the service's ``csls`` search);
+    ``labelled`` and the gate are then of that search, ``labelled_plain`` keeps plain cosine search. ``max_queries``
+    / ``random_state``: the pair scores rank a sample of the pairs against all of them (:func:`align.score_map`);
+    labelled queries are always all used (``random_state`` seeds their bootstrap).
     """
     if (queries is None) != (relevant is None):
         raise InputError("labelled queries need both the queries and the row of each one's relevant document")
@@ -102,13 +103,19 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
             lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side, old_queries=old_queries,
                                            csls_weight=csls_weight, random_state=random_state)
         res["labelled"] = lab
-        res["retention"] = lab["retention"]["R@10"] if lab["retention"]["R@10"] is not None else 0.0
+        res["retention"] = lab["retention"]["R@10"]  # None: undefined, no query hits natively (not a retention of 0)
         res["retention_metric"] = (LABELLED_KEY + (" (query-side" if side == "source" else " (corpus-side")
                                    + (f", CSLS search w {csls_weight:g})" if csls_weight is not None else ")"))
         res["retention_interval"] = lab["retention_interval"]["R@10"]
     else:
         res["retention"] = res[RETENTION_KEY]
         res["retention_metric"] = RETENTION_KEY
+    if min_retention is not None and res["retention"] is None:  # neither a pass nor a fail: say so, exit 2
+        raise InputError(f"the labelled R@10 retention is undefined: none of the {res['labelled']['n_queries']} "
+                         f"queries finds its relevant document in the native top 10 of the "
+                         f"{res['labelled']['n_documents']} held-out documents, so the retention gate cannot be "
+                         f"decided; give queries whose relevant documents the new model retrieves (or more of them), "
+                         f"or evaluate without the retention gate")
     if min_retention is not None:
         res["min_retention"] = float(min_retention)
         res["passed"] = bool(res["retention"] >= min_retention)
@@ -133,8 +140,9 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     ``record`` stores top-1, mean rank, cosine, recall@10, the candidate count and the rows ranked
     (``n_queries``) as tags ``eval.*`` on the version (they rank paths), with ``eval.top1_interval`` when a sample
     was ranked (JSON ``[low, high]``; tags are text), and with labelled ``queries`` / ``relevant`` (see
-    :func:`retention_gate`) the labelled retention as ``eval.labelled_retention``. With ``csls``, labelled retention is of CSLS search with
-    ``csls_weight`` (the service's default 0.5) and the plain one is kept as ``retrieval.labelled_plain``.
+    :func:`retention_gate`) the labelled retention as ``eval.labelled_retention`` (none when it is undefined).
+    With ``csls``, labelled retention is of CSLS search with ``csls_weight`` (the service's default 0.5) and the
+    plain one is kept as ``retrieval.labelled_plain``.
 
     Pair figures rank each mapped row against all ``n`` target rows: ``n² d`` work. Above ``max_queries``
     (default :data:`EVAL_MAX_QUERIES`; ``None``: no cap) a sample of that many rows, drawn with
@@ -173,6 +181,8 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
             registry.set_tag(v.name, v.version, "eval.top1_interval", json.dumps(list(res["intervals"]["top1"])))
         elif "eval.top1_interval" in (v.tags or {}):  # every pair ranked now: an earlier sample's interval is stale
             registry.delete_tag(v.name, v.version, "eval.top1_interval")
-        if "labelled" in res["retrieval"]:
+        if "labelled" in res["retrieval"] and res["retention"] is not None:
             registry.set_tag(v.name, v.version, "eval.labelled_retention", res["retention"])
+        elif "labelled" in res["retrieval"] and "eval.labelled_retention" in (v.tags or {}):  # undefined now: stale
+            registry.delete_tag(v.name, v.version, "eval.labelled_retention")
     return res

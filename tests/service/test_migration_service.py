@@ -327,6 +327,46 @@ def test_eval_gates_on_labelled_queries_and_agrees_with_align(capsys, data):
     assert code == 2 and "csls-weight" in err
 
 
+def test_eval_undefined_labelled_retention_is_said_not_gated_or_recorded_as_zero(capsys, data):
+    """Queries none of which finds its relevant document natively: the retention is undefined (align gives None).
+    It was shown and recorded as 0.0000 and gated as 0 (FAIL at 0.5, PASS at 0.0). Now it says undefined, records
+    nothing (a stale figure is dropped) and a gate on it is exit 2 with the reason."""
+    from service.registry import open_registry
+
+    d = data
+    X, Y = _pairs()
+    rel = np.random.default_rng(2).integers(0, 300, 50)
+    write_vectors(d / "q.npy", _queries(Y[600:900], rel))
+    write_vectors(d / "q_far.npy", -Y[600:900][rel])       # each query's relevant document is its farthest
+    write_vectors(d / "q_old.npy", X[600:900][rel])          # the old model's view: it finds them
+    np.save(d / "rel.npy", rel)
+    code, _, err = run(capsys, "--data-dir", d / "var", "fit", "--pairs", "--source", d / "old.npy", "--target",
+                       d / "new.npy", "--rows", "0:40", "--method", "procrustes", "--name", "few", "--quiet")
+    assert code == 0, err
+    common = ["--data-dir", d / "var", "eval", "--map", "few", "--source", d / "old.npy", "--target", d / "new.npy",
+              "--rows", "600:900", "--relevant", d / "rel.npy", "--old-queries", d / "q_old.npy"]
+
+    def tags():
+        reg = open_registry(f"sqlite:///{d / 'var' / 'registry.sqlite'}", d / "var" / "artifacts")
+        try:
+            return reg.resolve("few").tags or {}
+        finally:
+            reg.close()
+
+    code, _, err = run(capsys, *common, "--queries", d / "q.npy", "--record")
+    assert code == 0 and "eval.labelled_retention" in tags(), err
+    code, out, err = run(capsys, *common, "--queries", d / "q_far.npy", "--record", "--json")
+    res = json.loads(out)
+    assert code == 0 and res["retrieval"]["labelled"]["native"]["R@10"] == 0.0, err
+    assert res["retention"] is None and "eval.labelled_retention" not in tags()
+    code, out, err = run(capsys, *common, "--queries", d / "q_far.npy")
+    assert code == 0 and "retention R@10 undefined (no query finds its relevant document natively)" in out, err
+    assert "(retention undefined (no query" in out and "0.0000)" not in out  # keeping the old model: no ratio either
+    for gate in ("0.5", "0.0"):
+        code, out, err = run(capsys, *common, "--queries", d / "q_far.npy", "--min-retention", gate)
+        assert code == 2 and "undefined" in err and "cannot be decided" in err and "PASS" not in out, (gate, out)
+
+
 def test_eval_labelled_query_side_and_bad_input(capsys, data):
     d = data
     X, Y = _pairs()
@@ -447,6 +487,8 @@ def test_http_evaluate_labelled_gate_over_real_http_agrees_with_the_cli(tmp_path
                ({"queries": _b64(np.full((len(rel), 12), np.nan, np.float32))}, "NaN"),
                ({"queries": _b64(X[:150])}, "columns"), ({"side": "sideways"}, "side"),
                ({"min_retention": 1.5}, "min_retention"), ({"target": _b64(Y[600:890])}, "rows"),
+               # no query finds its relevant document natively: the retention is undefined, the gate undecidable
+               ({"queries": _b64(-Y[600:900][rel]), "min_retention": 0.0}, "undefined"),
                # degenerate held-out rows: every row ties with its partner, which counted as a hit (a gate passed)
                ({"target": _b64(np.tile(Y[600:601], (300, 1)))}, "identical"),
                ({"source": _b64(np.zeros((300, 16), np.float32)), "queries": None, "relevant": None,
