@@ -224,7 +224,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                              if m in iv))
     if "labelled" in r:
         lab = r["labelled"]
-        text += (f"\n  labelled ({lab['n_queries']} queries, {lab['n_documents']} documents, {side}-side): "
+        text += (f"\n  labelled ({lab['n_queries']} queries, {lab['n_documents']} documents, "
+                 f"{'query' if side == 'source' else 'corpus'}-side): "
                  + "  ".join(f"{m} {lab['migrated'][m]:.4f}/{lab['native'][m]:.4f}" for m in lab["migrated"])
                  + f"  (migrated/native)  retention R@10 {_retention(r['retention'])}"
                  + (f" (95% interval {r['retention_interval'][0]:.4f}-{r['retention_interval'][1]:.4f})"

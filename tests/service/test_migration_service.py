@@ -383,6 +383,11 @@ def test_eval_labelled_query_side_and_bad_input(capsys, data):
     assert code == 0, err
     lab = json.loads(out)["retrieval"]["labelled"]
     assert lab["side"] == "source" and lab["n_queries"] == 100 and lab["retention"]["R@10"] > 0.5
+    # one name for the side in the text and the gate line (the text said source-side, the gate query-side)
+    code, out, err = run(capsys, *common, "--queries", d / "qs.npy", "--relevant", d / "rel.npy", "--side", "source",
+                         "--min-retention", "0.0")
+    assert code == 0 and "300 documents, query-side)" in out and "PASS: labelled R@10 retention (query-side)" in out
+    assert "source-side" not in out and "target-side" not in out
     # bad input: a clear message and a non-zero exit, nothing registered or changed
     np.save(d / "short.npy", rel[:10])
     np.save(d / "far.npy", rel + 1000)
