@@ -89,6 +89,7 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10, max_queries: int | 
     ``max_queries``: at most that many pairs act as queries (:func:`align.metrics.query_sample` with
     ``random_state``, the rows :func:`align.evaluate` draws with the same arguments), each against all n rows;
     ``None`` or ``>= n``: every pair (the exact figures). Sampled figures come with ``intervals``.
+    ``nn_retention@k`` (``overlap@k`` and ``score``) are NaN on fewer than ``k + 2`` (``k + 1``) distinct pairs.
     Repeated pairs are scored once (:func:`align.validation.distinct_pairs`; ``n_repeated`` says how many rows
     repeated one, ``n_pairs`` counts the distinct ones).
     """
@@ -103,7 +104,14 @@ def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10, max_queries: int | 
     X, Y, repeated = distinct_pairs(X, Y)
     rows = query_sample(X.shape[0], max_queries, random_state)
     M = check_not_collapsed(map_._apply(X, output="raw"), name="mapped X_src")  # else corpus-side recall 1.0
-    return {**pair_retrieval_scores(M, unit_rows(Y), k=k, rows=rows), "n_repeated": repeated}
+    out = {**pair_retrieval_scores(M, unit_rows(Y), k=k, rows=rows), "n_repeated": repeated}
+    # @k needs k other rows besides the query (and its relevant one): on fewer the figures were of a smaller k under
+    # the @k name (3 pairs: nn_retention@10 was @1); undefined instead, as on 2 pairs
+    for name, need in ((f"nn_retention@{k}", k + 2), (f"overlap@{k}", k + 1), ("score", k + 1)):
+        if X.shape[0] < need:
+            out[name] = float("nan")
+            out.get("intervals", {}).pop(name, None)
+    return out
 
 
 

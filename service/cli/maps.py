@@ -147,9 +147,10 @@ def _render_fit(reg, v, as_json: bool) -> None:
                      f"{'; ' + headline if headline else ''}\nreport: {d['report_file']}")
 
 
-def _retention(value) -> str:
-    """A retention ratio as the eval text shows it; None (no native hit among the queries) is undefined, not 0."""
-    return "undefined (no query finds its relevant document natively)" if value is None else f"{value:.4f}"
+def _retention(value, why: str = "no query finds its relevant document natively") -> str:
+    """A figure as the eval text shows it; None or NaN (a labelled ratio with no native hit among the queries, the
+    @10 proxies on fewer than 12 pairs) is undefined, not 0."""
+    return f"undefined ({why})" if value is None or not np.isfinite(value) else f"{value:.4f}"
 
 
 @click.command("eval")
@@ -162,7 +163,7 @@ def _retention(value) -> str:
                    "labelled retrieval (R@10 migrated / native over the held-out documents; when no query finds its "
                    "relevant document natively it is undefined and the gate exits 2); otherwise the proxy "
                    "nn_retention@10 (each native target row's nearest native row must stay in the top 10 of the "
-                   "mapped source rows; share kept).")
+                   "mapped source rows; share kept; needs at least 12 distinct held-out pairs, exit 2 on fewer).")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
               help="Labelled queries (.npy, .npz, .fvecs, .parquet): new-model query vectors (--side target) or "
                    "source-model ones (--side source).")
@@ -214,8 +215,9 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
             f"mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f} (centred; raw {res['cos_raw']:.4f})  "
             f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']}"
             + (f"; {res['n_repeated']} repeated pairs scored once" if res.get("n_repeated") else "") + ")\n"
-            f"  retrieval: nn_retention@10 {r['nn_retention@10']:.4f}  corpus-side MRR {r['corpus_mrr']:.4f}  "
-            f"query-side MRR {r['query_mrr']:.4f}  overlap@10 {r['overlap@10']:.4f}")
+            f"  retrieval: nn_retention@10 {_retention(r['nn_retention@10'], 'fewer than 12 pairs')}  "
+            f"corpus-side MRR {r['corpus_mrr']:.4f}  query-side MRR {r['query_mrr']:.4f}  "
+            f"overlap@10 {_retention(r['overlap@10'], 'fewer than 11 pairs')}")
     if "intervals" in res:
         iv = {**res["intervals"], **r["intervals"]}
         text += (f"\n  sampled: {res['n_queries']} of {res['n_candidates']} pairs ranked (--max-queries, "

@@ -80,7 +80,8 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     ``queries`` (q, d) with ``relevant`` (q,) rows of ``X``/``Y``: ``labelled`` holds
     :func:`align.labelled_retention` and ``retention`` / ``retention_metric`` its R@10 retention; otherwise they are
     the ``nn_retention@10`` proxy. A labelled retention is None (undefined) when no query finds its relevant
-    document natively; a gate on it then raises InputError (it can be neither passed nor failed). ``old_queries``
+    document natively, the proxy NaN on fewer than 12 distinct pairs; a gate on either raises InputError (it can be
+    neither passed nor failed). ``old_queries``
     (the same queries under the old model) adds the keep-the-old-model baseline (``labelled["old"]``,
     ``["beats_old"]``). Labelled retention also gives ``retention_interval`` (its 95 % bootstrap interval over the
     queries) and, with a gate, ``gate_within_interval``: the verdict follows the measured retention, but when the
@@ -110,12 +111,15 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     else:
         res["retention"] = res[RETENTION_KEY]
         res["retention_metric"] = RETENTION_KEY
-    if min_retention is not None and res["retention"] is None:  # neither a pass nor a fail: say so, exit 2
-        raise InputError(f"the labelled R@10 retention is undefined: none of the {res['labelled']['n_queries']} "
-                         f"queries finds its relevant document in the native top 10 of the "
-                         f"{res['labelled']['n_documents']} held-out documents, so the retention gate cannot be "
-                         f"decided; give queries whose relevant documents the new model retrieves (or more of them), "
-                         f"or evaluate without the retention gate")
+    if min_retention is not None and not np.isfinite(res["retention"] if res["retention"] is not None else np.nan):
+        # neither a pass nor a fail: say why, exit 2
+        why = (f"none of the {res['labelled']['n_queries']} queries finds its relevant document in the native top 10 "
+               f"of the {res['labelled']['n_documents']} held-out documents; give queries whose relevant documents "
+               f"the new model retrieves (or more of them)" if queries is not None else
+               f"it needs at least 12 distinct held-out pairs (a query, its nearest other row and 10 more), got "
+               f"{res['n_pairs']}; give more held-out pairs")
+        raise InputError(f"the {res['retention_metric']} is undefined, so the retention gate cannot be decided: "
+                         f"{why}, or evaluate without the retention gate")
     if min_retention is not None:
         res["min_retention"] = float(min_retention)
         res["passed"] = bool(res["retention"] >= min_retention)

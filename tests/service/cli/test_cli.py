@@ -349,6 +349,25 @@ def test_json_output_is_valid_json_when_a_figure_is_undefined(capsys, data):
     assert res["retention"] is None and res["top1"] >= 0
 
 
+def test_the_at_10_proxies_are_undefined_on_fewer_than_12_pairs_and_not_gated(capsys, data):
+    """On 3 held-out pairs nn_retention@10 / overlap@10 were computed at k = 1 / 2 under the @10 name ("@10 0.6667")
+    and gated. Now they are undefined below 12 / 11 distinct pairs and a gate on the proxy there is exit 2."""
+    code, _, err = fit_pairs(capsys, data)
+    assert code == 0, err
+    common = ["--data-dir", data / "var", "eval", "--map", "src->tgt", "--source", data / "src.npy", "--target",
+              data / "tgt.fvecs"]
+    code, out, err = run(capsys, *common, "--rows", "600:603", "--json")
+    res = json.loads(out)
+    assert code == 0 and res["retrieval"]["nn_retention@10"] is None and res["retrieval"]["overlap@10"] is None, err
+    code, out, err = run(capsys, *common, "--rows", "600:603")
+    assert code == 0 and "nn_retention@10 undefined (fewer than 12 pairs)" in out, err
+    assert "overlap@10 undefined (fewer than 11 pairs)" in out
+    code, out, err = run(capsys, *common, "--rows", "600:611", "--min-retention", "0.5")
+    assert code == 2 and "at least 12 distinct held-out pairs" in err and "got 11" in err, (out, err)
+    code, out, err = run(capsys, *common, "--rows", "600:612", "--min-retention", "0.0", "--json")
+    assert code == 0 and json.loads(out)["retrieval"]["nn_retention@10"] >= 0, err
+
+
 def test_a_space_a_fit_creates_from_texts_records_their_encoder(capsys, tmp_path, monkeypatch):
     """`fit --source t.txt --source-encoder all-MiniLM-L6-v2` made the space with no encoder (`spaces` said
     encoder=-), so a later text `transform` asked for --encoder though its help says the space's is the default."""
