@@ -338,6 +338,11 @@ def _hits(Q: np.ndarray, D: np.ndarray, rel: np.ndarray, k: int = 10) -> np.ndar
     return (I == rel[:, None]).any(axis=1)
 
 
+def last_migrated(predicted: list[dict]) -> dict:
+    """The forecast at the largest K that still migrates (not the row re-embedding the whole corpus, if another)."""
+    return next((q for q in reversed(predicted) if not q.get("whole_corpus")), predicted[-1])
+
+
 def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tuple[int, ...]:
     """The plan's numeric options, checked (typed errors instead of a NaN forecast or a bare ``max()`` error);
     returns ``target_ks`` as a sorted tuple of distinct ints."""
@@ -396,7 +401,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        ``target_retention`` (else the largest), that K's method (``"contrastive"``-capable ``"auto"``
        when K ≥ 1,000), and ``select_rows_to_embed`` (k-means++) rows of ``X_old`` for that K. A K of at
        least the corpus size re-embeds all of it (nothing to lose): the recommended K is then the corpus size,
-       ``whole_corpus`` says so and a note says to re-embed instead of migrating.
+       ``whole_corpus`` says so and a note says to re-embed instead of migrating. The target K of at least the
+       corpus size are one forecast row at the corpus size, retention 1 with ``whole_corpus``.
 
     Returns a JSON-safe dict: ``alignability`` (beyond chance), ``unsupervised_feasible``, ``knn_overlap``
     (raw), ``curve`` (per K and
@@ -486,19 +492,24 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
             if lab is not None and k == top:  # the query sample's own uncertainty, at the largest K
                 lo, hi = lab.interval(rng)
                 curve[m][-1]["query_interval"] = [lo, hi]
-    fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
-    best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
-    predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])
     native = None
     if lab is not None:  # the R@10 behind the ratio: what the user's queries get natively, and by staying
         r_new = lab.native_estimate()
         native = {"new_probe": float(lab.nat_fall[:, -1].mean()), "old_probe": float(lab.old_fall[:, -1].mean()),
                   "old_corpus": float(lab.old_full.mean()), "new_corpus_estimate": r_new,
                   "slope_ratio": lab.slope_ratio, "shrink": lab.shrink}
+    fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
+    best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
+    predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])
+    # K >= n_old re-embeds the whole corpus: every row native, no map to lose anything (one row, retention 1)
+    n_old = float("inf") if old_is_sample else Xo.shape[0]
+    if predicted[-1]["k"] >= n_old:
+        whole = {**next(q for q in predicted if q["k"] >= n_old), "k": int(n_old), "retention": 1.0, "low": 1.0,
+                 "high": 1.0, "extrapolated": False, "whole_corpus": True}
+        predicted = [q for q in predicted if q["k"] < n_old] + [whole]
+    if native is not None:
         for q in predicted:  # the migrated index's own R@10, to set against keeping the old model
             q["r10"] = float(q["retention"] * r_new) if np.isfinite(r_new) else float("nan")
-    # K >= n_old re-embeds the whole corpus: every row native, no map to lose anything
-    n_old = float("inf") if old_is_sample else Xo.shape[0]
     reach = [q for q in predicted if q["retention"] >= target_retention or q["k"] >= n_old]
     rec = min(reach, key=lambda q: q["k"]) if reach else max(predicted, key=lambda q: q["k"])
     k_rec = int(min(rec["k"], n_old))
@@ -524,11 +535,11 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                      f"dimensions: the learning curve changes shape past K ≈ {A.shape[1]}, so beyond {top} pairs "
                      f"only the forecast's lower end holds (intervals run to 1); a probe of at least {2 * A.shape[1]} "
                      f"pairs forecasts there")
-    if native is not None and predicted and np.isfinite(predicted[-1]["r10"]) and \
-            predicted[-1]["r10"] <= native["old_corpus"]:
+    last = last_migrated(predicted)
+    if native is not None and np.isfinite(last["r10"]) and last["r10"] <= native["old_corpus"]:
         notes.append(f"keeping the old model is predicted to be at least as good: its R@10 of these queries over the "
-                     f"corpus is {native['old_corpus']:.3f}, the migrated index's {predicted[-1]['r10']:.3f} at "
-                     f"K = {predicted[-1]['k']} (native new model: {native['new_corpus_estimate']:.3f})")
+                     f"corpus is {native['old_corpus']:.3f}, the migrated index's {last['r10']:.3f} at "
+                     f"K = {last['k']} (native new model: {native['new_corpus_estimate']:.3f})")
     if groups is not None:
         notes.append(f"{n_given - p} of the {n_given} probe pairs repeat another pair: the plan is of the {p} distinct "
                      f"ones")

@@ -17,6 +17,7 @@ from click.core import ParameterSource
 import numpy as np
 
 from align.exceptions import InputError, VecbridgeWarning
+from align.plan import last_migrated
 
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_not_input, count_rows, parse_rows, read_vectors, resolve_rows
@@ -321,13 +322,14 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
              f"  {'K':>7}  {'method':>10}  {'retention':>9}  {'interval':>15}"]
     for q in res["predicted"]:
         lines.append(f"  {q['k']:>7}  {q['method']:>10}  {q['retention']:>9.3f}  "
-                     f"[{q['low']:.3f}, {q['high']:.3f}]{'  (extrapolated)' if q['extrapolated'] else ''}")
+                     f"[{q['low']:.3f}, {q['high']:.3f}]{'  (extrapolated)' if q['extrapolated'] else ''}"
+                     + ("  (the whole corpus, re-embedded)" if q.get("whole_corpus") else ""))
     nat = res.get("native")
     if nat:
         lines.append(f"R@10 of your queries: new model {nat['new_probe']:.3f} over the probe -> ~"
                      f"{nat['new_corpus_estimate']:.3f} over the corpus (estimated); old model {nat['old_probe']:.3f}"
                      f" -> {nat['old_corpus']:.3f} (measured: keeping it); migrated at K = "
-                     f"{res['predicted'][-1]['k']}: ~{res['predicted'][-1]['r10']:.3f}")
+                     f"{last_migrated(res['predicted'])['k']}: ~{last_migrated(res['predicted'])['r10']:.3f}")
     rec = res["recommended"]
     lines.append(f"recommended: method {rec['method']}, K = {rec['k']} rows to re-embed"
                  + (f" (written to {res['rows_out']})" if rows_out else ""))

@@ -679,8 +679,8 @@ def test_knn_overlap_refuses_bad_k(k):  # k=0 was a ZeroDivisionError
 
 def test_plan_target_ks_any_order_gives_sorted_forecasts():
     X = np.random.default_rng(0).normal(size=(60, 4))
-    a = align.plan_migration(X, X, X, select_rows=False, target_ks=[300, 100, 300])
-    assert [p["k"] for p in a["predicted"]] == [100, 300]
+    a = align.plan_migration(X, X, X, select_rows=False, target_ks=[30, 10, 30])  # inside the 60-row corpus
+    assert [p["k"] for p in a["predicted"]] == [10, 30]
     assert all(np.isfinite(p["retention"]) for p in a["predicted"])
 
 
@@ -698,6 +698,22 @@ def test_plan_never_recommends_more_rows_than_the_old_corpus_has():
     assert any("whole old corpus (400 rows)" in n for n in p["notes"])
     q = align.plan_migration(X, X[:200], Y[:200], target_retention=0.05)  # reached well inside the corpus
     assert q["recommended"]["k"] == 100 and not q["recommended"]["whole_corpus"]
+
+
+def test_plan_forecasts_k_beyond_the_corpus_as_one_whole_corpus_row_keeping_everything():
+    """An 8,000-row corpus showed `10000 ridge 0.696 [0.476, 0.916]` beside "re-embed all 8,000": a K of at least the
+    corpus re-embeds every row (retention 1). Those K are now one row at the corpus size, retention 1, whole_corpus;
+    a fit report's plan of a sample (old_is_sample) keeps its K."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 16)).astype(np.float32)
+    Y = (np.tanh(X) @ rng.normal(size=(16, 16)) + rng.normal(size=(400, 16))).astype(np.float32)
+    p = align.plan_migration(X, X[:200], Y[:200], target_ks=(100, 300, 1000, 3000), select_rows=False)
+    assert [q["k"] for q in p["predicted"]] == [100, 300, 400]
+    whole = p["predicted"][-1]
+    assert (whole["retention"], whole["low"], whole["high"], whole["whole_corpus"]) == (1.0, 1.0, 1.0, True)
+    assert not any(q.get("whole_corpus") for q in p["predicted"][:-1]) and p["predicted"][1]["retention"] < 1.0
+    s = align.plan_migration(X, X[:200], Y[:200], target_ks=(100, 3000), select_rows=False, old_is_sample=True)
+    assert [q["k"] for q in s["predicted"]] == [100, 3000] and s["predicted"][-1]["retention"] < 1.0
 
 
 @pytest.mark.parametrize("fit, options", [

@@ -28,7 +28,8 @@ Answers: `alignability` (kNN@10 overlap of the two spaces on the probe beyond th
 probes of any size compare; unsupervised alignment has only worked above 0.4; `knn_overlap`: the raw
 overlap), `curve` (simulated retention of closed-form fits on probe subsamples),
 `predicted` (retention per K with an interval and the `method` it is of: within the probe's K the better
-of the methods' curves there, beyond it the best at the probe's largest K; `extrapolated` beyond the probe),
+of the methods' curves there, beyond it the best at the probe's largest K; `extrapolated` beyond the probe; the K
+of at least the size of `old` are one row at that size, retention 1, `whole_corpus`),
 `recommended` (method and K, at most the size of `old`; `whole_corpus`: no smaller K is predicted to do, re-embed it
 all), `rows_to_embed` (k-means++ coverage rows of `old` for that K). With labelled `queries`
 (new model), `old_queries` (the same queries, old model) and each one's `relevant` probe row, the curve and
