@@ -343,6 +343,24 @@ def last_migrated(predicted: list[dict]) -> dict:
     return next((q for q in reversed(predicted) if not q.get("whole_corpus")), predicted[-1])
 
 
+def _inconsistent_labelled(curve: dict, native: dict, over: dict, n_queries: int, plan: dict) -> dict:
+    """``plan`` (the plan without the labelled queries) with their curve and R@10 under ``labelled`` and a note
+    why it is not of them: retention above 1 at ``over`` (the highest curve point). The migrated index's measured
+    R@10 then exceeds the native estimate, which is too low (or the map beats the new model there): a curve fitted
+    with r_inf <= 1 read it as falling, forecast 1.000 at every K and recommended the smallest (WordNet minilm->e5,
+    an 8,000-row corpus: ratios 0.55 -> 1.72 over a native estimate of 0.103, where e5's is 0.237)."""
+    r10 = over["mean"] * native["new_corpus_estimate"]
+    note = (f"your labelled queries' estimate is inconsistent, so the forecast and the recommendation are of the "
+            f"nn_retention@10 proxy instead: the migrated index's R@10 of them over the corpus, measured, reached "
+            f"{r10:.3f} (K = {over['k']}), above the new model's own estimated from the probe "
+            f"({native['new_corpus_estimate']:.3f}; retention {over['mean']:.2f} > 1). That estimate is too low (the "
+            f"new model's R@10 falls less from the probe to the corpus than the old model's fall, scaled by the slope "
+            f"ratio {native['slope_ratio']:.2f}, says) or the map beats the new model on these queries; the plan "
+            f"cannot tell which: measure after the fit (vecbridge eval --queries --relevant)")
+    return {**plan, "notes": [plan["notes"][0], note, *plan["notes"][1:]],
+            "labelled": {"consistent": False, "n_queries": n_queries, "curve": curve, "native": native}}
+
+
 def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tuple[int, ...]:
     """The plan's numeric options, checked (typed errors instead of a NaN forecast or a bare ``max()`` error);
     returns ``target_ks`` as a sorted tuple of distinct ints."""
@@ -403,6 +421,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        least the corpus size re-embeds all of it (nothing to lose): the recommended K is then the corpus size,
        ``whole_corpus`` says so and a note says to re-embed instead of migrating. The target K of at least the
        corpus size are one forecast row at the corpus size, retention 1 with ``whole_corpus``.
+    4. With labelled queries whose measured retention exceeds 1 at some curve point (the migrated index's R@10,
+       exact, above the native estimate), that estimate is inconsistent: the plan is the one without them (the
+       proxy's forecast and recommendation), with their ``labelled`` curve and ``native`` R@10 and a note why.
 
     Returns a JSON-safe dict: ``alignability`` (beyond chance), ``unsupervised_feasible``, ``knn_overlap``
     (raw), ``curve`` (per K and
@@ -411,7 +432,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     extrapolated; with labelled queries
     also ``r10``, the migrated index's predicted R@10 of them), with labelled queries ``native`` (R@10 of
     the queries: ``new_probe``, ``old_probe``, ``old_corpus`` measured, ``new_corpus_estimate`` and the
-    ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the old model is predicted to do as well),
+    ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the old model is predicted to do as well;
+    ``labelled`` instead when their estimate is inconsistent, see 4.),
     ``recommended`` (``method``, ``k``), ``rows_to_embed`` (indices; empty with
     ``select_rows=False``, for callers such as a fit report that only want the forecast), ``notes``.
     """
@@ -498,6 +520,12 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         native = {"new_probe": float(lab.nat_fall[:, -1].mean()), "old_probe": float(lab.old_fall[:, -1].mean()),
                   "old_corpus": float(lab.old_full.mean()), "new_corpus_estimate": r_new,
                   "slope_ratio": lab.slope_ratio, "shrink": lab.shrink}
+        over = max((q for m in methods for q in curve[m]), key=lambda q: q["mean"])
+        if over["mean"] > 1.0:  # the curve, fitted with r_inf <= 1, read it as falling: 1.000 at every K
+            return _inconsistent_labelled(curve, native, over, int(lab.Q.shape[0]), plan_migration(
+                X_old, probe_src, probe_tgt, random_state=random_state, target_retention=target_retention,
+                target_ks=target_ks, repeats=repeats, methods=methods, distractors=distractors,
+                select_rows=select_rows, old_is_sample=old_is_sample, progress=progress))
     fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
     best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
     predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])

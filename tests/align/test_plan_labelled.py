@@ -146,6 +146,31 @@ def test_labelled_plan_says_when_keeping_the_old_model_is_predicted_to_do_as_wel
     assert (plan["predicted"][-1]["r10"] <= plan["native"]["old_corpus"]) == stay
 
 
+def test_a_labelled_retention_above_1_is_no_forecast_the_plan_is_the_proxys_and_says_why():
+    """Precise new-model queries, noisy old-model ones: the old model's R@10 falls far from the probe to the corpus,
+    so the native estimate is too low and the measured retention rises above 1 (0.89 -> 1.10). The curve, fitted
+    with r_inf <= 1, read that as falling: 1.000 at every K, "did not rise", the smallest K recommended (as on
+    WordNet minilm->e5: ratios 0.55 -> 1.72). Now the plan is the one without the queries, with a note why."""
+    X, Y, Qn, Qo, rel, rows, prel = _task()
+    rng = np.random.default_rng(9)
+    Qn = (Y[rel] + 0.1 * rng.normal(size=Qn.shape)).astype(np.float32)
+    Qo = (X[rel] + 2.0 * rng.normal(size=Qo.shape)).astype(np.float32)
+    kw = {"target_ks": (100, 300, 3000), "select_rows": False, "random_state": 0}
+    plan = align.plan_migration(X, X[rows], Y[rows], queries=Qn, old_queries=Qo, relevant=prel, **kw)
+    proxy = align.plan_migration(X, X[rows], Y[rows], **kw)
+    assert plan["predicted"] == proxy["predicted"] and plan["recommended"] == proxy["recommended"]
+    assert all(q["retention"] < 1.0 for q in plan["predicted"])    # was 1.000 at every K, K = 100 recommended
+    lab = plan.pop("labelled")
+    top = max((q for c in lab["curve"].values() for q in c), key=lambda q: q["mean"])
+    assert lab["consistent"] is False and lab["n_queries"] == 150 and top["mean"] > 1.0
+    assert lab["native"]["new_corpus_estimate"] < lab["native"]["new_probe"]
+    note = [n for n in plan["notes"] if "inconsistent" in n]
+    assert len(note) == 1 and f"reached {top['mean'] * lab['native']['new_corpus_estimate']:.3f}" in note[0]
+    assert not any("did not rise" in n for n in plan["notes"])
+    assert {**plan, "notes": [n for n in plan["notes"] if n not in note]} == proxy   # the proxy's plan, as it is
+    assert plan["metric"].startswith("nn_retention@10") and "native" not in plan
+
+
 @pytest.mark.parametrize("labelled", [True, False])
 def test_each_forecast_is_of_the_method_its_curve_favours_at_that_k(labelled):
     """Each forecast names its method and is that method's curve at K: within the probe's K the higher curve,

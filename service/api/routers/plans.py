@@ -36,7 +36,9 @@ all), `rows_to_embed` (k-means++ coverage rows of `old` for that K). With labell
 the prediction are of their labelled R@10 retention over the whole `old` corpus (`metric` says which), with
 `native` (their R@10: the new model's over the probe and estimated over the corpus, the old model's measured
 over the corpus, i.e. what keeping it gives) and `r10` per K (the migrated index's predicted R@10); a note says
-when keeping the old model is predicted to do as well.
+when keeping the old model is predicted to do as well. When their measured retention exceeds 1 (the native
+estimate is too low, or the map beats the new model) the plan is the one without them, with their `labelled`
+curve and `native` R@10 and a note why.
 Synchronous (at most `max_heavy_requests` plans and evaluations at once; more: 429 with Retry-After):
 seconds for a probe of 1,000 pairs and an old corpus of 40,000 rows (~40 s with labelled
 queries, which map and search the whole corpus per curve point). Each side is `vectors` or
