@@ -7,7 +7,7 @@ Formats (by suffix):
 ``.npz``        the first array, or ``key``
 ``.fvecs``      FAISS/TEXMEX: each row is ``int32 d`` then ``d`` float32; memory-mapped
 ``.parquet``    one list column (``column``, else the first list of numbers), one row per vector
-``.txt``        one text per line (blank lines skipped)          → embedded with ``encoder``
+``.txt``        one text per line (a blank line is refused)      → embedded with ``encoder``
 ``.jsonl``      one JSON object per line, text in ``text_field``  → embedded with ``encoder``
 ``.json``       a list of strings                                → embedded with ``encoder``
 ==============  ===============================================================================
@@ -288,7 +288,14 @@ def read_texts(path, *, rows=None, text_field: str = "text") -> list[str]:
         # \r only (read_text translates them): str.splitlines also split at U+2028, U+0085, \v, \f, \x1c-\x1e,
         # which a text (or a JSON string written with ensure_ascii=False) may hold: one line became several texts
         if suf == ".txt":
-            texts = [ln for ln in path.read_text(encoding="utf-8-sig").split("\n") if ln.strip()]
+            texts = path.read_text(encoding="utf-8-sig").split("\n")
+            while texts and not texts[-1].strip():  # the file's last newline (and blank lines after the last text)
+                texts.pop()
+            # a blank line inside was skipped without a word: every later text paired with the row before its own
+            blank = next((i for i, t in enumerate(texts) if not t.strip()), None)
+            if blank is not None:
+                raise FormatError(f"{path.name}: line {blank + 1} is blank; a .txt file holds one text per line, "
+                                  f"row i = line i + 1 (remove the line, or write .jsonl)")
         elif suf == ".jsonl":
             texts = []
             for i, ln in enumerate(path.read_text(encoding="utf-8-sig").split("\n")):
@@ -307,6 +314,11 @@ def read_texts(path, *, rows=None, text_field: str = "text") -> list[str]:
                 raise FormatError(f"{path.name}: expected a JSON list of strings")
         else:
             raise FormatError(f"{path.name}: not a text file ({', '.join(TEXT_SUFFIXES)})")
+        for i, t in enumerate(texts):  # JSON's "\ud800" decodes to a lone surrogate, which no encoder can take
+            t.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FormatError(f"{path.name}: text {i} holds a lone surrogate (an escape like \\ud800 with no pair): "
+                          f"not a character; fix the file") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise FormatError(f"{path.name}: cannot parse ({exc})") from None
     sl = resolve_rows(rows, len(texts), path)
