@@ -117,7 +117,7 @@ def main(argv=None) -> int:
             cells = []
             for t in trees:
                 p = plans[t].get(key)
-                method = p["methods"][str(k)] if p else None
+                method = p["methods"].get(str(k)) if p else None  # none past the corpus: the plan says "re-embed"
                 m = truth.get(f"{pair}|{method}|{k}") if p else None
                 if m is None or str(k) not in p["predicted"]:
                     cells = None
