@@ -251,16 +251,17 @@ def space_name(path: str, encoder: str | None, given: str | None) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem).lstrip(".-") or "space"
 
 
-def check_text_encoder(registry, path: str, space: str, encoder: str | None) -> None:
+def check_text_encoder(registry, path: str, space: str, encoder: str | None) -> str | None:
     """Before any text is embedded: a text input's ``encoder`` must be the model of ``space`` when that space is
-    registered with one (InputError otherwise: :func:`service.encoders.space_encoder`)."""
-    if not encoder or not is_text_path(path):
-        return
+    registered with one (InputError otherwise: :func:`service.encoders.space_encoder`). Returns the encoder to
+    use: the one given, else the space's (as HTTP fits, transform and index do; fit and eval asked for one)."""
+    if not is_text_path(path):
+        return encoder
     try:
         info = registry.get_space(space)
     except NotFoundError:
-        return
-    space_encoder(space, info.encoder, encoder)
+        return encoder
+    return space_encoder(space, info.encoder, encoder)
 
 
 def _stack(*opts):

@@ -89,7 +89,8 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
             source_space = space_name(io_opts["source"], io_opts["source_encoder"], source_space)
             target_space = space_name(io_opts["target"], io_opts["target_encoder"], target_space)
             for side, space in (("source", source_space), ("target", target_space)):
-                check_text_encoder(obj.registry, io_opts[side], space, io_opts[f"{side}_encoder"])
+                io_opts[f"{side}_encoder"] = check_text_encoder(obj.registry, io_opts[side], space,
+                                                                io_opts[f"{side}_encoder"])
             X, Y, inputs = read_pair(io_opts, progress)
             seeds = None
             if seed_pairs is not None:
@@ -101,8 +102,8 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                 v = run_fit(obj.registry, name=name, source=X, target=Y, method=method, params=parse_kv(params),
                             source_space=source_space, target_space=target_space,
                             paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias,
-                            progress=progress, description=description, tags=parse_kv(tags, "tag", raw=True), inputs=inputs,
-                            artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,
+                            progress=progress, description=description, tags=parse_kv(tags, "tag", raw=True),
+                            inputs=inputs, artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,
                             ray_shard_rows=shard_rows, threads=threads, notes=notes)
         finally:
             close()
@@ -197,6 +198,9 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     (of labelled queries when given)."""
     if (queries_path is None) != (relevant_path is None):
         raise InputError("--queries and --relevant go together (labelled queries and their relevant rows)")
+    v = obj.registry.resolve(ref)  # texts embed with the map's spaces' models (swapped ones ran: top-1 0.003)
+    for side, space in (("source", v.source_space), ("target", v.target_space)):
+        io_opts[f"{side}_encoder"] = check_text_encoder(obj.registry, io_opts[side], space, io_opts[f"{side}_encoder"])
     X, Y, _ = read_pair(io_opts, lambda stage, frac: None)
     Q = rel = Qo = None
     if queries_path is not None:

@@ -426,3 +426,29 @@ def test_fit_tags_are_stored_as_typed(capsys, data):
                          "--tag", "f=1.50", "--tag", "flag=true", "--tag", 'meta={"a": 1}', "--tag", "id=8e10")
     assert code == 0, err
     assert json.loads(out)["tags"] == {"f": "1.50", "flag": "true", "meta": '{"a": 1}', "id": "8e10"}
+
+
+def test_text_inputs_embed_with_the_spaces_models(tmp_path, capsys):
+    """`eval` embedded text files with whatever encoders it was given: swapped (e5 for the map's MiniLM side) it ran
+    and printed top-1 0.003. `fit` and `eval` also asked for an encoder the registered space already names."""
+    pytest.importorskip("sentence_transformers")
+    from service.ops.demo import load_demo_data
+    from service.registry import open_registry
+
+    texts, _, _, _ = load_demo_data()
+    (tmp_path / "t.txt").write_text("\n".join(texts[:120]) + "\n")
+    var = tmp_path / "var"
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    reg.register_space("minilm", 384, encoder="all-MiniLM-L6-v2")
+    reg.register_space("e5", 384, encoder="multilingual-e5-small")
+    reg.close()
+    code, _, err = run(capsys, "--data-dir", var, "fit", "--pairs", "--source", tmp_path / "t.txt", "--target",
+                       tmp_path / "t.txt", "--source-space", "minilm", "--target-space", "e5", "--rows", "0:100",
+                       "--method", "procrustes", "--name", "m2e", "--quiet")  # no encoder named: the spaces'
+    assert code == 0, err
+    ev = ["--data-dir", var, "eval", "--map", "m2e", "--source", tmp_path / "t.txt", "--target", tmp_path / "t.txt",
+          "--rows", "100:120", "--json"]
+    code, out, err = run(capsys, *ev)
+    assert code == 0 and json.loads(out)["top1"] > 0.5, err
+    code, _, err = run(capsys, *ev, "--source-encoder", "e5", "--target-encoder", "minilm")
+    assert code == 2 and "space 'minilm' is embedded by 'all-MiniLM-L6-v2'" in err
