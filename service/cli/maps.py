@@ -199,8 +199,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     if (queries_path is None) != (relevant_path is None):
         raise InputError("--queries and --relevant go together (labelled queries and their relevant rows)")
     v = obj.registry.resolve(ref)  # texts embed with the map's spaces' models (swapped ones ran: top-1 0.003)
-    for side, space in (("source", v.source_space), ("target", v.target_space)):
-        io_opts[f"{side}_encoder"] = check_text_encoder(obj.registry, io_opts[side], space, io_opts[f"{side}_encoder"])
+    for end, space in (("source", v.source_space), ("target", v.target_space)):  # not `side`: that is --side
+        io_opts[f"{end}_encoder"] = check_text_encoder(obj.registry, io_opts[end], space, io_opts[f"{end}_encoder"])
     X, Y, _ = read_pair(io_opts, lambda stage, frac: None)
     Q = rel = Qo = None
     if queries_path is not None:
