@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 
+from ..limits import MAX_TAG_BYTES
 from .errors import InvalidNameError
 
 __all__ = ["check_name", "check_alias", "check_tag_key", "check_tag_value", "check_tag_count", "check_tags", "check_text",
@@ -44,9 +45,9 @@ def check_alias(alias) -> str:
     return alias
 
 
-#: a tag value's most UTF-8 bytes (``limits.max_tag_bytes``: HTTP's bound on its compact JSON) and a version's most
-#: tags: one bound for every writer (HTTP, the CLI, a fit's tags, a bundle import), so what one wrote another reads
-MAX_TAG_BYTES, MAX_TAGS = 16_384, 256
+#: a version's most tags; a value's most UTF-8 bytes is ``limits.MAX_TAG_BYTES`` (HTTP's bound on its compact JSON):
+#: one bound for every writer (HTTP, the CLI, a fit's tags, a bundle import), so what one wrote another reads
+MAX_TAGS = 256
 
 
 def check_tag_key(key) -> str:

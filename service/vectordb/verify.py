@@ -58,13 +58,13 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     :func:`~service.vectordb.migrate` refuses a map the wrong way round)."""
     map_src, map_tgt = map_spaces(map_, registry)
     m = resolve_map(map_, registry)
-    store.dim(target)  # a missing target is named first: it is the collection checked
+    d_t = store.dim(target)  # a missing target is named first: it is the collection checked
     d_s = store.dim(source)
     if d_s != m.source_dim:
         raise DimensionMismatchError(f"{source!r} holds {d_s}-d vectors, the map reads {m.source_dim}-d: give the "
                                      "migration's own map (and its source collection)")
     check_spaces(store, source, None, map_src or (m.metadata or {}).get("source_space"))
-    _check_target(store, target, m, map_tgt)
+    _check_target(store, target, m, map_tgt, d_t)
     ids_t = np.sort(store.ids(target))  # sorted here: engines page in their own order (UUIDs)
     seen, missing, wrong, worst, n_missing, n_wrong = [], [], [], 0.0, 0, 0
     fields_wrong, n_fields_wrong = [], 0
@@ -99,10 +99,11 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
             "rows_ok": n_missing == 0 and n_wrong == 0 and n_fields_wrong == 0 and extra.shape[0] == 0}
 
 
-def _check_target(store: VectorStore, target: str, m, map_tgt: str | None) -> None:
+def _check_target(store: VectorStore, target: str, m, map_tgt: str | None, d: int | None = None) -> None:
     """DimensionMismatchError / SpaceMismatchError when ``target`` holds rows of another width or records another
-    space than the map ``m`` (whose target space is ``map_tgt``, else its metadata's) writes."""
-    d = store.dim(target)
+    space than the map ``m`` (whose target space is ``map_tgt``, else its metadata's) writes; ``d``: the target's
+    width when the caller has read it (another round trip to the engine otherwise)."""
+    d = store.dim(target) if d is None else d
     if d != m.target_dim:
         raise DimensionMismatchError(f"{target!r} holds {d}-d vectors, the map writes {m.target_dim}-d: give the "
                                      "migration's own map")
