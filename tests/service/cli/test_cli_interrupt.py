@@ -26,16 +26,30 @@ def _vb(data_dir: Path, *args) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
 
 
-def _ctrl_c_on() -> None:
-    """In the child before it runs: Ctrl-C delivered, as in a terminal. A test run started in the background of a
-    non-interactive shell (CI under ``nohup ... &``) has SIGINT ignored, and a child inherits that: Python then
-    keeps ignoring it and so does the CLI, as it should (``nohup`` semantics)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# How a child starts with SIGINT as a terminal gives it (or ignored, as ``nohup`` does), set by the child itself. A
+# test run started in the background of a non-interactive shell (CI under ``nohup ... &``) has SIGINT ignored, and a
+# child inherits that: Python then keeps ignoring it and so does the CLI, as it should. The disposition was set by a
+# ``preexec_fn``, but that makes subprocess fork() rather than vfork(): in a test worker where the Ray tests had
+# loaded grpc, grpc's fork handlers ran in the child, which once aborted before it was signalled (SIGABRT in CI).
+_LAUNCH = """
+import runpy, signal, sys
+signal.signal(signal.SIGINT, getattr(signal, sys.argv[1]))
+kind, what, sys.argv = sys.argv[2], sys.argv[3], [sys.argv[0], *sys.argv[4:]]
+if kind == "-m":
+    runpy.run_module(what, run_name="__main__", alter_sys=True)
+else:
+    exec(compile(what, "<string>", "exec"), {"__name__": "__main__"})
+"""
+
+
+def _python(kind: str, what: str, *args, sigint: str = "default_int_handler") -> list[str]:
+    """``python -m what args`` (kind ``-m``) or ``python -c what args`` (``-c``), SIGINT set to ``signal.<sigint>``."""
+    return [sys.executable, "-c", _LAUNCH, sigint, kind, what, *map(str, args)]
 
 
 def _start(data_dir: Path, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "service.cli", "--data-dir", str(data_dir), *map(str, args)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_ctrl_c_on)
+    return subprocess.Popen(_python("-m", "service.cli", "--data-dir", data_dir, *args),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _stop(child: subprocess.Popen, sig: int, under_way, timeout: float = 60) -> tuple[str, str]:
@@ -143,8 +157,8 @@ def test_a_signal_whose_raise_was_lost_still_stops_the_command(then, sig, code, 
     for six minutes and registered). The request is kept: the next progress report raises it again, and a command
     that reports nothing is ended TERM_GRACE_S after the signal; 143 and one line either way. Ctrl-C likewise (130):
     a transform Ctrl-C'd under load once ran to its end and exited 0."""
-    p = subprocess.run([sys.executable, "-c", _LOST_TERM, then, sig], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, check=False, preexec_fn=_ctrl_c_on)
+    p = subprocess.run(_python("-c", _LOST_TERM, then, sig), cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, check=False)
     assert p.returncode == code and p.stdout == "ran on\n", (p.returncode, p.stdout, p.stderr)
     assert "Traceback" not in p.stderr and "ignored" not in p.stderr, p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith(f"vecbridge: {word}"), p.stderr
@@ -153,14 +167,11 @@ def test_a_signal_whose_raise_was_lost_still_stops_the_command(then, sig, code, 
 def test_a_command_started_with_ctrl_c_ignored_keeps_ignoring_it():
     """``nohup``, or ``&`` in a non-interactive shell, starts a command with SIGINT ignored: the CLI leaves it so
     (a Ctrl-C meant for the shell does not stop the background job) and still ends on SIGTERM."""
-    def ignored():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    p = subprocess.run([sys.executable, "-c", _LOST_TERM, "reports", "SIGINT"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60, check=False, preexec_fn=ignored)
+    p = subprocess.run(_python("-c", _LOST_TERM, "reports", "SIGINT", sigint="SIG_IGN"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 0 and p.stdout == "ran on\nnot stopped\n" and p.stderr == "", (p.returncode, p.stderr)
-    p = subprocess.run([sys.executable, "-c", _LOST_TERM, "reports", "SIGTERM"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60, check=False, preexec_fn=ignored)
+    p = subprocess.run(_python("-c", _LOST_TERM, "reports", "SIGTERM", sigint="SIG_IGN"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 143 and p.stdout == "ran on\n", (p.returncode, p.stdout, p.stderr)
 
 
