@@ -199,7 +199,8 @@ def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = N
     IVF ``1 ≤ nlist ≤ min(65536, n_rows)`` (k-means needs a row per list), ``1 ≤ nprobe ≤ nlist``,
     ``nlist ≤ train_rows ≤ 256 nlist`` (the k-means sample; ``nlist`` the given one, else the default for
     ``n_rows``; a sample above ``n_rows`` is every row, :func:`ivf_training`);
-    ``0 ≤ random_state ≤ 2**31 - 1``; ``1 ≤ dim ≤ 65536``. Unknown keys are refused (a typo would
+    ``0 ≤ random_state ≤ 2**31 - 1`` (the argument: a ``random_state`` key in ``params`` is refused, a persisted
+    meta's is popped by its caller); ``1 ≤ dim ≤ 65536``. Unknown keys are refused (a typo would
     otherwise be ignored silently). ``n_rows=None`` (loading a persisted index) skips the row check.
     """
     if kind not in INDEX_PARAM_RULES:
@@ -211,9 +212,9 @@ def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = N
     rules = INDEX_PARAM_RULES[kind]
     out: dict = {}
     for key, value in params.items():
-        if key == "random_state":
-            out[key] = _int_param(value, key, 0, MAX_SEED)
-            continue
+        if key == "random_state":  # it was taken, then replaced by the seed the index is built with
+            raise InputError("random_state is not an index parameter: give the seed as the index's own random_state "
+                             "(`--random-state` on the command line), not in params")
         if key not in rules:
             allowed = sorted(rules) or "none"
             raise InputError(f"unknown parameter {key!r} for a {kind} index (allowed: {allowed})")

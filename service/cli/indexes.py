@@ -183,7 +183,8 @@ def index_show(obj: Ctx, name, as_json):
 @click.option("--metric", type=click.Choice(["cosine", "ip"]), default="cosine", show_default=True)
 @click.option("--param", "params", multiple=True,
               help="KEY=VALUE FAISS parameter, repeatable: M, ef_construction, ef_search (HNSW); nlist, nprobe, "
-                   "train_rows (IVF: rows k-means trains on, nlist..256*nlist, default 64*nlist).")
+                   "train_rows (IVF: rows k-means trains on, nlist..256*nlist, default 64*nlist); the seed is "
+                   "--random-state.")
 @random_state_opt
 @click.option("--description", default="")
 @click.pass_obj

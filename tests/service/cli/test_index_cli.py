@@ -199,6 +199,10 @@ def test_ivf_train_rows_is_set_shown_and_checked_on_create(world, capsys, monkey
         code, _, err = cli(capsys, data, "create", "bad", "--space", "b", tmp / "a.npy", "--kind", "ivf",
                            "--param", "nlist=8", "--param", f"train_rows={value}", "--quiet")
         assert code == 2 and message in err, (value, err)
+    # a seed as a parameter was stored as random_state=0 (the --random-state default) without a word
+    code, _, err = cli(capsys, data, "create", "bad", "--space", "b", tmp / "a.npy", "--kind", "ivf",
+                       "--param", "nlist=8", "--param", "random_state=9", "--quiet")
+    assert code == 2 and "`--random-state` on the command line" in err, err
     assert not (data / "indexes" / "bad").exists()
 
 

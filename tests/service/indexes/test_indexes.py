@@ -522,6 +522,14 @@ def test_http_index_validation(api):
         assert c.get("/v1/indexes/v6", headers=R).status_code == 404
     r = c.post("/v1/indexes", headers=W, json={"name": "v6", "space": "c", "ids": []})  # nothing to name: fine
     assert r.status_code == 201 and r.json()["count"] == 0, r.text
+    # a seed in params was taken (201), then replaced by the top-level random_state (0): k-means ran with seed 0
+    ivf = {"name": "v7", "space": "c", "kind": "ivf", "vectors": d["Z"].tolist()}
+    for seed in (7, 0):
+        r = c.post("/v1/indexes", headers=W, json={**ivf, "params": {"nlist": 4, "random_state": seed}})
+        assert r.status_code == 422 and "give the seed as the index's own random_state" in r.text, r.text
+        assert c.get("/v1/indexes/v7", headers=R).status_code == 404
+    r = c.post("/v1/indexes", headers=W, json={**ivf, "params": {"nlist": 4}, "random_state": 7})
+    assert r.status_code == 201 and r.json()["params"]["random_state"] == 7, r.text
 
 
 def test_http_rows_and_queries_as_texts(tmp_path):
