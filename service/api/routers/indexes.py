@@ -16,7 +16,7 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from align.exceptions import InputError
+from align.exceptions import DimensionMismatchError, InputError
 
 from ...indexes import SpaceIndex
 from ...ops import indexes as index_ops
@@ -78,6 +78,9 @@ async def create_index(request: Request, state: StateDep, settings: SettingsDep)
     def work():
         obj, opts = parse_options(body, IndexCreateOptions)
         space = state.registry.get_space(opts.space)
+        if opts.dim is not None and opts.dim != space.dim:  # without rows it was ignored: an index of the space's
+            raise DimensionMismatchError(f"dim={opts.dim}, but space {space.name!r} is {space.dim}-d: an index has "
+                                         f"its space's width (omit dim, or name a {opts.dim}-d space)")
         X = None if texts_instead(obj, opts.texts, settings.max_batch) else vectors_from_json(
             obj, dim=space.dim, max_batch=settings.max_batch, required=False)
         return index_ops.create_index(state, state.indexes, opts.name, space, X, texts=opts.texts,

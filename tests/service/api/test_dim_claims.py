@@ -31,3 +31,17 @@ def test_a_dim_the_rows_contradict_is_a_422(tmp_path):
         assert r.status_code == 422 and "dim=100 says otherwise" in r.text, r.text
         r = c.post("/v1/indexes/ib/search", headers=R, json={"vectors": world["Y"][:2].tolist(), "dim": 16})
         assert r.status_code == 200, r.text
+
+
+def test_an_index_create_with_a_dim_its_space_contradicts_is_a_422(tmp_path):
+    """``POST /v1/indexes`` with no rows and a ``dim`` other than its space's answered 201 with an index of the
+    space's width (the dim ignored); with rows the same claim was already refused."""
+    with served_world(tmp_path) as (c, _, world):
+        for body in ({"dim": 9}, {"dim": 9, "vectors": world["Y"][:5].tolist()}):
+            r = c.post("/v1/indexes", headers=W, json={"name": "emp", "space": "b", **body})
+            assert r.status_code == 422 and "dim=9" in r.text, r.text
+            assert c.get("/v1/indexes/emp", headers=R).status_code == 404
+        r = c.post("/v1/indexes", headers=W, json={"name": "emp", "space": "b", "dim": 9})
+        assert "space 'b' is 16-d" in r.json()["error"]["message"]
+        r = c.post("/v1/indexes", headers=W, json={"name": "emp", "space": "b", "dim": 16})  # it agrees: as before
+        assert r.status_code == 201 and (r.json()["dim"], r.json()["count"]) == (16, 0), r.text
