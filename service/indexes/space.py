@@ -324,7 +324,7 @@ class SpaceIndex:
         if self._shown is not None:  # committed: show the rows
             with self.lock.write():
                 self._shown = None
-                self._changed()
+                self._changed(self.updated_at)  # the time persisted (a new one went backwards on a reload)
             if self.observer is not None:
                 self.observer.index_changed(self)
         return np.concatenate(ids)

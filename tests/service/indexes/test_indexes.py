@@ -85,6 +85,19 @@ def test_delete_add_and_reload(kind, data, tmp_path):
     assert new[0] == re.next_id - 1 >= len(X)
 
 
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_updated_at_in_memory_is_the_one_persisted(kind, data, tmp_path):
+    """After an add (a logged delta, and a snapshot of several blocks) the writer's ``updated_at`` is the one a reload
+    reads. HNSW stamped a new time when it showed the rows after saving, so once restarted the index said an earlier
+    time: a client polling ``updated_at`` as a change marker saw it go backwards."""
+    X, _ = data
+    idx = IndexStore(tmp_path).create("u", "s", X[:500], kind=kind)
+    for add, deltas in ((lambda: idx.add(X[500:510]), 1), (lambda: idx.add_blocks([(X[510:520], None, None)] * 2), 0)):
+        add()
+        assert idx.logged_deltas == deltas  # saved as a delta, then as a snapshot
+        assert idx.info().updated_at == IndexStore(tmp_path).get("u").info().updated_at, deltas
+
+
 def test_hnsw_tombstones_fold_in_on_rebuild(data):
     X, Q = data
     idx = SpaceIndex.build("h", "s", X, kind="hnsw")
