@@ -281,7 +281,8 @@ def index_drop(obj: Ctx, name, yes):
               help="Each hit's payload: in --json and --out answers unless --no-payloads (as the HTTP route's "
                    "include_payloads), printed under each query with --payloads.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="FILE.jsonl (one line per query: its hits) or FILE.npz (ids and scores, (n, k)).")
+              help="FILE.jsonl (one line per query: its hits) or FILE.npz (ids and scores, (n, k); where a "
+                   "query has fewer than k hits, ids are -1 and scores -inf).")
 @click.option("--search-device", default=None, metavar="DEVICE",
               help="cpu (FAISS) or cuda / cuda:N: a flat index searched on that GPU, as `serve --search-device` "
                    "[env VECBRIDGE_SEARCH_DEVICE; default cpu].")
@@ -350,7 +351,7 @@ def _steers(items) -> dict[str, float]:
 
 def _write_out(path: Path, head: dict, S: np.ndarray, I: np.ndarray, lines: list) -> None:
     """``.jsonl``: the answer's head on line 1, then ``{"query": i, "hits": [...]}`` per query; ``.npz``: ``ids``
-    and ``scores`` (n, k), ``-1`` ids where fewer rows; written atomically."""
+    and ``scores`` (n, k), ``-1`` ids and ``-inf`` scores where fewer hits; written atomically."""
     if path.suffix.lower() == ".npz":
         def save(tmp: Path) -> None:
             with open(tmp, "wb") as fh:

@@ -11,8 +11,9 @@ to ``cuda`` (or ``cuda:N``), searches **flat** indexes on that device:
 
 in blocks of queries so that ``b x n`` scores stay below :data:`BLOCK_SCORES` (1 GiB of float32). The result is
 FAISS's: ``(S, I)`` with ``S`` (b, k) float32 and ``I`` (b, k) int64, missing results ``-FLT_MAX`` / ``-1``
-when ``k`` exceeds the rows. Matrix products run in torch's default float32 (TF32 off unless the process turns
-it on): the same ids as FAISS but for near-ties (scores within ~1e-6 may swap order).
+when ``k`` exceeds the rows (``SpaceIndex.search`` then pads the scores with ``-inf``, as for any search).
+Matrix products run in torch's default float32 (TF32 off unless the process turns it on): the same ids as FAISS
+but for near-ties (scores within ~1e-6 may swap order).
 
 The rows live on the device as a copy, made on the first search after a change (:class:`DeviceRows`, keyed by
 the index object, its row count and the :class:`~service.indexes.space.SpaceIndex`'s change counter): a change

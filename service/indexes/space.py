@@ -388,8 +388,8 @@ class SpaceIndex:
 
         Returns
         -------
-        S : ndarray (n, k) float32 — cosine (or inner product), or CSLS score when ``csls_k > 0``
-        I : ndarray (n, k) int64 — ids, ``-1`` where fewer than ``k`` rows exist
+        S : ndarray (n, k) float32 — cosine (or inner product), or CSLS score when ``csls_k > 0``; ``-inf`` padding
+        I : ndarray (n, k) int64 — ids, ``-1`` where fewer than ``k`` rows exist (or are found)
         P : list (n) of lists (k) of payloads (``None`` where ``I`` is ``-1``), only with ``with_payloads``: read under
             the search's read lock (read after it, a write between paired its ids with another generation's payloads)
         """
@@ -415,6 +415,7 @@ class SpaceIndex:
                                    weight=csls_weight, settings=settings)
             else:
                 S, I = self._search(Q, int(k), exact, ef_search, nprobe)
+                S[I < 0] = -np.inf  # FAISS pads with -FLT_MAX; CSLS and an empty index with -inf: -inf always
             if with_payloads:  # the generation the search ran on: no writer swaps or changes it meanwhile
                 return S, I, [[self.payloads.get(i) if i >= 0 else None for i in row] for row in I.tolist()]
             return S, I

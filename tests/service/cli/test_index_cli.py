@@ -206,6 +206,25 @@ def test_ivf_train_rows_is_set_shown_and_checked_on_create(world, capsys, monkey
     assert not (data / "indexes" / "bad").exists()
 
 
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_npz_scores_are_minus_inf_wherever_ids_are_minus_1(world, capsys, kind):
+    """``--out FILE.npz`` with ``k`` above the rows: a plain search padded the scores with FAISS's -FLT_MAX
+    (-3.4e38), a CSLS one with -inf. Now -inf both ways, as ``--help`` says."""
+    data, tmp, _, Y = world
+    code, _, err = cli(capsys, data, "create", "few", "--space", "b", tmp / "y.npy", "--rows", "0:5", "--kind", kind,
+                       *(["--param", "nlist=1"] if kind == "ivf" else []), "--quiet")
+    assert code == 0, err
+    np.save(tmp / "q.npy", Y[:3])
+    for extra in ([], ["--csls"]):
+        code, _, err = cli(capsys, data, "search", "few", tmp / "q.npy", "-k", "8", "--out", tmp / "h.npz", *extra)
+        assert code == 0, err
+        with np.load(tmp / "h.npz") as z:
+            ids, scores = z["ids"], z["scores"]
+        assert ((ids >= 0).sum(axis=1) == 5).all(), extra
+        assert np.isneginf(scores[ids < 0]).all() and np.isfinite(scores[ids >= 0]).all(), (extra, scores[:, -1])
+    assert "ids are -1 and scores -inf" in " ".join(cli(capsys, data, "search", "--help")[1].split())
+
+
 def test_bad_input_is_exit_2_and_writes_nothing(world, capsys, monkeypatch):
     data, tmp, X, _ = world
     np.save(tmp / "narrow.npy", X[:, :8])
