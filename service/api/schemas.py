@@ -48,8 +48,8 @@ Count = Annotated[int, Strict()]
 #: A real number in a JSON body: an integer or a float as JSON writes it (not `true`, not "nan").
 Real = Annotated[float, Strict()]
 Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 2**31-1).")
-Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: the next "
-                                                                  "free ids).")
+Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: counting up from one past the largest "
+                                "id the index ever held; a deleted id is not used again).")
 #: A pinned map (``name``, ``name@alias``, ``name:N``) or a path of them in order (a list, at most MAX_PATH_MAPS):
 #: what a search's or an embedding's ``map`` takes; ``service.ops.indexes.translation`` checks it hop by hop.
 # "" was taken as no map (the registry's path) where [] was a 422

@@ -276,7 +276,7 @@ class SpaceIndex:
         return Delta(self.generation + 1, "add", ids_arr, rows, added)
 
     def add(self, vectors, *, ids=None, payloads=None) -> np.ndarray:
-        """Add rows ``vectors`` (n, dim) under ``ids`` (default: the next free ids); returns the ids. Persisted before
+        """Add ``vectors`` (n, dim) under ``ids`` (default: past any id ever held); returns the ids. Persisted before
         it returns; with a ``path``, checked and applied against the newest persisted generation under its lock."""
         X = as_matrix(vectors, name="vectors", dim=self.dim)
         with self._writing():

@@ -200,7 +200,8 @@ def space_still_there(resolver: Resolver | None, space) -> Callable[[], None] | 
 
 def add_rows(resolver: Resolver, idx: SpaceIndex, X: np.ndarray | None = None, *, texts: list[str] | None = None,
              store_texts: bool = True, ids=None, payloads: list | None = None) -> np.ndarray:
-    """Add rows ``X`` (n, dim) or ``texts`` to ``idx`` under ``ids`` (default: the next free ones); returns the ids."""
+    """Add rows ``X`` (n, dim) or ``texts`` to ``idx`` under ``ids`` (default: counting up from one past the largest
+    id it ever held, :meth:`SpaceIndex.add`); returns the ids."""
     if texts is not None:
         X, payloads = _passages(resolver, idx.space, texts, payloads, store_texts)
     return idx.add(X, ids=ids, payloads=payloads)

@@ -14,6 +14,7 @@ from align.frames import unit_rows
 from service.api import create_app
 from service.indexes import IndexConflictError, IndexNotFoundError, IndexStore, RWLock, SpaceIndex, choose_kind
 from _api_support import R, W, populate, settings_for
+from conftest import run_cli
 
 
 def brute(D_ids, D, Q, k):
@@ -543,6 +544,25 @@ def test_http_index_validation(api):
         assert c.get("/v1/indexes/v7", headers=R).status_code == 404
     r = c.post("/v1/indexes", headers=W, json={**ivf, "params": {"nlist": 4}, "random_state": 7})
     assert r.status_code == 201 and r.json()["params"]["random_state"] == 7, r.text
+
+
+def test_automatic_ids_count_up_past_a_deleted_largest_id_as_documented(api, capsys):
+    """Automatic ids start one past the largest id the index ever held, so a deleted id is never handed out again
+    (as in other vector databases: a client's stale id cannot name a new row). The OpenAPI schema and ``--help``
+    said "the next free" ids, which a deleted largest id is."""
+    c, _, d, _ = api
+    Z = d["Z"]
+    r = c.post("/v1/indexes", headers=W, json={"name": "auto", "space": "c", "vectors": Z[:3].tolist()})
+    assert r.status_code == 201, r.text
+    assert c.post("/v1/indexes/auto/delete", headers=W, json={"ids": [2]}).json()["deleted"] == 1
+    assert c.post("/v1/indexes/auto/vectors", headers=W, json={"vectors": Z[3:4].tolist()}).json()["ids"] == [3]
+    said = "one past the largest id the index ever held; a deleted id is not used again"
+    paths = c.get("/openapi.json").json()["paths"]
+    for path in ("/v1/indexes", "/v1/indexes/{name}/vectors"):  # create and add
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert said in body["properties"]["ids"]["description"], path
+    for command in ("create", "add"):
+        assert said in " ".join(run_cli(capsys, "index", command, "--help")[1].split()), command
 
 
 def test_http_rows_and_queries_as_texts(tmp_path):
