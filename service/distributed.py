@@ -613,7 +613,8 @@ def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw",
     ``map_``: a map of any kind (LinearMap, ClusterMap, MapChain), artifact path or registry ref. Each task streams its file in blocks of
     ``batch_size`` rows (memory: one block in, one block out) and renames a finished temporary
     file into place, so a crashed job leaves no half-written output. ``use_ray=False`` runs the
-    same tasks in this process. Returns one dict per file (input, output, rows).
+    same tasks in this process. Returns one dict per file (input, output, rows). Inputs that would write the same
+    output (``a/part.npy``, ``b/part.npy``) are an InputError before any file is written.
     """
     from service.vectordb.migrate import resolve_map
 
@@ -621,13 +622,18 @@ def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw",
     if output not in ("frame", "raw", "linear"):
         raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = [Path(p) for p in inputs]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise InputError(f"input files not found: {missing[:5]}")
     jobs = [(str(p.resolve()), str((out_dir / (p.name[: -len('.npy')] if p.name.endswith('.npy') else p.name)).resolve())
              + suffix) for p in paths]
+    first: dict[str, Path] = {}
+    for (_, dst), p in zip(jobs, paths):  # a/part.npy and b/part.npy: one's output overwrote the other's
+        if first.setdefault(dst, p) is not p:
+            raise InputError(f"{first[dst]} and {p} would both be written to {dst}: give inputs of distinct file "
+                             f"names, or transform them into different folders")
+    out_dir.mkdir(parents=True, exist_ok=True)
     blob = m.to_bytes("npz")
     if not use_ray:
         return run_blocks(_transform_file, [(blob, a, b, output, int(batch_size)) for a, b in jobs], serial)

@@ -280,6 +280,20 @@ def test_transform_files_ray(ray_local, tmp_path):
         D.transform_files_ray(m, [tmp_path / "missing.npy"], tmp_path / "out4")
 
 
+def test_transform_files_refuses_inputs_that_would_write_one_output(tmp_path):
+    """``sh/a/part.npy`` and ``sh/b/part.npy`` both went to ``out/part.mapped.npy``: the second result silently
+    replaced the first (its rows lost). Now an InputError naming both, before anything is written."""
+    X, Y = _planted(60, 8, 8, seed=11)
+    m = align.fit_procrustes(X, Y)
+    for sub, rows in (("a", X[:40]), ("b", X[40:])):
+        (tmp_path / "sh" / sub).mkdir(parents=True)
+        np.save(tmp_path / "sh" / sub / "part.npy", rows)
+    with pytest.raises(InputError, match=r"sh/a/part.npy and .*sh/b/part.npy would both be written to .*part.mapped"):
+        D.transform_files_ray(m, [tmp_path / "sh/a/part.npy", tmp_path / "sh/b/part.npy"], tmp_path / "out",
+                              use_ray=False)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("use_ray", [False, True])
 def test_transform_files_leave_no_half_written_file_when_a_block_fails(request, tmp_path, use_ray):
     """Session 16: a NaN in a file's second block failed the task after its first block was written, and the
