@@ -64,7 +64,7 @@ from align.refine import refine_icp
 from align.procrustes import PairStats, map_from_stats, pair_stats
 
 from .errors import ServiceUnavailableError
-from .io import ChunkWriter
+from .io import ChunkWriter, check_not_input
 
 __all__ = [
     "Shard", "ray_session", "pair_stats_local", "pair_stats_ray", "fit_stats_local", "fit_stats_ray",
@@ -614,7 +614,8 @@ def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw",
     ``batch_size`` rows (memory: one block in, one block out) and renames a finished temporary
     file into place, so a crashed job leaves no half-written output. ``use_ray=False`` runs the
     same tasks in this process. Returns one dict per file (input, output, rows). Inputs that would write the same
-    output (``a/part.npy``, ``b/part.npy``) are an InputError before any file is written.
+    output (``a/part.npy``, ``b/part.npy``), or an output that is an input, are an InputError before any file is
+    written.
     """
     from service.vectordb.migrate import resolve_map
 
@@ -633,6 +634,7 @@ def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw",
         if first.setdefault(dst, p) is not p:
             raise InputError(f"{first[dst]} and {p} would both be written to {dst}: give inputs of distinct file "
                              f"names, or transform them into different folders")
+        check_not_input(dst, "the output", *paths)  # suffix=".npy" into the input's folder replaced the input
     out_dir.mkdir(parents=True, exist_ok=True)
     blob = m.to_bytes("npz")
     if not use_ray:

@@ -294,6 +294,21 @@ def test_transform_files_refuses_inputs_that_would_write_one_output(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_transform_files_never_write_over_an_input(tmp_path):
+    """``suffix=".npy"`` into the input's own folder replaced ``q.npy`` with its mapped rows (the CLI refuses this
+    through check_not_input; the helper did not). Now the same InputError, and the input is untouched."""
+    X, Y = _planted(60, 8, 8, seed=12)
+    m = align.fit_procrustes(X, Y)
+    np.save(tmp_path / "q.npy", X)
+    np.save(tmp_path / "q.m.npy", X[:5])  # a glob of the folder that took in an earlier run's output
+    for inputs, suffix, hit in (([tmp_path / "q.npy"], ".npy", "q.npy"),  # its own output
+                                ([tmp_path / "q.npy", tmp_path / "q.m.npy"], ".m.npy", "q.m.npy")):  # another's
+        with pytest.raises(InputError, match=f"is the input file .*/{hit}"):
+            D.transform_files_ray(m, inputs, tmp_path, suffix=suffix, use_ray=False)
+    np.testing.assert_array_equal(np.load(tmp_path / "q.npy"), X)
+    np.testing.assert_array_equal(np.load(tmp_path / "q.m.npy"), X[:5])
+
+
 @pytest.mark.parametrize("use_ray", [False, True])
 def test_transform_files_leave_no_half_written_file_when_a_block_fails(request, tmp_path, use_ray):
     """Session 16: a NaN in a file's second block failed the task after its first block was written, and the
