@@ -24,7 +24,7 @@ Unsupervised heavy steps
     ``MiniVec2Vec.fit(executor=ray_executor(ray))``. Same seed, same bits as in-process.
 
 Batch transform
-    :func:`transform_files_ray`: one task per ``.npy`` file, streamed in row blocks, written
+    :func:`transform_files_ray`: one task per vector file, streamed in row blocks, written
     atomically.
 
 Shards are ``(X, Y)`` pairs (arrays or ``.npy`` paths, opened memory-mapped in the worker),
@@ -64,7 +64,7 @@ from align.refine import refine_icp
 from align.procrustes import PairStats, map_from_stats, pair_stats
 
 from .errors import ServiceUnavailableError
-from .io import ChunkWriter, check_not_input
+from .io import VECTOR_SUFFIXES, ChunkWriter, check_not_input, count_rows, iter_chunks
 
 __all__ = [
     "Shard", "ray_session", "pair_stats_local", "pair_stats_ray", "fit_stats_local", "fit_stats_ray",
@@ -596,26 +596,27 @@ def apply_stream_ray(map_, chunks: Iterable[np.ndarray], *, output: str = "raw",
 
 def _transform_file(map_bytes: bytes, src: str, dst: str, output: str, batch_size: int) -> dict:
     m = map_from_bytes(map_bytes)
-    X = np.load(src, mmap_mode="r", allow_pickle=False)
-    if X.ndim != 2 or X.shape[1] != m.source_dim:
-        raise DimensionMismatchError(f"{src}: expected (n, {m.source_dim}), got {X.shape}")
-    with ChunkWriter(dst, dim=m.target_dim, n_rows=X.shape[0]) as w:  # renamed into place, or removed on an error
-        for s in range(0, X.shape[0], batch_size):
-            w.write(m.apply(np.asarray(X[s : s + batch_size]), output=output))
-    return {"input": src, "output": dst, "rows": int(X.shape[0]), "peak_rss_mb": peak_rss_mb()}
+    n = count_rows(src)  # read as ``vecbridge transform`` reads it (np.load of a .npz crashed on its NpzFile)
+    with ChunkWriter(dst, dim=m.target_dim, n_rows=n) as w:  # renamed into place, or removed on an error
+        for X in iter_chunks(src, chunk_rows=batch_size):
+            if X.shape[1] != m.source_dim:
+                raise DimensionMismatchError(f"{src}: expected (n, {m.source_dim}), got {X.shape[1]}-d rows")
+            w.write(m.apply(X, output=output))
+    return {"input": src, "output": dst, "rows": n, "peak_rss_mb": peak_rss_mb()}
 
 
 def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw", batch_size: int = 65536,
                         suffix: str = ".mapped.npy", registry=None, address: str | None = None,
                         num_cpus: int | None = None, use_ray: bool = True) -> list[dict]:
-    """Apply ``map_`` to every ``.npy`` file in ``inputs`` (one task per file), writing ``out_dir/<stem><suffix>``.
+    """Apply ``map_`` to every vector file in ``inputs`` (one task per file), writing ``out_dir/<stem><suffix>``.
 
-    ``map_``: a map of any kind (LinearMap, ClusterMap, MapChain), artifact path or registry ref. Each task streams its file in blocks of
+    ``map_``: a map of any kind (LinearMap, ClusterMap, MapChain), artifact path or registry ref. Files are read as
+    ``vecbridge transform`` reads them (:func:`service.io.iter_chunks`: ``.npy`` / ``.fvecs`` memory-mapped, a
+    ``.npz``'s first array read whole, a ``.parquet``'s first list column). Each task streams its file in blocks of
     ``batch_size`` rows (memory: one block in, one block out) and renames a finished temporary
     file into place, so a crashed job leaves no half-written output. ``use_ray=False`` runs the
     same tasks in this process. Returns one dict per file (input, output, rows). Inputs that would write the same
-    output (``a/part.npy``, ``b/part.npy``), or an output that is an input, are an InputError before any file is
-    written.
+    output (``a/part.npy``, ``b/part.npy``), or an output that is an input, are an InputError before any work.
     """
     from service.vectordb.migrate import resolve_map
 
@@ -627,8 +628,11 @@ def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw",
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise InputError(f"input files not found: {missing[:5]}")
-    jobs = [(str(p.resolve()), str((out_dir / (p.name[: -len('.npy')] if p.name.endswith('.npy') else p.name)).resolve())
-             + suffix) for p in paths]
+    other = [str(p) for p in paths if p.suffix.lower() not in VECTOR_SUFFIXES]
+    if other:
+        raise InputError(f"not vector files: {other[:5]}; give {', '.join(VECTOR_SUFFIXES)} files (texts: embed "
+                         f"them with vecbridge transform)")
+    jobs = [(str(p.resolve()), str((out_dir / p.stem).resolve()) + suffix) for p in paths]
     first: dict[str, Path] = {}
     for (_, dst), p in zip(jobs, paths):  # a/part.npy and b/part.npy: one's output overwrote the other's
         if first.setdefault(dst, p) is not p:

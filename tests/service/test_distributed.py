@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -307,6 +308,23 @@ def test_transform_files_never_write_over_an_input(tmp_path):
             D.transform_files_ray(m, inputs, tmp_path, suffix=suffix, use_ray=False)
     np.testing.assert_array_equal(np.load(tmp_path / "q.npy"), X)
     np.testing.assert_array_equal(np.load(tmp_path / "q.m.npy"), X[:5])
+
+
+def test_transform_files_read_every_vector_format_as_the_cli_does(tmp_path):
+    """A ``.npz`` input crashed the task with ``AttributeError: 'NpzFile' object has no attribute 'ndim'`` (np.load
+    of an archive, then ``.ndim``). Files are now read through service.io, as ``vecbridge transform`` reads them."""
+    from service.io import write_vectors
+
+    X, Y = _planted(90, 8, 6, seed=13)
+    m = align.fit_procrustes(X, Y)
+    files = [write_vectors(tmp_path / f"in{i}{suf}", X[30 * i : 30 * i + 30])
+             for i, suf in enumerate((".npz", ".fvecs", ".parquet"))]
+    out = D.transform_files_ray(m, files, tmp_path / "out", batch_size=7, use_ray=False)
+    assert [Path(r["output"]).name for r in out] == ["in0.mapped.npy", "in1.mapped.npy", "in2.mapped.npy"]
+    np.testing.assert_allclose(np.concatenate([np.load(r["output"]) for r in out]), m.apply(X), atol=1e-6)
+    (tmp_path / "t.txt").write_text("a text\n")
+    with pytest.raises(InputError, match=r"not vector files: .*t.txt"):
+        D.transform_files_ray(m, [tmp_path / "t.txt"], tmp_path / "out2", use_ray=False)
 
 
 @pytest.mark.parametrize("use_ray", [False, True])
