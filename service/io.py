@@ -409,7 +409,8 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
         sl = resolve_rows(rows, f.metadata.num_rows, path)
         pos = 0
         with _arrow_errors(path):
-            for batch in f.iter_batches(batch_size=chunk_rows, columns=[col]):
+            # capped at the rows read: pyarrow takes a C long (--chunk-rows 99999999999999999999 was an OverflowError)
+            for batch in f.iter_batches(batch_size=max(1, min(chunk_rows, sl.stop)), columns=[col]):
                 lo, hi = max(sl.start, pos), min(sl.stop, pos + batch.num_rows)
                 if lo < hi:  # checked as every other reader's rows (NaN, float32 overflow: named by file)
                     yield as_matrix(_arrow_lists_to_matrix(batch.column(0).slice(lo - pos, hi - lo), path),

@@ -559,3 +559,15 @@ def test_a_file_that_is_not_a_npy_is_not_called_a_pickle(tmp_path):
     np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(FormatError, match="o.npy: holds Python objects.*never unpickles"):
         read_vectors(tmp_path / "o.npy")
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".npz", ".fvecs", ".parquet"])
+def test_a_chunk_larger_than_any_file_reads_every_format_in_one_chunk(tmp_path, suffix):
+    """``vecbridge transform --chunk-rows 99999999999999999999`` of a .parquet was "internal error: OverflowError"
+    (exit 3: pyarrow's batch size is a C long) while every other format took it; now one chunk of all rows."""
+    X = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
+    p = write_vectors(tmp_path / f"x{suffix}", X)
+    chunks = list(iter_chunks(p, chunk_rows=10**20))
+    assert len(chunks) == 1
+    np.testing.assert_array_equal(chunks[0], X)
+    np.testing.assert_array_equal(np.vstack(list(iter_chunks(p, chunk_rows=10**20, rows="5:9"))), X[5:9])
