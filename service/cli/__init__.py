@@ -2,8 +2,8 @@
 
 Exit codes: 0 success (eval PASS), 1 eval FAIL (``--min-top1``), 2 bad input or a registry error
 (one line on stderr, no traceback), 130 interrupted — by the error's kind (:data:`service.errors.EXIT_CODE`) —
-and 143 terminated (SIGTERM). Both signals unwind the command (temporary outputs removed, nothing registered
-half-way) before the process exits with its one line.
+143 terminated (SIGTERM) and 129 hung up (SIGHUP: the terminal or ssh session closed). Each signal unwinds the
+command (temporary outputs removed, nothing registered half-way) before the process exits with its one line.
 
 Examples::
 
@@ -29,7 +29,7 @@ import signal
 import sqlite3
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import click
@@ -38,7 +38,7 @@ from align.exceptions import VecbridgeError
 
 from ..errors import exit_code, kind_of
 
-__all__ = ["cli", "main", "COMMANDS", "LM_PROVIDER", "Terminated", "check_stop"]
+__all__ = ["cli", "main", "COMMANDS", "LM_PROVIDER", "Terminated", "HungUp", "check_stop"]
 
 #: command name -> ``module:attribute`` of its click command or group (modules of this package)
 COMMANDS = {
@@ -85,6 +85,11 @@ class Terminated(KeyboardInterrupt):
     (a transform's temporary output is removed, a registration's transaction rolled back); exit 143 (128 + 15)."""
 
 
+class HungUp(Terminated):
+    """SIGHUP (the terminal or ssh session closed), unwound as SIGTERM is; exit 129 (128 + 1). Its default ended the
+    process where it stood: a transform left its full-size ``.part-`` temporary output behind."""
+
+
 #: seconds a signalled command has to unwind before the process ends anyway (as the signal's default would end it)
 TERM_GRACE_S = 10.0
 
@@ -110,6 +115,8 @@ class _Stop:
         self.raise_it()
 
     def raise_it(self) -> None:
+        if self.requested == signal.SIGHUP:
+            raise HungUp()
         if self.requested == signal.SIGTERM:
             raise Terminated()
         if self.requested is not None:
@@ -120,9 +127,10 @@ class _Stop:
         from ..io import remove_unfinished
 
         remove_unfinished()
-        word = "terminated" if signum == signal.SIGTERM else "interrupted"
-        sys.stderr.write(f"vecbridge: {word} (the command did not stop within {TERM_GRACE_S:g} s)\n")
-        sys.stderr.flush()
+        word = _WORDS.get(signum, "interrupted")
+        with suppress(OSError):  # a hung-up terminal refuses the line (EIO): the process still ends
+            sys.stderr.write(f"vecbridge: {word} (the command did not stop within {TERM_GRACE_S:g} s)\n")
+            sys.stderr.flush()
         os._exit(128 + signum)
 
     def unraisable(self, previous):
@@ -144,17 +152,20 @@ def check_stop() -> None:
     _STOP.raise_it()
 
 
-#: the handlers this module takes over for a command: SIGTERM's default (end the process) and Python's own Ctrl-C
-_DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+#: the handlers this module takes over for a command: SIGTERM's and SIGHUP's default (end the process), Python's own
+#: Ctrl-C
+_DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL,
+             signal.SIGINT: signal.default_int_handler}
+_WORDS = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
 
 
 @contextmanager
 def _signals_unwind():
-    """SIGTERM raises :class:`Terminated`, Ctrl-C ``KeyboardInterrupt``, for the ``with`` body, each kept until the
-    command stops (see :class:`_Stop`). A signal whose handler someone set already (ignored by the parent, as
-    ``nohup`` does; a host program's handler) is left alone, and so is everything off the main thread; commands that
-    stop in their own way (``serve``: uvicorn's shutdown, ``migrate``: the batch in flight checkpointed) install
-    theirs over these."""
+    """SIGTERM raises :class:`Terminated`, SIGHUP :class:`HungUp`, Ctrl-C ``KeyboardInterrupt``, for the ``with`` body,
+    each kept until the command stops (see :class:`_Stop`). A signal whose handler someone set already (ignored by
+    the parent, as ``nohup`` does for SIGHUP; a host program's handler) is left alone, and so is everything off the
+    main thread; commands that stop in their own way (``serve``: uvicorn's shutdown, ``migrate``: the batch in flight
+    checkpointed) install theirs over these."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -173,14 +184,16 @@ def _signals_unwind():
 
 
 def _stopped(exc: BaseException) -> int:
-    """One line and the exit code of a command stopped by Ctrl-C (130) or SIGTERM (143); the temporary outputs
-    it left unfinished removed."""
+    """One line and the exit code of a command stopped by Ctrl-C (130), SIGTERM (143) or SIGHUP (129); the
+    temporary outputs it left unfinished removed."""
     from ..io import remove_unfinished
 
     remove_unfinished()
     if isinstance(exc, Terminated):
-        click.echo("vecbridge: terminated", err=True)
-        return 128 + signal.SIGTERM
+        sig = signal.SIGHUP if isinstance(exc, HungUp) else signal.SIGTERM
+        with suppress(OSError):  # a hung-up terminal may refuse the line (EIO): the exit code still says it
+            click.echo(f"vecbridge: {_WORDS[sig]}", err=True)
+        return 128 + sig
     click.echo("vecbridge: interrupted", err=True)
     return exit_code(exc)
 

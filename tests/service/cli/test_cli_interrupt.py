@@ -1,4 +1,4 @@
-"""Ctrl-C (SIGINT) and SIGTERM part-way through the long offline commands: the conventional exit code (130 / 143),
+"""Ctrl-C (SIGINT), SIGTERM and SIGHUP part-way through the long offline commands: the conventional exit code (130 / 143),
 one line on stderr, no traceback, no output or temporary file left, nothing registered, and the rerun works.
 
 The commands run as real processes (``python -m service.cli``), signalled once they are visibly under way: the
@@ -26,7 +26,8 @@ def _vb(data_dir: Path, *args) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
 
 
-# How a child starts with SIGINT as a terminal gives it (or ignored, as ``nohup`` does), set by the child itself. A
+# How a child starts with SIGINT as a terminal gives it (or ignored, as ``nohup`` does), set by the child itself (and
+# SIGHUP: at its default, or ignored as under ``nohup``). A
 # test run started in the background of a non-interactive shell (CI under ``nohup ... &``) has SIGINT ignored, and a
 # child inherits that: Python then keeps ignoring it and so does the CLI, as it should. The disposition was set by a
 # ``preexec_fn``, but that makes subprocess fork() rather than vfork(): in a test worker where the Ray tests had
@@ -34,7 +35,8 @@ def _vb(data_dir: Path, *args) -> subprocess.CompletedProcess:
 _LAUNCH = """
 import runpy, signal, sys
 signal.signal(signal.SIGINT, getattr(signal, sys.argv[1]))
-kind, what, sys.argv = sys.argv[2], sys.argv[3], [sys.argv[0], *sys.argv[4:]]
+signal.signal(signal.SIGHUP, getattr(signal, sys.argv[2]))
+kind, what, sys.argv = sys.argv[3], sys.argv[4], [sys.argv[0], *sys.argv[5:]]
 if kind == "-m":
     runpy.run_module(what, run_name="__main__", alter_sys=True)
 else:
@@ -42,9 +44,10 @@ else:
 """
 
 
-def _python(kind: str, what: str, *args, sigint: str = "default_int_handler") -> list[str]:
-    """``python -m what args`` (kind ``-m``) or ``python -c what args`` (``-c``), SIGINT set to ``signal.<sigint>``."""
-    return [sys.executable, "-c", _LAUNCH, sigint, kind, what, *map(str, args)]
+def _python(kind: str, what: str, *args, sigint: str = "default_int_handler", sighup: str = "SIG_DFL") -> list[str]:
+    """``python -m what args`` (kind ``-m``) or ``python -c what args`` (``-c``), SIGINT set to ``signal.<sigint>``,
+    SIGHUP to ``signal.<sighup>``."""
+    return [sys.executable, "-c", _LAUNCH, sigint, sighup, kind, what, *map(str, args)]
 
 
 def _start(data_dir: Path, *args) -> subprocess.Popen:
@@ -93,11 +96,13 @@ def world(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"),
+                                             (signal.SIGHUP, 129, "hung up")])
 def test_a_signalled_transform_leaves_no_output_and_says_so(world, tmp_path, sig, code, word):
     """SIGTERM (what ``kill``, ``timeout``, systemd and Kubernetes send) killed the transform where it stood: no
     message, and the 1.5 GB temporary output of a 1M x 384 transform stayed on disk until the next transform of
-    the same output. Now both signals unwind: the temporary output is removed, one line, 130 / 143."""
+    the same output; SIGHUP (an ssh session dropped) likewise. Now all three unwind: the temporary output is
+    removed, one line, 130 / 143 / 129."""
     out = tmp_path / "out.npy"
     child = _start(world / "var", "transform", "--map", "m", world / "big.npy", out, "--chunk-rows", "64")
     stdout, err = _stop(child, sig, lambda _: any(tmp_path.glob(".out.npy.part-*")))
@@ -149,7 +154,8 @@ sys.exit(c.main(["lost-term"]))
 """
 
 
-@pytest.mark.parametrize("sig, code, word", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")])
+@pytest.mark.parametrize("sig, code, word", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted"),
+                                             ("SIGHUP", 129, "hung up")])
 @pytest.mark.parametrize("then", ["reports", "never_reports"])
 def test_a_signal_whose_raise_was_lost_still_stops_the_command(then, sig, code, word):
     """A SIGTERM handled while the main thread ran a ``__del__`` (or a weakref callback) raised there, and CPython
@@ -173,6 +179,14 @@ def test_a_command_started_with_ctrl_c_ignored_keeps_ignoring_it():
     p = subprocess.run(_python("-c", _LOST_TERM, "reports", "SIGTERM", sigint="SIG_IGN"), cwd=ROOT,
                        capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 143 and p.stdout == "ran on\n", (p.returncode, p.stdout, p.stderr)
+
+
+def test_a_command_started_under_nohup_keeps_ignoring_a_hang_up():
+    """``nohup`` starts a command with SIGHUP ignored so that it outlives the terminal: the CLI takes over SIGHUP
+    only at its default, so a hang-up then neither stops the command nor says a word."""
+    p = subprocess.run(_python("-c", _LOST_TERM, "reports", "SIGHUP", sighup="SIG_IGN"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0 and p.stdout == "ran on\nnot stopped\n" and p.stderr == "", (p.returncode, p.stderr)
 
 
 def test_a_writer_the_signal_caught_before_its_with_is_removed_as_the_command_stops(tmp_path, capsys):
