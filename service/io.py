@@ -343,19 +343,8 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
         rows = parse_rows(rows)
     suf = path.suffix.lower()
     if suf in TEXT_SUFFIXES:
-        if not encoder:
-            raise InputError(f"{path.name} holds texts: name an encoder to embed them (e.g. all-MiniLM-L6-v2)")
-        from .encoders import get_encoder
-
-        texts = read_texts(path, rows=rows, text_field=text_field)
-        enc = get_encoder(encoder)
-        parts = []
-        for s in range(0, len(texts), batch_size * 4):
-            parts.append(enc.encode(texts[s : s + batch_size * 4], kind=kind, batch_size=batch_size))
-            if progress:
-                progress(min(1.0, (s + batch_size * 4) / len(texts)))
-        X = np.vstack(parts) if parts else np.zeros((0, enc.dim), np.float32)
-        return as_matrix(X, name=path.name)
+        _need_encoder(path, encoder)
+        return _embed(path, read_texts(path, rows=rows, text_field=text_field), encoder, kind, batch_size, progress)
     if encoder:
         raise InputError(f"{path.name} already holds vectors; --encoder applies to text files only")
     if suf == ".npy":
@@ -375,6 +364,28 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
         raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; "
                           f"use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
     return _select_rows(M, resolve_rows(rows, M.shape[0], path) if M.ndim == 2 else None, path)
+
+
+def _need_encoder(path: Path, encoder: str | None) -> None:
+    if not encoder:
+        raise InputError(f"{path.name} holds texts: name an encoder to embed them (e.g. all-MiniLM-L6-v2)")
+
+
+def _embed(path: Path, texts: list[str], encoder: str, kind: str, batch_size: int = 64,
+           progress: Callable[[float], None] | None = None) -> np.ndarray:
+    """``texts`` (read from ``path``) embedded with ``encoder``: checked float32 ``(n, dim)``."""
+    from align.validation import as_matrix
+
+    from .encoders import get_encoder
+
+    enc = get_encoder(encoder)
+    parts = []
+    for s in range(0, len(texts), batch_size * 4):
+        parts.append(enc.encode(texts[s : s + batch_size * 4], kind=kind, batch_size=batch_size))
+        if progress:
+            progress(min(1.0, (s + batch_size * 4) / len(texts)))
+    X = np.vstack(parts) if parts else np.zeros((0, enc.dim), np.float32)
+    return as_matrix(X, name=path.name)
 
 
 def _select_rows(M: np.ndarray, sl: slice | None, path: Path) -> np.ndarray:
@@ -431,12 +442,11 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
             yield _select_rows(M, slice(s, min(s + chunk_rows, sl.stop)), path)
             del M
         return
-    if suf in TEXT_SUFFIXES:
-        n = count_rows(path, text_field=text_field)
-        sl = resolve_rows(rows, n, path)
-        for s in range(sl.start, sl.stop, chunk_rows):
-            yield read_vectors(path, rows=(s, min(s + chunk_rows, sl.stop)), encoder=encoder, kind=kind,
-                               text_field=text_field)
+    if suf in TEXT_SUFFIXES:  # read and parsed once (each chunk read the whole file again: time ~ size squared)
+        _need_encoder(path, encoder)
+        texts = read_texts(path, rows=rows, text_field=text_field)
+        for s in range(0, len(texts), chunk_rows):
+            yield _embed(path, texts[s : s + chunk_rows], encoder, kind)
         return
     X = read_vectors(path, rows=rows, key=key, column=column, encoder=encoder)  # .npz: no partial reads
     for s in range(0, X.shape[0], chunk_rows):
