@@ -260,11 +260,21 @@ def _n_rows(M: np.ndarray, path: Path) -> int:
     return int(M.shape[0])
 
 
+def _suffix(path: Path, key: str | None = None, column: str | None = None) -> str:
+    """``path``'s suffix once it is a file to read; a ``key`` / ``column`` its format has no use for is refused (it
+    was ignored without a word: ``transform x.npy o.npy --key foo`` read x.npy)."""
+    check_file(path)
+    suf = path.suffix.lower()
+    for opt, value, fmt in (("--key", key, ".npz"), ("--column", column, ".parquet")):
+        if value is not None and suf != fmt:
+            raise InputError(f"{path.name} is not a {fmt} file; {opt} applies to {fmt} files only")
+    return suf
+
+
 def count_rows(path, *, key: str | None = None, column: str | None = None, text_field: str = "text") -> int:
     """Number of rows (vectors, or texts) in a file without loading its data."""
     path = Path(path)
-    check_file(path)
-    suf = path.suffix.lower()
+    suf = _suffix(path, key, column)
     if suf == ".npy":
         return _n_rows(load_npy(path), path)
     if suf == ".fvecs":
@@ -338,10 +348,9 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     from align.validation import as_matrix
 
     path = Path(path)
-    check_file(path)
+    suf = _suffix(path, key, column)
     if isinstance(rows, str):
         rows = parse_rows(rows)
-    suf = path.suffix.lower()
     if suf in TEXT_SUFFIXES:
         _need_encoder(path, encoder)
         return _embed(path, read_texts(path, rows=rows, text_field=text_field), encoder, kind, batch_size, progress)
@@ -407,12 +416,11 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
                 encoder: str | None = None, kind: str = "passage", text_field: str = "text") -> Iterator[np.ndarray]:
     """Yield float32 blocks of at most ``chunk_rows`` rows; only one block is held at a time."""
     path = Path(path)
-    check_file(path)
+    suf = _suffix(path, key, column)
     if isinstance(rows, str):
         rows = parse_rows(rows)
     if chunk_rows < 1:
         raise InputError("chunk_rows must be >= 1")
-    suf = path.suffix.lower()
     if suf == ".parquet" and not encoder:
         from align.validation import as_matrix
 

@@ -87,6 +87,24 @@ def test_transform_streams_in_chunks(capsys, data, out_name):
     assert code == 0 and read_vectors(data / "o.npy").shape == (10, 16)
 
 
+def test_a_key_or_column_the_input_format_has_no_use_for_is_refused(capsys, data):
+    """``transform --map m x.npy o.npy --key foo`` (or ``--column``) ran, the option ignored without a word: a key
+    meant for another file, or a file not the one meant. Refused as ``--encoder`` on a vector file is."""
+    assert fit_pairs(capsys, data)[0] == 0
+    write_vectors(data / "src.npz", read_vectors(data / "src.npy"))
+    for inp, opt, fmt in (("src.npy", "--key", ".npz"), ("src.npy", "--column", ".parquet"),
+                          ("src.npz", "--column", ".parquet")):
+        code, _, err = run(capsys, "--data-dir", data / "var", "transform", "--map", "src->tgt", data / inp,
+                           data / "o.npy", opt, "vectors", "--quiet")
+        assert code == 2 and err == f"vecbridge: error: {inp} is not a {fmt} file; {opt} applies to {fmt} files only\n"
+        assert not (data / "o.npy").exists()
+    code, _, err = fit_pairs(capsys, data, "--target-key", "vectors")
+    assert code == 2 and "tgt.fvecs is not a .npz file" in err, err
+    code, _, err = run(capsys, "--data-dir", data / "var", "transform", "--map", "src->tgt", data / "src.npz",
+                       data / "o.npy", "--key", "vectors", "--quiet")
+    assert code == 0 and read_vectors(data / "o.npy").shape == (900, 16), err
+
+
 def test_transform_embeds_texts_with_the_source_space_encoder_only(capsys, tmp_path):
     """`transform --encoder multilingual-e5-small` through a map from `minilm` (embedded by all-MiniLM-L6-v2) mapped
     e5 vectors as if they were MiniLM's (same width) and exit 0: rows that find nothing. Another model is refused
