@@ -158,7 +158,9 @@ def vectors_schema() -> dict:
 class TransformOptions(_Strict):
     output: Literal["frame", "raw", "linear"] = Field(
         "raw", description="`raw`: comparable with raw target vectors (search an index of them); "
-                           "`frame`: the centred target frame (evaluation); `linear`: x W + b as is.")
+                           "`frame`: the centred target frame (evaluation); `linear`: `f_s(x) W + b`, where `f_s` "
+                           "is the map's source frame (by default: unit rows, centred, unit rows again), without "
+                           "the target frame or renormalisation (a cluster map: its routed clusters' blend).")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="Response vectors as JSON numbers or base64 float32 (`vectors_b64`).")
     dim: Count | None = Dim

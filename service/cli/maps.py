@@ -351,7 +351,9 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
               help="Rows read, mapped and written at a time (one chunk is held in memory).")
 @click.option("--output", "output", type=click.Choice(["raw", "frame", "linear"]), default="raw", show_default=True,
               help="raw: comparable by cosine with the target model's own vectors (what a migration needs; the "
-                   "HTTP and Python default too); frame: the target's centred unit frame; linear: x W only.")
+                   "HTTP and Python default too); frame: the target's centred unit frame; linear: f_s(x) W + b, "
+                   "where f_s is the map's source frame (by default: unit rows, centred, unit rows again), without "
+                   "the target frame or renormalisation (a cluster map: its routed clusters' blend).")
 @click.option("--rows", default=None, help="START:STOP rows of INP (negative counts from the end).")
 @click.option("--key", default=None, help=".npz array name of INP (default: its first array).")
 @click.option("--column", default=None, help="Parquet list column of INP (default: the first list-of-numbers column).")

@@ -105,6 +105,31 @@ def test_a_key_or_column_the_input_format_has_no_use_for_is_refused(capsys, data
     assert code == 0 and read_vectors(data / "o.npy").shape == (900, 16), err
 
 
+def test_linear_output_is_documented_as_what_it_computes(capsys, data):
+    """``--output linear`` said "x W only" (CLI) and "x W + b as is" (HTTP schema), but it is f_s(x) W + b: the
+    source frame (unit rows, centred, unit rows) comes before W. Both texts now say so, and the rows are that."""
+    from click.testing import CliRunner
+
+    from service.api.schemas import TransformOptions
+    from service.cli.maps import transform
+    from service.registry import open_registry
+
+    assert fit_pairs(capsys, data, "--method", "ridge")[0] == 0
+    code, _, err = run(capsys, "--data-dir", data / "var", "transform", "--map", "src->tgt", data / "src.npy",
+                       data / "lin.npy", "--output", "linear", "--quiet")
+    assert code == 0, err
+    m = open_registry(f"sqlite:///{(data / 'var' / 'registry.sqlite').resolve()}", data / "var" / "artifacts"
+                      ).load_map("src->tgt")
+    X = read_vectors(data / "src.npy")
+    assert m.bias is not None and m.source_frame.mean is not None
+    np.testing.assert_allclose(read_vectors(data / "lin.npy"), m.source_frame.apply(X) @ m.W + m.bias, atol=1e-5)
+    helped = " ".join(CliRunner().invoke(transform, ["--help"], terminal_width=1000).output.split())
+    schema = TransformOptions.model_json_schema()["properties"]["output"]["description"]
+    for text in (helped, schema):
+        assert "f_s(x) W + b" in text.replace("`", "") and "source frame" in text, text
+        assert "x W only" not in text and "as is" not in text, text
+
+
 def test_transform_embeds_texts_with_the_source_space_encoder_only(capsys, tmp_path):
     """`transform --encoder multilingual-e5-small` through a map from `minilm` (embedded by all-MiniLM-L6-v2) mapped
     e5 vectors as if they were MiniLM's (same width) and exit 0: rows that find nothing. Another model is refused
