@@ -292,9 +292,9 @@ def folder_aside(dest: Path) -> Iterator[tuple[Path, list[str]]]:
 
 def check_writable(path, what: str) -> None:
     """Refuse now an output ``path`` that :func:`atomic_write` could not write later: its folder (created as
-    atomic_write creates it) must take a new file. Commands that compute for
-    minutes before writing (a fit's ``--report``, ``plan --rows-out``, ``index search --out``) call it first, so a
-    typo or a read-only folder is one line before the work, not after it (and not after a fit was registered).
+    atomic_write creates it) must take a new file. Commands that compute for minutes before writing (a fit's
+    ``--report``, ``plan --rows-out``, ``index search --out``, a transform's output) call it first, so a typo or a
+    read-only folder is one line before the work, not after it (and not after a fit was registered).
     Raises InputError naming ``what`` (the option) and the path; a full disk can still fail the write itself."""
     path = Path(path)
     probe = path.parent / f".{path.name}.probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -303,8 +303,10 @@ def check_writable(path, what: str) -> None:
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         probe.unlink()
     except OSError as exc:
-        why = "a file is in the way of its folder" if isinstance(exc, (FileExistsError, NotADirectoryError)) \
-            else (exc.strerror or str(exc)).lower()
+        why = (exc.strerror or str(exc)).lower()
+        if isinstance(exc, (FileExistsError, NotADirectoryError)):
+            blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), None)
+            why = f"{blocker} is a file, not a folder" if blocker else "a file is in the way of its folder"
         raise InputError(f"{what} {path}: cannot be written ({why})") from None
 
 

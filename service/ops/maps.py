@@ -32,6 +32,7 @@ from ..progress import Progress, Stages, silent
 from ..registry import ConflictError, NotFoundError, Registry, VersionInfo
 from ..registry.names import check_alias, check_name, fs_safe
 from ..reports import render_report, write_report
+from ..storage import check_writable
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
 from .plans import MIGRATION_METHODS, fit_migration_map
 
@@ -591,6 +592,7 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     ``{"map", "rows", "out", "dim", "output"}``.
     """
     check_not_input(out, "the output", inp)  # the input replaced by its own mapped rows (or some of them)
+    check_writable(out, "the output")  # a read-only folder: the error named the writer's hidden temporary file
     v = registry.resolve(ref)
     m = registry.load_map(v)
     if is_text_path(inp):  # the source space's encoder, or None (reading the texts then says to name one)

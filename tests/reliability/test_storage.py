@@ -221,6 +221,32 @@ def _umask() -> int:
     return old
 
 
+def test_a_transform_into_an_unwritable_folder_names_the_output_not_a_temporary(tmp_path, capsys):
+    """``transform --map m x.npy rodir/o.npy`` said ``[Errno 13] Permission denied: 'rodir/..o.npy.part-<pid>-<id>
+    ...'``, naming the writer's hidden temporary file. Now the output the user gave, before any row is read, as
+    ``fit --report`` has it (check_writable)."""
+    from conftest import run_cli
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(100, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", X @ np.linalg.qr(rng.normal(size=(8, 8)))[0].astype(np.float32))
+    d = ["--data-dir", str(tmp_path / "data")]
+    assert run_cli(capsys, *d, "fit", "--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy", "--method",
+                   "procrustes", "--name", "m", "--quiet")[0] == 0
+    (tmp_path / "rodir").mkdir()
+    if not _freeze(tmp_path / "rodir"):
+        pytest.skip("cannot make a folder unwritable here (chattr +i refused)")
+    try:
+        rc, _, err = run_cli(capsys, *d, "transform", "--map", "m", tmp_path / "x.npy", tmp_path / "rodir/o.npy",
+                             "--quiet")
+    finally:
+        _thaw(tmp_path / "rodir")
+    assert rc == 2 and len(err.splitlines()) == 1, (rc, err)
+    assert err.startswith(f"vecbridge: error: the output {tmp_path / 'rodir/o.npy'}: cannot be written ("), err
+    assert ".part-" not in err and list((tmp_path / "rodir").iterdir()) == []
+
+
 def test_cli_writes_on_an_immutable_data_dir_are_one_line_exit_2(tmp_path, capsys):
     """`registry alias` and `fit` on an immutable data dir printed "internal error: OperationalError: attempt to
     write a readonly database", exit 3 (a bug's code); the registry was fine. Now one line naming the cause, exit 2,
