@@ -179,6 +179,9 @@ def _npz_array(path: Path, key: str | None) -> np.ndarray:
                 shape, _, dtype = read_header(fh)
             if dtype.hasobject:
                 raise FormatError(f"{path.name}: array {key!r} holds Python objects; need numbers")
+            if len(shape) != 2:  # ids saved before the vectors: "expected a 2-D array" named neither array nor --key
+                raise FormatError(f"{path.name}: array {key!r} has shape {shape}, not (n_rows, dim) vectors; name "
+                                  f"the array of vectors with --key (arrays: {', '.join(files)})")
             need = int(np.prod(shape, dtype=object)) * dtype.itemsize
             if need > info.file_size:
                 raise FormatError(f"{path.name}: array {key!r} claims shape {shape} ({need} bytes) "

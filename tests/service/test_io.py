@@ -594,3 +594,15 @@ def test_a_streamed_text_file_is_read_and_parsed_once(tmp_path, monkeypatch):
         list(iter_chunks(tmp_path / "b.txt", chunk_rows=10, encoder="e5"))
     with pytest.raises(InputError, match="t.jsonl holds texts: name an encoder"):
         list(iter_chunks(tmp_path / "t.jsonl", chunk_rows=10))
+
+
+def test_a_npz_whose_first_array_is_not_the_vectors_names_it_and_the_keys(tmp_path):
+    """ids saved before the vectors (``np.savez(p, ids=..., vectors=...)``): "expected a 2-D array of shape (n_rows,
+    dim), got 1-D shape (20,)", naming neither the array taken nor --key. Now both, and the archive's arrays."""
+    X = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
+    np.savez(tmp_path / "ids.npz", ids=np.arange(20), vectors=X)
+    for read in (read_vectors, count_rows, lambda p: list(iter_chunks(p, chunk_rows=8))):
+        with pytest.raises(FormatError, match=r"ids.npz: array 'ids' has shape \(20,\), not \(n_rows, dim\) vectors; "
+                                              r"name the array of vectors with --key \(arrays: ids, vectors\)"):
+            read(tmp_path / "ids.npz")
+    np.testing.assert_array_equal(read_vectors(tmp_path / "ids.npz", key="vectors"), X)
