@@ -131,7 +131,8 @@ def registry_import(obj: Ctx, path, renumber, as_json):
               help="Delete temporary files left by crashed writers (untouched for 10 minutes).")
 @click.pass_obj
 def registry_verify(obj: Ctx, sweep):
-    """Check every artifact's sha256 and every alias; exit 2 when something is wrong."""
+    """Check the database file (SQLite: PRAGMA quick_check), every artifact's sha256 and every alias; exit 2 when
+    something is wrong (a damaged database is listed under "database": restore it from a backup)."""
     res = obj.registry.verify(sweep=sweep)
     emit(res, True)
     if not res["ok"]:

@@ -13,7 +13,7 @@ temporary file); after the commit, the new state. ``FAULT_HOOK`` is called with 
 step (``artifact_tmp_written``, ``artifact_renamed``, ``version_allocated``, ``version_inserted``,
 ``committed``) so tests can stop a writer exactly there.
 
-Imports point one way: ``core`` -> ``steers``, ``bundle`` -> ``entity`` -> ``models``, ``names``.
+Imports point one way: ``core`` -> ``steers``, ``verify``, ``bundle`` -> ``entity`` -> ``models``, ``names``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..limits import MAX_DESCRIPTION, MAX_DIM
 from .bundle import export_bundle, import_bundle
 from .db import open_db
 from .entity import MAPS, STEERS, LRUCache, VersionedStore, now, package_version
-from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
+from .errors import ConflictError, InvalidNameError, NotFoundError
 from .models import SpaceInfo, VersionInfo
 from .names import (
     check_alias,
@@ -44,6 +44,7 @@ from .names import (
 from .quality import judged, quality_words
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
+from .verify import verify_registry
 
 __all__ = ["Registry", "open_registry", "FAULT_HOOK", "package_version"]
 
@@ -566,51 +567,8 @@ class Registry(SteerRegistryMixin):
 
     # --- maintenance ------------------------------------------------------------------------
     def verify(self, sweep: bool = False) -> dict:
-        """Check every version's artifact (exists, sha256 matches) and every alias's target.
-
-        Returns ``{"ok": bool, "bad_artifacts": [...], "dangling_aliases": [...], "aliases_on_deleted": [...],
-        "version_gaps": [...],
-        "orphan_artifacts": [...], "tmp_files": n, "n_versions": map versions, "n_steer_versions": steer versions}``
-        (artifacts, aliases and gaps of maps and steers alike). ``aliases_on_deleted`` (``name@alias -> N``) lists
-        the aliases left on a deleted version: legal (a delete keeps them, for lineage) and not a failure, but such
-        an alias no longer resolves; ``sweep=True`` deletes the temporary files no writer
-        has touched for ``store.STALE_TMP_S`` (10 minutes: a younger one may be a running writer's).
-        """
-        bad, dangling, on_deleted, gaps, used, artifacts, counts = [], [], [], [], set(), [], {}
-        with self.db.tx() as t:
-            for key, k in ((key, e.kind) for key, e in self.entities.items()):
-                rows = t.q(f"SELECT name, version, artifact_path, artifact_sha256 FROM {k.table}")
-                artifacts += rows
-                counts[key] = len(rows)
-                dangling += [f"{a['name']}@{a['alias']}" for a in t.q(
-                    f"SELECT a.name, a.alias FROM {k.aliases} a LEFT JOIN {k.table} v "
-                    "ON v.name = a.name AND v.version = a.version WHERE v.version IS NULL")]
-                on_deleted += [f"{a['name']}@{a['alias']} -> {a['version']}" for a in t.q(
-                    f"SELECT a.name, a.alias, a.version FROM {k.aliases} a JOIN {k.table} v "
-                    "ON v.name = a.name AND v.version = a.version WHERE v.deleted = 1 ORDER BY a.name, a.alias")]
-                # numbers 1..last, each once; one statement: PostgreSQL (READ COMMITTED) reads each statement at its
-                # own snapshot, so a name's last_version read apart from its versions could miss (or see) a version
-                # another replica committed in between, and report a gap in a healthy registry
-                for r in t.q(f"SELECT n.name, n.last_version, COUNT(DISTINCT v.version) AS n, MIN(v.version) AS lo, "
-                             f"MAX(v.version) AS hi FROM {k.names} n LEFT JOIN {k.table} v ON v.name = n.name "
-                             f"GROUP BY n.name, n.last_version"):
-                    last = int(r["last_version"])
-                    if (int(r["n"] or 0), r["lo"], r["hi"]) != (last, 1 if last else None, last if last else None):
-                        gaps.append(r["name"])
-        for r in artifacts:
-            used.add(r["artifact_path"])
-            try:
-                self.store.get(r["artifact_path"], r["artifact_sha256"])
-            except IntegrityError as exc:
-                bad.append(f"{r['name']}:{r['version']}: {exc}")
-        tmp = len(self.store.tmp_files())
-        if sweep:
-            self.store.sweep_tmp()
-        orphans = sorted(self.store.all_relpaths() - used)
-        return {"ok": not bad and not dangling and not gaps, "bad_artifacts": bad, "dangling_aliases": dangling,
-                "aliases_on_deleted": on_deleted,
-                "version_gaps": gaps, "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": counts["maps"],
-                "n_steer_versions": counts.get("steers", 0)}
+        """:func:`.verify.verify_registry`: the database file, every artifact and alias, version numbers."""
+        return verify_registry(self, sweep)
 
     # --- bundles ----------------------------------------------------------------------------
     def export(self, path, names: list[str] | None = None) -> Path:

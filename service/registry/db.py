@@ -129,6 +129,11 @@ class _Base:
         the backend has none (then only a query tells)."""
         return None
 
+    def damage(self) -> list[str]:
+        """What is wrong with the database's own storage (SQLite: ``PRAGMA quick_check``); empty when sound or when
+        the backend checks its own (a server)."""
+        return []
+
     def close(self):
         c = getattr(self._local, "conn", None)
         if c is not None:
@@ -204,6 +209,18 @@ class SQLiteDB(_Base):
         if len(head) < 28 or head[18] != 1 or head[19] != 1:
             return None
         return int.from_bytes(head[24:28], "big")
+
+    def damage(self) -> list[str]:
+        """``PRAGMA quick_check``'s findings on the file (pages, records, index order): it reads the whole file, so
+        it is for ``registry verify``, never per request."""
+        try:
+            with self.tx() as t:
+                return [f"{self.path}: {line}" for r in t.q("PRAGMA quick_check") if r[0] != "ok"
+                        for line in r[0].splitlines() if not line.startswith("*** in database")]
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):  # locked, unreadable: not a finding about the file
+                raise
+            return [f"{self.path}: {exc}"]
 
     def _connect(self):
         c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)

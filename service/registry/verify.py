@@ -1,0 +1,59 @@
+"""``registry verify``: is a registry whole? Its database file, every version's artifact, every alias, the version
+numbers of each map and steer."""
+
+from __future__ import annotations
+
+from .errors import IntegrityError
+
+__all__ = ["verify_registry"]
+
+
+def verify_registry(reg, sweep: bool = False) -> dict:
+    """Check the database file (SQLite: ``PRAGMA quick_check``), every version's artifact (exists, sha256
+    matches) and every alias's target; ``sweep=True`` also deletes the temporary files no writer has touched for
+    ``store.STALE_TMP_S`` (10 minutes: a younger one may be a running writer's).
+
+    Returns ``{"ok", "database", "bad_artifacts", "dangling_aliases", "aliases_on_deleted", "version_gaps",
+    "orphan_artifacts"`` (lists), ``"tmp_files", "n_versions", "n_steer_versions"}`` (maps and steers alike).
+    ``database``: what ``quick_check`` found; then no row is read (lists empty, counts None).
+    ``aliases_on_deleted`` (``name@alias -> N``): aliases left on a deleted version, legal (a delete keeps them,
+    for lineage) and not a failure, but such an alias no longer resolves."""
+    bad, dangling, on_deleted, gaps, used, artifacts, counts = [], [], [], [], set(), [], {}
+    if damage := reg.db.damage():  # the rows cannot be trusted: none is read
+        lists = ("bad_artifacts", "dangling_aliases", "aliases_on_deleted", "version_gaps", "orphan_artifacts")
+        return {"ok": False, "database": damage, **{k: [] for k in lists}, "tmp_files": len(reg.store.tmp_files()),
+                "n_versions": None, "n_steer_versions": None}
+    with reg.db.tx() as t:
+        for key, k in ((key, e.kind) for key, e in reg.entities.items()):
+            rows = t.q(f"SELECT name, version, artifact_path, artifact_sha256 FROM {k.table}")
+            artifacts += rows
+            counts[key] = len(rows)
+            dangling += [f"{a['name']}@{a['alias']}" for a in t.q(
+                f"SELECT a.name, a.alias FROM {k.aliases} a LEFT JOIN {k.table} v "
+                "ON v.name = a.name AND v.version = a.version WHERE v.version IS NULL")]
+            on_deleted += [f"{a['name']}@{a['alias']} -> {a['version']}" for a in t.q(
+                f"SELECT a.name, a.alias, a.version FROM {k.aliases} a JOIN {k.table} v "
+                "ON v.name = a.name AND v.version = a.version WHERE v.deleted = 1 ORDER BY a.name, a.alias")]
+            # numbers 1..last, each once; one statement: PostgreSQL (READ COMMITTED) reads each statement at its
+            # own snapshot, so a name's last_version read apart from its versions could miss (or see) a version
+            # another replica committed in between, and report a gap in a healthy registry
+            for r in t.q(f"SELECT n.name, n.last_version, COUNT(DISTINCT v.version) AS n, MIN(v.version) AS lo, "
+                         f"MAX(v.version) AS hi FROM {k.names} n LEFT JOIN {k.table} v ON v.name = n.name "
+                         f"GROUP BY n.name, n.last_version"):
+                last = int(r["last_version"])
+                if (int(r["n"] or 0), r["lo"], r["hi"]) != (last, 1 if last else None, last if last else None):
+                    gaps.append(r["name"])
+    for r in artifacts:
+        used.add(r["artifact_path"])
+        try:
+            reg.store.get(r["artifact_path"], r["artifact_sha256"])
+        except IntegrityError as exc:
+            bad.append(f"{r['name']}:{r['version']}: {exc}")
+    tmp = len(reg.store.tmp_files())
+    if sweep:
+        reg.store.sweep_tmp()
+    orphans = sorted(reg.store.all_relpaths() - used)
+    return {"ok": not bad and not dangling and not gaps, "database": [], "bad_artifacts": bad,
+            "dangling_aliases": dangling, "aliases_on_deleted": on_deleted, "version_gaps": gaps,
+            "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": counts["maps"],
+            "n_steer_versions": counts.get("steers", 0)}
