@@ -11,7 +11,7 @@ import socket
 import subprocess
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -144,6 +144,19 @@ def seed_registry(data_dir: Path):
     reg.register_version("a2b", m, source_space="a", target_space="b", method="procrustes", params={})
     reg.close()
     return X, Y, m
+
+
+def damage_page(db, name: str) -> None:
+    """Overwrite the root page of table or index ``name`` of the SQLite file ``db`` with 0x41 bytes past its first 8
+    (a bad disk block, a copy cut short): the file still opens, reads of that page fail."""
+    import sqlite3
+
+    with closing(sqlite3.connect(db)) as c:
+        page = c.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (name,)).fetchone()[0]
+        size = c.execute("PRAGMA page_size").fetchone()[0]
+    with open(db, "r+b") as fh:
+        fh.seek((page - 1) * size + 8)
+        fh.write(b"A" * (size - 8))
 
 
 def start(cmd: list[str], env: dict, port: int, log: Path) -> subprocess.Popen:

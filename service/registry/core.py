@@ -103,6 +103,10 @@ class Registry(SteerRegistryMixin):
     def close(self) -> None:
         self.db.close()
 
+    def probe(self) -> None:
+        """Raise what a request would when the registry cannot answer (readiness; cheap at any size)."""
+        self.db.probe()
+
     # --- retries ----------------------------------------------------------------------------
     def _write(self, fn, attempts: int = 20):
         """Run ``fn(t)`` in a write transaction (retried on transient conflicts); bumps :meth:`generation`."""

@@ -17,7 +17,14 @@ import threading
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 
-from .errors import ConflictError, IntegrityError, InvalidNameError, RegistryError, RegistryUnavailableError
+from .errors import (
+    ConflictError,
+    DamagedDatabaseError,
+    IntegrityError,
+    InvalidNameError,
+    RegistryError,
+    RegistryUnavailableError,
+)
 
 __all__ = ["open_db", "pg_conninfo", "sqlite_path", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row"]
 
@@ -69,6 +76,19 @@ UPGRADES = [
     ("versions", "map_kind", "TEXT NOT NULL DEFAULT 'linear'"),
     ("versions", "n_clusters", "INTEGER NOT NULL DEFAULT 0"),
 ]
+
+
+def _table_columns(stmt: str) -> tuple[str, list[str]]:
+    """``(table, its columns in order)`` of a ``CREATE TABLE`` statement of :data:`SCHEMA`."""
+    table, body = re.match(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*)\)$", stmt, re.DOTALL).groups()
+    parts = re.split(r",(?![^()]*\))", body)  # commas outside parentheses
+    return table, [p.split()[0] for p in parts if p.split()[0] not in ("PRIMARY", "FOREIGN", "UNIQUE")]
+
+
+#: the readiness probe: every table's first key (its primary-key index) and a first row (a column no index holds),
+#: one statement reading root and first leaf pages only, so it costs the same on any registry
+PROBE_SQL = "SELECT " + ", ".join(f"(SELECT MIN({cols[0]}) FROM {table}), (SELECT {cols[-1]} FROM {table} LIMIT 1)"
+                                  for table, cols in map(_table_columns, SCHEMA))
 
 
 class Row(tuple):
@@ -129,6 +149,12 @@ class _Base:
         the backend has none (then only a query tells)."""
         return None
 
+    def probe(self) -> None:
+        """The readiness check: one cheap statement touching every table and its key (:data:`PROBE_SQL`); raises
+        what a request would when the database does not answer or (SQLite) those pages are damaged."""
+        with self.tx() as t:
+            t.q(PROBE_SQL)
+
     def damage(self) -> list[str]:
         """What is wrong with the database's own storage (SQLite: ``PRAGMA quick_check``); empty when sound or when
         the backend checks its own (a server)."""
@@ -188,11 +214,12 @@ class SQLiteDB(_Base):
                 for table, col, decl in UPGRADES:
                     if col not in {r["name"] for r in t.q(f"PRAGMA table_info({table})")}:
                         t.q(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, DamagedDatabaseError) as exc:
             if isinstance(exc, sqlite3.OperationalError):  # locked, read-only or full: service.storage says which
                 raise
             self.close()
-            raise IntegrityError(f"{self.path} is not a SQLite registry database ({exc})") from None
+            why = exc.__context__ if isinstance(exc, DamagedDatabaseError) else exc  # SQLite's own words
+            raise IntegrityError(f"{self.path} is not a SQLite registry database ({why})") from None
 
     def change_counter(self) -> int | None:
         """The file change counter of the database header (bytes 24-27), read with one ``pread``: no lock, no query.
@@ -217,10 +244,8 @@ class SQLiteDB(_Base):
             with self.tx() as t:
                 return [f"{self.path}: {line}" for r in t.q("PRAGMA quick_check") if r[0] != "ok"
                         for line in r[0].splitlines() if not line.startswith("*** in database")]
-        except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError):  # locked, unreadable: not a finding about the file
-                raise
-            return [f"{self.path}: {exc}"]
+        except DamagedDatabaseError as exc:
+            return [str(exc)]
 
     def _connect(self):
         c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
@@ -234,18 +259,27 @@ class SQLiteDB(_Base):
 
     @contextmanager
     def tx(self, write: bool = False):
+        """A transaction; DamagedDatabaseError (503, exit 2) naming the file when SQLite finds it damaged (was a raw
+        DatabaseError: HTTP 500, exit 3, while /readyz said ok)."""
         c = self._conn()
         cur = c.cursor()
-        cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
-            yield _Tx(cur, lambda s: s, named=True)
-        except BaseException:
+            cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
-                cur.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
-        cur.execute("COMMIT")
+                yield _Tx(cur, lambda s: s, named=True)
+            except BaseException:
+                try:
+                    cur.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise
+            cur.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+                raise
+            raise DamagedDatabaseError(
+                f"the registry database {self.path} is damaged ({exc}): `vecbridge registry verify` lists what "
+                f"is wrong; restore the file from a backup (one `vecbridge backup` made)") from None
 
     @staticmethod
     def is_retryable(exc: BaseException) -> bool:
@@ -259,11 +293,8 @@ class SQLiteDB(_Base):
 def _expected_columns() -> dict[str, set[str]]:
     """Table -> the columns :data:`SCHEMA` gives it, less those :data:`UPGRADES` adds to older registries."""
     out = {}
-    for stmt in SCHEMA:
-        table, body = re.match(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*)\)$", stmt, re.DOTALL).groups()
-        parts = re.split(r",(?![^()]*\))", body)  # commas outside parentheses
-        cols = {p.split()[0] for p in parts if p.split()[0] not in ("PRIMARY", "FOREIGN", "UNIQUE")}
-        out[table] = cols - {c for t, c, _ in UPGRADES if t == table}
+    for table, cols in map(_table_columns, SCHEMA):
+        out[table] = set(cols) - {c for t, c, _ in UPGRADES if t == table}
     return out
 
 

@@ -10,6 +10,7 @@
     ├── InvalidNameError (ValueError)  a name or reference that is not allowed         invalid
     ├── IntegrityError                 an artifact is missing or its sha256 differs    integrity
     └── RegistryUnavailableError       the registry's database server cannot be reached unavailable
+        └── DamagedDatabaseError       the SQLite file is damaged (restore a backup)
 
 Each is also the service-wide class of its kind (``service.errors``), so a caller may catch
 ``service.errors.NotFoundError`` for any unknown thing, registry or not.
@@ -30,6 +31,7 @@ __all__ = [
     "InvalidNameError",
     "IntegrityError",
     "RegistryUnavailableError",
+    "DamagedDatabaseError",
 ]
 
 
@@ -72,3 +74,8 @@ class IntegrityError(RegistryError):
 
 class RegistryUnavailableError(RegistryError, _errors.ServiceUnavailableError):
     """The registry's database server refused the connection or dropped it mid-transaction (503: retry)."""
+
+
+class DamagedDatabaseError(RegistryUnavailableError):
+    """SQLite found the registry file damaged (``database disk image is malformed``, ``file is not a database``):
+    503 / exit 2 naming the file, until it is restored."""

@@ -81,7 +81,7 @@ async def _registry_check(state) -> str:
     """
     probe, started = state.registry_probe or (None, 0.0)
     if probe is None or probe.done():
-        probe, started = asyncio.ensure_future(run_in_threadpool(state.registry.list_spaces)), time.monotonic()
+        probe, started = asyncio.ensure_future(run_in_threadpool(state.registry.probe)), time.monotonic()
         probe.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even if every wait timed out
         state.registry_probe = (probe, started)
     try:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from _api_support import R, W
-from _servers import env_for, free_port, start
+from _servers import damage_page, env_for, free_port, seed_registry, start
 
 pytest.importorskip("psycopg")
 
@@ -89,6 +89,29 @@ def test_a_registry_down_at_start_up_leaves_the_service_up_and_saying_why(tmp_pa
     lines = [json.loads(line) for line in log.splitlines()]
     assert [r["msg"] for r in lines if r.get("request_id") == maps.headers["x-request-id"]] == [
         "service unavailable", "request"]
+
+
+def test_a_damaged_sqlite_registry_is_a_503_naming_it_and_readiness_says_so(tmp_path):
+    # a page of registry.sqlite overwritten (a bad disk block): /readyz said the registry was ok (its probe read the
+    # spaces, which were intact) while every map request answered 500 "DatabaseError"; now each is a 503 naming the
+    # file, and the probe (a first row and key of every table: cheap at any size) finds it
+    data = tmp_path / "data"
+    seed_registry(data)
+    damage_page(data / "registry.sqlite", "sqlite_autoindex_versions_1")
+    port = free_port()
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(data, port), port, tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        r = _readyz(url)
+        assert r.status_code == 503 and "registry.sqlite is damaged" in r.json()["checks"]["registry"], r.text
+        for route in ("/v1/maps", "/v1/maps/a2b/versions"):
+            r = httpx.get(f"{url}{route}", headers=R, timeout=30)
+            assert r.status_code == 503, r.text
+            message = r.json()["error"]["message"]
+            assert f"{data / 'registry.sqlite'} is damaged" in message and "registry verify" in message, message
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
 
 
 @pytest.mark.postgres

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import align
+from _servers import damage_page
 from conftest import run_cli
 from service.registry import (
     AliasMovedError,
@@ -21,6 +22,7 @@ from service.registry import (
     InvalidNameError,
     NotFoundError,
     Registry,
+    RegistryUnavailableError,
     open_registry,
     parse_ref,
 )
@@ -227,20 +229,6 @@ def test_a_file_that_is_no_database_is_named(tmp_path, capsys):
     assert not_db.read_text() == "hello"
 
 
-def damage_page(db, name: str) -> None:
-    """Overwrite the root page of table or index ``name`` of the SQLite file ``db`` with 0x41 bytes past its first 8
-    (a bad disk block, a copy cut short): the file still opens, reads of that page fail."""
-    import sqlite3
-    from contextlib import closing
-
-    with closing(sqlite3.connect(db)) as c:
-        page = c.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (name,)).fetchone()[0]
-        size = c.execute("PRAGMA page_size").fetchone()[0]
-    with open(db, "r+b") as fh:
-        fh.seek((page - 1) * size + 8)
-        fh.write(b"A" * (size - 8))
-
-
 def damaged_registry(tmp_path, name: str):
     """A data dir whose registry (spaces a, b; map a->b:1) has the page of ``name`` damaged."""
     data = tmp_path / "d"
@@ -249,6 +237,21 @@ def damaged_registry(tmp_path, name: str):
     reg.close()
     damage_page(data / "registry.sqlite", name)
     return data
+
+
+def test_a_damaged_sqlite_file_is_an_unavailable_registry_naming_it(tmp_path, capsys):
+    """A damaged page of registry.sqlite made every command that read it "internal error: DatabaseError: database
+    disk image is malformed" (exit 3); now one line naming the file and what to do, exit 2."""
+    from service.errors import http_status
+
+    data = damaged_registry(tmp_path, "sqlite_autoindex_versions_1")
+    code, _, err = run_cli(capsys, "--data-dir", data, "registry", "list")
+    assert code == 2 and f"{data / 'registry.sqlite'} is damaged" in err and "registry verify" in err, err
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    with pytest.raises(RegistryUnavailableError, match="is damaged") as caught:
+        reg.probe()
+    assert http_status(caught.value) == 503
+    reg.close()
 
 
 @pytest.mark.parametrize("name", ["spaces", "sqlite_autoindex_versions_1"])
