@@ -40,9 +40,11 @@ from urllib.request import pathname2url
 
 from align.exceptions import InputError
 
+from .errors import ServiceUnavailableError
+
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
            "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "sqlite_backup", "storage_message",
-           "remove_marked", "sweep_abandoned", "take_abandoned"]
+           "remove_marked", "sqlite_damaged", "sweep_abandoned", "take_abandoned"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _SQLITE_MARKERS = ("readonly database", "disk is full", "disk i/o error", "unable to open database file",
@@ -58,6 +60,13 @@ def is_storage_error(exc: BaseException) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def sqlite_damaged(exc: BaseException) -> bool:
+    """True for SQLite's word that a database file is damaged: ``database disk image is malformed``
+    (``SQLITE_CORRUPT``) or ``file is not a database`` (``SQLITE_NOTADB``)."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF if isinstance(exc, sqlite3.DatabaseError) else 0
+    return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
 def storage_message(exc: BaseException, *, hint: str = " — see /readyz") -> str:
@@ -350,10 +359,31 @@ def sqlite_backup(src: Path, dst: Path, *, timeout: float = 60.0) -> float:
     SQLite's online backup API in one step: the copy holds a shared lock on ``src`` for its duration, so it
     never sees a transaction half written, and a writer's commit waits those milliseconds (within its busy
     timeout) instead of failing. A busy ``src`` (a writer committing) is waited for up to ``timeout`` s. The
-    copy is checked (``PRAGMA quick_check``; ``IntegrityError``-like ``sqlite3.DatabaseError`` otherwise) and
-    fsynced. ``src`` is opened read-write (a hot journal left by a crashed writer is rolled back first, as any
-    reader would) and never created.
+    copy is checked (``PRAGMA quick_check``) and fsynced. ``src`` is opened read-write (a hot journal left by a
+    crashed writer is rolled back first, as any reader would) and never created. A damaged ``src`` (the copy
+    fails ``quick_check``, or SQLite finds it malformed) is a ServiceUnavailableError naming it (exit 2).
     """
+    try:
+        took = _sqlite_copy(src, dst, timeout)
+    except sqlite3.DatabaseError as exc:
+        if not sqlite_damaged(exc):
+            raise
+        bad = str(exc)
+    else:
+        if not (bad := _quick_check(dst)):
+            fd = os.open(dst, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return took
+    raise ServiceUnavailableError(f"{src} is damaged (SQLite: {bad}), so a copy of it would be too: restore it "
+                                  f"from an earlier backup (in a registry, `vecbridge registry verify` lists what "
+                                  f"is wrong)") from None
+
+
+def _sqlite_copy(src: Path, dst: Path, timeout: float) -> float:
+    """SQLite's online backup of ``src`` into ``dst`` (see :func:`sqlite_backup`); the seconds it took."""
     source = sqlite3.connect(f"file:{pathname2url(str(src))}?mode=rw", uri=True, timeout=timeout,
                              isolation_level=None)
     try:
@@ -362,17 +392,23 @@ def sqlite_backup(src: Path, dst: Path, *, timeout: float = 60.0) -> float:
         try:
             t0 = time.perf_counter()
             source.backup(target, pages=-1, sleep=0.005)  # busy: retry soon
-            took = time.perf_counter() - t0
-            bad = [r[0] for r in target.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
-            if bad:
-                raise sqlite3.DatabaseError(f"the copy of {src.name} fails quick_check: {bad[0]}")
+            return time.perf_counter() - t0
         finally:
             target.close()
     finally:
         source.close()
-    fd = os.open(dst, os.O_RDONLY)
+
+
+def _quick_check(path: Path) -> str:
+    """The first line of what ``PRAGMA quick_check`` finds wrong in the SQLite file ``path``; "" when sound."""
+    db = sqlite3.connect(path, isolation_level=None)
     try:
-        os.fsync(fd)
+        bad = [line for r in db.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"
+               for line in r[0].splitlines() if not line.startswith("*** in database")]
+    except sqlite3.DatabaseError as exc:
+        if not sqlite_damaged(exc):
+            raise
+        bad = [str(exc)]
     finally:
-        os.close(fd)
-    return took
+        db.close()
+    return bad[0] if bad else ""

@@ -17,6 +17,7 @@ import threading
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 
+from ..storage import sqlite_damaged
 from .errors import (
     ConflictError,
     DamagedDatabaseError,
@@ -275,7 +276,7 @@ class SQLiteDB(_Base):
                 raise
             cur.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
-            if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+            if not sqlite_damaged(exc):
                 raise
             raise DamagedDatabaseError(
                 f"the registry database {self.path} is damaged ({exc}): `vecbridge registry verify` lists what "

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from _servers import ROOT, env_for, free_port, seed_registry, start, stop, wait_ready
+from _servers import ROOT, damage_page, env_for, free_port, seed_registry, start, stop, wait_ready
 
 from service.indexes import IndexStore
 from service.registry import open_registry
@@ -214,6 +214,17 @@ def test_a_failed_backup_leaves_no_destination(source, tmp_path):
     r = cli("--data-dir", source, "backup", dest)
     assert r.returncode == 2 and "zzz" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not dest.exists() and list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["sqlite_autoindex_versions_1", "spaces"])
+def test_a_damaged_registry_is_refused_by_name_and_leaves_no_destination(source, tmp_path, name):
+    """A damaged page of registry.sqlite: the backup failed with "internal error: DatabaseError: the copy of
+    registry.sqlite fails quick_check" (exit 3). Now one line naming the data dir's file and what to do, exit 2."""
+    damage_page(source / "registry.sqlite", name)
+    r = cli("--data-dir", source, "backup", tmp_path / "b")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{source / 'registry.sqlite'} is damaged" in r.stderr and "earlier backup" in r.stderr, r.stderr
+    assert "internal error" not in r.stderr and not (tmp_path / "b").exists()
 
 
 def test_verify_indexes_loads_each_copy_and_refuses_a_damaged_one(source, tmp_path):
