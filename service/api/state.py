@@ -30,6 +30,7 @@ from ..indexes import IndexStore
 from ..indexes.locking import WouldBlock
 from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
+from ..ops.backup import refuse_pg_backup
 from ..ops.indexes import Translation, leads, space_encoder, translation
 from ..ops.preload import EncoderPreload
 from ..ops.vectordb import SharedStore
@@ -138,6 +139,7 @@ class AppState:
         app calls this again until the database is back. Any other failure (a bad URL, tables vecbridge did not
         create) raises: start-up fails.
         """
+        refuse_pg_backup(self.settings)  # never a new registry (and the demo) in a backup that needs its database
         try:
             self.registry = open_registry(self.settings.resolved_registry_url(), self.settings.resolved_artifact_dir(),
                                           cache_size=MAP_CACHE_SIZE, **self.settings.registry_options())

@@ -78,6 +78,10 @@ class Ctx:
             s = self.settings
             url, artifacts = s.resolved_registry_url(), s.resolved_artifact_dir()
             missing = _missing_sqlite(url)
+            if missing is not None:  # a backup of a PostgreSQL-registry data dir: never a new registry in it
+                from ..ops.backup import refuse_pg_backup
+
+                refuse_pg_backup(s)
             command = _command_path()
             if missing is not None and command in LISTS_EMPTY_WITHOUT_REGISTRY:
                 if not click.get_current_context().params.get("as_json"):  # --json: the JSON is the whole output

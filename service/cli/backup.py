@@ -1,7 +1,8 @@
 """``vecbridge backup DEST``: a restorable copy of the data dir, taken while the service runs.
 
 Restore: start vecbridge on the copy (``vecbridge --data-dir DEST serve``, or move it where the data dir was);
-``vecbridge --data-dir DEST registry verify`` checks it. What is copied, and how, is in
+``vecbridge --data-dir DEST registry verify`` checks it. A PostgreSQL registry is restored from its dump first,
+then passed with ``--registry-url`` (the printed restore line says so). What is copied, and how, is in
 :mod:`service.ops.backup`.
 """
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from ..ops.backup import backup_data_dir
+from ..ops.backup import PG_RESTORE, backup_data_dir
 from ._common import Ctx, emit, json_opt, progress_bar, quiet_opt
 
 __all__ = ["backup"]
@@ -64,7 +65,9 @@ def backup(obj: Ctx, dest, link, verify_indexes, as_json, quiet):
             f"  {out['files']} files, {_size(out['bytes'])} ({out['linked']} hard-linked to the data dir, "
             + f"{_size(out['copied_bytes'])} copied); the SQLite copies took "
             + f"{out['sqlite_copy_s'] * 1000:.0f} ms (the longest a writer's commit waited for them)",
-            f"  restore: vecbridge --data-dir {dst} serve   (check: vecbridge --data-dir {dst} registry verify)"]
+            f"  restore: vecbridge --data-dir {dst} serve   (check: vecbridge --data-dir {dst} registry verify)"
+            if reg["backend"] == "sqlite" else f"  restore: {PG_RESTORE.format(dest=dst)}   (check: registry verify "
+                                               f"in place of serve)"]
     if reg.get("verify") and not reg["verify"]["ok"]:
         text.append("  warning: the registry in the backup fails verify, as the data dir's does: run "
                     "`vecbridge registry verify` on the data dir")

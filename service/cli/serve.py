@@ -46,6 +46,7 @@ def encoders(as_json):
 def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search_device):
     """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""
     from ..api import serve as serve_api  # FastAPI and uvicorn: loaded only to serve
+    from ..ops.backup import refuse_pg_backup
 
     if registry_url is not None:  # checked as the setting is: one line (exit 2), never the URL's password
         from ..config import check_registry_url
@@ -70,4 +71,5 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search
         # serve nothing (--workers N): each worker's start-up warms its own.
         search_on(settings.search_device, warm=False,
                   source="--search-device" if search_device is not None else "VECBRIDGE_SEARCH_DEVICE")
+    refuse_pg_backup(settings)  # one line here, not a failed start-up (the app checks it too)
     serve_api(settings, workers=workers)

@@ -45,13 +45,35 @@ from ..registry import open_registry, package_version
 from ..registry.db import sqlite_path
 from ..storage import IN_PROGRESS, atomic_write, folder_aside, link_or_copy, sqlite_backup, sweep_abandoned
 
-__all__ = ["BACKUP_FORMAT", "IN_PROGRESS", "MANIFEST", "PG_NOTE", "backup_data_dir", "sweep_abandoned"]
+__all__ = ["BACKUP_FORMAT", "IN_PROGRESS", "MANIFEST", "PG_NOTE", "PG_RESTORE", "backup_data_dir", "refuse_pg_backup",
+           "sweep_abandoned"]
 
 BACKUP_FORMAT = "vecbridge.backup"
 MANIFEST = "backup.json"
 PG_NOTE = ("the registry database is PostgreSQL: back it up with pg_dump, before this backup (artifacts are only "
            "ever added, so every one a dump taken earlier names is in this one); restore it with pg_restore and "
            "start vecbridge with --data-dir on this backup and VECBRIDGE_REGISTRY_URL on the restored database")
+#: how a backup of a data dir with a PostgreSQL registry is restored (the URL is the user's: it may hold a password)
+PG_RESTORE = ("load the pg_dump taken before this backup into a new database (pg_restore, or psql for a plain dump), "
+              "then: vecbridge --data-dir {dest} --registry-url postgresql://USER@HOST/RESTORED_DB serve")
+
+
+def refuse_pg_backup(settings: Settings) -> None:
+    """ConflictError when the data dir is a backup whose registry was PostgreSQL (its :data:`MANIFEST` says so) and the
+    registry URL names a SQLite file that is not there: opening it would create an empty registry in the backup (and
+    ``serve`` its demo) instead of using the restored database."""
+    db = sqlite_path(settings.resolved_registry_url())
+    manifest = Path(settings.data_dir) / MANIFEST
+    if db is None or db.exists() or not manifest.is_file():
+        return
+    try:
+        backend = json.loads(manifest.read_text())["registry"]["backend"]
+    except (OSError, ValueError, KeyError, TypeError):  # not one of ours: nothing to say about it
+        return
+    if backend == "postgresql":
+        raise ConflictError(f"{settings.data_dir} is a vecbridge backup of a data dir whose registry is PostgreSQL "
+                            f"(its {MANIFEST} says so) and holds no registry of its own: "
+                            + PG_RESTORE.format(dest=settings.data_dir) + " (or VECBRIDGE_REGISTRY_URL)")
 
 
 class _Copier:

@@ -266,6 +266,29 @@ def test_keys_checkpoints_and_reports_travel_with_their_modes(source, tmp_path):
     assert json.loads(r.stdout)["reports"] == 1
 
 
+def test_a_postgresql_registry_backup_says_how_to_restore_it_and_gets_no_registry_of_its_own(source, tmp_path):
+    """The restore line of a backup whose registry is PostgreSQL was `vecbridge --data-dir DEST serve`, as for SQLite:
+    following it served a new empty SQLite registry in DEST (and seeded the demo into it), changing the backup. Now
+    the line names the dump and --registry-url, and vecbridge refuses DEST without a registry URL (exit 2, naming
+    backup.json and --registry-url), writing nothing there."""
+    pg = "postgresql://vb:pw-4d1f@127.0.0.1:1/vb"  # never connected to: the registry's backup is pg_dump's
+    dest = tmp_path / "b"
+    r = cli("--data-dir", source, "--registry-url", pg, "backup", dest)
+    assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if "restore:" in x]
+    assert "pg_dump" in line and f"vecbridge --data-dir {dest} --registry-url postgresql://" in line, line
+    assert "pw-4d1f" not in r.stdout
+    before = sorted(dest.rglob("*"))
+    for args in (("registry", "list"), ("spaces", "add", "x", "--dim", "4")):
+        r = cli("--data-dir", dest, *args)
+        assert r.returncode == 2 and "backup.json" in r.stderr and "--registry-url" in r.stderr, r.stdout + r.stderr
+    port = free_port()
+    r = subprocess.run([sys.executable, "-m", "service.cli", "serve"], cwd=ROOT, env=env_for(dest, port),
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "backup.json" in r.stderr, r.stderr
+    assert sorted(dest.rglob("*")) == before
+
+
 @pytest.mark.postgres
 def test_a_postgresql_registry_is_pg_dumps_job_and_restores_beside_the_backup(pg_url, tmp_path):
     """The documented order: pg_dump, then vecbridge backup (artifacts are only ever added, so every one the
