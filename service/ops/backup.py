@@ -6,9 +6,9 @@ What a data dir holds, and how each part is copied so that the copy is one the s
 - ``registry.sqlite`` and ``jobs.sqlite``: SQLite's online backup API (:func:`service.storage.sqlite_backup`), each
   consistent at one commit. A PostgreSQL registry is not copied: its database is ``pg_dump``'s job (see
   :data:`PG_NOTE`); everything else still is.
-- ``artifacts/`` (content-addressed, never changed or removed once written) after the registry: every artifact the
-  copied registry names exists by then. ``reports/`` alike (a report is written just after its version commits:
-  one registered in that instant may lack it, as in the data dir itself for that instant).
+- ``artifacts/`` (content-addressed, never changed, never removed once a committed row names it) after the
+  registry: every artifact the copied registry names exists by then. ``reports/`` alike (a report is written just
+  after its version commits: one registered in that instant may lack it, as in the data dir itself for that instant).
 - ``indexes/<name>/``: the files of one committed generation, read by the index readers' own protocol
   (:func:`service.indexes.persist.with_current`: open every file the meta names, read the meta again when a
   writer collected one first), then ``meta.json`` written last. Writers never wait for a backup.
@@ -50,9 +50,10 @@ __all__ = ["BACKUP_FORMAT", "IN_PROGRESS", "MANIFEST", "PG_NOTE", "PG_RESTORE", 
 
 BACKUP_FORMAT = "vecbridge.backup"
 MANIFEST = "backup.json"
-PG_NOTE = ("the registry database is PostgreSQL: back it up with pg_dump, before this backup (artifacts are only "
-           "ever added, so every one a dump taken earlier names is in this one); restore it with pg_restore and "
-           "start vecbridge with --data-dir on this backup and VECBRIDGE_REGISTRY_URL on the restored database")
+PG_NOTE = ("the registry database is PostgreSQL: back it up with pg_dump, before this backup (an artifact a committed "
+           "version names is never removed, so every one a dump taken earlier names is in this one); restore it with "
+           "pg_restore and start vecbridge with --data-dir on this backup and VECBRIDGE_REGISTRY_URL on the restored "
+           "database")
 #: how a backup of a data dir with a PostgreSQL registry is restored (the URL is the user's: it may hold a password)
 PG_RESTORE = ("load the pg_dump taken before this backup into a new database (pg_restore, or psql for a plain dump), "
               "then: vecbridge --data-dir {dest} --registry-url postgresql://USER@HOST/RESTORED_DB serve")

@@ -32,6 +32,7 @@ import json
 import uuid
 import zipfile
 from collections import Counter
+from contextlib import suppress
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -421,7 +422,8 @@ def _read_entries(r: _Reader, plan: dict) -> None:
 # --- import (phase 3) -----------------------------------------------------------------------------
 
 def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
-    """Load a bundle into ``reg``, all or nothing.
+    """Load a bundle into ``reg``, all or nothing: a failed import leaves no row, and removes the artifacts and
+    reports it wrote (not those that were there already, nor one another writer is committing meanwhile).
 
     Returns counts ``{"imported", "skipped", "renumbered", "aliases"}`` over map versions, plus
     ``"steers"`` (steer versions imported or renumbered) and ``"steer_aliases"`` when the bundle holds steers.
@@ -440,13 +442,11 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
     finally:
         r.close()
 
-    for e in plan["entries"]:  # artifacts first (content-addressed: an aborted import leaves no record)
-        for v in e["versions"]:
-            v["sha"], v["rel"] = reg.store.put(v.pop("data"), v["ext"])
     # reports: written in the transaction, for the versions it inserts only, under names of this import alone
     # (content-addressed names were shared: a failed import removed a report a concurrent one had committed, and
     # skipped versions left reports no row named); a retried transaction's earlier files are removed after it
     reports = {"token": uuid.uuid4().hex[:8], "now": [], "before": []}
+    stored: list[str] = []  # artifacts this import wrote (not those already there): removed again if it fails
 
     def apply(t):
         reports["before"] += reports["now"]
@@ -454,14 +454,29 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
         return _apply_plan(reg, t, plan, on_conflict, reports)
 
     try:
-        counts = reg._write(apply)
+        with reg.store.pinned():  # artifacts first, held to the commit (see ArtifactStore.discard)
+            for e in plan["entries"]:
+                for v in e["versions"]:
+                    v["sha"], v["rel"], new = reg.store.put_new(v.pop("data"), v["ext"])
+                    if new:
+                        stored.append(v["rel"])
+            counts = reg._write(apply)
     except BaseException:
         for p in reports["before"] + reports["now"]:
             p.unlink(missing_ok=True)
+        with suppress(Exception):  # best effort (the database may be what failed): never hides the import's error
+            reg.store.discard(stored, lambda: _artifacts_in_use(reg))
         raise
     for p in set(reports["before"]) - set(reports["now"]):
         p.unlink(missing_ok=True)
     return counts
+
+
+def _artifacts_in_use(reg) -> set[str]:
+    """The artifact paths every committed map and steer version names."""
+    with reg.db.tx() as t:
+        return {r["artifact_path"] for e in reg.entities.values()
+                for r in t.q(f"SELECT artifact_path FROM {e.kind.table}")}
 
 
 def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:

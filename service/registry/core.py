@@ -281,12 +281,11 @@ class Registry(SteerRegistryMixin):
         if not isinstance(map_, (LinearMap, ClusterMap)):
             raise InvalidNameError(f"map_ must be an align.LinearMap or align.ClusterMap, got {type(map_).__name__}"
                                    + (" (register the maps of a chain one by one)" if isinstance(map_, MapChain) else ""))
-        sha, rel = self.store.put(map_.to_bytes(fmt), ARTIFACT_FORMATS[fmt])
         values = dict(source_space=source_space, target_space=target_space, source_dim=map_.source_dim,
                       target_dim=map_.target_dim, method=str(method), params=params or {},
                       random_state=check_seed(random_state),
                       data_hashes=data_hashes or {}, package_version=package_version(), created_at=now(),
-                      metrics=metrics or {}, artifact_sha256=sha, artifact_path=rel, artifact_format=fmt,
+                      metrics=metrics or {}, artifact_format=fmt,
                       deleted=False, description=description or "", report_path=report_path, inputs=inputs or {},
                       map_kind=map_.map_kind, n_clusters=int(getattr(map_, "n_clusters", 0)))
 
@@ -298,7 +297,8 @@ class Registry(SteerRegistryMixin):
             self._new_space(t, source_space, map_.source_dim, encoders.get(source_space))
             self._new_space(t, target_space, map_.target_dim, encoders.get(target_space))
 
-        return self._maps.register(name, values, alias=alias, tags=tags, before=spaces)
+        return self._maps.register(name, values, (map_.to_bytes(fmt), ARTIFACT_FORMATS[fmt]), alias=alias, tags=tags,
+                                   before=spaces)
 
     def get_version(self, name: str, version: int) -> VersionInfo:
         """The version record (deleted ones included, flagged)."""

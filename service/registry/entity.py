@@ -280,9 +280,10 @@ class VersionedStore:
         return None if r is None else int(r["version"])
 
     # --- register -----------------------------------------------------------------------------
-    def register(self, name: str, values: dict, *, alias: str | None = None, tags: dict | None = None,
-                 before: Callable | None = None) -> Record:
-        """Store the next version of ``name`` from field ``values`` (artifact already stored); atomic.
+    def register(self, name: str, values: dict, artifact: tuple[bytes, str], *, alias: str | None = None,
+                 tags: dict | None = None, before: Callable | None = None) -> Record:
+        """Store ``artifact`` (bytes, file extension), then the next version of ``name`` from field ``values``;
+        atomic.
 
         ``before(t)`` runs first in the same transaction (e.g. creating the spaces).
         """
@@ -299,7 +300,10 @@ class VersionedStore:
             self._hook("version_inserted")
             return version
 
-        version = self._write(fn)
+        with self.store.pinned():  # to the commit: a failed import never removes the artifact under this version
+            sha, rel = self.store.put(*artifact)
+            values = {**values, "artifact_sha256": sha, "artifact_path": rel}
+            version = self._write(fn)
         self._hook("committed")
         return self.get(name, version)
 

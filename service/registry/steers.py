@@ -44,14 +44,13 @@ class SteerRegistryMixin:
         if encoder is not None:
             check_text(encoder, "space encoder")
         rank = steer.rank if isinstance(steer, Steer) else 0
-        sha, rel = self.store.put(steer.to_bytes(), "npz")
         values = dict(space=space, dim=steer.dim, rank=rank,
                       method=str(steer.metadata.get("method") or ("lm-steer" if rank else "mean-shift")),
                       params=params or {}, random_state=check_seed(random_state),
                       data_hashes=data_hashes or {}, package_version=package_version(), created_at=now(),
-                      metrics=metrics or {}, artifact_sha256=sha, artifact_path=rel, deleted=False,
+                      metrics=metrics or {}, deleted=False,
                       description=description or "", lens=lens or [], inputs=inputs or {})
-        return self.entities["steers"].register(name, values, alias=alias,
+        return self.entities["steers"].register(name, values, (steer.to_bytes(), "npz"), alias=alias,
                                                 before=lambda t: self._new_space(t, space, steer.dim, encoder))
 
     def get_steer(self, name: str, version: int) -> SteerInfo:

@@ -4,12 +4,20 @@ An artifact is written to ``tmp/`` first, flushed and fsync'ed, then renamed to
 ``<sha[:2]>/<sha>.<ext>`` (rename is atomic on POSIX) and the directory fsync'ed. A crash leaves
 at worst a stray temporary file (swept by :meth:`ArtifactStore.sweep_tmp`) or an artifact that no
 database row references yet (harmless: content-addressed, reused by the next identical write).
+
+A writer holds :meth:`ArtifactStore.pinned` from storing its artifact to its commit; a write that failed removes
+the artifacts it stored (:meth:`ArtifactStore.discard`) only while no writer holds it, and only those no committed
+row names: an artifact another writer is about to commit is never removed under it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -39,14 +47,48 @@ class ArtifactStore:
 
     def put(self, data: bytes, ext: str) -> tuple[str, str]:
         """Store ``data``; return ``(sha256, relative path)``. Idempotent for identical bytes."""
+        return self.put_new(data, ext)[:2]
+
+    def put_new(self, data: bytes, ext: str) -> tuple[str, str, bool]:
+        """:meth:`put`, and whether this call wrote the file (False: the same bytes were there already)."""
         sha = sha256_bytes(data)
         rel = self.relpath_for(sha, ext)
         final = self.root / rel
         if final.exists() and sha256_bytes(final.read_bytes()) == sha:
-            return sha, rel
+            return sha, rel, False
         atomic_write(final, data, tmp_dir=self.root / "tmp", before_replace=lambda: self._hook("artifact_tmp_written"))
         self._hook("artifact_renamed")
-        return sha, rel
+        return sha, rel, True
+
+    @contextmanager
+    def pinned(self, how: int = fcntl.LOCK_SH) -> Iterator[bool]:
+        """Hold an ``flock`` on the ``tmp/`` folder (shared: a writer between storing an artifact and committing the
+        row that names it; ``LOCK_EX | LOCK_NB``: :meth:`discard`); yields whether it is held (False: another holds
+        it, or the file system has no ``flock``: then nothing is discarded)."""
+        (self.root / "tmp").mkdir(exist_ok=True)
+        fd = os.open(self.root / "tmp", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            try:
+                fcntl.flock(fd, how)
+                held = True
+            except OSError:  # BlockingIOError (LOCK_NB), or no flock here
+                held = False
+            yield held
+        finally:
+            os.close(fd)  # the lock goes with it
+
+    def discard(self, rels, in_use: Callable[[], set[str]]) -> int:
+        """Remove the artifacts ``rels`` a failed write stored, less those ``in_use()`` (committed rows) names, when no
+        writer holds :meth:`pinned` (else they stay, as orphans ``registry verify`` lists); how many were removed."""
+        if not rels:
+            return 0
+        with self.pinned(fcntl.LOCK_EX | fcntl.LOCK_NB) as held:
+            if not held:
+                return 0
+            gone = set(rels) - in_use()
+            for rel in gone:
+                self.path(rel).unlink(missing_ok=True)
+        return len(gone)
 
     def path(self, rel: str) -> Path:
         """Absolute path of a stored artifact; refuses paths that leave the store."""

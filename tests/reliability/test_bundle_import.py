@@ -18,7 +18,12 @@ import pytest
 import align
 from service.cli import main
 from service.registry import open_registry
-from service.registry.errors import IntegrityError, InvalidNameError, RegistryError
+from service.registry.errors import (
+    ConflictError,
+    IntegrityError,
+    InvalidNameError,
+    RegistryError,
+)
 from service.registry.store import sha256_bytes
 
 from .helpers import snapshot
@@ -271,6 +276,25 @@ def test_a_failed_import_never_removes_a_report_another_import_committed(tmp_pat
     assert not (reg.report_dir / "m2").exists() or not any((reg.report_dir / "m2").iterdir())
     other.close()
     reg.close()
+
+
+def test_a_failed_import_removes_the_artifacts_it_stored_and_no_other(source, target):
+    """A bundle whose space conflicts here (its space a is 8-d, here 4-d) was refused (exit 2) but left each artifact
+    it had stored before its transaction failed: orphans no row names. It removes those now; an artifact that was
+    there before stays, and while another writer is between storing an artifact and committing (the store's pin
+    held) a failed import removes nothing, since that artifact could be the other writer's."""
+    folder = source[1]
+    v = json.loads((folder / "manifest.json").read_text())["maps"][0]["versions"][0]
+    data = (folder / v["bundle_artifact"]).read_bytes()
+    there = target.store.put(data, "npz" if data[:2] == b"PK" else "safetensors")[1]
+    target.register_space("a", 4)
+    before = target.store.all_relpaths()
+    _refused(target, folder, ConflictError, match="4-d")
+    assert target.store.all_relpaths() == before and there in before
+    assert target.verify()["orphan_artifacts"] == [there]
+    with target.store.pinned():  # another writer's artifact may be among this import's: nothing is removed
+        _refused(target, folder, ConflictError, match="4-d")
+    assert len(target.store.all_relpaths() - before) == 3  # the bundle's other artifacts (2 maps, 2 steers)
 
 
 def test_zip_bundles_named_twice_or_written_over_are_refused(source, target, tmp_path):
