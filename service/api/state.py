@@ -108,6 +108,8 @@ class AppState:
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None
+        self.demo_lock = None  # .demo.lock while this process's demo runs and after (service/ops/demo.py)
+        self.demo_elsewhere = False  # another process held it at start: demo_status reads its .demo.status
         self.heavy = HeavyGate(settings.max_heavy_requests, settings.compute_threads, self.metrics)
         self.preload = EncoderPreload(settings.preload_encoders,  # names checked by Settings
                                       on_status=self.metrics.encoder_status)
@@ -193,6 +195,8 @@ class AppState:
     def close(self) -> None:
         self.indexes.stop_loading()
         self.jobs.shutdown(wait=False)
+        if self.demo_lock is not None:
+            self.demo_lock.close()
         if self.vectordb is not None:
             self.vectordb.close()
         if self.registry is not None:

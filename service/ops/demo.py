@@ -24,12 +24,14 @@ Skip it with ``Settings.demo_on_empty=False`` (``VECBRIDGE_DEMO_ON_EMPTY=false``
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
 from ..logging import get_logger
 from ..progress import Progress, silent
+from ..storage import atomic_write, take_abandoned
 
 __all__ = ["maybe_start_demo", "run_demo", "load_demo_data", "demo_status", "DEMO_MAP", "DEMO_INDEX",
            "DEMO_DATA"]
@@ -42,6 +44,8 @@ DEMO_DATA = Path(__file__).resolve().parents[1] / "data" / "demo_wordnet.npz"
 SOURCE = ("minilm", "all-MiniLM-L6-v2")
 TARGET = ("e5", "multilingual-e5-small")
 N_HELD_OUT = 200
+#: in the data dir: ``preparing`` / ``ready`` / ``failed``, written by the process building the demo
+STATUS_FILE = ".demo.status"
 
 #: job state -> what /readyz and /v1/info say about the demo
 _STATUS = {"queued": "preparing", "running": "preparing", "succeeded": "ready", "failed": "failed",
@@ -57,14 +61,39 @@ def load_demo_data(path: Path = DEMO_DATA) -> tuple[list[str], np.ndarray, np.nd
 
 
 def demo_status(state) -> str | None:
-    """``None`` (no demo this run), ``preparing``, ``ready`` or ``failed``."""
-    if not getattr(state, "demo_job_id", None):
-        return None
+    """``None`` (no demo this run), ``preparing``, ``ready`` or ``failed``: the same in every worker process.
+
+    The process building the demo answers from its job; a sibling (``--workers N``, or a replica on the data dir)
+    that found ``.demo.lock`` held at its start answers from ``.demo.status``, which the builder writes (a small
+    file read, no job store query). Before, such a sibling answered None while the builder said ``ready``."""
+    if getattr(state, "demo_job_id", None):
+        try:
+            # on the event loop (/readyz): this process's record as it stands, no wait for the job store's lock
+            return _STATUS.get(state.jobs.get(state.demo_job_id, adopt=False).state, "preparing")
+        except LookupError:
+            return "failed"
+    if getattr(state, "demo_elsewhere", False):  # another process held .demo.lock at our start: its demo
+        return _shared_status(state)
+    return None
+
+
+def _shared_status(state) -> str | None:
+    """What the process holding ``.demo.lock`` says in ``.demo.status``: ``ready`` / ``failed``; ``preparing`` while
+    it holds the lock (deciding, or building); ``failed`` if it stopped while building; None if it built nothing."""
+    data_dir = Path(state.settings.data_dir)
     try:
-        # on the event loop (/readyz): this process's record as it stands, no wait for the job store's lock
-        return _STATUS.get(state.jobs.get(state.demo_job_id, adopt=False).state, "preparing")
-    except LookupError:
-        return "failed"
+        word = (data_dir / STATUS_FILE).read_text().strip()
+    except OSError:
+        word = ""
+    if word in ("ready", "failed"):
+        return word
+    if (fd := take_abandoned(data_dir / ".demo.lock")) is None:  # held (checked only while nothing is settled)
+        return "preparing"
+    os.close(fd)
+    if word == "preparing":
+        return "failed"  # the builder stopped before it finished
+    state.demo_elsewhere = False  # it decided on no demo (the data dir was not empty): settled
+    return None
 
 
 def run_demo(state, progress: Progress = silent, *, random_state: int = 0) -> dict:
@@ -105,7 +134,8 @@ def run_demo(state, progress: Progress = silent, *, random_state: int = 0) -> di
 
 
 def _demo_lock(data_dir: Path):
-    """An exclusive lock on ``data_dir/.demo.lock`` for the process building the demo; None if taken."""
+    """An exclusive lock on ``data_dir/.demo.lock`` (None if another process holds it), with ``.demo.status``
+    cleared: an earlier run's status is not this run's."""
     import fcntl
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -115,19 +145,27 @@ def _demo_lock(data_dir: Path):
     except OSError:
         fh.close()
         return None
+    _write_status(data_dir, "")
     return fh
+
+
+def _write_status(data_dir: Path, word: str) -> None:
+    atomic_write(data_dir / STATUS_FILE, word)
 
 
 def maybe_start_demo(state) -> str | None:
     """Queue the demo job when the registry has no maps and there are no indexes; returns the job id.
 
-    With several worker processes on one data dir, the first to take ``.demo.lock`` builds it and
-    holds the lock until done; the others skip it (and report no demo).
+    With several worker processes on one data dir, the first to take ``.demo.lock`` decides and, when it builds
+    the demo, holds the lock for its lifetime (``state.demo_lock``, closed by ``AppState.close``) and writes
+    ``.demo.status``; the others (``state.demo_elsewhere``) report the status that file gives.
     """
+    data_dir = Path(state.settings.data_dir)
     lock = None
     try:
-        lock = _demo_lock(Path(state.settings.data_dir))
+        lock = _demo_lock(data_dir)
         if lock is None:
+            state.demo_elsewhere = True
             return None
         if state.registry.list_maps() or state.indexes.names():
             lock.close()
@@ -136,6 +174,7 @@ def maybe_start_demo(state) -> str | None:
             _log.warning("demo skipped: package data missing", extra={"fields": {"path": str(DEMO_DATA)}})
             lock.close()
             return None
+        _write_status(data_dir, "preparing")
     except Exception as exc:  # noqa: BLE001 - the demo must never stop the service
         _log.warning("demo skipped", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
         if lock is not None:
@@ -146,12 +185,20 @@ def maybe_start_demo(state) -> str | None:
         # one BLAS thread: the demo's small SVDs run ~30x slower when OpenBLAS threads fight a busy machine
         from threadpoolctl import threadpool_limits
 
+        done = "failed"
         try:
             with threadpool_limits(limits=1, user_api="blas"):
-                return run_demo(state, ctx.progress)
+                result = run_demo(state, ctx.progress)
+            done = "ready"
+            return result
         finally:
-            lock.close()
+            _write_status(data_dir, done)
 
-    job, _ = state.jobs.submit(work, kind="demo",
-                               description="register the demo spaces, map and index (packaged vectors)")
+    state.demo_lock = lock  # held while this process runs: a sibling starting later still reads .demo.status
+    try:
+        job, _ = state.jobs.submit(work, kind="demo",
+                                   description="register the demo spaces, map and index (packaged vectors)")
+    except BaseException:
+        _write_status(data_dir, "failed")
+        raise
     return job.id

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -11,6 +13,7 @@ from fastapi.testclient import TestClient
 from service.ops import demo
 from service.api import create_app
 from _api_support import R, populate, settings_for
+from _servers import env_for, free_port, start, stop
 
 
 def test_packaged_demo_data_is_unit_paired_and_distinct():
@@ -80,3 +83,43 @@ def test_full_demo_registers_map_and_index(tmp_path, request):
                    json={"texts": ["a domesticated animal kept as a pet"], "space": "minilm", "k": 5})
         assert r.status_code == 200 and len(r.json()["results"][0]) == 5
         assert r.json()["maps"][0]["name"] == demo.DEMO_MAP
+
+
+def test_every_worker_reports_the_demo(tmp_path):
+    """``serve --workers 2`` on an empty data dir: whichever worker answers, ``/readyz`` has ``checks.demo`` and
+    ``/v1/info`` the same ``demo``, ``preparing`` then ``ready``. Before, the worker that did not build the demo
+    answered ``"demo": null`` and a /readyz without ``checks.demo``: half the answers."""
+    port = free_port()
+    env = {**env_for(tmp_path / "data", port), "VECBRIDGE_DEMO_ON_EMPTY": "true"}
+    proc = start([sys.executable, "-m", "service.cli", "serve", "--workers", "2"], env, port, tmp_path / "server.log")
+    url, seen, ready_in_a_row = f"http://127.0.0.1:{port}", [], 0
+    try:
+        deadline = time.monotonic() + 120
+        while ready_in_a_row < 30 and time.monotonic() < deadline:  # fresh connections: any worker answers
+            checks = httpx.get(url + "/readyz", timeout=10).json()["checks"]
+            info = httpx.get(url + "/v1/info", headers=R, timeout=10).json()
+            seen.append((checks.get("demo"), info["demo"]))
+            ready_in_a_row = ready_in_a_row + 1 if seen[-1] == ("ready", "ready") else 0
+    finally:
+        stop(proc)
+    assert ready_in_a_row == 30, seen
+    assert {d for pair in seen for d in pair} <= {"preparing", "ready"}, seen
+
+
+def test_a_process_started_after_the_demo_was_built_reports_it(tmp_path):
+    """A second app (a worker uvicorn started late, or restarted) on the data dir while the first, which built the
+    demo, still runs: it reports ``ready`` too. Before, it found maps and answered no demo (null)."""
+    first = create_app(settings_for(tmp_path, demo_on_empty=True))
+    with TestClient(first) as c1:
+        t0 = time.time()
+        while demo.demo_status(first.state.vb) == "preparing" and time.time() - t0 < 120:
+            time.sleep(0.1)
+        assert c1.get("/readyz").json()["checks"]["demo"] == "ready"
+        second = create_app(settings_for(tmp_path, demo_on_empty=True))
+        with TestClient(second) as c2:
+            assert c2.get("/readyz").json()["checks"]["demo"] == "ready"
+            assert c2.get("/v1/info", headers=R).json()["demo"] == "ready"
+    third = create_app(settings_for(tmp_path, demo_on_empty=True))  # a restart: the demo is not this run's
+    with TestClient(third) as c3:
+        assert "demo" not in c3.get("/readyz").json()["checks"]
+        assert c3.get("/v1/info", headers=R).json()["demo"] is None
