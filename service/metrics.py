@@ -16,8 +16,9 @@ live worker, labelled ``pid``: ``sum(process_resident_memory_bytes)`` is the ser
 modes.
 
 Label values are bounded: routes are templates (``/v1/maps/{ref}/transform``), never raw paths; maps are
-``name`` and ``version``; indexes are names on disk (series of dropped indexes vanish at the next scrape);
-encoders are the preloaded ones.
+``name`` and ``version``; indexes are names on disk (series of dropped indexes vanish at the next scrape; the
+gauges of an index dropped and re-created under its name by another process, e.g. the CLI, leave the scrape until
+a process loads the new one: the next request that uses it, or ``/readyz``); encoders are the preloaded ones.
 
 Metrics (workers: how the multiprocess mode combines a gauge)
 -------------------------------------------------------------
@@ -57,6 +58,7 @@ process_open_fds, process_start_time_seconds, ...            or one series per l
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -82,6 +84,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 _LIVE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db")
+_LIFE = "vecbridge_index_life"
+_INDEX_GAUGES = ("vecbridge_index_vectors", "vecbridge_index_generation", "vecbridge_index_logged_deltas")
 
 
 def multiprocess_dir() -> str | None:
@@ -105,7 +109,9 @@ class ServiceMetrics:
         r = self.registry
         if self.multiprocess is None:
             ProcessCollector(registry=r)
-        self.index_names: Callable[[], Iterable[str]] | None = None  # names on disk, set by the app (AppState)
+        #: ``{name: uid}`` of the indexes on disk, set by the app (AppState): a scrape shows the series of those
+        #: names alone, and their gauges only where they describe that uid (not a dropped index of the same name)
+        self.index_lives: Callable[[], dict[str, str]] | None = None
 
         def gauge(name, doc, labels=(), mode="livesum"):
             return Gauge(name, doc, list(labels), registry=r, multiprocess_mode=mode)
@@ -143,6 +149,8 @@ class ServiceMetrics:
                                       ["index"], "livemostrecent")
         self.index_logged = gauge("vecbridge_index_logged_deltas", "Deltas logged since the generation's snapshot",
                                   ["index"], "livemostrecent")
+        # which index the three gauges above describe (life_number of its uid): read by a scrape, never shown
+        self.index_life = gauge(_LIFE, "Identity of the index the gauges describe", ["index"], "livemostrecent")
         self.index_catchups = Counter("vecbridge_index_catchups_total",
                                       "Catch-ups with a generation another process wrote (replay: deltas; reload)",
                                       ["index", "how"], registry=r)
@@ -166,6 +174,7 @@ class ServiceMetrics:
         self.index_vectors.labels(name).set(idx.count)
         self.index_generation.labels(name).set(idx.generation)
         self.index_logged.labels(name).set(idx.logged_deltas)
+        self.index_life.labels(name).set(life_number(idx.uid))  # last: a scrape in between hides, never mislabels
 
     def index_caught_up(self, name: str, how: str, seconds: float) -> None:
         """A catch-up with another process's generation of ``name``: ``how`` ``replay`` or ``reload``."""
@@ -177,7 +186,7 @@ class ServiceMetrics:
         series of names no longer on disk)."""
         if self.multiprocess is not None:
             return
-        for g in (self.index_vectors, self.index_generation, self.index_logged):
+        for g in (self.index_vectors, self.index_generation, self.index_logged, self.index_life):
             try:
                 g.remove(name)
             except KeyError:
@@ -212,7 +221,9 @@ class ServiceMetrics:
 
 class _Scrape:
     """What one scrape answers: this app's registry (one process) or every worker's files plus each live worker's
-    process metrics (multiprocess); index series only for the names on disk."""
+    process metrics (multiprocess); index series only for the names on disk, and index gauges only where they
+    describe the index on disk under that name (before, a dropped index's numbers stayed under a re-created one's
+    name until a process loaded it)."""
 
     def __init__(self, metrics: ServiceMetrics) -> None:
         self.m = metrics
@@ -224,11 +235,21 @@ class _Scrape:
         else:
             pids = _live_workers(m.multiprocess)
             families = [*MultiProcessCollector(None, m.multiprocess).collect(), *_process_metrics(pids)]
-        names = set(m.index_names()) if m.index_names is not None else None
+        lives = m.index_lives() if m.index_lives is not None else None
+        held = {s.labels.get("index"): s.value for fam in families if fam.name == _LIFE for s in fam.samples}
+        current = None if lives is None else {n for n, uid in lives.items() if held.get(n) == life_number(uid)}
         for fam in families:
-            if names is not None and fam.name.startswith("vecbridge_index_"):
-                fam.samples = [s for s in fam.samples if s.labels.get("index") in names]
+            if fam.name == _LIFE:
+                continue
+            if lives is not None and fam.name.startswith("vecbridge_index_"):
+                keep = current if fam.name in _INDEX_GAUGES else lives
+                fam.samples = [s for s in fam.samples if s.labels.get("index") in keep]
             yield fam
+
+
+def life_number(uid: str) -> float:
+    """``uid`` (an index's identity) as a gauge value: 52 bits of its hash, exact in a float."""
+    return float(int.from_bytes(hashlib.blake2b(uid.encode(), digest_size=8).digest(), "big") >> 12)
 
 
 def _live_workers(path: str) -> list[int]:

@@ -104,7 +104,7 @@ class AppState:
         self.registry_error: str | None = None
         self.registry_probe = None  # (future, start time) of /readyz's registry query (routers/ops.py)
         self.indexes = IndexStore(Path(settings.data_dir) / "indexes", observer=self.metrics)
-        self.metrics.index_names = self.indexes.names  # a scrape leaves out indexes dropped meanwhile
+        self.metrics.index_lives = self.indexes.lives  # a scrape leaves out indexes dropped (re-created) meanwhile
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None

@@ -36,7 +36,7 @@ from .errors import (
 )
 from .kinds import NAME_RE, check_name
 from .locking import flock, stat_sig
-from .persist import LOCK_FILE, STORE_LOCK
+from .persist import LOCK_FILE, STORE_LOCK, uid_of
 from .space import SpaceIndex
 
 _log = get_logger("indexes")
@@ -73,6 +73,7 @@ class IndexStore:
         self._pending: set[str] = set()  # names the background loader has not loaded (nor failed) yet
         self._stop = threading.Event()
         self._done_lock = threading.Lock()  # the loader's end vs stop_loading
+        self._lives: dict[str, tuple] = {}  # name -> (meta stat_sig, uid): lives() reads a meta once it changed
 
     def load_all(self) -> int:
         """Read every persisted index now; returns how many loaded (failures go to ``load_errors``).
@@ -170,6 +171,23 @@ class IndexStore:
     def names(self) -> list[str]:
         """Names of the indexes on disk, sorted (loaded or not; one ``listdir``)."""
         return self._names_on_disk()
+
+    def lives(self) -> dict[str, str]:
+        """``{name: uid}`` of every index on disk (:func:`~.persist.uid_of`: a dropped and re-created index has
+        another): one ``stat`` an index, its ``meta.json`` read only when it changed. A meta that cannot be read is
+        left out."""
+        out, seen = {}, {}
+        for name in self._names_on_disk():
+            meta = self.root / name / "meta.json"
+            sig, got = stat_sig(meta), self._lives.get(name)
+            if sig is None or got is None or got[0] != sig:
+                try:
+                    got = (sig, uid_of(json.loads(meta.read_text())))
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+            seen[name], out[name] = got, got[1]
+        self._lives = seen  # one dict replaced: a concurrent call reads the old one or the new
+        return out
 
     def spaces(self) -> dict[str, str]:
         """``{index name: its space}`` for every index on disk, from each ``meta.json`` alone: no vectors are

@@ -160,6 +160,40 @@ def test_index_gauges_follow_another_processs_writes_and_drops(server):
                     for lab, _ in samples(text, fam) if lab.get("index") == name], text
 
 
+def test_index_gauges_never_show_a_dropped_index_under_a_recreated_name(server, tmp_path):
+    """The CLI drops an index the workers hold and creates another under its name: no scrape shows the dropped
+    index's numbers under it (before: 20 vectors, generation 2, until a request touched the name); once the workers
+    load the new one (the next search), its own numbers."""
+    url, name = server["url"], f"re{server['workers']}"
+    X = np.random.default_rng(1).standard_normal((20, 16)).astype(np.float32)
+    q = {"vectors": X[:1].tolist(), "k": 3}
+    r = httpx.post(url + "/v1/indexes", headers=W, json={"name": name, "space": "a", "vectors": X.tolist()}, timeout=60)
+    assert r.status_code == 201, r.text
+    _cli(server, "index", "delete", name, "--id", "0")  # generation 2 in the workers, after their catch-up
+    for _ in range(4):
+        assert httpx.post(f"{url}/v1/indexes/{name}/search", headers=R, json=q, timeout=30).status_code == 200
+    text = scrape(url)
+    assert (value(text, "vecbridge_index_vectors", index=name), value(text, "vecbridge_index_generation",
+                                                                       index=name)) == (19, 2), text
+
+    np.save(tmp_path / "seven.npy", X[:7])
+    _cli(server, "index", "drop", name, "--yes")
+    _cli(server, "index", "create", name, str(tmp_path / "seven.npy"), "--space", "a", "--quiet")
+    for _ in range(6):
+        text = scrape(url)
+        for fam, now in (("vecbridge_index_vectors", 7), ("vecbridge_index_generation", 1),
+                         ("vecbridge_index_logged_deltas", 0)):
+            assert value(text, fam, index=name) in (None, now), (fam, text)  # none yet, or the new index's
+    with ThreadPoolExecutor(4) as ex:  # the workers load the new index
+        assert set(ex.map(lambda _: httpx.post(f"{url}/v1/indexes/{name}/search", headers=R, json=q,
+                                              timeout=30).status_code, range(8))) == {200}
+    for _ in range(6):
+        text = scrape(url)
+        assert value(text, "vecbridge_index_vectors", index=name) == 7, text
+        assert value(text, "vecbridge_index_generation", index=name) == 1
+    assert "vecbridge_index_life" not in text  # the filter's own gauge stays out of the scrape
+
+
 def test_a_killed_worker_leaves_its_counts_but_not_its_gauges(server):
     """A worker killed without its clean-up (the OOM killer): uvicorn starts another; the requests it answered stay
     in the counters (no reset), its memory and in-flight requests leave the scrape."""
