@@ -234,6 +234,7 @@ class Calls:
         if retry is None:
             retry = method.upper() in IDEMPOTENT or any(  # header names are case-insensitive
                 str(h).lower() == "idempotency-key" for h in (kw.get("headers") or {}))
+        unsure = yield from self._fits_max_body(method, path, kw.get("content"))
         attempt = 0
         while True:
             try:
@@ -246,14 +247,18 @@ class Calls:
                 # be computing it: a retry would queue the same work again)
                 never_sent = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
                 timed_out = isinstance(e, httpx.TimeoutException) and not never_sent
-                if (never_sent or (retry and not timed_out)) and attempt < self.max_retries:
+                if (never_sent or (retry and not timed_out and not unsure)) and attempt < self.max_retries:
                     yield Sleep(self._backoff(attempt))
                     attempt += 1
                     continue
                 cls = APITimeoutError if isinstance(e, httpx.TimeoutException) else APIConnectionError
                 where = self._http.base_url.copy_with(userinfo=b"")  # a password in the URL stays out of the message
                 raise cls(f"{method} {path}: no answer from {where} ({type(e).__name__}: {e})"
-                          + (f" after {attempt + 1} tries" if attempt else "")) from e
+                          + (f" after {attempt + 1} tries" if attempt else "")
+                          + (f"; its body of {unsure} bytes may be over the service's max_body_bytes (unknown: "
+                             "/v1/info was not readable), which the service refuses by closing the connection: "
+                             "not sent again"
+                             if unsure and not never_sent else "")) from e
             if r.status_code in ok or r.status_code < 300:
                 return r
             if r.status_code < 400:  # not followed: nothing was done (a POST may not be re-sent elsewhere as a GET)
@@ -274,6 +279,26 @@ class Calls:
             if why:
                 err.args = (f"{err.args[0]} ({why})",)
             raise err
+
+    def _fits_max_body(self, method: str, path: str, content) -> Gen:
+        """:class:`PayloadTooLargeError`, nothing sent, for a body over the service's ``max_body_bytes`` (read from
+        ``/v1/info`` once, for bodies over :data:`LOOK_FIRST_BYTES`): the service answers such a body at once and
+        closes the connection, which an ``httpx.AsyncClient`` still sending it saw as a reset (no answer), and
+        sent the body again. Returns the body's size where the limit is unknown (such a body is not sent twice),
+        else 0."""
+        n = len(content) if isinstance(content, (bytes, bytearray)) else 0
+        if n <= LOOK_FIRST_BYTES:
+            return 0
+        if self._limits is None:
+            yield from self._read_limits()
+        cap = (self._limits or {}).get("max_body_bytes")
+        if not cap:
+            return n
+        if n > cap:
+            raise PayloadTooLargeError(413, "PayloadTooLargeError", (
+                f"{method} {path}: not sent, its body of {n} bytes exceeds the service's limit of {cap} bytes "
+                "(max_body_bytes, from /v1/info); send smaller batches (or fewer rows)"), None, {})
+        return 0
 
     def _backoff(self, attempt: int, retry_after: float | None = None) -> float | None:
         """Seconds before retry ``attempt + 1``: ``Retry-After`` when given (None when over ``max_retry_wait``:

@@ -191,6 +191,8 @@ class GuardMiddleware:
                 n = 0
             if n > limit:
                 scope["route"] = route
+                if n <= settings.max_body_bytes:  # a size some route takes: read it, so that a client still sending
+                    await _drain(receive, settings.body_timeout_s)  # reads this 413, not a reset (no answer)
                 # no route: most often a mistyped path, so the message says so, not only "send smaller batches"
                 return await _send_413(send, n, limit, setting,
                                        unmatched=None if route else f"{scope['method']} {scope.get('path', '')}")
@@ -220,6 +222,18 @@ class GuardMiddleware:
         except RequestTimeoutError as exc:  # raised in a middleware's own body read (the fast path's)
             scope["route"] = route
             return await _send_error(send, 408, type(exc).__name__, str(exc))
+
+
+async def _drain(receive, wait: float) -> None:
+    """Read and drop a request's body (until its end, a disconnect, or ``wait`` seconds without bytes)."""
+    try:
+        while True:
+            async with asyncio.timeout(wait):
+                msg = await receive()
+            if msg["type"] != "http.request" or not msg.get("more_body", False):
+                return
+    except TimeoutError:
+        return
 
 
 async def _send_error(send, status: int, kind: str, message: str, extra: list | None = None) -> None:

@@ -19,9 +19,10 @@ import json
 import httpx
 import numpy as np
 import pytest
+from _clients import both_clients
 from _servers import seeded_uvicorn
 
-from service.client import Client, PayloadTooLargeError
+from service.client import APIConnectionError, Client, PayloadTooLargeError
 from service.client_wire import OVERHEAD
 
 WKEY, WONLY = "wkey-456", "wonly-789"
@@ -49,6 +50,18 @@ class Recording(httpx.HTTPTransport):
         response = super().handle_request(request)
         self.seen.append((request.method, request.url.path, response.status_code, len(request.content)))
         return response
+
+
+class AsyncRecording(httpx.AsyncHTTPTransport):
+    """:class:`Recording` for ``AsyncClient``: ``seen`` holds ``(method, path, body bytes)`` of every request sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str, int]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append((request.method, request.url.path, len(request.content)))
+        return await super().handle_async_request(request)
 
 
 def _rows(n: int, seed: int = 0) -> np.ndarray:
@@ -139,3 +152,25 @@ def test_a_search_over_a_small_max_hits_and_numpy_payloads_fit_their_batches(ser
     with Client(url, api_key=WKEY) as vb:  # ~39 kB of JSON each: 4.7 MB in all, over max_body_bytes
         vb.create_index("np-payloads", "b")
         assert len(vb.add("np-payloads", _rows(120, 6), payloads=big)["ids"]) == 120
+
+
+@both_clients
+def test_a_body_over_the_limits_is_a_413_for_both_clients_and_sent_at_most_once(server, client_cls, client_kind):
+    """The service answers a body over its limit at once and closes the connection: AsyncClient, still sending,
+    saw a reset and raised APIConnectionError ("no answer ... after 3 tries") after uploading a fit three times
+    (Idempotency-Key: retried), where Client raised the 413. Now a body over max_body_bytes is refused before it is
+    sent, and the service reads a body up to max_body_bytes before it answers a route's lower limit."""
+    url, _ = server
+    X = _rows(40_000, 7)  # 2 x 40,000 x 88 bytes of base64: 7 MB, over max_body_bytes
+    net = (Recording if client_kind == "sync" else AsyncRecording)()
+    with client_cls(url, api_key=WKEY, transport=net) as vb:
+        with pytest.raises(PayloadTooLargeError, match=f"limit of {MAX_BODY} bytes"):
+            vb.fit("too-big", "a", "b", X, X, method="procrustes")
+        with pytest.raises(PayloadTooLargeError, match="body_bytes_json"):  # 880 kB: over body_bytes_json only
+            vb.create_index("too-big", "b", X[:10_000])
+    assert [p for m, p, *_ in net.seen if m == "POST"] == ["/v1/indexes"]  # the fit was never sent
+    net = (Recording if client_kind == "sync" else AsyncRecording)()
+    with (client_cls(url, api_key=WONLY, transport=net) as vb,  # may not read /v1/info: the limit is unknown
+          pytest.raises((PayloadTooLargeError, APIConnectionError), match="body_bytes_json|max_body_bytes")):
+        vb.fit("too-big", "a", "b", X, X, method="procrustes")
+    assert [p for m, p, *_ in net.seen if m == "POST"] == ["/v1/fits"]  # before: three times from AsyncClient
