@@ -70,7 +70,7 @@ from typing import Any, Self
 import httpx
 import numpy as np
 
-from .client_core import RETRY_STATUS, Await, Calls, Sleep, call
+from .client_core import RETRY_STATUS, Await, Calls, Sleep, call, partly_added
 from .client_errors import (
     APIConnectionError,
     APIError,
@@ -363,7 +363,7 @@ class APICalls(SteerCalls, Calls):
         try:
             answers = yield from self._batched(n, row, send)
         except (APIError, APIConnectionError) as e:
-            e.added_ids = list(added)
+            partly_added(e, added)
             raise
         return answers[0] if len(answers) == 1 else {**answers[-1], "ids": added}
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import re
 import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, NamedTuple
@@ -51,7 +52,7 @@ from .client_errors import (
 from .client_wire import dumps, spans
 
 __all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "Await", "Calls", "Send",
-           "Sleep", "call", "run_async", "run_sync"]
+           "Sleep", "call", "in_batch", "noted", "partly_added", "run_async", "run_sync"]
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothing was done; try again later
@@ -82,6 +83,34 @@ class Await(NamedTuple):
 
 Step = Send | Sleep | Await
 Gen = Generator[Step, Any, Any]
+
+
+def in_batch(message: str, part: slice) -> str:
+    """What an error of the batch ``part`` adds to the service's ``message``: the rows it held, and which row of
+    the call's input the first row index in ``message`` (``texts[7]``, ``row 7``) is."""
+    where = f"sent in the batch of rows {part.start}-{part.stop - 1} of the call's input"
+    if m := re.search(r"\[(\d+)\]|\brow (\d+)\b", message):
+        i = int(m.group(1) or m.group(2))
+        where += f"; row {i} of the batch is row {part.start + i} of the input"
+    return where
+
+
+def noted(err: BaseException, note: str) -> None:
+    """Add ``(note)`` to the message of ``err`` (to its ``message``, before the request id, for an
+    :class:`APIError`)."""
+    text = str(err.args[0]) if err.args else ""
+    if isinstance(err, APIError) and err.message and err.message in text:
+        old, err.message = err.message, f"{err.message} ({note})"
+        err.args = (text.replace(old, err.message, 1), *err.args[1:])
+    else:
+        err.args = (f"{text} ({note})", *err.args[1:])
+
+
+def partly_added(err: BaseException, added: list) -> None:
+    """Mark the error of an ``add`` sent in batches: ``added_ids``, and a message saying what was added."""
+    err.added_ids = list(added)
+    if added:
+        noted(err, f"{len(added)} rows of the earlier batches were added, ids in .added_ids; the rest were not")
 
 
 def call(fn: Callable[..., Gen]) -> Callable[..., Gen]:
@@ -348,7 +377,12 @@ class Calls:
             raise refused
         answers = []
         for part in parts:
-            answers.append((yield from send(part)))
+            try:
+                answers.append((yield from send(part)))
+            except APIError as e:
+                if part.start:  # the service counts rows from the batch's first: name the caller's row
+                    noted(e, in_batch(str(e.message), part))
+                raise
         return answers
 
     def _read_limits(self) -> Gen:

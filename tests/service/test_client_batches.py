@@ -17,11 +17,12 @@ from _servers import seeded_uvicorn
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.client import Client, ConflictError, PayloadTooLargeError
+from service.client import Client, ConflictError, PayloadTooLargeError, ValidationError
 from service.client_wire import OVERHEAD, spans
 
 WKEY = "wkey-456"
 MAX_BATCH, MAX_BODY = 40, OVERHEAD + 24_000
+MODEL = "all-MiniLM-L6-v2"  # installed with the test extras; loaded from disk, no download
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,27 @@ def test_an_error_in_a_later_batch_says_which_rows_were_added(server, client_cls
             vb.add(name, X, ids=list(range(1000, 1100)))
         assert err.value.added_ids == list(range(1000, 1040))
         assert vb.get_index(name)["count"] == 41  # the first batch, and nothing of the refused one
+
+
+@both_clients
+def test_an_error_in_a_later_batch_names_the_row_of_the_callers_input(server, client_cls, client_kind):
+    """The service counts rows from its batch's first: texts[37] blank in 60 texts sent 10 at a time was reported
+    as "input[7] is empty" (and an add that failed part-way did not say that rows were added)."""
+    url, _, _ = server
+    texts = [f"a note about item {i}" for i in range(60)]
+    texts[37] = "   "
+    space, name = f"words-{client_kind}", f"words-{client_kind}"
+    with client_cls(url, api_key=WKEY, batch_size=10) as vb:
+        vb.create_space(space, 384, encoder=MODEL)
+        vb.create_index(name, space)
+        for call in (lambda: vb.embed(texts, MODEL), lambda: vb.search(name, texts=texts, k=1),
+                     lambda: vb.add(name, texts=texts)):
+            with pytest.raises(ValidationError) as err:
+                call()
+            assert "rows 30-39 of the call's input; row 7 of the batch is row 37 of the input" in str(err.value)
+            assert "row 37" in err.value.message and str(err.value).endswith("]")  # the request id stays last
+        assert err.value.added_ids == list(range(30)) and "30 rows of the earlier batches were added" in str(err.value)
+        assert vb.get_index(name)["count"] == 30
 
 
 def test_a_row_count_mismatch_is_still_the_services_to_refuse(server):
