@@ -21,8 +21,8 @@ from .exceptions import (
 )
 
 __all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate",
-           "check_no_zero_rows", "check_rankable", "check_representable", "check_eps", "check_labels",
-           "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed", "check_not_collapsed"]
+           "check_no_underflow", "check_no_zero_rows", "check_rankable", "check_representable", "check_eps",
+           "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed", "check_not_collapsed"]
 
 _CHECK_BYTES = 1 << 20  # the masks of a check cover about this many bytes of rows at a time
 
@@ -61,6 +61,22 @@ def check_representable(Y: np.ndarray, what: str) -> np.ndarray:
         raise NotRepresentableError(
             f"{what}: {bad} row(s) overflow float32 (values beyond ±3.4e38); scale the input or the strength down")
     return Y
+
+
+def check_no_underflow(wide: np.ndarray, narrow: np.ndarray, name: str) -> None:
+    """:class:`NotRepresentableError` when a non-zero row of ``wide`` (n, d), e.g. float64, reads as an all-zero row
+    in ``narrow``, its float32 copy: every value below float32's smallest subnormal (~1.4e-45). Nothing to check
+    for a ``wide`` of float32 or narrower, or not of floats."""
+    if wide.dtype.kind != "f" or wide.dtype.itemsize <= 4:
+        return
+    step, lost = _row_step(wide), 0
+    for s in range(0, wide.shape[0], step):
+        zero = ~np.any(narrow[s : s + step] != 0, axis=1)
+        if zero.any():
+            lost += int(np.any(wide[s : s + step][zero] != 0, axis=1).sum())
+    if lost:
+        raise NotRepresentableError(f"{name}: {lost} non-zero row(s) have every value below float32's smallest "
+                                    f"(~1.4e-45) and would read as all-zero rows; scale them up")
 
 
 def as_matrix(
@@ -122,15 +138,7 @@ def as_matrix(
             raise NonFiniteError(f"{name}: {huge} row(s) hold values beyond float32's range "
                                  f"(±3.4e38); scale them down")
     wide, arr = arr, np.ascontiguousarray(arr, dtype=np.float32)
-    if wide.dtype.kind == "f" and wide.dtype.itemsize > 4:  # non-zero rows whose every value underflows to 0
-        step, lost = _row_step(wide), 0
-        for s in range(0, n, step):
-            zero = ~np.any(arr[s : s + step] != 0, axis=1)
-            if zero.any():
-                lost += int(np.any(wide[s : s + step][zero] != 0, axis=1).sum())
-        if lost:
-            raise NotRepresentableError(f"{name}: {lost} non-zero row(s) have every value below float32's smallest "
-                                        f"(~1.4e-45) and would read as all-zero rows; scale them up")
+    check_no_underflow(wide, arr, name)
     if finite:  # block by block: a mask of the whole input was a quarter of its float32 size
         bad = _nonfinite_rows(arr)
         if bad:

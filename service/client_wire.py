@@ -24,6 +24,7 @@ import numpy as np
 import pybase64
 
 from align.exceptions import InputError, NotRepresentableError, ShapeError
+from align.validation import check_no_underflow
 
 __all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_list", "b64", "b64_bytes",
            "b64_row_bytes", "b64_text", "clean", "cut",
@@ -65,7 +66,9 @@ def matrix(X, name: str = "vectors") -> np.ndarray:
     Refused here, before a byte is sent: another ndim (:class:`ShapeError`), what is not real numbers
     (:class:`InputError`; the cast would drop a complex value's imaginary part with a mere warning, where the
     service refuses complex input), and finite float64 values float32 cannot hold, e.g. 1e39
-    (:class:`NotRepresentableError`: the cast would send Inf, and the service would call finite input NaN/Inf).
+    (:class:`NotRepresentableError`: the cast would send Inf, and the service would call finite input NaN/Inf),
+    and non-zero float64 rows whose every value is below float32's smallest, e.g. 1e-46 (they would arrive as
+    all-zero rows: :class:`NotRepresentableError`, as the service and ``LinearMap.apply`` say).
     NaN / Inf in ``X`` itself are the service's to refuse (422 :class:`ValidationError`).
     """
     try:
@@ -86,6 +89,7 @@ def matrix(X, name: str = "vectors") -> np.ndarray:
             raise NotRepresentableError(f"{name}: {int(lost.sum())} finite row(s) (first: row "
                                         f"{int(np.flatnonzero(lost)[0])}) hold values beyond float32's range "
                                         f"(|x| > 3.4e38); scale them")
+    check_no_underflow(src.reshape(A.shape), A, name)  # as the service's .npy path and LinearMap.apply
     return np.ascontiguousarray(A)
 
 

@@ -465,6 +465,21 @@ def test_float64_beyond_float32_is_refused_before_sending(vb, server):
         vb.transform("a2b", np.full((1, 16), np.nan))
 
 
+def test_float64_rows_below_float32_are_refused_as_the_service_and_linearmap_refuse_them(vb, server):
+    """Non-zero float64 rows whose every value is below float32's smallest subnormal were sent as all-zero rows
+    (a transform of zeros, silently), where the service's .npy path and LinearMap.apply refuse them."""
+    _, X, _, m = server
+    tiny = X[:4].astype(np.float64)
+    tiny[2] *= 1e-46
+    for send in (lambda: vb.transform("a2b", tiny), lambda: vb.transform("a2b", tiny, binary=False),
+                 lambda: vb.search("any-index", tiny, k=1), lambda: m.apply(tiny)):
+        with pytest.raises(NotRepresentableError, match="1 non-zero row.*all-zero rows"):
+            send()
+    with pytest.raises(ValidationError, match="all-zero rows"):
+        vb.transform_npy("a2b", tiny)
+    assert vb.transform("a2b", np.zeros((1, 16))).shape == (1, 16)  # a row of zeros itself is still sent
+
+
 @both_clients
 def test_empty_arrays_get_the_services_422_on_every_json_route(vb):
     """An empty (0, d) array sent as JSON (``vectors_b64``) crashed in the client with a bare TypeError ("memoryview:
