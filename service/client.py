@@ -54,7 +54,7 @@ Retries: a request that got no answer, or a 429 / 502 / 503 / 504, is sent again
 ``max_retry_wait`` is raised at once), but only where sending it twice cannot do twice what was asked: GET / PUT /
 DELETE, the POSTs that only read (transform, search, embeddings, steer apply, plans, evaluate, LM generate /
 analyze, deleting index rows), and fits, which carry an ``Idempotency-Key`` (one is made per call unless given). A
-request that never reached the server (connection refused) is retried whatever it is.
+request that never reached the server is retried whatever it is; the service's 503 without Retry-After never is.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from typing import Any, Self
 import httpx
 import numpy as np
 
-from .client_core import RETRY_STATUS, Await, Calls, Sleep, call, partly_added
+from .client_core import Await, Calls, Sleep, call, partly_added, retriable
 from .client_errors import (
     APIConnectionError,
     APIError,
@@ -503,7 +503,7 @@ class APICalls(SteerCalls, Calls):
             try:
                 job = yield from self._json("GET", f"/v1/jobs/{_seg(job_id)}")
             except (APIConnectionError, APIError) as e:
-                if (isinstance(e, APIError) and e.status not in RETRY_STATUS) or time.monotonic() >= deadline:
+                if (isinstance(e, APIError) and not retriable(e)) or time.monotonic() >= deadline:
                     raise
                 yield Sleep(max(0.0, min(max(poll, 1.0), deadline - time.monotonic())))
                 continue

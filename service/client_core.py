@@ -52,7 +52,7 @@ from .client_errors import (
 from .client_wire import dumps, spans
 
 __all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "Await", "Calls", "Send",
-           "Sleep", "call", "in_batch", "noted", "partly_added", "run_async", "run_sync"]
+           "Sleep", "call", "in_batch", "noted", "partly_added", "retriable", "run_async", "run_sync"]
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothing was done; try again later
@@ -83,6 +83,14 @@ class Await(NamedTuple):
 
 Step = Send | Sleep | Await
 Gen = Generator[Step, Any, Any]
+
+
+def retriable(err: APIError) -> bool:
+    """Whether the error answer ``err`` may pass when its request is sent again: a 429 / 502 / 503 / 504, except
+    the service's own 503 without ``Retry-After``, a part it lacks until its operator acts (no vector database
+    configured, a package not installed, a read-only disk), which no retry fixes."""
+    lacking = err.status == 503 and err.retry_after is None and isinstance(err.body.get("error"), dict)
+    return err.status in RETRY_STATUS and not lacking
 
 
 def in_batch(message: str, part: slice) -> str:
@@ -293,17 +301,17 @@ class Calls:
             if r.status_code < 400:  # not followed: nothing was done (a POST may not be re-sent elsewhere as a GET)
                 raise redirected(r)
             err = error_from_response(r)
-            wait = self._backoff(attempt, err.retry_after)
-            if retry and r.status_code in RETRY_STATUS and attempt < self.max_retries and wait is not None:
+            wait, busy = self._backoff(attempt, err.retry_after), retriable(err)
+            if retry and busy and attempt < self.max_retries and wait is not None:
                 yield Sleep(wait)
                 attempt += 1
                 continue
             why = ""  # a busy answer says why it ends here: the caller decides whether to try again later
-            if r.status_code in RETRY_STATUS and not retry:
+            if busy and not retry:
                 why = f"not retried: {method} {path} could act twice"
-            elif r.status_code in RETRY_STATUS and wait is None:
+            elif busy and wait is None:
                 why = f"Retry-After {err.retry_after:g} s is over max_retry_wait {self.max_retry_wait:g} s"
-            elif r.status_code in RETRY_STATUS and attempt:
+            elif busy and attempt:
                 why = f"gave up after {attempt + 1} tries"
             if why:
                 err.args = (f"{err.args[0]} ({why})",)

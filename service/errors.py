@@ -19,6 +19,7 @@ Every error raised on purpose derives from :class:`align.exceptions.VecbridgeErr
     ├── RequestTimeoutError                        timeout     a request body stalled mid-way
     ├── BusyError                                  busy        a full queue: retry later
     ├── ServiceUnavailableError                           unavailable a part (registry, LM) is not ready
+    │   └── NotConfiguredError                     unavailable a part not configured or installed
     └── IntegrityError-like, SerializationError    integrity / internal
 
 Any other exception is ``internal`` (HTTP 500, exit 3), except an ``OSError`` (``io``: exit 2, and
@@ -35,7 +36,7 @@ from align.exceptions import Cancelled, VecbridgeError
 __all__ = [
     "VecbridgeError", "Cancelled", "NotFoundError", "ConflictError", "PreconditionFailedError", "AuthenticationError",
     "PermissionDeniedError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
-    "ServiceUnavailableError",
+    "ServiceUnavailableError", "NotConfiguredError",
     "HTTP_STATUS", "EXIT_CODE", "kind_of", "http_status", "exit_code",
 ]
 
@@ -96,9 +97,20 @@ class BusyError(VecbridgeError):
 
 
 class ServiceUnavailableError(VecbridgeError):
-    """A needed part (registry, indexes, a language model) is not ready or not installed."""
+    """A needed part (registry, indexes, a language model) is not ready or not installed.
+
+    ``retry_after``: the seconds the HTTP answer's ``Retry-After`` asks a client to wait before trying again (a
+    part starting, a database busy); None where no retry can help (:class:`NotConfiguredError`)."""
 
     kind = "unavailable"
+    retry_after: int | None = 5
+
+
+class NotConfiguredError(ServiceUnavailableError):
+    """A part this service lacks until its operator acts: a setting (no vector database configured), a package
+    that is not installed. HTTP 503 without ``Retry-After``: trying again cannot help, so clients do not."""
+
+    retry_after = None
 
 
 #: kind -> HTTP status (``io`` is decided by :func:`service.storage.is_storage_error`: 503 or 500).

@@ -107,3 +107,34 @@ def test_same_idea_same_kind_across_stores():
 
     assert {c.kind for c in (UnknownEncoderError, IndexNotFoundError, JobNotFoundError, NotFoundError,
                              CollectionNotFoundError)} == {"not_found"}
+
+
+def test_a_503_no_retry_can_fix_carries_no_retry_after():
+    """Every 503 carried ``Retry-After`` (5 s; 30 s for a read-only or full data dir), also the ones only an
+    operator can fix, so clients waited and retried in vain (10 s, 60 s) before raising. Transient ones keep it."""
+    import errno
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from service.api.errors import install_error_handlers
+    from service.errors import NotConfiguredError, ServiceUnavailableError
+    from service.lm.model import LMUnavailableError
+
+    app = FastAPI()
+    install_error_handlers(app)
+    raised = {"starting": ServiceUnavailableError("the registry is starting"),
+              "no-db": NotConfiguredError("no vector database configured"),
+              "no-lm": LMUnavailableError("the LM extra is not installed"),
+              "read-only": OSError(errno.EROFS, "Read-only file system")}
+
+    @app.get("/{what}")
+    def fail(what: str):
+        raise raised[what]
+
+    c = TestClient(app, raise_server_exceptions=False)
+    got = {what: c.get(f"/{what}") for what in raised}
+    assert {w: r.status_code for w, r in got.items()} == dict.fromkeys(raised, 503)
+    assert got["starting"].headers["retry-after"] == "5"
+    assert [w for w, r in got.items() if "retry-after" in r.headers] == ["starting"]
+    assert got["read-only"].json()["error"]["type"] == "StorageUnavailableError"

@@ -7,11 +7,12 @@ below turn them into::
     {"error": {"type": "DimensionMismatchError", "status": 422,
                "message": "vectors: expected 384 columns, got 768"}}
 
-Extras: 401 answers carry ``WWW-Authenticate: Bearer``, 429 ``Retry-After``; an OS or SQLite
-error from a read-only / immutable / full data dir (``service.storage.is_storage_error``) is 503
-with ``Retry-After``; a client that closed the connection before its body was complete is a 499
-(nobody reads it; no error logged); any exception that is not ours is 500 with the request id, its
-text kept out of the answer and written to the log.
+Extras: 401 answers carry ``WWW-Authenticate: Bearer``, 429 and 503 ``Retry-After`` (not a 503 that no retry
+can fix: :class:`service.errors.NotConfiguredError`); an OS or SQLite error from a read-only / immutable /
+full data dir (``service.storage.is_storage_error``) is 503 without ``Retry-After`` (its operator must act); a
+client that closed the connection before its body was complete is a 499 (nobody reads it; no error logged);
+any exception that is not ours is 500 with the request id, its text kept out of the answer and written to the
+log.
 """
 
 from __future__ import annotations
@@ -50,14 +51,16 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
     headers = {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    elif status in (429, 503):
+    elif status == 429:
         headers["Retry-After"] = "5"
+    elif status == 503 and getattr(exc, "retry_after", 5) is not None:  # none: no retry helps (NotConfiguredError)
+        headers["Retry-After"] = str(getattr(exc, "retry_after", 5))
     message = str(exc) or type(exc).__name__
     if status == 503 and is_storage_error(exc):
         _log.warning("data dir not writable", extra={"fields": {"error": f"{type(exc).__name__}: {exc}",
                                                                  "path_template": _route(request)}})
-        return FastJSONResponse(_body("StorageUnavailableError", 503, storage_message(exc)), status_code=503,
-                                headers={"Retry-After": "30"})
+        # no Retry-After: a read-only or full disk waits for its operator, and a client retrying would only stall
+        return FastJSONResponse(_body("StorageUnavailableError", 503, storage_message(exc)), status_code=503)
     if status == 503 and not isinstance(exc, VecbridgeError):  # kind_of: a database kept locked by another process
         _log.warning("database locked", extra={"fields": {"error": str(exc), "path_template": _route(request)}})
         return FastJSONResponse(_body("DatabaseLockedError", 503, "a database of the data dir stayed locked by another "

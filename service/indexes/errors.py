@@ -25,7 +25,9 @@ class NewerFormatError(ServiceUnavailableError):
     """An index on disk was written by a newer vecbridge (a ``format_version`` this one does not read): every
     request of it is a 503, also in a process that holds an older generation in memory, since serving that one
     would answer without the newer process's changes for as long as it runs (503 until every process of the
-    data dir runs the newer release)."""
+    data dir runs the newer release): no Retry-After, a retry cannot help."""
+
+    retry_after = None
 
 
 def gone(name: str, why: str = "dropped") -> IndexNotFoundError:

@@ -10,15 +10,15 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
-from ..errors import ServiceUnavailableError
+from ..errors import NotConfiguredError
 
 __all__ = ["smollm2_gguf_path", "load_lm", "LMUnavailableError", "SMOLLM2_NAME"]
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 
 
-class LMUnavailableError(ServiceUnavailableError):
-    """The language model or its runtime (torch, transformers, gguf) is not installed."""
+class LMUnavailableError(NotConfiguredError):
+    """The language model or its runtime (torch, transformers, gguf) is not installed (503 without Retry-After)."""
 
 
 def smollm2_gguf_path() -> Path:

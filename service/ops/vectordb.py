@@ -250,13 +250,13 @@ def progress_record(p: MigrationProgress) -> dict:
 
 
 def configured_url(settings) -> str:
-    """The service's vector-database URL (``VECBRIDGE_VECTORDB_URL``); ServiceUnavailableError (503) when none is
-    configured."""
-    from ..errors import ServiceUnavailableError
+    """The service's vector-database URL (``VECBRIDGE_VECTORDB_URL``); NotConfiguredError (503, no Retry-After)
+    when none is configured."""
+    from ..errors import NotConfiguredError
 
     if not settings.vectordb_url:
-        raise ServiceUnavailableError("this service has no vector database configured: set VECBRIDGE_VECTORDB_URL "
-                                      "(or run `vecbridge migrate --store URL` where the database is reachable)")
+        raise NotConfiguredError("this service has no vector database configured: set VECBRIDGE_VECTORDB_URL "
+                                 "(or run `vecbridge migrate --store URL` where the database is reachable)")
     return settings.vectordb_url
 
 

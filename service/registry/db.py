@@ -516,11 +516,12 @@ class PostgresDB(_Base):
                     f"({str(exc).strip().splitlines()[0]}): a lock held by another session (a migration, an open "
                     f"transaction) or an overloaded server; retry") from None
             except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ReadOnlySqlTransaction) as exc:
-                raise RegistryUnavailableError(  # a read-only role or a standby: was "internal error", exit 3 / 500
+                err = RegistryUnavailableError(  # a read-only role or a standby: was "internal error", exit 3 / 500
                     f"the PostgreSQL registry refused this as user {self._given.get('user') or '(default)'!r}: "
                     f"{str(exc).strip().splitlines()[0]} (the registry's role needs SELECT, INSERT, UPDATE and DELETE "
-                    f"on its tables, and CREATE on its schema until they exist; a standby server takes no writes)"
-                ) from None
+                    f"on its tables, and CREATE on its schema until they exist; a standby server takes no writes)")
+                err.retry_after = None  # the role's grants: no retry helps (no Retry-After)
+                raise err from None
             except psycopg.OperationalError as exc:
                 if not c.broken:
                     raise

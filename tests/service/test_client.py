@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import pickle
+import time
 
 import httpx
 import numpy as np
@@ -463,6 +464,19 @@ def test_float64_beyond_float32_is_refused_before_sending(vb, server):
         vb.transform("a2b", big)
     with pytest.raises(ValidationError):  # NaN itself stays the service's to refuse
         vb.transform("a2b", np.full((1, 16), np.nan))
+
+
+@both_clients
+def test_a_503_no_retry_can_fix_is_raised_at_once(vb):
+    """A service without a vector database answered every collection route 503 with Retry-After: 5, so the client
+    waited 10 s over two retries before raising what no retry could change."""
+    t0 = time.monotonic()
+    for call in (lambda: vb.search_collection("docs", np.ones((1, 16)), space="a"),
+                 lambda: vb.migrate("docs", "docs-b", "a2b")):
+        with pytest.raises(ServiceUnavailableError, match="no vector database configured") as err:
+            call()
+        assert err.value.retry_after is None
+    assert time.monotonic() - t0 < 3
 
 
 def test_float64_rows_below_float32_are_refused_as_the_service_and_linearmap_refuse_them(vb, server):

@@ -114,6 +114,21 @@ def test_429_and_503_are_retried_after_their_retry_after(scripted, client_cls):
 
 
 @both_clients
+def test_the_services_503_without_retry_after_is_not_retried(scripted, client_cls):
+    """The service sends no Retry-After with a 503 no retry fixes (no vector database configured, a read-only
+    disk): raised at once. A 503 that is not the API's (a proxy's page) is still retried."""
+    lacking = (503, {}, json.dumps({"error": {"type": "NotConfiguredError", "status": 503,
+                                              "message": "no vector database configured"}}).encode())
+    srv = scripted(lacking, (503, {"Content-Type": "text/html"}, b"<h1>upstream down</h1>"), (200, {}, PAGE))
+    with client_cls(srv.url) as vb:
+        with pytest.raises(ServiceUnavailableError, match="no vector database configured$"):
+            vb.get_map("m")
+        assert len(srv.seen) == 1  # before: 3 requests
+        assert vb.list_spaces() == [{"name": "a"}]
+    assert len(srv.seen) == 3
+
+
+@both_clients
 def test_retries_are_bounded_and_can_be_turned_off(scripted, client_cls):
     srv = scripted(busy(503, "0"))
     with client_cls(srv.url) as vb, pytest.raises(ServiceUnavailableError) as e:
