@@ -15,11 +15,10 @@ batches; one implementation runs both clients, :mod:`service.client_core`)::
 
 Every method is one request (retried as below; list methods follow ``next`` cursors until the last page; rows
 beyond the service's limits (``max_batch``, the body limits, a search's ``max_hits``) go in batches, see
-``batch_size``) and returns the decoded
-JSON answer, or numpy arrays where the route carries vectors. Vectors go out as base64 float32 inside JSON
-(``vectors_b64`` + ``dim``), and :meth:`Client.transform` sends raw little-endian float32
-(``application/octet-stream``) by default: no JSON numbers to parse on either side. ``binary=False`` sends the
-same request as JSON.
+``batch_size``) and returns the decoded JSON answer, or numpy arrays where the route carries vectors. Vectors go
+out as base64 float32 inside JSON (``vectors_b64`` + ``dim``), and :meth:`Client.transform` sends raw
+little-endian float32 (``application/octet-stream``) by default: no JSON numbers to parse on either side.
+``binary=False`` sends the same request as JSON. Version numbers must be integers (``InputError`` otherwise).
 
 Errors: a 4xx/5xx answer raises the :class:`APIError` subclass of its status, carrying the server's
 ``{"error": {"type", "status", "message"}}`` and the ``X-Request-ID`` to quote in a bug report::
@@ -187,13 +186,13 @@ class APICalls(SteerCalls, Calls):
 
     @call
     def get_version(self, name: str, version: int) -> dict:
-        return (yield from self._json("GET", f"/v1/maps/{_seg(name)}/versions/{int(version)}"))
+        return (yield from self._json("GET", f"/v1/maps/{_seg(name)}/versions/{self._ver(version)}"))
 
     @call
     def set_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
         """Point ``name@alias`` at ``version``; ``expected``: only while it points there (0: unset), else 409."""
-        return (yield from self._json("PUT", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}",
-                                      json=clean({"version": int(version), "expected_version": expected})))
+        return (yield from self._json("PUT", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}", json=clean({
+            "version": self._ver(version), "expected_version": self._expected(expected)})))
 
     @call
     def delete_alias(self, name: str, alias: str, *, expected: int | None = None) -> None:
@@ -203,18 +202,19 @@ class APICalls(SteerCalls, Calls):
 
     @call
     def set_tag(self, name: str, version: int, key: str, value: Any) -> dict:
-        return (yield from self._json("PUT", f"/v1/maps/{_seg(name)}/versions/{int(version)}/tags/{_seg(key)}",
+        return (yield from self._json("PUT", f"/v1/maps/{_seg(name)}/versions/{self._ver(version)}/tags/{_seg(key)}",
                                       json={"value": value}))
 
     @call
     def delete_tag(self, name: str, version: int, key: str) -> dict:
         """Remove tag ``key`` of ``name:version`` (no error when unset): the version record after."""
-        return (yield from self._json("DELETE", f"/v1/maps/{_seg(name)}/versions/{int(version)}/tags/{_seg(key)}"))
+        return (yield from self._json("DELETE",
+                                      f"/v1/maps/{_seg(name)}/versions/{self._ver(version)}/tags/{_seg(key)}"))
 
     @call
     def delete_version(self, name: str, version: int) -> dict:
         """Soft delete (kept for lineage, unresolvable); the answer's ``bare_ref``: what a bare ``name`` means now."""
-        return (yield from self._json("DELETE", f"/v1/maps/{_seg(name)}/versions/{int(version)}"))
+        return (yield from self._json("DELETE", f"/v1/maps/{_seg(name)}/versions/{self._ver(version)}"))
 
     @call
     def download_artifact(self, ref: str, *, format: str = "safetensors") -> bytes:
@@ -285,7 +285,7 @@ class APICalls(SteerCalls, Calls):
     @call
     def report(self, name: str, version: int) -> str:
         """The version's HTML fit report (self-contained; 404 when it has none)."""
-        return (yield from self._request("GET", f"/v1/maps/{_seg(name)}/versions/{int(version)}/report")).text
+        return (yield from self._request("GET", f"/v1/maps/{_seg(name)}/versions/{self._ver(version)}/report")).text
 
     # --- migration: plan and gate ---------------------------------------------------------------
     @call

@@ -49,7 +49,7 @@ from .client_errors import (
     redirected,
     unexpected,
 )
-from .client_wire import dumps, spans
+from .client_wire import as_version, dumps, spans
 
 __all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "Await", "Calls", "Send",
            "Sleep", "call", "in_batch", "noted", "partly_added", "retriable", "run_async", "run_sync"]
@@ -221,6 +221,13 @@ class Calls:
             fn = getattr(cls, name)
             if getattr(fn, "__vecbridge_call__", False) and inspect.isgeneratorfunction(fn):
                 setattr(cls, name, wrap(fn))
+
+    _ver = staticmethod(as_version)  # a version number argument: InputError unless an integer (2.7 was sent as 2)
+
+    @staticmethod
+    def _expected(version) -> int | None:
+        """An ``expected=`` version (None: no condition)."""
+        return None if version is None else as_version(version, "expected")
 
     def _setup(self, *, page_size: int, max_retries: int, max_retry_wait: float, batch_size: int | None) -> None:
         self.page_size = int(page_size)

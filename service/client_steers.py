@@ -73,8 +73,8 @@ class SteerCalls:
     @call
     def set_steer_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
         """Point ``name@alias`` at ``version``; ``expected``: only while it points there (0: unset), else 409."""
-        return (yield from self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}",
-                                      json=clean({"version": int(version), "expected_version": expected})))
+        return (yield from self._json("PUT", f"/v1/steers/{_seg(name)}/aliases/{_seg(alias)}", json=clean({
+            "version": self._ver(version), "expected_version": self._expected(expected)})))
 
     @call
     def delete_steer_alias(self, name: str, alias: str, *, expected: int | None = None) -> None:
@@ -87,7 +87,7 @@ class SteerCalls:
     def delete_steer_version(self, name: str, version: int) -> dict:
         """Soft delete, as for map versions; the answer's ``bare_ref`` (``name:N`` or None) is what a bare ``name``
         resolves to now."""
-        return (yield from self._json("DELETE", f"/v1/steers/{_seg(name)}/versions/{int(version)}"))
+        return (yield from self._json("DELETE", f"/v1/steers/{_seg(name)}/versions/{self._ver(version)}"))
 
     @call
     def transfer_steer(self, ref: str, map: str, *, name: str | None = None, alias: str | None = None,

@@ -15,6 +15,7 @@ are put back together in order. :func:`spans` cuts ``0..n`` greedily: batch ``j`
 from __future__ import annotations
 
 import json
+import numbers
 import uuid
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -26,8 +27,8 @@ import pybase64
 from align.exceptions import InputError, NotRepresentableError, ShapeError
 from align.validation import check_no_underflow
 
-__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_list", "b64", "b64_bytes",
-           "b64_row_bytes", "b64_text", "clean", "cut",
+__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_list", "as_version", "b64",
+           "b64_bytes", "b64_row_bytes", "b64_text", "clean", "cut",
            "dumps", "float32_rows", "json_sizes", "labelled", "matrix", "new_key", "pinned", "rows", "seg", "side",
            "spans"]
 
@@ -45,7 +46,18 @@ class Artifact(NamedTuple):
 def alias_if_match(version: int | None) -> dict:
     """The ``If-Match`` header of an alias write that holds only while the alias points at ``version`` (the
     alias's ETag is ``"v<N>"``); no header for None."""
-    return {} if version is None else {"If-Match": f'"v{int(version)}"'}
+    return {} if version is None else {"If-Match": f'"v{as_version(version, "expected")}"'}
+
+
+def as_version(v, name: str = "version") -> int:
+    """``v`` as a version number: an int (numpy's too) or a string of one (``"2"``); :class:`InputError` for
+    anything else before a request goes out (``int()`` sent 2.7 as version 2 and True as 1)."""
+    if isinstance(v, bool) or not isinstance(v, (numbers.Integral, str)):
+        raise InputError(f"{name} must be an integer version number such as 2, got {v!r} ({type(v).__name__})")
+    try:
+        return int(v)
+    except ValueError:
+        raise InputError(f"{name} must be an integer version number such as 2, got {v!r}") from None
 
 
 def seg(part) -> str:

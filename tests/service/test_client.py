@@ -64,6 +64,28 @@ def test_maps_versions_aliases(vb):
         vb.get_map("a2b@prod")
 
 
+@both_clients
+def test_a_version_that_is_not_an_integer_is_refused_before_sending(vb):
+    """``int(version)`` truncated: set_alias("a2b", "prod", 1.7) pointed prod at version 1 and get_version("a2b",
+    1.7) answered version 1; True was version 1 too."""
+    for bad in (1.7, 1.0, True, "1.7", None):
+        calls = [("set_alias", "a2b", "tmp", bad), ("get_version", "a2b", bad), ("set_tag", "a2b", bad, "k", "v"),
+                 ("delete_version", "a2b", bad), ("set_steer_alias", "s", "tmp", bad)]
+        for method, *args in calls:
+            with pytest.raises(InputError, match="must be an integer version number"):
+                getattr(vb, method)(*args)
+        if bad is not None:  # expected=None: no condition
+            with pytest.raises(InputError, match="expected must be an integer version number"):
+                vb.delete_alias("a2b", "tmp", expected=bad)
+            with pytest.raises(InputError, match="expected must be an integer version number"):
+                vb.set_alias("a2b", "tmp", 1, expected=bad)
+    with pytest.raises(NotFoundError):
+        vb.get_map("a2b@tmp")  # nothing was sent
+    assert vb.get_version("a2b", np.int64(1))["version"] == vb.get_version("a2b", "1")["version"] == 1
+    assert vb.set_alias("a2b", "tmp", "1", expected=0)["aliases"] == ["tmp"]
+    vb.delete_alias("a2b", "tmp", expected=np.int64(1))
+
+
 def test_a_space_is_deleted_over_http_only_while_unused(vb, server):
     """DELETE /v1/spaces/{name}: the space as it was; 409 naming the map or the index in it; 404 after."""
     _, X, _, _ = server
