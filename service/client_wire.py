@@ -95,7 +95,8 @@ def matrix(X, name: str = "vectors") -> np.ndarray:
         A = A[None, :]
     if A.ndim != 2:
         raise ShapeError(f"{name}: expected a 2-D array (n, d), got shape {A.shape}")
-    if src.dtype.kind == "f" and src.dtype.itemsize > 4 and A.size and not np.isfinite(A.max() - A.min()):
+    # max and min are Inf / NaN when any value is (their difference overflowed past ±1.7e38: a spurious warning)
+    if src.dtype.kind == "f" and src.dtype.itemsize > 4 and A.size and not np.isfinite([A.max(), A.min()]).all():
         lost = ~np.isfinite(A).all(axis=1) & np.isfinite(src.reshape(A.shape)).all(axis=1)
         if lost.any():
             raise NotRepresentableError(f"{name}: {int(lost.sum())} finite row(s) (first: row "

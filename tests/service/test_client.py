@@ -8,6 +8,7 @@ import asyncio
 import copy
 import pickle
 import time
+import warnings
 
 import httpx
 import numpy as np
@@ -34,7 +35,7 @@ from service.client import (
     ValidationError,
     error_from_response,
 )
-from service.client_wire import as_list
+from service.client_wire import as_list, matrix
 
 WKEY, RKEY = "wkey-456", "rkey-123"  # test_api_support.KEYS
 
@@ -499,6 +500,18 @@ def test_a_503_no_retry_can_fix_is_raised_at_once(vb):
             call()
         assert err.value.retry_after is None
     assert time.monotonic() - t0 < 3
+
+
+def test_float64_near_float32s_range_is_sent_without_a_warning():
+    """Values near ±2e38 (within float32's range) raised "RuntimeWarning: overflow encountered in scalar subtract"
+    in the client's range check (max - min overflowed), an error under -W error."""
+    X = np.zeros((2, 16))
+    X[0, 0], X[1, 0] = 2e38, -2e38
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert matrix(X).dtype == np.float32 and np.isfinite(matrix(X)).all()
+    with pytest.raises(NotRepresentableError, match="row 1"):  # beyond float32 is still refused
+        matrix(np.vstack([X, 1e39 * np.ones((1, 16))])[1:])
 
 
 def test_float64_rows_below_float32_are_refused_as_the_service_and_linearmap_refuse_them(vb, server):
