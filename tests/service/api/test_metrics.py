@@ -107,6 +107,11 @@ def test_request_counts_are_the_sum_over_workers_and_never_go_back(server):
 def test_resident_memory_of_every_worker(server):
     """``process_resident_memory_bytes``: one process: one series (as every prometheus_client service); workers:
     one per live worker, labelled ``pid``, so ``sum()`` is the service's resident memory in both modes."""
+    def pids(text: str) -> int:
+        return len({lab.get("pid") for lab, _ in samples(text, "process_resident_memory_bytes")})
+
+    # a worker's series appear once it is up: on a loaded machine (CI at load 14) the second took a while
+    settled(server["url"], pids, server["workers"], timeout=60)
     text = scrape(server["url"])
     rss = samples(text, "process_resident_memory_bytes")
     cpu = samples(text, "process_cpu_seconds_total")

@@ -74,9 +74,10 @@ def test_cli_and_http_register_the_same_steer(model_tok, tmp_path, monkeypatch, 
         r = c.post("/v1/lm/steers", headers=W, json={"name": "tone", "texts": POS + NEG, "labels": [1] * 4 + [-1] * 4,
                                                      **fit})
         assert r.status_code == 202, r.text
-        for _ in range(600):
+        deadline = time.monotonic() + 300  # a count of polls (30 s) is short on a loaded machine
+        while True:
             job = c.get(f"/v1/jobs/{r.json()['id']}", headers=W).json()
-            if job["state"] not in ("queued", "running"):
+            if job["state"] not in ("queued", "running") or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         assert job["state"] == "succeeded", job

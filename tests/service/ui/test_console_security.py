@@ -39,7 +39,8 @@ def _b64(X: np.ndarray) -> dict:
 
 
 def _done(c: httpx.Client, job: str) -> dict:
-    for _ in range(600):
+    deadline = time.monotonic() + 300  # a count of polls (60 s) is short on a loaded machine
+    while time.monotonic() < deadline:
         j = c.get(f"/v1/jobs/{job}", headers=W).json()
         if j["state"] not in ("queued", "running"):
             return j
