@@ -388,10 +388,10 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
                   dims: tuple[int, int] | None = None) -> dict:
     """Every check :func:`fit_migration` makes before it reads a row: the method, unknown options, each option's
     type and range (:func:`align.options.check_migration_options`, the contrastive and cluster ones, holdout);
-    with ``n_pairs`` (K, when known) its checks of K too: at least 2 pairs, 4 for ``auto``, no more clusters
-    than pairs; with ``dims`` (d_s, d_t) a ``rank`` given above the narrower side (it was cut to it silently and
-    recorded as given). A service calls it when a fit is requested, so a bad option is refused then, not by a
-    failed job. Returns the options with ``candidates`` as a tuple."""
+    with ``n_pairs`` (K, when known) its checks of K too: at least 2 pairs, 4 for ``auto``, a ``holdout`` that
+    leaves 2 to fit, no more clusters than pairs; with ``dims`` (d_s, d_t) a ``rank`` given above the narrower
+    side (it was cut to it silently and recorded as given). A service calls it when a fit is requested, so a bad
+    option is refused then, not by a failed job. Returns the options with ``candidates`` as a tuple."""
     unknown = set(options) - _OPTIONS
     if unknown:
         raise InputError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
@@ -415,11 +415,24 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
     if n_pairs is not None:
         if n_pairs < 2:
             raise TooFewRowsError(f"a paired fit needs at least 2 pairs, got {n_pairs}")
-        if method == "auto" and n_pairs < 4:
-            raise TooFewRowsError(f"auto selection needs at least 4 pairs (2 to fit, 2 held out), got {n_pairs}")
+        if method == "auto" or n_pairs >= 20:  # fit_migration holds pairs out
+            _n_holdout(n_pairs, options.get("holdout", 0.2), options.get("max_holdout", 1000))
         if "cluster" in candidates or method == "cluster":
             _cluster_grid(options, n_pairs, strict=True)
     return options
+
+
+def _n_holdout(u: int, holdout, max_holdout, distinct: str = "") -> int:
+    """How many of ``u`` distinct pairs are held out: ``holdout`` of them, 2 to ``max_holdout``; TooFewRowsError
+    unless 2 are left to fit (a holdout of 0.99 of 100 pairs was refused as "needs at least 4 pairs, got 100")."""
+    _check_holdout(holdout, max_holdout)
+    n_val = int(min(max_holdout, max(2, round(float(holdout) * u))))
+    if u < 4:
+        raise TooFewRowsError(f"auto selection needs at least 4 pairs (2 to fit, 2 held out), got {u}{distinct}")
+    if u - n_val < 2:
+        raise TooFewRowsError(f"holdout {holdout} of {u} pairs{distinct} holds out {n_val} and leaves {u - n_val} to "
+                              f"fit; 2 must be left to fit: give a holdout of at most {int(100 * (u - 2) / u) / 100}")
+    return n_val
 
 
 def _split(n: int, holdout, max_holdout, rng, groups=None) -> tuple[np.ndarray, np.ndarray]:
@@ -428,12 +441,9 @@ def _split(n: int, holdout, max_holdout, rng, groups=None) -> tuple[np.ndarray, 
     ``groups`` (:func:`align.validation.pair_groups` of repeated pairs): the distinct pairs are split instead, every
     copy of a training pair trains and one row of each held-out pair is held out. A copy on both sides was scored
     as held out: a family that memorises its training pairs (the per-cluster maps) won on it."""
-    _check_holdout(holdout, max_holdout)
     u = n if groups is None else groups[0].size
-    n_val = int(min(max_holdout, max(2, round(float(holdout) * u))))
-    if u - n_val < 2:
-        distinct = "" if groups is None else f" distinct ones ({n} rows, {n - u} repeating another pair)"
-        raise TooFewRowsError(f"auto selection needs at least 4 pairs (2 to fit, 2 held out), got {u}{distinct}")
+    distinct = "" if groups is None else f" distinct ones ({n} rows, {n - u} repeating another pair)"
+    n_val = _n_holdout(u, holdout, max_holdout, distinct)
     perm = rng.permutation(u)
     if groups is None:
         return np.sort(perm[n_val:]), np.sort(perm[:n_val])

@@ -502,6 +502,18 @@ def test_holdout_options_are_checked_instead_of_silently_splitting_oddly(options
     assert m.metadata["selection"]["n_holdout"] == 2
 
 
+def test_a_holdout_leaving_too_few_pairs_to_fit_says_so_and_what_works():
+    # holdout=0.99 of 100 pairs said "auto selection needs at least 4 pairs (2 to fit, 2 held out), got 100"
+    X, Y = _planted(n=100, d_s=8, d_t=8, seed=9)
+    for method in ("auto", "ridge"):
+        with pytest.raises(TooFewRowsError, match=r"holdout 0.99 of 100 pairs holds out 99 and leaves 1 to fit; .* "
+                                                  r"at most 0.98"):
+            align.fit_migration(X, Y, method=method, holdout=0.99)
+    assert align.fit_migration(X, Y, method="procrustes", holdout=0.98).metadata["selection"]["n_train"] == 2
+    with pytest.raises(TooFewRowsError, match="at least 4 pairs"):
+        align.fit_migration(X[:3], Y[:3], method="auto")
+
+
 @pytest.mark.parametrize("method, options", [
     ("contrastive", {"epochs": float("nan")}), ("contrastive", {"batch_size": float("inf")}),  # were int(nan) errors
     ("ridge", {"alpha": "x"}), ("ridge", {"alpha": None}), ("ridge", {"alpha": -1.0}), ("ridge", {"alpha": np.nan}),
