@@ -34,7 +34,7 @@ from ..registry.names import check_alias, check_name, fs_safe
 from ..reports import render_report, write_report
 from ..storage import check_writable
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
-from .plans import MIGRATION_METHODS, fit_migration_map
+from .plans import MIGRATION_METHODS, check_semi_supervised, fit_migration_map
 
 __all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_request", "check_fit_params",
            "check_fit_rows", "fit_side", "check_pairs", "embed_side", "fit_sides", "create_space", "describe_map",
@@ -471,6 +471,7 @@ def check_fit_params(method: str, params: dict | None, random_state=0) -> None:
     params = dict(params or {})
     if method in MIGRATION_METHODS:
         align.migration.check_options(method, params)
+        check_semi_supervised(params, unpaired=False)
     elif method == "minivec2vec":
         _minivec2vec(params, random_state).check_params()
     elif method in _CLOSED_FORM:

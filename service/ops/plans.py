@@ -34,8 +34,8 @@ from align.validation import distinct_pairs
 
 from ..indexes.csls import CSLS_WEIGHT
 
-__all__ = ["MIGRATION_METHODS", "fit_migration_map", "plan", "retention_gate", "evaluate_map", "RETENTION_KEY",
-           "LABELLED_KEY", "EVAL_MAX_QUERIES"]
+__all__ = ["MIGRATION_METHODS", "fit_migration_map", "check_semi_supervised", "plan", "retention_gate", "evaluate_map",
+           "RETENTION_KEY", "LABELLED_KEY", "EVAL_MAX_QUERIES"]
 
 MIGRATION_METHODS = ("auto", "contrastive", "cluster")
 #: pairs ranked by `eval` (CLI / HTTP) unless told otherwise: a seeded sample of this many above it, each still
@@ -55,11 +55,20 @@ def fit_migration_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict
     ``progress(stage, fraction)`` is called per stage and contrastive epoch (a job's cancel raises from it).
     """
     params = dict(params or {})
+    check_semi_supervised(params, unpaired_source is not None and unpaired_target is not None)
     try:
         return align.fit_migration(X, Y, method=method, random_state=random_state, unpaired_source=unpaired_source,
                                    unpaired_target=unpaired_target, progress=progress, **params)
     except TypeError as exc:
         raise InputError(f"bad parameter for {method}: {exc}") from None
+
+
+def check_semi_supervised(params: dict | None, unpaired: bool) -> None:
+    """``semi_supervised`` refines a map with unpaired rows of both models: without them (every fit of pairs) it was
+    accepted, never ran, and the registry recorded it as a parameter of the map; an InputError instead."""
+    if (params or {}).get("semi_supervised") and not unpaired:
+        raise InputError("semi_supervised refines a map with unpaired rows of both models, and a fit of pairs has no "
+                         "unpaired rows to give it (it would never run); drop the semi_supervised parameter")
 
 
 def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, random_state=0,

@@ -299,6 +299,15 @@ def test_bad_input_is_one_line_and_exit_2(capsys, data, args, message):
     assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
 
 
+def test_semi_supervised_is_refused_for_a_fit_of_pairs(capsys, data):
+    # it needs unpaired rows of both models, which a fit of pairs never passes: it was accepted, never ran, and the
+    # registry recorded semi_supervised: sinkhorn while the map's metadata said applied False
+    code, _, err = fit_pairs(capsys, data, "--param", 'semi_supervised="sinkhorn"', "--method", "auto")
+    assert code == 2 and "a fit of pairs has no unpaired rows" in err and "Traceback" not in err
+    code, out, _ = run(capsys, "--data-dir", data / "var", "registry", "list", "--json")
+    assert code == 0 and "src->tgt" not in out
+
+
 def test_nan_input_and_unknown_map(capsys, data):
     X = read_vectors(data / "src.npy")
     X[3, 2] = np.nan
