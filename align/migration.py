@@ -211,6 +211,7 @@ class _Problem:
         self.T = unit_rows(Y)
         self.Us_sample = self.Ut_sample = None
         self.report = lambda stage, fraction: None  # fit_migration's progress(stage, fraction)
+        self.n_scored = 0  # maps scored on the held-out pairs (see _score)
 
     @functools.cached_property
     def Uf(self) -> np.ndarray | None:
@@ -377,7 +378,8 @@ def _select_cluster(P: _Problem, tr, val, ridge: LinearMap, alpha: float, opts: 
         s2 = _score(P, m2, val)
         if s2["score"] > s["score"]:
             s, m, setting = s2, m2, {**setting, "blend": blend, "temperature": tau}
-    return {**_score(P, m, val, retention=True), **{k: v for k, v in setting.items() if k != "alpha"}}, setting
+    scores = _score(P, m, val, retention=True, again=True)
+    return {**scores, **{k: v for k, v in setting.items() if k != "alpha"}}, setting
 
 
 def _check_holdout(holdout, max_holdout) -> None:
@@ -454,8 +456,10 @@ def _split(n: int, holdout, max_holdout, rng, groups=None) -> tuple[np.ndarray, 
     return np.sort(np.flatnonzero(~np.isin(group, perm[:n_val]))), np.sort(first[perm[:n_val]])
 
 
-def _score(P: _Problem, m: LinearMap, val, *, retention: bool = False) -> dict:
-    """Held-out scores; the unpaired rows (a sample) compete as the rest of the corpus / index."""
+def _score(P: _Problem, m: LinearMap, val, *, retention: bool = False, again: bool = False) -> dict:
+    """Held-out scores; the unpaired rows (a sample) compete as the rest of the corpus / index. Each map scored
+    counts in ``P.n_scored`` (``again``: a map scored before): the best of that many is chosen on these rows."""
+    P.n_scored += 0 if again else 1
     extra_M = None if P.Us_sample is None else m._apply(P.Us_sample, output="raw")
     M = m._apply(P.X[val], output="raw")
     out = pair_retrieval_scores(M, P.T[val], extra_M=extra_M, extra_T=P.Ut_sample, retention=retention)
@@ -483,7 +487,7 @@ def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dic
             best_r = (m, s, float(a))
     ridge, s_r, alpha = best_r
     if "ridge" in candidates:
-        s_r = _score(P, ridge, val, retention=True)
+        s_r = _score(P, ridge, val, retention=True, again=True)
         scores["ridge"] = {**s_r, "alpha": alpha, "seconds": time.perf_counter() - t0}
         settings["ridge"] = {"alpha": alpha}
     if "lowrank" in candidates:
@@ -512,7 +516,7 @@ def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dic
         best_e = int(np.argmax([s["score"] for s in per_epoch]))
         fitted = P.linear(*kept["Wb"], fitted.metadata)
         fitted.metadata["params"]["epochs"] = best_e + 1
-        per_epoch[best_e] = _score(P, fitted, val, retention=True)
+        per_epoch[best_e] = _score(P, fitted, val, retention=True, again=True)
         scores["contrastive"] = {**per_epoch[best_e], "epochs": best_e + 1, "warm_start": warm_name,
                                  "score_per_epoch": [round(s["score"], 4) for s in per_epoch],
                                  "seconds": time.perf_counter() - t0}
@@ -620,13 +624,13 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         S.distractors(rng)
         S.report("select", 0.0)
         name, setting, scores = _select(S, tr, val, cands, options, rng)  # one candidate unless auto
-        del S
         selection = {"metric": "score = mean(corpus_mrr, query_mrr, overlap@10) on held-out pairs",
-                     "n_train": int(tr.size), "n_holdout": int(val.size), "chosen": name,
+                     "n_train": int(tr.size), "n_holdout": int(val.size), "chosen": name, "n_compared": S.n_scored,
                      "repeated_pairs": 0 if groups is None else int(n - groups[0].size),
                      "refit_on_all_pairs": setting.get("trained") is None,
                      "candidates": {k: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                     for k, v in scores.items()}}
+        del S  # its copies of the unpaired rows, before the final fit makes its own
     else:
         name, setting = method, {}
     P.report("final fit", 0.0)

@@ -115,21 +115,43 @@ def _subsample(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     return np.arange(n) if n <= k else np.sort(rng.choice(n, size=k, replace=False))
 
 
-def _paired_verdict(top1: float, n: int, pairs: str = "its own training pairs") -> dict:
+def _paired_verdict(top1: float, n: int) -> dict:
     """A paired fit that does not find its own training pairs is broken (e.g. a ridge penalty so large that the
     map is constant): ``reliable`` is False when top-1 over the ``n`` candidates is below
-    ``min(5 / n, (1 + 1 / n) / 2)``, i.e. near chance (1 / n); the same flag as MiniVec2Vec's, so such a version
-    is kept for inspection but never chosen for a path. :func:`run_fit` applies it to the held-out top-1 too
-    (``pairs="held-out pairs"``) with the bar at twice chance, ``2 / n``: a map of mispaired rows memorises them
-    (4,000 shuffled WordNet pairs: training top-1 0.44) and is at chance on any other row, while a real map of
-    few pairs, held out among few candidates (5-fold pools of 10 for 50 pairs), can sit well under 5 / n; among
-    fewer than 10 it is not judged."""
+    ``min(5 / n, (1 + 1 / n) / 2)`` (chance: 1 / n); the same flag as MiniVec2Vec's, so such a version is kept
+    for inspection but never chosen for a path. A supervised fit is judged on held-out pairs too."""
     chance = 1.0 / max(n, 1)
-    bar = 2.0 * chance if pairs == "held-out pairs" else min(5.0 * chance, (1.0 + chance) / 2.0)
-    if top1 >= bar:
+    if top1 >= min(5.0 * chance, (1.0 + chance) / 2.0):
         return {"reliable": True}
-    return {"reliable": False, "unreliable_reason": f"top-1 on {pairs} {top1:.4f} is near chance "
+    return {"reliable": False, "unreliable_reason": f"top-1 on its own training pairs {top1:.4f} is near chance "
                                                     f"({chance:.4f} among {n})"}
+
+
+#: the chance a map at chance passes :func:`_heldout_verdict` (after the correction for the maps compared)
+_CHANCE_LEVEL = 1e-3
+
+
+def _heldout_verdict(held: dict) -> dict:
+    """Whether a supervised fit's held-out top-1 (:func:`_heldout_top1`) beats chance (a map of mispaired rows
+    memorises them and is at chance on any other row). At chance each of ``n_q`` held-out queries finds its partner
+    among ``n_c`` with probability ``1 / n_c``: reliable when that many hits or more have probability at most
+    0.001 / ``m``, ``m`` the maps compared on those rows (the chosen one is the best of ``m``; a bar of twice chance
+    called 6 in 10 auto fits of 100 shuffled pairs reliable). Too few pairs to hold any out, or so few that finding
+    all could be chance, are not judged: unreliable, saying why."""
+    if not held:
+        return {"reliable": False, "unreliable_reason": "too few pairs to judge: a paired fit is judged on held-out "
+                "pairs, and none were held out (at least 10 pairs, 20 for contrastive or cluster); give more pairs"}
+    from scipy.stats import binom
+
+    n_q, n_c, m = held["heldout_n_queries"], held["heldout_n_candidates"], held.get("heldout_n_compared", 1)
+    hits = round(held["heldout_top1"] * n_q)
+    if m * binom.sf(n_q - 1, n_q, 1.0 / n_c) > _CHANCE_LEVEL:
+        return {"reliable": False, "unreliable_reason": f"too few pairs to judge: finding all {n_q} held-out pairs "
+                f"among {n_c} could be chance for the best of {m} maps compared on them; give more pairs"}
+    if m * binom.sf(hits - 1, n_q, 1.0 / n_c) > _CHANCE_LEVEL:
+        return {"reliable": False, "unreliable_reason": f"top-1 on held-out pairs {held['heldout_top1']:.4f} "
+                f"({hits} of {n_q} among {n_c}) could be chance for the best of {m} maps compared on them"}
+    return {"reliable": True}
 
 
 def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
@@ -143,7 +165,8 @@ def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
     chosen = (sel.get("candidates") or {}).get(sel.get("chosen")) or {}
     if isinstance(chosen.get("query_recall@1"), (int, float)):
         return {"heldout_top1": float(chosen["query_recall@1"]), "heldout_n_candidates": int(sel["n_holdout"]),
-                "heldout_n_queries": int(sel["n_holdout"]), "heldout_source": "held-out split of the fit"}
+                "heldout_n_queries": int(sel["n_holdout"]), "heldout_n_compared": int(sel.get("n_compared", 1)),
+                "heldout_source": "held-out split of the fit"}
     if method not in _CLOSED_FORM or X.shape[0] < 10:
         return {}
     fn = _CLOSED_FORM[method]
@@ -152,7 +175,7 @@ def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
     except align.exceptions.VecbridgeError:  # a fold the family cannot fit (e.g. no signal in it)
         return {}
     return {"heldout_top1": cv["top1"], "heldout_n_candidates": cv["n_candidates"], "heldout_n_queries": cv["n_rows"],
-            "heldout_source": f"{cv['folds']}-fold cross-validation"}
+            "heldout_n_compared": 1, "heldout_source": f"{cv['folds']}-fold cross-validation"}
 
 
 def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dict, tuple]:
@@ -309,11 +332,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         if paired:
             held = _heldout_top1(map_, X, Y, method, params, random_state)
             metrics.update(held)
-            # among fewer than 10 candidates chance is too high to tell (12 real pairs: 0.92 among 2)
-            if metrics.get("reliable") is not False and held.get("heldout_n_candidates", 0) >= 10:
-                verdict = _paired_verdict(held["heldout_top1"], held["heldout_n_candidates"], "held-out pairs")
-                if verdict["reliable"] is False:
-                    metrics.update(verdict)
+            if metrics.get("reliable") is not False and method in SUPERVISED:  # minivec2vec never saw the pairs
+                metrics.update(_heldout_verdict(held))
         diag = map_.metadata.get("diagnostics") or {}
         signals = _fit_signals(map_.metadata, diag)
         if metrics.get("reliable") is False:  # the pairs' verdict stands (MiniVec2Vec's "reliable" overwrote it)

@@ -141,4 +141,6 @@ def test_the_fit_from_texts_example_runs(app_client):
     assert r.status_code == 202, r.text
     job = wait_job(http_job(c, W), r.json()["id"], timeout=300.0)
     assert job["state"] == "succeeded", job
-    assert job["result"]["version"]["metrics"]["reliable"] is True
+    metrics = job["result"]["version"]["metrics"]
+    # 8 pairs are too few to hold any out and judge the map (they were called reliable by finding each other)
+    assert metrics["reliable"] is False and metrics["unreliable_reason"].startswith("too few pairs to judge")

@@ -157,6 +157,32 @@ def test_a_paired_fit_of_mispaired_rows_is_flagged_unreliable_by_its_held_out_to
     assert [v.ref for v in reg.find_path("a", "b")] == [good.ref]
 
 
+def test_a_selected_fit_of_shuffled_pairs_is_never_reliable_and_takes_no_alias(reg):
+    # auto / contrastive / cluster were judged on one held-out split against twice chance, by the figure of the best
+    # of ~25 maps chosen on that split: 6 of 10 auto fits of 100 shuffled WordNet pairs were reliable and took prod
+    X, Y, rng = _rotated(7, 1100, noise=0.3)
+    good = _fit(reg, name="m", method="auto", source=X[:100], target=Y[:100], alias="prod")
+    assert good.metrics["reliable"] is True and good.metrics["heldout_n_compared"] > 10
+    start = 100
+    for i, method in enumerate(("auto",) * 4 + ("contrastive", "cluster")):
+        rows = slice(start, start := start + (100 if method == "auto" else 300))
+        bad = _fit(reg, name="m", method=method, source=X[rows], random_state=i, alias="prod",
+                   target=Y[rows][rng.permutation(rows.stop - rows.start)])
+        assert bad.metrics["reliable"] is False and "could be chance" in bad.metrics["unreliable_reason"], bad.metrics
+    assert reg.alias_version("m", "prod") == good.version and [v.ref for v in reg.find_path("a", "b")] == [good.ref]
+
+
+@pytest.mark.parametrize("method, k", [("procrustes", 2), ("ridge", 3), ("ridge", 5), ("procrustes", 9),
+                                       ("auto", 5), ("auto", 12), ("contrastive", 19)])
+def test_a_paired_fit_of_too_few_pairs_to_judge_is_unreliable_and_says_why(reg, method, k):
+    # 2, 3 or 5 pairs found each other among 2-5 candidates (train top-1 1.0 among 2) and were called reliable
+    X, Y, _ = _rotated(8, k, noise=0.3)
+    notes: list[str] = []
+    v = _fit(reg, method=method, source=X, target=Y, alias="prod", notes=notes)
+    assert v.metrics["reliable"] is False and v.metrics["unreliable_reason"].startswith("too few pairs to judge")
+    assert "give more pairs" in v.metrics["unreliable_reason"] and "alias 'prod' was not created" in notes[0]
+
+
 def test_path_choice_ranks_paired_fits_by_held_out_top1_not_by_memorised_training_pairs(reg):
     # a ridge map of few pairs in many dimensions finds every one of its training pairs (train top-1 1.0) and
     # fewer held-out ones; it used to win the path over a Procrustes map of more pairs by that training figure
