@@ -606,11 +606,10 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
                    ray_address: str | None = None, progress: Progress | None = None, text_field: str = "text") -> dict:
     """Map the rows of file ``inp`` with map ``ref`` into file ``out`` chunk by chunk (files may exceed memory).
 
-    ``rows`` ``"START:STOP"``; ``key`` / ``column`` name the .npz array / Parquet column; ``encoder``
-    embeds a text file first (``text_field``: the field of a ``.jsonl`` holding the text); ``output`` as
-    :meth:`align.LinearMap.apply` (any kind of map); ``ray_address`` (``"local"`` or a cluster) streams the
-    chunks through Ray workers, same output. ``progress`` reports ``("transform", rows done / rows)``. Returns
-    ``{"map", "rows", "out", "dim", "output"}``.
+    ``rows`` ``"START:STOP"``; ``key`` / ``column`` name the .npz array / Parquet column; ``encoder`` embeds a text
+    file first (``text_field``: the field of a ``.jsonl`` holding the text); ``output`` as :meth:`align.LinearMap.apply`
+    (any kind of map); ``ray_address`` (``"local"`` or a cluster) streams the chunks through Ray workers, same output.
+    ``progress`` reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output"}``.
     """
     check_not_input(out, "the output", inp)  # the input replaced by its own mapped rows (or some of them)
     check_writable(out, "the output")  # a read-only folder: the error named the writer's hidden temporary file
