@@ -191,8 +191,12 @@ class GuardMiddleware:
                 n = 0
             if n > limit:
                 scope["route"] = route
-                if n <= settings.max_body_bytes:  # a size some route takes: read it, so that a client still sending
-                    await _drain(receive, settings.body_timeout_s)  # reads this 413, not a reset (no answer)
+                # a size some route takes, sent to a route whose key was checked: read it, so that a client still
+                # sending reads this 413, not a reset (no answer). Not for an unmatched path (no key checked), nor
+                # when the client waits for "100 Continue" before sending (reading would ask it for the body)
+                if (n <= settings.max_body_bytes and need is not None
+                        and headers.get(b"expect", b"").lower() != b"100-continue"):
+                    await _drain(receive, settings.body_timeout_s)
                 # no route: most often a mistyped path, so the message says so, not only "send smaller batches"
                 return await _send_413(send, n, limit, setting,
                                        unmatched=None if route else f"{scope['method']} {scope.get('path', '')}")

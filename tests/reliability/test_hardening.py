@@ -196,6 +196,28 @@ def test_key_is_checked_before_the_body_is_read(server):
     _alive(srv)
 
 
+def test_a_body_refused_by_size_is_read_only_from_a_keyed_client_that_sends_it(server):
+    """A body over its route's limit (but one ``max_body_bytes`` takes) is read before the 413 so that a client
+    still sending reads the answer, not a reset -- but only on a route whose key was checked, and not when the
+    client waits for ``100 Continue``: reading then asked curl for its 20 MB body, and an unmatched path (no key)
+    made the server read up to max_body_bytes for anyone. Both now answer the 413 at once, body unread."""
+    import socket
+
+    srv, _ = server
+    n = 6 * 1024 * 1024  # over body_bytes_json (4 MB), under max_body_bytes (8 MB)
+    for path, extra in (("/v1/nothing-here", b""), ("/v1/spaces", b"Expect: 100-continue\r\n"),
+                        ("/v1/nothing-here", b"Expect: 100-continue\r\n")):
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Authorization: Bearer " + W["Authorization"].split()[1].encode() + b"\r\n" + extra
+                      + f"Content-Length: {n}\r\n\r\n".encode())  # headers only: the body never comes
+            t0 = time.perf_counter()
+            first = _answer(s).split(b"\r\n", 1)[0]
+            assert first.startswith(b"HTTP/1.1 413"), (path, extra, first)  # not "100 Continue", not a wait
+            assert time.perf_counter() - t0 < 5, (path, extra)
+    _alive(srv)
+
+
 def test_large_bodies_are_decoded_and_encoded_in_blocks(monkeypatch):
     """Blocked base64 / JSON helpers (they let the event loop run) give the same bytes and the same refusals."""
     from service.api import codec
