@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -400,14 +401,25 @@ def _run(config) -> tuple[bool, str | None]:
 
         @contextlib.contextmanager
         def capture_signals(self):
-            with super().capture_signals():
-                try:
-                    yield
-                finally:
-                    caught = getattr(self, "_captured_signals", [])
-                    if caught:
-                        self.stop_signal = signal.Signals(caught[0]).name
-                    caught.clear()  # nothing for uvicorn to raise again
+            # SIGHUP (the terminal closed) shuts down as SIGTERM does; uvicorn catches only INT and TERM, so the
+            # CLI's SIGHUP handler raised inside the event loop (a traceback, no graceful shutdown). Left alone
+            # when ignored (nohup) or off the main thread.
+            hup = None
+            if threading.current_thread() is threading.main_thread() and \
+                    signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+                hup = signal.signal(signal.SIGHUP, self.handle_exit)
+            try:
+                with super().capture_signals():
+                    try:
+                        yield
+                    finally:
+                        caught = getattr(self, "_captured_signals", [])
+                        if caught:
+                            self.stop_signal = signal.Signals(caught[0]).name
+                        caught.clear()  # nothing for uvicorn to raise again
+            finally:
+                if hup is not None:
+                    signal.signal(signal.SIGHUP, hup)
 
     server = Server(config)
     server.run()

@@ -93,7 +93,8 @@ def needs_registry(map_ref) -> bool:
 
 
 class _StopOnSignal:
-    """First SIGINT/SIGTERM sets ``event``; the second raises KeyboardInterrupt (main thread only)."""
+    """First SIGINT/SIGTERM/SIGHUP sets ``event``; the second raises KeyboardInterrupt (main thread only; an ignored
+    signal, as ``nohup`` leaves SIGHUP, stays ignored)."""
 
     def __init__(self):
         self.event = threading.Event()
@@ -106,8 +107,9 @@ class _StopOnSignal:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handler)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._old[sig] = signal.signal(sig, self._handler)
         return self.event
 
     def __exit__(self, *exc):

@@ -503,3 +503,29 @@ def test_http_evaluate_labelled_gate_over_real_http_agrees_with_the_cli(tmp_path
             assert 400 <= r.status_code < 500 and msg in r.text, (change, r.status_code, r.text[:300])
         assert c.post("/v1/maps/nope/evaluate", json=body).status_code == 404
         assert c.get("/healthz").status_code == 200
+
+
+def test_a_migration_stops_between_batches_on_sighup_as_on_sigterm():
+    """``vecbridge migrate`` checkpoints the batch in flight on SIGINT / SIGTERM; SIGHUP (its ssh session dropped)
+    went to the CLI's handler instead and stopped it at once, like a second Ctrl-C. Now SIGHUP asks for the same
+    stop between batches; left ignored when ignored (``nohup``)."""
+    import os
+    import signal
+    import time
+
+    from service.ops.vectordb import _StopOnSignal
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with _StopOnSignal() as stop:
+            os.kill(os.getpid(), signal.SIGHUP)
+            deadline = time.monotonic() + 5
+            while not stop.is_set() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert stop.is_set()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # put back
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with _StopOnSignal():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
