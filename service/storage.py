@@ -40,7 +40,7 @@ from urllib.request import pathname2url
 
 from align.exceptions import InputError
 
-from .errors import ServiceUnavailableError
+from .errors import NotConfiguredError
 
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
            "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "sqlite_backup", "storage_message",
@@ -361,7 +361,8 @@ def sqlite_backup(src: Path, dst: Path, *, timeout: float = 60.0) -> float:
     timeout) instead of failing. A busy ``src`` (a writer committing) is waited for up to ``timeout`` s. The
     copy is checked (``PRAGMA quick_check``) and fsynced. ``src`` is opened read-write (a hot journal left by a
     crashed writer is rolled back first, as any reader would) and never created. A damaged ``src`` (the copy
-    fails ``quick_check``, or SQLite finds it malformed) is a ServiceUnavailableError naming it (exit 2).
+    fails ``quick_check``, or SQLite finds it malformed) is a NotConfiguredError naming it (exit 2; 503 without
+    ``Retry-After``).
     """
     try:
         took = _sqlite_copy(src, dst, timeout)
@@ -377,7 +378,7 @@ def sqlite_backup(src: Path, dst: Path, *, timeout: float = 60.0) -> float:
             finally:
                 os.close(fd)
             return took
-    raise ServiceUnavailableError(f"{src} is damaged (SQLite: {bad}), so a copy of it would be too: restore it "
+    raise NotConfiguredError(f"{src} is damaged (SQLite: {bad}), so a copy of it would be too: restore it "
                                   f"from an earlier backup (in a registry, `vecbridge registry verify` lists what "
                                   f"is wrong)") from None
 

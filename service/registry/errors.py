@@ -78,4 +78,6 @@ class RegistryUnavailableError(RegistryError, _errors.ServiceUnavailableError):
 
 class DamagedDatabaseError(RegistryUnavailableError):
     """SQLite found the registry file damaged (``database disk image is malformed``, ``file is not a database``):
-    503 / exit 2 naming the file, until it is restored."""
+    503 / exit 2 naming the file, until it is restored; no ``Retry-After`` (trying again cannot help)."""
+
+    retry_after = None

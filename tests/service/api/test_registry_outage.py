@@ -109,6 +109,7 @@ def test_a_damaged_sqlite_registry_is_a_503_naming_it_and_readiness_says_so(tmp_
             assert r.status_code == 503, r.text
             message = r.json()["error"]["message"]
             assert f"{data / 'registry.sqlite'} is damaged" in message and "registry verify" in message, message
+            assert "retry-after" not in r.headers, r.headers  # no retry mends a damaged file: clients raise at once
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
