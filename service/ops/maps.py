@@ -612,9 +612,9 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     ``progress`` reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output"}``.
     """
     check_not_input(out, "the output", inp)  # the input replaced by its own mapped rows (or some of them)
-    check_writable(out, "the output")  # a read-only folder: the error named the writer's hidden temporary file
     v = registry.resolve(ref)
     m = registry.load_map(v)
+    check_writable(out, "the output")  # a read-only folder: the error named the writer's hidden temporary file
     if is_text_path(inp):  # the source space's encoder, or None (reading the texts then says to name one)
         encoder = space_encoder(v.source_space, registry.get_space(v.source_space).encoder, encoder)
     total = count_rows(inp, key=key, column=column, text_field=text_field)

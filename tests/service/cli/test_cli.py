@@ -105,6 +105,15 @@ def test_a_key_or_column_the_input_format_has_no_use_for_is_refused(capsys, data
     assert code == 0 and read_vectors(data / "o.npy").shape == (900, 16), err
 
 
+def test_a_transform_refused_for_its_map_makes_no_output_folder(capsys, data):
+    """The output's folder is checked (made) once the map is known: ``transform --map nosuch x.npy new/sub/o.npy``
+    said "unknown map" and left ``new/sub/`` behind."""
+    assert fit_pairs(capsys, data)[0] == 0
+    code, _, err = run(capsys, "--data-dir", data / "var", "transform", "--map", "nosuch", data / "src.npy",
+                       data / "new" / "sub" / "o.npy", "--quiet")
+    assert code == 2 and "nosuch" in err and not (data / "new").exists(), err
+
+
 def test_linear_output_is_documented_as_what_it_computes(capsys, data):
     """``--output linear`` said "x W only" (CLI) and "x W + b as is" (HTTP schema), but it is f_s(x) W + b: the
     source frame (unit rows, centred, unit rows) comes before W. Both texts now say so, and the rows are that."""
