@@ -24,7 +24,7 @@ from align.exceptions import InputError
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
     "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST", "IVF_MAX_PER_LIST",
-    "check_index_params", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE", "parse_strict_int",
+    "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE", "parse_strict_int",
     "check_range", "default_nlist",
     "ivf_training", "limits_markdown",
 ]
@@ -191,6 +191,14 @@ def _int_param(value: Any, name: str, lo: int, hi: int) -> int:
     return check_range(value, f"index parameter {name}", lo, hi)
 
 
+def seed_of(params: dict | None, random_state: Any, given: bool) -> Any:
+    """An index's seed: ``random_state`` when the caller gave it, else ``params["random_state"]`` (an index's info
+    reports its seed there, so its params can be sent back as they are), else ``random_state`` (0 by default)."""
+    if not given and isinstance(params, dict) and "random_state" in params:
+        return params["random_state"]
+    return 0 if random_state is None else random_state
+
+
 def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = None, dim: int | None = None,
                        random_state: Any = 0) -> dict:
     """Validated copy of ``params`` for an index of ``kind``; :class:`InputError` (422) otherwise.
@@ -199,8 +207,8 @@ def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = N
     IVF ``1 ≤ nlist ≤ min(65536, n_rows)`` (k-means needs a row per list), ``1 ≤ nprobe ≤ nlist``,
     ``nlist ≤ train_rows ≤ 256 nlist`` (the k-means sample; ``nlist`` the given one, else the default for
     ``n_rows``; a sample above ``n_rows`` is every row, :func:`ivf_training`);
-    ``0 ≤ random_state ≤ 2**31 - 1`` (the argument: a ``random_state`` key in ``params`` is refused, a persisted
-    meta's is popped by its caller); ``1 ≤ dim ≤ 65536``. Unknown keys are refused (a typo would
+    ``0 ≤ random_state ≤ 2**31 - 1`` (the argument; a ``random_state`` key in ``params``, as an index's info
+    reports it, must equal it: a caller that takes the seed from ``params`` when none was given passes it); ``1 ≤ dim ≤ 65536``. Unknown keys are refused (a typo would
     otherwise be ignored silently). ``n_rows=None`` (loading a persisted index) skips the row check.
     """
     if kind not in INDEX_PARAM_RULES:
@@ -212,9 +220,13 @@ def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = N
     rules = INDEX_PARAM_RULES[kind]
     out: dict = {}
     for key, value in params.items():
-        if key == "random_state":  # it was taken, then replaced by the seed the index is built with
-            raise InputError("random_state is not an index parameter: give the seed as the index's own random_state "
-                             "(`--random-state` on the command line), not in params")
+        if key == "random_state":  # an index's params as its info reports them; one seed only (it was replaced)
+            out[key] = _int_param(value, key, 0, MAX_SEED)
+            if out[key] != random_state:
+                raise InputError(f"params.random_state ({out[key]}) differs from the index's random_state "
+                                 f"({random_state}): give the seed once, as random_state (`--random-state` on the "
+                                 f"command line)")
+            continue
         if key not in rules:
             allowed = sorted(rules) or "none"
             raise InputError(f"unknown parameter {key!r} for a {kind} index (allowed: {allowed})")

@@ -192,8 +192,9 @@ class IndexCreateOptions(_Strict):
                                    description="Integers only. HNSW: `M` 2..256, `ef_construction` 1..4096, "
                                                "`ef_search` 1..32768; IVF: `nlist` 1..min(65536, rows), `nprobe` "
                                                "1..nlist, `train_rows` nlist..256·nlist (k-means sample, default "
-                                               "64·nlist, at most every row); flat: none. Anything else is a 422, "
-                                               "`random_state` too (the seed is the field beside `params`).")
+                                               "64·nlist, at most every row); flat: none. Anything else is a 422. "
+                                               "`random_state` here (as an index's info reports it) is the seed "
+                                               "when the field beside `params` is not given, else must equal it.")
     random_state: Count = Seed
     description: DescriptionText = Description
     ids: list[Count] | None = Ids

@@ -40,7 +40,7 @@ from ..registry import NotFoundError, open_registry
 from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
-           "progress_bar", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs", "read_labels",
+           "progress_bar", "option_given", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs", "read_labels",
            "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt", "register_opts"]
 
 
@@ -224,6 +224,15 @@ def search_on(name: str, *, source: str = "--search-device", warm: bool = True) 
         return use_device(name, warm=warm)  # checks the name (ValueError) before anything else
     except (ValueError, RuntimeError) as exc:
         raise ConfigError(f"{source}: {exc}") from None
+
+
+def option_given(name: str) -> bool:
+    """Whether the running command's option ``name`` came from the command line (or the environment), not its
+    default."""
+    from click.core import ParameterSource
+
+    source = click.get_current_context().get_parameter_source(name)
+    return source not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
 
 
 def parse_kv(items, what="parameter", *, raw: bool = False) -> dict:

@@ -28,7 +28,7 @@ from ..errors import exit_code
 from ..indexes import IndexStore
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_file, check_not_input, iter_chunks, parse_rows, read_texts
-from ..limits import MAX_ID, MAX_JSON_DEPTH, check_json_depth
+from ..limits import MAX_ID, MAX_JSON_DEPTH, check_json_depth, seed_of
 from ..ops import indexes as index_ops
 from ..ops.index_files import (
     CHUNK_ROWS,
@@ -43,6 +43,7 @@ from ._common import (
     echo_record,
     emit,
     json_opt,
+    option_given,
     parse_kv,
     progress_bar,
     quiet_opt,
@@ -185,7 +186,7 @@ def index_show(obj: Ctx, name, as_json):
 @click.option("--param", "params", multiple=True,
               help="KEY=VALUE FAISS parameter, repeatable: M, ef_construction, ef_search (HNSW); nlist, nprobe, "
                    "train_rows (IVF: rows k-means trains on, nlist..256*nlist, default 64*nlist); the seed is "
-                   "--random-state.")
+                   "--random-state (random_state=N here, as `index show` reports it, when that is not given).")
 @random_state_opt
 @click.option("--description", default="")
 @click.pass_obj
@@ -200,7 +201,8 @@ def index_create(obj: Ctx, name, space, file, rows, key, column, text_field, enc
         idx = create_from_file(_resolver(obj), store, name, info,
                                FileRows(file, rows, key, column, text_field, encoder, store_texts),
                                ids=read_ids(ids_file) if ids_file else None, payloads=_payloads(payloads_file),
-                               kind=kind, metric=metric, params=parse_kv(params), random_state=random_state,
+                               kind=kind, metric=metric, params=(kv := parse_kv(params)),
+                               random_state=seed_of(kv, random_state, option_given("random_state")),
                                description=description, progress=progress)
     finally:
         close()

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from align.exceptions import DimensionMismatchError, InputError
 
 from ...indexes import SpaceIndex
+from ...limits import seed_of
 from ...ops import indexes as index_ops
 from ..codec import JSON, parse_options, parse_rows, texts_instead, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
@@ -86,7 +87,9 @@ async def create_index(request: Request, state: StateDep, settings: SettingsDep)
         return index_ops.create_index(state, state.indexes, opts.name, space, X, texts=opts.texts,
                                       store_texts=opts.store_texts, payloads=opts.payloads, ids=opts.ids,
                                       kind=opts.kind, metric=opts.metric, params=opts.params,
-                                      random_state=opts.random_state, description=opts.description)
+                                      random_state=seed_of(opts.params, opts.random_state,
+                                                           "random_state" in opts.model_fields_set),
+                                      description=opts.description)
 
     idx = await state.heavy.hop(work, len(body))
     return FastJSONResponse(_info(idx), status_code=201)

@@ -199,10 +199,15 @@ def test_ivf_train_rows_is_set_shown_and_checked_on_create(world, capsys, monkey
         code, _, err = cli(capsys, data, "create", "bad", "--space", "b", tmp / "a.npy", "--kind", "ivf",
                            "--param", "nlist=8", "--param", f"train_rows={value}", "--quiet")
         assert code == 2 and message in err, (value, err)
-    # a seed as a parameter was stored as random_state=0 (the --random-state default) without a word
+    # a seed as a parameter was stored as random_state=0 (the --random-state default) without a word: now it is the
+    # seed when --random-state is not given (as `index show` reports it, in params), and two seeds that differ exit 2
     code, _, err = cli(capsys, data, "create", "bad", "--space", "b", tmp / "a.npy", "--kind", "ivf",
-                       "--param", "nlist=8", "--param", "random_state=9", "--quiet")
-    assert code == 2 and "`--random-state` on the command line" in err, err
+                       "--param", "nlist=8", "--param", "random_state=9", "--random-state", "1", "--quiet")
+    assert code == 2 and "differs from the index's random_state (1)" in err and "`--random-state`" in err, err
+    assert not (data / "indexes" / "bad").exists()
+    code, out, err = cli(capsys, data, "create", "seeded", "--space", "b", tmp / "a.npy", "--kind", "ivf",
+                         "--param", "nlist=8", "--param", "random_state=9", "--json")
+    assert code == 0 and json.loads(out)["params"]["random_state"] == 9, err
     assert not (data / "indexes" / "bad").exists()
 
 

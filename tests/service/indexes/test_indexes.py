@@ -536,14 +536,23 @@ def test_http_index_validation(api):
         assert c.get("/v1/indexes/v6", headers=R).status_code == 404
     r = c.post("/v1/indexes", headers=W, json={"name": "v6", "space": "c", "ids": []})  # nothing to name: fine
     assert r.status_code == 201 and r.json()["count"] == 0, r.text
-    # a seed in params was taken (201), then replaced by the top-level random_state (0): k-means ran with seed 0
+    # a seed in params was taken (201), then replaced by the top-level random_state (0): k-means ran with seed 0.
+    # Now params' seed (where an index's info reports it) is the seed when random_state is not given, and two
+    # seeds that differ are a 422
     ivf = {"name": "v7", "space": "c", "kind": "ivf", "vectors": d["Z"].tolist()}
-    for seed in (7, 0):
-        r = c.post("/v1/indexes", headers=W, json={**ivf, "params": {"nlist": 4, "random_state": seed}})
-        assert r.status_code == 422 and "give the seed as the index's own random_state" in r.text, r.text
+    for top in (0, 3):
+        body = {**ivf, "params": {"nlist": 4, "random_state": 7}, "random_state": top}
+        r = c.post("/v1/indexes", headers=W, json=body)
+        assert r.status_code == 422 and f"differs from the index's random_state ({top})" in r.text, r.text
         assert c.get("/v1/indexes/v7", headers=R).status_code == 404
     r = c.post("/v1/indexes", headers=W, json={**ivf, "params": {"nlist": 4}, "random_state": 7})
     assert r.status_code == 201 and r.json()["params"]["random_state"] == 7, r.text
+    info = r.json()  # its params sent back as they are: the same index, seed 7 (before: a 422)
+    r = c.post("/v1/indexes", headers=W, json={**ivf, "name": "v8", "params": info["params"]})
+    assert r.status_code == 201 and r.json()["params"] == info["params"], r.text
+    same = {"vectors": d["Z"][:3].tolist(), "k": 5, "nprobe": 1}
+    assert (c.post("/v1/indexes/v7/search", headers=R, json=same).json()["results"]
+            == c.post("/v1/indexes/v8/search", headers=R, json=same).json()["results"])
 
 
 def test_automatic_ids_count_up_past_a_deleted_largest_id_as_documented(api, capsys):
