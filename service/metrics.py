@@ -57,6 +57,7 @@ process_open_fds, process_start_time_seconds, ...            or one series per l
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -264,12 +265,21 @@ def _live_workers(path: str) -> list[int]:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:  # killed without its clean-up (OOM, SIGKILL): its gauges no longer hold
-            mark_process_dead(pid, path)
+            _forget(pid, path)
             continue
         except PermissionError:  # runs, as another user (a reused pid): keep it
             pass
         live.append(pid)
     return live
+
+
+def _forget(pid: int, path: str) -> None:
+    """``mark_process_dead``, where another scrape may be removing the same files: prometheus_client's raised
+    FileNotFoundError for a file the other worker removed first, and the scrape answered 500 (seen in CI just
+    after a worker was killed, when both workers' scrapes found it dead)."""
+    for f in glob.glob(os.path.join(path, f"gauge_live*_{pid}.db")):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f)
 
 
 def _process_metrics(pids: list[int]) -> list[Metric]:

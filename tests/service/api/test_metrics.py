@@ -260,3 +260,29 @@ def test_a_metrics_folder_left_by_a_killed_service_is_removed_by_the_next_start(
     finally:
         live.communicate("", timeout=60)
     assert not alive.exists()  # it removed its own on the way out
+
+
+def test_a_dead_workers_files_another_scrape_removes_first_are_no_error(tmp_path, monkeypatch):
+    """Just after a worker was killed, both workers' scrapes found it dead and removed its gauge files: the one
+    that came second raised FileNotFoundError in prometheus_client's ``mark_process_dead`` and the scrape answered
+    500 (seen once in CI). The other scrape's removal is simulated between this one's glob and its remove."""
+    import glob
+
+    from service import metrics
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    dead = child.pid  # no longer running
+    (tmp_path / f"gauge_livesum_{dead}.db").write_bytes(b"")
+    real = glob.glob
+
+    def racing(pattern, *args, **kwargs):
+        found = real(pattern, *args, **kwargs)
+        if pattern.endswith(f"_{dead}.db"):  # the other worker's scrape removes them first
+            for f in found:
+                os.remove(f)
+        return found
+
+    monkeypatch.setattr(glob, "glob", racing)
+    assert metrics._live_workers(str(tmp_path)) == []
+    assert list(tmp_path.iterdir()) == []
