@@ -147,9 +147,7 @@ def test_index_gauges_follow_another_processs_writes_and_drops(server):
     assert value(scrape(url), "vecbridge_index_vectors", index=name) == 20
 
     _cli(server, "index", "delete", name, "--id", "0", "--id", "1")
-    with ThreadPoolExecutor(4) as ex:  # every worker catches up
-        assert set(ex.map(lambda _: httpx.post(f"{url}/v1/indexes/{name}/search", headers=R, json=q,
-                                              timeout=30).status_code, range(8))) == {200}
+    _searched_by_every_worker(url, name, q)  # every worker catches up
     for _ in range(6):
         text = scrape(url)
         assert value(text, "vecbridge_index_vectors", index=name) == 18, text
@@ -163,6 +161,13 @@ def test_index_gauges_follow_another_processs_writes_and_drops(server):
         text = scrape(url)
         assert not [lab for fam in ("vecbridge_index_vectors", "vecbridge_index_catchups_total")
                     for lab, _ in samples(text, fam) if lab.get("index") == name], text
+
+
+def _searched_by_every_worker(url: str, name: str, q: dict) -> None:
+    """8 searches of index ``name`` over fresh connections from 4 threads (they land on every worker)."""
+    with ThreadPoolExecutor(4) as ex:
+        assert set(ex.map(lambda _: httpx.post(f"{url}/v1/indexes/{name}/search", headers=R, json=q,
+                                              timeout=30).status_code, range(8))) == {200}
 
 
 def test_index_gauges_never_show_a_dropped_index_under_a_recreated_name(server, tmp_path):
@@ -189,9 +194,7 @@ def test_index_gauges_never_show_a_dropped_index_under_a_recreated_name(server, 
         for fam, now in (("vecbridge_index_vectors", 7), ("vecbridge_index_generation", 1),
                          ("vecbridge_index_logged_deltas", 0)):
             assert value(text, fam, index=name) in (None, now), (fam, text)  # none yet, or the new index's
-    with ThreadPoolExecutor(4) as ex:  # the workers load the new index
-        assert set(ex.map(lambda _: httpx.post(f"{url}/v1/indexes/{name}/search", headers=R, json=q,
-                                              timeout=30).status_code, range(8))) == {200}
+    _searched_by_every_worker(url, name, q)  # the workers load the new index
     for _ in range(6):
         text = scrape(url)
         assert value(text, "vecbridge_index_vectors", index=name) == 7, text
