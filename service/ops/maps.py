@@ -31,6 +31,7 @@ from ..io import (ChunkWriter, check_not_input, count_rows, is_text_path, iter_c
 from ..progress import Progress, Stages, silent
 from ..registry import ConflictError, NotFoundError, Registry, VersionInfo
 from ..registry.names import check_alias, check_name, fs_safe
+from ..registry.quality import SPLIT, heldout_doubt
 from ..reports import render_report, write_report
 from ..storage import check_writable
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
@@ -127,31 +128,16 @@ def _paired_verdict(top1: float, n: int) -> dict:
                                                     f"({chance:.4f} among {n})"}
 
 
-#: the chance a map at chance passes :func:`_heldout_verdict` (after the correction for the maps compared)
-_CHANCE_LEVEL = 1e-3
-
-
 def _heldout_verdict(held: dict) -> dict:
     """Whether a supervised fit's held-out top-1 (:func:`_heldout_top1`) beats chance (a map of mispaired rows
-    memorises them and is at chance on any other row). At chance each of ``n_q`` held-out queries finds its partner
-    among ``n_c`` with probability ``1 / n_c``: reliable when that many hits or more have probability at most
-    0.001 / ``m``, ``m`` the maps compared on those rows (the chosen one is the best of ``m``; a bar of twice chance
-    called 6 in 10 auto fits of 100 shuffled pairs reliable). Too few pairs to hold any out, or so few that finding
-    all could be chance, are not judged: unreliable, saying why."""
+    memorises them and is at chance on any other row; a bar of twice chance called 6 in 10 auto fits of 100
+    shuffled pairs reliable): :func:`service.registry.quality.heldout_doubt`, the test path choice applies to
+    every record. Too few pairs to hold any out are not judged: unreliable, saying why."""
     if not held:
         return {"reliable": False, "unreliable_reason": "too few pairs to judge: a paired fit is judged on held-out "
                 "pairs, and none were held out (at least 10 pairs, 20 for contrastive or cluster); give more pairs"}
-    from scipy.stats import binom
-
-    n_q, n_c, m = held["heldout_n_queries"], held["heldout_n_candidates"], held.get("heldout_n_compared", 1)
-    hits = round(held["heldout_top1"] * n_q)
-    if m * binom.sf(n_q - 1, n_q, 1.0 / n_c) > _CHANCE_LEVEL:
-        return {"reliable": False, "unreliable_reason": f"too few pairs to judge: finding all {n_q} held-out pairs "
-                f"among {n_c} could be chance for the best of {m} maps compared on them; give more pairs"}
-    if m * binom.sf(hits - 1, n_q, 1.0 / n_c) > _CHANCE_LEVEL:
-        return {"reliable": False, "unreliable_reason": f"top-1 on held-out pairs {held['heldout_top1']:.4f} "
-                f"({hits} of {n_q} among {n_c}) could be chance for the best of {m} maps compared on them"}
-    return {"reliable": True}
+    doubt = heldout_doubt(held)
+    return {"reliable": True} if doubt is None else {"reliable": False, "unreliable_reason": doubt}
 
 
 def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
@@ -166,7 +152,7 @@ def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
     if isinstance(chosen.get("query_recall@1"), (int, float)):
         return {"heldout_top1": float(chosen["query_recall@1"]), "heldout_n_candidates": int(sel["n_holdout"]),
                 "heldout_n_queries": int(sel["n_holdout"]), "heldout_n_compared": int(sel.get("n_compared", 1)),
-                "heldout_source": "held-out split of the fit"}
+                "heldout_source": SPLIT}
     if method not in _CLOSED_FORM or X.shape[0] < 10:
         return {}
     fn = _CLOSED_FORM[method]

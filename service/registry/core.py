@@ -41,7 +41,7 @@ from .names import (
     check_text,
     parse_ref,
 )
-from .quality import judged, quality_words
+from .quality import judged, quality_words, reliable
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
 from .verify import verify_registry
@@ -324,8 +324,8 @@ class Registry(SteerRegistryMixin):
                 pinned = self._maps.live_alias(t, name, self.PATH_ALIAS)
                 if pinned is not None:
                     return self._maps.get_in(t, name, pinned)
-                for r in self._maps.rows(t, name, live=True, newest_first=True, cols="version, metrics"):
-                    if json.loads(r["metrics"] or "{}").get("reliable") is not False:
+                for r in self._maps.rows(t, name, live=True, newest_first=True, cols="version, metrics, method"):
+                    if reliable(json.loads(r["metrics"] or "{}"), r["method"]):
                         return self._maps.get_in(t, name, int(r["version"]))
         return self._maps.resolve(ref)
 
@@ -377,9 +377,9 @@ class Registry(SteerRegistryMixin):
         with self.db.tx() as t:
             out = self._maps.summaries(t)
             for m in out:
-                live = self._maps.rows(t, m["name"], live=True, cols="version, metrics")
+                live = self._maps.rows(t, m["name"], live=True, cols="version, metrics, method")
                 m["unreliable_versions"] = [int(r["version"]) for r in live
-                                            if json.loads(r["metrics"] or "{}").get("reliable") is False]
+                                            if not reliable(json.loads(r["metrics"] or "{}"), r["method"])]
                 edge = self._edge_version(t, m["name"], self.PATH_ALIAS)
                 m["path_version"] = None if edge is None else edge[0].version
         return out
@@ -413,8 +413,9 @@ class Registry(SteerRegistryMixin):
 
     @staticmethod
     def is_reliable(v: VersionInfo) -> bool:
-        """False when the fit flagged the version unreliable (``metrics["reliable"] is False``)."""
-        return (v.metrics or {}).get("reliable") is not False
+        """False when the fit flagged the version unreliable, or its held-out pairs do not beat chance
+        (:func:`~service.registry.quality.reliable`: a verdict recorded before that test is judged again)."""
+        return reliable(v.metrics, v.method)
 
     @staticmethod
     def quality(v: VersionInfo) -> tuple[int, float]:

@@ -4,6 +4,8 @@
   candidates (:func:`align.metrics.top1_at`, given how many queries it was measured on, so a perfect score on a
   handful is not read as certainty; an ``eval --record`` figure first, else the fit's own), kind 1 a
   training top-1, kind 0 none; ``measured`` / ``pool``: the held-out figure as measured and its pool size.
+- :func:`reliable` — the fit's verdict, with its held-out hits judged again (:func:`heldout_doubt`): a record
+  written before that test (2026-12-05) kept "reliable" for a map of shuffled pairs, and stayed a path.
 - :func:`quality_words` — that figure in words, with the measured one beside it when the pool was small: put on
   1,000 from a pool of 20 (a 100-pair fit's held-out fifth) the independence model reads 0.84 as 0.0001 where
   0.41 was measured among 1,000, so the figure alone misled.
@@ -13,7 +15,12 @@ from __future__ import annotations
 
 from align.metrics import top1_at
 
-__all__ = ["SMALL_POOL", "judged", "quality_words"]
+__all__ = ["CHANCE_LEVEL", "SMALL_POOL", "SPLIT", "heldout_doubt", "judged", "quality_words", "reliable"]
+
+#: the chance a map at chance passes :func:`heldout_doubt` (after the correction for the maps compared)
+CHANCE_LEVEL = 1e-3
+#: ``heldout_source`` of a fit judged on one held-out split (its queries are its candidates)
+SPLIT = "held-out split of the fit"
 
 #: pools below this many candidates extrapolate to 1,000 poorly: the words give the measured figure too
 SMALL_POOL = 200
@@ -59,3 +66,41 @@ def quality_words(v) -> str:
         return (f"held-out top-1 {measured:.3f} among {pool} candidates (put on 1,000: {score:.3f}, an estimate "
                 "that small pools understate)")
     return f"held-out top-1 on 1,000 candidates {score:.3f}"
+
+
+def heldout_doubt(metrics: dict) -> str | None:
+    """Why a paired fit's held-out top-1 could be chance, or None (it beats chance, or there is no such figure).
+
+    At chance each of ``n_q`` held-out queries finds its partner among ``n_c`` with probability ``1 / n_c``: the
+    hits are in doubt when that many or more have probability above :data:`CHANCE_LEVEL` / ``m``, ``m`` the maps
+    compared on those rows (``heldout_n_compared``: the chosen one is the best of ``m``; 1 in older records). Too
+    few pairs for even finding all of them to beat chance is a doubt too."""
+    try:
+        top1, n_c = float(metrics["heldout_top1"]), _count(metrics["heldout_n_candidates"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    n_q, m = _count(metrics.get("heldout_n_queries")) or n_c, max(_count(metrics.get("heldout_n_compared")), 1)
+    if not 0.0 <= top1 <= 1.0 or n_c < 2 or n_q < 1:
+        return None
+    from scipy.stats import binom
+
+    hits = round(top1 * n_q)
+    if m * binom.sf(n_q - 1, n_q, 1.0 / n_c) > CHANCE_LEVEL:
+        return (f"too few pairs to judge: finding all {n_q} held-out pairs among {n_c} could be chance for the "
+                f"best of {m} maps compared on them; give more pairs")
+    if m * binom.sf(hits - 1, n_q, 1.0 / n_c) > CHANCE_LEVEL:
+        return (f"top-1 on held-out pairs {top1:.4f} ({hits} of {n_q} among {n_c}) could be chance for the best "
+                f"of {m} maps compared on them")
+    return None
+
+
+def reliable(metrics: dict | None, method: str | None) -> bool:
+    """False when the fit flagged the version unreliable, or when its held-out pairs do not beat chance
+    (:func:`heldout_doubt`; not for ``minivec2vec``, which never fits on its pairs). Never True for a version the
+    fit flagged; nor for an older record without its query count unless it was judged on one split."""
+    metrics = metrics or {}
+    if metrics.get("reliable") is False:
+        return False
+    if metrics.get("heldout_n_queries") is None and metrics.get("heldout_source") != SPLIT:
+        return True  # an older cross-validated record: its queries (every pair, not one fold's pool) were not kept
+    return method == "minivec2vec" or heldout_doubt(metrics) is None

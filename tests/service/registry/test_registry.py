@@ -852,3 +852,29 @@ def test_a_seed_past_64_bits_and_a_lone_surrogate_are_refused_alike_on_both_back
     assert reg.list_maps() == []
     assert reg.register_version("s", m, source_space="p", target_space="q", method="identity", params={},
                                 random_state=np.int64(2**62)).random_state == 2**62
+
+
+def test_a_verdict_recorded_before_the_held_out_test_is_judged_again(reg):
+    """A fit recorded before 2026-12-05 kept "reliable" when its held-out hits were at chance (a map of shuffled
+    pairs: 2 of 20 among 20), so after an upgrade the bare name and the path still went through it while the same
+    fit today is flagged. Path choice judges the recorded figures again; a flag the fit set is never lifted, and
+    minivec2vec (which never fits on its pairs) keeps its own verdict."""
+    good = {"reliable": True, "heldout_top1": 0.9, "heldout_n_candidates": 200, "heldout_n_queries": 200}
+    chance = {"reliable": True, "heldout_top1": 0.1, "heldout_n_candidates": 20, "heldout_n_queries": 20}
+    register(reg, seed=1, metrics=good)
+    register(reg, seed=2, metrics=chance)  # newer, recorded reliable
+    assert reg.resolve("a->b").version == 1
+    assert [v.version for v in reg.find_path("a", "b")] == [1]
+    assert not reg.is_reliable(reg.get_version("a->b", 2)) and reg.is_reliable(reg.get_version("a->b", 1))
+    assert next(m for m in reg.list_maps() if m["name"] == "a->b")["unreliable_versions"] == [2]
+    # without a query count (older records): one split's are its pool (17 of 20 among 20 beats chance, 2 does not);
+    # a cross-validated record's were every pair, not kept, so its figure is not judged again
+    split = {"heldout_n_candidates": 20, "heldout_source": "held-out split of the fit"}
+    assert reg.is_reliable(register(reg, seed=3, metrics={**split, "heldout_top1": 0.85}))
+    assert not reg.is_reliable(register(reg, seed=6, metrics={**split, "heldout_top1": 0.1}))
+    cv = {"heldout_top1": 0.08, "heldout_n_candidates": 60, "heldout_source": "5-fold cross-validation"}
+    assert reg.is_reliable(register(reg, seed=7, metrics=cv))
+    assert not reg.is_reliable(register(reg, seed=4, metrics={**good, "reliable": False}))
+    v = reg.register_version("u", rotation_map(seed=5), source_space="a", target_space="b", method="minivec2vec",
+                             params={}, metrics=chance)
+    assert reg.is_reliable(v)
