@@ -75,7 +75,7 @@ from prometheus_client import (
     values,
 )
 from prometheus_client.metrics_core import Metric
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.multiprocess import MultiProcessCollector
 
 __all__ = ["CONTENT_TYPE_LATEST", "MULTIPROC_ENV", "ServiceMetrics", "multiprocess_dir"]
 
@@ -217,7 +217,7 @@ class ServiceMetrics:
     def close(self) -> None:
         """At the process's exit (multiprocess mode): remove this worker's gauges from the folder."""
         if self.multiprocess is not None:
-            mark_process_dead(os.getpid(), self.multiprocess)
+            _forget(os.getpid(), self.multiprocess)
 
 
 class _Scrape:
@@ -274,9 +274,10 @@ def _live_workers(path: str) -> list[int]:
 
 
 def _forget(pid: int, path: str) -> None:
-    """``mark_process_dead``, where another scrape may be removing the same files: prometheus_client's raised
-    FileNotFoundError for a file the other worker removed first, and the scrape answered 500 (seen in CI just
-    after a worker was killed, when both workers' scrapes found it dead)."""
+    """Remove the live gauges of worker ``pid`` (prometheus_client's ``mark_process_dead``), where another scrape
+    may be removing the same files: prometheus_client's raised FileNotFoundError for a file the other worker removed
+    first, and the scrape answered 500 (seen in CI just after a worker was killed, when both workers' scrapes found
+    it dead)."""
     for f in glob.glob(os.path.join(path, f"gauge_live*_{pid}.db")):
         with contextlib.suppress(FileNotFoundError):
             os.remove(f)

@@ -13,7 +13,6 @@ import warnings
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 import numpy as np
 
 from align.exceptions import InputError, VecbridgeWarning
@@ -24,9 +23,9 @@ from ..io import check_not_input, count_rows, parse_rows, read_vectors, resolve_
 from ..ops.maps import SUPERVISED, run_fit, transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write, check_writable
-from ._common import (Ctx, check_text_encoder, description_opt, emit, input_opts, json_opt, parse_kv, progress_bar,
-                      quiet_opt, ray_logs, random_state_opt, read_pair, read_relevant, read_seed_pairs, space_name,
-                      version_record)
+from ._common import (Ctx, check_text_encoder, description_opt, emit, input_opts, json_opt, option_given, parse_kv,
+                      progress_bar, quiet_opt, ray_logs, random_state_opt, read_pair, read_relevant, read_seed_pairs,
+                      space_name, version_record)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
@@ -121,15 +120,10 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
 
 def _ignored_options(method: str, ray_address: str | None, threads: int) -> list[str]:
     """Notes for options given on the command line that this fit does not use (they were ignored silently)."""
-    ctx = click.get_current_context()
-
-    def given(name: str) -> bool:
-        return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
-
     out = []
-    if given("threads") and threads > 1 and (method in SUPERVISED or ray_address is not None):
+    if option_given("threads") and threads > 1 and (method in SUPERVISED or ray_address is not None):
         out.append("--threads applies to an in-process minivec2vec fit (unpaired or seeded); ignored here")
-    if given("shard_rows") and (ray_address is None or method not in ("procrustes", "ridge", "lowrank")):
+    if option_given("shard_rows") and (ray_address is None or method not in ("procrustes", "ridge", "lowrank")):
         out.append("--shard-rows applies to --ray fits of procrustes, ridge or lowrank; ignored here")
     return out
 
