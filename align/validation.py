@@ -22,7 +22,8 @@ from .exceptions import (
 
 __all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate",
            "check_no_underflow", "check_no_zero_rows", "check_rankable", "check_representable", "check_eps",
-           "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed", "check_not_collapsed"]
+           "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed",
+           "check_not_collapsed"]
 
 _CHECK_BYTES = 1 << 20  # the masks of a check cover about this many bytes of rows at a time
 

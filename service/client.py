@@ -330,7 +330,7 @@ class APICalls(SteerCalls, Calls):
                      ids: Sequence[int] | None = None, payloads: Sequence[Any] | None = None, kind: str = "auto",
                      metric: str = "cosine", params: dict | None = None, random_state: int | None = None,
                      description: str = "") -> dict:
-        """Create a FAISS index in ``space``: empty, or ``vectors`` (n, d) or ``texts``; ``random_state`` None: params'."""
+        """Create a FAISS index in ``space``: empty, or ``vectors`` (n, d) or ``texts`` (seed: params' if None)."""
         body = clean({"name": name, "space": space, "kind": kind, "metric": metric, "params": params or {},
                        "random_state": random_state, "description": description, "texts": as_list(texts),
                        "ids": as_list(ids), "payloads": as_list(payloads)})

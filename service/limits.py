@@ -24,8 +24,8 @@ from align.exceptions import InputError
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
     "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST", "IVF_MAX_PER_LIST",
-    "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE", "parse_strict_int",
-    "check_range", "default_nlist",
+    "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE",
+    "parse_strict_int", "check_range", "default_nlist",
     "ivf_training", "limits_markdown",
 ]
 
@@ -208,8 +208,9 @@ def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = N
     ``nlist ≤ train_rows ≤ 256 nlist`` (the k-means sample; ``nlist`` the given one, else the default for
     ``n_rows``; a sample above ``n_rows`` is every row, :func:`ivf_training`);
     ``0 ≤ random_state ≤ 2**31 - 1`` (the argument; a ``random_state`` key in ``params``, as an index's info
-    reports it, must equal it: a caller that takes the seed from ``params`` when none was given passes it); ``1 ≤ dim ≤ 65536``. Unknown keys are refused (a typo would
-    otherwise be ignored silently). ``n_rows=None`` (loading a persisted index) skips the row check.
+    reports it, must equal it: a caller that takes the seed from ``params`` when none was given passes it);
+    ``1 ≤ dim ≤ 65536``. Unknown keys are refused (a typo would otherwise be ignored silently). ``n_rows=None``
+    (loading a persisted index) skips the row check.
     """
     if kind not in INDEX_PARAM_RULES:
         raise InputError(f"index kind must be one of {sorted(INDEX_PARAM_RULES)}, got {kind!r}")

@@ -378,9 +378,9 @@ def sqlite_backup(src: Path, dst: Path, *, timeout: float = 60.0) -> float:
             finally:
                 os.close(fd)
             return took
-    raise NotConfiguredError(f"{src} is damaged (SQLite: {bad}), so a copy of it would be too: restore it "
-                                  f"from an earlier backup (in a registry, `vecbridge registry verify` lists what "
-                                  f"is wrong)") from None
+    raise NotConfiguredError(f"{src} is damaged (SQLite: {bad}), so a copy of it would be too: restore it from an "
+                             f"earlier backup (in a registry, `vecbridge registry verify` lists what is wrong)"
+                             ) from None
 
 
 def _sqlite_copy(src: Path, dst: Path, timeout: float) -> float:

@@ -40,8 +40,9 @@ from ..registry import NotFoundError, open_registry
 from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
-           "progress_bar", "option_given", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs", "read_labels",
-           "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt", "register_opts"]
+           "progress_bar", "option_given", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs",
+           "read_labels", "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
+           "register_opts"]
 
 
 class Ctx:

@@ -1,5 +1,6 @@
-"""Ctrl-C (SIGINT), SIGTERM and SIGHUP part-way through the long offline commands: the conventional exit code (130 / 143),
-one line on stderr, no traceback, no output or temporary file left, nothing registered, and the rerun works.
+"""Ctrl-C (SIGINT), SIGTERM and SIGHUP part-way through the long offline commands: the conventional exit code
+(130 / 143 / 129), one line on stderr, no traceback, no output or temporary file left, nothing registered, and
+the rerun works.
 
 The commands run as real processes (``python -m service.cli``), signalled once they are visibly under way: the
 transform's temporary output exists, the fit's progress bar has reached its fit stage.
