@@ -57,7 +57,8 @@ _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://
 @click.option("--tag", "tags", multiple=True, help="KEY=VALUE tag, repeatable.")
 @click.option("--format", "artifact_format", type=click.Choice(["safetensors", "npz"]), default=None)
 @click.option("--report", "report_copy", type=click.Path(dir_okay=False), default=None,
-              help="Also write the HTML report here.")
+              help="Also write the HTML report here (one that cannot be written once the version is registered, "
+                   "e.g. on a full disk, is a warning: the version stays registered, exit 0).")
 @json_opt
 @quiet_opt
 @click.option("--allow-unreliable", is_flag=True,
@@ -138,9 +139,11 @@ def _render_fit(reg, v, as_json: bool) -> None:
         headline += f", UNRELIABLE ({m.get('unreliable_reason') or 'criterion close to random maps'})"
     chosen = (m.get("selection") or {}).get("chosen")  # `--method auto` said "auto", never the family it chose
     method = f"{v.method} -> {chosen}" if chosen and chosen != v.method else v.method
+    report = d["report_file"]  # a full data dir: the version is registered, its report file is not there
+    report = report if not report or Path(report).is_file() else f"none ({report} could not be written)"
     emit(d, as_json, f"registered {v.ref} ({v.source_space} {v.source_dim}-d -> {v.target_space} "
                      f"{v.target_dim}-d, {method}, fit {m.get('timings', {}).get('fit', 0):.1f}s)"
-                     f"{'; ' + headline if headline else ''}\nreport: {d['report_file']}")
+                     f"{'; ' + headline if headline else ''}\nreport: {report}")
 
 
 def _retention(value, why: str = "no query finds its relevant document natively") -> str:

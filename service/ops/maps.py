@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -22,7 +23,7 @@ import numpy as np
 
 import align
 from align.validation import as_matrix
-from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
+from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, VecbridgeWarning
 from align.frames import unit_rows
 
 from ..encoders import canonical_name, space_encoder
@@ -407,14 +408,19 @@ def _write_report(version: VersionInfo, path: Path, copy, html_text: str) -> Non
     """Write a registered version's report (atomic, fsynced) and the optional extra copy.
 
     The version already records ``path``: a crash or a full disk here leaves a version whose report
-    route answers 404 ("missing from the data dir"), never a report without a version.
+    route answers 404 ("missing from the data dir"), never a report without a version. A copy that cannot be
+    written is a VecbridgeWarning naming it (the version stays registered).
     """
     try:
         write_report(path, html_text)
     except OSError as exc:
         log.warning("map %s is registered but its fit report could not be written to %s: %s", version.ref, path, exc)
-    if copy is not None:
-        write_report(copy, html_text)
+    if copy is not None:  # a full disk here failed the command (exit 2) with the version registered: a retry refitted
+        try:
+            write_report(copy, html_text)
+        except OSError as exc:
+            warnings.warn(f"the report copy {copy} could not be written ({exc.strerror or exc}); map {version.ref} "
+                          f"is registered all the same", VecbridgeWarning, stacklevel=2)
 
 
 # --- fit requests (a face's body → checked sides → a fit job) ------------------------------------

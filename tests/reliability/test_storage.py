@@ -9,12 +9,15 @@ Now: the process stays up, writes answer 503 ``StorageUnavailableError``, reads 
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import faiss
@@ -106,6 +109,81 @@ def _mount_tmpfs(d: Path, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+def _fill(mnt: Path) -> None:
+    """Fill the file system of ``mnt`` to the last byte (a file ``fill-*`` in it)."""
+    with open(mnt / f"fill-{uuid.uuid4().hex}", "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(bytes(1 << 16))
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        try:
+            while True:
+                fh.write(b"x")
+        except OSError:
+            pass
+
+
+@contextlib.contextmanager
+def _full_disk(mnt: Path) -> Iterator[Path]:
+    """``mnt``: a 1 MiB tmpfs filled to the last byte for the ``with`` body (new empty files still fit)."""
+    if not _mount_tmpfs(mnt, "1m"):
+        pytest.skip("needs root and mount to make a small filesystem")
+    try:
+        _fill(mnt)
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
+
+
+def _fit_cli(tmp_path: Path) -> list:
+    """``vecbridge --data-dir tmp_path/data fit ... --name m`` of two small paired files."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(100, 8))
+    np.save(tmp_path / "x.npy", X.astype(np.float32))
+    np.save(tmp_path / "y.npy", (X @ np.linalg.qr(rng.normal(size=(8, 8)))[0]).astype(np.float32))
+    return ["--data-dir", tmp_path / "data", "fit", "--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy",
+            "--method", "procrustes", "--name", "m", "--quiet"]
+
+
+def _versions(capsys, tmp_path: Path) -> list[int]:
+    from conftest import run_cli
+
+    out = json.loads(run_cli(capsys, "--data-dir", tmp_path / "data", "registry", "list", "--json")[1])
+    return [m["n_versions"] for m in out["maps"]]
+
+
+def test_a_fit_report_copy_the_disk_cannot_take_warns_and_keeps_the_version(tmp_path, capsys):
+    """``fit --report FILE`` on a full disk: exit 2 with ``[Errno 28] No space left on device`` although the version
+    was registered (and an alias moved), so a retrying script registered it again. Now a warning naming the file and
+    the version, exit 0, as for the data dir's own report."""
+    from conftest import run_cli
+
+    fit = _fit_cli(tmp_path)
+    with _full_disk(tmp_path / "mnt") as mnt:
+        rc, out, err = run_cli(capsys, *fit, "--report", mnt / "r.html")
+        assert not (mnt / "r.html").exists()
+    assert rc == 0, err
+    assert (f"vecbridge: warning: the report copy {mnt / 'r.html'} could not be written (No space left on device); "
+            f"map m:1 is registered all the same") in err.splitlines(), err
+    assert out.startswith("registered m:1 ") and _versions(capsys, tmp_path) == [1]
+
+
+def test_a_fit_whose_report_the_data_dir_cannot_take_prints_no_report_path(tmp_path, capsys):
+    """A fit whose data-dir report could not be written (a full disk; here a file where the reports folder goes)
+    printed ``report: /.../reports/m/....html``, a file that is not there. Now it says the report was not written."""
+    from conftest import run_cli
+
+    fit = _fit_cli(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "reports").touch()
+    rc, out, err = run_cli(capsys, *fit)
+    assert rc == 0, err
+    last = out.splitlines()[-1]
+    assert last.startswith(f"report: none ({tmp_path / 'data' / 'reports' / 'm'}/") and last.endswith(
+        ".html could not be written)"), out
+
+
 def test_full_disk_no_crash_503_and_not_ready(tmp_path):
     mnt = tmp_path / "mnt"
     if not _mount_tmpfs(mnt, "24m"):
@@ -113,17 +191,7 @@ def test_full_disk_no_crash_503_and_not_ready(tmp_path):
     try:
         with Server(mnt / "data", env={"VECBRIDGE_MIN_FREE_BYTES": str(4 * 2**20)}) as s:
             c = _world(s)
-            with open(mnt / f"fill-{uuid.uuid4().hex}", "wb", buffering=0) as fh:  # fill to the last byte
-                try:
-                    while True:
-                        fh.write(bytes(1 << 16))
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC
-                try:
-                    while True:
-                        fh.write(b"x")
-                except OSError:
-                    pass
+            _fill(mnt)
             ready = httpx.get(s.url + "/readyz", timeout=30)
             assert ready.status_code == 503 and ready.json()["checks"]["data_dir"] != "ok", ready.text
             results = [r for i in range(2) for r in _exercise_writes(c, str(i))]
@@ -135,7 +203,7 @@ def test_full_disk_no_crash_503_and_not_ready(tmp_path):
             assert httpx.get(s.url + "/readyz", timeout=30).status_code == 200
             assert [code for _, code, _ in _exercise_writes(c, "after")] == [202, 200, 200, 201]
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
 
 
 def test_index_file_cut_short_is_503_and_never_committed(tmp_path):
