@@ -38,7 +38,7 @@ from pathlib import Path
 
 from ..io import json_finite
 from ..storage import atomic_write, folder_aside
-from .entity import KINDS, now, package_version
+from .entity import KINDS, artifacts_in_use, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .names import MAX_TAGS, check_alias, check_name, check_tags, fs_safe
 from .store import sha256_bytes
@@ -465,18 +465,11 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
         for p in reports["before"] + reports["now"]:
             p.unlink(missing_ok=True)
         with suppress(Exception):  # best effort (the database may be what failed): never hides the import's error
-            reg.store.discard(stored, lambda: _artifacts_in_use(reg))
+            reg.store.discard(stored, lambda: artifacts_in_use(reg.db))
         raise
     for p in set(reports["before"]) - set(reports["now"]):
         p.unlink(missing_ok=True)
     return counts
-
-
-def _artifacts_in_use(reg) -> set[str]:
-    """The artifact paths every committed map and steer version names."""
-    with reg.db.tx() as t:
-        return {r["artifact_path"] for e in reg.entities.values()
-                for r in t.q(f"SELECT artifact_path FROM {e.kind.table}")}
 
 
 def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
@@ -44,7 +45,8 @@ from .names import (
     parse_ref,
 )
 
-__all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "now", "package_version"]
+__all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "artifacts_in_use", "now",
+           "package_version"]
 
 
 def now() -> str:
@@ -125,6 +127,12 @@ MAPS = Kind("map", "maps", "versions", "aliases", "tags", VersionInfo, ("source_
 STEERS = Kind("steer", "steer_names", "steers", "steer_aliases", None, SteerInfo, ("space",), ("space", "dim"),
               "lives in space", lambda b: repr(b["space"]), _parse_steer, ("dim", "rank"))
 KINDS = {"maps": MAPS, "steers": STEERS}
+
+
+def artifacts_in_use(db) -> set[str]:
+    """The artifact paths every committed version of every kind names (what :meth:`ArtifactStore.discard` keeps)."""
+    with db.tx() as t:
+        return {r["artifact_path"] for k in KINDS.values() for r in t.q(f"SELECT artifact_path FROM {k.table}")}
 
 
 class LRUCache:
@@ -285,7 +293,8 @@ class VersionedStore:
         """Store ``artifact`` (bytes, file extension), then the next version of ``name`` from field ``values``;
         atomic.
 
-        ``before(t)`` runs first in the same transaction (e.g. creating the spaces).
+        ``before(t)`` runs first in the same transaction (e.g. creating the spaces). A write that fails removes the
+        artifact it stored (:meth:`ArtifactStore.discard`: not one a committed version names or another writer holds).
         """
         created = values["created_at"]
 
@@ -300,10 +309,17 @@ class VersionedStore:
             self._hook("version_inserted")
             return version
 
-        with self.store.pinned():  # to the commit: a failed import never removes the artifact under this version
-            sha, rel = self.store.put(*artifact)
-            values = {**values, "artifact_sha256": sha, "artifact_path": rel}
-            version = self._write(fn)
+        new = False
+        try:
+            with self.store.pinned():  # to the commit: a failed write never removes the artifact under this version
+                sha, rel, new = self.store.put_new(*artifact)
+                values = {**values, "artifact_sha256": sha, "artifact_path": rel}
+                version = self._write(fn)
+        except BaseException:  # e.g. a full disk at the commit: the artifact it stored leaked, ~0.6 MB a retry
+            if new:
+                with suppress(Exception):  # best effort (the database may be what failed): never hides the error
+                    self.store.discard([rel], lambda: artifacts_in_use(self.db))
+            raise
         self._hook("committed")
         return self.get(name, version)
 

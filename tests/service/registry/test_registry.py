@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import uuid
 import zipfile
@@ -111,6 +112,23 @@ def test_corrupt_artifact_is_detected(reg):
     path.unlink()
     with pytest.raises(IntegrityError, match="missing"):
         Registry(reg.url, reg.store.root).load_map("a->b:1")
+
+
+def test_a_registration_the_disk_cannot_commit_removes_the_artifact_it_stored(reg):
+    """A fit or steer whose commit failed on a full disk (SQLite: "database or disk is full") left the artifact it
+    had stored behind for good: ``registry verify --sweep`` listed it as an orphan, and each retry leaked another.
+    Now the failed write removes it, and never an artifact that a committed version names (the same bytes again)."""
+    if reg.backend != "sqlite":
+        pytest.skip("SQLite's max_page_count stands in for a full disk")
+    v1 = register(reg)
+    stored = reg.store.all_relpaths()
+    reg.db._conn().execute("PRAGMA max_page_count = 1")  # no page beyond those it has (this thread's connection)
+    for seed in (1, 0):  # new bytes; then version 1's bytes again
+        with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+            register(reg, seed=seed, description="x" * 20000)  # overflow pages: the database must grow
+    assert reg.store.all_relpaths() == stored and reg.verify()["orphan_artifacts"] == []
+    reg.db._conn().execute("PRAGMA max_page_count = 1073741823")
+    assert register(reg, seed=0).artifact_path == v1.artifact_path and reg.load_map("a->b:1").W.shape == (8, 8)
 
 
 def test_unknown_refs(reg):
