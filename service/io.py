@@ -35,7 +35,7 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .storage import atomic_write, fsync_dir, hold, keep_mode, make_parent, take_abandoned
+from .storage import atomic_write, fsync_dir, hold, keep_mode, make_parent, take_abandoned, writing
 
 __all__ = [
     "FormatError", "check_file", "check_not_input", "load_npy", "parse_rows", "resolve_rows", "read_vectors",
@@ -513,7 +513,8 @@ class ChunkWriter:
         # locked from its creation: never taken for a dead writer's; 0666 less the umask, as open() makes the output
         self._held = hold(self.tmp, create=True, mode=0o666)
         try:
-            self._open(n_rows)
+            with writing(self.path, self.tmp):  # a full disk's error names the output
+                self._open(n_rows)
         except BaseException:
             self.tmp.unlink(missing_ok=True)
             _UNFINISHED.discard(self.tmp)
@@ -545,6 +546,10 @@ class ChunkWriter:
             self._pq = pq.ParquetWriter(self.tmp, self._schema)
 
     def write(self, X: np.ndarray) -> None:
+        with writing(self.path, self.tmp):
+            self._write(X)
+
+    def _write(self, X: np.ndarray) -> None:
         X = np.ascontiguousarray(X, dtype=np.float32)
         if X.ndim != 2 or X.shape[1] != self.dim:
             raise InputError(f"chunk of shape {X.shape} does not match dim {self.dim}")
@@ -570,15 +575,16 @@ class ChunkWriter:
             self.abort()  # no partial file left behind under the temporary name either
             raise InputError(f"wrote {self.written} rows, announced {self.n_rows}")
         try:  # a failure here (a full disk at the last flush) left the temporary file behind
-            if self.suffix in (".npy", ".fvecs"):
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-                self._fh.close()
-            else:
-                self._pq.close()
-                os.fsync(self._held)  # the file ParquetWriter wrote (it was renamed into place unsynced)
-            keep_mode(self.tmp, self.path)
-            os.replace(self.tmp, self.path)
+            with writing(self.path, self.tmp):
+                if self.suffix in (".npy", ".fvecs"):
+                    self._fh.flush()
+                    os.fsync(self._fh.fileno())
+                    self._fh.close()
+                else:
+                    self._pq.close()
+                    os.fsync(self._held)  # the file ParquetWriter wrote (it was renamed into place unsynced)
+                keep_mode(self.tmp, self.path)
+                os.replace(self.tmp, self.path)
         except BaseException:
             self.abort()
             raise

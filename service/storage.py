@@ -43,10 +43,11 @@ from align.exceptions import InputError
 from .errors import NotConfiguredError
 
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
-           "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "sqlite_backup", "storage_message",
-           "remove_marked", "sqlite_damaged", "sweep_abandoned", "take_abandoned"]
+           "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "no_space_message", "sqlite_backup",
+           "storage_message", "remove_marked", "sqlite_damaged", "sweep_abandoned", "take_abandoned", "writing"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # errors of a write: one that names no file was writing
 _SQLITE_MARKERS = ("readonly database", "disk is full", "disk i/o error", "unable to open database file",
                    "database or disk is full")
 
@@ -73,6 +74,27 @@ def storage_message(exc: BaseException, *, hint: str = " — see /readyz") -> st
     """What a write refused by the data directory says (``hint``: where to look next; the service's /readyz)."""
     return ("the data directory cannot be written (read-only, immutable or full disk); nothing was changed"
             f"{hint} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+
+
+@contextlib.contextmanager
+def writing(path, aside=None) -> Iterator[None]:
+    """A full disk's ``OSError`` in the body that names no file (``write(2)`` says only ``[Errno 28] No space left on
+    device``, pyarrow its own words), and a storage error naming a file under ``aside`` (``path``'s temporary file
+    or folder), name ``path`` instead: the CLI said that no space was left without a word of where."""
+    try:
+        yield
+    except OSError as exc:
+        if (exc.errno in _NO_SPACE and not exc.filename or exc.errno in STORAGE_ERRNOS and exc.filename
+                and aside is not None and Path(os.fsdecode(exc.filename)).is_relative_to(aside)):
+            exc.filename = str(path)
+        raise
+
+
+def no_space_message(exc: OSError) -> str:
+    """What a write refused for want of space (ENOSPC, or a used-up quota: EDQUOT) says: where, and what to do."""
+    where = f"the device holding {exc.filename}" if exc.filename else "a device this command writes to"
+    what = "no space left" if exc.errno == errno.ENOSPC else "the disk quota is used up"
+    return f"{what} on {where}: free some space there (or write elsewhere) and run the command again"
 
 
 def data_dir_status(data_dir, min_free_bytes: int = 0) -> str:
@@ -194,26 +216,27 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
     make_parent(path)
     where = Path(tmp_dir) if tmp_dir is not None else path.parent
     tmp = where / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}"
-    try:
-        if callable(data):
-            data(tmp)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        else:
-            with open(tmp, "wb") as fh:
-                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-                fh.flush()
-                os.fsync(fh.fileno())
-        if before_replace is not None:
-            before_replace()
-        keep_mode(tmp, path)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with writing(path, tmp):
+        try:
+            if callable(data):
+                data(tmp)
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            else:
+                with open(tmp, "wb") as fh:
+                    fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            if before_replace is not None:
+                before_replace()
+            keep_mode(tmp, path)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     fsync_dir(path.parent)
     return path
 
@@ -278,25 +301,26 @@ def folder_aside(dest: Path) -> Iterator[tuple[Path, list[str]]]:
     make_parent(dest)
     swept = sweep_abandoned(dest.parent)
     tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    held = None
-    try:
-        held = hold(tmp / IN_PROGRESS, create=True)
-        yield tmp, swept
-        for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
-            fsync_dir(d)  # every entry durable before the rename makes the folder visible
-        os.rename(tmp, dest)
-        # the marker goes only now: removed before the rename, a kill in the fsyncs above left a whole unmarked
-        # copy (the local key too) that no sweep took; a kill here leaves an empty marker in the finished folder
-        (dest / IN_PROGRESS).unlink()
-        fsync_dir(dest)
-        fsync_dir(dest.parent)
-    except BaseException:
-        remove_marked(tmp)
-        raise
-    finally:
-        if held is not None:
-            os.close(held)
+    with writing(dest, tmp):  # a full disk's error names DEST, not the hidden folder beside it
+        tmp.mkdir()
+        held = None
+        try:
+            held = hold(tmp / IN_PROGRESS, create=True)
+            yield tmp, swept
+            for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
+                fsync_dir(d)  # every entry durable before the rename makes the folder visible
+            os.rename(tmp, dest)
+            # the marker goes only now: removed before the rename, a kill in the fsyncs above left a whole unmarked
+            # copy (the local key too) that no sweep took; a kill here leaves an empty marker in the finished folder
+            (dest / IN_PROGRESS).unlink()
+            fsync_dir(dest)
+            fsync_dir(dest.parent)
+        except BaseException:
+            remove_marked(tmp)
+            raise
+        finally:
+            if held is not None:
+                os.close(held)
 
 
 def check_writable(path, what: str) -> None:

@@ -23,6 +23,7 @@ command is one parse / call-one-operation / render function in its group's modul
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import signal
@@ -224,11 +225,15 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as exc:
         return _stopped(exc)
     except Exception as exc:  # noqa: BLE001 - every error: one line; a bug says what kind it is
-        from ..storage import is_storage_error, storage_message
+        from ..storage import is_storage_error, no_space_message, storage_message
 
         if isinstance(exc, sqlite3.OperationalError) and is_storage_error(exc):  # the registry's database on a
-            # read-only or full data dir was an "internal error", exit 3 (an OSError names its own path already)
+            # read-only or full data dir was an "internal error", exit 3
             click.echo(f"vecbridge: error: {storage_message(exc, hint='')}", err=True)
+            return 2
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # "[Errno 28] No space left on
+            # device" alone: the writers name their file (storage.writing); this says where and what to do
+            click.echo(f"vecbridge: error: {no_space_message(exc)}", err=True)
             return 2
         if kind_of(exc) == "internal" and not isinstance(exc, VecbridgeError):
             click.echo(f"vecbridge: internal error: {type(exc).__name__}: {exc}", err=True)

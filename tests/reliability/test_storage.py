@@ -125,11 +125,13 @@ def _fill(mnt: Path) -> None:
 
 
 @contextlib.contextmanager
-def _full_disk(mnt: Path) -> Iterator[Path]:
-    """``mnt``: a 1 MiB tmpfs filled to the last byte for the ``with`` body (new empty files still fit)."""
-    if not _mount_tmpfs(mnt, "1m"):
+def _full_disk(mnt: Path, setup=lambda mnt: None) -> Iterator[Path]:
+    """``mnt``: a 2 MiB tmpfs, ``setup(mnt)`` run on it, then filled to the last byte for the ``with`` body (new
+    empty files still fit)."""
+    if not _mount_tmpfs(mnt, "2m"):
         pytest.skip("needs root and mount to make a small filesystem")
     try:
+        setup(mnt)
         _fill(mnt)
         yield mnt
     finally:
@@ -182,6 +184,37 @@ def test_a_fit_whose_report_the_data_dir_cannot_take_prints_no_report_path(tmp_p
     last = out.splitlines()[-1]
     assert last.startswith(f"report: none ({tmp_path / 'data' / 'reports' / 'm'}/") and last.endswith(
         ".html could not be written)"), out
+
+
+def test_a_full_disk_names_where_and_what_to_do(tmp_path, capsys):
+    """A fit's artifact, a transform's output (.npy, .fvecs, .parquet), an export, an index on a full disk: each
+    printed ``vecbridge: error: [Errno 28] No space left on device`` (parquet: pyarrow's words), naming no file.
+    Now one message: the file or folder being written, and what to do."""
+    from conftest import run_cli
+
+    fit = _fit_cli(tmp_path)
+    assert run_cli(capsys, *fit)[0] == 0
+    good = ["--data-dir", tmp_path / "data"]
+    x = tmp_path / "x.npy"
+
+    def setup(mnt):  # a registry on the disk that fills
+        assert run_cli(capsys, "--data-dir", mnt / "data", *fit[2:])[0] == 0
+
+    with _full_disk(tmp_path / "mnt", setup) as mnt:
+        cases = {mnt / "data" / "artifacts": ["--data-dir", mnt / "data", "fit", "--source", tmp_path / "y.npy",
+                                              "--target", x, "--method", "procrustes", "--name", "m2", "--quiet"],
+                 mnt / "data" / "indexes": ["--data-dir", mnt / "data", "index", "create", "ix", "--space", "y",
+                                            x, "--quiet"],
+                 mnt / "e.zip": [*good, "registry", "export", mnt / "e.zip"],
+                 mnt / "edir": [*good, "registry", "export", mnt / "edir"],
+                 **{mnt / f"o.{s}": [*good, "transform", "--map", "m", x, mnt / f"o.{s}", "--quiet"]
+                    for s in ("npy", "fvecs", "parquet")}}
+        for where, args in cases.items():
+            rc, _, err = run_cli(capsys, *args)
+            assert rc == 2 and len(err.splitlines()) == 1, (args, err)
+            assert err.startswith(f"vecbridge: error: no space left on the device holding {where}"), err
+            assert err.endswith(": free some space there (or write elsewhere) and run the command again\n"), err
+        assert sorted(p.name for p in mnt.iterdir() if not p.name.startswith("fill-")) == ["data"]
 
 
 def test_full_disk_no_crash_503_and_not_ready(tmp_path):
