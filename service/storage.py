@@ -386,11 +386,13 @@ def sqlite_backup(src: Path, dst: Path, *, timeout: float = 60.0) -> float:
     copy is checked (``PRAGMA quick_check``) and fsynced. ``src`` is opened read-write (a hot journal left by a
     crashed writer is rolled back first, as any reader would) and never created. A damaged ``src`` (the copy
     fails ``quick_check``, or SQLite finds it malformed) is a NotConfiguredError naming it (exit 2; 503 without
-    ``Retry-After``).
+    ``Retry-After``); a full disk under ``dst`` is an ``OSError`` (ENOSPC) naming ``dst``.
     """
     try:
         took = _sqlite_copy(src, dst, timeout)
     except sqlite3.DatabaseError as exc:
+        if "disk is full" in str(exc):  # only the copy is written: its disk is full (the CLI blamed the data dir)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst)) from exc
         if not sqlite_damaged(exc):
             raise
         bad = str(exc)

@@ -217,6 +217,21 @@ def test_a_full_disk_names_where_and_what_to_do(tmp_path, capsys):
         assert sorted(p.name for p in mnt.iterdir() if not p.name.startswith("fill-")) == ["data"]
 
 
+def test_a_backup_to_a_full_disk_names_dest_not_the_data_dir(tmp_path, capsys):
+    """``vecbridge backup DEST`` onto a full disk said "the data directory cannot be written (read-only, immutable
+    or full disk); nothing was changed (OperationalError: database or disk is full)": the data dir was fine, DEST's
+    disk was full. Now the message names DEST; no DEST (nor its temporary folder) is left."""
+    from conftest import run_cli
+
+    assert run_cli(capsys, *_fit_cli(tmp_path))[0] == 0
+    with _full_disk(tmp_path / "mnt") as mnt:
+        rc, _, err = run_cli(capsys, "--data-dir", tmp_path / "data", "backup", mnt / "bk", "--quiet")
+        left = sorted(p.name for p in mnt.iterdir() if not p.name.startswith("fill-"))
+    assert rc == 2 and err == (f"vecbridge: error: no space left on the device holding {mnt / 'bk'}: free some "
+                               f"space there (or write elsewhere) and run the command again\n"), err
+    assert left == []
+
+
 def test_full_disk_no_crash_503_and_not_ready(tmp_path):
     mnt = tmp_path / "mnt"
     if not _mount_tmpfs(mnt, "24m"):
