@@ -40,9 +40,10 @@ from typing import Callable
 
 from align.exceptions import Cancelled
 
-from .errors import BusyError, ConflictError, NotFoundError
+from .errors import BusyError, ConflictError, NotFoundError, http_status
 from .job_store import INTERRUPTED, TERMINAL, Job, JobStore, JobStoreBusyError
 from .logging import get_logger
+from .storage import is_storage_error, storage_message
 
 __all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFullError", "JobNotFoundError",
            "IdempotencyConflictError", "JobStoreBusyError", "TERMINAL", "INTERRUPTED"]
@@ -368,6 +369,9 @@ class JobManager:
                 else:
                     job.state = "failed"
                     job.error = _error(type(exc).__name__, exc)
+                    if http_status(exc) == 500 and is_storage_error(exc):  # a full or read-only data dir: the typed
+                        # 503 a submit gets then (the record said OperationalError in SQLite's raw words)
+                        job.error = {"type": "StorageUnavailableError", "message": storage_message(exc)}
             self._persist(job)
             if job.state == "failed":
                 _log.warning("job failed", extra={"fields": {

@@ -12,7 +12,6 @@ so a refused registration (a conflict) leaves no report behind.
 
 from __future__ import annotations
 
-import logging
 import uuid
 import warnings
 from datetime import datetime, timezone
@@ -29,6 +28,7 @@ from align.frames import unit_rows
 from ..encoders import canonical_name, space_encoder
 from ..io import (ChunkWriter, check_not_input, count_rows, is_text_path, iter_chunks, parse_rows, resolve_rows,
                   sha256_array)
+from ..logging import get_logger
 from ..progress import Progress, Stages, silent
 from ..registry import ConflictError, NotFoundError, Registry, VersionInfo
 from ..registry.names import check_alias, check_name, fs_safe
@@ -48,7 +48,7 @@ SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster"
 _CLOSED_FORM = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}
 _DIAG_SAMPLE = 4096
 _PLOT_SAMPLE = 1500
-log = logging.getLogger(__name__)
+log = get_logger("maps")  # the ``vecbridge`` tree: JSON lines under serve (``service.ops.maps`` printed plain text)
 
 
 def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: bool, seed_pairs=None,
@@ -414,7 +414,8 @@ def _write_report(version: VersionInfo, path: Path, copy, html_text: str) -> Non
     try:
         write_report(path, html_text)
     except OSError as exc:
-        log.warning("map %s is registered but its fit report could not be written to %s: %s", version.ref, path, exc)
+        log.warning("map %s is registered but its fit report could not be written to %s: %s", version.ref, path, exc,
+                    extra={"fields": {"map": version.ref, "path": str(path), "error": str(exc)}})
     if copy is not None:  # a full disk here failed the command (exit 2) with the version registered: a retry refitted
         try:
             write_report(copy, html_text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 
@@ -45,6 +46,36 @@ def test_failure_is_recorded():
     assert job.state == "failed" and job.error == {"type": "ValueError", "message": "bad params: alpha must be > 0"}
     with pytest.raises(JobNotFoundError):
         mgr.get("nope")
+    mgr.shutdown(wait=True)
+
+
+def test_a_job_failed_by_a_full_disk_records_the_typed_storage_error(tmp_path):
+    """A fit or steer job that failed on a full disk recorded ``OperationalError`` with SQLite's raw "database or
+    disk is full", where a submit on that disk answers a typed 503 StorageUnavailableError. Now the record says the
+    same type and message as that 503."""
+    from service.storage import storage_message
+
+    mgr = JobManager()
+    raised = []
+
+    def fn(ctx):  # a real SQLITE_FULL: the database may not grow past the pages it has
+        db = sqlite3.connect(tmp_path / "d.sqlite")
+        try:
+            db.execute("CREATE TABLE t (x)")
+            db.execute("PRAGMA max_page_count = 1")
+            db.execute("INSERT INTO t VALUES (?)", (b"x" * 20000,))
+        except sqlite3.OperationalError as exc:
+            raised.append(exc)
+            raise
+        finally:
+            db.close()
+
+    job, _ = mgr.submit(fn, kind="fit")
+    wait(mgr.get, job.id)
+    assert "disk is full" in str(raised[0])
+    assert job.state == "failed" and job.error == {"type": "StorageUnavailableError",
+                                                   "message": storage_message(raised[0])}, job.error
+    assert job.error["message"].startswith("the data directory cannot be written (read-only, immutable or full disk)")
     mgr.shutdown(wait=True)
 
 

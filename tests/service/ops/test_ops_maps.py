@@ -48,6 +48,30 @@ def test_a_conflicting_registration_leaves_no_report(reg, tmp_path):
     assert [v.version for v in reg.list_versions("a2b", True)] == [1]
 
 
+def test_a_report_the_data_dir_cannot_take_is_logged_in_the_vecbridge_tree(reg, tmp_path):
+    """The warning of a report that could not be written came from logger ``service.ops.maps``, outside the
+    ``vecbridge`` tree that ``serve`` formats: plain text amid its JSON lines. Now a JSON line with its fields."""
+    import io
+    import json
+    import logging
+
+    from service.logging import JsonFormatter
+
+    (tmp_path / "blocked").touch()  # a file where the report folder goes
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("vecbridge")
+    root.addHandler(handler)
+    try:
+        v = _fit(reg, report_dir=tmp_path / "blocked")
+    finally:
+        root.removeHandler(handler)
+    lines = [json.loads(line) for line in buf.getvalue().splitlines()]
+    assert [(d["logger"], d["level"], d["map"]) for d in lines] == [("vecbridge.maps", "WARNING", v.ref)], lines
+    assert lines[0]["path"] == str(reg.report_file(v)) and "is a file, not a folder" in lines[0]["error"]
+
+
 @pytest.mark.parametrize("clash", [{"source_space": "c", "target_space": "d"},  # the name is bound to a -> b
                                    {"name": "c2b", "source_space": "a", "target_space": "e"}])  # a wider than space a
 def test_what_registration_would_refuse_is_refused_before_the_fit(reg, monkeypatch, clash):
