@@ -44,11 +44,14 @@ def _png(fig) -> str:
 
 
 def pca_2d(A: np.ndarray, basis_from: np.ndarray | None = None) -> np.ndarray:
-    """Project rows of ``A`` (n, d) on the top-2 principal axes of ``basis_from`` (default ``A``) → (n, 2)."""
+    """Project rows of ``A`` (n, d) on the top-2 principal axes of ``basis_from`` (default ``A``) → (n, 2).
+
+    With fewer than two axes (a 1-d space, or one basis row) the missing column is zeros: a strip along the first axis.
+    """
     B = np.asarray(A if basis_from is None else basis_from, dtype=np.float64)
     mu = B.mean(axis=0)
     _, _, Vt = np.linalg.svd(B - mu, full_matrices=False)
-    return (np.asarray(A, np.float64) - mu) @ Vt[:2].T
+    return _pad((np.asarray(A, np.float64) - mu) @ Vt[:2].T, 2)
 
 
 def _pad(A: np.ndarray, d: int) -> np.ndarray:

@@ -66,6 +66,28 @@ def test_pca_2d_finds_the_dominant_axes():
     np.testing.assert_allclose(np.abs(Q.mean(axis=0)), [5.0, 0.0], atol=0.05)
 
 
+def test_fits_into_or_out_of_a_1d_space_render_their_report(tmp_path):
+    """The PCA panel read a second principal axis that a 1-d space does not have: every fit into a 1-d target (and
+    1-d to 1-d) failed with IndexError while rendering its report, and nothing was registered. A 1-d cloud is now
+    drawn as a strip along its one axis."""
+    from service.ops.maps import run_fit
+    from service.registry import open_registry
+
+    rng = np.random.default_rng(0)
+    x3, x1 = rng.normal(size=(300, 3)).astype(np.float32), rng.normal(size=(300, 1)).astype(np.float32)
+    P = pca_2d(x1)
+    assert P.shape == (300, 2) and not P[:, 1].any()
+    reg = open_registry(f"sqlite:///{tmp_path / 'r.sqlite'}", tmp_path / "art")
+    try:
+        for name, (src, tgt) in {"d3-d1": (x3, x1), "d1-d3": (x1, x3), "d1-e1": (x1, x1[::-1].copy())}.items():
+            v = run_fit(reg, name=name, source=src, target=tgt, method="procrustes", source_space=name[:2],
+                        target_space=name[3:], paired=True)
+            html = (reg.report_dir / v.report_path).read_text()
+            assert re.search(r"alt='PCA projection' src='data:image/png;base64,", html), name
+    finally:
+        reg.close()
+
+
 def _planted_pairs(n, d_s=16, d_t=12, noise=0.3, seed=0):
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d_s)) + rng.normal(size=(12, d_s))[rng.integers(0, 12, n)] * 2
