@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from align.exceptions import DimensionMismatchError, InputError
+from align.validation import as_matrix
 
 from ..encoders import UnknownEncoderError, get_encoder
 from ..errors import ConflictError
@@ -238,7 +239,8 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
         Q = embed_texts(resolver, qspace, texts, "query")
     tr = resolver.translation(qspace, idx.space, map_ref) if (qspace != idx.space or map_ref) else None
     if tr is not None and tr.map is not None:
-        Q = tr.map.apply(np.ascontiguousarray(Q, dtype=np.float32), output="raw", validate=False)
+        Q = as_matrix(Q, name="vectors", dim=tr.map.source_dim, finite=False)  # the width, as HTTP checks it
+        Q = tr.map.apply(Q, output="raw", validate=False)
     check_hits(Q.shape[0], k, limits)
     Q, used_steers = steer_queries(Q, steers or {}, idx.space, load_steer=resolver.resolve_steer)
     S, I, *P = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k,

@@ -276,6 +276,32 @@ def test_bad_input_is_exit_2_and_writes_nothing(world, capsys, monkeypatch):
     assert code == 2 and "steer 's:1' is given twice; give each once" in err
 
 
+def _narrow_space(data, X, Y):
+    """Space c (8-d) and the map c2b (c -> b) beside the world's a, b: queries of another width than b's."""
+    from align import fit_ridge
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    try:
+        reg.register_space("c", 8)
+        reg.register_version("c2b", fit_ridge(X[:, :8], Y, alpha=1e-3), source_space="c", target_space="b",
+                             method="ridge", params={})
+    finally:
+        reg.close()
+
+
+def test_queries_of_another_width_through_a_map_are_exit_2_as_over_http(world, capsys):
+    """A search through a map applied it unchecked: 16-d rows declared as the 8-d space c reached the GEMM and the CLI
+    ended in ``internal error: ValueError: matmul ...``, where HTTP answered 422. The search op checks the width."""
+    data, tmp, X, Y = world
+    _narrow_space(data, X, Y)
+    assert cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--quiet")[0] == 0
+    code, _, err = cli(capsys, data, "search", "docs", tmp / "y.npy", "--rows", "0:2", "--space", "c", "-k", "3")
+    assert code == 2 and "vectors: expected 8 columns, got 16" in err and "internal error" not in err, err
+    np.save(tmp / "c.npy", X[:2, :8])
+    assert cli(capsys, data, "search", "docs", tmp / "c.npy", "--space", "c", "-k", "3")[0] == 0
+
+
 def test_add_blocks_that_fail_part_way_leave_the_index_as_persisted(tmp_path):
     """An add of several blocks whose third block is bad: the first two are not kept in memory either (the
     index answers as persisted), and nothing is written."""
