@@ -147,8 +147,11 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
     return index
 
 
-def prep_rows(X: np.ndarray, metric: str, what: str = "vectors",
-              why: str = "a cosine index needs a direction (use metric='ip' to store zero rows)") -> np.ndarray:
+#: Why a cosine index refuses an all-zero row, stored or searched (:func:`prep_rows`)
+NO_DIRECTION = "a cosine index needs a direction (use metric='ip' to store zero rows)"
+
+
+def prep_rows(X: np.ndarray, metric: str, what: str = "vectors", why: str = NO_DIRECTION) -> np.ndarray:
     """Rows as stored / searched: unit rows (cosine; exact at any finite scale) or as is (ip).
 
     Cosine refuses all-zero rows (no direction; ``why`` says so in the error); ``metric="ip"`` refuses rows with

@@ -7,7 +7,8 @@ Search, for queries ``Q`` (n, d_q) in space ``s_q`` against an index of space ``
 
 1. ``texts`` instead of vectors: ``Q = encoder(s_q).encode(texts, kind="query")``;
 2. ``s_q != s`` (or a pinned ``map_ref``: one map, or a path of them): ``Q <- Q H`` with ``H`` the chain of
-   maps ``s_q -> s`` (the registry's, or the pinned one) composed (raw output, (n, d));
+   maps ``s_q -> s`` (the registry's, or the pinned one) composed (raw output, (n, d)); rows of another width
+   than ``s_q``'s, or all-zero rows (the map would send them to its offset), are refused first;
 3. the answer's size is bounded before any search: ``k <= max_k``, ``n k <= max_hits``;
 4. steers ``{W_i: eps_i}`` of ``s``: ``Q <- Q (I + sum_i eps_i W_i)``;
 5. one FAISS search, top ``k`` by cosine (or inner product), CSLS re-ranking when ``csls_k > 0``.
@@ -26,12 +27,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from align.exceptions import DimensionMismatchError, InputError
-from align.validation import as_matrix
+from align.validation import as_matrix, check_no_zero_rows
 
 from ..encoders import UnknownEncoderError, get_encoder
 from ..errors import ConflictError
 from ..indexes import IndexStore, SpaceIndex
 from ..indexes.csls import CSLS_WEIGHT
+from ..indexes.kinds import NO_DIRECTION
 from .steers import steer_queries
 
 __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
@@ -222,6 +224,9 @@ def check_hits(n_queries: int, k: int, limits) -> None:
                          f"per request (limits.max_hits); send fewer queries per request or a smaller k")
 
 
+_ZERO_MAPPED = "a zero query has no direction, and a map would send it to its offset, to be ranked as a real query"
+
+
 def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, texts: list[str] | None = None,
            space: str | None = None, map_ref: str | Sequence[str] | None = None, k: int = 10, exact: bool = False,
            ef_search: int | None = None, nprobe: int | None = None, csls_k: int = 0, csls_weight: float = CSLS_WEIGHT,
@@ -240,6 +245,8 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
     tr = resolver.translation(qspace, idx.space, map_ref) if (qspace != idx.space or map_ref) else None
     if tr is not None and tr.map is not None:
         Q = as_matrix(Q, name="vectors", dim=tr.map.source_dim, finite=False)  # the width, as HTTP checks it
+        # refused as the index refuses it unmapped: an affine map would send a zero row to its offset, a real query
+        check_no_zero_rows(Q, name="queries", why=NO_DIRECTION if idx.metric == "cosine" else _ZERO_MAPPED)
         Q = tr.map.apply(Q, output="raw", validate=False)
     check_hits(Q.shape[0], k, limits)
     Q, used_steers = steer_queries(Q, steers or {}, idx.space, load_steer=resolver.resolve_steer)

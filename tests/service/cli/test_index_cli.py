@@ -302,6 +302,33 @@ def test_queries_of_another_width_through_a_map_are_exit_2_as_over_http(world, c
     assert cli(capsys, data, "search", "docs", tmp / "c.npy", "--space", "c", "-k", "3")[0] == 0
 
 
+def test_an_all_zero_query_is_refused_through_a_map_as_without_one(world, capsys):
+    """A zero query to a cosine index is refused (no direction), but through a map it was searched: the affine map
+    sent it to its offset, which found confident hits (CLI and HTTP alike). The search op now refuses it before
+    the map, with the unmapped path's message; an inner-product index, which ranks a zero query unmapped with
+    scores 0, refuses it through a map too."""
+    from _api_support import settings_for
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    data, tmp, _, _ = world
+    assert cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--quiet")[0] == 0
+    assert cli(capsys, data, "create", "dot", "--space", "b", tmp / "y.npy", "--metric", "ip", "--quiet")[0] == 0
+    zero = np.zeros((2, 16), np.float32)
+    np.save(tmp / "zero.npy", zero)
+    said = "queries: 2 all-zero row(s); a cosine index needs a direction"
+    plain, mapped = (cli(capsys, data, "search", "docs", tmp / "zero.npy", *space) for space in ([], ["--space", "a"]))
+    assert plain[0] == mapped[0] == 2 and said in plain[2] and mapped[2] == plain[2], mapped
+    code, _, err = cli(capsys, data, "search", "dot", tmp / "zero.npy", "--space", "a")
+    assert code == 2 and "queries: 2 all-zero row(s); a zero query has no direction" in err, err
+    assert cli(capsys, data, "search", "dot", tmp / "zero.npy")[0] == 0  # unmapped: scored 0, as before
+    with TestClient(create_app(settings_for(tmp, data_dir=data))) as c:
+        for body in ({"vectors": zero.tolist()}, {"vectors": zero.tolist(), "space": "a"}):
+            r = c.post("/v1/indexes/docs/search", headers={"Authorization": f"Bearer {RKEY}"}, json=body)
+            assert r.status_code == 422 and said in r.json()["error"]["message"], r.text
+
+
 def test_add_blocks_that_fail_part_way_leave_the_index_as_persisted(tmp_path):
     """An add of several blocks whose third block is bad: the first two are not kept in memory either (the
     index answers as persisted), and nothing is written."""
