@@ -271,7 +271,9 @@ def index_drop(obj: Ctx, name, yes):
 @click.argument("queries", type=click.Path(dir_okay=False))
 @click.option("--space", default=None, help="The queries' space (default: the index's); another space goes through "
                                             "the registry's path of maps, as over HTTP.")
-@click.option("--map", "map_ref", default=None, help="Pin the map (NAME, NAME@alias, NAME:version) instead.")
+@click.option("--map", "map_refs", multiple=True,
+              help="Pin the map (NAME, NAME@alias, NAME:version) instead; repeat it for a path of maps in order, "
+                   "from --space to the index's space (as the HTTP map list).")
 @click.option("-k", "--k", "k", type=click.IntRange(1), default=10, show_default=True, help="Hits per query (the HTTP k).")
 @click.option("--csls", is_flag=True, help="Re-rank by CSLS (less hubness).")
 @click.option("--csls-k", type=click.IntRange(1, 1000), default=10, show_default=True)
@@ -292,7 +294,7 @@ def index_drop(obj: Ctx, name, yes):
 @_with(_file_opts)
 @json_opt
 @click.pass_obj
-def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_weight, exact, ef_search, nprobe,
+def index_search(obj: Ctx, name, queries, space, map_refs, k, csls, csls_k, csls_weight, exact, ef_search, nprobe,
                  steers, with_payloads, out, search_device, rows, key, column, text_field, as_json):
     """Search index NAME with the rows of QUERIES (vectors, or texts embedded with the query space's encoder)."""
     device = search_device or obj.settings.search_device  # the option wins over the variable
@@ -310,8 +312,8 @@ def index_search(obj: Ctx, name, queries, space, map_ref, k, csls, csls_k, csls_
     index_ops.check_hits(1, k, limits)
     per = max(1, min(CHUNK_ROWS, limits.max_hits // k))
     keep = with_payloads is not False and (with_payloads or as_json or out is not None)
-    kw = {"space": space, "map_ref": map_ref, "k": k, "exact": exact, "ef_search": ef_search, "nprobe": nprobe,
-          "csls_k": csls_k if csls else 0, "csls_weight": csls_weight, "limits": limits,
+    kw = {"space": space, "map_ref": list(map_refs) or None, "k": k, "exact": exact, "ef_search": ef_search,
+          "nprobe": nprobe, "csls_k": csls_k if csls else 0, "csls_weight": csls_weight, "limits": limits,
           "steers": _steers(steers), "with_payloads": keep}
     if src.texts:
         texts = read_texts(queries, rows=parse_rows(rows), text_field=text_field)

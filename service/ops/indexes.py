@@ -210,8 +210,12 @@ def add_rows(resolver: Resolver, idx: SpaceIndex, X: np.ndarray | None = None, *
     return idx.add(X, ids=ids, payloads=payloads)
 
 
-def query_dim(resolver: Resolver, idx: SpaceIndex, space: str | None) -> int:
-    """Width of query vectors from ``space`` (default: the index's own)."""
+def query_dim(resolver: Resolver, idx: SpaceIndex, space: str | None,
+              map_ref: str | Sequence[str] | None = None) -> int:
+    """Width of query vectors from ``space`` (default: the index's own). A pinned ``map_ref`` is first checked to
+    lead from that space to the index's (InputError saying where it goes): else the rows' width took the blame."""
+    if map_ref:
+        resolver.translation(space or idx.space, idx.space, map_ref)
     return resolver.get_space(space).dim if space and space != idx.space else idx.dim
 
 

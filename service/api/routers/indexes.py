@@ -152,7 +152,8 @@ def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None,
     wait raises :class:`~service.indexes.locking.WouldBlock` before the search.
     """
     res = resolver or state
-    opts, Q = parse_rows(body, SearchOptions, settings.max_batch, lambda o: index_ops.query_dim(res, idx, o.space))
+    opts, Q = parse_rows(body, SearchOptions, settings.max_batch,
+                         lambda o: index_ops.query_dim(res, idx, o.space, o.map))
     found = index_ops.search(res, idx, Q, texts=opts.texts, space=opts.space, map_ref=opts.map, k=opts.k,
                              exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
                              csls_k=opts.csls_k if opts.csls else 0, csls_weight=opts.csls_weight,

@@ -329,6 +329,40 @@ def test_an_all_zero_query_is_refused_through_a_map_as_without_one(world, capsys
             assert r.status_code == 422 and said in r.json()["error"]["message"], r.text
 
 
+def test_a_pinned_map_that_does_not_lead_is_said_alike_and_repeated_maps_pin_a_path(world, capsys):
+    """HTTP checked the rows' width against the index's space before the pinned map: 8-d rows of space c sent with
+    ``map: c2b:1`` and no ``space`` were blamed on their width, where the CLI said where the map goes. And the
+    CLI's ``--map`` kept only the last of several, where HTTP takes a path: ``--map a2c --map c2b`` went c -> b."""
+    from _api_support import settings_for
+    from fastapi.testclient import TestClient
+
+    from align import fit_ridge
+    from service.api import create_app
+    from service.registry import open_registry
+
+    data, tmp, X, Y = world
+    _narrow_space(data, X, Y)
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    try:
+        reg.register_version("a2c", fit_ridge(X, X[:, :8], alpha=1e-3), source_space="a", target_space="c",
+                             method="ridge", params={})
+    finally:
+        reg.close()
+    assert cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--quiet")[0] == 0
+    np.save(tmp / "c.npy", X[:5, :8])
+    said = "map c2b:1 goes c -> b, but the request needs b -> b"
+    code, _, err = cli(capsys, data, "search", "docs", tmp / "c.npy", "--map", "c2b:1")
+    assert code == 2 and said in err, err
+    with TestClient(create_app(settings_for(tmp, data_dir=data))) as c:
+        r = c.post("/v1/indexes/docs/search", headers={"Authorization": f"Bearer {RKEY}"},
+                   json={"vectors": X[:5, :8].tolist(), "map": ["c2b:1"]})
+        assert r.status_code == 422 and said in r.json()["error"]["message"], r.text
+    code, out, err = cli(capsys, data, "search", "docs", tmp / "x.npy", "--rows", "0:5", "--space", "a",
+                         "--map", "a2c", "--map", "c2b", "-k", "1", "--json")
+    assert code == 0, err
+    assert [(m["name"], m["version"]) for m in json.loads(out)["maps"]] == [("a2c", 1), ("c2b", 1)]
+
+
 def test_add_blocks_that_fail_part_way_leave_the_index_as_persisted(tmp_path):
     """An add of several blocks whose third block is bad: the first two are not kept in memory either (the
     index answers as persisted), and nothing is written."""
