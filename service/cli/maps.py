@@ -31,7 +31,7 @@ __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
 _ref_opt = click.option("--map", "ref", required=True,
                         help="NAME (its prod version, else its newest reliable one), NAME@alias or NAME:version.")
-_ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://head:10001): supervised fits as a "
+_ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://head:10001): procrustes and ridge as a "
              "map-reduce of sufficient statistics, minivec2vec with its kNN/CSLS rounds as tasks over row blocks "
              "(the same map as in-process).")
 
@@ -45,7 +45,8 @@ _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://
 @click.option("--method", type=click.Choice(["minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive",
                                             "cluster"]), required=True,
               help="auto: every paired family fitted and chosen on held-out pairs (align.fit_migration), the "
-                   "per-cluster family included; cluster: per-cluster local maps (align.ClusterMap).")
+                   "per-cluster family included; lowrank: Procrustes plus a low-rank ridge residual (--param rank=N, "
+                   "default 32), as align.fit_migration's; cluster: per-cluster local maps (align.ClusterMap).")
 @click.option("--param", "params", multiple=True, help="KEY=VALUE fitter parameter (JSON values), repeatable.")
 @click.option("--name", required=True, help="Map name, e.g. minilm->e5.")
 @click.option("--source-space", default=None, help="Source space name (default: encoder or file stem).")
@@ -124,8 +125,8 @@ def _ignored_options(method: str, ray_address: str | None, threads: int) -> list
     out = []
     if option_given("threads") and threads > 1 and (method in SUPERVISED or ray_address is not None):
         out.append("--threads applies to an in-process minivec2vec fit (unpaired or seeded); ignored here")
-    if option_given("shard_rows") and (ray_address is None or method not in ("procrustes", "ridge", "lowrank")):
-        out.append("--shard-rows applies to --ray fits of procrustes, ridge or lowrank; ignored here")
+    if option_given("shard_rows") and (ray_address is None or method not in ("procrustes", "ridge")):
+        out.append("--shard-rows applies to --ray fits of procrustes or ridge; ignored here")
     return out
 
 

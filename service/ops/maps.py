@@ -12,6 +12,7 @@ so a refused registration (a conflict) leaves no report behind.
 
 from __future__ import annotations
 
+import functools
 import uuid
 import warnings
 from datetime import datetime, timezone
@@ -45,7 +46,10 @@ __all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_
 METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 #: the closed-form paired fits (fitted from additive statistics; cheap enough to cross-validate)
-_CLOSED_FORM = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}
+_CLOSED_FORM = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge}
+#: the fits cross-validated when they hold no pairs out: ``lowrank`` is ``align.fit_migration``'s (Procrustes plus a
+#: low-rank ridge residual, rank 32 unless ``params.rank``), as in Python
+_CROSS_VALIDATED = {**_CLOSED_FORM, "lowrank": functools.partial(align.fit_migration, method="lowrank")}
 _DIAG_SAMPLE = 4096
 _PLOT_SAMPLE = 1500
 log = get_logger("maps")  # the ``vecbridge`` tree: JSON lines under serve (``service.ops.maps`` printed plain text)
@@ -77,12 +81,10 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
             raise InputError("seed pairs apply to minivec2vec only")
         if method in MIGRATION_METHODS:  # align.fit_migration: families chosen on held-out pairs
             if ray_address is not None:
-                raise InputError(f"--ray runs procrustes, ridge and lowrank fits; {method} runs in-process")
+                raise InputError(f"--ray runs procrustes and ridge fits; {method} runs in-process")
             return fit_migration_map(X, Y, method=method, params=params, random_state=random_state,
                                      progress=progress)
         fn = _CLOSED_FORM[method]
-        if method == "lowrank" and "rank" not in params:
-            raise InputError("lowrank needs a rank parameter (--param rank=N)")
         try:
             if ray_address is not None:
                 from ..distributed import fit_stats_ray
@@ -154,9 +156,9 @@ def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
         return {"heldout_top1": float(chosen["query_recall@1"]), "heldout_n_candidates": int(sel["n_holdout"]),
                 "heldout_n_queries": int(sel["n_holdout"]), "heldout_n_compared": int(sel.get("n_compared", 1)),
                 "heldout_source": SPLIT}
-    if method not in _CLOSED_FORM or X.shape[0] < 10:
+    if method not in _CROSS_VALIDATED or X.shape[0] < 10:
         return {}
-    fn = _CLOSED_FORM[method]
+    fn = _CROSS_VALIDATED[method]
     try:
         cv = align.cross_val_top1(X, Y, lambda a, b: fn(a, b, **params), random_state=random_state or 0)
     except align.exceptions.VecbridgeError:  # a fold the family cannot fit (e.g. no signal in it)
@@ -254,7 +256,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     registry : Registry
     name : str                   map name (``minilm->e5``)
     source : array (n, d_s); target : array (m, d_t)   raw embeddings (paired: n == m, row i ↔ row i)
-    method : {"minivec2vec", "procrustes", "ridge", "lowrank"}
+    method : one of :data:`METHODS`
     params : dict                keyword arguments of the align fitter / estimator
     paired : bool                rows are paired (supervised methods need it)
     seed_pairs : (i_src, i_tgt) or None      known pairs for seeded minivec2vec
@@ -488,8 +490,6 @@ def check_fit_params(method: str, params: dict | None, random_state=0) -> None:
     elif method == "minivec2vec":
         _minivec2vec(params, random_state).check_params()
     elif method in _CLOSED_FORM:
-        if method == "lowrank" and "rank" not in params:
-            raise InputError("lowrank needs a rank parameter (--param rank=N)")
         align.procrustes.check_closed_form_params(method, params)  # values too: alpha=-1 was a failed job
 
 
