@@ -381,7 +381,8 @@ def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tu
 def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retention: float = 0.95,
                    target_ks=DEFAULT_TARGET_KS, repeats: int = 2, methods=("procrustes", "ridge"),
                    distractors: int = 8192, select_rows: bool = True, queries=None, old_queries=None,
-                   relevant=None, old_is_sample: bool = False, progress=None) -> dict:
+                   relevant=None, old_is_sample: bool = False, progress=None,
+                   names: tuple[str, str, str] = ("X_old", "probe_src", "probe_tgt")) -> dict:
     r"""A plan before the fit, from the old corpus and a small paired probe.
 
     Parameters
@@ -401,6 +402,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     progress : callable(stage: str, fraction: float), optional
         called as the learning curve's fits complete (``"learning curve"``) and around the row selection
         (``"rows to re-embed"``); a labelled plan over a 40,960-row corpus takes tens of seconds.
+    names : what the error messages call ``X_old``, ``probe_src`` and ``probe_tgt`` (a caller's own names for them,
+        e.g. its command-line options or JSON fields).
 
     Method
     ------
@@ -439,10 +442,11 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     """
     from .migration import _Problem, _fit_procrustes, _ridge
 
-    Xo = as_matrix(X_old, name="X_old")
+    n_old, n_src, n_tgt = names
+    Xo = as_matrix(X_old, name=n_old)
     check_callable("progress", progress)
     check_flag("select_rows", select_rows)
-    A, B = check_paired(probe_src, probe_tgt, names=("probe_src", "probe_tgt"), min_rows=1)
+    A, B = check_paired(probe_src, probe_tgt, names=(n_src, n_tgt), min_rows=1)
     # a repeated pair split across the curve's fitting and held-out halves is found by memory, and its copy is its
     # own nearest neighbour in the alignability count: the plan is of the distinct pairs
     groups, n_given = pair_groups(A, B), A.shape[0]
@@ -454,12 +458,14 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         distinct = "" if groups is None else f" distinct ones ({n_given} rows, {n_given - A.shape[0]} repeated)"
         raise TooFewRowsError(f"the probe needs at least {MIN_PROBE} pairs (200-1,000 recommended), got {A.shape[0]}"
                               f"{distinct}")
-    check_rankable(A, name="probe_src")  # an all-zero or constant side has no neighbourhoods to forecast from
-    check_rankable(B, name="probe_tgt")
+    check_rankable(A, name=n_src)  # an all-zero or constant side has no neighbourhoods to forecast from
+    check_rankable(B, name=n_tgt)
     if A.shape[1] != Xo.shape[1]:
         from .exceptions import DimensionMismatchError
 
-        raise DimensionMismatchError(f"probe_src has {A.shape[1]} columns, X_old {Xo.shape[1]}")
+        raise DimensionMismatchError(f"{n_src} has {A.shape[1]} columns but {n_old} has {Xo.shape[1]}: both are "
+                                     f"the old model's vectors (the probe's and the corpus's), so their widths must "
+                                     f"agree")
     unknown = [m for m in methods if m not in ("procrustes", "ridge")]
     if unknown or not methods:
         raise InputError(f"plan methods must be one or more of 'procrustes', 'ridge', got {list(methods)}")
@@ -525,7 +531,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
             return _inconsistent_labelled(curve, native, over, int(lab.Q.shape[0]), plan_migration(
                 X_old, probe_src, probe_tgt, random_state=random_state, target_retention=target_retention,
                 target_ks=target_ks, repeats=repeats, methods=methods, distractors=distractors,
-                select_rows=select_rows, old_is_sample=old_is_sample, progress=progress))
+                select_rows=select_rows, old_is_sample=old_is_sample, progress=progress, names=names))
     fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
     best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
     predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])

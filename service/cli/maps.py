@@ -304,7 +304,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q,
-                   old_queries=Qo, relevant=rel, progress=progress)
+                   old_queries=Qo, relevant=rel, progress=progress, names=("--old", "--probe-source", "--probe-target"))
     finally:
         close()
     if old_rows:  # the plan numbers the rows it was given: rows_to_embed index --old itself (as --rows-out says)

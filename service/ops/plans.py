@@ -72,13 +72,16 @@ def check_semi_supervised(params: dict | None, unpaired: bool) -> None:
 
 
 def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, random_state=0,
-         target_retention: float = 0.95, queries=None, old_queries=None, relevant=None, progress=None) -> dict:
+         target_retention: float = 0.95, queries=None, old_queries=None, relevant=None, progress=None,
+         names: tuple[str, str, str] = ("old", "probe_source", "probe_target")) -> dict:
     """The plan of :func:`align.plan_migration` (JSON-safe dict); with labelled ``queries`` (new model),
     ``old_queries`` (the same, old model) and ``relevant`` (probe rows), of their labelled retention.
-    ``progress(stage, fraction)`` follows its learning curve and row selection."""
+    ``progress(stage, fraction)`` follows its learning curve and row selection. ``names``: what the errors call
+    the three sets (default: the HTTP fields; the CLI passes its options)."""
     return align.plan_migration(X_old, probe_src, probe_tgt, random_state=random_state,
                                 target_retention=target_retention, queries=queries, old_queries=old_queries,
-                                relevant=None if relevant is None else np.asarray(relevant), progress=progress)
+                                relevant=None if relevant is None else np.asarray(relevant), progress=progress,
+                                names=names)
 
 
 def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None, queries=None,

@@ -163,7 +163,7 @@ def test_plan_cli_with_labelled_queries_predicts_their_retention_over_the_corpus
     (["plan", "--old", "old.npy", "--probe-source", "old.npy", "--probe-target", "new.npy", "--probe-rows", "0:200",
       "--old-rows", "0:10"], None),
     (["plan", "--old", "new.npy", "--probe-source", "old.npy", "--probe-target", "new.npy", "--probe-rows", "0:200"],
-     "columns"),
+     "--probe-source has 16 columns but --old has 12"),  # was "probe_src has 16 columns, X_old 12"
 
     (["fit", "--pairs", "--source", "old.npy", "--target", "bad.npy", "--rows", "0:100", "--method", "auto",
       "--name", "x", "--quiet"], "NaN"),
@@ -226,7 +226,10 @@ def test_http_plan_and_bad_probe(tmp_path):
         assert r.status_code == 422 and "at least 50" in r.text
         r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:100]), "probe_target": _b64(Y[:90])},
                    headers=R)
-        assert r.status_code == 422
+        assert r.status_code == 422 and "probe_source and probe_target must have the same number of rows" in r.text
+        # the request's own field names, not align's parameters ("probe_src has 16 columns, X_old 12")
+        r = c.post("/v1/plans", json={**base, "old": _b64(Y)}, headers=R)
+        assert r.status_code == 422 and "probe_source has 16 columns but old has 12" in r.text, r.text
         r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:100]), "probe_target": _b64(Y[:100]),
                                       "target_retention": 2}, headers=R)
         assert r.status_code == 422
