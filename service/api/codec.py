@@ -7,7 +7,8 @@ Reading
     ``"vectors_b64": "...", "dim": d``                little-endian float32, row-major, base64
 ``application/octet-stream`` body
     raw little-endian float32, row-major; ``d`` from the ``dim`` query parameter or the
-    ``X-Vector-Dim`` header (rows = bytes / 4d)
+    ``X-Vector-Dim`` header, else the route's own default (transform: the map's source dimension)
+    (rows = bytes / 4d)
 ``application/x-npy`` (or ``application/npy``) body
     a ``.npy`` file, float16/32/64, 2-D; read with ``allow_pickle=False``
 
@@ -195,8 +196,10 @@ def _rows_in_blocks(rows: list, name: str, block: int = 4096):
 
 
 def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int, finite: bool = True) -> np.ndarray:
-    """Read an octet-stream (needs ``dim``) or ``.npy`` body as float32 (n, d); ``finite`` as in
-    :func:`vectors_from_json`."""
+    """Read an octet-stream or ``.npy`` body as float32 (n, d); ``finite`` as in :func:`vectors_from_json`.
+
+    ``dim``: the row width the caller settled on (the transform route: ``?dim=``, ``X-Vector-Dim``, else the map's
+    source dimension); an octet-stream body with ``dim`` None is an InputError."""
     if mt == NPY:
         # numpy takes any other bytes for a pickle, and advises loading it "unsafely" (.npz: refused below)
         if not body.startswith((b"\x93NUMPY", b"PK\x03\x04")):
