@@ -191,12 +191,14 @@ def _int_param(value: Any, name: str, lo: int, hi: int) -> int:
     return check_range(value, f"index parameter {name}", lo, hi)
 
 
-def seed_of(params: dict | None, random_state: Any, given: bool) -> Any:
+def seed_of(params: dict | None, random_state: Any, given: bool) -> int:
     """An index's seed: ``random_state`` when the caller gave it, else ``params["random_state"]`` (an index's info
-    reports its seed there, so its params can be sent back as they are), else ``random_state`` (0 by default)."""
+    reports its seed there, so its params can be sent back as they are), else ``random_state`` (0 by default).
+    Checked as every index parameter is (a whole float such as ``3.0`` is the int 3; else :class:`InputError`), so
+    the int returned is the seed every random step of the build uses."""
     if not given and isinstance(params, dict) and "random_state" in params:
-        return params["random_state"]
-    return 0 if random_state is None else random_state
+        random_state = params["random_state"]
+    return _int_param(0 if random_state is None else random_state, "random_state", 0, MAX_SEED)
 
 
 def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = None, dim: int | None = None,
@@ -219,6 +221,7 @@ def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = N
     if not isinstance(params, dict):
         raise InputError(f"index params must be an object, got {type(params).__name__}")
     rules = INDEX_PARAM_RULES[kind]
+    random_state = _int_param(random_state, "random_state", 0, MAX_SEED)
     out: dict = {}
     for key, value in params.items():
         if key == "random_state":  # an index's params as its info reports them; one seed only (it was replaced)
@@ -235,7 +238,6 @@ def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = N
         out[key] = _int_param(value, key, lo, hi)
     if dim is not None:
         check_dim(dim)
-    _int_param(random_state, "random_state", 0, MAX_SEED)
     if kind == "ivf":
         if n_rows is not None and "nlist" in out and out["nlist"] > n_rows:
             raise InputError(f"index parameter nlist={out['nlist']} exceeds the {n_rows} training rows "

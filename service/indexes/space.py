@@ -178,9 +178,10 @@ class SpaceIndex:
         own = callable(train)  # rows drawn for training only: scaled in place, dropped once trained
         T = X if train is None else as_matrix(train() if own else train, name="training rows", dim=d, finite=not own)
         params = check_index_params(kind, params, n_rows=T.shape[0], dim=d, random_state=random_state)
+        random_state = int(random_state)  # checked above: a whole number (3.0 is 3)
         index = make_index(kind, T, metric, params, random_state, overwrite=own)
         del T
-        params["random_state"] = int(random_state)
+        params["random_state"] = random_state
         obj = cls(name=name, space=space, dim=d, kind=kind, metric=metric, params=params, index=index,
                   description=description, path=path)
         if n:
