@@ -43,8 +43,9 @@ from ..limits import MAX_ID, ivf_training
 from ..threads import pin_thread
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "ListPlan", "choose_kind",
-           "check_name", "ids_array", "make_index", "prep_rows", "hnsw_chunk", "add_rows", "reserve", "plan_lists",
-           "live_ids", "live_slots", "tombstone_slots", "rebuild_hnsw", "search_key", "search_kind", "search_work"]
+           "check_name", "ids_array", "make_index", "prep_rows", "hnsw_chunk", "add_seed", "add_rows", "reserve",
+           "plan_lists", "live_ids", "live_slots", "tombstone_slots", "rebuild_hnsw", "search_key", "search_kind",
+           "search_work"]
 
 FLAT_MAX = 50_000
 HNSW_MAX = 1_000_000
@@ -98,21 +99,31 @@ def ids_array(ids, n: int | None = None, *, name: str = "ids", merge_repeats: bo
     return arr
 
 
-def _hnsw(d: int, params: dict):
+def _hnsw(d: int, params: dict, random_state: int):
+    """An empty HNSW graph whose level generator starts from ``random_state`` (FAISS's own start is a constant)."""
     inner = faiss.IndexHNSWFlat(d, int(params["M"]), faiss.METRIC_INNER_PRODUCT)
     inner.hnsw.efConstruction = int(params["ef_construction"])
+    inner.hnsw.rng = faiss.RandomGenerator(int(random_state) & 0x7FFFFFFF)
     return faiss.IndexIDMap2(inner)
+
+
+def add_seed(random_state: int, generation: int) -> int:
+    """The seed of the HNSW level generator for a logged add that becomes ``generation`` of an index seeded with
+    ``random_state`` (:func:`add_rows`): the writer and every replay derive it alike. Seed 0 gives ``generation``,
+    the seed such adds had before the index's seed took part, so their deltas replay as they were written."""
+    return (int(random_state) * 0x9E3779B1 + int(generation)) & 0x7FFFFFFF
 
 
 def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state: int, *, overwrite: bool = False):
     """An empty FAISS index of ``kind`` for rows like ``X`` (n, d); IVF is trained on ``X`` here.
 
     Fills ``params`` (checked by :func:`service.limits.check_index_params`) with the defaults
-    used: ``M=32, ef_construction=80, ef_search=64`` (HNSW), ``nlist``, ``nprobe=min(16, nlist)``,
-    ``train_rows`` (IVF: :func:`service.limits.ivf_training`, default ``64 * nlist``, at most ``n``). IVF's
-    k-means trains on ``train_rows`` rows drawn with ``random_state`` (every row when ``n`` is not larger),
-    scaled to unit length (cosine) block by block into one array of the rows trained on: in ``X`` itself with
-    ``overwrite`` (a sample the caller made for this), so training on ``t`` rows holds ``t x d`` floats once.
+    used: ``M=32, ef_construction=80, ef_search=64`` (HNSW; each row's level drawn from ``random_state``), ``nlist``,
+    ``nprobe=min(16, nlist)``, ``train_rows`` (IVF: :func:`service.limits.ivf_training`, default ``64 * nlist``, at
+    most ``n``). IVF's k-means trains on ``train_rows`` rows drawn with ``random_state`` (every row when ``n`` is
+    not larger), scaled to unit length (cosine) block by block into one array of the rows trained on: in ``X``
+    itself with ``overwrite`` (a sample the caller made for this), so training on ``t`` rows holds ``t x d`` floats
+    once.
     """
     n, d = X.shape
     if kind == "flat":
@@ -121,7 +132,7 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
         params.setdefault("M", 32)
         params.setdefault("ef_construction", 80)
         params.setdefault("ef_search", 64)
-        return _hnsw(d, params)
+        return _hnsw(d, params, random_state)
     if n == 0:
         raise InputError("an IVF index needs training vectors at creation")
     nlist, cap = ivf_training(n, params)
@@ -205,8 +216,9 @@ def add_rows(index, kind: str, rows: np.ndarray, ids: np.ndarray, seed: int | No
     snapshot, so a logged add must not depend on the history of the process that made it. Flat and IVF
     adds are deterministic already; an HNSW add draws each row's level from the graph's random
     generator, which FAISS does not store with the index (a loaded graph restarts it), and inserts rows
-    in parallel with OpenMP. So with ``seed`` (the generation the add becomes) the HNSW generator is
-    reseeded and the insertion runs on one OpenMP thread: a replay builds the very graph the writer built.
+    in parallel with OpenMP. So with ``seed`` (:func:`add_seed` of the index's seed and the generation the add
+    becomes) the HNSW generator is reseeded and the insertion runs on one OpenMP thread: a replay builds the very
+    graph the writer built.
     Without it (adds persisted as a whole snapshot) the insertion keeps FAISS's threads.
 
     HNSW with ``seed`` or ``step`` inserts :func:`hnsw_chunk` rows per FAISS call (a call orders its rows by
@@ -342,7 +354,7 @@ def rebuild_hnsw(index, dim: int, params: dict, tombstones: set[int]):
     keep = np.ones(ids.shape, bool)
     keep[_slots(tombstones)] = False
     X, ids = np.ascontiguousarray(xb[keep]), ids[keep]
-    fresh = _hnsw(dim, params)
+    fresh = _hnsw(dim, params, params.get("random_state", 0))
     if ids.size:
         fresh.add_with_ids(X, ids)
     return fresh

@@ -40,14 +40,14 @@ from align.exceptions import InputError
 from ..limits import MAX_ID, check_dim, check_index_params
 from ..storage import atomic_write, fsync_dir
 from .errors import NewerFormatError
-from .kinds import METRICS, add_rows, check_name, tombstone_slots
+from .kinds import METRICS, add_rows, add_seed, check_name, tombstone_slots
 from .locking import stat_sig
 from .room import read_with_room
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "LOAD_ATTEMPTS", "LOCK_FILE", "STORE_LOCK", "Delta", "apply_delta",
            "check_meta", "collect_generations", "generation_files", "log_fits", "log_of", "log_rows",
            "open_generation", "params_of", "read_current", "read_deltas", "read_generation", "read_meta",
-           "snapshot_wanted", "stored_params", "uid_of", "with_current", "write_generation"]
+           "seed_of_meta", "snapshot_wanted", "stored_params", "uid_of", "with_current", "write_generation"]
 
 #: Index parameters used only while the index is built (IVF's k-means sample). The meta keeps them under ``build``,
 #: apart from ``params``: releases before them check ``params`` strictly (unknown keys refused) and would refuse to
@@ -171,11 +171,13 @@ def read_delta(path: Path, gen: int, rows: int, dim: int, fh: BinaryIO | None = 
     return out
 
 
-def apply_delta(index, kind: str, payloads: dict[int, Any], delta: Delta) -> None:
-    """Replay ``delta`` onto ``index`` and ``payloads`` (in place). HNSW deletes change only the tombstones,
+def apply_delta(index, kind: str, payloads: dict[int, Any], delta: Delta, random_state: int = 0) -> None:
+    """Replay ``delta`` onto ``index`` and ``payloads`` (in place); ``random_state``: the index's seed (an HNSW add
+    is reseeded with :func:`~.kinds.add_seed` of it, as the writer was). HNSW deletes change only the tombstones,
     which the meta lists; the other kinds remove the rows."""
     if delta.op == "add":
-        add_rows(index, kind, np.ascontiguousarray(delta.rows), delta.ids, seed=delta.generation)
+        add_rows(index, kind, np.ascontiguousarray(delta.rows), delta.ids,
+                 seed=add_seed(random_state, delta.generation))
         payloads.update(delta.payloads or {})
         return
     if kind != "hnsw" and delta.ids.size:
@@ -272,7 +274,7 @@ def _read_open(path: Path, meta: dict, files: dict[str, BinaryIO]) -> tuple[Any,
         fh = files[f"delta.{g}.npz"]
         with _reading(path):
             delta = read_delta(path, g, n, int(meta["dim"]), fh)
-        apply_delta(index, meta["kind"], payloads, delta)
+        apply_delta(index, meta["kind"], payloads, delta, seed_of_meta(meta))
         fh.close()
     return index, payloads
 
@@ -311,6 +313,13 @@ def stored_params(params: dict) -> dict:
     build = {k: v for k, v in params.items() if k in BUILD_ONLY_PARAMS}
     return {"params": {k: v for k, v in params.items() if k not in BUILD_ONLY_PARAMS}, **({"build": build} if build
                                                                                            else {})}
+
+
+def seed_of_meta(meta: dict) -> int:
+    """The seed a meta records (``params.random_state``; 0 when it has none). A bad one counts as 0 here: the
+    deltas are replayed before :func:`check_meta`, which refuses it."""
+    seed = meta["params"].get("random_state", 0) if isinstance(meta.get("params"), dict) else 0
+    return seed if type(seed) is int else 0
 
 
 def params_of(meta: dict) -> dict:

@@ -53,6 +53,7 @@ from .kinds import (
     TOMBSTONE_REBUILD,
     ListPlan,
     add_rows,
+    add_seed,
     check_name,
     choose_kind,
     ids_array,
@@ -247,11 +248,10 @@ class SpaceIndex:
 
     def _add(self, X: np.ndarray, ids, payloads, seed: int | None = None, plan: ListPlan | None = None,
              prepared: bool = False, step=None) -> Delta:
-        """Add ``X`` (n, dim); returns the change as a :class:`~.persist.Delta` of generation ``seed`` (the next).
-
-        ``seed``: the add is logged, so it must be replayable; ``plan``: IVF lists found already, ``step``: HNSW
-        chunks each inside ``with step():`` (:func:`~.kinds.add_rows`). ``prepared``: ``X`` is :meth:`_prepared`.
-        """
+        """Add ``X`` (n, dim); returns the change as a :class:`~.persist.Delta` of the next generation. ``seed``
+        (:func:`~.kinds.add_seed`): the add is logged, so it must be replayable; ``plan``: IVF lists found already,
+        ``step``: HNSW chunks each inside ``with step():`` (:func:`~.kinds.add_rows`). ``prepared``: ``X`` is
+        :meth:`_prepared`."""
         n = X.shape[0]
         if ids is None:
             if self.next_id + n > MAX_ID:
@@ -315,7 +315,8 @@ class SpaceIndex:
             with nullcontext() if hnsw else self.lock.write(), self._undo_on_failure(len(blocks) > 1, not hnsw):
                 while blocks:
                     X, ids_m, payloads_m = blocks.popleft()
-                    delta = self._add(X, ids_m, payloads_m, seed=self.generation + 1 if logged else None,
+                    seed = add_seed(self.params.get("random_state", 0), self.generation + 1) if logged else None
+                    delta = self._add(X, ids_m, payloads_m, seed=seed,
                                       prepared=prepared, step=self.lock.write if hnsw else None)
                     ids.append(delta.ids)
                 self._save(delta if logged else None)
@@ -581,7 +582,7 @@ class SpaceIndex:
         part-way leaves a state no generation names: the next access reloads in full."""
         try:
             for delta in deltas:
-                apply_delta(self.index, self.kind, self.payloads, delta)
+                apply_delta(self.index, self.kind, self.payloads, delta, self.params.get("random_state", 0))
             self._take_meta(meta, sig)
         except BaseException:
             self._meta_sig = None

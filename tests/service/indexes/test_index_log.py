@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.indexes import IndexStore
-from service.indexes.kinds import hnsw_chunk
+from service.indexes.kinds import add_seed, hnsw_chunk
 from service.indexes.persist import LOG_MAX_FILES, LOG_MIN_ROWS
 
 DIM = 12
@@ -116,6 +116,34 @@ def test_a_logged_hnsw_add_of_several_chunks_replays_to_the_writers_graph(tmp_pa
     assert json.loads((tmp_path / "docs" / "meta.json").read_text())["log"] == [[2, n]]
     assert _state(reader.get("docs")) == _state(w)
     assert _state(IndexStore(tmp_path).get("docs")) == _state(w)
+
+
+def _levels(idx) -> np.ndarray:
+    """The level FAISS drew for each row of an HNSW index (from its seeded generator)."""
+    return faiss.vector_to_array(faiss.downcast_index(idx.index.index).hnsw.levels)
+
+
+def test_an_hnsw_index_is_built_and_logged_with_its_own_seed(tmp_path):
+    """The seed was recorded but never used: the build drew levels from FAISS's constant start and a logged add
+    from its generation alone, so seeds 0 and 7 gave the same graph (the same hits at a small ef_search)."""
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)  # links inserted in parallel depend on thread timing (a snapshot carries them)
+    try:
+        X, Q, params = _rows(0, 2000), _rows(9, 200), {"M": 4, "ef_construction": 8, "ef_search": 4}
+        built = {(seed, copy): IndexStore(tmp_path / f"{seed}-{copy}").create(
+            "docs", "s", X, kind="hnsw", params=params, random_state=seed) for seed in (0, 7) for copy in (0, 1)}
+        hits = {key: idx.search(Q, 5)[1] for key, idx in built.items()}
+        np.testing.assert_array_equal(hits[0, 0], hits[0, 1])  # the same seed: the same graph
+        np.testing.assert_array_equal(_levels(built[7, 0]), _levels(built[7, 1]))
+        assert not np.array_equal(_levels(built[0, 0]), _levels(built[7, 0]))
+        assert not np.array_equal(hits[0, 0], hits[7, 0])
+        for idx in (built[0, 0], built[7, 0]):  # logged adds: seeded from (seed, generation), replayed alike
+            idx.add(_rows(1, 300))
+            assert idx.logged_deltas == 1 and _state(IndexStore(idx.path.parent).get("docs")) == _state(idx)
+        assert not np.array_equal(_levels(built[0, 0])[-300:], _levels(built[7, 0])[-300:])
+    finally:
+        faiss.omp_set_num_threads(threads)
+    assert [add_seed(0, g) for g in (1, 2, 99)] == [1, 2, 99]  # deltas logged before the seed took part replay so
 
 
 def test_the_log_is_compacted_into_a_snapshot(tmp_path):
