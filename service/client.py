@@ -289,15 +289,15 @@ class APICalls(SteerCalls, Calls):
 
     # --- migration: plan and gate ---------------------------------------------------------------
     @call
-    def plan(self, old, probe_source, probe_target, *, target_retention: float = 0.95, random_state: int = 0,
+    def plan(self, old, probe_source, probe_target, *, target_retention: float = 0.95, random_state: int | None = 0,
              queries=None, old_queries=None, relevant: Sequence[int] | None = None) -> dict:
         """``POST /v1/plans``: plan migrating the corpus ``old`` (n, d_old) from a paired probe (``probe_source``
         (p, d_old), ``probe_target`` (p, d_new), row i the same text); with labelled ``queries`` (q, d_new),
-        ``old_queries`` (q, d_old) and each one's ``relevant`` probe row, their retention is predicted.
-        Synchronous: seconds to a minute; raise ``timeout`` for big corpora."""
-        body = {"old": b64(old, "old"), "probe_source": b64(probe_source, "probe_source"),
-                "probe_target": b64(probe_target, "probe_target"), "target_retention": float(target_retention),
-                "random_state": int(random_state), **labelled(queries, old_queries, relevant)}
+        ``old_queries`` (q, d_old) and each one's ``relevant`` probe row, their retention is predicted. Synchronous:
+        seconds to a minute; raise ``timeout`` for big corpora. ``random_state``: as :meth:`fit`'s."""
+        body = clean({"old": b64(old, "old"), "probe_source": b64(probe_source, "probe_source"),
+                      "probe_target": b64(probe_target, "probe_target"), "target_retention": float(target_retention),
+                      "random_state": random_state, **labelled(queries, old_queries, relevant)})
         return (yield from self._json("POST", "/v1/plans", json=body, retry=True))
 
     @call
@@ -414,14 +414,15 @@ class APICalls(SteerCalls, Calls):
     # --- fits and jobs --------------------------------------------------------------------------
     @call
     def fit(self, name: str, source_space: str, target_space: str, source, target, *, method: str = "minivec2vec",
-            paired: bool | None = None, params: dict | None = None,
-            seed_pairs: Sequence[tuple[int, int]] | None = None, random_state: int = 0, alias: str | None = None,
-            description: str = "", encoder: str | None = None, idempotency_key: str | None = None) -> dict:
+            paired: bool | None = None, params: dict | None = None, seed_pairs: Sequence[tuple[int, int]] | None = None,
+            random_state: int | None = 0, alias: str | None = None, description: str = "", encoder: str | None = None,
+            idempotency_key: str | None = None) -> dict:
         """Queue a map fit; returns the job record at once (follow it with :meth:`wait`).
 
-        ``source`` / ``target``: an array (n, d) or a list of texts (embedded in the job with
-        ``encoder``, default each space's encoder). ``paired`` (row i <-> row i): by default true for the
-        paired methods (procrustes, ridge, lowrank, auto, contrastive, cluster), false for minivec2vec."""
+        ``source`` / ``target``: an array (n, d) or a list of texts (embedded in the job with ``encoder``, default
+        each space's encoder). ``paired`` (row i <-> row i): by default true for the paired methods (procrustes,
+        ridge, lowrank, auto, contrastive, cluster), false for minivec2vec. ``random_state``: sent as given (a 422
+        unless an integer 0 .. 2**31-1); None: the service's default 0, not a fresh seed as in :mod:`align`."""
         body = clean({"name": name, "source_space": source_space, "target_space": target_space,
                        "source": side(source, encoder), "target": side(target, encoder), "method": method,
                        "paired": paired, "params": params or {}, "random_state": random_state, "alias": alias,
@@ -489,12 +490,11 @@ class APICalls(SteerCalls, Calls):
              progress: Callable[[dict], None] | None = None) -> dict:
         """Poll a job until it ends; returns its record on success.
 
-        ``progress(job)`` is called whenever the state, stage or fraction changed (with
-        :class:`AsyncClient`, an ``async def`` one is awaited; :class:`Client` refuses one). A failed job
-        (also one a server restart interrupted) raises :class:`JobFailedError`, a cancelled one
-        :class:`JobCancelledError`; past ``timeout`` seconds, :class:`JobTimeoutError` (a
-        ``TimeoutError``; the job keeps running: :meth:`cancel` stops it). The job lives on the
-        server, so polls that get no answer or a 502 / 503 / 504 (a restart, a deploy) are tried
+        ``progress(job)`` is called whenever the state, stage or fraction changed (with :class:`AsyncClient`, an
+        ``async def`` one is awaited; :class:`Client` refuses one). A failed job (also one a server restart
+        interrupted) raises :class:`JobFailedError`, a cancelled one :class:`JobCancelledError`; past ``timeout``
+        seconds, :class:`JobTimeoutError` (a ``TimeoutError``; the job keeps running: :meth:`cancel` stops it). The
+        job lives on the server, so polls that get no answer or a 502 / 503 / 504 (a restart, a deploy) are tried
         again until ``timeout``; the last such error is raised then. ``timeout=None`` waits as long as it takes.
         """
         deadline = math.inf if timeout is None else time.monotonic() + timeout

@@ -576,6 +576,19 @@ def test_plan_evaluate_report_and_steer_versions(vb, server):
         vb.get_steer("tilt:2")
 
 
+def test_a_plan_seed_is_sent_as_given_and_none_is_the_servers_default(vb, server):
+    """plan() sent int(random_state): 1.7 planned with seed 1, "2" with 2, True with 1, and None was a TypeError;
+    now as fit(): the service refuses what is not an integer (422) and None is its default seed, 0."""
+    _, X, Y, _ = server
+    for bad in (1.7, "2", True):
+        with pytest.raises(ValidationError) as e:
+            vb.plan(X[:300], X[:200], Y[:200], random_state=bad)
+        assert e.value.status == 422 and "random_state" in e.value.message, bad
+    default, zero = (vb.plan(X[:300], X[:200], Y[:200], random_state=s) for s in (None, 0))
+    assert default == zero
+    assert vb.plan(X[:300], X[:200], Y[:200], random_state=np.int64(3))["alignability"] > 0.4
+
+
 @pytest.mark.parametrize("url", ["127.0.0.1:8781", "localhost:8781", "htp://127.0.0.1:1"])
 def test_a_base_url_without_a_scheme_is_refused_at_once(url):
     """Client("127.0.0.1:8781") was retried three times (~1.5 s) and then "no answer from ..."."""
