@@ -54,7 +54,7 @@ import numpy as np
 
 from .validation import (as_matrix, check_csls_weight, check_labelled_queries, check_not_collapsed, check_paired,
                          check_random_state, check_rankable, check_same_queries, collapsed, distinct_pairs,
-                         pair_groups)
+                         pair_groups, seed_record)
 from .chain import check_map
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
@@ -642,6 +642,6 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     map_.metadata.update({"n_pairs": int(n), "requested_method": method, "selection": selection,
                           "n_unpaired_source": 0 if Us is None else int(Us.shape[0]),
                           "n_unpaired_target": 0 if Ut is None else int(Ut.shape[0]),
-                          "random_state": random_state if isinstance(random_state, (int, type(None))) else None,
+                          "random_state": seed_record(random_state),
                           "fit_seconds": round(time.perf_counter() - t_start, 3)})
     return map_

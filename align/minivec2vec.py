@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from .validation import as_matrix, check_not_degenerate, check_random_state
+from .validation import as_matrix, check_not_degenerate, check_random_state, seed_record
 from .anchors import QAP_METHODS, kmeans_anchors
 from .blocks import executing
 from .exceptions import ConvergenceWarning, InputError, NotFittedError, PairCountError, TooFewRowsError
@@ -450,8 +450,7 @@ class MiniVec2Vec:
         }
         params = self.get_params()
         params["refine"] = list(params["refine"])
-        if not isinstance(params["random_state"], (int, type(None))):
-            params["random_state"] = repr(params["random_state"])
+        params["random_state"] = seed_record(params["random_state"])
         self.map_ = LinearMap(W.astype(np.float32), None, fs, ft, {
             "method": "minivec2vec", "params": params, "diagnostics": self.diagnostics_,
             "criterion": self.criterion_,

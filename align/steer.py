@@ -48,7 +48,7 @@ import numpy as np
 from . import linalg
 from ._artifacts import check_header, pack_npz, read_bytes, save_atomic, unpack_npz
 from .validation import (as_matrix, as_real_array, check_eps, check_labels, check_not_degenerate, check_random_state,
-                         check_representable, check_row_scale)
+                         check_representable, check_row_scale, seed_record)
 from .frames import row_norms
 from .options import check_batch_size, check_callable, check_number
 from .steer_transfer import transfer_steer
@@ -620,7 +620,7 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
         "params": {"rank": rank, "temperature": temperature, "weight_decay": weight_decay, "max_iter": max_iter,
                    "max_pairs": max_pairs, "n_candidates": n_candidates, "n_neighbors": n_neighbors,
                    "init_scale": init_scale,
-                   "random_state": random_state if isinstance(random_state, (int, type(None))) else "generator"},
+                   "random_state": seed_record(random_state)},
         "n_pos": int((labels == 1).sum()), "n_neg": int((labels == -1).sum()), "n_neutral": int((labels == 0).sum()),
         "n_pairs": int(len(target)), "n_candidates_used": int(C.shape[0]), "dim": d, "loss_initial": float(loss0),
         "loss_final": float(res.fun), "n_iter": int(res.nit), "converged": bool(res.status == 0)}

@@ -60,6 +60,7 @@ import numpy as np
 
 from . import linalg
 from .exceptions import DegenerateInputError
+from .validation import seed_record
 
 __all__ = ["local_discriminant_factors", "fit_local", "calibrate", "overlap_at", "PRIOR_WEIGHTS",
            "CALIBRATION_NEIGHBORS"]
@@ -277,7 +278,7 @@ def fit_local(X: np.ndarray, labels: np.ndarray, *, n_queries: int, n_neighbors:
             "params": {"n_queries": n_queries, "n_neighbors": n_neighbors, "ridge": ridge,
                        "opposite_weight": opposite_weight, "n_folds": n_folds,
                        "prior_weight": "inf" if prior_weight == float("inf") else prior_weight,
-                       "random_state": random_state if isinstance(random_state, (int, type(None))) else "generator"},
+                       "random_state": seed_record(random_state)},
             "n_pos": int((labels == 1).sum()), "n_neg": int((labels == -1).sum()),
             "n_neutral": int((labels == 0).sum()), "dim": int(X.shape[1]), **info}
     return Steer(P1, P2, meta)

@@ -23,7 +23,7 @@ from .exceptions import (
 __all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate",
            "check_no_underflow", "check_no_zero_rows", "check_rankable", "check_representable", "check_eps",
            "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed",
-           "check_not_collapsed"]
+           "check_not_collapsed", "seed_record"]
 
 _CHECK_BYTES = 1 << 20  # the masks of a check cover about this many bytes of rows at a time
 
@@ -332,6 +332,14 @@ def check_random_state(random_state) -> np.random.Generator:
                                 and not isinstance(random_state, (bool, np.bool_)) and random_state >= 0):
         return np.random.default_rng(random_state)
     raise InputError(f"random_state must be None, an int >= 0 or a numpy Generator, got {random_state!r}")
+
+
+def seed_record(random_state) -> int | str | None:
+    """``random_state`` as a fit's metadata records it (JSON): an int for an int or a numpy integer, None for None,
+    ``"generator"`` for a numpy Generator (its state is not a seed to record)."""
+    if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, (bool, np.bool_)):
+        return int(random_state)
+    return None if random_state is None else "generator"
 
 
 def check_eps(eps) -> float:

@@ -42,6 +42,14 @@ def test_planted_orthogonal_map_is_recovered_by_every_linear_family(seed, method
     assert cos.mean() > 0.995
 
 
+def test_the_seed_is_recorded_as_an_int_for_numpy_integers_too():
+    """A numpy integer seed was recorded as None (as if the fit had been unseeded)."""
+    X, Y = _planted(n=200, seed=1)
+    seen = [align.fit_migration(X, Y, method="procrustes", random_state=s).metadata["random_state"]
+            for s in (np.int64(3), np.int32(3), 3, None, np.random.default_rng(3))]
+    assert seen == [3, 3, 3, None, "generator"] and type(seen[0]) is int
+
+
 def test_affine_planted_map_ridge_beats_procrustes_and_auto_picks_an_affine_family():
     X, Y = _planted(n=800, d_s=10, d_t=14, kind="general", seed=3)
     proc = align.fit_migration(X[:600], Y[:600], method="procrustes")

@@ -51,6 +51,9 @@ def test_same_seed_same_map_and_diagnostics_serialise():
     back = LinearMap.from_bytes(a.map_.to_bytes())  # metadata is JSON, no pickle
     np.testing.assert_array_equal(back.W, a.map_.W)
     json.dumps(back.metadata)
+    # a numpy integer seed is recorded as the int (it was "np.int64(7)"), and fits as the int does
+    c = MiniVec2Vec(random_state=np.int64(7), **p).fit(X, Y)
+    assert c.map_.metadata["params"]["random_state"] == 7 and np.array_equal(c.map_.W, a.map_.W)
 
 
 def test_seeded_mode_recovers_where_the_init_alone_cannot():

@@ -169,6 +169,15 @@ def test_fit_is_deterministic_with_random_state():
     np.testing.assert_array_equal(a.P2, b.P2)
 
 
+def test_the_seed_is_recorded_as_an_int_for_numpy_integers_too():
+    """A numpy integer seed (from np.arange, an array of seeds) was recorded as "generator"."""
+    X, labels, _ = planted(n=300, d=8)
+    for method in ("local", "lm-steer"):
+        seen = [fit_steer(X, labels, rank=2, method=method, max_iter=5, random_state=s).metadata["params"]
+                ["random_state"] for s in (np.int64(3), np.uint8(3), 3, None, np.random.default_rng(3))]
+        assert seen == [3, 3, 3, None, "generator"] and type(seen[0]) is int, (method, seen)
+
+
 def test_fit_reports_progress():
     X, labels, _ = planted(n=200, d=8)
     seen = []
