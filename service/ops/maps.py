@@ -288,7 +288,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     _check_map_spaces(registry, name, source_space, target_space)  # what registration would refuse: before the fit
     params = dict(params or {})
     st = Stages(progress, should_cancel, what=f"fit of {name!r}")
-    if paired and method == "minivec2vec" and notes is not None:  # it was silent about it
+    if paired and method == "minivec2vec" and seed_pairs is None and notes is not None:  # it was silent about it
         notes.append("minivec2vec fits without pairs: the rows' pairing only judges the map here; to fit from known "
                      "pairs use a paired method, or give a few as seed pairs")
 

@@ -154,6 +154,10 @@ def test_minivec2vec_on_pairs_at_chance_keeps_the_pairs_verdict_and_too_few_rows
                 target_space="b", notes=notes)
     assert v.metrics["reliable"] is False and "near chance" in v.metrics["unreliable_reason"]
     assert any("minivec2vec fits without pairs" in n for n in notes), notes  # the pairs went unused silently
+    notes = []  # seed pairs given: no note asking for them (it told the user to give the seed pairs they gave)
+    run_fit(reg, name="noise", source=X, target=Y, method="minivec2vec", paired=True, source_space="a",
+            target_space="b", seed_pairs=(np.arange(10), np.arange(10)), notes=notes)
+    assert not any("seed pairs" in n for n in notes), notes
     u = run_fit(reg, name="noise2", source=X, target=Y, method="minivec2vec", paired=False, source_space="a",
                 target_space="b")
     assert u.metrics["reliable"] is False and "too few rows" in u.metrics["unreliable_reason"]
