@@ -267,7 +267,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     report_copy : path, optional an extra copy of the HTML report
     ray_address : str, optional  ``"local"`` or a Ray address: supervised fits as a map-reduce (see fit_map)
     threads : int  threads for an unpaired / seeded minivec2vec fit's row-block kernels (see fit_map)
-    report : bool                write the HTML report (default); ``False`` skips it (``report_path`` None)
+    report : bool                write the HTML report (default; one that fails to render is logged and noted, and
+                                 the map is registered without it); ``False`` skips it (``report_path`` None)
     ray_shard_rows : int         rows per Ray task (default 262,144; see SCALING.md for when Ray pays off)
     notes : list, optional       gets what the user should know about the registration
                                  (:meth:`Registry.default_change_note`; an ``alias`` not moved, below)
@@ -339,20 +340,27 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     html_text = report_file = report_rel = None
     with st.stage("report"):  # rendered now, written once the version is registered (no orphan on a conflict)
         if report:
-            n_src, n_tgt = X.shape[0], Y.shape[0]
-            summary = {"map": name,
-                       "spaces": f"{source_space} ({X.shape[1]}-d) -> {target_space} ({Y.shape[1]}-d)",
-                       "method": method, "paired": paired, "rows": f"source {n_src}, target {n_tgt}",
-                       "params": effective, "random_state": random_state, "data sha256": hashes,
-                       "inputs": inputs or {},
-                       "alias": f"{held_back} (not moved: the fit is unreliable)" if held_back else alias or "",
-                       "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-            plan, plan_note = _report_plan(X, Y, rng) if paired else (None, None)
-            html_text = render_report(title=f"vecbridge fit: {name}", summary=summary, metrics=metrics,
-                                      timings={**st.timings, **_inner_timings(diag)}, diagnostics=diag,
-                                      cosines=cosines, clouds=clouds, paired=paired, plan=plan, k_fit=n_src,
-                                      plan_note=plan_note)
-            report_file, report_rel = _report_paths(registry, name, report_dir)
+            try:
+                n_src, n_tgt = X.shape[0], Y.shape[0]
+                summary = {"map": name,
+                           "spaces": f"{source_space} ({X.shape[1]}-d) -> {target_space} ({Y.shape[1]}-d)",
+                           "method": method, "paired": paired, "rows": f"source {n_src}, target {n_tgt}",
+                           "params": effective, "random_state": random_state, "data sha256": hashes,
+                           "inputs": inputs or {},
+                           "alias": f"{held_back} (not moved: the fit is unreliable)" if held_back else alias or "",
+                           "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                plan, plan_note = _report_plan(X, Y, rng) if paired else (None, None)
+                html_text = render_report(title=f"vecbridge fit: {name}", summary=summary, metrics=metrics,
+                                          timings={**st.timings, **_inner_timings(diag)}, diagnostics=diag,
+                                          cosines=cosines, clouds=clouds, paired=paired, plan=plan, k_fit=n_src,
+                                          plan_note=plan_note)
+                report_file, report_rel = _report_paths(registry, name, report_dir)
+            except Exception as exc:  # noqa: BLE001 - a report is a by-product: a failed render must not lose the map
+                html_text = report_file = report_rel = None
+                why = f"{type(exc).__name__}: {exc}"
+                log.warning("map %r is registered without a fit report: rendering it failed (%s)", name, why)
+                if notes is not None:
+                    notes.append(f"no fit report: rendering it failed ({why}); the map is registered without one")
 
     st.tick("register", 0.0)  # the last cancellation point: once registered, the fit has happened
     metrics["timings"] = {k: round(v, 4) for k, v in st.timings.items()}

@@ -281,3 +281,33 @@ def test_lowrank_is_the_model_of_align_fit_migration_with_rank_optional(reg, k, 
     assert got.metadata["params"]["rank"] == params.get("rank", 32)
     np.testing.assert_allclose(got.W, ref.W, atol=1e-6)
     assert v.metrics["reliable"] is True and "heldout_top1" in v.metrics, v.metrics
+
+
+def test_a_report_that_fails_to_render_leaves_the_map_registered_with_a_note(tmp_path):
+    """Rendering the report (matplotlib, the plan) ran before registration with no error handling: a broken
+    matplotlib made ``vecbridge fit`` exit 3 "internal error: ImportError" and the fitted map was lost. The report is a
+    by-product: the map is now registered without one, and the failure is logged and noted."""
+    import subprocess
+    import sys
+
+    from _servers import ROOT, env_for
+
+    shim = tmp_path / "shim" / "matplotlib"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('this matplotlib is broken')\n")
+    X, Y, _ = planted(200)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", Y)
+    env = {**env_for(tmp_path / "data", 8000), "PYTHONPATH": f"{shim.parent}:{ROOT}:{ROOT / 'tests'}"}
+    fit = subprocess.run([sys.executable, "-m", "service.cli", "fit", "--pairs", "--source", str(tmp_path / "x.npy"),
+                          "--target", str(tmp_path / "y.npy"), "--method", "procrustes", "--name", "nompl",
+                          "--source-space", "a", "--target-space", "b"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=False)
+    assert fit.returncode == 0, fit.stderr
+    assert "no fit report: rendering it failed (ImportError: this matplotlib is broken)" in fit.stderr
+    reg = open_registry(f"sqlite:///{tmp_path / 'data' / 'registry.sqlite'}", tmp_path / "data" / "artifacts")
+    try:
+        v = reg.resolve("nompl:1")
+        assert v.report_path is None and reg.report_file(v) is None
+    finally:
+        reg.close()
