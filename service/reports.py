@@ -129,26 +129,28 @@ def _criterion_plots(diag: dict) -> list[tuple[str, str]]:
     return plots
 
 
-def _plan_plot(plan: dict, k_fit: int | None) -> str:
-    """The plan's measured proxy per method and K (error bars: spread over subsets) and the fitted forecasts
-    ``r(K) = r_inf - c K^-beta`` (the best method's with its interval), on a log K axis; ``k_fit`` marked."""
+def _plan_figure(plan: dict, k_fit: int | None):
+    """The plan's measured proxy per method and K (error bars: spread over subsets), the forecast and its interval
+    at the table's K (``plan["predicted"]``, the very numbers the table shows: beyond the probe a flat or
+    underdetermined curve's interval runs to 1 there) and each method's fitted curve ``r(K) = r_inf - c K^-beta``
+    (dotted), on a log K axis; ``k_fit`` marked."""
     plt = _mpl()
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for method, pts in plan["curve"].items():
         ks = [q["k"] for q in pts]
         ax.errorbar(ks, [q["mean"] for q in pts], yerr=[q["spread"] for q in pts], marker="o", ms=4, capsize=2,
                     lw=1, label=f"measured on the probe: {method}")
-    f = plan["fit"]
     pred = plan["predicted"]
-    k_max = max([q["k"] for q in pred] + [k_fit or 1])
+    ks = [q["k"] for q in pred]
+    k_max = max(ks + [k_fit or 1])
     k_min = min(min(q["k"] for q in pts) for pts in plan["curve"].values())
     grid = np.geomspace(max(2, k_min), k_max, 60)
-    r, low, high = forecast(f, grid)
-    ax.plot(grid, r, color="#444", lw=1.2, label=f"forecast ({plan['best_method']}, best at the probe's largest K)")
-    ax.fill_between(grid, low, high, color="#999", alpha=0.25, label="interval")
+    ax.plot(ks, [q["retention"] for q in pred], color="#444", lw=1.2, marker="s", ms=3,
+            label=f"forecast (the table's; beyond the probe: {plan['best_method']})")
+    ax.fill_between(ks, [q["low"] for q in pred], [q["high"] for q in pred], color="#999", alpha=0.25,
+                    label="interval (the table's)")
     for method, other in plan["fits"].items():  # within the probe's K each K takes the higher curve
-        if method != plan["best_method"]:
-            ax.plot(grid, forecast(other, grid)[0], color="#444", lw=1, ls=":", label=f"forecast ({method})")
+        ax.plot(grid, forecast(other, grid)[0], color="#444", lw=1, ls=":", label=f"fitted curve ({method})")
     if k_fit:
         ax.axvline(k_fit, color="#dd8452", lw=1, ls="--", label=f"this fit: K = {k_fit}")
     ax.set_xscale("log")
@@ -157,7 +159,7 @@ def _plan_plot(plan: dict, k_fit: int | None) -> str:
     ax.set_ylabel("nn_retention@10 (proxy)")
     ax.set_title("retention proxy vs pairs (a rough floor; labelled queries decide)", fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
-    return _png(fig)
+    return fig
 
 
 def _plan_section(plan: dict, k_fit: int | None) -> str:
@@ -176,7 +178,7 @@ def _plan_section(plan: dict, k_fit: int | None) -> str:
             f"recommended: method {html.escape(str(rec['method']))}, K = {rec['k']} (target proxy retention "
             f"{plan['target_retention']:g}; the notes say when no K reaches it).</p>"
             f"<table><tr><th>K</th><th>method</th><th>proxy retention</th><th>interval</th><th></th></tr>{rows}</table>"
-            f"<img alt='retention proxy vs pairs' src='data:image/png;base64,{_plan_plot(plan, k_fit)}'>"
+            f"<img alt='retention proxy vs pairs' src='data:image/png;base64,{_png(_plan_figure(plan, k_fit))}'>"
             f"<ul>{notes}</ul>")
 
 

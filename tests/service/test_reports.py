@@ -172,6 +172,30 @@ def test_the_report_plan_of_a_large_fit_does_not_call_its_row_sample_the_corpus(
     assert whole["recommended"]["k"] == 2000 and whole["recommended"]["whole_corpus"]
 
 
+def test_the_plan_chart_draws_the_interval_the_plan_table_shows():
+    """The chart drew its band from the curve's own interval while the table used ``forecast_per_k``, whose
+    interval runs to 1 beyond a probe smaller than the dimension (or a flat curve): here the table said [0.515, 1.000]
+    at K = 300 while the band topped out at 0.79. The line and band are now drawn from the table's rows."""
+    from matplotlib.collections import PolyCollection
+
+    from service.reports import _plan_figure
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 160)).astype(np.float32)
+    Y = (X @ rng.normal(size=(160, 48)) + 2 * rng.normal(size=(300, 48))).astype(np.float32)
+    plan = align.plan_migration(X, X, Y, random_state=0, select_rows=False, old_is_sample=True)
+    assert plan["predicted"][-1]["high"] == 1.0 and plan["predicted"][-1]["k"] == 10000  # probe (150) < 160-d
+    fig = _plan_figure(plan, 300)
+    band = next(c for c in fig.axes[0].collections if isinstance(c, PolyCollection))
+    xy = band.get_paths()[0].vertices
+    xs = np.unique(xy[:, 0])
+    top = [xy[xy[:, 0] == x, 1].max() for x in xs]
+    bottom = [xy[xy[:, 0] == x, 1].min() for x in xs]
+    for q in plan["predicted"]:
+        at = (np.interp(np.log(q["k"]), np.log(xs), bottom), np.interp(np.log(q["k"]), np.log(xs), top))
+        assert np.allclose(at, (q["low"], q["high"]), atol=0.01), (q, at)  # 0.01: the old band, interpolated
+
+
 def test_wide_rows_skip_the_report_plan_with_the_reason():
     from service.ops.maps import _report_plan
 
