@@ -384,6 +384,9 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
             where = "was not created"
         note = (f"alias {held_back!r} {where}, not moved to {version.ref}: the fit is flagged unreliable (move it by "
                 f"hand if you mean to: `vecbridge registry alias {name} {held_back} {version.version}`)")
+    elif metrics.get("reliable") is False:  # every face says so (over HTTP the job succeeds: the map is registered)
+        why = metrics.get("unreliable_reason") or "its criterion is close to that of random maps"
+        note = f"{version.ref} is flagged unreliable ({why}): kept for inspection, never chosen for a path"
     if note and notes is not None:
         notes.append(note)
     return version

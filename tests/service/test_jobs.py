@@ -472,3 +472,21 @@ def test_http_cancel_of_a_finished_job_is_a_200_that_changes_nothing(fit_client)
     r = fit_client.delete(f"/v1/jobs/{jid}", headers=W)
     assert r.status_code == 200 and r.json()["state"] == "succeeded" and not r.json()["cancel_requested"], r.text
     assert fit_client.get("/v1/maps/done", headers=R).status_code == 200
+
+
+def test_http_fit_that_comes_out_unreliable_says_so_in_its_notes(tmp_path):
+    """A fit job whose map is flagged unreliable (a ridge alpha so large the map is constant) succeeded with
+    ``notes: []``: over HTTP nothing said what the CLI says ("flagged UNRELIABLE", exit 1). The job still succeeds
+    (the version is registered, for inspection), and its notes say the map is unreliable and never a path."""
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        X, Y, _ = planted(300)
+        body = {"name": "http-bad", "source_space": "a", "target_space": "b", "method": "ridge",
+                "params": {"alpha": 1e9}, "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}}
+        r = c.post("/v1/fits", headers=W, json=body)
+        assert r.status_code == 202, r.text
+        job = wait(http_job(c, R), r.json()["id"])
+    assert job["state"] == "succeeded" and job["result"]["version"]["metrics"]["reliable"] is False, job
+    notes = job["result"]["notes"]
+    assert len(notes) == 1 and notes[0].startswith("http-bad:1 is flagged unreliable (top-1 on its own training pairs")
+    assert notes[0].endswith("): kept for inspection, never chosen for a path"), notes

@@ -355,7 +355,12 @@ function jobsPage() {
     },
     countsText() { return Object.entries(this.counts).map(([k, n]) => k + " " + n).join(" · "); },
     etaText(j) { return this.live(j) ? VB.secs(this.eta(j)) : "–"; },
-    registered(j) { return j.result && j.result.ref ? "registered " + j.result.ref : ""; },
+    registered(j) {  // an unreliable fit's job succeeds too (the map is registered): the flag must show
+      if (!(j.result && j.result.ref)) return "";
+      const bad = j.result.version && VB.verdict(j.result.version) === "UNRELIABLE";
+      const flag = bad ? " — UNRELIABLE: kept for inspection, never chosen for a path" : "";
+      return "registered " + j.result.ref + flag;
+    },
     progressLabel(j) { return `progress of job ${this.shortId(j)}`; },
     cancelLabel(j) { return `cancel job ${this.shortId(j)}`; },
     async cancel(j) {

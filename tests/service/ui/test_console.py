@@ -567,3 +567,21 @@ def test_a_refused_key_stops_the_polling_and_a_new_one_resumes_it(small, browser
     assert all(now >= before + 2 for now, before in zip(polls(), refused)), (polls(), refused)
     for t in (mig, jobs):
         t.close(expect_errors=("status of 401",))
+
+
+def test_the_jobs_page_flags_a_fit_that_came_out_unreliable(browser, tmp_path):
+    """An unreliable fit's job read "registered http-bad:1" like any other (the job succeeds: the version is kept
+    for inspection); the CLI says UNRELIABLE and exits 1. The jobs page now says it too."""
+    from service.api import create_app
+
+    X, Y, _ = planted(300)
+    with serve_in_thread(create_app(settings_for(tmp_path))) as base, httpx.Client(base_url=base, timeout=60.0) as c:
+        r = c.post("/v1/fits", headers=W, json={"name": "http-bad", "source_space": "a", "target_space": "b",
+                                                "method": "ridge", "params": {"alpha": 1e9}, "source": _b64(X),
+                                                "target": _b64(Y)})
+        assert r.status_code == 202 and _wait_job(c, r.json()["id"])["state"] == "succeeded", r.text
+        t = Page.open(browser, base, "/ui/jobs", READ_KEY)
+        row = t.page.locator(f"tr[data-job='{r.json()['id']}']")
+        row.wait_for()
+        assert "registered http-bad:1 — UNRELIABLE: kept for inspection, never chosen for a path" in row.inner_text()
+        t.close()
