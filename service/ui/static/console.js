@@ -95,17 +95,20 @@ const VB = {
     return "not checked";
   },
 
-  /* Recall/top-k curve from a metrics dict: [[k...], [value...]] (retention vs K). */
-  curve(metrics) {
-    const pts = [];
-    for (const [k, v] of Object.entries(metrics || {})) {
-      const m = /^(?:train_)?(?:recall@|top)(\d+)$/.exec(k);
-      if (m && typeof v === "number") pts.push([Number(m[1]), v]);
-    }
-    pts.sort((a, b) => a[0] - b[0]);
-    const seen = new Set();
-    const u = pts.filter(p => !seen.has(p[0]) && seen.add(p[0]));
-    return [u.map(p => p[0]), u.map(p => p[1])];
+  /* Recall@K of a map version, one series per kind of pairs: [[k...], [{label, values}...]] (null: not measured).
+     Held-out figures first (eval --record tags eval.top1 / eval.recall@10; the fit's cross-validated heldout_top1),
+     then recall on the fit's own training pairs, which a map memorises (1.0 for most paired fits): not retention. */
+  recallCurves(v) {
+    const pick = (src, re) => Object.entries(src || {}).map(([k, x]) => [re.exec(k), Number(x)])
+      .filter(([m, x]) => m && typeof x === "number" && isFinite(x)).map(([m, x]) => [Number(m[1]), x]);
+    const sets = [
+      ["held-out pairs (eval --record)", pick(v && v.tags, /^eval\.(?:top|recall@)(\d+)$/)],
+      ["held-out pairs (fit's cross-validation)", pick(v && v.metrics, /^heldout_top(\d+)$/)],
+      ["training pairs (memorised)", pick(v && v.metrics, /^train_(?:recall@|top)(\d+)$/)],
+    ].filter(([, pts]) => pts.length);
+    const ks = [...new Set(sets.flatMap(([, pts]) => pts.map(p => p[0])))].sort((a, b) => a - b);
+    const at = (pts, k) => (pts.find(p => p[0] === k) || [k, null])[1];
+    return [ks, sets.map(([label, pts]) => ({ label, values: ks.map(k => at(pts, k)) }))];
   },
 
   /* Draw (or redraw) a line chart into `el`: xs, list of {label, values}. */
@@ -252,8 +255,8 @@ function registryPage() {
     },
     draw() {
       const v = this.version; if (!v) return;
-      const [ks, vals] = VB.curve(v.metrics);
-      VB.chart(this.$refs.retention, ks, [{ label: "retention", values: vals }], { xlabel: "K", ylabel: "recall@K", yrange: [0, 1] });
+      const [ks, series] = VB.recallCurves(v);
+      VB.chart(this.$refs.recall, ks, series, { xlabel: "K", ylabel: "recall@K", yrange: [0, 1] });
       const c = (v.metrics && v.metrics.criteria) || [];
       VB.chart(this.$refs.criteria, c.map((_, i) => i), [{ label: "criterion", values: c }],
         { xlabel: "restart", ylabel: "criterion" });
@@ -306,6 +309,7 @@ function registryPage() {
     hashesOf(v) {
       return Object.entries(v.data_hashes || {}).map(([k, h]) => k + " " + String(h).slice(0, 12)).join(", ");
     },
+    hasRecall() { return VB.recallCurves(this.version)[0].length > 0; },
     hasCriteria() { const v = this.version; return !!(v && v.metrics && (v.metrics.criteria || []).length); },
     /* Delete a space in two clicks (the first asks); the service refuses one a map, steer or index uses (409,
        said in words). */

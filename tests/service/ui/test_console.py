@@ -156,7 +156,7 @@ def test_registry_shows_versions_metrics_and_report(server, browser):
     frame.locator("h1").first.wait_for()
     assert "vecbridge fit: minilm-e5" in frame.locator("h1").first.inner_text()
     assert frame.locator("img").count() >= 1  # the report's charts, inline
-    t.page.locator("[x-ref=retention] canvas").first.wait_for()
+    t.page.locator("[x-ref=recall] canvas").first.wait_for()
     t.shot("registry")
     t.page.locator("#report-h").evaluate("e => e.scrollIntoView({block: 'start'})")
     t.shot("report")
@@ -584,4 +584,32 @@ def test_the_jobs_page_flags_a_fit_that_came_out_unreliable(browser, tmp_path):
         row = t.page.locator(f"tr[data-job='{r.json()['id']}']")
         row.wait_for()
         assert "registered http-bad:1 — UNRELIABLE: kept for inspection, never chosen for a path" in row.inner_text()
+        t.close()
+
+
+def test_the_recall_chart_shows_held_out_figures_and_calls_training_recall_memorised(browser, tmp_path):
+    """"Retention vs K (fit's own diagnostics)" plotted recall@1/5/10 on the fit's training pairs, labelled
+    "retention": a flat, memorised 1.0 for every paired fit, its held-out figures left out. The chart now plots
+    the held-out figures (the fit's cross-validated top-1, recorded eval tags) beside training recall, named so."""
+    from service.api import create_app
+
+    X, Y, _ = planted(300)
+    with serve_in_thread(create_app(settings_for(tmp_path))) as base, httpx.Client(base_url=base, timeout=60.0) as c:
+        r = c.post("/v1/fits", headers=W, json={"name": "a2b", "source_space": "a", "target_space": "b",
+                                                "method": "procrustes", "source": _b64(X), "target": _b64(Y)})
+        assert r.status_code == 202 and _wait_job(c, r.json()["id"])["state"] == "succeeded", r.text
+        for tag, value in (("eval.top1", "0.5"), ("eval.recall@10", "0.75")):  # as `eval --record` stores them
+            assert c.put(f"/v1/maps/a2b/versions/1/tags/{tag}", headers=W, json={"value": value}).status_code == 200
+        t = Page.open(browser, base, "/ui/registry", READ_KEY)
+        t.page.get_by_role("button", name="a2b").click()
+        chart = t.page.locator("[x-ref=recall]")
+        chart.locator("canvas").first.wait_for()
+        fig = chart.locator("xpath=..").inner_text()
+        assert "held-out pairs vs the fit's training pairs (memorised, not retention)" in fig
+        labels = chart.locator(".u-legend .u-label").all_inner_texts()
+        assert labels[1:] == ["held-out pairs (eval --record)", "held-out pairs (fit's cross-validation)",
+                              "training pairs (memorised)"], labels
+        ks, recorded, cross_validated, training = chart.evaluate("e => e._plot.data")
+        assert ks == [1, 5, 10] and recorded == [0.5, None, 0.75] and cross_validated[1:] == [None, None]
+        assert training == [1, 1, 1]  # memorised: why it is not called retention
         t.close()

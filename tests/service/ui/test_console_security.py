@@ -304,7 +304,7 @@ def test_console_runs_without_unsafe_eval(hostile, browser):
     assert "train_top1" in t.page.locator("#metrics").inner_text()
     assert "a (16-d) → b (16-d)" in t.page.locator("#lineage").inner_text()
     t.page.frame_locator("iframe.report").locator("h1", has_text="vecbridge fit: a2b").wait_for()
-    t.page.locator("[x-ref=retention] canvas").first.wait_for()
+    t.page.locator("[x-ref=recall] canvas").first.wait_for()
     t.page.get_by_label("alias", exact=True).fill("prod")
     t.page.get_by_role("button", name="Move alias").click()
     t.page.locator("#alias-msg", has_text="403").wait_for()  # a read key: refused, in words
