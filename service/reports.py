@@ -1,6 +1,7 @@
 """HTML report of one fit: what people look at instead of logs.
 
-Sections: summary (name, spaces, method, parameters, lineage, metrics), stage timings, the
+Headline numbers (held-out figures first; training ones are memorised), then sections: summary (name, spaces,
+method, parameters, lineage, metrics), an ``auto`` fit's candidates with their held-out scores, stage timings, the
 selection criterion across restarts and the per-iteration histories found in
 ``map_.metadata["diagnostics"]``, a histogram of cosines of mapped pairs (true pairs when
 paired; mutual nearest neighbours after mapping otherwise), a 2-D PCA projection of both
@@ -236,6 +237,46 @@ def _table(d: dict) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+_SELECTION_COLS = ("score", "corpus_mrr", "query_mrr", "overlap@10", "corpus_recall@1", "query_recall@1",
+                   "nn_retention@10", "seconds")
+
+
+def _cell(v) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "–"
+
+
+def _selection_section(sel: dict) -> str:
+    """An ``auto`` fit's candidates as a table (held-out scores, best first, the chosen one marked) and a bar chart
+    of their scores: the metrics table's JSON of them was cut at 400 characters, mid-candidate."""
+    cand = {m: c for m, c in sel["candidates"].items() if isinstance(c, dict)}
+    cols = [c for c in _SELECTION_COLS if any(isinstance(v.get(c), (int, float)) for v in cand.values())]
+    order = sorted(cand, key=lambda m: -float(cand[m].get("score") or 0.0))
+    rows = "".join(f"<tr><td>{html.escape(m)}</td>" + "".join(f"<td>{_cell(cand[m].get(c))}</td>" for c in cols)
+                   + f"<td>{'chosen' if m == sel.get('chosen') else ''}</td></tr>" for m in order)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    facts = ", ".join(f"{k} {sel[k]}" for k in ("n_holdout", "n_train") if k in sel)
+    out = (f"<h2>Method selection (held-out pairs)</h2><p>{html.escape(str(sel.get('metric', '')))}"
+           f"{'; ' + facts if facts else ''}; chosen: <b>{html.escape(str(sel.get('chosen')))}</b></p>"
+           f"<table><tr><th>method</th>{head}<th></th></tr>{rows}</table>")
+    if "score" in cols:
+        plt = _mpl()
+        fig, ax = plt.subplots(figsize=(7, 0.35 * len(order) + 1.0))
+        ax.barh(order[::-1], [float(cand[m].get("score") or 0.0) for m in order[::-1]],
+                color=["#dd8452" if m == sel.get("chosen") else "#4c72b0" for m in order[::-1]])
+        ax.set_xlabel("held-out score")
+        ax.set_title("candidates' held-out score (orange: chosen)", fontsize=10)
+        out += f"<img alt='candidates held-out score' src='data:image/png;base64,{_png(fig)}'>"
+    return out
+
+
+def _headline(metrics: dict) -> dict:
+    """Up to 8 numbers for the top of the report: held-out figures first, training ones (memorised) last,
+    counts left to the metrics table."""
+    nums = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and not k.startswith(("heldout_n_", "train_n_"))}
+    return dict(sorted(nums.items(), key=lambda kv: (not kv[0].startswith("heldout_"), kv[0].startswith("train_")))[:8])
+
+
 # The report's one <style> block, the same in every report: the console, whose policy allows no inline style,
 # allows exactly this block by its hash (service.ui.pages.CONSOLE_CSP) in the frame that shows a report.
 REPORT_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -270,11 +311,15 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
             else "criterion close to random maps")
         parts.append(f"<h2>UNRELIABLE fit: {html.escape(str(reason))}</h2><p><b>This version is kept for inspection "
                      f"but never chosen for a path; its map is probably wrong.</b></p>")
-    headline = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    parts.append("<div>" + "".join(
-        f"<span class='metric'>{html.escape(k)}<b>{v:.4g}</b></span>" for k, v in list(headline.items())[:8]) + "</div>")
+    parts.append("<div>" + "".join(f"<span class='metric'>{html.escape(k)}<b>{v:.4g}</b></span>"
+                                   for k, v in _headline(metrics).items()) + "</div>")
+    sel = metrics.get("selection")
+    candidates = isinstance(sel, dict) and isinstance(sel.get("candidates"), dict)
+    table = {**metrics, "selection": {k: v for k, v in sel.items() if k != "candidates"}} if candidates else metrics
     parts.append("<h2>Summary and lineage</h2>" + _table(summary))
-    parts.append("<h2>Metrics</h2>" + _table(metrics))
+    parts.append("<h2>Metrics</h2>" + _table(table))
+    if candidates:  # the candidates' held-out scores: a table of their own, not a cut JSON cell
+        parts.append(_selection_section(sel))
     if timings:
         parts.append(f"<h2>Stage timings</h2><img alt='stage timings' src='data:image/png;base64,{_timings_plot(timings)}'>")
     for heading, png in _criterion_plots(diagnostics or {}):

@@ -214,13 +214,39 @@ def test_the_report_of_an_auto_fit_names_the_family_it_chose():
     """The metrics table cut each JSON value at 400 characters with sorted keys: an ``auto`` fit's ``selection``
     showed the first candidates' scores, and its ``"chosen"`` family, sorted after ``"candidates"``, was cut away;
     nothing else in the report said which family the map is. Short facts now come before nested detail."""
-    cand = {m: {"score": 0.98, "corpus_mrr": 1.0, "query_mrr": 1.0, "overlap@10": 0.96, "seconds": 0.1, "n_pairs": 80}
-            for m in ("cluster", "contrastive", "lowrank", "procrustes", "ridge")}
-    sel = {"candidates": cand, "chosen": "lowrank", "n_holdout": 80}
-    html = render_report(title="t", summary={}, metrics={"selection": sel}, timings={}, diagnostics=None, cosines={},
-                         clouds=None, paired=True)
+    html = render_report(title="t", summary={}, metrics={"selection": {"chosen": "lowrank", "n_holdout": 80,
+                                                                       "other": {"x": "y" * 500}}},
+                         timings={}, diagnostics=None, cosines={}, clouds=None, paired=True)
     row = re.search(r"<th>selection</th><td>([^<]*)</td>", html).group(1)
     assert "&quot;chosen&quot;: &quot;lowrank&quot;" in row and "&quot;n_holdout&quot;: 80" in row and "…" in row
+
+
+def test_the_report_leads_with_held_out_figures_and_tabulates_the_method_selection(tmp_path):
+    """The headline showed the first 8 numbers (``train_n_repeated 0``, ``train_top1 1`` ...) and left out
+    ``heldout_top1``; the candidates' held-out scores were a JSON cell cut at 400 characters, mid-candidate, so the
+    chosen family's scores never appeared. Held-out figures now lead, and the candidates get a table and a chart."""
+    from service.ops.maps import run_fit
+    from service.registry import open_registry
+
+    X, Y = _planted_pairs(400)
+    reg = open_registry(f"sqlite:///{tmp_path / 'r.sqlite'}", tmp_path / "art")
+    try:
+        v = run_fit(reg, name="a2b", source=X, target=Y, method="auto", source_space="a", target_space="b",
+                    paired=True)
+        html = (reg.report_dir / v.report_path).read_text()
+    finally:
+        reg.close()
+    head = re.findall(r"<span class='metric'>([^<]+)<b>", html[:html.index("Summary and lineage")])
+    assert head[0] == "heldout_top1" and "train_n_repeated" not in head and head.index("train_top1") > 0, head
+    sel = v.metrics["selection"]
+    section = html[html.index("<h2>Method selection (held-out pairs)</h2>"):]
+    for method, c in sel["candidates"].items():
+        assert re.search(rf"<tr><td>{method}</td><td>{c['score']:.4g}</td><td>{c['corpus_mrr']:.4g}</td>", section)
+    assert re.search(rf"<tr><td>{sel['chosen']}</td>(<td>[^<]*</td>)+<td>chosen</td></tr>", section)
+    assert section.count("<td>chosen</td>") == 1
+    assert "alt='candidates held-out score' src='data:image/png;base64," in section
+    row = re.search(r"<th>selection</th><td>([^<]*)</td>", html).group(1)
+    assert "candidates" not in row and f"&quot;chosen&quot;: &quot;{sel['chosen']}&quot;" in row
 
 
 def test_the_cli_and_the_service_keep_reports_in_one_folder_beside_a_shared_artifact_dir(tmp_path, monkeypatch):
