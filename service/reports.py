@@ -72,8 +72,10 @@ def _timings_plot(timings: dict) -> str:
 
 
 def _series_from_diagnostics(diag: dict) -> list[tuple[str, list[float]]]:
-    """Numeric series worth plotting: lists of numbers, and numeric fields of lists of dicts."""
+    """Numeric series worth plotting: lists of numbers, and numeric fields of lists of dicts (the first 8 items of
+    a list, and the chosen restart's ``runs[<chosen_restart>]``), the chosen restart's series first."""
     out = []
+    mine = f"runs[{diag.get('chosen_restart')}]"
 
     def walk(prefix, obj, depth):
         if depth > 4:
@@ -91,12 +93,14 @@ def _series_from_diagnostics(diag: dict) -> list[tuple[str, list[float]]]:
                     isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in rows)] if rows else []
                 if len(rows) >= 2:
                     out.extend((f"{prefix}.{k}", [float(r[k]) for r in rows]) for k in keys)
-                for i, v in enumerate(obj[:8]):
-                    walk(f"{prefix}[{i}]", v, depth + 1)
+                for i, v in enumerate(obj):
+                    if i < 8 or f"{prefix}[{i}]" == mine:
+                        walk(f"{prefix}[{i}]", v, depth + 1)
 
     walk("", diag, 0)
     skip = ("timings", "seconds", "n_iter", "time")
-    return [(n, s) for n, s in out if not any(w in n for w in skip)][:12]
+    found = [(n, s) for n, s in out if not any(w in n for w in skip)]
+    return sorted(found, key=lambda ns: not ns[0].startswith(mine + "."))  # stable: the chosen restart's first
 
 
 def _criterion_plots(diag: dict) -> list[tuple[str, str]]:
@@ -115,19 +119,27 @@ def _criterion_plots(diag: dict) -> list[tuple[str, str]]:
         plots.append(("Selection criterion across restarts", _png(fig)))
     series = _series_from_diagnostics({k: v for k, v in diag.items() if k != "criteria"})
     if series:
-        n = len(series)
-        cols = 2
-        rows = (n + cols - 1) // cols
-        fig, axes = plt.subplots(rows, cols, figsize=(10, 2.6 * rows), squeeze=False)
-        for ax, (name, s) in zip(axes.ravel(), series):
-            ax.plot(range(1, len(s) + 1), s, marker="." if len(s) < 40 else None)
-            ax.set_title(name, fontsize=9)
-            ax.set_xlabel("iteration", fontsize=8)
-        for ax in axes.ravel()[n:]:
-            ax.axis("off")
-        fig.tight_layout()
-        plots.append(("Refinement iterations", _png(fig)))
+        plots.append(("Refinement iterations", _png(_iterations_figure(series, diag.get("chosen_restart")))))
     return plots
+
+
+def _iterations_figure(series: list[tuple[str, list[float]]], chosen, cap: int = 12):
+    """Up to ``cap`` series (the chosen restart's come first), one subplot each; the title says when some were cut."""
+    plt = _mpl()
+    shown = series[:cap]
+    rows = (len(shown) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(10, 2.6 * rows + 0.4), squeeze=False)
+    for ax, (name, s) in zip(axes.ravel(), shown):
+        ax.plot(range(1, len(s) + 1), s, marker="." if len(s) < 40 else None)
+        ax.set_title(f"{name} (chosen)" if name.startswith(f"runs[{chosen}].") else name, fontsize=9)
+        ax.set_xlabel("iteration", fontsize=8)
+        ax.set_ylabel(name.rsplit(".", 1)[-1], fontsize=8)
+    for ax in axes.ravel()[len(shown):]:
+        ax.axis("off")
+    if len(series) > cap:
+        fig.suptitle(f"{cap} of {len(series)} series shown (the chosen restart's first; the rest cut)", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _plan_figure(plan: dict, k_fit: int | None):
@@ -197,7 +209,7 @@ def _hist_plot(cosines: dict[str, np.ndarray]) -> str:
     return _png(fig)
 
 
-def _pca_plot(src_before, tgt_before, src_after, tgt_after, paired: bool) -> str:
+def _pca_figure(src_before, tgt_before, src_after, tgt_after, paired: bool):
     plt = _mpl()
     d = max(src_before.shape[1], tgt_before.shape[1])
     sb, tb = _pad(src_before, d), _pad(tgt_before, d)
@@ -214,9 +226,11 @@ def _pca_plot(src_before, tgt_before, src_after, tgt_after, paired: bool) -> str
         ax.scatter(pt[:, 0], pt[:, 1], s=4, alpha=0.45, label="target", color="#dd8452")
         ax.scatter(ps[:, 0], ps[:, 1], s=4, alpha=0.45, label="source", color="#4c72b0")
         ax.set_title(title, fontsize=10)
+        ax.set_xlabel("principal axis 1", fontsize=8)
+        ax.set_ylabel("principal axis 2", fontsize=8)
         ax.legend(fontsize=8, markerscale=3)
     fig.tight_layout()
-    return _png(fig)
+    return fig
 
 
 def _table(d: dict) -> str:
@@ -329,7 +343,7 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
                      f"src='data:image/png;base64,{_hist_plot(cosines)}'>")
     if clouds is not None:
         parts.append(f"<h2>2-D projection of both clouds</h2><img alt='PCA projection' "
-                     f"src='data:image/png;base64,{_pca_plot(*clouds, paired=paired)}'>")
+                     f"src='data:image/png;base64,{_png(_pca_figure(*clouds, paired=paired))}'>")
     if plan is not None:
         parts.append(_plan_section(plan, k_fit))
     elif plan_note:

@@ -31,6 +31,30 @@ def test_series_extraction_reads_restarts_and_iterations():
     assert not any("timings" in k for k in series)
 
 
+def test_the_iterations_chart_keeps_the_chosen_restart_and_says_when_it_cut_series():
+    """Series were cut at 12 in the order found: with 3 restarts of 6 series each the chosen restart 2's never
+    appeared, and nothing said so. The chosen restart's series now come first and the chart says what was cut; the
+    iteration subplots and the PCA panels have axis labels."""
+    run = {"history": {"icp": [0.5, 0.6], "self_learning": [{"round": i, "pairs": 10 + i, "mean_csls": 0.1 * i,
+                                                               "a": 1.0, "b": 2.0, "c": 3.0} for i in range(3)]}}
+    diag = {"chosen_restart": 2, "runs": [run, run, run]}
+    series = _series_from_diagnostics(diag)
+    assert len(series) == 18 and all(n.startswith("runs[2].") for n, _ in series[:6])
+    from service.reports import _iterations_figure, _pca_figure
+
+    fig = _iterations_figure(series, 2)
+    titles = [ax.get_title() for ax in fig.axes if ax.axison]
+    assert len(titles) == 12 and "runs[2].history.icp (chosen)" in titles
+    assert fig._suptitle.get_text() == "12 of 18 series shown (the chosen restart's first; the rest cut)"
+    assert [ax.get_ylabel() for ax in fig.axes if ax.axison][:2] == ["icp", "pairs"]
+    many = {"chosen_restart": 9, "runs": [{"icp": [0.1, 0.2]} for _ in range(10)]}
+    assert _series_from_diagnostics(many)[0][0] == "runs[9].icp"  # past the first 8 items of a list, too
+    rng = np.random.default_rng(0)
+    fig = _pca_figure(rng.normal(size=(50, 4)), rng.normal(size=(40, 3)), rng.normal(size=(50, 3)),
+                      rng.normal(size=(40, 3)), paired=False)
+    assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes] == [("principal axis 1", "principal axis 2")] * 2
+
+
 def test_report_embeds_every_plot(tmp_path):
     rng = np.random.default_rng(0)
     clouds = (rng.normal(size=(200, 6)), rng.normal(size=(150, 4)), rng.normal(size=(200, 4)), rng.normal(size=(150, 4)))
