@@ -450,8 +450,9 @@ class Registry(SteerRegistryMixin):
         With no ``prod`` alias a bare ``NAME`` means the newest reliable version, so a refit from fewer pairs
         (or of a weaker family) silently replaced a better map for every client transforming by name. When
         ``new`` is now what the name means (``before``: what it meant) and its :meth:`quality` (held-out top-1
-        put on 1,000 candidates) is below ``before``'s by more than 0.05, or it has only a training figure where
-        ``before`` had a held-out one, the note says so and how to keep ``before``.
+        put on 1,000 candidates) is below ``before``'s by more than 0.05, the note says it looks worse and how to
+        keep ``before``; when ``new`` has no figure of ``before``'s kind (no held-out figure where ``before`` had one)
+        it cannot be compared, and the note says that instead ("looks worse" is a held-out figure lower by > 0.05).
         """
         now = self.resolve_bare(new.name)
         if before is None or before.version == new.version or now is None or now.version != new.version:
@@ -467,7 +468,8 @@ class Registry(SteerRegistryMixin):
         except NotFoundError:
             why = f"no {pin!r} alias: its newest reliable version"
         return (f"{new.name!r} now means {new.ref} ({why}; {figure}), which "
-                f"looks worse than {before.ref}, which it meant until now ({quality_words(before)}); keep "
+                f"{'looks worse than' if kn == kb else 'cannot be compared with'} {before.ref}, which it meant until "
+                f"now ({quality_words(before)}); keep "
                 f"{before.ref} with `vecbridge registry alias {new.name} {pin} {before.version}` "
                 f"(HTTP: PUT /v1/maps/{new.name}/aliases/{pin})")
 

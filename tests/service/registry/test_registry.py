@@ -896,3 +896,23 @@ def test_a_verdict_recorded_before_the_held_out_test_is_judged_again(reg):
     v = reg.register_version("u", rotation_map(seed=5), source_space="a", target_space="b", method="minivec2vec",
                              params={}, metrics=chance)
     assert reg.is_reliable(v)
+
+
+def test_a_refit_with_no_held_out_figure_cannot_be_compared_rather_than_looks_worse(reg):
+    """After `eval --record` on m:1, a refit with no held-out figure (an unsupervised minivec2vec) made the note
+    say m:2 "looks worse than" m:1; "looks worse" is a held-out top-1 lower by more than 0.05, and a version with
+    no figure is not worse, only not comparable. The note says that; a lower held-out figure still looks worse."""
+    v1 = register(reg, seed=1)
+    for tag, value in (("eval.top1", "0.323"), ("eval.n_candidates", "1000"), ("eval.n_queries", "1000")):
+        reg.set_tag(v1.name, v1.version, tag, value)
+    before = reg.resolve_bare("a->b")
+    v2 = reg.register_version("a->b", rotation_map(seed=2), source_space="a", target_space="b",
+                              method="minivec2vec", params={}, metrics={"reliable": True})
+    note = reg.default_change_note(before, v2)
+    assert note.startswith("'a->b' now means a->b:2 (no 'prod' alias: its newest reliable version; no held-out "
+                           "figure), which cannot be compared with a->b:1, which it meant until now (held-out top-1 "
+                           "on 1,000 candidates 0.323)"), note
+    assert "looks worse" not in note
+    v3 = register(reg, seed=3, metrics={"heldout_top1": 0.5, "heldout_n_candidates": 1000, "heldout_n_queries": 1000})
+    v4 = register(reg, seed=4, metrics={"heldout_top1": 0.3, "heldout_n_candidates": 1000, "heldout_n_queries": 1000})
+    assert "which looks worse than a->b:3" in reg.default_change_note(v3, v4)
