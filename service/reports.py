@@ -241,10 +241,11 @@ def _table(d: dict) -> str:
         elif isinstance(v, (dict, list)):
             if isinstance(v, dict):  # the short facts first (auto's "chosen"), so the cut below drops nested detail
                 keys = sorted(v, key=lambda key: (isinstance(v[key], (dict, list)), str(key)))
-                v = "{" + ", ".join(f"{json.dumps(str(key))}: {json.dumps(v[key], sort_keys=True, default=str)}"
+                v = "{" + ", ".join(f"{json.dumps(str(key), ensure_ascii=False)}: "
+                                    f"{json.dumps(v[key], sort_keys=True, default=str, ensure_ascii=False)}"
                                     for key in keys) + "}"
-            else:
-                v = json.dumps(v, sort_keys=True, default=str)
+            else:  # names as written (café.npy, not caf\u00e9.npy); the cell is HTML-escaped below
+                v = json.dumps(v, sort_keys=True, default=str, ensure_ascii=False)
             if len(v) > 400:
                 v = v[:400] + "…"
         rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>")

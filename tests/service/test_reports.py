@@ -324,3 +324,11 @@ def test_the_cli_and_the_service_keep_reports_in_one_folder_beside_a_shared_arti
         assert cli.registry.report_file("a2b:2").is_file() and cli.registry.report_file("a2b:1").is_file()
     finally:
         cli.registry.close()
+
+
+def test_report_tables_show_non_ascii_names_as_written_and_escaped():
+    """A file named ``café.npy`` read ``caf\\u00e9.npy`` in the report's inputs (``json.dumps`` escapes non-ASCII)."""
+    html = render_report(title="t", summary={"inputs": {"source": {"path": "données/café<1>.npy"}},
+                                             "files": ["naïve.npy"]},
+                         metrics={}, timings={}, diagnostics=None, cosines={}, clouds=None, paired=False)
+    assert "données/café&lt;1&gt;.npy" in html and "naïve.npy" in html and "\\u00e9" not in html
