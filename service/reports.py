@@ -25,7 +25,7 @@ from align.plan import forecast
 
 from .storage import atomic_write
 
-__all__ = ["render_report", "write_report", "pca_2d", "REPORT_CSS"]
+__all__ = ["render_report", "write_report", "inner_timings", "pca_2d", "REPORT_CSS"]
 
 
 def _mpl():
@@ -299,6 +299,16 @@ h1{font-size:1.5em}h2{font-size:1.15em;border-bottom:1px solid #ddd;padding-bott
 table{border-collapse:collapse;font-size:.85em}th{text-align:left;padding:2px 12px 2px 0;color:#555;vertical-align:top}
 td{padding:2px 0;font-family:ui-monospace,monospace;word-break:break-all}img{max-width:100%}
 .metric{display:inline-block;margin:0 1.5em .6em 0}.metric b{font-size:1.4em;display:block}"""
+
+
+def inner_timings(diag: dict) -> dict[str, float]:
+    """The fitter's own stage seconds (``diagnostics.timings``), named ``fit: <stage>`` for the report."""
+    inner = diag.get("timings") or {}
+    out = {f"fit: {k}": float(v) for k, v in inner.items() if isinstance(v, (int, float)) and k != "total"}
+    for r, rt in enumerate(inner.get("restarts") or []):
+        if isinstance(rt, dict):
+            out.update({f"fit: restart {r} {k}": float(v) for k, v in rt.items() if isinstance(v, (int, float))})
+    return out
 
 
 def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, diagnostics: dict | None,

@@ -34,7 +34,7 @@ from ..progress import Progress, Stages, silent
 from ..registry import ConflictError, NotFoundError, Registry, VersionInfo
 from ..registry.names import check_alias, check_name, fs_safe
 from ..registry.quality import SPLIT, heldout_doubt
-from ..reports import render_report, write_report
+from ..reports import inner_timings, render_report, write_report
 from ..storage import check_writable
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
 from .plans import MIGRATION_METHODS, check_semi_supervised, fit_migration_map
@@ -351,7 +351,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
                 plan, plan_note = _report_plan(X, Y, rng) if paired else (None, None)
                 html_text = render_report(title=f"vecbridge fit: {name}", summary=summary, metrics=metrics,
-                                          timings={**st.timings, **_inner_timings(diag)}, diagnostics=diag,
+                                          timings={**st.timings, **inner_timings(diag)}, diagnostics=diag,
                                           cosines=cosines, clouds=clouds, paired=paired, plan=plan, k_fit=n_src,
                                           plan_note=plan_note)
                 report_file, report_rel = _report_paths(registry, name, report_dir)
@@ -404,16 +404,6 @@ def _fit_signals(meta: dict, diag: dict) -> dict:
     for key in ("null_criterion", "reliable"):  # label-free failure flag of MiniVec2Vec
         if key in diag:
             out[key] = diag[key] if isinstance(diag[key], bool) else float(diag[key])
-    return out
-
-
-def _inner_timings(diag: dict) -> dict[str, float]:
-    """The fitter's own stage seconds (``diagnostics.timings``), named ``fit: <stage>`` for the report."""
-    inner = diag.get("timings") or {}
-    out = {f"fit: {k}": float(v) for k, v in inner.items() if isinstance(v, (int, float)) and k != "total"}
-    for r, rt in enumerate(inner.get("restarts") or []):
-        if isinstance(rt, dict):
-            out.update({f"fit: restart {r} {k}": float(v) for k, v in rt.items() if isinstance(v, (int, float))})
     return out
 
 
