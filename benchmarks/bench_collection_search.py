@@ -11,8 +11,9 @@ PostgreSQL + pgvector (pgserver wheel; exact scan, no index) when installed. Cel
 - HTTP collection: the route, through a real ``vecbridge serve`` on localhost (keep-alive httpx client);
 - HTTP FAISS: the service's flat index of the same rows searched with the same queries (``/v1/indexes``).
 
-Data: the shared WordNet vectors (held-out rows 32,768+ as the collection and queries); random vectors when
-absent (said so in the output).
+Data: the shared WordNet vectors (held-out rows 32,768+ as the collection and queries, rows [0, 4000) as the
+map's pairs). Without the shared set: a sample of 4,096 definitions embedded here (``wordnet_sample.py``), its
+held-out fifth repeated to ``--rows``; said in the output.
 """
 
 from __future__ import annotations
@@ -32,20 +33,23 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_service import HDR, WORDNET, start_server, table, timeit  # noqa: E402
+import wordnet_sample
+from bench_service import HDR, start_server, table, timeit  # noqa: E402
 from bench_service import free_port, stop  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def data(rows: int):
-    if (WORDNET / "minilm.npy").exists():
-        A = np.asarray(np.load(WORDNET / "minilm.npy", mmap_mode="r")[:32768 + rows], np.float32)
-        B = np.asarray(np.load(WORDNET / "e5.npy", mmap_mode="r")[:32768 + rows], np.float32)
-        return A, B, "shared WordNet vectors (minilm collection, e5 queries)"
-    rng = np.random.default_rng(0)
-    A = rng.standard_normal((32768 + rows, 384)).astype(np.float32)
-    return A, A @ np.linalg.qr(rng.standard_normal((384, 384)))[0].astype(np.float32), "random vectors (no WordNet)"
+def data(rows: int, folder: Path):
+    """``(fit e5, fit minilm, collection minilm, queries e5, what)``: the map's pairs from the split's first part
+    (rows [0, 4000) of the shared set), ``rows`` collection rows and 256 queries from its held-out part (a
+    sample's held-out rows repeated to ``rows``)."""
+    A, B = wordnet_sample.load(folder, "minilm"), wordnet_sample.load(folder, "e5")
+    train, _, held = wordnet_sample.split(A.shape[0])
+    fit = slice(0, min(4000, train.stop))
+    what = "WordNet vectors (minilm collection, e5 queries)"
+    return (B[fit], A[fit], wordnet_sample.tile(A[held], rows)[:rows], wordnet_sample.tile(B[held], 256)[:256],
+            what)
 
 
 def b64(X) -> dict:
@@ -96,12 +100,19 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None, help="also write the tables to benchmarks/results/OUT")
     args = ap.parse_args(argv)
-    A, B, what = data(args.rows)
-    coll_A, Q_B = A[32768:32768 + args.rows], B[32768:32768 + 256]
-    m = align.fit_procrustes(B[:4000], A[:4000])  # e5 -> minilm: the query side
+    if args.rows < 1 or args.rounds < 1:
+        ap.error("--rows and --rounds must be at least 1")
+    try:
+        folder = wordnet_sample.wordnet_dir()
+    except wordnet_sample.SampleUnavailable as e:
+        print(f"no WordNet data ({e}); nothing to benchmark")
+        return 0
+    note = wordnet_sample.note(folder)
+    fit_B, fit_A, coll_A, Q_B, what = data(args.rows, folder)
+    m = align.fit_procrustes(fit_B, fit_A)  # e5 -> minilm: the query side
     lines = [f"# Query-side collection search over HTTP vs in process vs the service's FAISS index "
-             f"({time.strftime('%Y-%m-%d')})", "", f"Data: {what}; {args.rows} rows, k = 10, {args.rounds} "
-             "interleaved rounds per cell, p50 ms.", ""]
+             f"({time.strftime('%Y-%m-%d')})", "", *([note, ""] if note else []), f"Data: {what}; {args.rows} rows, "
+             f"k = 10, {args.rounds} interleaved rounds per cell, p50 ms.", ""]
     rows = []
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
@@ -119,7 +130,7 @@ def main(argv=None) -> int:
                 port = free_port()
                 proc = start_server(tmp / f"data-{port}", port, extra_env={"VECBRIDGE_VECTORDB_URL": url})
                 try:
-                    rows += measure(label, s, m, (B[:4000], A[:4000]), Q_B, coll_A, f"http://127.0.0.1:{port}",
+                    rows += measure(label, s, m, (fit_B, fit_A), Q_B, coll_A, f"http://127.0.0.1:{port}",
                                     args.rounds, httpx)
                 finally:
                     stop(proc)

@@ -72,7 +72,7 @@ def pct(a: np.ndarray, q: float) -> float:
 
 
 def table(title: str, header: list[str], rows: list[list]) -> str:
-    widths = [max(len(str(h)), *(len(f"{r[i]}") for r in rows)) for i, h in enumerate(header)]
+    widths = [max([len(str(h)), *(len(f"{r[i]}") for r in rows)]) for i, h in enumerate(header)]
     line = "  ".join(str(h).rjust(w) for h, w in zip(header, widths))
     out = [f"\n## {title}", line, "-" * len(line)]
     out += ["  ".join(f"{c}".rjust(w) for c, w in zip(r, widths)) for r in rows]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import load_benchmark
 
@@ -161,3 +162,21 @@ def test_seeded_rounds_benchmark_runs_on_a_sample(on_sample):
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_seeded_rounds.py"), "--k", "1000"],
                          capture_output=True, text=True, env=env, timeout=300, check=False)
     assert bad.returncode == 2 and "--k must be in [2, 80]" in bad.stderr, bad.stderr[-500:]
+
+
+def test_collection_search_benchmark_reads_the_sample(on_sample, monkeypatch, capsys):
+    """bench_collection_search.py imported ``WORDNET`` from bench_service (gone: ImportError) and used random
+    vectors without the shared set; now the sample's held-out rows, repeated to ``--rows``, said so."""
+    bench = load_benchmark("bench_collection_search")
+    fit_B, fit_A, coll, Q, what = bench.data(300, on_sample)
+    ws = _wordnet_sample()
+    minilm, e5 = ws.load(on_sample, "minilm"), ws.load(on_sample, "e5")
+    assert fit_A.shape == fit_B.shape == (80, 384) and coll.shape == (300, 384) and Q.shape == (256, 384)
+    np.testing.assert_array_equal(fit_B, e5[:80])
+    np.testing.assert_array_equal(coll[:40], minilm[160:200])  # the held-out rows [160, 200), repeated
+    np.testing.assert_array_equal(coll[40:80], minilm[160:200])
+    np.testing.assert_array_equal(Q[:40], e5[160:200])
+    assert what == "WordNet vectors (minilm collection, e5 queries)"
+    monkeypatch.setattr(bench, "engines", lambda tmp: [])  # the engines' rows are not this test's
+    assert bench.main(["--rows", "300", "--rounds", "1"]) == 0
+    assert NOTE in capsys.readouterr().out
