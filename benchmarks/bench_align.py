@@ -178,7 +178,7 @@ def load_peer(pair: str) -> list[dict]:
 # --- table ----------------------------------------------------------------------------------------
 
 COLS = (("top1", "top-1", "{:.3f}", max), ("mean_rank", "mean rank", "{:.1f}", min), ("cos", "cos", "{:.3f}", max),
-        ("csls_top1", "CSLS top-1", "{:.3f}", max), ("criterion", "criterion", "{:.3f}", min),
+        ("csls_top1", "CSLS top-1", "{:.3f}", max), ("criterion", "criterion", "{:.3f}", max),
         ("seconds", "fit s", "{:.1f}", min), ("peak_rss_delta_mb", "peak MB", "{:.0f}", min))
 
 

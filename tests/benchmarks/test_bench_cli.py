@@ -1,0 +1,18 @@
+"""The benchmark scripts' small promises: their tables' summaries, their command lines (a bad value is refused
+with a message, --help prints the usage) and the files they leave behind."""
+
+from __future__ import annotations
+
+from conftest import load_benchmark
+
+
+def test_align_table_shows_the_lowest_criterion_as_the_worst_seed(capsys):
+    """The criterion is higher-is-better (MiniVec2Vec.criterion_), but the table summarised it as lower-is-better:
+    its "worst seed" was the best one."""
+    bench = load_benchmark("bench_align")
+    rows = [{"seed": s, "criterion": c, "top1": t, "mean_rank": r}
+            for s, c, t, r in ((0, 0.020, 0.9, 1.0), (1, 0.050, 0.5, 3.0))]
+    bench.print_table("a:b", {"vecbridge": rows})
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("vecbridge"))
+    assert "0.035±0.015 (w 0.020)" in line  # criterion: the lower seed
+    assert "0.700±0.200 (w 0.500)" in line and "2.0±1.0 (w 3.0)" in line  # top-1 and mean rank, as before
