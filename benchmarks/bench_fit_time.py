@@ -80,6 +80,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=1, help="alternating serial/threaded rounds per method")
     ap.add_argument("--results", type=Path, default=RESULTS, help="folder for the .json / .md (default %(default)s)")
     args = ap.parse_args(argv)
+    if args.pairs is not None and args.pairs < 1:
+        ap.error(f"--pairs must be at least 1, got {args.pairs}")
     X, Y, data, note = load_pairs(args.pairs)
     args.pairs = X.shape[0]
     if note:
