@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import wordnet_sample
 from _api_support import R, W  # noqa: E402
-from _servers import env_for, free_port, start, stop  # noqa: E402
+from _servers import env_for, free_port, scratch_dir, start, stop  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TRANSFORM_BATCHES = (1, 8, 64, 1024)
@@ -65,19 +65,25 @@ def load_data():
     return X[:4096], Y[:4096], Y[8192:], X[14336:], "SYNTHETIC planted rotation (WordNet data absent)", ""
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--per", type=int, default=20, help="requests per cell per round (batch 1,024: a quarter)")
     ap.add_argument("--results", type=Path, default=RESULTS, help="folder for the .json / .md (default %(default)s)")
-    args = ap.parse_args()
+    ap.add_argument("--keep", action="store_true", help="keep the servers' data dir (registry, logs) for debugging")
+    args = ap.parse_args(argv)
+    with scratch_dir("vb-blas-bench-", args.keep) as data:
+        run(args, data)
+
+
+def run(args, data: Path) -> None:
+    """Serve one data dir from two servers, time the cells interleaved, write the results."""
     import httpx
 
     import align
     from service.registry import open_registry
 
     X, Y, corpus, held, data_name, note = load_data()
-    data = Path(os.environ.get("TMPDIR", "/tmp")) / f"vb-blas-bench-{os.getpid()}"
     reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
     reg.register_space("minilm", 384)
     reg.register_space("e5", 384)

@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-from _servers import env_for, free_port, start, stop  # noqa: E402
+from _servers import env_for, free_port, scratch_dir, start, stop  # noqa: E402
 from _api_support import R  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -55,12 +55,19 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--results", type=Path, default=RESULTS, help="folder for the .json / .md (default %(default)s)")
+    ap.add_argument("--keep", action="store_true", help="keep the servers' data dir (registry, logs) for debugging")
     args = ap.parse_args(argv)
     try:
         folder = wordnet_sample.wordnet_dir()
     except wordnet_sample.SampleUnavailable as e:
         print(f"no WordNet data ({e}); nothing to benchmark")
         return
+    with scratch_dir("vb-cluster-bench-", args.keep) as data:
+        run(args, folder, data)
+
+
+def run(args, folder: Path, data: Path) -> None:
+    """Fit both maps, serve them from ``data``, time the batches, write the results."""
     note = wordnet_sample.note(folder)
     load_start = os.getloadavg()
     import httpx
@@ -78,7 +85,6 @@ def main(argv=None) -> None:
     t = time.perf_counter()
     cm = align.fit_migration(X, Y, method="cluster", random_state=0)
     t_cm = time.perf_counter() - t
-    data = Path(os.environ.get("TMPDIR", "/tmp")) / f"vb-cluster-bench-{os.getpid()}"
     reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
     reg.register_version("lin", lin, source_space="minilm", target_space="e5", method="procrustes", params={})
     reg.register_version("cl", cm, source_space="minilm", target_space="e5", method="cluster", params={})

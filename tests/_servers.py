@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from contextlib import closing, contextmanager
@@ -157,6 +159,20 @@ def damage_page(db, name: str) -> None:
     with open(db, "r+b") as fh:
         fh.seek((page - 1) * size + 8)
         fh.write(b"A" * (size - 8))
+
+
+@contextmanager
+def scratch_dir(prefix: str, keep: bool = False) -> Iterator[Path]:
+    """A fresh folder under the temporary directory for a benchmark's server data, removed afterwards (also on
+    failure) unless ``keep``: then kept and its path printed (for debugging)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        if keep:
+            print(f"data dir kept: {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def start(cmd: list[str], env: dict, port: int, log: Path) -> subprocess.Popen:

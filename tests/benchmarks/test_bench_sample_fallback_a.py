@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -58,12 +59,24 @@ def test_the_sample_note_and_the_scaled_split(tiny_sample):
     assert ws.tile(ws.load(tiny_sample, "minilm")[:3], 8).shape == (8, 384)
 
 
-def test_cluster_service_benchmark_runs_on_a_sample(on_sample, tmp_path, capsys):
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """The temporary directory the benchmarks put their servers' data dirs in (``$TMPDIR``, ``tempfile``'s)."""
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_cluster_service_benchmark_runs_on_a_sample(on_sample, tmp_path, scratch, capsys):
     """bench_cluster_service.py printed "nothing to benchmark" without the shared set; now it fits on the sample's
-    first fifth and times transforms of its held-out rows (repeated to the largest batch) through a real server."""
+    first fifth and times transforms of its held-out rows (repeated to the largest batch) through a real server.
+    Its server's data dir is removed afterwards (it stayed in $TMPDIR, ~10 MB a run)."""
     cluster = load_benchmark("bench_cluster_service")
     cluster.main(["--quick", "--results", str(tmp_path / "results")])
     out = capsys.readouterr().out
+    assert list(scratch.iterdir()) == []
     assert NOTE in out and "nothing to benchmark" not in out
     assert "WordNet minilm -> e5 (384 -> 384), 40 pairs" in out
     for batch in cluster.BATCHES:
@@ -180,3 +193,16 @@ def test_collection_search_benchmark_reads_the_sample(on_sample, monkeypatch, ca
     monkeypatch.setattr(bench, "engines", lambda tmp: [])  # the engines' rows are not this test's
     assert bench.main(["--rows", "300", "--rounds", "1"]) == 0
     assert NOTE in capsys.readouterr().out
+
+
+def test_blas_threads_benchmark_removes_its_data_dir_unless_kept(on_sample, tmp_path, scratch, capsys):
+    """bench_blas_threads.py left ``$TMPDIR/vb-blas-bench-<pid>`` (registry, index, logs) behind after each run;
+    now it is removed, and ``--keep`` keeps it (for debugging) and says where."""
+    bench = load_benchmark("bench_blas_threads")
+    bench.main(["--rounds", "1", "--per", "1", "--results", str(tmp_path / "results")])
+    assert "| search batch 64 | " in capsys.readouterr().out
+    assert list(scratch.iterdir()) == []
+    bench.main(["--rounds", "1", "--per", "1", "--results", str(tmp_path / "results"), "--keep"])
+    (kept,) = scratch.iterdir()
+    assert kept.name.startswith("vb-blas-bench-") and (kept / "registry.sqlite").is_file()
+    assert f"data dir kept: {kept}" in capsys.readouterr().out
