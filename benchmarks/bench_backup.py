@@ -7,7 +7,8 @@ Builds a data dir (spaces a, b; the map a2b with ``--versions`` versions; the in
 of 384-d, WordNet MiniLM rows repeated with noise as in ``bench_index_writes``: those of a sample embedded here
 when the shared set is absent, said so), starts a writer process that
 adds 16 rows to ``docs`` and registers a new a2b version every 8 adds, in a loop, timing each write, and takes
-two backups while it runs: hard links (DEST on the same file system, the default) and ``--copy``. Prints one
+two backups while it runs: ``--link`` (hard links, DEST on the same file system) and ``--copy`` (the default,
+as ``vecbridge backup --help`` says). Prints one
 table: seconds, files, bytes in the backup, bytes copied, how long the SQLite copies held their read lock, and
 the writer's index adds and registry writes (count, p50, max) inside each backup's window against outside.
 """

@@ -29,3 +29,15 @@ def test_fit_time_refuses_fewer_than_one_pair(pairs, tmp_path, capsys):
     assert e.value.code == 2
     assert f"--pairs must be at least 1, got {pairs}" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_backup_benchmark_names_the_default_the_cli_has():
+    """bench_backup.py's docstring called hard links "the default"; ``vecbridge backup`` copies by default."""
+    from click.testing import CliRunner
+
+    from service.cli import cli
+
+    help_text = CliRunner().invoke(cli, ["backup", "--help"]).output
+    assert "[default: copy]" in help_text
+    doc = " ".join(load_benchmark("bench_backup").__doc__.split())
+    assert "``--copy`` (the default," in doc and "file system, the default" not in doc
