@@ -36,9 +36,9 @@ against a plain GEMM for the ridge map and the cluster map at blend 1–3. Row c
 old corpus's fit pool). ``align.plan_migration`` (when present) predicts the retention from a
 probe; its prediction is recorded next to the measured figure.
 
-Results: printed tables, ``benchmarks/results/migration_<date>.md`` and ``.json`` (a rerun with
-the same date resumes: finished cells are read back, not refitted; a run with another ``--seed`` needs its own
-``--out``). A WordNet set built from ``wordnet_sample.py``'s sample (no shared set) is said so above its tables
+Results: printed tables, ``benchmarks/results/migration_<date>.md`` and ``.json`` (``--results DIR``: elsewhere; a
+rerun with the same date resumes: finished cells are read back, not refitted; a run with another ``--seed`` needs
+its own ``--out``). A WordNet set built from ``wordnet_sample.py``'s sample (no shared set) is said so above its tables
 and in its pair's ``data``; such a run's default stem is ``migration_<date>_sample``, and cells of the other data
 are never resumed.
 
@@ -575,15 +575,16 @@ def main(argv=None) -> int:
                     help="give the plan N labelled queries (its probe then holds their relevant documents)")
     ap.add_argument("--apply-speed", type=int, default=0, metavar="K",
                     help="also time apply of the ridge and cluster maps fitted on K pairs against a plain GEMM")
-    ap.add_argument("--out", type=str, default=None, help="result stem (default migration_<date>)")
+    ap.add_argument("--out", type=str, default=None, help="result stem (default migration_<date>, a sample's _sample)")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="folder for the result files (default %(default)s)")
     ap.add_argument("--csls-weights", nargs="*", type=float, default=[],
                     help="also search the migrated indexes as the service's csls search does, with these csls_weight")
     a = ap.parse_args(argv)
     methods = a.methods or available_methods()
     sample = any(set_note(key.split(":")[0], a.cache) for key in a.pairs)
     stem = a.out or f"migration_{_dt.date.today().isoformat()}{'_sample' if sample else ''}"
-    RESULTS.mkdir(exist_ok=True)
-    jpath, mpath = RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
+    a.results.mkdir(parents=True, exist_ok=True)
+    jpath, mpath = a.results / f"{stem}.json", a.results / f"{stem}.md"
     results = json.loads(jpath.read_text()) if jpath.is_file() else {"pairs": {}}
     before = results.get("env") or {}
     if results["pairs"] and "seed" in before and before["seed"] != a.seed:  # resuming reuses every finished cell

@@ -79,7 +79,8 @@ def main(argv=None) -> int:
     ap.add_argument("--probe", type=int, default=1000)
     ap.add_argument("--queries", type=int, default=0,
                     help="labelled queries per plan (default: 300 WordNet, 200 Bible; at most the set's)")
-    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "vecbridge-bench")
+    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("VECBRIDGE_BENCH_CACHE",
+                                                                    Path.home() / ".cache" / "vecbridge-bench")))
     ap.add_argument("--measured", type=Path, nargs="+", default=[RESULTS / m for m in MEASURED])
     ap.add_argument("--baseline-tree", type=Path, help="another checkout: its align makes the same plans")
     ap.add_argument("--out", help="results stem under benchmarks/results (default: print only)")

@@ -9,10 +9,10 @@ and cross-model retrieval quality on the shared WordNet set — side by side, in
 
 Data: ``../shared/data/wordnet/{minilm,e5,texts}`` (ALGORITHMS.md §4 split). The unsupervised map
 minilm -> e5 is fitted with ``align.MiniVec2Vec`` (defaults, random_state=0) on the unpaired
-training rows (minilm [0, 16384), e5 [16384, 32768)) and cached in
-``benchmarks/results/service_minivec2vec_minilm_e5.npz``. The index holds the held-out e5 rows
-[32768, 40960) (8,192); queries are the same texts embedded by minilm, mapped through the
-service (``output="raw"``). Without the shared set: a sample of 4,096 definitions embedded here
+training rows (minilm [0, 16384), e5 [16384, 32768)) and cached in the bench cache
+(``$VECBRIDGE_BENCH_CACHE``, default ``~/.cache/vecbridge-bench``) as ``service_minivec2vec_minilm_e5.npz``.
+The index holds the held-out e5 rows [32768, 40960) (8,192); queries are the same texts embedded by minilm, mapped
+through the service (``output="raw"``). Without the shared set: a sample of 4,096 definitions embedded here
 (``wordnet_sample.py``), the split scaled to its rows (0.4 / 0.4 / 0.2), its unsupervised map cached in the
 sample's folder, and the speed sections' batches (up to 8,192) made of its held-out rows repeated; said so.
 
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import wordnet_sample
 
 RESULTS = ROOT / "benchmarks" / "results"
-MAP_CACHE = RESULTS / "service_minivec2vec_minilm_e5.npz"
+MAP_CACHE_NAME = "service_minivec2vec_minilm_e5.npz"
 KEY = "bench-key"
 HDR = {"Authorization": f"Bearer {KEY}"}
 
@@ -84,7 +84,13 @@ def load_data(folder: Path):
     return wordnet_sample.load(folder, "minilm"), wordnet_sample.load(folder, "e5")
 
 
-def get_map(A, B, args, map_cache: Path = MAP_CACHE):
+def map_cache_path(folder: Path) -> Path:
+    """Where the unsupervised map of ``folder``'s data is cached: the bench cache (``$VECBRIDGE_BENCH_CACHE``,
+    default ``~/.cache/vecbridge-bench``) for the shared set, a sample's own folder for a sample."""
+    return (folder if wordnet_sample.is_sample(folder) else wordnet_sample.DEFAULT_CACHE) / MAP_CACHE_NAME
+
+
+def get_map(A, B, args, map_cache: Path):
     """The map of the quality section. ``map_cache``: where the unsupervised map is cached (a sample's own folder)."""
     from align import LinearMap, fit_procrustes
 
@@ -564,7 +570,7 @@ def main(argv=None) -> int:
     if not args.floor_only:
         bench_inprocess(m_speed, A_speed, report)
 
-    m, label = get_map(A, B, args, folder / MAP_CACHE.name if wordnet_sample.is_sample(folder) else MAP_CACHE)
+    m, label = get_map(A, B, args, map_cache_path(folder))
     report["map"] = label
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"

@@ -26,7 +26,8 @@ Methods, each swept over ``eps`` (a geometric grid, until the results saturate):
 
 Metrics per point: precision@10 of the attribute and overlap@10 with the unsteered top-10.
 Relevance against a known answer (when ``benchmarks/build_retrieval_sets.py`` has built its
-``wordnet`` reverse-dictionary set in ``--cache``, default ``~/.cache/vecbridge-bench``, over the same
+``wordnet`` reverse-dictionary set in ``--cache``, default ``$VECBRIDGE_BENCH_CACHE`` or
+``~/.cache/vecbridge-bench``, over the same
 corpus): a second query set of
 ``--queries`` synset lemma queries (e.g. ``"domestic dog, Canis familiaris"``) whose gloss lies in
 the held-out rows, corpus = rows ``[16384, 40960)``; nDCG@10 of the query's own gloss (one relevant
@@ -39,7 +40,8 @@ Transfer: the minilm steer carried to e5 through an orthogonal Procrustes map fi
 paired training rows, against e5's own mean-shift.
 
 Run: ``OMP_NUM_THREADS=2 python benchmarks/bench_steer.py [--queries 600]``; writes
-``benchmarks/results/steer_pareto_<date>.json`` / ``.png`` and prints markdown tables.
+``benchmarks/results/steer_pareto_<date>.json`` / ``.png`` (``_<date>_sample`` on a sample; ``--results DIR``:
+elsewhere) and prints markdown tables.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from align.knn import knn  # noqa: E402
 from align.steer import fit_mean_shift, fit_steer, transfer_steer  # noqa: E402
 
 WN_DICT = Path("/usr/share/wordnet")
-SETS_CACHE = Path.home() / ".cache" / "vecbridge-bench"  # build_retrieval_sets.py's default --cache
+SETS_CACHE = wordnet_sample.DEFAULT_CACHE  # build_retrieval_sets.py's default --cache
 RESULTS = ROOT / "benchmarks" / "results"
 
 # WordNet 3.0 lexicographer files, in lex_filenum order (the ``lexnames`` file).
@@ -393,7 +395,8 @@ def load_or_say(rows: int) -> dict | None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--queries", type=int, default=600)
-    ap.add_argument("--stem", help="result file stem (default steer_pareto_<date>)")
+    ap.add_argument("--stem", help="result file stem (default steer_pareto_<date>, a sample's _sample)")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="folder for the result files (default %(default)s)")
     ap.add_argument("--from-json", help="redraw the figures and tables of an earlier run's JSON")
     ap.add_argument("--cache", type=Path, default=SETS_CACHE, help="build_retrieval_sets.py's cache (nDCG queries)")
     ap.add_argument("--sample-rows", type=int, default=wordnet_sample.DEFAULT_ROWS,
@@ -402,16 +405,16 @@ def main(argv=None):
     data = None if args.from_json else load_or_say(args.sample_rows)
     if data is None and not args.from_json:
         return 0
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
     res = json.loads(Path(args.from_json).read_text()) if args.from_json else run(args.queries, data=data,
                                                                                   cache=args.cache)
     if not res["tasks"]:
         print("no attribute has both of its sides among the training rows of this data; nothing to plot")
         return 0
-    stem = args.stem or f"steer_pareto_{res['setup']['date']}"
-    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
-    figure(res, RESULTS / f"{stem}.png")
-    figure(res, RESULTS / f"{stem}_ndcg.png", axis="ndcg_kept")
+    stem = args.stem or f"steer_pareto_{res['setup']['date']}{'_sample' if res['setup'].get('data') else ''}"
+    (args.results / f"{stem}.json").write_text(json.dumps(res, indent=1))
+    figure(res, args.results / f"{stem}.png")
+    figure(res, args.results / f"{stem}_ndcg.png", axis="ndcg_kept")
     print(tables(res, f"{stem}.png", f"{stem}_ndcg.png"))
     return 0
 

@@ -17,7 +17,8 @@ formula, the default transfer (two scalars on ``W``) and the exact first-order q
 ``(mu_A - lam mu_B M^+) P1`` carried by ``g = mu_B / |mu_B|^2``), which ``align.transfer_steer`` does not use.
 
 Run: ``OMP_NUM_THREADS=2 python benchmarks/bench_steer_transfer.py [--queries 500]``; writes
-``benchmarks/results/steer_transfer_<date>.json`` and prints markdown.
+``benchmarks/results/steer_transfer_<date>.json`` (``_<date>_sample`` on a sample; ``--results DIR``: elsewhere)
+and prints markdown.
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ def tables(res: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--queries", type=int, default=500)
-    ap.add_argument("--stem", help="result file stem (default steer_transfer_<date>)")
+    ap.add_argument("--stem", help="result file stem (default steer_transfer_<date>, a sample's _sample)")
+    ap.add_argument("--results", type=Path, default=bs.RESULTS,
+                    help="folder for the result files (default %(default)s)")
     ap.add_argument("--cache", type=Path, default=bs.SETS_CACHE, help="build_retrieval_sets.py's cache (nDCG queries)")
     ap.add_argument("--sample-rows", type=int, default=bs.wordnet_sample.DEFAULT_ROWS,
                     help="without the shared WordNet set: definitions in the sample embedded here")
@@ -144,9 +147,9 @@ def main(argv=None) -> int:
     if data is None:
         return 0
     res = run(args.queries, data=data, cache=args.cache)
-    stem = args.stem or f"steer_transfer_{res['setup']['date']}"
-    bs.RESULTS.mkdir(parents=True, exist_ok=True)
-    (bs.RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
+    stem = args.stem or f"steer_transfer_{res['setup']['date']}{'_sample' if res['setup'].get('data') else ''}"
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / f"{stem}.json").write_text(json.dumps(res, indent=1))
     print(tables(res))
     return 0
 

@@ -35,7 +35,7 @@ of rows from which fit pairs are drawn, and per-encoder embeddings:
     cache made before 2026-12-01 (session 10) that lists it on the e5 rows takes all rows while it has no mpnet
     vectors yet.
 
-Layout under the cache folder (``--cache``, default ``~/.cache/vecbridge-bench``)::
+Layout under the cache folder (``--cache``, default ``$VECBRIDGE_BENCH_CACHE`` or ``~/.cache/vecbridge-bench``)::
 
     <set>/set.json                docs, queries, query_doc, fit_pool, encoder rows, provenance
     <set>/<encoder>_docs.npy      float16 unit rows for set.json["rows"][<encoder>] (doc indices)
@@ -68,7 +68,7 @@ import numpy as np
 import wordnet_sample
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_CACHE = Path.home() / ".cache" / "vecbridge-bench"
+DEFAULT_CACHE = wordnet_sample.DEFAULT_CACHE  # $VECBRIDGE_BENCH_CACHE, else ~/.cache/vecbridge-bench
 WORDNET_DIR = Path("/usr/share/wordnet")
 SMALL_ROWS, SMALL_POOL = 1280, 768  # wordnet-small: corpus rows [0, 1280), fit pool [0, 768)
 #: encoder short name -> (service encoder name, whether queries use a query form)

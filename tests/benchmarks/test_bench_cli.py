@@ -3,8 +3,17 @@ with a message, --help prints the usage) and the files they leave behind."""
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 from conftest import load_benchmark
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_align_table_shows_the_lowest_criterion_as_the_worst_seed(capsys):
@@ -41,3 +50,40 @@ def test_backup_benchmark_names_the_default_the_cli_has():
     assert "[default: copy]" in help_text
     doc = " ".join(load_benchmark("bench_backup").__doc__.split())
     assert "``--copy`` (the default," in doc and "file system, the default" not in doc
+
+
+def test_the_bench_cache_is_where_vecbridge_bench_cache_says(tmp_path):
+    """build_retrieval_sets.py (and bench_steer.py, which reads its sets) kept ~/.cache/vecbridge-bench whatever
+    ``$VECBRIDGE_BENCH_CACHE`` said, though the WordNet sample beside them honoured it."""
+    code = ("import build_retrieval_sets as b, bench_steer as s, wordnet_sample as w; "
+            "print(b.DEFAULT_CACHE, s.SETS_CACHE, w.DEFAULT_CACHE, sep='\\n')")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]),
+           "VECBRIDGE_BENCH_CACHE": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == [str(tmp_path / "cache")] * 3
+
+
+def test_service_benchmark_caches_the_shared_sets_map_in_the_bench_cache(tmp_path, monkeypatch):
+    """bench_service.py cached the shared set's unsupervised map in benchmarks/results (a 600 KB file in the
+    checkout); now in the bench cache, where a cached map is read back (a sample's: in its own folder)."""
+    import align
+
+    bench = load_benchmark("bench_service")
+    ws = bench.wordnet_sample
+    monkeypatch.setattr(ws, "DEFAULT_CACHE", tmp_path / "cache")
+    shared, sample = tmp_path / "shared", tmp_path / "sample"
+    for folder in (shared, sample):
+        folder.mkdir()
+    (sample / "sample.json").write_text("{}")
+    assert bench.map_cache_path(shared) == tmp_path / "cache" / "service_minivec2vec_minilm_e5.npz"
+    assert bench.map_cache_path(sample) == sample / "service_minivec2vec_minilm_e5.npz"
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(50, 8)).astype(np.float32)
+    m = align.fit_procrustes(A, A)
+    bench.map_cache_path(shared).parent.mkdir()
+    m.save(bench.map_cache_path(shared))
+    args = argparse.Namespace(quick=False, map=None, refit=False)
+    got, label = bench.get_map(A, A, args, bench.map_cache_path(shared))
+    assert label == "MiniVec2Vec (cached service_minivec2vec_minilm_e5.npz)"
+    np.testing.assert_allclose(got.apply(A, output="raw"), m.apply(A, output="raw"))

@@ -9,6 +9,7 @@ the small one is its first ``ROWS`` rows, copied (not embedded again)."""
 from __future__ import annotations
 
 import json
+from datetime import date
 
 import numpy as np
 import pytest
@@ -105,6 +106,10 @@ def test_migration_benchmark_runs_on_a_sample_and_never_resumes_other_data(on_sa
     (tmp_path / "s.json").write_text(json.dumps(shared))
     with pytest.raises(SystemExit, match="measured on other data"):
         migration.main([*args[:-1], str(tmp_path / "s")])
+    # --results: the default stem, marked as a sample's, in that folder (it could only be benchmarks/results)
+    assert migration.main([*args[:-2], "--results", str(tmp_path / "r")]) == 0
+    stem = f"migration_{date.today()}_sample"
+    assert {p.name for p in (tmp_path / "r").iterdir()} == {f"{stem}.json", f"{stem}.md"}
 
 
 def test_plan_proxies_run_on_a_sample(on_sample, capsys):
@@ -147,10 +152,13 @@ def test_steer_benchmarks_run_on_a_sample(name, on_sample, tmp_path, capsys, mon
     bench = load_benchmark(name)
     monkeypatch.setattr(getattr(bench, "bs", bench), "TASKS", [("noun.person", "noun.artifact")])  # one: quicker
     assert bench.main(["--queries", "20", "--sample-rows", str(ROWS), "--cache", str(on_sample),
-                       "--stem", str(tmp_path / "s")]) == 0
+                       "--results", str(tmp_path / "r")]) == 0
     out = capsys.readouterr()
     assert NOTE in out.out
-    res = json.loads((tmp_path / "s.json").read_text())
+    (path,) = (tmp_path / "r").glob("*.json")  # --results: not benchmarks/results; a sample's stem says so
+    stem = "steer_pareto" if name == "bench_steer" else "steer_transfer"
+    res = json.loads(path.read_text())
+    assert path.name == f"{stem}_{res['setup']['date']}_sample.json"
     assert res["setup"]["data"].startswith(NOTE) and res["setup"]["queries"] == 20
     if name == "bench_steer":
         assert res["setup"]["train_rows"] == [0, 120] and res["setup"]["ndcg_corpus_rows"] == [120, ROWS]
