@@ -7,8 +7,9 @@ The issue-16 goal is ``method="auto"`` on 10k pairs in <= 60 s on the 2-core dev
 ``align.linalg`` runs the d x d decompositions (eigh / svd / solve) with the BLAS at one thread;
 the ``threaded`` rows undo that (the decompositions get every BLAS thread, as before) so the two
 are compared side by side in one run, alternating, with the load average printed beside each row:
-on a busy machine OpenBLAS's spinning threads are what the serial decompositions avoid. Same seed,
-same chosen family in both variants (checked). Writes ``benchmarks/results/fit_time_<date>.{json,md}``
+on a busy machine OpenBLAS's spinning threads are what the serial decompositions avoid. Same seed; the
+chosen family must be the same in both variants: a round where it differs is printed and written as a MISMATCH
+line and the script exits 1. Writes ``benchmarks/results/fit_time_<date>.{json,md}``
 (``--results DIR``: elsewhere). Data: ``../shared/data/wordnet`` (rows [0, N) of ``minilm`` / ``e5``); without
 it a sample of 4,096 definitions embedded here (``wordnet_sample.py``; N defaults to the same fraction of its
 rows as 10,000 of 40,960, and is at most its rows), said so; a synthetic planted pair (said so in the output)
@@ -73,7 +74,14 @@ def load_pairs(n: int | None) -> tuple[np.ndarray, np.ndarray, str, str]:
     return X, Y, f"SYNTHETIC planted rotation + noise, {n} rows (shared WordNet data absent)", ""
 
 
-def main(argv=None) -> None:
+def mismatches(rows: list[dict]) -> list[str]:
+    """One line per (method, round) whose serial and threaded fits chose different families."""
+    chosen = {(r["method"], r["round"], r["variant"]): r["chosen"] for r in rows}
+    return [f"MISMATCH: {m} round {k}: serial chose {c}, threaded chose {chosen.get((m, k, 'threaded'))}"
+            for (m, k, v), c in chosen.items() if v == "serial" and chosen.get((m, k, "threaded")) != c]
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", type=int, default=None, help="default 10,000 (a sample: the same fraction of it)")
     ap.add_argument("--methods", nargs="+", default=["auto"])
@@ -113,9 +121,12 @@ def main(argv=None) -> None:
              "| method | round | variant | seconds | chosen | load |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['method']} | {r['round']} | {r['variant']} | {r['seconds']} | {r['chosen']} | {r['load_1min']} |"
               for r in rows]
+    bad = mismatches(rows)
+    lines += ["", *(bad or ["serial and threaded chose the same family in every round."])]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -87,3 +87,14 @@ def test_service_benchmark_caches_the_shared_sets_map_in_the_bench_cache(tmp_pat
     got, label = bench.get_map(A, A, args, bench.map_cache_path(shared))
     assert label == "MiniVec2Vec (cached service_minivec2vec_minilm_e5.npz)"
     np.testing.assert_allclose(got.apply(A, output="raw"), m.apply(A, output="raw"))
+
+
+def test_fit_time_reports_a_round_whose_variants_chose_different_families():
+    """The docstring said the serial and threaded fits' chosen family was checked to be the same; nothing compared
+    them. ``main`` prints these lines, writes them under the table and exits 1 when there are any."""
+    bench = load_benchmark("bench_fit_time")
+    rows = [{"method": "auto", "round": r, "variant": v, "chosen": c}
+            for r, v, c in ((0, "serial", "ridge"), (0, "threaded", "ridge"),
+                            (1, "serial", "ridge"), (1, "threaded", "cluster"))]
+    assert bench.mismatches(rows) == ["MISMATCH: auto round 1: serial chose ridge, threaded chose cluster"]
+    assert bench.mismatches(rows[:2]) == []
