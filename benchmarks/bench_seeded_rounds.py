@@ -46,14 +46,16 @@ from align.semisup import sinkhorn_polish
 SHOWN = (1, 2, 3, 6, 10, 15, 20, 30)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--configs", default='[{"eps": 0.1}]', help="JSON list of sinkhorn_polish options")
     ap.add_argument("--starts", nargs="+", default=["seeded", "supervised"])
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     warnings.simplefilter("ignore")
     try:
         data = wordnet_sample.wordnet_dir()

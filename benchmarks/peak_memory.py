@@ -7,6 +7,7 @@ really holds) and RssFile (mapped file pages: page cache, reclaimable) in MiB. L
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -27,8 +28,17 @@ def _status(pid: int) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0].split(":")[0],
+                                 usage="%(prog)s COMMAND [ARGS ...]")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, with its arguments")
+    command = ap.parse_args(argv).command
+    if not command:
+        ap.error("give the command to run, e.g. peak_memory.py vecbridge transform ...")
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv)
+    try:
+        proc = subprocess.Popen(command)
+    except OSError as e:
+        ap.error(f"cannot run {command[0]!r}: {e.strerror}")
     peak: dict[str, int] = {}
     while proc.poll() is None:
         for key, value in _status(proc.pid).items():

@@ -1,9 +1,15 @@
 """1M x 384 float32 rows: WordNet MiniLM rows (40,960) repeated with Gaussian noise (sigma 0.02 per coord), seeded."""
-import sys
+import argparse
 
 import numpy as np
 
-n, out = int(sys.argv[1]), sys.argv[2]
+ap = argparse.ArgumentParser(description=__doc__)
+ap.add_argument("n", type=int, help="rows to write (at least 1)")
+ap.add_argument("out", help="the .npy file to write")
+args = ap.parse_args()
+if args.n < 1:
+    ap.error(f"n must be at least 1, got {args.n}")
+n, out = args.n, args.out
 base = np.load("/work/shared/data/wordnet/minilm.npy").astype(np.float32)
 mm = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(n, base.shape[1]))
 rng = np.random.default_rng(0)

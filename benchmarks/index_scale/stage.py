@@ -1,13 +1,27 @@
 """Run one stage of the index-scale benchmark in this process; prints JSON (seconds, RssAnon MiB now and peak by a
 2 ms sampler) per step. Usage: stage.py DATA_DIR STAGE NAME [ARGS]"""
+import argparse
 import json
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from service.indexes import IndexStore
+
+ap = argparse.ArgumentParser(description=__doc__.split(";")[0])
+ap.add_argument("data", type=Path, help="the data dir (its indexes/ folder)")
+ap.add_argument("stage", choices=("get", "load", "deltas", "search"),
+                help="get: open NAME; load: load_all; deltas NAME PER N: N logged adds of PER rows; "
+                     "search NAME ROWS [JSON]: search the first ROWS WordNet rows (JSON: search options)")
+ap.add_argument("name", help="the index name")
+ap.add_argument("args", nargs="*", help="the stage's arguments (deltas: PER N; search: ROWS [JSON])")
+opts = ap.parse_args()
+arity = {"get": (0, 0), "load": (0, 0), "deltas": (2, 2), "search": (1, 2)}[opts.stage]
+if not arity[0] <= len(opts.args) <= arity[1]:
+    ap.error(f"{opts.stage} takes {'-'.join(map(str, sorted(set(arity))))} arguments after NAME, "
+             f"got {len(opts.args)}")
+
+from service.indexes import IndexStore  # after the usage check: --help needs no service
 
 
 def rss():
@@ -26,7 +40,7 @@ def step(what, fn):
     time.sleep(0.01)
     out.append({"step": what, "s": round(dt, 3), "rss_after": rss(), "peak": max(peak[0], rss())}); return r
 
-data, stage, name = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+data, stage, name = opts.data, opts.stage, opts.name
 store = IndexStore(data / "indexes")
 if stage == "get":
     idx = step("get", lambda: store.get(name)); out.append({"count": idx.count, "deltas": idx.logged_deltas})
@@ -35,7 +49,7 @@ elif stage == "load":
     idx = store.get(name); out.append({"count": idx.count, "deltas": idx.logged_deltas, "gen": idx.generation})
 elif stage == "deltas":  # 64 logged adds of ADD rows each (HTTP-sized adds), then one more small add
     idx = step("load", lambda: store.get(name))
-    per = int(sys.argv[4]); nd = int(sys.argv[5])
+    per, nd = (int(a) for a in opts.args)
     base = np.load("/work/shared/data/wordnet/minilm.npy").astype(np.float32)
     rng = np.random.default_rng(1)
     for i in range(nd):
@@ -44,8 +58,8 @@ elif stage == "deltas":  # 64 logged adds of ADD rows each (HTTP-sized adds), th
     out.append({"count": idx.count, "deltas": idx.logged_deltas, "gen": idx.generation})
 elif stage == "search":
     idx = step("load", lambda: store.get(name))
-    Q = np.load("/work/shared/data/wordnet/minilm.npy")[:int(sys.argv[4])].astype(np.float32)
-    kw = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
+    Q = np.load("/work/shared/data/wordnet/minilm.npy")[:int(opts.args[0])].astype(np.float32)
+    kw = json.loads(opts.args[1]) if len(opts.args) > 1 else {}
     step("search", lambda: idx.search(Q, 10, **kw))
     step("search_again", lambda: idx.search(Q, 10, **kw))
     out.append({"hub_cache": len(idx._hubs)})

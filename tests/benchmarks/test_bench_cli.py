@@ -98,3 +98,36 @@ def test_fit_time_reports_a_round_whose_variants_chose_different_families():
                             (1, "serial", "ridge"), (1, "threaded", "cluster"))]
     assert bench.mismatches(rows) == ["MISMATCH: auto round 1: serial chose ridge, threaded chose cluster"]
     assert bench.mismatches(rows[:2]) == []
+
+
+def _script(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=300, check=False,
+                          cwd=ROOT)
+
+
+@pytest.mark.parametrize(("args", "usage"), [
+    (["benchmarks/peak_memory.py", "--help"], "usage: peak_memory.py COMMAND [ARGS ...]"),
+    (["benchmarks/index_scale/mkdata.py", "--help"], "usage: mkdata.py [-h] n out"),
+    (["benchmarks/index_scale/stage.py", "--help"], "usage: stage.py [-h] data {get,load,deltas,search} name"),
+])
+def test_small_benchmark_scripts_print_their_usage(args, usage):
+    """``--help`` ran ``--help`` as the command (peak_memory: FileNotFoundError) or read it as an argument
+    (mkdata: ValueError from int("--help"); stage: IndexError)."""
+    p = _script(*args)
+    assert p.returncode == 0 and p.stdout.startswith(usage), p.stdout + p.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["benchmarks/peak_memory.py"], "give the command to run"),
+    (["benchmarks/peak_memory.py", "no-such-command-here"], "cannot run 'no-such-command-here'"),
+    (["benchmarks/index_scale/mkdata.py", "0", "rows.npy"], "n must be at least 1, got 0"),
+    (["benchmarks/index_scale/stage.py", "dd", "deltas", "f1m"], "deltas takes 2 arguments after NAME, got 0"),
+    (["benchmarks/bench_seeded_rounds.py", "--rounds", "0"], "--rounds must be at least 1, got 0"),
+])
+def test_small_benchmark_scripts_refuse_bad_arguments_with_a_message(args, message):
+    """No arguments (peak_memory: IndexError), a missing command or a bad count: exit 2 with a usage line, no
+    traceback (bench_seeded_rounds --rounds 0 printed a table header with a column no row filled)."""
+    p = _script(*args)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stdout + p.stderr[-2000:]
+    assert "usage:" in p.stderr
