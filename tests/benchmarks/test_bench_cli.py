@@ -131,3 +131,31 @@ def test_small_benchmark_scripts_refuse_bad_arguments_with_a_message(args, messa
     p = _script(*args)
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stdout + p.stderr[-2000:]
     assert "usage:" in p.stderr
+
+
+def test_service_benchmark_times_its_in_process_baselines_at_the_servers_thread_count():
+    """bench_service.py timed its raw FAISS baseline with this process's native thread pools (every core without
+    OMP_NUM_THREADS) while its server runs them at ``blas_threads`` (1): on a busy machine the raw batch-64 search
+    took 66 ms against the server's 4 ms, and "HTTP search <= 1.15x raw FAISS" measured the thread teams, not
+    HTTP. Its in-process cells now run at the server's count, and the process's own counts come back after."""
+    code = """
+import faiss, threadpoolctl
+import bench_service as bs
+from service.config import Settings
+
+def counts():
+    blas = sorted({p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"})
+    return faiss.omp_get_max_threads(), blas
+
+before = counts()
+with bs.server_threads() as n:
+    inside = counts()
+print(before, n, inside, counts(), Settings.model_fields["blas_threads"].default, sep=";")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]), "OMP_NUM_THREADS": "2",
+           "OPENBLAS_NUM_THREADS": "2"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    before, n, inside, after, default = p.stdout.strip().splitlines()[-1].split(";")
+    assert before == after == "(2, [2])" and n == default == "1"
+    assert inside == "(1, [1])"
