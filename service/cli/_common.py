@@ -163,8 +163,10 @@ def ray_logs(quiet: bool):
 
 def progress_bar(*, quiet: bool, as_json: bool):
     """``(progress, close)``: ``progress(stage, fraction)`` draws one tqdm bar per stage on stderr; nothing with
-    ``--quiet`` or ``--json`` (a JSON result is the whole output: nothing around it on either stream)."""
-    if quiet or as_json:  # either way, every report is a point where a SIGTERM whose first raise was lost stops
+    ``--quiet`` or ``--json`` (a JSON result is the whole output: nothing around it on either stream), nor without a
+    stderr (started with it closed, ``2>&-``: tqdm failed on ``file=None`` and the command wrote nothing)."""
+    # either way, every report is a point where a SIGTERM whose first raise was lost stops
+    if quiet or as_json or sys.stderr is None:
         return (lambda stage, frac: check_stop()), (lambda: None)
     state = {"stage": None, "bar": None}
 

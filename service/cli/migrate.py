@@ -126,7 +126,7 @@ class _MigrationProgress:
     def __call__(self, p) -> None:
         if self.as_json:
             click.echo(json.dumps(progress_record(p)))
-        elif not self.quiet:
+        elif not self.quiet and sys.stderr is not None:  # no bar without a stderr (started with it closed)
             if self.bar is None:
                 before = max(p.done - int(round(p.rows_per_s * p.elapsed_s)), 0)  # rows of earlier runs
                 self.bar = tqdm(total=p.total, initial=before, unit="rows", desc=self.desc, file=sys.stderr,

@@ -227,3 +227,36 @@ def test_fit_auto_says_which_family_it_chose(capsys, data):
     chosen = json.loads(run(capsys, "--data-dir", str(data / "var"), "registry", "show", "m", "--json")[1])[
         "metrics"]["selection"]["chosen"]
     assert rc == 0 and f", auto -> {chosen}, fit " in out, (out, err)
+
+
+# a process whose stderr is closed (``vecbridge ... 2>&-``): Python starts it with ``sys.stderr`` None, as here
+_NO_STDERR = """
+import json, os, sys
+os.close(2)
+sys.stderr = None
+from service.cli import main
+print(json.dumps([main(args) for args in json.loads(sys.argv[1])]))
+"""
+
+
+def test_a_command_started_with_stderr_closed_runs_without_progress_bars(data):
+    """With stderr closed (``2>&-``, as a daemon or cron job may start it) ``fit``, ``transform``, ``index create``
+    and ``backup`` drew their progress bars on ``sys.stderr``, None there: exit 3 (``'NoneType' object has no
+    attribute 'write'``) and nothing written. Now there is no bar and the command runs."""
+    import subprocess
+    import sys
+
+    from _servers import ROOT
+
+    var = str(data / "var")
+    commands = [
+        ["fit", "--source", data / "src.npy", "--target", data / "tgt.npy", "--method", "procrustes", "--name", "m"],
+        ["transform", "--map", "m", data / "src.npy", data / "out.npy"],
+        ["index", "create", "docs", "--space", "tgt", data / "tgt.npy"],
+        ["backup", data / "bk"],
+    ]
+    argv = json.dumps([["--data-dir", var, *map(str, args)] for args in commands])
+    p = subprocess.run([sys.executable, "-c", _NO_STDERR, argv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert p.returncode == 0 and json.loads(p.stdout.splitlines()[-1]) == [0, 0, 0, 0], p.stdout
+    assert "registered m:1" in p.stdout and (data / "out.npy").is_file() and (data / "bk" / "registry.sqlite").is_file()
