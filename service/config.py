@@ -314,6 +314,8 @@ def check_registry_url(url: str | None) -> str | None:
     """``url`` when the registry can open it (``sqlite:///...``, ``postgresql://...``) or None; else ValueError naming
     its scheme only (the rest may hold a password). Before, another URL was accepted by the settings and the start-up
     of ``vecbridge serve`` failed later, a traceback in a JSON log line (exit 3) that quoted the URL's password."""
+    if url == "":
+        raise ValueError("empty registry URL: use sqlite:///path or postgresql://user@host:port/db")
     if url is not None and not url.startswith(_REGISTRY_SCHEMES):
         scheme = url.partition("://")[0][:20] if "://" in url else "none"
         raise ValueError(f"unsupported registry URL (scheme {scheme!r}; the rest is not shown): use "

@@ -39,7 +39,7 @@ from align.exceptions import VecbridgeError
 
 from ..errors import exit_code, kind_of
 
-__all__ = ["cli", "main", "COMMANDS", "LM_PROVIDER", "Terminated", "HungUp", "check_stop"]
+__all__ = ["cli", "main", "COMMANDS", "LM_PROVIDER", "DATA_DIR", "Terminated", "HungUp", "check_stop"]
 
 #: command name -> ``module:attribute`` of its click command or group (modules of this package)
 COMMANDS = {
@@ -68,8 +68,20 @@ class _LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
+class _DataDir(click.Path):
+    """A ``--data-dir`` folder (a ``Path``); an empty value is None, unset, as an empty ``VECBRIDGE_DATA_DIR`` is:
+    ``click.Path`` read ``--data-dir ''`` as the current directory, and a registry was made or read there."""
+
+    def convert(self, value, param, ctx):
+        return None if value == "" else super().convert(value, param, ctx)
+
+
+#: the type of every ``--data-dir`` option
+DATA_DIR = _DataDir(file_okay=False, path_type=Path)
+
+
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--data-dir", type=DATA_DIR, default=None,
               help="Registry, artifacts and reports live here [env VECBRIDGE_DATA_DIR; default ./var].")
 @click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... [env VECBRIDGE_REGISTRY_URL].")
 @click.version_option(package_name="vecbridge")

@@ -40,9 +40,9 @@ from ..registry import NotFoundError, open_registry
 from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
-           "progress_bar", "option_given", "parse_kv", "space_name", "input_opts", "read_pair", "read_seed_pairs",
-           "read_labels", "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt", "random_state_opt",
-           "register_opts"]
+           "progress_bar", "option_given", "parse_kv", "registry_option", "space_name", "input_opts", "read_pair",
+           "read_seed_pairs", "read_labels", "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt",
+           "random_state_opt", "register_opts"]
 
 
 class Ctx:
@@ -52,8 +52,8 @@ class Ctx:
         kw = {}
         if data_dir is not None:
             kw["data_dir"] = data_dir
-        if registry_url is not None:
-            kw["registry_url"] = registry_url
+        if registry_url is not None:  # a bad one named VECBRIDGE_REGISTRY_URL, which may not even be set
+            kw["registry_url"] = registry_option(registry_url)
         self.settings = load_settings(**kw)  # a bad VECBRIDGE_* variable: ConfigError, one line and exit 2
         self._reg = None
         self.lm = None  # the language model, loaded on first use (service.ops.lm.get_lm)
@@ -126,6 +126,17 @@ def _missing_sqlite(url: str) -> Path | None:
 
     path = sqlite_path(url)
     return path if path is not None and not path.exists() else None
+
+
+def registry_option(url: str) -> str:
+    """A ``--registry-url`` value, checked as the setting is: a ConfigError (one line, exit 2) naming the option,
+    never the URL's password."""
+    from ..config import ConfigError, check_registry_url
+
+    try:
+        return check_registry_url(url)
+    except ValueError as exc:
+        raise ConfigError(f"--registry-url: {exc}") from None
 
 
 def emit(obj, as_json: bool, text: str | None = None) -> None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from ..config import ConfigError
 from ..encoders import list_encoders
-from ._common import Ctx, emit, json_opt, search_on
+from . import DATA_DIR
+from ._common import Ctx, emit, json_opt, registry_option, search_on
 
 __all__ = ["serve", "encoders"]
 
@@ -27,7 +25,7 @@ def encoders(as_json):
 
 
 @click.command()
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--data-dir", type=DATA_DIR, default=None,
               help="Registry, artifacts, indexes and job records live here (wins over the group option and "
                    "VECBRIDGE_DATA_DIR).")
 @click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... (shared by replicas).")
@@ -48,13 +46,8 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search
     from ..api import serve as serve_api  # FastAPI and uvicorn: loaded only to serve
     from ..ops.backup import refuse_pg_backup
 
-    if registry_url is not None:  # checked as the setting is: one line (exit 2), never the URL's password
-        from ..config import check_registry_url
-
-        try:
-            check_registry_url(registry_url)
-        except ValueError as exc:
-            raise ConfigError(f"--registry-url: {exc}") from None
+    if registry_url is not None:
+        registry_option(registry_url)
     if preload:  # checked as the setting is (an unknown name: one line, before anything starts)
         from ..encoders import canonical_names
 

@@ -109,6 +109,29 @@ def test_an_empty_variable_counts_as_unset(clean_env, tmp_path):
     assert s.resolved_artifact_dir() == (tmp_path / "artifacts").resolve() and s.port == 8000
 
 
+def test_an_empty_data_dir_option_counts_as_unset_and_a_bad_registry_url_option_is_named(clean_env, tmp_path,
+                                                                                          capsys):
+    """``--data-dir ''`` was the current directory (``click.Path`` reads '' as '.'), a registry made or read there,
+    while an empty ``VECBRIDGE_DATA_DIR`` counts as unset; now the option does too. ``--registry-url ''`` (or any
+    URL the setting refuses) named ``VECBRIDGE_REGISTRY_URL``, which was not set, and "scheme 'none'"."""
+    from conftest import run_cli
+
+    from service.cli.serve import serve
+
+    clean_env.chdir(tmp_path)
+    clean_env.setenv("VECBRIDGE_DATA_DIR", str(tmp_path / "env-dir"))
+    code, out, err = run_cli(capsys, "--data-dir", "", "registry", "list")
+    assert code == 0 and f"no registry at {tmp_path / 'env-dir' / 'registry.sqlite'} yet" in err, err
+    data_dir = next(p for p in serve.params if p.name == "data_dir")  # serve's own option reads it alike
+    assert data_dir.type.convert("", data_dir, None) is None
+    for url, says in (("", "--registry-url: empty registry URL: use sqlite:///path"),
+                      (f"mysql://admin:{SECRET}@db/vb", "--registry-url: unsupported registry URL (scheme 'mysql'")):
+        code, out, err = run_cli(capsys, "--registry-url", url, "registry", "list")
+        assert code == 2 and err.startswith(f"vecbridge: error: {says}") and SECRET not in err, err
+        assert "VECBRIDGE_REGISTRY_URL" not in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "registry.sqlite").exists()
+
+
 def test_good_values_and_the_non_settings_pass(clean_env):
     clean_env.setenv("VECBRIDGE_API_KEYS", json.dumps({SECRET: ["read", "write"]}))
     clean_env.setenv("VECBRIDGE_LIMITS__MAX_K", "500")
