@@ -25,17 +25,19 @@ import hashlib
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BeforeValidator
 
 from ..config import Settings, app_settings as current_settings
+from ..registry.names import MAX_VERSION, parse_version
 from .codec import require_json
 from .keyfile import current_keys
 from ..errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
 from .state import AppState
 
 __all__ = ["current_settings", "SettingsDep", "StateDep", "require_scope", "authorize", "ReadScope", "WriteScope", "JSONOnly", "SCOPES",
-           "MetricsAccess"]
+           "MetricsAccess", "VersionPath"]
 
 SCOPES = ("read", "write")
 _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
@@ -56,6 +58,17 @@ async def get_state(request: Request) -> AppState:
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def _version_segment(text):
+    return parse_version(text, f"version {text[:40]!r}") if isinstance(text, str) else text
+
+
+#: a ``{version}`` path segment: ASCII digits, 1 .. 2**31-1 (the registry's INTEGER column), read by the registry's
+#: one strict parser; else a 422, never a 500. A plain ``int`` took '1_0' as 10 ("no version 10"), and '1.0', '+1'
+#: and ' 1' as 1
+VersionPath = Annotated[int, BeforeValidator(_version_segment),
+                        Path(ge=1, le=MAX_VERSION, description="Version number (1 .. 2**31-1).")]
 
 
 def _digest(s: str) -> bytes:

@@ -37,12 +37,14 @@ from ..io import (
 )
 from ..limits import MAX_SEED
 from ..registry import NotFoundError, open_registry
+from ..registry.errors import InvalidNameError
+from ..registry.names import parse_version
 from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
            "progress_bar", "option_given", "parse_kv", "registry_option", "space_name", "input_opts", "read_pair",
            "read_seed_pairs", "read_labels", "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt",
-           "random_state_opt", "register_opts"]
+           "random_state_opt", "register_opts", "VERSION"]
 
 
 class Ctx:
@@ -291,6 +293,29 @@ def check_text_encoder(registry, path: str, space: str, encoder: str | None) -> 
     return space_encoder(space, info.encoder, encoder)
 
 
+class _Version(click.ParamType):
+    """A version number (``low`` .. 2**31-1) in ASCII digits, read by the registry's one strict parser
+    (:func:`service.registry.names.parse_version`): ``type=int`` took '1_0' as 10 and '２' (fullwidth) as 2, so
+    ``registry delete m 1_0`` deleted m:10."""
+
+    name = "version"
+
+    def __init__(self, low: int = 1):
+        self.low = low
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_version(value, repr(value[:40]), low=self.low)
+        except InvalidNameError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+#: the type of every VERSION argument
+VERSION = _Version()
+
+
 def _stack(*opts):
     """One decorator applying ``opts`` in the order written (top option first in ``--help``)."""
     def deco(fn):
@@ -457,9 +482,9 @@ def alias_command(group, help_text: str, set_alias, delete_alias) -> None:
     @group.command("alias", help=help_text)
     @click.argument("name")
     @click.argument("alias")
-    @click.argument("version", type=int, required=False)
+    @click.argument("version", type=VERSION, required=False)
     @click.option("--delete", is_flag=True, help="Remove the alias instead.")
-    @click.option("--expect", "expected", type=click.IntRange(0), default=None,
+    @click.option("--expect", "expected", type=_Version(low=0), default=None,
                   help="Compare-and-set: move (or --delete) only while the alias points at this version (0: move only "
                        "while it is not set); else exit 2 saying where it points.")
     @click.pass_obj

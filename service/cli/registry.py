@@ -12,6 +12,7 @@ from ..ops.maps import create_space, delete_space
 from ..registry import NotFoundError
 from ..registry.names import parse_ref
 from ._common import (
+    VERSION,
     Ctx,
     alias_command,
     echo_record,
@@ -68,7 +69,7 @@ alias_command(registry, "Point NAME@ALIAS at VERSION (or --delete it); a bare NA
 
 @registry.command("tag")
 @click.argument("name")
-@click.argument("version", type=int)
+@click.argument("version", type=VERSION)
 @click.argument("key")
 @click.argument("value", required=False)
 @click.option("--delete", is_flag=True)
@@ -89,7 +90,7 @@ def registry_tag(obj: Ctx, name, version, key, value, delete):
 
 @registry.command("delete")
 @click.argument("name")
-@click.argument("version", type=int)
+@click.argument("version", type=VERSION)
 @click.pass_obj
 def registry_delete(obj: Ctx, name, version):
     """Soft-delete version VERSION of map NAME (kept for lineage; no longer resolves): `registry delete minilm-e5 2`."""

@@ -19,7 +19,7 @@ from ..ops.steers import (apply_steer_job, bare_steer_ref, check_steer_fit, dele
                           transfer_and_register)
 from ..registry.names import parse_ref
 from ..storage import check_writable
-from ._common import (Ctx, alias_command, echo_record, emit, emit_summaries, json_opt, parse_kv, progress_bar,
+from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, json_opt, parse_kv, progress_bar,
                       read_labels, register_opts, versions_summary)
 
 __all__ = ["steer"]
@@ -59,7 +59,7 @@ def steer_show(obj: Ctx, ref, as_json):
 
 @steer.command("delete")
 @click.argument("name")
-@click.argument("version", type=int)
+@click.argument("version", type=VERSION)
 @click.pass_obj
 def steer_delete(obj: Ctx, name, version):
     """Soft-delete version VERSION of steer NAME (kept for lineage; no longer resolves): `steer delete formal 2`."""

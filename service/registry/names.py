@@ -16,7 +16,7 @@ from ..limits import MAX_TAG_BYTES
 from .errors import InvalidNameError
 
 __all__ = ["check_name", "check_alias", "check_tag_key", "check_tag_value", "check_tag_count", "check_tags", "check_text",
-           "check_seed", "parse_ref", "fs_safe", "MAX_NAME", "MAX_TAG_BYTES", "MAX_TAGS"]
+           "check_seed", "parse_ref", "parse_version", "fs_safe", "MAX_NAME", "MAX_TAG_BYTES", "MAX_TAGS"]
 
 MAX_NAME = 128
 MAX_VERSION = 2**31 - 1  # PostgreSQL INTEGER
@@ -118,11 +118,22 @@ def parse_ref(ref, noun: str = "map") -> tuple[str, str | None, int | None]:
         return check_name(name, f"{noun} name"), check_alias(alias), None
     if ":" in ref:
         name, ver = ref.rsplit(":", 1)
-        # ASCII digits only: str.isdigit() also takes '²' (int() then fails) and int() reads '２' as 2
-        if not (ver.isascii() and ver.isdigit() and len(ver) <= 10) or not 1 <= int(ver) <= MAX_VERSION:
-            raise InvalidNameError(f"version in {ref[:60]!r} must be an integer 1 .. {MAX_VERSION} in ASCII digits")
-        return check_name(name, f"{noun} name"), None, int(ver)
+        return check_name(name, f"{noun} name"), None, parse_version(ver, f"version in {ref[:60]!r}")
     return check_name(ref, f"{noun} name"), None, None
+
+
+def parse_version(text, what: str = "version", low: int = 1) -> int:
+    """A version number written as text (a reference's ``:N``, a CLI argument, an HTTP path segment): ASCII digits
+    only, ``low`` .. :data:`MAX_VERSION`; else InvalidNameError (a ValueError) saying ``what`` must be. ``int()``
+    alone reads '1_0' as 10, '２' (fullwidth) as 2 and ' +1 ' as 1, and str.isdigit() takes '²' (int() then fails).
+
+    >>> parse_version("12")
+    12
+    """
+    ok = isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 10
+    if not ok or not low <= int(text) <= MAX_VERSION:
+        raise InvalidNameError(f"{what} must be an integer {low} .. {MAX_VERSION} in ASCII digits")
+    return int(text)
 
 
 def fs_safe(name: str) -> str:

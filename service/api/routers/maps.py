@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import numpy as np
-from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -18,21 +18,17 @@ from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, option
                      vectors_from_binary, vectors_from_json)
 from ..conditional import (IMMUTABLE, REVALIDATE, IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write,
                            answer, not_modified, read_responses, write_responses)
-from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, VersionPath, WriteScope
 from ..openapi import examples, json_body
 from ..pagination import Page, list_route, paginate
 from ..responses import FastJSONResponse, dumps
 from ..routing import CodecRoute
-from ..schemas import (MAX_VERSION, AliasOut, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
+from ..schemas import (AliasOut, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
                        TransformJSON, TransformOptions, TransformResponse, VersionDeleted, VersionList, VersionOut,
                        error_responses)
 
 router = APIRouter(prefix="/v1", tags=["spaces and maps"], responses=error_responses(401, 403, 404, 422, 503),
                    route_class=CodecRoute)
-
-# Version numbers are positive and fit the registry's INTEGER column (SQLite raises OverflowError on
-# anything past 64 bits, PostgreSQL on anything past 32): out of range is a 422, never a 500.
-Version = Annotated[int, Path(ge=1, le=MAX_VERSION, description="Version number (1 .. 2**31-1).")]
 
 TRANSFORM_DOC = """Map vectors from the map's source space into its target space.
 
@@ -119,14 +115,14 @@ async def list_versions(name: str, state: StateDep, page: Page, include_deleted:
 
 @router.get("/maps/{name}/versions/{version}", dependencies=[ReadScope], summary="Get one version",
             response_model=VersionOut, responses=read_responses())
-async def get_version(name: str, version: Version, state: StateDep, if_none_match: IfNoneMatch = None):
+async def get_version(name: str, version: VersionPath, state: StateDep, if_none_match: IfNoneMatch = None):
     v = await run_in_threadpool(state.registry.get_version, name, version)
     return answer(if_none_match, FastJSONResponse(v.to_dict()))
 
 
 @router.delete("/maps/{name}/versions/{version}", dependencies=[WriteScope],
                summary="Delete a version (soft: kept for lineage, no longer resolvable)", response_model=VersionDeleted)
-async def delete_version(name: str, version: Version, state: StateDep):
+async def delete_version(name: str, version: VersionPath, state: StateDep):
     """The deleted version, and `bare_ref`: what a bare NAME resolves to now (aliases stay on the deleted version and
     no longer resolve; when `prod` was one of them, the bare name falls to the best live version), as steers say."""
     def work():
@@ -177,7 +173,7 @@ REPORT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; fram
 @router.get("/maps/{name}/versions/{version}/report", dependencies=[ReadScope], summary="The version's HTML fit report",
             response_class=Response, responses=read_responses(
                 {"content": {"text/html": {"schema": {"type": "string"}}}, "description": "The report."}))
-async def get_report(name: str, version: Version, state: StateDep, if_none_match: IfNoneMatch = None):
+async def get_report(name: str, version: VersionPath, state: StateDep, if_none_match: IfNoneMatch = None):
     """The self-contained HTML report written by the fit (charts inline), read from the data dir; 404 when the
     version has none (registered without a report, or the file is gone)."""
     return answer(if_none_match, HTMLResponse(await run_in_threadpool(map_ops.report_html, state.registry, name,
@@ -187,7 +183,7 @@ async def get_report(name: str, version: Version, state: StateDep, if_none_match
 
 @router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],
             summary="Set a tag", response_model=VersionOut, responses=error_responses(415))
-async def set_tag(name: str, version: Version, key: str,
+async def set_tag(name: str, version: VersionPath, key: str,
                   body: Annotated[TagSet, Body(openapi_examples=examples("set_tag"))], state: StateDep):
     """Tags are text: a string is stored as sent, any other JSON value as its compact JSON (`true`, `null`,
     `{"a":1}`, `0.5`)."""
@@ -197,7 +193,7 @@ async def set_tag(name: str, version: Version, key: str,
 
 @router.delete("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope], summary="Remove a tag",
                response_model=VersionOut)
-async def delete_tag(name: str, version: Version, key: str, state: StateDep):
+async def delete_tag(name: str, version: VersionPath, key: str, state: StateDep):
     """The version without tag `key` (a tag that is not set: the version as it is, so a retried delete answers the
     same). The tag could be set over HTTP but removed only by the CLI (`registry tag --delete`)."""
     def remove():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import PairCountError
@@ -15,7 +15,7 @@ from ...ops import steers as steer_ops
 from ..codec import parse_options, texts_instead, vectors_from_json
 from ..conditional import (IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write, answer, read_responses,
                            write_responses)
-from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, VersionPath, WriteScope
 from ..job_routes import job_route
 from ..openapi import examples, json_body
 from ..pagination import list_route
@@ -96,9 +96,6 @@ async def apply_steer(ref: str, request: Request, state: StateDep, settings: Set
     return await run_in_threadpool(FastJSONResponse, {"steer": info.ref, "eps": opts.eps, "vectors": out})
 
 
-SteerVersion = Path(..., ge=1, le=2**31 - 1, description="Version number.")
-
-
 @router.get("/steers/{name}/aliases/{alias}", dependencies=[ReadScope], summary="Get a steer alias (and its ETag)",
             response_model=AliasOut, responses=read_responses())
 async def get_steer_alias(name: str, alias: str, state: StateDep, if_none_match: IfNoneMatch = None):
@@ -131,7 +128,7 @@ async def delete_steer_alias(name: str, alias: str, state: StateDep, if_match: I
 
 @router.delete("/steers/{name}/versions/{version}", dependencies=[WriteScope], response_model=SteerDeleted,
                summary="Delete a steer version (soft: kept for lineage, no longer resolvable)")
-async def delete_steer_version(name: str, state: StateDep, version: int = SteerVersion):
+async def delete_steer_version(name: str, version: VersionPath, state: StateDep):
     """The deleted version, and `bare_ref`: what a bare NAME resolves to now. Aliases stay on the deleted version
     (they no longer resolve); when `prod` was one of them, the bare name falls to the newest live version."""
     def work():

@@ -393,6 +393,21 @@ def test_registry_name_errors_are_422(world):
     assert r.status_code == 409, r.text
 
 
+def test_a_version_path_segment_takes_ascii_digits_only(world):
+    """``{version}`` was a FastAPI ``int``: '1_0' read as 10 ("no version 10"), and '1.0', '+1', ' 1' and a
+    fullwidth '１' as 1, so those URLs named version 1. Now the segment is read as a reference's ``:N`` is: a 422."""
+    c, _, _ = world
+    assert c.get("/v1/maps/a2b/versions/1", headers=R).status_code == 200
+    for seg in ("1_0", "1.0", "+1", "%201", "%EF%BC%91", "01x"):
+        for method, url, kw in (("GET", f"/v1/maps/a2b/versions/{seg}", {}),
+                                ("GET", f"/v1/maps/a2b/versions/{seg}/report", {}),
+                                ("PUT", f"/v1/maps/a2b/versions/{seg}/tags/k", {"json": {"value": "x"}}),
+                                ("DELETE", f"/v1/steers/s/versions/{seg}", {})):
+            r = c.request(method, url, headers=W if method != "GET" else R, **kw)
+            assert r.status_code == 422 and "in ASCII digits" in r.json()["error"]["message"], (method, url, r.text)
+    assert c.get("/v1/maps/a2b/versions/1", headers=R).json()["tags"] == {}
+
+
 def test_keys_never_in_logs(tmp_path, capfd):
     app = create_app(settings_for(tmp_path, log_level="INFO"))
     with TestClient(app) as c:

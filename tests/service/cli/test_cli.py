@@ -265,7 +265,7 @@ def test_registry_commands(capsys, data, tmp_path):
     for cmd in (["alias", "src->tgt", "prod"], ["tag", "src->tgt"], ["delete", "src->tgt"]):
         huge = ["99999999999999999999", *(["k", "v"] if cmd[0] == "tag" else [])]  # past SQLite's 64 bits
         code, _, err = run(capsys, *base, *cmd, *huge)
-        assert code == 2 and "has no version 99999999999999999999" in err and "internal" not in err
+        assert code == 2 and "must be an integer 1 .. 2147483647" in err and "internal" not in err
     assert run(capsys, *base, "alias", "src->tgt", "prod", "1")[0] == 0
     assert run(capsys, *base, "tag", "src->tgt", "1", "reviewed", "yes")[0] == 0
     code, out, _ = run(capsys, *base, "show", "src->tgt@prod", "--json")
@@ -285,6 +285,25 @@ def test_registry_commands(capsys, data, tmp_path):
     assert {s["name"]: s["dim"] for s in json.loads(out)} == {"src": 16, "tgt": 16}
     code, out, _ = run(capsys, *base, "path", "src", "tgt")
     assert code == 0 and "src->tgt:2" in out
+
+
+def test_a_version_argument_takes_ascii_digits_only(capsys, data):
+    """VERSION arguments were ``type=int``, which reads '1_0' as 10 and '２' (fullwidth) as 2: `registry delete m
+    1_0` deleted m:10 and `registry alias m prod 1_1` moved prod to 11. Now they are read as references' ``:N`` is
+    (ASCII digits only; exit 2 naming the argument), and nothing changes."""
+    for _ in range(2):
+        assert fit_pairs(capsys, data)[0] == 0
+    base = ["--data-dir", data / "var"]
+    for args in (["registry", "delete", "src->tgt", "1_0"], ["registry", "delete", "src->tgt", "\uff12"],
+                 ["registry", "tag", "src->tgt", "1_0", "k", "v"], ["registry", "alias", "src->tgt", "prod", "1_1"],
+                 ["registry", "alias", "src->tgt", "prod", "1", "--expect", "+0"], ["steer", "delete", "s", "1_0"],
+                 ["steer", "alias", "s", "prod", "\uff12"]):
+        code, _, err = run(capsys, *base, *args)
+        assert code == 2 and "must be an integer" in err and "in ASCII digits" in err, (args, err)
+    code, out, _ = run(capsys, *base, "registry", "list", "--json")
+    (m,) = json.loads(out)["maps"]
+    assert m["n_live_versions"] == 2 and m["aliases"] == {} and not any(v["tags"] for v in m["versions"]), m
+    assert run(capsys, *base, "registry", "delete", "src->tgt", "2")[0] == 0
 
 
 @pytest.mark.parametrize("args, message", [
