@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import ServiceUnavailableError
 from .logging import get_logger
-from .storage import hold, take_abandoned
+from .storage import hold, sqlite_connect, take_abandoned
 
 __all__ = ["INTERRUPTED", "TERMINAL", "Job", "JobStore", "JobStoreBusyError"]
 
@@ -138,7 +138,7 @@ class JobStore:
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
         if c is None or getattr(self._local, "pid", None) != os.getpid():
-            c = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+            c = sqlite_connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
             c.execute("PRAGMA journal_mode=DELETE")  # not WAL: its mapped -shm SIGBUSes on an immutable/full disk
             c.execute("PRAGMA mmap_size=0")
             c.execute("PRAGMA synchronous=NORMAL")

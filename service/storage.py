@@ -44,7 +44,8 @@ from .errors import NotConfiguredError
 
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
            "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "no_space_message", "sqlite_backup",
-           "storage_message", "remove_marked", "sqlite_damaged", "sweep_abandoned", "take_abandoned", "writing"]
+           "storage_message", "remove_marked", "check_sqlite_path", "sqlite_connect", "sqlite_damaged",
+           "sweep_abandoned", "take_abandoned", "writing", "MAX_SQLITE_PATH"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # errors of a write: one that names no file was writing
@@ -61,6 +62,31 @@ def is_storage_error(exc: BaseException) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+#: the longest database path (bytes, made absolute) SQLite opens: its unix VFS takes paths of up to 512 bytes, and
+#: the rollback journal's name is 8 longer (``-journal``)
+MAX_SQLITE_PATH = 504
+
+
+def check_sqlite_path(path) -> None:
+    """Refuse a database path too long for SQLite (InputError, one line): it failed as "unable to open database
+    file", which read as a read-only or full data directory, and stopped ``serve``'s start-up with a traceback."""
+    full = os.fsencode(os.path.abspath(path))
+    if len(full) > MAX_SQLITE_PATH:
+        shown = os.fsdecode(full)
+        raise InputError(f"the database path {shown[:40]}...{shown[-40:]} is {len(full)} bytes long, and SQLite "
+                         f"opens paths of at most {MAX_SQLITE_PATH}: use a data directory (or registry path) with "
+                         "a shorter path")
+
+
+def sqlite_connect(path, *, mode: str | None = None, **kwargs) -> sqlite3.Connection:
+    """``sqlite3.connect(path, **kwargs)`` (opened with the URI's ``mode``, e.g. ``rw``, when given) for every SQLite
+    database vecbridge opens, once :func:`check_sqlite_path` passes."""
+    check_sqlite_path(path)
+    if mode is not None:
+        return sqlite3.connect(f"file:{pathname2url(str(path))}?mode={mode}", uri=True, **kwargs)
+    return sqlite3.connect(path, **kwargs)
 
 
 def sqlite_damaged(exc: BaseException) -> bool:
@@ -411,11 +437,10 @@ def sqlite_backup(src: Path, dst: Path, *, timeout: float = 60.0) -> float:
 
 def _sqlite_copy(src: Path, dst: Path, timeout: float) -> float:
     """SQLite's online backup of ``src`` into ``dst`` (see :func:`sqlite_backup`); the seconds it took."""
-    source = sqlite3.connect(f"file:{pathname2url(str(src))}?mode=rw", uri=True, timeout=timeout,
-                             isolation_level=None)
+    source = sqlite_connect(src, mode="rw", timeout=timeout, isolation_level=None)
     try:
         source.execute("PRAGMA mmap_size=0")
-        target = sqlite3.connect(dst, isolation_level=None)
+        target = sqlite_connect(dst, isolation_level=None)
         try:
             t0 = time.perf_counter()
             source.backup(target, pages=-1, sleep=0.005)  # busy: retry soon

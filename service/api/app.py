@@ -336,8 +336,13 @@ def _check_data_dir(s: Settings) -> None:
     the app's start-up failed on it later with a traceback inside a JSON line and exit 3. A nearly full disk is
     no refusal: the service starts and /readyz says so."""
     from ..errors import ServiceUnavailableError
-    from ..storage import data_dir_status
+    from ..registry.db import sqlite_path
+    from ..storage import check_sqlite_path, data_dir_status
 
+    # a database path too long for SQLite: one line here, not a start-up failed with a traceback
+    for db in (Path(s.data_dir) / "jobs.sqlite", sqlite_path(s.resolved_registry_url())):
+        if db is not None:
+            check_sqlite_path(db)
     folders = [("data dir", Path(s.data_dir).resolve(), "--data-dir / VECBRIDGE_DATA_DIR")]
     # set apart from the data dir, they were not checked: the start-up failed on them with a traceback, exit 3
     if s.artifact_dir is not None:

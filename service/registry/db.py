@@ -17,7 +17,7 @@ import threading
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 
-from ..storage import sqlite_damaged
+from ..storage import sqlite_connect, sqlite_damaged
 from .errors import (
     ConflictError,
     DamagedDatabaseError,
@@ -249,7 +249,7 @@ class SQLiteDB(_Base):
             return [str(exc)]
 
     def _connect(self):
-        c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        c = sqlite_connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
         c.execute("PRAGMA journal_mode=DELETE")  # no memory-mapped wal-index: no SIGBUS on a bad disk
         c.execute("PRAGMA mmap_size=0")
         c.execute("PRAGMA synchronous=FULL")

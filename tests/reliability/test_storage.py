@@ -390,6 +390,44 @@ def test_cli_writes_on_an_immutable_data_dir_are_one_line_exit_2(tmp_path, capsy
         _thaw(d)
 
 
+def _deep(base: Path, length: int, name: str) -> Path:
+    """A folder under ``base`` whose ``name`` inside is ``length`` bytes long once absolute."""
+    pad = length - len(os.fsencode(base.resolve())) - len(name) - 2  # the two separators
+    parts = [pad // 3, pad // 3, pad - 2 * (pad // 3) - 2]  # each under NAME_MAX
+    return base.resolve().joinpath(*("d" * n for n in parts))
+
+
+def test_a_database_path_too_long_for_sqlite_is_one_line_saying_so(tmp_path, capsys):
+    """SQLite opens database paths of up to 512 bytes (its journal's name 8 longer): a longer data dir was "the
+    data directory cannot be written (read-only, immutable or full disk)", and `serve` died in its start-up with a
+    traceback (exit 3). Now both say the path is too long, one line, exit 2; a path of 504 bytes still works."""
+    import sys
+
+    from _servers import ROOT, free_port
+    from conftest import run_cli
+
+    from service.storage import MAX_SQLITE_PATH
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(100, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", X[:, ::-1])
+    fit = ["fit", "--source", tmp_path / "x.npy", "--target", tmp_path / "y.npy", "--method", "procrustes",
+           "--name", "m", "--quiet"]
+    fits = _deep(tmp_path / "a", MAX_SQLITE_PATH, "registry.sqlite")
+    assert len(os.fsencode(fits / "registry.sqlite")) == MAX_SQLITE_PATH
+    rc, out, err = run_cli(capsys, "--data-dir", fits, *fit)
+    assert rc == 0 and (fits / "registry.sqlite").is_file(), err
+    too_long = _deep(tmp_path / "b", MAX_SQLITE_PATH + 1, "registry.sqlite")
+    rc, out, err = run_cli(capsys, "--data-dir", too_long, *fit)
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("vecbridge: error: the database path /") and "SQLite opens paths of at most 504" in err, err
+    p = subprocess.run([sys.executable, "-m", "service.cli", "--data-dir", str(too_long), "serve", "--port",
+                        str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "SQLite opens paths of at most" in p.stderr, \
+        p.stderr[-3000:]
+
+
 def test_a_sweep_stopped_part_way_leaves_the_rest_marked_for_the_next(tmp_path, monkeypatch):
     """A backup killed while it removed a dead backup's folder: rmtree had taken the IN_PROGRESS marker early, so
     the partial copy left behind was no longer marked and every later sweep kept it (6.6 MB stayed). The marker
