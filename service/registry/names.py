@@ -51,9 +51,11 @@ MAX_TAGS = 256
 
 
 def check_tag_key(key) -> str:
-    """A tag key: 1-128 characters, no NUL, no ``/`` (a route's path segment could not name it)."""
-    if not isinstance(key, str) or not key or len(key) > 128 or "\x00" in key or "/" in key:
-        raise InvalidNameError(f"tag key {str(key)[:40]!r} is not allowed (1-128 characters, no '/' or NUL)")
+    """A tag key: 1-128 characters, no NUL, no ``/``, not ``.`` or ``..`` (a route's path segment could not name it:
+    a URL resolves the dot segments away, and the client refuses them)."""
+    if not isinstance(key, str) or not key or len(key) > 128 or "\x00" in key or "/" in key or key in (".", ".."):
+        raise InvalidNameError(f"tag key {str(key)[:40]!r} is not allowed (1-128 characters, no '/' or NUL, "
+                               "not '.' or '..')")
     return key
 
 

@@ -186,6 +186,22 @@ def test_tags(reg):
 
 
 
+def test_dot_tag_keys_are_refused_as_the_client_refuses_them(reg):
+    """Tag keys '.' and '..' were stored (CLI, HTTP body of a fit, a bundle), but no URL can name them (a URL
+    resolves dot segments away) and the client refuses them, so they could be neither set nor removed over HTTP. Now
+    every writer refuses them; a dot key stored before can still be deleted."""
+    register(reg)
+    for key in (".", ".."):
+        with pytest.raises(InvalidNameError, match="not '.' or '..'"):
+            reg.set_tag("a->b", 1, key, "v")
+        with pytest.raises(InvalidNameError, match="not '.' or '..'"):
+            register(reg, seed=1, tags={key: "v"})
+    assert reg.get_version("a->b", 1).tags == {} and [v.version for v in reg.list_versions("a->b")] == [1]
+    reg.set_tag("a->b", 1, ".x", "v")  # a key that only starts with a dot is a segment like any other
+    reg.delete_tag("a->b", 1, ".")
+    assert reg.get_version("a->b", 1).tags == {".x": "v"}
+
+
 def test_text_with_nul_is_refused_alike_on_both_backends(reg):
     """PostgreSQL's TEXT cannot hold NUL: a tag value, description or space text with one was a psycopg
     DataError (HTTP 500) there and stored as is on SQLite; now an InvalidNameError (422) on both, nothing written."""
