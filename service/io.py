@@ -35,7 +35,7 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .storage import atomic_write, fsync_dir, hold, keep_mode, make_parent, take_abandoned, writing
+from .storage import atomic_write, fsync_dir, hold, keep_mode, make_parent, take_abandoned, temp_name, writing
 
 __all__ = [
     "FormatError", "check_file", "check_not_input", "load_npy", "parse_rows", "resolve_rows", "read_vectors",
@@ -498,7 +498,7 @@ class ChunkWriter:
             raise InputError("writing .npy in chunks needs the row count up front")
         self.dim, self.n_rows, self.written = int(dim), n_rows, 0
         make_parent(self.path)  # as atomic_write does; else the error names self.tmp
-        part = f".{self.path.name}.part-"
+        part = temp_name(self.path.name, ".part-")
         for left in self.path.parent.glob(f"{glob_escape(part)}*"):  # of dead writers: removed
             if not _PART_SUFFIX.fullmatch(left.name[len(part):]):  # an older release's writer (no lock): kept
                 continue
@@ -506,7 +506,7 @@ class ChunkWriter:
             if fd is not None:
                 left.unlink(missing_ok=True)
                 os.close(fd)
-        self.tmp = self.path.with_name(f".{self.path.name}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.tmp = self.path.with_name(f"{part}{os.getpid()}-{uuid.uuid4().hex[:8]}")
         # listed before it exists: a Ctrl-C / SIGTERM between its creation and the ``with`` that would remove it (the
         # CLI's test signals as soon as the file appears) left it behind; the CLI removes what is listed as it stops
         _UNFINISHED.add(self.tmp)

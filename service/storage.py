@@ -45,7 +45,7 @@ from .errors import NotConfiguredError
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
            "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "no_space_message", "sqlite_backup",
            "storage_message", "remove_marked", "check_sqlite_path", "sqlite_connect", "sqlite_damaged",
-           "sweep_abandoned", "take_abandoned", "writing", "MAX_SQLITE_PATH"]
+           "sweep_abandoned", "take_abandoned", "temp_name", "writing", "MAX_SQLITE_PATH"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # errors of a write: one that names no file was writing
@@ -161,6 +161,26 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
+#: the most bytes of ``.NAME`` in a temporary's name (:func:`temp_name`): what follows (``.tmp-<pid>-<thread>-<hex>``
+#: 42 at most, :func:`hold`'s ``.<hex>.new``) keeps every temporary's name within NAME_MAX (255)
+_TEMP_HEAD = 200
+
+
+def temp_name(name: str, tail: str) -> str:
+    """``.NAME<tail>``, the name of a temporary beside ``NAME`` (hidden, same folder: renamed into place). A ``NAME``
+    too long for that (``.NAME`` over 200 bytes) is cut to its first characters, ``~`` and 8 hex of its sha256, the
+    same for the same ``NAME`` (a sweep finds a dead writer's temporaries by it): an output name of 238-255 bytes,
+    valid itself, failed with "File name too long" on its temporary's."""
+    if len(os.fsencode(name)) >= _TEMP_HEAD:
+        import hashlib
+
+        digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:8]
+        while len(os.fsencode(name)) > _TEMP_HEAD - 11:  # '.', '~' and the digest
+            name = name[:-1]
+        name = f"{name}~{digest}"
+    return f".{name}{tail}"
+
+
 def hold(path: Path, *, create: bool = False, mode: int = 0o600) -> int:
     """A descriptor holding an exclusive ``flock`` on ``path`` (created with ``create``, ``mode`` less the umask) for
     as long as it is open: the mark of a temporary file or folder whose writer is alive. The kernel drops the lock
@@ -175,7 +195,7 @@ def hold(path: Path, *, create: bool = False, mode: int = 0o600) -> int:
     if create and os.path.lexists(path):
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
     # create: a private name first, matched by no sweep's pattern
-    opened = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.new") if create else path
+    opened = path.with_name(temp_name(path.name, f".{uuid.uuid4().hex[:8]}.new")) if create else path
     fd = os.open(opened, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -241,7 +261,7 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
     path = Path(path)
     make_parent(path)
     where = Path(tmp_dir) if tmp_dir is not None else path.parent
-    tmp = where / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}"
+    tmp = where / temp_name(path.name, f".tmp-{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}")
     with writing(path, tmp):
         try:
             if callable(data):
@@ -326,7 +346,7 @@ def folder_aside(dest: Path) -> Iterator[tuple[Path, list[str]]]:
     one appeared meanwhile); when it raises, ``tmp`` is removed. Used by backups and folder bundle exports."""
     make_parent(dest)
     swept = sweep_abandoned(dest.parent)
-    tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = dest.parent / temp_name(dest.name, f".tmp-{uuid.uuid4().hex[:8]}")
     with writing(dest, tmp):  # a full disk's error names DEST, not the hidden folder beside it
         tmp.mkdir()
         held = None
@@ -356,7 +376,7 @@ def check_writable(path, what: str) -> None:
     read-only folder is one line before the work, not after it (and not after a fit was registered).
     Raises InputError naming ``what`` (the option) and the path; a full disk can still fail the write itself."""
     path = Path(path)
-    probe = path.parent / f".{path.name}.probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    probe = path.parent / temp_name(path.name, f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         make_parent(path)
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))

@@ -606,3 +606,28 @@ def test_a_npz_whose_first_array_is_not_the_vectors_names_it_and_the_keys(tmp_pa
                                               r"name the array of vectors with --key \(arrays: ids, vectors\)"):
             read(tmp_path / "ids.npz")
     np.testing.assert_array_equal(read_vectors(tmp_path / "ids.npz", key="vectors"), X)
+
+
+@pytest.mark.parametrize("name", ["o" * 250 + ".npy", "é" * 125 + ".npz", "o" * 248 + ".fvecs",
+                                  "o" * 246 + ".parquet"])
+def test_an_output_name_up_to_255_bytes_is_written_and_its_temporaries_bounded(tmp_path, name):
+    """Temporaries are named ``.NAME.part-<pid>-<hex>`` (and ``.tmp-``, ``.probe-``, a lock's ``.new``) beside the
+    output: a valid output name of 238-255 bytes made one over 255, and the write (or the check before it) failed
+    with "File name too long". Now a long NAME is cut in them (its start and a hash of it, the same each time: a
+    dead writer's temporary of the same output is still found and removed)."""
+    from service.storage import atomic_write, check_writable, folder_aside, temp_name
+
+    assert len(name.encode()) == 254  # and 255 with the one letter added below
+    out = tmp_path / name
+    check_writable(out, "the output")
+    dead = tmp_path / f"{temp_name(name, '.part-')}4242-0123abcd"  # a killed writer's (no lock held)
+    if out.suffix != ".npz":
+        dead.write_bytes(b"rows of a writer killed part-way")
+    X = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    write_vectors(out, X)
+    np.testing.assert_array_equal(read_vectors(out), X)
+    atomic_write(tmp_path / ("b" + name), b"bytes")
+    with folder_aside(tmp_path / ("d" + name)) as (folder, _):
+        (folder / "f").write_bytes(b"x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, "b" + name, "d" + name])
+    assert (tmp_path / ("d" + name) / "f").read_bytes() == b"x"
