@@ -38,7 +38,7 @@ from ..io import (
 from ..limits import MAX_SEED
 from ..registry import NotFoundError, open_registry
 from ..registry.errors import InvalidNameError
-from ..registry.names import parse_version
+from ..registry.names import MAX_NAME, parse_version
 from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
@@ -272,12 +272,15 @@ def parse_kv(items, what="parameter", *, raw: bool = False) -> dict:
 
 
 def space_name(path: str, encoder: str | None, given: str | None) -> str:
-    """The space of an input: as given, else the encoder's canonical name, else the file stem."""
+    """The space of an input: as given, else the encoder's canonical name, else the file stem made a valid name
+    (other characters as '_', no '..', at most 128 characters: `mini..lm.npy` was "source space 'mini..lm' is not
+    allowed", and a 140-character stem too long)."""
     if given:
         return given
     if encoder:
         return canonical_name(encoder)
-    return re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem).lstrip(".-") or "space"
+    stem = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem))
+    return stem.lstrip(".-")[:MAX_NAME] or "space"
 
 
 def check_text_encoder(registry, path: str, space: str, encoder: str | None) -> str | None:

@@ -306,6 +306,21 @@ def test_a_version_argument_takes_ascii_digits_only(capsys, data):
     assert run(capsys, *base, "registry", "delete", "src->tgt", "2")[0] == 0
 
 
+def test_a_space_named_after_a_file_stem_is_a_valid_name(capsys, data, tmp_path):
+    """Without --source-space / --target-space a space is named after the file's stem: `mini..lm.npy` was "source
+    space 'mini..lm' is not allowed" and a 140-character stem "longer than 128 characters". Now the stem is made a
+    valid name ('..' as '.', cut to 128)."""
+    import shutil
+
+    src, tgt = tmp_path / "mini..lm.npy", tmp_path / ("e" * 140 + ".npy")
+    shutil.copy(data / "src.npy", src)
+    np.save(tgt, read_vectors(data / "tgt.fvecs"))
+    code, out, err = run(capsys, "--data-dir", tmp_path / "var", "fit", "--source", src, "--target", tgt, "--rows",
+                         "0:600", "--method", "procrustes", "--name", "m", "--quiet", "--json")
+    assert code == 0, err
+    assert (json.loads(out)["source_space"], json.loads(out)["target_space"]) == ("mini.lm", "e" * 128)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--source", "{d}/missing.npy"], "no such file"),
     (["--rows", "0:5000"], "outside"),
