@@ -40,8 +40,8 @@ def check_name(name, what: str = "name") -> str:
 def check_alias(alias) -> str:
     """Aliases: a letter or '_' first, then ``[A-Za-z0-9._-]``; purely numeric aliases are refused."""
     if not isinstance(alias, str) or not alias or len(alias) > 64 or ".." in alias or not _ALIAS.fullmatch(alias):
-        raise InvalidNameError(f"alias {str(alias)[:40]!r} is not allowed: letters, digits, '.', '_', '-'; "
-                               "must start with a letter")
+        raise InvalidNameError(f"alias {str(alias)[:40]!r} is not allowed: 1-64 letters, digits, '.', '_', '-' "
+                               "(no '..'), starting with a letter or '_'")
     return alias
 
 

@@ -186,6 +186,15 @@ def test_tags(reg):
 
 
 
+def test_an_alias_too_long_is_told_the_limit(reg):
+    """A 65-character alias was refused with "must start with a letter", which it did: the message now gives the
+    64-character limit."""
+    register(reg)
+    with pytest.raises(InvalidNameError, match="1-64 letters"):
+        reg.set_alias("a->b", "p" * 65, 1)
+    assert reg.set_alias("a->b", "p" * 64, 1).aliases == ["p" * 64]
+
+
 def test_dot_tag_keys_are_refused_as_the_client_refuses_them(reg):
     """Tag keys '.' and '..' were stored (CLI, HTTP body of a fit, a bundle), but no URL can name them (a URL
     resolves dot segments away) and the client refuses them, so they could be neither set nor removed over HTTP. Now
