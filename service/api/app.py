@@ -13,6 +13,7 @@ import contextlib
 import gc
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -249,7 +250,7 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     s, key_file = ensure_local_key(s)
     if key_file is not None:
         print(f"vecbridge: no API keys configured, so a local read+write key is in {key_file} (mode 0600, kept "
-              f"across restarts).\n  curl -H \"Authorization: Bearer $(cat {key_file})\" "
+              f"across restarts).\n  curl -H \"Authorization: Bearer $(cat {shlex.quote(str(key_file))})\" "
               f"http://{s.host}:{s.port}/v1/info\n  console: http://{s.host}:{s.port}/ui (paste the key once); "
               f"set VECBRIDGE_API_KEYS for real deployments", file=sys.stderr, flush=True)
     if accepted_hosts(s) == LOOPBACK_HOSTS:  # auth off, no allowed_hosts, a wildcard bind

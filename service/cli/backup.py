@@ -8,6 +8,7 @@ then passed with ``--registry-url`` (the printed restore line says so). What is 
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -59,14 +60,15 @@ def backup(obj: Ctx, dest, link, verify_indexes, as_json, quiet):
     idx = ", ".join(f"{n} generation {i['generation']}" + (f" ({i['count']:,} rows, loads)" if "count" in i else "")
                     for n, i in out["indexes"].items()) or "none"
     dst = out["dest"]
+    q = shlex.quote(str(dst))  # in the commands to paste: a path with a space stays one word
     jobs = "job records, " if out["jobs"] else ""
     text = [f"backup of {out['source']} written to {dst} in {out['seconds']:.1f}s",
             f"  {what}, {jobs}{out['artifacts']} artifacts, {out['reports']} reports, indexes: {idx}",
             f"  {out['files']} files, {_size(out['bytes'])} ({out['linked']} hard-linked to the data dir, "
             + f"{_size(out['copied_bytes'])} copied); the SQLite copies took "
             + f"{out['sqlite_copy_s'] * 1000:.0f} ms (the longest a writer's commit waited for them)",
-            f"  restore: vecbridge --data-dir {dst} serve   (check: vecbridge --data-dir {dst} registry verify)"
-            if reg["backend"] == "sqlite" else f"  restore: {PG_RESTORE.format(dest=dst)}   (check: registry verify "
+            f"  restore: vecbridge --data-dir {q} serve   (check: vecbridge --data-dir {q} registry verify)"
+            if reg["backend"] == "sqlite" else f"  restore: {PG_RESTORE.format(dest=q)}   (check: registry verify "
                                                f"in place of serve)"]
     if reg.get("verify") and not reg["verify"]["ok"]:
         text.append("  warning: the registry in the backup fails verify, as the data dir's does: run "

@@ -43,17 +43,22 @@ def _children(pid: int) -> list[int]:
 def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path, workers):
     """One process or ``--workers 2``: the key is in its file, said where, and never put in a process's environment
     (with workers it was passed on as VECBRIDGE_API_KEYS, readable in every worker's /proc/PID/environ and inherited
-    by whatever they start)."""
+    by whatever they start). The curl line printed works as pasted, in a data dir whose path has a space (it was
+    not quoted: `$(cat var é/local-key)` read two files that are not there)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
     env.update(PYTHONPATH=str(ROOT), VECBRIDGE_DEMO_ON_EMPTY="false")
     proc = subprocess.Popen([sys.executable, "-c", "from service.cli import main; main()", "serve", "--data-dir",
-                             str(tmp_path / "var"), "--port", str(port), "--workers", str(workers)], env=env,
+                             str(tmp_path / "var é"), "--port", str(port), "--workers", str(workers)], env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
-        first = proc.stderr.readline()
-        key_file = tmp_path / "var" / "local-key"
+        first, curl = proc.stderr.readline(), proc.stderr.readline().strip()
+        key_file = tmp_path / "var é" / "local-key"
         assert str(key_file) in first and key_file.read_text().strip() not in first  # the path, never the key
+        assert curl.startswith("curl -H ")  # run by a shell as printed, printf in curl's place
+        said = subprocess.run(["bash", "-c", "printf '%s\\n' " + curl.removeprefix("curl ")], capture_output=True,
+                              text=True, timeout=30, check=False)
+        assert said.stdout.splitlines()[1] == f"Authorization: Bearer {key_file.read_text().strip()}", said
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, timeout=60, proc=proc)
         assert httpx.get(base + "/v1/info").status_code == 401

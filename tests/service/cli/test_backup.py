@@ -433,6 +433,25 @@ def test_the_summary_counts_steer_versions_beside_map_versions(source, tmp_path)
     assert (out["ok"], out["n_versions"], out["n_steer_versions"]) == (True, 1, 2)
 
 
+def test_the_printed_restore_commands_work_as_pasted_from_a_path_with_a_space(source, tmp_path, capsys):
+    """The "restore:" line printed DEST as it is: `vecbridge --data-dir my backups/b serve` pasted into a shell gave
+    --data-dir 'my' and two stray arguments. Now DEST is quoted for the shell; the check command runs as printed."""
+    import shlex
+
+    from conftest import run_cli
+
+    dest = tmp_path / "my backups" / "b é"
+    code, out, err = run_cli(capsys, "--data-dir", source, "backup", dest, "--quiet")
+    assert code == 0, err
+    (line,) = [x for x in out.splitlines() if "restore:" in x]
+    serve, check = line.split("restore:")[1].split("(check:")
+    assert shlex.split(serve) == ["vecbridge", "--data-dir", str(dest), "serve"], line
+    words = shlex.split(check.rstrip(") "))
+    assert words[:3] == ["vecbridge", "--data-dir", str(dest)], line
+    code, out, err = run_cli(capsys, *words[1:])
+    assert code == 0 and json.loads(out)["ok"], err
+
+
 def test_a_backup_killed_at_its_final_rename_is_removed_by_the_next(source, tmp_path):
     """The marker was removed before the last fsyncs and the rename: a backup killed there left a whole unmarked
     copy of the data dir (its local key too) that no later backup removed. Now the marker goes after the rename."""
