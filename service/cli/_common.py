@@ -395,7 +395,8 @@ def _holds_bool(obj) -> bool:
 
 
 def _read_ints(path: str, what: str, ndmin: int) -> tuple[Path, np.ndarray]:
-    """``(path, array)`` of an integer file: ``.npy``, ``.json`` (nested lists), or whitespace-separated text."""
+    """``(path, array)`` of an integer file: ``.npy``, ``.json`` (nested lists), or whitespace-separated text (a UTF-8
+    byte order mark first is skipped, as text inputs skip it)."""
     p = Path(path)
     check_file(p)
     suffix = p.suffix.lower()  # seeds.NPY was parsed as text
@@ -403,12 +404,12 @@ def _read_ints(path: str, what: str, ndmin: int) -> tuple[Path, np.ndarray]:
         if suffix == ".npy":
             arr = np.asarray(load_npy(p))
         elif suffix == ".json":
-            obj = json.loads(p.read_text())
+            obj = json.loads(p.read_text(encoding="utf-8-sig"))
             if _holds_bool(obj):  # np.asarray([0, true]) is [0, 1]: `true` read as id 1
                 raise InputError(f"{p.name}: {what} must be integers, not true / false")
             arr = np.asarray(obj)
         elif ndmin == 1:  # a flat list in any layout: "5 6 7\n8 9" was "the number of columns changed from 3 to 2"
-            words = p.read_text().split()
+            words = p.read_text(encoding="utf-8-sig").split()
             bad = next((w for w in words if not re.fullmatch(r"[+-]?[0-9]+", w)), None)
             if bad is not None:  # int() reads "1_0" as 10 and would take it
                 raise ValueError(f"{bad[:40]!r} is not an integer")
@@ -416,7 +417,7 @@ def _read_ints(path: str, what: str, ndmin: int) -> tuple[Path, np.ndarray]:
         else:
             with warnings.catch_warnings():  # "input contained no data" on stderr beside the error below
                 warnings.simplefilter("ignore", UserWarning)
-                arr = np.loadtxt(p, dtype=np.int64, ndmin=ndmin, delimiter=None)
+                arr = np.loadtxt(p, dtype=np.int64, ndmin=ndmin, delimiter=None, encoding="utf-8-sig")
     except (ValueError, OverflowError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: deep JSON
         raise InputError(f"{p.name}: cannot read {what} ({exc})") from None
     if arr.size == 0:  # `[]` read as float64 was "must be integers, got shape (0,) dtype float64"
@@ -461,11 +462,13 @@ def read_ids(path: str) -> np.ndarray:
 
 
 def read_labels(path: str, n: int) -> np.ndarray:
-    """Labels file: ``.npy`` (n,) ints, or text with one of -1 / 0 / +1 per line."""
+    """Labels file: ``.npy`` (any case) (n,) ints, or text with one of -1 / 0 / +1 per line (a UTF-8 byte order
+    mark first is skipped)."""
     p = Path(path)
     check_file(p)
     try:
-        y = np.asarray(load_npy(p)) if p.suffix == ".npy" else np.loadtxt(p, dtype=np.float64, ndmin=1)
+        y = np.asarray(load_npy(p)) if p.suffix.lower() == ".npy" else \
+            np.loadtxt(p, dtype=np.float64, ndmin=1, encoding="utf-8-sig")
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{p.name}: cannot read labels ({exc})") from None
     y = np.asarray(y).reshape(-1)

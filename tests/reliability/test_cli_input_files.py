@@ -185,3 +185,30 @@ def test_index_payload_file_with_a_byte_order_mark(world, capsys):
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["results"][0][0]["payload"] == {"i": 0}
     assert _run(capsys, data, "index", "drop", "pl_bom", "--yes")[0] == 0
+
+
+def test_id_label_and_seed_files_with_a_byte_order_mark_or_an_upper_case_suffix(world, capsys, tmp_path):
+    """``--ids``, ``--seed-pairs`` and ``--labels`` files saved with a UTF-8 byte-order mark (Notepad, PowerShell)
+    were refused ("'\\ufeff1' is not an integer", "Unexpected UTF-8 BOM") while text inputs take it; and
+    ``--labels LAB.NPY`` was read as text. Now the mark is skipped and the suffix read in any case."""
+    from service.cli._common import read_ids, read_labels, read_seed_pairs
+
+    bom = b"\xef\xbb\xbf"
+    for name, text in (("ids.txt", "3 4\n5"), ("ids.json", "[3, 4, 5]")):
+        (tmp_path / name).write_bytes(bom + text.encode())
+        assert read_ids(str(tmp_path / name)).tolist() == [3, 4, 5]
+    for name, text in (("seeds.txt", "0 1\r\n2 3\r\n"), ("seeds.json", "[[0, 1], [2, 3]]")):
+        (tmp_path / name).write_bytes(bom + text.encode())
+        assert [a.tolist() for a in read_seed_pairs(str(tmp_path / name))] == [[0, 2], [1, 3]]
+    (tmp_path / "labels.txt").write_bytes(bom + b"1\n-1\n0\n")
+    assert read_labels(str(tmp_path / "labels.txt"), 3).tolist() == [1, -1, 0]
+    with open(tmp_path / "LAB.NPY", "wb") as f:
+        np.save(f, np.array([1, -1, 0]))
+    assert read_labels(str(tmp_path / "LAB.NPY"), 3).tolist() == [1, -1, 0]
+    d, data = world
+    assert _run(capsys, data, "index", "create", "bom_ids", "--space", "p", d / "good.npy", "--quiet")[0] == 0
+    rc, err = _run(capsys, data, "index", "delete", "bom_ids", "--ids", tmp_path / "ids.json")
+    assert rc == 0, err
+    assert main(["--data-dir", str(data), "index", "show", "bom_ids", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == GOOD.shape[0] - 3
+    assert _run(capsys, data, "index", "drop", "bom_ids", "--yes")[0] == 0
