@@ -289,9 +289,9 @@ class FitRequest(_Strict):
     source: FitSide
     target: FitSide
     method: str = Field("minivec2vec", description="As in the CLI: minivec2vec (unsupervised), procrustes, "
-                                                   "ridge, lowrank (Procrustes plus a low-rank ridge residual, "
-                                                   "`params.rank` default 32, as align.fit_migration's), auto, "
-                                                   "contrastive, cluster (per-cluster maps, align.ClusterMap).")
+                                                   "ridge, lowrank (the rank-k map of align.fit_lowrank, "
+                                                   "`params.rank` required), auto, contrastive, cluster "
+                                                   "(per-cluster maps, align.ClusterMap).")
     params: dict[str, Any] = Field(default_factory=dict)
     paired: bool | None = Field(None, description="Rows of source and target are pairs (row i <-> row i). Default, "
                                                   "as in the CLI: true for the paired methods (procrustes, ridge, "

@@ -20,7 +20,7 @@ from align.plan import last_migrated
 
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_not_input, count_rows, parse_rows, read_vectors, resolve_rows
-from ..ops.maps import SUPERVISED, run_fit, transform_file
+from ..ops.maps import SUPERVISED, run_fit, transform_file, unreliable_note
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write, check_writable
 from ._common import (Ctx, check_text_encoder, description_opt, emit, input_opts, json_opt, option_given, parse_kv,
@@ -31,7 +31,7 @@ __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
 _ref_opt = click.option("--map", "ref", required=True,
                         help="NAME (its prod version, else its newest reliable one), NAME@alias or NAME:version.")
-_ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://head:10001): procrustes and ridge as a "
+_ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://head:10001): supervised fits as a "
              "map-reduce of sufficient statistics, minivec2vec with its kNN/CSLS rounds as tasks over row blocks "
              "(the same map as in-process).")
 
@@ -45,8 +45,9 @@ _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://
 @click.option("--method", type=click.Choice(["minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive",
                                             "cluster"]), required=True,
               help="auto: every paired family fitted and chosen on held-out pairs (align.fit_migration), the "
-                   "per-cluster family included; lowrank: Procrustes plus a low-rank ridge residual (--param rank=N, "
-                   "default 32), as align.fit_migration's; cluster: per-cluster local maps (align.ClusterMap).")
+                   "per-cluster family included; lowrank: the rank-k map of align.fit_lowrank (--param rank=N "
+                   "required; not fit_migration's Procrustes-plus-residual candidate of that name); cluster: "
+                   "per-cluster local maps (align.ClusterMap).")
 @click.option("--param", "params", multiple=True, help="KEY=VALUE fitter parameter (JSON values), repeatable.")
 @click.option("--name", required=True, help="Map name, e.g. minilm->e5.")
 @click.option("--source-space", default=None, help="Source space name (default: encoder or file stem).")
@@ -113,6 +114,8 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
             click.echo(f"vecbridge: warning: {str(w.message).splitlines()[0]}", err=True)
     _render_fit(obj.registry, v, as_json)
     for note in notes:  # e.g. the bare name now means a version that looks worse than the one it replaced
+        if note == unreliable_note(v):  # said below, with the exit code
+            continue
         click.echo(f"vecbridge: note: {note}", err=True)
     if v.metrics.get("reliable") is False and not allow_unreliable:
         click.echo(f"vecbridge: {v.ref} is flagged UNRELIABLE: it stays in the registry for inspection but is never "
@@ -125,8 +128,8 @@ def _ignored_options(method: str, ray_address: str | None, threads: int) -> list
     out = []
     if option_given("threads") and threads > 1 and (method in SUPERVISED or ray_address is not None):
         out.append("--threads applies to an in-process minivec2vec fit (unpaired or seeded); ignored here")
-    if option_given("shard_rows") and (ray_address is None or method not in ("procrustes", "ridge")):
-        out.append("--shard-rows applies to --ray fits of procrustes or ridge; ignored here")
+    if option_given("shard_rows") and (ray_address is None or method not in ("procrustes", "ridge", "lowrank")):
+        out.append("--shard-rows applies to --ray fits of procrustes, ridge or lowrank; ignored here")
     return out
 
 

@@ -12,7 +12,6 @@ so a refused registration (a conflict) leaves no report behind.
 
 from __future__ import annotations
 
-import functools
 import uuid
 import warnings
 from datetime import datetime, timezone
@@ -39,17 +38,15 @@ from ..storage import check_writable
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
 from .plans import MIGRATION_METHODS, check_semi_supervised, fit_migration_map
 
-__all__ = ["run_fit", "fit_map", "METHODS", "SUPERVISED", "FitSide", "check_fit_request", "check_fit_params",
-           "check_fit_rows", "fit_side", "check_pairs", "embed_side", "fit_sides", "create_space", "describe_map",
-           "report_html", "embed", "transform_file"]
+__all__ = ["run_fit", "fit_map", "unreliable_note", "METHODS", "SUPERVISED", "FitSide", "check_fit_request",
+           "check_fit_params", "check_fit_rows", "fit_side", "check_pairs", "embed_side", "fit_sides", "create_space",
+           "describe_map", "report_html", "embed", "transform_file"]
 
 METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 #: the closed-form paired fits (fitted from additive statistics; cheap enough to cross-validate)
-_CLOSED_FORM = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge}
-#: the fits cross-validated when they hold no pairs out: ``lowrank`` is ``align.fit_migration``'s (Procrustes plus a
-#: low-rank ridge residual, rank 32 unless ``params.rank``), as in Python
-_CROSS_VALIDATED = {**_CLOSED_FORM, "lowrank": functools.partial(align.fit_migration, method="lowrank")}
+_CLOSED_FORM = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}
+_LOWRANK_NEEDS_RANK = "lowrank (align.fit_lowrank's rank-k map) needs a rank: params.rank (CLI: --param rank=N)"
 _DIAG_SAMPLE = 4096
 _PLOT_SAMPLE = 1500
 log = get_logger("maps")  # the ``vecbridge`` tree: JSON lines under serve (``service.ops.maps`` printed plain text)
@@ -81,10 +78,12 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
             raise InputError("seed pairs apply to minivec2vec only")
         if method in MIGRATION_METHODS:  # align.fit_migration: families chosen on held-out pairs
             if ray_address is not None:
-                raise InputError(f"--ray runs procrustes and ridge fits; {method} runs in-process")
+                raise InputError(f"--ray runs procrustes, ridge and lowrank fits; {method} runs in-process")
             return fit_migration_map(X, Y, method=method, params=params, random_state=random_state,
                                      progress=progress)
         fn = _CLOSED_FORM[method]
+        if method == "lowrank" and "rank" not in params:
+            raise InputError(_LOWRANK_NEEDS_RANK)
         try:
             if ray_address is not None:
                 from ..distributed import fit_stats_ray
@@ -156,9 +155,9 @@ def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
         return {"heldout_top1": float(chosen["query_recall@1"]), "heldout_n_candidates": int(sel["n_holdout"]),
                 "heldout_n_queries": int(sel["n_holdout"]), "heldout_n_compared": int(sel.get("n_compared", 1)),
                 "heldout_source": SPLIT}
-    if method not in _CROSS_VALIDATED or X.shape[0] < 10:
+    if method not in _CLOSED_FORM or X.shape[0] < 10:
         return {}
-    fn = _CROSS_VALIDATED[method]
+    fn = _CLOSED_FORM[method]
     try:
         cv = align.cross_val_top1(X, Y, lambda a, b: fn(a, b, **params), random_state=random_state or 0)
     except align.exceptions.VecbridgeError:  # a fold the family cannot fit (e.g. no signal in it)
@@ -385,8 +384,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         note = (f"alias {held_back!r} {where}, not moved to {version.ref}: the fit is flagged unreliable (move it by "
                 f"hand if you mean to: `vecbridge registry alias {name} {held_back} {version.version}`)")
     elif metrics.get("reliable") is False:  # every face says so (over HTTP the job succeeds: the map is registered)
-        why = metrics.get("unreliable_reason") or "its criterion is close to that of random maps"
-        note = f"{version.ref} is flagged unreliable ({why}): kept for inspection, never chosen for a path"
+        note = unreliable_note(version)
     if note and notes is not None:
         notes.append(note)
     return version
@@ -405,6 +403,12 @@ def _fit_signals(meta: dict, diag: dict) -> dict:
         if key in diag:
             out[key] = diag[key] if isinstance(diag[key], bool) else float(diag[key])
     return out
+
+
+def unreliable_note(version: VersionInfo) -> str:
+    """The note of a fit registered unreliable (the CLI, which says so in its own words and exit code, drops it)."""
+    why = version.metrics.get("unreliable_reason") or "its criterion is close to that of random maps"
+    return f"{version.ref} is flagged unreliable ({why}): kept for inspection, never chosen for a path"
 
 
 def _write_report(version: VersionInfo, path: Path, copy, html_text: str) -> None:
@@ -491,6 +495,8 @@ def check_fit_params(method: str, params: dict | None, random_state=0) -> None:
     elif method == "minivec2vec":
         _minivec2vec(params, random_state).check_params()
     elif method in _CLOSED_FORM:
+        if method == "lowrank" and "rank" not in params:
+            raise InputError(_LOWRANK_NEEDS_RANK)
         align.procrustes.check_closed_form_params(method, params)  # values too: alpha=-1 was a failed job
 
 

@@ -2,7 +2,7 @@
 
 - :func:`fit_migration_map` — :func:`align.fit_migration` with service parameters (``params`` dict
   from ``--param`` / the JSON body); used by :func:`service.ops.maps.fit_map` for the methods
-  ``auto``, ``lowrank``, ``contrastive`` and ``cluster`` (the same models as in Python).
+  ``auto``, ``contrastive`` and ``cluster``.
 - :func:`plan` — :func:`align.plan_migration` on the old corpus and a paired probe.
 - :func:`retention_gate` — held-out pairs → retrieval scores of a map and PASS/FAIL against a
   minimum retention. With labelled queries (``queries`` and the row of each one's ``relevant``
@@ -37,7 +37,7 @@ from ..indexes.csls import CSLS_WEIGHT
 __all__ = ["MIGRATION_METHODS", "fit_migration_map", "check_semi_supervised", "plan", "retention_gate", "evaluate_map",
            "RETENTION_KEY", "LABELLED_KEY", "EVAL_MAX_QUERIES"]
 
-MIGRATION_METHODS = ("auto", "lowrank", "contrastive", "cluster")
+MIGRATION_METHODS = ("auto", "contrastive", "cluster")
 #: pairs ranked by `eval` (CLI / HTTP) unless told otherwise: a seeded sample of this many above it, each still
 #: ranked against every held-out row (SCALING.md: 100,000 pairs took 1,039 s in full, 68 s capped)
 EVAL_MAX_QUERIES = 10_000

@@ -264,25 +264,6 @@ def test_the_worse_refit_note_says_when_the_prod_alias_was_moved(reg):
     assert notes and "its 'prod' alias was moved to it" in notes[0] and "no 'prod' alias" not in notes[0], notes
 
 
-@pytest.mark.parametrize("k, params", [(200, {}), (15, {"rank": 4})])
-def test_lowrank_is_the_model_of_align_fit_migration_with_rank_optional(reg, k, params):
-    """``method="lowrank"`` was two models: Python's ``align.fit_migration`` (and auto's candidate) fitted Procrustes
-    plus a low-rank ridge residual, rank 32 by default, while the CLI and HTTP fitted the pure rank-k
-    ``align.fit_lowrank`` and refused a fit without a rank, quoting a CLI flag over HTTP. The service now fits
-    fit_migration's model; a given rank is honoured, and a fit too small to hold pairs out is cross-validated."""
-    import align
-    from service.ops.maps import check_fit_params
-
-    check_fit_params("lowrank", {})  # was: "lowrank needs a rank parameter (--param rank=N)"
-    X, Y, _ = _rotated(5, k, noise=0.3)
-    v = _fit(reg, method="lowrank", params=params, source=X, target=Y, random_state=7)
-    got, ref = reg.load_map(v.ref), align.fit_migration(X, Y, method="lowrank", random_state=7, **params)
-    assert got.metadata["family"] == ref.metadata["family"] == "orthogonal + low-rank residual"
-    assert got.metadata["params"]["rank"] == params.get("rank", 32)
-    np.testing.assert_allclose(got.W, ref.W, atol=1e-6)
-    assert v.metrics["reliable"] is True and "heldout_top1" in v.metrics, v.metrics
-
-
 def test_a_report_that_fails_to_render_leaves_the_map_registered_with_a_note(tmp_path):
     """Rendering the report (matplotlib, the plan) ran before registration with no error handling: a broken
     matplotlib made ``vecbridge fit`` exit 3 "internal error: ImportError" and the fitted map was lost. The report is a
