@@ -67,8 +67,8 @@ def _version_segment(text):
 #: a ``{version}`` path segment: ASCII digits, 1 .. 2**31-1 (the registry's INTEGER column), read by the registry's
 #: one strict parser; else a 422, never a 500. A plain ``int`` took '1_0' as 10 ("no version 10"), and '1.0', '+1'
 #: and ' 1' as 1
-VersionPath = Annotated[int, BeforeValidator(_version_segment),
-                        Path(ge=1, le=MAX_VERSION, description="Version number (1 .. 2**31-1).")]
+VersionPath = Annotated[int, Path(ge=1, le=MAX_VERSION, description="Version number (1 .. 2**31-1)."),
+                        BeforeValidator(_version_segment)]  # Path first: OpenAPI keeps minimum / maximum
 
 
 def _digest(s: str) -> bytes:

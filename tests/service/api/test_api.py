@@ -406,6 +406,9 @@ def test_a_version_path_segment_takes_ascii_digits_only(world):
             r = c.request(method, url, headers=W if method != "GET" else R, **kw)
             assert r.status_code == 422 and "in ASCII digits" in r.json()["error"]["message"], (method, url, r.text)
     assert c.get("/v1/maps/a2b/versions/1", headers=R).json()["tags"] == {}
+    spec = c.get("/openapi.json").json()["paths"]["/v1/maps/{name}/versions/{version}"]["get"]["parameters"]
+    schema = next(p["schema"] for p in spec if p["name"] == "version")  # the bounds stay standard JSON Schema
+    assert (schema["type"], schema["minimum"], schema["maximum"]) == ("integer", 1, 2**31 - 1), schema
 
 
 def test_keys_never_in_logs(tmp_path, capfd):
