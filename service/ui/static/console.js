@@ -103,7 +103,7 @@ const VB = {
       .filter(([m, x]) => m && typeof x === "number" && isFinite(x)).map(([m, x]) => [Number(m[1]), x]);
     const sets = [
       ["held-out pairs (eval --record)", pick(v && v.tags, /^eval\.(?:top|recall@)(\d+)$/)],
-      ["held-out pairs (fit's cross-validation)", pick(v && v.metrics, /^heldout_top(\d+)$/)],
+      ["held-out pairs (the fit's own)", pick(v && v.metrics, /^heldout_top(\d+)$/)],
       ["training pairs (memorised)", pick(v && v.metrics, /^train_(?:recall@|top)(\d+)$/)],
     ].filter(([, pts]) => pts.length);
     const ks = [...new Set(sets.flatMap(([, pts]) => pts.map(p => p[0])))].sort((a, b) => a - b);

@@ -175,6 +175,7 @@ def test_cli_unreliable_fit_exits_non_zero_and_is_listed(tmp_path, capsys):
            "--param", "refine1_iters=3", "--param", "n_restarts=1", "--param", "polish_rounds=1"]
     code, out, err = run(capsys, *fit)
     assert code == 1 and "UNRELIABLE" in err and "registered a2b:1" in out
+    assert "is flagged unreliable (" not in err, err  # the op's note for the other faces: the CLI says it once
     code, out, err = run(capsys, *fit, "--allow-unreliable")
     assert code == 0 and "UNRELIABLE" in out
     code, out, _ = run(capsys, *d, "registry", "list")

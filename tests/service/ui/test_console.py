@@ -607,7 +607,7 @@ def test_the_recall_chart_shows_held_out_figures_and_calls_training_recall_memor
         fig = chart.locator("xpath=..").inner_text()
         assert "held-out pairs vs the fit's training pairs (memorised, not retention)" in fig
         labels = chart.locator(".u-legend .u-label").all_inner_texts()
-        assert labels[1:] == ["held-out pairs (eval --record)", "held-out pairs (fit's cross-validation)",
+        assert labels[1:] == ["held-out pairs (eval --record)", "held-out pairs (the fit's own)",
                               "training pairs (memorised)"], labels
         ks, recorded, cross_validated, training = chart.evaluate("e => e._plot.data")
         assert ks == [1, 5, 10] and recorded == [0.5, None, 0.75] and cross_validated[1:] == [None, None]
