@@ -49,11 +49,11 @@ errors (``ShapeError``, ``NotRepresentableError``, ``InputError``; all ``ValueEr
 rest (NaN, dimensions: 422).
 
 Retries: a request that got no answer, or a 429 / 502 / 503 / 504, is sent again up to ``max_retries`` times
-(default 2; 0 turns retries off) after 0.5 s, 1 s, 2 s ... or the answer's ``Retry-After`` (a longer one than
-``max_retry_wait`` is raised at once), but only where sending it twice cannot do twice what was asked: GET / PUT /
-DELETE, the POSTs that only read (transform, search, embeddings, steer apply, plans, evaluate, LM generate /
-analyze, deleting index rows), and fits, which carry an ``Idempotency-Key`` (one is made per call unless given). A
-request that never reached the server is retried whatever it is; the service's 503 without Retry-After never is.
+(default 2; 0: none) after 0.5 s, 1 s, 2 s ... or the answer's ``Retry-After`` (one over ``max_retry_wait`` is raised
+at once) where sending it twice cannot do twice what was asked: GET / PUT / DELETE, POSTs that only read (transform,
+search, embeddings, steer apply, plans, evaluate, LM generate / analyze, deleting index rows), and jobs (fits ...),
+which carry an ``Idempotency-Key`` (made per call unless given; a no-answer error's ``.idempotency_key``). A timed-out
+request is sent again only with one; one that never reached the server, always; the 503 without Retry-After, never.
 """
 
 from __future__ import annotations

@@ -275,9 +275,10 @@ class Calls:
         if "json" in kw:
             kw["content"] = dumps(kw.pop("json"))
             kw["headers"] = {"Content-Type": "application/json", **(kw.get("headers") or {})}
+        key = next((str(v) for h, v in (kw.get("headers") or {}).items()  # header names are case-insensitive
+                    if str(h).lower() == "idempotency-key"), None)
         if retry is None:
-            retry = method.upper() in IDEMPOTENT or any(  # header names are case-insensitive
-                str(h).lower() == "idempotency-key" for h in (kw.get("headers") or {}))
+            retry = method.upper() in IDEMPOTENT or key is not None
         unsure = yield from self._fits_max_body(method, path, kw.get("content"))
         attempt = 0
         while True:
@@ -287,22 +288,28 @@ class Calls:
                 raise InputError(f"{method} {path}: not sent, the request is not valid HTTP (a header value with a "
                                  "newline or control character? values are not shown)") from None
             except httpx.RequestError as e:
-                # never sent: safe to send whatever it is; a read timeout is not retried (the server may still
-                # be computing it: a retry would queue the same work again)
+                # never sent: safe to send whatever it is; a read timeout is retried only under an Idempotency-Key
+                # (the service answers the replay with the job the first try made); others may still be computing
                 never_sent = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
                 timed_out = isinstance(e, httpx.TimeoutException) and not never_sent
-                if (never_sent or (retry and not timed_out and not unsure)) and attempt < self.max_retries:
+                again = retry and (not timed_out or key is not None) and not unsure
+                if (never_sent or again) and attempt < self.max_retries:
                     yield Sleep(self._backoff(attempt))
                     attempt += 1
                     continue
                 cls = APITimeoutError if isinstance(e, httpx.TimeoutException) else APIConnectionError
                 where = self._http.base_url.copy_with(userinfo=b"")  # a password in the URL stays out of the message
-                raise cls(f"{method} {path}: no answer from {where} ({type(e).__name__}: {e})"
+                err = cls(f"{method} {path}: no answer from {where} ({type(e).__name__}: {e})"
                           + (f" after {attempt + 1} tries" if attempt else "")
                           + (f"; its body of {unsure} bytes may be over the service's max_body_bytes (unknown: "
                              "/v1/info was not readable), which the service refuses by closing the connection: "
                              "not sent again"
-                             if unsure and not never_sent else "")) from e
+                             if unsure and not never_sent else "")
+                          + (f"; it carried Idempotency-Key {key!r}: send it again with that key (e.g. "
+                             f"idempotency_key={key!r}) to get the job it may have made, not a second one"
+                             if key is not None and not never_sent else ""))
+                err.idempotency_key = key
+                raise err from e
             if r.status_code in ok or r.status_code < 300:
                 return r
             if r.status_code < 400:  # not followed: nothing was done (a POST may not be re-sent elsewhere as a GET)

@@ -132,9 +132,12 @@ class APIConnectionError(VecbridgeError, httpx.TransportError):
     """No answer: the connection was refused or reset, or the server went away mid-request.
 
     Also an ``httpx.TransportError`` (what this client raised before), with the original as ``__cause__``.
+    ``idempotency_key``: the ``Idempotency-Key`` the request carried (a fit's, made by the client unless given),
+    or None; sending the request again with it returns the job the lost request may have created.
     """
 
     kind = "unavailable"
+    idempotency_key: str | None = None
 
 
 class APITimeoutError(APIConnectionError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import sys
 import threading
 import time
@@ -307,6 +308,52 @@ def test_a_password_in_the_base_url_is_not_in_the_no_answer_error(client_cls):
             pytest.raises(APIConnectionError) as e:
         vb.info()
     assert "hunter2" not in str(e.value) and f"http://127.0.0.1:{port}" in str(e.value)
+
+
+@both_clients
+def test_a_fit_that_timed_out_is_sent_again_under_its_key(scripted, client_cls):
+    """Before, a fit whose answer came after ``timeout`` was never sent again, though its Idempotency-Key makes
+    that safe (the service answers the replay with the job the first try made)."""
+    X = np.ones((3, 4), np.float32)
+    srv = scripted(("hang", 1.5), (202, {}, JOB))
+    with client_cls(srv.url, timeout=0.3) as vb:
+        assert vb.fit("m", "a", "b", X, X, paired=True)["id"] == "j1"
+    keys = [h.get("Idempotency-Key") for _, _, _, h in srv.seen]
+    assert len(keys) == 2 and keys[0] and len(set(keys)) == 1
+    srv = scripted(("hang", 1.5))
+    with client_cls(srv.url, timeout=0.3, max_retries=1) as vb, pytest.raises(APITimeoutError, match="2 tries") as e:
+        vb.fit("m", "a", "b", X, X, paired=True, idempotency_key="k-7")
+    assert e.value.idempotency_key == "k-7" and "'k-7'" in str(e.value) and len(srv.seen) == 2
+
+
+def test_a_fit_that_timed_out_names_its_key_to_send_it_again_with(tmp_path):
+    """Before, a fit whose answer came after ``timeout`` raised without the Idempotency-Key the client made: the
+    service had made the job, and sending the fit again (all a caller could do) made a second one."""
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+           "--port", str(port), "--no-access-log"]
+    proc = start(cmd, env_for(data, port), port, tmp_path / "server.log")
+    A = np.random.default_rng(0).standard_normal((200, 16))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with Client(url, api_key=WKEY) as patient, Client(url, api_key=WKEY, timeout=0.5, max_retries=0) as vb:
+            assert patient.list_jobs() == []
+            locker = sqlite3.connect(data / "jobs.sqlite", isolation_level=None)
+            locker.execute("BEGIN IMMEDIATE")  # a sibling process writing: the fit is answered late
+            try:
+                with pytest.raises(APITimeoutError) as e:
+                    vb.fit("late", "a", "b", A, A)
+            finally:
+                locker.execute("COMMIT")
+                locker.close()
+            key = e.value.idempotency_key
+            assert key and repr(key) in str(e.value)
+            job = patient.fit("late", "a", "b", A, A, idempotency_key=key)  # as the message says
+            assert [j["id"] for j in patient.list_jobs()] == [job["id"]]  # the job the late try made, no second
+    finally:
+        stop(proc)
 
 
 # --- the real service going away under wait() ---------------------------------------------------
