@@ -42,7 +42,7 @@ class Job:
     state: str = "queued"
     stage: str = "queued"
     fraction: float = 0.0
-    created_at: float = field(default_factory=time.time)
+    created_at: float = field(default_factory=lambda: time.time())
     started_at: float | None = None
     finished_at: float | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
@@ -51,17 +51,24 @@ class Job:
     idempotency_key: str | None = None
     request_hash: str | None = None
     cancel_requested: bool = False
+    # the wall clock read once, then moved on by the monotonic clock: the durations of a job are never negative
+    _clock: tuple[float, float] = field(default_factory=lambda: (time.time(), time.monotonic()), repr=False,
+                                        compare=False)
+
+    def now(self) -> float:
+        """An epoch timestamp for this job's records that never steps back (a clock set back by NTP or a user)."""
+        return self._clock[0] + time.monotonic() - self._clock[1]
 
     def to_dict(self) -> dict:
-        now = time.time()
+        now = self.now()
         return {
             "id": self.id, "kind": self.kind, "description": self.description, "state": self.state,
             "progress": {"stage": self.stage, "fraction": round(float(self.fraction), 4), **self._stage_clock(now)},
             "timings": {
                 "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
                 # a job that ended before it started (cancelled while queued, interrupted) waited until it ended
-                "queued_seconds": ((self.started_at or self.finished_at or now) - self.created_at),
-                "run_seconds": (((self.finished_at or now) - self.started_at) if self.started_at else None),
+                "queued_seconds": max(0.0, (self.started_at or self.finished_at or now) - self.created_at),
+                "run_seconds": (max(0.0, (self.finished_at or now) - self.started_at) if self.started_at else None),
                 "stages": dict(self.stage_seconds),
             },
             "result": self.result, "error": self.error, "cancel_requested": self.cancel_requested,

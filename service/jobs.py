@@ -73,7 +73,7 @@ class JobContext:
                  interval: float = 0.5) -> None:
         self._job = job
         self._lock = lock
-        self._stage_started = time.time()
+        self._stage_started = time.monotonic()
         self._persist = persist
         self._interval = interval
         self._persisted_at = 0.0
@@ -91,7 +91,7 @@ class JobContext:
         with self._lock:
             if self._job.state in TERMINAL:  # recorded interrupted by a shutdown: that record stays
                 raise Cancelled(f"job {self._job.id} interrupted during {self._job.stage}")
-            now = time.time()
+            now = time.monotonic()
             changed = stage != self._job.stage
             if changed:
                 prev = self._job.stage
@@ -109,7 +109,7 @@ class JobContext:
     def _close_stage(self) -> None:
         with self._lock:
             st = self._job.stage
-            self._job.stage_seconds[st] = self._job.stage_seconds.get(st, 0.0) + time.time() - self._stage_started
+            self._job.stage_seconds[st] = self._job.stage_seconds.get(st, 0.0) + time.monotonic() - self._stage_started
 
 
 MAX_ERROR_CHARS = 4000
@@ -303,7 +303,7 @@ class JobManager:
             job.cancel_requested = True
             if job.state == "queued":
                 job.state = job.stage = "cancelled"
-                job.finished_at = time.time()
+                job.finished_at = job.now()
                 job.error = dict(_NOT_STARTED)
                 cancelled_now = True
             else:
@@ -321,7 +321,7 @@ class JobManager:
             for j in jobs:
                 j.cancel_requested = True
                 if not wait:
-                    j.state, j.stage, j.finished_at, j.error = "failed", "interrupted", time.time(), _SHUT_DOWN
+                    j.state, j.stage, j.finished_at, j.error = "failed", "interrupted", j.now(), _SHUT_DOWN
         for j in jobs if not wait else ():
             self._persist(j)
         self._pool.shutdown(wait=wait, cancel_futures=True)
@@ -333,7 +333,7 @@ class JobManager:
                 return
             job.state = "running"
             job.stage = "starting"
-            job.started_at = time.time()
+            job.started_at = job.now()
         self._persist(job, was="queued")  # not over the record of a cancel another process made while it waited
         if job.cancel_requested:  # asked through another process while the job waited
             final = self._final_record(job)
@@ -343,7 +343,7 @@ class JobManager:
                                                                         final.error)
                 else:
                     job.state = job.stage = "cancelled"
-                    job.finished_at, job.error = time.time(), dict(_NOT_STARTED)
+                    job.finished_at, job.error = job.now(), dict(_NOT_STARTED)
                 job.started_at = None
             if final is None:
                 self._persist(job)
@@ -362,7 +362,7 @@ class JobManager:
                 return
             ctx._close_stage()
             with self._lock:
-                job.finished_at = time.time()
+                job.finished_at = job.now()
                 if job.cancel_requested or isinstance(exc, Cancelled):
                     job.state = "cancelled"
                     job.error = _error("JobCancelled", exc, "cancelled")
@@ -381,7 +381,7 @@ class JobManager:
             return
         ctx._close_stage()
         with self._lock:
-            job.finished_at = time.time()
+            job.finished_at = job.now()
             job.state = "succeeded"
             job.stage = "done"
             job.fraction = 1.0

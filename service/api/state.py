@@ -99,7 +99,7 @@ class AppState:
     def __init__(self, settings: Settings, *, metrics: ServiceMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or ServiceMetrics()
-        self.started_at = time.time()
+        self.started_at = time.monotonic()  # for uptime_seconds: the wall clock may be set back
         self.registry: Registry | None = None
         self.registry_error: str | None = None
         self.registry_probe = None  # (future, start time) of /readyz's registry query (routers/ops.py)

@@ -35,6 +35,33 @@ def test_success_progress_and_timings():
     mgr.shutdown(wait=True)
 
 
+def test_durations_stay_true_when_the_wall_clock_is_set_back(monkeypatch, tmp_path):
+    """Before, run time, stage times and uptime were differences of the wall clock: set back an hour mid-job (NTP,
+    a user), they read -3600 s. Now they are the monotonic clock's; timestamps stay epoch seconds."""
+    mgr = JobManager(workers=1)
+    go = threading.Event()
+
+    def fn(ctx):
+        ctx.progress("load", 0.1)
+        go.wait(10)
+        ctx.progress("fit", 0.5)
+        return {}
+
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        job, _ = mgr.submit(fn, kind="t")
+        wait(mgr.get, job.id, states=("running",))
+        wall = time.time
+        monkeypatch.setattr(time, "time", lambda: wall() - 3600)
+        go.set()
+        wait(mgr.get, job.id)
+        t = mgr.get(job.id).to_dict()["timings"]
+        assert 0 <= t["run_seconds"] < 60 and t["stages"] and all(0 <= s < 60 for s in t["stages"].values())
+        assert abs(t["finished_at"] - wall()) < 60  # still an epoch timestamp
+        assert 0 <= c.get("/v1/info", headers=R).json()["uptime_seconds"] < 600
+    mgr.shutdown(wait=True)
+
+
 def test_failure_is_recorded():
     mgr = JobManager()
 

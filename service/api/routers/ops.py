@@ -120,7 +120,7 @@ async def info(state: StateDep):
     return FastJSONResponse({
         "service": "vecbridge", "version": align.__version__, "python": platform.python_version(),
         "faiss": getattr(faiss, "__version__", "?"), "registry_backend": state.registry.backend,
-        "uptime_seconds": round(time.time() - state.started_at, 3),
+        "uptime_seconds": round(time.monotonic() - state.started_at, 3),
         "limits": {"max_body_bytes": s.max_body_bytes, "max_batch": s.max_batch,
                    "max_queued_jobs": s.max_queued_jobs, "job_workers": s.job_workers, **s.limits.model_dump()},
         "auth": "disabled" if s.auth_disabled else "api-keys",
