@@ -140,6 +140,8 @@ class JobStore:
                 idempotency_key TEXT UNIQUE, request_hash TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0,
                 owner TEXT NOT NULL)""")
             c.execute("CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, owner)")
+            if "saved_at" not in {r[1] for r in c.execute("PRAGMA table_info(jobs)")}:  # a store of 0.x: add it
+                c.execute("ALTER TABLE jobs ADD COLUMN saved_at REAL")  # the last write: when a crash stopped a job
 
     # --- connection -------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -212,7 +214,9 @@ class JobStore:
         return False
 
     def recover(self, owners: list[str] | None = None) -> int:
-        """Mark unfinished rows of dead owners (all, or those in ``owners``) failed; returns how many."""
+        """Mark unfinished rows of dead owners (all, or those in ``owners``) failed; returns how many. Their
+        ``finished_at`` is their last write (the last progress report), not now: the time the service was down
+        is neither run nor queue time."""
         with self._tx() as c:
             rows = c.execute("SELECT DISTINCT owner FROM jobs WHERE state IN ('queued', 'running')").fetchall()
         candidates = {o for (o,) in rows if owners is None or o in owners}
@@ -220,12 +224,12 @@ class JobStore:
             candidates |= {p.stem for p in self.owners_dir.glob("*.lock")}
         dead = [o for o in sorted(candidates) if not self.owner_alive(o)]
         n = 0
-        now = time.time()
         for o in dead:
             with self._tx() as c:
-                n += c.execute("UPDATE jobs SET state = 'failed', stage = 'interrupted', finished_at = ?, error = ? "
+                n += c.execute("UPDATE jobs SET state = 'failed', stage = 'interrupted', error = ?, "
+                               "finished_at = MAX(COALESCE(saved_at, 0), COALESCE(started_at, created_at)) "
                                "WHERE owner = ? AND state IN ('queued', 'running')",
-                               (now, json.dumps(INTERRUPTED), o)).rowcount
+                               (json.dumps(INTERRUPTED), o)).rowcount
             try:
                 (self.owners_dir / f"{o}.lock").unlink()
             except OSError:
@@ -296,8 +300,9 @@ class JobStore:
         vals = [v for k, v in zip(_COLS[1:], row[1:]) if k not in ("cancel_requested", "owner")]
         where = "id = ?" if was is None else "id = ? AND state = ?"
         with self._tx() as c:
-            c.execute(f"UPDATE jobs SET {sets}, cancel_requested = MAX(cancel_requested, ?) WHERE {where}",
-                      (*vals, int(job.cancel_requested), job.id, *(() if was is None else (was,))))
+            c.execute(f"UPDATE jobs SET {sets}, saved_at = ?, cancel_requested = MAX(cancel_requested, ?) "
+                      f"WHERE {where}", (*vals, job.now(), int(job.cancel_requested), job.id,
+                                         *(() if was is None else (was,))))
             r = c.execute("SELECT cancel_requested FROM jobs WHERE id = ?", (job.id,)).fetchone()
         return bool(r and r[0])
 

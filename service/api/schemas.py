@@ -512,7 +512,9 @@ class JobProgress(BaseModel):
 class JobTimings(BaseModel):
     created_at: float
     started_at: float | None = None
-    finished_at: float | None = None
+    finished_at: float | None = Field(None, description=(
+        "When it ended; for a job a crash or kill interrupted, its last progress report before that (the time the "
+        "service was down is not counted as run time)."))
     queued_seconds: float
     run_seconds: float | None = None
     stages: dict[str, float]

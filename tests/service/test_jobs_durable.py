@@ -78,6 +78,21 @@ def test_killed_process_jobs_are_failed_on_restart(tmp_path):
     mgr.shutdown(wait=True)
 
 
+def test_a_killed_job_does_not_count_the_downtime_as_its_run_time(tmp_path):
+    """Before, a job a crash stopped got ``finished_at`` = the restart: killed 4 s into a fit and restarted 30 s
+    later, it reported ``run_seconds`` 38.8. Now it ends at its last progress report before the kill."""
+    db = tmp_path / "jobs.sqlite"
+    running_id, queued_id = _killed_child(db)
+    killed = time.time()
+    time.sleep(1.5)  # the service is down
+    mgr = JobManager(store=JobStore(db))
+    assert mgr.open() == 2
+    run, queued = mgr.get(running_id).to_dict()["timings"], mgr.get(queued_id).to_dict()["timings"]
+    assert run["started_at"] <= run["finished_at"] <= killed and 0 <= run["run_seconds"] <= killed - run["started_at"]
+    assert queued["finished_at"] <= killed and queued["run_seconds"] is None
+    mgr.shutdown(wait=True)
+
+
 def test_finished_jobs_answer_after_restart(tmp_path):
     db = tmp_path / "jobs.sqlite"
     mgr = JobManager(store=JobStore(db))
