@@ -495,8 +495,8 @@ class APICalls(SteerCalls, Calls):
         interrupted) raises :class:`JobFailedError`, a cancelled one :class:`JobCancelledError`; past ``timeout``
         seconds, :class:`JobTimeoutError` (a ``TimeoutError``; the job keeps running: :meth:`cancel` stops it). The
         job lives on the server, so polls that get no answer or a 502 / 503 / 504 (a restart, a deploy) are tried
-        again until ``timeout``; the last such error is raised then. ``timeout=None`` waits as long as it takes.
-        """
+        again until ``timeout``; the last such error is raised then. ``timeout=None`` waits as long as it takes."""
+        poll, timeout = self._wait_times(poll, timeout)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         last = job = None
         while True:
@@ -573,7 +573,7 @@ _PARAMETERS = """
         Sent as ``Authorization: Bearer <key>``; never in an error message. One an HTTP header cannot carry (a
         newline, as in a key read from a file unstripped) is :class:`~align.exceptions.InputError` here.
     timeout : float
-        Seconds per request (fits run as jobs, so requests stay short).
+        Seconds per request (fits run as jobs, so requests stay short); None: no limit.
     page_size : int
         ``limit`` the list methods ask for while following ``next`` cursors.
     max_retries : int
@@ -606,7 +606,7 @@ class Client(APICalls, driver="sync"):
         self._setup(page_size=page_size, max_retries=max_retries, max_retry_wait=max_retry_wait,
                     batch_size=batch_size)
         self._http = httpx.Client(base_url=self._base(base_url), headers=self._headers(api_key, headers),
-                                  timeout=timeout, transport=transport)
+                                  timeout=self._timeout(timeout), transport=transport)
 
     def close(self) -> None:
         self._http.close()
@@ -636,7 +636,7 @@ class AsyncClient(APICalls, driver="async"):
         self._setup(page_size=page_size, max_retries=max_retries, max_retry_wait=max_retry_wait,
                     batch_size=batch_size)
         self._http = httpx.AsyncClient(base_url=self._base(base_url), headers=self._headers(api_key, headers),
-                                       timeout=timeout, transport=transport)
+                                       timeout=self._timeout(timeout), transport=transport)
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -49,7 +49,7 @@ from .client_errors import (
     redirected,
     unexpected,
 )
-from .client_wire import as_version, dumps, spans
+from .client_wire import as_count, as_seconds, as_version, dumps, spans
 
 __all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "Await", "Calls", "Send",
            "Sleep", "call", "in_batch", "noted", "partly_added", "retriable", "run_async", "run_sync"]
@@ -230,10 +230,23 @@ class Calls:
         return None if version is None else as_version(version, "expected")
 
     def _setup(self, *, page_size: int, max_retries: int, max_retry_wait: float, batch_size: int | None) -> None:
-        self.page_size = int(page_size)
+        self.page_size = as_count(page_size, "page_size", 1)
         self.batch_size = None if batch_size is None else max(1, int(batch_size))
         self._limits: dict[str, int] | None = None  # LIMIT_KEYS of /v1/info once read ({}: this key may not)
-        self.max_retries, self.max_retry_wait = int(max_retries), float(max_retry_wait)
+        self.max_retries = as_count(max_retries, "max_retries", 0)
+        self.max_retry_wait = as_seconds(max_retry_wait, "max_retry_wait", zero=True, inf=True)
+
+    @staticmethod
+    def _wait_times(poll, timeout) -> tuple[float, float | None]:
+        """``wait``'s ``poll`` (> 0) and ``timeout`` (>= 0; None: none); :class:`InputError` for others (a NaN,
+        0 or negative poll busy-looped; a NaN timeout never came)."""
+        return as_seconds(poll, "poll"), None if timeout is None else as_seconds(timeout, "timeout", zero=True)
+
+    @staticmethod
+    def _timeout(timeout):
+        """The client's ``timeout``: seconds > 0 and finite, None (no limit) or an ``httpx.Timeout``; else
+        :class:`InputError` (infinity raised a bare OverflowError, -1 a ValueError, 0 timed every request out)."""
+        return timeout if timeout is None or isinstance(timeout, httpx.Timeout) else as_seconds(timeout, "timeout")
 
     @staticmethod
     def _base(base_url: str) -> str:

@@ -15,6 +15,7 @@ are put back together in order. :func:`spans` cuts ``0..n`` greedily: batch ``j`
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import uuid
 from collections.abc import Sequence
@@ -27,8 +28,8 @@ import pybase64
 from align.exceptions import InputError, NotRepresentableError, ShapeError
 from align.validation import check_no_underflow
 
-__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_list", "as_version", "b64",
-           "b64_bytes", "b64_row_bytes", "b64_text", "clean", "cut",
+__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_count", "as_list", "as_seconds",
+           "as_version", "b64", "b64_bytes", "b64_row_bytes", "b64_text", "clean", "cut",
            "dumps", "float32_rows", "json_sizes", "labelled", "matrix", "new_key", "pinned", "rows", "seg", "side",
            "spans"]
 
@@ -58,6 +59,23 @@ def as_version(v, name: str = "version") -> int:
         return int(v)
     except ValueError:
         raise InputError(f"{name} must be an integer version number such as 2, got {v!r}") from None
+
+
+def as_seconds(v, name: str, *, zero: bool = False, inf: bool = False) -> float:
+    """``v`` as seconds: a real number > 0 (>= 0 with ``zero``; also infinity with ``inf``); :class:`InputError`
+    for NaN, a negative or anything else, before anything is sent (a NaN or negative poll busy-looped)."""
+    ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and (v >= 0 if zero else v > 0)  # False for NaN
+    if not ok or not (inf or math.isfinite(v)):
+        raise InputError(f"{name} must be a number of seconds {'>= 0' if zero else '> 0'}"
+                         f"{'' if inf else ' and finite (None: no limit)'}, got {v!r}")
+    return float(v)
+
+
+def as_count(v, name: str, least: int) -> int:
+    """``v`` as an integer >= ``least``; :class:`InputError` otherwise."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < least:
+        raise InputError(f"{name} must be an integer >= {least}, got {v!r}")
+    return int(v)
 
 
 def seg(part) -> str:

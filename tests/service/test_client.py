@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import pickle
 import time
 import warnings
@@ -598,6 +599,34 @@ def test_a_base_url_without_a_scheme_is_refused_at_once(url):
     for cls in (Client, AsyncClient):
         with pytest.raises(InputError, match="base_url must start with http:// or https://"):
             cls(url)
+
+
+@pytest.mark.parametrize("option, bad", [("timeout", math.inf), ("timeout", -1), ("timeout", 0), ("timeout", "5"),
+                                         ("max_retries", -1), ("max_retries", 1.5), ("max_retry_wait", math.nan),
+                                         ("max_retry_wait", -1), ("page_size", 0)])
+def test_bad_client_times_and_counts_are_refused_at_once(option, bad):
+    """Before, timeout=inf raised a bare OverflowError, timeout=-1 a ValueError, timeout=0 timed every request out
+    as "no answer"; max_retries=-1, max_retry_wait=NaN and page_size=0 (sent to the service) were taken."""
+    from align.exceptions import InputError
+    from service.client import AsyncClient, Client
+
+    for cls in (Client, AsyncClient):
+        with pytest.raises(InputError, match=option):
+            cls("http://127.0.0.1:9", **{option: bad})
+    with Client("http://127.0.0.1:9", timeout=None, max_retry_wait=math.inf, max_retries=0):
+        pass  # no limit, wait out any Retry-After, no retries: meant
+
+
+@pytest.mark.parametrize("option, bad", [("poll", -1), ("poll", 0), ("poll", math.nan), ("timeout", math.nan),
+                                         ("timeout", -1)])
+def test_wait_refuses_a_poll_or_timeout_that_would_spin_or_never_end(option, bad):
+    """Before, wait(poll=-1 | 0 | NaN) polled as fast as it could (busy-looping on the service) and
+    wait(timeout=NaN) never timed out; nothing is sent now."""
+    from align.exceptions import InputError
+    from service.client import Client
+
+    with Client("http://127.0.0.1:9", max_retries=0) as vb, pytest.raises(InputError, match=option):
+        vb.wait("j1", **{option: bad})  # nothing listens there: refused before any request
 
 
 def test_a_closed_client_says_so_in_a_typed_error():
