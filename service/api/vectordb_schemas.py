@@ -80,9 +80,11 @@ class MigrationStatus(BaseModel):
     batches: int | None = None
     last_id: Any = Field(None, description="The last id written (an integer or a string id): where a rerun resumes.")
     finished: bool | None = None
+    state: Literal["running", "stopped", "finished"] | None = Field(None, description=(
+        "`stopped`: its last run ended unfinished (interrupted, failed); run it again to resume."))
     fields: list[str] | None = None
-    rows_per_s: float | None = None
-    eta_s: float | None = None
+    rows_per_s: float | None = Field(None, description="Rows per second of the last run (its own rows and time).")
+    eta_s: float | None = Field(None, description="Seconds left at that rate while it runs; null once stopped.")
     updated_at: float | None = None
     error: str | None = Field(None, description="Why the checkpoint could not be read (a damaged file).")
 

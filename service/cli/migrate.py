@@ -59,7 +59,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
         eta = f", ETA {st['eta_s']:.0f}s at {st['rows_per_s']} rows/s" if st["eta_s"] is not None else ""
         emit(st, as_json, f"{st['source']} -> {st['target']}: {st['done']}/{st['total']} rows "
                           f"({100 * st['fraction']:.1f}%), last id {st['last_id']}, "
-                          f"{'finished' if st['finished'] else 'not finished'}{eta}")
+                          f"{'finished' if st['finished'] else 'not finished, ' + st['state']}{eta}")
         return
     store = obj.store_url(store)
     progress = _MigrationProgress(f"migrate {source}->{target}", as_json, quiet)

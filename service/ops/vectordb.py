@@ -152,20 +152,25 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
 
 
 def checkpoint_status(checkpoint) -> dict:
-    """What a checkpoint file says: rows done of total, last id, finished, rate and ETA of the last run."""
+    """What a checkpoint file says: rows done of total, last id, finished, ``state`` (running, stopped or
+    finished), the rate of the last run (its rows over its own time, not the time between runs) and, while it
+    runs, the ETA at that rate (None once stopped: nothing is moving). A run killed without a word (kill -9)
+    still reads as running."""
     state = FileCheckpoint(checkpoint).load()
     if state is None:
         raise InputError(f"no checkpoint at {checkpoint} (nothing started, or another --checkpoint)")
     done, total = int(state.get("done", 0)), int(state.get("total", 0))
-    started, updated = state.get("started_at"), state.get("updated_at") or state.get("finished_at")
-    rate = done / (updated - started) if started and updated and updated > started else None
-    eta = None if state.get("finished") or not rate else max(total - done, 0) / rate
+    started, updated = state.get("run_started_at") or state.get("started_at"), state.get("updated_at")
+    rows = done - int(state.get("run_done_at_start") or 0)  # a checkpoint of 0.x: the runs together, as before
+    rate = rows / (updated - started) if started and updated and updated > started else None
+    now = "finished" if state.get("finished") else "stopped" if state.get("stopped_at") else "running"
+    eta = max(total - done, 0) / rate if now == "running" and rate else None
     return {"checkpoint": str(checkpoint), "source": state.get("source"), "target": state.get("target"),
             "done": done, "total": total, "fraction": round(done / total, 4) if total else 1.0,
             "batches": int(state.get("batches", 0)), "last_id": state.get("last_id"),
-            "finished": bool(state.get("finished")), "fields": state.get("fields", []),
+            "finished": bool(state.get("finished")), "state": now, "fields": state.get("fields", []),
             "rows_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
-            "updated_at": updated}
+            "updated_at": updated or state.get("finished_at")}
 
 
 def list_checkpoints(data_dir) -> list[dict]:

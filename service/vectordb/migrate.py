@@ -34,6 +34,7 @@ Memory: one batch of ``batch_size × (d_A + d_B)`` floats.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -459,28 +460,37 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     total = store.count(source)
     rows_run = 0
     fields_seen = set(state.get("fields", []))
-    for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
-        _check_finite(source, batch)
-        Y = map_.apply(batch.vectors, output="raw")
-        store.upsert(target, batch.ids, Y, batch.texts, batch.fields, sparse=batch.sparse)
-        rows_run += len(batch)
-        fields_seen |= _fields_of(store, batch)
-        state["fields"] = sorted(fields_seen)
-        if state["first_id"] is None:
-            state["first_id"] = id_key(batch.ids[0])
-        state["last_id"] = id_key(batch.ids[-1])
-        state["done"] += len(batch)
-        state["batches"] += 1
-        state["updated_at"] = time.time()
-        checkpoint.save(state)
-        if progress is not None:
-            el = time.perf_counter() - t0
-            progress(MigrationProgress(source, target, int(state["done"]), int(total), int(state["batches"]),
-                                       state["last_id"], el, rows_run / el if el > 0 else 0.0))
-        if should_stop is not None and should_stop():
-            raise MigrationInterrupted(f"stopped after {state['done']} of {total} rows (checkpointed at id "
-                                       f"{state['last_id']}); run the same command again to resume",
-                                       int(state["done"]), int(total))
+    # this run's start, for --status's rate and ETA (not the first run's: time between runs is no work)
+    state.update(run_started_at=time.time(), run_done_at_start=int(state["done"]), stopped_at=None)
+    checkpoint.save(state)
+    try:
+        for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
+            _check_finite(source, batch)
+            Y = map_.apply(batch.vectors, output="raw")
+            store.upsert(target, batch.ids, Y, batch.texts, batch.fields, sparse=batch.sparse)
+            rows_run += len(batch)
+            fields_seen |= _fields_of(store, batch)
+            state["fields"] = sorted(fields_seen)
+            if state["first_id"] is None:
+                state["first_id"] = id_key(batch.ids[0])
+            state["last_id"] = id_key(batch.ids[-1])
+            state["done"] += len(batch)
+            state["batches"] += 1
+            state["updated_at"] = time.time()
+            checkpoint.save(state)
+            if progress is not None:
+                el = time.perf_counter() - t0
+                progress(MigrationProgress(source, target, int(state["done"]), int(total), int(state["batches"]),
+                                           state["last_id"], el, rows_run / el if el > 0 else 0.0))
+            if should_stop is not None and should_stop():
+                raise MigrationInterrupted(f"stopped after {state['done']} of {total} rows (checkpointed at id "
+                                           f"{state['last_id']}); run the same command again to resume",
+                                           int(state["done"]), int(total))
+    except BaseException:  # stopped (Ctrl-C, an error): --status says so, with no ETA
+        state["stopped_at"] = time.time()
+        with contextlib.suppress(Exception):
+            checkpoint.save(state)
+        raise
 
     store.finalize(target, like=source)
     n_src, n_tgt = store.count(source), store.count(target)

@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -114,12 +115,16 @@ def test_interrupt_then_resume_then_every_field_arrives(world, vb):
              "a2b@prod", "--checkpoint", ckpt, "--status", "--json")
     status = json.loads(st.stdout)
     assert st.returncode == 0 and not status["finished"] and first["done"] <= status["done"] < N, status
+    # stopped: no ETA (one was shown, fixed, for as long as the migration stayed stopped)
+    assert status["state"] == "stopped" and status["eta_s"] is None and status["rows_per_s"] > 0, status
 
     # the target exists now: a fresh run elsewhere names the real option
     other = vb(data, "migrate", "--store", world["store"], "--source", "docs_a", "--target", "docs_b", "--map",
                 "a2b@prod", "--checkpoint", world["dir"] / "other.json", "--quiet")
     assert other.returncode == 2 and "--overwrite" in other.stderr, other.stderr
 
+    gap = 4.0
+    time.sleep(gap)  # the migration stays stopped a while before it is run again
     p = vb(data, "migrate", "--store", world["store"], "--source", "docs_a", "--target", "docs_b", "--map",
             "a2b@prod", "--checkpoint", ckpt, "--alias", "docs", "--json")
     assert p.returncode == 0, p.stderr
@@ -127,6 +132,11 @@ def test_interrupt_then_resume_then_every_field_arrives(world, vb):
     assert all("done" in json.loads(ln) for ln in lines[:-1]), "progress lines"
     rep = json.loads(lines[-1])
     assert rep["resumed_from"] == status["last_id"] and rep["rows"] == N
+    after = json.loads(vb(data, "migrate", "--store", world["store"], "--source", "docs_a", "--target", "docs_b",
+                          "--map", "a2b@prod", "--checkpoint", ckpt, "--status", "--json").stdout)
+    # the rate of the last run: its rows over its own time, not all rows over the time since the first run began
+    # (which counted the time between the runs: waited out here)
+    assert after["state"] == "finished" and after["rows_per_s"] > N / gap, (after, rep)
     assert rep["extra"]["fields"] == ["category", "lang", "n", "tags", "text"]
     assert rep["extra"]["space_check"] == "checked: spa"
 
