@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     registry_statement_timeout_s: float = Field(30.0, ge=0, le=3600, description=(
         "PostgreSQL registry: longest a query may run or wait for another session's lock (a migration, an open "
         "psql transaction) before the request is a 503; also the longest wait for a free pooled connection. "
-        "0: no limit."))
+        "0: no limit (for both); else at least 0.001 (PostgreSQL counts whole milliseconds)."))
     artifact_dir: Path | None = Field(None, description="Artifact folder; default data_dir/artifacts.")
     report_dir: Path | None = Field(None, description=(
         "Fit reports (HTML). Default: data_dir/reports; with artifact_dir set, artifact_dir/reports (on the "
@@ -163,6 +163,13 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL (any case).")
     #: {setting name: file} of the settings read from ``VECBRIDGE_<NAME>_FILE`` (:func:`load_settings`)
     _files: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("registry_statement_timeout_s")
+    @classmethod
+    def _check_statement_timeout(cls, s: float) -> float:
+        if 0 < s < 0.001:  # PostgreSQL counts whole ms: it was rounded to 0, no limit at all
+            raise ValueError(f"must be 0 (no limit) or at least 0.001 (1 ms), got {s:g}")
+        return s
 
     @field_validator("search_device")
     @classmethod

@@ -352,16 +352,22 @@ PG_POOL_SIZE = 8
 PG_STATEMENT_TIMEOUT_S = 30.0
 
 
+def statement_timeout_ms(seconds: float) -> int:
+    """PostgreSQL's ``statement_timeout`` (ms) for ``seconds``: 0 (no limit) for 0, else at least 1 ms (0.0004 s
+    was rounded to 0: no limit at all)."""
+    return 0 if seconds == 0 else max(1, round(seconds * 1000))
+
+
 class _Pool:
     """At most ``size`` connections of one process, lent to one thread for a transaction at a time.
 
-    A thread waits up to ``wait_s`` for a free connection (RegistryUnavailableError after that). An idle
+    A thread waits up to ``wait_s`` (None: no limit) for a free connection (RegistryUnavailableError after). An idle
     connection the server has ended (:func:`_dropped`: a restart, a failover) is replaced when lent, a broken
     one dropped when given back. In a forked child the parent's connections are forgotten, never closed (closing
     would end the parent's sessions).
     """
 
-    def __init__(self, connect, size: int, wait_s: float):
+    def __init__(self, connect, size: int, wait_s: float | None):
         self._connect, self.size, self.wait_s = connect, size, wait_s
         self._reset()
 
@@ -441,8 +447,9 @@ class PostgresDB(_Base):
         self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
         if "statement_timeout" in (self._given.get("options") or ""):
             self.statement_timeout_s = None  # the URL's own, left to the server
+        wait = PG_STATEMENT_TIMEOUT_S if self.statement_timeout_s is None else self.statement_timeout_s
         self._pool = _Pool(self._connect, PG_POOL_SIZE if pool_size is None else pool_size,
-                           self.statement_timeout_s or PG_STATEMENT_TIMEOUT_S)
+                           wait or None)  # 0: no limit here too (the pool waited 30 s)
         with self.tx(write=True) as t:
             t.q("SELECT pg_advisory_xact_lock(74207312)")  # serialise concurrent schema creation
             if self.schema and not t.q("SELECT 1 FROM pg_namespace WHERE nspname = ?", (self.schema,)):
@@ -481,8 +488,8 @@ class PostgresDB(_Base):
         options = [given["options"]] if given.get("options") else []
         if self.schema:
             options.append(f"-c search_path={self.schema}")
-        if self.statement_timeout_s:
-            options.append(f"-c statement_timeout={round(self.statement_timeout_s * 1000)}")
+        if self.statement_timeout_s is not None:
+            options.append(f"-c statement_timeout={statement_timeout_ms(self.statement_timeout_s)}")
         if options:
             kw["options"] = " ".join(options)
         if "connect_timeout" not in given:

@@ -83,6 +83,8 @@ def test_the_tests_and_benchmarks_own_variables_are_not_settings(clean_env, name
     # an OpenMP team of 20000 threads on 2 cores: an HNSW add of 3000 rows took 31 s instead of 0.3 s
     ("VECBRIDGE_BLAS_THREADS", "20000", "less than or equal to 256"),
     ("VECBRIDGE_MAX_BATCH", "0", "greater than or equal to 1"),
+    # PostgreSQL counts whole ms: it became statement_timeout=0, no limit at all
+    ("VECBRIDGE_REGISTRY_STATEMENT_TIMEOUT_S", "0.0004", "at least 0.001 (1 ms)"),
     ("VECBRIDGE_LIMITS", json.dumps({"max_kk": 5}), "VECBRIDGE_LIMITS__MAX_KK"),  # ignored inside the JSON too
     # limits the checks read from constants: another value was accepted, shown in /v1/info, and had no effect
     ("VECBRIDGE_LIMITS__MAX_DIM", "1024", "fixed at 65536"),

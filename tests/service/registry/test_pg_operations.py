@@ -141,15 +141,25 @@ def test_too_many_clients_names_the_pool_size(pg_url, tmp_path):
             c.execute(f"DROP ROLE {role}")
 
 
-@pytest.mark.parametrize(("query", "kw", "want"), [("", {}, "30s"), ("", {"statement_timeout_s": 0}, "0"),
-                                                   ("?options=-c%20statement_timeout%3D1500", {}, "1500ms")])
-def test_the_statement_timeout_comes_from_the_setting_or_the_url(pg_url, tmp_path, query, kw, want):
+@pytest.mark.parametrize(("query", "kw", "want", "pool_wait"), [
+    ("", {}, "30s", 30.0), ("", {"statement_timeout_s": 0}, "0", None),
+    ("", {"statement_timeout_s": 2.5}, "2500ms", 2.5), ("?options=-c%20statement_timeout%3D1500", {}, "1500ms", 30.0)])
+def test_the_statement_timeout_comes_from_the_setting_or_the_url(pg_url, tmp_path, query, kw, want, pool_wait):
+    """0 is no limit for the pool's wait too (it waited 30 s for a free connection)."""
     reg = open_registry(pg_url + query, tmp_path / "artifacts", **kw)
     try:
         with reg.db.tx() as t:
             assert t.one("SHOW statement_timeout")[0] == want
+        assert reg.db._pool.wait_s == pool_wait
     finally:
         reg.close()
+
+
+def test_a_statement_timeout_under_a_millisecond_is_not_no_limit():
+    """0.0004 s was sent as statement_timeout=0 (PostgreSQL counts whole ms): no limit at all."""
+    from service.registry.db import statement_timeout_ms
+
+    assert [statement_timeout_ms(s) for s in (0, 0.0004, 0.001, 2.5)] == [0, 1, 1, 2500]
 
 
 def test_a_url_that_cannot_be_parsed_or_a_lock_timeout_is_a_clear_error_without_the_password(pg_url, tmp_path,
