@@ -110,7 +110,8 @@ def _hnsw(d: int, params: dict, random_state: int):
 def add_seed(random_state: int, generation: int) -> int:
     """The seed of the HNSW level generator for a logged add that becomes ``generation`` of an index seeded with
     ``random_state`` (:func:`add_rows`): the writer and every replay derive it alike. Seed 0 gives ``generation``,
-    the seed such adds had before the index's seed took part, so their deltas replay as they were written."""
+    the seed such adds had before the index's seed took part: a log written so (a meta without
+    :data:`~.persist.SEEDED_LOG`) is replayed and extended with 0 (:func:`~.persist.seed_of_meta`), as written."""
     return (int(random_state) * 0x9E3779B1 + int(generation)) & 0x7FFFFFFF
 
 

@@ -44,8 +44,8 @@ from .kinds import METRICS, add_rows, add_seed, check_name, tombstone_slots
 from .locking import stat_sig
 from .room import read_with_room
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "LOAD_ATTEMPTS", "LOCK_FILE", "STORE_LOCK", "Delta", "apply_delta",
-           "check_meta", "collect_generations", "generation_files", "log_fits", "log_of", "log_rows",
+__all__ = ["FORMAT", "FORMAT_VERSION", "LOAD_ATTEMPTS", "LOCK_FILE", "SEEDED_LOG", "STORE_LOCK", "Delta",
+           "apply_delta", "check_meta", "collect_generations", "generation_files", "log_fits", "log_of", "log_rows",
            "open_generation", "params_of", "read_current", "read_deltas", "read_generation", "read_meta",
            "seed_of_meta", "snapshot_wanted", "stored_params", "uid_of", "with_current", "write_generation"]
 
@@ -63,6 +63,12 @@ LOG_SHARE = 0.25  # ... or this share of the snapshot's rows, whichever is more
 LOG_MAX_FILES = 64  # at most this many deltas to replay on load
 LOG_MAX_HNSW_ADD = 8192  # a logged HNSW add inserts on one thread (kinds.add_rows): larger ones write a snapshot
 _DELTA_KEYS = {"op", "ids", "rows", "payloads"}
+#: meta.json's mark that the HNSW adds of its log were seeded with ``add_seed(random_state, generation)``: every
+#: snapshot this release writes sets it (its log starts empty), and a logged add keeps it. Earlier releases seeded
+#: them with the generation alone and write metas without it (they ignore a top-level key they do not know, and
+#: drop it when they write), so a log of theirs is replayed with the generation, as it was written. (Not a mark in
+#: each delta: every release refuses a delta with an array beyond :data:`_DELTA_KEYS` as damaged.)
+SEEDED_LOG = "seeded_log"
 SNAPSHOT_WANTED = "snapshot-wanted"  # root/<name>/snapshot-wanted: a reader met a damaged file (see read_generation)
 LOAD_ATTEMPTS = 8
 LOCK_FILE = ".lock"  # root/<name>/.lock: the cross-process writer lock of one index
@@ -172,9 +178,9 @@ def read_delta(path: Path, gen: int, rows: int, dim: int, fh: BinaryIO | None = 
 
 
 def apply_delta(index, kind: str, payloads: dict[int, Any], delta: Delta, random_state: int = 0) -> None:
-    """Replay ``delta`` onto ``index`` and ``payloads`` (in place); ``random_state``: the index's seed (an HNSW add
-    is reseeded with :func:`~.kinds.add_seed` of it, as the writer was). HNSW deletes change only the tombstones,
-    which the meta lists; the other kinds remove the rows."""
+    """Replay ``delta`` onto ``index`` and ``payloads`` (in place); ``random_state``: :func:`seed_of_meta` of the
+    meta whose log holds it (an HNSW add is reseeded with :func:`~.kinds.add_seed` of it, as the writer was). HNSW
+    deletes change only the tombstones, which the meta lists; the other kinds remove the rows."""
     if delta.op == "add":
         add_rows(index, kind, np.ascontiguousarray(delta.rows), delta.ids,
                  seed=add_seed(random_state, delta.generation))
@@ -316,9 +322,12 @@ def stored_params(params: dict) -> dict:
 
 
 def seed_of_meta(meta: dict) -> int:
-    """The seed a meta records (``params.random_state``; 0 when it has none). A bad one counts as 0 here: the
-    deltas are replayed before :func:`check_meta`, which refuses it."""
-    seed = meta["params"].get("random_state", 0) if isinstance(meta.get("params"), dict) else 0
+    """The seed the HNSW adds of ``meta``'s log were written with (:func:`~.kinds.add_seed` of it): the meta's
+    ``params.random_state`` when it has :data:`SEEDED_LOG`, else 0 (an earlier release's log: ``add_seed(0, g)`` is
+    the generation ``g``). A bad one counts as 0 here: the deltas are replayed before :func:`check_meta`, which
+    refuses it."""
+    params = meta.get("params") if meta.get(SEEDED_LOG) is True else None
+    seed = params.get("random_state", 0) if isinstance(params, dict) else 0
     return seed if type(seed) is int else 0
 
 

@@ -76,6 +76,7 @@ from .persist import (
     KEEP_OLD_GENERATIONS,
     LOAD_ATTEMPTS,
     LOCK_FILE,
+    SEEDED_LOG,
     Delta,
     apply_delta,
     collect_generations,
@@ -87,6 +88,7 @@ from .persist import (
     read_deltas,
     read_generation,
     read_meta,
+    seed_of_meta,
     snapshot_wanted,
     stored_params,
     uid_of,
@@ -133,6 +135,7 @@ class SpaceIndex:
         self._log: list[tuple[int, int]] = []  # [(generation, rows)] replayed after it
         self._base_rows = 0  # rows of that snapshot (log_fits)
         self._recent_bases: list[int] = []  # snapshots of the last metas (collect_generations keeps them)
+        self._seeded_log, self._log_seed = True, 0  # the log's HNSW adds: seeded with add_seed(_log_seed, g) or g
         self._shown: int | None = None  # HNSW: slots from here on belong to an add not committed yet (searches skip)
         self._changes, self._device = 0, DeviceRows()  # counts changes of the rows in memory; their copy on a GPU
         self.observer = None  # told of each generation held and each catch-up (IndexStore's: the metrics)
@@ -306,8 +309,7 @@ class SpaceIndex:
         fits the log (one block), else a snapshot; returns the ids. Caller holds the writer lock (:meth:`_writing`).
 
         Flat and IVF (fast adds) under the write side. HNSW: the write side per chunk of rows, the slots from
-        ``_shown`` on hidden from searches until the generation is persisted, then shown under the write side.
-        """
+        ``_shown`` on hidden from searches until the generation is persisted, then shown under the write side."""
         blocks, hnsw, ids = deque(blocks), self.kind == "hnsw", []
         logged = log and len(blocks) == 1 and self._logs(len(blocks[0][0]))
         self._shown = int(self.index.ntotal) if hnsw else None
@@ -315,7 +317,7 @@ class SpaceIndex:
             with nullcontext() if hnsw else self.lock.write(), self._undo_on_failure(len(blocks) > 1, not hnsw):
                 while blocks:
                     X, ids_m, payloads_m = blocks.popleft()
-                    seed = add_seed(self.params.get("random_state", 0), self.generation + 1) if logged else None
+                    seed = add_seed(self._log_seed, self.generation + 1) if logged else None
                     delta = self._add(X, ids_m, payloads_m, seed=seed,
                                       prepared=prepared, step=self.lock.write if hnsw else None)
                     ids.append(delta.ids)
@@ -336,8 +338,7 @@ class SpaceIndex:
 
         HNSW marks the rows' slots dead (tombstones, filtered from searches); once they pass
         :data:`~.kinds.TOMBSTONE_REBUILD` of the stored rows the graph is rebuilt from the live rows, off the
-        write side: searches go on meanwhile (seeing the rows until the new graph is saved and swapped in).
-        """
+        write side: searches go on meanwhile (seeing the rows until the new graph is saved and swapped in)."""
         ids_arr = ids_array(ids, merge_repeats=True)  # an id named twice is deleted once
         with self._writing():
             with self.lock.write(), self._undo_on_failure():
@@ -450,10 +451,8 @@ class SpaceIndex:
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
-        """One writer at a time across threads and processes, starting from the newest generation.
-
-        Raises :class:`IndexNotFoundError` when another process dropped the index meanwhile.
-        """
+        """One writer at a time across threads and processes, starting from the newest generation; raises
+        :class:`IndexNotFoundError` when another process dropped the index meanwhile."""
         with self._writer, ExitStack() as stack:
             if self.path is None:
                 yield
@@ -582,7 +581,7 @@ class SpaceIndex:
         part-way leaves a state no generation names: the next access reloads in full."""
         try:
             for delta in deltas:
-                apply_delta(self.index, self.kind, self.payloads, delta, self.params.get("random_state", 0))
+                apply_delta(self.index, self.kind, self.payloads, delta, seed_of_meta(meta))
             self._take_meta(meta, sig)
         except BaseException:
             self._meta_sig = None
@@ -610,6 +609,7 @@ class SpaceIndex:
         self._base, self._log = log_of(meta)
         self._base_rows = int(meta.get("base_rows", self.index.ntotal))
         self._recent_bases = [int(b) for b in meta.get("recent_bases") or [self._base]]
+        self._seeded_log, self._log_seed = meta.get(SEEDED_LOG) is True, seed_of_meta(meta)  # persist.SEEDED_LOG
         self._meta_sig = sig
         if self.observer is not None:
             self.observer.index_changed(self)
@@ -640,7 +640,7 @@ class SpaceIndex:
         else:
             base, log, base_rows = gen, [], int(self.index.ntotal)
         meta = self._meta(gen)
-        meta.update(base=base, log=log, base_rows=base_rows,
+        meta.update(base=base, log=log, base_rows=base_rows, **{SEEDED_LOG: delta is None or self._seeded_log},
                     recent_bases=[*self._recent_bases, base][-(KEEP_OLD_GENERATIONS + 1):])
         sig = write_generation(self.path, self.index, self.payloads, meta, delta)
         self._take_log(meta, sig)  # the rest of the meta was written from this state

@@ -25,8 +25,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.indexes import IndexStore
-from service.indexes.kinds import add_seed, hnsw_chunk
-from service.indexes.persist import LOG_MAX_FILES, LOG_MIN_ROWS
+from service.indexes.kinds import add_rows, add_seed, hnsw_chunk
+from service.indexes.persist import (
+    LOG_MAX_FILES,
+    LOG_MIN_ROWS,
+    SEEDED_LOG,
+    Delta,
+    write_generation,
+)
 
 DIM = 12
 
@@ -144,6 +150,41 @@ def test_an_hnsw_index_is_built_and_logged_with_its_own_seed(tmp_path):
     finally:
         faiss.omp_set_num_threads(threads)
     assert [add_seed(0, g) for g in (1, 2, 99)] == [1, 2, 99]  # deltas logged before the seed took part replay so
+
+
+def test_a_log_an_earlier_release_wrote_replays_with_the_seeds_it_was_written_with(tmp_path):
+    """Releases before the index's seed took part seeded a logged HNSW add with its generation alone. After the
+    upgrade the delta of an index of theirs with seed 7 was replayed with add_seed(7, g): a restart or a new replica
+    built another graph than the writer held. Their metas lack SEEDED_LOG: such a log replays, and takes adds, with
+    the generation (as their processes replay it) until this release writes a snapshot, which starts a seeded log."""
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        path, params = tmp_path / "docs", {"M": 4, "ef_construction": 8, "ef_search": 4}
+        IndexStore(tmp_path).create("docs", "s", _rows(0, 2000), kind="hnsw", metric="ip", params=params,
+                                    random_state=7)
+        meta = json.loads((path / "meta.json").read_text())
+        del meta[SEEDED_LOG]  # the meta as an earlier release wrote it, and its logged add of 300 rows:
+        writer, X, ids = faiss.read_index(str(path / "index.1.faiss")), _rows(1, 300), np.arange(2000, 2300)
+        add_rows(writer, "hnsw", X, ids, seed=2)
+        meta.update(generation=2, log=[[2, 300]], next_id=2300)
+        write_generation(path, writer, {}, meta, Delta(2, "add", ids, X))
+        idx = IndexStore(tmp_path).get("docs")  # a restart after the upgrade
+        assert faiss.serialize_index(idx.index).tobytes() == faiss.serialize_index(writer).tobytes()
+        add_rows(writer, "hnsw", _rows(2, 300), np.arange(2300, 2600), seed=3)  # an earlier release's replay
+        idx.add(_rows(2, 300))  # an add after the upgrade: seeded as that release seeds and replays it
+        assert idx.logged_deltas == 2 and json.loads((path / "meta.json").read_text())[SEEDED_LOG] is False
+        assert faiss.serialize_index(idx.index).tobytes() == faiss.serialize_index(writer).tobytes()
+        assert _state(IndexStore(tmp_path).get("docs")) == _state(idx)
+        idx.save()  # a snapshot of this release: its log is seeded from the index's seed
+        writer = faiss.read_index(str(path / f"index.{idx.generation}.faiss"))
+        add_rows(writer, "hnsw", _rows(3, 300), np.arange(2600, 2900), seed=add_seed(7, idx.generation + 1))
+        idx.add(_rows(3, 300))
+        assert json.loads((path / "meta.json").read_text())[SEEDED_LOG] is True and idx.logged_deltas == 1
+        assert faiss.serialize_index(idx.index).tobytes() == faiss.serialize_index(writer).tobytes()
+        assert _state(IndexStore(tmp_path).get("docs")) == _state(idx)
+    finally:
+        faiss.omp_set_num_threads(threads)
 
 
 def test_the_log_is_compacted_into_a_snapshot(tmp_path):
