@@ -326,15 +326,20 @@ def test_a_fit_that_timed_out_is_sent_again_under_its_key(scripted, client_cls):
     assert e.value.idempotency_key == "k-7" and "'k-7'" in str(e.value) and len(srv.seen) == 2
 
 
-def test_a_fit_that_timed_out_names_its_key_to_send_it_again_with(tmp_path):
-    """Before, a fit whose answer came after ``timeout`` raised without the Idempotency-Key the client made: the
-    service had made the job, and sending the fit again (all a caller could do) made a second one."""
+def _live_server(tmp_path):
+    """A real service (uvicorn, its own process) on a seeded registry: (data dir, port, command, process)."""
     data = tmp_path / "data"
     seed_registry(data)
     port = free_port()
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
            "--port", str(port), "--no-access-log"]
-    proc = start(cmd, env_for(data, port), port, tmp_path / "server.log")
+    return data, port, cmd, start(cmd, env_for(data, port), port, tmp_path / "server.log")
+
+
+def test_a_fit_that_timed_out_names_its_key_to_send_it_again_with(tmp_path):
+    """Before, a fit whose answer came after ``timeout`` raised without the Idempotency-Key the client made: the
+    service had made the job, and sending the fit again (all a caller could do) made a second one."""
+    data, port, _, proc = _live_server(tmp_path)
     A = np.random.default_rng(0).standard_normal((200, 16))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -358,12 +363,7 @@ def test_a_fit_that_timed_out_names_its_key_to_send_it_again_with(tmp_path):
 
 # --- the real service going away under wait() ---------------------------------------------------
 def test_wait_polls_through_a_restart_and_reports_the_interrupted_job(tmp_path):
-    data = tmp_path / "data"
-    seed_registry(data)
-    port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
-           "--port", str(port), "--no-access-log"]
-    proc = start(cmd, env_for(data, port), port, tmp_path / "server.log")
+    data, port, cmd, proc = _live_server(tmp_path)
     rng = np.random.default_rng(0)
     A, B = rng.standard_normal((4000, 16)), rng.standard_normal((4000, 16))
     try:
