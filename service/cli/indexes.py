@@ -311,7 +311,8 @@ def index_search(obj: Ctx, name, queries, space, map_refs, k, csls, csls_k, csls
     limits = obj.settings.limits
     index_ops.check_hits(1, k, limits)
     per = max(1, min(CHUNK_ROWS, limits.max_hits // k))
-    keep = with_payloads is not False and (with_payloads or as_json or out is not None)
+    npz = out is not None and Path(out).suffix.lower() == ".npz"  # ids and scores only: no payloads, no hit dicts
+    keep = not npz and with_payloads is not False and (with_payloads or as_json or out is not None)
     kw = {"space": space, "map_ref": list(map_refs) or None, "k": k, "exact": exact, "ef_search": ef_search,
           "nprobe": nprobe, "csls_k": csls_k if csls else 0, "csls_weight": csls_weight, "limits": limits,
           "steers": _steers(steers), "with_payloads": keep}
@@ -321,28 +322,47 @@ def index_search(obj: Ctx, name, queries, space, map_refs, k, csls, csls_k, csls
     else:
         parts = ({"Q": Q} for Q in iter_chunks(queries, chunk_rows=per, rows=rows, key=key, column=column))
     found_blocks = index_ops.search_parts(_resolver(obj), idx, parts, **kw)  # every block through the same maps
-    head, S, I, P, lines = None, np.zeros((n, k), np.float32), np.full((n, k), -1, np.int64), [], []
-    r = 0
-    for found in found_blocks:
-        head = head or found.describe()
-        m = found.S.shape[0]
-        S[r:r + m], I[r:r + m] = found.S, found.I
-        P.extend(found.P or [])  # each block's payloads read with its search (a server may write meanwhile)
-        r += m
-    for q, (row_i, row_s) in enumerate(zip(I.tolist(), S.tolist())):
-        lines.append(index_ops.hits(idx, row_i, row_s, keep, P[q] if keep else None))
+    head = {}
+    if npz:
+        S, I, r = np.zeros((n, k), np.float32), np.full((n, k), -1, np.int64), 0
+        for found in found_blocks:
+            head = head or found.describe()
+            S[r:r + found.S.shape[0]], I[r:r + found.S.shape[0]] = found.S, found.I
+            r += found.S.shape[0]
+        _write_out(Path(out), lambda fh: np.savez(fh, ids=I, scores=S, head=np.array(json.dumps(head))))
+    blocks = _hit_blocks(idx, found_blocks, keep)  # one block's hits at a time
+    if out is not None and not npz:
+        def write(fh) -> None:
+            for q, (found_head, hs) in enumerate(blocks):
+                if q == 0:
+                    head.update(found_head)
+                    fh.write(json.dumps(head, default=str) + "\n")
+                fh.write(json.dumps({"query": q, "hits": hs}, ensure_ascii=False) + "\n")
+        _write_out(Path(out), write)
     if out is not None:
-        _write_out(Path(out), head, S, I, lines)
         emit({**head, "queries": n, "out": str(out)}, as_json, f"wrote the hits of {n} queries to {out}")
         return
     if as_json:
+        lines = []
+        for found_head, hs in blocks:
+            head = head or found_head
+            lines.append(hs)
         emit({**head, "results": lines}, True)
         return
-    for q, hs in enumerate(lines):
+    for q, (_, hs) in enumerate(blocks):
         click.echo(f"query {q}: " + "  ".join(f"{h['id']} ({h['score']:.4f})" for h in hs))
         if with_payloads:
             for h in hs:
                 click.echo(f"  {h['id']}: {json.dumps(h.get('payload'), ensure_ascii=False)}")
+
+
+def _hit_blocks(idx, found_blocks, keep: bool):
+    """``(head, hits)`` of each query, block by block: each block's hit dicts built as it is reached, none kept."""
+    for found in found_blocks:
+        head = found.describe()
+        P = found.P if keep and found.P else [None] * found.S.shape[0]
+        for row_i, row_s, row_p in zip(found.I.tolist(), found.S.tolist(), P):
+            yield head, index_ops.hits(idx, row_i, row_s, keep, row_p)
 
 
 def _steers(items) -> dict[str, float]:
@@ -354,19 +374,15 @@ def _steers(items) -> dict[str, float]:
     return {r: float(e) for r, e in out.items()}
 
 
-def _write_out(path: Path, head: dict, S: np.ndarray, I: np.ndarray, lines: list) -> None:
-    """``.jsonl``: the answer's head on line 1, then ``{"query": i, "hits": [...]}`` per query; ``.npz``: ``ids``
-    and ``scores`` (n, k), ``-1`` ids and ``-inf`` scores where fewer hits; written atomically."""
-    if path.suffix.lower() == ".npz":
-        def save(tmp: Path) -> None:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, ids=I, scores=S, head=np.array(json.dumps(head)))
-    else:
-        def save(tmp: Path) -> None:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(head, default=str) + "\n")
-                fh.writelines(json.dumps({"query": q, "hits": hs}, ensure_ascii=False) + "\n"
-                              for q, hs in enumerate(lines))
+def _write_out(path: Path, write) -> None:
+    """``--out``, written atomically by ``write(fh)`` (binary for ``.npz``, else UTF-8 text). ``.jsonl``: the
+    answer's head on line 1, then ``{"query": i, "hits": [...]}`` per query; ``.npz``: ``ids`` and ``scores``
+    (n, k), ``-1`` ids and ``-inf`` scores where fewer hits."""
+    binary = path.suffix.lower() == ".npz"
+
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8") as fh:
+            write(fh)
     atomic_write(path, save)
 
 
