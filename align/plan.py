@@ -22,7 +22,7 @@ from .validation import (as_matrix, check_labelled_queries, check_paired, check_
                          check_same_queries, pair_groups)
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
-from .knn import knn
+from .knn import knn, knn_blocks
 from .options import check_callable, check_flag, check_number
 from .retrieval import overlap_without_self, relevant_ranks
 
@@ -271,14 +271,18 @@ class LabelledProbe:
         top_up = max(0, p // 2 - need.size)
         return np.sort(np.concatenate([need, rest[:top_up]])), np.sort(rest[top_up:])
 
-    def prepare(self, val: np.ndarray, others: np.ndarray, rng: np.random.Generator, n_boot: int = 200) -> None:
+    def prepare(self, val: np.ndarray, corpus: np.ndarray, keep: np.ndarray, rng: np.random.Generator,
+                n_boot: int = 200) -> None:
         """The map-free parts: each model's fall curve over the whole probe, the old model's R@10 over the
-        probe and ``others`` (unit rows of the corpus less the probe's texts), the shrunk slope ratio ``s``."""
+        probe and the rows ``keep`` of ``corpus`` (unit rows; ``keep``: all but the probe's texts), searched block
+        by block (no copy of the corpus), the shrunk slope ratio ``s``."""
         self.local = np.searchsorted(val, self.rel)
         A_all = unit_rows(self.A)
         self.nat_fall = _fall(self.Q, unit_rows(self.B), self.rel, self.FRACTIONS)
         self.old_fall = _fall(self.Qo, A_all, self.rel, self.FRACTIONS)
-        self.old_full = _hits(self.Qo, np.concatenate([A_all, others]), self.rel)
+        starts, rows = _kept_blocks(corpus, keep)
+        _, I = knn_blocks(self.Qo, [None, *starts], 10, open_block=lambda b: A_all if b is None else rows(b))
+        self.old_full = (I == self.rel[:, None]).any(axis=1)
         q = self.Q.shape[0]
         s0 = self._slope_ratio(slice(None))
         boot = np.array([self._slope_ratio(rng.integers(0, q, q)) for _ in range(n_boot)])
@@ -294,10 +298,17 @@ class LabelledProbe:
         so = np.polyfit(x, old, 1)[0]
         return float(np.clip(np.polyfit(x, new, 1)[0] / so, 0.25, 4.0)) if so < 0 else float("nan")
 
-    def estimate(self, mapped_val: np.ndarray, mapped_extra: np.ndarray) -> float:
-        r""":math:`\hat r` for the mapped held-out probe and mapped corpus rows (raw outputs of one map); its
-        per-query hits are kept for :meth:`interval`."""
-        self.last_hits = _hits(self.Q, unit_rows(np.concatenate([mapped_val, mapped_extra])), self.local)
+    def estimate(self, fitted, val_rows: np.ndarray, corpus: np.ndarray, keep: np.ndarray) -> float:
+        r""":math:`\hat r` for the map ``fitted`` of the held-out probe rows and the rows ``keep`` of ``corpus``; its
+        per-query hits are kept for :meth:`interval`. The corpus is mapped and searched block by block (no
+        mapped copy of it: the search is the same as over the concatenation)."""
+        starts, rows = _kept_blocks(corpus, keep)
+
+        def mapped(b) -> np.ndarray:
+            return unit_rows(fitted._apply(val_rows if b is None else rows(b), output="raw"))
+
+        _, I = knn_blocks(self.Q, [None, *starts], 10, open_block=mapped)
+        self.last_hits = (I == self.local[:, None]).any(axis=1)
         return self._ratio(self.last_hits, slice(None))
 
     def native_estimate(self, idx=slice(None)) -> float:
@@ -332,10 +343,11 @@ def _fall(Q: np.ndarray, D: np.ndarray, rel: np.ndarray, fractions: np.ndarray, 
     return binom.cdf(k - 1, c[:, None], fractions[None, :])
 
 
-def _hits(Q: np.ndarray, D: np.ndarray, rel: np.ndarray, k: int = 10) -> np.ndarray:
-    """Whether row ``rel[i]`` of ``D`` is among the top ``k`` of query ``Q[i]`` (exact, blocked FAISS); (q,) bool."""
-    _, I = knn(Q, D, min(k, D.shape[0]))
-    return (I == rel[:, None]).any(axis=1)
+def _kept_blocks(corpus: np.ndarray, keep: np.ndarray, block: int = 4096):
+    """The first rows of the blocks of ``corpus`` holding a row that ``keep`` (bool) keeps, and the function giving
+    one block's kept rows: a search over them with :func:`knn_blocks` holds one block at a time, not a copy."""
+    starts = [s for s in range(0, corpus.shape[0], block) if keep[s : s + block].any()]
+    return starts, lambda s: corpus[s : s + block][keep[s : s + block]]
 
 
 def last_migrated(predicted: list[dict]) -> dict:
@@ -483,15 +495,17 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         rows = np.sort(rng.permutation(Xo.shape[0])[:distractors])
     else:
         val, pool = lab.split(rng, p)
-        rows = np.arange(Xo.shape[0])
+        rows = slice(None)  # the whole corpus: a view, not a copy
     P = _Problem(A, B, Xo, None)
     T_val = unit_rows(B[val])
     extra = unit_rows(Xo[rows])
     S_dup, I_dup = knn(extra, unit_rows(A), 1)  # the probe's own texts inside the corpus are not distractors
     dup = S_dup[:, 0] >= 0.9999
     if lab is not None:
-        lab.prepare(val, extra[~dup], rng)
-    extra = extra[~(dup & np.isin(I_dup[:, 0], val))]  # the maps' distractors: all but the held-out texts
+        lab.prepare(val, extra, ~dup, rng)
+    keep = ~(dup & np.isin(I_dup[:, 0], val))  # the maps' distractors: all but the held-out texts
+    if lab is None and not keep.all():  # a sample of the corpus (the labelled estimate searches it with keep)
+        extra = extra[keep]
     top = pool.size
     # labelled: the curve from top / 8 up (the steep start below it says little about the K a migration uses,
     # and its spread across subsets would dominate the interval)
@@ -513,7 +527,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                     vals.append(nn_retention(T_val, fitted._apply(A[val], output="raw"),
                                              extra_M=fitted._apply(extra, output="raw")))
                 else:
-                    vals.append(lab.estimate(fitted._apply(A[val], output="raw"), fitted._apply(extra, output="raw")))
+                    vals.append(lab.estimate(fitted, A[val], extra, keep))
                 done += 1
                 report("learning curve", done / n_fits)
             curve[m].append({"k": k, "mean": float(np.mean(vals)), "spread": float(np.std(vals))})
@@ -586,7 +600,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         "n_probe_holdout": int(val.size),
         "metric": ("nn_retention@10 (simulated labelled retention) on held-out probe" if lab is None else
                    "labelled R@10 retention of the given queries, estimated for the whole corpus"),
-        **({} if lab is None else {"n_queries": int(lab.Q.shape[0]), "n_corpus": int(extra.shape[0] + val.size),
+        **({} if lab is None else {"n_queries": int(lab.Q.shape[0]), "n_corpus": int(keep.sum() + val.size),
                                    "native": native}),
         "curve": curve, "best_method": best, "fit": fits[best], "fits": fits,
         "predicted": predicted, "target_retention": float(target_retention),
