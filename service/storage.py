@@ -44,8 +44,8 @@ from .errors import NotConfiguredError
 
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
            "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "no_space_message", "sqlite_backup",
-           "storage_message", "remove_marked", "check_sqlite_path", "sqlite_connect", "sqlite_damaged",
-           "sweep_abandoned", "take_abandoned", "temp_name", "writing", "MAX_SQLITE_PATH"]
+           "storage_message", "quick_check_findings", "remove_marked", "check_sqlite_path", "sqlite_connect",
+           "sqlite_damaged", "sweep_abandoned", "take_abandoned", "temp_name", "writing", "MAX_SQLITE_PATH"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # errors of a write: one that names no file was writing
@@ -471,12 +471,17 @@ def _sqlite_copy(src: Path, dst: Path, timeout: float) -> float:
         source.close()
 
 
+def quick_check_findings(rows) -> list[str]:
+    """The lines of ``PRAGMA quick_check``'s result ``rows`` that say what is wrong (none for its ``ok``), less
+    SQLite's ``*** in database main ***`` headings."""
+    return [line for r in rows if r[0] != "ok" for line in r[0].splitlines() if not line.startswith("*** in database")]
+
+
 def _quick_check(path: Path) -> str:
     """The first line of what ``PRAGMA quick_check`` finds wrong in the SQLite file ``path``; "" when sound."""
     db = sqlite3.connect(path, isolation_level=None)
     try:
-        bad = [line for r in db.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"
-               for line in r[0].splitlines() if not line.startswith("*** in database")]
+        bad = quick_check_findings(db.execute("PRAGMA quick_check").fetchall())
     except sqlite3.DatabaseError as exc:
         if not sqlite_damaged(exc):
             raise

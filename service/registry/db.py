@@ -17,7 +17,7 @@ import threading
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 
-from ..storage import sqlite_connect, sqlite_damaged
+from ..storage import quick_check_findings, sqlite_connect, sqlite_damaged
 from .errors import (
     ConflictError,
     DamagedDatabaseError,
@@ -243,8 +243,7 @@ class SQLiteDB(_Base):
         it is for ``registry verify``, never per request."""
         try:
             with self.tx() as t:
-                return [f"{self.path}: {line}" for r in t.q("PRAGMA quick_check") if r[0] != "ok"
-                        for line in r[0].splitlines() if not line.startswith("*** in database")]
+                return [f"{self.path}: {line}" for line in quick_check_findings(t.q("PRAGMA quick_check"))]
         except DamagedDatabaseError as exc:
             return [str(exc)]
 
