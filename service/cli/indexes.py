@@ -322,28 +322,13 @@ def index_search(obj: Ctx, name, queries, space, map_refs, k, csls, csls_k, csls
     else:
         parts = ({"Q": Q} for Q in iter_chunks(queries, chunk_rows=per, rows=rows, key=key, column=column))
     found_blocks = index_ops.search_parts(_resolver(obj), idx, parts, **kw)  # every block through the same maps
-    head = {}
-    if npz:
-        S, I, r = np.zeros((n, k), np.float32), np.full((n, k), -1, np.int64), 0
-        for found in found_blocks:
-            head = head or found.describe()
-            S[r:r + found.S.shape[0]], I[r:r + found.S.shape[0]] = found.S, found.I
-            r += found.S.shape[0]
-        _write_out(Path(out), lambda fh: np.savez(fh, ids=I, scores=S, head=np.array(json.dumps(head))))
-    blocks = _hit_blocks(idx, found_blocks, keep)  # one block's hits at a time
-    if out is not None and not npz:
-        def write(fh) -> None:
-            for q, (found_head, hs) in enumerate(blocks):
-                if q == 0:
-                    head.update(found_head)
-                    fh.write(json.dumps(head, default=str) + "\n")
-                fh.write(json.dumps({"query": q, "hits": hs}, ensure_ascii=False) + "\n")
-        _write_out(Path(out), write)
     if out is not None:
+        head = _write_hits(Path(out), idx, found_blocks, keep, npz, n, k)
         emit({**head, "queries": n, "out": str(out)}, as_json, f"wrote the hits of {n} queries to {out}")
         return
+    blocks = _hit_blocks(idx, found_blocks, keep)  # one block's hits at a time
     if as_json:
-        lines = []
+        head, lines = {}, []
         for found_head, hs in blocks:
             head = head or found_head
             lines.append(hs)
@@ -354,6 +339,30 @@ def index_search(obj: Ctx, name, queries, space, map_refs, k, csls, csls_k, csls
         if with_payloads:
             for h in hs:
                 click.echo(f"  {h['id']}: {json.dumps(h.get('payload'), ensure_ascii=False)}")
+
+
+def _write_hits(path: Path, idx, found_blocks, keep: bool, npz: bool, n: int, k: int) -> dict:
+    """Write ``--out`` (see :func:`_write_out`) from the searched blocks; returns the answer's head. ``.npz`` fills
+    only the (n, k) ids and scores; ``.jsonl`` writes each block's hits as it is reached (none kept)."""
+    head: dict = {}
+    if npz:
+        S, I, r = np.zeros((n, k), np.float32), np.full((n, k), -1, np.int64), 0
+        for found in found_blocks:
+            head = head or found.describe()
+            S[r:r + found.S.shape[0]], I[r:r + found.S.shape[0]] = found.S, found.I
+            r += found.S.shape[0]
+        _write_out(path, lambda fh: np.savez(fh, ids=I, scores=S, head=np.array(json.dumps(head))))
+        return head
+
+    def write(fh) -> None:
+        for q, (found_head, hs) in enumerate(_hit_blocks(idx, found_blocks, keep)):
+            if q == 0:
+                head.update(found_head)
+                fh.write(json.dumps(head, default=str) + "\n")
+            fh.write(json.dumps({"query": q, "hits": hs}, ensure_ascii=False) + "\n")
+
+    _write_out(path, write)
+    return head
 
 
 def _hit_blocks(idx, found_blocks, keep: bool):
