@@ -281,6 +281,7 @@ def test_a_numpy_result_and_a_huge_error_are_stored_as_their_process_sees_them(t
     bad, _ = mgr.submit(boom, kind="t")
     wait(mgr.get, ok.id)
     wait(mgr.get, bad.id)
+    mgr.shutdown(wait=True)  # the worker has written its record: memory says an end just before the row does
     sibling = JobStore(db)  # what another process of the data dir reads
     stored_ok, _ = sibling.get(ok.id)
     assert stored_ok.state == "succeeded" and stored_ok.result == {"score": 0.5, "n": 3, "row": [0.0, 1.0]}
@@ -288,7 +289,6 @@ def test_a_numpy_result_and_a_huge_error_are_stored_as_their_process_sees_them(t
     assert stored_bad.state == "failed" and stored_bad.error["type"] == "ValueError"
     assert stored_bad.error["message"].startswith("xxx") and len(stored_bad.error["message"]) < 5000
     assert "more characters" in stored_bad.error["message"]
-    mgr.shutdown(wait=True)
 
 
 def test_finished_records_are_trimmed_while_the_process_runs(tmp_path):
