@@ -194,14 +194,14 @@ class Steer:
     def svd(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Thin SVD of ``W`` from the factors: ``U (d, r)``, ``sigma (r,)``, ``V (d, r)``.
 
-        ``W = U diag(sigma) V^T``; computed via QR of both factors (never a d x d SVD). Signs are
-        fixed so that ``u_i . v_i >= 0``.
+        ``W = U diag(sigma) V^T``; computed via QR of both factors (never a d x d SVD). Each pair
+        ``(u_i, v_i)`` is flipped together (``W`` unchanged) so that ``v_i``'s largest-``|.|`` coordinate is > 0.
         """
         Q1, R1 = linalg.qr(self.P1.astype(np.float64))
         Q2, R2 = linalg.qr(self.P2.astype(np.float64))
         u, s, vt = linalg.svd(R1 @ R2.T)
         U, V = Q1 @ u, Q2 @ vt.T
-        sign = np.where(np.einsum("ij,ij->j", U, V) < 0, -1.0, 1.0)
+        sign = np.sign(V[np.abs(V).argmax(axis=0), np.arange(V.shape[1])])  # a unit column's largest entry is != 0
         return U * sign, s, V * sign
 
     def top(self, r: int) -> "Steer":
@@ -222,7 +222,8 @@ class Steer:
         The sign of ``(u_i, v_i)`` is free; with ``queries`` each pair is signed so that their mean
         gate ``mean(Q u_i) >= 0``, so ``positive`` lists what ``eps > 0`` promotes for those queries
         (for an embedding steer, whose queries live among the corpus rows, pass ``queries=X``);
-        without, the :meth:`svd` convention ``u_i.v_i >= 0`` holds.
+        without, the :meth:`svd` convention holds (``v_i``'s largest-``|.|`` coordinate > 0): deterministic, but
+        which end is ``positive`` then says nothing about what ``eps > 0`` promotes.
 
         Parameters
         ----------

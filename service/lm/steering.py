@@ -535,7 +535,10 @@ def evidence_spans(evidence: Sequence[tuple[str, float]], *, threshold: float = 
 
 
 def word_dimensions(model, tokenizer, steer: Steer, *, k: int = 10, n_directions: int = 4) -> list[dict]:
-    """The lens: singular directions of ``W`` with the vocabulary items at each end (see :meth:`Steer.lens`)."""
+    """The lens: singular directions of ``W`` with the vocabulary items at each end (see :meth:`Steer.lens`).
+
+    No queries orient the ends: ``positive``/``negative`` follow :meth:`Steer.svd`'s sign convention (stable across
+    calls), not what ``eps > 0`` promotes."""
     E = output_embeddings(model).numpy()
     if E.shape[1] != steer.dim:
         raise DimensionMismatchError(f"steer is {steer.dim}-d, the model's hidden size is {E.shape[1]}")

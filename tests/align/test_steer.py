@@ -275,6 +275,27 @@ def test_svd_and_lens(fitted):
         s.lens(X, texts[:3])
 
 
+def test_svd_signs_each_pair_by_the_largest_coordinate_of_v():
+    """``svd`` promised ``u_i . v_i >= 0`` but multiplied U and V by the same sign, a no-op (``u.v`` is a property of
+    ``W``: ``W = u (-u)^T`` kept ``u.v = -1``), so the lens without queries oriented its ends however LAPACK did.
+    Each pair is now flipped together so that ``v_i``'s largest-|.| coordinate is positive; ``W`` is unchanged."""
+    u = np.zeros((4, 1))
+    u[0] = 1
+    U, s, V = Steer(u, -u).svd()
+    assert V[0, 0] == pytest.approx(1.0) and U[0, 0] == pytest.approx(-1.0)
+    for seed in range(6):
+        st_ = random_steer(d=9, r=4, seed=seed)
+        U, s, V = st_.svd()
+        assert np.all(V[np.abs(V).argmax(axis=0), np.arange(V.shape[1])] > 0)
+        np.testing.assert_allclose((U * s) @ V.T, st_.W, atol=1e-10)
+        for a, b in zip((U, s, V), st_.svd()):
+            np.testing.assert_array_equal(a, b)
+        # flipping the factors' signs (the same W) gives the same decomposition
+        U2, _, V2 = Steer(-st_.P1, -st_.P2).svd()
+        np.testing.assert_allclose(U2, U, atol=1e-10)
+        np.testing.assert_allclose(V2, V, atol=1e-10)
+
+
 def test_lens_is_signed_by_its_queries():
     """With ``queries`` the free sign of each singular pair follows their mean gate ``mean(Q u_i) >= 0``: reversed
     queries swap the ends of every direction, and ``positive`` holds the rows whose score the steer raises most for
