@@ -92,7 +92,8 @@ class SteerCalls:
     @call
     def transfer_steer(self, ref: str, map: str, *, name: str | None = None, alias: str | None = None,
                        description: str = "") -> dict:
-        """Carry steer ``ref`` through ``map`` (``W_B = H^T W_A H``) and register it in the map's target space."""
+        """Carry steer ``ref`` through ``map`` (``W_B = H^T W_A H``) and register it in the map's target space, as
+        ``name`` (default ``{steer's name}-{target space}``)."""
         return (yield from self._json("POST", f"/v1/steers/{_seg(ref)}/transfer", json=clean({
             "map": map, "name": name, "alias": alias, "description": description})))
 

@@ -606,7 +606,8 @@ class SteerDeleted(SteerOut):
 
 class SteerTransferRequest(_Strict):
     map: str = Field(..., description="Map ref (NAME, NAME@alias, NAME:N) whose source space is the steer's space.")
-    name: str | None = Field(None, description="Name of the transferred steer (default: the source steer's name).")
+    name: str | None = Field(None, description="Name of the transferred steer (default: "
+                                   "`{steer's name}-{target space}`; 422 if that is over 128 characters).")
     alias: str | None = None
     description: DescriptionText = Description
 

@@ -161,7 +161,8 @@ def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, text_field, as_json):
 @steer.command("transfer")
 @_ref_opt
 @click.option("--map", "map_ref", required=True, help="Map from the steer's space: NAME, NAME@alias or NAME:version.")
-@click.option("--name", default=None, help="Name in the map's target space (default: the steer's own).")
+@click.option("--name", default=None,
+              help="Name in the map's target space (default: STEER-TARGETSPACE, e.g. formal-e5).")
 @click.option("--alias", default=None, help="Point this alias at the new version.")
 @click.option("--description", default="", help="Free text kept with the version.")
 @json_opt

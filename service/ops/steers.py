@@ -28,8 +28,8 @@ from align.validation import as_matrix
 from ..encoders import space_encoder
 from ..limits import MAX_SEED
 from ..progress import Progress, silent
-from ..registry import ConflictError, NotFoundError
-from ..registry.names import check_alias, check_name
+from ..registry import ConflictError, InvalidNameError, NotFoundError
+from ..registry.names import MAX_NAME, check_alias, check_name
 
 __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
            "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "steer_lens", "describe_lens",
@@ -290,7 +290,9 @@ def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str |
                           alias: str | None = None, description: str = "", load_map=None, load_steer=None):
     """Carry steer ``steer_ref`` through map ``map_ref`` and register it in the map's target space.
 
-    ``name`` defaults to the source steer's name (it must then not already live in another space).
+    ``name`` defaults to ``{source steer's name}-{target space}`` (the source's own name is bound to its space:
+    across spaces it always conflicted); a default over the 128-character name limit is an InvalidNameError asking
+    for ``name``.
     ``load_map(ref) -> (VersionInfo, LinearMap)`` and ``load_steer(ref) -> (SteerInfo, Steer)``
     let a face reuse its caches; by default the registry loads them.
     """
@@ -302,7 +304,11 @@ def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str |
         raise InputError(f"map {m_info.ref} goes from {m_info.source_space!r}, but steer {s_info.ref} "
                          f"lives in {s_info.space!r}")
     target = m_info.target_space
-    name = name or s_info.name
+    if not name:  # None or "" (as before)
+        name = f"{s_info.name}-{target}"
+        if len(name) > MAX_NAME:
+            raise InvalidNameError(f"the default name {name[:60] + '...'!r} has {len(name)} characters, over "
+                                   f"{MAX_NAME}: give the transferred steer a name")
     check_name(name, "steer name")
     if alias is not None:
         check_alias(alias)

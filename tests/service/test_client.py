@@ -330,6 +330,24 @@ def test_steer_fit_and_apply(vb):
 
 
 @both_clients
+def test_a_steer_transfer_without_a_name_lands_as_name_dash_target_space(vb, client_kind):
+    """``transfer_steer(ref, map)`` defaulted the name to the source steer's, which is bound to the source space:
+    over a map into another space it always failed with 409 ("steer 'x' lives in space 'a', not 'b'"). The default
+    is now ``{name}-{target space}``; a default over 128 characters is a 422 asking for ``name``."""
+    V = np.random.default_rng(3).standard_normal((120, 16)).astype(np.float32)
+    labels = np.where(V[:, 0] > 0, 1, -1)
+    for name in (f"tr-{client_kind}", "y" * 127):
+        vb.wait(vb.fit_steer(name, "a", labels, V, params={"method": "lm-steer", "rank": 2, "max_iter": 20})["id"],
+                timeout=120)
+    moved = vb.transfer_steer(f"tr-{client_kind}", "a2b")
+    assert (moved["name"], moved["space"], moved["version"]) == (f"tr-{client_kind}-b", "b", 1)
+    assert vb.get_steer(f"tr-{client_kind}-b")["inputs"]["steer"] == f"tr-{client_kind}:1"
+    with pytest.raises(ValidationError, match="has 129 characters, over 128: give the transferred steer a name"):
+        vb.transfer_steer("y" * 127, "a2b")
+    assert vb.transfer_steer("y" * 127, "a2b", name=f"y-{client_kind}")["space"] == "b"
+
+
+@both_clients
 def test_a_steer_alias_is_read_and_removed(vb, client_kind):
     """The client could set a steer alias but neither read nor remove one (GET and DELETE
     /v1/steers/{name}/aliases/{alias} exist, with If-Match; the CLI has `steer alias NAME ALIAS --delete`)."""

@@ -10,7 +10,7 @@ from align.exceptions import InputError, PairCountError
 from align.steer import MeanShift, Steer
 from service.ops.steers import (apply_steer_job, check_steer_params, embed_and_register, fit_steer_job, steer_lens,
                                  transfer_and_register)
-from service.registry import ConflictError, open_registry
+from service.registry import ConflictError, InvalidNameError, open_registry
 
 from _synthetic import planted_attribute
 
@@ -100,8 +100,27 @@ def test_transfer_registers_in_the_maps_target_space(tmp_path):
     reg.register_version("a2c", LinearMap(R2), source_space="a", target_space="c", method="procrustes", params={})
     before = reg.store.all_relpaths()
     with pytest.raises(ConflictError, match="steer 'pos' lives in space 'a', not 'c'"):
-        transfer_and_register(reg, src.ref, "a2c")
+        transfer_and_register(reg, src.ref, "a2c", name="pos")
     assert reg.store.all_relpaths() == before and reg.verify()["orphan_artifacts"] == []
+
+
+def test_transfer_without_a_name_registers_source_dash_target(tmp_path):
+    """The default name was the source steer's own, which is bound to the source space: every transfer across
+    spaces without ``name`` failed with ConflictError ("steer 'pos' lives in space 'a', not 'c'"). It is now
+    ``{name}-{target space}``; one over the 128-character limit asks for a name."""
+    X, y = data()
+    reg = open_registry(f"sqlite:///{tmp_path}/r.sqlite", tmp_path / "artifacts")
+    s = fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10})
+    src = reg.register_steer("pos", s, space="a", params={}, lens=[])
+    R = np.linalg.qr(np.random.default_rng(1).normal(size=(8, 8)))[0].astype(np.float32)
+    reg.register_version("a2c", LinearMap(R), source_space="a", target_space="c", method="procrustes", params={})
+    moved = transfer_and_register(reg, src.ref, "a2c")
+    assert (moved.name, moved.space, moved.version) == ("pos-c", "c", 1)
+    assert transfer_and_register(reg, src.ref, "a2c").ref == "pos-c:2"  # again: a new version of the same name
+    long = reg.register_steer("x" * 127, s, space="a", params={}, lens=[])
+    with pytest.raises(InvalidNameError, match="has 129 characters, over 128: give the transferred steer a name"):
+        transfer_and_register(reg, long.ref, "a2c")
+    assert transfer_and_register(reg, long.ref, "a2c", name="short").name == "short"
 
 
 def test_a_failed_steer_fit_leaves_no_space_behind(tmp_path):

@@ -212,9 +212,9 @@ def test_alias_delete_and_transfer_routes(world):
     native = c.post("/v1/steers/attr:1/apply", headers=R, json={"vectors": Q.tolist(), "eps": 1.5})
     np.testing.assert_allclose(np.asarray(moved.json()["vectors"]),
                                np.asarray(native.json()["vectors"]) @ rot.T, atol=1e-4)
-    # wrong direction (map from ta, steer in tb), default name already in another space, unknown map
+    # wrong direction (map from ta, steer in tb), a name already in another space, unknown map
     assert c.post("/v1/steers/attr/transfer", headers=W, json={"map": "ta2tb"}).status_code == 422
-    assert c.post("/v1/steers/attr/transfer", headers=W, json={"map": "tb2ta"}).status_code == 409
+    assert c.post("/v1/steers/attr/transfer", headers=W, json={"map": "tb2ta", "name": "attr"}).status_code == 409
     assert c.post("/v1/steers/attr/transfer", headers=W, json={"map": "nope"}).status_code == 404
     assert c.post("/v1/steers/attr/transfer", headers=R, json={"map": "tb2ta"}).status_code == 403
     # alias: move, then delete the version it points at; the alias no longer resolves

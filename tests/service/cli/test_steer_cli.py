@@ -292,6 +292,9 @@ def test_transfer_through_a_map_registers_in_the_target_space(fitted):
     for bad in (["--steer", "nope", "--map", "toy2toy2", "--name", "x"], ["--steer", "attr:1", "--map", "nope"],
                 ["--steer", "attr:2", "--map", "toy2toy2", "--name", "x"],  # a mean-shift baseline does not transfer
                 ["--steer", "attr2@moved", "--map", "toy2toy2", "--name", "x"],  # the map does not start in toy2
-                ["--steer", "attr:1", "--map", "toy2toy2"]):  # the name "attr" lives in toy, not toy2
+                ["--steer", "attr:1", "--map", "toy2toy2", "--name", "attr"]):  # "attr" lives in toy, not toy2
         p = vb(*base, "steer", "transfer", *bad, check_code=2)
         assert p.stderr.startswith("vecbridge: error:") and "Traceback" not in p.stderr
+    # no --name: STEER-TARGETSPACE (the steer's own name, bound to toy, always failed with exit 2)
+    text = vb(*base, "steer", "transfer", "--steer", "attr:1", "--map", "toy2toy2").stdout
+    assert text.startswith("registered steer attr-toy2:1 in space toy2")
