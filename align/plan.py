@@ -4,9 +4,11 @@ r"""Before the fit: which rows to re-embed, how alignable two spaces are, what K
   (D² sampling, Arthur & Vassilvitskii 2007) on unit rows picks rows spread over the corpus,
   so the K re-embedded pairs cover its regions; ``"random"`` is the baseline.
 - :func:`knn_overlap` — alignability: for a paired probe ``(A, B)`` (p rows each, same texts),
-  the mean share of each row's ``k`` nearest probe rows that the two models agree on, beyond the
-  ``k / (p - 1)`` of chance. The unsupervised path has only worked above ~0.4
-  (minilm↔paraphrase-L3 0.46; minilm↔e5 0.33; glove↔minilm 0.25).
+  the mean share of each row's ``k`` nearest probe rows that the two models agree on: raw by default
+  (it grows as the probe shrinks), beyond the ``k / (p - 1)`` of chance with ``beyond_chance=True``.
+  Beyond chance, the unsupervised path has only worked above ~0.4 (minilm↔paraphrase-L3 0.46;
+  minilm↔e5 0.33; glove↔minilm 0.25); :func:`plan_migration` (and the CLI / HTTP plan) reports that
+  figure for k = 10 as ``alignability`` and the raw one as ``knn_overlap``.
 - :func:`plan_migration` — alignability, a learning curve of the held-out score of
   :func:`align.fit_migration` on probe subsamples, extrapolated to larger K with an interval,
   the recommended method and K, and the rows to re-embed. With labelled queries over the probe
