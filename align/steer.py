@@ -150,7 +150,7 @@ class Steer:
         ----------
         Q : array-like (n, d)
         eps : float
-            Steer strength; 0 returns ``Q`` unchanged (bit for bit), 1 is the trained strength,
+            Steer strength; 0 returns ``Q`` as float32 (bit for bit for float32 input), 1 the trained strength,
             negative values reverse the attribute.
 
         Returns
@@ -322,7 +322,7 @@ class MeanShift:
         return int(self.v.shape[0])
 
     def apply(self, Q, eps: float = 1.0) -> np.ndarray:
-        """Shifted queries (n, d) float32; ``eps = 0`` returns ``Q`` unchanged."""
+        """Shifted queries (n, d) float32; ``eps = 0`` returns ``Q`` as float32 (bit for bit for float32 input)."""
         Q = as_matrix(Q, name="Q", dim=self.dim)
         eps = check_eps(eps)
         if eps == 0.0:
