@@ -83,11 +83,17 @@ def unpack(data: bytes, what: str = "artifact") -> tuple[dict, dict]:
     try:
         if data[:2] == b"PK":  # zip container: npz
             return unpack_npz(data)
+        n = int.from_bytes(data[:8], "little")
+        if len(data) < 10 or 8 + n > len(data) or data[8:9] != b"{":  # safetensors: u64 length, then a JSON header
+            raise SerializationError(f"not a vecbridge {what}: neither npz (a zip) nor safetensors "
+                                     f"({len(data)} bytes starting {bytes(data[:8])!r})")
         from safetensors.numpy import load
 
-        n = int.from_bytes(data[:8], "little")
-        header_blob = json.loads(data[8 : 8 + n].decode("utf-8"))
-        return load(data), _header_object(json.loads(header_blob["__metadata__"][META_KEY]))
+        meta = (json.loads(data[8 : 8 + n].decode("utf-8")).get("__metadata__") or {}).get(META_KEY)
+        if meta is None:
+            raise SerializationError(f"not a vecbridge {what}: a safetensors file without vecbridge's "
+                                     f"{META_KEY!r} metadata")
+        return load(data), _header_object(json.loads(meta))
     except SerializationError:
         raise
     except Exception as exc:

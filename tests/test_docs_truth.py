@@ -537,3 +537,22 @@ def test_planted_stale_mentions_are_each_reported_with_their_line():
                                 "from service.client import Client\nvb = Client('http://h')\n"
                                 "vb.transform('m', X, with_version=True)") == [
         "align.select_rows_to_embed() takes no argument methd=", "vb.transform() takes no argument with_version="]
+
+
+def test_the_readme_says_which_align_errors_are_value_errors():
+    """The README called align's whole error tree "all `ValueError`s"; ``SerializationError`` (``load_map`` of a
+    missing file, ``map_from_bytes(b'garbage')``), ``NotFittedError`` and ``Cancelled`` are not. Every class it
+    names before "`ValueError`s" must be one, and every error class of ``align.exceptions`` that is not one
+    must be named after it."""
+    import align.exceptions as E
+
+    para = re.search(r"Bad input raises one typed tree.*?\n\n", (ROOT / "README.md").read_text(), flags=re.S)[0]
+    values, rest = para.split("`ValueError`s", 1)
+    errors = [c for c in vars(E).values() if isinstance(c, type) and issubclass(c, E.VecbridgeError)]
+    assert len(errors) >= 12
+    for cls in errors:
+        if f"`{cls.__name__}`" in values:
+            assert issubclass(cls, ValueError), cls
+        if not issubclass(cls, ValueError):
+            assert f"`{cls.__name__}`" in rest, cls
+    assert issubclass(E.NotFittedError, AttributeError)

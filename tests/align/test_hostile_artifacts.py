@@ -110,6 +110,22 @@ def test_garbage_bytes_are_a_serialization_error(blob):
         align.map_from_bytes(blob)
 
 
+def test_bytes_of_no_artifact_format_say_so_plainly():
+    """``map_from_bytes(b'garbage')`` said "cannot read map artifact: Expecting value: line 1 column 1 (char 0)"
+    (the JSON parser's complaint about a safetensors header that was never there); bytes of neither format, and a
+    safetensors file without vecbridge's header, now say what they are not."""
+    from safetensors.numpy import save
+
+    for blob in (b"garbage", b"", b"{\"W\": [1]}", b"\x08" + b"\0" * 7 + b"{}"):
+        with pytest.raises(SerializationError, match=r"^not a vecbridge map artifact: neither npz \(a zip\) nor "
+                                                     r"safetensors \(\d+ bytes starting b"):
+            align.map_from_bytes(blob)
+    with pytest.raises(SerializationError, match="^not a vecbridge map artifact: a safetensors file without"):
+        align.map_from_bytes(save({"W": np.eye(3, dtype=np.float32)}))
+    with pytest.raises(SerializationError, match="^not a vecbridge ClusterMap artifact: neither npz"):
+        align.ClusterMap.from_bytes(b"garbage")
+
+
 def test_pickled_arrays_are_never_loaded(maps):
     arrays, header = _parts(maps["linear"])
     arrays["W"] = np.array([{"__reduce__": "os.system"}], dtype=object)
