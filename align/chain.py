@@ -54,7 +54,23 @@ def require_linear(map_, purpose: str):
     return map_
 
 
-class MapChain(StoredMap):
+class NonLinearAlgebra:
+    """``inverse`` / ``compose`` of a map with no single matrix (ClusterMap, MapChain): the InputError of
+    :func:`require_linear` (calling them was a raw AttributeError)."""
+
+    def inverse(self):
+        """Not defined: InputError (only a :class:`~align.LinearMap` has one matrix to invert)."""
+        require_linear(self, "inverse")
+
+    def compose(self, other):
+        """Not defined: InputError; ``align.MapChain([self, other])`` applies any maps in sequence."""
+        try:
+            require_linear(self, "compose")
+        except InputError as exc:
+            raise InputError(f"{exc}, or chain any maps with align.MapChain([first, second])") from None
+
+
+class MapChain(NonLinearAlgebra, StoredMap):
     """The maps ``steps[0]``, ``steps[1]``, ... applied in sequence (each step's target dim is the next's source).
 
     Parameters

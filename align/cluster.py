@@ -35,6 +35,7 @@ import numpy as np
 
 from . import linalg
 from ._artifacts import StoredMap, check_header, pack, stored_fields
+from .chain import NonLinearAlgebra
 from .validation import as_matrix, as_real_array, check_representable
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows, unit_rows
@@ -50,7 +51,7 @@ _BLOCK_ROWS = 4096
 
 
 @dataclass
-class ClusterMap(StoredMap):
+class ClusterMap(NonLinearAlgebra, StoredMap):
     """Blended per-cluster affine maps (see the module docstring for the math).
 
     Parameters

@@ -129,8 +129,8 @@ def knn(Q, D, k: int = 10, *, block_size: int = DEFAULT_BLOCK, use_faiss: bool |
 
     Returns
     -------
-    S : ndarray (n, k) float32, scores best first
-    I : ndarray (n, k) int64, row indices into ``D``
+    S : ndarray (n, min(k, m)) float32, scores best first (``m`` rows in ``D``: a ``k`` past ``m`` gives all ``m``)
+    I : ndarray (n, min(k, m)) int64, row indices into ``D``
     """
     Q, D, k = _check(Q, D, k, block_size)
     if use_faiss is not None:

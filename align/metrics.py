@@ -22,7 +22,8 @@ from .frames import unit_rows
 from .blocks import rows_per_block
 from .knn import DEFAULT_BLOCK, check_count, mean_topk
 from .options import check_callable, check_flag, check_number
-from .chain import check_map
+from .chain import MapChain, check_map
+from .cluster import ClusterMap
 from .maps import LinearMap
 
 __all__ = ["INTERVAL_LEVEL", "TIE_TOL", "count_above", "cross_val_top1", "evaluate", "proportion_interval",
@@ -119,13 +120,14 @@ def _intervals(r: np.ndarray, n: int, cuts: dict) -> dict:
     return {name: proportion_interval(int((r <= cut).sum()), r.size, n) for name, cut in cuts.items()}
 
 
-def evaluate(map_: LinearMap, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True, csls_k: int = 10,
-             block_size: int = DEFAULT_BLOCK, max_queries: int | None = None, random_state=0) -> dict:
+def evaluate(map_: LinearMap | ClusterMap | MapChain, X_src, Y_tgt, *, ks=(1, 5, 10), csls: bool = True,
+             csls_k: int = 10, block_size: int = DEFAULT_BLOCK, max_queries: int | None = None, random_state=0) -> dict:
     """Top-1, mean rank, mean cosine and recall@k of a map on held-out pairs.
 
     Parameters
     ----------
-    map_ : LinearMap
+    map_ : LinearMap, ClusterMap or MapChain
+        Any map (what :func:`align.map_from_bytes` returns).
     X_src : array (n, d_s) raw source rows; Y_tgt : array (n, d_t) raw target rows, paired by row.
     max_queries : int or None
         Rank at most this many mapped rows (:func:`query_sample`, drawn with ``random_state``), each against all

@@ -55,7 +55,7 @@ import numpy as np
 from .validation import (as_matrix, check_csls_weight, check_labelled_queries, check_not_collapsed, check_paired,
                          check_random_state, check_rankable, check_same_queries, collapsed, distinct_pairs,
                          pair_groups, seed_record)
-from .chain import check_map
+from .chain import MapChain, check_map
 from .cluster import ClusterMap, ClusterResiduals, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
@@ -83,9 +83,10 @@ _OPTIONS = {"holdout", "candidates", "alphas", "alpha", "rank", "contrastive", "
             "n_clusters", "shrink", "blend", "cluster_temperature", "cluster_margin"}
 
 
-def score_map(map_: LinearMap, X_src, Y_tgt, *, k: int = 10, max_queries: int | None = None,
+def score_map(map_: LinearMap | ClusterMap | MapChain, X_src, Y_tgt, *, k: int = 10, max_queries: int | None = None,
               random_state=0) -> dict:
-    """Held-out retrieval scores of ``map_`` on pairs ``X_src`` (n, d_s) → ``Y_tgt`` (n, d_t) (see :mod:`align.retrieval`).
+    """Held-out retrieval scores of ``map_`` (any map: LinearMap, ClusterMap, MapChain) on pairs ``X_src`` (n, d_s)
+    → ``Y_tgt`` (n, d_t) (see :mod:`align.retrieval`).
 
     ``max_queries``: at most that many pairs act as queries (:func:`align.metrics.query_sample` with
     ``random_state``, the rows :func:`align.evaluate` draws with the same arguments), each against all n rows;

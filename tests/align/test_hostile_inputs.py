@@ -240,6 +240,21 @@ def test_chains_work_with_the_metrics_and_bad_steps_are_named(pairs):
         align.MapChain([a, "x"])
 
 
+def test_maps_without_one_matrix_refuse_inverse_and_compose_with_a_typed_error(pairs):
+    """``MapChain`` and ``ClusterMap`` have no ``inverse`` / ``compose``: calling them was a raw AttributeError
+    ("'MapChain' object has no attribute 'inverse'"), which no face turns into a 4xx / exit 2. They are now the
+    InputError of ``require_linear``, as for every other operation that needs one matrix."""
+    X, Y = pairs
+    a = align.fit_procrustes(X, Y)
+    for m, what in ((align.MapChain([a, align.fit_procrustes(Y, X)]), "a chain of maps"),
+                    (align.fit_migration(X, Y, method="cluster", random_state=0), "a per-cluster map")):
+        with pytest.raises(InputError, match=f"^inverse needs a single linear map \\(one matrix W\\); this is {what}"):
+            m.inverse()
+        with pytest.raises(InputError, match=f"^compose needs a single linear map.*{what}.*align.MapChain"):
+            m.compose(a)
+    assert isinstance(a.compose(a.inverse()), align.LinearMap)  # a LinearMap keeps both
+
+
 def test_transfer_takes_a_bare_matrix_and_names_what_it_cannot(pairs):
     """The docstring offers a bare matrix: it was an AttributeError on .W; a MeanShift an AttributeError on P1;
     rcond "x" a numpy UFuncTypeError, NaN and -1 taken."""
