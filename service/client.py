@@ -1,11 +1,11 @@
-"""A thin Python client for the vecbridge HTTP API (httpx + numpy; no server code imported).
+"""A thin Python client for the vecbridge HTTP API (httpx + numpy; no server code imported), e.g.::
 
->>> from service.client import Client                                          # doctest: +SKIP
->>> vb = Client("http://127.0.0.1:8000", api_key="change-me")
->>> Y = vb.transform("demo-minilm-e5", X)           # (n, 384) float32 in, (n, 384) float32 out
->>> job = vb.wait(vb.fit("a2b", "a", "b", Xa, Xb, method="procrustes", paired=True)["id"],
-...               progress=lambda j: print(j["progress"]))
->>> vb.search("docs-e5", queries, space="minilm", k=5)["results"]
+    from service.client import Client
+    vb = Client("http://127.0.0.1:8000", api_key="change-me")
+    Y = vb.transform("demo-minilm-e5", X)           # (n, 384) float32 in, (n, 384) float32 out
+    job = vb.wait(vb.fit("a2b", "a", "b", Xa, Xb, method="procrustes", paired=True)["id"],
+                  progress=lambda j: print(j["progress"]))
+    vb.search("docs-e5", queries, space="minilm", k=5)["results"]
 
 From asyncio, :class:`AsyncClient` has every method as a coroutine (same arguments, answers, errors, retries,
 batches; one implementation runs both clients, :mod:`service.client_core`)::

@@ -556,3 +556,22 @@ def test_the_readme_says_which_align_errors_are_value_errors():
         if not issubclass(cls, ValueError):
             assert f"`{cls.__name__}`" in rest, cls
     assert issubclass(E.NotFittedError, AttributeError)
+
+
+def test_a_skipped_docstring_example_is_skipped_whole():
+    """``service.client``'s module example marked only its first line ``# doctest: +SKIP``, so
+    ``pytest --doctest-modules`` ran the rest and failed on ``NameError: X`` (``service.registry`` and
+    ``service.vectordb`` too). In every docstring of align/ and service/, an example block with a skipped line
+    skips all of them (or is a plain ``::`` code block)."""
+    import ast
+    import doctest
+
+    parser, stale = doctest.DocTestParser(), []
+    for path in sorted([*(ROOT / "align").rglob("*.py"), *(ROOT / "service").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                examples = parser.get_examples(ast.get_docstring(node, clean=True) or "")
+                skipped = [bool(e.options.get(doctest.SKIP)) for e in examples]
+                if any(skipped) and not all(skipped):
+                    stale.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 1)}")
+    assert not stale, stale

@@ -1,10 +1,10 @@
-"""Registry of linear maps: named spaces, maps with immutable numbered versions, aliases, tags, lineage.
+"""Registry of linear maps: named spaces, maps with immutable numbered versions, aliases, tags, lineage, e.g.::
 
->>> from service.registry import open_registry          # doctest: +SKIP
->>> reg = open_registry("sqlite:////tmp/reg.sqlite", "/tmp/artifacts")
->>> v = reg.register_version("minilm->e5", m, source_space="minilm", target_space="e5",
-...                          method="procrustes", params={}, alias="prod")
->>> reg.load_map("minilm->e5@prod")
+    from service.registry import open_registry
+    reg = open_registry("sqlite:////tmp/reg.sqlite", "/tmp/artifacts")
+    v = reg.register_version("minilm->e5", m, source_space="minilm", target_space="e5",
+                             method="procrustes", params={}, alias="prod")
+    reg.load_map("minilm->e5@prod")
 
 Storage: SQL (SQLite (rollback journal) by default, PostgreSQL by URL) for records, a content-addressed
 folder for artifacts (safetensors or npz + JSON header; never pickle). Maps and steers share one

@@ -1,10 +1,10 @@
-"""Vector-database adapters: migrate stored vectors through a map, translate queries, verify.
+"""Vector-database adapters: migrate stored vectors through a map, translate queries, verify, e.g.::
 
->>> from service.vectordb import MilvusStore, migrate, FileCheckpoint, verify_migration   # doctest: +SKIP
->>> store = MilvusStore("http://127.0.0.1:19530")
->>> rep = migrate(store, "docs_minilm", "docs_e5", "minilm->e5@prod", registry=reg, alias="docs",
-...               checkpoint=FileCheckpoint("docs.ckpt.json"), progress=print)
->>> verify_migration(store, "docs", embed=e5.passage)
+    from service.vectordb import MilvusStore, migrate, FileCheckpoint, verify_migration
+    store = MilvusStore("http://127.0.0.1:19530")
+    rep = migrate(store, "docs_minilm", "docs_e5", "minilm->e5@prod", registry=reg, alias="docs",
+                  checkpoint=FileCheckpoint("docs.ckpt.json"), progress=print)
+    verify_migration(store, "docs", embed=e5.passage)
 
 Engines (optional extras; imported lazily): :class:`MilvusStore` (``pymilvus``, ``milvus-lite``),
 :class:`PgVectorStore` (``psycopg``, ``pgvector``), :class:`QdrantStore` (``qdrant-client``).
