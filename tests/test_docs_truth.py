@@ -546,7 +546,7 @@ def test_the_readme_says_which_align_errors_are_value_errors():
     must be named after it."""
     import align.exceptions as E
 
-    para = re.search(r"Bad input raises one typed tree.*?\n\n", (ROOT / "README.md").read_text(), flags=re.S)[0]
+    para = re.search(r"Bad input raises one typed tree.*?\n\n", (ROOT / "README.md").read_text(), flags=re.DOTALL)[0]
     values, rest = para.split("`ValueError`s", 1)
     errors = [c for c in vars(E).values() if isinstance(c, type) and issubclass(c, E.VecbridgeError)]
     assert len(errors) >= 12
