@@ -30,6 +30,7 @@ HTTP 503 when it is a read-only or full data dir) and SQLite's "database is lock
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 
 from align.exceptions import Cancelled, VecbridgeError
 
@@ -37,7 +38,7 @@ __all__ = [
     "VecbridgeError", "Cancelled", "NotFoundError", "ConflictError", "PreconditionFailedError", "AuthenticationError",
     "PermissionDeniedError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
     "ServiceUnavailableError", "NotConfiguredError",
-    "HTTP_STATUS", "EXIT_CODE", "kind_of", "http_status", "exit_code",
+    "HTTP_STATUS", "EXIT_CODE", "kind_of", "http_status", "exit_code", "exception_chain",
 ]
 
 
@@ -149,3 +150,15 @@ def http_status(exc: BaseException) -> int:
 def exit_code(exc: BaseException) -> int:
     """The CLI exit code for ``exc`` by :data:`EXIT_CODE`."""
     return EXIT_CODE[kind_of(exc)]
+
+
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc``, then its ``__cause__`` (else ``__context__``), and so on: each exception once. A chain can loop (grpc's
+    ``_InactiveRpcError`` is its own ``__cause__``): the walk stops at the first exception it has already given, as
+    :mod:`traceback` does. Walking ``exc = exc.__cause__ or exc.__context__`` by hand never ended on such a chain and
+    held a request thread at 100% CPU; every walk of a chain goes through here."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__

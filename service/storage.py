@@ -40,7 +40,7 @@ from urllib.request import pathname2url
 
 from align.exceptions import InputError
 
-from .errors import NotConfiguredError
+from .errors import NotConfiguredError, exception_chain
 
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
            "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "no_space_message", "sqlite_backup",
@@ -55,12 +55,11 @@ _SQLITE_MARKERS = ("readonly database", "disk is full", "disk i/o error", "unabl
 
 def is_storage_error(exc: BaseException) -> bool:
     """True for the errors a read-only, immutable or full data directory produces (see module docs)."""
-    while exc is not None:
-        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+    for e in exception_chain(exc):
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
             return True
-        if isinstance(exc, sqlite3.OperationalError) and any(m in str(exc).lower() for m in _SQLITE_MARKERS):
+        if isinstance(e, sqlite3.OperationalError) and any(m in str(e).lower() for m in _SQLITE_MARKERS):
             return True
-        exc = exc.__cause__ or exc.__context__
     return False
 
 

@@ -138,3 +138,75 @@ def test_a_503_no_retry_can_fix_carries_no_retry_after():
     assert got["starting"].headers["retry-after"] == "5"
     assert [w for w, r in got.items() if "retry-after" in r.headers] == ["starting"]
     assert got["read-only"].json()["error"]["type"] == "StorageUnavailableError"
+
+
+def _cycles():
+    """A self-cycle (grpc's ``_InactiveRpcError`` is its own ``__cause__``) and a 2-cycle (two ``__context__``s)
+    below an error of ours raised ``from None`` (as the Milvus adapter does), and a bare 2-cycle holding a read-only
+    disk's OSError."""
+    import errno
+
+    from service.vectordb.base import VectorDBError
+
+    own = RuntimeError("rpc failed")
+    own.__cause__ = own
+    a, b = ValueError("a"), OSError(errno.EROFS, "Read-only file system")
+    a.__context__, b.__context__ = b, a
+    c, d = ValueError("c"), KeyError("d")
+    c.__context__, d.__context__ = d, c
+    out = {"two-with-erofs": a}
+    for name, inner in (("self", own), ("two", c)):
+        top = VectorDBError("milvus: cannot connect")
+        top.__context__, top.__suppress_context__ = inner, True
+        out[name] = top
+    return out
+
+
+def _in_time(fn, *args, seconds: float = 10.0):
+    """``fn(*args)`` in a daemon thread: the value, or a failure when it has not returned in ``seconds`` (a walk of
+    a looping chain never returns; this way the test fails instead of hanging)."""
+    import threading
+
+    got = []
+    th = threading.Thread(target=lambda: got.append(fn(*args)), daemon=True)
+    th.start()
+    th.join(seconds)
+    assert got, f"{fn.__name__} did not return in {seconds} s: a loop in the exception chain"
+    return got[0]
+
+
+def test_a_chain_that_loops_is_walked_once_and_ends():
+    """``is_storage_error`` walked ``exc = exc.__cause__ or exc.__context__`` with no guard: on a chain that loops (an
+    unreachable Milvus server's grpc error is its own cause) it never returned, and every error answer of the API
+    runs it, so the request hung at 100% CPU. One walker gives each exception once and stops at a repeat."""
+    from service.errors import exception_chain
+    from service.storage import is_storage_error
+
+    chains = _cycles()
+    names = {k: [type(e).__name__ for e in _in_time(lambda x: list(exception_chain(x)), top)]
+             for k, top in chains.items()}
+    assert names == {"self": ["VectorDBError", "RuntimeError"],
+                     "two-with-erofs": ["ValueError", "OSError"],
+                     "two": ["VectorDBError", "ValueError", "KeyError"]}
+    assert list(exception_chain(None)) == []
+    assert {k: _in_time(is_storage_error, top) for k, top in chains.items()} == {
+        "self": False, "two-with-erofs": True, "two": False}
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from service.api.errors import install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/{what}")
+    def fail(what: str):
+        raise chains[what]
+
+    c = TestClient(app, raise_server_exceptions=False)
+    got = {k: _in_time(c.get, f"/{k}").json()["error"] for k in chains}
+    assert {k: (e["status"], e["type"]) for k, e in got.items()} == {
+        "self": (503, "VectorDBError"), "two-with-erofs": (503, "StorageUnavailableError"),
+        "two": (503, "VectorDBError")}
+    assert got["self"]["message"] == "milvus: cannot connect"

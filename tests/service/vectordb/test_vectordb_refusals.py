@@ -42,6 +42,26 @@ def test_an_unreachable_server_is_one_error_of_its_kind(url, tmp_path, capsys):
     assert rc == 2 and "cannot connect" in capsys.readouterr().err  # exit 2 (act on it), not 3 (a bug)
 
 
+def test_a_collection_search_on_an_unreachable_milvus_is_a_503_over_http(tmp_path):
+    """An unreachable Milvus server's grpc error is its own ``__cause__``: the API's error handler walked that chain
+    (is it a storage error?) forever, and the search never answered while its thread spun at 100% CPU. Real HTTP
+    (uvicorn in a thread), so a hang is a client timeout here, not a test that never ends."""
+    pytest.importorskip("pymilvus", reason="the Milvus client is an optional extra (vectordb-clients)")
+    import httpx
+    from _api_support import R, W, settings_for
+    from _servers import serve_in_thread
+
+    from service.api import create_app
+
+    app = create_app(settings_for(tmp_path, vectordb_url=f"milvus://127.0.0.1:{free_port()}"))
+    with serve_in_thread(app) as base:
+        assert httpx.post(f"{base}/v1/spaces", json={"name": "a", "dim": 4}, headers=W, timeout=30).status_code == 201
+        r = httpx.post(f"{base}/v1/collections/docs/search", json={"vectors": [[0.1, 0.9, 0, 0]], "space": "a", "k": 3},
+                       headers=R, timeout=30)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["type"] == "VectorDBError" and "cannot connect" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("url, module", [("qdrant://127.0.0.1:1", "qdrant_client"),
                                          ("milvus://127.0.0.1:1", "pymilvus"),
                                          ("postgresql://postgres@127.0.0.1:1/x", "pgvector")])
