@@ -1,6 +1,7 @@
-"""Pure-ASGI middleware: Host check, key check, body limit and body timeout before and while the body is read, and
-request id + latency metrics + access log (every answer carries ``x-request-id`` and the security headers of
-``SECURITY_HEADERS``; a 5xx or a 408 also ``Connection: close``).
+"""Pure-ASGI middleware: Host check, with auth off another site's web pages refused (:func:`cross_site`), key check,
+body limit and body timeout before and while the body is read, and request id + latency metrics + access log
+(every answer carries ``x-request-id`` and the security headers of ``SECURITY_HEADERS``; a 5xx or a 408 also
+``Connection: close``).
 
 Pure ASGI (not ``BaseHTTPMiddleware``) keeps the per-request overhead to a few microseconds,
 which matters for the binary transform fast path.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from urllib.parse import urlsplit
 
 from ..logging import get_logger
 from ..metrics import ServiceMetrics
@@ -18,7 +20,7 @@ from ..errors import PayloadTooLargeError, RequestTimeoutError
 from .responses import dumps
 
 __all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS", "accepted_hosts",
-           "host_allowed", "host_name"]
+           "host_allowed", "host_name", "cross_site"]
 
 _access = get_logger("access")
 _errors = get_logger("errors")
@@ -101,6 +103,47 @@ def host_allowed(name: str, accepted: tuple[str, ...]) -> bool:
     return any(name == a or (a.startswith("*.") and name.endswith(a[1:])) for a in accepted)
 
 
+_DEFAULT_PORT = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def _origin_key(origin: str) -> tuple[str, str, int | None] | None:
+    """``(scheme, host, port)`` of an origin ``scheme://host[:port]`` (default port filled in), None if it is none."""
+    try:
+        p = urlsplit(origin.strip().lower())
+        port = p.port
+    except ValueError:
+        return None
+    if not p.scheme or not p.hostname or p.path not in ("", "/") or p.query or p.fragment or "@" in p.netloc:
+        return None
+    return p.scheme, p.hostname.rstrip("."), port if port is not None else _DEFAULT_PORT.get(p.scheme)
+
+
+def cross_site(scope, headers: dict, cors_origins) -> str | None:
+    """Why a request with auth off comes from another site's web page (None: it does not). Such a page can send a
+    request without a CORS preflight (``mode: "no-cors"``, a form post) and, with no key to check, write: refused
+    are an ``Origin`` that is neither the service's own (``scheme://Host`` of the request: the console at /ui) nor
+    one of ``cors_origins``, and ``Sec-Fetch-Site: cross-site`` but for a GET/HEAD navigation (a link followed)."""
+    origin = headers.get(b"origin")
+    if origin is not None:
+        shown = origin.decode("latin-1")
+        key = _origin_key(shown)
+        host = headers.get(b"host", b"").decode("latin-1")
+        if key is not None and (key == _origin_key(f"{scope.get('scheme', 'http')}://{host}") or "*" in cors_origins
+                                or any(key == _origin_key(o) for o in cors_origins)):
+            return None
+        return (f"a request from the web page origin {shown[:100]!r} is refused: with auth off "
+                "(VECBRIDGE_AUTH_DISABLED) the service answers only its own pages (/ui) and the origins in "
+                "VECBRIDGE_CORS_ORIGINS, so that another site's page cannot use it; add that origin to "
+                "VECBRIDGE_CORS_ORIGINS, or turn API keys on")
+    site = headers.get(b"sec-fetch-site", b"").lower()
+    navigation = headers.get(b"sec-fetch-mode", b"").lower() == b"navigate" and scope["method"] in ("GET", "HEAD")
+    if site == b"cross-site" and not navigation:
+        return ("a request from another site's web page (Sec-Fetch-Site: cross-site) is refused: with auth off "
+                "(VECBRIDGE_AUTH_DISABLED) the service answers only its own pages (/ui) and the origins in "
+                "VECBRIDGE_CORS_ORIGINS; turn API keys on to be reached from other sites")
+    return None
+
+
 def _route_scope(route) -> str | None:
     """The key scope a route's dependencies require (``require_scope`` marks its checks), or None."""
     stack = list(getattr(getattr(route, "dependant", None), "dependencies", []))
@@ -167,6 +210,9 @@ class GuardMiddleware:
                             "are answered by default, so that web pages cannot reach the service through DNS rebinding")
                 return await _send_error(send, 400, "InvalidHostError", (
                     f"Host {name[:100]!r} is not one this service answers ({', '.join(self._hosts)[:300]}): {why}"))
+        if settings.auth_disabled and (refused := cross_site(scope, headers, settings.cors_origins)):
+            scope["route"] = route
+            return await _send_error(send, 403, "CrossSiteRequestError", refused)
         if need is not None:
             try:
                 auth = headers.get(b"authorization")

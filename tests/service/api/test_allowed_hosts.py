@@ -110,3 +110,54 @@ def test_serve_says_which_hosts_it_answers(tmp_path):
     finally:
         stop(proc)
     assert "VECBRIDGE_ALLOWED_HOSTS" in log.read_text()
+
+
+def test_auth_off_refuses_other_sites_web_pages(tmp_path):
+    """With auth off a web page of any site wrote to the service: ``fetch(..., {method: "POST", mode: "no-cors",
+    body: new Blob([json])})`` sends no Content-Type (no CORS preflight), a missing Content-Type reads as JSON, and
+    the index was created (201). An ``Origin`` that is not the service's own (nor a configured CORS origin) and
+    ``Sec-Fetch-Site: cross-site`` are a 403 now; the service's own pages, and clients that are no browser, are not
+    concerned."""
+    import json
+
+    app = create_app(settings_for(tmp_path, api_keys={}, auth_disabled=True))
+    body = json.dumps({"name": "ix", "space": "s", "vectors": [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]}).encode()
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        port = base.rsplit(":", 1)[1]
+        assert c.post("/v1/spaces", json={"name": "s", "dim": 3}).status_code == 201  # no Origin: curl, the client
+        for origin in ("https://evil.example", f"http://localhost.evil.example:{port}", "null",
+                       "http://localhost:3000", f"https://127.0.0.1:{port}", "not an origin"):
+            r = c.post("/v1/indexes", content=body, headers={"Origin": origin})  # what no-cors fetch sends
+            assert r.status_code == 403, (origin, r.text)
+            err = r.json()["error"]
+            assert err["type"] == "CrossSiteRequestError" and "VECBRIDGE_CORS_ORIGINS" in err["message"], err
+            assert repr(origin) in err["message"]
+        for h in ({"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"},  # an older browser's no Origin
+                  {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}):  # a cross-site form's post
+            r = c.post("/v1/indexes", content=body, headers=h)
+            assert r.status_code == 403 and r.json()["error"]["type"] == "CrossSiteRequestError", r.text
+        assert c.get("/v1/spaces", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"}
+                     ).status_code == 403
+        assert c.get("/v1/indexes").json()["data"] == []  # nothing was created
+        # a link to the console followed from another site opens it
+        assert c.get("/ui", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"},
+                     follow_redirects=True).status_code == 200
+        # the service's own pages: its origin (any loopback name it answers, default port or not), same-site, none
+        assert c.post("/v1/indexes", content=body, headers={"Origin": f"http://127.0.0.1:{port}",
+                                                            "Sec-Fetch-Site": "same-origin"}).status_code == 201
+        assert c.get("/v1/indexes/ix", headers={"Origin": f"HTTP://LOCALHOST:{port}/",
+                                                "Host": f"localhost:{port}"}).status_code == 200
+        assert c.get("/v1/spaces", headers={"Origin": "http://localhost", "Host": "localhost:80"}).status_code == 200
+        for site in ("same-origin", "same-site", "none"):
+            assert c.get("/v1/spaces", headers={"Sec-Fetch-Site": site}).status_code == 200, site
+
+    app = create_app(settings_for(tmp_path / "cors", api_keys={}, auth_disabled=True,
+                                  cors_origins=["http://localhost:3000"]))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        r = c.get("/v1/spaces", headers={"Origin": "http://localhost:3000", "Sec-Fetch-Site": "same-site"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert c.get("/v1/spaces", headers={"Origin": "http://localhost:3001"}).status_code == 403
+
+    app = create_app(settings_for(tmp_path / "keys"))  # keys on: a page cannot send the key without a preflight
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        assert c.get("/v1/spaces", headers={**W, "Origin": "https://evil.example"}).status_code == 200

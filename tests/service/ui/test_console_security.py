@@ -404,3 +404,54 @@ def test_a_map_that_cannot_be_loaded_says_so(browser, tmp_path):
     assert t.page.locator("#versions-h").inner_text() == "Versions of a2b"
     assert "a (16-d) → b (16-d)" in t.page.locator("#lineage").inner_text()
     t.close(expect_errors=("ERR_CONNECTION_REFUSED",))
+
+
+def test_with_auth_off_the_console_writes_and_no_other_site_does(browser, tmp_path):
+    """With auth off any web page wrote to the service: a ``fetch(..., {method: "POST", mode: "no-cors"})`` of a Blob
+    sends no Content-Type, so no CORS preflight, and the index was created (201). The page cannot read the answer,
+    but it did not need to. Now such a request is refused (its ``Origin`` is not the service's), while the console,
+    served by the service itself, still deletes a space."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from service.api import create_app
+
+    app = create_app(settings_for(tmp_path, api_keys={}, auth_disabled=True))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        for name in ("keep", "typo-space"):
+            assert c.post("/v1/spaces", json={"name": name, "dim": 3}).status_code == 201
+        attack = ("<script>window.sent = Promise.all(['/v1/indexes', '/v1/spaces'].map(p => fetch('" + base
+                  + "' + p, {method: 'POST', mode: 'no-cors', body: new Blob([JSON.stringify({name: 'pwned', "
+                  "space: 'keep', dim: 3, vectors: [[1, 0, 0]]})])}))).then(() => 'sent', e => String(e));</script>")
+
+        class Attacker(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(attack.encode())
+
+            def log_message(self, *args):
+                pass
+
+        evil = ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+        threading.Thread(target=evil.serve_forever, daemon=True).start()
+        try:  # another site (localhost is not 127.0.0.1), and the same site on another port
+            for page in (f"http://localhost:{evil.server_port}/", f"http://127.0.0.1:{evil.server_port}/"):
+                t = Page(browser, page)
+                t.page.goto(page)
+                assert t.page.evaluate("window.sent") == "sent", page
+                t.ctx.close()
+        finally:
+            evil.shutdown()
+            evil.server_close()
+        assert c.get("/v1/indexes").json()["data"] == []
+        assert [s["name"] for s in c.get("/v1/spaces").json()["data"]] == ["keep", "typo-space"]
+
+        t = Page(browser, base)  # the console: no key asked for, and its writes are answered
+        t.goto("/ui/registry")
+        t.page.get_by_role("button", name="Delete space typo-space").click()
+        t.page.get_by_role("button", name="Confirm delete space typo-space").click()
+        t.page.locator("#space-msg").filter(has_text="space typo-space deleted").wait_for()
+        t.close()
+        assert [s["name"] for s in c.get("/v1/spaces").json()["data"]] == ["keep"]
