@@ -10,6 +10,8 @@ which matters for the binary transform fast path.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import re
 import time
 import uuid
 from urllib.parse import urlsplit
@@ -89,13 +91,25 @@ def accepted_hosts(settings) -> tuple[str, ...] | None:
 
 
 def host_name(header: bytes | None) -> str:
-    """The name in a Host header, lower case, without port, IPv6 brackets or a final dot ("" when absent)."""
+    """The name in a Host header, lower case, without port, IPv6 brackets or a final dot ("" when absent). Brackets
+    that hold no IPv6 address (``[localhost]``), or are not closed (``[::1``), are kept: a name no entry matches."""
     h = (header or b"").decode("latin-1").strip().lower()
     if h.startswith("["):
-        h = h[1:h.find("]")] if "]" in h else h[1:]
-    elif h.count(":") == 1:
+        inside, closed, port = h[1:].partition("]")
+        if not closed or not _is_ipv6(inside) or (port and not re.fullmatch(r":[0-9]*", port)):
+            return h
+        return inside
+    if h.count(":") == 1:
         h = h.split(":", 1)[0]
     return h.rstrip(".")
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def host_allowed(name: str, accepted: tuple[str, ...]) -> bool:
@@ -199,6 +213,12 @@ class GuardMiddleware:
         template = getattr(route, "path", None)
         settings = self.settings()
         headers = dict(scope.get("headers", ()))
+        for name, what in ((b"host", "Host"), (b"authorization", "Authorization")):
+            if (n := sum(k == name for k, _ in scope.get("headers", ()))) > 1:  # only the last one was checked
+                scope["route"] = route
+                return await _send_error(send, 400, "InvalidHeaderError", (
+                    f"the request has {n} {what} headers; send one (a request names one host and one set of "
+                    "credentials: RFC 9112 section 3.2, RFC 9110 section 11.6.2)"))
         if settings is not self._hosts_of:
             self._hosts_of, self._hosts = settings, accepted_hosts(settings)
         if self._hosts is not None and scope.get("path") not in _PROBES:

@@ -22,7 +22,10 @@ from service.config import Settings
 @pytest.mark.parametrize("header, name", [
     (b"localhost:8000", "localhost"), (b"LOCALHOST", "localhost"), (b"[::1]:8000", "::1"), (b"[::1]", "::1"),
     (b"127.0.0.1:80", "127.0.0.1"), (b"localhost.:8000", "localhost"), (None, ""), (b"", ""),
-    (b"evil.example", "evil.example")])
+    (b"evil.example", "evil.example"), (b"[::1]:", "::1"),
+    # brackets around no IPv6 address, or never closed, were read as the name inside: loopback
+    (b"[localhost]", "[localhost]"), (b"[localhost]:8000", "[localhost]:8000"), (b"[::1", "[::1"),
+    (b"[127.0.0.1]", "[127.0.0.1]"), (b"[::1]evil", "[::1]evil"), (b"[::1]:80x", "[::1]:80x"), (b"[]", "[]")])
 def test_host_name(header, name):
     assert host_name(header) == name
 
@@ -161,3 +164,47 @@ def test_auth_off_refuses_other_sites_web_pages(tmp_path):
     app = create_app(settings_for(tmp_path / "keys"))  # keys on: a page cannot send the key without a preflight
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
         assert c.get("/v1/spaces", headers={**W, "Origin": "https://evil.example"}).status_code == 200
+
+
+def _raw(base: str, head: str) -> tuple[int, dict]:
+    """Status and JSON body of a request sent as written (``head``: request line and headers, CRLF-joined later), so
+    that a header can come twice: HTTP clients merge or refuse that."""
+    import json
+    import socket
+
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(head.strip().replace("\n", "\r\n").encode() + b"\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    top, _, body = data.partition(b"\r\n\r\n")
+    return int(top.split()[1]), json.loads(body) if body.startswith(b"{") else {}
+
+
+def test_a_second_host_or_authorization_header_is_a_400(tmp_path):
+    """``Host: evil.example`` then ``Host: localhost`` was answered 200 by an auth-off server: only the last Host was
+    checked (RFC 9112 section 3.2: more than one Host is a 400); two Authorization headers, likewise only the last.
+    And ``[localhost]`` or an unclosed ``[::1`` passed as loopback names."""
+    app = create_app(settings_for(tmp_path, api_keys={}, auth_disabled=True))
+    with serve_in_thread(app) as base:
+        assert _raw(base, "GET /v1/maps HTTP/1.1\nHost: localhost")[0] == 200
+        for hosts in (("evil.example", "localhost"), ("localhost", "evil.example"), ("localhost", "localhost")):
+            status, body = _raw(base, "GET /v1/maps HTTP/1.1\n" + "\n".join(f"Host: {h}" for h in hosts))
+            assert status == 400 and body["error"]["type"] == "InvalidHeaderError", (hosts, body)
+            assert "2 Host headers" in body["error"]["message"]
+        status, body = _raw(base, "POST /v1/spaces HTTP/1.1\nHost: evil.example\nHost: localhost\n"
+                                  "Content-Type: application/json\nContent-Length: 2\n\n{}")
+        assert status == 400, body
+        for host in ("[localhost]", "[localhost]:8000", "[::1", "[127.0.0.1]", "[::1]evil"):
+            status, body = _raw(base, f"GET /v1/maps HTTP/1.1\nHost: {host}")
+            assert status == 400 and body["error"]["type"] == "InvalidHostError", (host, body)
+        assert _raw(base, "GET /v1/maps HTTP/1.1\nHost: [::1]:8000")[0] == 200
+
+    app = create_app(settings_for(tmp_path / "keys"))
+    with serve_in_thread(app) as base:
+        auth = "\n".join(f"Authorization: {v}" for v in (W["Authorization"], "Bearer nope"))
+        assert _raw(base, f"GET /v1/maps HTTP/1.1\nHost: localhost\nAuthorization: {W['Authorization']}")[0] == 200
+        for two in (auth, "\n".join(reversed(auth.split("\n")))):
+            status, body = _raw(base, f"GET /v1/maps HTTP/1.1\nHost: localhost\n{two}")
+            assert status == 400 and "2 Authorization headers" in body["error"]["message"], body
