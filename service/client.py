@@ -23,7 +23,7 @@ little-endian float32 (``application/octet-stream``) by default: no JSON numbers
 Errors: a 4xx/5xx answer raises the :class:`APIError` subclass of its status, carrying the server's
 ``{"error": {"type", "status", "message"}}`` and the ``X-Request-ID`` to quote in a bug report::
 
-    APIError (VecbridgeError)   any error answer: .status, .type, .message, .request_id, .body, .kind
+    APIError (VecbridgeError)   any error answer: .status, .type, .message, .request_id, .body, .kind, .details
      +-- BadRequestError             400
      +-- AuthenticationError         401  missing or unknown API key
      +-- PermissionDeniedError       403  the key lacks the route's scope

@@ -59,6 +59,8 @@ class APIError(_Picklable, VecbridgeError):
         ``X-Request-ID`` of the failed request (the server logs it).
     body : dict
         The decoded error body (``{"error": {...}}``), or ``{}`` when it was not JSON.
+    details : list of dict
+        The body's ``details``: a validation error's problems (``loc``, ``msg``, ``type``), else ``[]``.
     retry_after : float or None
         ``Retry-After`` seconds, when the answer had one (429).
     """
@@ -69,6 +71,13 @@ class APIError(_Picklable, VecbridgeError):
         self.retry_after = retry_after
         rid = f" [request {request_id}]" if request_id else ""
         super().__init__(f"{status} {type}: {message}{rid}")
+
+    @property
+    def details(self) -> list[dict]:
+        """The problems of a request that failed validation (``loc``, ``msg``, ``type`` each), ``[]`` otherwise."""
+        err = self.body.get("error") if isinstance(self.body, dict) else None
+        found = err.get("details") if isinstance(err, dict) else None
+        return found if isinstance(found, list) else []
 
 
 class BadRequestError(APIError):
@@ -105,7 +114,12 @@ class UnsupportedMediaTypeError(APIError):
 
 
 class ValidationError(APIError):
-    """422: invalid input (shape, dimension, NaN/Inf, empty, bad name or option)."""
+    """422: invalid input (shape, dimension, NaN/Inf, empty, bad name or option).
+
+    A request that failed validation has :attr:`type` ``InputError`` and its problems in :attr:`details`, on
+    every route; services before that answered FastAPI's ``RequestValidationError`` on the routes taking a body
+    model (spaces, aliases, tags, ...): both are this class, with ``details``. Branch on the class (or
+    :attr:`status`), not on the type's text."""
 
 
 class QueueFullError(APIError):

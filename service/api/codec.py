@@ -35,7 +35,7 @@ from .responses import loads
 
 __all__ = [
     "JSON", "OCTET", "NPY", "media_type", "require_json", "parse_json", "vectors_from_json", "vectors_from_binary",
-    "b64_encode", "npy_bytes", "check_batch", "texts_instead", "validate",
+    "b64_encode", "npy_bytes", "check_batch", "texts_instead", "validate", "validation_error",
 ]
 
 JSON = "application/json"
@@ -285,12 +285,27 @@ def parse_rows(body: bytes, model, max_batch: int, dim) -> tuple[Any, np.ndarray
     return opts, vectors_from_json(obj, dim=dim(opts), max_batch=max_batch)
 
 
-def validate(model, obj: dict):
-    """``model.model_validate(obj)`` with pydantic's errors turned into one InputError (422)."""
+def validate(model, obj: dict, where: str = "body"):
+    """``model.model_validate(obj)`` with pydantic's errors turned into one InputError (422) carrying ``details``
+    (``where``: the part of the request ``obj`` came from, first in each ``loc``)."""
     from pydantic import ValidationError
 
     try:
         return model.model_validate(obj)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
-        raise InputError(f"invalid request: {problems}") from None
+        raise validation_error([{**e, "loc": (where, *e["loc"])} for e in exc.errors()]) from None
+
+
+def validation_error(errors: list[dict]) -> InputError:
+    """The one InputError (422) of a request that failed validation, whoever validated it (a route's own
+    :func:`validate`, or FastAPI for a body model or a query parameter: ``service.api.errors``): the message names
+    every problem, and ``details`` lists them (``loc``: ``["body" | "query" | ..., field, ...]``, ``msg``, ``type``).
+    Both were once told apart by the error's type (``RequestValidationError`` with details from FastAPI,
+    ``InputError`` without from the routes that read their own body)."""
+    problems = []
+    for err in errors:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        problems.append(f"{loc or 'body'}: {err.get('msg')}")
+    exc = InputError("invalid request: " + "; ".join(problems))
+    exc.details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in errors]
+    return exc

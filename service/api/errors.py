@@ -7,6 +7,11 @@ below turn them into::
     {"error": {"type": "DimensionMismatchError", "status": 422,
                "message": "vectors: expected 384 columns, got 768"}}
 
+A request that fails validation (an unknown or ill-typed field of the body, a bad query parameter), whichever
+part validated it, is ``{"type": "InputError", "status": 422, "message": "invalid request: k: ...",
+"details": [{"loc": ["body", "k"], "msg": ..., "type": ...}, ...]}`` (FastAPI's validation answered as
+``RequestValidationError`` before, the routes that read their own body as ``InputError`` without details).
+
 Extras: 401 answers carry ``WWW-Authenticate: Bearer``, 429 and 503 ``Retry-After`` (not a 503 that no retry
 can fix: :class:`service.errors.NotConfiguredError`); an OS or SQLite error from a read-only / immutable /
 full data dir (``service.storage.is_storage_error``) is 503 without ``Retry-After`` (its operator must act); a
@@ -29,6 +34,7 @@ from align.exceptions import VecbridgeError
 from ..errors import HTTP_STATUS, kind_of
 from ..logging import get_logger
 from ..storage import is_storage_error, storage_message
+from .codec import validation_error
 from .responses import FastJSONResponse
 
 __all__ = ["error_response", "install_error_handlers", "status_for"]
@@ -75,7 +81,8 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
                                                                       "path_template": _route(request)}})
         if not isinstance(exc, VecbridgeError):
             message = f"internal error (request id {rid})"
-    return FastJSONResponse(_body(type(exc).__name__, status, message), status_code=status, headers=headers)
+    extra = {"details": exc.details} if isinstance(getattr(exc, "details", None), list) else {}
+    return FastJSONResponse(_body(type(exc).__name__, status, message, **extra), status_code=status, headers=headers)
 
 
 def error_response(request: Request, exc: Exception) -> FastJSONResponse:
@@ -89,14 +96,9 @@ def _route(request: Request) -> str:
 
 
 def _validation_handler(request: Request, exc: RequestValidationError) -> FastJSONResponse:
-    problems = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        problems.append(f"{loc or 'body'}: {err.get('msg')}")
-    message = "invalid request: " + "; ".join(problems)
-    return FastJSONResponse(_body("RequestValidationError", 422, message,
-                                  details=[{k: v for k, v in e.items() if k in ("loc", "msg", "type")}
-                                           for e in exc.errors()]), status_code=422)
+    """FastAPI's own validation (a body model, a query parameter) answered as every route's: an InputError with
+    ``details`` (:func:`~service.api.codec.validation_error`)."""
+    return _domain_handler(request, validation_error(exc.errors()))
 
 
 def _http_handler(request: Request, exc: StarletteHTTPException) -> FastJSONResponse:

@@ -64,8 +64,9 @@ class ErrorDetail(BaseModel):
     type: str = Field(..., description="Exception class, e.g. `DimensionMismatchError`.")
     status: int = Field(..., description="The HTTP status, repeated.")
     message: str = Field(..., description="What went wrong and how to fix it (no stack trace).")
-    details: list[dict[str, Any]] | None = Field(None, description="Request validation only: one entry per problem "
-                                                                   "(`loc`, `msg`, `type`).")
+    details: list[dict[str, Any]] | None = Field(None, description="Request validation only (type `InputError`, "
+                                                 "whichever part validated it): one entry per problem (`loc`: "
+                                                 "`[\"body\" | \"query\" | \"path\", field, ...]`, `msg`, `type`).")
 
 
 class ErrorBody(BaseModel):

@@ -1,0 +1,73 @@
+"""The HTTP contract read the same on every route (TestClient over the whole app, fast path included): one error
+type and body for a request that fails validation, whoever validates it."""
+
+from __future__ import annotations
+
+import pytest
+from _api_support import R, W, served_world
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    with served_world(tmp_path_factory.mktemp("contract")) as world:
+        c, _, d = world
+        r = c.post("/v1/indexes", headers=W, json={"name": "docs", "space": "b", "vectors": d["Y"][:50].tolist(),
+                                                   "kind": "flat"})
+        assert r.status_code == 201, r.text
+        yield world
+
+
+def _invalid(r, loc: list, field: str) -> dict:
+    """The error of ``r``: a 422 InputError naming ``field``, its ``details`` holding ``loc``."""
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["type"] == "InputError" and err["status"] == 422, err
+    assert err["message"].startswith("invalid request: ") and field in err["message"], err
+    assert loc in [d["loc"] for d in err["details"]], err
+    assert all(set(d) == {"loc", "msg", "type"} for d in err["details"]), err
+    return err
+
+
+def test_a_request_failing_validation_is_one_input_error_with_details_on_every_route(world):
+    """Routes whose body FastAPI parsed answered ``RequestValidationError`` with ``details``; routes that read their
+    own body (search, transform, index create, add, steers, fits, ...) ``InputError`` without them, for the same
+    fault (an unknown field): a client had to know which route parsed what. Both are an InputError with details."""
+    c, _, d = world
+    row = d["X"][:1].tolist()
+    parsed_by_fastapi = [
+        ("POST", "/v1/spaces", {"name": "t1", "dim": 4, "zzz": 1}),
+        ("PUT", "/v1/maps/a2b/aliases/canary", {"version": 1, "zzz": 1}),
+        ("PUT", "/v1/maps/a2b/versions/1/tags/owner", {"value": "me", "zzz": 1}),
+        ("POST", "/v1/indexes/docs/delete", {"ids": [1], "zzz": 1}),
+    ]
+    read_by_the_route = [
+        ("POST", "/v1/maps/a2b/transform", {"vectors": row, "zzz": 3}),
+        ("POST", "/v1/indexes/docs/search", {"vectors": d["Y"][:1].tolist(), "zzz": 3}),
+        ("POST", "/v1/indexes", {"name": "docs2", "space": "b", "zzz": 1}),
+        ("POST", "/v1/indexes/docs/vectors", {"vectors": d["Y"][:1].tolist(), "zzz": 1}),
+        ("POST", "/v1/fits", {"name": "f", "source_space": "a", "target_space": "b", "zzz": 1,
+                              "source": {"vectors": row}, "target": {"vectors": row}}),
+    ]
+    for method, url, body in parsed_by_fastapi + read_by_the_route:
+        _invalid(c.request(method, url, json=body, headers=W), ["body", "zzz"], "zzz")
+    # a query parameter FastAPI validates: the same type, located in the query
+    err = _invalid(c.post("/v1/maps/a2b/transform?dim=0", json={"vectors": row}, headers=R), ["query", "dim"],
+                   "query.dim")
+    assert "greater than or equal to 1" in err["details"][0]["msg"]
+
+
+def test_the_python_client_raises_validation_error_with_details_for_both_type_names(world):
+    """The client maps an answer to its class by status, so a 422 is a ValidationError whatever its type says: the
+    old ``RequestValidationError`` (an older service) and the ``InputError`` both, with their ``details``."""
+    import httpx
+
+    from service.client import ValidationError, error_from_response
+
+    c, _, _ = world
+    new = c.post("/v1/spaces", json={"name": "t1", "dim": 4, "zzz": 1}, headers=W)
+    old_body = {"error": {**new.json()["error"], "type": "RequestValidationError"}}
+    for r in (new, httpx.Response(422, json=old_body)):
+        err = error_from_response(r)
+        assert type(err) is ValidationError and err.details[0]["loc"] == ["body", "zzz"], err
+    assert error_from_response(httpx.Response(422, json={"error": {"type": "ShapeError", "message": "m"}})).details \
+        == []
