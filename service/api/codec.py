@@ -35,7 +35,7 @@ from .responses import loads
 
 __all__ = [
     "JSON", "OCTET", "NPY", "media_type", "require_json", "parse_json", "vectors_from_json", "vectors_from_binary",
-    "b64_encode", "npy_bytes", "check_batch", "texts_instead", "validate", "validation_error",
+    "b64_encode", "npy_bytes", "check_batch", "texts_instead", "validate", "validation_error", "check_query",
 ]
 
 JSON = "application/json"
@@ -294,6 +294,23 @@ def validate(model, obj: dict, where: str = "body"):
         return model.model_validate(obj)
     except ValidationError as exc:
         raise validation_error([{**e, "loc": (where, *e["loc"])} for e in exc.errors()]) from None
+
+
+def check_query(params, allowed: tuple[str, ...]) -> None:
+    """The InputError (422, :func:`validation_error`) of a query string ``params`` (``(key, value)`` pairs) that
+    names a parameter the route does not take (a misspelt ``?ouptut=frame`` was ignored: the default answered) or
+    gives one more than once (``?dim=128&dim=384``: the last one won)."""
+    problems: dict[str, dict] = {}
+    seen = set()
+    for key, _ in params:
+        if key not in allowed:
+            problems[key] = {"loc": ["query", key], "type": "extra_forbidden",
+                             "msg": f"unknown query parameter (this route takes {', '.join(allowed)})"}
+        elif key in seen:
+            problems[key] = {"loc": ["query", key], "type": "repeated", "msg": "given more than once; send it once"}
+        seen.add(key)
+    if problems:
+        raise validation_error(list(problems.values()))
 
 
 def validation_error(errors: list[dict]) -> InputError:

@@ -66,10 +66,14 @@ _DIM = re.compile(r"[1-9][0-9]{0,5}")
 
 
 def _transform_query(qs: bytes) -> tuple[dict, int | None] | None:
-    """``(options, dim)`` from the query string; None unless read exactly as the route would."""
+    """``(options, dim)`` from the query string; None unless read exactly as the route would (an unknown or repeated
+    parameter: the route's 422)."""
     opts: dict = {}
     dim = None
-    for key, value in parse_qsl(qs.decode("latin-1"), keep_blank_values=True):
+    pairs = parse_qsl(qs.decode("latin-1"), keep_blank_values=True)
+    if len({k for k, _ in pairs}) != len(pairs) or not {k for k, _ in pairs} <= set(map_routes.TRANSFORM_QUERY):
+        return None
+    for key, value in pairs:
         if key in ("output", "encoding_format"):
             if not value:
                 return None

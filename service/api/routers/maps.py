@@ -14,8 +14,8 @@ from align.exceptions import DimensionMismatchError, InputError
 from ...limits import MAX_DIM, parse_strict_int
 from ...ops import maps as map_ops
 from ...registry import parse_ref
-from ..codec import (JSON, NPY, OCTET, b64_encode, media_type, npy_bytes, options_of, parse_json, validate,
-                     vectors_from_binary, vectors_from_json)
+from ..codec import (JSON, NPY, OCTET, b64_encode, check_query, media_type, npy_bytes, options_of, parse_json,
+                     validate, vectors_from_binary, vectors_from_json)
 from ..conditional import (IMMUTABLE, REVALIDATE, IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write,
                            answer, not_modified, read_responses, write_responses)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, VersionPath, WriteScope
@@ -54,9 +54,14 @@ octet-stream in → raw float32 out (`X-Shape: n,d`); `.npy` in → `.npy` out. 
 vector database of target embeddings), `frame` (the centred target frame used for
 evaluation) or `linear` (`f_s(x) W + b` without output normalisation).
 
-Errors: unknown map 404; wrong width, NaN/Inf, empty or ragged input 422; more rows than
-`max_batch` or a body over `max_body_bytes` 413.
+`output` and `encoding_format` may be query parameters (with any body); one the JSON body sets too must agree with
+it, as `?dim=` and `X-Vector-Dim` must with the rows. Any other query parameter, or one given twice, is a 422.
+
+Errors: unknown map 404; wrong width, NaN/Inf, empty or ragged input, an unknown or repeated query parameter 422;
+more rows than `max_batch` or a body over `max_body_bytes` 413.
 """
+
+TRANSFORM_QUERY = ("dim", "encoding_format", "output")  # any other query parameter, or one given twice: 422
 
 _TRANSFORM_BODY = json_body(TransformJSON, "transform", extra_content={
     OCTET: {"schema": {"type": "string", "format": "binary",
@@ -230,6 +235,7 @@ async def transform(ref: str, request: Request, state: StateDep, settings: Setti
                     output: str | None = Query(None, description="raw | frame | linear (binary requests)"),
                     encoding_format: str | None = Query(None, description="float | base64 (JSON responses)"),
                     dim: int | None = Query(None, ge=1, le=MAX_DIM, description="row width of an octet-stream body")):
+    check_query(request.query_params.multi_items(), TRANSFORM_QUERY)
     mt = media_type(request.headers.get("content-type"))
     body = await request.body()
     query_opts = {k: v for k, v in (("output", output), ("encoding_format", encoding_format)) if v is not None}
@@ -249,18 +255,19 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
     ``resolve(ref) -> (version, map)`` defaults to ``state.resolve_map``.
     """
     v, m = (resolve or state.resolve_map)(ref)
+    hd = parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else None
+    if dim and hd and dim != hd:  # the query's won silently
+        raise InputError(f"?dim={dim} and X-Vector-Dim: {hd} disagree; send one row width")
+    opts = validate(TransformOptions, query_opts, "query")
     if mt == JSON:
         obj = parse_json(body)
-        opts = validate(TransformOptions, {**query_opts, **options_of(obj)})
+        opts = _with_query(validate(TransformOptions, options_of(obj)), opts, query_opts)
         X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch, finite=False)
-        if dim and dim != X.shape[1]:  # ?dim= beside a JSON body: it was ignored
-            raise DimensionMismatchError(f"vectors: the rows have {X.shape[1]} columns, but ?dim= says {dim}")
+        if (dim or hd) and (dim or hd) != X.shape[1]:  # ?dim= or X-Vector-Dim beside a JSON body: it was ignored
+            said = f"?dim= says {dim}" if dim else f"X-Vector-Dim says {hd}"
+            raise DimensionMismatchError(f"vectors: the rows have {X.shape[1]} columns, but {said}")
     else:
-        hd = parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else None
-        if dim and hd and dim != hd:  # the query's won silently
-            raise InputError(f"?dim={dim} and X-Vector-Dim: {hd} disagree; send one row width")
         d = dim or hd or m.source_dim
-        opts = validate(TransformOptions, {**query_opts, "dim": d})
         X = vectors_from_binary(body, mt, dim=d, max_batch=settings.max_batch, finite=False)
         if d != m.source_dim:
             raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
@@ -285,6 +292,16 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
     else:
         out["vectors"] = Y
     return v, Y, FastJSONResponse(out, headers=headers)
+
+
+def _with_query(body_opts: TransformOptions, query: TransformOptions, given: dict) -> TransformOptions:
+    """The body's options with those the query string ``given``; an option both set to different values is an
+    InputError (``?output=frame`` with ``"output": "raw"`` in the body answered raw, the query unread)."""
+    for key in given:
+        if key in body_opts.model_fields_set and getattr(body_opts, key) != getattr(query, key):
+            raise InputError(f"?{key}={getattr(query, key)} and the body's \"{key}\": \"{getattr(body_opts, key)}\" "
+                             f"disagree; send one")
+    return body_opts.model_copy(update={k: getattr(query, k) for k in given})
 
 
 def transform_observe(state, v, Y) -> None:

@@ -3,6 +3,7 @@ type and body for a request that fails validation, whoever validates it."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from _api_support import R, W, served_world
 
@@ -71,3 +72,39 @@ def test_the_python_client_raises_validation_error_with_details_for_both_type_na
         assert type(err) is ValidationError and err.details[0]["loc"] == ["body", "zzz"], err
     assert error_from_response(httpx.Response(422, json={"error": {"type": "ShapeError", "message": "m"}})).details \
         == []
+
+
+def test_the_transform_query_string_is_read_whole_not_in_part(world):
+    """A misspelt parameter was ignored (``?ouptut=frame`` with a binary body: the raw default came back, 200); a
+    query ``output`` that the JSON body contradicts lost silently; ``X-Vector-Dim`` beside a JSON body was ignored
+    where ``?dim=`` was refused; a repeated ``?dim=`` took the last. Each is a 422 naming what to fix, on the fast
+    path (small bodies) and the route alike."""
+    c, _, d = world
+    X = d["X"][:3]
+    octet = {**R, "content-type": "application/octet-stream"}
+    for rows in (X[:1], np.tile(X, (100, 1))):  # a fast-path body, and one of over 16 KiB
+        err = _invalid(c.post("/v1/maps/a2b/transform?ouptut=frame", content=rows.tobytes(), headers=octet),
+                       ["query", "ouptut"], "ouptut")
+        assert "this route takes dim, encoding_format, output" in err["message"]
+        err = _invalid(c.post("/v1/maps/a2b/transform?dim=16&dim=384", content=rows.tobytes(), headers=octet),
+                       ["query", "dim"], "query.dim")
+        assert "given more than once" in err["message"]
+    _invalid(c.post("/v1/maps/a2b/transform?output=raw&output=raw", json={"vectors": X.tolist()}, headers=R),
+             ["query", "output"], "given more than once")
+    r = c.post("/v1/maps/a2b/transform?output=frame", json={"vectors": X.tolist(), "output": "raw"}, headers=R)
+    assert r.status_code == 422 and "?output=frame" in r.text and "disagree" in r.text, r.text
+    r = c.post("/v1/maps/a2b/transform", json={"vectors": X.tolist()}, headers={**R, "X-Vector-Dim": "3"})
+    assert r.status_code == 422 and r.json()["error"]["type"] == "DimensionMismatchError", r.text
+    assert "X-Vector-Dim says 3" in r.json()["error"]["message"]
+    r = c.post("/v1/maps/a2b/transform?dim=3", json={"vectors": X.tolist()}, headers=R)  # as ?dim= already was
+    assert r.status_code == 422 and r.json()["error"]["type"] == "DimensionMismatchError", r.text
+    # what agrees is served: the query's option with a JSON body, the same option twice over, the right width
+    frame = d["a2b"].apply(X, output="frame")
+    for url, body, headers in (("?output=frame", {"vectors": X.tolist()}, {**R, "X-Vector-Dim": "16"}),
+                               ("?output=frame&dim=16", {"vectors": X.tolist(), "output": "frame"}, R)):
+        r = c.post("/v1/maps/a2b/transform" + url, json=body, headers=headers)
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(np.array(r.json()["vectors"]), frame, atol=1e-5)
+    r = c.post("/v1/maps/a2b/transform?output=frame&dim=16", content=X.tobytes(), headers=octet)
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(np.frombuffer(r.content, "<f4").reshape(3, 16), frame, atol=1e-5)
