@@ -158,6 +158,19 @@ def cross_site(scope, headers: dict, cors_origins) -> str | None:
     return None
 
 
+def _encoded_slash(scope) -> str | None:
+    """The message refusing a request whose path writes a ``/`` as ``%2F`` (any case), else None.
+
+    Starlette routes on the decoded path, so ``GET /v1/maps/toy-a2b%2Fversions`` answered the versions list
+    (another route) instead of refusing the name ``toy-a2b/versions``: no name or reference holds a ``/``. Read
+    from ``raw_path`` (the path as sent; a server that gives none is not checked)."""
+    raw = scope.get("raw_path")
+    if not raw or b"%2f" not in raw.lower():
+        return None
+    return (f"the path {raw.decode('latin-1')[:200]!r} writes a '/' as %2F: names and references never hold '/', "
+            f"and the service does not route on an encoded one; send each name as one path segment")
+
+
 def _route_scope(route) -> str | None:
     """The key scope a route's dependencies require (``require_scope`` marks its checks), or None."""
     stack = list(getattr(getattr(route, "dependant", None), "dependencies", []))
@@ -233,6 +246,8 @@ class GuardMiddleware:
         if settings.auth_disabled and (refused := cross_site(scope, headers, settings.cors_origins)):
             scope["route"] = route
             return await _send_error(send, 403, "CrossSiteRequestError", refused)
+        if (why := _encoded_slash(scope)) is not None:
+            return await _send_error(send, 422, "InputError", why)
         if need is not None:
             try:
                 auth = headers.get(b"authorization")

@@ -108,3 +108,19 @@ def test_the_transform_query_string_is_read_whole_not_in_part(world):
     r = c.post("/v1/maps/a2b/transform?output=frame&dim=16", content=X.tobytes(), headers=octet)
     assert r.status_code == 200, r.text
     np.testing.assert_allclose(np.frombuffer(r.content, "<f4").reshape(3, 16), frame, atol=1e-5)
+
+
+def test_a_slash_written_as_percent_2f_in_the_path_is_refused_not_routed(world):
+    """Starlette routes on the decoded path: ``GET /v1/maps/a2b%2Fversions`` answered a2b's versions (200) and
+    ``POST /v1/maps/a2b%2Ftransform`` transformed, where the name ``a2b/versions`` should have been refused (README:
+    a ``/`` in a name is an InputError, never another route). Any case of ``%2F`` in the path is a 422 now; one in
+    the query string is not the path's."""
+    c, _, d = world
+    for path in ("/v1/maps/a2b%2Fversions", "/v1/maps/a2b%2fversions", "/v1/spaces/a%2F..%2Fb"):
+        r = c.get(path, headers=R)
+        assert r.status_code == 422 and r.json()["error"]["type"] == "InputError", (path, r.text)
+        assert "%2F" in r.json()["error"]["message"], r.text
+    r = c.post("/v1/maps/a2b%2Ftransform", json={"vectors": d["X"][:1].tolist()}, headers=R)
+    assert r.status_code == 422 and "%2F" in r.json()["error"]["message"], r.text
+    assert c.get("/v1/maps/a2b/versions", headers=R).status_code == 200
+    assert c.get("/v1/maps?note=a%2Fb", headers=R).status_code == 200
