@@ -209,6 +209,6 @@ def spaces_delete(obj: Ctx, name):
 @click.pass_obj
 def spaces_add(obj: Ctx, name, dim, encoder, query_prefix, passage_prefix, description):
     """Register space NAME (the same operation as POST /v1/spaces)."""
-    s = create_space(obj.registry, get_encoder, name=name, dim=dim, encoder=encoder, query_prefix=query_prefix,
-                     passage_prefix=passage_prefix, description=description)
+    s, _ = create_space(obj.registry, get_encoder, name=name, dim=dim, encoder=encoder, query_prefix=query_prefix,
+                        passage_prefix=passage_prefix, description=description)
     click.echo(f"space {s.name} ({s.dim}-d)")

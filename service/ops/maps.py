@@ -549,7 +549,7 @@ def create_space(registry, load_encoder: Callable, *, name: str, dim: int | None
                  **details):
     """Register space ``name``: ``dim`` given, or taken from ``encoder`` (both given: they must agree).
 
-    ``details``: ``query_prefix``, ``passage_prefix``, ``description``. Returns the SpaceInfo.
+    ``details``: ``query_prefix``, ``passage_prefix``, ``description``. Returns ``(SpaceInfo, created)``.
     """
     if encoder:
         enc = load_encoder(encoder)
@@ -569,7 +569,7 @@ def create_space(registry, load_encoder: Callable, *, name: str, dim: int | None
             if old and new and (canonical_name(old) != canonical_name(new) if what == "encoder" else old != new):
                 raise ConflictError(f"space {name!r} has {what} {old!r}: texts embedded with {new!r} would not be "
                                     f"comparable with the vectors its maps and indexes hold; register a new space")
-    return registry.register_space(name, dim, encoder=encoder, **details)
+    return registry.upsert_space(name, dim, encoder=encoder, **details)
 
 
 def delete_space(registry, indexes, name: str):

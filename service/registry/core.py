@@ -161,6 +161,12 @@ class Registry(SteerRegistryMixin):
         A different ``dim`` raises ConflictError; other fields of an existing space are updated
         only when given (non-empty) and different.
         """
+        return self.upsert_space(name, dim, encoder, query_prefix, passage_prefix, description)[0]
+
+    def upsert_space(self, name: str, dim: int, encoder: str | None = None, query_prefix: str = "",
+                     passage_prefix: str = "", description: str = "") -> tuple[SpaceInfo, bool]:
+        """:meth:`register_space`, and whether this call created the space (False: it existed, and the fields
+        given were set on it), decided in the write's transaction."""
         check_name(name, "space name")
         if not isinstance(dim, int) or isinstance(dim, bool) or not 1 <= dim <= MAX_DIM:
             raise InvalidNameError(f"space dim must be an integer 1 .. {MAX_DIM}, got {str(dim)[:40]}")
@@ -172,19 +178,19 @@ class Registry(SteerRegistryMixin):
         check_text(encoder, "space encoder")
 
         def fn(t):
-            self._put_space(t, dict(name=name, dim=dim, encoder=encoder, query_prefix=query_prefix,
-                                    passage_prefix=passage_prefix, description=description))
-            return self._space_row(t, name)
+            made = self._put_space(t, dict(name=name, dim=dim, encoder=encoder, query_prefix=query_prefix,
+                                           passage_prefix=passage_prefix, description=description))
+            return self._space_row(t, name), made
 
         return self._write(fn)
 
-    def _ensure_space(self, t, name: str, dim: int, created: str | None = None) -> None:
+    def _ensure_space(self, t, name: str, dim: int, created: str | None = None) -> bool:
         """Space ``name`` of width ``dim``, made now (or at ``created``: an imported space keeps its time) unless
-        it exists; ConflictError when it exists at another width."""
+        it exists; ConflictError when it exists at another width. Whether this call made it."""
         for _ in range(2):  # the row is held (KEY SHARE) until commit: a concurrent delete_space waits, then sees the
             # map or steer this transaction adds (PostgreSQL's READ COMMITTED let it delete the space under them)
-            t.q("INSERT INTO spaces (name, dim, created_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
-                (name, dim, created or now()))
+            made = bool(t.q("INSERT INTO spaces (name, dim, created_at) VALUES (?, ?, ?) ON CONFLICT (name) "
+                            "DO NOTHING RETURNING name", (name, dim, created or now())))
             row = t.one("SELECT dim FROM spaces WHERE name = ?" + self.db.key_share, (name,))
             if row is not None:  # else deleted between the two statements: made again
                 break
@@ -193,6 +199,7 @@ class Registry(SteerRegistryMixin):
         have = row["dim"]
         if int(have) != int(dim):
             raise ConflictError(f"space {name!r} is {have}-d, not {dim}-d")
+        return made
 
     def _new_space(self, t, name: str, dim: int, encoder: str | None) -> None:
         """:meth:`_ensure_space`, recording ``encoder`` on the space when this transaction creates it."""
@@ -201,14 +208,16 @@ class Registry(SteerRegistryMixin):
         if new and encoder:
             t.q("UPDATE spaces SET encoder = ? WHERE name = ?", (encoder, name))
 
-    def _put_space(self, t, s: dict, *, keep: bool = False) -> None:
+    def _put_space(self, t, s: dict, *, keep: bool = False) -> bool:
         """Ensure space ``s["name"]`` (``s["dim"]``) and set the descriptive fields ``s`` gives (non-empty);
-        ``keep``: only those the space has not set (a bundle import never changes how a space here embeds)."""
-        self._ensure_space(t, s["name"], s["dim"], s.get("created_at"))
+        ``keep``: only those the space has not set (a bundle import never changes how a space here embeds).
+        Whether the space was made here."""
+        made = self._ensure_space(t, s["name"], s["dim"], s.get("created_at"))
         for col in ("encoder", "query_prefix", "passage_prefix", "description"):
             if s.get(col):
                 unset = f" AND ({col} IS NULL OR {col} = '')" if keep else ""
                 t.q(f"UPDATE spaces SET {col} = ? WHERE name = ?{unset}", (s[col], s["name"]))
+        return made
 
     def _space_row(self, t, name: str) -> SpaceInfo:
         r = t.one("SELECT name, dim, encoder, query_prefix, passage_prefix, description, created_at "

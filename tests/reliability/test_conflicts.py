@@ -132,6 +132,17 @@ def test_same_space_with_different_dims(server):
     verify(server)
 
 
+def test_same_space_registered_by_many_clients_is_created_once(server):
+    """POST /v1/spaces is an upsert: 201 for the one request that created the space, 200 for every other (it
+    found the space and set its description), decided in each write's transaction, whichever process answers."""
+    name = f"up{next(_names)}"
+    got = at_once(server, lambda c, i: c.post("/v1/spaces", json={"name": name, "dim": 4, "description": f"d{i}"}))
+    codes = sorted(r.status_code for r in got)
+    assert codes == [200] * (CLIENTS - 1) + [201], codes
+    assert len({r.json()["created_at"] for r in got}) == 1, [r.text for r in got]
+    verify(server)
+
+
 def _fitted(server: Server, name: str, n: int, src: str = "a", alias: str | None = None) -> list[int]:
     with server.client(W) as c:
         out = []

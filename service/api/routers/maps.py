@@ -80,14 +80,18 @@ async def get_space(name: str, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.get_space, name)).to_dict())
 
 
-@router.post("/spaces", dependencies=[WriteScope, JSONOnly], status_code=201, summary="Register a space",
-             response_model=SpaceOut, responses=error_responses(409, 415))
+@router.post("/spaces", dependencies=[WriteScope, JSONOnly], status_code=201, summary="Register (or update) a space",
+             response_model=SpaceOut, responses={200: {"model": SpaceOut, "description": "The space existed; the "
+                                                       "fields given were set on it."}, **error_responses(409, 415)})
 async def create_space(body: Annotated[SpaceCreate, Body(openapi_examples=examples("create_space"))], state: StateDep):
-    info = await run_in_threadpool(
+    """An upsert: 201 with the new space, or 200 when a space of that name and `dim` existed, its `description`
+    (and a prefix or encoder it had not set) replaced by those given (non-empty); `created_at` is kept. Another
+    `dim`, or an encoder or prefix other than the one set, is a 409."""
+    info, created = await run_in_threadpool(
         lambda: map_ops.create_space(state.registry, state.encoder, name=body.name, dim=body.dim, encoder=body.encoder,
                                      query_prefix=body.query_prefix, passage_prefix=body.passage_prefix,
                                      description=body.description))
-    return FastJSONResponse(info.to_dict(), status_code=201)
+    return FastJSONResponse(info.to_dict(), status_code=201 if created else 200)
 
 
 @router.delete("/spaces/{name}", dependencies=[WriteScope], summary="Delete an unused space",

@@ -124,3 +124,20 @@ def test_a_slash_written_as_percent_2f_in_the_path_is_refused_not_routed(world):
     assert r.status_code == 422 and "%2F" in r.json()["error"]["message"], r.text
     assert c.get("/v1/maps/a2b/versions", headers=R).status_code == 200
     assert c.get("/v1/maps?note=a%2Fb", headers=R).status_code == 200
+
+
+def test_registering_a_space_again_answers_200_not_201(world):
+    """``POST /v1/spaces`` on a space that exists updates its description (an upsert) and answered 201 Created as if
+    it were new; a client could not tell a typo'd name that made a space from one that changed another's text. 201
+    now only when the space was made, 200 when it existed (``created_at`` kept)."""
+    c, _, _ = world
+    made = c.post("/v1/spaces", json={"name": "upsert", "dim": 4}, headers=W)
+    assert made.status_code == 201 and made.json()["description"] == "", made.text
+    again = c.post("/v1/spaces", json={"name": "upsert", "dim": 4, "description": "four columns"}, headers=W)
+    assert again.status_code == 200, again.text
+    assert again.json()["description"] == "four columns" and again.json()["created_at"] == made.json()["created_at"]
+    same = c.post("/v1/spaces", json={"name": "upsert", "dim": 4}, headers=W)
+    assert same.status_code == 200 and same.json()["description"] == "four columns", same.text
+    assert c.post("/v1/spaces", json={"name": "upsert", "dim": 5}, headers=W).status_code == 409
+    doc = c.get("/openapi.json", headers=R).json()["paths"]["/v1/spaces"]["post"]
+    assert {"200", "201"} <= set(doc["responses"]) and "upsert" in doc["description"]
