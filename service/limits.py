@@ -41,6 +41,12 @@ MAX_PATH_MAPS = 16  # maps a search may name as its path (`map` as a list)
 # at most (FAISS's k-means keeps max_points_per_centroid = 256 per list and discards the rest of a larger sample)
 IVF_TRAIN_PER_LIST = 64
 IVF_MAX_PER_LIST = 256
+#: Bound of a steer's strength ``eps`` (1: the trained strength) wherever a steer moves vectors: apply, steered
+#: search, the CLI; the LM routes' bound too (``service.ops.lm.MAX_LM_EPS``). Strength sweeps saturate below 100.
+#: Past it the answer is the steer's direction alone: a unit row's own part of ``q (I + eps W)`` is ~1 /
+#: (|eps| |q W|), under float32's resolution (6e-8) from |eps| sigma ~ 1e8, and the values, up to 1 + |eps| sigma,
+#: pass 1.8e19 (their squares overflow float32 in a client's norm) and then 3.4e38 (a NotRepresentableError).
+MAX_STEER_EPS = 1000.0
 
 
 #: limits shown in the table that the checks read from constants (pydantic schemas, codec, name rules), not from

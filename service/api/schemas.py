@@ -16,7 +16,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, creat
 
 from ..indexes import IndexInfo
 from ..indexes.csls import CSLS_WEIGHT
-from ..limits import DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_PATH_MAPS, MAX_SEED, check_json_depth
+from ..limits import (DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_PATH_MAPS, MAX_SEED, MAX_STEER_EPS,
+                      check_json_depth)
 from ..ops.plans import EVAL_MAX_QUERIES
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
 from ..registry.names import MAX_VERSION, check_text
@@ -48,6 +49,8 @@ Count = Annotated[int, Strict()]
 #: A real number in a JSON body: an integer or a float as JSON writes it (not `true`, not "nan").
 Real = Annotated[float, Strict()]
 Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 2**31-1).")
+#: A steer's strength: a real number within [-MAX_STEER_EPS, MAX_STEER_EPS] (service.limits says why)
+SteerEps = Annotated[Real, Field(ge=-MAX_STEER_EPS, le=MAX_STEER_EPS, allow_inf_nan=False)]
 Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: counting up from one past the largest "
                                 "id the index ever held; a deleted id is not used again).")
 #: A pinned map (``name``, ``name@alias``, ``name:N``) or a path of them in order (a list, at most MAX_PATH_MAPS):
@@ -249,9 +252,9 @@ class SearchOptions(_Strict):
     ef_search: Count | None = Field(None, ge=1, le=100_000, description="HNSW breadth for this request.")
     nprobe: Count | None = Field(None, ge=1, le=65_536, description="IVF lists probed for this request.")
     include_payloads: bool = True
-    steers: dict[str, Real] | None = Field(
+    steers: dict[str, SteerEps] | None = Field(
         None, description="Steered search: `{steer ref: eps}` applied to the queries in the index's space (after "
-                          "translation), composed by summing `sum eps_i W_i`.")
+                          f"translation), composed by summing `sum eps_i W_i` (|eps| at most {MAX_STEER_EPS:g}).")
     dim: Count | None = Dim
 
 
@@ -583,7 +586,8 @@ class SteerFitRequest(SteerFitOptions, _Vectors):
 
 
 class SteerApplyOptions(_Strict):
-    eps: Real = Field(1.0, description="Strength: 0 is the identity, 1 the trained strength, negative reverses.")
+    eps: SteerEps = Field(1.0, description="Strength: 0 is the identity, 1 the trained strength, negative reverses "
+                                           f"(|eps| at most {MAX_STEER_EPS:g}).")
     dim: Count | None = Dim
 
 

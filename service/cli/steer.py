@@ -14,9 +14,9 @@ from align.exceptions import DimensionMismatchError, InputError, PairCountError
 
 from ..encoders import get_encoder, space_encoder
 from ..io import VECTOR_SUFFIXES, check_not_input, is_text_path, read_texts, read_vectors, write_vectors
-from ..ops.steers import (apply_steer_job, bare_steer_ref, check_steer_fit, delete_steer_alias, delete_steer_version,
-                          describe_lens, embed_and_register, set_steer_alias, space_for_rows, steer_lens,
-                          transfer_and_register)
+from ..ops.steers import (apply_steer_job, bare_steer_ref, check_steer_eps, check_steer_fit, delete_steer_alias,
+                          delete_steer_version, describe_lens, embed_and_register, set_steer_alias, space_for_rows,
+                          steer_lens, transfer_and_register)
 from ..registry.names import parse_ref
 from ..storage import check_writable
 from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, json_opt, parse_kv, progress_bar,
@@ -141,6 +141,7 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
 @click.pass_obj
 def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, text_field, as_json):
     """Steer the rows of IN with Q (I + eps W) and write OUT (.npy, .npz, .fvecs, .parquet)."""
+    check_steer_eps(eps)  # before the input is read (texts: embedded)
     check_not_input(out, "OUT", inp)
     if Path(out).suffix.lower() not in VECTOR_SUFFIXES:  # before the input is read (texts: embedded) and steered
         raise InputError(f"OUT {out}: write {', '.join(VECTOR_SUFFIXES)}")

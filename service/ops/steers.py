@@ -21,12 +21,13 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from align.exceptions import DimensionMismatchError, InputError, PairCountError
+from align.options import check_number
 from align.steer import (MeanShift, Steer, apply_steers, check_steer_options, fit_mean_shift, fit_steer,
                          transfer_steer)
 from align.validation import as_matrix
 
 from ..encoders import space_encoder
-from ..limits import MAX_SEED
+from ..limits import MAX_SEED, MAX_STEER_EPS
 from ..progress import Progress, silent
 from ..registry import ConflictError, InvalidNameError, NotFoundError
 from ..registry.names import MAX_NAME, check_alias, check_name
@@ -34,7 +35,7 @@ from ..registry.names import MAX_NAME, check_alias, check_name
 __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
            "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "steer_lens", "describe_lens",
            "set_steer_alias", "delete_steer_alias", "delete_steer_version", "bare_steer_ref", "transfer_and_register",
-           "steer_queries"]
+           "steer_queries", "check_steer_eps"]
 
 # Accepted fit parameters and their defaults (the API schema can mirror this). The seed is no parameter: it is the
 # fit's own `random_state` (every face has one, default 0).
@@ -224,9 +225,17 @@ def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.nd
 
 
 # --- apply, lens ----------------------------------------------------------------------------------
+def check_steer_eps(eps, what: str = "eps") -> float:
+    """``eps`` as a float in [-:data:`~service.limits.MAX_STEER_EPS`, :data:`~service.limits.MAX_STEER_EPS`], else
+    InputError naming ``what``: 1e30 was applied, answering vectors of 1e29 (no longer the query, only the steer's
+    direction) whose squares overflow float32."""
+    return check_number(what, eps, -MAX_STEER_EPS, MAX_STEER_EPS)
+
+
 def apply_steer_job(Q, steers: Sequence[tuple[Steer | MeanShift, float]]) -> np.ndarray:
     """Steer queries ``Q`` (n, d) with several ``(steer, eps)`` pairs (linear steers composed exactly;
-    mean-shift baselines added afterwards)."""
+    mean-shift baselines added afterwards); each eps within :func:`check_steer_eps`."""
+    steers = [(s, check_steer_eps(e)) for s, e in steers]
     linear = [(s, e) for s, e in steers if isinstance(s, Steer)]
     shifts = [(s, e) for s, e in steers if isinstance(s, MeanShift)]
     if len(linear) + len(shifts) != len(steers):
@@ -342,6 +351,8 @@ def steer_queries(Q, steers: dict[str, float], space: str, *, load_steer) -> tup
     """
     if not steers:
         return Q, []
+    for ref, eps in steers.items():  # before any steer is loaded
+        check_steer_eps(eps, f"the eps of steer {ref!r}")
     pairs, used = [], []
     for ref, eps in steers.items():
         info, steer = load_steer(ref)

@@ -51,7 +51,7 @@ Per-request options (never shared state): `k`; `exact` (scan every row); `ef_sea
 `nprobe` (IVF); `csls` with `csls_k` and `csls_weight` (re-rank by CSLS to reduce hubness; scores are then
 CSLS scores `2 cos(q, d) - r(q) - csls_weight r(d)`, `scoring="csls"`; the default weight 0.5 is half the
 classic one: it kept more of native recall in migrated indexes, corpus- and query-side);
-`steers` (`{"name@alias": eps, ...}`: steers of the index's space applied
+`steers` (`{"name@alias": eps, ...}`, |eps| at most 1000: steers of the index's space applied
 to the queries after translation, composed by summation; `steers` in the response lists them).
 """
 

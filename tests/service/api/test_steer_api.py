@@ -270,3 +270,43 @@ def test_a_steer_alias_can_be_removed(world):
     assert c.delete("/v1/steers/pinme/aliases/prod", headers=W).status_code == 404
     assert c.delete("/v1/steers/nope/aliases/prod", headers=W).status_code == 404
     assert c.delete("/v1/steers/pinme/aliases/1bad", headers=W).status_code == 422
+
+
+def test_a_steer_strength_is_bounded_where_it_reaches_the_numbers(world):
+    """``eps`` was unbounded in apply and in steered search (1e30: 200, vectors of ~1e29 whose squares overflow
+    float32 in a client's norm, no longer the query but the steer's direction alone), while the LM routes took
+    [-1000, 1000]. Both are bounded by MAX_STEER_EPS now: a 422 naming the field, declared in the schema."""
+    MAX_STEER_EPS = 1000.0  # service.limits.MAX_STEER_EPS, as the LM routes' MAX_LM_EPS
+
+    c, Q = world["c"], world["Q"][:3]
+    for eps in (1e30, -1e30, 1000.5, 1e308):
+        r = c.post("/v1/steers/attr/apply", headers=R, json={"vectors": Q.tolist(), "eps": eps})
+        assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "eps"], (eps, r.text)
+        r = c.post("/v1/indexes/corpus/search", headers=R, json={"vectors": Q.tolist(), "k": 3,
+                                                                 "steers": {"attr@prod": eps}})
+        assert r.status_code == 422 and "steers.attr@prod" in r.json()["error"]["message"], (eps, r.text)
+    for eps in (MAX_STEER_EPS, -MAX_STEER_EPS):  # the bound itself is served, finite
+        r = c.post("/v1/steers/attr/apply", headers=R, json={"vectors": Q.tolist(), "eps": eps})
+        assert r.status_code == 200 and np.isfinite(np.asarray(r.json()["vectors"], dtype=np.float64)).all()
+        r = c.post("/v1/indexes/corpus/search", headers=R, json={"vectors": Q.tolist(), "k": 3,
+                                                                 "steers": {"attr": eps}})
+        assert r.status_code == 200 and all(np.isfinite(h["score"]) for row in r.json()["results"] for h in row)
+    paths = c.get("/openapi.json", headers=R).json()["paths"]
+    for path, field in (("/v1/steers/{ref}/apply", "eps"), ("/v1/indexes/{name}/search", "steers")):
+        prop = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"][field]
+        eps_schema = prop if field == "eps" else next(s for s in prop["anyOf"] if s.get("type") == "object")[
+            "additionalProperties"]
+        assert (eps_schema["minimum"], eps_schema["maximum"]) == (-MAX_STEER_EPS, MAX_STEER_EPS), prop
+
+
+def test_steer_queries_bound_eps_for_every_face(world):
+    """The operation itself refuses, so the CLI and any other caller meet the bound too (naming the steer)."""
+    from align.exceptions import InputError
+    from service.ops.steers import apply_steer_job, steer_queries
+
+    reg, Q = world["reg"], world["Q"][:2]
+    with pytest.raises(InputError, match="the eps of steer 'attr' must be a number in \\[-1000, 1000\\]"):
+        steer_queries(Q, {"attr": 1e30}, "tb", load_steer=lambda ref: pytest.fail("loaded before the check"))
+    steer = reg.load_steer(reg.resolve_steer("attr"))
+    with pytest.raises(InputError, match="eps must be"):
+        apply_steer_job(Q, [(steer, -1e30)])

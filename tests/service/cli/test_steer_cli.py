@@ -298,3 +298,14 @@ def test_transfer_through_a_map_registers_in_the_target_space(fitted):
     # no --name: STEER-TARGETSPACE (the steer's own name, bound to toy, always failed with exit 2)
     text = vb(*base, "steer", "transfer", "--steer", "attr:1", "--map", "toy2toy2").stdout
     assert text.startswith("registered steer attr-toy2:1 in space toy2")
+
+
+def test_apply_refuses_an_eps_past_the_bound_before_reading_its_input(fitted):
+    """``steer apply --eps 1e30`` wrote rows of ~1e29 (exit 0), as HTTP answered them; the bound of every face now
+    (MAX_STEER_EPS), said in one line before IN is read (a missing file is not what is reported)."""
+    d = fitted[0]
+    for eps in ("1e30", "-1000.5"):
+        p = vb("--data-dir", d / "var", "steer", "apply", "--steer", "attr", "--eps", eps, d / "absent.npy",
+               d / "bounded.npy", check_code=2)
+        assert "eps must be a number in [-1000, 1000]" in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1 and not (d / "bounded.npy").exists()
