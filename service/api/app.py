@@ -33,10 +33,11 @@ from ..metrics import MULTIPROC_ENV, ServiceMetrics
 from ..memory import keep_heap
 from ..threads import limit_native_threads, release_native_threads
 from ..ui import mount_console
+from .document import finish_document
 from .errors import install_error_handlers
 from .deps import current_settings
 from .fastpath import FastPathMiddleware
-from .middleware import LOOPBACK_HOSTS, GuardMiddleware, ObserveMiddleware, accepted_hosts, body_limit
+from .middleware import LOOPBACK_HOSTS, GuardMiddleware, ObserveMiddleware, accepted_hosts
 from .responses import FastJSONResponse
 from .routers import collections, embeddings, fits, indexes, jobs, lm, maps, migrations, ops, plans, steers
 from .state import AppState, freeze_heap
@@ -168,7 +169,8 @@ async def _reconnect(state: AppState, first_wait: float = 0.5, longest_wait: flo
 
 
 def _document_limits(app: FastAPI, s: Settings) -> None:
-    """The limits table in the API description, and each route's body limit in its operation's description."""
+    """The limits table in the API description; the rest of the document's finishing pass (each route's body limit,
+    the request schemas' components, ...) is :func:`service.api.document.finish_document`."""
     from ..limits import limits_markdown
     from .protocol import MAX_HEAD_BYTES
 
@@ -189,17 +191,7 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
 
     def openapi() -> dict:
         if app.openapi_schema is None:
-            spec = build()
-            for path, ops in spec.get("paths", {}).items():
-                for method, op in ops.items():
-                    if method.upper() not in ("GET", "DELETE", "HEAD") and isinstance(op, dict):
-                        n, setting = body_limit(s, method.upper(), path)
-                        nb, setting_b = body_limit(s, method.upper(), path, "application/octet-stream")
-                        text = f"\n\nBody limit: {n} bytes (`{setting.split(';')[0]}`)"
-                        if nb != n:
-                            text += f"; binary bodies {nb} bytes (`{setting_b}`)"
-                        op["description"] = (op.get("description") or "") + text + "."
-            app.openapi_schema = spec
+            app.openapi_schema = finish_document(build(), s)
         return app.openapi_schema
 
     app.openapi = openapi

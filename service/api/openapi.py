@@ -20,7 +20,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["EXAMPLES", "json_body", "examples"]
+__all__ = ["EXAMPLES", "REF_TEMPLATE", "json_body", "examples"]
+
+#: where a request schema's ``$ref`` point: the document's components
+REF_TEMPLATE = "#/components/schemas/{model}"
 
 _A = [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0],
       [0.6, 0.8, 0.0, 0.0], [0.0, 0.0, 0.8, 0.6], [0.5, 0.5, 0.5, 0.5], [0.9, 0.0, 0.1, 0.4]]
@@ -132,7 +135,8 @@ def examples(route: str) -> dict[str, dict]:
 
 def json_body(model, route: str | None = None, *, extra_content: dict | None = None) -> dict:
     """``openapi_extra`` for a route that reads its JSON body itself: ``model``'s schema, the
-    route's examples, and any other media types (``extra_content``)."""
-    content = {"application/json": {"schema": model.model_json_schema(),
+    route's examples, and any other media types (``extra_content``). The schemas it uses (``$defs``) are referred
+    to as components: :func:`service.api.document.hoist_defs` moves them there."""
+    content = {"application/json": {"schema": model.model_json_schema(ref_template=REF_TEMPLATE),
                                     **({"examples": EXAMPLES[route]} if route else {})}}
     return {"requestBody": {"required": True, "content": {**content, **(extra_content or {})}}}
