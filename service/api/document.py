@@ -6,7 +6,10 @@ and the service's settings:
 * each operation's body limit, in its description (``body_limit``: the limit the guard enforces);
 * the ``$defs`` of the request schemas that routes read themselves (:func:`service.api.openapi.json_body`),
   moved into ``components.schemas``, where their ``$ref`` (``#/components/schemas/...``) point: left inside an
-  operation, ``#/$defs/...`` resolved from the document's root and found nothing.
+  operation, ``#/$defs/...`` resolved from the document's root and found nothing;
+* the error answers every route of a kind can give (:data:`COMMON_ANSWERS`): 400 from the guard's Host and
+  header checks on every route, 401 / 403 on every route that takes a key, 408 / 413 on every route that
+  reads a body.
 """
 
 from __future__ import annotations
@@ -15,7 +18,20 @@ from typing import Any
 
 from .middleware import body_limit
 
-__all__ = ["finish_document", "hoist_defs"]
+__all__ = ["COMMON_ANSWERS", "ERROR_SCHEMA", "finish_document", "hoist_defs"]
+
+ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorBody"}
+
+#: status -> (which operations can answer it, description). "all": every operation; "keyed": those that take an
+#: API key (``security``); "body": those that read a request body (every method but GET, HEAD and DELETE)
+COMMON_ANSWERS: dict[int, tuple[str, str]] = {
+    400: ("all", ("`InvalidHostError`: a Host header not in `allowed_hosts` (the probes /healthz and /readyz answer "
+                  "any); `InvalidHeaderError`: more than one `Content-Type` header.")),
+    401: ("keyed", "Missing or unknown API key (`WWW-Authenticate: Bearer`)."),
+    403: ("keyed", "The API key lacks the scope this route needs."),
+    408: ("body", "The request body stalled: no bytes for `body_timeout_s`."),
+    413: ("body", "Body over this route's limit (see the description) or more rows than `max_batch`."),
+}
 
 _NO_BODY = ("get", "head", "delete")
 
@@ -44,6 +60,17 @@ def hoist_defs(spec: dict) -> None:
     walk(spec.get("paths", {}))
 
 
+def _declare_common(op: dict, method: str) -> None:
+    responses = op.setdefault("responses", {})
+    for status, (which, text) in COMMON_ANSWERS.items():
+        if which == "keyed" and not op.get("security"):
+            continue
+        if which == "body" and not _takes_body(method):
+            continue
+        responses.setdefault(str(status), {"description": text,
+                                           "content": {"application/json": {"schema": dict(ERROR_SCHEMA)}}})
+
+
 def finish_document(spec: dict, settings) -> dict:
     """``spec`` (FastAPI's document) finished in place, as described in this module's docstring."""
     for path, ops in spec.get("paths", {}).items():
@@ -57,5 +84,6 @@ def finish_document(spec: dict, settings) -> dict:
                 if nb != n:
                     text += f"; binary bodies {nb} bytes (`{setting_b}`)"
                 op["description"] = (op.get("description") or "") + text + "."
+            _declare_common(op, method)
     hoist_defs(spec)
     return spec

@@ -84,10 +84,11 @@ _ERROR_TEXT = {
     404: "Unknown space, map, version, alias, index, job or encoder.",
     409: "Conflict with what is stored (deleted version, taken name, idempotency key reused with another body).",
     412: "Precondition failed: the alias is not where `If-Match` / `If-None-Match: *` said; nothing changed.",
-    413: "Body over `max_body_bytes` or more rows than `max_batch`.",
+    413: "Body over this route's limit (its description says which) or more rows than `max_batch`.",
     415: "Unsupported `Content-Type`.",
     422: "Invalid input: shape, dimension, NaN/Inf, empty, bad name, failed request validation.",
-    429: "Busy: the job queue is full, or `max_heavy_requests` plans / evaluations run already (`Retry-After`).",
+    429: "Busy: the job queue is full, `max_heavy_requests` plans / evaluations run already, or `lm_max_waiting` "
+         "requests wait for the language model (`Retry-After`).",
     503: "Registry not ready.",
 }
 

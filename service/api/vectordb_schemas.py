@@ -9,8 +9,8 @@ from pydantic import BaseModel, Field
 
 from .schemas import Count, Dim, MapPath, Real, Seed, _Page, _Strict, _Vectors
 
-__all__ = ["CollectionSearchOptions", "CollectionSearchRequest", "MigrationList", "MigrationRequest", "MigrationStatus",
-           "VerificationRequest"]
+__all__ = ["CollectionSearchOptions", "CollectionSearchRequest", "CollectionSearchResponse", "MigrationList",
+           "MigrationRequest", "MigrationStatus", "VerificationRequest"]
 
 
 class MigrationRequest(_Strict):
@@ -67,6 +67,20 @@ class CollectionSearchOptions(_Strict):
 
 class CollectionSearchRequest(CollectionSearchOptions, _Vectors):
     pass
+
+
+class CollectionHit(BaseModel):
+    id: int | str = Field(..., description="The row's id as the database keeps it (an integer or a string).")
+    score: float
+
+
+class CollectionSearchResponse(BaseModel):
+    collection: str
+    collection_space: str = Field(..., description="The space of the collection's vectors.")
+    space: str = Field(..., description="The queries' space.")
+    maps: list[dict[str, Any]] = Field(..., description="The map versions the queries went through, in order "
+                                                        "(empty when the spaces are the same).")
+    results: list[list[CollectionHit]] = Field(..., description="Per query, its hits, best first.")
 
 
 class MigrationStatus(BaseModel):

@@ -16,7 +16,11 @@ from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..openapi import json_body
 from ..responses import FastJSONResponse
 from ..schemas import error_responses
-from ..vectordb_schemas import CollectionSearchOptions, CollectionSearchRequest
+from ..vectordb_schemas import (
+    CollectionSearchOptions,
+    CollectionSearchRequest,
+    CollectionSearchResponse,
+)
 
 router = APIRouter(prefix="/v1", tags=["vector database"], responses=error_responses(401, 403, 404, 422, 503))
 
@@ -32,7 +36,8 @@ at a time, on one thread (the others wait their turn without holding a thread).
 
 @router.post("/collections/{name}/search", dependencies=[ReadScope, JSONOnly],
              summary="Search a vector-database collection with queries of another space", description=SEARCH_DOC,
-             openapi_extra=json_body(CollectionSearchRequest, "search_collection"), responses=error_responses(413, 415))
+             openapi_extra=json_body(CollectionSearchRequest, "search_collection"),
+             response_model=CollectionSearchResponse, responses=error_responses(413, 415))
 async def search_collection_route(name: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 

@@ -165,7 +165,8 @@ def _model_route(path: str, *, summary: str, body_model, response_model, example
 
         endpoint.__name__ = endpoint.__qualname__ = fn.__name__  # the OpenAPI operationId
         router.post(path, dependencies=[ReadScope, JSONOnly], summary=summary, response_model=response_model,
-                    openapi_extra=json_body(body_model, example), responses=error_responses(413, 415))(endpoint)
+                    openapi_extra=json_body(body_model, example),
+                    responses=error_responses(413, 415, 429))(endpoint)
         return fn
 
     return register

@@ -15,7 +15,7 @@ from ...memory import heap_settings
 from ...metrics import CONTENT_TYPE_LATEST
 from ..deps import MetricsAccess, ReadScope, StateDep
 from ..responses import FastJSONResponse
-from ..schemas import Health, Ready, ServiceInfo, error_responses
+from ..schemas import ErrorBody, Health, Ready, ServiceInfo, error_responses
 
 router = APIRouter(tags=["ops"])
 
@@ -97,7 +97,9 @@ async def _registry_check(state) -> str:
             description="Access per `metrics_access`: `key` (default: a key with the `read` scope), `open`, or "
                         "`off` (404). Shows map and index names.",
             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
-                             "description": "Prometheus text exposition format."}})
+                             "description": "Prometheus text exposition format."},
+                       **error_responses(401, 403),  # metrics_access=key
+                       404: {"model": ErrorBody, "description": "Metrics are off (`metrics_access=off`)."}})
 async def metrics(request: Request):
     state = request.app.state.vb
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

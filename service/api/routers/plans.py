@@ -9,6 +9,7 @@ from ...ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..codec import parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..openapi import json_body
+from ..plan_schemas import EvaluateResponse, PlanResponse
 from ..responses import FastJSONResponse
 from ..schemas import EvaluateRequest, PlanRequest, error_responses
 
@@ -47,7 +48,8 @@ queries, which map and search the whole corpus per curve point). Each side is `v
 
 
 @router.post("/plans", dependencies=[ReadScope, JSONOnly], summary="Plan a migration", description=PLAN_DOC,
-             openapi_extra=json_body(PlanRequest, "create_plan"), responses=error_responses(429))
+             openapi_extra=json_body(PlanRequest, "create_plan"), response_model=PlanResponse,
+             responses=error_responses(429))
 async def create_plan(request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 
@@ -85,7 +87,7 @@ in `retrieval`) the 95 % interval of each share.
 
 @router.post("/maps/{ref}/evaluate", dependencies=[ReadScope, JSONOnly], summary="Evaluate a map (labelled gate)",
              description=EVALUATE_DOC, openapi_extra=json_body(EvaluateRequest, "evaluate_map"),
-             responses=error_responses(429))
+             response_model=EvaluateResponse, responses=error_responses(404, 429))
 async def evaluate(ref: str, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 

@@ -16,6 +16,7 @@ from _servers import seeded_uvicorn
 from _vectordb_servers import milvus_url  # noqa: F401  (module-scoped server fixture)
 from fastapi.testclient import TestClient
 
+from service.api.vectordb_schemas import CollectionSearchResponse
 from service.vectordb import open_store
 
 
@@ -209,6 +210,7 @@ def test_a_collection_is_searched_with_queries_of_another_space(world):
     r = c.post("/v1/collections/hs_b/search", json={"vectors": X[:10].tolist(), "space": "a", "k": 3})
     assert r.status_code == 200, r.text
     out = r.json()
+    CollectionSearchResponse.model_validate(out)  # the answer's schema in /openapi.json (it was `{}`)
     assert out["collection_space"] == "b" and [v["name"] + f":{v['version']}" for v in out["maps"]] == ["a2b:1"]
     assert [hits[0]["id"] for hits in out["results"]] == [3 * i for i in range(10)]  # each row finds itself
     assert all(len(h) == 3 and h[0]["score"] > 0.99 for h in out["results"])

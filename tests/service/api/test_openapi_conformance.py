@@ -111,6 +111,23 @@ def test_success_bodies_match_their_schema(world):
          body={"vectors": np.ones((1, 3)).tolist()})
 
 
+def test_plan_and_evaluation_answers_match_their_schema(world):
+    """Their 200 was documented as ``{}`` (anything); now PlanResponse and EvaluateResponse, which the answers of a
+    labelled plan and a gated labelled evaluation must match."""
+    s = world
+    X, Y, _ = planted()  # the rows a2b was fitted on (populate)
+    X, Y = X[:64], Y[:64]
+    labelled = {"queries": {"vectors": Y[:6].tolist()}, "relevant": list(range(6))}
+    r = call(s, "post", "/v1/plans", expect=200, body={
+        "old": {"vectors": X.tolist()}, "probe_source": {"vectors": X.tolist()},
+        "probe_target": {"vectors": Y.tolist()}, "old_queries": {"vectors": X[:6].tolist()}, **labelled})
+    assert r.json()["recommended"]["k"] >= 1 and "native" in r.json()
+    r = call(s, "post", "/v1/maps/{ref}/evaluate", expect=200, path_parameters={"ref": "a2b"}, body={
+        "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}, "min_retention": 0.5, "min_top1": 0.5,
+        "max_queries": 20, **labelled})
+    assert r.json()["result"] == "PASS" and "intervals" in r.json() and r.json()["retrieval"]["labelled"]
+
+
 def test_error_bodies_match_their_schema(world):
     s = world
     wide = np.ones((1, 17)).tolist()

@@ -1,0 +1,97 @@
+"""Answer schemas of ``POST /v1/plans`` and ``POST /v1/maps/{ref}/evaluate`` (what :func:`align.plan_migration` and
+:func:`service.ops.plans.evaluate_map` return), kept apart from :mod:`.schemas`.
+
+Each names the keys every answer has; the figures that depend on the request (labelled queries, a gate, a sample
+of the pairs) are listed as optional, and any other key of align's result passes (``extra="allow"``): the
+schema documents the answer, it does not cut it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["EvaluateResponse", "PlanResponse"]
+
+Share = float | None  # a retention or recall; null where it is undefined (no query finds its document natively)
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class CurvePoint(_Open):
+    k: int = Field(..., description="Pairs fitted.")
+    mean: float = Field(..., description="Mean retention of the repeats at this K.")
+    spread: float
+
+
+class Forecast(_Open):
+    k: int
+    method: str
+    retention: float
+    low: float
+    high: float
+    extrapolated: bool = Field(..., description="Beyond the probe's largest K.")
+    whole_corpus: bool = Field(False, description="K reaches the size of `old`: re-embed all of it.")
+    r10: float | None = Field(None, description="With labelled queries: the migrated index's predicted R@10.")
+
+
+class Recommendation(_Open):
+    method: str
+    k: int
+    whole_corpus: bool
+
+
+class PlanResponse(_Open):
+    alignability: float = Field(..., description="kNN@10 overlap of the two spaces on the probe beyond chance.")
+    unsupervised_feasible: bool
+    knn_overlap: float = Field(..., description="The raw kNN@10 overlap.")
+    n_probe: int
+    n_probe_repeated: int
+    n_probe_holdout: int
+    metric: str = Field(..., description="What the curve and the forecast are of.")
+    curve: dict[str, list[CurvePoint]] = Field(..., description="Per method, the simulated retention per K.")
+    best_method: str
+    fit: dict[str, Any]
+    fits: dict[str, dict[str, Any]]
+    predicted: list[Forecast]
+    target_retention: float
+    recommended: Recommendation
+    rows_to_embed: list[int] = Field(..., description="Rows of `old` to re-embed for the recommended K.")
+    notes: list[str]
+    n_queries: int | None = None
+    n_corpus: int | None = None
+    native: dict[str, Any] | None = Field(None, description="With labelled queries: their R@10 under each model.")
+    labelled: dict[str, Any] | None = None
+
+
+class Retrieval(_Open):
+    n_pairs: int
+    retention: Share = Field(..., description="Labelled R@10 retention with queries, else `nn_retention@10`.")
+    retention_metric: str
+    labelled: dict[str, Any] | None = Field(None, description="R@1, R@10, nDCG@10 and MRR of the labelled queries "
+                                                              "over the mapped and the native documents.")
+    retention_interval: list[float] | None = None
+    min_retention: float | None = None
+    passed: bool | None = None
+    result: Literal["PASS", "FAIL"] | None = None
+    gate_within_interval: bool | None = None
+
+
+class EvaluateResponse(_Open):
+    map: str = Field(..., description="The version evaluated, `name:N`.")
+    n_candidates: int
+    n_queries: int
+    top1: float
+    mean_rank: float
+    cos: float = Field(..., description="Mean cosine to the true partner in the target's centred frame.")
+    cos_raw: float = Field(..., description="The same of the raw output, what a transform returns.")
+    retrieval: Retrieval
+    retention: Share
+    intervals: dict[str, Any] | None = Field(None, description="When a sample of the pairs was ranked: the 95 % "
+                                                               "interval of each share.")
+    min_top1: float | None = None
+    min_retention: float | None = None
+    result: Literal["PASS", "FAIL"] | None = Field(None, description="With a gate: PASS only when each gate passes.")

@@ -1,0 +1,114 @@
+"""Every status the service answers a route with is one the OpenAPI document declares for it.
+
+Each route of the document is called, in a populated service, the ways every route of its kind can fail: with two
+``Content-Type`` headers (400, the guard), without a key and with a key of the other scope (401 / 403), with a body
+over its limit (413), and, where its path names things, with names nothing has (404, or what the route answers
+first). Before, the document left out 400 everywhere, 413 on the small-body routes (spaces, aliases, tags, steer
+transfers), 404 on ``POST /v1/maps/{ref}/evaluate``, and 401 / 403 / 404 on ``/metrics``; and the answers of
+plans, evaluations and collection searches had the empty schema ``{}``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from _api_support import WONLY, R, W, populate, settings_for
+from fastapi.testclient import TestClient
+
+from service.api import create_app
+from service.api.middleware import body_limit
+
+#: what each path parameter is filled with: a name nothing has (a version and a key that would exist)
+UNKNOWN = {"name": "nope", "ref": "nope", "alias": "prod", "version": "1", "key": "owner", "job_id": "nope",
+           "model_id": "nope"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    settings = settings_for(tmp_path_factory.mktemp("answers"), max_body_bytes=100_000)
+    app = create_app(settings)
+    with TestClient(app) as client:
+        populate(app.state.vb.registry)
+        yield client, app.openapi(), settings
+
+
+def _operations(doc):
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            yield method.upper(), path, op
+
+
+def _url(path: str, values: dict | None = None) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: (values or UNKNOWN)[m.group(1)], path)
+
+
+def _declared(op) -> set[int]:
+    return {int(c) for c in op["responses"]}
+
+
+def _check(seen: list, method: str, path: str, op, status: int) -> None:
+    seen.append((method, path, status, status in _declared(op)))
+
+
+def _undeclared(seen):
+    return [s[:3] for s in seen if not s[3]]
+
+
+def test_the_guards_answers_are_declared_on_every_route(world):
+    client, doc, settings = world
+    seen = []
+    for method, path, op in _operations(doc):
+        url = _url(path)
+        r = client.request(method, url, headers=[("authorization", W["Authorization"]),
+                                                 ("content-type", "application/json"), ("content-type", "text/plain")])
+        assert r.status_code == 400 and r.json()["error"]["type"] == "InvalidHeaderError", (method, path, r.text)
+        _check(seen, method, path, op, r.status_code)
+        if op.get("security") or path == "/metrics":
+            for headers in ({}, R, WONLY):  # no key; each one-scope key: one of them lacks the route's scope
+                _check(seen, method, path, op, client.request(method, url, headers=headers).status_code)
+        if method not in ("GET", "HEAD", "DELETE"):
+            limit, _ = body_limit(settings, method, path)
+            r = client.request(method, url, content=b" " * (limit + 1),
+                               headers={**W, "content-type": "application/json"})
+            assert r.status_code == 413, (method, path, r.status_code, r.text[:200])
+            _check(seen, method, path, op, r.status_code)
+    statuses = {s[2] for s in seen}
+    assert {400, 401, 403, 413} <= statuses
+    assert not _undeclared(seen), _undeclared(seen)
+
+
+def test_unknown_names_are_declared_answers(world):
+    """Each route whose path names something, called with names nothing has (and its first example's body)."""
+    client, doc, _ = world
+    seen = []
+    for method, path, op in _operations(doc):
+        if "{" not in path:
+            continue
+        examples = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("examples", {})
+        body = next(iter(examples.values()))["value"] if examples else None
+        r = client.request(method, _url(path), json=body, headers=W)
+        assert r.status_code < 500 or r.status_code == 503, (method, path, r.status_code, r.text[:300])
+        _check(seen, method, path, op, r.status_code)
+    assert ("POST", "/v1/maps/{ref}/evaluate", 404, True) in seen
+    assert sum(s[2] == 404 for s in seen) > 20
+    assert not _undeclared(seen), _undeclared(seen)
+
+
+def test_the_metrics_answers_are_declared(world, tmp_path):
+    client, doc, _ = world
+    op = doc["paths"]["/metrics"]["get"]
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=WONLY).status_code == 403
+    with TestClient(create_app(settings_for(tmp_path, metrics_access="off"))) as off:
+        assert off.get("/metrics", headers=R).status_code == 404
+    assert {401, 403, 404} <= _declared(op)
+
+
+def test_every_json_answer_has_a_schema(world):
+    _, doc, _ = world
+    empty = [(method, path, status) for method, path, op in _operations(doc) for status, resp in op["responses"].items()
+             if resp.get("content", {}).get("application/json", {"schema": {"x": 1}}).get("schema") == {}]
+    assert not empty, empty
+    plans = doc["paths"]["/v1/plans"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert plans == {"$ref": "#/components/schemas/PlanResponse"}
