@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match, Mount
 
 from align.exceptions import VecbridgeError
 
@@ -101,13 +102,27 @@ def _validation_handler(request: Request, exc: RequestValidationError) -> FastJS
     return _domain_handler(request, validation_error(exc.errors()))
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app takes at this request's path (Starlette's 405 names only the methods of
+    the first route whose path matched: ``PATCH /v1/indexes/x`` said ``Allow: GET``, though DELETE is there too).
+    Asked of the routes as the router asks them (included routers too); mounts take any method, so not them."""
+    routes = [r for r in request.app.router.routes if not isinstance(r, Mount)]
+    return [m for m in _METHODS if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes)]
+
+
 def _http_handler(request: Request, exc: StarletteHTTPException) -> FastJSONResponse:
     kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
         message = f"no route {request.method} {request.url.path}; see /docs"
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405 and (allowed := _allowed_methods(request)):
+        headers["Allow"] = ", ".join(allowed)  # RFC 9110: every method the resource supports
     return FastJSONResponse(_body(kind, exc.status_code, message), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+                            headers=headers or None)
 
 
 def _disconnect_handler(request: Request, exc: ClientDisconnect) -> FastJSONResponse:

@@ -112,3 +112,23 @@ def test_every_json_answer_has_a_schema(world):
     assert not empty, empty
     plans = doc["paths"]["/v1/plans"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert plans == {"$ref": "#/components/schemas/PlanResponse"}
+
+
+def test_a_405_allows_every_method_of_the_path(world):
+    """``Allow`` named only the methods of the first route whose path matched (``PATCH /v1/indexes/x``: ``GET``, though
+    ``DELETE /v1/indexes/{name}`` exists); RFC 9110 asks for every method the resource takes: here, every operation
+    the document has at a path the URL matches (and HEAD where a route takes it outside the document)."""
+    client, doc, _ = world
+    templates = {re.compile("^" + re.sub(r"\\{\w+\\}", "[^/]+", re.escape(p)) + "$"): p for p in doc["paths"]}
+    several = 0
+    for path in doc["paths"]:
+        url = _url(path)
+        documented = {m.upper() for rx, p in templates.items() if rx.match(url) for m in doc["paths"][p]}
+        r = client.request("PATCH", url, headers=W)
+        assert r.status_code == 405 and r.json()["error"]["type"] == "MethodNotAllowed", (url, r.text)
+        allow = set(r.headers["allow"].split(", "))
+        assert documented <= allow <= documented | {"HEAD"}, (url, allow, documented)
+        several += len(documented) > 1
+    assert several >= 10
+    assert client.request("PATCH", "/v1/indexes/x", headers=W).headers["allow"] == "DELETE, GET"
+    assert client.request("HEAD", "/v1/spaces", headers=W).headers["allow"] == "GET, POST"
