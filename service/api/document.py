@@ -9,7 +9,10 @@ and the service's settings:
   operation, ``#/$defs/...`` resolved from the document's root and found nothing;
 * the error answers every route of a kind can give (:data:`COMMON_ANSWERS`): 400 from the guard's Host and
   header checks on every route, 401 / 403 on every route that takes a key, 408 / 413 on every route that
-  reads a body.
+  reads a body;
+* the configured value of a limit where a schema says it stands for one (``x-limit``: the name of a
+  ``limits`` setting, replaced by ``maximum`` = that setting's value: ``k`` of a search says this service's
+  ``limits.max_k``, not the 10,000 no setting may exceed).
 """
 
 from __future__ import annotations
@@ -60,6 +63,19 @@ def hoist_defs(spec: dict) -> None:
     walk(spec.get("paths", {}))
 
 
+def _apply_limits(node: Any, limits) -> None:
+    """``x-limit: NAME`` in a schema: its ``maximum`` becomes ``limits.NAME`` (the service's configured value)."""
+    if isinstance(node, dict):
+        name = node.pop("x-limit", None)
+        if name is not None:
+            node["maximum"] = getattr(limits, name)
+        for value in node.values():
+            _apply_limits(value, limits)
+    elif isinstance(node, list):
+        for value in node:
+            _apply_limits(value, limits)
+
+
 def _declare_common(op: dict, method: str) -> None:
     responses = op.setdefault("responses", {})
     for status, (which, text) in COMMON_ANSWERS.items():
@@ -86,4 +102,5 @@ def finish_document(spec: dict, settings) -> dict:
                 op["description"] = (op.get("description") or "") + text + "."
             _declare_common(op, method)
     hoist_defs(spec)
+    _apply_limits(spec, settings.limits)
     return spec

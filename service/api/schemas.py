@@ -21,6 +21,7 @@ from ..limits import (DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_PATH_MAPS, M
 from ..ops.plans import EVAL_MAX_QUERIES
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
 from ..registry.names import MAX_VERSION, check_text
+from .name_types import AliasName, IndexName, Name, Ref
 
 __all__ = [
     "MAX_VERSION", "ErrorBody",
@@ -56,7 +57,7 @@ Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: counting u
 #: A pinned map (``name``, ``name@alias``, ``name:N``) or a path of them in order (a list, at most MAX_PATH_MAPS):
 #: what a search's or an embedding's ``map`` takes; ``service.ops.indexes.translation`` checks it hop by hop.
 # "" was taken as no map (the registry's path) where [] was a 422
-MapPath = Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=MAX_PATH_MAPS)]
+MapPath = Annotated[Ref, Field(min_length=1)] | Annotated[list[Ref], Field(min_length=1, max_length=MAX_PATH_MAPS)]
 
 
 class _Strict(BaseModel):
@@ -104,7 +105,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 # --- spaces and maps ----------------------------------------------------------------------------
 class SpaceCreate(_Strict):
-    name: str
+    name: Name
     dim: Count | None = Field(None, ge=1, le=MAX_DIM, description=f"Columns (1 .. {MAX_DIM}); taken from the encoder "
                                                                 "when omitted.")
     encoder: str | None = Field(None, description="Installed encoder that produces this space (GET /v1/models).")
@@ -188,8 +189,8 @@ class TransformResponse(BaseModel):
 
 # --- indexes ------------------------------------------------------------------------------------
 class IndexCreateOptions(_Strict):
-    name: str = Field(..., description="Index name: 1-128 of [A-Za-z0-9._-].")
-    space: str = Field(..., description="Registered space whose vectors the index stores.")
+    name: IndexName
+    space: Name = Field(..., description="Registered space whose vectors the index stores.")
     kind: Literal["auto", "flat", "hnsw", "ivf"] = Field(
         "auto", description="`auto`: exact flat below 50k rows, HNSW below 1M, IVF above.")
     metric: Literal["cosine", "ip"] = "cosine"
@@ -232,16 +233,16 @@ class IndexDelete(_Strict):
 
 class SearchOptions(_Strict):
     texts: list[str] | None = Field(None, description="Queries as texts, embedded with `space`'s encoder (query form).")
-    space: str | None = Field(None, description="Space of the queries (default: the index's). Any registered space "
+    space: Name | None = Field(None, description="Space of the queries (default: the index's). Any registered space "
                                                 "with a path of maps to the index's space works.")
     map: MapPath | None = Field(
         None, description="Use this map (`name`, `name@alias`, `name:N`) instead of the registry's path, or a path of "
                           "them in order (a list: from `space` to the index's space), e.g. the `maps` of an earlier "
                           "answer as `name:version`: every batch of a large query set then goes through the same "
                           "versions, whatever aliases move meanwhile.")
-    k: Count = Field(10, ge=1, le=10_000, description=f"Results per query: at most `max_k` "
-                                                    f"(default {DEFAULT_LIMITS.max_k}); queries × k at most `max_hits` "
-                                                    f"(default {DEFAULT_LIMITS.max_hits}).")
+    k: Count = Field(10, ge=1, le=10_000, json_schema_extra={"x-limit": "max_k"}, description=(  # document.py
+        f"Results per query: at most `limits.max_k` (default {DEFAULT_LIMITS.max_k}; the maximum here is this "
+        f"service's); queries × k at most `max_hits` (default {DEFAULT_LIMITS.max_hits})."))
     csls: bool = Field(False, description="Re-rank candidates by CSLS (reduces hubness of mapped queries).")
     csls_k: Count = Field(10, ge=1, le=1000)
     csls_weight: Real = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
@@ -288,9 +289,9 @@ class FitSide(_Vectors):
 
 
 class FitRequest(_Strict):
-    name: str = Field(..., description="Map name; the fit registers its next version.")
-    source_space: str
-    target_space: str
+    name: Name = Field(..., description="Map name; the fit registers its next version.")
+    source_space: Name
+    target_space: Name
     source: FitSide
     target: FitSide
     method: str = Field("minivec2vec", description="As in the CLI: minivec2vec (unsupervised), procrustes, "
@@ -304,8 +305,9 @@ class FitRequest(_Strict):
     seed_pairs: list[tuple[int, int]] | None = Field(None, description="Known (source row, target row) pairs "
                                                                        "seeding an unsupervised fit.")
     random_state: Count = Seed
-    alias: str | None = Field(None, description="Point this alias (e.g. prod) at the new version; not when the fit "
-                                                "is flagged unreliable (the job's `notes` say where it stays).")
+    alias: AliasName | None = Field(None, description="Point this alias (e.g. prod) at the new version; not when the "
+                                                      "fit is flagged unreliable (the job's `notes` say where it "
+                                                      "stays).")
     description: DescriptionText = Description
 
 
@@ -355,7 +357,7 @@ class EmbeddingsRequest(_Strict):
     dimensions: Count | None = Field(None, description="Accepted only when equal to the output dimension "
                                                      "(these models cannot truncate).")
     user: str | None = None
-    target_space: str | None = Field(None, description="Translate the embeddings into this space through the "
+    target_space: Name | None = Field(None, description="Translate the embeddings into this space through the "
                                                        "registry's maps (vecbridge extension).")
     input_type: Literal["passage", "query"] = Field("passage", description="Encoder form (vecbridge extension).")
     map: MapPath | None = Field(
@@ -565,8 +567,8 @@ class EmbeddingsResponse(BaseModel):
 
 # --- steers -------------------------------------------------------------------------------------
 class SteerFitOptions(_Strict):
-    name: str = Field(..., description="Steer name; the fit registers its next version.")
-    space: str = Field(..., description="Embedding space of the steer (created from the data when new).")
+    name: Name = Field(..., description="Steer name; the fit registers its next version.")
+    space: Name = Field(..., description="Embedding space of the steer (created from the data when new).")
     labels: list[int] = Field(..., description="One per row: +1 wanted attribute, -1 opposite, 0 neutral context.")
     texts: list[str] | None = Field(None, description="Rows as texts, embedded with `encoder` (default: the "
                                                       "space's encoder); they also name the items of the lens.")
@@ -577,7 +579,7 @@ class SteerFitOptions(_Strict):
                                  "which takes no other), `rank` (lm-steer), `n_neighbors`, `ridge`, `temperature`, "
                                  "`max_iter`, ... (the seed is `random_state` below, not a parameter)")
     random_state: Count = Seed
-    alias: str | None = None
+    alias: AliasName | None = None
     description: DescriptionText = Description
     dim: Count | None = Dim
 
@@ -611,10 +613,10 @@ class SteerDeleted(SteerOut):
 
 
 class SteerTransferRequest(_Strict):
-    map: str = Field(..., description="Map ref (NAME, NAME@alias, NAME:N) whose source space is the steer's space.")
-    name: str | None = Field(None, description="Name of the transferred steer (default: "
-                                   "`{steer's name}-{target space}`; 422 if that is over 128 characters).")
-    alias: str | None = None
+    map: Ref = Field(..., description="Map ref (NAME, NAME@alias, NAME:N) whose source space is the steer's space.")
+    name: Name | None = Field(None, description="Name of the transferred steer (default: "
+                                    "`{steer's name}-{target space}`; 422 if that is over 128 characters).")
+    alias: AliasName | None = None
     description: DescriptionText = Description
 
 

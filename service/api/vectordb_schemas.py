@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .name_types import Name, Ref
 from .schemas import Count, Dim, MapPath, Real, Seed, _Page, _Strict, _Vectors
 
 __all__ = ["CollectionSearchOptions", "CollectionSearchRequest", "CollectionSearchResponse", "MigrationList",
@@ -17,15 +18,15 @@ class MigrationRequest(_Strict):
     source: str = Field(..., description="Collection (or alias) of the old model's vectors in the service's vector "
                                          "database (`VECBRIDGE_VECTORDB_URL`).")
     target: str = Field(..., description="New collection for the mapped vectors (same ids and fields).")
-    map: str = Field(..., description="Registry ref of the map (`name`, `name@alias`, `name:N`); pinned to its "
+    map: Ref = Field(..., description="Registry ref of the map (`name`, `name@alias`, `name:N`); pinned to its "
                                       "version when the request is accepted.")
     alias: str | None = Field(None, description="Switched to the target once every row is written.")
     batch_size: Count = Field(2000, ge=1, le=100_000, description="Rows per read / map / write step (and checkpoint).")
     pause: Real = Field(0.0, ge=0, le=60, description="Seconds to sleep after each batch (spares a busy database).")
     overwrite: bool = Field(False, description="Drop an existing target before a fresh start (never when resuming, "
                                                "never one an alias serves).")
-    source_space: str | None = Field(None, description="Space of the source vectors (checked against the map's).")
-    target_space: str | None = Field(None, description="Space recorded on the target (default: the map's).")
+    source_space: Name | None = Field(None, description="Space of the source vectors (checked against the map's).")
+    target_space: Name | None = Field(None, description="Space recorded on the target (default: the map's).")
     index: Literal["hnsw", "ivfflat", "none", "like"] | None = Field(
         None, description="PostgreSQL: the target's index (default like: the source table's own, method and options).")
     id_field: str | None = None
@@ -41,7 +42,7 @@ class VerificationRequest(_Strict):
     source: str | None = Field(None, description="The migration's source collection: check every row of "
                                                  "`collection` against map(source row) (missing, extra, wrong "
                                                  "vectors). Needs `map`.")
-    map: str | None = Field(None, description="Registry ref of the migration's map (with `source`).")
+    map: Ref | None = Field(None, description="Registry ref of the migration's map (with `source`).")
     n_sample: Count = Field(2000, ge=2, le=100_000, description="Rows sampled for the re-embedding check.")
     queries: Count = Field(200, ge=1, le=10_000, description="Queries of the engine-search check.")
     k: Count = Field(10, ge=1, le=1000)
@@ -54,12 +55,13 @@ class VerificationRequest(_Strict):
 
 class CollectionSearchOptions(_Strict):
     texts: list[str] | None = Field(None, description="Queries as texts, embedded with `space`'s encoder (query form).")
-    space: str = Field(..., description="Space of the queries; mapped into the collection's space by the registry's "
+    space: Name = Field(..., description="Space of the queries; mapped into the collection's space by the registry's "
                                         "path of maps.")
     map: MapPath | None = Field(None, description="Use this map (or path of maps, in order) instead of the registry's "
                                                   "path.")
-    k: Count = Field(10, ge=1, le=10_000, description="Results per query (at most `max_k`).")
-    collection_space: str | None = Field(None, description="Space of the collection's vectors when it records none "
+    k: Count = Field(10, ge=1, le=10_000, json_schema_extra={"x-limit": "max_k"},  # the configured max_k: document.py
+                     description="Results per query (at most `limits.max_k`).")
+    collection_space: Name | None = Field(None, description="Space of the collection's vectors when it records none "
                                                            "(a migrated collection records its space); one that "
                                                            "contradicts the recorded space is refused (422).")
     dim: Count | None = Dim

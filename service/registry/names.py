@@ -16,12 +16,22 @@ from ..limits import MAX_TAG_BYTES
 from .errors import InvalidNameError
 
 __all__ = ["check_name", "check_alias", "check_tag_key", "check_tag_value", "check_tag_count", "check_tags", "check_text",
-           "check_seed", "parse_ref", "parse_version", "fs_safe", "MAX_NAME", "MAX_TAG_BYTES", "MAX_TAGS"]
+           "check_seed", "parse_ref", "parse_version", "fs_safe", "MAX_NAME", "MAX_ALIAS", "MAX_REF", "MAX_TAG_BYTES",
+           "MAX_TAGS", "NAME_PATTERN", "ALIAS_PATTERN", "REF_PATTERN"]
 
 MAX_NAME = 128
+MAX_ALIAS = 64
 MAX_VERSION = 2**31 - 1  # PostgreSQL INTEGER
 _NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]|->)*")
 _ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9._-]*")
+_NO_DOTDOT = r"(?!.*\.\.)"
+#: The rules of :func:`check_name`, :func:`check_alias` and :func:`parse_ref` as whole-string patterns (JSON Schema /
+#: ECMA-262, Python's ``re`` alike: the OpenAPI document declares them), made of the expressions the checks use
+NAME_PATTERN = rf"^{_NO_DOTDOT}(?:{_NAME.pattern})$"
+ALIAS_PATTERN = rf"^{_NO_DOTDOT}(?:{_ALIAS.pattern})$"
+REF_PATTERN = (rf"^{_NO_DOTDOT}(?=[^@:]{{1,{MAX_NAME}}}(?:[@:]|$))(?:{_NAME.pattern})"  # name, @alias or :N
+               rf"(?:@(?=.{{1,{MAX_ALIAS}}}$)(?:{_ALIAS.pattern})|:[0-9]{{1,10}})?$")
+MAX_REF = MAX_NAME + 1 + MAX_ALIAS  # name@alias
 
 
 def check_name(name, what: str = "name") -> str:
@@ -39,9 +49,10 @@ def check_name(name, what: str = "name") -> str:
 
 def check_alias(alias) -> str:
     """Aliases: a letter or '_' first, then ``[A-Za-z0-9._-]``; purely numeric aliases are refused."""
-    if not isinstance(alias, str) or not alias or len(alias) > 64 or ".." in alias or not _ALIAS.fullmatch(alias):
-        raise InvalidNameError(f"alias {str(alias)[:40]!r} is not allowed: 1-64 letters, digits, '.', '_', '-' "
-                               "(no '..'), starting with a letter or '_'")
+    if (not isinstance(alias, str) or not alias or len(alias) > MAX_ALIAS or ".." in alias
+            or not _ALIAS.fullmatch(alias)):
+        raise InvalidNameError(f"alias {str(alias)[:40]!r} is not allowed: 1-{MAX_ALIAS} letters, digits, '.', '_', "
+                               "'-' (no '..'), starting with a letter or '_'")
     return alias
 
 

@@ -23,6 +23,7 @@ from ...limits import seed_of
 from ...ops import indexes as index_ops
 from ..codec import JSON, parse_options, parse_rows, texts_instead, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
+from ..name_types import IndexNamePath
 from ..openapi import examples, json_body
 from ..pagination import list_route
 from ..responses import FastJSONResponse, dumps
@@ -65,7 +66,7 @@ list_route(router, "/indexes", name="list_indexes", summary="List indexes", resp
 
 
 @router.get("/indexes/{name}", dependencies=[ReadScope], summary="Get an index", response_model=IndexOut)
-async def get_index(name: str, state: StateDep):
+async def get_index(name: IndexNamePath, state: StateDep):
     await state.after_loads(name)
     return FastJSONResponse(_info(await run_in_threadpool(state.indexes.get, name)))
 
@@ -96,7 +97,7 @@ async def create_index(request: Request, state: StateDep, settings: SettingsDep)
 
 
 @router.delete("/indexes/{name}", dependencies=[WriteScope], status_code=204, summary="Drop an index")
-async def drop_index(name: str, state: StateDep):
+async def drop_index(name: IndexNamePath, state: StateDep):
     await run_in_threadpool(state.indexes.delete, name)
     return Response(status_code=204)
 
@@ -104,7 +105,7 @@ async def drop_index(name: str, state: StateDep):
 @router.post("/indexes/{name}/vectors", dependencies=[WriteScope, JSONOnly],
              summary="Add rows (vectors or texts)", openapi_extra=json_body(IndexAdd, "add_vectors"),
              response_model=IndexAddResponse, responses=error_responses(409, 413, 415))
-async def add_vectors(name: str, request: Request, state: StateDep, settings: SettingsDep):
+async def add_vectors(name: IndexNamePath, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 
     def work():
@@ -121,7 +122,8 @@ async def add_vectors(name: str, request: Request, state: StateDep, settings: Se
 
 @router.post("/indexes/{name}/delete", dependencies=[WriteScope, JSONOnly], summary="Delete rows by id",
              response_model=IndexDeleteResponse, responses=error_responses(415))
-async def delete_vectors(name: str, body: Annotated[IndexDelete, Body(openapi_examples=examples("delete_vectors"))],
+async def delete_vectors(name: IndexNamePath,
+                         body: Annotated[IndexDelete, Body(openapi_examples=examples("delete_vectors"))],
                          state: StateDep):
     def work():
         idx = state.indexes.get(name)
@@ -135,7 +137,7 @@ async def delete_vectors(name: str, body: Annotated[IndexDelete, Body(openapi_ex
 @router.post("/indexes/{name}/search", dependencies=[ReadScope, JSONOnly], summary="Search, from any space",
              description=SEARCH_DOC, openapi_extra=json_body(SearchRequest, "search"), response_model=SearchResponse,
              responses=error_responses(413, 415))
-async def search(name: str, request: Request, state: StateDep, settings: SettingsDep):
+async def search(name: IndexNamePath, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
     await state.after_loads(name)
     found, response = await state.heavy.hop(lambda: search_call(state, settings, state.indexes.get(name), body),

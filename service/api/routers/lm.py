@@ -36,6 +36,7 @@ from ..codec import check_batch, parse_json, validate
 from ..deps import JSONOnly, ReadScope, StateDep
 from ..gate import Gate
 from ..job_routes import job_route
+from ..name_types import AliasName, Name
 from ..openapi import json_body
 from ..responses import FastJSONResponse
 from ..schemas import Count, Real, Seed, _Strict, error_responses
@@ -55,7 +56,7 @@ router = APIRouter(prefix="/v1/lm", tags=["lm"], responses=error_responses(401, 
 
 # --- schemas ------------------------------------------------------------------------------------
 class LMFitRequest(_Strict):
-    name: str = Field(..., description="Steer name; the fit registers its next version in space `lm.<model>`.")
+    name: Name = Field(..., description="Steer name; the fit registers its next version in space `lm.<model>`.")
     texts: list[str] = Field(..., min_length=2, description="Training texts.")
     labels: list[int] = Field(..., description="One per text: +1 wanted style, -1 opposite, 0 ignored.")
     rank: Count = Field(8, ge=1, le=1024, description="Rank r of W = P1 P2^T.")
@@ -64,7 +65,7 @@ class LMFitRequest(_Strict):
     steps: Count = Field(200, ge=1, le=20_000, description="Adam steps.")
     lr: Real = Field(1e-2, gt=0, le=ops.MAX_FIT_LR, allow_inf_nan=False, description="Adam learning rate.")
     random_state: Count = Seed
-    alias: str | None = None
+    alias: AliasName | None = None
     description: str = ""
 
 

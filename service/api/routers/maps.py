@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, get_args
 
 import numpy as np
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import HTMLResponse, Response
+from pydantic import WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import DimensionMismatchError, InputError
@@ -19,6 +20,7 @@ from ..codec import (JSON, NPY, OCTET, b64_encode, check_query, media_type, npy_
 from ..conditional import (IMMUTABLE, REVALIDATE, IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write,
                            answer, not_modified, read_responses, write_responses)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, VersionPath, WriteScope
+from ..name_types import AliasPath, NamePath, RefPath
 from ..openapi import examples, json_body
 from ..pagination import Page, list_route, paginate
 from ..responses import FastJSONResponse, dumps
@@ -63,6 +65,13 @@ more rows than `max_batch` or a body over `max_body_bytes` 413.
 
 TRANSFORM_QUERY = ("dim", "encoding_format", "output")  # any other query parameter, or one given twice: 422
 
+
+def _values_of(option: str) -> WithJsonSchema:
+    """The OpenAPI schema of the transform's query parameter ``option``: the values TransformOptions takes. The
+    route reads it as text and checks it with TransformOptions, as the fast path does, so both answer alike."""
+    return WithJsonSchema({"type": "string", "enum": list(get_args(TransformOptions.model_fields[option].annotation))})
+
+
 _TRANSFORM_BODY = json_body(TransformJSON, "transform", extra_content={
     OCTET: {"schema": {"type": "string", "format": "binary",
                        "description": "little-endian float32, row-major (n*d*4 bytes)"}},
@@ -76,7 +85,7 @@ list_route(router, "/spaces", name="list_spaces", summary="List spaces", respons
 
 
 @router.get("/spaces/{name}", dependencies=[ReadScope], summary="Get a space", response_model=SpaceOut)
-async def get_space(name: str, state: StateDep):
+async def get_space(name: NamePath, state: StateDep):
     return FastJSONResponse((await run_in_threadpool(state.registry.get_space, name)).to_dict())
 
 
@@ -96,7 +105,7 @@ async def create_space(body: Annotated[SpaceCreate, Body(openapi_examples=exampl
 
 @router.delete("/spaces/{name}", dependencies=[WriteScope], summary="Delete an unused space",
                response_model=SpaceOut, responses=error_responses(409))
-async def delete_space(name: str, state: StateDep):
+async def delete_space(name: NamePath, state: StateDep):
     """The space as it was. 409 naming them while maps, steers or indexes are in it (maps and steers keep their
     records for lineage, so a space once used stays); 404 when unknown."""
     return FastJSONResponse(
@@ -110,28 +119,28 @@ list_route(router, "/maps", name="list_maps", summary="List maps", response_mode
 
 @router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)",
             response_model=MapDetail, responses=read_responses())
-async def get_map(ref: str, state: StateDep, if_none_match: IfNoneMatch = None):
+async def get_map(ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = None):
     return answer(if_none_match, FastJSONResponse(
         await run_in_threadpool(map_ops.describe_map, state.registry, state.resolve, ref)))
 
 
 @router.get("/maps/{name}/versions", dependencies=[ReadScope], summary="List a map's versions",
             response_model=VersionList)
-async def list_versions(name: str, state: StateDep, page: Page, include_deleted: bool = True):
+async def list_versions(name: NamePath, state: StateDep, page: Page, include_deleted: bool = True):
     vs = await run_in_threadpool(state.registry.list_versions, name, include_deleted)
     return FastJSONResponse(paginate([v.to_dict() for v in vs], lambda d: d["version"], page))
 
 
 @router.get("/maps/{name}/versions/{version}", dependencies=[ReadScope], summary="Get one version",
             response_model=VersionOut, responses=read_responses())
-async def get_version(name: str, version: VersionPath, state: StateDep, if_none_match: IfNoneMatch = None):
+async def get_version(name: NamePath, version: VersionPath, state: StateDep, if_none_match: IfNoneMatch = None):
     v = await run_in_threadpool(state.registry.get_version, name, version)
     return answer(if_none_match, FastJSONResponse(v.to_dict()))
 
 
 @router.delete("/maps/{name}/versions/{version}", dependencies=[WriteScope],
                summary="Delete a version (soft: kept for lineage, no longer resolvable)", response_model=VersionDeleted)
-async def delete_version(name: str, version: VersionPath, state: StateDep):
+async def delete_version(name: NamePath, version: VersionPath, state: StateDep):
     """The deleted version, and `bare_ref`: what a bare NAME resolves to now (aliases stay on the deleted version and
     no longer resolve; when `prod` was one of them, the bare name falls to the best live version), as steers say."""
     def work():
@@ -144,7 +153,7 @@ async def delete_version(name: str, version: VersionPath, state: StateDep):
 
 @router.get("/maps/{name}/aliases/{alias}", dependencies=[ReadScope], summary="Get an alias (and its ETag)",
             response_model=AliasOut, responses=read_responses())
-async def get_alias(name: str, alias: str, state: StateDep, if_none_match: IfNoneMatch = None):
+async def get_alias(name: NamePath, alias: AliasPath, state: StateDep, if_none_match: IfNoneMatch = None):
     """The version the alias points at (also a deleted one); its `ETag` (`"v<N>"`) is what `If-Match` on a
     `PUT` / `DELETE` of the alias compares with."""
     v = await run_in_threadpool(state.registry.alias_version, name, alias)
@@ -154,7 +163,8 @@ async def get_alias(name: str, alias: str, state: StateDep, if_none_match: IfNon
 @router.put("/maps/{name}/aliases/{alias}", dependencies=[WriteScope, JSONOnly],
             summary="Point an alias at a version", response_model=VersionOut,
             responses={**error_responses(409, 415), **write_responses()})
-async def set_alias(name: str, alias: str, body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))],
+async def set_alias(name: NamePath, alias: AliasPath,
+                    body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))],
                     state: StateDep, if_match: IfMatch = None, if_none_match: IfNoneMatchStar = None):
     """Compare-and-set: `If-Match: "v<N>"` (the alias's `ETag`; `*`: while it is set) or `If-None-Match: *`
     (only while it is not set), else 412; or `expected_version` in the body (409). The answer carries the
@@ -167,7 +177,7 @@ async def set_alias(name: str, alias: str, body: Annotated[AliasSet, Body(openap
 
 @router.delete("/maps/{name}/aliases/{alias}", dependencies=[WriteScope], status_code=204, summary="Remove an alias",
                responses=error_responses(412))
-async def delete_alias(name: str, alias: str, state: StateDep, if_match: IfMatch = None):
+async def delete_alias(name: NamePath, alias: AliasPath, state: StateDep, if_match: IfMatch = None):
     """`If-Match: "v<N>"` (or `*`): remove it only while it points there, else 412 (an alias that is not set: 412)."""
     await run_in_threadpool(alias_write, lambda expected: state.registry.delete_alias(name, alias, expected=expected),
                             name=name, alias=alias, if_match=if_match, if_none_match=None)
@@ -182,7 +192,7 @@ REPORT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; fram
 @router.get("/maps/{name}/versions/{version}/report", dependencies=[ReadScope], summary="The version's HTML fit report",
             response_class=Response, responses=read_responses(
                 {"content": {"text/html": {"schema": {"type": "string"}}}, "description": "The report."}))
-async def get_report(name: str, version: VersionPath, state: StateDep, if_none_match: IfNoneMatch = None):
+async def get_report(name: NamePath, version: VersionPath, state: StateDep, if_none_match: IfNoneMatch = None):
     """The self-contained HTML report written by the fit (charts inline), read from the data dir; 404 when the
     version has none (registered without a report, or the file is gone)."""
     return answer(if_none_match, HTMLResponse(await run_in_threadpool(map_ops.report_html, state.registry, name,
@@ -192,7 +202,7 @@ async def get_report(name: str, version: VersionPath, state: StateDep, if_none_m
 
 @router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],
             summary="Set a tag", response_model=VersionOut, responses=error_responses(415))
-async def set_tag(name: str, version: VersionPath, key: str,
+async def set_tag(name: NamePath, version: VersionPath, key: str,
                   body: Annotated[TagSet, Body(openapi_examples=examples("set_tag"))], state: StateDep):
     """Tags are text: a string is stored as sent, any other JSON value as its compact JSON (`true`, `null`,
     `{"a":1}`, `0.5`)."""
@@ -202,7 +212,7 @@ async def set_tag(name: str, version: VersionPath, key: str,
 
 @router.delete("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope], summary="Remove a tag",
                response_model=VersionOut)
-async def delete_tag(name: str, version: VersionPath, key: str, state: StateDep):
+async def delete_tag(name: NamePath, version: VersionPath, key: str, state: StateDep):
     """The version without tag `key` (a tag that is not set: the version as it is, so a retried delete answers the
     same). The tag could be set over HTTP but removed only by the CLI (`registry tag --delete`)."""
     def remove():
@@ -214,7 +224,7 @@ async def delete_tag(name: str, version: VersionPath, key: str, state: StateDep)
 
 @router.get("/maps/{ref}/artifact", dependencies=[ReadScope], summary="Download the map artifact",
             response_class=Response, responses=read_responses({"content": {"application/octet-stream": {}}}))
-async def get_artifact(ref: str, state: StateDep, if_none_match: IfNoneMatch = None,
+async def get_artifact(ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = None,
                        format: str = Query("safetensors", pattern="^(npz|safetensors)$")):
     """The artifact as `format`. `ETag`: `"<artifact sha256>.<format>"`; `If-None-Match` with it → 304 (nothing
     read). `Cache-Control`: immutable for `name:N`, revalidate for an alias or a bare name (they move)."""
@@ -235,9 +245,11 @@ async def get_artifact(ref: str, state: StateDep, if_none_match: IfNoneMatch = N
 @router.post("/maps/{ref}/transform", dependencies=[ReadScope], summary="Transform vectors (JSON or binary)",
              description=TRANSFORM_DOC, openapi_extra=_TRANSFORM_BODY, response_model=TransformResponse,
              responses={200: {"content": {OCTET: {}, NPY: {}}}, **error_responses(413, 415)})
-async def transform(ref: str, request: Request, state: StateDep, settings: SettingsDep,
-                    output: str | None = Query(None, description="raw | frame | linear (binary requests)"),
-                    encoding_format: str | None = Query(None, description="float | base64 (JSON responses)"),
+async def transform(ref: RefPath, request: Request, state: StateDep, settings: SettingsDep,
+                    output: Annotated[str | None, Query(description="raw | frame | linear (binary requests)"),
+                                      _values_of("output")] = None,
+                    encoding_format: Annotated[str | None, Query(description="float | base64 (JSON responses)"),
+                                               _values_of("encoding_format")] = None,
                     dim: int | None = Query(None, ge=1, le=MAX_DIM, description="row width of an octet-stream body")):
     check_query(request.query_params.multi_items(), TRANSFORM_QUERY)
     mt = media_type(request.headers.get("content-type"))

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from ...ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..codec import parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
+from ..name_types import RefPath
 from ..openapi import json_body
 from ..plan_schemas import EvaluateResponse, PlanResponse
 from ..responses import FastJSONResponse
@@ -88,7 +89,7 @@ in `retrieval`) the 95 % interval of each share.
 @router.post("/maps/{ref}/evaluate", dependencies=[ReadScope, JSONOnly], summary="Evaluate a map (labelled gate)",
              description=EVALUATE_DOC, openapi_extra=json_body(EvaluateRequest, "evaluate_map"),
              response_model=EvaluateResponse, responses=error_responses(404, 429))
-async def evaluate(ref: str, request: Request, state: StateDep, settings: SettingsDep):
+async def evaluate(ref: RefPath, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 
     def work():

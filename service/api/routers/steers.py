@@ -17,6 +17,7 @@ from ..conditional import (IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, 
                            write_responses)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, VersionPath, WriteScope
 from ..job_routes import job_route
+from ..name_types import AliasPath, NamePath, RefPath
 from ..openapi import examples, json_body
 from ..pagination import list_route
 from ..responses import FastJSONResponse
@@ -74,7 +75,7 @@ list_route(router, "/steers", name="list_steers", summary="List steers", respons
 
 @router.get("/steers/{ref}", dependencies=[ReadScope], summary="Get a steer version (name, name@alias, name:N)",
             response_model=SteerOut, responses=read_responses())
-async def get_steer(ref: str, state: StateDep, if_none_match: IfNoneMatch = None):
+async def get_steer(ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = None):
     info, _ = await run_in_threadpool(state.resolve_steer, ref)
     return answer(if_none_match, FastJSONResponse(info.to_dict()))
 
@@ -82,7 +83,7 @@ async def get_steer(ref: str, state: StateDep, if_none_match: IfNoneMatch = None
 @router.post("/steers/{ref}/apply", dependencies=[ReadScope, JSONOnly], summary="Steer vectors: Q (I + eps W)",
              response_model=SteerApplyResponse, openapi_extra=json_body(SteerApplyRequest, "apply_steer"),
              responses=error_responses(413, 415))
-async def apply_steer(ref: str, request: Request, state: StateDep, settings: SettingsDep):
+async def apply_steer(ref: RefPath, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 
     def work():
@@ -98,7 +99,7 @@ async def apply_steer(ref: str, request: Request, state: StateDep, settings: Set
 
 @router.get("/steers/{name}/aliases/{alias}", dependencies=[ReadScope], summary="Get a steer alias (and its ETag)",
             response_model=AliasOut, responses=read_responses())
-async def get_steer_alias(name: str, alias: str, state: StateDep, if_none_match: IfNoneMatch = None):
+async def get_steer_alias(name: NamePath, alias: AliasPath, state: StateDep, if_none_match: IfNoneMatch = None):
     """The version the alias points at; its `ETag` (`"v<N>"`) is what `If-Match` on a write of the alias compares."""
     v = await run_in_threadpool(state.registry.steer_alias_version, name, alias)
     return alias_answer(v, {"name": name, "alias": alias, "version": v}, if_none_match)
@@ -107,7 +108,7 @@ async def get_steer_alias(name: str, alias: str, state: StateDep, if_none_match:
 @router.put("/steers/{name}/aliases/{alias}", dependencies=[WriteScope, JSONOnly],
             summary="Point a steer alias at a version", response_model=SteerOut,
             responses={**error_responses(409, 415), **write_responses()})
-async def set_steer_alias(name: str, alias: str,
+async def set_steer_alias(name: NamePath, alias: AliasPath,
                           body: Annotated[AliasSet, Body(openapi_examples=examples("set_alias"))], state: StateDep,
                           if_match: IfMatch = None, if_none_match: IfNoneMatchStar = None):
     """Compare-and-set as for map aliases: `If-Match` / `If-None-Match: *` (412) or `expected_version` (409)."""
@@ -119,7 +120,7 @@ async def set_steer_alias(name: str, alias: str,
 
 @router.delete("/steers/{name}/aliases/{alias}", dependencies=[WriteScope], status_code=204,
                summary="Remove a steer alias", responses=error_responses(412))
-async def delete_steer_alias(name: str, alias: str, state: StateDep, if_match: IfMatch = None):
+async def delete_steer_alias(name: NamePath, alias: AliasPath, state: StateDep, if_match: IfMatch = None):
     """`If-Match: "v<N>"` (or `*`): remove it only while it points there, else 412."""
     await run_in_threadpool(alias_write, lambda expected: steer_ops.delete_steer_alias(
         state.registry, name, alias, expected=expected), name=name, alias=alias, if_match=if_match, if_none_match=None)
@@ -128,7 +129,7 @@ async def delete_steer_alias(name: str, alias: str, state: StateDep, if_match: I
 
 @router.delete("/steers/{name}/versions/{version}", dependencies=[WriteScope], response_model=SteerDeleted,
                summary="Delete a steer version (soft: kept for lineage, no longer resolvable)")
-async def delete_steer_version(name: str, version: VersionPath, state: StateDep):
+async def delete_steer_version(name: NamePath, version: VersionPath, state: StateDep):
     """The deleted version, and `bare_ref`: what a bare NAME resolves to now. Aliases stay on the deleted version
     (they no longer resolve); when `prod` was one of them, the bare name falls to the newest live version."""
     def work():
@@ -141,7 +142,8 @@ async def delete_steer_version(name: str, version: VersionPath, state: StateDep)
 @router.post("/steers/{ref}/transfer", dependencies=[WriteScope, JSONOnly], status_code=201, response_model=SteerOut,
              summary="Carry a steer through a map (H^T W H) and register it in the map's target space",
              responses=error_responses(409, 415))
-async def transfer_steer(ref: str, body: Annotated[SteerTransferRequest, Body(openapi_examples=examples("transfer_steer"))],
+async def transfer_steer(ref: RefPath,
+                         body: Annotated[SteerTransferRequest, Body(openapi_examples=examples("transfer_steer"))],
                          state: StateDep):
     info = await run_in_threadpool(steer_ops.transfer_and_register, state.registry, ref, body.map, name=body.name,
                                    alias=body.alias, description=body.description, load_map=state.resolve_map,
@@ -151,7 +153,7 @@ async def transfer_steer(ref: str, body: Annotated[SteerTransferRequest, Body(op
 
 @router.get("/steers/{ref}/lens", dependencies=[ReadScope], summary="Singular directions of a steer",
             response_model=SteerLens)
-async def steer_lens(ref: str, state: StateDep, k: int = Query(5, ge=1, le=100),
+async def steer_lens(ref: RefPath, state: StateDep, k: int = Query(5, ge=1, le=100),
                      n_directions: int = Query(4, ge=1, le=1024)):
     info, steer = await run_in_threadpool(state.resolve_steer, ref)
     return FastJSONResponse(steer_ops.describe_lens(info, steer, k=k, n_directions=n_directions))

@@ -5,8 +5,23 @@ from __future__ import annotations
 
 import pytest
 from _api_support import settings_for
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from service.api import create_app
+from service.registry.errors import InvalidNameError
+from service.registry.names import (
+    ALIAS_PATTERN,
+    MAX_ALIAS,
+    MAX_NAME,
+    MAX_REF,
+    NAME_PATTERN,
+    REF_PATTERN,
+    check_alias,
+    check_name,
+    parse_ref,
+)
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +117,84 @@ def test_every_request_example_is_valid_by_the_document(doc):
                 assert not errors, (method, path, name, errors[:3])
                 checked += 1
     assert checked >= 25
+
+
+# --- the name rules and limits the document declares ------------------------------------------------------------
+_EDGES = ["a", "a..b", ".a", "-a", "_a", "a.", "a-", "a->b", "->", "a>", "a-->b", "a.->b", "9", "a b", "a/b", "",
+          "a\n", "\na", "a" * MAX_NAME, "a" * (MAX_NAME + 1), "a@prod", "a@_x", "a@1x", "a@p..q", "a:1", "a:0",
+          "a:12345678901", "a:1@p", "a@p:1", "a..b@p", "x" * MAX_NAME + "@" + "p" * MAX_ALIAS]
+_TEXT = st.text(alphabet="aZ09._->@: \n/", max_size=12) | st.sampled_from(_EDGES)
+
+
+def _declares(schema):
+    """Whether an ECMA-262 validator (jsonschema_rs: ``$`` is the end of the text, as in a browser) takes a string."""
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    return jsonschema_rs.validator_for(schema).is_valid
+
+
+def _accepts(check, text) -> bool:
+    try:
+        check(text)
+        return True
+    except InvalidNameError:
+        return False
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(text=_TEXT)
+def test_the_declared_name_patterns_are_the_checks(text):
+    """The patterns of /openapi.json are built from the expressions check_name / check_alias / parse_ref use; a
+    validator reading the document takes exactly the names they take (a version beyond 2**31-1 aside: the pattern
+    says digits)."""
+    def schema(pattern, n):
+        return {"type": "string", "minLength": 1, "maxLength": n, "pattern": pattern}
+
+    assert _declares(schema(NAME_PATTERN, MAX_NAME))(text) == _accepts(check_name, text), text
+    assert _declares(schema(ALIAS_PATTERN, MAX_ALIAS))(text) == _accepts(check_alias, text), text
+    declared, parsed = _declares(schema(REF_PATTERN, MAX_REF))(text), _accepts(parse_ref, text)
+    assert declared == parsed or (declared and _accepts(parse_ref, text.rsplit(":", 1)[0])), text
+
+
+def _param(doc, path, method, name):
+    return next(p["schema"] for p in doc["paths"][path][method]["parameters"] if p["name"] == name)
+
+
+def test_names_declare_their_rules(doc):
+    for path, method, param, pattern in (("/v1/spaces/{name}", "get", "name", NAME_PATTERN),
+                                         ("/v1/maps/{ref}/transform", "post", "ref", REF_PATTERN),
+                                         ("/v1/maps/{name}/aliases/{alias}", "put", "alias", ALIAS_PATTERN),
+                                         ("/v1/steers/{ref}/transfer", "post", "ref", REF_PATTERN),
+                                         ("/v1/maps/{ref}/evaluate", "post", "ref", REF_PATTERN)):
+        assert _param(doc, path, method, param)["pattern"] == pattern, (path, param)
+    assert _param(doc, "/v1/indexes/{name}", "get", "name")["pattern"].startswith("^(?:[A-Za-z0-9]")
+    space = doc["components"]["schemas"]["SpaceCreate"]["properties"]["name"]
+    assert space["pattern"] == NAME_PATTERN and space["maxLength"] == MAX_NAME
+    fit = doc["paths"]["/v1/fits"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    assert fit["target_space"]["pattern"] == NAME_PATTERN
+    assert fit["alias"]["anyOf"][0]["pattern"] == ALIAS_PATTERN
+
+
+def test_the_transform_options_declare_their_values(doc):
+    assert _param(doc, "/v1/maps/{ref}/transform", "post", "output")["enum"] == ["frame", "raw", "linear"]
+    assert _param(doc, "/v1/maps/{ref}/transform", "post", "encoding_format")["enum"] == ["float", "base64"]
+
+
+def _k(doc, path):
+    return doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]["k"]
+
+
+def test_the_declared_k_is_the_configured_limit(doc, tmp_path):
+    """``k`` said ``maximum: 10000`` while the service refuses more than ``limits.max_k`` (default 1000)."""
+    from _api_support import R, populate
+    from fastapi.testclient import TestClient
+
+    for path in ("/v1/indexes/{name}/search", "/v1/collections/{name}/search"):
+        assert _k(doc, path)["maximum"] == 1000 and "x-limit" not in _k(doc, path)
+    app = create_app(settings_for(tmp_path, limits={"max_k": 7}))
+    with TestClient(app) as c:
+        data = populate(app.state.vb.registry)
+        app.state.vb.indexes.create("ix", "b", data["Y"][:50], dim=16)
+        assert _k(c.get("/openapi.json").json(), "/v1/indexes/{name}/search")["maximum"] == 7
+        for k, status in ((7, 200), (8, 422)):
+            r = c.post("/v1/indexes/ix/search", json={"vectors": data["Y"][:1].tolist(), "k": k}, headers=R)
+            assert r.status_code == status, (k, r.text)
