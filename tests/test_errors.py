@@ -210,3 +210,15 @@ def test_a_chain_that_loops_is_walked_once_and_ends():
         "self": (503, "VectorDBError"), "two-with-erofs": (503, "StorageUnavailableError"),
         "two": (503, "VectorDBError")}
     assert got["self"]["message"] == "milvus: cannot connect"
+
+
+def test_the_architecture_table_names_every_kind_with_its_status():
+    """ARCHITECTURE.md's list of kinds had left out `precondition` (412), `timeout` (408) and `io`: its table now
+    holds every kind of HTTP_STATUS with that status, and no other."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.split("## Errors", 1)[1].split("\n## ", 1)[0]
+    table = {kind: int(status) for kind, status in re.findall(r"^\| `(\w+)` \| (\d{3}) \|", section, re.MULTILINE)}
+    assert table == HTTP_STATUS

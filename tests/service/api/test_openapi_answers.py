@@ -132,3 +132,22 @@ def test_a_405_allows_every_method_of_the_path(world):
     assert several >= 10
     assert client.request("PATCH", "/v1/indexes/x", headers=W).headers["allow"] == "DELETE, GET"
     assert client.request("HEAD", "/v1/spaces", headers=W).headers["allow"] == "GET, POST"
+
+
+def test_an_undecidable_gate_answers_what_the_readme_says(world):
+    """README said an undecidable retention gate is an HTTP 400; the service answers 422 (InputError), as for
+    any other input that cannot be judged."""
+    from pathlib import Path
+
+    from _api_support import planted
+
+    client, _, _ = world
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    (claim,) = re.findall(r"can be neither passed nor failed: `eval` exits 2 \(HTTP (\d{3})\)", readme)
+    X, Y, _ = planted()  # the rows of a2b (populate)
+    relevant = list(range(0, 60, 3))
+    r = client.post("/v1/maps/a2b/evaluate", headers=R, json={
+        "source": {"vectors": X[:64].tolist()}, "target": {"vectors": Y[:64].tolist()},
+        "queries": {"vectors": (-Y[relevant]).tolist()}, "relevant": relevant, "min_retention": 0.5})
+    assert r.status_code == int(claim) == 422, r.text  # each query's relevant document is its farthest
+    assert r.json()["error"]["type"] == "InputError" and "cannot be decided" in r.json()["error"]["message"]
