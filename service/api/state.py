@@ -301,7 +301,9 @@ class AppState:
                     e for e in list_encoders() if not isinstance(e, dict) or e.get("installed", True)))) or "none"
             except Exception:  # noqa: BLE001
                 known = "?"
-            raise UnknownEncoderError(f"unknown encoder {name!r} ({exc}); installed: {known}") from None
+            # get_encoder's own UnknownEncoderError already says "unknown encoder 'x'; known: ...": not twice
+            said = str(exc) if isinstance(exc, UnknownEncoderError) else f"unknown encoder {name!r} ({exc})"
+            raise UnknownEncoderError(f"{said}; installed: {known}") from None
 
     def encoder_for_space(self, space: str):
         return space_encoder(self.registry, space, self.encoder)

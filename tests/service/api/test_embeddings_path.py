@@ -112,6 +112,12 @@ def test_one_model_by_id_or_alias_is_its_list_entry_and_an_unknown_one_a_404(tmp
             r = c.get(f"/v1/models/{unknown}", headers=R)
             assert r.status_code == 404, r.text
             assert f"unknown encoder {unknown!r}" in r.json()["error"]["message"] and "all-MiniLM-L6-v2" in r.text
+        # through the app's encoder lookup: "unknown encoder 'nope' (unknown encoder 'nope'; known: ...)" said it twice
+        for path, body in (("/v1/embeddings", {"input": "x", "model": "nope"}),
+                           ("/v1/spaces", {"name": "sp", "encoder": "nope"})):
+            message = c.post(path, json=body, headers=W).json()["error"]["message"]
+            assert message.startswith("unknown encoder 'nope'; known: ") and message.count("nope") == 1, message
+            assert "; installed: " in message, message
         assert c.get("/v1/models/minilm").status_code == 401
         r = c.get("/v1/models/" + "x" * 5000, headers=R)
         assert r.status_code == 422 and len(r.content) < 500, r.text
