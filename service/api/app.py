@@ -65,7 +65,8 @@ API_DESCRIPTION = """Linear maps between embedding spaces, over HTTP.
 * **Console** — `/ui` in a browser (same keys, entered once per browser session).
 
 Examples: every request body has them ("Try it out"); the `toy` ones run top to bottom on an empty
-service: create space, fit, alias, tag, transform, index, add, search, delete, steer, apply.
+service: create space, fit, alias, tag, transform, index, add, search, delete, steer, apply, inverse fit, steer
+transfer.
 Lists (`/v1/spaces`, `/v1/maps`, versions, `/v1/indexes`, `/v1/jobs`, `/v1/steers`) take `?limit=` and
 answer `next`, the `?cursor=` of the following page (null on the last one); without `limit`, one page.
 Python: `from service.client import Client` (or `AsyncClient` for asyncio) mirrors these routes (typed errors,

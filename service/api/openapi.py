@@ -10,7 +10,9 @@ The examples build one small world in order, so a reader can run them top to bot
 4. ``POST /v1/maps/toy-a2b/transform``;
 5. ``POST /v1/indexes`` ``toy-b-docs`` in ``toy-b``, ``POST .../vectors``, ``POST .../search`` with
    ``toy-a`` queries (mapped through ``toy-a2b@prod``), ``POST .../delete``;
-6. ``POST /v1/steers`` ``toy-up`` in ``toy-b``, ``POST /v1/steers/toy-up/apply``.
+6. ``POST /v1/steers`` ``toy-up`` in ``toy-b``, ``POST /v1/steers/toy-up/apply``;
+7. ``POST /v1/fits`` ``toy-b2a`` (the ``inverse`` example: toy-b back to toy-a), ``POST /v1/steers/toy-up/transfer``
+   through it: ``toy-up-a``, the steer carried into toy-a.
 
 The embeddings and LM examples need the encoders / language model installed.
 """
@@ -53,6 +55,9 @@ EXAMPLES: dict[str, dict[str, dict]] = {
         "toy": _ex("Paired Procrustes fit toy-a -> toy-b (toy-b is registered from the data)", {
             "name": "toy-a2b", "source_space": "toy-a", "target_space": "toy-b", "method": "procrustes",
             "paired": True, "source": {"vectors": _A}, "target": {"vectors": _B}, "random_state": 0}),
+        "inverse": _ex("The inverse fit toy-b -> toy-a (the steer transfer example carries toy-up through it)", {
+            "name": "toy-b2a", "source_space": "toy-b", "target_space": "toy-a", "method": "procrustes",
+            "paired": True, "source": {"vectors": _B}, "target": {"vectors": _A}, "random_state": 0}),
         "texts": _ex("Paired fit from texts: the same texts, embedded in the job by each space's encoder", {
             "name": "minilm-e5", "source_space": "minilm", "target_space": "e5", "method": "procrustes",
             "paired": True, "source": {"texts": _TEXTS, "encoder": "all-MiniLM-L6-v2"},
@@ -107,9 +112,9 @@ EXAMPLES: dict[str, dict[str, dict]] = {
     "create_steer": {"toy": _ex("A rank-1 steer in toy-b: +1 rows lean on the first coordinate", {
         "name": "toy-up", "space": "toy-b", "vectors": _B, "labels": [-1, 1, -1, -1, 1, -1, 1, -1],
         "random_state": 0})},
-    "transfer_steer": {"toy": _ex("Carry the steer toy-up (space toy-b) through a map from toy-b to "
-                                  "another space; registered there with lineage", {"map": "toy-b2c@prod", "name": "toy-up-c",
-                                                                              "alias": "prod"})},
+    "transfer_steer": {"toy": _ex("Carry the steer toy-up (space toy-b) into toy-a through the map toy-b2a (the "
+                                  "`inverse` fit example); registered there with lineage", {
+        "map": "toy-b2a:1", "name": "toy-up-a", "alias": "prod"})},
     "apply_steer": {"toy": _ex("Steer two toy-b rows at half strength", {
         "vectors": [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]], "eps": 0.5})},
     "embeddings": {

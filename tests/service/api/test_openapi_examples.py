@@ -64,6 +64,8 @@ POST /v1/indexes/toy-b-docs/search          toy
 POST /v1/indexes/toy-b-docs/delete          toy
 POST /v1/steers                             toy
 POST /v1/steers/toy-up/apply                toy
+POST /v1/fits                               inverse
+POST /v1/steers/toy-up/transfer             toy
 POST /v1/plans                              b64
 """
 
@@ -121,6 +123,9 @@ def test_toy_examples_run_in_order(app_client):
     assert ev["result"] == "PASS" and ev["retrieval"]["labelled"]["retention"]["R@1"] == 1.0  # the swap is exact
     hits = answers[("/v1/indexes/{name}/search", "toy")]["results"]
     assert [row[0]["id"] for row in hits] == [1, 3]  # toy-a e1 -> toy-b row 1, e3 -> row 3
+    # the transfer example named a map toy-b2c@prod the walk-through never made (a 404): it goes through toy-b2a
+    moved = answers[("/v1/steers/{ref}/transfer", "toy")]
+    assert (moved["name"], moved["space"], moved["aliases"]) == ("toy-up-a", "toy-a", ["prod"])
 
 
 def test_the_fit_from_texts_example_runs(app_client):
