@@ -116,10 +116,11 @@ class Settings(BaseSettings):
         "Longest wait for the next bytes of a request body that has begun (as nginx's client_body_timeout): "
         "a client that stalls mid-upload gets a 408 and its connection and buffered bytes are released."))
     shutdown_timeout_s: float = Field(25.0, gt=0, le=3600, description=(
-        "Longest wait, after SIGTERM / SIGINT, for the requests in flight to finish before they are cancelled and "
-        "the shutdown completes (running jobs recorded interrupted, the 'service stopped' line): below an "
-        "orchestrator's kill deadline (Kubernetes: 30 s; raise Docker's 10 s with --stop-timeout). Without it a "
-        "request that kept going (a stalled upload, a long plan) held the stop until the SIGKILL."))
+        "Longest wait, after SIGTERM / SIGINT, for the requests in flight to finish before they are cancelled "
+        "(answered 503 ServiceStoppingError) and the shutdown completes (running jobs recorded interrupted, the "
+        "'service stopped' line): below an orchestrator's kill deadline (Kubernetes: 30 s; raise Docker's 10 s with "
+        "--stop-timeout). Without it a request that kept going (a stalled upload, a long plan) held the stop until "
+        "the SIGKILL."))
     limits: Limits = Field(default_factory=Limits, description="Every other size limit (service/limits.py); "
                                                                "e.g. VECBRIDGE_LIMITS__MAX_K=500.")
     metrics_access: Literal["open", "key", "off"] = Field(

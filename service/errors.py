@@ -19,7 +19,8 @@ Every error raised on purpose derives from :class:`align.exceptions.VecbridgeErr
     ├── RequestTimeoutError                        timeout     a request body stalled mid-way
     ├── BusyError                                  busy        a full queue: retry later
     ├── ServiceUnavailableError                           unavailable a part (registry, LM) is not ready
-    │   └── NotConfiguredError                     unavailable a part not configured or installed
+    │   ├── NotConfiguredError                     unavailable a part not configured or installed
+    │   └── ServiceStoppingError                   unavailable the server stopped before the request ended
     └── IntegrityError-like, SerializationError    integrity / internal
 
 Any other exception is ``internal`` (HTTP 500, exit 3), except an ``OSError`` (``io``: exit 2, and
@@ -37,7 +38,7 @@ from align.exceptions import Cancelled, VecbridgeError
 __all__ = [
     "VecbridgeError", "Cancelled", "NotFoundError", "ConflictError", "PreconditionFailedError", "AuthenticationError",
     "PermissionDeniedError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
-    "ServiceUnavailableError", "NotConfiguredError",
+    "ServiceUnavailableError", "NotConfiguredError", "ServiceStoppingError",
     "HTTP_STATUS", "EXIT_CODE", "kind_of", "http_status", "exit_code", "exception_chain",
 ]
 
@@ -112,6 +113,12 @@ class NotConfiguredError(ServiceUnavailableError):
     that is not installed. HTTP 503 without ``Retry-After``: trying again cannot help, so clients do not."""
 
     retry_after = None
+
+
+class ServiceStoppingError(ServiceUnavailableError):
+    """The server is stopping (SIGTERM) and cancelled a request still open ``shutdown_timeout_s`` after the signal
+    (a stalled upload, a long plan): HTTP 503 with ``Retry-After``; the request may be sent again, to another
+    replica or to this service once it is back."""
 
 
 #: kind -> HTTP status (``io`` is decided by :func:`service.storage.is_storage_error`: 503 or 500).

@@ -339,6 +339,18 @@ async def _send_413(send, n: int, limit: int, setting: str = "max_body_bytes", u
     await _send_error(send, 413, "PayloadTooLargeError", msg)
 
 
+async def _send_stopping(send, rid: str, gone: bool) -> None:
+    """The answer to a request the stopping server cancelled: a 503 ``ServiceStoppingError`` (``Retry-After``; none
+    when the client has gone), one WARNING line without a traceback: a stop, not a fault of the service."""
+    from ..errors import ServiceStoppingError
+
+    _errors.warning("request cancelled by the shutdown", extra={"fields": {"request_id": rid, "client_gone": gone}})
+    if not gone:
+        await _send_error(send, 503, ServiceStoppingError.__name__, (
+            f"the service is stopping and ended this request, still open shutdown_timeout_s after the stop signal; "
+            f"send it again (request id {rid})"), [(b"retry-after", str(ServiceStoppingError.retry_after).encode())])
+
+
 class ObserveMiddleware:
     """Request id (``X-Request-ID``, echoed or generated), latency histogram per route template,
     and one JSON access-log line per request (no headers, no query strings: keys never leak)."""
@@ -390,6 +402,14 @@ class ObserveMiddleware:
             await self.app(scope, receive_wrapper, send_wrapper)
             if not started and gone:  # the client went away before its body was complete: nobody to answer
                 status = 499
+        except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out (shutdown_timeout_s) and cancelled us
+            if started:  # part of the answer is out: nothing to add (uvicorn closes the connection)
+                raise
+            # answered here, and not raised on: uvicorn logged any exception out of the app as an ERROR traceback
+            # ("Exception in ASGI application") and sent a text/plain 500 without the request id
+            scope.setdefault("route", scope.get("vb_route"))  # cut while the fast path read the body: name the route
+            await _send_stopping(send_wrapper, rid, gone)
+            status = 499 if gone else 503
         except Exception as exc:  # escaped every handler: answer here, so the 500 keeps the request id
             status = 500
             _errors.error("request failed", exc_info=exc, extra={"fields": {"request_id": rid}})
