@@ -15,8 +15,9 @@ killed (OOM) are removed by the next scrape (its pid no longer runs). ``process_
 live worker, labelled ``pid``: ``sum(process_resident_memory_bytes)`` is the service's resident memory in both
 modes.
 
-Label values are bounded: routes are templates (``/v1/maps/{ref}/transform``), never raw paths; maps are
-``name`` and ``version``; indexes are names on disk (series of dropped indexes vanish at the next scrape; the
+Label values are bounded: routes are templates (``/v1/maps/{ref}/transform``), never raw paths; maps are names
+(not versions: a series per version used, never dropped, grew the scrape with every refit; each answer names
+its version); indexes are names on disk (series of dropped indexes vanish at the next scrape; the
 gauges of an index dropped and re-created under its name by another process, e.g. the CLI, leave the scrape until
 a process loads the new one: the next request that uses it, or ``/readyz``); encoders are the preloaded ones.
 
@@ -36,8 +37,8 @@ vecbridge_lm_requests_running                                gauge, LM generate 
                                                              turn (0 or 1 per process; workers: sum)
 vecbridge_jobs_total{state}                                  counter of jobs reaching a state
 vecbridge_jobs_queued / vecbridge_jobs_running               gauges, this process's jobs (workers: sum)
-vecbridge_map_use_total{map, version}                        counter of map applications
-vecbridge_map_rows_total{map, version}                       counter of rows mapped
+vecbridge_map_use_total{map}                                 counter of map applications, any version
+vecbridge_map_rows_total{map}                                counter of rows mapped, any version
 vecbridge_index_vectors{index}                               gauge, vectors in the newest generation a process
                                                              holds: set on writes, loads and catch-ups with
                                                              another process's writes (workers: most recent)
@@ -142,8 +143,9 @@ class ServiceMetrics:
         self.jobs_total = Counter("vecbridge_jobs_total", "Fit jobs that reached a state", ["state"], registry=r)
         self.jobs_queued = gauge("vecbridge_jobs_queued", "Fit jobs waiting for a worker")
         self.jobs_running = gauge("vecbridge_jobs_running", "Fit jobs running now")
-        self.map_use = Counter("vecbridge_map_use_total", "Requests that applied a map", ["map", "version"], registry=r)
-        self.map_rows = Counter("vecbridge_map_rows_total", "Rows mapped", ["map", "version"], registry=r)
+        self.map_use = Counter("vecbridge_map_use_total", "Requests that applied a map (any version)", ["map"],
+                               registry=r)
+        self.map_rows = Counter("vecbridge_map_rows_total", "Rows mapped (any version)", ["map"], registry=r)
         self.index_vectors = gauge("vecbridge_index_vectors", "Vectors in the newest generation of an index held",
                                    ["index"], "livemostrecent")
         self.index_generation = gauge("vecbridge_index_generation", "Generation of an index held in memory",
@@ -164,9 +166,10 @@ class ServiceMetrics:
                                      "Indexes on disk at start-up that are not loaded (nor failed) yet")
 
     # --- what the app reports -------------------------------------------------------------------------------
-    def observe_map(self, name: str, version: int, rows: int) -> None:
-        self.map_use.labels(name, str(version)).inc()
-        self.map_rows.labels(name, str(version)).inc(rows)
+    def observe_map(self, name: str, rows: int) -> None:
+        """A request applied a version of map ``name`` to ``rows`` rows (counted by name alone, see above)."""
+        self.map_use.labels(name).inc()
+        self.map_rows.labels(name).inc(rows)
 
     def index_changed(self, idx) -> None:
         """The index ``idx`` (a :class:`~service.indexes.SpaceIndex`) holds a new generation: written, loaded or

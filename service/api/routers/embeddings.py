@@ -100,7 +100,7 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
     state.metrics.batch_rows.labels("embeddings").observe(len(texts))
     if tr is not None:
         for v in tr.versions:
-            state.metrics.observe_map(v.name, v.version, len(texts))
+            state.metrics.observe_map(v.name, len(texts))
     data = [{"object": "embedding", "index": i,
              "embedding": b64_encode(X[i : i + 1]) if body.encoding_format == "base64" else X[i]}
             for i in range(X.shape[0])]

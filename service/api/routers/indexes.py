@@ -171,7 +171,7 @@ def search_observe(state, found) -> None:
     state.metrics.batch_rows.labels("search").observe(found.S.shape[0])
     if found.translation is not None:
         for v in found.translation.versions:
-            state.metrics.observe_map(v.name, v.version, found.S.shape[0])
+            state.metrics.observe_map(v.name, found.S.shape[0])
 
 
 def _search_body(head: dict, idx: SpaceIndex, S: np.ndarray, I: np.ndarray, with_payloads: bool,

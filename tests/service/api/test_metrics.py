@@ -289,3 +289,39 @@ def test_a_dead_workers_files_another_scrape_removes_first_are_no_error(tmp_path
     monkeypatch.setattr(glob, "glob", racing)
     assert metrics._live_workers(str(tmp_path)) == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_using_many_versions_of_a_map_adds_no_series_per_version(server):
+    """The map counters were labelled {map, version}: 4 series (two counters and their ``_created``) for every
+    version a request used, never dropped, soft-deleted ones included; a nightly refit grew the scrape without
+    bound (300 versions: +1,200 series, +82 KB a scrape). They are labelled by map alone; the version is in each
+    answer."""
+    from align import fit_procrustes
+    from service.registry import open_registry
+
+    url, name, versions, rows = server["url"], f"many{server['workers']}", 30, 3
+    data = server["data"]
+    reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
+    try:
+        rng = np.random.default_rng(1)
+        for _ in range(versions):
+            X, Y = rng.standard_normal((40, 16)), rng.standard_normal((40, 16))
+            reg.register_version(name, fit_procrustes(X, Y), source_space="a", target_space="b", method="procrustes",
+                                 params={})
+    finally:
+        reg.close()
+
+    def series(text: str) -> list[dict]:
+        names = ("vecbridge_map_use_total", "vecbridge_map_rows_total", "vecbridge_map_use_created",
+                 "vecbridge_map_rows_created")
+        return [lab for fam in names for lab, _ in samples(text, fam) if lab.get("map") == name]
+
+    body = {"vectors": np.zeros((rows, 16)).tolist()}
+    for v in range(1, versions + 1):
+        r = httpx.post(f"{url}/v1/maps/{name}:{v}/transform", headers=R, json=body, timeout=30)
+        assert r.status_code == 200 and r.json()["version"] == v, r.text
+    assert settled(url, lambda text: value(text, "vecbridge_map_use_total", map=name), versions) == versions
+    text = scrape(url)
+    assert value(text, "vecbridge_map_rows_total", map=name) == versions * rows
+    assert len(series(text)) <= 4, series(text)  # 2 counters and their _created (workers: summed, no _created)
+    assert not [lab for lab in series(text) if "version" in lab], series(text)
