@@ -147,6 +147,10 @@ class Settings(BaseSettings):
         "Freed C heap a serving process keeps per malloc arena instead of returning it to the kernel after "
         "each request (glibc's trim threshold, service/memory.py): large binary requests then reuse their "
         "pages instead of faulting them in again. 0 leaves glibc's defaults."))
+    map_cache_mb: int = Field(512, ge=1, le=1 << 20, description=(
+        "Memory (MiB) a serving process gives the loaded maps, steers and paths of maps it keeps for the next "
+        "requests, measured by their arrays (service/registry/cache.py; /v1/info shows it and what is held): the "
+        "least recently used leave first. A map larger than this is served but read again at each use."))
     min_free_bytes: int = Field(100 * 1024 * 1024, ge=0,
                                 description="/readyz is not ready while data_dir has less free space than this.")
     search_device: str = Field("cpu", description=(
@@ -297,7 +301,7 @@ class Settings(BaseSettings):
     def registry_options(self) -> dict:
         """The keyword arguments of :func:`service.registry.open_registry` that come from these settings."""
         return {"report_dir": self.resolved_report_dir(), "pool_size": self.registry_pool_size,
-                "statement_timeout_s": self.registry_statement_timeout_s}
+                "statement_timeout_s": self.registry_statement_timeout_s, "cache_bytes": self.map_cache_mb << 20}
 
     def resolved_artifact_dir(self) -> Path:
         return (self.artifact_dir or self.data_dir / "artifacts").resolve()

@@ -406,6 +406,9 @@ class ServiceInfo(BaseModel):
     heap: dict[str, Any] = Field(default_factory=dict, description=(
         "`setting_mb` (Settings.malloc_keep_mb) and the glibc thresholds `applied` in bytes, null where not "
         "set (service/memory.py)."))
+    map_cache: dict[str, int | None] = Field(default_factory=dict, description=(
+        "Loaded maps, steers and paths kept in memory: `setting_mb` (Settings.map_cache_mb), `max_bytes`, `bytes` "
+        "(their arrays, measured now), `entries`, `max_entries` (service/registry/cache.py)."))
     search_device: str = Field("cpu", description=(
         "Where flat indexes are searched: `cpu` (FAISS) or the GPU, e.g. `cuda:0 (NVIDIA H200)` "
         "(Settings.search_device)."))

@@ -3,7 +3,7 @@
 Built in the app's lifespan and reached from routes through ``deps.StateDep``. Loaded maps,
 steers and the compositions along a path of maps are cached by the registry itself (keyed by
 artifact sha256: immutable, never stale; see :meth:`~service.registry.Registry.compose`), with
-room for :data:`MAP_CACHE_SIZE` of them. What references resolve to
+room for :data:`MAP_CACHE_SIZE` of them holding at most ``Settings.map_cache_mb`` of arrays. What references resolve to
 (``name``, ``name@alias``, a space's path of maps, a space) is cached too, stamped with the
 registry's :meth:`~service.registry.Registry.generation`, which every registry write bumps: a
 request checks that one counter instead of repeating the lookups, and an alias move or a new
@@ -39,7 +39,7 @@ from .gate import Gate
 
 __all__ = ["MAP_CACHE_SIZE", "AppState", "InMemory", "Translation"]
 
-MAP_CACHE_SIZE = 64  # loaded maps / steers / composed paths one app keeps in memory
+MAP_CACHE_SIZE = 64  # loaded maps / steers / composed paths one app keeps in memory (and map_cache_mb of them)
 
 
 #: A transform, search or index-write body over this size takes the heavy gate's threads (1 MiB: ~700 rows of

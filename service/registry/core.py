@@ -74,16 +74,19 @@ class Registry(SteerRegistryMixin):
         ``report_path`` values are resolved against it.
     artifact_format : {"safetensors", "npz"}
         Format of newly written artifacts; both are always readable.
-    cache_size : int
-        Loaded artifacts (maps, steers, maps composed along a path) kept in memory, least
-        recently used dropped first. They are immutable (keyed by sha256), so never stale.
+    cache_size, cache_bytes : int
+        Loaded artifacts (maps, steers, maps composed along a path) kept in memory: at most that many,
+        holding at most that many bytes of arrays (None: no byte bound), least recently used dropped first;
+        one larger than ``cache_bytes`` is read again at each use (:class:`~.cache.LRUCache`). They are
+        immutable (keyed by sha256), so never stale.
     pool_size, statement_timeout_s : optional
         PostgreSQL: connections this process keeps at most, and the longest a statement may run or wait
         for a lock (0: no limit); see :data:`~.db.PG_POOL_SIZE`, :data:`~.db.PG_STATEMENT_TIMEOUT_S`.
     """
 
     def __init__(self, url: str, artifact_dir, *, artifact_format: str = "safetensors", cache_size: int = 16,
-                 report_dir=None, pool_size: int | None = None, statement_timeout_s: float | None = None):
+                 cache_bytes: int | None = 512 << 20, report_dir=None, pool_size: int | None = None,
+                 statement_timeout_s: float | None = None):
         if artifact_format not in ARTIFACT_FORMATS:
             raise InvalidNameError(f"artifact_format must be one of {sorted(ARTIFACT_FORMATS)}")
         self.url = url
@@ -91,7 +94,7 @@ class Registry(SteerRegistryMixin):
         self.store = ArtifactStore(artifact_dir, hook=_hook)
         self.artifact_format = artifact_format
         self.report_dir = Path(report_dir).resolve() if report_dir else self.store.root.parent / "reports"
-        self.cache = LRUCache(cache_size)
+        self.cache = LRUCache(cache_size, cache_bytes)
         self.entities = {key: VersionedStore(kind, self.db, self.store, self.cache, self._write, _hook)
                          for key, kind in (("maps", MAPS), ("steers", STEERS))}
         self._maps = self.entities["maps"]

@@ -11,15 +11,14 @@ every kind:
 - **resolve** ``name`` (latest live version), ``name@alias``, ``name:N``; soft-deleted versions do
   not resolve (DeletedVersionError);
 - **aliases** (set / move / delete), **tags** (maps), **soft delete**, **list**, **summaries**;
-- **load**: the artifact read through one LRU cache keyed by its sha256 (immutable), verified.
+- **load**: the artifact read through one LRU cache keyed by its sha256 (immutable), verified; the cache
+  (:mod:`.cache`) is bounded by the bytes of the arrays it holds.
 
 Rows are decoded by column name into the records of :mod:`.models`.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -27,6 +26,7 @@ from typing import Callable
 
 from align.exceptions import InputError, SerializationError
 
+from .cache import LRUCache
 from .errors import (
     AliasMovedError,
     ConflictError,
@@ -133,36 +133,6 @@ def artifacts_in_use(db) -> set[str]:
     """The artifact paths every committed version of every kind names (what :meth:`ArtifactStore.discard` keeps)."""
     with db.tx() as t:
         return {r["artifact_path"] for k in KINDS.values() for r in t.q(f"SELECT artifact_path FROM {k.table}")}
-
-
-class LRUCache:
-    """A thread-safe least-recently-used cache of loaded artifacts (immutable: keyed by sha256)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._items: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def peek(self, key):
-        """The value cached under ``key`` (now the most recently used), or None; never computes one."""
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        return None
-
-    def get(self, key, make: Callable[[], object]):
-        """The value cached under ``key``, else ``make()`` (computed outside the lock) remembered."""
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        value = make()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value
 
 
 class VersionedStore:

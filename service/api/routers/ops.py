@@ -128,6 +128,7 @@ async def info(state: StateDep):
         "auth": "disabled" if s.auth_disabled else "api-keys",
         "native_threads": {"setting": s.blas_threads, **native_threads()},
         "heap": {"setting_mb": s.malloc_keep_mb, "applied": heap_settings()},
+        "map_cache": {"setting_mb": s.map_cache_mb, **state.registry.cache.stats()},
         "search_device": search_device(),
         "counts": {"indexes": n_indexes, "jobs": state.jobs.counts()},
         "demo": demo_status(state),

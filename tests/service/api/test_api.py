@@ -349,6 +349,9 @@ def test_ops_endpoints(world):
     text = c.get("/metrics", headers=R).text
     assert 'vecbridge_request_duration_seconds_bucket{le="0.005",method="POST",route="/v1/maps/{ref}/transform"' in text
     assert 'vecbridge_map_use_total{map="a2b"}' in text
+    cache = c.get("/v1/info", headers=R).json()["map_cache"]  # the map just used is held, within map_cache_mb
+    assert cache["setting_mb"] == 512 and cache["max_bytes"] == 512 << 20 and cache["max_entries"] == 64
+    assert cache["entries"] >= 1 and 16 * 16 * 4 <= cache["bytes"] <= cache["max_bytes"], cache
     assert "vecbridge_batch_rows_bucket" in text and "vecbridge_jobs_queued" in text
     assert "rkey-123" not in text
 
