@@ -17,7 +17,10 @@ import threading
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 
+from align.exceptions import InputError
+
 from ..storage import quick_check_findings, sqlite_connect, sqlite_damaged
+from ..urls import check_pg_userinfo, redact
 from .errors import (
     ConflictError,
     DamagedDatabaseError,
@@ -305,13 +308,16 @@ _UNPARSABLE = ("the PostgreSQL registry URL cannot be parsed (check its %-escape
 
 def pg_conninfo(url: str) -> dict:
     """psycopg's ``conninfo_to_dict`` of a PostgreSQL URL (without ``?schema=``); InvalidNameError without the URL's
-    text when it cannot be parsed (a bad %-escape was "internal error: ... "p%zzSECRET1"", exit 3). ImportError
-    without psycopg."""
+    text when it cannot be parsed (a bad %-escape was "internal error: ... "p%zzSECRET1"", exit 3) or has an
+    unescaped ``@`` in its password (:func:`service.urls.check_pg_userinfo`). ImportError without psycopg."""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
     try:
+        check_pg_userinfo(url, "PostgreSQL registry URL")  # libpq would connect to "RET@host" for "S3C@RET@host"
         return conninfo_to_dict(url)
+    except InputError as exc:
+        raise InvalidNameError(str(exc)) from None
     except (psycopg.ProgrammingError, ValueError):
         raise InvalidNameError(_UNPARSABLE) from None
 
@@ -496,7 +502,7 @@ class PostgresDB(_Base):
         try:
             return psycopg.connect(self.url, **kw)
         except psycopg.OperationalError as exc:
-            why = str(exc).strip().splitlines()[0]
+            why = redact(str(exc).strip().splitlines()[0], self.url)  # libpq may quote a piece of the URL
             if "too many" in why:  # "too many clients already", "too many connections for role ..."
                 why += (f" (each serving process keeps up to {self._pool.size} connections: lower "
                         f"VECBRIDGE_REGISTRY_POOL_SIZE, or raise the server's max_connections)")

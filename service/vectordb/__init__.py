@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from align.exceptions import InputError
 
+from ..urls import check_pg_userinfo
 from .base import (Batch, BadNameError, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
                    MigrationRunningError, SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore,
                    safe_url)
@@ -31,7 +32,7 @@ from .query import TranslatingSearcher
 from .verify import check_rows, compare_to_reference, verify_migration
 
 __all__ = [
-    "VectorStore", "Batch", "MilvusStore", "PgVectorStore", "QdrantStore", "open_store",
+    "VectorStore", "Batch", "MilvusStore", "PgVectorStore", "QdrantStore", "open_store", "check_store_url",
     "migrate", "resolve_map", "map_spaces", "map_fingerprint", "MigrationProgress", "MigrationReport",
     "MigrationInterrupted", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError",
     "Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint",
@@ -64,44 +65,60 @@ def open_store(url: str, *, api_key: str | None = None, ca_file=None, **kw) -> V
     certificate is checked against, when it is not one the system trusts. Errors name the URL without a
     password and never the key.
     """
-    scheme, sep, rest = str(url).partition("://")
-    scheme = scheme.lower()
-    if not sep or scheme not in _SCHEMES:
-        raise VectorDBError(f"unknown vector-database URL {safe_url(url)!r} (milvus://, milvus+https://, "
-                            "postgresql://, qdrant://, qdrant+https://)")
+    scheme, rest = check_store_url(url, api_key=api_key, ca_file=ca_file)
     _need_client(scheme)
     if scheme.startswith("postgres"):  # libpq reads the whole URL (a socket URL's rest starts with "/" too)
-        if api_key or ca_file:
-            raise InputError("postgresql: give the password in the URL or PGPASSWORD, and TLS as libpq's "
-                             "sslmode / sslrootcert URL parameters (no API key or CA file setting)")
         from .pgvector import PgVectorStore
 
         return PgVectorStore(url, **kw)
-    tls = scheme.endswith("+https")
-    local = rest.startswith("/")
-    if local and (tls or api_key or ca_file):
-        raise InputError(f"{safe_url(url)}: a local {scheme.split('+')[0]} store takes no TLS, API key or CA file")
-    if ca_file is not None and not tls:
-        raise InputError(f"a CA file is for TLS: use {scheme}+https:// (got {safe_url(url)!r})")
+    tls, local = scheme.endswith("+https"), rest.startswith("/")
     if scheme.startswith("milvus"):
         from .milvus import MilvusStore
 
         if local:
             return MilvusStore(rest, **kw)
         hostport, token = _split_userinfo(rest, url)
-        if token and api_key:
-            raise InputError("milvus: give user:password in the URL or an API key, not both")
         return MilvusStore(f"{'https' if tls else 'http'}://{hostport}", token=token or api_key, ca_file=ca_file,
                            **kw)
     from .qdrant import QdrantStore
 
     if local:
         return QdrantStore(path=rest, **kw)
-    hostport, userinfo = _split_userinfo(rest, url)
-    if userinfo:
-        raise InputError(f"qdrant: a URL takes no user or password ({safe_url(url)}); give the API key as "
-                         "VECBRIDGE_VECTORDB_API_KEY (or api_key=)")
+    hostport, _ = _split_userinfo(rest, url)
     return QdrantStore(url=f"{'https' if tls else 'http'}://{hostport}", api_key=api_key, ca_file=ca_file, **kw)
+
+
+def check_store_url(url: str, *, api_key: str | None = None, ca_file=None) -> tuple[str, str]:
+    """``(scheme, rest)`` of a URL :func:`open_store` takes with this API key and CA file: VectorDBError for an
+    unknown scheme, InputError for what cannot work (an API key or CA file for PostgreSQL, an unescaped ``@`` in a
+    PostgreSQL password, a user or password in a Qdrant URL, TLS for a local store, ...), never naming the password
+    or the key. Connects to nothing and needs no client library: the settings run it at start-up, so a service
+    configured so does not start (it started, and answered every migration or search with a 422 InputError)."""
+    scheme, sep, rest = str(url).partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in _SCHEMES:
+        raise VectorDBError(f"unknown vector-database URL {safe_url(url)!r} (milvus://, milvus+https://, "
+                            "postgresql://, qdrant://, qdrant+https://)")
+    if scheme.startswith("postgres"):
+        if api_key or ca_file:
+            raise InputError("postgresql: give the password in the URL or PGPASSWORD, and TLS as libpq's "
+                             "sslmode / sslrootcert URL parameters (no API key or CA file setting)")
+        check_pg_userinfo(url, "PostgreSQL vector-database URL")
+        return scheme, rest
+    tls = scheme.endswith("+https")
+    local = rest.startswith("/")
+    if local and (tls or api_key or ca_file):
+        raise InputError(f"{safe_url(url)}: a local {scheme.split('+')[0]} store takes no TLS, API key or CA file")
+    if ca_file is not None and not tls:
+        raise InputError(f"a CA file is for TLS: use {scheme}+https:// (got {safe_url(url)!r})")
+    if not local:
+        _, userinfo = _split_userinfo(rest, url)
+        if userinfo and api_key and scheme.startswith("milvus"):
+            raise InputError("milvus: give user:password in the URL or an API key, not both")
+        if userinfo and scheme.startswith("qdrant"):
+            raise InputError("qdrant: a URL takes no user or password (the URL is not repeated here: its user part "
+                             "may be a secret); give the API key as VECBRIDGE_VECTORDB_API_KEY (or api_key=)")
+    return scheme, rest
 
 
 _SCHEMES = ("milvus", "milvus+https", "postgresql", "postgres", "qdrant", "qdrant+https")
@@ -131,6 +148,7 @@ def _split_userinfo(rest: str, url: str) -> tuple[str, str | None]:
         return rest, None
     info, _, host = head.rpartition("@")
     if not host:
-        raise InputError(f"no host in {safe_url(url)!r}")
+        raise InputError(f"no host after the user part of the {str(url).partition('://')[0]}:// URL (the URL is not "
+                         "repeated here: it may hold a password)")
     user, _, pw = info.partition(":")
     return host + ("/" + tail if tail else ""), f"{unquote(user)}:{unquote(pw)}" if pw else unquote(user)

@@ -50,6 +50,7 @@ from align.validation import as_matrix
 from align.exceptions import InputError, PairCountError, VecbridgeError
 
 from ..errors import ConflictError, NotFoundError
+from ..urls import redact, safe_url
 
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
@@ -94,31 +95,6 @@ class UnsupportedFieldError(InputError, VectorDBError):
 
 class BadNameError(InputError, VectorDBError):
     """A collection or alias name outside ``[A-Za-z_][A-Za-z0-9_]{0,62}``."""
-
-
-def safe_url(url: str) -> str:
-    """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``) or in a
-    ``password=`` parameter (libpq takes one) as ``***``."""
-    url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/]*@", r"\1:***@", str(url))
-    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
-
-
-def url_secrets(url: str) -> list[str]:
-    """The passwords written in ``url`` (its user part, a ``password=`` parameter), as written and percent-decoded:
-    what :func:`redact` hides in a message that quotes pieces of the URL (libpq's parse errors do)."""
-    from urllib.parse import unquote
-
-    found = re.findall(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:([^/]*)@", str(url))
-    found += re.findall(r"[?&]password=([^&#]*)", str(url), flags=re.IGNORECASE)
-    return sorted({v for p in found if p for v in (p, unquote(p))}, key=len, reverse=True)
-
-
-def redact(message: str, url: str) -> str:
-    """``message`` with ``url`` shown as :func:`safe_url` shows it and any password of it as ``***``."""
-    message = str(message).replace(str(url), safe_url(url))
-    for secret in url_secrets(url):
-        message = message.replace(secret, "***")
-    return message
 
 
 def check_ca_file(path) -> Path:

@@ -35,6 +35,7 @@ import numpy as np
 
 from align.exceptions import InputError
 
+from ..urls import check_pg_userinfo
 from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError, VectorStore,
                    _pad_results, as_ids, check_metric, check_name, close_quietly, id_key, redact, rows_in_order)
 from .pg_schema import column_rules, copy_structures
@@ -169,6 +170,7 @@ class PgVectorStore(VectorStore):
         self.url = url
         self.index = index
         self._hnsw = (int(hnsw_m), int(ef_construction))
+        check_pg_userinfo(url, "PostgreSQL vector-database URL")  # libpq read "S3C@RET@db" as the host "RET@db"
         try:
             self.conn = psycopg.connect(url, autocommit=True)
         except psycopg.Error as exc:  # unreachable server, bad credentials, a URL libpq cannot parse: the user's to

@@ -1,0 +1,62 @@
+"""Database URLs in messages: what an error may show of one (never its password), for the registry and the vector
+databases alike.
+
+A password is written in a URL's user part (``scheme://user:PASSWORD@host``) or, for libpq, a ``password=``
+parameter. libpq ends the user part at the *first* ``@`` (Python's ``urlsplit`` at the last): a password with an
+unescaped ``@`` (``S3C@RET``) made libpq connect to the host ``RET@127.0.0.1`` and quote it in its error, which
+reached ``/readyz``, the logs and the CLI. :func:`check_pg_userinfo` refuses such a URL before libpq reads it, and
+:func:`redact` also hides each piece of a password after an ``@`` where it is followed by one.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+from align.exceptions import InputError
+
+__all__ = ["check_pg_userinfo", "redact", "safe_url", "url_secrets"]
+
+
+def safe_url(url: str) -> str:
+    """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``) or in a
+    ``password=`` parameter (libpq takes one) as ``***``."""
+    url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/]*@", r"\1:***@", str(url))
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The passwords written in ``url`` (its user part, a ``password=`` parameter), as written and percent-decoded:
+    what :func:`redact` hides in a message that quotes pieces of the URL (libpq's parse errors do)."""
+    found = re.findall(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:([^/]*)@", str(url))
+    found += re.findall(r"[?&]password=([^&#]*)", str(url), flags=re.IGNORECASE)
+    return sorted({v for p in found if p for v in (p, unquote(p))}, key=len, reverse=True)
+
+
+def redact(message: str, url: str) -> str:
+    """``message`` with ``url`` shown as :func:`safe_url` shows it and any password of it as ``***``; the pieces of a
+    password after an ``@`` too, where an ``@`` follows them (libpq read ``S3C@RET@db`` as the host ``RET@db``)."""
+    message = str(message).replace(str(url), safe_url(url))
+    secrets = url_secrets(url)
+    for secret in secrets:
+        message = message.replace(secret, "***")
+    tails = {s.split("@", i)[-1] for s in secrets for i in range(1, s.count("@") + 1)}
+    for tail in sorted(tails, key=len, reverse=True):
+        if tail:
+            message = message.replace(tail + "@", "***@")
+    return message
+
+
+def check_pg_userinfo(url: str, what: str = "PostgreSQL URL") -> str:
+    """``url`` unless libpq would read part of its user part as the host: InputError, without the URL, when the host
+    libpq reads (after the first ``@``, up to ``/`` or ``?``) holds another ``@`` -- an ``@`` in the user name or
+    password that is not written ``%40``."""
+    rest = str(url).partition("://")[2]
+    head = rest.partition("/")[0]  # libpq looks for the user part's "@" up to the first "/"
+    if "@" in head:
+        host = re.split(r"[/?]", rest.partition("@")[2], maxsplit=1)[0]
+        if "@" in host:
+            raise InputError(f"the {what} has more than one '@' before its host: write an '@' in the password (or "
+                             "user name) as %40, e.g. postgresql://alice:p%40ss@db.example/vecbridge (the URL is not "
+                             "repeated here: it may hold a password)")
+    return url

@@ -1,0 +1,111 @@
+"""A PostgreSQL URL whose password holds an unescaped ``@``: libpq ends the user part at the first ``@``, so for
+``alice:S3C@RET@127.0.0.1`` it connected to the host ``RET@127.0.0.1`` and its error ("failed to resolve host
+'RET@127.0.0.1'") put the rest of the password in the unauthenticated /readyz, the logs and the CLI. Such a URL is
+refused before libpq reads it (write ``@`` as ``%40``), and libpq's connect errors are scrubbed of the password."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from _servers import ROOT, env_for, free_port
+
+URL = "postgresql://alice:{}@127.0.0.1:1/vb"
+#: passwords with raw "@"s, and the pieces of each that must never be shown
+BAD = {"S3C@RET": ("S3C@RET", "RET@", "'RET", "S3C"), "a@b@c": ("a@b@c", "b@c", "'c@", "c@127"),
+       "Xq7@Zk9@Wm2": ("Xq7", "Zk9", "Wm2")}
+
+
+def _no_piece(text: str, password: str) -> None:
+    for piece in BAD[password]:
+        assert piece not in text, (piece, text)
+
+
+@pytest.mark.parametrize("password", list(BAD))
+def test_a_registry_url_with_a_raw_at_in_its_password_is_refused_without_any_piece_of_it(password, tmp_path,
+                                                                                       capsys):
+    from service.cli import main
+    from service.config import ConfigError, load_settings
+    from service.registry import open_registry
+    from service.registry.errors import InvalidNameError
+
+    url = URL.format(password)
+    with pytest.raises(InvalidNameError, match="%40") as err:  # was RegistryUnavailableError naming host 'RET@...'
+        open_registry(url, tmp_path / "a")
+    _no_piece(str(err.value), password)
+    with pytest.raises(ConfigError, match="VECBRIDGE_REGISTRY_URL.*%40") as err:
+        load_settings(registry_url=url)
+    _no_piece(str(err.value), password)
+    assert main(["--data-dir", str(tmp_path / "v"), "--registry-url", url, "registry", "list"]) == 2
+    got = capsys.readouterr()
+    assert "%40" in got.err, got
+    _no_piece(got.err + got.out, password)
+
+
+def test_serve_with_such_a_registry_url_does_not_start(tmp_path):
+    """It started and its /readyz, which answers without a key, said "failed to resolve host 'pw9@127.0.0.1'"."""
+    port = free_port()
+    env = env_for(tmp_path / "var", port)
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--registry-url", URL.format("S3C@RET"), "--port", str(port)]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 2 and "%40" in r.stderr, r
+    _no_piece(r.stderr + r.stdout, "S3C@RET")
+
+
+@pytest.mark.parametrize("password", list(BAD))
+def test_a_vector_database_url_with_a_raw_at_in_its_password_is_refused_too(password):
+    pytest.importorskip("psycopg")
+    from align.exceptions import InputError
+    from service.vectordb import PgVectorStore, open_store
+
+    for opener in (open_store, PgVectorStore):  # was "pgvector: cannot connect: failed to resolve host 'RET@..."
+        with pytest.raises(InputError, match="%40") as err:
+            opener(URL.format(password))
+        _no_piece(str(err.value), password)
+
+
+@pytest.mark.parametrize("password", list(BAD))
+def test_libpq_connect_errors_are_scrubbed_of_every_piece_of_the_password(password):
+    """The second line of defence, on libpq's own message for such a URL (the checks above keep it from libpq)."""
+    psycopg = pytest.importorskip("psycopg")
+    from service.vectordb.base import redact
+
+    url = URL.format(password)
+    with pytest.raises(psycopg.OperationalError) as err:
+        psycopg.connect(url, connect_timeout=5)
+    assert password.split("@", 1)[1] + "@" in str(err.value)  # what libpq reads as the host: the leak
+    _no_piece(redact(str(err.value), url), password)
+
+
+def _with_password(pg_url: str) -> str:
+    url = pg_url.replace("postgres@", "postgres:p%40ss@", 1)
+    assert url != pg_url
+    return url
+
+
+@pytest.mark.postgres
+def test_an_at_written_as_percent_40_reaches_the_server(pg_url, tmp_path):
+    from service.registry import open_registry
+    from service.registry.db import pg_conninfo
+
+    url = _with_password(pg_url)
+    assert pg_conninfo(url)["password"] == "p@ss"
+    reg = open_registry(url, tmp_path / "a")
+    try:
+        assert reg.list_maps() == []
+    finally:
+        reg.close()
+
+
+@pytest.mark.postgres
+def test_an_at_written_as_percent_40_reaches_the_vector_database(pg_url):
+    psycopg = pytest.importorskip("psycopg")
+    pytest.importorskip("pgvector")
+    from service.vectordb import open_store
+
+    with psycopg.connect(pg_url) as c:
+        if not c.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone():
+            pytest.skip("the test server has no pgvector extension")
+    with open_store(_with_password(pg_url)) as store:
+        assert not store.exists("nothing_here")
