@@ -201,28 +201,17 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
 def ensure_local_key(s: Settings) -> tuple[Settings, "Path | None"]:
     """With no keys configured (and auth on, ``local_key`` on): the settings with one read+write key read
     from ``<data_dir>/local-key``, created (32 random bytes, hex, mode 0600) on the first run; else unchanged.
+    A link, another user's file or one open to others is refused (:func:`.keyfile.read_local_key`).
 
     The key itself is never logged or printed; the caller tells the user where the file is.
     """
-    import os
-    import secrets
-    from pathlib import Path
+    from .keyfile import read_local_key
 
     if s.api_keys or "api_keys" in s.files or s.auth_disabled or not s.local_key:  # a keys file counts, even empty
         return s, None
     path = Path(s.data_dir) / "local-key"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    try:
-        key = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:  # a folder, another user's file: one line (exit 2), not exit 3
-        raise ConfigError(f"{path} cannot be read as the local key ({getattr(exc, 'strerror', None) or exc}); "
-                          f"delete it to make a new one, or set VECBRIDGE_API_KEYS") from None
+    key = read_local_key(path)
     if len(key) < 32 or any(c.isspace() or not " " <= c <= "~" for c in key):  # no header could send it
         raise ConfigError(f"{path} holds no usable key; delete it to make a new one")
     return s.model_copy(update={"api_keys": {key: ["read", "write"]}}), path
@@ -242,7 +231,8 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     plain = s
     s, key_file = ensure_local_key(s)
     if key_file is not None:
-        print(f"vecbridge: no API keys configured, so a local read+write key is in {key_file} (mode 0600, kept "
+        mode = os.stat(key_file, follow_symlinks=False).st_mode & 0o777  # 0600 unless made stricter by hand
+        print(f"vecbridge: no API keys configured, so a local read+write key is in {key_file} (mode {mode:04o}, kept "
               f"across restarts).\n  curl -H \"Authorization: Bearer $(cat {shlex.quote(str(key_file))})\" "
               f"http://{s.host}:{s.port}/v1/info\n  console: http://{s.host}:{s.port}/ui (paste the key once); "
               f"set VECBRIDGE_API_KEYS for real deployments", file=sys.stderr, flush=True)

@@ -10,15 +10,20 @@ once per change of the file): a half-written or mistyped file never locks every 
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import secrets
+import shlex
+import stat
 import threading
 import time
 from pathlib import Path
 
-from ..config import Settings, check_api_keys, read_setting_file
+from ..config import ConfigError, Settings, check_api_keys, read_setting_file
 from ..indexes.locking import stat_sig
 
-__all__ = ["CHECK_EVERY_S", "current_keys"]
+__all__ = ["CHECK_EVERY_S", "current_keys", "read_local_key"]
 
 CHECK_EVERY_S = 1.0
 _log = logging.getLogger("vecbridge.auth")
@@ -75,3 +80,59 @@ def current_keys(settings: Settings) -> dict[str, list[str]]:
         with _files_lock:
             kf = _files.setdefault(path, _KeyFile(path, settings.api_keys))
     return kf.current()
+
+
+def read_local_key(path: Path) -> str:
+    """The key in ``path`` (``vecbridge serve``'s local key), made when missing: 32 random bytes, hex, mode 0600.
+
+    The file is opened without following a symbolic link (``O_NOFOLLOW``) and checked on the open descriptor
+    (``fstat``: what is checked is what is read). ConfigError (one line, exit 2) naming the file when it is a link,
+    not a plain file, another user's, or open to group or others in any way -- refused as sshd refuses such a
+    private key, rather than put right in silence: a key others could read may have been read, and only its owner
+    can say whether it must be replaced. Before, a 0644 or symlinked ``local-key`` was used as it was while the
+    start-up line said "mode 0600", and a dangling link was "[Errno 17] File exists".
+    """
+    for _ in range(2):  # a second look when another process made the file meanwhile (serve --workers, a 2nd serve)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # NONBLOCK: a FIFO
+        except FileNotFoundError:
+            try:  # O_EXCL does not follow a link either: a dangling one is EEXIST, and the next look names it
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except FileExistsError:
+                continue
+            key = secrets.token_hex(32)
+            with os.fdopen(fd, "w") as f:
+                f.write(key + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            return key
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ConfigError(f"{path} is a symbolic link: the local key must be a plain file in the data dir, "
+                                  f"not followed elsewhere; remove the link (a new key is made) or set "
+                                  f"VECBRIDGE_API_KEYS") from None
+            raise ConfigError(f"{path} cannot be read as the local key ({exc.strerror or exc}); delete it to make "
+                              f"a new one, or set VECBRIDGE_API_KEYS") from None
+        with os.fdopen(fd, "rb") as f:
+            _check_private(path, os.fstat(f.fileno()))
+            raw = f.read(4096)
+        try:
+            return raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path} holds no usable key; delete it to make a new one") from None
+    raise ConfigError(f"{path} kept changing while it was read as the local key; start again")
+
+
+def _check_private(path: Path, st: os.stat_result) -> None:
+    """ConfigError unless ``st`` is a plain file of this user's that no one else may read or write."""
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path} cannot be read as the local key (not a plain file); delete it to make a new one, "
+                          f"or set VECBRIDGE_API_KEYS")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"{path} belongs to another user (uid {st.st_uid}, this process runs as uid "
+                          f"{os.geteuid()}): the local key must be this user's own file; delete it to make a new one")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise ConfigError(f"{path} is open to other users (mode {mode:04o}): the local key must be readable by its "
+                          f"owner only; run `chmod 600 {shlex.quote(str(path))}` (or delete it to make a new key, if "
+                          f"others may have read it)")

@@ -83,6 +83,7 @@ def test_an_unusable_local_key_file_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "var").mkdir()
     for content in ("short\n", "k" * 20 + " " + "k" * 20 + "\n"):
         (tmp_path / "var" / "local-key").write_text(content)
+        (tmp_path / "var" / "local-key").chmod(0o600)  # private, as a key file must be (write_text: the umask's)
         with pytest.raises(ConfigError, match="holds no usable key"):
             ensure_local_key(s)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
@@ -91,6 +92,71 @@ def test_an_unusable_local_key_file_is_one_line_and_exit_2(tmp_path):
                         str(free_port())], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "holds no usable key" in r.stderr and "internal error" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+KEY = "0123456789abcdef0123456789abcdef0123"
+
+
+def _serve(data: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
+    env.update(PYTHONPATH=str(ROOT), VECBRIDGE_DEMO_ON_EMPTY="false")
+    return subprocess.run([sys.executable, "-m", "service.cli", "serve", "--data-dir", str(data), "--port",
+                           str(free_port())], env=env, capture_output=True, text=True, timeout=90, check=False)
+
+
+def _key_file(data: Path, mode: int = 0o600) -> Path:
+    data.mkdir(parents=True)
+    (data / "local-key").write_text(KEY + "\n")
+    (data / "local-key").chmod(mode)
+    return data / "local-key"
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620], ids=lambda m: f"{m:04o}")
+def test_a_local_key_others_may_read_or_write_is_refused_at_start(tmp_path, mode):
+    """A 0644 local-key was used as it was while the start-up line said "mode 0600"; now it is refused as sshd
+    refuses such a private key: one line naming the file and the chmod that fixes it, exit 2."""
+    key_file = _key_file(tmp_path / "var", mode)
+    r = _serve(tmp_path / "var")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{key_file} is open to other users (mode {mode:04o})" in r.stderr, r.stderr
+    assert f"chmod 600 {key_file}" in r.stderr and KEY not in r.stderr + r.stdout
+    assert stat.S_IMODE(key_file.stat().st_mode) == mode  # left as it was: its owner decides
+
+
+@pytest.mark.parametrize("target", ["elsewhere", "missing"])
+def test_a_local_key_that_is_a_symbolic_link_is_refused_at_start(tmp_path, target):
+    """A link was followed wherever it pointed (a key outside the data dir, any file), and a dangling one was
+    "vecbridge: error: [Errno 17] File exists"."""
+    elsewhere = _key_file(tmp_path / "elsewhere")
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "local-key").symlink_to(elsewhere if target == "elsewhere" else tmp_path / "missing")
+    r = _serve(tmp_path / "var")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{tmp_path / 'var' / 'local-key'} is a symbolic link" in r.stderr and "Errno" not in r.stderr, r.stderr
+    assert not (tmp_path / "missing").exists()  # nothing made through the link
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_local_key_of_another_user_is_refused_at_start(tmp_path):
+    key_file = _key_file(tmp_path / "var")
+    os.chown(key_file, 65534, -1)
+    r = _serve(tmp_path / "var")
+    assert r.returncode == 2 and f"{key_file} belongs to another user (uid 65534" in r.stderr, r.stderr
+
+
+def test_the_start_up_line_says_the_key_file_s_own_mode(tmp_path):
+    """It said "mode 0600" whatever the file's mode; a stricter 0400 is used and said."""
+    key_file = _key_file(tmp_path / "var", 0o400)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
+    env.update(PYTHONPATH=str(ROOT), VECBRIDGE_DEMO_ON_EMPTY="false")
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path / "var"),
+                             "--port", str(free_port())], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert f"key is in {key_file} (mode 0400, kept across restarts)" in first, first
 
 
 @pytest.mark.parametrize("keys", [{}, {"k" * 40: ["read"]}])
