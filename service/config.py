@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as _EnvParseError
 
@@ -215,6 +222,25 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown vector-database URL scheme {scheme[:20] if sep else 'none'!r} (the rest is not "
                              f"shown): use one of {', '.join(s + '://' for s in _SCHEMES)}")
         return url
+
+    @model_validator(mode="after")
+    def _check_vectordb_access(self) -> Settings:
+        """The vector database's URL with its API key and CA file, checked as :func:`service.vectordb.open_store`
+        checks them before it connects (:func:`service.vectordb.check_store_url`, one code for both). A PostgreSQL
+        URL with an API key, or a Qdrant URL with a user and password, made a service that started and then
+        answered every migration, verify and collection search with a 422 InputError, blaming its clients."""
+        if self.vectordb_url is None:
+            return self
+        from align.exceptions import VecbridgeError
+
+        from .vectordb import check_store_url
+
+        try:
+            check_store_url(self.vectordb_url, api_key=self.vectordb_api_key, ca_file=self.vectordb_ca_file)
+        except VecbridgeError as exc:  # its messages never hold the password or the key
+            raise ValueError(f"VECBRIDGE_VECTORDB_URL (with VECBRIDGE_VECTORDB_API_KEY and _CA_FILE as set): "
+                             f"{exc}") from None
+        return self
 
     @field_validator("api_keys")
     @classmethod
@@ -465,6 +491,8 @@ def load_settings(**overrides) -> Settings:
         return settings
     except ValidationError as exc:
         e = exc.errors()[0]
+        if not e["loc"]:  # a rule across settings (a model validator): its message names them; its input is all of
+            raise ConfigError(f"setting {str(e['msg']).removeprefix('Value error, ')}") from None  # them: not shown
         var, secret = _variable(tuple(e["loc"]))
         if e["loc"] and e["loc"][0] in files:  # the value came from a file: name that variable, not its content
             var, secret = f"VECBRIDGE_{str(e['loc'][0]).upper()}{_FILE}", True

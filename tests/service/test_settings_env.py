@@ -181,6 +181,40 @@ def test_an_unsupported_registry_url_is_one_line_without_its_password(tmp_path, 
     assert "Traceback" not in r.stderr and SECRET not in r.stderr + r.stdout
 
 
+@pytest.mark.parametrize("url, extra, says", [
+    # every migration and verify job failed "give the password in the URL or PGPASSWORD", a 422 InputError
+    (f"postgresql://vb:{SECRET}@db/vb", {"VECBRIDGE_VECTORDB_API_KEY": "k3y-" + SECRET[::-1]}, "no API key or CA file"),
+    (f"postgresql://vb:{SECRET}@db/vb", {"VECBRIDGE_VECTORDB_CA_FILE": "/etc/ca.pem"}, "no API key or CA file"),
+    # every collection search was a 422 "a URL takes no user or password"
+    (f"qdrant+https://user:{SECRET}@db:6333", {}, "takes no user or password"),
+    (f"qdrant+https://{SECRET}@db:6333", {}, "takes no user or password"),
+    ("qdrant://db:6333", {"VECBRIDGE_VECTORDB_CA_FILE": "/etc/ca.pem"}, "a CA file is for TLS"),
+    (f"milvus+https://u:{SECRET}@db:19530", {"VECBRIDGE_VECTORDB_API_KEY": "k3y-" + SECRET[::-1]}, "not both"),
+    # libpq read "...@db" after the first "@" as the host, and quoted it
+    (f"postgresql://vb:{SECRET}@x@db/vb", {}, "%40"),
+], ids=["pg-key", "pg-ca", "qdrant-password", "qdrant-user", "qdrant-ca-no-tls", "milvus-both", "pg-raw-at"])
+def test_a_vector_database_setting_that_cannot_work_stops_serve_at_start(tmp_path, url, extra, says):
+    """Checked by the code that opens the store (service.vectordb.check_store_url) when the settings load: the
+    service started, /readyz said ready, and then every migration or collection search blamed the client (422)."""
+    env = _clean_env(VECBRIDGE_DEMO_ON_EMPTY="false", VECBRIDGE_AUTH_DISABLED="true", VECBRIDGE_VECTORDB_URL=url,
+                     **extra)
+    r = _serve([sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path), "--port",
+                str(free_port())], env, timeout=90)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "setting VECBRIDGE_VECTORDB_URL" in r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert SECRET not in r.stderr + r.stdout and SECRET[::-1] not in r.stderr + r.stdout
+
+
+def test_vector_database_settings_that_go_together_are_accepted(clean_env, tmp_path):
+    ca = tmp_path / "ca.pem"
+    for url, kw in (("qdrant+https://db:6333", {"vectordb_api_key": SECRET, "vectordb_ca_file": ca}),
+                    ("milvus+https://db:19530", {"vectordb_api_key": SECRET}),
+                    (f"milvus+https://u:{SECRET}@db:19530", {}), (f"postgresql://vb:{SECRET}@db/vb", {}),
+                    ("postgresql://vb:p%40ss@db/vb", {}), (f"qdrant://{tmp_path}/q", {})):
+        assert load_settings(vectordb_url=url, **kw).vectordb_url == url
+
+
 def _dockerfile() -> tuple[list[str], list[str], dict]:
     """The runtime stage's ``CMD``, the ``HEALTHCHECK`` command and its ``ENV`` variables."""
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
