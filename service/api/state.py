@@ -245,23 +245,33 @@ class AppState:
         info = self.registry.resolve_steer(ref)
         return info, self.registry.load_steer(info)
 
-    def memo(self, key: tuple):
-        """What ``key`` resolved to (see :meth:`_current`) when the registry's change token is unchanged since;
-        else :class:`~service.indexes.locking.WouldBlock`. No query, no lock wait: safe on the event loop."""
+    def unchanged(self) -> tuple[int, int]:
+        """``(change token, generation)`` of the last lookups when the registry's change token still reads the same
+        (nothing committed since, by any process), else :class:`~service.indexes.locking.WouldBlock`. One ``stat``
+        and one ``pread``: safe on the event loop."""
         token = self.registry.change_token()
         seen = self._seen
         if token is None or seen is None or seen[0] != token:
             raise WouldBlock("the registry changed since the last lookup")
+        return seen
+
+    def memo(self, key: tuple, seen: tuple[int, int] | None = None):
+        """What ``key`` resolved to (see :meth:`_current`) when the registry's change token is unchanged since;
+        else :class:`~service.indexes.locking.WouldBlock`. No query, no lock wait: safe on the event loop.
+        ``seen``: what :meth:`unchanged` answered for this request (read once per request), else read now."""
+        seen = seen or self.unchanged()
         hit = self._resolved.get(key)
         if hit is None or hit[0] != seen[1]:
             raise WouldBlock(f"{key[0]} not resolved yet")
         return hit[1]
 
-    def resolve_map_cached(self, ref: str) -> tuple[VersionInfo, LinearMap | ClusterMap] | None:
+    def resolve_map_cached(self, ref: str, seen: tuple[int, int] | None = None
+                           ) -> tuple[VersionInfo, LinearMap | ClusterMap] | None:
         """:meth:`resolve_map` when it needs no I/O at all — the registry's change token is unchanged since
-        ``ref`` was resolved and the artifact is in memory — else None. Safe on the event loop."""
+        ``ref`` was resolved and the artifact is in memory — else None. Safe on the event loop. ``seen``: as
+        :meth:`memo`'s."""
         try:
-            v = self.memo(("ref", ref))
+            v = self.memo(("ref", ref), seen)
         except WouldBlock:
             return None
         m = self.registry.cached_map(v)
@@ -370,24 +380,35 @@ class InMemory:
 
     def __init__(self, state: AppState) -> None:
         self.state = state
+        self._seen: tuple[int, int] | None = None  # AppState.unchanged(), read at this request's first lookup
+
+    def _unchanged(self) -> tuple[int, int]:
+        """The registry checked for changes once per request (one ``stat`` and ``pread`` of its file, not one per
+        lookup): the request's lookups then all answer from the same generation."""
+        if self._seen is None:
+            self._seen = self.state.unchanged()
+        return self._seen
+
+    def _memo(self, key: tuple):
+        return self.state.memo(key, self._unchanged())
 
     def get_space(self, name: str):
-        return self.state.memo(("space", name))
+        return self._memo(("space", name))
 
     def translation(self, source_space: str, target_space: str, map_ref: str | Sequence[str] | None = None
                     ) -> Translation:
         st = self.state
         if isinstance(map_ref, str):
-            hit = st.resolve_map_cached(map_ref)
+            hit = st.resolve_map_cached(map_ref, self._unchanged())
             if hit is None or (hit[0].source_space, hit[0].target_space) != (source_space, target_space):
                 raise WouldBlock("map not in memory (or not this path: the waiting path reports it)")
             return Translation(hit[1], [hit[0]])
         if map_ref:  # a pinned path: each ref resolved at this generation, and it must lead the way asked
-            chain = [st.memo(("ref", ref)) for ref in map_ref]
+            chain = [self._memo(("ref", ref)) for ref in map_ref]
             if not leads(chain, source_space, target_space):
                 raise WouldBlock("not this path: the waiting path reports it")
         else:
-            chain = st.memo(("path", source_space, target_space))
+            chain = self._memo(("path", source_space, target_space))
         if not chain:
             return Translation(None, chain)
         m = st.registry.cached_compose(chain)

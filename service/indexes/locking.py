@@ -23,7 +23,7 @@ from pathlib import Path
 
 from align.exceptions import VecbridgeError
 
-__all__ = ["RWLock", "WouldBlock", "flock", "still_linked", "stat_sig"]
+__all__ = ["RWLock", "WouldBlock", "flock", "still_linked", "stat_sig", "meta_sig"]
 
 
 class WouldBlock(VecbridgeError):
@@ -128,7 +128,7 @@ def still_linked(fd: int, lock_path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-def stat_sig(path: Path) -> tuple[int, int, int, int] | None:
+def stat_sig(path: Path | str) -> tuple[int, int, int, int] | None:
     """Cheap change token of a file (device, inode, size, mtime ns); ``None`` when missing.
 
     Every ``meta.json`` is a new file (renamed into place) stamped with a modification time no earlier meta
@@ -139,3 +139,18 @@ def stat_sig(path: Path) -> tuple[int, int, int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+_META_FILES: dict[Path, str] = {}  # index folder -> its meta.json, as the string os.stat takes
+
+
+def meta_sig(folder: Path) -> tuple[int, int, int, int] | None:
+    """:func:`stat_sig` of ``folder / "meta.json"``, the generation of the index in ``folder``: read before every
+    search (``SpaceIndex.is_current`` / ``refresh``), so the path is joined once per folder, not per request
+    (building the ``Path`` cost about as much as the ``stat``)."""
+    meta = _META_FILES.get(folder)
+    if meta is None:
+        if len(_META_FILES) > 4096:  # bounded: folders of indexes dropped and re-created under other names
+            _META_FILES.clear()
+        meta = _META_FILES[folder] = os.path.join(folder, "meta.json")
+    return stat_sig(meta)

@@ -69,7 +69,7 @@ from .kinds import (
     search_work,
     tombstone_slots,
 )
-from .locking import RWLock, WouldBlock, flock, stat_sig, still_linked
+from .locking import RWLock, WouldBlock, flock, meta_sig, still_linked
 from .persist import (
     FORMAT,
     FORMAT_VERSION,
@@ -434,7 +434,7 @@ class SpaceIndex:
 
     def is_current(self) -> bool:
         """Whether the generation in memory is the newest persisted one (one ``stat``; never loads)."""
-        return self.path is None or stat_sig(self.path / "meta.json") == self._meta_sig
+        return self.path is None or meta_sig(self.path) == self._meta_sig
 
     def _search(self, Q, k, exact, ef_search, nprobe):
         if self.kind == "flat" and (found := self._device.search(self.index, self._changes, Q, k)) is not None:
@@ -466,7 +466,7 @@ class SpaceIndex:
             if not still_linked(fd, lock_path):  # the folder was renamed away while we waited
                 raise gone(self.name)
             with self._refresh_lock:
-                if not (fresh and stat_sig(self.path / "meta.json") is None):
+                if not (fresh and meta_sig(self.path) is None):
                     self._sync(force=True)  # a writer reads the meta itself, never trusting a signature alone
                 yield
 
@@ -497,7 +497,7 @@ class SpaceIndex:
             if uid_of(meta) == self.uid:
                 index, payloads = read_generation(self.path, meta)
                 with nullcontext() if locked else self.lock.write():
-                    self._adopt(meta, index, payloads, stat_sig(self.path / "meta.json"))
+                    self._adopt(meta, index, payloads, meta_sig(self.path))
         except Exception:  # noqa: BLE001 - keep the first error; force a reload on next access
             self._meta_sig = None
             self.generation = -1
@@ -507,7 +507,7 @@ class SpaceIndex:
         nothing changed. Raises :class:`IndexNotFoundError` when another process dropped (or re-created) the index."""
         if self.path is None:
             return False
-        sig = stat_sig(self.path / "meta.json")
+        sig = meta_sig(self.path)
         if sig is not None and sig in (self._meta_sig, self._unreadable_sig):  # the latter: said once, not re-read
             return False
         with self._refresh_lock:
@@ -528,7 +528,7 @@ class SpaceIndex:
         """
         assert self.path is not None
         for _ in range(LOAD_ATTEMPTS):
-            sig = stat_sig(self.path / "meta.json")  # before reading: at worst one extra read later
+            sig = meta_sig(self.path)  # before reading: at worst one extra read later
             if sig is None:
                 raise gone(self.name)
             if sig == self._meta_sig and not force:
