@@ -18,6 +18,11 @@ try:  # orjson turns float32 arrays into JSON ~10x faster than json + tolist()
     def dumps(obj: Any) -> bytes:
         return orjson.dumps(obj, option=_OPTS, default=_default)
 
+    def dumps_plain(obj: Any) -> bytes:
+        """:func:`dumps` of JSON's own types only (str keys; str, int, float, bool, None, lists, dicts): the same
+        bytes, without the options others need, ~2x faster on many small dicts (a search's hits)."""
+        return orjson.dumps(obj)
+
     loads = orjson.loads
 except ImportError:  # pragma: no cover - orjson is in the service extra
     orjson = None
@@ -25,9 +30,10 @@ except ImportError:  # pragma: no cover - orjson is in the service extra
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj, default=_default, separators=(",", ":")).encode()
 
+    dumps_plain = dumps
     loads = json.loads
 
-__all__ = ["FastJSONResponse", "dumps", "dumps_blocks", "loads"]
+__all__ = ["FastJSONResponse", "dumps", "dumps_blocks", "dumps_plain", "loads"]
 
 
 class FastJSONResponse(JSONResponse):

@@ -282,12 +282,10 @@ def hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool, row_p: 
 
     ``row_p``: the row's payloads as the search read them (``SearchResult.P``); without, they are read from ``idx``
     now, which a write since the search may have changed (a row deleted since: ``null``)."""
-    out = []
-    for j, (i, sc) in enumerate(zip(row_i, row_s)):
-        if i < 0:
-            continue
-        h = {"id": i, "score": sc}
-        if with_payloads:
-            h["payload"] = row_p[j] if row_p is not None else idx.payloads.get(i)
-        out.append(h)
-    return out
+    # comprehensions, not a loop with a test per hit: the hits of a search of 64 x 10 took ~0.1 ms that way
+    if not with_payloads:
+        return [{"id": i, "score": sc} for i, sc in zip(row_i, row_s) if i >= 0]
+    if row_p is None:
+        payload = idx.payloads.get
+        return [{"id": i, "score": sc, "payload": payload(i)} for i, sc in zip(row_i, row_s) if i >= 0]
+    return [{"id": i, "score": sc, "payload": p} for i, sc, p in zip(row_i, row_s, row_p) if i >= 0]

@@ -26,7 +26,7 @@ from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..name_types import IndexNamePath
 from ..openapi import examples, json_body
 from ..pagination import list_route
-from ..responses import FastJSONResponse, dumps
+from ..responses import FastJSONResponse, dumps, dumps_plain
 from ..routing import CodecRoute
 from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate, IndexCreateOptions, IndexDelete,
                        IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
@@ -174,23 +174,41 @@ def search_observe(state, found) -> None:
             state.metrics.observe_map(v.name, found.S.shape[0])
 
 
+#: JSON bytes and hits serialised per call: the answer is written a block of rows at a time, each block sized from
+#: the rows before it (the first block is one row; each at most 4x the one before), so that only a block's hit dicts
+#: exist at once and a block passes ``max_response_bytes`` by little
+_BLOCK_BYTES, _BLOCK_HITS = 64 * 1024, 4096
+
+
 def _search_body(head: dict, idx: SpaceIndex, S: np.ndarray, I: np.ndarray, with_payloads: bool,
                  max_bytes: int, P: list | None = None) -> bytes:
-    """The JSON answer ``{**head, "results": [[hit, ...], ...]}``, serialised one query row at a time.
+    """The JSON answer ``{**head, "results": [[hit, ...], ...]}``, serialised a block of query rows at a time (about
+    :data:`_BLOCK_BYTES` each; the same bytes as one row at a time, which cost a search of 64 queries ~0.1 ms in 64
+    calls).
 
-    Only one row of hit dicts exists at once (not n x k), and the answer stops at ``max_bytes``
-    (``limits.max_response_bytes``; payloads can make hits large) with a 422.
+    Only one block of hit dicts exists at once (not n x k), and the answer stops at ``max_bytes``
+    (``limits.max_response_bytes``; payloads can make hits large) with a 422 naming the first query past it.
     """
     parts = [dumps(head)[:-1], b',"results":[']
     size = sum(map(len, parts))
-    for r, (row_i, row_s) in enumerate(zip(I.tolist(), S.tolist())):
-        chunk = dumps(index_ops.hits(idx, row_i, row_s, with_payloads, P[r] if P is not None else None))
+    rows_i, rows_s = I.tolist(), S.tolist()
+    encode = dumps if with_payloads else dumps_plain  # hits without payloads hold only ints and floats
+    r, step = 0, 1
+    while r < len(rows_i):
+        rows = [index_ops.hits(idx, row_i, row_s, with_payloads, P[j] if P is not None else None)
+                for j, row_i, row_s in zip(range(r, r + step), rows_i[r : r + step], rows_s[r : r + step])]
+        chunk = encode(rows)[1:-1]  # the rows' own JSON, comma-separated
+        if size + len(chunk) + 1 > max_bytes:  # some row of the block passes it: which one (one comma per row)
+            for j, row in enumerate(rows):
+                size += len(dumps(row)) + 1
+                if size > max_bytes:
+                    raise InputError(f"the answer passes {max_bytes} bytes (limits.max_response_bytes) at query "
+                                     f"{r + j}; send fewer queries, a smaller k, or include_payloads=false")
         size += len(chunk) + 1
-        if size > max_bytes:
-            raise InputError(f"the answer passes {max_bytes} bytes (limits.max_response_bytes) at query {r}; "
-                             f"send fewer queries, a smaller k, or include_payloads=false")
         if r:
             parts.append(b",")
         parts.append(chunk)
+        r += len(rows)
+        step = max(1, min(4 * len(rows), _BLOCK_HITS // max(1, I.shape[1]), _BLOCK_BYTES * len(rows) // len(chunk)))
     parts.append(b"]}")
     return b"".join(parts)

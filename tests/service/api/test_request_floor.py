@@ -18,8 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _api_support import R, W, served_world
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from align import fit_procrustes
+from align.exceptions import InputError
+from service.api import responses
 from service.api.routers import indexes as index_routes
 from service.api.state import InMemory
 from service.registry import open_registry
@@ -86,3 +90,88 @@ def test_a_search_on_the_loop_still_sees_another_processs_alias_move_at_once(wor
     finally:
         assert c.put("/v1/maps/a2b/aliases/prod", json={"version": 1}, headers=W).status_code == 200
     assert [m["version"] for m in post(c, q).json()["maps"]] == [1]
+
+
+def test_a_64_query_answer_is_serialised_in_one_call_with_the_same_hits(world, monkeypatch):
+    """The hits of a block of rows go through one orjson call (64 queries: blocks of 1, 4, 16 and 43 rows, 5 calls
+    with the head, not 65), and they are the index's own top 10 of each mapped query."""
+    c, app, data = world
+    state = app.state.vb
+    X = data["X"][:64]
+    post(c, body(X))
+    real = responses.orjson
+    calls = []
+
+    class Counting:  # orjson as service.api.responses sees it, its dumps counted
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def dumps(self, *a, **k):
+            calls.append(1)
+            return real.dumps(*a, **k)
+
+    monkeypatch.setattr(responses, "orjson", Counting())
+    r = post(c, body(X, include_payloads=False))
+    with_payloads = post(c, body(X))
+    monkeypatch.undo()
+    assert r.status_code == 200, r.text
+    assert len(calls) <= 2 * 5, len(calls)
+    rows = with_payloads.json()["results"]  # the index has no payloads: null in each hit, and the same hits
+    assert [[h.pop("payload") for h in row] for row in rows] == [[None] * 10] * 64 and rows == r.json()["results"]
+    Q = state.translation("a", "b").map.apply(X, output="raw")
+    S, I = state.indexes.get("ix").search(Q, 10)
+    assert r.json()["results"] == [[{"id": i, "score": s} for i, s in zip(ri, rs) if i >= 0]
+                                   for ri, rs in zip(I.tolist(), S.tolist())]
+
+
+def _answer_row_by_row(head, idx, S, I, with_payloads, max_bytes, P=None) -> bytes:
+    """The answer as it was written before blocks: one row at a time, stopping at the first row past ``max_bytes``."""
+    parts = [responses.dumps(head)[:-1], b',"results":[']
+    size = sum(map(len, parts))
+    for r, (row_i, row_s) in enumerate(zip(I.tolist(), S.tolist())):
+        hits = []
+        for j, (i, sc) in enumerate(zip(row_i, row_s)):
+            if i >= 0:
+                hits.append({"id": i, "score": sc, **({"payload": P[r][j] if P is not None else idx.payloads.get(i)}
+                                                      if with_payloads else {})})
+        chunk = responses.dumps(hits)
+        size += len(chunk) + 1
+        if size > max_bytes:
+            raise InputError(f"the answer passes {max_bytes} bytes (limits.max_response_bytes) at query {r}; "
+                             f"send fewer queries, a smaller k, or include_payloads=false")
+        parts += [b","] * bool(r) + [chunk]
+    return b"".join(parts + [b"]}"])
+
+
+class _Payloads:
+    def __init__(self) -> None:
+        self.payloads = {i: {"text": "x" * (i % 7), 3: i} for i in range(60)}
+
+
+_PAYLOADS = _Payloads()  # an index's payloads (non-string keys too), as _search_body reads them
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(0, 700), k=st.integers(1, 30), with_payloads=st.booleans(), read_p=st.booleans(),
+       nan=st.booleans(), cut=st.one_of(st.none(), st.floats(0.0, 1.05)), seed=st.integers(0, 2**16))
+def test_the_answer_by_blocks_is_the_answer_row_by_row(n, k, with_payloads, read_p, nan, cut, seed):
+    """Same bytes, and past ``max_response_bytes`` the same 422 naming the same first query, for any shape (blocks
+    of 4,096 hits: rows past a block's end), ids missing (-1), NaN scores, and payloads (one row at a time)."""
+    rng = np.random.default_rng(seed)
+    I = rng.integers(-1, 60, (n, k))
+    S = rng.standard_normal((n, k)).astype(np.float32)
+    S[I < 0] = -np.inf
+    if nan:
+        S[rng.random((n, k)) < 0.1] = np.nan
+    P = [[_PAYLOADS.payloads.get(i) for i in row] for row in I.tolist()] if with_payloads and read_p else None
+    head = {"index": "ix", "k": k}
+    full = len(_answer_row_by_row(head, _PAYLOADS, S, I, with_payloads, 1 << 40, P))
+    limit = 1 << 40 if cut is None else max(1, int(full * cut))
+
+    def outcome(fn):
+        try:
+            return fn(head, _PAYLOADS, S, I, with_payloads, limit, P)
+        except InputError as exc:
+            return str(exc)
+
+    assert outcome(index_routes._search_body) == outcome(_answer_row_by_row)
