@@ -18,12 +18,13 @@ from urllib.parse import urlsplit
 
 from ..logging import get_logger
 from ..metrics import ServiceMetrics
-from ..errors import PayloadTooLargeError, RequestTimeoutError
+from ..errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError, RequestTimeoutError
 from .responses import dumps
 
 __all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS", "accepted_hosts",
            "host_allowed", "host_name", "cross_site"]
 
+_MATCHED_PATHS, _MATCHED_PATH = 4096, 256  # GuardMiddleware remembers the route of this many paths of this length
 _access = get_logger("access")
 _errors = get_logger("errors")
 _QUIET = ("/healthz", "/readyz", "/metrics")
@@ -198,30 +199,41 @@ class GuardMiddleware:
     """
 
     def __init__(self, app, routes, settings) -> None:
+        from .deps import authorize  # the one key check (deps imports the app's state: not at this module's import)
+
         self.app = app
         self.settings = settings  # a callable returning the current Settings
+        self._authorize = authorize
         self._hosts_of, self._hosts = None, None  # accepted_hosts() of the last Settings seen
         # (regex, methods, template, scope) of every API route (APIRoute: path already prefixed)
         self._table = [(r.path_regex, r.methods or set(), r, _route_scope(r)) for r in routes
                        if hasattr(r, "path_regex")]
+        self._matched: dict[tuple[str, str], tuple] = {}  # (method, path) -> (route, scope, path params) found
 
     def _match(self, scope) -> tuple[object | None, str | None]:
         path, method = scope.get("path", ""), scope["method"]
         root = scope.get("root_path", "")
         if root and path.startswith(root):  # behind a proxy prefix (uvicorn --root-path): match as the router does
             path = path[len(root):]
-        for regex, methods, route, need in self._table:
-            if method in methods and (m := regex.match(path)):
-                scope["vb_route"], scope["vb_path_params"] = route, m.groupdict()  # for the fast path
-                return route, need
-        return None, None
+        hit = self._matched.get((method, path))
+        if hit is None:  # a path seen before skips the scan of every route's pattern (the search's is the 30th)
+            for regex, methods, route, need in self._table:
+                if method in methods and (m := regex.match(path)):
+                    hit = (route, need, m.groupdict())
+                    if len(path) <= _MATCHED_PATH:  # bounded memory: any client (no key checked yet) picks paths
+                        if len(self._matched) >= _MATCHED_PATHS:
+                            self._matched.clear()
+                        self._matched[(method, path)] = hit
+                    break
+            else:
+                return None, None
+        route, need, params = hit
+        scope["vb_route"], scope["vb_path_params"] = route, dict(params)  # for the fast path
+        return route, need
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        from .deps import authorize
-        from ..errors import AuthenticationError, PermissionDeniedError
-
         route, need = self._match(scope)
         template = getattr(route, "path", None)
         settings = self.settings()
@@ -251,7 +263,7 @@ class GuardMiddleware:
         if need is not None:
             try:
                 auth = headers.get(b"authorization")
-                authorize(auth.decode("latin-1") if auth is not None else None, need, settings)
+                self._authorize(auth.decode("latin-1") if auth is not None else None, need, settings)
             except (AuthenticationError, PermissionDeniedError) as exc:
                 scope["route"] = route  # the access log and metrics name the route, not "unmatched"
                 status = 401 if isinstance(exc, AuthenticationError) else 403
@@ -421,7 +433,7 @@ class ObserveMiddleware:
             self.metrics.active -= 1
             dt = time.perf_counter() - t0
             route = getattr(scope.get("route"), "path", None) or _fixed_route(scope.get("path", ""))
-            self.metrics.request_duration.labels(scope["method"], route, str(status)).observe(dt)
+            self.metrics.observe_request(scope["method"], route, status, dt)
             fields = {"method": scope["method"], "route": route, "status": status,
                       "duration_ms": round(dt * 1000, 3), "request_id": rid}
             if route in _QUIET:

@@ -168,7 +168,7 @@ def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None,
 
 def search_observe(state, found) -> None:
     """The metrics of one answered search (route and fast path)."""
-    state.metrics.batch_rows.labels("search").observe(found.S.shape[0])
+    state.metrics.observe_rows("search", found.S.shape[0])
     if found.translation is not None:
         for v in found.translation.versions:
             state.metrics.observe_map(v.name, found.S.shape[0])

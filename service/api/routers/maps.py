@@ -322,5 +322,5 @@ def _with_query(body_opts: TransformOptions, query: TransformOptions, given: dic
 
 def transform_observe(state, v, Y) -> None:
     """The metrics of one answered transform (route and fast path)."""
-    state.metrics.batch_rows.labels("transform").observe(Y.shape[0])
+    state.metrics.observe_rows("transform", Y.shape[0])
     state.metrics.observe_map(v.name, Y.shape[0])

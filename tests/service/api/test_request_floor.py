@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _api_support import R, W, served_world
+from _api_support import R, W, answered, served_world
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from align import fit_procrustes
 from align.exceptions import InputError
 from service.api import responses
+from service.api.middleware import GuardMiddleware
 from service.api.routers import indexes as index_routes
 from service.api.state import InMemory
 from service.registry import open_registry
@@ -175,3 +176,59 @@ def test_the_answer_by_blocks_is_the_answer_row_by_row(n, k, with_payloads, read
             return str(exc)
 
     assert outcome(index_routes._search_body) == outcome(_answer_row_by_row)
+
+
+def _guard(app) -> GuardMiddleware:
+    layer = app.middleware_stack
+    while not isinstance(layer, GuardMiddleware):
+        layer = layer.app
+    return layer
+
+
+class _CountedPattern:
+    def __init__(self, regex, seen: list) -> None:
+        self.regex, self.seen = regex, seen
+
+    def match(self, path):
+        self.seen.append(path)
+        return self.regex.match(path)
+
+
+def test_requests_after_the_first_reuse_their_route_match_and_metric_series(world, monkeypatch):
+    """A path answered before is not matched against every route's pattern again (the search's is the 30th of 56),
+    and the metric series of a request (latency, rows, map use) are not looked up again (~2 µs each, four per
+    search): the counts still grow by one per request."""
+    c, app, data = world
+    metrics = app.state.vb.metrics
+    q = body(data["X"][:1])
+    assert post(c, q).status_code == 200
+    before = answered(c, "/v1/indexes/{name}/search", 200)
+    answered(c, "/v1/indexes/{name}/search", 200)  # /metrics' own series and match made
+    looked, scans = [], []
+    for metric in (metrics.request_duration, metrics.batch_rows, metrics.map_use, metrics.map_rows):
+        monkeypatch.setattr(metric, "labels", lambda *v, real=metric.labels: looked.append(v) or real(*v))
+    guard = _guard(app)
+    monkeypatch.setattr(guard, "_table", [(_CountedPattern(rx, scans), *rest) for rx, *rest in guard._table])
+    for _ in range(3):
+        assert post(c, q).status_code == 200
+    assert answered(c, "/v1/indexes/{name}/search", 200) == before + 3
+    assert looked == [] and scans == []
+    assert c.post("/v1/indexes/other/search", content=q, headers={**R, "content-type": "application/json"}
+                  ).status_code == 404  # another path is matched (once), and answered as before
+    assert scans
+
+
+def test_remembered_routes_are_bounded(world):
+    """Any client picks paths (the key is checked after the match): long ones are matched every time, and the paths
+    remembered never pass 4,096."""
+    _, app, _ = world
+    guard = _guard(app)
+    long = "/v1/indexes/" + "x" * 300 + "/search"
+    route, need = guard._match({"path": long, "method": "POST"})
+    assert route.path == "/v1/indexes/{name}/search" and need == "read"
+    assert ("POST", long) not in guard._matched
+    for i in range(5000):
+        scope = {"path": f"/v1/indexes/n{i}/search", "method": "POST"}
+        assert guard._match(scope)[0] is route and scope["vb_path_params"] == {"name": f"n{i}"}
+        assert len(guard._matched) <= 4096
+    assert guard._match({"path": "/no/such/route", "method": "GET"}) == (None, None)
