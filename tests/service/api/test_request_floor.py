@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import pathlib
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,7 @@ from service.api import responses
 from service.api.middleware import GuardMiddleware
 from service.api.routers import indexes as index_routes
 from service.api.state import InMemory
+from service.logging import JsonFormatter
 from service.registry import open_registry
 
 SEARCH = "/v1/indexes/ix/search"
@@ -232,3 +235,24 @@ def test_remembered_routes_are_bounded(world):
         assert guard._match(scope)[0] is route and scope["vb_path_params"] == {"name": f"n{i}"}
         assert len(guard._matched) <= 4096
     assert guard._match({"path": "/no/such/route", "method": "GET"}) == (None, None)
+
+
+def test_access_log_lines_are_the_same_json_with_one_strftime_per_second(monkeypatch):
+    """The line is what ``json.dumps`` wrote (keys, order, spacing, redaction, ``default=str``); the timestamp's
+    seconds are formatted once per second, not once per line."""
+    fmt = JsonFormatter()
+    rec = logging.LogRecord("vecbridge.access", logging.INFO, __file__, 1, "request", (), None)
+    rec.fields = {"method": "POST", "route": "/v1/indexes/{name}/search", "status": 200, "duration_ms": 1.25,
+                  "request_id": "abc", "api_key": "secret-value", "Authorization": "Bearer x", "where": Path("/p")}
+    rec.created, rec.msecs = 1733400000.25, 250.0
+    second = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1733400000))
+    expected = json.dumps({"ts": f"{second}.250Z", "level": "INFO", "logger": "vecbridge.access", "msg": "request",
+                           "method": "POST", "route": "/v1/indexes/{name}/search", "status": 200, "duration_ms": 1.25,
+                           "request_id": "abc", "api_key": "***", "Authorization": "***", "where": "/p"})
+    calls = []
+    real = time.strftime
+    monkeypatch.setattr(time, "strftime", lambda *a: calls.append(a) or real(*a))
+    assert [fmt.format(rec) for _ in range(100)] == [expected] * 100
+    assert len(calls) <= 1
+    rec.created += 1.0
+    assert json.loads(fmt.format(rec))["ts"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1733400001)) + ".250Z"
