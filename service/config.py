@@ -157,7 +157,8 @@ class Settings(BaseSettings):
     map_cache_mb: int = Field(512, ge=1, le=1 << 20, description=(
         "Memory (MiB) a serving process gives the loaded maps, steers and paths of maps it keeps for the next "
         "requests, measured by their arrays (service/registry/cache.py; /v1/info shows it and what is held): the "
-        "least recently used leave first. A map larger than this is served but read again at each use."))
+        "least recently used leave first. A map larger than this (its arrays with the apply plan it builds, about "
+        "twice W) is served but read again at each use: 512 MiB keeps about four 4,096-d linear maps."))
     min_free_bytes: int = Field(100 * 1024 * 1024, ge=0,
                                 description="/readyz is not ready while data_dir has less free space than this.")
     search_device: str = Field("cpu", description=(

@@ -36,7 +36,17 @@ def held_bytes(value, _seen: set[int] | None = None, _depth: int = 0) -> int:
         items = list(vars(value).values())
     else:
         return 0
-    return sum(held_bytes(item, seen, _depth + 1) for item in items)
+    return _plan_bytes(value) + sum(held_bytes(item, seen, _depth + 1) for item in items)
+
+
+def _plan_bytes(value) -> int:
+    """Bytes a linear map will build at its first apply and not hold yet: its fused plan (float32: ``W`` plus 4 rows, 3 input-side vectors).
+    Counted up front: measured only once built, two maps whose ``W`` fit the budget together evicted each other at
+    every miss once applied (each then read from disk again)."""
+    W = getattr(value, "W", None)
+    if not hasattr(value, "_plan") or getattr(value, "_fused", None) is not None or not isinstance(W, np.ndarray):
+        return 0
+    return ((W.shape[0] + 4) * W.shape[1] + 3 * W.shape[0]) * 4 if W.ndim == 2 else 0  # Wa, q_mu, q_mut, q_b
 
 
 class LRUCache:

@@ -107,3 +107,21 @@ def test_a_server_keeps_its_maps_within_vecbridge_map_cache_mb(tmp_path, monkeyp
         cache = client.get("/v1/info", headers=R).json()["map_cache"]
     assert cache["setting_mb"] == 1 and cache["max_bytes"] == 1 << 20, cache
     assert 1 <= cache["entries"] <= 2 and 2 * d * d * 4 <= cache["bytes"] <= 1 << 20, cache
+
+
+def test_a_map_is_sized_with_its_apply_plan_before_it_builds_it(maps):
+    """A map was measured without the apply plan its first apply builds (about its W again): two maps whose W fit the
+    budget together were stored, grew once applied, and evicted each other at every later miss (each then read from
+    disk again). The plan is now counted when the map is stored, so two that fit stay."""
+    versions, _, (url, root) = maps
+    probe = Registry(url, root, cache_bytes=None)
+    fresh = probe.load_map(versions[0])
+    before = held_bytes(fresh)
+    assert before == _used_size(fresh)
+    reg = Registry(url, root, cache_size=64, cache_bytes=int(2.5 * before))
+    X = np.ones((1, D), np.float32)
+    for _ in range(4):  # used in turn, as two clients would
+        for v in versions[:2]:
+            reg.load_map(v).apply(X)
+    assert [reg.cached_map(v) is not None for v in versions[:2]] == [True, True]
+    assert reg.cache.stats()["bytes"] <= int(2.5 * before)
