@@ -137,7 +137,13 @@ def cross_site(scope, headers: dict, cors_origins) -> str | None:
     """Why a request with auth off comes from another site's web page (None: it does not). Such a page can send a
     request without a CORS preflight (``mode: "no-cors"``, a form post) and, with no key to check, write: refused
     are an ``Origin`` that is neither the service's own (``scheme://Host`` of the request: the console at /ui) nor
-    one of ``cors_origins``, and ``Sec-Fetch-Site: cross-site`` but for a GET/HEAD navigation (a link followed)."""
+    one of ``cors_origins``, and ``Sec-Fetch-Site: cross-site`` but for a GET/HEAD navigation (a link followed).
+    ``Sec-Fetch-Site: same-origin`` is the browser's own word (no page script can set a ``Sec-`` header) and passes:
+    behind a proxy that ends TLS or rewrites Host, the request's ``scheme://Host`` is not the origin the browser saw,
+    and the console's writes were refused."""
+    site = headers.get(b"sec-fetch-site", b"").lower()
+    if site == b"same-origin":
+        return None
     origin = headers.get(b"origin")
     if origin is not None:
         shown = origin.decode("latin-1")
@@ -150,7 +156,6 @@ def cross_site(scope, headers: dict, cors_origins) -> str | None:
                 "(VECBRIDGE_AUTH_DISABLED) the service answers only its own pages (/ui) and the origins in "
                 "VECBRIDGE_CORS_ORIGINS, so that another site's page cannot use it; add that origin to "
                 "VECBRIDGE_CORS_ORIGINS, or turn API keys on")
-    site = headers.get(b"sec-fetch-site", b"").lower()
     navigation = headers.get(b"sec-fetch-mode", b"").lower() == b"navigate" and scope["method"] in ("GET", "HEAD")
     if site == b"cross-site" and not navigation:
         return ("a request from another site's web page (Sec-Fetch-Site: cross-site) is refused: with auth off "
