@@ -29,7 +29,7 @@ ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorBody"}
 #: API key (``security``); "body": those that read a request body (every method but GET, HEAD and DELETE)
 COMMON_ANSWERS: dict[int, tuple[str, str]] = {
     400: ("all", ("`InvalidHostError`: a Host header not in `allowed_hosts` (the probes /healthz and /readyz answer "
-                  "any); `InvalidHeaderError`: more than one `Content-Type` header.")),
+                  "any); `InvalidHeaderError`: more than one `Content-Type`, `Host` or `Authorization` header.")),
     401: ("keyed", "Missing or unknown API key (`WWW-Authenticate: Bearer`)."),
     403: ("keyed", "The API key lacks the scope this route needs."),
     408: ("body", "The request body stalled: no bytes for `body_timeout_s`."),

@@ -263,8 +263,6 @@ class GuardMiddleware:
         if settings.auth_disabled and (refused := cross_site(scope, headers, settings.cors_origins)):
             scope["route"] = route
             return await _send_error(send, 403, "CrossSiteRequestError", refused)
-        if (why := _encoded_slash(scope)) is not None:
-            return await _send_error(send, 422, "InputError", why)
         if need is not None:
             try:
                 auth = headers.get(b"authorization")
@@ -274,6 +272,9 @@ class GuardMiddleware:
                 status = 401 if isinstance(exc, AuthenticationError) else 403
                 return await _send_error(send, status, type(exc).__name__, str(exc),
                                          [(b"www-authenticate", b"Bearer")] if status == 401 else [])
+        if (why := _encoded_slash(scope)) is not None:  # after the key check, as every answer about the request is;
+            # the route stays unset (metrics and the log say "unmatched"): the route matched is not the one meant
+            return await _send_error(send, 422, "InputError", why)
         cts = [v for k, v in scope.get("headers", ()) if k == b"content-type"]
         if len(cts) > 1:  # the limit would be sized by one and the route read the other (a JSON body past its limit)
             scope["route"] = route
@@ -365,7 +366,8 @@ async def _send_stopping(send, rid: str, gone: bool) -> None:
     if not gone:
         await _send_error(send, 503, ServiceStoppingError.__name__, (
             f"the service is stopping and ended this request, still open shutdown_timeout_s after the stop signal; "
-            f"send it again (request id {rid})"), [(b"retry-after", str(ServiceStoppingError.retry_after).encode())])
+            f"it may have been applied: send it again if it is idempotent (request id {rid})"),
+            [(b"retry-after", str(ServiceStoppingError.retry_after).encode())])
 
 
 class ObserveMiddleware:

@@ -124,6 +124,7 @@ def test_a_slash_written_as_percent_2f_in_the_path_is_refused_not_routed(world):
     assert r.status_code == 422 and "%2F" in r.json()["error"]["message"], r.text
     assert c.get("/v1/maps/a2b/versions", headers=R).status_code == 200
     assert c.get("/v1/maps?note=a%2Fb", headers=R).status_code == 200
+    assert c.get("/v1/maps/a2b%2Fversions").status_code == 401  # the key is checked first, as for any request
 
 
 def test_registering_a_space_again_answers_200_not_201(world):
