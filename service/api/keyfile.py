@@ -114,7 +114,7 @@ def read_local_key(path: Path) -> str:
             raise ConfigError(f"{path} cannot be read as the local key ({exc.strerror or exc}); delete it to make "
                               f"a new one, or set VECBRIDGE_API_KEYS") from None
         with os.fdopen(fd, "rb") as f:
-            _check_private(path, os.fstat(f.fileno()))
+            _check_private(path, os.fstat(f.fileno()), f.fileno())
             raw = f.read(4096)
         try:
             return raw.decode("utf-8").strip()
@@ -123,8 +123,10 @@ def read_local_key(path: Path) -> str:
     raise ConfigError(f"{path} kept changing while it was read as the local key; start again")
 
 
-def _check_private(path: Path, st: os.stat_result) -> None:
-    """ConfigError unless ``st`` is a plain file of this user's that no one else may read or write."""
+def _check_private(path: Path, st: os.stat_result, fd: int) -> None:
+    """ConfigError unless ``st`` (of the open ``fd``) is a plain file of this user's that no other user may read or
+    write. Bits of its group alone are taken away (``fchmod`` 0600, a warning): Kubernetes' ``fsGroup`` adds them to
+    every file of a volume at each mount, so a refusal stopped every later start of a pod."""
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{path} cannot be read as the local key (not a plain file); delete it to make a new one, "
                           f"or set VECBRIDGE_API_KEYS")
@@ -132,6 +134,11 @@ def _check_private(path: Path, st: os.stat_result) -> None:
         raise ConfigError(f"{path} belongs to another user (uid {st.st_uid}, this process runs as uid "
                           f"{os.geteuid()}): the local key must be this user's own file; delete it to make a new one")
     mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o070 and not mode & 0o007:
+        os.fchmod(fd, mode & ~0o077)
+        _log.warning("local key was open to its group: made private", extra={"fields": {
+            "file": str(path), "mode_was": f"{mode:04o}", "mode": f"{mode & ~0o077:04o}"}})
+        return
     if mode & 0o077:
         raise ConfigError(f"{path} is open to other users (mode {mode:04o}): the local key must be readable by its "
                           f"owner only; run `chmod 600 {shlex.quote(str(path))}` (or delete it to make a new key, if "

@@ -111,10 +111,11 @@ def _key_file(data: Path, mode: int = 0o600) -> Path:
     return data / "local-key"
 
 
-@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620], ids=lambda m: f"{m:04o}")
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o606, 0o664], ids=lambda m: f"{m:04o}")
 def test_a_local_key_others_may_read_or_write_is_refused_at_start(tmp_path, mode):
-    """A 0644 local-key was used as it was while the start-up line said "mode 0600"; now it is refused as sshd
-    refuses such a private key: one line naming the file and the chmod that fixes it, exit 2."""
+    """A 0644 local-key was used as it was while the start-up line said "mode 0600"; now one that other users may
+    read or write is refused as sshd refuses such a private key: one line naming the file and the chmod that fixes
+    it, exit 2."""
     key_file = _key_file(tmp_path / "var", mode)
     r = _serve(tmp_path / "var")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -175,3 +176,14 @@ def test_auth_disabled_beside_configured_keys_is_said_at_start(tmp_path, capsys,
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     warned = [r for r in lines if "API keys are ignored" in r["msg"]]
     assert [(r["level"], r.get("ignored")) for r in warned] == ([("WARNING", 1)] if keys else [])
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o620, 0o660], ids=lambda m: f"{m:04o}")
+def test_a_local_key_open_to_its_group_only_is_made_private_and_used(tmp_path, mode):
+    """Kubernetes' fsGroup adds group bits to every file of a volume at each mount: a refusal of such a key stopped
+    every later start of the pod. Group bits alone are taken away (0600) with a warning, and the key is used."""
+    from service.api.keyfile import read_local_key
+
+    key_file = _key_file(tmp_path / "var", mode)
+    assert read_local_key(key_file) == KEY
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
