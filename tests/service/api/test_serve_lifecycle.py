@@ -183,6 +183,19 @@ def test_sighup_stops_a_single_process_service_as_sigterm_does(tmp_path):
     assert not [r for r in records if r.get("level") == "ERROR"], records
 
 
+def _wait_in_flight(port: int, n: int, seconds: float = 20.0) -> None:
+    """Until /metrics says ``n`` requests are being answered: a fixed sleep before the signal could come before a
+    loaded server had read the request's head, and the test then saw an idle connection closed."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=R, timeout=10).text
+        got = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("vecbridge_requests_in_flight")]
+        if got and sum(got) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} requests in flight after {seconds} s")
+
+
 @pytest.mark.parametrize("rows", [200, 5000])  # a body the fast path reads; one past its 256 KiB, read by the route
 def test_a_request_cancelled_by_the_shutdown_timeout_is_a_json_503_with_its_request_id(tmp_path, rows):
     # uvicorn cancels a request still open shutdown_timeout_s after SIGTERM; the CancelledError (a BaseException)
@@ -198,7 +211,7 @@ def test_a_request_cancelled_by_the_shutdown_timeout_is_a_json_503_with_its_requ
     s, _ = _half_sent_transform(port, rows)  # the rest never comes
     s.settimeout(20)
     try:
-        time.sleep(0.3)
+        _wait_in_flight(port, 2)  # the half-sent request is being answered (the scrape itself is the other one)
         proc.send_signal(signal.SIGTERM)
         answer = b""
         while chunk := s.recv(65536):
