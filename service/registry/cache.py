@@ -40,7 +40,8 @@ def held_bytes(value, _seen: set[int] | None = None, _depth: int = 0) -> int:
 
 
 def _plan_bytes(value) -> int:
-    """Bytes a linear map will build at its first apply and not hold yet: its fused plan (float32: ``W`` plus 4 rows, 3 input-side vectors).
+    """Bytes a linear map will build at its first apply and not hold yet: its fused plan (float32: ``W`` plus 4 rows,
+    3 input-side vectors).
     Counted up front: measured only once built, two maps whose ``W`` fit the budget together evicted each other at
     every miss once applied (each then read from disk again)."""
     W = getattr(value, "W", None)
