@@ -87,7 +87,10 @@ class MilvusStore(VectorStore):
         self._timeout = timeout
         if self.uri.endswith(".db"):  # Milvus Lite creates the file, not its folder
             Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
-        extra = {}
+        # pymilvus pings every 10 s, idle or not; a server holding to gRPC's ping policy answers a ping that comes
+        # early (a loaded machine's timer jitter) with GOAWAY "too_many_pings", and every call on the shared
+        # connection then failed ("Fail connecting to server"): pings once a minute, only while calls run
+        extra = {"grpc_options": {"grpc.keepalive_time_ms": 60_000, "grpc.keepalive_permit_without_calls": False}}
         if ca_file is not None:
             if not self.uri.startswith("https://"):
                 raise InputError("milvus: a CA file is for an https:// server")
