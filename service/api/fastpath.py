@@ -40,11 +40,12 @@ from urllib.parse import parse_qsl
 from starlette.requests import ClientDisconnect, Request
 
 from align import LinearMap
+from align.exceptions import InputError
 
 from ..errors import ServiceUnavailableError, UnsupportedMediaTypeError
 from ..indexes.locking import WouldBlock
 from ..limits import MAX_DIM
-from .codec import JSON, media_type
+from .codec import JSON, check_query, media_type
 from .deps import current_settings
 from .errors import error_response
 from .routers import indexes as index_routes
@@ -71,7 +72,9 @@ def _transform_query(qs: bytes) -> tuple[dict, int | None] | None:
     opts: dict = {}
     dim = None
     pairs = parse_qsl(qs.decode("latin-1"), keep_blank_values=True)
-    if len({k for k, _ in pairs}) != len(pairs) or not {k for k, _ in pairs} <= set(map_routes.TRANSFORM_QUERY):
+    try:
+        check_query(pairs, map_routes.TRANSFORM_QUERY)  # the route's own check
+    except InputError:
         return None
     for key, value in pairs:
         if key in ("output", "encoding_format"):
