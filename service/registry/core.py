@@ -206,9 +206,7 @@ class Registry(SteerRegistryMixin):
 
     def _new_space(self, t, name: str, dim: int, encoder: str | None) -> None:
         """:meth:`_ensure_space`, recording ``encoder`` on the space when this transaction creates it."""
-        new = t.one("SELECT 1 FROM spaces WHERE name = ?", (name,)) is None
-        self._ensure_space(t, name, dim)
-        if new and encoder:
+        if self._ensure_space(t, name, dim) and encoder:
             t.q("UPDATE spaces SET encoder = ? WHERE name = ?", (encoder, name))
 
     def _put_space(self, t, s: dict, *, keep: bool = False) -> bool:
