@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 
 from ..logging import get_logger
 from ..metrics import ServiceMetrics
-from ..errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError, RequestTimeoutError
+from ..errors import (AuthenticationError, PayloadTooLargeError, PermissionDeniedError, RequestTimeoutError,
+                      ServiceStoppingError)
 from .responses import dumps
 
 __all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS", "accepted_hosts",
@@ -177,6 +178,18 @@ def _encoded_slash(scope) -> str | None:
             f"and the service does not route on an encoded one; send each name as one path segment")
 
 
+_ONCE = (b"host", b"authorization", b"content-type")  # headers a request sends at most once (more: a 400)
+
+
+def _header_counts(raw) -> dict[bytes, int]:
+    """How many times each header of :data:`_ONCE` is among the request's ``raw`` headers, in one pass."""
+    counts = dict.fromkeys(_ONCE, 0)
+    for k, _ in raw:
+        if k in counts:
+            counts[k] += 1
+    return counts
+
+
 def _route_scope(route) -> str | None:
     """The key scope a route's dependencies require (``require_scope`` marks its checks), or None."""
     stack = list(getattr(getattr(route, "dependant", None), "dependencies", []))
@@ -243,8 +256,9 @@ class GuardMiddleware:
         template = getattr(route, "path", None)
         settings = self.settings()
         headers = dict(scope.get("headers", ()))
+        counts = _header_counts(scope.get("headers", ()))
         for name, what in ((b"host", "Host"), (b"authorization", "Authorization")):
-            if (n := sum(k == name for k, _ in scope.get("headers", ()))) > 1:  # only the last one was checked
+            if (n := counts[name]) > 1:  # only the last one was checked
                 scope["route"] = route
                 return await _send_error(send, 400, "InvalidHeaderError", (
                     f"the request has {n} {what} headers; send one (a request names one host and one set of "
@@ -275,12 +289,11 @@ class GuardMiddleware:
         if (why := _encoded_slash(scope)) is not None:  # after the key check, as every answer about the request is;
             # the route stays unset (metrics and the log say "unmatched"): the route matched is not the one meant
             return await _send_error(send, 422, "InputError", why)
-        cts = [v for k, v in scope.get("headers", ()) if k == b"content-type"]
-        if len(cts) > 1:  # the limit would be sized by one and the route read the other (a JSON body past its limit)
+        if (n := counts[b"content-type"]) > 1:  # the limit would be sized by one and the route read the other
             scope["route"] = route
             return await _send_error(send, 400, "InvalidHeaderError", (
-                f"the request has {len(cts)} Content-Type headers; send one, the type of its body"))
-        ct = cts[0] if cts else None
+                f"the request has {n} Content-Type headers; send one, the type of its body"))
+        ct = headers.get(b"content-type")  # the one sent, if any
         limit, setting = body_limit(settings, scope["method"], template, ct.decode("latin-1") if ct else None)
         cl = headers.get(b"content-length")
         if cl is not None:
@@ -360,8 +373,6 @@ async def _send_413(send, n: int, limit: int, setting: str = "max_body_bytes", u
 async def _send_stopping(send, rid: str, gone: bool) -> None:
     """The answer to a request the stopping server cancelled: a 503 ``ServiceStoppingError`` (``Retry-After``; none
     when the client has gone), one WARNING line without a traceback: a stop, not a fault of the service."""
-    from ..errors import ServiceStoppingError
-
     _errors.warning("request cancelled by the shutdown", extra={"fields": {"request_id": rid, "client_gone": gone}})
     if not gone:
         await _send_error(send, 503, ServiceStoppingError.__name__, (
