@@ -117,8 +117,8 @@ class NotConfiguredError(ServiceUnavailableError):
 
 class ServiceStoppingError(ServiceUnavailableError):
     """The server is stopping (SIGTERM) and cancelled a request still open ``shutdown_timeout_s`` after the signal
-    (a stalled upload, a long plan): HTTP 503 with ``Retry-After``; the request may be sent again, to another
-    replica or to this service once it is back."""
+    (a stalled upload, a long plan): HTTP 503 with ``Retry-After``. It may have been applied: an idempotent request
+    may be sent again, to another replica or to this service once it is back."""
 
 
 #: kind -> HTTP status (``io`` is decided by :func:`service.storage.is_storage_error`: 503 or 500).

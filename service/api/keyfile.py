@@ -87,10 +87,11 @@ def read_local_key(path: Path) -> str:
 
     The file is opened without following a symbolic link (``O_NOFOLLOW``) and checked on the open descriptor
     (``fstat``: what is checked is what is read). ConfigError (one line, exit 2) naming the file when it is a link,
-    not a plain file, another user's, or open to group or others in any way -- refused as sshd refuses such a
-    private key, rather than put right in silence: a key others could read may have been read, and only its owner
-    can say whether it must be replaced. Before, a 0644 or symlinked ``local-key`` was used as it was while the
-    start-up line said "mode 0600", and a dangling link was "[Errno 17] File exists".
+    not a plain file, another user's, or open to other users in any way -- refused as sshd refuses such a private
+    key, rather than put right in silence: a key others could read may have been read, and only its owner can say
+    whether it must be replaced. One open to its group alone is made 0600 with a warning (:func:`_check_private`).
+    Before, a 0644 or symlinked ``local-key`` was used as it was while the start-up line said "mode 0600", and a
+    dangling link was "[Errno 17] File exists".
     """
     for _ in range(2):  # a second look when another process made the file meanwhile (serve --workers, a 2nd serve)
         try:
