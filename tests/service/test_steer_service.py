@@ -78,13 +78,21 @@ def test_apply_and_lens():
         steer_lens(s, X, names[:-1])
 
 
-def test_transfer_registers_in_the_maps_target_space(tmp_path):
+def _steer_and_map(tmp_path, target: str, seed: int):
+    """A registry with the steer ``pos`` fitted in space ``a`` and a rotation map ``a2<target>``: ``(registry, the
+    steer's info, the fitted steer, X, y)``."""
     X, y = data()
     reg = open_registry(f"sqlite:///{tmp_path}/r.sqlite", tmp_path / "artifacts")
     s = fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10})
     src = reg.register_steer("pos", s, space="a", params={}, lens=[])
-    R = np.linalg.qr(np.random.default_rng(0).normal(size=(8, 8)))[0].astype(np.float32)
-    reg.register_version("a2b", LinearMap(R), source_space="a", target_space="b", method="procrustes", params={})
+    R = np.linalg.qr(np.random.default_rng(seed).normal(size=(8, 8)))[0].astype(np.float32)
+    reg.register_version(f"a2{target}", LinearMap(R), source_space="a", target_space=target, method="procrustes",
+                         params={})
+    return reg, src, s, X, y
+
+
+def test_transfer_registers_in_the_maps_target_space(tmp_path):
+    reg, src, _, X, y = _steer_and_map(tmp_path, "b", 0)
     moved = transfer_and_register(reg, src.ref, "a2b", name="pos-b")
     t = reg.load_steer(moved)
     assert moved.space == "b" and t.metadata["space"] == "b" and t.metadata["method"] == "transfer"
@@ -108,12 +116,7 @@ def test_transfer_without_a_name_registers_source_dash_target(tmp_path):
     """The default name was the source steer's own, which is bound to the source space: every transfer across
     spaces without ``name`` failed with ConflictError ("steer 'pos' lives in space 'a', not 'c'"). It is now
     ``{name}-{target space}``; one over the 128-character limit asks for a name."""
-    X, y = data()
-    reg = open_registry(f"sqlite:///{tmp_path}/r.sqlite", tmp_path / "artifacts")
-    s = fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10})
-    src = reg.register_steer("pos", s, space="a", params={}, lens=[])
-    R = np.linalg.qr(np.random.default_rng(1).normal(size=(8, 8)))[0].astype(np.float32)
-    reg.register_version("a2c", LinearMap(R), source_space="a", target_space="c", method="procrustes", params={})
+    reg, src, s, _, _ = _steer_and_map(tmp_path, "c", 1)
     moved = transfer_and_register(reg, src.ref, "a2c")
     assert (moved.name, moved.space, moved.version) == ("pos-c", "c", 1)
     assert transfer_and_register(reg, src.ref, "a2c").ref == "pos-c:2"  # again: a new version of the same name
