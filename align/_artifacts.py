@@ -49,14 +49,18 @@ def pack_npz(arrays: dict, header: dict) -> bytes:
     return buf.getvalue()
 
 
-def unpack_npz(data: bytes) -> tuple[dict, dict]:
-    """Inverse of :func:`pack_npz`: ``(arrays, header)``; SerializationError on anything else."""
+def unpack_npz(data: bytes, what: str = "npz artifact") -> tuple[dict, dict]:
+    """Inverse of :func:`pack_npz`: ``(arrays, header)``; SerializationError on anything else (bytes that are not a
+    zip at all say so, instead of numpy's guess that they are pickled data)."""
+    if bytes(data[:2]) != b"PK":
+        raise SerializationError(f"not a vecbridge {what}: not an npz (a zip) archive "
+                                 f"({len(data)} bytes starting {bytes(data[:8])!r})")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         header = json.loads(arrays.pop(META_KEY).tobytes().decode("utf-8"))
     except Exception as exc:
-        raise SerializationError(f"cannot read npz artifact: {exc}") from None
+        raise SerializationError(f"cannot read {what}: {exc}") from None
     return arrays, _header_object(header)
 
 
@@ -82,7 +86,7 @@ def unpack(data: bytes, what: str = "artifact") -> tuple[dict, dict]:
     """Inverse of :func:`pack` (format detected from the bytes): ``(arrays, header)``; SerializationError otherwise."""
     try:
         if data[:2] == b"PK":  # zip container: npz
-            return unpack_npz(data)
+            return unpack_npz(data, what)
         n = int.from_bytes(data[:8], "little")
         if len(data) < 10 or 8 + n > len(data) or data[8:9] != b"{":  # safetensors: u64 length, then a JSON header
             raise SerializationError(f"not a vecbridge {what}: neither npz (a zip) nor safetensors "

@@ -645,6 +645,6 @@ def fit_mean_shift(X, labels) -> MeanShift:
 # --------------------------------------------------------------------------------------------
 def _from_npz(data: bytes, fmt: str) -> tuple[dict, dict]:
     """Read a steer artifact of kind ``fmt`` (shared npz + JSON layout of :mod:`align._artifacts`)."""
-    arrays, header = unpack_npz(data)
+    arrays, header = unpack_npz(data, f"{fmt.rsplit('.', 1)[-1]} artifact")
     check_header(header, fmt, STEER_FORMAT_VERSION, fmt.rsplit(".", 1)[-1])
     return arrays, header

@@ -158,3 +158,16 @@ def test_damaged_steer_artifact_is_refused_with_a_typed_error(case):
     with pytest.raises((InputError, SerializationError)):
         cls.from_bytes(_npz(arrays, header))
     assert np.array_equal(cls.from_bytes(obj.to_bytes()).to_bytes(), obj.to_bytes())
+
+
+@pytest.mark.parametrize("blob", [b"garbage", b"", b"\x80\x04K\x01."])
+def test_steer_garbage_says_what_it_is_not(blob):
+    """``Steer.from_bytes(b'garbage')`` said numpy's "This file contains pickled (object) data ... allow_pickle=",
+    which reads as advice to load it unsafely; bytes that are not a zip now say so and name the artifact kind."""
+    from align.steer import MeanShift, Steer
+
+    for cls in (Steer, MeanShift):
+        with pytest.raises(SerializationError, match=rf"^not a vecbridge {cls.__name__} artifact: not an npz "
+                                                     r"\(a zip\) archive \(\d+ bytes starting b") as info:
+            cls.from_bytes(blob)
+        assert "pickle" not in str(info.value)
