@@ -94,7 +94,8 @@ def accepted_hosts(settings) -> tuple[str, ...] | None:
 
 def host_name(header: bytes | None) -> str:
     """The name in a Host header, lower case, without port, IPv6 brackets or a final dot ("" when absent). Brackets
-    that hold no IPv6 address (``[localhost]``), or are not closed (``[::1``), are kept: a name no entry matches."""
+    that hold no IPv6 address (``[localhost]``), or are not closed (``[::1``), and a port that is not digits
+    (``localhost:abc``) are kept: a name no entry matches."""
     h = (header or b"").decode("latin-1").strip().lower()
     if h.startswith("["):
         inside, closed, port = h[1:].partition("]")
@@ -102,7 +103,10 @@ def host_name(header: bytes | None) -> str:
             return h
         return inside
     if h.count(":") == 1:
-        h = h.split(":", 1)[0]
+        name, _, port = h.partition(":")
+        if not re.fullmatch(r"[0-9]*", port):  # "localhost:abc" is no Host a client sends: a name no entry matches
+            return h
+        h = name
     return h.rstrip(".")
 
 

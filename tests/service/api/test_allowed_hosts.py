@@ -25,7 +25,9 @@ from service.config import Settings
     (b"evil.example", "evil.example"), (b"[::1]:", "::1"),
     # brackets around no IPv6 address, or never closed, were read as the name inside: loopback
     (b"[localhost]", "[localhost]"), (b"[localhost]:8000", "[localhost]:8000"), (b"[::1", "[::1"),
-    (b"[127.0.0.1]", "[127.0.0.1]"), (b"[::1]evil", "[::1]evil"), (b"[::1]:80x", "[::1]:80x"), (b"[]", "[]")])
+    (b"[127.0.0.1]", "[127.0.0.1]"), (b"[::1]evil", "[::1]evil"), (b"[::1]:80x", "[::1]:80x"), (b"[]", "[]"),
+    # a port that is not digits was dropped, so "localhost:abc" passed as loopback (uvicorn never checks it)
+    (b"localhost:abc", "localhost:abc"), (b"localhost:80x", "localhost:80x"), (b"localhost:", "localhost")])
 def test_host_name(header, name):
     assert host_name(header) == name
 
