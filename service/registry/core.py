@@ -346,8 +346,10 @@ class Registry(SteerRegistryMixin):
     def compose(self, chain: list[VersionInfo]) -> LinearMap | ClusterMap | MapChain:
         """The map ``chain[0]`` then ``chain[1]`` ... composed (one non-empty chain; cached by the shas).
 
-        Linear maps only: one :class:`align.LinearMap` (:meth:`align.LinearMap.compose`). A chain with a
-        cluster map: an :class:`align.MapChain` that applies the maps in sequence.
+        Linear maps whose fold is exact (:meth:`align.LinearMap.compose` says so: each step but the last
+        orthogonal, frames agreeing): one folded :class:`align.LinearMap`. Anything else (a cluster map, or a
+        non-orthogonal step whose output the next map renormalises): an :class:`align.MapChain` that applies the
+        maps in sequence, so a path answers exactly as the same versions applied in turn.
         """
 
         def make():
@@ -357,6 +359,8 @@ class Registry(SteerRegistryMixin):
             m = maps[0]
             for nxt in maps[1:]:
                 m = m.compose(nxt)
+                if not m.metadata.get("exact"):  # the fold drops the inner renormalisation: not the same answers
+                    return MapChain(maps)
             return m
 
         if len(chain) == 1:

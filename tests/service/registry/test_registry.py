@@ -483,8 +483,9 @@ def test_find_path_and_compose(reg):
         reg.find_path("c", "a")
     composed = reg.compose_path("a", "c")
     m1, m2 = reg.load_map(ab.ref), reg.load_map(prod_bc.ref)
-    np.testing.assert_allclose(composed.W, m1.W.astype(np.float64) @ m2.W, atol=1e-5)
-    assert composed.source_frame.same_as(m1.source_frame) and composed.target_frame.same_as(m2.target_frame)
+    X = np.random.default_rng(0).normal(size=(20, composed.source_dim)).astype(np.float32)
+    np.testing.assert_allclose(composed.apply(X), m2.apply(m1.apply(X)), atol=1e-5)  # the two maps in turn
+    assert (composed.source_dim, composed.target_dim) == (m1.source_dim, m2.target_dim)
     register(reg, "a->c", seed=6, src="a", tgt="c")
     assert [v.name for v in reg.find_path("a", "c")] == ["a->c"]
 
