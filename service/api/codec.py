@@ -29,7 +29,7 @@ import pybase64
 from align.validation import as_matrix
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, ShapeError
 
-from ..limits import MAX_DIM, MAX_JSON_DEPTH, check_json_depth
+from ..limits import JSON_INT_RANGE, MAX_DIM, MAX_JSON_DEPTH, check_json_depth
 from ..errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from .responses import loads
 
@@ -89,6 +89,9 @@ def _check_int_range(body: bytes) -> None:
     _check_depth(json.loads(body, parse_float=lambda _: 0.0))
 
 
+_INT_LO, _INT_HI = JSON_INT_RANGE
+
+
 def _check_depth(obj: dict) -> bool:
     """Refuse bodies nested deeper than ``MAX_JSON_DEPTH`` (payloads, params; storing them would recurse), and
     integers past 64 bits; whether a field holds a float that may be one (:func:`~service.limits.check_json_depth`).
@@ -98,7 +101,9 @@ def _check_depth(obj: dict) -> bool:
     """
     lossy = False
     for key, value in obj.items():
-        if key == "vectors":
+        kind = type(value)  # a leaf with nothing to check (most of a search body) skips the walk: ~0.4 µs each
+        if key == "vectors" or kind is str or kind is bool or value is None or (
+                kind is int and _INT_LO <= value <= _INT_HI):
             continue
         if isinstance(value, dict) and key in ("source", "target"):
             lossy |= _check_depth(value)

@@ -382,13 +382,13 @@ class SpaceIndex:
     # --- search -----------------------------------------------------------------------------
     def search(self, Q, k: int = 10, *, exact: bool = False, ef_search: int | None = None,
                nprobe: int | None = None, csls_k: int = 0, csls_weight: float = CSLS_WEIGHT, wait: bool = True,
-               with_payloads: bool = False) -> tuple:
-        """Top-``k`` rows for each query row of ``Q`` (n, dim); ``csls_k > 0`` re-ranks by CSLS with the
-        document term scaled by ``csls_weight`` in ``[0, 2]`` (default 0.5; :mod:`.csls`).
+               with_payloads: bool = False, finite: bool = False) -> tuple:
+        """Top-``k`` rows for each query row of ``Q`` (n, dim; ``finite=True``: the caller has checked its values);
+        ``csls_k > 0`` re-ranks by CSLS, the document term scaled by ``csls_weight`` in ``[0, 2]`` (0.5; :mod:`.csls`).
 
-        ``wait=False`` (the event loop's fast path): raise :class:`~service.indexes.locking.WouldBlock`,
-        before searching, unless the search is small (:meth:`small_search`), the index in memory is the
-        newest generation and no writer holds or waits for the lock.
+        ``wait=False`` (the event loop's fast path): raise :class:`~service.indexes.locking.WouldBlock`, before
+        searching, unless the search is small (:meth:`small_search`), the index in memory is the newest generation
+        and no writer holds or waits for the lock.
 
         Returns
         -------
@@ -397,7 +397,7 @@ class SpaceIndex:
         P : list (n) of lists (k) of payloads (``None`` where ``I`` is ``-1``), only with ``with_payloads``: read under
             the search's read lock (read after it, a write between paired its ids with another generation's payloads)
         """
-        Q = as_matrix(Q, name="queries", dim=self.dim)
+        Q = as_matrix(Q, name="queries", dim=self.dim, finite=not finite)
         if not 1 <= int(k) <= 10_000:
             raise InputError(f"k must be between 1 and 10000, got {k}")
         if csls_k < 0 or csls_k > 1000:

@@ -234,28 +234,32 @@ _ZERO_MAPPED = "a zero query has no direction, and a map would send it to its of
 def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, texts: list[str] | None = None,
            space: str | None = None, map_ref: str | Sequence[str] | None = None, k: int = 10, exact: bool = False,
            ef_search: int | None = None, nprobe: int | None = None, csls_k: int = 0, csls_weight: float = CSLS_WEIGHT,
-           steers: dict[str, float] | None = None, limits, wait: bool = True, with_payloads: bool = False
-           ) -> SearchResult:
+           steers: dict[str, float] | None = None, limits, wait: bool = True, with_payloads: bool = False,
+           finite: bool = False) -> SearchResult:
     """Search ``idx`` with queries ``Q`` (n, d_q) — or ``texts`` — from ``space`` (steps in the module notes).
 
     ``csls_k > 0`` re-ranks by CSLS (document term scaled by ``csls_weight``); ``limits`` (``max_k``,
     ``max_hits``) bound the answer.
     Unknown spaces, maps or steers raise NotFoundError; no path of maps, InputError / NotFoundError.
     ``wait=False``: the index's :class:`~service.indexes.locking.WouldBlock` rule (see ``SpaceIndex.search``).
+    ``finite=True``: the caller has checked that ``Q`` holds no NaN/Inf (a decoded request,
+    :func:`service.api.codec.vectors_from_json`), so the index does not check it again (``texts`` are embedded here
+    and always checked); every other check of ``Q`` is made.
     """
     qspace = space or idx.space
     if texts is not None:
-        Q = embed_texts(resolver, qspace, texts, "query")
+        Q, finite = embed_texts(resolver, qspace, texts, "query"), False
     tr = resolver.translation(qspace, idx.space, map_ref) if (qspace != idx.space or map_ref) else None
     if tr is not None and tr.map is not None:
         Q = as_matrix(Q, name="vectors", dim=tr.map.source_dim, finite=False)  # the width, as HTTP checks it
         # refused as the index refuses it unmapped: an affine map would send a zero row to its offset, a real query
         check_no_zero_rows(Q, name="queries", why=NO_DIRECTION if idx.metric == "cosine" else _ZERO_MAPPED)
-        Q = tr.map.apply(Q, output="raw", validate=False)
+        Q, finite = tr.map.apply(Q, output="raw", validate=False), True  # a map's output is finite, or it raised
     check_hits(Q.shape[0], k, limits)
     Q, used_steers = steer_queries(Q, steers or {}, idx.space, load_steer=resolver.resolve_steer)
     S, I, *P = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k,
-                          csls_weight=csls_weight, wait=wait, with_payloads=with_payloads)
+                          csls_weight=csls_weight, wait=wait, with_payloads=with_payloads,
+                          finite=finite and not used_steers)
     return SearchResult(S, I, idx, qspace, k, csls_k > 0, tr, used_steers, P[0] if P else None)
 
 

@@ -160,7 +160,7 @@ def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None,
                              exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
                              csls_k=opts.csls_k if opts.csls else 0, csls_weight=opts.csls_weight,
                              steers=opts.steers, limits=settings.limits,
-                             wait=wait, with_payloads=opts.include_payloads)
+                             wait=wait, with_payloads=opts.include_payloads, finite=True)  # parse_rows checked
     answer = _search_body(found.describe(), idx, found.S, found.I, opts.include_payloads,
                           settings.limits.max_response_bytes, found.P)
     return found, Response(answer, media_type=JSON)

@@ -256,3 +256,87 @@ def test_access_log_lines_are_the_same_json_with_one_strftime_per_second(monkeyp
     assert len(calls) <= 1
     rec.created += 1.0
     assert json.loads(fmt.format(rec))["ts"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1733400001)) + ".250Z"
+
+
+@pytest.mark.parametrize("space", ["a", "b"])
+def test_a_search_checks_the_query_values_for_nan_once(world, monkeypatch, space):
+    """The values of a query were checked for NaN/Inf twice per request: once decoded, then again by the index (on
+    the map's output, which the map has already checked). Now the request path passes ``finite=True`` down: one
+    pass, mapped (``a``) or not (``b``), the same answer; a NaN query is still a 422 naming the rows."""
+    from service.api import codec
+    from service.indexes import space as space_mod
+    from service.ops import indexes as index_ops
+
+    c, app, data = world
+    state = app.state.vb
+    X = data["X"][:1] if space == "a" else data["Y"][300:301]
+    q = body(X, space=space)
+    first = post(c, q)
+    assert first.status_code == 200, first.text
+    passes = []
+    for mod in (codec, space_mod, index_ops):
+        real = mod.as_matrix
+        monkeypatch.setattr(mod, "as_matrix", lambda *a, real=real, **k: passes.append(k.get("finite", True))
+                            or real(*a, **k))
+    idx = state.indexes.in_memory("ix")
+    _, response = index_routes.search_call(state, state.settings, idx, q, resolver=InMemory(state), wait=False)
+    assert response.body == first.content
+    assert passes.count(True) == 1, passes
+    monkeypatch.undo()
+    bad = post(c, body(np.full_like(X, np.nan), space=space))
+    assert bad.status_code == 422 and "1 row(s) contain NaN or Inf" in bad.json()["error"]["message"]
+
+
+def test_the_index_still_checks_queries_nobody_vouched_for(world):
+    """``finite`` defaults to False: a caller of ``SpaceIndex.search`` or ``ops.search`` without it (the CLI, a
+    steered query) gets the NaN/Inf check."""
+    from align.exceptions import NonFiniteError
+
+    _, app, data = world
+    idx = app.state.vb.indexes.get("ix")
+    Q = data["Y"][:2].copy()
+    Q[1, 3] = np.inf
+    with pytest.raises(NonFiniteError, match="1 row"):
+        idx.search(Q, 3)
+
+
+def test_a_search_body_of_plain_fields_is_not_walked_for_depth(world, monkeypatch):
+    """Every field of a search body (``k``, ``space``, a base64 string) went through the iterative depth / integer
+    walk (~0.4 µs each, a tenth of the JSON parse); only nested fields and out-of-range integers need it, and those
+    are still refused as before."""
+    from service.api import codec
+
+    c, _, data = world
+    walked = []
+    real = codec.check_json_depth
+    monkeypatch.setattr(codec, "check_json_depth", lambda v, *a: walked.append(v) or real(v, *a))
+    assert post(c, body(data["X"][:1], include_payloads=False, csls=False)).status_code == 200
+    assert walked == []
+    r = post(c, body(data["X"][:1], steers={}, tag=2**64))
+    assert r.status_code == 422 and "does not fit in 64 bits" in r.json()["error"]["message"]
+    assert {} in walked and 2**64 in walked
+    assert post(c, body(data["X"][:1], k=2**64 - 1)).status_code == 422  # in range: pydantic's limit says no
+
+
+def test_one_query_skips_the_wide_norm_pass_but_not_its_limits(monkeypatch):
+    """``metric="ip"`` checks query norms against 1e19 (overflow of ``q·x``) with exact float64 norms (~10 µs for one
+    row); one query far below it is let through on its float32 squared norm, and one at or past it, or NaN, still
+    takes the exact check (and a one-row all-zero query is still refused for cosine, -0.0 included)."""
+    from align.exceptions import DegenerateInputError, NotRepresentableError
+    from service.indexes import kinds
+
+    calls = []
+    real = kinds.row_norms
+    monkeypatch.setattr(kinds, "row_norms", lambda X: calls.append(1) or real(X))
+    q = np.full((1, 16), 0.25, np.float32)
+    assert kinds.prep_rows(q, "ip", "queries") is q and calls == []
+    for scale in (1e17, 5e18, 2e19, 1e30):  # the norm of the row; 5e18: under the limit, checked exactly
+        big = np.full((1, 16), scale / 4, np.float32)
+        if scale > 1e19:
+            with pytest.raises(NotRepresentableError, match="1 row"):
+                kinds.prep_rows(big, "ip", "queries")
+        else:
+            assert kinds.prep_rows(big, "ip", "queries") is big
+    assert len(calls) == 3
+    with pytest.raises(DegenerateInputError, match="1 all-zero row"):
+        kinds.prep_rows(np.full((1, 16), -0.0, np.float32), "cosine", "queries")
