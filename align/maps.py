@@ -32,6 +32,9 @@ __all__ = ["LinearMap", "FORMAT_VERSION", "map_from_bytes", "load_map"]
 FORMAT_VERSION = 1
 _BLOCK_ROWS = 1024  # rows per fused block: output block (1024 x d_t float32) stays in L2/L3
 _NU2_MIN = 1e-60  # floor of an output's squared norm (zero rows only): its 1/|u| stays finite in float32
+#: an output row whose values are bounded below this (Cauchy-Schwarz on the GEMM's two sides) cannot have overflowed:
+#: float32 holds up to 3.4e38, and the GEMM's rounding moves a bound by a factor ~(1 + d eps), far below 30
+_OUT_BOUND = 1e37
 
 
 def _raw_t(mf, mu_sq: float, xp=np):
@@ -214,6 +217,8 @@ class LinearMap(StoredMap):
             "raw_closed": bool(ft.unit_in and ft.unit_out and ft.mean is not None),
             # [W; mu_s W; b; mu_t; 0]: one GEMM adds the low-rank terms (row count padded to 4)
             "Wa": np.ascontiguousarray(np.vstack([W64, muW, b, mu_t, np.zeros(d_t)]), np.float32),
+            # the largest column norm of Wa: bounds every output value from the input side (_apply_block)
+            "Wa_col": float(np.sqrt(np.square(np.vstack([W64, muW, b, mu_t])).sum(axis=0)).max()),
             # input-side products x·q, one GEMV each (a (d_s, 4) GEMM costs ~2.3 GEMVs on this shape)
             "q_mu": mu_s.astype(np.float32), "q_mut": (W64 @ mu_t).astype(np.float32),
             "q_b": (W64 @ b).astype(np.float32),
@@ -297,7 +302,15 @@ class LinearMap(StoredMap):
         xa[:, d_s + 3] = 0.0
         np.matmul(xa, p["Wa"], out=y)
         if scale is not None:  # unit/raw rows of a closed form are bounded when their factors are finite
-            return bool((unit or closed_raw) and np.isfinite(r.sum() + xa[:, d_s:].sum()))
+            if unit or closed_raw:
+                return bool(np.isfinite(r.sum() + xa[:, d_s:].sum()))
+            # linear rows (or a frame's that does not normalise): |y_ij| <= |xa_i| max_j |Wa[:, j]| with
+            # |xa_i|^2 = r_i^2 |x_i|^2 + its four factors squared, from the norms read anyway (no pass over y);
+            # NaN/Inf fail the test. Past the bound the caller checks the output itself
+            tail = xa[:, d_s:].astype(np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                top = float(np.max(r * r * sq + np.einsum("ij,ij->i", tail, tail)))
+            return math.sqrt(top) * p["Wa_col"] < _OUT_BOUND
         if unit or closed_raw:  # W without orthonormal rows: measure |u| on the output, scale in place
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):
                 nu2 = np.einsum("ij,ij->i", y, y).astype(np.float64)
@@ -312,7 +325,7 @@ class LinearMap(StoredMap):
             return True
         y *= alpha.astype(np.float32)[:, None]  # raw output through any other target frame
         y[...] = ft.to_raw(y)
-        return False
+        return bool(np.isfinite(y).all())  # this block, while in cache: no pass over the whole output after
 
     def _apply_row(self, x: np.ndarray, y: np.ndarray, output: str) -> bool:
         """:meth:`_apply_block` for one row ``x`` (d_s,) into ``y`` (1, d_t), its factors as Python floats.
