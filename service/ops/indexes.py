@@ -254,7 +254,8 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
         Q = as_matrix(Q, name="vectors", dim=tr.map.source_dim, finite=False)  # the width, as HTTP checks it
         # refused as the index refuses it unmapped: an affine map would send a zero row to its offset, a real query
         check_no_zero_rows(Q, name="queries", why=NO_DIRECTION if idx.metric == "cosine" else _ZERO_MAPPED)
-        Q, finite = tr.map.apply(Q, output="raw", validate=False), True  # a map's output is finite, or it raised
+        # a NaN row unchecked by the caller is named as such (validate), not as an overflow; the output is finite
+        Q, finite = tr.map.apply(Q, output="raw", validate=not finite, name="queries"), True
     check_hits(Q.shape[0], k, limits)
     Q, used_steers = steer_queries(Q, steers or {}, idx.space, load_steer=resolver.resolve_steer)
     S, I, *P = idx.search(Q, k, exact=exact, ef_search=ef_search, nprobe=nprobe, csls_k=csls_k,
