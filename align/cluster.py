@@ -103,6 +103,14 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
     def n_clusters(self) -> int:
         return int(self.W.shape[0])
 
+    def planned_bytes(self) -> int:
+        """Bytes of the arrays the fused apply plan (:meth:`_plan`, about ``W`` again) will hold once the first apply
+        builds it; 0 once built (they are then the map's own). Lets a cache count a map whole before it is applied."""
+        if self.__dict__.get("_fused") is not None:
+            return 0
+        k, d_s, d_t = self.W.shape
+        return k * (d_s + 2) * d_t * 4 + d_s * (k + 1) * 4 + k * 8  # float32 Wa and Q, float64 mu_c
+
     # --- applying -------------------------------------------------------------------------
     def route(self, F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For framed rows ``F`` (n, d_s): the ``blend`` nearest clusters (n, m) int and their weights (n, m)."""

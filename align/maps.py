@@ -120,6 +120,14 @@ class LinearMap(StoredMap):
         G = W @ W.T if W.shape[0] <= W.shape[1] else W.T @ W
         return bool(np.allclose(G, np.eye(G.shape[0]), atol=atol))
 
+    def planned_bytes(self) -> int:
+        """Bytes of the arrays the fused apply plan (:meth:`_plan`, about ``W`` again) will hold once the first apply
+        builds it; 0 once built (they are then the map's own). Lets a cache count a map whole before it is applied."""
+        if self.__dict__.get("_fused") is not None:
+            return 0
+        d_s, d_t = self.W.shape
+        return ((d_s + 4) * d_t + 3 * d_s) * 4  # float32 Wa, q_mu, q_mut, q_b
+
     # --- applying -------------------------------------------------------------------------
     def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True,
               name: str = "X") -> np.ndarray:

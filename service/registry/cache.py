@@ -40,14 +40,13 @@ def held_bytes(value, _seen: set[int] | None = None, _depth: int = 0) -> int:
 
 
 def _plan_bytes(value) -> int:
-    """Bytes a linear map will build at its first apply and not hold yet: its fused plan (float32: ``W`` plus 4 rows,
-    3 input-side vectors).
+    """Bytes a map will build at its first apply and not hold yet: its fused plan (``planned_bytes()``: a linear or a
+    cluster map's, about its ``W`` again; a chain's are its maps').
     Counted up front: measured only once built, two maps whose ``W`` fit the budget together evicted each other at
-    every miss once applied (each then read from disk again)."""
-    W = getattr(value, "W", None)
-    if not hasattr(value, "_plan") or getattr(value, "_fused", None) is not None or not isinstance(W, np.ndarray):
-        return 0
-    return ((W.shape[0] + 4) * W.shape[1] + 3 * W.shape[0]) * 4 if W.ndim == 2 else 0  # Wa, q_mu, q_mut, q_b
+    every miss once applied (each then read from disk again), and cluster maps (counted without it until then) held
+    twice the budget while requests only hit."""
+    planned = None if isinstance(value, type) else getattr(value, "planned_bytes", None)
+    return int(planned()) if callable(planned) else 0
 
 
 class LRUCache:
@@ -55,8 +54,9 @@ class LRUCache:
     ``size`` entries and ``max_bytes`` bytes of arrays (:func:`held_bytes`; None: by count only).
 
     A value larger than ``max_bytes`` on its own is returned (the request is served) but not kept, so each use
-    reads it again: raise the budget for such maps. Arrays a value builds after it was stored (a linear map's
-    fused apply plan, made at its first apply) are counted, and the bounds kept, when the next value is stored
+    reads it again: raise the budget for such maps. A map's fused apply plan, made at its first apply, is counted
+    when the map is stored (``planned_bytes``); other arrays a value builds after it was stored are counted, and
+    the bounds kept, when the next value is stored
     (every entry is measured again then, outside the lock) and by :meth:`stats`. A composed path holds the maps
     it was made of, which may be entries of their own: they are counted in each (the sum can only overstate what
     is held).

@@ -125,3 +125,39 @@ def test_a_map_is_sized_with_its_apply_plan_before_it_builds_it(maps):
             reg.load_map(v).apply(X)
     assert [reg.cached_map(v) is not None for v in versions[:2]] == [True, True]
     assert reg.cache.stats()["bytes"] <= int(2.5 * before)
+
+
+def _cluster_map(seed: int, d: int = 24, k: int = 6) -> align.ClusterMap:
+    """A cluster map fitted on piecewise-linear pairs (one rotation per source cluster)."""
+    rng = np.random.default_rng(seed)
+    lab = rng.integers(0, k, 1200)
+    X = rng.normal(size=(k, d))[lab] * 3.0 + rng.normal(size=(1200, d))
+    A = np.stack([np.linalg.qr(rng.normal(size=(d, d)))[0] for _ in range(k)])
+    m = align.fit_migration(X, np.einsum("nd,nde->ne", X, A[lab]), method="cluster", random_state=0)
+    assert isinstance(m, align.ClusterMap) and m.n_clusters > 1
+    return m
+
+
+def test_a_cluster_map_is_sized_with_its_apply_plan_before_it_builds_it(tmp_path):
+    """Only a linear map's plan was counted up front: a cluster map's (its W again, built at the first apply) was
+    measured at the next miss or /v1/info, so while requests only hit the cache held about twice ``map_cache_mb``
+    (QA: 4 cluster maps in a 20 MB cache held 38 MB), and when measured it evicted and read maps again. Now three
+    cluster maps in a budget of 2.5 applied maps: at most two are kept, and what the cache holds stays within it."""
+    reg = Registry(f"sqlite:///{tmp_path / 'reg.sqlite'}", tmp_path / "artifacts")
+    versions = [reg.register_version(f"c{s}", _cluster_map(s), source_space="a", target_space="b", method="cluster",
+                                     params={}) for s in range(3)]
+    reg.close()
+    probe = Registry(reg.url, reg.store.root, cache_bytes=None)
+    fresh = probe.load_map(versions[0])
+    before = held_bytes(fresh)
+    fresh.apply(np.ones((1, fresh.source_dim), np.float32))
+    assert before == held_bytes(fresh) > 2 * fresh.W.nbytes - 1  # the plan counted before it was built
+    assert fresh.planned_bytes() == 0
+    budget = int(2.5 * before)
+    cache = Registry(reg.url, reg.store.root, cache_size=64, cache_bytes=budget)
+    X = np.random.default_rng(9).normal(size=(3, fresh.source_dim)).astype(np.float32)
+    for _ in range(3):  # requests in turn; each map applied as soon as it is loaded
+        for v in versions:
+            cache.load_map(v).apply(X)
+            held = [m for m in (cache.cached_map(u) for u in versions) if m is not None]
+            assert len(held) <= 2 and sum(held_bytes(m) for m in held) <= budget  # what is held, measured now
