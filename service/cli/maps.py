@@ -2,7 +2,7 @@
 
 Each command parses its options, calls one operation (:func:`service.ops.maps.run_fit`,
 :func:`service.ops.plans.evaluate_map`, :func:`service.ops.plans.plan`,
-:func:`service.ops.maps.transform_file`) and renders the result as text or ``--json``.
+:func:`service.ops.transform.transform_file`) and renders the result as text or ``--json``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from align.plan import last_migrated
 
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_not_input, count_rows, parse_rows, read_vectors, resolve_rows
-from ..ops.maps import SUPERVISED, run_fit, transform_file, unreliable_note
+from ..ops.maps import SUPERVISED, run_fit, unreliable_note
+from ..ops.transform import transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write, check_writable
 from ._common import (Ctx, check_text_encoder, description_opt, emit, input_opts, json_opt, option_given, parse_kv,

@@ -22,25 +22,23 @@ import numpy as np
 
 import align
 from align.validation import as_matrix
-from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, VecbridgeWarning
+from align.exceptions import DimensionMismatchError, InputError, VecbridgeWarning
 from align.frames import unit_rows
 
-from ..encoders import canonical_name, space_encoder
-from ..io import (ChunkWriter, check_not_input, count_rows, is_text_path, iter_chunks, parse_rows, resolve_rows,
-                  sha256_array)
+from ..encoders import canonical_name
+from ..io import sha256_array
 from ..logging import get_logger
-from ..progress import Progress, Stages, silent
+from ..progress import Progress, Stages
 from ..registry import ConflictError, NotFoundError, Registry, VersionInfo
 from ..registry.names import check_alias, check_name, fs_safe
 from ..registry.quality import SPLIT, heldout_doubt
 from ..reports import inner_timings, render_report, write_report
-from ..storage import check_writable
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
 from .plans import MIGRATION_METHODS, check_semi_supervised, fit_migration_map
 
 __all__ = ["run_fit", "fit_map", "unreliable_note", "METHODS", "SUPERVISED", "FitSide", "check_fit_request",
            "check_fit_params", "check_fit_rows", "fit_side", "check_pairs", "embed_side", "fit_sides", "create_space",
-           "describe_map", "report_html", "embed", "transform_file"]
+           "describe_map", "report_html", "embed"]
 
 METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
@@ -598,53 +596,3 @@ def report_html(registry, name: str, version: int) -> bytes:
         return path.read_bytes()
     except FileNotFoundError:
         raise NotFoundError(f"the fit report of map {v.ref} is missing from the data dir") from None
-
-
-# --- files, transformed -----------------------------------------------------------------------------
-def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, output: str = "raw", rows=None,
-                   key: str | None = None, column: str | None = None, encoder: str | None = None,
-                   ray_address: str | None = None, progress: Progress | None = None, text_field: str = "text") -> dict:
-    """Map the rows of file ``inp`` with map ``ref`` into file ``out`` chunk by chunk (files may exceed memory).
-
-    ``rows`` ``"START:STOP"``; ``key`` / ``column`` name the .npz array / Parquet column; ``encoder`` embeds a text
-    file first (``text_field``: the field of a ``.jsonl`` holding the text); ``output`` as :meth:`align.LinearMap.apply`
-    (any kind of map); ``ray_address`` (``"local"`` or a cluster) streams the chunks through Ray workers, same output.
-    ``progress`` reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output"}``.
-    """
-    check_not_input(out, "the output", inp)  # the input replaced by its own mapped rows (or some of them)
-    v = registry.resolve(ref)
-    m = registry.load_map(v)
-    check_writable(out, "the output")  # a read-only folder: the error named the writer's hidden temporary file
-    if is_text_path(inp):  # the source space's encoder, or None (reading the texts then says to name one)
-        encoder = space_encoder(v.source_space, registry.get_space(v.source_space).encoder, encoder)
-    total = count_rows(inp, key=key, column=column, text_field=text_field)
-    r = parse_rows(rows)
-    if r is not None:
-        sl = resolve_rows(r, total, inp)
-        total = sl.stop - sl.start
-    if total == 0:
-        raise EmptyInputError(f"{Path(inp).name}: no rows to transform")
-    say = progress or silent
-
-    def checked():
-        for chunk in iter_chunks(inp, chunk_rows=chunk_rows, rows=r, key=key, column=column, encoder=encoder,
-                                 text_field=text_field):
-            if chunk.shape[1] != m.source_dim:
-                raise DimensionMismatchError(f"{Path(inp).name} has {chunk.shape[1]}-d rows; {v.ref} expects "
-                                             f"{m.source_dim}-d")
-            yield chunk
-
-    if ray_address is None:
-        mapped = (m.apply(chunk, output=output) for chunk in checked())
-    else:
-        from ..distributed import apply_stream_ray  # Ray: imported only when asked for
-
-        mapped = apply_stream_ray(m, checked(), output=output, address=None if ray_address == "local" else ray_address)
-    done = 0
-    say("transform", 0.0)
-    with ChunkWriter(out, dim=m.target_dim, n_rows=total) as w:
-        for Y in mapped:
-            w.write(Y)
-            done += Y.shape[0]
-            say("transform", done / total)
-    return {"map": v.ref, "rows": total, "out": str(out), "dim": m.target_dim, "output": output}
