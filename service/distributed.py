@@ -24,8 +24,8 @@ Unsupervised heavy steps
     ``MiniVec2Vec.fit(executor=ray_executor(ray))``. Same seed, same bits as in-process.
 
 Batch transform
-    :func:`transform_files_ray`: one task per vector file, streamed in row blocks, written
-    atomically.
+    :func:`transform_files_ray`: one task per vector file, streamed in row blocks, written atomically
+    (a parquet into a parquet with its other columns: :class:`service.tables.MappedWriter`).
 
 Shards are ``(X, Y)`` pairs (arrays or ``.npy`` paths, opened memory-mapped in the worker),
 :class:`Shard` objects (with a row range, so one big file splits without copying), or zero-argument
@@ -64,7 +64,8 @@ from align.refine import refine_icp
 from align.procrustes import PairStats, map_from_stats, pair_stats
 
 from .errors import ServiceUnavailableError
-from .io import VECTOR_SUFFIXES, ChunkWriter, check_not_input, count_rows, iter_chunks
+from .io import VECTOR_SUFFIXES, check_not_input, count_rows, iter_chunks
+from .tables import MappedWriter
 
 __all__ = [
     "Shard", "ray_session", "pair_stats_local", "pair_stats_ray", "fit_stats_local", "fit_stats_ray",
@@ -597,12 +598,12 @@ def apply_stream_ray(map_, chunks: Iterable[np.ndarray], *, output: str = "raw",
 def _transform_file(map_bytes: bytes, src: str, dst: str, output: str, batch_size: int) -> dict:
     m = map_from_bytes(map_bytes)
     n = count_rows(src)  # read as ``vecbridge transform`` reads it (np.load of a .npz crashed on its NpzFile)
-    with ChunkWriter(dst, dim=m.target_dim, n_rows=n) as w:  # renamed into place, or removed on an error
-        for X in iter_chunks(src, chunk_rows=batch_size):
+    with MappedWriter(src, dst, dim=m.target_dim, n_rows=n, batch_rows=batch_size) as w:  # renamed into place
+        for X in iter_chunks(src, chunk_rows=batch_size):  # or removed on an error
             if X.shape[1] != m.source_dim:
                 raise DimensionMismatchError(f"{src}: expected (n, {m.source_dim}), got {X.shape[1]}-d rows")
             w.write(m.apply(X, output=output))
-    return {"input": src, "output": dst, "rows": n, "peak_rss_mb": peak_rss_mb()}
+    return {"input": src, "output": dst, "rows": n, "peak_rss_mb": peak_rss_mb(), "note": w.note}
 
 
 def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw", batch_size: int = 65536,
@@ -613,10 +614,10 @@ def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw",
     ``map_``: a map of any kind (LinearMap, ClusterMap, MapChain), artifact path or registry ref. Files are read as
     ``vecbridge transform`` reads them (:func:`service.io.iter_chunks`: ``.npy`` / ``.fvecs`` memory-mapped, a
     ``.npz``'s first array read whole, a ``.parquet``'s first list column). Each task streams its file in blocks of
-    ``batch_size`` rows (memory: one block in, one block out) and renames a finished temporary
-    file into place, so a crashed job leaves no half-written output. ``use_ray=False`` runs the
-    same tasks in this process. Returns one dict per file (input, output, rows). Inputs that would write the same
-    output (``a/part.npy``, ``b/part.npy``), or an output that is an input, are an InputError before any work.
+    ``batch_size`` rows (memory: one block in, one block out) and renames a finished temporary file into place, so a
+    crashed job leaves no half-written output. ``use_ray=False`` runs the same tasks in this process. Returns one
+    dict per file (input, output, rows, note: a parquet's columns an .npy output left out; ``.parquet`` keeps them).
+    Inputs writing one output (``a/part.npy``, ``b/part.npy``), or an output that is an input: InputError first.
     """
     from service.vectordb.migrate import resolve_map
 

@@ -486,10 +486,11 @@ class ChunkWriter:
     named as releases up to 58ebe2e name theirs (``.part-<pid>``: unlocked even while written, during a rolling
     upgrade).
     ``.npy`` needs ``n_rows`` up front (its header holds the shape; the whole file is reserved at once). Rows
-    are appended to the file: the writer holds one chunk, never a map of the output.
+    are appended to the file: the writer holds one chunk, never a map of the output. A ``.parquet`` holds the
+    column ``vector``, or the fields of ``schema`` (its ``column``: the vectors; the others given to :meth:`write`).
     """
 
-    def __init__(self, path, *, dim: int, n_rows: int | None = None):
+    def __init__(self, path, *, dim: int, n_rows: int | None = None, schema=None, column: str = "vector"):
         self.path = Path(path)
         self.suffix = self.path.suffix.lower()
         if self.suffix not in (".npy", ".fvecs", ".parquet"):
@@ -497,6 +498,7 @@ class ChunkWriter:
         if self.suffix == ".npy" and n_rows is None:
             raise InputError("writing .npy in chunks needs the row count up front")
         self.dim, self.n_rows, self.written = int(dim), n_rows, 0
+        self._schema, self._column = schema, column
         make_parent(self.path)  # as atomic_write does; else the error names self.tmp
         part = temp_name(self.path.name, ".part-")
         for left in self.path.parent.glob(f"{glob_escape(part)}*"):  # of dead writers: removed
@@ -542,14 +544,15 @@ class ChunkWriter:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            self._schema = pa.schema([("vector", pa.list_(pa.float32(), self.dim))])
+            self._schema = self._schema or pa.schema([(self._column, pa.list_(pa.float32(), self.dim))])
             self._pq = pq.ParquetWriter(self.tmp, self._schema)
 
-    def write(self, X: np.ndarray) -> None:
+    def write(self, X: np.ndarray, others=None) -> None:
+        """Append rows ``X``; ``others`` (.parquet): a pyarrow Table of the same rows' other columns, in order."""
         with writing(self.path, self.tmp):
-            self._write(X)
+            self._write(X, others)
 
-    def _write(self, X: np.ndarray) -> None:
+    def _write(self, X: np.ndarray, others=None) -> None:
         X = np.ascontiguousarray(X, dtype=np.float32)
         if X.ndim != 2 or X.shape[1] != self.dim:
             raise InputError(f"chunk of shape {X.shape} does not match dim {self.dim}")
@@ -566,8 +569,10 @@ class ChunkWriter:
         else:
             import pyarrow as pa
 
-            arr = pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1), pa.float32()), self.dim)
-            self._pq.write_table(pa.Table.from_arrays([arr], schema=self._schema))
+            cols = [] if others is None else list(others.columns)
+            cols.insert(self._schema.get_field_index(self._column), pa.chunked_array(
+                [pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1), pa.float32()), self.dim)]))
+            self._pq.write_table(pa.Table.from_arrays(cols, schema=self._schema))
         self.written += n
 
     def close(self) -> Path:

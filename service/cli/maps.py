@@ -372,7 +372,12 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, text_field, encoder, as_json, quiet,
               ray_address):
     """Map the rows of INP (.npy, .npz, .fvecs, .parquet; texts .txt / .jsonl / .json embedded with the source
-    space's encoder) into OUT (.npy, .fvecs or .parquet), in chunks: files may exceed memory."""
+    space's encoder) into OUT (.npy, .fvecs or .parquet), in chunks: files may exceed memory.
+
+    A .parquet INP into a .parquet OUT keeps every other column (ids, payloads), unchanged and row for row; the
+    vector column keeps its name and position and holds the mapped rows: fixed_size_list<float32>[target dim],
+    whatever list type or float width INP held. Another OUT holds the vectors only (a note on stderr, or `note`
+    in --json, names the columns left behind); a non-parquet INP gives a .parquet OUT one column, `vector`."""
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         with ray_logs(quiet or as_json):
@@ -381,4 +386,6 @@ def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, te
                                  text_field=text_field)
     finally:
         close()
+    if res["note"] and not as_json:  # a .parquet's other columns, which a .npy / .fvecs output cannot hold
+        click.echo(f"vecbridge: note: {res['note']}", err=True)
     emit(res, as_json, f"wrote {res['rows']} rows ({res['dim']}-d, {output}) to {out} with {res['map']}")

@@ -1,4 +1,9 @@
-"""``vecbridge transform``: the rows of a file mapped into another file, chunk by chunk (files may exceed memory)."""
+"""``vecbridge transform``: the rows of a file mapped into another file, chunk by chunk (files may exceed memory).
+
+A ``.parquet`` input written to a ``.parquet`` output keeps its other columns, row for row
+(:class:`service.tables.MappedWriter`); into ``.npy`` / ``.fvecs`` only the vectors go, and the result's ``note``
+names the columns left behind.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ from align.exceptions import DimensionMismatchError, EmptyInputError
 
 from ..encoders import space_encoder
 from ..io import (
-    ChunkWriter,
     check_not_input,
     count_rows,
     is_text_path,
@@ -18,6 +22,7 @@ from ..io import (
 )
 from ..progress import Progress, silent
 from ..storage import check_writable
+from ..tables import MappedWriter
 
 __all__ = ["transform_file"]
 
@@ -30,7 +35,9 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     ``rows`` ``"START:STOP"``; ``key`` / ``column`` name the .npz array / Parquet column; ``encoder`` embeds a text
     file first (``text_field``: the field of a ``.jsonl`` holding the text); ``output`` as :meth:`align.LinearMap.apply`
     (any kind of map); ``ray_address`` (``"local"`` or a cluster) streams the chunks through Ray workers, same output.
-    ``progress`` reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output"}``.
+    A parquet's other columns go along into a parquet ``out`` (:class:`~service.tables.MappedWriter`).
+    ``progress`` reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output",
+    "note"}``; ``note``: the input's columns ``out`` cannot hold (a .parquet's into .npy / .fvecs), else None.
     """
     check_not_input(out, "the output", inp)  # the input replaced by its own mapped rows (or some of them)
     v = registry.resolve(ref)
@@ -63,9 +70,9 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
         mapped = apply_stream_ray(m, checked(), output=output, address=None if ray_address == "local" else ray_address)
     done = 0
     say("transform", 0.0)
-    with ChunkWriter(out, dim=m.target_dim, n_rows=total) as w:
+    with MappedWriter(inp, out, dim=m.target_dim, n_rows=total, column=column, rows=r, batch_rows=chunk_rows) as w:
         for Y in mapped:
             w.write(Y)
             done += Y.shape[0]
             say("transform", done / total)
-    return {"map": v.ref, "rows": total, "out": str(out), "dim": m.target_dim, "output": output}
+    return {"map": v.ref, "rows": total, "out": str(out), "dim": m.target_dim, "output": output, "note": w.note}

@@ -281,6 +281,30 @@ def test_transform_files_ray(ray_local, tmp_path):
         D.transform_files_ray(m, [tmp_path / "missing.npy"], tmp_path / "out4")
 
 
+def test_ray_transforms_keep_the_other_columns_of_a_parquet_table(ray_local, tmp_path):
+    """``vecbridge transform --ray`` and ``transform_files_ray`` of a parquet into a parquet wrote the vectors alone,
+    as one ``vector`` column; the ids now travel with their rows on Ray too, the vector column keeps its name."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from service.ops.transform import transform_file
+    from service.registry import Registry
+
+    X, Y = _planted(300, 8, 8, seed=3)
+    m = align.fit_procrustes(X, Y)
+    t = pa.table({"id": [f"row-{i}" for i in range(300)], "emb": pa.FixedSizeListArray.from_arrays(X.reshape(-1), 8)})
+    pq.write_table(t, tmp_path / "t.parquet", row_group_size=64)
+    reg = Registry(f"sqlite:///{tmp_path / 'reg.sqlite'}", tmp_path / "artifacts")
+    reg.register_version("m", m, source_space="a", target_space="b", method="procrustes", params={})
+    res = transform_file(reg, "m", tmp_path / "t.parquet", tmp_path / "r.parquet", chunk_rows=50, ray_address="local")
+    [files] = D.transform_files_ray(m, [tmp_path / "t.parquet"], tmp_path / "out", suffix=".m.parquet", batch_size=50)
+    reg.close()
+    for out in (res["out"], files["output"]):
+        got = pq.read_table(out)
+        assert got.schema.names == ["id", "emb"] and got.column("id").equals(t.column("id"))
+        np.testing.assert_allclose(np.stack(got.column("emb").to_numpy(zero_copy_only=False)), m.apply(X),
+                                   atol=1e-6)
+
+
 def test_transform_files_refuses_inputs_that_would_write_one_output(tmp_path):
     """``sh/a/part.npy`` and ``sh/b/part.npy`` both went to ``out/part.mapped.npy``: the second result silently
     replaced the first (its rows lost). Now an InputError naming both, before anything is written."""
