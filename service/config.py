@@ -171,8 +171,9 @@ class Settings(BaseSettings):
         "request waits for one; /readyz is not ready until each has embedded a first text (service/ops/preload.py). "
         "An unknown name fails the start-up. Environment: a JSON list, e.g. '[\"minilm\"]'."))
     path_alias: str = Field("prod", description=(
-        "Alias that pins a map's version for paths between spaces (search, embeddings); without it a map "
-        "contributes its newest reliable version, and parallel maps rank by held-out top-1."))
+        "Alias that pins a map's version for paths between spaces (search, embeddings) and for a bare map or steer "
+        "NAME (transform, /v1/maps path_version, `registry path`); without it a map contributes its newest reliable "
+        "version, and parallel maps rank by held-out top-1."))
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL (any case).")
     #: {setting name: file} of the settings read from ``VECBRIDGE_<NAME>_FILE`` (:func:`load_settings`)
     _files: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -183,6 +184,13 @@ class Settings(BaseSettings):
         if 0 < s < 0.001:  # PostgreSQL counts whole ms: it was rounded to 0, no limit at all
             raise ValueError(f"must be 0 (no limit) or at least 0.001 (1 ms), got {s:g}")
         return s
+
+    @field_validator("path_alias")
+    @classmethod
+    def _check_path_alias(cls, alias: str) -> str:
+        from .registry.names import check_alias
+
+        return check_alias(alias)
 
     @field_validator("search_device")
     @classmethod
@@ -328,7 +336,8 @@ class Settings(BaseSettings):
     def registry_options(self) -> dict:
         """The keyword arguments of :func:`service.registry.open_registry` that come from these settings."""
         return {"report_dir": self.resolved_report_dir(), "pool_size": self.registry_pool_size,
-                "statement_timeout_s": self.registry_statement_timeout_s, "cache_bytes": self.map_cache_mb << 20}
+                "statement_timeout_s": self.registry_statement_timeout_s, "cache_bytes": self.map_cache_mb << 20,
+                "path_alias": self.path_alias}
 
     def resolved_artifact_dir(self) -> Path:
         return (self.artifact_dir or self.data_dir / "artifacts").resolve()

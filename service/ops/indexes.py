@@ -66,10 +66,10 @@ class Translation:
 
 
 def translation(registry, source_space: str, target_space: str, map_ref: str | Sequence[str] | None = None, *,
-                path_alias: str = "prod", resolve: Callable | None = None,
+                path_alias: str | None = None, resolve: Callable | None = None,
                 find_path: Callable[[], list] | None = None, load: Callable | None = None) -> Translation:
     """The map from ``source_space`` to ``target_space``: ``map_ref`` if given, else the registry's path of maps
-    (``path_alias`` first), composed.
+    (``path_alias`` first; None: the registry's own, its setting), composed.
 
     ``map_ref``: one map (``name``, ``name@alias``, ``name:N``), or a path of them in order (a list: the first
     from ``source_space``, each next from the previous one's target space, the last into ``target_space``),
@@ -115,7 +115,7 @@ class RegistryResolver:
     """A :class:`Resolver` straight over a registry, without caches: for one-shot faces (the CLI), so they
     resolve spaces, paths of maps, steers and encoders as the service does (``path_alias``: its setting)."""
 
-    def __init__(self, registry, path_alias: str = "prod", load_encoder: Callable[[str], Any] | None = None):
+    def __init__(self, registry, path_alias: str | None = None, load_encoder: Callable[[str], Any] | None = None):
         self.registry, self.path_alias = registry, path_alias
         self.load_encoder = load_encoder or get_encoder
 

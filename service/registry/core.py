@@ -82,14 +82,18 @@ class Registry(SteerRegistryMixin):
     pool_size, statement_timeout_s : optional
         PostgreSQL: connections this process keeps at most, and the longest a statement may run or wait
         for a lock (0: no limit); see :data:`~.db.PG_POOL_SIZE`, :data:`~.db.PG_STATEMENT_TIMEOUT_S`.
+    path_alias : str
+        The alias that pins a map's (and a steer's) version for paths and bare names (default :attr:`PATH_ALIAS`,
+        ``prod``; the ``path_alias`` setting): :meth:`resolve`, :meth:`find_path`, ``path_version`` all read it.
     """
 
     def __init__(self, url: str, artifact_dir, *, artifact_format: str = "safetensors", cache_size: int = 16,
                  cache_bytes: int | None = 512 << 20, report_dir=None, pool_size: int | None = None,
-                 statement_timeout_s: float | None = None):
+                 statement_timeout_s: float | None = None, path_alias: str = "prod"):
         if artifact_format not in ARTIFACT_FORMATS:
             raise InvalidNameError(f"artifact_format must be one of {sorted(ARTIFACT_FORMATS)}")
         self.url = url
+        self.path_alias = check_alias(path_alias)
         self.db = open_db(url, pool_size=pool_size, statement_timeout_s=statement_timeout_s)
         self.store = ArtifactStore(artifact_dir, hook=_hook)
         self.artifact_format = artifact_format
@@ -318,7 +322,7 @@ class Registry(SteerRegistryMixin):
         return self._maps.list(name, include_deleted)
 
     def resolve(self, ref: str) -> VersionInfo:
-        """``name`` → the version the map contributes to paths: its live :attr:`PATH_ALIAS` (``prod``) version
+        """``name`` → the version the map contributes to paths: its live :attr:`path_alias` (``prod``) version
         when that alias is set, else its newest live version not flagged unreliable (the newest live one when
         every live version is flagged: the map was named, so it is inspected); ``name@alias`` → the alias's
         version; ``name:N`` → version N. A bare name so never lands on a failed refit that the paths skip, nor
@@ -331,7 +335,7 @@ class Registry(SteerRegistryMixin):
         name, alias, version = parse_ref(ref)
         if alias is None and version is None:
             with self.db.tx() as t:
-                pinned = self._maps.live_alias(t, name, self.PATH_ALIAS)
+                pinned = self._maps.live_alias(t, name, self.path_alias)
                 if pinned is not None:
                     return self._maps.get_in(t, name, pinned)
                 for r in self._maps.rows(t, name, live=True, newest_first=True, cols="version, metrics, method"):
@@ -394,7 +398,7 @@ class Registry(SteerRegistryMixin):
                 live = self._maps.rows(t, m["name"], live=True, cols="version, metrics, method")
                 m["unreliable_versions"] = [int(r["version"]) for r in live
                                             if not reliable(json.loads(r["metrics"] or "{}"), r["method"])]
-                edge = self._edge_version(t, m["name"], self.PATH_ALIAS)
+                edge = self._edge_version(t, m["name"], self.path_alias)
                 m["path_version"] = None if edge is None else edge[0].version
         return out
 
@@ -423,7 +427,7 @@ class Registry(SteerRegistryMixin):
         return self._maps.delete(name, version)
 
     # --- paths between spaces ---------------------------------------------------------------
-    PATH_ALIAS = "prod"
+    PATH_ALIAS = "prod"  #: the default :attr:`path_alias`
 
     @staticmethod
     def is_reliable(v: VersionInfo) -> bool:
@@ -475,7 +479,7 @@ class Registry(SteerRegistryMixin):
         if not (kn < kb or (kn == kb == 2 and qn < qb - 0.05)):
             return None
         figure = quality_words(new)
-        pin = self.PATH_ALIAS
+        pin = self.path_alias
         try:
             self.alias_version(new.name, pin)
             why = f"its {pin!r} alias was moved to it"
@@ -506,7 +510,7 @@ class Registry(SteerRegistryMixin):
 
     def path_candidates(self, source_space: str, target_space: str, alias: str | None = None) -> list[VersionInfo]:
         """Every map's path version from ``source_space`` straight to ``target_space``, best first (see find_path)."""
-        alias = alias or self.PATH_ALIAS
+        alias = alias or self.path_alias
         with self.db.tx() as t:
             cands = []
             for r in t.q("SELECT name FROM maps WHERE source_space = ? AND target_space = ?",
@@ -524,13 +528,14 @@ class Registry(SteerRegistryMixin):
         held-out top-1 0.05, used to win over glove->minilm->e5 at 0.65 x 0.98, and search through it found 0.32
         instead of 0.54 of the texts).
 
-        Each map contributes its ``alias`` (default ``prod``) version when that alias exists and is live,
+        Each map contributes its ``alias`` (default :attr:`path_alias`) version when that alias exists and is live,
         else its newest live version not flagged unreliable; a map with neither is left out. Where several
         maps join the same two spaces, the choice is, in order: a map pinned by the alias; then by
         :meth:`quality`: the best held-out top-1 on a common pool (a recorded ``eval.top1``, else the fit's
         own), the training top-1; the newest.
         Never name order. Same space: ``[]``. No chain: NotFoundError.
         """
+        alias = alias or self.path_alias
         check_name(source_space, "source space")
         check_name(target_space, "target space")
         with self.db.tx() as t:

@@ -57,10 +57,10 @@ class SteerRegistryMixin:
         return self.entities["steers"].get(name, version)
 
     def resolve_steer(self, ref: str) -> SteerInfo:
-        """``name`` → its ``prod`` version when that alias is set and live, else the latest live version (as a
-        bare map name: a refit reaches searches and applies only when ``prod`` moves); ``name@alias``;
-        ``name:N`` (NotFoundError / DeletedVersionError)."""
-        return self.entities["steers"].resolve(ref, pin=self.PATH_ALIAS)
+        """``name`` → its ``prod`` (:attr:`path_alias`) version when that alias is set and live, else the latest
+        live version (as a bare map name: a refit reaches searches and applies only when ``prod`` moves);
+        ``name@alias``; ``name:N`` (NotFoundError / DeletedVersionError)."""
+        return self.entities["steers"].resolve(ref, pin=self.path_alias)
 
     def load_steer(self, ref) -> Steer | MeanShift:
         """Resolve ``ref`` (:meth:`resolve_steer`; or take a SteerInfo) and read its artifact, verifying the sha256

@@ -349,6 +349,47 @@ def test_a_bare_map_name_follows_prod_as_search_does(tmp_path, capsys, pairs):
     assert reg.resolve("m").ref == "m:2"
 
 
+
+def test_a_non_default_path_alias_is_followed_by_bare_names_as_by_search(tmp_path, capsys, monkeypatch, pairs):
+    """``path_alias`` (``VECBRIDGE_PATH_ALIAS``) reached only the search path: with ``stable`` -> 1 and ``prod`` -> 2,
+    a search went through m:1 while a bare ``m`` (HTTP and CLI transform), ``path_version`` and ``registry path``
+    used ``prod``'s m:2. The registry now takes the alias from the settings, so every face agrees on m:1."""
+    from _api_support import R, W, settings_for
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    X, Y, _ = pairs
+    d, fit = _refit_files(tmp_path, X, Y)
+    for rows, alias in (("", "stable"), ("60", "prod")):  # m:1 from 4,000 pairs (stable), m:2 from 60 (prod)
+        files = ("--source", tmp_path / f"x{rows}.npy", "--target", tmp_path / f"y{rows}.npy")
+        assert run(capsys, *fit, *files, "--alias", alias)[0] == 0
+    monkeypatch.setenv("VECBRIDGE_PATH_ALIAS", "stable")
+    code, out, err = run(capsys, *d, "transform", "--map", "m", tmp_path / "q.npy", tmp_path / "o.npy", "--quiet",
+                         "--json")
+    assert code == 0 and json.loads(out)["map"] == "m:1", (out, err)
+    code, out, err = run(capsys, *d, "registry", "path", "old", "new", "--json")
+    assert code == 0 and json.loads(out)["path"] == ["m:1"], (out, err)
+    code, out, err = run(capsys, *d, "registry", "list", "--json")
+    assert code == 0 and json.loads(out)["maps"][0]["path_version"] == 1, (out, err)
+    with TestClient(create_app(settings_for(tmp_path, data_dir=tmp_path / "var", path_alias="stable"))) as c:
+        r = c.post("/v1/maps/m/transform", headers=R, json={"vectors": X[4000:4003].tolist()})
+        assert r.status_code == 200 and r.json()["version"] == 1, r.text
+        assert c.get("/v1/maps/m", headers=R).json()["path_version"] == 1
+        r = c.post("/v1/indexes", headers=W, json={"name": "ix", "space": "new", "vectors": Y[4000:4050].tolist()})
+        assert r.status_code == 201, r.text
+        r = c.post("/v1/indexes/ix/search", headers=R, json={"space": "old", "vectors": X[4000:4002].tolist(), "k": 1})
+        assert r.status_code == 200 and [m["version"] for m in r.json()["maps"]] == [1], r.text
+    monkeypatch.delenv("VECBRIDGE_PATH_ALIAS")
+    code, out, _ = run(capsys, *d, "registry", "path", "old", "new", "--json")  # the default still reads prod
+    assert code == 0 and json.loads(out)["path"] == ["m:2"]
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts",
+                        path_alias="stable")
+    assert reg.resolve("m").ref == "m:1" and reg.resolve("m@prod").ref == "m:2"
+    with pytest.raises(ValueError, match="alias '3' is not allowed"):
+        settings_for(tmp_path, path_alias="3")  # a setting no alias can match is refused, not followed silently
+
+
 @pytest.fixture
 def embedded_pairs(wordnet):
     """Up to 5,000 WordNet definitions embedded by minilm (X) and e5 (Y): the shared rows, or (absent) the
