@@ -483,11 +483,13 @@ def alias_command(group, help_text: str, set_alias, delete_alias) -> None:
     """Register ``GROUP alias NAME ALIAS [VERSION] [--delete] [--expect N]`` on ``group``: ``set_alias(registry, name,
     alias, version, expected=...)`` or ``delete_alias(registry, name, alias, expected=...)`` (one command shape for
     maps and steers; ``--expect`` guards a removal as it guards a move, as ``If-Match`` does over HTTP; a VERSION
-    given with ``--delete`` is that guard: it was ignored, and the alias removed wherever it pointed)."""
+    given with ``--delete`` is that guard: it was ignored, and the alias removed wherever it pointed). ``NAME@ALIAS
+    [VERSION]`` is the same command: the help says "Point NAME@ALIAS at VERSION", and ``alias m@prod 3`` answered
+    "give a VERSION" (3 was taken for the ALIAS)."""
 
-    @group.command("alias", help=help_text)
+    @group.command("alias", help=f"{help_text} `alias NAME ALIAS VERSION` and `alias NAME@ALIAS VERSION` are the same.")
     @click.argument("name")
-    @click.argument("alias")
+    @click.argument("alias", required=False, metavar="ALIAS")
     @click.argument("version", type=VERSION, required=False)
     @click.option("--delete", is_flag=True, help="Remove the alias instead.")
     @click.option("--expect", "expected", type=_Version(low=0), default=None,
@@ -495,6 +497,15 @@ def alias_command(group, help_text: str, set_alias, delete_alias) -> None:
                        "while it is not set); else exit 2 saying where it points.")
     @click.pass_obj
     def alias_cmd(obj: Ctx, name, alias, version, delete, expected):
+        if "@" in name:  # NAME@ALIAS [VERSION]: the second word is the version
+            if version is not None:
+                raise click.UsageError(f"{name} names the alias already: give `{name} {version}` (or NAME ALIAS "
+                                       "VERSION)")
+            ctx = click.get_current_context()
+            param = next(p for p in ctx.command.params if p.name == "version")
+            name, alias, version = *name.split("@", 1), (None if alias is None else VERSION.convert(alias, param, ctx))
+        if alias is None:
+            raise click.UsageError("give the ALIAS: NAME ALIAS VERSION or NAME@ALIAS VERSION (or --delete)")
         if delete:
             if version is not None and expected is not None and expected != version:
                 raise click.UsageError(f"--delete with VERSION {version} and --expect {expected}: give one of them")

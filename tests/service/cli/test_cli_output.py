@@ -220,6 +220,32 @@ def test_removing_what_is_not_there_says_so(capsys, data):
     assert rc == 2 and "unknown map 'nope'" in err, err
 
 
+@pytest.mark.parametrize("group", ["registry", "steer"])
+def test_an_alias_named_as_the_help_writes_it_name_at_alias_is_accepted(capsys, data, group):
+    """The help says "Point NAME@ALIAS at VERSION", but `registry alias m@prod 1` failed with "give a VERSION (or
+    --delete)": 1 was taken for the ALIAS. NAME@ALIAS [VERSION] is now the same command as NAME ALIAS [VERSION]."""
+    var = ["--data-dir", str(data / "var")]
+    if group == "registry":
+        fit = ["fit", "--source", str(data / "src.npy"), "--target", str(data / "tgt.npy"), "--method", "procrustes",
+               "--name", "m", "--quiet"]
+    else:
+        np.save(data / "labels.npy", np.where(np.load(data / "src.npy")[:, 0] > 0, 1, -1))
+        fit = ["steer", "fit", "--vectors", str(data / "src.npy"), "--labels", str(data / "labels.npy"), "--name",
+               "m", "--space", "s", "--quiet"]
+    assert run(capsys, *var, *fit)[0] == 0 and run(capsys, *var, *fit)[0] == 0
+    rc, out, err = run(capsys, *var, group, "alias", "m@prod", "2")
+    assert rc == 0 and out == "m@prod -> 2\n", (out, err)
+    rc, out, err = run(capsys, *var, group, "alias", "m@prod", "1", "--expect", "2")
+    assert rc == 0 and out == "m@prod -> 1\n", (out, err)
+    assert "NAME@ALIAS at VERSION" in run(capsys, *var, group, "alias", "--help")[1]
+    rc, out, err = run(capsys, *var, group, "alias", "m@prod", "1", "2")  # an alias named twice: which one?
+    assert rc == 2 and "m@prod names the alias already" in err, err
+    rc, out, err = run(capsys, *var, group, "alias", "m")
+    assert rc == 2 and "give the ALIAS: NAME ALIAS VERSION or NAME@ALIAS VERSION" in err, err
+    rc, out, err = run(capsys, *var, group, "alias", "m@prod", "--delete", "--expect", "1")
+    assert rc == 0 and out == "deleted alias m@prod\n", (out, err)
+
+
 def test_fit_auto_says_which_family_it_chose(capsys, data):
     """`fit --method auto` printed "..., auto, fit 1.2s)": the family held-out pairs chose was only in the JSON."""
     rc, out, err = run(capsys, "--data-dir", str(data / "var"), "fit", "--source", str(data / "src.npy"), "--target",
