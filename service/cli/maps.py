@@ -274,7 +274,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
 @click.option("--target-retention", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True)
 @random_state_opt
 @click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
-              help="Write the recommended rows to re-embed (.npy int64 indices into --old).")
+              help="Write the recommended rows to re-embed (.npy int64 indices into --old; --json lists them as "
+                   "rows_to_embed either way).")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
               help="Labelled queries, new-model vectors: the plan then predicts their labelled R@10 retention over "
                    "the whole --old corpus (the figure `eval --queries` measures) instead of a proxy. Needs "
@@ -340,9 +341,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     lines.append(f"recommended: method {rec['method']}, K = {rec['k']} rows to re-embed"
                  + (f" (written to {res['rows_out']})" if rows_out else ""))
     lines += [f"note: {n}" for n in res["notes"]]
-    if as_json:
-        res = {**res, "rows_to_embed": res["rows_to_embed"] if rows_out is None else len(res["rows_to_embed"])}
-    emit(res, as_json, "\n".join(lines))
+    emit(res, as_json, "\n".join(lines))  # rows_to_embed: the indices (as POST /v1/plans), with --rows-out too
 
 
 @click.command()

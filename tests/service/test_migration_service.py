@@ -52,6 +52,8 @@ def test_fit_auto_registers_chosen_family_then_retention_gate(capsys, data):
 
 
 def test_plan_cli_table_json_and_rows_file(capsys, data):
+    """``--json`` with ``--rows-out`` gave ``rows_to_embed`` as a count (900) where POST /v1/plans, the client and
+    ``align.plan_migration`` give the indices under that key: one key, two types. It is the indices everywhere."""
     d = data
     args = ["--data-dir", d / "var", "plan", "--old", d / "old.npy", "--probe-source", d / "old.npy",
             "--probe-target", d / "new.npy", "--probe-rows", "0:300", "--random-state", "3"]
@@ -64,7 +66,15 @@ def test_plan_cli_table_json_and_rows_file(capsys, data):
     plan = json.loads(out)
     assert all(f"{q['k']:>7}  {q['method']:>10}" in table for q in plan["predicted"])  # each K names its method
     rows = np.load(d / "rows.npy")
-    assert rows.size == min(plan["recommended"]["k"], 900) == plan["rows_to_embed"]
+    assert rows.size == min(plan["recommended"]["k"], 900) == len(plan["rows_to_embed"])
+    assert plan["rows_to_embed"] == rows.tolist() and plan["rows_out"] == str((d / "rows.npy").resolve())
+    code, out, err = run(capsys, *args, "--json")
+    assert code == 0 and json.loads(out)["rows_to_embed"] == rows.tolist(), err  # the same with or without the file
+    X, Y = np.load(d / "old.npy"), np.load(d / "new.npy")
+    with TestClient(create_app(settings_for(d / "http"))) as c:
+        r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:300]), "probe_target": _b64(Y[:300]),
+                                      "random_state": 3}, headers=R)
+        assert r.status_code == 200 and r.json()["rows_to_embed"] == rows.tolist(), r.text  # HTTP's key, same rows
     assert 0.0 <= plan["alignability"] <= 1.0
     assert all(q["low"] <= q["retention"] <= q["high"] for q in plan["predicted"])
 
