@@ -143,17 +143,19 @@ def registry_verify(obj: Ctx, sweep):
 @registry.command("path")
 @click.argument("source_space")
 @click.argument("target_space")
-@click.option("--alias", default=None, help="The alias that pins a map's version for paths [default: the path_alias setting, prod].")
+@click.option("--alias", default=None,
+              help="The alias that pins a map's version for paths [default: the path_alias setting, prod].")
 @click.option("--candidates", is_flag=True, help="Also list every direct map between the two spaces, best first.")
 @json_opt
 @click.pass_obj
 def registry_path(obj: Ctx, source_space, target_space, alias, candidates, as_json):
     """The chain of maps that search and embeddings use from SOURCE_SPACE to TARGET_SPACE.
 
-    Per map: its prod (path_alias setting, or --alias) version, else its newest version not flagged unreliable. Between the
-    same two spaces: the alias-pinned map first, then the best held-out top-1 on a common pool of 1,000 (per map
-    the one recorded by `eval --record`, else the fit's own: its held-out split or 5-fold cross-validation),
-    then the best training top-1, then the newest; never name order. Pin another map in requests with `map`.
+    Per map: its prod (path_alias setting, or --alias) version, else its newest version not flagged unreliable.
+    Between the same two spaces: the alias-pinned map first, then the best held-out top-1 on a common pool of
+    1,000 (per map the one recorded by `eval --record`, else the fit's own: its held-out split or 5-fold
+    cross-validation), then the best training top-1, then the newest; never name order. Pin another map in
+    requests with `map`.
     """
     reg = obj.registry
     chain = reg.find_path(source_space, target_space, alias)
