@@ -8,6 +8,9 @@ or skipped (unlike ``offset``), and ``next`` is ``null`` on the last page.
 
 Without ``limit`` a route answers every item in one page (``next`` null), as before pagination
 existed, so older clients keep working.
+
+A route whose items are costly to build (a map's summary judges its versions) picks the page first: its
+``load_page(after, n)`` answers only the items after the cursor's name, at most ``n`` (:func:`keyset_page`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from align.exceptions import InputError
 from .deps import ReadScope, StateDep
 from .responses import FastJSONResponse
 
-__all__ = ["PageParams", "Page", "paginate", "paged", "list_route", "encode_cursor", "decode_cursor", "MAX_LIMIT"]
+__all__ = ["PageParams", "Page", "paginate", "paged", "keyset_page", "list_route", "encode_cursor", "decode_cursor",
+           "MAX_LIMIT"]
 
 MAX_LIMIT = 10_000
 
@@ -78,12 +82,31 @@ def paginate(items: Sequence[Any], key: Callable[[Any], Any], page: PageParams) 
         try:
             ordered = [it for it in ordered if key(it) > after]
         except TypeError:
-            raise InputError("cursor does not belong to this list; send the `next` value of the previous page") \
-                from None
+            raise InputError(_FOREIGN) from None
     if page.limit is None or len(ordered) <= page.limit:
         return {"data": ordered, "next": None}
     data = ordered[: page.limit]
     return {"data": data, "next": encode_cursor(key(data[-1]))}
+
+
+_FOREIGN = "cursor does not belong to this list; send the `next` value of the previous page"
+
+
+def keyset_page(load_page: Callable[[str | None, int | None], Sequence[dict]], page: PageParams) -> dict:
+    """:func:`paginate` by name of a list whose ``load_page(after, n)`` answers its items in name order (as Python
+    sorts), only those whose name is greater than ``after`` (None: from the first), at most ``n`` (None: all):
+    the page is chosen before its items are built. The same answers as :func:`paginate`, a foreign cursor's
+    refusal included (none when the list is empty)."""
+    after = None if page.cursor is None else decode_cursor(page.cursor)
+    if page.cursor is not None and not isinstance(after, str):  # paginate compares it with each name: TypeError
+        if load_page(None, 1):
+            raise InputError(_FOREIGN)
+        return {"data": [], "next": None}
+    items = list(load_page(after, None if page.limit is None else page.limit + 1))
+    if page.limit is None or len(items) <= page.limit:
+        return {"data": items, "next": None}
+    data = items[: page.limit]
+    return {"data": data, "next": encode_cursor(data[-1]["name"])}
 
 
 async def paged(load: Callable[[], Sequence[dict]], page: PageParams, key: Callable[[Any], Any] | None = None):
@@ -92,15 +115,20 @@ async def paged(load: Callable[[], Sequence[dict]], page: PageParams, key: Calla
     return FastJSONResponse(paginate(await run_in_threadpool(load), key or (lambda d: d["name"]), page))
 
 
-def list_route(router, path: str, *, name: str, summary: str, response_model, load: Callable[[Any], Sequence[dict]],
+def list_route(router, path: str, *, name: str, summary: str, response_model,
+               load: Callable[[Any], Sequence[dict]] | None = None,
+               load_page: Callable[[Any, str | None, int | None], Sequence[dict]] | None = None,
                ready: Callable[[Any], Awaitable[None]] | None = None):
     """Register ``GET path`` (read scope) answering one page, by name, of ``load(state)`` (the app state; run off
-    the event loop), after ``await ready(state)`` when given. ``name`` is the endpoint's name, hence its OpenAPI
-    operationId."""
+    the event loop), or of ``load_page(state, after, n)`` (:func:`keyset_page`), after ``await ready(state)`` when
+    given. ``name`` is the endpoint's name, hence its OpenAPI operationId."""
 
     async def endpoint(state: StateDep, page: Page):
         if ready is not None:
             await ready(state)
+        if load_page is not None:
+            return FastJSONResponse(await run_in_threadpool(
+                keyset_page, lambda after, n: load_page(state, after, n), page))
         return await paged(lambda: load(state), page)
 
     endpoint.__name__ = endpoint.__qualname__ = name

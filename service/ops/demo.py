@@ -167,7 +167,7 @@ def maybe_start_demo(state) -> str | None:
         if lock is None:
             state.demo_elsewhere = True
             return None
-        if state.registry.list_maps() or state.indexes.names():
+        if state.registry.list_maps(limit=1) or state.indexes.names():
             lock.close()
             return None
         if not DEMO_DATA.exists():

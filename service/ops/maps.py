@@ -582,7 +582,7 @@ def delete_space(registry, indexes, name: str):
 def describe_map(registry, resolve: Callable, ref: str) -> dict:
     """The map's summary (as in ``list_maps``) and the version ``ref`` resolves to (``resolved``)."""
     v = resolve(ref)
-    summary = next((m for m in registry.list_maps() if m["name"] == v.name), {})
+    summary = next(iter(registry.list_maps(name=v.name)), {})
     return {**summary, "resolved": v.to_dict()}
 
 

@@ -138,7 +138,8 @@ def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
     """Write every map and steer (or only the maps ``names``, no steers) with all versions, aliases, tags,
     spaces and artifacts. A ``.zip`` or a folder appears whole or not at all (written aside, then renamed); a
     folder must be new or empty (an export used to merge into whatever was there, the data dir included)."""
-    chosen = {"maps": [m for m in reg.list_maps() if names is None or m["name"] in names],
+    chosen = {"maps": reg.list_maps() if names is None else [m for n in sorted(set(names)) for m in
+                                                             reg.list_maps(name=n)],  # not every map's summary
               "steers": reg.list_steers() if names is None else []}
     if names is not None:
         missing = set(names) - {m["name"] for m in chosen["maps"]}

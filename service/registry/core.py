@@ -389,17 +389,22 @@ class Registry(SteerRegistryMixin):
         p = Path(v.report_path)
         return p if p.is_absolute() else (self.report_dir / p).resolve()
 
-    def list_maps(self) -> list[dict]:
+    def list_maps(self, *, after: str | None = None, limit: int | None = None, name: str | None = None) -> list[dict]:
         """One dict per map name: spaces, dims, latest live version, ``aliases`` {alias: version}, counts,
-        ``unreliable_versions`` and the ``path_version`` (see :meth:`find_path`)."""
+        ``unreliable_versions`` and the ``path_version`` (see :meth:`find_path`). In name order; only the names
+        after ``after``, the first ``limit``, or only ``name`` (:meth:`~.entity.VersionedStore.summaries`)."""
         with self.db.tx() as t:
-            out = self._maps.summaries(t)
-            for m in out:
-                live = self._maps.rows(t, m["name"], live=True, cols="version, metrics, method")
-                m["unreliable_versions"] = [int(r["version"]) for r in live
-                                            if not reliable(json.loads(r["metrics"] or "{}"), r["method"])]
-                edge = self._edge_version(t, m["name"], self.path_alias)
-                m["path_version"] = None if edge is None else edge[0].version
+            out = self._maps.summaries(t, after=after, limit=limit, name=name)
+            live: dict[str, list] = {}
+            for r in self._maps.among(t, [m["name"] for m in out], "SELECT name, version, metrics, method FROM "
+                                      "versions WHERE deleted = 0 AND {} ORDER BY name, version"):
+                live.setdefault(r["name"], []).append(r)
+        for m in out:  # _edge_version's answer, from the same rows: the live alias, else the newest reliable
+            ok = {int(r["version"]): reliable(json.loads(r["metrics"] or "{}"), r["method"])
+                  for r in live.get(m["name"], [])}
+            m["unreliable_versions"] = [v for v, good in ok.items() if not good]
+            pinned = m["aliases"].get(self.path_alias)
+            m["path_version"] = pinned if pinned in ok else max((v for v, good in ok.items() if good), default=None)
         return out
 
     # --- mutable annotations ----------------------------------------------------------------

@@ -136,6 +136,7 @@ class _Tx:
 class _Base:
     kind = "base"
     for_update = ""
+    byte_order = ""  # ORDER BY / compare a name in code-point order, as Python does (SQLite's default, BINARY)
     key_share = ""  # a row read this way cannot be deleted before the transaction ends (SQLite: one writer anyway)
 
     def __init__(self):
@@ -434,6 +435,7 @@ class PostgresDB(_Base):
 
     kind = "postgresql"
     for_update = " FOR UPDATE"
+    byte_order = ' COLLATE "C"'  # not the database's locale: a keyset page must agree with Python's sort
     key_share = " FOR KEY SHARE"
 
     def __init__(self, url: str, *, pool_size: int | None = None, statement_timeout_s: float | None = None):

@@ -49,6 +49,10 @@ __all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "art
            "package_version"]
 
 
+#: the most names :meth:`VersionedStore.among` lists in a statement (SQLite's oldest limit is 999 parameters)
+_AMONG = 500
+
+
 def now() -> str:
     """The current UTC time as ISO 8601 with microseconds (the registry's timestamps)."""
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
@@ -356,23 +360,48 @@ class VersionedStore:
         """The artifact of record ``v`` if it is in memory (see :meth:`load`), else None; reads nothing."""
         return self.cache.peek((self.kind.noun, v.artifact_sha256))
 
-    def summaries(self, t) -> list[dict]:
+    def summaries(self, t, *, after: str | None = None, limit: int | None = None,
+                  name: str | None = None) -> list[dict]:
         """One dict per name: its name-row columns, latest live version, ``aliases`` {alias: version}, counts, and
-        ``aliases_on_deleted``: the aliases left on a deleted version (they no longer resolve)."""
-        k, out = self.kind, []
-        for r in t.q(f"SELECT name, {', '.join(k.name_cols)}, created_at FROM {k.names} ORDER BY name"):
-            name = r["name"]
-            latest = t.one(f"SELECT MAX(version) AS v FROM {k.table} WHERE name = ? AND deleted = 0", (name,))["v"]
-            n = t.one(f"SELECT COUNT(*) AS n_all, SUM(1 - deleted) AS n_live FROM {k.table} WHERE name = ?", (name,))
-            rows = t.q(f"SELECT a.alias, a.version, v.deleted FROM {k.aliases} a LEFT JOIN {k.table} v ON v.name = a.name "
-                       "AND v.version = a.version WHERE a.name = ? ORDER BY a.alias", (name,))
-            aliases = {a["alias"]: int(a["version"]) for a in rows}
-            out.append({"name": name, **{c: r[c] for c in k.name_cols},
-                        "latest_version": None if latest is None else int(latest), "aliases": aliases,
+        ``aliases_on_deleted``: the aliases left on a deleted version (they no longer resolve).
+
+        In name order (code-point order, as Python sorts); only the names after ``after``, the first ``limit`` of
+        them, or only ``name``: a keyset page is chosen before its summaries are built, by four queries whatever
+        its size (one list of the whole registry per page cost a query or three per name)."""
+        k, order = self.kind, self.db.byte_order
+        where = [(f"name{order} > ?", after), ("name = ?", name)]
+        cond = [(c, a) for c, a in where if a is not None]
+        heads = t.q(f"SELECT name, {', '.join(k.name_cols)}, created_at FROM {k.names}"
+                    + (" WHERE " + " AND ".join(c for c, _ in cond) if cond else "") + f" ORDER BY name{order}"
+                    + ("" if limit is None else f" LIMIT {int(limit)}"), tuple(a for _, a in cond))
+        names = [r["name"] for r in heads]
+        counts = {r["name"]: r for r in self.among(
+            t, names, f"SELECT name, COUNT(*) AS n_all, SUM(1 - deleted) AS n_live, MAX(CASE WHEN deleted = 0 THEN "
+                      f"version END) AS latest FROM {k.table} WHERE {{}} GROUP BY name")}
+        aliases: dict[str, list] = {}
+        for a in self.among(t, names, f"SELECT a.name, a.alias, a.version, v.deleted FROM {k.aliases} a LEFT JOIN "
+                                      f"{k.table} v ON v.name = a.name AND v.version = a.version WHERE {{}} "
+                                      "ORDER BY a.name, a.alias", "a.name"):
+            aliases.setdefault(a["name"], []).append(a)
+        out = []
+        for r in heads:
+            n, rows = counts.get(r["name"]), aliases.get(r["name"], [])
+            latest = None if n is None else n["latest"]
+            out.append({"name": r["name"], **{c: r[c] for c in k.name_cols},
+                        "latest_version": None if latest is None else int(latest),
+                        "aliases": {a["alias"]: int(a["version"]) for a in rows},
                         "aliases_on_deleted": [a["alias"] for a in rows if a["deleted"]],
-                        "n_versions": int(n["n_all"]), "n_live_versions": int(n["n_live"] or 0),
-                        "created_at": r["created_at"]})
+                        "n_versions": 0 if n is None else int(n["n_all"]),
+                        "n_live_versions": 0 if n is None else int(n["n_live"] or 0), "created_at": r["created_at"]})
         return out
+
+    def among(self, t, names: list[str], sql: str, column: str = "name") -> list:
+        """The rows of ``sql`` (its ``{}`` a condition on ``column``) whose ``column`` is one of ``names``: the list
+        in the statement for a page, else every row (filtered here), which is cheaper than a long list."""
+        if len(names) <= _AMONG:
+            return t.q(sql.format(f"{column} IN ({', '.join('?' * len(names))})"), tuple(names)) if names else []
+        keep = set(names)
+        return [r for r in t.q(sql.format("1 = 1")) if r[column.split(".")[-1]] in keep]
 
     # --- mutable annotations ------------------------------------------------------------------
     def set_alias(self, name: str, alias: str, version: int, *, expected=None) -> Record:

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from align.metrics import top1_at
 
 __all__ = ["CHANCE_LEVEL", "SMALL_POOL", "SPLIT", "heldout_doubt", "judged", "quality_words", "reliable"]
@@ -82,16 +84,23 @@ def heldout_doubt(metrics: dict) -> str | None:
     n_q, m = _count(metrics.get("heldout_n_queries")) or n_c, max(_count(metrics.get("heldout_n_compared")), 1)
     if not 0.0 <= top1 <= 1.0 or n_c < 2 or n_q < 1:
         return None
-    from scipy.stats import binom
-
     hits = round(top1 * n_q)
-    if m * binom.sf(n_q - 1, n_q, 1.0 / n_c) > CHANCE_LEVEL:
+    if m * _at_chance(n_q - 1, n_q, n_c) > CHANCE_LEVEL:
         return (f"too few pairs to judge: finding all {n_q} held-out pairs among {n_c} could be chance for the "
                 f"best of {m} maps compared on them; give more pairs")
-    if m * binom.sf(hits - 1, n_q, 1.0 / n_c) > CHANCE_LEVEL:
+    if m * _at_chance(hits - 1, n_q, n_c) > CHANCE_LEVEL:
         return (f"top-1 on held-out pairs {top1:.4f} ({hits} of {n_q} among {n_c}) could be chance for the best "
                 f"of {m} maps compared on them")
     return None
+
+
+@lru_cache(maxsize=4096)
+def _at_chance(k: int, n_q: int, n_c: int) -> float:
+    """The chance of more than ``k`` hits among ``n_q`` queries at chance (each ``1 / n_c``): ``binom.sf``, remembered
+    (~0.2 ms a call; a list of maps judges every live version, most of them with the same few counts)."""
+    from scipy.stats import binom
+
+    return float(binom.sf(k, n_q, 1.0 / n_c))
 
 
 def reliable(metrics: dict | None, method: str | None) -> bool:

@@ -114,7 +114,7 @@ async def delete_space(name: NamePath, state: StateDep):
 
 # --- maps ---------------------------------------------------------------------------------------
 list_route(router, "/maps", name="list_maps", summary="List maps", response_model=MapList,
-           load=lambda state: state.registry.list_maps())
+           load_page=lambda state, after, limit: state.registry.list_maps(after=after, limit=limit))
 
 
 @router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)",

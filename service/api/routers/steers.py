@@ -70,7 +70,7 @@ def create_steer(body: bytes, request, state, settings):
 
 
 list_route(router, "/steers", name="list_steers", summary="List steers", response_model=SteerList,
-           load=lambda state: state.registry.list_steers())
+           load_page=lambda state, after, limit: state.registry.list_steers(after=after, limit=limit))
 
 
 @router.get("/steers/{ref}", dependencies=[ReadScope], summary="Get a steer version (name, name@alias, name:N)",

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from align.exceptions import InputError
-from service.api.pagination import PageParams, decode_cursor, encode_cursor, paginate
+from service.api.pagination import PageParams, decode_cursor, encode_cursor, keyset_page, paginate
 
 keys = st.one_of(st.text(max_size=12), st.integers(-10**6, 10**6),
                  st.tuples(st.floats(0, 2e9, allow_nan=False), st.text(max_size=6)))
@@ -53,3 +53,30 @@ def test_cursor_round_trip(k):
 def test_bad_cursor_is_an_input_error(bad):
     with pytest.raises(InputError):
         paginate([{"k": 1}, {"k": 2}], lambda d: d["k"], PageParams(limit=1, cursor=bad))
+
+
+@given(st.lists(st.text("aAb0-._>", min_size=1, max_size=4), unique=True, max_size=12),
+       st.one_of(st.none(), st.integers(1, 5)),
+       st.one_of(st.none(), st.builds(encode_cursor, st.one_of(st.text("aAb0-._>", max_size=4), st.none(),
+                                                             st.integers(-9, 9), st.lists(st.integers(-9, 9), max_size=2)))))
+def test_keyset_page_answers_as_paginate(names, limit, cursor):
+    """A route that picks its page first (keyset_page: GET /v1/maps, /v1/steers) answers what paginate did over the
+    whole list: the same items, cursors and refusals (a foreign cursor is refused unless the list is empty)."""
+    items = [{"name": n} for n in names]
+    loads = []
+
+    def load_page(after, n):
+        loads.append(n)
+        rest = sorted((it for it in items if after is None or it["name"] > after), key=lambda d: d["name"])
+        return rest if n is None else rest[:n]
+
+    page = PageParams(limit=limit, cursor=cursor)
+    try:
+        want = paginate(items, lambda d: d["name"], page)
+    except InputError as exc:
+        with pytest.raises(InputError, match=str(exc)[:20]):
+            keyset_page(load_page, page)
+        return
+    assert keyset_page(load_page, page) == want
+    if cursor is None or isinstance(decode_cursor(cursor), str):  # never more than the page, and one to tell `next`
+        assert loads == [None if limit is None else limit + 1]
