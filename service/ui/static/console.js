@@ -175,13 +175,22 @@ function page(extra) {
         if (!performance.getEntriesByName("vb-data").length) this.$nextTick(() => performance.mark("vb-data"));
       } catch (e) { this.error = VB.say(e); } finally { this.busy = false; }
     },
-    /* Pages that follow jobs (polling()) load again every second while the tab is visible. */
-    startPolling() { if (!this.timer) this.timer = setInterval(() => this.poll(), 1000); },
+    /* Pages that follow jobs (polling()) read what jobs change (follow(): all of load() unless a page says less)
+       every pollEvery() ms while the tab is visible: a second while a job runs. */
+    startPolling() {
+      const every = this.pollEvery();
+      if (this.timer && this.every === every) return;
+      clearInterval(this.timer);
+      this.every = every;
+      this.timer = setInterval(() => this.poll(), every);
+    },
     stopPolling() { clearInterval(this.timer); this.timer = null; },
+    pollEvery() { return 1000; },
+    follow() { return this.load(); },
     async poll() {
       if (!VB.canCall() || document.hidden) return;
-      try { await this.load(); this.error = ""; } catch (e) { this.error = VB.say(e); }  // a recovered poll clears it
-      if (!this.polling()) this.stopPolling();
+      try { await this.follow(); this.error = ""; } catch (e) { this.error = VB.say(e); }  // a recovered poll clears it
+      if (!this.polling()) this.stopPolling(); else if (this.timer) this.startPolling();  // a 401 stopped it: stays
     },
     live(j) { return j.state === "queued" || j.state === "running"; },  // a job that may still change
     /* The "nothing here yet" line under a table: only once a load finished without an error. */
@@ -332,8 +341,9 @@ function registryPage() {
         const v = await VB.api(`/v1/maps/${encodeURIComponent(this.selected)}/aliases/${encodeURIComponent(this.aliasName)}`,
           { method: "PUT", body: { version: n } });
         this.aliasMsg = `alias ${this.aliasName} now points at version ${v.version}`;
-        const keep = this.selected;
-        this.maps = (await VB.api("/v1/maps")).data;
+        const keep = this.selected;  // that map's summary again, not every map's
+        const { resolved, ...fresh } = await VB.api(`/v1/maps/${encodeURIComponent(keep)}`);
+        this.maps = this.maps.map(m => (m.name === keep ? fresh : m));
         await this.pick(keep); await this.show(n);
       } catch (e) { this.aliasMsg = VB.say(e); }
     },
@@ -350,6 +360,8 @@ function jobsPage() {
       this.startPolling();
     },
     polling() { return true; },
+    // up to 1,000 job records a poll: every second while one may change, else every 5 (a new job shows up then)
+    pollEvery() { return this.jobs.some(j => this.live(j)) ? 1000 : 5000; },
     eta(j) {  // the current stage's (the server's estimate); the fraction is the stage's, not the job's
       return this.live(j) ? j.progress.stage_eta_seconds ?? null : null;
     },
@@ -530,15 +542,18 @@ function migrationsPage() {
     jobs: [], indexes: [], maps: [], checkpoints: [],
     source: "", target: "", map: "", alias: "", dryRun: true, migMsg: "",
     async load() {
-      const [j, i, m, c] = await Promise.all([VB.api("/v1/jobs"), VB.api("/v1/indexes"), VB.api("/v1/maps"),
-                                              VB.api("/v1/migrations")]);
+      this.maps = (await VB.api("/v1/maps")).data || [];
+      if (!this.map && this.maps.length) this.map = this.maps[0].name;
+      await this.follow();
+    },
+    /* What a migration changes (jobs, checkpoints, indexes): every second while one runs (rows written / total), as
+       the jobs page does; the maps are read once a load (every map's summary each second was most of the cost). */
+    async follow() {
+      const [j, i, c] = await Promise.all([VB.api("/v1/jobs"), VB.api("/v1/indexes"), VB.api("/v1/migrations")]);
+      this.indexes = i.data;
       this.checkpoints = c.data || [];
       this.jobs = (j.data || []).filter(x => /migrat|verify/i.test(x.kind))
         .sort((a, b) => b.timings.created_at - a.timings.created_at);
-      this.indexes = i.data;
-      this.maps = m.data || [];
-      if (!this.map && this.maps.length) this.map = this.maps[0].name;
-      // while a migration runs, follow it (rows written / total) as the jobs page does
       if (this.polling()) this.startPolling();
     },
     polling() { return this.jobs.some(x => this.live(x)); },
