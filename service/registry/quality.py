@@ -3,7 +3,9 @@
 - :func:`judged` — ``(kind, score, source, measured, pool)``: kind 2 a held-out top-1 put on a pool of 1,000
   candidates (:func:`align.metrics.top1_at`, given how many queries it was measured on, so a perfect score on a
   handful is not read as certainty; an ``eval --record`` figure first, else the fit's own), kind 1 a
-  training top-1, kind 0 none; ``measured`` / ``pool``: the held-out figure as measured and its pool size.
+  training top-1 (a figure outside [0, 1], NaN included, is none: paths multiply scores, and a NaN or
+  negative one made the best chain depend on the order chains were compared in), kind 0 none;
+  ``measured`` / ``pool``: the held-out figure as measured and its pool size.
 - :func:`reliable` — the fit's verdict, with its held-out hits judged again (:func:`heldout_doubt`): a record
   written before that test (2026-12-05) kept "reliable" for a map of shuffled pairs, and stayed a path.
 - :func:`quality_words` — that figure in words, with the measured one beside it when the pool was small: put on
@@ -42,8 +44,9 @@ def judged(v) -> tuple[int, float, str, float | None, int]:
             continue
         pool, queries = _count(pool), _count(queries)  # no query count (older records): the pool's, the fewest
         return 2, top1_at(top1, pool, n_queries=queries or None) if pool > 1 else top1, source, top1, pool
-    if isinstance(m.get("train_top1"), (int, float)):
-        return 1, float(m["train_top1"]), "train", None, 0
+    train = m.get("train_top1")
+    if isinstance(train, (int, float)) and 0.0 <= train <= 1.0:  # NaN or out of range: no figure, as above
+        return 1, float(train), "train", None, 0
     return 0, 0.0, "none", None, 0
 
 

@@ -81,6 +81,20 @@ def test_without_alias_the_best_held_out_figure_wins_not_name_order(tmp_path, pa
     assert reg.find_path("old", "new")[0].name == "b-good"
 
 
+def test_a_training_figure_outside_0_1_ranks_as_none(tmp_path, pairs):
+    """A hand-written ``train_top1`` of 7 outranked a real 0.9, and NaN or a negative figure made the chosen path
+    depend on the order maps were compared in; like held-out figures, they now count as no figure."""
+    X, Y, _ = pairs
+    reg = registry(tmp_path, X, Y)
+    good, bad = good_and_bad(X, Y)
+    for name, top1 in (("a-seven", 7.0), ("b-nan", float("nan")), ("c-negative", -1.0), ("d-real", 0.9)):
+        reg.register_version(name, bad if top1 != 0.9 else good, source_space="old", target_space="new",
+                             method="procrustes", params={}, metrics={"train_top1": top1})
+    assert [reg.quality(v)[0] for v in reg.list_versions("a-seven") + reg.list_versions("c-negative")] == [0, 0]
+    assert reg.quality_source(reg.list_versions("b-nan")[0]) == "none"
+    assert reg.find_path("old", "new")[0].name == "d-real"
+
+
 def test_unreliable_versions_are_never_chosen(tmp_path, pairs):
     X, Y, _ = pairs
     reg = registry(tmp_path, X, Y)
