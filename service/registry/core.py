@@ -41,6 +41,7 @@ from .names import (
     check_text,
     parse_ref,
 )
+from .paths import best_longer_chain, edge_versions
 from .quality import judged, quality_words, reliable
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
@@ -517,14 +518,7 @@ class Registry(SteerRegistryMixin):
         """Every map's path version from ``source_space`` straight to ``target_space``, best first (see find_path)."""
         alias = alias or self.path_alias
         with self.db.tx() as t:
-            cands = []
-            for r in t.q("SELECT name FROM maps WHERE source_space = ? AND target_space = ?",
-                         (source_space, target_space)):
-                e = self._edge_version(t, r["name"], alias)
-                if e is not None:
-                    cands.append(e)
-        cands.sort(key=lambda e: (e[1], self.quality(e[0]), e[0].created_at, e[0].name), reverse=True)
-        return [v for v, _ in cands]
+            return edge_versions(self, t, alias, (source_space, target_space)).get((source_space, target_space), [])
 
     def find_path(self, source_space: str, target_space: str, alias: str | None = None) -> list[VersionInfo]:
         """The chain of maps from ``source_space`` to ``target_space``: the shortest (breadth-first over spaces),
@@ -539,6 +533,9 @@ class Registry(SteerRegistryMixin):
         :meth:`quality`: the best held-out top-1 on a common pool (a recorded ``eval.top1``, else the fit's
         own), the training top-1; the newest.
         Never name order. Same space: ``[]``. No chain: NotFoundError.
+        The versions are read in one transaction (:func:`.paths.edge_versions`) and the longer chain is found
+        without listing chains (:func:`.paths.best_longer_chain`): listing them took 17 s through 12 layers of 4
+        model variants (4^12 chains).
         """
         alias = alias or self.path_alias
         check_name(source_space, "source space")
@@ -549,12 +546,10 @@ class Registry(SteerRegistryMixin):
                     raise NotFoundError(f"unknown space {s!r}")
             if source_space == target_space:
                 return []
-            pairs = t.q("SELECT DISTINCT source_space, target_space FROM maps")
+            edges = edge_versions(self, t, pin := alias or self.PATH_ALIAS)
         best: dict[str, list[VersionInfo]] = {}
-        for p in pairs:
-            cands = self.path_candidates(p["source_space"], p["target_space"], alias)
-            if cands:
-                best.setdefault(p["source_space"], []).append(cands[0])
+        for (source, _), cands in edges.items():
+            best.setdefault(source, []).append(cands[0])
         prev: dict[str, VersionInfo | None] = {source_space: None}
         queue = deque([source_space])
         while queue:
@@ -570,8 +565,9 @@ class Registry(SteerRegistryMixin):
                         chain.append(prev[node])
                         node = prev[node].source_space
                     chain = chain[::-1]
-                    longer = _chains(best, source_space, target_space, len(chain) + 1)
-                    return max([chain, *longer],  # the first of equals: the shortest
+                    longer = best_longer_chain(best, source_space, target_space, len(chain) + 1,
+                                               lambda v: (pin in (v.aliases or []), *self.quality(v)))
+                    return max([chain, *([longer] if longer else [])],  # the first of equals: the shortest
                                key=lambda c: self.chain_quality(c, alias))
                 queue.append(v.target_space)
         raise NotFoundError(f"no chain of maps leads from space {source_space!r} to {target_space!r} "
@@ -612,24 +608,6 @@ class Registry(SteerRegistryMixin):
 def open_registry(url: str, artifact_dir, **kw) -> Registry:
     """Open (creating if needed) the registry at ``url`` with artifacts under ``artifact_dir``."""
     return Registry(url, artifact_dir, **kw)
-
-
-def _chains(best: dict[str, list[VersionInfo]], source: str, target: str, hops: int) -> list[list[VersionInfo]]:
-    """Every chain of exactly ``hops`` maps from ``source`` to ``target`` through distinct spaces, over ``best``
-    (space -> its best map to each next space), in order of the spaces passed."""
-    out: list[list[VersionInfo]] = []
-
-    def walk(space: str, chain: list[VersionInfo], seen: set[str]) -> None:
-        if len(chain) == hops:
-            if space == target:
-                out.append(chain)
-            return
-        for v in sorted(best.get(space, []), key=lambda v: v.target_space):
-            if v.target_space not in seen and (v.target_space != target or len(chain) + 1 == hops):
-                walk(v.target_space, [*chain, v], seen | {v.target_space})
-
-    walk(source, [], {source})
-    return out
 
 
 def _chain_key(chain: list[VersionInfo]) -> tuple:
