@@ -546,7 +546,7 @@ class Registry(SteerRegistryMixin):
                     raise NotFoundError(f"unknown space {s!r}")
             if source_space == target_space:
                 return []
-            edges = edge_versions(self, t, pin := alias or self.PATH_ALIAS)
+            edges = edge_versions(self, t, pin := alias)
         best: dict[str, list[VersionInfo]] = {}
         for (source, _), cands in edges.items():
             best.setdefault(source, []).append(cands[0])
