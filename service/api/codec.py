@@ -309,8 +309,9 @@ def check_query(params, allowed: tuple[str, ...]) -> None:
     seen = set()
     for key, _ in params:
         if key not in allowed:
+            takes = ", ".join(allowed) if allowed else "none: its options go in the JSON body"
             problems[key] = {"loc": ["query", key], "type": "extra_forbidden",
-                             "msg": f"unknown query parameter (this route takes {', '.join(allowed)})"}
+                             "msg": f"unknown query parameter (this route takes {takes})"}
         elif key in seen:
             problems[key] = {"loc": ["query", key], "type": "repeated", "msg": "given more than once; send it once"}
         seen.add(key)

@@ -121,8 +121,8 @@ def _inline(state, m, nbytes: int) -> bool:
 
 async def _search(state, settings, params: dict, headers: dict, body: bytes, qs: bytes, request: Request):
     ct = _text(headers.get(b"content-type"))
-    if (ct or JSON).split(";")[0].strip().lower() != JSON:
-        return None  # the route's 415
+    if qs or (ct or JSON).split(";")[0].strip().lower() != JSON:
+        return None  # the route's 422 (it takes no query string) or 415
     idx = state.indexes.in_memory(params["name"]) if len(body) <= INLINE_MAX_BYTES else None
     if idx is not None:  # on the event loop when small and all in memory: no lock wait, no load, no query
         try:

@@ -21,7 +21,7 @@ from align.exceptions import DimensionMismatchError, InputError
 from ...indexes import SpaceIndex
 from ...limits import seed_of
 from ...ops import indexes as index_ops
-from ..codec import JSON, parse_options, parse_rows, texts_instead, vectors_from_json
+from ..codec import JSON, check_query, parse_options, parse_rows, texts_instead, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..name_types import IndexNamePath
 from ..openapi import examples, json_body
@@ -138,6 +138,7 @@ async def delete_vectors(name: IndexNamePath,
              description=SEARCH_DOC, openapi_extra=json_body(SearchRequest, "search"), response_model=SearchResponse,
              responses=error_responses(413, 415))
 async def search(name: IndexNamePath, request: Request, state: StateDep, settings: SettingsDep):
+    check_query(request.query_params.multi_items(), ())  # ?k=5 was dropped silently: k=10 answered
     body = await request.body()
     await state.after_loads(name)
     found, response = await state.heavy.hop(lambda: search_call(state, settings, state.indexes.get(name), body),

@@ -110,6 +110,18 @@ def test_the_transform_query_string_is_read_whole_not_in_part(world):
     np.testing.assert_allclose(np.frombuffer(r.content, "<f4").reshape(3, 16), frame, atol=1e-5)
 
 
+def test_the_search_route_refuses_a_query_string_it_would_ignore(world):
+    """``POST /v1/indexes/docs/search?k=2`` answered 10 hits (the body's default k): the route takes no query
+    parameters and dropped them unread. It is a 422 naming the parameter, on the fast path and the route alike."""
+    c, _, d = world
+    for rows in (d["Y"][:1], np.tile(d["Y"][:1], (200, 1))):  # a fast-path body, and one of over 16 KiB
+        err = _invalid(c.post("/v1/indexes/docs/search?k=2", json={"vectors": rows.tolist()}, headers=R),
+                       ["query", "k"], "query.k")
+        assert "this route takes none: its options go in the JSON body" in err["message"], err
+    r = c.post("/v1/indexes/docs/search", json={"vectors": d["Y"][:1].tolist(), "k": 2}, headers=R)
+    assert r.status_code == 200 and len(r.json()["results"][0]) == 2, r.text
+
+
 def test_a_slash_written_as_percent_2f_in_the_path_is_refused_not_routed(world):
     """Starlette routes on the decoded path: ``GET /v1/maps/a2b%2Fversions`` answered a2b's versions (200) and
     ``POST /v1/maps/a2b%2Ftransform`` transformed, where the name ``a2b/versions`` should have been refused (README:
