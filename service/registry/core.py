@@ -41,7 +41,7 @@ from .names import (
     check_text,
     parse_ref,
 )
-from .paths import best_longer_chain, edge_versions
+from .paths import best_longer_chain, edge_versions, path_choice
 from .quality import judged, quality_words, reliable
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
@@ -400,12 +400,12 @@ class Registry(SteerRegistryMixin):
             for r in self._maps.among(t, [m["name"] for m in out], "SELECT name, version, metrics, method FROM "
                                       "versions WHERE deleted = 0 AND {} ORDER BY name, version"):
                 live.setdefault(r["name"], []).append(r)
-        for m in out:  # _edge_version's answer, from the same rows: the live alias, else the newest reliable
+        for m in out:  # find_path's rule (paths.path_choice) on the same rows: the live alias, else newest reliable
             ok = {int(r["version"]): reliable(json.loads(r["metrics"] or "{}"), r["method"])
                   for r in live.get(m["name"], [])}
             m["unreliable_versions"] = [v for v, good in ok.items() if not good]
-            pinned = m["aliases"].get(self.path_alias)
-            m["path_version"] = pinned if pinned in ok else max((v for v, good in ok.items() if good), default=None)
+            edge = path_choice(m["aliases"].get(self.path_alias), sorted(ok, reverse=True), int, ok.__getitem__)
+            m["path_version"] = None if edge is None else edge[0]
         return out
 
     # --- mutable annotations ----------------------------------------------------------------
@@ -501,18 +501,6 @@ class Registry(SteerRegistryMixin):
     def _judged(v: VersionInfo) -> tuple[int, float, str]:
         """``(kind, score, source)`` of :meth:`quality` and :meth:`quality_source`, read once."""
         return judged(v)[:3]
-
-    def _edge_version(self, t, name: str, alias: str) -> tuple[VersionInfo, bool] | None:
-        """The version a map contributes to paths: its live ``alias`` version (pinned, True) if any, else
-        its newest live version that is not flagged unreliable (False); None when it has neither."""
-        pinned = self._maps.live_alias(t, name, alias)
-        if pinned is not None:
-            return self._maps.get_in(t, name, pinned), True
-        for row in self._maps.rows(t, name, live=True, newest_first=True):
-            v = self._maps.decode(t, row)
-            if self.is_reliable(v):
-                return v, False
-        return None
 
     def path_candidates(self, source_space: str, target_space: str, alias: str | None = None) -> list[VersionInfo]:
         """Every map's path version from ``source_space`` straight to ``target_space``, best first (see find_path)."""

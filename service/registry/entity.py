@@ -368,6 +368,10 @@ class VersionedStore:
         In name order (code-point order, as Python sorts); only the names after ``after``, the first ``limit`` of
         them, or only ``name``: a keyset page is chosen before its summaries are built, by four queries whatever
         its size (one list of the whole registry per page cost a query or three per name)."""
+        if name is not None and "\x00" in name:
+            return []  # no name holds NUL (PostgreSQL refuses it in a text parameter: a 500)
+        if after is not None:  # a crafted cursor: names after "a\x00b" are the names after "a" (none holds NUL)
+            after = after.split("\x00", 1)[0]
         k, order = self.kind, self.db.byte_order
         where = [(f"name{order} > ?", after), ("name = ?", name)]
         cond = [(c, a) for c, a in where if a is not None]

@@ -15,10 +15,23 @@ from itertools import groupby
 
 from .models import VersionInfo, columns, from_row
 
-__all__ = ["best_longer_chain", "edge_versions"]
+__all__ = ["best_longer_chain", "edge_versions", "path_choice"]
 
 #: ``(every map pinned, lowest kind)`` of a chain, best first: the head of :meth:`Registry.chain_quality`
 _CATEGORIES = ((True, 2), (True, 1), (True, 0), (False, 2), (False, 1), (False, 0))
+
+
+def path_choice(pinned: int | None, newest_first: Iterable, version: Callable[[object], int],
+                ok: Callable[[object], bool]) -> tuple[object, bool] | None:
+    """The version a map contributes to paths, of its live versions ``newest_first``: the ``pinned`` one (the path
+    alias's; True) when it is among them, else the newest that is ``ok`` (reliable; False); None when neither.
+    The one rule behind :func:`edge_versions` (paths) and ``path_version`` (:meth:`Registry.list_maps`)."""
+    items = list(newest_first)
+    if pinned is not None:
+        for item in items:
+            if version(item) == pinned:
+                return item, True
+    return next(((item, False) for item in items if ok(item)), None)
 
 
 def edge_versions(reg, t, alias: str, pair: tuple[str, str] | None = None) -> dict[tuple[str, str], list]:
@@ -48,16 +61,8 @@ def edge_versions(reg, t, alias: str, pair: tuple[str, str] | None = None) -> di
         return from_row(VersionInfo, row, aliases=aliases.get(key, []), tags=tags.get(key, {}))
 
     out: dict[tuple[str, str], list] = {}
-    for name, group in groupby(rows, key=lambda r: r["name"]):
-        edge = None
-        for row in group:  # newest first
-            if name in pins:
-                if int(row["version"]) == pins[name]:
-                    edge = decode(row), True
-                    break
-            elif reg.is_reliable(v := decode(row)):
-                edge = v, False
-                break
+    for name, group in groupby(rows, key=lambda r: r["name"]):  # newest first
+        edge = path_choice(pins.get(name), map(decode, group), lambda v: v.version, reg.is_reliable)
         if edge is not None:
             out.setdefault((edge[0].source_space, edge[0].target_space), []).append(edge)
     return {p: [v for v, _ in sorted(c, key=lambda e: (e[1], reg.quality(e[0]), e[0].created_at, e[0].name),

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
             return 0
         registry = None
         if args.registry:
-            registry = open_registry(args.registry, args.artifact_dir)
+            registry = open_registry(args.registry, args.artifact_dir, path_alias=settings.path_alias)
 
         def progress(p):
             print(json.dumps(progress_record(p)), flush=True)

@@ -57,8 +57,8 @@ def test_bad_cursor_is_an_input_error(bad):
 
 @given(st.lists(st.text("aAb0-._>", min_size=1, max_size=4), unique=True, max_size=12),
        st.one_of(st.none(), st.integers(1, 5)),
-       st.one_of(st.none(), st.builds(encode_cursor, st.one_of(st.text("aAb0-._>", max_size=4), st.none(),
-                                                             st.integers(-9, 9), st.lists(st.integers(-9, 9), max_size=2)))))
+       st.one_of(st.none(), st.builds(encode_cursor, st.one_of(
+           st.text("aAb0-._>", max_size=4), st.none(), st.integers(-9, 9), st.lists(st.integers(-9, 9), max_size=2)))))
 def test_keyset_page_answers_as_paginate(names, limit, cursor):
     """A route that picks its page first (keyset_page: GET /v1/maps, /v1/steers) answers what paginate did over the
     whole list: the same items, cursors and refusals (a foreign cursor is refused unless the list is empty)."""

@@ -469,6 +469,17 @@ def test_a_space_is_deleted_only_while_nothing_is_in_it(reg):
     assert reg.register_space("e5-smal", 768).dim == 768  # the name is free again, at any width
 
 
+def test_a_page_after_a_cursor_holding_nul_is_the_page_after_its_prefix(reg):
+    """A crafted page cursor holding NUL went to SQL as is: PostgreSQL refuses NUL in a text parameter, so
+    ``GET /v1/maps?cursor=...`` answered 500 (SQLite and the older Python paging, 200). No name holds NUL, so the
+    names after ``"a->b\\x00zz"`` are those after ``"a->b"``; a name asked for with NUL is no name."""
+    for name in ("a->b", "b->c", "c->d"):
+        register(reg, name)
+    assert [m["name"] for m in reg.list_maps(after="a->b\x00zz")] == ["b->c", "c->d"]
+    assert [m["name"] for m in reg.list_maps(after="\x00", limit=1)] == ["a->b"]
+    assert reg.list_maps(name="a->b\x00") == []
+
+
 def test_find_path_and_compose(reg):
     ab = register(reg, "a->b", seed=1)
     register(reg, "b->c", seed=2, src="b", tgt="c")

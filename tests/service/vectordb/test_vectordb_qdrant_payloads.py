@@ -60,3 +60,50 @@ def test_a_multivector_collection_is_refused_before_anything_is_written(store):
     with pytest.raises(UnsupportedFieldError, match="multivector"):
         migrate(store, "mv", "mv_dst", m)
     assert not store.exists("mv_dst")  # before: created, then "expected a 2-D array ... 3-D shape (3, 2, 24)"
+
+
+@pytest.mark.parametrize("path_alias", [None, "stable"])
+def test_the_migrate_command_reads_a_bare_map_name_by_the_path_alias_setting(path_alias, tmp_path, monkeypatch,
+                                                                              capsys):
+    """``python -m service.vectordb migrate --map m --registry URL`` opened the registry with the default alias
+    (``prod``) while search, transform and ``vecbridge`` follow ``VECBRIDGE_PATH_ALIAS``: with ``stable`` set, the
+    collection was migrated through another version than searches use."""
+    import numpy as np
+    from qdrant_client import models
+
+    import align
+    from service.config import get_settings
+    from service.registry import open_registry
+    from service.vectordb import open_store
+    from service.vectordb.__main__ import main as vectordb_main
+
+    X, stable = small_migration()
+    rng = np.random.default_rng(7)
+    prod = align.fit_procrustes(X, (X @ np.linalg.qr(rng.normal(size=(24, 24)))[0][:, :16]).astype(np.float32))
+    url, art = f"sqlite:///{tmp_path / 'r.sqlite'}", tmp_path / "art"
+    reg = open_registry(url, art)
+    reg.register_version("m", stable, source_space="a", target_space="b", method="procrustes", params={},
+                         alias="stable")
+    reg.register_version("m", prod, source_space="a", target_space="b", method="procrustes", params={}, alias="prod")
+    reg.close()
+    store = open_store(f"qdrant://{tmp_path}/q")
+    store.create("src", 24)
+    store.client.upsert("src", points=models.Batch(ids=list(range(6)), vectors=X[:6].tolist()), wait=True)
+    store.close()
+    if path_alias:
+        monkeypatch.setenv("VECBRIDGE_PATH_ALIAS", path_alias)
+    get_settings.cache_clear()  # the command reads the environment once per process
+    try:
+        rc = vectordb_main(["migrate", "--store", f"qdrant://{tmp_path}/q", "--source", "src", "--target", "dst",
+                            "--map", "m", "--registry", url, "--artifact-dir", str(art),
+                            "--checkpoint", str(tmp_path / "ck.json")])
+    finally:
+        get_settings.cache_clear()
+    assert rc == 0, capsys.readouterr().err
+    store = open_store(f"qdrant://{tmp_path}/q")
+    try:
+        got = store.fetch("dst", list(range(6))).vectors
+    finally:
+        store.close()
+    want = (stable if path_alias else prod).apply(X[:6])
+    np.testing.assert_allclose(got, want, atol=1e-5)
