@@ -26,12 +26,9 @@ releases; flat and HNSW) and one newer than :data:`CHECKED_FAISS` are read as be
 from __future__ import annotations
 
 import ctypes
-import errno
 import mmap
 import os
 import sys
-import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -40,8 +37,8 @@ import numpy as np
 
 from ..memory import trim_heap
 
-__all__ = ["CHECKED_FAISS", "HUGE_ROWS_MIN", "IVF_ROOM", "MAPPED_READ", "give_lists_room", "huge_rows", "ivf_room",
-           "list_room", "read_with_room"]
+__all__ = ["CHECKED_FAISS", "IVF_ROOM", "MAPPED_READ", "give_lists_room", "ivf_room", "list_room",
+           "read_with_room"]
 
 #: The newest FAISS whose ``MaybeOwnedVector`` internals (``owned_data`` swapped in, ``resize`` re-pointing the view)
 #: and ``ArrayInvertedLists`` internals (``get_codes`` / ``get_ids`` pointing at each list's vectors, which ``resize``
@@ -61,15 +58,6 @@ MAPPED_READ = (sys.platform.startswith("linux") and hasattr(faiss, "ZeroCopyIORe
                and hasattr(faiss, "MaybeOwnedVectorUInt8") and _faiss_version() <= CHECKED_FAISS)
 _COPY_BYTES = 4 << 20  # copied (and released from the source) per step
 _MADV_DONTNEED = 4  # Linux
-_MADV_COLLAPSE = 25  # Linux 6.1+: back a range with transparent huge pages now (EINVAL before)
-_HUGE = 2 << 20
-#: Rows (bytes) from which a flat or HNSW index's rows are backed by huge pages (:func:`huge_rows`): below this
-#: a scan's 4 KiB pages fit the TLB
-HUGE_ROWS_MIN = 4 << 20
-_huge_lock = threading.Lock()
-#: index -> (start of its rows buffer, end of the part already collapsed); an entry goes with its index
-_huge_done: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_huge_off = not sys.platform.startswith("linux")
 _PAGE = mmap.PAGESIZE
 _madvise: Any = None
 #: Whether IVF lists get room at load (:func:`give_lists_room`): Linux (``madvise``) and a checked FAISS.
@@ -82,50 +70,14 @@ def _release(ptr: int, nbytes: int) -> None:
     Anonymous memory reads back as zeros afterwards; a file mapping reads the file again. Only for memory
     whose contents are no longer needed.
     """
-    lo, hi = -(-ptr // _PAGE) * _PAGE, (ptr + nbytes) // _PAGE * _PAGE
-    if hi > lo:
-        _advise(lo, hi - lo, _MADV_DONTNEED)  # advice only: a refusal leaves the pages where they are
-
-
-def _advise(ptr: int, nbytes: int, advice: int) -> int:
-    """``madvise(ptr, nbytes, advice)``: 0, or the errno of a refusal."""
     global _madvise
+    lo, hi = -(-ptr // _PAGE) * _PAGE, (ptr + nbytes) // _PAGE * _PAGE
+    if hi <= lo:
+        return
     if _madvise is None:
         _madvise = ctypes.CDLL(None, use_errno=True).madvise
         _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return ctypes.get_errno() if _madvise(ptr, nbytes, advice) else 0
-
-
-def huge_rows(index, kind: str) -> None:
-    """Back the rows of a flat (or HNSW's flat storage) ``IndexIDMap2`` with transparent huge pages (Linux).
-
-    A search of a flat index reads every row: 8,192 x 384 rows are 12 MiB, 3,072 pages of 4 KiB, more than the
-    TLB holds, so a batch-1 search walked the page table for most of them; backed by 2 MiB pages it took ~20 %
-    less CPU (0.24 -> 0.19 ms here). Whether FAISS's buffer had huge pages was chance (a heap range numpy had once
-    advised). ``MADV_COLLAPSE`` (Linux 6.1+; ~0.5 ms per MiB, once) makes them now, for the whole 2 MiB pages
-    inside the rows; only the part not collapsed before (an add that kept the buffer) is asked again. Advice only:
-    a refusal (older kernel, THP off, no memory to compact) leaves the pages as they were. Caller holds the
-    index's write side (or owns it alone)."""
-    global _huge_off
-    if _huge_off or kind not in ("flat", "hnsw") or not isinstance(index, faiss.IndexIDMap2):
-        return
-    inner = faiss.downcast_index(index.index)
-    flat = faiss.downcast_index(inner.storage) if kind == "hnsw" and hasattr(inner, "storage") else inner
-    codes = getattr(flat, "codes", None) if isinstance(flat, faiss.IndexFlat) else None
-    if codes is None or not getattr(codes, "is_owned", True) or int(codes.size()) < HUGE_ROWS_MIN:
-        return  # a view of a mapped file is the page cache's, not ours to collapse
-    ptr, size = int(codes.data()), int(codes.size())
-    with _huge_lock:
-        start, done = _huge_done.get(index, (None, 0))
-        lo = -(-(done if start == ptr else ptr) // _HUGE) * _HUGE  # a buffer moved (grown) is collapsed anew
-        hi = (ptr + size) // _HUGE * _HUGE
-        if hi <= lo:
-            return
-        err = _advise(lo, hi - lo, _MADV_COLLAPSE)
-        if err == errno.EINVAL:  # a kernel without MADV_COLLAPSE (or THP "never"): not again
-            _huge_off = True
-        elif not err:  # else (no memory to compact now) asked again at the next change
-            _huge_done[index] = (ptr, hi)
+    _madvise(lo, hi - lo, _MADV_DONTNEED)  # advice only: a refusal leaves the pages where they are
 
 
 def _with_room(make, src, n: int, capacity: int, dtype) -> Any:

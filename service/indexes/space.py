@@ -94,7 +94,7 @@ from .persist import (
     uid_of,
     write_generation,
 )
-from .room import huge_rows, ivf_room
+from .room import ivf_room
 
 __all__ = ["SpaceIndex", "IndexInfo", "SMALL_SEARCH_WORK"]
 
@@ -377,7 +377,6 @@ class SpaceIndex:
     def _changed(self, updated_at: float | None = None) -> None:
         self.updated_at, self._changes = time.time() if updated_at is None else updated_at, self._changes + 1
         self._hubs.clear()
-        huge_rows(self.index, self.kind)  # rows in 2 MiB pages: a flat scan walks the page table less (.room)
 
     # --- search -----------------------------------------------------------------------------
     def search(self, Q, k: int = 10, *, exact: bool = False, ef_search: int | None = None,
@@ -477,7 +476,8 @@ class SpaceIndex:
 
         Input and conflict errors are raised before anything changes, so they keep the copy, unless
         ``changed`` (a change of several blocks: an earlier block is in memory already). ``locked``: the caller
-        holds the write side (else the persisted state is read without it and swapped in under it)."""
+        holds the write side (else the persisted state is read without it and swapped in under it).
+        """
         try:
             yield
         except (InputError, IndexConflictError):
