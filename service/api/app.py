@@ -39,6 +39,7 @@ from .deps import current_settings
 from .fastpath import FastPathMiddleware
 from .middleware import LOOPBACK_HOSTS, GuardMiddleware, ObserveMiddleware, accepted_hosts
 from .responses import FastJSONResponse
+from .routing import with_head
 from .routers import collections, embeddings, fits, indexes, jobs, lm, maps, migrations, ops, plans, steers
 from .state import AppState, freeze_heap
 
@@ -135,7 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     routers = (ops.router, maps.router, indexes.router, fits.router, jobs.router, embeddings.router, steers.router,
                lm.router, plans.router, migrations.router, collections.router)
     for r in routers:
-        app.include_router(r)  # each router carries its own prefix (route templates label metrics)
+        app.include_router(with_head(r))  # each carries its prefix (templates label metrics); HEAD twins of GETs
     mount_console(app)  # /ui console and /docs, from vendored assets (no CDN)
     _document_limits(app, s)
     app.add_middleware(FastPathMiddleware)  # inside the guard: small transform / search requests, see fastpath.py

@@ -1,5 +1,6 @@
-"""The route class of the routers whose routes take a pydantic body model (spaces, aliases, tags, index
-deletes, embeddings, steer transfers).
+"""How the routers' routes are built: :class:`CodecRoute`, the route class of the routers whose routes take a
+pydantic body model (spaces, aliases, tags, index deletes, embeddings, steer transfers); :func:`with_head`, the HEAD
+twin of every GET route.
 
 FastAPI reads and parses such a body itself, before any dependency runs: with ``json.loads``, which
 takes ``NaN``, ``Infinity`` and lone surrogates (``"\\ud800"``) that no other route accepts and that
@@ -12,6 +13,9 @@ and answers the service's own errors raised while reading the body as themselves
 
 from __future__ import annotations
 
+import copy
+
+from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -20,7 +24,7 @@ from align.exceptions import VecbridgeError
 
 from .codec import parse_json
 
-__all__ = ["CodecRoute"]
+__all__ = ["CodecRoute", "with_head"]
 
 
 class _CodecRequest(Request):
@@ -46,3 +50,23 @@ class CodecRoute(APIRoute):
                 raise
 
         return route_handler
+
+
+def with_head(router: APIRouter) -> APIRouter:
+    """``router``, with a ``HEAD`` route beside each of its ``GET`` routes that has none (once: the routers are
+    module singletons and an app is built per test); returned for ``include_router``.
+
+    FastAPI adds no HEAD to a GET route, so ``HEAD`` of an artifact, a record or ``/v1/info`` was a 405 (allow: GET)
+    where RFC 9110 9.1 asks every general-purpose server for HEAD, and caches and monitors probe ETags with it. The
+    twin is the GET route itself (same endpoint, dependencies and key scope, so the guard checks the key alike, and
+    the same status and headers: ``Content-Length``, ``ETag``, a 304 on ``If-None-Match``); the server sends no body
+    for a HEAD. It stays out of the OpenAPI document (one operation per GET, not two); a 405's ``Allow`` names it.
+    """
+    have = {r.path for r in router.routes if isinstance(r, APIRoute) and "HEAD" in r.methods}
+    for route in list(router.routes):
+        if isinstance(route, APIRoute) and "GET" in route.methods and route.path not in have:
+            head = copy.copy(route)  # shares the endpoint, dependant and handler: only the method differs
+            head.methods, head.include_in_schema = {"HEAD"}, False
+            router.routes.append(head)
+            have.add(route.path)
+    return router

@@ -99,5 +99,7 @@ async def swagger_ui() -> HTMLResponse:
 
 def mount_console(app: FastAPI) -> None:
     """Add ``/ui``, ``/ui/static`` and a local ``/docs`` to ``app`` (built with ``docs_url=None``)."""
-    app.include_router(router)
+    from ..api.routing import with_head  # HEAD of every page, as of every API route
+
+    app.include_router(with_head(router))
     app.mount("/ui/static", StaticFiles(directory=str(STATIC_DIR)), name="ui-static")

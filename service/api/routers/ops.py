@@ -52,10 +52,7 @@ async def readyz(request: Request):
                             status_code=200 if ok else 503)
 
 
-# HEAD of the probes (load balancers and monitors probe with it; FastAPI adds no HEAD to a GET route, so they got
-# 405): the GET's status and headers, no body; kept out of the OpenAPI document
-router.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
-router.add_api_route("/readyz", readyz, methods=["HEAD"], include_in_schema=False)
+# HEAD of the probes (load balancers and monitors probe with it), as of every GET route: service.api.routing.with_head
 
 
 async def _indexes_check(state, loaded: bool) -> dict:

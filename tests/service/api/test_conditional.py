@@ -266,3 +266,40 @@ def test_the_probes_answer_head_over_real_http(served):
         finally:
             conn.close()
         assert set(c.get("/openapi.json").json()["paths"][path]) == {"get"}
+
+
+def _raw_head(url: str, path: str, headers: dict) -> tuple[int, dict, bytes]:
+    """(status, headers, what followed the head on the connection) of ``HEAD path`` over real HTTP."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as sock:
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: {u.hostname}\r\n{lines}Connection: close\r\n\r\n".encode())
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    status_line, *fields = head.decode("latin-1").split("\r\n")
+    return int(status_line.split()[1]), {k.lower(): v for k, v in (f.split(": ", 1) for f in fields)}, rest
+
+
+def test_head_of_an_artifact_answers_its_etag_and_length_over_real_http(served):
+    """HEAD of the artifact (and of every other GET route) was a 405 (allow: GET), though the README sells ETags to
+    caches, which probe with HEAD. Now: the GET's status and headers (Content-Length, ETag) and not one body byte,
+    over a real uvicorn server; 304 on a matching If-None-Match; 401 without a key."""
+    c, url, _ = served
+    got = c.get("/v1/maps/a2b:1/artifact")
+    for path in ("/v1/maps/a2b:1/artifact", "/v1/maps/a2b:1/artifact?format=npz", "/v1/maps/a2b/versions/1",
+                 "/v1/maps/a2b", "/v1/steers/pos", "/v1/info", "/ui/registry"):
+        get = c.get(path)
+        status, headers, rest = _raw_head(url, path, W)
+        assert (status, rest) == (get.status_code, b"") and status == 200, (path, status, rest[:100])
+        for h in ("content-length", "content-type", "etag", "cache-control", "x-map-version"):
+            if h != "content-length" or path != "/v1/info":  # /v1/info's uptime changes its length
+                assert headers.get(h) == get.headers.get(h), (path, h)
+    status, headers, rest = _raw_head(url, "/v1/maps/a2b:1/artifact", {**W, "If-None-Match": got.headers["etag"]})
+    assert (status, headers["etag"], rest) == (304, got.headers["etag"], b"")
+    status, headers, rest = _raw_head(url, "/v1/maps/a2b:1/artifact", {})
+    assert status == 401 and "www-authenticate" in headers and rest == b""
