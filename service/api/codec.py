@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import binascii
 import io
+import re
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,8 @@ from ..errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from .responses import loads
 
 __all__ = [
-    "JSON", "OCTET", "NPY", "media_type", "require_json", "parse_json", "vectors_from_json", "vectors_from_binary",
+    "JSON", "OCTET", "NPY", "media_type", "prefers_json", "require_json", "parse_json", "vectors_from_json",
+    "vectors_from_binary",
     "b64_encode", "npy_bytes", "check_batch", "texts_instead", "validate", "validation_error", "check_query",
 ]
 
@@ -53,6 +55,52 @@ def media_type(content_type: str | None) -> str:
         return mt
     raise UnsupportedMediaTypeError(
         f"Content-Type {mt!r} is not supported; use application/json, application/octet-stream or application/x-npy")
+
+
+_QVALUE = re.compile(r"(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)")
+
+
+def _ranges(accept: str):
+    """``(type, subtype, q)`` of each media range of an ``Accept`` header (RFC 9110 12.5.1), lower case; a range
+    with a malformed ``q`` or no ``/`` is left out (as if not sent)."""
+    for item in accept.split(","):
+        mt, *params = item.split(";")
+        typ, slash, sub = mt.strip().lower().partition("/")
+        q = 1.0
+        for p in params:
+            key, _, value = p.partition("=")
+            if key.strip().lower() == "q":
+                value = value.strip()
+                q = float(value) if _QVALUE.fullmatch(value) else -1.0
+                break  # what follows q are accept-ext parameters
+        if slash and typ and sub and q >= 0:
+            yield typ, sub.strip(), q
+
+
+def _quality(ranges: list, names: tuple[str, ...]) -> float:
+    """The q the most specific range matching one of ``names`` gives it (``type/sub`` over ``type/*`` over
+    ``*/*``); 0 when none does."""
+    best, q = -1, 0.0
+    for typ, sub, rq in ranges:
+        for name in names:
+            t, s = name.split("/")
+            rank = 2 if (typ, sub) == (t, s) else 1 if (typ, sub) == (t, "*") else 0 if typ == sub == "*" else -1
+            if rank > best:
+                best, q = rank, rq
+    return q
+
+
+def prefers_json(accept: str | None, binary: str) -> bool:
+    """Whether a binary (``binary``: :data:`OCTET` or :data:`NPY`) request's ``Accept`` ranks JSON above its own
+    type, by the q-values of RFC 9110 12.5.1: ``application/octet-stream, application/json;q=0.5`` and
+    ``application/json;q=0`` answer binary (a substring test answered JSON), ``application/json`` and
+    ``application/json, */*;q=0.1`` JSON. A tie (``*/*``, both listed at one q), no header, or a header that
+    accepts neither (``text/html``: as before, no 406) answers the request's own binary type."""
+    if not accept:
+        return False
+    ranges = list(_ranges(accept))
+    names = _NPY_TYPES if binary == NPY else (binary,)
+    return _quality(ranges, (JSON,)) > _quality(ranges, names)
 
 
 def require_json(content_type: str | None) -> None:

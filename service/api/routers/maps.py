@@ -16,7 +16,7 @@ from ...limits import MAX_DIM, parse_strict_int
 from ...ops import maps as map_ops
 from ...registry import parse_ref
 from ..codec import (JSON, NPY, OCTET, b64_encode, check_query, media_type, npy_bytes, options_of, parse_json,
-                     validate, vectors_from_binary, vectors_from_json)
+                     prefers_json, validate, vectors_from_binary, vectors_from_json)
 from ..conditional import (IMMUTABLE, REVALIDATE, IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write,
                            answer, not_modified, read_responses, write_responses)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, VersionPath, WriteScope
@@ -48,7 +48,8 @@ unreliable: the version searches use), `name@alias` or `name:N`.
 
 **Responses** follow the request: JSON in → JSON out (`encoding_format=float|base64`);
 octet-stream in → raw float32 out (`X-Shape: n,d`); `.npy` in → `.npy` out. Send
-`Accept: application/json` to get JSON back for a binary request (a JSON answer of numbers holds at most
+`Accept: application/json` to get JSON back for a binary request (q-values count: JSON when it ranks above the
+request's type; a tie, `*/*` or no match answers the request's type; a JSON answer of numbers holds at most
 `limits.max_response_values`, whatever the request's format). Every response names the version used
 (`map`, `version` fields or `X-Map` / `X-Map-Version` headers).
 
@@ -255,9 +256,10 @@ async def transform(ref: RefPath, request: Request, state: StateDep, settings: S
     mt = media_type(request.headers.get("content-type"))
     body = await request.body()
     query_opts = {k: v for k, v in (("output", output), ("encoding_format", encoding_format)) if v is not None}
+    accept = ", ".join(request.headers.getlist("accept"))  # several Accept headers are one list (RFC 9110 5.3)
     v, Y, response = await state.heavy.hop(lambda: transform_call(
         state, settings, ref, mt, body, query_opts=query_opts, dim=dim,
-        header_dim=request.headers.get("x-vector-dim"), accept=request.headers.get("accept", "")), len(body), request)
+        header_dim=request.headers.get("x-vector-dim"), accept=accept), len(body), request)
     transform_observe(state, v, Y)
     return response
 
@@ -289,11 +291,11 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
             raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
     # NaN/Inf: checked by the apply (a linear map reads it off the row norms it computes anyway: no pass of its own)
     Y = m.apply(X, output=opts.output, name="vectors")
-    json_answer = mt == JSON or "application/json" in accept
+    json_answer = mt == JSON or prefers_json(accept, mt)
     if json_answer and opts.encoding_format == "float" and Y.size > settings.limits.max_response_values:
         raise InputError(f"{Y.shape[0]} x {Y.shape[1]} numbers exceed the JSON answer limit of "
                          f"{settings.limits.max_response_values} (limits.max_response_values); use "
-                         f"encoding_format=base64 or a binary answer (a binary body without Accept: "
+                         f"encoding_format=base64 or a binary answer (a binary body whose Accept does not prefer "
                          f"application/json), or send smaller batches")
     headers = {"X-Map": v.name, "X-Map-Version": str(v.version), "X-Shape": f"{Y.shape[0]},{Y.shape[1]}"}
     if not json_answer:

@@ -87,6 +87,38 @@ def test_transform_answers_match_the_route(world, monkeypatch):
         assert_same(fast, slow)
 
 
+@pytest.mark.parametrize("accept,body,answer", [
+    ("application/octet-stream, application/json;q=0.5", "octet", "binary"),  # each was JSON: a substring test
+    ("application/json;q=0", "octet", "binary"),
+    ("application/x-npy, application/json;q=0.1", "npy", "binary"),
+    ("application/npy;q=0.2, application/json;q=0.1", "npy", "binary"),
+    ("application/json, */*;q=0.1", "octet", "json"),
+    ("application/json;q=0.5", "npy", "json"),
+    ("Application/JSON; charset=utf-8", "octet", "json"),
+    ("application/octet-stream;q=0.4, application/json;q=0.5", "octet", "json"),
+    ("application/octet-stream;q=0, */*", "octet", "json"),
+    ("*/*", "octet", "binary"),  # a tie: the request's own type
+    ("application/json, application/octet-stream", "octet", "binary"),
+    ("text/html", "npy", "binary"),  # nothing offered is acceptable: as before, the request's type (no 406)
+    (["application/octet-stream", "application/json;q=0.5"], "octet", "binary"),  # two headers: one list
+])
+def test_accept_q_values_choose_the_answer_on_the_fast_path_and_the_route(world, monkeypatch, accept, body, answer):
+    """``Accept`` was matched by substring: ``application/json;q=0`` or a JSON range ranked below the binary type
+    answered JSON. Now by q-value (RFC 9110 12.5.1): JSON only where it ranks above the request's binary type; the
+    fast path and the route choose alike."""
+    c, _, data = world
+    X = data["X"][:3]
+    kw = octet(X) if body == "octet" else npy(X)
+    headers = [(k, v) for k, v in kw.pop("headers").items()]
+    headers += [("accept", a) for a in ([accept] if isinstance(accept, str) else accept)]
+    fast, slow = both(c, monkeypatch, "POST", "/v1/maps/a2b/transform", headers=headers, **kw)
+    assert fast.status_code == 200, fast.text
+    assert_same(fast, slow)
+    want = "application/json" if answer == "json" else (
+        "application/octet-stream" if body == "octet" else "application/x-npy")
+    assert fast.headers["content-type"] == want, (accept, fast.headers["content-type"])
+
+
 def test_transform_errors_match_the_route(world, monkeypatch):
     c, _, data = world
     X = data["X"][:2]
