@@ -189,7 +189,8 @@ class FastPathMiddleware:
         chunks = []
         while True:
             msg = await receive()
-            if msg["type"] != "http.request":  # the client went away: nothing to answer
+            if msg["type"] != "http.request":  # the client went away: nothing to answer (499 of this route, not
+                scope["route"] = route  # of "unmatched": metrics and the access log name the route template)
                 return
             chunks.append(msg.get("body", b""))
             if not msg.get("more_body", False):

@@ -572,3 +572,28 @@ def test_search_payloads_are_those_of_the_generation_searched(world, monkeypatch
         hits = [h for row in r.json()["results"] for h in row]
         assert hits and all(h["payload"] == {"row": h["id"]} for h in hits), hits[:5]
     assert idx.count < 50  # the rows were deleted, after the searches that found them
+
+
+def test_a_client_that_leaves_mid_upload_is_a_499_of_its_route(server):
+    """A client that closed the connection while the fast path read its body was counted in /metrics (and the access
+    log) as route "unmatched", status 499: the shortcut returned without naming the route. Now the route's 499."""
+    from _api_support import answered
+
+    client, app, url, data = server
+    metrics = app.state.vb.metrics
+    app.state.vb.indexes.create("ix", "b", data["Y"][:50], dim=16)
+    X = data["X"][:40]
+    cases = [(URL, "application/octet-stream", X.tobytes()),
+             (URL, "application/json", json.dumps({"vectors": X.tolist()}).encode()),
+             ("/v1/indexes/ix/search", "application/json", json.dumps({"vectors": X.tolist(), "space": "a"}).encode())]
+    host, port = url.removeprefix("http://").split(":")
+    for path, ct, body in cases:
+        assert len(body) <= fastpath.FAST_MAX_BYTES  # the shortcut reads it
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: {R['Authorization']}\r\ncontent-type: "
+                      f"{ct}\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body[: len(body) // 2])
+            _until(lambda: metrics.active == 1, f"{path} ({ct}) is being read")
+        _until(lambda: metrics.active == 0, f"{path} ({ct}): the request whose client left ended")
+    template = "/v1/maps/{ref}/transform"
+    assert (answered(client, template, 499), answered(client, "/v1/indexes/{name}/search", 499),
+            answered(client, "unmatched", 499)) == (2, 1, 0)
