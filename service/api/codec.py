@@ -114,10 +114,16 @@ def require_json(content_type: str | None) -> None:
         raise UnsupportedMediaTypeError(f"Content-Type {mt!r} is not supported here; send application/json")
 
 
-def parse_json(body: bytes) -> dict:
+def parse_json(body: bytes, *, untyped: bool = False) -> dict:
+    """The JSON object of ``body``; ``untyped``: the request sent no ``Content-Type`` to a route that reads binary
+    bodies too (the transform), and the message of a body that is not JSON says JSON was assumed (raw float32 sent
+    without the header read "str is not valid UTF-8: surrogates not allowed", no word of the header)."""
     try:
         obj = loads(body) if body else {}
     except Exception as exc:
+        if untyped:
+            raise InputError(f"body is not valid JSON ({exc}): without a Content-Type the body is read as JSON; "
+                             f"send binary vectors with Content-Type: {OCTET} (raw float32) or {NPY}") from None
         raise InputError(f"body is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise InputError(f"body must be a JSON object, got {type(obj).__name__}")

@@ -93,9 +93,9 @@ async def _transform(state, settings, params: dict, headers: dict, body: bytes, 
     if query is None:
         return None
     opts, dim = query
-    mt = media_type(_text(headers.get(b"content-type")))
+    mt = media_type(ct := _text(headers.get(b"content-type")))
     args = (state, settings, params["ref"], mt, body)
-    kw = {"query_opts": opts, "dim": dim, "header_dim": _text(headers.get(b"x-vector-dim")),
+    kw = {"query_opts": opts, "dim": dim, "header_dim": _text(headers.get(b"x-vector-dim")), "typed": bool(ct),
           "accept": ", ".join(v.decode("latin-1") for k, v in request.scope["headers"] if k == b"accept")}
     hit = state.resolve_map_cached(params["ref"])  # the map in memory, resolved with no I/O (else None)
 

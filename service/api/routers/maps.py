@@ -253,19 +253,19 @@ async def transform(ref: RefPath, request: Request, state: StateDep, settings: S
                                                _values_of("encoding_format")] = None,
                     dim: int | None = Query(None, ge=1, le=MAX_DIM, description="row width of an octet-stream body")):
     check_query(request.query_params.multi_items(), TRANSFORM_QUERY)
-    mt = media_type(request.headers.get("content-type"))
+    mt = media_type(ct := request.headers.get("content-type"))
     body = await request.body()
     query_opts = {k: v for k, v in (("output", output), ("encoding_format", encoding_format)) if v is not None}
     accept = ", ".join(request.headers.getlist("accept"))  # several Accept headers are one list (RFC 9110 5.3)
     v, Y, response = await state.heavy.hop(lambda: transform_call(
         state, settings, ref, mt, body, query_opts=query_opts, dim=dim,
-        header_dim=request.headers.get("x-vector-dim"), accept=accept), len(body), request)
+        header_dim=request.headers.get("x-vector-dim"), accept=accept, typed=bool(ct)), len(body), request)
     transform_observe(state, v, Y)
     return response
 
 
 def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opts: dict, dim: int | None,
-                   header_dim: str | None, accept: str, resolve=None) -> tuple:
+                   header_dim: str | None, accept: str, resolve=None, typed: bool = True) -> tuple:
     """``(version, Y, response)``: the whole transform of one request, in one call (one thread-pool hop).
 
     Shared by the route and the batch-1 fast path (:mod:`service.api.fastpath`), so both answer alike.
@@ -278,7 +278,7 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
         raise InputError(f"?dim={dim} and X-Vector-Dim: {hd} disagree; send one row width")
     opts = validate(TransformOptions, query_opts, "query")
     if mt == JSON:
-        obj = parse_json(body)
+        obj = parse_json(body, untyped=not typed)  # no Content-Type: the message says JSON was assumed
         opts = _with_query(validate(TransformOptions, options_of(obj)), opts, query_opts)
         X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch, finite=False)
         if (dim or hd) and (dim or hd) != X.shape[1]:  # ?dim= or X-Vector-Dim beside a JSON body: it was ignored

@@ -119,6 +119,26 @@ def test_accept_q_values_choose_the_answer_on_the_fast_path_and_the_route(world,
     assert fast.headers["content-type"] == want, (accept, fast.headers["content-type"])
 
 
+def test_binary_without_a_content_type_is_told_json_was_assumed(world, monkeypatch):
+    """Raw float32 rows sent with no Content-Type were answered "body is not valid JSON: str is not valid UTF-8:
+    surrogates not allowed", no word of the header; now the message says JSON is assumed without one and names the
+    binary types (fast path, route and a chunked body alike). An explicit application/json keeps the plain message."""
+    c, _, data = world
+    rows = np.ascontiguousarray(data["X"][:3], np.float32).tobytes()
+    for body in (rows, b"{not json"):
+        fast, slow = both(c, monkeypatch, "POST", URL, content=body, headers=R)
+        assert_same(fast, slow)
+        chunked = c.post(URL, content=iter([body]), headers=R)
+        for r in (fast, chunked):
+            msg = r.json()["error"]["message"]
+            assert r.status_code == 422 and msg.startswith("body is not valid JSON ("), msg
+            assert msg.endswith("without a Content-Type the body is read as JSON; send binary vectors with "
+                                "Content-Type: application/octet-stream (raw float32) or application/x-npy"), msg
+    typed = c.post(URL, content=rows, headers={**R, "content-type": "application/json"}).json()["error"]["message"]
+    assert typed.startswith("body is not valid JSON: ") and "Content-Type" not in typed, typed
+    assert c.post(URL, content=json.dumps({"vectors": data["X"][:1].tolist()}), headers=R).status_code == 200
+
+
 def test_transform_errors_match_the_route(world, monkeypatch):
     c, _, data = world
     X = data["X"][:2]
