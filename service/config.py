@@ -119,6 +119,11 @@ class Settings(BaseSettings):
     send_timeout_s: float = Field(60.0, gt=0, le=3600, description=(
         "Longest wait for a client to read more of an answer that fills the connection's buffers (as nginx's "
         "send_timeout): a client that stops reading has its connection dropped and the buffered answer freed."))
+    keep_alive_timeout_s: float = Field(75.0, gt=0, le=3600, description=(
+        "Longest an idle kept-alive connection stays open between requests (uvicorn's timeout_keep_alive; "
+        "nginx's keepalive_timeout): above the idle timeout of a proxy in front (nginx upstream keepalive and "
+        "ALB: 60 s), so the proxy closes first. uvicorn's 5 s closed connections a proxy was about to reuse: "
+        "sporadic 502s, and nginx does not retry a POST."))
     body_timeout_s: float = Field(60.0, gt=0, le=3600, description=(
         "Longest wait for the next bytes of a request body that has begun (as nginx's client_body_timeout): "
         "a client that stalls mid-upload gets a 408 and its connection and buffered bytes are released."))

@@ -182,6 +182,8 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
              ("Request line and headers: bytes", f"{MAX_HEAD_BYTES} (1 MiB)", "431, connection closed"),
              ("A client that stops reading an answer (`send_timeout_s`)", f"{s.send_timeout_s:g} s",
               "connection dropped"),
+             ("An idle kept-alive connection between requests (`keep_alive_timeout_s`)",
+              f"{s.keep_alive_timeout_s:g} s", "connection closed"),
              ("Plans and evaluations running at once per process (`max_heavy_requests`)", s.max_heavy_requests,
               "429 + Retry-After"),
              ("Background jobs waiting per process (`max_queued_jobs`)", s.max_queued_jobs, "429 + Retry-After"),
@@ -246,7 +248,8 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
 
     set_timeouts(s.header_timeout_s, s.send_timeout_s)
     server = {"host": s.host, "port": s.port, "log_level": s.log_level.lower(), "access_log": False,  # 1 or N
-              "log_config": None, "http": SlowClientProtocol, "timeout_graceful_shutdown": s.shutdown_timeout_s}
+              "log_config": None, "http": SlowClientProtocol, "timeout_graceful_shutdown": s.shutdown_timeout_s,
+              "timeout_keep_alive": s.keep_alive_timeout_s}
     if workers > 1:
         _pass_to_workers(plain)  # not the local key: each worker reads it from its file, it stays out of environments
         get_settings.cache_clear()
