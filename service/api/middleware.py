@@ -194,6 +194,28 @@ def _header_counts(raw) -> dict[bytes, int]:
     return counts
 
 
+def _body_coding(raw) -> tuple[int, str, str] | None:
+    """``(status, error type, message)`` refusing a body the service would misread, else None: a
+    ``Content-Encoding`` other than identity (415; no route decodes one: a gzip JSON body was "not valid UTF-8", gzip
+    bytes sent as octet-stream were read as float32 rows, and ``br`` on a plain body was ignored), or a
+    ``Transfer-Encoding`` other than chunked (400: ``gzip, chunked`` was read as plain; RFC 9112 section 6.1 suggests
+    a 501, but a 5xx says the service failed, and client input never makes one)."""
+    content, transfer = [], []
+    for k, v in raw:
+        if k == b"content-encoding" or k == b"transfer-encoding":
+            codings = [c.split(b";")[0].strip().lower() for c in v.split(b",")]
+            (content if k == b"content-encoding" else transfer).extend(c for c in codings if c)
+    if any(c != b"identity" for c in content):
+        return 415, "UnsupportedMediaTypeError", (
+            f"Content-Encoding {b', '.join(content).decode('latin-1')[:100]!r} is not supported: the service reads "
+            "request bodies as sent; send the body uncompressed (no Content-Encoding, or identity)")
+    if transfer and transfer != [b"chunked"]:
+        return 400, "InvalidHeaderError", (
+            f"Transfer-Encoding {b', '.join(transfer).decode('latin-1')[:100]!r} is not supported: send the body "
+            "uncompressed, with Content-Length or Transfer-Encoding: chunked alone (RFC 9112 section 6.1)")
+    return None
+
+
 def _route_scope(route) -> str | None:
     """The key scope a route's dependencies require (``require_scope`` marks its checks), or None."""
     stack = list(getattr(getattr(route, "dependant", None), "dependencies", []))
@@ -297,6 +319,9 @@ class GuardMiddleware:
             scope["route"] = route
             return await _send_error(send, 400, "InvalidHeaderError", (
                 f"the request has {n} Content-Type headers; send one, the type of its body"))
+        if (refused := _body_coding(scope.get("headers", ()))) is not None:  # before the limit: it sizes plain bytes
+            scope["route"] = route
+            return await _send_error(send, *refused)
         ct = headers.get(b"content-type")  # the one sent, if any
         limit, setting = body_limit(settings, scope["method"], template, ct.decode("latin-1") if ct else None)
         cl = headers.get(b"content-length")

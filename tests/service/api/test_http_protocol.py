@@ -4,15 +4,18 @@ limit sent chunked ends its connection, and the answer to a request the HTTP par
 
 from __future__ import annotations
 
+import gzip
+import json
 import socket
 import sys
 import time
 
+import numpy as np
 import pytest
-from _api_support import R
+from _api_support import W
 from _servers import env_for, free_port, seed_registry, start, stop
 
-KEY = R["Authorization"].encode()
+KEY = b"Authorization: " + W["Authorization"].encode()
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +90,64 @@ def test_the_keep_alive_timeout_is_a_checked_setting():
     for bad in (0, -1, 3601):
         with pytest.raises(ValidationError):
             Settings(keep_alive_timeout_s=bad)
+
+
+def _post(path: str, body: bytes, *headers: bytes, chunked: bool = False) -> bytes:
+    """A POST of ``body`` with ``headers``: ``chunked``: in one chunk (``Transfer-Encoding: chunked`` unless
+    ``headers`` name a Transfer-Encoding), else with its Content-Length."""
+    head = [f"POST {path} HTTP/1.1".encode(), b"Host: 127.0.0.1", KEY, *headers]
+    if chunked:
+        if not any(h.lower().startswith(b"transfer-encoding:") for h in headers):
+            head.append(b"Transfer-Encoding: chunked")
+        body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        head.append(b"Content-Length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    with _connect(port) as s:
+        s.sendall(request)
+        return _answer(s)
+
+
+def _error(answer, status: int, kind: str, *words: str) -> None:
+    got, headers, body = answer
+    assert got == status, (got, body[:300])
+    assert headers["content-type"] == "application/json"
+    err = json.loads(body)["error"]
+    assert err["type"] == kind and err["status"] == status, err
+    assert all(w in err["message"] for w in words), err["message"]
+
+
+def test_an_encoded_request_body_is_refused_not_misread(port):
+    """No route decodes a request body: ``Content-Encoding: gzip`` on JSON was a 422 "not valid UTF-8", gzip bytes
+    sent as octet-stream were read as float32 rows (a 200 of garbage when the bytes happened to be finite), ``br``
+    on a plain body was ignored (200), and ``Transfer-Encoding: gzip, chunked`` was read as plain. Now a
+    Content-Encoding other than identity is a 415 and a Transfer-Encoding other than chunked a 400, small bodies
+    (the transform's fast path) and large (the routes) alike, before the body is read."""
+    X = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
+    small = json.dumps({"vectors": X.tolist()}).encode()
+    large = json.dumps({"vectors": np.repeat(X, 200, axis=0).tolist()}).encode()  # past the fast path's 16 KiB
+    assert len(large) > 64 * 1024
+    js, octet = b"Content-Type: application/json", b"Content-Type: application/octet-stream"
+    transform = "/v1/maps/a2b/transform"
+    for request in (_post(transform, gzip.compress(small), js, b"Content-Encoding: gzip"),
+                    _post(transform, gzip.compress(X.tobytes()), octet, b"X-Vector-Dim: 16", b"Content-Encoding: gzip"),
+                    _post(transform, small, js, b"Content-Encoding: br"),
+                    _post(transform, large, js, b"Content-Encoding: identity, gzip"),
+                    _post(transform, large, js, b"Content-Encoding: identity", b"Content-Encoding: deflate"),
+                    _post(transform, small, js, b"Content-Encoding: gzip", chunked=True),
+                    _post("/v1/spaces", gzip.compress(b'{"name": "z", "dim": 4}'), js, b"Content-Encoding: gzip")):
+        _error(_exchange(port, request), 415, "UnsupportedMediaTypeError", "Content-Encoding", "uncompressed")
+    for request in (_post(transform, small, js, b"Transfer-Encoding: gzip, chunked", chunked=True),
+                    _post(transform, large, js, b"Transfer-Encoding: gzip", b"Transfer-Encoding: chunked", chunked=True),
+                    _post("/v1/spaces", b'{"name": "z", "dim": 4}', js, b"Transfer-Encoding: br, chunked",
+                          chunked=True)):
+        _error(_exchange(port, request), 400, "InvalidHeaderError", "Transfer-Encoding", "chunked")
+    # identity, plain chunked and no coding at all are read as before (fast path and route)
+    for request in (_post(transform, small, js, b"Content-Encoding: identity"), _post(transform, small, js),
+                    _post(transform, large, js, b"Content-Encoding: Identity"), _post(transform, small, js, chunked=True),
+                    _post(transform, X.tobytes(), octet, b"X-Vector-Dim: 16", b"Content-Encoding: identity")):
+        status, _, body = _exchange(port, request)
+        assert status == 200, body[:300]
