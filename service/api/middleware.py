@@ -1,7 +1,7 @@
 """Pure-ASGI middleware: Host check, with auth off another site's web pages refused (:func:`cross_site`), key check,
 body limit and body timeout before and while the body is read, and request id + latency metrics + access log
-(every answer carries ``x-request-id`` and the security headers of ``SECURITY_HEADERS``; a 5xx or a 408 also
-``Connection: close``).
+(every answer carries ``x-request-id`` and the security headers of ``SECURITY_HEADERS``; a 5xx, a 408 or a 413
+also ``Connection: close``).
 
 Pure ASGI (not ``BaseHTTPMiddleware``) keeps the per-request overhead to a few microseconds,
 which matters for the binary transform fast path.
@@ -442,8 +442,11 @@ class ObserveMiddleware:
                 extra = [(b"x-request-id", rid.encode("latin-1")), *SECURITY_HEADERS]
                 if not any(k == _CSP for k, _ in msg.get("headers", ())):
                     extra.append(_CSP_NONE)
-                close = status >= 500 or status == 408  # after a server error or a stalled body the connection's
-                if close:  # state is unknown (the rest of a body may still come): do not reuse it
+                # after a server error, a stalled body or one over the limit (a 413 raised while a chunked body was
+                # still coming) the connection's state is unknown and the rest of a body may still come: uvicorn kept
+                # the connection and read (and dropped) the rest, GBs of it, while the client went on sending
+                close = status >= 500 or status in (408, 413)
+                if close:  # do not reuse it
                     extra.append((b"connection", b"close"))
                 msg["headers"] = [h for h in msg.get("headers", []) if not (close and h[0] == b"connection")]
                 msg["headers"] += extra

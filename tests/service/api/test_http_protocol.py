@@ -151,3 +151,28 @@ def test_an_encoded_request_body_is_refused_not_misread(port):
                     _post(transform, X.tobytes(), octet, b"X-Vector-Dim: 16", b"Content-Encoding: identity")):
         status, _, body = _exchange(port, request)
         assert status == 200, body[:300]
+
+
+def test_a_chunked_body_over_the_limit_gets_a_413_that_closes_the_connection(port):
+    """A body over the limit with a Content-Length got a 413 with ``Connection: close``; sent chunked, the 413 came
+    mid-stream but the connection stayed open and the server read (and dropped) whatever the client went on
+    sending, GBs of it. Now that 413 closes the connection too, so the client stops."""
+    chunk = b"%x\r\n%s\r\n" % (64 * 1024, b" " * 64 * 1024)
+    with _connect(port) as s:
+        s.sendall(b"POST /v1/spaces HTTP/1.1\r\nHost: 127.0.0.1\r\n" + KEY + b"\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + chunk * 3)  # the route's limit: 64 KiB
+        status, headers, body = _answer(s)
+        assert status == 413, body[:300]
+        assert json.loads(body)["error"]["type"] == "PayloadTooLargeError"
+        assert headers.get("connection") == "close"
+        s.settimeout(5)
+        try:
+            for _ in range(100):  # a client that goes on sending: the server has closed, so this ends
+                s.sendall(chunk)
+                time.sleep(0.01)
+            closed = s.recv(1) == b""
+        except TimeoutError:  # no answer, no end: still open
+            closed = False
+        except OSError:  # reset (the server closed with our bytes unread) or a failed send: closed
+            closed = True
+        assert closed, "the connection stayed open after the 413"
