@@ -174,12 +174,13 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
     """The limits table in the API description; the rest of the document's finishing pass (each route's body limit,
     the request schemas' components, ...) is :func:`service.api.document.finish_document`."""
     from ..limits import limits_markdown
-    from .protocol import MAX_HEAD_BYTES
+    from .protocol import MAX_HEAD_BYTES, MAX_URL_BYTES
 
     hosts = accepted_hosts(s)
     extra = (("Request line and headers: time from the connection's opening (`header_timeout_s`)",
               f"{s.header_timeout_s:g} s", "connection closed"),
              ("Request line and headers: bytes", f"{MAX_HEAD_BYTES} (1 MiB)", "431, connection closed"),
+             ("Request target (path and query string): bytes", MAX_URL_BYTES, "414, connection closed"),
              ("A client that stops reading an answer (`send_timeout_s`)", f"{s.send_timeout_s:g} s",
               "connection dropped"),
              ("An idle kept-alive connection between requests (`keep_alive_timeout_s`)",

@@ -16,19 +16,30 @@ request (and the unsent part of the answer, up to the largest answer the limits 
 for the transport to drain. Once the transport says its buffer is full (``pause_writing``), the client has
 ``Settings.send_timeout_s`` to read some of it (``resume_writing``), else the connection is dropped (``abort``:
 the buffered bytes are freed at once; the request sees a disconnected client).
+
+A request the parser refuses (a duplicate Content-Length, Content-Length with Transfer-Encoding, a bad chunk size,
+a request target past :data:`MAX_URL_BYTES`, ...) was uvicorn's plain-text ``400 Invalid HTTP request received.``
+where every other error is the JSON error body: it is that body now, a 414 for the too-long target.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+
+from httptools import HttpParserCallbackError, HttpParserInvalidURLError
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["MAX_HEAD_BYTES", "SlowClientProtocol", "set_timeouts"]
+__all__ = ["MAX_HEAD_BYTES", "MAX_URL_BYTES", "SlowClientProtocol", "set_timeouts"]
 
 #: Bytes a connection may send while its request head is incomplete (a head of a few KB, plus the read that
 #: completes it: uvloop reads up to 256 KiB at once); nginx's default takes 4 buffers of 8 KB.
 MAX_HEAD_BYTES = 1 << 20
 _TOO_LARGE = (b'{"error": {"type": "HeaderTooLargeError", "status": 431, "message": "the request line and headers '
               b'exceed 1048576 bytes"}}')
+#: Bytes of a request target (path and query) httptools parses; a longer one is a 414.
+MAX_URL_BYTES = 65535
+_REASON = {400: b"Bad Request", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
 
 _timeouts: dict[str, float] = {}  # set by serve(); worker processes read their settings (VECBRIDGE_* variables)
 
@@ -62,12 +73,36 @@ class SlowClientProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._disarm_head()
-                self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: "
-                                     b"application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
-                                     % (len(_TOO_LARGE), _TOO_LARGE))
-                self.transport.close()
+                self._send_error(431, _TOO_LARGE)
                 return
         super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        """The answer to a request the parser refused (uvicorn calls it while it handles the parser's error): the
+        JSON error body, naming the parser's reason, instead of uvicorn's plain text; a target past
+        :data:`MAX_URL_BYTES` is a 414 (the limits table promised a 1 MiB head, and such a URL got the plain 400)."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, HttpParserCallbackError) and exc.__context__ is not None:  # raised by uvicorn's callback
+            exc = exc.__context__  # (the target's parse in on_headers_complete): its own reason
+        if isinstance(exc, HttpParserInvalidURLError) and len(self.url) > MAX_URL_BYTES:
+            status, kind = 414, "URITooLongError"
+            message = (f"the request target (path and query) has {len(self.url)} bytes, more than {MAX_URL_BYTES}; "
+                       f"send long inputs in a request body")
+        else:
+            status, kind = 400, "InvalidRequestError"
+            why = str(exc)[:200] if exc is not None else msg
+            message = (f"the request is not valid HTTP/1.1 ({why}), so the connection is closed; send a well-formed "
+                       f"request line, headers and chunks, with one Content-Length or Transfer-Encoding: chunked, "
+                       f"not both (RFC 9112)")
+        self._send_error(status, json.dumps({"error": {"type": kind, "status": status, "message": message}}).encode())
+
+    def _send_error(self, status: int, body: bytes) -> None:
+        """Write an error answer ``status`` with the JSON ``body`` and close the connection."""
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASON[status])]
+        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        self.transport.write(b"".join(head) + b"content-type: application/json\r\nconnection: close\r\n"
+                                              b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

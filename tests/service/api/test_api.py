@@ -380,6 +380,7 @@ def test_openapi_limits_table_names_every_bound_a_client_meets(world):
                  *Limits.model_fields):
         assert f"(`{name}`)" in text, name
     assert "431" in text and "1 MiB" in text
+    assert "| Request target (path and query string): bytes | 65535 | 414, connection closed |" in text
 
 
 def test_unknown_route_and_method(world):

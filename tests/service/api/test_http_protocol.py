@@ -176,3 +176,28 @@ def test_a_chunked_body_over_the_limit_gets_a_413_that_closes_the_connection(por
         except OSError:  # reset (the server closed with our bytes unread) or a failed send: closed
             closed = True
         assert closed, "the connection stayed open after the 413"
+
+
+def test_a_request_the_parser_refuses_gets_the_json_error_body(port):
+    """Requests httptools refuses got uvicorn's plain-text ``400 Invalid HTTP request received.`` where every other
+    error is a JSON body, and a request target past 65,535 bytes got that 400 too, though the limits table allows
+    a 1 MiB head. Now: the JSON error body naming the parser's reason, and a 414 for the long target."""
+    def refused(request: bytes, status: int, kind: str, *words: str) -> None:
+        with _connect(port) as s:
+            s.sendall(request)
+            answer = _answer(s)
+            _error(answer, status, kind, *words)
+            assert answer[1]["connection"] == "close"
+            assert s.recv(1) == b""  # and closed
+
+    post = (b"POST /v1/maps/a2b/transform HTTP/1.1\r\nHost: 127.0.0.1\r\n" + KEY
+            + b"\r\nContent-Type: application/json\r\n")
+    refused(post + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}", 400, "InvalidRequestError",
+            "Duplicate Content-Length", "not valid HTTP/1.1")
+    refused(post + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "InvalidRequestError",
+            "Content-Length")
+    refused(post + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", 400, "InvalidRequestError", "chunk size")
+    refused(b"GARBAGE\r\n\r\n", 400, "InvalidRequestError", "method")
+    refused(_get("/v1/maps?x=" + "a" * 70_000), 414, "URITooLongError", "70011 bytes", "65535")
+    status, _, body = _exchange(port, _get("/healthz?x=" + "a" * 65_000))  # a target of 65,535 bytes or less is read
+    assert status == 200, body
