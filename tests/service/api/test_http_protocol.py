@@ -141,13 +141,15 @@ def test_an_encoded_request_body_is_refused_not_misread(port):
                     _post("/v1/spaces", gzip.compress(b'{"name": "z", "dim": 4}'), js, b"Content-Encoding: gzip")):
         _error(_exchange(port, request), 415, "UnsupportedMediaTypeError", "Content-Encoding", "uncompressed")
     for request in (_post(transform, small, js, b"Transfer-Encoding: gzip, chunked", chunked=True),
-                    _post(transform, large, js, b"Transfer-Encoding: gzip", b"Transfer-Encoding: chunked", chunked=True),
+                    _post(transform, large, js, b"Transfer-Encoding: gzip", b"Transfer-Encoding: chunked",
+                          chunked=True),
                     _post("/v1/spaces", b'{"name": "z", "dim": 4}', js, b"Transfer-Encoding: br, chunked",
                           chunked=True)):
         _error(_exchange(port, request), 400, "InvalidHeaderError", "Transfer-Encoding", "chunked")
     # identity, plain chunked and no coding at all are read as before (fast path and route)
     for request in (_post(transform, small, js, b"Content-Encoding: identity"), _post(transform, small, js),
-                    _post(transform, large, js, b"Content-Encoding: Identity"), _post(transform, small, js, chunked=True),
+                    _post(transform, large, js, b"Content-Encoding: Identity"),
+                    _post(transform, small, js, chunked=True),
                     _post(transform, X.tobytes(), octet, b"X-Vector-Dim: 16", b"Content-Encoding: identity")):
         status, _, body = _exchange(port, request)
         assert status == 200, body[:300]
