@@ -19,6 +19,12 @@ whole log held 1.45x its rows. It is read with ``read_index`` and each list give
 (:func:`ivf_room`: FAISS's ``resize``, the spare pages given back); so is an IVF index whose snapshot this process
 wrote (created it, or its log filled: :class:`~.space.SpaceIndex`), for the log that starts then.
 
+A flat or HNSW index whose snapshot this process writes gets the same room (:func:`grow_room`): before a
+snapshot-sized add, for its rows and the log after it, and after any other snapshot (a delete, a create). Searches
+read the storage meanwhile, so the vectors short of room (capacity from glibc's ``malloc_usable_size``) are copied
+whole, nothing given back, and swapped in under the index's write side: the process briefly holds them twice, as a
+reallocation would, but searches wait only for the swap.
+
 Other structures, other systems, a FAISS without views (``MaybeOwnedVector``, ``ZeroCopyIOReader``: older
 releases; flat and HNSW) and one newer than :data:`CHECKED_FAISS` are read as before.
 """
@@ -30,6 +36,7 @@ import mmap
 import os
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, BinaryIO
 
 import faiss
@@ -37,8 +44,8 @@ import numpy as np
 
 from ..memory import trim_heap
 
-__all__ = ["CHECKED_FAISS", "IVF_ROOM", "MAPPED_READ", "give_lists_room", "ivf_room", "list_room",
-           "read_with_room"]
+__all__ = ["CHECKED_FAISS", "IVF_ROOM", "MAPPED_READ", "give_lists_room", "grow_room", "ivf_room",
+           "list_room", "read_with_room"]
 
 #: The newest FAISS whose ``MaybeOwnedVector`` internals (``owned_data`` swapped in, ``resize`` re-pointing the view)
 #: and ``ArrayInvertedLists`` internals (``get_codes`` / ``get_ids`` pointing at each list's vectors, which ``resize``
@@ -80,7 +87,7 @@ def _release(ptr: int, nbytes: int) -> None:
     _madvise(lo, hi - lo, _MADV_DONTNEED)  # advice only: a refusal leaves the pages where they are
 
 
-def _with_room(make, src, n: int, capacity: int, dtype) -> Any:
+def _with_room(make, src, n: int, capacity: int, dtype, release: bool = True) -> Any:
     """A new vector (``make()``: a FAISS ``*Vector``) holding the ``n`` elements at ``src`` with capacity for at
     least ``capacity``, at most ``n`` elements resident at any time; ``src``'s pages are released as copied.
 
@@ -89,7 +96,8 @@ def _with_room(make, src, n: int, capacity: int, dtype) -> Any:
     the elements it keeps, so: ``resize(h)`` with ``h = ceil(capacity / 2)`` (capacity ``h``), give its pages
     back, ``resize(n)`` for ``h < n`` (capacity ``2h >= capacity``; the released elements read as the shared
     zero page and only the ``n`` kept are written), then copy the rows in. Below that (``capacity >= 2n``:
-    small vectors) one ``resize(capacity)`` and the pages past ``n`` given back.
+    small vectors) one ``resize(capacity)`` and the pages past ``n`` given back. ``release=False``: ``src`` is
+    left whole (others read it meanwhile).
     """
     vec = make()
     half = -(-capacity // 2)
@@ -106,7 +114,8 @@ def _with_room(make, src, n: int, capacity: int, dtype) -> Any:
         step = max(1, _COPY_BYTES // dtype.itemsize)
         for s in range(0, n, step):
             dst[s:s + step] = source[s:s + step]
-            _release(int(src) + s * dtype.itemsize, min(step, n - s) * dtype.itemsize)
+            if release:
+                _release(int(src) + s * dtype.itemsize, min(step, n - s) * dtype.itemsize)
     return vec
 
 
@@ -130,29 +139,89 @@ def _grow(vec, make, capacity: int, dtype) -> None:
     del roomy
 
 
-def _give_room(index, kind: str, rows: int) -> None:
-    """Own every view of a flat or HNSW ``IndexIDMap2`` read from a mapping, with room for ``rows`` rows in all.
+def _room_plan(index, kind: str, rows: int) -> list[tuple[Any, str, Any, Any, int, np.dtype]]:
+    """``(holder, field, make, make_view, capacity, dtype)`` of each vector of a flat or HNSW ``IndexIDMap2`` that
+    grows with its rows, sized for ``rows`` rows in all (``make_view``: ``None`` for a plain FAISS vector).
 
-    Flat: the rows (``codes``, ``ntotal x d x 4`` bytes) and the id map. HNSW: also the graph's neighbour lists
-    (a view too), its per-row ``offsets`` and ``levels``; the neighbour lists get the room of their present size
-    scaled to ``rows`` (a row's lists have the same expected size whatever its place) plus, for the randomness of
-    the levels drawn, the lists of 64 rows at the top level.
+    Flat: the rows (``codes``, ``ntotal x d x 4`` bytes) and the id map. HNSW: also the graph's neighbour lists,
+    its per-row ``offsets`` and ``levels``; the neighbour lists get the room of their present size scaled to
+    ``rows`` (a row's lists have the same expected size whatever its place) plus, for the randomness of the levels
+    drawn, the lists of 64 rows at the top level.
     """
     n = int(index.ntotal)
     rows = max(int(rows), n)
     inner = faiss.downcast_index(index.index)
     flat = faiss.downcast_index(inner.storage) if kind == "hnsw" else inner
-    _own(flat, "codes", faiss.UInt8Vector, faiss.MaybeOwnedVectorUInt8, rows * int(flat.code_size),
-         np.dtype(np.uint8))
+    plan = [(flat, "codes", faiss.UInt8Vector, faiss.MaybeOwnedVectorUInt8, rows * int(flat.code_size),
+             np.dtype(np.uint8))]
     if kind == "hnsw":
         hnsw = inner.hnsw
         links = int(hnsw.neighbors.size())
         top = int(faiss.rev_swig_ptr(hnsw.cum_nneighbor_per_level.data(), hnsw.cum_nneighbor_per_level.size())[-1])
         extra = -(-links * (rows - n) // max(n, 1)) + 64 * top if rows > n else 0
-        _own(hnsw, "neighbors", faiss.Int32Vector, faiss.MaybeOwnedVectorInt32, links + extra, np.dtype(np.int32))
-        _grow(hnsw.offsets, faiss.UInt64Vector, rows + 1, np.dtype(np.uint64))
-        _grow(hnsw.levels, faiss.Int32Vector, rows, np.dtype(np.int32))
-    _grow(index.id_map, faiss.Int64Vector, rows, np.dtype(np.int64))
+        plan += [(hnsw, "neighbors", faiss.Int32Vector, faiss.MaybeOwnedVectorInt32, links + extra,
+                  np.dtype(np.int32)),
+                 (hnsw, "offsets", faiss.UInt64Vector, None, rows + 1, np.dtype(np.uint64)),
+                 (hnsw, "levels", faiss.Int32Vector, None, rows, np.dtype(np.int32))]
+    return plan + [(index, "id_map", faiss.Int64Vector, None, rows, np.dtype(np.int64))]
+
+
+def _give_room(index, kind: str, rows: int) -> None:
+    """Own every view of a flat or HNSW ``IndexIDMap2`` read from a mapping, with room for ``rows`` rows in all
+    (:func:`_room_plan`)."""
+    for holder, name, make, make_view, capacity, dtype in _room_plan(index, kind, rows):
+        if make_view is None:
+            _grow(getattr(holder, name), make, capacity, dtype)
+        else:
+            _own(holder, name, make, make_view, capacity, dtype)
+
+
+_usable: Any = None
+
+
+def _capacity(vec, dtype: np.dtype) -> int | None:
+    """Elements the owned FAISS vector ``vec`` holds without reallocating (glibc's ``malloc_usable_size`` of its
+    storage, which ``std::vector`` allocates with ``malloc``); ``None`` for a view or without glibc."""
+    global _usable
+    if not getattr(vec, "is_owned", True):
+        return None
+    if _usable is None:
+        _usable = getattr(ctypes.CDLL(None), "malloc_usable_size", False)
+        if _usable:
+            _usable.argtypes, _usable.restype = [ctypes.c_void_p], ctypes.c_size_t
+    ptr = int(vec.data() or 0)  # None: empty
+    return None if not _usable else _usable(ptr) // dtype.itemsize if ptr else 0
+
+
+def grow_room(index, kind: str, rows: int, swap: Callable[[], AbstractContextManager]) -> bool:
+    """Give a flat or HNSW ``IndexIDMap2`` room for ``rows`` rows in all while searches read it (module docstring).
+
+    The caller is its only writer. Each vector short of its room (:func:`_room_plan`) is copied into a roomy one,
+    its source untouched; then, inside ``with swap():`` (the write side), the copies replace them. Returns whether
+    it could tell (a structure :func:`_mapped` knows, owned vectors, glibc, a checked FAISS): else nothing changes.
+    """
+    if not IVF_ROOM or _mapped(index, kind) is None:
+        return False
+    plan, copies = _room_plan(index, kind, rows), []
+    for holder, name, make, make_view, capacity, dtype in plan:
+        vec = getattr(holder, name)
+        have = _capacity(vec, dtype)
+        if have is None:
+            return False
+        if have < capacity:
+            copies.append((holder, name, make_view, int(vec.size()),
+                           _with_room(make, vec.data(), int(vec.size()), capacity, dtype, release=False)))
+    if copies:
+        with swap():
+            for holder, name, make_view, n, vec in copies:
+                if make_view is None:
+                    getattr(holder, name).swap(vec)
+                    continue
+                setattr(holder, name, make_view())  # empty and owned: frees the old storage
+                new = getattr(holder, name)
+                new.owned_data.swap(vec)
+                new.resize(n)  # points the cached data pointer and size at the swapped-in storage
+    return True
 
 
 def _mapped(index, kind: str) -> tuple[Any, ...] | None:
@@ -190,7 +259,7 @@ def list_room(sizes: np.ndarray, extra: int) -> np.ndarray:
     return sizes + np.ceil(mu + 4 * np.sqrt(mu) + 8).astype(np.int64)
 
 
-def give_lists_room(index, capacities: np.ndarray) -> bool:
+def give_lists_room(index, capacities: np.ndarray, step: Callable[[], AbstractContextManager] = nullcontext) -> bool:
     """Give each list ``i`` of an IVF ``index`` (``ArrayInvertedLists``) room for ``capacities[i]`` rows (codes and
     ids) without making the room resident; the lists' contents do not change. Returns whether it was done (an
     IVF index on other inverted lists, another system or an unchecked FAISS: left as it is).
@@ -204,43 +273,49 @@ def give_lists_room(index, capacities: np.ndarray) -> bool:
     reallocate to ``max(2 s, capacity)``, whose part past ``capacity`` this could not give back: served from
     freed resident heap, it was held.) The old buffers go back to ``malloc``, which serves the next lists from
     them; ``malloc_trim(0)`` returns what is left to the system (glibc). Holds one list more at any time. A list
-    that cannot get its room (``MemoryError``) is put back as it was (no allocation) and the error raised.
+    that cannot get its room (``MemoryError``) is put back as it was (no allocation) and the error raised. Each
+    list inside ``with step():`` (the index's write side, when searches read it meanwhile).
     """
     inv = faiss.downcast_InvertedLists(index.invlists) if isinstance(index, faiss.IndexIVF) else None
     if not isinstance(inv, faiss.ArrayInvertedLists) or not IVF_ROOM:
         return False
     width = int(inv.code_size)
     for i, cap in enumerate(np.asarray(capacities, np.int64).tolist()):
-        s = int(inv.list_size(i))
-        if cap <= s:
-            continue
-        codes = faiss.rev_swig_ptr(inv.get_codes(i), s * width).copy() if s else None
-        ids = faiss.rev_swig_ptr(inv.get_ids(i), s).copy() if s else None
-        inv.resize(i, 0)
-        try:
-            inv.resize(i, cap)
-        except BaseException:  # MemoryError (bad_alloc): the vectors kept their buffers (capacity s): put them back
-            inv.resize(i, s)
-            if s:
-                inv.update_entries(i, 0, s, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
-            raise
-        inv.resize(i, s)
-        _release(int(inv.get_codes(i)) + s * width, (cap - s) * width)
-        _release(int(inv.get_ids(i)) + s * 8, (cap - s) * 8)
-        if s:
-            inv.update_entries(i, 0, s, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
+        if cap > int(inv.list_size(i)):
+            with step():
+                _list_room(inv, i, cap, width)
     trim_heap()
     return True
 
 
-def ivf_room(index, rows: int) -> bool:
+def _list_room(inv, i: int, cap: int, width: int) -> None:
+    """List ``i`` of ``inv`` with room for ``cap`` rows, more than it holds (:func:`give_lists_room`)."""
+    s = int(inv.list_size(i))
+    codes = faiss.rev_swig_ptr(inv.get_codes(i), s * width).copy() if s else None
+    ids = faiss.rev_swig_ptr(inv.get_ids(i), s).copy() if s else None
+    inv.resize(i, 0)
+    try:
+        inv.resize(i, cap)
+    except BaseException:  # MemoryError (bad_alloc): the vectors kept their buffers (capacity s): put them back
+        inv.resize(i, s)
+        if s:
+            inv.update_entries(i, 0, s, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
+        raise
+    inv.resize(i, s)
+    _release(int(inv.get_codes(i)) + s * width, (cap - s) * width)
+    _release(int(inv.get_ids(i)) + s * 8, (cap - s) * 8)
+    if s:
+        inv.update_entries(i, 0, s, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
+
+
+def ivf_room(index, rows: int, step: Callable[[], AbstractContextManager] = nullcontext) -> bool:
     """Give every list of the IVF ``index`` room for its share of ``rows`` rows more (:func:`list_room`,
     :func:`give_lists_room`): a snapshot just read, or one this process wrote (its log starts empty). Returns
     whether it was done (not IVF on ``ArrayInvertedLists``, or :data:`IVF_ROOM` off: nothing changes)."""
     if not isinstance(index, faiss.IndexIVF):
         return False
     sizes = np.array([index.invlists.list_size(i) for i in range(index.nlist)], np.int64)
-    return give_lists_room(index, list_room(sizes, int(rows)))
+    return give_lists_room(index, list_room(sizes, int(rows)), step)
 
 
 def read_with_room(fh: BinaryIO, kind: str, room: Callable[[int], int]) -> Any:

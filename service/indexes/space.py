@@ -8,10 +8,10 @@ Writers (add / delete / save): one at a time per index across threads (a thread 
 ``<path>/.lock``) for the whole read-modify-persist. Inside the lock the writer first reloads the persisted
 generation when it is newer than the in-memory one (so ids, ``next_id`` and conflicts are checked against every
 acknowledged row), applies the change under the write side of the :class:`~.locking.RWLock`, and persists generation
-``g + 1``. A change that fails after touching the in-memory index is undone by reloading the persisted state. An
-HNSW add (graph insertion: seconds for tens of thousands of rows) takes the write side per chunk of rows
-(:func:`~.kinds.add_rows`) and hides its slots from searches (``_shown``) until it is persisted, then shows them
-under the write side at once: searches go on meanwhile and see all of its rows or none.
+``g + 1`` without it (searches go on meanwhile: :mod:`.changes`). A change that fails after touching the in-memory
+index is undone by reloading the persisted state. An add hides its rows from searches until it is persisted, then
+shows them under the write side at once; an HNSW add (graph insertion: seconds for tens of thousands of rows)
+takes the write side per chunk of rows (:func:`~.kinds.add_rows`).
 
 Readers: before a search one ``stat`` of ``meta.json`` (inode, size, mtime) tells whether another process persisted
 since; only then is the meta read and, if its generation is newer, that generation loaded — without any writer lock
@@ -38,6 +38,7 @@ from align.exceptions import InputError
 from align.validation import as_matrix, check_csls_weight
 
 from ..limits import MAX_ID, check_dim, check_index_params
+from .changes import Changes
 from .csls import CSLS_WEIGHT, HubCache, csls_search
 from .device import DeviceRows
 from .errors import (
@@ -50,19 +51,16 @@ from .info import IndexInfo
 from .kinds import (
     KINDS,
     METRICS,
-    TOMBSTONE_REBUILD,
+    DeadSlots,
     ListPlan,
     add_rows,
-    add_seed,
     check_name,
     choose_kind,
     ids_array,
     live_ids,
-    live_slots,
     make_index,
     plan_lists,
     prep_rows,
-    rebuild_hnsw,
     reserve,
     search_key,
     search_kind,
@@ -104,7 +102,7 @@ SMALL_SEARCH_WORK = 1 << 22
 
 
 @dataclass
-class SpaceIndex:
+class SpaceIndex(Changes):
     """One FAISS index of one space, with ids, payloads and its own lock. Build with :meth:`build`."""
 
     name: str
@@ -136,7 +134,9 @@ class SpaceIndex:
         self._base_rows = 0  # rows of that snapshot (log_fits)
         self._recent_bases: list[int] = []  # snapshots of the last metas (collect_generations keeps them)
         self._seeded_log, self._log_seed = True, 0  # the log's HNSW adds: seeded with add_seed(_log_seed, g) or g
-        self._shown: int | None = None  # HNSW: slots from here on belong to an add not committed yet (searches skip)
+        self._shown: int | None = None  # slots from here on belong to an add not committed yet (searches skip)
+        self._hidden = None  # IVF: the selector of the rows an add not committed yet does not hold (kinds.hidden_ids)
+        self._dead = DeadSlots()  # HNSW: the selector skipping self.tombstones, built once per set
         self._changes, self._device = 0, DeviceRows()  # counts changes of the rows in memory; their copy on a GPU
         self.observer = None  # told of each generation held and each catch-up (IndexStore's: the metrics)
         if not self.uid:
@@ -304,76 +304,6 @@ class SpaceIndex:
         with self._writing():
             return self._write_adds(staged, log=False, prepared=True)
 
-    def _write_adds(self, blocks: Iterable[tuple[Any, Any, Any]], *, log: bool, prepared: bool = False) -> np.ndarray:
-        """Add ``blocks`` ``(X (m, dim), ids, payloads)`` as one generation, persisted: a delta when ``log`` and it
-        fits the log (one block), else a snapshot; returns the ids. Caller holds the writer lock (:meth:`_writing`).
-
-        Flat and IVF (fast adds) under the write side. HNSW: the write side per chunk of rows, the slots from
-        ``_shown`` on hidden from searches until the generation is persisted, then shown under the write side."""
-        blocks, hnsw, ids = deque(blocks), self.kind == "hnsw", []
-        logged = log and len(blocks) == 1 and self._logs(len(blocks[0][0]))
-        self._shown = int(self.index.ntotal) if hnsw else None
-        try:
-            with nullcontext() if hnsw else self.lock.write(), self._undo_on_failure(len(blocks) > 1, not hnsw):
-                while blocks:
-                    X, ids_m, payloads_m = blocks.popleft()
-                    seed = add_seed(self._log_seed, self.generation + 1) if logged else None
-                    delta = self._add(X, ids_m, payloads_m, seed=seed,
-                                      prepared=prepared, step=self.lock.write if hnsw else None)
-                    ids.append(delta.ids)
-                self._save(delta if logged else None)
-        finally:
-            if self._shown == self.index.ntotal:  # nothing inserted (refused before any row)
-                self._shown = None
-        if self._shown is not None:  # committed: show the rows
-            with self.lock.write():
-                self._shown = None
-                self._changed(self.updated_at)  # the time persisted (a new one went backwards on a reload)
-            if self.observer is not None:
-                self.observer.index_changed(self)
-        return np.concatenate(ids)
-
-    def delete(self, ids) -> int:
-        """Delete ``ids``; returns how many were present. Unknown ids are ignored.
-
-        HNSW marks the rows' slots dead (tombstones, filtered from searches); once they pass
-        :data:`~.kinds.TOMBSTONE_REBUILD` of the stored rows the graph is rebuilt from the live rows, off the
-        write side: searches go on meanwhile (seeing the rows until the new graph is saved and swapped in)."""
-        ids_arr = ids_array(ids, merge_repeats=True)  # an id named twice is deleted once
-        with self._writing():
-            with self.lock.write(), self._undo_on_failure():
-                present = ids_arr[self.has_ids(ids_arr)]
-                if present.size == 0:
-                    return 0
-                logged = self._logs(present.size)
-                if self.kind == "hnsw":
-                    dead = self.tombstones | set(live_slots(self.index, present, self.tombstones).tolist())
-                    if len(dead) > TOMBSTONE_REBUILD * max(1, self.index.ntotal):
-                        rebuild = dead
-                    else:
-                        rebuild, self.tombstones = None, dead
-                else:
-                    rebuild = None
-                    removed = self.index.remove_ids(present)
-                    assert removed == present.size, (removed, present.size)
-                if rebuild is None:
-                    self._forget_rows(present)
-                    self._save(Delta(self.generation + 1, "delete", present) if logged else None)
-                    return int(present.size)
-            # only readers of this index meanwhile (this thread holds the writer lock): the rebuild reads it safely
-            fresh = rebuild_hnsw(self.index, self.dim, self.params, rebuild)
-            with self.lock.write(), self._undo_on_failure():
-                self.index, self.tombstones = fresh, set()
-                self._forget_rows(present)
-                self._save()  # a new graph: only a snapshot holds it
-            return int(present.size)
-
-    def _forget_rows(self, ids: np.ndarray) -> None:
-        """The rows ``ids`` are deleted from the index: drop their payloads (caller holds the write side)."""
-        for i in ids.tolist():
-            self.payloads.pop(i, None)
-        self._changed()
-
     def _changed(self, updated_at: float | None = None) -> None:
         self.updated_at, self._changes = time.time() if updated_at is None else updated_at, self._changes + 1
         self._hubs.clear()
@@ -437,17 +367,17 @@ class SpaceIndex:
         return self.path is None or meta_sig(self.path) == self._meta_sig
 
     def _search(self, Q, k, exact, ef_search, nprobe):
-        if self.kind == "flat" and (found := self._device.search(self.index, self._changes, Q, k)) is not None:
+        if self.kind == "flat" and self._shown is None and (
+                found := self._device.search(self.index, self._changes, Q, k)) is not None:
             return found  # Settings.search_device: on a GPU (.device)
-        return search_kind(self.index, self.kind, self.params, self.tombstones, Q, k, exact, ef_search, nprobe,
-                           self._shown)
+        return search_kind(self.index, self.kind, self.params, self._dead.selector(self.tombstones), Q, k, exact,
+                           ef_search, nprobe, self._shown, self._hidden)
 
     # --- persistence and other processes -------------------------------------------------
     def save(self) -> None:
         """Persist the in-memory state as a new generation (under the cross-process writer lock)."""
-        with self._writing():
-            with self.lock.write():
-                self._save()
+        with self._writing():  # no other writer: searches read the index the snapshot reads
+            self._save()
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
@@ -590,7 +520,7 @@ class SpaceIndex:
 
     def _adopt(self, meta: dict, index, payloads: dict[int, Any], sig) -> None:
         """Replace the in-memory state by a persisted generation (caller holds the write side)."""
-        self.index, self.payloads, self._shown = index, payloads, None
+        self.index, self.payloads, self._shown, self._hidden = index, payloads, None, None
         self._take_meta(meta, sig)
 
     def _take_meta(self, meta: dict, sig) -> None:
@@ -629,11 +559,12 @@ class SpaceIndex:
         return log_fits(self._log, self._base_rows, self.kind, rows)
 
     def _save(self, delta: Delta | None = None) -> None:
-        """Write generation ``g + 1`` (caller holds the writer lock and the write side): ``delta`` appended to
-        the log, or (``None``) a snapshot of the whole index."""
+        """Write generation ``g + 1`` (caller holds the writer lock, not the write side: searches go on reading the
+        index meanwhile): ``delta`` appended to the log, or (``None``) a snapshot of the whole index, which then
+        gets room for its log (:meth:`_make_room`; IVF: each list its share, the write side per list)."""
         if self.path is None:
             return
-        gen = self.generation + 1
+        gen, fresh = self.generation + 1, self.generation == 0  # fresh: built here (no room: _make_room)
         if delta is not None:
             assert delta.generation == gen, (delta.generation, gen)
             base, log, base_rows = self._base, [*self._log, (gen, int(delta.ids.size))], self._base_rows
@@ -643,8 +574,11 @@ class SpaceIndex:
         meta.update(base=base, log=log, base_rows=base_rows, **{SEEDED_LOG: delta is None or self._seeded_log},
                     recent_bases=[*self._recent_bases, base][-(KEEP_OLD_GENERATIONS + 1):])
         sig = write_generation(self.path, self.index, self.payloads, meta, delta)
-        self._take_log(meta, sig)  # the rest of the meta was written from this state
+        with self.lock.write():
+            self._take_log(meta, sig)  # the rest of the meta was written from this state
         collect_generations(self.path, meta)
-        if delta is None and self.kind == "ivf":  # the log starts empty: room in each list for its share of it
-            with suppress(MemoryError):  # written already; without the room the lists grow by doubling
-                ivf_room(self.index, log_rows(base_rows))
+        if delta is None:  # the log starts empty: room for it
+            with suppress(MemoryError):  # written already; without the room the rows grow by doubling
+                ivf_room(self.index, log_rows(base_rows), self.lock.write)
+            if not fresh:
+                self._make_room(0)

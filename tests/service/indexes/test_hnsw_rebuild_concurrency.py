@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from service.indexes import IndexStore
-from service.indexes import space as space_mod
+from service.indexes import changes as space_mod
 
 DIM, N = 32, 2000
 
