@@ -20,6 +20,14 @@ the buffered bytes are freed at once; the request sees a disconnected client).
 A request the parser refuses (a duplicate Content-Length, Content-Length with Transfer-Encoding, a bad chunk size,
 a request target past :data:`MAX_URL_BYTES`, ...) was uvicorn's plain-text ``400 Invalid HTTP request received.``
 where every other error is the JSON error body: it is that body now, a 414 for the too-long target.
+
+An answer that ends the connection before the request's body has all arrived (a 413 sized from Content-Length,
+a 408, a 400 / 414 / 431 of the parser) closed the socket with the client still sending: the kernel answers the
+unread bytes with a reset, and a client that writes its whole body before it reads (Python's http.client,
+requests, httpx, browsers) got ``ConnectionResetError`` / ``BrokenPipeError``, never the JSON error. Such a close
+now lingers, as nginx's ``lingering_close``: the answer is sent and the write side shut (FIN), then what the client
+still sends is read and dropped until it closes its end, for at most :data:`LINGER_S` and :data:`LINGER_BYTES`
+(then the connection is dropped, as before). A close after a request that arrived whole is immediate, as before.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import sys
 from httptools import HttpParserCallbackError, HttpParserInvalidURLError
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["MAX_HEAD_BYTES", "MAX_URL_BYTES", "SlowClientProtocol", "set_timeouts"]
+__all__ = ["LINGER_BYTES", "LINGER_S", "MAX_HEAD_BYTES", "MAX_URL_BYTES", "SlowClientProtocol", "set_timeouts"]
 
 #: Bytes a connection may send while its request head is incomplete (a head of a few KB, plus the read that
 #: completes it: uvloop reads up to 256 KiB at once); nginx's default takes 4 buffers of 8 KB.
@@ -39,6 +47,15 @@ _TOO_LARGE = (b'{"error": {"type": "HeaderTooLargeError", "status": 431, "messag
               b'exceed 1048576 bytes"}}')
 #: Bytes of a request target (path and query) httptools parses; a longer one is a 414.
 MAX_URL_BYTES = 65535
+#: Longest a connection lingers after such an answer: a whole 77 MB body takes 0.03 s on loopback, 0.7 s over a
+#: gigabit link (a slower link past 5 s gets the reset, as before); nginx waits 5 s for each read
+#: (``lingering_timeout``), 30 s in all. Bounded in time and bytes, a lingering connection holds a socket and no
+#: request memory (a stalled head or body holds one 30 / 60 s).
+LINGER_S = 5.0
+#: Most bytes dropped while lingering: four times the largest body any route takes by default (``max_body_bytes``,
+#: 64 MiB), so a body well over the limit is read to its end; past it the client is cut off (reading and dropping
+#: 256 MiB costs the event loop about 0.1 s).
+LINGER_BYTES = 256 << 20
 _REASON = {400: b"Bad Request", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
 
 _timeouts: dict[str, float] = {}  # set by serve(); worker processes read their settings (VECBRIDGE_* variables)
@@ -58,15 +75,43 @@ def _timeout(which: str) -> float:
     return _timeouts[which]
 
 
+class _AnswerTransport:
+    """The transport as a request's cycle (uvicorn's ``RequestResponseCycle``) sees it: the close that follows an
+    answer lingers when the request has not all arrived (:meth:`SlowClientProtocol._close_after_answer`)."""
+
+    __slots__ = ("_protocol",)
+
+    def __init__(self, protocol: SlowClientProtocol) -> None:
+        self._protocol = protocol
+
+    def __getattr__(self, name: str):
+        return getattr(self._protocol.transport, name)
+
+    def close(self) -> None:
+        self._protocol._close_after_answer(lingering=not self._protocol._request_whole)
+
+    def is_closing(self) -> bool:  # lingering counts as closing: no "100 Continue", no next request
+        return self._protocol._linger_timer is not None or self._protocol.transport.is_closing()
+
+
 class SlowClientProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol; a request head must be complete within ``header_timeout_s``, and a client
-    whose reading stalls an answer for ``send_timeout_s`` is dropped."""
+    """uvicorn's httptools protocol; a request head must be complete within ``header_timeout_s``, a client
+    whose reading stalls an answer for ``send_timeout_s`` is dropped, and an answer that ends the connection
+    before the request has all arrived is followed by a bounded lingering close."""
 
     _head_timer = None
     _send_timer = None
     _head_bytes = 0
+    _linger_timer = None
+    _linger_left = 0
+    _request_whole = True  # the last request's message has all arrived
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_timer is not None:  # the answer is out: drop what the client still sends, up to a bound
+            self._linger_left -= len(data)
+            if self._linger_left < 0:
+                self._linger_over()
+            return
         if self.transport.is_closing():
             return
         if self._head_timer is not None:  # a request head is awaited or under way
@@ -102,23 +147,73 @@ class SlowClientProtocol(HttpToolsProtocol):
         head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
         self.transport.write(b"".join(head) + b"content-type: application/json\r\nconnection: close\r\n"
                                               b"content-length: %d\r\n\r\n%s" % (len(body), body))
-        self.transport.close()
+        self._close_after_answer(lingering=True)  # the request is broken or cut short: more of it may come
+
+    def _close_after_answer(self, lingering: bool) -> None:
+        """Close the connection after the answer written to it; ``lingering`` (the request has not all arrived):
+        first shut the write side and read and drop what the client still sends, until it closes its end, for at
+        most :data:`LINGER_S` and :data:`LINGER_BYTES`, so that it reads the answer instead of a reset."""
+        transport = self.transport
+        if self._linger_timer is not None or transport.is_closing():
+            return
+        if not lingering or not transport.can_write_eof():  # (TLS cannot half-close)
+            transport.close()
+            return
+        self._disarm_head()
+        self._unset_keepalive_if_required()
+        if self.cycle is not None and not self.cycle.response_complete:  # a parser error while the app reads: it
+            self.cycle.disconnected = True  # sees a client that left, as when the connection was closed at once
+            self.cycle.message_event.set()
+        transport.write_eof()  # a FIN after the answer: the client reads the answer to its end
+        self._linger_left = LINGER_BYTES
+        self._linger_timer = self.loop.call_later(LINGER_S, self._linger_over)
+        self.flow.resume_reading()  # uvicorn pauses reading while a body nobody reads piles up
+
+    def _linger_over(self) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        if not self.transport.is_closing():
+            self.transport.abort()
+
+    def on_response_complete(self) -> None:
+        if self._linger_timer is not None:  # the connection ends: no next request, no keep-alive wait
+            self.server_state.total_requests += 1
+            return
+        super().on_response_complete()
+
+    def shutdown(self) -> None:
+        if self._linger_timer is not None:  # the server stops: a lingering connection ends now
+            self._linger_over()
+        else:
+            super().shutdown()
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._answer_transport = _AnswerTransport(self)
         self._arm_head()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._request_whole = False
         self._arm_head()  # kept armed from the connection's opening, or armed for the next request's head
 
     def on_headers_complete(self) -> None:
         self._disarm_head()
         super().on_headers_complete()
+        if self.cycle is not None:  # its close after the answer comes to _close_after_answer
+            self.cycle.transport = self._answer_transport
+
+    def on_message_complete(self) -> None:
+        self._request_whole = True
+        super().on_message_complete()
 
     def connection_lost(self, exc) -> None:
         self._disarm_head()
         self._disarm_send()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:

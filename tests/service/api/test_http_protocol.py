@@ -1,11 +1,14 @@
 """HTTP/1.1 on the wire, against a real ``vecbridge serve`` and raw sockets: how long an idle kept-alive connection
 lasts, what a request whose body is encoded (``Content-Encoding``, ``Transfer-Encoding``) gets, how a body over the
-limit sent chunked ends its connection, and the answer to a request the HTTP parser itself refuses."""
+limit sent chunked ends its connection, the answer to a request the HTTP parser itself refuses, and how a client
+still sending the body of a request already refused reads that answer (the lingering close) within bounds."""
 
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
+import signal
 import socket
 import sys
 import time
@@ -203,3 +206,94 @@ def test_a_request_the_parser_refuses_gets_the_json_error_body(port):
     refused(_get("/v1/maps?x=" + "a" * 70_000), 414, "URITooLongError", "70011 bytes", "65535")
     status, _, body = _exchange(port, _get("/healthz?x=" + "a" * 65_000))  # a target of 65,535 bytes or less is read
     assert status == 200, body
+
+
+def _http_client(port: int, method: str, path: str, body=None, headers=None, **kw) -> tuple[int, dict, bytes]:
+    """The answer as Python's http.client reads it: it writes the whole request before it reads."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request(method, path, body=body, headers={**W, **(headers or {})}, **kw)
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()
+
+
+def test_a_client_still_sending_a_refused_body_reads_the_answer_not_a_reset(port):
+    """A body over the limit (a 77 MB ``vectors_b64`` against the 64 MiB one) got its 413 from the Content-Length
+    before it was read, and the connection was closed with the client still sending: the kernel reset it, and
+    http.client (requests, httpx, browsers) raised ConnectionResetError / BrokenPipeError, never the JSON error.
+    The same for a chunked body's 413 and a 431 head. Now the server lingers, reading and dropping the rest, so the
+    client reads its answer; a client that waits for "100 Continue" gets the 413 without sending the body."""
+    big = b'{"vectors_b64": "' + b"A" * 77_000_000 + b'"}'
+    for _ in range(3):
+        _error(_http_client(port, "POST", "/v1/indexes/idx/vectors", big, {"Content-Type": "application/json"}),
+               413, "PayloadTooLargeError", "77000019 bytes", "max_body_bytes")
+    del big
+    chunks = (b" " * (1 << 16) for _ in range(128))  # 8 MiB, chunked: the 413 comes when 64 KiB have been read
+    answer = _http_client(port, "POST", "/v1/spaces", chunks, {"Content-Type": "application/json"}, encode_chunked=True)
+    _error(answer, 413, "PayloadTooLargeError", "65536 bytes")
+    _error(_http_client(port, "GET", "/v1/maps", headers={"X-Big": "a" * 8_000_000}), 431, "HeaderTooLargeError")
+    with _connect(port) as s:  # as curl: a client that asks first is answered at once and sends nothing
+        s.sendall(b"POST /v1/spaces HTTP/1.1\r\nHost: 127.0.0.1\r\n" + KEY + b"\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 80000000\r\nExpect: 100-continue\r\n\r\n")
+        answer = _answer(s)
+        _error(answer, 413, "PayloadTooLargeError", "80000000 bytes")
+        assert answer[1]["connection"] == "close" and s.recv(1) == b""
+    status, headers, _ = _http_client(port, "GET", "/healthz")  # a request that arrived whole: closed at once, as ever
+    assert status == 200 and "connection" not in headers
+
+
+def _refused_then_sending(port: int, head: bytes, status: int) -> socket.socket:
+    """A connection whose request ``head`` (and maybe the start of its body) got an error ``status``, answered
+    while the client has more of the body to send."""
+    s = _connect(port)
+    s.sendall(head)
+    got = _answer(s)
+    assert got[0] == status, got
+    return s
+
+
+def _sending_until_cut(s: socket.socket, chunk: bytes, pause: float, limit: float = 20.0) -> tuple[float, int]:
+    """Send ``chunk`` every ``pause`` s until the server drops the connection: (seconds, bytes sent)."""
+    t, sent = time.monotonic(), 0
+    try:
+        while time.monotonic() - t < limit:
+            s.sendall(chunk)
+            sent += len(chunk)
+            time.sleep(pause)
+    except OSError:
+        return time.monotonic() - t, sent
+    finally:
+        s.close()
+    raise AssertionError(f"the server still read after {limit} s and {sent} bytes")
+
+
+def test_a_lingering_connection_is_bounded_in_time_and_bytes_and_by_the_shutdown(tmp_path):
+    """The lingering close that lets a client read its 413 must not let one hold the connection: a client that goes
+    on sending is dropped after ``LINGER_BYTES`` (a fast one) or ``LINGER_S`` (a slow one), and SIGTERM ends a
+    lingering connection at once instead of waiting for it (uvicorn logged "Waiting for connections to close")."""
+    from service.api.protocol import LINGER_BYTES, LINGER_S
+
+    seed_registry(tmp_path / "data")
+    p = free_port()
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(tmp_path / "data", p), p, tmp_path / "log")
+    try:
+        endless = (b"POST /v1/spaces HTTP/1.1\r\nHost: 127.0.0.1\r\n" + KEY + b"\r\nContent-Type: application/json"
+                   b"\r\nContent-Length: 100000000000\r\n\r\n")
+        took, sent = _sending_until_cut(_refused_then_sending(p, endless, 413), b" " * (1 << 20), 0)
+        assert LINGER_BYTES <= sent <= LINGER_BYTES + (64 << 20) and took < LINGER_S, (took, sent)
+        took, sent = _sending_until_cut(_refused_then_sending(p, endless, 413), b" " * 1000, 0.05)
+        assert LINGER_S - 0.5 <= took <= LINGER_S + 3, took
+        # a 400 while the route reads a chunked body (the request's answer is not complete), then SIGTERM
+        s = _refused_then_sending(p, b"POST /v1/maps/a2b/transform HTTP/1.1\r\nHost: 127.0.0.1\r\n" + KEY
+                                  + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                    b"5\r\n[1,2,\r\nzz\r\n", 400)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        took, _ = _sending_until_cut(s, b" " * 1000, 0.05)
+        assert took < 2, took
+        assert proc.wait(timeout=20) == 0
+    finally:
+        stop(proc)
+    assert "Waiting for connections to close" not in (tmp_path / "log").read_text()
