@@ -23,7 +23,7 @@ from ..errors import (AuthenticationError, PayloadTooLargeError, PermissionDenie
 from .responses import dumps
 
 __all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS", "accepted_hosts",
-           "host_allowed", "host_name", "cross_site"]
+           "host_allowed", "host_name", "cross_site", "route_path"]
 
 _MATCHED_PATHS, _MATCHED_PATH = 4096, 256  # GuardMiddleware remembers the route of this many paths of this length
 _access = get_logger("access")
@@ -37,6 +37,15 @@ SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options"
                     (b"referrer-policy", b"no-referrer"))
 _CSP = b"content-security-policy"
 _CSP_NONE = (_CSP, b"default-src 'none'; frame-ancestors 'none'")
+
+
+def route_path(scope) -> str:
+    """The request's path as the routes see it: without the proxy's prefix (``root_path``) that uvicorn's
+    ``--root-path`` puts in front of it, as Starlette's router strips it."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root):]
+    return path
 
 
 def _fixed_route(path: str) -> str:
@@ -255,10 +264,7 @@ class GuardMiddleware:
         self._matched: dict[tuple[str, str], tuple] = {}  # (method, path) -> (route, scope, path params) found
 
     def _match(self, scope) -> tuple[object | None, str | None]:
-        path, method = scope.get("path", ""), scope["method"]
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):  # behind a proxy prefix (uvicorn --root-path): match as the router does
-            path = path[len(root):]
+        path, method = route_path(scope), scope["method"]  # behind a proxy prefix: match as the router does
         hit = self._matched.get((method, path))
         if hit is None:  # a path seen before skips the scan of every route's pattern (the search's is the 30th)
             for regex, methods, route, need in self._table:
@@ -291,7 +297,7 @@ class GuardMiddleware:
                     "credentials: RFC 9112 section 3.2, RFC 9110 section 11.6.2)"))
         if settings is not self._hosts_of:
             self._hosts_of, self._hosts = settings, accepted_hosts(settings)
-        if self._hosts is not None and scope.get("path") not in _PROBES:
+        if self._hosts is not None and route_path(scope) not in _PROBES:
             name = host_name(headers.get(b"host"))
             if not host_allowed(name, self._hosts):
                 scope["route"] = route
@@ -482,7 +488,7 @@ class ObserveMiddleware:
             in_flight.dec()
             self.metrics.active -= 1
             dt = time.perf_counter() - t0
-            route = getattr(scope.get("route"), "path", None) or _fixed_route(scope.get("path", ""))
+            route = getattr(scope.get("route"), "path", None) or _fixed_route(route_path(scope))
             self.metrics.observe_request(scope["method"], route, status, dt)
             fields = {"method": scope["method"], "route": route, "status": status,
                       "duration_ms": round(dt * 1000, 3), "request_id": rid}

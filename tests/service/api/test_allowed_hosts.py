@@ -87,6 +87,22 @@ def test_auth_off_answers_loopback_names_only(tmp_path):
             assert c.get(probe, headers={"Host": "10.1.2.3:8000"}).status_code == 200
 
 
+def test_probes_answer_any_host_behind_a_root_path(tmp_path):
+    """Behind a proxy's path prefix (uvicorn --root-path puts it in front of each path) the probes still answer any
+    Host, and FastAPI's own pages keep their metrics label. The Host check compared the prefixed path with
+    /healthz: with auth off, a kubelet's probe by pod address was a 400 and the pod never became ready."""
+    from fastapi.testclient import TestClient
+
+    app = create_app(settings_for(tmp_path, api_keys={}, auth_disabled=True, metrics_access="open"))
+    with TestClient(app, root_path="/vb", base_url="http://10.1.2.3:8000") as c:
+        for probe in ("/vb/healthz", "/vb/readyz"):
+            assert c.get(probe).status_code == 200, probe
+        assert c.get("/vb/v1/spaces").status_code == 400  # the Host check still applies to the rest
+    with TestClient(app, root_path="/vb", base_url="http://localhost") as c:
+        assert c.get("/vb/openapi.json").status_code == 200
+        assert 'route="/openapi.json"' in c.get("/vb/metrics").text
+
+
 def test_allowed_hosts_with_keys(tmp_path):
     app = create_app(settings_for(tmp_path, allowed_hosts=["*.corp.example", "vecbridge"]))
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
