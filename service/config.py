@@ -44,8 +44,8 @@ from align.exceptions import InputError
 
 from .limits import Limits
 
-__all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "check_api_keys", "check_registry_url", "get_settings",
-           "load_settings", "read_setting_file"]
+__all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "check_api_keys", "check_registry_url", "check_root_path",
+           "get_settings", "load_settings", "read_setting_file"]
 
 SCOPES = ("read", "write")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -97,6 +97,11 @@ class Settings(BaseSettings):
         "milvus+https:// server's certificate is checked against; default: the system's trusted CAs."))
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535, description="TCP port of the HTTP service.")
+    root_path: str = Field("", description=(
+        "The path prefix a reverse proxy serves the service under, which it strips before passing requests on "
+        "(nginx `location /vb/ { proxy_pass http://vecbridge:8000/; }`, an ingress rewrite): e.g. /vb. /docs, the "
+        "console, the OpenAPI document's `servers` and redirects then carry it (the ASGI root_path, as uvicorn's "
+        "--root-path). Empty (default): served at /. Starts with '/' and does not end with one."))
     # {"key": ["read", "write"], ...}; empty and auth_disabled=False means every request is refused.
     api_keys: dict[str, list[str]] = Field(default_factory=dict)
     auth_disabled: bool = Field(False, description="Turn API keys off (local use only; must be explicit).")
@@ -189,6 +194,11 @@ class Settings(BaseSettings):
         if 0 < s < 0.001:  # PostgreSQL counts whole ms: it was rounded to 0, no limit at all
             raise ValueError(f"must be 0 (no limit) or at least 0.001 (1 ms), got {s:g}")
         return s
+
+    @field_validator("root_path")
+    @classmethod
+    def _check_root_path(cls, root: str) -> str:
+        return check_root_path(root)
 
     @field_validator("path_alias")
     @classmethod
@@ -381,6 +391,15 @@ def check_registry_url(url: str | None) -> str | None:
         except ImportError:  # no psycopg: said where the registry opens
             pass
     return url
+
+
+def check_root_path(root: str) -> str:
+    """``root`` when it can prefix the service's paths ("" or "/a/b"); else ValueError saying what to write."""
+    if root and (not root.startswith("/") or root.endswith("/") or "//" in root
+                 or not all(c.isalnum() or c in "/-._~" for c in root)):
+        raise ValueError(f"a path prefix starts with '/', does not end with one and holds letters, digits and "
+                         f"'-._~' between single slashes, e.g. /vecbridge (or empty: served at /); got {root[:80]!r}")
+    return root
 
 
 def check_api_keys(keys: dict[str, list[str]]) -> dict[str, list[str]]:

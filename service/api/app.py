@@ -37,7 +37,7 @@ from .document import finish_document
 from .errors import install_error_handlers
 from .deps import current_settings
 from .fastpath import FastPathMiddleware
-from .middleware import LOOPBACK_HOSTS, GuardMiddleware, ObserveMiddleware, accepted_hosts
+from .middleware import LOOPBACK_HOSTS, GuardMiddleware, ObserveMiddleware, RootPathMiddleware, accepted_hosts
 from .responses import FastJSONResponse
 from .routing import with_head
 from .routers import collections, embeddings, fits, indexes, jobs, lm, maps, migrations, ops, plans, steers
@@ -146,6 +146,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=s.cors_origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=list(EXPOSED_HEADERS))
     app.add_middleware(ObserveMiddleware, metrics=metrics)
+    if s.root_path:  # behind a proxy's path prefix: outermost, so every layer sees the scope uvicorn would give
+        app.add_middleware(RootPathMiddleware, root_path=s.root_path)
     return app
 
 

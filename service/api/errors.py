@@ -117,7 +117,8 @@ def _http_handler(request: Request, exc: StarletteHTTPException) -> FastJSONResp
     kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
-        message = f"no route {request.method} {request.url.path}; see /docs"
+        docs = request.scope.get("root_path", "").rstrip("/") + "/docs"  # behind a proxy's prefix: under it
+        message = f"no route {request.method} {request.url.path}; see {docs}"
     headers = dict(getattr(exc, "headers", None) or {})
     if exc.status_code == 405 and (allowed := _allowed_methods(request)):
         headers["Allow"] = ", ".join(allowed)  # RFC 9110: every method the resource supports

@@ -5,7 +5,8 @@ that parses and checks the request body (run off the event loop; a bad request i
 job exists) and returns the job function ``job_fn(ctx)`` and a one-line description.
 :func:`job_route` registers it: the route's declaration (scopes, status, response model,
 documented answers, body schema and examples), the ``Idempotency-Key`` header, and the answer
-(:func:`service.ops.jobs.submit`, then the job record with ``Location: /v1/jobs/{id}``).
+(:func:`service.ops.jobs.submit`, then the job record with ``Location: /v1/jobs/{id}``, behind the proxy's prefix
+when there is one: ``root_path``).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def job_route(router: APIRouter, path: str, *, kind: str, summary: str, descript
             # the durable insert can wait for the job store's lock: never on the event loop
             job, created = await run_in_threadpool(job_ops.submit, state.jobs, fn, kind=kind, description=what,
                                                    request=body, idempotency_key=idempotency_key)
+            root = request.scope.get("root_path", "").rstrip("/")  # the proxy's path prefix, if any
             return FastJSONResponse(job.to_dict(), status_code=202 if created else 200,
-                                    headers={"Location": f"/v1/jobs/{job.id}"})
+                                    headers={"Location": f"{root}/v1/jobs/{job.id}"})
 
         endpoint.__name__ = endpoint.__qualname__ = plan.__name__  # the OpenAPI operationId
         router.post(path, dependencies=[WriteScope, JSONOnly], status_code=202, summary=summary,

@@ -22,8 +22,8 @@ from ..errors import (AuthenticationError, PayloadTooLargeError, PermissionDenie
                       ServiceStoppingError)
 from .responses import dumps
 
-__all__ = ["GuardMiddleware", "ObserveMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS", "accepted_hosts",
-           "host_allowed", "host_name", "cross_site", "route_path"]
+__all__ = ["GuardMiddleware", "ObserveMiddleware", "RootPathMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS",
+           "accepted_hosts", "host_allowed", "host_name", "cross_site", "route_path"]
 
 _MATCHED_PATHS, _MATCHED_PATH = 4096, 256  # GuardMiddleware remembers the route of this many paths of this length
 _access = get_logger("access")
@@ -41,11 +41,29 @@ _CSP_NONE = (_CSP, b"default-src 'none'; frame-ancestors 'none'")
 
 def route_path(scope) -> str:
     """The request's path as the routes see it: without the proxy's prefix (``root_path``) that uvicorn's
-    ``--root-path`` puts in front of it, as Starlette's router strips it."""
+    ``--root-path`` and :class:`RootPathMiddleware` put in front of it, as Starlette's router strips it."""
     path, root = scope.get("path", ""), scope.get("root_path", "")
     if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
         return path[len(root):]
     return path
+
+
+class RootPathMiddleware:
+    """Serve under ``root_path`` (``Settings.root_path``), the prefix a reverse proxy strips: each request's scope
+    gets it as uvicorn's ``--root-path`` gives it (``root_path`` set, ``path`` and ``raw_path`` prefixed), so pages,
+    redirects and the OpenAPI ``servers`` carry it, whatever server runs the app. Unless the server set one."""
+
+    def __init__(self, app, root_path: str) -> None:
+        self.app, self.root = app, root_path
+        self._raw = root_path.encode("ascii")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket") and not scope.get("root_path"):
+            scope["root_path"] = self.root
+            scope["path"] = self.root + scope["path"]
+            if scope.get("raw_path") is not None:
+                scope["raw_path"] = self._raw + scope["raw_path"]
+        return await self.app(scope, receive, send)
 
 
 def _fixed_route(path: str) -> str:

@@ -40,8 +40,11 @@ def encoders(as_json):
 @click.option("--search-device", default=None, metavar="DEVICE",
               help="cpu (FAISS) or cuda / cuda:N: flat indexes searched on that GPU with torch "
                    "[env VECBRIDGE_SEARCH_DEVICE; default cpu].")
+@click.option("--root-path", default=None, metavar="PREFIX",
+              help="The path prefix a reverse proxy serves the service under and strips (e.g. /vb): /docs, the "
+                   "console and redirects carry it [env VECBRIDGE_ROOT_PATH; default: none].")
 @click.pass_obj
-def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search_device):
+def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search_device, root_path):
     """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""
     from ..api import serve as serve_api  # FastAPI and uvicorn: loaded only to serve
     from ..ops.backup import refuse_pg_backup
@@ -52,9 +55,16 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search
         from ..encoders import canonical_names
 
         preload = canonical_names(preload)
+    if root_path is not None:  # checked as the setting is: one line and exit 2 (model_copy does not validate)
+        from ..config import ConfigError, check_root_path
+
+        try:
+            check_root_path(root_path)
+        except ValueError as exc:
+            raise ConfigError(f"--root-path: {exc}") from None
     update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
                                 ("port", port), ("preload_encoders", preload or None),
-                                ("search_device", search_device)) if v is not None}
+                                ("search_device", search_device), ("root_path", root_path)) if v is not None}
     settings = obj.settings.model_copy(update=update)
     # an option replaces a setting read from VECBRIDGE_<NAME>_FILE: it no longer comes from that file (else the
     # workers of --workers N, handed the file's variable by Settings.to_env, read the file's value instead)

@@ -66,10 +66,16 @@ def _settings(request: Request) -> Settings:
     return app_settings(request.app)
 
 
+def _root(request: Request) -> str:
+    """The path prefix a reverse proxy serves the service under (ASGI ``root_path``: ``Settings.root_path`` or the
+    server's ``--root-path``), "" without one: every link, asset and API call of a page starts with it."""
+    return request.scope.get("root_path", "").rstrip("/")
+
+
 def _page(template: str, title: str):
     async def page(request: Request) -> HTMLResponse:
         return templates.TemplateResponse(request, template, {
-            "title": title, "pages": PAGES, "version": align.__version__, "current": title,
+            "title": title, "pages": PAGES, "version": align.__version__, "current": title, "root": _root(request),
             "auth_required": not _settings(request).auth_disabled}, headers={"Content-Security-Policy": CONSOLE_CSP})
 
     page.__name__ = f"ui_{template.split('.')[0]}"
@@ -82,16 +88,17 @@ for _path, _template, _title in PAGES:
 
 @router.get("/ui")
 @router.get("/ui/")
-async def ui_home() -> RedirectResponse:
-    return RedirectResponse("/ui/registry", status_code=307)
+async def ui_home(request: Request) -> RedirectResponse:
+    return RedirectResponse(_root(request) + "/ui/registry", status_code=307)
 
 
 @router.get("/docs")
-async def swagger_ui() -> HTMLResponse:
-    page = get_swagger_ui_html(openapi_url="/openapi.json", title="vecbridge - Swagger UI",
-                               swagger_js_url="/ui/static/swagger/swagger-ui-bundle.js",
-                               swagger_css_url="/ui/static/swagger/swagger-ui.css",
-                               swagger_favicon_url="/ui/static/swagger/favicon-32x32.png")
+async def swagger_ui(request: Request) -> HTMLResponse:
+    root = _root(request)  # behind a proxy's prefix, the document and the assets are under it too
+    page = get_swagger_ui_html(openapi_url=root + "/openapi.json", title="vecbridge - Swagger UI",
+                               swagger_js_url=root + "/ui/static/swagger/swagger-ui-bundle.js",
+                               swagger_css_url=root + "/ui/static/swagger/swagger-ui.css",
+                               swagger_favicon_url=root + "/ui/static/swagger/favicon-32x32.png")
     hashes = " ".join(csp_hash(s) for s in re.findall(r"<script>(.*?)</script>", page.body.decode(), re.DOTALL))
     page.headers["Content-Security-Policy"] = DOCS_CSP.format(hashes)
     return page

@@ -17,6 +17,9 @@ const VB = {
   forgetKey() { sessionStorage.removeItem(KEY_SLOT); window.dispatchEvent(new CustomEvent("vb-key")); },
   /* The service asks for keys (false: auth switched off, VECBRIDGE_AUTH_DISABLED; no key is ever needed). */
   authRequired() { return document.body.dataset.authRequired === "true"; },
+  /* The path prefix a reverse proxy serves the service under ("" without one; the server's root_path): API paths
+   * such as "/v1/maps" are requested below it. */
+  root() { return document.body.dataset.root || ""; },
   /* A request can be answered now: a key is set, or none is needed. */
   canCall() { return !!VB.key() || !VB.authRequired(); },
 
@@ -35,7 +38,8 @@ const VB = {
     if (body !== undefined) headers["Content-Type"] = "application/json";
     let r;
     try {
-      r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+      r = await fetch(VB.root() + path,
+                      { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
     } catch (e) {
       throw { status: 0, type: "NetworkError", message: "the service did not answer (" + e.message + ")" };
     }
