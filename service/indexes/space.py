@@ -134,6 +134,7 @@ class SpaceIndex(Changes):
         self._base_rows = 0  # rows of that snapshot (log_fits)
         self._recent_bases: list[int] = []  # snapshots of the last metas (collect_generations keeps them)
         self._seeded_log, self._log_seed = True, 0  # the log's HNSW adds: seeded with add_seed(_log_seed, g) or g
+        self._committing = False  # this process's writer holds the flock (refresh: nothing newer to read)
         self._shown: int | None = None  # slots from here on belong to an add not committed yet (searches skip)
         self._hidden = None  # IVF: the selector of the rows an add not committed yet does not hold (kinds.hidden_ids)
         self._dead = DeadSlots()  # HNSW: the selector skipping self.tombstones, built once per set
@@ -364,7 +365,7 @@ class SpaceIndex(Changes):
 
     def is_current(self) -> bool:
         """Whether the generation in memory is the newest persisted one (one ``stat``; never loads)."""
-        return self.path is None or meta_sig(self.path) == self._meta_sig
+        return self.path is None or self._committing or meta_sig(self.path) == self._meta_sig
 
     def _search(self, Q, k, exact, ef_search, nprobe):
         if self.kind == "flat" and self._shown is None and (
@@ -398,7 +399,13 @@ class SpaceIndex(Changes):
             with self._refresh_lock:
                 if not (fresh and meta_sig(self.path) is None):
                     self._sync(force=True)  # a writer reads the meta itself, never trusting a signature alone
-                yield
+                # no other process writes while we hold the flock: the meta it renames is ours, and searches must
+                # not queue on _refresh_lock behind the rest of the write (the room, old generations collected)
+                self._committing = True
+                try:
+                    yield
+                finally:
+                    self._committing = False
 
     @contextmanager
     def _undo_on_failure(self, changed: bool = False, locked: bool = True) -> Iterator[None]:
@@ -435,7 +442,7 @@ class SpaceIndex(Changes):
     def refresh(self) -> bool:
         """Catch up with a generation another process persisted; ``True`` if one was loaded. Costs one ``stat`` when
         nothing changed. Raises :class:`IndexNotFoundError` when another process dropped (or re-created) the index."""
-        if self.path is None:
+        if self.path is None or self._committing:  # this process's writer: memory holds what it commits
             return False
         sig = meta_sig(self.path)
         if sig is not None and sig in (self._meta_sig, self._unreadable_sig):  # the latter: said once, not re-read

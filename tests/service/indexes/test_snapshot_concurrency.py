@@ -94,6 +94,38 @@ def test_a_search_answers_while_an_add_writes_a_snapshot(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("kind", ["flat", "ivf"])
+def test_a_search_does_not_wait_for_the_writers_tail_after_its_commit(tmp_path, monkeypatch, kind):
+    """Once the writer renamed meta.json, a search saw a new signature, took the refresh lock, and so waited for the
+    rest of the write (old generations removed, room for the log: seconds on a big index). This process's writer
+    holds the flock, so the generation on disk is the one it is finishing: the search goes on with memory."""
+    store = IndexStore(tmp_path)
+    X0, X1 = _rows(0, OLD), _rows(1, NEW)
+    idx = store.create("docs", "s", X0, kind=kind, params=PARAMS[kind])
+    reached, go, real = threading.Event(), threading.Event(), space_mod.write_generation
+
+    def held(*args, **kwargs):  # meta.json renamed: committed on disk, the tail of the write still to come
+        sig = real(*args, **kwargs)
+        reached.set()
+        assert go.wait(30), "the test never let the writer go"
+        return sig
+
+    monkeypatch.setattr(space_mod, "write_generation", held)
+    adder, out = _in_thread(lambda: idx.add(X1))
+    try:
+        assert reached.wait(30)
+        Q = X0[:5]
+        searcher, found = _in_thread(lambda: idx.search(Q, 3, exact=True))
+        searcher.join(10)
+        assert not searcher.is_alive(), "a search waited for the writer's tail"
+        assert (found["value"][1] == _truth(X0, np.arange(OLD), Q, 3)).all()
+    finally:
+        go.set()
+        adder.join()
+    assert "error" not in out, out
+    assert idx.count == OLD + NEW
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf"])
 def test_a_search_answers_while_a_delete_writes_a_snapshot(tmp_path, monkeypatch, kind):
     store = IndexStore(tmp_path)
     X0 = _rows(0, 8000)
