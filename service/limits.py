@@ -24,6 +24,7 @@ from align.exceptions import InputError
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
     "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST", "IVF_MAX_PER_LIST",
+    "MAX_EF_SEARCH",
     "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE",
     "parse_strict_int", "check_range", "default_nlist",
     "ivf_training", "limits_markdown",
@@ -181,9 +182,11 @@ def check_json_depth(obj: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "bod
 
 # --- index parameters ---------------------------------------------------------------------------
 # kind -> {param: (lo, hi)}; hi may be a callable of the row count (IVF lists need training rows).
+#: HNSW search breadth, the index's parameter and a search request's ``ef_search`` alike
+MAX_EF_SEARCH = 32_768
 INDEX_PARAM_RULES: dict[str, dict[str, tuple[int, int]]] = {
     "flat": {},
-    "hnsw": {"M": (2, 256), "ef_construction": (1, 4_096), "ef_search": (1, 32_768)},
+    "hnsw": {"M": (2, 256), "ef_construction": (1, 4_096), "ef_search": (1, MAX_EF_SEARCH)},
     "ivf": {"nlist": (1, 65_536), "nprobe": (1, 65_536), "train_rows": (1, IVF_MAX_PER_LIST * 65_536)},
 }
 

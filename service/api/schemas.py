@@ -16,8 +16,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, creat
 
 from ..indexes import IndexInfo
 from ..indexes.csls import CSLS_WEIGHT
-from ..limits import (DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_PATH_MAPS, MAX_SEED, MAX_STEER_EPS,
-                      check_json_depth)
+from ..limits import (DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_EF_SEARCH, MAX_PATH_MAPS, MAX_SEED,
+                      MAX_STEER_EPS, check_json_depth)
 from ..ops.plans import EVAL_MAX_QUERIES
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
 from ..registry.names import MAX_VERSION, check_text
@@ -251,7 +251,8 @@ class SearchOptions(_Strict):
                                            "of the native recall than 1 on labelled retrieval in migrated indexes "
                                            "(benchmarks/results/migration_2026-12-01_csls*.md).")
     exact: bool = Field(False, description="Scan every row (ignores the approximate structure).")
-    ef_search: Count | None = Field(None, ge=1, le=100_000, description="HNSW breadth for this request.")
+    ef_search: Count | None = Field(None, ge=1, le=MAX_EF_SEARCH,
+                                        description="HNSW breadth for this request (at most 32768, as the index's).")
     nprobe: Count | None = Field(None, ge=1, le=65_536, description="IVF lists probed for this request.")
     include_payloads: bool = True
     steers: dict[str, SteerEps] | None = Field(

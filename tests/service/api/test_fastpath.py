@@ -617,3 +617,12 @@ def test_a_client_that_leaves_mid_upload_is_a_499_of_its_route(server):
     template = "/v1/maps/{ref}/transform"
     assert (answered(client, template, 499), answered(client, "/v1/indexes/{name}/search", 499),
             answered(client, "unmatched", 499)) == (2, 1, 0)
+
+
+@pytest.mark.parametrize("ef, status", [(32_768, 200), (32_769, 422), (100_000, 422)])
+def test_a_searchs_ef_search_has_the_index_parameters_bound(world, loop_index, monkeypatch, ef, status):
+    """The request allowed ef_search up to 100,000 while the index parameter (and the docs) stop at 32,768."""
+    c, _, data = world
+    fast, slow = both(c, monkeypatch, "POST", loop_index, **js({"vectors": data["Y"][:1].tolist(), "ef_search": ef}))
+    assert fast.status_code == status, fast.text
+    assert_same(fast, slow)
