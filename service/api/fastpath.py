@@ -133,7 +133,7 @@ async def _search(state, settings, params: dict, headers: dict, body: bytes, qs:
             pass
 
     def call():
-        return index_routes.search_call(state, settings, state.indexes.get(params["name"]), body)
+        return index_routes.search_call(state, settings, state.indexes.get(params["name"]), body, defer=True)
 
     await state.after_loads(params["name"])
     found, response = await _hop(state, call, len(body), request)

@@ -37,7 +37,7 @@ from ..ops.vectordb import SharedStore
 from ..registry import Registry, RegistryUnavailableError, VersionInfo, open_registry
 from .gate import Gate
 
-__all__ = ["MAP_CACHE_SIZE", "AppState", "InMemory", "Translation"]
+__all__ = ["MAP_CACHE_SIZE", "AppState", "Heavier", "InMemory", "Translation"]
 
 MAP_CACHE_SIZE = 64  # loaded maps / steers / composed paths one app keeps in memory (and map_cache_mb of them)
 
@@ -45,6 +45,16 @@ MAP_CACHE_SIZE = 64  # loaded maps / steers / composed paths one app keeps in me
 #: A transform, search or index-write body over this size takes the heavy gate's threads (1 MiB: ~700 rows of
 #: 384 float32; a search of that many queries over 40k rows is ~0.3 s of one core).
 HEAVY_BODY_BYTES = 1 << 20
+
+
+class Heavier:
+    """What a :meth:`HeavyGate.hop` function returns when it finds, once its small body is parsed, that its work is
+    heavy anyway (a search with a large ``k``, ``ef_search``, CSLS, texts): ``fn`` then runs on the gate's threads."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
 
 
 class HeavyGate:
@@ -82,15 +92,21 @@ class HeavyGate:
 
     async def hop(self, fn, nbytes: int, request=None):
         """``fn()`` for a request with a body of ``nbytes``: over :data:`HEAVY_BODY_BYTES` (its work grows with
-        its rows) on this gate's threads (see :meth:`run`), else on the shared pool."""
+        its rows) on this gate's threads (see :meth:`run`), else on the shared pool. A ``fn`` that returns a
+        :class:`Heavier` (a small body asking for heavy work) has its rest run on the gate's threads too."""
         if nbytes > HEAVY_BODY_BYTES:
-            return await self.run(fn, request)
-        return await anyio.to_thread.run_sync(fn)
+            return await self.run(lambda: _rest(fn()), request)
+        out = await anyio.to_thread.run_sync(fn)
+        return await self.run(out.fn, request) if isinstance(out, Heavier) else out
 
     def slot(self, what: str):
         """``async with gate.slot("plan")``: one of the ``n`` places of requests that compute for seconds, or a
         BusyError (429) at once."""
         return self.slots.turn(what=what)
+
+
+def _rest(out):
+    return out.fn() if isinstance(out, Heavier) else out
 
 
 class AppState:

@@ -354,6 +354,18 @@ class SpaceIndex(Changes):
                 return S, I, [[self.payloads.get(i) if i >= 0 else None for i in row] for row in I.tolist()]
             return S, I
 
+    def search_cost(self, n: int, k: int, *, exact: bool = False, ef_search: int | None = None,
+                    nprobe: int | None = None, csls_k: int = 0) -> int:
+        """Estimated multiply-adds of a search of ``n`` queries (:func:`~service.indexes.kinds.search_work`); with
+        CSLS, its candidates' search and the ``r(d)`` neighbourhoods of up to ``n x`` candidates rows."""
+        def work(m: int, kk: int) -> int:
+            return search_work(self.index, self.kind, self.params, self.dim, m, kk, exact, ef_search, nprobe)
+
+        if csls_k <= 0:
+            return work(n, k)
+        kc = max(4 * k, k + csls_k)  # as csls_search's candidates
+        return work(n, kc) + work(min(n * kc, max(self.count, 1)), csls_k)
+
     def small_search(self, n: int, k: int, *, exact: bool = False, ef_search: int | None = None,
                      nprobe: int | None = None, csls_k: int = 0) -> bool:
         """Whether ``n`` queries cost at most :data:`SMALL_SEARCH_WORK` multiply-adds (~0.2 ms on one core;

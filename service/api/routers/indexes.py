@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import DimensionMismatchError, InputError
 
-from ...indexes import SpaceIndex
+from ...indexes import SpaceIndex, space as index_space
 from ...limits import seed_of
 from ...ops import indexes as index_ops
 from ..codec import JSON, check_query, parse_options, parse_rows, texts_instead, vectors_from_json
@@ -28,6 +28,7 @@ from ..openapi import examples, json_body
 from ..pagination import list_route
 from ..responses import FastJSONResponse, dumps, dumps_plain
 from ..routing import CodecRoute
+from ..state import Heavier
 from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate, IndexCreateOptions, IndexDelete,
                        IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
                        error_responses)
@@ -141,22 +142,46 @@ async def search(name: IndexNamePath, request: Request, state: StateDep, setting
     check_query(request.query_params.multi_items(), ())  # ?k=5 was dropped silently: k=10 answered
     body = await request.body()
     await state.after_loads(name)
-    found, response = await state.heavy.hop(lambda: search_call(state, settings, state.indexes.get(name), body),
-                                            len(body), request)
+    found, response = await state.heavy.hop(
+        lambda: search_call(state, settings, state.indexes.get(name), body, defer=True), len(body), request)
     search_observe(state, found)
     return response
 
 
-def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None, wait: bool = True) -> tuple:
+#: Multiply-adds counted for embedding one query text (a short text through a small encoder is ~ms of a core): any
+#: search of texts is over :data:`~service.indexes.space.SMALL_SEARCH_WORK`, so it takes the compute gate's threads
+EMBED_WORK_PER_TEXT = 1 << 25
+
+
+def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None, wait: bool = True,
+                defer: bool = False) -> tuple | Heavier:
     """``(found, response)``: the whole search of one request, in one call (one thread-pool hop).
 
     Shared by the route and the batch-1 fast path (:mod:`service.api.fastpath`), so both answer alike.
     The fast path's event-loop try passes ``resolver=InMemory(state), wait=False``: anything that would
-    wait raises :class:`~service.indexes.locking.WouldBlock` before the search.
+    wait raises :class:`~service.indexes.locking.WouldBlock` before the search. ``defer=True`` (a
+    :meth:`~service.api.state.HeavyGate.hop`): a search estimated over ``SMALL_SEARCH_WORK``
+    (:func:`search_estimate`) is parsed here and returned as a :class:`~service.api.state.Heavier`, the search
+    itself then runs on the compute gate's threads, never the shared pool (a 41 KB body could ask for 11 s).
     """
     res = resolver or state
     opts, Q = parse_rows(body, SearchOptions, settings.max_batch,
                          lambda o: index_ops.query_dim(res, idx, o.space, o.map))
+    if defer and search_estimate(idx, opts, Q) > index_space.SMALL_SEARCH_WORK:
+        return Heavier(lambda: _search_answer(res, settings, idx, opts, Q, wait))
+    return _search_answer(res, settings, idx, opts, Q, wait)
+
+
+def search_estimate(idx: SpaceIndex, opts, Q) -> int:
+    """Estimated multiply-adds of a parsed search: the index's search (CSLS, ``ef_search``, ``nprobe``, ``exact``:
+    :meth:`~service.indexes.SpaceIndex.search_cost`) and the embedding of its texts."""
+    n = len(opts.texts) if opts.texts is not None else (0 if Q is None else int(Q.shape[0]))
+    work = idx.search_cost(n, max(int(opts.k), 1), exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
+                           csls_k=opts.csls_k if opts.csls else 0)
+    return work + (len(opts.texts) * EMBED_WORK_PER_TEXT if opts.texts is not None else 0)
+
+
+def _search_answer(res, settings, idx: SpaceIndex, opts, Q, wait: bool) -> tuple:
     found = index_ops.search(res, idx, Q, texts=opts.texts, space=opts.space, map_ref=opts.map, k=opts.k,
                              exact=opts.exact, ef_search=opts.ef_search, nprobe=opts.nprobe,
                              csls_k=opts.csls_k if opts.csls else 0, csls_weight=opts.csls_weight,

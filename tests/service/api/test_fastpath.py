@@ -626,3 +626,58 @@ def test_a_searchs_ef_search_has_the_index_parameters_bound(world, loop_index, m
     fast, slow = both(c, monkeypatch, "POST", loop_index, **js({"vectors": data["Y"][:1].tolist(), "ef_search": ef}))
     assert fast.status_code == status, fast.text
     assert_same(fast, slow)
+
+
+# --- which threads a search takes: a small body asking for heavy work goes to the compute gate -------------------
+def _count_gate_turns(monkeypatch, state) -> list:
+    turns = []
+    real_run = state.heavy.run
+
+    async def counting_run(fn, request=None):
+        turns.append(1)
+        return await real_run(fn, request)
+
+    monkeypatch.setattr(state.heavy, "run", counting_run)
+    return turns
+
+
+@pytest.fixture(scope="module")
+def hnsw_index(world):
+    c, app, data = world
+    app.state.vb.indexes.create("wide", "b", data["Y"][:300], dim=16, kind="hnsw")
+    return "/v1/indexes/wide/search"
+
+
+@pytest.mark.parametrize("extra, heavy", [({}, False), ({"ef_search": 32_768}, True), ({"ef_search": 64}, False),
+                                          ({"csls": True, "csls_k": 1000}, True)])
+def test_a_small_body_asking_for_heavy_search_work_takes_the_compute_gate(world, hnsw_index, monkeypatch, extra,
+                                                                          heavy):
+    """QA: 45 searches of 41 KB with k=1000, ef_search=100000 (11.5 s each) ran on the shared pool, since only
+    bodies over 1 MiB went to the compute gate: GET /v1/maps then timed out. The estimate of the search decides."""
+    c, app, data = world
+    body = js({"vectors": data["Y"][:20].tolist(), "k": 5, **extra})
+    c.post(hnsw_index, **body)
+    turns = _count_gate_turns(monkeypatch, app.state.vb)
+    fast, slow = both(c, monkeypatch, "POST", hnsw_index, **body)
+    assert fast.status_code == 200, fast.text
+    assert_same(fast, slow)
+    assert len(turns) == (2 if heavy else 0)  # the fast path's and the route's search, or neither
+
+
+def test_the_estimate_counts_texts_csls_and_ef_search(world, hnsw_index):
+    from service.api.routers import indexes as index_routes
+    from service.api.schemas import SearchOptions
+    from service.indexes.space import SMALL_SEARCH_WORK
+
+    _, app, data = world
+    idx = app.state.vb.indexes.get("wide")
+    Q = data["Y"][:1]
+
+    def estimate(**kw):
+        return index_routes.search_estimate(idx, SearchOptions(**kw), None if "texts" in kw else Q)
+
+    assert estimate(k=5) <= SMALL_SEARCH_WORK
+    assert estimate(k=5, texts=["one query"]) > SMALL_SEARCH_WORK
+    assert estimate(k=5, texts=["q"] * 5000) > estimate(k=5, texts=["q"])
+    assert estimate(k=5, ef_search=32_768) > SMALL_SEARCH_WORK
+    assert estimate(k=5, csls=True, csls_k=1000) > estimate(k=5, csls=True, csls_k=10) > estimate(k=5)
