@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from align.exceptions import DimensionMismatchError, InputError
 
-from ...indexes import SpaceIndex, space as index_space
+from ...indexes import SpaceIndex
 from ...limits import seed_of
 from ...ops import indexes as index_ops
 from ..codec import JSON, check_query, parse_options, parse_rows, texts_instead, vectors_from_json
@@ -148,9 +148,12 @@ async def search(name: IndexNamePath, request: Request, state: StateDep, setting
     return response
 
 
-#: Multiply-adds counted for embedding one query text (a short text through a small encoder is ~ms of a core): any
-#: search of texts is over :data:`~service.indexes.space.SMALL_SEARCH_WORK`, so it takes the compute gate's threads
+#: Multiply-adds counted for embedding one query text (a short text through a small encoder is ~ms of a core)
 EMBED_WORK_PER_TEXT = 1 << 25
+#: Estimated multiply-adds past which a small-bodied search runs on the compute gate's threads, not the shared pool
+#: (~50 ms of a core: a routine batch of 64 queries over 8,192 x 384 rows, 0.2 G, keeps its one hop; a texts search
+#: of 8 texts or more, a large ``ef_search`` or CSLS over many rows does not)
+HEAVY_SEARCH_WORK = 1 << 28
 
 
 def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None, wait: bool = True,
@@ -160,14 +163,14 @@ def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None,
     Shared by the route and the batch-1 fast path (:mod:`service.api.fastpath`), so both answer alike.
     The fast path's event-loop try passes ``resolver=InMemory(state), wait=False``: anything that would
     wait raises :class:`~service.indexes.locking.WouldBlock` before the search. ``defer=True`` (a
-    :meth:`~service.api.state.HeavyGate.hop`): a search estimated over ``SMALL_SEARCH_WORK``
+    :meth:`~service.api.state.HeavyGate.hop`): a search estimated over :data:`HEAVY_SEARCH_WORK`
     (:func:`search_estimate`) is parsed here and returned as a :class:`~service.api.state.Heavier`, the search
     itself then runs on the compute gate's threads, never the shared pool (a 41 KB body could ask for 11 s).
     """
     res = resolver or state
     opts, Q = parse_rows(body, SearchOptions, settings.max_batch,
                          lambda o: index_ops.query_dim(res, idx, o.space, o.map))
-    if defer and search_estimate(idx, opts, Q) > index_space.SMALL_SEARCH_WORK:
+    if defer and search_estimate(idx, opts, Q) > HEAVY_SEARCH_WORK:
         return Heavier(lambda: _search_answer(res, settings, idx, opts, Q, wait))
     return _search_answer(res, settings, idx, opts, Q, wait)
 

@@ -643,7 +643,7 @@ def _count_gate_turns(monkeypatch, state) -> list:
 
 @pytest.fixture(scope="module")
 def hnsw_index(world):
-    c, app, data = world
+    _, app, data = world
     app.state.vb.indexes.create("wide", "b", data["Y"][:300], dim=16, kind="hnsw")
     return "/v1/indexes/wide/search"
 
@@ -654,7 +654,12 @@ def test_a_small_body_asking_for_heavy_search_work_takes_the_compute_gate(world,
                                                                           heavy):
     """QA: 45 searches of 41 KB with k=1000, ef_search=100000 (11.5 s each) ran on the shared pool, since only
     bodies over 1 MiB went to the compute gate: GET /v1/maps then timed out. The estimate of the search decides."""
+    from service.api.routers import indexes as index_routes
+    from service.indexes.space import SMALL_SEARCH_WORK
+
     c, app, data = world
+    # this index is tiny: the bound scaled down to it (the estimate's test below checks it at its real size)
+    monkeypatch.setattr(index_routes, "HEAVY_SEARCH_WORK", SMALL_SEARCH_WORK)
     body = js({"vectors": data["Y"][:20].tolist(), "k": 5, **extra})
     c.post(hnsw_index, **body)
     turns = _count_gate_turns(monkeypatch, app.state.vb)
@@ -681,3 +686,5 @@ def test_the_estimate_counts_texts_csls_and_ef_search(world, hnsw_index):
     assert estimate(k=5, texts=["q"] * 5000) > estimate(k=5, texts=["q"])
     assert estimate(k=5, ef_search=32_768) > SMALL_SEARCH_WORK
     assert estimate(k=5, csls=True, csls_k=1000) > estimate(k=5, csls=True, csls_k=10) > estimate(k=5)
+    # at the real bound: one query text keeps its one hop, a batch of them takes the compute gate
+    assert estimate(k=5, texts=["q"]) <= index_routes.HEAVY_SEARCH_WORK < estimate(k=5, texts=["q"] * 8)
