@@ -103,6 +103,7 @@ class SlowClientProtocol(HttpToolsProtocol):
     _send_timer = None
     _head_bytes = 0
     _linger_timer = None
+    _stopping = False  # shutdown() was called: an answer that ends the connection closes it at once
     _linger_left = 0
     _request_whole = True  # the last request's message has all arrived
 
@@ -156,7 +157,7 @@ class SlowClientProtocol(HttpToolsProtocol):
         transport = self.transport
         if self._linger_timer is not None or transport.is_closing():
             return
-        if not lingering or not transport.can_write_eof():  # (TLS cannot half-close)
+        if not lingering or self._stopping or not transport.can_write_eof():  # (TLS cannot half-close)
             transport.close()
             return
         self._disarm_head()
@@ -183,6 +184,7 @@ class SlowClientProtocol(HttpToolsProtocol):
         super().on_response_complete()
 
     def shutdown(self) -> None:
+        self._stopping = True  # an answer still to come closes at once: no linger to outlast the server's grace
         if self._linger_timer is not None:  # the server stops: a lingering connection ends now
             self._linger_over()
         else:

@@ -26,12 +26,15 @@ def path_choice(pinned: int | None, newest_first: Iterable, version: Callable[[o
     """The version a map contributes to paths, of its live versions ``newest_first``: the ``pinned`` one (the path
     alias's; True) when it is among them, else the newest that is ``ok`` (reliable; False); None when neither.
     The one rule behind :func:`edge_versions` (paths) and ``path_version`` (:meth:`Registry.list_maps`)."""
-    items = list(newest_first)
-    if pinned is not None:
-        for item in items:
-            if version(item) == pinned:
-                return item, True
-    return next(((item, False) for item in items if ok(item)), None)
+    if pinned is None:  # lazily: the newest reliable is usually the first
+        return next(((item, False) for item in newest_first if ok(item)), None)
+    fallback = None
+    for item in newest_first:
+        if version(item) == pinned:
+            return item, True
+        if fallback is None and ok(item):
+            fallback = item, False
+    return fallback
 
 
 def edge_versions(reg, t, alias: str, pair: tuple[str, str] | None = None) -> dict[tuple[str, str], list]:
