@@ -132,6 +132,15 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(60.0, gt=0, le=3600, description=(
         "Longest wait for the next bytes of a request body that has begun (as nginx's client_body_timeout): "
         "a client that stalls mid-upload gets a 408 and its connection and buffered bytes are released."))
+    body_min_rate_bytes_s: float = Field(4096.0, ge=0, le=1 << 30, description=(
+        "Slowest average rate (bytes/s, since its reading began) of a request body once it has been sent for "
+        "body_timeout_s: slower is a 408 and the connection closed (as Apache's mod_reqtimeout MinRate). 4 KiB/s "
+        "is slower than any real link (32 kbit/s) yet cuts a client sending a byte just inside each "
+        "body_timeout_s, which body_timeout_s alone let hold its connection for ever. 0: no minimum."))
+    max_connections: int = Field(4096, ge=0, le=1 << 20, description=(
+        "Connections (or requests in flight) per serving process beyond which a new request is answered 503 and "
+        "its connection closed (uvicorn's limit_concurrency): keeps the process's file descriptors short of "
+        "its open-files limit, where every request, /healthz included, failed. 0: no limit."))
     shutdown_timeout_s: float = Field(25.0, gt=0, le=3600, description=(
         "Longest wait, after SIGTERM / SIGINT, for the requests in flight to finish before they are cancelled "
         "(answered 503 ServiceStoppingError) and the shutdown completes (running jobs recorded interrupted, the "

@@ -187,6 +187,10 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
               "connection dropped"),
              ("An idle kept-alive connection between requests (`keep_alive_timeout_s`)",
               f"{s.keep_alive_timeout_s:g} s", "connection closed"),
+             ("Average rate of a request body after its first `body_timeout_s` (`body_min_rate_bytes_s`)",
+              f"{s.body_min_rate_bytes_s:g} bytes/s" if s.body_min_rate_bytes_s else "none", "408"),
+             ("Connections or requests in flight per process (`max_connections`)", s.max_connections or "none",
+              "503, connection closed"),
              ("Plans and evaluations running at once per process (`max_heavy_requests`)", s.max_heavy_requests,
               "429 + Retry-After"),
              ("Background jobs waiting per process (`max_queued_jobs`)", s.max_queued_jobs, "429 + Retry-After"),
@@ -252,7 +256,7 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     set_timeouts(s.header_timeout_s, s.send_timeout_s)
     server = {"host": s.host, "port": s.port, "log_level": s.log_level.lower(), "access_log": False,  # 1 or N
               "log_config": None, "http": SlowClientProtocol, "timeout_graceful_shutdown": s.shutdown_timeout_s,
-              "timeout_keep_alive": s.keep_alive_timeout_s}
+              "timeout_keep_alive": s.keep_alive_timeout_s, "limit_concurrency": s.max_connections or None}
     if workers > 1:
         _pass_to_workers(plain)  # not the local key: each worker reads it from its file, it stays out of environments
         get_settings.cache_clear()

@@ -361,23 +361,26 @@ class GuardMiddleware:
                 # when the client waits for "100 Continue" before sending (reading would ask it for the body)
                 if (n <= settings.max_body_bytes and need is not None
                         and headers.get(b"expect", b"").lower() != b"100-continue"):
-                    await _drain(receive, settings.body_timeout_s)
+                    await _drain(receive, settings.body_timeout_s, settings.body_min_rate_bytes_s)
                 # no route: most often a mistyped path, so the message says so, not only "send smaller batches"
                 return await _send_413(send, n, limit, setting,
                                        unmatched=None if route else f"{scope['method']} {scope.get('path', '')}")
-        seen, done, wait = 0, False, settings.body_timeout_s
+        seen, done, wait, rate, t0 = 0, False, settings.body_timeout_s, settings.body_min_rate_bytes_s, None
 
         async def limited_receive():
-            nonlocal seen, done
+            nonlocal seen, done, t0
             if done:  # the body is complete: later calls wait for a disconnect, for as long as it takes
                 return await receive()
+            if t0 is None:
+                t0 = time.monotonic()
+            left, last = body_wait(t0, seen, wait, rate), time.monotonic()
             try:
-                async with asyncio.timeout(wait):
+                if left <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(left):
                     msg = await receive()
             except TimeoutError:
-                raise RequestTimeoutError(
-                    f"no request body bytes for {wait:g} s after {seen} bytes (body_timeout_s); "
-                    f"send the body without pauses") from None
+                raise RequestTimeoutError(_body_timeout_message(t0, last, seen, wait, rate)) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > limit:
@@ -393,12 +396,38 @@ class GuardMiddleware:
             return await _send_error(send, 408, type(exc).__name__, str(exc))
 
 
-async def _drain(receive, wait: float) -> None:
-    """Read and drop a request's body (until its end, a disconnect, or ``wait`` seconds without bytes)."""
+def body_wait(t0: float, seen: int, silence: float, rate: float) -> float:
+    """Seconds the next bytes of a request body whose reading began at ``t0`` (``time.monotonic``), ``seen`` bytes so
+    far, may take: ``silence`` (``body_timeout_s``), and no later than the moment its average rate since ``t0`` falls
+    below ``rate`` bytes/s (``body_min_rate_bytes_s``; 0: no such bound), counted only after the first ``silence``
+    seconds. Without the rate, a client sending a byte just inside each ``silence`` held the connection for ever."""
+    if rate <= 0:
+        return silence
+    return min(silence, t0 + max(silence, seen / rate) - time.monotonic())
+
+
+def _body_timeout_message(t0: float, last: float, seen: int, silence: float, rate: float) -> str:
+    """Why a body's wait ran out: ``last`` is when its last bytes came (or its reading began)."""
+    now = time.monotonic()
+    took = now - t0
+    if now - last < silence * 0.99:
+        return (f"the request body came at {seen / took:.0f} bytes/s ({seen} bytes in {took:.0f} s), below the "
+                f"minimum of {rate:g} bytes/s (body_min_rate_bytes_s); send the body without pauses")
+    return (f"no request body bytes for {silence:g} s after {seen} bytes (body_timeout_s); "
+            f"send the body without pauses")
+
+
+async def _drain(receive, wait: float, rate: float = 0) -> None:
+    """Read and drop a request's body (until its end, a disconnect, ``wait`` seconds without bytes, or its rate
+    below ``rate``: :func:`body_wait`)."""
+    t0, seen = time.monotonic(), 0
     try:
         while True:
-            async with asyncio.timeout(wait):
+            if (left := body_wait(t0, seen, wait, rate)) <= 0:
+                return
+            async with asyncio.timeout(left):
                 msg = await receive()
+            seen += len(msg.get("body", b""))
             if msg["type"] != "http.request" or not msg.get("more_body", False):
                 return
     except TimeoutError:

@@ -462,7 +462,8 @@ def test_a_stalled_request_is_refused_and_frees_the_connection(tmp_path):
 
     data = populate_data_dir(tmp_path / "data")
     srv = Server(tmp_path / "data", env={"VECBRIDGE_BODY_TIMEOUT_S": "1.5", "VECBRIDGE_HEADER_TIMEOUT_S": "1.5",
-                                         "VECBRIDGE_SEND_TIMEOUT_S": "1.5"}).start()
+                                         "VECBRIDGE_SEND_TIMEOUT_S": "1.5",
+                                         "VECBRIDGE_BODY_MIN_RATE_BYTES_S": "64"}).start()
     port = int(srv.url.rsplit(":", 1)[1])
     auth = f"Authorization: {W['Authorization']}\r\n"
     stalls = [("POST /v1/maps/a2b/transform", "application/octet-stream", "Content-Length: 1536\r\n", b"\0" * 64),
@@ -548,6 +549,64 @@ def test_a_stalled_request_is_refused_and_frees_the_connection(tmp_path):
             except ConnectionResetError:
                 got = 0
         assert got < whole, (got, whole)
+        _alive(srv)
+    finally:
+        srv.stop()
+
+
+def test_a_trickled_body_is_cut_and_connections_are_bounded(tmp_path):
+    """A body sent a byte just inside each ``body_timeout_s`` was never cut (the timeout measured silence only):
+    20,000 such connections took every file descriptor and /healthz failed. Once a body has been sent for
+    ``body_timeout_s``, an average rate below ``body_min_rate_bytes_s`` is a 408 and the connection closed (the
+    route's read and the drain of a body over a route's limit); beyond ``max_connections`` (uvicorn's
+    ``limit_concurrency``) a request is a 503, and the service answers again once connections close."""
+    import socket
+
+    populate_data_dir(tmp_path / "data")
+    srv = Server(tmp_path / "data", env={"VECBRIDGE_BODY_TIMEOUT_S": "1", "VECBRIDGE_BODY_MIN_RATE_BYTES_S": "1000",
+                                         "VECBRIDGE_MAX_CONNECTIONS": "12"}).start()
+    port = int(srv.url.rsplit(":", 1)[1])
+    auth = f"Authorization: {W['Authorization']}\r\n"
+    try:
+        for line, ctype, size in (("POST /v1/maps/a2b/transform", "application/octet-stream", 1536),
+                                  ("POST /v1/indexes", "application/json", 100_000),
+                                  ("POST /v1/spaces", "application/json", 1 << 20)):  # over its limit: drained
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                t0 = time.monotonic()
+                s.sendall(f"{line} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: {ctype}\r\n"
+                          f"Content-Length: {size}\r\n\r\n".encode())
+                s.settimeout(0.3)
+                answer = b""
+                while time.monotonic() - t0 < 6:  # a byte every 0.3 s: never silent for body_timeout_s
+                    try:
+                        s.sendall(b"{")
+                        chunk = s.recv(65536)
+                    except TimeoutError:
+                        continue
+                    except (BrokenPipeError, ConnectionResetError):
+                        break
+                    answer += chunk
+                    if not chunk:
+                        break
+                waited = time.monotonic() - t0
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert waited < 4, (line, waited, answer[:300])  # cut after ~1 s; before: held for ever
+            if size == 1 << 20:  # the 413 is sent once the drain gives up
+                assert head.startswith(b"HTTP/1.1 413"), answer[:300]
+                continue
+            assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower(), answer[:300]
+            err = json.loads(body)["error"]
+            assert err["type"] == "RequestTimeoutError" and "body_min_rate_bytes_s" in err["message"], err
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
+        try:
+            time.sleep(0.3)
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert _answer(s).startswith(b"HTTP/1.1 503")
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.3)
         _alive(srv)
     finally:
         srv.stop()
