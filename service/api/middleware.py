@@ -17,6 +17,7 @@ import uuid
 from urllib.parse import urlsplit
 
 from ..logging import get_logger
+from ..memory import TRIM_AFTER_BYTES, trim_after
 from ..metrics import ServiceMetrics
 from ..errors import (AuthenticationError, PayloadTooLargeError, PermissionDeniedError, RequestTimeoutError,
                       ServiceStoppingError)
@@ -487,9 +488,12 @@ class ObserveMiddleware:
         in_flight = self.metrics.in_flight
         in_flight.inc()
         self.metrics.active += 1
+        moved = 0  # body bytes in and out: a large request is followed by a heap trim (service/memory.py)
 
         async def send_wrapper(msg):
-            nonlocal status, started
+            nonlocal status, started, moved
+            if msg["type"] == "http.response.body":
+                moved += len(msg.get("body", b""))
             if msg["type"] == "http.response.start":
                 status, started = msg["status"], True
                 extra = [(b"x-request-id", rid.encode("latin-1")), *SECURITY_HEADERS]
@@ -508,9 +512,10 @@ class ObserveMiddleware:
         gone = False
 
         async def receive_wrapper():
-            nonlocal gone
+            nonlocal gone, moved
             msg = await receive()
             gone = gone or msg["type"] == "http.disconnect"
+            moved += len(msg.get("body", b""))
             return msg
 
         try:
@@ -534,6 +539,8 @@ class ObserveMiddleware:
         finally:
             in_flight.dec()
             self.metrics.active -= 1
+            if moved > TRIM_AFTER_BYTES:
+                trim_after(moved)
             dt = time.perf_counter() - t0
             route = getattr(scope.get("route"), "path", None) or _fixed_route(route_path(scope))
             self.metrics.observe_request(scope["method"], route, status, dt)
