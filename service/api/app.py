@@ -227,6 +227,21 @@ def ensure_local_key(s: Settings) -> tuple[Settings, "Path | None"]:
     return s.model_copy(update={"api_keys": {key: ["read", "write"]}}), path
 
 
+def connection_limit(wanted: int) -> int | None:
+    """uvicorn's ``limit_concurrency`` for ``max_connections`` ``wanted`` (0: none), kept 64 below the process's
+    open-files limit: each connection holds a descriptor, and past the limit every accept fails (/healthz too)
+    before a 503 would start; with the common default of 1,024 files the 4,096 default was a bound never met."""
+    if not wanted:
+        return None
+    try:
+        import resource
+
+        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # not on this platform: the setting as given
+        return wanted
+    return min(wanted, files - 64) if files != resource.RLIM_INFINITY and files > 128 else wanted
+
+
 def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     """Run the service with uvicorn on ``settings.host:settings.port`` (blocks).
 
@@ -256,7 +271,7 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     set_timeouts(s.header_timeout_s, s.send_timeout_s)
     server = {"host": s.host, "port": s.port, "log_level": s.log_level.lower(), "access_log": False,  # 1 or N
               "log_config": None, "http": SlowClientProtocol, "timeout_graceful_shutdown": s.shutdown_timeout_s,
-              "timeout_keep_alive": s.keep_alive_timeout_s, "limit_concurrency": s.max_connections or None}
+              "timeout_keep_alive": s.keep_alive_timeout_s, "limit_concurrency": connection_limit(s.max_connections)}
     if workers > 1:
         _pass_to_workers(plain)  # not the local key: each worker reads it from its file, it stays out of environments
         get_settings.cache_clear()

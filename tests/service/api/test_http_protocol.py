@@ -297,3 +297,17 @@ def test_a_lingering_connection_is_bounded_in_time_and_bytes_and_by_the_shutdown
     finally:
         stop(proc)
     assert "Waiting for connections to close" not in (tmp_path / "log").read_text()
+
+
+def test_the_connection_bound_stays_below_the_open_files_limit(monkeypatch):
+    """With the common default of 1,024 open files, the 4,096 max_connections default was a bound never reached:
+    descriptors ran out first and every accept failed, /healthz included. The bound uvicorn gets stays 64 below
+    the soft limit; 0 is still no bound, and a higher limit leaves the setting as it is."""
+    import resource
+
+    from service.api.app import connection_limit
+
+    for soft, wanted, got in ((1024, 4096, 960), (1 << 20, 4096, 4096), (1024, 100, 100), (1024, 0, None),
+                              (resource.RLIM_INFINITY, 4096, 4096)):
+        monkeypatch.setattr(resource, "getrlimit", lambda _which, soft=soft: (soft, soft))
+        assert connection_limit(wanted) == got, (soft, wanted)
