@@ -372,8 +372,7 @@ class SpaceIndex(Changes):
         the estimate per kind: :func:`~service.indexes.kinds.search_work`). CSLS is never small."""
         if csls_k > 0 or n < 1:
             return False
-        work = search_work(self.index, self.kind, self.params, self.dim, n, k, exact, ef_search, nprobe)
-        return work <= SMALL_SEARCH_WORK
+        return self.search_cost(n, k, exact=exact, ef_search=ef_search, nprobe=nprobe) <= SMALL_SEARCH_WORK
 
     def is_current(self) -> bool:
         """Whether the generation in memory is the newest persisted one (one ``stat``; never loads)."""
