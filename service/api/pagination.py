@@ -83,9 +83,15 @@ def paginate(items: Sequence[Any], key: Callable[[Any], Any], page: PageParams) 
             ordered = [it for it in ordered if key(it) > after]
         except TypeError:
             raise InputError(_FOREIGN) from None
-    if page.limit is None or len(ordered) <= page.limit:
+    return _first(ordered, page.limit, key)
+
+
+def _first(ordered: list, limit: int | None, key: Callable[[Any], Any]) -> dict:
+    """The page of the first ``limit`` of ``ordered`` (None: all), its ``next`` cursor the last one's ``key`` when
+    more follow."""
+    if limit is None or len(ordered) <= limit:
         return {"data": ordered, "next": None}
-    data = ordered[: page.limit]
+    data = ordered[:limit]
     return {"data": data, "next": encode_cursor(key(data[-1]))}
 
 
@@ -103,10 +109,7 @@ def keyset_page(load_page: Callable[[str | None, int | None], Sequence[dict]], p
             raise InputError(_FOREIGN)
         return {"data": [], "next": None}
     items = list(load_page(after, None if page.limit is None else page.limit + 1))
-    if page.limit is None or len(items) <= page.limit:
-        return {"data": items, "next": None}
-    data = items[: page.limit]
-    return {"data": data, "next": encode_cursor(data[-1]["name"])}
+    return _first(items, page.limit, lambda d: d["name"])
 
 
 async def paged(load: Callable[[], Sequence[dict]], page: PageParams, key: Callable[[Any], Any] | None = None):
