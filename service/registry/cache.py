@@ -79,10 +79,8 @@ class LRUCache:
 
     def get(self, key, make: Callable[[], object]):
         """The value cached under ``key``, else ``make()`` (computed outside the lock) remembered if it fits."""
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key][0]
+        if (hit := self.peek(key)) is not None:  # values are artifacts, never None
+            return hit
         value = make()
         n = held_bytes(value)
         if self.max_bytes is not None and n > self.max_bytes:
