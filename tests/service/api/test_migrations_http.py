@@ -7,6 +7,8 @@ could only be told to migrate by someone with a shell.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -81,10 +83,13 @@ def test_a_cancelled_migration_resumes_from_its_checkpoint(world):
     c = world["client"]
     r = _post(world, source="h_src", target="h_cut", map="a2b", batch_size=20, pause=0.2)
     jid = r.json()["id"]
-    for _ in range(200):  # until at least one batch is written
-        j = c.get(f"/v1/jobs/{jid}").json()
-        if j["progress"]["stage"] == "migrate":
+    deadline = time.monotonic() + 60
+    while True:  # until at least one batch is written: the stage alone was reached before the first batch was,
+        j = c.get(f"/v1/jobs/{jid}").json()  # and a cancel then left 0 rows (a CI run under load)
+        if j["progress"]["stage"] == "migrate" and j["progress"]["fraction"] > 0:
             break
+        assert time.monotonic() < deadline and j["state"] in ("queued", "running"), j
+        time.sleep(0.02)
     assert c.delete(f"/v1/jobs/{jid}").status_code in (200, 202)
     job = wait_http_job(c, jid)
     assert job["state"] == "cancelled", job
