@@ -165,6 +165,10 @@ class Settings(BaseSettings):
         "and index writes whose body is over 1 MiB), apart from the thread pool of every other route: more such "
         "requests wait their turn. Default: the CPU count (at least 2). Sharing the pool, 45 concurrent embedding "
         "requests held all its threads and GET /v1/maps waited 32 s."))
+    compute_max_waiting: int = Field(64, ge=0, le=100_000, description=(
+        "Requests waiting for a turn on the compute_threads per serving process, each holding its parsed body; more "
+        "are a 429 with Retry-After at once. Unbounded, a burst of large transforms, searches or embeddings all "
+        "waited, their bodies held in memory, instead of being told to retry. 0: none waits."))
     blas_threads: int = Field(1, ge=0, le=256, description=(
         "Threads of the BLAS and of FAISS's OpenMP in a serving process (service/threads.py): 1 keeps small "
         "requests from stalling on spinning thread teams when the host is busy; 0 leaves the libraries' "

@@ -31,6 +31,8 @@ vecbridge_heavy_requests_running                             gauge, plans / eval
 vecbridge_heavy_requests_refused_total{what}                 counter of plans / evaluations refused (429)
 vecbridge_compute_waiting / vecbridge_compute_running        gauges, calls waiting for / running on the heavy
                                                              gate's ``compute_threads`` (workers: sum)
+vecbridge_compute_refused_total                              counter of calls refused (429) with
+                                                             ``compute_max_waiting`` already waiting for them
 vecbridge_lm_requests_waiting                                gauge, LM generate / analyze waiting for the model
                                                              (``limits.lm_max_waiting``; workers: sum)
 vecbridge_lm_requests_running                                gauge, LM generate / analyze holding the model's
@@ -137,6 +139,8 @@ class ServiceMetrics:
         self.compute_waiting = gauge("vecbridge_compute_waiting",
                                      "Calls waiting for a turn on the heavy gate's compute_threads")
         self.compute_running = gauge("vecbridge_compute_running", "Calls running on the heavy gate's compute_threads")
+        self.compute_refused = Counter("vecbridge_compute_refused_total", "Calls refused with 429 by the heavy gate's "
+                                       "compute_threads (compute_max_waiting already waiting)", registry=r)
         self.lm_waiting = gauge("vecbridge_lm_requests_waiting",
                                 "LM generate / analyze requests waiting for the model (limits.lm_max_waiting)")
         self.lm_running = gauge("vecbridge_lm_requests_running",

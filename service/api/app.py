@@ -193,6 +193,8 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
               "503, connection closed"),
              ("Plans and evaluations running at once per process (`max_heavy_requests`)", s.max_heavy_requests,
               "429 + Retry-After"),
+             ("Requests waiting for the compute threads per process (`compute_max_waiting`)", s.compute_max_waiting,
+              "429 + Retry-After"),
              ("Background jobs waiting per process (`max_queued_jobs`)", s.max_queued_jobs, "429 + Retry-After"),
              ("Host header (`allowed_hosts`)", "any" if hosts is None else ", ".join(hosts), "400"))
     app.description = (API_DESCRIPTION + "\n**Limits** (settings; 413 for bodies and rows, 408 for a stalled body, "

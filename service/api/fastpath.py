@@ -42,7 +42,7 @@ from starlette.requests import ClientDisconnect, Request
 from align import LinearMap
 from align.exceptions import InputError
 
-from ..errors import ServiceUnavailableError, UnsupportedMediaTypeError
+from ..errors import BusyError, ServiceUnavailableError, UnsupportedMediaTypeError
 from ..indexes.locking import WouldBlock
 from ..limits import MAX_DIM
 from .codec import JSON, check_query, media_type
@@ -203,8 +203,8 @@ class FastPathMiddleware:
         except ClientDisconnect:  # gone while it waited for the heavy gate: nobody to answer, nothing computed (499)
             scope["route"] = route
             return
-        except ServiceUnavailableError as exc:  # found out slowly (a registry timeout): the route would wait again
-            scope["route"] = route
+        except (ServiceUnavailableError, BusyError) as exc:  # a registry timeout (the route would wait again), or
+            scope["route"] = route  # the heavy gate's queue full (the route would parse the body again to be refused)
             await error_response(Request(scope, receive), exc)(scope, receive, send)
             return
         except Exception:  # noqa: BLE001 - every failure is answered by the app itself, from the same body

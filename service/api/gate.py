@@ -5,9 +5,9 @@ no thread, and any more are refused at once (:class:`~service.errors.BusyError`:
 call made for a ``request`` whose client disconnects while it waits leaves the queue at once
 (:class:`~starlette.requests.ClientDisconnect`: 499 in the metrics), so it neither computes for nobody when its
 turn comes nor keeps a place from a live client. Used by :class:`~service.api.state.HeavyGate` (plans and
-evaluations: ``max_heavy_requests`` running, none waiting; its threads: ``compute_threads`` running, any number
-waiting) and the LM routes (one running, ``limits.lm_max_waiting`` waiting). Used only on the event loop, so
-the checks and counts need no lock.
+evaluations: ``max_heavy_requests`` running, none waiting; its threads: ``compute_threads`` running,
+``compute_max_waiting`` waiting) and the LM routes (one running, ``limits.lm_max_waiting`` waiting). Used only on
+the event loop, so the checks and counts need no lock.
 """
 
 from __future__ import annotations

@@ -88,8 +88,8 @@ _ERROR_TEXT = {
     413: "Body over this route's limit (its description says which) or more rows than `max_batch`.",
     415: "Unsupported `Content-Type`.",
     422: "Invalid input: shape, dimension, NaN/Inf, empty, bad name, failed request validation.",
-    429: "Busy: the job queue is full, `max_heavy_requests` plans / evaluations run already, or `lm_max_waiting` "
-         "requests wait for the language model (`Retry-After`).",
+    429: "Busy: the job queue is full, `max_heavy_requests` plans / evaluations run already, `compute_max_waiting` "
+         "requests wait for the compute threads, or `lm_max_waiting` for the language model (`Retry-After`).",
     503: "Registry not ready.",
 }
 

@@ -65,16 +65,21 @@ class HeavyGate:
     when their body is large. :meth:`slot` admits at most ``n`` of the requests that compute for seconds (plans,
     evaluations) and refuses the rest (429) rather than queueing them: many would fill the pool and keep the
     event loop from the GIL, so every other request, health checks too, would wait behind them. Both are a
-    :class:`~service.api.gate.Gate`.
+    :class:`~service.api.gate.Gate`; at most ``waiting`` calls (``compute_max_waiting``; None: any number) wait for
+    the threads, each holding its request's parsed body, and more are refused (429) rather than queued.
     """
 
-    def __init__(self, n: int, threads: int = 2, metrics: ServiceMetrics | None = None) -> None:
+    def __init__(self, n: int, threads: int = 2, metrics: ServiceMetrics | None = None,
+                 waiting: int | None = None) -> None:
         self.n = int(n)
         self.metrics = m = metrics or ServiceMetrics()  # saturation: waiting / running calls, running and refused slots
         self.slots = Gate(self.n, 0, busy=f"{{what}}: {{running}} such request(s) already running "
                                           f"(max_heavy_requests={self.n}); retry in a few seconds",
                           running_gauge=m.heavy_running, on_refused=lambda what: m.heavy_refused.labels(what).inc())
-        self.compute = Gate(int(threads), waiting_gauge=m.compute_waiting, running_gauge=m.compute_running)
+        self.compute = Gate(int(threads), waiting, waiting_gauge=m.compute_waiting, running_gauge=m.compute_running,
+                            busy=f"busy: {{running}} request(s) compute and {{waiting}} wait for the compute threads "
+                                 f"(compute_max_waiting={waiting}); retry in a few seconds",
+                            on_refused=lambda what: m.compute_refused.inc())
         self.limiter = self.compute.limiter
         self._threads = anyio.CapacityLimiter(int(threads))  # never waits: the turn was taken from ``limiter``
 
@@ -126,7 +131,8 @@ class AppState:
         self.demo_job_id: str | None = None
         self.demo_lock = None  # .demo.lock while this process's demo runs and after (service/ops/demo.py)
         self.demo_elsewhere = False  # another process held it at start: demo_status reads its .demo.status
-        self.heavy = HeavyGate(settings.max_heavy_requests, settings.compute_threads, self.metrics)
+        self.heavy = HeavyGate(settings.max_heavy_requests, settings.compute_threads, self.metrics,
+                               waiting=settings.compute_max_waiting)
         self.preload = EncoderPreload(settings.preload_encoders,  # names checked by Settings
                                       on_status=self.metrics.encoder_status)
         self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)

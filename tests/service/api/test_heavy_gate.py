@@ -240,3 +240,60 @@ def test_a_large_fast_path_transform_whose_client_left_while_it_waited_is_not_co
         route = "/v1/maps/{ref}/transform"
         assert answered(c, route, 499) == 1 and answered(c, route, 200) == 0
         assert "vecbridge_map_rows_total{" not in c.get("/metrics", headers=R).text  # no row was mapped
+
+
+def test_requests_beyond_compute_max_waiting_are_a_429_and_the_waiting_ones_finish(tmp_path):
+    """The compute gate bounded the calls running on its threads, not those waiting: with its threads busy, every
+    large transform, search or embedding waited, its body held in memory, however many came, and none was told to
+    retry. Beyond ``compute_max_waiting`` waiting, a request is now a 429 with ``Retry-After`` at once (counted in
+    ``vecbridge_compute_refused_total``) and the ones admitted finish. Real server: a real plan holds the one compute
+    thread, a large binary transform waits for it, and the next one is refused, answered by the fast path itself."""
+    import httpx
+    import numpy as np
+    from _api_support import R, answered, settings_for
+    from _servers import serve_in_thread
+
+    from align import fit_procrustes
+    from service.api import create_app
+
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((20_000, 16)).astype(np.float32)  # 1.28 MB: over the 1 MiB hop bound
+    app = create_app(settings_for(tmp_path, compute_threads=1, compute_max_waiting=1, max_heavy_requests=3,
+                                  max_batch=100_000))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
+        gate, reg = app.state.vb.heavy, app.state.vb.registry
+        reg.register_space("a", 16)
+        reg.register_space("b", 16)
+        X = rng.standard_normal((200, 16)).astype(np.float32)
+        reg.register_version("a2b", fit_procrustes(X, X[:, ::-1].copy()), source_space="a", target_space="b",
+                             method="procrustes", params={})
+        binary = {**R, "Content-Type": "application/octet-stream", "X-Vector-Dim": "16",
+                  "Accept": "application/octet-stream"}
+
+        def until(what, cond) -> None:
+            for _ in range(1200):
+                if cond(gate.limiter):
+                    return
+                time.sleep(0.025)
+            raise AssertionError(f"timed out waiting for {what}")
+
+        out: dict = {}
+        plan = threading.Thread(target=lambda: out.update(plan=c.post(
+            "/v1/plans", content=_plan_body(100_000), headers={**R, "Content-Type": "application/json"})))
+        plan.start()
+        until("the plan to hold the gate's one thread", lambda lim: lim.borrowed_tokens == 1)
+        queued = threading.Thread(target=lambda: out.update(queued=c.post(
+            "/v1/maps/a2b/transform", content=rows.tobytes(), headers=binary)))
+        queued.start()
+        until("the transform to wait for its turn", lambda lim: lim.statistics().tasks_waiting == 1)
+        r = c.post("/v1/maps/a2b/transform", content=rows.tobytes(), headers=binary)
+        assert r.status_code == 429 and float(r.headers["retry-after"]) > 0, (r.status_code, r.text[:300])
+        assert "compute_max_waiting=1" in r.json()["error"]["message"], r.text
+        plan.join(120)
+        queued.join(120)
+        assert out["plan"].status_code == 200, out["plan"].text[:300]
+        assert out["queued"].status_code == 200, out["queued"].text[:300]
+        assert np.frombuffer(out["queued"].content, np.float32).size == rows.size
+        metrics = c.get("/metrics", headers=R).text
+        assert "vecbridge_compute_refused_total 1.0" in metrics, [m for m in metrics.splitlines() if "refused" in m]
+        assert answered(c, "/v1/maps/{ref}/transform", 429) == 1 and answered(c, "/v1/maps/{ref}/transform", 200) == 1
