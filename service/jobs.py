@@ -221,6 +221,39 @@ class JobManager:
         return out
 
     # --- submit / cancel --------------------------------------------------------------------
+    def check_room(self, idempotency_key: str | None = None) -> None:
+        """QueueFullError when a :meth:`submit` made now would be refused for a full queue, whatever its request:
+        the queue is full and ``idempotency_key`` names no job (of this process, or in the store: a retry gets its
+        job, full queue or not). A face asks before it reads and parses a request (a fit's body can be 55 MB of
+        vectors), so that one to be refused is refused first; a submit after it may still be refused (the queue
+        filled meanwhile). May read the store: not on an event loop."""
+        with self._lock:
+            full = self._room()[0]
+        if not full:
+            return
+        self._adopt_cancels()  # as submit does: a job another process cancelled holds no place
+        with self._lock:
+            full, queued, free = self._room()
+            known = idempotency_key in self._idem and self._idem[idempotency_key] in self._jobs
+        if not full or known or (idempotency_key is not None and self.store is not None
+                                 and self.store.by_key(idempotency_key) is not None):
+            return
+        raise QueueFullError(self._full_message(queued, free))
+
+    def _room(self) -> tuple[bool, int, int]:
+        """``(full, queued, free)`` for one more job: queued jobs (and submits past the check), free workers. Under
+        the lock. A job that a free worker takes at once does not wait: only the jobs beyond the free workers count
+        against max_queued (before, max_queued=0 refused every job, even with every worker idle: each fit a 429
+        "retry after a job finishes" for ever, and the demo's submit failed the start-up)."""
+        states = Counter(j.state for j in self._jobs.values())
+        queued = states["queued"] + self._joining
+        free = max(0, self.workers - states["running"])
+        return queued + 1 - free > self.max_queued, queued, free
+
+    def _full_message(self, queued: int, free: int) -> str:
+        return (f"job queue is full ({max(0, queued - free)} waiting, limit {self.max_queued}); "
+                "retry after a job finishes")
+
     def submit(self, fn: Callable[[JobContext], dict | None], *, kind: str, description: str = "",
                idempotency_key: str | None = None, request_hash: str | None = None) -> tuple[Job, bool]:
         """Queue ``fn``; returns ``(job, created)`` — ``created`` is False for an idempotent replay."""
@@ -235,13 +268,7 @@ class JobManager:
                     return job, False
             # the slot is held from this check until the job is in _jobs: the store's insert runs outside the lock,
             # and without the hold, submits arriving together all passed the check on the same empty queue
-            states = Counter(j.state for j in self._jobs.values())
-            queued = states["queued"] + self._joining
-            # a job that a free worker takes at once does not wait: only the jobs beyond the free workers count
-            # against max_queued (before, max_queued=0 refused every job, even with every worker idle: each fit a
-            # 429 "retry after a job finishes" for ever, and the demo's submit failed the start-up)
-            free = max(0, self.workers - states["running"])
-            full = queued + 1 - free > self.max_queued
+            full, queued, free = self._room()
             if not full:
                 self._joining += 1
                 job = Job(id=uuid.uuid4().hex, kind=kind, description=description,
@@ -251,8 +278,7 @@ class JobManager:
             # that job (or its conflict) as when the queue has room; before, it was a 429 until the queue emptied
             first = None if idempotency_key is None or self.store is None else self.store.by_key(idempotency_key)
             if first is None:
-                raise QueueFullError(f"job queue is full ({max(0, queued - free)} waiting, limit {self.max_queued}); "
-                                     "retry after a job finishes")
+                raise QueueFullError(self._full_message(queued, free))
             if first.request_hash != request_hash:
                 raise IdempotencyConflictError(
                     f"Idempotency-Key {idempotency_key!r} was used for a different request (job {first.id})")

@@ -2,7 +2,9 @@
 
 A job route is one plain function ``plan(body, request, state, settings) -> (job_fn, description)``
 that parses and checks the request body (run off the event loop; a bad request is a 4xx before any
-job exists) and returns the job function ``job_fn(ctx)`` and a one-line description.
+job exists) and returns the job function ``job_fn(ctx)`` and a one-line description. A full job queue is a 429
+before that (:meth:`service.jobs.JobManager.check_room`): the body is dropped unparsed, unless the request's
+``Idempotency-Key`` names a job, which a retry still gets.
 :func:`job_route` registers it: the route's declaration (scopes, status, response model,
 documented answers, body schema and examples), the ``Idempotency-Key`` header, and the answer
 (:func:`service.ops.jobs.submit`, then the job record with ``Location: /v1/jobs/{id}``, behind the proxy's prefix
@@ -16,8 +18,10 @@ from typing import Annotated, Callable
 from fastapi import APIRouter, Header, Request
 from starlette.concurrency import run_in_threadpool
 
+from ..jobs import QueueFullError
 from ..ops import jobs as job_ops
 from .deps import JSONOnly, SettingsDep, StateDep, WriteScope
+from .errors import error_response
 from .openapi import json_body
 from .responses import FastJSONResponse
 from .schemas import JobOut, error_responses
@@ -35,6 +39,10 @@ def job_route(router: APIRouter, path: str, *, kind: str, summary: str, descript
     def register(plan: Callable):
         async def endpoint(request: Request, state: StateDep, settings: SettingsDep,
                            idempotency_key: IdempotencyKey = None):
+            try:  # a full queue refuses before the body is parsed: a fit's can be 55 MB of vectors, parsed for nothing
+                await run_in_threadpool(state.jobs.check_room, idempotency_key)
+            except QueueFullError as exc:
+                return await _refused(request, exc)
             body = await request.body()
             fn, what = await run_in_threadpool(plan, body, request, state, settings)
             # the durable insert can wait for the job store's lock: never on the event loop
@@ -53,3 +61,17 @@ def job_route(router: APIRouter, path: str, *, kind: str, summary: str, descript
         return plan
 
     return register
+
+
+async def _refused(request: Request, exc: QueueFullError):
+    """The 429 of a job refused before its body was read. The body is read and dropped, chunk by chunk (never held
+    nor parsed; its size and time limits apply), so that a client that sends it all before it reads (http.client,
+    requests, httpx) reads this answer, not a reset, on a connection it keeps; one that waits for "100 Continue"
+    before sending it is answered at once and the connection closed (its body never comes)."""
+    answer = error_response(request, exc)
+    if request.headers.get("expect", "").lower() == "100-continue":
+        answer.headers["Connection"] = "close"
+    else:
+        async for _ in request.stream():
+            pass
+    return answer

@@ -192,6 +192,55 @@ def test_http_queue_full_is_429(tmp_path):
         app.state.vb.jobs.cancel(busy.id)
 
 
+def test_a_fit_refused_for_a_full_queue_is_refused_before_its_body_is_parsed(tmp_path):
+    """A fit refused because the job queue was full was refused only once its whole body (up to 64 MiB of vectors)
+    had been read into memory and parsed, to be dropped: under load, when refusals come most. The 429 now comes
+    before the parse: a body that is not even valid JSON at its end is a 429, not the parse's 422. A retry with the
+    Idempotency-Key of a job already made still gets that job (200), full queue or not, and a client that waits for
+    "100 Continue" is answered at once without sending its body. Real server, real fit in the queue."""
+    import json
+    import socket
+
+    import httpx
+    from _servers import serve_in_thread
+
+    app = create_app(settings_for(tmp_path, job_workers=1, max_queued_jobs=1, max_batch=1_000_000))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as c:
+        jobs = app.state.vb.jobs
+        populate(app.state.vb.registry)
+        slow, started = slow_job(100_000)
+        busy, _ = jobs.submit(slow, kind="t")  # the one worker is busy
+        assert started.wait(10)
+        X, Y, _ = planted(50)
+        body = {"name": "f", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
+                "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}}
+        first = c.post("/v1/fits", headers={**W, "Idempotency-Key": "k1"}, json=body)
+        assert first.status_code == 202, first.text  # queued: the queue (1 place) is full now
+        rng = np.random.default_rng(0)
+        big = rng.standard_normal((150_000, 16)).round(6).tolist()
+        cut = json.dumps({**body, "source": {"vectors": big}, "target": {"vectors": big}})[:-1].encode()  # 50 MB
+        assert len(cut) > 30e6
+        for key in (None, "k2"):  # no key, or a key of no job
+            r = c.post("/v1/fits", content=cut, headers={**W, "Content-Type": "application/json",
+                                                         **({"Idempotency-Key": key} if key else {})})
+            assert r.status_code == 429 and float(r.headers["retry-after"]) > 0, (r.status_code, r.text[:300])
+            assert "job queue is full" in r.json()["error"]["message"]
+        again = c.post("/v1/fits", headers={**W, "Idempotency-Key": "k1"}, json=body)  # a retry: its job
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"], again.text
+        other = c.post("/v1/fits", headers={**W, "Idempotency-Key": "k1"}, json={**body, "name": "g"})
+        assert other.status_code == 409, other.text  # its key with another body: parsed and refused, as ever
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # waits for "100 Continue"
+            s.sendall(f"POST /v1/fits HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {W['Authorization']}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 40000000\r\nExpect: 100-continue\r\n\r\n"
+                      .encode())
+            head = s.recv(65536).split(b"\r\n\r\n")[0].lower()
+        assert head.startswith(b"http/1.1 429") and b"connection: close" in head, head
+        assert len(jobs.list()) == 2  # the slow job and the first fit: nothing else was queued
+        jobs.cancel(first.json()["id"])
+        jobs.cancel(busy.id)
+
+
 def test_max_queued_zero_runs_jobs_on_idle_workers_and_refuses_only_those_that_would_wait():
     """``max_queued_jobs=0`` (the setting accepts it): no job waits. Before, every submit was refused, idle workers
     or not -- every fit a 429 "retry after a job finishes" that no retry could pass, and ``vecbridge serve`` on an

@@ -196,6 +196,10 @@ def test_a_retry_with_its_key_gets_its_job_even_when_the_queue_is_full(tmp_path)
     assert started.wait(10)
     with pytest.raises(QueueFullError):
         mgr.submit(lambda ctx: {}, kind="t", idempotency_key="new", request_hash="h")
+    for key in (None, "new"):  # what a face asks before it reads the body: refused, as the submit would be
+        with pytest.raises(QueueFullError, match="job queue is full"):
+            mgr.check_room(key)
+    mgr.check_room("k")  # the store's key: not refused, the submit answers its job
     again, created = mgr.submit(lambda ctx: {}, kind="fit", idempotency_key="k", request_hash="h")
     assert not created and again.id == first.id and again.result == {"ref": "m:1"}
     with pytest.raises(IdempotencyConflictError):
