@@ -26,7 +26,7 @@ __all__ = [
     "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST", "IVF_MAX_PER_LIST",
     "MAX_EF_SEARCH",
     "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE",
-    "parse_strict_int", "check_range", "default_nlist",
+    "parse_strict_int", "check_range", "default_nlist", "default_nprobe", "IVF_SCAN_ROWS",
     "ivf_training", "limits_markdown",
 ]
 
@@ -272,6 +272,24 @@ def _check_train_rows(train_rows: int, nlist: int, given: bool) -> None:
 def default_nlist(n_rows: int) -> int:
     """IVF lists for ``n_rows`` training rows: ~4·sqrt(n), at most n/39 (FAISS wants ≥ 39 rows per list)."""
     return max(1, min(int(4 * math.sqrt(n_rows)), n_rows // 39 or 1, INDEX_PARAM_RULES["ivf"]["nlist"][1]))
+
+
+#: rows an IVF search scans at least, by default: ``nprobe`` lists of ``n / nlist`` rows each
+IVF_SCAN_ROWS = 1500
+
+
+def default_nprobe(n_rows: int, nlist: int) -> int:
+    """IVF lists probed by default for an index created over ``n_rows`` rows in ``nlist`` lists: enough lists to
+    scan :data:`IVF_SCAN_ROWS` rows, at least 16, at most ``nlist``: ``min(nlist, max(16, ceil(1500 nlist / n)))``.
+
+    A fixed 16 probed 3 % of the lists of a 20,000-row index (nlist 512, 39 rows per list): recall@10 0.857 on
+    WordNet e5 rows, where 1M rows (nlist 4,000, 250 per list) reach 0.927 with the same 16. Measured on WordNet e5
+    (1,000 held-out queries), 16 / this rule: 5k rows 0.906 / 0.98 (39 lists), 20k 0.857 / 0.94 (39), 39k 0.848 /
+    0.91 (31); from ~140k rows on (the default nlist) the rule gives 16, as before.
+    """
+    if n_rows <= 0:
+        return max(1, min(16, nlist))
+    return max(1, min(nlist, max(16, math.ceil(IVF_SCAN_ROWS * nlist / n_rows))))
 
 
 def ivf_training(n_rows: int, params: dict) -> tuple[int, int]:

@@ -40,7 +40,7 @@ from align.exceptions import InputError, NotRepresentableError
 from align.frames import row_norms, unit_rows
 from align.validation import check_no_zero_rows
 
-from ..limits import MAX_ID, ivf_training
+from ..limits import MAX_ID, default_nprobe, ivf_training
 from ..threads import pin_thread
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "ListPlan", "choose_kind",
@@ -121,8 +121,8 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
 
     Fills ``params`` (checked by :func:`service.limits.check_index_params`) with the defaults
     used: ``M=32, ef_construction=80, ef_search=64`` (HNSW; each row's level drawn from ``random_state``), ``nlist``,
-    ``nprobe=min(16, nlist)``, ``train_rows`` (IVF: :func:`service.limits.ivf_training`, default ``64 * nlist``, at
-    most ``n``). IVF's k-means trains on ``train_rows`` rows drawn with ``random_state`` (every row when ``n`` is
+    ``nprobe`` (:func:`service.limits.default_nprobe`: 16, more below ~140k rows), ``train_rows`` (IVF:
+    :func:`service.limits.ivf_training`, default ``64 * nlist``, at most ``n``). IVF's k-means trains on ``train_rows`` rows drawn with ``random_state`` (every row when ``n`` is
     not larger), scaled to unit length (cosine) block by block into one array of the rows trained on: in ``X``
     itself with ``overwrite`` (a sample the caller made for this), so training on ``t`` rows holds ``t x d`` floats
     once.
@@ -139,7 +139,7 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
         raise InputError("an IVF index needs training vectors at creation")
     nlist, cap = ivf_training(n, params)
     params["nlist"], params["train_rows"] = nlist, cap
-    params.setdefault("nprobe", min(16, nlist))
+    params.setdefault("nprobe", default_nprobe(n, nlist))
     if params["nprobe"] > nlist:
         raise InputError(f"index parameter nprobe={params['nprobe']} exceeds nlist={nlist}")
     if cap < nlist:
@@ -365,7 +365,7 @@ def rebuild_hnsw(index, dim: int, params: dict, tombstones: set[int]):
 
 
 def _nprobe(params: dict, nprobe: int | None) -> int:
-    """IVF lists probed: the request's ``nprobe``, else the index's (default 16)."""
+    """IVF lists probed: the request's ``nprobe``, else the index's (16 for one recorded without it)."""
     return int(nprobe or params.get("nprobe", 16))
 
 
