@@ -257,6 +257,9 @@ class SpaceIndex(Changes):
         ``step``: HNSW chunks each inside ``with step():`` (:func:`~.kinds.add_rows`). ``prepared``: ``X`` is
         :meth:`_prepared`."""
         n = X.shape[0]
+        if payloads is not None and (not isinstance(payloads, list) or len(payloads) != n):
+            raise InputError(f"payloads: expected a list of {n} JSON values (one per vector)")
+        rows = X if prepared else self._prepared(X)  # bad rows are told as such, before any id is drawn or checked
         if ids is None:
             if self.next_id + n > MAX_ID:
                 raise InputError(f"index {self.name!r}: automatic ids would pass 2**62; give explicit ids")
@@ -267,10 +270,6 @@ class SpaceIndex(Changes):
             if clash.size:
                 raise IndexConflictError(
                     f"{clash.size} id(s) already in index {self.name!r} (first: {int(clash[0])}); delete them first")
-        if payloads is not None:
-            if not isinstance(payloads, list) or len(payloads) != n:
-                raise InputError(f"payloads: expected a list of {n} JSON values (one per vector)")
-        rows = X if prepared else self._prepared(X)
         add_rows(self.index, self.kind, rows, ids_arr, seed, plan, step)
         added = {}
         if payloads is not None:

@@ -217,6 +217,21 @@ def test_bad_input(data):
         IndexStore(__import__("pathlib").Path("/tmp/nonexistent-vb")).get("x")
 
 
+def test_bad_rows_and_payloads_are_told_before_the_automatic_ids_run_out(data):
+    """Past an explicit id at the top of the range automatic ids are refused; a bad add said only that, so the user
+    who followed its advice (explicit ids) met a second, different error. The add's own fault comes first."""
+    X, _ = data
+    idx = SpaceIndex.build("top", "s", X[:5])
+    idx.add(X[5:6], ids=[2**62 - 1])
+    with pytest.raises(InputError, match="payloads: expected a list of 1"):
+        idx.add(X[6:7], payloads=[1, 2])
+    with pytest.raises(InputError, match="zero"):
+        idx.add(np.zeros((1, X.shape[1]), np.float32))
+    with pytest.raises(InputError, match="automatic ids would pass"):
+        idx.add(X[6:7])
+    assert idx.count == 6
+
+
 def test_fewer_rows_than_k(data):
     X, Q = data
     idx = SpaceIndex.build("few", "s", X[:3])
