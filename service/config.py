@@ -155,6 +155,13 @@ class Settings(BaseSettings):
         "Background jobs (fits, steer fits) waiting to run, per serving process (with --workers N, up to N times "
         "as many in the data dir); more are a 429 with Retry-After. A job a free worker takes at once does not "
         "wait: 0 runs jobs only on idle workers."))
+    max_queued_jobs_per_key: int | None = Field(None, ge=0, description=(
+        "Background jobs one API key may have waiting, per serving process, counted as max_queued_jobs counts; "
+        "more of that key's are a 429 with Retry-After while other keys still queue theirs (one key submitting "
+        "back to back took every place). Unset (the default): half of max_queued_jobs, at least 1, once two or "
+        "more keys have the write scope; with one such key, or auth off (every caller is then one key), no bound "
+        "of its own: the one user has the whole queue. A number applies to every key (auth off: to all callers "
+        "together); 0 runs a key's jobs only on idle workers; max_queued_jobs or more: no per-key bound."))
     job_workers: int = Field(1, ge=1, le=256, description="Background jobs running at once, per serving process.")
     max_heavy_requests: int = Field(2, ge=1, le=256, description=(
         "Synchronous requests that compute for seconds (POST /v1/plans, /v1/maps/{ref}/evaluate) running at once "

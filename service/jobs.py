@@ -12,8 +12,10 @@ States::
       └───────────┴──────> cancelled
 
 ``submit`` refuses with :class:`QueueFullError` when ``max_queued`` jobs already wait for a
-worker (HTTP 429). An idempotency key maps to the job it first created: the same key with
-the same request returns that job again; with a different request it is a conflict.
+worker (HTTP 429), or when the submitting ``owner`` (an API key) already has ``owner_limit`` of them waiting: one
+key submitting back to back took every place and every other key got a 429 until they drained. An idempotency key
+maps to the job it first created: the same key with the same request returns that job again; with a different
+request it is a conflict.
 
 Durability: with a :class:`~service.job_store.JobStore` (the service keeps one at ``data_dir/jobs.sqlite``) every
 job record — state, progress, timings, result, error, idempotency key — is written at submit,
@@ -143,6 +145,8 @@ class JobManager:
         self.store = store
         self._unsaved: dict[str, Job] = {}  # finished jobs whose final record is still to be written
         self._joining = 0  # submits past the queue check whose job is not in _jobs yet (their store insert runs)
+        self._owners: dict[str, str] = {}  # job id -> who submitted it (submit's owner), for the per-owner bound
+        self._joining_by: Counter[str] = Counter()  # _joining, per owner
 
     def open(self) -> int:
         """Claim this process's owner lock, fail the unfinished jobs of dead processes, trim old records.
@@ -255,8 +259,13 @@ class JobManager:
                 "retry after a job finishes")
 
     def submit(self, fn: Callable[[JobContext], dict | None], *, kind: str, description: str = "",
-               idempotency_key: str | None = None, request_hash: str | None = None) -> tuple[Job, bool]:
-        """Queue ``fn``; returns ``(job, created)`` — ``created`` is False for an idempotent replay."""
+               idempotency_key: str | None = None, request_hash: str | None = None, owner: str | None = None,
+               owner_limit: int | None = None) -> tuple[Job, bool]:
+        """Queue ``fn``; returns ``(job, created)`` — ``created`` is False for an idempotent replay.
+
+        ``owner`` (an opaque id of who submits, e.g. a digest of the API key) may have at most ``owner_limit`` jobs
+        waiting, counted as ``max_queued`` counts (a job a free worker takes at once does not wait); None: no bound
+        of its own. A replay of an idempotency key is answered its job whatever the bounds."""
         self._adopt_cancels()  # a job another process cancelled does not hold a place in the queue
         with self._lock:
             if idempotency_key is not None and idempotency_key in self._idem:
@@ -269,14 +278,26 @@ class JobManager:
             # the slot is held from this check until the job is in _jobs: the store's insert runs outside the lock,
             # and without the hold, submits arriving together all passed the check on the same empty queue
             full, queued, free = self._room()
+            mine, owner_full = 0, False
+            if owner is not None and owner_limit is not None and not full:
+                mine = self._joining_by[owner] + sum(1 for j in self._jobs.values()
+                                                     if j.state == "queued" and self._owners.get(j.id) == owner)
+                full = owner_full = mine + 1 - free > owner_limit
             if not full:
                 self._joining += 1
+                if owner is not None:
+                    self._joining_by[owner] += 1
                 job = Job(id=uuid.uuid4().hex, kind=kind, description=description,
                           idempotency_key=idempotency_key, request_hash=request_hash)
         if full:
             # a retry whose key created a job of another process (a sibling worker, or before a restart) is answered
             # that job (or its conflict) as when the queue has room; before, it was a 429 until the queue emptied
             first = None if idempotency_key is None or self.store is None else self.store.by_key(idempotency_key)
+            if first is None and owner_full:
+                raise QueueFullError(
+                    f"job queue is full for this API key ({max(0, mine - free)} of its jobs waiting, per-key limit "
+                    f"{owner_limit}: max_queued_jobs_per_key); other keys can still queue jobs; retry after one of "
+                    "its jobs finishes")
             if first is None:
                 raise QueueFullError(self._full_message(queued, free))
             if first.request_hash != request_hash:
@@ -287,12 +308,14 @@ class JobManager:
             first = self.store.insert(job) if self.store is not None else None
         except BaseException:
             with self._lock:
-                self._joining -= 1
+                self._left_joining(owner)
             raise
         with self._lock:
-            self._joining -= 1
+            self._left_joining(owner)
             if first is None:
                 self._jobs[job.id] = job
+                if owner is not None:
+                    self._owners[job.id] = owner
                 if idempotency_key is not None:
                     self._idem[idempotency_key] = job.id
                 self._trim()
@@ -469,10 +492,18 @@ class JobManager:
             _log.warning("job record not written", extra={"fields": {"job_id": job.id, "error": repr(exc)}})
             return False
 
+    def _left_joining(self, owner: str | None) -> None:
+        self._joining -= 1
+        if owner is not None:
+            self._joining_by[owner] -= 1
+            if self._joining_by[owner] <= 0:
+                del self._joining_by[owner]
+
     def _trim(self) -> None:
         finished = [k for k, j in self._jobs.items() if j.state in TERMINAL]
         for k in finished[: max(0, len(finished) - self._keep)]:
             j = self._jobs.pop(k)
+            self._owners.pop(k, None)
             if j.idempotency_key is not None:
                 self._idem.pop(j.idempotency_key, None)
 

@@ -196,6 +196,9 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
              ("Requests waiting for the compute threads per process (`compute_max_waiting`)", s.compute_max_waiting,
               "429 + Retry-After"),
              ("Background jobs waiting per process (`max_queued_jobs`)", s.max_queued_jobs, "429 + Retry-After"),
+             ("Background jobs of one API key waiting per process (`max_queued_jobs_per_key`)",
+              s.max_queued_jobs_per_key if s.max_queued_jobs_per_key is not None else
+              f"{max(1, s.max_queued_jobs // 2)} with two or more write keys, else none", "429 + Retry-After"),
              ("Host header (`allowed_hosts`)", "any" if hosts is None else ", ".join(hosts), "400"))
     app.description = (API_DESCRIPTION + "\n**Limits** (settings; 413 for bodies and rows, 408 for a stalled body, "
                                          "422 for the rest):\n\n"

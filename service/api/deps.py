@@ -34,10 +34,12 @@ from ..registry.names import MAX_VERSION, parse_version
 from .codec import require_json
 from .keyfile import current_keys
 from ..errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
+from ..ops.jobs import per_key_limit
 from .state import AppState
 
 __all__ = ["current_settings", "SettingsDep", "StateDep", "require_scope", "authorize", "ReadScope", "WriteScope", "JSONOnly", "SCOPES",
-           "MetricsAccess", "VersionPath"]
+           "MetricsAccess", "VersionPath", "job_owner",
+           "jobs_per_key"]
 
 SCOPES = ("read", "write")
 _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
@@ -119,6 +121,25 @@ def authorize(authorization: str | None, scope: str, settings: Settings) -> str 
     if scope not in scopes:
         raise PermissionDeniedError(f"this API key lacks the {scope!r} scope needed here (it has {sorted(scopes)})")
     return scope
+
+
+def jobs_per_key(settings: Settings) -> int | None:
+    """How many jobs one key may have waiting (:func:`service.ops.jobs.per_key_limit` of ``max_queued_jobs_per_key``
+    and the keys with the write scope now: the key file is re-read when it changes); None: no bound of its own."""
+    keys = {} if settings.auth_disabled else current_keys(settings)
+    writers = sum("write" in scopes for scopes in keys.values())
+    return per_key_limit(settings.max_queued_jobs_per_key, settings.max_queued_jobs, writers)
+
+
+def job_owner(authorization: str | None, settings: Settings) -> tuple[str, int | None]:
+    """Who queues a job (an already authorized request's ``Authorization`` header): a digest of its key, never the
+    key; with auth off every caller is one owner. And how many jobs that owner may have waiting
+    (:func:`jobs_per_key`)."""
+    limit = jobs_per_key(settings)
+    if settings.auth_disabled:
+        return "*", limit
+    token = (authorization or "").strip().partition(" ")[2].strip()
+    return _digest(token).hex()[:32], limit
 
 
 async def _metrics_access(request: Request, settings: SettingsDep) -> None:

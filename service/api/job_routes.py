@@ -7,7 +7,8 @@ before that (:meth:`service.jobs.JobManager.check_room`): the body is dropped un
 ``Idempotency-Key`` names a job, which a retry still gets.
 :func:`job_route` registers it: the route's declaration (scopes, status, response model,
 documented answers, body schema and examples), the ``Idempotency-Key`` header, and the answer
-(:func:`service.ops.jobs.submit`, then the job record with ``Location: /v1/jobs/{id}``, behind the proxy's prefix
+(:func:`service.ops.jobs.submit`, within the caller's key's share of the queue: ``max_queued_jobs_per_key``; then
+the job record with ``Location: /v1/jobs/{id}``, behind the proxy's prefix
 when there is one: ``root_path``).
 """
 
@@ -20,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..jobs import QueueFullError
 from ..ops import jobs as job_ops
-from .deps import JSONOnly, SettingsDep, StateDep, WriteScope
+from .deps import JSONOnly, SettingsDep, StateDep, WriteScope, job_owner
 from .errors import error_response
 from .openapi import json_body
 from .responses import FastJSONResponse
@@ -45,9 +46,11 @@ def job_route(router: APIRouter, path: str, *, kind: str, summary: str, descript
                 return await _refused(request, exc)
             body = await request.body()
             fn, what = await run_in_threadpool(plan, body, request, state, settings)
+            owner, owner_limit = job_owner(request.headers.get("authorization"), settings)  # its share of the queue
             # the durable insert can wait for the job store's lock: never on the event loop
             job, created = await run_in_threadpool(job_ops.submit, state.jobs, fn, kind=kind, description=what,
-                                                   request=body, idempotency_key=idempotency_key)
+                                                   request=body, idempotency_key=idempotency_key, owner=owner,
+                                                   owner_limit=owner_limit)
             root = request.scope.get("root_path", "").rstrip("/")  # the proxy's path prefix, if any
             return FastJSONResponse(job.to_dict(), status_code=202 if created else 200,
                                     headers={"Location": f"{root}/v1/jobs/{job.id}"})

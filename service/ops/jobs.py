@@ -15,18 +15,33 @@ from align.exceptions import InputError
 
 from ..jobs import Job, JobContext, JobManager
 
-__all__ = ["submit", "list_jobs", "get_job", "cancel_job"]
+__all__ = ["submit", "per_key_limit", "list_jobs", "get_job", "cancel_job"]
 
 
 def submit(jobs: JobManager, fn: Callable[[JobContext], dict | None], *, kind: str, description: str,
-           request: bytes, idempotency_key: str | None = None) -> tuple[Job, bool]:
+           request: bytes, idempotency_key: str | None = None, owner: str | None = None,
+           owner_limit: int | None = None) -> tuple[Job, bool]:
     """Queue ``fn`` as a job of ``kind``; ``(job, created)``.
 
     ``request`` (the raw request body) is hashed: the same ``idempotency_key`` with the same body
     returns the first job (``created`` False), with another body it is an IdempotencyConflictError.
+    ``owner`` (who submits: an API key's digest) may have ``owner_limit`` jobs waiting (:func:`per_key_limit`).
     """
     return jobs.submit(fn, kind=kind, description=description, idempotency_key=idempotency_key,
-                       request_hash=hashlib.sha256(request).hexdigest())
+                       request_hash=hashlib.sha256(request).hexdigest(), owner=owner, owner_limit=owner_limit)
+
+
+def per_key_limit(setting: int | None, max_queued: int, writers: int) -> int | None:
+    """The jobs one key may have waiting (``Settings.max_queued_jobs_per_key``): ``setting`` when given; unset,
+    half of ``max_queued`` (at least 1) when ``writers`` (keys that can submit jobs) are two or more, else None (no
+    bound of its own): a lone user (one key, or auth off, where every caller is one key) keeps the whole queue.
+
+    >>> per_key_limit(None, 8, 3), per_key_limit(None, 8, 1), per_key_limit(None, 1, 2), per_key_limit(0, 8, 1)
+    (4, None, 1, 0)
+    """
+    if setting is not None:
+        return setting
+    return max(1, max_queued // 2) if writers >= 2 else None
 
 
 def list_jobs(jobs: JobManager, limit: int | None = None, after=None) -> tuple[list[dict], dict]:

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from ...ops.demo import demo_status
 from ...memory import heap_settings
 from ...metrics import CONTENT_TYPE_LATEST
-from ..deps import MetricsAccess, ReadScope, StateDep
+from ..deps import MetricsAccess, ReadScope, StateDep, jobs_per_key
 from ..responses import FastJSONResponse
 from ..schemas import ErrorBody, Health, Ready, ServiceInfo, error_responses
 
@@ -116,12 +116,15 @@ async def info(state: StateDep):
         n_indexes = len(await run_in_threadpool(state.indexes.list))  # loads what other processes wrote: off the loop
     else:  # the start-up is loading them: count them without waiting for it
         n_indexes = (st := state.indexes.status())["loaded"] + st["loading"]
+    per_key = jobs_per_key(s)
+    per_key = s.max_queued_jobs if per_key is None else per_key  # no bound of its own: a key may fill the queue
     return FastJSONResponse({
         "service": "vecbridge", "version": align.__version__, "python": platform.python_version(),
         "faiss": getattr(faiss, "__version__", "?"), "registry_backend": state.registry.backend,
         "uptime_seconds": round(time.monotonic() - state.started_at, 3),
         "limits": {"max_body_bytes": s.max_body_bytes, "max_batch": s.max_batch,
-                   "max_queued_jobs": s.max_queued_jobs, "job_workers": s.job_workers, **s.limits.model_dump()},
+                   "max_queued_jobs": s.max_queued_jobs, "job_workers": s.job_workers,
+                   "max_queued_jobs_per_key": min(s.max_queued_jobs, per_key), **s.limits.model_dump()},
         "auth": "disabled" if s.auth_disabled else "api-keys",
         "native_threads": {"setting": s.blas_threads, **native_threads()},
         "heap": {"setting_mb": s.malloc_keep_mb, "applied": heap_settings()},

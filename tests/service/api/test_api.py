@@ -377,6 +377,7 @@ def test_openapi_limits_table_names_every_bound_a_client_meets(world):
     text = c.get("/openapi.json").json()["info"]["description"].split("**Limits**")[1]
     for name in ("max_body_bytes", "max_batch", "body_timeout_s", "header_timeout_s", "send_timeout_s",
                  "keep_alive_timeout_s", "max_heavy_requests", "compute_max_waiting", "max_queued_jobs",
+                 "max_queued_jobs_per_key",
                  "allowed_hosts", *Limits.model_fields):
         assert f"(`{name}`)" in text, name
     assert "431" in text and "1 MiB" in text
