@@ -25,12 +25,29 @@ MAX_VERSION = 2**31 - 1  # PostgreSQL INTEGER
 _NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]|->)*")
 _ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9._-]*")
 _NO_DOTDOT = r"(?!.*\.\.)"
+
+
+def _up_to(top: int) -> str:
+    """A regular expression of the decimal numbers 1 .. ``top`` without leading zeros, digit by digit: the shorter
+    numbers, then each prefix of ``top`` followed by a smaller digit and any digits, then ``top`` itself."""
+    s = str(top)
+    parts = [f"[1-9][0-9]{{0,{len(s) - 2}}}"] if len(s) > 1 else []
+    for i, d in enumerate(map(int, s)):
+        low, rest = int(i == 0), len(s) - i - 1
+        if d > low:
+            parts.append(s[:i] + (str(low) if d - 1 == low else f"[{low}-{d - 1}]") + f"[0-9]{{{rest}}}" * (rest > 0))
+    return "(?:" + "|".join([*parts, s]) + ")"
+
+
+#: a version as :func:`parse_version` reads it, at the end of the text: ASCII digits, at most 10 (leading zeros
+#: too), 1 .. MAX_VERSION. Before, ``[0-9]{1,10}``: the document declared ``name:0`` and ``name:9999999999`` valid
+_VERSION_RE = rf"(?=[0-9]{{1,10}}$)0*{_up_to(MAX_VERSION)}"
 #: The rules of :func:`check_name`, :func:`check_alias` and :func:`parse_ref` as whole-string patterns (JSON Schema /
 #: ECMA-262, Python's ``re`` alike: the OpenAPI document declares them), made of the expressions the checks use
 NAME_PATTERN = rf"^{_NO_DOTDOT}(?:{_NAME.pattern})$"
 ALIAS_PATTERN = rf"^{_NO_DOTDOT}(?:{_ALIAS.pattern})$"
 REF_PATTERN = (rf"^{_NO_DOTDOT}(?=[^@:]{{1,{MAX_NAME}}}(?:[@:]|$))(?:{_NAME.pattern})"  # name, @alias or :N
-               rf"(?:@(?=.{{1,{MAX_ALIAS}}}$)(?:{_ALIAS.pattern})|:[0-9]{{1,10}})?$")
+               rf"(?:@(?=.{{1,{MAX_ALIAS}}}$)(?:{_ALIAS.pattern})|:{_VERSION_RE})?$")
 MAX_REF = MAX_NAME + 1 + MAX_ALIAS  # name@alias
 
 
