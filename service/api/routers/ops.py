@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from ...errors import ServiceUnavailableError
 from ...ops.demo import demo_status
 from ...memory import heap_settings
 from ...metrics import CONTENT_TYPE_LATEST
@@ -95,10 +96,13 @@ async def _registry_check(state) -> str:
                         "`off` (404). Shows map and index names.",
             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
                              "description": "Prometheus text exposition format."},
-                       **error_responses(401, 403),  # metrics_access=key
+                       **error_responses(401, 403, 503),  # metrics_access=key; 503: not started (or stopped)
                        404: {"model": ErrorBody, "description": "Metrics are off (`metrics_access=off`)."}})
 async def metrics(request: Request):
     state = request.app.state.vb
+    if state is None:  # before the start-up has made it (or after the shutdown): was an AttributeError, a 500
+        raise ServiceUnavailableError("the service is starting or stopping; metrics answer once it has started, "
+                                      "see /readyz")
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -105,6 +105,19 @@ def test_the_metrics_answers_are_declared(world, tmp_path):
     assert {401, 403, 404} <= _declared(op)
 
 
+def test_metrics_before_the_start_up_is_a_declared_503(world, tmp_path):
+    """Called before the app's start-up has made its state (an ASGI server that runs no lifespan, a request raced
+    ahead of it), /metrics was an undeclared 500 (AttributeError) where every other route says 503."""
+    _, doc, _ = world
+    c = TestClient(create_app(settings_for(tmp_path)), raise_server_exceptions=False)  # no `with`: no start-up
+    r = c.get("/metrics", headers=R)
+    assert r.status_code == 503, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert err["type"] == "ServiceUnavailableError" and "starting" in err["message"], err
+    assert 503 in _declared(doc["paths"]["/metrics"]["get"])
+    assert c.get("/v1/info", headers=R).status_code == 503  # as the other routes answer then
+
+
 def test_every_json_answer_has_a_schema(world):
     _, doc, _ = world
     empty = [(method, path, status) for method, path, op in _operations(doc) for status, resp in op["responses"].items()
