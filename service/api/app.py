@@ -262,9 +262,13 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     s, key_file = ensure_local_key(s)
     if key_file is not None:
         mode = os.stat(key_file, follow_symlinks=False).st_mode & 0o777  # 0600 unless made stricter by hand
+        # behind a proxy's prefix the console is the proxy's (its pages ask for root_path/...): the server's own
+        # /ui, printed before, redirected to a root_path/ui/... it does not serve itself, a 404
+        console = (f"http://{s.host}:{s.port}/ui" if not s.root_path else
+                   f"https://<your proxy>{s.root_path}/ui (the proxy that serves it under {s.root_path})")
         print(f"vecbridge: no API keys configured, so a local read+write key is in {key_file} (mode {mode:04o}, kept "
               f"across restarts).\n  curl -H \"Authorization: Bearer $(cat {shlex.quote(str(key_file))})\" "
-              f"http://{s.host}:{s.port}/v1/info\n  console: http://{s.host}:{s.port}/ui (paste the key once); "
+              f"http://{s.host}:{s.port}/v1/info\n  console: {console} (paste the key once); "
               f"set VECBRIDGE_API_KEYS for real deployments", file=sys.stderr, flush=True)
     if accepted_hosts(s) == LOOPBACK_HOSTS:  # auth off, no allowed_hosts, a wildcard bind
         print(f"vecbridge: auth is off and the service listens on every interface ({s.host}), so it answers only "

@@ -74,6 +74,30 @@ def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path
         proc.wait(timeout=30)
 
 
+def test_serve_behind_a_prefix_prints_the_console_under_it(tmp_path):
+    """``serve --root-path /vb`` printed the console as http://HOST:PORT/ui, which redirects to /vb/ui/... that only
+    the proxy serves (a 404 there): the line names the console under the prefix, through the proxy; the curl line
+    (the server's own address, which answers the stripped paths) still works as printed."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")}
+    env.update(PYTHONPATH=str(ROOT), VECBRIDGE_DEMO_ON_EMPTY="false")
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path / "var"),
+                             "--port", str(port), "--root-path", "/vb"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stderr.readline() for _ in range(3)]
+        console = lines[2].strip()
+        assert console.startswith("console: ") and "<your proxy>/vb/ui " in console, lines
+        assert f"127.0.0.1:{port}/ui" not in console, lines
+        base = f"http://127.0.0.1:{port}"
+        assert lines[1].strip().endswith(f"{base}/v1/info"), lines
+        wait_healthy(base, timeout=60, proc=proc)
+        key = (tmp_path / "var" / "local-key").read_text().strip()
+        assert httpx.get(base + "/v1/info", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_an_unusable_local_key_file_is_one_line_and_exit_2(tmp_path):
     """A truncated ``local-key`` (or a folder of that name) was ``internal error: RuntimeError`` and exit 3, as if the
     service were broken; a key with a space in it was accepted and no Authorization header could send it."""
