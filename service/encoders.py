@@ -33,6 +33,7 @@ import numpy as np
 from align.exceptions import InputError
 
 from .errors import NotFoundError
+from .progress import checkpoint
 
 __all__ = ["Encoder", "UnknownEncoderError", "EncoderUnavailableError", "get_encoder", "list_encoders",
            "ENCODERS", "mpnet_folder", "MPNET_PARTS", "canonical_names"]
@@ -87,7 +88,18 @@ class Encoder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         check_texts(texts)
-        out = np.asarray(self._fn(texts, kind, int(batch_size)), dtype=np.float32)
+        batch_size = max(1, int(batch_size))
+        # one batch at a time, longest texts first (the batches sentence-transformers makes of the whole list: least
+        # padding, the same vectors), with a checkpoint between them: work whose HTTP client left stops there
+        # (service.progress.run_stoppable) rather than embedding 20,000 texts for nobody
+        order = np.argsort([-len(t) for t in texts])
+        parts = []
+        for s in range(0, len(texts), batch_size):
+            checkpoint()
+            parts.append(np.asarray(self._fn([texts[i] for i in order[s : s + batch_size]], kind, batch_size),
+                                    dtype=np.float32))
+        out = np.empty((len(texts), parts[0].shape[1]), dtype=np.float32)
+        out[order] = np.vstack(parts)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return np.ascontiguousarray(out / np.maximum(norms, 1e-12), dtype=np.float32)
 

@@ -13,17 +13,24 @@ draw a row counter and print resumable checkpoints; ``record.fraction`` is the s
 
 :class:`Stages` runs the named stages of one operation: it reports ``(stage, 0.0)`` on entry and
 ``(stage, 1.0)`` on exit, times each stage, and checks ``should_cancel`` at every report.
+
+Work that nobody may wait for any more (the HTTP face's text embeddings, plans and evaluations, whose client can
+disconnect) runs under :func:`run_stoppable`: :func:`checkpoint` then raises :class:`Abandoned` once its
+``should_stop()`` says so. The encoders call it between batches (:meth:`service.encoders.Encoder.encode`) and
+:func:`stoppable` makes a :data:`Progress` call it at every report; elsewhere (the CLI, jobs, the library) no
+``should_stop`` is set and it does nothing.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Callable, Iterator
 
 from align.exceptions import Cancelled
 
-__all__ = ["Progress", "silent", "Stages"]
+__all__ = ["Progress", "silent", "Stages", "Abandoned", "checkpoint", "run_stoppable", "stoppable"]
 
 #: ``progress(stage, fraction)``: ``stage`` a short name, ``fraction`` in [0, 1] of that stage.
 Progress = Callable[[str, float], None]
@@ -31,6 +38,47 @@ Progress = Callable[[str, float], None]
 
 def silent(stage: str, fraction: float) -> None:
     """The :data:`Progress` that reports nowhere."""
+
+
+class Abandoned(Cancelled):
+    """Work stopped at a :func:`checkpoint` because nobody waits for its answer any more (the HTTP client that asked
+    for it disconnected: the HTTP face answers nothing, a 499 in its metrics)."""
+
+
+#: the ``should_stop()`` of the work running in this context (:func:`run_stoppable`); None: it never stops
+_should_stop: ContextVar[Callable[[], bool] | None] = ContextVar("vecbridge_should_stop", default=None)
+
+
+def run_stoppable(should_stop: Callable[[], bool], fn: Callable):
+    """``fn()``, during which :func:`checkpoint` raises :class:`Abandoned` once ``should_stop()`` is true
+    (``should_stop`` is called from this thread: a ``threading.Event().is_set`` set by another one)."""
+    token = _should_stop.set(should_stop)
+    try:
+        return fn()
+    finally:
+        _should_stop.reset(token)
+
+
+def checkpoint() -> None:
+    """A point where long work can stop: :class:`Abandoned` when it runs under :func:`run_stoppable` and was told to
+    stop, else nothing (cheap: one context-variable read)."""
+    should_stop = _should_stop.get()
+    if should_stop is not None and should_stop():
+        raise Abandoned("stopped: nobody waits for the answer any more")
+
+
+def stoppable(progress: Progress | None) -> Progress | None:
+    """``progress``, calling :func:`checkpoint` first at each report when this work can be stopped
+    (:func:`run_stoppable`); ``progress`` itself otherwise."""
+    if _should_stop.get() is None:
+        return progress
+    inner = progress or silent
+
+    def report(stage: str, fraction: float) -> None:
+        checkpoint()
+        inner(stage, fraction)
+
+    return report
 
 
 class Stages:

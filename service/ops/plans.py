@@ -33,6 +33,7 @@ from align.frames import unit_rows
 from align.validation import distinct_pairs
 
 from ..indexes.csls import CSLS_WEIGHT
+from ..progress import checkpoint, stoppable
 
 __all__ = ["MIGRATION_METHODS", "fit_migration_map", "check_semi_supervised", "plan", "retention_gate", "evaluate_map",
            "RETENTION_KEY", "LABELLED_KEY", "EVAL_MAX_QUERIES"]
@@ -77,11 +78,12 @@ def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, ran
     """The plan of :func:`align.plan_migration` (JSON-safe dict); with labelled ``queries`` (new model),
     ``old_queries`` (the same, old model) and ``relevant`` (probe rows), of their labelled retention.
     ``progress(stage, fraction)`` follows its learning curve and row selection. ``names``: what the errors call
-    the three sets (default: the HTTP fields; the CLI passes its options)."""
+    the three sets (default: the HTTP fields; the CLI passes its options). Work that can be stopped
+    (:func:`service.progress.run_stoppable`: an HTTP client that left) stops at the next report."""
     return align.plan_migration(X_old, probe_src, probe_tgt, random_state=random_state,
                                 target_retention=target_retention, queries=queries, old_queries=old_queries,
-                                relevant=None if relevant is None else np.asarray(relevant), progress=progress,
-                                names=names)
+                                relevant=None if relevant is None else np.asarray(relevant),
+                                progress=stoppable(progress), names=names)
 
 
 def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None, queries=None,
@@ -109,10 +111,12 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
         raise InputError("old-model queries are the baseline of labelled queries: give the queries and relevant rows too")
     res = align.score_map(map_, X, Y, max_queries=max_queries, random_state=random_state)
     if queries is not None:
+        checkpoint()  # between the long steps: work whose HTTP client left stops here (service.progress)
         lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side, old_queries=old_queries,
                                        random_state=random_state)
         if csls_weight is not None:
             res["labelled_plain"] = lab
+            checkpoint()
             lab = align.labelled_retention(map_, X, Y, queries, relevant, side=side, old_queries=old_queries,
                                            csls_weight=csls_weight, random_state=random_state)
         res["labelled"] = lab
@@ -172,10 +176,12 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     v = registry.resolve(ref)
     m = registry.load_map(v)
     res = align.evaluate(m, X, Y, csls=csls, max_queries=max_queries, random_state=random_state)
+    checkpoint()  # between the long steps: work whose HTTP client left stops here (service.progress)
     # ``cos`` is of the target's centred frame; ``cos_raw`` of what transform writes against native target rows
     Xd, Yd, _ = distinct_pairs(X, Y)  # of the distinct pairs, as every figure (a repeated pair once)
     res["cos_raw"] = float(np.mean(np.einsum("ij,ij->i", unit_rows(m.apply(Xd, output="raw", validate=False)),
                                              unit_rows(Yd))))
+    checkpoint()
     res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention, queries=queries, relevant=relevant,
                                       side=side, old_queries=old_queries, csls_weight=csls_weight if csls else None,
                                       max_queries=max_queries, random_state=random_state)
