@@ -15,7 +15,8 @@ part validated it, is ``{"type": "InputError", "status": 422, "message": "invali
 Extras: 401 answers carry ``WWW-Authenticate: Bearer``, 429 and 503 ``Retry-After`` (not a 503 that no retry
 can fix: :class:`service.errors.NotConfiguredError`); an OS or SQLite error from a read-only / immutable /
 full data dir (``service.storage.is_storage_error``) is 503 without ``Retry-After`` (its operator must act); a
-client that closed the connection before its body was complete is a 499 (nobody reads it; no error logged);
+client that closed the connection before its answer (its body incomplete, or its heavy work queued or stopped
+at a checkpoint: ``service.api.gate``) is a 499 (nobody reads it; no error logged);
 any exception that is not ours is 500 with the request id, its text kept out of the answer and written to the
 log.
 """
@@ -127,10 +128,11 @@ def _http_handler(request: Request, exc: StarletteHTTPException) -> FastJSONResp
 
 
 def _disconnect_handler(request: Request, exc: ClientDisconnect) -> FastJSONResponse:
-    """The client closed the connection before its body was complete: nobody reads this answer; it is a 499
-    (client closed request) in the access log and metrics, not a 500 with a traceback."""
-    return FastJSONResponse(_body("ClientDisconnect", 499, "the client closed the connection before sending "
-                                  "the whole body"), status_code=499)
+    """The client closed the connection before its answer (its body incomplete, or while its heavy work waited or
+    ran: ``service.api.gate``): nobody reads this answer; it is a 499 (client closed request) in the access log and
+    metrics, not a 500 with a traceback."""
+    return FastJSONResponse(_body("ClientDisconnect", 499, "the client closed the connection before its answer"),
+                            status_code=499)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -4,7 +4,10 @@ A gate lets ``running`` calls hold it at once; up to ``waiting`` more wait their
 no thread, and any more are refused at once (:class:`~service.errors.BusyError`: 429 with ``Retry-After``). A
 call made for a ``request`` whose client disconnects while it waits leaves the queue at once
 (:class:`~starlette.requests.ClientDisconnect`: 499 in the metrics), so it neither computes for nobody when its
-turn comes nor keeps a place from a live client. Used by :class:`~service.api.state.HeavyGate` (plans and
+turn comes nor keeps a place from a live client. Work already running on a thread for such a request
+(:func:`run_unless_gone`) is told to stop: its next checkpoint (:func:`service.progress.checkpoint`, between
+batches of texts, at a plan's progress reports) raises, the same 499, and the thread is free for the next caller
+rather than computing to the end for nobody. Used by :class:`~service.api.state.HeavyGate` (plans and
 evaluations: ``max_heavy_requests`` running, none waiting; its threads: ``compute_threads`` running,
 ``compute_max_waiting`` waiting) and the LM routes (one running, ``limits.lm_max_waiting`` waiting). Used only on
 the event loop, so the checks and counts need no lock.
@@ -12,15 +15,51 @@ the event loop, so the checks and counts need no lock.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.to_thread
 from starlette.requests import ClientDisconnect
 
 from ..errors import BusyError
+from ..progress import Abandoned, run_stoppable
 
-__all__ = ["Gate"]
+__all__ = ["Gate", "run_unless_gone"]
+
+
+async def _disconnected(request) -> None:
+    """Return once ``request``'s client has disconnected. Its body is read by now, so the next message can only be
+    ``http.disconnect``; waiting for it also keeps uvicorn reading the socket (:meth:`Gate._acquire_unless_gone`)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run_unless_gone(fn: Callable, request, limiter: anyio.CapacityLimiter):
+    """``fn()`` on a thread of ``limiter`` while listening for the disconnect of ``request``'s client (its body read
+    by now); the client gone, ``fn``'s next :func:`~service.progress.checkpoint` raises and this raises
+    :class:`ClientDisconnect` (a 499: nobody reads the answer), so the thread is free again within one batch of the
+    work. Work that ends without reaching a checkpoint after the disconnect returns as it would have."""
+    gone = threading.Event()
+    out = failed = None
+    async with anyio.create_task_group() as tg:
+        async def watch():
+            await _disconnected(request)
+            gone.set()
+
+        tg.start_soon(watch)
+        try:
+            out = await anyio.to_thread.run_sync(run_stoppable, gone.is_set, fn, limiter=limiter)
+        except Exception as exc:  # noqa: BLE001 - raised below, outside the group (which would wrap it in a group)
+            failed = exc
+        finally:
+            tg.cancel_scope.cancel()
+    if isinstance(failed, Abandoned):
+        raise ClientDisconnect() from None
+    if failed is not None:
+        raise failed
+    return out
 
 
 class _NoGauge:
@@ -101,8 +140,7 @@ class Gate:
         async with anyio.create_task_group() as tg:
             async def watch():
                 nonlocal gone
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
+                await _disconnected(request)
                 gone = True
                 tg.cancel_scope.cancel()
 

