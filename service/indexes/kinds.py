@@ -122,8 +122,8 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
     Fills ``params`` (checked by :func:`service.limits.check_index_params`) with the defaults
     used: ``M=32, ef_construction=80, ef_search=64`` (HNSW; each row's level drawn from ``random_state``), ``nlist``,
     ``nprobe`` (:func:`service.limits.default_nprobe`: 16, more below ~140k rows), ``train_rows`` (IVF:
-    :func:`service.limits.ivf_training`, default ``64 * nlist``, at most ``n``). IVF's k-means trains on ``train_rows`` rows drawn with ``random_state`` (every row when ``n`` is
-    not larger), scaled to unit length (cosine) block by block into one array of the rows trained on: in ``X``
+    :func:`service.limits.ivf_training`, default ``64 * nlist``, at most ``n``). IVF's k-means trains on
+    ``train_rows`` rows drawn with ``random_state`` (every row when ``n`` is not larger), scaled to unit length (cosine) block by block into one array of the rows trained on: in ``X``
     itself with ``overwrite`` (a sample the caller made for this), so training on ``t`` rows holds ``t x d`` floats
     once.
     """
