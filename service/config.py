@@ -98,8 +98,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535, description="TCP port of the HTTP service.")
     root_path: str = Field("", description=(
-        "The path prefix a reverse proxy serves the service under, which it strips before passing requests on "
-        "(nginx `location /vb/ { proxy_pass http://vecbridge:8000/; }`, an ingress rewrite): e.g. /vb. /docs, the "
+        "The path prefix a reverse proxy serves the service under, stripped before passing requests on "
+        "(nginx `location /vb/ { proxy_pass http://vecbridge:8000/; }`, an ingress rewrite) or not (an ingress "
+        "without a rewrite, Traefik without StripPrefix; a prefix named as a path of the service, /v1, /ui..., "
+        "must be stripped): e.g. /vb. /docs, the "
         "console, the OpenAPI document's `servers` and redirects then carry it (the ASGI root_path, as uvicorn's "
         "--root-path). Empty (default): served at /. Starts with '/' and does not end with one."))
     # {"key": ["read", "write"], ...}; empty and auth_disabled=False means every request is refused.

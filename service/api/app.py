@@ -33,6 +33,7 @@ from ..metrics import MULTIPROC_ENV, ServiceMetrics
 from ..memory import keep_heap
 from ..threads import limit_native_threads, release_native_threads
 from ..ui import mount_console
+from ..ui.pages import router as console_router
 from .document import finish_document
 from .errors import install_error_handlers
 from .deps import current_settings
@@ -146,8 +147,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=s.cors_origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=list(EXPOSED_HEADERS))
     app.add_middleware(ObserveMiddleware, metrics=metrics)
-    if s.root_path:  # behind a proxy's path prefix: outermost, so every layer sees the scope uvicorn would give
-        app.add_middleware(RootPathMiddleware, root_path=s.root_path)
+    # behind a proxy's path prefix (this one's or the server's --root-path), stripped or not: outermost, so every
+    # layer sees the scope uvicorn would give; the service's own first segments (v1, ui, ...) are never a prefix
+    own = {route.path.split("/")[1] for r in (*routers, console_router) for route in r.routes} | {"openapi.json", "ui"}
+    app.add_middleware(RootPathMiddleware, root_path=s.root_path, own=frozenset(own))
     return app
 
 

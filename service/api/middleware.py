@@ -50,20 +50,41 @@ def route_path(scope) -> str:
 
 
 class RootPathMiddleware:
-    """Serve under ``root_path`` (``Settings.root_path``), the prefix a reverse proxy strips: each request's scope
-    gets it as uvicorn's ``--root-path`` gives it (``root_path`` set, ``path`` and ``raw_path`` prefixed), so pages,
-    redirects and the OpenAPI ``servers`` carry it, whatever server runs the app. Unless the server set one."""
+    """Serve under ``root_path`` (``Settings.root_path``), the prefix a reverse proxy serves the service under: each
+    request's scope gets it as uvicorn's ``--root-path`` gives it (``root_path`` set, ``path`` and ``raw_path``
+    prefixed), so pages, redirects and the OpenAPI ``servers`` carry it, whatever server runs the app. Unless the
+    server set one.
 
-    def __init__(self, app, root_path: str) -> None:
-        self.app, self.root = app, root_path
-        self._raw = root_path.encode("ascii")
+    The proxy may strip the prefix (nginx ``proxy_pass .../;``, an ingress rewrite) or pass the full path on (an
+    ingress without a rewrite, Traefik without StripPrefix): a path that already starts with the prefix, at a
+    segment boundary (``/vbx`` is not under ``/vb``), is taken as it is, so both give the same scope and answers.
+    A server's own ``--root-path`` (uvicorn's) puts the prefix in front of every path, a full one too: that doubled
+    prefix is taken once. Not where the prefix's first segment is one of the service's own (``own``: ``v1``, ``ui``,
+    ...): a path under such a prefix is the service's own path, as a stripping proxy sends it."""
+
+    def __init__(self, app, root_path: str = "", own: frozenset[str] = frozenset()) -> None:
+        self.app, self.root, self._own = app, root_path, frozenset(own)
+
+    def _under(self, path: str, root: str) -> bool:
+        """Whether ``path`` (a full one) starts with the prefix ``root``, which is not one of the service's paths."""
+        return (path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/")
+                and root.split("/", 2)[1] not in self._own)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] in ("http", "websocket") and not scope.get("root_path"):
-            scope["root_path"] = self.root
-            scope["path"] = self.root + scope["path"]
-            if scope.get("raw_path") is not None:
-                scope["raw_path"] = self._raw + scope["raw_path"]
+        if scope["type"] in ("http", "websocket"):
+            root = scope.get("root_path")
+            if root:  # the server's: it prefixed the path, doubling the prefix of a full one
+                if self._under(scope["path"], root + root):
+                    scope["path"] = scope["path"][len(root):]
+                    raw, rb = scope.get("raw_path"), root.encode("ascii")
+                    if raw is not None and raw.startswith(rb + rb):
+                        scope["raw_path"] = raw[len(rb):]
+            elif self.root:
+                scope["root_path"] = self.root
+                if not self._under(scope["path"], self.root):  # stripped by the proxy: put it back
+                    scope["path"] = self.root + scope["path"]
+                    if scope.get("raw_path") is not None:
+                        scope["raw_path"] = self.root.encode("ascii") + scope["raw_path"]
         return await self.app(scope, receive, send)
 
 

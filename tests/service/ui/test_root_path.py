@@ -4,6 +4,9 @@
 its OpenAPI document under the prefix, the document's ``servers`` is the prefix, redirects and ``Location`` headers
 carry it, and the console (in Debian's headless Chromium) loads its assets and calls the API under it. Before, /docs
 and the console asked for ``/openapi.json``, ``/ui/static/...`` and ``/v1/...``, which the proxy does not serve.
+
+The same behind a proxy that keeps the prefix (passes ``/vb/v1/info`` on: an ingress without a rewrite, Traefik
+without StripPrefix), with the prefix exactly once in every answer. Before, every request through it was a 404.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ READ_KEY = "rkey-123"
 _HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"content-encoding"}
 
 
-def stripping_proxy(upstream: str, prefix: str = PREFIX):
-    """An ASGI app passing ``prefix/...`` on to ``upstream/...`` (the prefix stripped; Host, headers, body and the
-    answer as they are, redirects not followed); anything outside the prefix is the proxy's own 404."""
+def stripping_proxy(upstream: str, prefix: str = PREFIX, strip: bool = True):
+    """An ASGI app passing ``prefix/...`` on to ``upstream/...`` (the prefix stripped; ``strip=False``: on to
+    ``upstream/prefix/...``; Host, headers, body and the answer as they are, redirects not followed); anything
+    outside the prefix is the proxy's own 404."""
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -45,7 +49,8 @@ def stripping_proxy(upstream: str, prefix: str = PREFIX):
         query = "?" + scope["query_string"].decode("latin-1") if scope["query_string"] else ""
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
         async with httpx.AsyncClient(base_url=upstream, timeout=120.0) as c:
-            r = await c.request(scope["method"], path[len(prefix):] + query, headers=headers, content=body)
+            r = await c.request(scope["method"], (path[len(prefix):] if strip else path) + query, headers=headers,
+                                content=body)
         out = [(k, v) for k, v in r.headers.raw if k.lower() not in _HOP]
         await send({"type": "http.response.start", "status": r.status_code,
                     "headers": out + [(b"content-length", str(len(r.content)).encode())]})
@@ -71,24 +76,31 @@ def _fit(c: httpx.Client) -> httpx.Response:
 
 
 @pytest.fixture(scope="module", params=["serve", "uvicorn"])
-def proxied(request, tmp_path_factory):
-    """``vecbridge serve --root-path /vb`` or ``uvicorn --root-path /vb`` (keys on) behind the stripping proxy, with
-    spaces a, b and map a2b (made through the proxy); yields the proxy's base URL."""
+def server(request, tmp_path_factory):
+    """``vecbridge serve --root-path /vb`` or ``uvicorn --root-path /vb`` (keys on), with spaces a, b and map a2b
+    (made through the stripping proxy); yields the server's base URL."""
     tmp = tmp_path_factory.mktemp("root-path")
     port = free_port()
     cmd = {"serve": ["-m", "service.cli", "serve"],
            "uvicorn": ["-m", "uvicorn", "--factory", "service.api:create_app", "--port", str(port)]}[request.param]
     proc = start([sys.executable, *cmd, "--root-path", PREFIX], env_for(tmp / "data", port), port, tmp / "server.log")
     try:
-        with serve_in_thread(stripping_proxy(f"http://127.0.0.1:{port}")) as base:
-            with httpx.Client(base_url=base, timeout=120.0) as c:
-                for name in ("a", "b"):
-                    r = c.post(f"{PREFIX}/v1/spaces", headers=W, json={"name": name, "dim": 16})
-                    assert r.status_code == 201, r.text
-                _fit(c)
-            yield base
+        with (serve_in_thread(stripping_proxy(f"http://127.0.0.1:{port}")) as base,
+              httpx.Client(base_url=base, timeout=120.0) as c):
+            for name in ("a", "b"):
+                r = c.post(f"{PREFIX}/v1/spaces", headers=W, json={"name": name, "dim": 16})
+                assert r.status_code == 201, r.text
+            _fit(c)
+        yield f"http://127.0.0.1:{port}"
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="module", params=["strips", "keeps"])
+def proxied(request, server):
+    """``server`` behind a proxy that strips the prefix or keeps it; yields the proxy's base URL."""
+    with serve_in_thread(stripping_proxy(server, strip=request.param == "strips")) as base:
+        yield base
 
 
 def test_docs_and_openapi_under_the_prefix(proxied):
@@ -142,6 +154,8 @@ def test_console_and_docs_in_a_browser_under_the_prefix(proxied, browser):
     assert f"{proxied}{PREFIX}/openapi.json" in t.urls
     outside = [u for u in t.urls if u.startswith(proxied) and not u.startswith(proxied + PREFIX + "/")]
     assert outside == [], outside
+    twice = [u for u in t.urls if PREFIX + PREFIX + "/" in u]
+    assert twice == [], twice
     t.close()  # no console error: nothing failed to load
 
 
@@ -154,6 +168,8 @@ def test_auth_off_checks_and_probes_behind_the_prefix(tmp_path):
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60.0) as c:
         own = {"Host": base.removeprefix("http://")}
         assert f"'{PREFIX}/openapi.json'" in c.get("/docs", headers=own).text
+        assert f"'{PREFIX}/openapi.json'" in c.get(f"{PREFIX}/docs", headers=own).text  # a proxy that keeps it
+        assert c.get(f"{PREFIX}/healthz", headers={"Host": "10.1.2.3:8000"}).status_code == 200
         r = c.get("/v1/spaces", headers={"Host": "evil.example"})
         assert r.status_code == 400 and r.json()["error"]["type"] == "InvalidHostError"
         assert c.get("/healthz", headers={"Host": "10.1.2.3:8000"}).status_code == 200  # a kubelet's probe
@@ -161,6 +177,32 @@ def test_auth_off_checks_and_probes_behind_the_prefix(tmp_path):
         assert r.status_code == 403 and r.json()["error"]["type"] == "CrossSiteRequestError"
         r = c.post("/v1/spaces", json={"name": "x", "dim": 4}, headers={**own, "Origin": base})
         assert r.status_code == 201, r.text
+
+
+def test_the_server_answers_paths_with_or_without_the_prefix(server):
+    """The prefix on a segment boundary only; the doubled one that uvicorn's --root-path makes of a full path
+    is taken once."""
+    with httpx.Client(base_url=server, timeout=60.0) as c:
+        for path in ("/v1/maps", f"{PREFIX}/v1/maps"):
+            r = c.get(path, headers=R)
+            assert r.status_code == 200 and r.json()["data"][0]["name"] == "a2b", (path, r.text)
+        assert c.get(f"{PREFIX}x/v1/maps", headers=R).status_code == 404  # /vbx is not under /vb
+        assert c.get(f"{PREFIX}{PREFIX}/v1/maps", headers=R).status_code == 404  # nor twice under it
+        r = c.get(f"{PREFIX}/ui")
+        assert r.status_code == 307 and r.headers["location"] == f"{PREFIX}/ui/registry"
+
+
+@pytest.mark.parametrize("prefix", ["/v1", "/ui"])
+def test_a_prefix_named_as_a_path_of_the_service_is_only_stripped(prefix, tmp_path):
+    """Under a prefix that is one of the service's own first segments, a path that starts with it is the
+    service's own path (as a stripping proxy sends it), never its remainder."""
+    from service.api import create_app
+
+    app = create_app(settings_for(tmp_path, root_path=prefix))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60.0) as c:
+        assert c.get("/v1/info", headers=R).status_code == 200
+        r = c.get("/ui/registry")
+        assert r.status_code == 200 and f'src="{prefix}/ui/static/console.js"' in r.text
 
 
 @pytest.mark.parametrize("bad", ["vb", "/vb/", "/", "/a//b", "/a b", "/a?x=1", "/a%2F"])
