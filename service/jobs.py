@@ -225,24 +225,38 @@ class JobManager:
         return out
 
     # --- submit / cancel --------------------------------------------------------------------
-    def check_room(self, idempotency_key: str | None = None) -> None:
-        """QueueFullError when a :meth:`submit` made now would be refused for a full queue, whatever its request:
-        the queue is full and ``idempotency_key`` names no job (of this process, or in the store: a retry gets its
-        job, full queue or not). A face asks before it reads and parses a request (a fit's body can be 55 MB of
-        vectors), so that one to be refused is refused first; a submit after it may still be refused (the queue
-        filled meanwhile). May read the store: not on an event loop."""
+    def check_room(self, idempotency_key: str | None = None, owner: str | None = None,
+                   owner_limit: int | None = None) -> None:
+        """QueueFullError when a :meth:`submit` made now would be refused for a full queue, or for ``owner``'s full
+        share of it (``owner_limit``, as :meth:`submit` takes them), whatever its request: the queue or the share is
+        full and ``idempotency_key`` names no job (of this process, or in the store: a retry gets its job, full queue
+        or not). A face asks before it reads and parses a request (a fit's body can be 55 MB of vectors), so that one
+        to be refused is refused first; a submit after it may still be refused (the queue filled meanwhile). May
+        read the store: not on an event loop."""
         with self._lock:
-            full = self._room()[0]
+            full, _, free = self._room()
+            full = full or self._owner_full(owner, owner_limit, free)[0]
         if not full:
             return
         self._adopt_cancels()  # as submit does: a job another process cancelled holds no place
         with self._lock:
             full, queued, free = self._room()
+            owner_full, mine = (False, 0) if full else self._owner_full(owner, owner_limit, free)
             known = idempotency_key in self._idem and self._idem[idempotency_key] in self._jobs
-        if not full or known or (idempotency_key is not None and self.store is not None
-                                 and self.store.by_key(idempotency_key) is not None):
+        if not (full or owner_full) or known or (idempotency_key is not None and self.store is not None
+                                                 and self.store.by_key(idempotency_key) is not None):
             return
-        raise QueueFullError(self._full_message(queued, free))
+        raise QueueFullError(self._owner_message(mine, free, owner_limit) if owner_full
+                             else self._full_message(queued, free))
+
+    def _owner_full(self, owner: str | None, owner_limit: int | None, free: int) -> tuple[bool, int]:
+        """``(full, waiting)``: whether one more job of ``owner`` would be past its ``owner_limit`` (None: no bound),
+        and its jobs waiting (queued, and submits past the check), counted as :meth:`_room` counts. Under the lock."""
+        if owner is None or owner_limit is None:
+            return False, 0
+        mine = self._joining_by[owner] + sum(1 for j in self._jobs.values()
+                                             if j.state == "queued" and self._owners.get(j.id) == owner)
+        return mine + 1 - free > owner_limit, mine
 
     def _room(self) -> tuple[bool, int, int]:
         """``(full, queued, free)`` for one more job: queued jobs (and submits past the check), free workers. Under
@@ -257,6 +271,12 @@ class JobManager:
     def _full_message(self, queued: int, free: int) -> str:
         return (f"job queue is full ({max(0, queued - free)} waiting, limit {self.max_queued}); "
                 "retry after a job finishes")
+
+    @staticmethod
+    def _owner_message(mine: int, free: int, owner_limit: int | None) -> str:
+        return (f"job queue is full for this API key ({max(0, mine - free)} of its jobs waiting, per-key limit "
+                f"{owner_limit}: max_queued_jobs_per_key); other keys can still queue jobs; retry after one of "
+                "its jobs finishes")
 
     def submit(self, fn: Callable[[JobContext], dict | None], *, kind: str, description: str = "",
                idempotency_key: str | None = None, request_hash: str | None = None, owner: str | None = None,
@@ -278,11 +298,8 @@ class JobManager:
             # the slot is held from this check until the job is in _jobs: the store's insert runs outside the lock,
             # and without the hold, submits arriving together all passed the check on the same empty queue
             full, queued, free = self._room()
-            mine, owner_full = 0, False
-            if owner is not None and owner_limit is not None and not full:
-                mine = self._joining_by[owner] + sum(1 for j in self._jobs.values()
-                                                     if j.state == "queued" and self._owners.get(j.id) == owner)
-                full = owner_full = mine + 1 - free > owner_limit
+            owner_full, mine = (False, 0) if full else self._owner_full(owner, owner_limit, free)
+            full = full or owner_full
             if not full:
                 self._joining += 1
                 if owner is not None:
@@ -294,10 +311,7 @@ class JobManager:
             # that job (or its conflict) as when the queue has room; before, it was a 429 until the queue emptied
             first = None if idempotency_key is None or self.store is None else self.store.by_key(idempotency_key)
             if first is None and owner_full:
-                raise QueueFullError(
-                    f"job queue is full for this API key ({max(0, mine - free)} of its jobs waiting, per-key limit "
-                    f"{owner_limit}: max_queued_jobs_per_key); other keys can still queue jobs; retry after one of "
-                    "its jobs finishes")
+                raise QueueFullError(self._owner_message(mine, free, owner_limit))
             if first is None:
                 raise QueueFullError(self._full_message(queued, free))
             if first.request_hash != request_hash:

@@ -2,9 +2,9 @@
 
 A job route is one plain function ``plan(body, request, state, settings) -> (job_fn, description)``
 that parses and checks the request body (run off the event loop; a bad request is a 4xx before any
-job exists) and returns the job function ``job_fn(ctx)`` and a one-line description. A full job queue is a 429
-before that (:meth:`service.jobs.JobManager.check_room`): the body is dropped unparsed, unless the request's
-``Idempotency-Key`` names a job, which a retry still gets.
+job exists) and returns the job function ``job_fn(ctx)`` and a one-line description. A full job queue, or the
+caller's key's full share of it, is a 429 before that (:meth:`service.jobs.JobManager.check_room`): the body is
+dropped unparsed, unless the request's ``Idempotency-Key`` names a job, which a retry still gets.
 :func:`job_route` registers it: the route's declaration (scopes, status, response model,
 documented answers, body schema and examples), the ``Idempotency-Key`` header, and the answer
 (:func:`service.ops.jobs.submit`, within the caller's key's share of the queue: ``max_queued_jobs_per_key``; then
@@ -40,13 +40,13 @@ def job_route(router: APIRouter, path: str, *, kind: str, summary: str, descript
     def register(plan: Callable):
         async def endpoint(request: Request, state: StateDep, settings: SettingsDep,
                            idempotency_key: IdempotencyKey = None):
-            try:  # a full queue refuses before the body is parsed: a fit's can be 55 MB of vectors, parsed for nothing
-                await run_in_threadpool(state.jobs.check_room, idempotency_key)
+            owner, owner_limit = job_owner(request.headers.get("authorization"), settings)  # its share of the queue
+            try:  # a full queue (or share) refuses before the body is parsed: a fit's can be 55 MB of vectors
+                await run_in_threadpool(state.jobs.check_room, idempotency_key, owner, owner_limit)
             except QueueFullError as exc:
                 return await _refused(request, exc)
             body = await request.body()
             fn, what = await run_in_threadpool(plan, body, request, state, settings)
-            owner, owner_limit = job_owner(request.headers.get("authorization"), settings)  # its share of the queue
             # the durable insert can wait for the job store's lock: never on the event loop
             job, created = await run_in_threadpool(job_ops.submit, state.jobs, fn, kind=kind, description=what,
                                                    request=body, idempotency_key=idempotency_key, owner=owner,

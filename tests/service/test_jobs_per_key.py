@@ -64,6 +64,55 @@ def test_one_key_fills_its_share_and_another_key_still_queues(tmp_path):
         app.state.vb.jobs.cancel(busy.id)
 
 
+def test_a_fit_past_its_key_s_share_is_refused_before_its_body_is_parsed(tmp_path):
+    """A fit refused for its key's share (max_queued_jobs_per_key) was refused only after its whole body (up to
+    64 MiB) had been read and parsed, as the full queue's refusal was before it got its early check: a body cut
+    short (not valid JSON) was the parse's 422, not the 429. Now the share is checked before the body: a 429 naming
+    the per-key limit. A retry of a job A made still gets it (200); key B, with room, still gets the parse's 422."""
+    import json
+
+    app = create_app(settings_for(tmp_path, api_keys=TWO_KEYS, max_queued_jobs=4, max_batch=1_000_000))
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as c:
+        populate(app.state.vb.registry)
+        busy = _busy(app)
+        first = c.post("/v1/fits", headers={**A, "Idempotency-Key": "a-1"}, json=_fit("a1"))
+        assert first.status_code == 202, first.text
+        assert c.post("/v1/fits", headers=A, json=_fit("a2")).status_code == 202  # A's share (2) is full
+        cut = json.dumps(_fit("a3"))[:-1].encode()
+        json_type = {"Content-Type": "application/json"}
+        for key in (None, "a-2"):  # no key, or a key of no job
+            r = c.post("/v1/fits", content=cut, headers={**A, **json_type, **({"Idempotency-Key": key} if key else {})})
+            assert r.status_code == 429 and float(r.headers["retry-after"]) > 0, (r.status_code, r.text[:300])
+            assert "per-key limit 2" in r.json()["error"]["message"], r.text
+        replay = c.post("/v1/fits", headers={**A, "Idempotency-Key": "a-1"}, json=_fit("a1"))
+        assert replay.status_code == 200 and replay.json()["id"] == first.json()["id"], replay.text
+        r = c.post("/v1/fits", content=cut, headers={**B, **json_type})
+        assert r.status_code == 422, r.text  # B's share and the queue have room: parsed and refused, as ever
+        assert len(app.state.vb.jobs.list()) == 3  # the slow job and A's two fits: nothing else was queued
+        for job in (first.json()["id"], busy.id):
+            app.state.vb.jobs.cancel(job)
+
+
+def test_check_room_counts_the_owner_s_share():
+    """The early check refuses what submit would refuse for the owner's share, and never a replay of its key."""
+    mgr = JobManager(workers=1, max_queued=8)
+    slow, started = slow_job(10_000)
+    running, _ = mgr.submit(slow, kind="t")
+    assert started.wait(10)
+    waiting, _ = mgr.submit(lambda ctx: {}, kind="t", idempotency_key="k1", owner="k", owner_limit=1)
+    with pytest.raises(QueueFullError, match="1 of its jobs waiting, per-key limit 1"):
+        mgr.check_room(None, "k", 1)
+    with pytest.raises(QueueFullError, match="per-key limit 1"):
+        mgr.check_room("k2", "k", 1)
+    mgr.check_room("k1", "k", 1)  # its job: submit answers it
+    mgr.check_room(None, "other", 1)
+    mgr.check_room(None, "k", None)  # no bound of its own
+    mgr.check_room()
+    for job in (waiting, running):
+        mgr.cancel(job.id)
+    mgr.shutdown(wait=True)
+
+
 @pytest.mark.parametrize("settings", [{"api_keys": {"solo-key-1": ["read", "write"], "reader-2": ["read"]}},
                                       {"api_keys": {}, "auth_disabled": True}], ids=["one-key", "auth-off"])
 def test_a_lone_user_keeps_the_whole_queue(tmp_path, settings):
