@@ -40,7 +40,7 @@ from .deps import current_settings
 from .fastpath import FastPathMiddleware
 from .middleware import LOOPBACK_HOSTS, GuardMiddleware, ObserveMiddleware, RootPathMiddleware, accepted_hosts
 from .responses import FastJSONResponse
-from .routing import with_head
+from .routing import BodyLengths, with_head
 from .routers import collections, embeddings, fits, indexes, jobs, lm, maps, migrations, ops, plans, steers
 from .state import AppState, freeze_heap
 
@@ -133,6 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     s = current_settings(app)
     app.state.vb = None
     app.state.metrics = metrics
+    app.state.artifact_lengths = BodyLengths()  # a HEAD of an artifact served before: its length, no serialising
     install_error_handlers(app)
     routers = (ops.router, maps.router, indexes.router, fits.router, jobs.router, embeddings.router, steers.router,
                lm.router, plans.router, migrations.router, collections.router)

@@ -24,7 +24,7 @@ from ..name_types import AliasPath, NamePath, RefPath
 from ..openapi import examples, json_body
 from ..pagination import Page, list_route, paginate
 from ..responses import FastJSONResponse, dumps
-from ..routing import CodecRoute
+from ..routing import BodyLengths, CodecRoute
 from ..schemas import (AliasOut, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
                        TransformJSON, TransformOptions, TransformResponse, VersionDeleted, VersionList, VersionOut,
                        error_responses)
@@ -225,7 +225,7 @@ async def delete_tag(name: NamePath, version: VersionPath, key: str, state: Stat
 
 @router.get("/maps/{ref}/artifact", dependencies=[ReadScope], summary="Download the map artifact",
             response_class=Response, responses=read_responses({"content": {"application/octet-stream": {}}}))
-async def get_artifact(ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = None,
+async def get_artifact(request: Request, ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = None,
                        format: str = Query("safetensors", pattern="^(npz|safetensors)$")):
     """The artifact as `format`. `ETag`: `"<artifact sha256>.<format>"`; `If-None-Match` with it → 304 (nothing
     read). `Cache-Control`: immutable for `name:N`, revalidate for an alias or a bare name (they move)."""
@@ -236,10 +236,18 @@ async def get_artifact(ref: RefPath, state: StateDep, if_none_match: IfNoneMatch
     hit = not_modified(if_none_match, etag, cache, headers)
     if hit is not None:
         return hit
-    data = await run_in_threadpool(lambda: state.load_version(v).to_bytes(format))
-    return answer(None, Response(data, media_type="application/octet-stream", headers={
+    # a HEAD of an artifact served before: its length, without loading and serialising it (the ETag fixes the bytes)
+    lengths: BodyLengths = request.app.state.artifact_lengths
+    length = lengths.get(etag) if request.method == "HEAD" else None
+    if length is None:
+        data = await run_in_threadpool(lambda: state.load_version(v).to_bytes(format))
+        lengths.put(etag, len(data))
+    out = answer(None, Response(data if length is None else b"", media_type="application/octet-stream", headers={
         "Content-Disposition": f'attachment; filename="{v.name}-{v.version}.{format}"', **headers}),
         etag=etag, cache_control=cache)
+    if length is not None:
+        out.headers["Content-Length"] = str(length)
+    return out
 
 
 # --- transform ----------------------------------------------------------------------------------

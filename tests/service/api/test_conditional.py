@@ -75,6 +75,36 @@ def test_an_artifact_is_not_downloaded_again_while_its_etag_matches(served):
     assert c.get("/v1/maps/a2b@prod/artifact", headers={"If-None-Match": prod.headers["etag"]}).status_code == 200
 
 
+def test_a_head_of_an_artifact_served_before_builds_no_body(served, monkeypatch):
+    """HEAD ran the whole download and dropped the body: the artifact loaded and serialised (a 4096 x 4096 map:
+    64 MiB and 70-90 ms) for headers only, each time a cache or monitor probed it. Now a HEAD of an artifact
+    served before (the ETag fixes its bytes) answers the GET's status and headers, Content-Length included,
+    without serialising it; one never served is built once, as before."""
+    from align import LinearMap
+
+    c, _, _ = served
+    built = []
+    real = LinearMap.to_bytes
+    monkeypatch.setattr(LinearMap, "to_bytes", lambda self, *a, **k: built.append(a) or real(self, *a, **k))
+    same = ("content-type", "content-length", "etag", "cache-control", "content-disposition", "x-map",
+            "x-map-version")
+    get = c.get("/v1/maps/a2b:1/artifact")
+    assert get.status_code == 200 and len(built) == 1
+    head = c.head("/v1/maps/a2b:1/artifact")
+    assert head.status_code == 200 and head.content == b"" and len(built) == 1  # before: 2, serialised for nothing
+    assert [head.headers.get(h) for h in same] == [get.headers.get(h) for h in same]
+    assert int(head.headers["content-length"]) == len(get.content)
+    copy = c.head("/v1/maps/a2b:3/artifact")  # version 3: version 1's artifact, its own file name
+    assert copy.headers["content-disposition"] == 'attachment; filename="a2b-3.safetensors"' and len(built) == 1
+    assert copy.headers["content-length"] == get.headers["content-length"]
+    npz = c.head("/v1/maps/a2b:1/artifact", params={"format": "npz"})  # never served in this format: built once
+    assert npz.status_code == 200 and len(built) == 2
+    assert c.head(npz.url).headers["content-length"] == npz.headers["content-length"] and len(built) == 2
+    assert int(npz.headers["content-length"]) == len(c.get(npz.url).content)
+    hit = c.head("/v1/maps/a2b:1/artifact", headers={"If-None-Match": get.headers["etag"]})
+    assert hit.status_code == 304 and hit.headers["etag"] == get.headers["etag"]
+
+
 def test_a_304_reads_no_artifact(tmp_path):
     """The artifact file is gone: a download fails (500, integrity), but a client holding the current ETag gets
     its 304 from the registry record alone (a fresh server: nothing in its memory)."""
