@@ -126,7 +126,7 @@ class LinearMap(StoredMap):
         if self.__dict__.get("_fused") is not None:
             return 0
         d_s, d_t = self.W.shape
-        return ((d_s + 4) * d_t + 3 * d_s) * 4  # float32 Wa, q_mu, q_mut, q_b
+        return ((d_s + 3) * d_t + 5 * d_s) * 4  # float32 Wa, q_mu, q_mut, q_b, Q_raw
 
     # --- applying -------------------------------------------------------------------------
     def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True,
@@ -160,11 +160,11 @@ class LinearMap(StoredMap):
                    \\text{raw} = \\mu_t + t\\, u/|u|
 
         with per-row ``alpha, beta, gamma, t`` from ``|x|`` and ``x·q`` for a few fixed vectors ``q``
-        (one GEMV each on the input). The input block, its row scale and the low-rank coefficients
-        are written side by side into one buffer ``[r x | r beta | r gamma | r shift]`` and multiplied
-        by ``[W; mu_s W; b; mu_t]`` in **one** GEMM, which leaves the finished output when the rows of
-        ``W`` are orthonormal (``|u|`` is then known from the input side); otherwise the output is
-        read once to measure ``|u|`` and scaled in place. Rows go in blocks of
+        (:meth:`_dots`: a GEMV each, or two in one thin GEMM). The input block, its row scale and the low-rank
+        coefficients are written side by side into one buffer ``[r x | r beta | r shift | r gamma]`` (the factors
+        the output uses: :meth:`_width`) and multiplied by ``[W; mu_s W; mu_t; b]`` in **one** GEMM, which leaves
+        the finished output when the rows of ``W`` are orthonormal (``|u|`` is then known from the input side);
+        otherwise the output is read once to measure ``|u|`` and scaled in place. Rows go in blocks of
         ``min(batch_size, 1024)`` that stay in cache.
 
         Passes over the data are the cost beside the GEMM, so each is made to serve twice: the
@@ -203,7 +203,7 @@ class LinearMap(StoredMap):
         ``f_s(x) W + b = alpha u`` with ``alpha = 1/(|x| s)``, ``beta = -|x|``, ``gamma = |x| s``.
         Other source frames are applied to a copy first (``alpha = gamma = 1``, ``beta = 0``).
         ``q_mu, q_mut, q_b`` (d_s,) = ``mu_s, W mu_t, W b`` give the input-side products ``x·q`` (one
-        GEMV each, only those the output needs); with
+        GEMV each, only those the output needs; ``Q_raw = [q_mu, q_mut]`` both in one thin GEMM); with
         orthonormal rows of ``W`` (``W Wᵀ = I``) ``|x W| = |x|``, so ``|u|`` needs no pass over the output.
         """
         plan = getattr(self, "_fused", None)
@@ -223,13 +223,16 @@ class LinearMap(StoredMap):
             "orth": d_s <= d_t and float(np.abs(W64 @ W64.T - np.eye(d_s)).max()) <= 1e-5,
             "has_bias": self.bias is not None,
             "raw_closed": bool(ft.unit_in and ft.unit_out and ft.mean is not None),
-            # [W; mu_s W; b; mu_t; 0]: one GEMM adds the low-rank terms (row count padded to 4)
-            "Wa": np.ascontiguousarray(np.vstack([W64, muW, b, mu_t, np.zeros(d_t)]), np.float32),
+            # [W; mu_s W; mu_t; b]: one GEMM adds the low-rank terms; an output takes the rows its factors use
+            # (_width): each extra row of K = d_s + k cost ~10 µs a 1024 x 384 block, a padding to 4 included
+            "Wa": np.ascontiguousarray(np.vstack([W64, muW, mu_t, b]), np.float32),
             # the largest column norm of Wa: bounds every output value from the input side (_apply_block)
-            "Wa_col": float(np.sqrt(np.square(np.vstack([W64, muW, b, mu_t])).sum(axis=0)).max()),
-            # input-side products x·q, one GEMV each (a (d_s, 4) GEMM costs ~2.3 GEMVs on this shape)
+            "Wa_col": float(np.sqrt(np.square(np.vstack([W64, muW, mu_t, b])).sum(axis=0)).max()),
+            # input-side products x·q, one GEMV each (a (d_s, 4) GEMM costs ~2.3 GEMVs on this shape, a (d_s, 3)
+            # ~4), but a folded raw output's two in one (d_s, 2) GEMM: 24 µs against 45 (1024 x 384, one thread)
             "q_mu": mu_s.astype(np.float32), "q_mut": (W64 @ mu_t).astype(np.float32),
             "q_b": (W64 @ b).astype(np.float32),
+            "Q_raw": np.ascontiguousarray(np.stack([mu_s, W64 @ mu_t], axis=1), np.float32),
             "mu_sq": float(mu_s @ mu_s), "muW_sq": float(muW @ muW), "b_sq": float(b @ b), "muW_b": float(muW @ b),
             "muW_mut": float(muW @ mu_t), "b_mut": float(b @ mu_t), "mut_sq": float(mu_t @ mu_t),
         }
@@ -246,8 +249,8 @@ class LinearMap(StoredMap):
         (``_Scalars``): ``(r, beta, gamma, shift, alpha, u_mut)``; ``r`` is None when the output is scaled
         after the GEMM (then ``alpha``/``u_mut`` finish it), else the row scale applied before it.
 
-        ``n1`` = ``|x|``; ``dot(q)`` = ``x·q`` for a plan vector ``q`` (float64). The maths is
-        :meth:`_apply`'s docstring; :meth:`_plan` holds the constants.
+        ``n1`` = ``|x|``; ``dot(name)`` = ``x·q`` (float64) for the plan vector ``q = plan[name]``, only those
+        :meth:`_dot_names` lists. The maths is :meth:`_apply`'s docstring; :meth:`_plan` holds the constants.
         """
         p, ft = self._plan(), self.target_frame
         if p["folded"]:
@@ -255,24 +258,31 @@ class LinearMap(StoredMap):
             # as 1, its output was off the frame's, norm 0.25 where a unit row was due)
             one = xp.minimum(n1 / _NORM_LO, 1.0)
             n1 = xp.maximum(n1, _NORM_LO)  # only zero rows are below it (smaller ones were tamed)
-            s = xp.sqrt(xp.maximum(one - 2.0 * dot(p["q_mu"]) / n1 + p["mu_sq"], 1e-24))
-            alpha, beta, gamma = 1.0 / (n1 * s), -n1, n1 * s
+            s = xp.sqrt(xp.maximum(one - 2.0 * dot("q_mu") / n1 + p["mu_sq"], 1e-24))
+            ns = n1 * s
+            alpha, beta, gamma = 1.0 / ns, -n1, ns
         else:
             alpha, beta, gamma = xp.full(m, 1.0), xp.full(m, 0.0), xp.full(m, 1.0)
         if not p["has_bias"]:
             gamma = xp.full(m, 0.0)
         # u·mu_t = x·(W mu_t) + beta (mu_s W)·mu_t + gamma b·mu_t, needed by raw outputs only
-        u_mut = dot(p["q_mut"]) + beta * p["muW_mut"] + gamma * p["b_mut"] if output == "raw" else None
+        u_mut = None
+        if output == "raw":
+            u_mut = dot("q_mut") + beta * p["muW_mut"] if p["folded"] else dot("q_mut")
+            if p["has_bias"]:
+                u_mut = u_mut + gamma * p["b_mut"]
         unit, closed_raw = self._closed(output)
         r, shift = None, xp.full(m, 0.0)  # shift: coefficient of mu_t (before the row scale)
         if output == "linear" or (output == "frame" and not ft.unit_out):
             r = alpha
         elif p["orth"] and (unit or closed_raw):
             if p["folded"]:  # u = |x| s (f W + b) with |f W| = |f| = 1: no difference of large terms
-                g = (dot(p["q_b"]) / n1 - p["muW_b"]) / s if p["has_bias"] else 0.0
-                nu = n1 * s * xp.sqrt(xp.maximum(1.0 + 2.0 * g + p["b_sq"], 1e-24))
+                nu = ns
+                if p["has_bias"]:
+                    g = (dot("q_b") / n1 - p["muW_b"]) / s
+                    nu = ns * xp.sqrt(xp.maximum(1.0 + 2.0 * g + p["b_sq"], 1e-24))
             else:  # u = x' W + b
-                xb = dot(p["q_b"]) if p["has_bias"] else 0.0  # (xW)·b
+                xb = dot("q_b") if p["has_bias"] else 0.0  # (xW)·b
                 nu = xp.sqrt(xp.maximum(n1 * n1 + 2.0 * gamma * xb + gamma * gamma * p["b_sq"], _NU2_MIN))
             if unit:
                 r = 1.0 / nu
@@ -280,6 +290,35 @@ class LinearMap(StoredMap):
                 t = _raw_t(u_mut / nu, p["mut_sq"], xp)
                 r, shift = t / nu, nu / t
         return r, beta, gamma, shift, alpha, u_mut
+
+    def _width(self, output: str) -> int:
+        """How many factor columns ``[beta | shift | gamma]`` the GEMM of ``output`` takes: gamma (the bias's) only
+        with a bias, shift (``mu_t``'s) only for raw output, beta always (0 where the source frame is not folded)."""
+        return 3 if self._plan()["has_bias"] else 2 if output == "raw" else 1
+
+    def _dot_names(self, output: str) -> tuple:
+        """The plan vectors ``q`` whose products ``x·q`` :meth:`_terms` reads for ``output`` (and only those)."""
+        p = self._plan()
+        unit, closed_raw = self._closed(output)
+        names = ("q_mu",) if p["folded"] else ()
+        if output == "raw":
+            names += ("q_mut",)
+        if p["has_bias"] and p["orth"] and (unit or closed_raw):
+            names += ("q_b",)
+        return names
+
+    def _dots(self, x: np.ndarray, output: str) -> dict:
+        """``{name: x·q}`` (float64) for :meth:`_dot_names`: q_mu and q_mut in one thin GEMM, the others a GEMV."""
+        p, names = self._plan(), self._dot_names(output)
+        if names[:2] == ("q_mu", "q_mut"):
+            P = (x @ p["Q_raw"]).astype(np.float64)
+            dots = {"q_mu": P[:, 0], "q_mut": P[:, 1]}
+        else:
+            dots = {}
+        for k in names:
+            if k not in dots:
+                dots[k] = (x @ p[k]).astype(np.float64)
+        return dots
 
     def _apply_block(self, x: np.ndarray, y: np.ndarray, output: str, sq: np.ndarray) -> bool:
         """Write ``output`` for finite rows ``x`` (m, d_s) into ``y`` (m, d_t), both C-contiguous float32.
@@ -293,27 +332,27 @@ class LinearMap(StoredMap):
             x = self.source_frame._apply(x)
             sq = linalg.row_sq(x)
         m = x.shape[0]
+        dots = self._dots(x, output)
         scale, beta, gamma, shift, alpha, u_mut = self._terms(
-            np.sqrt(sq.astype(np.float64)), lambda q: (x @ q).astype(np.float64), m, output, _Arrays)
+            np.sqrt(sq.astype(np.float64)), dots.__getitem__, m, output, _Arrays)
         unit, closed_raw = self._closed(output)
         d_s = x.shape[1]
-        xa = np.empty((m, d_s + 4), dtype=np.float32)  # [r x | r beta | r gamma | r shift | 0]
+        k = self._width(output)
+        xa = np.empty((m, d_s + k), dtype=np.float32)  # [r x | r beta | r shift | r gamma][:, :d_s + k]
         if scale is None:  # scaled after the GEMM: a plain copy
             r = np.ones(m)
             np.copyto(xa[:, :d_s], x)
-        else:
+        else:  # einsum writes the scaled rows into the strided buffer in 76 µs (1024 x 384), np.multiply in 116
             r = scale
-            np.multiply(x, r.astype(np.float32)[:, None], out=xa[:, :d_s])
-        xa[:, d_s] = beta * r  # column by column: a stack of four tiny arrays cost ~20 µs per batch-1 call
-        xa[:, d_s + 1] = gamma * r
-        xa[:, d_s + 2] = shift * r
-        xa[:, d_s + 3] = 0.0
-        np.matmul(xa, p["Wa"], out=y)
+            np.einsum("ij,i->ij", x, r.astype(np.float32), out=xa[:, :d_s])
+        for j, f in enumerate((beta, shift, gamma)[:k]):  # column by column: a stack of tiny arrays cost ~20 µs
+            xa[:, d_s + j] = f * r
+        np.matmul(xa, p["Wa"][: d_s + k], out=y)
         if scale is not None:  # unit/raw rows of a closed form are bounded when their factors are finite
             if unit or closed_raw:
-                return bool(np.isfinite(r.sum() + xa[:, d_s:].sum()))
+                return math.isfinite(float(r.sum()) + float(xa[:, d_s:].sum()))
             # linear rows (or a frame's that does not normalise): |y_ij| <= |xa_i| max_j |Wa[:, j]| with
-            # |xa_i|^2 = r_i^2 |x_i|^2 + its four factors squared, from the norms read anyway (no pass over y);
+            # |xa_i|^2 = r_i^2 |x_i|^2 + its factors squared, from the norms read anyway (no pass over y);
             # NaN/Inf fail the test. Past the bound the caller checks the output itself
             tail = xa[:, d_s:].astype(np.float64)
             with np.errstate(over="ignore", invalid="ignore"):
@@ -352,16 +391,17 @@ class LinearMap(StoredMap):
         if not _SQ_LO < sq < _SQ_HI:
             return False
         scale, beta, gamma, shift, _, u_mut = self._terms(
-            math.sqrt(sq), lambda q: float(x @ q), 1, output, _Scalars)
+            math.sqrt(sq), lambda k: float(x @ p[k]), 1, output, _Scalars)
         d_s = x.shape[0]
-        xa = np.empty((1, d_s + 4), dtype=np.float32)
+        k = self._width(output)
+        xa = np.empty((1, d_s + k), dtype=np.float32)
         r = 1.0 if scale is None else scale
         if scale is None:
             np.copyto(xa[0, :d_s], x)
         else:
             np.multiply(x, np.float32(r), out=xa[0, :d_s])
-        xa[0, d_s:] = (beta * r, gamma * r, shift * r, 0.0)
-        np.matmul(xa, p["Wa"], out=y)
+        xa[0, d_s:] = (beta * r, shift * r, gamma * r)[:k]
+        np.matmul(xa, p["Wa"][: d_s + k], out=y)
         if scale is not None:
             return math.isfinite(r + beta * r + gamma * r + shift * r)
         nu2 = float(np.vdot(y[0], y[0]))
