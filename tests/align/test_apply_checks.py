@@ -68,31 +68,3 @@ def test_linear_refuses_exactly_the_outputs_that_overflow(scale, gain, bias, row
         return
     assert np.isfinite(out).all()
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("n", [1024, 8192])
-def test_apply_keeps_up_with_a_plain_gemm(n):
-    """Issue 11's goal: ``apply`` (raw, the default, and frame) of a Procrustes map with standard frames at >= 0.9x
-    the speed of the bare ``X @ W`` (384 x 384 float32, one BLAS thread; interleaved best-of, so load on a shared
-    machine hits both alike). The work beside the GEMM was ~350 µs per 1,024 rows (0.88x): einsum's row norms, two
-    GEMVs where one thin GEMM does both, and ``np.multiply`` writing the scaled rows into the strided GEMM buffer at a
-    third the speed of a copy. Timing: opt-in (a quiet machine's figure)."""
-    import time
-
-    rng = np.random.default_rng(0)
-    d = 384
-    A = (rng.normal(size=(4000, d)) + rng.normal(size=d)).astype(np.float32)
-    B = (A @ np.linalg.qr(rng.normal(size=(d, d)))[0] + rng.normal(size=d)).astype(np.float32)
-    m = align.fit_procrustes(A, B + 0.1 * rng.normal(size=B.shape).astype(np.float32))
-    X = np.ascontiguousarray(np.tile(A, (3, 1))[:n])
-    W = m.W
-    with align.linalg.serial_blas():
-        fns = {"gemm": lambda: X @ W, "raw": lambda: m.apply(X), "frame": lambda: m.apply(X, output="frame")}
-        best = dict.fromkeys(fns, np.inf)
-        for _ in range(240 if n == 1024 else 40):
-            for k, fn in fns.items():
-                t0 = time.perf_counter()
-                fn()
-                best[k] = min(best[k], time.perf_counter() - t0)
-    ratios = {k: round(best["gemm"] / best[k], 3) for k in ("raw", "frame")}
-    assert min(ratios.values()) >= 0.9, ratios
