@@ -153,6 +153,24 @@ FLOOR_NOTE = ("predicted retention is nn_retention@10 on the probe, a proxy with
               "(vecbridge eval --queries --relevant --min-retention)")
 
 
+#: At K >= 1,000 the plan recommends ``auto``, but its forecast is of the closed-form method of the probe's curve.
+#: WordNet, a 16,384-row corpus, K = 10,000 (QA of plan_migration): glove->minilm from 500 probe pairs forecast
+#: procrustes 0.211 [0.149, 0.272] where auto chose a cluster map measuring 0.69 on that statistic, minilm->e5
+#: from 1,000 forecast ridge 0.687 [0.427, 0.948] where cluster measured 1.10; once (glove->minilm from 200 pairs)
+#: auto's contrastive map measured 0.21, under its forecast 0.277 [0.226, 0.328].
+AUTO_NOTE = ("the forecast and its interval at K = {k} are of {m} (forecast_method), a closed-form map; the "
+             "recommended method, auto, may choose a contrastive or cluster map at this K, which usually measures "
+             "above that interval (not always): read it as a floor for auto, not a prediction of what auto fits")
+#: nn_retention's native side searches the native rows among mapped rows of the old corpus (their native vectors are
+#: unknown). WordNet minilm->paraphrase-L3, ridge from 10,000 pairs: 1.06-1.23, where native recall against those
+#: mapped distractors was 0.23-0.27 and against the same rows' native vectors 0.42-0.47 (the ratio then 0.61-0.69).
+OVER_ONE_NOTE = ("a learning-curve point measured {r:.2f} > 1 ({m}, K = {k}): the mapped rows competed better than "
+                 "the native ones against the same distractors, mapped rows of the old corpus that stand in for its "
+                 "unknown native vectors in the native pool and can outrank native rows more than those would; the "
+                 "native recall is understated, so such points run above what native distractors would give (no "
+                 "floor there) and the forecast is clipped to 1: gate on labelled queries")
+
+
 def fit_learning_curve(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, float, float]:
     """Least-squares saturating curve ``r(K) = r_inf - c K^(-beta)`` (``beta`` on a grid, ``r_inf ≤ 1``).
 
@@ -434,7 +452,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        the largest probe K, extrapolated).
     3. Recommendation: the smallest K of ``target_ks`` whose prediction reaches
        ``target_retention`` (else the largest), that K's method (``"contrastive"``-capable ``"auto"``
-       when K ≥ 1,000), and ``select_rows_to_embed`` (k-means++) rows of ``X_old`` for that K. A K of at
+       when K ≥ 1,000; ``forecast_method`` is the closed-form method the forecast is of, and a note says that
+       ``auto`` may fit another family, which the interval does not forecast: see :data:`AUTO_NOTE`), and
+       ``select_rows_to_embed`` (k-means++) rows of ``X_old`` for that K. A K of at
        least the corpus size re-embeds all of it (nothing to lose): the recommended K is then the corpus size,
        ``whole_corpus`` says so and a note says to re-embed instead of migrating. The target K of at least the
        corpus size are one forecast row at the corpus size, retention 1 with ``whole_corpus``.
@@ -451,7 +471,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     the queries: ``new_probe``, ``old_probe``, ``old_corpus`` measured, ``new_corpus_estimate`` and the
     ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the old model is predicted to do as well;
     ``labelled`` instead when their estimate is inconsistent, see 4.),
-    ``recommended`` (``method``, ``k``), ``rows_to_embed`` (indices; empty with
+    ``recommended`` (``method``, ``forecast_method``, ``k``, ``whole_corpus``), ``rows_to_embed`` (indices; empty with
     ``select_rows=False``, for callers such as a fit report that only want the forecast), ``notes``.
     """
     from .migration import _Problem, _fit_procrustes, _ridge
@@ -590,6 +610,11 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         notes.append(f"keeping the old model is predicted to be at least as good: its R@10 of these queries over the "
                      f"corpus is {native['old_corpus']:.3f}, the migrated index's {last['r10']:.3f} at "
                      f"K = {last['k']} (native new model: {native['new_corpus_estimate']:.3f})")
+    if k_rec >= 1000 and k_rec != n_old:  # "auto" below: the forecast is not of what it fits
+        notes.append(AUTO_NOTE.format(m=rec["method"], k=k_rec))
+    peak = max(((m, q) for m in methods for q in curve[m]), key=lambda mq: mq[1]["mean"])
+    if lab is None and peak[1]["mean"] > 1.0:  # the proxy above 1: see OVER_ONE_NOTE (labelled: see 4.)
+        notes.append(OVER_ONE_NOTE.format(r=peak[1]["mean"], m=peak[0], k=peak[1]["k"]))
     if groups is not None:
         notes.append(f"{n_given - p} of the {n_given} probe pairs repeat another pair: the plan is of the {p} distinct "
                      f"ones")
@@ -606,8 +631,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                                    "native": native}),
         "curve": curve, "best_method": best, "fit": fits[best], "fits": fits,
         "predicted": predicted, "target_retention": float(target_retention),
-        "recommended": {"method": "auto" if k_rec >= 1000 else rec["method"], "k": k_rec,
-                        "whole_corpus": bool(k_rec == n_old)},
+        "recommended": {"method": "auto" if k_rec >= 1000 else rec["method"], "forecast_method": rec["method"],
+                        "k": k_rec, "whole_corpus": bool(k_rec == n_old)},
         "rows_to_embed": chosen,
         "notes": notes,
     }

@@ -182,6 +182,9 @@ def _plan_section(plan: dict, k_fit: int | None) -> str:
         f"<td>{'extrapolated' if q['extrapolated'] else ''}{' (this fit)' if q['k'] == k_fit else ''}</td></tr>"
         for q in plan["predicted"])
     rec = plan["recommended"]
+    of = rec.get("forecast_method", rec["method"])  # "auto" at K >= 1,000: the forecast is of a closed-form method
+    of = (f" The forecast is of {html.escape(str(of))}, not of {html.escape(str(rec['method']))}: see the notes."
+          if of != rec["method"] else "")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in plan["notes"])
     return (f"<h2>Migration plan (from a probe of these pairs)</h2>"
             f"<p>alignability (kNN@10 overlap of the two spaces on {plan['n_probe']} probe pairs): "
@@ -189,7 +192,7 @@ def _plan_section(plan: dict, k_fit: int | None) -> str:
             f"unsupervised alignment "
             f"{'possible' if plan['unsupervised_feasible'] else 'not expected to work (below ~0.4)'}; "
             f"recommended: method {html.escape(str(rec['method']))}, K = {rec['k']} (target proxy retention "
-            f"{plan['target_retention']:g}; the notes say when no K reaches it).</p>"
+            f"{plan['target_retention']:g}; the notes say when no K reaches it).{of}</p>"
             f"<table><tr><th>K</th><th>method</th><th>proxy retention</th><th>interval</th><th></th></tr>{rows}</table>"
             f"<img alt='retention proxy vs pairs' src='data:image/png;base64,{_png(_plan_figure(plan, k_fit))}'>"
             f"<ul>{notes}</ul>")

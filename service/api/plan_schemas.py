@@ -39,7 +39,9 @@ class Forecast(_Open):
 
 
 class Recommendation(_Open):
-    method: str
+    method: str = Field(..., description="The method to fit: the forecast's at K < 1,000, `auto` from 1,000 on.")
+    forecast_method: str = Field(..., description="The closed-form method the forecast and its interval are of; "
+                                                  "`auto` may fit another family, which usually measures above it.")
     k: int
     whole_corpus: bool
 

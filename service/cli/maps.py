@@ -339,7 +339,9 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                      f"{last_migrated(res['predicted'])['k']}: ~{last_migrated(res['predicted'])['r10']:.3f}")
     rec = res["recommended"]
     lines.append(f"recommended: method {rec['method']}, K = {rec['k']} rows to re-embed"
-                 + (f" (written to {res['rows_out']})" if rows_out else ""))
+                 + (f" (written to {res['rows_out']})" if rows_out else "")
+                 + (f"; the forecast is of {rec['forecast_method']}, not of auto (see the notes)"
+                    if rec["method"] != rec["forecast_method"] and not rec["whole_corpus"] else ""))
     lines += [f"note: {n}" for n in res["notes"]]
     emit(res, as_json, "\n".join(lines))  # rows_to_embed: the indices (as POST /v1/plans), with --rows-out too
 

@@ -827,3 +827,56 @@ def test_an_all_zero_row_maps_as_its_framed_row_does(family):
         want = ref.apply(framed, output=output)
         np.testing.assert_allclose(m.apply(X, output=output), want, atol=1e-5)
         np.testing.assert_allclose(m.apply(X[3:4], output=output), want[3:4], atol=1e-5)  # the one-row path
+
+
+def _planted_plan_pairs(n=1500, d_t=12, noise=0.3, seed=0):
+    """An affine map from 16-d into ``d_t``-d plus noise: at ``d_t`` = 32 the new space has 16 dimensions the old one
+    does not predict, so mapped rows lack that noise and, as stand-in distractors, outrank native rows."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 16)) + rng.normal(size=(12, 16))[rng.integers(0, 12, n)] * 2
+    Y = X @ rng.normal(size=(16, d_t)) + noise * rng.normal(size=(n, d_t))
+    return X.astype(np.float32), Y.astype(np.float32)
+
+
+def test_a_plan_recommending_auto_names_the_method_its_forecast_is_of():
+    """QA: from K = 1,000 the plan recommended ``{"method": "auto"}`` beside a forecast and interval of procrustes or
+    ridge, and auto then fitted a cluster or contrastive map measuring far outside it (WordNet glove->minilm, K =
+    10,000: procrustes 0.211 [0.149, 0.272], auto's cluster map 0.69). ``recommended.forecast_method`` now names the
+    forecast's method, and a note says the interval is of it, not of what auto fits; below 1,000 the two agree."""
+    from align.plan import AUTO_NOTE
+
+    X, Y = _planted_plan_pairs()
+    big = align.plan_migration(X, X[:300], Y[:300], random_state=0, select_rows=False, target_ks=(100, 1000),
+                               target_retention=1.0)
+    rec = big["recommended"]
+    assert (rec["method"], rec["k"], rec["whole_corpus"]) == ("auto", 1000, False)
+    assert rec["forecast_method"] == big["predicted"][-1]["method"] in ("procrustes", "ridge")
+    assert AUTO_NOTE.format(m=rec["forecast_method"], k=1000) in big["notes"]
+    assert "usually measures above that interval" in AUTO_NOTE and "not a prediction of what auto fits" in AUTO_NOTE
+    small = align.plan_migration(X, X[:300], Y[:300], random_state=0, select_rows=False, target_ks=(100, 1000),
+                                 target_retention=0.05)
+    rec = small["recommended"]
+    assert rec["k"] == 100 and rec["method"] == rec["forecast_method"] == small["predicted"][0]["method"]
+    assert not any("auto" in n for n in small["notes"])
+    whole = align.plan_migration(X[:1200], X[:300], Y[:300], random_state=0, select_rows=False,
+                                 target_ks=(100, 3000), target_retention=1.0)  # re-embed it all: no map to forecast
+    assert whole["recommended"]["whole_corpus"] and not any("(forecast_method)" in n for n in whole["notes"])
+
+
+def test_a_plan_whose_proxy_curve_exceeds_one_says_what_that_means():
+    """QA: nn_retention with mapped distractors ran 1.12-1.14 (WordNet minilm->paraphrase-L3) with no word of it; the
+    forecast is clipped to 1. The statistic is unchanged; a note now says a curve point exceeded 1 and what that
+    means, and only then."""
+    from align.plan import OVER_ONE_NOTE
+    from align.retrieval import nn_retention
+
+    X, Y = _planted_plan_pairs(d_t=32)
+    over = align.plan_migration(X, X[:300], Y[:300], random_state=0, select_rows=False, target_ks=(100,))
+    peak = max(((m, q) for m, c in over["curve"].items() for q in c), key=lambda mq: mq[1]["mean"])
+    assert peak[1]["mean"] > 1.05 and all(q["retention"] <= 1.0 for q in over["predicted"])
+    assert OVER_ONE_NOTE.format(r=peak[1]["mean"], m=peak[0], k=peak[1]["k"]) in over["notes"]
+    assert "can exceed 1" in nn_retention.__doc__
+    X, Y = _planted_plan_pairs(d_t=12)
+    under = align.plan_migration(X, X[:300], Y[:300], random_state=0, select_rows=False, target_ks=(100,))
+    assert max(q["mean"] for c in under["curve"].values() for q in c) <= 1.0
+    assert not any("> 1" in n for n in under["notes"])

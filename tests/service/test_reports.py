@@ -191,6 +191,11 @@ def test_the_report_plan_of_a_large_fit_does_not_call_its_row_sample_the_corpus(
     html = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={}, clouds=None,
                          paired=True, plan=plan, k_fit=X.shape[0])
     assert f"K = {ks[-1]} (target proxy retention 0.95; the notes say when no K reaches it)" in html
+    # QA: "recommended: method auto" above a table of closed-form forecasts; the report now says which one it is of
+    rec = plan["recommended"]
+    assert rec["method"] == "auto" and rec["forecast_method"] == plan["predicted"][-1]["method"]
+    assert f"The forecast is of {rec['forecast_method']}, not of auto: see the notes.</p>" in html
+    assert f"are of {rec['forecast_method']} (forecast_method), a closed-form map" in html
     # the CLI / HTTP plan of a whole corpus still caps K at it
     whole = align.plan_migration(X[:2000], X[:500], Y[:500], target_ks=(100, 3000), select_rows=False)
     assert whole["recommended"]["k"] == 2000 and whole["recommended"]["whole_corpus"]

@@ -28,19 +28,23 @@ PLAN_DOC = """Plan a migration from the old corpus (`old`) and a small paired pr
 
 Answers: `alignability` (kNN@10 overlap of the two spaces on the probe beyond the k / (p - 1) of chance, so
 probes of any size compare; unsupervised alignment has only worked above 0.4; `knn_overlap`: the raw
-overlap), `curve` (simulated retention of closed-form fits on probe subsamples),
+overlap), `curve` (simulated retention of closed-form fits on probe subsamples, with up to 8,192 mapped rows of
+`old` as distractors: not the `nn_retention@10` of an evaluation, which has none; above 1 where the mapped
+distractors outrank native rows, and a note says so),
 `predicted` (retention per K with an interval and the `method` it is of: within the probe's K the better
 of the methods' curves there, beyond it the best at the probe's largest K; `extrapolated` beyond the probe; the K
 of at least the size of `old` are one row at that size, retention 1, `whole_corpus`),
-`recommended` (method and K, at most the size of `old`; `whole_corpus`: no smaller K is predicted to do, re-embed it
-all), `rows_to_embed` (k-means++ coverage rows of `old` for that K). With labelled `queries`
-(new model), `old_queries` (the same queries, old model) and each one's `relevant` probe row, the curve and
-the prediction are of their labelled R@10 retention over the whole `old` corpus (`metric` says which), with
-`native` (their R@10: the new model's over the probe and estimated over the corpus, the old model's measured
-over the corpus, i.e. what keeping it gives) and `r10` per K (the migrated index's predicted R@10); a note says
-when keeping the old model is predicted to do as well. When their measured retention exceeds 1 (the native
-estimate is too low, or the map beats the new model) the plan is the one without them, with their `labelled`
-curve and `native` R@10 and a note why.
+`recommended` (`method` and K, at most the size of `old`; `whole_corpus`: no smaller K is predicted to do, re-embed it
+all; `forecast_method`: the method the forecast is of, a closed-form one, where from K = 1,000 `method` is `auto`,
+which may fit a contrastive or cluster map: a note says the interval is then a floor for what `auto` fits, which
+usually measures above it, not a prediction of it), `rows_to_embed` (k-means++ coverage rows of `old` for that K).
+With labelled `queries` (new model), `old_queries` (the same queries, old model) and each one's `relevant` probe
+row, the curve and the prediction are of their labelled R@10 retention over the whole `old` corpus (`metric` says
+which), with `native` (their R@10: the new model's over the probe and estimated over the corpus, the old model's
+measured over the corpus, i.e. what keeping it gives) and `r10` per K (the migrated index's predicted R@10); a note
+says when keeping the old model is predicted to do as well. When their measured retention exceeds 1 (the native
+estimate is too low, or the map beats the new model) the plan is the one without them, with their `labelled` curve
+and `native` R@10 and a note why.
 Synchronous (at most `max_heavy_requests` plans and evaluations at once; more: 429 with Retry-After):
 seconds for a probe of 1,000 pairs and an old corpus of 40,000 rows (~40 s with labelled
 queries, which map and search the whole corpus per curve point). Each side is `vectors` or
