@@ -167,7 +167,10 @@ def _retention(value, why: str = "no query finds its relevant document natively"
                    "labelled retrieval (R@10 migrated / native over the held-out documents; when no query finds its "
                    "relevant document natively it is undefined and the gate exits 2); otherwise the proxy "
                    "nn_retention@10 (each native target row's nearest native row must stay in the top 10 of the "
-                   "mapped source rows; share kept; needs at least 12 distinct held-out pairs, exit 2 on fewer).")
+                   "mapped source rows; share kept; needs at least 12 distinct held-out pairs, exit 2 on fewer). "
+                   "That is among the held-out rows alone, without distractors: not the nn_retention@10 of "
+                   "`vecbridge plan`, a ratio to native search with up to 8,192 mapped rows of the old corpus beside "
+                   "them, which differs for the same map.")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
               help="Labelled queries (.npy, .npz, .fvecs, .parquet): new-model query vectors (--side target) or "
                    "source-model ones (--side source).")
@@ -289,7 +292,13 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
 @click.pass_obj
 def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, target_retention, random_state,
              rows_out, queries_path, old_queries_path, relevant_path, as_json, quiet):
-    """Before a migration: alignability, expected retention vs K, recommended method and K, rows to re-embed."""
+    """Before a migration: alignability, expected retention vs K, recommended method and K, rows to re-embed.
+
+    Without --queries the retention is nn_retention@10 of the probe's held-out half among up to 8,192 mapped rows
+    of --old as distractors, over the same search among the native rows: a ratio (it can exceed 1; a note says
+    so), not the figure `vecbridge eval --min-retention` gates on without queries (the held-out rows alone, no
+    distractors). From K = 1,000 the recommended method is auto, while the forecast is of a closed-form method
+    (forecast_method in --json), usually a floor for what auto fits."""
     given = [x is not None for x in (queries_path, old_queries_path, relevant_path)]
     if any(given) and not all(given):
         raise InputError("--queries, --old-queries and --relevant go together (labelled queries over the probe)")

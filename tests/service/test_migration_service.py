@@ -589,3 +589,19 @@ def test_plan_says_what_its_forecast_is_of_and_when_its_proxy_exceeds_one_cli_an
         schema = c.get("/openapi.json").json()["components"]["schemas"]["Recommendation"]
         assert "forecast_method" in schema["required"]
 
+
+def test_eval_plan_and_readme_say_their_nn_retention_differ(capsys):
+    """QA: ``eval --min-retention`` without queries gates on nn_retention@10 of the held-out pairs alone, while the
+    plan's figure adds 8,192 mapped distractors from the old corpus and divides by a native search: two statistics
+    under one name, and the README said both "fall back to nn_retention@10 on held-out pairs". Each now says how."""
+    from pathlib import Path
+
+    code, out, _ = run(capsys, "eval", "--help")
+    assert code == 0 and ("without distractors: not the nn_retention@10 of `vecbridge plan`, a ratio to native search "
+                          "with up to 8,192 mapped rows of the old corpus") in " ".join(out.split())
+    code, out, _ = run(capsys, "plan", "--help")
+    assert code == 0 and ("not the figure `vecbridge eval --min-retention` gates on without queries (the held-out "
+                          "rows alone, no distractors)") in " ".join(out.split())
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert "The two compute it differently, so their figures do not compare: `eval`" in readme
+    assert "stays in the top 10 of the mapped old rows. It knows nothing" not in readme
