@@ -154,8 +154,9 @@ def registry_path(obj: Ctx, source_space, target_space, alias, candidates, as_js
     Per map: its prod (path_alias setting, or --alias) version, else its newest version not flagged unreliable.
     Between the same two spaces: the alias-pinned map first, then the best held-out top-1 on a common pool of
     1,000 (per map the one recorded by `eval --record`, else the fit's own: its held-out split or 5-fold
-    cross-validation), then the best training top-1, then the newest; never name order. Pin another map in
-    requests with `map`.
+    cross-validation), then the best training top-1, then the newest; never name order. Of chains with the fewest
+    maps, the one all pinned, else the best product of held-out figures, then the newest maps; one map longer wins
+    only all pinned, or with held-out figures whose product beats. Pin another map in requests with `map`.
     """
     reg = obj.registry
     chain = reg.find_path(source_space, target_space, alias)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections import deque
 from pathlib import Path
 from typing import Callable
 
@@ -41,7 +40,7 @@ from .names import (
     check_text,
     parse_ref,
 )
-from .paths import best_longer_chain, edge_versions, path_choice
+from .paths import best_chain, edge_versions, path_choice
 from .quality import judged, quality_words, reliable
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
@@ -509,11 +508,16 @@ class Registry(SteerRegistryMixin):
             return edge_versions(self, t, alias, (source_space, target_space)).get((source_space, target_space), [])
 
     def find_path(self, source_space: str, target_space: str, alias: str | None = None) -> list[VersionInfo]:
-        """The chain of maps from ``source_space`` to ``target_space``: the shortest (breadth-first over spaces),
-        unless a chain one map longer scores better by :meth:`chain_quality` (all its maps pinned by the alias;
-        else every map with a held-out figure and a higher product of them: a direct map of 200 glove->e5 pairs,
-        held-out top-1 0.05, used to win over glove->minilm->e5 at 0.65 x 0.98, and search through it found 0.32
-        instead of 0.54 of the texts).
+        """The chain of maps from ``source_space`` to ``target_space``: the best of the shortest chains, unless a
+        chain one map longer scores better by :meth:`chain_quality` (all its maps pinned by the alias; else every map
+        with a held-out figure and a higher product of them: a direct map of 200 glove->e5 pairs, held-out top-1
+        0.05, used to win over glove->minilm->e5 at 0.65 x 0.98, and search through it found 0.32 instead of 0.54
+        of the texts).
+
+        Of several chains of the same length (through different spaces), the best by :meth:`chain_quality`: all
+        its maps pinned, then the lowest kind of figure and the product; of equals, the one whose first map is the
+        newest, then its second, ... (the breadth-first search kept the first chain it reached, in space-name
+        order: a->b->d at held-out 0.05 x 0.05 over a->c->d at 0.95 x 0.95, or over a->c->d pinned by ``prod``).
 
         Each map contributes its ``alias`` (default :attr:`path_alias`) version when that alias exists and is live,
         else its newest live version not flagged unreliable; a map with neither is left out. Where several
@@ -521,8 +525,8 @@ class Registry(SteerRegistryMixin):
         :meth:`quality`: the best held-out top-1 on a common pool (a recorded ``eval.top1``, else the fit's
         own), the training top-1; the newest.
         Never name order. Same space: ``[]``. No chain: NotFoundError.
-        The versions are read in one transaction (:func:`.paths.edge_versions`) and the longer chain is found
-        without listing chains (:func:`.paths.best_longer_chain`): listing them took 17 s through 12 layers of 4
+        The versions are read in one transaction (:func:`.paths.edge_versions`) and the chains are chosen
+        without listing them (:func:`.paths.best_chain`): listing them took 17 s through 12 layers of 4
         model variants (4^12 chains).
         """
         alias = alias or self.path_alias
@@ -538,26 +542,18 @@ class Registry(SteerRegistryMixin):
         best: dict[str, list[VersionInfo]] = {}
         for (source, _), cands in edges.items():
             best.setdefault(source, []).append(cands[0])
-        prev: dict[str, VersionInfo | None] = {source_space: None}
-        queue = deque([source_space])
-        while queue:
-            s = queue.popleft()
-            for v in sorted(best.get(s, []), key=lambda v: v.target_space):
-                if v.target_space in prev:
-                    continue
-                prev[v.target_space] = v
-                if v.target_space == target_space:
-                    chain = []
-                    node = target_space
-                    while prev[node] is not None:
-                        chain.append(prev[node])
-                        node = prev[node].source_space
-                    chain = chain[::-1]
-                    longer = best_longer_chain(best, source_space, target_space, len(chain) + 1,
-                                               lambda v: (pin in (v.aliases or []), *self.quality(v)))
-                    return max([chain, *([longer] if longer else [])],  # the first of equals: the shortest
-                               key=lambda c: self.chain_quality(c, alias))
-                queue.append(v.target_space)
+        seen, layer, hops = {source_space}, {source_space}, 0  # breadth-first: only the shortest length
+        while layer and target_space not in layer:
+            layer = {v.target_space for s in layer for v in best.get(s, [])} - seen
+            seen |= layer
+            hops += 1
+        if layer:
+            def weigh(v):
+                return pin in (v.aliases or []), *self.quality(v)
+            chain = best_chain(best, source_space, target_space, hops, weigh)
+            longer = best_chain(best, source_space, target_space, hops + 1, weigh)
+            return max([chain, *([longer] if longer else [])],  # the first of equals: the shortest
+                       key=lambda c: self.chain_quality(c, alias))
         raise NotFoundError(f"no chain of maps leads from space {source_space!r} to {target_space!r} "
                             f"(unreliable versions are not used; pin one with a map reference)")
 

@@ -3,9 +3,11 @@
 - :func:`edge_versions` — every map's path version, grouped by the two spaces it joins, best first: three
   queries over the live versions in the caller's transaction (a transaction and several queries per map
   pair made a one-map path take 0.6 s on 5,000 maps).
-- :func:`best_longer_chain` — of the chains one map longer than the shortest, the one :meth:`find_path` compares
-  with the shortest, found without listing them: listing every chain walked every path from the source (4^12
-  of them through 12 layers of 4 model variants: 17 s per search).
+- :func:`best_chain` — the best of the chains of a given number of maps: of the shortest (the breadth-first search
+  kept the first it reached, in space-name order: a chain of held-out top-1 0.05 x 0.05 over one of 0.95 x 0.95,
+  or over one the ``prod`` alias pinned), and of those one map longer, which :meth:`find_path` compares with it;
+  found without listing them: listing every chain walked every path from the source (4^12 of them through 12
+  layers of 4 model variants: 17 s per search).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from itertools import groupby
 
 from .models import VersionInfo, columns, from_row
 
-__all__ = ["best_longer_chain", "edge_versions", "path_choice"]
+__all__ = ["best_chain", "edge_versions", "path_choice"]
 
 #: ``(every map pinned, lowest kind)`` of a chain, best first: the head of :meth:`Registry.chain_quality`
 _CATEGORIES = ((True, 2), (True, 1), (True, 0), (False, 2), (False, 1), (False, 0))
@@ -73,26 +75,28 @@ def edge_versions(reg, t, alias: str, pair: tuple[str, str] | None = None) -> di
             for p, c in out.items()}
 
 
-def best_longer_chain(best: dict[str, list], source: str, target: str, hops: int,
-                      weigh: Callable[[object], tuple[bool, int, float]]) -> list | None:
-    """The chain of exactly ``hops`` maps from ``source`` to ``target`` over ``best`` (space -> its maps, each with
-    ``source_space`` / ``target_space``) that :meth:`Registry.find_path` weighs against the shortest; None if none.
+def best_chain(best: dict[str, list], source: str, target: str, hops: int,
+               weigh: Callable[[object], tuple[bool, int, float]]) -> list | None:
+    """The best chain of exactly ``hops`` maps from ``source`` to ``target`` over ``best`` (space -> its maps, each
+    with ``source_space``, ``target_space``, ``created_at`` and ``name``); None if none. :meth:`Registry.find_path`
+    takes it for the shortest length and for one map more.
 
     ``weigh(map)`` is ``(pinned, kind, score)`` with ``0 <= score <= 1``; a chain ranks by ``(every map pinned,
     lowest kind, product of its scores left to right when that kind > 0)``, as :meth:`Registry.chain_quality`
-    (its last figure, the length, is the same for all). Of equals, the first when chains are listed depth-first
-    with each space's maps in ``target_space`` order: the chain ``max`` picked from that list.
+    (its last figure, the length, is the same for all). Of equals, the chain whose first map is the newest
+    (``created_at``, then ``name``), then whose second map is, and so on; never space-name order (with no
+    figures every chain is an equal, and the order of names chose one).
 
     Precondition: no chain is shorter than ``hops - 1`` maps (ValueError otherwise); then every walk of ``hops``
     maps that takes no map from a space to itself goes through distinct spaces (a repeated space cuts out a loop
     of two maps or more, leaving a chain shorter than ``hops - 1``), so walks are counted, not paths listed:
     for each ``(pinned, kind)`` class, best first, the spaces that reach ``target`` in exactly k maps (walking
     back), the best product reaching each space after h maps (walking forward; float products are monotone, so
-    the best prefix gives the best chain), then the chain is built map by map, taking the first map after which
+    the best prefix gives the best chain), then the chain is built map by map, taking the newest map after which
     that best product is still reached. Work: at most ``6 * hops * E`` for the classes and ``hops * d * hops * E``
     for the choice (E maps, d the most maps out of one space), never the number of chains.
     """
-    succ = {s: [(v.target_space, v, weigh(v)) for v in sorted(vs, key=lambda v: v.target_space)
+    succ = {s: [(v.target_space, v, weigh(v)) for v in sorted(vs, key=lambda v: (v.created_at, v.name), reverse=True)
                 if v.target_space != s] for s, vs in best.items()}
     pred: dict[str, list] = {}
     for s, edges in succ.items():
@@ -122,10 +126,11 @@ def best_longer_chain(best: dict[str, list], source: str, target: str, hops: int
 
 def _choose(succ: dict, back: list[set[str]], ok: Callable, score: Callable, source: str, target: str,
             hops: int) -> list:
-    """The first chain of ``hops`` allowed maps from ``source`` to ``target`` with the best product of scores."""
+    """The chain of ``hops`` allowed maps from ``source`` to ``target`` with the best product of scores; of equals,
+    the one with the newest first map, then second map, ... (``succ`` lists each space's maps newest first)."""
 
     def options(space: str, left: int) -> Iterable[tuple]:
-        """The allowed maps out of ``space`` after which ``left`` more reach ``target``, in ``target_space`` order."""
+        """The allowed maps out of ``space`` after which ``left`` more reach ``target``, newest first."""
         return [e for e in succ.get(space, ()) if ok(e[2]) and e[0] in back[left]]
 
     def best_product(space: str, product: float, left: int) -> float:

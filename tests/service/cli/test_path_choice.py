@@ -311,6 +311,67 @@ def test_a_chain_one_map_longer_wins_over_a_much_weaker_direct_map(tmp_path, cap
         reg.close()
 
 
+def _chains(tmp_path, maps) -> object:
+    """A registry in ``tmp_path/var`` (the CLI's) with 4-d maps ``(name, source, target, held-out top-1 or None,
+    alias)`` registered in that order."""
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    W = align.LinearMap(np.eye(4, dtype=np.float32))
+    for name, s, t, top1, alias in maps:
+        metrics = {} if top1 is None else {"heldout_top1": top1, "heldout_n_candidates": 1000,
+                                           "heldout_n_queries": 1000}
+        reg.register_version(name, W, source_space=s, target_space=t, method="procrustes", params={},
+                             metrics=metrics, alias=alias)
+    return reg
+
+
+def _cli_path(capsys, tmp_path, source, target) -> list[str]:
+    code, out, err = run(capsys, "--data-dir", tmp_path / "var", "registry", "path", source, target, "--json")
+    assert code == 0, err
+    return json.loads(out)["path"]
+
+
+def test_of_equally_short_chains_the_best_held_out_product_wins_not_name_order(tmp_path, capsys):
+    """Two chains of two maps from a to d: the breadth-first search kept the first it reached (through b, by name)
+    at held-out top-1 0.05 x 0.05 over the one through c at 0.95 x 0.95, although a chain one map longer was
+    already chosen by its figures."""
+    reg = _chains(tmp_path, [("a->b", "a", "b", 0.05, None), ("b->d", "b", "d", 0.05, None),
+                             ("a->c", "a", "c", 0.95, None), ("c->d", "c", "d", 0.95, None)])
+    try:
+        assert [v.ref for v in reg.find_path("a", "d")] == ["a->c:1", "c->d:1"]
+        assert _cli_path(capsys, tmp_path, "a", "d") == ["a->c:1", "c->d:1"]
+    finally:
+        reg.close()
+
+
+def test_of_equally_short_chains_the_pinned_one_wins_not_name_order(tmp_path, capsys):
+    reg = _chains(tmp_path, [("a->b", "a", "b", None, None), ("b->d", "b", "d", None, None),
+                             ("a->c", "a", "c", None, "prod"), ("c->d", "c", "d", None, "prod")])
+    try:
+        assert [v.ref for v in reg.find_path("a", "d")] == ["a->c:1", "c->d:1"]
+        assert _cli_path(capsys, tmp_path, "a", "d") == ["a->c:1", "c->d:1"]
+        reg.set_alias("a->b", "prod", 1)  # one pinned map is not a pinned chain: still the one pinned throughout
+        assert [v.ref for v in reg.find_path("a", "d")] == ["a->c:1", "c->d:1"]
+    finally:
+        reg.close()
+
+
+def test_equally_good_short_chains_are_told_apart_by_their_newest_maps_not_name_order(tmp_path, capsys):
+    """No figures anywhere: every chain is an equal. The one whose first map is the newest wins (then its second
+    map, ...), every time, whatever the spaces are called: here through c, although b comes first by name and the
+    newest map of all is b->d."""
+    reg = _chains(tmp_path, [("a->b", "a", "b", None, None), ("a->c", "a", "c", None, None),
+                             ("c->d", "c", "d", None, None), ("b->d", "b", "d", None, None)])
+    try:
+        for _ in range(3):
+            assert [v.ref for v in reg.find_path("a", "d")] == ["a->c:1", "c->d:1"]
+        assert _cli_path(capsys, tmp_path, "a", "d") == ["a->c:1", "c->d:1"]
+        reg.register_version("a->b", reg.load_map("a->b"), source_space="a", target_space="b", method="procrustes",
+                             params={})  # a refit of a->b: now the newest first map
+        assert [v.ref for v in reg.find_path("a", "d")] == ["a->b:2", "b->d:1"]
+    finally:
+        reg.close()
+
+
 def _refit_files(tmp_path, X, Y) -> tuple[list, list]:
     """The data-dir options and a procrustes ``fit`` command line of map ``m`` (old -> new), with the 4,000-pair
     files of :func:`_fit_files` and 60-pair ones (``x60.npy`` / ``y60.npy``) for a refit from few pairs."""

@@ -1,7 +1,7 @@
 """Path finding between spaces: the chain :meth:`Registry.find_path` picks, and the work it takes to pick it.
 
 The chosen chain is compared with a brute-force reading of the documented rule (every simple path listed),
-on random graphs (:func:`service.registry.paths.best_longer_chain`) and on random registries (``find_path``).
+on random graphs (:func:`service.registry.paths.best_chain`) and on random registries (``find_path``).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from hypothesis import strategies as st
 
 import align
 from service.registry import NotFoundError, open_registry
-from service.registry.paths import best_longer_chain
+from service.registry.paths import best_chain
 from service.registry.quality import SPLIT
 
 HELD_OUT = {"heldout_n_candidates": 1000, "heldout_n_queries": 1000, "heldout_source": SPLIT, "reliable": True}
 
 
 def simple_paths(succ, source, target):
-    """Every chain from ``source`` to ``target`` through distinct spaces, depth-first with each space's maps in
-    ``target_space`` order (the order find_path's rule breaks ties by)."""
+    """Every chain from ``source`` to ``target`` through distinct spaces (in no order that matters: ties are
+    broken by :func:`newest_first`)."""
     out = []
 
     def walk(space, chain, seen):
@@ -49,15 +49,26 @@ def reference_key(chain, weigh):
     return all(p for p, _, _ in w), kind, math.prod(s for _, _, s in w) if kind > 0 else 0.0, -len(chain)
 
 
+def newest_first(chain):
+    """The documented tie-break between chains that score the same: the newest first map, then second, ..."""
+    return [(v.created_at, v.name) for v in chain]
+
+
+def best_of(chains, weigh):
+    """The best chain by :func:`reference_key`; of equals, by :func:`newest_first`; None if none."""
+    return max(chains, key=lambda c: (reference_key(c, weigh), newest_first(c)), default=None)
+
+
 def reference_path(succ, source, target, weigh):
-    """The documented rule by brute force: the shortest chain breadth-first (the first in space-name order),
-    unless a chain one map longer scores better; of equals, the first."""
+    """The documented rule by brute force: the best of the shortest chains, unless the best chain one map longer
+    scores better; of equals, the shortest."""
     paths = simple_paths(succ, source, target)
     if not paths:
         return None
     d = min(map(len, paths))
-    shortest = min((p for p in paths if len(p) == d), key=lambda p: [v.target_space for v in p])
-    return max([shortest, *(p for p in paths if len(p) == d + 1)], key=lambda c: reference_key(c, weigh))
+    shortest = best_of([p for p in paths if len(p) == d], weigh)
+    return max([shortest, *filter(None, [best_of([p for p in paths if len(p) == d + 1], weigh)])],
+               key=lambda c: reference_key(c, weigh))
 
 
 # --- the chain one map longer, on random graphs ----------------------------------------------
@@ -72,8 +83,9 @@ def graphs(draw):
     pairs = draw(st.sets(st.tuples(st.sampled_from(spaces), st.sampled_from(spaces)), max_size=n * n))
     succ: dict[str, list] = {}
     weights = {}
+    ages = draw(st.permutations(range(len(pairs))))  # creation order unrelated to names
     for i, (s, t) in enumerate(sorted(pairs)):
-        v = SimpleNamespace(name=f"m{i}", source_space=s, target_space=t)
+        v = SimpleNamespace(name=f"m{i}", source_space=s, target_space=t, created_at=f"2026-01-01T{ages[i]:08d}")
         weights[v.name] = (draw(st.booleans()), draw(st.integers(0, 2)), draw(SCORES))
         succ.setdefault(s, []).append(v)
     return succ, spaces, weights
@@ -81,19 +93,18 @@ def graphs(draw):
 
 @settings(max_examples=400, deadline=None)
 @given(graphs(), st.data())
-def test_the_longer_chain_is_the_one_listing_every_chain_picks(g, data):
+def test_the_best_chain_of_a_length_is_the_one_listing_every_chain_picks(g, data):
     succ, spaces, weights = g
     source, target = data.draw(st.sampled_from(spaces)), data.draw(st.sampled_from(spaces))
     paths = simple_paths(succ, source, target) if source != target else []
     if not paths:
         return
-    hops = min(map(len, paths)) + 1
     weigh = lambda v: weights[v.name]
-    longer = [p for p in paths if len(p) == hops]
-    want = max(longer, key=lambda c: reference_key(c, weigh)) if longer else None
-    assert best_longer_chain(succ, source, target, hops, weigh) == want
+    shortest = min(map(len, paths))
+    for hops in (shortest, shortest + 1):  # the shortest chains, and those one map longer
+        assert best_chain(succ, source, target, hops, weigh) == best_of([p for p in paths if len(p) == hops], weigh)
     with pytest.raises(ValueError):  # shorter chains exist: walks could repeat a space
-        best_longer_chain(succ, source, target, hops + 1, weigh)
+        best_chain(succ, source, target, shortest + 2, weigh)
 
 
 # --- find_path on random registries ----------------------------------------------------------
@@ -219,4 +230,5 @@ def test_path_finding_work_does_not_grow_with_the_number_of_chains(tmp_path):
     one_layer = calls_made(lambda: reg.find_path("L0_0", "L1_0"), 10**6)
     ten = calls_made(lambda: reg.find_path("L0_0", "L10_0"), 4 * one_layer)  # listing chains: > 10^6
     assert ten < 2 * one_layer  # reading the versions costs the same; choosing the chain is a small part
-    assert [v.target_space for v in reg.find_path("L0_0", "L10_0")] == [f"L{i}_0" for i in range(1, 11)]
+    # every chain scores 0.95^10: the one through the newest maps (each space's last registered goes to variant 3)
+    assert [v.target_space for v in reg.find_path("L0_0", "L10_0")] == [f"L{i}_3" for i in range(1, 10)] + ["L10_0"]
