@@ -40,7 +40,7 @@ from .names import (
     check_text,
     parse_ref,
 )
-from .paths import best_chain, edge_versions, path_choice
+from .paths import best_chain, edge_versions, longer_wins, path_choice
 from .quality import judged, quality_words, reliable
 from .steers import SteerRegistryMixin
 from .store import ArtifactStore
@@ -509,10 +509,10 @@ class Registry(SteerRegistryMixin):
 
     def find_path(self, source_space: str, target_space: str, alias: str | None = None) -> list[VersionInfo]:
         """The chain of maps from ``source_space`` to ``target_space``: the best of the shortest chains, unless a
-        chain one map longer scores better by :meth:`chain_quality` (all its maps pinned by the alias; else every map
-        with a held-out figure and a higher product of them: a direct map of 200 glove->e5 pairs, held-out top-1
-        0.05, used to win over glove->minilm->e5 at 0.65 x 0.98, and search through it found 0.32 instead of 0.54
-        of the texts).
+        chain one map longer is better (:func:`.paths.longer_wins`: all its maps pinned by the alias; else every map
+        with a held-out figure and a higher product of them, never a training figure: a direct map of 200 glove->e5
+        pairs, held-out top-1 0.05, used to win over glove->minilm->e5 at 0.65 x 0.98, and search through it found
+        0.32 instead of 0.54 of the texts).
 
         Of several chains of the same length (through different spaces), the best by :meth:`chain_quality`: all
         its maps pinned, then the lowest kind of figure and the product; of equals, the one whose first map is the
@@ -552,8 +552,8 @@ class Registry(SteerRegistryMixin):
                 return pin in (v.aliases or []), *self.quality(v)
             chain = best_chain(best, source_space, target_space, hops, weigh)
             longer = best_chain(best, source_space, target_space, hops + 1, weigh)
-            return max([chain, *([longer] if longer else [])],  # the first of equals: the shortest
-                       key=lambda c: self.chain_quality(c, alias))
+            better = longer and longer_wins(self.chain_quality(longer, alias), self.chain_quality(chain, alias))
+            return longer if better else chain
         raise NotFoundError(f"no chain of maps leads from space {source_space!r} to {target_space!r} "
                             f"(unreliable versions are not used; pin one with a map reference)")
 
@@ -562,7 +562,8 @@ class Registry(SteerRegistryMixin):
         """How good a chain of maps is for :meth:`find_path`, higher first: ``(every map pinned by alias, min
         kind, product of scores, -length)`` over its maps' :meth:`quality` (``alias`` default ``prod``). The
         product of held-out top-1 figures stands in for the composed map's (a query must survive every map); it
-        counts only when every map has a figure (kind > 0), else the chain with figures wins, then the shorter."""
+        counts only when every map has a figure (kind > 0), else the chain with figures wins, then the shorter.
+        Between a chain and one a map longer only held-out figures count (:func:`.paths.longer_wins`)."""
         alias = alias or cls.PATH_ALIAS
         q = [cls.quality(v) for v in chain]
         kind = min(k for k, _ in q)

@@ -312,13 +312,13 @@ def test_a_chain_one_map_longer_wins_over_a_much_weaker_direct_map(tmp_path, cap
 
 
 def _chains(tmp_path, maps) -> object:
-    """A registry in ``tmp_path/var`` (the CLI's) with 4-d maps ``(name, source, target, held-out top-1 or None,
-    alias)`` registered in that order."""
+    """A registry in ``tmp_path/var`` (the CLI's) with 4-d maps ``(name, source, target, held-out top-1, None or
+    the metrics, alias)`` registered in that order."""
     reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
     W = align.LinearMap(np.eye(4, dtype=np.float32))
     for name, s, t, top1, alias in maps:
-        metrics = {} if top1 is None else {"heldout_top1": top1, "heldout_n_candidates": 1000,
-                                           "heldout_n_queries": 1000}
+        metrics = top1 if isinstance(top1, dict) else {} if top1 is None else {
+            "heldout_top1": top1, "heldout_n_candidates": 1000, "heldout_n_queries": 1000}
         reg.register_version(name, W, source_space=s, target_space=t, method="procrustes", params={},
                              metrics=metrics, alias=alias)
     return reg
@@ -368,6 +368,28 @@ def test_equally_good_short_chains_are_told_apart_by_their_newest_maps_not_name_
         reg.register_version("a->b", reg.load_map("a->b"), source_space="a", target_space="b", method="procrustes",
                              params={})  # a refit of a->b: now the newest first map
         assert [v.ref for v in reg.find_path("a", "d")] == ["a->b:2", "b->d:1"]
+    finally:
+        reg.close()
+
+
+def test_a_chain_one_map_longer_with_training_figures_only_does_not_replace_the_shortest(tmp_path, capsys):
+    """README: a longer chain replaces the shortest only when its maps are all pinned or all have held-out figures
+    whose product beats. a->b->c at training top-1 0.02 x 0.02 replaced a direct a->c with no figure (a map of
+    few pairs memorises them), and a training 0.9 x 0.9 one with a training 0.5 direct map."""
+    train = [("a->b", "a", "b", {"train_top1": 0.02}, None), ("b->c", "b", "c", {"train_top1": 0.02}, None)]
+    reg = _chains(tmp_path, [("a->c", "a", "c", None, None), *train,
+                             ("x->z", "x", "z", {"train_top1": 0.5}, None),
+                             ("x->y", "x", "y", {"train_top1": 0.9}, None),
+                             ("y->z", "y", "z", {"train_top1": 0.9}, None)])
+    try:
+        assert [reg.quality_source(v) for v in reg.find_path("a", "b") + reg.find_path("b", "c")] == ["train"] * 2
+        assert [v.ref for v in reg.find_path("a", "c")] == ["a->c:1"]
+        assert _cli_path(capsys, tmp_path, "a", "c") == ["a->c:1"]
+        assert [v.ref for v in reg.find_path("x", "z")] == ["x->z:1"]
+        for name in ("a->b", "b->c"):  # held-out figures on every map of the longer chain: it wins
+            reg.set_tag(name, 1, "eval.top1", 0.5)
+            reg.set_tag(name, 1, "eval.n_candidates", 1000)
+        assert [v.ref for v in reg.find_path("a", "c")] == ["a->b:1", "b->c:1"]
     finally:
         reg.close()
 

@@ -61,14 +61,25 @@ def best_of(chains, weigh):
 
 def reference_path(succ, source, target, weigh):
     """The documented rule by brute force: the best of the shortest chains, unless the best chain one map longer
-    scores better; of equals, the shortest."""
+    :func:`replaces` it."""
     paths = simple_paths(succ, source, target)
     if not paths:
         return None
     d = min(map(len, paths))
     shortest = best_of([p for p in paths if len(p) == d], weigh)
-    return max([shortest, *filter(None, [best_of([p for p in paths if len(p) == d + 1], weigh)])],
-               key=lambda c: reference_key(c, weigh))
+    longer = best_of([p for p in paths if len(p) == d + 1], weigh)
+    return longer if longer and replaces(longer, shortest, weigh) else shortest
+
+
+def replaces(longer, shortest, weigh) -> bool:
+    """README: a chain one map longer replaces the shortest when its maps are all pinned, or all have held-out
+    figures (kind 2) whose product beats the shortest chain's; a training figure never counts."""
+    def key(chain):
+        w = [weigh(v) for v in chain]
+        held = all(k == 2 for _, k, _ in w)
+        return all(p for p, _, _ in w), held, math.prod(s for _, _, s in w) if held else 0.0
+
+    return key(longer) > key(shortest)
 
 
 # --- the chain one map longer, on random graphs ----------------------------------------------
