@@ -452,7 +452,7 @@ VersionOut = record_model("VersionOut", VersionInfo)
 
 class VersionDeleted(VersionOut):
     bare_ref: str | None = Field(None, description="`name:N`: what a bare NAME resolves to now (its live `prod` "
-                                 "version, else the best live one); null when no live version is left.")
+                                 "version, else the best reliable one); null when none (left, or reliable).")
 
 
 class VersionList(_Page):

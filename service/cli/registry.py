@@ -9,7 +9,7 @@ import click
 
 from ..encoders import get_encoder
 from ..ops.maps import create_space, delete_space
-from ..registry import NotFoundError
+from ..registry import NoReliableVersionError, NotFoundError
 from ..registry.names import parse_ref
 from ._common import (
     VERSION,
@@ -55,7 +55,7 @@ def registry_show(obj: Ctx, ref, as_json):
     """Show one version (NAME, NAME@alias, NAME:version)."""
     reg = obj.registry
     name, _alias, version = parse_ref(ref)
-    d = version_record(reg, reg.get_version(name, version) if version is not None else reg.resolve(ref))
+    d = version_record(reg, reg.get_version(name, version) if version is not None else reg.inspect(ref))
     if as_json:
         emit(d, True)
         return
@@ -99,6 +99,8 @@ def registry_delete(obj: Ctx, name, version):
     if v.aliases:  # the aliases stay on the deleted version (lineage); say what that changes for their users
         try:
             now = f"a bare {name!r} is now {name}:{obj.registry.resolve(name).version}"
+        except NoReliableVersionError:
+            now = f"a bare {name!r} means no version (its live versions are all flagged unreliable)"
         except NotFoundError:
             now = f"{name!r} has no live version left"
         click.echo(f"vecbridge: warning: alias(es) {', '.join(v.aliases)} still point at {name}:{version}, so "

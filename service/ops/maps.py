@@ -29,7 +29,7 @@ from ..encoders import canonical_name
 from ..io import sha256_array
 from ..logging import get_logger
 from ..progress import Progress, Stages
-from ..registry import ConflictError, NotFoundError, Registry, VersionInfo
+from ..registry import ConflictError, NoReliableVersionError, NotFoundError, Registry, VersionInfo
 from ..registry.names import check_alias, check_name, fs_safe
 from ..registry.quality import SPLIT, heldout_doubt
 from ..reports import inner_timings, render_report, write_report
@@ -580,8 +580,12 @@ def delete_space(registry, indexes, name: str):
 
 
 def describe_map(registry, resolve: Callable, ref: str) -> dict:
-    """The map's summary (as in ``list_maps``) and the version ``ref`` resolves to (``resolved``)."""
-    v = resolve(ref)
+    """The map's summary (as in ``list_maps``) and the version ``ref`` resolves to (``resolved``); a bare name whose
+    live versions are all flagged unreliable shows the newest (:meth:`~service.registry.Registry.inspect`)."""
+    try:
+        v = resolve(ref)
+    except NoReliableVersionError:  # shown, not used (the console reads a map so after moving an alias)
+        v = registry.inspect(ref)
     summary = next(iter(registry.list_maps(name=v.name)), {})
     return {**summary, "resolved": v.to_dict()}
 

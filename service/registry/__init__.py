@@ -20,6 +20,7 @@ from .errors import (
     DeletedVersionError,
     IntegrityError,
     InvalidNameError,
+    NoReliableVersionError,
     NotFoundError,
     RegistryError,
     RegistryUnavailableError,
@@ -29,7 +30,7 @@ from .names import parse_ref
 
 __all__ = [
     "Registry", "open_registry", "Record", "VersionInfo", "SpaceInfo", "SteerInfo", "RegistryError", "NotFoundError",
-    "DeletedVersionError", "ConflictError", "AliasMovedError", "InvalidNameError", "IntegrityError",
-    "RegistryUnavailableError",
+    "DeletedVersionError", "NoReliableVersionError", "ConflictError", "AliasMovedError", "InvalidNameError",
+    "IntegrityError", "RegistryUnavailableError",
     "parse_ref", "package_version",
 ]

@@ -30,7 +30,12 @@ from ..limits import MAX_DESCRIPTION, MAX_DIM
 from .bundle import export_bundle, import_bundle
 from .db import open_db
 from .entity import MAPS, STEERS, LRUCache, VersionedStore, now, package_version
-from .errors import ConflictError, InvalidNameError, NotFoundError
+from .errors import (
+    ConflictError,
+    InvalidNameError,
+    NoReliableVersionError,
+    NotFoundError,
+)
 from .models import SpaceInfo, VersionInfo
 from .names import (
     check_alias,
@@ -323,14 +328,16 @@ class Registry(SteerRegistryMixin):
 
     def resolve(self, ref: str) -> VersionInfo:
         """``name`` → the version the map contributes to paths: its live :attr:`path_alias` (``prod``) version
-        when that alias is set, else its newest live version not flagged unreliable (the newest live one when
-        every live version is flagged: the map was named, so it is inspected); ``name@alias`` → the alias's
+        when that alias is set, else its newest live version not flagged unreliable; ``name@alias`` → the alias's
         version; ``name:N`` → version N. A bare name so never lands on a failed refit that the paths skip, nor
         on a refit newer than the pinned version that searches use: a client transforming by name and a
         search through the same map get the same version.
 
-        Raises NotFoundError for unknown names/aliases/versions and DeletedVersionError (a
-        NotFoundError) when the version, or the alias's version, was deleted.
+        Raises NotFoundError for unknown names/aliases/versions, DeletedVersionError (a NotFoundError) when the
+        version, or the alias's version, was deleted, and NoReliableVersionError (a NotFoundError naming them)
+        for a bare name whose live versions are all flagged unreliable: it resolved to the newest of them, so a
+        transform by name answered with a map searches never use, and no sign of it; ``name:N`` uses one anyway.
+        What only displays a map uses :meth:`inspect`.
         """
         name, alias, version = parse_ref(ref)
         if alias is None and version is None:
@@ -338,10 +345,27 @@ class Registry(SteerRegistryMixin):
                 pinned = self._maps.live_alias(t, name, self.path_alias)
                 if pinned is not None:
                     return self._maps.get_in(t, name, pinned)
+                flagged = []
                 for r in self._maps.rows(t, name, live=True, newest_first=True, cols="version, metrics, method"):
                     if reliable(json.loads(r["metrics"] or "{}"), r["method"]):
                         return self._maps.get_in(t, name, int(r["version"]))
+                    flagged.append(int(r["version"]))
+            if flagged:
+                refs = ", ".join(f"{name}:{v}" for v in flagged)
+                raise NoReliableVersionError(
+                    f"map {name!r} has no version a bare name may use: its live version(s) {refs} are flagged "
+                    f"unreliable (searches use none either); name one to use it anyway, e.g. {name}:{flagged[0]}",
+                    flagged)
         return self._maps.resolve(ref)
+
+    def inspect(self, ref: str) -> VersionInfo:
+        """The version to show for ``ref``: :meth:`resolve`'s, except that a bare name whose live versions are all
+        flagged unreliable shows the newest of them (flagged in its metrics) instead of refusing; for what only
+        displays a map (``registry show``, ``GET /v1/maps/{ref}``), never for what applies one."""
+        try:
+            return self.resolve(ref)
+        except NoReliableVersionError:
+            return self._maps.resolve(ref)
 
     def load_map(self, ref) -> LinearMap | ClusterMap:
         """Resolve ``ref`` (or take a VersionInfo) and read its artifact, verifying the sha256 (cached)."""

@@ -4,7 +4,8 @@
 
     RegistryError (VecbridgeError)     base of every registry error                     kind
     ├── NotFoundError                  unknown map, version, alias or space           not_found
-    │   └── DeletedVersionError        the version (or the alias's target) was deleted
+    │   ├── DeletedVersionError        the version (or the alias's target) was deleted
+    │   └── NoReliableVersionError     a bare map name whose live versions are all flagged unreliable
     ├── ConflictError                  the request contradicts stored state            conflict
     │   └── AliasMovedError            a compare-and-set alias write found it elsewhere
     ├── InvalidNameError (ValueError)  a name or reference that is not allowed         invalid
@@ -26,6 +27,7 @@ __all__ = [
     "RegistryError",
     "NotFoundError",
     "DeletedVersionError",
+    "NoReliableVersionError",
     "ConflictError",
     "AliasMovedError",
     "InvalidNameError",
@@ -45,6 +47,16 @@ class NotFoundError(RegistryError, _errors.NotFoundError):
 
 class DeletedVersionError(NotFoundError):
     """The referenced version exists but was (soft-)deleted."""
+
+
+class NoReliableVersionError(NotFoundError):
+    """A bare map name whose live versions are all flagged unreliable (and no live ``prod`` pins one): the name
+    means no version, as searches use none; ``NAME:N`` uses one anyway. ``versions``: the flagged ones, newest
+    first."""
+
+    def __init__(self, message: str, versions: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.versions = list(versions or [])
 
 
 class ConflictError(RegistryError, _errors.ConflictError):

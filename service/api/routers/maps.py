@@ -35,7 +35,8 @@ router = APIRouter(prefix="/v1", tags=["spaces and maps"], responses=error_respo
 TRANSFORM_DOC = """Map vectors from the map's source space into its target space.
 
 `ref` is `name` (its `prod` version when that alias is set, else its newest live version not flagged
-unreliable: the version searches use), `name@alias` or `name:N`.
+unreliable: the version searches use; a 404 naming them when every live version is flagged), `name@alias` or
+`name:N` (a flagged version too).
 
 **Request formats** (pick by `Content-Type`):
 
@@ -121,6 +122,8 @@ list_route(router, "/maps", name="list_maps", summary="List maps", response_mode
 @router.get("/maps/{ref}", dependencies=[ReadScope], summary="Get a map (and the version a reference resolves to)",
             response_model=MapDetail, responses=read_responses())
 async def get_map(ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = None):
+    """`resolved`: the version `ref` resolves to; for a bare name whose live versions are all flagged unreliable
+    (which a transform refuses, 404), the newest of them, to inspect (`path_version` null says so)."""
     return answer(if_none_match, FastJSONResponse(
         await run_in_threadpool(map_ops.describe_map, state.registry, state.resolve, ref)))
 

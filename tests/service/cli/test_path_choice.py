@@ -141,8 +141,53 @@ def test_a_bare_map_name_skips_a_newer_unreliable_version(tmp_path, capsys, pair
     assert code == 0 and json.loads(out)["metrics"]["reliable"] is False
     reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
     assert reg.resolve("m").ref == "m:1" and reg.resolve("m:2").ref == "m:2"
-    reg.delete_version("m", 1)  # every live version flagged: the bare name still names the map (inspection)
-    assert reg.resolve("m").ref == "m:2"
+    reg.delete_version("m", 1)  # every live version flagged: the bare name means none (searches use none either)
+    with pytest.raises(NotFoundError, match="m:2"):
+        reg.resolve("m")
+    assert reg.inspect("m").ref == "m:2"  # what only displays it still shows it
+
+
+def test_a_bare_name_whose_live_versions_are_all_flagged_is_refused_naming_them(tmp_path, capsys):
+    """A bare name whose live versions were all flagged unreliable resolved to the newest of them: POST
+    /v1/maps/m/transform answered 200 through a map searches never use, and nothing said so. Every face now
+    refuses it (404 / exit 2, one line) naming the flagged version; ``m:2`` and ``m@staging`` still use it, and
+    what only displays the map (``registry show``, ``registry list``, ``GET /v1/maps/m``) still shows it."""
+    from _api_support import W, settings_for
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+    from service.registry import NoReliableVersionError
+
+    reg = _chains(tmp_path, [("m", "s0", "s1", 0.7, None), ("m", "s0", "s1", {"reliable": False}, None)])
+    try:
+        reg.delete_version("m", 1)
+        reg.set_alias("m", "staging", 2)
+        with pytest.raises(NoReliableVersionError, match=r"m:2 are flagged unreliable.*e\.g\. m:2") as e:
+            reg.resolve("m")
+        assert isinstance(e.value, NotFoundError) and e.value.versions == [2]
+        assert reg.resolve("m:2").version == reg.resolve("m@staging").version == reg.inspect("m").version == 2
+        assert reg.resolve_bare("m") is None
+    finally:
+        reg.close()
+    d = ["--data-dir", tmp_path / "var"]
+    write_vectors(tmp_path / "q.npy", np.eye(4, dtype=np.float32))
+    code, out, err = run(capsys, *d, "transform", "--map", "m", tmp_path / "q.npy", tmp_path / "o.npy", "--quiet")
+    assert code == 2 and "m:2" in err and "unreliable" in err and len(err.strip().splitlines()) == 1, (code, err)
+    assert not (tmp_path / "o.npy").exists()
+    for ref in ("m:2", "m@staging"):
+        code, out, err = run(capsys, *d, "transform", "--map", ref, tmp_path / "q.npy", tmp_path / "o.npy", "--quiet")
+        assert code == 0, err
+    code, out, err = run(capsys, *d, "registry", "show", "m", "--json")
+    assert code == 0 and json.loads(out)["version"] == 2, err
+    code, out, err = run(capsys, *d, "registry", "list")
+    assert code == 0 and "UNRELIABLE 2" in out, err
+    with TestClient(create_app(settings_for(tmp_path, data_dir=tmp_path / "var"))) as c:
+        r = c.post("/v1/maps/m/transform", headers=W, json={"vectors": [[1.0, 0.0, 0.0, 0.0]]})
+        assert r.status_code == 404 and "m:2" in r.text and "unreliable" in r.text, r.text
+        r = c.post("/v1/maps/m:2/transform", headers=W, json={"vectors": [[1.0, 0.0, 0.0, 0.0]]})
+        assert r.status_code == 200 and r.json()["version"] == 2, r.text
+        r = c.get("/v1/maps/m", headers=W)
+        assert r.status_code == 200 and r.json()["resolved"]["version"] == 2 and r.json()["path_version"] is None
 
 
 def test_cli_transform_default_is_comparable_with_native_targets(tmp_path, capsys, pairs):
