@@ -116,16 +116,18 @@ def add_seed(random_state: int, generation: int) -> int:
     return (int(random_state) * 0x9E3779B1 + int(generation)) & 0x7FFFFFFF
 
 
-def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state: int, *, overwrite: bool = False):
+def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state: int, *, overwrite: bool = False,
+               n_rows: int | None = None):
     """An empty FAISS index of ``kind`` for rows like ``X`` (n, d); IVF is trained on ``X`` here.
 
     Fills ``params`` (checked by :func:`service.limits.check_index_params`) with the defaults
     used: ``M=32, ef_construction=80, ef_search=64`` (HNSW; each row's level drawn from ``random_state``), ``nlist``,
-    ``nprobe`` (:func:`service.limits.default_nprobe`: 16, more below ~140k rows), ``train_rows`` (IVF:
-    :func:`service.limits.ivf_training`, default ``64 * nlist``, at most ``n``). IVF's k-means trains on
-    ``train_rows`` rows drawn with ``random_state`` (every row when ``n`` is not larger), scaled to unit length (cosine) block by block into one array of the rows trained on: in ``X``
-    itself with ``overwrite`` (a sample the caller made for this), so training on ``t`` rows holds ``t x d`` floats
-    once.
+    ``nprobe`` (:func:`service.limits.default_nprobe` of the index's ``n_rows``, default ``n``: 16, more below
+    ~140k rows), ``train_rows`` (IVF: :func:`service.limits.ivf_training`, default ``64 * nlist``, at most ``n``).
+    IVF's k-means trains on ``train_rows`` rows drawn with ``random_state`` (every row when ``n`` is not larger),
+    scaled to unit length (cosine) block by block into one array of the rows trained on: in ``X`` itself with
+    ``overwrite`` (a sample the caller made for this), so training on ``t`` rows holds ``t x d`` floats once.
+    ``X`` may be that sample already (a file's, drawn by the caller): ``n_rows`` is then the index's row count.
     """
     n, d = X.shape
     if kind == "flat":
@@ -139,7 +141,7 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
         raise InputError("an IVF index needs training vectors at creation")
     nlist, cap = ivf_training(n, params)
     params["nlist"], params["train_rows"] = nlist, cap
-    params.setdefault("nprobe", default_nprobe(n, nlist))
+    params.setdefault("nprobe", default_nprobe(max(n, n_rows or 0), nlist))  # the rows, not the sample
     if params["nprobe"] > nlist:
         raise InputError(f"index parameter nprobe={params['nprobe']} exceeds nlist={nlist}")
     if cap < nlist:

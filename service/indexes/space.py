@@ -153,7 +153,9 @@ class SpaceIndex(Changes):
         """Create an index from ``vectors`` (n, d); ``kind="auto"`` chooses by ``n``.
 
         ``params``: ``{"M": 32, "ef_construction": 80, "ef_search": 64}`` for HNSW,
-        ``{"nlist": .., "nprobe": 16, "train_rows": 64 nlist}`` for IVF. ``dim`` allows an empty index (no vectors).
+        ``{"nlist": .., "nprobe": .., "train_rows": 64 nlist}`` for IVF (``nprobe``:
+        :func:`~service.limits.default_nprobe`, ~1,500 rows scanned, at least 16). ``dim`` allows an empty index (no
+        vectors).
         ``more``: further blocks ``(X (m, d), ids or None, payloads or None)`` added in memory before the
         index is returned (a file streamed block by block; nothing is persisted per block). ``train``
         (t, d): the rows IVF's k-means trains on (default ``vectors``; a sample of the whole file when
@@ -184,7 +186,7 @@ class SpaceIndex(Changes):
         T = X if train is None else as_matrix(train() if own else train, name="training rows", dim=d, finite=not own)
         params = check_index_params(kind, params, n_rows=T.shape[0], dim=d, random_state=random_state)
         random_state = int(random_state)  # checked above: a whole number (3.0 is 3)
-        index = make_index(kind, T, metric, params, random_state, overwrite=own)
+        index = make_index(kind, T, metric, params, random_state, overwrite=own, n_rows=max(n, rows or 0))
         del T
         params["random_state"] = random_state
         obj = cls(name=name, space=space, dim=d, kind=kind, metric=metric, params=params, index=index,

@@ -124,3 +124,27 @@ def test_ivf_at_default_parameters_reaches_recall_0_9_on_real_rows(wordnet):
     _, exact = idx.search(Q, 10, exact=True)
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got.tolist(), exact.tolist())])
     assert idx.params["nprobe"] > 16 and recall >= 0.9, (idx.params, recall)
+
+
+@pytest.mark.parametrize("train_rows", [None, 2000])
+def test_an_ivf_index_created_from_a_file_takes_its_default_nprobe_from_its_rows_not_the_sample(
+        tmp_path, monkeypatch, train_rows):
+    """A file over CHUNK_ROWS trains k-means on a sample drawn first; the default nprobe was reckoned from that
+    sample's rows (64 per list: 24 lists at any size, and with train_rows=2000 384 of 512: three quarters of the
+    index scanned by every search), where an in-memory create of the same rows gets the rule of its row count."""
+    import types
+
+    from service.ops import index_files
+    from service.limits import default_nlist, default_nprobe
+
+    n = 20_000
+    X = _rows(4, n)
+    monkeypatch.setattr(index_files, "CHUNK_ROWS", 4096)
+    np.save(tmp_path / "x.npy", X)
+    params = {} if train_rows is None else {"train_rows": train_rows}
+    space = types.SimpleNamespace(name="s", dim=DIM)
+    idx = index_files.create_from_file(None, IndexStore(tmp_path / "indexes"), "f", space,
+                                       index_files.FileRows(str(tmp_path / "x.npy")), kind="ivf", params=params)
+    nlist = default_nlist(n)
+    assert idx.params["nlist"] == nlist and idx.params["nprobe"] == default_nprobe(n, nlist) == 39
+    assert SpaceIndex.build("m", "s", X, kind="ivf", params=dict(params)).params["nprobe"] == 39  # as in memory
