@@ -82,7 +82,7 @@ async def get_model(model_id: str):
 
 
 @router.post("/embeddings", dependencies=[ReadScope, JSONOnly], summary="Create embeddings (OpenAI-shaped)",
-             description=EMB_DOC, response_model=EmbeddingsResponse, responses=error_responses(404, 413, 415))
+             description=EMB_DOC, response_model=EmbeddingsResponse, responses=error_responses(404, 413, 415, 429))
 async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=examples("embeddings"))], state: StateDep,
                      settings: SettingsDep, request: Request):
     texts = [body.input] if isinstance(body.input, str) else list(body.input)

@@ -74,7 +74,7 @@ async def get_index(name: IndexNamePath, state: StateDep):
 
 @router.post("/indexes", dependencies=[WriteScope, JSONOnly], status_code=201,
              summary="Create an index in a space", openapi_extra=json_body(IndexCreate, "create_index"), response_model=IndexOut,
-             responses=error_responses(409, 413, 415))
+             responses=error_responses(409, 413, 415, 429))
 async def create_index(request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 
@@ -105,7 +105,7 @@ async def drop_index(name: IndexNamePath, state: StateDep):
 
 @router.post("/indexes/{name}/vectors", dependencies=[WriteScope, JSONOnly],
              summary="Add rows (vectors or texts)", openapi_extra=json_body(IndexAdd, "add_vectors"),
-             response_model=IndexAddResponse, responses=error_responses(409, 413, 415))
+             response_model=IndexAddResponse, responses=error_responses(409, 413, 415, 429))
 async def add_vectors(name: IndexNamePath, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 
@@ -137,7 +137,7 @@ async def delete_vectors(name: IndexNamePath,
 
 @router.post("/indexes/{name}/search", dependencies=[ReadScope, JSONOnly], summary="Search, from any space",
              description=SEARCH_DOC, openapi_extra=json_body(SearchRequest, "search"), response_model=SearchResponse,
-             responses=error_responses(413, 415))
+             responses=error_responses(413, 415, 429))
 async def search(name: IndexNamePath, request: Request, state: StateDep, settings: SettingsDep):
     check_query(request.query_params.multi_items(), ())  # ?k=5 was dropped silently: k=10 answered
     body = await request.body()

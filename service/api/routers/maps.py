@@ -256,7 +256,7 @@ async def get_artifact(request: Request, ref: RefPath, state: StateDep, if_none_
 # --- transform ----------------------------------------------------------------------------------
 @router.post("/maps/{ref}/transform", dependencies=[ReadScope], summary="Transform vectors (JSON or binary)",
              description=TRANSFORM_DOC, openapi_extra=_TRANSFORM_BODY, response_model=TransformResponse,
-             responses={200: {"content": {OCTET: {}, NPY: {}}}, **error_responses(413, 415)})
+             responses={200: {"content": {OCTET: {}, NPY: {}}}, **error_responses(413, 415, 429)})
 async def transform(ref: RefPath, request: Request, state: StateDep, settings: SettingsDep,
                     output: Annotated[str | None, Query(description="raw | frame | linear (binary requests)"),
                                       _values_of("output")] = None,

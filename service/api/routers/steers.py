@@ -82,7 +82,7 @@ async def get_steer(ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = 
 
 @router.post("/steers/{ref}/apply", dependencies=[ReadScope, JSONOnly], summary="Steer vectors: Q (I + eps W)",
              response_model=SteerApplyResponse, openapi_extra=json_body(SteerApplyRequest, "apply_steer"),
-             responses=error_responses(413, 415))
+             responses=error_responses(413, 415, 429))
 async def apply_steer(ref: RefPath, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 

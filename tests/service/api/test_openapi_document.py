@@ -199,3 +199,14 @@ def test_the_declared_k_is_the_configured_limit(doc, tmp_path):
         for k, status in ((7, 200), (8, 422)):
             r = c.post("/v1/indexes/ix/search", json={"vectors": data["Y"][:1].tolist(), "k": k}, headers=R)
             assert r.status_code == status, (k, r.text)
+
+
+@pytest.mark.parametrize("path, method", [
+    ("/v1/maps/{ref}/transform", "post"), ("/v1/indexes/{name}/search", "post"), ("/v1/indexes", "post"),
+    ("/v1/indexes/{name}/vectors", "post"), ("/v1/embeddings", "post"), ("/v1/steers/{ref}/apply", "post"),
+    ("/v1/plans", "post"), ("/v1/maps/{ref}/evaluate", "post")])
+def test_the_routes_of_the_compute_gate_declare_its_429(doc, path, method):
+    """A heavy call past ``compute_max_waiting`` waiting is a 429 on every route whose work runs on the compute
+    gate's threads (``HeavyGate.run`` / ``hop``); the transform, search, index writes, embeddings and steer apply
+    answered it undeclared."""
+    assert "429" in doc["paths"][path][method]["responses"], sorted(doc["paths"][path][method]["responses"])
