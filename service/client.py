@@ -53,7 +53,7 @@ Retries: a request that got no answer, or a 429 / 502 / 503 / 504, is sent again
 at once) where sending it twice cannot do twice what was asked: GET / PUT / DELETE, POSTs that only read (transform,
 search, embeddings, steer apply, plans, evaluate, LM generate / analyze, deleting index rows), and jobs (fits ...),
 which carry an ``Idempotency-Key`` (made per call unless given; a no-answer error's ``.idempotency_key``). A timed-out
-request is sent again only with one; one that never reached the server, always; the 503 without Retry-After, never.
+request is sent again only with one; one never sent or answered 429 (refused before work), always; a bare 503, never.
 """
 
 from __future__ import annotations

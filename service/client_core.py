@@ -279,7 +279,7 @@ class Calls:
         ``json=`` bodies may hold numpy numbers and arrays. ``retry``: whether sending the request twice is
         harmless (default: GET / HEAD / PUT / DELETE, or an ``Idempotency-Key`` header); such requests are
         retried as the module docstring of :mod:`service.client` says, others only when the connection was
-        never made.
+        never made or the answer is a 429 (refused before any work).
         """
         return (yield from self._request(method, path, retry=retry, ok=ok, **kw))
 
@@ -329,12 +329,15 @@ class Calls:
                 raise redirected(r)
             err = error_from_response(r)
             wait, busy = self._backoff(attempt, err.retry_after), retriable(err)
-            if retry and busy and attempt < self.max_retries and wait is not None:
+            # a 429 is a refusal before any work (a full queue or gate): sent again whatever it asked; before, a large
+            # index add or create refused by the compute gate (compute_max_waiting) raised "could act twice"
+            again = retry or r.status_code == 429
+            if again and busy and attempt < self.max_retries and wait is not None:
                 yield Sleep(wait)
                 attempt += 1
                 continue
             why = ""  # a busy answer says why it ends here: the caller decides whether to try again later
-            if busy and not retry:
+            if busy and not again:
                 why = f"not retried: {method} {path} could act twice"
             elif busy and wait is None:
                 why = f"Retry-After {err.retry_after:g} s is over max_retry_wait {self.max_retry_wait:g} s"

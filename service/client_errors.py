@@ -123,7 +123,8 @@ class ValidationError(APIError):
 
 
 class QueueFullError(APIError):
-    """429: the job queue is full; retry after :attr:`retry_after` seconds."""
+    """429: refused before any work, busy (the job queue or a key's share of it, the compute gate, plans running, the
+    language model's queue); retry after :attr:`retry_after` seconds (the client does, up to ``max_retries``)."""
 
 
 class ServerError(APIError):

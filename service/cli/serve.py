@@ -41,8 +41,9 @@ def encoders(as_json):
               help="cpu (FAISS) or cuda / cuda:N: flat indexes searched on that GPU with torch "
                    "[env VECBRIDGE_SEARCH_DEVICE; default cpu].")
 @click.option("--root-path", default=None, metavar="PREFIX",
-              help="The path prefix a reverse proxy serves the service under and strips (e.g. /vb): /docs, the "
-                   "console and redirects carry it [env VECBRIDGE_ROOT_PATH; default: none].")
+              help="The path prefix a reverse proxy serves the service under (e.g. /vb), whether it strips it or "
+                   "passes the full path on: /docs, the console and redirects carry it [env VECBRIDGE_ROOT_PATH; "
+                   "default: none].")
 @click.pass_obj
 def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search_device, root_path):
     """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""

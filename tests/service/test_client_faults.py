@@ -395,3 +395,17 @@ def test_wait_polls_through_a_restart_and_reports_the_interrupted_job(tmp_path):
         assert outcome[0].job["error"]["type"] == "Interrupted"
     finally:
         stop(proc)
+
+
+@both_clients
+def test_a_429_is_sent_again_whatever_the_method(scripted, client_cls):
+    """A 429 is the service's refusal before any work (a full job queue, its compute gate past compute_max_waiting):
+    a large index add refused so raised at once, "not retried: POST /v1/indexes/ix/vectors could act twice", and a
+    batched add stopped part-way where it used to wait its turn. A 503 stays unretried for such a POST."""
+    added = (200, {}, json.dumps({"index": "ix", "ids": [0, 1], "count": 2}).encode())
+    srv = scripted(busy(429, "0"), added, busy(503, "0"))
+    with client_cls(srv.url) as vb:
+        assert vb.add("ix", np.ones((2, 4), np.float32))["ids"] == [0, 1]
+        with pytest.raises(ServiceUnavailableError, match=r"not retried: POST /v1/spaces could act twice"):
+            vb.create_space("s", 4)
+    assert [m for _, m, *_ in srv.seen][:2] == ["POST", "POST"] and len(srv.seen) == 3
