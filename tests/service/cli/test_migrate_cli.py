@@ -104,7 +104,7 @@ def test_interrupt_then_resume_then_every_field_arrives(world, vb):
     data, ckpt = world["data"], world["dir"] / "run.json"
     cmd = [sys.executable, "-m", "service.cli", "--data-dir", str(data), "migrate", "--store", world["store"],
            "--source", "docs_a", "--target", "docs_b", "--map", "a2b@prod", "--checkpoint", str(ckpt),
-           "--batch-size", "40", "--pause", "1.0", "--json"]
+           "--batch-size", "20", "--pause", "1.0", "--json"]  # 12 batches: >= 11 s to interrupt in
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = json.loads(child.stdout.readline())
     child.send_signal(signal.SIGINT)
