@@ -66,7 +66,7 @@ _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://
 @quiet_opt
 @click.option("--allow-unreliable", is_flag=True,
               help="Exit 0 even when the fit is flagged unreliable (the version is registered either way, "
-                   "flagged, and never chosen for a path).")
+                   "flagged, never chosen for a path, and a bare NAME does not mean it: use NAME:N).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
               help=_ray_help)
 @click.option("--shard-rows", type=click.IntRange(1), default=262144, show_default=True,
@@ -120,7 +120,8 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
         click.echo(f"vecbridge: note: {note}", err=True)
     if v.metrics.get("reliable") is False and not allow_unreliable:
         click.echo(f"vecbridge: {v.ref} is flagged UNRELIABLE: it stays in the registry for inspection but is never "
-                   f"chosen for a path; exit 1 (--allow-unreliable to accept)", err=True)
+                   f"chosen for a path nor meant by a bare name (use {v.ref}); exit 1 (--allow-unreliable to "
+                   f"accept)", err=True)
         sys.exit(1)
 
 

@@ -122,8 +122,9 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
 
     Fills ``params`` (checked by :func:`service.limits.check_index_params`) with the defaults
     used: ``M=32, ef_construction=80, ef_search=64`` (HNSW; each row's level drawn from ``random_state``), ``nlist``,
-    ``nprobe`` (:func:`service.limits.default_nprobe` of the index's ``n_rows``, default ``n``: 16, more below
-    ~140k rows), ``train_rows`` (IVF: :func:`service.limits.ivf_training`, default ``64 * nlist``, at most ``n``).
+    ``nprobe`` (:func:`service.limits.default_nprobe` of the rows ``nlist`` is sized for: the index's ``n_rows``
+    when ``params`` give ``nlist``, else ``n``; 16, more below ~140k rows), ``train_rows`` (IVF:
+    :func:`service.limits.ivf_training`, default ``64 * nlist``, at most ``n``).
     IVF's k-means trains on ``train_rows`` rows drawn with ``random_state`` (every row when ``n`` is not larger),
     scaled to unit length (cosine) block by block into one array of the rows trained on: in ``X`` itself with
     ``overwrite`` (a sample the caller made for this), so training on ``t`` rows holds ``t x d`` floats once.
@@ -139,9 +140,12 @@ def make_index(kind: str, X: np.ndarray, metric: str, params: dict, random_state
         return _hnsw(d, params, random_state)
     if n == 0:
         raise InputError("an IVF index needs training vectors at creation")
+    sized = bool(params.get("nlist"))  # by the caller (from every row of a file), not from these rows here
     nlist, cap = ivf_training(n, params)
     params["nlist"], params["train_rows"] = nlist, cap
-    params.setdefault("nprobe", default_nprobe(max(n, n_rows or 0), nlist))  # the rows, not the sample
+    # of the rows nlist was sized for: the index's (n_rows) when the caller sized it (a file's nlist, from all its
+    # rows), else the rows at hand (a text file's first block trains, and sizes, its lists: 26 for 1,024 texts)
+    params.setdefault("nprobe", default_nprobe(max(n, n_rows or 0) if sized else n, nlist))
     if params["nprobe"] > nlist:
         raise InputError(f"index parameter nprobe={params['nprobe']} exceeds nlist={nlist}")
     if cap < nlist:

@@ -485,7 +485,8 @@ class Registry(SteerRegistryMixin):
         return Registry._judged(v)[2]
 
     def resolve_bare(self, name: str) -> VersionInfo | None:
-        """The version a bare ``name`` means now (:meth:`resolve`); None when no such map (or no live version)."""
+        """The version a bare ``name`` means now (:meth:`resolve`); None when no such map, no live version, or only
+        versions flagged unreliable."""
         try:
             return self.resolve(name)
         except NotFoundError:

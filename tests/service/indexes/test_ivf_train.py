@@ -137,9 +137,12 @@ def test_an_ivf_index_created_from_a_file_takes_its_default_nprobe_from_its_rows
     from service.ops import index_files
     from service.limits import default_nlist, default_nprobe
 
+    from service import limits
+
     n = 20_000
     X = _rows(4, n)
     monkeypatch.setattr(index_files, "CHUNK_ROWS", 4096)
+    monkeypatch.setattr(limits, "IVF_TRAIN_PER_LIST", 8)  # the default sample (8 x 512 = 4,096 rows) under n
     np.save(tmp_path / "x.npy", X)
     params = {} if train_rows is None else {"train_rows": train_rows}
     space = types.SimpleNamespace(name="s", dim=DIM)
@@ -148,3 +151,16 @@ def test_an_ivf_index_created_from_a_file_takes_its_default_nprobe_from_its_rows
     nlist = default_nlist(n)
     assert idx.params["nlist"] == nlist and idx.params["nprobe"] == default_nprobe(n, nlist) == 39
     assert SpaceIndex.build("m", "s", X, kind="ivf", params=dict(params)).params["nprobe"] == 39  # as in memory
+
+
+def test_lists_sized_from_a_first_block_are_probed_as_that_block_sizes_them():
+    """A text file's first block (1,024 texts) trains and sizes the lists when no sample is drawn (nlist 26 for
+    20,000 rows): nprobe follows the rows nlist was sized for (all 26 lists, exact, as before), not the file's 20,000
+    (16 of 26)."""
+    from service.limits import default_nlist, default_nprobe
+
+    X = _rows(5, 20_000)
+    idx = SpaceIndex.build("t", "s", X[:1024], more=[(X[s:s + 4096], None, None) for s in range(1024, 20_000, 4096)],
+                           rows=20_000, kind="ivf")
+    assert idx.count == 20_000 and idx.params["nlist"] == default_nlist(1024) == 26
+    assert idx.params["nprobe"] == default_nprobe(1024, 26) == 26
