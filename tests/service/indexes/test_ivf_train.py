@@ -134,10 +134,9 @@ def test_an_ivf_index_created_from_a_file_takes_its_default_nprobe_from_its_rows
     index scanned by every search), where an in-memory create of the same rows gets the rule of its row count."""
     import types
 
-    from service.ops import index_files
-    from service.limits import default_nlist, default_nprobe
-
     from service import limits
+    from service.limits import default_nlist, default_nprobe
+    from service.ops import index_files
 
     n = 20_000
     X = _rows(4, n)
