@@ -126,7 +126,7 @@ class LinearMap(StoredMap):
         if self.__dict__.get("_fused") is not None:
             return 0
         d_s, d_t = self.W.shape
-        return ((d_s + 3) * d_t + 5 * d_s) * 4  # float32 Wa, q_mu, q_mut, q_b, Q_raw
+        return ((d_s + 3) * d_t + 3 * d_s) * 4  # float32 Wa, q_mu, q_mut, q_b
 
     # --- applying -------------------------------------------------------------------------
     def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True,
@@ -160,7 +160,7 @@ class LinearMap(StoredMap):
                    \\text{raw} = \\mu_t + t\\, u/|u|
 
         with per-row ``alpha, beta, gamma, t`` from ``|x|`` and ``x·q`` for a few fixed vectors ``q``
-        (:meth:`_dots`: a GEMV each, or two in one thin GEMM). The input block, its row scale and the low-rank
+        (:meth:`_dots`: a GEMV each). The input block, its row scale and the low-rank
         coefficients are written side by side into one buffer ``[r x | r beta | r shift | r gamma]`` (the factors
         the output uses: :meth:`_width`) and multiplied by ``[W; mu_s W; mu_t; b]`` in **one** GEMM, which leaves
         the finished output when the rows of ``W`` are orthonormal (``|u|`` is then known from the input side);
@@ -203,7 +203,7 @@ class LinearMap(StoredMap):
         ``f_s(x) W + b = alpha u`` with ``alpha = 1/(|x| s)``, ``beta = -|x|``, ``gamma = |x| s``.
         Other source frames are applied to a copy first (``alpha = gamma = 1``, ``beta = 0``).
         ``q_mu, q_mut, q_b`` (d_s,) = ``mu_s, W mu_t, W b`` give the input-side products ``x·q`` (one
-        GEMV each, only those the output needs; ``Q_raw = [q_mu, q_mut]`` both in one thin GEMM); with
+        GEMV each, only those the output needs); with
         orthonormal rows of ``W`` (``W Wᵀ = I``) ``|x W| = |x|``, so ``|u|`` needs no pass over the output.
         """
         plan = getattr(self, "_fused", None)
@@ -228,11 +228,11 @@ class LinearMap(StoredMap):
             "Wa": np.ascontiguousarray(np.vstack([W64, muW, mu_t, b]), np.float32),
             # the largest column norm of Wa: bounds every output value from the input side (_apply_block)
             "Wa_col": float(np.sqrt(np.square(np.vstack([W64, muW, mu_t, b])).sum(axis=0)).max()),
-            # input-side products x·q, one GEMV each (a (d_s, 4) GEMM costs ~2.3 GEMVs on this shape, a (d_s, 3)
-            # ~4), but a folded raw output's two in one (d_s, 2) GEMM: 24 µs against 45 (1024 x 384, one thread)
+            # input-side products x·q, one GEMV each: a (d_s, 4) GEMM costs ~2.3 GEMVs on this shape, and a (d_s, 2)
+            # one, 24 µs against 45, gives most rows other bits in another block of rows (a parquet streamed in chunks
+            # of 512 no longer matched its .npy output bit for bit); GEMVs, as before, differ in a tail row at most
             "q_mu": mu_s.astype(np.float32), "q_mut": (W64 @ mu_t).astype(np.float32),
             "q_b": (W64 @ b).astype(np.float32),
-            "Q_raw": np.ascontiguousarray(np.stack([mu_s, W64 @ mu_t], axis=1), np.float32),
             "mu_sq": float(mu_s @ mu_s), "muW_sq": float(muW @ muW), "b_sq": float(b @ b), "muW_b": float(muW @ b),
             "muW_mut": float(muW @ mu_t), "b_mut": float(b @ mu_t), "mut_sq": float(mu_t @ mu_t),
         }
@@ -308,17 +308,9 @@ class LinearMap(StoredMap):
         return names
 
     def _dots(self, x: np.ndarray, output: str) -> dict:
-        """``{name: x·q}`` (float64) for :meth:`_dot_names`: q_mu and q_mut in one thin GEMM, the others a GEMV."""
-        p, names = self._plan(), self._dot_names(output)
-        if names[:2] == ("q_mu", "q_mut"):
-            P = (x @ p["Q_raw"]).astype(np.float64)
-            dots = {"q_mu": P[:, 0], "q_mut": P[:, 1]}
-        else:
-            dots = {}
-        for k in names:
-            if k not in dots:
-                dots[k] = (x @ p[k]).astype(np.float64)
-        return dots
+        """``{name: x·q}`` (float64) for :meth:`_dot_names`, a GEMV each."""
+        p = self._plan()
+        return {k: (x @ p[k]).astype(np.float64) for k in self._dot_names(output)}
 
     def _apply_block(self, x: np.ndarray, y: np.ndarray, output: str, sq: np.ndarray) -> bool:
         """Write ``output`` for finite rows ``x`` (m, d_s) into ``y`` (m, d_t), both C-contiguous float32.
