@@ -185,14 +185,14 @@ class LinearMap(StoredMap):
         for s in range(0, X.shape[0], block):
             x = X[s : s + block]
             with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-                sq = linalg.row_sq(x)
+                sq = np.einsum("ij,ij->i", x, x)
             if not (_SQ_LO < sq.min() and sq.max() < _SQ_HI):  # NaN fails both comparisons
                 if not checked:
                     as_matrix(X, name=name)  # raises NonFiniteError naming the bad row count
                     checked = True
                 tamed = tame_rows(x) if scale_free else x
                 if tamed is not x:
-                    x, sq = tamed, linalg.row_sq(tamed)
+                    x, sq = tamed, np.einsum("ij,ij->i", tamed, tamed)
             verified &= self._apply_block(x, out[s : s + block], output, sq)
         return out if verified else check_representable(out, "transform")
 
@@ -322,7 +322,7 @@ class LinearMap(StoredMap):
         p, ft = self._plan(), self.target_frame
         if p["copy_frame"]:
             x = self.source_frame._apply(x)
-            sq = linalg.row_sq(x)
+            sq = np.einsum("ij,ij->i", x, x)
         m = x.shape[0]
         dots = self._dots(x, output)
         scale, beta, gamma, shift, alpha, u_mut = self._terms(
@@ -352,7 +352,7 @@ class LinearMap(StoredMap):
             return math.sqrt(top) * p["Wa_col"] < _OUT_BOUND
         if unit or closed_raw:  # W without orthonormal rows: measure |u| on the output, scale in place
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-                nu2 = linalg.row_sq(y).astype(np.float64)
+                nu2 = np.einsum("ij,ij->i", y, y).astype(np.float64)
             if not (np.isfinite(nu2.sum()) and nu2.min() > _SQ_LO):  # squares past float32's range either way
                 nu2 = np.einsum("ij,ij->i", y, y, dtype=np.float64)  # exact for any finite float32 y
                 if not np.isfinite(nu2.sum()):  # y itself not finite

@@ -90,25 +90,3 @@ def test_overlapping_holders_apply_the_smallest_limit_and_release_in_any_order()
     assert _blas_threads() == before
     with pytest.raises(ValueError):
         linalg.limit_blas(0)
-
-
-@pytest.mark.parametrize("fallback", [False, True])
-def test_row_sq_is_einsums_squared_norms_and_carries_what_the_apply_checks(monkeypatch, fallback):
-    """``LinearMap.apply`` reads ``|x|²`` per row once and takes NaN/Inf (and squares past float32's range) in it for
-    its finiteness and range checks; ``row_sq`` (``np.vecdot``: 38 µs on 1024 x 384 against einsum's ~70) must keep
-    that: the same values to float32 rounding, NaN/Inf carried through, an overflow an Inf, in float32, also on the
-    einsum fallback of numpy < 2."""
-    if fallback:
-        monkeypatch.setattr(linalg, "_vecdot", None)
-    elif getattr(np, "vecdot", None) is None:
-        pytest.skip("numpy < 2: no np.vecdot")
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(300, 384)).astype(np.float32)
-    X[7, 3], X[8, 0], X[9, 5], X[10] = np.nan, np.inf, -np.inf, 3e19
-    with np.errstate(over="ignore", invalid="ignore"):
-        sq = linalg.row_sq(X)
-    assert sq.dtype == np.float32 and sq.shape == (300,)
-    good = np.ones(300, bool)
-    good[7:11] = False
-    np.testing.assert_allclose(sq[good], np.einsum("ij,ij->i", X[good].astype(np.float64), X[good]), rtol=1e-5)
-    assert np.isnan(sq[7]) and sq[8] == sq[9] == sq[10] == np.inf
