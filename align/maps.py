@@ -160,7 +160,7 @@ class LinearMap(StoredMap):
                    \\text{raw} = \\mu_t + t\\, u/|u|
 
         with per-row ``alpha, beta, gamma, t`` from ``|x|`` and ``x·q`` for a few fixed vectors ``q``
-        (:meth:`_dots`: a GEMV each). The input block, its row scale and the low-rank
+        (one GEMV each, only those the output reads). The input block, its row scale and the low-rank
         coefficients are written side by side into one buffer ``[r x | r beta | r shift | r gamma]`` (the factors
         the output uses: :meth:`_width`) and multiplied by ``[W; mu_s W; mu_t; b]`` in **one** GEMM, which leaves
         the finished output when the rows of ``W`` are orthonormal (``|u|`` is then known from the input side);
@@ -249,8 +249,8 @@ class LinearMap(StoredMap):
         (``_Scalars``): ``(r, beta, gamma, shift, alpha, u_mut)``; ``r`` is None when the output is scaled
         after the GEMM (then ``alpha``/``u_mut`` finish it), else the row scale applied before it.
 
-        ``n1`` = ``|x|``; ``dot(name)`` = ``x·q`` (float64) for the plan vector ``q = plan[name]``, only those
-        :meth:`_dot_names` lists. The maths is :meth:`_apply`'s docstring; :meth:`_plan` holds the constants.
+        ``n1`` = ``|x|``; ``dot(name)`` = ``x·q`` (float64) for the plan vector ``q = plan[name]``, called only for
+        those this output reads. The maths is :meth:`_apply`'s docstring; :meth:`_plan` holds the constants.
         """
         p, ft = self._plan(), self.target_frame
         if p["folded"]:
@@ -296,22 +296,6 @@ class LinearMap(StoredMap):
         with a bias, shift (``mu_t``'s) only for raw output, beta always (0 where the source frame is not folded)."""
         return 3 if self._plan()["has_bias"] else 2 if output == "raw" else 1
 
-    def _dot_names(self, output: str) -> tuple:
-        """The plan vectors ``q`` whose products ``x·q`` :meth:`_terms` reads for ``output`` (and only those)."""
-        p = self._plan()
-        unit, closed_raw = self._closed(output)
-        names = ("q_mu",) if p["folded"] else ()
-        if output == "raw":
-            names += ("q_mut",)
-        if p["has_bias"] and p["orth"] and (unit or closed_raw):
-            names += ("q_b",)
-        return names
-
-    def _dots(self, x: np.ndarray, output: str) -> dict:
-        """``{name: x·q}`` (float64) for :meth:`_dot_names`, a GEMV each."""
-        p = self._plan()
-        return {k: (x @ p[k]).astype(np.float64) for k in self._dot_names(output)}
-
     def _apply_block(self, x: np.ndarray, y: np.ndarray, output: str, sq: np.ndarray) -> bool:
         """Write ``output`` for finite rows ``x`` (m, d_s) into ``y`` (m, d_t), both C-contiguous float32.
 
@@ -324,9 +308,8 @@ class LinearMap(StoredMap):
             x = self.source_frame._apply(x)
             sq = np.einsum("ij,ij->i", x, x)
         m = x.shape[0]
-        dots = self._dots(x, output)
         scale, beta, gamma, shift, alpha, u_mut = self._terms(
-            np.sqrt(sq.astype(np.float64)), dots.__getitem__, m, output, _Arrays)
+            np.sqrt(sq.astype(np.float64)), lambda q: (x @ p[q]).astype(np.float64), m, output, _Arrays)
         unit, closed_raw = self._closed(output)
         d_s = x.shape[1]
         k = self._width(output)
