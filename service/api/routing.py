@@ -1,6 +1,6 @@
 """How the routers' routes are built: :class:`CodecRoute`, the route class of the routers whose routes take a
 pydantic body model (spaces, aliases, tags, index deletes, embeddings, steer transfers); :func:`with_head`, the HEAD
-twin of every GET route, and :class:`BodyLengths`, what lets a HEAD answer its ``Content-Length`` without the body.
+twin of every GET route.
 
 FastAPI reads and parses such a body itself, before any dependency runs: with ``json.loads``, which
 takes ``NaN``, ``Infinity`` and lone surrogates (``"\\ud800"``) that no other route accepts and that
@@ -14,8 +14,6 @@ and answers the service's own errors raised while reading the body as themselves
 from __future__ import annotations
 
 import copy
-import threading
-from collections import OrderedDict
 
 from fastapi import APIRouter
 from fastapi.routing import APIRoute
@@ -26,7 +24,7 @@ from align.exceptions import VecbridgeError
 
 from .codec import parse_json
 
-__all__ = ["BodyLengths", "CodecRoute", "with_head"]
+__all__ = ["CodecRoute", "with_head"]
 
 
 class _CodecRequest(Request):
@@ -73,23 +71,3 @@ def with_head(router: APIRouter) -> APIRouter:
             have.add(route.path)
     return router
 
-
-class BodyLengths:
-    """The byte length of the bodies a route built, by their strong ``ETag`` (the newest ``size`` of them), so that
-    its HEAD answers ``Content-Length`` (and every other header) without building the body again: a map artifact of
-    4096 x 4096 is 64 MiB serialised in 70-90 ms for a HEAD whose body is dropped. Only for an ETag that fixes the
-    body's bytes (an artifact's sha256 and format), never one that could name two bodies of different lengths."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self._size, self._lengths, self._lock = size, OrderedDict(), threading.Lock()
-
-    def get(self, etag: str) -> int | None:
-        with self._lock:
-            return self._lengths.get(etag)
-
-    def put(self, etag: str, length: int) -> None:
-        with self._lock:
-            self._lengths[etag] = length
-            self._lengths.move_to_end(etag)
-            if len(self._lengths) > self._size:
-                self._lengths.popitem(last=False)

@@ -15,6 +15,7 @@ from align.exceptions import DimensionMismatchError, InputError
 from ...limits import MAX_DIM, parse_strict_int
 from ...ops import maps as map_ops
 from ...registry import parse_ref
+from ...registry.cache import LRUCache
 from ..codec import (JSON, NPY, OCTET, b64_encode, check_query, media_type, npy_bytes, options_of, parse_json,
                      prefers_json, validate, vectors_from_binary, vectors_from_json)
 from ..conditional import (IMMUTABLE, REVALIDATE, IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write,
@@ -24,7 +25,7 @@ from ..name_types import AliasPath, NamePath, RefPath
 from ..openapi import examples, json_body
 from ..pagination import Page, list_route, paginate
 from ..responses import FastJSONResponse, dumps
-from ..routing import BodyLengths, CodecRoute
+from ..routing import CodecRoute
 from ..schemas import (AliasOut, AliasSet, MapDetail, MapList, SpaceCreate, SpaceList, SpaceOut, TagSet,
                        TransformJSON, TransformOptions, TransformResponse, VersionDeleted, VersionList, VersionOut,
                        error_responses)
@@ -240,11 +241,12 @@ async def get_artifact(request: Request, ref: RefPath, state: StateDep, if_none_
     if hit is not None:
         return hit
     # a HEAD of an artifact served before: its length, without loading and serialising it (the ETag fixes the bytes)
-    lengths: BodyLengths = request.app.state.artifact_lengths
-    length = lengths.get(etag) if request.method == "HEAD" else None
+    # (the ETag's sha256 and format fix the bytes, so one length per ETag)
+    lengths: LRUCache = request.app.state.artifact_lengths
+    length = lengths.peek(etag) if request.method == "HEAD" else None
     if length is None:
         data = await run_in_threadpool(lambda: state.load_version(v).to_bytes(format))
-        lengths.put(etag, len(data))
+        lengths.get(etag, lambda: len(data))
     out = answer(None, Response(data if length is None else b"", media_type="application/octet-stream", headers={
         "Content-Disposition": f'attachment; filename="{v.name}-{v.version}.{format}"', **headers}),
         etag=etag, cache_control=cache)
