@@ -50,9 +50,14 @@ def redact(message: str, url: str) -> str:
 def check_pg_userinfo(url: str, what: str = "PostgreSQL URL") -> str:
     """``url`` unless libpq would read part of its user part as the host: InputError, without the URL, when the host
     libpq reads (after the first ``@``, up to ``/`` or ``?``) holds another ``@`` -- an ``@`` in the user name or
-    password that is not written ``%40``."""
+    password that is not written ``%40`` -- or when the database name (after the first ``/``) holds one: a ``/`` in
+    the password not written ``%2F`` (``alice:S3C/RET@db`` made libpq resolve the host ``alice``, port ``S3C``)."""
     rest = str(url).partition("://")[2]
-    head = rest.partition("/")[0]  # libpq looks for the user part's "@" up to the first "/"
+    head, _, path = rest.partition("/")  # libpq looks for the user part's "@" up to the first "/"
+    if "@" not in head and "@" in path.partition("?")[0]:  # the database name holds an "@": a "/" in the password?
+        raise InputError(f"the {what} has an '@' after its first '/', where the database name is: write a '/' in the "
+                         "password (or user name) as %2F, e.g. postgresql://alice:p%2Fss@db.example/vecbridge, and an "
+                         "'@' in a database name as %40 (the URL is not repeated here: it may hold a password)")
     if "@" in head:
         host = re.split(r"[/?]", rest.partition("@")[2], maxsplit=1)[0]
         if "@" in host:

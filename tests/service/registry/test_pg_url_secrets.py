@@ -109,3 +109,44 @@ def test_an_at_written_as_percent_40_reaches_the_vector_database(pg_url):
             pytest.skip("the test server has no pgvector extension")
     with open_store(_with_password(pg_url)) as store:
         assert not store.exists("nothing_here")
+
+
+#: passwords with a raw "/": libpq ends the host at the first "/", so "alice:S3C/RET@127.0.0.1" was the host "alice",
+#: port "S3C", database "RET@127.0.0.1..." ("failed to resolve host 'alice'", or a connection to a host "alice")
+SLASHED = {"S3C/RET": ("S3C", "RET"), "5432/Zk9": ("Zk9", "5432/")}
+
+
+@pytest.mark.parametrize("password", list(SLASHED))
+def test_a_url_with_a_raw_slash_in_its_password_is_refused_naming_the_escape(password, tmp_path, capsys):
+    from align.exceptions import InputError
+    from service.cli import main
+    from service.config import ConfigError, load_settings
+    from service.registry import open_registry
+    from service.registry.errors import InvalidNameError
+    from service.vectordb import open_store
+
+    url = URL.format(password)
+    errors = []
+    with pytest.raises(InvalidNameError, match="%2F") as err:  # was RegistryUnavailableError: host 'alice'
+        open_registry(url, tmp_path / "a")
+    errors.append(str(err.value))
+    with pytest.raises(ConfigError, match="VECBRIDGE_REGISTRY_URL.*%2F") as err:
+        load_settings(registry_url=url)
+    errors.append(str(err.value))
+    if pytest.importorskip("psycopg"):
+        with pytest.raises(InputError, match="%2F") as err:
+            open_store(url)
+        errors.append(str(err.value))
+    assert main(["--data-dir", str(tmp_path / "v"), "--registry-url", url, "registry", "list"]) == 2
+    got = capsys.readouterr()
+    assert "%2F" in got.err and "host 'alice'" not in " ".join(errors) + got.err, (errors, got)
+    for piece in SLASHED[password]:
+        assert piece not in " ".join(errors) + got.err + got.out, piece
+
+
+def test_escaped_slashes_and_query_parameters_with_an_at_are_still_accepted():
+    from service.config import load_settings
+
+    for url in ("postgresql://vb:p%2Fss@db/vb", "postgresql://vb@db/vb?application_name=a@b",
+                "postgresql:///vb?host=/run/postgresql", "postgresql://db/vb"):
+        assert load_settings(registry_url=url).registry_url == url
