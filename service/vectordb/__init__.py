@@ -17,7 +17,7 @@ from align.exceptions import InputError
 from ..urls import check_pg_userinfo
 from .base import (Batch, BadNameError, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
                    MigrationRunningError, SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore,
-                   safe_url)
+                   check_ca_file, safe_url)
 from .checkpoint import Checkpoint, FileCheckpoint, MemoryCheckpoint, PgCheckpoint
 from .migrate import (
     MigrationInterrupted,
@@ -91,9 +91,10 @@ def open_store(url: str, *, api_key: str | None = None, ca_file=None, **kw) -> V
 def check_store_url(url: str, *, api_key: str | None = None, ca_file=None) -> tuple[str, str]:
     """``(scheme, rest)`` of a URL :func:`open_store` takes with this API key and CA file: VectorDBError for an
     unknown scheme, InputError for what cannot work (an API key or CA file for PostgreSQL, an unescaped ``@`` in a
-    PostgreSQL password, a user or password in a Qdrant URL, TLS for a local store, ...), never naming the password
-    or the key. Connects to nothing and needs no client library: the settings run it at start-up, so a service
-    configured so does not start (it started, and answered every migration or search with a 422 InputError)."""
+    PostgreSQL password, a user or password in a Qdrant URL, TLS for a local store, a CA file that is missing or
+    holds no PEM certificate, ...), never naming the password or the key. Reads the CA file; connects to nothing
+    and needs no client library: the settings run it at start-up, so a service configured so does not start (it
+    started, and answered every migration or search with a 422 InputError)."""
     scheme, sep, rest = str(url).partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in _SCHEMES:
@@ -111,6 +112,8 @@ def check_store_url(url: str, *, api_key: str | None = None, ca_file=None) -> tu
         raise InputError(f"{safe_url(url)}: a local {scheme.split('+')[0]} store takes no TLS, API key or CA file")
     if ca_file is not None and not tls:
         raise InputError(f"a CA file is for TLS: use {scheme}+https:// (got {safe_url(url)!r})")
+    if ca_file is not None:
+        check_ca_file(ca_file)  # a missing or non-PEM file: every migration and search of the store failed (422)
     if not local:
         _, userinfo = _split_userinfo(rest, url)
         if userinfo and api_key and scheme.startswith("milvus"):

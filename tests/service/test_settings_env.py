@@ -193,7 +193,11 @@ def test_an_unsupported_registry_url_is_one_line_without_its_password(tmp_path, 
     (f"milvus+https://u:{SECRET}@db:19530", {"VECBRIDGE_VECTORDB_API_KEY": "k3y-" + SECRET[::-1]}, "not both"),
     # libpq read "...@db" after the first "@" as the host, and quoted it
     (f"postgresql://vb:{SECRET}@x@db/vb", {}, "%40"),
-], ids=["pg-key", "pg-ca", "qdrant-password", "qdrant-user", "qdrant-ca-no-tls", "milvus-both", "pg-raw-at"])
+    # a CA file that is not there (or holds no certificate): every migration and search failed, a 422 InputError
+    ("qdrant+https://db:6333", {"VECBRIDGE_VECTORDB_CA_FILE": "/nonexistent/ca.pem"}, "CA file /nonexistent/ca.pem"),
+    ("milvus+https://db:19530", {"VECBRIDGE_VECTORDB_CA_FILE": str(ROOT / "pyproject.toml")}, "no PEM certificate"),
+], ids=["pg-key", "pg-ca", "qdrant-password", "qdrant-user", "qdrant-ca-no-tls", "milvus-both", "pg-raw-at",
+        "qdrant-ca-missing", "milvus-ca-not-pem"])
 def test_a_vector_database_setting_that_cannot_work_stops_serve_at_start(tmp_path, url, extra, says):
     """Checked by the code that opens the store (service.vectordb.check_store_url) when the settings load: the
     service started, /readyz said ready, and then every migration or collection search blamed the client (422)."""
@@ -209,6 +213,7 @@ def test_a_vector_database_setting_that_cannot_work_stops_serve_at_start(tmp_pat
 
 def test_vector_database_settings_that_go_together_are_accepted(clean_env, tmp_path):
     ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
     for url, kw in (("qdrant+https://db:6333", {"vectordb_api_key": SECRET, "vectordb_ca_file": ca}),
                     ("milvus+https://db:19530", {"vectordb_api_key": SECRET}),
                     (f"milvus+https://u:{SECRET}@db:19530", {}), (f"postgresql://vb:{SECRET}@db/vb", {}),
