@@ -14,11 +14,12 @@ draw a row counter and print resumable checkpoints; ``record.fraction`` is the s
 :class:`Stages` runs the named stages of one operation: it reports ``(stage, 0.0)`` on entry and
 ``(stage, 1.0)`` on exit, times each stage, and checks ``should_cancel`` at every report.
 
-Work that nobody may wait for any more (the HTTP face's text embeddings, plans and evaluations, whose client can
-disconnect) runs under :func:`run_stoppable`: :func:`checkpoint` then raises :class:`Abandoned` once its
-``should_stop()`` says so. The encoders call it between batches (:meth:`service.encoders.Encoder.encode`) and
-:func:`stoppable` makes a :data:`Progress` call it at every report; elsewhere (the CLI, jobs, the library) no
-``should_stop`` is set and it does nothing.
+Work that nobody may wait for any more (the HTTP face's text embeddings, plans and evaluations, and index writes
+from texts while their texts are embedded, whose client can disconnect) runs under :func:`run_stoppable`:
+:func:`checkpoint` then raises :class:`Abandoned` once its ``should_stop()`` says so. The encoders call it between
+batches (:meth:`service.encoders.Encoder.encode`) and :func:`stoppable` makes a :data:`Progress` call it at every
+report; elsewhere (the CLI, jobs, the library) no ``should_stop`` is set and it does nothing. A write, once begun,
+runs :func:`unstoppable`: stopped halfway it would leave half a write.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Callable, Iterator
 
 from align.exceptions import Cancelled
 
-__all__ = ["Progress", "silent", "Stages", "Abandoned", "checkpoint", "run_stoppable", "stoppable"]
+__all__ = ["Progress", "silent", "Stages", "Abandoned", "checkpoint", "run_stoppable", "stoppable", "unstoppable"]
 
 #: ``progress(stage, fraction)``: ``stage`` a short name, ``fraction`` in [0, 1] of that stage.
 Progress = Callable[[str, float], None]
@@ -65,6 +66,18 @@ def checkpoint() -> None:
     should_stop = _should_stop.get()
     if should_stop is not None and should_stop():
         raise Abandoned("stopped: nobody waits for the answer any more")
+
+
+@contextmanager
+def unstoppable() -> Iterator[None]:
+    """The ``with`` body runs to its end even under :func:`run_stoppable`: a :func:`checkpoint` in it does nothing.
+    For a write once begun (an index's rows going into FAISS and its log): it finishes, or fails and rolls back as
+    any failure does, never stops halfway for a client that left."""
+    token = _should_stop.set(None)
+    try:
+        yield
+    finally:
+        _should_stop.reset(token)
 
 
 def stoppable(progress: Progress | None) -> Progress | None:

@@ -6,11 +6,11 @@ call made for a ``request`` whose client disconnects while it waits leaves the q
 (:class:`~starlette.requests.ClientDisconnect`: 499 in the metrics), so it neither computes for nobody when its
 turn comes nor keeps a place from a live client. Work already running on a thread for such a request
 (:func:`run_unless_gone`) is told to stop: its next checkpoint (:func:`service.progress.checkpoint`, between
-batches of texts, at a plan's progress reports) raises, the same 499, and the thread is free for the next caller
-rather than computing to the end for nobody. Used by :class:`~service.api.state.HeavyGate` (plans and
-evaluations: ``max_heavy_requests`` running, none waiting; its threads: ``compute_threads`` running,
-``compute_max_waiting`` waiting) and the LM routes (one running, ``limits.lm_max_waiting`` waiting). Used only on
-the event loop, so the checks and counts need no lock.
+batches of texts, at a plan's progress reports; an index write from texts only before it writes) raises, the
+same 499, and the thread is free for the next caller rather than computing to the end for nobody. Used by
+:class:`~service.api.state.HeavyGate` (plans and evaluations: ``max_heavy_requests`` running, none waiting; its
+threads: ``compute_threads`` running, ``compute_max_waiting`` waiting) and the LM routes (one running,
+``limits.lm_max_waiting`` waiting). Used only on the event loop, so the checks and counts need no lock.
 """
 
 from __future__ import annotations

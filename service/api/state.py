@@ -62,7 +62,8 @@ class HeavyGate:
 
     :meth:`run` runs a function on ``threads`` threads of its own (more calls wait their turn without holding a
     thread): text embeddings, plans, evaluations; :meth:`hop` sends transforms, searches and index writes there
-    when their body is large. :meth:`slot` admits at most ``n`` of the requests that compute for seconds (plans,
+    when their body is large (index writes from texts whatever their size, searches estimated heavy: a
+    :class:`Heavier`). :meth:`slot` admits at most ``n`` of the requests that compute for seconds (plans,
     evaluations) and refuses the rest (429) rather than queueing them: many would fill the pool and keep the
     event loop from the GIL, so every other request, health checks too, would wait behind them. Both are a
     :class:`~service.api.gate.Gate`; at most ``waiting`` calls (``compute_max_waiting``; None: any number) wait for

@@ -1,7 +1,10 @@
 """Index use cases for every face: create an index or add rows (vectors or texts), and search from any space.
 
 Rows given as ``texts`` are embedded with the space's encoder in its passage form and, unless
-told otherwise, stored as payloads ``{"text": ...}``.
+told otherwise, stored as payloads ``{"text": ...}``. Under :func:`service.progress.run_stoppable` (the HTTP face,
+for a client that may leave) the embedding stops at the encoder's next batch once told to, before anything is
+written (no row, no id drawn, no index created); the write itself, once begun, is :func:`~service.progress.unstoppable`:
+it finishes, or fails and leaves the index as it was.
 
 Search, for queries ``Q`` (n, d_q) in space ``s_q`` against an index of space ``s`` (rows d):
 
@@ -34,6 +37,7 @@ from ..errors import ConflictError
 from ..indexes import IndexStore, SpaceIndex
 from ..indexes.csls import CSLS_WEIGHT
 from ..indexes.kinds import NO_DIRECTION
+from ..progress import checkpoint, unstoppable
 from .steers import steer_queries
 
 __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
@@ -164,6 +168,7 @@ def embed_texts(resolver: Resolver, space: str, texts: list[str], kind: str) -> 
 def _passages(resolver: Resolver, space: str, texts: list[str], payloads: list | None,
               store_texts: bool) -> tuple[np.ndarray, list | None]:
     X = embed_texts(resolver, space, texts, "passage")
+    checkpoint()  # the last batch embedded: a client gone meanwhile still stops here, before the write begins
     if payloads is None and store_texts:
         payloads = [{"text": t} for t in texts]
     return X, payloads
@@ -181,8 +186,9 @@ def create_index(resolver: Resolver, store: IndexStore, name: str, space, X: np.
         X, payloads = _passages(resolver, space.name, texts, payloads, store_texts)
     if X is not None and X.shape[1] != space.dim:
         raise DimensionMismatchError(f"space {space.name!r} is {space.dim}-d, vectors have {X.shape[1]} columns")
-    return store.create(name, space.name, X, payloads=payloads, dim=space.dim,
-                        before_commit=space_still_there(resolver, space), **build)
+    with unstoppable():
+        return store.create(name, space.name, X, payloads=payloads, dim=space.dim,
+                            before_commit=space_still_there(resolver, space), **build)
 
 
 def space_still_there(resolver: Resolver | None, space) -> Callable[[], None] | None:
@@ -207,7 +213,8 @@ def add_rows(resolver: Resolver, idx: SpaceIndex, X: np.ndarray | None = None, *
     id it ever held, :meth:`SpaceIndex.add`); returns the ids."""
     if texts is not None:
         X, payloads = _passages(resolver, idx.space, texts, payloads, store_texts)
-    return idx.add(X, ids=ids, payloads=payloads)
+    with unstoppable():
+        return idx.add(X, ids=ids, payloads=payloads)
 
 
 def query_dim(resolver: Resolver, idx: SpaceIndex, space: str | None,

@@ -5,6 +5,10 @@ another process has written the index since, the lookup loads the new generation
 FAISS file (~0.2 s for 160k x 384 rows) and would stall every request of this process meanwhile. While
 another thread loads the index (the start-up's loader), a route first waits for it on the event loop
 (``state.after_loads``), holding no thread.
+
+Writes from texts run on the compute gate's threads and stop, writing nothing, when their client leaves while the
+texts are embedded (:func:`_texts_heavy`); a write whose client left while it waited for those threads never
+begins. Once rows go into the index, the write finishes whatever the client does.
 """
 
 from __future__ import annotations
@@ -66,6 +70,15 @@ list_route(router, "/indexes", name="list_indexes", summary="List indexes", resp
            load=lambda state: [_info(i) for i in state.indexes.list()], ready=lambda state: state.after_loads())
 
 
+def _texts_heavy(texts: list[str] | None, write):
+    """A write from ``texts`` as a :class:`~service.api.state.Heavier`: its texts are embedded on the compute
+    gate's threads, as ``/v1/embeddings`` does, where a client that leaves stops it at the encoder's next batch
+    (:func:`~service.api.gate.run_unless_gone`: a 499, nothing written, no id drawn); rows as ``write()`` at once.
+    On the shared pool, a client that posted 20,000 texts and left kept a thread embedding for minutes, then wrote
+    the rows nobody would confirm. The write itself, once begun, finishes (``service.ops.indexes``)."""
+    return write() if texts is None else Heavier(write)
+
+
 @router.get("/indexes/{name}", dependencies=[ReadScope], summary="Get an index", response_model=IndexOut)
 async def get_index(name: IndexNamePath, state: StateDep):
     await state.after_loads(name)
@@ -86,14 +99,13 @@ async def create_index(request: Request, state: StateDep, settings: SettingsDep)
                                          f"its space's width (omit dim, or name a {opts.dim}-d space)")
         X = None if texts_instead(obj, opts.texts, settings.max_batch) else vectors_from_json(
             obj, dim=space.dim, max_batch=settings.max_batch, required=False)
-        return index_ops.create_index(state, state.indexes, opts.name, space, X, texts=opts.texts,
-                                      store_texts=opts.store_texts, payloads=opts.payloads, ids=opts.ids,
-                                      kind=opts.kind, metric=opts.metric, params=opts.params,
-                                      random_state=seed_of(opts.params, opts.random_state,
-                                                           "random_state" in opts.model_fields_set),
-                                      description=opts.description)
+        return _texts_heavy(opts.texts, lambda: index_ops.create_index(
+            state, state.indexes, opts.name, space, X, texts=opts.texts, store_texts=opts.store_texts,
+            payloads=opts.payloads, ids=opts.ids, kind=opts.kind, metric=opts.metric, params=opts.params,
+            random_state=seed_of(opts.params, opts.random_state, "random_state" in opts.model_fields_set),
+            description=opts.description))
 
-    idx = await state.heavy.hop(work, len(body))
+    idx = await state.heavy.hop(work, len(body), request)
     return FastJSONResponse(_info(idx), status_code=201)
 
 
@@ -112,11 +124,11 @@ async def add_vectors(name: IndexNamePath, request: Request, state: StateDep, se
     def work():
         idx = state.indexes.get(name)
         opts, X = parse_rows(body, IndexAddOptions, settings.max_batch, lambda _: idx.dim)
-        return idx, index_ops.add_rows(state, idx, X, texts=opts.texts, store_texts=opts.store_texts, ids=opts.ids,
-                                       payloads=opts.payloads)
+        return _texts_heavy(opts.texts, lambda: (idx, index_ops.add_rows(
+            state, idx, X, texts=opts.texts, store_texts=opts.store_texts, ids=opts.ids, payloads=opts.payloads)))
 
     await state.after_loads(name)
-    idx, ids = await state.heavy.hop(work, len(body))
+    idx, ids = await state.heavy.hop(work, len(body), request)
     state.metrics.batch_rows.labels("index_add").observe(len(ids))
     return FastJSONResponse({"index": name, "ids": ids, "count": idx.count})
 
