@@ -97,6 +97,14 @@ class ArtifactStore:
             raise IntegrityError(f"artifact path {rel!r} leaves the artifact folder")
         return p
 
+    def size(self, rel: str) -> int | None:
+        """Bytes of a stored artifact as it is on disk now (one ``stat``; nothing read or verified), or None when it
+        is missing or unreadable."""
+        try:
+            return self.path(rel).stat().st_size
+        except OSError:
+            return None
+
     def get(self, rel: str, sha: str) -> bytes:
         """Read an artifact and verify its sha256."""
         p = self.path(rel)

@@ -240,19 +240,29 @@ async def get_artifact(request: Request, ref: RefPath, state: StateDep, if_none_
     hit = not_modified(if_none_match, etag, cache, headers)
     if hit is not None:
         return hit
-    # a HEAD of an artifact served before: its length, without loading and serialising it (the ETag fixes the bytes)
-    # (the ETag's sha256 and format fix the bytes, so one length per ETag)
+    # a HEAD of an artifact served before: its length, without loading and serialising it (the ETag's sha256 and
+    # format fix the bytes, so one length per ETag), while the GET would still answer it (_still_served)
     lengths: LRUCache = request.app.state.artifact_lengths
-    length = lengths.peek(etag) if request.method == "HEAD" else None
+    known = lengths.peek(etag) if request.method == "HEAD" else None
+    length = known[0] if known is not None and _still_served(state.registry, v, known[1]) else None
     if length is None:
         data = await run_in_threadpool(lambda: state.load_version(v).to_bytes(format))
-        lengths.get(etag, lambda: len(data))
+        lengths.get(etag, lambda: (len(data), state.registry.store.size(v.artifact_path)))
     out = answer(None, Response(data if length is None else b"", media_type="application/octet-stream", headers={
         "Content-Disposition": f'attachment; filename="{v.name}-{v.version}.{format}"', **headers}),
         etag=etag, cache_control=cache)
     if length is not None:
         out.headers["Content-Length"] = str(length)
     return out
+
+
+def _still_served(registry, v, stored: int | None) -> bool:
+    """Whether a GET of version ``v``'s artifact would answer it as when its length was remembered, the stored file
+    then ``stored`` bytes: the map is in memory (the GET reads no file), or its file is there with that size (one
+    ``stat``, on the event loop as the registry's change token is). A file removed or truncated since answered a
+    HEAD 200 from memory while the GET failed (500); now the HEAD takes the GET's path and fails alike. A file
+    damaged in place at the same size is found only by the GET's sha256 check, which reads it all."""
+    return registry.cached_map(v) is not None or (stored is not None and registry.store.size(v.artifact_path) == stored)
 
 
 # --- transform ----------------------------------------------------------------------------------

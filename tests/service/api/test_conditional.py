@@ -105,6 +105,46 @@ def test_a_head_of_an_artifact_served_before_builds_no_body(served, monkeypatch)
     assert hit.status_code == 304 and hit.headers["etag"] == get.headers["etag"]
 
 
+def test_a_head_answers_what_the_get_would_once_the_file_is_gone(tmp_path, monkeypatch):
+    """A HEAD of an artifact served before answered from its remembered length: once its file was removed or
+    truncated, and the map too large to stay in memory (over ``map_cache_mb``), the HEAD said 200 with the old
+    Content-Length while the GET failed (500, integrity). Now the remembered length holds only while the GET would
+    still answer: the map in memory, or its file there with the size it had (one stat); else the HEAD takes the
+    GET's path and fails alike. While the file is intact, the HEAD still builds no body."""
+    from align import LinearMap
+    from service.api import create_app
+
+    data = tmp_path / "data"
+    data.mkdir()
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    rng = np.random.default_rng(0)
+    W_ = np.linalg.qr(rng.standard_normal((600, 600)))[0].astype(np.float32)  # 1.4 MB: over a 1 MiB map cache
+    reg.register_version("big", LinearMap(W_), source_space="a", target_space="b", method="procrustes", params={})
+    stored = reg.store.path(reg.resolve("big:1").artifact_path)
+    reg.close()
+    built = []
+    real = LinearMap.to_bytes
+    monkeypatch.setattr(LinearMap, "to_bytes", lambda self, *a, **k: built.append(a) or real(self, *a, **k))
+    with serve_in_thread(create_app(settings_for(tmp_path, map_cache_mb=1))) as url, \
+            httpx.Client(base_url=url, headers=W) as c:
+        path = "/v1/maps/big:1/artifact"
+        get = c.get(path)
+        head = c.head(path)
+        assert (get.status_code, head.status_code, len(built)) == (200, 200, 1)  # intact: no body built for the HEAD
+        size = head.headers["content-length"]
+        assert size == str(len(get.content))
+        whole = stored.read_bytes()
+        for damage in (lambda: stored.write_bytes(whole[:-1]), stored.unlink):
+            damage()
+            head, get = c.head(path), c.get(path)
+            assert head.status_code == get.status_code == 500, (head.status_code, get.status_code)
+            assert head.content == b"" and get.json()["error"]["type"] == "IntegrityError"
+        stored.write_bytes(whole)  # put back: answered from the remembered length again
+        assert [c.head(path).status_code, c.get(path).status_code] == [200, 200]
+        n = len(built)
+        assert c.head(path).headers["content-length"] == size and len(built) == n
+
+
 def test_a_304_reads_no_artifact(tmp_path):
     """The artifact file is gone: a download fails (500, integrity), but a client holding the current ETag gets
     its 304 from the registry record alone (a fresh server: nothing in its memory)."""
