@@ -35,7 +35,7 @@ from ..threads import limit_native_threads, release_native_threads
 from ..registry.cache import LRUCache
 from ..ui import mount_console
 from ..ui.pages import router as console_router
-from .document import finish_document
+from .document import finish_document, serve_document
 from .errors import install_error_handlers
 from .deps import current_settings
 from .fastpath import FastPathMiddleware
@@ -218,6 +218,7 @@ def _document_limits(app: FastAPI, s: Settings) -> None:
         return app.openapi_schema
 
     app.openapi = openapi
+    serve_document(app)  # encoded once per root path, with an ETag
 
 
 def ensure_local_key(s: Settings) -> tuple[Settings, "Path | None"]:

@@ -13,15 +13,22 @@ and the service's settings:
 * the configured value of a limit where a schema says it stands for one (``x-limit``: the name of a
   ``limits`` setting, replaced by ``maximum`` = that setting's value: ``k`` of a search says this service's
   ``limits.max_k``, not the 10,000 no setting may exceed).
+
+:func:`serve_document` serves it encoded once per root path, with an ``ETag``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .conditional import body_etag, not_modified
 from .middleware import body_limit
 
-__all__ = ["COMMON_ANSWERS", "ERROR_SCHEMA", "finish_document", "hoist_defs"]
+__all__ = ["COMMON_ANSWERS", "ERROR_SCHEMA", "finish_document", "hoist_defs", "serve_document"]
 
 ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorBody"}
 
@@ -104,3 +111,33 @@ def finish_document(spec: dict, settings) -> dict:
     hoist_defs(spec)
     _apply_limits(spec, settings.limits)
     return spec
+
+
+def serve_document(app) -> None:
+    """Answer ``GET app.openapi_url`` (and HEAD) with the document's bytes, encoded once per root path, instead of
+    FastAPI's route, which encoded the whole document again for every request (~240 KB: 2-8 ms each, and the
+    console's /docs asks for it on every load). The bytes are those FastAPI sent (its ``JSONResponse``), ``servers``
+    naming the request's root path (``--root-path``, :class:`~.middleware.RootPathMiddleware`) when it is not
+    there already; the answer carries their ``ETag`` (a matching ``If-None-Match``: 304) and ``no-cache``, so a
+    browser or proxy asks again after an upgrade. Encoded again when ``app.openapi()`` answers another document."""
+    encoded: dict[str, tuple[dict, bytes, str]] = {}  # root path -> (the document, its bytes, their ETag)
+
+    async def openapi_document(request: Request) -> Response:
+        root = request.scope.get("root_path", "").rstrip("/")
+        spec = app.openapi()
+        hit = encoded.get(root)
+        if hit is None or hit[0] is not spec:
+            shown = spec
+            if root and app.root_path_in_servers and root not in {s.get("url") for s in spec.get("servers", [])}:
+                shown = {**spec, "servers": [{"url": root}, *spec.get("servers", [])]}
+            body = json.dumps(shown, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+            if len(encoded) >= 8:  # root paths are the server's settings, a few at most: never grows unbounded
+                encoded.clear()
+            encoded[root] = hit = (spec, body, body_etag(body))
+        _, body, etag = hit
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        return not_modified(request.headers.get("if-none-match"), etag, "no-cache") or \
+            Response(body, media_type="application/json", headers=headers)
+
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != app.openapi_url]
+    app.add_route(app.openapi_url, openapi_document, include_in_schema=False)

@@ -210,3 +210,39 @@ def test_the_routes_of_the_compute_gate_declare_its_429(doc, path, method):
     gate's threads (``HeavyGate.run`` / ``hop``); the transform, search, index writes, embeddings and steer apply
     answered it undeclared."""
     assert "429" in doc["paths"][path][method]["responses"], sorted(doc["paths"][path][method]["responses"])
+
+
+@pytest.mark.parametrize("root", ["", "/vb"])
+def test_the_document_is_encoded_once_and_carries_an_etag(tmp_path, monkeypatch, root):
+    """GET /openapi.json encoded the whole document (~240 KB) again for every request (FastAPI's route: 2-8 ms each,
+    and /docs loads it every time) and carried no ETag, so a browser fetched it whole each time. Now its bytes (those
+    FastAPI sent) are encoded once per root path, with an ETag (If-None-Match: 304, no body); under a root path the
+    document still names it in `servers` (so its ETag differs); a HEAD answers the GET's headers."""
+    import json
+
+    from fastapi.testclient import TestClient
+    from starlette.responses import JSONResponse
+
+    encoded = []
+    real = json.dumps
+    monkeypatch.setattr(json, "dumps", lambda obj, *a, **k: (
+        isinstance(obj, dict) and "openapi" in obj and encoded.append(1)) or real(obj, *a, **k))
+    app = create_app(settings_for(tmp_path, root_path=root))
+    with TestClient(app) as c:
+        url = f"{root}/openapi.json"
+        first, again = c.get(url), c.get(url)
+        assert first.status_code == again.status_code == 200 and len(encoded) == 1  # before: once per request
+        etag = first.headers["etag"]
+        assert again.content == first.content and again.headers["etag"] == etag
+        assert first.headers["cache-control"] == "no-cache"
+        hit = c.get(url, headers={"If-None-Match": etag})
+        assert hit.status_code == 304 and hit.content == b"" and hit.headers["etag"] == etag
+        assert c.get(url, headers={"If-None-Match": '"other"'}).content == first.content
+        head = c.head(url)
+        assert head.status_code == 200 and head.content == b""
+        assert [head.headers.get(h) for h in ("etag", "content-length", "content-type")] == \
+            [first.headers.get(h) for h in ("etag", "content-length", "content-type")]
+        assert len(encoded) == 1
+        expected = {**app.openapi(), **({"servers": [{"url": root}]} if root else {})}
+        assert first.content == JSONResponse(expected).body  # FastAPI's bytes, the prefix in servers
+
