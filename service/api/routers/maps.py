@@ -75,11 +75,17 @@ def _values_of(option: str) -> WithJsonSchema:
     return WithJsonSchema({"type": "string", "enum": list(get_args(TransformOptions.model_fields[option].annotation))})
 
 
+# bytes in the OpenAPI document (request bodies and answers), so generated clients read and send them as bytes:
+# an answer's media type with no schema left them to guess (a string, or nothing at all)
+_BINARY = {"type": "string", "format": "binary"}
 _TRANSFORM_BODY = json_body(TransformJSON, "transform", extra_content={
-    OCTET: {"schema": {"type": "string", "format": "binary",
-                       "description": "little-endian float32, row-major (n*d*4 bytes)"}},
-    NPY: {"schema": {"type": "string", "format": "binary", "description": "a .npy array (n, d)"}},
+    OCTET: {"schema": {**_BINARY, "description": "little-endian float32, row-major (n*d*4 bytes)"}},
+    NPY: {"schema": {**_BINARY, "description": "a .npy array (n, d)"}},
 })
+_TRANSFORM_ANSWERS = {
+    OCTET: {"schema": {**_BINARY, "description": "little-endian float32, row-major (`X-Shape: n,d`)"}},
+    NPY: {"schema": {**_BINARY, "description": "a float32 .npy array (n, d)"}},
+}
 
 
 # --- spaces -------------------------------------------------------------------------------------
@@ -228,7 +234,8 @@ async def delete_tag(name: NamePath, version: VersionPath, key: str, state: Stat
 
 
 @router.get("/maps/{ref}/artifact", dependencies=[ReadScope], summary="Download the map artifact",
-            response_class=Response, responses=read_responses({"content": {"application/octet-stream": {}}}))
+            response_class=Response, responses=read_responses({"content": {OCTET: {"schema": {
+                **_BINARY, "description": "the artifact as `format` (safetensors or npz)"}}}}))
 async def get_artifact(request: Request, ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = None,
                        format: str = Query("safetensors", pattern="^(npz|safetensors)$")):
     """The artifact as `format`. `ETag`: `"<artifact sha256>.<format>"`; `If-None-Match` with it → 304 (nothing
@@ -268,7 +275,7 @@ def _still_served(registry, v, stored: int | None) -> bool:
 # --- transform ----------------------------------------------------------------------------------
 @router.post("/maps/{ref}/transform", dependencies=[ReadScope], summary="Transform vectors (JSON or binary)",
              description=TRANSFORM_DOC, openapi_extra=_TRANSFORM_BODY, response_model=TransformResponse,
-             responses={200: {"content": {OCTET: {}, NPY: {}}}, **error_responses(413, 415, 429)})
+             responses={200: {"content": _TRANSFORM_ANSWERS}, **error_responses(413, 415, 429)})
 async def transform(ref: RefPath, request: Request, state: StateDep, settings: SettingsDep,
                     output: Annotated[str | None, Query(description="raw | frame | linear (binary requests)"),
                                       _values_of("output")] = None,

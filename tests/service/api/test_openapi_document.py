@@ -246,3 +246,22 @@ def test_the_document_is_encoded_once_and_carries_an_etag(tmp_path, monkeypatch,
         expected = {**app.openapi(), **({"servers": [{"url": root}]} if root else {})}
         assert first.content == JSONResponse(expected).body  # FastAPI's bytes, the prefix in servers
 
+
+def test_binary_answers_declare_bytes(doc):
+    """The map artifact and the transform's octet-stream and .npy answers were declared as bare media types (no
+    schema), so a generated client could not tell they are bytes (some read them as text, some dropped them). Each
+    answer's media type now has a schema, and every binary one is a string of format binary, as the request bodies
+    already were."""
+    binary = []
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            for status, answer in op.get("responses", {}).items():
+                for media, body in answer.get("content", {}).items():
+                    assert "schema" in body, (method, path, status, media)
+                    if media in ("application/octet-stream", "application/x-npy"):
+                        assert {k: body["schema"].get(k) for k in ("type", "format")} == \
+                            {"type": "string", "format": "binary"}, (method, path, media)
+                        binary.append((method, path, media))
+    assert sorted(binary) == [("get", "/v1/maps/{ref}/artifact", "application/octet-stream"),
+                              ("post", "/v1/maps/{ref}/transform", "application/octet-stream"),
+                              ("post", "/v1/maps/{ref}/transform", "application/x-npy")]
