@@ -230,7 +230,7 @@ class LinearMap(StoredMap):
             "Wa_col": float(np.sqrt(np.square(np.vstack([W64, muW, mu_t, b])).sum(axis=0)).max()),
             # input-side products x·q, one GEMV each: a (d_s, 4) GEMM costs ~2.3 GEMVs on this shape, and a (d_s, 2)
             # one, 24 µs against 45, gives most rows other bits in another block of rows (a parquet streamed in chunks
-            # of 512 no longer matched its .npy output bit for bit); GEMVs, as before, differ in a tail row at most
+            # of 512 no longer matched its .npy output bit for bit); GEMVs differ in up to 3 tail rows (README)
             "q_mu": mu_s.astype(np.float32), "q_mut": (W64 @ mu_t).astype(np.float32),
             "q_b": (W64 @ b).astype(np.float32),
             "mu_sq": float(mu_s @ mu_s), "muW_sq": float(muW @ muW), "b_sq": float(b @ b), "muW_b": float(muW @ b),
