@@ -3,6 +3,12 @@
 An ``.npz`` artifact is a zip of float arrays plus one ``uint8`` array ``__meta__`` holding a
 UTF-8 JSON header; it is read with ``allow_pickle=False``. Files are written atomically
 (temporary file, fsync, rename). No pickle anywhere.
+
+An artifact holds what the object *is*, never how long fitting it took or where it ran: the header's metadata is
+written without its wall-clock and executor entries (:data:`VOLATILE_KEYS`, at any depth), so two fits with the
+same seed write the same bytes (one ``artifact_sha256``, one file in a content-addressed store). The fitted
+object keeps them in memory (``metadata["diagnostics"]["timings"]``, a candidate's ``seconds``...); a service
+records them with the fit (metrics, report). Older artifacts that hold them still load.
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ import numpy as np
 from .exceptions import SerializationError, VecbridgeError
 
 __all__ = ["META_KEY", "json_default", "pack_npz", "unpack_npz", "pack", "unpack", "save_atomic", "read_bytes", "check_header",
-           "stored_fields", "StoredMap"]
+           "stored_fields", "StoredMap", "VOLATILE_KEYS", "stable_metadata"]
 
 META_KEY = "__meta__"
+#: metadata keys that vary between two runs of the same fit (wall-clock seconds, the executor that ran it):
+#: kept in memory, never written into an artifact (module docstring)
+VOLATILE_KEYS = frozenset({"seconds", "fit_seconds", "timings", "executor"})
 
 
 def json_default(obj):
@@ -32,9 +41,21 @@ def json_default(obj):
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def stable_metadata(obj):
+    """``obj`` (metadata: dicts, lists, values) without the :data:`VOLATILE_KEYS` of any dict in it, at any depth;
+    a new object (``obj`` is not changed)."""
+    if isinstance(obj, dict):
+        return {k: stable_metadata(v) for k, v in obj.items() if k not in VOLATILE_KEYS}
+    if isinstance(obj, (list, tuple)):
+        return [stable_metadata(v) for v in obj]
+    return obj
+
+
 def header_text(header: dict) -> str:
-    """The JSON of an artifact's header; SerializationError when its metadata holds something JSON cannot (a raw
-    TypeError from ``save``)."""
+    """The JSON of an artifact's header, its ``metadata`` without timings or executor (:func:`stable_metadata`);
+    SerializationError when its metadata holds something JSON cannot (a raw TypeError from ``save``)."""
+    if isinstance(header.get("metadata"), dict):
+        header = {**header, "metadata": stable_metadata(header["metadata"])}
     try:
         return json.dumps(header, sort_keys=True, default=json_default)
     except (TypeError, ValueError) as exc:

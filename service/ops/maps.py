@@ -360,7 +360,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                     notes.append(f"no fit report: rendering it failed ({why}); the map is registered without one")
 
     st.tick("register", 0.0)  # the last cancellation point: once registered, the fit has happened
-    metrics["timings"] = {k: round(v, 4) for k, v in st.timings.items()}
+    # the fitter's own stage seconds too ("fit: refine1"...): the artifact leaves them out (same fit, same bytes)
+    metrics["timings"] = {k: round(v, 4) for k, v in {**st.timings, **inner_timings(diag)}.items()}
     before = registry.resolve_bare(name)
     # a space the fit creates from texts records their encoder (a later text transform then needs no --encoder)
     encoders = {space: canonical_name(side["encoder"]) for key, space in (("source", source_space),
@@ -400,6 +401,8 @@ def _fit_signals(meta: dict, diag: dict) -> dict:
     for key in ("null_criterion", "reliable"):  # label-free failure flag of MiniVec2Vec
         if key in diag:
             out[key] = diag[key] if isinstance(diag[key], bool) else float(diag[key])
+    if diag.get("executor"):  # where the kernels ran (threads:2, ray): kept here, not in the artifact
+        out["executor"] = str(diag["executor"])
     return out
 
 

@@ -64,12 +64,14 @@ def test_minivec2vec_with_ray_registers_the_in_process_map(tmp_path):
     reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
     a, b = reg.load_map("plain:1"), reg.load_map("viaray:1")  # flagged: a bare name means none of them
     np.testing.assert_array_equal(a.W, b.W)
-    assert b.metadata["diagnostics"]["executor"] == "ray"
+    assert reg.get_version("viaray", 1).metrics["executor"] == "ray"  # recorded with the fit, not in the artifact
+    assert reg.get_version("viaray", 1).artifact_sha256 == reg.get_version("plain", 1).artifact_sha256
     threaded = _vecbridge(tmp_path / "var", *common, "--name", "threads", "--threads", "2")
     assert threaded.returncode == 0, threaded.stderr
     c = reg.load_map("threads:1")
     np.testing.assert_array_equal(a.W, c.W)  # the kNN / CSLS blocks on two threads: the same map
-    assert c.metadata["diagnostics"]["executor"] == "threads:2"
+    assert reg.get_version("threads", 1).metrics["executor"] == "threads:2"
+    assert reg.get_version("threads", 1).artifact_sha256 == reg.get_version("plain", 1).artifact_sha256
     bad = _vecbridge(tmp_path / "var", *common, "--name", "nothreads", "--threads", "0")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 

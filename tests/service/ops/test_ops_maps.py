@@ -292,3 +292,25 @@ def test_a_report_that_fails_to_render_leaves_the_map_registered_with_a_note(tmp
         assert v.report_path is None and reg.report_file(v) is None
     finally:
         reg.close()
+
+
+@pytest.mark.parametrize("method, paired, first, second", [
+    ("auto", True, {}, {}),
+    ("minivec2vec", False, {"threads": 1}, {"threads": 2}),  # `fit --help`: "the same map for any count"
+])
+def test_the_same_fit_twice_registers_one_artifact(reg, tmp_path, method, paired, first, second):
+    """Same seed, same arrays: one artifact sha256, one file; the seconds and the executor are in the metrics
+    (the artifact recorded them, so every refit was another artifact and a bundle's dedup never matched)."""
+    X, Y, _ = planted(200)
+    kw = {"name": "a2b", "source": X, "target": Y, "method": method, "paired": paired, "source_space": "a",
+          "target_space": "b", "params": {"n_restarts": 1} if method == "minivec2vec" else {}, "report": False}
+    v1, v2 = run_fit(reg, **kw, **first), run_fit(reg, **kw, **second)
+    assert v1.artifact_sha256 == v2.artifact_sha256
+    assert v1.artifact_path == v2.artifact_path
+    assert len([p for p in (tmp_path / "artifacts").rglob("*") if p.is_file()]) == 1
+    assert v2.metrics["timings"]["fit"] > 0
+    if method == "minivec2vec":
+        assert v2.metrics["executor"] == "threads:2" and "executor" not in v1.metrics
+        assert any(k.startswith("fit: restart 0 ") for k in v2.metrics["timings"])  # the fitter's own stages
+    else:
+        assert all(c["seconds"] >= 0 for c in v2.metrics["selection"]["candidates"].values())
