@@ -422,26 +422,33 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
         if n_pairs < 2:
             raise TooFewRowsError(f"a paired fit needs at least 2 pairs, got {n_pairs}")
         if method == "auto" or n_pairs >= 20:  # fit_migration holds pairs out
-            _n_holdout(n_pairs, options.get("holdout", 0.2), options.get("max_holdout", 1000))
+            _n_holdout(n_pairs, options.get("holdout", 0.2), options.get("max_holdout", 1000), what=_scored(method))
         if "cluster" in candidates or method == "cluster":
             _cluster_grid(options, n_pairs, strict=True)
     return options
 
 
-def _n_holdout(u: int, holdout, max_holdout, distinct: str = "") -> int:
+def _scored(method: str) -> str:
+    """Who holds pairs out, for a message: auto's selection, or a single method's held-out score (from 20 pairs)."""
+    return "auto selection" if method == "auto" else f"method={method!r} holds pairs out to score the fit: it"
+
+
+def _n_holdout(u: int, holdout, max_holdout, distinct: str = "", what: str = "auto selection") -> int:
     """How many of ``u`` distinct pairs are held out: ``holdout`` of them, 2 to ``max_holdout``; TooFewRowsError
-    unless 2 are left to fit (a holdout of 0.99 of 100 pairs was refused as "needs at least 4 pairs, got 100")."""
+    unless 2 are left to fit (a holdout of 0.99 of 100 pairs was refused as "needs at least 4 pairs, got 100").
+    ``what`` names who holds them out (a procrustes fit said "auto selection needs ...")."""
     _check_holdout(holdout, max_holdout)
     n_val = int(min(max_holdout, max(2, round(float(holdout) * u))))
     if u < 4:
-        raise TooFewRowsError(f"auto selection needs at least 4 pairs (2 to fit, 2 held out), got {u}{distinct}")
+        raise TooFewRowsError(f"{what} needs at least 4 distinct pairs (2 to fit, 2 held out), got {u}{distinct}")
     if u - n_val < 2:
         raise TooFewRowsError(f"holdout {holdout} of {u} pairs{distinct} holds out {n_val} and leaves {u - n_val} to "
                               f"fit; 2 must be left to fit: give a holdout of at most {int(100 * (u - 2) / u) / 100}")
     return n_val
 
 
-def _split(n: int, holdout, max_holdout, rng, groups=None) -> tuple[np.ndarray, np.ndarray]:
+def _split(n: int, holdout, max_holdout, rng, groups=None, what: str = "auto selection") -> tuple[np.ndarray,
+                                                                                               np.ndarray]:
     """``(train, held-out)`` rows: ``holdout`` (a fraction in (0, 1)) of the pairs, 2 to ``max_holdout`` of them.
 
     ``groups`` (:func:`align.validation.pair_groups` of repeated pairs): the distinct pairs are split instead, every
@@ -449,7 +456,7 @@ def _split(n: int, holdout, max_holdout, rng, groups=None) -> tuple[np.ndarray, 
     as held out: a family that memorises its training pairs (the per-cluster maps) won on it."""
     u = n if groups is None else groups[0].size
     distinct = "" if groups is None else f" distinct ones ({n} rows, {n - u} repeating another pair)"
-    n_val = _n_holdout(u, holdout, max_holdout, distinct)
+    n_val = _n_holdout(u, holdout, max_holdout, distinct, what)
     perm = rng.permutation(u)
     if groups is None:
         return np.sort(perm[n_val:]), np.sort(perm[:n_val])
@@ -616,7 +623,8 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     selection: dict = {}
     if method == "auto" or n >= 20:
         groups = pair_groups(X, Y)
-        tr, val = _split(n, options.get("holdout", 0.2), options.get("max_holdout", 1000), rng, groups)
+        tr, val = _split(n, options.get("holdout", 0.2), options.get("max_holdout", 1000), rng, groups,
+                         _scored(method))
         cands = candidates if method == "auto" else (method,)
         # candidates are fitted and scored in frames of the training pairs: frames of all K pairs were shaped by the
         # held-out rows too (K=100 WordNet pairs: held-out top-1 0.80 recorded, 0.60 in training frames)

@@ -521,8 +521,18 @@ def test_a_holdout_leaving_too_few_pairs_to_fit_says_so_and_what_works():
                                                   r"at most 0.98"):
             align.fit_migration(X, Y, method=method, holdout=0.99)
     assert align.fit_migration(X, Y, method="procrustes", holdout=0.98).metadata["selection"]["n_train"] == 2
-    with pytest.raises(TooFewRowsError, match="at least 4 pairs"):
+    with pytest.raises(TooFewRowsError, match="auto selection needs at least 4 distinct pairs"):
         align.fit_migration(X[:3], Y[:3], method="auto")
+
+
+@pytest.mark.parametrize("method", ["procrustes", "ridge"])
+def test_a_single_method_short_of_distinct_pairs_is_named_not_auto(method):
+    # 50 copies of one pair with method="procrustes" said "auto selection needs at least 4 pairs": it was not asked
+    X, Y = _planted(n=100, d_s=8, d_t=8, seed=9)
+    with pytest.raises(TooFewRowsError, match=rf"method='{method}' holds pairs out .* needs at least 4 distinct "
+                                              r"pairs .* got 1 distinct") as err:
+        align.fit_migration(np.repeat(X[:1], 50, 0), np.repeat(Y[:1], 50, 0), method=method)
+    assert "auto" not in str(err.value)
 
 
 @pytest.mark.parametrize("method, options", [("procrustes", {}), ("ridge", {"alpha": 0.01})])
