@@ -362,9 +362,14 @@ class Calls:
         if not cap:
             return n
         if n > cap:
+            whole = path in ("/v1/fits", "/v1/plans", "/v1/steers", "/v1/lm/steers") or path.endswith("/evaluate")
             raise PayloadTooLargeError(413, "PayloadTooLargeError", (
                 f"{method} {path}: not sent, its body of {n} bytes exceeds the service's limit of {cap} bytes "
-                "(max_body_bytes, from /v1/info); send smaller batches (or fewer rows)"), None, {})
+                "(max_body_bytes, from /v1/info); " + (
+                    "this body is not split into batches: run it with the vecbridge CLI on files, or raise the "
+                    "service's VECBRIDGE_MAX_BODY_BYTES" if whole else
+                    "create the index from part of the rows, then add the rest (Client.add batches them)"
+                    if path == "/v1/indexes" else "send smaller batches (or fewer rows)")), None, {})
         return 0
 
     def _backoff(self, attempt: int, retry_after: float | None = None) -> float | None:

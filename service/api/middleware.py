@@ -126,6 +126,29 @@ def body_limit(settings, method: str, template: str | None, content_type: str | 
     return min(lim.body_bytes_small, settings.max_body_bytes), "limits.body_bytes_small"
 
 
+#: routes whose body is one piece (a fit's pairs, a plan's corpus): "send smaller batches" cannot help; what can
+WHOLE_BODY = {"/v1/fits": "`vecbridge fit`", "/v1/plans": "`vecbridge plan`",
+              "/v1/maps/{ref}/evaluate": "`vecbridge eval`", "/v1/steers": "`vecbridge steer fit`",
+              "/v1/lm/steers": "`vecbridge lm steer-fit`"}
+
+
+def too_large(n: int | None, limit: int, setting: str, template: str | None) -> str:
+    """The 413 message for a body of ``n`` bytes (None: counted as it came) over ``limit`` on route ``template``:
+    what the client can do. A fit or plan cannot be split into batches (QA: a 1,000-pair 3072-d fit, 82 MB, was
+    told "send smaller batches"): run it with the CLI on files or raise the setting; an index is created from part
+    of its rows and the rest added in batches."""
+    size = "request body" if n is None else f"request body of {n} bytes"
+    head = f"{size} exceeds the limit of {limit} bytes ({setting})"
+    env = "VECBRIDGE_" + setting.split(";")[0].upper().replace(".", "__")
+    if template in WHOLE_BODY:
+        return (f"{head}: this body is not split into batches; run it offline with {WHOLE_BODY[template]} on files, "
+                f"or raise {env}")
+    if template == "/v1/indexes":
+        return (f"{head}: create the index from part of the rows and add the rest in batches "
+                "(POST /v1/indexes/{name}/vectors), or build it offline with `vecbridge index create`")
+    return f"{head}; send smaller batches"
+
+
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 _PROBES = ("/healthz", "/readyz")
 
@@ -387,7 +410,7 @@ class GuardMiddleware:
                         and headers.get(b"expect", b"").lower() != b"100-continue"):
                     await _drain(receive, settings.body_timeout_s, settings.body_min_rate_bytes_s)
                 # no route: most often a mistyped path, so the message says so, not only "send smaller batches"
-                return await _send_413(send, n, limit, setting,
+                return await _send_413(send, n, limit, setting, template,
                                        unmatched=None if route else f"{scope['method']} {scope.get('path', '')}")
         seen, done, wait, rate, t0 = 0, False, settings.body_timeout_s, settings.body_min_rate_bytes_s, None
 
@@ -408,8 +431,7 @@ class GuardMiddleware:
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > limit:
-                    raise PayloadTooLargeError(
-                        f"request body exceeds the limit of {limit} bytes ({setting}); send smaller batches")
+                    raise PayloadTooLargeError(too_large(None, limit, setting, template))
                 done = not msg.get("more_body", False)
             return msg
 
@@ -466,13 +488,15 @@ async def _send_error(send, status: int, kind: str, message: str, extra: list | 
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_413(send, n: int, limit: int, setting: str = "max_body_bytes", unmatched: str | None = None) -> None:
-    """413 for a body of ``n`` bytes over ``limit``; ``unmatched``: the ``METHOD path`` no route matched."""
+async def _send_413(send, n: int, limit: int, setting: str = "max_body_bytes", template: str | None = None,
+                    unmatched: str | None = None) -> None:
+    """413 for a body of ``n`` bytes over ``limit`` on route ``template``; ``unmatched``: the ``METHOD path`` no route
+    matched."""
     if unmatched:
         msg = (f"no route matches {unmatched}; a request body to a path no route matches may hold at most {limit} "
                f"bytes ({setting}), this one has {n}")
     else:
-        msg = f"request body of {n} bytes exceeds the limit of {limit} bytes ({setting}); send smaller batches"
+        msg = too_large(n, limit, setting, template)
     await _send_error(send, 413, "PayloadTooLargeError", msg)
 
 

@@ -219,6 +219,22 @@ def _http_client(port: int, method: str, path: str, body=None, headers=None, **k
         c.close()
 
 
+def test_a_413_says_what_the_route_can_do_about_it(port):
+    """A fit or a plan is one body: a 1,000-pair 3072-d fit (82 MB) was told "send smaller batches", which no client
+    can do with it. Now it names the CLI command and the setting; an index create names create-then-add."""
+    says = {"/v1/fits": "`vecbridge fit` on files, or raise VECBRIDGE_", "/v1/plans": "`vecbridge plan`",
+            "/v1/maps/m/evaluate": "`vecbridge eval`", "/v1/indexes": "add the rest in batches",
+            "/v1/indexes/idx/search": "send smaller batches"}
+    for path, text in says.items():
+        with _connect(port) as s:  # asks first (Expect: 100-continue), so the 413 comes from the head alone
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode() + KEY + b"\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: 80000000\r\nExpect: 100-continue\r\n\r\n")
+            _error(_answer(s), 413, "PayloadTooLargeError", "80000000 bytes", text)
+    chunks = (b" " * (1 << 20) for _ in range(80))  # 80 MiB chunked: counted as it comes, the same advice
+    _error(_http_client(port, "POST", "/v1/plans", chunks, {"Content-Type": "application/json"}, encode_chunked=True),
+           413, "PayloadTooLargeError", "`vecbridge plan` on files")
+
+
 def test_a_client_still_sending_a_refused_body_reads_the_answer_not_a_reset(port):
     """A body over the limit (a 77 MB ``vectors_b64`` against the 64 MiB one) got its 413 from the Content-Length
     before it was read, and the connection was closed with the client still sending: the kernel reset it, and
