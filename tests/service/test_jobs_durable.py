@@ -93,6 +93,25 @@ def test_a_killed_job_does_not_count_the_downtime_as_its_run_time(tmp_path):
     mgr.shutdown(wait=True)
 
 
+def test_a_killed_job_of_a_release_without_saved_at_ends_after_its_stages(tmp_path):
+    """A row written before the ``saved_at`` column (upgrading from such a release) has no last write: it was
+    given ``finished_at`` = ``started_at``, ``run_seconds`` 0 beside 5 s of recorded stages. Now its closed stages'
+    seconds after its start."""
+    import json
+    import sqlite3
+
+    db = tmp_path / "jobs.sqlite"
+    running_id, _ = _killed_child(db)
+    with sqlite3.connect(db) as c:  # as an older release left it: no saved_at, two closed stages
+        c.execute("UPDATE jobs SET saved_at = NULL, stage_seconds = ? WHERE id = ?",
+                  (json.dumps({"validate": 0.25, "fit": 5.0}), running_id))
+    mgr = JobManager(store=JobStore(db))
+    assert mgr.open() == 2
+    run = mgr.get(running_id).to_dict()["timings"]
+    assert run["run_seconds"] == pytest.approx(5.25) and run["finished_at"] == pytest.approx(run["started_at"] + 5.25)
+    mgr.shutdown(wait=True)
+
+
 def test_finished_jobs_answer_after_restart(tmp_path):
     db = tmp_path / "jobs.sqlite"
     mgr = JobManager(store=JobStore(db))
