@@ -40,8 +40,9 @@ def held_bytes(value, _seen: set[int] | None = None, _depth: int = 0) -> int:
 
 
 def _plan_bytes(value) -> int:
-    """Bytes a map will build at its first apply and not hold yet: its fused plan (``planned_bytes()``: a linear or a
-    cluster map's, about its ``W`` again; a chain's are its maps').
+    """Bytes a map will build at its first apply and not hold yet: its fused plan (``planned_bytes()``: a linear map's,
+    about its ``W`` again; a cluster map's, ``2 k d_t`` floats and its routing, its ``W`` used in place; a chain's
+    are its maps').
     Counted up front: measured only once built, two maps whose ``W`` fit the budget together evicted each other at
     every miss once applied (each then read from disk again), and cluster maps (counted without it until then) held
     twice the budget while requests only hit."""
