@@ -43,11 +43,18 @@ from .maps import _NU2_MIN, _raw_t, _Scalars
 from .kmeans import lloyd
 from .options import check_batch_size, check_number
 
-__all__ = ["ClusterMap", "route_centroids", "ClusterResiduals", "FORMAT"]
+__all__ = ["ClusterMap", "route_centroids", "ClusterResiduals", "FORMAT", "cluster_grid", "MAX_CLUSTER_MIB"]
 
 FORMAT = "vecbridge.ClusterMap"
 FORMAT_VERSION = 1
 _BLOCK_ROWS = 4096
+CLUSTER_COUNTS = (4, 8, 16, 32)  # tried when at least 8 training pairs per cluster (and within the byte budget)
+CLUSTER_SHRINKS = (1.0, 3.0, 10.0, 30.0)  # λ of the residual ridge (absolute)
+CLUSTER_BLENDS = ((3, 0.05), (1, 0.05), (3, 0.02), (3, 0.2))  # (blend, τ); the first is tried with every (k, λ)
+#: MiB of ``W`` (k d_s d_t float32) a fitted cluster map may hold unless ``max_cluster_mib`` says otherwise: half the
+#: service's default map cache (512 MiB), so a map of that size is kept there (its apply plan is small) rather than
+#: read again at every request. 32 clusters at 3072 -> 3072 were a 1.2 GB artifact (7.7 GB RSS while fitted).
+MAX_CLUSTER_MIB = 256
 
 
 @dataclass
@@ -391,3 +398,50 @@ class ClusterResiduals:
                 b[j] += T[-1]
         return W, b
 
+
+def cluster_grid(opts: dict, n_fit: int, *, dims: tuple[int, int] | None = None, strict: bool = False,
+                 required: bool = True) -> tuple[tuple, tuple, tuple, dict]:
+    """(cluster counts, shrinkages λ, (blend, τ) pairs, budget note) to try; an option given fixes its axis.
+
+    ``strict``: more clusters than ``n_fit`` pairs is an error (else the count is capped, e.g. on the training
+    split). ``dims`` (d_s, d_t): no count whose ``W`` (``k d_s d_t`` float32 bytes) is over ``max_cluster_mib``
+    (:data:`MAX_CLUSTER_MIB`): a given ``n_clusters`` over it is an InputError naming the size and the option;
+    the default counts over it are left out (the largest count within it, at least 2, when none is), and the
+    note says so (``{}`` when nothing was left out). No count of at least 2 within it: an InputError when
+    ``required`` (a cluster fit asked for), else no counts (``auto`` goes on without the family)."""
+    budget = opts.get("max_cluster_mib", MAX_CLUSTER_MIB)
+    per = 4 * dims[0] * dims[1] if dims is not None else 0
+    k_max = int(budget * (1 << 20) // per) if per else None
+    note: dict = {}
+    if "n_clusters" in opts:
+        k = opts["n_clusters"]
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise InputError(f"n_clusters must be an integer >= 1, got {k!r}")
+        if strict and k > n_fit:
+            raise TooFewRowsError(f"n_clusters={k} needs at least {k} pairs, got {n_fit}")
+        if k_max is not None and k > k_max:
+            raise InputError(f"n_clusters={k} at {dims[0]} -> {dims[1]} makes a {_mib(k * per)} MiB map (k x d_s x "
+                             f"d_t float32), over the cluster map budget of {budget:g} MiB: give n_clusters <= "
+                             f"{k_max} or raise max_cluster_mib")
+        counts = (int(min(k, n_fit)),)
+    else:
+        counts = tuple(k for k in CLUSTER_COUNTS if 8 * k <= n_fit) or (min(2, n_fit),)
+        if k_max is not None and max(counts) > k_max:
+            kept = tuple(k for k in counts if k <= k_max) or ((k_max,) if k_max >= 2 else ())
+            note = {"max_cluster_mib": budget, "max_clusters": k_max, "left_out": [k for k in counts if k > k_max]}
+            if not kept and required:
+                raise InputError(f"2 clusters at {dims[0]} -> {dims[1]} make a {_mib(2 * per)} MiB map "
+                                 f"(k x d_s x d_t float32), over the cluster map budget of {budget:g} MiB: raise "
+                                 "max_cluster_mib, or fit a linear family")
+            counts = kept
+    shrinks = (float(opts["shrink"]),) if "shrink" in opts else CLUSTER_SHRINKS
+    if "blend" in opts or "cluster_temperature" in opts:
+        blends = ((int(opts.get("blend", 3)), float(opts.get("cluster_temperature", 0.05))),)
+    else:
+        blends = CLUSTER_BLENDS
+    return counts, shrinks, blends, note
+
+
+def _mib(n_bytes: int) -> str:
+    mib = n_bytes / (1 << 20)
+    return f"{mib:,.0f}" if mib >= 10 else f"{mib:.3g}"

@@ -42,7 +42,9 @@ the target mean back:
   Returns an :class:`align.ClusterMap` (same ``apply``/``save``/``load`` surface, not a
   ``LinearMap``: no ``compose``/``inverse``). ``n_clusters``, ``λ``, ``blend`` and ``τ`` are chosen
   on the held-out pairs. In ``auto`` it wins only when its held-out score beats the best linear
-  family by ``cluster_margin`` (0.01): a linear map is simpler, faster and composable.
+  family by ``cluster_margin`` (0.01): a linear map is simpler, faster and composable. ``W`` is
+  ``k d_s d_t`` float32: counts over ``max_cluster_mib`` (256) are not tried (not even 2: ``auto``
+  goes without the family), and a given ``n_clusters`` over it is an InputError.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from .validation import (as_matrix, check_csls_weight, check_labelled_queries, c
                          check_random_state, check_rankable, check_same_queries, collapsed, distinct_pairs,
                          pair_groups, seed_record)
 from .chain import MapChain, check_map
-from .cluster import ClusterMap, ClusterResiduals, route_centroids
+from .cluster import ClusterMap, ClusterResiduals, cluster_grid, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame, frame_sum, unit_rows
@@ -72,15 +74,12 @@ __all__ = ["fit_migration", "check_options", "MIGRATION_METHODS", "AUTO_CANDIDAT
 MIGRATION_METHODS = ("auto", "procrustes", "ridge", "lowrank", "contrastive", "cluster")
 AUTO_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive", "cluster")
 LINEAR_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive")  # those returning a LinearMap
-CLUSTER_COUNTS = (4, 8, 16, 32)  # tried when at least 8 training pairs per cluster
-CLUSTER_SHRINKS = (1.0, 3.0, 10.0, 30.0)  # λ of the residual ridge (absolute)
-CLUSTER_BLENDS = ((3, 0.05), (1, 0.05), (3, 0.02), (3, 0.2))  # (blend, temperature); the first is tried with every (k, λ)
 DEFAULT_ALPHAS = (1e-3, 1e-2, 0.1, 0.3)  # ridge α / K
 _N_DISTRACTORS = 4096
 _REFIT_CONTRASTIVE_BELOW = 4000  # pairs; above, the selection run's best epoch is kept (half the fit time)
 _OPTIONS = {"holdout", "candidates", "alphas", "alpha", "rank", "contrastive", "semi_supervised", "epochs",
             "temperature", "reg", "hard_negatives", "batch_size", "lr", "max_holdout", "sinkhorn",
-            "n_clusters", "shrink", "blend", "cluster_temperature", "cluster_margin"}
+            "n_clusters", "shrink", "blend", "cluster_temperature", "cluster_margin", "max_cluster_mib"}
 
 
 def score_map(map_: LinearMap | ClusterMap | MapChain, X_src, Y_tgt, *, k: int = 10, max_queries: int | None = None,
@@ -319,28 +318,6 @@ def _contrastive(P: _Problem, idx, cfg: ContrastiveConfig, warm: LinearMap, rng,
                           "params": params, "loss": [h["loss"] for h in hist]})
 
 
-def _cluster_grid(opts: dict, n_fit: int, *, strict: bool = False) -> tuple[tuple, tuple, tuple]:
-    """(cluster counts, shrinkages λ, (blend, τ) pairs) to try; an option given fixes its axis.
-
-    ``strict``: more clusters than ``n_fit`` pairs is an error (else the count is capped, e.g. on
-    the training split)."""
-    if "n_clusters" in opts:
-        k = opts["n_clusters"]
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise InputError(f"n_clusters must be an integer >= 1, got {k!r}")
-        if strict and k > n_fit:
-            raise TooFewRowsError(f"n_clusters={k} needs at least {k} pairs, got {n_fit}")
-        counts = (int(min(k, n_fit)),)
-    else:
-        counts = tuple(k for k in CLUSTER_COUNTS if 8 * k <= n_fit) or (min(2, n_fit),)
-    shrinks = (float(opts["shrink"]),) if "shrink" in opts else CLUSTER_SHRINKS
-    if "blend" in opts or "cluster_temperature" in opts:
-        blends = ((int(opts.get("blend", 3)), float(opts.get("cluster_temperature", 0.05))),)
-    else:
-        blends = CLUSTER_BLENDS
-    return counts, shrinks, blends
-
-
 def _cluster_parts(P: _Problem, idx, k: int, base: LinearMap, rng) -> tuple[np.ndarray, ClusterResiduals]:
     """Routing centroids (on the pairs ``idx`` plus the unpaired source rows) and the residual equations."""
     F = P.Xf[idx] if P.Uf is None else np.concatenate([P.Xf[idx], P.Uf])
@@ -363,7 +340,7 @@ def _select_cluster(P: _Problem, tr, val, ridge: LinearMap, alpha: float, opts: 
 
     Returns (its scores, its settings). Two stages keep the held-out scorings to
     ``|counts| |λ| + |blends| - 1`` rather than the product."""
-    counts, shrinks, blends = _cluster_grid(opts, len(tr))
+    counts, shrinks, blends, _ = cluster_grid(opts, len(tr), dims=(P.X.shape[1], P.Y.shape[1]))
     best = None
     for k in counts:
         C, res = _cluster_parts(P, tr, k, ridge, rng)
@@ -408,8 +385,9 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
     bad = [c for c in candidates if c not in AUTO_CANDIDATES]
     if bad or not candidates:
         raise InputError(f"candidates must be a non-empty subset of {AUTO_CANDIDATES}, got {list(candidates)}")
-    if "cluster" in candidates or method == "cluster":
-        _cluster_grid(options, 1 << 62)  # types and ranges (the count against the pairs is checked with them)
+    only = method == "cluster" or candidates == ("cluster",)  # over the map budget is an error, not a family skipped
+    if "cluster" in candidates or method == "cluster":  # types and ranges (against the pairs: checked with them)
+        cluster_grid(options, 1 << 62, dims=dims, required=only)
     if (method == "auto" and "contrastive" in candidates) or method == "contrastive":
         _contrastive_config(options)
     if options.get("semi_supervised") and method == "cluster":
@@ -424,7 +402,7 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
         if method == "auto" or n_pairs >= 20:  # fit_migration holds pairs out
             _n_holdout(n_pairs, options.get("holdout", 0.2), options.get("max_holdout", 1000), what=_scored(method))
         if "cluster" in candidates or method == "cluster":
-            _cluster_grid(options, n_pairs, strict=True)
+            cluster_grid(options, n_pairs, dims=dims, strict=True, required=only)
     return options
 
 
@@ -556,7 +534,7 @@ def _fit_final(P: _Problem, name: str, setting: dict, opts: dict, rng) -> Linear
         return _lowrank(P, idx, int(setting.get("rank", opts.get("rank", 32))), alpha, _fit_procrustes(P, idx, opts))
     if name == "cluster":
         if not setting:  # no selection (fewer than 20 pairs): fewest clusters, strong shrinkage, first blend
-            counts, shrinks, blends = _cluster_grid(opts, len(idx))
+            counts, shrinks, blends, _ = cluster_grid(opts, len(idx), dims=(P.X.shape[1], P.Y.shape[1]))
             setting = {"n_clusters": counts[0], "shrink": shrinks[-1], "blend": blends[0][0], "temperature": blends[0][1]}
         C, res = _cluster_parts(P, idx, int(setting["n_clusters"]), _ridge(P, idx, alpha), rng)
         return _cluster_map(P, C, res, float(setting["shrink"]), int(setting["blend"]), float(setting["temperature"]),
@@ -592,7 +570,8 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     **options : holdout (0.2), max_holdout (1000), candidates (auto), alphas / alpha (ridge α / K),
         rank (32), contrastive options (epochs, temperature, reg, hard_negatives, batch_size, lr),
         semi_supervised (None or "sinkhorn"); cluster: n_clusters, shrink (λ), blend, cluster_temperature
-        (each fixes its axis of the held-out grid), cluster_margin (0.01, auto only).
+        (each fixes its axis of the held-out grid), cluster_margin (0.01, auto only), max_cluster_mib (256: no
+        cluster count whose W is larger; ``selection["cluster_budget"]`` says what auto left out).
 
     Returns
     -------
@@ -602,7 +581,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     Raises
     ------
     TooFewRowsError (K < 2; auto with K < 4; n_clusters > K), PairCountError, NonFiniteError, DimensionMismatchError,
-    InputError (unknown method or option).
+    InputError (unknown method or option; n_clusters over max_cluster_mib).
     """
     check_callable("progress", progress)
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=2)
@@ -616,8 +595,12 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         P.report = progress
     n = X.shape[0]
     candidates = tuple(options.get("candidates", AUTO_CANDIDATES))
-    if "cluster" in candidates or method == "cluster":
-        _cluster_grid(options, n, strict=True)  # more clusters than pairs fails before any fit
+    budget: dict = {}
+    if "cluster" in candidates or method == "cluster":  # more clusters than pairs fails before any fit
+        counts, _, _, budget = cluster_grid(options, n, dims=(X.shape[1], Y.shape[1]), strict=True,
+                                            required=method == "cluster" or candidates == ("cluster",))
+        if not counts:  # auto: not even 2 clusters within max_cluster_mib
+            candidates, budget = tuple(c for c in candidates if c != "cluster"), {**budget, "skipped": True}
     if options.get("semi_supervised"):  # the Sinkhorn refinement polishes a linear map
         candidates = tuple(c for c in candidates if c != "cluster") or ("procrustes",)
     selection: dict = {}
@@ -638,7 +621,8 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
                      "repeated_pairs": 0 if groups is None else int(n - groups[0].size),
                      "refit_on_all_pairs": setting.get("trained") is None,
                      "candidates": {k: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in v.items()}
-                                    for k, v in scores.items()}}
+                                    for k, v in scores.items()},
+                     **({"cluster_budget": budget} if budget and method in ("auto", "cluster") else {})}
         del S  # its copies of the unpaired rows, before the final fit makes its own
     else:
         name, setting = method, {}

@@ -57,7 +57,8 @@ MAX_ALPHAS = 1000
 #: option: (lo, hi, whole, lo_open). Ridge α is per pair (× K); the cluster margin is a score difference.
 _SCALARS = {"alpha": (0.0, 1e6, False, False), "rank": (1, 1 << 20, True, False),
             "shrink": (0.0, 1e9, False, True), "blend": (1, 1 << 20, True, False),
-            "cluster_temperature": (1e-6, 1e3, False, False), "cluster_margin": (-1.0, 1.0, False, False)}
+            "cluster_temperature": (1e-6, 1e3, False, False), "cluster_margin": (-1.0, 1.0, False, False),
+            "max_cluster_mib": (0.0, 1 << 30, False, True)}
 #: the Sinkhorn refinement's own options (:func:`align.semisup.sinkhorn_polish`), same form.
 _SINKHORN = {"rounds": (1, 100, True, False), "eps": (0.0, 10.0, False, True), "k": (1, 1000, True, False),
              "whiten": (0.0, 2.0, False, False), "seed_share": (0.0, 1.0, False, False),

@@ -305,6 +305,47 @@ def test_cluster_bad_input_raises_typed_errors(make, err):
         make(X, Y)
 
 
+def test_a_cluster_count_over_the_map_budget_is_refused_before_any_fit():
+    """``--method cluster --param n_clusters=32`` at 3072 -> 3072 wrote a 1.2 GB artifact (7.7 GB RSS while fitted)
+    that no map cache of the service's default kept; such a count is refused when the options are checked (the
+    service checks them at submit time), naming the size and the option that raises the budget."""
+    with pytest.raises(InputError, match=r"n_clusters=32 .* 1,152 MiB .* 256 MiB.* n_clusters <= 7 .*max_cluster_mib"):
+        align.migration.check_options("cluster", {"n_clusters": 32}, n_pairs=1000, dims=(3072, 3072))
+    with pytest.raises(InputError, match="max_cluster_mib"):  # auto too: the count was asked for
+        align.migration.check_options("auto", {"n_clusters": 8}, n_pairs=1000, dims=(3072, 3072))
+    align.migration.check_options("cluster", {"n_clusters": 7}, n_pairs=1000, dims=(3072, 3072))  # 1,008 MiB
+    align.migration.check_options("cluster", {"n_clusters": 32, "max_cluster_mib": 1200}, n_pairs=1000,
+                                  dims=(3072, 3072))  # raised explicitly
+    with pytest.raises(InputError, match="max_cluster_mib"):
+        align.migration.check_options("cluster", {"max_cluster_mib": 0}, n_pairs=1000, dims=(8, 8))
+    X, Y = _piecewise(n=400, seed=2)  # 16 -> 16: 1 KiB a cluster
+    with pytest.raises(InputError, match=r"n_clusters=8 at 16 -> 16 .* 0\.00781 MiB .* n_clusters <= 5"):
+        align.fit_migration(X, Y, method="cluster", n_clusters=8, max_cluster_mib=0.005)
+    with pytest.raises(InputError, match="2 clusters at 16 -> 16"):  # not even 2 fit: nothing to choose from
+        align.fit_migration(X, Y, method="cluster", max_cluster_mib=0.001)
+    assert align.fit_migration(X, Y, method="cluster", n_clusters=8, max_cluster_mib=0.01).n_clusters == 8
+
+
+def test_auto_leaves_cluster_counts_over_the_map_budget_out_and_says_so():
+    """``auto`` tried up to 32 clusters whenever it had 256 pairs, whatever the widths (a 24 MB request of 1,000
+    3072-d pairs took a server to 7.9 GB); now only counts within ``max_cluster_mib``, recorded in the selection."""
+    X, Y = _piecewise(n=1400, seed=0)
+    cands = ("procrustes", "ridge", "cluster")
+    m = align.fit_migration(X, Y, method="auto", candidates=cands, random_state=0, max_cluster_mib=0.005)
+    sel = m.metadata["selection"]
+    assert sel["cluster_budget"] == {"max_cluster_mib": 0.005, "max_clusters": 5, "left_out": [8, 16, 32]}
+    assert sel["candidates"]["cluster"]["n_clusters"] == 4 and m.metadata["method"] == "cluster"
+    assert m.n_clusters == 4 and m.W.nbytes <= 0.005 * (1 << 20)
+    m = align.fit_migration(X, Y, method="auto", candidates=cands, random_state=0, max_cluster_mib=0.001)
+    sel = m.metadata["selection"]  # not even 2 clusters: auto goes on without the family, and says so
+    assert sel["cluster_budget"]["skipped"] is True and sel["cluster_budget"]["max_clusters"] == 1
+    assert "cluster" not in sel["candidates"] and isinstance(m, align.LinearMap)
+    with pytest.raises(InputError, match="max_cluster_mib"):  # the family alone was asked for
+        align.fit_migration(X, Y, method="auto", candidates=("cluster",), max_cluster_mib=0.001)
+    plain = align.fit_migration(X, Y, method="auto", candidates=cands, random_state=0)  # within the default
+    assert "cluster_budget" not in plain.metadata["selection"]
+
+
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 60), lam=st.floats(0.01, 100.0))
 def test_cluster_residual_solve_equals_the_shrunk_normal_equations(seed, n, lam):

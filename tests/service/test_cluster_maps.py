@@ -310,3 +310,35 @@ def test_http_fit_with_method_cluster_registers_a_cluster_version(world, maps):
     X = maps["X"][800:810]
     r = world.post("/v1/maps/a2b-fit/transform", json={"vectors": X.tolist()}, headers=R)
     assert r.status_code == 200 and np.array(r.json()["vectors"]).shape == (10, 16)
+
+
+def _wide_pairs(n=40, d=1536):
+    rng = np.random.default_rng(3)
+    return rng.normal(size=(n, d)).astype(np.float32), rng.normal(size=(n, d)).astype(np.float32)
+
+
+def test_http_fit_of_a_cluster_map_over_the_map_budget_is_a_422_at_submit(world):
+    """A fit job of 30 clusters at 1536 -> 1536 (a 270 MiB map; 32 at 3072-d: 1.2 GB, 7.9 GB of server RSS) was
+    accepted and run; it is refused when submitted, naming the size and the parameter, unless that raises the budget."""
+    X, Y = _wide_pairs()
+    body = {"name": "wide", "source_space": "wide-s", "target_space": "wide-t", "method": "cluster", "paired": True,
+            "source": {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": 1536},
+            "target": {"vectors_b64": base64.b64encode(Y.tobytes()).decode(), "dim": 1536},
+            "params": {"n_clusters": 30}}
+    r = world.post("/v1/fits", headers=W, json=body)
+    assert r.status_code == 422, r.text
+    assert "270 MiB" in r.text and "n_clusters <= 28" in r.text and "max_cluster_mib" in r.text
+    r = world.post("/v1/fits", headers=W, json={**body, "params": {"n_clusters": 30, "max_cluster_mib": "x"}})
+    assert r.status_code == 422 and "max_cluster_mib" in r.text
+
+
+def test_cli_fit_of_a_cluster_map_over_the_map_budget_exits_2_in_one_line(capsys, tmp_path):
+    from conftest import run_cli
+
+    X, Y = _wide_pairs()
+    np.save(tmp_path / "src.npy", X)
+    np.save(tmp_path / "tgt.npy", Y)
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path / "var", "fit", "--pairs", "--quiet", "--source",
+                           tmp_path / "src.npy", "--target", tmp_path / "tgt.npy", "--method", "cluster", "--param",
+                           "n_clusters=30", "--name", "wide")
+    assert code == 2 and "max_cluster_mib" in err and len(err.strip().splitlines()) == 1, err
