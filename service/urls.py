@@ -54,7 +54,7 @@ def check_pg_userinfo(url: str, what: str = "PostgreSQL URL") -> str:
     the password not written ``%2F`` (``alice:S3C/RET@db`` made libpq resolve the host ``alice``, port ``S3C``)."""
     rest = str(url).partition("://")[2]
     head, _, path = rest.partition("/")  # libpq looks for the user part's "@" up to the first "/"
-    if "@" not in head and "@" in path.partition("?")[0]:  # the database name holds an "@": a "/" in the password?
+    if "@" in path.partition("?")[0]:  # the database name holds an "@": a raw "/" in the password (even after an "@")
         raise InputError(f"the {what} has an '@' after its first '/', where the database name is: write a '/' in the "
                          "password (or user name) as %2F, e.g. postgresql://alice:p%2Fss@db.example/vecbridge, and an "
                          "'@' in a database name as %40 (the URL is not repeated here: it may hold a password)")

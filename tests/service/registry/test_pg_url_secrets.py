@@ -113,7 +113,7 @@ def test_an_at_written_as_percent_40_reaches_the_vector_database(pg_url):
 
 #: passwords with a raw "/": libpq ends the host at the first "/", so "alice:S3C/RET@127.0.0.1" was the host "alice",
 #: port "S3C", database "RET@127.0.0.1..." ("failed to resolve host 'alice'", or a connection to a host "alice")
-SLASHED = {"S3C/RET": ("S3C", "RET"), "5432/Zk9": ("Zk9", "5432/")}
+SLASHED = {"S3C/RET": ("S3C", "RET"), "5432/Zk9": ("Zk9", "5432/"), "Xq7@Zk9/Wm2": ("Xq7", "Zk9", "Wm2")}
 
 
 @pytest.mark.parametrize("password", list(SLASHED))
