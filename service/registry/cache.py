@@ -82,7 +82,10 @@ class LRUCache:
         """The value cached under ``key``, else ``make()`` (computed outside the lock) remembered if it fits."""
         if (hit := self.peek(key)) is not None:  # values are artifacts, never None
             return hit
-        value = make()
+        return self.put(key, make())
+
+    def put(self, key, value):
+        """Remember ``value`` under ``key`` if it fits, in place of any value there; returns ``value``."""
         n = held_bytes(value)
         if self.max_bytes is not None and n > self.max_bytes:
             return value

@@ -253,8 +253,16 @@ async def get_artifact(request: Request, ref: RefPath, state: StateDep, if_none_
     known = lengths.peek(etag) if request.method == "HEAD" else None
     length = known[0] if known is not None and _still_served(state.registry, v, known[1]) else None
     if length is None:
-        data = await run_in_threadpool(lambda: state.load_version(v).to_bytes(format))
-        lengths.get(etag, lambda: (len(data), state.registry.store.size(v.artifact_path)))
+        def load() -> tuple[bytes, int | None]:
+            """The body, and the size of the file when this load read it and checked its sha256 (None when the map
+            was in memory: a file damaged since would be remembered as the good one)."""
+            read = state.registry.cached_map(v) is None
+            body = state.load_version(v).to_bytes(format)
+            return body, (state.registry.store.size(v.artifact_path) if read else None)
+
+        data, size = await run_in_threadpool(load)
+        if size is not None or lengths.peek(etag) is None:  # a checked file's size replaces an unchecked one
+            lengths.put(etag, (len(data), size))
     out = answer(None, Response(data if length is None else b"", media_type="application/octet-stream", headers={
         "Content-Disposition": f'attachment; filename="{v.name}-{v.version}.{format}"', **headers}),
         etag=etag, cache_control=cache)

@@ -145,6 +145,39 @@ def test_a_head_answers_what_the_get_would_once_the_file_is_gone(tmp_path, monke
         assert c.head(path).headers["content-length"] == size and len(built) == n
 
 
+def test_a_head_remembers_no_size_of_a_file_it_did_not_read(tmp_path):
+    """A GET served from the map in memory recorded the file's size as it was then, unchecked: a file truncated
+    while the map was in memory was remembered as the good one, and once the map left memory the HEAD said 200
+    where the GET said 500. Now only a load that read the file (and checked its sha256) records its size, and a
+    later checked size replaces an unchecked entry."""
+    from align import LinearMap
+    from service.api import create_app
+
+    data = tmp_path / "data"
+    data.mkdir()
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    W_ = np.linalg.qr(np.random.default_rng(0).standard_normal((64, 64)))[0].astype(np.float32)
+    reg.register_version("m", LinearMap(W_), source_space="a", target_space="b", method="procrustes", params={})
+    stored = reg.store.path(reg.resolve("m:1").artifact_path)
+    reg.close()
+    app = create_app(settings_for(tmp_path))
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=W) as c:
+        path = "/v1/maps/m:1/artifact"
+        assert c.get(path).status_code == 200  # read from the file: the map is now in memory
+        whole = stored.read_bytes()
+        stored.write_bytes(whole[:-10])  # damaged while the map is in memory
+        assert c.get(path + "?format=npz").status_code == 200  # from memory: the file is not read
+        app.state.vb.registry._maps.cache._items.clear()  # the map leaves memory
+        head, get = c.head(path + "?format=npz"), c.get(path + "?format=npz")
+        assert head.status_code == get.status_code == 500, (head.status_code, get.status_code)
+        stored.write_bytes(whole)
+        get = c.get(path + "?format=npz")  # read and checked: its size is remembered now
+        app.state.vb.registry._maps.cache._items.clear()
+        head = c.head(path + "?format=npz")
+        assert (get.status_code, head.status_code) == (200, 200)
+        assert head.headers["content-length"] == str(len(get.content))
+
+
 def test_a_304_reads_no_artifact(tmp_path):
     """The artifact file is gone: a download fails (500, integrity), but a client holding the current ETag gets
     its 304 from the registry record alone (a fresh server: nothing in its memory)."""
