@@ -50,6 +50,7 @@ from .client_errors import (
     unexpected,
 )
 from .client_wire import as_count, as_seconds, as_version, dumps, spans
+from .limits import whole_body_command
 
 __all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "Await", "Calls", "Send",
            "Sleep", "call", "in_batch", "noted", "partly_added", "retriable", "run_async", "run_sync"]
@@ -362,12 +363,12 @@ class Calls:
         if not cap:
             return n
         if n > cap:
-            whole = path in ("/v1/fits", "/v1/plans", "/v1/steers", "/v1/lm/steers") or path.endswith("/evaluate")
+            command = whole_body_command(path.split("?")[0])
             raise PayloadTooLargeError(413, "PayloadTooLargeError", (
                 f"{method} {path}: not sent, its body of {n} bytes exceeds the service's limit of {cap} bytes "
                 "(max_body_bytes, from /v1/info); " + (
-                    "this body is not split into batches: run it with the vecbridge CLI on files, or raise the "
-                    "service's VECBRIDGE_MAX_BODY_BYTES" if whole else
+                    f"this body is not split into batches: run it with `{command}` on files, or raise the service's "
+                    "VECBRIDGE_MAX_BODY_BYTES" if command else
                     "create the index from part of the rows, then add the rest (Client.add batches them)"
                     if path == "/v1/indexes" else "send smaller batches (or fewer rows)")), None, {})
         return 0

@@ -27,7 +27,7 @@ __all__ = [
     "MAX_EF_SEARCH",
     "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE",
     "parse_strict_int", "check_range", "default_nlist", "default_nprobe", "IVF_SCAN_ROWS",
-    "ivf_training", "limits_markdown",
+    "ivf_training", "limits_markdown", "WHOLE_BODY", "whole_body_command",
 ]
 
 MAX_DIM = 65_536  # columns of a space / index / vector
@@ -303,3 +303,25 @@ def ivf_training(n_rows: int, params: dict) -> tuple[int, int]:
     """
     nlist = int(params.get("nlist") or default_nlist(n_rows))
     return nlist, min(n_rows, int(params.get("train_rows") or IVF_TRAIN_PER_LIST * nlist))
+
+
+#: routes whose body is one piece (a fit's pairs, a plan's corpus) and the CLI command that runs the same work on
+#: files: "send smaller batches" cannot help them (a 1,000-pair 3072-d fit, 82 MB, was told so). The service's 413
+#: and the Python client's own refusal both name the command.
+WHOLE_BODY = {"/v1/fits": "vecbridge fit", "/v1/plans": "vecbridge plan", "/v1/maps/{ref}/evaluate": "vecbridge eval",
+              "/v1/steers": "vecbridge steer fit", "/v1/lm/steers": "vecbridge lm steer-fit"}
+
+
+def whole_body_command(path: str | None) -> str | None:
+    """The CLI command of :data:`WHOLE_BODY` for a route template or a request path (``/v1/maps/m2e/evaluate``),
+    else None."""
+    if path is None:
+        return None
+    if path in WHOLE_BODY:
+        return WHOLE_BODY[path]
+    parts = path.split("/")
+    for template, command in WHOLE_BODY.items():
+        t = template.split("/")
+        if len(t) == len(parts) and all(a == b or (a.startswith("{") and b) for a, b in zip(t, parts)):
+            return command
+    return None

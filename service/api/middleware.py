@@ -16,6 +16,7 @@ import time
 import uuid
 from urllib.parse import urlsplit
 
+from ..limits import whole_body_command
 from ..logging import get_logger
 from ..memory import TRIM_AFTER_BYTES, trim_after
 from ..metrics import ServiceMetrics
@@ -126,12 +127,6 @@ def body_limit(settings, method: str, template: str | None, content_type: str | 
     return min(lim.body_bytes_small, settings.max_body_bytes), "limits.body_bytes_small"
 
 
-#: routes whose body is one piece (a fit's pairs, a plan's corpus): "send smaller batches" cannot help; what can
-WHOLE_BODY = {"/v1/fits": "`vecbridge fit`", "/v1/plans": "`vecbridge plan`",
-              "/v1/maps/{ref}/evaluate": "`vecbridge eval`", "/v1/steers": "`vecbridge steer fit`",
-              "/v1/lm/steers": "`vecbridge lm steer-fit`"}
-
-
 def too_large(n: int | None, limit: int, setting: str, template: str | None) -> str:
     """The 413 message for a body of ``n`` bytes (None: counted as it came) over ``limit`` on route ``template``:
     what the client can do. A fit or plan cannot be split into batches (QA: a 1,000-pair 3072-d fit, 82 MB, was
@@ -140,9 +135,8 @@ def too_large(n: int | None, limit: int, setting: str, template: str | None) -> 
     size = "request body" if n is None else f"request body of {n} bytes"
     head = f"{size} exceeds the limit of {limit} bytes ({setting})"
     env = "VECBRIDGE_" + setting.split(";")[0].upper().replace(".", "__")
-    if template in WHOLE_BODY:
-        return (f"{head}: this body is not split into batches; run it offline with {WHOLE_BODY[template]} on files, "
-                f"or raise {env}")
+    if (command := whole_body_command(template)) is not None:
+        return f"{head}: this body is not split into batches; run it offline with `{command}` on files, or raise {env}"
     if template == "/v1/indexes":
         return (f"{head}: create the index from part of the rows and add the rest in batches "
                 "(POST /v1/indexes/{name}/vectors), or build it offline with `vecbridge index create`")

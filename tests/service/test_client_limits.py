@@ -166,7 +166,7 @@ def test_a_body_over_the_limits_is_a_413_for_both_clients_and_sent_at_most_once(
     with client_cls(url, api_key=WKEY, transport=net) as vb:
         # a fit is one body: "send smaller batches" could not help it
         with pytest.raises(PayloadTooLargeError, match=f"limit of {MAX_BODY} bytes .*not split into batches: run "
-                                                       "it with the vecbridge CLI"):
+                                                       "it with `vecbridge fit` on files"):
             vb.fit("too-big", "a", "b", X, X, method="procrustes")
         with pytest.raises(PayloadTooLargeError, match="body_bytes_json"):  # 880 kB: over body_bytes_json only
             vb.create_index("too-big", "b", X[:10_000])
