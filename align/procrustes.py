@@ -125,6 +125,49 @@ def procrustes_W(M: np.ndarray) -> np.ndarray:
     return U @ Vt
 
 
+def _thin_polar(M: np.ndarray, rank_bound: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Procrustes ``W`` and the singular values of ``M`` (d_s, d_t) of rank <= ``rank_bound`` < min(d_s, d_t),
+    without a d x d SVD (17 s at 3072-d, once per fit and per cross-validation fold).
+
+    ``M = U S Vᵀ`` from a range finder (``M Ω``, Ω a fixed Gaussian d_t x rank_bound: exact for a rank <= the
+    bound) and the SVD of ``Qᵀ M``. ``U Vᵀ`` fixes ``W`` on span(U) only; a full SVD left the rest to LAPACK's
+    vectors for the zero singular values. Here the complement of span(U) goes to the complement of span(V) by the
+    orthogonal completion closest to the identity (both sides zero-padded to d = max(d_s, d_t)): the identity
+    off span(U) + span(V); in the plane of each pair of principal vectors u', v' (cosine c) the unit vector
+    orthogonal to u' goes to the one orthogonal to v' nearest it. In closed form, with no division by a sine::
+
+        W = I + U (V - U)ᵀ + (U' c - V') diag(1 / (1 + c)) (U' + V')ᵀ,   U' = U a, V' = V b, Uᵀ V = a diag(c) bᵀ
+
+    So ``W`` maximises tr(Wᵀ M), is orthogonal (semi-orthogonal when d_s != d_t: its first d_s rows, d_t columns)
+    and is the same for any Ω up to rounding. O(d² k) for k = rank_bound. ``None`` when the range check fails
+    (the caller takes the full SVD).
+    """
+    d_s, d_t = M.shape
+    omega = np.random.default_rng(0).standard_normal((d_t, int(rank_bound)))
+    Q, _ = linalg.qr(M @ omega)
+    Ub, S, Vt = linalg.svd(Q.T @ M)
+    keep = S > S[0] * max(d_s, d_t) * np.finfo(np.float64).eps
+    U, S, V = Q @ Ub[:, keep], S[keep], Vt[keep].T
+    g = np.random.default_rng(1).standard_normal(d_t)  # M g must lie in span(U): else the rank bound was wrong
+    if np.linalg.norm(M @ g - U @ (S * (V.T @ g))) > 1e-9 * S[0] * np.linalg.norm(g):
+        return None
+    m = min(d_s, d_t)
+    a, c, bt = linalg.svd(U[:m].T @ V[:m])  # principal vectors of span(U), span(V) in the padded space
+    c = np.clip(c, 0.0, 1.0)
+    Up, Vp = U @ a, V @ bt.T
+    r, d = S.size, max(d_s, d_t)
+    L, R = np.zeros((d, 2 * r)), np.zeros((d, 2 * r))  # W = I + L Rᵀ in the padded space
+    L[:d_s, :r] = U
+    L[:d_s, r:] = Up * c
+    L[:d_t, r:] -= Vp
+    L[:, r:] /= 1.0 + c
+    R[:d_t, :r] = V
+    R[:d_s, :r] -= U
+    R[:d_s, r:] = Up
+    R[:d_t, r:] += Vp
+    return np.eye(d_s, d_t) + L[:d_s] @ R[:d_t].T, S
+
+
 def procrustes_from_stats(stats: PairStats, *, scale: bool = False, center: bool = False) -> tuple[np.ndarray, float]:
     """Orthogonal Procrustes ``W`` (d_s, d_t) and scale from statistics.
 
@@ -136,8 +179,12 @@ def procrustes_from_stats(stats: PairStats, *, scale: bool = False, center: bool
     M = stats.centered()[0] if center else stats.xty
     if not np.isfinite(M).all() or np.abs(M).max() == 0:
         raise DegenerateInputError("the cross-covariance XᵀY is zero: the pairs carry no signal")
-    U, S, Vt = linalg.svd(M)
-    W = U @ Vt
+    thin = _thin_polar(M, stats.n) if stats.n < min(M.shape) else None
+    if thin is not None:
+        W, S = thin
+    else:
+        U, S, Vt = linalg.svd(M)
+        W = U @ Vt
     s = 1.0
     if scale:
         sq = stats.centered()[1].trace() if center else stats.sq_x
