@@ -169,7 +169,7 @@ def test_a_ctrl_c_whose_raise_was_lost_still_stops_at_the_next_batch(world, vb):
     """The handler's KeyboardInterrupt can be lost (raised inside a ``__del__``, or caught by a client library's
     broad ``except``): the migration then ran to its end, exit 0 (the interrupt test above failed so in a full run
     under load). The request is kept, and each batch's progress report raises it again."""
-    import service.cli as cli
+    from service import cli
 
     ckpt = world["dir"] / "lost.json"
     cli._STOP.requested = signal.SIGINT  # as after a handler whose raise was swallowed
