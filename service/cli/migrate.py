@@ -6,6 +6,7 @@ Both call one operation of :mod:`service.ops.vectordb` (shared with ``python -m 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -51,8 +52,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
             batch_size, pause, index, overwrite, source_space, target_space, status_only, dry_run, as_json, quiet):
     """Map every vector of a collection into a new one (ids, texts and other fields kept), resumably.
 
-    Exit codes: 0 done, 2 bad input or refused (one line), 130 interrupted (Ctrl-C: the batch in
-    flight is finished and checkpointed; run the same command again to resume).
+    Exit codes: 0 done, 2 bad input or refused (one line), 130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP:
+    the batch in flight is finished and checkpointed; run the same command again to resume).
     """
     ckpt = Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)
     if status_only:
@@ -73,8 +74,10 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                             target_space=target_space, progress=progress, dry_run=dry_run)
     except MigrationInterrupted as exc:
         progress.close()
-        click.echo(f"vecbridge: interrupted: {exc} (checkpoint {ckpt})", err=True)
-        sys.exit(exit_code(exc))
+        signum = getattr(exc, "signum", None)  # 128 + the signal, as every other command exits (143 SIGTERM)
+        word = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}.get(signum, "interrupted")
+        click.echo(f"vecbridge: {word}: {exc} (checkpoint {ckpt})", err=True)
+        sys.exit(128 + signum if signum else exit_code(exc))
     finally:
         progress.close()
     d = rep.to_dict()

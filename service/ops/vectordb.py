@@ -8,10 +8,10 @@ arguments, call :func:`run_migration` / :func:`checkpoint_status` / :func:`run_v
 the result; the work itself is :func:`service.vectordb.migrate` and
 :func:`service.vectordb.verify_migration`.
 
-Interruption: while :func:`run_migration` runs, the first SIGINT (Ctrl-C) or SIGTERM asks the
+Interruption: while :func:`run_migration` runs, the first SIGINT (Ctrl-C), SIGTERM or SIGHUP asks the
 migration to stop after the batch in flight (written and checkpointed), which then raises
-:class:`~service.vectordb.MigrationInterrupted` (faces exit 130 with one line); a second signal
-stops at once (KeyboardInterrupt) — still safe, the resumed run rewrites at most one batch.
+:class:`~service.vectordb.MigrationInterrupted` (faces exit 128 + the signal with one line: 130, 143, 129); a
+second signal stops at once (KeyboardInterrupt) — still safe, the resumed run rewrites at most one batch.
 
 The HTTP service also searches a collection with queries of another space (:func:`search_collection`, the
 query-side migration) through one :class:`SharedStore`; :func:`verify_verdict` is the PASS/FAIL rule of both
@@ -31,6 +31,7 @@ from align.exceptions import InputError, VecbridgeError
 from ..errors import NotFoundError
 from ..vectordb import (
     FileCheckpoint,
+    MigrationInterrupted,
     MigrationProgress,
     MigrationReport,
     SpaceMismatchError,
@@ -98,11 +99,13 @@ class _StopOnSignal:
 
     def __init__(self):
         self.event = threading.Event()
+        self.signum: int | None = None  # the first signal: a face exits 128 + it (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
         self._old = {}
 
     def _handler(self, signum, frame):
         if self.event.is_set():
             raise KeyboardInterrupt
+        self.signum = signum
         self.event.set()
 
     def __enter__(self):
@@ -110,7 +113,7 @@ class _StopOnSignal:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 if signal.getsignal(sig) is not signal.SIG_IGN:
                     self._old[sig] = signal.signal(sig, self._handler)
-        return self.event
+        return self
 
     def __exit__(self, *exc):
         for sig, h in self._old.items():
@@ -128,7 +131,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
     sleep after each batch (spares a busy database). ``dry_run``: every check, one batch read and mapped,
     nothing written (see :func:`service.vectordb.migrate`). Raises the typed errors of
-    :func:`service.vectordb.migrate`, and MigrationInterrupted on the first Ctrl-C / SIGTERM.
+    :func:`service.vectordb.migrate`, and MigrationInterrupted on the first Ctrl-C / SIGTERM / SIGHUP (its
+    ``signum`` says which).
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
@@ -146,7 +150,10 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         with _StopOnSignal() as stop:
             return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,
                            checkpoint=ckpt, progress=on_batch, overwrite=overwrite, source_space=source_space,
-                           target_space=target_space, should_stop=stop.is_set, dry_run=dry_run)
+                           target_space=target_space, should_stop=stop.event.is_set, dry_run=dry_run)
+    except MigrationInterrupted as exc:
+        exc.signum = stop.signum  # which signal stopped it: SIGTERM exited 130 as Ctrl-C does, not 143
+        raise
     finally:
         store.close()
 

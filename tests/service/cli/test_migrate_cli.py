@@ -100,9 +100,17 @@ def test_bad_checkpoint_paths_are_one_line(world, vb):
     assert p.returncode == 2 and "not a migration checkpoint" in p.stderr, p.stderr
 
 
+#: ``python -m service.cli ARGS`` with Ctrl-C handled as Python's default whatever the parent left (a shell's
+#: background job has SIGINT ignored, and a child inherits that), as tests/service/cli/test_cli_interrupt.py launches
+#: its children. The interrupt test below once saw exit 0 in a full run (the migration ran to its end); this rules
+#: out an inherited ignore, the one cause found that ends so (not reproduced since)
+_CLI = [sys.executable, "-c", "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)"]
+
+
 def test_interrupt_then_resume_then_every_field_arrives(world, vb):
     data, ckpt = world["data"], world["dir"] / "run.json"
-    cmd = [sys.executable, "-m", "service.cli", "--data-dir", str(data), "migrate", "--store", world["store"],
+    cmd = [*_CLI, "--data-dir", str(data), "migrate", "--store", world["store"],
            "--source", "docs_a", "--target", "docs_b", "--map", "a2b@prod", "--checkpoint", str(ckpt),
            "--batch-size", "20", "--pause", "1.0", "--json"]  # 12 batches: >= 11 s to interrupt in
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -183,6 +191,19 @@ def test_a_ctrl_c_whose_raise_was_lost_still_stops_at_the_next_batch(world, vb):
             "--map", "a2b@prod", "--checkpoint", ckpt, "--status", "--json")
     status = json.loads(st.stdout)
     assert status["done"] == 20 and not status["finished"] and status["state"] == "stopped", status
+
+
+def test_sigterm_stops_a_migration_with_143_as_every_command(world):
+    """A supervisor's SIGTERM (systemd, Kubernetes, a cancelled CI job) checkpointed the batch and exited 130, the
+    Ctrl-C code; every other command exits 143 for it."""
+    cmd = [*_CLI, "--data-dir", str(world["data"]), "migrate", "--store", world["store"], "--source", "docs_a",
+           "--target", "docs_term", "--map", "a2b@prod", "--checkpoint", str(world["dir"] / "term.json"),
+           "--batch-size", "20", "--pause", "1.0", "--json"]
+    child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    json.loads(child.stdout.readline())  # a batch written
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 143 and err.startswith("vecbridge: terminated: stopped after"), (child.returncode, err)
 
 
 def test_python_m_entry_point_shares_the_operation(world, tmp_path):
