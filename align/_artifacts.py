@@ -178,7 +178,8 @@ class StoredMap:
     ``_from_arrays(arrays, header)`` (LinearMap, ClusterMap, MapChain: one implementation for all).
 
     A map caches the constants of its fused apply (``_fused``) on first use; assigning any attribute drops them,
-    so ``m.W = W2`` takes effect (it applied the old W). Arrays changed in place are not seen: assign new ones."""
+    so ``m.W = W2`` takes effect (it applied the old W). An array changed in place gives undefined results (a
+    ClusterMap applies its ``W`` in place but keeps ``mu_s W_j`` from the old one): assign new arrays."""
 
     def __setattr__(self, name, value):
         object.__setattr__(self, name, value)

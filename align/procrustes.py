@@ -185,7 +185,9 @@ def procrustes_from_stats(stats: PairStats, *, scale: bool = False, center: bool
     M = stats.centered()[0] if center else stats.xty
     if not np.isfinite(M).all() or np.abs(M).max() == 0:
         raise DegenerateInputError("the cross-covariance XᵀY is zero: the pairs carry no signal")
-    thin = _thin_polar(M, stats.n) if stats.n < min(M.shape) and min(M.shape) > THIN_SVD_MIN_DIM else None
+    # thin only where it pays: its products cost ~d² n each, so from n ~ d/2 the full SVD is faster (2048-d: 1,000
+    # pairs thin 3.6 s vs full 8.1 s, 1,900 pairs 14.2 s vs 4.5 s)
+    thin = _thin_polar(M, stats.n) if 2 * stats.n <= min(M.shape) and min(M.shape) > THIN_SVD_MIN_DIM else None
     if thin is not None:
         W, S = thin
     else:

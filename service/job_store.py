@@ -10,7 +10,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,10 +228,15 @@ class JobStore:
         for o in dead:
             with self._tx() as c:
                 # a row of a release before saved_at (none recorded): its closed stages' seconds after its start
-                n += c.execute("UPDATE jobs SET state = 'failed', stage = 'interrupted', error = ?, finished_at = "
-                               "CASE WHEN saved_at IS NULL AND started_at IS NOT NULL THEN started_at + "
-                               "(SELECT COALESCE(SUM(value), 0) FROM json_each(stage_seconds)) "
-                               "ELSE MAX(COALESCE(saved_at, 0), COALESCE(started_at, created_at)) END "
+                # (summed here, not by SQLite's JSON functions, which a build may lack)
+                old = c.execute("SELECT id, started_at, stage_seconds FROM jobs WHERE owner = ? AND state IN "
+                                "('queued', 'running') AND saved_at IS NULL AND started_at IS NOT NULL", (o,))
+                for jid, started, stages in old.fetchall():
+                    with suppress(ValueError, TypeError, AttributeError):  # unreadable stages: ends at its start
+                        c.execute("UPDATE jobs SET saved_at = ? WHERE id = ?",
+                                  (started + sum(float(v) for v in json.loads(stages).values()), jid))
+                n += c.execute("UPDATE jobs SET state = 'failed', stage = 'interrupted', error = ?, "
+                               "finished_at = MAX(COALESCE(saved_at, 0), COALESCE(started_at, created_at)) "
                                "WHERE owner = ? AND state IN ('queued', 'running')",
                                (json.dumps(INTERRUPTED), o)).rowcount
             try:
