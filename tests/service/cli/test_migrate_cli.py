@@ -104,8 +104,8 @@ def test_bad_checkpoint_paths_are_one_line(world, vb):
 #: background job has SIGINT ignored, and a child inherits that), as tests/service/cli/test_cli_interrupt.py launches
 #: its children. The interrupt test below once saw exit 0 in a full run (the migration ran to its end); this rules
 #: out an inherited ignore, the one cause found that ends so (not reproduced since)
-_CLI = [sys.executable, "-c", "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)"]
+_CLI = [sys.executable, "-c", ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                               "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")]
 
 
 def test_interrupt_then_resume_then_every_field_arrives(world, vb):
