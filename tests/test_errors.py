@@ -222,3 +222,26 @@ def test_the_architecture_table_names_every_kind_with_its_status():
     section = text.split("## Errors", 1)[1].split("\n## ", 1)[0]
     table = {kind: int(status) for kind, status in re.findall(r"^\| `(\w+)` \| (\d{3}) \|", section, re.MULTILINE)}
     assert table == HTTP_STATUS
+
+
+def test_a_registry_kept_locked_says_which_file_how_long_and_what_to_do(tmp_path):
+    """The CLI printed SQLite's bare "database is locked" after a silent minute (QA, a cron job beside a backup):
+    no file, no wait, no advice. A RegistryLockedError (503 / exit 2) names them; registry writes still retry it."""
+    from service.registry import RegistryLockedError
+    from service.registry.db import SQLiteDB
+
+    path = tmp_path / "registry.sqlite"
+    db = SQLiteDB(path, timeout=0.2)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # as a backup or another process's long write would
+    try:
+        with pytest.raises(RegistryLockedError, match=r"registry database .*registry\.sqlite stayed locked by "
+                                                      r"another process for 0\.2 s .*retry later") as err:
+            with db.tx(write=True) as t:
+                t.q("SELECT 1")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert db.is_retryable(err.value) and exit_code(err.value) == 2 and http_status(err.value) == 503
+    with db.tx(write=True) as t:  # released: the same call goes through
+        t.q("SELECT 1")

@@ -23,6 +23,7 @@ from .errors import (
     NoReliableVersionError,
     NotFoundError,
     RegistryError,
+    RegistryLockedError,
     RegistryUnavailableError,
 )
 from .models import Record, SpaceInfo, SteerInfo, VersionInfo
@@ -31,6 +32,6 @@ from .names import parse_ref
 __all__ = [
     "Registry", "open_registry", "Record", "VersionInfo", "SpaceInfo", "SteerInfo", "RegistryError", "NotFoundError",
     "DeletedVersionError", "NoReliableVersionError", "ConflictError", "AliasMovedError", "InvalidNameError",
-    "IntegrityError", "RegistryUnavailableError",
+    "IntegrityError", "RegistryLockedError", "RegistryUnavailableError",
     "parse_ref", "package_version",
 ]

@@ -27,6 +27,7 @@ from .errors import (
     IntegrityError,
     InvalidNameError,
     RegistryError,
+    RegistryLockedError,
     RegistryUnavailableError,
 )
 
@@ -279,6 +280,10 @@ class SQLiteDB(_Base):
                 raise
             cur.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc):
+                raise RegistryLockedError(
+                    f"the registry database {self.path} stayed locked by another process for {self.timeout:g} s "
+                    "(a backup or a long write holds it): retry later") from exc
             if not sqlite_damaged(exc):
                 raise
             raise DamagedDatabaseError(
@@ -287,7 +292,8 @@ class SQLiteDB(_Base):
 
     @staticmethod
     def is_retryable(exc: BaseException) -> bool:
-        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+        return isinstance(exc, RegistryLockedError) or (
+            isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc))
 
     @staticmethod
     def is_unique_violation(exc: BaseException) -> bool:

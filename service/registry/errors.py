@@ -11,6 +11,7 @@
     ├── InvalidNameError (ValueError)  a name or reference that is not allowed         invalid
     ├── IntegrityError                 an artifact is missing or its sha256 differs    integrity
     └── RegistryUnavailableError       the registry's database server cannot be reached unavailable
+        ├── RegistryLockedError        the SQLite file stayed locked past the busy timeout (retry later)
         └── DamagedDatabaseError       the SQLite file is damaged (restore a backup)
 
 Each is also the service-wide class of its kind (``service.errors``), so a caller may catch
@@ -33,6 +34,7 @@ __all__ = [
     "InvalidNameError",
     "IntegrityError",
     "RegistryUnavailableError",
+    "RegistryLockedError",
     "DamagedDatabaseError",
 ]
 
@@ -86,6 +88,11 @@ class IntegrityError(RegistryError):
 
 class RegistryUnavailableError(RegistryError, _errors.ServiceUnavailableError):
     """The registry's database server refused the connection or dropped it mid-transaction (503: retry)."""
+
+
+class RegistryLockedError(RegistryUnavailableError):
+    """Another process (a backup, a long write) kept the SQLite registry file locked past the busy timeout: 503 /
+    exit 2 naming the file and the wait. It was SQLite's bare "database is locked", after a silent minute."""
 
 
 class DamagedDatabaseError(RegistryUnavailableError):
