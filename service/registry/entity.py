@@ -437,7 +437,7 @@ class VersionedStore:
                 moved = t.one(f"UPDATE {a} SET version = ? WHERE name = ? AND alias = ?{where} RETURNING version",
                               (int(version), name, alias, *args))
             if moved is None:
-                raise self._moved(t, name, alias, want, "moved")
+                raise self._moved(t, name, alias, want, "moved", to=int(version))
 
         self._write(fn)
         return self.get(name, int(version))
@@ -474,8 +474,10 @@ class VersionedStore:
                 raise NotFoundError(f"{self.kind.noun} {name!r} has no alias {alias!r}")
         return int(r["version"])
 
-    def _moved(self, t, name: str, alias: str, want, done: str) -> AliasMovedError:
-        """The AliasMovedError of a compare-and-set that found ``name@alias`` elsewhere than ``want``."""
+    def _moved(self, t, name: str, alias: str, want, done: str, to: int | None = None) -> AliasMovedError:
+        """The AliasMovedError of a compare-and-set that found ``name@alias`` elsewhere than ``want``; ``to``: the
+        version a move asked for (found there already, it says so: a cron job's re-run was told "someone else
+        moved it")."""
         now = t.one(f"SELECT version FROM {self.kind.aliases} WHERE name = ? AND alias = ?", (name, alias))
         current = None if now is None else int(now["version"])
         where = "is not set" if current is None else f"points at version {current}"
@@ -487,8 +489,10 @@ class VersionedStore:
             wanted = f"it to point at version {want[0]}"
         else:
             wanted = f"it to point at one of versions {', '.join(map(str, want)) or '(none)'}"
-        return AliasMovedError(f"{self.kind.noun} {name}@{alias} {where}, expected {wanted}: not {done} (someone "
-                               f"else moved it; read it again and decide)", current)
+        why = ("it is where this move would put it: a move that went through already?" if current is not None
+               and current == to else "someone else moved it; read it again and decide")
+        return AliasMovedError(f"{self.kind.noun} {name}@{alias} {where}, expected {wanted}: not {done} ({why})",
+                               current)
 
     def set_tag(self, name: str, version: int, key: str, value) -> Record:
         self.check(name)

@@ -736,8 +736,12 @@ def test_compare_and_set_aliases_let_one_of_racing_deploys_move_prod(reg, run_th
     with pytest.raises(ConflictError, match="is not set, expected it to point at version 1"):
         reg.set_alias("a->b", "prod", 2, expected=1)
     assert reg.set_alias("a->b", "prod", 1, expected=0).version == 1
-    with pytest.raises(ConflictError, match="points at version 1, expected it not to be set"):
+    with pytest.raises(ConflictError, match="points at version 1, expected it not to be set") as err:
         reg.set_alias("a->b", "prod", 2, expected=0)
+    assert "someone else moved it" in str(err.value)
+    with pytest.raises(ConflictError, match=r"points at version 1, expected it not to be set: not moved \(it is "
+                                            "where this move would put it"):
+        reg.set_alias("a->b", "prod", 1, expected=0)  # a cron job's re-run: not "someone else moved it"
     n = 6
     barrier = threading.Barrier(n)
 
