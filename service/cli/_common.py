@@ -42,9 +42,9 @@ from ..registry.names import MAX_NAME, parse_version
 from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
-           "progress_bar", "option_given", "parse_kv", "registry_option", "space_name", "input_opts", "read_pair",
-           "read_seed_pairs", "read_labels", "read_ids", "store_opts", "json_opt", "quiet_opt", "description_opt",
-           "random_state_opt", "register_opts", "VERSION"]
+           "progress_bar", "stderr_is_terminal", "option_given", "parse_kv", "registry_option", "space_name",
+           "input_opts", "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts", "json_opt",
+           "quiet_opt", "description_opt", "random_state_opt", "register_opts", "VERSION"]
 
 
 class Ctx:
@@ -174,12 +174,22 @@ def ray_logs(quiet: bool):
     return ray_log_level(logging.ERROR)
 
 
+def stderr_is_terminal() -> bool:
+    """Whether stderr is a terminal: the only place a progress bar is drawn. Into a pipe or a file (a cron or CI
+    log, ``2>&1 | cat > fit.log``) its ``\\r`` redraws and block characters went as they were, the result line glued
+    to the last bar. False without a stderr (started with it closed, ``2>&-``) or one that cannot say."""
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+
+
 def progress_bar(*, quiet: bool, as_json: bool):
     """``(progress, close)``: ``progress(stage, fraction)`` draws one tqdm bar per stage on stderr; nothing with
-    ``--quiet`` or ``--json`` (a JSON result is the whole output: nothing around it on either stream), nor without a
-    stderr (started with it closed, ``2>&-``: tqdm failed on ``file=None`` and the command wrote nothing)."""
+    ``--quiet`` or ``--json`` (a JSON result is the whole output: nothing around it on either stream), nor when stderr
+    is not a terminal (:func:`stderr_is_terminal`; closed, ``2>&-``: tqdm failed on ``file=None``)."""
     # either way, every report is a point where a SIGTERM whose first raise was lost stops
-    if quiet or as_json or sys.stderr is None:
+    if quiet or as_json or not stderr_is_terminal():
         return (lambda stage, frac: check_stop()), (lambda: None)
     state = {"stage": None, "bar": None}
 

@@ -20,7 +20,7 @@ from ..ops.vectordb import (checkpoint_status, default_checkpoint, needs_registr
                               run_migration, run_verify, verify_verdict)
 from ..vectordb import MigrationInterrupted
 from . import check_stop
-from ._common import Ctx, emit, json_opt, random_state_opt, store_opts
+from ._common import Ctx, emit, json_opt, random_state_opt, stderr_is_terminal, store_opts
 
 __all__ = ["migrate", "verify"]
 
@@ -122,7 +122,7 @@ def _dry_run_line(rep, source: str, target: str, alias: str | None) -> str:
 
 
 class _MigrationProgress:
-    """Renders :class:`~service.vectordb.MigrationProgress`: a JSON line each (``--json``), else one tqdm bar. Each
+    """Renders :class:`~service.vectordb.MigrationProgress`: a JSON line each (``--json``), else a bar. Each
     report (after a checkpointed batch) first raises a Ctrl-C / SIGTERM whose first raise was lost
     (:func:`~service.cli.check_stop`): one raised inside a ``__del__`` or a client library's broad ``except`` let the
     migration run to its end, exit 0 (seen in a full test run under load)."""
@@ -134,7 +134,7 @@ class _MigrationProgress:
         check_stop()
         if self.as_json:
             click.echo(json.dumps(progress_record(p)))
-        elif not self.quiet and sys.stderr is not None:  # no bar without a stderr (started with it closed)
+        elif not self.quiet and stderr_is_terminal():  # no bar into a log file or pipe, nor without a stderr
             if self.bar is None:
                 before = max(p.done - int(round(p.rows_per_s * p.elapsed_s)), 0)  # rows of earlier runs
                 self.bar = tqdm(total=p.total, initial=before, unit="rows", desc=self.desc, file=sys.stderr,

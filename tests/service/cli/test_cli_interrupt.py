@@ -8,11 +8,16 @@ transform's temporary output exists, the fit's progress bar has reached its fit 
 
 from __future__ import annotations
 
+import fcntl
+import os
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +56,21 @@ def _python(kind: str, what: str, *args, sigint: str = "default_int_handler", si
     return [sys.executable, "-c", _LAUNCH, sigint, sighup, kind, what, *map(str, args)]
 
 
-def _start(data_dir: Path, *args) -> subprocess.Popen:
-    return subprocess.Popen(_python("-m", "service.cli", "--data-dir", data_dir, *args),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _start(data_dir: Path, *args, tty: bool = False) -> subprocess.Popen:
+    """The CLI started; with ``tty`` its stderr is an 80-column pseudo-terminal (a progress bar is drawn on a
+    terminal only), read as ``child.stderr`` is otherwise."""
+    if not tty:
+        return subprocess.Popen(_python("-m", "service.cli", "--data-dir", data_dir, *args),
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    try:
+        child = subprocess.Popen(_python("-m", "service.cli", "--data-dir", data_dir, *args),
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=slave)
+    finally:
+        os.close(slave)
+    child.stderr = os.fdopen(master, "rb")
+    return child
 
 
 def _stop(child: subprocess.Popen, sig: int, under_way, timeout: float = 60) -> tuple[str, str]:
@@ -61,8 +78,9 @@ def _stop(child: subprocess.Popen, sig: int, under_way, timeout: float = 60) -> 
     err = bytearray()
 
     def drain():
-        for chunk in iter(lambda: child.stderr.read1(4096), b""):
-            err.extend(chunk)
+        with suppress(OSError):  # a pseudo-terminal's end: EIO once the child closed it
+            for chunk in iter(lambda: child.stderr.read1(4096), b""):
+                err.extend(chunk)
 
     t = threading.Thread(target=drain, daemon=True)
     t.start()
@@ -119,7 +137,7 @@ def test_a_terminated_fit_registers_nothing_and_the_rerun_works(world):
     var = world / "var"
     files = ["fit", "--source", world / "big.npy", "--target", world / "big.npy", "--name", "t"]
     before = sorted(p.name for p in (var / "artifacts").rglob("*") if p.is_file())
-    child = _start(var, *files, "--rows", "0:300000", "--method", "auto")
+    child = _start(var, *files, "--rows", "0:300000", "--method", "auto", tty=True)  # its bar says where it is
     _, err = _stop(child, signal.SIGTERM, lambda e: "fit" in e.replace("validate", ""))
     assert child.returncode == 143 and _last_line(err) == "vecbridge: terminated" and "Traceback" not in err, err
     assert sorted(p.name for p in (var / "artifacts").rglob("*") if p.is_file()) == before

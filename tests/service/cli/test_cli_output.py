@@ -286,3 +286,61 @@ def test_a_command_started_with_stderr_closed_runs_without_progress_bars(data):
                        timeout=300, check=False)
     assert p.returncode == 0 and json.loads(p.stdout.splitlines()[-1]) == [0, 0, 0, 0], p.stdout
     assert "registered m:1" in p.stdout and (data / "out.npy").is_file() and (data / "bk" / "registry.sqlite").is_file()
+
+
+def _stderr_on_a_terminal(argv: list[str]) -> tuple[int, str, str]:
+    """``(exit code, stdout, stderr)`` of ``python -m service.cli ARGV`` whose stderr is an 80-column
+    pseudo-terminal (tqdm draws nothing on one of 0 columns, as a fresh pty is)."""
+    import fcntl
+    import struct
+    import subprocess
+    import sys
+    import termios
+    import threading
+
+    from _servers import ROOT
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    got = bytearray()
+
+    def drain():
+        try:
+            for chunk in iter(lambda: os.read(master, 4096), b""):
+                got.extend(chunk)
+        except OSError:  # EIO: the child ended and closed the terminal's last writer
+            pass
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    try:
+        p = subprocess.run([sys.executable, "-m", "service.cli", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=slave, text=True, timeout=300, check=False)
+    finally:
+        os.close(slave)
+    t.join(timeout=30)
+    os.close(master)
+    return p.returncode, p.stdout, got.decode(errors="replace")
+
+
+def test_progress_bars_are_drawn_on_a_terminal_only(data):
+    """With stderr into a pipe or a file (a cron job's or CI's log, ``2>&1 | cat > fit.log``) ``fit``,
+    ``transform`` and ``backup`` drew their tqdm bars there all the same: ``\\r`` redraws and block characters in
+    the log, the result line glued to the last bar. Now a bar is drawn only when stderr is a terminal: into a pipe
+    stderr is empty; on a (pseudo-)terminal the bar is still there."""
+    import subprocess
+    import sys
+
+    from _servers import ROOT
+
+    var = ["--data-dir", str(data / "var")]
+    fit = ["fit", "--source", str(data / "src.npy"), "--target", str(data / "tgt.npy"), "--method", "procrustes"]
+    commands = [[*fit, "--name", "m"], ["transform", "--map", "m", str(data / "src.npy"), str(data / "out.npy")],
+                ["backup", str(data / "bk")]]
+    for args in commands:
+        p = subprocess.run([sys.executable, "-m", "service.cli", *var, *args], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, check=False)
+        assert p.returncode == 0 and p.stderr == "", (args[0], p.stderr)
+    code, out, err = _stderr_on_a_terminal([*var, *fit, "--name", "m2"])
+    assert code == 0 and "registered m2:1" in out, (out, err)
+    assert "\r" in err and "%" in err and "fit" in err, err

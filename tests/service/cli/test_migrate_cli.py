@@ -358,3 +358,11 @@ def test_a_rows_check_through_a_map_that_cannot_have_made_the_target_is_refused_
     assert "FAIL" not in p.stdout
     p = vb(world["data"], *check, "a2c")  # reads the source's space, writes another than the target records
     assert p.returncode == 2 and "'rc_b' records space 'spb' but the map writes 'spc'" in p.stderr, p.stderr
+
+
+def test_a_migration_logged_to_a_file_has_no_progress_bar(world, vb):
+    """``migrate ... 2>> migrate.log`` (cron, CI: stderr not a terminal) wrote its tqdm bar into the log, ``\\r``
+    redraws and all. Now the bar is drawn on a terminal only: stderr stays empty, the result line is on stdout."""
+    p = vb(world["data"], "migrate", "--store", world["store"], "--source", "docs_a", "--target", "logged",
+           "--map", "a2b@prod", "--checkpoint", world["dir"] / "logged.json")
+    assert p.returncode == 0 and p.stderr == "" and p.stdout.startswith(f"migrated {N} rows"), (p.stdout, p.stderr)
