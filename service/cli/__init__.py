@@ -216,6 +216,17 @@ def _one_line(exc: BaseException) -> str:
     return f"vecbridge: error: {msg}"
 
 
+def _usage_line(exc: click.ClickException) -> str:
+    """A bad command line in one line, as every other error: ``vecbridge: error: MESSAGE (see 'vecbridge eval
+    --help')``. click's own four (``Usage: ...``, ``Try ...``, a blank line, ``Error: ...``) had no ``vecbridge:``
+    prefix for a log's grep to find, and a cron mail's one line was the usage."""
+    msg = " ".join(ln.strip() for ln in exc.format_message().splitlines() if ln.strip()) or type(exc).__name__
+    if not isinstance(exc, click.UsageError):
+        return f"vecbridge: error: {msg}"
+    path = exc.ctx.command_path if exc.ctx is not None else "vecbridge"
+    return f"vecbridge: error: {msg} (see '{path} --help')"
+
+
 def main(argv=None) -> int:
     """Entry point: any error becomes one line on stderr and the exit code of its kind (``service.errors.EXIT_CODE``)."""
     try:
@@ -224,8 +235,11 @@ def main(argv=None) -> int:
         return 0
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except click.ClickException as exc:
+    except click.exceptions.NoArgsIsHelpError as exc:  # ``vecbridge`` / ``vecbridge index`` alone: the help
         exc.show()
+        return 2
+    except click.ClickException as exc:
+        click.echo(_usage_line(exc), err=True)
         return 2
     except click.exceptions.Abort as exc:
         if isinstance(exc.__cause__, KeyboardInterrupt):  # click's word for a Ctrl-C or SIGTERM

@@ -11,6 +11,7 @@ import pytest
 
 import align
 from service.io import read_vectors, sha256_array, write_vectors
+from _servers import ROOT
 from conftest import run_cli as run
 
 
@@ -429,6 +430,30 @@ def test_console_script_exit_codes(data, tmp_path):
     p = subprocess.run([sys.executable, "-c", "import sys; from service.cli import main; sys.exit(main())",
                         "fit", "--bogus-flag"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("args, message, command", [
+    (["eval", "--min-retention", "x"], "Invalid value for '--min-retention': 'x' is not a valid float range.",
+     "vecbridge eval"),
+    (["index", "drop", "docs"], "dropping 'docs' removes every row; add --yes", "vecbridge index drop"),
+    (["registry", "tag", "p", "1", "k"], "give a VALUE (or --delete)", "vecbridge registry tag"),
+    (["fit", "--bogus-flag"], "No such option '--bogus-flag'.", "vecbridge fit"),
+])
+def test_a_usage_error_is_one_line_with_the_prefix(tmp_path, args, message, command):
+    """click's usage errors, and the project's own ``click.UsageError``s, were four lines without the
+    ``vecbridge: error:`` prefix (``Usage: vecbridge eval [OPTIONS]``, ``Try 'vecbridge eval --help' for help.``,
+    a blank line, ``Error: ...``): a cron mail or a log grep saw the usage, not the error. Now one line, exit 2."""
+    p = subprocess.run([sys.executable, "-m", "service.cli", "--data-dir", str(tmp_path / "v"), *args],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    assert p.stderr == f"vecbridge: error: {message} (see '{command} --help')\n", p.stderr
+
+
+def test_no_command_still_prints_the_help():
+    """``vecbridge`` (or ``vecbridge index``) alone still prints the usage and commands, not an error line."""
+    p = subprocess.run([sys.executable, "-m", "service.cli"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       check=False)
+    assert p.returncode == 2 and p.stderr.startswith("Usage: vecbridge [OPTIONS] COMMAND") and "fit" in p.stderr
 
 
 def test_json_output_is_valid_json_when_a_figure_is_undefined(capsys, data):
