@@ -4,6 +4,8 @@ Exit codes: 0 success (eval PASS), 1 eval FAIL (``--min-top1``), 2 bad input or 
 (one line on stderr, no traceback), 130 interrupted — by the error's kind (:data:`service.errors.EXIT_CODE`) —
 143 terminated (SIGTERM) and 129 hung up (SIGHUP: the terminal or ssh session closed). Each signal unwinds the
 command (temporary outputs removed, nothing registered half-way) before the process exits with its one line.
+141 (128 + SIGPIPE, as a shell reports a writer SIGPIPE killed), without a word: the reader of the output went
+away (``vecbridge index search ... | head -1``).
 
 Examples::
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import select
 import signal
 import sqlite3
 import sys
@@ -66,6 +69,44 @@ class _LazyGroup(click.Group):
             module, attr = COMMANDS[name].split(":")
             self.add_command(getattr(importlib.import_module(f"{__name__}.{module}"), attr), name)
         return super().get_command(ctx, name)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:  # before click's own handler: it made ``| head -1`` exit 1, eval's FAIL
+            if _closed_outputs():
+                raise _OutputClosed() from exc
+            raise
+
+
+class _OutputClosed(Exception):
+    """Raised for a write to stdout or stderr whose reader went away: exit 141 without a word (see :func:`main`)."""
+
+
+def _closed_outputs() -> list[int]:
+    """The standard output descriptors (1, 2) whose reader went away: a pipe without a reader polls POLLERR."""
+    gone = []
+    for fd in (1, 2):
+        with suppress(OSError, ValueError):
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            if any(ev & select.POLLERR for _, ev in poller.poll(0)):
+                gone.append(fd)
+    return gone
+
+
+def _output_closed() -> int:
+    """141 (128 + SIGPIPE), quietly; what is still buffered for a closed output goes to /dev/null (Python's flush at
+    exit said ``Exception ignored ... BrokenPipeError`` and exited 120)."""
+    from ..io import remove_unfinished
+
+    remove_unfinished()
+    for fd in _closed_outputs():
+        with suppress(OSError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+    return 128 + signal.SIGPIPE
 
 
 class _DataDir(click.Path):
@@ -232,7 +273,11 @@ def main(argv=None) -> int:
     try:
         with _signals_unwind():
             cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
+            if sys.stdout is not None:
+                sys.stdout.flush()  # here, not at exit: a reader gone before it is 141 as well
         return 0
+    except _OutputClosed:
+        return _output_closed()
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:  # ``vecbridge`` / ``vecbridge index`` alone: the help
@@ -253,6 +298,8 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 - every error: one line; a bug says what kind it is
         from ..storage import is_storage_error, no_space_message, storage_message
 
+        if isinstance(exc, BrokenPipeError) and _closed_outputs():  # a write outside the command (the flush)
+            return _output_closed()
         if isinstance(exc, sqlite3.OperationalError) and is_storage_error(exc):  # the registry's database on a
             # read-only or full data dir was an "internal error", exit 3
             click.echo(f"vecbridge: error: {storage_message(exc, hint='')}", err=True)

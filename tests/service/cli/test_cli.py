@@ -456,6 +456,22 @@ def test_no_command_still_prints_the_help():
     assert p.returncode == 2 and p.stderr.startswith("Usage: vecbridge [OPTIONS] COMMAND") and "fit" in p.stderr
 
 
+def test_output_whose_reader_went_away_exits_141_quietly(tmp_path):
+    """``vecbridge index search ... | head -1`` under ``set -o pipefail``: the write after ``head`` ended raised
+    EPIPE and click's handler exited 1, the code of an eval FAIL. Now 141 (128 + SIGPIPE, what a shell reports for
+    a writer SIGPIPE killed), nothing on stderr; the command itself ran (here: the space is registered)."""
+    var = str(tmp_path / "v")
+    for args in (["spaces", "add", "s", "--dim", "4"], ["spaces"], ["registry", "list", "--json"]):
+        child = subprocess.Popen([sys.executable, "-m", "service.cli", "--data-dir", var, *args], cwd=ROOT,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        child.stdout.close()  # the reader is gone before the first line is written
+        err = child.stderr.read()
+        assert child.wait(timeout=120) == 141 and err == "", (args, child.returncode, err)
+    p = subprocess.run([sys.executable, "-m", "service.cli", "--data-dir", var, "spaces"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0 and p.stdout.startswith("s "), p.stdout + p.stderr
+
+
 def test_json_output_is_valid_json_when_a_figure_is_undefined(capsys, data):
     """`eval --json` on two pairs printed bare NaN for the figures undefined on so few rows (retention,
     nn_retention@10): not JSON, rejected by strict parsers and jq. Now null."""
