@@ -70,6 +70,42 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
     return code, out, err
 
 
+def run_cli_on_a_terminal(*args) -> tuple[int, str, str]:
+    """``vecbridge ARGS`` as a process (``python -m service.cli``) whose stderr is an 80-column pseudo-terminal, where
+    the progress bars are drawn (on a pipe or file they are not; tqdm draws nothing on a 0-column one, as a fresh
+    pty is): ``(exit code, stdout, stderr)``."""
+    import fcntl
+    import struct
+    import subprocess
+    import sys
+    import termios
+    import threading
+
+    from _servers import ROOT
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    got = bytearray()
+
+    def drain():
+        try:
+            for chunk in iter(lambda: os.read(master, 4096), b""):
+                got.extend(chunk)
+        except OSError:  # EIO: the child ended and closed the terminal's last writer
+            pass
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    try:
+        p = subprocess.run([sys.executable, "-m", "service.cli", *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=slave, text=True, timeout=300, check=False)
+    finally:
+        os.close(slave)
+    t.join(timeout=30)
+    os.close(master)
+    return p.returncode, p.stdout, got.decode(errors="replace")
+
+
 def load_benchmark(name: str):
     """The module ``benchmarks/<name>.py`` (benchmarks are scripts, not a package; their siblings import by name)."""
     import importlib.util

@@ -12,6 +12,7 @@ from service.api import create_app
 from service.io import write_vectors
 from _api_support import R, settings_for
 from conftest import run_cli as run
+from conftest import run_cli_on_a_terminal
 
 
 def _pairs(n=900, d_s=16, d_t=12, noise=0.05, seed=0):
@@ -81,13 +82,15 @@ def test_plan_cli_table_json_and_rows_file(capsys, data):
 
 def test_plan_shows_progress_on_stderr_unless_quiet_or_json(capsys, data):
     """A labelled plan over a 40,960-row corpus ran ~20 s without a sign of life; its learning curve and row
-    selection now draw bars on stderr (the plan itself unchanged). ``--json`` output is the result alone, as with
-    ``--quiet``."""
+    selection now draw bars on stderr when it is a terminal (the plan itself unchanged); into a log (stderr not a
+    terminal) nothing. ``--json`` output is the result alone, as with ``--quiet``."""
     d = data
     args = ["--data-dir", d / "var", "plan", "--old", d / "old.npy", "--probe-source", d / "old.npy",
             "--probe-target", d / "new.npy", "--probe-rows", "0:300"]
-    code, out, err = run(capsys, *args)
-    assert code == 0 and "learning curve" in err and "rows to re-embed" in err
+    code, out, err = run_cli_on_a_terminal(*args)
+    assert code == 0 and "learning curve" in err and "rows to re-embed" in err, err
+    code, logged_out, err = run(capsys, *args)
+    assert code == 0 and err == "" and logged_out == out
     code, quiet_out, quiet_err = run(capsys, *args, "--quiet")
     assert code == 0 and quiet_err == "" and quiet_out == out
     code, json_out, json_err = run(capsys, *args, "--json")

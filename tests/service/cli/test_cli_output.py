@@ -10,6 +10,7 @@ import stat
 import numpy as np
 import pytest
 from conftest import run_cli as run
+from conftest import run_cli_on_a_terminal
 
 from service.io import write_vectors
 
@@ -288,41 +289,6 @@ def test_a_command_started_with_stderr_closed_runs_without_progress_bars(data):
     assert "registered m:1" in p.stdout and (data / "out.npy").is_file() and (data / "bk" / "registry.sqlite").is_file()
 
 
-def _stderr_on_a_terminal(argv: list[str]) -> tuple[int, str, str]:
-    """``(exit code, stdout, stderr)`` of ``python -m service.cli ARGV`` whose stderr is an 80-column
-    pseudo-terminal (tqdm draws nothing on one of 0 columns, as a fresh pty is)."""
-    import fcntl
-    import struct
-    import subprocess
-    import sys
-    import termios
-    import threading
-
-    from _servers import ROOT
-
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    got = bytearray()
-
-    def drain():
-        try:
-            for chunk in iter(lambda: os.read(master, 4096), b""):
-                got.extend(chunk)
-        except OSError:  # EIO: the child ended and closed the terminal's last writer
-            pass
-
-    t = threading.Thread(target=drain, daemon=True)
-    t.start()
-    try:
-        p = subprocess.run([sys.executable, "-m", "service.cli", *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=slave, text=True, timeout=300, check=False)
-    finally:
-        os.close(slave)
-    t.join(timeout=30)
-    os.close(master)
-    return p.returncode, p.stdout, got.decode(errors="replace")
-
-
 def test_progress_bars_are_drawn_on_a_terminal_only(data):
     """With stderr into a pipe or a file (a cron job's or CI's log, ``2>&1 | cat > fit.log``) ``fit``,
     ``transform`` and ``backup`` drew their tqdm bars there all the same: ``\\r`` redraws and block characters in
@@ -341,6 +307,6 @@ def test_progress_bars_are_drawn_on_a_terminal_only(data):
         p = subprocess.run([sys.executable, "-m", "service.cli", *var, *args], cwd=ROOT, capture_output=True,
                            text=True, timeout=300, check=False)
         assert p.returncode == 0 and p.stderr == "", (args[0], p.stderr)
-    code, out, err = _stderr_on_a_terminal([*var, *fit, "--name", "m2"])
+    code, out, err = run_cli_on_a_terminal(*var, *fit, "--name", "m2")
     assert code == 0 and "registered m2:1" in out, (out, err)
     assert "\r" in err and "%" in err and "fit" in err, err
