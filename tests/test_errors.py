@@ -235,10 +235,10 @@ def test_a_registry_kept_locked_says_which_file_how_long_and_what_to_do(tmp_path
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")  # as a backup or another process's long write would
     try:
-        with pytest.raises(RegistryLockedError, match=r"registry database .*registry\.sqlite stayed locked by "
-                                                      r"another process for 0\.2 s .*retry later") as err:
-            with db.tx(write=True) as t:
-                t.q("SELECT 1")
+        with (pytest.raises(RegistryLockedError, match=r"registry database .*registry\.sqlite stayed locked by "
+                                                       r"another process for 0\.2 s .*retry later") as err,
+              db.tx(write=True) as t):
+            t.q("SELECT 1")
     finally:
         holder.execute("ROLLBACK")
         holder.close()
