@@ -79,8 +79,11 @@ class _LazyGroup(click.Group):
             raise
 
 
-class _OutputClosed(Exception):
-    """Raised for a write to stdout or stderr whose reader went away: exit 141 without a word (see :func:`main`)."""
+class _OutputClosed(VecbridgeError):
+    """Raised for a write to stdout or stderr whose reader went away: exit 141 without a word (see :func:`main`);
+    under the one root as every error (its kind for anyone else: the output is unavailable)."""
+
+    kind = "unavailable"
 
 
 def _closed_outputs() -> list[int]:
