@@ -102,8 +102,8 @@ def test_bad_checkpoint_paths_are_one_line(world, vb):
 
 #: ``python -m service.cli ARGS`` with Ctrl-C handled as Python's default whatever the parent left (a shell's
 #: background job has SIGINT ignored, and a child inherits that), as tests/service/cli/test_cli_interrupt.py launches
-#: its children. The interrupt test below once saw exit 0 in a full run (the migration ran to its end); this rules
-#: out an inherited ignore, the one cause found that ends so (not reproduced since)
+#: its children. Run from a background job (``nohup pytest ... &``, as a CI runner may), the interrupt test below
+#: saw exit 0 every time: its child inherited the ignore, so Ctrl-C did nothing and the migration ran to its end
 _CLI = [sys.executable, "-c", ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
                                "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")]
 
