@@ -242,6 +242,39 @@ def test_a_registry_kept_locked_says_which_file_how_long_and_what_to_do(tmp_path
     finally:
         holder.execute("ROLLBACK")
         holder.close()
-    assert db.is_retryable(err.value) and exit_code(err.value) == 2 and http_status(err.value) == 503
+    # it waited the busy timeout already: registry writes do not wait it 20 times more (20 minutes at 60 s)
+    assert not db.is_retryable(err.value) and exit_code(err.value) == 2 and http_status(err.value) == 503
     with db.tx(write=True) as t:  # released: the same call goes through
         t.q("SELECT 1")
+
+
+def test_a_registry_write_against_a_locked_file_waits_the_busy_timeout_once(tmp_path):
+    """Each of the write's 20 tries waited the busy timeout (20 minutes of silence at 60 s) before saying it waited
+    60 s; the timeout is the wait, so a locked file ends the write after it."""
+    import threading
+    import time
+
+    from service.registry import RegistryLockedError, open_registry
+
+    reg = open_registry(f"sqlite:///{tmp_path / 'registry.sqlite'}", tmp_path / "artifacts")
+    reg.db.timeout = 0.3  # a connection made from now on (the thread's below) waits 0.3 s
+    holder = sqlite3.connect(tmp_path / "registry.sqlite", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    got = {}
+
+    def write():
+        t0 = time.monotonic()
+        try:
+            reg.register_space("s", 4)
+        except RegistryLockedError as exc:
+            got["exc"] = exc
+        got["s"] = time.monotonic() - t0
+
+    try:
+        t = threading.Thread(target=write)
+        t.start()
+        t.join(60)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "stayed locked by another process for 0.3 s" in str(got.get("exc")) and got["s"] < 3.0, got

@@ -76,7 +76,8 @@ class _LazyGroup(click.Group):
         except BrokenPipeError as exc:  # before click's own handler: it made ``| head -1`` exit 1, eval's FAIL
             if _closed_outputs():
                 raise _OutputClosed() from exc
-            raise
+            # another pipe or socket (a database connection): one line and the io exit, not click's silent 1
+            raise OSError(errno.EIO, f"a connection was closed by its other end ({exc})") from exc
 
 
 class _OutputClosed(VecbridgeError):
@@ -271,8 +272,24 @@ def _usage_line(exc: click.ClickException) -> str:
     return f"vecbridge: error: {msg} (see '{path} --help')"
 
 
+#: click 8.2's error for a group called with no command (it shows the help); click 8.1 (which pyproject allows) has no
+#: such class, and naming a missing one in an ``except`` turned every error into an AttributeError traceback
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def main(argv=None) -> int:
-    """Entry point: any error becomes one line on stderr and the exit code of its kind (``service.errors.EXIT_CODE``)."""
+    """Entry point: any error becomes one line on stderr and the exit code of its kind (``service.errors.EXIT_CODE``);
+    141, quietly, whenever the reader of its output went away (the error line itself or click's help included)."""
+    try:
+        code = _main(argv)
+    except BrokenPipeError:  # the one line of an error, written to a stderr whose reader went away
+        if _closed_outputs():
+            return _output_closed()
+        raise
+    return _output_closed() if code == 1 and _closed_outputs() else code  # click's EPIPE exit (--help) is 1
+
+
+def _main(argv) -> int:
     try:
         with _signals_unwind():
             cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
@@ -283,7 +300,7 @@ def main(argv=None) -> int:
         return _output_closed()
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except click.exceptions.NoArgsIsHelpError as exc:  # ``vecbridge`` / ``vecbridge index`` alone: the help
+    except _NO_ARGS_IS_HELP as exc:  # ``vecbridge`` / ``vecbridge index`` alone: the help
         exc.show()
         return 2
     except click.ClickException as exc:

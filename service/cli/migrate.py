@@ -6,7 +6,6 @@ Both call one operation of :mod:`service.ops.vectordb` (shared with ``python -m 
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -15,9 +14,8 @@ from tqdm import tqdm
 
 from align.exceptions import InputError
 
-from ..errors import exit_code
 from ..ops.vectordb import (checkpoint_status, default_checkpoint, needs_registry, progress_record,
-                              run_migration, run_verify, verify_verdict)
+                              run_migration, run_verify, stopped_by, verify_verdict)
 from ..vectordb import MigrationInterrupted
 from . import check_stop
 from ._common import Ctx, emit, json_opt, random_state_opt, stderr_is_terminal, store_opts
@@ -74,10 +72,9 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                             target_space=target_space, progress=progress, dry_run=dry_run)
     except MigrationInterrupted as exc:
         progress.close()
-        signum = getattr(exc, "signum", None)  # 128 + the signal, as every other command exits (143 SIGTERM)
-        word = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}.get(signum, "interrupted")
+        word, code = stopped_by(exc)  # 128 + the signal, as every other command exits (143 SIGTERM)
         click.echo(f"vecbridge: {word}: {exc} (checkpoint {ckpt})", err=True)
-        sys.exit(128 + signum if signum else exit_code(exc))
+        sys.exit(code)
     finally:
         progress.close()
     d = rep.to_dict()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from align.exceptions import InputError, VecbridgeError
 
-from ..errors import NotFoundError
+from ..errors import NotFoundError, exit_code
 from ..vectordb import (
     FileCheckpoint,
     MigrationInterrupted,
@@ -146,8 +146,9 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         if pause > 0:
             time.sleep(pause)
 
+    stop = _StopOnSignal()
     try:
-        with _StopOnSignal() as stop:
+        with stop:
             return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,
                            checkpoint=ckpt, progress=on_batch, overwrite=overwrite, source_space=source_space,
                            target_space=target_space, should_stop=stop.event.is_set, dry_run=dry_run)
@@ -156,6 +157,14 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         raise
     finally:
         store.close()
+
+
+def stopped_by(exc: MigrationInterrupted) -> tuple[str, int]:
+    """``(word, exit code)`` of a migration a signal stopped, as every command exits: ``terminated`` 143 (SIGTERM),
+    ``hung up`` 129 (SIGHUP), else ``interrupted`` 130 (Ctrl-C, or a stop asked another way)."""
+    signum = getattr(exc, "signum", None)
+    word = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}.get(signum, "interrupted")
+    return word, (128 + signum if signum else exit_code(exc))
 
 
 def checkpoint_status(checkpoint) -> dict:

@@ -14,6 +14,7 @@ import re
 import select
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 
@@ -266,9 +267,9 @@ class SQLiteDB(_Base):
     def tx(self, write: bool = False):
         """A transaction; DamagedDatabaseError (503, exit 2) naming the file when SQLite finds it damaged (was a raw
         DatabaseError: HTTP 500, exit 3, while /readyz said ok)."""
-        c = self._conn()
-        cur = c.cursor()
+        t0 = time.monotonic()
         try:
+            cur = self._conn().cursor()  # a new thread's connection sets its PRAGMAs: locked there too
             cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 yield _Tx(cur, lambda s: s, named=True)
@@ -280,7 +281,9 @@ class SQLiteDB(_Base):
                 raise
             cur.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc):
+            # locked after the whole busy timeout: say so (a quick one, SQLite's deadlock guard, is retried as is)
+            if (isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc)
+                    and time.monotonic() - t0 >= 0.9 * self.timeout):
                 raise RegistryLockedError(
                     f"the registry database {self.path} stayed locked by another process for {self.timeout:g} s "
                     "(a backup or a long write holds it): retry later") from exc
@@ -292,8 +295,8 @@ class SQLiteDB(_Base):
 
     @staticmethod
     def is_retryable(exc: BaseException) -> bool:
-        return isinstance(exc, RegistryLockedError) or (
-            isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc))
+        # not a RegistryLockedError: it waited the busy timeout already (20 more tries were 20 minutes of silence)
+        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
     @staticmethod
     def is_unique_violation(exc: BaseException) -> bool:

@@ -22,7 +22,7 @@ import sys
 
 from ..config import get_settings
 from ..errors import exit_code
-from ..ops.vectordb import checkpoint_status, progress_record, run_migration
+from ..ops.vectordb import checkpoint_status, progress_record, run_migration, stopped_by
 from ..registry import open_registry
 from . import MigrationInterrupted
 
@@ -91,8 +91,8 @@ def main(argv=None) -> int:
         _err(exc)
         return exit_code(exc)
     except Exception as exc:  # noqa: BLE001 - one line, the exit code of its kind (service.errors.EXIT_CODE)
-        _err(exc)
-        return exit_code(exc)
+        _err(exc)  # a migration a signal stopped: 128 + it (143 SIGTERM), as ``vecbridge migrate``
+        return stopped_by(exc)[1] if isinstance(exc, MigrationInterrupted) else exit_code(exc)
     print(json.dumps({"report": rep.to_dict()}), flush=True)
     return 0
 

@@ -472,6 +472,29 @@ def test_output_whose_reader_went_away_exits_141_quietly(tmp_path):
     assert p.returncode == 0 and p.stdout.startswith("s "), p.stdout + p.stderr
 
 
+def test_help_and_error_lines_whose_reader_went_away_exit_141_too(tmp_path):
+    """Review: ``vecbridge --help | true`` exited 1 (click's EPIPE exit, before any command ran), and an error line
+    written to a stderr whose reader went away escaped as a BrokenPipeError traceback (exit 1)."""
+    var = str(tmp_path / "v")
+    for args, closed in ((["--help"], "stdout"), (["registry", "show", "nosuch"], "stderr")):
+        child = subprocess.Popen([sys.executable, "-m", "service.cli", "--data-dir", var, *args], cwd=ROOT,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        getattr(child, closed).close()
+        other = (child.stderr if closed == "stdout" else child.stdout).read()
+        assert child.wait(timeout=120) == 141 and "Traceback" not in other, (args, child.returncode, other)
+
+
+def test_errors_read_one_line_with_click_8_1_too(tmp_path):
+    """pyproject allows click 8.1, which has no NoArgsIsHelpError: naming it in an ``except`` turned every error
+    (a usage error, an unknown map) into an AttributeError traceback. Run with that class removed, as on 8.1."""
+    code = ("import sys, click.exceptions as e; del e.NoArgsIsHelpError; from service.cli import main; "
+            f"sys.exit(main(['--data-dir', {str(tmp_path / 'v')!r}, *sys.argv[1:]]))")
+    for args, says in ((["--bogus"], "No such option"), (["registry", "show", "nosuch"], "no registry at")):
+        p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                           cwd=ROOT, check=False)
+        assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
 def test_json_output_is_valid_json_when_a_figure_is_undefined(capsys, data):
     """`eval --json` on two pairs printed bare NaN for the figures undefined on so few rows (retention,
     nn_retention@10): not JSON, rejected by strict parsers and jq. Now null."""
