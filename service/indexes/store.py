@@ -291,8 +291,8 @@ class IndexStore:
             try:
                 idx.refresh()
             except IndexNotFoundError:
-                self._forget(name, idx)
-                self._dropped(name)
+                if self._forget(name, idx):  # only the thread that forgot it: another may have loaded the new one,
+                    self._dropped(name)  # whose gauges a second drop removed (its scrape showed no index)
                 return self._load(name)
             except UnreadableGenerationError as exc:  # keep serving the whole generation in memory; readyz says why
                 _log.warning("index generation unreadable", extra={"fields": {"index": name, "error": str(exc)}})
@@ -322,10 +322,13 @@ class IndexStore:
         with self._lock:
             return self._indexes.get(name)
 
-    def _forget(self, name: str, idx: SpaceIndex) -> None:
+    def _forget(self, name: str, idx: SpaceIndex) -> bool:
+        """Drop ``idx`` from memory if it is still what ``name`` holds; whether it was."""
         with self._lock:
             if self._indexes.get(name) is idx:
                 del self._indexes[name]
+                return True
+        return False
 
     def when_loaded(self, name: str, callback: Callable[[], None]) -> bool:
         """True when a thread is loading ``name`` now: ``callback()`` is then called (in that thread, once) when
