@@ -30,6 +30,7 @@ HTTP 503 when it is a read-only or full data dir) and SQLite's "database is lock
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 from collections.abc import Iterator
 
@@ -39,7 +40,7 @@ __all__ = [
     "VecbridgeError", "Cancelled", "NotFoundError", "ConflictError", "PreconditionFailedError", "AuthenticationError",
     "PermissionDeniedError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
     "ServiceUnavailableError", "NotConfiguredError", "ServiceStoppingError",
-    "HTTP_STATUS", "EXIT_CODE", "kind_of", "http_status", "exit_code", "exception_chain",
+    "HTTP_STATUS", "EXIT_CODE", "SIGNAL_WORDS", "kind_of", "http_status", "exit_code", "exception_chain",
 ]
 
 
@@ -132,6 +133,10 @@ HTTP_STATUS: dict[str, int] = {
 #: request (as for Ctrl-C), 3 for a bug.
 EXIT_CODE: dict[str, int] = {**{k: 2 for k in HTTP_STATUS}, "cancelled": 130, "internal": 3}
 EXIT_CODE["integrity"] = 2  # a broken artifact or registry: the message says which; not a bug of ours
+
+
+#: the word a command a signal stopped says, beside its exit code 128 + the signal (Ctrl-C: "interrupted", 130)
+SIGNAL_WORDS = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
 
 
 def kind_of(exc: BaseException) -> str:

@@ -40,7 +40,7 @@ import click
 
 from align.exceptions import VecbridgeError
 
-from ..errors import exit_code, kind_of
+from ..errors import SIGNAL_WORDS, exit_code, kind_of
 
 __all__ = ["cli", "main", "COMMANDS", "LM_PROVIDER", "DATA_DIR", "Terminated", "HungUp", "check_stop"]
 
@@ -185,7 +185,7 @@ class _Stop:
         from ..io import remove_unfinished
 
         remove_unfinished()
-        word = _WORDS.get(signum, "interrupted")
+        word = SIGNAL_WORDS.get(signum, "interrupted")
         with suppress(OSError):  # a hung-up terminal refuses the line (EIO): the process still ends
             sys.stderr.write(f"vecbridge: {word} (the command did not stop within {TERM_GRACE_S:g} s)\n")
             sys.stderr.flush()
@@ -214,7 +214,6 @@ def check_stop() -> None:
 #: Ctrl-C
 _DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL,
              signal.SIGINT: signal.default_int_handler}
-_WORDS = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
 
 
 @contextmanager
@@ -250,7 +249,7 @@ def _stopped(exc: BaseException) -> int:
     if isinstance(exc, Terminated):
         sig = signal.SIGHUP if isinstance(exc, HungUp) else signal.SIGTERM
         with suppress(OSError):  # a hung-up terminal may refuse the line (EIO): the exit code still says it
-            click.echo(f"vecbridge: {_WORDS[sig]}", err=True)
+            click.echo(f"vecbridge: {SIGNAL_WORDS[sig]}", err=True)
         return 128 + sig
     click.echo("vecbridge: interrupted", err=True)
     return exit_code(exc)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from align.exceptions import InputError, VecbridgeError
 
-from ..errors import NotFoundError, exit_code
+from ..errors import SIGNAL_WORDS, NotFoundError, exit_code
 from ..vectordb import (
     FileCheckpoint,
     MigrationInterrupted,
@@ -163,7 +163,7 @@ def stopped_by(exc: MigrationInterrupted) -> tuple[str, int]:
     """``(word, exit code)`` of a migration a signal stopped, as every command exits: ``terminated`` 143 (SIGTERM),
     ``hung up`` 129 (SIGHUP), else ``interrupted`` 130 (Ctrl-C, or a stop asked another way)."""
     signum = getattr(exc, "signum", None)
-    word = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}.get(signum, "interrupted")
+    word = SIGNAL_WORDS.get(signum, "interrupted")
     return word, (128 + signum if signum else exit_code(exc))
 
 
