@@ -134,8 +134,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     s = current_settings(app)
     app.state.vb = None
     app.state.metrics = metrics
-    # etag -> byte length of each map artifact served (the newest 1,024): a HEAD of one served before answers its
-    # Content-Length without loading and serialising it (64 MiB for a 4096 x 4096 map: 70-90 ms, then dropped)
+    # etag -> (byte length, stored file size) of each map artifact served (the newest 1,024): a HEAD of one served
+    # before answers its Content-Length without loading and serialising it (64 MiB for a 4096 x 4096 map: 70-90 ms,
+    # then dropped) while the file still has that size (routers.maps._still_served)
     app.state.artifact_lengths = LRUCache(1024)
     install_error_handlers(app)
     routers = (ops.router, maps.router, indexes.router, fits.router, jobs.router, embeddings.router, steers.router,

@@ -120,9 +120,9 @@ def _dry_run_line(rep, source: str, target: str, alias: str | None) -> str:
 
 class _MigrationProgress:
     """Renders :class:`~service.vectordb.MigrationProgress`: a JSON line each (``--json``), else a bar. Each
-    report (after a checkpointed batch) first raises a Ctrl-C / SIGTERM whose first raise was lost
-    (:func:`~service.cli.check_stop`): one raised inside a ``__del__`` or a client library's broad ``except`` let the
-    migration run to its end, exit 0 (seen in a full test run under load)."""
+    report (after a checkpointed batch) first raises a Ctrl-C / SIGTERM the CLI's own handler took before the
+    migration installed its handler, if that first raise was lost (:func:`~service.cli.check_stop`, as every
+    command's progress does); signals during the run reach the migration's handler (``run_migration``)."""
 
     def __init__(self, desc: str, as_json: bool, quiet: bool):
         self.desc, self.as_json, self.quiet, self.bar = desc, as_json, quiet, None
