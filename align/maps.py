@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import linalg
-from ._artifacts import StoredMap, check_header, pack, read_bytes, stored_fields, unpack
+from ._artifacts import StoredMap, check_header, pack, read_file, stored_fields, unpack
 from .validation import as_matrix, as_real_array, check_representable
 from .exceptions import DimensionMismatchError, InputError
 from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows
@@ -472,9 +472,10 @@ class LinearMap(StoredMap):
 
 
 
-def map_from_bytes(data: bytes):
+def map_from_bytes(data):
     """A stored map of any kind by the artifact's header: :class:`LinearMap`, :class:`align.ClusterMap` or
-    :class:`align.MapChain`."""
+    :class:`align.MapChain`. ``data``: the artifact's bytes, or a binary file open on them (seekable), whose arrays
+    are then read straight into place (the file's bytes are never held beside them)."""
     from .chain import FORMAT as CHAIN_FORMAT, MapChain
     from .cluster import FORMAT as CLUSTER_FORMAT, ClusterMap
 
@@ -487,5 +488,5 @@ def map_from_bytes(data: bytes):
 
 
 def load_map(path):
-    """:func:`map_from_bytes` of the file at ``path``."""
-    return map_from_bytes(read_bytes(path))
+    """:func:`map_from_bytes` of the file at ``path`` (read from the file: about the map's size in memory)."""
+    return read_file(path, map_from_bytes)

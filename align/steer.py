@@ -46,7 +46,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from . import linalg
-from ._artifacts import check_header, pack_npz, read_bytes, save_atomic, unpack_npz
+from ._artifacts import check_header, pack_npz, read_file, save_atomic, unpack_npz
 from .validation import (as_matrix, as_real_array, check_eps, check_labels, check_not_degenerate, check_random_state,
                          check_representable, check_row_scale, seed_record)
 from .frames import row_norms
@@ -278,7 +278,7 @@ class Steer:
 
     @classmethod
     def load(cls, path) -> "Steer":
-        return cls.from_bytes(read_bytes(path))
+        return read_file(path, cls.from_bytes)
 
 
 def _extremes(proj: np.ndarray, sigma, texts: Sequence[str] | None, k: int) -> list[dict]:
@@ -643,8 +643,8 @@ def fit_mean_shift(X, labels) -> MeanShift:
 # --------------------------------------------------------------------------------------------
 # artifact I/O (npz + JSON header, no pickle)
 # --------------------------------------------------------------------------------------------
-def _from_npz(data: bytes, fmt: str) -> tuple[dict, dict]:
-    """Read a steer artifact of kind ``fmt`` (shared npz + JSON layout of :mod:`align._artifacts`)."""
+def _from_npz(data, fmt: str) -> tuple[dict, dict]:
+    """Read a steer artifact of kind ``fmt`` (npz + JSON layout of :mod:`align._artifacts`; bytes or a binary file)."""
     arrays, header = unpack_npz(data, f"{fmt.rsplit('.', 1)[-1]} artifact")
     check_header(header, fmt, STEER_FORMAT_VERSION, fmt.rsplit(".", 1)[-1])
     return arrays, header

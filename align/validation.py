@@ -173,7 +173,8 @@ def as_real_array(value, *, name: str, ndim: int | None = None) -> np.ndarray:
         raise ShapeError(f"{name} must be a {ndim}-D array, got shape {arr.shape}")
     with np.errstate(over="ignore", invalid="ignore"):
         out = np.ascontiguousarray(arr, dtype=np.float32)
-    if not np.isfinite(out).all():
+    flat, step = out.reshape(-1), _CHECK_BYTES // _F32.itemsize  # a view; masks of a block, never of the whole
+    if not all(_all_true(np.isfinite(flat[s : s + step]), axis=None) for s in range(0, flat.size, step)):
         raise NonFiniteError(f"{name} contains NaN or Inf (or values beyond float32's range)")
     return out
 

@@ -171,3 +171,73 @@ def test_steer_garbage_says_what_it_is_not(blob):
                                                      r"\(a zip\) archive \(\d+ bytes starting b") as info:
             cls.from_bytes(blob)
         assert "pickle" not in str(info.value)
+
+
+def _st_parts(blob: bytes) -> tuple[dict, bytes]:
+    n = int.from_bytes(blob[:8], "little")
+    return json.loads(blob[8 : 8 + n]), blob[8 + n :]
+
+
+def _st(header: dict, body: bytes) -> bytes:
+    h = json.dumps(header).encode()
+    return len(h).to_bytes(8, "little") + h + body
+
+
+def _edit_tensor(name, **values):
+    def edit(h, body):
+        h[name].update(values)
+        return h, body
+    return edit
+
+
+def _gap_before(h, body, name):
+    """8 bytes nobody's inserted before tensor ``name``: the offsets still add up to the file's end."""
+    begin = h[name]["data_offsets"][0]
+    for info in h.values():
+        if isinstance(info, dict) and "data_offsets" in info and info["data_offsets"][0] >= begin:
+            info["data_offsets"] = [x + 8 for x in info["data_offsets"]]
+    return h, body[:begin] + b"\0" * 8 + body[begin:]
+
+
+# safetensors files are read by vecbridge's own reader (each tensor straight into its array, no copy of the whole
+# file); each of these is one the safetensors library refuses as well, and so must the reader
+_ST_EDITS = {
+    "truncated": lambda h, body: (h, body[:-4]),
+    "trailing bytes": lambda h, body: (h, body + b"\0" * 4),
+    "a gap before W": lambda h, body: _gap_before(h, body, "W"),
+    "W's shape larger than its bytes": _edit_tensor("W", shape=[6, 7]),
+    "W's shape negative": _edit_tensor("W", shape=[-6, -6]),
+    "W's shape a float": _edit_tensor("W", shape=[6.0, 6]),
+    "W past the end": _edit_tensor("W", data_offsets=[0, 1 << 40]),
+    "W an unknown dtype": _edit_tensor("W", dtype="BF16"),
+    "two tensors on the same bytes": lambda h, body: ({**h, "W2": h["W"]}, body),
+}
+
+
+@pytest.mark.parametrize("case", list(_ST_EDITS))
+def test_damaged_safetensors_artifact_is_refused(maps, case, tmp_path):
+    header, body = _st_parts(maps["linear"].to_bytes("safetensors"))
+    blob = _st(*_ST_EDITS[case](header, body))
+    with pytest.raises(SerializationError):
+        align.map_from_bytes(blob)
+    (tmp_path / "m.safetensors").write_bytes(blob)
+    with pytest.raises(SerializationError):
+        align.load_map(tmp_path / "m.safetensors")
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+def test_a_damaged_map_file_is_refused(maps, fmt, tmp_path):
+    """A map read straight from its file (``load_map``, the registry) refuses what its bytes would: a file cut short
+    (at its start, its middle, its last 30 bytes), and (npz: zip members carry a CRC) a changed byte of W."""
+    for kind in ("linear", "cluster"):
+        m, path = maps[kind], tmp_path / f"m.{fmt}"
+        blob = m.to_bytes(fmt)
+        for cut in (10, len(blob) // 2, len(blob) - 30):
+            path.write_bytes(blob[:cut])
+            with pytest.raises(SerializationError):
+                align.load_map(path)
+        if fmt == "npz":
+            at = blob.index(m.W.tobytes()[:16])
+            path.write_bytes(blob[:at] + bytes([blob[at] ^ 1]) + blob[at + 1 :])
+            with pytest.raises(SerializationError, match="CRC"):
+                align.load_map(path)

@@ -120,3 +120,42 @@ def test_a_cluster_maps_first_apply_allocates_less_than_its_W():
               for i in range(top.shape[1]))
     np.testing.assert_allclose(out[0], ref[0], rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(cm.apply(X, output="linear"), ref, rtol=1e-5, atol=2e-6)
+
+
+def _big_maps() -> dict:
+    """A 2048 x 2048 linear map (16 MiB of W) and a cluster map of 4 x 1024 x 1024 (16 MiB), with frames and bias."""
+    d = 1024
+    fs, ft = (align.Frame.fit(_rows(200, d, s) + 0.5) for s in (1, 2))
+    return {"linear": align.LinearMap(_rows(2048, 2048, 3), _rows(1, 2048, 4)[0]),
+            "cluster": align.ClusterMap(_unit(_rows(4, d, 5)), _rows(4 * d, d, 6).reshape(4, d, d), _rows(4, d, 7),
+                                        fs, ft)}
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+@pytest.mark.parametrize("kind", ["linear", "cluster"])
+def test_loading_a_map_file_holds_its_arrays_once(tmp_path, kind, fmt):
+    # load_map read the whole file as bytes, parsed the arrays beside them and checked W's finiteness with a mask of
+    # W's size: a 1.2 GB cluster map peaked at 2.25x its size in a server's first transform and in the CLI; the
+    # arrays are now read from the file into place and checked block by block
+    m = _big_maps()[kind]
+    path = m.save(tmp_path / f"m.{fmt}")
+    arrays = sum(a.nbytes for a in (m.W, getattr(m, "bias", None), getattr(m, "centroids", None),
+                                    m.source_frame.mean, m.target_frame.mean) if a is not None)
+    back, peak = _peak(align.load_map, path)
+    assert peak < arrays + 2 * MiB, f"loading held {peak / MiB:.1f} MiB for {arrays / MiB:.1f} MiB of arrays"
+    np.testing.assert_array_equal(back.W, m.W)
+    X = _rows(3, m.source_dim, 8)
+    np.testing.assert_array_equal(back.apply(X), m.apply(X))
+    np.testing.assert_array_equal(align.map_from_bytes(path.read_bytes()).apply(X), m.apply(X))
+
+
+def test_a_maps_arrays_are_checked_finite_without_a_mask_of_them():
+    W = _rows(2048, 2048)  # 16 MiB; a mask of it is 4 MiB
+    out, peak = _peak(align.LinearMap, W)
+    assert out.W is W and peak < 2 * MiB, f"{peak / MiB:.1f} MiB to check a {W.nbytes / MiB:.0f} MiB W"
+    W[2047, 2047] = np.inf
+    with pytest.raises(align.exceptions.NonFiniteError, match="W contains NaN or Inf"):
+        align.LinearMap(W)
+    with pytest.raises(align.exceptions.NonFiniteError, match="W .k, d_s, d_t. contains"):
+        align.ClusterMap(np.eye(2, 2048, dtype=np.float32), np.stack([W[:, -4:], W[:, -4:]]), np.zeros((2, 4)),
+                         align.Frame.identity(2048), align.Frame.identity(4))
