@@ -92,14 +92,14 @@ def _pointing(want) -> tuple[str, tuple]:
     return f" AND version IN ({', '.join('?' * len(want))})", tuple(want)
 
 
-def _parse_map(data: bytes, rank: int):
+def _parse_map(data, rank: int):
     """A LinearMap or a ClusterMap, by the artifact's header (:func:`align.map_from_bytes`)."""
     from align import map_from_bytes
 
     return map_from_bytes(data)
 
 
-def _parse_steer(data: bytes, rank: int):
+def _parse_steer(data, rank: int):
     from align.steer import MeanShift, Steer
 
     return (Steer if rank > 0 else MeanShift).from_bytes(data)
@@ -119,7 +119,7 @@ class Kind:
     name_cols: tuple[str, ...]          # columns copied into the name row on first use
     verb: str                           # how a binding reads: "map 'x' connects a -> b"
     show: Callable[[dict], str]         # the binding's values as text
-    parse: Callable[[bytes, int], object]  # artifact bytes (and the recorded rank) -> object
+    parse: Callable[[bytes, int], object]  # artifact bytes or open file (and the recorded rank) -> object
     dims: tuple[str, ...]               # record fields the parsed artifact must match (attributes; absent = 0)
     #                                     (for maps also its kind and cluster count: a bundle cannot relabel them)
 
@@ -347,12 +347,12 @@ class VersionedStore:
         """Resolve ``ref`` (or take a record) and return its artifact, read once per sha256 and verified."""
         v = ref if isinstance(ref, self.kind.record) else self.resolve(ref)
 
-        def make():
-            data = self.store.get(v.artifact_path, v.artifact_sha256)
-            try:
-                return self.kind.parse(data, getattr(v, "rank", 0))
-            except SerializationError as exc:
-                raise IntegrityError(f"artifact of {self.kind.noun} {v.ref} cannot be read: {exc}") from None
+        def make():  # verified, then read from the open file: never the file's bytes beside the arrays
+            with self.store.opened(v.artifact_path, v.artifact_sha256) as fh:
+                try:
+                    return self.kind.parse(fh, getattr(v, "rank", 0))
+                except SerializationError as exc:
+                    raise IntegrityError(f"artifact of {self.kind.noun} {v.ref} cannot be read: {exc}") from None
 
         return self.cache.get((self.kind.noun, v.artifact_sha256), make)
 

@@ -17,9 +17,9 @@ import hashlib
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from ..storage import atomic_write
 from .errors import IntegrityError
@@ -54,11 +54,17 @@ class ArtifactStore:
         sha = sha256_bytes(data)
         rel = self.relpath_for(sha, ext)
         final = self.root / rel
-        if final.exists() and sha256_bytes(final.read_bytes()) == sha:
+        if final.exists() and self._digest(final) == sha:
             return sha, rel, False
         atomic_write(final, data, tmp_dir=self.root / "tmp", before_replace=lambda: self._hook("artifact_tmp_written"))
         self._hook("artifact_renamed")
         return sha, rel, True
+
+    @staticmethod
+    def _digest(path: Path) -> str:
+        """sha256 of the file at ``path``, read in chunks (not the whole file at once)."""
+        with path.open("rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
 
     @contextmanager
     def pinned(self, how: int = fcntl.LOCK_SH) -> Iterator[bool]:
@@ -106,7 +112,7 @@ class ArtifactStore:
             return None
 
     def get(self, rel: str, sha: str) -> bytes:
-        """Read an artifact and verify its sha256."""
+        """Read an artifact and verify its sha256 (its bytes: a bundle's copy; a loader reads :meth:`opened`)."""
         p = self.path(rel)
         try:
             data = p.read_bytes()
@@ -116,6 +122,23 @@ class ArtifactStore:
         if got != sha:
             raise IntegrityError(f"artifact {rel} is corrupt: sha256 {got[:12]}… != recorded {sha[:12]}…")
         return data
+
+    @contextmanager
+    def opened(self, rel: str, sha: str) -> Iterator[BinaryIO]:
+        """An artifact open for reading at its start once its sha256 is verified, hashed in chunks: a reader takes its
+        arrays from the file (:func:`align.map_from_bytes`), never a copy of the whole file beside them. One open file
+        for both: a content-addressed file is replaced by a rename, never rewritten in place, so the file read is the
+        one hashed. IntegrityError when it is missing, unreadable or corrupt."""
+        with ExitStack() as stack:
+            try:
+                fh = stack.enter_context(self.path(rel).open("rb"))
+                got = hashlib.file_digest(fh, "sha256").hexdigest()
+            except OSError as exc:
+                raise IntegrityError(f"artifact {rel} is missing or unreadable: {exc.strerror}") from None
+            if got != sha:
+                raise IntegrityError(f"artifact {rel} is corrupt: sha256 {got[:12]}… != recorded {sha[:12]}…")
+            fh.seek(0)
+            yield fh
 
     def all_relpaths(self) -> set[str]:
         out = set()
