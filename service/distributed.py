@@ -35,8 +35,8 @@ callables returning ``(X, Y)`` (generate or read in the worker; nothing travels)
 Ray: :func:`ray_session` connects to ``address`` (``"auto"``, ``"head:6379"``, ``"ray://head:10001"``)
 or starts a local instance (``num_cpus``); a session already initialised by the caller is reused and
 left running. An address that does not answer within ``connect_timeout`` seconds, or Ray not being
-installed, is a :class:`RayUnavailableError` (HTTP 503, exit 2). Nothing here is pickled to disk; the
-map travels to workers as its npz bytes.
+installed, is a :class:`RayUnavailableError` (HTTP 503, exit 2; a node lost: exit 75). Nothing here is pickled to
+disk; the map travels to workers as its npz bytes.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from align.maps import LinearMap, map_from_bytes
 from align.refine import refine_icp
 from align.procrustes import PairStats, map_from_stats, pair_stats
 
-from .errors import ServiceUnavailableError
+from .errors import NotConfiguredError
 from .io import VECTOR_SUFFIXES, check_not_input, count_rows, iter_chunks
 from .tables import MappedWriter
 
@@ -78,8 +78,8 @@ __all__ = [
 CONNECT_TIMEOUT_S = 20.0
 
 
-class RayUnavailableError(ServiceUnavailableError):
-    """Ray is not installed here, or no Ray cluster answers at the address given."""
+class RayUnavailableError(NotConfiguredError):
+    """Ray is not installed here, or no Ray cluster answers at the address given: its operator acts (exit 2)."""
 
 
 # --- shards ----------------------------------------------------------------------------------
@@ -438,7 +438,7 @@ def _get(ray, refs):
     except ray.exceptions.RayError as exc:  # WorkerCrashedError, NodeDiedError, ObjectLostError, ...
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RayUnavailableError(f"a Ray worker or node was lost past Ray's retries ({type(exc).__name__}): "
-                                  f"{why}") from exc
+                                  f"{why}", retry_after=5) from exc  # another node may take it: exit 75
 
 
 # --- supervised fits -----------------------------------------------------------------------------

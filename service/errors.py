@@ -25,7 +25,12 @@ Every error raised on purpose derives from :class:`align.exceptions.VecbridgeErr
 
 Any other exception is ``internal`` (HTTP 500, exit 3), except an ``OSError`` (``io``: exit 2, and
 HTTP 503 when it is a read-only or full data dir) and SQLite's "database is locked" past the busy timeout
-(``unavailable``: 503, exit 2).
+(``unavailable``: 503, exit 75).
+
+Exit 75 (sysexits' ``EX_TEMPFAIL``: what mail agents and job schedulers read as "temporary failure, retry") is a
+failure a retry can fix: ``busy``, ``timeout``, and ``unavailable`` where HTTP would send ``Retry-After`` (its
+``retry_after`` is not None). An ``unavailable`` that waits for its operator (:class:`NotConfiguredError`, a damaged
+file, a role without the grants) is exit 2, as bad input is.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import signal
 import sqlite3
 from collections.abc import Iterator
+from types import EllipsisType
 
 from align.exceptions import Cancelled, VecbridgeError
 
@@ -40,7 +46,7 @@ __all__ = [
     "VecbridgeError", "Cancelled", "NotFoundError", "ConflictError", "PreconditionFailedError", "AuthenticationError",
     "PermissionDeniedError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
     "ServiceUnavailableError", "NotConfiguredError", "ServiceStoppingError",
-    "HTTP_STATUS", "EXIT_CODE", "SIGNAL_WORDS", "kind_of", "http_status", "exit_code", "exception_chain",
+    "HTTP_STATUS", "EXIT_CODE", "EX_TEMPFAIL", "SIGNAL_WORDS", "kind_of", "http_status", "exit_code", "exception_chain",
 ]
 
 
@@ -108,6 +114,12 @@ class ServiceUnavailableError(VecbridgeError):
     kind = "unavailable"
     retry_after: int | None = 5
 
+    def __init__(self, *args, retry_after: int | None | EllipsisType = ...) -> None:
+        """``retry_after``: this error's own, where it differs from its class's (a Ray worker lost: retry)."""
+        super().__init__(*args)
+        if retry_after is not ...:
+            self.retry_after = retry_after
+
 
 class NotConfiguredError(ServiceUnavailableError):
     """A part this service lacks until its operator acts: a setting (no vector database configured), a package
@@ -129,9 +141,14 @@ HTTP_STATUS: dict[str, int] = {
     "cancelled": 409, "integrity": 500, "internal": 500, "io": 500,
 }
 
-#: kind -> process exit code of the CLIs: 2 for anything the user can act on, 130 when stopped on
-#: request (as for Ctrl-C), 3 for a bug.
-EXIT_CODE: dict[str, int] = {**{k: 2 for k in HTTP_STATUS}, "cancelled": 130, "internal": 3}
+#: the exit code of a failure a retry can fix (sysexits.h: "temporary failure ... the user is invited to retry")
+EX_TEMPFAIL = 75
+
+#: kind -> process exit code of the CLIs: 2 for anything the user can act on, 75 for "retry later" (a full queue, a
+#: timeout, a part not ready: see :func:`exit_code`), 130 when stopped on request (as for Ctrl-C), 3 for a bug.
+#: A script could not tell a registry locked by a backup (retry in a minute) from bad input: both were 2.
+EXIT_CODE: dict[str, int] = {**{k: 2 for k in HTTP_STATUS}, "cancelled": 130, "internal": 3,
+                             "busy": EX_TEMPFAIL, "timeout": EX_TEMPFAIL, "unavailable": EX_TEMPFAIL}
 EXIT_CODE["integrity"] = 2  # a broken artifact or registry: the message says which; not a bug of ours
 
 
@@ -160,8 +177,13 @@ def http_status(exc: BaseException) -> int:
 
 
 def exit_code(exc: BaseException) -> int:
-    """The CLI exit code for ``exc`` by :data:`EXIT_CODE`."""
-    return EXIT_CODE[kind_of(exc)]
+    """The CLI exit code for ``exc`` by :data:`EXIT_CODE`; an ``unavailable`` error of ours that HTTP answers without
+    ``Retry-After`` (``retry_after`` None or absent: a part not configured, a damaged file, a missing grant; no retry
+    helps) is 2, not 75, so a scheduler does not retry it for ever."""
+    kind = kind_of(exc)
+    if kind == "unavailable" and isinstance(exc, VecbridgeError) and getattr(exc, "retry_after", None) is None:
+        return 2
+    return EXIT_CODE[kind]
 
 
 def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:

@@ -61,11 +61,76 @@ def test_one_cancelled():
     (ValueError("a bug"), 500, 3),
     (OSError(5, "io"), 500, 2),
     (KeyboardInterrupt(), 409, 130),
-    (sqlite3.OperationalError("database is locked"), 503, 2),
+    (sqlite3.OperationalError("database is locked"), 503, 75),
     (sqlite3.OperationalError("no such table: maps"), 500, 3),
 ])
 def test_kind_lookup(exc, status, code):
     assert http_status(exc) == status and exit_code(exc) == code
+
+
+def _retry_cases():
+    from service.distributed import RayUnavailableError
+    from service.errors import (
+        BusyError,
+        NotConfiguredError,
+        RequestTimeoutError,
+        ServiceStoppingError,
+        ServiceUnavailableError,
+    )
+    from service.indexes.errors import NewerFormatError
+    from service.job_store import JobStoreBusyError
+    from service.registry import (
+        IntegrityError,
+        RegistryLockedError,
+        RegistryUnavailableError,
+    )
+    from service.registry.errors import DamagedDatabaseError
+    from service.vectordb.base import VectorDBError
+
+    return [  # (error, exit code): 75 exactly where HTTP's answer says Retry-After
+        (RegistryLockedError("the registry database stayed locked"), 75), (JobStoreBusyError("locked"), 75),
+        (RegistryUnavailableError("cannot connect to PostgreSQL registry"), 75), (BusyError("queue full"), 75),
+        (RequestTimeoutError("stalled"), 75), (ServiceUnavailableError("starting"), 75),
+        (ServiceStoppingError("stopping"), 75), (RayUnavailableError("a Ray node was lost", retry_after=5), 75),
+        (NotConfiguredError("no vector database configured"), 2), (DamagedDatabaseError("malformed"), 2),
+        (NewerFormatError("format 9"), 2), (RayUnavailableError("Ray is not installed here"), 2),
+        (VectorDBError("unknown vector-database URL"), 2), (IntegrityError("sha256 differs"), 2),
+        (align.exceptions.InputError("bad"), 2),
+    ]
+
+
+def test_a_failure_a_retry_can_fix_exits_75_and_nothing_else_does():
+    """Every user-facing kind was exit 2: a script or scheduler could not tell a registry a backup kept locked
+    (retry in a minute) from bad input (retrying is useless). 75 is sysexits' EX_TEMPFAIL ("temporary failure,
+    retry"); an ``unavailable`` that waits for its operator (no Retry-After over HTTP) stays 2."""
+    from service.api.errors import status_for
+    from service.errors import ServiceUnavailableError
+
+    for exc, code in _retry_cases():
+        assert exit_code(exc) == code, (type(exc).__name__, exit_code(exc))
+        if isinstance(exc, ServiceUnavailableError):  # the CLI's 75 and HTTP's Retry-After read the same attribute
+            assert status_for(exc) == 503 and (code == 75) == (exc.retry_after is not None), type(exc).__name__
+
+
+def test_a_cli_command_on_a_registry_another_process_keeps_locked_exits_75(tmp_path, capsys, monkeypatch):
+    """A cron job's ``vecbridge registry list`` beside a backup holding the registry: one line saying retry later,
+    and exit 75, not the 2 of a typo in its arguments."""
+    from conftest import run_cli
+
+    from service.registry.db import SQLiteDB
+
+    assert run_cli(capsys, "--data-dir", tmp_path, "spaces")[0] == 0  # the registry exists
+    monkeypatch.setattr(SQLiteDB.__init__, "__defaults__", (0.3,))  # the busy timeout: 0.3 s, not 60
+    holder = sqlite3.connect(tmp_path / "registry.sqlite", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # as a backup or another process's long write would
+    try:
+        code, out, err = run_cli(capsys, "--data-dir", tmp_path, "registry", "list", "--json")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert code == 75 and out == "" and err.count("\n") == 1, (code, out, err)
+    assert err.startswith("vecbridge: error: the registry database") and "retry later" in err
+    assert run_cli(capsys, "--data-dir", tmp_path, "registry", "list", "--nope")[0] == 2  # bad input: still 2
 
 
 def test_a_database_another_process_keeps_locked_is_a_503_to_retry(tmp_path):
@@ -226,7 +291,7 @@ def test_the_architecture_table_names_every_kind_with_its_status():
 
 def test_a_registry_kept_locked_says_which_file_how_long_and_what_to_do(tmp_path):
     """The CLI printed SQLite's bare "database is locked" after a silent minute (QA, a cron job beside a backup):
-    no file, no wait, no advice. A RegistryLockedError (503 / exit 2) names them; registry writes still retry it."""
+    no file, no wait, no advice. A RegistryLockedError (503 / exit 75) names them; registry writes still retry it."""
     from service.registry import RegistryLockedError
     from service.registry.db import SQLiteDB
 
@@ -243,7 +308,7 @@ def test_a_registry_kept_locked_says_which_file_how_long_and_what_to_do(tmp_path
         holder.execute("ROLLBACK")
         holder.close()
     # it waited the busy timeout already: registry writes do not wait it 20 times more (20 minutes at 60 s)
-    assert not db.is_retryable(err.value) and exit_code(err.value) == 2 and http_status(err.value) == 503
+    assert not db.is_retryable(err.value) and exit_code(err.value) == 75 and http_status(err.value) == 503
     with db.tx(write=True) as t:  # released: the same call goes through
         t.q("SELECT 1")
 

@@ -360,10 +360,10 @@ def _metrics_folder():
 
 
 def _check_data_dir(s: Settings) -> None:
-    """Refuse to serve on a data dir this user cannot create or write (ServiceUnavailableError: one line, exit 2):
-    the app's start-up failed on it later with a traceback inside a JSON line and exit 3. A nearly full disk is
-    no refusal: the service starts and /readyz says so."""
-    from ..errors import ServiceUnavailableError
+    """Refuse to serve on a data dir this user cannot create or write (NotConfiguredError: one line, exit 2, not
+    75: a retry cannot help until its operator acts): the app's start-up failed on it later with a traceback inside
+    a JSON line and exit 3. A nearly full disk is no refusal: the service starts and /readyz says so."""
+    from ..errors import NotConfiguredError
     from ..registry.db import sqlite_path
     from ..storage import check_sqlite_path, data_dir_status
 
@@ -384,7 +384,7 @@ def _check_data_dir(s: Settings) -> None:
         except OSError as exc:
             status = f"not writable: {exc.strerror or exc}"
         if status.startswith("not writable"):
-            raise ServiceUnavailableError(
+            raise NotConfiguredError(
                 f"{what} {path} ({setting}) is {status} for uid {os.getuid()}: give the folder to that user (chown) "
                 f"or choose a writable one")
 

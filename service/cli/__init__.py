@@ -1,9 +1,11 @@
 """``vecbridge``: the command line, thin over :mod:`service.ops`, :mod:`service.registry` and :mod:`align`.
 
 Exit codes: 0 success (eval PASS), 1 eval FAIL (``--min-top1``), 2 bad input or a registry error
-(one line on stderr, no traceback), 130 interrupted — by the error's kind (:data:`service.errors.EXIT_CODE`) —
-143 terminated (SIGTERM) and 129 hung up (SIGHUP: the terminal or ssh session closed). Each signal unwinds the
-command (temporary outputs removed, nothing registered half-way) before the process exits with its one line.
+(one line on stderr, no traceback), 75 retry later (sysexits' EX_TEMPFAIL: a registry or job store another process
+kept locked past the busy timeout, a PostgreSQL registry not answering, a Ray node lost), 130 interrupted — by the
+error's kind (:data:`service.errors.EXIT_CODE`) — 143 terminated (SIGTERM) and 129 hung up (SIGHUP: the terminal or
+ssh session closed). Each signal unwinds the command (temporary outputs removed, nothing registered half-way) before
+the process exits with its one line.
 141 (128 + SIGPIPE, as a shell reports a writer SIGPIPE killed), without a word: the reader of the output went
 away (``vecbridge index search ... | head -1``).
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from ..errors import exit_code
+from ..errors import EX_TEMPFAIL, exit_code
 from ..indexes import IndexStore
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_file, check_not_input, iter_chunks, parse_rows, read_texts
@@ -426,5 +426,6 @@ def index_compact(obj: Ctx, name, all_, as_json):
                        + (f" ({was} logged deltas folded in)" if was else " (already)"))
     if as_json:
         emit({"compacted": done, "failed": {n: str(e) for n, e in failed.items()}}, True)
-    if failed:
-        raise click.exceptions.Exit(max(exit_code(e) for e in failed.values()))
+    if failed:  # 75 (retry later) only when every failure is one a retry can fix: retrying fixes no other
+        codes = {exit_code(e) for e in failed.values()}
+        raise click.exceptions.Exit(max(codes - {EX_TEMPFAIL}, default=EX_TEMPFAIL))

@@ -50,8 +50,9 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
             batch_size, pause, index, overwrite, source_space, target_space, status_only, dry_run, as_json, quiet):
     """Map every vector of a collection into a new one (ids, texts and other fields kept), resumably.
 
-    Exit codes: 0 done, 2 bad input or refused (one line), 130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP:
-    the batch in flight is finished and checkpointed; run the same command again to resume).
+    Exit codes: 0 done, 2 bad input or refused (one line), 75 retry later (the registry locked or not answering),
+    130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP: the batch in flight is finished and checkpointed; run the same
+    command again to resume).
     """
     ckpt = Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)
     if status_only:

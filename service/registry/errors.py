@@ -87,12 +87,13 @@ class IntegrityError(RegistryError):
 
 
 class RegistryUnavailableError(RegistryError, _errors.ServiceUnavailableError):
-    """The registry's database server refused the connection or dropped it mid-transaction (503: retry)."""
+    """The registry's database server refused the connection or dropped it mid-transaction (503 / exit 75: retry)."""
 
 
 class RegistryLockedError(RegistryUnavailableError):
     """Another process (a backup, a long write) kept the SQLite registry file locked past the busy timeout: 503 /
-    exit 2 naming the file and the wait. It was SQLite's bare "database is locked", after a silent minute."""
+    exit 75 (retry later) naming the file and the wait. It was SQLite's bare "database is locked", after a silent
+    minute."""
 
 
 class DamagedDatabaseError(RegistryUnavailableError):

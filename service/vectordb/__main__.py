@@ -10,7 +10,8 @@ Run the same command again after a crash or Ctrl-C: it resumes after the last ch
 Prints one JSON line per batch (progress) and one with the final report. ``vecbridge migrate`` is
 the same operation with a progress bar (:mod:`service.ops.vectordb`).
 
-Exit codes: 0 done, 2 bad input / mismatch / refused (one JSON line on stderr), 130 interrupted
+Exit codes: 0 done, 2 bad input / mismatch / refused (one JSON line on stderr), 75 retry later (the registry
+locked or not answering), 130 interrupted
 (Ctrl-C or SIGTERM: the batch in flight is finished and checkpointed first), 1 other failure.
 """
 

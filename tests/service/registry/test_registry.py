@@ -379,10 +379,10 @@ def test_postgres_connection_dropped_by_the_server_is_replaced_and_a_dead_server
         reg.close()
     with pytest.raises(RegistryUnavailableError, match="cannot connect") as info:
         open_registry("postgresql://postgres@127.0.0.1:1/none", tmp_path / "a2")
-    assert http_status(info.value) == 503 and exit_code(info.value) == 2
+    assert http_status(info.value) == 503 and exit_code(info.value) == 75  # retry later (sysexits EX_TEMPFAIL)
     code, _, err = run_cli(capsys, "--data-dir", tmp_path / "d", "--registry-url",
                            "postgresql://postgres@127.0.0.1:1/x", "registry", "list")
-    assert code == 2 and "cannot connect to PostgreSQL registry" in err
+    assert code == 75 and "cannot connect to PostgreSQL registry" in err
 
 
 def test_a_postgres_role_that_may_only_read_gets_a_503_naming_the_privilege_not_an_internal_error(pg_url, tmp_path,
