@@ -17,6 +17,7 @@ Examples::
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import click
@@ -25,7 +26,7 @@ import numpy as np
 from align.exceptions import InputError
 
 from ..errors import EX_TEMPFAIL, exit_code
-from ..indexes import IndexStore
+from ..indexes import IndexConflictError, IndexStore
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_file, check_not_input, iter_chunks, parse_rows, read_texts
 from ..limits import MAX_ID, MAX_JSON_DEPTH, check_json_depth, seed_of
@@ -34,6 +35,7 @@ from ..ops.index_files import (
     CHUNK_ROWS,
     FileRows,
     add_from_file,
+    check_same_settings,
     count,
     create_from_file,
 )
@@ -189,25 +191,49 @@ def index_show(obj: Ctx, name, as_json):
                    "--random-state (random_state=N here, as `index show` reports it, when that is not given).")
 @random_state_opt
 @click.option("--description", default="")
+@click.option("--if-not-exists", is_flag=True,
+              help="Exit 0 without reading FILE when index NAME exists with the same settings (space, metric, and "
+                   "--kind, --param, --random-state where given: auto or a default matches any); one that differs "
+                   "is still a conflict (exit 2) naming the setting. --json adds \"created\": true or false.")
 @click.pass_obj
 def index_create(obj: Ctx, name, space, file, rows, key, column, text_field, encoder, store_texts, ids_file,
-                 payloads_file, as_json, quiet, kind, metric, params, random_state, description):
+                 payloads_file, as_json, quiet, kind, metric, params, random_state, description, if_not_exists):
     """Create index NAME from the rows of FILE (.npy, .npz, .fvecs, .parquet; texts .txt/.jsonl/.json embedded
     with the space's encoder), streamed in blocks; it appears complete or not at all."""
     info = obj.registry.get_space(space)
     store = _store(obj)
+    kv = parse_kv(params)
+    seed = seed_of(kv, random_state, given := option_given("random_state"))
+    exists = partial(_exists, store, name, info.name, kind, metric, kv, seed if given or "random_state" in kv else None,
+                     as_json)
+    if if_not_exists and name in store.names():
+        return exists()
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         idx = create_from_file(_resolver(obj), store, name, info,
                                FileRows(file, rows, key, column, text_field, encoder, store_texts),
                                ids=read_ids(ids_file) if ids_file else None, payloads=_payloads(payloads_file),
-                               kind=kind, metric=metric, params=(kv := parse_kv(params)),
-                               random_state=seed_of(kv, random_state, option_given("random_state")),
-                               description=description, progress=progress)
+                               kind=kind, metric=metric, params=kv, random_state=seed, description=description,
+                               progress=progress)
+    except IndexConflictError:
+        if not if_not_exists or name not in store.names():
+            raise
+        idx = None  # made by another process while this one read FILE: compared as above
     finally:
         close()
+    if idx is None:
+        return exists()
     d = _record(idx)
-    emit(d, as_json, f"created {_line(d)}")
+    emit({**d, "created": True} if if_not_exists else d, as_json, f"created {_line(d)}")
+
+
+def _exists(store, name, space, kind, metric, params, seed, as_json) -> None:
+    """``index create --if-not-exists`` of an index that exists: one line (or its record, ``"created": false``) when
+    its settings are the command's, else the conflict naming what differs (:func:`check_same_settings`)."""
+    idx = store.get(name)
+    check_same_settings(idx, space=space, kind=kind, metric=metric, params=params, random_state=seed)
+    d = _record(idx)
+    emit({**d, "created": False}, as_json, f"index {idx.name} exists with the same settings, left as it is: {_line(d)}")
 
 
 @index.command("add")

@@ -12,6 +12,8 @@ then 8 bytes a row: its list).
   of the whole file (one extra pass over it; for texts, one extra embedding pass), and a vectors file is read
   once more to find each row's list before any is added, so that each list is allocated once at its size
   (:func:`service.indexes.kinds.plan_lists`; texts are not embedded a third time: their lists grow by doubling).
+- :func:`check_same_settings` is ``vecbridge index create --if-not-exists``: an existing index counts as the
+  one asked for when its settings are the command's, else a conflict naming each that differs.
 - :func:`add_from_file` adds all blocks as one generation (:meth:`SpaceIndex.add_blocks`; a file of
   one block: :meth:`SpaceIndex.add`, a logged delta when it fits): all rows or none. The file is read,
   embedded and checked before the index's writer lock is taken (other writers are not held by a slow
@@ -33,7 +35,7 @@ import numpy as np
 from align.exceptions import DimensionMismatchError, InputError
 
 from ..encoders import get_encoder, space_encoder
-from ..indexes import IndexStore, SpaceIndex, choose_kind
+from ..indexes import IndexConflictError, IndexStore, SpaceIndex, choose_kind
 from ..indexes.kinds import ids_array
 from ..io import (
     count_rows,
@@ -46,7 +48,8 @@ from ..io import (
 from ..limits import check_index_params, ivf_training
 from .indexes import Resolver, space_still_there
 
-__all__ = ["CHUNK_ROWS", "TEXT_CHUNK", "FileRows", "add_from_file", "count", "create_from_file", "passage_encoder"]
+__all__ = ["CHUNK_ROWS", "TEXT_CHUNK", "FileRows", "add_from_file", "check_same_settings", "count", "create_from_file",
+           "passage_encoder"]
 
 CHUNK_ROWS = 65536  # vectors per block (96 MiB of 384-d float32)
 TEXT_CHUNK = 1024  # texts per block (embedded per block: the progress bar moves per block)
@@ -181,6 +184,27 @@ def create_from_file(resolver: Resolver, store: IndexStore, name: str, space, sr
     return store.create(name, space.name, X, ids=ids0, payloads=pl0, more=blocks, train=train, dim=space.dim,
                         rows=n, kind=kind, metric=metric, params=params, random_state=random_state,
                         description=description, again=again, before_commit=space_still_there(resolver, space))
+
+
+def check_same_settings(idx: SpaceIndex, *, space: str, kind: str = "auto", metric: str = "cosine",
+                        params: dict | None = None, random_state: int | None = None) -> None:
+    """Nothing when the existing index ``idx`` has the settings a create would give it: ``space``, ``metric``,
+    ``kind`` and each of ``params`` (checked as a create checks them) and ``random_state``; what the caller leaves
+    to its default matches any (``kind="auto"``: chosen by the rows; a parameter not given; ``random_state=None``).
+    Else :class:`IndexConflictError` naming each setting that differs (a re-run of a provisioning script with
+    other settings must not pass for done)."""
+    differ = [f"{what} {have!r}, not {want!r}" for what, have, want in (
+        ("space", idx.space, space), ("metric", idx.metric, metric),
+        ("kind", idx.kind, idx.kind if kind == "auto" else kind)) if have != want]
+    if not any(d.startswith("kind") for d in differ):  # another kind's parameters: the kind says it
+        checked = check_index_params(idx.kind, {k: v for k, v in (params or {}).items() if k != "random_state"})
+        if random_state is not None:
+            checked["random_state"] = random_state
+        have = {"random_state": 0, **idx.params}  # an index from before seeds were kept was built with 0
+        differ += [f"{k}={have.get(k)}, not {v}" for k, v in checked.items() if have.get(k) != v]
+    if differ:
+        raise IndexConflictError(f"index {idx.name!r} already exists with other settings: {'; '.join(differ)} "
+                                 f"(--if-not-exists accepts only the same ones; drop it or choose another name)")
 
 
 def add_from_file(resolver: Resolver, idx: SpaceIndex, src: FileRows, *, ids=None, payloads: Iterator | None = None,

@@ -280,6 +280,40 @@ def test_bad_input_is_exit_2_and_writes_nothing(world, capsys, monkeypatch):
     assert code == 2 and "steer 's:1' is given twice; give each once" in err
 
 
+def test_create_if_not_exists_is_done_for_the_same_settings_and_a_conflict_naming_another(world, capsys):
+    """A provisioning script run again failed on its `index create` (exit 2, "already exists"), and had no way to
+    say "create unless it is there". --if-not-exists: exit 0 without reading FILE for the same settings; a conflict
+    (exit 2) naming the setting when they differ, so a changed script is not taken for done."""
+    data, tmp, _, _ = world
+    code, out, err = cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--kind", "hnsw",
+                         "--param", "M=16", "--if-not-exists", "--quiet", "--json")
+    assert code == 0 and json.loads(out)["created"] is True, err
+    before = json.loads(cli(capsys, data, "show", "docs", "--json")[1])
+    gone = tmp / "no-such-file.npy"  # FILE is not read: the index is there
+    for extra in ([], ["--kind", "hnsw"], ["--param", "M=16", "--param", "ef_search=64"], ["--random-state", "0"],
+                  ["--kind", "auto", "--metric", "cosine"]):
+        code, out, err = cli(capsys, data, "create", "docs", "--space", "b", gone, "--if-not-exists", *extra)
+        assert (code, err) == (0, ""), (extra, code, err)
+        assert out.startswith("index docs exists with the same settings, left as it is: docs  b(16)  hnsw  cosine")
+        assert out.count("\n") == 1
+    code, out, _ = cli(capsys, data, "create", "docs", "--space", "b", gone, "--if-not-exists", "--json")
+    assert code == 0 and json.loads(out) == {**before, "created": False}
+    assert json.loads(cli(capsys, data, "show", "docs", "--json")[1]) == before  # nothing written
+
+    for extra, says in ((["--metric", "ip"], "metric 'cosine', not 'ip'"),
+                        (["--kind", "flat"], "kind 'hnsw', not 'flat'"), (["--param", "M=32"], "M=16, not 32"),
+                        (["--random-state", "7"], "random_state=0, not 7"),
+                        (["--param", "random_state=7"], "random_state=0, not 7")):
+        code, out, err = cli(capsys, data, "create", "docs", "--space", "b", gone, "--if-not-exists", *extra)
+        assert code == 2 and out == "" and err.count("\n") == 1, (extra, code, err)
+        assert f"index 'docs' already exists with other settings: {says}" in err, err
+    code, _, err = cli(capsys, data, "create", "docs", "--space", "a", gone, "--if-not-exists", "--metric", "ip")
+    assert code == 2 and "space 'b', not 'a'; metric 'cosine', not 'ip'" in err  # each setting that differs
+    code, _, err = cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--kind", "hnsw", "--quiet")
+    assert code == 2 and "already exists" in err  # without the flag: the conflict it always was
+    assert json.loads(cli(capsys, data, "show", "docs", "--json")[1]) == before
+
+
 def _narrow_space(data, X, Y):
     """Space c (8-d) and the map c2b (c -> b) beside the world's a, b: queries of another width than b's."""
     from align import fit_ridge
