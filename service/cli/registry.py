@@ -132,10 +132,13 @@ def registry_import(obj: Ctx, path, renumber, as_json):
 @registry.command("verify")
 @click.option("--sweep", is_flag=True,
               help="Delete temporary files left by crashed writers (untouched for 10 minutes).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Accepted and ignored: the report is JSON either way (scripts pass --json to every command).")
 @click.pass_obj
-def registry_verify(obj: Ctx, sweep):
-    """Check the database file (SQLite: PRAGMA quick_check), every artifact's sha256 and every alias; exit 2 when
-    something is wrong (a damaged database is listed under "database": restore it from a backup)."""
+def registry_verify(obj: Ctx, sweep, as_json):
+    """Check the database file (SQLite: PRAGMA quick_check), every artifact's sha256 and every alias; print the JSON
+    report; exit 2 when something is wrong (a damaged database is listed under "database": restore it from a
+    backup)."""
     res = obj.registry.verify(sweep=sweep)
     emit(res, True)
     if not res["ok"]:
