@@ -96,6 +96,16 @@ def _table_columns(stmt: str) -> tuple[str, list[str]]:
 PROBE_SQL = "SELECT " + ", ".join(f"(SELECT MIN({cols[0]}) FROM {table}), (SELECT {cols[-1]} FROM {table} LIMIT 1)"
                                   for table, cols in map(_table_columns, SCHEMA))
 
+#: libpq's words for a connection the server refused for good: a retry without its operator acting gets the same
+_REFUSED_FOR_GOOD = ("authentication failed", "no pg_hba.conf entry", "does not exist")
+
+
+def refused_for_good(exc: Exception, why: str) -> bool:
+    """Whether a failed PostgreSQL connect is one its operator must fix (a password, a role, a database that does
+    not exist: SQLSTATE class 28 or 3D000, or libpq's words for them), not a server that may come back."""
+    state = getattr(exc, "sqlstate", None) or ""
+    return state.startswith("28") or state == "3D000" or any(w in why for w in _REFUSED_FOR_GOOD)
+
 
 class Row(tuple):
     """A PostgreSQL result row that reads like SQLite's ``sqlite3.Row`` (what the SQLite backend returns):
@@ -517,7 +527,10 @@ class PostgresDB(_Base):
             if "too many" in why:  # "too many clients already", "too many connections for role ..."
                 why += (f" (each serving process keeps up to {self._pool.size} connections: lower "
                         f"VECBRIDGE_REGISTRY_POOL_SIZE, or raise the server's max_connections)")
-            raise RegistryUnavailableError(f"cannot connect to PostgreSQL registry: {why}") from None
+            err = RegistryUnavailableError(f"cannot connect to PostgreSQL registry: {why}")
+            if refused_for_good(exc, why):  # a wrong password, role or database: no retry helps (exit 2, no
+                err.retry_after = None      # Retry-After), unlike a server down or restarting (exit 75, 503)
+            raise err from None
 
     @contextmanager
     def tx(self, write: bool = False):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 import uuid
@@ -383,6 +384,23 @@ def test_postgres_connection_dropped_by_the_server_is_replaced_and_a_dead_server
     code, _, err = run_cli(capsys, "--data-dir", tmp_path / "d", "--registry-url",
                            "postgresql://postgres@127.0.0.1:1/x", "registry", "list")
     assert code == 75 and "cannot connect to PostgreSQL registry" in err
+
+
+@pytest.mark.parametrize("what", ["database", "role"])
+def test_a_postgres_server_that_refuses_a_role_or_database_for_good_is_exit_2_not_retry_later(pg_url, tmp_path, capsys,
+                                                                                              what):
+    """A database or role that does not exist (or a wrong password) is no "retry later": a scheduler reading 75
+    would retry it for ever. It was 75 / Retry-After like a server that was down."""
+    from service.errors import exit_code
+
+    url = (pg_url.rsplit("/", 1)[0] + "/no_such_db_42" if what == "database"
+           else re.sub(r"//[^@/]*@", "//no_such_role_42@", pg_url, count=1))
+    assert url != pg_url
+    with pytest.raises(RegistryUnavailableError, match=f"{what}.*does not exist") as info:
+        open_registry(url, tmp_path / "a")
+    assert exit_code(info.value) == 2 and info.value.retry_after is None
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path / "d", "--registry-url", url, "registry", "list")
+    assert code == 2 and "does not exist" in err, err
 
 
 def test_a_postgres_role_that_may_only_read_gets_a_503_naming_the_privilege_not_an_internal_error(pg_url, tmp_path,
