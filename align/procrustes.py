@@ -19,7 +19,6 @@ statistics from many workers merge exactly (:meth:`PairStats.merge`, ``+``).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,21 +45,41 @@ __all__ = [
 ]
 
 
-@dataclass
 class PairStats:
     """Additive statistics of paired rows (float64).
 
     Attributes: ``n``; ``sum_x`` (d_s,); ``sum_y`` (d_t,); ``xty`` (d_s, d_t); ``xtx`` (d_s, d_s);
     ``sq_x`` = ‖X‖²_F; ``sq_y`` = ‖Y‖²_F.
+
+    One unweighted chunk of fewer rows than source dimensions (:meth:`from_arrays`) keeps its rows instead of
+    ``XᵀX``: they are smaller, and ``xtx`` is formed from them on first read (a Procrustes fit, e.g. each
+    cross-validation fold's in :func:`align.fit_migration`, never reads it). Statistics merged, updated or
+    pickled are the sums alone.
     """
 
-    n: int
-    sum_x: np.ndarray
-    sum_y: np.ndarray
-    xty: np.ndarray
-    xtx: np.ndarray
-    sq_x: float = 0.0
-    sq_y: float = 0.0
+    def __init__(self, n: int, sum_x: np.ndarray, sum_y: np.ndarray, xty: np.ndarray, xtx: np.ndarray,
+                 sq_x: float = 0.0, sq_y: float = 0.0):
+        self.n, self.sum_x, self.sum_y, self.xty, self.sq_x, self.sq_y = n, sum_x, sum_y, xty, sq_x, sq_y
+        self._xtx = xtx
+        self._rows: tuple[np.ndarray, np.ndarray] | None = None  # (X, Y) float64 while xtx is not formed
+
+    @property
+    def xtx(self) -> np.ndarray:
+        if self._xtx is None:
+            X = self._rows[0]
+            self._xtx = X.T @ X
+        return self._xtx
+
+    @xtx.setter
+    def xtx(self, value: np.ndarray) -> None:
+        self._xtx, self._rows = value, None  # no longer the statistics of the kept rows
+
+    def __repr__(self) -> str:
+        return f"PairStats(n={self.n}, d_s={self.sum_x.shape[0]}, d_t={self.sum_y.shape[0]})"
+
+    def __getstate__(self) -> dict:
+        """Pickled (a shard's statistics sent to the process that merges them): the sums, ``XᵀX`` formed."""
+        return {**self.__dict__, "_xtx": self.xtx, "_rows": None}
 
     @classmethod
     def zeros(cls, d_s: int, d_t: int) -> "PairStats":
@@ -72,7 +91,8 @@ class PairStats:
 
         ``X`` (n, d_s) and ``Y`` (n, d_t) are checked as every paired input is (2-D, numeric, finite, same row
         count: typed errors, so a NaN does not surface later as "no signal"); ``weights`` (n,) finite and ≥ 0.
-        Sums are accumulated in float64.
+        Sums are accumulated in float64. Unweighted, with n < d_s, the statistics keep (a float64 copy of) the
+        rows rather than form ``XᵀX`` (see the class).
         """
         X, Y = check_paired(X, Y, names=("X", "Y"))
         X, Y = X.astype(np.float64), Y.astype(np.float64)
@@ -84,7 +104,12 @@ class PairStats:
             Xw = X * w
             return cls(int(X.shape[0]), Xw.sum(0), (Y * w).sum(0), Xw.T @ Y, Xw.T @ X,
                        float((Xw * X).sum()), float((Y * Y * w).sum()))
-        return cls(int(X.shape[0]), X.sum(0), Y.sum(0), X.T @ Y, X.T @ X, float((X * X).sum()), float((Y * Y).sum()))
+        keep = X.shape[0] < X.shape[1]  # n x d_s rows are smaller than d_s x d_s
+        out = cls(int(X.shape[0]), X.sum(0), Y.sum(0), X.T @ Y, None if keep else X.T @ X, float((X * X).sum()),
+                  float((Y * Y).sum()))
+        if keep:
+            out._rows = (X, Y)
+        return out
 
     def update(self, X, Y) -> "PairStats":
         """Add a chunk in place and return self."""
@@ -95,11 +120,11 @@ class PairStats:
     def _add(self, other: "PairStats") -> None:
         if self.xty.shape != other.xty.shape:
             raise DimensionMismatchError(f"cannot merge statistics of shapes {self.xty.shape} and {other.xty.shape}")
+        self.xtx = self.xtx + other.xtx
         self.n += other.n
         self.sum_x = self.sum_x + other.sum_x
         self.sum_y = self.sum_y + other.sum_y
         self.xty = self.xty + other.xty
-        self.xtx = self.xtx + other.xtx
         self.sq_x += other.sq_x
         self.sq_y += other.sq_y
 
@@ -113,10 +138,24 @@ class PairStats:
 
     def centered(self) -> tuple[np.ndarray, np.ndarray]:
         """``(X_cᵀ Y_c, X_cᵀ X_c)``: the cross and Gram matrices about the pair means."""
+        return self._cross(True), self._gram(True)
+
+    def _cross(self, center: bool) -> np.ndarray:
+        """``XᵀY``, about the pair means when ``center``."""
+        if not center:
+            return self.xty
         if self.n == 0:
             raise TooFewRowsError("no pairs accumulated")
-        mx, my = self.sum_x / self.n, self.sum_y / self.n
-        return self.xty - self.n * np.outer(mx, my), self.xtx - self.n * np.outer(mx, mx)
+        return self.xty - self.n * np.outer(self.sum_x / self.n, self.sum_y / self.n)
+
+    def _gram(self, center: bool) -> np.ndarray:
+        """``XᵀX``, about the pair means when ``center``."""
+        if not center:
+            return self.xtx
+        if self.n == 0:
+            raise TooFewRowsError("no pairs accumulated")
+        mx = self.sum_x / self.n
+        return self.xtx - self.n * np.outer(mx, mx)
 
 
 def procrustes_W(M: np.ndarray) -> np.ndarray:
@@ -182,7 +221,7 @@ def procrustes_from_stats(stats: PairStats, *, scale: bool = False, center: bool
     """
     if stats.n < 1:
         raise TooFewRowsError("Procrustes needs at least one pair")
-    M = stats.centered()[0] if center else stats.xty
+    M = stats._cross(center)
     if not np.isfinite(M).all() or np.abs(M).max() == 0:
         raise DegenerateInputError("the cross-covariance XᵀY is zero: the pairs carry no signal")
     # thin only where it pays: its products cost ~d² n each, so from n ~ d/2 the full SVD is faster (2048-d: 1,000
@@ -251,16 +290,21 @@ def fit_frames(X, Y, *, center: bool = True, normalize: bool = True) -> tuple[Fr
 def pair_stats(X: np.ndarray, Y: np.ndarray, frames: tuple[Frame, Frame], *, chunk_size: int = 65536) -> PairStats:
     """:class:`PairStats` of raw rows ``X`` (n, d_s), ``Y`` (n, d_t) put in ``frames``, ``chunk_size`` rows at a time.
 
-    Statistics of row blocks (shards) merge exactly with ``+``.
+    Statistics of row blocks (shards) merge exactly with ``+``. Rows in one chunk are kept when fewer than d_s
+    (:class:`PairStats`).
     """
     fs, ft = frames
     chunk_size = check_number("chunk_size", chunk_size, 1, 1 << 31, whole=True)
     if X.shape[1] != fs.dim or Y.shape[1] != ft.dim:
         raise DimensionMismatchError(f"rows are {X.shape[1]}->{Y.shape[1]}, the frames {fs.dim}->{ft.dim}")
-    stats = PairStats.zeros(fs.dim, ft.dim)
+    stats = None
     for s in range(0, X.shape[0], chunk_size):
-        stats.update(fs._apply(X[s : s + chunk_size]), ft._apply(Y[s : s + chunk_size]))
-    return stats
+        part = PairStats.from_arrays(fs._apply(X[s : s + chunk_size]), ft._apply(Y[s : s + chunk_size]))
+        if stats is None:
+            stats = part
+        else:
+            stats._add(part)
+    return PairStats.zeros(fs.dim, ft.dim) if stats is None else stats
 
 
 def _solve_procrustes(stats, scale: bool = False):
