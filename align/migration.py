@@ -464,6 +464,8 @@ def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dic
     settings["procrustes"] = {}
     t0 = time.perf_counter()
     alphas = [opts["alpha"]] if "alpha" in opts else list(opts.get("alphas", DEFAULT_ALPHAS))
+    if not set(candidates) & {"ridge", "lowrank", "contrastive", "cluster"}:  # the readers of the ridge grid's fits
+        alphas = []  # procrustes alone: the grid's 4 fits were made and scored for no one
     best_r = None
     for i, a in enumerate(alphas):
         P.report("select: ridge", i / len(alphas))  # progress, and where a cancel stops the grid
@@ -471,7 +473,7 @@ def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dic
         s = _score(P, m, val)
         if best_r is None or s["score"] > best_r[1]["score"]:
             best_r = (m, s, float(a))
-    ridge, s_r, alpha = best_r
+    ridge, s_r, alpha = best_r or (None, None, None)
     if "ridge" in candidates:
         s_r = _score(P, ridge, val, retention=True, again=True)
         scores["ridge"] = {**s_r, "alpha": alpha, "seconds": time.perf_counter() - t0}

@@ -526,6 +526,21 @@ def test_the_alpha_grid_is_bounded_reports_progress_and_stops_when_progress_rais
         align.fit_migration(X, Y, method="auto", alphas=[0.1] * MAX_ALPHAS, progress=stop)
 
 
+
+@pytest.mark.parametrize("method, options", [("procrustes", {}), ("auto", {"candidates": ("procrustes",)})])
+def test_procrustes_alone_fits_and_scores_no_ridge_grid(method, options):
+    """Selecting among Procrustes alone fitted and scored the 4 ridge maps of the alpha grid, read by no candidate:
+    their fits, their held-out scorings, and 4 maps counted in ``n_compared`` (a chance doubt 5 times too
+    strict for the one map compared)."""
+    X, Y = _planted(n=120, d_s=8, d_t=8, seed=7)
+    seen = []
+    m = align.fit_migration(X, Y, method=method, progress=lambda s, f: seen.append(s), **options)
+    assert "select: ridge" not in seen and seen[0] == "select"
+    assert m.metadata["method"] == "procrustes" and m.metadata["selection"]["n_compared"] == 1
+    seen.clear()
+    m = align.fit_migration(X, Y, method="lowrank", progress=lambda s, f: seen.append(s))  # lowrank reads its alpha
+    assert seen.count("select: ridge") == 4 and m.metadata["params"]["alpha"] in (1e-3, 1e-2, 0.1, 0.3)
+
 @pytest.mark.parametrize("option, value", [
     ("epochs", 0), ("epochs", 10**9), ("epochs", 2.5), ("temperature", 0.0), ("temperature", 1e-30),
     ("temperature", float("nan")), ("batch_size", 1), ("hard_negatives", -1), ("lr", float("inf")), ("reg", -1.0),

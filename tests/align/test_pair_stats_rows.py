@@ -44,6 +44,15 @@ def test_procrustes_from_fewer_pairs_than_dimensions_forms_no_gram_matrix():
     assert peak < 12 * MiB, f"{peak / MiB:.1f} MiB allocated; a 2000 x 2000 float64 matrix is 31 MiB"
 
 
+def test_migration_procrustes_from_fewer_pairs_than_dimensions_forms_no_gram_matrix():
+    """fit_migration(method="procrustes") on those pairs: each selection fit's statistics formed XᵀX, and the
+    selection fitted 4 ridge maps no candidate read (each solving a d_s x d_s system)."""
+    X, Y = _pairs(100, 2000, 16, seed=3)
+    m, peak = _peak(align.fit_migration, X.astype(np.float32), Y.astype(np.float32), method="procrustes")
+    assert m.W.shape == (2000, 16)
+    assert peak < 12 * MiB, f"{peak / MiB:.1f} MiB allocated; a 2000 x 2000 float64 matrix is 31 MiB"
+
+
 def test_statistics_keeping_rows_read_merge_and_pickle_as_sums():
     """XᵀX read from kept rows is the sum's; a merge, an update and a pickle carry the sums alone (a shard's
     statistics sent to the driver are not its rows)."""
