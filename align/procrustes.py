@@ -12,8 +12,10 @@ statistics from many workers merge exactly (:meth:`PairStats.merge`, ``+``).
   ``W`` (semi-orthogonal) when dims differ, equivalent to zero-padding the smaller side.
   Optional global scale :math:`s = \\mathrm{tr}\\,\\Sigma / \\|X\\|_F^2`.
 - **Ridge / affine**: :math:`W = (X_c^\\top X_c + \\lambda I)^{-1} X_c^\\top Y_c`, ``b = \\bar y - \\bar x W``.
+  From fewer pairs than source dimensions, held as rows (:class:`PairStats`), the same ``W`` in its dual form
+  :math:`X_c^\\top (X_c X_c^\\top + \\lambda I)^{-1} Y_c` (an n x n system, not a d_s x d_s one).
 - **Low-rank**: reduced-rank ridge, ``W_r = W V_r V_r^\\top`` with ``V_r`` the top-r right singular
-  vectors of the fitted values ``X W``.
+  vectors of the fitted values ``X W`` (from the n x n ``(X W)(X W)ᵀ`` in the dual).
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ class PairStats:
 
     One unweighted chunk of fewer rows than source dimensions (:meth:`from_arrays`) keeps its rows instead of
     ``XᵀX``: they are smaller, and ``xtx`` is formed from them on first read (a Procrustes fit, e.g. each
-    cross-validation fold's in :func:`align.fit_migration`, never reads it). Statistics merged, updated or
-    pickled are the sums alone.
+    cross-validation fold's in :func:`align.fit_migration`, never reads it); a ridge or low-rank fit solves the
+    n x n (dual) system on them instead of the d_s x d_s one. Statistics merged, updated or pickled are the sums
+    alone.
     """
 
     def __init__(self, n: int, sum_x: np.ndarray, sum_y: np.ndarray, xty: np.ndarray, xtx: np.ndarray,
@@ -157,6 +160,13 @@ class PairStats:
         mx = self.sum_x / self.n
         return self.xtx - self.n * np.outer(mx, mx)
 
+    def _dual_rows(self, center: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """The kept rows ``(X, Y)`` (about the pair means when ``center``), or None when only sums are kept."""
+        if self._rows is None:
+            return None
+        X, Y = self._rows
+        return (X - self.sum_x / self.n, Y - self.sum_y / self.n) if center else (X, Y)
+
 
 def procrustes_W(M: np.ndarray) -> np.ndarray:
     """The orthogonal (semi-orthogonal) maximiser of ``tr(Wᵀ M)``: ``U Vᵀ`` of ``svd(M)``. M: (d_s, d_t)."""
@@ -240,43 +250,69 @@ def procrustes_from_stats(stats: PairStats, *, scale: bool = False, center: bool
 
 
 def ridge_from_stats(stats: PairStats, *, alpha: float = 1.0, fit_intercept: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-    """Ridge solution ``W = (XᵀX + αI)⁻¹ XᵀY`` (centred when fitting an intercept) and bias."""
+    """Ridge solution ``W = (XᵀX + αI)⁻¹ XᵀY`` (centred when fitting an intercept) and bias.
+
+    From statistics that kept their n < d_s rows (:class:`PairStats`) and α > 0, the same ``W`` in its dual form
+    ``Xᵀ (X Xᵀ + αI)⁻¹ Y``: an n x n system (fit_ridge of 1,000 pairs of 3072-d rows: 10.3 s -> 4.5 s and
+    744 -> 493 MiB peak on a busy 2-core machine). α = 0 keeps the primal (singular in both forms)."""
+    W, _ = _ridge(stats, alpha, fit_intercept)
+    return W, _bias(stats, W, fit_intercept)
+
+
+def _ridge(stats: PairStats, alpha: float, fit_intercept: bool) -> tuple[np.ndarray, tuple | None]:
+    """``(W, dual)``: the ridge ``W`` and, when it was solved in the dual, ``(K, Z)`` with ``K = X Xᵀ`` (n, n) and
+    ``W = Xᵀ Z`` (the rows about their means when ``fit_intercept``), so the fitted values ``X W`` are ``K Z``."""
     if alpha < 0:
         raise InputError(f"alpha must be >= 0, got {alpha}")
-    if fit_intercept:
-        xty, xtx = stats.centered()
-    else:
-        xty, xtx = stats.xty, stats.xtx
+    xty = stats._cross(fit_intercept)
     if not np.isfinite(xty).all() or np.abs(xty).max() == 0:  # W = 0: every row mapped to the bias (all-identical
         # rows on either side) — a constant map, returned silently before; Procrustes refused the same pairs
         raise DegenerateInputError("the cross-covariance XᵀY is zero: the pairs carry no signal (are all rows of one "
                                    "side identical?)")
-    A = xtx + alpha * np.eye(xtx.shape[0])
+    rows = stats._dual_rows(fit_intercept) if alpha > 0 else None  # alpha 0: singular either way, primal kept
+    if rows is None:
+        xtx = stats._gram(fit_intercept)
+        return _solve(xtx + alpha * np.eye(xtx.shape[0]), xty), None
+    X, Y = rows
+    K = X @ X.T
+    Z = _solve(K + alpha * np.eye(K.shape[0]), Y)
+    return X.T @ Z, (K, Z)
+
+
+def _solve(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     try:
-        W = linalg.solve(A, xty)
+        return linalg.solve(A, B)
     except np.linalg.LinAlgError:
-        W = linalg.lstsq(A, xty)
-    bias = None
-    if fit_intercept:
-        bias = stats.sum_y / stats.n - (stats.sum_x / stats.n) @ W
-    return W, bias
+        return linalg.lstsq(A, B)
+
+
+def _bias(stats: PairStats, W: np.ndarray, fit_intercept: bool) -> np.ndarray | None:
+    return stats.sum_y / stats.n - (stats.sum_x / stats.n) @ W if fit_intercept else None
 
 
 def lowrank_from_stats(stats: PairStats, *, rank: int, alpha: float = 1.0, fit_intercept: bool = True):
-    """Reduced-rank ridge: ``W V_r V_rᵀ`` with ``V_r`` the top-``rank`` eigenvectors of ``Wᵀ XᵀX W``."""
+    """Reduced-rank ridge: ``W V_r V_rᵀ`` with ``V_r`` the top-``rank`` eigenvectors of ``Wᵀ XᵀX W`` (the top right
+    singular vectors of the fitted values ``X W``; from a dual ridge (:func:`ridge_from_stats`) through the n x n
+    ``(X W)(X W)ᵀ``, no d x d eigenproblem)."""
     if not 1 <= rank <= min(stats.xty.shape):
         raise InputError(f"rank must be in [1, {min(stats.xty.shape)}], got {rank}")
-    W, bias = ridge_from_stats(stats, alpha=alpha, fit_intercept=fit_intercept)
-    xtx = stats.centered()[1] if fit_intercept else stats.xtx
-    C = W.T @ xtx @ W
-    evals, evecs = linalg.eigh((C + C.T) / 2)
-    V = evecs[:, np.argsort(evals)[::-1][:rank]]
-    P = V @ V.T
-    W_r = W @ P
-    if bias is not None:
-        mean_y = stats.sum_y / stats.n
-        bias = mean_y - (stats.sum_x / stats.n) @ W_r
-    return W_r, bias
+    W, dual = _ridge(stats, alpha, fit_intercept)
+    if dual is None:
+        C = W.T @ stats._gram(fit_intercept) @ W
+        evals, evecs = linalg.eigh((C + C.T) / 2)
+        V = evecs[:, np.argsort(evals)[::-1][:rank]]
+    else:
+        K, Z = dual
+        F = K @ Z  # the fitted values X W (n, d_t): Wᵀ XᵀX W = Fᵀ F
+        G = F @ F.T
+        evals, evecs = linalg.eigh((G + G.T) / 2)
+        top = np.argsort(evals)[::-1][:rank]
+        # F's top right singular vectors span Fᵀ u of its top left ones u; directions of F at rounding level (a rank
+        # over F's) are left out: X W v = 0 puts W v in null(X) and row(X) (W = Xᵀ Z) at once, so W v = 0
+        top = top[evals[top] > evals.max() * F.shape[0] * np.finfo(np.float64).eps]
+        V = linalg.qr(F.T @ evecs[:, top])[0]
+    W_r = (W @ V) @ V.T
+    return W_r, _bias(stats, W_r, fit_intercept)
 
 
 # --- front ends: raw paired arrays -> LinearMap ---------------------------------------------
@@ -291,7 +327,7 @@ def pair_stats(X: np.ndarray, Y: np.ndarray, frames: tuple[Frame, Frame], *, chu
     """:class:`PairStats` of raw rows ``X`` (n, d_s), ``Y`` (n, d_t) put in ``frames``, ``chunk_size`` rows at a time.
 
     Statistics of row blocks (shards) merge exactly with ``+``. Rows in one chunk are kept when fewer than d_s
-    (:class:`PairStats`).
+    (:class:`PairStats`: the fit solves the dual).
     """
     fs, ft = frames
     chunk_size = check_number("chunk_size", chunk_size, 1, 1 << 31, whole=True)
