@@ -23,7 +23,12 @@ from .exceptions import (
 __all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate",
            "check_no_underflow", "check_no_zero_rows", "check_rankable", "check_representable", "check_eps",
            "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed",
-           "check_not_collapsed", "seed_record"]
+           "check_not_collapsed", "seed_record", "MAX_EPS"]
+
+#: Bound of a steer's strength ``|eps|`` (1: the trained strength) wherever a steer moves vectors: the library
+#: (:func:`check_eps`), the CLI and HTTP (``service.limits.MAX_STEER_EPS`` is this number). Strength sweeps saturate
+#: below 100; past the bound the answer is the steer's direction alone (``service.limits`` says why).
+MAX_EPS = 1000.0
 
 _CHECK_BYTES = 1 << 20  # the masks of a check cover about this many bytes of rows at a time
 _F32 = np.dtype(np.float32)
@@ -357,7 +362,8 @@ def seed_record(random_state) -> int | str | None:
 
 
 def check_eps(eps) -> float:
-    """The steering strength ``eps`` as a finite float (InputError / NonFiniteError otherwise)."""
+    """The steering strength ``eps`` as a finite float with ``|eps| <=`` :data:`MAX_EPS` (NonFiniteError for NaN /
+    inf, InputError otherwise: the README's "|eps| <= 1000 as everywhere" held for the CLI and HTTP only)."""
     if isinstance(eps, (str, bytes, bool, np.bool_)):  # float("1") and float(True) read them as numbers
         raise InputError(f"eps must be a real number, got {eps!r}")
     try:
@@ -366,6 +372,8 @@ def check_eps(eps) -> float:
         raise InputError(f"eps must be a real number, got {eps!r}") from None
     if not np.isfinite(value):
         raise NonFiniteError(f"eps must be finite, got {value}")
+    if abs(value) > MAX_EPS:
+        raise InputError(f"eps must be in [-{MAX_EPS:g}, {MAX_EPS:g}] (1 is the trained strength), got {value:g}")
     return value
 
 

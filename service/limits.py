@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from align.exceptions import InputError
+from align.validation import MAX_EPS
 
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
@@ -47,7 +48,8 @@ IVF_MAX_PER_LIST = 256
 #: Past it the answer is the steer's direction alone: a unit row's own part of ``q (I + eps W)`` is ~1 /
 #: (|eps| |q W|), under float32's resolution (6e-8) from |eps| sigma ~ 1e8, and the values, up to 1 + |eps| sigma,
 #: pass 1.8e19 (their squares overflow float32 in a client's norm) and then 3.4e38 (a NotRepresentableError).
-MAX_STEER_EPS = 1000.0
+#: One number with the library's bound (``align.validation.MAX_EPS``, which ``check_eps`` enforces).
+MAX_STEER_EPS = MAX_EPS
 
 
 #: limits shown in the table that the checks read from constants (pydantic schemas, codec, name rules), not from

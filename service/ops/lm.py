@@ -37,6 +37,7 @@ import orjson
 from align.exceptions import DimensionMismatchError, InputError, PairCountError
 from align.options import check_number
 from align.steer import Steer
+from align.validation import MAX_EPS
 
 from ..errors import ConflictError, NotFoundError
 from ..lm.model import LMUnavailableError
@@ -52,8 +53,9 @@ __all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_fit", "prepare
 #: far above any useful value, far below what overflows float32 in the first step.
 MAX_FIT_EPS, MAX_FIT_LR = 100.0, 10.0
 #: Bound of a steer's strength in generate and analyze (``eps = 1`` is the trained strength): far past any useful
-#: value; beyond it the "log-probabilities" of analyze were numbers like 4e28 and generation a fixed word.
-MAX_LM_EPS = 1000.0
+#: value; beyond it the "log-probabilities" of analyze were numbers like 4e28 and generation a fixed word. The
+#: library's bound (``align.validation.MAX_EPS``: the steering code checks it too), so one number.
+MAX_LM_EPS = MAX_EPS
 FIT_METRICS = ("loss_base", "loss_first", "loss_last10", "n_tokens", "n_pos", "n_neg")
 _LOAD_LOCK = threading.Lock()
 

@@ -72,15 +72,35 @@ def test_apply_is_affine_in_eps_and_compose_is_additive(e1, e2, seed):
 def test_a_large_eps_steers_as_steer_apply_does_or_names_eps():
     """apply_steers (the service's apply and steered search) scaled the factors by eps first: eps 1e37 on a steer
     with large P1 and small P2 overflowed eps P1 and failed with "steer factor P1 contains NaN or Inf" (blaming the
-    stored steer) where Steer.apply gives finite queries; eps 1e300 said the same instead of naming the overflow."""
-    s = Steer(np.full((4, 1), 100.0), np.full((4, 1), 1e-3))
+    stored steer) where Steer.apply gives finite queries; eps 1e300 said the same instead of naming the overflow.
+    (eps is bounded by 1000 now; factors of 1e36 overflow the same way within it.)"""
+    s = Steer(np.full((4, 1), 1e36), np.full((4, 1), 1e-3))
     Q = np.eye(4, dtype=np.float32)
-    np.testing.assert_allclose(apply_steers(Q, [(s, 1e37)]), s.apply(Q, 1e37), rtol=1e-6)
+    np.testing.assert_allclose(apply_steers(Q, [(s, 1000.0)]), s.apply(Q, 1000.0), rtol=1e-6)
     assert np.array_equal(apply_steers(Q, [(s, 0.0)]), Q)
     with pytest.raises(NotRepresentableError, match="steered queries"):
-        apply_steers(Q, [(s, 1e300), (s, 1.0)])
-    with pytest.raises(NotRepresentableError, match="eps 1e\\+300"):
-        compose_steers([(s, 1.0), (s, 1e300)])
+        apply_steers(Q, [(Steer(np.full((4, 1), 1e36), np.full((4, 1), 1e3)), 1000.0), (s, 1.0)])
+    with pytest.raises(NotRepresentableError, match="eps 1000 times"):
+        compose_steers([(s, 1.0), (s, 1000.0)])
+
+
+def test_eps_beyond_the_bound_is_refused_by_the_library_as_by_the_service():
+    """The README says |eps| <= 1000 "as everywhere", but only the CLI and HTTP enforced it: the library applied eps
+    1e30 (vectors of 1e29, the steer's direction alone). check_eps holds the one bound; the service reads it."""
+    s = random_steer()
+    Q = np.eye(8, dtype=np.float32)
+    for eps in (1000.0, -1000.0):
+        assert np.isfinite(s.apply(Q, eps)).all()
+    calls = (lambda e: s.apply(Q, e), s.scaled, lambda e: apply_steers(Q, [(s, e)]),
+             lambda e: compose_steers([(s, 1.0), (s, e)]), lambda e: MeanShift(np.ones(8)).apply(Q, e))
+    for eps in (1000.5, -1e30):
+        for call in calls:
+            with pytest.raises(InputError, match=r"eps must be in \[-1000, 1000\]"):
+                call(eps)
+    from align.validation import MAX_EPS
+    from service.limits import MAX_STEER_EPS
+
+    assert MAX_STEER_EPS == MAX_EPS == 1000.0
 
 
 def test_compose_rejects_mixed_dims_and_garbage():
