@@ -503,7 +503,7 @@ function steerPage() {
         this.sweep = grid.map((e, i) => [e, this.shareOf(rs[i])]);
         if (this.sweep.some(p => p[1] === null)) { this.steerMsg = "the index's payloads carry no numeric `label`, so the attribute share is unknown"; return; }
         this.$nextTick(() => VB.chart(this.$refs.sweep, grid, [{ label: "attribute share", values: this.sweep.map(p => p[1]) }],
-          { xlabel: "ε", ylabel: "share of top-k with the attribute", yrange: [0, 1] }));
+          { xlabel: "ε", ylabel: "attribute share", yrange: [0, 1] }));
       } catch (e) { this.steerMsg = VB.say(e); } finally { this.busy = false; }
     },
     changed() {

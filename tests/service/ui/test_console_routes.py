@@ -207,3 +207,23 @@ def test_console_templates_give_alpine_only_paths_and_calls(world):
             assert re.fullmatch(_EXPR, value), f"{path}: {name}={value!r} is not a path or a call"
             assert value.split(".")[0].split("(")[0] not in _GLOBALS, f"{path}: {name}={value!r} names a global"
     assert seen > 100
+
+
+def test_chart_axis_labels_fit_the_chart():
+    """The steer page's sweep chart said "share of top-k with the attribute" along its y-axis, which the 220 px
+    chart cut to "share of top-k with the attri" (~29 characters fit beside the plot). Every chart's y-label is
+    short enough to show whole."""
+    js = (STATIC_DIR / "console.js").read_text()
+    assert re.search(r"height: 220\b", js)                # the height the bound below was read at
+    labels = re.findall(r'ylabel: "([^"]*)"', js)
+    assert labels and all(len(label) <= 24 for label in labels), labels
+
+
+def test_the_readme_claims_versions_only_where_the_registry_page_shows_them():
+    """The README's console table said the registry page offers "versions with aliases, tags, lineage, ... move an
+    alias" after "spaces, maps, steers", but a steer's row opens nothing (no versions panel for steers)."""
+    html = (ROOT / "service" / "ui" / "templates" / "registry.html").read_text()
+    steers = html[html.index('id="steers"'):]
+    steers = steers[: steers.index("</table>")]
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| Registry |"))
+    assert "@click" in steers or "a map's versions" in row, row
