@@ -21,6 +21,8 @@ import io
 import json
 import math
 import os
+import struct
+import zipfile
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,11 +100,30 @@ def unpack_npz(data, what: str = "npz artifact") -> tuple[dict, dict]:
                                  f"({size} bytes starting {start!r})")
     try:
         with np.load(fh, allow_pickle=False) as z:
+            _check_zip_extent(z.zip, fh, size)
             arrays = {k: z[k] for k in z.files}
         header = json.loads(arrays.pop(META_KEY).tobytes().decode("utf-8"))
     except Exception as exc:
         raise SerializationError(f"cannot read {what}: {exc}") from None
     return arrays, _header_object(header)
+
+
+def _check_zip_extent(zf: zipfile.ZipFile, fh: BinaryIO, size: int) -> None:
+    """ValueError (the caller's SerializationError) unless the zip directory ``zf`` read from ``fh`` (``size``
+    bytes) accounts for the whole file: its end record closes the file (after its comment), its central directory
+    ends at that record, and its first member starts at byte 0. zipfile reads the last end record it finds and takes
+    whatever precedes the archive it describes as prepended data, so a chain artifact (which holds its steps' own
+    npz artifacts) cut short anywhere after a step's end record read as that step, silently."""
+    end = size - zipfile.sizeEndCentDir - len(zf.comment)
+    fh.seek(max(end, 0))
+    rec = fh.read(zipfile.sizeEndCentDir)
+    fields = struct.unpack(zipfile.structEndArchive, rec) if len(rec) == zipfile.sizeEndCentDir else None
+    ok = fields is not None and fields[0] == zipfile.stringEndArchive and fields[7] == len(zf.comment)
+    if ok and 0xFFFF not in fields[3:5] and 0xFFFFFFFF not in fields[5:7]:  # else zip64: the first offset says it
+        ok = zf.start_dir == fields[6] and fields[6] + fields[5] == end  # directory offset + size: the end record
+    if not ok or min((i.header_offset for i in zf.infolist()), default=0) != 0:
+        raise ValueError(f"truncated or not one whole npz archive (its zip directory does not span the file's "
+                         f"{size} bytes)")
 
 
 def _header_object(header) -> dict:

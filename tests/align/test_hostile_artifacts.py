@@ -12,6 +12,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import align
 from align.exceptions import InputError, SerializationError
@@ -241,3 +243,68 @@ def test_a_damaged_map_file_is_refused(maps, fmt, tmp_path):
             path.write_bytes(blob[:at] + bytes([blob[at] ^ 1]) + blob[at + 1 :])
             with pytest.raises(SerializationError, match="CRC"):
                 align.load_map(path)
+
+
+# A chain's npz artifact holds its steps' own npz artifacts (stored, not compressed). zipfile reads the LAST end
+# record it finds and takes whatever precedes the archive that record describes as prepended data, so a chain file
+# cut anywhere after a step's end record loaded as that step alone (a 6 -> 6 map where a 6 -> 6 -> 6 chain was
+# stored, and a cluster map's routing lost): silently, through load_map, MapChain.load and map_from_bytes alike.
+def _chain(maps, fmt: str) -> tuple[bytes, list[int]]:
+    """A linear -> cluster chain's artifact and where each step's own artifact ends inside it (npz: the cuts that
+    leave a whole archive at the end of the file)."""
+    chain = align.MapChain([maps["linear"], maps["cluster"]])
+    blob = chain.to_bytes(fmt)
+    ends = [blob.index(s.to_bytes(fmt)) + len(s.to_bytes(fmt)) for s in chain.steps] if fmt == "npz" else []
+    return blob, ends
+
+
+@settings(max_examples=150, deadline=None)
+@given(cut=st.floats(0, 1, exclude_max=True), fmt=st.sampled_from(["npz", "safetensors"]))
+def test_a_chain_cut_short_anywhere_is_refused_not_read_as_a_step(maps, cut, fmt):
+    blob, _ = _chain(maps, fmt)
+    with pytest.raises(SerializationError):
+        align.map_from_bytes(blob[: max(1, int(cut * len(blob)))])
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+def test_a_chain_file_cut_at_a_steps_end_is_refused(maps, fmt, tmp_path):
+    """The cuts that leave a step's whole archive last in the file (and a byte either side) through every reader of a
+    file; the whole file still loads as the chain."""
+    blob, ends = _chain(maps, fmt)
+    path = tmp_path / f"c.{fmt}"
+    for cut in [c + d for c in ends for d in (-1, 0, 1)] + [len(blob) // 2, len(blob) - 1]:
+        path.write_bytes(blob[:cut])
+        for read in (align.load_map, align.MapChain.load, lambda p: align.map_from_bytes(p.read_bytes())):
+            with pytest.raises(SerializationError):
+                read(path)
+    path.write_bytes(blob)
+    assert [align.map_kind(s) for s in align.load_map(path).steps] == ["linear", "cluster"]
+
+
+@pytest.mark.parametrize("edit", [lambda b: b + b"\0" * 7, lambda b: b + b, lambda b: b[:-1]],
+                         ids=["bytes after", "an archive before", "last byte cut"])
+def test_an_npz_artifact_that_is_not_one_whole_archive_is_refused(maps, edit):
+    """Every npz reader (maps of each kind, steers) refuses an archive whose zip directory does not span the file:
+    zipfile took bytes before or after it as none of its business."""
+    from align.steer import MeanShift, Steer
+
+    for obj, read in [(m, align.map_from_bytes) for m in maps.values()] + [
+            (Steer(np.ones((4, 2)), np.ones((4, 2))), Steer.from_bytes), (MeanShift(np.ones(4)), MeanShift.from_bytes)]:
+        blob = obj.to_bytes("npz") if read is align.map_from_bytes else obj.to_bytes()
+        with pytest.raises(SerializationError, match="npz archive|zip"):
+            read(edit(blob))
+        read(blob)
+
+
+def test_artifacts_an_older_release_stored_still_load():
+    """The artifacts of the upgrade fixture (a data dir written by release a9b56d8) pass the whole-archive check."""
+    from pathlib import Path
+
+    from align.steer import Steer
+
+    data = Path(__file__).resolve().parents[1] / "fixtures" / "upgrade_a9b56d8" / "data"
+    files = sorted(data.glob("artifacts/*/*"))
+    assert {f.suffix for f in files} == {".npz", ".safetensors"}
+    for f in files:
+        obj = Steer.load(f) if f.suffix == ".npz" else align.load_map(f)
+        assert obj.to_bytes() if f.suffix == ".npz" else obj.W.size
