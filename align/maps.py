@@ -42,6 +42,24 @@ def _raw_t(mf, mu_sq: float, xp=np):
     return xp.maximum(xp.sqrt(xp.maximum(mf * mf + 1.0 - mu_sq, 0.0)) - mf, 1e-12)
 
 
+def _orthonormal(W: np.ndarray, atol: float, diag_atol: float | None = None) -> bool:
+    """Whether the rows of ``W`` (float64) are orthonormal: ``|W Wᵀ - I|`` at most ``atol`` off the diagonal and
+    ``diag_atol`` (default ``atol``) on it. The Gram is computed a sixteenth of its rows at a time, only on and right
+    of the diagonal (it is symmetric), and stops at the first block past the tolerance: about W's bytes / 16 where
+    ``W Wᵀ - I`` and its copies held 3 d_s x d_s float64 arrays."""
+    d = W.shape[0]
+    block = max(64, -(-d // 16))
+    for i in range(0, d, block):
+        G = W[i : i + block] @ W[i:].T  # rows i.. of the Gram, from column i: G[k, k] is the diagonal
+        k = np.arange(G.shape[0])
+        diag = G[k, k] - 1.0
+        G[k, k] = 0.0
+        if np.abs(G, out=G).max() > atol or np.abs(diag).max() > (atol if diag_atol is None else diag_atol):
+            return False
+        del G  # before the next block's
+    return True
+
+
 class _Scalars:
     """The few functions :meth:`LinearMap._terms` needs, on Python floats: a single row's factors cost
     ~0.1 µs per operation this way against ~1-3 µs per numpy call on one-element arrays."""
@@ -117,8 +135,7 @@ class LinearMap(StoredMap):
         if self.bias is not None and np.abs(self.bias).max() > atol:
             return False
         W = self.W.astype(np.float64)
-        G = W @ W.T if W.shape[0] <= W.shape[1] else W.T @ W
-        return bool(np.allclose(G, np.eye(G.shape[0]), atol=atol))
+        return _orthonormal(W if W.shape[0] <= W.shape[1] else W.T, atol, atol + 1e-5)  # np.allclose's tolerances
 
     def planned_bytes(self) -> int:
         """Bytes of the arrays the fused apply plan (:meth:`_plan`, about ``W`` again) will hold once the first apply
@@ -210,29 +227,35 @@ class LinearMap(StoredMap):
         if plan is not None:
             return plan
         fs, ft = self.source_frame, self.target_frame
-        W64 = self.W.astype(np.float64)
-        d_s, d_t = W64.shape
+        d_s, d_t = self.W.shape
         folded = bool(fs.unit_in and fs.unit_out and fs.mean is not None)
         mu_s = fs.mean.astype(np.float64) if folded else np.zeros(d_s)
         mu_t = ft.mean.astype(np.float64) if ft.mean is not None else np.zeros(d_t)
         b = self.bias.astype(np.float64) if self.bias is not None else np.zeros(d_t)
-        muW = mu_s @ W64
+        # W in float64 (2x W's bytes) only while the float64 products below read it, freed before Wa is made: the
+        # first apply peaked at 8x W (+288 MiB at 3072 x 3072) with W W^T, its copies and [W; ...] stacked twice
+        W64 = self.W.astype(np.float64)
+        muW, q_mut, q_b = mu_s @ W64, (W64 @ mu_t).astype(np.float32), (W64 @ b).astype(np.float32)
+        orth = d_s <= d_t and _orthonormal(W64, 1e-5)
+        col_sq = np.einsum("ij,ij->j", W64, W64)  # squared column norms of W (Wa_col)
+        del W64
+        Wa = np.empty((d_s + 3, d_t), np.float32)
+        Wa[:d_s], Wa[d_s], Wa[d_s + 1], Wa[d_s + 2] = self.W, muW, mu_t, b
         plan = {
             "folded": folded,
             "copy_frame": not folded and (fs.unit_in or fs.unit_out or fs.mean is not None),
-            "orth": d_s <= d_t and float(np.abs(W64 @ W64.T - np.eye(d_s)).max()) <= 1e-5,
+            "orth": orth,
             "has_bias": self.bias is not None,
             "raw_closed": bool(ft.unit_in and ft.unit_out and ft.mean is not None),
             # [W; mu_s W; mu_t; b]: one GEMM adds the low-rank terms; an output takes the rows its factors use
             # (_width): each extra row of K = d_s + k cost ~10 µs a 1024 x 384 block, a padding to 4 included
-            "Wa": np.ascontiguousarray(np.vstack([W64, muW, mu_t, b]), np.float32),
+            "Wa": Wa,
             # the largest column norm of Wa: bounds every output value from the input side (_apply_block)
-            "Wa_col": float(np.sqrt(np.square(np.vstack([W64, muW, mu_t, b])).sum(axis=0)).max()),
+            "Wa_col": float(np.sqrt(col_sq + muW * muW + mu_t * mu_t + b * b).max()),
             # input-side products x·q, one GEMV each: a (d_s, 4) GEMM costs ~2.3 GEMVs on this shape, and a (d_s, 2)
             # one, 24 µs against 45, gives most rows other bits in another block of rows (a parquet streamed in chunks
             # of 512 no longer matched its .npy output bit for bit); GEMVs differ in up to 3 tail rows (README)
-            "q_mu": mu_s.astype(np.float32), "q_mut": (W64 @ mu_t).astype(np.float32),
-            "q_b": (W64 @ b).astype(np.float32),
+            "q_mu": mu_s.astype(np.float32), "q_mut": q_mut, "q_b": q_b,
             "mu_sq": float(mu_s @ mu_s), "muW_sq": float(muW @ muW), "b_sq": float(b @ b), "muW_b": float(muW @ b),
             "muW_mut": float(muW @ mu_t), "b_mut": float(b @ mu_t), "mut_sq": float(mu_t @ mu_t),
         }

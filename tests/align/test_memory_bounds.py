@@ -159,3 +159,23 @@ def test_a_maps_arrays_are_checked_finite_without_a_mask_of_them():
     with pytest.raises(align.exceptions.NonFiniteError, match="W .k, d_s, d_t. contains"):
         align.ClusterMap(np.eye(2, 2048, dtype=np.float32), np.stack([W[:, -4:], W[:, -4:]]), np.zeros((2, 4)),
                          align.Frame.identity(2048), align.Frame.identity(4))
+
+
+@pytest.mark.parametrize("orthonormal", [True, False])
+def test_a_linear_maps_first_apply_holds_about_two_W(orthonormal):
+    # the apply plan held W in float64 (2x W), W W^T - I and its copies (3 x 2x W at 3072 x 3072: d_s x d_s float64
+    # each) and [W; mu_s W; mu_t; b] stacked twice in float64: the first transform by a 3072 x 3072 map (36 MiB)
+    # over HTTP peaked at +288 MiB; the Gram is now checked a block of rows at a time and the float64 W freed first
+    d = 1024
+    rng = np.random.default_rng(0)
+    W = np.linalg.qr(rng.standard_normal((d, d)))[0].astype(np.float32) if orthonormal else _rows(d, d, 1) / 32
+    fs, ft = (align.Frame.fit(_rows(200, d, s) + 0.5) for s in (2, 3))
+    m = align.LinearMap(W, 0.01 * _rows(1, d, 4)[0], fs, ft)
+    X = _rows(4, d, 5) + 0.5
+    _, peak = _peak(m.apply, X)
+    assert m._plan()["orth"] is orthonormal
+    assert peak < 2.5 * W.nbytes, f"first apply peaked at {peak / W.nbytes:.2f} x W"
+    G = W.astype(np.float64) @ W.T.astype(np.float64)  # the check the plan and is_orthogonal made on the whole Gram
+    assert m._plan()["orth"] is bool(np.abs(G - np.eye(d)).max() <= 1e-5)
+    assert align.LinearMap(W).is_orthogonal() is bool(np.allclose(G, np.eye(d), atol=1e-4)) is orthonormal
+    assert align.LinearMap(W[:, :700]).is_orthogonal() is orthonormal  # orthonormal columns: W^T W = I
