@@ -40,10 +40,11 @@ from .storage import atomic_write, fsync_dir, hold, keep_mode, make_parent, take
 __all__ = [
     "FormatError", "check_file", "check_not_input", "load_npy", "parse_rows", "resolve_rows", "read_vectors",
     "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
-    "write_vectors", "is_text_path", "sha256_array", "VECTOR_SUFFIXES", "TEXT_SUFFIXES",
+    "write_vectors", "is_text_path", "sha256_array", "VECTOR_SUFFIXES", "STREAM_SUFFIXES", "TEXT_SUFFIXES",
 ]
 
 VECTOR_SUFFIXES = (".npy", ".npz", ".fvecs", ".parquet")
+STREAM_SUFFIXES = (".npy", ".fvecs", ".parquet")  # what ChunkWriter writes (an .npz cannot be written in chunks)
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
 # the end of a ChunkWriter temporary's name, ``.<name>.part-<pid>-<8 hex>``: locked by its writer from creation.
 # Releases up to 58ebe2e named it ``.<name>.part-<pid>`` and held no lock, so a live one of theirs looks abandoned
@@ -493,7 +494,7 @@ class ChunkWriter:
     def __init__(self, path, *, dim: int, n_rows: int | None = None, schema=None, column: str = "vector"):
         self.path = Path(path)
         self.suffix = self.path.suffix.lower()
-        if self.suffix not in (".npy", ".fvecs", ".parquet"):
+        if self.suffix not in STREAM_SUFFIXES:
             raise FormatError(f"{self.path.name}: streaming output must be .npy, .fvecs or .parquet")
         if self.suffix == ".npy" and n_rows is None:
             raise InputError("writing .npy in chunks needs the row count up front")

@@ -1,7 +1,7 @@
 """``vecbridge steer fit | apply | alias | lens | transfer``: LM-Steer style transforms of one embedding space.
 
 Each command parses, calls one operation of :mod:`service.ops.steers` (``embed_and_register``,
-``apply_steer_job``, ``describe_lens`` / ``steer_lens``, ``transfer_and_register``) and renders.
+``steer_file``, ``describe_lens`` / ``steer_lens``, ``transfer_and_register``) and renders.
 """
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ from pathlib import Path
 
 import click
 
-from align.exceptions import DimensionMismatchError, InputError, PairCountError
+from align.exceptions import InputError, PairCountError
 
-from ..encoders import get_encoder, space_encoder
-from ..io import VECTOR_SUFFIXES, check_not_input, is_text_path, read_texts, read_vectors, write_vectors
-from ..ops.steers import (apply_steer_job, bare_steer_ref, check_steer_eps, check_steer_fit, delete_steer_alias,
-                          delete_steer_version, describe_lens, embed_and_register, set_steer_alias, space_for_rows,
-                          steer_lens, transfer_and_register)
+from ..encoders import get_encoder
+from ..io import STREAM_SUFFIXES, check_not_input, read_texts, read_vectors
+from ..ops.steers import (bare_steer_ref, check_steer_eps, check_steer_fit, delete_steer_alias, delete_steer_version,
+                          describe_lens, embed_and_register, set_steer_alias, space_for_rows, steer_file, steer_lens,
+                          steer_text_encoder, transfer_and_register)
 from ..registry.names import parse_ref
 from ..storage import check_writable
 from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, json_opt, parse_kv, progress_bar,
-                      read_labels, register_opts, versions_summary)
+                      quiet_opt, read_labels, register_opts, versions_summary)
 
 __all__ = ["steer"]
 
@@ -133,30 +133,36 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
 @click.option("--eps", type=float, default=1.0, show_default=True, help="Strength (0 = identity, negative reverses).")
 @click.argument("inp", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--chunk-rows", type=click.IntRange(1), default=65536, show_default=True,
+              help="Rows read, steered and written at a time (one chunk is held in memory).")
+@click.option("--rows", default=None, help="START:STOP rows of INP (negative counts from the end).")
+@click.option("--key", default=None, help=".npz array name of INP (default: its first array).")
+@click.option("--column", default=None, help="Parquet list column of INP (default: the first list-of-numbers column).")
 @click.option("--encoder", default=None,
               help="For a text INP (.txt / .jsonl / .json, embedded as queries): the steer's space's encoder (the "
                    "default; another model is refused), or the encoder of a space that has none registered.")
 @click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text.")
 @json_opt
+@quiet_opt
 @click.pass_obj
-def steer_apply(obj: Ctx, ref, eps, inp, out, encoder, text_field, as_json):
-    """Steer the rows of IN with Q (I + eps W) and write OUT (.npy, .npz, .fvecs, .parquet)."""
+def steer_apply(obj: Ctx, ref, eps, inp, out, chunk_rows, rows, key, column, encoder, text_field, as_json, quiet):
+    """Steer the rows of IN with Q (I + eps W) and write OUT (.npy, .fvecs or .parquet), in chunks, as `vecbridge
+    transform` does: a .parquet INP into a .parquet OUT keeps every other column (ids, payloads) row for row;
+    another OUT holds the vectors only (a note on stderr, or `note` in --json, names the columns left behind)."""
     check_steer_eps(eps)  # before the input is read (texts: embedded)
     check_not_input(out, "OUT", inp)
-    if Path(out).suffix.lower() not in VECTOR_SUFFIXES:  # before the input is read (texts: embedded) and steered
-        raise InputError(f"OUT {out}: write {', '.join(VECTOR_SUFFIXES)}")
+    if Path(out).suffix.lower() not in STREAM_SUFFIXES:  # before the input is read (texts: embedded) and steered
+        raise InputError(f"OUT {out}: write {', '.join(STREAM_SUFFIXES)}")
     check_writable(out, "OUT")
-    reg = obj.registry
-    info = reg.resolve_steer(ref)
-    s = reg.load_steer(info)
-    if is_text_path(inp):
-        encoder = _text_encoder(reg, info.space, encoder)
-    Q = read_vectors(inp, encoder=encoder, kind="query", text_field=text_field)
-    if Q.shape[1] != info.dim:
-        raise DimensionMismatchError(f"{Path(inp).name} has {Q.shape[1]}-d rows; steer {info.ref} is {info.dim}-d")
-    write_vectors(out, apply_steer_job(Q, [(s, eps)]))
-    emit({"steer": info.ref, "eps": eps, "rows": int(Q.shape[0]), "out": str(out)}, as_json,
-         f"wrote {Q.shape[0]} rows steered by {info.ref} (eps {eps:g}) to {out}")
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
+    try:
+        res = steer_file(obj.registry, ref, eps, inp, out, chunk_rows=chunk_rows, rows=rows, key=key, column=column,
+                         encoder=encoder, text_field=text_field, progress=progress)
+    finally:
+        close()
+    if res["note"] and not as_json:  # a .parquet's other columns, which a .npy / .fvecs output cannot hold
+        click.echo(f"vecbridge: note: {res['note']}", err=True)
+    emit(res, as_json, f"wrote {res['rows']} rows steered by {res['steer']} (eps {eps:g}) to {out}")
 
 
 @steer.command("transfer")
@@ -204,7 +210,7 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
         if vectors:
             X = read_vectors(vectors)
         else:
-            X = read_vectors(texts, encoder=_text_encoder(reg, info.space, encoder))
+            X = read_vectors(texts, encoder=steer_text_encoder(reg, info.space, encoder))
         out["directions"] = steer_lens(s, X, items, k=k, n_directions=directions)
     lines = [f"steer {info.ref}: sigma " + " ".join(f"{x:.3g}" for x in out["sigma"])]
     for d in out["directions"]:
@@ -214,16 +220,6 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
     if not out["directions"]:
         lines.append("  (no named items: fit with --texts, or pass --texts here)")
     emit(out, as_json, "\n".join(lines))
-
-
-def _text_encoder(reg, space: str, encoder: str | None) -> str:
-    """The encoder for texts steered in ``space``: the space's registered one, which ``encoder`` must name when given
-    (texts embedded by another model of the same width were steered as the space's and exited 0), else
-    ``encoder``; InputError when neither is known."""
-    enc = space_encoder(space, reg.get_space(space).encoder, encoder)
-    if not enc:
-        raise InputError(f"texts need --encoder (space {space!r} has none registered) or vectors")
-    return enc
 
 
 def _item_name(item: dict) -> str:

@@ -27,15 +27,17 @@ from align.steer import (MeanShift, Steer, apply_steers, check_steer_options, fi
 from align.validation import as_matrix
 
 from ..encoders import space_encoder
+from ..io import is_text_path
 from ..limits import MAX_SEED, MAX_STEER_EPS
 from ..progress import Progress, silent
 from ..registry import ConflictError, InvalidNameError, NotFoundError
 from ..registry.names import MAX_NAME, check_alias, check_name
+from .transform import rows_through
 
 __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
            "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "steer_lens", "describe_lens",
            "set_steer_alias", "delete_steer_alias", "delete_steer_version", "bare_steer_ref", "transfer_and_register",
-           "steer_queries", "check_steer_eps"]
+           "steer_queries", "check_steer_eps", "steer_file", "steer_text_encoder"]
 
 # Accepted fit parameters and their defaults (the API schema can mirror this). The seed is no parameter: it is the
 # fit's own `random_state` (every face has one, default 0).
@@ -244,6 +246,36 @@ def apply_steer_job(Q, steers: Sequence[tuple[Steer | MeanShift, float]]) -> np.
     for s, e in shifts:
         out = s.apply(out, e)
     return out
+
+
+def steer_text_encoder(registry, space: str, encoder: str | None) -> str:
+    """The encoder for texts steered in ``space``: the space's registered one, which ``encoder`` must name when given
+    (texts embedded by another model of the same width were steered as the space's and exited 0), else
+    ``encoder``; InputError when neither is known."""
+    enc = space_encoder(space, registry.get_space(space).encoder, encoder)
+    if not enc:
+        raise InputError(f"texts need --encoder (space {space!r} has none registered) or vectors")
+    return enc
+
+
+def steer_file(registry, ref: str, eps: float, inp, out, *, chunk_rows: int = 65536, rows=None,
+               key: str | None = None, column: str | None = None, encoder: str | None = None,
+               text_field: str = "text", progress: Progress | None = None) -> dict:
+    """Steer the rows of file ``inp`` with steer ``ref`` at ``eps`` into file ``out``: the path of ``vecbridge
+    transform`` (:func:`service.ops.transform.rows_through`), so a parquet's other columns (ids, payloads) go along
+    row for row, ``rows`` / ``chunk_rows`` / ``key`` / ``column`` read as there, and a text file is embedded as
+    queries with the steer's space's encoder (:func:`steer_text_encoder`). Returns ``{"steer", "eps", "rows",
+    "out", "dim", "note"}`` (``note``: the input's columns ``out`` cannot hold, else None)."""
+    eps = check_steer_eps(eps)
+    info = registry.resolve_steer(ref)
+    s = registry.load_steer(info)
+    if is_text_path(inp):
+        encoder = steer_text_encoder(registry, info.space, encoder)
+    res = rows_through(inp, out, lambda chunks: (apply_steer_job(Q, [(s, eps)]) for Q in chunks),
+                       source_dim=info.dim, target_dim=info.dim, expects=f"steer {info.ref} is", chunk_rows=chunk_rows,
+                       rows=rows, key=key, column=column, encoder=encoder, kind="query", text_field=text_field,
+                       progress=progress, stage="steer")
+    return {"steer": info.ref, "eps": eps, **res}
 
 
 def steer_lens(steer, X: np.ndarray, items: Sequence[str] | None, *, k: int = 5, n_directions: int = 4) -> list:

@@ -7,7 +7,10 @@ names the columns left behind.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+import numpy as np
 
 from align.exceptions import DimensionMismatchError, EmptyInputError
 
@@ -24,7 +27,7 @@ from ..progress import Progress, silent
 from ..storage import check_writable
 from ..tables import MappedWriter
 
-__all__ = ["transform_file"]
+__all__ = ["rows_through", "transform_file"]
 
 
 def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, output: str = "raw", rows=None,
@@ -39,40 +42,61 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     ``progress`` reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output",
     "note"}``; ``note``: the input's columns ``out`` cannot hold (a .parquet's into .npy / .fvecs), else None.
     """
-    check_not_input(out, "the output", inp)  # the input replaced by its own mapped rows (or some of them)
+    check_not_input(out, "the output", inp)  # before the registry is read
     v = registry.resolve(ref)
     m = registry.load_map(v)
-    check_writable(out, "the output")  # a read-only folder: the error named the writer's hidden temporary file
     if is_text_path(inp):  # the source space's encoder, or None (reading the texts then says to name one)
         encoder = space_encoder(v.source_space, registry.get_space(v.source_space).encoder, encoder)
+
+    def through(chunks):
+        if ray_address is None:
+            return (m.apply(chunk, output=output) for chunk in chunks)
+        from ..distributed import apply_stream_ray  # Ray: imported only when asked for
+
+        return apply_stream_ray(m, chunks, output=output, address=None if ray_address == "local" else ray_address)
+
+    res = rows_through(inp, out, through, source_dim=m.source_dim, target_dim=m.target_dim, expects=f"{v.ref} expects",
+                       chunk_rows=chunk_rows, rows=rows, key=key, column=column, encoder=encoder,
+                       text_field=text_field, progress=progress)
+    return {"map": v.ref, "rows": res["rows"], "out": res["out"], "dim": res["dim"], "output": output,
+            "note": res["note"]}
+
+
+def rows_through(inp, out, through: Callable[[Iterator[np.ndarray]], Iterable[np.ndarray]], *, source_dim: int,
+                 target_dim: int, expects: str, chunk_rows: int = 65536, rows=None, key: str | None = None,
+                 column: str | None = None, encoder: str | None = None, kind: str = "passage",
+                 text_field: str = "text", progress: Progress | None = None, stage: str = "transform") -> dict:
+    """The rows of file ``inp`` (``rows`` ``"START:STOP"``; ``key`` / ``column``: the .npz array / Parquet column;
+    a text file embedded with ``encoder`` as ``kind``) read ``chunk_rows`` at a time, checked ``source_dim``-d
+    (else DimensionMismatchError "... has N-d rows; {expects} D-d"), passed through ``through`` (chunks in, blocks
+    of ``target_dim``-d rows out, in order) and written to ``out`` with a parquet's other columns
+    (:class:`~service.tables.MappedWriter`). The one path of ``vecbridge transform`` and ``vecbridge steer apply``.
+    ``progress`` reports ``(stage, rows done / rows)``. Returns ``{"rows", "out", "dim", "note"}``.
+    """
+    check_not_input(out, "the output", inp)  # the input replaced by its own mapped rows (or some of them)
+    check_writable(out, "the output")  # a read-only folder: the error named the writer's hidden temporary file
     total = count_rows(inp, key=key, column=column, text_field=text_field)
     r = parse_rows(rows)
     if r is not None:
         sl = resolve_rows(r, total, inp)
         total = sl.stop - sl.start
     if total == 0:
-        raise EmptyInputError(f"{Path(inp).name}: no rows to transform")
+        raise EmptyInputError(f"{Path(inp).name}: no rows to {stage}")
     say = progress or silent
 
     def checked():
         for chunk in iter_chunks(inp, chunk_rows=chunk_rows, rows=r, key=key, column=column, encoder=encoder,
-                                 text_field=text_field):
-            if chunk.shape[1] != m.source_dim:
-                raise DimensionMismatchError(f"{Path(inp).name} has {chunk.shape[1]}-d rows; {v.ref} expects "
-                                             f"{m.source_dim}-d")
+                                 kind=kind, text_field=text_field):
+            if chunk.shape[1] != source_dim:
+                raise DimensionMismatchError(f"{Path(inp).name} has {chunk.shape[1]}-d rows; {expects} "
+                                             f"{source_dim}-d")
             yield chunk
 
-    if ray_address is None:
-        mapped = (m.apply(chunk, output=output) for chunk in checked())
-    else:
-        from ..distributed import apply_stream_ray  # Ray: imported only when asked for
-
-        mapped = apply_stream_ray(m, checked(), output=output, address=None if ray_address == "local" else ray_address)
     done = 0
-    say("transform", 0.0)
-    with MappedWriter(inp, out, dim=m.target_dim, n_rows=total, column=column, rows=r, batch_rows=chunk_rows) as w:
-        for Y in mapped:
+    say(stage, 0.0)
+    with MappedWriter(inp, out, dim=target_dim, n_rows=total, column=column, rows=r, batch_rows=chunk_rows) as w:
+        for Y in through(checked()):
             w.write(Y)
             done += Y.shape[0]
-            say("transform", done / total)
-    return {"map": v.ref, "rows": total, "out": str(out), "dim": m.target_dim, "output": output, "note": w.note}
+            say(stage, done / total)
+    return {"rows": total, "out": str(out), "dim": target_dim, "note": w.note}

@@ -309,3 +309,35 @@ def test_apply_refuses_an_eps_past_the_bound_before_reading_its_input(fitted):
                d / "bounded.npy", check_code=2)
         assert "eps must be a number in [-1000, 1000]" in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1 and not (d / "bounded.npy").exists()
+
+
+def test_apply_keeps_a_parquets_other_columns_as_transform_does(fitted):
+    """QA: ``steer apply --steer st --eps 0.5 in.parquet out.parquet`` (columns id, vector, cat) wrote the vector
+    column only: the ids and every other column were gone, exit 0, no word (read_vectors / write_vectors). It goes
+    the way of ``vecbridge transform`` now: the other columns row for row, --rows and --chunk-rows as there, and a
+    note naming the columns a .npy output cannot hold."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    d, X, _, _ = fitted
+    n = len(X)
+    pq.write_table(pa.table({"id": [f"doc-{i}" for i in range(n)],
+                             "vector": pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), X.shape[1]),
+                             "cat": [i % 3 for i in range(n)]}), d / "in.parquet")
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{d / 'var' / 'registry.sqlite'}", d / "var" / "artifacts")
+    try:
+        want = reg.load_steer("attr:1").apply(X, 0.5)
+    finally:
+        reg.close()
+    vb("--data-dir", d / "var", "steer", "apply", "--steer", "attr:1", "--eps", 0.5, d / "in.parquet",
+       d / "out.parquet", "--rows", "10:250", "--chunk-rows", 7, "--quiet")
+    t = pq.read_table(d / "out.parquet")
+    assert t.column_names == ["id", "vector", "cat"]
+    assert t.column("id").to_pylist() == [f"doc-{i}" for i in range(10, 250)]
+    assert t.column("cat").to_pylist() == [i % 3 for i in range(10, 250)]
+    np.testing.assert_allclose(np.array(t.column("vector").to_pylist(), np.float32), want[10:250], atol=1e-6)
+    p = vb("--data-dir", d / "var", "steer", "apply", "--steer", "attr:1", "--eps", 0.5, d / "in.parquet",
+           d / "out.npy", "--quiet")
+    assert "other columns (id, cat) are not written" in p.stderr
+    np.testing.assert_allclose(np.load(d / "out.npy"), want, atol=1e-6)
