@@ -103,6 +103,8 @@ def as_matrix(
     Parameters
     ----------
     X : array-like, shape (n, d)
+        Real numbers (float, int). Booleans are refused (a mask passed by mistake; ``X.astype(np.float32)``
+        passes 0/1 on purpose), and so is a masked array with any masked entry (the mask would be dropped).
     name : str
         Used in error messages.
     dim : int, optional
@@ -127,10 +129,14 @@ def as_matrix(
             arr = np.asarray(X)
         except Exception as exc:  # ragged lists and the like
             raise InputError(f"{name}: cannot be read as a numeric array ({exc})") from None
-        if arr.dtype == object or arr.dtype.kind in "mM" or not (  # timedelta64 is an np.number: not a vector
-            np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_
-        ):
-            raise InputError(f"{name}: expected a numeric array, got dtype {arr.dtype}")
+        if arr.dtype == np.bool_:  # read as 0/1 without a word; far more often a mask (X > 0) than an embedding
+            raise InputError(f"{name}: a boolean array (dtype bool, a mask?) is not vectors; to pass 0/1 on purpose, "
+                             f"convert it: X.astype(np.float32)")
+        if arr.dtype == object or arr.dtype.kind in "mM" or not np.issubdtype(arr.dtype, np.number):
+            raise InputError(f"{name}: expected a numeric array, got dtype {arr.dtype}")  # timedelta64 is a number
+        if np.ma.isMaskedArray(X) and np.ma.getmaskarray(X).any():  # np.asarray drops the mask without a word
+            raise InputError(f"{name}: a masked array with masked entries; their hidden values would be read as "
+                             f"numbers (fill them, X.filled(...), or drop those rows)")
         if np.iscomplexobj(arr):
             raise InputError(f"{name}: complex values are not supported")
     if arr.ndim != 2:

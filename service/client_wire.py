@@ -94,21 +94,30 @@ def matrix(X, name: str = "vectors") -> np.ndarray:
     """``X`` as C-contiguous little-endian float32 (n, d); a 1-D row becomes (1, d).
 
     Refused here, before a byte is sent: another ndim (:class:`ShapeError`), what is not real numbers
-    (:class:`InputError`; the cast would drop a complex value's imaginary part with a mere warning, where the
-    service refuses complex input), and finite float64 values float32 cannot hold, e.g. 1e39
+    (:class:`InputError`: dtype kind other than int / uint / float: strings, objects, datetimes; booleans, a mask
+    passed by mistake, ``X.astype(np.float32)`` sends 0/1 on purpose; a masked array with masked entries; the cast
+    would drop a complex value's imaginary part with a mere warning, where the service refuses complex input), and finite float64 values float32 cannot hold, e.g. 1e39
     (:class:`NotRepresentableError`: the cast would send Inf, and the service would call finite input NaN/Inf),
     and non-zero float64 rows whose every value is below float32's smallest, e.g. 1e-46 (they would arrive as
     all-zero rows: :class:`NotRepresentableError`, as the service and ``LinearMap.apply`` say).
     NaN / Inf in ``X`` itself are the service's to refuse (422 :class:`ValidationError`).
     """
     try:
-        src = np.asarray(X)
-        with np.errstate(over="ignore"):
-            A = src.astype("<f4", copy=False) if src.dtype.kind != "c" else src
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{name}: not an array of numbers ({e})") from None
+        src = np.asarray(X)  # a torch tensor that requires grad raised a bare RuntimeError here
+    except Exception as e:  # noqa: BLE001 - as as_matrix: whatever numpy cannot read is no array of numbers
+        raise InputError(f"{name}: cannot be read as a numeric array ({e})") from None
+    if src.dtype.kind == "b":  # a mask (X > 0) passed by mistake, far more often than 0/1 vectors
+        raise InputError(f"{name}: a boolean array (dtype bool, a mask?) is not vectors; to pass 0/1 on purpose, "
+                         f"convert it: X.astype(np.float32)")
     if src.dtype.kind == "c":
         raise InputError(f"{name}: complex values are not supported (the imaginary part would be dropped)")
+    if src.dtype.kind not in "iuf":  # strings, objects, datetimes were cast and sent (astype reads "1.5" and dates)
+        raise InputError(f"{name}: expected an array of numbers, got dtype {src.dtype}")
+    if np.ma.isMaskedArray(X) and np.ma.getmaskarray(X).any():  # asarray dropped the mask: hidden values sent
+        raise InputError(f"{name}: a masked array with masked entries; their hidden values would be read as "
+                         f"numbers (fill them, X.filled(...), or drop those rows)")
+    with np.errstate(over="ignore"):
+        A = src.astype("<f4", copy=False)
     if A.ndim == 1:
         A = A[None, :]
     if A.ndim != 2:

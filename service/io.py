@@ -404,7 +404,7 @@ def _embed(path: Path, texts: list[str], encoder: str, kind: str, batch_size: in
 def _select_rows(M: np.ndarray, sl: slice | None, path: Path) -> np.ndarray:
     """Rows ``sl`` of a matrix ``M`` read from ``path`` as checked float32 (n, d); ``sl`` None: ``M`` is not 2-D.
 
-    Any dtype but real numbers and booleans (``as_matrix``'s) raises there, before a row is selected. A bool file
+    Any dtype but real numbers (``as_matrix``'s; booleans too) raises there, before a row is selected. A bool file
     took that branch too and came back whole: ``--rows`` ignored, and each streamed chunk the whole file again."""
     from align.validation import as_matrix
 

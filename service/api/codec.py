@@ -233,25 +233,39 @@ def vectors_from_json(obj: dict, *, dim: int | None, max_batch: int, name: str =
 
 
 def _rows_in_blocks(rows: list, name: str, block: int = 4096):
-    """A JSON list of rows as one float32 array, converted a block of rows at a time.
+    """A JSON list of rows as one array, converted a block of rows at a time (float32; one block: as numpy reads it).
 
     ``np.asarray`` of a 3 M-number list holds the GIL for its whole run; block by block, other
-    threads (the event loop) run in between. Anything that is not a list of equal-length number
-    rows is handed back as is, for :func:`as_matrix` to explain.
+    threads (the event loop) run in between. A JSON ``true`` / ``false`` among the numbers is refused (numpy read it
+    as 1.0 / 0.0: ``[[true, 0.1]]`` was answered 200; the OpenAPI says number). Anything else that is not a list of
+    equal-length number rows is handed back as is, for :func:`as_matrix` to explain.
     """
-    if len(rows) <= block or not all(isinstance(r, list) for r in rows[:1]):
+    if not all(isinstance(r, list) for r in rows[:1]):
         return rows
     width = len(rows[0])
-    out = np.empty((len(rows), width), np.float32)
-    try:
-        for s in range(0, len(rows), block):
+    out = None if len(rows) <= block else np.empty((len(rows), width), np.float32)
+    for s in range(0, len(rows), block):
+        try:
             part = np.asarray(rows[s : s + block])  # dtype inferred: strings or objects are not numbers
-            if part.shape != (min(block, len(rows) - s), width) or part.dtype.kind not in "fiub":
-                return rows
-            out[s : s + block] = part
-    except (TypeError, ValueError):
-        return rows
+        except (TypeError, ValueError):
+            return rows
+        if part.shape != (min(block, len(rows) - s), width) or part.dtype.kind not in "fiub":
+            return rows
+        _refuse_bools(rows, part, s, name)
+        if out is None:
+            return part  # as_matrix checks it as it did the list (float64 beyond float32's range, say)
+        out[s : s + block] = part
     return out
+
+
+def _refuse_bools(rows: list, part: np.ndarray, start: int, name: str) -> None:
+    """InputError when a row of ``rows[start : start + len(part)]`` (read by numpy as ``part``) holds a JSON boolean.
+    Only rows holding a 0 or a 1 can (numpy read a boolean as one): their values' types are looked at, no others'."""
+    maybe = np.arange(len(part)) if part.dtype.kind == "b" else np.flatnonzero(((part == 0) | (part == 1)).any(axis=1))
+    for i in maybe:
+        if bool in map(type, rows[start + i]):
+            raise InputError(f"{name}: row {start + i} holds a JSON boolean (true / false) where a number belongs; "
+                             f"send numbers (0 and 1, if that is meant)")
 
 
 def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int, finite: bool = True) -> np.ndarray:

@@ -150,7 +150,7 @@ class TagSet(_Strict):
 
 # --- vectors ------------------------------------------------------------------------------------
 class _Vectors(BaseModel):
-    vectors: list[list[float]] | None = Field(
+    vectors: list[list[Annotated[float, Strict()]]] | None = Field(  # a JSON true is no number (lax: 1.0)
         None, description="Rows as JSON numbers, shape (n, d). Simple but slow for large batches.")
     vectors_b64: str | None = Field(
         None, description="Fast path in JSON: base64 of little-endian float32, row-major; needs `dim`.")

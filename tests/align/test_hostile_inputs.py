@@ -335,3 +335,18 @@ def test_the_metrics_refuse_what_is_not_a_map(pairs, not_a_map):
                  lambda: align.migration.labelled_retention(not_a_map, X, Y, Y[:3], [0, 1, 2])):
         with pytest.raises(InputError, match=r"needs a map \(LinearMap, ClusterMap, MapChain\)"):
             call()
+
+
+def test_a_boolean_matrix_or_a_masked_one_is_refused_not_read_as_numbers(pairs):
+    """QA: ``m.apply(X > 0)`` mapped the mask as rows of 0/1, and a masked array's hidden values were mapped (the
+    mask dropped without a word). Both are InputErrors; X.astype(np.float32) passes 0/1 on purpose."""
+    X, Y = pairs
+    m = align.fit_procrustes(X, Y)
+    with pytest.raises(InputError, match=r"boolean array .*X\.astype\(np\.float32\)"):
+        m.apply(X > 0)
+    with pytest.raises(InputError, match="boolean array"):
+        align.fit_procrustes(X > 0, Y)
+    with pytest.raises(InputError, match="masked entries"):
+        m.apply(np.ma.masked_array(X, mask=np.abs(X) > 2.5))
+    assert m.apply((X > 0).astype(np.float32)).shape == Y.shape
+    np.testing.assert_array_equal(m.apply(np.ma.masked_array(X)), m.apply(X))

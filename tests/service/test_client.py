@@ -666,3 +666,24 @@ def test_a_closed_client_says_so_in_a_typed_error():
             await a.list_spaces()
 
     asyncio.run(main())
+
+
+def test_what_is_not_real_numbers_is_refused_before_a_byte_is_sent():
+    """QA: strings (X.astype(str)), objects, datetime64 and timedelta64 arrays were cast and sent, though the
+    docstring says what is not real numbers is refused here; booleans (a mask, X > 0) went as 0/1; a masked array
+    sent its hidden values; a torch tensor that requires grad raised a bare RuntimeError. Each is an InputError now,
+    raised before any connection (nothing listens on the port: a send would be a connection error)."""
+    torch = pytest.importorskip("torch")
+    X = np.random.default_rng(0).normal(size=(3, 16))
+    bad = {"dtype <U": X.astype(str), "dtype object": X.astype(object),
+           "datetime64": np.zeros((2, 16), "datetime64[s]"), "timedelta64": np.zeros((2, 16), "timedelta64[s]"),
+           r"astype\(np.float32\)": X > 0, "masked entries": np.ma.masked_array(X, mask=X > 1),
+           "requires grad": torch.tensor(X, requires_grad=True)}
+    with Client("http://127.0.0.1:19379", api_key=RKEY) as vb:
+        for message, Z in bad.items():
+            with pytest.raises(InputError, match=message):
+                matrix(Z)
+            with pytest.raises(InputError, match=message):
+                vb.transform("a2b", Z)
+    for ok in (X.astype(np.float16), X.astype(np.int64), np.ma.masked_array(X), X.tolist()):
+        assert matrix(ok).dtype == np.float32

@@ -1,0 +1,53 @@
+"""Rows that are not numbers are refused over HTTP, not read as numbers (a QA pass: a JSON ``true`` among the
+numbers of a transform or a search answered 200 as 1.0, and a .npy body of booleans, a mask sent by mistake, was
+mapped as rows of 0/1)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from _api_support import R, W, served_world
+
+
+def _npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def test_json_booleans_among_the_vectors_are_a_422(tmp_path):
+    with served_world(tmp_path, max_batch=6000, max_body_bytes=8_000_000) as (c, app, world):
+        X = world["X"]
+        assert c.post("/v1/indexes", headers=W, json={"name": "ib", "space": "b",
+                                                      "vectors": world["Y"][:50].tolist()}).status_code == 201
+        for n, row in ((3, 0), (3, 2), (5000, 4999)):  # one block of rows, and past the first (4096) of a long body
+            rows = X[np.arange(n) % len(X)].tolist()
+            rows[row][5] = True
+            for url in ("/v1/maps/a2b/transform", "/v1/indexes/ib/search"):
+                r = c.post(url, headers=R, json={"vectors": rows})
+                assert r.status_code == 422, (url, n, r.text)
+                assert f"vectors: row {row} holds a JSON boolean" in r.json()["error"]["message"], r.text
+        rows = [[bool(v > 0) for v in x] for x in X[:3]]  # all booleans: numpy reads a bool array
+        r = c.post("/v1/maps/a2b/transform", headers=R, json={"vectors": rows})
+        assert r.status_code == 422 and "row 0 holds a JSON boolean" in r.text, r.text
+        ints = np.where(X[:3] > 0, 1, 0).tolist()  # 0 and 1 written as numbers: still rows of numbers
+        assert c.post("/v1/maps/a2b/transform", headers=R, json={"vectors": ints}).status_code == 200
+        # a side validated by its pydantic model too (the evaluate body): strict numbers there as well
+        side = X[:20].tolist()
+        side[3][1] = True
+        r = c.post("/v1/maps/a2b/evaluate", headers=R, json={"source": {"vectors": side},
+                                                             "target": {"vectors": world["Y"][:20].tolist()}})
+        assert r.status_code == 422, r.text
+
+
+def test_a_boolean_npy_body_is_a_422_saying_how_to_send_0_1(tmp_path):
+    with served_world(tmp_path) as (c, app, world):
+        X = world["X"][:4]
+        r = c.post("/v1/maps/a2b/transform", headers={**R, "content-type": "application/x-npy"}, content=_npy(X > 0))
+        assert r.status_code == 422, r.text
+        assert "boolean" in r.text and "astype(np.float32)" in r.text, r.text
+        r = c.post("/v1/maps/a2b/transform", headers={**R, "content-type": "application/x-npy"},
+                   content=_npy((X > 0).astype(np.float32)))
+        assert r.status_code == 200, r.text
