@@ -34,8 +34,7 @@ __all__ = [
     "IndexAddResponse",
     "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
     "SteerFitRequest", "SteerFitOptions", "SteerApplyRequest", "SteerApplyOptions", "SteerApplyResponse", "SteerOut",
-    "SteerDeleted",
-    "SteerList", "SteerLens", "SteerTransferRequest",
+    "SteerDeleted", "SteerList", "SteerLens", "SteerTransferRequest",
 ]
 
 
@@ -303,8 +302,8 @@ class FitRequest(_Strict):
     paired: bool | None = Field(None, description="Rows of source and target are pairs (row i <-> row i). Default, "
                                                   "as in the CLI: true for the paired methods (procrustes, ridge, "
                                                   "lowrank, auto, contrastive, cluster), false for minivec2vec.")
-    seed_pairs: list[tuple[int, int]] | None = Field(None, description="Known (source row, target row) pairs "
-                                                                       "seeding an unsupervised fit.")
+    seed_pairs: list[tuple[Count, Count]] | None = Field(None, description="Known (source row, target row) pairs "
+                                                                           "seeding an unsupervised fit.")
     random_state: Count = Seed
     alias: AliasName | None = Field(None, description="Point this alias (e.g. prod) at the new version; not when the "
                                                       "fit is flagged unreliable (the job's `notes` say where it "
@@ -322,7 +321,7 @@ class PlanRequest(_Strict):
                                                        "labelled R@10 retention over the whole `old` corpus. Needs "
                                                        "`old_queries` and `relevant`.")
     old_queries: _Vectors | None = Field(None, description="The same queries under the old model.")
-    relevant: list[int] | None = Field(None, description="Each query's relevant document: its row in the probe.")
+    relevant: list[Count] | None = Field(None, description="Each query's relevant document: its row in the probe.")
 
 
 class EvaluateRequest(_Strict):
@@ -330,7 +329,8 @@ class EvaluateRequest(_Strict):
     target: _Vectors = Field(..., description="The same documents under its target model, row i <-> row i.")
     queries: _Vectors | None = Field(None, description="Labelled queries: target-model vectors (`side` target) or "
                                                        "source-model ones (`side` source).")
-    relevant: list[int] | None = Field(None, description="Each query's relevant document: its row in `source`/`target`.")
+    relevant: list[Count] | None = Field(None, description="Each query's relevant document: its row in "
+                                                                  "`source`/`target`.")
     old_queries: _Vectors | None = Field(None, description="The same queries under the old model: adds the baseline "
                                                            "of keeping it (`retrieval.labelled.old`, `beats_old`).")
     side: Literal["target", "source"] = Field("target", description="`target`: corpus-side migration (the map moves "
