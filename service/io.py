@@ -12,7 +12,8 @@ Formats (by suffix):
 ``.json``       a list of strings                                → embedded with ``encoder``
 ==============  ===============================================================================
 
-Every reader returns C-contiguous float32 ``(n, d)``. Streaming: :func:`iter_chunks` yields
+A text without text (empty, whitespace, only invisible characters) is refused as the file is read, naming its line
+(.txt, .jsonl) or row (.json): :mod:`service.texts`. Every reader returns C-contiguous float32 ``(n, d)``. Streaming: :func:`iter_chunks` yields
 blocks of rows and :class:`ChunkWriter` writes ``.npy`` (memory-mapped, preallocated),
 ``.fvecs`` or ``.parquet`` block by block, so ``vecbridge transform`` never holds a whole file.
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import os
 import re
@@ -293,50 +293,14 @@ def count_rows(path, *, key: str | None = None, column: str | None = None, text_
 
 
 def read_texts(path, *, rows=None, text_field: str = "text") -> list[str]:
-    """Texts from ``.txt`` (one per line), ``.jsonl`` (``text_field``) or ``.json`` (list of strings)."""
+    """Texts from ``.txt`` (one per line), ``.jsonl`` (``text_field``) or ``.json`` (list of strings); every text of
+    the file checked as it is read, before any is embedded (:func:`service.texts.texts_of`)."""
+    from .texts import texts_of  # it reads FormatError from here
+
     path = Path(path)
     check_file(path)
-    suf = path.suffix.lower()
-    try:
-        # utf-8-sig: a byte-order mark (Notepad, PowerShell) is no part of the first text; lines end at \n, \r\n or
-        # \r only (read_text translates them): str.splitlines also split at U+2028, U+0085, \v, \f, \x1c-\x1e,
-        # which a text (or a JSON string written with ensure_ascii=False) may hold: one line became several texts
-        if suf == ".txt":
-            texts = path.read_text(encoding="utf-8-sig").split("\n")
-            while texts and not texts[-1].strip():  # the file's last newline (and blank lines after the last text)
-                texts.pop()
-            # a blank line inside was skipped without a word: every later text paired with the row before its own
-            blank = next((i for i, t in enumerate(texts) if not t.strip()), None)
-            if blank is not None:
-                raise FormatError(f"{path.name}: line {blank + 1} is blank; a .txt file holds one text per line, "
-                                  f"row i = line i + 1 (remove the line, or write .jsonl)")
-        elif suf == ".jsonl":
-            texts = []
-            for i, ln in enumerate(path.read_text(encoding="utf-8-sig").split("\n")):
-                if not ln.strip():
-                    continue
-                obj = json.loads(ln)
-                if isinstance(obj, str):
-                    texts.append(obj)
-                elif isinstance(obj, dict) and isinstance(obj.get(text_field), str):
-                    texts.append(obj[text_field])
-                else:
-                    raise FormatError(f"{path.name}: line {i + 1} has no string field {text_field!r}")
-        elif suf == ".json":
-            texts = json.loads(path.read_text(encoding="utf-8-sig"))
-            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-                raise FormatError(f"{path.name}: expected a JSON list of strings")
-        else:
-            raise FormatError(f"{path.name}: not a text file ({', '.join(TEXT_SUFFIXES)})")
-        for i, t in enumerate(texts):  # JSON's "\ud800" decodes to a lone surrogate, which no encoder can take
-            t.encode("utf-8")
-    except UnicodeEncodeError:
-        raise FormatError(f"{path.name}: text {i} holds a lone surrogate (an escape like \\ud800 with no pair): "
-                          f"not a character; fix the file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
-        raise FormatError(f"{path.name}: cannot parse ({exc})") from None
-    sl = resolve_rows(rows, len(texts), path)
-    return texts[sl]
+    texts = texts_of(path, text_field)
+    return texts[resolve_rows(rows, len(texts), path)]
 
 
 def read_vectors(path, *, rows=None, key: str | None = None, column: str | None = None,

@@ -631,3 +631,26 @@ def test_an_output_name_up_to_255_bytes_is_written_and_its_temporaries_bounded(t
         (folder / "f").write_bytes(b"x")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, "b" + name, "d" + name])
     assert (tmp_path / ("d" + name) / "f").read_bytes() == b"x"
+
+
+def test_a_text_without_text_is_named_by_its_place_in_the_file_before_anything_is_embedded(tmp_path):
+    """QA: an empty text at row 280 of a 300-text .json said "texts[24] is empty" (its index in the 256-text
+    embedding batch; with --rows counted from their start), and only once the batches before it were embedded. The
+    file is checked when read now, naming it and the row (a .json) or line (.txt, .jsonl), before any encoder loads:
+    an encoder that does not exist is never reached."""
+    texts = [f"text number {i}" for i in range(300)]
+    bad = texts[:280] + ["  \u200b "] + texts[281:]
+    (tmp_path / "t.json").write_text(json.dumps(bad))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" + ("\n" if i == 10 else "")
+                                              for i, t in enumerate(bad)))
+    (tmp_path / "t.txt").write_text("\n".join(bad) + "\n")
+    for name, where in (("t.json", "row 280"), ("t.jsonl", "line 282 (row 280)"), ("t.txt", "line 281")):
+        p = tmp_path / name
+        for read in (lambda: read_texts(p), lambda: read_texts(p, rows="100:300"),
+                     lambda: read_vectors(p, rows="200:300", encoder="no-such-model"),
+                     lambda: list(iter_chunks(p, chunk_rows=64, encoder="no-such-model"))):
+            with pytest.raises(FormatError, match=rf"^{name}: {re.escape(where)} holds no text"):
+                read()
+    (tmp_path / "j.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n\n{"text": "c",}\n')
+    with pytest.raises(FormatError, match=r"^j.jsonl: line 4 is not JSON \(.* at column 14\)"):
+        read_texts(tmp_path / "j.jsonl")
