@@ -96,7 +96,8 @@ def matrix(X, name: str = "vectors") -> np.ndarray:
     Refused here, before a byte is sent: another ndim (:class:`ShapeError`), what is not real numbers
     (:class:`InputError`: dtype kind other than int / uint / float: strings, objects, datetimes; booleans, a mask
     passed by mistake, ``X.astype(np.float32)`` sends 0/1 on purpose; a masked array with masked entries; the cast
-    would drop a complex value's imaginary part with a mere warning, where the service refuses complex input), and finite float64 values float32 cannot hold, e.g. 1e39
+    would drop a complex value's imaginary part with a mere warning, where the service refuses complex input), and
+    finite float64 values float32 cannot hold, e.g. 1e39
     (:class:`NotRepresentableError`: the cast would send Inf, and the service would call finite input NaN/Inf),
     and non-zero float64 rows whose every value is below float32's smallest, e.g. 1e-46 (they would arrive as
     all-zero rows: :class:`NotRepresentableError`, as the service and ``LinearMap.apply`` say).
