@@ -6,15 +6,15 @@ Formats (by suffix):
 ``.npy``        one 2-D array; read through a memory map, so ``rows`` slices cost only those rows
 ``.npz``        the first array, or ``key``
 ``.fvecs``      FAISS/TEXMEX: each row is ``int32 d`` then ``d`` float32; memory-mapped
-``.parquet``    one list column (``column``, else the first list of numbers), one row per vector
+``.parquet``    one list column (``column``, else the first list of floats, else of numbers), one row per vector
 ``.txt``        one text per line (a blank line is refused)      → embedded with ``encoder``
 ``.jsonl``      one JSON object per line, text in ``text_field``  → embedded with ``encoder``
 ``.json``       a list of strings                                → embedded with ``encoder``
 ==============  ===============================================================================
 
 A text without text (empty, whitespace, only invisible characters) is refused as the file is read, naming its line
-(.txt, .jsonl) or row (.json): :mod:`service.texts`. Every reader returns C-contiguous float32 ``(n, d)``. Streaming: :func:`iter_chunks` yields
-blocks of rows and :class:`ChunkWriter` writes ``.npy`` (memory-mapped, preallocated),
+(.txt, .jsonl) or row (.json): :mod:`service.texts`. Every reader returns C-contiguous float32 ``(n, d)``.
+Streaming: :func:`iter_chunks` yields blocks of rows and :class:`ChunkWriter` writes ``.npy`` (memory-mapped, preallocated),
 ``.fvecs`` or ``.parquet`` block by block, so ``vecbridge transform`` never holds a whole file.
 """
 
@@ -204,14 +204,15 @@ def _parquet_file(path: Path, column: str | None):
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
         raise FormatError(f"{path.name}: cannot read parquet ({exc})") from None
     schema = f.schema_arrow
-    if column is None:  # the first list of numbers: a list<string> column (tags, say) before the vectors is skipped
+    if column is None:  # the first list of floats, else of numbers: a list<string> (tags, say) is skipped
         lists = [fld.name for fld in schema if (pa.types.is_list(fld.type) or pa.types.is_large_list(fld.type)
                                                 or pa.types.is_fixed_size_list(fld.type))
                  and (pa.types.is_floating(fld.type.value_type) or pa.types.is_integer(fld.type.value_type))]
         if not lists:
             raise FormatError(f"{path.name}: no list column of vectors (columns: "
                               f"{', '.join(f'{fld.name} {fld.type}' for fld in schema)})")
-        column = lists[0]
+        floats = [n for n in lists if pa.types.is_floating(schema.field(n).type.value_type)]
+        column = (floats or lists)[0]  # a token_ids list<int64> before the embeddings was taken for the vectors
     if column not in schema.names:
         raise FormatError(f"{path.name}: no column {column!r} (columns: {', '.join(schema.names)})")
     return f, column

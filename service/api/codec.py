@@ -289,8 +289,11 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
         if not isinstance(arr, np.ndarray):  # a .npz archive (np.load answers an NpzFile): not one array
             arr.close()
             raise InputError("body is a .npz archive, not a .npy array; send one array saved with numpy.save")
-        if arr.ndim == 1 and dim is not None and arr.size % dim == 0:
-            arr = arr.reshape(-1, dim)
+        if arr.ndim == 1 and dim is not None:  # one row; 768 values were reshaped into 2 rows of 384
+            if arr.size != dim:
+                raise ShapeError(f"vectors: a 1-D .npy array of {arr.size} values is one row, not {dim} wide; "
+                                 f"send a 2-D (n_rows, {dim}) array")
+            arr = arr.reshape(1, dim)
     else:
         if dim is None:
             raise InputError("application/octet-stream needs the row width: ?dim=D or header X-Vector-Dim: D")

@@ -369,7 +369,8 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                    "the target frame or renormalisation (a cluster map: its routed clusters' blend).")
 @click.option("--rows", default=None, help="START:STOP rows of INP (negative counts from the end).")
 @click.option("--key", default=None, help=".npz array name of INP (default: its first array).")
-@click.option("--column", default=None, help="Parquet list column of INP (default: the first list-of-numbers column).")
+@click.option("--column", default=None,
+              help="Parquet list column of INP (default: the first list of floats, else of numbers).")
 @click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text.")
 @click.option("--encoder", default=None,
               help="For a text INP: the map's source space's encoder (the default; another model is refused), or "

@@ -137,7 +137,8 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
               help="Rows read, steered and written at a time (one chunk is held in memory).")
 @click.option("--rows", default=None, help="START:STOP rows of INP (negative counts from the end).")
 @click.option("--key", default=None, help=".npz array name of INP (default: its first array).")
-@click.option("--column", default=None, help="Parquet list column of INP (default: the first list-of-numbers column).")
+@click.option("--column", default=None,
+              help="Parquet list column of INP (default: the first list of floats, else of numbers).")
 @click.option("--encoder", default=None,
               help="For a text INP (.txt / .jsonl / .json, embedded as queries): the steer's space's encoder (the "
                    "default; another model is refused), or the encoder of a space that has none registered.")

@@ -654,3 +654,19 @@ def test_a_text_without_text_is_named_by_its_place_in_the_file_before_anything_i
     (tmp_path / "j.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n\n{"text": "c",}\n')
     with pytest.raises(FormatError, match=r"^j.jsonl: line 4 is not JSON \(.* at column 14\)"):
         read_texts(tmp_path / "j.jsonl")
+
+
+def test_parquet_default_column_prefers_floats_to_integer_lists(tmp_path):
+    """QA: with no --column a token_ids list<int64> column before the embeddings was read as the vectors (ids as
+    coordinates, exit 0). A list of floats is preferred; an integer list is still read when it is the only one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    emb = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
+    pq.write_table(pa.table({"token_ids": [[101, 7, 102]] * 4, "emb": pa.array(list(emb), pa.list_(pa.float32()))}),
+                   tmp_path / "t.parquet")
+    np.testing.assert_array_equal(read_vectors(tmp_path / "t.parquet"), emb)
+    np.testing.assert_array_equal(np.vstack(list(iter_chunks(tmp_path / "t.parquet", chunk_rows=3))), emb)
+    np.testing.assert_array_equal(read_vectors(tmp_path / "t.parquet", column="token_ids"), [[101, 7, 102]] * 4)
+    pq.write_table(pa.table({"q": [[1, 2], [3, 4]]}), tmp_path / "ints.parquet")
+    np.testing.assert_array_equal(read_vectors(tmp_path / "ints.parquet"), [[1, 2], [3, 4]])

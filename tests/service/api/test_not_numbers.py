@@ -72,3 +72,16 @@ def test_row_numbers_are_json_integers_as_ids_are(tmp_path):
             assert r.status_code == 422 and "seed_pairs.0" in r.json()["error"]["message"], (bad, r.text)
         r = c.post("/v1/fits", headers=W, json={**fit, "seed_pairs": [[0, 1]]})  # read; the method is what fails
         assert r.status_code == 422 and "seed_pairs" not in r.text and "nonsense" in r.text, r.text
+
+
+def test_a_1d_npy_body_is_one_row_of_exactly_dim_values(tmp_path):
+    """QA: an application/x-npy body holding a 1-D array of 32 values, to a 16-d map, was reshaped into 2 rows of
+    16 (the codec promises 2-D bodies); 1-D is one row now, so it must hold exactly dim values."""
+    with served_world(tmp_path) as (c, app, world):
+        X = world["X"]
+        hdr = {**R, "content-type": "application/x-npy"}
+        r = c.post("/v1/maps/a2b/transform", headers=hdr, content=_npy(X[:2].reshape(-1)))
+        assert r.status_code == 422 and "1-D .npy array of 32 values" in r.text, r.text
+        one = c.post("/v1/maps/a2b/transform", headers={**hdr, "accept": "application/x-npy"}, content=_npy(X[0]))
+        two = c.post("/v1/maps/a2b/transform", headers={**hdr, "accept": "application/x-npy"}, content=_npy(X[:1]))
+        assert one.status_code == 200 and one.content == two.content, one.text
