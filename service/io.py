@@ -14,8 +14,8 @@ Formats (by suffix):
 
 A text without text (empty, whitespace, only invisible characters) is refused as the file is read, naming its line
 (.txt, .jsonl) or row (.json): :mod:`service.texts`. Every reader returns C-contiguous float32 ``(n, d)``.
-Streaming: :func:`iter_chunks` yields blocks of rows and :class:`ChunkWriter` writes ``.npy`` (memory-mapped, preallocated),
-``.fvecs`` or ``.parquet`` block by block, so ``vecbridge transform`` never holds a whole file.
+Streaming: :func:`iter_chunks` yields blocks of rows and :class:`ChunkWriter` writes ``.npy`` (memory-mapped,
+preallocated), ``.fvecs`` or ``.parquet`` block by block, so ``vecbridge transform`` never holds a whole file.
 """
 
 from __future__ import annotations
