@@ -36,9 +36,9 @@ def texts_of(path: Path, text_field: str = "text") -> list[str]:
             if blank is not None:
                 raise FormatError(f"{path.name}: line {blank + 1} is blank; a .txt file holds one text per line, "
                                   f"row i = line i + 1 (remove the line, or write .jsonl)")
-            where = [f"line {i + 1}" for i in range(len(texts))]
+            where = lambda i: f"line {i + 1}"
         elif suf == ".jsonl":
-            texts, where = [], []
+            texts, lines = [], []  # the file's line of each text (blank lines are skipped)
             for i, ln in enumerate(path.read_text(encoding="utf-8-sig").split("\n")):
                 if not ln.strip():
                     continue
@@ -53,12 +53,13 @@ def texts_of(path: Path, text_field: str = "text") -> list[str]:
                     texts.append(obj[text_field])
                 else:
                     raise FormatError(f"{path.name}: line {i + 1} has no string field {text_field!r}")
-                where.append(f"line {i + 1} (row {len(texts) - 1})")
+                lines.append(i + 1)
+            where = lambda i: f"line {lines[i]} (row {i})"
         elif suf == ".json":
             texts = json.loads(path.read_text(encoding="utf-8-sig"))
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise FormatError(f"{path.name}: expected a JSON list of strings")
-            where = [f"row {i}" for i in range(len(texts))]  # item i of the list
+            where = lambda i: f"row {i}"  # item i of the list
         else:
             raise FormatError(f"{path.name}: not a text file ({', '.join(TEXT_SUFFIXES)})")
         for i, t in enumerate(texts):  # JSON's "\ud800" decodes to a lone surrogate, which no encoder can take
@@ -70,5 +71,5 @@ def texts_of(path: Path, text_field: str = "text") -> list[str]:
         raise FormatError(f"{path.name}: cannot parse ({exc})") from None
     bad = next((i for i, t in enumerate(texts) if not has_text(t)), None)  # every text embeds as the same vector
     if bad is not None:
-        raise FormatError(f"{path.name}: {where[bad]} {_NO_TEXT}; every text must have text")
+        raise FormatError(f"{path.name}: {where(bad)} {_NO_TEXT}; every text must have text")
     return texts
