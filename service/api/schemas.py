@@ -573,7 +573,7 @@ class EmbeddingsResponse(BaseModel):
 class SteerFitOptions(_Strict):
     name: Name = Field(..., description="Steer name; the fit registers its next version.")
     space: Name = Field(..., description="Embedding space of the steer (created from the data when new).")
-    labels: list[int] = Field(..., description="One per row: +1 wanted attribute, -1 opposite, 0 neutral context.")
+    labels: list[Count] = Field(..., description="One per row: +1 wanted attribute, -1 opposite, 0 neutral context.")
     texts: list[str] | None = Field(None, description="Rows as texts, embedded with `encoder` (default: the "
                                                       "space's encoder); they also name the items of the lens.")
     encoder: str | None = None

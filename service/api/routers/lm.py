@@ -58,7 +58,7 @@ router = APIRouter(prefix="/v1/lm", tags=["lm"], responses=error_responses(401, 
 class LMFitRequest(_Strict):
     name: Name = Field(..., description="Steer name; the fit registers its next version in space `lm.<model>`.")
     texts: list[str] = Field(..., min_length=2, description="Training texts.")
-    labels: list[int] = Field(..., description="One per text: +1 wanted style, -1 opposite, 0 ignored.")
+    labels: list[Count] = Field(..., description="One per text: +1 wanted style, -1 opposite, 0 ignored.")
     rank: Count = Field(8, ge=1, le=1024, description="Rank r of W = P1 P2^T.")
     eps: Real = Field(1e-3, gt=0, le=ops.MAX_FIT_EPS, allow_inf_nan=False,
                       description="Training scale eps0 (folded into P1).")

@@ -72,6 +72,13 @@ def test_row_numbers_are_json_integers_as_ids_are(tmp_path):
             assert r.status_code == 422 and "seed_pairs.0" in r.json()["error"]["message"], (bad, r.text)
         r = c.post("/v1/fits", headers=W, json={**fit, "seed_pairs": [[0, 1]]})  # read; the method is what fails
         assert r.status_code == 422 and "seed_pairs" not in r.text and "nonsense" in r.text, r.text
+        # a steer's labels (+1 / -1 / 0) too: [1, true, -1] was read as [1, 1, -1]
+        steer = {"name": "st", "space": "a", "vectors": X[:6], "labels": [1, True, -1, 0, 1, -1]}
+        r = c.post("/v1/steers", headers=W, json=steer)
+        assert r.status_code == 422 and "labels.1" in r.json()["error"]["message"], r.text
+        r = c.post("/v1/lm/steers", headers=W, json={"name": "lm", "texts": ["a", "b"], "labels": [1, "-1"]})
+        assert r.status_code in (422, 503), r.text
+        assert r.status_code == 503 or "labels.1" in r.json()["error"]["message"], r.text
 
 
 def test_a_1d_npy_body_is_one_row_of_exactly_dim_values(tmp_path):
