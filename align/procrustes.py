@@ -2,9 +2,10 @@
 
 All fitters need only
 
-.. math::  n,\\quad s_x = \\sum_i x_i,\\quad s_y = \\sum_i y_i,\\quad X^\\top Y,\\quad X^\\top X
+.. math::  n,\\quad w,\\quad s_x = \\sum_i x_i,\\quad s_y = \\sum_i y_i,\\quad X^\\top Y,\\quad X^\\top X
 
-(``X`` (n, d_s), ``Y`` (n, d_t) in their frames), so a fit can stream over chunks and partial
+(``X`` (n, d_s), ``Y`` (n, d_t) in their frames; ``w`` the total weight, = n unweighted, and each sum weighted
+per row when weights are given), so a fit can stream over chunks and partial
 statistics from many workers merge exactly (:meth:`PairStats.merge`, ``+``).
 
 - **Orthogonal Procrustes**: :math:`\\min_{W^\\top W = I} \\|XW - Y\\|_F`, solved by
@@ -50,8 +51,10 @@ __all__ = [
 class PairStats:
     """Additive statistics of paired rows (float64).
 
-    Attributes: ``n``; ``sum_x`` (d_s,); ``sum_y`` (d_t,); ``xty`` (d_s, d_t); ``xtx`` (d_s, d_s);
-    ``sq_x`` = ‖X‖²_F; ``sq_y`` = ‖Y‖²_F.
+    Attributes: ``n`` (the pairs: rows of positive weight); ``weight`` (their total weight, the divisor of the pair
+    means: = ``n`` unweighted); ``sum_x`` (d_s,); ``sum_y`` (d_t,); ``xty`` (d_s, d_t); ``xtx`` (d_s, d_s);
+    ``sq_x`` = ‖X‖²_F; ``sq_y`` = ‖Y‖²_F (each weighted per row when weights are given). Weights are row
+    multiplicities: an integer weight k fits as k copies of the row, a zero weight as no row.
 
     One unweighted chunk of fewer rows than source dimensions (:meth:`from_arrays`) keeps its rows instead of
     ``XᵀX``: they are smaller, and ``xtx`` is formed from them on first read (a Procrustes fit, e.g. each
@@ -61,8 +64,9 @@ class PairStats:
     """
 
     def __init__(self, n: int, sum_x: np.ndarray, sum_y: np.ndarray, xty: np.ndarray, xtx: np.ndarray,
-                 sq_x: float = 0.0, sq_y: float = 0.0):
+                 sq_x: float = 0.0, sq_y: float = 0.0, weight: float | None = None):
         self.n, self.sum_x, self.sum_y, self.xty, self.sq_x, self.sq_y = n, sum_x, sum_y, xty, sq_x, sq_y
+        self.weight = float(n if weight is None else weight)
         self._xtx = xtx
         self._rows: tuple[np.ndarray, np.ndarray] | None = None  # (X, Y) float64 while xtx is not formed
 
@@ -78,11 +82,15 @@ class PairStats:
         self._xtx, self._rows = value, None  # no longer the statistics of the kept rows
 
     def __repr__(self) -> str:
-        return f"PairStats(n={self.n}, d_s={self.sum_x.shape[0]}, d_t={self.sum_y.shape[0]})"
+        w = "" if self.weight == self.n else f", weight={self.weight:g}"
+        return f"PairStats(n={self.n}{w}, d_s={self.sum_x.shape[0]}, d_t={self.sum_y.shape[0]})"
 
     def __getstate__(self) -> dict:
         """Pickled (a shard's statistics sent to the process that merges them): the sums, ``XᵀX`` formed."""
         return {**self.__dict__, "_xtx": self.xtx, "_rows": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update({"weight": float(state["n"]), **state})  # pickled before ``weight``: unweighted
 
     @classmethod
     def zeros(cls, d_s: int, d_t: int) -> "PairStats":
@@ -94,7 +102,8 @@ class PairStats:
 
         ``X`` (n, d_s) and ``Y`` (n, d_t) are checked as every paired input is (2-D, numeric, finite, same row
         count: typed errors, so a NaN does not surface later as "no signal"); ``weights`` (n,) finite and ≥ 0.
-        Sums are accumulated in float64. Unweighted, with n < d_s, the statistics keep (a float64 copy of) the
+        Sums are accumulated in float64; ``n`` counts the rows of positive weight, ``weight`` sums the weights.
+        Unweighted, with n < d_s, the statistics keep (a float64 copy of) the
         rows rather than form ``XᵀX`` (see the class).
         """
         X, Y = check_paired(X, Y, names=("X", "Y"))
@@ -105,8 +114,8 @@ class PairStats:
                 raise InputError(f"weights must be {X.shape[0]} finite non-negative numbers, one per pair")
             w = w.astype(np.float64).reshape(-1, 1)
             Xw = X * w
-            return cls(int(X.shape[0]), Xw.sum(0), (Y * w).sum(0), Xw.T @ Y, Xw.T @ X,
-                       float((Xw * X).sum()), float((Y * Y * w).sum()))
+            return cls(int((w > 0).sum()), Xw.sum(0), (Y * w).sum(0), Xw.T @ Y, Xw.T @ X,
+                       float((Xw * X).sum()), float((Y * Y * w).sum()), weight=float(w.sum()))
         keep = X.shape[0] < X.shape[1]  # n x d_s rows are smaller than d_s x d_s
         out = cls(int(X.shape[0]), X.sum(0), Y.sum(0), X.T @ Y, None if keep else X.T @ X, float((X * X).sum()),
                   float((Y * Y).sum()))
@@ -114,9 +123,9 @@ class PairStats:
             out._rows = (X, Y)
         return out
 
-    def update(self, X, Y) -> "PairStats":
-        """Add a chunk in place and return self."""
-        other = PairStats.from_arrays(X, Y)
+    def update(self, X, Y, weights=None) -> "PairStats":
+        """Add a chunk (optionally weighted per row, as :meth:`from_arrays`) in place and return self."""
+        other = PairStats.from_arrays(X, Y, weights)
         self._add(other)
         return self
 
@@ -125,6 +134,7 @@ class PairStats:
             raise DimensionMismatchError(f"cannot merge statistics of shapes {self.xty.shape} and {other.xty.shape}")
         self.xtx = self.xtx + other.xtx
         self.n += other.n
+        self.weight += other.weight
         self.sum_x = self.sum_x + other.sum_x
         self.sum_y = self.sum_y + other.sum_y
         self.xty = self.xty + other.xty
@@ -133,39 +143,45 @@ class PairStats:
 
     def merge(self, other: "PairStats") -> "PairStats":
         """Return the statistics of the union of both chunks (exact)."""
-        out = PairStats(self.n, self.sum_x.copy(), self.sum_y.copy(), self.xty.copy(), self.xtx.copy(), self.sq_x, self.sq_y)
+        out = PairStats(self.n, self.sum_x.copy(), self.sum_y.copy(), self.xty.copy(), self.xtx.copy(), self.sq_x,
+                        self.sq_y, weight=self.weight)
         out._add(other)
         return out
 
     __add__ = merge
 
     def centered(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(X_cᵀ Y_c, X_cᵀ X_c)``: the cross and Gram matrices about the pair means."""
+        """``(X_cᵀ Y_c, X_cᵀ X_c)``: the cross and Gram matrices about the (weighted) pair means."""
         return self._cross(True), self._gram(True)
 
     def _cross(self, center: bool) -> np.ndarray:
         """``XᵀY``, about the pair means when ``center``."""
         if not center:
             return self.xty
-        if self.n == 0:
-            raise TooFewRowsError("no pairs accumulated")
-        return self.xty - self.n * np.outer(self.sum_x / self.n, self.sum_y / self.n)
+        return self.xty - self.weight * np.outer(*self._means())
 
     def _gram(self, center: bool) -> np.ndarray:
         """``XᵀX``, about the pair means when ``center``."""
         if not center:
             return self.xtx
-        if self.n == 0:
+        mx = self._means()[0]
+        return self.xtx - self.weight * np.outer(mx, mx)
+
+    def _means(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (weighted) pair means of X and Y: each sum over the total weight."""
+        if self.n == 0 or not self.weight > 0:
             raise TooFewRowsError("no pairs accumulated")
-        mx = self.sum_x / self.n
-        return self.xtx - self.n * np.outer(mx, mx)
+        return self.sum_x / self.weight, self.sum_y / self.weight
 
     def _dual_rows(self, center: bool) -> tuple[np.ndarray, np.ndarray] | None:
         """The kept rows ``(X, Y)`` (about the pair means when ``center``), or None when only sums are kept."""
         if self._rows is None:
             return None
         X, Y = self._rows
-        return (X - self.sum_x / self.n, Y - self.sum_y / self.n) if center else (X, Y)
+        if not center:
+            return X, Y
+        mx, my = self._means()
+        return X - mx, Y - my
 
 
 def procrustes_W(M: np.ndarray) -> np.ndarray:
@@ -287,7 +303,10 @@ def _solve(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 def _bias(stats: PairStats, W: np.ndarray, fit_intercept: bool) -> np.ndarray | None:
-    return stats.sum_y / stats.n - (stats.sum_x / stats.n) @ W if fit_intercept else None
+    if not fit_intercept:
+        return None
+    mx, my = stats._means()
+    return my - mx @ W
 
 
 def lowrank_from_stats(stats: PairStats, *, rank: int, alpha: float = 1.0, fit_intercept: bool = True):
