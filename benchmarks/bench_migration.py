@@ -598,12 +598,14 @@ def main(argv=None) -> int:
         tmp.write_text(json.dumps(results, indent=1, default=float))
         os.replace(tmp, jpath)
 
+    measured = []
     for key in a.pairs:
         set_name, old, new = key.split(":")
         data = pair_data(set_name, old, new, a.cache)
         if data is None:
             print(f"{key}: {missing_reason(set_name, old, new, a.cache)}; skipped")
             continue
+        measured.append(key)
         res = results["pairs"].setdefault(key, {})
         note = data.get("note", "")
         if res.get("cells") and res.get("data", "") != note:  # resuming would mix two corpora
@@ -622,6 +624,9 @@ def main(argv=None) -> int:
             if plan is not None:
                 res["plan"] = {"probe_pairs": a.probe, "plan_queries": a.plan_queries, **plan}
         save()
+    if not measured:  # every pair skipped: nothing to report, and an older report of today stays as it was
+        print(f"nothing measured: every pair was skipped (reasons above); {mpath} and {jpath} not written")
+        return 1
     text = ("# Migration benchmark: labelled retrieval retention\n\nMade by `benchmarks/bench_migration.py` "
             f"({_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC); sets from "
             "`benchmarks/build_retrieval_sets.py`. See the script docstring for definitions.\n" + tables(results))

@@ -32,10 +32,26 @@ def test_migration_skips_a_wordnet_pair_built_from_the_shared_data_when_it_is_ab
     monkeypatch.setattr(bench.wordnet_sample, "SHARED", tmp_path / "absent")
     assert bench.pair_data("wordnet", "minilm", "e5", cache) is None
     assert bench.main(["--pairs", "wordnet:minilm:e5", "--cache", str(cache), "--no-plan",
-                       "--out", str(tmp_path / "m")]) == 0
+                       "--out", str(tmp_path / "m")]) == 1  # nothing measured (next test)
     out = capsys.readouterr().out
     assert f"wordnet:minilm:e5: the set was built from the WordNet data in {tmp_path / 'absent'}, absent now" in out
     assert "under another --cache (without the shared set it embeds a sample); skipped" in out
+
+
+def test_migration_with_every_pair_skipped_says_nothing_was_measured_and_writes_nothing(tmp_path, capsys):
+    """With no retrieval set built, every pair was skipped, yet the run printed "wrote X.md and X.json" (the .json
+    was never written), wrote an empty report over today's .md and exited 0. Now it says nothing was measured,
+    leaves both files as they were and exits 1."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "m.md").write_text("an earlier report\n")
+    assert bench.main(["--pairs", "bible:minilm:e5", "--cache", str(tmp_path / "no-sets"), "--no-plan",
+                       "--results", str(results), "--out", "m"]) == 1
+    out = capsys.readouterr().out
+    assert "bible:minilm:e5: " in out and "; skipped" in out
+    assert "nothing measured: every pair was skipped" in out and "wrote" not in out
+    assert sorted(p.name for p in results.iterdir()) == ["m.md"]
+    assert (results / "m.md").read_text() == "an earlier report\n"
 
 
 def test_plan_proxies_skip_a_set_that_was_never_built_and_still_print_the_table(tmp_path, capsys):
