@@ -298,6 +298,17 @@ def run(n_queries: int, seed: int = 0, data: dict | None = None, cache: Path = S
     return out
 
 
+def has_ndcg(res: dict) -> bool:
+    """Whether some curve of ``res`` was measured against the reverse-dictionary set (its nDCG figure has data)."""
+    return any("ndcg" in c for task in res["tasks"] for c in task["curves"].values())
+
+
+def panel_title(task: dict, space: str, c: dict, axis: str) -> str:
+    """A panel's title: its area vs mean-shift on ``axis``, or that it has no nDCG curve (never a made-up area)."""
+    n = c["area_vs_mean_shift"] if axis == "overlap" else c.get("ndcg", {}).get("area_vs_mean_shift")
+    return f"{task['A']} vs {task['B']}\n{space} " + ("(no nDCG data)" if n is None else f"(area {n:+.3f})")
+
+
 def figure(res: dict, path: Path, axis: str = "overlap") -> None:
     """Grid of Pareto curves (rows: attributes, columns: spaces); ``axis`` overlap or ndcg_kept."""
     import matplotlib
@@ -319,8 +330,7 @@ def figure(res: dict, path: Path, axis: str = "overlap") -> None:
                 colour, ls = style[name]
                 ax.plot(ov, p, ls, color=colour, marker=".", ms=3, label=name)
             ax.set_xlim(1.02, 0)
-            area = c["area_vs_mean_shift"] if axis == "overlap" else c.get("ndcg", {}).get("area_vs_mean_shift", 0.0)
-            ax.set_title(f"{task['A']} vs {task['B']}\n{space} (area {area:+.3f})", fontsize=8)
+            ax.set_title(panel_title(task, space, c, axis), fontsize=8)
             ax.set_xlabel("overlap@10 with unsteered" if axis == "overlap" else "nDCG@10 kept (share of unsteered)",
                           fontsize=7)
             ax.set_ylabel("attribute precision@10", fontsize=7)
@@ -414,7 +424,8 @@ def main(argv=None):
     stem = args.stem or f"steer_pareto_{res['setup']['date']}{'_sample' if res['setup'].get('data') else ''}"
     (args.results / f"{stem}.json").write_text(json.dumps(res, indent=1))
     figure(res, args.results / f"{stem}.png")
-    figure(res, args.results / f"{stem}_ndcg.png", axis="ndcg_kept")
+    if has_ndcg(res):  # without the reverse-dictionary set its panels would be empty
+        figure(res, args.results / f"{stem}_ndcg.png", axis="ndcg_kept")
     print(tables(res, f"{stem}.png", f"{stem}_ndcg.png"))
     return 0
 

@@ -4,6 +4,7 @@ with a message, --help prints the usage) and the files they leave behind."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -159,3 +160,25 @@ print(before, n, inside, counts(), Settings.model_fields["blas_threads"].default
     before, n, inside, after, default = p.stdout.strip().splitlines()[-1].split(";")
     assert before == after == "(2, [2])" and n == default == "1"
     assert inside == "(1, [1])"
+
+
+def test_steer_benchmark_draws_no_ndcg_figure_without_ndcg_data(tmp_path, capsys):
+    """Without the reverse-dictionary set bench_steer.py still drew ``<stem>_ndcg.png``: 12 empty panels titled
+    "area +0.000", which reads as a measured zero. Now that figure is drawn only when some curve has nDCG data,
+    and a panel without it says so instead of an area."""
+    steer = load_benchmark("bench_steer")
+    res = json.loads((ROOT / "benchmarks" / "results" / "steer_pareto_2026-12-01.json").read_text())
+    for task in res["tasks"]:  # as a run without the reverse-dictionary set writes it
+        for c in task["curves"].values():
+            del c["ndcg"]
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(res))
+    tmp_path = tmp_path / "r"
+    assert steer.main(["--from-json", str(run), "--results", str(tmp_path), "--stem", "s"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json", "s.png"]
+    assert "nDCG: the reverse-dictionary set was not built" in capsys.readouterr().out
+    task = {"A": "noun.person", "B": "noun.artifact"}
+    curve = {"area_vs_mean_shift": 0.25, "ndcg": {"area_vs_mean_shift": -0.125}}
+    assert steer.panel_title(task, "e5", curve, "ndcg_kept").endswith("e5 (area -0.125)")
+    assert steer.panel_title(task, "e5", {"area_vs_mean_shift": 0.25}, "ndcg_kept").endswith("e5 (no nDCG data)")
+    assert steer.panel_title(task, "e5", {"area_vs_mean_shift": 0.25}, "overlap").endswith("e5 (area +0.250)")
