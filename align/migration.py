@@ -578,7 +578,8 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     Returns
     -------
     LinearMap (ClusterMap for ``"cluster"``) with ``metadata["method"]`` the chosen family and ``metadata["selection"]`` the
-    held-out scores of every candidate (``auto``) or of the one method (when K ≥ 20).
+    held-out scores of every candidate (``auto``) or of the one method (when K ≥ 20); its ``note`` says when a given
+    ``n_clusters`` was capped at the training pairs of that split (``metadata["params"]`` has the count used).
 
     Raises
     ------
@@ -625,6 +626,10 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
                      "candidates": {k: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                     for k, v in scores.items()},
                      **({"cluster_budget": budget} if budget and method in ("auto", "cluster") else {})}
+        if "cluster" in cands and options.get("n_clusters", 0) > tr.size:  # cluster_grid capped it: say so
+            selection["note"] = (f"n_clusters={options['n_clusters']} capped at {tr.size}: the count is chosen on "
+                                 f"the {tr.size} training pairs ({val.size} of {n} held out to score the fit), and "
+                                 f"each cluster needs a pair")
         del S  # its copies of the unpaired rows, before the final fit makes its own
     else:
         name, setting = method, {}

@@ -288,6 +288,7 @@ def _selection_section(sel: dict) -> str:
     facts = ", ".join(f"{k} {sel[k]}" for k in ("n_holdout", "n_train") if k in sel)
     out = (f"<h2>Method selection (held-out pairs)</h2><p>{html.escape(str(sel.get('metric', '')))}"
            f"{'; ' + facts if facts else ''}; chosen: <b>{html.escape(str(sel.get('chosen')))}</b></p>"
+           + (f"<p>Note: {html.escape(str(sel['note']))}</p>" if sel.get("note") else "") +
            f"<table><tr><th>method</th>{head}<th></th></tr>{rows}</table>")
     if "score" in cols:
         plt = _mpl()

@@ -330,8 +330,12 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         metrics.update(signals)
         effective = dict(map_.metadata.get("params") or {})  # every parameter, defaults included
         effective.update(params)
+        if "n_clusters" in (map_.metadata.get("params") or {}):  # the count used (a given one may have been capped)
+            effective["n_clusters"] = map_.metadata["params"]["n_clusters"]
         effective.pop("random_state", None)  # recorded on its own
 
+    if notes is not None and (metrics.get("selection") or {}).get("note"):  # e.g. n_clusters capped
+        notes.append(metrics["selection"]["note"])
     held_back = alias if metrics.get("reliable") is False else None
     alias = None if held_back else alias
     html_text = report_file = report_rel = None

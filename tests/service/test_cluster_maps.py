@@ -312,6 +312,38 @@ def test_http_fit_with_method_cluster_registers_a_cluster_version(world, maps):
     assert r.status_code == 200 and np.array(r.json()["vectors"]).shape == (10, 16)
 
 
+def _await_job(client, job_id: str) -> dict:
+    import time
+
+    end, job = time.time() + 120, {}
+    while time.time() < end:
+        job = client.get(f"/v1/jobs/{job_id}", headers=W).json()
+        if job["state"] in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.2)
+    return job
+
+
+def test_http_cluster_fit_records_the_cluster_count_it_used_and_says_it_was_capped(world, maps):
+    """300 pairs with n_clusters 300: the count is chosen on the 240 training pairs of the held-out split, so the
+    map has 240 clusters, but params.n_clusters (and the report) said 300, and nothing said it had been capped."""
+    X, Y = maps["X"][:300], maps["Y"][:300]
+    body = {"name": "capped", "source_space": "a", "target_space": "b", "method": "cluster", "paired": True,
+            "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()}, "random_state": 0,
+            "params": {"n_clusters": 300}}
+    r = world.post("/v1/fits", headers=W, json=body)
+    assert r.status_code == 202, r.text
+    job = _await_job(world, r.json()["id"])
+    assert job["state"] == "succeeded", job
+    note = "n_clusters=300 capped at 240: the count is chosen on the 240 training pairs (60 of 300 held out"
+    assert any(n.startswith(note) for n in job["result"]["notes"]), job["result"]
+    v = world.get("/v1/maps/capped/versions", headers=R).json()["data"][0]
+    assert v["params"]["n_clusters"] == 240 and v["metrics"]["selection"]["note"].startswith(note)
+    assert world.app.state.vb.registry.load_map("capped").n_clusters == 240
+    report = world.get(f"/v1/maps/capped/versions/{v['version']}/report", headers=R).text
+    assert "<p>Note: " + note in report
+
+
 def _wide_pairs(n=40, d=1536):
     rng = np.random.default_rng(3)
     return rng.normal(size=(n, d)).astype(np.float32), rng.normal(size=(n, d)).astype(np.float32)
