@@ -17,6 +17,7 @@ import base64
 import html
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -330,7 +331,8 @@ def inner_timings(diag: dict) -> dict[str, float]:
 
 def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, diagnostics: dict | None,
                   cosines: dict[str, np.ndarray], clouds: tuple | None, paired: bool, plan: dict | None = None,
-                  k_fit: int | None = None, plan_note: str | None = None) -> str:
+                  k_fit: int | None = None, plan_note: str | None = None,
+                  progress: Callable[[float], None] | None = None) -> str:
     """Build the report HTML.
 
     Parameters
@@ -343,7 +345,17 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
     clouds : (src_before (n, d_s), tgt_before (m, d_t), src_after (n, d_t), tgt_after (m, d_t)) or None
     plan : dict               :func:`align.plan_migration`'s answer (paired fits), with ``k_fit`` the fit's pairs
     plan_note : str           why there is no plan section (shown instead), e.g. too few pairs
+    progress : callable(fraction), optional   called as each section (a figure, most of them) is done
     """
+    steps, done = 7, [0]
+
+    def step() -> None:  # the sections below, in turn (one without content costs nothing)
+        done[0] += 1
+        if progress is not None:
+            progress(done[0] / steps)
+
+    if progress is not None:
+        progress(0.0)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{REPORT_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     if metrics.get("reliable") is False:  # the fit's own verdict, first: not a row deep in the metrics table
@@ -360,22 +372,29 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
     table = {**metrics, "selection": {k: v for k, v in sel.items() if k != "candidates"}} if candidates else metrics
     parts.append("<h2>Summary and lineage</h2>" + _table(summary))
     parts.append("<h2>Metrics</h2>" + _table(table))
+    step()
     if candidates:  # the candidates' held-out scores: a table of their own, not a cut JSON cell
         parts.append(_selection_section(sel))
+    step()
     if timings:
         parts.append(f"<h2>Stage timings</h2><img alt='stage timings' src='data:image/png;base64,{_timings_plot(timings)}'>")
+    step()
     for heading, png in _criterion_plots(diagnostics or {}):
         parts.append(f"<h2>{html.escape(heading)}</h2><img alt='{html.escape(heading)}' src='data:image/png;base64,{png}'>")
+    step()
     if any(c is not None and len(c) for c in cosines.values()):
         parts.append(f"<h2>Cosines of mapped pairs</h2><img alt='cosine histogram' "
                      f"src='data:image/png;base64,{_hist_plot(cosines)}'>")
+    step()
     if clouds is not None:
         parts.append(f"<h2>2-D projection of both clouds</h2><img alt='PCA projection' "
                      f"src='data:image/png;base64,{_png(_pca_figure(*clouds, paired=paired))}'>")
+    step()
     if plan is not None:
         parts.append(_plan_section(plan, k_fit))
     elif plan_note:
         parts.append(f"<h2>Migration plan</h2><p>{html.escape(plan_note)}</p>")
+    step()
     parts.append("</body></html>")
     return "\n".join(parts)
 

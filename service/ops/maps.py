@@ -4,7 +4,7 @@ map summaries and reports. The sides of a fit and ``/v1/embeddings`` (texts into
 
 ``run_fit`` fits with :mod:`align`, measures the map (paired: top-1 / mean rank / cosine on the
 training pairs; unpaired: mutual nearest neighbours after mapping, the label-free signal), renders
-the HTML report (:mod:`service.reports`) and registers the version with its lineage: sha256 of
+the HTML report (:mod:`service.ops.fit_report`) and registers the version with its lineage: sha256 of
 the float32 bytes of every input, method and parameters, ``random_state``, package version. The
 report file is written only once the version is registered (its path recorded in the version),
 so a refused registration (a conflict) leaves no report behind.
@@ -12,17 +12,14 @@ so a refused registration (a conflict) leaves no report behind.
 
 from __future__ import annotations
 
-import uuid
-import warnings
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 import align
 from align.validation import as_matrix
-from align.exceptions import DimensionMismatchError, InputError, VecbridgeWarning
+from align.exceptions import DimensionMismatchError, InputError
 from align.frames import unit_rows
 
 from ..encoders import canonical_name
@@ -30,10 +27,11 @@ from ..io import sha256_array
 from ..logging import get_logger
 from ..progress import Progress, Stages
 from ..registry import ConflictError, NoReliableVersionError, NotFoundError, Registry, VersionInfo
-from ..registry.names import check_alias, check_name, fs_safe
+from ..registry.names import check_alias, check_name
 from ..registry.quality import SPLIT, heldout_doubt
-from ..reports import inner_timings, render_report, write_report
+from ..reports import inner_timings
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
+from .fit_report import fit_report, write_fit_report
 from .plans import MIGRATION_METHODS, check_semi_supervised, fit_migration_map
 
 __all__ = ["run_fit", "fit_map", "unreliable_note", "METHODS", "SUPERVISED", "FitSide", "check_fit_request",
@@ -198,47 +196,6 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
     return metrics, cosines, clouds
 
 
-_PLAN_PROBE, _PLAN_DISTRACTORS, _PLAN_MAX_DIM = 500, 4096, 1024
-
-
-def _report_plan(X: np.ndarray, Y: np.ndarray, rng) -> tuple[dict | None, str | None]:
-    """The fit report's migration plan: :func:`align.plan_migration` with a probe of up to 500 of the fit's pairs
-    and up to 4,096 of its source rows as the old corpus (~2-4 s on 384-d rows), forecast up to the fit's K.
-
-    Returns ``(plan, None)``, or ``(None, why)`` when the pairs are too few or degenerate for a probe, or the
-    rows wider than 1,024 (the plan's ~20 closed-form fits cost O(d^3) each: ~30 s at 1,536-d here, more
-    than most fits themselves; ``vecbridge plan`` computes it on demand).
-    """
-    from align.plan import DEFAULT_TARGET_KS, MIN_PROBE
-
-    n, d = X.shape[0], max(X.shape[1], Y.shape[1])
-    if n < 2 * MIN_PROBE:
-        return None, f"not computed: {n} pairs; the plan needs a probe of at least {MIN_PROBE} pairs beside them"
-    if d > _PLAN_MAX_DIM:
-        return None, (f"not computed: {d}-d rows (the plan's closed-form fits would cost more than this fit above "
-                      f"{_PLAN_MAX_DIM}-d); run vecbridge plan with a probe to see it")
-    probe = np.sort(rng.permutation(n)[: min(_PLAN_PROBE, n)])
-    old = np.sort(rng.permutation(n)[: min(_PLAN_DISTRACTORS, n)])
-    try:
-        plan = align.plan_migration(X[old], X[probe], Y[probe], random_state=rng,
-                                    target_ks=sorted({*DEFAULT_TARGET_KS, n}), distractors=_PLAN_DISTRACTORS,
-                                    select_rows=False, old_is_sample=True)
-    except InputError as exc:
-        return None, f"not computed: {exc}"
-    return plan, None
-
-
-def _report_paths(registry, name: str, report_dir) -> tuple[Path, str]:
-    """Where this fit's HTML report goes, and the path the registry records (relative to its report dir)."""
-    rdir = Path(report_dir) if report_dir is not None else registry.report_dir
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    path = (rdir / fs_safe(name) / f"{stamp}-{uuid.uuid4().hex[:8]}.html").resolve()
-    try:
-        return path, str(path.relative_to(registry.report_dir))
-    except ValueError:
-        return path, str(path)
-
-
 def run_fit(registry: Registry, *, name: str, source, target, method: str, params: dict | None = None,
             source_space: str, target_space: str, paired: bool, seed_pairs=None, random_state: int | None = 0,
             alias: str | None = None, progress: Progress | None = None, report_dir=None,
@@ -257,7 +214,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     params : dict                keyword arguments of the align fitter / estimator
     paired : bool                rows are paired (supervised methods need it)
     seed_pairs : (i_src, i_tgt) or None      known pairs for seeded minivec2vec
-    progress : Progress, optional  ``(stage, fraction)``: validate, fit (and "fit: <stage>"), diagnostics, report, register
+    progress : Progress, optional  ``(stage, fraction)``: validate, fit (and "fit: <stage>"), diagnostics, report
+                                 (and "report: <stage>"), register
     report_dir : path, optional  default ``registry.report_dir``
     should_cancel : callable() -> bool, optional; checked at every progress tick → align.exceptions.Cancelled (nothing registered)
     inputs : dict, optional      descriptions of the inputs (files, rows, encoders) kept in lineage
@@ -341,27 +299,16 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     html_text = report_file = report_rel = None
     with st.stage("report"):  # rendered now, written once the version is registered (no orphan on a conflict)
         if report:
-            try:
-                n_src, n_tgt = X.shape[0], Y.shape[0]
-                summary = {"map": name,
-                           "spaces": f"{source_space} ({X.shape[1]}-d) -> {target_space} ({Y.shape[1]}-d)",
-                           "method": method, "paired": paired, "rows": f"source {n_src}, target {n_tgt}",
-                           "params": effective, "random_state": random_state, "data sha256": hashes,
-                           "inputs": inputs or {},
-                           "alias": f"{held_back} (not moved: the fit is unreliable)" if held_back else alias or "",
-                           "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-                plan, plan_note = _report_plan(X, Y, rng) if paired else (None, None)
-                html_text = render_report(title=f"vecbridge fit: {name}", summary=summary, metrics=metrics,
-                                          timings={**st.timings, **inner_timings(diag)}, diagnostics=diag,
-                                          cosines=cosines, clouds=clouds, paired=paired, plan=plan, k_fit=n_src,
-                                          plan_note=plan_note)
-                report_file, report_rel = _report_paths(registry, name, report_dir)
-            except Exception as exc:  # noqa: BLE001 - a report is a by-product: a failed render must not lose the map
-                html_text = report_file = report_rel = None
-                why = f"{type(exc).__name__}: {exc}"
-                log.warning("map %r is registered without a fit report: rendering it failed (%s)", name, why)
-                if notes is not None:
-                    notes.append(f"no fit report: rendering it failed ({why}); the map is registered without one")
+            summary = {"map": name, "spaces": f"{source_space} ({X.shape[1]}-d) -> {target_space} ({Y.shape[1]}-d)",
+                       "method": method, "paired": paired, "rows": f"source {X.shape[0]}, target {Y.shape[0]}",
+                       "params": effective, "random_state": random_state, "data sha256": hashes,
+                       "inputs": inputs or {},
+                       "alias": f"{held_back} (not moved: the fit is unreliable)" if held_back else alias or "",
+                       "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            html_text, report_file, report_rel = fit_report(
+                registry, name, X, Y, summary=summary, metrics=metrics, timings={**st.timings, **inner_timings(diag)},
+                diag=diag, cosines=cosines, clouds=clouds, paired=paired, rng=rng, report_dir=report_dir,
+                notes=notes, progress=st.sub("report"))
 
     st.tick("register", 0.0)  # the last cancellation point: once registered, the fit has happened
     # the fitter's own stage seconds too ("fit: refine1"...): the artifact leaves them out (same fit, same bytes)
@@ -377,7 +324,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         alias=alias, report_path=report_rel, artifact_format=artifact_format, encoders=encoders,
         inputs={**(inputs or {}), "n_source": X.shape[0], "n_target": Y.shape[0], "paired": paired})
     if html_text is not None:
-        _write_report(version, report_file, report_copy, html_text)
+        write_fit_report(version, report_file, report_copy, html_text)
     note = registry.default_change_note(before, version)
     if held_back:
         try:
@@ -414,26 +361,6 @@ def unreliable_note(version: VersionInfo) -> str:
     """The note of a fit registered unreliable (the CLI, which says so in its own words and exit code, drops it)."""
     why = version.metrics.get("unreliable_reason") or "its criterion is close to that of random maps"
     return f"{version.ref} is flagged unreliable ({why}): kept for inspection, never chosen for a path"
-
-
-def _write_report(version: VersionInfo, path: Path, copy, html_text: str) -> None:
-    """Write a registered version's report (atomic, fsynced) and the optional extra copy.
-
-    The version already records ``path``: a crash or a full disk here leaves a version whose report
-    route answers 404 ("missing from the data dir"), never a report without a version. A copy that cannot be
-    written is a VecbridgeWarning naming it (the version stays registered).
-    """
-    try:
-        write_report(path, html_text)
-    except OSError as exc:
-        log.warning("map %s is registered but its fit report could not be written to %s: %s", version.ref, path, exc,
-                    extra={"fields": {"map": version.ref, "path": str(path), "error": str(exc)}})
-    if copy is not None:  # a full disk here failed the command (exit 2) with the version registered: a retry refitted
-        try:
-            write_report(copy, html_text)
-        except OSError as exc:
-            warnings.warn(f"the report copy {copy} could not be written ({exc.strerror or exc}); map {version.ref} "
-                          f"is registered all the same", VecbridgeWarning, stacklevel=2)
 
 
 # --- fit requests (a face's body → checked sides → a fit job) ------------------------------------

@@ -176,13 +176,13 @@ def test_the_report_plan_of_a_large_fit_does_not_call_its_row_sample_the_corpus(
     WordNet-sized pairs whose forecast stayed under the target, it recommended K = 4,096 and said "the recommended K
     is the whole old corpus (4096 rows) ... re-embed every row instead of migrating": a sample size, not the user's
     corpus. The report's plan now caps no K at its sample, and its sentence does not claim the target is reached."""
-    from service.ops.maps import _PLAN_DISTRACTORS, _report_plan
+    from service.ops.fit_report import PLAN_DISTRACTORS, report_plan
 
-    X, Y = _planted_pairs(_PLAN_DISTRACTORS + 900, noise=3.0)
-    plan, why = _report_plan(X, Y, np.random.default_rng(0))
+    X, Y = _planted_pairs(PLAN_DISTRACTORS + 900, noise=3.0)
+    plan, why = report_plan(X, Y, np.random.default_rng(0))
     assert why is None
     ks = [q["k"] for q in plan["predicted"]]
-    assert ks[-1] > _PLAN_DISTRACTORS and X.shape[0] in ks
+    assert ks[-1] > PLAN_DISTRACTORS and X.shape[0] in ks
     assert not plan["recommended"]["whole_corpus"] and plan["recommended"]["k"] in ks
     assert not any("whole old corpus" in n for n in plan["notes"])
     reached = [q for q in plan["predicted"] if q["retention"] >= plan["target_retention"]]
@@ -226,10 +226,10 @@ def test_the_plan_chart_draws_the_interval_the_plan_table_shows():
 
 
 def test_wide_rows_skip_the_report_plan_with_the_reason():
-    from service.ops.maps import _report_plan
+    from service.ops.fit_report import report_plan
 
     rng = np.random.default_rng(0)
-    plan, why = _report_plan(np.ones((300, 1100), np.float32), np.ones((300, 8), np.float32), rng)
+    plan, why = report_plan(np.ones((300, 1100), np.float32), np.ones((300, 8), np.float32), rng)
     assert plan is None and why.startswith("not computed: 1100-d rows")
 
 

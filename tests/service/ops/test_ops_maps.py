@@ -31,12 +31,26 @@ def _fit(reg, **kw):
 def test_stages_are_reported_in_order_and_timed(reg):
     seen = []
     v = _fit(reg, progress=lambda stage, f: seen.append((stage, f)))
-    top = [s for s, _ in seen if not s.startswith("fit: ")]
+    top = [s for s, _ in seen if not s.startswith(("fit: ", "report: "))]
     assert top == ["validate", "validate", "fit", "fit", "diagnostics", "diagnostics", "report", "report", "register"]
     assert all(0.0 <= f <= 1.0 for _, f in seen)
     assert set(v.metrics["timings"]) == {"validate + hash", "fit", "diagnostics", "report"}
     assert reg.report_file(v).read_text().startswith("<!doctype html>")
     assert _reports(reg) == [reg.report_file(v)]
+
+
+def test_the_report_stage_reports_how_far_it_has_got(reg):
+    """The report stage (the migration plan's probe fits and the figures: 7 of a 10 s fit) said ``report`` 0.0 until
+    it ended, so a job showed no fraction and no ETA for most of its run. It now reports the plan's learning curve
+    and the rendering, section by section, each with its fraction."""
+    seen = []
+    _fit(reg, progress=lambda stage, f: seen.append((stage, f)))
+    inner = [(s, f) for s, f in seen if s.startswith("report: ")]
+    assert [s for s, _ in seen].index("report") < [s for s, _ in seen].index(inner[0][0])
+    curve = [f for s, f in inner if s == "report: migration plan: learning curve"]
+    render = [f for s, f in inner if s == "report: render"]
+    assert any(0.0 < f < 1.0 for f in curve) and curve == sorted(curve) and curve[-1] == 1.0
+    assert len(render) == 8 and render == sorted(render) and render[0] == 0.0 and render[-1] == 1.0
 
 
 def test_a_conflicting_registration_leaves_no_report(reg, tmp_path):
@@ -94,7 +108,7 @@ def test_what_registration_would_refuse_is_refused_before_the_fit(reg, monkeypat
     assert sorted(p.name for p in reg.store.root.rglob("*") if p.is_file()) == stored
 
 
-@pytest.mark.parametrize("stage", ["validate", "fit", "diagnostics", "report"])
+@pytest.mark.parametrize("stage", ["validate", "fit", "diagnostics", "report", "report: render"])
 def test_a_cancel_before_registration_registers_and_writes_nothing(reg, stage):
     asked = {"now": False}
 
