@@ -469,7 +469,7 @@ class MiniVec2Vec:
         p = seed_rows[0].shape[0]
         W, hist = sinkhorn_polish(W, Xs, Yt, rounds=self.sinkhorn_rounds, eps=self.sinkhorn_eps,
                                   whiten=self.polish_whiten, seed_pairs=seed_rows, seed_share=p / (Xs.shape[0] + p),
-                                  tol=self.sinkhorn_tol, progress=lambda f: report("seeded finish", f))
+                                  tol=self.sinkhorn_tol, progress=lambda f: report("seeded_finish", f))
         crit = map_criterion(W, Xj, Yj, sample=self.criterion_sample, csls_k=self.csls_k, random_state=rng)
         timings["seeded_finish"] = time.perf_counter() - t0
         return W, {"method": "whitened sparse Sinkhorn", "eps": float(self.sinkhorn_eps),
@@ -505,14 +505,14 @@ class MiniVec2Vec:
             if stage == "icp" and self.refine1_iters > 0:
                 W, h = refine_icp(W, Xs, Yt, iters=self.refine1_iters, sample=self.refine1_sample, k=self.refine1_k,
                                   alpha=self.alpha, random_state=rng,
-                                  progress=lambda f: report(prefix + "refine1", f))
+                                  progress=lambda f: report(prefix + "icp", f))
                 n_iter += len(h)
             elif stage == "clusters":
-                report(prefix + "refine2", 0.0)
+                report(prefix + "clusters", 0.0)
                 W, h = refine_clusters(W, Xs, Yt, n_clusters=self.refine2_clusters, alpha=self.alpha,
                                        random_state=rng)
                 n_iter += 1
-                report(prefix + "refine2", 1.0)
+                report(prefix + "clusters", 1.0)
             elif stage == "self_learning":
                 W, h = self_learning(W, Xs, Yt, rounds=self.self_learning_rounds, csls_k=self.csls_k,
                                      sample=self.self_learning_sample,

@@ -1,6 +1,6 @@
 """One progress convention for the service: ``progress(stage, fraction)``.
 
-``stage`` names the step in plain words (``"fit"``, ``"fit: refine1"``, ``"encode source"``);
+``stage`` names the step in plain words (``"fit"``, ``"fit: icp"``, ``"encode source"``);
 ``fraction`` in [0, 1] is how far that step has got. Every long operation of the service takes a
 :data:`Progress`: a job's :meth:`service.jobs.JobContext.progress` is one (it records the stage
 and raises :class:`align.exceptions.Cancelled` when the job is cancelled), the CLI's progress bar

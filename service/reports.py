@@ -74,15 +74,34 @@ def _pad(A: np.ndarray, d: int) -> np.ndarray:
 
 
 def _timings_plot(timings: dict) -> str:
+    return _png(_timings_figure(timings))
+
+
+def _timings_figure(timings: dict):
+    """The stages' seconds (which add up to the run), then one panel per stage with parts (``"fit: icp"`` is a part
+    of ``fit``) breaking it down: one chart of both drew ``fit`` beside its own parts, twice the run time."""
+    top: dict[str, float] = {}
+    parts: dict[str, dict[str, float]] = {}
+    for name, v in timings.items():
+        parent, _, part = str(name).partition(": ")
+        if part and parent in timings:
+            parts.setdefault(parent, {})[part] = float(v)
+        else:
+            top[str(name)] = float(v)
+    panels = [("stage timings", top)] + [(f"within {p} ({top[p]:.2f}s)", d) for p, d in parts.items() if p in top]
     plt = _mpl()
-    names, vals = list(timings), [float(v) for v in timings.values()]
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.0))
-    ax.barh(names[::-1], vals[::-1], color="#4c72b0")
-    for i, v in enumerate(vals[::-1]):
-        ax.text(v, i, f" {v:.2f}s", va="center", fontsize=8)
-    ax.set_xlabel("seconds")
-    ax.set_title("stage timings")
-    return _png(fig)
+    sizes = [len(d) for _, d in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 0.45 * sum(sizes) + 1.0 * len(panels)), squeeze=False,
+                             gridspec_kw={"height_ratios": sizes})
+    for ax, (title, d), colour in zip(axes[:, 0], panels, ["#4c72b0"] + ["#8fa9d6"] * len(parts)):
+        names, vals = list(d), list(d.values())
+        ax.barh(names[::-1], vals[::-1], color=colour)
+        for i, v in enumerate(vals[::-1]):
+            ax.text(v, i, f" {v:.2f}s", va="center", fontsize=8)
+        ax.set_title(title, fontsize=10)
+    axes[-1, 0].set_xlabel("seconds")
+    fig.tight_layout()
+    return fig
 
 
 def _series_from_diagnostics(diag: dict) -> list[tuple[str, list[float]]]:
@@ -320,12 +339,16 @@ td{padding:2px 0;font-family:ui-monospace,monospace;word-break:break-all}img{max
 
 
 def inner_timings(diag: dict) -> dict[str, float]:
-    """The fitter's own stage seconds (``diagnostics.timings``), named ``fit: <stage>`` for the report."""
+    """The fitter's own stage seconds (``diagnostics.timings``), named as its progress names them: ``fit: <stage>``,
+    ``fit: restart <r>: <stage>`` when it ran more than one restart (these were ``fit: restart 0 icp`` while the
+    progress said ``fit: refine1``)."""
     inner = diag.get("timings") or {}
     out = {f"fit: {k}": float(v) for k, v in inner.items() if isinstance(v, (int, float)) and k != "total"}
-    for r, rt in enumerate(inner.get("restarts") or []):
+    runs = inner.get("restarts") or []
+    for r, rt in enumerate(runs):
         if isinstance(rt, dict):
-            out.update({f"fit: restart {r} {k}": float(v) for k, v in rt.items() if isinstance(v, (int, float))})
+            at = f"restart {r}: " if len(runs) > 1 else ""
+            out.update({f"fit: {at}{k}": float(v) for k, v in rt.items() if isinstance(v, (int, float))})
     return out
 
 

@@ -311,7 +311,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                 notes=notes, progress=st.sub("report"))
 
     st.tick("register", 0.0)  # the last cancellation point: once registered, the fit has happened
-    # the fitter's own stage seconds too ("fit: refine1"...): the artifact leaves them out (same fit, same bytes)
+    # the fitter's own stage seconds too ("fit: icp"...): the artifact leaves them out (same fit, same bytes)
     metrics["timings"] = {k: round(v, 4) for k, v in {**st.timings, **inner_timings(diag)}.items()}
     before = registry.resolve_bare(name)
     # a space the fit creates from texts records their encoder (a later text transform then needs no --encoder)

@@ -360,3 +360,18 @@ def test_pca_2d_of_wide_rows_takes_two_axes_not_a_full_svd(monkeypatch):
     assert not [s for s in shapes if min(s) > 256]
     np.testing.assert_allclose(np.abs(P), np.abs(want), atol=1e-6 * np.abs(want).max())
     assert pca_2d(A).tobytes() == P.tobytes()  # a fixed start: the same plot every time
+
+
+def test_the_timings_chart_draws_a_stages_parts_apart_from_it():
+    """The chart drew ``fit`` (52.8 s) beside its own parts (``fit: restart 0 init`` ...), which add up to it: the
+    bars read as twice the run time. The stages now have a panel of their own, and each stage's parts one below it;
+    names of older records (``fit: restart 0 icp``) nest the same way."""
+    from service.reports import _timings_figure
+
+    fig = _timings_figure({"validate + hash": 0.1, "fit": 52.8, "fit: restart 0: init": 30.0,
+                           "fit: restart 0: icp": 20.0, "fit: restart 1 icp": 2.0, "diagnostics": 1.0,
+                           "report": 7.0, "orphan: x": 0.5})
+    labels = [[t.get_text() for t in ax.get_yticklabels()][::-1] for ax in fig.axes]
+    assert labels == [["validate + hash", "fit", "diagnostics", "report", "orphan: x"],
+                      ["restart 0: init", "restart 0: icp", "restart 1 icp"]]
+    assert [ax.get_title() for ax in fig.axes] == ["stage timings", "within fit (52.80s)"]
