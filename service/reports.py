@@ -269,9 +269,14 @@ def _pca_figure(src_before, tgt_before, src_after, tgt_after, paired: bool):
     return fig
 
 
-def _table(d: dict) -> str:
+def _table(d: dict, nested: tuple[str, ...] = ()) -> str:
+    """A key/value table; the dicts under the keys in ``nested`` as tables of their own in their cell (the
+    summary's ``params``: as one JSON cell it was cut at 400 characters, "re…", hiding most of them)."""
     rows = []
     for k, v in d.items():
+        if k in nested and isinstance(v, dict) and v:
+            rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{_table(v)}</td></tr>")
+            continue
         if isinstance(v, float):
             v = f"{v:.4g}"
         elif isinstance(v, (dict, list)):
@@ -393,7 +398,7 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
     sel = metrics.get("selection")
     candidates = isinstance(sel, dict) and isinstance(sel.get("candidates"), dict)
     table = {**metrics, "selection": {k: v for k, v in sel.items() if k != "candidates"}} if candidates else metrics
-    parts.append("<h2>Summary and lineage</h2>" + _table(summary))
+    parts.append("<h2>Summary and lineage</h2>" + _table(summary, nested=("params",)))
     parts.append("<h2>Metrics</h2>" + _table(table))
     step()
     if candidates:  # the candidates' held-out scores: a table of their own, not a cut JSON cell

@@ -375,3 +375,17 @@ def test_the_timings_chart_draws_a_stages_parts_apart_from_it():
     assert labels == [["validate + hash", "fit", "diagnostics", "report", "orphan: x"],
                       ["restart 0: init", "restart 0: icp", "restart 1 icp"]]
     assert [ax.get_title() for ax in fig.axes] == ["stage timings", "within fit (52.80s)"]
+
+
+def test_the_reports_params_are_a_table_of_their_own_not_a_cut_cell():
+    """The summary's params were one JSON cell cut at 400 characters ("re…"): a minivec2vec fit's refine,
+    seeded_finish, sinkhorn_* were never shown. They are now a key/value table, every parameter in its own row."""
+    params = {f"param_{i:02d}": "x" * 30 for i in range(20)}
+    params.update({"refine": ["icp", "self_learning"], "seeded_finish": "sinkhorn", "sinkhorn_eps": 0.05})
+    html = render_report(title="t", summary={"map": "a2b", "params": params, "random_state": 0}, metrics={},
+                         timings={}, diagnostics=None, cosines={}, clouds=None, paired=False)
+    for key in params:
+        assert f"<th>{key}</th>" in html
+    assert '<td>[&quot;icp&quot;, &quot;self_learning&quot;]</td>' in html and "<td>0.05</td>" in html
+    assert "…" not in html
+    assert html.index("<th>map</th>") < html.index("<th>params</th>") < html.index("<th>random_state</th>")
