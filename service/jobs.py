@@ -53,6 +53,15 @@ __all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFul
 _SHUT_DOWN = {**INTERRUPTED, "message": "interrupted: the process serving this job shut down before it finished; "
                                        "check the map's versions before resubmitting"}
 _NOT_STARTED = {"type": "JobCancelled", "message": "cancelled before it started"}
+
+
+def _interrupted_in(job: Job) -> dict:
+    """:data:`_SHUT_DOWN`, naming the stage ``job`` was in and how far it had got (its stage becomes "interrupted",
+    and the fraction it keeps was of a stage named nowhere else)."""
+    where = "before it started" if job.state == "queued" else f"during {job.stage!r} at {round(100 * job.fraction)}%"
+    return {**_SHUT_DOWN, "message": _SHUT_DOWN["message"].replace("interrupted:", f"interrupted {where}:", 1)}
+
+
 _log = get_logger("jobs")
 
 
@@ -85,7 +94,8 @@ class JobContext:
         return self._job.id
 
     def should_cancel(self) -> bool:
-        return self._job.cancel_requested
+        """Whether to stop now: a cancel was asked for, or a shutdown recorded the job interrupted (no cancel)."""
+        return self._job.cancel_requested or self._job.state in TERMINAL
 
     def progress(self, stage: str, fraction: float | None = None) -> None:
         """Record ``stage`` and how far it has got, ``fraction`` in [0, 1] (of that stage, as every
@@ -378,13 +388,18 @@ class JobManager:
 
     def shutdown(self, wait: bool = False) -> None:
         """Stop taking jobs; ``wait=False`` (a server stopping): record this process's unfinished jobs interrupted
-        now, as the process may be gone before their next progress report (one that ends still writes its end)."""
+        now, as the process may be gone before their next progress report (one that ends still writes its end),
+        their error naming the stage they were in. That is no cancel (``cancel_requested`` stays as a client left
+        it: it said true after a restart though nobody had cancelled); a running job stops at its next report, which
+        sees the job ended. ``wait=True`` asks each job to cancel and waits for them."""
         with self._lock:
             jobs = [j for j in self._jobs.values() if j.state not in TERMINAL]
             for j in jobs:
-                j.cancel_requested = True
-                if not wait:
-                    j.state, j.stage, j.finished_at, j.error = "failed", "interrupted", j.now(), _SHUT_DOWN
+                if wait:
+                    j.cancel_requested = True
+                else:
+                    j.error = _interrupted_in(j)
+                    j.state, j.stage, j.finished_at = "failed", "interrupted", j.now()
         for j in jobs if not wait else ():
             self._persist(j)
         self._pool.shutdown(wait=wait, cancel_futures=True)

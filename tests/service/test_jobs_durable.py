@@ -392,6 +392,44 @@ def test_a_job_a_shutdown_interrupted_stays_interrupted_when_it_reaches_its_next
     assert mgr.get(job.id).state == "failed"
 
 
+def test_a_shutdown_is_no_cancel_and_names_the_stage_it_interrupted(tmp_path):
+    """A server restart mid-fit left ``cancel_requested: true`` on the job though no client had cancelled it, and its
+    progress (0.7) belonged to a stage named nowhere (the stage read "interrupted"). The interruption stays apart
+    from a cancel, and the error says which stage it stopped in and how far it had got."""
+    db = tmp_path / "jobs.sqlite"
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(db))
+    mgr.open()
+    started, stopped = threading.Event(), threading.Event()
+
+    def fit(ctx):
+        try:
+            ctx.progress("fit: restart 0: icp", 0.7)
+            started.set()
+            while True:
+                ctx.progress("fit: restart 0: icp", 0.7)
+                time.sleep(0.001)
+        finally:
+            stopped.set()
+
+    job, _ = mgr.submit(fit, kind="fit")
+    queued, _ = mgr.submit(lambda ctx: {}, kind="fit")
+    assert started.wait(10)
+    mgr.shutdown(wait=False)
+    assert stopped.wait(10)
+    time.sleep(0.5)
+    after_restart = JobManager(store=JobStore(db))
+    after_restart.open()
+    try:
+        for j in (after_restart.get(job.id).to_dict(), mgr.get(job.id).to_dict()):
+            assert (j["state"], j["cancel_requested"], j["error"]["type"]) == ("failed", False, "Interrupted"), j
+            assert j["error"]["message"].startswith("interrupted during 'fit: restart 0: icp' at 70%: the process "
+                                                    "serving this job shut down"), j["error"]
+        q = after_restart.get(queued.id).to_dict()
+        assert q["cancel_requested"] is False and q["error"]["message"].startswith("interrupted before it started:")
+    finally:
+        after_restart.shutdown(wait=True)
+
+
 def test_concurrent_submits_never_queue_more_than_the_limit(tmp_path):
     """The queue bound held only for submits one at a time: the check ran under the lock, but the job joined the
     queue after the store's insert (an SQLite commit, outside the lock), so submits arriving together all saw the
