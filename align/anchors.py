@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .validation import check_random_state
-from .exceptions import InputError, TooFewRowsError
+from .exceptions import ConvergenceWarning, InputError, TooFewRowsError
 
 __all__ = ["AnchorSet", "QAPResult", "centered_gram", "kmeans_centroids", "solve_qap", "match_centroids",
-           "kmeans_anchors", "QAP_METHODS"]
+           "kmeans_anchors", "short_kmeans", "QAP_METHODS"]
 
 QAP_METHODS = ("2opt", "faq", "faq+2opt")
 
@@ -87,16 +87,34 @@ def _gen(rng: np.random.Generator) -> np.random.Generator:
 
 def kmeans_centroids(X: np.ndarray, k: int, *, rng: np.random.Generator, init="k-means++", n_init="auto",
                      max_iter: int = 300) -> np.ndarray:
-    """Centroids (k, d) of scikit-learn ``KMeans`` on rows ``X`` (n, d), seeded from ``rng``."""
+    """Centroids (k, d) of scikit-learn ``KMeans`` on rows ``X`` (n, d), seeded from ``rng``; a
+    :class:`ConvergenceWarning` when fewer than ``k`` rows are distinct (some centroids then repeat)."""
+    C, found = _kmeans(X, k, rng, init, n_init, max_iter)
+    if found < k:
+        warnings.warn(_few_clusters(k, 1, 1), ConvergenceWarning, stacklevel=2)
+    return C
+
+
+def _kmeans(X, k, rng, init="k-means++", n_init="auto", max_iter=300) -> tuple[np.ndarray, int]:
+    """``(centroids (k, d), clusters found)``; scikit-learn's own warning about the latter is silenced (it came
+    once per k-means, 60 times in one default fit on repeated rows): callers say it once, in their words."""
     from sklearn.cluster import KMeans
+    from sklearn.exceptions import ConvergenceWarning as SklearnConvergenceWarning
 
     if X.shape[0] < k:
         raise TooFewRowsError(f"k-means with {k} clusters needs at least {k} rows, got {X.shape[0]}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=RuntimeWarning)
+        warnings.simplefilter("ignore", category=SklearnConvergenceWarning)
         km = KMeans(n_clusters=k, init=init, n_init=n_init if isinstance(init, str) else 1, max_iter=max_iter,
                     random_state=_seed(rng)).fit(X)
-    return km.cluster_centers_.astype(np.float32)
+    return km.cluster_centers_.astype(np.float32), int(np.unique(km.labels_).size)
+
+
+def _few_clusters(k: int, short: int, total: int) -> str:
+    return (f"k-means found fewer than {k} distinct clusters in {short} of {total} row samples: a sample held fewer "
+            f"than {k} distinct rows (rows repeat), so some centroids repeat and the anchors they give carry no "
+            f"correspondence; use fewer clusters or more distinct rows")
 
 
 def _score(KA: np.ndarray, KB: np.ndarray, col: np.ndarray) -> float:
@@ -164,9 +182,14 @@ def match_centroids(CA: np.ndarray, CB: np.ndarray, *, method: str = "2opt", res
                      random_state=random_state, progress=progress)
 
 
+def short_kmeans(runs: list, n_clusters: int) -> int:
+    """How many k-means of the anchor ``runs`` (:attr:`AnchorSet.runs`) found fewer than ``n_clusters`` clusters."""
+    return sum(int(f < n_clusters) for run in runs for f in run.get("clusters_found", ()))
+
+
 def kmeans_anchors(Xs: np.ndarray, Yt: np.ndarray, *, n_runs: int = 30, sample: int = 10000, n_clusters: int = 20,
                    qap_method: str = "2opt", qap_restarts: int = 30, keep: float = 1.0, random_state=None,
-                   progress=None) -> AnchorSet:
+                   progress=None, warn: bool = True) -> AnchorSet:
     """Stack ``n_runs`` matched centroid sets into ``n_runs * n_clusters`` anchor pairs.
 
     Parameters
@@ -179,6 +202,9 @@ def kmeans_anchors(Xs: np.ndarray, Yt: np.ndarray, *, n_runs: int = 30, sample: 
         k-means landed in a poor local optimum match worse and score lower.
     random_state : None, int or Generator (draws the subsamples, k-means seeds and QAP starts)
     progress : callable(fraction) or None
+    warn : bool
+        One :class:`ConvergenceWarning` when some k-means found fewer than ``n_clusters`` clusters (each run's
+        ``clusters_found`` says how many, source and target); False leaves the warning to the caller.
 
     Raises
     ------
@@ -199,8 +225,8 @@ def kmeans_anchors(Xs: np.ndarray, Yt: np.ndarray, *, n_runs: int = 30, sample: 
         t0 = time.perf_counter()
         ia = rng.permutation(Xs.shape[0])[: min(sample, Xs.shape[0])]
         ib = rng.permutation(Yt.shape[0])[: min(sample, Yt.shape[0])]
-        CA = kmeans_centroids(Xs[ia], n_clusters, rng=rng)
-        CB = kmeans_centroids(Yt[ib], n_clusters, rng=rng)
+        CA, found_a = _kmeans(Xs[ia], n_clusters, rng)
+        CB, found_b = _kmeans(Yt[ib], n_clusters, rng)
         # reported after each QAP restart (the last one: run r done), so a cancel stops a long restart loop
         within = None if progress is None else (lambda f, r=r: progress((r + f) / n_runs))
         res = match_centroids(CA, CB, method=qap_method, restarts=qap_restarts, random_state=rng, progress=within)
@@ -209,9 +235,13 @@ def kmeans_anchors(Xs: np.ndarray, Yt: np.ndarray, *, n_runs: int = 30, sample: 
         tgt.append(CB[res.col_ind])
         runs.append({"qap_score": res.score, "qap_score_normalised": res.score / norm,
                      "qap_restart_scores": [round(h, 6) for h in res.history],
-                     "best_restart": res.best_restart, "seconds": time.perf_counter() - t0})
+                     "best_restart": res.best_restart, "clusters_found": [found_a, found_b],
+                     "seconds": time.perf_counter() - t0})
     if not 0.0 < keep <= 1.0:
         raise InputError(f"keep must be in (0, 1], got {keep}")
+    short = short_kmeans(runs, n_clusters)
+    if warn and short:
+        warnings.warn(_few_clusters(n_clusters, short, 2 * n_runs), ConvergenceWarning, stacklevel=2)
     n_keep = max(1, int(np.ceil(keep * n_runs)))
     order = np.argsort([-run["qap_score_normalised"] for run in runs], kind="stable")[:n_keep]
     order = np.sort(order)

@@ -38,8 +38,8 @@ from typing import Callable
 
 import numpy as np
 
-from .validation import as_matrix, check_not_degenerate, check_random_state, seed_record
-from .anchors import QAP_METHODS, kmeans_anchors
+from .validation import as_matrix, check_not_degenerate, check_random_state, count_distinct_rows, seed_record
+from .anchors import QAP_METHODS, kmeans_anchors, short_kmeans
 from .blocks import executing
 from .exceptions import ConvergenceWarning, InputError, NotFittedError, PairCountError, TooFewRowsError
 from .frames import Frame
@@ -51,6 +51,13 @@ from .refine import (map_criterion, procrustes_map, refine_clusters, refine_icp,
 __all__ = ["MiniVec2Vec", "register_init", "INITIALIZERS", "REFINE_STAGES"]
 
 REFINE_STAGES = ("icp", "clusters", "self_learning", "polish", "sinkhorn")
+
+#: The least criterion a map is called reliable at, whatever its null (which must also be positive). The criterion
+#: is a mean CSLS score (``2 cos - r_T - r_S`` of unit rows), in units of cosine: float32 rounding moves it by about
+#: 1e-6; on real spaces the null is ~0.037 and a right map's criterion 0.081 (minilm→paraphrase-L3 and minilm→e5,
+#: 4,000 rows, default settings). 1e-3 is a thousand times the rounding and over 30 times below those nulls. Without it
+#: a map of a few rows repeated (every CSLS score ~0: criterion 1.6e-9, null -1.2e-10) passed ``crit >= 1.6 * null``.
+CRITERION_FLOOR = 1e-3
 
 #: name -> callable(est, Xs, Yt, rng, progress) -> (W (d_s, d_t), info dict); Xs, Yt are framed rows.
 INITIALIZERS: dict[str, Callable] = {}
@@ -74,7 +81,7 @@ def register_init(name: str, fn: Callable | None = None):
 def _init_anchors(est, Xs, Yt, rng, progress):
     anchors = kmeans_anchors(Xs, Yt, n_runs=est.n_anchor_runs, sample=est.anchor_sample, n_clusters=est.n_clusters,
                              qap_method=est.qap_method, qap_restarts=est.qap_restarts, keep=est.anchor_keep, random_state=rng,
-                             progress=progress)
+                             progress=progress, warn=False)  # _fit says it once, for every restart
     Rs = relative_representation(Xs, anchors.source)
     Rt = relative_representation(Yt, anchors.target)
     pseudo = soft_pseudo_targets(Rs, Rt, Yt, k=est.soft_k)
@@ -148,6 +155,8 @@ class MiniVec2Vec:
         after random rotations of the source side, ``Q W`` (``null_criterion_``): the same target
         subspace, a random correspondence inside it. (Plain random maps are a weaker null when
         ``d_s < d_t``: a wrong glove (50-d) → minilm (384-d) map scored 1.65x them, 1.03x this one.)
+        A ratio needs a scale: the null must also be positive and the criterion at least
+        :data:`CRITERION_FLOOR` (1e-3, in units of cosine; rows that are a few rows repeated score ~0 for any map).
     holdout : float
         Share of each side's rows (at most ``criterion_sample``, never seed rows) withheld from the
         fit and used only to choose the restart and to judge the map. On the rows it was refined
@@ -178,7 +187,8 @@ class MiniVec2Vec:
     best_restart_ : int
     n_iter_ : int             refinement iterations of the chosen run
     null_criterion_ : float   mean criterion of 5 randomly source-rotated copies ``Q W`` of the map on the same rows
-    reliable_ : bool          ``criterion_ >= reliability_ratio * null_criterion_`` (both on held-out rows)
+    reliable_ : bool          ``criterion_ >= max(CRITERION_FLOOR, reliability_ratio * null_criterion_)`` and
+                              ``null_criterion_ > 0`` (both on held-out rows)
     diagnostics_ : dict
     """
 
@@ -360,7 +370,7 @@ class MiniVec2Vec:
         Raises
         ------
         InputError (and subclasses): bad arrays or parameters; TooFewRowsError when a side has
-        fewer rows than the clusters asked for.
+        fewer rows, or fewer distinct rows, than the clusters asked for.
         """
         with executing(executor):
             return self._fit(X_src, X_tgt, progress, seed_pairs)
@@ -373,9 +383,13 @@ class MiniVec2Vec:
         seeds = self._check_seeds(seed_pairs, X.shape[0], Y.shape[0])
         seeded = seeds is not None and seeds[0].size >= 2
         self.check_rows(X.shape[0], Y.shape[0], seeded)
-        need = self._min_rows(seeded)[0]
+        need, why = self._min_rows(seeded)
         for name, A in (("X_src", X), ("X_tgt", Y)):
             check_not_degenerate(A, name=name)
+            distinct = count_distinct_rows(A, stop_at=need)
+            if distinct < need:  # 5 rows x 200 copies: every CSLS score ~0 and the wrong map was called reliable
+                raise TooFewRowsError(f"{name}: {why} needs at least {need} distinct rows, got "
+                                      f"{distinct} distinct among {A.shape[0]} (the others repeat them)")
         report = check_callable("progress", progress) or (lambda stage, frac: None)
         rng = check_random_state(self.random_state)
         timings: dict = {}
@@ -411,6 +425,7 @@ class MiniVec2Vec:
         for run in runs:
             run.pop("W", None)
         timings["restarts"] = [run["timings"] for run in runs]
+        self._warn_short_kmeans(runs)
         finish = None
         if seeded and self.seeded_finish and "sinkhorn" not in self.refine and self.sinkhorn_rounds > 0:
             W, finish, final_details = self._seeded_finish(W, Xs, Yt, seed_rows, Xj, Yj, rng, report, timings)
@@ -424,14 +439,19 @@ class MiniVec2Vec:
         timings["null_criterion"] = time.perf_counter() - t0
         timings["total"] = time.perf_counter() - t_start
         self.null_criterion_ = float(np.mean(null))
-        self.reliable_ = bool(held_out and final_crit >= self.reliability_ratio * self.null_criterion_)
+        floor, null_c = CRITERION_FLOOR, self.null_criterion_
+        self.reliable_ = bool(held_out and null_c > 0 and final_crit >= max(floor, self.reliability_ratio * null_c))
         if not held_out:  # on its own refined rows a wrong map scores ~5x random: no verdict (was "reliable")
             warnings.warn(f"MiniVec2Vec: no rows held out to judge the map (holdout={self.holdout}, {X.shape[0]} x "
                           f"{Y.shape[0]} rows: fewer than 20 per side), so it is flagged unreliable",
                           ConvergenceWarning, stacklevel=3)
+        elif not self.reliable_ and (null_c <= 0 or final_crit < floor):  # ratio of two ~0s: duplicated rows
+            warnings.warn(f"MiniVec2Vec: criterion {final_crit:.3g} (random maps: {null_c:.3g}) is not above the floor "
+                          f"{floor}: the rows show no neighbourhood structure to judge a map by (e.g. a few rows "
+                          f"repeated); the map is probably wrong", ConvergenceWarning, stacklevel=3)
         elif not self.reliable_:
             warnings.warn(f"MiniVec2Vec: criterion {final_crit:.4f} is below {self.reliability_ratio} x the criterion "
-                          f"of random maps ({self.null_criterion_:.4f}); the map is probably wrong", ConvergenceWarning,
+                          f"of random maps ({null_c:.4f}); the map is probably wrong", ConvergenceWarning,
                           stacklevel=3)
 
         self.criteria_ = [float(c) for c in crits]
@@ -474,6 +494,24 @@ class MiniVec2Vec:
         timings["seeded_finish"] = time.perf_counter() - t0
         return W, {"method": "whitened sparse Sinkhorn", "eps": float(self.sinkhorn_eps),
                    "rounds": len(hist), "history": hist}, crit
+
+    def _warn_short_kmeans(self, runs: list) -> None:
+        """One ConvergenceWarning for every k-means of the fit (anchors, Refine-2) that found fewer clusters than asked:
+        scikit-learn's own came once per k-means, 60 times in a default fit on repeated rows."""
+        short = total = 0
+        for run in runs:
+            h = run["history"]
+            short += short_kmeans(h["init"].get("anchor_runs", []), self.n_clusters)
+            total += 2 * len(h["init"].get("anchor_runs", []))
+            found = h.get("clusters", {}).get("clusters_found", [])
+            short, total = short + sum(f < self.refine2_clusters for f in found), total + len(found)
+        if short:
+            asked = f"n_clusters={self.n_clusters}" + (f", refine2_clusters={self.refine2_clusters}"
+                                                        if "clusters" in self.refine else "")
+            warnings.warn(f"MiniVec2Vec: {short} of the fit's {total} k-means found fewer clusters than asked "
+                          f"({asked}): their row samples held fewer distinct rows (rows repeat), so some centroids "
+                          f"repeat and match nothing; the start is weaker. Fewer clusters, or more distinct rows, "
+                          f"avoid it", ConvergenceWarning, stacklevel=4)
 
     def _split(self, n: int, keep, need: int, rng) -> tuple[np.ndarray, np.ndarray]:
         """``(fit_rows, judge_rows)`` of ``n`` rows: ``holdout`` of them (≤ ``criterion_sample``, never a row

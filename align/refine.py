@@ -30,6 +30,7 @@ augmented rows returns CSLS neighbours (the per-query term ``r_Q(q)`` does not c
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 
@@ -146,23 +147,30 @@ def refine_clusters(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, n_clusters
     mapped source centroids, Procrustes between the centroid sets, smooth with ``α``.
 
     Returns ``(W, info)``; ``info["self_consistency"]`` is the mean cosine between mapped source
-    centroids and their target centroids. The k-means is scikit-learn's (k-means++ starts, as
+    centroids and their target centroids, ``info["clusters_found"]`` the clusters each k-means found (fewer than
+    ``n_clusters`` when fewer rows are distinct). The k-means is scikit-learn's (k-means++ starts, as
     published) and runs in this process; :func:`align.kmeans.kmeans` is the executor-aware one.
     """
     from sklearn.cluster import KMeans
+    from sklearn.exceptions import ConvergenceWarning as SklearnConvergenceWarning
 
     if min(Xs.shape[0], Yt.shape[0]) < n_clusters:
         raise TooFewRowsError(f"Refine-2 with {n_clusters} clusters needs at least {n_clusters} rows per side, "
                               f"got {Xs.shape[0]} and {Yt.shape[0]}")
     rng = check_random_state(random_state)
     W = np.asarray(W, dtype=np.float64)
-    C1 = KMeans(n_clusters=n_clusters, random_state=_seed(rng)).fit(Xs).cluster_centers_
-    init = (C1 @ W).astype(Yt.dtype)
-    C2 = KMeans(n_clusters=n_clusters, init=init, n_init=1, random_state=_seed(rng)).fit(Yt).cluster_centers_
+    with warnings.catch_warnings():  # "fewer distinct clusters": counted in info, said once by the caller
+        warnings.simplefilter("ignore", category=SklearnConvergenceWarning)
+        km1 = KMeans(n_clusters=n_clusters, random_state=_seed(rng)).fit(Xs)
+        C1 = km1.cluster_centers_
+        init = (C1 @ W).astype(Yt.dtype)
+        km2 = KMeans(n_clusters=n_clusters, init=init, n_init=1, random_state=_seed(rng)).fit(Yt)
+        C2 = km2.cluster_centers_
     consistency = float(np.einsum("ij,ij->i", unit_rows((C1 @ W).astype(np.float32)),
                                   unit_rows(C2.astype(np.float32))).mean())
     W = (1.0 - alpha) * W + alpha * procrustes_map(C1, C2)
-    return W, {"self_consistency": consistency}
+    found = [int(np.unique(km.labels_).size) for km in (km1, km2)]
+    return W, {"self_consistency": consistency, "clusters_found": found}
 
 
 # --- CSLS neighbours, mutual pairs ----------------------------------------------------------

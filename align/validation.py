@@ -23,7 +23,7 @@ from .exceptions import (
 __all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate",
            "check_no_underflow", "check_no_zero_rows", "check_rankable", "check_representable", "check_eps",
            "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed",
-           "check_not_collapsed", "seed_record", "MAX_EPS"]
+           "check_not_collapsed", "seed_record", "count_distinct_rows", "MAX_EPS"]
 
 #: Bound of a steer's strength ``|eps|`` (1: the trained strength) wherever a steer moves vectors: the library
 #: (:func:`check_eps`), the CLI and HTTP (``service.limits.MAX_STEER_EPS`` is this number). Strength sweeps saturate
@@ -241,6 +241,30 @@ def check_not_degenerate(X: np.ndarray, *, name: str = "X", tol: float = 1e-6) -
     scale = float(np.abs(X).max()) or 1.0
     if spread <= tol * scale:
         raise DegenerateInputError(f"{name}: all {X.shape[0]} rows are identical; nothing to align")
+
+
+def count_distinct_rows(X: np.ndarray, *, stop_at: int | None = None) -> int:
+    """How many distinct rows ``X`` (n, d) holds (bitwise-equal rows count once), or ``stop_at`` as soon as that many
+    are found. Each row is hashed to 64 bits (a random linear hash of its 32-bit words, block by block) and the
+    hashes are counted: O(n d) time, 8 bytes per row, never an n x n comparison; two different rows share a hash
+    with probability about 2^-32, which can only undercount."""
+    A = np.ascontiguousarray(X)
+    if A.ndim != 2 or A.shape[0] < 2:
+        return int(A.shape[0]) if A.ndim >= 1 else 1
+    words = A.reshape(A.shape[0], -1).view(np.uint8)
+    if words.shape[1] % 4 == 0:
+        words = words.view(np.uint32)
+    coef = np.random.default_rng(0x5EED).integers(1, 2**63, size=words.shape[1], dtype=np.uint64) | np.uint64(1)
+    step = max(1, _CHECK_BYTES // (8 * words.shape[1]))
+    hashes, seen = np.empty(words.shape[0], np.uint64), np.zeros(0, np.uint64)
+    for s in range(0, words.shape[0], step):
+        with np.errstate(over="ignore"):  # the hash wraps modulo 2^64 on purpose
+            hashes[s : s + step] = (words[s : s + step].astype(np.uint64) * coef).sum(axis=1, dtype=np.uint64)
+        if stop_at is not None:  # fewer than stop_at distinct so far: a short array to merge with
+            seen = np.unique(np.concatenate([seen, hashes[s : s + step]]))
+            if seen.size >= stop_at:
+                return int(stop_at)
+    return int(seen.size) if stop_at is not None else int(np.unique(hashes).size)
 
 
 def check_no_zero_rows(X: np.ndarray, *, name: str = "X", why: str = "no direction") -> np.ndarray:

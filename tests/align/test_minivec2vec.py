@@ -291,3 +291,59 @@ def test_every_parameter_is_checked_with_a_typed_error(param, bad):
     X = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
     with pytest.raises(InputError, match=param):
         MiniVec2Vec(**{**FAST, param: bad}).fit(X, X)
+
+
+def _repeated(n_distinct: int, copies: int, d: int = 32):
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(n_distinct, d)).astype(np.float32)
+    Q = np.linalg.qr(rng.normal(size=(d, d)))[0].astype(np.float32)
+    return base, Q, np.repeat(base, copies, axis=0)
+
+
+def test_a_side_with_fewer_distinct_rows_than_clusters_is_refused():
+    """5 rows repeated 200 times: 1,000 rows, 5 distinct, for 20 k-means clusters. The fit ran and called its
+    (wrong, top-1 0.2) map reliable; only all-identical rows were refused."""
+    _, Q, X = _repeated(5, 200)
+    with pytest.raises(TooFewRowsError, match="at least 20 distinct rows, got 5 distinct among 1000"):
+        MiniVec2Vec(random_state=4, n_anchor_runs=3, criterion_sample=500).fit(X, X @ Q)
+    with pytest.raises(TooFewRowsError, match="X_tgt: .* got 5 distinct"):  # either side
+        MiniVec2Vec(random_state=4).fit(np.random.default_rng(1).normal(size=(1000, 32)), X @ Q)
+
+
+@pytest.mark.parametrize("seed", [2, 4])
+def test_rows_without_neighbourhood_structure_are_not_called_reliable(seed):
+    """Repeated rows (enough distinct ones for the start asked for): every CSLS score is ~0, so the criterion
+    (1.6e-9) and its null (-1.2e-10) are noise, and ``crit >= 1.6 * null`` held for a map with top-1 0.0."""
+    base, Q, X = _repeated(5, 200)
+    with pytest.warns(align.exceptions.ConvergenceWarning, match="not above the floor"):
+        est = MiniVec2Vec(random_state=seed, init="identity", criterion_sample=500).fit(X, X @ Q)
+    assert align.evaluate(est.map_, base, base @ Q, csls=False)["top1"] < 0.5  # the wrong map it was
+    assert not est.reliable_ and est.diagnostics_["reliable"] is False
+    assert est.criterion_ < align.minivec2vec.CRITERION_FLOOR
+
+
+def test_k_means_short_of_clusters_is_said_once_per_fit():
+    """25 distinct rows, anchor samples of 40: some samples hold fewer than 20 distinct rows. scikit-learn's
+    ConvergenceWarning came once per k-means (16 in this fit, 60 in a default one), saying nothing of the map."""
+    _, Q, X = _repeated(25, 40, d=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        MiniVec2Vec(random_state=0, n_restarts=2, n_anchor_runs=10, anchor_sample=40, qap_restarts=2, refine1_iters=3,
+                    self_learning_rounds=2).fit(X, X @ Q)
+    ours = [w for w in caught if "k-means found fewer clusters" in str(w.message)]
+    assert len(ours) == 1 and issubclass(ours[0].category, align.exceptions.VecbridgeWarning)
+    assert "n_clusters=20" in str(ours[0].message) and ours[0].filename == __file__
+    assert not [w for w in caught if w.category.__module__.startswith("sklearn")]
+
+
+def test_count_distinct_rows():
+    from align.validation import count_distinct_rows
+
+    X = _repeated(5, 200)[2]
+    assert count_distinct_rows(X) == 5 and count_distinct_rows(X, stop_at=3) == 3
+    assert count_distinct_rows(X, stop_at=20) == 5
+    Z = np.random.default_rng(1).normal(size=(3000, 7))  # 28-byte rows (float32: 7 words), float64 (14 words)
+    Z[1500:] = Z[:1500]
+    assert count_distinct_rows(Z) == 1500 and count_distinct_rows(Z.astype(np.float32)) == 1500
+    assert count_distinct_rows(Z.astype(np.float16)) == 1500 and count_distinct_rows(Z[:1]) == 1
+
