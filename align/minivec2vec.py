@@ -442,8 +442,8 @@ class MiniVec2Vec:
         floor, null_c = CRITERION_FLOOR, self.null_criterion_
         self.reliable_ = bool(held_out and null_c > 0 and final_crit >= max(floor, self.reliability_ratio * null_c))
         if not held_out:  # on its own refined rows a wrong map scores ~5x random: no verdict (was "reliable")
-            warnings.warn(f"MiniVec2Vec: no rows held out to judge the map (holdout={self.holdout}, {X.shape[0]} x "
-                          f"{Y.shape[0]} rows: fewer than 20 per side), so it is flagged unreliable",
+            reason = self._no_holdout(X, Y, seeds if seeded else None, need)
+            warnings.warn(f"MiniVec2Vec: no rows held out to judge the map ({reason}), so it is flagged unreliable",
                           ConvergenceWarning, stacklevel=3)
         elif not self.reliable_ and (null_c <= 0 or final_crit < floor):  # ratio of two ~0s: duplicated rows
             warnings.warn(f"MiniVec2Vec: criterion {final_crit:.3g} (random maps: {null_c:.3g}) is not above the floor "
@@ -512,6 +512,16 @@ class MiniVec2Vec:
                           f"({asked}): their row samples held fewer distinct rows (rows repeat), so some centroids "
                           f"repeat and match nothing; the start is weaker. Fewer clusters, or more distinct rows, "
                           f"avoid it", ConvergenceWarning, stacklevel=4)
+
+    def _no_holdout(self, X, Y, seeds, need: int) -> str:
+        """Why :meth:`_split` held no rows out: seed rows are never held out (all but a few rows seeds), or too few."""
+        for side, A, keep in (("source", X, None if seeds is None else seeds[0]),
+                              ("target", Y, None if seeds is None else seeds[1])):
+            n, free = A.shape[0], A.shape[0] - (0 if keep is None else np.unique(keep).size)
+            if free < 20 <= min(int(self.holdout * n), self.criterion_sample, n - need):
+                return (f"seed rows are never held out, and only {free} of the {n} {side} rows are not seed rows: "
+                        f"fewer than 20")
+        return f"holdout={self.holdout}, {X.shape[0]} x {Y.shape[0]} rows: fewer than 20 per side"
 
     def _split(self, n: int, keep, need: int, rng) -> tuple[np.ndarray, np.ndarray]:
         """``(fit_rows, judge_rows)`` of ``n`` rows: ``holdout`` of them (≤ ``criterion_sample``, never a row

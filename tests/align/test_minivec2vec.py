@@ -347,3 +347,13 @@ def test_count_distinct_rows():
     assert count_distinct_rows(Z) == 1500 and count_distinct_rows(Z.astype(np.float32)) == 1500
     assert count_distinct_rows(Z.astype(np.float16)) == 1500 and count_distinct_rows(Z[:1]) == 1
 
+
+def test_no_holdout_because_every_row_is_a_seed_says_so():
+    """200 rows a side, every one a seed pair: 30 rows would be held out, but seed rows never are. The warning said
+    '200 x 200 rows: fewer than 20 per side'."""
+    X, Y, _, _, _ = planted(16, n=200)
+    seeds = (np.arange(200), np.arange(200))
+    with pytest.warns(align.exceptions.ConvergenceWarning, match="seed rows are never held out, and only 0 of the "
+                                                                 "200 source rows are not seed rows"):
+        est = MiniVec2Vec(random_state=0, **FAST).fit(X, Y, seed_pairs=seeds)
+    assert not est.reliable_ and est.diagnostics_["verdict_rows"]["held_out"] is False
