@@ -244,7 +244,8 @@ def self_learning(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int 
     ``sample`` is None), finds the mutual CSLS nearest neighbours with the target sample
     (:func:`mutual_csls_pairs`) and refits exact Procrustes on those pairs together with the
     ``seed_pairs`` = (X_seed (p, d_s), Y_seed (p, d_t)) framed rows, weight ``seed_weight``
-    each. Sampled rounds stop early once ``‖W - W_prev‖_F / √d_s < tol``. Then
+    each. These rounds stop early once ``‖W - W_prev‖_F / √d_s < tol``; over all rows that is when the
+    pair set stops changing (change 0: each later round would refit the same pairs to the same ``W``). Then
     ``final_rounds`` rounds over all rows; the last keeps the top ``confident`` share of mutual
     pairs by CSLS score.
 
@@ -272,13 +273,13 @@ def self_learning(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int 
 
     total = rounds + final_rounds
     full = sample is None or sample >= max(Xs.shape[0], Yt.shape[0])
-    schedule = ["sample"] * (0 if full else rounds) + ["full"] * (final_rounds + (rounds if full else 0))
-    n_sampled_done = 0
+    schedule = ["full" if full else "sample"] * rounds + ["final"] * final_rounds
+    converged = False
     for r, kind in enumerate(schedule):
-        if kind == "sample" and n_sampled_done < 0:
+        last, label = r == len(schedule) - 1, "full" if kind == "final" else kind
+        if kind != "final" and converged and not (full and last):  # as before: the confident last round of all rows
             continue
         t0 = time.perf_counter()
-        last = r == len(schedule) - 1
         if kind == "sample":
             ia = np.sort(rng.permutation(Xs.shape[0])[: min(sample, Xs.shape[0])])
             ib = np.sort(rng.permutation(Yt.shape[0])[: min(sample, Yt.shape[0])])
@@ -287,7 +288,7 @@ def self_learning(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int 
         iq, idd, sc = mutual_csls_pairs(_map_unit(Xs[ia], W), Yt[ib], csls_k=csls_k)
         xi, yi = ia[iq], ib[idd]
         if xi.size < 2 and Xseed is None:
-            history.append({"round": r, "kind": kind, "pairs": int(xi.size), "stopped": "too few mutual pairs"})
+            history.append({"round": r, "kind": label, "pairs": int(xi.size), "stopped": "too few mutual pairs"})
             break
         n_mutual = int(xi.size)
         if last and xi.size >= 2:
@@ -296,15 +297,13 @@ def self_learning(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int 
         W_new = fit(xi, yi)
         change = float(np.linalg.norm(W_new - W) / np.sqrt(d))
         W = W_new
-        history.append({"round": r, "kind": kind, "pairs": int(xi.size), "mutual": n_mutual,
+        history.append({"round": r, "kind": label, "pairs": int(xi.size), "mutual": n_mutual,
                         "mean_csls": float(sc.mean()) if sc.size else 0.0, "change": change,
                         "seconds": time.perf_counter() - t0})
         if progress is not None:
             progress(min(1.0, (r + 1) / total))
-        if kind == "sample":
-            n_sampled_done += 1
-            if change < tol:  # converged on samples: skip the remaining sampled rounds
-                n_sampled_done = -1
+        if kind != "final" and change < tol:  # converged: skip the remaining rounds before the final ones (full
+            converged = True  # rounds had run all 30: 24 of them after the pair set had stopped changing)
     if progress is not None:
         progress(1.0)
     return W, history
