@@ -23,7 +23,7 @@ import numpy as np
 from . import linalg
 from ._artifacts import StoredMap, check_header, pack, read_file, stored_fields, unpack
 from .validation import as_matrix, as_real_array, check_representable
-from .exceptions import DimensionMismatchError, InputError
+from .exceptions import DimensionMismatchError, InputError, NotRepresentableError
 from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows
 from .options import check_batch_size
 
@@ -106,7 +106,10 @@ class LinearMap(StoredMap):
     map_kind = "linear"  # class attribute (not a field): the registry records it; see align.chain.map_kind
 
     def __post_init__(self):
-        self.W = as_real_array(self.W, name="W", ndim=2)
+        given, self.W = self.W, as_real_array(self.W, name="W", ndim=2)
+        if not self.W.any() and np.any(given):  # a constant map (np.eye * 1e-30 composed with itself, ridge alpha=1e50)
+            raise NotRepresentableError("W: every entry is below float32's smallest value (~1.4e-45) and would be "
+                                        "stored as 0, a map that sends every row to the same point; scale the map")
         if 0 in self.W.shape:
             raise InputError(f"W must be a non-empty 2-D array (d_s, d_t), got shape {self.W.shape}")
         if self.bias is not None:

@@ -350,3 +350,24 @@ def test_a_boolean_matrix_or_a_masked_one_is_refused_not_read_as_numbers(pairs):
         m.apply(np.ma.masked_array(X, mask=np.abs(X) > 2.5))
     assert m.apply((X > 0).astype(np.float32)).shape == Y.shape
     np.testing.assert_array_equal(m.apply(np.ma.masked_array(X)), m.apply(X))
+
+
+def _tiny():
+    return align.LinearMap(np.eye(384) * 1e-30)
+
+
+@pytest.mark.parametrize("make", [lambda: _tiny().compose(_tiny()),
+                                  lambda: align.LinearMap(np.full((4, 3), 1e-50)),
+                                  lambda: align.fit_ridge(*_pairs_for_ridge(), alpha=1e50)])
+def test_a_map_whose_w_vanishes_in_float32_is_refused(make):
+    """A product of two tiny maps, or a ridge with alpha=1e50, came back with W all zeros after the float32 cast: a
+    constant map, silently. Every construction passes LinearMap.__post_init__, which now refuses it."""
+    with pytest.raises(NotRepresentableError, match="would be stored as 0"):
+        make()
+    assert not align.LinearMap(np.zeros((4, 3))).W.any()  # a W that is zero as given stays the caller's choice
+
+
+def _pairs_for_ridge():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 32))
+    return X, X @ rng.normal(size=(32, 32))
