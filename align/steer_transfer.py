@@ -61,24 +61,28 @@ def transfer_steer(steer, linear_map, *, rcond: float = 1e-6):
       the mean direction, and with it the mean part of the gate, is arbitrary; for the default rank-1 steer the
       mean part dominates (``q·u ≈ 1``), for an ``lm-steer`` rank-16 steer the centred part does.
 
-    Measured on WordNet (plant vs animal, 500 queries; ``benchmarks/results/steer_transfer_2026-12-01.md``),
+    Measured on WordNet (plant vs animal, 500 queries; ``benchmarks/results/steer_transfer_2026-12-06.md``),
     overlap@10 with the unsteered results at ``eps`` = 0.25 / 0.5 / 1, default rank-1 steer: MiniLM -> e5
-    0.61 / 0.13 / 0.02 against 0.64 / 0.23 / 0.07 for the steer in MiniLM (bare 0.18 / 0.03 / 0.01;
-    ``lam = 2.2``, ``gamma = 1.21``); e5 -> MiniLM 0.81 / 0.52 / 0.21 against 0.76 / 0.40 / 0.03 in e5 (bare
-    0.99 / 0.98 / 0.97: ``gamma = 11.7``); an ``lm-steer`` rank-16 steer MiniLM -> e5 0.44 / 0.15 / 0.02
-    against 0.53 / 0.23 / 0.05 (bare 0.17 / 0.03 / 0.01).
+    0.88 / 0.77 / 0.46 against 0.92 / 0.82 / 0.50 for the steer in MiniLM (bare 0.79 / 0.53 / 0.08;
+    ``lam = 2.2``, ``gamma = 1.21``); e5 -> MiniLM 0.91 / 0.82 / 0.55 against 0.90 / 0.77 / 0.43 in e5 (bare
+    1.00 / 0.99 / 0.98: ``gamma = 11.7``); an ``lm-steer`` rank-16 steer MiniLM -> e5 0.44 / 0.15 / 0.02
+    against 0.53 / 0.23 / 0.05 (bare 0.17 / 0.03 / 0.01). Over four attributes and both directions the default
+    steer's transfer is off by 0.13 on average at ``eps = 1`` (at most 0.20: somewhat strong into e5, weak into
+    MiniLM), the bare formula by 0.44.
     The exact first-order query side, ``lam q_B M^+ P1 + (mu_A - lam mu_B M^+) P1`` with the constant carried
     by ``g = mu_B / |mu_B|^2``, reproduces A's per-query gates but changed the curve: overlap-axis area vs
-    mean-shift up to +0.017 higher, nDCG-axis area up to 0.031 lower on four attributes; not used.
+    mean-shift up to +0.017 higher, nDCG-axis area up to 0.031 lower on four attributes (nDCG: the run of
+    2026-12-01); not used.
     Without centring on both sides, ``lam = gamma = 1`` (exact maps keep equal scores).
 
     **A fitted map** (both frames) is carried by its polar factor ``U V^T`` (``M = U S V^T``) in place of ``M``:
     ``H = ((U V^T)^+)^T = U V^T``. A ridge or low-rank fit shrinks ``M`` in the directions its pairs say little
     about; ``M^+`` blew those up, so a steer carried by a ridge map from 4,000 WordNet pairs (MiniLM -> e5,
-    plant vs person) replaced every result at eps = 0.25 (overlap@10 with the unsteered results 0.002 at eps =
-    0.25 / 0.5 / 1, against 0.74 / 0.38 / 0.13 in MiniLM); by its polar factor 0.71 / 0.38 / 0.12. A Procrustes
-    map is its own polar factor (0.72 / 0.42 / 0.14 either way). A bare matrix keeps ``M^+`` (the exact-map
-    identity above).
+    plant vs person) replaced every result at eps = 0.25 (overlap@10 with the unsteered results 0.002, against
+    0.74 in MiniLM, before the ``eps`` calibration of 2026-12-06). By its polar factor, with the current
+    calibration: 0.89 / 0.76 / 0.42 at eps = 0.25 / 0.5 / 1 against 0.92 / 0.82 / 0.50 in MiniLM; a Procrustes
+    map, its own polar factor, 0.89 / 0.78 / 0.47 (last paragraph of the results file above). A bare matrix
+    keeps ``M^+`` (the exact-map identity above).
 
     Notes
     -----
