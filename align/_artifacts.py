@@ -111,19 +111,37 @@ def unpack_npz(data, what: str = "npz artifact") -> tuple[dict, dict]:
 def _check_zip_extent(zf: zipfile.ZipFile, fh: BinaryIO, size: int) -> None:
     """ValueError (the caller's SerializationError) unless the zip directory ``zf`` read from ``fh`` (``size``
     bytes) accounts for the whole file: its end record closes the file (after its comment), its central directory
-    ends at that record, and its first member starts at byte 0. zipfile reads the last end record it finds and takes
-    whatever precedes the archive it describes as prepended data, so a chain artifact (which holds its steps' own
-    npz artifacts) cut short anywhere after a step's end record read as that step, silently."""
+    ends at that record (at the zip64 end record before it, for an archive past 2 GiB: the offsets are that record's),
+    and its first member starts at byte 0. zipfile reads the last end record it finds and takes whatever precedes the
+    archive it describes as prepended data, so a chain artifact (which holds its steps' own npz artifacts) cut short
+    anywhere after a step's end record read as that step, silently."""
     end = size - zipfile.sizeEndCentDir - len(zf.comment)
-    fh.seek(max(end, 0))
-    rec = fh.read(zipfile.sizeEndCentDir)
-    fields = struct.unpack(zipfile.structEndArchive, rec) if len(rec) == zipfile.sizeEndCentDir else None
-    ok = fields is not None and fields[0] == zipfile.stringEndArchive and fields[7] == len(zf.comment)
-    if ok and 0xFFFF not in fields[3:5] and 0xFFFFFFFF not in fields[5:7]:  # else zip64: the first offset says it
-        ok = zf.start_dir == fields[6] and fields[6] + fields[5] == end  # directory offset + size: the end record
+    fields = _record(fh, end, zipfile.structEndArchive, zipfile.stringEndArchive)
+    ok = fields is not None and fields[7] == len(zf.comment)
+    if ok:
+        dir_end, dir_size, dir_offset = end, fields[5], fields[6]
+        at = end - zipfile.sizeEndCentDir64Locator
+        locator = _record(fh, at, zipfile.structEndArchive64Locator, zipfile.stringEndArchive64Locator)
+        if locator is not None:  # zip64 (zipfile writes it once the directory starts past 2 GiB)
+            dir_end = at - zipfile.sizeEndCentDir64
+            rec = _record(fh, dir_end, zipfile.structEndArchive64, zipfile.stringEndArchive64)
+            ok = rec is not None and locator[2] == dir_end
+            dir_size, dir_offset = (rec[8], rec[9]) if ok else (0, -1)
+        ok = ok and zf.start_dir == dir_offset and dir_offset + dir_size == dir_end
     if not ok or min((i.header_offset for i in zf.infolist()), default=0) != 0:
         raise ValueError(f"truncated or not one whole npz archive (its zip directory does not span the file's "
                          f"{size} bytes)")
+
+
+def _record(fh: BinaryIO, at: int, fmt: str, signature: bytes) -> tuple | None:
+    """The zip record of struct ``fmt`` at byte ``at`` of ``fh`` when it starts with ``signature``, else None."""
+    width = struct.calcsize(fmt)
+    if at < 0:
+        return None
+    fh.seek(at)
+    raw = fh.read(width)
+    fields = struct.unpack(fmt, raw) if len(raw) == width else None
+    return fields if fields is not None and fields[0] == signature else None
 
 
 def _header_object(header) -> dict:

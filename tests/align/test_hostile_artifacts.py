@@ -296,6 +296,24 @@ def test_an_npz_artifact_that_is_not_one_whole_archive_is_refused(maps, edit):
         read(blob)
 
 
+def test_an_npz_past_zip64s_threshold_loads_and_cut_short_is_refused(maps, monkeypatch):
+    """zipfile writes a zip64 end record once the directory starts past 2 GiB (``ZIP64_LIMIT``, lowered here so a
+    small map takes that form): the whole-archive check read its directory from the plain end record and refused a
+    2-4 GiB cluster map the code had just written."""
+    import zipfile
+
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 64)
+    for m in maps.values():
+        blob = m.to_bytes("npz")
+        assert zipfile.stringEndArchive64 in blob  # the zip64 form
+        assert align.map_kind(align.map_from_bytes(blob)) == align.map_kind(m)
+        for cut in (len(blob) - 1, len(blob) - 30, len(blob) // 2):
+            with pytest.raises(SerializationError):
+                align.map_from_bytes(blob[:cut])
+        with pytest.raises(SerializationError):
+            align.map_from_bytes(blob + b"\0" * 5)
+
+
 def test_artifacts_an_older_release_stored_still_load():
     """The artifacts of the upgrade fixture (a data dir written by release a9b56d8) pass the whole-archive check."""
     from pathlib import Path
