@@ -90,7 +90,12 @@ class PairStats:
         return {**self.__dict__, "_xtx": self.xtx, "_rows": None}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update({"weight": float(state["n"]), **state})  # pickled before ``weight``: unweighted
+        """Also statistics pickled by releases before ``weight`` (unweighted) and before the kept rows (a dataclass
+        whose ``xtx`` was a field: here a property over ``_xtx``)."""
+        state = {"weight": float(state["n"]), "_rows": None, **state}
+        if "xtx" in state:
+            state["_xtx"] = state.pop("xtx")
+        self.__dict__.update(state)
 
     @classmethod
     def zeros(cls, d_s: int, d_t: int) -> "PairStats":
@@ -116,7 +121,7 @@ class PairStats:
             Xw = X * w
             return cls(int((w > 0).sum()), Xw.sum(0), (Y * w).sum(0), Xw.T @ Y, Xw.T @ X,
                        float((Xw * X).sum()), float((Y * Y * w).sum()), weight=float(w.sum()))
-        keep = X.shape[0] < X.shape[1]  # n x d_s rows are smaller than d_s x d_s
+        keep = X.shape[0] < X.shape[1]  # n < d_s: the rows are no larger than XᵀX and XᵀY, and the dual is n x n
         out = cls(int(X.shape[0]), X.sum(0), Y.sum(0), X.T @ Y, None if keep else X.T @ X, float((X * X).sum()),
                   float((Y * Y).sum()))
         if keep:

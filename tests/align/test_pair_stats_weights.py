@@ -177,3 +177,20 @@ def test_statistics_built_by_hand_keep_their_count_as_weight():
     old.__setstate__({k: v for k, v in s.__getstate__().items() if k != "weight"})
     for other in (hand, old):
         np.testing.assert_allclose(other.centered()[0], s.centered()[0], rtol=1e-12)
+
+
+def test_statistics_a_release_before_the_kept_rows_pickled_still_fit():
+    """Before the kept rows, PairStats was a dataclass: its pickle's state is its seven fields, ``xtx`` among them
+    (a property over ``_xtx`` now). Such statistics loaded, then failed every fit with AttributeError ('_rows')."""
+    X, Y = _pairs(30, 4, 3, seed=2)
+    s = PairStats.from_arrays(X, Y)
+    old_state = {"n": s.n, "sum_x": s.sum_x, "sum_y": s.sum_y, "xty": s.xty, "xtx": s.xtx, "sq_x": s.sq_x,
+                 "sq_y": s.sq_y}  # the dataclass's __dict__: what pickle stored for it
+    old = PairStats.__new__(PairStats)
+    old.__setstate__(old_state)  # what pickle.loads does with it
+    frames = (align.Frame.identity(4), align.Frame.identity(3))
+    for method, extra in (("procrustes", {}), ("ridge", {}), ("lowrank", {"rank": 2})):
+        np.testing.assert_allclose(map_from_stats(old, frames, method, **extra).W,
+                                   map_from_stats(s, frames, method, **extra).W, rtol=1e-9, atol=1e-12)
+    assert (old + s).n == 60 and old.weight == 30
+
