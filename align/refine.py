@@ -244,8 +244,9 @@ def self_learning(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: int 
     ``sample`` is None), finds the mutual CSLS nearest neighbours with the target sample
     (:func:`mutual_csls_pairs`) and refits exact Procrustes on those pairs together with the
     ``seed_pairs`` = (X_seed (p, d_s), Y_seed (p, d_t)) framed rows, weight ``seed_weight``
-    each. These rounds stop early once ``‖W - W_prev‖_F / √d_s < tol``; over all rows that is when the
-    pair set stops changing (change 0: each later round would refit the same pairs to the same ``W``). Then
+    each. These rounds stop early once ``‖W - W_prev‖_F / √d_s < tol`` (over all rows, a pair set that stopped
+    changing gives change 0: each later round would refit the same pairs to the same ``W``; ``tol`` also stops
+    rounds that still move a few pairs, as sampled rounds always did). Then
     ``final_rounds`` rounds over all rows; the last keeps the top ``confident`` share of mutual
     pairs by CSLS score.
 
