@@ -626,7 +626,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
                      "candidates": {k: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                     for k, v in scores.items()},
                      **({"cluster_budget": budget} if budget and method in ("auto", "cluster") else {})}
-        if "cluster" in cands and options.get("n_clusters", 0) > tr.size:  # cluster_grid capped it: say so
+        if name == "cluster" and options.get("n_clusters", 0) > tr.size:  # the chosen map's count was capped: say so
             selection["note"] = (f"n_clusters={options['n_clusters']} capped at {tr.size}: the count is chosen on "
                                  f"the {tr.size} training pairs ({val.size} of {n} held out to score the fit), and "
                                  f"each cluster needs a pair")
