@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from align.exceptions import InputError
 
 from ...ops import maps as map_ops
-from ..codec import check_batch, parse_json, validate, vectors_from_json
+from ..codec import check_batch, may_hold_bools, parse_json, validate, vectors_from_json
 from ..job_routes import job_route
 from ..schemas import FitRequest, error_responses
 
@@ -30,8 +30,9 @@ first job (200 instead of 202); the same key with another body is a 409. A full 
 """
 
 
-def _side(state, side, space: str, label: str, max_batch: int) -> map_ops.FitSide:
-    """Parse one side of the body (``vectors``, ``vectors_b64`` + ``dim``, or ``texts`` + ``encoder``)."""
+def _side(state, side, space: str, label: str, max_batch: int, bools: bool = True) -> map_ops.FitSide:
+    """Parse one side of the body (``vectors``, ``vectors_b64`` + ``dim``, or ``texts`` + ``encoder``); ``bools``:
+    :func:`~service.api.codec.may_hold_bools` of the body."""
     if not isinstance(side, dict):
         raise InputError(f"{label} must be an object with vectors, vectors_b64 + dim, or texts")
     unknown = set(side) - {"vectors", "vectors_b64", "dim", "texts", "encoder"}
@@ -47,7 +48,7 @@ def _side(state, side, space: str, label: str, max_batch: int) -> map_ops.FitSid
         return map_ops.fit_side(state.registry, state.encoder, space=space, label=label, texts=texts,
                                 encoder=side.get("encoder"))
     X = vectors_from_json(side, dim=side.get("dim") if side.get("vectors_b64") else None, max_batch=max_batch,
-                          name="vectors")
+                          name="vectors", bools=bools)
     return map_ops.fit_side(state.registry, state.encoder, space=space, label=label, X=X)
 
 
@@ -68,8 +69,9 @@ def create_fit(body: bytes, request, state, settings):
     map_ops.check_fit_request(state.registry, name=opts.name, method=opts.method, paired=paired,
                               source_space=opts.source_space, target_space=opts.target_space, alias=opts.alias,
                               params=opts.params, random_state=opts.random_state)
-    src = _side(state, obj.get("source"), opts.source_space, "source", settings.max_batch)
-    tgt = _side(state, obj.get("target"), opts.target_space, "target", settings.max_batch)
+    bools = may_hold_bools(body)
+    src = _side(state, obj.get("source"), opts.source_space, "source", settings.max_batch, bools)
+    tgt = _side(state, obj.get("target"), opts.target_space, "target", settings.max_batch, bools)
     map_ops.check_pairs(src, tgt, paired)
     check_batch(max(src.rows, tgt.rows), settings.max_batch)
     _check_seed_pairs(opts.seed_pairs, src.rows, tgt.rows)

@@ -25,7 +25,7 @@ from align.exceptions import DimensionMismatchError, InputError
 from ...indexes import SpaceIndex
 from ...limits import seed_of
 from ...ops import indexes as index_ops
-from ..codec import JSON, check_query, parse_options, parse_rows, texts_instead, vectors_from_json
+from ..codec import JSON, check_query, may_hold_bools, parse_options, parse_rows, texts_instead, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..name_types import IndexNamePath
 from ..openapi import examples, json_body
@@ -98,7 +98,7 @@ async def create_index(request: Request, state: StateDep, settings: SettingsDep)
             raise DimensionMismatchError(f"dim={opts.dim}, but space {space.name!r} is {space.dim}-d: an index has "
                                          f"its space's width (omit dim, or name a {opts.dim}-d space)")
         X = None if texts_instead(obj, opts.texts, settings.max_batch) else vectors_from_json(
-            obj, dim=space.dim, max_batch=settings.max_batch, required=False)
+            obj, dim=space.dim, max_batch=settings.max_batch, required=False, bools=may_hold_bools(body))
         return _texts_heavy(opts.texts, lambda: index_ops.create_index(
             state, state.indexes, opts.name, space, X, texts=opts.texts, store_texts=opts.store_texts,
             payloads=opts.payloads, ids=opts.ids, kind=opts.kind, metric=opts.metric, params=opts.params,

@@ -16,8 +16,8 @@ from ...limits import MAX_DIM, parse_strict_int
 from ...ops import maps as map_ops
 from ...registry import parse_ref
 from ...registry.cache import LRUCache
-from ..codec import (JSON, NPY, OCTET, b64_encode, check_query, media_type, npy_bytes, options_of, parse_json,
-                     prefers_json, validate, vectors_from_binary, vectors_from_json)
+from ..codec import (JSON, NPY, OCTET, b64_encode, check_query, may_hold_bools, media_type, npy_bytes, options_of,
+                     parse_json, prefers_json, validate, vectors_from_binary, vectors_from_json)
 from ..conditional import (IMMUTABLE, REVALIDATE, IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write,
                            answer, not_modified, read_responses, write_responses)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, VersionPath, WriteScope
@@ -318,7 +318,8 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
     if mt == JSON:
         obj = parse_json(body, untyped=not typed)  # no Content-Type: the message says JSON was assumed
         opts = _with_query(validate(TransformOptions, options_of(obj)), opts, query_opts)
-        X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch, finite=False)
+        X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch, finite=False,
+                              bools=may_hold_bools(body))
         if (dim or hd) and (dim or hd) != X.shape[1]:  # ?dim= or X-Vector-Dim beside a JSON body: it was ignored
             said = f"?dim= says {dim}" if dim else f"X-Vector-Dim says {hd}"
             raise DimensionMismatchError(f"vectors: the rows have {X.shape[1]} columns, but {said}")

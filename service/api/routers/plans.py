@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from ...ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
-from ..codec import parse_json, validate, vectors_from_json
+from ..codec import may_hold_bools, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..name_types import RefPath
 from ..openapi import json_body
@@ -16,11 +16,13 @@ from ..schemas import EvaluateRequest, PlanRequest, error_responses
 
 router = APIRouter(prefix="/v1", tags=["migration"], responses=error_responses(401, 403, 413, 415, 422, 503))
 
-def _vectors(raw: dict, key: str, settings):
+def _vectors(raw: dict, key: str, settings, bools: bool = True):
     """The vector set ``raw[key]`` (``vectors`` or ``vectors_b64`` + ``dim``) as float32 rows; None when absent
-    (the request model has already said which sets are required)."""
+    (the request model has already said which sets are required). ``bools``: :func:`~.codec.may_hold_bools` of the
+    body."""
     obj = raw.get(key)
-    return None if obj is None else vectors_from_json(obj, dim=obj.get("dim"), max_batch=settings.max_batch)
+    return None if obj is None else vectors_from_json(obj, dim=obj.get("dim"), max_batch=settings.max_batch,
+                                                      bools=bools)
 
 
 PLAN_DOC = """Plan a migration from the old corpus (`old`) and a small paired probe (`probe_source`,
@@ -61,8 +63,9 @@ async def create_plan(request: Request, state: StateDep, settings: SettingsDep):
     def work():
         raw = parse_json(body)
         opts = validate(PlanRequest, raw)
-        old, a, b, q, qo = (_vectors(raw, k, settings) for k in ("old", "probe_source", "probe_target", "queries",
-                                                                 "old_queries"))
+        bools = may_hold_bools(body)
+        old, a, b, q, qo = (_vectors(raw, k, settings, bools) for k in ("old", "probe_source", "probe_target",
+                                                                        "queries", "old_queries"))
         return plan(old, a, b, random_state=opts.random_state, target_retention=opts.target_retention, queries=q,
                     old_queries=qo, relevant=opts.relevant)
 
@@ -99,7 +102,8 @@ async def evaluate(ref: RefPath, request: Request, state: StateDep, settings: Se
     def work():
         raw = parse_json(body)
         opts = validate(EvaluateRequest, raw)
-        X, Y, Q, Qo = (_vectors(raw, k, settings) for k in ("source", "target", "queries", "old_queries"))
+        bools = may_hold_bools(body)
+        X, Y, Q, Qo = (_vectors(raw, k, settings, bools) for k in ("source", "target", "queries", "old_queries"))
         return evaluate_map(state.registry, ref, X, Y, csls=opts.csls, min_top1=opts.min_top1,
                             min_retention=opts.min_retention, queries=Q, relevant=opts.relevant, side=opts.side,
                             old_queries=Qo, csls_weight=opts.csls_weight, max_queries=opts.max_queries,

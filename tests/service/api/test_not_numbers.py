@@ -92,3 +92,46 @@ def test_a_1d_npy_body_is_one_row_of_exactly_dim_values(tmp_path):
         one = c.post("/v1/maps/a2b/transform", headers={**hdr, "accept": "application/x-npy"}, content=_npy(X[0]))
         two = c.post("/v1/maps/a2b/transform", headers={**hdr, "accept": "application/x-npy"}, content=_npy(X[:1]))
         assert one.status_code == 200 and one.content == two.content, one.text
+
+
+def test_a_body_is_looked_at_for_booleans_by_its_bytes():
+    """Review: the boolean look read the values of every row holding an exact 0 or 1 (nearly every row of ReLU,
+    sparse or integer embeddings), doubling the read of such rows, and took batches of one too (answered on the
+    event loop by the fast path). Bodies without ``true`` / ``false`` now skip it: a single block is handed to
+    ``as_matrix`` as it was before the look existed, and every route says whether its body can hold one."""
+    from service.api.codec import _rows_in_blocks, may_hold_bools, vectors_from_json
+
+    for body in (b'{"vectors": [[1, true]]}', b'{"vectors":[[0,1]],"normalize":false}', b'[false]',
+                 b'{"texts": ["' + b"u l " * 200 + b'"], "store_texts":true}', b'{"q": "true"}'):
+        assert may_hold_bools(body), body
+    for body in (b'{"vectors": [[1e-05, 0, 1, -2.5E+3]], "output": "full", "filter": {"lang": "nl"}}', b"",
+                 b'{"texts": ["' + b"tru fals u l " * 200 + b'"]}', b'ue le "tru e" fal se FALSE'):
+        assert not may_hold_bools(body), body
+    relu = np.maximum(np.random.default_rng(0).normal(size=(40, 8)), 0).round(3).tolist()
+    assert _rows_in_blocks(relu, "vectors", bools=False) is relu  # no pass over the rows' values
+    long = relu * 120  # 4800 rows: past one block, still converted a block at a time
+    got = _rows_in_blocks(long, "vectors", bools=False)
+    assert got.dtype == np.float32 and np.array_equal(got, np.asarray(long, np.float32))
+    X = vectors_from_json({"vectors": relu}, dim=8, max_batch=100, bools=False)
+    assert np.array_equal(X, np.asarray(relu, np.float32))
+
+
+def test_every_json_rows_route_still_refuses_a_boolean(tmp_path):
+    """The routes that read JSON rows each pass their body's ``may_hold_bools``: a ``true`` among the rows of an
+    index create or add, a steer fit, a fit side or a plan is still a 422 (or refused by the body's model)."""
+    with served_world(tmp_path) as (c, app, world):
+        X, Y = world["X"][:40].tolist(), world["Y"][:40].tolist()
+        bad = [r[:] for r in Y]
+        bad[2][3] = True
+        assert c.post("/v1/indexes", headers=W, json={"name": "ok", "space": "b", "vectors": Y}).status_code == 201
+        calls = [("/v1/indexes", {"name": "ib", "space": "b", "vectors": bad}),
+                 ("/v1/indexes/ok/vectors", {"vectors": bad}),
+                 ("/v1/steers", {"name": "st", "space": "b", "vectors": bad, "labels": [1, -1] * 20}),
+                 ("/v1/fits", {"name": "f", "source_space": "a", "target_space": "b", "source": {"vectors": X},
+                               "target": {"vectors": bad}, "method": "procrustes"}),
+                 ("/v1/plans", {"old": X, "probe_source": X, "probe_target": bad})]
+        for url, body in calls:
+            r = c.post(url, headers=W, json=body)
+            assert r.status_code == 422, (url, r.text)
+            assert "row 2 holds a JSON boolean" in r.text or "target.vectors.2.3" in r.text \
+                or "probe_target" in r.text, (url, r.text)
