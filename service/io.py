@@ -289,19 +289,19 @@ def count_rows(path, *, key: str | None = None, column: str | None = None, text_
     if suf == ".parquet":
         return int(_parquet_file(path, column)[0].metadata.num_rows)
     if suf in TEXT_SUFFIXES:
-        return len(read_texts(path, text_field=text_field))
+        return len(read_texts(path, text_field=text_field, check_text=False))  # counted, not read: not checked
     raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
 
 
-def read_texts(path, *, rows=None, text_field: str = "text") -> list[str]:
-    """Texts from ``.txt`` (one per line), ``.jsonl`` (``text_field``) or ``.json`` (list of strings); every text of
-    the file checked as it is read, before any is embedded (:func:`service.texts.texts_of`)."""
+def read_texts(path, *, rows=None, text_field: str = "text", check_text: bool = True) -> list[str]:
+    """Texts ``rows`` from ``.txt`` (one per line), ``.jsonl`` (``text_field``) or ``.json`` (list of strings); each
+    checked as it is read, before any is embedded (:func:`service.texts.texts_of`; ``check_text=False``: a reader
+    that keeps invisible characters, an LM's tokenizer, is given texts of only those too)."""
     from .texts import texts_of  # it reads FormatError from here
 
     path = Path(path)
     check_file(path)
-    texts = texts_of(path, text_field)
-    return texts[resolve_rows(rows, len(texts), path)]
+    return texts_of(path, text_field, rows=parse_rows(rows) if isinstance(rows, str) else rows, check_text=check_text)
 
 
 def read_vectors(path, *, rows=None, key: str | None = None, column: str | None = None,

@@ -1,10 +1,12 @@
 """Texts read from ``.txt`` / ``.jsonl`` / ``.json`` files (:func:`service.io.read_texts` is the entry point).
 
-Every text is checked once, as the file is read and before anything is embedded: one without text
-(:func:`service.encoders.has_text`: empty, whitespace, or only invisible characters) is refused naming the file and
-where it is in it (a .txt or .jsonl line, a .json row). The check was the encoder's, per embedding batch: "texts[24]
-is empty" for row 280 of a file (its index in a 256-text batch, counted from ``--rows``' start), raised only once the
-batches before it were embedded.
+Every selected text (``--rows``; the whole file without) is checked once, as the file is read and before anything
+is embedded: one without text (:func:`service.encoders.has_text`: empty, whitespace, or only invisible characters)
+is refused naming the file and where it is in it (a .txt or .jsonl line, a .json row). Texts outside the selection
+are not (a corpus sharded by ``--rows`` failed for a text of another shard), nor texts read for a reader that keeps
+invisible characters (an LM's tokenizer: ``check_text=False``). The check was the encoder's, per embedding batch:
+"texts[24] is empty" for row 280 of a file (its index in a 256-text batch, counted from ``--rows``' start), raised
+only once the batches before it were embedded.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ import json
 from pathlib import Path
 
 from .encoders import has_text
-from .io import TEXT_SUFFIXES, FormatError
+from .io import TEXT_SUFFIXES, FormatError, resolve_rows
 
 __all__ = ["texts_of"]
 
 _NO_TEXT = "holds no text (empty, whitespace, or only invisible characters such as NUL or U+200B)"
 
 
-def texts_of(path: Path, text_field: str = "text") -> list[str]:
-    """Every text of file ``path`` (suffix .txt, .jsonl or .json), checked; FormatError naming the file otherwise."""
+def texts_of(path: Path, text_field: str = "text", *, rows=None, check_text: bool = True) -> list[str]:
+    """The texts ``rows`` (``(start, stop)``, :func:`~service.io.resolve_rows`; None: all) of file ``path`` (suffix
+    .txt, .jsonl or .json); FormatError naming the file otherwise. ``check_text``: refuse a selected text without
+    text (encoders embed all of those as one vector), named by its line or row in the file, not in the selection."""
     suf = path.suffix.lower()
     try:
         # utf-8-sig: a byte-order mark (Notepad, PowerShell) is no part of the first text; lines end at \n, \r\n or
@@ -69,7 +73,9 @@ def texts_of(path: Path, text_field: str = "text") -> list[str]:
                           f"not a character; fix the file") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise FormatError(f"{path.name}: cannot parse ({exc})") from None
-    bad = next((i for i, t in enumerate(texts) if not has_text(t)), None)  # every text embeds as the same vector
+    sl = resolve_rows(rows, len(texts), path)
+    # every text without text embeds as the same vector
+    bad = next((i for i in range(sl.start, sl.stop) if not has_text(texts[i])), None) if check_text else None
     if bad is not None:
         raise FormatError(f"{path.name}: {where(bad)} {_NO_TEXT}; every text must have text")
-    return texts
+    return texts[sl]

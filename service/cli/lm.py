@@ -63,7 +63,7 @@ def _steer_eps(items) -> dict:
 def lm_steer_fit(obj: Ctx, texts, labels, name, rank, steps, eps, lr, random_state, alias, description, as_json,
                  quiet):
     """Train an LM steer on labelled texts (model body frozen) and register it in space ``lm.<model>``."""
-    items = read_texts(texts)
+    items = read_texts(texts, check_text=False)  # its tokenizer keeps U+200B and the like, as POST /v1/lm/steers
     spec = ops.LMFit(name=name, texts=items, labels=read_labels(labels, len(items)).tolist(), rank=rank, eps=eps,
                      steps=steps, lr=lr, random_state=random_state, alias=alias, description=description,
                      inputs={"via": "cli", "texts": str(Path(texts).resolve()), "labels": str(Path(labels).resolve())})

@@ -670,3 +670,23 @@ def test_parquet_default_column_prefers_floats_to_integer_lists(tmp_path):
     np.testing.assert_array_equal(read_vectors(tmp_path / "t.parquet", column="token_ids"), [[101, 7, 102]] * 4)
     pq.write_table(pa.table({"q": [[1, 2], [3, 4]]}), tmp_path / "ints.parquet")
     np.testing.assert_array_equal(read_vectors(tmp_path / "ints.parquet"), [[1, 2], [3, 4]])
+
+
+def test_only_the_selected_texts_are_checked_and_named_by_their_place_in_the_file(tmp_path):
+    """Review: the no-text check covered the whole file whatever ``--rows`` said, and counting the rows (transform,
+    steer apply, index search --rows) read through it: a shard of a corpus (rows 0:2) failed for an invisible-only
+    text at line 4, in another shard. Only the selected texts are checked now; a bad one among them is still named
+    by its line / row in the file, not in the selection."""
+    lines = ['{"text": "one"}', '{"text": "two"}', "", '{"text": "\\u200b"}', '{"text": "four"}']
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "t.json").write_text(json.dumps(["one", "two", "\u200b", "four"]))
+    (tmp_path / "t.txt").write_text("one\ntwo\n\u200b\nfour\n")
+    for name, where in (("t.jsonl", "line 4 (row 2)"), ("t.json", "row 2"), ("t.txt", "line 3")):
+        p = tmp_path / name
+        assert read_texts(p, rows=parse_rows("0:2")) == ["one", "two"]
+        assert read_texts(p, rows=parse_rows("3:")) == ["four"]
+        assert count_rows(p) == 4
+        for rows in ("1:3", "2:", None):
+            with pytest.raises(FormatError, match=rf"^{name}: {re.escape(where)} holds no text"):
+                read_texts(p, rows=parse_rows(rows))
+        assert read_texts(p, check_text=False)[2] == "\u200b"  # for a tokenizer that keeps it (lm steer-fit)

@@ -278,3 +278,25 @@ def test_tiny_sampling_temperature_is_a_422_not_a_crash(world):
     assert r.status_code == 422 and "temperature" in r.json()["error"]["message"]
     ok = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "temperature": 0.01, "max_new_tokens": 2})
     assert ok.status_code == 200
+
+
+def test_lm_steer_fit_takes_the_texts_post_lm_steers_takes(cli_env, capsys):
+    """Review: ``vecbridge lm steer-fit`` read its texts with the encoders' no-text check, so a text of only a
+    zero-width space (the LM's tokenizer keeps it; POST /v1/lm/steers takes it) was refused by the CLI alone."""
+    C, base, tmp, _ = cli_env
+    texts = POS + NEG
+    texts[1] = "\u200b"
+    (tmp / "z.txt").write_text("\n".join(texts) + "\n")
+    assert C.main([*base, "lm", "steer-fit", "--texts", str(tmp / "z.txt"), "--labels", str(tmp / "y.txt"),
+                   "--name", "zw", "--rank", "2", "--steps", "2", "--quiet"]) == 0, capsys.readouterr().err
+    app = create_app(settings_for(tmp / "http"))
+    app.state.lm_provider = tiny_lm
+    with TestClient(app) as c:
+        r = c.post("/v1/lm/steers", headers=W, json={"name": "zw", "texts": texts, "labels": [1] * 6 + [-1] * 6,
+                                                     "rank": 2, "steps": 2})
+        assert r.status_code == 202, r.text
+        deadline = time.monotonic() + 300
+        while (job := c.get(f"/v1/jobs/{r.json()['id']}", headers=W).json())["state"] in ("queued", "running") \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert job["state"] == "succeeded", job
