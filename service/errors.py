@@ -46,7 +46,8 @@ __all__ = [
     "VecbridgeError", "Cancelled", "NotFoundError", "ConflictError", "PreconditionFailedError", "AuthenticationError",
     "PermissionDeniedError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
     "ServiceUnavailableError", "NotConfiguredError", "ServiceStoppingError",
-    "HTTP_STATUS", "EXIT_CODE", "EX_TEMPFAIL", "SIGNAL_WORDS", "kind_of", "http_status", "exit_code", "exception_chain",
+    "HTTP_STATUS", "EXIT_CODE", "EX_TEMPFAIL", "SIGNAL_WORDS", "kind_of", "http_status", "exit_code", "retry_after_of",
+    "exception_chain",
 ]
 
 
@@ -176,13 +177,27 @@ def http_status(exc: BaseException) -> int:
     return HTTP_STATUS[kind_of(exc)]
 
 
-def exit_code(exc: BaseException) -> int:
-    """The CLI exit code for ``exc`` by :data:`EXIT_CODE`; an ``unavailable`` error of ours that HTTP answers without
-    ``Retry-After`` (``retry_after`` None or absent: a part not configured, a damaged file, a missing grant; no retry
-    helps) is 2, not 75, so a scheduler does not retry it for ever."""
+def retry_after_of(exc: BaseException) -> int | float | None:
+    """The seconds HTTP's ``Retry-After`` asks a client to wait before sending ``exc``'s request again, None where the
+    answer has no ``Retry-After``. ``busy``: 5. ``unavailable``: an error of ours says by its ``retry_after``, and one
+    without it (a vector database's error) has none: no retry helps; SQLite's lock past the busy timeout: 5. Any
+    other kind: None. The HTTP handler and :func:`exit_code` both read this, so exit 75 and ``Retry-After`` agree."""
     kind = kind_of(exc)
-    if kind == "unavailable" and isinstance(exc, VecbridgeError) and getattr(exc, "retry_after", None) is None:
-        return 2
+    if kind == "busy":
+        return 5
+    if kind == "unavailable":
+        return getattr(exc, "retry_after", None) if isinstance(exc, VecbridgeError) else 5
+    return None
+
+
+def exit_code(exc: BaseException) -> int:
+    """The CLI exit code for ``exc`` by :data:`EXIT_CODE`; a ``busy`` or ``unavailable`` error is 75 exactly when HTTP
+    answers it with ``Retry-After`` (:func:`retry_after_of`): one without (a part not configured, a damaged file, a
+    missing grant, a vector database refusing; no retry helps) is 2, so a scheduler does not retry it for ever.
+    ``timeout`` is 75: HTTP's 408 itself says the request may be sent again."""
+    kind = kind_of(exc)
+    if kind in ("busy", "unavailable"):
+        return EX_TEMPFAIL if retry_after_of(exc) is not None else 2
     return EXIT_CODE[kind]
 
 

@@ -112,6 +112,53 @@ def test_a_failure_a_retry_can_fix_exits_75_and_nothing_else_does():
             assert status_for(exc) == 503 and (code == 75) == (exc.retry_after is not None), type(exc).__name__
 
 
+def _http_answer(exc: BaseException):
+    """The status and headers of the API's answer to ``exc`` raised by a route."""
+    from starlette.requests import Request
+
+    from service.api.errors import error_response
+
+    r = error_response(Request({"type": "http", "method": "GET", "path": "/x", "headers": [], "query_string": b""}),
+                       exc)
+    return r.status_code, r.headers
+
+
+def _bare(cls):
+    """An instance of ``cls`` made without its ``__init__`` (constructors differ: a job record, an HTTP answer)."""
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, "x")
+    return exc
+
+
+def test_exit_75_exactly_when_http_says_retry_after_for_every_error_class():
+    """The CLI's 75 read ``retry_after`` as None when absent, the HTTP handler as 5: a vector database that was down
+    (VectorDBError, no ``retry_after``) was exit 2 from ``vecbridge migrate`` but 503 + Retry-After: 5 over HTTP, and
+    its schema errors and a missing client package asked HTTP clients to retry in vain. Both read one helper now,
+    and a vector database's error is no retry unless it did not answer. ``timeout`` is 408, which says "send it
+    again" by itself (RFC 9110): exit 75 without Retry-After."""
+    from service.errors import retry_after_of
+
+    retry_kinds = {"unavailable", "busy", "timeout"}
+    classes = {n: c for n, c in _defined_errors().items() if c.kind in retry_kinds}
+    assert {"service.vectordb.base.VectorDBError", "service.vectordb.base.VectorDBUnavailableError",
+            "service.indexes.errors.UnreadableGenerationError", "service.errors.BusyError"} <= set(classes)
+    cases = [(n, _bare(c)) for n, c in classes.items()] + [(n, e) for n, e in [
+        ("an instance's own retry_after", _retry_cases()[7][0]), ("sqlite locked", sqlite3.OperationalError(
+            "database is locked"))]]
+    wrong = {}
+    for name, exc in cases:
+        status, headers = _http_answer(exc)
+        retry_signal = "retry-after" in headers or status == 408
+        if (exit_code(exc) == 75) != retry_signal or (retry_after_of(exc) is None) == ("retry-after" in headers):
+            wrong[name] = (exit_code(exc), status, headers.get("retry-after"))
+    assert wrong == {}
+    from service.indexes.errors import UnreadableGenerationError
+    from service.vectordb.base import VectorDBError, VectorDBUnavailableError
+
+    assert [exit_code(_bare(c)) for c in (VectorDBError, VectorDBUnavailableError, UnreadableGenerationError)] == [
+        2, 75, 2]
+
+
 def test_a_cli_command_on_a_registry_another_process_keeps_locked_exits_75(tmp_path, capsys, monkeypatch):
     """A cron job's ``vecbridge registry list`` beside a backup holding the registry: one line saying retry later,
     and exit 75, not the 2 of a typo in its arguments."""

@@ -33,7 +33,7 @@ from starlette.routing import Match, Mount
 
 from align.exceptions import VecbridgeError
 
-from ..errors import HTTP_STATUS, kind_of
+from ..errors import HTTP_STATUS, kind_of, retry_after_of
 from ..logging import get_logger
 from ..storage import is_storage_error, storage_message
 from .codec import validation_error
@@ -59,10 +59,8 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
     headers = {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    elif status == 429:
-        headers["Retry-After"] = "5"
-    elif status == 503 and getattr(exc, "retry_after", 5) is not None:  # none: no retry helps (NotConfiguredError)
-        headers["Retry-After"] = str(getattr(exc, "retry_after", 5))
+    elif status in (429, 503) and (wait := retry_after_of(exc)) is not None:  # none: no retry helps (exit 2)
+        headers["Retry-After"] = str(wait)
     message = str(exc) or type(exc).__name__
     if status == 503 and is_storage_error(exc):
         _log.warning("data dir not writable", extra={"fields": {"error": f"{type(exc).__name__}: {exc}",
@@ -73,7 +71,7 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
         _log.warning("database locked", extra={"fields": {"error": str(exc), "path_template": _route(request)}})
         return FastJSONResponse(_body("DatabaseLockedError", 503, "a database of the data dir stayed locked by another "
                                       "process (a backup, a long write) past its busy timeout; nothing was changed: "
-                                      "retry shortly"), status_code=503, headers={"Retry-After": "5"})
+                                      "retry shortly"), status_code=503, headers=headers)
     rid = request.scope.get("state", {}).get("request_id")
     if status == 503 and isinstance(exc, VecbridgeError):  # a part not ready (registry down, LM missing): expected
         _log.warning("service unavailable", extra={"fields": {  # while it lasts, one line a request, no traceback

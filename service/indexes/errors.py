@@ -18,7 +18,10 @@ class IndexConflictError(ConflictError):
 
 class UnreadableGenerationError(ServiceUnavailableError):
     """The newest generation of an index on disk cannot be read (a file cut short, a failing disk): a write
-    waits for it to be readable (503); reads keep the generation in memory (:meth:`IndexStore.get`)."""
+    waits for it to be readable (503); reads keep the generation in memory (:meth:`IndexStore.get`). No
+    Retry-After and exit 2, not 75: a damaged file stays damaged until its operator restores or rewrites it."""
+
+    retry_after = None
 
 
 class NewerFormatError(ServiceUnavailableError):

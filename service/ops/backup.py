@@ -156,7 +156,7 @@ def _verify_index(path: Path, summary: dict) -> None:
     except Exception as exc:  # noqa: BLE001 - whatever the load raises, the copy is not one to restore
         raise UnreadableGenerationError(f"index {path.name!r} was copied but does not load: {type(exc).__name__}: "
                                         f"{exc} (the data dir's copy is damaged too: `vecbridge index show "
-                                        f"{path.name}`)", retry_after=None) from None  # damaged: exit 2, not 75
+                                        f"{path.name}`)") from None
     summary["count"] = int(idx.count)
 
 
@@ -240,8 +240,7 @@ def _backup(settings: Settings, data: Path, tmp: Path, copier: _Copier, progress
             notes.append(f"index {name} was dropped during the backup and is not in it")
         except ValueError as exc:  # a meta.json that is not one (InputError, JSONDecodeError): not served either
             raise UnreadableGenerationError(f"index {name!r} cannot be backed up: {exc} (the service cannot load "
-                                            f"it either: `vecbridge index drop {name}` or restore it)",
-                                            retry_after=None) from None  # no retry helps: exit 2
+                                            f"it either: `vecbridge index drop {name}` or restore it)") from None
     # 4. small files: migration checkpoints, the local key
     copier.tree(data / "migrations", tmp / "migrations", skip=lambda rel: rel.suffix != ".json")
     key = data / "local-key"

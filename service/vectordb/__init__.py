@@ -16,8 +16,8 @@ from align.exceptions import InputError
 
 from ..urls import check_pg_userinfo
 from .base import (Batch, BadNameError, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
-                   MigrationRunningError, SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore,
-                   check_ca_file, safe_url)
+                   MigrationRunningError, SpaceMismatchError, UnsupportedFieldError, VectorDBError,
+                   VectorDBUnavailableError, VectorStore, check_ca_file, safe_url)
 from .checkpoint import Checkpoint, FileCheckpoint, MemoryCheckpoint, PgCheckpoint
 from .migrate import (
     MigrationInterrupted,
@@ -37,7 +37,8 @@ __all__ = [
     "MigrationInterrupted", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError",
     "Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint",
     "TranslatingSearcher", "verify_migration", "compare_to_reference", "check_rows",
-    "VectorDBError", "CollectionNotFoundError", "CollectionExistsError", "CheckpointMismatchError", "BadNameError",
+    "VectorDBError", "VectorDBUnavailableError", "CollectionNotFoundError", "CollectionExistsError",
+    "CheckpointMismatchError", "BadNameError",
 ]
 
 _LAZY = {"MilvusStore": ".milvus", "PgVectorStore": ".pgvector", "QdrantStore": ".qdrant"}
@@ -130,8 +131,9 @@ _CLIENTS = {"milvus": ("pymilvus",), "postgres": ("psycopg", "pgvector"), "qdran
 
 
 def _need_client(scheme: str) -> None:
-    """VectorDBError (503, exit 2) naming the extra when the store's client library is not installed: it was an
-    ImportError (HTTP 500, exit 3) from inside the store, e.g. in a Docker image built without it."""
+    """VectorDBError (503 without Retry-After, exit 2: installing it is the fix, not a retry) naming the extra when
+    the store's client library is not installed: it was an ImportError (HTTP 500, exit 3) from inside the store,
+    e.g. in a Docker image built without it."""
     import importlib
 
     for module in _CLIENTS[scheme.split("+")[0].replace("postgresql", "postgres")]:

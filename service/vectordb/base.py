@@ -53,8 +53,9 @@ from ..errors import ConflictError, NotFoundError
 from ..urls import redact, safe_url
 
 __all__ = [
-    "Batch", "VectorStore", "VectorDBError", "CollectionNotFoundError", "CollectionExistsError",
-    "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError", "UnsupportedFieldError", "BadNameError",
+    "Batch", "VectorStore", "VectorDBError", "VectorDBUnavailableError", "CollectionNotFoundError",
+    "CollectionExistsError", "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError",
+    "UnsupportedFieldError", "BadNameError",
     "check_name", "as_ids", "id_key",
     "check_fields", "check_metric", "METRICS", "MISSING", "safe_url", "redact", "check_ca_file", "tls_context",
 ]
@@ -64,9 +65,17 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
 class VectorDBError(VecbridgeError):
-    """A vector-database operation failed or was refused."""
+    """A vector-database operation failed or was refused: a table without the named column, a missing client package,
+    a wrong key. HTTP 503 without ``Retry-After``, exit 2: its operator or user must act, a retry cannot help."""
 
     kind = "unavailable"
+    retry_after: int | None = None
+
+
+class VectorDBUnavailableError(VectorDBError):
+    """The vector database did not answer (down, restarting, unreachable): 503 with ``Retry-After``, exit 75."""
+
+    retry_after = 5
 
 
 class CollectionNotFoundError(NotFoundError, VectorDBError):

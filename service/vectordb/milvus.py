@@ -32,8 +32,9 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (MISSING, Batch, VectorDBError, VectorStore, _pad_results, as_ids, check_ca_file, check_metric,
-                   check_name, close_quietly, id_key, none_if_all_none, rows_in_order, safe_url)
+from .base import (MISSING, Batch, VectorDBError, VectorDBUnavailableError, VectorStore, _pad_results, as_ids,
+                   check_ca_file, check_metric, check_name, close_quietly, id_key, none_if_all_none, rows_in_order,
+                   safe_url)
 
 __all__ = ["MilvusStore"]
 
@@ -99,7 +100,7 @@ class MilvusStore(VectorStore):
             self.client = MilvusClient(uri=self.uri, token=token or "", timeout=timeout, **extra)
         except MilvusException as exc:  # unreachable server: the user's to fix, not an internal error
             why = exc.message.replace(token, "***") if token else exc.message
-            raise VectorDBError(f"milvus: cannot connect to {safe_url(self.uri)}: {why}") from None
+            raise VectorDBUnavailableError(f"milvus: cannot connect to {safe_url(self.uri)}: {why}") from None
         self._dims: dict[str, int] = {}
         self._keys: dict[str, int | None] = {}  # name -> max_length of a VARCHAR primary key, None for INT64
         self._searchable: set[str] = set()  # names seen loaded by a search (see _search)

@@ -36,8 +36,9 @@ import numpy as np
 from align.exceptions import InputError
 
 from ..urls import check_pg_userinfo
-from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError, VectorStore,
-                   _pad_results, as_ids, check_metric, check_name, close_quietly, id_key, redact, rows_in_order)
+from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError,
+                   VectorDBUnavailableError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
+                   id_key, redact, rows_in_order)
 from .pg_schema import column_rules, copy_structures
 
 __all__ = ["JSON_NULL", "JsonDict", "JsonList", "PgVectorStore"]
@@ -176,7 +177,12 @@ class PgVectorStore(VectorStore):
         except psycopg.Error as exc:  # unreachable server, bad credentials, a URL libpq cannot parse: the user's to
             # fix; libpq's parse errors quote the URL or a piece of it (a password with a stray "%"): never the password
             why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise VectorDBError(f"pgvector: cannot connect: {redact(why, url)}") from None
+            from ..registry.db import refused_for_good
+
+            # a server down or restarting: exit 75, Retry-After; a wrong password, role, database or URL: exit 2
+            down = isinstance(exc, psycopg.OperationalError) and not refused_for_good(exc, why)
+            err = VectorDBUnavailableError if down else VectorDBError
+            raise err(f"pgvector: cannot connect: {redact(why, url)}") from None
         # reads write nothing: a read-only role or a standby can dry-run, verify and search (CREATE ... IF NOT EXISTS
         # checks the privilege first, so even a no-op one was "permission denied for schema public")
         if not self.conn.execute("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector')").fetchone()[0]:

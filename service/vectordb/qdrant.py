@@ -29,9 +29,9 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (MISSING, BadNameError, Batch, UnsupportedFieldError, VectorDBError, VectorStore, _pad_results,
-                   as_ids, id_key, check_metric, check_name, close_quietly, none_if_all_none, rows_in_order, safe_url,
-                   tls_context)
+from .base import (MISSING, BadNameError, Batch, UnsupportedFieldError, VectorDBError, VectorDBUnavailableError,
+                   VectorStore, _pad_results, as_ids, id_key, check_metric, check_name, close_quietly, none_if_all_none,
+                   rows_in_order, safe_url, tls_context)
 
 __all__ = ["QdrantStore"]
 
@@ -135,7 +135,7 @@ class QdrantStore(VectorStore):
                 why = str(exc)
                 for secret in (urlsplit(url).password, api_key):
                     why = why.replace(secret, "***") if secret else why
-                raise VectorDBError(f"qdrant: cannot connect to {safe_url(url)}: {why}") from None
+                raise VectorDBUnavailableError(f"qdrant: cannot connect to {safe_url(url)}: {why}") from None
         elif api_key or ca_file is not None:
             raise InputError("qdrant: local mode takes no API key or CA file")
         elif str(path) == ":memory:":

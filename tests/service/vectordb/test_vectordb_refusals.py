@@ -39,7 +39,8 @@ def test_an_unreachable_server_is_one_error_of_its_kind(url, tmp_path, capsys):
         open_store(url)
     rc = vectordb_main(["migrate", "--store", url, "--source", "a", "--target", "b", "--map", "m.npz",
                         "--checkpoint", str(tmp_path / "ck.json")])
-    assert rc == 2 and "cannot connect" in capsys.readouterr().err  # exit 2 (act on it), not 3 (a bug)
+    # exit 75, retry later (as HTTP's 503 says with Retry-After): neither 2 (the command is right) nor 3 (a bug)
+    assert rc == 75 and "cannot connect" in capsys.readouterr().err
 
 
 def test_a_collection_search_on_an_unreachable_milvus_is_a_503_over_http(tmp_path):
@@ -59,7 +60,8 @@ def test_a_collection_search_on_an_unreachable_milvus_is_a_503_over_http(tmp_pat
         r = httpx.post(f"{base}/v1/collections/docs/search", json={"vectors": [[0.1, 0.9, 0, 0]], "space": "a", "k": 3},
                        headers=R, timeout=30)
     assert r.status_code == 503, r.text
-    assert r.json()["error"]["type"] == "VectorDBError" and "cannot connect" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "VectorDBUnavailableError" and "cannot connect" in r.json()["error"]["message"]
+    assert r.headers["retry-after"] == "5"  # a server down may come back: retry (CLI exit 75)
 
 
 @pytest.mark.parametrize("url, module", [("qdrant://127.0.0.1:1", "qdrant_client"),
@@ -79,7 +81,7 @@ def test_a_store_whose_client_library_is_missing_is_a_503_naming_the_extra(url, 
     assert http_status(e.value) == 503
     rc = vectordb_main(["migrate", "--store", url, "--source", "a", "--target", "b", "--map", "m.npz",
                         "--checkpoint", str(tmp_path / "ck.json")])
-    assert rc == 2 and "vectordb-clients" in capsys.readouterr().err
+    assert rc == 2 and "vectordb-clients" in capsys.readouterr().err  # installing it is the fix, not a retry
 
 
 def test_status_reads_the_checkpoint_without_a_store(tmp_path, capsys, monkeypatch):
