@@ -98,6 +98,7 @@ from .client_steers import SteerCalls
 from .client_wire import (
     Artifact,
     alias_if_match,
+    as_ints,
     as_list,
     b64,
     b64_bytes,
@@ -426,8 +427,7 @@ class APICalls(SteerCalls, Calls):
         body = clean({"name": name, "source_space": source_space, "target_space": target_space,
                        "source": side(source, encoder), "target": side(target, encoder), "method": method,
                        "paired": paired, "params": params or {}, "random_state": random_state, "alias": alias,
-                       "description": description,
-                       "seed_pairs": None if seed_pairs is None else [[int(a), int(b)] for a, b in seed_pairs]})
+                       "description": description, "seed_pairs": as_ints(seed_pairs, "seed_pairs", width=2)})
         headers = {"Idempotency-Key": idempotency_key or new_key()}
         return (yield from self._json("POST", "/v1/fits", json=body, headers=headers))
 

@@ -11,6 +11,7 @@ import numpy as np
 from .client_core import call
 from .client_wire import (
     alias_if_match,
+    as_ints,
     as_list,
     b64,
     b64_row_bytes,
@@ -42,7 +43,7 @@ class SteerCalls:
                   params: dict | None = None, random_state: int = 0, alias: str | None = None,
                   description: str = "", idempotency_key: str | None = None) -> dict:
         """Queue a steer fit (rows ``vectors`` (n, d) or ``texts``, ``labels`` +1 / -1 / 0); returns the job."""
-        body = clean({"name": name, "space": space, "labels": [int(v) for v in labels], "texts": as_list(texts),
+        body = clean({"name": name, "space": space, "labels": as_ints(labels, "labels"), "texts": as_list(texts),
                        "items": as_list(items), "encoder": encoder, "params": params or {},
                        "random_state": random_state, "alias": alias, "description": description})
         if vectors is not None:
@@ -108,7 +109,7 @@ class SteerCalls:
                      eps: float = 1e-3, steps: int = 200, lr: float = 1e-2, random_state: int = 0,
                      alias: str | None = None, description: str = "", idempotency_key: str | None = None) -> dict:
         """Queue an LM-Steer fit on the service's language model; returns the job."""
-        body = clean({"name": name, "texts": as_list(texts), "labels": [int(v) for v in labels], "rank": rank,
+        body = clean({"name": name, "texts": as_list(texts), "labels": as_ints(labels, "labels"), "rank": rank,
                        "eps": eps, "steps": steps, "lr": lr, "random_state": random_state, "alias": alias,
                        "description": description})
         headers = {"Idempotency-Key": idempotency_key or new_key()}

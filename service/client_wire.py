@@ -28,7 +28,8 @@ import pybase64
 from align.exceptions import InputError, NotRepresentableError, ShapeError
 from align.validation import check_no_underflow
 
-__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_count", "as_list", "as_seconds",
+__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_count", "as_ints", "as_list",
+           "as_seconds",
            "as_version", "b64", "b64_bytes", "b64_row_bytes", "b64_text", "clean", "cut",
            "dumps", "float32_rows", "json_sizes", "labelled", "matrix", "new_key", "pinned", "rows", "seg", "side",
            "spans"]
@@ -76,6 +77,30 @@ def as_count(v, name: str, least: int) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < least:
         raise InputError(f"{name} must be an integer >= {least}, got {v!r}")
     return int(v)
+
+
+def as_ints(values, name: str, *, width: int | None = None) -> list | None:
+    """``values`` (a sequence or a numpy integer array; rows of ``width`` with ``width``, e.g. pairs) as a list of
+    Python ints for a request body; None stays None. :class:`InputError` before anything is sent for a bool or a
+    number that is not an integer, 1.0 too, as the service refuses it: ``int()`` sent True as 1 and 0.5 as 0
+    (labels [0.5, -0.5] went as [0, 0] and fitted a steer from nothing)."""
+    if values is None:
+        return None
+    try:
+        items = list(values.tolist() if isinstance(values, np.ndarray) else values)
+    except TypeError:
+        raise InputError(f"{name} must be a list of integers, got {type(values).__name__}") from None
+    if width is not None:
+        out = [as_ints(row, f"{name}[{i}]") for i, row in enumerate(items)]
+        bad = next((i for i, row in enumerate(out) if len(row) != width), None)
+        if bad is not None:
+            raise InputError(f"{name}[{bad}] must be {width} integers, got {len(out[bad])}")
+        return out
+    for i, v in enumerate(items):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise InputError(f"{name}[{i}] must be an integer, got {v!r} ({type(v).__name__}): a bool or a fraction "
+                             "would be sent as another number")
+    return [int(v) for v in items]
 
 
 def seg(part) -> str:
@@ -295,7 +320,7 @@ def labelled(queries, old_queries, relevant) -> dict:
     if old_queries is not None:
         out["old_queries"] = b64(old_queries, "old_queries")
     if relevant is not None:
-        out["relevant"] = [int(i) for i in relevant]
+        out["relevant"] = as_ints(relevant, "relevant")
     return out
 
 

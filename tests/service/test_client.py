@@ -687,3 +687,28 @@ def test_what_is_not_real_numbers_is_refused_before_a_byte_is_sent():
                 vb.transform("a2b", Z)
     for ok in (X.astype(np.float16), X.astype(np.int64), np.ma.masked_array(X), X.tolist()):
         assert matrix(ok).dtype == np.float32
+
+
+def test_labels_relevant_rows_and_seed_pairs_that_are_not_integers_are_refused_before_sending():
+    """The client cast with ``int()``: labels [0.5, -0.5] went as [0, 0] (a steer fitted from nothing), True as 1,
+    a seed pair (0.9, 2) as (0, 2), where the service refuses anything but integers. They are refused here now,
+    before a byte is sent (the server at port 1 is not there: a request would be an APIConnectionError)."""
+    from service.client import APIConnectionError
+    from service.client_wire import as_ints
+
+    X = np.ones((4, 3), dtype=np.float32)
+    with Client("http://127.0.0.1:1", max_retries=0) as vb:
+        for send, what in [(lambda: vb.fit_steer("s", "a", [0.5, -0.5, 1, -1], X), "labels"),
+                           (lambda: vb.fit_steer("s", "a", [True, False, 1, -1], X), "labels"),
+                           (lambda: vb.fit_steer("s", "a", np.array([1.0, -1.0, 0.0, 1.0]), X), "labels"),
+                           (lambda: vb.lm_fit_steer("s", ["x", "y"], [1, np.bool_(True)]), "labels"),
+                           (lambda: vb.plan(X, X, X, queries=X, old_queries=X, relevant=[0, 1.5, 2, 3]),
+                            "relevant"),
+                           (lambda: vb.fit("m", "a", "b", X, X, seed_pairs=[(0.9, 2)]), "seed_pairs"),
+                           (lambda: vb.fit("m", "a", "b", X, X, seed_pairs=[(0, 1, 2)]), "seed_pairs")]:
+            with pytest.raises(InputError, match=rf"^{what}\["):
+                send()
+        with pytest.raises(APIConnectionError):  # integers are sent (and fail here only for want of a server)
+            vb.fit_steer("s", "a", np.array([1, -1, 0, 1], dtype=np.int8), X)
+    assert as_ints(np.array([[1, 2], [3, 4]], dtype=np.uint16), "p", width=2) == [[1, 2], [3, 4]]
+    assert [type(v) for v in as_ints([np.int64(1), -1], "labels")] == [int, int] and as_ints(None, "x") is None
