@@ -646,11 +646,11 @@ def test_a_text_without_text_is_named_by_its_place_in_the_file_before_anything_i
     (tmp_path / "t.txt").write_text("\n".join(bad) + "\n")
     for name, where in (("t.json", "row 280"), ("t.jsonl", "line 282 (row 280)"), ("t.txt", "line 281")):
         p = tmp_path / name
-        for read in (lambda: read_texts(p), lambda: read_texts(p, rows="100:300"),
-                     lambda: read_vectors(p, rows="200:300", encoder="no-such-model"),
-                     lambda: list(iter_chunks(p, chunk_rows=64, encoder="no-such-model"))):
+        for read in (lambda p: read_texts(p), lambda p: read_texts(p, rows="100:300"),
+                     lambda p: read_vectors(p, rows="200:300", encoder="no-such-model"),
+                     lambda p: list(iter_chunks(p, chunk_rows=64, encoder="no-such-model"))):
             with pytest.raises(FormatError, match=rf"^{name}: {re.escape(where)} holds no text"):
-                read()
+                read(p)
     (tmp_path / "j.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n\n{"text": "c",}\n')
     with pytest.raises(FormatError, match=r"^j.jsonl: line 4 is not JSON \(.* at column 14\)"):
         read_texts(tmp_path / "j.jsonl")

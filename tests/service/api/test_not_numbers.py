@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 
 import numpy as np
-
 from _api_support import R, W, served_world
 
 
@@ -18,7 +17,7 @@ def _npy(a: np.ndarray) -> bytes:
 
 
 def test_json_booleans_among_the_vectors_are_a_422(tmp_path):
-    with served_world(tmp_path, max_batch=6000, max_body_bytes=8_000_000) as (c, app, world):
+    with served_world(tmp_path, max_batch=6000, max_body_bytes=8_000_000) as (c, _, world):
         X = world["X"]
         assert c.post("/v1/indexes", headers=W, json={"name": "ib", "space": "b",
                                                       "vectors": world["Y"][:50].tolist()}).status_code == 201
@@ -43,7 +42,7 @@ def test_json_booleans_among_the_vectors_are_a_422(tmp_path):
 
 
 def test_a_boolean_npy_body_is_a_422_saying_how_to_send_0_1(tmp_path):
-    with served_world(tmp_path) as (c, app, world):
+    with served_world(tmp_path) as (c, _, world):
         X = world["X"][:4]
         r = c.post("/v1/maps/a2b/transform", headers={**R, "content-type": "application/x-npy"}, content=_npy(X > 0))
         assert r.status_code == 422, r.text
@@ -57,7 +56,7 @@ def test_row_numbers_are_json_integers_as_ids_are(tmp_path):
     """QA: ``relevant: [0, true, 2]``, ``[0, "1", 2]`` and ``[0, 1.0, 2]`` on POST /v1/maps/{ref}/evaluate answered
     200 as rows 0, 1, 2 (pydantic's lax int), as did such ``seed_pairs`` of a fit; the CLI refuses them on purpose.
     A 422 now, as for ``ids``."""
-    with served_world(tmp_path) as (c, app, world):
+    with served_world(tmp_path) as (c, _, world):
         X, Y = world["X"][:40].tolist(), world["Y"][:40].tolist()
         body = {"source": {"vectors": X}, "target": {"vectors": Y}, "queries": {"vectors": Y[:3]}}
         for bad in ([0, True, 2], [0, "1", 2], [0, 1.0, 2]):
@@ -84,7 +83,7 @@ def test_row_numbers_are_json_integers_as_ids_are(tmp_path):
 def test_a_1d_npy_body_is_one_row_of_exactly_dim_values(tmp_path):
     """QA: an application/x-npy body holding a 1-D array of 32 values, to a 16-d map, was reshaped into 2 rows of
     16 (the codec promises 2-D bodies); 1-D is one row now, so it must hold exactly dim values."""
-    with served_world(tmp_path) as (c, app, world):
+    with served_world(tmp_path) as (c, _, world):
         X = world["X"]
         hdr = {**R, "content-type": "application/x-npy"}
         r = c.post("/v1/maps/a2b/transform", headers=hdr, content=_npy(X[:2].reshape(-1)))
@@ -119,7 +118,7 @@ def test_a_body_is_looked_at_for_booleans_by_its_bytes():
 def test_every_json_rows_route_still_refuses_a_boolean(tmp_path):
     """The routes that read JSON rows each pass their body's ``may_hold_bools``: a ``true`` among the rows of an
     index create or add, a steer fit, a fit side or a plan is still a 422 (or refused by the body's model)."""
-    with served_world(tmp_path) as (c, app, world):
+    with served_world(tmp_path) as (c, _, world):
         X, Y = world["X"][:40].tolist(), world["Y"][:40].tolist()
         bad = [r[:] for r in Y]
         bad[2][3] = True
