@@ -10,24 +10,13 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from _memory import MiB
+from _memory import peak as _peak
 
 import align
 from align.metrics import ranks
 from align.retrieval import relevant_ranks
 from align.validation import as_matrix
-
-MiB = 1 << 20
-
-
-def _peak(fn, *args, **kw):
-    """``(result, peak bytes allocated during fn)``."""
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        out = fn(*args, **kw)
-        return out, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def _rows(n: int, d: int, seed: int = 0) -> np.ndarray:

@@ -10,10 +10,11 @@ Merged statistics (``+``, chunks, shards) are sums alone and take the primal: th
 from __future__ import annotations
 
 import pickle
-import tracemalloc
 
 import numpy as np
 import pytest
+from _memory import MiB
+from _memory import peak as _peak
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,19 +25,6 @@ from align.procrustes import (
     procrustes_from_stats,
     ridge_from_stats,
 )
-
-MiB = 1 << 20
-
-
-def _peak(fn, *args, **kw):
-    """``(result, peak bytes numpy allocated during fn)``."""
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        out = fn(*args, **kw)
-        return out, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def _pairs(n, d_s, d_t, seed, offset=0.0):
