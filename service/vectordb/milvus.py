@@ -100,7 +100,9 @@ class MilvusStore(VectorStore):
             self.client = MilvusClient(uri=self.uri, token=token or "", timeout=timeout, **extra)
         except MilvusException as exc:  # unreachable server: the user's to fix, not an internal error
             why = exc.message.replace(token, "***") if token else exc.message
-            raise VectorDBUnavailableError(f"milvus: cannot connect to {safe_url(self.uri)}: {why}") from None
+            refused = any(w in why.lower() for w in ("auth", "unauthenticated", "permission"))  # a retry cannot help
+            raise (VectorDBError if refused else VectorDBUnavailableError)(
+                f"milvus: cannot connect to {safe_url(self.uri)}: {why}") from None
         self._dims: dict[str, int] = {}
         self._keys: dict[str, int | None] = {}  # name -> max_length of a VARCHAR primary key, None for INT64
         self._searchable: set[str] = set()  # names seen loaded by a search (see _search)

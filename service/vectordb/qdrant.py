@@ -135,7 +135,11 @@ class QdrantStore(VectorStore):
                 why = str(exc)
                 for secret in (urlsplit(url).password, api_key):
                     why = why.replace(secret, "***") if secret else why
-                raise VectorDBUnavailableError(f"qdrant: cannot connect to {safe_url(url)}: {why}") from None
+                # no answer (down, restarting): retry later (75); an answer (404: not Qdrant there) or a certificate
+                # refused is the user's to fix, no retry helps (2)
+                down = status is None and "CERTIFICATE_VERIFY_FAILED" not in why
+                raise (VectorDBUnavailableError if down else VectorDBError)(
+                    f"qdrant: cannot connect to {safe_url(url)}: {why}") from None
         elif api_key or ca_file is not None:
             raise InputError("qdrant: local mode takes no API key or CA file")
         elif str(path) == ":memory:":
@@ -147,7 +151,7 @@ class QdrantStore(VectorStore):
             except RuntimeError as exc:  # the folder's lock: local mode serves one process at a time
                 if "already accessed" not in str(exc):
                     raise
-                raise VectorDBError(f"qdrant: the local store {path} is open in another process: local mode "
+                raise VectorDBUnavailableError(f"qdrant: the local store {path} is open in another process: local mode "
                                     "serves one process at a time; wait for it, or use a Qdrant server "
                                     "(qdrant://host:6333)") from None
 

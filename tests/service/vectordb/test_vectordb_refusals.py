@@ -43,6 +43,29 @@ def test_an_unreachable_server_is_one_error_of_its_kind(url, tmp_path, capsys):
     assert rc == 75 and "cannot connect" in capsys.readouterr().err
 
 
+def test_a_server_that_answers_but_is_no_qdrant_is_exit_2_not_retry_later(tmp_path, capsys):
+    """A wrong port that answers (here a web server saying 404) is the user's to fix: it was exit 75 with
+    Retry-After, like a Qdrant that is down, and a scheduler or the client retried it for ever."""
+    pytest.importorskip("qdrant_client")
+    import http.server
+    import threading
+
+    from service.errors import exit_code, retry_after_of
+    from service.vectordb import VectorDBUnavailableError
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"qdrant://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(VectorDBError, match="cannot connect") as info:
+            open_store(url)
+        assert not isinstance(info.value, VectorDBUnavailableError), info.value
+        assert exit_code(info.value) == 2 and retry_after_of(info.value) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_collection_search_on_an_unreachable_milvus_is_a_503_over_http(tmp_path):
     """An unreachable Milvus server's grpc error is its own ``__cause__``: the API's error handler walked that chain
     (is it a storage error?) forever, and the search never answered while its thread spun at 100% CPU. Real HTTP
