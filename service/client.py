@@ -372,7 +372,7 @@ class APICalls(SteerCalls, Calls):
     def delete_ids(self, name: str, ids: Sequence[int]) -> dict:
         """Delete rows by id (unknown ids are ignored); returns ``{"index", "deleted", "count"}``. More ids than one
         request may hold go in batches (harmless to repeat: a batch again deletes nothing more)."""
-        ids = [int(i) for i in ids]
+        ids = as_ints(ids, "ids")  # int() sent 1.9 and True as id 1: the wrong row deleted
 
         def send(part: slice) -> dict:
             return (yield from self._json("POST", f"/v1/indexes/{_seg(name)}/delete", json={"ids": ids[part]},

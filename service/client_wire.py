@@ -82,8 +82,8 @@ def as_count(v, name: str, least: int) -> int:
 def as_ints(values, name: str, *, width: int | None = None) -> list | None:
     """``values`` (a sequence or a numpy integer array; rows of ``width`` with ``width``, e.g. pairs) as a list of
     Python ints for a request body; None stays None. :class:`InputError` before anything is sent for a bool or a
-    number that is not an integer, 1.0 too, as the service refuses it: ``int()`` sent True as 1 and 0.5 as 0
-    (labels [0.5, -0.5] went as [0, 0] and fitted a steer from nothing)."""
+    number that is not a whole one (1.0 is sent as 1): ``int()`` sent True as 1 and 0.5 as 0 (labels [0.5, -0.5]
+    went as [0, 0] and fitted a steer from nothing)."""
     if values is None:
         return None
     try:
@@ -96,8 +96,9 @@ def as_ints(values, name: str, *, width: int | None = None) -> list | None:
         if bad is not None:
             raise InputError(f"{name}[{bad}] must be {width} integers, got {len(out[bad])}")
         return out
-    for i, v in enumerate(items):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+    for i, v in enumerate(items):  # a whole float (np.sign's 1.0) is the integer it holds, as align reads labels
+        whole = isinstance(v, numbers.Integral) or (isinstance(v, numbers.Real) and float(v).is_integer())
+        if isinstance(v, (bool, np.bool_)) or not whole:
             raise InputError(f"{name}[{i}] must be an integer, got {v!r} ({type(v).__name__}): a bool or a fraction "
                              "would be sent as another number")
     return [int(v) for v in items]

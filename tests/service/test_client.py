@@ -700,7 +700,9 @@ def test_labels_relevant_rows_and_seed_pairs_that_are_not_integers_are_refused_b
     with Client("http://127.0.0.1:1", max_retries=0) as vb:
         for send, what in [(lambda: vb.fit_steer("s", "a", [0.5, -0.5, 1, -1], X), "labels"),
                            (lambda: vb.fit_steer("s", "a", [True, False, 1, -1], X), "labels"),
-                           (lambda: vb.fit_steer("s", "a", np.array([1.0, -1.0, 0.0, 1.0]), X), "labels"),
+                           (lambda: vb.fit_steer("s", "a", np.array([1.0, -1.5, 0.0, 1.0]), X), "labels"),
+                           (lambda: vb.delete_ids("ix", [1.9, 2]), "ids"),
+                           (lambda: vb.delete_ids("ix", [True]), "ids"),
                            (lambda: vb.lm_fit_steer("s", ["x", "y"], [1, np.bool_(True)]), "labels"),
                            (lambda: vb.plan(X, X, X, queries=X, old_queries=X, relevant=[0, 1.5, 2, 3]),
                             "relevant"),
@@ -711,4 +713,5 @@ def test_labels_relevant_rows_and_seed_pairs_that_are_not_integers_are_refused_b
         with pytest.raises(APIConnectionError):  # integers are sent (and fail here only for want of a server)
             vb.fit_steer("s", "a", np.array([1, -1, 0, 1], dtype=np.int8), X)
     assert as_ints(np.array([[1, 2], [3, 4]], dtype=np.uint16), "p", width=2) == [[1, 2], [3, 4]]
+    assert as_ints(np.sign(np.array([0.3, -2.0, 0.0])), "labels") == [1, -1, 0]  # whole floats, as align takes them
     assert [type(v) for v in as_ints([np.int64(1), -1], "labels")] == [int, int] and as_ints(None, "x") is None
