@@ -364,29 +364,40 @@ def test_a_final_record_that_could_not_be_written_is_written_later(tmp_path):
     mgr.shutdown(wait=True)
 
 
-def test_a_job_a_shutdown_interrupted_stays_interrupted_when_it_reaches_its_next_progress_report(tmp_path):
-    """SIGTERM with a fit running: shutdown recorded the job "failed, interrupted", then the job's next progress
-    report raised Cancelled and its worker rewrote the record "cancelled ... cancelled during <stage>": a
-    cancel nobody asked for, and ``Client.wait`` raised JobCancelledError instead of JobFailedError."""
-    db = tmp_path / "jobs.sqlite"
+def _shut_down_mid_fit(db, stage: str, fraction: float, *, queue_another: bool = False):
+    """A manager on ``db`` running a fit that reports ``(stage, fraction)`` over and over (and, with
+    ``queue_another``, a second job waiting behind it), shut down as a server stopping does once the fit runs.
+    Returns ``(manager, fit job, queued job or None)`` once the fit has reached its next progress report and its
+    worker has had time to write what it makes of that."""
     mgr = JobManager(workers=1, max_queued=4, store=JobStore(db))
     mgr.open()
     started, stopped = threading.Event(), threading.Event()
 
     def fit(ctx):
-        started.set()
         try:
+            ctx.progress(stage, fraction)
+            started.set()
             while True:
-                ctx.progress("fit", 0.5)
+                ctx.progress(stage, fraction)
                 time.sleep(0.001)
         finally:
             stopped.set()
 
     job, _ = mgr.submit(fit, kind="fit")
+    queued = mgr.submit(lambda ctx: {}, kind="fit")[0] if queue_another else None
     assert started.wait(10)
     mgr.shutdown(wait=False)  # a server stopping
     assert stopped.wait(10)  # the job reached its next progress report before the process ended
     time.sleep(0.5)  # its worker writes what it makes of that
+    return mgr, job, queued
+
+
+def test_a_job_a_shutdown_interrupted_stays_interrupted_when_it_reaches_its_next_progress_report(tmp_path):
+    """SIGTERM with a fit running: shutdown recorded the job "failed, interrupted", then the job's next progress
+    report raised Cancelled and its worker rewrote the record "cancelled ... cancelled during <stage>": a
+    cancel nobody asked for, and ``Client.wait`` raised JobCancelledError instead of JobFailedError."""
+    db = tmp_path / "jobs.sqlite"
+    mgr, job, _ = _shut_down_mid_fit(db, "fit", 0.5)
     stored, _ = JobStore(db).get(job.id)
     assert (stored.state, stored.stage, stored.error["type"]) == ("failed", "interrupted", "Interrupted"), stored
     assert mgr.get(job.id).state == "failed"
@@ -397,26 +408,7 @@ def test_a_shutdown_is_no_cancel_and_names_the_stage_it_interrupted(tmp_path):
     progress (0.7) belonged to a stage named nowhere (the stage read "interrupted"). The interruption stays apart
     from a cancel, and the error says which stage it stopped in and how far it had got."""
     db = tmp_path / "jobs.sqlite"
-    mgr = JobManager(workers=1, max_queued=4, store=JobStore(db))
-    mgr.open()
-    started, stopped = threading.Event(), threading.Event()
-
-    def fit(ctx):
-        try:
-            ctx.progress("fit: restart 0: icp", 0.7)
-            started.set()
-            while True:
-                ctx.progress("fit: restart 0: icp", 0.7)
-                time.sleep(0.001)
-        finally:
-            stopped.set()
-
-    job, _ = mgr.submit(fit, kind="fit")
-    queued, _ = mgr.submit(lambda ctx: {}, kind="fit")
-    assert started.wait(10)
-    mgr.shutdown(wait=False)
-    assert stopped.wait(10)
-    time.sleep(0.5)
+    mgr, job, queued = _shut_down_mid_fit(db, "fit: restart 0: icp", 0.7, queue_another=True)
     after_restart = JobManager(store=JobStore(db))
     after_restart.open()
     try:
