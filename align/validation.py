@@ -184,8 +184,7 @@ def as_real_array(value, *, name: str, ndim: int | None = None) -> np.ndarray:
         raise ShapeError(f"{name} must be a {ndim}-D array, got shape {arr.shape}")
     with np.errstate(over="ignore", invalid="ignore"):
         out = np.ascontiguousarray(arr, dtype=np.float32)
-    flat, step = out.reshape(-1), _CHECK_BYTES // _F32.itemsize  # a view; masks of a block, never of the whole
-    if not all(_all_true(np.isfinite(flat[s : s + step]), axis=None) for s in range(0, flat.size, step)):
+    if _nonfinite_rows(out.reshape(-1, 1)):  # a view, checked a block's mask at a time, never the whole's
         raise NonFiniteError(f"{name} contains NaN or Inf (or values beyond float32's range)")
     return out
 
