@@ -43,7 +43,8 @@ from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
            "progress_bar", "stderr_is_terminal", "option_given", "parse_kv", "registry_option", "space_name",
-           "input_opts", "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts", "json_opt",
+           "file_rows_opts", "input_opts", "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts",
+           "json_opt",
            "quiet_opt", "description_opt", "random_state_opt", "register_opts", "VERSION"]
 
 
@@ -348,6 +349,14 @@ random_state_opt = click.option("--random-state", type=click.IntRange(0, MAX_SEE
 register_opts = _stack(
     random_state_opt, click.option("--alias", default=None, help="Point this alias at the new version."),
     description_opt, json_opt, quiet_opt)
+
+#: the rows of one input file INP read in chunks (``vecbridge transform``, ``vecbridge steer apply``)
+file_rows_opts = _stack(
+    click.option("--rows", default=None, help="START:STOP rows of INP (negative counts from the end)."),
+    click.option("--key", default=None, help=".npz array name of INP (default: its first array)."),
+    click.option("--column", default=None,
+                 help="Parquet list column of INP (default: the first list of floats, else of numbers)."),
+)
 
 input_opts = _stack(
     click.option("--source", "source", required=True, type=click.Path(dir_okay=False), help="Source vectors or texts."),

@@ -24,9 +24,9 @@ from ..ops.maps import SUPERVISED, run_fit, unreliable_note
 from ..ops.transform import transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write, check_writable
-from ._common import (Ctx, check_text_encoder, description_opt, emit, input_opts, json_opt, option_given, parse_kv,
-                      progress_bar, quiet_opt, ray_logs, random_state_opt, read_pair, read_relevant, read_seed_pairs,
-                      space_name, version_record)
+from ._common import (Ctx, check_text_encoder, description_opt, emit, file_rows_opts, input_opts, json_opt,
+                      option_given, parse_kv, progress_bar, quiet_opt, ray_logs, random_state_opt, read_pair,
+                      read_relevant, read_seed_pairs, space_name, version_record)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
@@ -367,10 +367,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                    "HTTP and Python default too); frame: the target's centred unit frame; linear: f_s(x) W + b, "
                    "where f_s is the map's source frame (by default: unit rows, centred, unit rows again), without "
                    "the target frame or renormalisation (a cluster map: its routed clusters' blend).")
-@click.option("--rows", default=None, help="START:STOP rows of INP (negative counts from the end).")
-@click.option("--key", default=None, help=".npz array name of INP (default: its first array).")
-@click.option("--column", default=None,
-              help="Parquet list column of INP (default: the first list of floats, else of numbers).")
+@file_rows_opts
 @click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text.")
 @click.option("--encoder", default=None,
               help="For a text INP: the map's source space's encoder (the default; another model is refused), or "

@@ -19,8 +19,8 @@ from ..ops.steers import (bare_steer_ref, check_steer_eps, check_steer_fit, dele
                           steer_text_encoder, transfer_and_register)
 from ..registry.names import parse_ref
 from ..storage import check_writable
-from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, json_opt, parse_kv, progress_bar,
-                      quiet_opt, read_labels, register_opts, versions_summary)
+from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, file_rows_opts, json_opt,
+                      parse_kv, progress_bar, quiet_opt, read_labels, register_opts, versions_summary)
 
 __all__ = ["steer"]
 
@@ -135,10 +135,7 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--chunk-rows", type=click.IntRange(1), default=65536, show_default=True,
               help="Rows read, steered and written at a time (one chunk is held in memory).")
-@click.option("--rows", default=None, help="START:STOP rows of INP (negative counts from the end).")
-@click.option("--key", default=None, help=".npz array name of INP (default: its first array).")
-@click.option("--column", default=None,
-              help="Parquet list column of INP (default: the first list of floats, else of numbers).")
+@file_rows_opts
 @click.option("--encoder", default=None,
               help="For a text INP (.txt / .jsonl / .json, embedded as queries): the steer's space's encoder (the "
                    "default; another model is refused), or the encoder of a space that has none registered.")
