@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from .validation import as_matrix, check_not_degenerate, check_random_state, count_distinct_rows, seed_record
+from .validation import as_matrix, check_not_degenerate, check_random_state, row_groups, seed_record
 from .anchors import QAP_METHODS, kmeans_anchors, short_kmeans
 from .blocks import executing
 from .exceptions import ConvergenceWarning, InputError, NotFittedError, PairCountError, TooFewRowsError
@@ -389,9 +389,11 @@ class MiniVec2Vec:
         seeded = seeds is not None and seeds[0].size >= 2
         self.check_rows(X.shape[0], Y.shape[0], seeded)
         need, why = self._min_rows(seeded)
+        groups = []  # copies of a row: a held-out copy of a training row judged the map on memory (25 x 40 copies)
         for name, A in (("X_src", X), ("X_tgt", Y)):
             check_not_degenerate(A, name=name)
-            distinct = count_distinct_rows(A, stop_at=need)
+            groups.append(row_groups(A))
+            distinct = A.shape[0] if groups[-1] is None else groups[-1][0].size
             if distinct < need:  # 5 rows x 200 copies: every CSLS score ~0 and the wrong map was called reliable
                 raise TooFewRowsError(f"{name}: {why} needs at least {need} distinct rows, got "
                                       f"{distinct} distinct among {A.shape[0]} (the others repeat them)")
@@ -401,8 +403,8 @@ class MiniVec2Vec:
 
         t0 = time.perf_counter()
         fs, ft = Frame._fit(X), Frame._fit(Y)  # on all rows; below, only the rows the fit uses are framed
-        fit_s, judge_s = self._split(X.shape[0], seeds[0] if seeded else None, need, rng)
-        fit_t, judge_t = self._split(Y.shape[0], seeds[1] if seeded else None, need, rng)
+        fit_s, judge_s = self._split(X.shape[0], seeds[0] if seeded else None, need, rng, groups[0])
+        fit_t, judge_t = self._split(Y.shape[0], seeds[1] if seeded else None, need, rng, groups[1])
         if judge_s.size == 0 or judge_t.size == 0:  # too few rows to hold out: judged on the training rows
             fit_s, fit_t = np.arange(X.shape[0]), np.arange(Y.shape[0])
             judge_s, judge_t = fit_s, fit_t
@@ -447,7 +449,7 @@ class MiniVec2Vec:
         floor, null_c = CRITERION_FLOOR, self.null_criterion_
         self.reliable_ = bool(held_out and null_c > 0 and final_crit >= max(floor, self.reliability_ratio * null_c))
         if not held_out:  # on its own refined rows a wrong map scores ~5x random: no verdict (was "reliable")
-            reason = self._no_holdout(X, Y, seeds if seeded else None, need)
+            reason = self._no_holdout(X, Y, seeds if seeded else None, need, groups)
             warnings.warn(f"MiniVec2Vec: no rows held out to judge the map ({reason}), so it is flagged unreliable",
                           ConvergenceWarning, stacklevel=3)
         elif not self.reliable_ and (null_c <= 0 or final_crit < floor):  # ratio of two ~0s: duplicated rows
@@ -518,26 +520,41 @@ class MiniVec2Vec:
                           f"repeat and match nothing; the start is weaker. Fewer clusters, or more distinct rows, "
                           f"avoid it", ConvergenceWarning, stacklevel=4)
 
-    def _no_holdout(self, X, Y, seeds, need: int) -> str:
-        """Why :meth:`_split` held no rows out: seed rows are never held out (all but a few rows seeds), or too few."""
-        for side, A, keep in (("source", X, None if seeds is None else seeds[0]),
-                              ("target", Y, None if seeds is None else seeds[1])):
-            n, free = A.shape[0], A.shape[0] - (0 if keep is None else np.unique(keep).size)
+    def _no_holdout(self, X, Y, seeds, need: int, groups) -> str:
+        """Why :meth:`_split` held no rows out: seed rows are never held out (all but a few rows seeds), or too few
+        distinct rows."""
+        sides = (("source", X, None if seeds is None else seeds[0], groups[0]),
+                 ("target", Y, None if seeds is None else seeds[1], groups[1]))
+        for side, A, keep, grp in sides:
+            n = A.shape[0] if grp is None else grp[0].size
+            free = n - (0 if keep is None else np.unique(keep if grp is None else grp[1][keep]).size)
             if free < 20 <= min(int(self.holdout * n), self.criterion_sample, n - need):
-                return (f"seed rows are never held out, and only {free} of the {n} {side} rows are not seed rows: "
-                        f"fewer than 20")
-        return f"holdout={self.holdout}, {X.shape[0]} x {Y.shape[0]} rows: fewer than 20 per side"
+                return (f"seed rows are never held out, and only {free} of the {n} {'' if grp is None else 'distinct '}"
+                        f"{side} rows are not seed rows: fewer than 20")
+        distinct = [A.shape[0] if g is None else g[0].size for A, g in ((X, groups[0]), (Y, groups[1]))]
+        copies = "" if distinct == [X.shape[0], Y.shape[0]] else f" ({distinct[0]} x {distinct[1]} distinct)"
+        return f"holdout={self.holdout}, {X.shape[0]} x {Y.shape[0]} rows{copies}: fewer than 20 per side"
 
-    def _split(self, n: int, keep, need: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    def _split(self, n: int, keep, need: int, rng, groups=None) -> tuple[np.ndarray, np.ndarray]:
         """``(fit_rows, judge_rows)`` of ``n`` rows: ``holdout`` of them (≤ ``criterion_sample``, never a row
         in ``keep``) held out, as long as ``need`` rows stay for the fit; ``judge_rows`` is empty when fewer
-        than 20 rows could be held out."""
-        free = np.setdiff1d(np.arange(n), keep) if keep is not None else np.arange(n)
-        k = min(int(self.holdout * n), self.criterion_sample, free.size, n - need)
+        than 20 rows could be held out. ``groups`` (:func:`align.validation.row_groups`, rows that repeat): the
+        distinct rows are split instead, one row of each held-out one judging and no copy of it fitting."""
+        if groups is None:
+            free = np.setdiff1d(np.arange(n), keep) if keep is not None else np.arange(n)
+            k = min(int(self.holdout * n), self.criterion_sample, free.size, n - need)
+            if k < 20:
+                return np.arange(n), np.zeros(0, np.int64)
+            judge = np.sort(rng.choice(free, size=k, replace=False))
+            return np.setdiff1d(np.arange(n), judge), judge
+        first, group = groups
+        u = first.size
+        free = np.setdiff1d(np.arange(u), group[keep]) if keep is not None else np.arange(u)
+        k = min(int(self.holdout * u), self.criterion_sample, free.size, u - need)
         if k < 20:
             return np.arange(n), np.zeros(0, np.int64)
-        judge = np.sort(rng.choice(free, size=k, replace=False))
-        return np.setdiff1d(np.arange(n), judge), judge
+        held = np.sort(rng.choice(free, size=k, replace=False))
+        return np.flatnonzero(~np.isin(group, held)), first[held]
 
     def _one_run(self, r: int, Xs, Yt, seed_rows, rng, report, Xj, Yj) -> dict:
         timings, history = {}, {}

@@ -23,7 +23,7 @@ from .exceptions import (
 __all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate",
            "check_no_underflow", "check_no_zero_rows", "check_rankable", "check_representable", "check_eps",
            "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed",
-           "check_not_collapsed", "seed_record", "count_distinct_rows", "MAX_EPS"]
+           "check_not_collapsed", "seed_record", "count_distinct_rows", "row_groups", "MAX_EPS"]
 
 #: Bound of a steer's strength ``|eps|`` (1: the trained strength) wherever a steer moves vectors: the library
 #: (:func:`check_eps`), the CLI and HTTP (``service.limits.MAX_STEER_EPS`` is this number). Strength sweeps saturate
@@ -211,11 +211,23 @@ def pair_groups(X: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray] |
         return np.unique(rows, return_inverse=True)[1].ravel()
 
     gx, gy = _ids(X), _ids(Y)
-    _, first, group = np.unique(gx.astype(np.int64) * (int(gy.max()) + 1) + gy, return_index=True,
-                                return_inverse=True)
-    if first.size == X.shape[0]:
+    return _groups_of(gx.astype(np.int64) * (int(gy.max()) + 1) + gy)
+
+
+def row_groups(X: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Bitwise-equal rows of ``X`` (n, d), as :func:`pair_groups` gives them for pairs: ``(first, group)``, or None
+    when every row is distinct. Rows are compared by the 64-bit hashes of :func:`count_distinct_rows` (O(n d) time,
+    8 bytes a row); a rare false match only joins two rows in one group."""
+    return _groups_of(np.concatenate([h for _, h in _row_hash_blocks(X)]))
+
+
+def _groups_of(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(first, group)`` of the equal values of ``keys`` (n,), groups numbered by their first row; None if all
+    differ."""
+    _, first, group = np.unique(keys, return_index=True, return_inverse=True)
+    if first.size == keys.shape[0]:
         return None
-    order = np.argsort(first)  # groups numbered by their first row
+    order = np.argsort(first)
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
     return first[order], rank[group.ravel()]
@@ -250,20 +262,28 @@ def count_distinct_rows(X: np.ndarray, *, stop_at: int | None = None) -> int:
     A = np.ascontiguousarray(X)
     if A.ndim != 2 or A.shape[0] < 2:
         return int(A.shape[0]) if A.ndim >= 1 else 1
+    blocks, seen = [], np.zeros(0, np.uint64)
+    for _, hashes in _row_hash_blocks(A):
+        blocks.append(hashes)
+        if stop_at is not None:  # fewer than stop_at distinct so far: a short array to merge with
+            seen = np.unique(np.concatenate([seen, hashes]))
+            if seen.size >= stop_at:
+                return int(stop_at)
+    return int(seen.size) if stop_at is not None else int(np.unique(np.concatenate(blocks)).size)
+
+
+def _row_hash_blocks(X: np.ndarray):
+    """``(start, hashes)`` for blocks of the rows of ``X`` (n, d): the 64-bit hash of each row (see
+    :func:`count_distinct_rows`), a block of about ``_CHECK_BYTES`` of words at a time."""
+    A = np.ascontiguousarray(X)
     words = A.reshape(A.shape[0], -1).view(np.uint8)
     if words.shape[1] % 4 == 0:
         words = words.view(np.uint32)
     coef = np.random.default_rng(0x5EED).integers(1, 2**63, size=words.shape[1], dtype=np.uint64) | np.uint64(1)
-    step = max(1, _CHECK_BYTES // (8 * words.shape[1]))
-    hashes, seen = np.empty(words.shape[0], np.uint64), np.zeros(0, np.uint64)
+    step = max(1, _CHECK_BYTES // (8 * max(1, words.shape[1])))
     for s in range(0, words.shape[0], step):
         with np.errstate(over="ignore"):  # the hash wraps modulo 2^64 on purpose
-            hashes[s : s + step] = (words[s : s + step].astype(np.uint64) * coef).sum(axis=1, dtype=np.uint64)
-        if stop_at is not None:  # fewer than stop_at distinct so far: a short array to merge with
-            seen = np.unique(np.concatenate([seen, hashes[s : s + step]]))
-            if seen.size >= stop_at:
-                return int(stop_at)
-    return int(seen.size) if stop_at is not None else int(np.unique(hashes).size)
+            yield s, (words[s : s + step].astype(np.uint64) * coef).sum(axis=1, dtype=np.uint64)
 
 
 def check_no_zero_rows(X: np.ndarray, *, name: str = "X", why: str = "no direction") -> np.ndarray:
