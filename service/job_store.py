@@ -18,7 +18,7 @@ from .errors import ServiceUnavailableError
 from .logging import get_logger
 from .storage import hold, sqlite_connect, take_abandoned
 
-__all__ = ["INTERRUPTED", "TERMINAL", "Job", "JobStore", "JobStoreBusyError"]
+__all__ = ["INTERRUPTED", "TERMINAL", "Job", "JobStore", "JobStoreBusyError", "interrupted_in"]
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 INTERRUPTED = {"type": "Interrupted",
@@ -26,6 +26,14 @@ INTERRUPTED = {"type": "Interrupted",
                           "down) before the job finished; a fit may still have registered its version, check the "
                           "map's versions before resubmitting"}
 _log = get_logger("jobs")
+
+
+def interrupted_in(state: str, stage: str, fraction: float, error: dict) -> dict:
+    """``error`` (an interruption's record) naming where a job in ``state`` / ``stage`` at ``fraction`` stopped:
+    "interrupted by restart during 'fit' at 40%: ..." (its stage becomes "interrupted", its own is lost otherwise)."""
+    where = "before it started" if state == "queued" else f"during {stage!r} at {round(100 * float(fraction))}%"
+    head, sep, rest = error["message"].partition(":")
+    return {**error, "message": f"{head} {where}{sep}{rest}"}
 
 
 class JobStoreBusyError(ServiceUnavailableError):
@@ -235,10 +243,12 @@ class JobStore:
                     with suppress(ValueError, TypeError, AttributeError):  # unreadable stages: ends at its start
                         c.execute("UPDATE jobs SET saved_at = ? WHERE id = ?",
                                   (started + sum(float(v) for v in json.loads(stages).values()), jid))
-                n += c.execute("UPDATE jobs SET state = 'failed', stage = 'interrupted', error = ?, "
-                               "finished_at = MAX(COALESCE(saved_at, 0), COALESCE(started_at, created_at)) "
-                               "WHERE owner = ? AND state IN ('queued', 'running')",
-                               (json.dumps(INTERRUPTED), o)).rowcount
+                lost = c.execute("SELECT id, state, stage, fraction FROM jobs WHERE owner = ? AND state IN "
+                                 "('queued', 'running')", (o,)).fetchall()
+                for jid, state, stage, fraction in lost:  # the stage it died in goes into the message, as on shutdown
+                    n += c.execute("UPDATE jobs SET state = 'failed', stage = 'interrupted', error = ?, finished_at = "
+                                   "MAX(COALESCE(saved_at, 0), COALESCE(started_at, created_at)) WHERE id = ?",
+                                   (json.dumps(interrupted_in(state, stage, fraction, INTERRUPTED)), jid)).rowcount
             try:
                 (self.owners_dir / f"{o}.lock").unlink()
             except OSError:

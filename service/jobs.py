@@ -43,7 +43,7 @@ from typing import Callable
 from align.exceptions import Cancelled
 
 from .errors import BusyError, ConflictError, NotFoundError, http_status
-from .job_store import INTERRUPTED, TERMINAL, Job, JobStore, JobStoreBusyError
+from .job_store import INTERRUPTED, TERMINAL, Job, JobStore, JobStoreBusyError, interrupted_in
 from .logging import get_logger
 from .storage import is_storage_error, storage_message
 
@@ -58,8 +58,7 @@ _NOT_STARTED = {"type": "JobCancelled", "message": "cancelled before it started"
 def _interrupted_in(job: Job) -> dict:
     """:data:`_SHUT_DOWN`, naming the stage ``job`` was in and how far it had got (its stage becomes "interrupted",
     and the fraction it keeps was of a stage named nowhere else)."""
-    where = "before it started" if job.state == "queued" else f"during {job.stage!r} at {round(100 * job.fraction)}%"
-    return {**_SHUT_DOWN, "message": _SHUT_DOWN["message"].replace("interrupted:", f"interrupted {where}:", 1)}
+    return interrupted_in(job.state, job.stage, job.fraction, _SHUT_DOWN)
 
 
 _log = get_logger("jobs")

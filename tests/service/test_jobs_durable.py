@@ -62,10 +62,10 @@ def test_killed_process_jobs_are_failed_on_restart(tmp_path):
     mgr = JobManager(store=store)
     assert mgr.open() == 2
     assert [p.stem for p in store.owners_dir.glob("*.lock")] == [store.owner]  # the dead owner's lock is swept
-    for jid in (running_id, queued_id):
-        j = mgr.get(jid).to_dict()
-        assert j["state"] == "failed" and j["error"] == INTERRUPTED
-        assert "interrupted by restart" in j["error"]["message"]
+    for jid, where in ((running_id, "during 'fit' at 25%"), (queued_id, "before it started")):
+        j = mgr.get(jid).to_dict()  # the stage it died in is named (it was "interrupted by restart: ..." alone)
+        assert j["state"] == "failed" and j["error"]["type"] == INTERRUPTED["type"]
+        assert j["error"]["message"] == INTERRUPTED["message"].replace(":", f" {where}:", 1)
     run = mgr.get(running_id)
     assert run.stage == "interrupted" and run.started_at is not None and run.finished_at >= run.started_at
     assert run.stage_seconds == {"starting": pytest.approx(run.stage_seconds["starting"])}  # timings kept
