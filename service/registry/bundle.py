@@ -14,7 +14,7 @@ had come over HTTP, in three phases:
 
 1. **manifest**: names and aliases follow :mod:`.names`; dims in ``1..MAX_DIM``; version numbers
    in ``1..MAX_VERSION``, each name's running 1..N without gaps; at most ``MAX_ENTRIES`` versions; texts and
-   JSON fields bounded;
+   JSON fields bounded, the JSON held to an HTTP body's rules (finite numbers, integers within 64 bits, nesting);
    aliases point at versions the bundle holds;
 2. **files**: every entry is read with a byte bound derived from its dims (so a small zip cannot
    expand into gigabytes), from inside the bundle only (a folder entry that is a symbolic link,
@@ -36,7 +36,10 @@ from contextlib import suppress
 from datetime import datetime, timezone
 from pathlib import Path
 
+from align.exceptions import InputError
+
 from ..io import json_finite
+from ..limits import MAX_JSON_DEPTH, check_json_depth
 from ..storage import atomic_write, folder_aside
 from .entity import KINDS, artifacts_in_use, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
@@ -201,8 +204,16 @@ def _text(v, what: str, *, optional: bool = False, limit: int = MAX_TEXT) -> str
 
 
 def _jsonish(v, what: str, kind=dict):
+    """``v``, free JSON of a record (params, metrics, inputs, data_hashes, a steer's lens), held to what HTTP takes in a
+    body: finite numbers, integers within 64 bits, nesting of at most ``MAX_JSON_DEPTH - 1`` levels (the body is
+    one). A metric of 10**400 imported, then every listing and search that judged it failed (OverflowError), and
+    params of 2**70 or nested 500 deep made the version's every read fail (orjson refuses them; RecursionError)."""
     if not isinstance(v, kind):
         raise IntegrityError(f"bundle: {what} must be a JSON {kind.__name__}")
+    try:
+        check_json_depth(v, MAX_JSON_DEPTH - 1, what)
+    except InputError as exc:
+        raise IntegrityError(f"bundle: {exc} (HTTP refuses it too)") from None
     try:
         blob = json.dumps(v, allow_nan=False)
     except (TypeError, ValueError):
@@ -251,8 +262,10 @@ def _common(d: dict, what: str) -> dict:
     if not isinstance(d, dict):
         raise IntegrityError(f"bundle: {what} must be an object")
     rs = d.get("random_state")
+    version = _int(d.get("version"), f"{what} version", 1, MAX_VERSION)
+    what = f"{what} version {version}"
     return dict(
-        version=_int(d.get("version"), f"{what} version", 1, MAX_VERSION),
+        version=version,
         method=_text(d.get("method", ""), f"{what} method", limit=128),
         params=_jsonish(d.get("params", {}), f"{what} params"),
         random_state=None if rs is None else _int(rs, f"{what} random_state", -(2**63), 2**63 - 1),
@@ -375,7 +388,8 @@ def _check_manifest(manifest) -> dict:
                     v["dim"] = _int(d.get("dim"), f"{what} dim", 1, MAX_DIM)
                     v["rank"] = _int(d.get("rank"), f"{what} rank", 0, v["dim"])
                     v["space"] = space(d.get("space"), v["dim"], "steer space")
-                    v["lens"] = _lens(_jsonish(d.get("lens", []) or [], f"{what} lens", list), f"{what} lens")
+                    lw = f"{what} version {v['version']} lens"
+                    v["lens"] = _lens(_jsonish(d.get("lens", []) or [], lw, list), lw)
                     v["limit"] = 8 * v["dim"] * (2 * v["rank"] + 1) + _SLACK
                 versions.append(v)
             if seen and seen != set(range(1, max(seen) + 1)):  # as every registry numbers them (verify checks it)
@@ -436,7 +450,7 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
         raw = r.read("manifest.json", MAX_MANIFEST_BYTES)
         try:
             manifest = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5,000 digits
             raise IntegrityError(f"bundle manifest is not JSON: {str(exc)[:200]}") from None
         plan = _check_manifest(manifest)
         _read_entries(r, plan)

@@ -134,6 +134,17 @@ BAD_MANIFESTS = [
     # bool("false") is True: imported as deleted; a version number past a gap: `registry verify` failed ever after
     ("deleted-as-string", lambda m: m["maps"][1]["versions"][0].update(deleted="false"), IntegrityError),
     ("version-gap", lambda m: m["maps"][1]["versions"][-1].update(version=5), IntegrityError),
+    # what HTTP refuses in a body: imported fine, then listings, searches and reads of the version failed (item below)
+    ("metric-10^400", lambda m: m["maps"][0]["versions"][0]["metrics"].update(heldout_top1=10**400), IntegrityError),
+    ("params-2^70", lambda m: m["maps"][0]["versions"][0].update(params={"x": 2**70}), IntegrityError),
+    ("params-nested-500", lambda m: m["maps"][0]["versions"][0].update(params={"x": json.loads("[" * 500 + "]" * 500)}),
+     IntegrityError),
+    ("inputs-nested-32", lambda m: m["maps"][0]["versions"][0].update(inputs={"x": json.loads("[" * 31 + "]" * 31)}),
+     IntegrityError),
+    ("data-hashes-negative-2^64", lambda m: m["maps"][1]["versions"][0].update(data_hashes={"x": [-(2**64)]}),
+     IntegrityError),
+    ("steer-lens-index-2^64", lambda m: m["steers"][0]["versions"][0]["lens"][0]["positive"][0].update(index=2**64),
+     IntegrityError),
 ]
 
 
@@ -343,3 +354,29 @@ def test_the_stored_format_is_the_artifacts_not_the_manifests_file_name(target, 
     got = target.get_version("st", 1)
     assert got.artifact_format == "safetensors" and got.artifact_path.endswith(".safetensors"), got
     np.testing.assert_array_equal(target.load_map("st:1").W, align.fit_procrustes(X, X[:, ::-1]).W)
+
+
+def test_json_http_refuses_is_refused_naming_the_version_and_field(source, tmp_path, capsys):
+    """A manifest's free JSON is held to HTTP's rules (integers within 64 bits, nesting of at most 31 levels under the
+    body's, finite numbers); the one-line refusal (exit 2) names the map, version and field. Nesting of 31 levels,
+    what HTTP takes, still imports."""
+    var = tmp_path / "var"
+    b = _edit(_copy(source, tmp_path), lambda m: m["maps"][0]["versions"][0]["metrics"].update(heldout_top1=10**400))
+    assert main(["--data-dir", str(var), "registry", "import", str(b)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "map 'a->b' version 1 metrics" in err[0] and "64 bits" in err[0], err
+    b = _edit(_copy(source, tmp_path, "c"), lambda m: m["maps"][1]["versions"][0].update(params={"x": [[[]]] * 3}))
+    b = _edit(b, lambda m: m["maps"][0]["versions"][0].update(inputs={"x": json.loads("[" * 30 + "]" * 30)}))
+    assert main(["--data-dir", str(var), "registry", "import", str(b)]) == 0, capsys.readouterr().err
+
+
+def test_a_manifest_integer_of_5000_digits_is_not_json(source, tmp_path, capsys):
+    """Python refuses to read an integer literal of more than 4,300 digits (ValueError): that was exit 3, "internal
+    error: ValueError: Exceeds the limit (4300 digits)"."""
+    b = _copy(source, tmp_path)
+    p = b / "manifest.json"
+    p.write_text(p.read_text().replace('"format_version": 1', '"format_version": 1, "x": ' + "9" * 5000, 1))
+    assert main(["--data-dir", str(tmp_path / "var"), "registry", "import", str(b)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bundle manifest is not JSON" in err[0], err
+
