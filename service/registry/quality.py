@@ -36,18 +36,26 @@ def judged(v) -> tuple[int, float, str, float | None, int]:
     for source, top1, pool, queries in (
             ("eval", tags.get("eval.top1"), tags.get("eval.n_candidates"), tags.get("eval.n_queries")),
             ("fit", m.get("heldout_top1"), m.get("heldout_n_candidates"), m.get("heldout_n_queries"))):
-        try:  # tags are stored as text
-            top1 = float(top1)
-        except (TypeError, ValueError):
-            continue
-        if not 0.0 <= top1 <= 1.0:  # NaN or a hand-set tag out of range ranks nothing
+        top1 = _share(top1)  # tags are stored as text
+        if top1 is None:  # NaN or a hand-set tag out of range ranks nothing
             continue
         pool, queries = _count(pool), _count(queries)  # no query count (older records): the pool's, the fewest
         return 2, top1_at(top1, pool, n_queries=queries or None) if pool > 1 else top1, source, top1, pool
     train = m.get("train_top1")
-    if isinstance(train, (int, float)) and 0.0 <= train <= 1.0:  # NaN or out of range: no figure, as above
+    if isinstance(train, (int, float)) and _share(train) is not None:  # NaN or out of range: no figure, as above
         return 1, float(train), "train", None, 0
     return 0, 0.0, "none", None, 0
+
+
+def _share(x) -> float | None:
+    """A stored top-1 as a float in [0, 1]; None for anything else: absent, not a number, NaN, out of range, or an
+    integer too large for a float (a metric of 10**400, imported from a bundle before imports were checked, was an
+    OverflowError in every listing and in every search's path choice)."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return x if 0.0 <= x <= 1.0 else None
 
 
 def _count(x) -> int:
@@ -80,12 +88,9 @@ def heldout_doubt(metrics: dict) -> str | None:
     hits are in doubt when that many or more have probability above :data:`CHANCE_LEVEL` / ``m``, ``m`` the maps
     compared on those rows (``heldout_n_compared``: the chosen one is the best of ``m``; 1 in older records). Too
     few pairs for even finding all of them to beat chance is a doubt too."""
-    try:
-        top1, n_c = float(metrics["heldout_top1"]), _count(metrics["heldout_n_candidates"])
-    except (KeyError, TypeError, ValueError):
-        return None
+    top1, n_c = _share(metrics.get("heldout_top1")), _count(metrics.get("heldout_n_candidates"))
     n_q, m = _count(metrics.get("heldout_n_queries")) or n_c, max(_count(metrics.get("heldout_n_compared")), 1)
-    if not 0.0 <= top1 <= 1.0 or n_c < 2 or n_q < 1:
+    if top1 is None or n_c < 2 or n_q < 1:
         return None
     hits = round(top1 * n_q)
     if m * _at_chance(n_q - 1, n_q, n_c) > CHANCE_LEVEL:

@@ -6,6 +6,7 @@ on random graphs (:func:`service.registry.paths.best_chain`) and on random regis
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import tempfile
@@ -243,3 +244,27 @@ def test_path_finding_work_does_not_grow_with_the_number_of_chains(tmp_path):
     assert ten < 2 * one_layer  # reading the versions costs the same; choosing the chain is a small part
     # every chain scores 0.95^10: the one through the newest maps (each space's last registered goes to variant 3)
     assert [v.target_space for v in reg.find_path("L0_0", "L10_0")] == [f"L{i}_3" for i in range(1, 10)] + ["L10_0"]
+
+
+@pytest.mark.parametrize("bad", [10**400, -(10**400), "1e999", float("inf"), float("nan"), 1.5, "x", [0.5]],
+                         ids=["10^400", "-10^400", "1e999", "inf", "nan", "1.5", "text", "list"])
+def test_a_top1_that_is_no_number_in_range_counts_as_missing(tmp_path, bad):
+    """A stored heldout_top1 of 10**400 (a bundle imported before its JSON was checked, or a PostgreSQL peer's row)
+    was float() -> OverflowError in heldout_doubt and judged: `registry list`, GET /v1/maps and every search from
+    one of its spaces to the other failed with an internal error. A figure that is no finite number in [0, 1] is none."""
+    from service.registry.quality import heldout_doubt, judged, reliable
+
+    m = {"heldout_top1": bad, "heldout_n_candidates": 200, "heldout_n_queries": 200, "train_top1": bad}
+    assert judged(SimpleNamespace(metrics=m, tags={"eval.top1": str(bad)[:5000]})) == (0, 0.0, "none", None, 0)
+    assert heldout_doubt(m) is None and reliable(m, "procrustes")
+    reg = open_registry(f"sqlite:///{tmp_path / 'r.sqlite'}", tmp_path / "art")
+    X = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+    for _ in range(2):  # version 2, the newest, is each path's (its figure is then judged: chain_quality)
+        reg.register_version("a->b", align.fit_procrustes(X, X[:, ::-1]), source_space="a", target_space="b",
+                             method="procrustes", params={}, metrics=dict(HELD_OUT, heldout_top1=0.9))
+    reg.register_version("b->c", align.fit_procrustes(X, X), source_space="b", target_space="c",
+                         method="procrustes", params={}, metrics=dict(HELD_OUT, heldout_top1=0.9))
+    reg._write(lambda t: t.q("UPDATE versions SET metrics = ? WHERE name = 'a->b' AND version = 2", (json.dumps(m),)))
+    assert {m["name"]: m["path_version"] for m in reg.list_maps()} == {"a->b": 2, "b->c": 1}
+    assert [v.ref for v in reg.find_path("a", "c")] == ["a->b:2", "b->c:1"]
+    reg.close()
