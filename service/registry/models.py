@@ -5,7 +5,7 @@ These dataclasses are the single definition of what a record holds: the registry
 rows into them by column name (:func:`from_row`), encodes them back into columns (:func:`to_columns`),
 and the HTTP API derives its response schemas from them (``service.api.schemas``). A field without
 a default is required in the API schema; JSON-typed fields (``dict`` / ``list``) are stored as JSON
-text; ``aliases`` and ``tags`` live in their own tables.
+text (read back showable: :func:`_json_in`); ``aliases`` and ``tags`` live in their own tables.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from functools import cache
 from typing import Any
+
+from ..limits import JSON_INT_RANGE, MAX_JSON_DEPTH
+from .errors import IntegrityError
 
 __all__ = ["SpaceInfo", "Record", "VersionInfo", "SteerInfo", "display_fields", "columns", "from_row", "to_columns",
            "dumps", "json_default"]
@@ -118,7 +121,49 @@ def display_fields(cls) -> tuple[str, ...]:
 
 
 def _json_in(v):
-    return json.loads(v) if isinstance(v, (str, bytes)) else v
+    """A JSON field as stored, made showable: what HTTP never takes in (an integer beyond 64 bits, nesting deeper
+    than ``MAX_JSON_DEPTH - 1``) and a bundle import took before it was checked made every read of the version fail
+    (orjson refuses such an integer; a copy nested 500 deep was a RecursionError): :func:`_showable` rewrites it.
+    The usual record is decoded as before, unwalked (listings decode many): only a long integer literal or many
+    brackets in the text lead to the walk."""
+    if not isinstance(v, (str, bytes)):  # a driver that decodes JSON itself
+        return _showable(v)
+    if isinstance(v, bytes):
+        v = v.decode(json.detect_encoding(v), "surrogatepass")
+    try:
+        value = _decode(v)
+    except OverflowError:  # only _int_of raises it: a float literal past a float's range is read as inf
+        return _showable(json.loads(v))
+    return _showable(value) if v.count("[") + v.count("{") >= MAX_JSON_DEPTH else value
+
+
+def _int_of(literal: str) -> int:
+    """An integer literal as an int; OverflowError from 20 characters on: perhaps outside JSON_INT_RANGE
+    (``-(2**63)`` has 20)."""
+    if len(literal) >= 20:
+        raise OverflowError(literal[:40])
+    return int(literal)
+
+
+_decode = json.JSONDecoder(parse_int=_int_of).decode
+
+
+def _showable(v, depth: int = 1):
+    """``v`` with each integer outside :data:`~service.limits.JSON_INT_RANGE` written as its digits (a string), and
+    each container deeper than ``MAX_JSON_DEPTH - 1`` levels written as its JSON text: lossless, and what an export
+    of it then writes imports again. Recursion is bounded by the depth."""
+    if type(v) is int:
+        return v if JSON_INT_RANGE[0] <= v <= JSON_INT_RANGE[1] else str(v)
+    if not isinstance(v, (dict, list)):
+        return v
+    if depth >= MAX_JSON_DEPTH:
+        try:
+            return json.dumps(v, separators=(",", ":"))
+        except (RecursionError, ValueError):
+            return f"<JSON nested deeper than {MAX_JSON_DEPTH - 1} levels>"
+    if isinstance(v, dict):
+        return {k: _showable(x, depth + 1) for k, x in v.items()}
+    return [_showable(x, depth + 1) for x in v]
 
 
 def _optint(v):
@@ -149,7 +194,11 @@ def columns(cls) -> tuple[str, ...]:
 def from_row(cls, row, **annotations):
     """Decode a database row (``keys()`` and values in that order, like ``sqlite3.Row``) into a ``cls`` record."""
     values = dict(zip(row.keys(), row))
-    kw = {col: values[col] if decode is None else decode(values[col]) for col, _, decode in _codecs(cls)}
+    try:
+        kw = {col: values[col] if decode is None else decode(values[col]) for col, _, decode in _codecs(cls)}
+    except (RecursionError, ValueError) as exc:  # text that is no JSON, or nested past the parser's stack
+        raise IntegrityError(f"{values.get('name')}:{values.get('version')}: a stored JSON field cannot be read "
+                             f"({type(exc).__name__}: {str(exc)[:80]})") from None
     return cls(**kw, **annotations)
 
 

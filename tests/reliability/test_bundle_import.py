@@ -380,3 +380,76 @@ def test_a_manifest_integer_of_5000_digits_is_not_json(source, tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bundle manifest is not JSON" in err[0], err
 
+
+def _legacy(var, metrics: dict, params: dict):
+    """A data dir whose map a->b (spaces a, b) has versions 1 and 2; version 1's stored metrics and params are set in
+    the database as a bundle import before its checks (or an older PostgreSQL peer) could leave them."""
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 8)).astype(np.float32)
+    good = {"heldout_top1": 0.9, "heldout_n_candidates": 200, "heldout_n_queries": 200}
+    for _ in range(2):
+        reg.register_version("a->b", align.fit_procrustes(X, X[:, ::-1]), source_space="a", target_space="b",
+                             method="procrustes", params={}, metrics=good)
+    reg._write(lambda t: t.q("UPDATE versions SET metrics = ?, params = ? WHERE name = 'a->b' AND version = 1",
+                             (json.dumps({**good, **metrics}), json.dumps(params))))
+    return reg
+
+
+DEEP = json.loads("[" * 500 + "]" * 500)
+LEGACY = [("metric-10^400", {"heldout_top1": 10**400, "train_top1": 10**400}, {}),
+          ("params-2^70", {}, {"x": 2**70, "y": [-(2**64)]}),
+          ("params-nested-500", {}, {"x": DEEP})]
+
+
+@pytest.mark.parametrize("case,metrics,params", LEGACY, ids=[c[0] for c in LEGACY])
+def test_a_stored_record_http_would_refuse_still_lists_searches_shows_and_exports(tmp_path, capsys, case, metrics,
+                                                                                  params):
+    """Such a record, stored before imports were checked: `registry list`, GET /v1/maps and the path choice of every
+    search from a to b failed (OverflowError from the metric, exit 3 / 500); GET of the version and `registry show`
+    (orjson refuses an integer past 64 bits; RecursionError) too; DELETE of it answered 500 after deleting it; and
+    `registry export`, which writes deleted versions too, failed for ever. The metric now counts as missing; the
+    integer is shown as its digits and the nesting past 31 levels as its JSON text, so an export imports again."""
+    var = tmp_path / "var"
+    reg = _legacy(var, metrics, params)
+    assert reg.list_maps()[0]["path_version"] == 2 and [v.version for v in reg.find_path("a", "b")] == [2]
+    reg.delete_version("a->b", 2)
+    assert reg.list_maps()[0]["path_version"] == 1 and [v.version for v in reg.find_path("a", "b")] == [1]
+    shown = reg.get_version("a->b", 1).to_dict()
+    reg.close()
+    import orjson
+
+    orjson.loads(orjson.dumps(shown))  # what every HTTP answer does with it
+    if case == "params-2^70":
+        assert shown["params"] == {"x": str(2**70), "y": [str(-(2**64))]}
+    if case == "metric-10^400":
+        assert shown["metrics"]["heldout_top1"] == str(10**400)
+    for argv in (["registry", "list"], ["registry", "show", "a->b:1"], ["registry", "export", str(tmp_path / "b.zip")],
+                 ["--data-dir", str(tmp_path / "again"), "registry", "import", str(tmp_path / "b.zip")]):
+        argv = argv if argv[0] == "--data-dir" else ["--data-dir", str(var), *argv]
+        assert main(argv) == 0, (argv, capsys.readouterr().err)
+
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    from .helpers import W, settings_for
+
+    with TestClient(create_app(settings_for(tmp_path, data_dir=var)), raise_server_exceptions=False) as c:
+        for url in ("/v1/maps", "/v1/maps/a->b", "/v1/maps/a->b/versions", "/v1/maps/a->b/versions/1"):
+            r = c.get(url, headers=W)
+            assert r.status_code == 200, (url, r.text)
+        r = c.delete("/v1/maps/a->b/versions/1", headers=W)
+        assert r.status_code == 200 and r.json()["deleted"] and r.json()["bare_ref"] is None, r.text
+
+
+def test_a_stored_field_too_deep_to_parse_is_a_typed_error(tmp_path):
+    """Nesting past what the JSON parser's stack reads cannot be shown at all: an IntegrityError naming the version
+    (exit 2), not an internal RecursionError."""
+    reg = _legacy(tmp_path / "var", {}, {})
+    reg._write(lambda t: t.q("UPDATE versions SET params = ? WHERE name = 'a->b' AND version = 1",
+                             ('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}",)))
+    with pytest.raises(IntegrityError, match="a->b:1: a stored JSON field cannot be read"):
+        reg.get_version("a->b", 1)
+    assert reg.get_version("a->b", 2).params == {}
+    reg.close()
