@@ -47,7 +47,7 @@ __all__ = [
     "PermissionDeniedError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
     "ServiceUnavailableError", "NotConfiguredError", "ServiceStoppingError",
     "HTTP_STATUS", "EXIT_CODE", "EX_TEMPFAIL", "SIGNAL_WORDS", "kind_of", "http_status", "exit_code", "retry_after_of",
-    "exception_chain",
+    "exception_chain", "shown",
 ]
 
 
@@ -211,3 +211,10 @@ def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
         seen.add(id(exc))
         yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def shown(text, limit: int = 40) -> str:
+    """A name (or other text) from a request as an error message quotes it: its first ``limit`` characters, and its
+    length when it is longer (an invalid index name of 10,000 characters was repeated whole: a 10 KB 422 answer)."""
+    text = text if isinstance(text, str) else str(text)
+    return f"{text[:limit]!r}" + (f"... ({len(text)} characters)" if len(text) > limit else "")

@@ -40,6 +40,7 @@ from align.exceptions import InputError, NotRepresentableError
 from align.frames import row_norms, unit_rows
 from align.validation import check_no_zero_rows
 
+from ..errors import shown as quoted
 from ..limits import MAX_ID, default_nprobe, ivf_training
 from ..threads import pin_thread
 
@@ -67,9 +68,11 @@ def choose_kind(n: int) -> str:
 
 
 def check_name(name: str) -> str:
+    """``name`` when it is a valid index name; else InputError showing at most its first 40 characters (and its
+    length): a 10,000-character name was repeated whole, a 10 KB 422 answer."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise InputError(
-            f"index name {name!r} is invalid: expected 1-128 characters from [A-Za-z0-9._-], starting alphanumeric")
+        raise InputError(f"index name {quoted(name)} is invalid: expected 1-128 characters from [A-Za-z0-9._-], "
+                         "starting alphanumeric")
     return name
 
 

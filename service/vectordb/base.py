@@ -49,7 +49,7 @@ import numpy as np
 from align.validation import as_matrix
 from align.exceptions import InputError, PairCountError, VecbridgeError
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError, NotFoundError, shown
 from ..urls import redact, safe_url
 
 __all__ = [
@@ -130,7 +130,7 @@ def tls_context(ca_file) -> ssl.SSLContext:
 def check_name(name: str, what: str = "collection") -> str:
     """Return ``name`` when it is a safe identifier for every engine, else raise BadNameError."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):  # fullmatch: "$" would let a trailing newline in
-        raise BadNameError(f"{what} name must match [A-Za-z_][A-Za-z0-9_]{{0,62}}, got {name!r}")
+        raise BadNameError(f"{what} name must match [A-Za-z_][A-Za-z0-9_]{{0,62}}, got {shown(name)}")
     return name
 
 

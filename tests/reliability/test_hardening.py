@@ -770,3 +770,28 @@ def test_every_name_check_refuses_trailing_newlines(bad):
     for check in (index_name, check_name, check_alias, collection_name):
         with pytest.raises(ValueError):
             check(bad)
+
+
+def test_a_long_bad_name_is_quoted_cut_to_40_characters_with_its_length(world, tmp_path, capsys):
+    """An invalid index (or collection) name was repeated whole: POST /v1/indexes {"name": "x" * 10000 + "!"} was a
+    10 KB 422 answer, and the CLI printed the same line. Map, space and alias names were cut to 40 characters already
+    (now with their length too); every name check now does so."""
+    from service.cli import main
+    from service.indexes import check_name as index_name
+    from service.registry.names import check_alias, check_name
+    from service.vectordb.base import check_name as collection_name
+
+    for check in (index_name, check_name, check_alias, collection_name):
+        with pytest.raises(ValueError) as e:
+            check("x" * 10_000 + "!")
+        assert len(str(e.value)) < 240 and "'" + "x" * 40 + "'... (10001 characters)" in str(e.value), str(e.value)
+    client, _, data = world
+    r = client.post("/v1/indexes", headers=W, json={"name": "x" * 10_000 + "!", "space": "b", "vectors": [[0.0] * DIM]})
+    assert r.status_code == 422 and len(r.content) < 400 and "(10001 characters)" in r.text, r.text[:300]
+    np.save(tmp_path / "v.npy", data["Y"][:3])
+    main(["--data-dir", str(tmp_path / "var"), "spaces", "add", "b", "--dim", str(DIM)])
+    capsys.readouterr()
+    assert main(["--data-dir", str(tmp_path / "var"), "index", "create", "x" * 10_000 + "!", str(tmp_path / "v.npy"),
+                 "--space", "b"]) == 2
+    err = capsys.readouterr().err
+    assert len(err) < 300 and "(10001 characters)" in err, err[:300]
