@@ -390,7 +390,9 @@ class MilvusStore(VectorStore):
                 self._loaded(name)
                 res = self.client.search(name, data=data, limit=k, output_fields=[])
             for hits in res:
-                out.append([(id_key(h["id"]), float(h["distance"])) for h in hits])
+                # pymilvus >= 2.5 keys a hit by the primary key's name (2.4: "id")
+                out.append([(id_key(h[self.id_field] if self.id_field in h else h["id"]), float(h["distance"]))
+                            for h in hits])
         return _pad_results(out, k)
 
     def finalize(self, name: str, *, like: str | None = None) -> None:

@@ -1,5 +1,6 @@
 """Milvus collections keyed by VARCHAR (LlamaIndex's layout, and any collection keyed by document ids) migrate,
-resume and verify like INT64-keyed ones, on Milvus Lite (embedded).
+resume and verify like INT64-keyed ones, on Milvus Lite (embedded); a primary key not named ``id`` (LangChain's
+``pk``) works with ``id_field`` (Milvus Lite as its own server).
 
 Before, such a collection was refused at the plan ("primary key of type VARCHAR; need INT64"). Keys holding a
 quote, a backslash or a newline are the hard part: pymilvus' own ``query_iterator`` and ``get`` put a key into
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _vectordb_servers import small_migration
+from _vectordb_servers import milvus_url, small_migration  # noqa: F401  (a module-scoped fixture)
 
 from align.exceptions import InputError
 from service.vectordb import (
@@ -152,3 +153,33 @@ def test_a_dynamic_text_key_that_is_not_a_string_travels_as_it_is(store):
     assert [got[i].get("text", "absent") for i in range(6)] == texts + ["absent"]
     assert [got[i]["k"] for i in range(6)] == list(range(6))
     assert store.fetch("t_dst", [3]).texts == ["plain"]  # reads still see the text
+
+
+def _langchain_like(s, name: str, X) -> None:
+    """A collection as LangChain's Milvus store makes one: primary key ``pk``, ``vector``, the text in ``text``."""
+    s.client.create_collection(name, dimension=X.shape[1], primary_field_name="pk", vector_field_name="vector",
+                               auto_id=False, consistency_level="Strong")
+    s.client.upsert(name, [{"pk": i, "vector": X[i].tolist(), "text": f"t{i}"} for i in range(len(X))])
+
+
+def test_a_primary_key_not_named_id_searches_migrates_and_verifies_with_id_field(milvus_url, tmp_path):  # noqa: F811
+    """Search read every hit's ``h["id"]``; pymilvus keys a hit by the primary key's name, so a collection keyed by
+    ``pk`` (LangChain's) failed with KeyError: 'id' (exit 3) even with --id-field pk, in search and in verify."""
+    from service.vectordb import verify_migration
+
+    X, m = small_migration()
+    with open_store("milvus://" + milvus_url.split("://", 1)[1], id_field="pk") as s:
+        for n in ("lc_src", "lc_dst"):
+            s.drop(n)
+        try:
+            _langchain_like(s, "lc_src", X)
+            _, I = s.search("lc_src", X[:5], k=1)
+            assert I[:, 0].tolist() == list(range(5))
+            assert migrate(s, "lc_src", "lc_dst", m, batch_size=64).rows == len(X)
+            Y = m.apply(X, output="raw")
+            v = verify_migration(s, "lc_dst", embed=lambda ts: Y[[int(t[1:]) for t in ts]], n_sample=100,
+                                 n_queries=20, db_queries=20, k=5)
+            assert v["db_partner_recall@5"] == 1.0
+        finally:
+            for n in ("lc_src", "lc_dst"):
+                s.drop(n)
