@@ -8,7 +8,8 @@
 
 A new collection has the quick-setup schema: ``id`` INT64 primary key (no auto id), ``vector``
 FLOAT_VECTOR(d) with an AUTOINDEX of the chosen metric, and ``text`` plus every other field of a
-row in the dynamic field (names configurable: ``id_field``, ``vector_field``, ``text_field``).
+row in the dynamic field (names configurable: ``id_field``, ``vector_field``, ``text_field``; a collection whose
+primary key is not ``id_field``, as LangChain's ``pk``, is refused naming it before anything is read or written).
 A migration target (``like=``) is the source's schema instead, with the dense vector's dimension the map's:
 its primary key (INT64, or VARCHAR with its ``max_length``: LlamaIndex's, any collection keyed by
 document ids), declared fields with their types, sparse vector fields, functions (a BM25 function fills
@@ -168,11 +169,18 @@ class MilvusStore(VectorStore):
         return {o for fn in self._describe(name).get("functions") or [] for o in fn.get("output_field_names", [])}
 
     def _str_key(self, name: str) -> int | None:
-        """The ``max_length`` of ``name``'s VARCHAR primary key, or None when it is INT64 (or absent)."""
+        """The ``max_length`` of ``name``'s VARCHAR primary key, or None when it is INT64 (or absent); VectorDBError
+        when the primary key is not ``id_field`` (every read keys its rows by that name: a scan or a search failed
+        with KeyError: 'id' on LangChain's ``pk``, after a migration had created its target)."""
         if name not in self._keys:
             from pymilvus import DataType
 
-            self._keys[name] = next((int(f["params"]["max_length"]) for f in self._describe(name)["fields"]
+            fields = self._describe(name)["fields"]
+            key = next((f["name"] for f in fields if f.get("is_primary")), self.id_field)
+            if key != self.id_field:
+                raise VectorDBError(f"milvus: the primary key of {name!r} is {key!r}, not {self.id_field!r}; "
+                                    f"pass --id-field {key}")
+            self._keys[name] = next((int(f["params"]["max_length"]) for f in fields
                                      if f["name"] == self.id_field and f.get("type") == DataType.VARCHAR), None)
         return self._keys[name]
 
@@ -242,6 +250,7 @@ class MilvusStore(VectorStore):
         if name not in self._dims:
             self._require(name)
             info = self.client.describe_collection(name)
+            self._str_key(name)  # refuses a primary key of another name than id_field
             for f in info["fields"]:
                 if f["name"] == self.vector_field:
                     self._dims[name] = int(f["params"]["dim"])

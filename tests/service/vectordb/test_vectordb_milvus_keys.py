@@ -1,6 +1,6 @@
 """Milvus collections keyed by VARCHAR (LlamaIndex's layout, and any collection keyed by document ids) migrate,
 resume and verify like INT64-keyed ones, on Milvus Lite (embedded); a primary key not named ``id`` (LangChain's
-``pk``) works with ``id_field`` (Milvus Lite as its own server).
+``pk``) works with ``id_field`` and is refused by name without it (Milvus Lite as its own server).
 
 Before, such a collection was refused at the plan ("primary key of type VARCHAR; need INT64"). Keys holding a
 quote, a backslash or a newline are the hard part: pymilvus' own ``query_iterator`` and ``get`` put a key into
@@ -180,6 +180,39 @@ def test_a_primary_key_not_named_id_searches_migrates_and_verifies_with_id_field
             v = verify_migration(s, "lc_dst", embed=lambda ts: Y[[int(t[1:]) for t in ts]], n_sample=100,
                                  n_queries=20, db_queries=20, k=5)
             assert v["db_partner_recall@5"] == 1.0
+        finally:
+            for n in ("lc_src", "lc_dst"):
+                s.drop(n)
+
+
+def test_a_primary_key_not_named_id_is_refused_before_anything_is_written(milvus_url, tmp_path, capsys):  # noqa: F811
+    """Without --id-field pk the run created the target and its checkpoint, then failed with KeyError: 'id' (exit 3;
+    --dry-run too). Now one line naming the key, exit 2, nothing written; search and reads say the same."""
+    from service.cli import main
+    from service.vectordb import VectorDBError
+
+    X, m = small_migration()
+    m.save(tmp_path / "m.npz")
+    url = "milvus://" + milvus_url.split("://", 1)[1]
+    with open_store(url) as s:
+        for n in ("lc_src", "lc_dst"):
+            s.drop(n)
+        try:
+            _langchain_like(s, "lc_src", X)
+            for read in (lambda: s.search("lc_src", X[:2], k=1), lambda: s.ids("lc_src"),
+                         lambda: s.fetch("lc_src", [1]), lambda: migrate(s, "lc_src", "lc_dst", m, dry_run=True)):
+                with pytest.raises(VectorDBError, match="key of 'lc_src' is 'pk', not 'id'; pass --id-field pk"):
+                    read()
+            base = ["--data-dir", str(tmp_path), "migrate", "--store", url, "--source", "lc_src", "--target", "lc_dst",
+                    "--map", str(tmp_path / "m.npz"), "--quiet"]
+            for extra in (["--dry-run"], []):
+                assert main(base + extra) == 2
+                err = capsys.readouterr().err
+                assert err == "vecbridge: error: milvus: the primary key of 'lc_src' is 'pk', not 'id'; pass " \
+                              "--id-field pk\n", err
+            assert not s.exists("lc_dst") and not (tmp_path / "migrations" / "lc_src-to-lc_dst.json").exists()
+            assert main(base + ["--id-field", "pk"]) == 0
+            assert s.count("lc_dst") == len(X)
         finally:
             for n in ("lc_src", "lc_dst"):
                 s.drop(n)
