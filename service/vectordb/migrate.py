@@ -44,7 +44,7 @@ from typing import Callable
 
 import numpy as np
 
-from align.exceptions import Cancelled, DimensionMismatchError, InputError, NonFiniteError
+from align.exceptions import Cancelled, DegenerateInputError, DimensionMismatchError, InputError, NonFiniteError
 from align.chain import MapChain
 from align.cluster import ClusterMap
 from align.maps import LinearMap, load_map
@@ -336,13 +336,20 @@ def _fields_of(store: VectorStore, batch) -> set[str]:
             | {f"{k} (sparse vector)" for k in batch.sparse or ()})
 
 
-def _check_finite(source: str, batch) -> None:
+def _check_vectors(source: str, batch) -> None:
+    """NonFiniteError naming the rows holding NaN, Inf or NULL; DegenerateInputError naming the all-zero rows."""
     bad = ~np.isfinite(batch.vectors).all(axis=1)
     if bad.any():  # the map's own check would say "X: 1 row(s)", not which rows of which collection
         raise NonFiniteError(f"{source!r}: {int(bad.sum())} stored vector(s) with NaN or Inf (or none: "
                              f"NULL), ids "
                              f"{batch.ids[bad][:10].tolist()}; fix or delete them, then run the same command "
                              "again to resume")
+    zero = ~np.any(batch.vectors != 0, axis=1)
+    if zero.any():  # the map gave them a made-up direction (its frame's mean), which then ranked like a real row
+        raise DegenerateInputError(f"{source!r}: {int(zero.sum())} stored zero vector(s) (every value 0: a \"no "
+                                   f"embedding\" placeholder?), ids {batch.ids[zero][:10].tolist()}; a zero vector "
+                                   "has no direction, so no map can place it: embed or delete them, then run the "
+                                   "same command again to resume")
 
 
 def _dry_run(store: VectorStore, source: str, target: str, map_, *, state, start: str, alias, batch_size: int,
@@ -358,7 +365,7 @@ def _dry_run(store: VectorStore, source: str, target: str, map_, *, state, start
         scan.close()
     read_s, map_s, n = time.perf_counter() - t, 0.0, 0
     if batch is not None:
-        _check_finite(source, batch)
+        _check_vectors(source, batch)
         t = time.perf_counter()
         map_.apply(batch.vectors, output="raw")
         map_s, n = time.perf_counter() - t, len(batch)
@@ -465,7 +472,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     checkpoint.save(state)
     try:
         for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
-            _check_finite(source, batch)
+            _check_vectors(source, batch)
             Y = map_.apply(batch.vectors, output="raw")
             store.upsert(target, batch.ids, Y, batch.texts, batch.fields, sparse=batch.sparse)
             rows_run += len(batch)

@@ -65,6 +65,22 @@ def test_pgvector_a_null_vector_is_refused_naming_its_id(pg, data):
     assert s.count("o_dst") == 5  # the batch before them is written (a rerun resumes after id 4)
 
 
+def test_pgvector_zero_vectors_are_refused_naming_their_ids(pg, data):
+    from align.exceptions import DegenerateInputError
+
+    s, table = pg
+    X, m = data  # two all-zero rows ("no embedding" placeholders) became the map's mean direction, silently
+    table("id bigint PRIMARY KEY, embedding vector(24), text text",
+          [(i, np.zeros(24, np.float32) if i in (6, 9) else X[i], f"t{i}") for i in range(12)])
+    with pytest.raises(DegenerateInputError, match=r"'o_src': 2 stored zero vector\(s\).*ids \[6, 9\]; a zero vector "
+                                                   "has no direction"):
+        migrate(s, "o_src", "o_dst", m, batch_size=5)
+    assert s.count("o_dst") == 5  # the batch before them is written (a rerun resumes after id 4)
+    s.conn.execute("UPDATE o_src SET embedding = %s WHERE id = 0", (np.zeros(24, np.float32),))
+    with pytest.raises(DegenerateInputError, match=r"ids \[0\]"):  # a dry run checks the batch it reads too
+        migrate(s, "o_src", "o_dst2", m, batch_size=5, dry_run=True)
+
+
 @pytest.mark.parametrize("id_type,make", [("text", lambda i: f"doc-{i}"),
                                           ("uuid", lambda i: f"00000000-0000-0000-0000-{i:012d}")])
 def test_pgvector_ids_that_are_not_integers_migrate_keeping_their_type(pg, data, id_type, make):
