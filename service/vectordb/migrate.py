@@ -493,25 +493,26 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
                 raise MigrationInterrupted(f"stopped after {state['done']} of {total} rows (checkpointed at id "
                                            f"{state['last_id']}); run the same command again to resume",
                                            int(state["done"]), int(total))
-    except BaseException:  # stopped (Ctrl-C, an error): --status says so, with no ETA
+        store.finalize(target, like=source)
+        n_src, n_tgt = store.count(source), store.count(target)
+        if n_src != n_tgt:  # the scan resumes after the last id written: a row written to the source meanwhile at an id
+            # already passed (a random UUID lands there about as often as not), or one deleted from it, did not travel
+            notes.append(SOURCE_CHANGED.format(source=source, n_src=n_src, target=target, n_tgt=n_tgt))
+        if map_tgt:
+            store.set_space(target, map_tgt)
+        state["finished"] = True
+        state["finished_at"] = time.time()
+        checkpoint.save(state)
+        if alias:
+            store.set_alias(alias, target)
+        rows = store.count(target)
+    except BaseException:  # stopped (Ctrl-C, an error; in the scan, or in the finalize, space or alias switch after
+        # it, which left --status saying "running, ETA 0s" with nothing running): --status says so, with no ETA
         state["stopped_at"] = time.time()
         with contextlib.suppress(Exception):
             checkpoint.save(state)
         raise
-
-    store.finalize(target, like=source)
-    n_src, n_tgt = store.count(source), store.count(target)
-    if n_src != n_tgt:  # the scan resumes after the last id written: a row written to the source meanwhile at an id
-        # already passed (a random UUID lands there about as often as not), or one deleted from it, did not travel
-        notes.append(SOURCE_CHANGED.format(source=source, n_src=n_src, target=target, n_tgt=n_tgt))
-    if map_tgt:
-        store.set_space(target, map_tgt)
-    state["finished"] = True
-    state["finished_at"] = time.time()
-    checkpoint.save(state)
-    if alias:
-        store.set_alias(alias, target)
     extra["fields"] = sorted(fields_seen)
     extra["target_space"] = map_tgt
-    return MigrationReport(store.engine, source, target, alias, store.count(target), rows_run, resumed_from,
+    return MigrationReport(store.engine, source, target, alias, rows, rows_run, resumed_from,
                            int(state["batches"]), time.perf_counter() - t0, fp, extra=extra)

@@ -81,6 +81,28 @@ def test_pgvector_zero_vectors_are_refused_naming_their_ids(pg, data):
         migrate(s, "o_src", "o_dst2", m, batch_size=5, dry_run=True)
 
 
+def test_a_run_that_fails_after_its_last_batch_says_stopped_not_running(pg, data, tmp_path):
+    """Only the scan loop recorded a stop: a run that failed in the finalize (or the space or the alias switch) after
+    every row was written exited 3, and `migrate --status` then said "not finished, running, ETA 0s" with nothing
+    running. Here the target goes (another client drops it) once the last batch is written: the finalize fails."""
+    from service.ops.vectordb import checkpoint_status
+    from service.vectordb import CollectionNotFoundError, FileCheckpoint
+
+    s, table = pg
+    X, m = data
+    table("id bigint PRIMARY KEY, embedding vector(24), text text", [(i, X[i], f"t{i}") for i in range(12)])
+
+    def progress(p):
+        if p.done == p.total:
+            s.drop("o_dst")
+
+    with pytest.raises(CollectionNotFoundError, match="o_dst"):
+        migrate(s, "o_src", "o_dst", m, batch_size=5, checkpoint=FileCheckpoint(tmp_path / "ck.json"),
+                progress=progress)
+    st = checkpoint_status(tmp_path / "ck.json")
+    assert (st["done"], st["finished"], st["state"], st["eta_s"]) == (12, False, "stopped", None), st
+
+
 @pytest.mark.parametrize("id_type,make", [("text", lambda i: f"doc-{i}"),
                                           ("uuid", lambda i: f"00000000-0000-0000-0000-{i:012d}")])
 def test_pgvector_ids_that_are_not_integers_migrate_keeping_their_type(pg, data, id_type, make):
