@@ -17,6 +17,7 @@ from align.exceptions import InputError
 from ..ops.vectordb import (checkpoint_status, default_checkpoint, needs_registry, progress_record,
                               run_migration, run_verify, stopped_by, verify_verdict)
 from ..vectordb import MigrationInterrupted
+from ..vectordb.lost import quiet_client_logs
 from . import check_stop
 from ._common import Ctx, emit, json_opt, random_state_opt, stderr_is_terminal, store_opts
 
@@ -50,9 +51,9 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
             batch_size, pause, index, overwrite, source_space, target_space, status_only, dry_run, as_json, quiet):
     """Map every vector of a collection into a new one (ids, texts and other fields kept), resumably.
 
-    Exit codes: 0 done, 2 bad input or refused (one line), 75 retry later (the registry locked or not answering),
-    130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP: the batch in flight is finished and checkpointed; run the same
-    command again to resume).
+    Exit codes: 0 done, 2 bad input or refused (one line), 75 retry later (the registry locked or not answering, the
+    database not answering or lost mid-run: the rows so far are checkpointed), 130 interrupted (Ctrl-C; 143
+    SIGTERM, 129 SIGHUP: the batch in flight is finished and checkpointed; run the same command again to resume).
     """
     ckpt = Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)
     if status_only:
@@ -63,6 +64,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                           f"{'finished' if st['finished'] else 'not finished, ' + st['state']}{eta}")
         return
     store = obj.store_url(store)
+    quiet_client_logs(store)  # pymilvus logged ~150 lines of tracebacks before the one error line
     progress = _MigrationProgress(f"migrate {source}->{target}", as_json, quiet)
     try:
         rep = run_migration(store_url=store, source=source, target=target, map_ref=map_ref, checkpoint=ckpt,
@@ -174,7 +176,7 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
     sample), and (--source) does it hold every source row, mapped?
 
     Exit codes: 0 done (PASS), 1 FAIL (recall below --min-recall; with --source any missing, extra or wrong
-    row), 2 bad input.
+    row), 2 bad input, 75 retry later (the database not answering, or lost mid-run).
     """
     if (heldout_source is None) != (heldout_target is None):
         raise InputError("give both --heldout-source and --heldout-target")
@@ -182,7 +184,9 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
     if min_recall is not None and encoder is None and heldout is None:  # --source alone measures no recall
         raise InputError("--min-recall gates the recall of --encoder or --heldout-source/--heldout-target; "
                          "--source alone checks rows, not recall")
-    out = run_verify(store_url=obj.store_url(store), **obj.store_auth(), collection=collection, encoder=encoder,
+    store = obj.store_url(store)
+    quiet_client_logs(store)
+    out = run_verify(store_url=store, **obj.store_auth(), collection=collection, encoder=encoder,
                      heldout=heldout, heldout_rows=heldout_rows, map_ref=map_ref,
                      registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
                      n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,

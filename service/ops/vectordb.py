@@ -39,6 +39,7 @@ from ..vectordb import (
     migrate,
     open_store,
 )
+from ..vectordb.lost import unavailable_if_lost
 from ..vectordb.migrate import is_artifact_path
 
 __all__ = [
@@ -155,6 +156,12 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     except MigrationInterrupted as exc:
         exc.signum = stop.signum  # which signal stopped it: SIGTERM exited 130 as Ctrl-C does, not 143
         raise
+    except Exception as exc:  # the database gone mid-run: exit 75 (retry later), one line; was exit 3, "internal"
+        lost = unavailable_if_lost(store.engine, exc, "every batch written so far is checkpointed: run the same "
+                                                      "command again to resume")
+        if lost is None:
+            raise
+        raise lost from exc
     finally:
         store.close()
 
@@ -247,6 +254,11 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
         if source is not None:
             out["source"] = source
             out.update(check_rows(store, source, collection, map_ref, registry=registry))
+    except Exception as exc:
+        lost = unavailable_if_lost(store.engine, exc, "run the same command again")
+        if lost is None:
+            raise
+        raise lost from exc
     finally:
         store.close()
     out["collection"] = collection
@@ -286,7 +298,8 @@ def configured_url(settings) -> str:
 class SharedStore:
     """The service's vector database (``url``), opened on first use and shared by requests one call at a time
     (a psycopg connection is not for concurrent use, and one connection per request would cost a connect each).
-    A call that fails for any reason but bad input closes it; the next call opens it again."""
+    A call that fails for any reason but bad input closes it; the next call opens it again. One that lost the
+    connection (the database restarted) is a VectorDBUnavailableError: 503 with ``Retry-After``, not a 500."""
 
     def __init__(self, url: str, *, api_key: str | None = None, ca_file=None):
         self.url, self._auth = url, {"api_key": api_key, "ca_file": ca_file}
@@ -302,9 +315,13 @@ class SharedStore:
                 return fn(self._store)
             except (InputError, NotFoundError):  # the request's fault (a wrong dimension, a missing collection)
                 raise  # the connection is fine: keep it
-            except Exception:
+            except Exception as exc:
+                engine = self._store.engine
                 self._close()
-                raise
+                lost = unavailable_if_lost(engine, exc, "retry: the next request connects again")
+                if lost is None:
+                    raise
+                raise lost from exc
 
     def _close(self) -> None:
         store, self._store = self._store, None

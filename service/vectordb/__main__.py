@@ -26,6 +26,7 @@ from ..errors import exit_code
 from ..ops.vectordb import checkpoint_status, progress_record, run_migration, stopped_by
 from ..registry import open_registry
 from . import MigrationInterrupted
+from .lost import quiet_client_logs
 
 
 def _err(exc: BaseException) -> None:
@@ -80,6 +81,7 @@ def main(argv=None) -> int:
         def progress(p):
             print(json.dumps(progress_record(p)), flush=True)
 
+        quiet_client_logs(args.store)
         rep = run_migration(store_url=args.store, source=args.source, target=args.target, map_ref=args.map,
                             checkpoint=args.checkpoint, registry=registry, alias=args.alias,
                             batch_size=args.batch_size, overwrite=args.overwrite, pause=args.pause, index=args.index,

@@ -1,0 +1,93 @@
+"""A vector database lost in the middle of an operation (stopped, restarted, the network gone), told apart from a
+refusal and from a bug.
+
+:func:`unavailable_if_lost` turns a client's error that says the connection went away into a
+:class:`~service.vectordb.base.VectorDBUnavailableError` (exit 75, HTTP 503 with ``Retry-After``), one line, where
+it was an "internal error" (exit 3): psycopg's three-line "consuming input failed: server closed the connection
+unexpectedly ...", or pymilvus's "Fail connecting to server". :func:`quiet_client_logs` keeps pymilvus's own log
+lines (a traceback per failed call: ~150 lines on stderr when a server stops) out of a command's output, which says
+the error once, in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from align.exceptions import VecbridgeError
+
+from ..errors import exception_chain
+from .base import VectorDBUnavailableError
+
+__all__ = ["lost_connection", "quiet_client_logs", "unavailable_if_lost"]
+
+#: SQLSTATEs of a server ending the session: admin_shutdown (a fast stop), crash_shutdown, cannot_connect_now
+_PG_SHUTDOWN = ("57P01", "57P02", "57P03")
+_MILVUS_CONNECT_FAILED = 2  # pymilvus' Status.CONNECT_FAILED; Milvus' own code 2 is "service unavailable"
+#: the loggers pymilvus configures at import with handlers of their own (the others propagate to "pymilvus")
+_PYMILVUS_LOGGERS = ("pymilvus", "pymilvus.milvus_client", "pymilvus.bulk_writer")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _pg_lost(exc: BaseException) -> str | None:
+    psycopg = sys.modules.get("psycopg")  # an error of psycopg's means it is imported
+    if psycopg is None or not isinstance(exc, psycopg.OperationalError):
+        return None
+    from ..registry.db import refused_for_good
+
+    state, why = getattr(exc, "sqlstate", None) or "", _first_line(exc)
+    if refused_for_good(exc, why):  # a password, a role, a database that does not exist: a retry gets the same
+        return None
+    # no SQLSTATE: libpq's own error of the connection (closed by the server, reset, timed out); class 08: connection
+    return why if not state or state.startswith("08") or state in _PG_SHUTDOWN else None
+
+
+def _milvus_lost(exc: BaseException) -> str | None:
+    errors, grpc = sys.modules.get("pymilvus.exceptions"), sys.modules.get("grpc")
+    if errors is not None and isinstance(exc, errors.MilvusException):
+        gone = exc.code == _MILVUS_CONNECT_FAILED or isinstance(exc, errors.MilvusUnavailableException)
+        return _first_line(exc.message or exc) if gone else None
+    if grpc is not None and isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        return _first_line(exc.details() or exc) if exc.code() == grpc.StatusCode.UNAVAILABLE else None
+    return None
+
+
+def lost_connection(exc: BaseException) -> str | None:
+    """The client's words (one line) when ``exc``, or an exception it came from, says the connection to the database
+    was lost or cannot be made again: psycopg's ``OperationalError`` without a SQLSTATE (libpq's "server closed the
+    connection unexpectedly"), of class 08, or of the server shutting down; pymilvus's code 2 or gRPC ``UNAVAILABLE``.
+    None for anything else: errors of ours, a refusal for good (a wrong password, a database that does not exist),
+    bad input, a bug."""
+    if isinstance(exc, VecbridgeError):
+        return None
+    for e in exception_chain(exc):
+        why = _pg_lost(e) or _milvus_lost(e)
+        if why:
+            return why
+    return None
+
+
+def unavailable_if_lost(engine: str, exc: BaseException, then: str) -> VectorDBUnavailableError | None:
+    """A :class:`VectorDBUnavailableError` saying ``engine``'s connection was lost and what to do (``then``) when
+    :func:`lost_connection` says so of ``exc``; None otherwise (the caller raises ``exc`` as it is)."""
+    why = lost_connection(exc)
+    if why is None:
+        return None
+    return VectorDBUnavailableError(f"{engine}: the connection to the database was lost ({why}); {then}")
+
+
+def quiet_client_logs(url: str) -> None:
+    """Silence pymilvus's loggers when ``url`` is a Milvus one and pymilvus is installed (it is imported here: its
+    import configures those loggers, so levels set before it would be undone). For the command-line faces, whose
+    one error line already says what failed; a service keeps the client's logs."""
+    if not str(url).startswith("milvus"):
+        return
+    try:
+        import pymilvus  # noqa: F401  - configures the loggers silenced below
+    except ImportError:  # open_store names the missing extra
+        return
+    for name in _PYMILVUS_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
