@@ -82,7 +82,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
         progress.close()
     d = rep.to_dict()
     d["checkpoint"] = str(ckpt)
-    for warning in rep.extra.get("warnings", []):
+    space = str(rep.extra.get("space_check", ""))
+    for warning in rep.extra.get("warnings", []) + ([f"space {space}"] if space.startswith("unchecked") else []):
         click.echo(f"vecbridge: warning: {warning}", err=True)
     if as_json:  # JSON lines: the progress lines, then the report on one line
         click.echo(json.dumps(d, sort_keys=True, default=str))

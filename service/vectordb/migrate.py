@@ -14,7 +14,10 @@ records the id range done.
 Spaces: when the source collection records its embedding space, or the caller declares it
 (``source_space``), it must be the map's source space (from the registry version, or the map's
 metadata), else :class:`SpaceMismatchError` — a same-dimension map the wrong way round (e5→minilm
-on a MiniLM collection) is refused. The target records the map's target space.
+on a MiniLM collection) is refused. When neither is known (a collection vecbridge did not make records no space,
+and no ``source_space`` was given), the first rows are checked instead (:func:`check_rows_space`): their mean
+direction against the map's source frame mean (:meth:`align.Frame.mean_cosine`), refused below
+:data:`align.frames.SAME_SPACE_MIN_COSINE`, before anything is written. The target records the map's target space.
 
 Metric: the target ranks as the source does (``metric=None``): an inner-product (``ip``) collection gives an ``ip``
 target, so searches that name the metric keep working after the alias switch; a metric the adapters cannot create
@@ -47,6 +50,7 @@ import numpy as np
 from align.exceptions import Cancelled, DegenerateInputError, DimensionMismatchError, InputError, NonFiniteError
 from align.chain import MapChain
 from align.cluster import ClusterMap
+from align.frames import MEAN_CHECK_MIN_NORM, MEAN_CHECK_MIN_ROWS, SAME_SPACE_MIN_COSINE
 from align.maps import LinearMap, load_map
 
 from .base import (METRICS, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
@@ -112,8 +116,11 @@ def map_spaces(map_or_ref, registry=None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def check_spaces(store: VectorStore, source: str, declared: str | None, map_src: str | None) -> str:
-    """Refuse a map whose source space is not the collection's; returns how the check went (for the report)."""
+def check_spaces(store: VectorStore, source: str, declared: str | None, map_src: str | None, map_=None) -> str:
+    """Refuse a map whose source space is not the collection's; returns how the check went (for the report).
+
+    With ``map_``, a collection that records no space, when none is ``declared``, has its first rows checked
+    (:func:`check_rows_space`)."""
     recorded = store.get_space(source)
     have = [(f"{source!r} records space", recorded), ("--source-space says", declared), ("the map reads", map_src)]
     known = [(w, v) for w, v in have if v]
@@ -129,9 +136,47 @@ def check_spaces(store: VectorStore, source: str, declared: str | None, map_src:
     if recorded or declared:  # the collection's side is known: it is the map that names no space
         return f"unchecked: the map names no source space ({known[0][0]} {known[0][1]!r})"
     if map_src:  # the map's side is known: it is the collection that records none (and no --source-space)
-        return (f"unchecked: {source!r} records no space and no --source-space was given (the map reads "
-                f"{map_src!r})")
-    return "unchecked: neither the collection nor the map names its space"
+        unchecked = (f"unchecked: {source!r} records no space and no --source-space was given (the map reads "
+                     f"{map_src!r})")
+    else:
+        unchecked = "unchecked: neither the collection nor the map names its space"
+    return unchecked if map_ is None else check_rows_space(store, source, map_, map_src, unchecked)
+
+
+#: rows read from the start of a collection that records no space, to check the map's direction by
+SPACE_SAMPLE_ROWS = 1000
+
+
+def check_rows_space(store: VectorStore, source: str, map_, map_src: str | None, unchecked: str) -> str:
+    """The direction check of a collection that records no space (and no ``--source-space``): its first
+    :data:`SPACE_SAMPLE_ROWS` rows (finite ones) against the map's source frame
+    (:meth:`align.Frame.mean_cosine`). SpaceMismatchError below :data:`align.frames.SAME_SPACE_MIN_COSINE`;
+    else how it went, for the report: "checked by rows: ...", or ``unchecked`` (what the names left) and why the
+    rows cannot tell either."""
+    what = f"like space {map_src!r} the map reads" if map_src else "like the rows the map was fitted on"
+    scan = store.scan(source, batch_size=SPACE_SAMPLE_ROWS, with_texts=False)
+    try:
+        batch = next(scan, None)
+    finally:
+        scan.close()
+    V = np.empty((0, map_.source_dim), np.float32) if batch is None else batch.vectors
+    V = V[np.isfinite(V).all(axis=1)]  # a NaN row is refused by name when its batch is migrated
+    cos = map_.source_frame.mean_cosine(V, name=f"{source!r} rows") if len(V) else None
+    if cos is None:
+        mean = map_.source_frame.mean
+        why = (f"fewer than {MEAN_CHECK_MIN_ROWS} rows to compare"
+               if mean is not None and float(np.linalg.norm(mean)) >= MEAN_CHECK_MIN_NORM else
+               "the map's training rows share no common direction to compare with")
+        return f"{unchecked}; its rows cannot tell either: {why}"
+    if cos < SAME_SPACE_MIN_COSINE:
+        raise SpaceMismatchError(
+            f"the rows of {source!r} do not look {what}: their mean direction has cosine "
+            f"{cos:.2f} with the map's training rows (rows of that space give about 0.9; below "
+            f"{SAME_SPACE_MIN_COSINE} is refused): a map the wrong way round, or for another model? If the "
+            f"collection really is in {map_src or 'the space the map reads'} (one narrow topic can score low too), "
+            f"say so with --source-space {map_src or 'SPACE'}")
+    return (f"checked by rows: mean direction cosine {cos:.2f} with the map's "
+            + (f"source {map_src!r}" if map_src else "training rows"))
 
 
 def map_fingerprint(map_) -> str:
@@ -415,11 +460,11 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     d_src = store.dim(source)
     if d_src != map_.source_dim:
         raise DimensionMismatchError(f"{source!r} holds {d_src}-d vectors, the map expects {map_.source_dim}-d")
-    space_check = check_spaces(store, source, source_space, map_src)
     lost = store.unsupported_fields(source)
     if lost:
         raise UnsupportedFieldError(f"{store.engine}: {source!r} has field(s) a migration cannot carry over: "
                                     + "; ".join(lost))
+    space_check = check_spaces(store, source, source_space, map_src, map_)  # may read rows: fields checked first
     fp = map_fingerprint(map_)
     notes: list[str] = []
     state = checkpoint.load()

@@ -363,10 +363,11 @@ def test_the_space_check_says_which_side_names_no_space(store, data):
     _fill(store, X)
     named = align.LinearMap(m.W, m.bias, m.source_frame, m.target_frame, metadata={"source_space": "spa"})
     rep = migrate(store, "src", "s1", named, dry_run=True)
+    why = "; its rows cannot tell either: the map's training rows share no common direction to compare with"
     assert rep.extra["space_check"] == ("unchecked: 'src' records no space and no --source-space was given "
-                                        "(the map reads 'spa')")
+                                        "(the map reads 'spa')" + why)  # isotropic rows: no mean direction
     assert migrate(store, "src", "s2", m, dry_run=True).extra["space_check"] == (
-        "unchecked: neither the collection nor the map names its space")
+        "unchecked: neither the collection nor the map names its space" + why)
     store.set_space("src", "spa")
     assert migrate(store, "src", "s3", named, dry_run=True).extra["space_check"] == "checked: spa"
 

@@ -1,0 +1,131 @@
+"""A collection that records no space (LangChain's, LlamaIndex's, one made by hand) through a map the wrong way round.
+
+QA: a pgvector table of MiniLM rows with no vecbridge space comment migrated through ``e5-minilm`` (reversed):
+"space unchecked", exit 0, ``verify`` PASS, and MiniLM queries found nothing (recall@10 0.0). The first rows are
+now checked against the map's source frame (``Frame.mean_cosine``) and such a map is refused before the target or
+the checkpoint exists. Real rows: the 1,000 WordNet definitions shipped in ``service/data/demo_wordnet.npz``
+(MiniLM and e5 embeddings of the same texts); PostgreSQL + pgvector and Qdrant local mode
+(``tests/_vectordb_servers.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _vectordb_servers import pg_url, small_migration  # noqa: F401  (module-scoped fixture)
+from conftest import run_cli
+
+import align
+from align.kmeans import kmeans
+from service.vectordb import (
+    MigrationInterrupted,
+    SpaceMismatchError,
+    migrate,
+    open_store,
+)
+from service.vectordb.checkpoint import FileCheckpoint
+
+DEMO = Path(__file__).resolve().parents[3] / "service" / "data" / "demo_wordnet.npz"
+NAMES = ("sr_src", "sr_dst", "sr_narrow")
+
+
+@pytest.fixture(scope="module")
+def wordnet():
+    """``(MiniLM rows 0:500, map minilm -> e5, map e5 -> minilm)``, the maps fitted on rows 500:1000."""
+    with np.load(DEMO, allow_pickle=False) as z:
+        mi, e5 = z["minilm"].astype(np.float32), z["e5"].astype(np.float32)
+    ok = align.fit_procrustes(mi[500:], e5[500:])
+    ok.metadata.update(source_space="minilm", target_space="e5")
+    rev = align.fit_procrustes(e5[500:], mi[500:])
+    rev.metadata.update(source_space="e5", target_space="minilm")
+    return mi[:500], ok, rev
+
+
+@pytest.fixture(params=["pgvector", "qdrant"])
+def store(request, tmp_path):
+    pytest.importorskip("qdrant_client" if request.param == "qdrant" else "pgvector")
+    s = open_store(request.getfixturevalue("pg_url") if request.param == "pgvector" else f"qdrant://{tmp_path}/q")
+    for n in NAMES:
+        s.drop(n)
+    yield s
+    for n in NAMES:
+        s.drop(n)
+    s.close()
+
+
+def _source(store, X, name="sr_src"):
+    store.create(name, X.shape[1])  # records no space, as a collection vecbridge did not make
+    store.upsert(name, np.arange(len(X)), X, [f"t{i}" for i in range(len(X))])
+    assert store.get_space(name) is None
+
+
+def test_a_map_the_wrong_way_round_is_refused_before_anything_is_written(store, wordnet, tmp_path):
+    X, ok, rev = wordnet
+    _source(store, X)
+    ck = tmp_path / "ck.json"
+    for dry_run in (True, False):
+        with pytest.raises(SpaceMismatchError, match=r"rows of 'sr_src' do not look like space 'e5' the map reads: "
+                                                     r"their mean direction has cosine 0\.0\d.*--source-space e5"):
+            migrate(store, "sr_src", "sr_dst", rev, checkpoint=FileCheckpoint(ck), dry_run=dry_run)
+    assert not store.exists("sr_dst") and not ck.exists()
+    rep = migrate(store, "sr_src", "sr_dst", ok, checkpoint=FileCheckpoint(ck), batch_size=200)
+    assert rep.rows == 500 and store.get_space("sr_dst") == "e5"
+    assert rep.extra["space_check"].startswith("checked by rows: mean direction cosine 0.9"), rep.extra
+    assert rep.extra["space_check"].endswith("with the map's source 'minilm'")
+
+
+def test_a_source_of_one_topic_passes_with_the_right_map(store, wordnet):
+    """One k-means cluster of five (~80-120 rows of one topic) leans away from the map's mean: 0.49-0.80 here,
+    above the 0.2 threshold, while the reversed map scores at most 0.07 on each."""
+    X, ok, rev = wordnet
+    U = align.frames.unit_rows(X)
+    C, _, _ = kmeans([U], 5, random_state=0, n_iter=15)
+    labels = np.argmax(U @ C.T, axis=1)
+    topics = [np.flatnonzero(labels == c) for c in range(5) if (labels == c).sum() >= 60]
+    narrow = X[min(topics, key=lambda t: ok.source_frame.mean_cosine(X[t]))]  # the one furthest from the mean
+    _source(store, narrow, "sr_narrow")
+    rep = migrate(store, "sr_narrow", "sr_dst", ok, dry_run=True)
+    assert rep.extra["space_check"].startswith("checked by rows: mean direction cosine 0."), rep.extra
+    with pytest.raises(SpaceMismatchError):
+        migrate(store, "sr_narrow", "sr_dst", rev, dry_run=True)
+
+
+def test_source_space_overrides_the_rows_and_a_resume_without_it_is_checked_again(store, wordnet, tmp_path):
+    """--source-space is the user's word (checked against the map's, not the rows); a rerun that drops it is
+    checked by rows again, and refused with the checkpoint as it was."""
+    X, _, rev = wordnet
+    _source(store, X)
+    ck = FileCheckpoint(tmp_path / "ck.json")
+    stop = iter([True])
+    with pytest.raises(MigrationInterrupted):
+        migrate(store, "sr_src", "sr_dst", rev, checkpoint=ck, batch_size=100, source_space="e5",
+                should_stop=lambda: next(stop))
+    before = ck.load()
+    assert before["done"] == 100
+    with pytest.raises(SpaceMismatchError, match="--source-space e5"):
+        migrate(store, "sr_src", "sr_dst", rev, checkpoint=ck, batch_size=100)
+    assert ck.load()["done"] == 100 and store.count("sr_dst") == 100
+    rep = migrate(store, "sr_src", "sr_dst", rev, checkpoint=ck, batch_size=100, source_space="e5")
+    assert rep.rows == 500 and rep.extra["space_check"] == "checked against --source-space: e5"
+
+
+def test_the_cli_refuses_in_one_line_and_warns_when_rows_cannot_tell(wordnet, tmp_path, capsys):
+    pytest.importorskip("qdrant_client")
+    X, ok, rev = wordnet
+    url = f"qdrant://{tmp_path}/q"
+    with open_store(url) as s:
+        _source(s, X)
+        Xs, m = small_migration()  # isotropic rows and a map fitted on such: no common direction to compare
+        _source(s, Xs, "sr_narrow")
+    ok.save(tmp_path / "ok.npz"), rev.save(tmp_path / "rev.npz")
+    args = ("--data-dir", tmp_path / "data", "migrate", "--store", url, "--quiet")
+    rc, out, err = run_cli(capsys, *args, "--source", "sr_src", "--target", "sr_dst", "--map", tmp_path / "rev.npz")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--source-space e5" in err and not out, (out, err)
+    rc, out, err = run_cli(capsys, *args, "--source", "sr_src", "--target", "sr_dst", "--map", tmp_path / "ok.npz")
+    assert rc == 0 and "space checked by rows: mean direction cosine 0.9" in out and not err, (out, err)
+    m.save(tmp_path / "m.npz")
+    rc, out, err = run_cli(capsys, *args, "--source", "sr_narrow", "--target", "sr_iso", "--map", tmp_path / "m.npz")
+    assert rc == 0 and err.startswith("vecbridge: warning: space unchecked: neither the collection nor the map"), err
+    assert "share no common direction" in err
