@@ -313,11 +313,15 @@ class JobStore:
 
     def save(self, job: Job, *, was: str | None = None) -> bool:
         """Write the job's current record (with ``was``: only over a record in that state); returns whether a cancel
-        was asked through another process."""
+        was asked through another process. A record that is not final never replaces a final one: a write taken
+        before the job ended (a progress report, another process's stale copy) that landed after its final write
+        left the store saying "running" for ever (every other process, and recovery, believed it)."""
         row = self._row(job, self.claim_owner())
         sets = ", ".join(f"{k} = ?" for k in _COLS[1:] if k not in ("cancel_requested", "owner"))
         vals = [v for k, v in zip(_COLS[1:], row[1:]) if k not in ("cancel_requested", "owner")]
         where = "id = ?" if was is None else "id = ? AND state = ?"
+        if job.state not in TERMINAL:
+            where += f" AND state NOT IN {TERMINAL}"
         with self._tx() as c:
             c.execute(f"UPDATE jobs SET {sets}, saved_at = ?, cancel_requested = MAX(cancel_requested, ?) "
                       f"WHERE {where}", (*vals, job.now(), int(job.cancel_requested), job.id,
@@ -343,7 +347,8 @@ class JobStore:
         return {r[0]: self._job(r) for r in rows}
 
     def request_cancel(self, job_id: str) -> None:
-        """Ask another process's job to stop; its owner sees the flag at the job's next write."""
+        """Ask a job to stop, writing the flag alone (never the rest of a record read before: the job may end
+        meanwhile); another process's job sees it at its next write."""
         with self._tx() as c:
             c.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND state IN ('queued', 'running')", (job_id,))
 

@@ -380,9 +380,14 @@ class JobManager:
                 cancelled_now = True
             else:
                 cancelled_now = False
-        self._persist(job)
         if cancelled_now:
+            self._persist(job)
             self._count("cancelled")
+        elif self.store is not None:  # running: the flag alone. The whole record read here, written after the job's
+            try:  # own final write, left the store "running" for ever (other workers, counts, recovery believed it)
+                self.store.request_cancel(job.id)
+            except Exception as exc:  # noqa: BLE001 - the job stops all the same: it reads its flag in memory
+                _log.warning("job cancel not written", extra={"fields": {"job_id": job.id, "error": repr(exc)}})
         return job
 
     def shutdown(self, wait: bool = False) -> None:

@@ -1,0 +1,91 @@
+"""Job records that two threads (or two processes) write: the last write must be the job's latest record.
+
+The gaps are stretched with a real :class:`JobStore` that pauses one thread's write between taking the job's record
+and writing it, until another thread has written the job's final record: the order a busy machine can produce.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+from _jobs_support import slow_job
+from _jobs_support import wait_job as wait
+
+from service.jobs import TERMINAL, Job, JobManager, JobStore
+
+
+class _PausingStore(JobStore):
+    """A store whose writes from the thread ``paused`` (a thread id) stop after they took the job's record, until a
+    final record was written by another thread (or ``patience`` seconds pass); ``on_pause`` runs as they stop."""
+
+    def __init__(self, path, **kw):
+        super().__init__(path, **kw)
+        self.paused: int | None = None
+        self.patience = 10.0
+        self.on_pause = lambda: None
+        self.final_written = threading.Event()
+
+    def _row(self, job, owner):
+        row = JobStore._row(job, owner)
+        if threading.get_ident() == self.paused:
+            self.on_pause()
+            self.final_written.wait(self.patience)
+        return row
+
+    def save(self, job, *, was=None):
+        out = super().save(job, was=was)
+        if job.state in TERMINAL and threading.get_ident() != self.paused:
+            self.final_written.set()
+        return out
+
+
+def test_a_running_job_cancelled_is_cancelled_in_the_store_too(tmp_path):
+    """QA soak, 2 of 54 cancelled fits: DELETE of a running job wrote the whole record it had read (state
+    "running") after the job's own final write, so the store said "running" for ever while the owning process
+    answered "cancelled": /v1/info and /v1/jobs counted it running, the other worker answered "running"
+    (Client.wait polled to its timeout), the next start failed it "interrupted by restart", and trim never
+    removed it. A cancel writes the flag alone now."""
+    db = tmp_path / "jobs.sqlite"
+    store = _PausingStore(db, progress_interval=0.0)
+    mgr = JobManager(store=store)
+    mgr.open()
+    slow, started = slow_job(20_000)
+    job, _ = mgr.submit(slow, kind="fit")
+    assert started.wait(10)
+    try:
+        store.paused = threading.get_ident()  # the request thread's writes wait for the job's final one
+        mgr.cancel(job.id)
+        assert wait(mgr.get, job.id).state == "cancelled"
+        assert store.final_written.wait(10)
+        time.sleep(0.2)  # a write of the request thread, had it been waiting, lands now
+        sibling = JobStore(db)  # what another worker process reads
+        assert sibling.get(job.id)[0].state == "cancelled"
+        assert sibling.get(job.id)[0].cancel_requested
+        assert (mgr.counts()["running"], mgr.counts()["cancelled"]) == (0, 1)
+    finally:
+        mgr.shutdown(wait=True)
+
+
+def test_a_stale_record_never_replaces_a_final_one(tmp_path):
+    """Another process's copy of a running job, written after the job ended (a write it took before), turned the
+    final record back into "running"; a final record still replaces a running one, and a running one a running
+    one."""
+    db = tmp_path / "jobs.sqlite"
+    owner, other = JobStore(db), JobStore(db)  # two processes of one data dir
+    job = Job(id="j1", kind="fit", state="running", stage="fit", fraction=0.5, started_at=time.time())
+    owner.insert(job)
+    stale = replace(job, fraction=0.6)
+    assert not other.save(stale)  # a running record over a running one: written
+    assert owner.get("j1")[0].fraction == 0.6
+    job.state, job.stage, job.finished_at = "cancelled", "cancelled", time.time()
+    job.error = {"type": "JobCancelled", "message": "cancelled during fit"}
+    owner.save(job)
+    other.save(replace(stale, fraction=0.7))
+    got = JobStore(db).get("j1")[0]
+    assert (got.state, got.stage, got.fraction, got.error) == ("cancelled", "cancelled", 0.5, job.error), got
+    assert JobStore(db).counts() == {"cancelled": 1}
+    done = replace(job, state="failed", error={"type": "Interrupted", "message": "m"})
+    other.save(done)  # a final record over a final one: written (a job a shutdown interrupted that then ended)
+    assert JobStore(db).get("j1")[0].state == "failed"
