@@ -38,6 +38,7 @@ import traceback
 import uuid
 from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Callable
 
 from align.exceptions import Cancelled
@@ -152,6 +153,7 @@ class JobManager:
         self._metrics = metrics
         self._keep = keep_finished
         self.store = store
+        self._writing = threading.Lock()  # one record write at a time (see _persist)
         self._unsaved: dict[str, Job] = {}  # finished jobs whose final record is still to be written
         self._joining = 0  # submits past the queue check whose job is not in _jobs yet (their store insert runs)
         self._owners: dict[str, str] = {}  # job id -> who submitted it (submit's owner), for the per-owner bound
@@ -505,20 +507,26 @@ class JobManager:
     def _persist(self, job: Job, was: str | None = None) -> None:
         """Write the record (no-op without a store); a failed write is logged, the job goes on. A final record
         that could not be written (the store locked or its disk full) is written again by the next write of
-        any job of this process, else the store would say "running" for ever to every other process."""
+        any job of this process, else the store would say "running" for ever to every other process.
+
+        Writes go one at a time, each copying the job when its turn comes: two threads' writes of one job (a progress
+        report, a shutdown's record) land in the order of what they copied, the last one the job's latest."""
         if self.store is None:
             return
-        for late in list(self._unsaved.values()):
-            if late is not job and self._save(late):
-                self._unsaved.pop(late.id, None)
-        if self._save(job, was):
-            self._unsaved.pop(job.id, None)
-        elif job.state in TERMINAL:
-            self._unsaved[job.id] = job
+        with self._writing:
+            for late in list(self._unsaved.values()):
+                if late is not job and self._save(late):
+                    self._unsaved.pop(late.id, None)
+            if self._save(job, was):
+                self._unsaved.pop(job.id, None)
+            elif job.state in TERMINAL:
+                self._unsaved[job.id] = job
 
     def _save(self, job: Job, was: str | None = None) -> bool:
+        with self._lock:  # a whole record: no field of one moment beside another of the next
+            record = replace(job, stage_seconds=dict(job.stage_seconds))
         try:
-            if self.store.save(job, was=was):
+            if self.store.save(record, was=was):
                 job.cancel_requested = True
             return True
         except Exception as exc:  # noqa: BLE001 - a job record write must not kill the job

@@ -89,3 +89,34 @@ def test_a_stale_record_never_replaces_a_final_one(tmp_path):
     done = replace(job, state="failed", error={"type": "Interrupted", "message": "m"})
     other.save(done)  # a final record over a final one: written (a job a shutdown interrupted that then ended)
     assert JobStore(db).get("j1")[0].state == "failed"
+
+
+def test_a_job_that_ends_while_a_shutdown_records_it_is_stored_as_its_process_answers(tmp_path):
+    """SIGTERM as a fit ended: the shutdown took the record "failed, interrupted", the fit's own "succeeded" was
+    written, then the shutdown's landed over it. The process answered "succeeded", the store (the other worker,
+    the next start) "failed: interrupted" for a fit that had finished and registered its version. Writes of one
+    process now go one at a time, each of the job as it is when its turn comes."""
+    db = tmp_path / "jobs.sqlite"
+    store = _PausingStore(db, progress_interval=0.0)
+    store.patience = 3.0  # fixed, the shutdown's write holds the fit's back until it gives up waiting for it
+    mgr = JobManager(store=store)
+    mgr.open()
+    started, go = threading.Event(), threading.Event()
+
+    def fit(ctx):
+        started.set()
+        go.wait(30)
+        return {"version": 1}
+
+    job, _ = mgr.submit(fit, kind="fit")
+    assert started.wait(10)
+    store.on_pause = go.set  # the fit ends while the shutdown's record is on its way to the store
+    store.paused = threading.get_ident()
+    mgr.shutdown(wait=False)
+    answered = wait(mgr.get, job.id, states=("succeeded",))
+    assert answered.result == {"version": 1}
+    sibling, deadline = JobStore(db), time.monotonic() + 10
+    while sibling.get(job.id)[0].state != "succeeded" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stored = sibling.get(job.id)[0]
+    assert (stored.state, stored.result) == ("succeeded", {"version": 1}), stored
