@@ -10,7 +10,8 @@ One run at a time: :func:`~service.vectordb.migrate` holds :meth:`Checkpoint.loc
 second run of the same migration (a retry started while the first still runs, a cron job overlapping the
 operator's) is refused with :class:`MigrationRunningError` instead of writing every row again beside it and
 racing it for the checkpoint. The lock is an ``flock`` on ``<file>.lock`` (the kernel drops it when the
-process dies, ``kill -9`` included) or a PostgreSQL advisory lock on the key (dropped with the connection).
+process dies, ``kill -9`` included; the run removes the file as it ends) or a PostgreSQL advisory lock on the key
+(dropped with the connection).
 """
 
 from __future__ import annotations
@@ -89,26 +90,59 @@ class FileCheckpoint(Checkpoint):
 
     @contextmanager
     def lock(self):
-        """An exclusive ``flock`` on ``<file>.lock`` (holding the holder's pid, for the refusal's message)."""
+        """An exclusive ``flock`` on ``<file>.lock`` (holding the holder's pid, for the refusal's message).
+
+        The run removes the file as it ends, still holding its lock (each migration left an empty ``.lock`` beside
+        its checkpoint for ever). A run that opened the file before that removal and locks it after holds a file no
+        longer at the path: it lets it go and locks the one there now, so two runs never hold the lock at once."""
         path = self.path.with_name(self.path.name + ".lock")
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self._take(path)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-                raise MigrationRunningError(f"another run of this migration is writing now (pid {holder}, "
-                                            f"checkpoint {self.path}); wait for it, or stop it and run again "
-                                            "to resume") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             yield self
         finally:
-            os.close(fd)  # drops the flock
+            try:
+                if _is_at(fd, path):  # ours: no other run holds it (an operator's rm and a new run's file: kept)
+                    path.unlink()
+            except OSError:
+                pass  # a read-only or vanished folder: the file stays, as before, harmless
+            finally:
+                os.close(fd)  # drops the flock
+
+    def _take(self, path: Path) -> int:
+        """A descriptor holding the ``flock`` of the file at ``path`` (made if missing); MigrationRunningError when
+        another run holds it."""
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if _is_at(fd, path):
+                    return fd
+            except BlockingIOError:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise MigrationRunningError(f"another run of this migration is writing now (pid {holder}, "
+                                            f"checkpoint {self.path}); wait for it, or stop it and run again "
+                                            "to resume") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # the run that held it ended and removed it after we opened it: take the one there now
 
     def clear(self):
         self.path.unlink(missing_ok=True)
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the file open as ``fd`` is the one at ``path`` (not removed, nor replaced by another)."""
+    try:
+        at = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (at.st_dev, at.st_ino) == (held.st_dev, held.st_ino)
 
 
 class PgCheckpoint(Checkpoint):

@@ -1,0 +1,88 @@
+"""The lock file of a migration's checkpoint: one run at a time, and no ``<checkpoint>.lock`` left behind."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+
+import pytest
+from _vectordb_servers import small_migration
+
+from service.vectordb import FileCheckpoint, MigrationRunningError, migrate
+from service.vectordb import checkpoint as checkpoint_module
+
+
+def test_a_migration_leaves_its_checkpoint_and_no_lock_file(tmp_path):
+    """``vecbridge migrate`` left ``migrations/<src>-to-<tgt>.json.lock`` for ever beside each checkpoint: 50
+    migrations, 50 empty lock files. The checkpoint stays (``--status`` reads it); the lock file goes with its run."""
+    pytest.importorskip("qdrant_client")
+    from service.vectordb import QdrantStore
+
+    X, m = small_migration()
+    store = QdrantStore(path=":memory:")
+    try:
+        store.create("src", 24)
+        store.upsert("src", list(range(200)), X, None)
+        ck = FileCheckpoint(tmp_path / "src-to-dst.json")
+        assert migrate(store, "src", "dst", m, batch_size=64, checkpoint=ck).rows == 200
+    finally:
+        store.close()
+    assert ck.load()["done"] == 200
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src-to-dst.json"]
+
+
+def test_a_second_run_is_refused_while_the_first_holds_the_lock_and_runs_after_it(tmp_path):
+    first, second = FileCheckpoint(tmp_path / "m.json"), FileCheckpoint(tmp_path / "m.json")
+    with first.lock():
+        assert (tmp_path / "m.json.lock").read_text() == str(os.getpid())
+        with pytest.raises(MigrationRunningError, match=r"another run of this migration is writing now \(pid "), \
+                second.lock():
+            pass
+        assert (tmp_path / "m.json.lock").exists()  # the refused run removed nothing
+    assert not (tmp_path / "m.json.lock").exists()
+    with second.lock():
+        pass
+    assert not (tmp_path / "m.json.lock").exists()
+
+
+def test_a_run_that_opened_the_lock_file_its_holder_then_removed_never_runs_beside_the_next(tmp_path, monkeypatch):
+    """Removing a lock file breaks ``flock`` where a run opened the file before its holder removed it and locks it
+    after: it holds a file no longer at the path, while the next run makes a new file there and locks that one, and
+    both write. The run that finds its file gone locks the one at the path instead: refused while the next runs."""
+    opened, go = threading.Event(), threading.Event()
+
+    class _Fcntl:  # fcntl itself, but the thread named "late" stops between opening the lock file and locking it
+        LOCK_EX, LOCK_NB = fcntl.LOCK_EX, fcntl.LOCK_NB
+
+        @staticmethod
+        def flock(fd, op):
+            if threading.current_thread().name == "late" and not opened.is_set():
+                opened.set()
+                assert go.wait(10)
+            return fcntl.flock(fd, op)
+
+    monkeypatch.setattr(checkpoint_module, "fcntl", _Fcntl)
+    ck = tmp_path / "m.json"
+    outcome = {}
+
+    def late():
+        try:
+            with FileCheckpoint(ck).lock():
+                outcome["late"] = "ran"
+        except MigrationRunningError as exc:
+            outcome["late"] = exc
+
+    first = FileCheckpoint(ck).lock()
+    first.__enter__()
+    thread = threading.Thread(target=late, name="late")
+    thread.start()
+    try:
+        assert opened.wait(10)  # "late" has the first run's lock file open
+    finally:
+        first.__exit__(None, None, None)  # the first run ends (and removes its file)
+    with FileCheckpoint(ck).lock():  # the next run starts
+        go.set()  # ... and "late" locks the file it opened
+        thread.join(10)
+        assert isinstance(outcome.get("late"), MigrationRunningError), outcome
+    assert not (tmp_path / "m.json.lock").exists()
