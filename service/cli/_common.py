@@ -154,11 +154,12 @@ def emit(obj, as_json: bool, text: str | None = None) -> None:
 
 
 def version_record(reg, v) -> dict:
-    """A map version as printed: its record plus ``report_file`` (None without one) and ``artifact_file``."""
+    """A map version as printed: its record plus ``report_file`` (None without one) and ``artifact_file`` (both None
+    once ``registry gc`` collected the version: they named files it removed)."""
     d = v.to_dict()
-    report = reg.report_file(v)
+    report = None if v.collected_at else reg.report_file(v)
     d["report_file"] = str(report) if report else None
-    d["artifact_file"] = str(reg.artifact_file(v))
+    d["artifact_file"] = None if v.collected_at else str(reg.artifact_file(v))
     return d
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -93,7 +94,8 @@ def registry_tag(obj: Ctx, name, version, key, value, delete):
 @click.argument("version", type=VERSION)
 @click.pass_obj
 def registry_delete(obj: Ctx, name, version):
-    """Soft-delete version VERSION of map NAME (kept for lineage; no longer resolves): `registry delete minilm-e5 2`."""
+    """Soft-delete version VERSION of map NAME (kept for lineage; no longer resolves; `registry gc` frees its files):
+    `registry delete minilm-e5 2`."""
     v = obj.registry.delete_version(name, version)
     click.echo(f"deleted {name}:{version}")
     if v.aliases:  # the aliases stay on the deleted version (lineage); say what that changes for their users
@@ -143,6 +145,46 @@ def registry_verify(obj: Ctx, sweep, as_json):
     emit(res, True)
     if not res["ok"]:
         sys.exit(2)
+
+
+class _Duration(click.ParamType):
+    """A length of time: a number and its unit, ``s``, ``m``, ``h``, ``d`` or ``w`` (``30d``, ``12h``, ``1.5w``)."""
+
+    name = "duration"
+    UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+    def convert(self, value, param, ctx):
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", str(value).strip().lower())
+        if m is None:
+            self.fail(f"{value!r} is not a duration: a number and a unit, s m h d or w (30d, 12h)", param, ctx)
+        return float(m[1]) * self.UNITS[m[2]]
+
+
+@registry.command("gc")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed (and the bytes); remove nothing.")
+@click.option("--older-than", "older_than", type=_Duration(), default=None, metavar="DURATION",
+              help="Only versions deleted at least this long ago (30d, 12h, 90m) [default: every deleted version].")
+@json_opt
+@click.pass_obj
+def registry_gc(obj: Ctx, dry_run, older_than, as_json):
+    """Give back the disk of deleted versions: remove each one's artifact (kept while a live version, or a deleted
+    one left by --older-than, holds the same bytes) and its fit report. The records stay, for lineage, marked
+    collected (`collected_at`). Safe while the service runs and fits register; not during a backup."""
+    res = obj.registry.gc(older_than_s=older_than, dry_run=dry_run)
+    refs = [f"{noun} {ref}" for key, noun in (("maps", "map"), ("steers", "steer")) for ref in res["collected"][key]]
+    shared = sum(len(v) for v in res["shared"].values())
+    text = (f"{'would collect' if dry_run else 'collected'} {len(refs)} deleted version(s)"
+            f"{': ' + ', '.join(refs[:10]) + (' ...' if len(refs) > 10 else '') if refs else ''}\n"
+            f"{'would remove' if dry_run else 'removed'} {len(res['artifacts'])} artifact(s) "
+            f"({_kb(res['artifact_bytes'])}) and {len(res['reports'])} report(s) ({_kb(res['report_bytes'])}): "
+            f"{_kb(res['bytes_freed'])} {'to free' if dry_run else 'freed'}"
+            + (f"\n{shared} artifact(s) kept: a live version holds the same bytes" if shared else "")
+            + (f"\n{res['younger']} deleted version(s) younger than --older-than left" if res["younger"] else ""))
+    emit(res, as_json, text)
+
+
+def _kb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
 
 
 @registry.command("path")

@@ -26,7 +26,8 @@ from ..encoders import canonical_name
 from ..io import sha256_array
 from ..logging import get_logger
 from ..progress import Progress, Stages
-from ..registry import ConflictError, NoReliableVersionError, NotFoundError, Registry, VersionInfo
+from ..registry import ConflictError, DeletedVersionError, NoReliableVersionError, NotFoundError, Registry, VersionInfo
+from ..registry.entity import collected
 from ..registry.names import check_alias, check_name
 from ..registry.quality import SPLIT, heldout_doubt
 from ..reports import inner_timings
@@ -525,11 +526,14 @@ def describe_map(registry, resolve: Callable, ref: str) -> dict:
 
 
 def report_html(registry, name: str, version: int) -> bytes:
-    """The HTML fit report of ``name:version``; NotFoundError when it has none or the file is gone."""
+    """The HTML fit report of ``name:version``; NotFoundError when it has none or the file is gone (DeletedVersionError
+    when ``registry gc`` removed it)."""
     v = registry.get_version(name, version)
     path = registry.report_file(v)
     if path is None:
         raise NotFoundError(f"map {v.ref} has no fit report (registered without one)")
+    if v.collected_at:  # `registry gc` removed it: "missing from the data dir" sent operators looking for a fault
+        raise DeletedVersionError(f"map {v.ref} was deleted{collected(v)}: its fit report is gone")
     try:
         return path.read_bytes()
     except FileNotFoundError:

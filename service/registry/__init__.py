@@ -10,7 +10,7 @@ Storage: SQL (SQLite (rollback journal) by default, PostgreSQL by URL) for recor
 folder for artifacts (safetensors or npz + JSON header; never pickle). Maps and steers share one
 version lifecycle (:mod:`.entity`) and one record definition (:mod:`.models`); see :mod:`.core` for
 the crash-safe write path and :mod:`.errors` for the error tree. Modules import one way:
-``core`` -> ``steers``, ``verify``, ``bundle`` -> ``entity`` -> ``models``, ``names``, ``errors``, ``cache``.
+``core`` -> ``steers``, ``verify``, ``gc``, ``bundle`` -> ``entity`` -> ``models``, ``names``, ``errors``, ``cache``.
 """
 
 from .core import Registry, open_registry, package_version

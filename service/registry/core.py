@@ -10,10 +10,10 @@ to maps (spaces, paths between spaces, verification, bundles). Write path of
 
 A crash before the commit leaves the old state (plus, at worst, an unreferenced artifact or a
 temporary file); after the commit, the new state. ``FAULT_HOOK`` is called with the name of each
-step (``artifact_tmp_written``, ``artifact_renamed``, ``version_allocated``, ``version_inserted``,
-``committed``) so tests can stop a writer exactly there.
+step (``artifact_tmp_written``, ``artifact_renamed``, ``artifact_stored``, ``version_allocated``,
+``version_inserted``, ``committed``) so tests can stop a writer exactly there.
 
-Imports point one way: ``core`` -> ``steers``, ``verify``, ``bundle`` -> ``entity`` -> ``models``, ``names``.
+Imports point one way: ``core`` -> ``steers``, ``verify``, ``gc``, ``bundle`` -> ``entity`` -> ``models``, ``names``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .errors import (
     NoReliableVersionError,
     NotFoundError,
 )
+from .gc import collect_deleted, collected_without_files
 from .models import SpaceInfo, VersionInfo
 from .names import (
     check_alias,
@@ -408,9 +409,11 @@ class Registry(SteerRegistryMixin):
     def report_file(self, ref) -> Path | None:
         """Absolute path of a version's HTML report (relative paths are under ``report_dir``), or None."""
         v = ref if isinstance(ref, VersionInfo) else self.resolve(ref)
-        if not v.report_path:
-            return None
-        p = Path(v.report_path)
+        return self.report_path_of(v.report_path) if v.report_path else None
+
+    def report_path_of(self, report_path: str) -> Path:
+        """Absolute path of a recorded ``report_path`` (a relative one is under ``report_dir``)."""
+        p = Path(report_path)
         return p if p.is_absolute() else (self.report_dir / p).resolve()
 
     def list_maps(self, *, after: str | None = None, limit: int | None = None, name: str | None = None) -> list[dict]:
@@ -452,7 +455,8 @@ class Registry(SteerRegistryMixin):
         self._maps.delete_tag(name, version, key)
 
     def delete_version(self, name: str, version: int) -> VersionInfo:
-        """Soft delete: the row and artifact stay (lineage), but the version no longer resolves."""
+        """Soft delete: the row and artifact stay (lineage), but the version no longer resolves; :meth:`gc` removes
+        the files of deleted versions."""
         return self._maps.delete(name, version)
 
     # --- paths between spaces ---------------------------------------------------------------
@@ -607,8 +611,18 @@ class Registry(SteerRegistryMixin):
         """:func:`.verify.verify_registry`: the database file, every artifact and alias, version numbers."""
         return verify_registry(self, sweep)
 
+    def gc(self, *, older_than_s: float | None = None, dry_run: bool = False) -> dict:
+        """:func:`.gc.collect_deleted`: remove deleted versions' artifacts (unless shared) and reports; rows stay."""
+        return collect_deleted(self, older_than_s=older_than_s, dry_run=dry_run)
+
     # --- bundles ----------------------------------------------------------------------------
     def export(self, path, names: list[str] | None = None) -> Path:
+        """:func:`.bundle.export_bundle`; ConflictError naming them when ``registry gc`` removed the artifacts of
+        versions it would carry (it failed on the first, "artifact ... is missing or unreadable")."""
+        if gone := collected_without_files(self, names):
+            raise ConflictError(f"a bundle carries every version's artifact, and `registry gc` removed those of "
+                                f"{', '.join(gone[:5])}{' and more' if len(gone) > 5 else ''}: export the other "
+                                f"maps by name (--name)")
         return export_bundle(self, Path(path), names)
 
     def import_(self, path, *, on_conflict: str = "error") -> dict:

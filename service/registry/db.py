@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager, nullcontext, suppress
+from datetime import UTC, datetime
 from pathlib import Path
 
 from align.exceptions import InputError
@@ -53,6 +54,7 @@ SCHEMA = [
         artifact_path TEXT NOT NULL, artifact_format TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0,
         description TEXT NOT NULL DEFAULT '', report_path TEXT, inputs TEXT NOT NULL DEFAULT '{}',
         map_kind TEXT NOT NULL DEFAULT 'linear', n_clusters INTEGER NOT NULL DEFAULT 0,
+        deleted_at TEXT, collected_at TEXT,
         PRIMARY KEY (name, version))""",
     """CREATE TABLE IF NOT EXISTS aliases (
         name TEXT NOT NULL, alias TEXT NOT NULL, version INTEGER NOT NULL,
@@ -70,7 +72,7 @@ SCHEMA = [
         params TEXT NOT NULL, random_state BIGINT, data_hashes TEXT NOT NULL, package_version TEXT NOT NULL,
         created_at TEXT NOT NULL, metrics TEXT NOT NULL, artifact_sha256 TEXT NOT NULL,
         artifact_path TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, description TEXT NOT NULL DEFAULT '',
-        lens TEXT NOT NULL DEFAULT '[]', inputs TEXT NOT NULL DEFAULT '{}',
+        lens TEXT NOT NULL DEFAULT '[]', inputs TEXT NOT NULL DEFAULT '{}', deleted_at TEXT, collected_at TEXT,
         PRIMARY KEY (name, version))""",
     """CREATE TABLE IF NOT EXISTS steer_aliases (
         name TEXT NOT NULL, alias TEXT NOT NULL, version INTEGER NOT NULL,
@@ -81,7 +83,20 @@ SCHEMA = [
 UPGRADES = [
     ("versions", "map_kind", "TEXT NOT NULL DEFAULT 'linear'"),
     ("versions", "n_clusters", "INTEGER NOT NULL DEFAULT 0"),
+    ("versions", "deleted_at", "TEXT"), ("versions", "collected_at", "TEXT"),
+    ("steers", "deleted_at", "TEXT"), ("steers", "collected_at", "TEXT"),
 ]
+
+#: what fills a column of :data:`UPGRADES` in the rows it finds (``?``: the time of the upgrade): a version deleted
+#: before deletion times were kept counts as deleted when the registry was upgraded (``registry gc --older-than``)
+BACKFILLS = {(t, "deleted_at"): f"UPDATE {t} SET deleted_at = ? WHERE deleted = 1" for t in ("versions", "steers")}
+
+
+def _upgrade(t, table: str, col: str, decl: str, exists: str = "") -> None:
+    """Add column ``col`` to ``table`` (``exists``: PostgreSQL's ``IF NOT EXISTS``) and fill it (:data:`BACKFILLS`)."""
+    t.q(f"ALTER TABLE {table} ADD COLUMN {exists}{col} {decl}")
+    if (table, col) in BACKFILLS:
+        t.q(BACKFILLS[table, col], (datetime.now(UTC).isoformat(timespec="microseconds"),))
 
 
 def _table_columns(stmt: str) -> tuple[str, list[str]]:
@@ -230,7 +245,7 @@ class SQLiteDB(_Base):
                     t.q(stmt)
                 for table, col, decl in UPGRADES:
                     if col not in {r["name"] for r in t.q(f"PRAGMA table_info({table})")}:
-                        t.q(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
+                        _upgrade(t, table, col, decl)
         except (sqlite3.DatabaseError, DamagedDatabaseError) as exc:
             if isinstance(exc, sqlite3.OperationalError):  # locked, read-only or full: service.storage says which
                 raise
@@ -489,7 +504,7 @@ class PostgresDB(_Base):
                     t.q(stmt)
             for table, col, decl in UPGRADES:
                 if col not in have.get(table, ()):
-                    t.q(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {col} {decl}")
+                    _upgrade(t, table, col, decl, "IF NOT EXISTS ")
 
     def _refuse_foreign_tables(self, t) -> dict[str, set[str]]:
         """The columns of each table now in the registry's schema; ConflictError for tables vecbridge did not make."""

@@ -10,7 +10,8 @@ every kind:
   version row, its tags and alias (the artifact was stored content-addressed before);
 - **resolve** ``name`` (latest live version), ``name@alias``, ``name:N``; soft-deleted versions do
   not resolve (DeletedVersionError);
-- **aliases** (set / move / delete), **tags** (maps), **soft delete**, **list**, **summaries**;
+- **aliases** (set / move / delete), **tags** (maps), **soft delete** (``deleted_at``; ``registry gc`` removes
+  the files later: :mod:`.gc`), **list**, **summaries**;
 - **load**: the artifact read through one LRU cache keyed by its sha256 (immutable), verified; the cache
   (:mod:`.cache`) is bounded by the bytes of the arrays it holds.
 
@@ -45,7 +46,7 @@ from .names import (
     parse_ref,
 )
 
-__all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "artifacts_in_use", "now",
+__all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "artifacts_in_use", "collected", "now",
            "package_version"]
 
 
@@ -133,6 +134,11 @@ STEERS = Kind("steer", "steer_names", "steers", "steer_aliases", None, SteerInfo
 KINDS = {"maps": MAPS, "steers": STEERS}
 
 
+def collected(v) -> str:
+    """What a message about deleted version ``v`` adds when ``registry gc`` removed its files."""
+    return f" and its files collected (`vecbridge registry gc`, {v.collected_at[:19]})" if v.collected_at else ""
+
+
 def artifacts_in_use(db) -> set[str]:
     """The artifact paths every committed version of every kind names (what :meth:`ArtifactStore.discard` keeps)."""
     with db.tx() as t:
@@ -189,6 +195,8 @@ class VersionedStore:
     def insert(self, t, name: str, version: int, values: dict, tags: dict | None = None) -> None:
         """Insert version row ``name:version`` from field values (encoded per :func:`.models.to_columns`)."""
         row = {**to_columns(self.kind.record, values), "name": name, "version": int(version)}
+        if row.get("deleted") and not row.get("deleted_at"):  # imported deleted: ``registry gc``'s clock starts here
+            row["deleted_at"] = now()
         t.q(f"INSERT INTO {self.kind.table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
             tuple(row.values()))
         for key, value in (tags or {}).items():
@@ -287,6 +295,7 @@ class VersionedStore:
         try:
             with self.store.pinned():  # to the commit: a failed write never removes the artifact under this version
                 sha, rel, new = self.store.put_new(*artifact)
+                self._hook("artifact_stored")  # stored (or found there), not yet named by a row: gc keeps it (pinned)
                 values = {**values, "artifact_sha256": sha, "artifact_path": rel}
                 version = self._write(fn)
         except BaseException:  # e.g. a full disk at the commit: the artifact it stored leaked, ~0.6 MB a retry
@@ -330,7 +339,8 @@ class VersionedStore:
                     raise NotFoundError(f"{noun} {name!r} has no alias {alias!r}")
                 v = self.get_in(t, name, int(r["version"]))
                 if v.deleted:
-                    raise DeletedVersionError(f"alias {name}@{alias} points at version {v.version}, which was deleted")
+                    raise DeletedVersionError(f"alias {name}@{alias} points at version {v.version}, which was "
+                                              f"deleted{collected(v)}")
                 return v
             if version is None:
                 r = t.one(f"SELECT MAX(version) AS latest FROM {self.kind.table} WHERE name = ? AND deleted = 0",
@@ -340,12 +350,14 @@ class VersionedStore:
                 version = int(r["latest"])
             v = self.get_in(t, name, version)
         if v.deleted:
-            raise DeletedVersionError(f"version {version} of {noun} {name!r} was deleted")
+            raise DeletedVersionError(f"version {version} of {noun} {name!r} was deleted{collected(v)}")
         return v
 
     def load(self, ref):
         """Resolve ``ref`` (or take a record) and return its artifact, read once per sha256 and verified."""
         v = ref if isinstance(ref, self.kind.record) else self.resolve(ref)
+        if v.collected_at:  # its file may be gone (or another's again): never read, whatever is there
+            raise DeletedVersionError(f"{self.kind.noun} {v.ref} was deleted{collected(v)}")
 
         def make():  # verified, then read from the open file: never the file's bytes beside the arrays
             with self.store.opened(v.artifact_path, v.artifact_sha256) as fh:
@@ -523,12 +535,14 @@ class VersionedStore:
         self._write(fn)
 
     def delete(self, name: str, version: int) -> Record:
-        """Soft delete: the row and artifact stay (lineage), but the version no longer resolves."""
+        """Soft delete: the row and artifact stay (lineage), but the version no longer resolves; ``deleted_at`` is the
+        first delete's time (``registry gc --older-than`` reads it; gc removes the files, the row stays)."""
         self.check(name)
 
         def fn(t):
             self.get_in(t, name, int(version))
-            t.q(f"UPDATE {self.kind.table} SET deleted = 1 WHERE name = ? AND version = ?", (name, int(version)))
+            t.q(f"UPDATE {self.kind.table} SET deleted = 1, deleted_at = COALESCE(deleted_at, ?) WHERE name = ? "
+                "AND version = ?", (now(), name, int(version)))
 
         self._write(fn)
         return self.get(name, int(version))

@@ -46,8 +46,9 @@ class Record:
     """What every immutable, numbered version in the registry holds, whatever its artifact.
 
     ``aliases`` (and, for maps, ``tags``) are the mutable annotations current at read time;
-    ``deleted`` marks a soft-deleted version. ``artifact_path`` is relative to the registry's
-    artifact folder; ``artifact_sha256`` is verified on every read.
+    ``deleted`` marks a soft-deleted version; ``collected_at`` one whose files ``registry gc`` removed (the table's
+    ``deleted_at``, when it was deleted, is gc's alone: an import dates it anew). ``artifact_path`` is relative to
+    the registry's artifact folder; ``artifact_sha256`` is verified on every read.
     """
 
     name: str
@@ -65,6 +66,9 @@ class Record:
     deleted: bool
     description: str
     inputs: dict[str, Any]
+    collected_at: str | None = field(default=None, metadata={
+        "doc": "When `vecbridge registry gc` removed the deleted version's files (its artifact, unless a version "
+               "not collected shares it, and its report); null before. The record stays, for lineage."})
 
     @property
     def ref(self) -> str:

@@ -7,7 +7,8 @@ database row references yet (harmless: content-addressed, reused by the next ide
 
 A writer holds :meth:`ArtifactStore.pinned` from storing its artifact to its commit; a write that failed removes
 the artifacts it stored (:meth:`ArtifactStore.discard`) only while no writer holds it, and only those no committed
-row names: an artifact another writer is about to commit is never removed under it.
+row names: an artifact another writer is about to commit is never removed under it. ``registry gc`` (:mod:`.gc`)
+removes deleted versions' artifacts under the same lock (:meth:`ArtifactStore.exclusive`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from ..storage import atomic_write
-from .errors import IntegrityError
+from .errors import IntegrityError, RegistryLockedError
 
 __all__ = ["STALE_TMP_S", "ArtifactStore", "sha256_bytes"]
 
@@ -82,6 +83,22 @@ class ArtifactStore:
             yield held
         finally:
             os.close(fd)  # the lock goes with it
+
+    @contextmanager
+    def exclusive(self, wait_s: float) -> Iterator[None]:
+        """Hold :meth:`pinned` alone (``registry gc``): no writer is then between storing an artifact and committing the
+        row that names it, and a new one waits; RegistryLockedError (exit 75) when writers held it for ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self.pinned(fcntl.LOCK_EX | fcntl.LOCK_NB) as held:
+                if held:
+                    yield
+                    return
+            if time.monotonic() >= deadline:
+                raise RegistryLockedError(f"writers (fits, imports) or a backup held the artifact folder {self.root} "
+                                          f"for {wait_s:g} s (or its file system has no flock): nothing was removed; "
+                                          "retry later")
+            time.sleep(0.05)
 
     def discard(self, rels, in_use: Callable[[], set[str]]) -> int:
         """Remove the artifacts ``rels`` a failed write stored, less those ``in_use()`` (committed rows) names, when no

@@ -14,7 +14,9 @@ def verify_registry(reg, sweep: bool = False) -> dict:
     ``store.STALE_TMP_S`` (10 minutes: a younger one may be a running writer's).
 
     Returns ``{"ok", "database", "bad_artifacts", "dangling_aliases", "aliases_on_deleted", "version_gaps",
-    "orphan_artifacts"`` (lists), ``"tmp_files", "n_versions", "n_steer_versions"}`` (maps and steers alike).
+    "orphan_artifacts"`` (lists), ``"tmp_files", "n_versions", "n_steer_versions", "n_collected", "n_deleted"}`` (maps
+    and steers alike; deleted: those whose files ``registry gc`` has not removed yet, collected: those it has, whose
+    artifacts are not looked for; a file only collected versions name is an orphan, which the next gc removes).
     ``database``: what ``quick_check`` found; then no row is read (lists empty, counts None).
     ``aliases_on_deleted`` (``name@alias -> N``): aliases left on a deleted version, legal (a delete keeps them,
     for lineage) and not a failure, but such an alias no longer resolves."""
@@ -22,10 +24,10 @@ def verify_registry(reg, sweep: bool = False) -> dict:
     if damage := reg.db.damage():  # the rows cannot be trusted: none is read
         lists = ("bad_artifacts", "dangling_aliases", "aliases_on_deleted", "version_gaps", "orphan_artifacts")
         return {"ok": False, "database": damage, **{k: [] for k in lists}, "tmp_files": len(reg.store.tmp_files()),
-                "n_versions": None, "n_steer_versions": None}
+                "n_versions": None, "n_steer_versions": None, "n_collected": None, "n_deleted": None}
     with reg.db.tx() as t:
         for key, k in ((key, e.kind) for key, e in reg.entities.items()):
-            rows = t.q(f"SELECT name, version, artifact_path, artifact_sha256 FROM {k.table}")
+            rows = t.q(f"SELECT name, version, artifact_path, artifact_sha256, deleted, collected_at FROM {k.table}")
             artifacts += rows
             counts[key] = len(rows)
             dangling += [f"{a['name']}@{a['alias']}" for a in t.q(
@@ -43,7 +45,10 @@ def verify_registry(reg, sweep: bool = False) -> dict:
                 last = int(r["last_version"])
                 if (int(r["n"] or 0), r["lo"], r["hi"]) != (last, 1 if last else None, last if last else None):
                     gaps.append(r["name"])
+    collected = [r for r in artifacts if r["collected_at"] is not None]
     for r in artifacts:
+        if r["collected_at"] is not None:  # `registry gc` removed its files (unless shared: checked with the sharer)
+            continue
         used.add(r["artifact_path"])
         try:
             with reg.store.opened(r["artifact_path"], r["artifact_sha256"]):  # hashed in chunks, nothing read
@@ -57,4 +62,5 @@ def verify_registry(reg, sweep: bool = False) -> dict:
     return {"ok": not bad and not dangling and not gaps, "database": [], "bad_artifacts": bad,
             "dangling_aliases": dangling, "aliases_on_deleted": on_deleted, "version_gaps": gaps,
             "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": counts["maps"],
-            "n_steer_versions": counts.get("steers", 0)}
+            "n_steer_versions": counts.get("steers", 0), "n_collected": len(collected),
+            "n_deleted": sum(1 for r in artifacts if r["deleted"] and r["collected_at"] is None)}

@@ -96,7 +96,9 @@ def _close(got: np.ndarray, b64: str, what: str) -> None:
 
 
 def _records(versions: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "report_path"} for r in versions]
+    """Version records as the old release answered them: without ``report_path``, and ``collected_at`` (new) only
+    when set."""
+    return [{k: v for k, v in r.items() if k != "report_path" and (k, v) != ("collected_at", None)} for r in versions]
 
 
 def test_every_read_answers_what_the_previous_release_answered(old_data):
@@ -107,6 +109,8 @@ def test_every_read_answers_what_the_previous_release_answered(old_data):
     assert all(r.pop("generation") >= 1 and r.pop("logged_deltas") == 0 for r in new)
     # and map / steer summaries: the aliases left on a deleted version (none in the old data)
     assert all(r.pop("aliases_on_deleted") == [] for r in [*got["maps"], *got["steers"]])
+    # and version records: when `registry gc` removed a deleted one's files (none has run: its deleted version is whole)
+    assert all(v.pop("collected_at") is None for vs in got["versions"].values() for v in vs)
     # so did job records: the running stage's clock, none for a finished job
     assert all(j["progress"].pop("stage_elapsed_seconds") is None and j["progress"].pop("stage_eta_seconds") is None
                for j in got["jobs"])
