@@ -169,7 +169,7 @@ class _Duration(click.ParamType):
 def registry_gc(obj: Ctx, dry_run, older_than, as_json):
     """Give back the disk of deleted versions: remove each one's artifact (kept while a live version, or a deleted
     one left by --older-than, holds the same bytes) and its fit report. The records stay, for lineage, marked
-    collected (`collected_at`). Safe while the service runs and fits register; not during a backup."""
+    collected (`collected_at`). Safe while the service runs and fits register; waits for a running backup."""
     res = obj.registry.gc(older_than_s=older_than, dry_run=dry_run)
     refs = [f"{noun} {ref}" for key, noun in (("maps", "map"), ("steers", "steer")) for ref in res["collected"][key]]
     shared = sum(len(v) for v in res["shared"].values())

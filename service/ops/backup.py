@@ -6,9 +6,10 @@ What a data dir holds, and how each part is copied so that the copy is one the s
 - ``registry.sqlite`` and ``jobs.sqlite``: SQLite's online backup API (:func:`service.storage.sqlite_backup`), each
   consistent at one commit. A PostgreSQL registry is not copied: its database is ``pg_dump``'s job (see
   :data:`PG_NOTE`); everything else still is.
-- ``artifacts/`` (content-addressed, never changed, never removed once a committed row names it) after the
-  registry: every artifact the copied registry names exists by then. ``reports/`` alike (a report is written just
-  after its version commits: one registered in that instant may lack it, as in the data dir itself for that instant).
+- ``artifacts/`` (content-addressed, never changed, never removed once a committed row names it but by ``registry
+  gc``, which waits for the copy) after the registry: every artifact the copied registry names exists by then.
+  ``reports/`` alike (a report is written just after its version commits: one registered in that instant may lack
+  it, as in the data dir itself for that instant).
 - ``indexes/<name>/``: the files of one committed generation, read by the index readers' own protocol
   (:func:`service.indexes.persist.with_current`: open every file the meta names, read the meta again when a
   writer collected one first), then ``meta.json`` written last. Writers never wait for a backup.
@@ -32,6 +33,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,6 +45,7 @@ from ..indexes.persist import with_current
 from ..progress import Progress, silent
 from ..registry import open_registry, package_version
 from ..registry.db import sqlite_path
+from ..registry.store import ArtifactStore
 from ..storage import IN_PROGRESS, atomic_write, folder_aside, link_or_copy, sqlite_backup, sweep_abandoned
 
 __all__ = ["BACKUP_FORMAT", "IN_PROGRESS", "MANIFEST", "PG_NOTE", "PG_RESTORE", "backup_data_dir", "refuse_pg_backup",
@@ -200,33 +203,36 @@ def _backup(settings: Settings, data: Path, tmp: Path, copier: _Copier, progress
     out: dict = {"format": BACKUP_FORMAT, "format_version": 1, "package_version": package_version(),
                  "created_at": datetime.now(UTC).isoformat(timespec="seconds"), "source": str(data)}
     lock_s = 0.0
-    # 1. the registry first: every artifact it names is then in the folder copied after it
-    progress("registry", 0.0)
-    db = sqlite_path(settings.resolved_registry_url())
-    registry = {"backend": "sqlite" if db is not None else "postgresql", "copied": False}
-    if db is None:
-        notes.append(PG_NOTE)
-    elif db.exists():
-        lock_s += sqlite_backup(db, tmp / "registry.sqlite")
-        registry["copied"] = True
-        if db.resolve() != data / "registry.sqlite":
-            notes.append(f"the registry {db} is outside the data dir: the backup holds it as registry.sqlite; "
-                         f"start the restored service without VECBRIDGE_REGISTRY_URL")
-    progress("registry", 1.0)
-    jobs = data / "jobs.sqlite"
-    if jobs.exists():
-        lock_s += sqlite_backup(jobs, tmp / "jobs.sqlite")
-    # 2. artifacts and reports: immutable, content-addressed / uniquely named
-    progress("artifacts", 0.0)
     art = settings.resolved_artifact_dir()
-    out["artifacts"] = copier.tree(art, tmp / "artifacts", skip=lambda rel: rel.parts[0] in ("tmp", "reports"))
-    if art != data / "artifacts":
-        notes.append(f"artifacts from {art} are in the backup's artifacts/: start the restored service "
-                     f"without VECBRIDGE_ARTIFACT_DIR")
-    # where reports are now (Settings.resolved_report_dir), and where the CLI and the service wrote them before
-    report_dirs = dict.fromkeys([settings.resolved_report_dir(), data / "reports", art.parent / "reports"])
-    out["reports"] = sum(copier.tree(r, tmp / "reports") for r in report_dirs)
-    progress("artifacts", 1.0)
+    with ExitStack() as pinned:  # held as writers hold it (none waits); `registry gc` waits, so no file a deleted
+        if art.is_dir():  # version of the copied registry names is removed before the artifacts are copied
+            pinned.enter_context(ArtifactStore(art).pinned())
+        # 1. the registry first: every artifact it names is then in the folder copied after it
+        progress("registry", 0.0)
+        db = sqlite_path(settings.resolved_registry_url())
+        registry = {"backend": "sqlite" if db is not None else "postgresql", "copied": False}
+        if db is None:
+            notes.append(PG_NOTE)
+        elif db.exists():
+            lock_s += sqlite_backup(db, tmp / "registry.sqlite")
+            registry["copied"] = True
+            if db.resolve() != data / "registry.sqlite":
+                notes.append(f"the registry {db} is outside the data dir: the backup holds it as registry.sqlite; "
+                             f"start the restored service without VECBRIDGE_REGISTRY_URL")
+        progress("registry", 1.0)
+        jobs = data / "jobs.sqlite"
+        if jobs.exists():
+            lock_s += sqlite_backup(jobs, tmp / "jobs.sqlite")
+        # 2. artifacts and reports: immutable, content-addressed / uniquely named
+        progress("artifacts", 0.0)
+        out["artifacts"] = copier.tree(art, tmp / "artifacts", skip=lambda rel: rel.parts[0] in ("tmp", "reports"))
+        if art != data / "artifacts":
+            notes.append(f"artifacts from {art} are in the backup's artifacts/: start the restored service "
+                         f"without VECBRIDGE_ARTIFACT_DIR")
+        # where reports are now (Settings.resolved_report_dir), and where the CLI and the service wrote them before
+        report_dirs = dict.fromkeys([settings.resolved_report_dir(), data / "reports", art.parent / "reports"])
+        out["reports"] = sum(copier.tree(r, tmp / "reports") for r in report_dirs)
+        progress("artifacts", 1.0)
     # 3. each index at one committed generation
     out["indexes"] = {}
     root = data / "indexes"

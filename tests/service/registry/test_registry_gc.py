@@ -231,3 +231,31 @@ def test_http_says_a_collected_version_is_gone(tmp_path):
         assert client.get("/v1/maps/a/versions/1", headers=R).json()["collected_at"] is not None
         assert client.get("/v1/maps/a/versions/2", headers=R).json()["collected_at"] is None
 
+
+def test_a_backup_keeps_the_files_of_the_registry_it_copied_while_gc_runs(tmp_path):
+    """`vecbridge backup` copies the registry, then the artifacts: a gc in between removed the files of a version the
+    copy still held deleted but not collected, and the backup's own `registry verify` failed on it. The backup holds
+    the artifact folder's writer lock (shared: writers do not wait) from the one copy to the other; gc waits."""
+    from service.config import Settings
+    from service.ops.backup import backup_data_dir
+
+    data = tmp_path / "data"
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    v = _register(reg, "a", 0)
+    _register(reg, "a", 1)
+    reg.delete_version("a", 1)
+    out = {}
+
+    def progress(stage, fraction):
+        if (stage, fraction) == ("artifacts", 0.0):  # the registry is copied; its artifacts are not yet
+            gc = threading.Thread(target=lambda: out.update(gc=reg.gc()))
+            gc.start()
+            gc.join(0.5)
+            out["thread"] = gc
+
+    summary = backup_data_dir(Settings(data_dir=data), tmp_path / "backup", progress=progress)
+    out["thread"].join(30)
+    assert summary["registry"]["verify"]["ok"], summary["registry"]["verify"]
+    assert out["gc"]["collected"]["maps"] == ["a:1"] and not reg.artifact_file(v).exists()
+    copy = open_registry(f"sqlite:///{tmp_path / 'backup' / 'registry.sqlite'}", tmp_path / "backup" / "artifacts")
+    assert copy.verify()["ok"] and copy.gc()["collected"]["maps"] == ["a:1"]  # the copy is whole, and collectable
