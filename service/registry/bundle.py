@@ -9,6 +9,11 @@ Existing aliases are never moved, nor existing spaces changed (their encoder, pr
 a field the space here leaves empty is filled in). A NaN or infinite number in a record's JSON fields (a metric
 that came out undefined) is exported as ``null``, as the HTTP API shows it: a manifest holds JSON only.
 
+A version whose files ``registry gc`` collected (``collected_at``: deleted, its artifact and report removed) travels
+as its record alone, without ``bundle_artifact`` or ``bundle_report``: the import inserts it deleted and collected,
+with no file, so every read of it there says so as it does here, and the versions still number 1..N. Any other
+version without its artifact is refused. (A release before this one refuses such a bundle: IntegrityError.)
+
 Import is strict and all-or-nothing. A bundle comes from elsewhere, so it is checked as if it
 had come over HTTP, in three phases:
 
@@ -139,8 +144,9 @@ class _Reader:
 
 def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
     """Write every map and steer (or only the maps ``names``, no steers) with all versions, aliases, tags,
-    spaces and artifacts. A ``.zip`` or a folder appears whole or not at all (written aside, then renamed); a
-    folder must be new or empty (an export used to merge into whatever was there, the data dir included)."""
+    spaces and artifacts (a collected version: its record, without the files gc removed). A ``.zip`` or a folder
+    appears whole or not at all (written aside, then renamed); a folder must be new or empty (an export used to
+    merge into whatever was there, the data dir included)."""
     chosen = {"maps": reg.list_maps() if names is None else [m for n in sorted(set(names)) for m in
                                                              reg.list_maps(name=n)],  # not every map's summary
               "steers": reg.list_steers() if names is None else []}
@@ -172,6 +178,9 @@ def _export(reg, w: _Writer, chosen: dict, names: list[str] | None) -> None:
                 versions = []
                 for v in reg.entities[key].list(summary["name"]):
                     d = v.to_dict()
+                    if v.collected_at:  # `registry gc` removed its files: the record travels alone, for lineage
+                        versions.append(d)
+                        continue
                     d["bundle_artifact"] = f"artifacts/{v.artifact_path}"
                     if d["bundle_artifact"] not in written:
                         written.add(d["bundle_artifact"])
@@ -277,9 +286,29 @@ def _common(d: dict, what: str) -> dict:
         deleted=_flag(d.get("deleted", False), f"{what} deleted"),
         description=_text(d.get("description", "") or "", f"{what} description"),
         inputs=_jsonish(d.get("inputs", {}) or {}, f"{what} inputs"),
-        bundle_artifact=_text(d.get("bundle_artifact"), f"{what} bundle_artifact", limit=1024),
+        bundle_artifact=_text(d.get("bundle_artifact"), f"{what} bundle_artifact", optional=True, limit=1024),
         ext=_ext(d.get("artifact_path", ""), what),
+        collected_at=_collected(d, what),
     )
+
+
+def _collected(d: dict, what: str) -> str | None:
+    """``collected_at`` of a bundle version: None, or the time ``registry gc`` removed the files of this deleted
+    version, which then travels without them. Any other version must name its artifact entry."""
+    at = _text(d.get("collected_at"), f"{what} collected_at", optional=True, limit=64)
+    if at is None:
+        if d.get("bundle_artifact") is None:
+            raise IntegrityError(f"bundle: {what} has no bundle_artifact: only a version deleted and collected by "
+                                 "`registry gc` (collected_at) travels without its artifact")
+        return None
+    try:
+        datetime.fromisoformat(at)
+    except ValueError:
+        raise IntegrityError(f"bundle: {what} collected_at must be an ISO 8601 time, got {at[:40]!r}") from None
+    if d.get("deleted") is not True:  # a live version whose artifact is not in the bundle
+        raise IntegrityError(f"bundle: {what} has collected_at but is not deleted: only a deleted version's files "
+                             "are collected")
+    return at
 
 
 def _flag(v, what: str) -> bool:
@@ -414,6 +443,9 @@ def _read_entries(r: _Reader, plan: dict) -> None:
     for e in plan["entries"]:
         kind = KINDS[e["kind"]]
         for v in e["versions"]:
+            if v["collected_at"] is not None:  # its files are gone: the record alone (an entry it names is not read)
+                v["data"] = v["report"] = None
+                continue
             where = f"{kind.noun} {e['name']}:{v['version']}"
             data = r.read(v["bundle_artifact"], v["limit"])
             if sha256_bytes(data) != v["artifact_sha256"]:
@@ -472,7 +504,10 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
         with reg.store.pinned():  # artifacts first, held to the commit (see ArtifactStore.discard)
             for e in plan["entries"]:
                 for v in e["versions"]:
-                    v["sha"], v["rel"], new = reg.store.put_new(v.pop("data"), v["ext"])
+                    if (data := v.pop("data")) is None:  # collected: its row names the file its bytes would have
+                        v["sha"], v["rel"] = v["artifact_sha256"], reg.store.relpath_for(v["artifact_sha256"], v["ext"])
+                        continue
+                    v["sha"], v["rel"], new = reg.store.put_new(data, v["ext"])
                     if new:
                         stored.append(v["rel"])
             counts = reg._write(apply)

@@ -36,7 +36,7 @@ from .errors import (
     NoReliableVersionError,
     NotFoundError,
 )
-from .gc import collect_deleted, collected_without_files
+from .gc import collect_deleted
 from .models import SpaceInfo, VersionInfo
 from .names import (
     check_alias,
@@ -617,12 +617,7 @@ class Registry(SteerRegistryMixin):
 
     # --- bundles ----------------------------------------------------------------------------
     def export(self, path, names: list[str] | None = None) -> Path:
-        """:func:`.bundle.export_bundle`; ConflictError naming them when ``registry gc`` removed the artifacts of
-        versions it would carry (it failed on the first, "artifact ... is missing or unreadable")."""
-        if gone := collected_without_files(self, names):
-            raise ConflictError(f"a bundle carries every version's artifact, and `registry gc` removed those of "
-                                f"{', '.join(gone[:5])}{' and more' if len(gone) > 5 else ''}: export the other "
-                                f"maps by name (--name)")
+        """:func:`.bundle.export_bundle` (a version whose files ``registry gc`` collected travels as its record)."""
         return export_bundle(self, Path(path), names)
 
     def import_(self, path, *, on_conflict: str = "error") -> dict:

@@ -27,7 +27,7 @@ from align.exceptions import InputError
 from .entity import now
 from .models import columns
 
-__all__ = ["GC_WAIT_S", "collect_deleted", "collected_without_files"]
+__all__ = ["GC_WAIT_S", "collect_deleted"]
 
 #: the longest ``registry gc`` waits for writers between storing an artifact and committing its row
 GC_WAIT_S = 60.0
@@ -96,21 +96,6 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
             "reports": [str(r) for r, n in zip(p["reports"], sizes[1]) if n],
             "artifact_bytes": ab, "report_bytes": rb, "bytes_freed": ab + rb, "shared": shared,
             "younger": p["younger"]}
-
-
-def collected_without_files(reg, names: list[str] | None = None) -> list[str]:
-    """``"map NAME:N"`` of each collected version (of the maps ``names``, no steers; None: every map and steer) whose
-    artifact is gone: what a bundle export, which carries every version's artifact, cannot write."""
-    out = []
-    with reg.db.tx() as t:
-        for key, store in reg.entities.items():
-            if names is not None and key != "maps":
-                continue
-            for r in t.q(f"SELECT name, version, artifact_path FROM {store.kind.table} WHERE collected_at IS NOT NULL "
-                         "ORDER BY name, version"):
-                if (names is None or r["name"] in names) and reg.store.size(r["artifact_path"]) is None:
-                    out.append(f"{store.kind.noun} {r['name']}:{r['version']}")
-    return out
 
 
 def _size(path) -> int:

@@ -8,6 +8,7 @@ import json
 import sqlite3
 import threading
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -15,8 +16,8 @@ from conftest import run_cli
 
 import align
 from service.registry import (
-    ConflictError,
     DeletedVersionError,
+    IntegrityError,
     RegistryLockedError,
     open_registry,
 )
@@ -157,16 +158,139 @@ def test_gc_waits_for_a_writer_or_backup_holding_the_artifact_folder(reg):
     assert reg.gc()["collected"]["maps"] == ["a:1"]
 
 
-def test_an_export_names_the_versions_gc_removed(reg, tmp_path):
-    """A bundle carries every version's artifact: after gc the export failed on the first collected one with
-    "artifact ... is missing or unreadable", as if the registry were damaged."""
-    _register(reg, "a", 0, report=False)
-    _register(reg, "b", 1, report=False)
+def _gc_registry(reg) -> None:
+    """Maps a (1: the bytes of b:1, 2, 3 @prod, 4) and b, steer st (1, 2 @prod); gc collects a:1 (its file stays:
+    b:1 holds it), a:2 and st:1; a:4 is deleted after the gc (its files stay). Report on a:3."""
+    for name, seed in (("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 0)):
+        _register(reg, name, seed, report=(name, seed) == ("a", 2))
+    reg.set_alias("a", "prod", 3)
+    reg.register_steer("st", align.MeanShift(np.ones(8)), space="s")
+    reg.register_steer("st", align.MeanShift(np.arange(8.0)), space="s", alias="prod")
     reg.delete_version("a", 1)
-    reg.gc()
-    with pytest.raises(ConflictError, match=r"registry gc` removed those of map a:1"):
-        reg.export(tmp_path / "all.zip")
-    assert reg.export(tmp_path / "b.zip", ["b"]).exists()
+    reg.delete_version("a", 2)
+    reg.delete_steer_version("st", 1)
+    assert reg.gc()["collected"] == {"maps": ["a:1", "a:2"], "steers": ["st:1"]}
+    reg.delete_version("a", 4)
+
+
+def _records(bundle) -> dict:
+    """A bundle's spaces, maps and steers as its manifest records them, less the report file names (an import
+    names a report anew, as it always did)."""
+    if bundle.suffix == ".zip":
+        with zipfile.ZipFile(bundle) as z:
+            m = json.loads(z.read("manifest.json"))
+    else:
+        m = json.loads((bundle / "manifest.json").read_text())
+    for key in ("maps", "steers"):
+        for entry in m[key]:
+            for d in entry["versions"]:
+                d.pop("report_path", None)
+                d.pop("bundle_report", None)
+    return {k: m[k] for k in ("spaces", "maps", "steers")}
+
+
+def _same_registry(src, dst) -> None:
+    """``dst``, imported from a bundle of ``src`` (:func:`_gc_registry`), holds the same versions: the live ones
+    load and transform identically, the collected ones are deleted with their files collected, as in ``src``."""
+    for name in ("a", "b"):
+        want = [{k: x for k, x in v.to_dict().items() if k != "report_path"} for v in src.list_versions(name)]
+        assert [{k: x for k, x in v.to_dict().items() if k != "report_path"} for v in dst.list_versions(name)] == want
+    assert [v.to_dict() for v in dst.list_steer_versions("st")] == [v.to_dict() for v in src.list_steer_versions("st")]
+    assert [(v.version, v.deleted, bool(v.collected_at)) for v in dst.list_versions("a")] == [
+        (1, True, True), (2, True, True), (3, False, False), (4, True, False)]
+    X = np.random.default_rng(5).normal(size=(6, 8))
+    for ref in ("a@prod", "a:3", "b", "b:1"):
+        np.testing.assert_array_equal(dst.load_map(ref).apply(X), src.load_map(ref).apply(X))
+    np.testing.assert_array_equal(dst.load_steer("st@prod").apply(X, 1.0), src.load_steer("st:2").apply(X, 1.0))
+    assert dst.report_file("a:3").read_text() == src.report_file("a:3").read_text()
+    for ref in ("a:1", "a:2"):
+        with pytest.raises(DeletedVersionError, match=r"deleted and its files collected \(`vecbridge registry gc`"):
+            dst.resolve(ref)
+        with pytest.raises(DeletedVersionError, match="collected"):
+            dst.load_map(dst.get_version("a", int(ref[-1])))
+    with pytest.raises(DeletedVersionError, match="deleted and its files collected"):
+        dst.load_steer("st:1")
+    checked = dst.verify()
+    assert checked["ok"] and checked["orphan_artifacts"] == [] and checked["bad_artifacts"] == [], checked
+    assert (checked["n_collected"], checked["n_deleted"], checked["version_gaps"]) == (3, 1, [])
+    # a gc there removes a:4's file (deleted here, not collected), never b:1's, which collected a:1 names too
+    assert dst.gc()["collected"] == {"maps": ["a:4"], "steers": []}
+    np.testing.assert_array_equal(dst.load_map("b:1").apply(X), src.load_map("b:1").apply(X))
+    assert dst.verify()["ok"]
+
+
+def test_after_gc_an_export_carries_the_collected_versions_records(reg, tmp_path):
+    """A bundle carries every version's artifact, so after `registry gc` `registry export` refused every bundle
+    holding a collected version (all.zip, and --name of any map that ever had a version collected): the live versions
+    of those maps could no longer be moved or backed up by bundle. A collected version now travels as its record."""
+    _gc_registry(reg)
+    bundle = reg.export(tmp_path / "all.zip")
+    with zipfile.ZipFile(bundle) as z:
+        entries = set(z.namelist())
+    versions = {f"{e['name']}:{d['version']}": d for key in ("maps", "steers") for e in json.loads(
+        zipfile.ZipFile(bundle).read("manifest.json"))[key] for d in e["versions"]}
+    for ref in ("a:1", "a:2", "st:1"):  # the record, without the files gc removed
+        d = versions[ref]
+        assert d["deleted"] and d["collected_at"] and "bundle_artifact" not in d and "bundle_report" not in d, ref
+    assert f"artifacts/{versions['a:2']['artifact_path']}" not in entries
+    assert {f"artifacts/{versions[r]['artifact_path']}" for r in ("a:3", "a:4", "b:1", "st:2")} <= entries
+
+    other = open_registry(f"sqlite:///{tmp_path}/other.sqlite", tmp_path / "other-artifacts")
+    assert other.import_(bundle) == {"imported": 5, "skipped": 0, "renumbered": 0, "aliases": 1, "steers": 2,
+                                     "steer_aliases": 1}
+    assert _records(other.export(tmp_path / "again.zip")) == _records(bundle)  # export -> import -> export
+    assert other.import_(bundle)["skipped"] == 5  # importing twice is still a no-op
+    _same_registry(reg, other)
+    only_a = reg.export(tmp_path / "only-a", ["a"])  # a map that had versions collected, by name
+    third = open_registry(f"sqlite:///{tmp_path}/third.sqlite", tmp_path / "third-artifacts")
+    assert third.import_(only_a)["imported"] == 4 and [v.collected_at for v in third.list_versions("a")] == [
+        v.collected_at for v in reg.list_versions("a")]
+    assert third.load_map("a@prod").W.tobytes() == reg.load_map("a@prod").W.tobytes() and third.verify()["ok"]
+
+
+def test_a_bundle_with_collected_versions_imports_into_each_backend(reg, tmp_path):
+    src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src-artifacts")
+    _gc_registry(src)
+    bundle = src.export(tmp_path / "all")
+    assert reg.import_(bundle)["imported"] == 5
+    assert _records(reg.export(tmp_path / "again.zip")) == _records(bundle)
+    _same_registry(src, reg)
+
+
+def test_only_a_deleted_and_collected_version_may_travel_without_its_artifact(reg, tmp_path):
+    """The import takes a version without its artifact only when it is deleted and collected: a hand-edited bundle
+    that drops a live (or a deleted, not collected) version's artifact, or marks a live one collected, is refused and
+    changes nothing."""
+    src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src-artifacts")
+    _gc_registry(src)
+    bundle = src.export(tmp_path / "all")
+    manifest = (bundle / "manifest.json").read_text()
+
+    def edited(ref: str, **change):
+        m = json.loads(manifest)
+        d = next(d for key in ("maps", "steers") for e in m[key] for d in e["versions"]
+                 if f"{e['name']}:{d['version']}" == ref)
+        for k, value in change.items():
+            d.pop(k) if value is None else d.update({k: value})
+        (bundle / "manifest.json").write_text(json.dumps(m))
+        return bundle
+
+    live = "map 'a' version 3 has no bundle_artifact: only a version deleted and collected"
+    at = "2026-01-01T00:00:00+00:00"
+    cases = [("a:3", {"bundle_artifact": None}, live),
+             ("a:4", {"bundle_artifact": None}, "has no bundle_artifact"),
+             ("st:2", {"bundle_artifact": None}, "steer 'st' version 2 has no bundle_artifact"),
+             ("b:1", {"bundle_artifact": None, "collected_at": at}, "is not deleted"),
+             ("b:1", {"collected_at": at}, "is not deleted"),
+             ("a:2", {"collected_at": "yesterday"}, "must be an ISO 8601 time"),
+             ("a:2", {"collected_at": ""}, "must be an ISO 8601 time"),
+             ("a:2", {"collected_at": None}, "map 'a' version 2 has no bundle_artifact")]
+    for ref, change, match in cases:
+        with pytest.raises(IntegrityError, match=match):
+            reg.import_(edited(ref, **change))
+        assert reg.list_maps() == [] and reg.list_steers() == [] and reg.store.all_relpaths() == set(), (ref, change)
+    (bundle / "manifest.json").write_text(manifest)
+    assert reg.import_(bundle)["imported"] == 5 and reg.verify()["ok"]
 
 
 def test_an_upgraded_registry_dates_its_old_deletes(tmp_path):
