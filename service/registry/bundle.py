@@ -154,15 +154,19 @@ def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
         missing = set(names) - {m["name"] for m in chosen["maps"]}
         if missing:
             raise NotFoundError(f"unknown map(s): {sorted(missing)}")
-    if path.suffix.lower() == ".zip":  # (bundle.ZIP was written as a folder of that name)
-        if path.exists():  # replaced silently, where a folder export refuses a non-empty folder
-            raise ConflictError(f"{path} exists: export into a new file (or remove it first)")
-        atomic_write(path, lambda tmp: _export(reg, _Writer(tmp, True), chosen, names))
-        return path
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):  # it merged into what was there
+    as_zip = path.suffix.lower() == ".zip"  # (bundle.ZIP was written as a folder of that name)
+    if as_zip and path.exists():  # replaced silently, where a folder export refuses a non-empty folder
+        raise ConflictError(f"{path} exists: export into a new file (or remove it first)")
+    if not as_zip and path.exists() and (not path.is_dir() or any(path.iterdir())):  # it merged into what was there
         raise ConflictError(f"{path} exists and is not an empty folder: export into a new folder (or a .zip)")
-    with folder_aside(path) as (tmp, _):  # a folder too appears whole or not at all
-        _export(reg, _Writer(tmp, False), chosen, names)
+    # the artifact folder's writer lock (shared), to the last file copied: `registry gc` waits, so a version listed
+    # as not collected keeps its files (a gc in between removed them and the export failed, "missing or unreadable")
+    with reg.store.pinned():
+        if as_zip:
+            atomic_write(path, lambda tmp: _export(reg, _Writer(tmp, True), chosen, names))
+        else:
+            with folder_aside(path) as (tmp, _):  # a folder too appears whole or not at all
+                _export(reg, _Writer(tmp, False), chosen, names)
     return path
 
 

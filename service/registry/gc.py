@@ -10,11 +10,13 @@ versions held 37 MB of them, and ``registry verify`` said nothing). :func:`colle
   content-addressed: identical bytes are one file for every version holding them), and its report; the row stays
   with ``collected_at`` set, so ``registry verify`` no longer looks for the files and a read of the version says
   they were collected (DeletedVersionError, 404);
-- **safely**: under :meth:`.store.ArtifactStore.exclusive`, the lock every writer holds from storing its artifact to
-  committing its row (:meth:`~.entity.VersionedStore.register`, bundle imports): a writer that found the file there
-  has committed before gc reads the rows (the file is kept), or waits for gc and writes the file again. The rows
-  are marked in one write transaction before a file is removed; a crash in between leaves files that only collected
-  rows name, which the next gc removes (``verify`` lists them as orphans meanwhile).
+- **safely**: under :meth:`.store.ArtifactStore.exclusive`, the lock every writer holds (shared) from storing its
+  artifact to committing its row (:meth:`~.entity.VersionedStore.register`, bundle imports), and a bundle export or
+  ``vecbridge backup`` from reading the rows to copying the last artifact: a writer that found the file there has
+  committed before gc reads the rows (the file is kept), or waits for gc and writes the file again; an export or a
+  backup copies the files of the rows it read. The rows are marked in one write transaction before a file is
+  removed; a crash in between leaves files that only collected rows name, which the next gc removes (``verify``
+  lists them as orphans meanwhile).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ database row references yet (harmless: content-addressed, reused by the next ide
 A writer holds :meth:`ArtifactStore.pinned` from storing its artifact to its commit; a write that failed removes
 the artifacts it stored (:meth:`ArtifactStore.discard`) only while no writer holds it, and only those no committed
 row names: an artifact another writer is about to commit is never removed under it. ``registry gc`` (:mod:`.gc`)
-removes deleted versions' artifacts under the same lock (:meth:`ArtifactStore.exclusive`).
+removes deleted versions' artifacts under the same lock (:meth:`ArtifactStore.exclusive`), which bundle exports and
+``vecbridge backup`` hold shared too, from listing the versions to copying the last artifact.
 """
 
 from __future__ import annotations
@@ -95,9 +96,9 @@ class ArtifactStore:
                     yield
                     return
             if time.monotonic() >= deadline:
-                raise RegistryLockedError(f"writers (fits, imports) or a backup held the artifact folder {self.root} "
-                                          f"for {wait_s:g} s (or its file system has no flock): nothing was removed; "
-                                          "retry later")
+                raise RegistryLockedError(f"writers (fits, imports), an export or a backup held the artifact folder "
+                                          f"{self.root} for {wait_s:g} s (or its file system has no flock): nothing "
+                                          "was removed; retry later")
             time.sleep(0.05)
 
     def discard(self, rels, in_use: Callable[[], set[str]]) -> int:

@@ -293,6 +293,31 @@ def test_only_a_deleted_and_collected_version_may_travel_without_its_artifact(re
     assert reg.import_(bundle)["imported"] == 5 and reg.verify()["ok"]
 
 
+def test_an_export_keeps_the_files_of_the_versions_it_listed_while_gc_runs(reg, tmp_path, monkeypatch):
+    """An export lists a map's versions, then reads their artifacts: a gc in between removed the files of a deleted
+    version it had listed as not collected, and the export failed ("artifact ... is missing or unreadable"). The
+    export holds the artifact folder's writer lock (shared) throughout; gc waits for it."""
+    _register(reg, "a", 0, report=False)
+    gone = _register(reg, "a", 1, report=False)
+    reg.delete_version("a", 2)
+    real_get, out = reg.store.get, {}
+
+    def get(rel, sha):  # a:1's artifact is read; a:2's is next
+        if "gc" not in out:
+            out["gc"] = threading.Thread(target=lambda: out.update(done=reg.gc()))
+            out["gc"].start()
+            out["gc"].join(0.5)
+        return real_get(rel, sha)
+
+    monkeypatch.setattr(reg.store, "get", get)
+    bundle = reg.export(tmp_path / "all.zip")
+    out["gc"].join(30)
+    assert out["done"]["collected"]["maps"] == ["a:2"] and not reg.artifact_file(gone).exists()
+    other = open_registry(f"sqlite:///{tmp_path}/other.sqlite", tmp_path / "other-artifacts")
+    assert other.import_(bundle)["imported"] == 2 and other.verify()["ok"]
+    assert other.get_version("a", 2).deleted and other.get_version("a", 2).collected_at is None  # exported before gc
+
+
 def test_an_upgraded_registry_dates_its_old_deletes(tmp_path):
     """A registry from before deletion times were kept: its deleted versions count as deleted at the upgrade."""
     url = f"sqlite:///{tmp_path}/registry.sqlite"
