@@ -106,7 +106,7 @@ async def metrics(request: Request):
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/info", dependencies=[ReadScope], summary="Service facts", tags=["ops"], response_model=ServiceInfo,
+@router.get("/v1/info", dependencies=[ReadScope], summary="Service facts", response_model=ServiceInfo,
             responses=error_responses(401, 403, 503))
 async def info(state: StateDep):
     import faiss

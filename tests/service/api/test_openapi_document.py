@@ -265,3 +265,16 @@ def test_binary_answers_declare_bytes(doc):
     assert sorted(binary) == [("get", "/v1/maps/{ref}/artifact", "application/octet-stream"),
                               ("post", "/v1/maps/{ref}/transform", "application/octet-stream"),
                               ("post", "/v1/maps/{ref}/transform", "application/x-npy")]
+
+
+def test_no_operation_repeats_a_tag_and_operation_ids_are_unique(doc):
+    """``GET /v1/info`` said ``"tags": ["ops", "ops"]`` (its route repeated the tag of its router), and
+    openapi-generator wrote the operation twice, once as ``infoV1InfoGet_1``. Each operation names a tag once, and
+    no two operations share an ``operationId`` (a generator names a method by it)."""
+    ids = []
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            assert op.get("tags") and len(op["tags"]) == len(set(op["tags"])), (method, path, op.get("tags"))
+            ids.append(op["operationId"])
+    assert doc["paths"]["/v1/info"]["get"]["tags"] == ["ops"]
+    assert len(ids) == len(set(ids)) > 50, sorted(i for i in ids if ids.count(i) > 1)
