@@ -142,8 +142,11 @@ def job_owner(authorization: str | None, settings: Settings) -> tuple[str, int |
     return _digest(token).hex()[:32], limit
 
 
-async def _metrics_access(request: Request, settings: SettingsDep) -> None:
-    """``/metrics`` per ``Settings.metrics_access``: open, a key with ``read``, or off (404)."""
+async def _metrics_access(request: Request, settings: SettingsDep,
+                         creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    """``/metrics`` per ``Settings.metrics_access``: open, a key with ``read``, or off (404). ``creds`` (unused: the
+    key is checked below) declares the bearer key in the OpenAPI document, as every keyed route does; the document's
+    finishing pass keeps it only where a key is needed (:func:`service.api.document.finish_document`)."""
     if settings.metrics_access == "off":
         from starlette.exceptions import HTTPException
 

@@ -7,9 +7,12 @@ and the service's settings:
 * the ``$defs`` of the request schemas that routes read themselves (:func:`service.api.openapi.json_body`),
   moved into ``components.schemas``, where their ``$ref`` (``#/components/schemas/...``) point: left inside an
   operation, ``#/$defs/...`` resolved from the document's root and found nothing;
+* ``security`` (the bearer key) on exactly the operations that need a key under these settings: none with
+  ``auth_disabled``, and ``/metrics`` only with ``metrics_access=key`` (a generated client sends the key where the
+  document asks for it: ``/metrics`` asked for none and answered 401);
 * the error answers every route of a kind can give (:data:`COMMON_ANSWERS`): 400 from the guard's Host and
-  header checks on every route, 401 / 403 on every route that takes a key, 408 / 413 on every route that
-  reads a body;
+  header checks on every route, 401 / 403 on every route that takes a key (and only there), 403
+  ``CrossSiteRequestError`` on every route with auth off, 408 / 413 on every route that reads a body;
 * the configured value of a limit where a schema says it stands for one (``x-limit``: the name of a
   ``limits`` setting, replaced by ``maximum`` = that setting's value: ``k`` of a search says this service's
   ``limits.max_k``, not the 10,000 no setting may exceed).
@@ -28,7 +31,7 @@ from starlette.responses import Response
 from .conditional import body_etag, not_modified
 from .middleware import body_limit
 
-__all__ = ["COMMON_ANSWERS", "ERROR_SCHEMA", "finish_document", "hoist_defs", "serve_document"]
+__all__ = ["COMMON_ANSWERS", "CROSS_SITE", "ERROR_SCHEMA", "finish_document", "hoist_defs", "serve_document"]
 
 ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorBody"}
 
@@ -42,6 +45,9 @@ COMMON_ANSWERS: dict[int, tuple[str, str]] = {
     408: ("body", "The request body stalled: no bytes for `body_timeout_s`."),
     413: ("body", "Body over this route's limit (see the description) or more rows than `max_batch`."),
 }
+#: the 403 of every route with auth off (``auth_disabled``), from the guard (:func:`.middleware.cross_site`)
+CROSS_SITE = ("`CrossSiteRequestError`: auth is off and the request came from another site's web page (an `Origin` "
+              "that is neither the service's own nor in `cors_origins`, or `Sec-Fetch-Site: cross-site`).")
 
 _NO_BODY = ("get", "head", "delete")
 
@@ -83,15 +89,31 @@ def _apply_limits(node: Any, limits) -> None:
             _apply_limits(value, limits)
 
 
-def _declare_common(op: dict, method: str) -> None:
+def _error(text: str) -> dict:
+    return {"description": text, "content": {"application/json": {"schema": dict(ERROR_SCHEMA)}}}
+
+
+def _key_needed(path: str, op: dict, settings) -> bool:
+    """Whether a request to ``op`` must carry a key under ``settings``: a route that takes one (FastAPI declared its
+    ``security``) while keys are on; ``/metrics`` only with ``metrics_access=key``."""
+    if settings.auth_disabled or not op.get("security"):
+        return False
+    return path != "/metrics" or settings.metrics_access == "key"
+
+
+def _declare_common(op: dict, method: str, settings) -> None:
     responses = op.setdefault("responses", {})
+    if not op.get("security"):  # a router declares 401 / 403 for its routes: answered only where a key is needed
+        responses.pop("401", None)
+        responses.pop("403", None)
+    if settings.auth_disabled:
+        responses["403"] = _error(CROSS_SITE)
     for status, (which, text) in COMMON_ANSWERS.items():
         if which == "keyed" and not op.get("security"):
             continue
         if which == "body" and not _takes_body(method):
             continue
-        responses.setdefault(str(status), {"description": text,
-                                           "content": {"application/json": {"schema": dict(ERROR_SCHEMA)}}})
+        responses.setdefault(str(status), _error(text))
 
 
 def finish_document(spec: dict, settings) -> dict:
@@ -107,7 +129,12 @@ def finish_document(spec: dict, settings) -> dict:
                 if nb != n:
                     text += f"; binary bodies {nb} bytes (`{setting_b}`)"
                 op["description"] = (op.get("description") or "") + text + "."
-            _declare_common(op, method)
+            if not _key_needed(path, op, settings):
+                op.pop("security", None)
+            _declare_common(op, method, settings)
+    if not any(op.get("security") for ops in spec.get("paths", {}).values() for op in ops.values()
+               if isinstance(op, dict)):  # no operation takes a key: no scheme for a generated client to ask for
+        spec.get("components", {}).pop("securitySchemes", None)
     hoist_defs(spec)
     _apply_limits(spec, settings.limits)
     return spec

@@ -186,3 +186,36 @@ def test_an_undecidable_gate_answers_what_the_readme_says(world):
         "queries": {"vectors": (-Y[relevant]).tolist()}, "relevant": relevant, "min_retention": 0.5})
     assert r.status_code == int(claim) == 422, r.text  # each query's relevant document is its farthest
     assert r.json()["error"]["type"] == "InputError" and "cannot be decided" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("config", [{}, {"metrics_access": "open"}, {"metrics_access": "off"},
+                                    {"auth_disabled": True}])
+def test_security_is_declared_exactly_where_a_key_is_needed(tmp_path, config):
+    """A generated client sends the key where the document's ``security`` asks for it: ``/metrics`` answered 401
+    without a key (``metrics_access=key``, the default) but declared no ``security``, so openapi-generator's
+    ``metricsMetricsGet`` never sent one; with auth off every route still declared the key. Each operation, called
+    without a key under each setting, answers 401 exactly when it declares ``security`` (and declares 401 / 403 only
+    then); with auth off every route answers another site's page 403 ``CrossSiteRequestError``, declared."""
+    app = create_app(settings_for(tmp_path, **config))
+    with TestClient(app, base_url="http://localhost") as client:  # auth off answers loopback Host names only
+        doc = client.get("/openapi.json").json()
+        keyed, seen = set(), []
+        for method, path, op in _operations(doc):
+            r = client.request(method, _url(path))
+            if r.status_code == 401:
+                keyed.add((method, path))
+            assert bool(op.get("security")) == (r.status_code == 401), (config, method, path, r.status_code)
+            assert {401, 403} <= _declared(op) if op.get("security") else 401 not in _declared(op), (method, path)
+            if config.get("auth_disabled"):
+                r = client.request(method, _url(path), headers={"Origin": "https://elsewhere.example"})
+                assert r.status_code == 403 and r.json()["error"]["type"] == "CrossSiteRequestError", (path, r.text)
+                _check(seen, method, path, op, r.status_code)
+            elif not op.get("security"):
+                assert 403 not in _declared(op), (method, path)
+        assert not _undeclared(seen), _undeclared(seen)
+    metrics = ("GET", "/metrics")
+    if config.get("auth_disabled"):
+        assert not keyed and "securitySchemes" not in doc["components"] and len(seen) > 50
+    else:
+        assert len(keyed) > 50 and (metrics in keyed) == (config.get("metrics_access", "key") == "key"), config
+        assert ("GET", "/healthz") not in keyed and "HTTPBearer" in doc["components"]["securitySchemes"]
