@@ -83,9 +83,9 @@ valid key, 403 without the scope). Errors are `{"error": {"type", "status", "mes
 
 #: Answer headers a web page of an allowed origin (``cors_origins``) may read; browsers hide all but a safelisted
 #: few: ``ETag`` (sent back in If-Match / If-None-Match), ``Retry-After`` (429 / 503), ``X-Request-ID`` (to quote in
-#: a report), ``X-Map`` / ``X-Map-Version`` (which version answered a transform or artifact) and ``X-Shape`` (of a
-#: binary transform's body)
-EXPOSED_HEADERS = ("ETag", "Retry-After", "X-Request-ID", "X-Map", "X-Map-Version", "X-Shape")
+#: a report), ``X-Map`` / ``X-Map-Version`` (which version answered a transform or artifact), ``X-Shape`` (of a
+#: binary transform's body) and ``Location`` (a job's URL, on the 202 that queued it)
+EXPOSED_HEADERS = ("ETag", "Retry-After", "X-Request-ID", "X-Map", "X-Map-Version", "X-Shape", "Location")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -62,12 +62,12 @@ _ETAG_HEADER = {"ETag": {"description": "Strong entity tag of this answer (send 
                                   "schema": {"type": "string"}}}
 
 
-def read_responses(ok: dict | None = None) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` of a read with an ``ETag``: the 200 (``ok`` merged in) documents the headers, and
-    the 304 (no body)."""
-    return {200: {**(ok or {}), "headers": _ETAG_HEADER},
-            304: {"description": "Not Modified: `If-None-Match` matched the current `ETag`; no body.",
-                  "headers": _ETAG_HEADER}}
+def read_responses(ok: dict | None = None, headers: dict | None = None) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` of a read with an ``ETag``: the 200 (``ok`` merged in) documents the headers (and
+    ``headers``, the route's own, which its 304 carries too), and the 304 (no body)."""
+    both = {**_ETAG_HEADER, **(headers or {})}
+    return {200: {**(ok or {}), "headers": both},
+            304: {"description": "Not Modified: `If-None-Match` matched the current `ETag`; no body.", "headers": both}}
 
 
 def write_responses() -> dict[int | str, dict[str, Any]]:

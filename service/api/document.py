@@ -13,6 +13,8 @@ and the service's settings:
 * the error answers every route of a kind can give (:data:`COMMON_ANSWERS`): 400 from the guard's Host and
   header checks on every route, 401 / 403 on every route that takes a key (and only there), 403
   ``CrossSiteRequestError`` on every route with auth off, 408 / 413 on every route that reads a body;
+* the headers of those answers (:data:`STATUS_HEADERS`): ``WWW-Authenticate`` on a 401, ``Retry-After`` on a 429
+  and a 503 (a generated client reads only the headers an answer declares);
 * the configured value of a limit where a schema says it stands for one (``x-limit``: the name of a
   ``limits`` setting, replaced by ``maximum`` = that setting's value: ``k`` of a search says this service's
   ``limits.max_k``, not the 10,000 no setting may exceed).
@@ -31,7 +33,8 @@ from starlette.responses import Response
 from .conditional import body_etag, not_modified
 from .middleware import body_limit
 
-__all__ = ["COMMON_ANSWERS", "CROSS_SITE", "ERROR_SCHEMA", "finish_document", "hoist_defs", "serve_document"]
+__all__ = ["COMMON_ANSWERS", "CROSS_SITE", "ERROR_SCHEMA", "STATUS_HEADERS", "finish_document", "hoist_defs",
+           "serve_document"]
 
 ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorBody"}
 
@@ -44,6 +47,17 @@ COMMON_ANSWERS: dict[int, tuple[str, str]] = {
     403: ("keyed", "The API key lacks the scope this route needs."),
     408: ("body", "The request body stalled: no bytes for `body_timeout_s`."),
     413: ("body", "Body over this route's limit (see the description) or more rows than `max_batch`."),
+}
+_RETRY_AFTER = {"description": "Seconds to wait before sending the request again: on every 429; on a 503 when a retry "
+                               "can help (a part starting, a database busy, the service stopping), not when only its "
+                               "operator can (a part not configured, a full or read-only data dir).",
+                "schema": {"type": "integer", "minimum": 0}}
+#: status -> the headers its answers carry, declared wherever the status is (:mod:`service.api.errors` sends them)
+STATUS_HEADERS: dict[str, dict[str, dict]] = {
+    "401": {"WWW-Authenticate": {"description": "`Bearer`: the scheme to send the key with.",
+                                 "schema": {"type": "string"}}},
+    "429": {"Retry-After": _RETRY_AFTER},
+    "503": {"Retry-After": _RETRY_AFTER},
 }
 #: the 403 of every route with auth off (``auth_disabled``), from the guard (:func:`.middleware.cross_site`)
 CROSS_SITE = ("`CrossSiteRequestError`: auth is off and the request came from another site's web page (an `Origin` "
@@ -114,6 +128,9 @@ def _declare_common(op: dict, method: str, settings) -> None:
         if which == "body" and not _takes_body(method):
             continue
         responses.setdefault(str(status), _error(text))
+    for status, headers in STATUS_HEADERS.items():
+        if status in responses:
+            responses[status] = {**responses[status], "headers": {**headers, **responses[status].get("headers", {})}}
 
 
 def finish_document(spec: dict, settings) -> dict:

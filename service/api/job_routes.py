@@ -31,6 +31,9 @@ __all__ = ["job_route"]
 
 # an empty key (``-H "Idempotency-Key: $KEY"`` with KEY unset) is a 422: as a key, it made every later job of the
 # same body a replay of the first (nothing new ran) and every other body a 409, for every client sending it
+#: the header of a job's answers (202 and an idempotent replay's 200), in the OpenAPI document
+LOCATION = {"Location": {"description": "The job's URL (`/v1/jobs/{id}`, behind the proxy's prefix): follow it "
+                                        "with GET.", "schema": {"type": "string"}}}
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)]
 
 
@@ -58,7 +61,8 @@ def job_route(router: APIRouter, path: str, *, kind: str, summary: str, descript
         endpoint.__name__ = endpoint.__qualname__ = plan.__name__  # the OpenAPI operationId
         router.post(path, dependencies=[WriteScope, JSONOnly], status_code=202, summary=summary,
                     description=description, response_model=JobOut, openapi_extra=json_body(body_model, example),
-                    responses={200: {"model": JobOut,
+                    responses={202: {"headers": LOCATION},
+                               200: {"model": JobOut, "headers": LOCATION,
                                      "description": "Idempotent replay: the job this key first created."},
                                **error_responses(409, 413, 415, 429)})(endpoint)
         return plan

@@ -86,6 +86,12 @@ _TRANSFORM_ANSWERS = {
     OCTET: {"schema": {**_BINARY, "description": "little-endian float32, row-major (`X-Shape: n,d`)"}},
     NPY: {"schema": {**_BINARY, "description": "a float32 .npy array (n, d)"}},
 }
+_TEXT = {"type": "string"}
+#: the headers naming the version that answered (a transform, an artifact): what a binary answer has no field for
+_MAP_HEADERS = {"X-Map": {"description": "The map's name.", "schema": _TEXT},
+                "X-Map-Version": {"description": "The version that answered.", "schema": {"type": "integer"}}}
+_TRANSFORM_HEADERS = {**_MAP_HEADERS, "X-Shape": {"description": "`n,d`: rows and columns of the answer (a raw float32 "
+                                                                 "body holds no shape).", "schema": _TEXT}}
 
 
 # --- spaces -------------------------------------------------------------------------------------
@@ -235,7 +241,7 @@ async def delete_tag(name: NamePath, version: VersionPath, key: str, state: Stat
 
 @router.get("/maps/{ref}/artifact", dependencies=[ReadScope], summary="Download the map artifact",
             response_class=Response, responses=read_responses({"content": {OCTET: {"schema": {
-                **_BINARY, "description": "the artifact as `format` (safetensors or npz)"}}}}))
+                **_BINARY, "description": "the artifact as `format` (safetensors or npz)"}}}}, _MAP_HEADERS))
 async def get_artifact(request: Request, ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = None,
                        format: str = Query("safetensors", pattern="^(npz|safetensors)$")):
     """The artifact as `format`. `ETag`: `"<artifact sha256>.<format>"`; `If-None-Match` with it → 304 (nothing
@@ -283,7 +289,8 @@ def _still_served(registry, v, stored: int | None) -> bool:
 # --- transform ----------------------------------------------------------------------------------
 @router.post("/maps/{ref}/transform", dependencies=[ReadScope], summary="Transform vectors (JSON or binary)",
              description=TRANSFORM_DOC, openapi_extra=_TRANSFORM_BODY, response_model=TransformResponse,
-             responses={200: {"content": _TRANSFORM_ANSWERS}, **error_responses(413, 415, 429)})
+             responses={200: {"content": _TRANSFORM_ANSWERS, "headers": _TRANSFORM_HEADERS},
+                        **error_responses(413, 415, 429)})
 async def transform(ref: RefPath, request: Request, state: StateDep, settings: SettingsDep,
                     output: Annotated[str | None, Query(description="raw | frame | linear (binary requests)"),
                                       _values_of("output")] = None,

@@ -219,3 +219,53 @@ def test_security_is_declared_exactly_where_a_key_is_needed(tmp_path, config):
     else:
         assert len(keyed) > 50 and (metrics in keyed) == (config.get("metrics_access", "key") == "key"), config
         assert ("GET", "/healthz") not in keyed and "HTTPBearer" in doc["components"]["securitySchemes"]
+
+
+def test_the_headers_a_client_reads_are_declared_with_their_answers(tmp_path):
+    """``Location`` (a job's 202 and replay), ``Retry-After`` (429 / 503), ``X-Shape`` / ``X-Map`` / ``X-Map-Version``
+    (a transform, an artifact) and ``WWW-Authenticate`` (401) were sent but declared on no answer, so a generated
+    client had no accessor for them; and a browser page could not read ``Location`` (not in the CORS exposed
+    headers). Each such header a real answer carries is declared for its operation and status."""
+    import numpy as np
+    from _api_support import served_world
+
+    from service.api.app import EXPOSED_HEADERS
+
+    watched = {h.lower() for h in EXPOSED_HEADERS} - {"x-request-id"} | {"www-authenticate", "location"}
+    seen = []
+
+    def check(doc, method, path, r):
+        op = doc["paths"][path][method.lower()]
+        declared = {h.lower() for h in op["responses"].get(str(r.status_code), {}).get("headers", {})}
+        carried = {h for h in r.headers if h in watched}
+        assert carried <= declared, (method, path, r.status_code, carried - declared)
+        seen.append((r.status_code, *sorted(carried)))
+
+    with served_world(tmp_path, cors_origins=["https://app.example"]) as (c, app, data):
+        doc = app.openapi()
+        fit = {"name": "hdr", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
+               "source": {"vectors": data["X"][:40].tolist()}, "target": {"vectors": data["Y"][:40].tolist()}}
+        for _ in range(2):  # 202, then the idempotent replay's 200
+            check(doc, "POST", "/v1/fits", c.post("/v1/fits", json=fit, headers={**W, "Idempotency-Key": "h1"}))
+        rows = np.ascontiguousarray(data["X"][:3], dtype="<f4").tobytes()
+        r = c.post("/v1/maps/a2b/transform", content=rows, headers={**R, "content-type": "application/octet-stream"})
+        assert r.headers["x-shape"] == "3,16"
+        check(doc, "POST", "/v1/maps/{ref}/transform", r)
+        check(doc, "POST", "/v1/maps/{ref}/transform", c.post("/v1/maps/a2b/transform", headers=R,
+                                                               json={"vectors": data["X"][:1].tolist()}))
+        r = c.get("/v1/maps/a2b/artifact", headers=R)
+        check(doc, "GET", "/v1/maps/{ref}/artifact", r)
+        check(doc, "GET", "/v1/maps/{ref}/artifact",
+              c.get("/v1/maps/a2b/artifact", headers={**R, "If-None-Match": r.headers["etag"]}))
+        check(doc, "GET", "/metrics", c.get("/metrics"))
+        r = c.post("/v1/fits", json=fit, headers={**W, "Origin": "https://app.example"})
+        assert "location" in {h.strip().lower() for h in r.headers["access-control-expose-headers"].split(",")}
+    cold = TestClient(create_app(settings_for(tmp_path / "cold")), raise_server_exceptions=False)  # no start-up
+    check(doc, "GET", "/v1/info", cold.get("/v1/info", headers=R))
+    assert {s[0] for s in seen} == {200, 202, 304, 401, 503}, seen
+    assert {"location", "x-shape", "x-map", "retry-after", "www-authenticate"} <= {h for s in seen for h in s[1:]}
+    for path, ops in doc["paths"].items():  # the 429 / 503 of every operation, wherever a route can give one
+        for method, op in ops.items():
+            for status in ("429", "503"):
+                if status in op["responses"]:
+                    assert "Retry-After" in op["responses"][status].get("headers", {}), (method, path, status)
