@@ -20,6 +20,12 @@ no check-then-write race between requests, processes or replicas sharing a Postg
 hold: 412 ``PreconditionFailedError`` naming where the alias points and its ETag; nothing changed. An alias that
 is not set fails ``If-Match`` (412); an unknown map or version stays a 404. Answers of alias reads and writes
 carry the alias's (new) ``ETag``, so a deploy script can chain guarded moves.
+
+**Tag writes** (``PUT`` / ``DELETE /v1/maps/{name}/versions/{version}/tags/{key}``): ``If-Match`` (the version's
+``ETag`` from ``GET`` of the version or an earlier tag write, strong comparison; ``*``: the version exists) is checked
+on the version as it is inside the write's transaction (its row locked: tag writes of a version run one after the
+other), so a tag write never overwrites a change its client did not see; when it does not hold: 412, nothing
+written. The answer carries the version's new ``ETag``.
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ from align.exceptions import InputError
 
 from ..errors import PreconditionFailedError
 from ..registry import AliasMovedError
-from .responses import FastJSONResponse
+from .responses import FastJSONResponse, dumps
 from .schemas import MAX_VERSION, error_responses
 
-__all__ = ["IMMUTABLE", "REVALIDATE", "IfMatch", "IfNoneMatch", "IfNoneMatchStar", "alias_answer", "alias_etag",
-           "alias_write", "answer", "body_etag", "entity_tags", "not_modified", "read_responses", "write_responses"]
+__all__ = ["IMMUTABLE", "REVALIDATE", "IfMatch", "IfMatchVersion", "IfNoneMatch", "IfNoneMatchStar", "alias_answer",
+           "alias_etag", "alias_write", "answer", "body_etag", "entity_tags", "not_modified", "read_responses",
+           "record_etag", "version_check", "write_responses"]
 
 IMMUTABLE = "private, max-age=31536000, immutable"
 REVALIDATE = "private, no-cache"
@@ -53,6 +60,10 @@ IfNoneMatchStar = Annotated[str | None, Header(alias="if-none-match", descriptio
 IfMatch = Annotated[str | None, Header(description=(
     "Write only while the alias's `ETag` (`\"v<N>\"`: the version it points at, from `GET`/`PUT` of the alias) "
     "is one of these, or `*` while it is set at all; else 412 and nothing changes. Atomic (compare-and-set)."))]
+
+IfMatchVersion = Annotated[str | None, Header(alias="if-match", description=(
+    "Write only while the version's `ETag` (from `GET` of the version, or an earlier tag write's answer) is one of "
+    "these (strong comparison), or `*`; else 412 and nothing changes. Checked in the write's transaction."))]
 
 _TAG = re.compile(r'\s*(W/)?"([^"]*)"\s*(?:,|$)')
 _ALIAS_TAG = re.compile(r"v([1-9][0-9]{0,9})")
@@ -70,9 +81,10 @@ def read_responses(ok: dict | None = None, headers: dict | None = None) -> dict[
             304: {"description": "Not Modified: `If-None-Match` matched the current `ETag`; no body.", "headers": both}}
 
 
-def write_responses() -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` of an alias write: the 200 carries the alias's new ``ETag``, and the 412."""
-    return {200: {"headers": {"ETag": {**_ETAG_HEADER["ETag"], "description": "The alias's new entity tag."}}},
+def write_responses(what: str = "alias") -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` of a conditional write of ``what`` (an alias, a version's tag): the 200 carries its new
+    ``ETag``, and the 412."""
+    return {200: {"headers": {"ETag": {**_ETAG_HEADER["ETag"], "description": f"The {what}'s new entity tag."}}},
             **error_responses(412)}
 
 
@@ -87,6 +99,28 @@ def entity_tags(value: str) -> str | list[tuple[bool, str]]:
 def body_etag(body: bytes) -> str:
     """The strong ETag of exactly these bytes: ``"<first 32 hex digits of their SHA-256>"``."""
     return f'"{hashlib.sha256(body).hexdigest()[:32]}"'
+
+
+def record_etag(record) -> str:
+    """The ``ETag`` ``GET`` of a registry record (a version) answers with: :func:`body_etag` of its JSON body."""
+    return body_etag(dumps(record.to_dict()))
+
+
+def version_check(if_match: str | None, name: str, version: int) -> Callable[[Any], None] | None:
+    """The precondition of a tag write under ``If-Match`` (None without one): a check of the version's record, run
+    by the registry in the write's transaction, raising :class:`~service.errors.PreconditionFailedError` (412) when
+    the version's ETag is not one the header lists (``*``: any)."""
+    if if_match is None:
+        return None
+    tags = entity_tags(if_match)
+
+    def check(record) -> None:
+        etag = record_etag(record)
+        if tags != "*" and not any(not weak and opaque == etag.strip('"') for weak, opaque in tags):
+            raise PreconditionFailedError(f"{name}:{version} has ETag {etag}, so If-Match: {if_match[:200]} does not "
+                                          "hold: nothing changed (read it again and decide)")
+
+    return check
 
 
 def alias_etag(version: int) -> str:

@@ -83,7 +83,7 @@ _ERROR_TEXT = {
     403: "The API key lacks the scope this route needs.",
     404: "Unknown space, map, version, alias, index, job or encoder.",
     409: "Conflict with what is stored (deleted version, taken name, idempotency key reused with another body).",
-    412: "Precondition failed: the alias is not where `If-Match` / `If-None-Match: *` said; nothing changed.",
+    412: "Precondition failed: `If-Match` / `If-None-Match: *` did not hold (alias or version moved); nothing changed.",
     413: "Body over this route's limit (its description says which) or more rows than `max_batch`.",
     415: "Unsupported `Content-Type`.",
     422: "Invalid input: shape, dimension, NaN/Inf, empty, bad name, failed request validation.",

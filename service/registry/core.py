@@ -448,11 +448,13 @@ class Registry(SteerRegistryMixin):
         """Remove ``name@alias``; ``expected``: compare-and-delete (:meth:`~.entity.VersionedStore.delete_alias`)."""
         self._maps.delete_alias(name, alias, expected=expected)
 
-    def set_tag(self, name: str, version: int, key: str, value) -> VersionInfo:
-        return self._maps.set_tag(name, version, key, value)
+    def set_tag(self, name: str, version: int, key: str, value, *, check=None) -> VersionInfo:
+        """``check(record)``: a precondition on the version as it is in the write's transaction (raises: nothing
+        written); for ``delete_tag`` too."""
+        return self._maps.set_tag(name, version, key, value, check=check)
 
-    def delete_tag(self, name: str, version: int, key: str) -> None:
-        self._maps.delete_tag(name, version, key)
+    def delete_tag(self, name: str, version: int, key: str, *, check=None) -> None:
+        self._maps.delete_tag(name, version, key, check=check)
 
     def delete_version(self, name: str, version: int) -> VersionInfo:
         """Soft delete: the row and artifact stay (lineage), but the version no longer resolves; :meth:`gc` removes

@@ -506,13 +506,25 @@ class VersionedStore:
         return AliasMovedError(f"{self.kind.noun} {name}@{alias} {where}, expected {wanted}: not {done} ({why})",
                                current)
 
-    def set_tag(self, name: str, version: int, key: str, value) -> Record:
+    def _tagged(self, t, name: str, version: int, check) -> None:
+        """Before a tag write of ``name:version`` (NotFoundError when there is none): its row locked (PostgreSQL's
+        ``FOR UPDATE``; SQLite has one writer anyway), so tag writes of a version run one after the other, and
+        ``check(record)`` (a precondition: it raises to write nothing) on the record as it is now."""
+        if 1 <= int(version) <= MAX_VERSION:  # else get_in says there is no such version
+            t.one(f"SELECT version FROM {self.kind.table} WHERE name = ? AND version = ?" + self.db.for_update,
+                  (name, int(version)))
+        record = self.get_in(t, name, int(version))
+        if check is not None:
+            check(record)
+
+    def set_tag(self, name: str, version: int, key: str, value, *, check=None) -> Record:
+        """Set tag ``key`` of ``name:version`` to ``value`` as text; ``check``: see :meth:`_tagged`."""
         self.check(name)
         check_tag_key(key)
         value = check_tag_value(value, key)
 
         def fn(t):
-            self.get_in(t, name, int(version))
+            self._tagged(t, name, version, check)
             others = t.one(f"SELECT count(*) FROM {self.kind.tags} WHERE name = ? AND version = ? AND key <> ?",
                            (name, int(version), key))[0]
             check_tag_count(int(others) + 1, f"{self.kind.noun} {name}:{int(version)}")
@@ -523,13 +535,13 @@ class VersionedStore:
         self._write(fn)
         return self.get(name, int(version))
 
-    def delete_tag(self, name: str, version: int, key: str) -> None:
+    def delete_tag(self, name: str, version: int, key: str, *, check=None) -> None:
         self.check(name)
         if key not in (".", ".."):  # a dot key set before they were refused can still be removed
             check_tag_key(key)
 
         def fn(t):
-            self.get_in(t, name, int(version))
+            self._tagged(t, name, version, check)
             t.q(f"DELETE FROM {self.kind.tags} WHERE name = ? AND version = ? AND key = ?", (name, int(version), key))
 
         self._write(fn)

@@ -18,8 +18,8 @@ from ...registry import parse_ref
 from ...registry.cache import LRUCache
 from ..codec import (JSON, NPY, OCTET, b64_encode, check_query, may_hold_bools, media_type, npy_bytes, options_of,
                      parse_json, prefers_json, validate, vectors_from_binary, vectors_from_json)
-from ..conditional import (IMMUTABLE, REVALIDATE, IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write,
-                           answer, not_modified, read_responses, write_responses)
+from ..conditional import (IMMUTABLE, REVALIDATE, IfMatch, IfMatchVersion, IfNoneMatch, IfNoneMatchStar, alias_answer,
+                           alias_write, answer, body_etag, not_modified, read_responses, version_check, write_responses)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, VersionPath, WriteScope
 from ..name_types import AliasPath, NamePath, RefPath
 from ..openapi import examples, json_body
@@ -217,26 +217,38 @@ async def get_report(name: NamePath, version: VersionPath, state: StateDep, if_n
                                               headers={"Content-Security-Policy": REPORT_CSP}))
 
 
+def _tagged(v) -> Response:
+    """The version after a tag write, with its new ``ETag`` (the next conditional write's ``If-Match``)."""
+    out = FastJSONResponse(v.to_dict())
+    out.headers["ETag"] = body_etag(out.body)
+    return out
+
+
 @router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],
-            summary="Set a tag", response_model=VersionOut, responses=error_responses(415))
+            summary="Set a tag", response_model=VersionOut,
+            responses={**error_responses(415), **write_responses("version")})
 async def set_tag(name: NamePath, version: VersionPath, key: str,
-                  body: Annotated[TagSet, Body(openapi_examples=examples("set_tag"))], state: StateDep):
+                  body: Annotated[TagSet, Body(openapi_examples=examples("set_tag"))], state: StateDep,
+                  if_match: IfMatchVersion = None):
     """Tags are text: a string is stored as sent, any other JSON value as its compact JSON (`true`, `null`,
-    `{"a":1}`, `0.5`)."""
+    `{"a":1}`, `0.5`). `If-Match` with the version's `ETag`: only while the version is as read, else 412."""
     value = body.value if isinstance(body.value, str) else dumps(body.value).decode()
-    return FastJSONResponse((await run_in_threadpool(state.registry.set_tag, name, version, key, value)).to_dict())
+    check = version_check(if_match, name, version)
+    return _tagged(await run_in_threadpool(lambda: state.registry.set_tag(name, version, key, value, check=check)))
 
 
 @router.delete("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope], summary="Remove a tag",
-               response_model=VersionOut)
-async def delete_tag(name: NamePath, version: VersionPath, key: str, state: StateDep):
+               response_model=VersionOut, responses=write_responses("version"))
+async def delete_tag(name: NamePath, version: VersionPath, key: str, state: StateDep,
+                     if_match: IfMatchVersion = None):
     """The version without tag `key` (a tag that is not set: the version as it is, so a retried delete answers the
-    same). The tag could be set over HTTP but removed only by the CLI (`registry tag --delete`)."""
+    same). The tag could be set over HTTP but removed only by the CLI (`registry tag --delete`). `If-Match` as for
+    `PUT`."""
     def remove():
-        state.registry.delete_tag(name, version, key)
+        state.registry.delete_tag(name, version, key, check=version_check(if_match, name, version))
         return state.registry.get_version(name, version)
 
-    return FastJSONResponse((await run_in_threadpool(remove)).to_dict())
+    return _tagged(await run_in_threadpool(remove))
 
 
 @router.get("/maps/{ref}/artifact", dependencies=[ReadScope], summary="Download the map artifact",

@@ -406,3 +406,38 @@ def test_head_of_an_artifact_answers_its_etag_and_length_over_real_http(served):
     assert (status, headers["etag"], rest) == (304, got.headers["etag"], b"")
     status, headers, rest = _raw_head(url, "/v1/maps/a2b:1/artifact", {})
     assert status == 401 and "www-authenticate" in headers and rest == b""
+
+
+def test_tag_writes_hold_only_while_if_match_does(served):
+    """``PUT .../tags/{key}`` with an ``If-Match`` that did not hold wrote anyway (200), though the version has a
+    strong ETag and alias writes honour theirs (RFC 9110 13.1.1). Now a tag write or removal under ``If-Match`` is
+    a 412 (nothing written) unless the version's ETag is listed (``*``: it exists), and its answer carries the new
+    ETag; the document declares the header and the 412."""
+    c, _, _ = served
+    version, tag = "/v1/maps/a2b/versions/1", "/v1/maps/a2b/versions/1/tags/owner"
+    first = c.get(version)
+    e1 = first.headers["etag"]
+    for stale in ('"nope"', f"W/{e1}", e1.strip('"'), "garbage"):  # W/: If-Match compares strongly
+        for r in (c.put(tag, json={"value": "x"}, headers={"If-Match": stale}),
+                  c.delete(tag, headers={"If-Match": stale})):
+            assert r.status_code == 412, (stale, r.status_code, r.text)
+            assert r.json()["error"]["type"] == "PreconditionFailedError" and e1 in r.json()["error"]["message"]
+    assert c.get(version).json() == first.json()  # nothing written
+    r = c.put(tag, json={"value": "search"}, headers={"If-Match": f'"other", {e1}'})
+    assert r.status_code == 200 and r.json()["tags"] == {"owner": "search"}
+    e2 = r.headers["etag"]
+    assert e2 != e1 and c.get(version).headers["etag"] == e2  # the ETag a GET answers now
+    r = c.put(tag, json={"value": "ranking"}, headers={"If-Match": e1})  # a write its client did not see
+    assert r.status_code == 412 and c.get(version).json()["tags"] == {"owner": "search"}
+    assert c.delete(tag, headers={"If-Match": e1}).status_code == 412
+    r = c.delete(tag, headers={"If-Match": e2})
+    assert r.status_code == 200 and r.json()["tags"] == {} and r.headers["etag"] == c.get(version).headers["etag"]
+    assert c.put(tag, json={"value": 1}, headers={"If-Match": "*"}).status_code == 200
+    assert c.delete(tag).status_code == 200 and c.put(tag, json={"value": 2}).status_code == 200  # as before
+    assert c.put("/v1/maps/a2b/versions/9/tags/owner", json={"value": 1}, headers={"If-Match": "*"}).status_code == 404
+    doc = c.get("/openapi.json").json()
+    for method in ("put", "delete"):
+        op = doc["paths"]["/v1/maps/{name}/versions/{version}/tags/{key}"][method]
+        assert "412" in op["responses"] and "ETag" in op["responses"]["200"]["headers"], method
+        assert [p for p in op["parameters"] if p["in"] == "header" and p["name"].lower() == "if-match"], method
+

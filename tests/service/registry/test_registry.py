@@ -212,6 +212,47 @@ def test_tags(reg):
 
 
 
+def test_a_tag_writes_check_holds_until_the_tag_is_written(reg):
+    """A tag write's ``check`` (HTTP's ``If-Match`` on a tag) runs on the version inside the write's transaction, its
+    row locked: another tag write of the version waits until it commits, so what the check saw is what the write
+    changes (a check read before the write let a racing writer change the version in between). A check that raises
+    writes nothing."""
+    import threading
+
+    register(reg)
+    waited, others = [], []
+
+    def other(value):
+        reg.set_tag("a->b", 1, "owner", value)
+
+    def check(record):
+        assert record.tags == ({} if not others else {"owner": "other"}), record.tags
+        t = threading.Thread(target=other, args=(f"other{len(others)}",))
+        t.start()
+        t.join(0.5)
+        waited.append(t.is_alive())  # blocked by this transaction
+        others.append(t)
+
+    assert reg.set_tag("a->b", 1, "owner", "mine", check=check).tags == {"owner": "mine"}
+    others[0].join(60)
+    assert waited == [True] and reg.get_version("a->b", 1).tags == {"owner": "other0"}
+    reg.set_tag("a->b", 1, "owner", "other")
+    reg.delete_tag("a->b", 1, "owner", check=check)
+    others[1].join(60)
+    assert waited == [True, True] and reg.get_version("a->b", 1).tags == {"owner": "other1"}
+
+    def refuse(record):
+        raise ConflictError("no")
+
+    for write in (lambda: reg.set_tag("a->b", 1, "k", "v", check=refuse),
+                  lambda: reg.delete_tag("a->b", 1, "owner", check=refuse)):
+        with pytest.raises(ConflictError):
+            write()
+    assert reg.get_version("a->b", 1).tags == {"owner": "other1"}
+    with pytest.raises(NotFoundError):
+        reg.set_tag("a->b", 2**40, "k", "v", check=refuse)
+
+
 def test_an_alias_too_long_is_told_the_limit(reg):
     """A 65-character alias was refused with "must start with a letter", which it did: the message now gives the
     64-character limit."""
