@@ -22,6 +22,7 @@ from ..ops.plans import EVAL_MAX_QUERIES
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
 from ..registry.names import MAX_VERSION, check_text
 from .name_types import AliasName, IndexName, Name, Ref
+from .number_types import Count, Real, count
 
 __all__ = [
     "MAX_VERSION", "ErrorBody",
@@ -43,11 +44,8 @@ Description = Field("", max_length=MAX_DESCRIPTION, description=f"Free text, at 
 #: A description's type: what the registry refuses (``check_text``: NUL, which PostgreSQL's TEXT cannot hold) is
 #: refused at request time, before a fit runs, not after the work.
 DescriptionText = Annotated[str, AfterValidator(lambda text: check_text(text, "description"))]
-Dim = Field(None, ge=1, le=MAX_DIM, description=f"Columns per row (1 .. {MAX_DIM}).")
-#: A count in a JSON body (dims, k, ...): an integer as JSON writes it. Lax ints took `true` as 1 and `"4"` as 4.
-Count = Annotated[int, Strict()]
-#: A real number in a JSON body: an integer or a float as JSON writes it (not `true`, not "nan").
-Real = Annotated[float, Strict()]
+Dim = Field(None, description=f"Columns per row (1 .. {MAX_DIM}).")
+DimCount = count(1, MAX_DIM)  # with Dim: `dim: DimCount | None = Dim`
 Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 2**31-1).")
 #: A steer's strength: a real number within [-MAX_STEER_EPS, MAX_STEER_EPS] (service.limits says why)
 SteerEps = Annotated[Real, Field(ge=-MAX_STEER_EPS, le=MAX_STEER_EPS, allow_inf_nan=False)]
@@ -105,8 +103,8 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 # --- spaces and maps ----------------------------------------------------------------------------
 class SpaceCreate(_Strict):
     name: Name
-    dim: Count | None = Field(None, ge=1, le=MAX_DIM, description=f"Columns (1 .. {MAX_DIM}); taken from the encoder "
-                                                                "when omitted.")
+    dim: DimCount | None = Field(None, description=f"Columns (1 .. {MAX_DIM}); taken from the encoder "
+                                                       "when omitted.")
     encoder: str | None = Field(None, description="Installed encoder that produces this space (GET /v1/models).")
     query_prefix: str = Field("", max_length=1024, description=(
         "Record of the prefix this space's queries were embedded with (e.g. 'query: '), for whoever embeds vectors "
@@ -118,8 +116,8 @@ class SpaceCreate(_Strict):
 
 class AliasSet(_Strict):
     version: Count = Field(..., ge=1, le=MAX_VERSION)
-    expected_version: Count | None = Field(
-        None, ge=0, le=MAX_VERSION, description="Compare-and-set: move the alias only while it points at this version "
+    expected_version: count(0, MAX_VERSION) | None = Field(
+        None, description="Compare-and-set: move the alias only while it points at this version "
         "(0: only while it is not set), else 409 naming where it points. Of deploy tools racing, one moves it. "
         "Or send the `If-Match` header (412 instead).")
 
@@ -153,7 +151,7 @@ class _Vectors(BaseModel):
         None, description="Rows as JSON numbers, shape (n, d). Simple but slow for large batches.")
     vectors_b64: str | None = Field(
         None, description="Fast path in JSON: base64 of little-endian float32, row-major; needs `dim`.")
-    dim: Count | None = Field(None, ge=1, le=MAX_DIM, description="Columns per row for `vectors_b64`.")
+    dim: DimCount | None = Field(None, description="Columns per row for `vectors_b64`.")
 
 
 def vectors_schema() -> dict:
@@ -168,7 +166,7 @@ class TransformOptions(_Strict):
                            "the target frame or renormalisation (a cluster map: its routed clusters' blend).")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="Response vectors as JSON numbers or base64 float32 (`vectors_b64`).")
-    dim: Count | None = Dim
+    dim: DimCount | None = Dim
 
 
 class TransformJSON(_Vectors):
@@ -207,7 +205,7 @@ class IndexCreateOptions(_Strict):
     texts: list[str] | None = Field(None, description="Embed these with the space's encoder (passage form) "
                                                       "instead of sending vectors.")
     store_texts: bool = Field(True, description="With `texts`: keep each text as its payload unless payloads given.")
-    dim: Count | None = Dim
+    dim: DimCount | None = Dim
 
 
 class IndexCreate(IndexCreateOptions, _Vectors):
@@ -219,7 +217,7 @@ class IndexAddOptions(_Strict):
     payloads: list[Any] | None = None
     texts: list[str] | None = None
     store_texts: bool = True
-    dim: Count | None = Dim
+    dim: DimCount | None = Dim
 
 
 class IndexAdd(IndexAddOptions, _Vectors):
@@ -250,14 +248,14 @@ class SearchOptions(_Strict):
                                            "of the native recall than 1 on labelled retrieval in migrated indexes "
                                            "(benchmarks/results/migration_2026-12-01_csls*.md).")
     exact: bool = Field(False, description="Scan every row (ignores the approximate structure).")
-    ef_search: Count | None = Field(None, ge=1, le=MAX_EF_SEARCH,
-                                        description="HNSW breadth for this request (at most 32768, as the index's).")
-    nprobe: Count | None = Field(None, ge=1, le=65_536, description="IVF lists probed for this request.")
+    ef_search: count(1, MAX_EF_SEARCH) | None = Field(
+        None, description="HNSW breadth for this request (at most 32768, as the index's).")
+    nprobe: count(1, 65_536) | None = Field(None, description="IVF lists probed for this request.")
     include_payloads: bool = True
     steers: dict[str, SteerEps] | None = Field(
         None, description="Steered search: `{steer ref: eps}` applied to the queries in the index's space (after "
                           f"translation), composed by summing `sum eps_i W_i` (|eps| at most {MAX_STEER_EPS:g}).")
-    dim: Count | None = Dim
+    dim: DimCount | None = Dim
 
 
 class SearchRequest(SearchOptions, _Vectors):
@@ -585,7 +583,7 @@ class SteerFitOptions(_Strict):
     random_state: Count = Seed
     alias: AliasName | None = None
     description: DescriptionText = Description
-    dim: Count | None = Dim
+    dim: DimCount | None = Dim
 
 
 class SteerFitRequest(SteerFitOptions, _Vectors):
@@ -595,7 +593,7 @@ class SteerFitRequest(SteerFitOptions, _Vectors):
 class SteerApplyOptions(_Strict):
     eps: SteerEps = Field(1.0, description="Strength: 0 is the identity, 1 the trained strength, negative reverses "
                                            f"(|eps| at most {MAX_STEER_EPS:g}).")
-    dim: Count | None = Dim
+    dim: DimCount | None = Dim
 
 
 class SteerApplyRequest(SteerApplyOptions, _Vectors):

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from .name_types import Name, Ref
-from .schemas import Count, Dim, MapPath, Real, Seed, _Page, _Strict, _Vectors
+from .schemas import Count, Dim, DimCount, MapPath, Real, Seed, _Page, _Strict, _Vectors
 
 __all__ = ["CollectionSearchOptions", "CollectionSearchRequest", "CollectionSearchResponse", "MigrationList",
            "MigrationRequest", "MigrationStatus", "VerificationRequest"]
@@ -64,7 +64,7 @@ class CollectionSearchOptions(_Strict):
     collection_space: Name | None = Field(None, description="Space of the collection's vectors when it records none "
                                                            "(a migrated collection records its space); one that "
                                                            "contradicts the recorded space is refused (422).")
-    dim: Count | None = Dim
+    dim: DimCount | None = Dim
 
 
 class CollectionSearchRequest(CollectionSearchOptions, _Vectors):

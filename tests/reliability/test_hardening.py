@@ -351,9 +351,9 @@ def test_strict_numbers_and_shapes(server):
             assert 400 <= r.status_code < 500, (path, r.status_code, r.text[:200])
         nested = {"value": json.loads("[" * 40 + "]" * 40)}
         _refused(c.put("/v1/maps/a2b/versions/1/tags/deep", json=nested))
-        # counts in JSON bodies are JSON integers: `true` was read as 1 (one result, silently), "4" as 4
+        # counts are JSON integers (4.0 is 4, not 4.5): `true` was read as 1 (one result, silently), "4" as 4
         q = {"vectors": [[0.5] * DIM]}
-        for extra in ({"k": True}, {"k": "4"}, {"k": 4.0}, {"csls": True, "csls_k": True}, {"nprobe": "2"},
+        for extra in ({"k": True}, {"k": "4"}, {"k": 4.5}, {"csls": True, "csls_k": True}, {"nprobe": "2"},
                       {"ef_search": False}, {"dim": True}):
             _refused(c.post("/v1/indexes/ix/search", json={**q, **extra}))
         _refused(c.post("/v1/spaces", json={"name": "booldim", "dim": True}))

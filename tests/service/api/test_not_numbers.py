@@ -55,18 +55,21 @@ def test_a_boolean_npy_body_is_a_422_saying_how_to_send_0_1(tmp_path):
 def test_row_numbers_are_json_integers_as_ids_are(tmp_path):
     """QA: ``relevant: [0, true, 2]``, ``[0, "1", 2]`` and ``[0, 1.0, 2]`` on POST /v1/maps/{ref}/evaluate answered
     200 as rows 0, 1, 2 (pydantic's lax int), as did such ``seed_pairs`` of a fit; the CLI refuses them on purpose.
-    A 422 now, as for ``ids``."""
+    A 422 now, as for ``ids``; but for ``1.0``, the whole number the schema's ``type: integer`` takes (JSON Schema
+    reads 1.0 as an integer; a fraction, ``1.5``, is refused)."""
     with served_world(tmp_path) as (c, _, world):
         X, Y = world["X"][:40].tolist(), world["Y"][:40].tolist()
         body = {"source": {"vectors": X}, "target": {"vectors": Y}, "queries": {"vectors": Y[:3]}}
-        for bad in ([0, True, 2], [0, "1", 2], [0, 1.0, 2]):
+        for bad in ([0, True, 2], [0, "1", 2], [0, 1.5, 2]):
             r = c.post("/v1/maps/a2b/evaluate", headers=R, json={**body, "relevant": bad})
             assert r.status_code == 422 and "relevant.1" in r.json()["error"]["message"], (bad, r.text)
         r = c.post("/v1/maps/a2b/evaluate", headers=R, json={**body, "relevant": [0, 1, 2]})
         assert r.status_code == 200, r.text
+        whole = c.post("/v1/maps/a2b/evaluate", headers=R, json={**body, "relevant": [0, 1.0, 2]})
+        assert whole.status_code == 200 and whole.json() == r.json(), whole.text
         fit = {"name": "seeded", "source_space": "a", "target_space": "b", "source": {"vectors": X},
                "target": {"vectors": Y}, "method": "nonsense"}
-        for bad in ([[0, True]], [[0, "1"]], [[1.0, 2]]):
+        for bad in ([[0, True]], [[0, "1"]], [[1.5, 2]]):
             r = c.post("/v1/fits", headers=W, json={**fit, "seed_pairs": bad})
             assert r.status_code == 422 and "seed_pairs.0" in r.json()["error"]["message"], (bad, r.text)
         r = c.post("/v1/fits", headers=W, json={**fit, "seed_pairs": [[0, 1]]})  # read; the method is what fails

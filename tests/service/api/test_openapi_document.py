@@ -278,3 +278,40 @@ def test_no_operation_repeats_a_tag_and_operation_ids_are_unique(doc):
             ids.append(op["operationId"])
     assert doc["paths"]["/v1/info"]["get"]["tags"] == ["ops"]
     assert len(ids) == len(set(ids)) > 50, sorted(i for i in ids if ids.count(i) > 1)
+
+
+def test_integer_fields_take_the_whole_numbers_their_schema_declares(doc, tmp_path):
+    """The document says ``type: integer``, which JSON Schema (and so generated clients and fuzzers) reads as any whole
+    number, ``1.0`` too, but ``{"dim": 1.0}`` was a 422 "Input should be a valid integer" (``random_state: 25332.0``,
+    ``k: 337.0`` too): integer fields take a whole float as the integer it is. A fraction is refused naming it (never
+    rounded), and so is a whole float past 2**53 (it may already be another integer, rounded: an id must not land on
+    its neighbour), ``true`` and ``"4"``. The bounds stay in the schema as ``minimum`` / ``maximum``: pydantic wrote
+    the bounds of a nullable field read through a validator as ``ge`` / ``le``, keywords JSON Schema ignores."""
+    from _api_support import W, populate
+    from fastapi.testclient import TestClient
+
+    nowhere = [(where, k) for where, k, _ in _walk(doc) if k in ("ge", "le", "gt", "lt") and "/properties/" in where]
+    assert not nowhere, nowhere[:5]
+    dim = doc["components"]["schemas"]["SpaceCreate"]["properties"]["dim"]["anyOf"][0]
+    assert (dim["type"], dim["minimum"], dim["maximum"]) == ("integer", 1, 65536)
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        data = populate(app.state.vb.registry)
+        r = c.post("/v1/spaces", json={"name": "whole", "dim": 4.0}, headers=W)
+        assert r.status_code == 201 and r.json()["dim"] == 4, r.text
+        rows = data["Y"][:6].tolist()
+        r = c.post("/v1/indexes", headers=W, json={"name": "ix", "space": "b", "vectors": rows, "random_state": 25332.0,
+                                                   "ids": [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]})
+        assert r.status_code == 201 and r.json()["params"]["random_state"] == 25332, r.text
+        r = c.post("/v1/indexes/ix/search", json={"vectors": rows[:1], "k": 3.0}, headers=W)
+        assert r.status_code == 200 and [h["id"] for h in r.json()["results"][0]][:1] == [10], r.text
+        assert len(r.json()["results"][0]) == 3
+        for body, says in (({"name": "x", "dim": 1.5}, "must be an integer, got 1.5"),
+                           ({"name": "x", "dim": True}, "valid integer"), ({"name": "x", "dim": "4"}, "valid integer"),
+                           ({"name": "x", "dim": 0.0}, "greater than or equal to 1")):
+            r = c.post("/v1/spaces", json=body, headers=W)
+            assert r.status_code == 422 and says in r.json()["error"]["message"], (body, r.text)
+        r = c.post("/v1/indexes/ix/delete", json={"ids": [float(2**60)]}, headers=W)
+        assert r.status_code == 422 and "2**53" in r.json()["error"]["message"], r.text
+        assert c.post("/v1/indexes/ix/search", json={"vectors": rows[:1], "k": 2.5}, headers=W).status_code == 422
+        assert c.get("/v1/indexes/ix", headers=W).json()["count"] == 6
