@@ -87,7 +87,7 @@ EXAMPLES: dict[str, dict[str, dict]] = {
         "queries": {"vectors": [[0.1, 0.9, 0.0, 0.0], [0.0, 0.0, 0.2, 0.9]]}, "relevant": [0, 2], "side": "target",
         "min_retention": 0.9})},
     "set_alias": {"prod": _ex("Point `prod` at version 1", {"version": 1})},
-    "set_tag": {"owner": _ex("Any JSON value", {"value": "search-team"})},
+    "set_tag": {"owner": _ex("A string (another JSON value is stored as its JSON text)", {"value": "search-team"})},
     "transform": {
         "toy": _ex("Two rows of toy-a as JSON numbers", {"vectors": [[1.0, 0.0, 0.0, 0.0], [0.6, 0.8, 0.0, 0.0]]}),
         "base64": _ex("The same rows as base64 float32 (fast path inside JSON), answered in base64", {

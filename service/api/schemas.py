@@ -131,8 +131,9 @@ class AliasOut(BaseModel):
 
 
 class TagSet(_Strict):
-    value: Any = Field(..., description=f"Any JSON value, at most {DEFAULT_LIMITS.max_tag_bytes} bytes as compact "
-                                        f"JSON and {DEFAULT_LIMITS.max_json_depth} levels deep.")
+    value: Any = Field(..., description="Stored as text: a string as sent, another JSON value as its compact JSON, "
+                       f"read back as text (`1` -> `\"1\"`); at most {DEFAULT_LIMITS.max_tag_bytes} bytes as JSON, "
+                       f"{DEFAULT_LIMITS.max_json_depth} levels deep.")
 
     @field_validator("value")
     @classmethod

@@ -93,7 +93,8 @@ class VersionInfo(Record):
     target_space: str
     source_dim: int
     target_dim: int
-    tags: dict[str, Any]
+    tags: dict[str, str] = field(metadata={"doc": "Tags: key -> text. A value set as another JSON value is stored, "
+                                                  "and read back, as its compact JSON text (1 -> \"1\")."})
     report_path: str | None = None
     artifact_format: str
     map_kind: str = field(default="linear", metadata={

@@ -315,3 +315,27 @@ def test_integer_fields_take_the_whole_numbers_their_schema_declares(doc, tmp_pa
         assert r.status_code == 422 and "2**53" in r.json()["error"]["message"], r.text
         assert c.post("/v1/indexes/ix/search", json={"vectors": rows[:1], "k": 2.5}, headers=W).status_code == 422
         assert c.get("/v1/indexes/ix", headers=W).json()["count"] == 6
+
+
+def test_tags_are_declared_as_the_text_they_are(doc, tmp_path):
+    """A tag's value is stored as text (``{"value": 1}`` reads back ``"1"``), but the request said "Any JSON value"
+    and ``VersionOut.tags`` was ``additionalProperties: true``, so a generated client typed tags as anything. The
+    answer's tags are declared strings, and the request's value says how it is stored; real answers match."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from _api_support import W, populate
+    from fastapi.testclient import TestClient
+
+    tags = doc["components"]["schemas"]["VersionOut"]["properties"]["tags"]
+    assert tags["type"] == "object" and tags["additionalProperties"] == {"type": "string"}, tags
+    value = doc["components"]["schemas"]["TagSet"]["properties"]["value"]
+    assert "stored as text" in value["description"].lower() and "Any JSON value" not in str(value)
+    schema = {**tags, "$schema": "https://json-schema.org/draft/2020-12/schema"}
+    app = create_app(settings_for(tmp_path))
+    with TestClient(app) as c:
+        populate(app.state.vb.registry)
+        for sent, stored in ((1, "1"), (True, "true"), ({"a": [1, 2]}, '{"a":[1,2]}'), ("team", "team"), (None, "null")):
+            r = c.put("/v1/maps/a2b/versions/1/tags/k", json={"value": sent}, headers=W)
+            assert r.status_code == 200 and r.json()["tags"]["k"] == stored, (sent, r.text)
+            jsonschema.validate(r.json()["tags"], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"k": 1}, schema)
