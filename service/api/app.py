@@ -294,7 +294,7 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
         _pass_to_workers(plain)  # not the local key: each worker reads it from its file, it stays out of environments
         get_settings.cache_clear()
         with _metrics_folder():
-            uvicorn.run("service.api.app:worker_app", factory=True, workers=workers, **server)
+            _run_workers(uvicorn.Config("service.api.app:worker_app", factory=True, workers=workers, **server))
         _log.info("service stopped", extra={"fields": {"workers": workers}})
         return
     started, stop_signal = _run(uvicorn.Config(create_app(s), **server))
@@ -309,6 +309,26 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _run_workers(config) -> None:
+    """uvicorn's supervisor of ``config.workers`` processes on one listening socket (what ``uvicorn.run`` does), but
+    the supervisor closes its copy of the socket before it signals the workers to stop.
+
+    Each worker closes its copy at its stop; the supervisor kept its own until every worker had ended (up to
+    ``shutdown_timeout_s``), so the kernel still completed connections into the backlog that nobody would accept:
+    after a SIGTERM a client connected, waited ~25 s and was reset with no answer (a POST could not tell whether it
+    applied), where one process refuses at once. Now, once the supervisor and the workers have closed their copies,
+    a new connection is refused while the requests in flight are answered."""
+    from uvicorn.supervisors import Multiprocess
+
+    class Supervisor(Multiprocess):
+        def terminate_all(self) -> None:
+            for sock in self.sockets:
+                sock.close()
+            super().terminate_all()
+
+    Supervisor(config, sockets=[config.bind_socket()]).run()
 
 
 def _pass_to_workers(s: Settings) -> None:

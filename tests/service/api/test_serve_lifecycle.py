@@ -124,6 +124,42 @@ def test_workers_log_uvicorn_lines_as_json_and_stop_with_0(tmp_path):
     assert msgs.count("Invalid HTTP request received.") == 2 and "service stopped" in msgs
 
 
+def test_workers_refuse_new_connections_once_stopping_and_answer_the_request_in_flight(tmp_path):
+    # the supervisor of `serve --workers 2` kept its copy of the listening socket open while its workers stopped: after
+    # a SIGTERM the kernel still completed new connections into the backlog, nobody accepted them, and ~25 s later
+    # (shutdown_timeout_s) they were reset unanswered (curl: http_code 000; a POST could not tell if it applied).
+    # One process refused them at once.
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    launch = "import runpy; runpy.run_module('service.cli', run_name='__main__', alter_sys=True)"
+    proc = start([sys.executable, "-c", launch, "serve", "--workers", "2"], env_for(data, port), port,
+                 tmp_path / "server.log")
+    s, rest = _half_sent_transform(port)
+    s.settimeout(20)
+    try:
+        _wait_in_flight(port, 2)  # a worker is reading it (the scrape itself is the other one)
+        proc.send_signal(signal.SIGTERM)
+        t0, refused_after = time.monotonic(), None
+        while refused_after is None and time.monotonic() - t0 < 15:  # the request in flight holds the stop 25 s
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+                time.sleep(0.05)
+            except ConnectionRefusedError:
+                refused_after = time.monotonic() - t0
+        # before: every connect succeeded for as long as the stop lasted. Now ~0.6 s (the supervisor's 0.5 s turn,
+        # then the workers'); seconds on a loaded machine, where its health checks of the workers take that long
+        assert refused_after is not None and refused_after < 10, refused_after
+        assert proc.poll() is None  # still waiting for the request in flight
+        s.sendall(rest)
+        assert _status_of_answer(s) == 200
+    finally:
+        s.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
 def test_a_data_dir_this_user_cannot_write_is_one_line_and_exit_2(tmp_path):
     # the app's start-up failed on it: a traceback inside a JSON line, "Application startup failed", exit 3
     import os
