@@ -17,7 +17,9 @@ modes.
 
 Label values are bounded: routes are templates (``/v1/maps/{ref}/transform``), never raw paths; maps are names
 (not versions: a series per version used, never dropped, grew the scrape with every refit; each answer names
-its version); indexes are names on disk (series of dropped indexes vanish at the next scrape; the
+its version) with a live version (a scrape leaves out, and one process forgets, the series of a name whose
+versions are all deleted, by any process; workers: their files keep the counts, shown again, summed as before, once
+the name has a live version again); indexes are names on disk (series of dropped indexes vanish at the next scrape; the
 gauges of an index dropped and re-created under its name by another process, e.g. the CLI, leave the scrape until
 a process loads the new one: the next request that uses it, or ``/readyz``); encoders are the preloaded ones.
 
@@ -65,6 +67,7 @@ import glob
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable
 
 from prometheus_client import (
@@ -90,6 +93,7 @@ _BATCH_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 _LIVE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db")
 _LIFE = "vecbridge_index_life"
 _INDEX_GAUGES = ("vecbridge_index_vectors", "vecbridge_index_generation", "vecbridge_index_logged_deltas")
+_MAP_COUNTERS = ("vecbridge_map_use", "vecbridge_map_rows")  # family names (their samples: _total, _created)
 
 
 def multiprocess_dir() -> str | None:
@@ -111,12 +115,16 @@ class ServiceMetrics:
         # the files of every worker instead (see render)
         self.registry = CollectorRegistry(auto_describe=True)
         self._series: dict[tuple, object] = {}  # (metric, label values) -> its series (see series)
+        self._forgetting = threading.Lock()  # a series looked up and kept vs. the same one removed (map_dropped)
         r = self.registry
         if self.multiprocess is None:
             ProcessCollector(registry=r)
         #: ``{name: uid}`` of the indexes on disk, set by the app (AppState): a scrape shows the series of those
         #: names alone, and their gauges only where they describe that uid (not a dropped index of the same name)
         self.index_lives: Callable[[], dict[str, str]] | None = None
+        #: ``map_lives(names)``: the names among ``names`` with a live version, or None when the registry cannot tell
+        #: now; set by the app: a scrape shows the map counters of those names alone (unset: every name)
+        self.map_lives: Callable[[list[str]], set[str] | None] | None = None
 
         def gauge(name, doc, labels=(), mode="livesum"):
             return Gauge(name, doc, list(labels), registry=r, multiprocess_mode=mode)
@@ -173,14 +181,15 @@ class ServiceMetrics:
     # --- what the app reports -------------------------------------------------------------------------------
     def series(self, metric, *values):
         """``metric.labels(*values)`` (as strings), kept for the next request: prometheus_client's lookup cost ~2 µs,
-        and every request made three or four of them. Only for metrics whose series are never removed (requests,
-        batch rows, maps); bounded (cleared past 4,096 series)."""
+        and every request made three or four of them. For metrics whose series are never removed (requests, batch
+        rows) or removed with their entry here (maps, :meth:`map_dropped`); bounded (cleared past 4,096 series)."""
         key = (id(metric), values)
         child = self._series.get(key)
         if child is None:
-            if len(self._series) > 4096:
-                self._series.clear()
-            child = self._series[key] = metric.labels(*map(str, values))
+            with self._forgetting:  # never a removed series kept here: its counts would be lost for good
+                if len(self._series) > 4096:
+                    self._series.clear()
+                child = self._series[key] = metric.labels(*map(str, values))
         return child
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -193,6 +202,17 @@ class ServiceMetrics:
         """A request applied a version of map ``name`` to ``rows`` rows (counted by name alone, see above)."""
         self.series(self.map_use, name).inc()
         self.series(self.map_rows, name).inc(rows)
+
+    def map_dropped(self, name: str) -> None:
+        """No version of map ``name`` is live any more: forget its series (one process; the multiprocess files cannot
+        forget: a scrape leaves out the series of names without a live version)."""
+        if self.multiprocess is not None:
+            return
+        with self._forgetting:
+            for c in (self.map_use, self.map_rows):
+                self._series.pop((id(c), (name,)), None)
+                with contextlib.suppress(KeyError):  # never counted here (older prometheus_client raises)
+                    c.remove(name)
 
     def index_changed(self, idx) -> None:
         """The index ``idx`` (a :class:`~service.indexes.SpaceIndex`) holds a new generation: written, loaded or
@@ -262,6 +282,7 @@ class _Scrape:
         else:
             pids = _live_workers(m.multiprocess)
             families = [*MultiProcessCollector(None, m.multiprocess).collect(), *_process_metrics(pids)]
+        _drop_dead_maps(m, families)
         lives = m.index_lives() if m.index_lives is not None else None
         held = {s.labels.get("index"): s.value for fam in families if fam.name == _LIFE for s in fam.samples}
         current = None if lives is None else {n for n, uid in lives.items() if held.get(n) == life_number(uid)}
@@ -272,6 +293,22 @@ class _Scrape:
                 keep = current if fam.name in _INDEX_GAUGES else lives
                 fam.samples = [s for s in fam.samples if s.labels.get("index") in keep]
             yield fam
+
+
+def _drop_dead_maps(m: ServiceMetrics, families: list[Metric]) -> None:
+    """Leave out of ``families`` the map counters of names without a live version (all deleted, by this process or
+    another: the CLI, another worker or replica), and forget them (one process). Before, every name ever used stayed:
+    92 short-lived maps grew a scrape from 43 to 922 series. A registry that cannot answer leaves them all."""
+    maps = [fam for fam in families if fam.name in _MAP_COUNTERS]
+    used = sorted({s.labels["map"] for fam in maps for s in fam.samples if "map" in s.labels})
+    live = m.map_lives(used) if used and m.map_lives is not None else None
+    if live is None:
+        return
+    gone = set(used) - live
+    for name in gone:
+        m.map_dropped(name)
+    for fam in maps:
+        fam.samples = [s for s in fam.samples if s.labels.get("map") not in gone]
 
 
 def life_number(uid: str) -> float:

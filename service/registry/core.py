@@ -434,6 +434,13 @@ class Registry(SteerRegistryMixin):
             m["path_version"] = None if edge is None else edge[0]
         return out
 
+    def live_map_names(self, names: list[str]) -> set[str]:
+        """The names among ``names`` that have a live (not deleted) version: one query (``/metrics`` shows the
+        counters of these alone)."""
+        with self.db.tx() as t:
+            rows = self._maps.among(t, list(names), "SELECT DISTINCT name FROM versions WHERE deleted = 0 AND {}")
+        return {r["name"] for r in rows}
+
     # --- mutable annotations ----------------------------------------------------------------
     def set_alias(self, name: str, alias: str, version: int, *, expected=None) -> VersionInfo:
         """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError.

@@ -163,6 +163,8 @@ async def delete_version(name: NamePath, version: VersionPath, state: StateDep):
     def work():
         v = state.registry.delete_version(name, version)
         bare = state.registry.resolve_bare(name)
+        if bare is None and not state.registry.live_map_names([name]):
+            state.metrics.map_dropped(name)  # its counters leave /metrics (before: every name ever used stayed)
         return {**v.to_dict(), "bare_ref": bare.ref if bare is not None else None}
 
     return FastJSONResponse(await run_in_threadpool(work))
