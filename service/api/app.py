@@ -293,8 +293,12 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     if workers > 1:
         _pass_to_workers(plain)  # not the local key: each worker reads it from its file, it stays out of environments
         get_settings.cache_clear()
-        with _metrics_folder():
-            _run_workers(uvicorn.Config("service.api.app:worker_app", factory=True, workers=workers, **server))
+        os.environ[PARENT_ENV] = str(os.getpid())  # the workers' parent, for _stop_with_parent
+        try:
+            with _metrics_folder():
+                _run_workers(uvicorn.Config("service.api.app:worker_app", factory=True, workers=workers, **server))
+        finally:
+            os.environ.pop(PARENT_ENV, None)
         _log.info("service stopped", extra={"fields": {"workers": workers}})
         return
     started, stop_signal = _run(uvicorn.Config(create_app(s), **server))
@@ -419,6 +423,10 @@ def worker_app() -> FastAPI:
     return create_app(s if key_file is not None else None)
 
 
+#: set by ``serve --workers N`` to its pid before it starts its workers (outside ``VECBRIDGE_*``: not a setting)
+PARENT_ENV = "_VECBRIDGE_SERVE_PID"
+
+
 def _stop_with_parent() -> None:
     """Linux: SIGTERM this worker when its ``serve --workers N`` parent dies, however it dies (PR_SET_PDEATHSIG).
 
@@ -430,7 +438,9 @@ def _stop_with_parent() -> None:
         return
     import ctypes
 
-    parent = os.getppid()
+    # the pid the parent wrote before starting its workers: a worker (re)started as the parent died read its new
+    # parent (init, a subreaper) here, compared it with itself after the prctl, and served on as an orphan
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
     try:
         if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
             return

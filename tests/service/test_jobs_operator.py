@@ -233,6 +233,22 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("parent_alive", [True, False])
+def test_a_worker_whose_serve_parent_died_before_it_armed_the_death_signal_stops(parent_alive):
+    """A worker uvicorn (re)started as ``serve --workers N`` was killed compared its parent after arming
+    PR_SET_PDEATHSIG with the parent it read just before, already the reaper: it served on as an orphan (seen under
+    load: "workers ... outlived their parent"). It compares with the pid serve wrote for it now."""
+    import os
+
+    from service.api.app import PARENT_ENV
+
+    code = "from service.api.app import _stop_with_parent; _stop_with_parent(); import time; time.sleep(0.5)"
+    parent = os.getpid() if parent_alive else 2**22 + 7  # this test's pid (the worker's parent), or a pid that is not
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, PARENT_ENV: str(parent)}, timeout=120)
+    assert out.returncode == (0 if parent_alive else -15)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_workers_stop_and_record_their_jobs_interrupted_when_the_serve_parent_is_killed(tmp_path):
     """``kill -9`` of ``serve --workers 2`` (an OOM kill, a supervisor's KILL) left both workers serving the port: the
     running fit stayed "running", and the restart failed with "address already in use"."""
