@@ -17,9 +17,9 @@ modes.
 
 Label values are bounded: routes are templates (``/v1/maps/{ref}/transform``), never raw paths; maps are names
 (not versions: a series per version used, never dropped, grew the scrape with every refit; each answer names
-its version) with a live version (a scrape leaves out, and one process forgets, the series of a name whose
-versions are all deleted, by any process; workers: their files keep the counts, shown again, summed as before, once
-the name has a live version again); indexes are names on disk (series of dropped indexes vanish at the next scrape; the
+its version; one process forgets the series of a name whose last live version it deleted over HTTP: the series
+of names deleted by another process (the CLI, a replica), and every name under ``--workers N`` (prometheus_client's
+files cannot forget a key), stay; a scrape never asks the registry, which may be locked); indexes are names on disk (series of dropped indexes vanish at the next scrape; the
 gauges of an index dropped and re-created under its name by another process, e.g. the CLI, leave the scrape until
 a process loads the new one: the next request that uses it, or ``/readyz``); encoders are the preloaded ones.
 
@@ -122,9 +122,6 @@ class ServiceMetrics:
         #: ``{name: uid}`` of the indexes on disk, set by the app (AppState): a scrape shows the series of those
         #: names alone, and their gauges only where they describe that uid (not a dropped index of the same name)
         self.index_lives: Callable[[], dict[str, str]] | None = None
-        #: ``map_lives(names)``: the names among ``names`` with a live version, or None when the registry cannot tell
-        #: now; set by the app: a scrape shows the map counters of those names alone (unset: every name)
-        self.map_lives: Callable[[list[str]], set[str] | None] | None = None
 
         def gauge(name, doc, labels=(), mode="livesum"):
             return Gauge(name, doc, list(labels), registry=r, multiprocess_mode=mode)
@@ -282,7 +279,6 @@ class _Scrape:
         else:
             pids = _live_workers(m.multiprocess)
             families = [*MultiProcessCollector(None, m.multiprocess).collect(), *_process_metrics(pids)]
-        _drop_dead_maps(m, families)
         lives = m.index_lives() if m.index_lives is not None else None
         held = {s.labels.get("index"): s.value for fam in families if fam.name == _LIFE for s in fam.samples}
         current = None if lives is None else {n for n, uid in lives.items() if held.get(n) == life_number(uid)}
@@ -293,22 +289,6 @@ class _Scrape:
                 keep = current if fam.name in _INDEX_GAUGES else lives
                 fam.samples = [s for s in fam.samples if s.labels.get("index") in keep]
             yield fam
-
-
-def _drop_dead_maps(m: ServiceMetrics, families: list[Metric]) -> None:
-    """Leave out of ``families`` the map counters of names without a live version (all deleted, by this process or
-    another: the CLI, another worker or replica), and forget them (one process). Before, every name ever used stayed:
-    92 short-lived maps grew a scrape from 43 to 922 series. A registry that cannot answer leaves them all."""
-    maps = [fam for fam in families if fam.name in _MAP_COUNTERS]
-    used = sorted({s.labels["map"] for fam in maps for s in fam.samples if "map" in s.labels})
-    live = m.map_lives(used) if used and m.map_lives is not None else None
-    if live is None:
-        return
-    gone = set(used) - live
-    for name in gone:
-        m.map_dropped(name)
-    for fam in maps:
-        fam.samples = [s for s in fam.samples if s.labels.get("map") not in gone]
 
 
 def life_number(uid: str) -> float:

@@ -132,7 +132,6 @@ class AppState:
         self.registry_probe = None  # (future, start time) of /readyz's registry query (routers/ops.py)
         self.indexes = IndexStore(Path(settings.data_dir) / "indexes", observer=self.metrics)
         self.metrics.index_lives = self.indexes.lives  # a scrape leaves out indexes dropped (re-created) meanwhile
-        self.metrics.map_lives = self.live_maps  # and maps whose versions are all deleted
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
         self.demo_job_id: str | None = None
@@ -232,16 +231,6 @@ class AppState:
             self.registry.close()
 
     # --- maps -------------------------------------------------------------------------------
-    def live_maps(self, names: list[str]) -> set[str] | None:
-        """The names among ``names`` with a live version; None when the registry is not open or does not answer
-        (a scrape then shows every name rather than failing)."""
-        if self.registry is None:
-            return None
-        try:
-            return self.registry.live_map_names(names)
-        except Exception:  # noqa: BLE001 - down, locked, damaged: the scrape answers, unfiltered
-            return None
-
     def load_version(self, v: VersionInfo) -> LinearMap | ClusterMap:
         return self.registry.load_map(v)
 

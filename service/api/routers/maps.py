@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, get_args
 
 import numpy as np
@@ -163,8 +164,10 @@ async def delete_version(name: NamePath, version: VersionPath, state: StateDep):
     def work():
         v = state.registry.delete_version(name, version)
         bare = state.registry.resolve_bare(name)
-        if bare is None and not state.registry.live_map_names([name]):
-            state.metrics.map_dropped(name)  # its counters leave /metrics (before: every name ever used stayed)
+        if bare is None and state.metrics.multiprocess is None:  # no version left to use: the name's counters leave
+            with contextlib.suppress(Exception):  # /metrics (they stayed for every name ever used); the delete stands
+                if not state.registry.live_map_names([name]):
+                    state.metrics.map_dropped(name)
         return {**v.to_dict(), "bare_ref": bare.ref if bare is not None else None}
 
     return FastJSONResponse(await run_in_threadpool(work))

@@ -103,8 +103,7 @@ async def metrics(request: Request):
     if state is None:  # before the start-up has made it (or after the shutdown): was an AttributeError, a 500
         raise ServiceUnavailableError("the service is starting or stopping; metrics answer once it has started, "
                                       "see /readyz")
-    # in a thread: a scrape asks the registry which maps are still live (service.metrics)
-    return Response(await run_in_threadpool(state.metrics.render), media_type=CONTENT_TYPE_LATEST)
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/info", dependencies=[ReadScope], summary="Service facts", response_model=ServiceInfo,

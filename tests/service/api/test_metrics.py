@@ -337,35 +337,32 @@ def _map_series(text: str, name: str) -> list[dict]:
 
 def test_the_counters_of_a_map_whose_versions_are_all_deleted_leave_the_scrape(server):
     """QA soak: the map counters kept every name ever used, deleted ones too: 92 short-lived maps grew a scrape from
-    43 to 922 series (6.7 KB to 82 KB), for good. A name whose last live version is deleted (over HTTP, or by
-    another process: the CLI) leaves the scrape; a map with a live version left keeps its counts; a name registered
-    again is counted again (workers: their files kept the counts, so the sum goes on from them)."""
-    url, w = server["url"], server["workers"]
-    http_gone, cli_gone, kept = f"gone{w}", f"cligone{w}", f"kept{w}"
-    for name in (http_gone, cli_gone, kept):
+    43 to 922 series (6.7 KB to 82 KB), for good. One process forgets a name whose last live version it deletes over
+    HTTP; a map with a live version left keeps its counts; a name registered again is counted again. Not forgotten
+    (documented): names deleted by another process, and every name under --workers N (the files keep keys); a scrape
+    never asks the registry (a locked one held a scrape 60 s)."""
+    if server["workers"] != 1:
+        pytest.skip("--workers N: prometheus_client's files cannot forget a key (service.metrics says so)")
+    url = server["url"]
+    gone, kept = "gone1", "kept1"
+    for name in (gone, kept):
         _register(server, name, 2)
     body = {"vectors": np.zeros((3, 16)).tolist()}
-    for name in (http_gone, cli_gone, kept):
+    for name in (gone, kept):
         for v in (1, 2):
             r = httpx.post(f"{url}/v1/maps/{name}:{v}/transform", headers=R, json=body, timeout=30)
             assert r.status_code == 200, r.text
-    assert settled(url, lambda text: value(text, "vecbridge_map_use_total", map=http_gone), 2) == 2
-    assert settled(url, lambda text: value(text, "vecbridge_map_use_total", map=cli_gone), 2) == 2
-
-    for v in (1, 2):
-        assert httpx.delete(f"{url}/v1/maps/{http_gone}/versions/{v}", headers=W, timeout=30).status_code == 200
-    _cli(server, "registry", "delete", cli_gone, "1")
-    _cli(server, "registry", "delete", cli_gone, "2")
+    assert settled(url, lambda text: value(text, "vecbridge_map_use_total", map=gone), 2) == 2
+    assert httpx.delete(f"{url}/v1/maps/{gone}/versions/1", headers=W, timeout=30).status_code == 200
+    assert len(_map_series(scrape(url), gone)) == 4  # version 2 is live: kept
+    assert httpx.delete(f"{url}/v1/maps/{gone}/versions/2", headers=W, timeout=30).status_code == 200
     assert httpx.delete(f"{url}/v1/maps/{kept}/versions/1", headers=W, timeout=30).status_code == 200
-    for _ in range(6):  # whichever worker answers
-        text = scrape(url)
-        left = _map_series(text, http_gone) + _map_series(text, cli_gone)
-        assert left == [], left  # before: 4 series each (workers: 2), for good
-        assert value(text, "vecbridge_map_use_total", map=kept) == 2  # version 2 is live
-        assert value(text, "vecbridge_map_rows_total", map=kept) == 6
+    text = scrape(url)
+    assert _map_series(text, gone) == [], _map_series(text, gone)  # before: 4 series, for good
+    assert value(text, "vecbridge_map_use_total", map=kept) == 2  # version 2 is live
+    assert value(text, "vecbridge_map_rows_total", map=kept) == 6
 
-    _register(server, http_gone, 1)  # version 3
-    r = httpx.post(f"{url}/v1/maps/{http_gone}/transform", headers=R, json=body, timeout=30)
+    _register(server, gone, 1)  # version 3
+    r = httpx.post(f"{url}/v1/maps/{gone}/transform", headers=R, json=body, timeout=30)
     assert r.status_code == 200 and r.json()["version"] == 3, r.text
-    again = 1 if w == 1 else 3  # one process forgot the old counts; the workers' files kept them
-    assert settled(url, lambda text: value(text, "vecbridge_map_use_total", map=http_gone), again) == again
+    assert settled(url, lambda text: value(text, "vecbridge_map_use_total", map=gone), 1) == 1
