@@ -293,12 +293,8 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     if workers > 1:
         _pass_to_workers(plain)  # not the local key: each worker reads it from its file, it stays out of environments
         get_settings.cache_clear()
-        os.environ[PARENT_ENV] = str(os.getpid())  # the workers' parent, for _stop_with_parent
-        try:
-            with _metrics_folder():
-                _run_workers(uvicorn.Config("service.api.app:worker_app", factory=True, workers=workers, **server))
-        finally:
-            os.environ.pop(PARENT_ENV, None)
+        with _metrics_folder():
+            _run_workers(uvicorn.Config("service.api.app:worker_app", factory=True, workers=workers, **server))
         _log.info("service stopped", extra={"fields": {"workers": workers}})
         return
     started, stop_signal = _run(uvicorn.Config(create_app(s), **server))
@@ -423,10 +419,6 @@ def worker_app() -> FastAPI:
     return create_app(s if key_file is not None else None)
 
 
-#: set by ``serve --workers N`` to its pid before it starts its workers (outside ``VECBRIDGE_*``: not a setting)
-PARENT_ENV = "_VECBRIDGE_SERVE_PID"
-
-
 def _stop_with_parent() -> None:
     """Linux: SIGTERM this worker when its ``serve --workers N`` parent dies, however it dies (PR_SET_PDEATHSIG).
 
@@ -438,9 +430,13 @@ def _stop_with_parent() -> None:
         return
     import ctypes
 
-    # the pid the parent wrote before starting its workers: a worker (re)started as the parent died read its new
-    # parent (init, a subreaper) here, compared it with itself after the prctl, and served on as an orphan
-    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+    # the process that started this one, as multiprocessing recorded it when it did (uvicorn's workers are spawned):
+    # a worker (re)started as its parent died read its new parent (init, a subreaper) from getppid here, compared it
+    # with itself after the prctl, and served on as an orphan
+    import multiprocessing
+
+    spawner = multiprocessing.parent_process()
+    parent = spawner.pid if spawner is not None else os.getppid()
     try:
         if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
             return

@@ -232,20 +232,40 @@ def _alive(pid: int) -> bool:
         return False
 
 
+_SPAWNER = textwrap.dedent("""
+    import multiprocessing, os, sys, time
+
+    def worker(marker, wait):
+        time.sleep(wait)  # the parent is gone by now (or not)
+        from service.api.app import _stop_with_parent
+        _stop_with_parent()
+        time.sleep(0.5)
+        open(marker, "w").write("served on")
+
+    if __name__ == "__main__":
+        marker, parent_alive = sys.argv[1], sys.argv[2] == "1"
+        p = multiprocessing.get_context("spawn").Process(target=worker, args=(marker, 0 if parent_alive else 3))
+        p.start()
+        if parent_alive:
+            p.join(60)
+        os._exit(0)  # not alive: gone before the worker arms its death signal
+""")
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("parent_alive", [True, False])
-def test_a_worker_whose_serve_parent_died_before_it_armed_the_death_signal_stops(parent_alive):
+def test_a_worker_whose_parent_died_before_it_armed_the_death_signal_stops(tmp_path, parent_alive):
     """A worker uvicorn (re)started as ``serve --workers N`` was killed compared its parent after arming
     PR_SET_PDEATHSIG with the parent it read just before, already the reaper: it served on as an orphan (seen under
-    load: "workers ... outlived their parent"). It compares with the pid serve wrote for it now."""
-    import os
-
-    from service.api.app import PARENT_ENV
-
-    code = "from service.api.app import _stop_with_parent; _stop_with_parent(); import time; time.sleep(0.5)"
-    parent = os.getpid() if parent_alive else 2**22 + 7  # this test's pid (the worker's parent), or a pid that is not
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, PARENT_ENV: str(parent)}, timeout=120)
-    assert out.returncode == (0 if parent_alive else -15)
+    load: "workers ... outlived their parent"). It compares with the process that spawned it, as multiprocessing
+    recorded it."""
+    marker, script = tmp_path / "marker", tmp_path / "spawner.py"
+    script.write_text(_SPAWNER)
+    subprocess.run([sys.executable, str(script), str(marker), "1" if parent_alive else "0"], timeout=120, check=True)
+    t0 = time.monotonic()
+    while not marker.exists() and time.monotonic() - t0 < (60 if parent_alive else 20):
+        time.sleep(0.2)
+    assert marker.exists() == parent_alive
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
