@@ -1,10 +1,12 @@
 """Numbers in JSON request bodies: the types of their integer and real fields.
 
-An integer field takes an integer as JSON writes it, and a whole-number float up to 2**53 (``1.0``, ``25332.0``) as
-the integer it is: the document says ``type: integer``, which JSON Schema, generated clients and fuzzers read as
-any whole number, ``1.0`` too (the Python client's ``as_ints`` sends whole floats as ints). Refused (422, naming the
-value): a fraction (``1.5``, never rounded), a whole float past 2**53 (it may already be an integer rounded on its
-way: an id must not land on its neighbour), ``true`` and ``"4"`` (pydantic's lax ints took them as 1 and 4).
+An integer field takes an integer as JSON writes it, and a whole-number float below 2**53 (``1.0``, ``25332.0``, up
+to 2**53 - 1, JavaScript's ``Number.MAX_SAFE_INTEGER``) as the integer it is: the document says ``type: integer``,
+which JSON Schema, generated clients and fuzzers read as any whole number, ``1.0`` too (the Python client's
+``as_ints`` sends whole floats as ints). Refused (422, naming the value): a fraction (``1.5``, never rounded), a
+whole float of magnitude 2**53 or more (it may already be an integer rounded on its way: 2**53 + 1 written as a float
+is 2**53, and an id must not land on its neighbour), ``true`` and ``"4"`` (pydantic's lax ints took them as 1 and
+4). An integer literal is exact at any size the field allows (``9007199254740993`` is that id).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pydantic import BeforeValidator, Field, Strict
 
 __all__ = ["EXACT_FLOAT_INT", "Count", "Real", "count"]
 
-#: every integer up to this magnitude is exactly a float: a whole float past it may be a rounded integer
+#: every integer below this magnitude is exactly one float and no other integer rounds to it; a whole float of this
+#: magnitude or more may be a rounded integer (2**53 + 1 becomes 2**53)
 EXACT_FLOAT_INT = 2**53
 
 
@@ -25,9 +28,9 @@ def _whole(value: Any) -> Any:
         return value  # an int passes; anything else meets the strict int's refusal
     if not math.isfinite(value) or not value.is_integer():
         raise ValueError(f"must be an integer, got {value!r} (a fraction is not rounded)")
-    if abs(value) > EXACT_FLOAT_INT:
-        raise ValueError(f"must be an integer, got {value!r}: a whole number past 2**53 written as a float may have "
-                         "lost digits on its way; write it as an integer literal")
+    if abs(value) >= EXACT_FLOAT_INT:
+        raise ValueError(f"must be an integer, got {value!r}: a whole number of 2**53 or more written as a float may "
+                         "have lost digits on its way; write it as an integer literal")
     return int(value)
 
 
@@ -39,7 +42,7 @@ def count(least: int | None = None, most: int | None = None) -> Any:
     return Annotated[int, Strict(), Field(ge=least, le=most), BeforeValidator(_whole)]
 
 
-#: A count, id or seed in a JSON body (dims, k, ...): an integer, or a whole float up to 2**53 (the module says why).
+#: A count, id or seed in a JSON body (dims, k, ...): an integer, or a whole float below 2**53 (the module says why).
 Count = count()
 #: A real number in a JSON body: an integer or a float as JSON writes it (not `true`, not "nan").
 Real = Annotated[float, Strict()]
