@@ -32,11 +32,12 @@ from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 
 from ..limits import JSON_INT_RANGE, MAX_DIM, MAX_JSON_DEPTH, check_json_depth
 from ..errors import PayloadTooLargeError, UnsupportedMediaTypeError
+from .number_types import whole_int
 from .responses import loads
 
 __all__ = [
     "JSON", "OCTET", "NPY", "media_type", "prefers_json", "require_json", "parse_json", "vectors_from_json",
-    "may_hold_bools",
+    "body_dim", "may_hold_bools",
     "vectors_from_binary",
     "b64_encode", "npy_bytes", "check_batch", "texts_instead", "validate", "validation_error", "check_query",
 ]
@@ -186,6 +187,17 @@ def texts_instead(obj: dict, texts: list[str] | None, max_batch: int) -> bool:
     return True
 
 
+def body_dim(obj: dict, where: str = "dim") -> Any:
+    """The ``dim`` a JSON body (or a fit side) ``obj`` gives, read as its integer fields are
+    (:func:`~.number_types.whole_int`): ``16.0`` is 16 (it was taken from the raw JSON, so ``vectors_b64`` with
+    ``"dim": 16.0`` was refused though the options model took it); None when absent. A fraction, NaN or a whole float
+    of 2**53 or more is an InputError naming ``where``; any other non-int is left for the caller to refuse."""
+    try:
+        return whole_int(obj.get("dim"))
+    except ValueError as exc:
+        raise InputError(f"{where} {exc}") from None
+
+
 def _b64_matrix(text: Any, dim: Any, *, name: str) -> np.ndarray:
     if not isinstance(text, str):
         raise InputError(f"{name}_b64 must be a base64 string of little-endian float32")
@@ -214,8 +226,9 @@ def vectors_from_json(obj: dict, *, dim: int | None, max_batch: int, name: str =
         if required:
             raise InputError(f"missing {name!r} (list of rows) or '{name}_b64' (base64 float32 with \"dim\")")
         return None
+    claimed = body_dim(obj)  # 16.0 is 16
     if has_b64:
-        arr = _b64_matrix(obj[f"{name}_b64"], obj.get("dim", dim), name=name)
+        arr = _b64_matrix(obj[f"{name}_b64"], claimed if "dim" in obj else dim, name=name)
     else:
         arr = obj[name]
         if not isinstance(arr, list):
@@ -228,7 +241,6 @@ def vectors_from_json(obj: dict, *, dim: int | None, max_batch: int, name: str =
         arr = _rows_in_blocks(arr, name, bools=bools)
     X = as_matrix(arr, name=name, dim=dim, finite=finite)
     check_batch(X.shape[0], max_batch)
-    claimed = obj.get("dim")
     if has_list and claimed is not None and claimed != X.shape[1]:  # it was ignored: say which one is wrong
         raise DimensionMismatchError(f"{name}: the rows have {X.shape[1]} columns, but dim={claimed} says otherwise")
     return X

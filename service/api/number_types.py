@@ -16,14 +16,19 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, Strict
 
-__all__ = ["EXACT_FLOAT_INT", "Count", "Real", "count"]
+__all__ = ["EXACT_FLOAT_INT", "Count", "Real", "count", "whole_int"]
 
 #: every integer below this magnitude is exactly one float and no other integer rounds to it; a whole float of this
 #: magnitude or more may be a rounded integer (2**53 + 1 becomes 2**53)
 EXACT_FLOAT_INT = 2**53
 
 
-def _whole(value: Any) -> Any:
+def whole_int(value: Any) -> Any:
+    """``value`` as the integer field of a JSON body reads it: a whole float below 2**53 is that int (``16.0`` is
+    16); an int, or anything else, comes back unchanged for the caller's own check to refuse or take; ValueError
+    (naming the value) for a fraction, a NaN / infinity or a whole float of 2**53 or more. The one reading of
+    :data:`Count` and of the numbers a route reads from the raw body itself (``dim`` beside ``vectors_b64``:
+    :func:`service.api.codec.body_dim`)."""
     if type(value) is not float:
         return value  # an int passes; anything else meets the strict int's refusal
     if not math.isfinite(value) or not value.is_integer():
@@ -39,7 +44,7 @@ def count(least: int | None = None, most: int | None = None) -> Any:
     the field may be null (``count(1, 9) | None``): pydantic cannot put a ``Field``'s bounds into an int read by a
     validator inside a union, checks them apart, and writes ``ge`` / ``le`` into the schema, keywords JSON Schema
     ignores (a generated client or a validator saw no bound); here they are the int's own: ``minimum`` / ``maximum``."""
-    return Annotated[int, Strict(), Field(ge=least, le=most), BeforeValidator(_whole)]
+    return Annotated[int, Strict(), Field(ge=least, le=most), BeforeValidator(whole_int)]
 
 
 #: A count, id or seed in a JSON body (dims, k, ...): an integer, or a whole float below 2**53 (the module says why).

@@ -7,7 +7,14 @@ from fastapi import APIRouter
 from align.exceptions import InputError
 
 from ...ops import maps as map_ops
-from ..codec import check_batch, may_hold_bools, parse_json, validate, vectors_from_json
+from ..codec import (
+    body_dim,
+    check_batch,
+    may_hold_bools,
+    parse_json,
+    validate,
+    vectors_from_json,
+)
 from ..job_routes import job_route
 from ..schemas import FitRequest, error_responses
 
@@ -47,8 +54,9 @@ def _side(state, side, space: str, label: str, max_batch: int, bools: bool = Tru
             raise InputError(f"{label}.texts must be a non-empty list of strings")
         return map_ops.fit_side(state.registry, state.encoder, space=space, label=label, texts=texts,
                                 encoder=side.get("encoder"))
-    X = vectors_from_json(side, dim=side.get("dim") if side.get("vectors_b64") else None, max_batch=max_batch,
-                          name="vectors", bools=bools)
+    dim = body_dim(side, f"{label}.dim")  # 16.0 is 16, as in the request model
+    X = vectors_from_json(side, dim=dim if side.get("vectors_b64") else None, max_batch=max_batch, name="vectors",
+                          bools=bools)
     return map_ops.fit_side(state.registry, state.encoder, space=space, label=label, X=X)
 
 

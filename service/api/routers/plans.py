@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from ...ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
-from ..codec import may_hold_bools, parse_json, validate, vectors_from_json
+from ..codec import body_dim, may_hold_bools, parse_json, validate, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
 from ..name_types import RefPath
 from ..openapi import json_body
@@ -21,8 +21,8 @@ def _vectors(raw: dict, key: str, settings, bools: bool = True):
     (the request model has already said which sets are required). ``bools``: :func:`~.codec.may_hold_bools` of the
     body."""
     obj = raw.get(key)
-    return None if obj is None else vectors_from_json(obj, dim=obj.get("dim"), max_batch=settings.max_batch,
-                                                      bools=bools)
+    return None if obj is None else vectors_from_json(obj, dim=body_dim(obj, f"{key}.dim"),
+                                                      max_batch=settings.max_batch, bools=bools)
 
 
 PLAN_DOC = """Plan a migration from the old corpus (`old`) and a small paired probe (`probe_source`,

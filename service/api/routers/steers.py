@@ -12,7 +12,7 @@ from align.exceptions import PairCountError
 from align.validation import check_labels
 
 from ...ops import steers as steer_ops
-from ..codec import may_hold_bools, parse_options, texts_instead, vectors_from_json
+from ..codec import body_dim, may_hold_bools, parse_options, texts_instead, vectors_from_json
 from ..conditional import (IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write, answer, read_responses,
                            write_responses)
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, VersionPath, WriteScope
@@ -49,7 +49,7 @@ def create_steer(body: bytes, request, state, settings):
     texts = texts_instead(obj, opts.texts, settings.max_batch)
     dim, encoder = steer_ops.space_for_rows(state.registry, state.encoder, opts.space, texts=texts,
                                             encoder=opts.encoder)
-    X = None if texts else vectors_from_json(obj, dim=dim or obj.get("dim"), max_batch=settings.max_batch,
+    X = None if texts else vectors_from_json(obj, dim=dim or body_dim(obj), max_batch=settings.max_batch,
                                              bools=may_hold_bools(body))
     n = len(opts.texts) if texts else X.shape[0]
     # the rows' width (the space's, or the vectors') bounds lm-steer's rank: now, not in a failed job

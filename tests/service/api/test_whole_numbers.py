@@ -3,7 +3,13 @@ write, and where they are refused because they may be another integer rounded.""
 
 from __future__ import annotations
 
-from _api_support import W, served_world
+import base64
+
+import numpy as np
+import pytest
+from _api_support import R, W, served_world
+
+from service.api import fastpath
 
 SAFE = 2**53 - 1  # JavaScript's Number.MAX_SAFE_INTEGER: the largest integer no other integer rounds to as a float
 
@@ -28,3 +34,54 @@ def test_a_whole_float_of_2_to_the_53_is_refused_as_the_integer_it_may_have_been
         r = c.post("/v1/indexes/big/search", headers=W, json={"vectors": rows, "k": 4, "exact": True})
         assert r.status_code == 200, r.text
         assert {h["id"] for hits in r.json()["results"] for h in hits} == {2**53, 7}
+
+
+def _b64(A) -> str:
+    return base64.b64encode(np.ascontiguousarray(A, np.float32).tobytes()).decode()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "app"])
+def test_vectors_b64_takes_a_whole_float_dim_as_every_integer_field_does(tmp_path, monkeypatch, fast):
+    """The options models took ``"dim": 16.0`` as 16, but the codec read ``dim`` from the raw JSON and refused
+    the float: ``vectors_b64`` with ``"dim": 16.0`` was a 422 ``vectors_b64 needs "dim"`` on transform (fast path
+    and route), index create and search, a fit side, a plan's sets and a steer fit. Each now reads it as 16; a
+    fraction is still a 422 naming it."""
+    if not fast:
+        monkeypatch.setattr(fastpath, "FAST_MAX_BYTES", -1)
+    with served_world(tmp_path) as (c, _, world):
+        X, Y = world["X"], world["Y"]
+        r = c.post("/v1/maps/a2b/transform?encoding_format=base64", headers=R,
+                   json={"vectors_b64": _b64(X[:3]), "dim": 16.0})
+        assert r.status_code == 200 and r.headers["x-shape"] == "3,16", r.text
+        want = world["a2b"].apply(X[:3])
+        np.testing.assert_allclose(np.frombuffer(base64.b64decode(r.json()["vectors_b64"]), "<f4").reshape(3, 16),
+                                   want, atol=1e-5)
+        r = c.post("/v1/indexes", headers=W,
+                   json={"name": "ib", "space": "b", "vectors_b64": _b64(Y[:50]), "dim": 16.0})
+        assert r.status_code == 201 and r.json()["count"] == 50, r.text
+        r = c.post("/v1/indexes/ib/search", headers=R, json={"vectors_b64": _b64(Y[:2]), "dim": 16.0, "k": 1})
+        assert r.status_code == 200 and [h[0]["id"] for h in r.json()["results"]] == [0, 1], r.text
+        r = c.post("/v1/fits", headers=W, json={
+            "name": "whole", "source_space": "a", "target_space": "b", "method": "procrustes",
+            "source": {"vectors_b64": _b64(X[:100]), "dim": 16.0}, "target": {"vectors": Y[:100].tolist()}})
+        assert r.status_code == 202, r.text
+        r = c.post("/v1/steers", headers=W, json={"name": "st", "space": "b", "vectors_b64": _b64(Y[:20]),
+                                                  "dim": 16.0, "labels": [1, -1] * 10,
+                                                  "params": {"method": "mean-shift"}})
+        assert r.status_code == 202, r.text
+        r = c.post("/v1/plans", headers=R, json={"old": {"vectors_b64": _b64(Y[:200]), "dim": 16.0},
+                                                 "probe_source": {"vectors_b64": _b64(X[:60]), "dim": 16.0},
+                                                 "probe_target": {"vectors": Y[:60].tolist(), "dim": 16.0}})
+        assert r.status_code == 200, r.text
+        for url, body, says in (
+                ("/v1/maps/a2b/transform", {"vectors_b64": _b64(X[:3]), "dim": 16.5}, "got 16.5"),
+                ("/v1/indexes/ib/search", {"vectors_b64": _b64(Y[:2]), "dim": 16.5}, "got 16.5"),
+                ("/v1/fits", {"name": "half", "source_space": "a", "target_space": "b", "method": "procrustes",
+                              "source": {"vectors_b64": _b64(X[:100]), "dim": 16.5},
+                              "target": {"vectors": Y[:100].tolist()}}, "source.dim must be an integer, got 16.5"),
+                ("/v1/fits", {"name": "nan", "source_space": "a", "target_space": "b", "method": "procrustes",
+                              "source": {"vectors_b64": _b64(X[:100]), "dim": float(2**53)},
+                              "target": {"vectors": Y[:100].tolist()}}, "source.dim must be an integer")):
+            r = c.post(url, headers=W, json=body)
+            assert r.status_code == 422 and says in r.json()["error"]["message"], (url, r.text)
+        assert c.get("/v1/maps/half", headers=R).status_code == 404
