@@ -26,6 +26,8 @@ carry the alias's (new) ``ETag``, so a deploy script can chain guarded moves.
 on the version as it is inside the write's transaction (its row locked: tag writes of a version run one after the
 other), so a tag write never overwrites a change its client did not see; when it does not hold: 412, nothing
 written. The answer carries the version's new ``ETag``.
+
+``If-Match`` and ``If-None-Match`` sent on several lines are one list (RFC 9110 5.3): every line counts.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import Header
+from fastapi import Depends, Header, Request
 from starlette.responses import Response
 
 from align.exceptions import InputError
@@ -52,18 +54,32 @@ __all__ = ["IMMUTABLE", "REVALIDATE", "IfMatch", "IfMatchVersion", "IfNoneMatch"
 IMMUTABLE = "private, max-age=31536000, immutable"
 REVALIDATE = "private, no-cache"
 
-IfNoneMatch = Annotated[str | None, Header(description=(
-    "Entity tags (or `*`) the client holds: if one matches the current `ETag` (weak comparison) the answer is "
-    "304 Not Modified with no body."))]
-IfNoneMatchStar = Annotated[str | None, Header(alias="if-none-match", description=(
-    "`*` only: create the alias, never move it (412 when it is set)."))]
-IfMatch = Annotated[str | None, Header(description=(
-    "Write only while the alias's `ETag` (`\"v<N>\"`: the version it points at, from `GET`/`PUT` of the alias) "
-    "is one of these, or `*` while it is set at all; else 412 and nothing changes. Atomic (compare-and-set)."))]
 
-IfMatchVersion = Annotated[str | None, Header(alias="if-match", description=(
+def _every_line(name: str, description: str):
+    """The type of request header ``name`` read whole: a client (or a proxy) may send it on several lines, which
+    RFC 9110 5.3 reads as one comma-separated list, but FastAPI's ``Header()`` of a ``str`` hands the route only the
+    first line (``If-Match: "v1"`` and ``If-Match: "v2"``: a write while the alias is at v2 was a 412). The header
+    stays declared as the one string it is; the value is every line, joined with ``, ``."""
+
+    def every_line(request: Request, value=None) -> str | None:
+        return None if value is None else ", ".join(request.headers.getlist(name))
+
+    # the header as declared (not a string annotation, which this module's `annotations` import would make of it)
+    every_line.__annotations__["value"] = Annotated[str | None, Header(alias=name, description=description)]
+    return Annotated[str | None, Depends(every_line)]
+
+
+IfNoneMatch = _every_line("if-none-match", (
+    "Entity tags (or `*`) the client holds: if one matches the current `ETag` (weak comparison) the answer is "
+    "304 Not Modified with no body."))
+IfNoneMatchStar = _every_line("if-none-match", "`*` only: create the alias, never move it (412 when it is set).")
+IfMatch = _every_line("if-match", (
+    "Write only while the alias's `ETag` (`\"v<N>\"`: the version it points at, from `GET`/`PUT` of the alias) "
+    "is one of these, or `*` while it is set at all; else 412 and nothing changes. Atomic (compare-and-set)."))
+
+IfMatchVersion = _every_line("if-match", (
     "Write only while the version's `ETag` (from `GET` of the version, or an earlier tag write's answer) is one of "
-    "these (strong comparison), or `*`; else 412 and nothing changes. Checked in the write's transaction."))]
+    "these (strong comparison), or `*`; else 412 and nothing changes. Checked in the write's transaction."))
 
 _TAG = re.compile(r'\s*(W/)?"([^"]*)"\s*(?:,|$)')
 _ALIAS_TAG = re.compile(r"v([1-9][0-9]{0,9})")

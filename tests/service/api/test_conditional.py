@@ -441,3 +441,35 @@ def test_tag_writes_hold_only_while_if_match_does(served):
         assert "412" in op["responses"] and "ETag" in op["responses"]["200"]["headers"], method
         assert [p for p in op["parameters"] if p["in"] == "header" and p["name"].lower() == "if-match"], method
 
+
+
+@pytest.mark.parametrize("kind", ["maps", "steers"])
+def test_an_alias_write_reads_every_if_match_line(served, kind):
+    """RFC 9110 5.3: a field sent on several lines is one comma-separated list, but the routes were handed only its
+    first line: ``If-Match: "v7"`` then ``If-Match: "v1"`` was a 412 on an alias at v1 (and on a tag write whose
+    version's ETag was on the second line), and ``If-None-Match`` of two lines a full 200 where the second matched.
+    Every line counts now, for alias writes, tag writes and reads."""
+    c, _, _ = served
+    name = "a2b" if kind == "maps" else "pos"
+    alias = f"/v1/{kind}/{name}/aliases/prod"
+    assert c.put(alias, json={"version": 1}, headers={"If-None-Match": "*"}).status_code == 200
+    r = c.put(alias, json={"version": 2}, headers=[("If-Match", '"v7"'), ("If-Match", '"v1"')])
+    assert r.status_code == 200 and r.headers["etag"] == '"v2"', r.text
+    r = c.put(alias, json={"version": 1}, headers=[("If-Match", '"v7"'), ("If-Match", '"v1"')])  # neither holds
+    assert r.status_code == 412 and 'If-Match: "v7", "v1" does not hold' in r.json()["error"]["message"], r.text
+    assert c.get(alias, headers=[("If-None-Match", '"v7"'), ("If-None-Match", '"v2"')]).status_code == 304
+    assert c.delete(alias, headers=[("If-Match", '"v7"'), ("If-Match", '"v2"')]).status_code == 204
+
+
+def test_a_tag_write_reads_every_if_match_line(served):
+    """As above for tag writes: the version's ETag on the second ``If-Match`` line was a 412."""
+    c, _, _ = served
+    version, tag = "/v1/maps/a2b/versions/1", "/v1/maps/a2b/versions/1/tags/owner"
+    e1 = c.get(version).headers["etag"]
+    r = c.put(tag, json={"value": "search"}, headers=[("If-Match", '"other"'), ("If-Match", e1)])
+    assert r.status_code == 200 and r.json()["tags"] == {"owner": "search"}, r.text
+    e2 = r.headers["etag"]
+    r = c.delete(tag, headers=[("If-Match", e1), ("If-Match", '"other"')])  # e1 is stale now: neither holds
+    assert r.status_code == 412 and c.get(version).json()["tags"] == {"owner": "search"}
+    r = c.delete(tag, headers=[("If-Match", '"other"'), ("If-Match", e2)])
+    assert r.status_code == 200 and r.json()["tags"] == {}, r.text
