@@ -29,7 +29,7 @@ Errors: a 4xx/5xx answer raises the :class:`APIError` subclass of its status, ca
      +-- PermissionDeniedError       403  the key lacks the route's scope
      +-- NotFoundError               404  unknown space, map, version, alias, index, job, steer
      +-- ConflictError               409  deleted version, taken name, reused idempotency key
-     |    +-- PreconditionFailedError     412  If-Match did not hold (an alias moved)
+     |    +-- PreconditionFailedError     412  If-Match did not hold (an alias moved, a version changed)
      +-- PayloadTooLargeError        413  body or batch over the service's limits
      +-- UnsupportedMediaTypeError   415
      +-- ValidationError             422  shape, dimension, NaN/Inf, bad name or option
@@ -95,6 +95,7 @@ from .client_errors import (
     unexpected,
 )
 from .client_steers import SteerCalls
+from .client_tags import TagCalls, VersionRecord
 from .client_wire import (
     Artifact,
     alias_if_match,
@@ -121,14 +122,14 @@ __all__ = [
     "BadRequestError", "Client", "ConflictError", "JobCancelledError", "JobError", "JobFailedError",
     "JobTimeoutError", "NotFoundError", "PayloadTooLargeError", "PermissionDeniedError", "PreconditionFailedError",
     "QueueFullError", "ServerError", "ServiceUnavailableError", "UnexpectedResponseError",
-    "UnsupportedMediaTypeError", "ValidationError", "error_from_response",
+    "UnsupportedMediaTypeError", "ValidationError", "VersionRecord", "error_from_response",
 ]
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 # --- the calls (each written once: service.client_core) ------------------------------------------
-class APICalls(SteerCalls, Calls):
+class APICalls(SteerCalls, TagCalls, Calls):
     """Every call of the API as a sans-IO generator (:mod:`service.client_core`); :class:`Client` runs them on
     ``httpx.Client``, :class:`AsyncClient` on ``httpx.AsyncClient``. Not for direct use."""
 
@@ -186,10 +187,6 @@ class APICalls(SteerCalls, Calls):
         return (yield from self._pages(f"/v1/maps/{_seg(name)}/versions", {"include_deleted": include_deleted}))
 
     @call
-    def get_version(self, name: str, version: int) -> dict:
-        return (yield from self._json("GET", f"/v1/maps/{_seg(name)}/versions/{self._ver(version)}"))
-
-    @call
     def set_alias(self, name: str, alias: str, version: int, *, expected: int | None = None) -> dict:
         """Point ``name@alias`` at ``version``; ``expected``: only while it points there (0: unset), else 409."""
         return (yield from self._json("PUT", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}", json=clean({
@@ -200,17 +197,6 @@ class APICalls(SteerCalls, Calls):
         """Remove ``name@alias``; ``expected``: only while it points at that version, else 412."""
         yield from self._json("DELETE", f"/v1/maps/{_seg(name)}/aliases/{_seg(alias)}",
                               headers=alias_if_match(expected))
-
-    @call
-    def set_tag(self, name: str, version: int, key: str, value: Any) -> dict:
-        return (yield from self._json("PUT", f"/v1/maps/{_seg(name)}/versions/{self._ver(version)}/tags/{_seg(key)}",
-                                      json={"value": value}))
-
-    @call
-    def delete_tag(self, name: str, version: int, key: str) -> dict:
-        """Remove tag ``key`` of ``name:version`` (no error when unset): the version record after."""
-        return (yield from self._json("DELETE",
-                                      f"/v1/maps/{_seg(name)}/versions/{self._ver(version)}/tags/{_seg(key)}"))
 
     @call
     def delete_version(self, name: str, version: int) -> dict:

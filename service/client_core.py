@@ -382,7 +382,11 @@ class Calls:
 
     def _json(self, method: str, path: str, **kw) -> Gen:
         """:meth:`request`, then the answer's JSON (None for an empty answer)."""
-        r = yield from self._request(method, path, **kw)
+        return self._decoded((yield from self._request(method, path, **kw)))
+
+    @staticmethod
+    def _decoded(r: httpx.Response) -> Any:
+        """The JSON of the answer ``r`` (None for an empty answer); :class:`UnexpectedResponseError` if not JSON."""
         if r.status_code == 204 or not r.content:
             return None
         try:  # orjson: a 2 MB vectors_b64 answer parses in ~1 ms where json.loads took ~6 (JSON is UTF-8, RFC 8259)

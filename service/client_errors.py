@@ -101,8 +101,10 @@ class ConflictError(APIError):
 
 
 class PreconditionFailedError(ConflictError):
-    """412: an ``If-Match`` (``expected=`` of :meth:`~service.client.Client.delete_alias`) did not hold: the alias
-    is not where the caller saw it; nothing changed. A :class:`ConflictError`, as the 409 of ``expected_version``."""
+    """412: an ``If-Match`` did not hold, nothing changed: an alias is not where the caller saw it (``expected=`` of
+    :meth:`~service.client.Client.delete_alias`), or a version changed since its ETag was read (``etag=`` of
+    :meth:`~service.client.Client.set_tag` / ``delete_tag``: another tag write came first). A :class:`ConflictError`,
+    as the 409 of ``expected_version``."""
 
 
 class PayloadTooLargeError(APIError):

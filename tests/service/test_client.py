@@ -112,6 +112,33 @@ def test_models_list_and_one_by_name(vb):
         vb.get_model("nosuch")
 
 
+@both_clients
+def test_tag_writes_take_the_version_etag_and_answer_the_new_one(vb):
+    """A tag write honours ``If-Match`` (412 when the version changed since it was read), but the client had no way
+    to send it, nor to read the version's ETag, and its 412 said only "an alias moved". ``get_version``, ``set_tag``
+    and ``delete_tag`` now answer the record with its ``.etag``, and the writes take ``etag=``."""
+    from service.client import PreconditionFailedError, VersionRecord
+
+    v = vb.get_version("a2b", 1)
+    assert isinstance(v, VersionRecord) and v.etag and v.etag.startswith('"') and v["version"] == 1
+    r = vb.set_tag("a2b", 1, "etag-owner", "search", etag=v.etag)
+    assert r["tags"]["etag-owner"] == "search" and r.etag not in (None, v.etag)
+    assert r.etag == vb.get_version("a2b", 1).etag  # the ETag a read answers now
+    with pytest.raises(PreconditionFailedError, match="does not hold") as err:  # written since v was read
+        vb.set_tag("a2b", 1, "etag-owner", "ranking", etag=v.etag)
+    assert err.value.status == 412 and "version changed" in type(err.value).__doc__
+    with pytest.raises(PreconditionFailedError):
+        vb.delete_tag("a2b", 1, "etag-owner", etag=v.etag)
+    assert vb.get_version("a2b", 1)["tags"]["etag-owner"] == "search"  # nothing written
+    gone = vb.delete_tag("a2b", 1, "etag-owner", etag=r.etag)
+    assert "etag-owner" not in gone["tags"] and gone.etag == vb.get_version("a2b", 1).etag
+    assert vb.set_tag("a2b", 1, "etag-owner", 1)["tags"]["etag-owner"] == "1"  # without etag=: as before
+    vb.delete_tag("a2b", 1, "etag-owner")
+    for bad in (7, "", 'x"\n'):
+        with pytest.raises(InputError, match="etag must be"):
+            vb.set_tag("a2b", 1, "etag-owner", "x", etag=bad)
+
+
 def test_tags_artifact_and_soft_delete(vb, server):
     from align import LinearMap
 
