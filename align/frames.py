@@ -22,14 +22,16 @@ from .validation import as_matrix
 __all__ = ["Frame", "frame_sum", "unit_rows", "row_norms", "tame_rows", "SAME_SPACE_MIN_COSINE",
            "MEAN_CHECK_MIN_ROWS", "MEAN_CHECK_MIN_NORM"]
 
-#: :meth:`Frame.mean_cosine` below this says the rows are not in the frame's space. Measured on WordNet (384-d, 30,000
-#: definitions, unit rows, frames of Procrustes fits on 8,000 other rows): rows of the frame's own space give 0.84-1.00
-#: for batches of 50-1,000 consecutive rows; one topic gives less for MiniLM and paraphrase-L3 (frame means of norm
-#: 0.25), more than 0.4 for most of 20 k-means clusters but 0.20 for the narrowest (biographies), and down to 0.09 for
-#: one of 100 clusters (~200 rows of one small topic), which is refused (e5, mean norm 0.90: 0.95-0.99 on any of them).
-#: Rows of another model of the same width (MiniLM against an e5 frame, e5 against MiniLM or paraphrase-L3): at most
-#: 0.11 for those batches, 0.18 for one topic. Related models (MiniLM against paraphrase-L3, 0.26-0.38) are not told
-#: apart: they pass.
+#: :meth:`Frame.mean_cosine` below this: the frame does not recognise the rows: another model's, or rows of one narrow
+#: topic of its own space, so a low figure alone proves nothing (a migration refuses only rows that the map's TARGET
+#: frame recognises, above this and above their source figure: a map the wrong way round). Measured on WordNet
+#: (384-d, 30,000 definitions, unit rows, frames of Procrustes fits on 8,000 other rows): rows of the frame's own space
+#: give 0.84-1.00 for batches of 50-1,000 consecutive rows; one topic gives less for MiniLM and paraphrase-L3 (frame
+#: means of norm 0.25), more than 0.4 for most of 20 k-means clusters but 0.20 for the narrowest (biographies), and
+#: down to 0.09 for one of 100 clusters (~200 rows of one small topic); e5 (mean norm 0.90) gives 0.95-0.99 on any of
+#: them. Rows of another model of the same width (MiniLM against an e5 frame, e5 against MiniLM or paraphrase-L3): at
+#: most 0.11 for those batches, 0.18 for one topic. Related models (MiniLM against paraphrase-L3, 0.26-0.38) are not
+#: told apart: they pass.
 SAME_SPACE_MIN_COSINE = 0.2
 #: fewer non-zero rows than this: :meth:`Frame.mean_cosine` measures nothing (a batch mean too noisy to judge)
 MEAN_CHECK_MIN_ROWS = 50

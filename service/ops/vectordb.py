@@ -126,14 +126,15 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
                   index: str | None = None, id_field: str | None = None, vector_field: str | None = None,
                   text_field: str | None = None, source_space: str | None = None, target_space: str | None = None,
                   progress: Callable[[MigrationProgress], None] | None = None, api_key: str | None = None,
-                  ca_file=None, dry_run: bool = False) -> MigrationReport:
+                  ca_file=None, dry_run: bool = False, space_option: str = "--source-space") -> MigrationReport:
     """Migrate ``source`` into ``target`` through ``map_ref`` (artifact path or registry ref), resumably.
 
     ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
     sleep after each batch (spares a busy database). ``dry_run``: every check, one batch read and mapped,
-    nothing written (see :func:`service.vectordb.migrate`). Raises the typed errors of
-    :func:`service.vectordb.migrate`, and MigrationInterrupted on the first Ctrl-C / SIGTERM / SIGHUP (its
-    ``signum`` says which).
+    nothing written (see :func:`service.vectordb.migrate`). ``space_option``: how the face declares
+    ``source_space`` (``--source-space``, ``source_space`` over HTTP), for the space check's messages. Raises
+    the typed errors of :func:`service.vectordb.migrate`, and MigrationInterrupted on the first Ctrl-C / SIGTERM /
+    SIGHUP (its ``signum`` says which).
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
@@ -152,7 +153,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         with stop:
             return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,
                            checkpoint=ckpt, progress=on_batch, overwrite=overwrite, source_space=source_space,
-                           target_space=target_space, should_stop=stop.event.is_set, dry_run=dry_run)
+                           target_space=target_space, should_stop=stop.event.is_set, dry_run=dry_run,
+                           space_option=space_option)
     except MigrationInterrupted as exc:
         exc.signum = stop.signum  # which signal stopped it: SIGTERM exited 130 as Ctrl-C does, not 143
         raise

@@ -15,9 +15,11 @@ Spaces: when the source collection records its embedding space, or the caller de
 (``source_space``), it must be the map's source space (from the registry version, or the map's
 metadata), else :class:`SpaceMismatchError` — a same-dimension map the wrong way round (e5→minilm
 on a MiniLM collection) is refused. When neither is known (a collection vecbridge did not make records no space,
-and no ``source_space`` was given), the first rows are checked instead (:func:`check_rows_space`): their mean
-direction against the map's source frame mean (:meth:`align.Frame.mean_cosine`), refused below
-:data:`align.frames.SAME_SPACE_MIN_COSINE`, before anything is written. The target records the map's target space.
+and no ``source_space`` was given), the first rows are checked instead (:func:`check_rows_space`), before anything
+is written: their mean direction against the map's source frame mean (:meth:`align.Frame.mean_cosine`), and when
+that is below :data:`align.frames.SAME_SPACE_MIN_COSINE`, against its target frame's: rows that look like the map's
+target space are refused (a map the wrong way round); rows neither side recognises (one narrow topic, another
+model) pass, "unchecked by rows" in the report. The target records the map's target space.
 
 Metric: the target ranks as the source does (``metric=None``): an inner-product (``ip``) collection gives an ``ip``
 target, so searches that name the metric keep working after the alias switch; a metric the adapters cannot create
@@ -116,43 +118,52 @@ def map_spaces(map_or_ref, registry=None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def check_spaces(store: VectorStore, source: str, declared: str | None, map_src: str | None, map_=None) -> str:
+def check_spaces(store: VectorStore, source: str, declared: str | None, map_src: str | None, map_=None,
+                 option: str = "--source-space") -> str:
     """Refuse a map whose source space is not the collection's; returns how the check went (for the report).
 
     With ``map_``, a collection that records no space, when none is ``declared``, has its first rows checked
-    (:func:`check_rows_space`)."""
+    (:func:`check_rows_space`). ``option``: how the caller declares the space, for the messages."""
     recorded = store.get_space(source)
-    have = [(f"{source!r} records space", recorded), ("--source-space says", declared), ("the map reads", map_src)]
+    have = [(f"{source!r} records space", recorded), (f"{option} says", declared), ("the map reads", map_src)]
     known = [(w, v) for w, v in have if v]
     for (w1, v1), (w2, v2) in zip(known, known[1:]):
         if v1 != v2:
             raise SpaceMismatchError(f"{w1} {v1!r} but {w2} {v2!r}: a map the wrong way round or for another "
                                      "model; use the map from that space"
-                                     + (" (or fix --source-space)" if declared else ""))
+                                     + (f" (or fix {option})" if declared else ""))
     if recorded and map_src:
         return f"checked: {recorded}"
     if declared and map_src:
-        return f"checked against --source-space: {declared}"
+        return f"checked against {option}: {declared}"
     if recorded or declared:  # the collection's side is known: it is the map that names no space
         return f"unchecked: the map names no source space ({known[0][0]} {known[0][1]!r})"
     if map_src:  # the map's side is known: it is the collection that records none (and no --source-space)
-        unchecked = (f"unchecked: {source!r} records no space and no --source-space was given (the map reads "
-                     f"{map_src!r})")
+        unchecked = f"unchecked: {source!r} records no space and no {option} was given (the map reads {map_src!r})"
     else:
         unchecked = "unchecked: neither the collection nor the map names its space"
-    return unchecked if map_ is None else check_rows_space(store, source, map_, map_src, unchecked)
+    return unchecked if map_ is None else check_rows_space(store, source, map_, map_src, unchecked, option)
 
 
 #: rows read from the start of a collection that records no space, to check the map's direction by
 SPACE_SAMPLE_ROWS = 1000
 
 
-def check_rows_space(store: VectorStore, source: str, map_, map_src: str | None, unchecked: str) -> str:
-    """The direction check of a collection that records no space (and no ``--source-space``): its first
-    :data:`SPACE_SAMPLE_ROWS` rows (finite ones) against the map's source frame
-    (:meth:`align.Frame.mean_cosine`). SpaceMismatchError below :data:`align.frames.SAME_SPACE_MIN_COSINE`;
-    else how it went, for the report: "checked by rows: ...", or ``unchecked`` (what the names left) and why the
-    rows cannot tell either."""
+def check_rows_space(store: VectorStore, source: str, map_, map_src: str | None, unchecked: str,
+                     option: str = "--source-space") -> str:
+    """The direction check of a collection that records no space (and no ``source_space``): its first
+    :data:`SPACE_SAMPLE_ROWS` rows (finite ones) against the map's frames (:meth:`align.Frame.mean_cosine`).
+
+    Rows of the map's source space give a cosine ``c_src`` of about 0.9 with its source frame, but rows of one narrow
+    topic (a collection whose first rows are one or two documents) can give less than
+    :data:`align.frames.SAME_SPACE_MIN_COSINE`, as rows of another model do, so a low ``c_src`` alone refuses
+    nothing. A map the wrong way round is told by its other side: when the map's target frame has the source's width,
+    rows that look like the map's TARGET space (``c_tgt = target_frame.mean_cosine(rows)`` above both ``c_src`` and
+    the threshold, while ``c_src`` is below it) are a SpaceMismatchError whose hint names ``option`` (the caller's
+    way to declare the space: ``--source-space`` on the command line, ``source_space`` over HTTP). A map whose
+    widths differ cannot be the wrong way round here (the dimension check refuses it first). Any other low ``c_src``
+    (a narrow topic, another model: neither frame recognises the rows) is "unchecked by rows: ..." in the report, as
+    is ``unchecked`` (what the names left) when the rows cannot tell at all; "checked by rows: ..." otherwise."""
     what = f"like space {map_src!r} the map reads" if map_src else "like the rows the map was fitted on"
     scan = store.scan(source, batch_size=SPACE_SAMPLE_ROWS, with_texts=False)
     try:
@@ -168,15 +179,22 @@ def check_rows_space(store: VectorStore, source: str, map_, map_src: str | None,
                if mean is not None and float(np.linalg.norm(mean)) >= MEAN_CHECK_MIN_NORM else
                "the map's training rows share no common direction to compare with")
         return f"{unchecked}; its rows cannot tell either: {why}"
-    if cos < SAME_SPACE_MIN_COSINE:
+    side = f"source {map_src!r}" if map_src else "training rows"
+    if cos >= SAME_SPACE_MIN_COSINE:
+        return f"checked by rows: mean direction cosine {cos:.2f} with the map's {side}"
+    space = map_src or "SPACE"
+    tgt = map_.target_frame
+    c_tgt = tgt.mean_cosine(V, name=f"{source!r} rows") if tgt.dim == V.shape[1] else None
+    if c_tgt is not None and c_tgt > max(cos, SAME_SPACE_MIN_COSINE):
         raise SpaceMismatchError(
-            f"the rows of {source!r} do not look {what}: their mean direction has cosine "
-            f"{cos:.2f} with the map's training rows (rows of that space give about 0.9; below "
-            f"{SAME_SPACE_MIN_COSINE} is refused): a map the wrong way round, or for another model? If the "
-            f"collection really is in {map_src or 'the space the map reads'} (one narrow topic can score low too), "
-            f"say so with --source-space {map_src or 'SPACE'}")
-    return (f"checked by rows: mean direction cosine {cos:.2f} with the map's "
-            + (f"source {map_src!r}" if map_src else "training rows"))
+            f"the rows of {source!r} do not look {what}: their mean direction has cosine {cos:.2f} with the map's "
+            f"training rows but {c_tgt:.2f} with those of its target side (rows of a space give about 0.9 with its "
+            f"own): a map the wrong way round? Use the map in the other direction; if the collection really is in "
+            f"{map_src or 'the space the map reads'}, say so with {option} {space}")
+    return (f"unchecked by rows: mean direction cosine {cos:.2f} with the map's {side}"
+            + (f" and {c_tgt:.2f} with its target side" if c_tgt is not None else "")
+            + f" (below {SAME_SPACE_MIN_COSINE}: rows of one narrow topic, or of another model; {option} {space} "
+            f"declares the space); {unchecked.removeprefix('unchecked: ')}")
 
 
 def map_fingerprint(map_) -> str:
@@ -282,7 +300,7 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
             progress: Callable[[MigrationProgress], None] | None = None, metric: str | None = None,
             overwrite: bool = False, registry=None, source_space: str | None = None,
             target_space: str | None = None, should_stop: Callable[[], bool] | None = None,
-            dry_run: bool = False) -> MigrationReport:
+            dry_run: bool = False, space_option: str = "--source-space") -> MigrationReport:
     """Write ``map_(source)`` into a new collection ``target`` (same ids and texts), then switch ``alias``.
 
     Parameters
@@ -316,6 +334,9 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         Make every check a run makes (the same refusals), read and map one batch, and write nothing: no
         target, no checkpoint, no alias. The report's ``extra`` says what a run would do (``start``: create,
         drop (``overwrite``), resume or finished), ``rows_to_write``, and the sample's read and map times.
+    space_option : str
+        How the caller declares ``source_space``, named in the space check's refusals and report
+        (``--source-space`` on the command line, ``source_space`` in an HTTP request).
 
     Raises
     ------
@@ -326,7 +347,7 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     checkpoint = checkpoint if checkpoint is not None else MemoryCheckpoint()
     kw = {"alias": alias, "batch_size": batch_size, "checkpoint": checkpoint, "progress": progress, "metric": metric,
           "overwrite": overwrite, "registry": registry, "source_space": source_space, "target_space": target_space,
-          "should_stop": should_stop, "dry_run": dry_run}
+          "should_stop": should_stop, "dry_run": dry_run, "space_option": space_option}
     if dry_run:  # writes nothing, so it neither waits for nor blocks a run of the same checkpoint
         return _migrate(store, source, target, map_, **kw)
     with checkpoint.lock():
@@ -426,7 +447,7 @@ def _dry_run(store: VectorStore, source: str, target: str, map_, *, state, start
 
 def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch_size, checkpoint: Checkpoint,
              progress, metric, overwrite, registry, source_space, target_space, should_stop,
-             dry_run) -> MigrationReport:
+             dry_run, space_option) -> MigrationReport:
     """:func:`migrate` (under the checkpoint's lock unless ``dry_run``)."""
     label = map_label(map_, registry)
     if isinstance(map_, str) and label:  # a registry ref pinned once: spaces, map and checkpoint of one version
@@ -464,7 +485,8 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     if lost:
         raise UnsupportedFieldError(f"{store.engine}: {source!r} has field(s) a migration cannot carry over: "
                                     + "; ".join(lost))
-    space_check = check_spaces(store, source, source_space, map_src, map_)  # may read rows: fields checked first
+    # may read rows: fields checked first
+    space_check = check_spaces(store, source, source_space, map_src, map_, space_option)
     fp = map_fingerprint(map_)
     notes: list[str] = []
     state = checkpoint.load()

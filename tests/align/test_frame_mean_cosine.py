@@ -106,7 +106,13 @@ def test_wordnet_models_are_told_apart_at_the_documented_threshold(wordnet_share
     space > 0.8 on 50 consecutive rows, > 0.9 on 100 or more; the other model of the same width (MiniLM <-> e5,
     e5 -> paraphrase-L3) < 0.12 at every size. One topic (a k-means cluster of 20 on MiniLM): the other model stays
     below the threshold; MiniLM's own rows pass for 19 of 20 clusters by a margin (the narrowest, biographies, sits
-    at the threshold: such a collection may need --source-space)."""
+    at the threshold). So a migration refuses by the RELATIVE rule (``refused`` below): rows the map's source frame
+    does not recognise and its target frame does (a map the wrong way round, every batch here), never a narrow topic
+    of the right space, which its target frame does not recognise either."""
+
+    def refused(c_src, c_tgt):  # service.vectordb.migrate.check_rows_space
+        return c_src < SAME_SPACE_MIN_COSINE and c_tgt > max(c_src, SAME_SPACE_MIN_COSINE)
+
     W = {n: a[:30000].astype(np.float32) for n, a in wordnet_shared.items()}
     fit = slice(20000, 28000)
     frame = {n: align.fit_procrustes(W[n][fit], W["e5" if n != "e5" else "minilm"][fit]).source_frame for n in W}
@@ -118,6 +124,8 @@ def test_wordnet_models_are_told_apart_at_the_documented_threshold(wordnet_share
             assert frame["e5"].mean_cosine(rows["e5"]) > 0.9
             for src, other in (("minilm", "e5"), ("e5", "minilm"), ("e5", "paraphrase_l3")):
                 assert abs(frame[other].mean_cosine(rows[src])) < 0.12 < SAME_SPACE_MIN_COSINE, (src, other, n)
+            for src, other in (("minilm", "e5"), ("e5", "minilm")):  # the map other -> src on rows of src: reversed
+                assert refused(frame[other].mean_cosine(rows[src]), frame[src].mean_cosine(rows[src])), (src, n)
     X = align.frames.unit_rows(W["minilm"][:20000])
     C, _, _ = kmeans([X], 20, random_state=0, n_iter=15)
     labels = np.argmax(X @ C.T, axis=1)
@@ -126,3 +134,6 @@ def test_wordnet_models_are_told_apart_at_the_documented_threshold(wordnet_share
     assert own[1] > 0.35 and own[0] > 0.1, own
     assert max(frame["e5"].mean_cosine(W["minilm"][t]) for t in topics) < SAME_SPACE_MIN_COSINE
     assert max(frame["minilm"].mean_cosine(W["e5"][t]) for t in topics) < SAME_SPACE_MIN_COSINE
+    # minilm -> e5 (frames minilm, e5) on one topic of MiniLM rows: however low its source figure, never refused
+    assert not any(refused(frame["minilm"].mean_cosine(W["minilm"][t]), frame["e5"].mean_cosine(W["minilm"][t]))
+                   for t in topics)

@@ -72,7 +72,7 @@ def create_migration(body: bytes, request, state, settings):
                             index=opts.index, id_field=opts.id_field, vector_field=opts.vector_field,
                             text_field=opts.text_field, source_space=opts.source_space,
                             target_space=opts.target_space, progress=progress, api_key=settings.vectordb_api_key,
-                            ca_file=settings.vectordb_ca_file, dry_run=opts.dry_run)
+                            ca_file=settings.vectordb_ca_file, dry_run=opts.dry_run, space_option="source_space")
         return {"map": ref, "checkpoint": str(checkpoint), "report": rep.to_dict()}
 
     what = "dry run of a migration" if opts.dry_run else "migrate"

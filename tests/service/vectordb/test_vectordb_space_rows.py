@@ -92,6 +92,61 @@ def test_a_source_of_one_topic_passes_with_the_right_map(store, wordnet):
         migrate(store, "sr_narrow", "sr_dst", rev, dry_run=True)
 
 
+@pytest.fixture(scope="module")
+def narrow_topic():
+    """``(rows, map minilm -> e5, map e5 -> minilm)``: the MiniLM rows of the k-means cluster (of 100, over 20,000
+    shared WordNet definitions) that the map's source frame recognises least (cosine 0.19, below the threshold: a
+    LlamaIndex table of sequential ids whose first 1,000 rows are one or two documents), maps fitted on 8,000 others."""
+    from conftest import WORDNET
+
+    if not all((WORDNET / f"{n}.npy").exists() for n in ("minilm", "e5")):
+        pytest.skip("the shared WordNet set (minilm, e5) is not here")
+    mi, e5 = (np.load(WORDNET / f"{n}.npy", mmap_mode="r")[:28000].astype(np.float32) for n in ("minilm", "e5"))
+    ok, rev = align.fit_procrustes(mi[20000:], e5[20000:]), align.fit_procrustes(e5[20000:], mi[20000:])
+    ok.metadata.update(source_space="minilm", target_space="e5")
+    rev.metadata.update(source_space="e5", target_space="minilm")
+    U = align.frames.unit_rows(mi[:20000])
+    C, _, _ = kmeans([U], 100, random_state=0, n_iter=15)
+    labels = np.argmax(U @ C.T, axis=1)
+    topics = [np.flatnonzero(labels == c) for c in range(100) if (labels == c).sum() >= 100]
+    rows = mi[min(topics, key=lambda t: ok.source_frame.mean_cosine(mi[t]))]
+    assert ok.source_frame.mean_cosine(rows) < align.frames.SAME_SPACE_MIN_COSINE  # what the old check refused
+    return rows, ok, rev
+
+
+def test_a_narrow_topic_with_the_right_map_is_migrated_with_a_warning_not_refused(store, narrow_topic, tmp_path):
+    """The check refused it ("a map the wrong way round?") though the map was the right one: rows of one narrow
+    topic score low against their own space's frame, as rows of another model do. The map's target frame does not
+    recognise them either, so they pass, "unchecked by rows" in the report; the reversed map stays refused on the
+    broad rows (the test above), and on these rows passes unchecked too (neither side recognises them)."""
+    X, ok, rev = narrow_topic
+    _source(store, X, "sr_narrow")
+    rep = migrate(store, "sr_narrow", "sr_dst", ok, checkpoint=FileCheckpoint(tmp_path / "ck.json"))
+    assert rep.rows == len(X) and store.get_space("sr_dst") == "e5"
+    check = rep.extra["space_check"]
+    assert check.startswith("unchecked by rows: mean direction cosine 0.1"), check
+    assert "with the map's source 'minilm' and 0.0" in check and "--source-space minilm declares" in check, check
+    assert check.endswith("'sr_narrow' records no space and no --source-space was given (the map reads 'minilm')")
+    assert migrate(store, "sr_narrow", "sr_x", rev, dry_run=True).extra["space_check"].startswith("unchecked by rows")
+
+
+def test_the_refusal_names_the_callers_way_to_declare_the_space(wordnet, tmp_path):
+    """Over HTTP (POST /v1/migrations, whose job fails with the message) the field is source_space, not the CLI's
+    --source-space; a narrow topic's report says so too."""
+    pytest.importorskip("qdrant_client")
+    X, _, rev = wordnet
+    url = f"qdrant://{tmp_path}/q"
+    with open_store(url) as s:
+        _source(s, X)
+    from service.ops.vectordb import run_migration
+
+    rev.save(tmp_path / "rev.npz")
+    with pytest.raises(SpaceMismatchError, match=r"cosine 0\.0\d with the map's training rows but 0\.9\d with those "
+                                                 r"of its target side.*say so with source_space e5$"):
+        run_migration(store_url=url, source="sr_src", target="sr_dst", map_ref=str(tmp_path / "rev.npz"),
+                      checkpoint=tmp_path / "ck.json", space_option="source_space", dry_run=True)
+
+
 def test_source_space_overrides_the_rows_and_a_resume_without_it_is_checked_again(store, wordnet, tmp_path):
     """--source-space is the user's word (checked against the map's, not the rows); a rerun that drops it is
     checked by rows again, and refused with the checkpoint as it was."""
