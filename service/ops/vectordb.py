@@ -160,7 +160,7 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         raise
     except Exception as exc:  # the database gone mid-run: exit 75 (retry later), one line; was exit 3, "internal"
         lost = unavailable_if_lost(store.engine, exc, "every batch written so far is checkpointed: run the same "
-                                                      "command again to resume")
+                                                      "command again to resume", store)
         if lost is None:
             raise
         raise lost from exc
@@ -257,7 +257,7 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
             out["source"] = source
             out.update(check_rows(store, source, collection, map_ref, registry=registry))
     except Exception as exc:
-        lost = unavailable_if_lost(store.engine, exc, "run the same command again")
+        lost = unavailable_if_lost(store.engine, exc, "run the same command again", store)
         if lost is None:
             raise
         raise lost from exc
@@ -318,9 +318,9 @@ class SharedStore:
             except (InputError, NotFoundError):  # the request's fault (a wrong dimension, a missing collection)
                 raise  # the connection is fine: keep it
             except Exception as exc:
-                engine = self._store.engine
+                store = self._store  # judged before it is closed: psycopg's ``broken`` reads False once closed
+                lost = unavailable_if_lost(store.engine, exc, "retry: the next request connects again", store)
                 self._close()
-                lost = unavailable_if_lost(engine, exc, "retry: the next request connects again")
                 if lost is None:
                     raise
                 raise lost from exc

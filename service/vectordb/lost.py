@@ -32,7 +32,7 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _pg_lost(exc: BaseException) -> str | None:
+def _pg_lost(exc: BaseException, conn=None) -> str | None:
     psycopg = sys.modules.get("psycopg")  # an error of psycopg's means it is imported
     if psycopg is None or not isinstance(exc, psycopg.OperationalError):
         return None
@@ -40,6 +40,9 @@ def _pg_lost(exc: BaseException) -> str | None:
 
     state, why = getattr(exc, "sqlstate", None) or "", _first_line(exc)
     if refused_for_good(exc, why):  # a password, a role, a database that does not exist: a retry gets the same
+        return None
+    if not state and isinstance(conn, psycopg.Connection) and not conn.broken:  # psycopg's "the connection is
+        # closed" of one closed by our own code (a bug, not the server's doing): lost only when psycopg saw it break
         return None
     # no SQLSTATE: libpq's own error of the connection (closed by the server, reset, timed out); class 08: connection
     return why if not state or state.startswith("08") or state in _PG_SHUTDOWN else None
@@ -55,28 +58,32 @@ def _milvus_lost(exc: BaseException) -> str | None:
     return None
 
 
-def lost_connection(exc: BaseException) -> str | None:
+def lost_connection(exc: BaseException, conn=None) -> str | None:
     """The client's words (one line) when ``exc``, or an exception it came from, says the connection to the database
     was lost or cannot be made again: psycopg's ``OperationalError`` without a SQLSTATE (libpq's "server closed the
-    connection unexpectedly"), of class 08, or of the server shutting down; pymilvus's code 2 or gRPC ``UNAVAILABLE``.
-    None for anything else: errors of ours, a refusal for good (a wrong password, a database that does not exist),
-    bad input, a bug."""
+    connection unexpectedly"; with ``conn``, the store's psycopg connection, only once psycopg marked it ``broken``:
+    "the connection is closed" of a connection our code closed is a bug), of class 08, or of the server shutting down;
+    pymilvus's code 2 or gRPC ``UNAVAILABLE``. None for anything else: errors of ours, a refusal for good (a wrong
+    password, a database that does not exist), bad input, a bug."""
     if isinstance(exc, VecbridgeError):
         return None
     for e in exception_chain(exc):
-        why = _pg_lost(e) or _milvus_lost(e)
+        why = _pg_lost(e, conn) or _milvus_lost(e)
         if why:
             return why
     return None
 
 
-def unavailable_if_lost(engine: str, exc: BaseException, then: str) -> VectorDBUnavailableError | None:
+def unavailable_if_lost(engine: str, exc: BaseException, then: str, store=None) -> VectorDBUnavailableError | None:
     """A :class:`VectorDBUnavailableError` saying ``engine``'s connection was lost and what to do (``then``) when
-    :func:`lost_connection` says so of ``exc``; None otherwise (the caller raises ``exc`` as it is)."""
-    why = lost_connection(exc)
+    :func:`lost_connection` says so of ``exc`` (``store``: the store it came from, whose connection tells a broken one
+    from one closed on our side); None otherwise (the caller raises ``exc`` as it is)."""
+    why = lost_connection(exc, getattr(store, "conn", None))
     if why is None:
         return None
-    return VectorDBUnavailableError(f"{engine}: the connection to the database was lost ({why}); {then}")
+    return VectorDBUnavailableError(f"{engine}: the connection to the database was lost ({why}); {then} (a failure "
+                                    "that repeats at the same point is not a passing one: an administrator ending the "
+                                    "session, as pg_terminate_backend does, or a server that fails there)")
 
 
 def quiet_client_logs(url: str) -> None:

@@ -200,3 +200,30 @@ def test_the_services_shared_store_answers_a_lost_connection_retry_later_and_ope
         shared.call(lambda s: s.drop("l_shared"))
     finally:
         shared.close()
+
+
+def test_a_connection_our_own_code_closed_is_a_bug_not_a_lost_database(pg_server):
+    """psycopg's "the connection is closed" (no SQLSTATE) of a connection closed on our side counted as lost: a bug
+    answered 503 / exit 75 ("retry later") forever. Now only a connection psycopg saw break is lost."""
+    import psycopg
+
+    from service.ops.vectordb import SharedStore
+    from service.vectordb import VectorDBUnavailableError
+    from service.vectordb.lost import lost_connection, unavailable_if_lost
+
+    url, _, _ = pg_server
+    s = open_store(url)
+    s.conn.close()
+    with pytest.raises(psycopg.OperationalError, match="the connection is closed") as info:
+        s.count("x")
+    assert lost_connection(info.value, s.conn) is None and unavailable_if_lost("pgvector", info.value, "", s) is None
+    shared = SharedStore(url)
+    try:
+        with pytest.raises(psycopg.OperationalError, match="the connection is closed"):
+            shared.call(lambda st: (st.conn.close(), st.count("x")))
+        # a connection that did break is still lost, and the message says when a retry will not help
+        with pytest.raises(VectorDBUnavailableError, match="repeats at the same point.*pg_terminate_backend"):
+            shared.call(lambda st: (_kill_backends(url), st.count("x")))
+    finally:
+        shared.close()
+        _recovered(url)
