@@ -11,8 +11,9 @@ Prints one JSON line per batch (progress) and one with the final report. ``vecbr
 the same operation with a progress bar (:mod:`service.ops.vectordb`).
 
 Exit codes: 0 done, 2 bad input / mismatch / refused (one JSON line on stderr), 75 retry later (the registry
-locked or not answering), 130 interrupted
-(Ctrl-C or SIGTERM: the batch in flight is finished and checkpointed first), 1 other failure.
+locked or not answering, or the vector database not answering or lost mid-run: every batch written is
+checkpointed, the same command resumes), 130 interrupted (Ctrl-C; SIGTERM 143: the batch in flight is finished and
+checkpointed first), 1 other failure.
 """
 
 from __future__ import annotations
