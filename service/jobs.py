@@ -44,7 +44,14 @@ from typing import Callable
 from align.exceptions import Cancelled
 
 from .errors import BusyError, ConflictError, NotFoundError, http_status
-from .job_store import INTERRUPTED, TERMINAL, Job, JobStore, JobStoreBusyError, interrupted_in
+from .job_store import (
+    INTERRUPTED,
+    TERMINAL,
+    Job,
+    JobStore,
+    JobStoreBusyError,
+    interrupted_in,
+)
 from .logging import get_logger
 from .storage import is_storage_error, storage_message
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import click
 
@@ -151,7 +152,7 @@ class _Duration(click.ParamType):
     """A length of time: a number and its unit, ``s``, ``m``, ``h``, ``d`` or ``w`` (``30d``, ``12h``, ``1.5w``)."""
 
     name = "duration"
-    UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    UNITS: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
     def convert(self, value, param, ctx):
         m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", str(value).strip().lower())

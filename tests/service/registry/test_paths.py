@@ -251,7 +251,8 @@ def test_path_finding_work_does_not_grow_with_the_number_of_chains(tmp_path):
 def test_a_top1_that_is_no_number_in_range_counts_as_missing(tmp_path, bad):
     """A stored heldout_top1 of 10**400 (a bundle imported before its JSON was checked, or a PostgreSQL peer's row)
     was float() -> OverflowError in heldout_doubt and judged: `registry list`, GET /v1/maps and every search from
-    one of its spaces to the other failed with an internal error. A figure that is no finite number in [0, 1] is none."""
+    one of its spaces to the other failed with an internal error. A figure that is no finite number in [0, 1] is
+    none."""
     from service.registry.quality import heldout_doubt, judged, reliable
 
     m = {"heldout_top1": bad, "heldout_n_candidates": 200, "heldout_n_queries": 200, "train_top1": bad}
