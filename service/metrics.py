@@ -20,8 +20,9 @@ Label values are bounded: routes are templates (``/v1/maps/{ref}/transform``), n
 its version; one process forgets the series of a name whose last live version it deleted over HTTP: the series
 of names deleted by another process (the CLI, a replica), and every name under ``--workers N`` (prometheus_client's
 files cannot forget a key), stay; a scrape never asks the registry, which may be locked); indexes are names on disk
-(series of dropped indexes vanish at the next scrape; the gauges of an index dropped and re-created under its name by another process, e.g. the CLI, leave the scrape until
-a process loads the new one: the next request that uses it, or ``/readyz``); encoders are the preloaded ones.
+(series of dropped indexes vanish at the next scrape; the gauges of an index dropped and re-created under its name
+by another process, e.g. the CLI, leave the scrape until a process loads the new one: the next request that uses
+it, or ``/readyz``); encoders are the preloaded ones.
 
 Metrics (workers: how the multiprocess mode combines a gauge)
 -------------------------------------------------------------
