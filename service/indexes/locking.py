@@ -23,6 +23,8 @@ from pathlib import Path
 
 from align.exceptions import VecbridgeError
 
+from ..storage import still_linked
+
 __all__ = ["RWLock", "WouldBlock", "flock", "still_linked", "stat_sig", "meta_sig"]
 
 
@@ -116,16 +118,6 @@ def flock(lock_path: Path, *, create_dir: bool = False) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)  # releases the lock
-
-
-def still_linked(fd: int, lock_path: Path) -> bool:
-    """Whether the locked file is still the one at ``lock_path`` (false once its folder was renamed away)."""
-    try:
-        st = os.stat(lock_path)
-    except FileNotFoundError:
-        return False
-    mine = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def stat_sig(path: Path | str) -> tuple[int, int, int, int] | None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from align.exceptions import InputError
 
-from ..storage import atomic_write
+from ..storage import atomic_write, still_linked
 from .base import CheckpointMismatchError, MigrationRunningError, check_name
 
 __all__ = ["Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint"]
@@ -104,7 +104,7 @@ class FileCheckpoint(Checkpoint):
             yield self
         finally:
             try:
-                if _is_at(fd, path):  # ours: no other run holds it (an operator's rm and a new run's file: kept)
+                if still_linked(fd, path):  # ours: no other run holds it (an operator's rm and a new run's file: kept)
                     path.unlink()
             except OSError:
                 pass  # a read-only or vanished folder: the file stays, as before, harmless
@@ -118,7 +118,7 @@ class FileCheckpoint(Checkpoint):
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if _is_at(fd, path):
+                if still_linked(fd, path):
                     return fd
             except BlockingIOError:
                 holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
@@ -133,16 +133,6 @@ class FileCheckpoint(Checkpoint):
 
     def clear(self):
         self.path.unlink(missing_ok=True)
-
-
-def _is_at(fd: int, path: Path) -> bool:
-    """Whether the file open as ``fd`` is the one at ``path`` (not removed, nor replaced by another)."""
-    try:
-        at = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (at.st_dev, at.st_ino) == (held.st_dev, held.st_ino)
 
 
 class PgCheckpoint(Checkpoint):
