@@ -180,6 +180,9 @@ def registry_gc(obj: Ctx, dry_run, older_than, as_json):
             f"({_kb(res['artifact_bytes'])}) and {len(res['reports'])} report(s) ({_kb(res['report_bytes'])}): "
             f"{_kb(res['bytes_freed'])} {'to free' if dry_run else 'freed'}"
             + (f"\n{shared} artifact(s) kept: a live version holds the same bytes" if shared else "")
+            + (f"\n{len(res['reports_kept'])} report(s) kept: outside the report folder (remove them yourself): "
+               f"{', '.join(res['reports_kept'][:3])}{' ...' if len(res['reports_kept']) > 3 else ''}"
+               if res["reports_kept"] else "")
             + (f"\n{res['younger']} deleted version(s) younger than --older-than left" if res["younger"] else ""))
     emit(res, as_json, text)
 

@@ -17,12 +17,18 @@ versions held 37 MB of them, and ``registry verify`` said nothing). :func:`colle
   backup copies the files of the rows it read. The rows are marked in one write transaction before a file is
   removed; a crash in between leaves files that only collected rows name, which the next gc removes (``verify``
   lists them as orphans meanwhile).
+- **only its own reports**: a report is removed only when its file, every link followed, lies in the registry's
+  report folder (``reg.report_dir``); a recorded ``report_path`` that is absolute, climbs out with ``..`` or is a
+  link to elsewhere (``register_version(report_path=...)`` stores what its caller passes, ``run_fit(report_dir=)``
+  outside that folder records an absolute path) is kept and listed in ``reports_kept``: it may be a user's own file.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from align.exceptions import InputError
 
@@ -41,8 +47,10 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
 
     Returns ``{"dry_run", "older_than_s", "collected": {"maps": [refs], "steers": [refs]}, "artifacts": [paths
     relative to the artifact folder], "reports": [paths], "artifact_bytes", "report_bytes", "bytes_freed",
-    "shared": {"maps": [refs], "steers": [refs]}, "younger": N}``. ``shared``: versions collected whose artifact
-    stays (a version not collected holds the same bytes); ``younger``: deleted versions ``older_than_s`` left. Files
+    "shared": {"maps": [refs], "steers": [refs]}, "younger": N, "reports_kept": [paths]}``. ``shared``: versions
+    collected whose artifact stays (a version not collected holds the same bytes); ``younger``: deleted versions
+    ``older_than_s`` left; ``reports_kept``: reports of collected versions left in place, outside
+    ``reg.report_dir`` (see the module docstring). Files
     already gone count 0 bytes; a dry run's bytes are those it would free.
     """
     if older_than_s is not None and not (math.isfinite(older_than_s) and older_than_s >= 0):
@@ -60,6 +68,7 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
 
     def plan(t, write: bool) -> dict:
         go, younger, keep, dead = [], 0, (set(), set()), (set(), set())  # (artifacts, reports) kept / that may go
+        fresh = set()  # reports of the versions collected now (an earlier gc listed those it kept)
         for key, store in reg.entities.items():
             k = store.kind
             report = ", report_path" if "report_path" in columns(k.record) else ""
@@ -72,13 +81,18 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
                 into = dead if now_due or r["collected_at"] is not None else keep
                 into[0].add(r["artifact_path"])
                 if report and r["report_path"]:
-                    into[1].add(reg.report_path_of(r["report_path"]))
+                    into[1].add(_real(reg.report_path_of(r["report_path"])))
+                    if now_due:
+                        fresh.add(_real(reg.report_path_of(r["report_path"])))
                 if now_due:
                     go.append((key, k.table, r["name"], int(r["version"]), r["artifact_path"]))
         if write:
             for _, table, name, version, _ in go:
                 t.q(f"UPDATE {table} SET collected_at = ? WHERE name = ? AND version = ?", (stamp, name, version))
-        return {"go": go, "artifacts": sorted(dead[0] - keep[0]), "reports": sorted(dead[1] - keep[1]),
+        reports = dead[1] - keep[1]
+        ours = {r for r in reports if r.is_relative_to(_real(reg.report_dir))}
+        return {"go": go, "artifacts": sorted(dead[0] - keep[0]), "reports": sorted(ours),
+                "reports_kept": sorted(r for r in (reports - ours) & fresh if _size(r)),
                 "shared": [(key, f"{name}:{version}") for key, _, name, version, art in go if art in keep[0]],
                 "younger": younger}
 
@@ -97,7 +111,12 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
             "artifacts": [a for a, n in zip(p["artifacts"], sizes[0]) if n],
             "reports": [str(r) for r, n in zip(p["reports"], sizes[1]) if n],
             "artifact_bytes": ab, "report_bytes": rb, "bytes_freed": ab + rb, "shared": shared,
-            "younger": p["younger"]}
+            "younger": p["younger"], "reports_kept": [str(r) for r in p["reports_kept"]]}
+
+
+def _real(path) -> Path:
+    """``path`` with every link followed (``os.path.realpath``): what a removal would remove."""
+    return Path(os.path.realpath(path))
 
 
 def _size(path) -> int:

@@ -9,6 +9,7 @@ import sqlite3
 import threading
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -408,3 +409,34 @@ def test_a_backup_keeps_the_files_of_the_registry_it_copied_while_gc_runs(tmp_pa
     assert out["gc"]["collected"]["maps"] == ["a:1"] and not reg.artifact_file(v).exists()
     copy = open_registry(f"sqlite:///{tmp_path / 'backup' / 'registry.sqlite'}", tmp_path / "backup" / "artifacts")
     assert copy.verify()["ok"] and copy.gc()["collected"]["maps"] == ["a:1"]  # the copy is whole, and collectable
+
+
+def test_gc_removes_only_reports_in_the_report_folder(reg, tmp_path):
+    """gc unlinked any .html a deleted version's row named as its report: an absolute path, one climbing out with
+    ``..``, or a link out of the report folder (register_version stores the report_path its caller passes) — a
+    user's own file was deleted. Now such a report stays, listed in ``reports_kept``; the folder's own still goes."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    own = [mine / f"{n}.html" for n in ("abs", "dotdot", "linked")]
+    for p in own:
+        p.write_text("<html>the user's own page</html>")
+    reg.report_dir.mkdir(parents=True, exist_ok=True)
+    (reg.report_dir / "link.html").symlink_to(own[2])
+    paths = [str(own[0]), str(Path("..") / own[1].relative_to(tmp_path)), "link.html"]
+    assert reg.report_path_of(paths[1]) == own[1]  # the report folder is tmp_path/reports
+    for i, rp in enumerate(paths):
+        reg.register_version("u", _map(i), source_space="s", target_space="t", method="procrustes", params={},
+                             report_path=rp)
+        reg.delete_version("u", i + 1)
+    ours = _register(reg, "a", 1)
+    reg.delete_version("a", 1)
+    ours_file = reg.report_file(ours)
+    planned = reg.gc(dry_run=True)
+    assert planned["reports"] == [str(ours_file)] and sorted(planned["reports_kept"]) == sorted(map(str, own))
+    assert planned["report_bytes"] == _size(ours_file)
+    done = reg.gc()
+    assert done["collected"]["maps"] == ["a:1", "u:1", "u:2", "u:3"]
+    assert all(p.read_text() == "<html>the user's own page</html>" for p in own) and not ours_file.exists()
+    assert sorted(done["reports_kept"]) == sorted(map(str, own)) and done["reports"] == [str(ours_file)]
+    again = reg.gc()
+    assert again["reports_kept"] == [] and all(p.exists() for p in own)  # said once, when collected
