@@ -360,11 +360,17 @@ class VersionedStore:
             raise DeletedVersionError(f"{self.kind.noun} {v.ref} was deleted{collected(v)}")
 
         def make():  # verified, then read from the open file: never the file's bytes beside the arrays
-            with self.store.opened(v.artifact_path, v.artifact_sha256) as fh:
-                try:
-                    return self.kind.parse(fh, getattr(v, "rank", 0))
-                except SerializationError as exc:
-                    raise IntegrityError(f"artifact of {self.kind.noun} {v.ref} cannot be read: {exc}") from None
+            try:
+                with self.store.opened(v.artifact_path, v.artifact_sha256) as fh:
+                    try:
+                        return self.kind.parse(fh, getattr(v, "rank", 0))
+                    except SerializationError as exc:
+                        raise IntegrityError(f"artifact of {self.kind.noun} {v.ref} cannot be read: {exc}") from None
+            except IntegrityError:  # deleted and collected since it resolved (another process): gone, not corrupt
+                now_v = self.get(v.name, v.version)
+                if now_v.collected_at:
+                    raise DeletedVersionError(f"{self.kind.noun} {v.ref} was deleted{collected(now_v)}") from None
+                raise
 
         return self.cache.get((self.kind.noun, v.artifact_sha256), make)
 

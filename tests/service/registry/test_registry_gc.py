@@ -440,3 +440,27 @@ def test_gc_removes_only_reports_in_the_report_folder(reg, tmp_path):
     assert sorted(done["reports_kept"]) == sorted(map(str, own)) and done["reports"] == [str(ours_file)]
     again = reg.gc()
     assert again["reports_kept"] == [] and all(p.exists() for p in own)  # said once, when collected
+
+
+def test_a_version_collected_between_resolve_and_read_is_deleted_not_corrupt(reg):
+    """Another process resolved a version while it was live; before it read the file (cold cache) the version was
+    deleted and gc removed it. The read said IntegrityError 'artifact ... is missing or unreadable' (a corrupt
+    registry, 500); it is a DeletedVersionError naming the collection (404)."""
+    _register(reg, "a", 0, report=False)
+    reg.register_steer("st", align.MeanShift(np.ones(8)), space="s")
+    reader = open_registry(reg.url, reg.store.root)
+    try:
+        v, s = reader.resolve("a"), reader.resolve_steer("st")
+        reg.delete_version("a", 1)
+        reg.delete_steer_version("st", 1)
+        assert reg.gc()["collected"] == {"maps": ["a:1"], "steers": ["st:1"]}
+        with pytest.raises(DeletedVersionError, match=r"map a:1 was deleted and its files collected"):
+            reader.load_map(v)
+        with pytest.raises(DeletedVersionError, match=r"steer st:1 was deleted and its files collected"):
+            reader.load_steer(s)
+        reg.register_version("b", _map(5), source_space="s", target_space="t", method="procrustes", params={})
+        reg.store.path(reg.resolve("b").artifact_path).unlink()  # live and missing: still an IntegrityError
+        with pytest.raises(IntegrityError, match="missing or unreadable"):
+            reader.load_map("b")
+    finally:
+        reader.close()
