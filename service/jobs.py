@@ -404,7 +404,11 @@ class JobManager:
         now, as the process may be gone before their next progress report (one that ends still writes its end),
         their error naming the stage they were in. That is no cancel (``cancel_requested`` stays as a client left
         it: it said true after a restart though nobody had cancelled); a running job stops at its next report, which
-        sees the job ended. ``wait=True`` asks each job to cancel and waits for them."""
+        sees the job ended. ``wait=True`` asks each job to cancel and waits for them.
+
+        Either way, last, the final records whose write failed (the store locked or its disk full) are written
+        again: only another job's write retried them, and with none to come the store said "running" and the next
+        start "interrupted by restart" for a job that had ended (succeeded)."""
         with self._lock:
             jobs = [j for j in self._jobs.values() if j.state not in TERMINAL]
             for j in jobs:
@@ -416,6 +420,13 @@ class JobManager:
         for j in jobs if not wait else ():
             self._persist(j)
         self._pool.shutdown(wait=wait, cancel_futures=True)
+        if self.store is not None:
+            with self._writing:
+                for late in list(self._unsaved.values()):
+                    if self._save(late):
+                        self._unsaved.pop(late.id, None)
+            if self._unsaved:
+                _log.warning("job records not written at shutdown", extra={"fields": {"jobs": sorted(self._unsaved)}})
 
     # --- internals --------------------------------------------------------------------------
     def _run(self, job: Job, fn) -> None:
