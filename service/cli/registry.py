@@ -149,16 +149,21 @@ def registry_verify(obj: Ctx, sweep, as_json):
 
 
 class _Duration(click.ParamType):
-    """A length of time: a number and its unit, ``s``, ``m``, ``h``, ``d`` or ``w`` (``30d``, ``12h``, ``1.5w``)."""
+    """A length of time: a number and its unit, ``s``, ``m``, ``h``, ``d`` or ``w`` (``30d``, ``12h``, ``1.5w``), at
+    most 100 years (``1000000d`` was an OverflowError, exit 3)."""
 
     name = "duration"
     UNITS: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    MAX_S = 100 * 365 * 86400
 
     def convert(self, value, param, ctx):
         m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", str(value).strip().lower())
         if m is None:
             self.fail(f"{value!r} is not a duration: a number and a unit, s m h d or w (30d, 12h)", param, ctx)
-        return float(m[1]) * self.UNITS[m[2]]
+        seconds = float(m[1]) * self.UNITS[m[2]]
+        if not seconds <= self.MAX_S:  # inf too (a number of 400 digits)
+            self.fail(f"{value!r} is more than 100 years ({self.MAX_S // 86400}d)", param, ctx)
+        return seconds
 
 
 @registry.command("gc")

@@ -56,7 +56,10 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
     if older_than_s is not None and not (math.isfinite(older_than_s) and older_than_s >= 0):
         raise InputError(f"older_than_s must be a number of seconds >= 0, got {older_than_s!r}")
     stamp = now()
-    cutoff = None if older_than_s is None else datetime.now(UTC) - timedelta(seconds=older_than_s)
+    try:
+        cutoff = None if older_than_s is None else datetime.now(UTC) - timedelta(seconds=older_than_s)
+    except OverflowError:  # before the first year datetime knows: no deletion is that old
+        cutoff = datetime.min.replace(tzinfo=UTC)
 
     def due(deleted_at) -> bool:
         if cutoff is None:

@@ -359,6 +359,18 @@ def test_registry_gc_command(tmp_path, capsys):
     assert code == 0 and shown["collected_at"] and shown["artifact_file"] is None and shown["report_file"] is None
     code, out, err = run_cli(capsys, *base, "gc", "--older-than", "3 fortnights")
     assert code == 2 and "is not a duration" in err and len(err.strip().splitlines()) == 1
+    for huge in ("1000000d", "99999999999999999999w", "1" * 400 + "s"):  # were OverflowError / a C int error, exit 3
+        code, out, err = run_cli(capsys, *base, "gc", "--older-than", huge, "--dry-run")
+        assert code == 2 and "more than 100 years" in err and len(err.strip().splitlines()) == 1, (huge, err)
+
+
+def test_gc_older_than_before_year_one_collects_nothing(reg):
+    """An older_than_s past what a date can hold (the Python API takes seconds as they come) was an OverflowError."""
+    _register(reg, "a", 0, report=False)
+    reg.delete_version("a", 1)
+    for seconds in (1e12, 1e300):
+        res = reg.gc(older_than_s=seconds)
+        assert res["collected"]["maps"] == [] and res["younger"] == 1
 
 
 def test_http_says_a_collected_version_is_gone(tmp_path):
