@@ -12,6 +12,7 @@ import click
 from ..encoders import get_encoder
 from ..ops.maps import create_space, delete_space
 from ..registry import NoReliableVersionError, NotFoundError
+from ..registry.gc import GC_WAIT_S
 from ..registry.names import parse_ref
 from ._common import (
     VERSION,
@@ -170,13 +171,18 @@ class _Duration(click.ParamType):
 @click.option("--dry-run", is_flag=True, help="Say what would be removed (and the bytes); remove nothing.")
 @click.option("--older-than", "older_than", type=_Duration(), default=None, metavar="DURATION",
               help="Only versions deleted at least this long ago (30d, 12h, 90m) [default: every deleted version].")
+@click.option("--wait", "wait_s", type=click.FloatRange(0, 86400), default=GC_WAIT_S, show_default=True,
+              metavar="SECONDS", help="How long to wait for fits, imports, exports and backups holding the artifact "
+              "folder; then exit 75, nothing removed.")
 @json_opt
 @click.pass_obj
-def registry_gc(obj: Ctx, dry_run, older_than, as_json):
+def registry_gc(obj: Ctx, dry_run, older_than, wait_s, as_json):
     """Give back the disk of deleted versions: remove each one's artifact (kept while a live version, or a deleted
     one left by --older-than, holds the same bytes) and its fit report. The records stay, for lineage, marked
-    collected (`collected_at`). Safe while the service runs and fits register; waits for a running backup."""
-    res = obj.registry.gc(older_than_s=older_than, dry_run=dry_run)
+    collected (`collected_at`). Safe while the service runs and fits register: a fit or import committing, a
+    `registry export` and a `vecbridge backup` copying files hold the artifact folder; gc waits for them up to
+    --wait seconds (60), then exits 75 having removed nothing (retry later). --dry-run waits for nothing."""
+    res = obj.registry.gc(older_than_s=older_than, dry_run=dry_run, wait_s=wait_s)
     refs = [f"{noun} {ref}" for key, noun in (("maps", "map"), ("steers", "steer")) for ref in res["collected"][key]]
     shared = sum(len(v) for v in res["shared"].values())
     text = (f"{'would collect' if dry_run else 'collected'} {len(refs)} deleted version(s)"

@@ -364,6 +364,27 @@ def test_registry_gc_command(tmp_path, capsys):
         assert code == 2 and "more than 100 years" in err and len(err.strip().splitlines()) == 1, (huge, err)
 
 
+def test_registry_gc_waits_wait_seconds_for_a_backup_then_exits_75(tmp_path, capsys):
+    """The help and README said gc "waits for a running backup": it waited 60 s (exports and writers too), then exit
+    75, and nothing said so or let a script choose; --wait SECONDS says how long."""
+    data = tmp_path / "data"
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    v = _register(reg, "a", 0, report=False)
+    reg.delete_version("a", 1)
+    base = ("--data-dir", data, "registry", "gc")
+    with reg.store.pinned() as held:  # what a backup holds while it copies the artifacts
+        assert held
+        start = time.monotonic()
+        code, out, err = run_cli(capsys, *base, "--wait", "0.3")
+        assert code == 75 and "nothing was removed" in err and len(err.strip().splitlines()) == 1, err
+        assert 0.3 <= time.monotonic() - start < 30 and reg.artifact_file(v).exists()
+    code, out, err = run_cli(capsys, *base, "--wait", "-1")
+    assert code == 2 and "--wait" in err
+    code, out, _ = run_cli(capsys, *base, "--wait", "0")
+    assert code == 0 and "collected 1 deleted version(s)" in out and not reg.artifact_file(v).exists()
+    reg.close()
+
+
 def test_gc_older_than_before_year_one_collects_nothing(reg):
     """An older_than_s past what a date can hold (the Python API takes seconds as they come) was an OverflowError."""
     _register(reg, "a", 0, report=False)
