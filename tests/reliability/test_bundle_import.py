@@ -453,3 +453,33 @@ def test_a_stored_field_too_deep_to_parse_is_a_typed_error(tmp_path):
         reg.get_version("a->b", 1)
     assert reg.get_version("a->b", 2).params == {}
     reg.close()
+
+
+def test_only_a_record_nested_that_deep_is_walked_not_one_with_many_brackets(tmp_path, monkeypatch):
+    """The bracket count sent every steer read whose lens had rank >= 3 (many brackets side by side, 4 levels) through
+    the walk that rebuilds the value: 3-4x the read of the field. The walk is now for a value nested 32 deep only
+    (brackets inside strings count for nothing); what it rewrites is as before."""
+    from service.registry import models
+
+    walked = []
+    real = models._showable
+    monkeypatch.setattr(models, "_showable", lambda v, depth=1: walked.append(v) or real(v, depth))
+    reg = open_registry(f"sqlite:///{tmp_path / 'registry.sqlite'}", tmp_path / "artifacts")
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 8)).astype(np.float32)
+    steer = align.fit_steer(X, np.where(X[:, 0] > 0, 1, -1), rank=8, method="lm-steer", random_state=0)
+    lens = steer.lens(X, [f"row [{i}] {{" + "[" * 40 for i in range(200)], k=5)
+    text = json.dumps(lens)
+    assert text.count("[") + text.count("{") > 1000 and len(lens) == 8
+    s = reg.register_steer("st", steer, space="s", lens=lens)
+    nested = {"x": json.loads("[" * 30 + "]" * 30), "y": [{"z": json.loads("[" * 28 + "]" * 28)}]}  # 31 levels
+    deep = {"x": json.loads("[" * 31 + "]" * 31)}  # 32: the innermost list is written as its JSON text
+    reg.register_version("m", align.fit_procrustes(X, X), source_space="s", target_space="t", method="procrustes",
+                         params=nested)
+    reg._write(lambda t: t.q("UPDATE versions SET metrics = ? WHERE name = 'm'", (json.dumps(deep),)))
+    walked.clear()
+    assert reg.get_steer("st", s.version).lens == lens and walked == []
+    assert reg.get_version("m", 1).params == nested and walked[0] == deep  # metrics only (then its recursion)
+    shown = reg.get_version("m", 1).metrics
+    assert shown == real(deep) != deep and json.dumps(shown).count('"[]"') == 1
+    reg.close()
