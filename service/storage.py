@@ -45,7 +45,8 @@ from .errors import NotConfiguredError, exception_chain
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
            "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "no_space_message", "sqlite_backup",
            "storage_message", "quick_check_findings", "remove_marked", "check_sqlite_path", "sqlite_connect",
-           "sqlite_damaged", "sweep_abandoned", "take_abandoned", "temp_name", "writing", "still_linked", "MAX_SQLITE_PATH"]
+           "sqlite_damaged", "sweep_abandoned", "take_abandoned", "temp_name", "writing", "still_linked",
+           "MAX_SQLITE_PATH"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # errors of a write: one that names no file was writing
