@@ -540,14 +540,7 @@ class MiniVec2Vec:
         in ``keep``) held out, as long as ``need`` rows stay for the fit; ``judge_rows`` is empty when fewer
         than 20 rows could be held out. ``groups`` (:func:`align.validation.row_groups`, rows that repeat): the
         distinct rows are split instead, one row of each held-out one judging and no copy of it fitting."""
-        if groups is None:
-            free = np.setdiff1d(np.arange(n), keep) if keep is not None else np.arange(n)
-            k = min(int(self.holdout * n), self.criterion_sample, free.size, n - need)
-            if k < 20:
-                return np.arange(n), np.zeros(0, np.int64)
-            judge = np.sort(rng.choice(free, size=k, replace=False))
-            return np.setdiff1d(np.arange(n), judge), judge
-        first, group = groups
+        first, group = groups if groups is not None else (np.arange(n),) * 2  # every row its own group
         u = first.size
         free = np.setdiff1d(np.arange(u), group[keep]) if keep is not None else np.arange(u)
         k = min(int(self.holdout * u), self.criterion_sample, free.size, u - need)

@@ -218,7 +218,7 @@ def row_groups(X: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Bitwise-equal rows of ``X`` (n, d), as :func:`pair_groups` gives them for pairs: ``(first, group)``, or None
     when every row is distinct. Rows are compared by the 64-bit hashes of :func:`count_distinct_rows` (O(n d) time,
     8 bytes a row); a rare false match only joins two rows in one group."""
-    return _groups_of(np.concatenate([h for _, h in _row_hash_blocks(X)]))
+    return _groups_of(np.concatenate(list(_row_hash_blocks(X))))
 
 
 def _groups_of(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -262,18 +262,18 @@ def count_distinct_rows(X: np.ndarray, *, stop_at: int | None = None) -> int:
     A = np.ascontiguousarray(X)
     if A.ndim != 2 or A.shape[0] < 2:
         return int(A.shape[0]) if A.ndim >= 1 else 1
-    blocks, seen = [], np.zeros(0, np.uint64)
-    for _, hashes in _row_hash_blocks(A):
-        blocks.append(hashes)
-        if stop_at is not None:  # fewer than stop_at distinct so far: a short array to merge with
-            seen = np.unique(np.concatenate([seen, hashes]))
-            if seen.size >= stop_at:
-                return int(stop_at)
-    return int(seen.size) if stop_at is not None else int(np.unique(np.concatenate(blocks)).size)
+    if stop_at is None:
+        return int(np.unique(np.concatenate(list(_row_hash_blocks(A)))).size)
+    seen = np.zeros(0, np.uint64)
+    for hashes in _row_hash_blocks(A):  # fewer than stop_at distinct so far: a short array to merge with
+        seen = np.unique(np.concatenate([seen, hashes]))
+        if seen.size >= stop_at:
+            return int(stop_at)
+    return int(seen.size)
 
 
 def _row_hash_blocks(X: np.ndarray):
-    """``(start, hashes)`` for blocks of the rows of ``X`` (n, d): the 64-bit hash of each row (see
+    """The hashes of the rows of ``X`` (n, d), block by block: the 64-bit hash of each row (see
     :func:`count_distinct_rows`), a block of about ``_CHECK_BYTES`` of words at a time."""
     A = np.ascontiguousarray(X)
     words = A.reshape(A.shape[0], -1).view(np.uint8)
@@ -283,7 +283,7 @@ def _row_hash_blocks(X: np.ndarray):
     step = max(1, _CHECK_BYTES // (8 * max(1, words.shape[1])))
     for s in range(0, words.shape[0], step):
         with np.errstate(over="ignore"):  # the hash wraps modulo 2^64 on purpose
-            yield s, (words[s : s + step].astype(np.uint64) * coef).sum(axis=1, dtype=np.uint64)
+            yield (words[s : s + step].astype(np.uint64) * coef).sum(axis=1, dtype=np.uint64)
 
 
 def check_no_zero_rows(X: np.ndarray, *, name: str = "X", why: str = "no direction") -> np.ndarray:
