@@ -39,7 +39,7 @@ from ..vectordb import (
     migrate,
     open_store,
 )
-from ..vectordb.lost import unavailable_if_lost
+from ..vectordb.lost import lost_as_unavailable
 from ..vectordb.migrate import is_artifact_path
 
 __all__ = [
@@ -149,8 +149,9 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
             time.sleep(pause)
 
     stop = _StopOnSignal()
-    try:
-        with stop:
+    try:  # the database gone mid-run: exit 75 (retry later), one line; was exit 3, "internal"
+        with stop, lost_as_unavailable(store, "every batch written so far is checkpointed: run the same command "
+                                              "again to resume"):
             return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,
                            checkpoint=ckpt, progress=on_batch, overwrite=overwrite, source_space=source_space,
                            target_space=target_space, should_stop=stop.event.is_set, dry_run=dry_run,
@@ -158,12 +159,6 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     except MigrationInterrupted as exc:
         exc.signum = stop.signum  # which signal stopped it: SIGTERM exited 130 as Ctrl-C does, not 143
         raise
-    except Exception as exc:  # the database gone mid-run: exit 75 (retry later), one line; was exit 3, "internal"
-        lost = unavailable_if_lost(store.engine, exc, "every batch written so far is checkpointed: run the same "
-                                                      "command again to resume", store)
-        if lost is None:
-            raise
-        raise lost from exc
     finally:
         store.close()
 
@@ -248,19 +243,15 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
     store = open_store_for(store_url, id_field=id_field, vector_field=vector_field, text_field=text_field,
                            api_key=api_key, ca_file=ca_file)
     try:
-        out = {"mode": "rows"}
-        if embed is not None or X_Y is not None:
-            out = verify_migration(store, collection, embed=embed, heldout=X_Y, map_=map_ref, registry=registry,
-                                   n_sample=n_sample, n_queries=n_queries, db_queries=n_queries, k=k,
-                                   random_state=random_state)
-        if source is not None:
-            out["source"] = source
-            out.update(check_rows(store, source, collection, map_ref, registry=registry))
-    except Exception as exc:
-        lost = unavailable_if_lost(store.engine, exc, "run the same command again", store)
-        if lost is None:
-            raise
-        raise lost from exc
+        with lost_as_unavailable(store, "run the same command again"):
+            out = {"mode": "rows"}
+            if embed is not None or X_Y is not None:
+                out = verify_migration(store, collection, embed=embed, heldout=X_Y, map_=map_ref, registry=registry,
+                                       n_sample=n_sample, n_queries=n_queries, db_queries=n_queries, k=k,
+                                       random_state=random_state)
+            if source is not None:
+                out["source"] = source
+                out.update(check_rows(store, source, collection, map_ref, registry=registry))
     finally:
         store.close()
     out["collection"] = collection
@@ -313,17 +304,14 @@ class SharedStore:
         with self._lock:
             if self._store is None:
                 self._store = open_store(self.url, **self._auth)
-            try:
-                return fn(self._store)
+            try:  # a lost connection is judged before the store is closed: psycopg's ``broken`` reads False after
+                with lost_as_unavailable(self._store, "retry: the next request connects again"):
+                    return fn(self._store)
             except (InputError, NotFoundError):  # the request's fault (a wrong dimension, a missing collection)
                 raise  # the connection is fine: keep it
-            except Exception as exc:
-                store = self._store  # judged before it is closed: psycopg's ``broken`` reads False once closed
-                lost = unavailable_if_lost(store.engine, exc, "retry: the next request connects again", store)
+            except Exception:
                 self._close()
-                if lost is None:
-                    raise
-                raise lost from exc
+                raise
 
     def _close(self) -> None:
         store, self._store = self._store, None

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from align.exceptions import VecbridgeError
 
 from ..errors import exception_chain
 from .base import VectorDBUnavailableError
 
-__all__ = ["lost_connection", "quiet_client_logs", "unavailable_if_lost"]
+__all__ = ["lost_as_unavailable", "lost_connection", "quiet_client_logs", "unavailable_if_lost"]
 
 #: SQLSTATEs of a server ending the session: admin_shutdown (a fast stop), crash_shutdown, cannot_connect_now
 _PG_SHUTDOWN = ("57P01", "57P02", "57P03")
@@ -74,16 +76,30 @@ def lost_connection(exc: BaseException, conn=None) -> str | None:
     return None
 
 
-def unavailable_if_lost(engine: str, exc: BaseException, then: str, store=None) -> VectorDBUnavailableError | None:
-    """A :class:`VectorDBUnavailableError` saying ``engine``'s connection was lost and what to do (``then``) when
-    :func:`lost_connection` says so of ``exc`` (``store``: the store it came from, whose connection tells a broken one
-    from one closed on our side); None otherwise (the caller raises ``exc`` as it is)."""
+def unavailable_if_lost(store, exc: BaseException, then: str) -> VectorDBUnavailableError | None:
+    """A :class:`VectorDBUnavailableError` saying ``store``'s connection was lost and what to do (``then``) when
+    :func:`lost_connection` says so of ``exc`` (the store's connection tells a broken one from one closed on our
+    side); None otherwise (the caller raises ``exc`` as it is)."""
     why = lost_connection(exc, getattr(store, "conn", None))
     if why is None:
         return None
-    return VectorDBUnavailableError(f"{engine}: the connection to the database was lost ({why}); {then} (a failure "
+    return VectorDBUnavailableError(f"{store.engine}: the connection to the database was lost ({why}); {then} (a failure "
                                     "that repeats at the same point is not a passing one: an administrator ending the "
                                     "session, as pg_terminate_backend does, or a server that fails there)")
+
+
+@contextmanager
+def lost_as_unavailable(store, then: str) -> Iterator[None]:
+    """Raise an error inside that says ``store``'s connection was lost as :func:`unavailable_if_lost`'s
+    VectorDBUnavailableError (``then``: what to do; exit 75, 503), any other as it is: what a migration, a verify
+    and the service's shared store each did with its own try."""
+    try:
+        yield
+    except Exception as exc:
+        lost = unavailable_if_lost(store, exc, then)
+        if lost is None:
+            raise
+        raise lost from exc
 
 
 def quiet_client_logs(url: str) -> None:

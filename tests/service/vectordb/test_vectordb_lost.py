@@ -216,7 +216,7 @@ def test_a_connection_our_own_code_closed_is_a_bug_not_a_lost_database(pg_server
     s.conn.close()
     with pytest.raises(psycopg.OperationalError, match="the connection is closed") as info:
         s.count("x")
-    assert lost_connection(info.value, s.conn) is None and unavailable_if_lost("pgvector", info.value, "", s) is None
+    assert lost_connection(info.value, s.conn) is None and unavailable_if_lost(s, info.value, "") is None
     shared = SharedStore(url)
     try:
         with pytest.raises(psycopg.OperationalError, match="the connection is closed"):
