@@ -422,9 +422,7 @@ class JobManager:
         self._pool.shutdown(wait=wait, cancel_futures=True)
         if self.store is not None:
             with self._writing:
-                for late in list(self._unsaved.values()):
-                    if self._save(late):
-                        self._unsaved.pop(late.id, None)
+                self._retry_unsaved()
             if self._unsaved:
                 _log.warning("job records not written at shutdown", extra={"fields": {"jobs": sorted(self._unsaved)}})
 
@@ -532,13 +530,17 @@ class JobManager:
         if self.store is None:
             return
         with self._writing:
-            for late in list(self._unsaved.values()):
-                if late is not job and self._save(late):
-                    self._unsaved.pop(late.id, None)
+            self._retry_unsaved(but=job)
             if self._save(job, was):
                 self._unsaved.pop(job.id, None)
             elif job.state in TERMINAL:
                 self._unsaved[job.id] = job
+
+    def _retry_unsaved(self, but: Job | None = None) -> None:
+        """Write again the final records whose write failed (all but ``but``'s); the caller holds ``_writing``."""
+        for late in list(self._unsaved.values()):
+            if late is not but and self._save(late):
+                self._unsaved.pop(late.id, None)
 
     def _save(self, job: Job, was: str | None = None) -> bool:
         with self._lock:  # a whole record: no field of one moment beside another of the next
