@@ -460,8 +460,8 @@ class Registry(SteerRegistryMixin):
         written); for ``delete_tag`` too."""
         return self._maps.set_tag(name, version, key, value, check=check)
 
-    def delete_tag(self, name: str, version: int, key: str, *, check=None) -> None:
-        self._maps.delete_tag(name, version, key, check=check)
+    def delete_tag(self, name: str, version: int, key: str, *, check=None) -> VersionInfo:
+        return self._maps.delete_tag(name, version, key, check=check)
 
     def delete_version(self, name: str, version: int) -> VersionInfo:
         """Soft delete: the row and artifact stay (lineage), but the version no longer resolves; :meth:`gc` removes

@@ -537,11 +537,12 @@ class VersionedStore:
             t.q(f"INSERT INTO {self.kind.tags} (name, version, key, value) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (name, version, key) DO UPDATE SET value = excluded.value",
                 (name, int(version), key, value))
+            return self.get_in(t, name, int(version))  # as this write left it (a later one's state: another's ETag)
 
-        self._write(fn)
-        return self.get(name, int(version))
+        return self._write(fn)
 
-    def delete_tag(self, name: str, version: int, key: str, *, check=None) -> None:
+    def delete_tag(self, name: str, version: int, key: str, *, check=None) -> Record:
+        """Remove tag ``key`` of ``name:version``; the version as this write left it. ``check``: see :meth:`_tagged`."""
         self.check(name)
         if key not in (".", ".."):  # a dot key set before they were refused can still be removed
             check_tag_key(key)
@@ -549,8 +550,9 @@ class VersionedStore:
         def fn(t):
             self._tagged(t, name, version, check)
             t.q(f"DELETE FROM {self.kind.tags} WHERE name = ? AND version = ? AND key = ?", (name, int(version), key))
+            return self.get_in(t, name, int(version))
 
-        self._write(fn)
+        return self._write(fn)
 
     def delete(self, name: str, version: int) -> Record:
         """Soft delete: the row and artifact stay (lineage), but the version no longer resolves; ``deleted_at`` is the

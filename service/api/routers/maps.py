@@ -249,11 +249,8 @@ async def delete_tag(name: NamePath, version: VersionPath, key: str, state: Stat
     """The version without tag `key` (a tag that is not set: the version as it is, so a retried delete answers the
     same). The tag could be set over HTTP but removed only by the CLI (`registry tag --delete`). `If-Match` as for
     `PUT`."""
-    def remove():
-        state.registry.delete_tag(name, version, key, check=version_check(if_match, name, version))
-        return state.registry.get_version(name, version)
-
-    return _tagged(await run_in_threadpool(remove))
+    return _tagged(await run_in_threadpool(lambda: state.registry.delete_tag(
+        name, version, key, check=version_check(if_match, name, version))))
 
 
 @router.get("/maps/{ref}/artifact", dependencies=[ReadScope], summary="Download the map artifact",
