@@ -293,10 +293,12 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     try:
         with _signals_unwind():
-            cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
+            code = cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
             if sys.stdout is not None:
                 sys.stdout.flush()  # here, not at exit: a reader gone before it is 141 as well
-        return 0
+        # click, not standalone, catches a command's ``click.exceptions.Exit(n)`` / ``ctx.exit(n)`` and RETURNS n:
+        # ignored, `index compact --all` with a failed index exited 0. No command returns anything else (None).
+        return code if isinstance(code, int) and not isinstance(code, bool) else 0
     except _OutputClosed:
         return _output_closed()
     except click.exceptions.Exit as exc:

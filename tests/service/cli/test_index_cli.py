@@ -280,6 +280,24 @@ def test_bad_input_is_exit_2_and_writes_nothing(world, capsys, monkeypatch):
     assert code == 2 and "steer 's:1' is given twice; give each once" in err
 
 
+def test_compact_all_exits_non_zero_when_an_index_fails(world, capsys):
+    """RELIABILITY.md's step before a downgrade, `index compact --all`, printed the failure of an index whose file is
+    gone (and --json listed it under "failed") but exited 0: click, run not standalone, returned the command's
+    ``Exit(2)`` and ``main`` ignored it. A script then went on to the downgrade. Now the code is the exit status."""
+    data, tmp, _, _ = world
+    for name in ("bad", "good"):
+        assert cli(capsys, data, "create", name, "--space", "b", tmp / "y.npy", "--rows", "0:50", "--quiet")[0] == 0
+        assert cli(capsys, data, "add", name, tmp / "y.npy", "--rows", "50:60", "--quiet")[0] == 0
+    (data / "indexes" / "bad" / "delta.2.npz").unlink()
+    code, out, err = cli(capsys, data, "compact", "--all", "--json")
+    assert code == 2, (out, err)
+    ans = json.loads(out)
+    assert set(ans["failed"]) == {"bad"} and [d["index"] for d in ans["compacted"]] == ["good"]
+    assert "index 'bad'" in err
+    code, out, err = cli(capsys, data, "compact", "--all")
+    assert code == 2 and "good: generation 3 is a snapshot (already)" in out and "index 'bad'" in err
+
+
 def test_create_if_not_exists_is_done_for_the_same_settings_and_a_conflict_naming_another(world, capsys):
     """A provisioning script run again failed on its `index create` (exit 2, "already exists"), and had no way to
     say "create unless it is there". --if-not-exists: exit 0 without reading FILE for the same settings; a conflict
