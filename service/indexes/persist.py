@@ -39,15 +39,16 @@ from align.exceptions import InputError
 
 from ..limits import MAX_ID, check_dim, check_index_params
 from ..storage import atomic_write, fsync_dir
-from .errors import NewerFormatError
+from .errors import NewerFormatError, UnreadableGenerationError
 from .kinds import METRICS, add_rows, add_seed, check_name, tombstone_slots
 from .locking import stat_sig
 from .room import read_with_room
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "LOAD_ATTEMPTS", "LOCK_FILE", "SEEDED_LOG", "STORE_LOCK", "Delta",
            "apply_delta", "check_meta", "collect_generations", "generation_files", "log_fits", "log_of", "log_rows",
-           "open_generation", "params_of", "read_current", "read_deltas", "read_generation", "read_meta",
-           "seed_of_meta", "snapshot_wanted", "stored_params", "uid_of", "with_current", "write_generation"]
+           "missed", "not_read", "open_generation", "params_of", "read_current", "read_deltas", "read_generation",
+           "read_meta", "seed_of_meta", "snapshot_wanted", "stored_params", "uid_of", "with_current",
+           "write_generation"]
 
 #: Index parameters used only while the index is built (IVF's k-means sample). The meta keeps them under ``build``,
 #: apart from ``params``: releases before them check ``params`` strictly (unknown keys refused) and would refuse to
@@ -292,15 +293,38 @@ def with_current(path: Path, fn: Callable[[dict, dict[str, BinaryIO]], T]) -> tu
     names (:func:`open_generation`), and read the meta again when a writer collected one meanwhile, up to
     :data:`LOAD_ATTEMPTS` times. ``FileNotFoundError`` when ``meta.json`` itself is gone (the index was dropped).
     """
+    misses: set = set()
     for _ in range(LOAD_ATTEMPTS):
         sig = stat_sig(path / "meta.json")
         meta = read_meta(path)
         try:
             with open_generation(path, meta) as files:
                 return sig, meta, fn(meta, files)
-        except FileNotFoundError:
-            continue
-    raise RuntimeError(f"index at {path}: generations changed faster than they could be read")
+        except FileNotFoundError as exc:
+            misses.add(missed(path, sig, exc))
+    raise not_read(path, misses)
+
+
+def missed(path: Path, sig: tuple | None, exc: FileNotFoundError) -> tuple:
+    """What one failed read of the generation whose ``meta.json`` had :func:`stat_sig` ``sig`` tells
+    :func:`not_read`: ``(sig, meta.json's signature now, the missing file's name)``."""
+    return sig, stat_sig(path / "meta.json"), Path(exc.filename or "?").name
+
+
+def not_read(path: Path, misses: set) -> Exception:
+    """The error of :data:`LOAD_ATTEMPTS` reads of index ``path`` that each missed a file (:func:`missed`).
+
+    A writer collects only the files of metas two generations back, so a file missing at every try while one
+    ``meta.json`` (one signature: every meta has its own) named it is gone, not collected under a reader:
+    :class:`UnreadableGenerationError` naming it (exit 2, 503). It read "generations changed faster than they could
+    be read" (an internal error, exit 3 from ``vecbridge backup``). Different metas: a writer outran the reader."""
+    if len(misses) == 1:
+        (sig, now, name), = misses
+        if sig is not None and sig == now:
+            return UnreadableGenerationError(
+                f"index {path.name!r}: its file {name} is missing (meta.json names it; {path / name}): restore "
+                f"the index from a backup, or `vecbridge index drop {path.name}` and create it again")
+    return RuntimeError(f"index at {path}: generations changed faster than they could be read")
 
 
 def read_current(path: Path) -> tuple[dict, Any, dict[int, Any], tuple | None]:

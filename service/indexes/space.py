@@ -81,6 +81,8 @@ from .persist import (
     log_fits,
     log_of,
     log_rows,
+    missed,
+    not_read,
     params_of,
     read_current,
     read_deltas,
@@ -476,6 +478,7 @@ class SpaceIndex(Changes):
         to build on the newest generation: a signature can repeat, see :func:`~.persist._write_meta`).
         """
         assert self.path is not None
+        misses: set = set()
         for _ in range(LOAD_ATTEMPTS):
             sig = meta_sig(self.path)  # before reading: at worst one extra read later
             if sig is None:
@@ -504,7 +507,8 @@ class SpaceIndex(Changes):
                     self._caught_up("replay", t0)
                     return True
                 index, payloads = read_generation(self.path, meta)
-            except FileNotFoundError:  # collected after newer generations: read the meta again
+            except FileNotFoundError as exc:  # collected after newer generations: read the meta again
+                misses.add(missed(self.path, sig, exc))
                 continue
             except Exception as exc:  # a file cut short or corrupt: FAISS, JSON or check errors
                 raise self._unreadable(sig, exc) from exc
@@ -512,7 +516,10 @@ class SpaceIndex(Changes):
                 self._adopt(meta, index, payloads, sig)
             self._caught_up("reload", t0)
             return True
-        raise RuntimeError(f"index {self.name!r}: generations changed faster than they could be read")
+        err = not_read(self.path, misses)
+        if isinstance(err, UnreadableGenerationError):  # a file gone from the generation meta.json names
+            raise self._unreadable(sig, err) from err
+        raise err
 
     def _caught_up(self, how: str, t0: float) -> None:
         """Tell the observer of a catch-up (``replay``: deltas applied, ``reload``: a generation read whole) that

@@ -216,6 +216,19 @@ def test_a_failed_backup_leaves_no_destination(source, tmp_path):
     assert not dest.exists() and list((tmp_path / "out").iterdir()) == []
 
 
+def test_a_missing_index_file_is_named_not_an_internal_error(source, tmp_path):
+    """A delta file removed from an index (an operator's slip, a partial restore): `vecbridge backup` failed with
+    "internal error: RuntimeError: ... generations changed faster than they could be read" (exit 3) after eight
+    tries on an unchanged meta.json. The file is missing, not racing a writer: one line naming it, exit 2."""
+    ids = np.arange(10)
+    IndexStore(source / "indexes").get("docs").add(row_of(ids + 512), ids=ids + 512)
+    (source / "indexes" / "docs" / "delta.2.npz").unlink()
+    r = cli("--data-dir", source, "backup", tmp_path / "b")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "index 'docs': its file delta.2.npz is missing" in r.stderr and "internal error" not in r.stderr
+    assert not (tmp_path / "b").exists()
+
+
 @pytest.mark.parametrize("name", ["sqlite_autoindex_versions_1", "spaces"])
 def test_a_damaged_registry_is_refused_by_name_and_leaves_no_destination(source, tmp_path, name):
     """A damaged page of registry.sqlite: the backup failed with "internal error: DatabaseError: the copy of

@@ -289,6 +289,27 @@ def test_a_damaged_log_is_an_unreadable_generation_not_wrong_rows(tmp_path):
     assert fresh.load_all() == 0 and "written by a newer vecbridge" in fresh.load_errors["docs"]
 
 
+def test_a_missing_delta_is_an_unreadable_generation_naming_it(tmp_path):
+    """A delta removed while meta.json still names it read as "generations changed faster than they could be
+    read" (a RuntimeError: an internal error) to a loading process and to one catching up. Now the typed
+    UnreadableGenerationError (exit 2, 503) naming the file; the process holding a generation keeps serving it."""
+    from service.indexes.errors import UnreadableGenerationError
+    from service.indexes.persist import read_current
+
+    writer = IndexStore(tmp_path)
+    w = writer.create("docs", "s", _rows(0, 50))
+    follower = IndexStore(tmp_path)
+    assert follower.get("docs").generation == 1
+    w.add(_rows(1, 2))
+    (tmp_path / "docs" / "delta.2.npz").unlink()
+    with pytest.raises(UnreadableGenerationError, match=r"its file delta\.2\.npz is missing"):
+        read_current(tmp_path / "docs")
+    fresh = IndexStore(tmp_path)
+    assert fresh.load_all() == 0 and "delta.2.npz is missing" in fresh.load_errors["docs"]
+    held = follower.get("docs")  # the generation in memory is served; load_errors (/readyz) says why
+    assert held.generation == 1 and "delta.2.npz is missing" in follower.load_errors["docs"]
+
+
 _OPS = st.lists(st.one_of(
     st.tuples(st.just("add"), st.integers(1, 40), st.booleans()),
     st.tuples(st.just("delete"), st.integers(0, 2**31), st.integers(1, 8)),
