@@ -43,8 +43,9 @@ from align.exceptions import InputError
 from .errors import NotConfiguredError, exception_chain
 
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
-           "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "no_space_message", "sqlite_backup",
-           "storage_message", "quick_check_findings", "remove_marked", "check_sqlite_path", "sqlite_connect",
+           "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "moved_databases",
+           "no_space_message", "sqlite_backup", "storage_message", "quick_check_findings", "remove_marked",
+           "check_sqlite_path", "sqlite_connect",
            "sqlite_damaged", "sweep_abandoned", "take_abandoned", "temp_name", "writing", "still_linked",
            "MAX_SQLITE_PATH"]
 
@@ -80,13 +81,53 @@ def check_sqlite_path(path) -> None:
                          "a shorter path")
 
 
+#: ``(absolute path, pid) -> (st_dev, st_ino)`` of each SQLite file as this process first opened it
+#: (:func:`sqlite_connect`): :func:`moved_databases` compares the path with it
+_OPENED: dict[tuple[str, int], tuple[int, int]] = {}
+#: SQLite's extended code for a write to a database file that was renamed or unlinked since it was opened
+SQLITE_READONLY_DBMOVED = 1032
+_MOVED = "database file replaced or removed since the service opened it: restart the service"
+
+
 def sqlite_connect(path, *, mode: str | None = None, **kwargs) -> sqlite3.Connection:
     """``sqlite3.connect(path, **kwargs)`` (opened with the URI's ``mode``, e.g. ``rw``, when given) for every SQLite
     database vecbridge opens, once :func:`check_sqlite_path` passes."""
     check_sqlite_path(path)
     if mode is not None:
-        return sqlite3.connect(f"file:{pathname2url(str(path))}?mode={mode}", uri=True, **kwargs)
-    return sqlite3.connect(path, **kwargs)
+        c = sqlite3.connect(f"file:{pathname2url(str(path))}?mode={mode}", uri=True, **kwargs)
+    else:
+        c = sqlite3.connect(path, **kwargs)
+    key = (os.path.abspath(path), os.getpid())
+    if key not in _OPENED:
+        with contextlib.suppress(OSError):
+            st = os.stat(key[0])
+            _OPENED.setdefault(key, (st.st_dev, st.st_ino))
+    return c
+
+
+def moved_databases(folder=None) -> list[str]:
+    """The SQLite files (in ``folder``; None: anywhere) this process opened (:func:`sqlite_connect`) whose path now
+    holds another file or none: "restore by moving the backup back", or ``rm jobs.sqlite``, under a running service.
+    Its connections keep the old, unlinked file: every write fails ("attempt to write a readonly database",
+    SQLITE_READONLY_DBMOVED) and reads see the old data, while /readyz said ready."""
+    d, pid, out = folder and os.path.abspath(folder), os.getpid(), []
+    for (path, p), opened in list(_OPENED.items()):
+        if p != pid or d is not None and os.path.dirname(path) != d:
+            continue
+        try:
+            st = os.stat(path)
+            same = (st.st_dev, st.st_ino) == opened
+        except OSError:
+            same = False
+        if not same:
+            out.append(f"{os.path.basename(path) if d else path}: {_MOVED}")
+    return out
+
+
+def db_moved(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is SQLite's SQLITE_READONLY_DBMOVED: the file was replaced, not the disk."""
+    return any(isinstance(e, sqlite3.OperationalError) and getattr(e, "sqlite_errorcode", 0) == SQLITE_READONLY_DBMOVED
+               for e in exception_chain(exc))
 
 
 def sqlite_damaged(exc: BaseException) -> bool:
@@ -98,6 +139,8 @@ def sqlite_damaged(exc: BaseException) -> bool:
 
 def storage_message(exc: BaseException, *, hint: str = " — see /readyz") -> str:
     """What a write refused by the data directory says (``hint``: where to look next; the service's /readyz)."""
+    if db_moved(exc):  # "readonly database" of a file moved away, not a read-only disk
+        return f"{'; '.join(moved_databases()) or 'a SQLite ' + _MOVED}; nothing was changed"
     return ("the data directory cannot be written (read-only, immutable or full disk); nothing was changed"
             f"{hint} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
 
@@ -124,8 +167,11 @@ def no_space_message(exc: OSError) -> str:
 
 
 def data_dir_status(data_dir, min_free_bytes: int = 0) -> str:
-    """``"ok"``, or why the data directory cannot take writes now (not writable, or below ``min_free_bytes``)."""
+    """``"ok"``, or why the data directory cannot take writes now (not writable, or below ``min_free_bytes``, or a
+    database file this process opened there was replaced or removed: :func:`moved_databases`)."""
     d = Path(data_dir)
+    if moved := moved_databases(d):
+        return "; ".join(moved)
     probe = d / f".ready-probe-{os.getpid()}"
     try:
         fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)

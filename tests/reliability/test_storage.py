@@ -101,6 +101,29 @@ def test_immutable_data_dir_no_crash_503_and_not_ready(tmp_path):
         assert s.proc.poll() is None
 
 
+@pytest.mark.parametrize("db", ["registry.sqlite", "jobs.sqlite"])
+def test_a_database_file_replaced_under_the_service_is_named_not_a_read_only_disk(tmp_path, db):
+    """A backup restored by moving it back over registry.sqlite (or ``rm jobs.sqlite``) under a running service:
+    its connections keep the unlinked file, so every write failed 503 "the data directory cannot be written
+    (read-only, immutable or full disk)" (SQLITE_READONLY_DBMOVED reads "readonly database") and /readyz said ready.
+    Now /readyz is 503 naming the file and saying to restart, and the writes say the same."""
+    d = tmp_path / "data"
+    with Server(d) as s:
+        c = _world(s)
+        shutil.copy2(d / db, tmp_path / "backup.sqlite")
+        os.replace(tmp_path / "backup.sqlite", d / db)
+        ready = httpx.get(s.url + "/readyz", timeout=30)
+        assert ready.status_code == 503, ready.text
+        assert ready.json()["checks"]["data_dir"] == (f"{db}: database file replaced or removed since the service "
+                                                      "opened it: restart the service"), ready.text
+        r = (c.post("/v1/spaces", json={"name": "s9", "dim": 4}) if db == "registry.sqlite"
+             else c.post("/v1/fits", json=fit_body("a2b9")))
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 503 and f"{db}: database file replaced or removed" in msg, r.text
+        assert "read-only" not in msg and "restart the service" in msg
+        assert s.proc.poll() is None
+
+
 def _mount_tmpfs(d: Path, size: str) -> bool:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
