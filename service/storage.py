@@ -141,8 +141,30 @@ def storage_message(exc: BaseException, *, hint: str = " — see /readyz") -> st
     """What a write refused by the data directory says (``hint``: where to look next; the service's /readyz)."""
     if db_moved(exc):  # "readonly database" of a file moved away, not a read-only disk
         return f"{'; '.join(moved_databases()) or 'a SQLite ' + _MOVED}; nothing was changed"
+    if (why := _errno_words(exc)) is not None:
+        return f"the data directory cannot be written: {why}; nothing was changed{hint}"
     return ("the data directory cannot be written (read-only, immutable or full disk); nothing was changed"
             f"{hint} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+
+
+def _errno_words(exc: BaseException) -> str | None:
+    """What the first ``OSError`` with a file in ``exc``'s chain says by its errno: whose permission, a read-only file
+    system, or no space, and where (None: no such error; the generic words). A chown of one subfolder read as
+    "read-only, immutable or full disk" and sent its operator to the disk."""
+    e = next((e for e in exception_chain(exc) if isinstance(e, OSError) and e.errno and e.filename), None)
+    if e is None:
+        return None
+    where = os.fsdecode(e.filename)
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return (f"permission denied on {where} (running as uid {os.getuid()}): give the folder to that user (chown), "
+                "or clear its immutable flag (chattr -i)")
+    if e.errno == errno.EROFS:
+        return f"read-only file system holding {where}: remount it read-write"
+    if e.errno in _NO_SPACE:
+        return f"no space left on the device holding {where}: free some space there"
+    if e.errno == errno.EISDIR:
+        return f"{where} is a folder where a file belongs: move it aside"
+    return None
 
 
 @contextlib.contextmanager
@@ -172,6 +194,13 @@ def data_dir_status(data_dir, min_free_bytes: int = 0) -> str:
     d = Path(data_dir)
     if moved := moved_databases(d):
         return "; ".join(moved)
+    for sub in ("artifacts", "reports", "indexes"):  # a folder of its own owner (chown): one access(2) each
+        if (d / sub).is_dir() and not os.access(d / sub, os.W_OK | os.X_OK):
+            return f"not writable: permission denied on {d / sub} (running as uid {os.getuid()}): give the folder " \
+                   "to that user (chown)"
+    for f in ("registry.sqlite", "jobs.sqlite"):
+        if (d / f).is_dir():
+            return f"not writable: {d / f} is a folder, not a SQLite database file: move it aside"
     probe = d / f".ready-probe-{os.getpid()}"
     try:
         fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)

@@ -16,6 +16,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,41 @@ def test_status_and_classification(tmp_path):
     assert is_storage_error(OSError(errno.ENOSPC, "No space left on device"))
     assert is_storage_error(sqlite3.OperationalError("attempt to write a readonly database"))
     assert not is_storage_error(OSError(errno.ENOENT, "gone")) and not is_storage_error(ValueError("x"))
+
+
+def test_a_refused_write_says_why_by_errno_and_readyz_probes_the_subfolders(tmp_path):
+    """A subfolder given to another user (``chown root DATA/artifacts``, the service as uid 65534): a fit failed
+    "the data directory cannot be written (read-only, immutable or full disk) ... (PermissionError ...)" while
+    /readyz said ready. Now the words follow the errno and name the path, and data_dir_status checks artifacts/,
+    reports/ and indexes/ (and names a jobs.sqlite that is a folder)."""
+    from service.storage import storage_message
+
+    where = str(tmp_path / "artifacts" / "cd")
+    msg = storage_message(PermissionError(errno.EACCES, "Permission denied", where))
+    assert f"permission denied on {where} (running as uid {os.getuid()}): give the folder to that user" in msg
+    msg = storage_message(OSError(errno.EROFS, "Read-only file system", where))
+    assert f"read-only file system holding {where}" in msg and "chown" not in msg
+    assert f"no space left on the device holding {where}" in storage_message(OSError(errno.ENOSPC, "full", where))
+    (tmp_path / "jobs.sqlite").mkdir()
+    assert data_dir_status(tmp_path) == f"not writable: {tmp_path / 'jobs.sqlite'} is a folder, not a SQLite " \
+                                        "database file: move it aside"
+    (tmp_path / "jobs.sqlite").rmdir()
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="vb-uid-"))  # pytest's tmp_path is root's alone (0700 above it)
+    try:
+        (d / "artifacts").mkdir()
+        os.chown(d, 65534, 65534)  # the data dir is the service user's; artifacts/ stays root's
+        show = "import sys; from service.storage import data_dir_status; print(data_dir_status(sys.argv[1]))"
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                            show, str(d)], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+                           check=False)
+        assert r.stdout.strip() == (f"not writable: permission denied on {d / 'artifacts'} (running as uid 65534): "
+                                    "give the folder to that user (chown)"), r.stdout + r.stderr
+    finally:
+        shutil.rmtree(d)
 
 
 def _freeze(d: Path) -> bool:
