@@ -93,21 +93,26 @@ def _report_paths(registry, name: str, report_dir) -> tuple[Path, str]:
         return path, str(path)
 
 
-def write_fit_report(version: VersionInfo, path: Path, copy, html_text: str) -> None:
+def write_fit_report(version: VersionInfo, path: Path, copy, html_text: str) -> str | None:
     """Write a registered version's report (atomic, fsynced) and the optional extra copy.
 
     The version already records ``path``: a crash or a full disk here leaves a version whose report
-    route answers 404 ("missing from the data dir"), never a report without a version. A copy that cannot be
-    written is a VecbridgeWarning naming it (the version stays registered).
+    route answers 404 ("missing from the data dir"), never a report without a version. Returns None, or the note
+    saying the report could not be written (an HTTP fit's job notes carry it: its job "succeeded" with no word of
+    it). A copy that cannot be written is a VecbridgeWarning naming it (the version stays registered).
     """
+    missing = None
     try:
         write_report(path, html_text)
     except OSError as exc:
         log.warning("map %s is registered but its fit report could not be written to %s: %s", version.ref, path, exc,
                     extra={"fields": {"map": version.ref, "path": str(path), "error": str(exc)}})
+        missing = (f"map {version.ref} is registered but its fit report could not be written "
+                   f"({exc.strerror or exc}: {path}): its report route answers 404")
     if copy is not None:  # a full disk here failed the command (exit 2) with the version registered: a retry refitted
         try:
             write_report(copy, html_text)
         except OSError as exc:
             warnings.warn(f"the report copy {copy} could not be written ({exc.strerror or exc}); map {version.ref} "
                           f"is registered all the same", VecbridgeWarning, stacklevel=2)
+    return missing

@@ -324,8 +324,9 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         random_state=random_state, data_hashes=hashes, metrics=metrics, description=description, tags=tags,
         alias=alias, report_path=report_rel, artifact_format=artifact_format, encoders=encoders,
         inputs={**(inputs or {}), "n_source": X.shape[0], "n_target": Y.shape[0], "paired": paired})
-    if html_text is not None:
-        write_fit_report(version, report_file, report_copy, html_text)
+    if html_text is not None and (missing := write_fit_report(version, report_file, report_copy, html_text)):
+        if notes is not None:
+            notes.append(missing)
     note = registry.default_change_note(before, version)
     if held_back:
         try:

@@ -102,6 +102,22 @@ def test_a_report_the_data_dir_cannot_take_is_logged_in_the_vecbridge_tree(reg, 
     assert lines[0]["path"] == str(reg.report_file(v)) and "is a file, not a folder" in lines[0]["error"]
 
 
+def test_a_report_the_data_dir_cannot_take_is_a_note_of_the_fit(reg, tmp_path):
+    """An HTTP fit whose report could not be written (a subfolder of reports/ given to root, a full disk) "succeeded"
+    with no word of it in its notes, and its report route then answered 404. The fit's notes (a job's result, the
+    command line's ``vecbridge: note:`` lines) now say so and where; a fit whose report was written has no such note."""
+    notes: list[str] = []
+    v = _fit(reg, report_dir=tmp_path, notes=notes)
+    assert not [n for n in notes if "fit report" in n] and reg.report_file(v).is_file()
+    (tmp_path / "blocked").touch()  # a file where the report folder goes
+    notes = []
+    v = _fit(reg, report_dir=tmp_path / "blocked", notes=notes)
+    said = [n for n in notes if "fit report" in n]
+    assert len(said) == 1 and said[0].startswith(f"map {v.ref} is registered but its fit report could not be "
+                                                 "written (") and str(reg.report_file(v)) in said[0], notes
+    assert said[0].endswith("its report route answers 404") and not reg.report_file(v).exists()
+
+
 @pytest.mark.parametrize("clash", [{"source_space": "c", "target_space": "d"},  # the name is bound to a -> b
                                    {"name": "c2b", "source_space": "a", "target_space": "e"}])  # a wider than space a
 def test_what_registration_would_refuse_is_refused_before_the_fit(reg, monkeypatch, clash):
