@@ -49,6 +49,7 @@ import numpy as np
 from align.validation import as_matrix
 from align.exceptions import InputError, PairCountError, VecbridgeError
 
+from .. import spaces
 from ..errors import ConflictError, NotFoundError, shown
 from ..urls import redact, safe_url
 
@@ -94,8 +95,9 @@ class MigrationRunningError(ConflictError, VectorDBError):
     """Another process is running the migration of this checkpoint (it holds the checkpoint's lock)."""
 
 
-class SpaceMismatchError(InputError, VectorDBError):
-    """The collection records another embedding space than the one the map reads (e.g. a map the wrong way)."""
+class SpaceMismatchError(spaces.SpaceMismatchError, VectorDBError):
+    """The collection records another embedding space than the one the map reads (e.g. a map the wrong way), or its
+    rows look like the map's target space (:func:`service.spaces.judge_rows`)."""
 
 
 class UnsupportedFieldError(InputError, VectorDBError):

@@ -58,6 +58,7 @@ from align.maps import LinearMap, load_map
 from .base import (METRICS, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
                    SpaceMismatchError, UnsupportedFieldError, VectorDBError, VectorStore, check_metric, check_name,
                    id_key)
+from ..spaces import SPACE_SAMPLE_ROWS, Reference, judge_rows
 from .checkpoint import Checkpoint, MemoryCheckpoint
 
 __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
@@ -145,14 +146,10 @@ def check_spaces(store: VectorStore, source: str, declared: str | None, map_src:
     return unchecked if map_ is None else check_rows_space(store, source, map_, map_src, unchecked, option)
 
 
-#: rows read from the start of a collection that records no space, to check the map's direction by
-SPACE_SAMPLE_ROWS = 1000
-
-
 def check_rows_space(store: VectorStore, source: str, map_, map_src: str | None, unchecked: str,
                      option: str = "--source-space") -> str:
     """The direction check of a collection that records no space (and no ``source_space``): its first
-    :data:`SPACE_SAMPLE_ROWS` rows (finite ones) against the map's frames (:meth:`align.Frame.mean_cosine`).
+    :data:`SPACE_SAMPLE_ROWS` rows (finite ones) against the map's frames, by :func:`service.spaces.judge_rows`.
 
     Rows of the map's source space give a cosine ``c_src`` of about 0.9 with its source frame, but rows of one narrow
     topic (a collection whose first rows are one or two documents) can give less than
@@ -172,7 +169,10 @@ def check_rows_space(store: VectorStore, source: str, map_, map_src: str | None,
         scan.close()
     V = np.empty((0, map_.source_dim), np.float32) if batch is None else batch.vectors
     V = V[np.isfinite(V).all(axis=1)]  # a NaN row is refused by name when its batch is migrated
-    cos = map_.source_frame.mean_cosine(V, name=f"{source!r} rows") if len(V) else None
+    tgt = map_.target_frame
+    verdict = judge_rows(V, [map_.source_frame], [Reference(None, tgt, "its target side")] if len(V) else [],
+                         name=f"{source!r} rows")
+    cos = verdict.own
     if cos is None:
         mean = map_.source_frame.mean
         why = (f"fewer than {MEAN_CHECK_MIN_ROWS} rows to compare"
@@ -180,17 +180,16 @@ def check_rows_space(store: VectorStore, source: str, map_, map_src: str | None,
                "the map's training rows share no common direction to compare with")
         return f"{unchecked}; its rows cannot tell either: {why}"
     side = f"source {map_src!r}" if map_src else "training rows"
-    if cos >= SAME_SPACE_MIN_COSINE:
+    if verdict.checked:
         return f"checked by rows: mean direction cosine {cos:.2f} with the map's {side}"
     space = map_src or "SPACE"
-    tgt = map_.target_frame
-    c_tgt = tgt.mean_cosine(V, name=f"{source!r} rows") if tgt.dim == V.shape[1] else None
-    if c_tgt is not None and c_tgt > max(cos, SAME_SPACE_MIN_COSINE):
+    if verdict.other is not None:
         raise SpaceMismatchError(
             f"the rows of {source!r} do not look {what}: their mean direction has cosine {cos:.2f} with the map's "
-            f"training rows but {c_tgt:.2f} with those of its target side (rows of a space give about 0.9 with its "
-            f"own): a map the wrong way round? Use the map in the other direction; if the collection really is in "
-            f"{map_src or 'the space the map reads'}, say so with {option} {space}")
+            f"training rows but {verdict.other_cos:.2f} with those of its target side (rows of a space give about 0.9 "
+            f"with its own): a map the wrong way round? Use the map in the other direction; if the collection really "
+            f"is in {map_src or 'the space the map reads'}, say so with {option} {space}")
+    c_tgt = verdict.seen[0][1] if verdict.seen else None
     return (f"unchecked by rows: mean direction cosine {cos:.2f} with the map's {side}"
             + (f" and {c_tgt:.2f} with its target side" if c_tgt is not None else "")
             + f" (below {SAME_SPACE_MIN_COSINE}: rows of one narrow topic, or of another model; {option} {space} "
