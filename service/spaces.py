@@ -50,7 +50,10 @@ SPACE_SAMPLE_ROWS = 1000
 
 
 class SpaceMismatchError(InputError):
-    """Rows, a collection or a map in another embedding space than the one declared (e.g. a map the wrong way)."""
+    """Rows, a collection or a map in another embedding space than the one declared (e.g. a map the wrong way);
+    ``looks_like``: the space rows look like, where :func:`check_rows` told it."""
+
+    looks_like: str | None = None
 
 
 @dataclass(frozen=True)
@@ -189,10 +192,13 @@ def check_rows(V, space: str, references: dict[str, list[Reference]] | Callable[
         return RowsCheck("checked", f"checked by rows: mean direction cosine {verdict.own:.2f} with space "
                                     f"{space!r}'s reference")
     if verdict.other is not None:
-        raise SpaceMismatchError(
+        err = SpaceMismatchError(
             f"{name} look like space {verdict.other.space!r}, not {space!r}: their mean direction has cosine "
             f"{verdict.other_cos:.2f} with {verdict.other.space!r} ({verdict.other.what}) but {verdict.own:.2f} with "
-            f"{space!r} (rows of a space give about 0.9 with its own)" + (f"; {fix}" if fix else ""))
+            f"{space!r} (rows of a space give about 0.9 with its own)"
+            + (f"; {fix.format(other=verdict.other.space)}" if fix else ""))
+        err.looks_like = verdict.other.space
+        raise err
     if verdict.own is None:
         return RowsCheck("unknown", f"unchecked: no reference of space {space!r} to compare {name} with (no map "
                                     f"from or into it)" if not own else
@@ -202,3 +208,30 @@ def check_rows(V, space: str, references: dict[str, list[Reference]] | Callable[
                                   f"space {space!r}'s reference" + (f" ({figures})" if figures else "")
                                   + f", below {SAME_SPACE_MIN_COSINE}: rows of one narrow topic, or of a model the "
                                   f"registry does not know")
+
+
+def check_fit_spaces(registry, X: np.ndarray, Y: np.ndarray, source_space: str, target_space: str) -> list[str]:
+    """A fit's source rows ``X`` against ``source_space`` and target rows ``Y`` against ``target_space``
+    (:func:`check_rows` with the registry's references). Both looking like the other side's space: the files look
+    swapped (SpaceMismatchError saying so); one side looking like another space: that side's error. Returns the
+    warnings of sides references exist for but that none recognises."""
+    errors, notes = {}, []
+    for side, M, space, option in (("source", X, source_space, "--source-space / source_space"),
+                                   ("target", Y, target_space, "--target-space / target_space")):
+        try:
+            found = check_rows(M, space, lambda d=M.shape[1]: space_references(registry, d), name=f"the {side} rows",
+                               fix=f"if they are rows of {{other}}, say so ({option} {{other}}), or swap the files")
+        except SpaceMismatchError as e:
+            errors[side] = e
+        else:
+            notes += [found.warning] if found.warning else []
+    if {"source", "target"} <= errors.keys() and (errors["source"].looks_like, errors["target"].looks_like) == (
+            target_space, source_space):
+        raise SpaceMismatchError(
+            f"the files look swapped: the source rows look like space {target_space!r} and the target rows like "
+            f"{source_space!r} (a map fitted on them would go {target_space} -> {source_space} under the name of "
+            f"{source_space} -> {target_space}); give the {source_space!r} rows as the source and the {target_space!r} "
+            f"ones as the target. {errors['source']}")
+    for e in errors.values():
+        raise e
+    return notes

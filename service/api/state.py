@@ -35,6 +35,7 @@ from ..ops.indexes import Translation, leads, space_encoder, translation
 from ..ops.preload import EncoderPreload
 from ..ops.vectordb import SharedStore
 from ..registry import Registry, RegistryUnavailableError, VersionInfo, open_registry
+from ..spaces import space_references
 from .gate import Gate, run_unless_gone
 
 __all__ = ["MAP_CACHE_SIZE", "AppState", "Heavier", "InMemory", "Translation"]
@@ -268,6 +269,10 @@ class AppState:
         """
         return self._current(("ref", ref), lambda: self.registry.resolve(ref))
 
+    def space_references(self, dim: int) -> dict:
+        """:func:`service.spaces.space_references` of ``dim``-wide spaces, cached per registry generation."""
+        return self._current(("references", dim), lambda: space_references(self.registry, dim))
+
     def resolve_steer(self, ref: str):
         """``(SteerInfo, Steer | MeanShift)`` for ``ref``; artifacts cached by sha256 (immutable), refs resolved per call."""
         info = self.registry.resolve_steer(ref)
@@ -443,6 +448,9 @@ class InMemory:
         if m is None:
             raise WouldBlock("path of maps not in memory")
         return Translation(m, chain)
+
+    def space_references(self, dim: int) -> dict:
+        return self._memo(("references", dim))
 
     def resolve_steer(self, ref: str):
         raise WouldBlock("steers are resolved per request")

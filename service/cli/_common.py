@@ -45,7 +45,7 @@ __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_su
            "progress_bar", "stderr_is_terminal", "option_given", "parse_kv", "registry_option", "space_name",
            "file_rows_opts", "input_opts", "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts",
            "json_opt",
-           "quiet_opt", "description_opt", "random_state_opt", "register_opts", "VERSION"]
+           "quiet_opt", "description_opt", "random_state_opt", "register_opts", "VERSION", "registry_exists", "warn"]
 
 
 class Ctx:
@@ -121,6 +121,16 @@ def _command_path() -> str:
     """The running command below ``vecbridge``, e.g. ``"registry list"`` ("" outside a click command)."""
     ctx = click.get_current_context(silent=True)
     return " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+
+
+def registry_exists(settings) -> bool:
+    """Whether the settings' registry is there to read (a SQLite file that exists, or a server URL)."""
+    return _missing_sqlite(settings.resolved_registry_url()) is None
+
+
+def warn(message: str) -> None:
+    """One ``vecbridge: warning:`` line on stderr."""
+    click.echo(f"vecbridge: warning: {message}", err=True)
 
 
 def _missing_sqlite(url: str) -> Path | None:

@@ -51,7 +51,9 @@ from ._common import (
     quiet_opt,
     random_state_opt,
     read_ids,
+    registry_exists,
     search_on,
+    warn,
 )
 
 __all__ = ["index"]
@@ -238,7 +240,8 @@ def _exists(store, name, space, kind, metric, params, seed, as_json) -> None:
 
 @index.command("add")
 @click.argument("name")
-@click.option("--space", default=None, help="The rows' space: refused unless it is the index's.")
+@click.option("--space", default=None, help="The rows' space: refused unless it is the index's. Without it, rows that "
+                                            "look like another space's (by the registry's maps) are refused.")
 @_write_opts
 @click.pass_obj
 def index_add(obj: Ctx, name, space, file, rows, key, column, text_field, encoder, store_texts, ids_file,
@@ -249,11 +252,12 @@ def index_add(obj: Ctx, name, space, file, rows, key, column, text_field, encode
     NAME wait only while the rows are added and saved; memory: the index plus FILE's rows as float32."""
     idx = _store(obj).get(name)
     src = FileRows(file, rows, key, column, text_field, encoder, store_texts)
-    resolver = _resolver(obj) if src.texts else None  # vectors need no registry
+    # vectors need no registry: where there is one, its maps' frames tell whether the rows are the index's space's
+    resolver = _resolver(obj) if src.texts or registry_exists(obj.settings) else None
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         ids = add_from_file(resolver, idx, src, ids=read_ids(ids_file) if ids_file else None,
-                            payloads=_payloads(payloads_file), space=space, progress=progress)
+                            payloads=_payloads(payloads_file), space=space, progress=progress, warn=warn)
     finally:
         close()
     out = {"index": name, "added": int(ids.size), "first_id": int(ids.min()), "last_id": int(ids.max()),
@@ -341,7 +345,7 @@ def index_search(obj: Ctx, name, queries, space, map_refs, k, csls, csls_k, csls
     keep = not npz and with_payloads is not False and (with_payloads or as_json or out is not None)
     kw = {"space": space, "map_ref": list(map_refs) or None, "k": k, "exact": exact, "ef_search": ef_search,
           "nprobe": nprobe, "csls_k": csls_k if csls else 0, "csls_weight": csls_weight, "limits": limits,
-          "steers": _steers(steers), "with_payloads": keep}
+          "steers": _steers(steers), "with_payloads": keep, "space_option": "--space", "warn": warn}
     if src.texts:
         texts = read_texts(queries, rows=parse_rows(rows), text_field=text_field)
         parts = ({"texts": texts[s:s + per]} for s in range(0, n, per))

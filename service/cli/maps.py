@@ -26,7 +26,7 @@ from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write, check_writable
 from ._common import (Ctx, check_text_encoder, description_opt, emit, file_rows_opts, input_opts, json_opt,
                       option_given, parse_kv, progress_bar, quiet_opt, ray_logs, random_state_opt, read_pair,
-                      read_relevant, read_seed_pairs, space_name, version_record)
+                      read_relevant, read_seed_pairs, space_name, version_record, warn)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
@@ -392,7 +392,7 @@ def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, te
         with ray_logs(quiet or as_json):
             res = transform_file(obj.registry, ref, inp, out, chunk_rows=chunk_rows, output=output, rows=rows,
                                  key=key, column=column, encoder=encoder, ray_address=ray_address, progress=progress,
-                                 text_field=text_field)
+                                 text_field=text_field, warn=warn)
     finally:
         close()
     if res["note"] and not as_json:  # a .parquet's other columns, which a .npy / .fvecs output cannot hold

@@ -20,7 +20,8 @@ then 8 bytes a row: its list).
   disk or encoder); memory: the index plus the file's ``n x dim`` float32 rows until they are added.
 
 A file whose rows have another width than the index's space, texts embedded by another encoder
-than the space's, or a ``space`` that is not the index's, is refused before anything is written.
+than the space's, or a ``space`` that is not the index's, is refused before anything is written; so are vectors
+given with no ``space`` whose first block looks like another space's (:func:`service.spaces.check_rows`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -46,7 +48,7 @@ from ..io import (
     resolve_rows,
 )
 from ..limits import check_index_params, ivf_training
-from .indexes import Resolver, space_still_there
+from .indexes import Resolver, check_rows_space, space_still_there
 
 __all__ = ["CHUNK_ROWS", "TEXT_CHUNK", "FileRows", "add_from_file", "check_same_settings", "count", "create_from_file",
            "passage_encoder"]
@@ -208,10 +210,13 @@ def check_same_settings(idx: SpaceIndex, *, space: str, kind: str = "auto", metr
 
 
 def add_from_file(resolver: Resolver, idx: SpaceIndex, src: FileRows, *, ids=None, payloads: Iterator | None = None,
-                  space: str | None = None, progress: Callable[[str, float], None] = lambda stage, f: None
-                  ) -> np.ndarray:
+                  space: str | None = None, progress: Callable[[str, float], None] = lambda stage, f: None,
+                  warn: Callable[[str], None] | None = None) -> np.ndarray:
     """Add every row of ``src`` to ``idx`` as one generation; returns the ids. ``space``: the rows' space, which
-    must be the index's (rows of another space are refused, not mapped)."""
+    must be the index's (rows of another space are refused, not mapped). Vectors with no ``space`` are taken for
+    the index's: their first block is checked (:func:`~service.ops.indexes.check_rows_space`, with ``resolver``'s
+    references; ``warn`` as there) and rows that look like another space's are refused before anything is
+    written."""
     if space is not None and space != idx.space:
         raise InputError(f"index {idx.name!r} holds space {idx.space!r}; rows of space {space!r} would not be "
                          f"comparable with it (map them first: vecbridge transform)")
@@ -220,6 +225,13 @@ def add_from_file(resolver: Resolver, idx: SpaceIndex, src: FileRows, *, ids=Non
     encoder = passage_encoder(resolver, idx.space, idx.dim, src.encoder) if src.texts else None
     blocks = _blocks(src, idx.dim, idx.space, encoder, ids=ids, payloads=payloads, n=n,
                      progress=lambda f: progress("add", f))
+    if space is None and not src.texts:  # texts are embedded by the space's encoder; --space SPACE declared them
+        first = next(blocks)
+        check_rows_space(resolver, idx, first[0], f"the rows of {src.path}",
+                         f"map them into {idx.space!r} first (vecbridge transform --map MAP, a map from {{other}}), "
+                         f"or add them to an index of space {{other}}; --space {idx.space} declares them "
+                         f"{idx.space!r} rows", warn)
+        blocks = chain([first], blocks)
     if n <= (TEXT_CHUNK if src.texts else CHUNK_ROWS):
         X, ids_m, pl = next(blocks)
         for _ in blocks:  # the payloads file's length check

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from align.exceptions import DimensionMismatchError, InputError
+from align.exceptions import DimensionMismatchError, InputError, VecbridgeError
 from align.validation import as_matrix, check_no_zero_rows
 
 from ..encoders import UnknownEncoderError, get_encoder
@@ -38,10 +38,12 @@ from ..indexes import IndexStore, SpaceIndex
 from ..indexes.csls import CSLS_WEIGHT
 from ..indexes.kinds import NO_DIRECTION
 from ..progress import checkpoint, unstoppable
+from ..spaces import check_rows, index_frame, space_references
 from .steers import steer_queries
 
 __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
-           "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search", "search_parts", "hits"]
+           "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search", "search_parts", "hits",
+           "check_rows_space"]
 
 
 class Resolver(Protocol):
@@ -55,6 +57,8 @@ class Resolver(Protocol):
     def resolve_steer(self, ref: str) -> tuple[Any, Any]: ...
 
     def encoder_for_space(self, space: str) -> tuple[Any, Any]: ...
+
+    # optional: space_references(dim) -> {space: [service.spaces.Reference]} (without it, rows' spaces go unchecked)
 
 
 @dataclass
@@ -137,6 +141,9 @@ class RegistryResolver:
     def encoder_for_space(self, space: str):
         return space_encoder(self.registry, space, self.load_encoder)
 
+    def space_references(self, dim: int) -> dict:
+        return space_references(self.registry, dim)
+
 
 @dataclass
 class SearchResult:
@@ -213,8 +220,38 @@ def add_rows(resolver: Resolver, idx: SpaceIndex, X: np.ndarray | None = None, *
     id it ever held, :meth:`SpaceIndex.add`); returns the ids."""
     if texts is not None:
         X, payloads = _passages(resolver, idx.space, texts, payloads, store_texts)
+    else:  # texts are embedded by the space's own encoder: vectors may be another model's
+        check_rows_space(resolver, idx, X, "the vectors",
+                         f"map them into {idx.space!r} first (POST /v1/transform with a map from {{other}}), or add "
+                         f"them to an index of space {{other}}")
     with unstoppable():
         return idx.add(X, ids=ids, payloads=payloads)
+
+
+def check_rows_space(resolver: Resolver | None, idx: SpaceIndex, X, name: str, fix: str,
+                     warn: Callable[[str], None] | None = None, space: str | None = None) -> None:
+    """Rows ``X`` (n, dim) declared of ``space`` (default: ``idx``'s) checked against the references of the spaces
+    the registry's maps touch and, where a refusal is in question, ``idx``'s own rows
+    (:func:`service.spaces.check_rows`: SpaceMismatchError naming the space they look like and ``fix``, in which
+    ``{other}`` is that space). Nothing for fewer than ``MEAN_CHECK_MIN_ROWS`` rows, rows of another width (refused
+    by width where they are used), or a resolver without references. ``warn(note)``: rows references exist for
+    but none recognises."""
+    refs = getattr(resolver, "space_references", None)
+    if refs is None or X is None or getattr(X, "ndim", 0) != 2 or X.shape[1] != idx.dim:
+        return
+    space = space or idx.space
+
+    def references() -> dict:
+        try:
+            return refs(idx.dim)
+        except VecbridgeError as e:  # a registry not answering: rows of the index's own space need none
+            if e.kind != "unavailable":
+                raise
+            return {}
+    found = check_rows(X, space, references, name=name, fix=fix,
+                       own_extra=(lambda: index_frame(idx)) if space == idx.space else None)
+    if found.warning and warn is not None:
+        warn(found.warning)
 
 
 def query_dim(resolver: Resolver, idx: SpaceIndex, space: str | None,
@@ -242,7 +279,8 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
            space: str | None = None, map_ref: str | Sequence[str] | None = None, k: int = 10, exact: bool = False,
            ef_search: int | None = None, nprobe: int | None = None, csls_k: int = 0, csls_weight: float = CSLS_WEIGHT,
            steers: dict[str, float] | None = None, limits, wait: bool = True, with_payloads: bool = False,
-           finite: bool = False) -> SearchResult:
+           finite: bool = False, space_option: str = "space", warn: Callable[[str], None] | None = None
+           ) -> SearchResult:
     """Search ``idx`` with queries ``Q`` (n, d_q) — or ``texts`` — from ``space`` (steps in the module notes).
 
     ``csls_k > 0`` re-ranks by CSLS (document term scaled by ``csls_weight``); ``limits`` (``max_k``,
@@ -252,10 +290,17 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
     ``finite=True``: the caller has checked that ``Q`` holds no NaN/Inf (a decoded request,
     :func:`service.api.codec.vectors_from_json`), so the index does not check it again (``texts`` are embedded here
     and always checked); every other check of ``Q`` is made.
+    Vectors with no ``space`` (nor ``map_ref``) are taken for the index's space: :func:`check_rows_space` refuses
+    ones that look like another space's (``space_option``: how the caller names the space, for its hint; ``warn``:
+    as there). A batch of fewer than ``MEAN_CHECK_MIN_ROWS`` queries is not checked.
     """
     qspace = space or idx.space
     if texts is not None:
         Q, finite = embed_texts(resolver, qspace, texts, "query"), False
+    elif space is None and not map_ref:
+        fix = (f"if they are queries of space {{other}}, say so with {space_option} {{other}} (they then go through "
+               f"the registry's maps); {space_option} {idx.space} declares them {idx.space!r} queries")
+        check_rows_space(resolver, idx, Q, "the queries", fix, warn)
     tr = resolver.translation(qspace, idx.space, map_ref) if (qspace != idx.space or map_ref) else None
     if tr is not None and tr.map is not None:
         Q = as_matrix(Q, name="vectors", dim=tr.map.source_dim, finite=False)  # the width, as HTTP checks it
@@ -279,6 +324,7 @@ def search_parts(resolver: Resolver, idx: SpaceIndex, parts: Iterable[dict], **k
     ``sum eps_i W_i`` alike)."""
     for part in parts:
         found = search(resolver, idx, **part, **kw)
+        kw["space"] = kw.get("space") or idx.space  # the first block's space check stands for the others
         if found.translation is not None and found.translation.versions:
             kw["map_ref"] = [v.ref for v in found.translation.versions]
         if found.steers:

@@ -12,6 +12,7 @@ so a refused registration (a conflict) leaves no report behind.
 
 from __future__ import annotations
 
+import warnings
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -19,7 +20,7 @@ import numpy as np
 
 import align
 from align.validation import as_matrix
-from align.exceptions import DimensionMismatchError, InputError
+from align.exceptions import DimensionMismatchError, InputError, VecbridgeWarning
 from align.frames import unit_rows
 
 from ..encoders import canonical_name
@@ -31,6 +32,7 @@ from ..registry.entity import collected
 from ..registry.names import check_alias, check_name
 from ..registry.quality import SPLIT, heldout_doubt
 from ..reports import inner_timings
+from ..spaces import check_fit_spaces
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
 from .fit_report import fit_report, write_fit_report
 from .plans import MIGRATION_METHODS, check_semi_supervised, fit_migration_map
@@ -262,6 +264,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                 continue
             if have != M.shape[1]:
                 raise ConflictError(f"space {space!r} is {have}-d, not {M.shape[1]}-d")
+        for note in check_fit_spaces(registry, X, Y, source_space, target_space):  # swapped files: refused here
+            warnings.warn(note, VecbridgeWarning, stacklevel=2)
         hashes = {"source": sha256_array(X), "target": sha256_array(Y)}
         if seed_pairs is not None:
             i_s, i_t = (np.asarray(a).reshape(-1) for a in seed_pairs)

@@ -24,15 +24,17 @@ from ..io import (
     resolve_rows,
 )
 from ..progress import Progress, silent
+from ..spaces import SPACE_SAMPLE_ROWS, Reference, check_rows
 from ..storage import check_writable
 from ..tables import MappedWriter
 
-__all__ = ["rows_through", "transform_file"]
+__all__ = ["check_direction", "rows_through", "transform_file"]
 
 
 def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, output: str = "raw", rows=None,
                    key: str | None = None, column: str | None = None, encoder: str | None = None,
-                   ray_address: str | None = None, progress: Progress | None = None, text_field: str = "text") -> dict:
+                   ray_address: str | None = None, progress: Progress | None = None, text_field: str = "text",
+                   warn: Callable[[str], None] | None = None) -> dict:
     """Map the rows of file ``inp`` with map ``ref`` into file ``out`` chunk by chunk (files may exceed memory).
 
     ``rows`` ``"START:STOP"``; ``key`` / ``column`` name the .npz array / Parquet column; ``encoder`` embeds a text
@@ -41,12 +43,18 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     A parquet's other columns go along into a parquet ``out`` (:class:`~service.tables.MappedWriter`).
     ``progress`` reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output",
     "note"}``; ``note``: the input's columns ``out`` cannot hold (a .parquet's into .npy / .fvecs), else None.
+
+    Vectors are checked first as a migration checks a collection (:func:`check_direction`): rows that look like the
+    map's TARGET space (a map the wrong way round) are a SpaceMismatchError before anything is written; ``warn(note)``
+    gets rows that neither side recognises.
     """
     check_not_input(out, "the output", inp)  # before the registry is read
     v = registry.resolve(ref)
     m = registry.load_map(v)
     if is_text_path(inp):  # the source space's encoder, or None (reading the texts then says to name one)
         encoder = space_encoder(v.source_space, registry.get_space(v.source_space).encoder, encoder)
+    else:  # texts are embedded by the source space's encoder
+        check_direction(v, m, inp, rows=rows, key=key, column=column, warn=warn)
 
     def through(chunks):
         if ray_address is None:
@@ -60,6 +68,31 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
                        text_field=text_field, progress=progress)
     return {"map": v.ref, "rows": res["rows"], "out": res["out"], "dim": res["dim"], "output": output,
             "note": res["note"]}
+
+
+def check_direction(v, m, inp, *, rows=None, key: str | None = None, column: str | None = None,
+                    warn: Callable[[str], None] | None = None) -> None:
+    """The first :data:`~service.spaces.SPACE_SAMPLE_ROWS` rows of vectors file ``inp`` against map ``m``'s two
+    frames (``v``: its VersionInfo), as :func:`service.vectordb.migrate.check_rows_space` checks a collection: rows
+    that look like its target side are a SpaceMismatchError. Nothing for a map within one space, or rows of
+    another width (refused by width when read)."""
+    if v.source_space == v.target_space:
+        return
+    chunks = iter_chunks(inp, chunk_rows=SPACE_SAMPLE_ROWS, rows=rows, key=key, column=column)
+    try:
+        first = next(chunks, None)
+    finally:
+        chunks.close()
+    if first is None or first.ndim != 2 or first.shape[1] != m.source_dim:
+        return
+    refs = {side_space: [Reference(side_space, frame, f"map {v.ref}'s {side} side")]
+            for side, side_space, frame in (("source", v.source_space, m.source_frame),
+                                            ("target", v.target_space, m.target_frame))}
+    found = check_rows(first, v.source_space, refs, name=f"the rows of {Path(inp).name}",
+                       fix=f"a map the wrong way round? Map them with a map from {{other}} (vecbridge transform "
+                           f"--map MAP: {v.ref} reads {v.source_space!r} rows)")
+    if found.warning and warn is not None:
+        warn(found.warning)
 
 
 def rows_through(inp, out, through: Callable[[Iterator[np.ndarray]], Iterable[np.ndarray]], *, source_dim: int,
