@@ -110,7 +110,13 @@ def _recognised(V: np.ndarray, others: Sequence[Reference], name: str) -> bool:
 
 
 def _usable(frame: Frame) -> bool:
-    return frame.mean is not None and float(np.linalg.norm(frame.mean)) >= MEAN_CHECK_MIN_NORM
+    """A mean that is the space's common direction, not noise: at least :data:`MEAN_CHECK_MIN_NORM` and three times
+    the norm ``1/sqrt(n_fit)`` of the mean of as many random unit rows (frames of 100 isotropic rows have means of
+    ~0.1 by chance, and told synthetic rows apart by it; ``n_fit`` 0: an artifact that does not record it)."""
+    if frame.mean is None:
+        return False
+    norm = float(np.linalg.norm(frame.mean))
+    return norm >= MEAN_CHECK_MIN_NORM and (frame.n_fit == 0 or norm >= 3.0 / np.sqrt(frame.n_fit))
 
 
 def space_references(registry, dim: int) -> dict[str, list[Reference]]:
@@ -180,8 +186,8 @@ def check_rows(V, space: str, references: dict[str, list[Reference]] | Callable[
         return RowsCheck("unknown", f"unchecked: fewer than {MEAN_CHECK_MIN_ROWS} rows to tell their space by")
     V = np.asarray(V[np.isfinite(V).all(axis=1)], np.float32)  # NaN rows are refused by name where they are read
     refs = references() if callable(references) else references
-    own = [r.frame for r in refs.get(space, [])]
-    others = [r for s, rs in sorted(refs.items()) if s != space for r in rs]
+    own = [r.frame for r in refs.get(space, []) if _usable(r.frame)]
+    others = [r for s, rs in sorted(refs.items()) if s != space for r in rs if _usable(r.frame)]
     verdict = judge_rows(V, own, others, name=name)
     if own_extra is not None and (verdict.other is not None or verdict.own is None and _recognised(V, others, name)):
         extra = own_extra()  # only where a refusal is in question: a search of 64 queries does not pay for it
