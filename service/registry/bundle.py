@@ -4,7 +4,9 @@ A bundle holds maps (every version, aliases, tags, reports) and steers (every ve
 and the spaces they use. Importing keeps version numbers. A version that already exists with the
 same artifact sha256 is skipped (importing twice is a no-op); with a different artifact it is a
 ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version (once: a version
-with the same artifact and creation time is skipped, so a renumbering import repeated is a no-op too).
+with the same artifact and creation time is skipped, so a renumbering import repeated is a no-op too); a record
+that names a renumbered version (a transferred steer's ``params`` / ``inputs`` ``map`` and ``steer``) names its new
+number.
 Existing aliases are never moved, nor existing spaces changed (their encoder, prefixes and description: only
 a field the space here leaves empty is filled in). A NaN or infinite number in a record's JSON fields (a metric
 that came out undefined) is exported as ``null``, as the HTTP API shows it: a manifest holds JSON only.
@@ -48,6 +50,7 @@ from ..limits import MAX_JSON_DEPTH, check_json_depth
 from ..storage import atomic_write, folder_aside
 from .entity import KINDS, artifacts_in_use, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
+from .models import to_columns
 from .names import MAX_TAGS, check_alias, check_name, check_tags, fs_safe
 from .store import sha256_bytes
 
@@ -531,11 +534,13 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
     written first (its path appended to ``reports["now"]``)."""
     counts = {"imported": 0, "skipped": 0, "renumbered": 0, "aliases": 0}
     n_steers = n_steer_aliases = 0
+    numbers: dict[tuple[str, str], dict[int, int]] = {}  # (kind, name) -> {bundle version: its number here}
+    inserted = []
     for s in plan["spaces"].values():
         reg._put_space(t, s, keep=True)  # a space here keeps its encoder, prefixes, description
     for e in plan["entries"]:
         name, is_map, store = e["name"], e["kind"] == "maps", reg.entities[e["kind"]]
-        local: dict[int, int] = {}
+        local = numbers.setdefault((e["kind"], name), {})
         made: set[int] = set()  # numbers this import gave: a later bundle version with that number is not there yet
         for v in e["versions"]:
             store.bind(t, name, v, created=e["created_at"], here=" here, the bundle says")  # its export's time
@@ -574,6 +579,7 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
                 reports["now"].append(reg.report_dir / report_rel)
             store.insert(t, name, number, {**v, "artifact_sha256": v["sha"], "artifact_path": v["rel"],
                                            "report_path": report_rel}, tags if is_map else None)
+            inserted.append((store, name, number, v))
             if is_map:
                 counts[status] += 1
             else:
@@ -586,4 +592,28 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
                     n_steer_aliases += 1
     if n_steers or any(e["kind"] == "steers" for e in plan["entries"]):
         counts["steers"], counts["steer_aliases"] = n_steers, n_steer_aliases
+    _relink(t, inserted, numbers)
     return counts
+
+
+#: keys of a record's ``params`` / ``inputs`` that name another version, ``NAME:N`` (a transferred steer: its map and
+#: its source steer), and the kind of entity they name
+REF_KEYS = {"map": "maps", "steer": "steers"}
+
+
+def _relink(t, inserted: list, numbers: dict) -> None:
+    """Point the references (:data:`REF_KEYS`) of the versions an import inserted at the numbers the versions they name
+    have here: a renumbered version of the bundle (its ``a-b:2`` became ``a-b:3``, ``a-b:2`` here being another map)
+    was still named by its old number, so a transferred steer's lineage named a map it never came through. After every
+    insert: a reference may name a version of an entry imported later (a steer transferred from another steer)."""
+    for store, name, number, v in inserted:
+        new = {f: dict(v[f]) for f in ("params", "inputs")}
+        for field, key in ((f, k) for f in new for k in REF_KEYS):
+            ref_name, _, ref_version = str(new[field].get(key, "")).rpartition(":")
+            here = numbers.get((REF_KEYS[key], ref_name), {}).get(int(ref_version) if ref_version.isdigit() else -1)
+            if here is not None:
+                new[field][key] = f"{ref_name}:{here}"
+        if new != {f: v[f] for f in new}:
+            cols = to_columns(store.kind.record, new)
+            t.q(f"UPDATE {store.kind.table} SET {', '.join(f'{c} = ?' for c in cols)} WHERE name = ? AND version = ?",
+                (*cols.values(), name, number))

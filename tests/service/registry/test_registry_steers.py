@@ -194,3 +194,43 @@ def test_maps_still_number_their_versions(reg):
     assert (a.version, b.version) == (1, 2)
     reg.register_steer("x-steer", _steer(0, d=4), space="x")
     assert reg.resolve("x->y").version == 2
+
+
+def test_a_renumbering_import_keeps_a_transferred_steers_lineage(reg, tmp_path):
+    """`registry import --renumber` gave the bundle's map a-b:2 the number 4 here (a-b:1 and a-b:2 here are other
+    maps), but the steer transferred through it still named "a-b:2" in params.map and inputs.map: a map it never came
+    through. Its source steer (renumbered too, and imported after it: "e5" sorts before "zzz") alike."""
+    import align
+    from service.ops.steers import transfer_and_register
+
+    def linear(seed):
+        rng = np.random.default_rng(seed)
+        X = rng.normal(size=(64, 8))
+        return align.fit_procrustes(X, X @ rng.normal(size=(8, 8)))
+
+    src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src-artifacts")
+    for seed in (0, 1):
+        src.register_version("a-b", linear(seed), source_space="a", target_space="b", method="procrustes", params={})
+        reg.register_version("a-b", linear(10 + seed), source_space="a", target_space="b", method="procrustes",
+                             params={})
+    src.register_steer("zzz", _steer(0, d=8, r=2), space="a")
+    reg.register_steer("zzz", _steer(1, d=8, r=2), space="a")
+    moved = transfer_and_register(src, "zzz", "a-b:2", name="e5")
+    assert moved.params["map"] == moved.inputs["map"] == "a-b:2" and moved.inputs["steer"] == "zzz:1"
+    bundle = src.export(tmp_path / "b.zip")
+
+    assert reg.import_(bundle, on_conflict="renumber")["renumbered"] == 2
+    got = reg.resolve_steer("e5")
+    by_sha = {kind: {v.artifact_sha256: v.ref for v in versions} for kind, versions in (
+        ("map", reg.list_versions("a-b")), ("steer", reg.list_steer_versions("zzz")))}
+    want = {"map": by_sha["map"][src.get_version("a-b", 2).artifact_sha256],
+            "steer": by_sha["steer"][src.get_steer("zzz", 1).artifact_sha256]}
+    assert want == {"map": "a-b:4", "steer": "zzz:2"}
+    assert {k: got.params[k] for k in want} == {k: got.inputs[k] for k in want} == want
+    assert got.params["method"] == "transfer" and got.inputs["via"] == "transfer"
+    again = reg.import_(bundle, on_conflict="renumber")
+    assert (again["skipped"], again["renumbered"], again["steers"]) == (2, 0, 0)  # a no-op: the lineage stays
+    assert {k: reg.resolve_steer("e5").params[k] for k in want} == want
+    plain = open_registry(f"sqlite:///{tmp_path}/plain.sqlite", tmp_path / "plain-artifacts")  # nothing renumbered
+    plain.import_(bundle)
+    assert plain.resolve_steer("e5").params == moved.params and plain.resolve_steer("e5").inputs == moved.inputs
