@@ -53,10 +53,11 @@ __all__ = ["BACKUP_FORMAT", "IN_PROGRESS", "MANIFEST", "PG_NOTE", "PG_RESTORE", 
 
 BACKUP_FORMAT = "vecbridge.backup"
 MANIFEST = "backup.json"
-PG_NOTE = ("the registry database is PostgreSQL: back it up with pg_dump, before this backup (an artifact a committed "
-           "version names is never removed, so every one a dump taken earlier names is in this one); restore it with "
-           "pg_restore and start vecbridge with --data-dir on this backup and VECBRIDGE_REGISTRY_URL on the restored "
-           "database")
+PG_NOTE = ("the registry database is PostgreSQL: back it up with pg_dump, before this backup (an artifact a live "
+           "version names is never removed, so every one a dump taken earlier names is in this one, unless a "
+           "`vecbridge registry gc` ran in between: it removes deleted versions' files, so run it before the dump or "
+           "after this backup); restore it with pg_restore and start vecbridge with --data-dir on this backup and "
+           "VECBRIDGE_REGISTRY_URL on the restored database")
 #: how a backup of a data dir with a PostgreSQL registry is restored (the URL is the user's: it may hold a password)
 PG_RESTORE = ("load the pg_dump taken before this backup into a new database (pg_restore, or psql for a plain dump), "
               "then: vecbridge --data-dir {dest} --registry-url postgresql://USER@HOST/RESTORED_DB serve")

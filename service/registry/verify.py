@@ -7,22 +7,30 @@ from .errors import IntegrityError
 
 __all__ = ["verify_registry"]
 
+GONE = "deleted version whose files are gone: `vecbridge registry gc` records it as collected"
+
 
 def verify_registry(reg, sweep: bool = False) -> dict:
     """Check the database file (SQLite: ``PRAGMA quick_check``), every version's artifact (exists, sha256
     matches) and every alias's target; ``sweep=True`` also deletes the temporary files no writer has touched for
     ``store.STALE_TMP_S`` (10 minutes: a younger one may be a running writer's).
 
-    Returns ``{"ok", "database", "bad_artifacts", "dangling_aliases", "aliases_on_deleted", "version_gaps",
-    "orphan_artifacts"`` (lists), ``"tmp_files", "n_versions", "n_steer_versions", "n_collected", "n_deleted"}`` (maps
-    and steers alike; deleted: those whose files ``registry gc`` has not removed yet, collected: those it has, whose
-    artifacts are not looked for; a file only collected versions name is an orphan, which the next gc removes).
+    Returns ``{"ok", "database", "bad_artifacts", "dangling_aliases", "aliases_on_deleted", "deleted_files_gone",
+    "version_gaps", "orphan_artifacts"`` (lists), ``"tmp_files", "n_versions", "n_steer_versions", "n_collected",
+    "n_deleted"}`` (maps and steers alike; deleted: those whose files ``registry gc`` has not removed yet,
+    collected: those it has, whose artifacts are not looked for; a file only collected versions name is an orphan,
+    which the next gc removes).
     ``database``: what ``quick_check`` found; then no row is read (lists empty, counts None).
     ``aliases_on_deleted`` (``name@alias -> N``): aliases left on a deleted version, legal (a delete keeps them,
-    for lineage) and not a failure, but such an alias no longer resolves."""
+    for lineage) and not a failure, but such an alias no longer resolves. ``deleted_files_gone`` (``name:N: why``):
+    deleted versions, not collected, whose artifact is missing: not a failure either (nothing reads a deleted
+    version's files): a registry restored from a dump taken before a ``registry gc`` that removed them, beside a copy
+    of the artifacts taken after it; ``registry gc`` marks them collected. A deleted version's artifact that is there
+    but corrupt is a bad artifact."""
     bad, dangling, on_deleted, gaps, used, artifacts, counts = [], [], [], [], set(), [], {}
     if damage := reg.db.damage():  # the rows cannot be trusted: none is read
-        lists = ("bad_artifacts", "dangling_aliases", "aliases_on_deleted", "version_gaps", "orphan_artifacts")
+        lists = ("bad_artifacts", "dangling_aliases", "aliases_on_deleted", "deleted_files_gone", "version_gaps",
+                 "orphan_artifacts")
         return {"ok": False, "database": damage, **{k: [] for k in lists}, "tmp_files": len(reg.store.tmp_files()),
                 "n_versions": None, "n_steer_versions": None, "n_collected": None, "n_deleted": None}
     with reg.db.tx() as t:
@@ -46,10 +54,14 @@ def verify_registry(reg, sweep: bool = False) -> dict:
                 if (int(r["n"] or 0), r["lo"], r["hi"]) != (last, 1 if last else None, last if last else None):
                     gaps.append(r["name"])
     collected = [r for r in artifacts if r["collected_at"] is not None]
+    gone = []
     for r in artifacts:
         if r["collected_at"] is not None:  # `registry gc` removed its files (unless shared: checked with the sharer)
             continue
         used.add(r["artifact_path"])
+        if r["deleted"] and _gone(reg.store, r["artifact_path"]):  # nothing reads it; gc says so
+            gone.append(f"{r['name']}:{r['version']}: {GONE}")
+            continue
         try:
             with reg.store.opened(r["artifact_path"], r["artifact_sha256"]):  # hashed in chunks, nothing read
                 pass
@@ -60,7 +72,18 @@ def verify_registry(reg, sweep: bool = False) -> dict:
         reg.store.sweep_tmp()
     orphans = sorted(reg.store.all_relpaths() - used)
     return {"ok": not bad and not dangling and not gaps, "database": [], "bad_artifacts": bad,
-            "dangling_aliases": dangling, "aliases_on_deleted": on_deleted, "version_gaps": gaps,
-            "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": counts["maps"],
+            "dangling_aliases": dangling, "aliases_on_deleted": on_deleted, "deleted_files_gone": gone,
+            "version_gaps": gaps, "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": counts["maps"],
             "n_steer_versions": counts.get("steers", 0), "n_collected": len(collected),
             "n_deleted": sum(1 for r in artifacts if r["deleted"] and r["collected_at"] is None)}
+
+
+def _gone(store, rel: str) -> bool:
+    """Whether artifact ``rel`` is not there at all (unreadable, or outside the folder: :meth:`opened` says which)."""
+    try:
+        store.path(rel).stat()
+    except FileNotFoundError:
+        return True
+    except (OSError, IntegrityError):
+        return False
+    return False

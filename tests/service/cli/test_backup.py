@@ -291,6 +291,9 @@ def test_a_postgresql_registry_backup_says_how_to_restore_it_and_gets_no_registr
     (line,) = [x for x in r.stdout.splitlines() if "restore:" in x]
     assert "pg_dump" in line and f"vecbridge --data-dir {dest} --registry-url postgresql://" in line, line
     assert "pw-4d1f" not in r.stdout
+    # the note said every artifact an earlier dump names is in the backup: not so when a `registry gc` ran between
+    (note,) = [x for x in r.stdout.splitlines() if "back it up with pg_dump" in x]
+    assert "unless a `vecbridge registry gc` ran in between" in note and "before the dump or after" in note, note
     before = sorted(dest.rglob("*"))
     for args in (("registry", "list"), ("spaces", "add", "x", "--dim", "4")):
         r = cli("--data-dir", dest, *args)
@@ -304,8 +307,10 @@ def test_a_postgresql_registry_backup_says_how_to_restore_it_and_gets_no_registr
 
 @pytest.mark.postgres
 def test_a_postgresql_registry_is_pg_dumps_job_and_restores_beside_the_backup(pg_url, tmp_path):
-    """The documented order: pg_dump, then vecbridge backup (artifacts are only ever added, so every one the
-    dump names is in the backup); restore: the dump into a new database, vecbridge on the backup with it."""
+    """The documented order: pg_dump, then vecbridge backup (a live version's artifact is never removed, so every one
+    the dump names is in the backup); restore: the dump into a new database, vecbridge on the backup with it. A
+    `registry gc` between the two removed a version the dump holds deleted, not collected: `registry verify` of the
+    restore called its file "missing or unreadable" and exited 2; it lists it apart (gc marks it collected)."""
     import psycopg
 
     from align import fit_procrustes
@@ -318,8 +323,12 @@ def test_a_postgresql_registry_is_pg_dumps_job_and_restores_beside_the_backup(pg
             reg.register_space(name, 16)
         reg.register_version("a2b", fit_procrustes(X, X), source_space="a", target_space="b", method="procrustes",
                              params={}, alias="prod")
+        reg.register_version("old", fit_procrustes(X, X[:, 1:]), source_space="a", target_space="c",
+                             method="procrustes", params={})
+        reg.delete_version("old", 1)
         dump = tmp_path / "registry.sql"
         subprocess.run(["pg_dump", "--no-owner", "-f", str(dump), pg_url], check=True, capture_output=True)
+        assert reg.gc()["collected"]["maps"] == ["old:1"]  # between the dump and the backup: the note says so
         reg.register_version("a2b", fit_procrustes(X, X[:, ::-1].copy()), source_space="a", target_space="b",
                              method="procrustes", params={})  # after the dump: in the backup too, harmless
     finally:
@@ -339,8 +348,9 @@ def test_a_postgresql_registry_is_pg_dumps_job_and_restores_beside_the_backup(pg
     try:
         subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(dump), restored], check=True,
                        capture_output=True)
-        r = cli("--data-dir", dest, "--registry-url", restored, "registry", "verify")
-        assert r.returncode == 0 and json.loads(r.stdout)["n_versions"] == 1, r.stdout + r.stderr
+        r = cli("--data-dir", dest, "--registry-url", restored, "registry", "verify")  # old:1 deleted, files gone
+        assert r.returncode == 0 and json.loads(r.stdout)["n_versions"] == 2, r.stdout + r.stderr
+        assert [x.split(":")[:2] for x in json.loads(r.stdout)["deleted_files_gone"]] == [["old", "1"]]
         r = cli("--data-dir", dest, "--registry-url", restored, "registry", "show", "a2b@prod", "--json")
         assert r.returncode == 0 and json.loads(r.stdout)["version"] == 1, r.stderr
     finally:

@@ -497,3 +497,41 @@ def test_a_version_collected_between_resolve_and_read_is_deleted_not_corrupt(reg
             reader.load_map("b")
     finally:
         reader.close()
+
+
+def test_verify_lists_a_deleted_versions_missing_files_apart_not_as_a_failure(reg, tmp_path, capsys):
+    """A PostgreSQL registry restored from a dump taken before a `registry gc`, beside a backup of the artifacts taken
+    after it, holds deleted (not collected) versions whose files gc removed: `registry verify` called each "missing or
+    unreadable", ok false, exit 2, though nothing reads a deleted version's files. They are listed apart now, with
+    what to do; a live version's missing file, or a deleted version's corrupt one, is still a failure."""
+    _register(reg, "a", 0, report=False)
+    gone = _register(reg, "a", 1, report=False)
+    corrupt = _register(reg, "a", 2, report=False)
+    for version in (2, 3):
+        reg.delete_version("a", version)
+    reg.artifact_file(gone).unlink()  # what the restored dump and the later backup disagree on
+    checked = reg.verify()
+    assert checked["ok"] and checked["bad_artifacts"] == [] and checked["n_deleted"] == 2
+    assert checked["deleted_files_gone"] == [
+        "a:2: deleted version whose files are gone: `vecbridge registry gc` records it as collected"]
+    data = tmp_path / "cli"  # the command answers it the same way: exit 0
+    cli_reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    _register(cli_reg, "a", 0, report=False)
+    cli_reg.artifact_file(_register(cli_reg, "a", 1, report=False)).unlink()
+    cli_reg.delete_version("a", 2)
+    cli_reg.close()
+    code, out, _ = run_cli(capsys, "--data-dir", data, "registry", "verify")
+    assert code == 0 and json.loads(out)["deleted_files_gone"][0].startswith("a:2: deleted version"), out
+
+    path = reg.artifact_file(corrupt)
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes()[:-4] + b"oops")
+    checked = reg.verify()
+    assert not checked["ok"] and [b.split(":")[:2] for b in checked["bad_artifacts"]] == [["a", "3"]]
+    assert len(checked["deleted_files_gone"]) == 1
+    assert reg.gc()["collected"]["maps"] == ["a:2", "a:3"]  # as the hint says
+    checked = reg.verify()
+    assert checked["ok"] and checked["deleted_files_gone"] == [] and checked["n_collected"] == 2
+    reg.artifact_file(reg.get_version("a", 1)).unlink()  # a live version's file: a failure, as before
+    checked = reg.verify()
+    assert not checked["ok"] and "a:1: " in checked["bad_artifacts"][0] and checked["deleted_files_gone"] == []
