@@ -128,9 +128,13 @@ def registry_export(obj: Ctx, path, names):
 @json_opt
 @click.pass_obj
 def registry_import(obj: Ctx, path, renumber, as_json):
-    """Load a bundle written by `registry export`."""
+    """Load a bundle written by `registry export`. A version deleted here stays deleted: one the bundle has live is
+    listed as "present here deleted; not restored"."""
     counts = obj.registry.import_(path, on_conflict="renumber" if renumber else "error")
-    emit(counts, as_json, " ".join(f"{k}={v}" for k, v in counts.items()))
+    gone = counts.get("deleted_here", [])
+    emit(counts, as_json, " ".join(f"{k}={v}" for k, v in counts.items() if k != "deleted_here")
+         + (f"\n{len(gone)} version(s) present here deleted; not restored: {', '.join(gone[:10])}"
+            f"{' ...' if len(gone) > 10 else ''}" if gone else ""))
 
 
 @registry.command("verify")

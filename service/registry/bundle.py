@@ -6,7 +6,7 @@ same artifact sha256 is skipped (importing twice is a no-op); with a different a
 ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version (once: a version
 with the same artifact and creation time is skipped, so a renumbering import repeated is a no-op too); a record
 that names a renumbered version (a transferred steer's ``params`` / ``inputs`` ``map`` and ``steer``) names its new
-number.
+number. A version deleted here stays deleted (listed as ``deleted_here``, not skipped, when the bundle has it live).
 Existing aliases are never moved, nor existing spaces changed (their encoder, prefixes and description: only
 a field the space here leaves empty is filled in). A NaN or infinite number in a record's JSON fields (a metric
 that came out undefined) is exported as ``null``, as the HTTP API shows it: a manifest holds JSON only.
@@ -480,7 +480,10 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
     reports it wrote (not those that were there already, nor one another writer is committing meanwhile).
 
     Returns counts ``{"imported", "skipped", "renumbered", "aliases"}`` over map versions, plus
-    ``"steers"`` (steer versions imported or renumbered) and ``"steer_aliases"`` when the bundle holds steers.
+    ``"steers"`` (steer versions imported or renumbered) and ``"steer_aliases"`` when the bundle holds steers, and
+    ``"deleted_here"`` (``["map NAME:N", "steer NAME:N"]``) when versions live in the bundle are present here deleted
+    (not restored: an import never undeletes; nor counted as skipped). The artifacts it stored that no row names then
+    (such versions' files, when ``registry gc`` had collected them here) are removed again, as after a failure.
     """
     if on_conflict not in ("error", "renumber"):
         raise InvalidNameError("on_conflict must be 'error' or 'renumber'")
@@ -518,6 +521,8 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
                     if new:
                         stored.append(v["rel"])
             counts = reg._write(apply)
+        # (below, once the shared hold is given back) the artifacts it stored that no row names: those of versions
+        # deleted and collected here, which it does not restore, were orphans no `registry gc` removed
     except BaseException:
         for p in reports["before"] + reports["now"]:
             p.unlink(missing_ok=True)
@@ -526,6 +531,8 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
         raise
     for p in set(reports["before"]) - set(reports["now"]):
         p.unlink(missing_ok=True)
+    with suppress(Exception):  # as after a failure: only while no writer holds the folder, never a file a row names
+        reg.store.discard(stored, lambda: artifacts_in_use(reg.db))
     return counts
 
 
@@ -535,7 +542,7 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
     counts = {"imported": 0, "skipped": 0, "renumbered": 0, "aliases": 0}
     n_steers = n_steer_aliases = 0
     numbers: dict[tuple[str, str], dict[int, int]] = {}  # (kind, name) -> {bundle version: its number here}
-    inserted = []
+    inserted, gone = [], []  # gone: live in the bundle, deleted here (an import never undeletes)
     for s in plan["spaces"].values():
         reg._put_space(t, s, keep=True)  # a space here keeps its encoder, prefixes, description
     for e in plan["entries"]:
@@ -550,7 +557,7 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
                 # the same version (imported before); a renumbered copy of this one, when the bundle's versions
                 # share their artifact, is the row with its creation time
                 local[v["version"]] = store.copy_of(t, name, have, v["created_at"]) or v["version"]
-                counts["skipped"] += is_map
+                _skip(t, store, name, local[v["version"]], v, counts, gone)
                 continue
             if have is not None:
                 if on_conflict == "error":
@@ -560,7 +567,7 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
                 copy = store.copy_of(t, name, v["artifact_sha256"], v["created_at"])
                 if copy is not None:  # renumbered by an earlier import of this bundle: skipped, not added again
                     local[v["version"]] = copy
-                    counts["skipped"] += is_map
+                    _skip(t, store, name, copy, v, counts, gone)
                     continue
                 number = store.allocate(t, name)
                 tags["imported_from"] = f"{name}:{v['version']}"
@@ -593,7 +600,20 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
     if n_steers or any(e["kind"] == "steers" for e in plan["entries"]):
         counts["steers"], counts["steer_aliases"] = n_steers, n_steer_aliases
     _relink(t, inserted, numbers)
+    if gone:
+        counts["deleted_here"] = gone
     return counts
+
+
+def _skip(t, store, name: str, here: int, v: dict, counts: dict, gone: list) -> None:
+    """Count bundle version ``v``, found here as ``name:here``: skipped (already here), or, live in the bundle and
+    deleted here, listed in ``gone``: such a version (a bundle taken before a delete) counted as skipped read as
+    "already here" when nothing was restored."""
+    deleted = t.one(f"SELECT deleted FROM {store.kind.table} WHERE name = ? AND version = ?", (name, here))["deleted"]
+    if deleted and not v["deleted"]:
+        gone.append(f"{store.kind.noun} {name}:{here}")
+    elif store.kind.noun == "map":
+        counts["skipped"] += 1
 
 
 #: keys of a record's ``params`` / ``inputs`` that name another version, ``NAME:N`` (a transferred steer: its map and

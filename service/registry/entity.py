@@ -140,9 +140,12 @@ def collected(v) -> str:
 
 
 def artifacts_in_use(db) -> set[str]:
-    """The artifact paths every committed version of every kind names (what :meth:`ArtifactStore.discard` keeps)."""
+    """The artifact paths every committed version of every kind names (what :meth:`ArtifactStore.discard` keeps), but
+    for versions whose files ``registry gc`` collected: the file such a row names is gone, and one a write stored
+    again with its bytes (an import that does not restore the version, a failed fit) no longer belongs to it."""
     with db.tx() as t:
-        return {r["artifact_path"] for k in KINDS.values() for r in t.q(f"SELECT artifact_path FROM {k.table}")}
+        return {r["artifact_path"] for k in KINDS.values()
+                for r in t.q(f"SELECT artifact_path FROM {k.table} WHERE collected_at IS NULL")}
 
 
 class VersionedStore:

@@ -535,3 +535,45 @@ def test_verify_lists_a_deleted_versions_missing_files_apart_not_as_a_failure(re
     reg.artifact_file(reg.get_version("a", 1)).unlink()  # a live version's file: a failure, as before
     checked = reg.verify()
     assert not checked["ok"] and "a:1: " in checked["bad_artifacts"][0] and checked["deleted_files_gone"] == []
+
+
+def test_a_bundle_taken_before_a_delete_and_gc_says_what_it_did_not_restore_and_leaves_no_file(reg, tmp_path,
+                                                                                               capsys):
+    """A bundle exported before versions were deleted (and gc'd) here: the import answered "imported: 0, skipped: N",
+    which reads "already here", though nothing was restored (an import never undeletes), and it had stored the
+    collected versions' artifacts, which no row named: orphans `registry verify` listed and no gc ever removed. Such
+    versions are listed apart now ("present here deleted; not restored") and the files go again after the commit."""
+    _register(reg, "a", 0, report=False)
+    _register(reg, "a", 1, report=False)
+    _register(reg, "a", 2, report=False)
+    reg.register_steer("st", align.MeanShift(np.ones(8)), space="s")
+    bundle = reg.export(tmp_path / "before.zip")
+    reg.delete_version("a", 2)
+    reg.delete_steer_version("st", 1)
+    assert reg.gc()["collected"] == {"maps": ["a:2"], "steers": ["st:1"]}
+    reg.delete_version("a", 3)  # deleted, files still here
+    files = reg.store.all_relpaths()
+    assert len(files) == 2
+
+    for how in ("error", "renumber"):
+        counts = reg.import_(bundle, on_conflict=how)
+        assert counts == {"imported": 0, "skipped": 1, "renumbered": 0, "aliases": 0, "steers": 0, "steer_aliases": 0,
+                          "deleted_here": ["map a:2", "map a:3", "steer st:1"]}, (how, counts)
+        assert reg.store.all_relpaths() == files, how  # no file no row names
+        checked = reg.verify()
+        assert checked["ok"] and checked["orphan_artifacts"] == [] and checked["n_collected"] == 2, how
+        assert reg.get_version("a", 2).collected_at and reg.get_version("a", 3).deleted
+    assert reg.import_(reg.export(tmp_path / "now.zip")) == {  # deleted in the bundle too: skipped, as before
+        "imported": 0, "skipped": 3, "renumbered": 0, "aliases": 0, "steers": 0, "steer_aliases": 0}
+
+    data = tmp_path / "cli"  # the command says it in words
+    cli_reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    cli_reg.import_(bundle)
+    cli_reg.delete_version("a", 2)
+    cli_reg.gc()
+    cli_reg.close()
+    code, out, err = run_cli(capsys, "--data-dir", data, "registry", "import", tmp_path / "before.zip")
+    assert code == 0 and "skipped=2" in out and "deleted_here" not in out, out + err
+    assert "1 version(s) present here deleted; not restored: map a:2" in out and "steer" not in out.split("\n")[1]
+    code, out, _ = run_cli(capsys, "--data-dir", data, "registry", "import", tmp_path / "before.zip", "--json")
+    assert code == 0 and json.loads(out)["deleted_here"] == ["map a:2"]
