@@ -188,13 +188,14 @@ def registry_gc(obj: Ctx, dry_run, older_than, wait_s, as_json):
     --wait seconds (60), then exits 75 having removed nothing (retry later). --dry-run waits for nothing."""
     res = obj.registry.gc(older_than_s=older_than, dry_run=dry_run, wait_s=wait_s)
     refs = [f"{noun} {ref}" for key, noun in (("maps", "map"), ("steers", "steer")) for ref in res["collected"][key]]
-    shared = sum(len(v) for v in res["shared"].values())
+    kept = len(res["artifacts_kept"])  # files: versions sharing one counted it once each
     text = (f"{'would collect' if dry_run else 'collected'} {len(refs)} deleted version(s)"
             f"{': ' + ', '.join(refs[:10]) + (' ...' if len(refs) > 10 else '') if refs else ''}\n"
             f"{'would remove' if dry_run else 'removed'} {len(res['artifacts'])} artifact(s) "
             f"({_kb(res['artifact_bytes'])}) and {len(res['reports'])} report(s) ({_kb(res['report_bytes'])}): "
             f"{_kb(res['bytes_freed'])} {'to free' if dry_run else 'freed'}"
-            + (f"\n{shared} artifact(s) kept: a live version holds the same bytes" if shared else "")
+            + (f"\n{kept} artifact(s) kept: a live version, or a deleted one younger than --older-than, holds the "
+               "same bytes" if kept else "")
             + (f"\n{len(res['reports_kept'])} report(s) kept: outside the report folder (remove them yourself): "
                f"{', '.join(res['reports_kept'][:3])}{' ...' if len(res['reports_kept']) > 3 else ''}"
                if res["reports_kept"] else "")

@@ -47,8 +47,9 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
 
     Returns ``{"dry_run", "older_than_s", "collected": {"maps": [refs], "steers": [refs]}, "artifacts": [paths
     relative to the artifact folder], "reports": [paths], "artifact_bytes", "report_bytes", "bytes_freed",
-    "shared": {"maps": [refs], "steers": [refs]}, "younger": N, "reports_kept": [paths]}``. ``shared``: versions
-    collected whose artifact stays (a version not collected holds the same bytes); ``younger``: deleted versions
+    "shared": {"maps": [refs], "steers": [refs]}, "artifacts_kept": [paths], "younger": N, "reports_kept": [paths]}``.
+    ``shared``: versions collected whose artifact stays (a version not collected, live or deleted and left by
+    ``older_than_s``, holds the same bytes), ``artifacts_kept`` those files, each once; ``younger``: deleted versions
     ``older_than_s`` left; ``reports_kept``: reports of collected versions left in place, outside
     ``reg.report_dir`` (see the module docstring). Files
     already gone count 0 bytes; a dry run's bytes are those it would free.
@@ -97,6 +98,7 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
         return {"go": go, "artifacts": sorted(dead[0] - keep[0]), "reports": sorted(ours),
                 "reports_kept": sorted(r for r in (reports - ours) & fresh if _size(r)),
                 "shared": [(key, f"{name}:{version}") for key, _, name, version, art in go if art in keep[0]],
+                "kept": sorted({art for *_, art in go if art in keep[0]}),
                 "younger": younger}
 
     if dry_run:
@@ -114,7 +116,7 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
             "artifacts": [a for a, n in zip(p["artifacts"], sizes[0]) if n],
             "reports": [str(r) for r, n in zip(p["reports"], sizes[1]) if n],
             "artifact_bytes": ab, "report_bytes": rb, "bytes_freed": ab + rb, "shared": shared,
-            "younger": p["younger"], "reports_kept": [str(r) for r in p["reports_kept"]]}
+            "artifacts_kept": p["kept"], "younger": p["younger"], "reports_kept": [str(r) for r in p["reports_kept"]]}
 
 
 def _real(path) -> Path:

@@ -577,3 +577,27 @@ def test_a_bundle_taken_before_a_delete_and_gc_says_what_it_did_not_restore_and_
     assert "1 version(s) present here deleted; not restored: map a:2" in out and "steer" not in out.split("\n")[1]
     code, out, _ = run_cli(capsys, "--data-dir", data, "registry", "import", tmp_path / "before.zip", "--json")
     assert code == 0 and json.loads(out)["deleted_here"] == ["map a:2"]
+
+
+def test_gc_counts_the_artifact_files_it_kept_and_says_who_holds_them(tmp_path, capsys):
+    """"N artifact(s) kept: a live version holds the same bytes" counted the versions collected whose file stayed, not
+    the files (two versions of one file: "2 artifact(s) kept"), and blamed a live version where the holder may be a
+    deleted one --older-than left."""
+    data = tmp_path / "data"
+    reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    for name, seed in (("a", 0), ("a", 0), ("b", 0), ("d", 7), ("d", 7)):  # a:1, a:2 and b:1 are one file
+        _register(reg, name, seed, report=False)
+    for name, version in (("a", 1), ("a", 2), ("d", 1), ("d", 2)):
+        reg.delete_version(name, version)
+    with reg.db.tx(write=True) as t:  # only d:1 is old enough: d:2, deleted just now, holds its file
+        t.q("UPDATE versions SET deleted_at = ? WHERE deleted = 1 AND NOT (name = 'd' AND version = 2)",
+            ("2000-01-01T00:00:00+00:00",))
+    reg.close()
+    base = ("--data-dir", data, "registry", "gc", "--older-than", "1h")
+    code, out, _ = run_cli(capsys, *base, "--dry-run", "--json")
+    res = json.loads(out)
+    assert code == 0 and res["shared"]["maps"] == ["a:1", "a:2", "d:1"] and len(res["artifacts_kept"]) == 2
+    code, out, _ = run_cli(capsys, *base)
+    assert code == 0 and "collected 3 deleted version(s)" in out and "removed 0 artifact(s)" in out, out
+    assert ("2 artifact(s) kept: a live version, or a deleted one younger than --older-than, holds the same bytes"
+            in out), out
