@@ -146,7 +146,8 @@ def registry_import(obj: Ctx, path, renumber, as_json):
 def registry_verify(obj: Ctx, sweep, as_json):
     """Check the database file (SQLite: PRAGMA quick_check), every artifact's sha256 and every alias; print the JSON
     report; exit 2 when something is wrong (a damaged database is listed under "database": restore it from a
-    backup)."""
+    backup). Orphan artifacts (files no version names) are listed, not a failure: `registry gc --orphans` removes
+    them once 10 minutes old."""
     res = obj.registry.verify(sweep=sweep)
     emit(res, True)
     if not res["ok"]:
@@ -178,15 +179,19 @@ class _Duration(click.ParamType):
 @click.option("--wait", "wait_s", type=click.FloatRange(0, 86400), default=GC_WAIT_S, show_default=True,
               metavar="SECONDS", help="How long to wait for fits, imports, exports and backups holding the artifact "
               "folder; then exit 75, nothing removed.")
+@click.option("--orphans", is_flag=True, help="Also remove artifact files no version names (a writer killed before "
+              "its commit), untouched for 10 minutes; without it they are only counted. Run it on the registry's own "
+              "database: on another (a mistyped URL) every artifact file is one.")
 @json_opt
 @click.pass_obj
-def registry_gc(obj: Ctx, dry_run, older_than, wait_s, as_json):
+def registry_gc(obj: Ctx, dry_run, older_than, wait_s, orphans, as_json):
     """Give back the disk of deleted versions: remove each one's artifact (kept while a live version, or a deleted
     one left by --older-than, holds the same bytes) and its fit report. The records stay, for lineage, marked
     collected (`collected_at`). Safe while the service runs and fits register: a fit or import committing, a
     `registry export` and a `vecbridge backup` copying files hold the artifact folder; gc waits for them up to
     --wait seconds (60), then exits 75 having removed nothing (retry later). --dry-run waits for nothing."""
-    res = obj.registry.gc(older_than_s=older_than, dry_run=dry_run, wait_s=wait_s)
+    res = obj.registry.gc(older_than_s=older_than, dry_run=dry_run, wait_s=wait_s, orphans=orphans)
+    lost = len(res["orphans"])
     refs = [f"{noun} {ref}" for key, noun in (("maps", "map"), ("steers", "steer")) for ref in res["collected"][key]]
     kept = len(res["artifacts_kept"])  # files: versions sharing one counted it once each
     text = (f"{'would collect' if dry_run else 'collected'} {len(refs)} deleted version(s)"
@@ -199,7 +204,10 @@ def registry_gc(obj: Ctx, dry_run, older_than, wait_s, as_json):
             + (f"\n{len(res['reports_kept'])} report(s) kept: outside the report folder (remove them yourself): "
                f"{', '.join(res['reports_kept'][:3])}{' ...' if len(res['reports_kept']) > 3 else ''}"
                if res["reports_kept"] else "")
-            + (f"\n{res['younger']} deleted version(s) younger than --older-than left" if res["younger"] else ""))
+            + (f"\n{res['younger']} deleted version(s) younger than --older-than left" if res["younger"] else "")
+            + ("" if not lost else f"\n{'would remove' if dry_run else 'removed'} {lost} orphan artifact(s) no "
+               f"version names ({_kb(res['orphan_bytes'])})" if orphans else f"\n{lost} orphan artifact(s) no "
+               "version names left (a writer killed before its commit): --orphans removes them"))
     emit(res, as_json, text)
 
 

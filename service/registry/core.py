@@ -620,9 +620,10 @@ class Registry(SteerRegistryMixin):
         """:func:`.verify.verify_registry`: the database file, every artifact and alias, version numbers."""
         return verify_registry(self, sweep)
 
-    def gc(self, *, older_than_s: float | None = None, dry_run: bool = False, wait_s: float = GC_WAIT_S) -> dict:
+    def gc(self, *, older_than_s: float | None = None, dry_run: bool = False, wait_s: float = GC_WAIT_S,
+           orphans: bool = False) -> dict:
         """:func:`.gc.collect_deleted`: remove deleted versions' artifacts (unless shared) and reports; rows stay."""
-        return collect_deleted(self, older_than_s=older_than_s, dry_run=dry_run, wait_s=wait_s)
+        return collect_deleted(self, older_than_s=older_than_s, dry_run=dry_run, wait_s=wait_s, orphans=orphans)
 
     # --- bundles ----------------------------------------------------------------------------
     def export(self, path, names: list[str] | None = None) -> Path:

@@ -17,6 +17,11 @@ versions held 37 MB of them, and ``registry verify`` said nothing). :func:`colle
   backup copies the files of the rows it read. The rows are marked in one write transaction before a file is
   removed; a crash in between leaves files that only collected rows name, which the next gc removes (``verify``
   lists them as orphans meanwhile).
+- **orphans**: a file no row names at all (a writer killed between storing its artifact and committing its row) is
+  removed only on request (``orphans=True``, ``registry gc --orphans``), under the same lock, once untouched for
+  ``store.STALE_TMP_S``; otherwise listed in ``orphans``. Not by default: opened on the wrong database (a mistyped
+  registry URL, an empty one, another registry's) beside the right artifact folder, every file looks an orphan, and a
+  routine gc would remove every artifact of the registry that names them.
 - **only its own reports**: a report is removed only when its file, every link followed, lies in the registry's
   report folder (``reg.report_dir``); a recorded ``report_path`` that is absolute, climbs out with ``..`` or is a
   link to elsewhere (``register_version(report_path=...)`` stores what its caller passes, ``run_fit(report_dir=)``
@@ -34,6 +39,7 @@ from align.exceptions import InputError
 
 from .entity import now
 from .models import columns
+from .store import STALE_TMP_S
 
 __all__ = ["GC_WAIT_S", "collect_deleted"]
 
@@ -42,7 +48,7 @@ GC_WAIT_S = 60.0
 
 
 def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = False,
-                    wait_s: float = GC_WAIT_S) -> dict:
+                    wait_s: float = GC_WAIT_S, orphans: bool = False) -> dict:
     """Remove the files of deleted versions (see the module docstring); ``dry_run``: only say what would go.
 
     Returns ``{"dry_run", "older_than_s", "collected": {"maps": [refs], "steers": [refs]}, "artifacts": [paths
@@ -51,8 +57,9 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
     ``shared``: versions collected whose artifact stays (a version not collected, live or deleted and left by
     ``older_than_s``, holds the same bytes), ``artifacts_kept`` those files, each once; ``younger``: deleted versions
     ``older_than_s`` left; ``reports_kept``: reports of collected versions left in place, outside
-    ``reg.report_dir`` (see the module docstring). Files
-    already gone count 0 bytes; a dry run's bytes are those it would free.
+    ``reg.report_dir`` (see the module docstring); ``orphans``: artifact files no row names, untouched for
+    ``STALE_TMP_S``, and ``orphan_bytes`` (in ``bytes_freed``): those removed with ``orphans=True`` (left, and 0,
+    without). Files already gone count 0 bytes; a dry run's bytes are those it would free.
     """
     if older_than_s is not None and not (math.isfinite(older_than_s) and older_than_s >= 0):
         raise InputError(f"older_than_s must be a number of seconds >= 0, got {older_than_s!r}")
@@ -95,7 +102,7 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
                 t.q(f"UPDATE {table} SET collected_at = ? WHERE name = ? AND version = ?", (stamp, name, version))
         reports = dead[1] - keep[1]
         ours = {r for r in reports if r.is_relative_to(_real(reg.report_dir))}
-        return {"go": go, "artifacts": sorted(dead[0] - keep[0]), "reports": sorted(ours),
+        return {"go": go, "artifacts": sorted(dead[0] - keep[0]), "reports": sorted(ours), "named": dead[0] | keep[0],
                 "reports_kept": sorted(r for r in (reports - ours) & fresh if _size(r)),
                 "shared": [(key, f"{name}:{version}") for key, _, name, version, art in go if art in keep[0]],
                 "kept": sorted({art for *_, art in go if art in keep[0]}),
@@ -104,18 +111,23 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
     if dry_run:
         with reg.db.tx() as t:
             p = plan(t, False)
-        sizes = ([reg.store.size(a) or 0 for a in p["artifacts"]], [_size(r) for r in p["reports"]])
+        lost = _orphans(reg, p["named"])
+        sizes = ([reg.store.size(a) or 0 for a in p["artifacts"]], [_size(r) for r in p["reports"]],
+                 [_size(reg.store.path(a), _ARTIFACT) if orphans else 0 for a in lost])
     else:
         with reg.store.exclusive(wait_s):  # no writer between storing an artifact and committing its row, to the end
             p = reg._write(lambda t: plan(t, True))
-            sizes = ([_remove(reg.store.path(a)) for a in p["artifacts"]], [_remove(r) for r in p["reports"]])
+            lost = _orphans(reg, p["named"])  # the rows were read under the lock: no row can name these meanwhile
+            sizes = ([_remove(reg.store.path(a)) for a in p["artifacts"]], [_remove(r) for r in p["reports"]],
+                     [_remove(reg.store.path(a)) if orphans else 0 for a in lost])
     collected = {key: [f"{name}:{version}" for k, _, name, version, _ in p["go"] if k == key] for key in reg.entities}
     shared = {key: [ref for k, ref in p["shared"] if k == key] for key in reg.entities}
-    ab, rb = sum(sizes[0]), sum(sizes[1])
+    ab, rb, ob = sum(sizes[0]), sum(sizes[1]), sum(sizes[2])
     return {"dry_run": dry_run, "older_than_s": older_than_s, "collected": collected,
             "artifacts": [a for a, n in zip(p["artifacts"], sizes[0]) if n],
             "reports": [str(r) for r, n in zip(p["reports"], sizes[1]) if n],
-            "artifact_bytes": ab, "report_bytes": rb, "bytes_freed": ab + rb, "shared": shared,
+            "orphans": [a for a, n in zip(lost, sizes[2]) if n or not orphans], "orphan_bytes": ob,
+            "artifact_bytes": ab, "report_bytes": rb, "bytes_freed": ab + rb + ob, "shared": shared,
             "artifacts_kept": p["kept"], "younger": p["younger"], "reports_kept": [str(r) for r in p["reports_kept"]]}
 
 
@@ -124,10 +136,26 @@ def _real(path) -> Path:
     return Path(os.path.realpath(path))
 
 
-def _size(path) -> int:
+_ARTIFACT = (".npz", ".safetensors")
+
+
+def _orphans(reg, named: set[str]) -> list[str]:
+    """Artifact files (``.npz``, ``.safetensors``) no row names (``named``), untouched for ``STALE_TMP_S``."""
+    cutoff = datetime.now(UTC).timestamp() - STALE_TMP_S
+    out = []
+    for rel in sorted(reg.store.all_relpaths() - named):
+        try:
+            if rel.endswith(_ARTIFACT) and reg.store.path(rel).stat().st_mtime <= cutoff:
+                out.append(rel)
+        except OSError:  # gone meanwhile
+            pass
+    return out
+
+
+def _size(path, suffixes=(".html",)) -> int:
     """Bytes of the regular file at ``path`` (a report: only an ``.html`` one), 0 when there is none."""
     try:
-        return path.stat().st_size if path.suffix == ".html" and path.is_file() else 0
+        return path.stat().st_size if path.suffix in suffixes and path.is_file() else 0
     except OSError:
         return 0
 

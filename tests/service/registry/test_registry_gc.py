@@ -601,3 +601,52 @@ def test_gc_counts_the_artifact_files_it_kept_and_says_who_holds_them(tmp_path, 
     assert code == 0 and "collected 3 deleted version(s)" in out and "removed 0 artifact(s)" in out, out
     assert ("2 artifact(s) kept: a live version, or a deleted one younger than --older-than, holds the same bytes"
             in out), out
+
+
+def test_gc_orphans_removes_old_files_no_version_names_under_its_lock(reg, tmp_path, capsys):
+    """A writer killed between storing its artifact and committing its row leaves a file no row names: `registry
+    verify` listed it and said the next gc removes it, but no command ever did. `gc --orphans` removes such files once
+    untouched for STALE_TMP_S (a younger one may be a running writer's), under gc's exclusive lock; a plain gc counts
+    them (opened on the wrong database, every file would look an orphan)."""
+    import os
+
+    from service.registry.store import STALE_TMP_S
+
+    live = _register(reg, "a", 0, report=False)
+    other = open_registry(f"sqlite:///{tmp_path}/other.sqlite", tmp_path / "other-artifacts")
+    old, young = (other.store.get(v.artifact_path, v.artifact_sha256) for v in (
+        _register(other, "x", 1, report=False), _register(other, "x", 2, report=False)))
+    old_rel, young_rel = reg.store.put(old, "safetensors")[1], reg.store.put(young, "safetensors")[1]  # no row
+    stale = time.time() - STALE_TMP_S - 60
+    os.utime(reg.store.path(old_rel), (stale, stale))
+    os.utime(reg.artifact_file(live), (stale, stale))
+    assert sorted(reg.verify()["orphan_artifacts"]) == sorted([old_rel, young_rel])
+    size = _size(reg.store.path(old_rel))
+
+    res = reg.gc()
+    assert res["orphans"] == [old_rel] and res["orphan_bytes"] == 0 and reg.store.path(old_rel).exists()
+    res = reg.gc(dry_run=True, orphans=True)
+    assert res["orphans"] == [old_rel] and res["orphan_bytes"] == res["bytes_freed"] == size
+    assert reg.store.path(old_rel).exists()
+    with reg.store.pinned(), pytest.raises(RegistryLockedError):  # a writer between storing and committing
+        reg.gc(orphans=True, wait_s=0.2)  # gc waits, then removes nothing
+    assert reg.store.path(old_rel).exists()
+    res = reg.gc(orphans=True)
+    assert res["orphans"] == [old_rel] and res["orphan_bytes"] == res["bytes_freed"] == size
+    assert not reg.store.path(old_rel).exists() and reg.store.path(young_rel).exists()
+    assert reg.artifact_file(live).exists() and reg.load_map("a").W.shape == (8, 8)  # a named file, old, stays
+    checked = reg.verify()
+    assert checked["ok"] and checked["orphan_artifacts"] == [young_rel]
+
+    data = tmp_path / "cli"  # the command
+    cli_reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    rel = cli_reg.store.put(old, "safetensors")[1]
+    os.utime(cli_reg.store.path(rel), (stale, stale))
+    cli_reg.close()
+    base = ("--data-dir", data, "registry", "gc")
+    code, out, _ = run_cli(capsys, *base)
+    assert code == 0 and "1 orphan artifact(s) no version names left" in out and "--orphans removes" in out, out
+    code, out, _ = run_cli(capsys, *base, "--orphans", "--dry-run")
+    assert code == 0 and "would remove 1 orphan artifact(s)" in out and (data / "artifacts" / rel).exists(), out
+    code, out, _ = run_cli(capsys, *base, "--orphans")
+    assert code == 0 and "removed 1 orphan artifact(s)" in out and not (data / "artifacts" / rel).exists(), out
