@@ -437,7 +437,7 @@ class APICalls(SteerCalls, TagCalls, Calls):
                **options) -> dict:
         """Queue a check of a migrated collection (``POST /v1/verifications``); returns the job record at once
         (:meth:`wait`: figures and ``verdict``). ``options``: ``n_sample``, ``queries``, ``k``, ``random_state``,
-        ``id_field``, ``vector_field``, ``text_field``."""
+        ``id_field``, ``vector_field``, ``text_field``, ``source_space``."""
         body = clean({"collection": collection, "encoder": encoder, "source": source, "map": map,
                       "min_recall": min_recall, **options})
         headers = {"Idempotency-Key": idempotency_key or new_key()}

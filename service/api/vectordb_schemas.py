@@ -43,6 +43,8 @@ class VerificationRequest(_Strict):
                                                  "`collection` against map(source row) (missing, extra, wrong "
                                                  "vectors). Needs `map`.")
     map: Ref | None = Field(None, description="Registry ref of the migration's map (with `source`).")
+    source_space: Name | None = Field(None, description="Space of `source`'s vectors when it records none (checked "
+                                                        "against the map's; else its first rows are).")
     n_sample: Count = Field(2000, ge=2, le=100_000, description="Rows sampled for the re-embedding check.")
     queries: Count = Field(200, ge=1, le=10_000, description="Queries of the engine-search check.")
     k: Count = Field(10, ge=1, le=1000)

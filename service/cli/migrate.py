@@ -161,6 +161,9 @@ class _MigrationProgress:
 @click.option("--source", default=None,
               help="The migrated collection's source: check every row against map(source row) "
                    "(missing, extra, wrong vectors; FAIL, exit 1, on any). Reads both collections once.")
+@click.option("--source-space", default=None,
+              help="Space of --source's vectors when it records none (checked against the map's; else its first "
+                   "rows are, as migrate checks them).")
 @click.option("--n-sample", type=click.IntRange(2), default=2000, show_default=True,
               help="Rows sampled from the collection (re-embedded, or of the held-out pairs).")
 @click.option("--queries", "n_queries", type=click.IntRange(1), default=200, show_default=True,
@@ -172,7 +175,7 @@ class _MigrationProgress:
 @json_opt
 @click.pass_obj
 def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, encoder, heldout_source, heldout_target,
-           heldout_rows, map_ref, source, n_sample, n_queries, k, random_state, min_recall, as_json):
+           heldout_rows, map_ref, source, source_space, n_sample, n_queries, k, random_state, min_recall, as_json):
     """Check a migrated collection: does searching it find what re-embedding would (--encoder, or a held-out
     sample), and (--source) does it hold every source row, mapped?
 
@@ -191,9 +194,12 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
                      heldout=heldout, heldout_rows=heldout_rows, map_ref=map_ref,
                      registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
                      n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
-                     vector_field=vector_field, text_field=text_field, source=source)
+                     vector_field=vector_field, text_field=text_field, source=source, source_space=source_space)
     verdict, fails = verify_verdict(out, min_recall=min_recall, source=source)
     out["verdict"] = verdict
+    space = str(out.get("space_check", ""))
+    if space.startswith("unchecked"):  # as migrate warns: the rows were compared through a map nothing vouched for
+        click.echo(f"vecbridge: warning: space {space}", err=True)
     text = []
     if "n_sample" in out:
         figures = ", ".join(f"{key}={val:.4f}" for key, val in out.items()
@@ -205,7 +211,7 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
                         ("missing_rows", "missing_ids", "missing"), ("extra_rows", "extra_ids", "extra"),
                         ("wrong_vectors", "wrong_ids", "wrong vectors"),
                         ("wrong_fields", "wrong_fields_ids", "with another text or field")))
-                    + f" (max relative error {out['max_rel_error']:.2g})")
+                    + f" (max relative error {out['max_rel_error']:.2g}); space {out['space_check']}")
     if verdict:
         text[-1] += f"; {verdict}{': ' + '; '.join(fails) if fails else ''}"
     if not as_json:

@@ -212,11 +212,13 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
                n_queries: int = 200, k: int = 10,
                random_state: int = 0, id_field: str | None = None, vector_field: str | None = None,
                text_field: str | None = None, source: str | None = None, api_key: str | None = None,
-               ca_file=None) -> dict:
+               ca_file=None, source_space: str | None = None, space_option: str = "--source-space") -> dict:
     """Verify a migrated collection: re-embed its stored texts with ``encoder``, or compare a held-out
     paired sample ``heldout = (old-model vectors path, new-model vectors path)`` (rows ``heldout_rows``,
     ``"START:STOP"``) through ``map_ref``; with ``source`` (and ``map_ref``) also check every row of the
-    collection against ``map_ref(source row)`` (:func:`service.vectordb.check_rows`: missing, extra, wrong)."""
+    collection against ``map_ref(source row)`` (:func:`service.vectordb.check_rows`: missing, extra, wrong),
+    once ``source``'s space is the map's (recorded, ``source_space``, or its rows: as a migration checks it;
+    ``space_option``: how the face declares ``source_space``, for the messages)."""
     from ..vectordb import check_rows, verify_migration
 
     if encoder is not None and heldout is not None:
@@ -226,6 +228,9 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
                          "--source with --map (check every row against its source row)")
     if source is not None and map_ref is None:
         raise InputError("--source needs --map (the migration's map)")
+    if source_space is not None and source is None:
+        raise InputError(f"{space_option} declares the space of the source collection's rows: give it with the "
+                         "source (and its map)")
     embed = X_Y = None
     if encoder is not None:
         from ..encoders import canonical_name, get_encoder
@@ -251,7 +256,8 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
                                        random_state=random_state)
             if source is not None:
                 out["source"] = source
-                out.update(check_rows(store, source, collection, map_ref, registry=registry))
+                out.update(check_rows(store, source, collection, map_ref, registry=registry,
+                                      source_space=source_space, space_option=space_option))
     finally:
         store.close()
     out["collection"] = collection

@@ -49,13 +49,16 @@ _SHOW = 10  # ids named per kind of fault
 
 
 def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=None, batch_size: int = 2000,
-               tol: float = 1e-3) -> dict:
+               tol: float = 1e-3, source_space: str | None = None, space_option: str = "--source-space") -> dict:
     """Is ``target`` exactly ``map(source)``, row for row? See the module docs (``missing_rows``, ``extra_rows``,
-    ``wrong_vectors`` with up to 10 ids each, ``max_rel_error``, ``rows_source``, ``rows_target``).
+    ``wrong_vectors`` with up to 10 ids each, ``max_rel_error``, ``rows_source``, ``rows_target``, ``space_check``).
 
     Refuses a map that cannot have made ``target`` from ``source`` before reading a row: another width at either end
     (DimensionMismatchError), or another space than ``source`` or ``target`` records (SpaceMismatchError, as
-    :func:`~service.vectordb.migrate` refuses a map the wrong way round)."""
+    :func:`~service.vectordb.migrate` refuses a map the wrong way round). A ``source`` that records no space (and no
+    ``source_space``, the caller's word, declared by ``space_option``) has its first rows checked against the map's
+    frames as a migration checks them (:func:`~service.vectordb.migrate.check_rows_space`): rows that look like the
+    map's target side are refused; ``space_check`` says how the check went."""
     map_src, map_tgt = map_spaces(map_, registry)
     m = resolve_map(map_, registry)
     d_t = store.dim(target)  # a missing target is named first: it is the collection checked
@@ -63,7 +66,8 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     if d_s != m.source_dim:
         raise DimensionMismatchError(f"{source!r} holds {d_s}-d vectors, the map reads {m.source_dim}-d: give the "
                                      "migration's own map (and its source collection)")
-    check_spaces(store, source, None, map_src or (m.metadata or {}).get("source_space"))
+    space_check = check_spaces(store, source, source_space, map_src or (m.metadata or {}).get("source_space"), m,
+                               space_option)
     _check_target(store, target, m, map_tgt, d_t)
     ids_t = np.sort(store.ids(target))  # sorted here: engines page in their own order (UUIDs)
     seen, missing, wrong, worst, n_missing, n_wrong = [], [], [], 0.0, 0, 0
@@ -95,7 +99,7 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     return {"rows_source": int(ids_s.shape[0]), "rows_target": int(ids_t.shape[0]), "missing_rows": n_missing,
             "missing_ids": missing, "extra_rows": int(extra.shape[0]), "extra_ids": extra[:_SHOW].tolist(),
             "wrong_vectors": n_wrong, "wrong_ids": wrong, "max_rel_error": worst,
-            "wrong_fields": n_fields_wrong, "wrong_fields_ids": fields_wrong,
+            "wrong_fields": n_fields_wrong, "wrong_fields_ids": fields_wrong, "space_check": space_check,
             "rows_ok": n_missing == 0 and n_wrong == 0 and n_fields_wrong == 0 and extra.shape[0] == 0}
 
 

@@ -87,7 +87,9 @@ VERIFY_DOC = """Queue a check of a migrated collection in the service's vector d
 answer (202) carries the job id. `encoder`: re-embed a sample of the stored texts with that installed encoder
 (the new model) and measure recall@k of the migrated vectors against the re-embedded ones, partner recall, and
 the engine's own search (`min_recall` gates recall@k); `source` + `map`: check every row against map(source row)
-(missing, extra and wrong rows, with the first ids). Both may be given. The result carries the figures and
+(missing, extra and wrong rows, with the first ids), once the source's space is the map's: recorded, given as
+`source_space`, or its first rows checked as a migration checks them (`space_check` in the result; a map the wrong
+way round fails the job). Both may be given. The result carries the figures and
 `verdict`: PASS / FAIL (null when nothing was gated). Held-out vector files are the CLI's (`--heldout-source`).
 """
 
@@ -102,6 +104,8 @@ def create_verification(body: bytes, request, state, settings):
         raise InputError("give encoder (re-embed the stored texts) and/or source with map (check every row)")
     if (opts.source is None) != (opts.map is None):
         raise InputError("source and map go together: the rows are checked against map(source row)")
+    if opts.source_space is not None and opts.source is None:
+        raise InputError("source_space declares the space of the source collection's rows: give it with source")
     if opts.min_recall is not None and opts.encoder is None:
         raise InputError("min_recall gates the recall of the encoder check; source alone checks rows, not recall")
     encoder = None if opts.encoder is None else canonical_name(opts.encoder)  # 404 for an unknown encoder
@@ -117,6 +121,7 @@ def create_verification(body: bytes, request, state, settings):
                          registry=state.registry if ref else None, n_sample=opts.n_sample, n_queries=opts.queries,
                          k=opts.k, random_state=opts.random_state, id_field=opts.id_field,
                          vector_field=opts.vector_field, text_field=opts.text_field, source=opts.source,
+                         source_space=opts.source_space, space_option="source_space",
                          api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file)
         out["verdict"], out["fails"] = verify_verdict(out, min_recall=opts.min_recall, source=opts.source)
         return out

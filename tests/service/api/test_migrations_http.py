@@ -166,6 +166,14 @@ def test_a_verification_job_checks_every_row_and_names_the_wrong_ones(world):
         s.upsert("h_ver", [6], world["map"].apply(world["X"][5:6], output="raw"))  # row 2's id holds another vector
     out = _verify(world, collection="h_ver", source="h_src", map="a2b")["result"]
     assert out["verdict"] == "FAIL" and out["wrong_ids"] == [6] and out["fails"] == ["rows differ from the source's"]
+    assert out["space_check"] == "checked: a", out
+
+
+def test_a_verification_job_checks_the_source_space_as_a_migration_does(world):
+    """``source_space`` reaches the job's space check (a field the request refused before), named as HTTP names it."""
+    job = _verify(world, collection="h_src", source="h_src", map="a2b", source_space="b")
+    assert job["state"] == "failed", job
+    assert "'h_src' records space 'a' but source_space says 'b'" in job["error"]["message"], job
 
 
 def test_a_verification_job_reembeds_stored_texts_with_an_installed_encoder(world):
@@ -196,6 +204,8 @@ def test_verification_refusals(world):
                                ({"collection": "h_src", "source": "h_src", "map": "a2b", "min_recall": 0.5}, 422,
                                 "min_recall gates"),
                                ({"collection": "h_src", "encoder": "minilm", "n_sample": 1}, 422, "n_sample"),
+                               ({"collection": "h_src", "encoder": "minilm", "source_space": "a"}, 422,
+                                "source_space declares the space of the source collection's rows"),
                                ({"collection": "h_src", "source": "h_src", "map": "nope"}, 404, "nope")]:
         r = c.post("/v1/verifications", json=body)
         assert r.status_code == status and word in r.json()["error"]["message"], (body, r.text)

@@ -184,3 +184,54 @@ def test_the_cli_refuses_in_one_line_and_warns_when_rows_cannot_tell(wordnet, tm
     rc, out, err = run_cli(capsys, *args, "--source", "sr_narrow", "--target", "sr_iso", "--map", tmp_path / "m.npz")
     assert rc == 0 and err.startswith("vecbridge: warning: space unchecked: neither the collection nor the map"), err
     assert "share no common direction" in err
+
+
+def test_verify_against_the_source_checks_its_rows_space_as_migrate_does(store, wordnet):
+    """``verify --source`` compared the rows through any map of the right widths: a MiniLM source recording no space,
+    migrated through the reversed map (the user said ``--source-space e5``), verified PASS through that map, where
+    ``migrate`` refuses it. ``check_rows`` now checks the source's first rows with migrate's own check."""
+    from service.vectordb import check_rows
+
+    X, ok, rev = wordnet
+    _source(store, X)
+    migrate(store, "sr_src", "sr_dst", rev, batch_size=250, source_space="e5")  # the user's word: not checked by rows
+    with pytest.raises(SpaceMismatchError, match=r"rows of 'sr_src' do not look like space 'e5' the map reads: "
+                                                 r"their mean direction has cosine 0\.0\d.*--source-space e5$"):
+        check_rows(store, "sr_src", "sr_dst", rev)
+    out = check_rows(store, "sr_src", "sr_dst", rev, source_space="e5")  # said again: the user's word, as migrate
+    assert out["rows_ok"] and out["space_check"] == "checked against --source-space: e5", out
+    with pytest.raises(SpaceMismatchError, match="say so with source_space e5$"):
+        check_rows(store, "sr_src", "sr_dst", rev, space_option="source_space")
+    store.drop("sr_dst")
+    migrate(store, "sr_src", "sr_dst", ok, batch_size=250)
+    out = check_rows(store, "sr_src", "sr_dst", ok)
+    assert out["rows_ok"] and out["space_check"].startswith("checked by rows: mean direction cosine 0.9"), out
+
+
+def test_the_verify_command_refuses_a_reversed_map_in_one_line_and_warns_when_rows_cannot_tell(wordnet, tmp_path,
+                                                                                                 capsys):
+    pytest.importorskip("qdrant_client")
+    X, _, rev = wordnet
+    url = f"qdrant://{tmp_path}/q"
+    with open_store(url) as s:
+        _source(s, X)
+        migrate(s, "sr_src", "sr_dst", rev, batch_size=250, source_space="e5")
+        Xs, m = small_migration()  # isotropic rows and a map fitted on such: the rows cannot tell
+        _source(s, Xs, "sr_narrow")
+        migrate(s, "sr_narrow", "sr_iso", m, batch_size=100)
+    rev.save(tmp_path / "rev.npz"), m.save(tmp_path / "m.npz")
+    args = ("--data-dir", tmp_path / "data", "verify", "--store", url)
+    rev_args = (*args, "--collection", "sr_dst", "--source", "sr_src", "--map", tmp_path / "rev.npz")
+    rc, out, err = run_cli(capsys, *rev_args)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "a map the wrong way round?" in err, (out, err)
+    assert err.strip().endswith("say so with --source-space e5") and not out, (out, err)
+    rc, out, err = run_cli(capsys, *rev_args, "--source-space", "e5")
+    assert rc == 0 and "PASS" in out and "space checked against --source-space: e5" in out and not err, (out, err)
+    rc, out, err = run_cli(capsys, *args, "--collection", "sr_iso", "--source", "sr_narrow", "--map",
+                           tmp_path / "m.npz")
+    assert rc == 0 and "PASS" in out, (out, err)
+    assert err.startswith("vecbridge: warning: space unchecked: neither the collection nor the map"), err
+    rc, out, err = run_cli(capsys, *args, "--collection", "sr_dst", "--heldout-source", tmp_path / "rev.npz",
+                           "--heldout-target", tmp_path / "rev.npz", "--map", tmp_path / "rev.npz",
+                           "--source-space", "e5")
+    assert rc == 2 and "--source-space declares the space of the source collection's rows" in err, err
