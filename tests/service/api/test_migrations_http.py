@@ -33,7 +33,7 @@ def world(milvus_url, tmp_path_factory):  # noqa: F811
     url = _store_url(milvus_url)
     with seeded_uvicorn(tmp, {"VECBRIDGE_VECTORDB_URL": url}) as (base, (X, _, m)):
         with open_store(url) as s:
-            for name in ("h_src", "h_dst", "h_dry", "h_cut", "h_taken"):
+            for name in ("h_src", "h_dst", "h_dry", "h_cut", "h_taken", "h_ver", "h_cli", "h_list"):
                 s.drop(name)
             s.create("h_src", X.shape[1])
             s.set_space("h_src", "a")
