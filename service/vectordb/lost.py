@@ -4,7 +4,10 @@ refusal and from a bug.
 :func:`unavailable_if_lost` turns a client's error that says the connection went away into a
 :class:`~service.vectordb.base.VectorDBUnavailableError` (exit 75, HTTP 503 with ``Retry-After``), one line, where
 it was an "internal error" (exit 3): psycopg's three-line "consuming input failed: server closed the connection
-unexpectedly ...", or pymilvus's "Fail connecting to server". :func:`quiet_client_logs` keeps pymilvus's own log
+unexpectedly ...", pymilvus's "Fail connecting to server", or qdrant-client's ``ResponseHandlingException`` around
+httpx's "Server disconnected without sending a response." / "Connection refused" / "Connection reset by peer" (a
+Qdrant server stopped or restarted under its REST client; gRPC's ``UNAVAILABLE`` under its gRPC client, as Milvus's).
+:func:`quiet_client_logs` keeps pymilvus's own log
 lines (a traceback per failed call: ~150 lines on stderr when a server stops) out of a command's output, which says
 the error once, in one line.
 """
@@ -15,6 +18,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 from align.exceptions import VecbridgeError
 
@@ -26,6 +30,8 @@ __all__ = ["lost_as_unavailable", "lost_connection", "quiet_client_logs", "unava
 #: SQLSTATEs of a server ending the session: admin_shutdown (a fast stop), crash_shutdown, cannot_connect_now
 _PG_SHUTDOWN = ("57P01", "57P02", "57P03")
 _MILVUS_CONNECT_FAILED = 2  # pymilvus' Status.CONNECT_FAILED; Milvus' own code 2 is "service unavailable"
+#: a gateway's answers that the server behind it is not there (Qdrant Cloud's load balancer while a node restarts)
+_GATEWAY_GONE = (502, 503, 504)
 #: the loggers pymilvus configures at import with handlers of their own (the others propagate to "pymilvus")
 _PYMILVUS_LOGGERS = ("pymilvus", "pymilvus.milvus_client", "pymilvus.bulk_writer")
 
@@ -60,17 +66,44 @@ def _milvus_lost(exc: BaseException) -> str | None:
     return None
 
 
-def lost_connection(exc: BaseException, conn=None) -> str | None:
+def _qdrant_lost(exc: BaseException, server: str | None) -> str | None:
+    """A Qdrant server's REST connection gone: httpx's connect / read / write errors and "Server disconnected without
+    sending a response" (qdrant-client raises them inside a ``ResponseHandlingException``, whose chain holds them), a
+    connect timeout, or a gateway's 502 / 503 / 504 (qdrant-client's ``UnexpectedResponse``). Only for a store of a
+    server (``server``: its URL; None for local mode, which has no connection to lose) and for a request to that
+    server's host: httpx also carries other requests (a model's download by huggingface_hub). A certificate refused
+    is not lost (a retry gets the same); any other answer of the server (a 4xx) is the server's word, not a loss."""
+    httpx = sys.modules.get("httpx")
+    if server is None or httpx is None:
+        return None
+    errors = sys.modules.get("qdrant_client.http.exceptions")
+    if errors is not None and isinstance(exc, errors.UnexpectedResponse):
+        return f"HTTP {exc.status_code} {exc.reason_phrase}".strip() if exc.status_code in _GATEWAY_GONE else None
+    if not isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)):
+        return None
+    try:
+        host = exc.request.url.host
+    except RuntimeError:  # an error raised without its request: the store's call raised it, so its server's
+        host = None
+    why = _first_line(exc)
+    if (host is not None and host != urlsplit(server).hostname) or "CERTIFICATE_VERIFY_FAILED" in why:
+        return None
+    return why
+
+
+def lost_connection(exc: BaseException, conn=None, server: str | None = None) -> str | None:
     """The client's words (one line) when ``exc``, or an exception it came from, says the connection to the database
     was lost or cannot be made again: psycopg's ``OperationalError`` without a SQLSTATE (libpq's "server closed the
     connection unexpectedly"; with ``conn``, the store's psycopg connection, only once psycopg marked it ``broken``:
     "the connection is closed" of a connection our code closed is a bug), of class 08, or of the server shutting down;
-    pymilvus's code 2 or gRPC ``UNAVAILABLE``. None for anything else: errors of ours, a refusal for good (a wrong
-    password, a database that does not exist), bad input, a bug."""
+    pymilvus's code 2 or gRPC ``UNAVAILABLE`` (Milvus, Qdrant's gRPC client); with ``server``, a Qdrant store's
+    server URL, httpx's errors of the connection to it (:func:`_qdrant_lost`). None for anything else: errors of
+    ours, a refusal for good (a wrong password, a database that does not exist), an answer of a live server (a 4xx),
+    bad input, a bug."""
     if isinstance(exc, VecbridgeError):
         return None
     for e in exception_chain(exc):
-        why = _pg_lost(e, conn) or _milvus_lost(e)
+        why = _pg_lost(e, conn) or _milvus_lost(e) or _qdrant_lost(e, server)
         if why:
             return why
     return None
@@ -79,8 +112,9 @@ def lost_connection(exc: BaseException, conn=None) -> str | None:
 def unavailable_if_lost(store, exc: BaseException, then: str) -> VectorDBUnavailableError | None:
     """A :class:`VectorDBUnavailableError` saying ``store``'s connection was lost and what to do (``then``) when
     :func:`lost_connection` says so of ``exc`` (the store's connection tells a broken one from one closed on our
-    side); None otherwise (the caller raises ``exc`` as it is)."""
-    why = lost_connection(exc, getattr(store, "conn", None))
+    side; a Qdrant store's ``server_url``, None in local mode, the requests to its server from others); None
+    otherwise (the caller raises ``exc`` as it is)."""
+    why = lost_connection(exc, getattr(store, "conn", None), getattr(store, "server_url", None))
     if why is None:
         return None
     return VectorDBUnavailableError(f"{store.engine}: the connection to the database was lost ({why}); {then} (a failure "

@@ -120,6 +120,7 @@ class QdrantStore(VectorStore):
         if (url is None) == (path is None):
             raise InputError("give exactly one of url= (a Qdrant server) or path= (local mode)")
         self._release = None  # local mode on disk: gives this store's share of the folder's client back, once
+        self.server_url = url  # None in local mode: lost.py tells a lost connection to the server by it
         if url:
             extra = {} if ca_file is None else {"verify": tls_context(ca_file)}
             self.client = QdrantClient(url=url, api_key=api_key or None, prefer_grpc=prefer_grpc, **extra)

@@ -4,7 +4,9 @@ connection killed) while ``vecbridge migrate`` writes.
 It was "internal error: OperationalError: consuming input failed: server closed the connection unexpectedly" and two
 more lines of libpq's (PostgreSQL), or ~150 lines of pymilvus's logged tracebacks first (Milvus), exit 3 for both: a
 scheduler could not tell it from a bug. Now one line, exit 75 (retry later, as a database not answering when connected
-to), the checkpoint says stopped, and the same command resumes once the database is back.
+to), the checkpoint says stopped, and the same command resumes once the database is back. A Qdrant server (its REST
+client's httpx errors) was still exit 3 / HTTP 500 after that: no Qdrant server is installed here, so a TCP listener
+that answers the client's connect probes and then drops, resets or refuses its connections stands in for one.
 """
 
 from __future__ import annotations
@@ -227,3 +229,189 @@ def test_a_connection_our_own_code_closed_is_a_bug_not_a_lost_database(pg_server
     finally:
         shared.close()
         _recovered(url)
+
+
+class _QdrantListener:
+    """A real TCP listener on 127.0.0.1 (port chosen by the system) that answers qdrant-client's connect probes as a
+    Qdrant server does (``GET /`` the version, ``GET /collections`` none) and every other request as ``mode`` says:
+    ``answer`` (404, Qdrant's error body: a live server's answer), ``busy`` (503: a gateway with no server behind
+    it), ``drop`` (the connection closed once the request is read: "Server disconnected without sending a
+    response.") or ``reset`` (closed with a TCP reset: "Connection reset by peer"). :meth:`close` stops listening
+    and closes every connection (the next request: "Connection refused"). No Qdrant server is installed here (the
+    tests otherwise use qdrant-client's local mode), and the client under test is the real one, over real sockets."""
+
+    PROBES = ("/", "/collections")
+
+    def __init__(self) -> None:
+        import socket
+        from importlib.metadata import version
+
+        self.version = version("qdrant-client")  # a server of the client's own version: no compatibility warning
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"qdrant://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.mode, self.conns = "answer", []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn) -> None:
+        import socket
+        import struct
+
+        buf = b""
+        while True:
+            try:
+                data = conn.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            while b"\r\n\r\n" in buf:
+                head, _, rest = buf.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                path = lines[0].split(" ")[1].split("?")[0]
+                size = next((int(v) for k, _, v in (h.partition(":") for h in lines[1:])
+                             if k.strip().lower() == "content-length"), 0)
+                if len(rest) < size:
+                    break
+                buf = rest[size:]
+                if path not in self.PROBES and self.mode in ("drop", "reset"):
+                    if self.mode == "reset":
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    conn.close()
+                    return
+                if path == "/":
+                    status, body = "200 OK", {"title": "qdrant - vector search engine", "version": self.version}
+                elif path == "/collections":
+                    status, body = "200 OK", {"result": {"collections": []}, "status": "ok", "time": 0.0}
+                elif self.mode == "busy":
+                    status, body = "503 Service Unavailable", {"status": {"error": "no healthy upstream"}}
+                else:
+                    status, body = "404 Not Found", {"status": {"error": f"Not found: {path}"}, "time": 0.0}
+                raw = json.dumps(body).encode()
+                try:
+                    conn.sendall(f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: "
+                                 f"{len(raw)}\r\n\r\n".encode() + raw)
+                except OSError:  # closed by close()
+                    return
+
+    def close(self) -> None:
+        import socket
+
+        for t in threading.enumerate():  # qdrant-client asks a new client's server for its version in a thread: let
+            if "_check_compatibility" in t.name:  # it finish (it warns, from its thread, of a server gone meanwhile)
+                t.join(10)
+        try:  # wakes the accept() in flight: a close alone leaves it listening (Linux), and the next connect works
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed before
+            pass
+        self.sock.close()
+        for conn in self.conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+
+
+@pytest.fixture
+def qdrant_listener():
+    pytest.importorskip("qdrant_client")
+    listener = _QdrantListener()
+    yield listener
+    listener.close()
+
+
+@pytest.mark.parametrize("mode", ["drop", "reset"])
+def test_a_qdrant_server_lost_under_migrate_and_verify_is_one_line_exit_75(qdrant_listener, tmp_path, capsys, mode):
+    """qdrant-client's ResponseHandlingException around httpx's errors was "internal error" (exit 3) where PostgreSQL
+    and Milvus said lost, exit 75 (retry later)."""
+    from conftest import run_cli
+
+    _, m = small_migration()
+    m.save(tmp_path / "m.npz")
+    qdrant_listener.mode = mode  # the store opens (its probes are answered); every call after it finds no server
+    words = {"drop": "Server disconnected without sending a response.", "reset": "Connection reset by peer"}[mode]
+    base = ("--data-dir", tmp_path, "--store", qdrant_listener.url, "--map", tmp_path / "m.npz")
+    for cmd in (("migrate", "--source", "l_src", "--target", "l_dst", "--quiet"),
+                ("verify", "--collection", "l_dst", "--source", "l_src")):
+        rc, out, err = run_cli(capsys, base[0], base[1], cmd[0], *base[2:], *cmd[1:])
+        assert rc == 75 and not out and len(err.splitlines()) == 1, (rc, out, err)
+        assert err.startswith(f"vecbridge: error: qdrant: {LOST}") and words in err, err
+        assert "run the same command again" in err
+
+
+def test_the_services_shared_qdrant_store_answers_a_lost_server_retry_later_and_a_live_servers_404_as_it_is(
+        qdrant_listener):
+    from qdrant_client.http.exceptions import UnexpectedResponse
+
+    from service.errors import exit_code, retry_after_of
+    from service.ops.vectordb import SharedStore
+    from service.vectordb import VectorDBUnavailableError
+
+    shared = SharedStore(qdrant_listener.url)
+    try:
+        assert shared.call(lambda s: s.exists("c")) is False
+        with pytest.raises(UnexpectedResponse) as info:  # the server's own answer: not a lost connection
+            shared.call(lambda s: s.count("c"))
+        assert info.value.status_code == 404
+        for mode, words in (("busy", "HTTP 503 Service Unavailable"), ("drop", "Server disconnected")):
+            qdrant_listener.mode = mode
+            with pytest.raises(VectorDBUnavailableError, match=re.escape(f"qdrant: {LOST}{words}")) as lost:
+                shared.call(lambda s: s.count("c"))
+            assert retry_after_of(lost.value) == 5 and exit_code(lost.value) == 75
+        qdrant_listener.mode = "answer"
+        assert shared.call(lambda s: s.exists("c")) is False  # the next call connects again
+        qdrant_listener.close()  # the server gone while the store is open
+        with pytest.raises(VectorDBUnavailableError, match=re.escape(f"qdrant: {LOST}") + ".*Connection refused"):
+            shared.call(lambda s: s.count("c"))
+    finally:
+        shared.close()
+
+
+def test_an_http_request_to_another_host_and_qdrants_local_mode_lose_no_database_connection(qdrant_listener,
+                                                                                           tmp_path):
+    """httpx carries other requests than the store's (a model's download by huggingface_hub, inside a verify's
+    re-embedding): refused, it is not the database lost. A local-mode store has no server to lose."""
+    import httpx
+
+    from service.vectordb.lost import lost_connection, unavailable_if_lost
+
+    qdrant_listener.close()
+    port = qdrant_listener.url.rsplit(":", 1)[1]
+    with pytest.raises(httpx.ConnectError) as other:
+        httpx.get(f"http://localhost:{port}/model.bin")  # another host name than the store's 127.0.0.1
+    with pytest.raises(httpx.ConnectError) as same:
+        httpx.get(f"http://127.0.0.1:{port}/collections")
+    server = "http://127.0.0.1:" + port
+    assert lost_connection(other.value, None, server) is None
+    assert "Connection refused" in lost_connection(same.value, None, server)
+    with open_store(f"qdrant://{tmp_path}/q") as local:
+        assert local.server_url is None and unavailable_if_lost(local, same.value, "") is None
+
+
+def test_qdrants_grpc_client_unavailable_is_lost(qdrant_listener):
+    """With prefer_grpc (``QdrantStore(url=..., prefer_grpc=True)``) a server gone is gRPC's UNAVAILABLE, lost as
+    Milvus's was already (this passed before the REST client's losses were told apart too)."""
+    import grpc
+    from qdrant_client import QdrantClient
+
+    from service.vectordb.lost import lost_connection
+
+    qdrant_listener.close()
+    port = int(qdrant_listener.url.rsplit(":", 1)[1])
+    client = QdrantClient(host="127.0.0.1", grpc_port=port, prefer_grpc=True, check_compatibility=False)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            client.get_collections()
+        assert "failed to connect" in lost_connection(info.value)  # as Milvus's: it needs no server URL
+    finally:
+        client.close()
