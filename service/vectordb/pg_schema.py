@@ -1,7 +1,10 @@
-"""What a pgvector migration target takes from its source table besides columns and the vector index.
+"""What a pgvector migration target takes from its source table besides its columns.
 
 A migrated table serves the same queries as its source once an alias switches to it, so it keeps the source's
-column rules and the structures those queries lean on:
+vector index, column rules and the structures those queries lean on:
+
+- :func:`vector_indexes` / :func:`plain_index` — the HNSW / IVFFlat indexes of a table and the one of its vector
+  column itself: ``(method, options)``, which :meth:`PgVectorStore.finalize` builds on the target alike.
 
 - :func:`column_rules` — ``NOT NULL`` and ``DEFAULT`` of each extra column (in ``CREATE TABLE``); generated and
   identity columns keep only ``NOT NULL`` (their values are copied as they are).
@@ -19,9 +22,34 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["column_rules", "copy_structures"]
+__all__ = ["INDEX_OPTIONS", "column_rules", "copy_structures", "plain_index", "vector_indexes"]
 
 _CREATE_INDEX = re.compile(r"^(CREATE (?:UNIQUE )?INDEX) \S+ ON (?:ONLY )?\S+ (USING .*)$", re.DOTALL)
+INDEX_OPTIONS = {"hnsw": ("m", "ef_construction"), "ivfflat": ("lists",)}  # the WITH options a target copies
+_PG_INDEX_DEFAULTS = {"m": 16, "ef_construction": 64, "lists": 100}  # pgvector's own, for an option not given
+
+
+def vector_indexes(conn, table: str, vector_field: str) -> list[tuple[str, list | None, bool]]:
+    """``(method, reloptions, plain)`` of every HNSW / IVFFlat index on ``table`` (in the current schema), ``plain``
+    when it indexes ``vector_field`` itself (not an expression of it, e.g. ``(embedding::halfvec(384))``)."""
+    return [(str(m), o, bool(plain)) for m, o, plain in conn.execute(
+        "SELECT am.amname, c.reloptions, coalesce(i.indnatts = 1 AND a.attname = %s, false) "
+        "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam "
+        "JOIN pg_class t ON t.oid = i.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
+        "LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
+        "WHERE t.relname = %s AND n.nspname = current_schema() AND am.amname IN ('hnsw', 'ivfflat') "
+        "ORDER BY c.relname", (vector_field, table))]
+
+
+def plain_index(found: list[tuple[str, list | None, bool]]) -> tuple[str, dict[str, int]] | None:
+    """The first index of the vector column itself among :func:`vector_indexes`' answer: ``(method, options)``, an
+    option it was built without at pgvector's default; None when there is none."""
+    for method, reloptions, plain in found:
+        if plain:
+            opts = dict(o.split("=", 1) for o in reloptions or [] if "=" in o)
+            return method, {k: int(opts[k]) if str(opts.get(k, "")).isdigit() else _PG_INDEX_DEFAULTS[k]
+                            for k in INDEX_OPTIONS[method]}
+    return None
 
 
 def _regclass(table: str) -> str:

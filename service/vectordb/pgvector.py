@@ -39,7 +39,7 @@ from ..urls import check_pg_userinfo
 from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError,
                    VectorDBUnavailableError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
                    id_key, redact, rows_in_order)
-from .pg_schema import column_rules, copy_structures
+from .pg_schema import INDEX_OPTIONS, column_rules, copy_structures, plain_index, vector_indexes
 
 __all__ = ["JSON_NULL", "JsonDict", "JsonList", "PgVectorStore"]
 
@@ -122,19 +122,6 @@ def _ids_array(keys: list) -> np.ndarray:
     return np.fromiter(keys, dtype=np.int64, count=len(keys))
 _OPS = {"cosine": ("<=>", "cosine_ops"), "ip": ("<#>", "ip_ops")}  # index ops: <vector type>_<ops>
 _HALF_MAX = 65504.0  # the largest finite float16
-_INDEX_OPTIONS = {"hnsw": ("m", "ef_construction"), "ivfflat": ("lists",)}  # the WITH options a target copies
-_PG_INDEX_DEFAULTS = {"m": 16, "ef_construction": 64, "lists": 100}  # pgvector's own, for an option not given
-
-
-def _plain_index(found: list[tuple[str, list | None, bool]]) -> tuple[str, dict[str, int]] | None:
-    """The first index of the vector column itself among :meth:`PgVectorStore._vector_indexes`' answer: ``(method,
-    options)``, an option it was built without at pgvector's default; None when there is none."""
-    for method, reloptions, plain in found:
-        if plain:
-            opts = dict(o.split("=", 1) for o in reloptions or [] if "=" in o)
-            return method, {k: int(opts[k]) if str(opts.get(k, "")).isdigit() else _PG_INDEX_DEFAULTS[k]
-                            for k in _INDEX_OPTIONS[method]}
-    return None
 
 
 class PgVectorStore(VectorStore):
@@ -504,23 +491,15 @@ class PgVectorStore(VectorStore):
         return _pad_results(out, k)
 
     def _vector_indexes(self, name: str) -> list[tuple[str, list | None, bool]]:
-        """``(method, reloptions, plain)`` of every HNSW / IVFFlat index on ``name`` (an alias: its table), ``plain``
-        when it indexes the vector column itself (not an expression of it, e.g. ``(embedding::halfvec(384))``)."""
+        """:func:`~service.vectordb.pg_schema.vector_indexes` of ``name`` (an alias: its table)."""
         table = self.resolve_alias(name) or name
-        self._require(table)
-        return [(str(m), o, bool(plain)) for m, o, plain in self.conn.execute(
-            "SELECT am.amname, c.reloptions, coalesce(i.indnatts = 1 AND a.attname = %s, false) "
-            "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam "
-            "JOIN pg_class t ON t.oid = i.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
-            "LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
-            "WHERE t.relname = %s AND n.nspname = current_schema() AND am.amname IN ('hnsw', 'ivfflat') "
-            "ORDER BY c.relname", (self.vector_field, table))]
+        return vector_indexes(self.conn, self._require(table), self.vector_field)
 
     def vector_index(self, name: str) -> tuple[str, dict[str, int]] | None:
         """The vector index on ``name``'s vector column (an alias: its table's): ``(method, options)``, e.g.
         ``("hnsw", {"m": 32, "ef_construction": 200})`` or ``("ivfflat", {"lists": 100})`` (an option the index
         was built without: pgvector's default for it); None when it has none (searches scan every row)."""
-        return _plain_index(self._vector_indexes(name))
+        return plain_index(self._vector_indexes(name))
 
     def _index_spec(self, like: str | None) -> tuple[tuple[str, dict] | None, str]:
         """``(spec, why)``: the index :meth:`finalize` builds, ``(method, options)`` (options not given: the
@@ -528,7 +507,7 @@ class PgVectorStore(VectorStore):
         if self.index != "like" or like is None:
             return {"hnsw": ("hnsw", {}), "like": ("hnsw", {}), "ivfflat": ("ivfflat", {}), None: None}[self.index], ""
         found = self._vector_indexes(like)
-        spec = _plain_index(found)
+        spec = plain_index(found)
         if spec is not None:
             return spec, ""
         if found:  # only indexes of expressions (a halfvec / binary-quantized copy of the
@@ -570,7 +549,7 @@ class PgVectorStore(VectorStore):
                 sql.Identifier(f"{name}_{method}"[:63]), self._ident(name), sql.SQL(method),
                 sql.Identifier(self.vector_field), sql.SQL(ops),
                 sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.SQL(k), sql.Literal(int(opts[k])))
-                                   for k in _INDEX_OPTIONS[method])))
+                                   for k in INDEX_OPTIONS[method])))
         if like is not None:  # the source's constraints and other indexes (filters on its fields stay fast)
             with self.conn.transaction():
                 copy_structures(self.conn, self.resolve_alias(like) or like, name, self.vector_field)
