@@ -39,6 +39,7 @@ from ..urls import check_pg_userinfo
 from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError,
                    VectorDBUnavailableError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
                    id_key, redact, rows_in_order)
+from .lost import lost_as_unavailable
 from .pg_schema import INDEX_OPTIONS, column_rules, copy_structures, plain_index, vector_indexes
 
 __all__ = ["JSON_NULL", "JsonDict", "JsonList", "PgVectorStore"]
@@ -170,13 +171,19 @@ class PgVectorStore(VectorStore):
             down = isinstance(exc, psycopg.OperationalError) and not refused_for_good(exc, why)
             err = VectorDBUnavailableError if down else VectorDBError
             raise err(f"pgvector: cannot connect: {redact(why, url)}") from None
-        # reads write nothing: a read-only role or a standby can dry-run, verify and search (CREATE ... IF NOT EXISTS
-        # checks the privilege first, so even a no-op one was "permission denied for schema public")
-        if not self.conn.execute("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector')").fetchone()[0]:
-            self.conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        register_vector(self.conn)
-        self.conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
-        self.conn.execute(f"SET ivfflat.probes = {int(probes)}")
+        try:  # a session ended here (a server stopping, pg_terminate_backend) is lost as any call's is: exit 75, 503
+            with lost_as_unavailable(self, "retry: it was lost as the store opened, before anything was read"):
+                # reads write nothing: a read-only role or a standby can dry-run, verify and search (CREATE ... IF
+                # NOT EXISTS checks the privilege first, so even a no-op one was "permission denied for schema public")
+                if not self.conn.execute("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector')"
+                                         ).fetchone()[0]:
+                    self.conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                register_vector(self.conn)
+                self.conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
+                self.conn.execute(f"SET ivfflat.probes = {int(probes)}")
+        except BaseException:  # the caller gets no store to close: the connection was left open
+            close_quietly(self.conn)
+            raise
 
     def _has_alias_table(self) -> bool:
         """True once ``vecbridge_aliases`` exists (the first :meth:`set_alias` creates it)."""

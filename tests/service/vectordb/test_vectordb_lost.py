@@ -415,3 +415,48 @@ def test_qdrants_grpc_client_unavailable_is_lost(qdrant_listener):
         assert "failed to connect" in lost_connection(info.value)  # as Milvus's: it needs no server URL
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("how", ["terminated", "killed"])
+def test_a_postgresql_connection_lost_while_the_store_opens_is_one_line_exit_75(pg_server, tmp_path, how):
+    """The store's set-up queries after connecting (the extension check, the vector type's lookup, its settings) ran
+    outside every lost-connection check: a session ended there (pg_terminate_backend: "terminating connection due to
+    administrator command"; its backend killed: "server closed the connection unexpectedly") was "internal error"
+    (exit 3, HTTP 500). Held there by a lock on pg_extension, the opening session is ended at that point."""
+    import psycopg
+
+    url, _, _ = pg_server
+    _, m = small_migration()
+    m.save(tmp_path / "m.npz")
+    run = None
+    with psycopg.connect(url) as locker, psycopg.connect(url, autocommit=True) as monitor:
+        locker.execute("LOCK TABLE pg_extension IN ACCESS EXCLUSIVE MODE")  # its transaction stays open
+        try:
+            run = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "--data-dir", str(tmp_path), "verify", "--store", url,
+                 "--collection", "o_dst", "--source", "o_src", "--map", str(tmp_path / "m.npz")],
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True)
+            t0, pid = time.time(), None
+            while pid is None and time.time() - t0 < 60 and run.poll() is None:
+                row = monitor.execute("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query "
+                                      "LIKE '%pg_extension%'").fetchone()
+                pid = row and row[0]
+                time.sleep(0.05)
+            assert pid is not None, run.communicate(timeout=5) if run.poll() is not None else "never waited"
+            if how == "terminated":
+                monitor.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            else:
+                os.kill(pid, signal.SIGKILL)
+            out, err = run.communicate(timeout=60)
+        finally:
+            if run is not None and run.poll() is None:
+                run.kill()
+                run.wait()
+            if how == "killed":  # every session of the server ended with it, the locker's too
+                locker.close()
+    _recovered(url)
+    words = {"terminated": "terminating connection due to administrator command",
+             "killed": "server closed the connection unexpectedly"}[how]
+    assert run.returncode == 75 and not out and len(err.splitlines()) == 1, (run.returncode, out, err)
+    assert err.startswith(f"vecbridge: error: pgvector: {LOST}") and words in err, err
