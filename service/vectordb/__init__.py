@@ -116,6 +116,7 @@ def check_store_url(url: str, *, api_key: str | None = None, ca_file=None) -> tu
     if ca_file is not None:
         check_ca_file(ca_file)  # a missing or non-PEM file: every migration and search of the store failed (422)
     if not local:
+        _check_not_a_path(scheme, rest, url)
         _, userinfo = _split_userinfo(rest, url)
         if userinfo and api_key and scheme.startswith("milvus"):
             raise InputError("milvus: give user:password in the URL or an API key, not both")
@@ -142,6 +143,22 @@ def _need_client(scheme: str) -> None:
         except ImportError:
             raise VectorDBError(f"a {scheme.split('+')[0]} store needs the Python package {module!r}, which is not "
                                 "installed here: pip install 'vecbridge[vectordb-clients]'") from None
+
+
+def _check_not_a_path(scheme: str, rest: str, url: str) -> None:
+    """InputError for a local file written with two slashes (``milvus://docs.db``, ``milvus://./data/docs.db``,
+    ``qdrant://./q``): it was taken for a server at host ``docs.db``, and Milvus Lite then made ``./http:/docs.db/``
+    in the working directory (even on a dry run) and answered "no source collection". A path after ``host:port``
+    stays allowed: Milvus reads it as the database name, Qdrant as the prefix of a server behind a proxy."""
+    path = rest.partition("?")[0].partition("#")[0].rstrip("/")
+    host = _split_userinfo(path, url)[0].partition("/")[0]
+    if not (path.lower().endswith(".db") or host in (".", "..", "~")):
+        return
+    engine = scheme.split("+")[0]
+    local = ("a local Milvus Lite file is milvus:///ABSOLUTE/path.db" if engine == "milvus"
+             else "a local Qdrant folder is qdrant:///ABSOLUTE/path")
+    raise InputError(f"{safe_url(url)!r} names a file, not a {engine} server ({engine}://host:port): {local} "
+                     "(three slashes)")
 
 
 def _split_userinfo(rest: str, url: str) -> tuple[str, str | None]:

@@ -272,6 +272,28 @@ def test_dry_run_checks_reads_one_batch_and_writes_nothing(world, vb):
         assert s.count("dry_b") == 1  # --overwrite in a dry run drops nothing
 
 
+@pytest.mark.parametrize("url", ["milvus://docs.db", "milvus://data/docs.db", "milvus+https://./docs.db",
+                                 "qdrant://./q", "qdrant://docs.db"])
+def test_a_local_store_written_with_two_slashes_is_refused_and_nothing_is_created(world, vb, url, tmp_path,
+                                                                                     monkeypatch):
+    """`--store milvus://docs.db` (the local form is milvus:///ABS/docs.db) was read as the server http://docs.db,
+    and Milvus Lite then made ./http:/docs.db/ in the working directory, even on a dry run that "writes nothing",
+    and the user saw only "no source collection"; it is one line naming the three-slash form, and nothing is made.
+    A path after host:port stays a server's (Milvus: the database; Qdrant: the prefix behind a proxy)."""
+    monkeypatch.chdir(tmp_path)
+    for args in (["migrate", "--source", "docs_a", "--target", "b", "--map", "a2b@prod", "--dry-run"],
+                 ["verify", "--collection", "docs_a", "--source", "docs_a", "--map", "a2b@prod"]):
+        p = vb(world["data"], *args, "--store", url)
+        assert p.returncode == 2 and "three slashes" in p.stderr, p.stderr
+        assert ("milvus:///ABSOLUTE/path.db" if url.startswith("milvus") else "qdrant:///ABSOLUTE/path") in p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert list(tmp_path.iterdir()) == []
+    from service.vectordb import check_store_url
+
+    for server in ("milvus://db.example.com:19530/mydb", "qdrant+https://example.com/qdrant", "milvus://h:1"):
+        check_store_url(server)
+
+
 def test_dry_run_of_a_half_done_migration_says_where_it_would_resume(world, tmp_path):
     from service.registry import open_registry
     from service.vectordb import FileCheckpoint, MigrationInterrupted, migrate
