@@ -158,6 +158,14 @@ def _retention(value, why: str = "no query finds its relevant document natively"
     return f"undefined ({why})" if value is None or not np.isfinite(value) else f"{value:.4f}"
 
 
+def _versus_old(lab: dict) -> str:
+    """How the migration compares with keeping the old model (``beats_old`` is migrated R@10 >= old R@10): a tie
+    (R@10 1.0 and 1.0) read "beats it"."""
+    if not lab["beats_old"]:
+        return "does NOT beat it: keep the old model or re-embed"
+    return "matches it" if lab["migrated"]["R@10"] == lab["old"]["R@10"] else "beats it"
+
+
 @click.command("eval")
 @_ref_opt
 @input_opts
@@ -250,7 +258,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         if "old" in lab:
             text += (f"\n  keeping the old model: R@10 {lab['old']['R@10']:.4f} (retention "
                      f"{_retention(lab['old_retention']['R@10'])}); the migration "
-                     + ("beats it" if lab["beats_old"] else "does NOT beat it: keep the old model or re-embed"))
+                     + _versus_old(lab))
     if csls:
         text += f"\n  CSLS: top-1 {res['csls_top1']:.4f}  mean rank {res['csls_mean_rank']:.2f}"
     if min_top1 is not None:

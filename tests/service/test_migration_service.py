@@ -383,6 +383,28 @@ def test_eval_undefined_labelled_retention_is_said_not_gated_or_recorded_as_zero
         assert code == 2 and "undefined" in err and "cannot be decided" in err and "PASS" not in out, (gate, out)
 
 
+def test_eval_says_the_migration_matches_the_old_model_on_a_tie(capsys, data):
+    """Queries that are their relevant documents under both models: R@10 1.0 migrated and 1.0 keeping the old model.
+    `beats_old` is migrated >= old, and the text said "the migration beats it" on that tie; it says "matches it"."""
+    d = data
+    X, Y = _pairs()
+    rel = np.arange(0, 300, 10)
+    write_vectors(d / "q_tie.npy", Y[600:900][rel])
+    write_vectors(d / "q_tie_old.npy", X[600:900][rel])
+    np.save(d / "rel_tie.npy", rel)
+    code, _, err = run(capsys, "--data-dir", d / "var", "fit", "--pairs", "--source", d / "old.npy", "--target",
+                       d / "new.npy", "--rows", "0:600", "--method", "ridge", "--name", "tie", "--quiet")
+    assert code == 0, err
+    common = ["--data-dir", d / "var", "eval", "--map", "tie", "--source", d / "old.npy", "--target", d / "new.npy",
+              "--rows", "600:900", "--queries", d / "q_tie.npy", "--old-queries", d / "q_tie_old.npy",
+              "--relevant", d / "rel_tie.npy"]
+    code, out, err = run(capsys, *common, "--json")
+    lab = json.loads(out)["retrieval"]["labelled"]
+    assert code == 0 and lab["migrated"]["R@10"] == lab["old"]["R@10"] == 1.0 and lab["beats_old"], err
+    code, out, err = run(capsys, *common)
+    assert code == 0 and "the migration matches it" in out and "beats it" not in out, out
+
+
 def test_eval_labelled_query_side_and_bad_input(capsys, data):
     d = data
     X, Y = _pairs()
