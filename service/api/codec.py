@@ -116,22 +116,38 @@ def require_json(content_type: str | None) -> None:
         raise UnsupportedMediaTypeError(f"Content-Type {mt!r} is not supported here; send application/json")
 
 
-def parse_json(body: bytes, *, untyped: bool = False) -> dict:
+def parse_json(body: bytes, *, untyped: bool = False, reads_binary: bool = False) -> dict:
     """The JSON object of ``body``; ``untyped``: the request sent no ``Content-Type`` to a route that reads binary
     bodies too (the transform), and the message of a body that is not JSON says JSON was assumed (raw float32 sent
-    without the header read "str is not valid UTF-8: surrogates not allowed", no word of the header)."""
+    without the header read "str is not valid UTF-8: surrogates not allowed", no word of the header).
+    ``reads_binary``: the route reads binary bodies too, and a body sent as JSON that does not start like JSON is
+    told the binary type (it read "str is not valid UTF-8" alone)."""
     try:
         obj = loads(body) if body else {}
     except Exception as exc:
         if untyped:
             raise InputError(f"body is not valid JSON ({exc}): without a Content-Type the body is read as JSON; "
                              f"send binary vectors with Content-Type: {OCTET} (raw float32) or {NPY}") from None
+        if reads_binary and not _looks_like_json(body):
+            raise InputError(f"body is not valid JSON: {exc}; for raw float32 rows send Content-Type: {OCTET} "
+                             "with ?dim=N") from None
         raise InputError(f"body is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise InputError(f"body must be a JSON object, got {type(obj).__name__}")
     if _check_depth(obj):
         _check_int_range(body)
     return obj
+
+
+def _looks_like_json(body: bytes) -> bool:
+    """Whether ``body`` starts as a JSON object or array does (after white space)."""
+    return body[:64].lstrip()[:1] in (b"{", b"[")
+
+
+def _json_sent_as(body: bytes) -> str:
+    """The hint a binary body's refusal adds when the body is JSON (it read "body holds 1935 bytes, not a whole
+    number of rows of 384 float32" alone)."""
+    return f"; it looks like JSON: send Content-Type: {JSON}" if _looks_like_json(body) else ""
 
 
 def _check_int_range(body: bytes) -> None:
@@ -314,7 +330,7 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
         # numpy takes any other bytes for a pickle, and advises loading it "unsafely" (.npz: refused below)
         if not body.startswith((b"\x93NUMPY", b"PK\x03\x04")):
             raise InputError("body is not a .npy file (no NumPy header); send one array of numbers saved with "
-                             "numpy.save, or raw float32 as application/octet-stream")
+                             "numpy.save, or raw float32 as application/octet-stream" + _json_sent_as(body))
         try:
             arr = np.load(io.BytesIO(body), allow_pickle=False)
         except Exception as exc:
@@ -339,7 +355,8 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
         if not body:
             raise EmptyInputError("vectors: the body is empty; send n*dim*4 bytes of float32")
         if len(body) % (4 * dim):
-            raise ShapeError(f"body holds {len(body)} bytes, not a whole number of rows of {dim} float32 (4 bytes each)")
+            raise ShapeError(f"body holds {len(body)} bytes, not a whole number of rows of {dim} float32 (4 bytes "
+                             f"each){_json_sent_as(body)}")
         arr = np.frombuffer(body, dtype="<f4").reshape(-1, dim)
     X = as_matrix(arr, name="vectors", dim=dim, finite=finite)
     check_batch(X.shape[0], max_batch)

@@ -337,7 +337,7 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
         raise InputError(f"?dim={dim} and X-Vector-Dim: {hd} disagree; send one row width")
     opts = validate(TransformOptions, query_opts, "query")
     if mt == JSON:
-        obj = parse_json(body, untyped=not typed)  # no Content-Type: the message says JSON was assumed
+        obj = parse_json(body, untyped=not typed, reads_binary=True)  # the message names the binary types
         opts = _with_query(validate(TransformOptions, options_of(obj)), opts, query_opts)
         X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch, finite=False,
                               bools=may_hold_bools(body))

@@ -122,7 +122,7 @@ def test_accept_q_values_choose_the_answer_on_the_fast_path_and_the_route(world,
 def test_binary_without_a_content_type_is_told_json_was_assumed(world, monkeypatch):
     """Raw float32 rows sent with no Content-Type were answered "body is not valid JSON: str is not valid UTF-8:
     surrogates not allowed", no word of the header; now the message says JSON is assumed without one and names the
-    binary types (fast path, route and a chunked body alike). An explicit application/json keeps the plain message."""
+    binary types (fast path, route and a chunked body alike). An explicit application/json names the raw type."""
     c, _, data = world
     rows = np.ascontiguousarray(data["X"][:3], np.float32).tobytes()
     for body in (rows, b"{not json"):
@@ -135,8 +135,34 @@ def test_binary_without_a_content_type_is_told_json_was_assumed(world, monkeypat
             assert msg.endswith("without a Content-Type the body is read as JSON; send binary vectors with "
                                 "Content-Type: application/octet-stream (raw float32) or application/x-npy"), msg
     typed = c.post(URL, content=rows, headers={**R, "content-type": "application/json"}).json()["error"]["message"]
-    assert typed.startswith("body is not valid JSON: ") and "Content-Type" not in typed, typed
+    assert typed.startswith("body is not valid JSON: ") and "without a Content-Type" not in typed, typed
     assert c.post(URL, content=json.dumps({"vectors": data["X"][:1].tolist()}), headers=R).status_code == 200
+
+
+def test_a_body_sent_under_the_other_type_is_told_which_type_it_looks_like(world, monkeypatch):
+    """A JSON body sent as application/octet-stream read "body holds 1935 bytes, not a whole number of rows of 16
+    float32" alone, and raw float32 sent as application/json "body is not valid JSON: str is not valid UTF-8": each
+    now names the type the body looks like (fast path and route alike). A JSON body cut short keeps the plain
+    message: it is JSON, sent as JSON."""
+    c, _, data = world
+    as_json = json.dumps({"vectors": data["X"][:2].tolist()}).encode()
+    as_json += b" " * (-len(as_json) % 4 + 1)  # not a whole number of 16-float rows, nor of 4-byte floats
+    for ct, body in (("application/octet-stream", as_json), ("application/octet-stream", b"  " + as_json[:-2]),
+                     ("application/x-npy", as_json)):
+        fast, slow = both(c, monkeypatch, "POST", URL, content=body, headers={**R, "content-type": ct})
+        assert_same(fast, slow)
+        msg = fast.json()["error"]["message"]
+        assert fast.status_code == 422 and msg.endswith("it looks like JSON: send Content-Type: application/json"), msg
+    rows = np.ascontiguousarray(data["X"][:3], np.float32).tobytes()
+    fast, slow = both(c, monkeypatch, "POST", URL, content=rows, headers={**R, "content-type": "application/json"})
+    assert_same(fast, slow)
+    msg = fast.json()["error"]["message"]
+    assert msg.startswith("body is not valid JSON: ") and msg.endswith(
+        "; for raw float32 rows send Content-Type: application/octet-stream with ?dim=N"), msg
+    cut = c.post(URL, content=as_json[:40], headers={**R, "content-type": "application/json"}).json()["error"]
+    assert "octet-stream" not in cut["message"], cut
+    odd = c.post(URL, content=rows[:-1], headers={**R, "content-type": "application/octet-stream"}).json()["error"]
+    assert "looks like JSON" not in odd["message"], odd
 
 
 def test_transform_errors_match_the_route(world, monkeypatch):
