@@ -20,7 +20,6 @@ restart.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -42,6 +41,7 @@ from pydantic_settings import SettingsError as _EnvParseError
 
 from align.exceptions import InputError
 
+from .errors import did_you_mean
 from .limits import Limits
 
 __all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "check_api_keys", "check_registry_url", "check_root_path",
@@ -520,8 +520,7 @@ def _suggest(name: str) -> str:
     up = name.upper()
     known = list(_fields_of(Settings, "VECBRIDGE_")) + [n for h, m in _fields_of(Settings, "VECBRIDGE_").items()
                                                         if m is not None for n in _fields_of(m, f"{h}__")]
-    close = difflib.get_close_matches(up, known, n=1, cutoff=0.75)
-    return f" (did you mean {close[0]}?)" if close else ""
+    return did_you_mean(up, known, show=str)
 
 
 def _variable(loc: tuple) -> tuple[str, bool]:

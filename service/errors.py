@@ -35,6 +35,7 @@ file, a role without the grants) is exit 2, as bad input is.
 
 from __future__ import annotations
 
+import difflib
 import signal
 import sqlite3
 from collections.abc import Iterator
@@ -47,7 +48,7 @@ __all__ = [
     "PermissionDeniedError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "RequestTimeoutError", "BusyError",
     "ServiceUnavailableError", "NotConfiguredError", "ServiceStoppingError",
     "HTTP_STATUS", "EXIT_CODE", "EX_TEMPFAIL", "SIGNAL_WORDS", "kind_of", "http_status", "exit_code", "retry_after_of",
-    "exception_chain", "shown",
+    "exception_chain", "shown", "did_you_mean", "listed",
 ]
 
 
@@ -218,3 +219,18 @@ def shown(text, limit: int = 40) -> str:
     length when it is longer (an invalid index name of 10,000 characters was repeated whole: a 10 KB 422 answer)."""
     text = text if isinstance(text, str) else str(text)
     return f"{text[:limit]!r}" + (f"... ({len(text)} characters)" if len(text) > limit else "")
+
+
+def did_you_mean(name, known, *, cutoff: float = 0.75, show=shown) -> str:
+    """``" (did you mean 'minilm-e5'?)"`` when one of ``known`` is close to ``name`` (difflib), else ``""``: the one
+    suggestion of an unknown setting, map, steer, space, index or alias. ``show`` writes the suggestion (quoted and
+    cut as :func:`shown`). Call it on the error only: ``known`` is read for it."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=cutoff)
+    return f" (did you mean {show(close[0])}?)" if close else ""
+
+
+def listed(names, limit: int = 10) -> str:
+    """Names as a message lists them: quoted and cut (:func:`shown`), the first ``limit`` and how many in all."""
+    names = list(names)
+    head = ", ".join(shown(n) for n in names[:limit])
+    return head + (f", ... ({len(names)} in all)" if len(names) > limit else "") if names else "none"

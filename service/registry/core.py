@@ -35,6 +35,7 @@ from .errors import (
     InvalidNameError,
     NoReliableVersionError,
     NotFoundError,
+    unknown,
 )
 from .gc import GC_WAIT_S, collect_deleted
 from .models import SpaceInfo, VersionInfo
@@ -234,7 +235,7 @@ class Registry(SteerRegistryMixin):
         r = t.one("SELECT name, dim, encoder, query_prefix, passage_prefix, description, created_at "
                   "FROM spaces WHERE name = ?", (name,))
         if r is None:
-            raise NotFoundError(f"unknown space {name!r}")
+            raise unknown(t, "spaces", "space", name)
         return SpaceInfo(**{**dict(r), "dim": int(r["dim"])})
 
     def get_space(self, name: str) -> SpaceInfo:
@@ -573,7 +574,7 @@ class Registry(SteerRegistryMixin):
         with self.db.tx() as t:
             for s in (source_space, target_space):
                 if t.one("SELECT 1 FROM spaces WHERE name = ?", (s,)) is None:
-                    raise NotFoundError(f"unknown space {s!r}")
+                    raise unknown(t, "spaces", "space", s)
             if source_space == target_space:
                 return []
             edges = edge_versions(self, t, pin := alias)

@@ -27,6 +27,7 @@ from typing import Callable
 
 from align.exceptions import InputError, SerializationError
 
+from ..errors import did_you_mean, listed
 from .cache import LRUCache
 from .errors import (
     AliasMovedError,
@@ -34,6 +35,7 @@ from .errors import (
     DeletedVersionError,
     IntegrityError,
     NotFoundError,
+    unknown,
 )
 from .models import Record, SteerInfo, VersionInfo, columns, from_row, to_columns
 from .names import (
@@ -247,7 +249,7 @@ class VersionedStore:
 
     def _require(self, t, name: str) -> None:
         if not self.exists(t, name):
-            raise NotFoundError(f"unknown {self.kind.noun} {name!r}")
+            raise unknown(t, self.kind.names, self.kind.noun, name)
 
     def get_in(self, t, name: str, version: int) -> Record:
         if not 1 <= int(version) <= MAX_VERSION:  # past the database's INTEGER: no such version, not an overflow
@@ -339,7 +341,7 @@ class VersionedStore:
             if alias is not None:
                 r = t.one(f"SELECT version FROM {self.kind.aliases} WHERE name = ? AND alias = ?", (name, alias))
                 if r is None:
-                    raise NotFoundError(f"{noun} {name!r} has no alias {alias!r}")
+                    raise self._no_alias(t, name, alias)
                 v = self.get_in(t, name, int(r["version"]))
                 if v.deleted:
                     raise DeletedVersionError(f"alias {name}@{alias} points at version {v.version}, which was "
@@ -479,7 +481,7 @@ class VersionedStore:
                       (name, alias, *args)) is None:
                 self._require(t, name)  # an unknown name says so (it read "map 'nope' has no alias 'prod'")
                 if want is None:
-                    raise NotFoundError(f"{self.kind.noun} {name!r} has no alias {alias!r}")
+                    raise self._no_alias(t, name, alias)
                 raise self._moved(t, name, alias, want, "removed")
 
         self._write(fn)
@@ -492,8 +494,15 @@ class VersionedStore:
             r = t.one(f"SELECT version FROM {self.kind.aliases} WHERE name = ? AND alias = ?", (name, alias))
             if r is None:
                 self._require(t, name)
-                raise NotFoundError(f"{self.kind.noun} {name!r} has no alias {alias!r}")
+                raise self._no_alias(t, name, alias)
         return int(r["version"])
+
+    def _no_alias(self, t, name: str, alias: str) -> NotFoundError:
+        """``map 'minilm-e5' has no alias 'prd' (did you mean 'prod'?); its aliases: 'prod', 'staging'``."""
+        have = [r["alias"] for r in t.q(f"SELECT alias FROM {self.kind.aliases} WHERE name = ? ORDER BY alias",
+                                        (name,))]
+        return NotFoundError(f"{self.kind.noun} {name!r} has no alias {alias!r}{did_you_mean(alias, have)}; its "
+                             f"aliases: {listed(have)}")
 
     def _moved(self, t, name: str, alias: str, want, done: str, to: int | None = None) -> AliasMovedError:
         """The AliasMovedError of a compare-and-set that found ``name@alias`` elsewhere than ``want``; ``to``: the

@@ -36,6 +36,7 @@ __all__ = [
     "RegistryUnavailableError",
     "RegistryLockedError",
     "DamagedDatabaseError",
+    "unknown",
 ]
 
 
@@ -101,3 +102,10 @@ class DamagedDatabaseError(RegistryUnavailableError):
     503 / exit 2 naming the file, until it is restored; no ``Retry-After`` (trying again cannot help)."""
 
     retry_after = None
+
+
+def unknown(t, table: str, noun: str, name: str) -> NotFoundError:
+    """``unknown map 'minilm-e6' (did you mean 'minilm-e5'?)``: the names of ``table`` (read in transaction ``t``)
+    are read for the suggestion here, on the error only."""
+    known = [r["name"] for r in t.q(f"SELECT name FROM {table}")]
+    return NotFoundError(f"unknown {noun} {name!r}{_errors.did_you_mean(name, known)}")

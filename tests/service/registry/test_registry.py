@@ -166,6 +166,31 @@ def test_unknown_refs(reg):
         reg.get_space("zzz")
 
 
+def test_unknown_names_and_aliases_suggest_a_close_one(reg):
+    """`unknown map 'minilm-e6'` and `map 'minilm-e5' has no alias 'prd'` said nothing more: a typo had to be found
+    by listing. A close name is suggested (as the settings do), and an alias error lists the name's aliases."""
+    register(reg, "minilm-e5", src="minilm", tgt="e5", alias="prod")
+    reg.set_alias("minilm-e5", "staging", 1)
+    reg.register_steer("tone", align.MeanShift(np.ones(8)), space="s")
+    for call, msg in [(lambda: reg.resolve("minilm-e6"), "unknown map 'minilm-e6' (did you mean 'minilm-e5'?)"),
+                      (lambda: reg.resolve("minilm-e5@prd"),
+                       "map 'minilm-e5' has no alias 'prd' (did you mean 'prod'?); its aliases: 'prod', 'staging'"),
+                      (lambda: reg.delete_alias("minilm-e5", "prd"), "has no alias 'prd' (did you mean 'prod'?)"),
+                      (lambda: reg.get_space("minilm-e6"), "unknown space 'minilm-e6' (did you mean 'minilm'?)"),
+                      (lambda: reg.find_path("minilmm", "e5"), "unknown space 'minilmm' (did you mean 'minilm'?)"),
+                      (lambda: reg.resolve_steer("tones"), "unknown steer 'tones' (did you mean 'tone'?)")]:
+        with pytest.raises(NotFoundError) as e:
+            call()
+        assert msg in str(e.value), str(e.value)
+    with pytest.raises(NotFoundError) as e:  # nothing close: no suggestion
+        reg.resolve("zzzzzz")
+    assert str(e.value) == "unknown map 'zzzzzz'"
+    for a in range(12):
+        reg.set_alias("minilm-e5", f"a{a:02d}", 1)
+    with pytest.raises(NotFoundError, match=r"its aliases: 'a00', .*'a09', \.\.\. \(14 in all\)$"):
+        reg.resolve("minilm-e5@zzzz")
+
+
 @pytest.mark.parametrize("bad", ["", "../etc", "a/b", "a\\b", "a\x00b", "x" * 200, ".hidden", "a..b", "a b",
                                  "-x", "a@b@", "é"])
 def test_bad_names_are_refused(reg, bad):
