@@ -306,13 +306,15 @@ def read_texts(path, *, rows=None, text_field: str = "text", check_text: bool = 
 
 def read_vectors(path, *, rows=None, key: str | None = None, column: str | None = None,
                  encoder: str | None = None, kind: str = "passage", text_field: str = "text",
-                 batch_size: int = 64, progress: Callable[[float], None] | None = None) -> np.ndarray:
+                 batch_size: int = 64, progress: Callable[[float], None] | None = None,
+                 encoder_option: str | None = "--encoder") -> np.ndarray:
     """Read rows ``[start, stop)`` of a vector file, or embed a text file with ``encoder``.
 
     Returns float32 ``(n, d)``, C-contiguous and writable by the caller. Raises FormatError / InputError on bad
     input. Rows of a float32 ``.npy`` are not copied: they are mapped copy-on-write (pages come from the page
     cache as they are read; a write changes this process's copy, never the file), so reading 1M x 384 rows
     costs no 1.5 GB of private memory (the file must not be truncated while the rows are in use).
+    ``encoder_option``: the option that names the encoder of a text file (None: the input takes vectors only).
     """
     from align.validation import as_matrix
 
@@ -321,7 +323,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     if isinstance(rows, str):
         rows = parse_rows(rows)
     if suf in TEXT_SUFFIXES:
-        _need_encoder(path, encoder)
+        _need_encoder(path, encoder, encoder_option)
         return _embed(path, read_texts(path, rows=rows, text_field=text_field), encoder, kind, batch_size, progress)
     if encoder:
         raise InputError(f"{path.name} already holds vectors; --encoder applies to text files only")
@@ -344,9 +346,14 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     return _select_rows(M, resolve_rows(rows, M.shape[0], path) if M.ndim == 2 else None, path)
 
 
-def _need_encoder(path: Path, encoder: str | None) -> None:
-    if not encoder:
-        raise InputError(f"{path.name} holds texts: name an encoder to embed them (e.g. all-MiniLM-L6-v2)")
+def _need_encoder(path: Path, encoder: str | None, option: str | None = "--encoder") -> None:
+    """InputError for a text file with no encoder, naming the ``option`` that gives one (None: the input takes
+    vectors only). It said "name an encoder to embed them", and a newcomer looked for how."""
+    if encoder:
+        return
+    if option is None:
+        raise InputError(f"{path.name} holds texts; this input takes vectors ({', '.join(VECTOR_SUFFIXES)})")
+    raise InputError(f"{path.name} holds texts: give {option} to embed them (e.g. {option} all-MiniLM-L6-v2)")
 
 
 def _embed(path: Path, texts: list[str], encoder: str, kind: str, batch_size: int = 64,
@@ -382,8 +389,10 @@ def _select_rows(M: np.ndarray, sl: slice | None, path: Path) -> np.ndarray:
 
 
 def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = None, column: str | None = None,
-                encoder: str | None = None, kind: str = "passage", text_field: str = "text") -> Iterator[np.ndarray]:
-    """Yield float32 blocks of at most ``chunk_rows`` rows; only one block is held at a time."""
+                encoder: str | None = None, kind: str = "passage", text_field: str = "text",
+                encoder_option: str | None = "--encoder") -> Iterator[np.ndarray]:
+    """Yield float32 blocks of at most ``chunk_rows`` rows; only one block is held at a time. ``encoder_option``: the
+    option that names the encoder of a text file (None: the input takes vectors only), for the error without one."""
     path = Path(path)
     suf = _suffix(path, key, column)
     if isinstance(rows, str):
@@ -420,7 +429,7 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
             del M
         return
     if suf in TEXT_SUFFIXES:  # read and parsed once (each chunk read the whole file again: time ~ size squared)
-        _need_encoder(path, encoder)
+        _need_encoder(path, encoder, encoder_option)
         texts = read_texts(path, rows=rows, text_field=text_field)
         for s in range(0, len(texts), chunk_rows):
             yield _embed(path, texts[s : s + chunk_rows], encoder, kind)

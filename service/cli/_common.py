@@ -400,10 +400,10 @@ def read_pair(o: dict, progress):
     src_rows = o["source_rows"] or o["rows"]
     tgt_rows = o["target_rows"] or o["rows"]
     X = read_vectors(o["source"], rows=src_rows, key=o["source_key"], column=o["source_column"],
-                     encoder=o["source_encoder"], text_field=o["text_field"],
+                     encoder=o["source_encoder"], text_field=o["text_field"], encoder_option="--source-encoder",
                      progress=lambda f: progress("embed source", f))
     Y = read_vectors(o["target"], rows=tgt_rows, key=o["target_key"], column=o["target_column"],
-                     encoder=o["target_encoder"], text_field=o["text_field"],
+                     encoder=o["target_encoder"], text_field=o["text_field"], encoder_option="--target-encoder",
                      progress=lambda f: progress("embed target", f))
     inputs = {"source": {"path": str(Path(o["source"]).resolve()), "rows": src_rows, "encoder": o["source_encoder"],
                          "shape": list(X.shape)},

@@ -60,7 +60,7 @@ __all__ = ["index"]
 
 
 def _store(obj: Ctx) -> IndexStore:
-    return IndexStore(obj.settings.data_dir / "indexes")
+    return IndexStore(obj.settings.data_dir / "indexes", listing="`vecbridge index list`")  # not GET /v1/indexes
 
 
 def _resolver(obj: Ctx) -> index_ops.RegistryResolver:
@@ -217,9 +217,12 @@ def index_create(obj: Ctx, name, space, file, rows, key, column, text_field, enc
                                ids=read_ids(ids_file) if ids_file else None, payloads=_payloads(payloads_file),
                                kind=kind, metric=metric, params=kv, random_state=seed, description=description,
                                progress=progress)
-    except IndexConflictError:
-        if not if_not_exists or name not in store.names():
+    except IndexConflictError as exc:
+        if name not in store.names():
             raise
+        if not if_not_exists:  # it said "already exists" alone: the option that accepts an index already made
+            raise IndexConflictError(f"{exc}; with --if-not-exists an index of the same settings is kept, not an "
+                                     "error (`vecbridge index drop` removes it)") from None
         idx = None  # made by another process while this one read FILE: compared as above
     finally:
         close()

@@ -218,12 +218,12 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     X, Y, _ = read_pair(io_opts, lambda stage, frac: None)
     Q = rel = Qo = None
     if queries_path is not None:
-        Q = read_vectors(queries_path, rows=queries_rows)
+        Q = read_vectors(queries_path, rows=queries_rows, encoder_option=None)
         rel = read_relevant(relevant_path, Q.shape[0], queries=queries_path, rows=queries_rows)
     if old_queries_path is not None:
         if Q is None:
             raise InputError("--old-queries is the baseline of labelled queries: give --queries and --relevant too")
-        Qo = read_vectors(old_queries_path, rows=queries_rows)
+        Qo = read_vectors(old_queries_path, rows=queries_rows, encoder_option=None)
     res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
                        record=record, queries=Q, relevant=rel, side=side, old_queries=Qo, csls_weight=csls_weight,
                        max_queries=max_queries, random_state=random_state)
@@ -317,12 +317,12 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
         check_not_input(rows_out, "--rows-out", old, probe_source, probe_target, queries_path, old_queries_path,
                         relevant_path)
         check_writable(rows_out, "--rows-out")
-    X_old = read_vectors(old, rows=old_rows)
-    A = read_vectors(probe_source, rows=probe_rows)
-    B = read_vectors(probe_target, rows=probe_rows)
+    X_old = read_vectors(old, rows=old_rows, encoder_option=None)
+    A = read_vectors(probe_source, rows=probe_rows, encoder_option=None)
+    B = read_vectors(probe_target, rows=probe_rows, encoder_option=None)
     Q = Qo = rel = None
     if all(given):
-        Q, Qo = read_vectors(queries_path), read_vectors(old_queries_path)
+        Q, Qo = (read_vectors(p, encoder_option=None) for p in (queries_path, old_queries_path))
         rel = read_relevant(relevant_path, Q.shape[0])
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:

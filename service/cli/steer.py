@@ -98,7 +98,7 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
         raise click.UsageError("give --vectors or --texts")
     reg = obj.registry
     items = read_texts(texts, text_field=text_field) if texts else None
-    X = read_vectors(vectors) if vectors else None
+    X = read_vectors(vectors, encoder_option=None) if vectors else None
     _, encoder = space_for_rows(reg, get_encoder, space, texts=X is None, encoder=encoder)
     n = len(items) if X is None else X.shape[0]
     if items is not None and len(items) != n:
@@ -206,7 +206,7 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
     if texts:
         items = read_texts(texts)
         if vectors:
-            X = read_vectors(vectors)
+            X = read_vectors(vectors, encoder_option=None)
         else:
             X = read_vectors(texts, encoder=steer_text_encoder(reg, info.space, encoder))
         out["directions"] = steer_lens(s, X, items, k=k, n_directions=directions)

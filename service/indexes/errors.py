@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ConflictError, NotFoundError, ServiceUnavailableError
+from ..errors import ConflictError, NotFoundError, ServiceUnavailableError, did_you_mean
 
 __all__ = ["IndexConflictError", "IndexNotFoundError", "NewerFormatError", "UnreadableGenerationError", "gone",
            "unreadable"]
@@ -33,9 +33,12 @@ class NewerFormatError(ServiceUnavailableError):
     retry_after = None
 
 
-def gone(name: str, why: str = "dropped") -> IndexNotFoundError:
-    """The 404 for index ``name``, saying why it is missing."""
-    return IndexNotFoundError(f"index {name!r} not found ({why}); GET /v1/indexes lists the existing ones")
+def gone(name: str, why: str = "dropped", *, known=(), listing: str = "GET /v1/indexes") -> IndexNotFoundError:
+    """The 404 for index ``name``, saying why it is missing; ``known``: the names on disk, for a close one to be
+    suggested; ``listing``: what lists the indexes in the face that asks (:class:`~service.indexes.IndexStore`'s
+    ``listing``: the CLI's said ``GET /v1/indexes``)."""
+    return IndexNotFoundError(f"index {name!r} not found ({why}){did_you_mean(name, known)}; {listing} lists the "
+                              "existing ones")
 
 
 def unreadable(name: str, why: str) -> IndexNotFoundError:

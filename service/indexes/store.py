@@ -54,8 +54,9 @@ class IndexStore:
     created, changed and dropped by the others (see the module notes).
     """
 
-    def __init__(self, root: Path, observer=None) -> None:
+    def __init__(self, root: Path, observer=None, *, listing: str = "GET /v1/indexes") -> None:
         self.root = Path(root)
+        self.listing = listing  # what lists the indexes, for the 404 of an unknown one (the CLI: its command)
         #: told of each index's generations, catch-ups and drops (:class:`~service.metrics.ServiceMetrics`):
         #: ``index_changed(idx)``, ``index_caught_up(name, how, seconds)``, ``index_dropped(name)``
         self.observer = observer
@@ -277,6 +278,10 @@ class IndexStore:
             self.observer.index_changed(idx)
         return idx
 
+    def _missing(self, name: str) -> IndexNotFoundError:
+        """The 404 of an index that is not there, suggesting a close name (the folder is listed on this error only)."""
+        return gone(name, "no such index", known=self._names_on_disk(), listing=self.listing)
+
     def _dropped(self, name: str) -> None:
         if self.observer is not None:
             self.observer.index_dropped(name)
@@ -284,7 +289,7 @@ class IndexStore:
     def get(self, name: str) -> SpaceIndex:
         """The index ``name``, caught up with what other processes persisted."""
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-            raise gone(name, "no such index")
+            raise self._missing(name)
         with self._lock:
             idx = self._indexes.get(name)
         if idx is not None:
@@ -381,14 +386,14 @@ class IndexStore:
             return idx
         sig = stat_sig(path / "meta.json")
         if sig is None:
-            raise gone(name, "no such index")
+            raise self._missing(name)
         if name in self._failed and self._failed[name] == sig:
             raise unreadable(name, str(self.load_errors.get(name)))
         started = time.perf_counter()
         try:
             idx = SpaceIndex.load(path)
         except FileNotFoundError:  # dropped while loading
-            raise gone(name) from None
+            raise gone(name, listing=self.listing) from None
         except NewerFormatError as exc:  # there, not readable here: 503 (read again at each request)
             self._newer(name, exc)
             raise
@@ -429,13 +434,13 @@ class IndexStore:
     def delete(self, name: str) -> None:
         """Drop ``name``: atomically invisible to every process, then removed from disk."""
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-            raise gone(name, "no such index")
+            raise self._missing(name)
         final = self.root / name
         trash = self.root / f".trash-{name}-{uuid.uuid4().hex}"
         try:
             with flock(self.root / STORE_LOCK, create_dir=True):
                 if not (final / "meta.json").exists():
-                    raise gone(name, "no such index")
+                    raise self._missing(name)
                 with flock(final / LOCK_FILE):  # let a writer in flight finish
                     os.rename(final, trash)
                 fsync_dir(self.root)

@@ -592,7 +592,7 @@ def test_a_streamed_text_file_is_read_and_parsed_once(tmp_path, monkeypatch):
     (tmp_path / "b.txt").write_text("\n".join(texts[:24] + [""] + texts[24:]) + "\n")
     with pytest.raises(FormatError, match="b.txt: line 25 is blank"):
         list(iter_chunks(tmp_path / "b.txt", chunk_rows=10, encoder="e5"))
-    with pytest.raises(InputError, match="t.jsonl holds texts: name an encoder"):
+    with pytest.raises(InputError, match="t.jsonl holds texts: give --encoder to embed them"):
         list(iter_chunks(tmp_path / "t.jsonl", chunk_rows=10))
 
 

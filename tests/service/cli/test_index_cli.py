@@ -18,7 +18,7 @@ from _api_support import KEYS
 from _servers import env_for, free_port, seed_registry, start, stop
 from conftest import run_cli
 
-from service.indexes import IndexStore, SpaceIndex
+from service.indexes import IndexNotFoundError, IndexStore, SpaceIndex
 from service.indexes.persist import read_meta
 from service.ops import index_files
 
@@ -569,3 +569,39 @@ def test_search_out_holds_one_block_of_hits_not_every_query(world, capsys, monke
     assert head["index"] == "docs" and [d["query"] for d in lines] == list(range(n))
     assert [[h["id"] for h in d["hits"]] for d in lines] == ids.tolist()
     assert lines[201]["hits"][0]["payload"] == {"row": 1, "text": "x" * 40}
+
+
+def test_an_unknown_index_names_the_cli_listing_and_a_close_name(world, capsys):
+    """`index search docs-e6` said "GET /v1/indexes lists the existing ones" on the command line, with no word of
+    the close name; it names `vecbridge index list` and suggests `docs-e5`. A second `index create` said "already
+    exists" alone: it names --if-not-exists. Over HTTP the 404 keeps GET /v1/indexes."""
+    data, tmp, _, _ = world
+    code, _, err = cli(capsys, data, "create", "docs-e5", "--space", "b", tmp / "y.npy", "--rows", "0:50", "--quiet")
+    assert code == 0, err
+    for args in (["search", "docs-e6", tmp / "y.npy"], ["show", "docs-e6"], ["drop", "docs-e6", "--yes"]):
+        code, _, err = cli(capsys, data, *args)
+        assert code == 2 and "index 'docs-e6' not found (no such index) (did you mean 'docs-e5'?)" in err, err
+        assert "`vecbridge index list` lists the existing ones" in err and "GET /v1" not in err, err
+    code, _, err = cli(capsys, data, "create", "docs-e5", "--space", "b", tmp / "y.npy", "--rows", "0:50", "--quiet")
+    assert code == 2 and "index 'docs-e5' already exists; with --if-not-exists" in err, err
+    code, _, err = cli(capsys, data, "create", "docs-e5", "--space", "b", tmp / "y.npy", "--rows", "0:50", "--quiet",
+                       "--if-not-exists")
+    assert code == 0, err
+    with pytest.raises(IndexNotFoundError) as e:
+        IndexStore(data / "indexes").get("docs-e6")
+    assert str(e.value).endswith("(did you mean 'docs-e5'?); GET /v1/indexes lists the existing ones"), str(e.value)
+
+
+def test_a_text_file_without_its_encoder_names_the_option(world, capsys):
+    """`fit --pairs --source texts.json` said "texts.json holds texts: name an encoder to embed them": which flag
+    was left to guess. It names the command's option (--source-encoder here; --encoder by default: test_io), and
+    an input that takes vectors only says so."""
+    data, tmp, _, _ = world
+    (tmp / "texts.json").write_text(json.dumps([f"text {i}" for i in range(40)]))
+    code, _, err = run_cli(capsys, "--data-dir", data, "fit", "--pairs", "--source", tmp / "texts.json", "--target",
+                           tmp / "y.npy", "--rows", "0:40", "--name", "t2y", "--method", "procrustes", "--quiet")
+    assert code == 2 and "texts.json holds texts: give --source-encoder to embed them" in err, err
+    code, _, err = run_cli(capsys, "--data-dir", data, "plan", "--old", tmp / "texts.json", "--probe-source",
+                           tmp / "x.npy", "--probe-target", tmp / "y.npy", "--probe-rows", "0:100")
+    assert code == 2 and "texts.json holds texts; this input takes vectors (.npy" in err, err
+
