@@ -205,9 +205,10 @@ def _versus_old(lab: dict) -> str:
 @random_state_opt
 @click.option("--record", is_flag=True, help="Store the results as tags eval.* on the version.")
 @json_opt
+@quiet_opt
 @click.pass_obj
 def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows, old_queries_path, relevant_path, side,
-             csls, csls_weight, max_queries, random_state, record, as_json, **io_opts):
+             csls, csls_weight, max_queries, random_state, record, as_json, quiet, **io_opts):
     """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention
     (of labelled queries when given)."""
     if (queries_path is None) != (relevant_path is None):
@@ -215,7 +216,11 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     v = obj.registry.resolve(ref)  # texts embed with the map's spaces' models (swapped ones ran: top-1 0.003)
     for end, space in (("source", v.source_space), ("target", v.target_space)):  # not `side`: that is --side
         io_opts[f"{end}_encoder"] = check_text_encoder(obj.registry, io_opts[end], space, io_opts[f"{end}_encoder"])
-    X, Y, _ = read_pair(io_opts, lambda stage, frac: None)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)  # text inputs are embedded: as fit shows it
+    try:
+        X, Y, _ = read_pair(io_opts, progress)
+    finally:
+        close()
     Q = rel = Qo = None
     if queries_path is not None:
         Q = read_vectors(queries_path, rows=queries_rows, encoder_option=None)

@@ -310,3 +310,38 @@ def test_progress_bars_are_drawn_on_a_terminal_only(data):
     code, out, err = run_cli_on_a_terminal(*var, *fit, "--name", "m2")
     assert code == 0 and "registered m2:1" in out, (out, err)
     assert "\r" in err and "%" in err and "fit" in err, err
+
+
+def test_every_command_that_draws_progress_takes_quiet(capsys, data):
+    """``vecbridge eval ... --quiet`` was "No such option '--quiet'" (exit 2) while fit, plan, transform and migrate
+    took it, so a script passing --quiet to each step of the walk-through stopped at the gate. eval embeds text
+    inputs as fit does and now draws the same bar, which --quiet (or --json) turns off; and every command whose
+    code draws a progress bar takes --quiet."""
+    import inspect
+
+    import click
+
+    from service.cli import cli
+
+    def commands(group, path=()):
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):  # the lazy group imports each command when asked for it
+            cmd = group.get_command(ctx, name)
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, (*path, name))
+            else:
+                yield (*path, name), cmd
+
+    cmds = dict(commands(cli))
+    assert ("eval",) in cmds and len(cmds) > 20
+    drawing = [p for p, c in cmds.items() if "progress_bar(" in inspect.getsource(c.callback)
+               or "_MigrationProgress(" in inspect.getsource(c.callback)]
+    assert ("eval",) in drawing and ("fit",) in drawing
+    missing = [" ".join(p) for p in drawing if "--quiet" not in {o for prm in cmds[p].params for o in prm.opts}]
+    assert missing == []
+    var = ["--data-dir", data / "var"]
+    assert run(capsys, *var, "fit", "--source", data / "src.npy", "--target", data / "tgt.npy", "--rows", "0:600",
+               "--method", "procrustes", "--name", "m", "--quiet")[0] == 0
+    code, out, err = run(capsys, *var, "eval", "--map", "m", "--source", data / "src.npy", "--target",
+                         data / "tgt.npy", "--rows", "600:900", "--min-top1", "0.5", "--quiet")
+    assert code == 0 and "PASS" in out and err == "", err
