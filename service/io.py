@@ -38,8 +38,8 @@ from align.exceptions import InputError
 from .storage import atomic_write, fsync_dir, hold, keep_mode, make_parent, take_abandoned, temp_name, writing
 
 __all__ = [
-    "FormatError", "check_file", "check_not_input", "load_npy", "parse_rows", "resolve_rows", "read_vectors",
-    "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
+    "FormatError", "check_file", "check_not_input", "load_npy", "parse_rows", "resolve_rows", "rows_count",
+    "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
     "write_vectors", "is_text_path", "sha256_array", "VECTOR_SUFFIXES", "STREAM_SUFFIXES", "TEXT_SUFFIXES",
 ]
 
@@ -67,7 +67,10 @@ def sha256_array(X: np.ndarray) -> str:
 
 
 def parse_rows(spec: str | None) -> tuple[int | None, int | None] | None:
-    """``"START:STOP"`` (either side may be empty; negatives count from the end) → ``(start, stop)``."""
+    """``"START:STOP"`` (either side may be empty; negatives count from the end) → ``(start, stop)``; row indices
+    (a 1-d integer array, ``--rows rows.npy`` as the CLI reads it) or a parsed pair are returned as they are."""
+    if isinstance(spec, (np.ndarray, tuple)):
+        return spec
     if spec is None or spec == "":
         return None
     parts = str(spec).split(":")
@@ -81,9 +84,15 @@ def parse_rows(spec: str | None) -> tuple[int | None, int | None] | None:
 
 
 def resolve_rows(rows, n: int, path) -> slice:
-    """The slice of ``(start, stop)`` (None ends, negatives from the end) in ``n`` rows; InputError when empty."""
+    """The slice of ``(start, stop)`` (None ends, negatives from the end) in ``n`` rows; InputError when empty.
+    Row indices (a 1-d integer array) come back as they are once each is checked to be one of the ``n`` rows."""
     if rows is None:
         return slice(0, n)
+    if isinstance(rows, np.ndarray):
+        if rows.size and (rows.min() < 0 or rows.max() >= n):
+            bad = int(rows.max() if rows.max() >= n else rows.min())
+            raise InputError(f"{Path(path).name}: row index {bad} is outside the file's {n} rows")
+        return rows
     start, stop = rows
     start = 0 if start is None else (start + n if start < 0 else start)
     stop = n if stop is None else (stop + n if stop < 0 else stop)
@@ -91,6 +100,11 @@ def resolve_rows(rows, n: int, path) -> slice:
         raise InputError(f"{Path(path).name}: rows {rows[0] if rows[0] is not None else ''}:"
                          f"{rows[1] if rows[1] is not None else ''} are outside the file's {n} rows or empty")
     return slice(start, stop)
+
+
+def rows_count(sel) -> int:
+    """How many rows :func:`resolve_rows`'s answer (a slice, or row indices) selects."""
+    return int(sel.size) if isinstance(sel, np.ndarray) else sel.stop - sel.start
 
 
 def check_file(path: Path) -> None:
@@ -338,7 +352,8 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
         n = f.metadata.num_rows
         sl = resolve_rows(rows, n, path)
         with _arrow_errors(path):
-            table = f.read(columns=[col]).slice(sl.start, sl.stop - sl.start)
+            table = f.read(columns=[col])
+            table = table.take(sl) if isinstance(sl, np.ndarray) else table.slice(sl.start, sl.stop - sl.start)
         return as_matrix(_arrow_lists_to_matrix(table.column(col), path), name=path.name)
     else:
         raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; "
@@ -399,6 +414,11 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
         rows = parse_rows(rows)
     if chunk_rows < 1:
         raise InputError("chunk_rows must be >= 1")
+    if isinstance(rows, np.ndarray) and suf not in TEXT_SUFFIXES:  # listed rows: gathered a chunk at a time
+        resolve_rows(rows, count_rows(path, key=key, column=column), path)  # every index checked before a chunk
+        for s in range(0, rows.size, chunk_rows):
+            yield read_vectors(path, rows=rows[s : s + chunk_rows], key=key, column=column, encoder=encoder)
+        return
     if suf == ".parquet" and not encoder:
         from align.validation import as_matrix
 

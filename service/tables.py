@@ -85,7 +85,12 @@ class MappedWriter:
 
 
 def _batches(f, path: Path, names: list[str], sl: slice, batch_rows: int):
-    """Record batches of columns ``names`` of the parquet file ``f`` for rows ``sl``, read a batch at a time."""
+    """Record batches of columns ``names`` of the parquet file ``f`` for rows ``sl``, read a batch at a time (listed
+    rows, an index array: the columns read once and the rows taken in the order listed)."""
+    if isinstance(sl, np.ndarray):
+        with _arrow_errors(path):
+            yield from f.read(columns=names).take(sl).to_batches(max_chunksize=batch_rows)
+        return
     pos = 0
     with _arrow_errors(path):
         for batch in f.iter_batches(batch_size=max(1, min(batch_rows, sl.stop)), columns=names):

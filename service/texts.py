@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from .encoders import has_text
 from .io import TEXT_SUFFIXES, FormatError, resolve_rows
 
@@ -75,7 +77,8 @@ def texts_of(path: Path, text_field: str = "text", *, rows=None, check_text: boo
         raise FormatError(f"{path.name}: cannot parse ({exc})") from None
     sl = resolve_rows(rows, len(texts), path)
     # every text without text embeds as the same vector
-    bad = next((i for i in range(sl.start, sl.stop) if not has_text(texts[i])), None) if check_text else None
+    picked = sl.tolist() if isinstance(sl, np.ndarray) else range(sl.start, sl.stop)  # listed rows, or a range
+    bad = next((i for i in picked if not has_text(texts[i])), None) if check_text else None
     if bad is not None:
         raise FormatError(f"{path.name}: {where(bad)} {_NO_TEXT}; every text must have text")
-    return texts[sl]
+    return [texts[i] for i in picked] if isinstance(sl, np.ndarray) else texts[sl]

@@ -45,7 +45,8 @@ __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_su
            "progress_bar", "stderr_is_terminal", "option_given", "parse_kv", "registry_option", "space_name",
            "file_rows_opts", "input_opts", "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts",
            "json_opt",
-           "quiet_opt", "description_opt", "random_state_opt", "register_opts", "VERSION", "registry_exists", "warn"]
+           "quiet_opt", "description_opt", "random_state_opt", "register_opts", "VERSION", "registry_exists", "warn",
+           "ROWS", "RowIndices", "rows_record"]
 
 
 class Ctx:
@@ -341,6 +342,58 @@ class _Version(click.ParamType):
 VERSION = _Version()
 
 
+class RowIndices(np.ndarray):
+    """Row indices read from the file ``source`` (``--rows rows.npy``): an int64 array the readers of
+    :mod:`service.io` take as rows; ``source`` names it in a fit's recorded inputs."""
+
+    source = ""
+
+
+class _Rows(click.ParamType):
+    """Every ``--rows`` / ``--*-rows``: ``START:STOP`` (kept as written), or a file of row indices: the .npy that
+    ``plan --rows-out`` writes (.json or one index per line too): a non-empty 1-d list of integers, none negative
+    and none repeated (a repeated row would count one pair twice in a fit; a plan's rows never repeat), each one of
+    the file's rows (checked as the file is read). Rows are read in the order listed."""
+
+    name = "rows"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, np.ndarray):
+            return value
+        if ":" in value and not Path(value).is_file():
+            try:
+                parse_rows(value)
+            except InputError as exc:
+                self.fail(str(exc), param, ctx)
+            return value
+        try:
+            p, arr = _read_ints(value, "row indices", 1)
+        except InputError as exc:  # FormatError (no such file) included
+            self.fail(f"neither START:STOP nor a file of row indices: {exc}", param, ctx)
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            self.fail(f"{p.name}: row indices must be a 1-d list of integers, got shape {arr.shape} dtype "
+                      f"{arr.dtype}", param, ctx)
+        if arr.min() < 0:
+            self.fail(f"{p.name}: row index {int(arr.min())} is negative (indices count the file's rows from 0)",
+                      param, ctx)
+        uniq, counts = np.unique(arr, return_counts=True)
+        if (counts > 1).any():
+            self.fail(f"{p.name}: row {int(uniq[counts > 1][0])} is listed more than once; list each row once",
+                      param, ctx)
+        out = arr.astype(np.int64).view(RowIndices)
+        out.source = str(p.resolve())
+        return out
+
+
+#: the type of every ``--rows`` option: START:STOP or a file of row indices
+ROWS = _Rows()
+
+
+def rows_record(rows):
+    """``rows`` as a fit records it: START:STOP as written, a rows file as ``PATH (N rows)``."""
+    return f"{rows.source or 'a rows file'} ({rows.size} rows)" if isinstance(rows, np.ndarray) else rows
+
+
 def _stack(*opts):
     """One decorator applying ``opts`` in the order written (top option first in ``--help``)."""
     def deco(fn):
@@ -363,7 +416,9 @@ register_opts = _stack(
 
 #: the rows of one input file INP read in chunks (``vecbridge transform``, ``vecbridge steer apply``)
 file_rows_opts = _stack(
-    click.option("--rows", default=None, help="START:STOP rows of INP (negative counts from the end)."),
+    click.option("--rows", type=ROWS, default=None,
+                 help="START:STOP rows of INP (negative counts from the end), or a file of row indices (the .npy "
+                      "`plan --rows-out` writes; .json or text): those rows, in that order."),
     click.option("--key", default=None, help=".npz array name of INP (default: its first array)."),
     click.option("--column", default=None,
                  help="Parquet list column of INP (default: the first list of floats, else of numbers)."),
@@ -372,9 +427,11 @@ file_rows_opts = _stack(
 input_opts = _stack(
     click.option("--source", "source", required=True, type=click.Path(dir_okay=False), help="Source vectors or texts."),
     click.option("--target", "target", required=True, type=click.Path(dir_okay=False), help="Target vectors or texts."),
-    click.option("--rows", default=None, help="START:STOP rows of both inputs (unless overridden)."),
-    click.option("--source-rows", default=None, help="START:STOP rows of the source."),
-    click.option("--target-rows", default=None, help="START:STOP rows of the target."),
+    click.option("--rows", type=ROWS, default=None,
+                 help="START:STOP rows of both inputs (unless overridden), or a file of row indices (the .npy "
+                      "`plan --rows-out` writes; .json or text): those rows, in that order."),
+    click.option("--source-rows", type=ROWS, default=None, help="START:STOP rows of the source, or a rows file."),
+    click.option("--target-rows", type=ROWS, default=None, help="START:STOP rows of the target, or a rows file."),
     click.option("--source-key", default=None, help=".npz array name of the source."),
     click.option("--target-key", default=None, help=".npz array name of the target."),
     click.option("--source-column", default=None, help="Parquet list column of the source."),
@@ -397,18 +454,18 @@ store_opts = _stack(
 
 def read_pair(o: dict, progress):
     """``(X, Y, inputs)`` from the :func:`input_opts` values; ``inputs`` records paths, rows, encoders, shapes."""
-    src_rows = o["source_rows"] or o["rows"]
-    tgt_rows = o["target_rows"] or o["rows"]
+    src_rows = o["rows"] if o["source_rows"] is None else o["source_rows"]  # no `or`: row indices are an array
+    tgt_rows = o["rows"] if o["target_rows"] is None else o["target_rows"]
     X = read_vectors(o["source"], rows=src_rows, key=o["source_key"], column=o["source_column"],
                      encoder=o["source_encoder"], text_field=o["text_field"], encoder_option="--source-encoder",
                      progress=lambda f: progress("embed source", f))
     Y = read_vectors(o["target"], rows=tgt_rows, key=o["target_key"], column=o["target_column"],
                      encoder=o["target_encoder"], text_field=o["text_field"], encoder_option="--target-encoder",
                      progress=lambda f: progress("embed target", f))
-    inputs = {"source": {"path": str(Path(o["source"]).resolve()), "rows": src_rows, "encoder": o["source_encoder"],
-                         "shape": list(X.shape)},
-              "target": {"path": str(Path(o["target"]).resolve()), "rows": tgt_rows, "encoder": o["target_encoder"],
-                         "shape": list(Y.shape)}}
+    inputs = {"source": {"path": str(Path(o["source"]).resolve()), "rows": rows_record(src_rows),
+                         "encoder": o["source_encoder"], "shape": list(X.shape)},
+              "target": {"path": str(Path(o["target"]).resolve()), "rows": rows_record(tgt_rows),
+                         "encoder": o["target_encoder"], "shape": list(Y.shape)}}
     return X, Y, inputs
 
 
@@ -471,13 +528,14 @@ def read_relevant(path: str, n: int, *, queries: str | None = None, rows: str | 
     if rel.ndim != 1 or rel.dtype == np.bool_ or not np.issubdtype(rel.dtype, np.integer):
         raise InputError(f"{p.name}: relevant rows must be one integer per query, got shape {rel.shape} "
                          f"dtype {rel.dtype}")
-    if rows and queries is not None and rel.shape[0] != n:
+    if rows is not None and queries is not None and rel.shape[0] != n:
         total = count_rows(queries)
         if rel.shape[0] == total:
             rel = rel[resolve_rows(parse_rows(rows), total, queries)]
         else:
-            raise PairCountError(f"{p.name} has {rel.shape[0]} relevant rows for {n} queries (rows {rows} of "
-                                 f"{Path(queries).name}; or give one per row of that file, {total})")
+            raise PairCountError(f"{p.name} has {rel.shape[0]} relevant rows for {n} queries (rows "
+                                 f"{rows_record(rows)} of {Path(queries).name}; or give one per row of that file, "
+                                 f"{total})")
     if rel.shape[0] != n:
         raise PairCountError(f"{p.name} has {rel.shape[0]} relevant rows for {n} queries")
     return rel.astype(np.int64)

@@ -24,7 +24,7 @@ from ..ops.maps import SUPERVISED, run_fit, unreliable_note
 from ..ops.transform import transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..storage import atomic_write, check_writable
-from ._common import (Ctx, check_text_encoder, description_opt, emit, file_rows_opts, input_opts, json_opt,
+from ._common import (ROWS, Ctx, check_text_encoder, description_opt, emit, file_rows_opts, input_opts, json_opt,
                       option_given, parse_kv, progress_bar, quiet_opt, ray_logs, random_state_opt, read_pair,
                       read_relevant, read_seed_pairs, space_name, version_record, warn)
 
@@ -183,7 +183,8 @@ def _versus_old(lab: dict) -> str:
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
               help="Labelled queries (.npy, .npz, .fvecs, .parquet): new-model query vectors (--side target) or "
                    "source-model ones (--side source).")
-@click.option("--queries-rows", default=None, help="START:STOP rows of --queries (and --old-queries).")
+@click.option("--queries-rows", type=ROWS, default=None,
+              help="START:STOP rows of --queries (and --old-queries), or a file of row indices.")
 @click.option("--old-queries", "old_queries_path", type=click.Path(dir_okay=False), default=None,
               help="The same queries under the old model: adds the baseline of keeping the old model (its R@10 over "
                    "the old documents) and whether the migration beats it.")
@@ -282,17 +283,21 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
 
 @click.command("plan")
 @click.option("--old", "old", required=True, type=click.Path(dir_okay=False), help="Old-model corpus vectors.")
-@click.option("--old-rows", default=None, help="START:STOP rows of --old.")
+@click.option("--old-rows", type=ROWS, default=None, help="START:STOP rows of --old, or a file of row indices.")
 @click.option("--probe-source", required=True, type=click.Path(dir_okay=False),
               help="Old-model vectors of the probe texts (200-1,000 rows).")
 @click.option("--probe-target", required=True, type=click.Path(dir_okay=False),
               help="New-model vectors of the same texts, row i <-> row i.")
-@click.option("--probe-rows", default=None, help="START:STOP rows of both probe files.")
+@click.option("--probe-rows", type=ROWS, default=None,
+              help="START:STOP rows of both probe files, or a file of row indices.")
 @click.option("--target-retention", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True)
 @random_state_opt
 @click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
               help="Write the recommended rows to re-embed (.npy int64 indices into --old; --json lists them as "
-                   "rows_to_embed either way).")
+                   "rows_to_embed either way): `fit --source-rows` and `transform --rows` take the file.")
+@click.option("--k", "rows_k", type=click.IntRange(1), default=None,
+              help="Give the rows to re-embed (--rows-out, rows_to_embed) for this many rows, a budget of yours, "
+                   "instead of for the recommended K (align.select_rows_to_embed with --random-state).")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
               help="Labelled queries, new-model vectors: the plan then predicts their labelled R@10 retention over "
                    "the whole --old corpus (the figure `eval --queries` measures) instead of a proxy. Needs "
@@ -305,7 +310,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
 @quiet_opt
 @click.pass_obj
 def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, target_retention, random_state,
-             rows_out, queries_path, old_queries_path, relevant_path, as_json, quiet):
+             rows_out, rows_k, queries_path, old_queries_path, relevant_path, as_json, quiet):
     """Before a migration: alignability, expected retention vs K, recommended method and K, rows to re-embed.
 
     Without --queries the retention is nn_retention@10 of the probe's held-out half among up to 8,192 mapped rows
@@ -332,12 +337,14 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q,
-                   old_queries=Qo, relevant=rel, progress=progress, names=("--old", "--probe-source", "--probe-target"))
+                   old_queries=Qo, relevant=rel, progress=progress, names=("--old", "--probe-source", "--probe-target"),
+                   k=rows_k)
     finally:
         close()
-    if old_rows:  # the plan numbers the rows it was given: rows_to_embed index --old itself (as --rows-out says)
-        first = resolve_rows(parse_rows(old_rows), count_rows(old), old).start
-        res["rows_to_embed"] = [first + int(i) for i in res["rows_to_embed"]]
+    if old_rows is not None:  # the plan numbers the rows it was given: rows_to_embed index --old itself (as
+        # --rows-out says); --old-rows a START:STOP range or a file of row indices alike
+        picked = np.arange(count_rows(old))[resolve_rows(parse_rows(old_rows), count_rows(old), old)]
+        res["rows_to_embed"] = [int(picked[i]) for i in res["rows_to_embed"]]
     if rows_out is not None:
         buf = io.BytesIO()
         np.save(buf, np.asarray(res["rows_to_embed"], dtype=np.int64), allow_pickle=False)
@@ -362,9 +369,12 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                      f"{last_migrated(res['predicted'])['k']}: ~{last_migrated(res['predicted'])['r10']:.3f}")
     rec = res["recommended"]
     lines.append(f"recommended: method {rec['method']}, K = {rec['k']} rows to re-embed"
-                 + (f" (written to {res['rows_out']})" if rows_out else "")
+                 + (f" (written to {res['rows_out']})" if rows_out and rows_k is None else "")
                  + (f"; the forecast is of {rec['forecast_method']}, not of auto (see the notes)"
                     if rec["method"] != rec["forecast_method"] and not rec["whole_corpus"] else ""))
+    if rows_k is not None:
+        lines.append(f"rows to re-embed for --k {rows_k}: {len(res['rows_to_embed'])}"
+                     + (f" (written to {res['rows_out']})" if rows_out else " (rows_to_embed in --json)"))
     lines += [f"note: {n}" for n in res["notes"]]
     emit(res, as_json, "\n".join(lines))  # rows_to_embed: the indices (as POST /v1/plans), with --rows-out too
 

@@ -74,16 +74,22 @@ def check_semi_supervised(params: dict | None, unpaired: bool) -> None:
 
 def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, random_state=0,
          target_retention: float = 0.95, queries=None, old_queries=None, relevant=None, progress=None,
-         names: tuple[str, str, str] = ("old", "probe_source", "probe_target")) -> dict:
+         names: tuple[str, str, str] = ("old", "probe_source", "probe_target"), k: int | None = None) -> dict:
     """The plan of :func:`align.plan_migration` (JSON-safe dict); with labelled ``queries`` (new model),
     ``old_queries`` (the same, old model) and ``relevant`` (probe rows), of their labelled retention.
     ``progress(stage, fraction)`` follows its learning curve and row selection. ``names``: what the errors call
-    the three sets (default: the HTTP fields; the CLI passes its options). Work that can be stopped
+    the three sets (default: the HTTP fields; the CLI passes its options). ``k``: ``rows_to_embed`` holds the
+    rows to re-embed for that budget (``align.select_rows_to_embed(X_old, k, random_state=random_state)``, also
+    ``rows_k``) instead of the recommended K's. Work that can be stopped
     (:func:`service.progress.run_stoppable`: an HTTP client that left) stops at the next report."""
-    return align.plan_migration(X_old, probe_src, probe_tgt, random_state=random_state,
-                                target_retention=target_retention, queries=queries, old_queries=old_queries,
-                                relevant=None if relevant is None else np.asarray(relevant),
-                                progress=stoppable(progress), names=names)
+    res = align.plan_migration(X_old, probe_src, probe_tgt, random_state=random_state,
+                               target_retention=target_retention, queries=queries, old_queries=old_queries,
+                               relevant=None if relevant is None else np.asarray(relevant),
+                               progress=stoppable(progress), names=names, select_rows=k is None)
+    if k is not None:  # the rows for a budget of the caller's, not the recommended K: the same k-means++ selection
+        res["rows_to_embed"] = align.select_rows_to_embed(X_old, k, random_state=random_state).tolist()
+        res["rows_k"] = int(k)
+    return res
 
 
 def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None, queries=None,

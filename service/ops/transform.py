@@ -22,6 +22,7 @@ from ..io import (
     iter_chunks,
     parse_rows,
     resolve_rows,
+    rows_count,
 )
 from ..progress import Progress, silent
 from ..spaces import SPACE_SAMPLE_ROWS, Reference, check_rows
@@ -109,10 +110,9 @@ def rows_through(inp, out, through: Callable[[Iterator[np.ndarray]], Iterable[np
     check_not_input(out, "the output", inp)  # the input replaced by its own mapped rows (or some of them)
     check_writable(out, "the output")  # a read-only folder: the error named the writer's hidden temporary file
     total = count_rows(inp, key=key, column=column, text_field=text_field)
-    r = parse_rows(rows)
+    r = parse_rows(rows)  # "START:STOP", or row indices (``--rows rows.npy``)
     if r is not None:
-        sl = resolve_rows(r, total, inp)
-        total = sl.stop - sl.start
+        total = rows_count(resolve_rows(r, total, inp))
     if total == 0:
         raise EmptyInputError(f"{Path(inp).name}: no rows to {stage}")
     say = progress or silent

@@ -1,0 +1,140 @@
+"""``--rows FILE``: the rows ``plan --rows-out`` writes go straight into fit / eval / transform (and their kin), and
+``plan --k`` (HTTP ``k``) gives the rows for a budget of the user's. Before, ``--rows`` took START:STOP only, so the
+README's step 2 (re-embed the planned rows, fit on them) needed a hand-written numpy snippet, and the plan wrote
+rows only for the K it recommended."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from _api_support import R, settings_for
+from conftest import run_cli as run
+from fastapi.testclient import TestClient
+
+import align
+from service.api import create_app
+from service.io import write_vectors
+
+
+@pytest.fixture
+def data(tmp_path):
+    rng = np.random.default_rng(0)
+    X = (rng.normal(size=(12, 16)) * 2)[rng.integers(0, 12, 900)] + rng.normal(size=(900, 16))
+    Y = X @ rng.normal(size=(16, 12)) + 0.05 * rng.normal(size=(900, 12))
+    write_vectors(tmp_path / "old.npy", X)
+    write_vectors(tmp_path / "new.npy", Y)
+    return tmp_path
+
+
+def _plan(d, *extra):
+    return ["--data-dir", d / "var", "plan", "--old", d / "old.npy", "--probe-source", d / "old.npy",
+            "--probe-target", d / "new.npy", "--probe-rows", "0:300", "--quiet", *extra]
+
+
+def test_plan_rows_file_feeds_fit_and_transform(capsys, data):
+    d = data
+    code, out, err = run(capsys, *_plan(d, "--k", "250", "--rows-out", d / "rows.npy", "--json"))
+    assert code == 0, err
+    res, rows = json.loads(out), np.load(d / "rows.npy")
+    # --k: the rows for that budget, align.select_rows_to_embed's with the plan's seed
+    assert res["rows_k"] == 250 and res["rows_to_embed"] == rows.tolist() and rows.size == 250
+    assert rows.tolist() == align.select_rows_to_embed(np.load(d / "old.npy"), 250, random_state=0).tolist()
+    write_vectors(d / "new_pairs.npy", np.load(d / "new.npy")[rows])  # "re-embedded" with the new model
+    var = ["--data-dir", d / "var"]
+    code, out, err = run(capsys, *var, "fit", "--source", d / "old.npy", "--source-rows", d / "rows.npy",
+                         "--target", d / "new_pairs.npy", "--method", "ridge", "--name", "m", "--json", "--quiet")
+    assert code == 0, err
+    rec = json.loads(out)
+    inputs = rec["inputs"]
+    assert inputs["source"]["rows"] == f"{d / 'rows.npy'} (250 rows)" and inputs["source"]["shape"] == [250, 16]
+    code, _, err = run(capsys, *var, "fit", "--source", d / "old.npy", "--target", d / "new.npy", "--rows",
+                       "0:900", "--method", "ridge", "--name", "ref", "--quiet")
+    assert code == 0, err
+    # the same map as from the rows gathered by hand (the README's numpy snippet)
+    write_vectors(d / "old_pairs.npy", np.load(d / "old.npy")[rows])
+    assert run(capsys, *var, "fit", "--source", d / "old_pairs.npy", "--target", d / "new_pairs.npy", "--method",
+               "ridge", "--name", "hand", "--quiet")[0] == 0
+    for name in ("m", "hand"):
+        code, _, err = run(capsys, *var, "transform", "--map", name, "--rows", d / "rows.npy", d / "old.npy",
+                           d / f"{name}.npy", "--quiet", "--chunk-rows", "64")
+        assert code == 0, err
+    np.testing.assert_allclose(np.load(d / "m.npy"), np.load(d / "hand.npy"), atol=1e-5)
+    assert np.load(d / "m.npy").shape == (250, 12)
+    # listed order is kept, and a parquet's other columns travel with their rows
+    order = np.array([5, 2, 700, 3])
+    np.save(d / "order.npy", order)
+    ids = np.arange(900) * 10
+    pq.write_table(pa.table({"id": ids, "vector": np.load(d / "old.npy").tolist()}), d / "old.parquet")
+    code, _, err = run(capsys, *var, "transform", "--map", "m", "--rows", d / "order.npy", d / "old.parquet",
+                       d / "o.parquet", "--quiet", "--chunk-rows", "3")
+    assert code == 0, err
+    t = pq.read_table(d / "o.parquet")
+    assert t.column("id").to_pylist() == (ids[order]).tolist()
+    code, _, err = run(capsys, *var, "transform", "--map", "m", "--rows", d / "order.npy", d / "old.npy",
+                       d / "o.npy", "--quiet")
+    np.testing.assert_allclose(np.asarray(t.column("vector").to_pylist()), np.load(d / "o.npy"), atol=1e-6)
+    # eval takes a rows file as well
+    code, out, err = run(capsys, *var, "eval", "--map", "m", "--source", d / "old.npy", "--target", d / "new.npy",
+                         "--rows", d / "order.npy", "--json")
+    assert code == 0 and json.loads(out)["n_candidates"] == 4, err
+
+
+@pytest.mark.parametrize("rows, msg", [
+    (np.array([1, -2]), "row index -2 is negative"),
+    (np.array([1, 2, 2]), "row 2 is listed more than once"),
+    (np.array([1.0, 2.0]), "must be a 1-d list of integers"),
+    (np.zeros((2, 2), np.int64), "must be a 1-d list of integers"),
+    (np.zeros(0, np.int64), "holds no row indices"),
+    (np.array([1, 900]), "row index 900 is outside the file's 900 rows"),
+    (None, "neither START:STOP nor a file of row indices: no such file"),
+])
+def test_a_bad_rows_file_is_one_line_and_exit_2(capsys, data, rows, msg):
+    d = data
+    path = d / "rows.npy"
+    if rows is not None:
+        np.save(path, rows)
+    for args in (["fit", "--source", d / "old.npy", "--target", d / "new.npy", "--rows", path, "--method", "ridge",
+                  "--name", "m"],
+                 ["transform", "--map", "m", "--rows", path, d / "old.npy", d / "o.npy"],
+                 ["plan", "--old", d / "old.npy", "--old-rows", path, "--probe-source", d / "old.npy",
+                  "--probe-target", d / "new.npy", "--probe-rows", "0:300"]):
+        if args[0] == "transform":
+            assert run(capsys, "--data-dir", d / "var", "fit", "--source", d / "old.npy", "--target",
+                       d / "new.npy", "--method", "ridge", "--name", "m", "--quiet")[0] == 0
+        code, _, err = run(capsys, "--data-dir", d / "var", *args)
+        assert code == 2 and msg in err and len(err.splitlines()) == 1, (args[0], err)
+        assert not (d / "o.npy").exists()
+
+
+def test_plan_old_rows_file_numbers_rows_of_old(capsys, data):
+    d = data
+    np.save(d / "sub.npy", np.arange(899, 199, -1))  # rows 899 down to 200: the plan's rows index old.npy itself
+    code, out, err = run(capsys, *_plan(d, "--old-rows", d / "sub.npy", "--k", "50", "--json"))
+    assert code == 0, err
+    got = json.loads(out)["rows_to_embed"]
+    alone = align.select_rows_to_embed(np.load(d / "old.npy")[np.arange(899, 199, -1)], 50, random_state=0)
+    assert got == [899 - int(i) for i in alone] and min(got) >= 200
+
+
+def test_http_plan_takes_k(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 16)).astype(np.float32)
+    Y = (X @ rng.normal(size=(16, 12))).astype(np.float32)
+
+    def b64(A):
+        return {"vectors_b64": base64.b64encode(A.tobytes()).decode(), "dim": A.shape[1]}
+
+    body = {"old": b64(X), "probe_source": b64(X[:200]), "probe_target": b64(Y[:200])}
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        r = c.post("/v1/plans", json={**body, "k": 37}, headers=R)
+        assert r.status_code == 200, r.text
+        assert r.json()["rows_k"] == 37
+        assert r.json()["rows_to_embed"] == align.select_rows_to_embed(X, 37, random_state=0).tolist()
+        for bad in (0, 401, "a", True):
+            r = c.post("/v1/plans", json={**body, "k": bad}, headers=R)
+            assert r.status_code == 422 and r.json().get("detail") or r.json(), r.text
