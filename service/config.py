@@ -25,13 +25,14 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
     Field,
     PrivateAttr,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -44,8 +45,8 @@ from align.exceptions import InputError
 from .errors import did_you_mean
 from .limits import Limits
 
-__all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "check_api_keys", "check_registry_url", "check_root_path",
-           "get_settings", "load_settings", "read_setting_file"]
+__all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "check_api_keys", "check_option", "check_registry_url",
+           "check_root_path", "get_settings", "load_settings", "read_setting_file"]
 
 SCOPES = ("read", "write")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -149,6 +150,13 @@ class Settings(BaseSettings):
         "'service stopped' line): below an orchestrator's kill deadline (Kubernetes: 30 s; raise Docker's 10 s with "
         "--stop-timeout). Without it a request that kept going (a stalled upload, a long plan) held the stop until "
         "the SIGKILL."))
+    worker_healthcheck_timeout_s: float = Field(60.0, ge=1, le=3600, description=(
+        "serve --workers N: longest the supervisor waits for a worker's answer to its health check (uvicorn's "
+        "timeout_worker_healthcheck), starting or serving, before it kills the worker and starts another. A worker "
+        "answers once it has imported the app (FastAPI, FAISS, the service): on the 2-core development machine "
+        "3-5 s at load 7, up to 13 s (2 workers) and 19 s (4 workers) at load 8, so uvicorn's 5 s killed starting "
+        "workers in a loop and the service never served. A hung worker is replaced this long after its check "
+        "began (and a stop signal waits for that check)."))
     limits: Limits = Field(default_factory=Limits, description="Every other size limit (service/limits.py); "
                                                                "e.g. VECBRIDGE_LIMITS__MAX_K=500.")
     metrics_access: Literal["open", "key", "off"] = Field(
@@ -422,6 +430,16 @@ def check_root_path(root: str) -> str:
         raise ValueError(f"a path prefix starts with '/', does not end with one and holds letters, digits and "
                          f"'-._~' between single slashes, e.g. /vecbridge (or empty: served at /); got {root[:80]!r}")
     return root
+
+
+def check_option(name: str, value, option: str):
+    """``value`` of the setting ``name`` given as the command-line ``option``, checked as the setting is (the CLI
+    puts options in with ``model_copy``, which does not validate); else a :class:`ConfigError` naming the option."""
+    field = Settings.model_fields[name]
+    try:
+        return TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
+    except ValidationError as exc:
+        raise ConfigError(f"{option}: {exc.errors()[0]['msg']}, got {str(value)[:80]!r}") from None
 
 
 def check_api_keys(keys: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -294,7 +294,8 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
         _pass_to_workers(plain)  # not the local key: each worker reads it from its file, it stays out of environments
         get_settings.cache_clear()
         with _metrics_folder():
-            _run_workers(uvicorn.Config("service.api.app:worker_app", factory=True, workers=workers, **server))
+            _run_workers(uvicorn.Config("service.api.app:worker_app", factory=True, workers=workers,
+                                        timeout_worker_healthcheck=s.worker_healthcheck_timeout_s, **server))
         _log.info("service stopped", extra={"fields": {"workers": workers}})
         return
     started, stop_signal = _run(uvicorn.Config(create_app(s), **server))

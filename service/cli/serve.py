@@ -34,6 +34,10 @@ def encoders(as_json):
               help="TCP port [env VECBRIDGE_PORT; default 8000].")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Server processes sharing the port (each with its own app; shared registry and data dir).")
+@click.option("--worker-healthcheck-timeout", "healthcheck", type=float, default=None, metavar="SECONDS",
+              help="--workers N: longest wait for a worker's answer to the supervisor's health check, starting "
+                   "or serving, before it is killed and started again; 1 to 3600 "
+                   "[env VECBRIDGE_WORKER_HEALTHCHECK_TIMEOUT_S; default 60].")
 @click.option("--preload-encoder", "preload", multiple=True, metavar="NAME",
               help="Load this encoder (e.g. minilm) at start-up; /readyz waits for it. Repeatable; replaces "
                    "VECBRIDGE_PRELOAD_ENCODERS.")
@@ -45,7 +49,7 @@ def encoders(as_json):
                    "passes the full path on: /docs, the console and redirects carry it [env VECBRIDGE_ROOT_PATH; "
                    "default: none].")
 @click.pass_obj
-def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search_device, root_path):
+def serve(obj: Ctx, data_dir, registry_url, host, port, workers, healthcheck, preload, search_device, root_path):
     """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""
     from ..api import serve as serve_api  # FastAPI and uvicorn: loaded only to serve
     from ..ops.backup import refuse_pg_backup
@@ -63,8 +67,13 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, preload, search
             check_root_path(root_path)
         except ValueError as exc:
             raise ConfigError(f"--root-path: {exc}") from None
+    if healthcheck is not None:  # checked as the setting is: one line and exit 2
+        from ..config import check_option
+
+        healthcheck = check_option("worker_healthcheck_timeout_s", healthcheck, "--worker-healthcheck-timeout")
     update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
                                 ("port", port), ("preload_encoders", preload or None),
+                                ("worker_healthcheck_timeout_s", healthcheck),
                                 ("search_device", search_device), ("root_path", root_path)) if v is not None}
     settings = obj.settings.model_copy(update=update)
     # an option replaces a setting read from VECBRIDGE_<NAME>_FILE: it no longer comes from that file (else the
