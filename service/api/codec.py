@@ -195,7 +195,7 @@ def texts_instead(obj: dict, texts: list[str] | None, max_batch: int) -> bool:
     list (422) and more than ``max_batch`` texts (413)."""
     if texts is None:
         return False
-    if any(k in obj for k in VECTOR_KEYS):
+    if any(obj.get(k) is not None for k in VECTOR_KEYS):  # "vectors": null is no vectors
         raise InputError("give either vectors or texts, not both")
     if not texts:
         raise InputError("texts must not be empty")
@@ -244,7 +244,7 @@ def vectors_from_json(obj: dict, *, dim: int | None, max_batch: int, name: str =
         return None
     claimed = body_dim(obj)  # 16.0 is 16
     if has_b64:
-        arr = _b64_matrix(obj[f"{name}_b64"], claimed if "dim" in obj else dim, name=name)
+        arr = _b64_matrix(obj[f"{name}_b64"], claimed if claimed is not None else dim, name=name)  # null: left out
     else:
         arr = obj[name]
         if not isinstance(arr, list):

@@ -21,6 +21,8 @@ from ..limits import (DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_EF_SEARCH, M
 from ..ops.plans import EVAL_MAX_QUERIES
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
 from ..registry.names import MAX_VERSION, check_text
+from .body_models import RequestModel
+from .body_models import StrictRequestModel as _Strict
 from .name_types import AliasName, IndexName, Name, Ref
 from .number_types import Count, Real, count
 
@@ -55,10 +57,6 @@ Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: counting u
 #: what a search's or an embedding's ``map`` takes; ``service.ops.indexes.translation`` checks it hop by hop.
 # "" was taken as no map (the registry's path) where [] was a 422
 MapPath = Annotated[Ref, Field(min_length=1)] | Annotated[list[Ref], Field(min_length=1, max_length=MAX_PATH_MAPS)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ErrorDetail(BaseModel):
@@ -147,7 +145,7 @@ class TagSet(_Strict):
 
 
 # --- vectors ------------------------------------------------------------------------------------
-class _Vectors(BaseModel):
+class _Vectors(RequestModel):
     vectors: list[list[Annotated[float, Strict()]]] | None = Field(  # a JSON true is no number (lax: 1.0)
         None, description="Rows as JSON numbers, shape (n, d). Simple but slow for large batches.")
     vectors_b64: str | None = Field(

@@ -294,8 +294,8 @@ def test_a_steer_strength_is_bounded_where_it_reaches_the_numbers(world):
     paths = c.get("/openapi.json", headers=R).json()["paths"]
     for path, field in (("/v1/steers/{ref}/apply", "eps"), ("/v1/indexes/{name}/search", "steers")):
         prop = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"][field]
-        eps_schema = prop if field == "eps" else next(s for s in prop["anyOf"] if s.get("type") == "object")[
-            "additionalProperties"]
+        eps_schema = next(s for s in prop["anyOf"] if s.get("type") in ("number", "object"))  # or null: the default
+        eps_schema = eps_schema if field == "eps" else eps_schema["additionalProperties"]
         assert (eps_schema["minimum"], eps_schema["maximum"]) == (-MAX_STEER_EPS, MAX_STEER_EPS), prop
 
 
