@@ -15,6 +15,8 @@ and the service's settings:
   ``CrossSiteRequestError`` on every route with auth off, 408 / 413 on every route that reads a body;
 * the headers of those answers (:data:`STATUS_HEADERS`): ``WWW-Authenticate`` on a 401, ``Retry-After`` on a 429
   and a 503 (a generated client reads only the headers an answer declares);
+* ``X-Request-ID`` on every answer of every operation (:data:`REQUEST_ID_HEADER`, once in ``components.headers``):
+  :class:`~.middleware.ObserveMiddleware` adds it to every answer the app sends, and the document said nothing of it;
 * the configured value of a limit where a schema says it stands for one (``x-limit``: the name of a
   ``limits`` setting, replaced by ``maximum`` = that setting's value: ``k`` of a search says this service's
   ``limits.max_k``, not the 10,000 no setting may exceed).
@@ -33,8 +35,8 @@ from starlette.responses import Response
 from .conditional import body_etag, not_modified
 from .middleware import body_limit
 
-__all__ = ["COMMON_ANSWERS", "CROSS_SITE", "ERROR_SCHEMA", "STATUS_HEADERS", "finish_document", "hoist_defs",
-           "serve_document"]
+__all__ = ["COMMON_ANSWERS", "CROSS_SITE", "ERROR_SCHEMA", "REQUEST_ID_HEADER", "STATUS_HEADERS", "finish_document",
+           "hoist_defs", "serve_document"]
 
 ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorBody"}
 
@@ -59,6 +61,12 @@ STATUS_HEADERS: dict[str, dict[str, dict]] = {
     "429": {"Retry-After": _RETRY_AFTER},
     "503": {"Retry-After": _RETRY_AFTER},
 }
+#: the header every answer carries (:class:`~.middleware.ObserveMiddleware`); each answer refers to it
+REQUEST_ID_HEADER = {"description": "The request's id: the request's own `X-Request-ID` (its first 64 characters) "
+                                    "when it sent one, else a new one (32 hex digits). The access log line and a "
+                                    "500's message carry it: quote it when reporting a problem.",
+                     "schema": {"type": "string", "minLength": 1, "maxLength": 64}}
+_REQUEST_ID_REF = {"X-Request-ID": {"$ref": "#/components/headers/X-Request-ID"}}
 #: the 403 of every route with auth off (``auth_disabled``), from the guard (:func:`.middleware.cross_site`)
 CROSS_SITE = ("`CrossSiteRequestError`: auth is off and the request came from another site's web page (an `Origin` "
               "that is neither the service's own nor in `cors_origins`, or `Sec-Fetch-Site: cross-site`).")
@@ -128,9 +136,9 @@ def _declare_common(op: dict, method: str, settings) -> None:
         if which == "body" and not _takes_body(method):
             continue
         responses.setdefault(str(status), _error(text))
-    for status, headers in STATUS_HEADERS.items():
-        if status in responses:
-            responses[status] = {**responses[status], "headers": {**headers, **responses[status].get("headers", {})}}
+    for status, answer in responses.items():
+        headers = {**STATUS_HEADERS.get(status, {}), **_REQUEST_ID_REF, **answer.get("headers", {})}
+        responses[status] = {**answer, "headers": headers}
 
 
 def finish_document(spec: dict, settings) -> dict:
@@ -152,6 +160,7 @@ def finish_document(spec: dict, settings) -> dict:
     if not any(op.get("security") for ops in spec.get("paths", {}).values() for op in ops.values()
                if isinstance(op, dict)):  # no operation takes a key: no scheme for a generated client to ask for
         spec.get("components", {}).pop("securitySchemes", None)
+    spec.setdefault("components", {}).setdefault("headers", {})["X-Request-ID"] = REQUEST_ID_HEADER
     hoist_defs(spec)
     _apply_limits(spec, settings.limits)
     return spec
