@@ -25,7 +25,7 @@ from align.validation import MAX_EPS
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
     "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST", "IVF_MAX_PER_LIST",
-    "MAX_EF_SEARCH",
+    "MAX_EF_SEARCH", "EXACT_FLOAT_INT", "whole_int",
     "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE",
     "parse_strict_int", "check_range", "default_nlist", "default_nprobe", "IVF_SCAN_ROWS",
     "ivf_training", "limits_markdown", "WHOLE_BODY", "whole_body_command",
@@ -133,6 +133,27 @@ def parse_strict_int(text: Any, what: str, lo: int, hi: int) -> int:
     return check_range(text, what, lo, hi)
 
 
+#: every integer below this magnitude is exactly one float and no other integer rounds to it; a whole float of this
+#: magnitude or more may be a rounded integer (2**53 + 1 becomes 2**53)
+EXACT_FLOAT_INT = 2**53
+
+
+def whole_int(value: Any) -> Any:
+    """``value`` as an integer field of JSON reads it: a whole float below 2**53 is that int (``16.0`` is 16); an int,
+    or anything else, comes back unchanged for the caller's own check to refuse or take; ValueError (naming the value)
+    for a fraction, a NaN / infinity or a whole float of 2**53 or more. The one reading of the integer fields of a JSON
+    body (:mod:`service.api.number_types`), of the numbers a route reads from the raw body itself (``dim`` beside
+    ``vectors_b64``: :func:`service.api.codec.body_dim`) and of index parameters (:func:`check_index_params`)."""
+    if type(value) is not float:
+        return value  # an int passes; anything else meets the strict int's refusal
+    if not math.isfinite(value) or not value.is_integer():
+        raise ValueError(f"must be an integer, got {value!r} (a fraction is not rounded)")
+    if abs(value) >= EXACT_FLOAT_INT:
+        raise ValueError(f"must be an integer, got {value!r}: a whole number of 2**53 or more written as a float may "
+                         "have lost digits on its way; write it as an integer literal")
+    return int(value)
+
+
 def check_range(value: int, what: str, lo: int, hi: int) -> int:
     """``value`` when ``lo <= value <= hi``, else InputError naming ``what`` and the range."""
     if not lo <= value <= hi:
@@ -194,9 +215,12 @@ INDEX_PARAM_RULES: dict[str, dict[str, tuple[int, int]]] = {
 
 
 def _int_param(value: Any, name: str, lo: int, hi: int) -> int:
-    """An integer index parameter (a float with no fraction counts) in ``[lo, hi]``."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
+    """An integer index parameter in ``[lo, hi]``, a whole float read as every integer field reads it
+    (:func:`whole_int`: below 2**53 only; 1e300 was taken as the int it rounds to and refused with its 301 digits)."""
+    try:
+        value = whole_int(value)
+    except ValueError as exc:
+        raise InputError(f"index parameter {name} {exc}") from None
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(f"index parameter {name} must be an integer, got {value!r}")
     return check_range(value, f"index parameter {name}", lo, hi)

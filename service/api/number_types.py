@@ -11,32 +11,13 @@ is 2**53, and an id must not land on its neighbour), ``true`` and ``"4"`` (pydan
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, Strict
 
+from ..limits import EXACT_FLOAT_INT, whole_int  # the one rule, index parameters' too
+
 __all__ = ["EXACT_FLOAT_INT", "Count", "Real", "count", "whole_int"]
-
-#: every integer below this magnitude is exactly one float and no other integer rounds to it; a whole float of this
-#: magnitude or more may be a rounded integer (2**53 + 1 becomes 2**53)
-EXACT_FLOAT_INT = 2**53
-
-
-def whole_int(value: Any) -> Any:
-    """``value`` as the integer field of a JSON body reads it: a whole float below 2**53 is that int (``16.0`` is
-    16); an int, or anything else, comes back unchanged for the caller's own check to refuse or take; ValueError
-    (naming the value) for a fraction, a NaN / infinity or a whole float of 2**53 or more. The one reading of
-    :data:`Count` and of the numbers a route reads from the raw body itself (``dim`` beside ``vectors_b64``:
-    :func:`service.api.codec.body_dim`)."""
-    if type(value) is not float:
-        return value  # an int passes; anything else meets the strict int's refusal
-    if not math.isfinite(value) or not value.is_integer():
-        raise ValueError(f"must be an integer, got {value!r} (a fraction is not rounded)")
-    if abs(value) >= EXACT_FLOAT_INT:
-        raise ValueError(f"must be an integer, got {value!r}: a whole number of 2**53 or more written as a float may "
-                         "have lost digits on its way; write it as an integer literal")
-    return int(value)
 
 
 def count(least: int | None = None, most: int | None = None) -> Any:

@@ -85,3 +85,31 @@ def test_vectors_b64_takes_a_whole_float_dim_as_every_integer_field_does(tmp_pat
             r = c.post(url, headers=W, json=body)
             assert r.status_code == 422 and says in r.json()["error"]["message"], (url, r.text)
         assert c.get("/v1/maps/half", headers=R).status_code == 404
+
+
+@pytest.mark.parametrize("sent", [1e300, float(2**53)], ids=["1e300", "2**53+0.0"])
+def test_an_index_parameter_takes_whole_floats_by_the_same_rule(tmp_path, capsys, sent):
+    """Index parameters (``params`` of an index create, ``--param`` of the CLI) read whole floats by their own rule,
+    with no 2**53 bound: 1e300 was the integer 10**300-and-change, refused by its range with a 301-digit number the
+    user never wrote, and 2**53 + 0.0 was 9007199254740992 exactly. They follow every integer field's rule now
+    (``service.limits.whole_int``), each within its own range (a whole float below 2**53 is still its integer)."""
+    from conftest import run_cli
+
+    with served_world(tmp_path) as (c, _, world):
+        rows = world["Y"][:50].tolist()
+        for kind, key in (("hnsw", "M"), ("hnsw", "ef_search"), ("ivf", "nlist"), ("flat", "random_state")):
+            r = c.post("/v1/indexes", headers=W, json={"name": "ix", "space": "b", "vectors": rows, "kind": kind,
+                                                       "params": {key: sent}})
+            message = r.json()["error"]["message"]
+            assert r.status_code == 422 and f"index parameter {key} must be an integer" in message, (key, r.text)
+            assert "2**53 or more" in message and len(message) < 300, (key, message)
+        r = c.post("/v1/indexes", headers=W, json={"name": "ix", "space": "b", "vectors": rows, "kind": "hnsw",
+                                                   "params": {"M": 16.0, "ef_search": float(2**15)}})
+        assert r.status_code == 201 and r.json()["params"]["M"] == 16 and r.json()["params"]["ef_search"] == 2**15
+    np.save(tmp_path / "x.npy", np.asarray(rows, np.float32))
+    d = ["--data-dir", str(tmp_path / "cli")]
+    assert run_cli(capsys, *d, "spaces", "add", "s", "--dim", "16")[0] == 0
+    code, _, err = run_cli(capsys, *d, "index", "create", "ix", "--space", "s", str(tmp_path / "x.npy"), "--kind",
+                           "hnsw", "--param", f"M={sent!r}", "--quiet")
+    assert code == 2 and err.count("\n") == 1 and "index parameter M must be an integer" in err, err
+    assert "2**53 or more" in err, err
