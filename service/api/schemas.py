@@ -319,7 +319,7 @@ class PlanRequest(_Strict):
                                                        "`old_queries` and `relevant`.")
     old_queries: _Vectors | None = Field(None, description="The same queries under the old model.")
     relevant: list[Count] | None = Field(None, description="Each query's relevant document: its row in the probe.")
-    k: Count | None = Field(None, ge=1, description="`rows_to_embed` for this many rows, not the recommended K.")
+    k: count(1) | None = Field(None, description="`rows_to_embed` for this many rows, not the recommended K.")
 
 
 class EvaluateRequest(_Strict):
