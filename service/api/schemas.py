@@ -23,6 +23,7 @@ from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
 from ..registry.names import MAX_VERSION, check_text
 from .body_models import RequestModel
 from .body_models import StrictRequestModel as _Strict
+from .error_schemas import ErrorBody, error_responses
 from .name_types import AliasName, IndexName, Name, Ref
 from .number_types import Count, Real, count
 
@@ -57,45 +58,6 @@ Ids = Field(None, description="One id per row, 0 .. 2**62-1 (default: counting u
 #: what a search's or an embedding's ``map`` takes; ``service.ops.indexes.translation`` checks it hop by hop.
 # "" was taken as no map (the registry's path) where [] was a 422
 MapPath = Annotated[Ref, Field(min_length=1)] | Annotated[list[Ref], Field(min_length=1, max_length=MAX_PATH_MAPS)]
-
-
-class ErrorDetail(BaseModel):
-    type: str = Field(..., description="Exception class, e.g. `DimensionMismatchError`.")
-    status: int = Field(..., description="The HTTP status, repeated.")
-    message: str = Field(..., description="What went wrong and how to fix it (no stack trace).")
-    details: list[dict[str, Any]] | None = Field(None, description="Request validation only (type `InputError`, "
-                                                 "whichever part validated it): one entry per problem (`loc`: "
-                                                 "`[\"body\" | \"query\" | \"path\", field, ...]`, `msg`, `type`).")
-
-
-class ErrorBody(BaseModel):
-    """Every 4xx/5xx body: ``{"error": {"type", "status", "message"}}``."""
-
-    error: ErrorDetail
-
-
-_ERROR_TEXT = {
-    401: "Missing or unknown API key (`WWW-Authenticate: Bearer`).",
-    403: "The API key lacks the scope this route needs.",
-    404: "Unknown space, map, version, alias, index, job or encoder.",
-    409: "Conflict with what is stored (deleted version, taken name, idempotency key reused with another body).",
-    412: "Precondition failed: `If-Match` / `If-None-Match: *` did not hold (alias or version moved); nothing changed.",
-    413: "Body over this route's limit (its description says which) or more rows than `max_batch`.",
-    415: "Unsupported `Content-Type`.",
-    422: "Invalid input: shape, dimension, NaN/Inf, empty, bad name, failed request validation.",
-    429: "Busy: the job queue is full, `max_heavy_requests` plans / evaluations run already, `compute_max_waiting` "
-         "requests wait for the compute threads, or `lm_max_waiting` for the language model (`Retry-After`).",
-    503: "Registry not ready.",
-}
-
-
-def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` entries documenting :class:`ErrorBody` for ``codes``.
-
-    Listing 422 also replaces FastAPI's default ``HTTPValidationError`` entry (the service
-    answers validation errors with an ErrorBody too).
-    """
-    return {c: {"model": ErrorBody, "description": _ERROR_TEXT[c]} for c in codes}
 
 
 # --- spaces and maps ----------------------------------------------------------------------------
@@ -301,6 +263,11 @@ class FitRequest(_Strict):
                                                   "lowrank, auto, contrastive, cluster), false for minivec2vec.")
     seed_pairs: list[tuple[Count, Count]] | None = Field(None, description="Known (source row, target row) pairs "
                                                                            "seeding an unsupervised fit.")
+    unpaired_source: _Vectors | None = Field(None, description="More source-model vectors beside the pairs (e.g. the "
+                                             "old corpus): align.fit_migration's unpaired_source (auto, contrastive, "
+                                             "cluster only).")
+    unpaired_target: _Vectors | None = Field(None, description="More target-model vectors beside the pairs (e.g. "
+                                             "queries); both given, params.semi_supervised can use them.")
     random_state: Count = Seed
     alias: AliasName | None = Field(None, description="Point this alias (e.g. prod) at the new version; not when the "
                                                       "fit is flagged unreliable (the job's `notes` say where it "

@@ -23,10 +23,11 @@ from ..io import check_not_input, count_rows, parse_rows, read_vectors, resolve_
 from ..ops.maps import SUPERVISED, run_fit, unreliable_note
 from ..ops.transform import transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
+from ..ops.unpaired import UNPAIRED, check_unpaired, check_unpaired_method
 from ..storage import atomic_write, check_writable
 from ._common import (ROWS, Ctx, check_text_encoder, description_opt, emit, file_rows_opts, input_opts, json_opt,
                       option_given, parse_kv, progress_bar, quiet_opt, ray_logs, random_state_opt, read_pair,
-                      read_relevant, read_seed_pairs, space_name, version_record, warn)
+                      read_relevant, read_seed_pairs, rows_record, space_name, version_record, warn)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
@@ -50,6 +51,18 @@ _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://
                    "required; not fit_migration's Procrustes-plus-residual candidate of that name); cluster: "
                    "per-cluster local maps (align.ClusterMap).")
 @click.option("--param", "params", multiple=True, help="KEY=VALUE fitter parameter (JSON values), repeatable.")
+@click.option("--unpaired-source", type=click.Path(dir_okay=False), default=None,
+              help="More source-model vectors beside the pairs (e.g. the whole old corpus; .npy, .npz, .fvecs, "
+                   ".parquet): they shape the source frame, compete in auto's held-out selection, give contrastive "
+                   "its hard negatives and cluster its routing (align.fit_migration's unpaired_source). --method "
+                   "auto, contrastive or cluster.")
+@click.option("--unpaired-source-rows", type=ROWS, default=None,
+              help="START:STOP rows of --unpaired-source, or a rows file.")
+@click.option("--unpaired-target", type=click.Path(dir_okay=False), default=None,
+              help="More target-model vectors beside the pairs (e.g. new-model queries), as --unpaired-source. "
+                   "Both given, --param semi_supervised=sinkhorn refines the map with them.")
+@click.option("--unpaired-target-rows", type=ROWS, default=None,
+              help="START:STOP rows of --unpaired-target, or a rows file.")
 @click.option("--name", required=True, help="Map name, e.g. minilm->e5.")
 @click.option("--source-space", default=None, help="Source space name (default: encoder or file stem).")
 @click.option("--target-space", default=None, help="Target space name (default: encoder or file stem).")
@@ -81,8 +94,10 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
     """Fit a map from --source to --target and register it as a new version."""
     if paired is None:
         paired = method in SUPERVISED
+    unpaired = _unpaired_options(method, io_opts)  # before any file is read (an old corpus can be large)
     if report_copy is not None:  # before the fit: a bad path after it failed the command with the version registered
-        check_not_input(report_copy, "--report", io_opts["source"], io_opts["target"], seed_pairs)
+        check_not_input(report_copy, "--report", io_opts["source"], io_opts["target"], seed_pairs,
+                        *(path for path, _ in unpaired.values()))
         check_writable(report_copy, "--report")
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     notes: list[str] = _ignored_options(method, ray_address, threads)
@@ -95,6 +110,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                 io_opts[f"{side}_encoder"] = check_text_encoder(obj.registry, io_opts[side], space,
                                                                 io_opts[f"{side}_encoder"])
             X, Y, inputs = read_pair(io_opts, progress)
+            rest = _read_unpaired(unpaired, X.shape[1], Y.shape[1], inputs)
             seeds = None
             if seed_pairs is not None:
                 if method != "minivec2vec":
@@ -107,7 +123,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                             paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias,
                             progress=progress, description=description, tags=parse_kv(tags, "tag", raw=True),
                             inputs=inputs, artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,
-                            ray_shard_rows=shard_rows, threads=threads, notes=notes)
+                            ray_shard_rows=shard_rows, threads=threads, notes=notes, **rest)
         finally:
             close()
     for w in caught:  # soft numerical trouble (e.g. an unreliable unsupervised fit): one line each
@@ -123,6 +139,34 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                    f"chosen for a path nor meant by a bare name (use {v.ref}); exit 1 (--allow-unreliable to "
                    f"accept)", err=True)
         sys.exit(1)
+
+
+def _unpaired_options(method: str, io_opts: dict) -> dict[str, tuple]:
+    """``{"unpaired_source": (FILE, ROWS), ...}`` of the sets given (popped from ``io_opts``); a method that cannot
+    use them, or rows without their file, is an InputError (exit 2)."""
+    out = {}
+    for key in UNPAIRED:
+        path, rows = io_opts.pop(key), io_opts.pop(f"{key}_rows")
+        opt = "--" + key.replace("_", "-")
+        if path is None and rows is not None:
+            raise InputError(f"{opt}-rows selects rows of {opt}: give {opt} FILE too")
+        if path is not None:
+            out[key] = (path, rows)
+    check_unpaired_method(method, ["--" + k.replace("_", "-") for k in out], method_label="--method")
+    return out
+
+
+def _read_unpaired(unpaired: dict[str, tuple], d_s: int, d_t: int, inputs: dict) -> dict:
+    """The unpaired sets read and checked against the pairs' widths (``run_fit``'s keyword arguments); each is
+    recorded in ``inputs`` (path, rows, shape)."""
+    arrays, names = {}, {}
+    for key, (path, rows) in unpaired.items():
+        names[key] = f"--unpaired-{key.split('_')[1]} {Path(path).name}"
+        arrays[key] = read_vectors(path, rows=rows, encoder_option=None)
+    out = check_unpaired((d_s, d_t), names, **arrays)
+    for key, (path, rows) in unpaired.items():
+        inputs[key] = {"path": str(Path(path).resolve()), "rows": rows_record(rows), "shape": list(out[key].shape)}
+    return out
 
 
 def _ignored_options(method: str, ray_address: str | None, threads: int) -> list[str]:

@@ -36,6 +36,7 @@ from ..spaces import check_fit_spaces
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
 from .fit_report import fit_report, write_fit_report
 from .plans import MIGRATION_METHODS, check_semi_supervised, fit_migration_map
+from .unpaired import UNPAIRED, check_unpaired, check_unpaired_method
 
 __all__ = ["run_fit", "fit_map", "unreliable_note", "METHODS", "SUPERVISED", "FitSide", "check_fit_request",
            "check_fit_params", "check_fit_rows", "fit_side", "check_pairs", "embed_side", "fit_sides", "create_space",
@@ -54,7 +55,7 @@ log = get_logger("maps")  # the ``vecbridge`` tree: JSON lines under serve (``se
 def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: bool, seed_pairs=None,
             random_state=0, progress: Progress | None = None,
             ray_address: str | None = None, ray_shard_rows: int = 262144,
-            threads: int = 1) -> align.LinearMap | align.ClusterMap:
+            threads: int = 1, unpaired: dict | None = None) -> align.LinearMap | align.ClusterMap:
     """Fit a map with ``method``: an :class:`align.LinearMap`, or an :class:`align.ClusterMap` from ``cluster``
     (or ``auto`` when the per-cluster family wins on held-out pairs); typed InputError for bad combinations.
 
@@ -62,9 +63,12 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
     sufficient statistics over row shards of ``ray_shard_rows`` (equal to the in-process fit), and
     an unsupervised / seeded minivec2vec fit with its row-block kernels as Ray tasks (the same map).
     ``threads`` > 1 runs those row-block kernels on that many threads of this process instead
-    (:func:`align.blocks.thread_pool`; the same map, bit for bit).
+    (:func:`align.blocks.thread_pool`; the same map, bit for bit). ``unpaired``: ``{"unpaired_source": U, ...}``
+    for a migration method (:mod:`service.ops.unpaired`).
     """
     params = dict(params or {})
+    unpaired = dict(unpaired or {})
+    check_unpaired_method(method, sorted(unpaired))
     for what, value in (("threads", threads), ("shard rows", ray_shard_rows)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"{what} must be a positive integer, got {value!r}")
@@ -79,7 +83,7 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
             if ray_address is not None:
                 raise InputError(f"--ray runs procrustes, ridge and lowrank fits; {method} runs in-process")
             return fit_migration_map(X, Y, method=method, params=params, random_state=random_state,
-                                     progress=progress)
+                                     progress=progress, **unpaired)
         fn = _CLOSED_FORM[method]
         if method == "lowrank" and "rank" not in params:
             raise InputError(_LOWRANK_NEEDS_RANK)
@@ -205,7 +209,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
             should_cancel: Callable[[], bool] | None = None, description: str = "", tags: dict | None = None,
             inputs: dict | None = None, artifact_format: str | None = None,
             report_copy=None, ray_address: str | None = None, report: bool = True, threads: int = 1,
-            ray_shard_rows: int = 262144, notes: list[str] | None = None) -> VersionInfo:
+            ray_shard_rows: int = 262144, notes: list[str] | None = None, unpaired_source=None,
+            unpaired_target=None) -> VersionInfo:
     """Fit, diagnose, report and register one map version.
 
     Parameters
@@ -230,6 +235,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     ray_shard_rows : int         rows per Ray task (default 262,144; see SCALING.md for when Ray pays off)
     notes : list, optional       gets what the user should know about the registration
                                  (:meth:`Registry.default_change_note`; an ``alias`` not moved, below)
+    unpaired_source : array (k, d_s); unpaired_target : array (l, d_t), optional   more rows of one model beside
+                                 the pairs (:mod:`service.ops.unpaired`; the migration methods only)
 
     An ``alias`` is not moved to a fit flagged unreliable (``metrics["reliable"]`` False): a pinned alias wins
     over the "never chosen for a path" rule, so a failed refit with ``--alias prod`` replaced the production map
@@ -246,6 +253,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         check_alias(alias)
     _check_map_spaces(registry, name, source_space, target_space)  # what registration would refuse: before the fit
     params = dict(params or {})
+    check_unpaired_method(method, [k for k, U in zip(UNPAIRED, (unpaired_source, unpaired_target)) if U is not None])
     st = Stages(progress, should_cancel, what=f"fit of {name!r}")
     if paired and method == "minivec2vec" and seed_pairs is None and notes is not None:  # it was silent about it
         notes.append("minivec2vec fits without pairs: the rows' pairing only judges the map here; to fit from known "
@@ -266,7 +274,9 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                 raise ConflictError(f"space {space!r} is {have}-d, not {M.shape[1]}-d")
         for note in check_fit_spaces(registry, X, Y, source_space, target_space):  # swapped files: refused here
             warnings.warn(note, VecbridgeWarning, stacklevel=2)
-        hashes = {"source": sha256_array(X), "target": sha256_array(Y)}
+        rest = check_unpaired((X.shape[1], Y.shape[1]), unpaired_source=unpaired_source,
+                              unpaired_target=unpaired_target)
+        hashes = {"source": sha256_array(X), "target": sha256_array(Y), **{k: sha256_array(U) for k, U in rest.items()}}
         if seed_pairs is not None:
             i_s, i_t = (np.asarray(a).reshape(-1) for a in seed_pairs)
             hashes["seed_pairs"] = sha256_array(np.stack([i_s, i_t], axis=1).astype(np.float32))
@@ -274,7 +284,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     with st.stage("fit"):
         map_ = fit_map(X, Y, method=method, params=params, paired=paired, seed_pairs=seed_pairs,
                        random_state=random_state, progress=st.sub("fit"), ray_address=ray_address, threads=threads,
-                       ray_shard_rows=ray_shard_rows)
+                       ray_shard_rows=ray_shard_rows, unpaired=rest)
 
     with st.stage("diagnostics"):
         rng = np.random.default_rng(0 if random_state is None else random_state)
@@ -305,7 +315,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     with st.stage("report"):  # rendered now, written once the version is registered (no orphan on a conflict)
         if report:
             summary = {"map": name, "spaces": f"{source_space} ({X.shape[1]}-d) -> {target_space} ({Y.shape[1]}-d)",
-                       "method": method, "paired": paired, "rows": f"source {X.shape[0]}, target {Y.shape[0]}",
+                       "method": method, "paired": paired, "rows": f"source {X.shape[0]}, target {Y.shape[0]}"
+                       + "".join(f", {k.replace('_', ' ')} {U.shape[0]}" for k, U in rest.items()),
                        "params": effective, "random_state": random_state, "data sha256": hashes,
                        "inputs": inputs or {},
                        "alias": f"{held_back} (not moved: the fit is unreliable)" if held_back else alias or "",
@@ -327,7 +338,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         name, map_, source_space=source_space, target_space=target_space, method=method, params=effective,
         random_state=random_state, data_hashes=hashes, metrics=metrics, description=description, tags=tags,
         alias=alias, report_path=report_rel, artifact_format=artifact_format, encoders=encoders,
-        inputs={**(inputs or {}), "n_source": X.shape[0], "n_target": Y.shape[0], "paired": paired})
+        inputs={**(inputs or {}), "n_source": X.shape[0], "n_target": Y.shape[0], "paired": paired,
+                **{f"n_{k}": U.shape[0] for k, U in rest.items()}})
     if html_text is not None and (missing := write_fit_report(version, report_file, report_copy, html_text)):
         if notes is not None:
             notes.append(missing)
@@ -371,11 +383,12 @@ def unreliable_note(version: VersionInfo) -> str:
 
 # --- fit requests (a face's body → checked sides → a fit job) ------------------------------------
 def check_fit_request(registry, *, name: str, method: str, paired: bool, source_space: str, target_space: str,
-                      alias: str | None, params: dict | None = None, random_state=0) -> None:
+                      alias: str | None, params: dict | None = None, random_state=0, unpaired=()) -> None:
     """Refuse at request time what the fit job would refuse later (422 / 409, not a failed job).
 
     Names and alias go through the registry's own validators; a map name already bound to other
-    spaces is the ConflictError ``register_version`` would raise; ``params`` get :func:`check_fit_params`.
+    spaces is the ConflictError ``register_version`` would raise; ``params`` get :func:`check_fit_params`;
+    ``unpaired``: the unpaired sets given (their keys, :mod:`service.ops.unpaired`).
     """
     check_name(name, "map name")
     check_name(source_space, "source space")
@@ -384,7 +397,8 @@ def check_fit_request(registry, *, name: str, method: str, paired: bool, source_
         check_alias(alias)
     _check_map_spaces(registry, name, source_space, target_space)
     _check_method(method, paired)
-    check_fit_params(method, params, random_state)
+    check_unpaired_method(method, list(unpaired))
+    check_fit_params(method, params, random_state, unpaired=len(set(unpaired)) == 2)
 
 
 def _check_map_spaces(registry, name: str, source_space: str, target_space: str) -> None:
@@ -420,16 +434,16 @@ def _minivec2vec(params: dict, random_state) -> align.MiniVec2Vec:
         raise InputError(f"bad parameter for minivec2vec: {exc}") from None
 
 
-def check_fit_params(method: str, params: dict | None, random_state=0) -> None:
+def check_fit_params(method: str, params: dict | None, random_state=0, unpaired: bool = False) -> None:
     """The parameter checks a fit makes before it reads a row, made when the fit is requested: ``align``'s
     own for the migration methods (:func:`align.migration.check_options`) and minivec2vec
     (:meth:`align.MiniVec2Vec.check_params`), and for the closed-form fits
     (:func:`align.procrustes.check_closed_form_params`: names and values). :func:`check_fit_rows` makes the
-    checks that need the row counts."""
+    checks that need the row counts. ``unpaired``: both unpaired sets are given (``semi_supervised`` needs them)."""
     params = dict(params or {})
     if method in MIGRATION_METHODS:
         align.migration.check_options(method, params)
-        check_semi_supervised(params, unpaired=False)
+        check_semi_supervised(params, unpaired)
     elif method == "minivec2vec":
         _minivec2vec(params, random_state).check_params()
     elif method in _CLOSED_FORM:

@@ -65,11 +65,12 @@ def fit_migration_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict
 
 
 def check_semi_supervised(params: dict | None, unpaired: bool) -> None:
-    """``semi_supervised`` refines a map with unpaired rows of both models: without them (every fit of pairs) it was
-    accepted, never ran, and the registry recorded it as a parameter of the map; an InputError instead."""
+    """``semi_supervised`` refines a map with unpaired rows of both models: without both sets it was accepted, never
+    ran, and the registry recorded it as a parameter of the map; an InputError instead."""
     if (params or {}).get("semi_supervised") and not unpaired:
-        raise InputError("semi_supervised refines a map with unpaired rows of both models, and a fit of pairs has no "
-                         "unpaired rows to give it (it would never run); drop the semi_supervised parameter")
+        raise InputError("semi_supervised refines a map with unpaired rows of both models, and this fit is not given "
+                         "both (it would never run): give unpaired rows of each (CLI --unpaired-source and "
+                         "--unpaired-target; HTTP unpaired_source and unpaired_target), or drop the parameter")
 
 
 def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, random_state=0,

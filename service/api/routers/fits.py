@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from align.exceptions import InputError
 
 from ...ops import maps as map_ops
+from ...ops.unpaired import UNPAIRED, check_unpaired
 from ..codec import (
     body_dim,
     check_batch,
@@ -30,6 +31,8 @@ Unknown spaces are registered from the data (dimension of the vectors or of the 
 `paired=true` means row i of source and target are the same item (the paired methods:
 procrustes, ridge, lowrank, auto, contrastive, cluster; the default for them, as in the CLI);
 otherwise the sets are unpaired (`minivec2vec`, its default), optionally seeded with `seed_pairs`.
+`unpaired_source` / `unpaired_target` (`vectors`, or `vectors_b64` + `dim`) are more rows of one model beside
+the pairs (the old corpus, queries): `align.fit_migration`'s unpaired rows, for auto, contrastive and cluster.
 
 Send an `Idempotency-Key` header to make retries safe: the same key and body return the
 first job (200 instead of 202); the same key with another body is a 409. A full queue is a
@@ -60,6 +63,21 @@ def _side(state, side, space: str, label: str, max_batch: int, bools: bool = Tru
     return map_ops.fit_side(state.registry, state.encoder, space=space, label=label, X=X)
 
 
+def _unpaired(state, obj: dict, src, tgt, max_batch: int, bools: bool) -> dict:
+    """The body's unpaired sets, read and checked against the sides' widths (a texts side: its encoder's) and for
+    NaN / Inf by :func:`check_unpaired`, whose errors name the set."""
+    width = [s.X.shape[1] if s.X is not None else state.encoder(s.encoder).dim for s in (src, tgt)]
+    arrays = {}
+    for key in UNPAIRED:
+        if (side := obj.get(key)) is None:
+            continue
+        if not isinstance(side, dict) or set(side) - {"vectors", "vectors_b64", "dim"}:
+            raise InputError(f"{key} must be an object with vectors, or vectors_b64 + dim (no other field)")
+        arrays[key] = vectors_from_json(side, dim=body_dim(side, f"{key}.dim") if side.get("vectors_b64") else None,
+                                        max_batch=max_batch, name="vectors", bools=bools, finite=False)
+    return check_unpaired(tuple(width), {k: f"{k}.vectors" for k in UNPAIRED}, **arrays)
+
+
 def _check_seed_pairs(pairs, n_src: int, n_tgt: int) -> None:
     """Seed pairs are rows of the two sides (known now): out of range is a 422, not a failed job (and an index
     past 64 bits, which numpy cannot hold, not an OverflowError in it)."""
@@ -72,15 +90,17 @@ def _check_seed_pairs(pairs, n_src: int, n_tgt: int) -> None:
            example="create_fit")
 def create_fit(body: bytes, request, state, settings):
     obj = parse_json(body)
-    opts = validate(FitRequest, {**obj, "source": {}, "target": {}})
+    given = [k for k in UNPAIRED if obj.get(k) is not None]  # vectors are read below, not by the model (slow)
+    opts = validate(FitRequest, {**obj, "source": {}, "target": {}, **{k: {} for k in given}})
     paired = opts.paired if opts.paired is not None else opts.method in map_ops.SUPERVISED  # as the CLI decides
     map_ops.check_fit_request(state.registry, name=opts.name, method=opts.method, paired=paired,
                               source_space=opts.source_space, target_space=opts.target_space, alias=opts.alias,
-                              params=opts.params, random_state=opts.random_state)
+                              params=opts.params, random_state=opts.random_state, unpaired=given)
     bools = may_hold_bools(body)
     src = _side(state, obj.get("source"), opts.source_space, "source", settings.max_batch, bools)
     tgt = _side(state, obj.get("target"), opts.target_space, "target", settings.max_batch, bools)
     map_ops.check_pairs(src, tgt, paired)
+    rest = _unpaired(state, obj, src, tgt, settings.max_batch, bools)
     check_batch(max(src.rows, tgt.rows), settings.max_batch)
     _check_seed_pairs(opts.seed_pairs, src.rows, tgt.rows)
     map_ops.check_fit_rows(opts.method, opts.params, src, tgt, seed_pairs=opts.seed_pairs,
@@ -90,10 +110,10 @@ def create_fit(body: bytes, request, state, settings):
     def job(ctx):
         notes: list[str] = []
         v = map_ops.fit_sides(state.registry, state.encoder, src, tgt, progress=ctx.progress,
-                              should_cancel=ctx.should_cancel, seed_pairs=opts.seed_pairs, inputs={"via": "http"},
-                              name=opts.name, method=opts.method, params=opts.params, paired=paired,
-                              random_state=opts.random_state, alias=opts.alias, description=opts.description,
-                              notes=notes)
+                              should_cancel=ctx.should_cancel, seed_pairs=opts.seed_pairs, name=opts.name,
+                              inputs={"via": "http", **{k: f"{U.shape[0]} vectors" for k, U in rest.items()}},
+                              method=opts.method, params=opts.params, paired=paired, random_state=opts.random_state,
+                              alias=opts.alias, description=opts.description, notes=notes, **rest)
         return {"ref": v.ref, "version": v.to_dict(), "notes": notes}
 
     return job, f"fit {opts.name} ({opts.method})"

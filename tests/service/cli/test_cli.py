@@ -373,10 +373,10 @@ def test_bad_input_is_one_line_and_exit_2(capsys, data, args, message):
 
 
 def test_semi_supervised_is_refused_for_a_fit_of_pairs(capsys, data):
-    # it needs unpaired rows of both models, which a fit of pairs never passes: it was accepted, never ran, and the
-    # registry recorded semi_supervised: sinkhorn while the map's metadata said applied False
+    # it needs unpaired rows of both models, which a fit of pairs without both never has: it was accepted, never ran,
+    # and the registry recorded semi_supervised: sinkhorn while the map's metadata said applied False
     code, _, err = fit_pairs(capsys, data, "--param", 'semi_supervised="sinkhorn"', "--method", "auto")
-    assert code == 2 and "a fit of pairs has no unpaired rows" in err and "Traceback" not in err
+    assert code == 2 and "is not given both" in err and "--unpaired-target" in err and "Traceback" not in err
     code, out, _ = run(capsys, "--data-dir", data / "var", "registry", "list", "--json")
     assert code == 0 and "src->tgt" not in out
 

@@ -1,0 +1,137 @@
+"""The unpaired rest of a paired fit through the faces: ``vecbridge fit --unpaired-source / --unpaired-target`` and
+``POST /v1/fits``'s ``unpaired_source`` / ``unpaired_target``.
+
+README's Python fits with ``align.fit_migration(..., unpaired_source=X_old)``; neither the CLI nor HTTP passed them, so
+the frames, held-out distractors, hard negatives and cluster routing of a CLI or HTTP fit never saw the old corpus,
+and ``semi_supervised`` could not run there at all. Same seed, same rows: the CLI and HTTP artifact is the bytes of
+the Python fit.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _api_support import W, settings_for
+from _jobs_support import wait_http_job
+from conftest import run_cli as run
+from fastapi.testclient import TestClient
+
+import align
+from service.api import create_app
+from service.io import write_vectors
+
+
+def _data(n=900, d_s=16, d_t=12, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(12, d_s)) * 2
+    X = centres[rng.integers(0, 12, n)] + rng.normal(size=(n, d_s))
+    Y = X @ rng.normal(size=(d_s, d_t)) + 0.3 * rng.normal(size=(n, d_t))
+    return X.astype(np.float32), Y.astype(np.float32)
+
+
+X, Y = _data()
+PAIRS = slice(0, 200)
+REST = np.arange(899, 199, -1)  # the old corpus past the pairs, listed backwards: a rows file's order is kept
+
+
+@pytest.fixture
+def d(tmp_path):
+    write_vectors(tmp_path / "old.npy", X)
+    write_vectors(tmp_path / "new.npy", Y)
+    np.save(tmp_path / "rest.npy", REST)
+    return tmp_path
+
+
+def _python(method="auto", seed=3, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return align.fit_migration(X[PAIRS], Y[PAIRS], method=method, random_state=seed, **kw)
+
+
+def _fit(capsys, d, *args, method="auto", name="old->new"):
+    return run(capsys, "--data-dir", d / "var", "fit", "--pairs", "--source", d / "old.npy", "--target",
+               d / "new.npy", "--rows", "0:200", "--method", method, "--name", name, "--random-state", "3", "--json",
+               "--quiet", "--allow-unreliable", *args)
+
+
+@pytest.mark.parametrize("method, extra", [("auto", {}), ("contrastive", {"epochs": 3})])
+def test_cli_fit_takes_the_unpaired_rest_and_fits_the_python_map(capsys, d, method, extra):
+    params = [a for k, v in extra.items() for a in ("--param", f"{k}={json.dumps(v)}")]
+    code, out, err = _fit(capsys, d, "--unpaired-source", d / "old.npy", "--unpaired-source-rows", d / "rest.npy",
+                          "--unpaired-target", d / "new.npy", "--unpaired-target-rows", "600:900", *params,
+                          method=method)
+    assert code == 0, err
+    v = json.loads(out)
+    want = _python(method, unpaired_source=X[REST], unpaired_target=Y[600:900], **extra)
+    assert Path(v["artifact_file"]).read_bytes() == want.to_bytes("safetensors")  # same seed and rows: the same bytes
+    assert want.to_bytes() != _python(method, **extra).to_bytes()  # and the rest changed the map
+    assert v["inputs"]["unpaired_source"] == {"path": str((d / "old.npy").resolve()),
+                                              "rows": f"{(d / 'rest.npy').resolve()} (700 rows)", "shape": [700, 16]}
+    assert v["inputs"]["unpaired_target"]["rows"] == "600:900" and v["inputs"]["unpaired_target"]["shape"] == [300, 12]
+    assert v["inputs"]["n_unpaired_source"] == 700 and set(v["data_hashes"]) >= {"unpaired_source", "unpaired_target"}
+
+
+def test_cli_semi_supervised_runs_with_both_unpaired_sets(capsys, d):
+    code, out, err = _fit(capsys, d, "--unpaired-source", d / "old.npy", "--unpaired-source-rows", "200:900",
+                          "--unpaired-target", d / "new.npy", "--unpaired-target-rows", "200:900",
+                          "--param", "semi_supervised=sinkhorn", "--param", 'candidates=["procrustes"]')
+    assert code == 0, err
+    m = align.load_map(json.loads(out)["artifact_file"])
+    assert m.metadata["semi_supervised"]["applied"] is True  # it ran: without both sets it was refused
+    assert m.metadata["n_unpaired_target"] == 700
+
+
+@pytest.mark.parametrize("args, method, message", [
+    (["--unpaired-source", "{d}/old.npy"], "procrustes", "apply to --method auto, contrastive, cluster"),
+    (["--unpaired-target", "{d}/new.npy"], "minivec2vec", "minivec2vec fits from two unpaired sets already"),
+    (["--unpaired-source", "{d}/new.npy"], "auto", "--unpaired-source new.npy: rows of 12 columns, but the source"),
+    (["--unpaired-target", "{d}/old.npy"], "cluster", "--unpaired-target old.npy: rows of 16 columns"),
+    (["--unpaired-source", "{d}/nan.npy"], "auto", "NaN"),
+    (["--unpaired-target-rows", "0:5"], "auto", "give --unpaired-target FILE too"),
+    (["--unpaired-source", "{d}/old.npy", "--unpaired-source-rows", "0:5000"], "auto", "5000"),
+    (["--unpaired-source", "{d}/words.txt"], "auto", "holds texts; this input takes vectors"),
+])
+def test_cli_refuses_unpaired_sets_it_cannot_use_in_one_line(capsys, d, args, method, message):
+    bad = X[:50].copy()
+    bad[7, 3] = np.nan
+    write_vectors(d / "nan.npy", bad)
+    (d / "words.txt").write_text("a\nb\n")
+    code, _, err = _fit(capsys, d, *(a.format(d=d) for a in args), method=method)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not (d / "var" / "registry.sqlite").exists() or "old->new" not in run(
+        capsys, "--data-dir", d / "var", "registry", "list", "--json")[1]
+
+
+def _b64(a):
+    return {"vectors_b64": base64.b64encode(np.ascontiguousarray(a, np.float32).tobytes()).decode(), "dim": a.shape[1]}
+
+
+def test_http_fit_takes_the_unpaired_rest_and_refuses_what_it_cannot_use(tmp_path):
+    body = {"name": "old->new", "source_space": "old", "target_space": "new", "method": "auto", "random_state": 3,
+            "source": _b64(X[PAIRS]), "target": _b64(Y[PAIRS]), "unpaired_source": _b64(X[REST]),
+            "unpaired_target": {"vectors": Y[600:900].tolist()}}
+    inf = Y[:20].copy()
+    inf[2, 2] = np.inf
+    with TestClient(create_app(settings_for(tmp_path, max_batch=1000, max_body_bytes=4_000_000))) as c:
+        for change, message in (({"method": "ridge"}, "apply to method auto, contrastive, cluster"),
+                                ({"unpaired_source": _b64(Y[:20])}, "unpaired_source.vectors: rows of 12 columns"),
+                                ({"unpaired_target": _b64(inf)}, "unpaired_target.vectors: 1 row(s) contain NaN"),
+                                ({"unpaired_target": {**_b64(Y[:5]), "texts": ["a"]}}, "no other field"),
+                                ({"unpaired_source": [[1.0]]}, "unpaired_source")):
+            r = c.post("/v1/fits", headers=W, json={**body, **change})
+            assert r.status_code == 422 and message in r.json()["error"]["message"], (change, r.text)
+        r = c.post("/v1/fits", headers=W, json=body)
+        assert r.status_code == 202, r.text
+        job = wait_http_job(c, r.json()["id"], headers=W)
+        assert job["state"] == "succeeded", job
+        ref = job["result"]["ref"]
+        v = c.get(f"/v1/maps/{ref}", headers=W).json()["resolved"]
+        assert v["inputs"]["unpaired_source"] == "700 vectors" and v["inputs"]["n_unpaired_target"] == 300
+        data = c.get(f"/v1/maps/{ref}/artifact", headers=W)
+    want = _python("auto", unpaired_source=X[REST], unpaired_target=Y[600:900])
+    assert data.status_code == 200 and data.content == want.to_bytes("safetensors")
