@@ -217,6 +217,8 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL (any case).")
     #: {setting name: file} of the settings read from ``VECBRIDGE_<NAME>_FILE`` (:func:`load_settings`)
     _files: dict[str, str] = PrivateAttr(default_factory=dict)
+    #: the ``<data_dir>/local-key`` file the only key came from (``service.api.app.ensure_local_key``); never a setting
+    _local_key_file: Path | None = PrivateAttr(None)
 
     @field_validator("registry_statement_timeout_s")
     @classmethod
@@ -360,6 +362,12 @@ class Settings(BaseSettings):
     def files(self) -> dict[str, str]:
         """``{setting name: file}`` of the settings whose value came from ``VECBRIDGE_<NAME>_FILE`` (read only)."""
         return self._files
+
+    @property
+    def local_key_file(self) -> Path | None:
+        """The file of the key ``vecbridge serve`` made because none was configured (None: keys are configured, or
+        auth is off): where a 401 and the console tell a user to look. Read only; no variable sets it."""
+        return self._local_key_file
 
     def to_env(self) -> dict[str, str]:
         """These settings as ``VECBRIDGE_*`` variables, so worker processes read the same :class:`Settings`; a

@@ -238,7 +238,9 @@ def ensure_local_key(s: Settings) -> tuple[Settings, "Path | None"]:
     key = read_local_key(path)
     if len(key) < 32 or any(c.isspace() or not " " <= c <= "~" for c in key):  # no header could send it
         raise ConfigError(f"{path} holds no usable key; delete it to make a new one")
-    return s.model_copy(update={"api_keys": {key: ["read", "write"]}}), path
+    out = s.model_copy(update={"api_keys": {key: ["read", "write"]}})
+    out._local_key_file = path  # where a 401 and the console say the key is (the path; never the key)
+    return out, path
 
 
 def connection_limit(wanted: int) -> int | None:

@@ -113,14 +113,23 @@ def authorize(authorization: str | None, scope: str, settings: Settings) -> str 
     token = token.strip()
     if kind.lower() != "bearer" or not token:
         if authorization:
-            raise AuthenticationError("unsupported Authorization header; use 'Authorization: Bearer <key>'")
-        raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
+            raise AuthenticationError("unsupported Authorization header; use 'Authorization: Bearer <key>'"
+                                      + _key_file_hint(settings))
+        raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'"
+                                  + _key_file_hint(settings))
     scopes = scopes_for_token(token, current_keys(settings))
     if scopes is None:
-        raise AuthenticationError("invalid API key")
+        raise AuthenticationError("invalid API key" + _key_file_hint(settings))
     if scope not in scopes:
         raise PermissionDeniedError(f"this API key lacks the {scope!r} scope needed here (it has {sorted(scopes)})")
     return scope
+
+
+def _key_file_hint(settings: Settings) -> str:
+    """Where the key is when the service made it (``<data_dir>/local-key``, no keys configured): a user of
+    ``make run`` was told to send a key and not where it was. The path only, never the key."""
+    path = settings.local_key_file
+    return "" if path is None else f" (no API keys are configured: this service's key is in the file {path})"
 
 
 def jobs_per_key(settings: Settings) -> int | None:

@@ -76,7 +76,8 @@ def _page(template: str, title: str):
     async def page(request: Request) -> HTMLResponse:
         return templates.TemplateResponse(request, template, {
             "title": title, "pages": PAGES, "version": align.__version__, "current": title, "root": _root(request),
-            "auth_required": not _settings(request).auth_disabled}, headers={"Content-Security-Policy": CONSOLE_CSP})
+            "auth_required": not _settings(request).auth_disabled, "key_file": _settings(request).local_key_file},
+            headers={"Content-Security-Policy": CONSOLE_CSP})
 
     page.__name__ = f"ui_{template.split('.')[0]}"
     return page

@@ -61,8 +61,14 @@ def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path
         assert said.stdout.splitlines()[1] == f"Authorization: Bearer {key_file.read_text().strip()}", said
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, timeout=60, proc=proc)
-        assert httpx.get(base + "/v1/info").status_code == 401
         key = key_file.read_text().strip()
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}, {"Authorization": "Basic x"}):
+            for _ in range(2):  # with workers: each says it (a worker reads the key file itself)
+                r = httpx.get(base + "/v1/info", headers=headers)
+                said = r.json()["error"]["message"]  # "send 'Authorization: Bearer <key>'" and not where the key is
+                assert r.status_code == 401 and f"key is in the file {key_file}" in said and key not in said, said
+        page = httpx.get(base + "/ui/registry").text  # the console's 401 box said "keys come from VECBRIDGE_API_KEYS"
+        assert f'<code id="key-file">{key_file}</code>' in page and key not in page
         for _ in range(4):  # with workers: answered by either
             r = httpx.get(base + "/v1/info", headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200
@@ -72,6 +78,21 @@ def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_configured_keys_send_no_one_to_a_key_file(tmp_path):
+    """With keys configured (or read from a keys file) there is no local key: the 401 and the console name none."""
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    s = Settings(data_dir=tmp_path / "var", demo_on_empty=False, api_keys={"k" * 40: ["read"]})
+    assert ensure_local_key(s)[0].local_key_file is None
+    with TestClient(create_app(s)) as c:
+        said = c.get("/v1/info").json()["error"]["message"]
+        page = c.get("/ui/registry").text
+    assert said == "missing API key: send the header 'Authorization: Bearer <key>'"
+    assert "key-file" not in page and "keys come\n      from <code>VECBRIDGE_API_KEYS</code>" in page
 
 
 def test_serve_behind_a_prefix_prints_the_console_under_it(tmp_path):
