@@ -180,8 +180,8 @@ class _Duration(click.ParamType):
               metavar="SECONDS", help="How long to wait for fits, imports, exports and backups holding the artifact "
               "folder; then exit 75, nothing removed.")
 @click.option("--orphans", is_flag=True, help="Also remove artifact files no version names (a writer killed before "
-              "its commit), untouched for 10 minutes; without it they are only counted. Run it on the registry's own "
-              "database: on another (a mistyped URL) every artifact file is one.")
+              "its commit), untouched for 10 minutes; without it they are only counted. Refused (exit 2) where no "
+              "version names any file there: the wrong database (a mistyped URL or data dir, one not restored yet).")
 @json_opt
 @click.pass_obj
 def registry_gc(obj: Ctx, dry_run, older_than, wait_s, orphans, as_json):

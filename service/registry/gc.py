@@ -21,7 +21,11 @@ versions held 37 MB of them, and ``registry verify`` said nothing). :func:`colle
   removed only on request (``orphans=True``, ``registry gc --orphans``), under the same lock, once untouched for
   ``store.STALE_TMP_S``; otherwise listed in ``orphans``. Not by default: opened on the wrong database (a mistyped
   registry URL, an empty one, another registry's) beside the right artifact folder, every file looks an orphan, and a
-  routine gc would remove every artifact of the registry that names them.
+  routine gc would remove every artifact of the registry that names them. So ``orphans=True`` refuses
+  (ConflictError, nothing changed) where files are there but no row names any of them; and only regular files are
+  orphans, unlinked where they lie: a link is none (its target may be a live version's artifact, or not ours). The
+  folder is walked before the rows are marked collected, and a plain gc that cannot walk it lists no orphans: nothing
+  after the commit fails the run.
 - **only its own reports**: a report is removed only when its file, every link followed, lies in the registry's
   report folder (``reg.report_dir``); a recorded ``report_path`` that is absolute, climbs out with ``..`` or is a
   link to elsewhere (``register_version(report_path=...)`` stores what its caller passes, ``run_fit(report_dir=)``
@@ -32,12 +36,15 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from align.exceptions import InputError
 
+from ..urls import safe_url
 from .entity import now
+from .errors import ConflictError
 from .models import columns
 from .store import STALE_TMP_S
 
@@ -108,25 +115,30 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
                 "kept": sorted({art for *_, art in go if art in keep[0]}),
                 "younger": younger}
 
+    def walked(t, write: bool) -> dict:  # the folder is walked before the rows are marked: a failure undoes them
+        p = plan(t, write)
+        p["lost"] = _orphans(reg, p["named"], orphans)
+        return p
+
     if dry_run:
         with reg.db.tx() as t:
-            p = plan(t, False)
-        lost = _orphans(reg, p["named"])
+            p = walked(t, False)
+        lost = [a for a, _ in p["lost"]]
         sizes = ([reg.store.size(a) or 0 for a in p["artifacts"]], [_size(r) for r in p["reports"]],
-                 [_size(reg.store.path(a), _ARTIFACT) if orphans else 0 for a in lost])
+                 [n if orphans else 0 for _, n in p["lost"]])
     else:
         with reg.store.exclusive(wait_s):  # no writer between storing an artifact and committing its row, to the end
-            p = reg._write(lambda t: plan(t, True))
-            lost = _orphans(reg, p["named"])  # the rows were read under the lock: no row can name these meanwhile
+            p = reg._write(lambda t: walked(t, True))  # rows read under the lock: none can name the orphans meanwhile
+            lost = [a for a, _ in p["lost"]]
             sizes = ([_remove(reg.store.path(a)) for a in p["artifacts"]], [_remove(r) for r in p["reports"]],
-                     [_remove(reg.store.path(a)) if orphans else 0 for a in lost])
+                     [_remove_orphan(reg.store.root / a) if orphans else 0 for a in lost])
     collected = {key: [f"{name}:{version}" for k, _, name, version, _ in p["go"] if k == key] for key in reg.entities}
     shared = {key: [ref for k, ref in p["shared"] if k == key] for key in reg.entities}
-    ab, rb, ob = sum(sizes[0]), sum(sizes[1]), sum(sizes[2])
+    ab, rb, ob = sum(sizes[0]), sum(sizes[1]), sum(n or 0 for n in sizes[2])
     return {"dry_run": dry_run, "older_than_s": older_than_s, "collected": collected,
             "artifacts": [a for a, n in zip(p["artifacts"], sizes[0]) if n],
             "reports": [str(r) for r, n in zip(p["reports"], sizes[1]) if n],
-            "orphans": [a for a, n in zip(lost, sizes[2]) if n or not orphans], "orphan_bytes": ob,
+            "orphans": [a for a, n in zip(lost, sizes[2]) if n is not None], "orphan_bytes": ob,
             "artifact_bytes": ab, "report_bytes": rb, "bytes_freed": ab + rb + ob, "shared": shared,
             "artifacts_kept": p["kept"], "younger": p["younger"], "reports_kept": [str(r) for r in p["reports_kept"]]}
 
@@ -139,17 +151,25 @@ def _real(path) -> Path:
 _ARTIFACT = (".npz", ".safetensors")
 
 
-def _orphans(reg, named: set[str]) -> list[str]:
-    """Artifact files (``.npz``, ``.safetensors``) no row names (``named``), untouched for ``STALE_TMP_S``."""
+def _orphans(reg, named: set[str], removing: bool) -> list[tuple[str, int]]:
+    """``(path, bytes)`` of the artifact files (``.npz``, ``.safetensors``) no row names (``named``), untouched for
+    ``STALE_TMP_S``: regular files only, as :meth:`~.store.ArtifactStore.artifact_files` lists them (a link is never
+    one: its target may be a live version's artifact). ``removing`` (``orphans=True``): ConflictError when files are
+    there but no row names any of them (the wrong database, or one not restored yet); otherwise a folder that cannot
+    be walked lists none (the count is a note, never a reason for a gc to fail)."""
+    try:
+        files = reg.store.artifact_files(_ARTIFACT)
+    except OSError:
+        if removing:
+            raise
+        return []
+    if removing and files and not named & files.keys():
+        raise ConflictError(
+            f"registry gc --orphans refused: none of the {len(files)} artifact file(s) in {reg.store.root} is named by "
+            f"a version of this registry ({safe_url(reg.url)}): is it the registry of that folder (a mistyped URL or "
+            "data dir, a database not restored yet)? Nothing was removed")
     cutoff = datetime.now(UTC).timestamp() - STALE_TMP_S
-    out = []
-    for rel in sorted(reg.store.all_relpaths() - named):
-        try:
-            if rel.endswith(_ARTIFACT) and reg.store.path(rel).stat().st_mtime <= cutoff:
-                out.append(rel)
-        except OSError:  # gone meanwhile
-            pass
-    return out
+    return [(rel, st.st_size) for rel, st in sorted(files.items()) if rel not in named and st.st_mtime <= cutoff]
 
 
 def _size(path, suffixes=(".html",)) -> int:
@@ -170,3 +190,16 @@ def _remove(path) -> int:
         return 0
     path.unlink(missing_ok=True)
     return size
+
+
+def _remove_orphan(path: Path) -> int | None:
+    """Unlink the orphan at ``path`` (in the artifact folder, no link followed) if it is still a regular file; the
+    bytes it held, None when it is gone (or no longer a regular file)."""
+    try:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        path.unlink()
+    except FileNotFoundError:
+        return None
+    return st.st_size

@@ -159,10 +159,20 @@ class ArtifactStore:
             yield fh
 
     def all_relpaths(self) -> set[str]:
-        out = set()
-        for sub in self.root.iterdir():
-            if sub.is_dir() and len(sub.name) == 2:
-                out.update(f"{sub.name}/{f.name}" for f in sub.iterdir() if f.is_file())
+        """Relative paths of the files in the ``<sha[:2]>/`` folders (:meth:`artifact_files`, any name)."""
+        return set(self.artifact_files())
+
+    def artifact_files(self, suffixes: tuple[str, ...] = ("",)) -> dict[str, os.stat_result]:
+        """``{relative path: lstat}`` of the regular files named with one of ``suffixes`` in the ``<sha[:2]>/``
+        folders; no link followed: a link (a folder's or a file's) is no stored artifact, and removing what it points
+        at would remove another file, maybe a live version's."""
+        out = {}
+        with os.scandir(self.root) as subs:
+            for sub in subs:
+                if len(sub.name) == 2 and sub.is_dir(follow_symlinks=False):
+                    with os.scandir(sub.path) as files:
+                        out.update((f"{sub.name}/{f.name}", f.stat(follow_symlinks=False)) for f in files
+                                   if f.name.endswith(suffixes) and f.is_file(follow_symlinks=False))
         return out
 
     def tmp_files(self) -> list[Path]:

@@ -640,6 +640,7 @@ def test_gc_orphans_removes_old_files_no_version_names_under_its_lock(reg, tmp_p
 
     data = tmp_path / "cli"  # the command
     cli_reg = open_registry(f"sqlite:///{data / 'registry.sqlite'}", data / "artifacts")
+    _register(cli_reg, "a", 0, report=False)  # one file this registry names: it is the registry of that folder
     rel = cli_reg.store.put(old, "safetensors")[1]
     os.utime(cli_reg.store.path(rel), (stale, stale))
     cli_reg.close()
