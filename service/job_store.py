@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import ServiceUnavailableError
 from .logging import get_logger
-from .storage import hold, sqlite_connect, take_abandoned
+from .storage import OpenedFile, hold, sqlite_connect, take_abandoned
 
 __all__ = ["INTERRUPTED", "TERMINAL", "Job", "JobStore", "JobStoreBusyError", "interrupted_in"]
 
@@ -132,6 +132,7 @@ class JobStore:
                  busy_timeout: float = 10.0, trim_every: int = 100) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.opened = OpenedFile(self.path)  # what its connections opened: moved() when replaced under them
         self.owners_dir = self.path.parent / f"{self.path.stem}.owners"
         self.keep_finished = int(keep_finished)
         self.progress_interval = float(progress_interval)
@@ -156,6 +157,7 @@ class JobStore:
         c = getattr(self._local, "conn", None)
         if c is None or getattr(self._local, "pid", None) != os.getpid():
             c = sqlite_connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+            self.opened.note()
             c.execute("PRAGMA journal_mode=DELETE")  # not WAL: its mapped -shm SIGBUSes on an immutable/full disk
             c.execute("PRAGMA mmap_size=0")
             c.execute("PRAGMA synchronous=NORMAL")
@@ -377,7 +379,12 @@ class JobStore:
             rows = self._conn().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
         return {state: int(n) for state, n in rows}
 
+    def moved(self) -> bool:
+        """Its file was replaced or removed since it opened it (:class:`~service.storage.OpenedFile`)."""
+        return self.opened.moved()
+
     def close(self) -> None:
+        self.opened.forget()
         c = getattr(self._local, "conn", None)
         if c is not None:
             c.close()

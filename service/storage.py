@@ -33,6 +33,7 @@ import stat
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -43,7 +44,7 @@ from align.exceptions import InputError
 from .errors import NotConfiguredError, exception_chain
 
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
-           "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "moved_databases",
+           "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "moved_databases", "OpenedFile",
            "no_space_message", "sqlite_backup", "storage_message", "quick_check_findings", "remove_marked",
            "check_sqlite_path", "sqlite_connect",
            "sqlite_damaged", "sweep_abandoned", "take_abandoned", "temp_name", "writing", "still_linked",
@@ -81,12 +82,49 @@ def check_sqlite_path(path) -> None:
                          "a shorter path")
 
 
-#: ``(absolute path, pid) -> (st_dev, st_ino)`` of each SQLite file as this process first opened it
-#: (:func:`sqlite_connect`): :func:`moved_databases` compares the path with it
-_OPENED: dict[tuple[str, int], tuple[int, int]] = {}
 #: SQLite's extended code for a write to a database file that was renamed or unlinked since it was opened
 SQLITE_READONLY_DBMOVED = 1032
 _MOVED = "database file replaced or removed since the service opened it: restart the service"
+
+
+class OpenedFile:
+    """The SQLite file the connections of one object (the registry's SQLite database, the job store) opened: its
+    ``(st_dev, st_ino)`` at that object's first connection in this process, every link followed, as SQLite opens it.
+    :meth:`moved`: its path now holds another file or none ("restore by moving the backup back", ``rm jobs.sqlite``
+    under a running service): those connections keep the old, unlinked file, every write fails ("attempt to write a
+    readonly database", SQLITE_READONLY_DBMOVED) and reads see the old data. Kept by its object, not by the process:
+    an app shut down, its data dir made again and a new app opened on the same path read "replaced" for good."""
+
+    def __init__(self, path) -> None:
+        self.path = Path(path)
+        self._opened: tuple[int, int, int] | None = None  # (pid, st_dev, st_ino)
+
+    def note(self) -> None:
+        """After a connection opened the file: what it opened, the first time in this process."""
+        if self._opened is None or self._opened[0] != os.getpid():
+            with contextlib.suppress(OSError):
+                st = os.stat(self.path)
+                self._opened = (os.getpid(), st.st_dev, st.st_ino)
+                _LIVE.add(self)
+
+    def forget(self) -> None:
+        """Its object closed its connections: nothing of it is open any more."""
+        self._opened = None
+        _LIVE.discard(self)
+
+    def moved(self) -> bool:
+        o = self._opened
+        if o is None or o[0] != os.getpid():
+            return False
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != o[1:]
+
+
+#: the files of the objects open in this process, for a caller that holds none of them (a job's, the CLI's error)
+_LIVE: weakref.WeakSet[OpenedFile] = weakref.WeakSet()
 
 
 def sqlite_connect(path, *, mode: str | None = None, **kwargs) -> sqlite3.Connection:
@@ -97,31 +135,15 @@ def sqlite_connect(path, *, mode: str | None = None, **kwargs) -> sqlite3.Connec
         c = sqlite3.connect(f"file:{pathname2url(str(path))}?mode={mode}", uri=True, **kwargs)
     else:
         c = sqlite3.connect(path, **kwargs)
-    key = (os.path.abspath(path), os.getpid())
-    if key not in _OPENED:
-        with contextlib.suppress(OSError):
-            st = os.stat(key[0])
-            _OPENED.setdefault(key, (st.st_dev, st.st_ino))
     return c
 
 
-def moved_databases(folder=None) -> list[str]:
-    """The SQLite files (in ``folder``; None: anywhere) this process opened (:func:`sqlite_connect`) whose path now
-    holds another file or none: "restore by moving the backup back", or ``rm jobs.sqlite``, under a running service.
-    Its connections keep the old, unlinked file: every write fails ("attempt to write a readonly database",
-    SQLITE_READONLY_DBMOVED) and reads see the old data, while /readyz said ready."""
-    d, pid, out = folder and os.path.abspath(folder), os.getpid(), []
-    for (path, p), opened in list(_OPENED.items()):
-        if p != pid or d is not None and os.path.dirname(path) != d:
-            continue
-        try:
-            st = os.stat(path)
-            same = (st.st_dev, st.st_ino) == opened
-        except OSError:
-            same = False
-        if not same:
-            out.append(f"{os.path.basename(path) if d else path}: {_MOVED}")
-    return out
+def moved_databases(files=None, folder=None) -> list[str]:
+    """What each of ``files`` (:class:`OpenedFile`; None: those of the objects open in this process) that
+    :meth:`~OpenedFile.moved` says: ``NAME: database file replaced ...``, the name alone for a file in ``folder``."""
+    d = folder and os.path.realpath(folder)
+    return [f"{f.path.name if d and os.path.realpath(f.path.parent) == d else f.path}: {_MOVED}"
+            for f in (list(_LIVE) if files is None else files) if f is not None and f.moved()]
 
 
 def db_moved(exc: BaseException) -> bool:
@@ -137,10 +159,11 @@ def sqlite_damaged(exc: BaseException) -> bool:
     return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
-def storage_message(exc: BaseException, *, hint: str = " — see /readyz") -> str:
-    """What a write refused by the data directory says (``hint``: where to look next; the service's /readyz)."""
+def storage_message(exc: BaseException, *, hint: str = " — see /readyz", files=None, folder=None) -> str:
+    """What a write refused by the data directory says (``hint``: where to look next; the service's /readyz;
+    ``files``, ``folder``: the databases to name when one was replaced, see :func:`moved_databases`)."""
     if db_moved(exc):  # "readonly database" of a file moved away, not a read-only disk
-        return f"{'; '.join(moved_databases()) or 'a SQLite ' + _MOVED}; nothing was changed"
+        return f"{'; '.join(moved_databases(files, folder)) or 'a SQLite ' + _MOVED}; nothing was changed"
     if (why := _errno_words(exc)) is not None:
         return f"the data directory cannot be written: {why}; nothing was changed{hint}"
     return ("the data directory cannot be written (read-only, immutable or full disk); nothing was changed"
@@ -188,11 +211,11 @@ def no_space_message(exc: OSError) -> str:
     return f"{what} on {where}: free some space there (or write elsewhere) and run the command again"
 
 
-def data_dir_status(data_dir, min_free_bytes: int = 0) -> str:
-    """``"ok"``, or why the data directory cannot take writes now (not writable, or below ``min_free_bytes``, or a
-    database file this process opened there was replaced or removed: :func:`moved_databases`)."""
+def data_dir_status(data_dir, min_free_bytes: int = 0, files=()) -> str:
+    """``"ok"``, or why the data directory cannot take writes now (not writable, or below ``min_free_bytes``, or one
+    of the database ``files`` (:class:`OpenedFile`) was replaced or removed: :func:`moved_databases`)."""
     d = Path(data_dir)
-    if moved := moved_databases(d):
+    if moved := moved_databases(files, d):
         return "; ".join(moved)
     for sub in ("artifacts", "reports", "indexes"):  # a folder of its own owner (chown): one access(2) each
         if (d / sub).is_dir() and not os.access(d / sub, os.W_OK | os.X_OK):

@@ -66,7 +66,11 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
         _log.warning("data dir not writable", extra={"fields": {"error": f"{type(exc).__name__}: {exc}",
                                                                  "path_template": _route(request)}})
         # no Retry-After: a read-only or full disk waits for its operator, and a client retrying would only stall
-        return FastJSONResponse(_body("StorageUnavailableError", 503, storage_message(exc)), status_code=503)
+        state = getattr(request.app.state, "vb", None)  # name the databases of this app that were replaced
+        files = None if state is None else state.opened_files()
+        folder = None if state is None else state.settings.data_dir
+        return FastJSONResponse(_body("StorageUnavailableError", 503, storage_message(exc, files=files, folder=folder)),
+                                status_code=503)
     if status == 503 and not isinstance(exc, VecbridgeError):  # kind_of: a database kept locked by another process
         _log.warning("database locked", extra={"fields": {"error": str(exc), "path_template": _route(request)}})
         return FastJSONResponse(_body("DatabaseLockedError", 503, "a database of the data dir stayed locked by another "

@@ -221,6 +221,10 @@ class AppState:
         finally:
             self._loads.pop(name, None)
 
+    def opened_files(self) -> list:
+        """The SQLite files this app's registry and job store opened (:class:`service.storage.OpenedFile`)."""
+        return [o.opened for o in (self.registry and self.registry.db, self.jobs.store) if o is not None]
+
     def close(self) -> None:
         self.indexes.stop_loading()
         self.jobs.shutdown(wait=False)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from align.exceptions import InputError
 
-from ..storage import quick_check_findings, sqlite_connect, sqlite_damaged
+from ..storage import OpenedFile, quick_check_findings, sqlite_connect, sqlite_damaged
 from ..urls import check_pg_userinfo, redact
 from .errors import (
     ConflictError,
@@ -166,8 +166,14 @@ class _Base:
     byte_order = ""  # ORDER BY / compare a name in code-point order, as Python does (SQLite's default, BINARY)
     key_share = ""  # a row read this way cannot be deleted before the transaction ends (SQLite: one writer anyway)
 
+    opened: OpenedFile | None = None  # SQLite: the file its connections opened
+
     def __init__(self):
         self._local = threading.local()
+
+    def moved(self) -> bool:
+        """SQLite: its file was replaced or removed since it opened it (:class:`~service.storage.OpenedFile`)."""
+        return self.opened is not None and self.opened.moved()
 
     def _conn(self):
         c = getattr(self._local, "conn", None)
@@ -194,6 +200,8 @@ class _Base:
 
     def close(self):
         c = getattr(self._local, "conn", None)
+        if self.opened is not None:
+            self.opened.forget()
         if c is not None:
             try:
                 c.close()
@@ -238,7 +246,7 @@ class SQLiteDB(_Base):
         super().__init__()
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.timeout = timeout
+        self.timeout, self.opened = timeout, OpenedFile(self.path)
         try:
             with self.tx(write=True) as t:
                 for stmt in SCHEMA:
@@ -280,6 +288,7 @@ class SQLiteDB(_Base):
 
     def _connect(self):
         c = sqlite_connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        self.opened.note()
         c.execute("PRAGMA journal_mode=DELETE")  # no memory-mapped wal-index: no SIGBUS on a bad disk
         c.execute("PRAGMA mmap_size=0")
         c.execute("PRAGMA synchronous=FULL")

@@ -160,6 +160,38 @@ def test_a_database_file_replaced_under_the_service_is_named_not_a_read_only_dis
         assert s.proc.poll() is None
 
 
+def test_a_data_dir_made_again_for_a_new_app_in_the_process_is_not_replaced(tmp_path):
+    """The files opened were kept per process by path, first open only: an app shut down, its data dir removed and
+    made again, and a new app on the same path in the same process (tests, notebooks) was "database file replaced"
+    for good on /readyz, its writes 503 naming every stale path; a data dir reached through a link was never named.
+    Each registry and job store now keeps what it opened, and /readyz asks this app's own."""
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+    from tests._api_support import W as WRITE
+    from tests._api_support import settings_for
+
+    real = tmp_path / "real"
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    for round in range(2):
+        real.mkdir()
+        with TestClient(create_app(settings_for(tmp_path / "link", data_dir=tmp_path / "link"))) as c:
+            assert c.post("/v1/spaces", json={"name": "s1", "dim": 4}, headers=WRITE).status_code == 201
+            ready = c.get("/readyz")
+            assert ready.status_code == 200 and ready.json()["checks"]["data_dir"] == "ok", (round, ready.text)
+            if round:  # replaced through the link: named, as the file the service opened
+                for db in ("registry.sqlite", "jobs.sqlite"):
+                    shutil.copy2(real / db, real / "x.sqlite")
+                    os.replace(real / "x.sqlite", real / db)
+                assert c.get("/readyz").json()["checks"]["data_dir"] == "; ".join(
+                    f"{db}: database file replaced or removed since the service opened it: restart the service"
+                    for db in ("registry.sqlite", "jobs.sqlite"))
+                r = c.post("/v1/spaces", json={"name": "s2", "dim": 4}, headers=WRITE)
+                assert r.status_code == 503 and r.json()["error"]["message"].startswith(
+                    "registry.sqlite: database file replaced"), r.text
+        shutil.rmtree(real)
+
+
 def _mount_tmpfs(d: Path, size: str) -> bool:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False

@@ -46,7 +46,7 @@ async def readyz(request: Request):
         from ...storage import data_dir_status
 
         checks["data_dir"] = await run_in_threadpool(data_dir_status, state.settings.data_dir,
-                                                     state.settings.min_free_bytes)
+                                                     state.settings.min_free_bytes, state.opened_files())
         ok = (checks["registry"] == "ok" and loaded and checks["data_dir"] == "ok"
               and state.preload.ready)
     return FastJSONResponse({"status": "ready" if ok else "not ready", "checks": checks},
