@@ -211,16 +211,18 @@ def no_space_message(exc: OSError) -> str:
     return f"{what} on {where}: free some space there (or write elsewhere) and run the command again"
 
 
-def data_dir_status(data_dir, min_free_bytes: int = 0, files=()) -> str:
+def data_dir_status(data_dir, min_free_bytes: int = 0, files=(), folders=None) -> str:
     """``"ok"``, or why the data directory cannot take writes now (not writable, or below ``min_free_bytes``, or one
-    of the database ``files`` (:class:`OpenedFile`) was replaced or removed: :func:`moved_databases`)."""
+    of the database ``files`` (:class:`OpenedFile`) was replaced or removed: :func:`moved_databases`). ``folders``:
+    those it writes to, maybe elsewhere (the artifact and report dirs; None: its ``artifacts``, ``reports`` and
+    ``indexes``), each probed with one access(2)."""
     d = Path(data_dir)
     if moved := moved_databases(files, d):
         return "; ".join(moved)
-    for sub in ("artifacts", "reports", "indexes"):  # a folder of its own owner (chown): one access(2) each
-        if (d / sub).is_dir() and not os.access(d / sub, os.W_OK | os.X_OK):
-            return f"not writable: permission denied on {d / sub} (running as uid {os.getuid()}): give the folder " \
-                   "to that user (chown)"
+    for sub in (d / f for f in ("artifacts", "reports", "indexes")) if folders is None else map(Path, folders):
+        if sub.is_dir() and not os.access(sub, os.W_OK | os.X_OK):  # a folder of its own owner, or mounted ro
+            ro = os.statvfs(sub).f_flag & os.ST_RDONLY
+            return f"not writable: {_errno_words(OSError(errno.EROFS if ro else errno.EACCES, '', str(sub)))}"
     for f in ("registry.sqlite", "jobs.sqlite"):
         if (d / f).is_dir():
             return f"not writable: {d / f} is a folder, not a SQLite database file: move it aside"
@@ -239,7 +241,9 @@ def data_dir_status(data_dir, min_free_bytes: int = 0, files=()) -> str:
             probe.unlink()
         except OSError:
             pass
-        return f"not writable: {os.strerror(exc.errno) if exc.errno else exc}"
+        where = exc.filename if str(exc.filename).endswith(".sqlite") else d  # a database, or the folder itself
+        why = exc.errno and _errno_words(OSError(exc.errno, "", str(where)))
+        return f"not writable: {why or (os.strerror(exc.errno) if exc.errno else exc)}"
     st = os.statvfs(d)
     free = st.f_bavail * st.f_frsize
     if free < int(min_free_bytes):

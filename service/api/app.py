@@ -406,10 +406,10 @@ def _check_data_dir(s: Settings) -> None:
             status = data_dir_status(path)
         except OSError as exc:
             status = f"not writable: {exc.strerror or exc}"
-        if status.startswith("not writable"):
-            raise NotConfiguredError(
-                f"{what} {path} ({setting}) is {status} for uid {os.getuid()}: give the folder to that user (chown) "
-                f"or choose a writable one")
+        if status.startswith("not writable"):  # the words of its errno say what to do; only bare ones get advice
+            advice = "" if ":" in status.partition(": ")[2] else (f" for uid {os.getuid()}: give the folder to that "
+                                                                  "user (chown)")
+            raise NotConfiguredError(f"{what} {path} ({setting}) is {status}{advice}; or choose a writable one")
 
 
 def worker_app() -> FastAPI:

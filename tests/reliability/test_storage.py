@@ -71,7 +71,8 @@ def test_a_refused_write_says_why_by_errno_and_readyz_probes_the_subfolders(tmp_
                             show, str(d)], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
                            check=False)
         assert r.stdout.strip() == (f"not writable: permission denied on {d / 'artifacts'} (running as uid 65534): "
-                                    "give the folder to that user (chown)"), r.stdout + r.stderr
+                                    "give the folder to that user (chown), or clear its immutable flag (chattr -i)"
+                                    ), r.stdout + r.stderr
     finally:
         shutil.rmtree(d)
 
@@ -190,6 +191,40 @@ def test_a_data_dir_made_again_for_a_new_app_in_the_process_is_not_replaced(tmp_
                 assert r.status_code == 503 and r.json()["error"]["message"].startswith(
                     "registry.sqlite: database file replaced"), r.text
         shutil.rmtree(real)
+
+
+def test_a_read_only_artifact_folder_is_named_by_its_errno_wherever_it_is(tmp_path):
+    """/readyz probed artifacts/ with access(2) alone and called a read-only bind mount (EROFS) "permission denied
+    ... give the folder to that user (chown)"; serve's refusal then gave the chown advice twice; and an artifact dir
+    set apart from the data dir (compose's VECBRIDGE_ARTIFACT_DIR=/artifacts) was never probed."""
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+    from service.api.app import _check_data_dir
+    from service.errors import NotConfiguredError
+    from tests._api_support import settings_for
+
+    ext, data = tmp_path / "artifacts", tmp_path / "data"
+    (ext / "tmp").mkdir(parents=True)
+    data.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "--bind", str(ext), str(ext)], capture_output=True,
+                                                 check=False).returncode:
+        pytest.skip("needs root and mount to make a read-only bind mount")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(ext)], capture_output=True, check=False).returncode:
+            pytest.skip("cannot remount a bind mount read-only here")
+        said = f"not writable: read-only file system holding {ext}: remount it read-write"
+        assert data_dir_status(tmp_path) == said  # artifacts/ of a data dir: by its errno, not "(chown)"
+        assert data_dir_status(data, folders=[ext]) == said and data_dir_status(data) == "ok"  # set apart
+        settings = settings_for(tmp_path, data_dir=data, artifact_dir=ext)
+        with TestClient(create_app(settings)) as c:
+            ready = c.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["checks"]["data_dir"] == said, ready.text
+        with pytest.raises(NotConfiguredError) as refused:
+            _check_data_dir(settings)
+        assert said in str(refused.value) and "chown" not in str(refused.value), str(refused.value)
+    finally:
+        subprocess.run(["umount", "-l", str(ext)], capture_output=True, check=False)
 
 
 def _mount_tmpfs(d: Path, size: str) -> bool:

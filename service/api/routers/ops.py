@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import platform
 import time
+from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -45,8 +46,10 @@ async def readyz(request: Request):
             checks["encoders"] = state.preload.status()
         from ...storage import data_dir_status
 
-        checks["data_dir"] = await run_in_threadpool(data_dir_status, state.settings.data_dir,
-                                                     state.settings.min_free_bytes, state.opened_files())
+        s = state.settings  # the folders it writes to, the artifact and report dirs set apart included
+        folders = (s.resolved_artifact_dir(), s.resolved_report_dir(), Path(s.data_dir) / "indexes")
+        checks["data_dir"] = await run_in_threadpool(data_dir_status, s.data_dir, s.min_free_bytes,
+                                                     state.opened_files(), folders)
         ok = (checks["registry"] == "ok" and loaded and checks["data_dir"] == "ok"
               and state.preload.ready)
     return FastJSONResponse({"status": "ready" if ok else "not ready", "checks": checks},
