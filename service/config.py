@@ -151,12 +151,14 @@ class Settings(BaseSettings):
         "--stop-timeout). Without it a request that kept going (a stalled upload, a long plan) held the stop until "
         "the SIGKILL."))
     worker_healthcheck_timeout_s: float = Field(60.0, ge=1, le=3600, description=(
-        "serve --workers N: longest the supervisor waits for a worker's answer to its health check (uvicorn's "
-        "timeout_worker_healthcheck), starting or serving, before it kills the worker and starts another. A worker "
-        "answers once it has imported the app (FastAPI, FAISS, the service): on the 2-core development machine "
-        "3-5 s at load 7, up to 13 s (2 workers) and 19 s (4 workers) at load 8, so uvicorn's 5 s killed starting "
-        "workers in a loop and the service never served. A hung worker is replaced this long after its check "
-        "began (and a stop signal waits for that check)."))
+        "serve --workers N: longest the supervisor waits for a starting worker's answer to its health check "
+        "(uvicorn's timeout_worker_healthcheck) before it kills the worker and starts another. A worker answers "
+        "once it has imported the app (FastAPI, FAISS, the service): on the 2-core development machine 3-5 s at "
+        "load 7, up to 13 s (2 workers) and 19 s (4 workers) at load 8 and 30 s at load 17, so uvicorn's 5 s killed "
+        "starting workers in a loop and the service never served. Once its server has started, a worker answers "
+        "from a thread of its own (at most 0.5 s at load 17), so a hung one is replaced after min(this, 10 s). A "
+        "SIGTERM / SIGINT never waits for a check: a worker that neither answers nor ends within 2 s of it is "
+        "killed."))
     limits: Limits = Field(default_factory=Limits, description="Every other size limit (service/limits.py); "
                                                                "e.g. VECBRIDGE_LIMITS__MAX_K=500.")
     metrics_access: Literal["open", "key", "off"] = Field(

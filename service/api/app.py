@@ -315,21 +315,16 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
 
 
 def _run_workers(config) -> None:
-    """uvicorn's supervisor of ``config.workers`` processes on one listening socket (what ``uvicorn.run`` does), but
-    the supervisor closes its copy of the socket before it signals the workers to stop.
+    """uvicorn's supervisor of ``config.workers`` processes on one listening socket (what ``uvicorn.run`` does), with
+    the changes of :class:`service.api.supervisor.Supervisor`: it closes its copy of the socket before it signals the
+    workers to stop, and its health checks never hold a stop.
 
     Each worker closes its copy at its stop; the supervisor kept its own until every worker had ended (up to
     ``shutdown_timeout_s``), so the kernel still completed connections into the backlog that nobody would accept:
     after a SIGTERM a client connected, waited ~25 s and was reset with no answer (a POST could not tell whether it
     applied), where one process refuses at once. Now, once the supervisor and the workers have closed their copies,
     a new connection is refused while the requests in flight are answered."""
-    from uvicorn.supervisors import Multiprocess
-
-    class Supervisor(Multiprocess):
-        def terminate_all(self) -> None:
-            for sock in self.sockets:
-                sock.close()
-            super().terminate_all()
+    from .supervisor import Supervisor
 
     Supervisor(config, sockets=[config.bind_socket()]).run()
 

@@ -35,9 +35,9 @@ def encoders(as_json):
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Server processes sharing the port (each with its own app; shared registry and data dir).")
 @click.option("--worker-healthcheck-timeout", "healthcheck", type=float, default=None, metavar="SECONDS",
-              help="--workers N: longest wait for a worker's answer to the supervisor's health check, starting "
-                   "or serving, before it is killed and started again; 1 to 3600 "
-                   "[env VECBRIDGE_WORKER_HEALTHCHECK_TIMEOUT_S; default 60].")
+              help="--workers N: longest wait for a starting worker's answer to the supervisor's health check "
+                   "before it is killed and started again (a serving worker: this or 10 s, the shorter; a stop "
+                   "never waits for a check); 1 to 3600 [env VECBRIDGE_WORKER_HEALTHCHECK_TIMEOUT_S; default 60].")
 @click.option("--preload-encoder", "preload", multiple=True, metavar="NAME",
               help="Load this encoder (e.g. minilm) at start-up; /readyz waits for it. Repeatable; replaces "
                    "VECBRIDGE_PRELOAD_ENCODERS.")

@@ -1,0 +1,136 @@
+"""The supervisor of ``serve --workers N``: uvicorn's ``Multiprocess`` with its health checks and its stop changed.
+
+uvicorn pings each worker in turn and waits up to ``timeout_worker_healthcheck`` for the answer, and it reads a
+SIGTERM / SIGINT only between those checks. With ``worker_healthcheck_timeout_s`` at 60 s (a starting worker on a
+busy host answers late), one silent worker (SIGSTOP, a frozen cgroup, a long call holding the GIL) held a SIGTERM
+60 s, past an orchestrator's 30 s: a ``--workers 2`` stop took 60.1 s with a worker stopped (6.1 s at uvicorn's
+5 s). Here:
+
+- a check polls in short steps and gives up as soon as a stop is asked (SIGTERM or SIGINT queued, or
+  ``should_exit``); other signals (SIGHUP, SIGTTIN...) wait for it, as before, so no answer is left unread;
+- a worker gets the whole ``timeout_worker_healthcheck`` until it has answered that its server started; after that
+  each check waits ``min(timeout_worker_healthcheck, SERVING_CHECK_S)``: a serving worker's answer comes from a
+  thread of its own within milliseconds, also on a loaded host, so a hung worker is replaced after 10 s, not 60 s;
+- at the stop each worker is sent SIGTERM (graceful stop, up to ``shutdown_timeout_s``) and asked once more; one
+  that neither answers nor ends within ``STOP_CHECK_S`` is killed (SIGKILL): a stopped worker does not act on a
+  SIGTERM, and the supervisor waited for it for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import time
+
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+__all__ = ["SERVING_CHECK_S", "STOP_CHECK_S", "Supervisor"]
+
+SERVING_CHECK_S = 10.0  # longest wait for a serving worker's answer (a starting one: timeout_worker_healthcheck)
+STOP_CHECK_S = 2.0  # longest wait, at the stop, for a worker's last answer before it is killed
+_STEP_S = 0.1  # a check looks for a stop this often
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_log = logging.getLogger("uvicorn.error")  # beside uvicorn's own supervisor lines
+
+
+class Supervisor(Multiprocess):
+    """uvicorn's supervisor whose health checks never hold a stop (module doc), and which closes its copy of the
+    listening socket before it signals the workers to stop (so a new connection is refused at once)."""
+
+    def __init__(self, config, sockets) -> None:
+        super().__init__(config, sockets)
+        self._serving: set[Process] = set()  # answered once that their server started
+        self._owed: set[Process] = set()  # sent a ping whose answer was not read (a check cut short by a stop)
+
+    def _stopping(self) -> bool:
+        return self.should_exit.is_set() or any(sig in self.signal_queue for sig in _STOP_SIGNALS)
+
+    def _ask(self, process: Process, timeout: float) -> bool | None:
+        """True: ``process`` answered within ``timeout`` s; False: it did not (or its pipe is broken); None: a stop
+        was asked first (the answer, if one comes, is left in the pipe: the stop's own check reads it)."""
+        conn = process.parent_conn
+        deadline = time.monotonic() + timeout
+        try:
+            conn.send(b"ping")
+            self._owed.add(process)
+            while not conn.poll(max(0.0, min(_STEP_S, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    return False
+                if self._stopping():
+                    return None
+            started = conn.recv()
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return False
+        self._owed.discard(process)
+        if started:
+            self._serving.add(process)
+        return True
+
+    def keep_subprocess_alive(self) -> None:
+        current = set(self.processes)
+        self._serving &= current
+        self._owed &= current
+        for idx, process in enumerate(self.processes):
+            if self._stopping():
+                return  # the stop comes first; terminate_all asks each worker once more
+            wait = self.config.timeout_worker_healthcheck
+            if process in self._serving:
+                wait = min(wait, SERVING_CHECK_S)
+            if process.process.is_alive():
+                answered = self._ask(process, wait)
+                if answered is None:
+                    return
+                if answered:
+                    continue
+                _log.warning(f"Child process [{process.pid}] did not answer its health check within {wait:g} s")
+            # from here as uvicorn's Multiprocess.keep_subprocess_alive
+            process.kill()
+            process.join()
+            if process.exitcode == STARTUP_FAILURE:  # the app, TLS or the socket is broken: every restart fails
+                _log.error(f"Child process [{process.pid}] failed to start, stopping the parent process.")
+                self.should_exit.set()
+                return
+            if self.should_exit.is_set():
+                return
+            _log.info(f"Child process [{process.pid}] died")
+            process = Process(self.config, self.sockets)
+            process.start()
+            self.processes[idx] = process
+
+    def terminate_all(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        deadline = time.monotonic() + min(STOP_CHECK_S, self.config.timeout_worker_healthcheck)
+        waiting = []
+        for process in self.processes:  # as uvicorn's Process.terminate, the pipe kept open for the last answer
+            if not process.process.is_alive():
+                continue
+            try:
+                if process not in self._owed:
+                    process.parent_conn.send(b"ping")
+                waiting.append(process)
+            except OSError:  # its pipe is closed: the worker is ending
+                pass
+            os.kill(process.pid, signal.SIGTERM)  # graceful; a worker still importing ends at once
+            _log.info(f"Terminated child process [{process.pid}]")
+        while waiting:
+            for process in list(waiting):
+                try:
+                    answered = process.parent_conn.poll()
+                except OSError:
+                    answered = True
+                if answered or not process.process.is_alive():
+                    waiting.remove(process)  # answered: stopping gracefully (up to shutdown_timeout_s)
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        for process in waiting:  # silent and still there: a stopped (SIGSTOP, frozen) worker never acts on SIGTERM
+            _log.warning(f"Child process [{process.pid}] did not answer its last health check: killed")
+            process.kill()
+        for process in self.processes:
+            process.parent_conn.close()
+            process.child_conn.close()
