@@ -62,10 +62,12 @@ MapPath = Annotated[Ref, Field(min_length=1)] | Annotated[list[Ref], Field(min_l
 
 # --- spaces and maps ----------------------------------------------------------------------------
 class SpaceCreate(_Strict):
+    null_refused = frozenset({"description", "query_prefix", "passage_prefix"})  # kept by an upsert, never cleared
     name: Name
     dim: DimCount | None = Field(None, description=f"Columns (1 .. {MAX_DIM}); taken from the encoder "
                                                        "when omitted.")
-    encoder: str | None = Field(None, description="Installed encoder that produces this space (GET /v1/models).")
+    encoder: str | None = Field(None, description="Installed encoder that produces this space (GET /v1/models); "
+                                "null: none, or on a space that exists its own, kept (it cannot be cleared).")
     query_prefix: str = Field("", max_length=1024, description=(
         "Record of the prefix this space's queries were embedded with (e.g. 'query: '), for whoever embeds vectors "
         "for it outside the service. Stored with the space, never added by the service: its encoders add their "

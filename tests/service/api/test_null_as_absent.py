@@ -5,7 +5,9 @@ JavaScript object with a property set to null). ``POST /v1/maps/{ref}/transform`
 "dim": null}`` was a 422 "vectors_b64 needs dim" (left out: the map's width), and ``"k": null``, ``"output":
 null``, ``"random_state": null``... were 422s too, while the OpenAPI document said nothing of null. Each route of
 the vector bodies (``vectors`` / ``vectors_b64`` + ``dim``) is called here with each optional field of its model
-null, and must answer as it does without the field; the document marks every optional field nullable."""
+null, and must answer as it does without the field; the document marks every optional field nullable. The
+exceptions, a model's ``null_refused`` (the fields an upsert of ``POST /v1/spaces`` keeps and cannot clear), are a
+422 saying so: taken as left out, a merge patch's ``"description": null`` answered 200 with nothing cleared."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from service.api.schemas import (
 )
 
 _names = itertools.count()
+_KEPT = ("description", "passage_prefix", "query_prefix")  # SpaceCreate's: an upsert keeps them, clears none
 
 
 def _b64(X: np.ndarray) -> dict:
@@ -72,7 +75,8 @@ def _routes(d, S, labels):
 
 
 def _optional(model) -> list[str]:
-    return [name for name, field in model.model_fields.items() if not field.is_required()]
+    return [name for name, field in model.model_fields.items()
+            if not field.is_required() and name not in getattr(model, "null_refused", ())]
 
 
 def test_dim_null_beside_vectors_b64_is_dim_left_out(world):
@@ -139,14 +143,18 @@ def _admits_null(prop: dict) -> bool:
 def test_the_document_marks_every_optional_body_field_nullable(world):
     c, _, _, _ = world
     doc = c.get("/openapi.json").json()
-    seen, missing = 0, []
+    seen, missing, refused = 0, [], {}
+    kept = {"SpaceCreate": _KEPT}
 
-    def walk(where, schema):
+    def walk(where, schema, model=None):
         nonlocal seen
         if "$ref" in schema:
-            schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+            model = schema["$ref"].rsplit("/", 1)[1]
+            schema = doc["components"]["schemas"][model]
         for name, prop in schema.get("properties", {}).items():
-            if name not in schema.get("required", ()):
+            if name in kept.get(model, ()):
+                refused[f"{where}: {name}"] = _admits_null(prop)
+            elif name not in schema.get("required", ()):
                 seen += 1
                 if not _admits_null(prop):
                     missing.append(f"{where}: {name}")
@@ -157,3 +165,39 @@ def test_the_document_marks_every_optional_body_field_nullable(world):
     for where, schema in _request_schemas(doc):
         walk(where, schema)
     assert seen > 100 and not missing, missing
+    # the fields whose null is refused are not called nullable
+    assert len(refused) == 3 and not any(refused.values()), refused
+
+
+@pytest.mark.parametrize("field", _KEPT)
+def test_a_space_upserts_null_is_refused_not_taken_as_nothing_to_change(world, field):
+    """A JSON merge patch clears a field with null; the upsert keeps what it is not given and clears nothing, so
+    ``"description": null`` answered 200 with the stored value kept: the client believed it cleared."""
+    c, _, _, _ = world
+    assert field in SpaceCreate.null_refused
+    name = f"keep{field}"
+    r = c.post("/v1/spaces", headers=W, json={"name": name, "dim": 4, field: "kept: "})
+    assert r.status_code == 201 and r.json()[field] == "kept: ", r.text
+    r = c.post("/v1/spaces", headers=W, json={"name": name, "dim": 4, field: None})
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["details"][0]["loc"] == ["body", field] and err["details"][0]["type"] == "null_refused", err
+    assert 'send ""' in err["message"] and "no way to clear it" in err["message"] and field in err["message"], err
+    assert c.get(f"/v1/spaces/{name}", headers=R).json()[field] == "kept: "
+    # on a new space too (was a 422 before null meant "left out"; the document never called it nullable then)
+    r = c.post("/v1/spaces", headers=W, json={"name": f"new{field}", "dim": 4, field: None})
+    assert r.status_code == 422 and c.get(f"/v1/spaces/new{field}", headers=R).status_code == 404, r.text
+    # what the message offers: "" (and the field left out) keeps the stored value
+    for body in ({field: ""}, {}):
+        r = c.post("/v1/spaces", headers=W, json={"name": name, "dim": 4, **body})
+        assert r.status_code == 200 and r.json()[field] == "kept: ", r.text
+
+
+def test_a_space_upserts_encoder_null_is_no_encoder_as_before(world):
+    """``encoder`` was nullable before null meant "left out" (none on a new space); kept, its description says an
+    existing space keeps its own."""
+    c, _, _, _ = world
+    r = c.post("/v1/spaces", headers=W, json={"name": "enc-null", "dim": 4, "encoder": None})
+    assert r.status_code == 201 and r.json()["encoder"] is None, r.text
+    doc = c.get("/openapi.json").json()["components"]["schemas"]["SpaceCreate"]["properties"]["encoder"]
+    assert _admits_null(doc) and "cannot be cleared" in doc["description"], doc
