@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from align.exceptions import InputError
@@ -146,7 +147,9 @@ def whole_int(value: Any) -> Any:
     ``vectors_b64``: :func:`service.api.codec.body_dim`) and of index parameters (:func:`check_index_params`)."""
     if type(value) is not float:
         return value  # an int passes; anything else meets the strict int's refusal
-    if not math.isfinite(value) or not value.is_integer():
+    if not math.isfinite(value):
+        raise ValueError(f"must be an integer, got {value!r} (not a finite number)")
+    if not value.is_integer():
         raise ValueError(f"must be an integer, got {value!r} (a fraction is not rounded)")
     if abs(value) >= EXACT_FLOAT_INT:
         raise ValueError(f"must be an integer, got {value!r}: a whole number of 2**53 or more written as a float may "
@@ -216,7 +219,11 @@ INDEX_PARAM_RULES: dict[str, dict[str, tuple[int, int]]] = {
 
 def _int_param(value: Any, name: str, lo: int, hi: int) -> int:
     """An integer index parameter in ``[lo, hi]``, a whole float read as every integer field reads it
-    (:func:`whole_int`: below 2**53 only; 1e300 was taken as the int it rounds to and refused with its 301 digits)."""
+    (:func:`whole_int`: below 2**53 only; 1e300 was taken as the int it rounds to and refused with its 301 digits).
+    A NumPy float is read as the float it holds (``np.float64(32.0)`` from an array or a config read by NumPy was
+    refused once whole_int took only ``float`` itself)."""
+    if isinstance(value, np.floating):
+        value = float(value)
     try:
         value = whole_int(value)
     except ValueError as exc:

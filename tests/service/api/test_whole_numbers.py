@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from _api_support import R, W, served_world
 
+from align.exceptions import InputError
 from service.api import fastpath
 
 SAFE = 2**53 - 1  # JavaScript's Number.MAX_SAFE_INTEGER: the largest integer no other integer rounds to as a float
@@ -113,3 +114,33 @@ def test_an_index_parameter_takes_whole_floats_by_the_same_rule(tmp_path, capsys
                            "hnsw", "--param", f"M={sent!r}", "--quiet")
     assert code == 2 and err.count("\n") == 1 and "index parameter M must be an integer" in err, err
     assert "2**53 or more" in err, err
+
+
+@pytest.mark.parametrize("value", [np.float64(32.0), np.float32(32.0), 32.0, 32], ids=repr)
+def test_an_index_parameter_given_as_a_numpy_float_is_its_integer(value):
+    """``np.float64(32.0)`` (a parameter read from an array, or from a config NumPy parsed) was accepted as 32 when
+    any ``float`` subclass with no fraction was, then refused "must be an integer, got np.float64(32.0)" once
+    whole_int took ``float`` itself only; a NumPy float is read as the float it holds, by the same rule."""
+    from service.limits import check_index_params, seed_of
+
+    params = check_index_params("hnsw", {"M": value, "ef_search": value})
+    assert params["M"] == 32 and type(params["M"]) is int and type(params["ef_search"]) is int, params
+    assert seed_of(None, value, True) == 32 and type(seed_of(None, value, True)) is int
+    with pytest.raises(InputError, match=r"M must be an integer, got 32\.5 \(a fraction is not rounded\)"):
+        check_index_params("hnsw", {"M": np.float64(32.5)})
+    with pytest.raises(InputError, match=r"2\*\*53 or more"):
+        check_index_params("hnsw", {"M": np.float64(2.0**53)})
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), np.float64("nan"), np.float32("inf")],
+                         ids=repr)
+def test_a_non_finite_number_is_said_to_be_one_not_a_fraction(value):
+    """NaN and infinity were refused "(a fraction is not rounded)": neither is a fraction."""
+    from service.limits import check_index_params, whole_int
+
+    with pytest.raises(InputError, match=r"M must be an integer, got -?(nan|inf) \(not a finite number\)$"):
+        check_index_params("hnsw", {"M": value})
+    if type(value) is float:
+        with pytest.raises(ValueError, match=r"\(not a finite number\)$") as info:
+            whole_int(value)
+        assert "fraction" not in str(info.value)
