@@ -414,10 +414,10 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
         rows = parse_rows(rows)
     if chunk_rows < 1:
         raise InputError("chunk_rows must be >= 1")
-    if isinstance(rows, np.ndarray) and suf not in TEXT_SUFFIXES:  # listed rows: gathered a chunk at a time
-        resolve_rows(rows, count_rows(path, key=key, column=column), path)  # every index checked before a chunk
-        for s in range(0, rows.size, chunk_rows):
-            yield read_vectors(path, rows=rows[s : s + chunk_rows], key=key, column=column, encoder=encoder)
+    if isinstance(rows, np.ndarray) and suf in VECTOR_SUFFIXES and not encoder:  # the file read once, not per chunk
+        from .listed_rows import listed_chunks
+
+        yield from listed_chunks(path, rows, chunk_rows, suf, key=key, column=column)
         return
     if suf == ".parquet" and not encoder:
         from align.validation import as_matrix

@@ -86,10 +86,14 @@ class MappedWriter:
 
 def _batches(f, path: Path, names: list[str], sl: slice, batch_rows: int):
     """Record batches of columns ``names`` of the parquet file ``f`` for rows ``sl``, read a batch at a time (listed
-    rows, an index array: the columns read once and the rows taken in the order listed)."""
+    rows, an index array: taken in the order listed from the row groups that hold them, as their vectors are; the
+    columns of the whole file were read and held)."""
     if isinstance(sl, np.ndarray):
-        with _arrow_errors(path):
-            yield from f.read(columns=names).take(sl).to_batches(max_chunksize=batch_rows)
+        from .listed_rows import RowGroups
+
+        groups = RowGroups(f, path, names)
+        for s in range(0, sl.size, batch_rows):
+            yield from groups.take(sl[s : s + batch_rows]).to_batches()
         return
     pos = 0
     with _arrow_errors(path):
