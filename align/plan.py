@@ -421,7 +421,7 @@ def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tu
 def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retention: float = 0.95,
                    target_ks=DEFAULT_TARGET_KS, repeats: int = 2, methods=("procrustes", "ridge"),
                    distractors: int = 8192, select_rows: bool = True, queries=None, old_queries=None,
-                   relevant=None, old_is_sample: bool = False, progress=None,
+                   relevant=None, old_is_sample: bool = False, progress=None, rows_k=None,
                    names: tuple[str, str, str] = ("X_old", "probe_src", "probe_tgt")) -> dict:
     r"""A plan before the fit, from the old corpus and a small paired probe.
 
@@ -444,6 +444,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         (``"rows to re-embed"``); a labelled plan over a 40,960-row corpus takes tens of seconds.
     names : what the error messages call ``X_old``, ``probe_src`` and ``probe_tgt`` (a caller's own names for them,
         e.g. its command-line options or JSON fields).
+    rows_k : ``rows_to_embed`` for this many rows (a budget, 1 to n) instead of the recommended K, drawn where and
+        as the plan draws its own: the recommended K given as ``rows_k`` gives the plan's own rows.
 
     Method
     ------
@@ -470,17 +472,15 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        exact, above the native estimate), that estimate is inconsistent: the plan is the one without them (the
        proxy's forecast and recommendation), with their ``labelled`` curve and ``native`` R@10 and a note why.
 
-    Returns a JSON-safe dict: ``alignability`` (beyond chance), ``unsupervised_feasible``, ``knn_overlap``
-    (raw), ``curve`` (per K and
-    method the mean and spread), ``fits`` (per method its curve, :func:`forecast`'s input; ``fit``: the one of
-    ``best_method``, the best at the largest probe K), ``predicted`` (per target K: method, retention, low, high,
-    extrapolated; with labelled queries
-    also ``r10``, the migrated index's predicted R@10 of them), with labelled queries ``native`` (R@10 of
-    the queries: ``new_probe``, ``old_probe``, ``old_corpus`` measured, ``new_corpus_estimate`` and the
-    ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the old model is predicted to do as well;
-    ``labelled`` instead when their estimate is inconsistent, see 4.),
-    ``recommended`` (``method``, ``forecast_method``, ``k``, ``whole_corpus``), ``rows_to_embed`` (indices; empty with
-    ``select_rows=False``, for callers such as a fit report that only want the forecast), ``notes``.
+    Returns a JSON-safe dict: ``alignability`` (beyond chance), ``unsupervised_feasible``, ``knn_overlap`` (raw),
+    ``curve`` (per K and method the mean and spread), ``fits`` (per method its curve, :func:`forecast`'s input;
+    ``fit``: the one of ``best_method``, the best at the largest probe K), ``predicted`` (per target K: method,
+    retention, low, high, extrapolated; with labelled queries also ``r10``, the migrated index's predicted R@10 of
+    them), with labelled queries ``native`` (R@10 of the queries: ``new_probe``, ``old_probe``, ``old_corpus``
+    measured, ``new_corpus_estimate`` and the ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the
+    old model is predicted to do as well; ``labelled`` instead when their estimate is inconsistent, see 4.),
+    ``recommended`` (``method``, ``forecast_method``, ``k``, ``whole_corpus``), ``rows_to_embed`` (indices; empty
+    with ``select_rows=False``, for callers such as a fit report that only want the forecast), ``notes``.
     """
     from .migration import _Problem, _fit_procrustes, _ridge
 
@@ -488,6 +488,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     Xo = as_matrix(X_old, name=n_old)
     check_callable("progress", progress)
     check_flag("select_rows", select_rows)
+    rows_k = None if rows_k is None else check_number("rows_k", rows_k, 1, Xo.shape[0], whole=True)  # before the work
     A, B = check_paired(probe_src, probe_tgt, names=(n_src, n_tgt), min_rows=1)
     # a repeated pair split across the curve's fitting and held-out halves is found by memory, and its copy is its
     # own nearest neighbour in the alignability count: the plan is of the distinct pairs
@@ -575,7 +576,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
             return _inconsistent_labelled(curve, native, over, int(lab.Q.shape[0]), plan_migration(
                 X_old, probe_src, probe_tgt, random_state=random_state, target_retention=target_retention,
                 target_ks=target_ks, repeats=repeats, methods=methods, distractors=distractors,
-                select_rows=select_rows, old_is_sample=old_is_sample, progress=progress, names=names))
+                select_rows=select_rows, old_is_sample=old_is_sample, progress=progress, names=names, rows_k=rows_k))
     fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
     best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
     predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])
@@ -630,12 +631,11 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         notes.append(f"{n_given - p} of the {n_given} probe pairs repeat another pair: the plan is of the {p} distinct "
                      f"ones")
     report("rows to re-embed", 0.0)
-    chosen = select_rows_to_embed(Xo, k_rows, random_state=rng).tolist() if select_rows else []
+    chosen = select_rows_to_embed(Xo, rows_k or k_rows, random_state=rng).tolist() if select_rows else []
     report("rows to re-embed", 1.0)
     return {
         "alignability": overlap, "unsupervised_feasible": bool(overlap >= ALIGNABLE), "knn_overlap": raw_overlap,
-        "n_probe": int(p), "n_probe_repeated": int(n_given - p),
-        "n_probe_holdout": int(val.size),
+        "n_probe": int(p), "n_probe_repeated": int(n_given - p), "n_probe_holdout": int(val.size),
         "metric": ("nn_retention@10 (simulated labelled retention) on held-out probe" if lab is None else
                    "labelled R@10 retention of the given queries, estimated for the whole corpus"),
         **({} if lab is None else {"n_queries": int(lab.Q.shape[0]), "n_corpus": int(keep.sum() + val.size),

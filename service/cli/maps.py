@@ -341,7 +341,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                    "rows_to_embed either way): `fit --source-rows` and `transform --rows` take the file.")
 @click.option("--k", "rows_k", type=click.IntRange(1), default=None,
               help="Give the rows to re-embed (--rows-out, rows_to_embed) for this many rows, a budget of yours, "
-                   "instead of for the recommended K (align.select_rows_to_embed with --random-state).")
+                   "instead of for the recommended K (drawn as the plan draws its own, with --random-state).")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
               help="Labelled queries, new-model vectors: the plan then predicts their labelled R@10 retention over "
                    "the whole --old corpus (the figure `eval --queries` measures) instead of a proxy. Needs "
@@ -382,7 +382,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     try:
         res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q,
                    old_queries=Qo, relevant=rel, progress=progress, names=("--old", "--probe-source", "--probe-target"),
-                   k=rows_k)
+                   k=rows_k, k_name="--k")
     finally:
         close()
     if old_rows is not None:  # the plan numbers the rows it was given: rows_to_embed index --old itself (as

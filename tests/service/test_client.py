@@ -742,3 +742,15 @@ def test_labels_relevant_rows_and_seed_pairs_that_are_not_integers_are_refused_b
     assert as_ints(np.array([[1, 2], [3, 4]], dtype=np.uint16), "p", width=2) == [[1, 2], [3, 4]]
     assert as_ints(np.sign(np.array([0.3, -2.0, 0.0])), "labels") == [1, -1, 0]  # whole floats, as align takes them
     assert [type(v) for v in as_ints([np.int64(1), -1], "labels")] == [int, int] and as_ints(None, "x") is None
+
+
+def test_plan_takes_k_as_plan_k_does(vb, server):
+    """Client.plan had no k: the rows for a budget of the user's (``plan --k``, HTTP ``k``) were out of its reach."""
+    _, X, Y, _ = server
+    own = vb.plan(X[:300], X[:200], Y[:200])
+    k = own["recommended"]["k"]
+    assert vb.plan(X[:300], X[:200], Y[:200], k=k)["rows_to_embed"] == own["rows_to_embed"]
+    assert len(vb.plan(X[:300], X[:200], Y[:200], k=7)["rows_to_embed"]) == 7
+    with pytest.raises(ValidationError) as e:
+        vb.plan(X[:300], X[:200], Y[:200], k=301)
+    assert "k 301 is more rows than old holds (300)" in e.value.message

@@ -41,9 +41,10 @@ def test_plan_rows_file_feeds_fit_and_transform(capsys, data):
     code, out, err = run(capsys, *_plan(d, "--k", "250", "--rows-out", d / "rows.npy", "--json"))
     assert code == 0, err
     res, rows = json.loads(out), np.load(d / "rows.npy")
-    # --k: the rows for that budget, align.select_rows_to_embed's with the plan's seed
+    # --k: the rows for that budget, drawn where the plan draws its own (align.plan_migration's rows_k)
     assert res["rows_k"] == 250 and res["rows_to_embed"] == rows.tolist() and rows.size == 250
-    assert rows.tolist() == align.select_rows_to_embed(np.load(d / "old.npy"), 250, random_state=0).tolist()
+    old, new = np.load(d / "old.npy"), np.load(d / "new.npy")
+    assert rows.tolist() == align.plan_migration(old, old[:300], new[:300], rows_k=250)["rows_to_embed"]
     write_vectors(d / "new_pairs.npy", np.load(d / "new.npy")[rows])  # "re-embedded" with the new model
     var = ["--data-dir", d / "var"]
     code, out, err = run(capsys, *var, "fit", "--source", d / "old.npy", "--source-rows", d / "rows.npy",
@@ -117,7 +118,8 @@ def test_plan_old_rows_file_numbers_rows_of_old(capsys, data):
     code, out, err = run(capsys, *_plan(d, "--old-rows", d / "sub.npy", "--k", "50", "--json"))
     assert code == 0, err
     got = json.loads(out)["rows_to_embed"]
-    alone = align.select_rows_to_embed(np.load(d / "old.npy")[np.arange(899, 199, -1)], 50, random_state=0)
+    old, new = np.load(d / "old.npy"), np.load(d / "new.npy")
+    alone = align.plan_migration(old[np.arange(899, 199, -1)], old[:300], new[:300], rows_k=50)["rows_to_embed"]
     assert got == [899 - int(i) for i in alone] and min(got) >= 200
 
 
@@ -134,7 +136,35 @@ def test_http_plan_takes_k(tmp_path):
         r = c.post("/v1/plans", json={**body, "k": 37}, headers=R)
         assert r.status_code == 200, r.text
         assert r.json()["rows_k"] == 37
-        assert r.json()["rows_to_embed"] == align.select_rows_to_embed(X, 37, random_state=0).tolist()
+        assert r.json()["rows_to_embed"] == align.plan_migration(X, X[:200], Y[:200], rows_k=37)["rows_to_embed"]
+        own = c.post("/v1/plans", json=body, headers=R).json()  # the recommended K asked for: the plan's own rows
+        r = c.post("/v1/plans", json={**body, "k": own["recommended"]["k"]}, headers=R)
+        assert r.json()["rows_to_embed"] == own["rows_to_embed"]
+        r = c.post("/v1/plans", json={**body, "k": 401}, headers=R)
+        assert r.status_code == 422 and "k 401 is more rows than old holds (400)" in r.text, r.text
         for bad in (0, 401, "a", True):
             r = c.post("/v1/plans", json={**body, "k": bad}, headers=R)
             assert r.status_code == 422 and r.json().get("detail") or r.json(), r.text
+
+
+def test_plan_k_of_the_recommended_k_gives_the_plans_own_rows(capsys, data):
+    """--k re-drew the rows with a fresh seed, while the plan draws its own from its partly used generator: asking
+    for the recommended K gave other rows than the plan's own (27 of 100 shared)."""
+    d = data
+    code, out, err = run(capsys, *_plan(d, "--json"))
+    assert code == 0, err
+    own = json.loads(out)
+    code, out, err = run(capsys, *_plan(d, "--k", str(own["recommended"]["k"]), "--json"))
+    assert code == 0, err
+    assert json.loads(out)["rows_to_embed"] == own["rows_to_embed"]
+
+
+def test_plan_k_past_the_old_rows_is_refused_before_the_plan_runs(capsys, data):
+    """--k 901 of 900 rows ran the whole plan first and then said "cannot select 901 rows out of 900", naming no
+    option. A probe too small to plan from shows the order: the --k error comes first."""
+    d = data
+    small = [a if a != "0:300" else "0:10" for a in _plan(d)]
+    code, _, err = run(capsys, *small, "--k", "901")
+    assert code == 2 and "--k 901 is more rows than --old holds (900)" in err and len(err.splitlines()) == 1, err
+    code, _, err = run(capsys, *small, "--k", "900")
+    assert code == 2 and "--k" not in err and "probe" in err, err  # 900 is allowed: the plan's own error
