@@ -79,6 +79,8 @@ def open_store(url: str, *, api_key: str | None = None, ca_file=None, **kw) -> V
         if local:
             return MilvusStore(rest, **kw)
         hostport, token = _split_userinfo(rest, url)
+        if hostport.lower().endswith(".db"):  # pymilvus opens any URI ending in .db as a Milvus Lite file (host
+            hostport += "/"  # milvus.db, or database x.db): a "/" keeps the server, its default port, the database
         return MilvusStore(f"{'https' if tls else 'http'}://{hostport}", token=token or api_key, ca_file=ca_file,
                            **kw)
     from .qdrant import QdrantStore
@@ -146,19 +148,30 @@ def _need_client(scheme: str) -> None:
 
 
 def _check_not_a_path(scheme: str, rest: str, url: str) -> None:
-    """InputError for a local file written with two slashes (``milvus://docs.db``, ``milvus://./data/docs.db``,
-    ``qdrant://./q``): it was taken for a server at host ``docs.db``, and Milvus Lite then made ``./http:/docs.db/``
-    in the working directory (even on a dry run) and answered "no source collection". A path after ``host:port``
-    stays allowed: Milvus reads it as the database name, Qdrant as the prefix of a server behind a proxy."""
-    path = rest.partition("?")[0].partition("#")[0].rstrip("/")
-    host = _split_userinfo(path, url)[0].partition("/")[0]
-    if not (path.lower().endswith(".db") or host in (".", "..", "~")):
+    """InputError for a URL after ``://`` that is clearly a local path written with two slashes: no port, and it
+    starts with ``./``, ``../`` or ``~/`` (``qdrant://./q``), or is a ``.db`` file in a folder
+    (``milvus://data/docs.db``), or a ``.db`` file that exists here (``milvus://docs.db`` beside ``./docs.db``).
+    It was taken for a server at host ``docs.db``, and Milvus Lite then made ``./http:/docs.db/`` in the working
+    directory (even on a dry run) and answered "no source collection". A server's host may end in ``.db`` (a
+    Kubernetes service ``milvus.db`` in namespace ``db``): ``milvus://milvus.db`` is one unless ``./milvus.db``
+    exists, and a port always marks a server, with any path after it (Milvus: the database; Qdrant: the prefix
+    behind a proxy). Refusing every name ending in ``.db`` stopped a service configured with such a host from
+    starting (the settings check the URL at start-up)."""
+    import os
+
+    where = _split_userinfo(rest.partition("?")[0].partition("#")[0].rstrip("/"), url)[0]
+    host, _, tail = where.partition("/")
+    if ":" in host or host.startswith("["):  # a port (or an IPv6 address): a server
+        return
+    db = where.lower().endswith(".db")
+    here = db and not tail and os.path.exists(where)
+    if not (host in (".", "..", "~") or (db and tail) or here):
         return
     engine = scheme.split("+")[0]
     local = ("a local Milvus Lite file is milvus:///ABSOLUTE/path.db" if engine == "milvus"
              else "a local Qdrant folder is qdrant:///ABSOLUTE/path")
-    raise InputError(f"{safe_url(url)!r} names a file, not a {engine} server ({engine}://host:port): {local} "
-                     "(three slashes)")
+    raise InputError(f"{safe_url(url)!r} names a file{f' (./{where} exists here)' if here else ''}, not a {engine} "
+                     f"server: {local} (three slashes); a server is {engine}://host:port (its port marks it as one)")
 
 
 def _split_userinfo(rest: str, url: str) -> tuple[str, str | None]:

@@ -217,7 +217,9 @@ def test_vector_database_settings_that_go_together_are_accepted(clean_env, tmp_p
     for url, kw in (("qdrant+https://db:6333", {"vectordb_api_key": SECRET, "vectordb_ca_file": ca}),
                     ("milvus+https://db:19530", {"vectordb_api_key": SECRET}),
                     (f"milvus+https://u:{SECRET}@db:19530", {}), (f"postgresql://vb:{SECRET}@db/vb", {}),
-                    ("postgresql://vb:p%40ss@db/vb", {}), (f"qdrant://{tmp_path}/q", {})):
+                    ("postgresql://vb:p%40ss@db/vb", {}), (f"qdrant://{tmp_path}/q", {}),
+                    # a host ending in .db (a Kubernetes service in namespace db) is a server, not a file
+                    ("milvus://milvus.db", {}), ("qdrant://qdrant.db", {}), ("milvus+https://milvus.db", {})):
         assert load_settings(vectordb_url=url, **kw).vectordb_url == url
 
 

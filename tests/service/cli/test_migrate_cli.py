@@ -281,16 +281,20 @@ def test_a_local_store_written_with_two_slashes_is_refused_and_nothing_is_create
     and the user saw only "no source collection"; it is one line naming the three-slash form, and nothing is made.
     A path after host:port stays a server's (Milvus: the database; Qdrant: the prefix behind a proxy)."""
     monkeypatch.chdir(tmp_path)
+    bare = url.endswith("://docs.db")  # a bare name is a file only when it exists here (a host may end in .db)
+    if bare:
+        (tmp_path / "docs.db").touch()
     for args in (["migrate", "--source", "docs_a", "--target", "b", "--map", "a2b@prod", "--dry-run"],
                  ["verify", "--collection", "docs_a", "--source", "docs_a", "--map", "a2b@prod"]):
         p = vb(world["data"], *args, "--store", url)
         assert p.returncode == 2 and "three slashes" in p.stderr, p.stderr
         assert ("milvus:///ABSOLUTE/path.db" if url.startswith("milvus") else "qdrant:///ABSOLUTE/path") in p.stderr
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == (["docs.db"] if bare else [])
     from service.vectordb import check_store_url
 
-    for server in ("milvus://db.example.com:19530/mydb", "qdrant+https://example.com/qdrant", "milvus://h:1"):
+    for server in ("milvus://db.example.com:19530/mydb", "qdrant+https://example.com/qdrant", "milvus://h:1",
+                   "milvus://milvus.db", "qdrant://qdrant.db"):
         check_store_url(server)
 
 
