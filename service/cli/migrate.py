@@ -19,7 +19,7 @@ from ..ops.vectordb import (checkpoint_status, default_checkpoint, needs_registr
 from ..vectordb import MigrationInterrupted
 from ..vectordb.lost import quiet_client_logs
 from . import check_stop
-from ._common import Ctx, emit, json_opt, random_state_opt, stderr_is_terminal, store_opts
+from ._common import ROWS, Ctx, emit, json_opt, random_state_opt, stderr_is_terminal, store_opts
 
 __all__ = ["migrate", "verify"]
 
@@ -156,7 +156,8 @@ class _MigrationProgress:
               help="Old-model vectors of held-out items (with --heldout-target and --map).")
 @click.option("--heldout-target", type=click.Path(dir_okay=False), default=None,
               help="New-model vectors of the same items.")
-@click.option("--heldout-rows", default=None, metavar="START:STOP", help="Rows of both held-out files to use.")
+@click.option("--heldout-rows", type=ROWS, default=None,
+              help="START:STOP rows of both held-out files, or a file of row indices (the same rows of each).")
 @click.option("--map", "map_ref", default=None, help="The migration's map (held-out mode, --source).")
 @click.option("--source", default=None,
               help="The migrated collection's source: check every row against map(source row) "

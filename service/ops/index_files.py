@@ -46,6 +46,7 @@ from ..io import (
     parse_rows,
     read_texts,
     resolve_rows,
+    rows_count,
 )
 from ..limits import check_index_params, ivf_training
 from .indexes import Resolver, check_rows_space, space_still_there
@@ -59,12 +60,13 @@ TEXT_CHUNK = 1024  # texts per block (embedded per block: the progress bar moves
 
 @dataclass
 class FileRows:
-    """Where the rows come from: a file, its ``rows`` ("START:STOP"), ``.npz`` ``key``, parquet ``column``,
+    """Where the rows come from: a file, its ``rows`` ("START:STOP", or row indices: those rows in that order, which
+    ids and payloads follow), ``.npz`` ``key``, parquet ``column``,
     JSONL ``text_field``, the ``encoder`` named for texts (default: the space's) and whether texts are kept as
     payloads."""
 
     path: str
-    rows: str | None = None
+    rows: str | np.ndarray | None = None
     key: str | None = None
     column: str | None = None
     text_field: str = "text"
@@ -79,10 +81,10 @@ class FileRows:
 def count(src: FileRows) -> int:
     """Rows of ``src`` selected by ``src.rows`` (FormatError / InputError for a bad file or range)."""
     n = count_rows(src.path, key=src.key, column=src.column, text_field=src.text_field)
-    sl = resolve_rows(parse_rows(src.rows), n, src.path)
-    if sl.stop <= sl.start:
+    m = rows_count(resolve_rows(parse_rows(src.rows), n, src.path))  # a rows file: its rows (a slice was indexed)
+    if m <= 0:
         raise InputError(f"{src.path} holds no rows")
-    return sl.stop - sl.start
+    return m
 
 
 def passage_encoder(resolver: Resolver, space: str, dim: int, encoder: str | None):

@@ -168,3 +168,44 @@ def test_plan_k_past_the_old_rows_is_refused_before_the_plan_runs(capsys, data):
     assert code == 2 and "--k 901 is more rows than --old holds (900)" in err and len(err.splitlines()) == 1, err
     code, _, err = run(capsys, *small, "--k", "900")
     assert code == 2 and "--k" not in err and "probe" in err, err  # 900 is allowed: the plan's own error
+
+
+def test_index_and_verify_rows_options_take_a_rows_file(capsys, data, tmp_path):
+    """README: "any --rows option takes START:STOP or such a file"; index create / add / search --rows and verify
+    --heldout-rows took START:STOP only ("rows must look like START:STOP, got 'rows.npy'"). The listed rows go in
+    the order listed, and --ids (one per row) follows them."""
+    d = data
+    var = ["--data-dir", d / "var"]
+    order = np.array([7, 3, 500, 11])
+    np.save(d / "order.npy", order)
+    np.save(d / "ids.npy", np.array([70, 30, 5000, 110]))
+    assert run(capsys, *var, "spaces", "add", "o", "--dim", "16")[0] == 0
+    code, _, err = run(capsys, *var, "index", "create", "ix", "--space", "o", d / "old.npy", "--rows", d / "order.npy",
+                       "--ids", d / "ids.npy", "--kind", "flat", "--quiet")
+    assert code == 0, err
+    assert run(capsys, *var, "index", "add", "ix", d / "old.npy", "--rows", "20:22", "--quiet")[0] == 0
+    np.save(d / "q.npy", np.array([500, 3]))
+    code, out, err = run(capsys, *var, "index", "search", "ix", d / "old.npy", "--rows", d / "q.npy", "--k", "1",
+                         "--json")
+    assert code == 0, err
+    assert [r[0]["id"] for r in json.loads(out)["results"]] == [5000, 30]  # each query its own row, listed order
+    np.save(d / "far.npy", np.array([1, 900]))
+    code, _, err = run(capsys, *var, "verify", "--store", f"qdrant://{tmp_path}/q", "--collection", "c",
+                       "--heldout-source", d / "old.npy", "--heldout-target", d / "new.npy", "--map", "m",
+                       "--heldout-rows", d / "far.npy")
+    assert code == 2 and "row index 900 is outside the file's 900 rows" in err, err  # read as rows, not START:STOP
+
+
+def test_every_rows_option_is_of_the_rows_type():
+    """The README's "any --rows option takes START:STOP or such a file", checked on the source: every option named
+    --rows or --*-rows that selects rows (not a count: --chunk-rows, --shard-rows) is of the ROWS type."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3] / "service"
+    found = []
+    for p in [*root.glob("cli/*.py"), root / "vectordb" / "__main__.py"]:
+        for m in re.finditer(r'option\(\s*"(--(?:[a-z-]+-)?rows)"([^)]*)', p.read_text()):
+            if m.group(1) not in ("--chunk-rows", "--shard-rows"):
+                found.append((p.name, m.group(1), "type=ROWS" in m.group(2)))
+    assert len(found) >= 8 and all(ok for *_, ok in found), found
