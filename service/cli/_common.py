@@ -376,6 +376,9 @@ class _Rows(click.ParamType):
         if arr.min() < 0:
             self.fail(f"{p.name}: row index {int(arr.min())} is negative (indices count the file's rows from 0)",
                       param, ctx)
+        if arr.dtype.kind == "u" and arr.max() > np.iinfo(np.int64).max:  # it wrapped to a negative index
+            self.fail(f"{p.name}: row index {int(arr.max())} is past the rows of any file (at most 2**63 - 1)",
+                      param, ctx)
         uniq, counts = np.unique(arr, return_counts=True)
         if (counts > 1).any():
             self.fail(f"{p.name}: row {int(uniq[counts > 1][0])} is listed more than once; list each row once",
