@@ -82,7 +82,7 @@ def _line(d: dict) -> str:
 _file_opts = [
     click.option("--rows", type=ROWS, default=None,
                  help="START:STOP rows of FILE, or a file of row indices (the .npy `plan --rows-out` writes): those "
-                      "rows, in that order (--ids / --payloads: one per row, in the same order)."),
+                      "rows, in that order (an ids or payloads file: one per row, in the same order)."),
     click.option("--key", default=None, help=".npz array name."),
     click.option("--column", default=None, help="Parquet list column."),
     click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text."),
