@@ -164,11 +164,11 @@ AUTO_NOTE = ("the forecast and its interval at K = {k} are of {m} (forecast_meth
 #: The interval (probe scatter, subset spread, query sample) does not cover extrapolating the curve. QA, WordNet
 #: minilm->e5, 8,192 rows, 1,000-pair probe, 600 labelled queries: K = 1,000 forecast 0.513 [0.423, 0.603], measured
 #: 0.623-0.668; K = 3,000 0.601 [0.511, 0.691], measured 0.734-0.775 (K = 100 and 300 inside theirs).
-EXTRAPOLATED_NOTE = ("the forecasts past the probe's {top} pairs (extrapolated: K = {ks}) extend the probe's learning "
-                     "curve, and their intervals hold the scatter of the probe's points, not the error of that "
-                     "extrapolation, which can be larger (WordNet minilm->e5, 1,000-pair probe: K = 1,000 and 3,000 "
-                     "forecast 0.11-0.17 below the labelled retention measured after the fit, outside their "
-                     "intervals): read them as rough and gate the fitted map")
+EXTRAPOLATED_NOTE = ("the forecasts past the {top} pairs the curve is fitted on (half the probe's {p}; extrapolated: "
+                     "K = {ks}) extend the probe's learning curve, and their intervals hold the scatter of its points, "
+                     "not the error of that extrapolation, which can be larger (WordNet minilm->e5, 1,000-pair probe: "
+                     "K = 1,000 and 3,000 forecast 0.11-0.18 below the labelled retention measured after the fit, "
+                     "outside their intervals): read them as rough and gate the fitted map")
 #: nn_retention's native side searches the native rows among mapped rows of the old corpus (their native vectors are
 #: unknown). WordNet minilm->paraphrase-L3, ridge from 10,000 pairs: 1.06-1.23, where native recall against those
 #: mapped distractors was 0.23-0.27 and against the same rows' native vectors 0.42-0.47 (the ratio then 0.61-0.69).
@@ -616,7 +616,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                      f"pairs forecasts there")
     extrapolated = [q["k"] for q in predicted if q["extrapolated"]]
     if extrapolated:
-        notes.append(EXTRAPOLATED_NOTE.format(top=top, ks=", ".join(f"{k:,}" for k in extrapolated)))
+        notes.append(EXTRAPOLATED_NOTE.format(top=top, p=p, ks=", ".join(f"{k:,}" for k in extrapolated)))
     last = last_migrated(predicted)
     if native is not None and np.isfinite(last["r10"]) and last["r10"] <= native["old_corpus"]:
         notes.append(f"keeping the old model is predicted to be at least as good: its R@10 of these queries over the "
