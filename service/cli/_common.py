@@ -393,8 +393,14 @@ ROWS = _Rows()
 
 
 def rows_record(rows):
-    """``rows`` as a fit records it: START:STOP as written, a rows file as ``PATH (N rows)``."""
-    return f"{rows.source or 'a rows file'} ({rows.size} rows)" if isinstance(rows, np.ndarray) else rows
+    """``rows`` as a fit records it: START:STOP as written, a rows file as ``PATH (N rows, sha256 HEX)``: the hash of
+    its indices (int64, in the order listed), so a rows file overwritten after the fit is told from the one used."""
+    if not isinstance(rows, np.ndarray):
+        return rows
+    import hashlib
+
+    digest = hashlib.sha256(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest()
+    return f"{rows.source or 'a rows file'} ({rows.size} rows, sha256 {digest})"
 
 
 def _stack(*opts):

@@ -6,6 +6,7 @@ rows only for the K it recommended."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 
 import numpy as np
@@ -52,7 +53,10 @@ def test_plan_rows_file_feeds_fit_and_transform(capsys, data):
     assert code == 0, err
     rec = json.loads(out)
     inputs = rec["inputs"]
-    assert inputs["source"]["rows"] == f"{d / 'rows.npy'} (250 rows)" and inputs["source"]["shape"] == [250, 16]
+    # the indices' sha256 (int64, listed order) too: a rows.npy overwritten after the fit is told from this one
+    digest = hashlib.sha256(rows.astype(np.int64).tobytes()).hexdigest()
+    assert inputs["source"]["rows"] == f"{d / 'rows.npy'} (250 rows, sha256 {digest})"
+    assert inputs["source"]["shape"] == [250, 16]
     code, _, err = run(capsys, *var, "fit", "--source", d / "old.npy", "--target", d / "new.npy", "--rows",
                        "0:900", "--method", "ridge", "--name", "ref", "--quiet")
     assert code == 0, err
