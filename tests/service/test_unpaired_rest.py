@@ -10,6 +10,7 @@ the Python fit.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -71,7 +72,9 @@ def test_cli_fit_takes_the_unpaired_rest_and_fits_the_python_map(capsys, d, meth
     assert Path(v["artifact_file"]).read_bytes() == want.to_bytes("safetensors")  # same seed and rows: the same bytes
     assert want.to_bytes() != _python(method, **extra).to_bytes()  # and the rest changed the map
     assert v["inputs"]["unpaired_source"] == {"path": str((d / "old.npy").resolve()),
-                                              "rows": f"{(d / 'rest.npy').resolve()} (700 rows)", "shape": [700, 16]}
+                                              "rows": f"{(d / 'rest.npy').resolve()} (700 rows, sha256 "
+                                                      f"{hashlib.sha256(REST.astype(np.int64).tobytes()).hexdigest()})",
+                                              "shape": [700, 16]}
     assert v["inputs"]["unpaired_target"]["rows"] == "600:900" and v["inputs"]["unpaired_target"]["shape"] == [300, 12]
     assert v["inputs"]["n_unpaired_source"] == 700 and set(v["data_hashes"]) >= {"unpaired_source", "unpaired_target"}
 
