@@ -71,13 +71,19 @@ def _count_reads(monkeypatch):
     return seen
 
 
-def test_a_rows_file_reads_the_file_once_not_per_chunk(capsys, files, monkeypatch):
-    d, _ = files
-    rows = _rows()["sorted"]
+def _with_map(capsys, d, order: str):
+    """The rows file of ``order`` saved as ``d/rows.npy``, and a data dir holding map ``m`` (ridge, x -> x)."""
+    rows = _rows()[order]
     np.save(d / "rows.npy", rows)
     var = ["--data-dir", d / "var"]
     assert run(capsys, *var, "fit", "--source", d / "x.npy", "--target", d / "x.npy", "--method", "ridge", "--name",
                "m", "--quiet")[0] == 0
+    return rows, var
+
+
+def test_a_rows_file_reads_the_file_once_not_per_chunk(capsys, files, monkeypatch):
+    d, _ = files
+    rows, var = _with_map(capsys, d, "sorted")
     seen = _count_reads(monkeypatch)
     code, _, err = run(capsys, *var, "transform", "--map", "m", "--rows", d / "rows.npy", d / "x.npz", d / "o.npy",
                        "--quiet", "--chunk-rows", "20")
@@ -97,11 +103,7 @@ def test_a_rows_file_reads_the_file_once_not_per_chunk(capsys, files, monkeypatc
 
 def test_shuffled_rows_into_a_parquet_keep_their_other_columns(capsys, files):
     d, _ = files
-    rows = _rows()["shuffled"]
-    np.save(d / "rows.npy", rows)
-    var = ["--data-dir", d / "var"]
-    assert run(capsys, *var, "fit", "--source", d / "x.npy", "--target", d / "x.npy", "--method", "ridge", "--name",
-               "m", "--quiet")[0] == 0
+    rows, var = _with_map(capsys, d, "shuffled")
     code, _, err = run(capsys, *var, "transform", "--map", "m", "--rows", d / "rows.npy", d / "x.parquet",
                        d / "o.parquet", "--quiet", "--chunk-rows", "33")
     assert code == 0, err
