@@ -8,9 +8,13 @@ index's own rows. Measured on WordNet: 10 e5 rows against an e5 index's mean 0.9
 
 The rule (:func:`judge_rows`) is relative, as a migration's always was: rows of one narrow topic can score 0.09
 against their own space's reference, as another model's rows do, so a low figure alone refuses nothing. Rows are
-refused only when ANOTHER known space of the same width recognises them (a cosine above
-:data:`align.frames.SAME_SPACE_MIN_COSINE` and above the declared space's); rows neither side recognises pass
-"unchecked by rows". Fewer than :data:`align.frames.MEAN_CHECK_MIN_ROWS` rows tell nothing and are not checked, so
+refused only when ANOTHER known space of the same width clearly recognises them: a cosine of at least
+:data:`MISMATCH_MIN_COSINE` and :data:`MISMATCH_MARGIN` above the declared space's, for a batch that shares a
+direction at all (:func:`shares_direction`); a space whose registered encoder is the declared space's is not
+"another" (two spaces of one model: its rows are the same rows). A true mismatch scores ~0.94 against ~0.0 (WordNet,
+MiniLM <-> e5); a narrow topic of a space scored 0.22 against a general reference of the same model and 0.19 against
+its own, and isotropic rows 0.34 against 0.03 by chance: both pass "unchecked by rows", as rows neither side
+recognises do. Fewer than :data:`align.frames.MEAN_CHECK_MIN_ROWS` rows tell nothing and are not checked, so
 batch-1 requests never pay for it.
 
 :func:`check_rows` is what ``vecbridge index add`` / ``index search`` (and their HTTP routes), ``transform`` and
@@ -31,9 +35,12 @@ from align.frames import (
     MEAN_CHECK_MIN_ROWS,
     SAME_SPACE_MIN_COSINE,
     Frame,
+    unit_rows,
 )
 
 __all__ = [
+    "MISMATCH_MARGIN",
+    "MISMATCH_MIN_COSINE",
     "SPACE_SAMPLE_ROWS",
     "Reference",
     "RowsCheck",
@@ -42,11 +49,17 @@ __all__ = [
     "check_rows",
     "index_frame",
     "judge_rows",
+    "shares_direction",
     "space_references",
 ]
 
 #: rows looked at (the first ones): a collection's first rows, a file's first block; an index's rows sampled
 SPACE_SAMPLE_ROWS = 1000
+#: another space's reference refuses rows only from this cosine up (its own rows give 0.84-1.00, a narrow topic of a
+#: related space or chance 0.2-0.35)
+MISMATCH_MIN_COSINE = 0.5
+#: ... and only this far above the declared space's figure (a true mismatch: ~0.94 against ~0.0)
+MISMATCH_MARGIN = 0.3
 
 
 class SpaceMismatchError(InputError):
@@ -63,6 +76,7 @@ class Reference:
     space: str | None
     frame: Frame
     what: str
+    encoder: str | None = None  #: the space's registered encoder (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -86,27 +100,46 @@ def _cosine(frames: Sequence[Frame], V: np.ndarray, name: str) -> float | None:
     return max(got, default=None)
 
 
+def shares_direction(V: np.ndarray) -> bool:
+    """Whether the rows ``V`` (n, d) share a direction beyond chance: the norm of the mean of their non-zero unit rows
+    at least :data:`MEAN_CHECK_MIN_NORM` and above what ``n`` isotropic unit rows give by chance (``|m|^2 ~ chi2_d /
+    (n d)``; the bound ``(d + 6 sqrt(2d)) / (n d)``, about ``1.2-1.6 / sqrt(n)`` for d 32-384, is passed by one
+    isotropic batch in 500 at d=1, in 10,000 at d=8, in 180,000 at d=32). Isotropic
+    rows (``~1/sqrt(n)``) have none, so their cosine with any reference is chance (0.34 at d=32 one batch in twenty);
+    WordNet MiniLM batches of 50 rows have 0.25-0.29 (the bound there: 0.17; ``3 / sqrt(n)``, 0.42, would let
+    another model's batches of MiniLM rows under ~150 pass unrefused), e5's 0.90."""
+    U = unit_rows(np.asarray(V, np.float64))
+    U = U[np.any(U != 0, axis=1)]
+    n, d = U.shape
+    if n == 0:
+        return False
+    norm = float(np.linalg.norm(U.mean(axis=0)))
+    return norm >= MEAN_CHECK_MIN_NORM and norm * norm * n * d >= d + 6.0 * np.sqrt(2.0 * d)
+
+
 def judge_rows(V: np.ndarray, own: Sequence[Frame], others: Sequence[Reference], *, name: str = "rows") -> Verdict:
     """The rule: the rows ``V`` (n, d; finite) against the declared space's reference frames ``own`` and other
     spaces' references ``others`` (those of another width are passed over). ``own`` recognises them
-    (``>= SAME_SPACE_MIN_COSINE``): checked, the others are not read. Below, another space whose reference gives more
-    than both the threshold and ``own``'s figure is the mismatch; else nothing decided (a narrow topic, a model
-    none of them knows). ``own`` None (no reference, too few rows, no common direction): nothing decided."""
+    (``>= SAME_SPACE_MIN_COSINE``): checked, the others are not read. Below, another space whose reference gives at
+    least :data:`MISMATCH_MIN_COSINE` and :data:`MISMATCH_MARGIN` more than ``own``, for rows that share a direction
+    (:func:`shares_direction`), is the mismatch; else nothing decided (a narrow topic, a related model, chance, a
+    model none of them knows). ``own`` None (no reference, too few rows, no common direction): nothing decided."""
     c_own = _cosine(own, V, name) if len(V) else None
     if c_own is None or c_own >= SAME_SPACE_MIN_COSINE:
         return Verdict(c_own)
     seen = [(r, c) for r in others if r.frame.dim == V.shape[1]
             and (c := r.frame.mean_cosine(V, name=name)) is not None]
     best = max(seen, key=lambda rc: rc[1], default=None)
-    if best is not None and best[1] > max(c_own, SAME_SPACE_MIN_COSINE):
+    if (best is not None and best[1] >= max(MISMATCH_MIN_COSINE, c_own + MISMATCH_MARGIN)
+            and shares_direction(V)):
         return Verdict(c_own, best[0], best[1], seen)
     return Verdict(c_own, seen=seen)
 
 
 def _recognised(V: np.ndarray, others: Sequence[Reference], name: str) -> bool:
-    """Whether any of ``others`` recognises the rows (above the threshold)."""
+    """Whether any of ``others`` could refuse the rows (:data:`MISMATCH_MIN_COSINE` or more)."""
     return any(r.frame.dim == V.shape[1] and (c := r.frame.mean_cosine(V, name=name)) is not None
-               and c > SAME_SPACE_MIN_COSINE for r in others)
+               and c >= MISMATCH_MIN_COSINE for r in others)
 
 
 def _usable(frame: Frame) -> bool:
@@ -122,8 +155,10 @@ def _usable(frame: Frame) -> bool:
 def space_references(registry, dim: int) -> dict[str, list[Reference]]:
     """``{space: [Reference]}``: one reference for each space of width ``dim`` that a live map touches, the frame
     of the side of that map in the space (its path version: the alias's, else the newest reliable one; maps with
-    neither are passed over, as is a frame without a common direction). One artifact read per space at most."""
+    neither are passed over, as is a frame without a common direction), with the space's registered encoder. One
+    artifact read per space at most."""
     out: dict[str, list[Reference]] = {}
+    encoders = {s.name: s.encoder for s in registry.list_spaces() if s.dim == dim}
     for m in registry.list_maps():
         version = m.get("path_version")
         if version is None:
@@ -140,7 +175,8 @@ def space_references(registry, dim: int) -> dict[str, list[Reference]]:
             frame = getattr(map_, f"{side}_frame")
             if frame.dim == dim and _usable(frame):
                 space = m[f"{side}_space"]
-                out.setdefault(space, []).append(Reference(space, frame, f"map {m['name']}:{version}'s {side} side"))
+                out.setdefault(space, []).append(Reference(space, frame, f"map {m['name']}:{version}'s {side} side",
+                                                           encoders.get(space)))
     return out
 
 
@@ -180,14 +216,17 @@ def check_rows(V, space: str, references: dict[str, list[Reference]] | Callable[
     :data:`SPACE_SAMPLE_ROWS` finite rows are read. Raises :class:`SpaceMismatchError` when another space's
     reference recognises them (:func:`judge_rows`), naming that space, the figures and ``fix`` (how the caller
     declares or changes the space). ``own_extra()``: another reference of ``space`` (an index's own rows), fitted
-    only when the registry's alone would refuse or cannot tell."""
+    only when the registry's alone would refuse or cannot tell. References of a space whose encoder is
+    ``space``'s (both recorded) are not another space's: the same model's rows."""
     V = np.asarray(V)[:SPACE_SAMPLE_ROWS]
     if V.ndim != 2 or V.shape[0] < MEAN_CHECK_MIN_ROWS:
         return RowsCheck("unknown", f"unchecked: fewer than {MEAN_CHECK_MIN_ROWS} rows to tell their space by")
     V = np.asarray(V[np.isfinite(V).all(axis=1)], np.float32)  # NaN rows are refused by name where they are read
     refs = references() if callable(references) else references
     own = [r.frame for r in refs.get(space, []) if _usable(r.frame)]
-    others = [r for s, rs in sorted(refs.items()) if s != space for r in rs if _usable(r.frame)]
+    encoder = next((r.encoder for r in refs.get(space, []) if r.encoder), None)
+    others = [r for s, rs in sorted(refs.items()) if s != space for r in rs
+              if _usable(r.frame) and not (encoder and r.encoder == encoder)]
     verdict = judge_rows(V, own, others, name=name)
     if own_extra is not None and (verdict.other is not None or verdict.own is None and _recognised(V, others, name)):
         extra = own_extra()  # only where a refusal is in question: a search of 64 queries does not pay for it
