@@ -176,6 +176,9 @@ class IndexCreate(IndexCreateOptions, _Vectors):
 
 
 class IndexAddOptions(_Strict):
+    space: Name | None = Field(None, description="The rows' space, as `index add --space`: the index's own skips the "
+                                                "check of the rows' mean direction; another space is a 422 (map "
+                                                "the rows first: `POST /v1/maps/{ref}/transform`).")
     ids: list[Count] | None = Ids
     payloads: list[Any] | None = None
     texts: list[str] | None = None

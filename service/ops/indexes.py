@@ -215,15 +215,20 @@ def space_still_there(resolver: Resolver | None, space) -> Callable[[], None] | 
 
 
 def add_rows(resolver: Resolver, idx: SpaceIndex, X: np.ndarray | None = None, *, texts: list[str] | None = None,
-             store_texts: bool = True, ids=None, payloads: list | None = None) -> np.ndarray:
+             store_texts: bool = True, ids=None, payloads: list | None = None, space: str | None = None) -> np.ndarray:
     """Add rows ``X`` (n, dim) or ``texts`` to ``idx`` under ``ids`` (default: counting up from one past the largest
-    id it ever held, :meth:`SpaceIndex.add`); returns the ids."""
+    id it ever held, :meth:`SpaceIndex.add`); returns the ids. ``space``: the rows' space, as ``index add --space``:
+    the index's own skips the rows check, another is refused (rows are not mapped here)."""
+    if space is not None and space != idx.space:
+        raise InputError(f"index {idx.name!r} holds space {idx.space!r}; rows of space {space!r} would not be "
+                         f"comparable with it (map them first: POST /v1/maps/MAP/transform, MAP a map from {space!r})")
     if texts is not None:
         X, payloads = _passages(resolver, idx.space, texts, payloads, store_texts)
-    else:  # texts are embedded by the space's own encoder: vectors may be another model's
+    elif space is None:  # texts are embedded by the space's own encoder: vectors may be another model's
         check_rows_space(resolver, idx, X, "the vectors",
-                         f"map them into {idx.space!r} first (POST /v1/transform with a map from {{other}}), or add "
-                         f"them to an index of space {{other}}")
+                         f"map them into {idx.space!r} first (POST /v1/maps/MAP/transform, MAP a map from {{other}}), "
+                         f"or add them to an index of space {{other}}; \"space\": \"{idx.space}\" in the body "
+                         f"declares them {idx.space!r} rows")
     with unstoppable():
         return idx.add(X, ids=ids, payloads=payloads)
 

@@ -280,3 +280,27 @@ def test_isotropic_rows_are_not_refused_by_chance(d):
             with pytest.raises(SpaceMismatchError, match="look like space 'b', not 'a'"):
                 check_rows(rows, "a", refs)
     assert refused == 0 and told == 5
+
+
+def test_http_index_add_takes_the_space_as_the_cli_does(world):
+    """Review: the CLI's ``index add --space`` (the index's own space skips the rows check; another is refused) had
+    no HTTP form, so a refusal README calls avoidable had no way round over HTTP: the body's ``space`` now."""
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+    from service.config import Settings
+
+    mi, e5 = np.load(world["minilm"]), np.load(world["e5"])
+    app = create_app(Settings(data_dir=world["data"], api_keys=KEYS, demo_on_empty=False, log_level="WARNING",
+                              max_batch=1000, max_body_bytes=4_000_000))
+    with TestClient(app) as c:
+        r = c.post("/v1/indexes", headers=W, json={"name": "esc-e5", "space": "e5", "vectors": e5[:200].tolist()})
+        assert r.status_code in (200, 201), r.text
+        rows = mi[3000:3100].tolist()
+        r = c.post("/v1/indexes/esc-e5/vectors", headers=W, json={"vectors": rows})
+        assert r.status_code == 422 and "look like space 'minilm', not 'e5'" in r.text, r.text
+        assert '"space": "e5" in the body declares them' in r.json()["error"]["message"], r.text
+        r = c.post("/v1/indexes/esc-e5/vectors", headers=W, json={"vectors": rows, "space": "minilm"})
+        assert r.status_code == 422 and "holds space 'e5'; rows of space 'minilm'" in r.text, r.text
+        r = c.post("/v1/indexes/esc-e5/vectors", headers=W, json={"vectors": rows, "space": "e5"})
+        assert r.status_code == 200 and r.json()["count"] == 300, r.text

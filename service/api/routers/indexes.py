@@ -125,7 +125,8 @@ async def add_vectors(name: IndexNamePath, request: Request, state: StateDep, se
         idx = state.indexes.get(name)
         opts, X = parse_rows(body, IndexAddOptions, settings.max_batch, lambda _: idx.dim)
         return _texts_heavy(opts.texts, lambda: (idx, index_ops.add_rows(
-            state, idx, X, texts=opts.texts, store_texts=opts.store_texts, ids=opts.ids, payloads=opts.payloads)))
+            state, idx, X, texts=opts.texts, store_texts=opts.store_texts, ids=opts.ids, payloads=opts.payloads,
+            space=opts.space)))
 
     await state.after_loads(name)
     idx, ids = await state.heavy.hop(work, len(body), request)
