@@ -68,6 +68,19 @@ def _resolver(obj: Ctx) -> index_ops.RegistryResolver:
     return index_ops.RegistryResolver(obj.registry, obj.settings.path_alias)
 
 
+class _LazyReferences:
+    """What ``index add`` of vectors asks of the registry: the references of the rows check, the registry opened
+    only when they are asked for (a block of at least ``MEAN_CHECK_MIN_ROWS`` rows), none where there is no
+    registry. Vectors need no registry: 10 rows were added with the registry server down, until opening it first
+    made that exit 75; a registry not answering now leaves the rows unchecked (``check_rows_space``)."""
+
+    def __init__(self, obj: Ctx):
+        self.obj = obj
+
+    def space_references(self, dim: int) -> dict:
+        return _resolver(self.obj).space_references(dim) if registry_exists(self.obj.settings) else {}
+
+
 def _record(idx) -> dict:
     """What ``GET /v1/indexes/{name}`` answers (generation and logged deltas included)."""
     return idx.info().to_dict()
@@ -259,7 +272,7 @@ def index_add(obj: Ctx, name, space, file, rows, key, column, text_field, encode
     idx = _store(obj).get(name)
     src = FileRows(file, rows, key, column, text_field, encoder, store_texts)
     # vectors need no registry: where there is one, its maps' frames tell whether the rows are the index's space's
-    resolver = _resolver(obj) if src.texts or registry_exists(obj.settings) else None
+    resolver = _resolver(obj) if src.texts else _LazyReferences(obj)
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         ids = add_from_file(resolver, idx, src, ids=read_ids(ids_file) if ids_file else None,

@@ -605,3 +605,25 @@ def test_a_text_file_without_its_encoder_names_the_option(world, capsys):
                            tmp / "x.npy", "--probe-target", tmp / "y.npy", "--probe-rows", "0:100")
     assert code == 2 and "texts.json holds texts; this input takes vectors (.npy" in err, err
 
+
+
+def test_index_add_of_vectors_needs_no_registry_server(world, capsys, monkeypatch):
+    """Review: ``index add ix few.npy`` opened the registry before reading the rows, so with the registry server down
+    (``VECBRIDGE_REGISTRY_URL`` refusing connections) 10 rows were exit 75, where vectors never needed a registry.
+    Now it is opened only for the rows check (50 rows or more), and a registry not answering leaves them unchecked."""
+    import socket
+
+    data, tmp, _, Y = world
+    code, _, err = cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--rows", "0:200", "--quiet")
+    assert code == 0, err
+    np.save(tmp / "few.npy", Y[200:210])
+    np.save(tmp / "many.npy", Y[210:300])
+    with socket.socket() as closed:  # bound, never listening: connections to it are refused at once
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("VECBRIDGE_REGISTRY_URL", f"postgresql://vb:pw@127.0.0.1:{closed.getsockname()[1]}/vb")
+        code, out, err = cli(capsys, data, "add", "docs", tmp / "few.npy")
+        assert code == 0 and "added 10 rows" in out, err
+        code, out, err = cli(capsys, data, "add", "docs", tmp / "many.npy")
+        assert code == 0 and "added 90 rows" in out, err
+        code, out, _ = cli(capsys, data, "show", "docs", "--json")
+        assert json.loads(out)["count"] == 300
