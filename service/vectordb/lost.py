@@ -5,10 +5,9 @@ refusal and from a bug.
 :class:`~service.vectordb.base.VectorDBUnavailableError` (exit 75, HTTP 503 with ``Retry-After``), one line, where
 it was an "internal error" (exit 3): psycopg's three-line "consuming input failed: server closed the connection
 unexpectedly ...", pymilvus's "Fail connecting to server", or qdrant-client's ``ResponseHandlingException`` around
-httpx's "Server disconnected without sending a response." / "Connection refused" / "Connection reset by peer" (a
-Qdrant server stopped or restarted under its REST client; gRPC's ``UNAVAILABLE`` under its gRPC client, as Milvus's).
-:func:`quiet_client_logs` keeps pymilvus's own log
-lines (a traceback per failed call: ~150 lines on stderr when a server stops) out of a command's output, which says
+httpx's "Server disconnected without sending a response." / "Connection refused" / "Connection reset by peer" /
+a timeout (a Qdrant server stopped, restarted or hanging under its REST client; gRPC's ``UNAVAILABLE`` under its
+gRPC client, as Milvus's). :func:`quiet_client_logs` keeps pymilvus's own log lines (a traceback per failed call: ~150 lines on stderr when a server stops) out of a command's output, which says
 the error once, in one line.
 """
 
@@ -69,7 +68,8 @@ def _milvus_lost(exc: BaseException) -> str | None:
 def _qdrant_lost(exc: BaseException, server: str | None) -> str | None:
     """A Qdrant server's REST connection gone: httpx's connect / read / write errors and "Server disconnected without
     sending a response" (qdrant-client raises them inside a ``ResponseHandlingException``, whose chain holds them), a
-    connect timeout, or a gateway's 502 / 503 / 504 (qdrant-client's ``UnexpectedResponse``). Only for a store of a
+    timeout (connect, read, write, pool: a server that hangs is as gone as one that stopped, and was exit 3 / 500),
+    or a gateway's 502 / 503 / 504 (qdrant-client's ``UnexpectedResponse``). Only for a store of a
     server (``server``: its URL; None for local mode, which has no connection to lose) and for a request to that
     server's host: httpx also carries other requests (a model's download by huggingface_hub). A certificate refused
     is not lost (a retry gets the same); any other answer of the server (a 4xx) is the server's word, not a loss."""
@@ -79,13 +79,15 @@ def _qdrant_lost(exc: BaseException, server: str | None) -> str | None:
     errors = sys.modules.get("qdrant_client.http.exceptions")
     if errors is not None and isinstance(exc, errors.UnexpectedResponse):
         return f"HTTP {exc.status_code} {exc.reason_phrase}".strip() if exc.status_code in _GATEWAY_GONE else None
-    if not isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)):
+    if not isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError, httpx.TimeoutException)):
         return None
     try:
         host = exc.request.url.host
     except RuntimeError:  # an error raised without its request: the store's call raised it, so its server's
         host = None
     why = _first_line(exc)
+    if isinstance(exc, httpx.TimeoutException):  # httpx says "timed out" alone: which step did
+        why = f"{type(exc).__name__}: {why}"
     if (host is not None and host != urlsplit(server).hostname) or "CERTIFICATE_VERIFY_FAILED" in why:
         return None
     return why

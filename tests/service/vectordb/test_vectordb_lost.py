@@ -236,7 +236,8 @@ class _QdrantListener:
     Qdrant server does (``GET /`` the version, ``GET /collections`` none) and every other request as ``mode`` says:
     ``answer`` (404, Qdrant's error body: a live server's answer), ``busy`` (503: a gateway with no server behind
     it), ``drop`` (the connection closed once the request is read: "Server disconnected without sending a
-    response.") or ``reset`` (closed with a TCP reset: "Connection reset by peer"). :meth:`close` stops listening
+    response."), ``reset`` (closed with a TCP reset: "Connection reset by peer") or ``hang`` (the request read and
+    never answered: the client's read timeout). :meth:`close` stops listening
     and closes every connection (the next request: "Connection refused"). No Qdrant server is installed here (the
     tests otherwise use qdrant-client's local mode), and the client under test is the real one, over real sockets."""
 
@@ -283,6 +284,8 @@ class _QdrantListener:
                 if len(rest) < size:
                     break
                 buf = rest[size:]
+                if path not in self.PROBES and self.mode == "hang":  # silent until the client gives up, or close()
+                    continue
                 if path not in self.PROBES and self.mode in ("drop", "reset"):
                     if self.mode == "reset":
                         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -373,6 +376,32 @@ def test_the_services_shared_qdrant_store_answers_a_lost_server_retry_later_and_
         qdrant_listener.close()  # the server gone while the store is open
         with pytest.raises(VectorDBUnavailableError, match=re.escape(f"qdrant: {LOST}") + ".*Connection refused"):
             shared.call(lambda s: s.count("c"))
+    finally:
+        shared.close()
+
+
+def test_a_qdrant_server_that_hangs_is_lost_retry_later_not_an_internal_error(qdrant_listener, monkeypatch):
+    """Review: a server that accepts the request and never answers (qdrant-client's ResponseHandlingException around
+    httpx's ReadTimeout) was exit 3 / 500 where README says the network gone is 75. The client's timeout is made
+    1 s here (its default is what a user waits)."""
+    import functools
+
+    import qdrant_client
+
+    from service.errors import exit_code, retry_after_of
+    from service.ops.vectordb import SharedStore
+    from service.vectordb import VectorDBUnavailableError
+
+    monkeypatch.setattr(qdrant_client, "QdrantClient", functools.partial(qdrant_client.QdrantClient, timeout=1))
+    shared = SharedStore(qdrant_listener.url)
+    try:
+        assert shared.call(lambda s: s.exists("c")) is False  # the probes are answered
+        qdrant_listener.mode = "hang"
+        t0 = time.monotonic()
+        with pytest.raises(VectorDBUnavailableError, match=re.escape(f"qdrant: {LOST}ReadTimeout")) as lost:
+            shared.call(lambda s: s.count("c"))
+        assert time.monotonic() - t0 < 30
+        assert retry_after_of(lost.value) == 5 and exit_code(lost.value) == 75
     finally:
         shared.close()
 
