@@ -180,12 +180,13 @@ def space_references(registry, dim: int) -> dict[str, list[Reference]]:
     return out
 
 
-def index_frame(idx, rows: int = SPACE_SAMPLE_ROWS) -> Frame | None:
+def index_frame(idx, rows: int = SPACE_SAMPLE_ROWS, *, wait: bool = True) -> Frame | None:
     """A frame fitted on up to ``rows`` of index ``idx``'s own rows (evenly spaced among its live ids), None when it
-    holds fewer than :data:`MEAN_CHECK_MIN_ROWS`. O(live ids + rows x dim)."""
+    holds fewer than :data:`MEAN_CHECK_MIN_ROWS`. O(live ids + rows x dim). ``wait=False`` (the event loop's fast
+    path): :class:`~service.indexes.locking.WouldBlock` instead of waiting for a writer of the index."""
     from .indexes.kinds import live_ids
 
-    with idx.lock.read():
+    with idx.lock.read(blocking=wait):
         ids = live_ids(idx.index, idx.kind, idx.tombstones)
         if len(ids) < MEAN_CHECK_MIN_ROWS:
             return None

@@ -234,13 +234,13 @@ def add_rows(resolver: Resolver, idx: SpaceIndex, X: np.ndarray | None = None, *
 
 
 def check_rows_space(resolver: Resolver | None, idx: SpaceIndex, X, name: str, fix: str,
-                     warn: Callable[[str], None] | None = None, space: str | None = None) -> None:
+                     warn: Callable[[str], None] | None = None, space: str | None = None, wait: bool = True) -> None:
     """Rows ``X`` (n, dim) declared of ``space`` (default: ``idx``'s) checked against the references of the spaces
     the registry's maps touch and, where a refusal is in question, ``idx``'s own rows
     (:func:`service.spaces.check_rows`: SpaceMismatchError naming the space they look like and ``fix``, in which
     ``{other}`` is that space). Nothing for fewer than ``MEAN_CHECK_MIN_ROWS`` rows, rows of another width (refused
     by width where they are used), or a resolver without references. ``warn(note)``: rows references exist for
-    but none recognises."""
+    but none recognises. ``wait=False``: WouldBlock rather than wait for a writer of ``idx`` (its own rows)."""
     refs = getattr(resolver, "space_references", None)
     if refs is None or X is None or getattr(X, "ndim", 0) != 2 or X.shape[1] != idx.dim:
         return
@@ -254,7 +254,7 @@ def check_rows_space(resolver: Resolver | None, idx: SpaceIndex, X, name: str, f
                 raise
             return {}
     found = check_rows(X, space, references, name=name, fix=fix,
-                       own_extra=(lambda: index_frame(idx)) if space == idx.space else None)
+                       own_extra=(lambda: index_frame(idx, wait=wait)) if space == idx.space else None)
     if found.warning and warn is not None:
         warn(found.warning)
 
@@ -305,7 +305,7 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
     elif space is None and not map_ref:
         fix = (f"if they are queries of space {{other}}, say so with {space_option} {{other}} (they then go through "
                f"the registry's maps); {space_option} {idx.space} declares them {idx.space!r} queries")
-        check_rows_space(resolver, idx, Q, "the queries", fix, warn)
+        check_rows_space(resolver, idx, Q, "the queries", fix, warn, wait=wait)
     tr = resolver.translation(qspace, idx.space, map_ref) if (qspace != idx.space or map_ref) else None
     if tr is not None and tr.map is not None:
         Q = as_matrix(Q, name="vectors", dim=tr.map.source_dim, finite=False)  # the width, as HTTP checks it

@@ -304,3 +304,38 @@ def test_http_index_add_takes_the_space_as_the_cli_does(world):
         assert r.status_code == 422 and "holds space 'e5'; rows of space 'minilm'" in r.text, r.text
         r = c.post("/v1/indexes/esc-e5/vectors", headers=W, json={"vectors": rows, "space": "e5"})
         assert r.status_code == 200 and r.json()["count"] == 300, r.text
+
+
+def test_the_fast_paths_rows_check_does_not_wait_for_a_writer_of_the_index(world):
+    """Review: the rows check of 50+ queries reads the index's own rows (``index_frame``) under its read lock, taken
+    blocking even on the event loop's fast path (``wait=False``): a writer holding the index stalled the loop. Now
+    the fast path gets WouldBlock (and the request takes the waiting path)."""
+    import threading
+
+    from service.indexes import IndexStore
+    from service.indexes.locking import WouldBlock
+    from service.limits import DEFAULT_LIMITS
+    from service.ops.indexes import search
+    from service.spaces import Reference
+
+    class OnlyMinilm:  # MiniLM's reference only: the index's own rows are what e5 is told by
+        def space_references(self, dim):
+            return {"minilm": [Reference("minilm", _map(world["data"]).source_frame, "map minilm-e5's source side")]}
+
+    idx = IndexStore(world["data"] / "indexes").get("docs-e5")
+    Q = np.load(world["minilm"])[:64]
+    got = []
+
+    def fast():
+        try:
+            search(OnlyMinilm(), idx, Q, k=1, limits=DEFAULT_LIMITS, wait=False)
+        except Exception as e:  # noqa: BLE001 - what the fast path got
+            got.append(e)
+
+    with idx.lock.write():
+        t = threading.Thread(target=fast, daemon=True)
+        t.start()
+        t.join(10)
+        assert not t.is_alive(), "the fast path waited for the writer"
+    t.join(10)
+    assert len(got) == 1 and isinstance(got[0], WouldBlock), got
