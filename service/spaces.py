@@ -24,7 +24,7 @@ rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -152,19 +152,21 @@ def _usable(frame: Frame) -> bool:
     return norm >= MEAN_CHECK_MIN_NORM and (frame.n_fit == 0 or norm >= 3.0 / np.sqrt(frame.n_fit))
 
 
-def space_references(registry, dim: int) -> dict[str, list[Reference]]:
-    """``{space: [Reference]}``: one reference for each space of width ``dim`` that a live map touches, the frame
-    of the side of that map in the space (its path version: the alias's, else the newest reliable one; maps with
-    neither are passed over, as is a frame without a common direction), with the space's registered encoder. One
-    artifact read per space at most."""
+def space_references(registry, dim: int | Collection[int]) -> dict[str, list[Reference]]:
+    """``{space: [Reference]}``: one reference for each space of width ``dim`` (or of any of the widths ``dim``
+    holds: a space has one width, so the rows' own pick theirs) that a live map touches, the frame of the side of
+    that map in the space (its path version: the alias's, else the newest reliable one; maps with neither are passed
+    over, as is a frame without a common direction), with the space's registered encoder. One artifact read per map
+    at most: a fit asks for both its sides' widths in one call, not one call (and read) per side."""
+    dims = set(dim) if isinstance(dim, Collection) else {int(dim)}
     out: dict[str, list[Reference]] = {}
-    encoders = {s.name: s.encoder for s in registry.list_spaces() if s.dim == dim}
+    encoders = {s.name: s.encoder for s in registry.list_spaces() if s.dim in dims}
     for m in registry.list_maps():
         version = m.get("path_version")
         if version is None:
             continue
         need = [side for side in ("source", "target")
-                if m.get(f"{side}_dim") == dim and m.get(f"{side}_space") and m[f"{side}_space"] not in out]
+                if m.get(f"{side}_dim") in dims and m.get(f"{side}_space") and m[f"{side}_space"] not in out]
         if not need:
             continue
         try:
@@ -173,7 +175,7 @@ def space_references(registry, dim: int) -> dict[str, list[Reference]]:
             continue
         for side in need:
             frame = getattr(map_, f"{side}_frame")
-            if frame.dim == dim and _usable(frame):
+            if frame.dim in dims and _usable(frame):
                 space = m[f"{side}_space"]
                 out.setdefault(space, []).append(Reference(space, frame, f"map {m['name']}:{version}'s {side} side",
                                                            encoders.get(space)))
@@ -261,11 +263,16 @@ def check_fit_spaces(registry, X: np.ndarray, Y: np.ndarray, source_space: str, 
     (:func:`check_rows` with the registry's references). Both looking like the other side's space: the files look
     swapped (SpaceMismatchError saying so); one side looking like another space: that side's error. Returns the
     warnings of sides references exist for but that none recognises."""
-    errors, notes = {}, []
+    errors, notes, refs = {}, [], {}
+
+    def references() -> dict:  # both sides' widths in one call, made once (by the first side of 50+ rows)
+        if not refs:
+            refs["all"] = space_references(registry, {X.shape[1], Y.shape[1]})
+        return refs["all"]
     for side, M, space, option in (("source", X, source_space, "--source-space / source_space"),
                                    ("target", Y, target_space, "--target-space / target_space")):
         try:
-            found = check_rows(M, space, lambda d=M.shape[1]: space_references(registry, d), name=f"the {side} rows",
+            found = check_rows(M, space, references, name=f"the {side} rows",
                                fix=f"if they are rows of {{other}}, say so ({option} {{other}}), or swap the files")
         except SpaceMismatchError as e:
             errors[side] = e
