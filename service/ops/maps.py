@@ -340,9 +340,9 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         alias=alias, report_path=report_rel, artifact_format=artifact_format, encoders=encoders,
         inputs={**(inputs or {}), "n_source": X.shape[0], "n_target": Y.shape[0], "paired": paired,
                 **{f"n_{k}": U.shape[0] for k, U in rest.items()}})
-    if html_text is not None and (missing := write_fit_report(version, report_file, report_copy, html_text)):
-        if notes is not None:
-            notes.append(missing)
+    missing = write_fit_report(version, report_file, report_copy, html_text) if html_text is not None else None
+    if missing and notes is not None:
+        notes.append(missing)
     note = registry.default_change_note(before, version)
     if held_back:
         try:

@@ -7,8 +7,8 @@ it was an "internal error" (exit 3): psycopg's three-line "consuming input faile
 unexpectedly ...", pymilvus's "Fail connecting to server", or qdrant-client's ``ResponseHandlingException`` around
 httpx's "Server disconnected without sending a response." / "Connection refused" / "Connection reset by peer" /
 a timeout (a Qdrant server stopped, restarted or hanging under its REST client; gRPC's ``UNAVAILABLE`` under its
-gRPC client, as Milvus's). :func:`quiet_client_logs` keeps pymilvus's own log lines (a traceback per failed call: ~150 lines on stderr when a server stops) out of a command's output, which says
-the error once, in one line.
+gRPC client, as Milvus's). :func:`quiet_client_logs` keeps pymilvus's own log lines (a traceback per failed call:
+~150 lines on stderr when a server stops) out of a command's output, which says the error once, in one line.
 """
 
 from __future__ import annotations

@@ -259,8 +259,8 @@ def test_a_space_of_the_same_registered_encoder_is_not_another_space(world, same
 def test_isotropic_rows_are_not_refused_by_chance(d):
     """Review: synthetic isotropic rows against references of two spaces of isotropic rows, fitted raw
     (``normalize=false``: a mean of norm ~sqrt(d/n) passes as a common direction from d=9) were refused 5-10% of
-    the time at d=32/64 ("0.34 with 'b' but 0.03 with 'a'"): chance figures. Rows with no common direction are never refused;
-    rows that do point along b's mean still are."""
+    the time at d=32/64 ("0.34 with 'b' but 0.03 with 'a'"): chance figures. Rows with no common direction are never
+    refused; rows that do point along b's mean still are."""
     from align.frames import Frame
     from service.spaces import Reference
 
