@@ -461,7 +461,7 @@ def test_http_fit_with_bad_params_is_refused_when_asked_not_by_a_failed_job(fit_
     ("procrustes", {}, 1, {}, "at least 2 pairs, got 1"),
     ("auto", {}, 3, {}, "at least 4 distinct pairs"),
     ("auto", {"holdout": 0.99}, 60, {}, "holdout 0.99 of 60 pairs holds out 59 and leaves 1 to fit"),
-    ("auto", {"semi_supervised": "sinkhorn"}, 60, {}, "a fit of pairs has no unpaired rows"),  # never ran
+    ("auto", {"semi_supervised": "sinkhorn"}, 60, {}, "this fit is not given both (it would never run)"),
     ("cluster", {"n_clusters": 100}, 60, {}, "n_clusters=100 needs at least 100 pairs, got 60"),
     ("procrustes", {}, 60, {"seed_pairs": [[0, 0]]}, "seed pairs apply to minivec2vec only"),
     ("minivec2vec", {}, 10, {}, "n_clusters=20 needs at least 20 rows, got 10"),
