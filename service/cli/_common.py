@@ -46,6 +46,7 @@ __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_su
            "file_rows_opts", "input_opts", "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts",
            "json_opt",
            "quiet_opt", "description_opt", "random_state_opt", "register_opts", "VERSION", "registry_exists", "warn",
+           "warn_aliases_left",
            "ROWS", "RowIndices", "rows_record"]
 
 
@@ -132,6 +133,16 @@ def registry_exists(settings) -> bool:
 def warn(message: str) -> None:
     """One ``vecbridge: warning:`` line on stderr."""
     click.echo(f"vecbridge: warning: {message}", err=True)
+
+
+def warn_aliases_left(group: str, name: str, version: int, aliases, now: str) -> None:
+    """After deleting ``name:version`` of ``vecbridge <group>`` (registry: maps, steer: steers): its aliases stay on
+    the deleted version (lineage), so say that ``name@alias`` no longer resolves, what a bare name means ``now``, and
+    how to move them."""
+    noun = "steer " if group == "steer" else ""
+    warn(f"alias(es) {', '.join(aliases)} still point at {noun}{name}:{version}, so "
+         f"{', '.join(f'{name}@{a}' for a in aliases)} no longer resolve and {now}; move them with "
+         f"`vecbridge {group} alias {name} ALIAS VERSION`")
 
 
 def _missing_sqlite(url: str) -> Path | None:

@@ -173,7 +173,7 @@ def index_list(obj: Ctx, as_json):
     store = _store(obj)
     recs = [_record(i) for i in store.list()]
     for name, why in sorted(store.load_errors.items()):
-        click.echo(f"vecbridge: warning: index {name!r} could not be loaded: {why}", err=True)
+        warn(f"index {name!r} could not be loaded: {why}")
     if as_json:
         emit({"indexes": recs, "errors": dict(store.load_errors)}, True)
         return

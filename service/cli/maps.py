@@ -128,7 +128,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
             close()
     for w in caught:  # soft numerical trouble (e.g. an unreliable unsupervised fit): one line each
         if issubclass(w.category, VecbridgeWarning):
-            click.echo(f"vecbridge: warning: {str(w.message).splitlines()[0]}", err=True)
+            warn(str(w.message).splitlines()[0])
     _render_fit(obj.registry, v, as_json)
     for note in notes:  # e.g. the bare name now means a version that looks worse than the one it replaced
         if note == unreliable_note(v):  # said below, with the exit code

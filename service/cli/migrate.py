@@ -19,7 +19,7 @@ from ..ops.vectordb import (checkpoint_status, default_checkpoint, needs_registr
 from ..vectordb import MigrationInterrupted
 from ..vectordb.lost import quiet_client_logs
 from . import check_stop
-from ._common import ROWS, Ctx, emit, json_opt, random_state_opt, stderr_is_terminal, store_opts
+from ._common import ROWS, Ctx, emit, json_opt, random_state_opt, stderr_is_terminal, store_opts, warn
 
 __all__ = ["migrate", "verify"]
 
@@ -84,7 +84,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     d["checkpoint"] = str(ckpt)
     space = str(rep.extra.get("space_check", ""))
     for warning in rep.extra.get("warnings", []) + ([f"space {space}"] if space.startswith("unchecked") else []):
-        click.echo(f"vecbridge: warning: {warning}", err=True)
+        warn(warning)
     if as_json:  # JSON lines: the progress lines, then the report on one line
         click.echo(json.dumps(d, sort_keys=True, default=str))
         return
@@ -200,7 +200,7 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
     out["verdict"] = verdict
     space = str(out.get("space_check", ""))
     if space.startswith("unchecked"):  # as migrate warns: the rows were compared through a map nothing vouched for
-        click.echo(f"vecbridge: warning: space {space}", err=True)
+        warn(f"space {space}")
     text = []
     if "n_sample" in out:
         figures = ", ".join(f"{key}={val:.4f}" for key, val in out.items()

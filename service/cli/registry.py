@@ -24,6 +24,7 @@ from ._common import (
     json_opt,
     version_record,
     versions_summary,
+    warn_aliases_left,
 )
 
 __all__ = ["registry", "spaces"]
@@ -107,9 +108,7 @@ def registry_delete(obj: Ctx, name, version):
             now = f"a bare {name!r} means no version (its live versions are all flagged unreliable)"
         except NotFoundError:
             now = f"{name!r} has no live version left"
-        click.echo(f"vecbridge: warning: alias(es) {', '.join(v.aliases)} still point at {name}:{version}, so "
-                   f"{', '.join(f'{name}@{a}' for a in v.aliases)} no longer resolve and {now}; move them with "
-                   f"`vecbridge registry alias {name} ALIAS VERSION`", err=True)
+        warn_aliases_left("registry", name, version, v.aliases, now)
 
 
 @registry.command("export")

@@ -20,7 +20,8 @@ from ..ops.steers import (bare_steer_ref, check_steer_eps, check_steer_fit, dele
 from ..registry.names import parse_ref
 from ..storage import check_writable
 from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, file_rows_opts, json_opt,
-                      parse_kv, progress_bar, quiet_opt, read_labels, register_opts, versions_summary)
+                      parse_kv, progress_bar, quiet_opt, read_labels, register_opts, versions_summary,
+                      warn_aliases_left)
 
 __all__ = ["steer"]
 
@@ -68,9 +69,7 @@ def steer_delete(obj: Ctx, name, version):
     if v.aliases:  # the aliases stay on the deleted version (lineage); say what that changes for their users
         bare = bare_steer_ref(obj.registry, name)
         now = f"a bare {name!r} is now {bare}" if bare else f"{name!r} has no live version left"
-        click.echo(f"vecbridge: warning: alias(es) {', '.join(v.aliases)} still point at steer {name}:{version}, so "
-                   f"{', '.join(f'{name}@{a}' for a in v.aliases)} no longer resolve and {now}; move them with "
-                   f"`vecbridge steer alias {name} ALIAS VERSION`", err=True)
+        warn_aliases_left("steer", name, version, v.aliases, now)
 
 
 @steer.command("fit")
