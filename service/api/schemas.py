@@ -471,6 +471,9 @@ class IndexAddResponse(BaseModel):
     index: str
     ids: list[int]
     count: int
+    notes: list[str] = Field(default_factory=list, description="What the rows check could not tell: rows no known "
+                                                               "space recognises, or rows added unchecked because the "
+                                                               "registry did not answer.")
 
 
 class IndexDeleteResponse(BaseModel):

@@ -37,6 +37,7 @@ from ..errors import ConflictError
 from ..indexes import IndexStore, SpaceIndex
 from ..indexes.csls import CSLS_WEIGHT
 from ..indexes.kinds import NO_DIRECTION
+from ..logging import get_logger
 from ..progress import checkpoint, unstoppable
 from ..spaces import check_rows, index_frame, space_references
 from .steers import steer_queries
@@ -44,6 +45,8 @@ from .steers import steer_queries
 __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
            "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search", "search_parts", "hits",
            "check_rows_space"]
+
+log = get_logger("indexes")
 
 
 class Resolver(Protocol):
@@ -215,10 +218,12 @@ def space_still_there(resolver: Resolver | None, space) -> Callable[[], None] | 
 
 
 def add_rows(resolver: Resolver, idx: SpaceIndex, X: np.ndarray | None = None, *, texts: list[str] | None = None,
-             store_texts: bool = True, ids=None, payloads: list | None = None, space: str | None = None) -> np.ndarray:
+             store_texts: bool = True, ids=None, payloads: list | None = None, space: str | None = None,
+             warn: Callable[[str], None] | None = None) -> np.ndarray:
     """Add rows ``X`` (n, dim) or ``texts`` to ``idx`` under ``ids`` (default: counting up from one past the largest
     id it ever held, :meth:`SpaceIndex.add`); returns the ids. ``space``: the rows' space, as ``index add --space``:
-    the index's own skips the rows check, another is refused (rows are not mapped here)."""
+    the index's own skips the rows check, another is refused (rows are not mapped here). ``warn(note)``: rows the
+    check could not tell (:func:`check_rows_space`), a registry not answering among them."""
     if space is not None and space != idx.space:
         raise InputError(f"index {idx.name!r} holds space {idx.space!r}; rows of space {space!r} would not be "
                          f"comparable with it (map them first: POST /v1/maps/MAP/transform, MAP a map from {space!r})")
@@ -228,7 +233,7 @@ def add_rows(resolver: Resolver, idx: SpaceIndex, X: np.ndarray | None = None, *
         check_rows_space(resolver, idx, X, "the vectors",
                          f"map them into {idx.space!r} first (POST /v1/maps/MAP/transform, MAP a map from {{other}}), "
                          f"or add them to an index of space {{other}}; \"space\": \"{idx.space}\" in the body "
-                         f"declares them {idx.space!r} rows")
+                         f"declares them {idx.space!r} rows", warn)
     with unstoppable():
         return idx.add(X, ids=ids, payloads=payloads)
 
@@ -240,23 +245,34 @@ def check_rows_space(resolver: Resolver | None, idx: SpaceIndex, X, name: str, f
     (:func:`service.spaces.check_rows`: SpaceMismatchError naming the space they look like and ``fix``, in which
     ``{other}`` is that space). Nothing for fewer than ``MEAN_CHECK_MIN_ROWS`` rows, rows of another width (refused
     by width where they are used), or a resolver without references. ``warn(note)``: rows references exist for
-    but none recognises. ``wait=False``: WouldBlock rather than wait for a writer of ``idx`` (its own rows)."""
+    but none recognises, or rows left unchecked because the registry did not answer (they go on, as rows of the
+    index's space need no registry; logged instead where there is no ``warn``). ``wait=False``: WouldBlock rather than wait for a writer of ``idx`` (its own rows)."""
     refs = getattr(resolver, "space_references", None)
     if refs is None or X is None or getattr(X, "ndim", 0) != 2 or X.shape[1] != idx.dim:
         return
     space = space or idx.space
+    unanswered: list[VecbridgeError] = []
 
     def references() -> dict:
         try:
             return refs(idx.dim)
-        except VecbridgeError as e:  # a registry not answering: rows of the index's own space need none
+        except VecbridgeError as e:  # a registry not answering: the rows go on unchecked, and the caller is told
             if e.kind != "unavailable":
                 raise
+            unanswered.append(e)
             return {}
     found = check_rows(X, space, references, name=name, fix=fix,
                        own_extra=(lambda: index_frame(idx, wait=wait)) if space == idx.space else None)
-    if found.warning and warn is not None:
-        warn(found.warning)
+    note = found.warning
+    if unanswered:  # the rows went on as the index's space's without a word: 90 rows of another model went in
+        why = (str(unanswered[0]).strip().splitlines() or [type(unanswered[0]).__name__])[0]
+        note = (f"{name} are unchecked by rows: the registry did not answer ({why}), so "
+                f"whether they are {space!r} rows was not compared with its maps; they were taken as {space!r} rows")
+        if warn is None:  # a caller with no one to tell (an HTTP search): the operator reads it in the log
+            log.warning("rows unchecked: registry unavailable", extra={"fields": {
+                "index": idx.name, "space": space, "rows": int(X.shape[0]), "error": why}})
+    if note and warn is not None:
+        warn(note)
 
 
 def query_dim(resolver: Resolver, idx: SpaceIndex, space: str | None,

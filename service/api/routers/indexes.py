@@ -24,6 +24,7 @@ from align.exceptions import DimensionMismatchError, InputError
 
 from ...indexes import SpaceIndex
 from ...limits import seed_of
+from ...logging import get_logger
 from ...ops import indexes as index_ops
 from ..codec import JSON, check_query, may_hold_bools, parse_options, parse_rows, texts_instead, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
@@ -36,6 +37,8 @@ from ..state import Heavier
 from ..schemas import (IndexAdd, IndexAddOptions, IndexAddResponse, IndexCreate, IndexCreateOptions, IndexDelete,
                        IndexDeleteResponse, IndexList, IndexOut, SearchOptions, SearchRequest, SearchResponse,
                        error_responses)
+
+log = get_logger("indexes")
 
 router = APIRouter(prefix="/v1", tags=["indexes"], responses=error_responses(401, 403, 404, 422, 503),
                    route_class=CodecRoute)
@@ -121,17 +124,21 @@ async def drop_index(name: IndexNamePath, state: StateDep):
 async def add_vectors(name: IndexNamePath, request: Request, state: StateDep, settings: SettingsDep):
     body = await request.body()
 
+    notes: list[str] = []
+
     def work():
         idx = state.indexes.get(name)
         opts, X = parse_rows(body, IndexAddOptions, settings.max_batch, lambda _: idx.dim)
         return _texts_heavy(opts.texts, lambda: (idx, index_ops.add_rows(
             state, idx, X, texts=opts.texts, store_texts=opts.store_texts, ids=opts.ids, payloads=opts.payloads,
-            space=opts.space)))
+            space=opts.space, warn=notes.append)))
 
     await state.after_loads(name)
     idx, ids = await state.heavy.hop(work, len(body), request)
     state.metrics.batch_rows.labels("index_add").observe(len(ids))
-    return FastJSONResponse({"index": name, "ids": ids, "count": idx.count})
+    if notes:  # rows added unchecked (a registry not answering) or undecided: the client reads them, the operator too
+        log.warning("index add: rows check notes", extra={"fields": {"index": name, "rows": len(ids), "notes": notes}})
+    return FastJSONResponse({"index": name, "ids": ids, "count": idx.count, "notes": notes})
 
 
 @router.post("/indexes/{name}/delete", dependencies=[WriteScope, JSONOnly], summary="Delete rows by id",

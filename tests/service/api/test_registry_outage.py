@@ -246,3 +246,35 @@ def test_a_request_stuck_behind_another_sessions_lock_is_a_503_after_the_stateme
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
     assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def test_rows_added_while_the_registry_does_not_answer_say_they_went_in_unchecked(tmp_path):
+    # rows of an index's space need no registry, so POST /v1/indexes/{name}/vectors adds them when the registry is
+    # down or damaged; but the rows check (do they look like another space's?) was skipped without a word: 90 rows
+    # of another model could go in, answered 200 like any other. The answer's notes now say so, and the log
+    from _api_support import planted
+
+    from service.indexes import IndexStore
+
+    data = tmp_path / "data"
+    seed_registry(data)
+    _, Y, _ = planted(300)
+    IndexStore(data / "indexes").create("docs", "b", Y[:200], dim=16)
+    damage_page(data / "registry.sqlite", "sqlite_autoindex_versions_1")  # its maps cannot be read: 503s
+    port = free_port()
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(data, port), port, tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        r = httpx.post(f"{url}/v1/indexes/docs/vectors", headers=W, json={"vectors": Y[200:210].tolist()}, timeout=30)
+        assert r.status_code == 200 and r.json()["notes"] == [], r.text  # 10 rows are never checked
+        r = httpx.post(f"{url}/v1/indexes/docs/vectors", headers=W, json={"vectors": Y[210:300].tolist()}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["ids"]) == 90 and r.json()["count"] == 300, r.text
+        [note] = r.json()["notes"]
+        assert note.startswith("the vectors are unchecked by rows: the registry did not answer (") and \
+            "registry.sqlite is damaged" in note and "taken as 'b' rows" in note, note
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    lines = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines()]
+    [logged] = [x for x in lines if x["msg"] == "index add: rows check notes"]
+    assert logged["level"] == "WARNING" and logged["index"] == "docs" and logged["notes"] == [note], logged
