@@ -35,6 +35,7 @@ file, a role without the grants) is exit 2, as bad input is.
 
 from __future__ import annotations
 
+import collections
 import difflib
 import signal
 import sqlite3
@@ -221,12 +222,57 @@ def shown(text, limit: int = 40) -> str:
     return f"{text[:limit]!r}" + (f"... ({len(text)} characters)" if len(text) > limit else "")
 
 
+#: up to this many names, :func:`did_you_mean` is difflib's own loop; beyond, :func:`_closest` (the same answer)
+_DIFFLIB_NAMES = 1000
+
+
 def did_you_mean(name, known, *, cutoff: float = 0.75, show=shown) -> str:
     """``" (did you mean 'minilm-e5'?)"`` when one of ``known`` is close to ``name`` (difflib), else ``""``: the one
     suggestion of an unknown setting, map, steer, space, index or alias. ``show`` writes the suggestion (quoted and
-    cut as :func:`shown`). Call it on the error only: ``known`` is read for it."""
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=cutoff)
+    cut as :func:`shown`). Call it on the error only: ``known`` is read for it.
+
+    Beyond :data:`_DIFFLIB_NAMES` names, :func:`_closest` gives difflib's answer without scoring every name
+    (difflib over 100,000 names took about a second, inside a registry transaction for some callers)."""
+    word, names = str(name), [str(k) for k in known]
+    if len(names) > _DIFFLIB_NAMES:
+        close = _closest(word, names, cutoff)
+    else:
+        close = difflib.get_close_matches(word, names, n=1, cutoff=cutoff)
     return f" (did you mean {show(close[0])}?)" if close else ""
+
+
+def _closest(word: str, names: list[str], cutoff: float) -> list[str]:
+    """``difflib.get_close_matches(word, names, n=1, cutoff=cutoff)``, the same answer: the name of the highest
+    ratio at least ``cutoff``, ties to the greatest name. Each name's difflib upper bound (``quick_ratio``: the
+    characters it shares with ``word``, counted as multisets) is computed at once in numpy over the names' code
+    points, for the characters of ``word`` only; exact ratios are then computed best bound first, and stop once a
+    bound falls below the best ratio found (no name left can reach it)."""
+    import numpy as np
+
+    lens = np.fromiter(map(len, names), dtype=np.int64, count=len(names))
+    total = lens + len(word)
+    # difflib's real_quick_ratio first (lengths alone): a 10,000-character word is compared with no name at all
+    keep = np.flatnonzero(np.where(total > 0, 2.0 * np.minimum(lens, len(word)) / np.maximum(total, 1), 1.0) >= cutoff)
+    names, lens, total = [names[i] for i in keep.tolist()], lens[keep], total[keep]
+    codes = np.frombuffer("".join(names).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    owner = np.repeat(np.arange(len(names)), lens)
+    shared = np.zeros(len(names), dtype=np.int64)
+    for ch, n_word in collections.Counter(word).items():
+        shared += np.minimum(np.bincount(owner[codes == ord(ch)], minlength=len(names)), n_word)
+    bound = np.where(total > 0, 2.0 * shared / np.maximum(total, 1), 1.0)  # difflib's formula: the same floats
+    order = np.flatnonzero(bound >= cutoff)
+    order = order[np.argsort(-bound[order], kind="stable")]
+    best: tuple[float, str] | None = None
+    s = difflib.SequenceMatcher()
+    s.set_seq2(word)
+    for i in order.tolist():
+        if best is not None and bound[i] < best[0]:
+            break
+        s.set_seq1(names[i])
+        r = s.ratio()
+        if r >= cutoff and (best is None or (r, names[i]) > best):
+            best = (r, names[i])
+    return [best[1]] if best is not None else []
 
 
 def listed(names, limit: int = 10) -> str:
