@@ -155,7 +155,9 @@ def _check_not_a_path(scheme: str, rest: str, url: str) -> None:
     directory (even on a dry run) and answered "no source collection". A server's host may end in ``.db`` (a
     Kubernetes service ``milvus.db`` in namespace ``db``): ``milvus://milvus.db`` is one unless ``./milvus.db``
     exists, and a port always marks a server, with any path after it (Milvus: the database; Qdrant: the prefix
-    behind a proxy). Refusing every name ending in ``.db`` stopped a service configured with such a host from
+    behind a proxy). ``qdrant://data/q`` (a path, no port, no TLS) is refused naming both forms: it was taken for
+    the server ``data:6333`` with the prefix ``/q`` ("cannot connect", exit 75) where a relative folder was meant;
+    ``qdrant+https://host/prefix`` stays a server (TLS has no local form). Refusing every name ending in ``.db`` stopped a service configured with such a host from
     starting (the settings check the URL at start-up)."""
     import os
 
@@ -165,11 +167,16 @@ def _check_not_a_path(scheme: str, rest: str, url: str) -> None:
         return
     db = where.lower().endswith(".db")
     here = db and not tail and os.path.exists(where)
-    if not (host in (".", "..", "~") or (db and tail) or here):
-        return
     engine = scheme.split("+")[0]
     local = ("a local Milvus Lite file is milvus:///ABSOLUTE/path.db" if engine == "milvus"
              else "a local Qdrant folder is qdrant:///ABSOLUTE/path")
+    if scheme == "qdrant" and tail and host not in (".", "..", "~"):  # qdrant://data/q: a folder or a prefix? (no
+        # user part in the message: a Qdrant URL's may be a secret)
+        raise InputError(f"'qdrant://{where}' has a path but no port: it is neither a documented Qdrant server nor a "
+                         f"folder; {local} (three slashes), and a server behind a proxy takes its port before the "
+                         f"prefix: qdrant://{host}:6333/{tail}")
+    if not (host in (".", "..", "~") or (db and tail) or here):
+        return
     raise InputError(f"{safe_url(url)!r} names a file{f' (./{where} exists here)' if here else ''}, not a {engine} "
                      f"server: {local} (three slashes); a server is {engine}://host:port (its port marks it as one)")
 

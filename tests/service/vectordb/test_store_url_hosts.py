@@ -43,6 +43,23 @@ def test_a_bare_db_name_is_a_file_only_when_it_exists_here(tmp_path, monkeypatch
     check_store_url("milvus://docs.db:19530")  # a port: the server, file or not
 
 
+@pytest.mark.parametrize("url", ["qdrant://data/q", "qdrant://data/q/", "qdrant://key-1@qdrant/prefix"])
+def test_a_qdrant_host_and_path_without_a_port_is_refused_naming_both_forms(url, tmp_path, monkeypatch):
+    """`qdrant://data/q` (meant: the folder ./data/q) was taken for the server data:6333 with the prefix /q, and
+    answered "cannot connect to http://data/q" (exit 75: retry); the README documents qdrant://host:port and
+    qdrant:///dir only. It is refused, naming the folder's form and the server's (a prefix after host:port), without
+    the URL's user part; with a port, or TLS (no local form), it stays a server, and a Milvus path is its database."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="has a path but no port") as e:
+        check_store_url(url)
+    host, _, prefix = url.rstrip("/").rpartition("@")[-1].removeprefix("qdrant://").partition("/")
+    assert "qdrant:///ABSOLUTE/path (three slashes)" in str(e.value) and f"qdrant://{host}:6333/{prefix}" in str(e.value)
+    assert "key-1" not in str(e.value)
+    for server in ("qdrant://data:6333/q", "qdrant+https://example.com/qdrant", "qdrant://data", "milvus://data/q",
+                   "milvus://data/docs"):
+        check_store_url(server)
+
+
 def test_a_milvus_host_ending_in_db_is_connected_to_not_made_a_lite_file(tmp_path, monkeypatch):
     pytest.importorskip("pymilvus")
     monkeypatch.chdir(tmp_path)
