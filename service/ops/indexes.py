@@ -246,7 +246,8 @@ def check_rows_space(resolver: Resolver | None, idx: SpaceIndex, X, name: str, f
     ``{other}`` is that space). Nothing for fewer than ``MEAN_CHECK_MIN_ROWS`` rows, rows of another width (refused
     by width where they are used), or a resolver without references. ``warn(note)``: rows references exist for
     but none recognises, or rows left unchecked because the registry did not answer (they go on, as rows of the
-    index's space need no registry; logged instead where there is no ``warn``). ``wait=False``: WouldBlock rather than wait for a writer of ``idx`` (its own rows)."""
+    index's space need no registry; logged instead where there is no ``warn``). ``wait=False``: WouldBlock rather
+    than wait for a writer of ``idx`` (its own rows)."""
     refs = getattr(resolver, "space_references", None)
     if refs is None or X is None or getattr(X, "ndim", 0) != 2 or X.shape[1] != idx.dim:
         return

@@ -157,8 +157,8 @@ def _check_not_a_path(scheme: str, rest: str, url: str) -> None:
     exists, and a port always marks a server, with any path after it (Milvus: the database; Qdrant: the prefix
     behind a proxy). ``qdrant://data/q`` (a path, no port, no TLS) is refused naming both forms: it was taken for
     the server ``data:6333`` with the prefix ``/q`` ("cannot connect", exit 75) where a relative folder was meant;
-    ``qdrant+https://host/prefix`` stays a server (TLS has no local form). Refusing every name ending in ``.db`` stopped a service configured with such a host from
-    starting (the settings check the URL at start-up)."""
+    ``qdrant+https://host/prefix`` stays a server (TLS has no local form). Refusing every name ending in ``.db``
+    stopped a service configured with such a host from starting (the settings check the URL at start-up)."""
     import os
 
     where = _split_userinfo(rest.partition("?")[0].partition("#")[0].rstrip("/"), url)[0]
