@@ -46,9 +46,12 @@ __all__ = [
     "RowsCheck",
     "SpaceMismatchError",
     "Verdict",
+    "check_fit_spaces",
+    "check_pair_spaces",
     "check_rows",
     "index_frame",
     "judge_rows",
+    "map_references",
     "shares_direction",
     "space_references",
 ]
@@ -258,33 +261,56 @@ def check_rows(V, space: str, references: dict[str, list[Reference]] | Callable[
                                   f"registry does not know")
 
 
-def check_fit_spaces(registry, X: np.ndarray, Y: np.ndarray, source_space: str, target_space: str) -> list[str]:
-    """A fit's source rows ``X`` against ``source_space`` and target rows ``Y`` against ``target_space``
-    (:func:`check_rows` with the registry's references). Both looking like the other side's space: the files look
-    swapped (SpaceMismatchError saying so); one side looking like another space: that side's error. Returns the
-    warnings of sides references exist for but that none recognises."""
+def map_references(v, map_) -> dict[str, list[Reference]]:
+    """``{space: [Reference]}`` of one map's two sides: ``map_``'s source and target frames under ``v``'s (its
+    VersionInfo) source and target spaces; what ``transform`` and ``eval`` check rows against (no registry read)."""
+    return {space: [Reference(space, frame, f"map {v.ref}'s {side} side")]
+            for side, space, frame in (("source", v.source_space, map_.source_frame),
+                                       ("target", v.target_space, map_.target_frame))}
+
+
+def check_pair_spaces(X: np.ndarray, Y: np.ndarray, source_space: str, target_space: str,
+                      references: dict[str, list[Reference]] | Callable[[], dict], *, fix: dict[str, str],
+                      swapped: str) -> list[str]:
+    """Source rows ``X`` against ``source_space`` and target rows ``Y`` against ``target_space`` (:func:`check_rows`
+    with ``references``, a dict or a callable called once at most). Both looking like the other side's space: the
+    files look swapped (SpaceMismatchError saying so, ``swapped`` what that would do); one side looking like another
+    space: that side's error, with ``fix[side]``. Returns the warnings of sides references exist for but that none
+    recognises. The rule of ``fit`` and ``eval``."""
     errors, notes, refs = {}, [], {}
 
-    def references() -> dict:  # both sides' widths in one call, made once (by the first side of 50+ rows)
+    def once() -> dict:  # both sides' references from one call, made once (by the first side of 50+ rows)
         if not refs:
-            refs["all"] = space_references(registry, {X.shape[1], Y.shape[1]})
+            refs["all"] = references() if callable(references) else references
         return refs["all"]
-    for side, M, space, option in (("source", X, source_space, "--source-space / source_space"),
-                                   ("target", Y, target_space, "--target-space / target_space")):
+    for side, M, space in (("source", X, source_space), ("target", Y, target_space)):
         try:
-            found = check_rows(M, space, references, name=f"the {side} rows",
-                               fix=f"if they are rows of {{other}}, say so ({option} {{other}}), or swap the files")
+            found = check_rows(M, space, once, name=f"the {side} rows", fix=fix[side])
         except SpaceMismatchError as e:
             errors[side] = e
         else:
             notes += [found.warning] if found.warning else []
     if {"source", "target"} <= errors.keys() and (errors["source"].looks_like, errors["target"].looks_like) == (
             target_space, source_space):
-        raise SpaceMismatchError(
+        err = SpaceMismatchError(
             f"the files look swapped: the source rows look like space {target_space!r} and the target rows like "
-            f"{source_space!r} (a map fitted on them would go {target_space} -> {source_space} under the name of "
-            f"{source_space} -> {target_space}); give the {source_space!r} rows as the source and the {target_space!r} "
+            f"{source_space!r} ({swapped}); give the {source_space!r} rows as the source and the {target_space!r} "
             f"ones as the target. {errors['source']}")
+        err.looks_like = target_space
+        raise err
     for e in errors.values():
         raise e
     return notes
+
+
+def check_fit_spaces(registry, X: np.ndarray, Y: np.ndarray, source_space: str, target_space: str) -> list[str]:
+    """A fit's source rows ``X`` against ``source_space`` and target rows ``Y`` against ``target_space``
+    (:func:`check_pair_spaces` with the registry's references, both sides' widths read in one call). Returns the
+    warnings of sides references exist for but that none recognises."""
+    return check_pair_spaces(
+        X, Y, source_space, target_space, lambda: space_references(registry, {X.shape[1], Y.shape[1]}),
+        fix={side: f"if they are rows of {{other}}, say so ({option} {{other}}), or swap the files"
+             for side, option in (("source", "--source-space / source_space"),
+                                  ("target", "--target-space / target_space"))},
+        swapped=f"a map fitted on them would go {target_space} -> {source_space} under the name of "
+                f"{source_space} -> {target_space}")

@@ -98,3 +98,6 @@ class EvaluateResponse(_Open):
     min_top1: float | None = None
     min_retention: float | None = None
     result: Literal["PASS", "FAIL"] | None = Field(None, description="With a gate: PASS only when each gate passes.")
+    notes: list[str] = Field(default_factory=list, description="What the check of the rows against the map's two "
+                                                               "sides could not tell (pairs the wrong way round are "
+                                                               "a 422).")

@@ -277,6 +277,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
                        record=record, queries=Q, relevant=rel, side=side, old_queries=Qo, csls_weight=csls_weight,
                        max_queries=max_queries, random_state=random_state)
+    for note in res["notes"]:  # rows neither side of the map recognises: the figures may be of another model's
+        warn(note)
     r = res["retrieval"]
     # top-1 ranks in the target's centred frame; a search ranks raw outputs (query-side recall@1), which can be
     # lower (WordNet minilm -> glove, 384 -> 50: 0.733 centred, 0.637 raw): both are shown

@@ -25,7 +25,7 @@ from ..io import (
     rows_count,
 )
 from ..progress import Progress, silent
-from ..spaces import SPACE_SAMPLE_ROWS, Reference, check_rows
+from ..spaces import SPACE_SAMPLE_ROWS, check_rows, map_references
 from ..storage import check_writable
 from ..tables import MappedWriter
 
@@ -86,10 +86,7 @@ def check_direction(v, m, inp, *, rows=None, key: str | None = None, column: str
         chunks.close()
     if first is None or first.ndim != 2 or first.shape[1] != m.source_dim:
         return
-    refs = {side_space: [Reference(side_space, frame, f"map {v.ref}'s {side} side")]
-            for side, side_space, frame in (("source", v.source_space, m.source_frame),
-                                            ("target", v.target_space, m.target_frame))}
-    found = check_rows(first, v.source_space, refs, name=f"the rows of {Path(inp).name}",
+    found = check_rows(first, v.source_space, map_references(v, m), name=f"the rows of {Path(inp).name}",
                        fix=f"a map the wrong way round? Map them with a map from {{other}} (vecbridge transform "
                            f"--map MAP: {v.ref} reads {v.source_space!r} rows)")
     if found.warning and warn is not None:

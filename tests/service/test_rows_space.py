@@ -136,6 +136,39 @@ def test_fit_refuses_swapped_files_and_a_side_of_another_space(world, capsys):
     assert code == 0 and "registered minilm-e5:2" in out, err
 
 
+def test_eval_refuses_pairs_the_wrong_way_round_as_fit_and_transform_do(world, capsys):
+    """`eval --map minilm-e5@prod --source e5.npy --target minilm.npy` scored top-1 0.0025 and exited 0, with no
+    word of why (fit refused those files as swapped, transform the e5 rows); now it refuses them by the same rule,
+    and so does POST /v1/maps/{ref}/evaluate, while the pairs the right way round score as before."""
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+    from service.config import Settings
+
+    base = ("eval", "--map", "minilm-e5@prod", "--rows", "3000:3400", "--json")
+    code, out, err = cli(capsys, world, *base, "--source", world["e5"], "--target", world["minilm"])
+    assert code == 2 and out == "" and "the files look swapped" in err, err
+    assert "give the 'minilm' rows as the source and the 'e5' ones as the target" in err, err
+    code, _, err = cli(capsys, world, *base, "--source", world["e5"], "--target", world["e5"])
+    assert code == 2 and "the source rows look like space 'e5', not 'minilm'" in err and "wrong way round" in err
+    code, out, err = cli(capsys, world, *base, "--source", world["minilm"], "--target", world["e5"])
+    assert code == 0 and err == "", err
+    import json
+
+    got = json.loads(out)
+    assert got["top1"] > 0.9 and got["notes"] == [], got["top1"]
+    mi, e5 = np.load(world["minilm"])[3000:3200], np.load(world["e5"])[3000:3200]
+    app = create_app(Settings(data_dir=world["data"], api_keys=KEYS, demo_on_empty=False, log_level="WARNING",
+                              max_batch=1000, max_body_bytes=8_000_000))
+    with TestClient(app) as c:
+        r = c.post("/v1/maps/minilm-e5@prod/evaluate", headers=R,
+                   json={"source": {"vectors": e5.tolist()}, "target": {"vectors": mi.tolist()}})
+        assert r.status_code == 422 and "the files look swapped" in r.text, r.text
+        r = c.post("/v1/maps/minilm-e5@prod/evaluate", headers=R,
+                   json={"source": {"vectors": mi.tolist()}, "target": {"vectors": e5.tolist()}})
+        assert r.status_code == 200 and r.json()["top1"] > 0.9 and r.json()["notes"] == [], r.text
+
+
 def test_http_index_add_and_search_refuse_another_models_rows(world):
     """The routes as the CLI: a 422 naming the space; rows of the index's space, and a batch of one, as before."""
     from fastapi.testclient import TestClient
