@@ -23,6 +23,8 @@ file-system round trip beyond the index's one ``stat`` (:meth:`service.indexes.S
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -47,6 +49,24 @@ __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads"
            "check_rows_space"]
 
 log = get_logger("indexes")
+
+
+class _Every:
+    """``due(key)``: True at most once per ``seconds`` for each key (a log line that would repeat per request)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.last, self.lock = seconds, {}, threading.Lock()
+
+    def due(self, key) -> bool:
+        now = time.monotonic()
+        with self.lock:
+            if now - self.last.get(key, -self.seconds) < self.seconds:
+                return False
+            self.last[key] = now
+            return True
+
+
+_unchecked_log = _Every(60.0)
 
 
 class Resolver(Protocol):
@@ -269,7 +289,8 @@ def check_rows_space(resolver: Resolver | None, idx: SpaceIndex, X, name: str, f
         why = (str(unanswered[0]).strip().splitlines() or [type(unanswered[0]).__name__])[0]
         note = (f"{name} are unchecked by rows: the registry did not answer ({why}), so "
                 f"whether they are {space!r} rows was not compared with its maps; they were taken as {space!r} rows")
-        if warn is None:  # a caller with no one to tell (an HTTP search): the operator reads it in the log
+        if warn is None and _unchecked_log.due(idx.name):  # no one to tell (an HTTP search): the operator reads
+            # the log, once a minute per index at most (every search of 50+ queries meets a registry that is down)
             log.warning("rows unchecked: registry unavailable", extra={"fields": {
                 "index": idx.name, "space": space, "rows": int(X.shape[0]), "error": why}})
     if note and warn is not None:
