@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
-from typing import ClassVar
 
 import click
 
@@ -26,6 +24,7 @@ from ._common import (
     versions_summary,
     warn_aliases_left,
 )
+from .prune import Duration, prune_command
 
 __all__ = ["registry", "spaces"]
 
@@ -153,27 +152,9 @@ def registry_verify(obj: Ctx, sweep, as_json):
         sys.exit(2)
 
 
-class _Duration(click.ParamType):
-    """A length of time: a number and its unit, ``s``, ``m``, ``h``, ``d`` or ``w`` (``30d``, ``12h``, ``1.5w``), at
-    most 100 years (``1000000d`` was an OverflowError, exit 3)."""
-
-    name = "duration"
-    UNITS: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    MAX_S = 100 * 365 * 86400
-
-    def convert(self, value, param, ctx):
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", str(value).strip().lower())
-        if m is None:
-            self.fail(f"{value!r} is not a duration: a number and a unit, s m h d or w (30d, 12h)", param, ctx)
-        seconds = float(m[1]) * self.UNITS[m[2]]
-        if not seconds <= self.MAX_S:  # inf too (a number of 400 digits)
-            self.fail(f"{value!r} is more than 100 years ({self.MAX_S // 86400}d)", param, ctx)
-        return seconds
-
-
 @registry.command("gc")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed (and the bytes); remove nothing.")
-@click.option("--older-than", "older_than", type=_Duration(), default=None, metavar="DURATION",
+@click.option("--older-than", "older_than", type=Duration(), default=None, metavar="DURATION",
               help="Only versions deleted at least this long ago (30d, 12h, 90m) [default: every deleted version].")
 @click.option("--wait", "wait_s", type=click.FloatRange(0, 86400), default=GC_WAIT_S, show_default=True,
               metavar="SECONDS", help="How long to wait for fits, imports, exports and backups holding the artifact "
@@ -208,6 +189,9 @@ def registry_gc(obj: Ctx, dry_run, older_than, wait_s, orphans, as_json):
                f"version names ({_kb(res['orphan_bytes'])})" if orphans else f"\n{lost} orphan artifact(s) no "
                "version names left (a writer killed before its commit): --orphans removes them"))
     emit(res, as_json, text)
+
+
+prune_command(registry, "maps", "map")
 
 
 def _kb(n: int) -> str:

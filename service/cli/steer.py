@@ -22,6 +22,7 @@ from ..storage import check_writable
 from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, file_rows_opts, json_opt,
                       parse_kv, progress_bar, quiet_opt, read_labels, register_opts, versions_summary,
                       warn_aliases_left)
+from .prune import prune_command
 
 __all__ = ["steer"]
 
@@ -70,6 +71,9 @@ def steer_delete(obj: Ctx, name, version):
         bare = bare_steer_ref(obj.registry, name)
         now = f"a bare {name!r} is now {bare}" if bare else f"{name!r} has no live version left"
         warn_aliases_left("steer", name, version, v.aliases, now)
+
+
+prune_command(steer, "steers", "steer")
 
 
 @steer.command("fit")

@@ -445,7 +445,8 @@ class VersionedStore:
         want = None if expected is None else _expected(expected)
         a = self.kind.aliases
 
-        def fn(t):
+        def fn(t):  # the name row locked first (PostgreSQL), as a prune does: never an alias on a version it deletes
+            t.one(f"SELECT name FROM {self.kind.names} WHERE name = ?" + self.db.for_update, (name,))
             if self.get_in(t, name, int(version)).deleted:
                 raise ConflictError(f"cannot point alias {alias!r} at deleted version {version} of "
                                     f"{self.kind.noun} {name!r}")
@@ -573,8 +574,15 @@ class VersionedStore:
 
         def fn(t):
             self.get_in(t, name, int(version))
-            t.q(f"UPDATE {self.kind.table} SET deleted = 1, deleted_at = COALESCE(deleted_at, ?) WHERE name = ? "
-                "AND version = ?", (now(), name, int(version)))
+            self.mark_deleted(t, name, [int(version)])
 
         self._write(fn)
         return self.get(name, int(version))
+
+    def mark_deleted(self, t, name: str, versions: list[int]) -> None:
+        """Inside a write transaction: soft-delete these versions of ``name`` (:meth:`delete`'s write; ``registry
+        prune`` marks a map's versions in one transaction)."""
+        for i in range(0, len(versions), _AMONG):
+            part = [int(v) for v in versions[i:i + _AMONG]]
+            t.q(f"UPDATE {self.kind.table} SET deleted = 1, deleted_at = COALESCE(deleted_at, ?) WHERE name = ? "
+                f"AND version IN ({', '.join('?' * len(part))})", (now(), name, *part))
