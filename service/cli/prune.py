@@ -36,9 +36,10 @@ def prune_command(group, key: str, noun: str) -> None:
     for kind ``key`` (``"maps"``, ``"steers"``): :func:`service.registry.prune.prune_versions`."""
 
     @group.command("prune", help=f"Soft-delete the versions of each {noun} NAME (every {noun} when none is given) "
-                   "beyond its newest N live ones, as `registry delete` does one (records kept for lineage), keeping "
-                   "every version an alias points at (prod and any other) and the one a bare NAME means, even when "
-                   "older; says what it kept and why. `vecbridge registry gc` then frees the deleted versions' files. "
+                   f"beyond its newest N live ones, as `{group.name} delete` does one (records kept for lineage), "
+                   "keeping every version an alias points at (prod and any other) and the one a bare NAME means, even "
+                   "when older; says what it kept and why. `vecbridge registry gc` then frees the deleted versions' "
+                   "files. "
                    f"`{group.name} prune --keep-last 10 --dry-run`.")
     @click.argument("names", nargs=-1, metavar="[NAME]...")
     @click.option("--keep-last", "keep_last", type=click.IntRange(min=1), required=True, metavar="N",

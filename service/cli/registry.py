@@ -97,7 +97,7 @@ def registry_tag(obj: Ctx, name, version, key, value, delete):
 @click.pass_obj
 def registry_delete(obj: Ctx, name, version):
     """Soft-delete version VERSION of map NAME (kept for lineage; no longer resolves; `registry gc` frees its files):
-    `registry delete minilm-e5 2`."""
+    `registry delete minilm-e5 2`. `registry prune` deletes every version beyond the newest N at once."""
     v = obj.registry.delete_version(name, version)
     click.echo(f"deleted {name}:{version}")
     if v.aliases:  # the aliases stay on the deleted version (lineage); say what that changes for their users

@@ -132,8 +132,8 @@ def test_registry_prune_command_then_gc_frees_the_files_and_aliased_versions_sti
 
     code, out, err = run_cli(capsys, *base, "prune", "--keep-last", "2", "--dry-run")
     assert code == 0, err
-    assert out.splitlines() == ["map docs: would delete 3 version(s): 2, 3, 4; kept 3: 6, 5 (newest); 1 (alias prod, "
-                                "bare name)", "would delete 3 version(s) of 1 map(s) (nothing deleted: --dry-run)"]
+    plan = "map docs: would delete 3 version(s): 2, 3, 4; kept 3: 6, 5 (newest); 1 (alias prod, bare name)"
+    assert out.splitlines() == [plan, "would delete 3 version(s) of 1 map(s) (nothing deleted: --dry-run)"]
     code, out, err = run_cli(capsys, *base, "prune", "docs", "--keep-last", "2", "--json")
     res = json.loads(out)
     assert code == 0 and res["deleted"] == ["docs:2", "docs:3", "docs:4"] and not res["dry_run"], err
