@@ -162,14 +162,17 @@ FLOOR_NOTE = ("predicted retention is nn_retention@10 on the probe, a proxy with
 AUTO_NOTE = ("the forecast and its interval at K = {k} are of {m} (forecast_method), a closed-form map; the "
              "recommended method, auto, may choose a contrastive or cluster map at this K, which usually measures "
              "above that interval (not always): read it as a floor for auto, not a prediction of what auto fits")
-#: The interval (probe scatter, subset spread, query sample) does not cover extrapolating the curve. QA, WordNet
-#: minilm->e5, 8,192 rows, 1,000-pair probe, 600 labelled queries: K = 1,000 forecast 0.513 [0.423, 0.603], measured
-#: 0.623-0.668; K = 3,000 0.601 [0.511, 0.691], measured 0.734-0.775 (K = 100 and 300 inside theirs).
+#: The interval (probe scatter, subset spread, query sample) leaves out extrapolating the curve, whose maps never fit a
+#: held-out text. WordNet minilm->e5, 8,192 rows, 600 queries, 1,000/2,000-pair probes (results/plan_extrapolation_
+#: 2026-12-06.md): extrapolated forecasts -0.08..+0.07 from maps of random rows relevant to no query, -0.13..-0.01 from
+#: maps of the plan's own rows (some relevant: random corpus rows kept 0.03-0.06 more at K = 1,000-3,000).
 EXTRAPOLATED_NOTE = ("the forecasts past the {top} pairs the curve is fitted on (half the probe's {p}; extrapolated: "
                      "K = {ks}) extend the probe's learning curve, and their intervals hold the scatter of its points, "
-                     "not the error of that extrapolation, which can be larger (WordNet minilm->e5, 1,000-pair probe: "
-                     "K = 1,000 and 3,000 forecast 0.11-0.18 below the labelled retention measured after the fit, "
-                     "outside their intervals): read them as rough and gate the fitted map")
+                     "not the error of that extrapolation. Like every forecast they are of maps whose fit pairs hold "
+                     "none of the held-out texts, while the rows you re-embed from the corpus hold some documents your "
+                     "queries look for, which the map then finds (WordNet minilm->e5, K = 1,000-3,000: the plan's own "
+                     "rows kept up to 0.13 more than forecast, a QA's fit 0.11-0.18): read them as rough, a floor, "
+                     "and gate the fitted map")
 #: nn_retention's native side searches the native rows among mapped rows of the old corpus (their native vectors are
 #: unknown). WordNet minilm->paraphrase-L3, ridge from 10,000 pairs: 1.06-1.23, where native recall against those
 #: mapped distractors was 0.23-0.27 and against the same rows' native vectors 0.42-0.47 (the ratio then 0.61-0.69).

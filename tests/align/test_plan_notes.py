@@ -15,4 +15,4 @@ def test_the_extrapolation_note_names_the_fitting_half_of_the_probe():
     res = align.plan_migration(X, X[:500], Y[:500], select_rows=False)
     note = next(n for n in res["notes"] if "extrapolated: K =" in n)
     assert "past the 250 pairs the curve is fitted on (half the probe's 500;" in note, note
-    assert "0.11-0.18 below" in note and "probe's 250" not in note
+    assert "hold none of the held-out texts" in note and "probe's 250" not in note
