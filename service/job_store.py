@@ -360,18 +360,26 @@ class JobStore:
             r = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if r is None else (self._job(r), r[-1])
 
-    def list(self, limit: int = 1000, after: tuple[float, str] | None = None) -> list[Job]:
+    def list(self, limit: int = 1000, after: tuple[float, str] | None = None, *, newest: bool = False,
+             states: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> list[Job]:
         """The newest ``limit`` records oldest first; with ``after`` (a ``(created_at, id)`` key) the first
-        ``limit`` records past it, so pages walk every record."""
+        ``limit`` records past it, so pages walk every record. ``newest``: newest first, ``after`` then the key
+        the records come before. Only records in one of ``states`` / of one of ``kinds`` when given."""
         cols = ", ".join(_COLS)
+        where, args = [], []
+        for col, values in (("state", states), ("kind", kinds)):
+            if values is not None:
+                where.append(f"{col} IN ({', '.join('?' * len(values))})" if values else "0")
+                args += list(values)
+        if after is not None:
+            where.append(f"(created_at, id) {'<' if newest else '>'} (?, ?)")
+            args += list(after)
+        sql = f"SELECT {cols} FROM jobs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY created_at"
+        desc = newest or after is None  # no key, oldest first: the newest `limit`, turned round
+        sql += " DESC, id DESC LIMIT ?" if desc else ", id LIMIT ?"
         with self._busy():
-            if after is None:
-                rows = self._conn().execute(f"SELECT {cols} FROM jobs ORDER BY created_at DESC, id DESC LIMIT ?",
-                                            (int(limit),)).fetchall()[::-1]
-            else:
-                rows = self._conn().execute(f"SELECT {cols} FROM jobs WHERE (created_at, id) > (?, ?) "
-                                            "ORDER BY created_at, id LIMIT ?", (*after, int(limit))).fetchall()
-        return [self._job(r) for r in rows]
+            rows = self._conn().execute(sql, (*args, int(limit))).fetchall()
+        return [self._job(r) for r in (rows[::-1] if desc and not newest else rows)]
 
     def counts(self) -> dict[str, int]:
         """Stored jobs by state (every process of the data dir, every record not yet trimmed)."""

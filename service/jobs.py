@@ -134,6 +134,11 @@ class JobContext:
 MAX_ERROR_CHARS = 4000
 
 
+def _wanted(job: Job, states: tuple[str, ...] | None, kinds: tuple[str, ...] | None) -> bool:
+    """Whether ``job`` passes a list's filters (None: any state / kind)."""
+    return (states is None or job.state in states) and (kinds is None or job.kind in kinds)
+
+
 def _error(kind: str, exc: BaseException, default: str = "") -> dict:
     """A job's ``error``: the exception's message, cut to :data:`MAX_ERROR_CHARS` (it is stored and listed)."""
     msg = str(exc) or default
@@ -199,26 +204,34 @@ class JobManager:
             raise JobNotFoundError(f"job {shown!r} not found")  # quoted whole, a 60 KB id made a 60 KB answer
         return job
 
-    def list(self) -> list[Job]:
-        """Known jobs, oldest first: stored records (all processes of the data dir) or this process's."""
+    def list(self, states: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> list[Job]:
+        """Known jobs, oldest first: stored records (all processes of the data dir) or this process's; only those
+        in one of ``states`` / of one of ``kinds`` when given."""
         self._adopt_cancels()
         with self._lock:
             mine = dict(self._jobs)
         if self.store is None:
-            return list(mine.values())
-        out = [mine.pop(j.id, j) for j in self.store.list(self._keep)]
-        return out + list(mine.values())
+            return [j for j in mine.values() if _wanted(j, states, kinds)]
+        out = [mine.pop(j.id, j) for j in self.store.list(self._keep, states=states, kinds=kinds)]
+        return [j for j in out + list(mine.values()) if _wanted(j, states, kinds)]
 
-    def page(self, limit: int, after: tuple[float, str] | None = None) -> list[Job]:
-        """The first ``limit`` jobs past ``after`` in ``(created_at, id)`` order: unlike :meth:`list` (the newest
-        ``keep_finished``), successive pages reach every stored record."""
+    def page(self, limit: int, after: tuple[float, str] | None = None, *, newest: bool = False,
+             states: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> list[Job]:
+        """The first ``limit`` jobs past ``after`` in ``(created_at, id)`` order (``newest``: the reverse order, the
+        first ``limit`` before ``after``): unlike :meth:`list` (the newest ``keep_finished``), successive pages reach
+        every stored record. Filtered as :meth:`list`."""
         self._adopt_cancels()
         with self._lock:
             mine = dict(self._jobs)
         if self.store is None:
-            jobs = sorted(mine.values(), key=lambda j: (j.created_at, j.id))
-            return [j for j in jobs if after is None or (j.created_at, j.id) > after][:limit]
-        return [mine.get(j.id, j) for j in self.store.list(limit, after if after is not None else (-1.0, ""))]
+            jobs = sorted(mine.values(), key=lambda j: (j.created_at, j.id), reverse=newest)
+            return [j for j in jobs if _wanted(j, states, kinds) and (
+                after is None or ((j.created_at, j.id) < after if newest else (j.created_at, j.id) > after))][:limit]
+        if after is None and not newest:
+            after = (-1.0, "")
+        # this process's record of a job is newer than the stored one (its state the same but for a moment)
+        return [j for j in (mine.get(s.id, s) for s in self.store.list(limit, after, newest=newest, states=states,
+                                                                        kinds=kinds)) if _wanted(j, states, kinds)]
 
     def counts(self) -> dict[str, int]:
         """Jobs by state, as :meth:`list` sees them: the durable store's records (every process of the

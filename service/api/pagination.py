@@ -70,17 +70,18 @@ async def page_params(limit: int | None = Query(None, ge=1, le=MAX_LIMIT,
 Page = Annotated[PageParams, Depends(page_params)]
 
 
-def paginate(items: Sequence[Any], key: Callable[[Any], Any], page: PageParams) -> dict:
-    """One page of ``items`` (any order; sorted here by ``key``) as ``{"data": [...], "next": cursor | None}``.
+def paginate(items: Sequence[Any], key: Callable[[Any], Any], page: PageParams, descending: bool = False) -> dict:
+    """One page of ``items`` (any order; sorted here by ``key``, ``descending`` for the greatest key first) as
+    ``{"data": [...], "next": cursor | None}``.
 
     ``key(item)`` must be unique per item and comparable with the keys of the other items
     (and with the decoded cursor: a str, int, float or a tuple of them).
     """
-    ordered = sorted(items, key=key)
+    ordered = sorted(items, key=key, reverse=descending)
     if page.cursor is not None:
         after = decode_cursor(page.cursor)
         try:
-            ordered = [it for it in ordered if key(it) > after]
+            ordered = [it for it in ordered if (key(it) < after if descending else key(it) > after)]
         except TypeError:
             raise InputError(_FOREIGN) from None
     return _first(ordered, page.limit, key)

@@ -44,21 +44,23 @@ def per_key_limit(setting: int | None, max_queued: int, writers: int) -> int | N
     return max(1, max_queued // 2) if writers >= 2 else None
 
 
-def list_jobs(jobs: JobManager, limit: int | None = None, after=None) -> tuple[list[dict], dict]:
+def list_jobs(jobs: JobManager, limit: int | None = None, after=None, *, newest: bool = False,
+              states: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> tuple[list[dict], dict]:
     """Jobs this data dir knows (``to_dict`` records) and the count per state (every stored record).
 
     Without ``limit``: the newest ones the manager keeps in view (``keep_finished``, 1000). With ``limit``:
-    the first ``limit`` jobs past ``after`` (a ``(created_at, id)`` key), so a walk of pages reaches every
-    stored job; a key of another shape is an InputError.
+    the first ``limit`` jobs past ``after`` (a ``(created_at, id)`` key; ``newest``: newest first, the jobs before
+    it), so a walk of pages reaches every stored job; a key of another shape is an InputError. ``states`` /
+    ``kinds``: only the jobs in one of those states / of one of those kinds (the counts still count every job).
     """
     if limit is None:
-        return [j.to_dict() for j in jobs.list()], jobs.counts()
+        return [j.to_dict() for j in jobs.list(states, kinds)], jobs.counts()
     if after is not None and not (isinstance(after, tuple) and len(after) == 2 and isinstance(after[1], str)
                                   and isinstance(after[0], (int, float)) and not isinstance(after[0], bool)):
         raise InputError("cursor does not belong to this list; send the `next` value of the previous page")
     if after is not None:  # created_at is a REAL: an integer past 64 bits would overflow the SQLite binding
         after = (float(after[0]), after[1])
-    return [j.to_dict() for j in jobs.page(limit, after)], jobs.counts()
+    return [j.to_dict() for j in jobs.page(limit, after, newest=newest, states=states, kinds=kinds)], jobs.counts()
 
 
 def get_job(jobs: JobManager, job_id: str) -> dict:

@@ -35,6 +35,28 @@ def test_success_progress_and_timings():
     mgr.shutdown(wait=True)
 
 
+def test_a_manager_without_a_store_lists_by_state_and_kind_newest_first():
+    # GET /v1/jobs?state=...&kind=...&order=newest: the console's polls ask for what may change, not every job
+    mgr = JobManager(workers=1, max_queued=8)
+    release = threading.Event()
+    done = [mgr.submit(lambda ctx: {"i": 1}, kind=k)[0] for k in ("fit", "verify", "fit")]
+    for j in done:
+        wait(mgr.get, j.id)
+    held, _ = mgr.submit(lambda ctx: release.wait(60) and None, kind="migration")
+    queued, _ = mgr.submit(lambda ctx: None, kind="fit")
+    try:
+        assert [j.id for j in mgr.list(("queued", "running"))] == [held.id, queued.id]
+        assert [j.id for j in mgr.list(kinds=("fit",))] == [done[0].id, done[2].id, queued.id]
+        assert [j.id for j in mgr.page(2, newest=True)] == [queued.id, held.id]
+        key = (held.created_at, held.id)
+        assert [j.id for j in mgr.page(5, key, newest=True, kinds=("fit", "verify"))] == [d.id for d in done[::-1]]
+        assert [j.id for j in mgr.page(5, key, states=("queued",))] == [queued.id]
+        assert mgr.list(states=()) == []
+    finally:
+        release.set()
+        mgr.shutdown(wait=True)
+
+
 def test_durations_stay_true_when_the_wall_clock_is_set_back(monkeypatch, tmp_path):
     """Before, run time, stage times and uptime were differences of the wall clock: set back an hour mid-job (NTP,
     a user), they read -3600 s. Now they are the monotonic clock's; timestamps stay epoch seconds."""

@@ -104,6 +104,51 @@ def test_pages_of_the_job_list_reach_every_stored_job(server):
     assert bad.status_code == 422 and "cursor" in bad.text, bad.text
 
 
+def test_the_newest_jobs_and_those_that_may_change_are_asked_for_without_the_whole_history(server):
+    # the console polled a bare GET /v1/jobs: the newest 1,000 records with their results (1.38 MB at 1,000 fits,
+    # 4.3 MB with 384-d auto fits), every second while a job ran; it can now ask for the newest page
+    # (order=newest&limit=N), for the jobs that may still change (state=queued&state=running) and for a page's kinds
+    from service.jobs import Job, JobStore
+
+    url, data = server
+    store = JobStore(data / "jobs.sqlite")  # held open to the end: its owner (this process) stays alive
+    t0 = time.time() - 10_000
+    kinds, made = ("fit", "steer-fit", "migration", "verify"), []
+    for i in range(240):
+        live = i % 37 == 5
+        job = Job(id=f"{i:04d}" + "0" * 28, kind=kinds[i % 4], state="running" if live else "succeeded",
+                  stage="fit" if live else "done", fraction=0.5 if live else 1.0, created_at=t0 + i, started_at=t0 + i,
+                  finished_at=None if live else t0 + i + 0.5, result=None if live else {"i": i, "pad": "x" * 2000})
+        assert store.insert(job) is None
+        made.append(job)
+
+    def ids(**params) -> tuple[list[str], dict]:
+        page = httpx.get(f"{url}/v1/jobs", headers=R, params=params, timeout=60)
+        assert page.status_code == 200, page.text
+        return [j["id"] for j in page.json()["data"]], page.json()
+
+    newest = [j.id for j in reversed(made)]
+    got, page = ids(order="newest", limit=20)
+    assert got == newest[:20] and page["counts"]["succeeded"] + page["counts"]["running"] == 240
+    seen, cursor = got, page["next"]
+    while cursor is not None:  # the newest-first pages walk back to the oldest job, each once
+        got, page = ids(order="newest", limit=50, cursor=cursor)
+        seen, cursor = seen + got, page["next"]
+    assert seen == newest
+    live = [j.id for j in reversed(made) if j.state == "running"]
+    got, page = ids(state=["queued", "running"], order="newest", limit=100)
+    assert got == live and len(live) == 7 and page["counts"]["running"] == 7
+    assert all(j["result"] is None for j in page["data"])  # a few hundred bytes, not the fits' results
+    got, _ = ids(kind=["migration", "verify"], order="newest", limit=10)
+    assert got == [j.id for j in reversed(made) if j.kind in ("migration", "verify")][:10]
+    got, _ = ids(kind="fit", state="running")  # unpaged, oldest first, as before
+    assert got == [j.id for j in made if j.kind == "fit" and j.state == "running"] and got
+    assert ids(limit=5)[0] == [j.id for j in made[:5]]  # without order: oldest first, as before
+    bad = httpx.get(f"{url}/v1/jobs", headers=R, params={"state": "done"}, timeout=60)
+    assert bad.status_code == 422 and "state" in bad.text, bad.text
+    store.close()
+
+
 def test_a_server_stopped_mid_job_records_the_job_interrupted(tmp_path):
     # SIGTERM with a fit running: uvicorn stops the process before the job's next progress report, so its
     # record stayed "running" until a restart (or a sibling's GET) repaired it; shutdown now writes it.

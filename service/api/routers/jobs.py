@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from ...jobs import TERMINAL
@@ -15,16 +18,32 @@ from ..schemas import JobList, JobOut, error_responses
 router = APIRouter(prefix="/v1", tags=["fits and jobs"], responses=error_responses(401, 403, 404, 422, 429, 503))
 
 
+_STATES = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+_Order = Annotated[Literal["oldest", "newest"], Query(description="`newest`: newest first.")]
+_StateFilter = Annotated[list[_STATES] | None, Query(alias="state", max_length=5,
+                                                     description="Only jobs in these states (repeatable).")]
+_KindFilter = Annotated[list[Annotated[str, StringConstraints(max_length=64)]] | None, Query(
+    max_length=16, description="Only jobs of these kinds (`fit`, `steer-fit`, `migration`, `verify`, `demo`...; "
+                               "repeatable).")]
+
+
 @router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)",
-            description="Oldest first. Without `limit`: the newest 1000 jobs in one page. With `limit`: pages "
-                        "(follow `next`) that walk every stored job; `counts` counts every stored job.",
+            description="Oldest first (`order=newest`: newest first). Without `limit`: the newest 1000 jobs in one "
+                        "page. With `limit`: pages (follow `next`) that walk every stored job; `counts` counts every "
+                        "stored job. `state` / `kind` (each repeatable) keep only the jobs in those states / of those "
+                        "kinds: `?state=queued&state=running&order=newest&limit=20` is what may still change.",
             response_model=JobList)
-async def list_jobs(state: StateDep, page: Page):
+async def list_jobs(state: StateDep, page: Page, order: _Order = "oldest", job_state: _StateFilter = None,
+                    kind: _KindFilter = None):
     after = None if page.cursor is None else decode_cursor(page.cursor)
+    newest = order == "newest"
+    states = None if job_state is None else tuple(dict.fromkeys(job_state))
+    kinds = None if kind is None else tuple(dict.fromkeys(kind))
     # one row past the page tells paginate whether a next page exists
     jobs, counts = await run_in_threadpool(job_ops.list_jobs, state.jobs,
-                                           None if page.limit is None else page.limit + 1, after)
-    return FastJSONResponse({**paginate(jobs, _key, page), "counts": counts})
+                                           None if page.limit is None else page.limit + 1, after,
+                                           newest=newest, states=states, kinds=kinds)
+    return FastJSONResponse({**paginate(jobs, _key, page, descending=newest), "counts": counts})
 
 
 def _key(record: dict) -> tuple[float, str]:

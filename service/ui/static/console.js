@@ -354,17 +354,31 @@ function registryPage() {
   });
 }
 
+/* The jobs a page shows: the newest JOBS_SHOWN (a bare GET /v1/jobs answers the newest 1,000 with their results:
+   1.4-4.3 MB a poll once a long-lived service had run 1,000 fits); and the most live jobs a poll asks for. */
+const JOBS_SHOWN = 50, LIVE_MAX = 100;
+
 function jobsPage() {
   return page({
     jobs: [], counts: {}, cancelMsg: "",
     async load() {
-      const j = await VB.api("/v1/jobs");
+      const j = await VB.api(`/v1/jobs?order=newest&limit=${JOBS_SHOWN}`);
       this.jobs = (j.data || []).slice().sort((a, b) => b.timings.created_at - a.timings.created_at);
       this.counts = j.counts || {};
       this.startPolling();
     },
+    /* A poll reads only the jobs that may still change (queued, running: no result yet) and the counts of every
+       job; the newest page again only when the counts moved (a job made, ended or trimmed, in any process) or a live
+       job shown is no longer live. Idle, a poll is the counts alone (~100 bytes). */
+    async follow() {
+      const j = await VB.api(`/v1/jobs?state=queued&state=running&order=newest&limit=${LIVE_MAX}`);
+      const live = new Map((j.data || []).map(x => [x.id, x]));
+      const moved = JSON.stringify(j.counts || {}) !== JSON.stringify(this.counts);
+      if (moved || this.jobs.some(x => this.live(x) && !live.has(x.id))) return this.load();
+      this.jobs = this.jobs.map(x => live.get(x.id) || x);
+    },
     polling() { return true; },
-    // up to 1,000 job records a poll: every second while one may change, else every 5 (a new job shows up then)
+    // every second while a job may change, else every 5 (a new job shows up then)
     pollEvery() { return this.jobs.some(j => this.live(j)) ? 1000 : 5000; },
     eta(j) {  // the current stage's (the server's estimate); the fraction is the stage's, not the job's
       return this.live(j) ? j.progress.stage_eta_seconds ?? null : null;
@@ -373,7 +387,11 @@ function jobsPage() {
       if (!j.error) return "";
       return `${j.error.type || "error"}: ${j.error.message || ""}`;
     },
-    countsText() { return Object.entries(this.counts).map(([k, n]) => k + " " + n).join(" · "); },
+    countsText() {
+      const all = Object.values(this.counts).reduce((a, n) => a + n, 0);
+      const shown = all > this.jobs.length ? ` (the newest ${this.jobs.length} shown)` : "";
+      return Object.entries(this.counts).map(([k, n]) => k + " " + n).join(" · ") + shown;
+    },
     etaText(j) { return this.live(j) ? VB.secs(this.eta(j)) : "–"; },
     registered(j) {  // an unreliable fit's job succeeds too (the map is registered): the flag must show
       if (!(j.result && j.result.ref)) return "";
@@ -553,7 +571,8 @@ function migrationsPage() {
     /* What a migration changes (jobs, checkpoints, indexes): every second while one runs (rows written / total), as
        the jobs page does; the maps are read once a load (every map's summary each second was most of the cost). */
     async follow() {
-      const [j, i, c] = await Promise.all([VB.api("/v1/jobs"), VB.api("/v1/indexes"), VB.api("/v1/migrations")]);
+      const mine = `/v1/jobs?kind=migration&kind=verify&order=newest&limit=${JOBS_SHOWN}`;  // this page's jobs only
+      const [j, i, c] = await Promise.all([VB.api(mine), VB.api("/v1/indexes"), VB.api("/v1/migrations")]);
       this.indexes = i.data;
       this.checkpoints = c.data || [];
       this.jobs = (j.data || []).filter(x => /migrat|verify/i.test(x.kind))

@@ -613,3 +613,43 @@ def test_the_recall_chart_shows_held_out_figures_and_calls_training_recall_memor
         assert ks == [1, 5, 10] and recorded == [0.5, None, 0.75] and cross_validated[1:] == [None, None]
         assert training == [1, 1, 1]  # memorised: why it is not called retention
         t.close()
+
+
+def test_the_jobs_pages_ask_for_the_jobs_they_show_not_the_whole_history(browser, tmp_path):
+    """The jobs and migrations pages polled a bare GET /v1/jobs: the newest 1,000 records with their results (1.4-4.3
+    MB a poll on a service that had run 1,000 fits), every second while a job ran. The jobs page now shows the newest
+    50 and polls only the jobs that may still change; the migrations page asks for its own kinds."""
+    from service.api import create_app
+    from service.jobs import Job, JobStore
+
+    settings = settings_for(tmp_path)
+    store = JobStore(settings.data_dir / "jobs.sqlite")  # a long history, as months of fits leave it
+    t0 = time.time() - 10_000
+    for i in range(120):
+        assert store.insert(Job(id=f"{i:04d}" + "0" * 28, kind="fit", state="succeeded", stage="done", fraction=1.0,
+                                created_at=t0 + i, started_at=t0 + i, finished_at=t0 + i + 1,
+                                result={"ref": f"m:{i}", "pad": "x" * 3000})) is None
+    store.close()
+    app = create_app(settings)
+    release = threading.Event()
+    with serve_in_thread(app) as base:
+        t = Page.open(browser, base, "/ui/jobs", READ_KEY)
+        t.page.locator("tr[data-job='0119" + "0" * 28 + "']").wait_for()
+        assert t.page.locator("#jobs tbody tr").count() == 50  # the newest 50, not 120
+        assert "(the newest 50 shown)" in t.page.locator("#job-counts").inner_text()
+        job, _ = app.state.vb.jobs.submit(lambda ctx: release.wait(60) and None, kind="fit", description="held")
+        row = t.page.locator(f"tr[data-job='{job.id}']")
+        row.locator(".state", has_text="running").wait_for()  # a new job shows up
+        t.page.wait_for_timeout(2500)  # polled while it runs
+        release.set()
+        row.locator(".state", has_text="succeeded").wait_for()
+        asked = [u.split("/v1/jobs", 1)[1] for u in t.urls if "/v1/jobs" in u]
+        assert asked and all("limit=" in q for q in asked), asked
+        assert sum("state=queued&state=running" in q for q in asked) >= 2, asked  # the polls: live jobs only
+        m = Page.open(browser, base, "/ui/migrations", READ_KEY)
+        m.page.locator("#m-map").wait_for(state="attached")
+        m.page.wait_for_timeout(500)
+        asked = [u.split("/v1/jobs", 1)[1] for u in m.urls if "/v1/jobs" in u]
+        assert asked and all("kind=migration&kind=verify" in q and "limit=" in q for q in asked), asked
+        for tab in (t, m):
+            tab.close()
