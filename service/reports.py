@@ -428,5 +428,13 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
 
 
 def write_report(path, text: str) -> Path:
-    """Write ``text`` atomically to ``path`` (:func:`service.storage.atomic_write`: temp file, fsync, rename)."""
-    return atomic_write(path, text)
+    """Write ``text`` atomically to ``path`` (:func:`service.storage.atomic_write`: temp file, fsync, rename).
+
+    ``registry gc`` removes a map's folder of reports once it emptied it: a folder removed between its creation here
+    and the temporary file's is made again (a few times), not a report lost."""
+    for attempt in range(5):
+        try:
+            return atomic_write(path, text)
+        except FileNotFoundError:
+            if attempt == 4 or Path(path).parent.exists():
+                raise

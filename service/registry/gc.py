@@ -30,6 +30,8 @@ versions held 37 MB of them, and ``registry verify`` said nothing). :func:`colle
   report folder (``reg.report_dir``); a recorded ``report_path`` that is absolute, climbs out with ``..`` or is a
   link to elsewhere (``register_version(report_path=...)`` stores what its caller passes, ``run_fit(report_dir=)``
   outside that folder records an absolute path) is kept and listed in ``reports_kept``: it may be a user's own file.
+  A map's folder of reports (``reports/<name>/``) that gc emptied, or an earlier gc left empty, is removed (only if
+  empty: ``rmdir``; a link is not followed).
 """
 
 from __future__ import annotations
@@ -132,6 +134,7 @@ def collect_deleted(reg, *, older_than_s: float | None = None, dry_run: bool = F
             lost = [a for a, _ in p["lost"]]
             sizes = ([_remove(reg.store.path(a)) for a in p["artifacts"]], [_remove(r) for r in p["reports"]],
                      [_remove_orphan(reg.store.root / a) if orphans else 0 for a in lost])
+            _remove_emptied({r.parent for r in p["reports"]}, _real(reg.report_dir))  # an earlier gc's left too
     collected = {key: [f"{name}:{version}" for k, _, name, version, _ in p["go"] if k == key] for key in reg.entities}
     shared = {key: [ref for k, ref in p["shared"] if k == key] for key in reg.entities}
     ab, rb, ob = sum(sizes[0]), sum(sizes[1]), sum(n or 0 for n in sizes[2])
@@ -190,6 +193,19 @@ def _remove(path) -> int:
         return 0
     path.unlink(missing_ok=True)
     return size
+
+
+def _remove_emptied(folders: set[Path], root: Path) -> None:
+    """Remove each of ``folders`` (a map's folder of reports, of the collected versions) that is left empty: only
+    a real folder (no link) strictly inside ``root``; ``rmdir`` removes an empty one alone, so a report a writer put
+    there meanwhile keeps its folder (and a writer that made the folder just before is helped by
+    :func:`service.reports.write_report`, which makes it again)."""
+    for folder in sorted(folders):
+        try:
+            if folder != root and folder.is_relative_to(root) and stat.S_ISDIR(folder.lstat().st_mode):
+                os.rmdir(folder)
+        except OSError:  # not empty, gone, or not ours to remove: left as it is
+            pass
 
 
 def _remove_orphan(path: Path) -> int | None:

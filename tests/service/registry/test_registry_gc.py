@@ -92,6 +92,51 @@ def test_gc_removes_deleted_versions_files_but_an_artifact_a_live_version_shares
     assert reg.verify()["ok"]
 
 
+def test_gc_removes_the_report_folders_it_empties_and_no_other(reg, tmp_path):
+    # gc left an empty reports/<name>/ for every map name it collected (302 empty folders after two runs of a QA
+    # soak); it now removes a folder it emptied, never one still holding a file, nor a link, nor what it points at
+    a1, a2, b1, b2, c1 = (_register(reg, n, s) for n, s in (("a", 1), ("a", 2), ("b", 1), ("b", 2), ("c", 1)))
+    (reg.report_dir / "c" / "notes.txt").write_text("a user's own file")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "d").mkdir(parents=True)
+    (reg.report_dir / "d").symlink_to(elsewhere / "d", target_is_directory=True)  # a folder kept on another disk
+    d1 = reg.register_version("d", _map(3), source_space="s", target_space="t", method="procrustes", params={},
+                              report_path="d/v1.html")
+    (elsewhere / "d" / "v1.html").write_text("<html></html>")
+    for v in (a1, a2, b1, c1, d1):
+        reg.delete_version(v.name, v.version)
+    done = reg.gc()
+    assert done["collected"]["maps"] == ["a:1", "a:2", "b:1", "c:1", "d:1"]
+    assert not (reg.report_dir / "a").exists()  # emptied: gone
+    assert reg.report_file(b2).exists() and not reg.report_file(b1).exists()  # a live version's report: kept
+    assert (reg.report_dir / "c" / "notes.txt").exists()  # not empty: kept
+    assert (reg.report_dir / "d").is_symlink() and (elsewhere / "d" / "v1.html").exists()  # not ours: untouched
+    (reg.report_dir / "a").mkdir()  # as a gc of an earlier release left it
+    reg.gc()
+    assert not (reg.report_dir / "a").exists() and (reg.report_dir / "b").is_dir()
+
+
+def test_a_report_written_as_gc_removes_its_emptied_folder_is_written(reg, monkeypatch):
+    """A fit writes its report after its version is committed: a gc that emptied the map's folder of reports and
+    removed it between the writer's mkdir and its temporary file failed the write (the report lost, its route 404)."""
+    from service import storage
+    from service.reports import write_report
+
+    made = storage.make_parent
+    raced = []
+
+    def gc_in_between(path):  # the writer made the folder; gc, which had just emptied it, removes it now
+        made(path)
+        if not raced:
+            raced.append(path.parent)
+            path.parent.rmdir()
+
+    monkeypatch.setattr(storage, "make_parent", gc_in_between)
+    path = reg.report_dir / "a" / "v9.html"
+    write_report(path, "<html>new</html>")
+    assert raced == [path.parent] and path.read_text() == "<html>new</html>"
+
+
 def test_gc_older_than_leaves_recent_deletes(reg):
     v = _register(reg, "a", 0, report=False)
     _register(reg, "a", 1, report=False)
