@@ -175,6 +175,10 @@ class Settings(BaseSettings):
         "of its own: the one user has the whole queue. A number applies to every key (auth off: to all callers "
         "together); 0 runs a key's jobs only on idle workers; max_queued_jobs or more: no per-key bound."))
     job_workers: int = Field(1, ge=1, le=256, description="Background jobs running at once, per serving process.")
+    job_history: int = Field(10_000, ge=100, le=1_000_000, description=(
+        "Finished job records kept in the data dir's jobs.sqlite (every process of it), the newest first; older "
+        "ones are deleted at start-up and every 100 new jobs, and their idempotency keys are free again. A 384-d "
+        "fit's record takes ~2-4.3 KB (an auto fit's selection table the most): 10,000, up to ~43 MB."))
     max_heavy_requests: int = Field(2, ge=1, le=256, description=(
         "Synchronous requests that compute for seconds (POST /v1/plans, /v1/maps/{ref}/evaluate) running at once "
         "in a serving process; more are a 429 with Retry-After at once. Unbounded, 45 concurrent plans on 2 "

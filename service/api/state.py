@@ -134,7 +134,8 @@ class AppState:
         self.indexes = IndexStore(Path(settings.data_dir) / "indexes", observer=self.metrics)
         self.metrics.index_lives = self.indexes.lives  # a scrape leaves out indexes dropped (re-created) meanwhile
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
-                               store=JobStore(Path(settings.data_dir) / "jobs.sqlite"))
+                               store=JobStore(Path(settings.data_dir) / "jobs.sqlite",
+                                              keep_finished=settings.job_history))
         self.demo_job_id: str | None = None
         self.demo_lock = None  # .demo.lock while this process's demo runs and after (service/ops/demo.py)
         self.demo_elsewhere = False  # another process held it at start: demo_status reads its .demo.status

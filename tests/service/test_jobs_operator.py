@@ -149,6 +149,29 @@ def test_the_newest_jobs_and_those_that_may_change_are_asked_for_without_the_who
     store.close()
 
 
+def test_the_finished_jobs_a_data_dir_keeps_is_a_setting(tmp_path):
+    # JobStore(keep_finished=10_000) was hard-coded: 10,000 finished records (~2-4.3 KB each for 384-d fits) whatever
+    # the operator wanted; VECBRIDGE_JOB_HISTORY sets it, and a server trims to it at start
+    from service.jobs import Job, JobStore
+
+    data = tmp_path / "data"
+    seed_registry(data)
+    store = JobStore(data / "jobs.sqlite")
+    t0 = time.time() - 10_000
+    for i in range(250):
+        assert store.insert(Job(id=f"{i:04d}" + "0" * 28, kind="fit", state="succeeded", stage="done", fraction=1.0,
+                                created_at=t0 + i, started_at=t0 + i, finished_at=t0 + i + 1)) is None
+    store.close()
+    port = free_port()
+    proc = start([sys.executable, "-m", "service.cli", "serve"], {**env_for(data, port), "VECBRIDGE_JOB_HISTORY": "120"},
+                 port, tmp_path / "server.log")
+    try:
+        page = httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=R, params={"limit": 1000}, timeout=60).json()
+    finally:
+        stop(proc)
+    assert page["counts"]["succeeded"] == 120 and page["data"][0]["id"].startswith("0130")  # the newest 120 kept
+
+
 def test_a_server_stopped_mid_job_records_the_job_interrupted(tmp_path):
     # SIGTERM with a fit running: uvicorn stops the process before the job's next progress report, so its
     # record stayed "running" until a restart (or a sibling's GET) repaired it; shutdown now writes it.

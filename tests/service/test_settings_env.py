@@ -80,6 +80,7 @@ def test_the_tests_and_benchmarks_own_variables_are_not_settings(clean_env, name
     ("VECBRIDGE_VECTORDB_URL", f"qdrnat://{SECRET}@db:6333", "unknown vector-database URL scheme 'qdrnat'"),
     ("VECBRIDGE_JOB_WORKERS", "0", "greater than or equal to 1"),  # silently ran 1 worker
     ("VECBRIDGE_MAX_QUEUED_JOBS", "-1", "greater than or equal to 0"),
+    ("VECBRIDGE_JOB_HISTORY", "10", "greater than or equal to 100"),
     ("VECBRIDGE_COMPUTE_MAX_WAITING", "-1", "greater than or equal to 0"),
     # an OpenMP team of 20000 threads on 2 cores: an HNSW add of 3000 rows took 31 s instead of 0.3 s
     ("VECBRIDGE_BLAS_THREADS", "20000", "less than or equal to 256"),
