@@ -48,7 +48,7 @@ __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "d
            "no_space_message", "sqlite_backup", "storage_message", "quick_check_findings", "remove_marked",
            "check_sqlite_path", "sqlite_connect",
            "sqlite_damaged", "sweep_abandoned", "take_abandoned", "temp_name", "writing", "still_linked",
-           "MAX_SQLITE_PATH"]
+           "MAX_SQLITE_PATH", "STALE_TMP_S", "sweep_stale_tmp"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # errors of a write: one that names no file was writing
@@ -387,6 +387,33 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
             raise
     fsync_dir(path.parent)
     return path
+
+
+#: a temporary file of :func:`atomic_write` untouched this long has no live writer: a sweep removes it
+STALE_TMP_S = 600.0
+_TMP_FILE_RE = re.compile(r"\..+\.tmp-.+")
+
+
+def sweep_stale_tmp(folder: Path, min_age_s: float = STALE_TMP_S) -> list[tuple[Path, int]]:
+    """Remove the temporary files of :func:`atomic_write` (``.NAME.tmp-*``) in ``folder`` untouched for ``min_age_s``:
+    a writer killed before its rename left them (``kill -9``). Regular files only, no link followed or removed; a
+    younger one may be a running writer's (here, or a process on another host sharing the folder). Returns
+    ``(path, bytes)`` of those removed; a folder that is not there has none."""
+    out, cutoff = [], time.time() - min_age_s
+    try:
+        with os.scandir(folder) as it:
+            entries = [e for e in it if _TMP_FILE_RE.fullmatch(e.name)]
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_mtime <= cutoff:
+                os.unlink(e.path)
+                out.append((Path(e.path), st.st_size))
+        except OSError:  # raced with its writer's rename or another sweeper
+            pass
+    return out
 
 
 #: in a folder written aside (:func:`folder_aside`), locked by the process writing it (the name backups gave it first)

@@ -61,7 +61,9 @@ __all__ = ["index"]
 
 
 def _store(obj: Ctx) -> IndexStore:
-    return IndexStore(obj.settings.data_dir / "indexes", listing="`vecbridge index list`")  # not GET /v1/indexes
+    store = IndexStore(obj.settings.data_dir / "indexes", listing="`vecbridge index list`")  # not GET /v1/indexes
+    store.sweep_tmp()  # a killed `index add`'s temporary snapshot (175 MB) stayed until that index's next write
+    return store
 
 
 def _resolver(obj: Ctx) -> index_ops.RegistryResolver:

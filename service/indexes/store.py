@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..logging import get_logger
-from ..storage import fsync_dir, hold, take_abandoned
+from ..storage import fsync_dir, hold, sweep_stale_tmp, take_abandoned
 from .errors import (
     IndexConflictError,
     IndexNotFoundError,
@@ -158,9 +158,11 @@ class IndexStore:
                     "errors": dict(self.load_errors)}
 
     def sweep(self) -> None:
-        """Create ``root``; remove what a dead process left behind: dropped folders still being removed and
+        """Create ``root``; remove what a dead process left behind: dropped folders still being removed,
         index folders whose creating process died (its lock on :data:`CREATING` gone: ``kill -9`` included; a
-        folder without the marker, from an older release, after a day)."""
+        folder without the marker, from an older release, after a day), and an index's temporary files untouched
+        for ``STALE_TMP_S`` (a writer killed mid-snapshot left ``.index.N.faiss.tmp-*``, 175 MB, that only the next
+        write to that index removed)."""
         self.root.mkdir(parents=True, exist_ok=True)
         now = time.time()
         for sub in self.root.iterdir():
@@ -168,6 +170,22 @@ class IndexStore:
                 shutil.rmtree(sub, ignore_errors=True)
             elif sub.name.startswith(".create-"):
                 _sweep_create(sub, now)
+        self.sweep_tmp()
+
+    def sweep_tmp(self) -> None:
+        """Remove the temporary files of dead writers in each index's folder (:func:`~service.storage.sweep_stale_tmp`:
+        untouched for ``STALE_TMP_S``, regular files only; an index folder that is a link is left alone)."""
+        stale = []
+        try:
+            subs = list(self.root.iterdir())
+        except OSError:
+            return
+        for sub in subs:
+            if NAME_RE.fullmatch(sub.name) and sub.is_dir() and not sub.is_symlink():
+                stale += sweep_stale_tmp(sub)
+        if stale:
+            _log.warning("stale temporary index files removed", extra={"fields": {
+                "files": [str(p.relative_to(self.root)) for p, _ in stale], "bytes": sum(n for _, n in stale)}})
 
     def names(self) -> list[str]:
         """Names of the indexes on disk, sorted (loaded or not; one ``listdir``)."""

@@ -23,12 +23,13 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from ..storage import atomic_write
+from ..storage import STALE_TMP_S, atomic_write, sweep_stale_tmp
 from .errors import IntegrityError, RegistryLockedError
 
 __all__ = ["STALE_TMP_S", "ArtifactStore", "sha256_bytes"]
 
-STALE_TMP_S = 600.0  # a temporary artifact file untouched this long has no live writer: verify --sweep removes it
+# STALE_TMP_S (service.storage): a temporary artifact file untouched this long has no live writer: verify --sweep
+# removes it
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -185,12 +186,4 @@ class ArtifactStore:
         A younger file may belong to a writer that is still running (here, or on another host sharing the
         folder): removing it would fail that register. Artifacts are written in seconds.
         """
-        n, cutoff = 0, time.time() - min_age_s
-        for f in self.tmp_files():
-            try:
-                if f.stat().st_mtime <= cutoff:
-                    f.unlink()
-                    n += 1
-            except OSError:  # pragma: no cover - raced with its writer's rename or another sweeper
-                pass
-        return n
+        return len(sweep_stale_tmp(self.root / "tmp", min_age_s))

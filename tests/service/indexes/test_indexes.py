@@ -719,3 +719,40 @@ def test_a_killed_create_leaves_nothing_once_swept_and_a_live_one_is_kept(tmp_pa
     assert r.returncode == -9 and len(list(tmp_path.glob(".create-*"))) == 1, r.stderr
     IndexStore(tmp_path).create("third", "s", np.ones((10, 8), np.float32))
     assert not list(tmp_path.glob(".create-*"))
+
+
+def test_opening_the_store_sweeps_a_killed_writers_temporary_snapshot(tmp_path, capsys):
+    # `kill -9` during `vecbridge index add` left .index.N.faiss.tmp-* (175 MB in QA) that only the next write to that
+    # index removed; a server's start and a CLI's open now remove one untouched for STALE_TMP_S: a younger one may be
+    # a running writer's, and a link (or what it points at) is never removed
+    import os
+    import time
+
+    from service.registry.store import STALE_TMP_S
+
+    root = tmp_path / "var" / "indexes"
+    X = unit_rows(np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32))
+    IndexStore(root).create("docs", "s", X)
+    folder, old = root / "docs", time.time() - STALE_TMP_S - 60
+
+    def plant() -> tuple:
+        dead, live = folder / ".index.2.faiss.tmp-99-1-0badf00d", folder / ".payloads.2.json.tmp-99-1-0badf00d"
+        dead.write_bytes(b"x" * 4096)
+        live.write_bytes(b"x")  # a writer's, this instant
+        os.utime(dead, (old, old))
+        return dead, live
+
+    outside = tmp_path / "not-ours.bin"
+    outside.write_bytes(b"keep")
+    os.utime(outside, (old, old))
+    link = folder / ".index.3.faiss.tmp-1-1-feedf00d"
+    link.symlink_to(outside)
+    os.utime(link, (old, old), follow_symlinks=False)
+    dead, live = plant()
+    assert IndexStore(root).load_all() == 1  # as a server's start sweeps (load_in_background sweeps the same)
+    assert not dead.exists() and live.exists() and link.is_symlink() and outside.read_bytes() == b"keep"
+    dead, live = plant()
+    code, out, _ = run_cli(capsys, "--data-dir", tmp_path / "var", "index", "list")
+    assert code == 0 and "docs" in out
+    assert not dead.exists() and live.exists() and link.is_symlink()
+    assert IndexStore(root).get("docs").count == 50
