@@ -163,8 +163,8 @@ def test_the_finished_jobs_a_data_dir_keeps_is_a_setting(tmp_path):
                                 created_at=t0 + i, started_at=t0 + i, finished_at=t0 + i + 1)) is None
     store.close()
     port = free_port()
-    proc = start([sys.executable, "-m", "service.cli", "serve"], {**env_for(data, port), "VECBRIDGE_JOB_HISTORY": "120"},
-                 port, tmp_path / "server.log")
+    env = {**env_for(data, port), "VECBRIDGE_JOB_HISTORY": "120"}
+    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
     try:
         page = httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=R, params={"limit": 1000}, timeout=60).json()
     finally:
