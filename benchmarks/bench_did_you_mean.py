@@ -41,7 +41,8 @@ def main() -> None:
     sets = {"numbered": [f"map-{i:06d}" for i in range(a.names)],
             "random": ["".join(rng.choices(string.ascii_lowercase + "-", k=rng.randint(5, 20)))
                        for _ in range(a.names)]}
-    print("| names | set | unknown name | difflib loop (s) | did_you_mean (s) | suggestion |\n|---|---|---|---|---|---|")
+    print("| names | set | unknown name | difflib loop (s) | did_you_mean (s) | suggestion |\n"
+          "|---|---|---|---|---|---|")
     for kind, names in sets.items():
         for word in ("map-000123x", "minilm-e6", names[a.names // 2][:-1] + "~"):
             t_old, old = best_of(lambda w=word, n=names: difflib.get_close_matches(w, n, n=1, cutoff=0.75), a.repeat)

@@ -329,10 +329,11 @@ class APICalls(SteerCalls, TagCalls, Calls):
     @call
     def add(self, name: str, vectors=None, *, texts: Sequence[str] | None = None, ids: Sequence[int] | None = None,
             payloads: Sequence[Any] | None = None) -> dict:
-        """Add rows (``vectors`` or ``texts``); returns ``{"index", "ids", "count"}``.
+        """Add rows (``vectors`` or ``texts``); returns ``{"index", "ids", "count", "notes"}`` (``notes``: what the
+        rows check could not tell, e.g. rows added unchecked while the registry did not answer).
 
-        More rows than one request may hold go in batches (``batch_size``): not one transaction. An error
-        after the first batch carries ``added_ids``, the ids of the rows already added."""
+        More rows than one request may hold go in batches (``batch_size``): not one transaction; ``notes`` holds every
+        batch's, each once. An error after the first batch carries ``added_ids``, the ids of the rows already added."""
         A = None if vectors is None else matrix(vectors)
         texts, ids, payloads = as_list(texts), as_list(ids), as_list(payloads)
         n = len(A) if A is not None else len(texts or [])
@@ -353,7 +354,10 @@ class APICalls(SteerCalls, TagCalls, Calls):
         except (APIError, APIConnectionError) as e:
             partly_added(e, added)
             raise
-        return answers[0] if len(answers) == 1 else {**answers[-1], "ids": added}
+        if len(answers) == 1:
+            return answers[0]
+        notes = list(dict.fromkeys(n for a in answers for n in a.get("notes", [])))  # the first batch's too
+        return {**answers[-1], "ids": added, "notes": notes}
 
     @call
     def delete_ids(self, name: str, ids: Sequence[int]) -> dict:

@@ -271,10 +271,11 @@ def map_references(v, map_) -> dict[str, list[Reference]]:
 
 def check_pair_spaces(X: np.ndarray, Y: np.ndarray, source_space: str, target_space: str,
                       references: dict[str, list[Reference]] | Callable[[], dict], *, fix: dict[str, str],
-                      swapped: str) -> list[str]:
+                      swapped: str, after: str = "") -> list[str]:
     """Source rows ``X`` against ``source_space`` and target rows ``Y`` against ``target_space`` (:func:`check_rows`
     with ``references``, a dict or a callable called once at most). Both looking like the other side's space: the
-    files look swapped (SpaceMismatchError saying so, ``swapped`` what that would do); one side looking like another
+    files look swapped (SpaceMismatchError saying so, ``swapped`` what that would do, ``after`` closing it); one side
+    looking like another
     space: that side's error, with ``fix[side]``. Returns the warnings of sides references exist for but that none
     recognises. The rule of ``fit`` and ``eval``."""
     errors, notes, refs = {}, [], {}
@@ -295,7 +296,7 @@ def check_pair_spaces(X: np.ndarray, Y: np.ndarray, source_space: str, target_sp
         err = SpaceMismatchError(
             f"the files look swapped: the source rows look like space {target_space!r} and the target rows like "
             f"{source_space!r} ({swapped}); give the {source_space!r} rows as the source and the {target_space!r} "
-            f"ones as the target. {errors['source']}")
+            f"ones as the target{'; ' + after if after else ''}. {errors['source']}")
         err.looks_like = target_space
         raise err
     for e in errors.values():

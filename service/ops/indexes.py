@@ -46,12 +46,12 @@ from .steers import steer_queries
 
 __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
            "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search", "search_parts", "hits",
-           "check_rows_space"]
+           "check_rows_space", "Every", "unchecked_log"]
 
 log = get_logger("indexes")
 
 
-class _Every:
+class Every:
     """``due(key)``: True at most once per ``seconds`` for each key (a log line that would repeat per request)."""
 
     def __init__(self, seconds: float):
@@ -66,7 +66,8 @@ class _Every:
             return True
 
 
-_unchecked_log = _Every(60.0)
+#: the rows-check log lines of searches and adds (HTTP), once a minute per index
+unchecked_log = Every(60.0)
 
 
 class Resolver(Protocol):
@@ -289,7 +290,7 @@ def check_rows_space(resolver: Resolver | None, idx: SpaceIndex, X, name: str, f
         why = (str(unanswered[0]).strip().splitlines() or [type(unanswered[0]).__name__])[0]
         note = (f"{name} are unchecked by rows: the registry did not answer ({why}), so "
                 f"whether they are {space!r} rows was not compared with its maps; they were taken as {space!r} rows")
-        if warn is None and _unchecked_log.due(idx.name):  # no one to tell (an HTTP search): the operator reads
+        if warn is None and unchecked_log.due(idx.name):  # no one to tell (an HTTP search): the operator reads
             # the log, once a minute per index at most (every search of 50+ queries meets a registry that is down)
             log.warning("rows unchecked: registry unavailable", extra={"fields": {
                 "index": idx.name, "space": space, "rows": int(X.shape[0]), "error": why}})

@@ -173,7 +173,10 @@ def check_eval_spaces(v, m, X: np.ndarray, Y: np.ndarray) -> list[str]:
                        f"give {src!r} rows as the source",
              "target": f"{v.ref} writes {tgt!r} rows: give {tgt!r} rows as the target"},
         swapped=f"{v.ref} maps {src!r} rows onto {tgt!r} ones: scored this way round, every figure would be of rows "
-                f"it does not read")
+                f"it does not read",
+        after=f"or, if these are the right files, {v.ref} itself was fitted on swapped files (its sides, read from "
+              f"the rows it was fitted on, hold the other way round: a fit on a registry with no references yet "
+              f"could not tell): fit it again with the files in this order")
 
 
 def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool = False,

@@ -88,7 +88,9 @@ def check_direction(v, m, inp, *, rows=None, key: str | None = None, column: str
         return
     found = check_rows(first, v.source_space, map_references(v, m), name=f"the rows of {Path(inp).name}",
                        fix=f"a map the wrong way round? Map them with a map from {{other}} (vecbridge transform "
-                           f"--map MAP: {v.ref} reads {v.source_space!r} rows)")
+                           f"--map MAP: {v.ref} reads {v.source_space!r} rows); or, if they are {v.source_space!r} "
+                           f"rows, {v.ref} itself was fitted on swapped files (its sides, read from the rows it was "
+                           f"fitted on, hold the other way round): fit it again")
     if found.warning and warn is not None:
         warn(found.warning)
 

@@ -26,6 +26,7 @@ from ...indexes import SpaceIndex
 from ...limits import seed_of
 from ...logging import get_logger
 from ...ops import indexes as index_ops
+from ...ops.indexes import unchecked_log
 from ..codec import JSON, check_query, may_hold_bools, parse_options, parse_rows, texts_instead, vectors_from_json
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, WriteScope
 from ..name_types import IndexNamePath
@@ -136,7 +137,8 @@ async def add_vectors(name: IndexNamePath, request: Request, state: StateDep, se
     await state.after_loads(name)
     idx, ids = await state.heavy.hop(work, len(body), request)
     state.metrics.batch_rows.labels("index_add").observe(len(ids))
-    if notes:  # rows added unchecked (a registry not answering) or undecided: the client reads them, the operator too
+    if notes and unchecked_log.due(("add", name)):  # rows added unchecked or undecided: the client reads them,
+        # the operator too, once a minute per index at most (a bulk load of one narrow topic has a note every request)
         log.warning("index add: rows check notes", extra={"fields": {"index": name, "rows": len(ids), "notes": notes}})
     return FastJSONResponse({"index": name, "ids": ids, "count": idx.count, "notes": notes})
 

@@ -272,6 +272,11 @@ def test_rows_added_while_the_registry_does_not_answer_say_they_went_in_unchecke
         [note] = r.json()["notes"]
         assert note.startswith("the vectors are unchecked by rows: the registry did not answer (") and \
             "registry.sqlite is damaged" in note and "taken as 'b' rows" in note, note
+        from service.client import Client
+
+        with Client(url, "wkey-456", batch_size=100) as vb:  # batches of 100 and 40: the note is the first's
+            got = vb.add("docs", Y[:140])
+        assert len(got["ids"]) == 140 and got["notes"] and "the registry did not answer" in got["notes"][0], got
         for _ in range(3):  # searches of 50+ queries have no notes to answer: the log says it, once a minute
             r = httpx.post(f"{url}/v1/indexes/docs/search", headers=W, json={"vectors": Y[:60].tolist(), "k": 1},
                            timeout=30)
