@@ -25,6 +25,7 @@ import struct
 import zipfile
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -33,7 +34,8 @@ import numpy as np
 from .exceptions import SerializationError, VecbridgeError
 
 __all__ = ["META_KEY", "json_default", "pack_npz", "unpack_npz", "pack", "unpack", "save_atomic", "read_file",
-           "check_header", "stored_fields", "StoredMap", "VOLATILE_KEYS", "stable_metadata"]
+           "check_header", "stored_fields", "StoredMap", "VOLATILE_KEYS", "stable_metadata", "ValueObject",
+           "same_value"]
 
 META_KEY = "__meta__"
 T = TypeVar("T")
@@ -284,7 +286,55 @@ def read_file(path, parse: Callable[[BinaryIO], T]) -> T:
         raise SerializationError(f"cannot read {path}: {exc}") from None
 
 
-class StoredMap:
+def same_value(a, b) -> bool:
+    """Whether two fields of a fitted object hold the same value: arrays of one shape and dtype with equal entries
+    (NaN equal to NaN), metadata dicts whose artifact JSON is the same (:func:`header_text`: without the
+    :data:`VOLATILE_KEYS`, so a loaded copy equals what was saved), anything else by ``==``."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and a.dtype == b.dtype
+                and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")))
+    if isinstance(a, dict) and isinstance(b, dict):
+        try:
+            return header_text({"metadata": a}) == header_text({"metadata": b})
+        except SerializationError:  # not JSON (set by hand): compared as it is
+            return stable_metadata(a) == stable_metadata(b)
+    return bool(a == b)
+
+
+class ValueObject:
+    """``==`` and a short ``repr`` for the fitted objects (maps, frames, steers).
+
+    ``a == b``: the same class and every field (a dataclass's fields, else :attr:`_eq_fields`) the same value
+    (:func:`same_value`), so ``Map.load(p) == m`` after ``m.save(p)``; the ``==`` a dataclass writes compared arrays
+    with ``==`` and raised numpy's "truth value of an array is ambiguous". Not hashable (``hash`` raises TypeError):
+    the objects can change (an attribute assigned, metadata being a dict) and a hash must not change with them.
+
+    ``repr``: the class, the widths (``d_s -> d_t``, ``dim``, ``rank``), the class's :attr:`_repr_attrs` and a
+    few metadata facts (:attr:`_REPR_META`); the dataclass one printed every array (13,739 characters for a map).
+    """
+
+    __hash__ = None
+    _eq_fields: tuple[str, ...] = ()
+    _repr_attrs: tuple[str, ...] = ()
+    _REPR_META = ("method", "space", "source", "target", "n_pairs", "n_pos", "n_neg")
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        names = [f.name for f in fields(self)] if is_dataclass(self) else self._eq_fields
+        return self is other or all(same_value(getattr(self, n), getattr(other, n)) for n in names)
+
+    def __repr__(self) -> str:
+        cls = type(self)
+        parts = [f"{self.source_dim} -> {self.target_dim}"] if hasattr(self, "source_dim") else []
+        parts += [f"{a}={getattr(self, a)!r}" for a in ("dim", "rank", *self._repr_attrs) if hasattr(self, a)]
+        meta = getattr(self, "metadata", None)
+        meta = meta if isinstance(meta, dict) else {}
+        parts += [f"{k}={meta[k]!r}" for k in self._REPR_META if isinstance(meta.get(k), (str, int, float))]
+        return f"{cls.__name__}({', '.join(parts)})"
+
+
+class StoredMap(ValueObject):
     """``from_bytes`` / ``save`` / ``load`` for a map class with ``to_bytes(format)`` and
     ``_from_arrays(arrays, header)`` (LinearMap, ClusterMap, MapChain: one implementation for all).
 

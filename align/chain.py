@@ -81,6 +81,7 @@ class MapChain(NonLinearAlgebra, StoredMap):
     """
 
     map_kind = "chain"
+    _eq_fields = ("steps", "metadata")  # == by value (ValueObject): a loaded copy is equal, not only the object
 
     def __init__(self, steps, metadata: dict | None = None):
         flat = []

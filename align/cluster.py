@@ -57,7 +57,7 @@ CLUSTER_BLENDS = ((3, 0.05), (1, 0.05), (3, 0.02), (3, 0.2))  # (blend, τ); the
 MAX_CLUSTER_MIB = 256
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # StoredMap's == and repr (align._artifacts.ValueObject)
 class ClusterMap(NonLinearAlgebra, StoredMap):
     """Blended per-cluster affine maps (see the module docstring for the math).
 
@@ -80,6 +80,7 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
     metadata: dict = field(default_factory=dict)
 
     map_kind = "cluster"  # class attribute (not a field); see align.chain.map_kind
+    _repr_attrs = ("n_clusters", "blend", "temperature")
 
     def __post_init__(self):
         C = as_real_array(self.centroids, name="centroids (k, d_s)", ndim=2)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._artifacts import ValueObject
 from .exceptions import InputError, SerializationError
 from .validation import as_matrix
 
@@ -119,8 +120,8 @@ def frame_sum(X: np.ndarray, *, unit_in: bool = True, block: int = 65536) -> np.
     return acc
 
 
-@dataclass
-class Frame:
+@dataclass(eq=False, repr=False)  # == and a short repr: ValueObject's (a dataclass == raised on arrays)
+class Frame(ValueObject):
     """One side's preprocessing: ``unit -> centre -> unit``.
 
     Attributes
@@ -139,6 +140,8 @@ class Frame:
     unit_out: bool = True
     n_fit: int = 0
     extra: dict = field(default_factory=dict)
+
+    _repr_attrs = ("centered", "unit_in", "unit_out", "n_fit")
 
     def __post_init__(self) -> None:
         """Refuse a frame no transform can use (a crafted or corrupted artifact; a hand-built frame): ``dim``
@@ -161,6 +164,12 @@ class Frame:
             if not np.isfinite(mean32).all():
                 raise InputError(f"a frame's mean must be finite in float32, got values up to {np.abs(mean).max():g}")
             self.mean = mean32
+
+    @property
+    def centered(self) -> bool:
+        """Whether the frame subtracts a training mean."""
+        return self.mean is not None
+
     @classmethod
     def fit(cls, X, *, center: bool = True, unit_in: bool = True, unit_out: bool = True, name: str = "X") -> "Frame":
         """Fit a frame on training rows ``X`` of shape (n, d)."""
@@ -266,7 +275,7 @@ class Frame:
     # --- (de)serialisation helpers used by LinearMap -------------------------------------
     def to_meta(self) -> dict:
         """JSON-safe description (the mean travels separately as an array)."""
-        return {"dim": self.dim, "centered": self.mean is not None, "unit_in": self.unit_in,
+        return {"dim": self.dim, "centered": self.centered, "unit_in": self.unit_in,
                 "unit_out": self.unit_out, "n_fit": self.n_fit}
 
     @classmethod

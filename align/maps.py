@@ -83,7 +83,7 @@ class _Arrays:
         return np.full(m, value)
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # StoredMap's == and repr (align._artifacts.ValueObject)
 class LinearMap(StoredMap):
     """A linear (affine) map ``x -> f_s(x) W + b`` between two spaces.
 

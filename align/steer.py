@@ -46,7 +46,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from . import linalg
-from ._artifacts import check_header, pack_npz, read_file, save_atomic, unpack_npz
+from ._artifacts import ValueObject, check_header, pack_npz, read_file, save_atomic, unpack_npz
 from .validation import (as_matrix, as_real_array, check_eps, check_labels, check_not_degenerate, check_random_state,
                          check_representable, check_row_scale, seed_record)
 from .frames import row_norms
@@ -103,8 +103,8 @@ def _check_prior(value):
 # --------------------------------------------------------------------------------------------
 # the fitted object
 # --------------------------------------------------------------------------------------------
-@dataclass
-class Steer:
+@dataclass(eq=False, repr=False)  # == and a short repr: ValueObject's (a dataclass == raised on arrays)
+class Steer(ValueObject):
     """A low-rank steer ``W = P1 P2^T`` in one embedding space.
 
     Parameters
@@ -298,8 +298,8 @@ def _extremes(proj: np.ndarray, sigma, texts: Sequence[str] | None, k: int) -> l
     return out
 
 
-@dataclass
-class MeanShift:
+@dataclass(eq=False, repr=False)  # as Steer
+class MeanShift(ValueObject):
     """Baseline: ``q' = q + eps * |q| * v`` with ``v = mean(X[+1]) - mean(X[-1])``.
 
     Parameters
