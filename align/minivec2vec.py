@@ -39,6 +39,7 @@ from typing import Callable
 import numpy as np
 
 from .validation import as_matrix, check_not_degenerate, check_random_state, row_groups, seed_record
+from ._estimator import Estimator
 from .anchors import QAP_METHODS, kmeans_anchors, short_kmeans
 from .blocks import executing
 from .exceptions import ConvergenceWarning, InputError, NotFittedError, PairCountError, TooFewRowsError
@@ -101,7 +102,7 @@ def _framed(frame: Frame, A: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return frame._apply(A if rows.size == A.shape[0] else A[rows])
 
 
-class MiniVec2Vec:
+class MiniVec2Vec(Estimator):
     """Unsupervised linear alignment ``x ↦ f_s(x) W`` between two sets of unpaired embeddings.
 
     Parameters
@@ -241,11 +242,8 @@ class MiniVec2Vec:
         self.reliability_ratio = reliability_ratio
         self.random_state = random_state
 
-    _PARAMS = ("init", "n_restarts", "n_anchor_runs", "anchor_sample", "n_clusters", "anchor_keep", "qap_restarts", "qap_method",
-               "soft_k", "refine", "refine1_iters", "refine1_sample", "refine1_k", "alpha", "refine2_clusters",
-               "self_learning_rounds", "self_learning_sample", "self_learning_final_rounds", "polish_rounds", "polish_whiten", "sinkhorn_rounds", "sinkhorn_eps",
-               "sinkhorn_tol", "seeded_finish", "csls_k", "confident", "criterion_sample",
-               "seed_weight", "reliability_ratio", "holdout", "fit_sample", "random_state")
+    _fitted_attrs = ("map_", "criterion_", "criteria_", "criterion_details_", "best_restart_", "n_iter_",
+                     "null_criterion_", "reliable_", "diagnostics_")  # NotFittedError before fit (Estimator)
 
     # --- presets ------------------------------------------------------------------------------
     @classmethod
@@ -277,9 +275,6 @@ class MiniVec2Vec:
                       self_learning_final_rounds=2)
         params.update(overrides)
         return cls(random_state=random_state, **params)
-
-    def get_params(self) -> dict:
-        return {p: getattr(self, p) for p in self._PARAMS}
 
     # --- validation ----------------------------------------------------------------------------
     def check_params(self) -> None:

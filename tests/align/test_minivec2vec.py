@@ -390,3 +390,38 @@ def test_no_holdout_because_every_row_is_a_seed_says_so():
                                                                  "200 source rows are not seed rows"):
         est = MiniVec2Vec(random_state=0, **FAST).fit(X, Y, seed_pairs=seeds)
     assert not est.reliable_ and est.diagnostics_["verdict_rows"]["held_out"] is False
+
+
+def test_estimator_protocol_get_set_params_clone_and_repr():
+    """sklearn's estimator contract without sklearn in align: get_params(deep=...) as clone calls it, set_params that
+    refuses an unknown name with the valid ones, a repr of the parameters away from their defaults."""
+    est = MiniVec2Vec(random_state=0, n_anchor_runs=2, refine=["icp"])
+    params = est.get_params(deep=True)
+    assert params == est.get_params(deep=False) and params["n_anchor_runs"] == 2 and params["refine"] == ("icp",)
+    assert set(params) == set(MiniVec2Vec().get_params()) and "holdout" in params
+    assert MiniVec2Vec(**params).get_params() == params  # what clone does
+    assert repr(est) == "MiniVec2Vec(n_anchor_runs=2, refine=('icp',), random_state=0)"
+    assert repr(MiniVec2Vec()) == "MiniVec2Vec()"
+    assert est.set_params(n_anchor_runs=3, refine=["icp", "self_learning"]) is est
+    assert est.n_anchor_runs == 3 and est.refine == ("icp", "self_learning")
+    assert repr(est) == "MiniVec2Vec(n_anchor_runs=3, random_state=0)"
+    with pytest.raises(InputError, match=r"no parameter\(s\) 'n_anchors'.*valid parameters: init, n_restarts"):
+        est.set_params(n_anchors=3, n_restarts=4)
+    assert est.n_restarts == 1  # nothing set when one name is unknown
+    with pytest.raises(InputError, match="n_anchor_runs"):  # set_params takes the value; fit checks it
+        est.set_params(n_anchor_runs=0).fit(*planted(16, n=300)[:2])
+    sklearn_base = pytest.importorskip("sklearn.base")
+    est.set_params(n_anchor_runs=2)
+    copy = sklearn_base.clone(est)
+    assert copy is not est and copy.get_params() == est.get_params() and not hasattr(copy, "map_")
+
+
+def test_fitted_attributes_before_fit_are_not_fitted_errors():
+    est = MiniVec2Vec()
+    for name in ("map_", "criterion_", "reliable_", "diagnostics_"):
+        with pytest.raises(NotFittedError, match=f"not fitted yet: {name} is set by fit"):
+            getattr(est, name)
+    assert not hasattr(est, "map_")  # NotFittedError is an AttributeError
+    with pytest.raises(AttributeError) as info:
+        est.no_such_thing  # noqa: B018
+    assert not isinstance(info.value, NotFittedError)
