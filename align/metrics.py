@@ -11,13 +11,14 @@ scores that differ in the last bits, so an exact ``>`` ranked a duplicate of the
 
 from __future__ import annotations
 
+import warnings
 from statistics import NormalDist
 
 import numpy as np
 
 from .validation import (check_no_zero_rows, check_paired, check_random_state, check_rankable, distinct_pairs,
                          pair_groups)
-from .exceptions import DimensionMismatchError, InputError, ShapeError, TooFewRowsError
+from .exceptions import DimensionMismatchError, InputError, ShapeError, TooFewRowsError, VecbridgeWarning
 from .frames import unit_rows
 from .blocks import rows_per_block
 from .knn import DEFAULT_BLOCK, check_count, mean_topk
@@ -27,7 +28,7 @@ from .cluster import ClusterMap
 from .maps import LinearMap
 
 __all__ = ["INTERVAL_LEVEL", "TIE_TOL", "count_above", "cross_val_top1", "evaluate", "proportion_interval",
-           "query_sample", "ranks", "retention", "top1_at"]
+           "query_sample", "ranks", "retention", "top1_at", "undefined_recall"]
 
 #: coverage of the intervals put on figures measured on a sample of the query rows
 INTERVAL_LEVEL = 0.95
@@ -115,6 +116,16 @@ def proportion_interval(hits: int, sampled: int, population: int, *, level: floa
     return [float(max(0.0, centre - half)), float(min(1.0, centre + half))]
 
 
+def undefined_recall(ks, n: int, what: str) -> None:
+    """A :class:`~align.exceptions.VecbridgeWarning` from ``what`` (the caller's name) naming the cut-offs of ``ks``
+    with ``k >= n``: among ``n`` candidates recall@k is 1.0 for any map there, so the caller reports NaN."""
+    bad = sorted({int(k) for k in ks if k >= n})
+    if bad:
+        warnings.warn(f"{what}: recall@{', recall@'.join(map(str, bad))} undefined (NaN) on {n} distinct pairs: among "
+                      f"{n} candidates every partner is within the top {bad[0]}, for any map; recall@k needs more "
+                      "than k pairs", VecbridgeWarning, stacklevel=3)
+
+
 def _intervals(r: np.ndarray, n: int, cuts: dict) -> dict:
     """``{name: proportion_interval}`` of the shares ``r <= cut`` of ranks ``r`` (s,) sampled from ``n`` rows."""
     return {name: proportion_interval(int((r <= cut).sum()), r.size, n) for name, cut in cuts.items()}
@@ -143,6 +154,11 @@ def evaluate(map_: LinearMap | ClusterMap | MapChain, X_src, Y_tgt, *, ks=(1, 5,
     frame: the raw output's cosine with the raw target rows differs), ``recall@k`` for each k, and with
     ``csls=True`` ``csls_top1`` / ``csls_mean_rank``. When the queries are a sample, ``intervals``: the
     :func:`proportion_interval` (``interval_level``) of ``top1``, each ``recall@k`` (and ``csls_top1``).
+
+    Figures that cannot tell maps apart are not given as scores: TooFewRowsError below 2 distinct pairs (among one
+    candidate every map ranks its partner first: top-1 1.0), and ``recall@k`` is NaN, with a
+    :class:`~align.exceptions.VecbridgeWarning`, when ``k >= n`` (every partner is within the top ``k`` of ``n``
+    candidates: 8 random pairs scored recall@10 1.0), as :func:`align.score_map` gives NaN below ``k + 1`` pairs.
     """
     check_map(map_, "evaluate needs a map")  # None was an AttributeError
     X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
@@ -159,6 +175,9 @@ def evaluate(map_: LinearMap | ClusterMap | MapChain, X_src, Y_tgt, *, ks=(1, 5,
             f"map is {map_.source_dim}->{map_.target_dim}, held-out pairs are {X.shape[1]}->{Y.shape[1]}")
     X, Y, repeated = distinct_pairs(X, Y)  # a copy of another pair is a distractor tied with its partner
     n = X.shape[0]
+    if n < 2:  # one pair scored top-1, recall@k and csls_top1 1.0 for any map
+        raise TooFewRowsError(f"evaluate needs at least 2 distinct held-out pairs, got {n}: among one candidate "
+                              "every map ranks its partner first (top-1 1.0)")
     rows = query_sample(n, max_queries, random_state)
     Q_all = check_no_zero_rows(unit_rows(map_._apply(X, output="linear")), name="mapped X_src", why=_ZERO_MAPPED)
     D = unit_rows(map_.target_frame._apply(Y))
@@ -173,11 +192,13 @@ def evaluate(map_: LinearMap | ClusterMap | MapChain, X_src, Y_tgt, *, ks=(1, 5,
         "median_rank": float(np.median(r)),
         "cos": float(np.einsum("ij,ij->i", Q_all, D).mean()),
     }
+    defined = [k for k in ks if k < n]
     for k in ks:
-        out[f"recall@{k}"] = float((r <= k).mean())
+        out[f"recall@{k}"] = float((r <= k).mean()) if k < n else float("nan")
+    undefined_recall(ks, n, "evaluate")
     if rows is not None:
         out["interval_level"] = INTERVAL_LEVEL
-        out["intervals"] = _intervals(r, n, {"top1": 1, **{f"recall@{k}": k for k in ks}})
+        out["intervals"] = _intervals(r, n, {"top1": 1, **{f"recall@{k}": k for k in defined}})
     if csls:
         r_q = mean_topk(Q, D, csls_k, block_size=block_size)
         r_d = mean_topk(D, Q_all, csls_k, block_size=block_size)

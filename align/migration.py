@@ -63,7 +63,7 @@ from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negativ
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame, frame_sum, unit_rows
 from .maps import LinearMap
-from .metrics import query_sample
+from .metrics import query_sample, undefined_recall
 from .options import check_callable, check_migration_options, check_number
 from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
 from .retrieval import hubness, labelled_metrics, labelled_retrieval, pair_retrieval_scores, ratios
@@ -90,7 +90,8 @@ def score_map(map_: LinearMap | ClusterMap | MapChain, X_src, Y_tgt, *, k: int =
     ``max_queries``: at most that many pairs act as queries (:func:`align.metrics.query_sample` with
     ``random_state``, the rows :func:`align.evaluate` draws with the same arguments), each against all n rows;
     ``None`` or ``>= n``: every pair (the exact figures). Sampled figures come with ``intervals``.
-    ``nn_retention@k`` (``overlap@k`` and ``score``) are NaN on fewer than ``k + 2`` (``k + 1``) distinct pairs.
+    ``nn_retention@k`` (``overlap@k``, ``score`` and the two ``recall@k``) are NaN on fewer than ``k + 2``
+    (``k + 1``) distinct pairs, with a VecbridgeWarning below ``k + 1`` (:func:`align.metrics.undefined_recall`).
     Repeated pairs are scored once (:func:`align.validation.distinct_pairs`; ``n_repeated`` says how many rows
     repeated one, ``n_pairs`` counts the distinct ones).
     """
@@ -108,13 +109,13 @@ def score_map(map_: LinearMap | ClusterMap | MapChain, X_src, Y_tgt, *, k: int =
     out = {**pair_retrieval_scores(M, unit_rows(Y), k=k, rows=rows), "n_repeated": repeated}
     # @k needs k other rows besides the query (and its relevant one): on fewer the figures were of a smaller k under
     # the @k name (3 pairs: nn_retention@10 was @1); undefined instead, as on 2 pairs
-    for name, need in ((f"nn_retention@{k}", k + 2), (f"overlap@{k}", k + 1), ("score", k + 1)):
+    for name, need in ((f"nn_retention@{k}", k + 2), (f"overlap@{k}", k + 1), ("score", k + 1),
+                       (f"corpus_recall@{k}", k + 1), (f"query_recall@{k}", k + 1)):
         if X.shape[0] < need:
             out[name] = float("nan")
             out.get("intervals", {}).pop(name, None)
+    undefined_recall([k], X.shape[0], "score_map")  # recall@k as evaluate's: 8 random pairs scored recall@10 1.0
     return out
-
-
 
 
 def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "target", k: int = 10,

@@ -284,7 +284,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     # lower (WordNet minilm -> glove, 384 -> 50: 0.733 centred, 0.637 raw): both are shown
     text = (f"{res['map']}: top-1 {res['top1']:.4f} (centred; raw, as a search ranks: {r['query_recall@1']:.4f})  "
             f"mean rank {res['mean_rank']:.2f}  cos {res['cos']:.4f} (centred; raw {res['cos_raw']:.4f})  "
-            f"recall@10 {res['recall@10']:.4f}  (candidates {res['n_candidates']}"
+            f"recall@10 {_retention(res['recall@10'], 'at most 10 pairs')}  (candidates {res['n_candidates']}"
             + (f"; {res['n_repeated']} repeated pairs scored once" if res.get("n_repeated") else "") + ")\n"
             f"  retrieval: nn_retention@10 {_retention(r['nn_retention@10'], 'fewer than 12 pairs')}  "
             f"corpus-side MRR {r['corpus_mrr']:.4f}  query-side MRR {r['query_mrr']:.4f}  "

@@ -236,7 +236,10 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
         res["result"] = "PASS" if passed else "FAIL"
     if record:
         for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates", "n_queries"):
-            registry.set_tag(v.name, v.version, f"eval.{k}", res[k])
+            if np.isfinite(res[k]):
+                registry.set_tag(v.name, v.version, f"eval.{k}", res[k])
+            elif f"eval.{k}" in (v.tags or {}):  # recall@10 of at most 10 pairs is undefined: not "nan", nor stale
+                registry.delete_tag(v.name, v.version, f"eval.{k}")
         if "intervals" in res:  # a sample's top-1: with its interval, or it reads as exact
             registry.set_tag(v.name, v.version, "eval.top1_interval", json.dumps(list(res["intervals"]["top1"])))
         elif "eval.top1_interval" in (v.tags or {}):  # every pair ranked now: an earlier sample's interval is stale

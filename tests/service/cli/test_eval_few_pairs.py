@@ -1,0 +1,67 @@
+"""`vecbridge eval` on held-out sets too small for a figure: recall@10 of at most 10 pairs is undefined (it was 1.0
+for any map: every partner is in the top 10 of 10), shown as such, null in JSON, never recorded as a tag (an earlier
+recorded figure is removed rather than left stale); one pair is refused (top-1 1.0 among one candidate)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import run_cli as run
+
+from service.io import write_vectors
+from service.registry import open_registry
+
+
+@pytest.fixture
+def fitted(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(700, 24)).astype(np.float32)
+    Y = (X @ np.linalg.qr(rng.normal(size=(24, 24)))[0] + 0.3 * rng.normal(size=X.shape)).astype(np.float32)
+    for name, rows in (("fit", slice(0, 600)), ("many", slice(600, 650)), ("few", slice(650, 658)),
+                       ("one", slice(660, 661))):
+        write_vectors(tmp_path / f"x_{name}.npy", X[rows])
+        write_vectors(tmp_path / f"y_{name}.npy", Y[rows])
+    d = ["--data-dir", tmp_path / "var"]
+    code, _, err = run(capsys, *d, "fit", "--pairs", "--source", tmp_path / "x_fit.npy", "--target",
+                       tmp_path / "y_fit.npy", "--method", "procrustes", "--name", "m", "--quiet")
+    assert code == 0, err
+    return tmp_path, d
+
+
+def _eval(capsys, tmp_path, d, name, *extra):
+    return run(capsys, *d, "eval", "--map", "m", "--source", tmp_path / f"x_{name}.npy", "--target",
+               tmp_path / f"y_{name}.npy", *extra)
+
+
+def _tags(tmp_path) -> dict:
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    try:
+        return dict(reg.resolve("m").tags or {})
+    finally:
+        reg.close()
+
+
+def test_recall_at_10_of_a_handful_of_pairs_is_undefined_and_not_recorded(fitted, capsys):
+    tmp_path, d = fitted
+    code, _, err = _eval(capsys, tmp_path, d, "many", "--record")
+    assert code == 0, err
+    assert 0.0 <= float(_tags(tmp_path)["eval.recall@10"]) <= 1.0  # 50 pairs: a figure, recorded
+    code, out, err = _eval(capsys, tmp_path, d, "few", "--json", "--record")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["recall@10"] is None and res["n_candidates"] == 8 and 0.0 <= res["recall@1"] <= 1.0
+    tags = _tags(tmp_path)
+    assert "eval.recall@10" not in tags  # not "nan", and not the 50 pairs' figure left beside the 8 pairs' top-1
+    assert tags["eval.n_candidates"] == "8" and "eval.top1" in tags
+    code, out, err = _eval(capsys, tmp_path, d, "few")
+    assert code == 0, err
+    assert "recall@10 undefined (at most 10 pairs)" in out
+
+
+def test_one_pair_is_refused_with_a_message(fitted, capsys):
+    tmp_path, d = fitted
+    code, out, err = _eval(capsys, tmp_path, d, "one", "--min-top1", "0.5")
+    assert code not in (0, 1)  # neither PASS nor FAIL: no figure to gate on
+    assert "at least 2 distinct held-out pairs, got 1" in out + err
