@@ -393,18 +393,23 @@ def check_csls_weight(weight) -> float:
 
 
 def check_random_state(random_state) -> np.random.Generator:
-    """Turn ``None`` / int ≥ 0 / Generator into a numpy Generator (InputError for anything else)."""
+    """Turn ``None`` / int ≥ 0 / Generator / legacy ``np.random.RandomState`` into a numpy Generator (InputError for
+    anything else). A RandomState seeds a new Generator with a number drawn from it, so it is consumed as
+    scikit-learn consumes one: the same state gives the same result, and the next call another."""
     if isinstance(random_state, np.random.Generator):
         return random_state
+    if isinstance(random_state, np.random.RandomState):  # refused before: sklearn-style code passes one
+        return np.random.default_rng(int(random_state.randint(0, 2**31 - 1)))
     if random_state is None or (isinstance(random_state, (int, np.integer))
                                 and not isinstance(random_state, (bool, np.bool_)) and random_state >= 0):
         return np.random.default_rng(random_state)
-    raise InputError(f"random_state must be None, an int >= 0 or a numpy Generator, got {random_state!r}")
+    raise InputError(f"random_state must be None, an int >= 0, a numpy Generator (np.random.default_rng(seed)) or "
+                     f"a np.random.RandomState, got {random_state!r}")
 
 
 def seed_record(random_state) -> int | str | None:
     """``random_state`` as a fit's metadata records it (JSON): an int for an int or a numpy integer, None for None,
-    ``"generator"`` for a numpy Generator (its state is not a seed to record)."""
+    ``"generator"`` for a numpy Generator or RandomState (its state is not a seed to record)."""
     if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, (bool, np.bool_)):
         return int(random_state)
     return None if random_state is None else "generator"
