@@ -333,7 +333,7 @@ def route_centroids(F: np.ndarray, k: int, rng: np.random.Generator, *, n_iter: 
 
     Same ``rng`` state → same centroids. TooFewRowsError when ``k`` exceeds the rows.
     """
-    from .plan import _d2_sample
+    from .coverage import _d2_sample
 
     if k < 1 or k > F.shape[0]:
         raise TooFewRowsError(f"{k} clusters need at least {k} rows, got {F.shape[0]}")

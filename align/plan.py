@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import linalg
+from .coverage import select_rows_to_embed
 from .validation import (as_matrix, check_labelled_queries, check_paired, check_random_state, check_rankable,
                          check_same_queries, pair_groups)
 from .exceptions import InputError, TooFewRowsError
@@ -33,77 +33,6 @@ __all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learnin
            "MIN_PROBE", "LabelledProbe"]
 
 MIN_PROBE = 50
-
-
-def _d2_sample(Z: np.ndarray, k: int, rng: np.random.Generator, *, rounds: int = 32, block: int = 8192) -> np.ndarray:
-    """k-means++ style seeding in ``rounds`` batches: ``k`` distinct row indices of ``Z`` (n, d).
-
-    Each round draws ``ceil(k / rounds)`` new rows without replacement with probability ∝ the
-    squared distance to the nearest row chosen so far (D² sampling, k-means|| style batches so
-    the distance update is one GEMM per round); the first row is uniform. O(n k d), memory O(n).
-    """
-    n = Z.shape[0]
-    per = max(1, int(np.ceil(k / rounds)))
-    sq = np.einsum("ij,ij->i", Z, Z)
-    d2 = np.full(n, np.inf)
-    chosen = [int(rng.integers(n))]
-    new = np.array(chosen)
-    while True:
-        C = Z[new]
-        csq = np.einsum("ij,ij->i", C, C)
-        for s in range(0, n, block):
-            part = sq[s : s + block, None] - 2.0 * (Z[s : s + block] @ C.T) + csq[None, :]
-            np.minimum(d2[s : s + block], np.maximum(part.min(axis=1), 0.0), out=d2[s : s + block])
-        d2[np.asarray(chosen)] = 0.0
-        want = min(per, k - len(chosen))
-        if want <= 0:
-            break
-        positive = int((d2 > 0).sum())
-        if positive < want:  # fewer distinct rows than k: fill with unchosen rows at random
-            rest = np.setdiff1d(np.arange(n), np.asarray(chosen))
-            chosen.extend(rng.choice(rest, size=k - len(chosen), replace=False).tolist())
-            break
-        new = rng.choice(n, size=want, replace=False, p=d2 / d2.sum())
-        chosen.extend(new.tolist())
-    return np.asarray(chosen[:k], dtype=np.int64)
-
-
-def _reduce(X: np.ndarray, rng: np.random.Generator, dims: int = 64, sample: int = 8192,
-            block: int = 8192) -> np.ndarray:
-    """The unit rows of ``X`` (n, d), centred and projected on their top ``dims`` principal axes (from a sample
-    of ``sample`` rows) when wider: (n, min(d, dims)) float32. Distances keep most of their variance and D²
-    sampling costs ``dims / d`` as much. Rows go ``block`` at a time: the only copy of the corpus is the
-    (n, dims) projection, never a unit or centred copy of all of it."""
-    if X.shape[1] <= dims:
-        return unit_rows(X)
-    S = unit_rows(X[rng.permutation(X.shape[0])[:sample]])
-    mu = S.mean(axis=0)
-    _, _, Vt = linalg.svd(S - mu)
-    P = Vt[:dims].T
-    out = np.empty((X.shape[0], P.shape[1]), dtype=np.float32)
-    for s in range(0, X.shape[0], block):
-        out[s : s + block] = (unit_rows(X[s : s + block]) - mu) @ P
-    return out
-
-
-def select_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_state=0) -> np.ndarray:
-    """Indices (k,) of the rows of ``X_old`` (n, d) to re-embed with the new model, sorted.
-
-    ``method="kmeans++"``: D² sampling on the unit rows (cosine geometry; coverage of the corpus),
-    projected on their top 64 principal axes when wider;
-    ``"random"``: uniform without replacement. Same ``random_state`` → same rows.
-    """
-    X = as_matrix(X_old, name="X_old")
-    # an int: "abc", None, NaN were a raw ValueError / TypeError, 2.5 and True were read as 2 and 1
-    k = check_number("k", k, -float("inf"), float("inf"), whole=True)
-    if not 1 <= k <= X.shape[0]:
-        raise TooFewRowsError(f"cannot select {k} rows out of {X.shape[0]}")
-    rng = check_random_state(random_state)
-    if method == "random":
-        return np.sort(rng.choice(X.shape[0], size=int(k), replace=False))
-    if method != "kmeans++":
-        raise InputError(f"method must be 'kmeans++' or 'random', got {method!r}")
-    return np.sort(_d2_sample(_reduce(X, rng), int(k), rng))
 
 
 def knn_overlap(A, B, *, k: int = 10, beyond_chance: bool = False) -> float:
