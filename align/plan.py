@@ -49,9 +49,14 @@ def knn_overlap(A, B, *, k: int = 10, beyond_chance: bool = False) -> float:
     """
     check_number("k", k, 1, 1 << 31, whole=True)
     check_flag("beyond_chance", beyond_chance)
-    A, B = check_paired(A, B, names=("probe_src", "probe_tgt"), min_rows=k + 2)
-    check_rankable(A, name="probe_src")  # all-zero or constant rows: every neighbourhood a tie, overlap 1.0
-    check_rankable(B, name="probe_tgt")
+    A, B = check_paired(A, B, names=("A", "B"))  # its arguments (they were called probe_src / probe_tgt)
+    n = A.shape[0]
+    if n < k + 2:  # was "probe_src: a paired fit needs at least 52 rows", not saying k was the cause
+        raise TooFewRowsError(f"knn_overlap: k={k} needs at least k + 2 = {k + 2} paired rows in A and B (each row's "
+                              f"{k} nearest others, and chance k / (rows - 1) below 1), got {n}; "
+                              + (f"lower k to at most {n - 2} or give more rows" if n >= 3 else "give more rows"))
+    check_rankable(A, name="A")  # all-zero or constant rows: every neighbourhood a tie, overlap 1.0
+    check_rankable(B, name="B")
     Za, Zb = Frame._fit(A)._apply(A), Frame._fit(B)._apply(B)
     overlap = overlap_without_self(knn(Za, Za, k + 1)[1], knn(Zb, Zb, k + 1)[1], k)
     return _beyond_chance(overlap, k, A.shape[0]) if beyond_chance else overlap

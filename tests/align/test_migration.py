@@ -157,6 +157,20 @@ def test_knn_overlap_is_one_for_a_rotation_and_low_for_unrelated_spaces():
     assert align.knn_overlap(X, Z) < 0.2
 
 
+def test_knn_overlap_too_few_rows_names_k_and_its_arguments():
+    """30 rows at k=50 said "probe_src: a paired fit needs at least 52 rows": neither knn_overlap's arguments (A, B)
+    nor that k sets the minimum."""
+    rng = np.random.default_rng(0)
+    A, B = rng.normal(size=(30, 8)), rng.normal(size=(30, 8))
+    with pytest.raises(TooFewRowsError, match=r"knn_overlap: k=50 needs at least k \+ 2 = 52 paired rows in A and B"
+                                              r".*got 30; lower k to at most 28"):
+        align.knn_overlap(A, B, k=50)
+    assert 0.0 <= align.knn_overlap(A, B, k=28) <= 1.0  # the k it names works
+    A[3, 1] = np.nan
+    with pytest.raises(NonFiniteError, match="^A"):
+        align.knn_overlap(A, B)
+
+
 def test_sparse_sinkhorn_marginals_are_uniform():
     from align.semisup import sparse_sinkhorn
 
