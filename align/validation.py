@@ -133,16 +133,18 @@ def as_matrix(
             raise InputError(f"{name}: a boolean array (dtype bool, a mask?) is not vectors; to pass 0/1 on purpose, "
                              f"convert it: X.astype(np.float32)")
         if arr.dtype == object or arr.dtype.kind in "mM" or not np.issubdtype(arr.dtype, np.number):
-            raise InputError(f"{name}: expected a numeric array, got dtype {arr.dtype}")  # timedelta64 is a number
+            column = arr.dtype == object and arr.ndim == 1 and arr.size and isinstance(arr[0], (np.ndarray, list))
+            raise InputError(f"{name}: expected a numeric array, got dtype {arr.dtype}"  # timedelta64 is a number
+                             + ("; a column of vectors (a pandas Series of arrays) is one array once stacked: "
+                                "np.stack(column)" if column else ""))
         if np.ma.isMaskedArray(X) and np.ma.getmaskarray(X).any():  # np.asarray drops the mask without a word
             raise InputError(f"{name}: a masked array with masked entries; their hidden values would be read as "
                              f"numbers (fill them, X.filled(...), or drop those rows)")
         if np.iscomplexobj(arr):
             raise InputError(f"{name}: complex values are not supported")
     if arr.ndim != 2:
-        raise ShapeError(
-            f"{name}: expected a 2-D array of shape (n_rows, dim), got {arr.ndim}-D shape {arr.shape}"
-        )
+        raise ShapeError(f"{name}: expected a 2-D array of shape (n_rows, dim), got {arr.ndim}-D shape {arr.shape}"
+                         + ("; one vector is one row: x.reshape(1, -1)" if arr.ndim == 1 else ""))
     n, d = arr.shape
     if n == 0 or d == 0:
         raise EmptyInputError(f"{name}: expected at least one row and one column, got shape {arr.shape}")
@@ -451,7 +453,9 @@ def check_labels(labels, n: int) -> np.ndarray:
         raise InputError(f"labels must be -1, 0 or +1; found {np.unique(arr[bad])[:5].tolist()}")
     out = arr.astype(np.int8)
     if not (out == 1).any() or not (out == -1).any():
+        zero = int((out == 0).sum())  # 0/1 labels: 0 is neutral here, not the negative class
         raise DegenerateInputError(
             f"a steer needs both +1 and -1 examples; got {int((out == 1).sum())} positive, "
-            f"{int((out == -1).sum())} negative")
+            f"{int((out == -1).sum())} negative" + (f", {zero} neutral (0 is neutral, -1 the negative label: 0/1 "
+                                                    f"labels become +1/-1 with 2 * labels - 1)" if zero else ""))
     return out
