@@ -455,6 +455,18 @@ def fit_procrustes(X, Y, *, scale: bool = False, center: bool = True, normalize:
 
     Each side is put in its own frame first; the returned map includes both frames.
 
+    Parameters
+    ----------
+    X, Y : array (n, d_s), array (n, d_t)
+        Raw rows, paired by row (row i of both embeds one text); at least 2 pairs.
+    scale : bool
+        Also fit a global scale ``s`` (``W = s Q``, ``metadata["scale"]``); False: ``s = 1``.
+    center, normalize : bool
+        How each side's frame is fitted (:class:`~align.frames.Frame`): subtract its training mean; bring rows to
+        unit length before and after centring.
+    chunk_size : int
+        Rows put in the frames and summed into the pair statistics at a time (memory, not the result).
+
     >>> import numpy as np, align
     >>> rng = np.random.default_rng(0); X = rng.normal(size=(200, 8))
     >>> Q = np.linalg.qr(rng.normal(size=(8, 8)))[0]
@@ -469,7 +481,19 @@ def fit_procrustes(X, Y, *, scale: bool = False, center: bool = True, normalize:
 
 def fit_ridge(X, Y, *, alpha: float = 1.0, fit_intercept: bool = True, center: bool = True,
               normalize: bool = True, chunk_size: int = 65536) -> LinearMap:
-    """Ridge / affine map from paired raw rows (any dimensions)."""
+    """Ridge / affine map ``W = (XᵀX + αI)⁻¹ XᵀY`` (and a bias) from paired raw rows ``X`` (n, d_s) → ``Y`` (n, d_t),
+    any dimensions; each side in its own frame first, as :func:`fit_procrustes`.
+
+    Parameters
+    ----------
+    alpha : float >= 0
+        Ridge penalty, on the framed rows' statistics (unit rows: ``XᵀX`` grows with n, so a fixed α weighs less
+        the more pairs there are); 0 is least squares.
+    fit_intercept : bool
+        Fit a bias ``b`` (d_t,) on the pairs' means (``W`` from the centred statistics).
+    center, normalize, chunk_size
+        As in :func:`fit_procrustes`.
+    """
     X, Y, frames = _prepare(X, Y, center, normalize)
     return map_from_stats(pair_stats(X, Y, frames, chunk_size=chunk_size), frames, "ridge", center=center,
                           normalize=normalize, alpha=alpha, fit_intercept=fit_intercept)
@@ -477,7 +501,18 @@ def fit_ridge(X, Y, *, alpha: float = 1.0, fit_intercept: bool = True, center: b
 
 def fit_lowrank(X, Y, *, rank: int, alpha: float = 1.0, fit_intercept: bool = True, center: bool = True,
                 normalize: bool = True, chunk_size: int = 65536) -> LinearMap:
-    """Reduced-rank ridge map of rank ``rank`` from paired raw rows."""
+    """Reduced-rank ridge map from paired raw rows ``X`` (n, d_s) → ``Y`` (n, d_t): the ridge ``W`` of
+    :func:`fit_ridge` projected on the top ``rank`` directions of its fitted values (:func:`lowrank_from_stats`).
+
+    Parameters
+    ----------
+    rank : int in [1, min(d_s, d_t)]
+        Rank of ``W`` (required).
+    alpha, fit_intercept
+        As in :func:`fit_ridge`.
+    center, normalize, chunk_size
+        As in :func:`fit_procrustes`.
+    """
     X, Y, frames = _prepare(X, Y, center, normalize)
     return map_from_stats(pair_stats(X, Y, frames, chunk_size=chunk_size), frames, "lowrank", center=center,
                           normalize=normalize, rank=rank, alpha=alpha, fit_intercept=fit_intercept)
