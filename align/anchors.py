@@ -130,7 +130,7 @@ def solve_qap(KA: np.ndarray, KB: np.ndarray, *, method: str = "2opt", restarts:
     KA, KB : ndarray (k, k), symmetric
     method : {"2opt", "faq", "faq+2opt"}
     restarts : int >= 1
-    random_state : None, int or numpy Generator
+    random_state : None, int, numpy Generator or np.random.RandomState
     progress : callable(fraction) or None, called after each restart (what it raises stops the search)
 
     Returns

@@ -182,7 +182,7 @@ class MiniVec2Vec(Estimator):
         2 cores, top-1 0.994 on real pairs; ``benchmarks/bench_ray.py``).
         ``diagnostics_["fit_rows"]`` records the rows used. Sets of at most ``fit_sample`` rows are
         not touched (the same map as without the cap, bit for bit).
-    random_state : None, int or numpy Generator
+    random_state : None, int, numpy Generator or np.random.RandomState
         Seeds every random step (same seed → same map).
 
     Attributes

@@ -557,7 +557,7 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
         drawn from its ``n_neighbors`` nearest context rows (default 10).
     init_scale : float
         Standard deviation of the random initial factors.
-    random_state : None, int or numpy Generator
+    random_state : None, int, numpy Generator or np.random.RandomState
     callback : callable ``(iteration, loss)``, optional
         Called after every L-BFGS iteration (progress reporting).
 
