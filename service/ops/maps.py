@@ -175,7 +175,9 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
     cosines: dict = {}
     if paired:
         idx = _subsample(X.shape[0], _DIAG_SAMPLE, rng)
-        ev = align.evaluate(map_, X[idx], Y[idx], csls=False)
+        with warnings.catch_warnings():  # a fit of at most 10 pairs: train_recall@10 is NaN, not a fit's warning
+            warnings.simplefilter("ignore", VecbridgeWarning)
+            ev = align.evaluate(map_, X[idx], Y[idx], csls=False)
         metrics.update({f"train_{k}": v for k, v in ev.items() if k != "n_candidates"})
         metrics["train_n_candidates"] = ev["n_candidates"]
         metrics.update(_paired_verdict(float(ev["top1"]), int(ev["n_candidates"])))

@@ -65,3 +65,23 @@ def test_one_pair_is_refused_with_a_message(fitted, capsys):
     code, out, err = _eval(capsys, tmp_path, d, "one", "--min-top1", "0.5")
     assert code not in (0, 1)  # neither PASS nor FAIL: no figure to gate on
     assert "at least 2 distinct held-out pairs, got 1" in out + err
+
+
+def test_a_fit_of_a_handful_of_pairs_does_not_warn_about_its_training_recall(tmp_path, capsys):
+    """The fit's diagnostics rank the training pairs (train_recall@10): on 8 pairs that figure is undefined, kept as
+    null, and not a warning of the fit's (evaluate's warning is for a caller that asked for the figure)."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(8, 6)).astype(np.float32)
+    write_vectors(tmp_path / "x.npy", X)
+    write_vectors(tmp_path / "y.npy", X @ np.linalg.qr(rng.normal(size=(6, 6)))[0].astype(np.float32))
+    code, out, err = run(capsys, "--data-dir", tmp_path / "var", "fit", "--pairs", "--source", tmp_path / "x.npy",
+                         "--target", tmp_path / "y.npy", "--method", "procrustes", "--name", "tiny", "--json")
+    assert code in (0, 1), err  # 8 pairs may be flagged unreliable; either way the version is registered
+    assert "recall@10 undefined" not in out + err
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    try:
+        metrics = reg.get_version("tiny", 1).metrics
+    finally:
+        reg.close()
+    assert metrics["train_n_candidates"] == 8 and np.isnan(metrics["train_recall@10"])
+    assert 0.0 <= metrics["train_recall@5"] <= 1.0
