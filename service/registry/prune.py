@@ -61,11 +61,12 @@ def prune_versions(reg, key: str, names: list[str] | None, *, keep_last: int, ol
         cutoff = datetime.min.replace(tzinfo=UTC)
     out = []
     for name in dict.fromkeys(names):  # a name given twice is pruned once
-        if dry_run:
-            with reg.db.tx() as t:
-                out.append(_plan(reg, store, t, name, keep_last, cutoff, write=False))
-        else:
-            out.append(reg._write(lambda t, n=name: _plan(reg, store, t, n, keep_last, cutoff, write=True)))
+        with reg.db.tx() as t:  # read first, no lock: a dry run works for a read-only role (or a standby)
+            plan = _plan(reg, store, t, name, keep_last, cutoff, write=False)
+        if plan["deleted"] and not dry_run:  # planned again under the name's lock, and marked: a name with nothing
+            # to delete is not written (a nightly prune of N maps was N writes, N cache invalidations)
+            plan = reg._write(lambda t, n=name: _plan(reg, store, t, n, keep_last, cutoff, write=True))
+        out.append(plan)
     return {"kind": key, "keep_last": keep_last, "older_than_s": older_than_s, "dry_run": dry_run,
             "deleted": [f"{p['name']}:{v}" for p in out for v in p["deleted"]], "names": out}
 
@@ -73,7 +74,8 @@ def prune_versions(reg, key: str, names: list[str] | None, *, keep_last: int, ol
 def _plan(reg, store, t, name: str, keep_last: int, cutoff, *, write: bool) -> dict:
     """What to delete of ``name`` and why the rest stays (read, and with ``write`` marked, in transaction ``t``)."""
     k = store.kind
-    t.one(f"SELECT name FROM {k.names} WHERE name = ?" + reg.db.for_update, (name,))  # fits and alias moves wait
+    if write:  # fits and alias moves on the name wait (a read needs no lock, nor the UPDATE grant FOR UPDATE takes)
+        t.one(f"SELECT name FROM {k.names} WHERE name = ?" + reg.db.for_update, (name,))
     rows = store.rows(t, name, live=True, newest_first=True, cols="version, created_at, metrics, method")
     aliases: dict[int, list[str]] = {}
     for r in t.q(f"SELECT alias, version FROM {k.aliases} WHERE name = ? ORDER BY alias", (name,)):

@@ -87,6 +87,42 @@ def test_dry_run_deletes_nothing_and_plans_what_the_run_does(reg):
     assert done["names"] == planned["names"] and _live(reg, "a") == [1, 4, 5]
 
 
+def test_a_prune_with_nothing_to_delete_writes_nothing(reg):
+    """A nightly prune of maps already within N wrote once per map (generation bumped, caches invalidated)."""
+    _versions(reg, "a", 3)
+    before = reg.generation()
+    assert prune_versions(reg, "maps", None, keep_last=5)["deleted"] == []
+    assert reg.generation() == before
+    assert prune_versions(reg, "maps", None, keep_last=2)["deleted"] == ["a:1"] and reg.generation() != before
+
+
+def test_a_dry_run_needs_only_the_read_grant(pg_url, tmp_path):
+    """``--dry-run`` locked each name FOR UPDATE, which a SELECT-only role (a reporting replica's) may not: it failed
+    'permission denied' where ``registry gc --dry-run`` works under the same role."""
+    import uuid
+
+    import psycopg
+
+    reg = open_registry(pg_url, tmp_path / "artifacts")
+    _versions(reg, f"ro_{uuid.uuid4().hex[:6]}", 3)
+    reg.close()
+    role = f"ro_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    try:
+        ro = open_registry(pg_url.replace("postgres@", f"{role}@", 1), tmp_path / "artifacts")
+        try:
+            planned = prune_versions(ro, "maps", None, keep_last=1, dry_run=True)
+            assert planned["dry_run"] and len(planned["deleted"]) >= 2, planned
+        finally:
+            ro.close()
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+
+
 def test_older_than_deletes_only_versions_created_that_long_ago(reg):
     _versions(reg, "a", 4)
     res = prune_versions(reg, "maps", ["a"], keep_last=1, older_than_s=3600)
