@@ -20,7 +20,7 @@ from .frames import unit_rows
 from .options import check_number
 from .validation import as_matrix, check_random_state, row_groups
 
-__all__ = ["select_rows_to_embed"]
+__all__ = ["select_rows_to_embed", "distinct_rows_to_embed"]
 
 
 def _first_of_each(rows: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -104,6 +104,17 @@ def select_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_stat
     of each (fewer than ``k`` indices) and a VecbridgeWarning. With copies, ``"random"`` takes the first ``k``
     distinct rows of a random order (a row with more copies is likelier, as uniform sampling weighs it).
     """
+    idx, distinct = distinct_rows_to_embed(X_old, k, method=method, random_state=random_state)
+    if idx.size < k:
+        warnings.warn(f"select_rows_to_embed: X_old holds {distinct} distinct rows of {np.shape(X_old)[0]} (the "
+                      f"others are copies), fewer than the {k} asked for: {distinct} rows returned, one of each",
+                      VecbridgeWarning, stacklevel=2)
+    return idx
+
+
+def distinct_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_state=0) -> tuple[np.ndarray, int]:
+    """:func:`select_rows_to_embed`'s rows, without its warning, and the number of distinct rows of ``X_old``: a
+    caller that says it otherwise (the plan's notes) reads ``idx.size < k``."""
     X = as_matrix(X_old, name="X_old")
     # an int: "abc", None, NaN were a raw ValueError / TypeError, 2.5 and True were read as 2 and 1
     k = check_number("k", k, -float("inf"), float("inf"), whole=True)
@@ -114,12 +125,9 @@ def select_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_stat
         raise InputError(f"method must be 'kmeans++' or 'random', got {method!r}")
     groups = row_groups(X)
     group = None if groups is None else groups[1]
-    if groups is not None and groups[0].size < k:
-        warnings.warn(f"select_rows_to_embed: X_old holds {groups[0].size} distinct rows of {X.shape[0]} (the others "
-                      f"are copies), fewer than the {k} asked for: {groups[0].size} rows returned, one of each",
-                      VecbridgeWarning, stacklevel=2)
+    distinct = X.shape[0] if groups is None else int(groups[0].size)
     if method == "random":
         if group is None:
-            return np.sort(rng.choice(X.shape[0], size=int(k), replace=False))
-        return np.sort(_first_of_each(rng.permutation(X.shape[0]), group)[:k])
-    return np.sort(_d2_sample(_reduce(X, rng), int(k), rng, group=group))
+            return np.sort(rng.choice(X.shape[0], size=int(k), replace=False)), distinct
+        return np.sort(_first_of_each(rng.permutation(X.shape[0]), group)[:k]), distinct
+    return np.sort(_d2_sample(_reduce(X, rng), int(k), rng, group=group)), distinct

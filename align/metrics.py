@@ -16,8 +16,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from .validation import (check_no_zero_rows, check_paired, check_random_state, check_rankable, distinct_pairs,
-                         pair_groups)
+from .validation import (check_no_zero_rows, check_paired, check_random_state, check_rankable, check_seed,
+                         distinct_pairs, pair_groups)
 from .exceptions import DimensionMismatchError, InputError, ShapeError, TooFewRowsError, VecbridgeWarning
 from .frames import unit_rows
 from .blocks import rows_per_block
@@ -83,13 +83,13 @@ def query_sample(n: int, max_queries, random_state=0) -> np.ndarray | None:
     candidate; only the queries are sampled, so rank-based figures keep their meaning (the pool is all ``n``)
     and cost ``max_queries · n · d`` instead of ``n² · d``. InputError unless ``max_queries`` is an int >= 1.
     """
-    rng = check_random_state(random_state)  # checked when unused too: -1 passed until a sample was asked for
+    check_seed(random_state)  # checked when unused too (-1 passed until a sample was asked for), drawing nothing
     if max_queries is None:
         return None
     max_queries = check_count("max_queries", max_queries)
     if max_queries >= n:
         return None
-    return np.sort(rng.choice(n, size=max_queries, replace=False)).astype(np.int64)
+    return np.sort(check_random_state(random_state).choice(n, size=max_queries, replace=False)).astype(np.int64)
 
 
 def proportion_interval(hits: int, sampled: int, population: int, *, level: float = INTERVAL_LEVEL) -> list[float]:

@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from .validation import as_matrix, check_not_degenerate, check_random_state, row_groups, seed_record
+from .validation import as_matrix, check_not_degenerate, check_random_state, check_seed, row_groups, seed_record
 from ._estimator import Estimator
 from .anchors import QAP_METHODS, kmeans_anchors, short_kmeans
 from .blocks import executing
@@ -311,7 +311,7 @@ class MiniVec2Vec(Estimator):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo):
                 raise InputError(f"{name} must be None or an integer >= {lo}, got {v!r}")
         check_flag("seeded_finish", self.seeded_finish)  # "no" was truthy: the finish ran
-        check_random_state(self.random_state)
+        check_seed(self.random_state)  # drawing nothing: a RandomState is the fit's to consume
 
     def check_rows(self, n_src: int, n_tgt: int, seeded: bool = False) -> None:
         """The checks :meth:`fit` makes of the row counts (``seeded``: with at least 2 seed pairs), typed errors:

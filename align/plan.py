@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .coverage import select_rows_to_embed
+from .coverage import distinct_rows_to_embed, select_rows_to_embed
 from .validation import (as_matrix, check_labelled_queries, check_paired, check_random_state, check_rankable,
                          check_same_queries, pair_groups)
 from .exceptions import InputError, TooFewRowsError
@@ -500,7 +500,10 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         notes.append(f"{n_given - p} of the {n_given} probe pairs repeat another pair: the plan is of the {p} distinct "
                      f"ones")
     report("rows to re-embed", 0.0)
-    chosen = select_rows_to_embed(Xo, rows_k or k_rows, random_state=rng).tolist() if select_rows else []
+    chosen = distinct_rows_to_embed(Xo, rows_k or k_rows, random_state=rng)[0].tolist() if select_rows else []
+    if select_rows and len(chosen) < (rows_k or k_rows):  # copies in the corpus: said here, not as a warning
+        notes.append(f"rows_to_embed holds {len(chosen)} rows, not {rows_k or k_rows}: the old corpus has only "
+                     f"{len(chosen)} distinct rows (the others are copies; re-embedding a copy adds no pair)")
     report("rows to re-embed", 1.0)
     return {
         "alignability": overlap, "unsupervised_feasible": bool(overlap >= ALIGNABLE), "knn_overlap": raw_overlap,

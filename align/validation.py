@@ -20,7 +20,7 @@ from .exceptions import (
     TooFewRowsError,
 )
 
-__all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_not_degenerate",
+__all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_seed", "check_not_degenerate",
            "check_no_underflow", "check_no_zero_rows", "check_rankable", "check_representable", "check_eps",
            "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed",
            "check_not_collapsed", "seed_record", "count_distinct_rows", "row_groups", "MAX_EPS"]
@@ -398,13 +398,21 @@ def check_random_state(random_state) -> np.random.Generator:
     """Turn ``None`` / int ≥ 0 / Generator / legacy ``np.random.RandomState`` into a numpy Generator (InputError for
     anything else). A RandomState seeds a new Generator with a number drawn from it, so it is consumed as
     scikit-learn consumes one: the same state gives the same result, and the next call another."""
+    check_seed(random_state)
     if isinstance(random_state, np.random.Generator):
         return random_state
     if isinstance(random_state, np.random.RandomState):  # refused before: sklearn-style code passes one
         return np.random.default_rng(int(random_state.randint(0, 2**31 - 1)))
-    if random_state is None or (isinstance(random_state, (int, np.integer))
-                                and not isinstance(random_state, (bool, np.bool_)) and random_state >= 0):
-        return np.random.default_rng(random_state)
+    return np.random.default_rng(random_state)
+
+
+def check_seed(random_state) -> None:
+    """:func:`check_random_state`'s refusal alone, drawing nothing: a check made before the fit (``check_params``,
+    a sample not taken) does not consume a RandomState, so the fit after it draws as a fit alone would."""
+    if isinstance(random_state, (np.random.Generator, np.random.RandomState)) or random_state is None or (
+            isinstance(random_state, (int, np.integer)) and not isinstance(random_state, (bool, np.bool_))
+            and random_state >= 0):
+        return
     raise InputError(f"random_state must be None, an int >= 0, a numpy Generator (np.random.default_rng(seed)) or "
                      f"a np.random.RandomState, got {random_state!r}")
 

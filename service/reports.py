@@ -17,6 +17,7 @@ import base64
 import html
 import io
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -278,7 +279,7 @@ def _table(d: dict, nested: tuple[str, ...] = ()) -> str:
             rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{_table(v)}</td></tr>")
             continue
         if isinstance(v, float):
-            v = f"{v:.4g}"
+            v = f"{v:.4g}" if math.isfinite(v) else "undefined"  # recall@10 of at most 10 pairs
         elif isinstance(v, (dict, list)):
             if isinstance(v, dict):  # the short facts first (auto's "chosen"), so the cut below drops nested detail
                 keys = sorted(v, key=lambda key: (isinstance(v[key], (dict, list)), str(key)))
@@ -330,7 +331,7 @@ def _headline(metrics: dict) -> dict:
     """Up to 8 numbers for the top of the report: held-out figures first, training ones (memorised) last,
     counts left to the metrics table."""
     nums = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and not k.startswith(("heldout_n_", "train_n_"))}
+            and math.isfinite(v) and not k.startswith(("heldout_n_", "train_n_"))}  # NaN: undefined (few pairs)
     return dict(sorted(nums.items(), key=lambda kv: (not kv[0].startswith("heldout_"), kv[0].startswith("train_")))[:8])
 
 

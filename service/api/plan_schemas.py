@@ -62,7 +62,8 @@ class PlanResponse(_Open):
     target_retention: float
     recommended: Recommendation
     rows_to_embed: list[int] = Field(..., description="Rows of `old` to re-embed for the recommended K (for `k`).")
-    rows_k: int | None = Field(None, description="The `k` asked for: `rows_to_embed` holds that many rows.")
+    rows_k: int | None = Field(None, description="The `k` asked for: `rows_to_embed` holds that many rows "
+                                                 "(fewer when the old corpus has fewer distinct rows: `notes` say so).")
     notes: list[str]
     n_queries: int | None = None
     n_corpus: int | None = None

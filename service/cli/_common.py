@@ -258,9 +258,12 @@ def emit_summaries(items: list[dict], as_json: bool, *, key: str, versions, line
 
 def echo_record(d: dict, skip=()) -> None:
     """One line per field of a record (``registry show``, ``steer show``): ``KEY  VALUE``, dicts and lists as JSON."""
+    from ..io import json_finite
+
     for k, val in d.items():
         if k not in skip:
-            shown = json.dumps(val, sort_keys=True, default=str) if isinstance(val, (dict, list)) else val
+            shown = (json.dumps(json_finite(val), sort_keys=True, default=str, allow_nan=False)  # NaN: null
+                     if isinstance(val, (dict, list)) else val)
             click.echo(f"{k:16} {shown}")
 
 

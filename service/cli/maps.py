@@ -274,9 +274,15 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         if Q is None:
             raise InputError("--old-queries is the baseline of labelled queries: give --queries and --relevant too")
         Qo = read_vectors(old_queries_path, rows=queries_rows, encoder_option=None)
-    res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
-                       record=record, queries=Q, relevant=rel, side=side, old_queries=Qo, csls_weight=csls_weight,
-                       max_queries=max_queries, random_state=random_state)
+    with warnings.catch_warnings(record=True) as caught:  # align's warnings as vecbridge: warning: lines
+        warnings.simplefilter("always", VecbridgeWarning)
+        res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
+                           record=record, queries=Q, relevant=rel, side=side, old_queries=Qo,
+                           csls_weight=csls_weight, max_queries=max_queries, random_state=random_state)
+    for line in dict.fromkeys(str(w.message).splitlines()[0] for w in caught
+                              if issubclass(w.category, VecbridgeWarning)
+                              and "undefined (NaN)" not in str(w.message)):  # the figures below say "undefined"
+        warn(line)
     for note in res["notes"]:  # rows neither side of the map recognises: the figures may be of another model's
         warn(note)
     r = res["retrieval"]

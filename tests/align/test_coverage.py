@@ -44,3 +44,17 @@ def test_copies_are_never_picked_twice_when_enough_rows_are_distinct(method, d):
     with pytest.warns(VecbridgeWarning, match="63 distinct rows of 180"):
         assert len(align.select_rows_to_embed(X, 64, method=method)) == 63
 
+
+
+def test_a_plan_over_a_corpus_of_copies_says_why_it_returns_fewer_rows():
+    """plan(k=100) over 40 distinct rows x 10 copies gave 40 rows_to_embed with no word in its notes (the warning only
+    reached a server's stderr): the notes now say it, and no VecbridgeWarning is left for the caller to route."""
+    rng = np.random.default_rng(3)
+    old = _copies(40, 10, d=16, seed=3)
+    P = rng.standard_normal((200, 16))
+    Q = P @ np.linalg.qr(rng.standard_normal((16, 16)))[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", VecbridgeWarning)
+        res = align.plan_migration(old, P, Q, rows_k=100)
+    assert len(res["rows_to_embed"]) == 40 and _n_vectors(old, res["rows_to_embed"]) == 40
+    assert any("rows_to_embed holds 40 rows, not 100" in n and "copies" in n for n in res["notes"]), res["notes"]

@@ -32,3 +32,16 @@ def test_a_fit_with_one_records_no_seed():
 def test_anything_else_is_refused_naming_what_is_accepted(bad):
     with pytest.raises(InputError, match="an int >= 0, a numpy Generator .* or a np.random.RandomState"):
         align.select_rows_to_embed(np.eye(20), 3, random_state=bad)
+
+
+def test_checks_made_before_a_draw_do_not_consume_the_state():
+    """check_params (a service checks a request before the fit) and evaluate's unused query sample drew from a
+    RandomState: check_params() then fit() gave another map than fit() alone."""
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((120, 8))
+    Y = X @ np.linalg.qr(rng.standard_normal((8, 8)))[0]
+    rs = np.random.RandomState(5)
+    align.MiniVec2Vec(random_state=rs).check_params()
+    align.evaluate(align.fit_procrustes(X, Y), X, Y, random_state=rs)  # no max_queries: no sample drawn
+    after_checks = rs.randint(0, 2**31 - 1)
+    assert after_checks == np.random.RandomState(5).randint(0, 2**31 - 1)  # nothing was drawn before it

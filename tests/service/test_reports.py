@@ -78,6 +78,14 @@ def test_report_without_diagnostics_skips_those_sections():
     assert "<img" not in html and "<h1>t</h1>" in html
 
 
+def test_an_undefined_figure_reads_undefined_not_nan():
+    """A fit of at most 10 pairs stores train_recall@10 as NaN (undefined): the report's headline showed 'nan' and
+    its table 'nan'; the headline leaves it out and the table says 'undefined'."""
+    html = render_report(title="t", summary={}, metrics={"train_recall@10": float("nan"), "train_top1": 0.5},
+                         timings={}, diagnostics=None, cosines={}, clouds=None, paired=True)
+    assert "nan" not in html.lower().replace("nanoseconds", "") and "undefined" in html and "0.5" in html
+
+
 def test_pca_2d_finds_the_dominant_axes():
     rng = np.random.default_rng(1)
     A = rng.normal(size=(500, 5)) * np.array([10.0, 3.0, 0.1, 0.1, 0.1])

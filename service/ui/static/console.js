@@ -103,7 +103,9 @@ const VB = {
      Held-out figures first (eval --record tags eval.top1 / eval.recall@10; the fit's cross-validated heldout_top1),
      then recall on the fit's own training pairs, which a map memorises (1.0 for most paired fits): not retention. */
   recallCurves(v) {
-    const pick = (src, re) => Object.entries(src || {}).map(([k, x]) => [re.exec(k), Number(x)])
+    // null / "" are figures not measured (recall@10 of at most 10 pairs is undefined: null), not 0
+    const pick = (src, re) => Object.entries(src || {}).filter(([, x]) => x !== null && x !== "")
+      .map(([k, x]) => [re.exec(k), Number(x)])
       .filter(([m, x]) => m && typeof x === "number" && isFinite(x)).map(([m, x]) => [Number(m[1]), x]);
     const sets = [
       ["held-out pairs (eval --record)", pick(v && v.tags, /^eval\.(?:top|recall@)(\d+)$/)],

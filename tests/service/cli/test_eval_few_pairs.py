@@ -55,9 +55,16 @@ def test_recall_at_10_of_a_handful_of_pairs_is_undefined_and_not_recorded(fitted
     tags = _tags(tmp_path)
     assert "eval.recall@10" not in tags  # not "nan", and not the 50 pairs' figure left beside the 8 pairs' top-1
     assert tags["eval.n_candidates"] == "8" and "eval.top1" in tags
-    code, out, err = _eval(capsys, tmp_path, d, "few")
+    import warnings
+
+    from align.exceptions import VecbridgeWarning
+
+    with warnings.catch_warnings(record=True) as escaped:  # they reached stderr as raw Python warnings, twice
+        warnings.simplefilter("always")
+        code, out, err = _eval(capsys, tmp_path, d, "few")
     assert code == 0, err
     assert "recall@10 undefined (at most 10 pairs)" in out
+    assert not [w for w in escaped if issubclass(w.category, VecbridgeWarning)], [str(w.message) for w in escaped]
 
 
 def test_one_pair_is_refused_with_a_message(fitted, capsys):
