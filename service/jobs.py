@@ -229,9 +229,16 @@ class JobManager:
                 after is None or ((j.created_at, j.id) < after if newest else (j.created_at, j.id) > after))][:limit]
         if after is None and not newest:
             after = (-1.0, "")
-        # this process's record of a job is newer than the stored one (its state the same but for a moment)
-        return [j for j in (mine.get(s.id, s) for s in self.store.list(limit, after, newest=newest, states=states,
-                                                                        kinds=kinds)) if _wanted(j, states, kinds)]
+        # this process's record of a job is newer than the stored one (its state the same but for a moment; for
+        # good when its final write failed): one that no longer matches leaves a gap, refilled from the rows past
+        # the batch, so a page never ends early
+        out: list[Job] = []
+        while True:
+            batch = self.store.list(limit, after, newest=newest, states=states, kinds=kinds)
+            out += [j for j in (mine.get(s.id, s) for s in batch) if _wanted(j, states, kinds)]
+            if len(out) >= limit or len(batch) < limit:
+                return out[:limit]
+            after = (batch[-1].created_at, batch[-1].id)
 
     def counts(self) -> dict[str, int]:
         """Jobs by state, as :meth:`list` sees them: the durable store's records (every process of the

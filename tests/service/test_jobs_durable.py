@@ -489,3 +489,36 @@ def test_a_final_record_that_could_not_be_written_is_written_at_shutdown(tmp_pat
     mgr.shutdown(wait=wait_for_jobs)
     stored = JobStore(db).get(job.id)[0]
     assert (stored.state, stored.result) == ("succeeded", {"done": 1}) and not mgr._unsaved
+
+
+def test_a_filtered_page_is_full_when_this_process_knows_a_stored_record_is_stale(tmp_path):
+    """A job ended in this process but its final write failed (the store locked, its disk full): the store still says
+    "running". A page of running jobs took `limit` stored rows and then dropped that job by its true state, so
+    `?state=running&order=newest&limit=2` held one job and no `next` while two more were running. It is refilled."""
+    import sqlite3
+
+    class Stale(JobStore):
+        def save(self, job, *, was=None):
+            if job.state in TERMINAL and job.kind == "stale":
+                raise sqlite3.OperationalError("database or disk is full")
+            return super().save(job, was=was)
+
+    db = tmp_path / "jobs.sqlite"
+    mgr = JobManager(workers=4, max_queued=8, store=Stale(db))
+    mgr.open()
+    release = threading.Event()
+    try:
+        held = [mgr.submit(lambda ctx: release.wait(60) and None, kind="fit")[0] for _ in range(3)]
+        for j in held:
+            wait(mgr.get, j.id, states=("running",))
+        stale, _ = mgr.submit(lambda ctx: {"done": 1}, kind="stale")  # the newest job
+        wait(mgr.get, stale.id)
+        assert JobStore(db).get(stale.id)[0].state == "running"  # the store's record is behind this process's
+        newest_running = [j.id for j in held[::-1]]
+        assert [j.id for j in mgr.page(2, newest=True, states=("running",))] == newest_running[:2]
+        assert [j.id for j in mgr.page(3, newest=True, states=("running",))] == newest_running
+        assert [j.id for j in mgr.page(5, states=("running",))] == newest_running[::-1]
+        assert [j.id for j in mgr.page(2, newest=True, states=("succeeded",))] == []
+    finally:
+        release.set()
+        mgr.shutdown(wait=True)
