@@ -357,27 +357,42 @@ function registryPage() {
 }
 
 /* The jobs a page shows: the newest JOBS_SHOWN (a bare GET /v1/jobs answers the newest 1,000 with their results:
-   1.4-4.3 MB a poll once a long-lived service had run 1,000 fits); and the most live jobs a poll asks for. */
-const JOBS_SHOWN = 50, LIVE_MAX = 100;
+   1.4-4.3 MB a poll once a long-lived service had run 1,000 fits), and every live job (queued, running: the most a
+   poll asks for is LIVE_MAX), however many jobs came after it: a job running behind 50 newer ones keeps its row. */
+const JOBS_SHOWN = 50, LIVE_MAX = 100, LIVE_JOBS = `/v1/jobs?state=queued&state=running&order=newest&limit=${LIVE_MAX}`;
+
+/* The jobs of `lists` in one list, newest first; a job in several lists is the last list's record of it. */
+function newestFirst(...lists) {
+  const byId = new Map();
+  for (const list of lists) for (const j of list || []) byId.set(j.id, j);
+  return [...byId.values()].sort((a, b) => b.timings.created_at - a.timings.created_at || (a.id < b.id ? 1 : -1));
+}
 
 function jobsPage() {
   return page({
-    jobs: [], counts: {}, cancelMsg: "",
+    jobs: [], counts: {}, cancelMsg: "", newestShown: 0,
+    ended: new Map(),  // jobs older than the newest page, followed while live: their end stays shown
     async load() {
-      const j = await VB.api(`/v1/jobs?order=newest&limit=${JOBS_SHOWN}`);
-      this.jobs = (j.data || []).slice().sort((a, b) => b.timings.created_at - a.timings.created_at);
+      const [j, l] = await Promise.all([VB.api(`/v1/jobs?order=newest&limit=${JOBS_SHOWN}`), VB.api(LIVE_JOBS)]);
+      const known = new Set([...(j.data || []), ...(l.data || [])].map(x => x.id));
+      const gone = this.jobs.filter(x => this.live(x) && !known.has(x.id) && !this.ended.has(x.id));
+      for (const x of await Promise.all(gone.map(x => VB.api(`/v1/jobs/${x.id}`).catch(() => null)))) {
+        if (x) this.ended.set(x.id, x);
+      }
+      this.newestShown = (j.data || []).length;
+      this.jobs = newestFirst(this.ended.values(), j.data, l.data);
       this.counts = j.counts || {};
       this.startPolling();
     },
     /* A poll reads only the jobs that may still change (queued, running: no result yet) and the counts of every
        job; the newest page again only when the counts moved (a job made, ended or trimmed, in any process) or a live
-       job shown is no longer live. Idle, a poll is the counts alone (~100 bytes). */
+       job shown is no longer live. Idle, a poll is the counts alone (~100 bytes). A live job not shown gets its row. */
     async follow() {
-      const j = await VB.api(`/v1/jobs?state=queued&state=running&order=newest&limit=${LIVE_MAX}`);
-      const live = new Map((j.data || []).map(x => [x.id, x]));
+      const j = await VB.api(LIVE_JOBS);
+      const live = new Set((j.data || []).map(x => x.id));
       const moved = JSON.stringify(j.counts || {}) !== JSON.stringify(this.counts);
       if (moved || this.jobs.some(x => this.live(x) && !live.has(x.id))) return this.load();
-      this.jobs = this.jobs.map(x => live.get(x.id) || x);
+      this.jobs = newestFirst(this.jobs, j.data);
     },
     polling() { return true; },
     // every second while a job may change, else every 5 (a new job shows up then)
@@ -391,7 +406,9 @@ function jobsPage() {
     },
     countsText() {
       const all = Object.values(this.counts).reduce((a, n) => a + n, 0);
-      const shown = all > this.jobs.length ? ` (the newest ${this.jobs.length} shown)` : "";
+      const older = this.jobs.length - this.newestShown;  // live (or just ended) behind the newest page
+      const also = older > 0 ? `, and ${older} older ${older === 1 ? "job" : "jobs"} followed while live` : "";
+      const shown = all > this.jobs.length ? ` (the newest ${this.newestShown} shown${also})` : "";
       return Object.entries(this.counts).map(([k, n]) => k + " " + n).join(" · ") + shown;
     },
     etaText(j) { return this.live(j) ? VB.secs(this.eta(j)) : "–"; },
@@ -573,12 +590,13 @@ function migrationsPage() {
     /* What a migration changes (jobs, checkpoints, indexes): every second while one runs (rows written / total), as
        the jobs page does; the maps are read once a load (every map's summary each second was most of the cost). */
     async follow() {
-      const mine = `/v1/jobs?kind=migration&kind=verify&order=newest&limit=${JOBS_SHOWN}`;  // this page's jobs only
-      const [j, i, c] = await Promise.all([VB.api(mine), VB.api("/v1/indexes"), VB.api("/v1/migrations")]);
+      const mine = "/v1/jobs?kind=migration&kind=verify&order=newest";  // this page's jobs only: its newest, its live
+      const [j, l, i, c] = await Promise.all([VB.api(`${mine}&limit=${JOBS_SHOWN}`),
+        VB.api(`${mine}&state=queued&state=running&limit=${LIVE_MAX}`),
+        VB.api("/v1/indexes"), VB.api("/v1/migrations")]);
       this.indexes = i.data;
       this.checkpoints = c.data || [];
-      this.jobs = (j.data || []).filter(x => /migrat|verify/i.test(x.kind))
-        .sort((a, b) => b.timings.created_at - a.timings.created_at);
+      this.jobs = newestFirst(j.data, l.data).filter(x => /migrat|verify/i.test(x.kind));
       if (this.polling()) this.startPolling();
     },
     polling() { return this.jobs.some(x => this.live(x)); },

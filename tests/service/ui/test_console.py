@@ -653,3 +653,46 @@ def test_the_jobs_pages_ask_for_the_jobs_they_show_not_the_whole_history(browser
         assert asked and all("kind=migration&kind=verify" in q and "limit=" in q for q in asked), asked
         for tab in (t, m):
             tab.close()
+
+
+def test_a_live_job_behind_the_newest_page_keeps_its_row_progress_and_cancel(browser, tmp_path):
+    """The jobs page read the newest 50 jobs and then followed only the rows it showed: a job still running behind 50
+    newer jobs (a long migration while a script queued short ones) had no row, no progress and no cancel button (the
+    bare list showed the newest 1,000); the migrations page likewise. Every live job now has its row, in its place,
+    and keeps it once it ends."""
+    from service.api import create_app
+    from service.jobs import Job, JobStore
+    from _jobs_support import slow_job
+
+    settings = settings_for(tmp_path)
+    app = create_app(settings)
+    slow, started = slow_job(steps=600_000)  # reports progress each millisecond until cancelled
+    with serve_in_thread(app) as base:
+        old, _ = app.state.vb.jobs.submit(slow, kind="migration", description="old-long")
+        assert started.wait(30)
+        store = JobStore(settings.data_dir / "jobs.sqlite")  # 60 jobs after it (another process's, ended)
+        for i in range(60):
+            assert store.insert(Job(id=f"{i:04d}" + "0" * 28, kind="verify", state="succeeded", stage="done",
+                                    fraction=1.0, created_at=old.created_at + 1 + i, started_at=old.created_at + 1 + i,
+                                    finished_at=old.created_at + 2 + i, result={"checked": i})) is None
+        store.close()
+        t = Page.open(browser, base, "/ui/jobs", WRITE_KEY)
+        t.page.locator("tr[data-job='0059" + "0" * 28 + "']").wait_for()
+        row = t.page.locator(f"tr[data-job='{old.id}']")
+        row.locator(".state", has_text="running").wait_for()
+        rows = t.page.locator("#jobs tbody tr")
+        assert rows.count() == 51 and rows.last.get_attribute("data-job") == old.id  # in its place: the oldest
+        counts = t.page.locator("#job-counts").inner_text()
+        assert "(the newest 50 shown, and 1 older job followed while live)" in counts, counts
+        m = Page.open(browser, base, "/ui/migrations", READ_KEY)  # its table: the newest 50 of its kinds, live ones
+        m.page.get_by_text(old.id[:8]).wait_for()
+        m.close()
+        bar = row.get_by_role("progressbar", name=f"progress of job {old.id[:8]}")
+        t.page.wait_for_function("b => b.value > 0", arg=bar.element_handle())  # its progress is followed
+        row.get_by_role("button", name=f"cancel job {old.id[:8]}").click()
+        row.locator(".state", has_text="cancelled").wait_for()  # its end stays shown
+        assert "cancel requested" in t.page.locator("#cancel-msg").inner_text()
+        assert app.state.vb.jobs.get(old.id).state == "cancelled"
+        asked = [u.split("/v1/jobs", 1)[1] for u in t.urls if "/v1/jobs" in u]
+        assert all("limit=" in q for q in asked if q.startswith("?")), asked  # no bare list: small requests still
+        t.close()
