@@ -144,6 +144,13 @@ def test_the_newest_jobs_and_those_that_may_change_are_asked_for_without_the_who
     got, _ = ids(kind="fit", state="running")  # unpaged, oldest first, as before
     assert got == [j.id for j in made if j.kind == "fit" and j.state == "running"] and got
     assert ids(limit=5)[0] == [j.id for j in made[:5]]  # without order: oldest first, as before
+    # a cursor names its order: one made under order=oldest, sent with order=newest, answered the jobs before it (the
+    # walk turned round) without a word; each order now refuses the other's cursor, saying which it was made under
+    for made_under, sent in (("oldest", "newest"), ("newest", "oldest")):
+        cursor = ids(order=made_under, limit=5)[1]["next"]
+        assert ids(order=made_under, limit=5, cursor=cursor)[0]  # its own order takes it
+        bad = httpx.get(f"{url}/v1/jobs", headers=R, params={"order": sent, "limit": 5, "cursor": cursor}, timeout=60)
+        assert bad.status_code == 422 and f"made under order={made_under}" in bad.text, bad.text[:300]
     bad = httpx.get(f"{url}/v1/jobs", headers=R, params={"state": "done"}, timeout=60)
     assert bad.status_code == 422 and "state" in bad.text, bad.text
     store.close()

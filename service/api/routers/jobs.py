@@ -8,6 +8,8 @@ from fastapi import APIRouter, Query
 from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 
+from align.exceptions import InputError
+
 from ...jobs import TERMINAL
 from ...ops import jobs as job_ops
 from ..deps import ReadScope, StateDep, WriteScope
@@ -29,26 +31,45 @@ _KindFilter = Annotated[list[Annotated[str, StringConstraints(max_length=64)]] |
 
 @router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)",
             description="Oldest first (`order=newest`: newest first). Without `limit`: the newest 1000 jobs in one "
-                        "page. With `limit`: pages (follow `next`) that walk every stored job; `counts` counts every "
-                        "stored job. `state` / `kind` (each repeatable) keep only the jobs in those states / of those "
-                        "kinds: `?state=queued&state=running&order=newest&limit=20` is what may still change.",
+                        "page. With `limit`: pages (follow `next`, under the same `order`) that walk every stored job; "
+                        "`counts` counts every stored job. `state` / `kind` (each repeatable) keep only the jobs in "
+                        "those states / of those kinds: `?state=queued&state=running&order=newest&limit=20` is "
+                        "what may still change.",
             response_model=JobList)
 async def list_jobs(state: StateDep, page: Page, order: _Order = "oldest", job_state: _StateFilter = None,
                     kind: _KindFilter = None):
-    after = None if page.cursor is None else decode_cursor(page.cursor)
     newest = order == "newest"
+    after = None if page.cursor is None else _after(decode_cursor(page.cursor), newest)
     states = None if job_state is None else tuple(dict.fromkeys(job_state))
     kinds = None if kind is None else tuple(dict.fromkeys(kind))
     # one row past the page tells paginate whether a next page exists
     jobs, counts = await run_in_threadpool(job_ops.list_jobs, state.jobs,
                                            None if page.limit is None else page.limit + 1, after,
                                            newest=newest, states=states, kinds=kinds)
-    return FastJSONResponse({**paginate(jobs, _key, page, descending=newest), "counts": counts})
+    return FastJSONResponse({**paginate(jobs, _newest_key if newest else _key, page, descending=newest),
+                             "counts": counts})
 
 
 def _key(record: dict) -> tuple[float, str]:
     """A job's place in the list (and its cursor): ``(created_at, id)``, unique and never changing."""
     return record["timings"]["created_at"], record["id"]
+
+
+def _newest_key(record: dict) -> tuple[float, str, str]:
+    """:func:`_key` under ``order=newest``, marked so: its cursor names its order (the same key walks the other way
+    under ``order=oldest``: the jobs after it, not those before)."""
+    return (*_key(record), "newest")
+
+
+def _after(key, newest: bool):
+    """The ``(created_at, id)`` of a cursor sent under ``order=newest`` (``newest``) or ``oldest``; an InputError
+    (422) when it was made under the other order. A key of another shape goes on (refused as not this list's)."""
+    made_newest = isinstance(key, tuple) and len(key) == 3 and key[2] == "newest"
+    if newest != made_newest and isinstance(key, tuple) and (made_newest or len(key) == 2):
+        made, sent = ("newest", "oldest") if made_newest else ("oldest", "newest")
+        raise InputError(f"cursor was made under order={made} and sent with order={sent}; send it with "
+                         f"order={made}, or drop the cursor to start the order={sent} list again")
+    return key[:2] if made_newest else key
 
 
 @router.get("/jobs/{job_id}", dependencies=[ReadScope], summary="Job state, progress, timings, result",
