@@ -135,6 +135,7 @@ def test_the_newest_jobs_and_those_that_may_change_are_asked_for_without_the_who
         got, page = ids(order="newest", limit=50, cursor=cursor)
         seen, cursor = seen + got, page["next"]
     assert seen == newest
+    assert ids(order="newest")[0] == newest  # no limit: the newest 1000 in one page, in the order asked for
     live = [j.id for j in reversed(made) if j.state == "running"]
     got, page = ids(state=["queued", "running"], order="newest", limit=100)
     assert got == live and len(live) == 7 and page["counts"]["running"] == 7
