@@ -283,6 +283,9 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                               if issubclass(w.category, VecbridgeWarning)
                               and "undefined (NaN)" not in str(w.message)):  # the figures below say "undefined"
         warn(line)
+    for w in caught:  # any other warning goes on as it came (numpy's, a library's)
+        if not issubclass(w.category, VecbridgeWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     for note in res["notes"]:  # rows neither side of the map recognises: the figures may be of another model's
         warn(note)
     r = res["retrieval"]

@@ -152,6 +152,11 @@ def test_the_newest_jobs_and_those_that_may_change_are_asked_for_without_the_who
         assert ids(order=made_under, limit=5, cursor=cursor)[0]  # its own order takes it
         bad = httpx.get(f"{url}/v1/jobs", headers=R, params={"order": sent, "limit": 5, "cursor": cursor}, timeout=60)
         assert bad.status_code == 422 and f"made under order={made_under}" in bad.text, bad.text[:300]
+    from service.api.pagination import encode_cursor
+
+    foreign = encode_cursor(["x", 1])  # another list's key: not this list's, not "made under order=oldest"
+    bad = httpx.get(f"{url}/v1/jobs", headers=R, params={"order": "newest", "limit": 5, "cursor": foreign}, timeout=60)
+    assert bad.status_code == 422 and "does not belong to this list" in bad.text, bad.text[:300]
     bad = httpx.get(f"{url}/v1/jobs", headers=R, params={"state": "done"}, timeout=60)
     assert bad.status_code == 422 and "state" in bad.text, bad.text
     store.close()

@@ -65,7 +65,9 @@ def _after(key, newest: bool):
     """The ``(created_at, id)`` of a cursor sent under ``order=newest`` (``newest``) or ``oldest``; an InputError
     (422) when it was made under the other order. A key of another shape goes on (refused as not this list's)."""
     made_newest = isinstance(key, tuple) and len(key) == 3 and key[2] == "newest"
-    if newest != made_newest and isinstance(key, tuple) and (made_newest or len(key) == 2):
+    ours = made_newest or (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], (int, float))
+                           and not isinstance(key[0], bool) and isinstance(key[1], str))  # else: not this list's
+    if newest != made_newest and ours:
         made, sent = ("newest", "oldest") if made_newest else ("oldest", "newest")
         raise InputError(f"cursor was made under order={made} and sent with order={sent}; send it with "
                          f"order={made}, or drop the cursor to start the order={sent} list again")

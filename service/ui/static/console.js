@@ -357,9 +357,12 @@ function registryPage() {
 }
 
 /* The jobs a page shows: the newest JOBS_SHOWN (a bare GET /v1/jobs answers the newest 1,000 with their results:
-   1.4-4.3 MB a poll once a long-lived service had run 1,000 fits), and every live job (queued, running: the most a
-   poll asks for is LIVE_MAX), however many jobs came after it: a job running behind 50 newer ones keeps its row. */
-const JOBS_SHOWN = 50, LIVE_MAX = 100, LIVE_JOBS = `/v1/jobs?state=queued&state=running&order=newest&limit=${LIVE_MAX}`;
+   1.4-4.3 MB a poll once a long-lived service had run 1,000 fits), and the live jobs (queued, running), however many
+   jobs came after them: a job running behind 50 newer ones keeps its row. A poll asks for the oldest LIVE_MAX live
+   jobs (the running ones first: a queue longer than that shows its newest in the newest page, the rest in the counts);
+   ENDED_KEPT jobs that ended behind the newest page keep their final row. */
+const JOBS_SHOWN = 50, LIVE_MAX = 100, ENDED_KEPT = 50,
+  LIVE_JOBS = `/v1/jobs?state=queued&state=running&order=oldest&limit=${LIVE_MAX}`;
 
 /* The jobs of `lists` in one list, newest first; a job in several lists is the last list's record of it. */
 function newestFirst(...lists) {
@@ -376,11 +379,15 @@ function jobsPage() {
       const [j, l] = await Promise.all([VB.api(`/v1/jobs?order=newest&limit=${JOBS_SHOWN}`), VB.api(LIVE_JOBS)]);
       const known = new Set([...(j.data || []), ...(l.data || [])].map(x => x.id));
       const gone = this.jobs.filter(x => this.live(x) && !known.has(x.id) && !this.ended.has(x.id));
+      const still = [];  // live, but past the LIVE_MAX the poll reads: shown as read now, read again next load
       for (const x of await Promise.all(gone.map(x => VB.api(`/v1/jobs/${x.id}`).catch(() => null)))) {
-        if (x) this.ended.set(x.id, x);
+        if (x && this.live(x)) still.push(x);
+        else if (x) this.ended.set(x.id, x);
       }
+      const over = Math.max(0, this.ended.size - ENDED_KEPT);  // the longest-ended go first
+      for (const id of [...this.ended.keys()].slice(0, over)) this.ended.delete(id);
       this.newestShown = (j.data || []).length;
-      this.jobs = newestFirst(this.ended.values(), j.data, l.data);
+      this.jobs = newestFirst(this.ended.values(), still, j.data, l.data);
       this.counts = j.counts || {};
       this.startPolling();
     },
@@ -391,7 +398,9 @@ function jobsPage() {
       const j = await VB.api(LIVE_JOBS);
       const live = new Set((j.data || []).map(x => x.id));
       const moved = JSON.stringify(j.counts || {}) !== JSON.stringify(this.counts);
-      if (moved || this.jobs.some(x => this.live(x) && !live.has(x.id))) return this.load();
+      // a shown live job missing from a full answer may only be past LIVE_MAX: the counts say when one ends
+      const whole = (j.data || []).length < LIVE_MAX;
+      if (moved || (whole && this.jobs.some(x => this.live(x) && !live.has(x.id)))) return this.load();
       this.jobs = newestFirst(this.jobs, j.data);
     },
     polling() { return true; },
@@ -590,9 +599,9 @@ function migrationsPage() {
     /* What a migration changes (jobs, checkpoints, indexes): every second while one runs (rows written / total), as
        the jobs page does; the maps are read once a load (every map's summary each second was most of the cost). */
     async follow() {
-      const mine = "/v1/jobs?kind=migration&kind=verify&order=newest";  // this page's jobs only: its newest, its live
-      const [j, l, i, c] = await Promise.all([VB.api(`${mine}&limit=${JOBS_SHOWN}`),
-        VB.api(`${mine}&state=queued&state=running&limit=${LIVE_MAX}`),
+      const mine = "/v1/jobs?kind=migration&kind=verify";  // this page's jobs only: its newest, its oldest live
+      const [j, l, i, c] = await Promise.all([VB.api(`${mine}&order=newest&limit=${JOBS_SHOWN}`),
+        VB.api(`${mine}&state=queued&state=running&order=oldest&limit=${LIVE_MAX}`),
         VB.api("/v1/indexes"), VB.api("/v1/migrations")]);
       this.indexes = i.data;
       this.checkpoints = c.data || [];

@@ -696,3 +696,28 @@ def test_a_live_job_behind_the_newest_page_keeps_its_row_progress_and_cancel(bro
         asked = [u.split("/v1/jobs", 1)[1] for u in t.urls if "/v1/jobs" in u]
         assert all("limit=" in q for q in asked if q.startswith("?")), asked  # no bare list: small requests still
         t.close()
+
+
+def test_a_running_job_keeps_its_row_behind_more_live_jobs_than_a_poll_reads(browser, tmp_path):
+    """The live jobs were read newest first, 100 at most: behind 101 newer queued jobs (a large max_queued_jobs, or
+    several processes on one data dir) the running job had no row again. They are read oldest first."""
+    from service.api import create_app
+    from service.jobs import Job, JobStore
+    from _jobs_support import slow_job
+
+    settings = settings_for(tmp_path)
+    app = create_app(settings)
+    slow, started = slow_job(steps=600_000)
+    with serve_in_thread(app) as base:
+        old, _ = app.state.vb.jobs.submit(slow, kind="migration", description="old-long")
+        assert started.wait(30)
+        store = JobStore(settings.data_dir / "jobs.sqlite")
+        for i in range(101):  # another process's queue, all newer
+            assert store.insert(Job(id=f"{i:04d}" + "0" * 28, kind="fit", state="queued", stage="queued",
+                                    fraction=0.0, created_at=old.created_at + 1 + i)) is None
+        store.close()
+        t = Page.open(browser, base, "/ui/jobs", WRITE_KEY)
+        t.page.locator(f"tr[data-job='{old.id}'] .state", has_text="running").wait_for()
+        t.page.locator("tr[data-job='0100" + "0" * 28 + "']").wait_for()  # the newest queued: the newest page's
+        app.state.vb.jobs.cancel(old.id)
+        t.close()
