@@ -20,7 +20,7 @@ from .frames import unit_rows
 from .options import check_number
 from .validation import as_matrix, check_random_state, row_groups
 
-__all__ = ["select_rows_to_embed", "distinct_rows_to_embed"]
+__all__ = ["distinct_rows_to_embed", "select_rows_to_embed"]
 
 
 def _first_of_each(rows: np.ndarray, group: np.ndarray) -> np.ndarray:

@@ -660,9 +660,10 @@ def test_a_live_job_behind_the_newest_page_keeps_its_row_progress_and_cancel(bro
     newer jobs (a long migration while a script queued short ones) had no row, no progress and no cancel button (the
     bare list showed the newest 1,000); the migrations page likewise. Every live job now has its row, in its place,
     and keeps it once it ends."""
+    from _jobs_support import slow_job
+
     from service.api import create_app
     from service.jobs import Job, JobStore
-    from _jobs_support import slow_job
 
     settings = settings_for(tmp_path)
     app = create_app(settings)
@@ -701,9 +702,10 @@ def test_a_live_job_behind_the_newest_page_keeps_its_row_progress_and_cancel(bro
 def test_a_running_job_keeps_its_row_behind_more_live_jobs_than_a_poll_reads(browser, tmp_path):
     """The live jobs were read newest first, 100 at most: behind 101 newer queued jobs (a large max_queued_jobs, or
     several processes on one data dir) the running job had no row again. They are read oldest first."""
+    from _jobs_support import slow_job
+
     from service.api import create_app
     from service.jobs import Job, JobStore
-    from _jobs_support import slow_job
 
     settings = settings_for(tmp_path)
     app = create_app(settings)
