@@ -100,7 +100,8 @@ AUTO_NOTE = ("the forecast and its interval at K = {k} are of {m} (forecast_meth
 #: held-out text. WordNet minilm->e5, 8,192 rows, 600 queries, 1,000/2,000-pair probes (results/plan_extrapolation_
 #: 2026-12-06.md): extrapolated forecasts -0.08..+0.07 from maps of random rows relevant to no query, -0.13..-0.01 from
 #: maps of the plan's own rows (some relevant: random corpus rows kept 0.03-0.06 more at K = 1,000-3,000).
-EXTRAPOLATED_NOTE = ("the forecasts past the {top} pairs the curve is fitted on (half the probe's {p}; extrapolated: "
+EXTRAPOLATED_NOTE = ("the forecasts past the {top} pairs the curve is fitted on (of the probe's {p}, the rest held "
+                     "out; extrapolated: "
                      "K = {ks}) extend the probe's learning curve, and their intervals hold the scatter of its points, "
                      "not the error of that extrapolation. Like every forecast they are of maps whose fit pairs hold "
                      "none of the held-out texts, while the rows you re-embed from the corpus hold some documents your "
