@@ -459,8 +459,15 @@ class APICalls(SteerCalls, TagCalls, Calls):
         return (yield from self._json("POST", f"/v1/collections/{_seg(name)}/search", json=body, retry=True))
 
     @call
-    def list_jobs(self) -> list[dict]:
-        return (yield from self._pages("/v1/jobs"))
+    def list_jobs(self, *, state: str | Sequence[str] | None = None, kind: str | Sequence[str] | None = None,
+                  newest: bool = False) -> list[dict]:
+        """Every job of the service's data dir (its pages followed), oldest first (``newest``: newest first); ``state``
+        / ``kind``: only the jobs in those states / of those kinds (one name or several), as ``GET /v1/jobs``."""
+        params: dict = {"order": "newest"} if newest else {}
+        for key, value in (("state", state), ("kind", kind)):
+            if value is not None:
+                params[key] = [value] if isinstance(value, str) else list(value)
+        return (yield from self._pages("/v1/jobs", params))
 
     @call
     def job_counts(self) -> dict[str, int]:

@@ -136,6 +136,12 @@ def test_the_newest_jobs_and_those_that_may_change_are_asked_for_without_the_who
         seen, cursor = seen + got, page["next"]
     assert seen == newest
     assert ids(order="newest")[0] == newest  # no limit: the newest 1000 in one page, in the order asked for
+    from service.client import Client
+
+    with Client(url, R["Authorization"].split()[1], page_size=7) as vb:  # the Python client asks the same
+        running = [j.id for j in reversed(made) if j.state == "running" and j.kind in ("fit", "verify")]
+        assert [j["id"] for j in vb.list_jobs(state="running", kind=["fit", "verify"], newest=True)] == running
+        assert [j["id"] for j in vb.list_jobs(kind="migration")] == [j.id for j in made if j.kind == "migration"]
     live = [j.id for j in reversed(made) if j.state == "running"]
     got, page = ids(state=["queued", "running"], order="newest", limit=100)
     assert got == live and len(live) == 7 and page["counts"]["running"] == 7
