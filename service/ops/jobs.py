@@ -53,14 +53,28 @@ def list_jobs(jobs: JobManager, limit: int | None = None, after=None, *, newest:
     it), so a walk of pages reaches every stored job; a key of another shape is an InputError. ``states`` /
     ``kinds``: only the jobs in one of those states / of one of those kinds (the counts still count every job).
     """
+    if after is not None:
+        after = _cursor_key(after, newest)
     if limit is None:
         return [j.to_dict() for j in jobs.list(states, kinds)], jobs.counts()
-    if after is not None and not (isinstance(after, tuple) and len(after) == 2 and isinstance(after[1], str)
-                                  and isinstance(after[0], (int, float)) and not isinstance(after[0], bool)):
-        raise InputError("cursor does not belong to this list; send the `next` value of the previous page")
-    if after is not None:  # created_at is a REAL: an integer past 64 bits would overflow the SQLite binding
-        after = (float(after[0]), after[1])
     return [j.to_dict() for j in jobs.page(limit, after, newest=newest, states=states, kinds=kinds)], jobs.counts()
+
+
+def _cursor_key(after, newest: bool) -> tuple[float, str]:
+    """The ``(created_at, id)`` of a decoded cursor: ``(created_at, id)`` made under ``order=oldest``, with a third
+    element ``"newest"`` under ``order=newest``. Made under the other order: an InputError saying which (it would walk
+    the other way); of another shape: an InputError, not this list's."""
+    made_newest = isinstance(after, tuple) and len(after) == 3 and after[2] == "newest"
+    key = after[:2] if made_newest else after
+    ours = (isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], str)
+            and isinstance(key[0], (int, float)) and not isinstance(key[0], bool))
+    if newest != made_newest and (made_newest or ours):
+        made, sent = ("newest", "oldest") if made_newest else ("oldest", "newest")
+        raise InputError(f"cursor was made under order={made} and sent with order={sent}; send it with "
+                         f"order={made}, or drop the cursor to start the order={sent} list again")
+    if not ours:
+        raise InputError("cursor does not belong to this list; send the `next` value of the previous page")
+    return float(key[0]), key[1]  # created_at is a REAL: an integer past 64 bits would overflow the SQLite binding
 
 
 def get_job(jobs: JobManager, job_id: str) -> dict:

@@ -8,8 +8,6 @@ from fastapi import APIRouter, Query
 from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 
-from align.exceptions import InputError
-
 from ...jobs import TERMINAL
 from ...ops import jobs as job_ops
 from ..deps import ReadScope, StateDep, WriteScope
@@ -39,7 +37,7 @@ _KindFilter = Annotated[list[Annotated[str, StringConstraints(max_length=64)]] |
 async def list_jobs(state: StateDep, page: Page, order: _Order = "oldest", job_state: _StateFilter = None,
                     kind: _KindFilter = None):
     newest = order == "newest"
-    after = None if page.cursor is None else _after(decode_cursor(page.cursor), newest)
+    after = None if page.cursor is None else decode_cursor(page.cursor)  # its shape and order: job_ops.list_jobs
     states = None if job_state is None else tuple(dict.fromkeys(job_state))
     kinds = None if kind is None else tuple(dict.fromkeys(kind))
     # one row past the page tells paginate whether a next page exists
@@ -59,19 +57,6 @@ def _newest_key(record: dict) -> tuple[float, str, str]:
     """:func:`_key` under ``order=newest``, marked so: its cursor names its order (the same key walks the other way
     under ``order=oldest``: the jobs after it, not those before)."""
     return (*_key(record), "newest")
-
-
-def _after(key, newest: bool):
-    """The ``(created_at, id)`` of a cursor sent under ``order=newest`` (``newest``) or ``oldest``; an InputError
-    (422) when it was made under the other order. A key of another shape goes on (refused as not this list's)."""
-    made_newest = isinstance(key, tuple) and len(key) == 3 and key[2] == "newest"
-    ours = made_newest or (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], (int, float))
-                           and not isinstance(key[0], bool) and isinstance(key[1], str))  # else: not this list's
-    if newest != made_newest and ours:
-        made, sent = ("newest", "oldest") if made_newest else ("oldest", "newest")
-        raise InputError(f"cursor was made under order={made} and sent with order={sent}; send it with "
-                         f"order={made}, or drop the cursor to start the order={sent} list again")
-    return key[:2] if made_newest else key
 
 
 @router.get("/jobs/{job_id}", dependencies=[ReadScope], summary="Job state, progress, timings, result",
