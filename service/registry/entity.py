@@ -445,8 +445,8 @@ class VersionedStore:
         want = None if expected is None else _expected(expected)
         a = self.kind.aliases
 
-        def fn(t):  # the name row locked first (PostgreSQL), as a prune does: never an alias on a version it deletes
-            t.one(f"SELECT name FROM {self.kind.names} WHERE name = ?" + self.db.for_update, (name,))
+        def fn(t):  # the name row locked first, as a prune does: never an alias on a version it deletes
+            self.lock_name(t, name)
             if self.get_in(t, name, int(version)).deleted:
                 raise ConflictError(f"cannot point alias {alias!r} at deleted version {version} of "
                                     f"{self.kind.noun} {name!r}")
@@ -578,6 +578,11 @@ class VersionedStore:
 
         self._write(fn)
         return self.get(name, int(version))
+
+    def lock_name(self, t, name: str) -> None:
+        """Inside a write transaction: lock ``name``'s row (PostgreSQL ``FOR UPDATE``; SQLite has one writer), so
+        fits, alias moves and prunes of one name run one after another."""
+        t.one(f"SELECT name FROM {self.kind.names} WHERE name = ?" + self.db.for_update, (name,))
 
     def mark_deleted(self, t, name: str, versions: list[int]) -> None:
         """Inside a write transaction: soft-delete these versions of ``name`` (:meth:`delete`'s write; ``registry

@@ -75,7 +75,7 @@ def _plan(reg, store, t, name: str, keep_last: int, cutoff, *, write: bool) -> d
     """What to delete of ``name`` and why the rest stays (read, and with ``write`` marked, in transaction ``t``)."""
     k = store.kind
     if write:  # fits and alias moves on the name wait (a read needs no lock, nor the UPDATE grant FOR UPDATE takes)
-        t.one(f"SELECT name FROM {k.names} WHERE name = ?" + reg.db.for_update, (name,))
+        store.lock_name(t, name)
     rows = store.rows(t, name, live=True, newest_first=True, cols="version, created_at, metrics, method")
     aliases: dict[int, list[str]] = {}
     for r in t.q(f"SELECT alias, version FROM {k.aliases} WHERE name = ? ORDER BY alias", (name,)):
