@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from typing import Any
 
-__all__ = ["JsonFormatter", "configure_logging", "get_logger", "redact"]
+__all__ = ["Every", "JsonFormatter", "configure_logging", "get_logger", "redact"]
 
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
 
@@ -112,3 +113,18 @@ def configure_logging(level: str = "INFO", *, server: bool = False) -> None:
 def get_logger(name: str) -> logging.Logger:
     """A child of the ``vecbridge`` logger (``get_logger("jobs")`` -> ``vecbridge.jobs``)."""
     return logging.getLogger(f"vecbridge.{name}")
+
+
+class Every:
+    """``due(key)``: True at most once per ``seconds`` for each key (a log line that would repeat per request)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.last, self.lock = seconds, {}, threading.Lock()
+
+    def due(self, key) -> bool:
+        now = time.monotonic()
+        with self.lock:
+            if now - self.last.get(key, -self.seconds) < self.seconds:
+                return False
+            self.last[key] = now
+            return True

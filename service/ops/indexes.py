@@ -23,8 +23,6 @@ file-system round trip beyond the index's one ``stat`` (:meth:`service.indexes.S
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,31 +37,16 @@ from ..errors import ConflictError
 from ..indexes import IndexStore, SpaceIndex
 from ..indexes.csls import CSLS_WEIGHT
 from ..indexes.kinds import NO_DIRECTION
-from ..logging import get_logger
+from ..logging import Every, get_logger
 from ..progress import checkpoint, unstoppable
 from ..spaces import check_rows, index_frame, space_references
 from .steers import steer_queries
 
 __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
            "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search", "search_parts", "hits",
-           "check_rows_space", "Every", "unchecked_log"]
+           "check_rows_space", "unchecked_log"]
 
 log = get_logger("indexes")
-
-
-class Every:
-    """``due(key)``: True at most once per ``seconds`` for each key (a log line that would repeat per request)."""
-
-    def __init__(self, seconds: float):
-        self.seconds, self.last, self.lock = seconds, {}, threading.Lock()
-
-    def due(self, key) -> bool:
-        now = time.monotonic()
-        with self.lock:
-            if now - self.last.get(key, -self.seconds) < self.seconds:
-                return False
-            self.last[key] = now
-            return True
 
 
 #: the rows-check log lines of searches and adds (HTTP), once a minute per index
